@@ -1,1 +1,89 @@
-"""spec package."""
+"""schedspec's specification: dLLM scheduling lifecycles, events, invariants and the adapter
+protocol. Standard library only; `mypy --strict` clean; ships `py.typed`.
+"""
+
+from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
+from spec.config import DllmConfig, Mode, RequestShape, RequestSpec, request_shape, validate_request
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    EmptyPrompt,
+    InvalidRequest,
+    PromptTooLong,
+    RequestError,
+    RequestTooLarge,
+    SchedSpecError,
+    SchedulerStalled,
+    SpecViolation,
+    UnknownRequest,
+)
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+from spec.lifecycles import BlockPhase, RequestPhase
+from spec.machine import SpecMachine, finish_condition, initial_masks, request_output
+from spec.parity import LeakReport, Mismatch, compare_outputs, leak_report
+from spec.rules import RULES
+from spec.snapshot import Snapshot
+
+__all__ = [
+    "RULES",
+    "Aborted",
+    "Admitted",
+    "BlockCommitted",
+    "BlockPhase",
+    "ConfigError",
+    "ControlReturned",
+    "DllmConfig",
+    "DuplicateRequest",
+    "EmptyPrompt",
+    "Event",
+    "EventSink",
+    "FinishReason",
+    "Finished",
+    "Forward",
+    "ForwardRow",
+    "ImplementationFactory",
+    "InvalidRequest",
+    "KvAllocated",
+    "KvFreed",
+    "LeakReport",
+    "Mismatch",
+    "Mode",
+    "PromptTooLong",
+    "RequestError",
+    "RequestPhase",
+    "RequestShape",
+    "RequestSpec",
+    "RequestTooLarge",
+    "RowReleased",
+    "SchedSpecError",
+    "SchedulerAdapter",
+    "SchedulerStalled",
+    "Snapshot",
+    "SpecMachine",
+    "SpecViolation",
+    "StepResult",
+    "Submitted",
+    "UnknownRequest",
+    "compare_outputs",
+    "finish_condition",
+    "initial_masks",
+    "leak_report",
+    "request_output",
+    "request_shape",
+    "validate_request",
+]

@@ -1,0 +1,199 @@
+"""Scheduler configuration and request descriptions, validated on construction.
+
+Invalid values raise `ConfigError` (field, value, what is valid); invalid requests raise a
+`RequestError` subclass. Validation never allocates or changes anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from spec.errors import (
+    ConfigError,
+    EmptyPrompt,
+    InvalidRequest,
+    PromptTooLong,
+    RequestTooLarge,
+)
+
+
+class Mode(enum.Enum):
+    """How the worker hands control back to the scheduler."""
+
+    SYNC = "sync"  # loop forward→step until every block of the batch is done
+    FDFO = "fdfo"  # one forward→step per round; done blocks leave at once
+
+    @classmethod
+    def parse(cls, value: str | Mode) -> Mode:
+        if isinstance(value, Mode):
+            return value
+        try:
+            return cls(value.lower())
+        except ValueError:
+            raise ConfigError("mode", value, "one of 'sync', 'fdfo'") from None
+
+
+def _positive(field: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "must be an integer >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class DllmConfig:
+    """Configuration of a block-diffusion scheduler.
+
+    Sizes:
+        block_size: tokens per diffusion block (>= 1).
+        page_size: tokens per KV page; a positive multiple of block_size so that every block
+            lies whole inside one page (SGLang forces the same).
+        kv_pages: pages in the KV pool (>= 1); the pool has kv_pages * page_size slots.
+        req_pool_rows: rows of the request pool (request-to-token table), >= 1.
+        max_running_requests: requests in the running batch at once, >= 1.
+        max_context: tokens per request (prompt + output, whole blocks), a multiple of
+            block_size.
+    Policy:
+        mode: sync or fdfo.
+        in_place_reuse: an unfinished FDFO block keeps its row and KV slots across rounds
+            (fdfo only).
+        reloop: under FDFO, run forward→step again without returning to the scheduler while no
+            block of the batch finished (fdfo only).
+    Token conventions:
+        mask_token_id: the id of the mask token in block contents.
+        eos_token_id: the end-of-sequence id; None disables EOS finishing.
+    """
+
+    block_size: int = 4
+    page_size: int = 4
+    kv_pages: int = 16
+    req_pool_rows: int = 4
+    max_running_requests: int = 4
+    max_context: int = 64
+    mode: Mode = Mode.FDFO
+    in_place_reuse: bool = True
+    reloop: bool = False
+    mask_token_id: int = -1
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "page_size", "kv_pages", "req_pool_rows"):
+            _positive(name, getattr(self, name))
+        _positive("max_running_requests", self.max_running_requests)
+        _positive("max_context", self.max_context)
+        if self.page_size % self.block_size != 0:
+            raise ConfigError(
+                "page_size",
+                self.page_size,
+                f"must be a positive multiple of block_size={self.block_size} "
+                f"(e.g. {self.block_size} or {2 * self.block_size}) so every block lies whole "
+                f"inside one page",
+            )
+        if self.max_context % self.block_size != 0:
+            lo = max(self.block_size, self.max_context - self.max_context % self.block_size)
+            raise ConfigError(
+                "max_context",
+                self.max_context,
+                f"must be a multiple of block_size={self.block_size} (e.g. {lo})",
+            )
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode.parse(self.mode))
+        for name in ("in_place_reuse", "reloop"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "must be True or False")
+        if self.mode is Mode.SYNC and self.in_place_reuse:
+            raise ConfigError(
+                "in_place_reuse",
+                True,
+                "only meaningful under mode='fdfo' (sync blocks never span rounds); "
+                "set in_place_reuse=False or mode='fdfo'",
+            )
+        if self.mode is Mode.SYNC and self.reloop:
+            raise ConfigError(
+                "reloop",
+                True,
+                "only meaningful under mode='fdfo' (sync already loops until all blocks are "
+                "done); set reloop=False or mode='fdfo'",
+            )
+
+    @property
+    def kv_slots(self) -> int:
+        """Total KV slots (tokens) in the pool."""
+        return self.kv_pages * self.page_size
+
+    @property
+    def blocks_per_page(self) -> int:
+        return self.page_size // self.block_size
+
+    def replace(self, **changes: object) -> DllmConfig:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def solo_sync(self) -> DllmConfig:
+        """The batch-size-1 synchronous configuration that defines a request's parity output."""
+        return self.replace(
+            mode=Mode.SYNC, max_running_requests=1, in_place_reuse=False, reloop=False
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A generation request: prompt token ids and the number of tokens to generate."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What a valid request will occupy: whole blocks, never more than this."""
+
+    prompt_blocks: int  # blocks that hold only prompt tokens (one forward each)
+    total_blocks: int  # prompt blocks + output blocks, worst case
+    total_tokens: int  # total_blocks * block_size
+    pages: int  # KV pages needed at most
+
+
+def request_shape(config: DllmConfig, prompt_len: int, max_new_tokens: int) -> RequestShape:
+    """The whole-block footprint of a request with the given sizes (no validation)."""
+    b = config.block_size
+    total_blocks = -(-(prompt_len + max_new_tokens) // b)
+    total_tokens = total_blocks * b
+    return RequestShape(
+        prompt_blocks=prompt_len // b,
+        total_blocks=total_blocks,
+        total_tokens=total_tokens,
+        pages=-(-total_tokens // config.page_size),
+    )
+
+
+def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
+    """Check a request against the configuration; return its footprint.
+
+    Raises EmptyPrompt, InvalidRequest, PromptTooLong or RequestTooLarge. Never changes state.
+    """
+    rid = request.request_id
+    if not isinstance(rid, str) or not rid:
+        raise InvalidRequest(str(rid), "request_id", rid, "must be a non-empty string")
+    if len(request.prompt) == 0:
+        raise EmptyPrompt(rid)
+    for tok in request.prompt:
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise InvalidRequest(rid, "prompt", tok, "token ids must be integers >= 0")
+        if tok == config.mask_token_id:
+            raise InvalidRequest(
+                rid, "prompt", tok, f"the mask token id {config.mask_token_id} cannot be a prompt"
+            )
+    if (
+        isinstance(request.max_new_tokens, bool)
+        or not isinstance(request.max_new_tokens, int)
+        or request.max_new_tokens < 1
+    ):
+        raise InvalidRequest(rid, "max_new_tokens", request.max_new_tokens, "must be >= 1")
+    shape = request_shape(config, len(request.prompt), request.max_new_tokens)
+    if shape.total_tokens > config.max_context:
+        raise PromptTooLong(rid, shape.total_tokens, config.max_context)
+    if shape.pages * config.page_size > config.kv_slots:
+        raise RequestTooLarge(rid, shape.pages * config.page_size, config.kv_slots)
+    return shape

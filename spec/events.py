@@ -1,0 +1,183 @@
+"""The event vocabulary: what an implementation reports, in the order it happens.
+
+Every event is a frozen, slotted dataclass with a stable `kind` name (used in JSON Lines traces).
+A scheduler round is the run of events up to and including `ControlReturned`:
+
+    scheduler phase   Admitted / RowAcquired / KvAllocated   (new work, new blocks)
+    worker phase      Forward, StepResult × rows  (repeated: sync loop or FDFO re-loop)
+    completion        BlockCommitted, KvFreed, RowReleased, Finished
+    end               ControlReturned
+
+`Submitted` and `Aborted` (with the frees it causes) happen between rounds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # generated >= max_new_tokens
+    EOS = "eos"  # an end-of-sequence token was committed
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A request entered the waiting queue (FCFS position = submission order)."""
+
+    kind: ClassVar[str] = "submitted"
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A queued request joined the running set, holding request-pool `row`."""
+
+    kind: ClassVar[str] = "admitted"
+    request_id: str
+    row: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowAcquired:
+    """A running request that had released its row (FDFO without reuse) took one again."""
+
+    kind: ClassVar[str] = "row_acquired"
+    request_id: str
+    row: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowReleased:
+    """A request gave its request-pool row back."""
+
+    kind: ClassVar[str] = "row_released"
+    request_id: str
+    row: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvAllocated:
+    """KV `slots` (block_size of them, in position order) now hold block `block_index`."""
+
+    kind: ClassVar[str] = "kv_allocated"
+    request_id: str
+    block_index: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KvFreed:
+    """KV `slots` owned by the request went back to the free pool."""
+
+    kind: ClassVar[str] = "kv_freed"
+    request_id: str
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRow:
+    """One row of a forward: a whole block of one request.
+
+    reused: the block kept its row and KV slots from an earlier round (in-place reuse).
+    num_tokens: tokens fed for this row (must be block_size: rows are whole blocks).
+    masked: mask tokens in the row's input (0 = the block is complete: final-KV forward).
+    """
+
+    request_id: str
+    block_index: int
+    reused: bool
+    num_tokens: int
+    masked: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """The model ran once over `rows` (one per request) and wrote their KV."""
+
+    kind: ClassVar[str] = "forward"
+    rows: tuple[ForwardRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The algorithm's step for one row of the latest forward.
+
+    accept_length: 0 (not done: carry the block) or block_size (done: the block was already
+        complete when this step started).
+    masks_remaining: mask tokens left in the block after the step.
+    """
+
+    kind: ClassVar[str] = "step_result"
+    request_id: str
+    block_index: int
+    accept_length: int
+    masks_remaining: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCommitted:
+    """A done block became part of the request: its final `tokens` (block_size ids)."""
+
+    kind: ClassVar[str] = "block_committed"
+    request_id: str
+    block_index: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    kind: ClassVar[str] = "finished"
+    request_id: str
+    reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    kind: ClassVar[str] = "aborted"
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReturned:
+    """The worker handed control back to the scheduler: round `round_index` ended."""
+
+    kind: ClassVar[str] = "control_returned"
+    round_index: int
+
+
+Event = (
+    Submitted
+    | Admitted
+    | RowAcquired
+    | RowReleased
+    | KvAllocated
+    | KvFreed
+    | Forward
+    | StepResult
+    | BlockCommitted
+    | Finished
+    | Aborted
+    | ControlReturned
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    Submitted,
+    Admitted,
+    RowAcquired,
+    RowReleased,
+    KvAllocated,
+    KvFreed,
+    Forward,
+    StepResult,
+    BlockCommitted,
+    Finished,
+    Aborted,
+    ControlReturned,
+)
+
+EVENT_BY_KIND: dict[str, type[Event]] = {t.kind: t for t in EVENT_TYPES}

@@ -1,0 +1,39 @@
+"""What an implementation reports about its own pools after a round.
+
+The snapshot is read from the implementation's real data structures (its allocator's free
+list, its request-to-token table, its running batch), not from its event log: that is how a leak
+inside the implementation's allocator is caught even when its events look right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+SlotOwner = tuple[str, int]  # (request id, block index)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An implementation's own view of its pools.
+
+    free_slots: KV slots its allocator considers free.
+    slot_owners: slot -> (request id, block index) for every slot in use.
+    rows: request-pool row -> request id for every held row.
+    running: requests in its running set.
+    carrying: requests whose incomplete_ids are non-empty (an unfinished block carried to the
+        next round).
+    """
+
+    free_slots: frozenset[int]
+    slot_owners: Mapping[int, SlotOwner]
+    rows: Mapping[int, str]
+    running: frozenset[str]
+    carrying: frozenset[str] = field(default_factory=frozenset)
+
+    def leaked_slots(self) -> int:
+        """Slots in use. After a drain every slot must be free: any in use is a leak."""
+        return len(self.slot_owners)
+
+    def held_rows(self) -> int:
+        return len(self.rows)

@@ -1,0 +1,138 @@
+"""The abstract state of the specification, as frozen values, and its readable rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spec.config import DllmConfig
+from spec.lifecycles import BlockPhase, RequestPhase
+
+SlotOwner = tuple[str, int]  # (request id, block index)
+
+ACTIVE_PHASES = frozenset({RequestPhase.ADMITTED, RequestPhase.RUNNING})
+TERMINAL_PHASES = frozenset({RequestPhase.FINISHED, RequestPhase.ABORTED})
+UNFINISHED_BLOCK_PHASES = frozenset({BlockPhase.MASKED, BlockPhase.DENOISING, BlockPhase.COMPLETE})
+CARRIED_BLOCK_PHASES = frozenset({BlockPhase.DENOISING, BlockPhase.COMPLETE})
+
+
+@dataclass(frozen=True, slots=True)
+class BlockState:
+    """The request's current (uncommitted) block.
+
+    slots: the KV slots it holds, or None when it holds none (carried without KV: FDFO without
+        in-place reuse between rounds).
+    alloc_round: the round its current slots were allocated in.
+    masks: masks left after its latest step (None before its first step).
+    """
+
+    index: int
+    phase: BlockPhase
+    slots: tuple[int, ...] | None
+    alloc_round: int | None
+    masks: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestState:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    phase: RequestPhase
+    row: int | None
+    committed_blocks: int
+    tokens: tuple[int, ...]  # every committed token, prompt positions included
+    current: BlockState | None
+
+    @property
+    def generated(self) -> tuple[int, ...]:
+        """Committed tokens after the prompt (untruncated)."""
+        return self.tokens[len(self.prompt) :]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundState:
+    """Progress inside the current round."""
+
+    index: int
+    forwards: int
+    batch: tuple[SlotOwner, ...]  # (request, block) rows of this round's forwards
+    pending_steps: tuple[SlotOwner, ...]  # rows of the latest forward still awaiting a step
+    committed: int  # blocks committed this round
+
+
+@dataclass(frozen=True, slots=True)
+class AbstractState:
+    config: DllmConfig
+    queue: tuple[str, ...]
+    requests: Mapping[str, RequestState]
+    slot_owners: Mapping[int, SlotOwner]
+    rows: Mapping[int, str]
+    round: RoundState
+
+    @property
+    def free_slots(self) -> frozenset[int]:
+        return frozenset(range(self.config.kv_slots)) - frozenset(self.slot_owners)
+
+    @property
+    def running(self) -> frozenset[str]:
+        return frozenset(r.request_id for r in self.requests.values() if r.phase in ACTIVE_PHASES)
+
+    @property
+    def carrying(self) -> frozenset[str]:
+        return frozenset(
+            r.request_id
+            for r in self.requests.values()
+            if r.phase in ACTIVE_PHASES
+            and r.current is not None
+            and r.current.phase in CARRIED_BLOCK_PHASES
+        )
+
+
+def _ranges(values: frozenset[int] | set[int]) -> str:
+    """Compact rendering of a set of ints: '0-3,8,10-11'."""
+    out: list[str] = []
+    items = sorted(values)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(out) if out else "-"
+
+
+def render(state: AbstractState) -> str:
+    """A readable, multi-line rendering of the abstract state (used in violations)."""
+    c = state.config
+    lines = [
+        f"config: mode={c.mode.value} block={c.block_size} page={c.page_size} "
+        f"kv_slots={c.kv_slots} rows={c.req_pool_rows} max_running={c.max_running_requests} "
+        f"reuse={c.in_place_reuse} reloop={c.reloop}",
+        f"round {state.round.index}: forwards={state.round.forwards} "
+        f"batch={list(state.round.batch)} pending_steps={list(state.round.pending_steps)}",
+        f"queue: {list(state.queue)}",
+        f"free slots ({len(state.free_slots)}): {_ranges(state.free_slots)}",
+    ]
+    by_owner: dict[SlotOwner, set[int]] = {}
+    for slot, owner in state.slot_owners.items():
+        by_owner.setdefault(owner, set()).add(slot)
+    for rid, r in state.requests.items():
+        if r.phase is RequestPhase.QUEUED:
+            continue
+        owned = {o: s for o, s in by_owner.items() if o[0] == rid}
+        own_txt = " ".join(f"b{o[1]}:{_ranges(s)}" for o, s in sorted(owned.items())) or "-"
+        cur = r.current
+        cur_txt = (
+            "-"
+            if cur is None
+            else f"b{cur.index} {cur.phase.value} masks={cur.masks} "
+            f"slots={'-' if cur.slots is None else _ranges(set(cur.slots))}"
+        )
+        lines.append(
+            f"request {rid}: {r.phase.value} row={r.row} committed={r.committed_blocks} "
+            f"prompt_len={len(r.prompt)} generated={len(r.generated)}/{r.max_new_tokens} "
+            f"current=[{cur_txt}] owns=[{own_txt}]"
+        )
+    return "\n".join(lines)
