@@ -1,0 +1,326 @@
+"""The reference dLLM scheduler: FCFS admission, paged KV, sync and FDFO, in-place reuse and
+re-loop, abort at any point. Plain Python, obviously correct rather than fast.
+
+A round:
+1. admit queued requests in FCFS order while a seat, a row and the request's worst-case KV
+   pages (reserved at admission, so allocation never fails and the pool never deadlocks) are
+   available; stop at the first that does not fit;
+2. give every running request a block: a fresh one (new KV) after a commit, or its carried one
+   (reused in place, or re-allocated when in-place reuse is off);
+3. run the worker: sync loops forward→step until every row is done; FDFO runs one forward→step,
+   or with re-loop repeats while no block finished;
+4. commit done blocks, finish requests that reached max_new_tokens or EOS (freeing their KV and
+   row at once), and — FDFO without reuse — free the KV of unfinished blocks;
+5. return control.
+
+Each step is a small method so the mutant catalogue (tests/mutants.py) can seed one bug by
+overriding one method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference.kv_pool import PagedKvPool, RequestPool
+from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
+from spec.adapter import EventSink
+from spec.config import DllmConfig, Mode, RequestSpec, validate_request
+from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+from spec.snapshot import Snapshot
+
+
+@dataclass(slots=True)
+class _Req:
+    spec: RequestSpec
+    pages_needed: int
+    row: int | None = None
+    committed: list[int] = field(default_factory=list)  # committed tokens, prompt included
+    committed_blocks: int = 0
+    # the current block
+    block_tokens: list[int] | None = None
+    block_slots: tuple[int, ...] | None = None
+    block_alloc_round: int = -1
+    algo_state: object = None
+    block_done: bool = False
+    # FDFO carriers between rounds
+    incomplete_ids: tuple[int, ...] | None = None
+
+    @property
+    def rid(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def generated(self) -> list[int]:
+        return self.committed[len(self.spec.prompt) :]
+
+
+class ReferenceDllmScheduler:
+    """Implements `spec.adapter.SchedulerAdapter`."""
+
+    def __init__(
+        self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None
+    ) -> None:
+        self._config = config
+        self.sink = sink
+        self.oracle: DenoiseOracle = oracle or AlgorithmOracle.named(
+            "LowConfidence", config.mask_token_id
+        )
+        self.kv = PagedKvPool(config, sink)
+        self.rows = RequestPool(config.req_pool_rows)
+        self.waiting: list[_Req] = []
+        self.running: list[_Req] = []  # admission order
+        self.seen: set[str] = set()
+        self.reserved_pages = 0
+        self.round_index = 0
+        self.outputs: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def config(self) -> DllmConfig:
+        return self._config
+
+    # ------------------------------------------------------------------ API
+    def submit(self, request: RequestSpec) -> None:
+        shape = validate_request(self.config, request)
+        if request.request_id in self.seen:
+            raise DuplicateRequest(request.request_id)
+        self.seen.add(request.request_id)
+        self.waiting.append(_Req(request, shape.pages))
+        self.sink(Submitted(request.request_id, request.prompt, request.max_new_tokens))
+
+    def abort(self, request_id: str) -> None:
+        for req in self.waiting:
+            if req.rid == request_id:
+                self.waiting.remove(req)
+                self.sink(Aborted(request_id))
+                return
+        for req in self.running:
+            if req.rid == request_id:
+                self._release(req)
+                self.running.remove(req)
+                self.sink(Aborted(request_id))
+                return
+        raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+
+    def run_round(self) -> None:
+        self._admit()
+        batch = self._prepare_batch()
+        if batch:
+            self._run_worker(batch)
+            self._complete(batch)
+        self.sink(ControlReturned(self.round_index))
+        self.round_index += 1
+
+    def drain(self, max_rounds: int = 100_000) -> None:
+        for _ in range(max_rounds):
+            if self.is_idle():
+                return
+            self.run_round()
+        if not self.is_idle():
+            raise SchedulerStalled(
+                max_rounds, f"{len(self.waiting)} waiting, {len(self.running)} running"
+            )
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            free_slots=self.kv.free_slots(),
+            slot_owners=self.kv.slot_owners(),
+            rows=self.rows.rows(),
+            running=frozenset(r.rid for r in self.running),
+            carrying=frozenset(r.rid for r in self.running if r.incomplete_ids is not None),
+        )
+
+    # ------------------------------------------------------------------ round steps
+    def _admit(self) -> None:
+        """FCFS: admit the head while it fits; stop at the first that does not."""
+        while self.waiting and len(self.running) < self.config.max_running_requests:
+            head = self.waiting[0]
+            if not self.rows.has_free():
+                return
+            if self.reserved_pages + head.pages_needed > self.config.kv_pages:
+                return
+            self._admit_one(head)
+
+    def _admit_one(self, req: _Req) -> None:
+        row = self.rows.acquire(req.rid)
+        assert row is not None
+        self.waiting.remove(req)
+        req.row = row
+        self.reserved_pages += req.pages_needed
+        self.running.append(req)
+        self.sink(Admitted(req.rid, row))
+
+    def _prepare_batch(self) -> list[_Req]:
+        batch: list[_Req] = []
+        for req in self.running:
+            if req.block_tokens is None:
+                self._start_block(req)
+            elif req.block_slots is None:
+                self._reallocate_block(req)
+            batch.append(req)
+        return batch
+
+    def _start_block(self, req: _Req) -> None:
+        """A fresh block: prompt tokens at prompt positions, masks elsewhere."""
+        b = self.config.block_size
+        k = req.committed_blocks
+        prompt = req.spec.prompt
+        tokens = [
+            prompt[pos] if pos < len(prompt) else self.config.mask_token_id
+            for pos in range(k * b, k * b + b)
+        ]
+        req.block_slots = self.kv.allocate_block(req.rid, k)
+        req.block_alloc_round = self.round_index
+        req.block_tokens = tokens
+        req.algo_state = self.oracle.init_state(tuple(tokens))
+        req.block_done = False
+
+    def _reallocate_block(self, req: _Req) -> None:
+        """FDFO without reuse: the carried block gets KV slots again."""
+        req.block_slots = self.kv.allocate_block(req.rid, req.committed_blocks)
+        req.block_alloc_round = self.round_index
+        self._restore_carriers(req)
+
+    def _restore_carriers(self, req: _Req) -> None:
+        assert req.incomplete_ids is not None
+        req.block_tokens = list(req.incomplete_ids)
+        if req.algo_state is None:
+            req.algo_state = self.oracle.init_state(req.incomplete_ids)
+
+    def _run_worker(self, batch: list[_Req]) -> None:
+        for req in batch:
+            if req.incomplete_ids is not None:
+                self._restore_carriers(req)
+        if self.config.mode is Mode.SYNC:
+            while not all(r.block_done for r in batch):
+                self._forward_and_step(batch)
+            return
+        while True:
+            newly_done = self._forward_and_step(batch)
+            if newly_done or not self.config.reloop:
+                return
+
+    def _forward_rows(self, batch: list[_Req]) -> tuple[ForwardRow, ...]:
+        mask = self.config.mask_token_id
+        return tuple(
+            ForwardRow(
+                request_id=r.rid,
+                block_index=r.committed_blocks,
+                reused=r.block_alloc_round < self.round_index,
+                num_tokens=len(r.block_tokens or ()),
+                masked=sum(1 for t in r.block_tokens or () if t == mask),
+            )
+            for r in batch
+        )
+
+    def _forward_and_step(self, batch: list[_Req]) -> bool:
+        """One forward over the batch and one step per row; True if a block became done."""
+        self.sink(Forward(self._forward_rows(batch)))
+        rows = [
+            OracleRow(
+                r.rid,
+                tuple(r.committed),
+                r.committed_blocks,
+                tuple(r.block_tokens or ()),
+                r.algo_state,
+            )
+            for r in batch
+        ]
+        newly_done = False
+        for req, result in zip(batch, self.oracle.step(rows), strict=True):
+            req.block_tokens = list(result.tokens)
+            req.algo_state = result.state
+            if result.done and not req.block_done:
+                newly_done = True
+            req.block_done = req.block_done or result.done
+            masks = sum(1 for t in result.tokens if t == self.config.mask_token_id)
+            accept = self.config.block_size if req.block_done else 0
+            self.sink(StepResult(req.rid, req.committed_blocks, accept, masks))
+        return newly_done
+
+    def _complete(self, batch: list[_Req]) -> None:
+        for req in batch:
+            if req.block_done:
+                self._commit(req)
+                reason = self._finish_reason(req)
+                if reason is not None:
+                    self._finish(req, reason)
+            else:
+                self._carry(req)
+
+    def _commit(self, req: _Req) -> None:
+        tokens = tuple(req.block_tokens or ())
+        self.sink(BlockCommitted(req.rid, req.committed_blocks, tokens))
+        req.committed.extend(tokens)
+        req.committed_blocks += 1
+        req.block_tokens = None
+        req.block_slots = None
+        req.algo_state = None
+        req.incomplete_ids = None
+        req.block_done = False
+
+    def _carry(self, req: _Req) -> None:
+        """FDFO: keep the unfinished block's tokens and state for the next round."""
+        req.incomplete_ids = tuple(req.block_tokens or ())
+        if not self.config.in_place_reuse:
+            self._drop_block_kv(req)
+
+    def _drop_block_kv(self, req: _Req) -> None:
+        if req.block_slots is not None:
+            self.kv.free(req.rid, list(req.block_slots))
+            req.block_slots = None
+
+    def _finish_reason(self, req: _Req) -> FinishReason | None:
+        gen = req.generated
+        eos = self.config.eos_token_id
+        if eos is not None and eos in gen[: req.spec.max_new_tokens]:
+            return FinishReason.EOS
+        if len(gen) >= req.spec.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        self._release(req)
+        self.running.remove(req)
+        gen = req.generated[: req.spec.max_new_tokens]
+        eos = self.config.eos_token_id
+        if eos is not None and eos in gen:
+            gen = gen[: gen.index(eos) + 1]
+        self.outputs[req.rid] = tuple(gen)
+        self.sink(Finished(req.rid, reason))
+
+    def _release(self, req: _Req) -> None:
+        """Free every KV slot (committed blocks and the current one) and the row."""
+        self.kv.free(req.rid, self.kv.slots_of(req.rid))
+        req.block_slots = None
+        if req.row is not None:
+            self.rows.release(req.row)
+            self.sink(RowReleased(req.rid, req.row))
+            req.row = None
+        self.reserved_pages -= req.pages_needed
+
+
+def make_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """Factory for `schedspec verify --impl reference-dllm` (LowConfidence pseudo-logits)."""
+    return ReferenceDllmScheduler(config, sink)
+
+
+def make_joint_threshold_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """The reference driven by JointThreshold (stateful: exercises the carried algo_state)."""
+    oracle = AlgorithmOracle.named("JointThreshold", config.mask_token_id, max_post_edit_steps=4)
+    return ReferenceDllmScheduler(config, sink, oracle)

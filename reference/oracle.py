@@ -1,0 +1,152 @@
+"""Where the reference scheduler's denoising comes from: the `DenoiseOracle` protocol.
+
+An oracle says what each row commits in one forward→step. Two are built in:
+
+- `AlgorithmOracle` runs the real numpy step algorithms (LowConfidence, JointThreshold) over a
+  deterministic pseudo-logits source. The logits of a row depend only on the request's committed
+  context, the block index and the block's current tokens — never on batch composition — so the
+  reference's outputs are batch-invariant, exactly like a real model at batch size 1.
+- `ScriptedOracle` follows a step-count pattern: block k of a request needs a given number of
+  rounds to unmask (useful for exact-fit and simultaneous-finish workloads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from reference.algorithms import FloatArray, IntArray, StepAlgorithm, make_step_algorithm
+
+
+@dataclass(frozen=True, slots=True)
+class OracleRow:
+    """One row of a forward, as the oracle sees it."""
+
+    request_id: str
+    context: tuple[int, ...]  # committed tokens before this block (prompt blocks included)
+    block_index: int
+    tokens: tuple[int, ...]  # current block contents (masks = mask_id)
+    state: object  # the carried algorithm state
+
+
+@dataclass(frozen=True, slots=True)
+class OracleStep:
+    tokens: tuple[int, ...]
+    state: object
+    done: bool
+
+
+class DenoiseOracle(Protocol):
+    """What each request commits each round."""
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        """The algorithm state of a block that starts with these tokens."""
+        ...
+
+    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        """One forward→step over the batch: new tokens, new state and done per row."""
+        ...
+
+
+def _seed(*parts: object) -> int:
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+def pseudo_logits(
+    seed: int, context: tuple[int, ...], block_index: int, tokens: tuple[int, ...], vocab: int
+) -> FloatArray:
+    """Deterministic logits [len(tokens), vocab] for a block.
+
+    Each position has a preferred token and a peak height fixed by (seed, context, position),
+    plus noise that depends on the block's current contents, so confidence rises and falls as
+    the block fills: some blocks finish in one or two steps, some need one step per token, and
+    low peaks let JointThreshold find edits.
+    """
+    b = len(tokens)
+    base = np.random.Generator(np.random.PCG64(_seed(seed, context, block_index)))
+    preferred = base.integers(0, vocab, size=b)
+    height = base.uniform(0.0, 11.0, size=b).astype(np.float32)
+    noise_rng = np.random.Generator(np.random.PCG64(_seed(seed, context, block_index, tokens)))
+    logits = noise_rng.normal(0.0, 1.0, size=(b, vocab)).astype(np.float32)
+    logits[np.arange(b), preferred] += height
+    return logits
+
+
+class AlgorithmOracle:
+    """Runs a numpy step algorithm over `pseudo_logits`."""
+
+    def __init__(self, algorithm: StepAlgorithm, vocab: int = 16, seed: int = 0) -> None:
+        self.algorithm = algorithm
+        self.vocab = vocab
+        self.seed = seed
+
+    @classmethod
+    def named(
+        cls, name: str, mask_id: int, vocab: int = 16, seed: int = 0, **params: float
+    ) -> AlgorithmOracle:
+        return cls(make_step_algorithm(name, mask_id, **params), vocab, seed)
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        return self.algorithm.init_step_state(np.array(row_tokens, dtype=np.int64))
+
+    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        if not rows:
+            return []
+        tokens: IntArray = np.array([r.tokens for r in rows], dtype=np.int64)
+        logits = np.stack(
+            [
+                pseudo_logits(self.seed, r.context, r.block_index, r.tokens, self.vocab)
+                for r in rows
+            ]
+        )
+        done, states = self.algorithm.step(tokens, logits, [r.state for r in rows])
+        return [
+            OracleStep(tuple(int(t) for t in tokens[i]), states[i], done[i])
+            for i in range(len(rows))
+        ]
+
+
+StepPattern = Callable[[str, int], int]  # (request id, block index) -> rounds to unmask
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedState:
+    steps_taken: int
+
+
+class ScriptedOracle:
+    """Block k of request r unmasks in `pattern(r, k)` steps (at least 1 when it has masks).
+
+    Tokens are drawn deterministically from (request, block, position) in [0, vocab).
+    Completion is reported like LowConfidence: done on the step after the last mask is filled.
+    """
+
+    def __init__(self, pattern: StepPattern, mask_id: int, vocab: int = 16) -> None:
+        self.pattern = pattern
+        self.mask_id = mask_id
+        self.vocab = vocab
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        return ScriptedState(0)
+
+    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        out: list[OracleStep] = []
+        for r in rows:
+            state = r.state
+            assert isinstance(state, ScriptedState), "ScriptedOracle needs its carried state"
+            masked = [i for i, t in enumerate(r.tokens) if t == self.mask_id]
+            if not masked:
+                out.append(OracleStep(r.tokens, state, True))
+                continue
+            budget = max(1, self.pattern(r.request_id, r.block_index) - state.steps_taken)
+            n = max(1, -(-len(masked) // budget))
+            new = list(r.tokens)
+            for i in masked[:n]:
+                new[i] = _seed(r.request_id, r.block_index, i) % self.vocab
+            out.append(OracleStep(tuple(new), ScriptedState(state.steps_taken + 1), False))
+        return out
