@@ -48,9 +48,7 @@ def token_probability(logits: FloatArray, tokens: IntArray) -> FloatArray:
     return np.take_along_axis(probs, safe[..., None], axis=-1)[..., 0].astype(np.float32)
 
 
-def fill_masks(
-    tokens: IntArray, logits: FloatArray, mask_id: int, threshold: float
-) -> None:
+def fill_masks(tokens: IntArray, logits: FloatArray, mask_id: int, threshold: float) -> None:
     """Mask-to-token for one row: commit masked positions whose confidence > threshold, or the
     single most confident masked position if none clears it (progress is guaranteed)."""
     masked = tokens == mask_id
@@ -66,7 +64,8 @@ def fill_masks(
 class StepAlgorithm(Protocol):
     """A dLLM step function over numpy arrays."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def init_step_state(self, tokens: IntArray) -> object: ...
 
@@ -161,13 +160,24 @@ class JointThreshold:
         return done, out
 
 
-ALGORITHMS = ("LowConfidence", "JointThreshold")
+ALGORITHM_PARAMS: dict[str, tuple[str, ...]] = {
+    "LowConfidence": ("threshold",),
+    "JointThreshold": ("threshold", "edit_threshold", "max_post_edit_steps", "penalty_lambda"),
+}
+ALGORITHMS = tuple(ALGORITHM_PARAMS)
 
 
 def make_step_algorithm(name: str, mask_id: int, **params: float) -> StepAlgorithm:
     """LowConfidence or JointThreshold by name with optional parameters."""
+    if name not in ALGORITHM_PARAMS:
+        raise ConfigError("algorithm", name, f"one of {list(ALGORITHMS)}")
+    unknown = sorted(set(params) - set(ALGORITHM_PARAMS[name]))
+    if unknown:
+        raise ConfigError(
+            f"{name}.{unknown[0]}",
+            params[unknown[0]],
+            f"valid keys: {list(ALGORITHM_PARAMS[name])}",
+        )
     if name == "LowConfidence":
-        return LowConfidence(mask_id, **params)
-    if name == "JointThreshold":
-        return JointThreshold(mask_id, **params)  # type: ignore[arg-type]
-    raise ConfigError("algorithm", name, f"one of {list(ALGORITHMS)}")
+        return LowConfidence(mask_id, **params)  # type: ignore[arg-type]
+    return JointThreshold(mask_id, **params)  # type: ignore[arg-type]

@@ -99,10 +99,7 @@ class AlgorithmOracle:
             return []
         tokens: IntArray = np.array([r.tokens for r in rows], dtype=np.int64)
         logits = np.stack(
-            [
-                pseudo_logits(self.seed, r.context, r.block_index, r.tokens, self.vocab)
-                for r in rows
-            ]
+            [pseudo_logits(self.seed, r.context, r.block_index, r.tokens, self.vocab) for r in rows]
         )
         done, states = self.algorithm.step(tokens, logits, [r.state for r in rows])
         return [

@@ -1,0 +1,215 @@
+"""The conformance harness: drive one implementation and hold it to the spec.
+
+Every event the implementation emits is replayed into a `SpecMachine` as it happens (so a
+violation is raised at the faulty event, with the implementation's stack still live), the named
+state invariants are checked after each event, and the implementation's own snapshot is compared
+with the abstract state after every round, abort and drain.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from spec.adapter import ImplementationFactory, SchedulerAdapter
+from spec.config import DllmConfig, RequestSpec, validate_request
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    RequestError,
+    SpecViolation,
+    UnknownRequest,
+)
+from spec.events import ControlReturned, Event
+from spec.lifecycles import RequestPhase
+from spec.machine import SpecMachine
+from spec.parity import compare_outputs
+
+
+def load_factory(target: str) -> ImplementationFactory:
+    """Resolve 'package.module:callable' to an implementation factory."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError("impl", target, "a built-in name or 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            "impl", target, f"module {module_name!r} cannot be imported: {err}"
+        ) from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError("impl", target, f"{module_name} has no callable {attr!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+@dataclass
+class Harness:
+    """One implementation under test, built by `factory` for `config`."""
+
+    factory: ImplementationFactory
+    config: DllmConfig
+    check_invariants: bool = True
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.spec = SpecMachine(self.config)
+        self.impl: SchedulerAdapter = self.factory(self.config, self._sink)
+        self.rounds = 0
+
+    def _sink(self, event: Event) -> None:
+        self.events.append(event)
+        self.spec.apply(event)
+        if self.check_invariants:
+            self.spec.check_invariants()
+
+    def _expect_rejection(self, request: RequestSpec) -> str | None:
+        if self.spec.request_phase(request.request_id) is not None:
+            return "duplicate"
+        try:
+            validate_request(self.config, request)
+        except RequestError as err:
+            return type(err).__name__
+        return None
+
+    # ------------------------------------------------------------------ operations
+    def submit(self, request: RequestSpec) -> RequestError | None:
+        """Submit; return the typed error if the implementation rejected the request.
+
+        A rejection must leave no event and change nothing; a valid request must be accepted.
+        """
+        expected = self._expect_rejection(request)
+        before = len(self.events)
+        try:
+            self.impl.submit(request)
+        except RequestError as err:
+            if len(self.events) != before:
+                raise SpecViolation(
+                    "valid_request", f"rejected {request.request_id!r} but emitted events"
+                ) from None
+            if expected is None:
+                raise SpecViolation(
+                    "valid_request", f"rejected a valid request {request!r}: {err}"
+                ) from None
+            if expected == "duplicate" and not isinstance(err, DuplicateRequest):
+                raise SpecViolation(
+                    "unique_submission",
+                    f"duplicate id rejected with {type(err).__name__}, not DuplicateRequest",
+                ) from None
+            self._check_snapshot()
+            return err
+        if expected is not None:  # pragma: no cover - the Submitted event already failed
+            raise SpecViolation("valid_request", f"accepted {request!r} ({expected})")
+        return None
+
+    def abort(self, request_id: str) -> UnknownRequest | None:
+        phase = self.spec.request_phase(request_id)
+        active = phase in (RequestPhase.QUEUED, RequestPhase.ADMITTED, RequestPhase.RUNNING)
+        before = len(self.events)
+        try:
+            self.impl.abort(request_id)
+        except UnknownRequest as err:
+            if active:
+                raise SpecViolation(
+                    "known_request", f"abort of active request {request_id!r} was refused: {err}"
+                ) from None
+            if len(self.events) != before:
+                raise SpecViolation("known_request", "a refused abort emitted events") from None
+            return err
+        if self.spec.request_phase(request_id) is not RequestPhase.ABORTED:
+            raise SpecViolation(
+                "known_request", f"abort of {request_id!r} returned without an Aborted event"
+            )
+        self._check_snapshot()
+        return None
+
+    def round(self) -> None:
+        expected = self.spec.round_index
+        self.impl.run_round()
+        self._require_round_ended(expected)
+        self.rounds += 1
+        self._check_snapshot()
+
+    def _require_round_ended(self, index: int) -> None:
+        if self.spec.round_index <= index:
+            raise SpecViolation(
+                "round_order",
+                f"run_round returned without ending round {index} (no ControlReturned)",
+            )
+
+    def drain(self, max_rounds: int = 10_000) -> None:
+        before = self.spec.round_index
+        self.impl.drain(max_rounds)
+        self.rounds += self.spec.round_index - before
+        if not self.spec.is_idle():
+            raise SpecViolation(
+                "progress", "drain returned while requests are still queued or running"
+            )
+        self._check_snapshot()
+        snap = self.impl.snapshot()
+        if snap.leaked_slots() or snap.held_rows():
+            raise SpecViolation(
+                "no_leak",
+                f"after drain {snap.leaked_slots()} KV slots and {snap.held_rows()} rows are "
+                f"still in use",
+            )
+
+    def _check_snapshot(self) -> None:
+        self.spec.check_snapshot(self.impl.snapshot())
+
+    def outputs(self) -> dict[str, tuple[int, ...]]:
+        return self.spec.outputs()
+
+    def requests(self) -> dict[str, RequestSpec]:
+        st = self.spec.state()
+        return {rid: RequestSpec(rid, r.prompt, r.max_new_tokens) for rid, r in st.requests.items()}
+
+    def ended_rounds(self) -> int:
+        return sum(1 for e in self.events if isinstance(e, ControlReturned))
+
+
+SoloCache = dict[tuple[object, ...], tuple[int, ...]]
+
+
+def solo_output(
+    factory: ImplementationFactory,
+    config: DllmConfig,
+    request: RequestSpec,
+    cache: SoloCache | None = None,
+) -> tuple[int, ...]:
+    """The request's output when run alone under sync at batch size 1 (checked by the spec)."""
+    solo = config.solo_sync()
+    key = (id(factory), solo, request.prompt, request.max_new_tokens, request.request_id)
+    if cache is not None and key in cache:
+        return cache[key]
+    h = Harness(factory, solo, check_invariants=False)
+    h.submit(request)
+    h.drain()
+    out = h.outputs()[request.request_id]
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def check_parity(
+    harness: Harness, cache: SoloCache | None = None, only: Callable[[str], bool] | None = None
+) -> None:
+    """Raise SpecViolation('fdfo_sync_parity') unless every finished request's output equals its
+    solo sync output."""
+    finished = harness.outputs()
+    specs = harness.requests()
+    expected = {
+        rid: solo_output(harness.factory, harness.config, specs[rid], cache)
+        for rid in finished
+        if only is None or only(rid)
+    }
+    actual = {rid: out for rid, out in finished.items() if rid in expected}
+    mismatches = compare_outputs(expected, actual)
+    if mismatches:
+        raise SpecViolation(
+            "fdfo_sync_parity",
+            "; ".join(m.describe() for m in mismatches)
+            + f" (mode={harness.config.mode.value}, batch up to "
+            f"{harness.config.max_running_requests}, reference: solo sync at batch size 1)",
+        )

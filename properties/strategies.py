@@ -1,0 +1,61 @@
+"""Hypothesis strategies for configurations and workloads.
+
+Pools range from exact fit (one request's worst case) to roomy; prompts from one token to the
+whole context; some requests are invalid on purpose (too long, empty) to exercise rejection.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from spec.config import DllmConfig, Mode, RequestSpec
+
+VOCAB = 16  # token ids 0..15 for the reference's pseudo-logits
+EOS = VOCAB - 1
+
+
+@st.composite
+def dllm_configs(
+    draw: st.DrawFn,
+    modes: tuple[Mode, ...] = (Mode.SYNC, Mode.FDFO),
+    max_block: int = 4,
+    max_running: int = 4,
+) -> DllmConfig:
+    block = draw(st.integers(1, max_block))
+    page = block * draw(st.integers(1, 3))
+    max_context = block * draw(st.integers(2, max(2, 24 // block)))
+    pages_for_one = -(-max_context // page)
+    kv_pages = draw(st.integers(max(1, pages_for_one // 2), pages_for_one * 3))
+    mode = draw(st.sampled_from(modes))
+    fdfo = mode is Mode.FDFO
+    return DllmConfig(
+        block_size=block,
+        page_size=page,
+        kv_pages=kv_pages,
+        req_pool_rows=draw(st.integers(1, max_running)),
+        max_running_requests=draw(st.integers(1, max_running)),
+        max_context=max_context,
+        mode=mode,
+        in_place_reuse=fdfo and draw(st.booleans()),
+        reloop=fdfo and draw(st.booleans()),
+        mask_token_id=-1,
+        eos_token_id=draw(st.sampled_from([None, EOS])),
+    )
+
+
+def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_len).map(tuple)
+
+
+@st.composite
+def request_sizes(draw: st.DrawFn, config: DllmConfig) -> tuple[tuple[int, ...], int]:
+    """(prompt, max_new_tokens): valid most of the time, sometimes too long for the context."""
+    limit = config.max_context
+    prompt = draw(prompts(max(1, limit - 1)))
+    room = max(1, limit - len(prompt))
+    max_new = draw(st.one_of(st.integers(1, room), st.integers(1, limit + config.block_size)))
+    return prompt, max_new
+
+
+def request_specs(config: DllmConfig, request_id: str) -> st.SearchStrategy[RequestSpec]:
+    return request_sizes(config).map(lambda pm: RequestSpec(request_id, pm[0], pm[1]))

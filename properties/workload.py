@@ -1,0 +1,71 @@
+"""Workloads: a configuration plus a program of operations, replayable on any implementation.
+
+Strategies generate them, Z3 synthesises boundary ones, and failures can be saved as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from properties.harness import Harness, SoloCache, check_parity
+from spec.adapter import ImplementationFactory
+from spec.config import DllmConfig, RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request: RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    pass
+
+
+Op = Submit | Abort | Round | Drain
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """`ops` run in order against a fresh implementation built for `config`; a final drain is
+    implied. `name` says what boundary it exercises."""
+
+    config: DllmConfig
+    ops: tuple[Op, ...]
+    name: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+
+def run_workload(
+    factory: ImplementationFactory,
+    workload: Workload,
+    *,
+    parity: bool = True,
+    cache: SoloCache | None = None,
+) -> Harness:
+    """Run the workload under the harness (raising SpecViolation on any breach), drain, check
+    for leaks and, if `parity`, check every finished request against its solo sync output."""
+    h = Harness(factory, workload.config)
+    for op in workload.ops:
+        if isinstance(op, Submit):
+            h.submit(op.request)
+        elif isinstance(op, Abort):
+            h.abort(op.request_id)
+        elif isinstance(op, Round):
+            h.round()
+        else:
+            h.drain()
+    h.drain()
+    if parity:
+        check_parity(h, cache)
+    return h
