@@ -57,12 +57,23 @@ class Harness:
         self.spec = SpecMachine(self.config)
         self.impl: SchedulerAdapter = self.factory(self.config, self._sink)
         self.rounds = 0
+        self.violation: SpecViolation | None = None  # the first one raised, if any
+
+    def _violate(self, rule: str, detail: str) -> SpecViolation:
+        """A violation found by the harness itself (recorded like those from the spec)."""
+        v = SpecViolation(rule, detail)
+        self.violation = self.violation or v
+        return v
 
     def _sink(self, event: Event) -> None:
         self.events.append(event)
-        self.spec.apply(event)
-        if self.check_invariants:
-            self.spec.check_invariants()
+        try:
+            self.spec.apply(event)
+            if self.check_invariants:
+                self.spec.check_invariants()
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
 
     def _expect_rejection(self, request: RequestSpec) -> str | None:
         if self.spec.request_phase(request.request_id) is not None:
@@ -85,22 +96,22 @@ class Harness:
             self.impl.submit(request)
         except RequestError as err:
             if len(self.events) != before:
-                raise SpecViolation(
+                raise self._violate(
                     "valid_request", f"rejected {request.request_id!r} but emitted events"
                 ) from None
             if expected is None:
-                raise SpecViolation(
+                raise self._violate(
                     "valid_request", f"rejected a valid request {request!r}: {err}"
                 ) from None
             if expected == "duplicate" and not isinstance(err, DuplicateRequest):
-                raise SpecViolation(
+                raise self._violate(
                     "unique_submission",
                     f"duplicate id rejected with {type(err).__name__}, not DuplicateRequest",
                 ) from None
             self._check_snapshot()
             return err
         if expected is not None:  # pragma: no cover - the Submitted event already failed
-            raise SpecViolation("valid_request", f"accepted {request!r} ({expected})")
+            raise self._violate("valid_request", f"accepted {request!r} ({expected})")
         return None
 
     def abort(self, request_id: str) -> UnknownRequest | None:
@@ -111,14 +122,14 @@ class Harness:
             self.impl.abort(request_id)
         except UnknownRequest as err:
             if active:
-                raise SpecViolation(
+                raise self._violate(
                     "known_request", f"abort of active request {request_id!r} was refused: {err}"
                 ) from None
             if len(self.events) != before:
-                raise SpecViolation("known_request", "a refused abort emitted events") from None
+                raise self._violate("known_request", "a refused abort emitted events") from None
             return err
         if self.spec.request_phase(request_id) is not RequestPhase.ABORTED:
-            raise SpecViolation(
+            raise self._violate(
                 "known_request", f"abort of {request_id!r} returned without an Aborted event"
             )
         self._check_snapshot()
@@ -133,7 +144,7 @@ class Harness:
 
     def _require_round_ended(self, index: int) -> None:
         if self.spec.round_index <= index:
-            raise SpecViolation(
+            raise self._violate(
                 "round_order",
                 f"run_round returned without ending round {index} (no ControlReturned)",
             )
@@ -143,20 +154,24 @@ class Harness:
         self.impl.drain(max_rounds)
         self.rounds += self.spec.round_index - before
         if not self.spec.is_idle():
-            raise SpecViolation(
+            raise self._violate(
                 "progress", "drain returned while requests are still queued or running"
             )
         self._check_snapshot()
         snap = self.impl.snapshot()
         if snap.leaked_slots() or snap.held_rows():
-            raise SpecViolation(
+            raise self._violate(
                 "no_leak",
                 f"after drain {snap.leaked_slots()} KV slots and {snap.held_rows()} rows are "
                 f"still in use",
             )
 
     def _check_snapshot(self) -> None:
-        self.spec.check_snapshot(self.impl.snapshot())
+        try:
+            self.spec.check_snapshot(self.impl.snapshot())
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return self.spec.outputs()
@@ -207,7 +222,7 @@ def check_parity(
     actual = {rid: out for rid, out in finished.items() if rid in expected}
     mismatches = compare_outputs(expected, actual)
     if mismatches:
-        raise SpecViolation(
+        raise harness._violate(
             "fdfo_sync_parity",
             "; ".join(m.describe() for m in mismatches)
             + f" (mode={harness.config.mode.value}, batch up to "

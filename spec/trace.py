@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from spec.config import DllmConfig, Mode
 from spec.errors import SchedSpecError
 from spec.events import EVENT_BY_KIND, Event, FinishReason, Forward, ForwardRow
 
@@ -77,8 +78,30 @@ def write_events(events: Iterable[Event], out: TextIO) -> None:
         out.write(json.dumps(event_to_dict(e), separators=(",", ":")) + "\n")
 
 
-def read_events(path: str | Path) -> Iterator[tuple[int, Event]]:
-    """(line number, event) for each non-blank line of a JSONL trace."""
+def config_to_dict(config: DllmConfig) -> dict[str, Any]:
+    """A JSON-ready header line for a trace: `{"kind": "config", <DllmConfig fields>}`."""
+    out: dict[str, Any] = {"kind": "config"}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = value.value if isinstance(value, Mode) else value
+    return out
+
+
+def config_from_dict(data: dict[str, Any], line_no: int = 0) -> DllmConfig:
+    fields = {f.name for f in dataclasses.fields(DllmConfig)}
+    unknown = sorted(set(data) - fields - {"kind"})
+    if unknown:
+        raise TraceFormatError(line_no, f"unknown config fields {unknown}; valid: {sorted(fields)}")
+    kwargs = {k: v for k, v in data.items() if k in fields}
+    if "mode" in kwargs:
+        kwargs["mode"] = Mode.parse(str(kwargs["mode"]))
+    return DllmConfig(**kwargs)
+
+
+def read_trace(path: str | Path) -> tuple[DllmConfig | None, list[tuple[int, Event]]]:
+    """A trace's optional config header and its events, with line numbers."""
+    config: DllmConfig | None = None
+    events: list[tuple[int, Event]] = []
     with open(path, encoding="utf-8") as fh:
         for no, line in enumerate(fh, start=1):
             if not line.strip():
@@ -89,4 +112,10 @@ def read_events(path: str | Path) -> Iterator[tuple[int, Event]]:
                 raise TraceFormatError(no, f"not JSON: {err.msg}") from None
             if not isinstance(data, dict):
                 raise TraceFormatError(no, "each line must be a JSON object")
-            yield no, event_from_dict(data, no)
+            if data.get("kind") == "config":
+                if events or config is not None:
+                    raise TraceFormatError(no, "the config header must be the first line")
+                config = config_from_dict(data, no)
+                continue
+            events.append((no, event_from_dict(data, no)))
+    return config, events

@@ -1,0 +1,335 @@
+"""The seeded-bug catalogue: mutants of the reference dLLM scheduler.
+
+Each mutant overrides one small method of `ReferenceDllmScheduler` to plant one real bug (most
+are bugs that shipped in a serving engine). `tests/test_mutants.py` asserts that the conformance
+suite FAILS on every mutant and that the violation names `rule`. `configs` narrows the generated
+configurations to where the bug can show (for example in-place reuse only exists under FDFO); the
+suite itself is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from properties.strategies import dllm_configs
+from reference.dllm import ReferenceDllmScheduler, _Req
+from reference.kv_pool import PagedKvPool
+from reference.oracle import AlgorithmOracle, DenoiseOracle
+from spec.adapter import EventSink, ImplementationFactory
+from spec.config import DllmConfig, Mode
+from spec.events import FinishReason, KvAllocated
+
+
+class NoFreeOnFinish(ReferenceDllmScheduler):
+    """Finishing releases the row but forgets the KV slots."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        real_free = self.kv.free
+        self.kv.free = lambda rid, slots: None  # type: ignore[method-assign]
+        try:
+            super()._finish(req, reason)
+        finally:
+            self.kv.free = real_free  # type: ignore[method-assign]
+
+
+class AbortLeaksRetainedBlock(ReferenceDllmScheduler):
+    """SGLang #32992: release frees only committed blocks, leaking an unresolved FDFO block."""
+
+    def _release(self, req: _Req) -> None:
+        committed = [
+            s
+            for s in self.kv.slots_of(req.rid)
+            if self.kv.owner[s][1] < req.committed_blocks  # type: ignore[index]
+        ]
+        self.kv.free(req.rid, committed)
+        req.block_slots = None
+        if req.row is not None:
+            from spec.events import RowReleased
+
+            self.rows.release(req.row)
+            self.sink(RowReleased(req.rid, req.row))
+            req.row = None
+        self.reserved_pages -= req.pages_needed
+
+
+class DoubleFree(ReferenceDllmScheduler):
+    """Finishing frees the last block, then frees a stale list of all the request's slots."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        stale = self.kv.slots_of(req.rid)
+        last = self.kv.slots_of_block(req.rid, req.committed_blocks - 1)
+        self.kv.free(req.rid, last)
+        self.kv.free(req.rid, stale)  # frees `last` a second time
+        super()._finish(req, reason)
+
+
+class FreeUnfinishedBlockInBatch(ReferenceDllmScheduler):
+    """Under in-place reuse, frees the unfinished block's slots but keeps using them."""
+
+    def _carry(self, req: _Req) -> None:
+        super()._carry(req)
+        if req.block_slots is not None:
+            self.kv.free(req.rid, list(req.block_slots))  # block_slots kept: thinks it reuses
+
+
+class LostAlgorithmState(ReferenceDllmScheduler):
+    """FDFO carries incomplete_ids but drops algo_state between rounds (JointThreshold)."""
+
+    def _carry(self, req: _Req) -> None:
+        super()._carry(req)
+        req.algo_state = None  # re-initialised from the partial block next round
+
+
+class SyncReturnsEarly(ReferenceDllmScheduler):
+    """Sync hands control back after one forward, before every block is done."""
+
+    def _run_worker(self, batch: list[_Req]) -> None:
+        for req in batch:
+            if req.incomplete_ids is not None:
+                self._restore_carriers(req)
+        self._forward_and_step(batch)
+
+
+class FdfoKeepsDoneRequest(ReferenceDllmScheduler):
+    """A done block is committed (and its request released) one round late."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None):
+        super().__init__(config, sink, oracle)
+        self.deferred: set[tuple[str, int]] = set()
+
+    def _complete(self, batch: list[_Req]) -> None:
+        late = [
+            r for r in batch if r.block_done and (r.rid, r.committed_blocks) not in self.deferred
+        ]
+        for r in late:
+            self.deferred.add((r.rid, r.committed_blocks))
+        super()._complete([r for r in batch if r not in late])
+
+
+class ReallocatesInsteadOfReusing(ReferenceDllmScheduler):
+    """Ignores in-place reuse: frees the unfinished block and allocates it afresh next round."""
+
+    def _carry(self, req: _Req) -> None:
+        req.incomplete_ids = tuple(req.block_tokens or ())
+        self._drop_block_kv(req)
+
+
+class RaggedRow(ReferenceDllmScheduler):
+    """A partial last prompt block is fed as its prompt tokens only (not completed with masks)."""
+
+    def _start_block(self, req: _Req) -> None:
+        super()._start_block(req)
+        prompt = req.spec.prompt
+        start = req.committed_blocks * self.config.block_size
+        if start < len(prompt) < start + self.config.block_size:
+            req.block_tokens = list(prompt[start:])
+
+
+class _FirstFitPool(PagedKvPool):
+    def allocate_block(self, request_id: str, block_index: int) -> tuple[int, ...]:
+        free = [i for i, o in enumerate(self.owner) if o is None][: self.config.block_size]
+        for s in free:
+            self.owner[s] = (request_id, block_index)
+        p = self.config.page_size
+        self.free_pages -= {s // p for s in free}
+        self.sink(KvAllocated(request_id, block_index, tuple(free)))
+        return tuple(free)
+
+
+class MisalignedPage(ReferenceDllmScheduler):
+    """The allocator hands out the first free slots, ignoring page boundaries."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None):
+        super().__init__(config, sink, oracle)
+        self.kv = _FirstFitPool(config, sink)
+
+
+class AdmitsBeyondMaxRunning(ReferenceDllmScheduler):
+    """Off by one: admits while running <= max_running_requests."""
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) <= self.config.max_running_requests:
+            head = self.waiting[0]
+            if not self.rows.has_free():
+                return
+            if self.reserved_pages + head.pages_needed > self.config.kv_pages:
+                return
+            self._admit_one(head)
+
+
+class AdmitsOutOfOrder(ReferenceDllmScheduler):
+    """Skips a head that does not fit and admits a later request that does."""
+
+    def _admit(self) -> None:
+        for req in list(self.waiting):
+            if len(self.running) >= self.config.max_running_requests or not self.rows.has_free():
+                return
+            if self.reserved_pages + req.pages_needed <= self.config.kv_pages:
+                self._admit_one(req)
+
+
+# CommitsBeforeFinalForward needs the step's `done` to be computed from the new tokens; the
+# oracle is wrapped so that its done flag is "no masks after the step".
+class _EagerDoneOracle:
+    def __init__(self, inner: DenoiseOracle, mask_id: int) -> None:
+        self.inner = inner
+        self.mask_id = mask_id
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        return self.inner.init_state(row_tokens)
+
+    def step(self, rows):  # type: ignore[no-untyped-def]
+        from reference.oracle import OracleStep
+
+        return [
+            OracleStep(s.tokens, s.state, s.done or self.mask_id not in s.tokens)
+            for s in self.inner.step(rows)
+        ]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: str  # the rule the suite must name
+    factory: ImplementationFactory
+    configs: st.SearchStrategy[DllmConfig]
+    description: str
+
+
+def _f(cls: type[ReferenceDllmScheduler], joint: bool = False) -> ImplementationFactory:
+    def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        oracle = (
+            AlgorithmOracle.named("JointThreshold", config.mask_token_id, max_post_edit_steps=4)
+            if joint
+            else None
+        )
+        return cls(config, sink, oracle)
+
+    factory.__name__ = f"make_{cls.__name__}"
+    return factory
+
+
+def _eager(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    oracle = _EagerDoneOracle(
+        AlgorithmOracle.named("LowConfidence", config.mask_token_id), config.mask_token_id
+    )
+    return ReferenceDllmScheduler(config, sink, oracle)
+
+
+def _fdfo_reuse() -> st.SearchStrategy[DllmConfig]:
+    return (
+        dllm_configs(modes=(Mode.FDFO,))
+        .map(lambda c: c.replace(in_place_reuse=True, block_size=c.block_size))
+        .filter(lambda c: c.block_size > 1)
+    )
+
+
+def _tight_pool() -> st.SearchStrategy[DllmConfig]:
+    """Pools that fit one worst-case request exactly, with several seats: admission must wait."""
+    return dllm_configs().map(
+        lambda c: c.replace(
+            kv_pages=-(-c.max_context // c.page_size),
+            max_running_requests=4,
+            req_pool_rows=4,
+        )
+    )
+
+
+MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in (
+        Mutant(
+            "no_free_on_finish",
+            "terminal_owns_nothing",
+            _f(NoFreeOnFinish),
+            dllm_configs(),
+            "finish releases the row but not the KV slots",
+        ),
+        Mutant(
+            "abort_leaks_retained_block",
+            "terminal_owns_nothing",
+            _f(AbortLeaksRetainedBlock),
+            _fdfo_reuse(),
+            "SGLang #32992: abort mid-block leaks the retained block's KV",
+        ),
+        Mutant(
+            "double_free",
+            "free_owned_only",
+            _f(DoubleFree),
+            dllm_configs(),
+            "a block's slots are freed twice on finish",
+        ),
+        Mutant(
+            "free_unfinished_block_in_batch",
+            "reuse_keeps_slots",
+            _f(FreeUnfinishedBlockInBatch),
+            _fdfo_reuse(),
+            "an unfinished FDFO block's slots are freed while it stays in the batch",
+        ),
+        Mutant(
+            "lost_algorithm_state",
+            "fdfo_sync_parity",
+            _f(LostAlgorithmState, joint=True),
+            dllm_configs(modes=(Mode.FDFO,)),
+            "algo_state dropped between FDFO rounds (JointThreshold)",
+        ),
+        Mutant(
+            "sync_returns_early",
+            "sync_yields_when_all_done",
+            _f(SyncReturnsEarly),
+            dllm_configs(modes=(Mode.SYNC,)),
+            "sync returns control before every block of the batch is done",
+        ),
+        Mutant(
+            "fdfo_keeps_done_request",
+            "fdfo_releases_same_round",
+            _f(FdfoKeepsDoneRequest),
+            dllm_configs(modes=(Mode.FDFO,)),
+            "a done block is committed one round late",
+        ),
+        Mutant(
+            "reallocates_instead_of_reusing",
+            "reuse_keeps_slots",
+            _f(ReallocatesInsteadOfReusing),
+            _fdfo_reuse(),
+            "in-place reuse ignored: free and re-allocate the unfinished block",
+        ),
+        Mutant(
+            "ragged_row",
+            "whole_block_rows",
+            _f(RaggedRow),
+            dllm_configs().filter(lambda c: c.block_size > 1),
+            "a partial prompt block is fed without its masks (not a whole block)",
+        ),
+        Mutant(
+            "misaligned_page",
+            "page_alignment",
+            _f(MisalignedPage),
+            dllm_configs().filter(lambda c: c.page_size > c.block_size),
+            "the allocator ignores page boundaries",
+        ),
+        Mutant(
+            "admits_beyond_max_running",
+            "max_running",
+            _f(AdmitsBeyondMaxRunning),
+            dllm_configs(),
+            "admission off by one on max_running_requests",
+        ),
+        Mutant(
+            "admits_out_of_order",
+            "fcfs_admission",
+            _f(AdmitsOutOfOrder),
+            _tight_pool(),
+            "a head that does not fit is skipped for a later request",
+        ),
+        Mutant(
+            "commits_before_final_forward",
+            "final_forward_before_commit",
+            _eager,
+            dllm_configs(),
+            "a block is reported done when its last mask is filled, before the final-KV forward",
+        ),
+    )
+}

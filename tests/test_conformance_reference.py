@@ -1,0 +1,64 @@
+"""The reference passes the conformance suite (both algorithms), and the CLI reports it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from properties.cli import main
+from properties.conformance import conformance_machine
+from reference.dllm import make_joint_threshold_scheduler, make_scheduler
+
+
+def test_reference_low_confidence_conforms() -> None:
+    run_state_machine_as_test(conformance_machine(make_scheduler), settings=settings())
+
+
+def test_reference_joint_threshold_conforms() -> None:
+    run_state_machine_as_test(
+        conformance_machine(make_joint_threshold_scheduler), settings=settings()
+    )
+
+
+def test_cli_verify_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "v.json"
+    code = main(["verify", "--impl", "reference-dllm", "--examples", "20", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["passed"] is True and data["impl"] == "reference-dllm"
+    assert data["examples"] >= 20 and data["failures"] == []
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_cli_verify_fails_on_a_mutant_by_import_string(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "v.json"
+    code = main(
+        [
+            "verify",
+            "--impl",
+            "tests.factories:no_free_on_finish",
+            "--examples",
+            "100",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 1
+    data = json.loads(out.read_text())
+    assert data["passed"] is False
+    assert data["failures"][0]["rule"] == "terminal_owns_nothing"
+    assert "state.submit(" in data["failures"][0]["program"]
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_cli_rejects_unknown_impl(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["verify", "--impl", "nonesuch"]) == 2
+    assert "reference-dllm" in capsys.readouterr().err
+
+
+def test_cli_list_impls(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["list-impls"]) == 0
+    assert "reference-dllm" in capsys.readouterr().out

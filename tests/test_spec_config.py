@@ -1,0 +1,68 @@
+"""Configuration and request validation: typed errors that name the field and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from spec import (
+    ConfigError,
+    DllmConfig,
+    EmptyPrompt,
+    InvalidRequest,
+    Mode,
+    PromptTooLong,
+    RequestSpec,
+    RequestTooLarge,
+    validate_request,
+)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "hint"),
+    [
+        ({"block_size": 0}, "block_size", ">= 1"),
+        ({"page_size": 6, "block_size": 4}, "page_size", "multiple of block_size=4"),
+        ({"page_size": 0}, "page_size", ">= 1"),
+        ({"kv_pages": 0}, "kv_pages", ">= 1"),
+        ({"req_pool_rows": 0}, "req_pool_rows", ">= 1"),
+        ({"max_running_requests": 0}, "max_running_requests", ">= 1"),
+        ({"max_context": 30, "block_size": 4}, "max_context", "multiple of block_size=4"),
+        ({"mode": "eager"}, "mode", "'sync', 'fdfo'"),
+        ({"mode": Mode.SYNC, "in_place_reuse": True}, "in_place_reuse", "only meaningful under"),
+        ({"mode": Mode.SYNC, "in_place_reuse": False, "reloop": True}, "reloop", "fdfo"),
+        ({"block_size": True}, "block_size", ">= 1"),
+    ],
+)
+def test_invalid_config_names_field_and_valid_values(
+    changes: dict[str, object], field: str, hint: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        DllmConfig(**changes)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert field in str(info.value) and hint in str(info.value)
+
+
+def test_valid_config_and_derived_sizes() -> None:
+    c = DllmConfig(block_size=4, page_size=8, kv_pages=3, mode="sync", in_place_reuse=False)  # type: ignore[arg-type]
+    assert c.mode is Mode.SYNC
+    assert c.kv_slots == 24 and c.blocks_per_page == 2
+    solo = DllmConfig().solo_sync()
+    assert solo.mode is Mode.SYNC and solo.max_running_requests == 1 and not solo.in_place_reuse
+
+
+def test_request_validation_errors() -> None:
+    c = DllmConfig(block_size=4, page_size=4, kv_pages=2, max_context=16)
+    with pytest.raises(EmptyPrompt):
+        validate_request(c, RequestSpec("a", (), 4))
+    with pytest.raises(InvalidRequest, match="max_new_tokens"):
+        validate_request(c, RequestSpec("a", (1,), 0))
+    with pytest.raises(InvalidRequest, match=">= 0"):
+        validate_request(c, RequestSpec("a", (3, -1), 1))
+    with pytest.raises(InvalidRequest, match="mask token"):
+        validate_request(c.replace(mask_token_id=1), RequestSpec("a", (3, 1), 1))
+    with pytest.raises(PromptTooLong, match="max_context is 16"):
+        validate_request(c, RequestSpec("a", tuple(range(15)), 4))
+    with pytest.raises(RequestTooLarge, match="whole pool has 8"):
+        validate_request(c, RequestSpec("a", (1, 2, 3), 8))
+    shape = validate_request(c, RequestSpec("a", (1, 2, 3, 4, 5), 2))
+    assert (shape.prompt_blocks, shape.total_blocks, shape.pages) == (1, 2, 2)
