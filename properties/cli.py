@@ -151,7 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="schedspec", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("verify", help="run the conformance suite on implementations")
+    v = sub.add_parser(
+        "verify",
+        help="with --impl: the conformance suite on those implementations; without: the main "
+        "job (proofs, conformance on every built-in, parity, FDFO vs sync, report)",
+    )
     v.add_argument("--impl", action="append", help="built-in name or module:factory (repeat)")
     v.add_argument("--examples", type=int, default=100, help="generated programs per impl")
     v.add_argument("--json", help="write the result as JSON here")
@@ -161,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="bs1",
         help="output parity policy for a module:factory impl (built-ins know their own)",
     )
+    v.add_argument("--report", default="reports/verify", help="main job: report directory")
+    v.add_argument("--parity-prompts", type=int, default=8, help="main job: parity prompts")
+    v.add_argument("--parity-tokens", type=int, default=32, help="main job: tokens per prompt")
     v.set_defaults(func=cmd_verify)
 
     li = sub.add_parser("list-impls", help="list built-in implementations")

@@ -42,6 +42,13 @@ DLLM_BUILTINS: tuple[BuiltinImpl, ...] = (
         "the reference driven by JointThreshold (carries algorithm state between rounds)",
     ),
     BuiltinImpl(
+        "reference-dllm-scripted",
+        "reference.dllm:make_scripted_scheduler",
+        "dllm",
+        "always",
+        "the reference with step-count patterns (1 to block_size+1 steps per block)",
+    ),
+    BuiltinImpl(
         "engine",
         "gpu.engine:make_small_engine",
         "dllm",

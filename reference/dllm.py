@@ -324,3 +324,16 @@ def make_joint_threshold_scheduler(config: DllmConfig, sink: EventSink) -> Refer
     """The reference driven by JointThreshold (stateful: exercises the carried algo_state)."""
     oracle = AlgorithmOracle.named("JointThreshold", config.mask_token_id, max_post_edit_steps=4)
     return ReferenceDllmScheduler(config, sink, oracle)
+
+
+def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """The reference with step-count patterns: block k of request r needs between 1 and
+    block_size + 1 steps to unmask, fixed by a hash of (r, k) — from one-shot blocks to
+    one-token-per-step blocks, as a real model's spread."""
+    from reference.oracle import ScriptedOracle, _seed
+
+    b = config.block_size
+    oracle = ScriptedOracle(
+        lambda rid, k: 1 + _seed("steps", rid, k) % (b + 1), config.mask_token_id
+    )
+    return ReferenceDllmScheduler(config, sink, oracle)

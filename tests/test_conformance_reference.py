@@ -5,22 +5,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from properties.cli import main
 from properties.conformance import conformance_machine
-from reference.dllm import make_joint_threshold_scheduler, make_scheduler
+from reference.dllm import (
+    make_joint_threshold_scheduler,
+    make_scheduler,
+    make_scripted_scheduler,
+)
 
 
-def test_reference_low_confidence_conforms() -> None:
-    run_state_machine_as_test(conformance_machine(make_scheduler), settings=settings())
-
-
-def test_reference_joint_threshold_conforms() -> None:
-    run_state_machine_as_test(
-        conformance_machine(make_joint_threshold_scheduler), settings=settings()
-    )
+@pytest.mark.parametrize(
+    "factory",
+    [make_scheduler, make_joint_threshold_scheduler, make_scripted_scheduler],
+    ids=["LowConfidence", "JointThreshold", "scripted"],
+)
+def test_reference_conforms(factory) -> None:  # type: ignore[no-untyped-def]
+    run_state_machine_as_test(conformance_machine(factory), settings=settings())
 
 
 def test_cli_verify_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

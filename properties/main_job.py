@@ -1,0 +1,306 @@
+"""`schedspec verify` with no arguments: the main job.
+
+Steps, each timed and reported (a failing step never stops the others):
+1. the Z3 proofs (`properties.proofs`);
+2. the conformance suite on every built-in implementation;
+3. batch-size-1 parity and leak check on the shipped model (CUDA when present, else CPU);
+4. a short FDFO-vs-sync comparison on the reference (the head-of-line gap, in forwards);
+then a summary table, and a report directory with report.md, report.json and PNG plots.
+Exit status is non-zero if any step failed, and the failing steps are named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from properties.harness import Harness
+from properties.registry import all_builtins, resolve
+from properties.timeline import Timeline, timeline
+from properties.verify import stderr_progress, verify_impl
+from spec.config import DllmConfig, Mode, RequestSpec
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    passed: bool
+    seconds: float
+    summary: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _timed(name: str, fn: Callable[[], tuple[bool, str, dict[str, Any]]]) -> StepOutcome:
+    start = time.perf_counter()
+    try:
+        ok, summary, data = fn()
+    except Exception as err:
+        ok, summary, data = (
+            False,
+            f"{type(err).__name__}: {err}",
+            {"traceback": traceback.format_exc()},
+        )
+    return StepOutcome(name, ok, time.perf_counter() - start, summary, data)
+
+
+def _log(msg: str) -> None:
+    print(f"[schedspec verify] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- steps
+def step_proofs() -> tuple[bool, str, dict[str, Any]]:
+    proofs = importlib.import_module("properties.proofs")
+    results = proofs.run_all_proofs(progress=None)
+    bad = [r.name for r in results if r.status != "proved"]
+    summary = f"{len(results) - len(bad)}/{len(results)} proved"
+    if bad:
+        summary += f"; not proved: {', '.join(bad)}"
+    return not bad, summary, {"proofs": [r.to_json() for r in results]}
+
+
+def step_conformance(examples: int) -> tuple[bool, str, dict[str, Any]]:
+    rows = []
+    for name, builtin in all_builtins().items():
+        if not builtin.default_verify:
+            continue
+        _, factory, _ = resolve(name)
+        builder = None
+        if builtin.machine:
+            module, _, attr = builtin.machine.partition(":")
+            builder = getattr(importlib.import_module(module), attr)
+        n = examples if builtin.name != "engine" else max(10, examples // 4)
+        res = verify_impl(
+            name,
+            factory,
+            n,
+            parity=builtin.parity,
+            builder=builder,
+            progress=stderr_progress(f"conformance {name}", n),
+        )
+        _log(
+            f"conformance {name}: {'PASS' if res.passed else 'FAIL'} "
+            f"({res.examples} examples, {res.steps} steps, {res.seconds:.1f}s)"
+        )
+        rows.append(res.to_json())
+    failed = [r["impl"] for r in rows if not r["passed"]]
+    summary = f"{len(rows) - len(failed)}/{len(rows)} implementations conform"
+    if failed:
+        summary += f"; failing: {', '.join(failed)}"
+    return not failed, summary, {"results": rows}
+
+
+def step_parity(prompts: int, max_new_tokens: int) -> tuple[bool, str, dict[str, Any]]:
+    parity = importlib.import_module("gpu.parity")
+    device = "cuda" if _cuda_available() else "cpu"
+    report = parity.run_parity(device, ["LowConfidence", "JointThreshold"], prompts, max_new_tokens)
+    data = report.to_json()
+    ok = bool(data["identical"]) and int(data["leaked_slots"]) == 0
+    summary = (
+        f"device={data['device']}: {len(data['cases'])} cases, identical={data['identical']}, "
+        f"leaked_slots={data['leaked_slots']}"
+    )
+    return ok, summary, data
+
+
+def _cuda_available() -> bool:
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def head_of_line_workload() -> tuple[DllmConfig, list[RequestSpec], dict[str, int]]:
+    """Eight requests whose output blocks need 1..8 steps to unmask, four at a time."""
+    steps = {f"q{i}": s for i, s in enumerate((3, 8, 2, 5, 1, 7, 4, 6))}
+    cfg = DllmConfig(
+        block_size=8,
+        page_size=8,
+        kv_pages=16,
+        req_pool_rows=4,
+        max_running_requests=4,
+        max_context=32,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+        reloop=False,
+    )
+    reqs = [RequestSpec(rid, (1,) * 8, 16) for rid in steps]
+    return cfg, reqs, steps
+
+
+def run_head_of_line(mode: Mode) -> tuple[Timeline, DllmConfig]:
+    ref = importlib.import_module("reference.dllm")
+    oracle_mod = importlib.import_module("reference.oracle")
+    cfg, reqs, steps = head_of_line_workload()
+    cfg = cfg.replace(mode=mode, in_place_reuse=mode is Mode.FDFO)
+
+    def factory(config: DllmConfig, sink: Any) -> Any:
+        oracle = oracle_mod.ScriptedOracle(lambda rid, k: steps[rid], config.mask_token_id)
+        return ref.ReferenceDllmScheduler(config, sink, oracle)
+
+    h = Harness(factory, cfg)
+    for r in reqs:
+        h.submit(r)
+    h.drain()
+    return timeline(h.events), cfg
+
+
+def step_fdfo_vs_sync() -> tuple[bool, str, dict[str, Any]]:
+    sync, _ = run_head_of_line(Mode.SYNC)
+    fdfo, _ = run_head_of_line(Mode.FDFO)
+
+    # per-request completion time in forwards (constant forward cost)
+    def mean_finish(tl: Timeline) -> float:
+        done = [s.finished_forward for s in tl.spans if s.finished_forward is not None]
+        return sum(done) / len(done)
+
+    data: dict[str, Any] = {
+        "sync": {
+            "forwards": sync.forwards,
+            "wasted_row_steps": sync.wasted_row_steps,
+            "mean_finish_forward": mean_finish(sync),
+        },
+        "fdfo": {
+            "forwards": fdfo.forwards,
+            "wasted_row_steps": fdfo.wasted_row_steps,
+            "mean_finish_forward": mean_finish(fdfo),
+        },
+    }
+    ratio = sync.forwards / fdfo.forwards if fdfo.forwards else 0.0
+    data["sync_over_fdfo_forwards"] = ratio
+    ok = fdfo.forwards <= sync.forwards and mean_finish(fdfo) <= mean_finish(sync)
+    summary = (
+        f"8 requests (1 prompt + 2 output blocks), 4 at a time: sync {sync.forwards} forwards "
+        f"({sync.wasted_row_steps} wasted row-steps), FDFO {fdfo.forwards} forwards; "
+        f"mean finish {mean_finish(sync):.1f} vs {mean_finish(fdfo):.1f} forwards"
+    )
+    return ok, summary, data
+
+
+# --------------------------------------------------------------------------- report
+def write_plots(out: Path, parity_data: dict[str, Any] | None) -> list[str]:
+    plots = importlib.import_module("properties.plots")
+    sync, cfg = run_head_of_line(Mode.SYNC)
+    fdfo, _ = run_head_of_line(Mode.FDFO)
+    files = [
+        plots.gantt(
+            {"sync": sync, "FDFO + in-place reuse": fdfo},
+            out / "gantt_sync_vs_fdfo.png",
+            "Same workload under sync and FDFO: head-of-line blocking",
+        ),
+        plots.kv_occupancy({"sync": sync, "FDFO": fdfo}, cfg.kv_slots, out / "kv_occupancy.png"),
+    ]
+    hists = _rounds_histograms()
+    if hists:
+        files.append(
+            plots.rounds_histogram(
+                hists,
+                out / "rounds_per_block.png",
+                "Rounds per block, shipped model (block size 8)",
+            )
+        )
+    return [str(Path(f).name) for f in files]
+
+
+def _rounds_histograms() -> dict[str, dict[int, int]]:
+    """The shipped model's rounds-per-block histograms (gpu/assets/rounds_report.json)."""
+    path = Path(__file__).resolve().parents[1] / "gpu" / "assets" / "rounds_report.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    algos = data.get("algorithm", {})
+    return {name: {int(k): int(v) for k, v in h["histogram"].items()} for name, h in algos.items()}
+
+
+def render_markdown(steps: list[StepOutcome], plots: list[str]) -> str:
+    lines = [
+        "# schedspec verify report",
+        "",
+        "| step | result | seconds | summary |",
+        "|---|---|---|---|",
+    ]
+    for s in steps:
+        lines.append(
+            f"| {s.name} | {'PASS' if s.passed else 'FAIL'} | {s.seconds:.1f} | {s.summary} |"
+        )
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p}]({p})" for p in plots]
+    for s in steps:
+        failures = [r for r in s.data.get("results", []) if not r.get("passed", True)]
+        for f in failures:
+            for fail in f.get("failures", []):
+                lines += [
+                    "",
+                    f"## {f['impl']}: [{fail['rule']}]",
+                    "",
+                    "```text",
+                    fail["message"],
+                    "",
+                    fail["program"],
+                    "```",
+                ]
+    return "\n".join(lines) + "\n"
+
+
+def main_job(report_dir: str, examples: int, parity_prompts: int, parity_tokens: int) -> int:
+    out = Path(report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps: list[StepOutcome] = []
+    plan: list[tuple[str, Callable[[], tuple[bool, str, dict[str, Any]]]]] = [
+        ("z3 proofs", step_proofs),
+        ("conformance", lambda: step_conformance(examples)),
+        ("bs=1 parity + leaks", lambda: step_parity(parity_prompts, parity_tokens)),
+        ("fdfo vs sync", step_fdfo_vs_sync),
+    ]
+    for name, fn in plan:
+        _log(f"{name} ...")
+        outcome = _timed(name, fn)
+        _log(
+            f"{name}: {'PASS' if outcome.passed else 'FAIL'} in {outcome.seconds:.1f}s: "
+            f"{outcome.summary}"
+        )
+        steps.append(outcome)
+    plot_files: list[str] = []
+    plot_step = _timed("plots", lambda: (True, "", {"files": write_plots(out, None)}))
+    if plot_step.passed:
+        plot_files = plot_step.data["files"]
+        plot_step.summary = ", ".join(plot_files)
+    steps.append(plot_step)
+    width = max(len(s.name) for s in steps)
+    print(f"{'step'.ljust(width)}  result  seconds  summary")
+    for s in steps:
+        print(
+            f"{s.name.ljust(width)}  {'PASS' if s.passed else 'FAIL':<6}  {s.seconds:7.1f}  "
+            f"{s.summary}"
+        )
+    payload = {
+        "passed": all(s.passed for s in steps),
+        "steps": [
+            {
+                "name": s.name,
+                "passed": s.passed,
+                "seconds": round(s.seconds, 3),
+                "summary": s.summary,
+                "data": s.data,
+            }
+            for s in steps
+        ],
+        "plots": plot_files,
+    }
+    (out / "report.json").write_text(
+        json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8"
+    )
+    (out / "report.md").write_text(render_markdown(steps, plot_files), encoding="utf-8")
+    failed = [s.name for s in steps if not s.passed]
+    print(f"report: {out / 'report.md'}")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+        return 1
+    return 0
