@@ -1,0 +1,200 @@
+"""The engine's paged KV allocator: which pool slot holds which (request, block).
+
+The KV pool (`gpu.kv_cache.PagedKvCache`) is `num_pages * page_size` slots. This allocator owns
+the bookkeeping over those slots:
+
+- `owner_req` / `owner_block`: int32 tensors with one entry per slot: the owning request's
+  handle and block index, or -1 when the slot is free. `snapshot()` of the engine reads these
+  tensors, so a slot the allocator forgets to release shows up as owned even when the event log
+  says it was freed.
+- a min-heap of wholly free pages and a per-page count of used slots.
+- the admission reservation: pages promised to admitted requests (their worst case), so a block
+  allocation of an admitted request can never fail and the pool never deadlocks.
+
+The page rule (SGLang forces page_size to be a multiple of block_size, the spec checks it): a
+block whose first position is at page offset 0 takes the lowest wholly free page; any other block
+continues the page of the request's previous block, right after its last slot. So every block is
+contiguous and lies whole inside one page, and pages are never shared between requests.
+
+Every allocation and free is reported through the sink as `KvAllocated` / `KvFreed` at the
+moment it changes the tensors.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from spec.adapter import EventSink
+from spec.errors import ConfigError, SchedSpecError
+from spec.events import KvAllocated, KvFreed
+
+FREE = -1
+
+
+class AllocatorError(SchedSpecError, RuntimeError):
+    """An allocation or free the engine's own reservation rules should have made impossible
+    (an engine bug, never a user error): the allocator refuses instead of corrupting state."""
+
+
+class PagedKvAllocator:
+    """Paged slot allocator with per-slot owner tensors (CPU int32)."""
+
+    def __init__(self, num_pages: int, page_size: int, block_size: int, sink: EventSink) -> None:
+        if block_size < 1 or page_size < 1 or num_pages < 1 or page_size % block_size:
+            raise ConfigError(
+                "page_size",
+                page_size,
+                f"a positive multiple of block_size={block_size} with num_pages >= 1",
+            )
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.block_size = block_size
+        self.num_slots = num_pages * page_size
+        self.sink = sink
+        self.owner_req = torch.full((self.num_slots,), FREE, dtype=torch.int32)
+        self.owner_block = torch.full((self.num_slots,), FREE, dtype=torch.int32)
+        self._free_pages: list[int] = list(range(num_pages))  # a heap (sorted is a heap)
+        self._page_used: list[int] = [0] * num_pages
+        self._names: dict[int, str] = {}
+        self._next_handle = 0
+        self.reserved_pages = 0
+
+    # ------------------------------------------------------------------ owners
+    def register(self, request_id: str) -> int:
+        """A handle for `request_id` (stored in the owner tensor instead of the string)."""
+        handle = self._next_handle
+        self._next_handle += 1
+        self._names[handle] = request_id
+        return handle
+
+    def unregister(self, handle: int) -> None:
+        """Forget a handle; it must own no slot any more."""
+        if bool((self.owner_req == handle).any()):
+            raise AllocatorError(f"handle {handle} ({self._names.get(handle)!r}) still owns slots")
+        self._names.pop(handle, None)
+
+    def name(self, handle: int) -> str:
+        return self._names[handle]
+
+    # ------------------------------------------------------------------ reservation
+    def can_reserve(self, pages: int) -> bool:
+        return self.reserved_pages + pages <= self.num_pages
+
+    def reserve(self, pages: int) -> None:
+        if not self.can_reserve(pages):
+            raise AllocatorError(
+                f"reserving {pages} pages over {self.reserved_pages}/{self.num_pages} reserved"
+            )
+        self.reserved_pages += pages
+
+    def unreserve(self, pages: int) -> None:
+        if pages > self.reserved_pages:
+            raise AllocatorError(f"unreserving {pages} pages, only {self.reserved_pages} reserved")
+        self.reserved_pages -= pages
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_block(self, handle: int, block_index: int, prev_last_slot: int | None) -> int:
+        """Slots for block `block_index` of `handle`; returns the first slot (the block holds
+        `block_size` contiguous slots from there) and emits `KvAllocated`.
+
+        `prev_last_slot` is the last slot of the request's previous block (read from the
+        request-to-token table); it is needed when this block does not start a page.
+        """
+        b, p = self.block_size, self.page_size
+        offset = (block_index * b) % p
+        if offset == 0:
+            if not self._free_pages:
+                raise AllocatorError(
+                    f"no free page for block {block_index} of {self._names.get(handle)!r}"
+                )
+            page = heapq.heappop(self._free_pages)
+            start = page * p
+        else:
+            if prev_last_slot is None or prev_last_slot % p != offset - 1:
+                raise AllocatorError(
+                    f"block {block_index} continues a page but the previous block ends at "
+                    f"slot {prev_last_slot}"
+                )
+            if (
+                int(self.owner_req[prev_last_slot]) != handle
+                or int(self.owner_block[prev_last_slot]) != block_index - 1
+            ):
+                raise AllocatorError(
+                    f"slot {prev_last_slot} does not hold block {block_index - 1} of handle "
+                    f"{handle}"
+                )
+            start = prev_last_slot + 1
+            page = start // p
+        if bool((self.owner_req[start : start + b] != FREE).any()):
+            raise AllocatorError(f"slots {start}..{start + b - 1} are not free")
+        self.owner_req[start : start + b] = handle
+        self.owner_block[start : start + b] = block_index
+        self._page_used[page] += b
+        self.sink(KvAllocated(self._names[handle], block_index, tuple(range(start, start + b))))
+        return start
+
+    # ------------------------------------------------------------------ free
+    def free_blocks(self, handle: int, first_slots: list[int]) -> None:
+        """Free whole blocks of `handle` given their first slots; one `KvFreed` event."""
+        b = self.block_size
+        slots: list[int] = []
+        for first in first_slots:
+            slots.extend(range(first, first + b))
+        self._free(handle, slots)
+
+    def free_all(self, handle: int) -> None:
+        """Free every slot the owner tensor records for `handle` (its committed blocks and any
+        retained in-progress block); one `KvFreed` event, none when it owns nothing."""
+        slots = torch.nonzero(self.owner_req == handle).flatten().tolist()
+        self._free(handle, slots)
+
+    def _free(self, handle: int, slots: list[int]) -> None:
+        if not slots:
+            return
+        idx = torch.tensor(slots, dtype=torch.long)
+        if bool((self.owner_req[idx] != handle).any()) or len(set(slots)) != len(slots):
+            raise AllocatorError(
+                f"free of slots not owned by {self._names.get(handle)!r} (or freed twice)"
+            )
+        self.owner_req[idx] = FREE
+        self.owner_block[idx] = FREE
+        p = self.page_size
+        for s in slots:
+            page = s // p
+            self._page_used[page] -= 1
+            if self._page_used[page] == 0:
+                heapq.heappush(self._free_pages, page)
+        self.sink(KvFreed(self._names[handle], tuple(sorted(slots))))
+
+    # ------------------------------------------------------------------ views
+    def free_slot_set(self) -> frozenset[int]:
+        return frozenset(torch.nonzero(self.owner_req == FREE).flatten().tolist())
+
+    def slot_owners(self) -> dict[int, tuple[str, int]]:
+        used = torch.nonzero(self.owner_req != FREE).flatten()
+        reqs = self.owner_req[used].tolist()
+        blocks = self.owner_block[used].tolist()
+        return {
+            int(s): (self._names.get(int(h), f"<handle {h}>"), int(k))
+            for s, h, k in zip(used.tolist(), reqs, blocks, strict=True)
+        }
+
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    def used_slots(self) -> int:
+        return int((self.owner_req != FREE).sum())
+
+    def check_consistency(self) -> None:
+        """Raise AllocatorError if the page heap, page counts and owner tensors disagree."""
+        p = self.page_size
+        used = (self.owner_req != FREE).view(self.num_pages, p).sum(dim=1).tolist()
+        if used != self._page_used:
+            raise AllocatorError(f"page counts {self._page_used} != owner tensor {used}")
+        wholly_free = sorted(i for i, n in enumerate(used) if n == 0)
+        if sorted(self._free_pages) != wholly_free:
+            raise AllocatorError(f"free pages {sorted(self._free_pages)} != {wholly_free}")
+        if bool(((self.owner_req == FREE) != (self.owner_block == FREE)).any()):
+            raise AllocatorError("owner request and owner block tensors disagree")

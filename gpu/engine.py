@@ -1,0 +1,527 @@
+"""`DllmEngine`: the torch block-diffusion serving engine, as a `spec.adapter.SchedulerAdapter`.
+
+Structure (SGLang's dLLM path in miniature):
+
+    DllmEngine (scheduler)   waiting queue -> FCFS admission -> rounds -> commits / finishes
+      ReqToTokenPool         gpu/request_pool.py: rows x max_context int32 table, row allocator
+      PagedKvAllocator       gpu/allocator.py: per-slot owner tensors, free-page heap, reservation
+      ModelRunner            gpu/model_runner.py: BlockDiffusionLM.forward_blocks on PagedKvCache
+      algorithm              gpu/algorithms.py: LowConfidence / JointThreshold `step`
+
+A round:
+1. admission: while a seat (max_running_requests), a free row and the head's worst-case pages
+   (reserved now, so no later allocation can fail) are available, admit the head of the queue;
+2. allocation: every running request without a current block starts its next block (prompt
+   tokens at prompt positions, the tokenizer's MASK elsewhere) on fresh KV slots; a carried
+   block either keeps its slots (in-place reuse) or gets fresh ones (no reuse);
+3. worker: sync loops forward->step until every row is done; FDFO runs one forward->step, and
+   with re-loop repeats while no block of the batch finished;
+4. completion: done blocks are committed (streamed to `on_block`), requests that reached
+   max_new_tokens or EOS are finished and release their KV and row at once; unfinished FDFO
+   blocks become carries (`incomplete_ids` + `algo_state`), and without in-place reuse their
+   KV slots are freed;
+5. `ControlReturned`.
+
+Mode (sync / fdfo) and algorithm are independent. Every decision is reported to the sink as a
+`spec.events` event, in the order the spec describes; `snapshot()` reads the allocator's owner
+tensors, the row-owner tensor and the running list, never the event log.
+
+Token ids: events carry the config's ids; the model runs on the tokenizer's ids. See
+`gpu.token_map` for the fixed bijection (the conformance suite's mask -1 / ids 0..15 land on
+the model's characters '0'..'9', 'a'..'f').
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from gpu.allocator import PagedKvAllocator
+from gpu.kv_cache import PagedKvCache
+from gpu.model import BlockDiffusionLM
+from gpu.model_config import ModelConfig
+from gpu.model_runner import ModelRunner
+from gpu.request import Carry, EngineRequest, StreamChunk
+from gpu.request_pool import ReqToTokenPool
+from gpu.token_map import TokenMap
+from gpu.tokenizer import EOS_ID, MASK_ID
+from spec.adapter import EventSink
+from spec.config import DllmConfig, Mode, RequestSpec, validate_request
+from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+from spec.snapshot import Snapshot
+
+
+class DeviceUnavailable(ConfigError):
+    """The requested device cannot be used here (e.g. `cuda` on a machine without CUDA)."""
+
+    def __init__(self, device: str, detail: str) -> None:
+        super().__init__("device", device, detail)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`cpu`, `cuda[:n]` or `auto` (CUDA when available) -> a usable torch device."""
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(
+                name,
+                "CUDA is not available on this machine (torch.cuda.is_available() is "
+                "False); use --device cpu",
+            )
+        try:
+            dev = torch.device(name)
+        except RuntimeError as err:
+            raise DeviceUnavailable(name, f"not a valid CUDA device ({err})") from None
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceUnavailable(name, f"only {torch.cuda.device_count()} CUDA devices")
+        return dev
+    raise DeviceUnavailable(name, "one of 'cpu', 'cuda', 'cuda:N', 'auto'")
+
+
+class StepAlgorithm(Protocol):
+    """What the engine needs of a dLLM step algorithm (gpu.algorithms.DllmAlgorithm)."""
+
+    def init_step_state(self, block_tokens: torch.Tensor) -> object: ...
+
+    def step(
+        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+    ) -> list[bool]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRecord:
+    """One forward of the engine, for the parity and differential properties."""
+
+    round_index: int
+    rows: tuple[tuple[str, int], ...]  # (request id, block index) per row
+    done: tuple[bool, ...]  # the step's done flag per row (sticky within the round)
+    digest: str | None  # sha256 of the raw logits bytes
+
+
+OnBlock = Callable[[StreamChunk], None]
+
+
+class DllmEngine:
+    """The engine. Implements `spec.adapter.SchedulerAdapter`."""
+
+    def __init__(
+        self,
+        config: DllmConfig,
+        sink: EventSink,
+        *,
+        model: BlockDiffusionLM,
+        algorithm: StepAlgorithm,
+        device: str | torch.device = "cpu",
+        kv_dtype: torch.dtype = torch.float32,
+        record: bool = True,
+        on_block: OnBlock | None = None,
+    ) -> None:
+        self._config = config
+        self.sink = sink
+        self.device = resolve_device(device)
+        mc: ModelConfig = model.config
+        if config.max_context > mc.max_context:
+            raise ConfigError(
+                "max_context",
+                config.max_context,
+                f"at most the model's max_context={mc.max_context}",
+            )
+        self.model_config = mc
+        self.model = model
+        self.algorithm = algorithm
+        self.tokens = TokenMap(config, mc.vocab_size, MASK_ID, EOS_ID)
+        self.mask_id = MASK_ID
+        self.allocator = PagedKvAllocator(
+            config.kv_pages, config.page_size, config.block_size, sink
+        )
+        self.req_pool = ReqToTokenPool(config.req_pool_rows, config.max_context, self.device)
+        self.kv = PagedKvCache(
+            mc.n_layers, mc.n_heads, mc.head_dim, config.kv_slots, kv_dtype, self.device
+        )
+        self.runner = ModelRunner(model, self.kv, self.req_pool, MASK_ID, record_digests=record)
+        self.record = record
+        self.on_block = on_block
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []  # admission order = batch order
+        self._seen: set[str] = set()
+        self.round_index = 0
+        self.outputs: dict[str, tuple[int, ...]] = {}
+        self.forward_log: list[ForwardRecord] = []
+        # A block never needs more steps than this (LowConfidence: B + 1; JointThreshold:
+        # B + max_post_edit_steps + 1); beyond it the engine stops instead of looping forever.
+        self.max_block_steps = 4 * config.block_size + 256
+
+    @property
+    def config(self) -> DllmConfig:
+        return self._config
+
+    # ------------------------------------------------------------------ API
+    def submit(self, request: RequestSpec) -> None:
+        """Validate and queue; a bad request raises a `spec.errors.RequestError` subclass and
+        changes nothing."""
+        if request.request_id in self._seen:
+            raise DuplicateRequest(request.request_id)
+        shape = validate_request(self.config, request)
+        self.tokens.check_prompt(request.request_id, request.prompt)
+        handle = self.allocator.register(request.request_id)
+        self._seen.add(request.request_id)
+        self.waiting.append(
+            EngineRequest(
+                spec=request,
+                handle=handle,
+                prompt_ids=self.tokens.to_internal(request.prompt),
+                pages_needed=shape.pages,
+            )
+        )
+        self.sink(Submitted(request.request_id, request.prompt, request.max_new_tokens))
+
+    def abort(self, request_id: str) -> None:
+        """Between rounds: free everything the request holds, then report `Aborted`."""
+        for req in self.waiting:
+            if req.rid == request_id:
+                self.waiting.remove(req)
+                self.allocator.unregister(req.handle)
+                self.sink(Aborted(request_id))
+                return
+        for req in self.running:
+            if req.rid == request_id:
+                self._release(req)
+                self.running.remove(req)
+                self.allocator.unregister(req.handle)
+                self.sink(Aborted(request_id))
+                return
+        raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+
+    def run_round(self) -> None:
+        self._admit()
+        batch = self._prepare_batch()
+        if batch:
+            tokens, states, done = self._run_worker(batch)
+            self._complete(batch, tokens, states, done)
+        self.sink(ControlReturned(self.round_index))
+        self.round_index += 1
+
+    def drain(self, max_rounds: int = 100_000) -> None:
+        for _ in range(max_rounds):
+            if self.is_idle():
+                return
+            self.run_round()
+        if not self.is_idle():
+            raise SchedulerStalled(
+                max_rounds, f"{len(self.waiting)} waiting, {len(self.running)} running"
+            )
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def snapshot(self) -> Snapshot:
+        """Read from the allocator's owner tensors, the row-owner tensor and the running list."""
+        names = {r.handle: r.rid for r in self.running}
+        return Snapshot(
+            free_slots=self.allocator.free_slot_set(),
+            slot_owners=self.allocator.slot_owners(),
+            rows={
+                row: names.get(h, f"<released handle {h}>")
+                for row, h in self.req_pool.held_rows().items()
+            },
+            running=frozenset(r.rid for r in self.running),
+            carrying=frozenset(r.rid for r in self.running if r.carry is not None),
+        )
+
+    # ------------------------------------------------------------------ scheduler phase
+    def _admit(self) -> None:
+        """FCFS: admit the head while it fits; stop at the first that does not."""
+        while self.waiting and len(self.running) < self.config.max_running_requests:
+            head = self.waiting[0]
+            if not self.req_pool.has_free() or not self.allocator.can_reserve(head.pages_needed):
+                return
+            self.waiting.popleft()
+            self.allocator.reserve(head.pages_needed)
+            head.row = self.req_pool.acquire(head.handle)
+            self.running.append(head)
+            self.sink(Admitted(head.rid, head.row))
+
+    def _prepare_batch(self) -> list[EngineRequest]:
+        """Give every running request a block that holds KV slots; record them in the table."""
+        writes: list[tuple[int, int, int]] = []
+        for req in self.running:
+            if not req.has_block:
+                self._start_block(req)
+            elif req.block_first_slot is None:
+                self._allocate_block_kv(req)
+            else:
+                continue  # a carried block reused in place: same row, same slots
+            assert req.row is not None and req.block_first_slot is not None
+            pos = req.committed_blocks * self.config.block_size
+            writes.append((req.row, pos, req.block_first_slot))
+        self.req_pool.write_blocks(writes, self.config.block_size)
+        return list(self.running)
+
+    def _start_block(self, req: EngineRequest) -> None:
+        """The next block: prompt tokens at prompt positions, MASK elsewhere; fresh KV."""
+        b = self.config.block_size
+        start = req.committed_blocks * b
+        ids = [
+            req.prompt_ids[pos] if pos < len(req.prompt_ids) else self.mask_id
+            for pos in range(start, start + b)
+        ]
+        req.fresh_tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        req.fresh_state = self.algorithm.init_step_state(req.fresh_tokens)
+        self._allocate_block_kv(req)
+
+    def _allocate_block_kv(self, req: EngineRequest) -> None:
+        prev_last = (
+            req.block_first_slots[-1] + self.config.block_size - 1
+            if req.block_first_slots
+            else None
+        )
+        req.block_first_slot = self.allocator.allocate_block(
+            req.handle, req.committed_blocks, prev_last
+        )
+        req.block_alloc_round = self.round_index
+
+    # ------------------------------------------------------------------ worker phase
+    def _block_inputs(self, req: EngineRequest) -> tuple[torch.Tensor, object]:
+        """The block tokens and algorithm state a row starts the round with."""
+        if req.carry is not None:
+            return req.carry.incomplete_ids, req.carry.algo_state
+        assert req.fresh_tokens is not None
+        return req.fresh_tokens, req.fresh_state
+
+    def _run_worker(
+        self, batch: list[EngineRequest]
+    ) -> tuple[torch.Tensor, list[object], list[bool]]:
+        cfg = self.config
+        b = cfg.block_size
+        inputs = [self._block_inputs(r) for r in batch]
+        tokens = torch.stack([t for t, _ in inputs])  # a copy: rows are updated in place
+        states = [s for _, s in inputs]
+        starts = torch.tensor(
+            [r.committed_blocks * b for r in batch], dtype=torch.long, device=self.device
+        )
+        rows = torch.tensor([r.row for r in batch], dtype=torch.long, device=self.device)
+        ids = [r.rid for r in batch]
+        blocks = [r.committed_blocks for r in batch]
+        reused = [r.block_alloc_round < self.round_index for r in batch]
+        masks: list[int] = (tokens == self.mask_id).sum(dim=1).tolist()
+        done = [False] * len(batch)
+        sync = cfg.mode is Mode.SYNC
+        for _ in range(self.max_block_steps):
+            self.sink(
+                Forward(
+                    tuple(
+                        ForwardRow(ids[i], blocks[i], reused[i], b, masks[i])
+                        for i in range(len(batch))
+                    )
+                )
+            )
+            logits = self.runner.forward(tokens, starts, rows)
+            step_done = self.algorithm.step(tokens, logits, states)
+            newly_done = False
+            for i, d in enumerate(step_done):
+                if d and not done[i]:
+                    done[i] = True
+                    newly_done = True
+            masks = (tokens == self.mask_id).sum(dim=1).tolist()
+            for i in range(len(batch)):
+                self.sink(StepResult(ids[i], blocks[i], b if done[i] else 0, masks[i]))
+            if self.record:
+                self.forward_log.append(
+                    ForwardRecord(
+                        self.round_index,
+                        tuple(zip(ids, blocks, strict=True)),
+                        tuple(done),
+                        self.runner.last_digest,
+                    )
+                )
+            if sync:
+                if all(done):
+                    return tokens, states, done
+            elif newly_done or not cfg.reloop:
+                return tokens, states, done
+        raise SchedulerStalled(
+            self.max_block_steps, f"round {self.round_index}: blocks did not finish"
+        )
+
+    # ------------------------------------------------------------------ completion
+    def _complete(
+        self,
+        batch: list[EngineRequest],
+        tokens: torch.Tensor,
+        states: Sequence[object],
+        done: list[bool],
+    ) -> None:
+        rows: list[list[int]] = tokens.tolist()
+        for i, req in enumerate(batch):
+            if done[i]:
+                self._commit(req, rows[i])
+            else:
+                self._carry(req, tokens[i].clone(), states[i])
+
+    def _commit(self, req: EngineRequest, block: list[int]) -> None:
+        k = req.committed_blocks
+        spec_tokens = self.tokens.to_spec(block)
+        self.sink(BlockCommitted(req.rid, k, spec_tokens))
+        before = len(self._output_of(req))
+        req.committed_spec.extend(spec_tokens)
+        assert req.block_first_slot is not None
+        req.block_first_slots.append(req.block_first_slot)
+        req.committed_blocks += 1
+        req.block_first_slot = None
+        req.fresh_tokens = None
+        req.fresh_state = None
+        req.carry = None
+        reason = self._finish_reason(req)
+        output = self._output_of(req)
+        if reason is not None:
+            self._finish(req, reason, output)
+        if self.on_block is not None:
+            self.on_block(StreamChunk(req.rid, k, spec_tokens, output[before:], reason))
+
+    def _carry(self, req: EngineRequest, incomplete_ids: torch.Tensor, algo_state: object) -> None:
+        """FDFO: the unfinished block and its algorithm state travel to the next round; without
+        in-place reuse its KV slots go back to the pool now."""
+        req.carry = Carry(incomplete_ids, algo_state)
+        req.fresh_tokens = None
+        req.fresh_state = None
+        if not self.config.in_place_reuse:
+            self._drop_block_kv(req)
+
+    def _drop_block_kv(self, req: EngineRequest) -> None:
+        if req.block_first_slot is not None:
+            self.allocator.free_blocks(req.handle, [req.block_first_slot])
+            req.block_first_slot = None
+
+    def _finish_reason(self, req: EngineRequest) -> FinishReason | None:
+        gen = req.generated
+        eos = self.config.eos_token_id
+        if eos is not None and eos in gen[: req.spec.max_new_tokens]:
+            return FinishReason.EOS
+        if len(gen) >= req.spec.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _output_of(self, req: EngineRequest) -> tuple[int, ...]:
+        gen = req.generated[: req.spec.max_new_tokens]
+        eos = self.config.eos_token_id
+        if eos is not None and eos in gen:
+            gen = gen[: gen.index(eos) + 1]
+        return tuple(gen)
+
+    def _finish(self, req: EngineRequest, reason: FinishReason, output: tuple[int, ...]) -> None:
+        self._release(req)
+        self.running.remove(req)
+        self.allocator.unregister(req.handle)
+        req.output = output
+        self.outputs[req.rid] = output
+        self.sink(Finished(req.rid, reason))
+
+    def _release(self, req: EngineRequest) -> None:
+        """Free every KV slot the allocator records for the request (committed blocks and a
+        retained in-progress block) and its row; give back its page reservation."""
+        self.allocator.free_all(req.handle)
+        req.block_first_slot = None
+        req.block_first_slots.clear()
+        req.carry = None
+        req.fresh_tokens = None
+        if req.row is not None:
+            self.req_pool.release(req.row, req.handle)
+            self.sink(RowReleased(req.rid, req.row))
+            req.row = None
+        self.allocator.unreserve(req.pages_needed)
+
+    # ------------------------------------------------------------------ helpers
+    def output_text(self, request_id: str) -> str:
+        """The finished request's output decoded with the character tokenizer."""
+        from gpu.tokenizer import TOKENIZER
+
+        ids = self.tokens.to_internal(list(self.outputs[request_id]))
+        return TOKENIZER.decode(ids, stop_at_eos=True)
+
+
+# ---------------------------------------------------------------------------- factories
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped_model(device: str) -> BlockDiffusionLM:
+    from gpu.weights import load_model
+
+    model, _ = load_model(ASSETS, device)
+    return model
+
+
+@functools.lru_cache(maxsize=8)
+def _tiny_model(device: str, seed: int = 1234) -> BlockDiffusionLM:
+    """A tiny randomly initialised model (seeded, so every build is identical)."""
+    from gpu.tokenizer import VOCAB_SIZE
+
+    config = ModelConfig(
+        vocab_size=VOCAB_SIZE, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_context=64
+    )
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = BlockDiffusionLM(config)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    model.to(torch.device(device))
+    model.eval()
+    return model
+
+
+def _algorithm(name: str, **params: float) -> StepAlgorithm:
+    from gpu.algorithms import make_algorithm
+
+    algo: StepAlgorithm = make_algorithm(name, params)
+    return algo
+
+
+def make_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """The shipped model with LowConfidence, on CUDA when available, else CPU."""
+    device = resolve_device("auto")
+    return DllmEngine(
+        config,
+        sink,
+        model=_shipped_model(str(device)),
+        algorithm=_algorithm("LowConfidence"),
+        device=device,
+    )
+
+
+def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """The conformance-suite engine: CPU, LowConfidence, parity policy "bs1" (see docs)."""
+    return DllmEngine(config, sink, model=_tiny_model("cpu"), algorithm=_algorithm("LowConfidence"))
+
+
+def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """As `make_small_engine` with JointThreshold (stateful: exercises the carried algo_state)."""
+    return DllmEngine(
+        config,
+        sink,
+        model=_tiny_model("cpu"),
+        algorithm=_algorithm("JointThreshold", max_post_edit_steps=4),
+    )

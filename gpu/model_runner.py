@@ -1,0 +1,62 @@
+"""The model runner: one batched forward over whole blocks against the paged KV pool.
+
+It owns the KV tensors' consumer side: given a batch of block tokens, their start positions
+and their request-pool rows, it calls `BlockDiffusionLM.forward_blocks`, which writes each
+block's K/V into the slots the request-to-token table names and attends to the request's
+earlier blocks through the same table.
+
+For the parity property it records a digest of every forward's raw logits (sha256 of the
+float tensor's bytes, taken before any post-processing): at batch size 1, FDFO and sync must
+produce the same digests, forward by forward.
+
+Post-processing: the mask token's logit is set to -inf, so no step can ever "predict" the mask
+(which would leave a position masked forever, or make masks reappear under token-to-token
+edits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from gpu.kv_cache import PagedKvCache
+from gpu.model import BlockDiffusionLM
+from gpu.request_pool import ReqToTokenPool
+
+
+def logits_digest(logits: torch.Tensor) -> str:
+    """sha256 of the tensor's raw bytes (row-major, its own dtype), hex."""
+    data = logits.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: BlockDiffusionLM,
+        kv: PagedKvCache,
+        req_pool: ReqToTokenPool,
+        mask_id: int,
+        record_digests: bool = True,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.req_pool = req_pool
+        self.mask_id = mask_id
+        self.record_digests = record_digests
+        self.forwards = 0
+        self.last_digest: str | None = None
+
+    def forward(
+        self, block_tokens: torch.Tensor, start_positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [b, B, V] (mask logit suppressed) for one block per row."""
+        with torch.no_grad():
+            logits = self.model.forward_blocks(
+                block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token
+            )
+            self.forwards += 1
+            self.last_digest = logits_digest(logits) if self.record_digests else None
+            logits[..., self.mask_id] = float("-inf")
+        return logits

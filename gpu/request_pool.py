@@ -1,0 +1,82 @@
+"""The request pool: the request-to-token table and its row allocator.
+
+`req_to_token[row, pos]` is the KV pool slot that holds position `pos` of the request that holds
+`row` (SGLang's `ReqToTokenPool`). The model reads it to find a block's own slots and the slots
+of every earlier block of the same request. `row_owner` (int32, CPU) records which request
+handle holds each row (-1 = free); the engine's snapshot reads it.
+
+Rows are handed out lowest first, so a run is reproducible: at batch size 1 every request uses
+row 0.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from spec.errors import SchedSpecError
+
+FREE = -1
+
+
+class RequestPoolError(SchedSpecError, RuntimeError):
+    """A row operation the engine's own rules should have made impossible (an engine bug)."""
+
+
+class ReqToTokenPool:
+    """`rows x max_context` int32 table on the model's device plus a row allocator."""
+
+    def __init__(self, rows: int, max_context: int, device: torch.device | str = "cpu") -> None:
+        self.rows = rows
+        self.max_context = max_context
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros((rows, max_context), dtype=torch.int32, device=self.device)
+        self.row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+        self._free_rows: list[int] = list(range(rows))  # a heap
+
+    def has_free(self) -> bool:
+        return bool(self._free_rows)
+
+    def acquire(self, handle: int) -> int:
+        """The lowest free row, now held by `handle`."""
+        if not self._free_rows:
+            raise RequestPoolError("no free request-pool row")
+        row = heapq.heappop(self._free_rows)
+        self.row_owner[row] = handle
+        return row
+
+    def release(self, row: int, handle: int) -> None:
+        if int(self.row_owner[row]) != handle:
+            raise RequestPoolError(
+                f"row {row} is held by handle {int(self.row_owner[row])}, not {handle}"
+            )
+        self.row_owner[row] = FREE
+        heapq.heappush(self._free_rows, row)
+
+    def write_blocks(self, writes: list[tuple[int, int, int]], block_size: int) -> None:
+        """Record blocks in the table: each (row, first position, first slot) maps positions
+        [pos, pos + block_size) to slots [slot, slot + block_size). One indexed write."""
+        if not writes:
+            return
+        ar = torch.arange(block_size, dtype=torch.int64)
+        rows = torch.tensor([w[0] for w in writes], dtype=torch.int64)[:, None].expand(
+            -1, block_size
+        )
+        pos = torch.tensor([w[1] for w in writes], dtype=torch.int64)[:, None] + ar
+        slots = (torch.tensor([w[2] for w in writes], dtype=torch.int64)[:, None] + ar).to(
+            torch.int32
+        )
+        self.req_to_token.index_put_(
+            (rows.reshape(-1).to(self.device), pos.reshape(-1).to(self.device)),
+            slots.reshape(-1).to(self.device),
+        )
+
+    def slot_at(self, row: int, pos: int) -> int:
+        return int(self.req_to_token[row, pos])
+
+    def held_rows(self) -> dict[int, int]:
+        """row -> holder handle for every held row (read from `row_owner`)."""
+        held = torch.nonzero(self.row_owner != FREE).flatten().tolist()
+        owners = self.row_owner.tolist()
+        return {int(r): int(owners[r]) for r in held}
