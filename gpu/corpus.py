@@ -1,0 +1,152 @@
+"""Deterministic toy corpus for the block-diffusion model, with a held-out split by construction.
+
+Every sample is `prompt + continuation`, tokenised and followed by EOS. Kinds:
+
+- predictable: counting (`count: 12 13 14 15`), repeated words (`word: cat cat cat`),
+  alphabet runs (`abc: f g h i`): once the prompt is read, the continuation is determined.
+- harder: addition and multiplication facts (`add: 7+5=12; 3+4=7;`): operands are random, only
+  the results are determined, so a decoder is unsure about most positions.
+
+Held-out split: counting starts with `start % 10 == 7`, words in `HELDOUT_WORDS`, alphabet runs
+starting at `h` or `r`, and arithmetic facts with `(31 * a + b) % 10 == 3` are held out; no
+training sample contains a held-out start, word or fact. Generation is a pure function of the
+seed (`random.Random`), so the corpus is reproducible anywhere.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from gpu.tokenizer import EOS_ID, TOKENIZER
+
+Split = Literal["train", "heldout"]
+KINDS: tuple[str, ...] = ("count", "word", "alpha", "add", "mul")
+# Counting dominates: it is the held-out accuracy task and carries need the most practice.
+KIND_WEIGHTS: tuple[float, ...] = (0.4, 0.15, 0.15, 0.15, 0.15)
+MAX_SAMPLE_TOKENS = 64  # prompt + continuation + EOS
+
+TRAIN_WORDS: tuple[str, ...] = (
+    "cat", "dog", "sun", "tree", "blue", "moon", "fish", "bird", "red", "cake",
+    "rain", "star", "book", "door", "lamp", "milk", "ship", "king", "road", "snow",
+    "leaf", "wind", "gold", "frog", "bell", "hat", "cup", "pen", "box", "owl",
+)  # fmt: skip
+HELDOUT_WORDS: tuple[str, ...] = ("fox", "rose", "kite", "wolf", "sand", "jam")
+HELDOUT_LETTERS = "hr"
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+COUNT_START_MAX = 150
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    kind: str
+    prompt: str
+    continuation: str
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.continuation
+
+    def token_ids(self) -> list[int]:
+        """Ids of prompt + continuation, then EOS."""
+        return [*TOKENIZER.encode(self.text), EOS_ID]
+
+
+def is_heldout_count(start: int) -> bool:
+    return start % 10 == 7
+
+
+def is_heldout_fact(a: int, b: int) -> bool:
+    return (31 * a + b) % 10 == 3
+
+
+def _count(rng: random.Random, split: Split) -> Sample:
+    while True:
+        start = rng.randrange(COUNT_START_MAX)
+        if is_heldout_count(start) == (split == "heldout"):
+            break
+    total = rng.randint(6, 12)
+    shown = rng.randint(2, 4)
+    numbers = [str(start + i) for i in range(total)]
+    return Sample("count", "count: " + " ".join(numbers[:shown]), " " + " ".join(numbers[shown:]))
+
+
+def _word(rng: random.Random, split: Split) -> Sample:
+    word = rng.choice(HELDOUT_WORDS if split == "heldout" else TRAIN_WORDS)
+    total = rng.randint(4, 9)
+    shown = rng.randint(1, 2)
+    return Sample("word", "word: " + " ".join([word] * shown), (" " + word) * (total - shown))
+
+
+def _alpha(rng: random.Random, split: Split) -> Sample:
+    while True:
+        first = rng.randrange(len(ALPHABET) - 5)
+        if (ALPHABET[first] in HELDOUT_LETTERS) == (split == "heldout"):
+            break
+    length = rng.randint(5, min(12, len(ALPHABET) - first))
+    letters = list(ALPHABET[first : first + length])
+    shown = rng.randint(2, 3)
+    return Sample("alpha", "abc: " + " ".join(letters[:shown]), " " + " ".join(letters[shown:]))
+
+
+def _facts(rng: random.Random, split: Split, op: str) -> Sample:
+    limit = 50 if op == "+" else 13
+    count = rng.randint(3, 5)
+    facts: list[str] = []
+    while len(facts) < count:
+        a, b = rng.randrange(limit), rng.randrange(limit)
+        if is_heldout_fact(a, b) != (split == "heldout"):
+            continue
+        value = a + b if op == "+" else a * b
+        facts.append(f"{a}{op}{b}={value};")
+    shown = rng.randint(1, 2)
+    name = "add" if op == "+" else "mul"
+    return Sample(name, f"{name}: " + " ".join(facts[:shown]), " " + " ".join(facts[shown:]))
+
+
+def make_sample(rng: random.Random, split: Split, kind: str | None = None) -> Sample:
+    """One sample of `kind` (drawn by KIND_WEIGHTS when None) from `split`."""
+    chosen = kind if kind is not None else rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+    while True:
+        if chosen == "count":
+            sample = _count(rng, split)
+        elif chosen == "word":
+            sample = _word(rng, split)
+        elif chosen == "alpha":
+            sample = _alpha(rng, split)
+        elif chosen in ("add", "mul"):
+            sample = _facts(rng, split, "+" if chosen == "add" else "*")
+        else:
+            raise ValueError(f"unknown sample kind {chosen!r}; valid kinds: {list(KINDS)}")
+        if len(sample.text) + 1 <= MAX_SAMPLE_TOKENS:
+            return sample
+
+
+def make_samples(seed: int, n: int, split: Split, kind: str | None = None) -> list[Sample]:
+    """`n` samples from `split`, a pure function of (seed, n, split, kind)."""
+    rng = random.Random(f"{seed}:{split}:{kind}")
+    return [make_sample(rng, split, kind) for _ in range(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class CountingCase:
+    """A held-out counting prompt and the numbers that must follow it."""
+
+    prompt: str
+    expected: tuple[int, ...]
+
+
+def counting_cases(seed: int, n: int, shown: int = 3, follow: int = 4) -> list[CountingCase]:
+    """`n` distinct-start held-out counting prompts (`shown` numbers) and the `follow` numbers
+    that continue them; a correct model emits exactly those numbers first."""
+    rng = random.Random(f"{seed}:counting_cases")
+    starts = [s for s in range(COUNT_START_MAX) if is_heldout_count(s)]
+    rng.shuffle(starts)
+    cases: list[CountingCase] = []
+    for i in range(n):
+        start = starts[i % len(starts)]
+        prompt = "count: " + " ".join(str(start + k) for k in range(shown))
+        expected = tuple(start + shown + k for k in range(follow))
+        cases.append(CountingCase(prompt, expected))
+    return cases
