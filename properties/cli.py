@@ -6,6 +6,7 @@
     schedspec prove [--json PATH] [--bound K]
     schedspec parity --device cpu|cuda --algorithm NAME|all --prompts N --max-new-tokens M
     schedspec bench engine|conformance ...
+    schedspec simulate dllm|sbs|replicas ... [--json PATH] [--plots DIR] [--trace PATH]
 
 Every subcommand exits 0 on success and non-zero, naming what failed, otherwise. Engine and
 proof commands are resolved by import string, so `properties` never imports `gpu` statically.
@@ -196,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "parity":
             return cmd_parity(argv[1:])
+        if argv and argv[0] == "simulate":
+            return _entry("reference.sim.cli:simulate_main")(argv[1:])
         parser = build_parser()
         if argv and argv[0] == "bench":
             args, rest = parser.parse_known_args(argv)
