@@ -781,11 +781,9 @@ class SpecMachine:
                 f"{sorted(snap.carrying)}, spec {sorted(st.carrying)}"
             )
         if problems:
-            rule = (
-                "carriers_iff_unfinished"
-                if problems[-1].startswith("carriers") and len(problems) == 1
-                else "snapshot_matches"
-            )
+            # a carrier-only disagreement has its own rule; anything else is a pool mismatch
+            only_carriers = len(problems) == 1 and problems[0].startswith("carriers")
+            rule = "carriers_iff_unfinished" if only_carriers else "snapshot_matches"
             raise self._fail(rule, "; ".join(problems), None)
 
     def check_invariants(self) -> None:
