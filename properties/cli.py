@@ -6,6 +6,7 @@
     schedspec prove [--json PATH] [--bound K]
     schedspec parity --device cpu|cuda --algorithm NAME|all --prompts N --max-new-tokens M
     schedspec bench engine|conformance ...
+    schedspec release-check PARITY.json
     schedspec simulate dllm|sbs|replicas ... [--json PATH] [--plots DIR] [--trace PATH]
 
 Every subcommand exits 0 on success and non-zero, naming what failed, otherwise. Engine and
@@ -197,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "parity":
             return cmd_parity(argv[1:])
+        if argv and argv[0] == "release-check":
+            return _entry("properties.release:release_check_main")(argv[1:])
         if argv and argv[0] == "simulate":
             return _entry("reference.sim.cli:simulate_main")(argv[1:])
         parser = build_parser()
