@@ -51,7 +51,17 @@ def _entry(target: str) -> Callable[[list[str]], int]:
 
 # ---------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
-    names: list[str] = args.impl or [n for n, b in all_builtins().items() if b.default_verify]
+    if not args.impl:
+        from properties.main_job import main_job
+
+        return main_job(args.report, args.examples, args.parity_prompts, args.parity_tokens)
+    names: list[str] = args.impl
+    configs = None
+    if args.mode:
+        from properties.strategies import dllm_configs
+        from spec.config import Mode
+
+        configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
     results: list[VerifyResult] = []
     for name in names:
         display, factory, builtin = resolve(name)
@@ -64,6 +74,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             parity=parity,
             builder=builder,  # type: ignore[arg-type]
             progress=stderr_progress(f"verify {display}", args.examples),
+            configs=configs if builtin is None or builtin.family == "dllm" else None,
         )
         if sys.stderr.isatty():
             sys.stderr.write("\n")
@@ -166,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("always", "bs1", "never"),
         default="bs1",
         help="output parity policy for a module:factory impl (built-ins know their own)",
+    )
+    v.add_argument(
+        "--mode",
+        action="append",
+        choices=("sync", "fdfo"),
+        help="only generate configurations in these modes (for schedulers that implement one)",
     )
     v.add_argument("--report", default="reports/verify", help="main job: report directory")
     v.add_argument("--parity-prompts", type=int, default=8, help="main job: parity prompts")

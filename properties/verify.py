@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from hypothesis.strategies import SearchStrategy
 
 from properties.conformance import ParityPolicy, StepCounter, conformance_machine
 from spec.adapter import ImplementationFactory
@@ -104,6 +105,7 @@ def verify_impl(
     parity: ParityPolicy = "always",
     builder: MachineBuilder | None = None,
     progress: Callable[[int, int], None] | None = None,
+    configs: SearchStrategy[Any] | None = None,
 ) -> VerifyResult:
     """Run `examples` generated programs of the conformance machine against `factory`."""
     counter = StepCounter()
@@ -112,6 +114,8 @@ def verify_impl(
     kwargs: dict[str, Any] = {"counter": counter, "name": "Conformance"}
     if builder is None:
         kwargs["parity"] = parity
+    if configs is not None:
+        kwargs["configs"] = configs
     machine = build(factory, **kwargs)
     start = time.perf_counter()
     err, printed = run_machine(machine, verify_settings(examples))
