@@ -1,0 +1,1 @@
+"""Autoregressive conformance machine, policy properties, trace formats and the AR registry."""

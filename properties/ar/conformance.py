@@ -1,0 +1,149 @@
+"""The stateful AR conformance machine, generic over an AR implementation factory.
+
+`ar_conformance_machine(factory)` returns a Hypothesis `RuleBasedStateMachine` class whose rules
+submit, abort, step and drain through `ArHarness` (every event replayed into `ArSpecMachine`,
+invariants after every event, snapshot after every step). At teardown it drains and checks that
+no block is held. A configuration the factory refuses (`ConfigError`, e.g. LightLLM with
+block_size != 1) is not a failure: the example is discarded. A failure prints a shrunk program
+of `state.<rule>(...)` calls that replays it.
+"""
+
+from __future__ import annotations
+
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+from properties.ar.harness import ArHarness
+from properties.ar.strategies import ar_configs
+from properties.conformance import StepCounter
+from spec.ar.adapter import ArImplementationFactory
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
+
+DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Policy.FCFS)
+
+
+def ar_conformance_machine(
+    factory: ArImplementationFactory,
+    *,
+    configs: st.SearchStrategy[ArConfig] | None = None,
+    counter: StepCounter | None = None,
+    name: str = "ArConformance",
+) -> type[RuleBasedStateMachine]:
+    """A state machine class checking `factory`'s AR implementation against the AR spec."""
+    config_strategy = configs if configs is not None else ar_configs(policies=DEFAULT_POLICIES)
+    count = counter or StepCounter()
+
+    class ArConformance(RuleBasedStateMachine):
+        requests = Bundle("requests")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.h: ArHarness | None = None
+            self.next_id = 0
+
+        @initialize(config=config_strategy)
+        def configure(self, config: ArConfig) -> None:
+            try:
+                self.h = ArHarness(factory, config)
+            except ConfigError:
+                assume(False)  # the implementation does not support this configuration
+
+        @property
+        def harness(self) -> ArHarness:
+            assert self.h is not None
+            return self.h
+
+        @rule(
+            target=requests,
+            prompt_len=st.integers(1, 20),
+            max_tokens=st.integers(1, 12),
+            stop_after=st.none() | st.integers(1, 12),
+            priority=st.integers(0, 3),
+            predicted_len=st.none() | st.integers(1, 12),
+        )
+        def submit(
+            self,
+            prompt_len: int,
+            max_tokens: int,
+            stop_after: int | None,
+            priority: int,
+            predicted_len: int | None,
+        ) -> object:
+            """Submit a request (rejected with a typed error if it cannot fit the config)."""
+            count.steps += 1
+            rid = f"r{self.next_id}"
+            self.next_id += 1
+            req = ArRequest(
+                rid,
+                prompt_len,
+                max_tokens,
+                stop_after=stop_after,
+                priority=priority,
+                predicted_len=predicted_len,
+                arrival_time=float(self.next_id),
+            )
+            err = self.harness.submit(req)
+            return multiple() if err is not None else rid
+
+        @rule(request=consumes(requests))
+        def abort(self, request: str) -> None:
+            count.steps += 1
+            self.harness.abort(request)
+
+        @rule(request=requests)
+        def abort_again_or_late(self, request: str) -> None:
+            """Aborting a finished or already aborted request must be refused cleanly."""
+            count.steps += 1
+            self.harness.abort(request)
+
+        @rule()
+        def abort_unknown(self) -> None:
+            count.steps += 1
+            err = self.harness.abort("no-such-request")
+            assert err is not None, "abort of an unknown id must raise UnknownRequest"
+
+        @rule()
+        def step(self) -> None:
+            count.steps += 1
+            self.harness.step()
+
+        @rule()
+        def steps(self) -> None:
+            """Several steps at once (long requests get to finish)."""
+            count.steps += 1
+            for _ in range(4):
+                self.harness.step()
+
+        @precondition(lambda self: self.h is not None and self.h.spec.step_index % 3 == 2)
+        @rule()
+        def drain(self) -> None:
+            count.steps += 1
+            self.harness.drain()
+
+        @invariant()
+        def steps_are_checked(self) -> None:
+            if self.h is not None:
+                assert self.h.ended_steps() == self.h.spec.step_index
+
+        def teardown(self) -> None:
+            if self.h is None or self.h.violation is not None:
+                return
+            self.h.drain()
+            count.examples += 1
+            if count.on_example is not None:
+                count.on_example(count.examples, count.steps)
+
+    ArConformance.__name__ = name
+    ArConformance.__qualname__ = name
+    return ArConformance

@@ -1,0 +1,53 @@
+"""Hypothesis strategies for AR configurations and requests.
+
+Pools range from one request's worst case (exact fit: preemption pressure) to roomy; budgets
+from the seat cap to several prompts; chunked prefill on and off; block size 1 often enough for
+LightLLM. Requests are sometimes invalid on purpose (longer than max_model_len).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from spec.ar.config import ArConfig, Policy
+
+
+@st.composite
+def ar_configs(
+    draw: st.DrawFn,
+    policies: tuple[Policy, ...] = (Policy.FCFS,),
+    chunked: tuple[bool, ...] = (True, False),
+    block_sizes: st.SearchStrategy[int] | None = None,
+    thresholds: bool = True,
+    max_seqs: int = 4,
+    stages: tuple[int, ...] = (1,),
+    replicas: tuple[int, ...] = (1,),
+) -> ArConfig:
+    bs = draw(block_sizes if block_sizes is not None else st.sampled_from([1, 1, 2, 3, 4]))
+    max_model_len = draw(st.integers(4, 24))
+    chunk = draw(st.sampled_from(chunked))
+    seqs = draw(st.integers(1, max_seqs))
+    low = max(seqs, 1 if chunk else max_model_len)
+    budget = draw(st.integers(low, max(low, 2 * max_model_len)))
+    one = -(-(max_model_len - 1) // bs)  # blocks one request can hold at most
+    reserve = draw(st.booleans())
+    usable = draw(st.integers(one, 3 * one + 2))
+    threshold = 0
+    if chunk and thresholds and draw(st.booleans()):
+        threshold = draw(st.integers(1, max_model_len))
+    return ArConfig(
+        block_size=bs,
+        num_blocks=usable + (1 if reserve else 0),
+        reserve_null_block=reserve,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=threshold,
+        enable_chunked_prefill=chunk,
+        policy=draw(st.sampled_from(policies)),
+        max_wait_steps=draw(st.integers(1, 6)),
+        fair_token_cap=draw(st.integers(0, 6)) if chunk else 0,
+        max_waiting_iters=draw(st.integers(1, 4)),
+        num_stages=draw(st.sampled_from(stages)),
+        num_replicas=draw(st.sampled_from(replicas)),
+    )

@@ -1,0 +1,265 @@
+"""Shared machinery of the reference AR schedulers: the KV block pool, request records, the
+adapter operations (submit, abort, drain, snapshot) and the model step at constant batch time.
+
+A subclass decides one thing: `_schedule()`, the scheduling phase of a step (allocate blocks,
+schedule tokens, preempt). Everything a scheduler does is reported to the sink as it happens.
+Methods are small so the mutant catalogue can seed one bug by overriding one of them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, ArRequest, ArRules, rules_for, validate_ar_request
+from spec.ar.events import (
+    ArAborted,
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArFinished,
+    ArFinishReason,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.snapshot import ArSnapshot
+from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+
+
+class BlockPool:
+    """Paged KV blocks: a FIFO free list (vLLM's free block queue), block ids 0..n-1, the null
+    block (0) reserved when configured. Reports allocations and frees to the sink."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        self.config = config
+        self.sink = sink
+        first = 1 if config.reserve_null_block else 0
+        self.free_queue: deque[int] = deque(range(first, config.num_blocks))
+        self.owner: dict[int, str] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self, rid: str, n: int) -> list[int]:
+        """Take `n` free blocks for `rid` (caller checked they exist); emits the event."""
+        assert n <= len(self.free_queue), "caller must check num_free first"
+        blocks = [self.free_queue.popleft() for _ in range(n)]
+        for b in blocks:
+            self.owner[b] = rid
+        self.sink(ArBlocksAllocated(rid, tuple(blocks)))
+        return blocks
+
+    def release(self, rid: str, blocks: list[int]) -> None:
+        """Return blocks to the pool without an event (the caller reports them)."""
+        for b in blocks:
+            assert self.owner.get(b) == rid, f"block {b} is not held by {rid!r}"
+            del self.owner[b]
+            self.free_queue.append(b)
+
+    def free(self, rid: str, blocks: list[int]) -> None:
+        if blocks:
+            self.release(rid, blocks)
+            self.sink(ArBlocksFreed(rid, tuple(blocks)))
+
+
+@dataclass(slots=True)
+class ArReq:
+    spec: ArRequest
+    arrival: int
+    num_computed: int = 0
+    num_output: int = 0
+    blocks: list[int] = field(default_factory=list)
+    attained: int = 0
+    waited: int = 0
+    num_restarts: int = 0
+    # timings (in steps) for metrics
+    first_scheduled: int | None = None
+    first_token: int | None = None
+    completed: int | None = None
+
+    @property
+    def rid(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def known(self) -> int:
+        """Prompt plus sampled outputs (Vidur: the prefill of a restarted request)."""
+        return self.spec.prompt_len + self.num_output
+
+    @property
+    def uncomputed(self) -> int:
+        return self.known - self.num_computed
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.known - 1 and self.num_output > 0
+
+    def finish_reason(self) -> ArFinishReason | None:
+        s = self.spec
+        if s.stop_after is not None and self.num_output >= s.stop_after:
+            return ArFinishReason.STOP
+        if self.num_output >= s.max_tokens:
+            return ArFinishReason.LENGTH
+        return None
+
+
+class ArSchedulerBase:
+    """Implements `spec.ar.adapter.ArSchedulerAdapter`, less the scheduling decision."""
+
+    name = "base"
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        self._config = config
+        self.sink = sink
+        self.pool = BlockPool(config, sink)
+        self.waiting: deque[ArReq] = deque()
+        self.running: list[ArReq] = []
+        self.finished: dict[str, ArReq] = {}
+        self.seen: set[str] = set()
+        self.step_index = 0
+        self.arrivals = 0
+        self.scheduled: dict[str, int] = {}  # this step: request id -> tokens
+        self.step_preempted: list[ArReq] = []
+
+    @property
+    def config(self) -> ArConfig:
+        return self._config
+
+    @property
+    def rules(self) -> ArRules:
+        return rules_for(self._config)
+
+    # ------------------------------------------------------------------ adapter API
+    def submit(self, request: ArRequest) -> None:
+        validate_ar_request(self.config, request)
+        if request.request_id in self.seen:
+            raise DuplicateRequest(request.request_id)
+        self.seen.add(request.request_id)
+        req = ArReq(request, self.arrivals)
+        self.arrivals += 1
+        self._enqueue(req)
+        s = request
+        self.sink(
+            ArSubmitted(
+                s.request_id, s.prompt_len, s.max_tokens, s.stop_after, s.priority, s.predicted_len
+            )
+        )
+
+    def _enqueue(self, req: ArReq) -> None:
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        for req in list(self.waiting):
+            if req.rid == request_id:
+                self.waiting.remove(req)
+                self._free_all(req)
+                self.sink(ArAborted(request_id))
+                return
+        for req in self.running:
+            if req.rid == request_id:
+                self.running.remove(req)
+                self._free_all(req)
+                self.sink(ArAborted(request_id))
+                return
+        raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+
+    def step(self) -> None:
+        self.scheduled = {}
+        self.step_preempted = []
+        self._schedule()
+        self._execute()
+        self._update()
+        self.step_index += 1
+
+    def drain(self, max_steps: int = 100_000) -> None:
+        for _ in range(max_steps):
+            if self.is_idle():
+                return
+            self.step()
+        if not self.is_idle():
+            raise SchedulerStalled(
+                max_steps,
+                f"{len(self.waiting)} waiting and {len(self.running)} running after "
+                f"{max_steps} steps",
+            )
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def snapshot(self) -> ArSnapshot:
+        computed = {r.rid: r.num_computed for r in self.running}
+        computed.update({r.rid: r.num_computed for r in self.waiting})
+        return ArSnapshot(
+            free_blocks=frozenset(self.pool.free_queue),
+            block_owners=dict(self.pool.owner),
+            running=tuple(r.rid for r in self.running),
+            waiting=tuple(r.rid for r in self.waiting),
+            num_computed=computed,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _schedule(self) -> None:  # pragma: no cover - subclasses decide
+        raise NotImplementedError
+
+    def _blocks_needed(self, req: ArReq, num_tokens: int) -> int:
+        """New blocks so the request holds computed + num_tokens tokens."""
+        return max(0, self.config.blocks_for(req.num_computed + num_tokens) - len(req.blocks))
+
+    def _grow(self, req: ArReq, n_blocks: int) -> None:
+        if n_blocks > 0:
+            req.blocks.extend(self.pool.allocate(req.rid, n_blocks))
+
+    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+        self.scheduled[req.rid] = num_tokens
+        if req.first_scheduled is None:
+            req.first_scheduled = self.step_index
+        self.sink(ArScheduled(req.rid, num_tokens))
+
+    def _preempt(self, victim: ArReq) -> None:
+        """Free every block, discard computed tokens, wait at the head of the queue."""
+        freed = list(victim.blocks)
+        self.pool.release(victim.rid, freed)
+        victim.blocks = []
+        victim.num_computed = 0
+        victim.num_restarts += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+        self.step_preempted.append(victim)
+        self.sink(ArPreempted(victim.rid, tuple(freed)))
+
+    def _free_all(self, req: ArReq) -> None:
+        blocks, req.blocks = req.blocks, []
+        self.pool.free(req.rid, blocks)
+
+    def _execute(self) -> None:
+        """The model runs the batch (constant batch time): computed tokens advance and a request
+        that caught up with its known tokens samples one output token."""
+        self.sink(ArStepEnd(self.step_index))
+        for req in self.running:
+            n = self.scheduled.get(req.rid)
+            if n is None:
+                continue
+            req.num_computed += n
+            req.attained += n
+            if req.num_computed == req.known:
+                req.num_output += 1
+                if req.first_token is None:
+                    req.first_token = self.step_index
+        for req in self.waiting:
+            req.waited += 1
+
+    def _update(self) -> None:
+        for req in list(self.running):
+            reason = req.finish_reason()
+            if reason is not None:
+                self._finish(req, reason)
+
+    def _finish(self, req: ArReq, reason: ArFinishReason) -> None:
+        self.running.remove(req)
+        self._free_all(req)
+        req.completed = self.step_index
+        self.finished[req.rid] = req
+        self.sink(ArFinished(req.rid, reason))

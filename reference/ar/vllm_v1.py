@@ -1,0 +1,139 @@
+"""The reference vLLM-v1-style scheduler (`vllm-v1`), with the policies beyond FCFS.
+
+One step (decisions as in vLLM v1's `Scheduler.schedule`, read for facts, written anew):
+1. Running requests first, in running (admission) order, while token budget is left: each gets
+   min(uncomputed, long_prefill_token_threshold if set, budget) tokens (under FAIR also at most
+   the cap, leaving one token for each running request after it). If its new KV blocks do not
+   fit, preempt the victim — the tail of running (FCFS) or the lowest priority, then latest
+   arrival, among requests not yet scheduled this step (priority) — free all its blocks, reset
+   its computed tokens and put it at the head of waiting; repeat until the blocks fit or the
+   request preempted itself (then stop scheduling running requests).
+2. Only if nothing was preempted: admit waiting requests while a seat and budget are left, in
+   the policy's order (FCFS head; or the minimum of priority / SJF / SRPT / LAS keys; under
+   AGING a request that waited max_wait_steps steps first). A prefill is chunked to the budget
+   (or scheduled whole when chunked prefill is off); admission stops at the first request whose
+   blocks do not fit.
+3. The model step; then requests that produced max_tokens or their end token finish and free
+   their blocks.
+"""
+
+from __future__ import annotations
+
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig, Policy
+from reference.ar.base import ArReq, ArSchedulerBase
+
+
+class VllmV1Scheduler(ArSchedulerBase):
+    name = "vllm-v1"
+
+    def _schedule(self) -> None:
+        budget = self._schedule_running(self.config.max_num_batched_tokens)
+        if not self.step_preempted:
+            self._schedule_waiting(budget)
+
+    # ------------------------------------------------------------------ running
+    def _running_tokens(self, req: ArReq, index: int, budget: int) -> int:
+        cfg = self.config
+        n = req.uncomputed
+        if cfg.long_prefill_token_threshold:
+            n = min(n, cfg.long_prefill_token_threshold)
+        if cfg.policy is Policy.FAIR:
+            if cfg.fair_token_cap:
+                n = min(n, cfg.fair_token_cap)
+            later = len(self.running) - index - 1  # leave one token for each of them
+            budget = max(1, budget - later)
+        return min(n, budget)
+
+    def _schedule_running(self, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._running_tokens(req, i, budget)
+            if not self._fit_or_preempt(req, n, i):
+                break
+            self._emit_scheduled(req, n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _fit_or_preempt(self, req: ArReq, n: int, index: int) -> bool:
+        """Allocate blocks for `n` more tokens, preempting victims until they fit. False if the
+        request had to preempt itself."""
+        while True:
+            need = self._blocks_needed(req, n)
+            if need <= self.pool.num_free:
+                self._grow(req, need)
+                return True
+            victim = self._pick_victim(req, index)
+            self._preempt(victim)
+            if victim is req:
+                return False
+
+    def _pick_victim(self, req: ArReq, index: int) -> ArReq:
+        """Among running requests not scheduled in this step (those from `index` on)."""
+        candidates = [r for r in self.running if r.rid not in self.scheduled]
+        if self.config.policy is Policy.PRIORITY:
+            return max(candidates, key=lambda r: (r.spec.priority, r.arrival))
+        return candidates[-1]
+
+    # ------------------------------------------------------------------ waiting
+    def _admission_key(self, req: ArReq) -> tuple[int, int]:
+        p, s = self.config.policy, req.spec
+        if p is Policy.PRIORITY:
+            return (s.priority, req.arrival)
+        if p in (Policy.SJF, Policy.AGING):
+            return (s.prompt_len + s.expected_output, req.arrival)
+        if p is Policy.SRPT:
+            remaining = max(0, s.expected_output - req.num_output) + req.uncomputed
+            return (remaining, req.arrival)
+        if p is Policy.LAS:
+            return (req.attained, req.arrival)
+        return (0, req.arrival)
+
+    def _peek_waiting(self) -> ArReq:
+        cfg = self.config
+        if cfg.policy in (Policy.FCFS, Policy.FAIR):
+            return self.waiting[0]
+        if cfg.policy is Policy.AGING:
+            aged = [r for r in self.waiting if r.waited >= cfg.max_wait_steps]
+            if aged:
+                return min(aged, key=lambda r: r.arrival)
+        return min(self.waiting, key=self._admission_key)
+
+    def _waiting_tokens(self, req: ArReq, budget: int) -> int | None:
+        cfg = self.config
+        n = req.uncomputed
+        if cfg.long_prefill_token_threshold:
+            n = min(n, cfg.long_prefill_token_threshold)
+        if cfg.policy is Policy.FAIR and cfg.fair_token_cap:
+            n = min(n, cfg.fair_token_cap)
+        if not cfg.enable_chunked_prefill and n > budget:
+            return None
+        return min(n, budget)
+
+    def _schedule_waiting(self, budget: int) -> None:
+        while self.waiting and budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            req = self._peek_waiting()
+            n = self._waiting_tokens(req, budget)
+            if n is None:
+                break
+            need = self._blocks_needed(req, n)
+            if need > self.pool.num_free:
+                break  # admission stops at the first request whose blocks do not fit
+            self._admit(req)
+            self._grow(req, need)
+            self._emit_scheduled(req, n)
+            budget -= n
+
+    def _admit(self, req: ArReq) -> None:
+        self.waiting.remove(req)
+        req.waited = 0
+        self.running.append(req)
+
+
+def make_vllm_v1(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference vLLM-v1 scheduler under `config.policy`."""
+    return VllmV1Scheduler(config, sink)

@@ -1,0 +1,68 @@
+"""The autoregressive (AR) scheduling specification: vLLM-v1 / Vidur style iteration-level
+scheduling with a token budget, a seat cap, paged KV blocks and preemption by recomputation.
+Standard library only; `mypy --strict` clean.
+"""
+
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.config import (
+    AdmissionOrder,
+    ArConfig,
+    ArRequest,
+    ArRequestTooLong,
+    ArRules,
+    Policy,
+    VictimOrder,
+    rules_for,
+    validate_ar_request,
+)
+from spec.ar.events import (
+    AR_EVENT_BY_KIND,
+    AR_EVENT_TYPES,
+    ArAborted,
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArEvent,
+    ArFinished,
+    ArFinishReason,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.lifecycles import AR_LIFECYCLES, ArPhase
+from spec.ar.machine import ArSpecMachine, finish_reason
+from spec.ar.rules import AR_RULES
+from spec.ar.snapshot import ArSnapshot
+
+__all__ = [
+    "AR_EVENT_BY_KIND",
+    "AR_EVENT_TYPES",
+    "AR_LIFECYCLES",
+    "AR_RULES",
+    "AdmissionOrder",
+    "ArAborted",
+    "ArBlocksAllocated",
+    "ArBlocksFreed",
+    "ArConfig",
+    "ArEvent",
+    "ArEventSink",
+    "ArFinishReason",
+    "ArFinished",
+    "ArImplementationFactory",
+    "ArPhase",
+    "ArPreempted",
+    "ArRequest",
+    "ArRequestTooLong",
+    "ArRules",
+    "ArScheduled",
+    "ArSchedulerAdapter",
+    "ArSnapshot",
+    "ArSpecMachine",
+    "ArStepEnd",
+    "ArSubmitted",
+    "Policy",
+    "VictimOrder",
+    "finish_reason",
+    "rules_for",
+    "validate_ar_request",
+]

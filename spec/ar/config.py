@@ -1,0 +1,297 @@
+"""Autoregressive (AR) scheduler configuration, requests and declared policy rules.
+
+`ArConfig` validates on construction and raises `spec.errors.ConfigError(field, value, valid)`.
+`ArRequest` describes one generation request by sizes only (AR scheduling never needs token
+values); `validate_ar_request` rejects what no scheduler could ever serve with a typed
+`spec.errors.RequestError`. `ArRules` is what an implementation *promises* about its ordering
+decisions (admission order, preemption victim, ...); the core rules (token budget, seats, KV
+accounting) hold for every implementation regardless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from spec.errors import ConfigError, InvalidRequest, RequestError, RequestTooLarge
+
+
+class Policy(enum.Enum):
+    """Which waiting request a scheduler admits first (and, for priority, which it preempts)."""
+
+    FCFS = "fcfs"  # submission order; preempted requests go back to the head of the queue
+    PRIORITY = "priority"  # lowest priority value first, then earliest arrival (vLLM)
+    SJF = "sjf"  # shortest job first: prompt + known or predicted output length
+    SRPT = "srpt"  # shortest remaining processing time: job length - computed tokens
+    LAS = "las"  # least attained service: fewest tokens computed so far
+    AGING = "aging"  # SJF, but a request that waited max_wait_steps steps goes first
+    FAIR = "fair"  # FCFS admission; every running request gets >= 1 token per step, <= cap
+
+    @classmethod
+    def parse(cls, value: str | Policy) -> Policy:
+        if isinstance(value, Policy):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            valid = ", ".join(repr(p.value) for p in cls)
+            raise ConfigError("policy", value, f"one of {valid}") from None
+
+
+def _positive(field: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(field, value, f"must be an integer >= {minimum}")
+
+
+def _flag(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(field, value, "must be True or False")
+
+
+@dataclass(frozen=True, slots=True)
+class ArConfig:
+    """Configuration of an autoregressive, iteration-level scheduler (vLLM / Vidur style).
+
+    KV cache:
+        block_size: tokens per KV block (>= 1).
+        num_blocks: blocks in the pool (>= 1); with reserve_null_block the first block (id 0)
+            is vLLM's null block, never handed to a request, so usable = num_blocks - 1.
+    Per step:
+        max_num_batched_tokens: the token budget of one step (>= 1, >= max_num_seqs).
+        max_num_seqs: the seat cap: requests in the running set at once (>= 1).
+        long_prefill_token_threshold: 0 = off; else a prefill chunk is at most this long.
+        enable_chunked_prefill: a prompt may be split across steps; when False a prefill is
+            scheduled whole, so the budget must hold a whole request (>= max_model_len).
+    Requests:
+        max_model_len: prompt + max_tokens of any request (>= 2).
+    Policy:
+        policy: see `Policy`.
+        max_wait_steps: aging bound (policy AGING, >= 1).
+        fair_token_cap: per-request tokens per step under policy FAIR (0 = no cap).
+        max_waiting_iters: LightLLM's decode steps before it must try a prefill batch.
+    Topology:
+        num_stages: pipeline stages of a replica (one batch per stage in flight).
+        num_replicas: replicas behind a global scheduler.
+    """
+
+    block_size: int = 4
+    num_blocks: int = 17
+    reserve_null_block: bool = True
+    max_num_batched_tokens: int = 16
+    max_num_seqs: int = 4
+    max_model_len: int = 32
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    policy: Policy = Policy.FCFS
+    max_wait_steps: int = 8
+    fair_token_cap: int = 0
+    max_waiting_iters: int = 4
+    num_stages: int = 1
+    num_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        _flag("reserve_null_block", self.reserve_null_block)
+        _positive("num_blocks", self.num_blocks, 2 if self.reserve_null_block else 1)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_model_len", self.max_model_len, 2)
+        _positive("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        _flag("enable_chunked_prefill", self.enable_chunked_prefill)
+        if not isinstance(self.policy, Policy):
+            object.__setattr__(self, "policy", Policy.parse(self.policy))
+        _positive("max_wait_steps", self.max_wait_steps)
+        _positive("fair_token_cap", self.fair_token_cap, 0)
+        _positive("max_waiting_iters", self.max_waiting_iters)
+        _positive("num_stages", self.num_stages)
+        _positive("num_replicas", self.num_replicas)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"must be >= max_num_seqs={self.max_num_seqs} so every running request can "
+                f"decode in one step (vLLM's own check)",
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"must be >= max_model_len={self.max_model_len} when chunked prefill is off "
+                f"(a whole prefill must fit one step), or set enable_chunked_prefill=True",
+            )
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ConfigError(
+                "long_prefill_token_threshold",
+                self.long_prefill_token_threshold,
+                "needs enable_chunked_prefill=True (it limits prefill chunks); use 0",
+            )
+
+        if self.policy is Policy.FAIR and self.fair_token_cap and not self.enable_chunked_prefill:
+            raise ConfigError(
+                "fair_token_cap",
+                self.fair_token_cap,
+                "a per-request token cap chunks prefills: needs enable_chunked_prefill=True, "
+                "or use 0",
+            )
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks a request can ever hold: the pool less the reserved null block."""
+        return self.num_blocks - (1 if self.reserve_null_block else 0)
+
+    @property
+    def null_block(self) -> int | None:
+        return 0 if self.reserve_null_block else None
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    def blocks_for(self, tokens: int) -> int:
+        """KV blocks that hold `tokens` tokens."""
+        return -(-tokens // self.block_size)
+
+    def replace(self, **changes: object) -> ArConfig:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class ArRequest:
+    """A generation request, by sizes.
+
+    prompt_len: prompt tokens (>= 1).
+    max_tokens: output tokens at most (>= 1): the request finishes with reason LENGTH there.
+    stop_after: the (scripted) model samples the end token as output token number
+        `stop_after` (1-based): the request finishes with reason STOP then. None: never.
+    priority: lower value = more important (vLLM's convention); used by policy PRIORITY.
+    predicted_len: a predicted output length for SJF / SRPT (None: use max_tokens).
+    arrival_time: seconds, for traces and metrics; the order of arrival is submission order.
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    stop_after: int | None = None
+    priority: int = 0
+    predicted_len: int | None = None
+    arrival_time: float = 0.0
+
+    @property
+    def expected_output(self) -> int:
+        return self.max_tokens if self.predicted_len is None else self.predicted_len
+
+    @property
+    def final_output(self) -> int:
+        """Output tokens the request will produce when it runs to its end."""
+        if self.stop_after is None:
+            return self.max_tokens
+        return min(self.max_tokens, self.stop_after)
+
+
+class ArRequestTooLong(RequestError):
+    """prompt_len + max_tokens exceeds max_model_len."""
+
+    def __init__(self, request_id: str, needed_tokens: int, max_model_len: int) -> None:
+        self.request_id = request_id
+        self.needed_tokens = needed_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"request {request_id!r} needs {needed_tokens} tokens (prompt_len + max_tokens) but "
+            f"max_model_len is {max_model_len}: shorten the prompt or lower max_tokens"
+        )
+
+
+def _int_field(rid: str, name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidRequest(rid, name, value, f"must be an integer >= {minimum}")
+
+
+def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
+    """Check a request against the configuration; return the KV blocks it needs at most.
+
+    Raises InvalidRequest, ArRequestTooLong or RequestTooLarge (it could never fit in the KV
+    pool, even alone: it would be preempted forever). Never changes state.
+    """
+    rid = request.request_id
+    if not isinstance(rid, str) or not rid:
+        raise InvalidRequest(str(rid), "request_id", rid, "must be a non-empty string")
+    _int_field(rid, "prompt_len", request.prompt_len, 1)
+    _int_field(rid, "max_tokens", request.max_tokens, 1)
+    if request.stop_after is not None:
+        _int_field(rid, "stop_after", request.stop_after, 1)
+    if request.predicted_len is not None:
+        _int_field(rid, "predicted_len", request.predicted_len, 1)
+    if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+        raise InvalidRequest(rid, "priority", request.priority, "must be an integer")
+    total = request.prompt_len + request.max_tokens
+    if total > config.max_model_len:
+        raise ArRequestTooLong(rid, total, config.max_model_len)
+    # The KV a request holds at most: every token but the last sampled one is computed.
+    blocks = config.blocks_for(total - 1)
+    if blocks > config.usable_blocks:
+        raise RequestTooLarge(
+            rid, blocks * config.block_size, config.usable_blocks * config.block_size
+        )
+    return blocks
+
+
+class AdmissionOrder(enum.Enum):
+    FCFS = "fcfs"  # the head of the waiting queue
+    PRIORITY = "priority"  # min (priority, arrival)
+    SJF = "sjf"  # min (prompt + expected output, arrival)
+    SRPT = "srpt"  # min (prompt + expected output - computed, arrival)
+    LAS = "las"  # min (attained service, arrival)
+
+
+class VictimOrder(enum.Enum):
+    NONE = "none"  # never preempts
+    TAIL = "tail"  # the tail of running: latest admitted, not scheduled this step (FCFS)
+    LOWEST_PRIORITY = "lowest_priority"  # max (priority, arrival)
+
+
+@dataclass(frozen=True, slots=True)
+class ArRules:
+    """The ordering rules an implementation promises (checked by `ArSpecMachine`).
+
+    admission: which waiting request may be admitted next.
+    victim: which running request may be preempted.
+    admit_after_preemption: whether a step that preempted may still admit waiting requests
+        (vLLM: no; Vidur's Sarathi: yes).
+    token_budget: whether the step's token budget binds (Vidur's Orca and FasterTransformer
+        have none).
+    static_batches: admission only when nothing runs (FasterTransformer).
+    max_wait_steps: aging bound: once a waiting request has waited this many steps, no other
+        waiting request is admitted before it (None: no bound).
+    token_floor: every running request gets at least one token each step (when the budget
+        holds one per running request).
+    token_cap: a request is scheduled at most this many tokens per step (None: no cap).
+    """
+
+    admission: AdmissionOrder = AdmissionOrder.FCFS
+    victim: VictimOrder = VictimOrder.TAIL
+    admit_after_preemption: bool = False
+    token_budget: bool = True
+    static_batches: bool = False
+    max_wait_steps: int | None = None
+    token_floor: bool = False
+    token_cap: int | None = None
+
+
+def rules_for(config: ArConfig) -> ArRules:
+    """The rules a vLLM-v1-style scheduler promises under `config.policy`."""
+    p = config.policy
+    if p is Policy.PRIORITY:
+        return ArRules(AdmissionOrder.PRIORITY, VictimOrder.LOWEST_PRIORITY)
+    if p is Policy.SJF:
+        return ArRules(AdmissionOrder.SJF)
+    if p is Policy.SRPT:
+        return ArRules(AdmissionOrder.SRPT)
+    if p is Policy.LAS:
+        return ArRules(AdmissionOrder.LAS)
+    if p is Policy.AGING:
+        return ArRules(AdmissionOrder.SJF, max_wait_steps=config.max_wait_steps)
+    if p is Policy.FAIR:
+        return ArRules(token_floor=True, token_cap=config.fair_token_cap or None)
+    return ArRules()

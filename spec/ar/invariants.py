@@ -1,0 +1,117 @@
+"""Named AR state invariants: predicates over `ArState` that hold after every event.
+
+Each returns None when it holds, or a description of the first counterexample. The rules that
+constrain events (budget, order, victim, ...) live in `ArSpecMachine`; `BETWEEN_STEPS` holds
+only between steps (not in the middle of a scheduling phase).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spec.ar.lifecycles import AR_QUEUED_PHASES, AR_TERMINAL_PHASES, ArPhase
+from spec.ar.state import ArState
+
+ArInvariant = Callable[[ArState], str | None]
+
+
+def block_conservation(s: ArState) -> str | None:
+    """free + held = usable; the owner map and the requests' block tables agree."""
+    c = s.config
+    held = len(s.block_owners)
+    if len(s.free_blocks) + held != c.usable_blocks:
+        return f"free {len(s.free_blocks)} + held {held} != usable {c.usable_blocks}"
+    for b, rid in s.block_owners.items():
+        r = s.requests.get(rid)
+        if r is None or b not in r.blocks:
+            return f"block {b} is owned by {rid!r}, whose block table does not list it"
+    for rid, r in s.requests.items():
+        for b in r.blocks:
+            if s.block_owners.get(b) != rid:
+                return f"{rid!r} lists block {b}, owned by {s.block_owners.get(b)!r}"
+    return None
+
+
+def null_block_reserved(s: ArState) -> str | None:
+    null = s.config.null_block
+    if null is not None and null in s.block_owners:
+        return f"the null block {null} is held by {s.block_owners[null]!r}"
+    return None
+
+
+def terminal_holds_nothing(s: ArState) -> str | None:
+    for rid, r in s.requests.items():
+        if r.phase in AR_TERMINAL_PHASES and r.blocks:
+            return f"{r.phase.value} request {rid!r} holds blocks {list(r.blocks)}"
+    return None
+
+
+def preempted_holds_nothing(s: ArState) -> str | None:
+    for rid, r in s.requests.items():
+        if r.phase is ArPhase.PREEMPTED and (r.blocks or r.num_computed):
+            return (
+                f"preempted request {rid!r} holds blocks {list(r.blocks)} and "
+                f"{r.num_computed} computed tokens"
+            )
+    return None
+
+
+def seat_cap(s: ArState) -> str | None:
+    if len(s.running) > s.config.max_num_seqs:
+        return f"{len(s.running)} running > max_num_seqs={s.config.max_num_seqs}"
+    return None
+
+
+def kv_bounded(s: ArState) -> str | None:
+    cap = s.config.max_blocks_per_request
+    for rid, r in s.requests.items():
+        if len(r.blocks) > cap:
+            return f"{rid!r} holds {len(r.blocks)} blocks; max_model_len needs at most {cap}"
+    return None
+
+
+def kv_covers_computed(s: ArState) -> str | None:
+    bs = s.config.block_size
+    for rid in s.running:
+        r = s.requests[rid]
+        if len(r.blocks) * bs < r.num_computed:
+            return (
+                f"running {rid!r} computed {r.num_computed} tokens but holds only "
+                f"{len(r.blocks)} blocks of {bs}"
+            )
+    return None
+
+
+def waiting_holds_nothing(s: ArState) -> str | None:
+    for rid, r in s.requests.items():
+        if r.phase in AR_QUEUED_PHASES and (r.blocks or r.num_computed):
+            return (
+                f"waiting {rid!r} holds blocks {list(r.blocks)} / {r.num_computed} computed "
+                f"tokens between steps"
+            )
+    return None
+
+
+AR_INVARIANTS: dict[str, ArInvariant] = {
+    "block_conservation": block_conservation,
+    "null_block_reserved": null_block_reserved,
+    "terminal_holds_nothing": terminal_holds_nothing,
+    "preempted_holds_nothing": preempted_holds_nothing,
+    "seat_cap": seat_cap,
+    "kv_bounded": kv_bounded,
+}
+
+BETWEEN_STEPS: dict[str, ArInvariant] = {
+    "kv_covers_computed": kv_covers_computed,
+    "waiting_holds_nothing": waiting_holds_nothing,
+}
+
+
+def check_all(s: ArState, between_steps: bool = False) -> tuple[str, str] | None:
+    """(rule, detail) of the first invariant that fails, or None."""
+    table = {**AR_INVARIANTS, **BETWEEN_STEPS} if between_steps else AR_INVARIANTS
+    for name, inv in table.items():
+        detail = inv(s)
+        if detail is not None:
+            return name, detail
+    return None

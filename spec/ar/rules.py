@@ -1,0 +1,82 @@
+"""The named rules of the AR scheduling specification, in words.
+
+An `ArSpecMachine` violation names one of these. The core rules hold for every implementation;
+the policy rules hold as the implementation declares them in its `ArRules`.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+_AR_RULES: dict[str, str] = {
+    # --- requests
+    "unique_submission": "A request id is submitted at most once.",
+    "valid_request": "Only valid requests are accepted (sizes >= 1, prompt + max_tokens <= "
+    "max_model_len, the request fits the usable KV pool alone).",
+    "known_request": "Events refer to requests that were submitted and are not finished or "
+    "aborted.",
+    "lifecycle": "Every phase change follows the AR request and block lifecycle tables.",
+    # --- one step
+    "token_budget": "The tokens scheduled in one step sum to at most max_num_batched_tokens.",
+    "seat_cap": "At most max_num_seqs requests are running at once.",
+    "one_schedule_per_step": "A request is scheduled at most once per step, for >= 1 token.",
+    "no_compute_past_known": "A request is never scheduled more tokens than it has known and "
+    "not yet computed (prompt + sampled outputs - computed).",
+    "no_chunking_when_disabled": "With chunked prefill off, a request is scheduled all its "
+    "uncomputed tokens at once.",
+    "long_prefill_threshold": "With long_prefill_token_threshold > 0, no request is scheduled "
+    "more tokens than the threshold in one step.",
+    "progress": "A step with running or waiting requests schedules at least one token.",
+    "step_order": "Steps are numbered 0, 1, 2, ... in order.",
+    # --- KV blocks
+    "kv_covers_scheduled": "A scheduled request holds KV blocks for its computed tokens plus "
+    "the tokens it computes this step (blocks * block_size >= computed + scheduled).",
+    "kv_covers_computed": "Between steps every running request holds KV blocks for every token "
+    "it has computed.",
+    "kv_bounded": "A request never holds more blocks than max_model_len needs.",
+    "kv_exclusive": "Allocated blocks were free, are in the pool and each has one owner.",
+    "null_block_reserved": "The null block (block 0, when reserved) is never allocated.",
+    "block_conservation": "free + held = usable blocks at every moment (the null block reserved).",
+    "free_owned_only": "Only blocks the request holds are freed, each once (no double free).",
+    "waiting_holds_nothing": "Between steps a waiting request holds no KV block.",
+    # --- preemption
+    "preempt_frees_all": "A preempted request gives back every block it held, at once, and "
+    "recomputes from zero.",
+    "preempted_holds_nothing": "A preempted request holds no KV block.",
+    "no_preempt_scheduled": "A request already scheduled in this step is not preempted in it "
+    "(vLLM #23347 / #21528: preempting it leaves its tokens in the batch).",
+    "preemption_victim": "The victim is the declared one, among running requests not scheduled "
+    "in this step: the tail of running, i.e. the latest admitted (FCFS), or the lowest "
+    "priority then latest arrival (priority).",
+    "no_admission_after_preemption": "A step that preempted admits no waiting request (vLLM), "
+    "unless the implementation declares otherwise.",
+    # --- admission order
+    "fcfs_admission": "A waiting request is admitted only from the head of the waiting queue "
+    "(submission order; preempted requests at the head).",
+    "waiting_order": "The implementation's waiting queue has the spec's order (FCFS).",
+    "policy_admission": "Under priority / SJF / SRPT / LAS, the admitted request minimises the "
+    "policy key (ties: earliest arrival).",
+    "aging_bound": "Once a waiting request has waited max_wait_steps steps, no other waiting "
+    "request is admitted before it.",
+    "static_batch": "A static-batch scheduler admits only when nothing is running.",
+    "token_fairness_floor": "Every running request is scheduled at least one token per step "
+    "when the budget holds one token per running request.",
+    "token_fairness_cap": "No request is scheduled more than the per-request token cap in one "
+    "step.",
+    # --- end of a request
+    "finish_condition": "A request finishes only when it produced max_tokens (LENGTH) or "
+    "sampled its end token (STOP), with the matching reason.",
+    "finish_released": "A request whose finish condition holds is finished in the step that "
+    "produced its last token.",
+    "terminal_holds_nothing": "A finished or aborted request holds no KV block.",
+    # --- cross-checks
+    "snapshot_matches": "Between steps the implementation's own pool, running set, waiting set "
+    "and computed-token counts equal the abstract state.",
+}
+
+AR_RULES: MappingProxyType[str, str] = MappingProxyType(_AR_RULES)
+
+
+def describe(rule: str) -> str:
+    """The rule's statement in words; KeyError for an unknown rule name."""
+    return AR_RULES[rule]

@@ -1,0 +1,77 @@
+"""The abstract AR state as frozen values, and its readable rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spec.ar.config import ArConfig, ArRules
+from spec.ar.lifecycles import ArPhase
+
+
+@dataclass(frozen=True, slots=True)
+class ArRequestState:
+    request_id: str
+    arrival: int  # submission order
+    prompt_len: int
+    max_tokens: int
+    stop_after: int | None
+    priority: int
+    predicted_len: int | None
+    phase: ArPhase
+    num_computed: int
+    num_output: int
+    blocks: tuple[int, ...]
+    attained: int  # tokens ever computed, recomputation included (LAS)
+    waited: int  # steps waited since it last entered the queue
+
+    @property
+    def known_tokens(self) -> int:
+        """Prompt plus sampled outputs: the tokens whose KV can be computed."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def job_len(self) -> int:
+        out = self.max_tokens if self.predicted_len is None else self.predicted_len
+        return self.prompt_len + out
+
+
+@dataclass(frozen=True, slots=True)
+class ArState:
+    config: ArConfig
+    rules: ArRules
+    requests: Mapping[str, ArRequestState]
+    waiting: tuple[str, ...]  # queue order (head first)
+    running: tuple[str, ...]  # order they became running
+    block_owners: Mapping[int, str]
+    step_index: int
+    scheduled: Mapping[str, int]  # this step so far
+    preempted: tuple[str, ...]  # this step so far
+
+    @property
+    def free_blocks(self) -> frozenset[int]:
+        null = self.config.null_block
+        return frozenset(
+            b for b in range(self.config.num_blocks) if b != null and b not in self.block_owners
+        )
+
+
+def render(s: ArState) -> str:
+    c = s.config
+    lines = [
+        f"step {s.step_index}: scheduled {dict(s.scheduled)} "
+        f"({sum(s.scheduled.values())}/{c.max_num_batched_tokens} tokens), "
+        f"preempted {list(s.preempted)}",
+        f"pool: {len(s.free_blocks)} free of {c.usable_blocks} usable blocks "
+        f"(block_size {c.block_size}{', null block 0' if c.reserve_null_block else ''}); "
+        f"seats {len(s.running)}/{c.max_num_seqs}",
+        f"waiting: {list(s.waiting)}",
+        f"running: {list(s.running)}",
+    ]
+    for rid, r in s.requests.items():
+        lines.append(
+            f"  {rid}: {r.phase.value} arrival={r.arrival} prompt={r.prompt_len} "
+            f"max_tokens={r.max_tokens} stop_after={r.stop_after} prio={r.priority} "
+            f"computed={r.num_computed} outputs={r.num_output} blocks={list(r.blocks)}"
+        )
+    return "\n".join(lines)

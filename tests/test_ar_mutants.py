@@ -1,0 +1,36 @@
+"""The AR suite has teeth: every seeded bug in tests/ar_mutants.py makes the AR conformance
+suite FAIL, naming the right rule (`SpecViolation.rule`) with a replayable program."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from properties.ar.conformance import ar_conformance_machine
+from properties.verify import failure_from, run_machine
+from spec.errors import SpecViolation
+from tests.ar_mutants import AR_MUTANTS
+
+HUNT = settings(
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    stateful_step_count=30,
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.mark.parametrize("name", sorted(AR_MUTANTS))
+def test_ar_suite_catches_mutant(name: str) -> None:
+    mutant = AR_MUTANTS[name]
+    machine = ar_conformance_machine(mutant.factory, configs=mutant.configs)
+    err, printed = run_machine(machine, HUNT)
+    assert err is not None, f"the AR conformance suite did not catch mutant {name!r}"
+    assert isinstance(err, SpecViolation), f"{name}: not a SpecViolation:\n{err!r}"
+    assert err.rule == mutant.rule, f"{name}: expected [{mutant.rule}], got:\n{err}"
+    failure = failure_from(err, printed)
+    assert "state:" in failure.message
+    assert "state.configure(config=" in failure.program
+    assert "state.submit(" in failure.program
