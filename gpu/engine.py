@@ -50,7 +50,7 @@ from gpu.model_runner import ModelRunner
 from gpu.request import Carry, EngineRequest, StreamChunk
 from gpu.request_pool import ReqToTokenPool
 from gpu.token_map import TokenMap
-from gpu.tokenizer import EOS_ID, MASK_ID
+from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
@@ -474,20 +474,31 @@ def _shipped_model(device: str) -> BlockDiffusionLM:
     return model
 
 
-@functools.lru_cache(maxsize=8)
-def _tiny_model(device: str, seed: int = 1234) -> BlockDiffusionLM:
-    """A tiny randomly initialised model (seeded, so every build is identical)."""
-    from gpu.tokenizer import VOCAB_SIZE
+TINY_MODEL = ModelConfig(
+    vocab_size=VOCAB_SIZE, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_context=64
+)
+TINY_SEED = 1234
 
-    config = ModelConfig(
-        vocab_size=VOCAB_SIZE, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_context=64
-    )
-    gen_state = torch.random.get_rng_state()
-    try:
+
+@functools.lru_cache(maxsize=8)
+def tiny_model(device: str = "cpu", seed: int = TINY_SEED) -> BlockDiffusionLM:
+    """A tiny randomly initialised model, identical on every build (its own seeded generator).
+
+    Weights are drawn from N(0, 0.3^2) (instead of the training init's 0.02) and the LM head is
+    scaled by 6, so the model is context-sensitive and its confidences spread: LowConfidence
+    blocks of 4 take 2 to 5 steps, JointThreshold makes post-completion edits. The EOS row of
+    the head is scaled by a further 1.5 so EOS finishing happens (about one request in five).
+    """
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = BlockDiffusionLM(config)
-    finally:
-        torch.random.set_rng_state(gen_state)
+        model = BlockDiffusionLM(TINY_MODEL)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                torch.nn.init.normal_(param, std=0.3, generator=gen)
+        model.lm_head.weight.mul_(6.0)
+        model.lm_head.weight[EOS_ID].mul_(1.5)
     model.to(torch.device(device))
     model.eval()
     return model
@@ -514,7 +525,7 @@ def make_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
 
 def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     """The conformance-suite engine: CPU, LowConfidence, parity policy "bs1" (see docs)."""
-    return DllmEngine(config, sink, model=_tiny_model("cpu"), algorithm=_algorithm("LowConfidence"))
+    return DllmEngine(config, sink, model=tiny_model("cpu"), algorithm=_algorithm("LowConfidence"))
 
 
 def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
@@ -522,6 +533,6 @@ def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     return DllmEngine(
         config,
         sink,
-        model=_tiny_model("cpu"),
+        model=tiny_model("cpu"),
         algorithm=_algorithm("JointThreshold", max_post_edit_steps=4),
     )

@@ -8,13 +8,13 @@ config), so the engine keeps two vocabularies and a fixed bijection between them
 
 - *Native configs* (mask_token_id == tokenizer MASK): the identity, except that a configured
   eos_token_id other than the tokenizer's EOS swaps places with it.
-- *Foreign configs* (any other mask id, e.g. -1): spec id t maps to internal id (t + 3) mod V,
-  so spec ids 0..46 land on the characters '0'..'9', 'a'..'z', ... in order (the model sees
-  digits and letters, its training domain) and spec ids 47, 48, 49 on PAD, MASK, EOS. Then the
-  configured eos_token_id (if in range) swaps places with the id that maps to the tokenizer's
-  EOS, so committing the model's EOS is the spec's EOS. The spec id that lands on the tokenizer's
-  MASK (48 unless swapped) is not a valid prompt token; the tokenizer's MASK maps back to the
-  config's mask id.
+- *Foreign configs* (any other mask id, e.g. -1): spec id t maps to internal id (t + 3) mod V
+  (V = the model vocabulary, 49 for the character tokenizer), so spec ids 0..V-4 land on the
+  characters '0'..'9', 'a'..'z', ... in order (the model sees digits and letters, its training
+  domain) and spec ids V-3, V-2, V-1 on PAD, MASK, EOS. Then the configured eos_token_id (if in
+  range) swaps places with the id that maps to the tokenizer's EOS, so committing the model's EOS
+  is the spec's EOS. The spec id that lands on the tokenizer's MASK (the *hole*, V-2 unless
+  swapped) is not a valid prompt token; the tokenizer's MASK maps back to the config's mask id.
 
 Spec prompts must use ids in [0, V) (V = the model vocabulary size) other than the mask and
 the hole; anything else is rejected with `TokenOutOfVocabulary` before anything is allocated.
