@@ -1,0 +1,49 @@
+"""Typed errors of the simulator (all `spec.errors.SchedSpecError` subclasses)."""
+
+from __future__ import annotations
+
+from spec.errors import SchedSpecError
+
+
+class SimError(SchedSpecError):
+    """Base class of the simulator's errors."""
+
+
+class TraceError(SimError, ValueError):
+    """A malformed row in a Vidur trace CSV; names the file, the 1-based line and the problem."""
+
+    def __init__(self, path: str, line: int, detail: str) -> None:
+        self.path = path
+        self.line = line
+        self.detail = detail
+        super().__init__(f"{path}:{line}: {detail}")
+
+
+class SimConfigError(SimError, ValueError):
+    """A simulator configuration value is invalid: names the field and what would be valid."""
+
+    def __init__(self, field: str, value: object, valid: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"invalid {field}={value!r}: {valid}")
+
+
+class Unschedulable(SimError, ValueError):
+    """A request can never run: it is larger than every unit's capacity (so the simulation would
+    otherwise wait for it forever)."""
+
+    def __init__(self, request: int, needed: int, capacity: int, what: str) -> None:
+        self.request = request
+        self.needed = needed
+        self.capacity = capacity
+        super().__init__(
+            f"request #{request} needs {needed} {what} but the largest unit holds {capacity}: "
+            f"it could never be scheduled; raise the capacity or drop the request"
+        )
+
+
+class TimeWentBackwards(SimError, AssertionError):
+    """The event loop popped an event earlier than the clock (a simulator bug)."""
+
+    def __init__(self, now: float, event_time: float, what: str) -> None:
+        super().__init__(f"event {what} at t={event_time!r} is before the clock t={now!r}")

@@ -1,0 +1,134 @@
+"""Per-request and overall metrics, named as in Vidur's metrics store.
+
+Per request (seconds; NaN where the request never reached that point):
+- request_e2e_time = completed - arrived
+- prefill_e2e_time = first token - arrived (TTFT)
+- request_scheduling_delay = first scheduled - arrived
+- decode_time_execution_plus_preemption_normalized = (completed - first token) / (decode - 1)
+  (time per output token, TPOT; NaN for single-token requests)
+- request_num_restarts = preemptions (recomputation restarts)
+Overall: makespan, throughput (requests/s, output tokens/s), percentiles, KV occupancy samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reference.sim.workload import FloatArray, IntArray, Workload
+
+NAN = float("nan")
+
+
+@dataclass
+class RequestMetrics:
+    """Arrays indexed by request number."""
+
+    arrived: FloatArray
+    prefill: IntArray
+    decode: IntArray
+    scheduled: FloatArray
+    first_token: FloatArray
+    completed: FloatArray
+    restarts: IntArray
+    replica: IntArray
+
+    @classmethod
+    def for_workload(cls, w: Workload) -> RequestMetrics:
+        n = len(w)
+        return cls(
+            w.arrived_at,
+            w.prefill,
+            w.decode,
+            np.full(n, NAN),
+            np.full(n, NAN),
+            np.full(n, NAN),
+            np.zeros(n, dtype=np.int64),
+            np.full(n, -1, dtype=np.int64),
+        )
+
+    def columns(self) -> dict[str, FloatArray]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(
+                self.decode > 1,
+                (self.completed - self.first_token) / np.maximum(self.decode - 1, 1),
+                NAN,
+            )
+        return {
+            "request_e2e_time": self.completed - self.arrived,
+            "prefill_e2e_time": self.first_token - self.arrived,
+            "request_scheduling_delay": self.scheduled - self.arrived,
+            "decode_time_execution_plus_preemption_normalized": tpot,
+            "request_num_restarts": self.restarts.astype(np.float64),
+        }
+
+
+@dataclass(frozen=True)
+class Stat:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    count: int
+
+    @classmethod
+    def of(cls, values: FloatArray) -> Stat:
+        v = values[~np.isnan(values)]
+        if len(v) == 0:
+            return cls(NAN, NAN, NAN, NAN, 0)
+        p50, p90, p99 = np.percentile(v, [50, 90, 99])
+        return cls(float(v.mean()), float(p50), float(p90), float(p99), len(v))
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            k: (None if isinstance(v, float) and math.isnan(v) else v)  # type: ignore[misc]
+            for k, v in (
+                ("mean", self.mean),
+                ("p50", self.p50),
+                ("p90", self.p90),
+                ("p99", self.p99),
+                ("count", self.count),
+            )
+        }
+
+
+@dataclass
+class Summary:
+    num_requests: int
+    completed: int
+    aborted: int
+    makespan: float
+    throughput_rps: float
+    throughput_tokens: float  # output tokens per second
+    stats: dict[str, Stat] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "num_requests": self.num_requests,
+            "completed": self.completed,
+            "aborted": self.aborted,
+            "makespan": self.makespan,
+            "throughput_rps": self.throughput_rps,
+            "throughput_output_tokens_per_s": self.throughput_tokens,
+            **{k: s.as_dict() for k, s in self.stats.items()},
+        }
+
+
+def summarize(m: RequestMetrics, aborted: int = 0) -> Summary:
+    done = ~np.isnan(m.completed)
+    n_done = int(done.sum())
+    start = float(m.arrived.min()) if len(m.arrived) else 0.0
+    end = float(m.completed[done].max()) if n_done else start
+    span = max(end - start, 1e-12)
+    tokens = float(m.decode[done].sum())
+    return Summary(
+        len(m.arrived),
+        n_done,
+        aborted,
+        end - start,
+        n_done / span,
+        tokens / span,
+        {k: Stat.of(v) for k, v in m.columns().items()},
+    )

@@ -1,0 +1,192 @@
+"""Arrivals: Vidur trace CSVs and synthetic generators (Poisson, bursts, fixed interval).
+
+A `Workload` is three parallel numpy arrays (arrival time in seconds, prefill tokens, decode
+tokens), sorted by arrival; request `i` is row `i`. Arrays rather than objects so a million
+requests cost a few tens of MB and load in well under a second.
+
+Vidur's trace format (`data/processed_traces/*.csv` in microsoft/vidur): a header with at least
+`arrived_at,num_prefill_tokens,num_decode_tokens` (extra columns are ignored), arrivals in
+seconds, non-decreasing. As in Vidur, `num_decode_tokens` counts every output token including
+the one the prefill produces.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from reference.sim.errors import SimConfigError, TraceError
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrived_at: FloatArray
+    prefill: IntArray
+    decode: IntArray
+
+    def __post_init__(self) -> None:
+        n = len(self.arrived_at)
+        if len(self.prefill) != n or len(self.decode) != n:
+            raise SimConfigError(
+                "workload", (n, len(self.prefill), len(self.decode)), "arrays of equal length"
+            )
+        if n and (np.any(np.diff(self.arrived_at) < 0) or self.arrived_at[0] < 0):
+            raise SimConfigError("arrived_at", "unsorted", "non-negative, non-decreasing times")
+        if n and (self.prefill.min() < 1 or self.decode.min() < 1):
+            raise SimConfigError("tokens", "< 1", "every request has >= 1 prefill and decode token")
+
+    def __len__(self) -> int:
+        return len(self.arrived_at)
+
+    @property
+    def total_tokens(self) -> IntArray:
+        return self.prefill + self.decode
+
+    def head(self, n: int) -> Workload:
+        return Workload(self.arrived_at[:n], self.prefill[:n], self.decode[:n])
+
+    def to_csv(self, path: Path) -> None:
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(TRACE_COLUMNS)
+            for t, p, d in zip(self.arrived_at, self.prefill, self.decode, strict=True):
+                w.writerow((repr(float(t)), int(p), int(d)))
+
+
+def _number(path: str, line: int, column: str, text: str, integer: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, f"{column}={text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise TraceError(path, line, f"{column}={text!r} is not finite")
+    if value < 0:
+        raise TraceError(path, line, f"{column}={text!r} is negative")
+    if integer:
+        if value != int(value):
+            raise TraceError(path, line, f"{column}={text!r} is not a whole number of tokens")
+        if value < 1:
+            raise TraceError(path, line, f"{column}={text!r}: a request has at least 1 token")
+    return value
+
+
+def read_trace(path: str | Path) -> Workload:
+    """Read a Vidur trace CSV; any malformed row raises `TraceError` naming its line."""
+    name = str(path)
+    times: list[float] = []
+    pre: list[int] = []
+    dec: list[int] = []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(name, 1, f"empty file: expected a header {','.join(TRACE_COLUMNS)}")
+        cols = [h.strip() for h in header]
+        missing = [c for c in TRACE_COLUMNS if c not in cols]
+        if missing:
+            raise TraceError(name, 1, f"header lacks column(s) {', '.join(missing)}")
+        idx = [cols.index(c) for c in TRACE_COLUMNS]
+        width = max(idx) + 1
+        last = 0.0
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < width or any(not row[i].strip() for i in idx):
+                raise TraceError(name, line, f"missing column(s): got {len(row)} field(s) {row!r}")
+            t = _number(name, line, "arrived_at", row[idx[0]].strip(), False)
+            p = _number(name, line, "num_prefill_tokens", row[idx[1]].strip(), True)
+            d = _number(name, line, "num_decode_tokens", row[idx[2]].strip(), True)
+            if t < last:
+                raise TraceError(
+                    name,
+                    line,
+                    f"arrived_at={t!r} is before the previous row's {last!r}: "
+                    f"arrivals must be sorted",
+                )
+            last = t
+            times.append(t)
+            pre.append(int(p))
+            dec.append(int(d))
+    return Workload(
+        np.array(times, dtype=np.float64),
+        np.array(pre, dtype=np.int64),
+        np.array(dec, dtype=np.int64),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Token lengths: fixed (`low == high`) or uniform in [low, high]."""
+
+    low: int
+    high: int
+
+    @classmethod
+    def parse(cls, text: str | int) -> Lengths:
+        """'128' or '64-512'."""
+        s = str(text)
+        try:
+            lo, _, hi = s.partition("-")
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise SimConfigError("lengths", s, "'N' or 'LOW-HIGH' with integers >= 1") from None
+        if a < 1 or b < a:
+            raise SimConfigError("lengths", s, "'N' or 'LOW-HIGH' with 1 <= LOW <= HIGH")
+        return cls(a, b)
+
+    def draw(self, rng: np.random.Generator, n: int) -> IntArray:
+        if self.low == self.high:
+            return np.full(n, self.low, dtype=np.int64)
+        return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise SimConfigError("num_requests", n, "an integer >= 0")
+
+
+def _rate(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise SimConfigError(name, value, "a finite number > 0")
+
+
+def poisson(n: int, qps: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
+    """Poisson arrivals at `qps` requests per second."""
+    _check_n(n)
+    _rate("qps", qps)
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / qps, size=n))
+    return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))
+
+
+def bursts(
+    n: int, burst_size: int, interval: float, prefill: Lengths, decode: Lengths, seed: int = 0
+) -> Workload:
+    """`burst_size` requests arrive together every `interval` seconds."""
+    _check_n(n)
+    _rate("interval", interval)
+    if burst_size < 1:
+        raise SimConfigError("burst_size", burst_size, "an integer >= 1")
+    rng = np.random.default_rng(seed)
+    times = (np.arange(n) // burst_size).astype(np.float64) * interval
+    return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))
+
+
+def fixed(n: int, interval: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
+    """One request every `interval` seconds (interval 0 is not allowed: use bursts)."""
+    _check_n(n)
+    _rate("interval", interval)
+    rng = np.random.default_rng(seed)
+    times = np.arange(n, dtype=np.float64) * interval
+    return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))
