@@ -1,0 +1,417 @@
+"""dLLM serving in simulated time: sync vs FDFO (with and without in-place reuse).
+
+The reference dLLM scheduler (`reference.dllm.ReferenceDllmScheduler`, or any
+`spec.adapter` implementation) runs unchanged; a `ScriptedOracle` makes output block k of
+request r take F(r, k) forwards, F drawn from a `StepDist` (a user histogram or the shipped
+model's measured one). The simulator reads the scheduler's events and charges time:
+
+- each `Forward`: exec_model.batch_time(rows * block_size, 0, KV slots owned),
+- each `KvAllocated`: alloc_cost (allocating a block: KV slots, request-pool row bookkeeping,
+  req_to_token writes; FDFO without in-place reuse pays it again every round for every
+  unfinished block),
+- each round with at least one allocation: alloc_round_cost (the batched allocation path's
+  fixed cost: kernel launches, building the round's req_to_token writes),
+- each `ControlReturned`: round_overhead (the scheduler's own work per round).
+
+Ideal bound (derived in docs/results.md): with k seats always full and a forward cost that does
+not depend on which rows are done, sync completes k blocks per E[max of k draws] forwards and
+FDFO completes one block per E[F] forwards per seat, so
+
+    throughput(FDFO) / throughput(sync) <= E[max(F_1..F_k)] / E[F].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from reference.dllm import ReferenceDllmScheduler
+from reference.oracle import ScriptedOracle
+from reference.sim.errors import SimConfigError
+from reference.sim.exec_model import ExecModel, Linear
+from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import (
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    Forward,
+    KvAllocated,
+    KvFreed,
+    Submitted,
+)
+from spec.machine import SpecMachine
+
+ROUNDS_REPORT = Path(__file__).resolve().parents[2] / "gpu" / "assets" / "rounds_report.json"
+
+
+@dataclass(frozen=True)
+class StepDist:
+    """Forwards per output block (the final-KV forward included), as a discrete distribution."""
+
+    values: tuple[int, ...]
+    weights: tuple[float, ...]
+    source: str = "user"
+
+    def __post_init__(self) -> None:
+        if not self.values or len(self.values) != len(self.weights):
+            raise SimConfigError("steps", self.values, "a non-empty histogram")
+        if any(v < 2 for v in self.values):
+            raise SimConfigError(
+                "steps",
+                self.values,
+                "forwards per block >= 2 (at least one unmasking forward plus the final-KV one)",
+            )
+        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise SimConfigError("steps", self.weights, "non-negative counts with a positive sum")
+
+    @classmethod
+    def from_histogram(cls, hist: Mapping[int | str, float], source: str = "user") -> StepDist:
+        items = sorted((int(k), float(v)) for k, v in hist.items())
+        return cls(tuple(k for k, _ in items), tuple(v for _, v in items), source)
+
+    @classmethod
+    def parse(cls, text: str) -> StepDist:
+        """'3:12,4:5,9:1' (forwards:count) or 'uniform:LO-HI'."""
+        try:
+            if text.startswith("uniform:"):
+                lo, _, hi = text[8:].partition("-")
+                return cls.uniform(int(lo), int(hi))
+            pairs = (p.split(":") for p in text.split(","))
+            return cls.from_histogram({int(a): float(b) for a, b in pairs})
+        except ValueError:
+            raise SimConfigError(
+                "steps", text, "'F:COUNT,F:COUNT,...' or 'uniform:LO-HI' with F >= 2"
+            ) from None
+
+    @classmethod
+    def uniform(cls, lo: int, hi: int) -> StepDist:
+        return cls(
+            tuple(range(lo, hi + 1)), tuple(1.0 for _ in range(lo, hi + 1)), f"uniform {lo}..{hi}"
+        )
+
+    @classmethod
+    def from_report(cls, path: Path = ROUNDS_REPORT, algorithm: str = "LowConfidence") -> StepDist:
+        data = json.loads(path.read_text())
+        hist = data["algorithm"][algorithm]["histogram"]
+        return cls.from_histogram(hist, f"{path.name}:{algorithm} (block {data['block_size']})")
+
+    @classmethod
+    def default(cls, block_size: int) -> StepDist:
+        """The shipped model's measured histogram if present (and for this block size), else
+        uniform over 2..block_size+1 forwards."""
+        if ROUNDS_REPORT.exists():
+            try:
+                data = json.loads(ROUNDS_REPORT.read_text())
+                if int(data.get("block_size", -1)) == block_size:
+                    return cls.from_report(ROUNDS_REPORT)
+            except (ValueError, KeyError, OSError):
+                pass
+        return cls.uniform(2, block_size + 1)
+
+    @property
+    def probs(self) -> np.ndarray:  # type: ignore[type-arg]
+        w = np.array(self.weights, dtype=np.float64)
+        return w / w.sum()
+
+    def mean(self) -> float:
+        return float(np.dot(self.values, self.probs))
+
+    def expected_max(self, k: int) -> float:
+        """E[max of k independent draws] = sum over x of P(max >= x)."""
+        cdf = np.cumsum(self.probs)
+        vals = self.values
+        total = float(vals[0])  # max >= vals[0] always
+        for i in range(1, len(vals)):
+            total += (vals[i] - vals[i - 1]) * (1.0 - float(cdf[i - 1]) ** k)
+        return total
+
+    def ideal_ratio(self, k: int) -> float:
+        return self.expected_max(k) / self.mean()
+
+    def draw(self, rng: np.random.Generator, n: int) -> list[int]:
+        return [int(v) for v in rng.choice(self.values, size=n, p=self.probs)]
+
+    def clipped(self, block_size: int) -> StepDist:
+        """Forwards per block are at most block_size + 1 (one mask per forward at worst)."""
+        acc: dict[int, float] = {}
+        for v, w in zip(self.values, self.weights, strict=True):
+            acc[min(v, block_size + 1)] = acc.get(min(v, block_size + 1), 0.0) + w
+        return StepDist.from_histogram(acc, self.source)
+
+
+class DllmDriver(Protocol):
+    """What the simulator drives: `properties.harness.Harness` fits, as does `DirectDriver`."""
+
+    events: list[Event]
+
+    def submit(self, request: RequestSpec) -> object: ...
+
+    def round(self) -> None: ...
+
+
+class DirectDriver:
+    """Runs an implementation directly, optionally replaying its events through the spec."""
+
+    def __init__(
+        self, factory: ImplementationFactory, config: DllmConfig, check_spec: bool = False
+    ) -> None:
+        self.events: list[Event] = []
+        self.spec = SpecMachine(config) if check_spec else None
+        self.impl: SchedulerAdapter = factory(config, self._sink)
+
+    def _sink(self, e: Event) -> None:
+        self.events.append(e)
+        if self.spec is not None:
+            self.spec.apply(e)
+
+    def submit(self, request: RequestSpec) -> object:
+        self.impl.submit(request)
+        return None
+
+    def round(self) -> None:
+        self.impl.run_round()
+
+
+DriverFactory = Callable[[ImplementationFactory, DllmConfig], DllmDriver]
+
+
+@dataclass(frozen=True)
+class DllmParams:
+    block_size: int = 8
+    max_running: int = 4
+    mode: Mode = Mode.FDFO
+    in_place_reuse: bool = True
+    reloop: bool = False
+    num_requests: int = 64
+    gen_blocks: int = 8
+    forward: ExecModel = field(default_factory=lambda: Linear(0.020, 2e-5))
+    round_overhead: float = 0.002
+    alloc_cost: float = 0.0001
+    alloc_round_cost: float = 0.0015
+    seed: int = 0
+    arrival_interval: float = 0.0  # 0: all requests at t=0 (offline throughput, as GSM8K runs)
+
+    def config(self) -> DllmConfig:
+        b = self.block_size
+        ctx = (1 + self.gen_blocks) * b
+        pages = self.max_running * (1 + self.gen_blocks)
+        return DllmConfig(
+            block_size=b,
+            page_size=b,
+            kv_pages=pages,
+            req_pool_rows=self.max_running,
+            max_running_requests=self.max_running,
+            max_context=ctx,
+            mode=self.mode,
+            in_place_reuse=self.in_place_reuse and self.mode is Mode.FDFO,
+            reloop=self.reloop and self.mode is Mode.FDFO,
+        )
+
+    def label(self) -> str:
+        if self.mode is Mode.SYNC:
+            return "sync"
+        return (
+            "fdfo" + ("+reuse" if self.in_place_reuse else "") + ("+reloop" if self.reloop else "")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    index: int
+    start: float
+    end: float
+    forwards: int
+    rows: tuple[str, ...]
+
+
+@dataclass
+class DllmResult:
+    params: DllmParams
+    makespan: float
+    output_tokens: int
+    forwards: int
+    rounds: int
+    allocations: int
+    completion: dict[str, float]
+    arrival: dict[str, float]
+    rounds_log: list[RoundRecord]
+    kv_samples: list[tuple[float, int]]
+    kv_slots: int
+    event_times: list[float]
+
+    @property
+    def throughput(self) -> float:
+        return self.output_tokens / self.makespan if self.makespan > 0 else math.nan
+
+    def as_dict(self) -> dict[str, object]:
+        lat = [self.completion[r] - self.arrival[r] for r in self.completion]
+        return {
+            "label": self.params.label(),
+            "max_running_requests": self.params.max_running,
+            "makespan_s": self.makespan,
+            "output_tokens": self.output_tokens,
+            "throughput_tokens_per_s": self.throughput,
+            "forwards": self.forwards,
+            "rounds": self.rounds,
+            "kv_allocations": self.allocations,
+            "mean_latency_s": float(np.mean(lat)) if lat else None,
+        }
+
+
+def scripted_factory(draws: Mapping[tuple[str, int], int]) -> ImplementationFactory:
+    """The reference scheduler whose output block k of request r unmasks in draws[r, k] - 1
+    forwards (plus the final-KV forward)."""
+
+    def pattern(rid: str, k: int) -> int:
+        return max(1, draws.get((rid, k), 2) - 1)
+
+    def factory(config: DllmConfig, sink: EventSink) -> SchedulerAdapter:
+        return ReferenceDllmScheduler(config, sink, ScriptedOracle(pattern, config.mask_token_id))
+
+    return factory
+
+
+def simulate_dllm(
+    params: DllmParams,
+    dist: StepDist,
+    driver: DriverFactory | None = None,
+    check_spec: bool = False,
+    max_rounds: int = 10_000_000,
+) -> DllmResult:
+    config = params.config()
+    b = config.block_size
+    dist = dist.clipped(b)
+    rng = np.random.default_rng(params.seed)
+    rids = [f"r{i}" for i in range(params.num_requests)]
+    flat = dist.draw(rng, params.num_requests * params.gen_blocks)
+    draws = {
+        (rid, 1 + j): flat[i * params.gen_blocks + j]
+        for i, rid in enumerate(rids)
+        for j in range(params.gen_blocks)
+    }
+    factory = scripted_factory(draws)
+    drv: DllmDriver = (
+        driver(factory, config) if driver is not None else DirectDriver(factory, config, check_spec)
+    )
+    arrivals = [i * params.arrival_interval for i in range(params.num_requests)]
+    prompt = tuple(1 + (i % 7) for i in range(b))  # one whole prompt block
+    new_tokens = params.gen_blocks * b
+    now = 0.0
+    nxt = 0
+    active = 0
+    seen = 0
+    owned = 0
+    forwards = rounds = allocations = 0
+    output_tokens = 0
+    completion: dict[str, float] = {}
+    arrival: dict[str, float] = {}
+    rounds_log: list[RoundRecord] = []
+    kv_samples: list[tuple[float, int]] = [(0.0, 0)]
+    times: list[float] = []
+    model = params.forward
+    for _ in range(max_rounds):
+        while nxt < len(rids) and arrivals[nxt] <= now:
+            drv.submit(RequestSpec(rids[nxt], prompt, new_tokens))
+            arrival[rids[nxt]] = arrivals[nxt]
+            nxt += 1
+        if active == 0 and seen == len(drv.events) and nxt == len(rids):
+            break
+        seen_before = seen
+        start = now
+        drv.round()
+        round_forwards = 0
+        round_rows: set[str] = set()
+        round_allocs = 0
+        for e in drv.events[seen_before:]:
+            if isinstance(e, Submitted):
+                active += 1
+            elif isinstance(e, Forward):
+                now += model.batch_time(len(e.rows) * b, 0, owned, 0)
+                forwards += 1
+                round_forwards += 1
+                round_rows.update(r.request_id for r in e.rows)
+                kv_samples.append((now, owned))
+            elif isinstance(e, KvAllocated):
+                owned += len(e.slots)
+                allocations += 1
+                now += params.alloc_cost
+                if round_allocs == 0:
+                    now += params.alloc_round_cost
+                round_allocs += 1
+            elif isinstance(e, KvFreed):
+                owned -= len(e.slots)
+            elif isinstance(e, BlockCommitted):
+                pass
+            elif isinstance(e, Finished):
+                completion[e.request_id] = now
+                output_tokens += new_tokens
+                active -= 1
+            elif isinstance(e, ControlReturned):
+                now += params.round_overhead
+                rounds += 1
+            times.append(now)
+        seen = len(drv.events)
+        rounds_log.append(
+            RoundRecord(rounds - 1, start, now, round_forwards, tuple(sorted(round_rows)))
+        )
+        if active == 0 and nxt < len(rids) and arrivals[nxt] > now:
+            now = arrivals[nxt]
+    else:
+        raise SimConfigError("max_rounds", max_rounds, "more rounds (the run did not finish)")
+    return DllmResult(
+        params,
+        now,
+        output_tokens,
+        forwards,
+        rounds,
+        allocations,
+        completion,
+        arrival,
+        rounds_log,
+        kv_samples,
+        config.kv_slots,
+        times,
+    )
+
+
+def sweep(
+    dist: StepDist,
+    seats: tuple[int, ...] = (1, 2, 4, 8, 16),
+    base: DllmParams | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, object]]:
+    """Throughput of sync, FDFO without reuse and FDFO with reuse at each seat count."""
+    base = base or DllmParams()
+    rows: list[dict[str, object]] = []
+    for k in seats:
+        res: dict[str, DllmResult] = {}
+        for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)):
+            p = DllmParams(
+                **{**base.__dict__, "max_running": k, "mode": mode, "in_place_reuse": reuse}
+            )
+            r = simulate_dllm(p, dist)
+            res[p.label()] = r
+            if progress is not None:
+                progress(f"max_running={k} {p.label()}: {r.throughput:.1f} tok/s")
+        sync = res["sync"].throughput
+        rows.append(
+            {
+                "max_running_requests": k,
+                "sync_tok_s": sync,
+                "fdfo_tok_s": res["fdfo"].throughput,
+                "fdfo_reuse_tok_s": res["fdfo+reuse"].throughput,
+                "fdfo_over_sync": res["fdfo"].throughput / sync,
+                "fdfo_reuse_over_sync": res["fdfo+reuse"].throughput / sync,
+                "reuse_gain": res["fdfo+reuse"].throughput / res["fdfo"].throughput - 1.0,
+                "ideal_bound": dist.clipped(base.block_size).ideal_ratio(k),
+            }
+        )
+    return rows
