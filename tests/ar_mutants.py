@@ -24,7 +24,7 @@ class PreemptsHead(VllmV1Scheduler):
     """Preempts the head of the unscheduled running requests instead of the tail."""
 
     def _pick_victim(self, req: ArReq, index: int) -> ArReq:
-        return [r for r in self.running if r.rid not in self.scheduled][0]
+        return next(r for r in self.running if r.rid not in self.scheduled)
 
 
 class PreemptsScheduled(VllmV1Scheduler):

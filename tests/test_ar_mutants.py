@@ -4,14 +4,17 @@ suite FAIL, naming the right rule (`SpecViolation.rule`) with a replayable progr
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from properties.ar.conformance import ar_conformance_machine
 from properties.verify import failure_from, run_machine
 from spec.errors import SpecViolation
 from tests.ar_mutants import AR_MUTANTS
 
+# The hunt finds every mutant within a second or two; shrinking (minutes on a shared machine)
+# is exercised once, by `test_ar_counterexample_is_shrunk`.
 HUNT = settings(
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     max_examples=300,
     derandomize=True,
     deadline=None,
@@ -34,3 +37,14 @@ def test_ar_suite_catches_mutant(name: str) -> None:
     assert "state:" in failure.message
     assert "state.configure(config=" in failure.program
     assert "state.submit(" in failure.program
+
+
+def test_ar_counterexample_is_shrunk() -> None:
+    """With shrinking on, the printed program is short and replays the bug."""
+    mutant = AR_MUTANTS["budget_overflow"]
+    machine = ar_conformance_machine(mutant.factory, configs=mutant.configs)
+    err, printed = run_machine(machine, settings(HUNT, phases=list(Phase)))
+    assert isinstance(err, SpecViolation) and err.rule == "token_budget"
+    program = failure_from(err, printed).program
+    assert program.count("state.submit(") == 1, program
+    assert program.count("state.step()") == 1, program

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from properties.ar.harness import ArHarness
-from properties.ar.strategies import ar_configs
+from properties.ar.strategies import ar_configs, request_sizes
 from properties.conformance import StepCounter
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -66,22 +66,21 @@ def ar_conformance_machine(
 
         @rule(
             target=requests,
-            prompt_len=st.integers(1, 20),
-            max_tokens=st.integers(1, 12),
+            data=st.data(),
             stop_after=st.none() | st.integers(1, 12),
             priority=st.integers(0, 3),
             predicted_len=st.none() | st.integers(1, 12),
         )
         def submit(
             self,
-            prompt_len: int,
-            max_tokens: int,
+            data: st.DataObject,
             stop_after: int | None,
             priority: int,
             predicted_len: int | None,
         ) -> object:
             """Submit a request (rejected with a typed error if it cannot fit the config)."""
             count.steps += 1
+            prompt_len, max_tokens = data.draw(request_sizes(self.harness.config), "sizes")
             rid = f"r{self.next_id}"
             self.next_id += 1
             req = ArRequest(
@@ -95,6 +94,18 @@ def ar_conformance_machine(
             )
             err = self.harness.submit(req)
             return multiple() if err is not None else rid
+
+        @rule(data=st.data(), n=st.integers(2, 4))
+        def submit_burst(self, data: st.DataObject, n: int) -> None:
+            """Several requests arrive together (queueing and preemption pressure)."""
+            count.steps += 1
+            for _ in range(n):
+                prompt_len, max_tokens = data.draw(request_sizes(self.harness.config), "sizes")
+                rid = f"r{self.next_id}"
+                self.next_id += 1
+                self.harness.submit(
+                    ArRequest(rid, prompt_len, max_tokens, arrival_time=float(self.next_id))
+                )
 
         @rule(request=consumes(requests))
         def abort(self, request: str) -> None:

@@ -31,7 +31,7 @@ def ar_configs(
     budget = draw(st.integers(low, max(low, 2 * max_model_len)))
     one = -(-(max_model_len - 1) // bs)  # blocks one request can hold at most
     reserve = draw(st.booleans())
-    usable = draw(st.integers(one, 3 * one + 2))
+    usable = draw(st.integers(one, 2 * one + 1))
     threshold = 0
     if chunk and thresholds and draw(st.booleans()):
         threshold = draw(st.integers(1, max_model_len))
@@ -51,3 +51,13 @@ def ar_configs(
         num_stages=draw(st.sampled_from(stages)),
         num_replicas=draw(st.sampled_from(replicas)),
     )
+
+
+@st.composite
+def request_sizes(draw: st.DrawFn, config: ArConfig) -> tuple[int, int]:
+    """(prompt_len, max_tokens): valid most of the time, sometimes longer than max_model_len."""
+    limit = config.max_model_len
+    prompt = draw(st.integers(1, limit - 1))
+    room = limit - prompt
+    max_tokens = draw(st.one_of(st.integers(1, room), st.integers(1, limit)))
+    return prompt, max_tokens

@@ -19,9 +19,9 @@ One step (decisions as in vLLM v1's `Scheduler.schedule`, read for facts, writte
 
 from __future__ import annotations
 
+from reference.ar.base import ArReq, ArSchedulerBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from reference.ar.base import ArReq, ArSchedulerBase
 
 
 class VllmV1Scheduler(ArSchedulerBase):

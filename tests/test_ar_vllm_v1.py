@@ -1,0 +1,119 @@
+"""The reference vllm-v1 scheduler: conformance under every policy, hand-checked decisions,
+bad configuration and bad requests."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from properties.ar.conformance import ar_conformance_machine
+from properties.ar.harness import ArHarness
+from properties.ar.strategies import ar_configs
+from reference.ar.vllm_v1 import make_vllm_v1
+from spec.ar.config import ArConfig, ArRequest, ArRequestTooLong, Policy
+from spec.ar.events import ArFinished, ArFinishReason, ArPreempted, ArScheduled
+from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
+
+RUN = settings(
+    max_examples=60,
+    deadline=None,
+    stateful_step_count=30,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.mark.parametrize("policy", list(Policy), ids=[p.value for p in Policy])
+def test_vllm_v1_conforms(policy: Policy) -> None:
+    machine = ar_conformance_machine(make_vllm_v1, configs=ar_configs(policies=(policy,)))
+    run_state_machine_as_test(machine, settings=RUN)
+
+
+def _h(**kw: object) -> ArHarness:
+    return ArHarness(make_vllm_v1, ArConfig(**kw))  # type: ignore[arg-type]
+
+
+def test_chunked_prefill_then_decode() -> None:
+    h = _h(block_size=4, num_blocks=9, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=16)
+    h.submit(ArRequest("a", 10, 3))
+    h.drain()
+    sched = [e.num_tokens for e in h.events if isinstance(e, ArScheduled)]
+    assert sched == [4, 4, 2, 1, 1]  # chunks of the budget, then one token per decode step
+    assert h.outputs() == {"a": 3}
+
+
+def test_long_prefill_threshold() -> None:
+    h = _h(max_num_batched_tokens=16, max_model_len=16, long_prefill_token_threshold=3)
+    h.submit(ArRequest("a", 7, 1))
+    h.drain()
+    assert [e.num_tokens for e in h.events if isinstance(e, ArScheduled)] == [3, 3, 1]
+
+
+def test_preempts_the_tail_and_recomputes() -> None:
+    # 4 usable blocks of 2 tokens; two requests that each grow to 4 blocks.
+    h = _h(block_size=2, num_blocks=5, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=9)
+    h.submit(ArRequest("a", 3, 5))
+    h.submit(ArRequest("b", 3, 5))
+    h.drain()
+    pre = [e for e in h.events if isinstance(e, ArPreempted)]
+    assert pre and pre[0].request_id == "b"  # the tail, never the head
+    assert h.outputs() == {"a": 5, "b": 5}
+    assert 0 not in {b for e in pre for b in e.freed}  # the null block is never handed out
+
+
+def test_priority_preempts_lowest_priority() -> None:
+    h = _h(
+        block_size=2,
+        num_blocks=5,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        max_model_len=9,
+        policy="priority",
+    )
+    h.submit(ArRequest("low", 3, 5, priority=5))
+    h.submit(ArRequest("high", 3, 5, priority=0))
+    h.drain()
+    pre = [e.request_id for e in h.events if isinstance(e, ArPreempted)]
+    assert pre and set(pre) == {"low"}
+
+
+def test_stop_token_and_abort_from_every_state() -> None:
+    h = _h(max_num_seqs=1)
+    h.submit(ArRequest("s", 2, 8, stop_after=2))
+    h.submit(ArRequest("w", 2, 8))
+    h.step()
+    h.abort("w")  # waiting
+    h.drain()
+    fin = [e for e in h.events if isinstance(e, ArFinished)]
+    assert fin == [ArFinished("s", ArFinishReason.STOP)]
+    h.submit(ArRequest("r", 2, 8))
+    h.step()
+    h.abort("r")  # running, holding blocks
+    assert isinstance(h.abort("r"), UnknownRequest)
+    assert h.impl.snapshot().held_blocks() == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "kw"),
+    [
+        ("block_size", {"block_size": 0}),
+        ("max_num_batched_tokens", {"max_num_batched_tokens": 0}),
+        ("max_num_seqs", {"max_num_seqs": 0}),
+        ("num_blocks", {"num_blocks": 1}),
+        ("max_num_batched_tokens", {"max_num_seqs": 8, "max_num_batched_tokens": 4}),
+        ("max_num_batched_tokens", {"enable_chunked_prefill": False}),
+        ("policy", {"policy": "lottery"}),
+        ("long_prefill_token_threshold", {"long_prefill_token_threshold": -1}),
+    ],
+)
+def test_bad_config_names_the_field(field: str, kw: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as err:
+        ArConfig(**kw)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_bad_requests_are_typed_errors() -> None:
+    h = _h(block_size=4, num_blocks=3, max_model_len=32)  # 2 usable blocks = 8 tokens
+    assert isinstance(h.submit(ArRequest("long", 30, 8)), ArRequestTooLong)
+    assert isinstance(h.submit(ArRequest("huge", 10, 2)), RequestTooLarge)
+    assert h.events == []  # nothing was accepted, nothing loops
