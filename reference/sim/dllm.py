@@ -35,6 +35,7 @@ from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import ExecModel, Linear
+from reference.sim.workload import FloatArray
 from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import (
@@ -73,7 +74,7 @@ class StepDist:
             raise SimConfigError("steps", self.weights, "non-negative counts with a positive sum")
 
     @classmethod
-    def from_histogram(cls, hist: Mapping[int | str, float], source: str = "user") -> StepDist:
+    def from_histogram(cls, hist: Mapping[int, float] | Mapping[str, float], source: str = "user") -> StepDist:
         items = sorted((int(k), float(v)) for k, v in hist.items())
         return cls(tuple(k for k, _ in items), tuple(v for _, v in items), source)
 
@@ -117,9 +118,10 @@ class StepDist:
         return cls.uniform(2, block_size + 1)
 
     @property
-    def probs(self) -> np.ndarray:  # type: ignore[type-arg]
-        w = np.array(self.weights, dtype=np.float64)
-        return w / w.sum()
+    def probs(self) -> FloatArray:
+        w: FloatArray = np.array(self.weights, dtype=np.float64)
+        out: FloatArray = w / w.sum()
+        return out
 
     def mean(self) -> float:
         return float(np.dot(self.values, self.probs))

@@ -13,6 +13,7 @@ import numpy as np
 from reference.sim.cluster import BatchRecord
 from reference.sim.dllm import DllmResult
 from reference.sim.sbs import Span
+from reference.sim.workload import FloatArray
 
 Trace = dict[str, Any]
 
@@ -118,8 +119,8 @@ def _pyplot() -> Any:
 
 
 def latency_cdfs(
-    series: Mapping[str, Mapping[str, np.ndarray]],
-    path: Path,  # type: ignore[type-arg]
+    series: Mapping[str, Mapping[str, FloatArray]],
+    path: Path,
     title: str,
 ) -> Path:
     """series: label -> {metric name -> values}; one panel per metric, one line per label."""
@@ -147,7 +148,7 @@ def gantt_rounds(results: Mapping[str, DllmResult], path: Path, max_rounds: int 
     """One lane per run: each round a bar (start, end) in simulated seconds."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 0.7 + 0.6 * len(results)))
-    for lane, (label, r) in enumerate(results.items()):
+    for lane, (_label, r) in enumerate(results.items()):
         bars = [(rec.start, rec.end - rec.start) for rec in r.rounds_log[:max_rounds]]
         ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=["#4477aa", "#88aadd"] * len(bars))
     ax.set_yticks(range(len(results)), list(results))

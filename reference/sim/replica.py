@@ -267,7 +267,7 @@ class ArReplica:
                         first.append(int(rid))
             elif isinstance(e, ArPreempted):
                 self.computed[e.request_id] = 0
-                self.blocks -= len(e.blocks)
+                self.blocks -= len(e.freed)
                 restarted.append(int(e.request_id))
             elif isinstance(e, ArBlocksAllocated):
                 self.blocks += len(e.blocks)
@@ -277,15 +277,14 @@ class ArReplica:
                 done.append(int(e.request_id))
                 for d in (self.prompt, self.computed, self.outputs):
                     d.pop(e.request_id, None)
-        if seqs == 0:
-            if not done and not restarted:
-                raise Unschedulable(
-                    -1,
-                    0,
-                    self.kv_capacity,
-                    f"resources: the {type(self.impl).__name__} scheduler "
-                    f"made no progress with {self._out} request(s) outstanding",
-                )
+        if seqs == 0 and not done and not restarted:
+            raise Unschedulable(
+                -1,
+                0,
+                self.kv_capacity,
+                f"resources: the {type(self.impl).__name__} scheduler "
+                f"made no progress with {self._out} request(s) outstanding",
+            )
         self._result = (first, done, restarted)
         self._out -= len(done)
         return (pre, dec, kv_before, pairs, seqs)

@@ -434,10 +434,9 @@ def simulate_sbs(
                 start_prefill(x, now)
         elif kind == DECODE_END:
             end_decode(x, now)
-        elif kind == TIMER:
-            if sbs and now >= timer_at:
-                timer_at = -1.0
-                try_dispatch(now)
+        elif kind == TIMER and sbs and now >= timer_at:
+            timer_at = -1.0
+            try_dispatch(now)
     if done_count != n:
         raise SimConfigError("workload", n, f"only {done_count} requests completed (stalled)")
     return SbsResult(
