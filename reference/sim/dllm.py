@@ -74,7 +74,9 @@ class StepDist:
             raise SimConfigError("steps", self.weights, "non-negative counts with a positive sum")
 
     @classmethod
-    def from_histogram(cls, hist: Mapping[int, float] | Mapping[str, float], source: str = "user") -> StepDist:
+    def from_histogram(
+        cls, hist: Mapping[int, float] | Mapping[str, float], source: str = "user"
+    ) -> StepDist:
         items = sorted((int(k), float(v)) for k, v in hist.items())
         return cls(tuple(k for k, _ in items), tuple(v for _, v in items), source)
 

@@ -1,0 +1,408 @@
+"""`schedspec simulate dllm|sbs|replicas ... [--json PATH] [--plots DIR] [--trace PATH]`.
+
+Progress goes to stderr; results to stdout (a short table) and, with --json, to a file.
+Typed errors (`SchedSpecError`) propagate to the caller, which prints them and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reference.sim import workload as wl
+from reference.sim.errors import SimConfigError
+from reference.sim.exec_model import parse_model
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    t0 = time.perf_counter()
+
+    step = [0]
+
+    def report(done: int, total: int) -> None:
+        if done < total and done * 10 < (step[0] + 1) * total:
+            return
+        step[0] = done * 10 // max(total, 1)
+        el = time.perf_counter() - t0
+        print(
+            f"\r{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%, {el:.1f}s)",
+            end="" if done < total else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _dump(obj: object, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj, indent=2, default=str))
+        _say(f"wrote {path}")
+
+
+def _workload(args: argparse.Namespace) -> wl.Workload:
+    if args.trace_csv:
+        return wl.read_trace(args.trace_csv)
+    pre, dec = wl.Lengths.parse(args.prefill), wl.Lengths.parse(args.decode)
+    if args.arrivals == "poisson":
+        return wl.poisson(args.requests, args.qps, pre, dec, args.seed)
+    if args.arrivals == "bursts":
+        return wl.bursts(
+            args.requests, args.burst, 1.0 / args.qps * args.burst, pre, dec, args.seed
+        )
+    return wl.fixed(args.requests, 1.0 / args.qps, pre, dec, args.seed)
+
+
+def _add_workload(
+    p: argparse.ArgumentParser, qps: float, requests: int, prefill: str, decode: str
+) -> None:
+    p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
+    p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), default="poisson")
+    p.add_argument("--qps", type=float, default=qps)
+    p.add_argument("--burst", type=int, default=8, help="requests per burst (--arrivals bursts)")
+    p.add_argument("--requests", type=int, default=requests)
+    p.add_argument("--prefill", default=prefill, help="prompt tokens: N or LOW-HIGH")
+    p.add_argument("--decode", default=decode, help="output tokens: N or LOW-HIGH")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--plots", help="write PNG plots into this directory")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="schedspec simulate", description=__doc__)
+    sub = ap.add_subparsers(dest="what", required=True)
+
+    d = sub.add_parser("dllm", help="dLLM sync vs FDFO (with/without in-place reuse) sweep")
+    d.add_argument("--block-size", type=int, default=8)
+    d.add_argument(
+        "--steps",
+        help="forwards per block: 'F:COUNT,...' or 'uniform:LO-HI' "
+        "(default: gpu/assets/rounds_report.json if present, else uniform)",
+    )
+    d.add_argument("--steps-report", help="a rounds_report.json to read the histogram from")
+    d.add_argument("--algorithm", default="LowConfidence")
+    d.add_argument("--seats", default="1,2,4,8,16", help="max_running_requests values")
+    d.add_argument("--requests", type=int, default=128)
+    d.add_argument("--gen-blocks", type=int, default=16)
+    d.add_argument(
+        "--forward",
+        default="linear:0.020,2e-5,0",
+        help="forward time model (see exec_model.parse_model)",
+    )
+    d.add_argument("--round-overhead", type=float, default=0.002)
+    d.add_argument("--alloc-cost", type=float, default=0.0001)
+    d.add_argument("--alloc-round-cost", type=float, default=0.0015)
+    d.add_argument("--seed", type=int, default=0)
+    _add_outputs(d)
+
+    s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
+    s.add_argument("--dp-units", type=int, default=16)
+    s.add_argument("--batch-time", type=float, default=0.1, help="T of the queueing model (s)")
+    s.add_argument("--prefill-instances", type=int, default=2)
+    s.add_argument("--decode-units", type=int, default=32)
+    _add_workload(s, 120.0, 6000, "256-4096", "64-512")
+    _add_outputs(s)
+
+    r = sub.add_parser("replicas", help="replica-level simulation (Vidur tiers)")
+    r.add_argument("--replicas", type=int, default=4)
+    r.add_argument(
+        "--scheduler",
+        default="simple",
+        help="'simple' or an AR factory 'module:callable' (e.g. "
+        "reference.ar.vllm_v1:make_scheduler)",
+    )
+    r.add_argument(
+        "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
+    )
+    r.add_argument("--exec-model", default="roofline:llama3-8b@h100")
+    r.add_argument("--max-batch", type=int, default=128)
+    r.add_argument("--kv-tokens", type=int, default=200_000)
+    r.add_argument("--max-prefill-tokens", type=int, default=4096)
+    _add_workload(r, 10.0, 2000, "64-1024", "16-256")
+    _add_outputs(r)
+    return ap
+
+
+def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
+    from reference.sim.dllm import DllmParams, StepDist, simulate_dllm, sweep
+    from spec.config import Mode
+
+    if args.steps:
+        dist = StepDist.parse(args.steps)
+    elif args.steps_report:
+        dist = StepDist.from_report(Path(args.steps_report), args.algorithm)
+    else:
+        dist = StepDist.default(args.block_size)
+    seats = tuple(int(x) for x in args.seats.split(","))
+    base = DllmParams(
+        block_size=args.block_size,
+        num_requests=args.requests,
+        gen_blocks=args.gen_blocks,
+        forward=parse_model(args.forward),
+        round_overhead=args.round_overhead,
+        alloc_cost=args.alloc_cost,
+        alloc_round_cost=args.alloc_round_cost,
+        seed=args.seed,
+    )
+    _say(f"step distribution: {dist.source}, mean {dist.mean():.2f} forwards per block")
+    rows = sweep(dist, seats, base, progress=_say)
+    out: dict[str, Any] = {
+        "distribution": {
+            "source": dist.source,
+            "values": dist.values,
+            "weights": dist.weights,
+            "mean": dist.mean(),
+        },
+        "sweep": rows,
+        "sglang_reported": {
+            "fdfo_over_sync": {"4": 1.30, "16": 1.45},
+            "reuse_gain": {"4": 0.074, "16": 0.013},
+        },
+    }
+    print(
+        f"{'seats':>5} {'sync tok/s':>11} {'fdfo':>8} {'fdfo+reuse':>10} {'ratio':>6} "
+        f"{'ratio+reuse':>11} {'reuse':>7} {'bound':>6}"
+    )
+    for row in rows:
+        print(
+            f"{row['max_running_requests']:>5} {row['sync_tok_s']:>11.1f} "
+            f"{row['fdfo_tok_s']:>8.1f} {row['fdfo_reuse_tok_s']:>10.1f} "
+            f"{row['fdfo_over_sync']:>6.3f} {row['fdfo_reuse_over_sync']:>11.3f} "
+            f"{100 * row['reuse_gain']:>6.1f}% {row['ideal_bound']:>6.3f}"
+        )
+    if args.plots or args.trace:
+        from reference.sim import export
+
+        k = 4 if 4 in seats else seats[0]
+        runs = {}
+        for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)):
+            p = DllmParams(
+                **{
+                    **base.__dict__,
+                    "max_running": k,
+                    "mode": mode,
+                    "in_place_reuse": reuse,
+                    "num_requests": min(16, args.requests),
+                }
+            )
+            runs[f"{p.label()} k={k}"] = simulate_dllm(p, dist)
+        if args.trace:
+            export.write_trace(export.trace_dllm(runs), Path(args.trace))
+            _say(f"wrote {args.trace}")
+        if args.plots:
+            d = Path(args.plots)
+            export.gantt_rounds(runs, d / "dllm_rounds_gantt.png")
+            export.kv_occupancy(
+                {lbl: [(t, float(v)) for t, v in r.kv_samples] for lbl, r in runs.items()},
+                next(iter(runs.values())).kv_slots,
+                d / "dllm_kv.png",
+                "dLLM KV slots owned",
+            )
+            _plot_ratio(rows, d / "dllm_fdfo_vs_sync.png")
+            _say(f"wrote plots to {d}")
+    return out
+
+
+def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:
+    from reference.sim.export import _pyplot
+
+    plt = _pyplot()
+    ks = [r["max_running_requests"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot(ks, [r["fdfo_over_sync"] for r in rows], "o-", label="FDFO / sync (no reuse)")
+    ax.plot(ks, [r["fdfo_reuse_over_sync"] for r in rows], "s-", label="FDFO+reuse / sync")
+    ax.plot(ks, [r["ideal_bound"] for r in rows], "k--", label="ideal E[max_k]/E[F]")
+    ax.plot([4, 16], [1.30, 1.45], "r*", ms=10, label="SGLang #27551 (H200)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max_running_requests")
+    ax.set_ylabel("throughput ratio")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
+    from reference.sim.queueing import simulate_gated
+    from reference.sim.sbs import SbsParams, simulate_sbs
+
+    imm = simulate_gated(args.dp_units, args.batch_time, "immediate", seed=args.seed)
+    stg = simulate_gated(args.dp_units, args.batch_time, "staggered", seed=args.seed)
+    print(
+        f"gated queueing, N={args.dp_units}, T={args.batch_time}: mean wait immediate "
+        f"{imm.mean_wait:.5f} s (T/2 = {imm.formula:.5f}), staggered {stg.mean_wait:.5f} s "
+        f"(T/(2N) = {stg.formula:.5f})"
+    )
+    w = _workload(args)
+    res: dict[str, Any] = {}
+    results = {}
+    for pol in ("immediate", "sbs"):
+        params = SbsParams(
+            policy=pol,
+            dp_units=args.dp_units,
+            prefill_instances=args.prefill_instances,
+            decode_units=args.decode_units,
+            record=bool(args.trace),
+        )
+        r = simulate_sbs(w, params, progress=_progress(pol))
+        results[pol] = r
+        res[pol] = r.as_dict()
+        s = r.summary.stats
+        print(
+            f"{pol:>9}: TTFT mean {s['prefill_e2e_time'].mean:.3f} s p99 "
+            f"{s['prefill_e2e_time'].p99:.3f} s, throughput "
+            f"{r.summary.throughput_tokens:.0f} output tok/s, {r.prefill_forwards} prefill "
+            f"forwards (mean {r.mean_prefill_forward:.3f} s)"
+        )
+    out: dict[str, Any] = {
+        "dp_units": args.dp_units,
+        "batch_time": args.batch_time,
+        "mean_wait_immediate": imm.mean_wait,
+        "mean_wait_staggered": stg.mean_wait,
+        "formula_immediate": imm.formula,
+        "formula_staggered": stg.formula,
+        "deployment": res,
+    }
+    if args.trace:
+        from reference.sim import export
+
+        export.write_trace(
+            export.trace_sbs(results["sbs"].spans, args.prefill_instances), Path(args.trace)
+        )
+        _say(f"wrote {args.trace}")
+    if args.plots:
+        from reference.sim import export
+
+        export.latency_cdfs(
+            {
+                pol: {
+                    k: v
+                    for k, v in r.metrics.columns().items()
+                    if k in ("prefill_e2e_time", "request_e2e_time")
+                }
+                for pol, r in results.items()
+            },
+            Path(args.plots) / "sbs_latency_cdf.png",
+            "SBS vs immediate dispatch",
+        )
+        _say(f"wrote plots to {args.plots}")
+    return out
+
+
+def make_replicas(args: argparse.Namespace) -> list[Any]:
+    from reference.sim.replica import ArReplica, SimpleReplica
+
+    if args.scheduler == "simple":
+        return [
+            SimpleReplica(args.max_batch, args.kv_tokens, args.max_prefill_tokens)
+            for _ in range(args.replicas)
+        ]
+    mod, _, attr = args.scheduler.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise SimConfigError(
+            "scheduler", args.scheduler, f"'simple' or an importable 'module:factory' ({err})"
+        ) from None
+    from spec.ar.config import ArConfig
+
+    cfg = ArConfig(
+        block_size=16,
+        num_blocks=args.kv_tokens // 16 + 1,
+        max_num_batched_tokens=args.max_prefill_tokens,
+        max_num_seqs=args.max_batch,
+        max_model_len=args.kv_tokens // 2,
+    )
+    return [ArReplica(factory, cfg) for _ in range(args.replicas)]
+
+
+def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:
+    from reference.sim.cluster import simulate_cluster
+
+    w = _workload(args)
+    reps = make_replicas(args)
+    t0 = time.perf_counter()
+    res = simulate_cluster(
+        w,
+        reps,
+        parse_model(args.exec_model),
+        args.global_scheduler,
+        args.seed,
+        record_batches=bool(args.trace),
+        progress=_progress("requests"),
+    )
+    el = time.perf_counter() - t0
+    s = res.summary
+    print(
+        f"{len(w)} requests on {args.replicas} replicas in {el:.2f} s wall "
+        f"({len(w) / el:.0f} requests/s): makespan {s.makespan:.2f} s, "
+        f"{s.throughput_rps:.2f} req/s, e2e p50 {s.stats['request_e2e_time'].p50:.3f} s, "
+        f"TTFT p50 {s.stats['prefill_e2e_time'].p50:.3f} s"
+    )
+    out = {
+        "scheduler": args.scheduler,
+        "replicas": args.replicas,
+        "wall_s": el,
+        "batches": res.num_batches,
+        **s.as_dict(),
+    }
+    if args.trace:
+        from reference.sim import export
+
+        export.write_trace(export.trace_cluster(res.batches), Path(args.trace))
+        _say(f"wrote {args.trace}")
+    if args.plots:
+        from reference.sim import export
+
+        d = Path(args.plots)
+        cols = res.metrics.columns()
+        export.latency_cdfs(
+            {
+                args.scheduler: {
+                    k: cols[k]
+                    for k in (
+                        "request_e2e_time",
+                        "prefill_e2e_time",
+                        "decode_time_execution_plus_preemption_normalized",
+                    )
+                }
+            },
+            d / "replicas_latency_cdf.png",
+            "latency CDFs",
+        )
+        by: dict[str, list[tuple[float, float]]] = {}
+        for t, rep, used in res.kv_samples:
+            if rep < 4:
+                by.setdefault(f"replica {rep}", []).append((t, float(used)))
+        export.kv_occupancy(by, res.kv_capacity, d / "replicas_kv.png")
+        _say(f"wrote plots to {d}")
+    return out
+
+
+def simulate_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    cmd = {"dllm": cmd_dllm, "sbs": cmd_sbs, "replicas": cmd_replicas}[args.what]
+    out = cmd(args)
+    _dump(out, args.json)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(simulate_main(sys.argv[1:]))
