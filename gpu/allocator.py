@@ -70,13 +70,14 @@ class PagedKvAllocator:
         return handle
 
     def unregister(self, handle: int) -> None:
-        """Forget a handle; it must own no slot any more."""
-        if bool((self.owner_req == handle).any()):
-            raise AllocatorError(f"handle {handle} ({self._names.get(handle)!r}) still owns slots")
-        self._names.pop(handle, None)
+        """Forget a handle whose request ended. If it still owns slots (an engine bug) its name
+        is kept, so the snapshot shows the leak under the right request id."""
+        if not bool((self.owner_req == handle).any()):
+            self._names.pop(handle, None)
 
     def name(self, handle: int) -> str:
-        return self._names[handle]
+        """The request id of a handle (a placeholder for a handle already forgotten)."""
+        return self._names.get(handle, f"<released handle {handle}>")
 
     # ------------------------------------------------------------------ reservation
     def can_reserve(self, pages: int) -> bool:
@@ -177,7 +178,7 @@ class PagedKvAllocator:
         reqs = self.owner_req[used].tolist()
         blocks = self.owner_block[used].tolist()
         return {
-            int(s): (self._names.get(int(h), f"<handle {h}>"), int(k))
+            int(s): (self.name(int(h)), int(k))
             for s, h, k in zip(used.tolist(), reqs, blocks, strict=True)
         }
 

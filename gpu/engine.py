@@ -239,14 +239,10 @@ class DllmEngine:
 
     def snapshot(self) -> Snapshot:
         """Read from the allocator's owner tensors, the row-owner tensor and the running list."""
-        names = {r.handle: r.rid for r in self.running}
         return Snapshot(
             free_slots=self.allocator.free_slot_set(),
             slot_owners=self.allocator.slot_owners(),
-            rows={
-                row: names.get(h, f"<released handle {h}>")
-                for row, h in self.req_pool.held_rows().items()
-            },
+            rows={row: self.allocator.name(h) for row, h in self.req_pool.held_rows().items()},
             running=frozenset(r.rid for r in self.running),
             carrying=frozenset(r.rid for r in self.running if r.carry is not None),
         )
@@ -265,20 +261,28 @@ class DllmEngine:
             self.sink(Admitted(head.rid, head.row))
 
     def _prepare_batch(self) -> list[EngineRequest]:
-        """Give every running request a block that holds KV slots; record them in the table."""
+        """Give every running request a block that holds KV slots; record new slots in the
+        request-to-token table (one indexed write for the whole batch)."""
         writes: list[tuple[int, int, int]] = []
         for req in self.running:
-            if not req.has_block:
-                self._start_block(req)
-            elif req.block_first_slot is None:
-                self._allocate_block_kv(req)
-            else:
-                continue  # a carried block reused in place: same row, same slots
-            assert req.row is not None and req.block_first_slot is not None
-            pos = req.committed_blocks * self.config.block_size
-            writes.append((req.row, pos, req.block_first_slot))
+            if self._ensure_block_kv(req):
+                assert req.row is not None and req.block_first_slot is not None
+                pos = req.committed_blocks * self.config.block_size
+                writes.append((req.row, pos, req.block_first_slot))
         self.req_pool.write_blocks(writes, self.config.block_size)
         return list(self.running)
+
+    def _ensure_block_kv(self, req: EngineRequest) -> bool:
+        """True when the request's block got new slots this round: a new block, or a carried
+        block whose slots were freed (no reuse). A carried block that kept its slots (in-place
+        reuse) keeps its row, slots and table entries as they are."""
+        if not req.has_block:
+            self._start_block(req)
+            return True
+        if req.block_first_slot is None:
+            self._allocate_block_kv(req)
+            return True
+        return False
 
     def _start_block(self, req: EngineRequest) -> None:
         """The next block: prompt tokens at prompt positions, MASK elsewhere; fresh KV."""

@@ -1,0 +1,193 @@
+"""The suites have teeth on the torch engine: each seeded bug (a subclass of `DllmEngine`
+overriding one method) makes the harness / conformance machine FAIL, naming the right rule."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+
+from gpu.engine import DllmEngine, _algorithm, tiny_model
+from gpu.request import Carry, EngineRequest
+from properties.conformance import conformance_machine
+from properties.harness import Harness
+from properties.strategies import dllm_configs
+from properties.verify import failure_from, run_machine
+from spec.adapter import EventSink
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SpecViolation
+from spec.events import RowReleased
+
+torch.set_num_threads(1)
+
+# No shrinking: the point here is which rule fires (shrinking a torch-engine counterexample
+# costs tens of seconds on two shared cores; `schedspec verify` shrinks when a human reads it).
+HUNT = settings(
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    stateful_step_count=30,
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+# ---------------------------------------------------------------------------- mutants
+class AbortLeaksRetainedBlock(DllmEngine):
+    """SGLang #32992: releasing a request frees its committed blocks only, so aborting an FDFO
+    request leaks the unfinished block it retains for in-place reuse."""
+
+    def _release(self, req: EngineRequest) -> None:
+        self.allocator.free_blocks(req.handle, list(req.block_first_slots))
+        req.block_first_slot = None
+        req.block_first_slots.clear()
+        req.carry = None
+        if req.row is not None:
+            self.req_pool.release(req.row, req.handle)
+            self.sink(RowReleased(req.rid, req.row))
+            req.row = None
+        self.allocator.unreserve(req.pages_needed)
+
+
+class LostAlgorithmState(DllmEngine):
+    """FDFO carries incomplete_ids but not algo_state: the next round re-initialises the
+    algorithm state from the carried tokens (JointThreshold then treats generated positions as
+    prompt and forgets its edit count)."""
+
+    def _carry(self, req: EngineRequest, incomplete_ids: torch.Tensor, algo_state: object) -> None:
+        super()._carry(req, incomplete_ids, self.algorithm.init_step_state(incomplete_ids))
+
+
+class ReuseAllocatesFreshSlots(DllmEngine):
+    """In-place reuse that still allocates new slots for the carried block (and writes its KV
+    there) while the old slots stay owned."""
+
+    def _ensure_block_kv(self, req: EngineRequest) -> bool:
+        if req.carry is not None and req.block_first_slot is not None:
+            self._allocate_block_kv(req)
+            return True
+        return super()._ensure_block_kv(req)
+
+
+class ReuseWritesFreshSlotsSilently(DllmEngine):
+    """The same bug behind the allocator's back: the carried block is moved to a fresh page
+    taken straight from the free-page heap, with no event. Only the snapshot, read from the
+    allocator's owner tensors, can see it."""
+
+    def _ensure_block_kv(self, req: EngineRequest) -> bool:
+        if req.carry is not None and req.block_first_slot is not None:
+            alloc = self.allocator
+            page = heapq.heappop(alloc._free_pages)
+            start = page * alloc.page_size
+            b = alloc.block_size
+            alloc.owner_req[start : start + b] = req.handle
+            alloc.owner_block[start : start + b] = req.committed_blocks
+            alloc._page_used[page] += b
+            req.block_first_slot = start
+            return True
+        return super()._ensure_block_kv(req)
+
+
+class CarryForgetsTokens(DllmEngine):
+    """FDFO keeps algo_state but re-creates incomplete_ids from the block's initial tokens
+    (the denoised positions are lost; the row is fed its masks again)."""
+
+    def _carry(self, req: EngineRequest, incomplete_ids: torch.Tensor, algo_state: object) -> None:
+        super()._carry(req, incomplete_ids, algo_state)
+        b = self.config.block_size
+        start = req.committed_blocks * b
+        ids = [
+            req.prompt_ids[p] if p < len(req.prompt_ids) else self.mask_id
+            for p in range(start, start + b)
+        ]
+        req.carry = Carry(torch.tensor(ids, dtype=torch.long), algo_state)
+
+
+def _factory(cls: type[DllmEngine], algorithm: str = "LowConfidence") -> object:
+    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
+
+    def build(config: DllmConfig, sink: EventSink) -> DllmEngine:
+        return cls(config, sink, model=tiny_model("cpu"), algorithm=_algorithm(algorithm, **params))
+
+    return build
+
+
+def _fdfo(reuse: bool | None = None, max_running: int = 4) -> st.SearchStrategy[DllmConfig]:
+    configs = dllm_configs(modes=(Mode.FDFO,), max_running=max_running)
+    if reuse is not None:
+        configs = configs.map(lambda c: c.replace(in_place_reuse=reuse))
+    return configs
+
+
+def _busy(c: DllmConfig) -> DllmConfig:
+    """Every request admitted at once into a roomy pool: more requests mid-block at any time
+    (and room for a mutant's extra pages, so the spec, not the pool, stops it)."""
+    return c.replace(max_running_requests=4, req_pool_rows=4, kv_pages=64)
+
+
+CASES = {
+    # name: (factory, configs, expected rule)
+    "abort_leaks_retained_block": (
+        _factory(AbortLeaksRetainedBlock),
+        _fdfo(reuse=True).map(_busy),
+        "terminal_owns_nothing",
+    ),
+    "lost_algorithm_state": (
+        _factory(LostAlgorithmState, "JointThreshold"),
+        _fdfo(max_running=1),
+        "fdfo_sync_parity",
+    ),
+    "reuse_allocates_fresh_slots": (
+        _factory(ReuseAllocatesFreshSlots),
+        _fdfo(reuse=True).map(lambda c: _busy(c).replace(page_size=c.block_size)),
+        "whole_block_alloc",
+    ),
+    "carry_forgets_tokens": (
+        _factory(CarryForgetsTokens),
+        _fdfo(),
+        "carrier_continuity",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conformance_catches_engine_mutant(name: str) -> None:
+    factory, configs, rule = CASES[name]
+    machine = conformance_machine(factory, configs=configs, parity="bs1")  # type: ignore[arg-type]
+    err, printed = run_machine(machine, HUNT)
+    assert err is not None, f"the conformance suite did not catch engine mutant {name!r}"
+    failure = failure_from(err, printed)
+    assert isinstance(err, SpecViolation), err
+    assert err.rule == rule, f"{name}: expected [{rule}], got:\n{err}"
+    assert "state.configure(config=" in failure.program
+
+
+def test_silent_fresh_slots_are_caught_by_the_snapshot() -> None:
+    """No event betrays the silent move; the snapshot (allocator tensors) does, at the end of
+    the round in which it happened."""
+    config = DllmConfig(block_size=4, page_size=4, kv_pages=12, max_context=32, mode=Mode.FDFO)
+    h = Harness(_factory(ReuseWritesFreshSlotsSilently), config)  # type: ignore[arg-type]
+    h.submit(RequestSpec("a", (3, 4, 5, 6, 7), 16))
+    with pytest.raises(SpecViolation) as info:
+        for _ in range(8):
+            h.round()
+    assert info.value.rule == "snapshot_matches"
+    assert "slot owners differ" in info.value.detail
+
+
+def test_unmutated_engine_survives_the_same_hunts() -> None:
+    """Control: the real engine passes every hunt above (same configs, same settings)."""
+    from gpu.engine import make_small_engine, make_small_joint_engine
+
+    quick = settings(HUNT, max_examples=20)
+    for name, (_, configs, _) in CASES.items():
+        factory = make_small_joint_engine if name == "lost_algorithm_state" else make_small_engine
+        err, printed = run_machine(
+            conformance_machine(factory, configs=configs, parity="bs1"), quick
+        )
+        assert err is None, f"{name}: " + failure_from(err, printed).message

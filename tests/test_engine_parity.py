@@ -1,0 +1,121 @@
+"""Batch-size-1 parity of the torch engine: FDFO output bytes and per-forward logits digests
+equal sync's, as a property over generated prompts and configurations, and on the shipped
+model with the shipped prompt set (`run_parity`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu.engine import tiny_model
+from gpu.parity import VARIANTS, Variant, bs1_config, run_bs1, run_parity
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.parity import encode_tokens
+
+torch.set_num_threads(1)
+
+CPU = torch.device("cpu")
+FDFO_VARIANTS = [v for v in VARIANTS if v.mode is Mode.FDFO]
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[str, DllmConfig, DllmConfig, list[RequestSpec]]:
+    algorithm = draw(st.sampled_from(["LowConfidence", "JointThreshold"]))
+    block = draw(st.sampled_from([4, 8]))
+    page = block * draw(st.integers(1, 2))
+    variant: Variant = draw(st.sampled_from(FDFO_VARIANTS))
+    foreign = draw(st.booleans())  # the suite's ids (mask -1, EOS 15) or the tokenizer's
+    n = draw(st.integers(1, 3))
+    vocab = 16 if foreign else 49
+    low = 0 if foreign else 3  # native prompts: characters only
+    requests = [
+        RequestSpec(
+            f"r{i}",
+            tuple(draw(st.lists(st.integers(low, vocab - 1), min_size=1, max_size=20))),
+            draw(st.integers(1, 24)),
+        )
+        for i in range(n)
+    ]
+    longest = max(len(r.prompt) + r.max_new_tokens for r in requests)
+    context = -(-longest // page) * page
+    sync = bs1_config(block, page, context, VARIANTS[0])
+    fdfo = bs1_config(block, page, context, variant)
+    if foreign:
+        sync, fdfo = (c.replace(mask_token_id=-1, eos_token_id=15) for c in (sync, fdfo))
+    return algorithm, sync, fdfo, requests
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+@given(_cases())
+def test_fdfo_equals_sync_at_batch_size_1(
+    case: tuple[str, DllmConfig, DllmConfig, list[RequestSpec]],
+) -> None:
+    algorithm, sync_cfg, fdfo_cfg, requests = case
+    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
+    model = tiny_model("cpu")
+    sync = run_bs1(model, algorithm, sync_cfg, requests, CPU, "sync", params)
+    fdfo = run_bs1(model, algorithm, fdfo_cfg, requests, CPU, "fdfo", params)
+    for r in requests:
+        rid = r.request_id
+        assert encode_tokens(fdfo.outputs[rid]) == encode_tokens(sync.outputs[rid]), rid
+        assert fdfo.digests[rid] == sync.digests[rid], f"{rid}: logits differ"
+        assert sync.digests[rid], "every request runs at least one forward"
+    assert sync.leaked_slots == fdfo.leaked_slots == 0
+    assert sync.leaked_rows == fdfo.leaked_rows == 0
+
+
+def test_digests_see_a_different_model() -> None:
+    """Control: the digest comparison is not vacuous (another model, other digests)."""
+    cfg = bs1_config(4, 4, 32, VARIANTS[0])
+    req = [RequestSpec("a", (5, 6, 7), 8)]
+    one = run_bs1(tiny_model("cpu", 1), "LowConfidence", cfg, req, CPU)
+    two = run_bs1(tiny_model("cpu", 2), "LowConfidence", cfg, req, CPU)
+    assert one.digests["a"] != two.digests["a"]
+
+
+@pytest.mark.slow
+def test_run_parity_on_the_shipped_model() -> None:
+    report = run_parity("cpu", ["LowConfidence", "JointThreshold"], 4, 32)
+    assert report.identical, [c.to_json() for c in report.cases if not c.identical]
+    assert report.leaked_slots == 0 and report.leaked_rows == 0
+    assert len(report.cases) == 8
+    data = report.to_json()
+    assert data["device"] == "cpu" and data["identical"] is True and data["leaked_slots"] == 0
+    assert all(c["forwards"] > 0 for c in data["cases"])
+
+
+def test_parity_main_exit_codes(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI entry: a table, JSON, exit 0; a typed error for CUDA without CUDA."""
+    import json
+    from pathlib import Path
+
+    import gpu.parity as parity
+    from gpu.engine import DeviceUnavailable
+
+    monkeypatch.setattr(
+        parity,
+        "run_parity",
+        lambda *a, **k: run_parity(*a, **k, model=tiny_model("cpu")),
+    )
+    out = Path(str(tmp_path)) / "p.json"
+    code = parity.parity_main(
+        ["--algorithm", "LowConfidence", "--prompts", "2", "--max-new-tokens", "8"]
+        + ["--json", str(out)]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert set(data) >= {"device", "identical", "leaked_slots", "cases"}
+    assert "IDENTICAL" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceUnavailable):
+        parity.parity_main(["--device", "cuda", "--prompts", "1"])
