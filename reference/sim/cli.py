@@ -183,7 +183,7 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
             f"{row['max_running_requests']:>5} {row['sync_tok_s']:>11.1f} "
             f"{row['fdfo_tok_s']:>8.1f} {row['fdfo_reuse_tok_s']:>10.1f} "
             f"{row['fdfo_over_sync']:>6.3f} {row['fdfo_reuse_over_sync']:>11.3f} "
-            f"{100 * row['reuse_gain']:>6.1f}% {row['ideal_bound']:>6.3f}"
+            f"{100 * float(row['reuse_gain']):>6.1f}% {row['ideal_bound']:>6.3f}"
         )
     if args.plots or args.trace:
         from reference.sim import export

@@ -391,10 +391,10 @@ def sweep(
     seats: tuple[int, ...] = (1, 2, 4, 8, 16),
     base: DllmParams | None = None,
     progress: Callable[[str], None] | None = None,
-) -> list[dict[str, object]]:
+) -> list[dict[str, float]]:
     """Throughput of sync, FDFO without reuse and FDFO with reuse at each seat count."""
     base = base or DllmParams()
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, float]] = []
     for k in seats:
         res: dict[str, DllmResult] = {}
         for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)):
