@@ -108,10 +108,8 @@ def test_parity_main_exit_codes(
         lambda *a, **k: run_parity(*a, **k, model=tiny_model("cpu")),
     )
     out = Path(str(tmp_path)) / "p.json"
-    code = parity.parity_main(
-        ["--algorithm", "LowConfidence", "--prompts", "2", "--max-new-tokens", "8"]
-        + ["--json", str(out)]
-    )
+    args = ["--algorithm", "LowConfidence", "--prompts", "2", "--max-new-tokens", "8"]
+    code = parity.parity_main([*args, "--json", str(out)])
     assert code == 0
     data = json.loads(out.read_text())
     assert set(data) >= {"device", "identical", "leaked_slots", "cases"}
