@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase
+from reference.ar.vidur import VidurFasterTransformer, VidurVllm
 from reference.ar.vllm_v1 import VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from spec.ar.events import ArBlocksFreed, ArFinishReason
+from spec.ar.events import ArBlocksFreed, ArFinished, ArFinishReason
 
 
 class PreemptsHead(VllmV1Scheduler):
@@ -79,6 +80,38 @@ class BudgetOverflow(VllmV1Scheduler):
         return n
 
 
+class VidurFtMissingFree(VidurFasterTransformer):
+    """Vidur's published FasterTransformer scheduler: a request that finishes before the rest
+    of its static batch is never freed (`free_batch` frees only the final batch's requests and
+    `_pending_free_map` is never filled)."""
+
+    def _finish(self, req: ArReq, reason: ArFinishReason) -> None:
+        if any(r is not req and r.finish_reason() is None for r in self.running):
+            blocks, req.blocks = req.blocks, []  # dropped, never returned to the pool
+            self.running.remove(req)
+            self.finished[req.rid] = req
+            self.sink(ArFinished(req.rid, reason))
+            req.blocks = blocks
+            return
+        super()._finish(req, reason)
+
+
+class VidurOneFreeBlock(VidurVllm):
+    """Vidur's vLLM check as published: a running request needs one free block even when it
+    needs no new block. At an exact-fit pool it restarts the request that holds the whole pool
+    and schedules an empty batch (Vidur's simulator then idles forever)."""
+
+    def _decode_or_restart(self, req: ArReq) -> bool:
+        while self.pool.num_free < 1:
+            if self.pending:
+                self._restart(self.pending[-1])
+            else:
+                self._restart(req)
+                return False
+        self._grow_existing(req)
+        return True
+
+
 def _f(cls: type[ArSchedulerBase]) -> ArImplementationFactory:
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return cls(config, sink)
@@ -105,6 +138,10 @@ def _tight(policies: tuple[Policy, ...] = (Policy.FCFS,)) -> st.SearchStrategy[A
             max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
         )
     )
+
+
+def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
+    return ar_configs(chunked=(chunked,), thresholds=False)
 
 
 AR_MUTANTS: dict[str, ArMutant] = {
@@ -145,6 +182,25 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(BudgetOverflow),
             ar_configs(chunked=(True,)),
             "a prefill chunk one token over the step's budget",
+        ),
+        ArMutant(
+            "vidur_ft_missing_free",
+            "terminal_holds_nothing",
+            _f(VidurFtMissingFree),
+            _vidur().map(lambda c: c.replace(num_blocks=c.num_blocks + 4 * c.max_model_len)),
+            "Vidur's FasterTransformer never frees requests that finish before their batch",
+        ),
+        ArMutant(
+            "vidur_one_free_block",
+            "progress",
+            _f(VidurOneFreeBlock),
+            _vidur().map(
+                lambda c: c.replace(
+                    num_blocks=c.blocks_for(c.max_model_len - 1)
+                    + (1 if c.reserve_null_block else 0)
+                )
+            ),
+            "Vidur's vLLM demands a free block it does not need: empty batch at exact fit",
         ),
     )
 }

@@ -81,6 +81,7 @@ class _Step:
     index: int = 0
     scheduled: dict[str, int] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
     in_schedule_phase: bool = False
 
 
@@ -365,6 +366,7 @@ class ArSpecMachine:
             self._running.append(r.request_id)
             r.phase = ArPhase(target)
             r.waited = 0
+            st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
 
     def _check_admission(self, r: _Req, e: ArScheduled) -> None:
@@ -388,10 +390,11 @@ class ArSpecMachine:
                 f"max_num_seqs={cfg.max_num_seqs}",
                 e,
             )
-        if rules.static_batches and self._running:
+        older = [q for q in self._running if q not in st.admitted]
+        if rules.static_batches and older:
             raise self._fail(
                 "static_batch",
-                f"admitted {r.request_id!r} while {self._running} are running",
+                f"admitted {r.request_id!r} while the batch {older} is still running",
                 e,
             )
         queued = [self._requests[q] for q in self._waiting]

@@ -58,7 +58,8 @@ _AR_RULES: dict[str, str] = {
     "policy key (ties: earliest arrival).",
     "aging_bound": "Once a waiting request has waited max_wait_steps steps, no other waiting "
     "request is admitted before it.",
-    "static_batch": "A static-batch scheduler admits only when nothing is running.",
+    "static_batch": "A static-batch scheduler admits only when no request of an earlier batch is "
+    "running (a new batch forms when the previous one is entirely done).",
     "token_fairness_floor": "Every running request is scheduled at least one token per step "
     "when the budget holds one token per running request.",
     "token_fairness_cap": "No request is scheduled more than the per-request token cap in one "

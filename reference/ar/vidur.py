@@ -1,0 +1,352 @@
+"""Vidur's replica schedulers, decision-faithful at constant batch time (one stage).
+
+Each class makes the decisions of the Vidur replica scheduler of the same name (read for facts
+in microsoft/vidur `vidur/scheduler/replica_scheduler/*.py`, written anew here) and reports them
+as AR events. Mapping of Vidur's token counts onto the spec's: Vidur's `num_processed_tokens` is
+our known tokens (prompt + sampled outputs); a restart folds every processed token into the
+prefill, i.e. computed tokens drop to zero and the next prefill is all known tokens.
+
+- `vidur-vllm`: a prefill-only batch of new requests in FCFS order (padded tokens
+  len * max <= budget, blocks for the whole prefill, seat cap), or else a decode-only batch of
+  the running requests in arrival order; a decode needs one free block (Vidur's check), and
+  when none is free the latest-arrived remaining request is restarted (or the request itself).
+- `vidur-sarathi`: decodes first (one token each, same victim rule), then chunks of running
+  prefills, then new requests, all within the chunk size (the step's token budget); a restarted
+  victim can be re-admitted in the same batch.
+- `vidur-orca`: every running request plus new requests that can reserve max_model_len worth of
+  blocks; no token budget, no preemption.
+- `vidur-lightllm`: block size 1; a prefill batch only when admission keeps the peak memory of
+  all requests within the pool (Vidur's `need_max_token_num`), else decode batches; after
+  max_waiting_iters decode batches it tries a prefill batch. Never mixes prefill and decode.
+- `vidur-ft`: FasterTransformer static batches: a new batch only when the previous one is
+  entirely done; blocks for max_model_len reserved per request. We free each request when it
+  finishes; Vidur's published scheduler never frees early finishers (see the mutant catalogue).
+
+Deviations, each deliberate: block counts use ceil (Vidur floors max_tokens / block_size, which
+under-reserves when max_model_len is not a multiple); LightLLM admits when the peak equals the
+pool (Vidur's strict `<` could never admit a request that fits exactly: a stall) and counts a
+one-token request's peak as its prompt; the watermark is 0; a running request restarts a victim
+only when it needs a block that is not free (Vidur demands one free block even when it needs
+none: at an exact-fit pool that restarts a request holding the whole pool and schedules an empty
+batch, which stalls its simulator — the `vidur_one_free_block` mutant).
+"""
+
+from __future__ import annotations
+
+from reference.ar.base import ArReq, ArSchedulerBase
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.errors import ConfigError, SchedSpecError
+
+
+class VidurOutOfMemory(SchedSpecError, RuntimeError):
+    """Vidur's LightLLM has no OOM handling; its admission rule makes this unreachable."""
+
+
+class VidurReplicaBase(ArSchedulerBase):
+    """Shared Vidur replica machinery: `pending` is Vidur's `_preempted_requests` (running
+    requests not in a batch in flight), in Vidur's list order."""
+
+    name = "vidur"
+    chunked: bool | None = False  # what enable_chunked_prefill must be (None: either)
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        self._check_config(config)
+        super().__init__(config, sink)
+        self.pending: list[ArReq] = []
+        self.batch: list[ArReq] = []
+
+    def _check_config(self, config: ArConfig) -> None:
+        if config.policy is not Policy.FCFS:
+            raise ConfigError("policy", config.policy.value, f"{self.name} is FCFS only")
+        if config.num_stages != 1:
+            raise ConfigError(
+                "num_stages",
+                config.num_stages,
+                f"{self.name} runs one stage here; use the stage scheduler for pipelines",
+            )
+        if self.chunked is not None and config.enable_chunked_prefill != self.chunked:
+            raise ConfigError(
+                "enable_chunked_prefill",
+                config.enable_chunked_prefill,
+                f"{self.name} {'always' if self.chunked else 'never'} chunks prefills: "
+                f"set {self.chunked}",
+            )
+        if config.long_prefill_token_threshold:
+            raise ConfigError(
+                "long_prefill_token_threshold",
+                config.long_prefill_token_threshold,
+                f"{self.name} has no such knob: use 0",
+            )
+
+    @property
+    def rules(self) -> ArRules:
+        return ArRules()
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> None:
+        super().step()
+        # on_batch_end: requests of the batch that did not complete wait for the next batch
+        self.pending.extend(r for r in self.batch if r in self.running)
+        self.batch = []
+
+    def abort(self, request_id: str) -> None:
+        super().abort(request_id)
+        self.pending = [r for r in self.pending if r.rid != request_id]
+
+    def _add(self, req: ArReq, n: int) -> None:
+        self.batch.append(req)
+        self._emit_scheduled(req, n)
+
+    def _admit_new(self, req: ArReq, n_blocks: int) -> None:
+        self.waiting.remove(req)
+        self.running.append(req)
+        self._grow(req, n_blocks)
+
+    def _new_blocks(self, req: ArReq) -> int:
+        """Vidur allocates a new request's whole prefill at once."""
+        return self.config.blocks_for(req.known)
+
+    def _grow_existing(self, req: ArReq) -> None:
+        """One more block when the known tokens outgrow the reservation (Vidur: 0 or 1)."""
+        self._grow(req, self._blocks_needed(req, req.uncomputed))
+
+    def _restart(self, victim: ArReq) -> None:
+        """Vidur's restart: free everything, fold processed tokens into the prefill, back to the
+        head of the request queue."""
+        if victim in self.pending:
+            self.pending.remove(victim)
+        self._preempt(victim)
+
+    def _decode_or_restart(self, req: ArReq) -> bool:
+        """Vidur's `while not _can_allocate_request(request)` loop for a running request: while
+        the block it needs is not free, restart the latest remaining pending request (or
+        itself)."""
+        while self.pool.num_free < self._blocks_needed(req, req.uncomputed):
+            if self.pending:
+                self._restart(self.pending[-1])
+            else:
+                self._restart(req)
+                return False
+        self._grow_existing(req)
+        return True
+
+
+class VidurVllm(VidurReplicaBase):
+    name = "vidur-vllm"
+
+    def _schedule(self) -> None:
+        cfg = self.config
+        tokens: list[int] = []
+        while self.waiting:
+            req = self.waiting[0]
+            n = req.uncomputed
+            if self.pool.num_free < self._new_blocks(req):
+                break
+            if (len(tokens) + 1) * max([*tokens, n]) > cfg.max_num_batched_tokens:
+                break
+            if len(self.running) >= cfg.max_num_seqs or len(tokens) >= cfg.max_num_seqs:
+                break
+            self._admit_new(req, self._new_blocks(req))
+            self._add(req, n)
+            tokens.append(n)
+        if tokens:
+            return
+        self.pending.sort(key=lambda r: r.arrival)
+        while self.pending and len(self.batch) < cfg.max_num_seqs:
+            req = self.pending.pop(0)
+            if self._decode_or_restart(req):
+                self._add(req, req.uncomputed)
+
+
+class VidurSarathi(VidurReplicaBase):
+    name = "vidur-sarathi"
+    chunked = True
+
+    @property
+    def rules(self) -> ArRules:
+        return ArRules(admit_after_preemption=True)
+
+    def _schedule(self) -> None:
+        cfg = self.config
+        chunk = cfg.max_num_batched_tokens
+        batch_tokens = 0
+        skipped: list[ArReq] = []
+        running_prefills: list[ArReq] = []
+        while self.pending and len(self.batch) < cfg.max_num_seqs:
+            req = self.pending.pop(0)
+            if not req.prefill_done:
+                running_prefills.append(req)
+                continue
+            if self._decode_or_restart(req):
+                self._add(req, 1)
+                batch_tokens += 1
+        for req in running_prefills:
+            n = max(0, min(req.uncomputed, chunk - batch_tokens))
+            if n == 0:
+                skipped.append(req)
+                continue
+            self._add(req, n)
+            batch_tokens += n
+        self.pending = sorted(skipped + self.pending, key=lambda r: r.arrival)
+        while self.waiting:
+            if len(self.running) >= cfg.max_num_seqs or len(self.batch) >= cfg.max_num_seqs:
+                break
+            req = self.waiting[0]
+            if self.pool.num_free < self._new_blocks(req):
+                break
+            n = min(req.uncomputed, chunk - batch_tokens)
+            if n <= 0:
+                break
+            self._admit_new(req, self._new_blocks(req))
+            self._add(req, n)
+            batch_tokens += n
+
+
+class _MaxReservation(VidurReplicaBase):
+    """Orca and FasterTransformer reserve max_model_len worth of blocks per request."""
+
+    def _check_config(self, config: ArConfig) -> None:
+        super()._check_config(config)
+        if config.max_blocks_per_request > config.usable_blocks:
+            raise ConfigError(
+                "num_blocks",
+                config.num_blocks,
+                f"{self.name} reserves {config.max_blocks_per_request} blocks "
+                f"(max_model_len) per request: the pool must hold at least that many",
+            )
+
+    def _admit_waiting(self) -> None:
+        cfg = self.config
+        while self.waiting and len(self.batch) < cfg.max_num_seqs:
+            if self.pool.num_free < cfg.max_blocks_per_request:
+                break
+            req = self.waiting[0]
+            self._admit_new(req, cfg.max_blocks_per_request)
+            self._add(req, req.uncomputed)
+
+
+class VidurOrca(_MaxReservation):
+    name = "vidur-orca"
+
+    @property
+    def rules(self) -> ArRules:
+        return ArRules(victim=VictimOrder.NONE, token_budget=False)
+
+    def _schedule(self) -> None:
+        while self.pending and len(self.batch) < self.config.max_num_seqs:
+            req = self.pending.pop(0)
+            self._add(req, req.uncomputed)
+        self._admit_waiting()
+
+
+class VidurFasterTransformer(_MaxReservation):
+    name = "vidur-ft"
+
+    @property
+    def rules(self) -> ArRules:
+        return ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
+
+    def _schedule(self) -> None:
+        if self.pending:  # the static batch in flight continues, less its finished requests
+            batch, self.pending = self.pending, []
+            for req in batch:
+                self._add(req, req.uncomputed)
+            return
+        self._admit_waiting()
+
+
+class VidurLightLlm(VidurReplicaBase):
+    name = "vidur-lightllm"
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.num_waiting_iters = 0
+
+    def _check_config(self, config: ArConfig) -> None:
+        if config.block_size != 1:
+            raise ConfigError(
+                "block_size", config.block_size, "LightLLM (token-level KV) needs block_size=1"
+            )
+        if config.num_stages != 1:
+            raise ConfigError(
+                "num_stages", config.num_stages, "LightLLM does not support pipeline stages: 1"
+            )
+        super()._check_config(config)
+
+    @property
+    def rules(self) -> ArRules:
+        return ArRules(victim=VictimOrder.NONE)
+
+    def _tuple_tokens(self, req: ArReq, scheduled: bool) -> tuple[int, int]:
+        """(tokens held now or at admission, tokens still to grow), as Vidur counts them."""
+        d = req.spec.max_tokens
+        if scheduled:
+            return req.known, max(0, d - req.num_output - 1)
+        return req.known + min(1, d - 1), max(0, d - 2)
+
+    def _peak_fits(self, candidate: ArReq, admitted: list[ArReq]) -> bool:
+        items = [self._tuple_tokens(r, True) for r in self.running if r not in admitted]
+        items += [self._tuple_tokens(r, False) for r in [*admitted, candidate]]
+        items.sort(key=lambda x: -x[1])
+        need, held = 0, 0
+        for i, (has_run, left) in enumerate(items):
+            held += has_run
+            need = max(need, left * (i + 1) + held)
+        return need <= self.config.usable_blocks
+
+    def _prefill_batch(self) -> bool:
+        cfg = self.config
+        admitted: list[ArReq] = []
+        tokens = 0
+        while self.waiting:
+            req = self.waiting[0]
+            n = req.uncomputed
+            if tokens + n > cfg.max_num_batched_tokens:
+                break
+            if len(self.running) >= cfg.max_num_seqs or len(admitted) >= cfg.max_num_seqs:
+                break
+            if not self._peak_fits(req, admitted):
+                break
+            self._admit_new(req, self._new_blocks(req))
+            self._add(req, n)
+            admitted.append(req)
+            tokens += n
+        return bool(admitted)
+
+    def _schedule(self) -> None:
+        if not self.pending:
+            if self._prefill_batch():
+                self.num_waiting_iters = 0
+            return
+        if self.num_waiting_iters >= self.config.max_waiting_iters:
+            self.num_waiting_iters = 0
+            if self._prefill_batch():
+                return
+        if self.pool.num_free < len(self.pending):
+            raise VidurOutOfMemory("LightLLM decode batch does not fit (OOM handling)")
+        self.num_waiting_iters += 1
+        batch, self.pending = self.pending, []
+        for req in batch:
+            self._grow_existing(req)
+            self._add(req, req.uncomputed)
+
+
+def make_vidur_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VidurVllm(config, sink)
+
+
+def make_vidur_sarathi(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VidurSarathi(config, sink)
+
+
+def make_vidur_orca(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VidurOrca(config, sink)
+
+
+def make_vidur_lightllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VidurLightLlm(config, sink)
+
+
+def make_vidur_ft(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VidurFasterTransformer(config, sink)
