@@ -1,0 +1,173 @@
+"""Vidur formats: read a Vidur trace CSV, replay it at constant batch time through any AR
+implementation (checked by the spec as it runs), and write request metrics under Vidur's names.
+
+Trace CSV: a header with at least `arrived_at,num_prefill_tokens,num_decode_tokens` (Vidur's
+trace request generator columns); a malformed row raises `TraceRowError` naming the line.
+Metrics CSV: `Request Id` and Vidur's request metric names (`vidur/metrics/constants.py`):
+request_e2e_time, request_scheduling_delay, prefill_e2e_time, request_num_prefill_tokens,
+request_num_decode_tokens, request_pd_ratio, request_num_restarts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from properties.ar.harness import ArHarness
+from spec.ar.adapter import ArImplementationFactory
+from spec.ar.config import ArConfig, ArRequest
+from spec.ar.events import ArFinished, ArPreempted, ArScheduled, ArStepEnd
+from spec.errors import SchedSpecError
+
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+METRIC_COLUMNS = (
+    "Request Id",
+    "request_e2e_time",
+    "request_scheduling_delay",
+    "prefill_e2e_time",
+    "request_num_prefill_tokens",
+    "request_num_decode_tokens",
+    "request_pd_ratio",
+    "request_num_restarts",
+)
+
+
+class TraceRowError(SchedSpecError, ValueError):
+    """A trace CSV line is malformed; the message names the line (1-based, header = 1)."""
+
+    def __init__(self, line_no: int, detail: str) -> None:
+        self.line_no = line_no
+        super().__init__(f"trace line {line_no}: {detail}")
+
+
+def parse_vidur_trace(text: str) -> list[ArRequest]:
+    """Requests `r0, r1, ...` from Vidur trace CSV text, in file order."""
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceRowError(1, f"header lacks {missing}; need {list(TRACE_COLUMNS)}")
+    out: list[ArRequest] = []
+    last = float("-inf")
+    for i, row in enumerate(reader):
+        line = i + 2
+        try:
+            arrived = float(row["arrived_at"])
+            prefill = int(row["num_prefill_tokens"])
+            decode = int(row["num_decode_tokens"])
+        except (TypeError, ValueError):
+            raise TraceRowError(
+                line, f"expected a number and two integers in {TRACE_COLUMNS}, got {row}"
+            ) from None
+        if not arrived >= 0 or prefill < 1 or decode < 1:
+            raise TraceRowError(
+                line,
+                f"arrived_at must be >= 0 and token counts >= 1 (got {arrived}, {prefill}, "
+                f"{decode})",
+            )
+        if arrived < last:
+            raise TraceRowError(line, f"arrived_at {arrived} is before the previous row's {last}")
+        last = arrived
+        out.append(ArRequest(f"r{i}", prefill, decode, arrival_time=arrived))
+    return out
+
+
+def read_vidur_trace(path: str | Path) -> list[ArRequest]:
+    return parse_vidur_trace(Path(path).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    request_id: str
+    arrived_at: float
+    scheduled_at: float
+    prefill_completed_at: float
+    completed_at: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_restarts: int
+
+    def row(self) -> dict[str, object]:
+        return {
+            "Request Id": self.request_id,
+            "request_e2e_time": self.completed_at - self.arrived_at,
+            "request_scheduling_delay": self.scheduled_at - self.arrived_at,
+            "prefill_e2e_time": self.prefill_completed_at - self.arrived_at,
+            "request_num_prefill_tokens": self.num_prefill_tokens,
+            "request_num_decode_tokens": self.num_decode_tokens,
+            "request_pd_ratio": self.num_prefill_tokens / self.num_decode_tokens,
+            "request_num_restarts": self.num_restarts,
+        }
+
+
+def replay_trace(
+    factory: ArImplementationFactory,
+    config: ArConfig,
+    requests: Iterable[ArRequest],
+    batch_time: float = 1.0,
+    max_steps: int = 1_000_000,
+) -> list[RequestMetrics]:
+    """Run the trace at constant batch time (each step takes `batch_time`; an idle replica jumps
+    to the next arrival), with every event checked by the spec; metrics of finished requests."""
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    h = ArHarness(factory, config, check_invariants=False)
+    now = 0.0
+    first: dict[str, float] = {}
+    prefill_done: dict[str, float] = {}
+    done: dict[str, float] = {}
+    restarts: dict[str, int] = {}
+    outputs: dict[str, int] = {}
+    by_id = {r.request_id: r for r in pending}
+    i = 0
+    for _ in range(max_steps):
+        while i < len(pending) and pending[i].arrival_time <= now:
+            h.submit(pending[i])
+            i += 1
+        if h.spec.is_idle():
+            if i == len(pending):
+                break
+            now = pending[i].arrival_time
+            continue
+        start = len(h.events)
+        h.step()
+        end_time = now + batch_time
+        for e in h.events[start:]:
+            if isinstance(e, ArScheduled):
+                first.setdefault(e.request_id, now)
+            elif isinstance(e, ArPreempted):
+                restarts[e.request_id] = restarts.get(e.request_id, 0) + 1
+            elif isinstance(e, ArStepEnd):
+                for rid in h.spec.state().requests:
+                    n = h.spec.state().requests[rid].num_output
+                    if n and rid not in prefill_done:
+                        prefill_done[rid] = end_time
+                    outputs[rid] = n
+            elif isinstance(e, ArFinished):
+                done[e.request_id] = end_time
+        now = end_time
+    out = []
+    for rid, t in done.items():
+        r = by_id[rid]
+        out.append(
+            RequestMetrics(
+                rid,
+                r.arrival_time,
+                first[rid],
+                prefill_done[rid],
+                t,
+                r.prompt_len,
+                outputs[rid],
+                restarts.get(rid, 0),
+            )
+        )
+    return sorted(out, key=lambda m: m.arrived_at)
+
+
+def write_request_metrics(path: str | Path, metrics: Iterable[RequestMetrics]) -> None:
+    with Path(path).open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(METRIC_COLUMNS))
+        w.writeheader()
+        for m in metrics:
+            w.writerow(m.row())

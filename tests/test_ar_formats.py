@@ -1,0 +1,57 @@
+"""Vidur trace CSV in, Vidur-named request metrics out."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from properties.ar.formats import (
+    METRIC_COLUMNS,
+    TraceRowError,
+    parse_vidur_trace,
+    replay_trace,
+    write_request_metrics,
+)
+from reference.ar.vidur import make_vidur_sarathi
+from reference.ar.vllm_v1 import make_vllm_v1
+from spec.ar.config import ArConfig
+
+TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,6,3\n0.5,4,2\n10,3,1\n"
+
+
+def test_parse_and_replay(tmp_path: Path) -> None:
+    reqs = parse_vidur_trace(TRACE)
+    assert [(r.prompt_len, r.max_tokens, r.arrival_time) for r in reqs] == [
+        (6, 3, 0.0),
+        (4, 2, 0.5),
+        (3, 1, 10.0),
+    ]
+    cfg = ArConfig(block_size=2, num_blocks=16, max_num_batched_tokens=8, max_model_len=16)
+    for factory in (make_vllm_v1, make_vidur_sarathi):
+        metrics = replay_trace(factory, cfg, reqs, batch_time=0.25)
+        assert [m.request_id for m in metrics] == ["r0", "r1", "r2"]
+        assert all(m.num_decode_tokens == r.max_tokens for m, r in zip(metrics, reqs, strict=True))
+        r2 = metrics[2]
+        assert r2.scheduled_at == 10.0 and r2.completed_at == 10.25  # idle replica jumps ahead
+    out = tmp_path / "request_metrics.csv"
+    write_request_metrics(out, metrics)
+    rows = list(csv.DictReader(out.open()))
+    assert tuple(rows[0]) == METRIC_COLUMNS
+    assert float(rows[0]["request_e2e_time"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("arrived_at,num_prefill_tokens\n0,1\n", 1),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,4,2\n1,x,2\n", 3),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,0,2\n", 2),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n5,1,2\n1,1,2\n", 3),
+    ],
+)
+def test_malformed_trace_names_the_line(text: str, line: int) -> None:
+    with pytest.raises(TraceRowError) as err:
+        parse_vidur_trace(text)
+    assert err.value.line_no == line and f"line {line}" in str(err.value)
