@@ -1,0 +1,216 @@
+"""Scheduling differential: the torch engine against the plain-Python reference scheduler.
+
+The engine runs a generated program (submits, rounds, aborts, drains) under the harness and
+records, per forward, which rows ran and their done flags (`DllmEngine.forward_log`). The
+reference scheduler then runs the same program with a `DenoiseOracle` that replays exactly
+those done flags (and the engine's mask counts and committed tokens). Both schedulers decide
+admission, batching, allocation, reuse and release on their own; given the same denoising
+outcomes they must schedule the same: the same sequence of forward row sets, round by round —
+and in fact the same event stream, slot numbers included.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu.engine import DllmEngine, make_small_engine, make_small_joint_engine
+from properties.harness import Harness
+from properties.strategies import dllm_configs, prompts
+from reference.dllm import ReferenceDllmScheduler
+from reference.oracle import OracleRow, OracleStep
+from spec.adapter import EventSink, ImplementationFactory
+from spec.config import DllmConfig, RequestSpec
+from spec.events import BlockCommitted, ControlReturned, Event, Forward, StepResult
+
+torch.set_num_threads(1)
+
+Key = tuple[str, int]  # (request id, block index)
+
+
+@dataclass(frozen=True, slots=True)
+class StepScript:
+    """What the engine's steps of one block did: done flag and masks left, per step."""
+
+    steps: tuple[tuple[bool, int], ...]
+    final: tuple[int, ...] | None  # committed tokens, None if the block never committed
+
+
+class ReplayOracle:
+    """A `reference.oracle.DenoiseOracle` replaying the engine's recorded step outcomes.
+
+    Its state is the number of steps the block has taken. A step fills the leftmost masked
+    positions (with the block's committed tokens) until the recorded mask count is left, and
+    reports the recorded done flag; a done step yields the committed tokens.
+    """
+
+    def __init__(self, scripts: dict[Key, StepScript], mask_id: int) -> None:
+        self.scripts = scripts
+        self.mask_id = mask_id
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        return 0
+
+    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        out: list[OracleStep] = []
+        for row in rows:
+            key = (row.request_id, row.block_index)
+            n = row.state
+            assert isinstance(n, int)
+            script = self.scripts.get(key)
+            assert script is not None and n < len(script.steps), (
+                f"the reference steps {key} a {n + 1}th time; the engine stepped it "
+                f"{0 if script is None else len(script.steps)} times"
+            )
+            done, masks_left = script.steps[n]
+            final = script.final or tuple(0 for _ in row.tokens)
+            tokens = list(row.tokens)
+            masked = [i for i, t in enumerate(tokens) if t == self.mask_id]
+            for i in masked[: max(0, len(masked) - masks_left)]:
+                tokens[i] = final[i]
+            if done and script.final is not None:
+                tokens = list(script.final)
+            out.append(OracleStep(tuple(tokens), n + 1, done))
+        return out
+
+
+def _scripts(engine: DllmEngine, events: Sequence[Event]) -> dict[Key, StepScript]:
+    """Per block: done flags from the engine's per-forward record, masks from its events."""
+    done_flags: dict[Key, list[bool]] = defaultdict(list)
+    for rec in engine.forward_log:
+        for key, done in zip(rec.rows, rec.done, strict=True):
+            done_flags[key].append(done)
+    masks: dict[Key, list[int]] = defaultdict(list)
+    finals: dict[Key, tuple[int, ...]] = {}
+    for e in events:
+        if isinstance(e, StepResult):
+            masks[(e.request_id, e.block_index)].append(e.masks_remaining)
+        elif isinstance(e, BlockCommitted):
+            finals[(e.request_id, e.block_index)] = e.tokens
+    out: dict[Key, StepScript] = {}
+    for key, flags in done_flags.items():
+        assert len(flags) == len(masks[key]), key  # the record agrees with the events
+        out[key] = StepScript(tuple(zip(flags, masks[key], strict=True)), finals.get(key))
+    return out
+
+
+def _forward_rounds(events: Sequence[Event]) -> list[list[tuple[tuple[str, int, bool], ...]]]:
+    """Per round, the row sets of its forwards: (request, block, reused) per row."""
+    rounds: list[list[tuple[tuple[str, int, bool], ...]]] = [[]]
+    for e in events:
+        if isinstance(e, Forward):
+            rounds[-1].append(tuple((r.request_id, r.block_index, r.reused) for r in e.rows))
+        elif isinstance(e, ControlReturned):
+            rounds.append([])
+    return rounds
+
+
+Op = tuple[str, object]
+
+
+def _run(factory: ImplementationFactory, config: DllmConfig, ops: Sequence[Op]) -> Harness:
+    h = Harness(factory, config)
+    for op, arg in ops:
+        if op == "submit":
+            assert isinstance(arg, RequestSpec)
+            h.submit(arg)
+        elif op == "abort":
+            assert isinstance(arg, str)
+            if h.spec.request_phase(arg) is not None:
+                h.abort(arg)
+        elif op == "round":
+            h.round()
+        else:
+            h.drain()
+    h.drain()
+    return h
+
+
+@st.composite
+def _programs(draw: st.DrawFn) -> tuple[DllmConfig, list[Op]]:
+    """A config and a program whose requests mostly fit it (a few are rejected)."""
+    config = draw(dllm_configs())
+    ops: list[Op] = []
+    n = 0
+    for _ in range(draw(st.integers(2, 16))):
+        kind = draw(st.sampled_from(["submit", "submit", "round", "round", "abort", "drain"]))
+        if kind == "submit" or n == 0:
+            prompt = draw(prompts(max(1, config.max_context - 2)))
+            room = max(1, config.max_context - len(prompt))
+            max_new = draw(st.integers(1, room + 2))
+            ops.append(("submit", RequestSpec(f"r{n}", prompt, max_new)))
+            n += 1
+        elif kind == "abort":
+            ops.append(("abort", f"r{draw(st.integers(0, n - 1))}"))
+        else:
+            ops.append((kind, None))
+    return config, ops
+
+
+def _differential(
+    engine_factory: ImplementationFactory, config: DllmConfig, ops: Sequence[Op]
+) -> None:
+    eh = _run(engine_factory, config, ops)
+    engine = eh.impl
+    assert isinstance(engine, DllmEngine)
+    scripts = _scripts(engine, eh.events)
+
+    def reference(cfg: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return ReferenceDllmScheduler(cfg, sink, ReplayOracle(scripts, cfg.mask_token_id))
+
+    rh = _run(reference, config, ops)
+    assert _forward_rounds(eh.events) == _forward_rounds(rh.events)
+    assert eh.events == rh.events  # same admissions, slots, commits, frees, in the same order
+    assert eh.outputs() == rh.outputs()
+
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@SETTINGS
+@given(_programs())
+def test_engine_schedules_like_the_reference_low_confidence(
+    program: tuple[DllmConfig, list[Op]],
+) -> None:
+    _differential(make_small_engine, *program)
+
+
+@SETTINGS
+@given(_programs())
+def test_engine_schedules_like_the_reference_joint_threshold(
+    program: tuple[DllmConfig, list[Op]],
+) -> None:
+    _differential(make_small_joint_engine, *program)
+
+
+def test_the_differential_sees_a_scheduling_difference() -> None:
+    """Control: a reference with another admission cap schedules differently, and the
+    comparison notices."""
+    config = DllmConfig(max_running_requests=2, req_pool_rows=2, kv_pages=16)
+    ops: list[Op] = [("submit", RequestSpec(f"r{i}", (1, 2, 3, 4, 5), 6)) for i in range(3)] + [
+        ("drain", None)
+    ]
+    eh = _run(make_small_engine, config, ops)
+    engine = eh.impl
+    assert isinstance(engine, DllmEngine)
+    scripts = _scripts(engine, eh.events)
+    narrow = config.replace(max_running_requests=1)
+    rh = _run(
+        lambda cfg, sink: ReferenceDllmScheduler(
+            cfg, sink, ReplayOracle(scripts, cfg.mask_token_id)
+        ),
+        narrow,
+        ops,
+    )
+    assert _forward_rounds(eh.events) != _forward_rounds(rh.events)
