@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from properties.harness import Harness
-from properties.registry import all_builtins, resolve
+from properties.harness import Harness, load_factory
+from properties.registry import all_builtins
 from properties.timeline import Timeline, timeline
 from properties.verify import stderr_progress, verify_impl
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -70,7 +70,7 @@ def step_conformance(examples: int) -> tuple[bool, str, dict[str, Any]]:
     for name, builtin in all_builtins().items():
         if not builtin.default_verify:
             continue
-        _, factory, _ = resolve(name)
+        factory = load_factory(builtin.target)
         builder = None
         if builtin.machine:
             module, _, attr = builtin.machine.partition(":")

@@ -1,0 +1,48 @@
+"""The main job (`schedspec verify` with no --impl) on small settings: every step passes and the
+report directory holds report.md, report.json and the plots; a failing step is named and makes
+the exit status non-zero."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from properties import main_job as mj
+from properties.registry import BuiltinImpl
+
+
+def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code = mj.main_job(str(tmp_path), examples=5, parity_prompts=1, parity_tokens=8)
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0, out
+    assert report["passed"] is True
+    names = [s["name"] for s in report["steps"]]
+    assert names == ["z3 proofs", "conformance", "bs=1 parity + leaks", "fdfo vs sync", "plots"]
+    for png in ("gantt_sync_vs_fdfo.png", "kv_occupancy.png", "rounds_per_block.png"):
+        assert (tmp_path / png).stat().st_size > 10_000, png
+        assert png in (tmp_path / "report.md").read_text()
+    conformance = report["steps"][1]["data"]["results"]
+    assert {"reference-dllm", "engine", "vllm-v1"} <= {r["impl"] for r in conformance}
+    hol = report["steps"][3]["data"]
+    assert hol["fdfo"]["forwards"] < hol["sync"]["forwards"]
+    assert hol["fdfo"]["wasted_row_steps"] == 0 < hol["sync"]["wasted_row_steps"]
+
+
+def test_main_job_names_what_failed(
+    tmp_path: Path,
+    capsys,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    bad = BuiltinImpl("seeded-bug", "tests.factories:no_free_on_finish", "dllm", "always", "x")
+    monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})
+    monkeypatch.setattr(mj, "step_proofs", lambda: (True, "skipped here", {}))
+    monkeypatch.setattr(mj, "step_parity", lambda p, t: (True, "skipped here", {}))
+    code = mj.main_job(str(tmp_path), examples=60, parity_prompts=1, parity_tokens=8)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAILED: conformance" in out
+    md = (tmp_path / "report.md").read_text()
+    assert "seeded-bug: [terminal_owns_nothing]" in md and "state.submit(" in md
