@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
 import torch
 
 from spec.adapter import EventSink
@@ -55,6 +56,10 @@ class PagedKvAllocator:
         self.sink = sink
         self.owner_req = torch.full((self.num_slots,), FREE, dtype=torch.int32)
         self.owner_block = torch.full((self.num_slots,), FREE, dtype=torch.int32)
+        # numpy views sharing the tensors' memory: the hot paths index through them (a CPU
+        # tensor op costs microseconds, a numpy one a fraction), the tensors stay the state.
+        self._req = self.owner_req.numpy()
+        self._blk = self.owner_block.numpy()
         self._free_pages: list[int] = list(range(num_pages))  # a heap (sorted is a heap)
         self._page_used: list[int] = [0] * num_pages
         self._names: dict[int, str] = {}
@@ -72,7 +77,7 @@ class PagedKvAllocator:
     def unregister(self, handle: int) -> None:
         """Forget a handle whose request ended. If it still owns slots (an engine bug) its name
         is kept, so the snapshot shows the leak under the right request id."""
-        if not bool((self.owner_req == handle).any()):
+        if not (self._req == handle).any():
             self._names.pop(handle, None)
 
     def name(self, handle: int) -> str:
@@ -118,20 +123,17 @@ class PagedKvAllocator:
                     f"block {block_index} continues a page but the previous block ends at "
                     f"slot {prev_last_slot}"
                 )
-            if (
-                int(self.owner_req[prev_last_slot]) != handle
-                or int(self.owner_block[prev_last_slot]) != block_index - 1
-            ):
+            if self._req[prev_last_slot] != handle or self._blk[prev_last_slot] != block_index - 1:
                 raise AllocatorError(
                     f"slot {prev_last_slot} does not hold block {block_index - 1} of handle "
                     f"{handle}"
                 )
             start = prev_last_slot + 1
             page = start // p
-        if bool((self.owner_req[start : start + b] != FREE).any()):
+        if (self._req[start : start + b] != FREE).any():
             raise AllocatorError(f"slots {start}..{start + b - 1} are not free")
-        self.owner_req[start : start + b] = handle
-        self.owner_block[start : start + b] = block_index
+        self._req[start : start + b] = handle
+        self._blk[start : start + b] = block_index
         self._page_used[page] += b
         self.sink(KvAllocated(self._names[handle], block_index, tuple(range(start, start + b))))
         return start
@@ -148,19 +150,19 @@ class PagedKvAllocator:
     def free_all(self, handle: int) -> None:
         """Free every slot the owner tensor records for `handle` (its committed blocks and any
         retained in-progress block); one `KvFreed` event, none when it owns nothing."""
-        slots = torch.nonzero(self.owner_req == handle).flatten().tolist()
+        slots = np.flatnonzero(self._req == handle).tolist()
         self._free(handle, slots)
 
     def _free(self, handle: int, slots: list[int]) -> None:
         if not slots:
             return
-        idx = torch.tensor(slots, dtype=torch.long)
-        if bool((self.owner_req[idx] != handle).any()) or len(set(slots)) != len(slots):
+        idx = np.asarray(slots, dtype=np.int64)
+        if (self._req[idx] != handle).any() or len(set(slots)) != len(slots):
             raise AllocatorError(
                 f"free of slots not owned by {self._names.get(handle)!r} (or freed twice)"
             )
-        self.owner_req[idx] = FREE
-        self.owner_block[idx] = FREE
+        self._req[idx] = FREE
+        self._blk[idx] = FREE
         p = self.page_size
         for s in slots:
             page = s // p

@@ -34,6 +34,7 @@ the model's characters '0'..'9', 'a'..'f').
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -170,6 +171,7 @@ class DllmEngine:
         self.round_index = 0
         self.outputs: dict[str, tuple[int, ...]] = {}
         self.forward_log: list[ForwardRecord] = []
+        self.step_seconds = 0.0  # wall time in the algorithm's step
         # A block never needs more steps than this (LowConfidence: B + 1; JointThreshold:
         # B + max_post_edit_steps + 1); beyond it the engine stops instead of looping forever.
         self.max_block_steps = 4 * config.block_size + 256
@@ -343,7 +345,9 @@ class DllmEngine:
                 )
             )
             logits = self.runner.forward(tokens, starts, rows)
+            t0 = time.perf_counter()
             step_done = self.algorithm.step(tokens, logits, states)
+            self.step_seconds += time.perf_counter() - t0
             newly_done = False
             for i, d in enumerate(step_done):
                 if d and not done[i]:

@@ -17,6 +17,7 @@ edits).
 from __future__ import annotations
 
 import hashlib
+import time
 
 import torch
 
@@ -46,12 +47,14 @@ class ModelRunner:
         self.mask_id = mask_id
         self.record_digests = record_digests
         self.forwards = 0
+        self.forward_seconds = 0.0  # host wall time in forwards (on CUDA: until the digest)
         self.last_digest: str | None = None
 
     def forward(
         self, block_tokens: torch.Tensor, start_positions: torch.Tensor, rows: torch.Tensor
     ) -> torch.Tensor:
         """Logits [b, B, V] (mask logit suppressed) for one block per row."""
+        start = time.perf_counter()
         with torch.no_grad():
             logits = self.model.forward_blocks(
                 block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token
@@ -59,4 +62,5 @@ class ModelRunner:
             self.forwards += 1
             self.last_digest = logits_digest(logits) if self.record_digests else None
             logits[..., self.mask_id] = float("-inf")
+        self.forward_seconds += time.perf_counter() - start
         return logits

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
 import torch
 
 from spec.errors import SchedSpecError
@@ -33,6 +34,7 @@ class ReqToTokenPool:
         self.device = torch.device(device)
         self.req_to_token = torch.zeros((rows, max_context), dtype=torch.int32, device=self.device)
         self.row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+        self._table_np = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._free_rows: list[int] = list(range(rows))  # a heap
 
     def has_free(self) -> bool:
@@ -59,17 +61,18 @@ class ReqToTokenPool:
         [pos, pos + block_size) to slots [slot, slot + block_size). One indexed write."""
         if not writes:
             return
+        if self._table_np is not None:  # CPU: write through a numpy view of the table
+            offsets = np.arange(block_size, dtype=np.int32)
+            for row, pos, slot in writes:
+                self._table_np[row, pos : pos + block_size] = offsets + slot
+            return
         ar = torch.arange(block_size, dtype=torch.int64)
-        rows = torch.tensor([w[0] for w in writes], dtype=torch.int64)[:, None].expand(
-            -1, block_size
-        )
-        pos = torch.tensor([w[1] for w in writes], dtype=torch.int64)[:, None] + ar
-        slots = (torch.tensor([w[2] for w in writes], dtype=torch.int64)[:, None] + ar).to(
-            torch.int32
-        )
+        w = torch.tensor(writes, dtype=torch.int64)  # [n, 3]: row, first position, first slot
+        row_idx = w[:, 0:1].expand(-1, block_size).reshape(-1)
+        pos_idx = (w[:, 1:2] + ar).reshape(-1)
+        slot_val = (w[:, 2:3] + ar).reshape(-1).to(torch.int32)
         self.req_to_token.index_put_(
-            (rows.reshape(-1).to(self.device), pos.reshape(-1).to(self.device)),
-            slots.reshape(-1).to(self.device),
+            (row_idx.to(self.device), pos_idx.to(self.device)), slot_val.to(self.device)
         )
 
     def slot_at(self, row: int, pos: int) -> int:

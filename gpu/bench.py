@@ -1,0 +1,319 @@
+"""Engine throughput: sync vs FDFO vs FDFO + in-place reuse vs + re-loop (`schedspec bench engine`).
+
+    schedspec bench engine --max-running 1 4 16 [--requests 64] [--max-new-tokens 32]
+        [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 3]
+        [--device cpu|cuda] [--json PATH]
+
+For every max-running value and every mode the shipped model serves the shipped prompt set
+(cycled to `--requests` requests, all submitted at once) until drained; output tokens per second
+counts the generated tokens of every finished request (cut at max_new_tokens and EOS) over the
+wall time of the drain. All modes are measured in one process, interleaved, `--repeats` times;
+the median is reported. Ratios compare modes at the same max-running value.
+
+Per mode the time is also split into model forwards, the algorithm's steps and the rest
+(scheduler: admission, allocation, events, commits), so a missed target can be explained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu.algorithms import ALGORITHMS, make_algorithm
+from gpu.engine import DllmEngine, resolve_device
+from gpu.model import BlockDiffusionLM
+from gpu.parity import ASSETS, load_prompts
+from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import ConfigError
+from spec.events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class BenchMode:
+    name: str
+    mode: Mode
+    in_place_reuse: bool
+    reloop: bool
+
+
+MODES: tuple[BenchMode, ...] = (
+    BenchMode("sync", Mode.SYNC, False, False),
+    BenchMode("fdfo", Mode.FDFO, False, False),
+    BenchMode("fdfo+reuse", Mode.FDFO, True, False),
+    BenchMode("fdfo+reuse+reloop", Mode.FDFO, True, True),
+)
+
+RATIOS: tuple[tuple[str, str], ...] = (
+    ("fdfo", "sync"),
+    ("fdfo+reuse", "sync"),
+    ("fdfo+reuse+reloop", "sync"),
+    ("fdfo+reuse", "fdfo"),
+    ("fdfo+reuse+reloop", "fdfo+reuse"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRun:
+    max_running: int
+    mode: str
+    tokens: int
+    seconds: float
+    forwards: int
+    rounds: int
+    forward_seconds: float
+    step_seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def bench_config(
+    mode: BenchMode, max_running: int, block_size: int, page_size: int, max_context: int
+) -> DllmConfig:
+    """Room for every running request's worst case (admission is bounded by max_running)."""
+    pages_per_request = -(-max_context // page_size)
+    return DllmConfig(
+        block_size=block_size,
+        page_size=page_size,
+        kv_pages=pages_per_request * max_running,
+        req_pool_rows=max_running,
+        max_running_requests=max_running,
+        max_context=max_context,
+        mode=mode.mode,
+        in_place_reuse=mode.in_place_reuse,
+        reloop=mode.reloop,
+        mask_token_id=MASK_ID,
+        eos_token_id=EOS_ID,
+    )
+
+
+def _noop(event: Event) -> None:
+    return None
+
+
+def run_once(
+    model: BlockDiffusionLM,
+    algorithm: str,
+    mode: BenchMode,
+    max_running: int,
+    requests: list[RequestSpec],
+    block_size: int,
+    page_size: int,
+    max_context: int,
+    device: torch.device,
+) -> BenchRun:
+    config = bench_config(mode, max_running, block_size, page_size, max_context)
+    engine = DllmEngine(
+        config,
+        _noop,
+        model=model,
+        algorithm=make_algorithm(algorithm),
+        device=device,
+        record=False,
+    )
+    for req in requests:
+        engine.submit(req)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    engine.drain()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    snap = engine.snapshot()
+    if snap.leaked_slots() or snap.held_rows():
+        raise RuntimeError(f"bench run leaked {snap.leaked_slots()} slots")
+    return BenchRun(
+        max_running=max_running,
+        mode=mode.name,
+        tokens=sum(len(o) for o in engine.outputs.values()),
+        seconds=seconds,
+        forwards=engine.runner.forwards,
+        rounds=engine.round_index,
+        forward_seconds=engine.runner.forward_seconds,
+        step_seconds=engine.step_seconds,
+    )
+
+
+@dataclass(slots=True)
+class BenchReport:
+    device: str
+    settings: dict[str, Any]
+    runs: list[BenchRun]
+
+    def median(self, max_running: int, mode: str) -> BenchRun:
+        runs = [r for r in self.runs if r.max_running == max_running and r.mode == mode]
+        tps = statistics.median(r.tokens_per_s for r in runs)
+        return min(runs, key=lambda r: abs(r.tokens_per_s - tps))
+
+    def max_running_values(self) -> list[int]:
+        return sorted({r.max_running for r in self.runs})
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for num, den in RATIOS:
+            out[f"{num}/{den}"] = {
+                str(m): round(
+                    self.median(m, num).tokens_per_s / self.median(m, den).tokens_per_s, 3
+                )
+                for m in self.max_running_values()
+            }
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        results = []
+        for m in self.max_running_values():
+            for mode in MODES:
+                r = self.median(m, mode.name)
+                results.append(
+                    {
+                        "max_running": m,
+                        "mode": mode.name,
+                        "tokens_per_s": round(r.tokens_per_s, 1),
+                        "tokens": r.tokens,
+                        "seconds": round(r.seconds, 4),
+                        "forwards": r.forwards,
+                        "rounds": r.rounds,
+                        "forward_seconds": round(r.forward_seconds, 4),
+                        "step_seconds": round(r.step_seconds, 4),
+                        "all_tokens_per_s": [
+                            round(x.tokens_per_s, 1)
+                            for x in self.runs
+                            if x.max_running == m and x.mode == mode.name
+                        ],
+                    }
+                )
+        return {
+            "device": self.device,
+            "settings": self.settings,
+            "results": results,
+            "ratios": self.ratios(),
+        }
+
+
+def run_bench(
+    max_running: list[int],
+    *,
+    requests: int = 64,
+    max_new_tokens: int = 32,
+    block_size: int = 8,
+    page_size: int = 16,
+    algorithm: str = "LowConfidence",
+    repeats: int = 3,
+    device: str = "cpu",
+    model: BlockDiffusionLM | None = None,
+    progress: bool = False,
+) -> BenchReport:
+    dev = resolve_device(device)
+    if algorithm not in ALGORITHMS:
+        make_algorithm(algorithm)  # UnknownAlgorithm, listing the valid names
+    if requests < 1 or repeats < 1 or not max_running or min(max_running) < 1:
+        raise ConfigError("bench", (requests, repeats, max_running), "positive values")
+    if model is None:
+        from gpu.weights import load_model
+
+        model, _ = load_model(ASSETS, dev)
+    texts = load_prompts()
+    reqs = [
+        RequestSpec(f"q{i:04d}", tuple(TOKENIZER.encode(texts[i % len(texts)])), max_new_tokens)
+        for i in range(requests)
+    ]
+    longest = max(len(r.prompt) for r in reqs) + max_new_tokens
+    max_context = -(-longest // block_size) * block_size
+    if max_context > model.config.max_context:
+        raise ConfigError(
+            "max_new_tokens",
+            max_new_tokens,
+            f"prompt + max_new_tokens must fit the model's context {model.config.max_context}",
+        )
+    # warm-up (allocator paths, kernels)
+    run_once(model, algorithm, MODES[2], max(max_running), reqs[:4], block_size, page_size,
+             max_context, dev)  # fmt: skip
+    runs: list[BenchRun] = []
+    for rep in range(repeats):
+        for m in max_running:
+            for mode in MODES:
+                run = run_once(
+                    model, algorithm, mode, m, reqs, block_size, page_size, max_context, dev
+                )
+                runs.append(run)
+                if progress:
+                    print(
+                        f"  [{rep + 1}/{repeats}] max_running={m:<3} {mode.name:<18} "
+                        f"{run.tokens_per_s:9.1f} tok/s ({run.seconds:.2f}s)",
+                        flush=True,
+                    )
+    settings = {
+        "requests": requests,
+        "max_new_tokens": max_new_tokens,
+        "block_size": block_size,
+        "page_size": page_size,
+        "algorithm": algorithm,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+    }
+    return BenchReport(str(dev), settings, runs)
+
+
+def _print(report: BenchReport) -> None:
+    print(
+        f"{'max_running':>11}  {'mode':<18}{'tok/s':>10}{'tokens':>8}{'seconds':>9}"
+        f"{'forwards':>9}{'rounds':>8}{'model%':>8}{'step%':>7}{'sched%':>8}"
+    )
+    for m in report.max_running_values():
+        for mode in MODES:
+            r = report.median(m, mode.name)
+            fwd = 100 * r.forward_seconds / r.seconds
+            step = 100 * r.step_seconds / r.seconds
+            print(
+                f"{m:>11}  {mode.name:<18}{r.tokens_per_s:>10.1f}{r.tokens:>8}{r.seconds:>9.3f}"
+                f"{r.forwards:>9}{r.rounds:>8}{fwd:>7.0f}%{step:>6.0f}%{100 - fwd - step:>7.0f}%"
+            )
+    print()
+    for name, by_m in report.ratios().items():
+        print(f"{name:<32}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
+
+
+def bench_main(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="schedspec bench engine", description=__doc__.split("\n")[0])
+    p.add_argument("--max-running", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--algorithm", default="LowConfidence", choices=tuple(ALGORITHMS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--json")
+    ns = p.parse_args(args)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    report = run_bench(
+        ns.max_running,
+        requests=ns.requests,
+        max_new_tokens=ns.max_new_tokens,
+        block_size=ns.block_size,
+        page_size=ns.page_size,
+        algorithm=ns.algorithm,
+        repeats=ns.repeats,
+        device=ns.device,
+        progress=True,
+    )
+    _print(report)
+    if ns.json:
+        payload = report.to_json()
+        payload["command"] = "schedspec bench engine " + " ".join(args)
+        payload["runs"] = [asdict(r) for r in report.runs]
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
