@@ -125,7 +125,9 @@ def _cfg_values(config: DllmConfig) -> Values:
 _STEPPERS: dict[Geometry, SymbolicStepper] = {}
 
 
-def stepper_for(config: DllmConfig, requests: int = 4, rows: int = 4, running: int = 4) -> SymbolicStepper:
+def stepper_for(
+    config: DllmConfig, requests: int = 4, rows: int = 4, running: int = 4
+) -> SymbolicStepper:
     """A (cached) stepper whose geometry covers `config`."""
     geom = Geometry(
         config.block_size,

@@ -822,9 +822,7 @@ class Encoding:
             lambda i: z3.And(
                 self.finish_due(s, i),
                 z3.Implies(p.reason == REASON[FinishReason.EOS], s.eos[i]),
-                z3.Implies(
-                    p.reason == REASON[FinishReason.LENGTH], self.gen_len(s, i) >= s.mn[i]
-                ),
+                z3.Implies(p.reason == REASON[FinishReason.LENGTH], self.gen_len(s, i) >= s.mn[i]),
             ),
         )
         per_req("finished", "terminal_owns_nothing", lambda i: z3.Not(self.owns_any(s, i)), "slots")
@@ -954,9 +952,7 @@ class Encoding:
             put("kv_freed", "oblk", t, z3.If(p.free[t], 0, s.oblk[t]))
             put("kv_freed", "freed_by", t, z3.If(p.free[t], p.req, s.freed_by[t]))
         for i in range(n):
-            hit = z3.Or(
-                [z3.And(p.free[t], self.in_block(s.start[i], t)) for t in range(self.S)]
-            )
+            hit = z3.Or([z3.And(p.free[t], self.in_block(s.start[i], t)) for t in range(self.S)])
             cond = z3.And(p.req == i, s.bph[i] != NONE_BLOCK, s.start[i] != -1, hit)
             put("kv_freed", "start", i, z3.If(cond, -1, s.start[i]))
 
@@ -985,9 +981,7 @@ class Encoding:
             put("step_result", "masks", i, z3.If(sel, p.rem, s.masks[i]))
             put("step_result", "pend", i, z3.If(sel, False, s.pend[i]))
             put("step_result", "pmask", i, z3.If(sel, 0, s.pmask[i]))
-        newly_done = z3.Or(
-            [z3.And(p.req == i, done, s.bph[i] != DONE) for i in range(n)]
-        )
+        newly_done = z3.Or([z3.And(p.req == i, done, s.bph[i] != DONE) for i in range(n)])
         put("step_result", G + "newly", 0, z3.Or(s.newly, newly_done))
 
         # BlockCommitted
@@ -1057,16 +1051,16 @@ class Encoding:
             alts.append(z3.And(p.kind == KIND[kind], *conj))
         return z3.Or(alts)
 
-    def transition(
-        self, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()
-    ) -> Z:
+    def transition(self, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()) -> Z:
         """T(s, p, s2): event p is well-formed, enabled in s, and s2 is its effect."""
         nxt = self.effects(s, p)
         return z3.And(self.params_ok(s, p), self.enabled(s, p, relax), s2.equals(nxt))
 
     def rule_guard(self, s: State, p: Params, kind: str, rule: str, tag: str = "") -> Z:
         """The conjunction of the guards of `kind` labelled `rule` (and `tag`)."""
-        gs = [g.expr for g in self.guards(s, p)[kind] if g.rule == rule and (not tag or g.tag == tag)]
+        gs = [
+            g.expr for g in self.guards(s, p)[kind] if g.rule == rule and (not tag or g.tag == tag)
+        ]
         return z3.And(gs) if gs else z3.BoolVal(True)
 
     # ------------------------------------------------------------------ invariants
@@ -1131,9 +1125,7 @@ class Encoding:
 
         whole = []
         for t in range(S):
-            count = _sum(
-                [z3.And(s.oreq[u] == s.oreq[t], s.oblk[u] == s.oblk[t]) for u in range(S)]
-            )
+            count = _sum([z3.And(s.oreq[u] == s.oreq[t], s.oblk[u] == s.oblk[t]) for u in range(S)])
             whole.append(z3.Implies(s.oreq[t] != -1, count == b))
 
         align = []
@@ -1184,9 +1176,7 @@ class Encoding:
             carried = z3.Or(s.bph[i] == DENOISING, s.bph[i] == COMPLETE)
             carriers.append(z3.Implies(carried, s.masks[i] != -1))
             carriers.append(
-                z3.Implies(
-                    z3.And(s.phase[i] != NEW, s.bph[i] != NONE_BLOCK), self.active(s, i)
-                )
+                z3.Implies(z3.And(s.phase[i] != NEW, s.bph[i] != NONE_BLOCK), self.active(s, i))
             )
 
         return {
@@ -1256,7 +1246,28 @@ class Encoding:
         out["pending_rows_are_running"] = z3.And(
             [z3.Implies(s.pend[i], s.phase[i] == RUNNING) for i in range(n)]
         )
+        out["block_runs"] = self.block_runs(s)
         return out
+
+    def block_runs(self, s: State) -> Z:
+        """Local form of whole blocks: an owned slot at its block's page offset starts a run of
+        exactly block_size slots with the same owner. With `page_alignment` (every owned slot
+        is at its offset or continues its predecessor, one page per block) this implies
+        `whole_block_alloc`, and it is much cheaper to carry through a transition."""
+        b, P, S = self.B, self.P, self.S
+        parts = []
+        for t in range(S):
+            c = t % P
+            if c % b or c + b > P:
+                continue
+            starts = z3.And(s.oreq[t] != -1, self.page_offset(s.oblk[t]) == c)
+            same = [
+                z3.And(s.oreq[t + j] == s.oreq[t], s.oblk[t + j] == s.oblk[t]) for j in range(1, b)
+            ]
+            if c + b < P:
+                same.append(z3.Not(z3.And(s.oreq[t + b] == s.oreq[t], s.oblk[t + b] == s.oblk[t])))
+            parts.append(z3.Implies(starts, z3.And(same)))
+        return z3.And(parts)
 
 
 # ---------------------------------------------------------------------------- concrete <-> symbolic
@@ -1449,10 +1460,7 @@ def encode_event(machine: Any, geom: Geometry, event: Event) -> Values:
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 and x != cfg.mask_token_id
             for x in event.prompt
         )
-    elif isinstance(event, Admitted | RowAcquired):
-        out["req"] = idx(event.request_id)
-        out["row"] = row_param(event.row)
-    elif isinstance(event, RowReleased):
+    elif isinstance(event, Admitted | RowAcquired | RowReleased):
         out["req"] = idx(event.request_id)
         out["row"] = row_param(event.row)
     elif isinstance(event, KvAllocated):

@@ -1,0 +1,353 @@
+"""Inductive proofs of the named invariants: Inv ∧ Trans ⇒ Inv' over two copies of the state.
+
+For each geometry (concrete sizes; the policy stays symbolic, so one proof covers sync and FDFO,
+with and without in-place reuse and re-loop, every max_running_requests / req_pool_rows up to
+the bound and every max_context):
+
+1. base case: the initial state satisfies every invariant and lemma;
+2. step: H(s) ∧ T(s, p, s') ⇒ G(s') for every goal G, where H is the conjunction of all named
+   invariants and strengthening lemmas. The relation is split by event kind; a goal none of
+   whose variables an event kind can change is discharged by the frame argument (its value is
+   unchanged and it is among the hypotheses) instead of a query;
+3. `whole_block_alloc` is carried as its local form `block_runs` (a lemma) and derived in each
+   state: page_alignment ∧ block_runs ∧ domain ⇒ whole_block_alloc (a one-state query).
+
+Each named invariant is also checked ALONE (Inv ∧ domain ∧ T ⇒ Inv'). Where that fails, the
+counterexample to induction (CTI) is reported with the lemmas that exclude it, and BMC from the
+initial state shows the CTI state is not reachable within the BMC depth; the strengthened
+(lemma) proof shows it is never reachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from properties.symbolic.encoding import (
+    KIND,
+    KIND_NAME,
+    Encoding,
+    Geometry,
+    Params,
+    State,
+    SymConfig,
+    pyval,
+    render_values,
+)
+from properties.symbolic.result import (
+    DEFAULT_TIMEOUT_MS,
+    Progress,
+    ProofResult,
+    Unknown,
+    check,
+    solver,
+    timed,
+)
+
+Z = Any
+
+# Block sizes 1..4, page sizes one or two blocks, up to 16 KV slots, 4 requests, 4 rows.
+DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
+    Geometry(2, 4, 4),  # 16 slots, 2 blocks per page
+    Geometry(1, 1, 8),  # 8 slots, a block per page
+    Geometry(3, 6, 2),  # 12 slots, 2 blocks per page
+    Geometry(4, 8, 2),  # 16 slots, 2 blocks per page
+)
+EXTRA_GEOMETRIES: tuple[Geometry, ...] = (
+    Geometry(2, 2, 8),
+    Geometry(4, 4, 4),
+    Geometry(1, 2, 8),
+    Geometry(3, 3, 4),
+)
+# small enough for readable counterexamples to induction and a BMC over them
+CTI_GEOMETRY = Geometry(2, 4, 2, requests=2, rows=2, running=2)
+CTI_BMC_DEPTH = 6
+WHOLE = "whole_block_alloc"
+
+
+def state_fields(expr: Z, prefix: str) -> set[str]:
+    """Labels (e.g. 'oreq[3]') of the state variables named `prefix`.* that `expr` mentions."""
+    out: set[str] = set()
+    seen: set[int] = set()
+    stack = [expr]
+    head = prefix + "."
+    while stack:
+        e = stack.pop()
+        if e.get_id() in seen:
+            continue
+        seen.add(e.get_id())
+        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            name = str(e.decl().name())
+            if name.startswith(head):
+                out.add(name[len(head) :])
+        stack.extend(e.children())
+    return out
+
+
+@dataclass
+class KindStep:
+    changed: frozenset[str]  # state labels the kind may change
+    relation: Z  # T restricted to this kind
+
+
+def kind_steps(enc: Encoding, s: State, p: Params, s2: State) -> dict[str, KindStep]:
+    """The relation split by event kind (kind fixed, simplified)."""
+    guards = enc.guards(s, p)
+    ok = enc.params_ok(s, p)
+    eff = enc.effects(s, p)
+    pre = dict(s.items())
+    post = dict(s2.items())
+    out: dict[str, KindStep] = {}
+    for kind, code in KIND.items():
+        fixed = [(p.kind, z3.IntVal(code))]
+        nxt = {k: z3.simplify(z3.substitute(t, *fixed)) for k, t in eff.items()}
+        changed = frozenset(k for k, t in nxt.items() if not t.eq(pre[k]))
+        rel = z3.And(
+            z3.simplify(z3.substitute(ok, *fixed)),
+            *[g.expr for g in guards[kind]],
+            *[post[k] == t for k, t in nxt.items()],
+        )
+        out[kind] = KindStep(changed, rel)
+    return out
+
+
+@dataclass
+class _Goal:
+    name: str
+    kind: str  # "invariant" | "lemma"
+    seconds: float = 0.0
+    status: str = "proved"
+    notes: list[str] = field(default_factory=list)
+
+
+def _prove_geometry(
+    geom: Geometry, goals: dict[str, _Goal], timeout_ms: int, progress: Progress | None
+) -> None:
+    enc = Encoding(geom, SymConfig.symbolic("cfg"))
+    s, p, s2 = enc.state("s"), enc.params("p"), enc.state("t")
+    inv, inv2 = enc.invariants(s), enc.invariants(s2)
+    lem, lem2 = enc.lemmas(s), enc.lemmas(s2)
+    pre_terms: dict[str, Z] = {k: v for k, v in inv.items() if k != WHOLE}
+    pre_terms.update(lem)
+    post_terms: dict[str, Z] = {k: v for k, v in inv2.items() if k != WHOLE}
+    post_terms.update(lem2)
+    hyps = list(pre_terms.values())
+    label = geom.label()
+
+    # 1. base case
+    with timed() as t:
+        sol = solver(timeout_ms)
+        sol.add(enc.init(s))
+        sol.add(z3.Not(z3.And(*pre_terms.values(), inv[WHOLE])))
+        try:
+            bad = check(sol)
+        except Unknown as err:
+            for g in goals.values():
+                g.status = "unknown"
+                g.notes.append(f"{label}: base case unknown ({err})")
+            return
+    share = t[0] / max(1, len(goals))
+    for g in goals.values():
+        g.seconds += share
+    if bad:
+        m = sol.model()
+        for name, g in goals.items():
+            term = inv[name] if name in inv else lem[name]
+            if not z3.is_true(m.eval(term, model_completion=True)):
+                g.status = "counterexample"
+                g.notes.append(f"{label}: the initial state violates it")
+
+    # 2. inductive step, per event kind
+    deps = {name: state_fields(term, "s") for name, term in pre_terms.items()}
+    steps = kind_steps(enc, s, p, s2)
+    for kind, step in steps.items():
+        relevant = [n for n in post_terms if deps[n] & step.changed]
+        if not relevant:
+            continue
+        sol = solver(timeout_ms)
+        sol.add(*hyps)
+        sol.add(step.relation)
+        for name in relevant:
+            a = z3.Bool(f"goal:{name}")
+            sol.add(z3.Implies(a, z3.Not(post_terms[name])))
+            with timed() as t:
+                try:
+                    cex = check(sol, a)
+                except Unknown as err:
+                    goals[name].status = "unknown"
+                    goals[name].notes.append(f"{label}: {kind} step unknown ({err})")
+                    cex = False
+            goals[name].seconds += t[0]
+            if cex:
+                goals[name].status = "counterexample"
+                m = sol.model()
+                goals[name].notes.append(
+                    f"{label}: a {kind} event breaks it from\n{render_values(m, s, geom)}"
+                )
+
+    # 3. whole_block_alloc from its local form, in one state
+    with timed() as t:
+        sol = solver(timeout_ms)
+        sol.add(lem["domain"], inv["page_alignment"], lem["block_runs"], z3.Not(inv[WHOLE]))
+        try:
+            if check(sol):
+                goals[WHOLE].status = "counterexample"
+                goals[WHOLE].notes.append(f"{label}: block_runs does not imply it")
+        except Unknown as err:
+            goals[WHOLE].status = "unknown"
+            goals[WHOLE].notes.append(f"{label}: derivation unknown ({err})")
+    goals[WHOLE].seconds += t[0]
+    if progress:
+        progress(f"induction {label}: done")
+
+
+def _nice(enc: Encoding, s: State) -> Z:
+    """Small values, so that a counterexample to induction reads like a real state."""
+    g = enc.geom
+    parts = [s.round >= 0, s.round <= 2, s.nfwd <= 2, s.ncommit <= 2]
+    for i in range(g.requests):
+        parts += [
+            s.pl[i] >= 0,
+            s.pl[i] <= g.kv_slots,
+            s.mn[i] >= 0,
+            s.mn[i] <= g.kv_slots,
+            s.com[i] >= 0,
+            s.com[i] <= 2,
+            s.masks[i] <= g.block_size,
+            s.pmask[i] >= 0,
+            s.pmask[i] <= g.block_size,
+            s.around[i] <= s.round,
+            s.start[i] <= g.kv_slots - g.block_size,
+            s.pages[i] >= 0,
+            s.pages[i] <= g.kv_pages,
+        ]
+    for t in range(g.kv_slots):
+        parts += [s.oblk[t] >= 0, s.oblk[t] <= 2]
+    return z3.And(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class CtiReport:
+    invariant: str
+    inductive_alone: bool
+    detail: str
+
+
+def analyse_cti(
+    name: str,
+    geom: Geometry = CTI_GEOMETRY,
+    depth: int = CTI_BMC_DEPTH,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> CtiReport:
+    """Is invariant `name` inductive on its own? If not: a CTI, the lemmas that exclude it, and
+    a BMC from the initial state showing it is unreachable within `depth` events."""
+    enc = Encoding(geom, SymConfig.symbolic("cfg"))
+    s, p, s2 = enc.state("s"), enc.params("p"), enc.state("t")
+    inv, inv2 = enc.invariants(s), enc.invariants(s2)
+    lem = enc.lemmas(s)
+    base = [enc.domain(s), inv[name], enc.transition(s, p, s2), z3.Not(inv2[name])]
+    sol = solver(timeout_ms)
+    sol.add(*base, _nice(enc, s))
+    found = check(sol)
+    if not found:
+        sol = solver(timeout_ms)
+        sol.add(*base)
+        found = check(sol)
+    if not found:
+        return CtiReport(name, True, "inductive on its own (with the domain constraints)")
+    m = sol.model()
+    kind = KIND_NAME[int(pyval(m.eval(p.kind, model_completion=True)))]
+    req = pyval(m.eval(p.req, model_completion=True))
+    excluded_by = [
+        k
+        for k, term in list(lem.items()) + [(k, v) for k, v in inv.items() if k != name]
+        if not z3.is_true(m.eval(term, model_completion=True))
+    ]
+    config = enc.cfg.decode(m, geom)
+    target = {k: m.eval(t, model_completion=True) for k, t in s.items(ghosts=False)}
+    reachable, secs = cti_reachable(geom, config, target, depth, timeout_ms)
+    verdict = (
+        f"REACHABLE within {depth} events (the lemma is wrong)"
+        if reachable
+        else f"unreachable: BMC from the initial state finds no path of <= {depth} events to it "
+        f"({secs:.2f}s)"
+    )
+    detail = (
+        f"not inductive alone: a {kind} event (request r{req}) breaks it from this state "
+        f"({geom.label()}, mode={config.mode.value} reuse={config.in_place_reuse} "
+        f"reloop={config.reloop}):\n{render_values(m, s, geom)}\n"
+        f"excluded by: {', '.join(excluded_by) or '(nothing?)'}; CTI {verdict}"
+    )
+    return CtiReport(name, False, detail)
+
+
+def cti_reachable(
+    geom: Geometry, config: Any, target: dict[str, Z], depth: int, timeout_ms: int
+) -> tuple[bool, float]:
+    """BMC: can the state `target` (non-ghost values) be reached in <= depth events?"""
+    enc = Encoding(geom, SymConfig.concrete(config))
+    states = [enc.state(f"b{j}") for j in range(depth + 1)]
+    params = [enc.params(f"q{j}") for j in range(depth)]
+    with timed() as t:
+        sol = solver(timeout_ms)
+        sol.add(enc.init(states[0]))
+        for j in range(depth):
+            sol.add(enc.transition(states[j], params[j], states[j + 1]))
+        hits = []
+        for st in states:
+            mine = dict(st.items(ghosts=False))
+            hits.append(z3.And([mine[k] == v for k, v in target.items()]))
+        sol.add(z3.Or(hits))
+        found = check(sol)
+    return found, t[0]
+
+
+def prove_invariants(
+    geometries: Iterable[Geometry] = DEFAULT_GEOMETRIES,
+    *,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    progress: Progress | None = None,
+    cti_depth: int = CTI_BMC_DEPTH,
+) -> list[ProofResult]:
+    """One result per named invariant ("inductive/<name>") and per lemma ("lemma/<name>")."""
+    geoms = tuple(geometries)
+    probe = Encoding(geoms[0])
+    ps = probe.state("probe")
+    goals: dict[str, _Goal] = {k: _Goal(k, "invariant") for k in probe.invariants(ps)}
+    goals.update({k: _Goal(k, "lemma") for k in probe.lemmas(ps)})
+    for geom in geoms:
+        _prove_geometry(geom, goals, timeout_ms, progress)
+    sizes = "; ".join(g.label() for g in geoms)
+    results: list[ProofResult] = []
+    for name, g in goals.items():
+        extra = ""
+        secs = g.seconds
+        if g.kind == "invariant":
+            with timed() as t:
+                try:
+                    rep = analyse_cti(name, depth=cti_depth, timeout_ms=timeout_ms)
+                    extra = rep.detail
+                    if not rep.inductive_alone and "REACHABLE" in rep.detail:
+                        g.status = "counterexample"
+                except Unknown as err:
+                    g.status = "unknown"
+                    extra = f"CTI analysis unknown ({err})"
+            secs += t[0]
+        how = (
+            "derived in every state from page_alignment ∧ block_runs; block_runs is inductive"
+            if name == WHOLE
+            else "inductive relative to all named invariants and lemmas"
+        )
+        detail = f"{how}; every policy; sizes: {sizes}"
+        if g.notes:
+            detail += "\n" + "\n".join(g.notes)
+        if extra:
+            detail += "\n" + extra
+        prefix = "inductive" if g.kind == "invariant" else "lemma"
+        results.append(ProofResult(f"{prefix}/{name}", g.status, round(secs, 3), detail))  # type: ignore[arg-type]
+        if progress:
+            progress(f"{prefix}/{name}: {g.status} ({secs:.2f}s)")
+    return results
