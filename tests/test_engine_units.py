@@ -1,0 +1,144 @@
+"""Unit tests of the engine's parts: the paged KV allocator, the request pool, the token map,
+the streaming callback and the bench entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu.allocator import AllocatorError, PagedKvAllocator
+from gpu.engine import DllmEngine, make_small_engine, tiny_model
+from gpu.request import StreamChunk
+from gpu.request_pool import ReqToTokenPool, RequestPoolError
+from gpu.token_map import TokenMap
+from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import Event, KvAllocated, KvFreed
+
+torch.set_num_threads(1)
+
+
+def test_allocator_page_rule_and_owner_tensors() -> None:
+    events: list[Event] = []
+    alloc = PagedKvAllocator(num_pages=3, page_size=8, block_size=4, sink=events.append)
+    a, b = alloc.register("a"), alloc.register("b")
+    s0 = alloc.allocate_block(a, 0, None)  # starts page 0
+    s1 = alloc.allocate_block(a, 1, s0 + 3)  # continues page 0
+    t0 = alloc.allocate_block(b, 0, None)  # lowest wholly free page: 1
+    assert (s0, s1, t0) == (0, 4, 8)
+    assert alloc.owner_req[:12].tolist() == [a] * 8 + [b] * 4
+    assert alloc.owner_block[:12].tolist() == [0] * 4 + [1] * 4 + [0] * 4
+    assert alloc.slot_owners()[5] == ("a", 1)
+    with pytest.raises(AllocatorError):
+        alloc.allocate_block(b, 1, s0 + 3)  # continuing someone else's page
+    alloc.free_blocks(a, [s1])
+    assert alloc.free_pages() == 1  # page 0 still has block 0
+    alloc.free_all(a)
+    assert alloc.free_pages() == 2
+    assert alloc.allocate_block(b, 2, None) == 0  # the lowest wholly free page again
+    alloc.check_consistency()
+    assert [type(e) for e in events] == [KvAllocated] * 3 + [KvFreed] * 2 + [KvAllocated]
+    with pytest.raises(AllocatorError):
+        alloc.free_blocks(a, [8])  # not a's slots: refused, nothing changed
+    alloc.check_consistency()
+
+
+def test_allocator_reservation() -> None:
+    alloc = PagedKvAllocator(num_pages=4, page_size=4, block_size=4, sink=lambda e: None)
+    alloc.reserve(3)
+    assert alloc.can_reserve(1) and not alloc.can_reserve(2)
+    with pytest.raises(AllocatorError):
+        alloc.reserve(2)
+    alloc.unreserve(3)
+    assert alloc.reserved_pages == 0
+
+
+def test_request_pool_rows_lowest_first() -> None:
+    pool = ReqToTokenPool(rows=3, max_context=8)
+    assert [pool.acquire(h) for h in (10, 11, 12)] == [0, 1, 2]
+    assert not pool.has_free()
+    with pytest.raises(RequestPoolError):
+        pool.acquire(13)
+    pool.release(1, 11)
+    with pytest.raises(RequestPoolError):
+        pool.release(0, 99)  # not its holder
+    assert pool.acquire(14) == 1
+    assert pool.held_rows() == {0: 10, 1: 14, 2: 12}
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    mask=st.sampled_from([-1, MASK_ID, 7, 200]),
+    eos=st.sampled_from([None, EOS_ID, 15, 0, 48, 500]),
+)
+def test_token_map_is_a_bijection(mask: int, eos: int | None) -> None:
+    if eos == mask:
+        return
+    config = DllmConfig(mask_token_id=mask, eos_token_id=eos)
+    tm = TokenMap(config, VOCAB_SIZE, MASK_ID, EOS_ID)
+    valid = [t for t in range(VOCAB_SIZE) if t != tm.hole and t != mask]
+    internal = tm.to_internal(valid)
+    assert len(set(internal)) == len(internal) and MASK_ID not in internal
+    assert list(tm.to_spec(internal)) == valid
+    assert tm.to_spec([MASK_ID]) == (mask,)
+    if eos is not None and 0 <= eos < VOCAB_SIZE:
+        assert tm.to_internal([eos]) == [EOS_ID]
+    if mask == -1 and (eos is None or eos >= 10):  # the suite's small ids: the characters
+        assert tm.to_internal(list(range(10))) == list(range(3, 13))
+
+
+def test_streaming_chunks_concatenate_to_the_output() -> None:
+    chunks: list[StreamChunk] = []
+    config = DllmConfig(block_size=4, page_size=8, kv_pages=16, max_context=32, eos_token_id=15)
+    engine = DllmEngine(
+        config,
+        lambda e: None,
+        model=tiny_model("cpu"),
+        algorithm=make_small_engine(config, lambda e: None).algorithm,
+        on_block=chunks.append,
+    )
+    for i in range(4):
+        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 3 + 2 * i)), 9 + i))
+    engine.drain()
+    for rid, output in engine.outputs.items():
+        mine = [c for c in chunks if c.request_id == rid]
+        assert [c.block_index for c in mine] == list(range(len(mine)))
+        assert tuple(t for c in mine for t in c.new_tokens) == output
+        assert mine[-1].finished is not None and all(c.finished is None for c in mine[:-1])
+    assert engine.output_text("r0") is not None
+
+
+def test_snapshot_reads_the_allocator_not_the_events() -> None:
+    """Corrupting the owner tensor directly shows in the snapshot (no event involved)."""
+    engine = make_small_engine(DllmConfig(mode=Mode.FDFO), lambda e: None)
+    engine.submit(RequestSpec("a", (1, 2, 3, 4, 5), 8))
+    engine.run_round()
+    before = engine.snapshot()
+    engine.allocator.owner_req[-1] = engine.running[0].handle
+    engine.allocator.owner_block[-1] = 7
+    after = engine.snapshot()
+    assert after.slot_owners[engine.config.kv_slots - 1] == ("a", 7)
+    assert after.free_slots == before.free_slots - {engine.config.kv_slots - 1}
+
+
+def test_bench_main_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu.bench as bench
+
+    real = bench.run_bench
+    monkeypatch.setattr(
+        bench, "run_bench", lambda *a, **k: real(*a, **{**k, "model": tiny_model("cpu")})
+    )
+    out = tmp_path / "b.json"
+    args = ["--max-running", "1", "2", "--requests", "3", "--max-new-tokens", "8"]
+    assert bench.bench_main([*args, "--repeats", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    modes = {r["mode"] for r in data["results"]}
+    assert modes == {"sync", "fdfo", "fdfo+reuse", "fdfo+reuse+reloop"}
+    assert {r["max_running"] for r in data["results"]} == {1, 2}
+    assert all(r["tokens_per_s"] > 0 for r in data["results"])
+    assert set(data["ratios"]["fdfo/sync"]) == {"1", "2"}
