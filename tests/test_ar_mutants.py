@@ -15,7 +15,7 @@ from tests.ar_mutants import AR_MUTANTS
 # is exercised once, by `test_ar_counterexample_is_shrunk`.
 HUNT = settings(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    max_examples=300,
+    max_examples=1000,
     derandomize=True,
     deadline=None,
     database=None,
@@ -36,7 +36,7 @@ def test_ar_suite_catches_mutant(name: str) -> None:
     failure = failure_from(err, printed)
     assert "state:" in failure.message
     assert "state.configure(config=" in failure.program
-    assert "state.submit(" in failure.program
+    assert "state.submit" in failure.program  # submit( or submit_burst(
 
 
 def test_ar_counterexample_is_shrunk() -> None:
@@ -46,5 +46,6 @@ def test_ar_counterexample_is_shrunk() -> None:
     err, printed = run_machine(machine, settings(HUNT, phases=list(Phase)))
     assert isinstance(err, SpecViolation) and err.rule == "token_budget"
     program = failure_from(err, printed).program
-    assert program.count("state.submit(") == 1, program
-    assert program.count("state.step()") == 1, program
+    calls = [line.split("= ")[-1] for line in program.splitlines() if "state." in line]
+    assert sum(c.startswith("state.submit") for c in calls) == 1, program
+    assert sum(c.startswith("state.step") for c in calls) <= 2, program

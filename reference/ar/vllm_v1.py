@@ -7,7 +7,7 @@ One step (decisions as in vLLM v1's `Scheduler.schedule`, read for facts, writte
    fit, preempt the victim — the tail of running (FCFS) or the lowest priority, then latest
    arrival, among requests not yet scheduled this step (priority) — free all its blocks, reset
    its computed tokens and put it at the head of waiting; repeat until the blocks fit or the
-   request preempted itself (then stop scheduling running requests).
+   request preempted itself (then go on with the next running request).
 2. Only if nothing was preempted: admit waiting requests while a seat and budget are left, in
    the policy's order (FCFS head; or the minimum of priority / SJF / SRPT / LAS keys; under
    AGING a request that waited max_wait_steps steps first). A prefill is chunked to the budget
@@ -51,7 +51,10 @@ class VllmV1Scheduler(ArSchedulerBase):
             req = self.running[i]
             n = self._running_tokens(req, i, budget)
             if not self._fit_or_preempt(req, n, i):
-                break
+                # It preempted itself. Under FCFS it was the tail: the loop ends. Under priority
+                # a higher-priority request may follow it: keep scheduling (vLLM PR #26765; a
+                # plain `break` here can leave a step with nothing scheduled).
+                continue
             self._emit_scheduled(req, n)
             budget -= n
             i += 1
