@@ -135,6 +135,7 @@ class ParityCase:
     prompt: str
     output: str  # the sync output, decoded
     forwards: int  # forwards of the request (sync)
+    max_new_tokens: int
     identical_outputs: bool
     identical_digests: bool
     mismatched: tuple[str, ...]  # variants that differ from sync
@@ -150,6 +151,7 @@ class ParityCase:
             "prompt": self.prompt,
             "output": self.output,
             "forwards": self.forwards,
+            "max_new_tokens": self.max_new_tokens,
             "identical": self.identical,
             "identical_outputs": self.identical_outputs,
             "identical_digests": self.identical_digests,
@@ -178,7 +180,7 @@ class ParityReport:
 
 
 def compare_runs(
-    algorithm: str, prompts: Sequence[str], runs: Sequence[RunResult]
+    algorithm: str, prompts: Sequence[str], runs: Sequence[RunResult], max_new_tokens: int
 ) -> list[ParityCase]:
     """One case per prompt: every run's output bytes and digests against the first (sync)."""
     ref = runs[0]
@@ -195,6 +197,7 @@ def compare_runs(
                 prompt=prompt,
                 output=TOKENIZER.decode(ref.outputs.get(rid, ()), stop_at_eos=True),
                 forwards=len(ref.digests.get(rid, [])),
+                max_new_tokens=max_new_tokens,
                 identical_outputs=not bad_out and rid in ref.outputs,
                 identical_digests=not bad_dig,
                 mismatched=tuple(sorted(set(bad_out) | set(bad_dig))),
@@ -225,10 +228,21 @@ def run_parity(
         from gpu.weights import load_model
 
         model, _ = load_model(ASSETS, dev)
+    if max_new_tokens < 1:
+        raise ConfigError("max_new_tokens", max_new_tokens, "an integer >= 1")
     longest = max(len(t) for t in texts) + max_new_tokens
     max_context = -(-longest // block_size) * block_size
-    max_context = -(-max_context // page_size) * page_size  # a whole number of pages
-    max_context = min(max_context, model.config.max_context // block_size * block_size)
+    limit = model.config.max_context // block_size * block_size
+    if max_context > limit:
+        raise ConfigError(
+            "max_new_tokens",
+            max_new_tokens,
+            f"the longest of the {len(texts)} prompts ({longest - max_new_tokens} tokens) plus "
+            f"max_new_tokens needs {max_context} context tokens in blocks of {block_size}; the "
+            f"model's context is {model.config.max_context}: use at most "
+            f"{limit - (longest - max_new_tokens)} new tokens",
+        )
+    max_context = min(-(-max_context // page_size) * page_size, limit)
     requests = [
         RequestSpec(f"p{i:03d}", tuple(TOKENIZER.encode(t)), max_new_tokens)
         for i, t in enumerate(texts)
@@ -243,7 +257,7 @@ def run_parity(
             report.leaked_slots += run.leaked_slots
             report.leaked_rows += run.leaked_rows
             report.seconds[f"{name}/{variant.name}"] = run.seconds
-        report.cases.extend(compare_runs(name, texts, runs))
+        report.cases.extend(compare_runs(name, texts, runs, max_new_tokens))
     report.identical = all(c.identical for c in report.cases)
     return report
 
