@@ -1246,6 +1246,19 @@ class Encoding:
         out["pending_rows_are_running"] = z3.And(
             [z3.Implies(s.pend[i], s.phase[i] == RUNNING) for i in range(n)]
         )
+        out["current_block_allocated"] = z3.And(
+            [
+                z3.Implies(
+                    s.bph[i] != NONE_BLOCK,
+                    z3.And(
+                        s.bph[i] != BLK[BlockPhase.COMMITTED.value],
+                        s.around[i] >= 0,
+                        s.around[i] <= s.round,
+                    ),
+                )
+                for i in range(n)
+            ]
+        )
         out["block_runs"] = self.block_runs(s)
         return out
 

@@ -1,0 +1,78 @@
+"""The Z3 proof suite behind `schedspec prove`.
+
+`run_all_proofs()` runs, in order:
+
+1. `inductive/<invariant>`: every named invariant of `spec.invariants.INVARIANTS` is inductive
+   (Inv ∧ Trans ⇒ Inv') over the event-level encoding for several concrete sizes and every
+   policy; `lemma/<name>`: the strengthening lemmas, proved the same way. Each invariant's
+   detail says whether it is inductive on its own; if not, it shows the counterexample to
+   induction, the lemmas that exclude it and a BMC showing it is unreachable;
+2. `bmc/<invariant>`: BMC from the initial state to depth `bound` (every policy);
+3. `mutant/<name>`: seeded symbolic mutants; status "counterexample" is the expected outcome
+   (Z3 found a trace, and SpecMachine rejects its last event with the expected rule);
+4. `theorem/<name>`: the policy theorems (FDFO vs sync) and the in-place-reuse theorem;
+5. `boundary/<name>`: Z3-synthesised boundary workloads ("proved" = a witness exists).
+
+A result is a failure when its status is "unknown", when a proof obligation has status
+"counterexample", or when a mutant does NOT have status "counterexample" (see `failed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from properties.symbolic.bmc import bmc_invariants, mutant_results
+from properties.symbolic.boundary import boundary_workloads
+from properties.symbolic.induction import DEFAULT_GEOMETRIES, prove_invariants
+from properties.symbolic.policy import PolicyBounds
+from properties.symbolic.result import DEFAULT_TIMEOUT_MS, ProofResult, Status
+from properties.symbolic.theorems import policy_theorems, reuse_theorem
+
+DEFAULT_BOUND = 6
+
+__all__ = ["DEFAULT_BOUND", "ProofResult", "Status", "failed", "run_all_proofs"]
+
+
+def policy_bounds(bound: int) -> PolicyBounds:
+    """The policy theorems' bounds for a given `bound`: forwards per block and arrival ticks
+    up to `bound`, 4 requests, 2 blocks per request, max_running up to 4."""
+    return PolicyBounds(requests=4, blocks=2, max_steps=bound, max_arrival=bound, max_running=4)
+
+
+def run_all_proofs(
+    progress: Callable[[str], None] | None = None,
+    bound: int | None = None,
+    *,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> list[ProofResult]:
+    """Run every proof; `bound` is the BMC depth (events) and the policy theorems' bound on
+    forwards per block and arrival ticks (default 6). Sizes of the inductive proofs are fixed
+    (`properties.symbolic.induction.DEFAULT_GEOMETRIES`)."""
+    k = DEFAULT_BOUND if bound is None else bound
+    if k < 1:
+        raise ValueError(f"bound must be >= 1, got {k}")
+    results: list[ProofResult] = []
+    results += prove_invariants(DEFAULT_GEOMETRIES, timeout_ms=timeout_ms, progress=progress)
+    results += bmc_invariants(k, timeout_ms=timeout_ms, progress=progress)
+    mutants, _ = mutant_results(timeout_ms=timeout_ms, progress=progress)
+    results += mutants
+    results += policy_theorems(policy_bounds(k), timeout_ms=timeout_ms, progress=progress)
+    reuse = reuse_theorem(timeout_ms=timeout_ms)
+    if progress:
+        progress(f"{reuse.name}: {reuse.status} ({reuse.seconds:.2f}s)")
+    results.append(reuse)
+    boundary, _ = boundary_workloads(timeout_ms=timeout_ms, progress=progress)
+    results += boundary
+    return results
+
+
+def failed(results: list[ProofResult]) -> list[ProofResult]:
+    """The results that count as failures."""
+    bad = []
+    for r in results:
+        if r.name.startswith("mutant/"):
+            if r.status != "counterexample":
+                bad.append(r)
+        elif r.status != "proved":
+            bad.append(r)
+    return bad
