@@ -8,13 +8,18 @@ numbers. A number counts only when its whole text is right.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from gpu.algorithms import DllmAlgorithm
-from gpu.corpus import CountingCase
+import torch
+
+from gpu.algorithms import ALGORITHMS, DllmAlgorithm, make_algorithm
+from gpu.corpus import CountingCase, counting_cases
 from gpu.generate import generate
 from gpu.model import BlockDiffusionLM
+from gpu.weights import DEFAULT_ASSETS, load_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,26 @@ def counting_accuracy(
         correct += score_continuation(out.text, case.expected)
         total += len(case.expected)
     return Accuracy(correct, total)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpu.evaluate`: held-out counting accuracy of the shipped model per block size
+    and algorithm."""
+    parser = argparse.ArgumentParser(prog="python -m gpu.evaluate", description=__doc__)
+    parser.add_argument("--assets", type=Path, default=DEFAULT_ASSETS)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    model, _ = load_model(args.assets)
+    cases = counting_cases(args.seed)
+    print(f"held-out counting accuracy ({len(cases)} prompts x 4 next numbers)")
+    for block_size in (4, 8, 16):
+        for name in ALGORITHMS:
+            acc = counting_accuracy(model, cases, block_size, make_algorithm(name))
+            score = f"{acc.correct}/{acc.total} = {acc.fraction:.3f}"
+            print(f"  block {block_size:2d}  {name:15s} {score}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

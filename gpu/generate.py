@@ -4,8 +4,9 @@ The prompt is fed block by block: every full prompt block takes one forward (wri
 a partial last prompt block is completed with MASK tokens and decoded as the first output block
 (its prompt positions are never changed). Each output block is decoded by the algorithm in sync
 mode with `forward_blocks`, using a trivial contiguous allocation (one request row, slot i holds
-position i). Generation stops after the block holding EOS, or at `max_new_tokens`, or when the
-next block would not fit in `max_context`.
+position i); the MASK logit is suppressed, as in the engine's model runner. Generation stops
+after the block holding EOS, or at `max_new_tokens`, or when the next block would not fit in
+`max_context`.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def generate(
         start_t = torch.tensor([start], device=device)
 
         def forward(tokens: torch.Tensor, start_t: torch.Tensor = start_t) -> torch.Tensor:
-            return model.forward_blocks(tokens, start_t, row, kv, table)
+            logits = model.forward_blocks(tokens, start_t, row, kv, table)
+            logits[..., MASK_ID] = float("-inf")  # never "commit" a mask (as the engine does)
+            return logits
 
         states = algorithm.init_states(block)
         _, forwards = algorithm.run(forward, block, states, "sync")

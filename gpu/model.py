@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -85,11 +85,9 @@ class Attention(nn.Module):
 
         Every query must be allowed at least one key (else its softmax row would be NaN)."""
         b, length = q.shape[0], q.shape[1]
-        scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1))
-        scores = scores * (1.0 / math.sqrt(self.head_dim))
-        scores = scores.masked_fill(~allowed[:, None, :, :], float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-        out = torch.matmul(weights, v.transpose(1, 2))  # [b, h, L, d]
+        out = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None]
+        )  # [b, h, L, d]
         merged = out.transpose(1, 2).reshape(b, length, self.n_heads * self.head_dim)
         result: torch.Tensor = self.wo(merged)
         return result

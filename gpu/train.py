@@ -8,8 +8,15 @@ model is trained on the pair [x_clean ; x_noised] (length 2L, both halves at pos
 clean queries see clean blocks <= their own (block-causal), noised block k sees clean blocks < k
 and its own noised block. The block size of each batch is drawn from `train_block_sizes`.
 
-Everything is seeded (corpus, noise, init, block sizes) and runs on 2 CPU threads, so a rerun
-reproduces the shipped weights on the same torch build.
+One addition to the plain objective (an "edit" term, LLaDA2.1-style): a few unmasked tokens of
+the noised copy are replaced by random characters and the CE at every unmasked position is
+added with weight `edit_weight`, so the model's argmax at an unmasked position is meaningful
+(JointThreshold edits read it). See `diffusion_loss`.
+
+Batches are bucketed by padded length (no compute on PAD-only blocks). Everything is seeded
+(corpus, noise, init, block sizes) and runs on ONE CPU thread: on a shared 2-core machine two
+threads spin against other processes and run several times slower, and a fixed thread count
+keeps the run reproducible on the same torch build.
 """
 
 from __future__ import annotations
@@ -18,14 +25,15 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from gpu.corpus import MAX_SAMPLE_TOKENS, Sample, make_sample
+from gpu.corpus import Sample, make_sample
 from gpu.model import BlockDiffusionLM, count_parameters
 from gpu.model_config import ModelConfig
 from gpu.tokenizer import EOS_ID, MASK_ID, PAD_ID, VOCAB_SIZE
@@ -36,15 +44,17 @@ PAD_ALIGN = 16  # EOS-pad each sample to a multiple of the largest block size
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    steps: int = 1200
+    steps: int = 1500
+    max_seconds: float = 570.0  # wall-clock guard: stop early rather than overrun 10 min
     batch_size: int = 32
-    seq_len: int = MAX_SAMPLE_TOKENS
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup: int = 60
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    eps: float = 1e-3
+    eps: float = 0.05  # t ~ U(eps, 1): bounds the 1/t weight at 20
+    edit_noise: float = 0.05  # random-character corruption of unmasked tokens, times t
+    edit_weight: float = 1.0
     seed: int = 0
     corpus_seed: int = 1234
 
@@ -69,12 +79,28 @@ def encode_batch(samples: Sequence[Sample], seq_len: int) -> torch.Tensor:
     out = torch.full((len(samples), seq_len), PAD_ID, dtype=torch.long)
     for i, sample in enumerate(samples):
         ids = sample.token_ids()
-        padded = -(-len(ids) // PAD_ALIGN) * PAD_ALIGN
-        ids = ids + [EOS_ID] * (padded - len(ids))
+        ids = ids + [EOS_ID] * (padded_length(sample) - len(ids))
         if len(ids) > seq_len:
             raise ValueError(f"sample of {len(ids)} tokens exceeds seq_len={seq_len}")
         out[i, : len(ids)] = torch.tensor(ids)
     return out
+
+
+def padded_length(sample: Sample) -> int:
+    return -(-len(sample.token_ids()) // PAD_ALIGN) * PAD_ALIGN
+
+
+def sample_batch(rng: random.Random, batch_size: int) -> torch.Tensor:
+    """A batch of training samples of one padded length (bucketed, so no step computes on
+    PAD-only blocks): the first draw picks the bucket, so buckets keep their corpus frequency."""
+    first = make_sample(rng, "train")
+    bucket = padded_length(first)
+    chosen = [first]
+    while len(chosen) < batch_size:
+        sample = make_sample(rng, "train")
+        if padded_length(sample) == bucket:
+            chosen.append(sample)
+    return encode_batch(chosen, bucket)
 
 
 def two_copy_mask(length: int, block_size: int) -> torch.Tensor:
@@ -88,24 +114,40 @@ def two_copy_mask(length: int, block_size: int) -> torch.Tensor:
 
 
 def diffusion_loss(
-    model: BlockDiffusionLM, clean: torch.Tensor, block_size: int, gen: torch.Generator
+    model: BlockDiffusionLM,
+    clean: torch.Tensor,
+    block_size: int,
+    gen: torch.Generator,
+    cfg: TrainConfig,
 ) -> tuple[torch.Tensor, float]:
-    """(weighted loss to minimise, plain mean CE over masked tokens for logging)."""
+    """(loss to minimise, plain mean CE over masked tokens for logging).
+
+    loss = [sum over masked tokens of CE / t  +  edit_weight * sum over the other real tokens
+    of CE] / number of real tokens. The second (edit) term trains the prediction at unmasked
+    positions, a fraction `edit_noise * t` of which are replaced by random characters: it is
+    what JointThreshold's token-to-token edits read; without it the logits at unmasked
+    positions would be untrained noise."""
     n, length = clean.shape
     n_blocks = -(-length // block_size)
-    eps = 1e-3
-    t_block = eps + (1 - eps) * torch.rand(n, n_blocks, generator=gen)
+    t_block = cfg.eps + (1 - cfg.eps) * torch.rand(n, n_blocks, generator=gen)
     t = t_block.repeat_interleave(block_size, dim=1)[:, :length]
     real = clean != PAD_ID
-    masked = (torch.rand(n, length, generator=gen) < t) & real
+    draw = torch.rand(n, length, generator=gen)
+    masked = (draw < t) & real
+    corrupt = (draw >= t) & (draw < t * (1 + cfg.edit_noise)) & real
+    random_chars = torch.randint(EOS_ID + 1, VOCAB_SIZE, (n, length), generator=gen)
     noised = torch.where(masked, torch.full_like(clean, MASK_ID), clean)
+    noised = torch.where(corrupt, random_chars, noised)
     positions = torch.arange(length).repeat(2)
     logits = model.forward_masked(
         torch.cat((clean, noised), dim=1), positions, two_copy_mask(length, block_size)
     )[:, length:]
-    ce = torch.nn.functional.cross_entropy(logits[masked], clean[masked], reduction="none")
-    loss = (ce / t[masked]).sum() / real.sum().clamp(min=1)
-    plain = float(ce.mean().item()) if ce.numel() else 0.0
+    ce = torch.nn.functional.cross_entropy(
+        logits.reshape(n * length, -1), clean.reshape(-1), reduction="none"
+    ).view(n, length)
+    weight = torch.where(masked, 1.0 / t, torch.full_like(t, cfg.edit_weight)) * real
+    loss = (ce * weight).sum() / real.sum().clamp(min=1)
+    plain = float(ce[masked].mean().item()) if bool(masked.any()) else 0.0
     return loss, plain
 
 
@@ -121,12 +163,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class TrainResult:
     model: BlockDiffusionLM
     losses: list[float]  # weighted objective per step
+    steps_run: int  # == cfg.steps unless the wall-clock guard stopped the run
     masked_ce: list[float]  # plain masked-token CE per step
     seconds: float
 
 
 def train(
-    model_config: ModelConfig, cfg: TrainConfig, *, log_every: int = 0, threads: int = 2
+    model_config: ModelConfig, cfg: TrainConfig, *, log_every: int = 0, threads: int = 1
 ) -> TrainResult:
     """Train from scratch, deterministically in (model_config, cfg, torch build, threads)."""
     torch.set_num_threads(threads)
@@ -145,14 +188,17 @@ def train(
     losses: list[float] = []
     masked_ce: list[float] = []
     began = time.perf_counter()
+    steps_run = 0
     for step in range(cfg.steps):
+        if time.perf_counter() - began > cfg.max_seconds:
+            print(f"wall-clock guard: stopping after {step} of {cfg.steps} steps", flush=True)
+            break
+        steps_run = step + 1
         block_size = rng.choice(model_config.train_block_sizes)
-        batch = encode_batch(
-            [make_sample(rng, "train") for _ in range(cfg.batch_size)], cfg.seq_len
-        )
+        batch = sample_batch(rng, cfg.batch_size)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss, plain = diffusion_loss(model, batch, block_size, gen)
+        loss, plain = diffusion_loss(model, batch, block_size, gen, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -164,7 +210,7 @@ def train(
             recent = sum(losses[-log_every:]) / len(losses[-log_every:])
             print(f"step {step:5d}  loss {recent:.4f}  ce {plain:.4f}  {elapsed:6.1f}s", flush=True)
     model.eval()
-    return TrainResult(model, losses, masked_ce, time.perf_counter() - began)
+    return TrainResult(model, losses, steps_run, masked_ce, time.perf_counter() - began)
 
 
 def _tail_mean(values: list[float], n: int = 50) -> float:
@@ -181,15 +227,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--corpus-seed", type=int, default=defaults.corpus_seed)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--d-model", type=int, default=DEFAULT_MODEL.d_model)
+    parser.add_argument("--n-layers", type=int, default=DEFAULT_MODEL.n_layers)
+    parser.add_argument("--n-heads", type=int, default=DEFAULT_MODEL.n_heads)
+    parser.add_argument("--d-ff", type=int, default=DEFAULT_MODEL.d_ff)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
     args = parser.parse_args(argv)
-    cfg = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, seed=args.seed, corpus_seed=args.corpus_seed
+    model_config = replace(
+        DEFAULT_MODEL,
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        d_ff=args.d_ff,
     )
-    result = train(DEFAULT_MODEL, cfg, log_every=args.log_every)
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        corpus_seed=args.corpus_seed,
+        lr=args.lr,
+    )
+    result = train(model_config, cfg, log_every=args.log_every)
     args.out.mkdir(parents=True, exist_ok=True)
-    save_model(result.model, DEFAULT_MODEL, args.out)
+    save_model(result.model, model_config, args.out)
     log = {
-        "steps": cfg.steps,
+        "command": "python -m gpu.train " + " ".join(sys.argv[1:] if argv is None else argv),
+        "steps": result.steps_run,
+        "planned_steps": cfg.steps,
         "final_loss": _tail_mean(result.losses),
         "final_masked_ce": _tail_mean(result.masked_ce),
         "final_loss_note": "mean of the last 50 steps (weighted objective / plain masked CE)",
@@ -200,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "loss_every_50": [
-            round(_tail_mean(result.losses[: i + 1]), 4) for i in range(49, cfg.steps, 50)
+            round(_tail_mean(result.losses[: i + 1]), 4) for i in range(49, len(result.losses), 50)
         ],
     }
     (args.out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")

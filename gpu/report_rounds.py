@@ -1,0 +1,87 @@
+"""Rounds-per-block distribution of the shipped model: `python -m gpu.report_rounds --json PATH`.
+
+Generates continuations of held-out prompts (all corpus kinds) at one block size with each
+algorithm (batch size 1, sync mode) and histograms the forwards each output block took,
+including the final forward on the complete block. Predictable text (counting, repeated words)
+finishes a block in a few rounds; arithmetic facts, whose operands are random, need many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from gpu.algorithms import ALGORITHMS, make_algorithm
+from gpu.corpus import make_samples
+from gpu.generate import generate
+from gpu.weights import DEFAULT_ASSETS, load_model
+
+
+def rounds_histograms(
+    assets: Path, block_size: int, n_prompts: int, seed: int, max_new_tokens: int
+) -> dict[str, Counter[int]]:
+    model, _ = load_model(assets)
+    prompts = [s.prompt for s in make_samples(seed, n_prompts, "heldout")]
+    out: dict[str, Counter[int]] = {}
+    for name in ALGORITHMS:
+        algorithm = make_algorithm(name)
+        hist: Counter[int] = Counter()
+        for prompt in prompts:
+            result = generate(model, prompt, block_size, algorithm, max_new_tokens)
+            hist.update(result.rounds_per_block)
+        out[name] = hist
+    return out
+
+
+def render(hists: dict[str, Counter[int]], block_size: int) -> str:
+    lines = [f"rounds per output block (block_size={block_size}, incl. the final forward)"]
+    for name, hist in hists.items():
+        total = sum(hist.values())
+        mean = sum(r * c for r, c in hist.items()) / max(1, total)
+        lines.append(f"{name}: {total} blocks, mean {mean:.2f} rounds")
+        for rounds in range(1, max(hist, default=1) + 1):
+            count = hist.get(rounds, 0)
+            lines.append(f"  {rounds:3d} | {count:4d} {'#' * count}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu.report_rounds", description=__doc__)
+    parser.add_argument("--json", type=Path, default=None, help="write the histograms here")
+    parser.add_argument("--assets", type=Path, default=DEFAULT_ASSETS)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    hists = rounds_histograms(
+        args.assets, args.block_size, args.prompts, args.seed, args.max_new_tokens
+    )
+    print(render(hists, args.block_size))
+    if args.json is not None:
+        data = {
+            "block_size": args.block_size,
+            "prompts": args.prompts,
+            "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens,
+            "algorithm": {
+                name: {
+                    "histogram": {str(r): hist[r] for r in sorted(hist)},
+                    "blocks": sum(hist.values()),
+                }
+                for name, hist in hists.items()
+            },
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
