@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from properties.cli import main
 from properties.conformance import conformance_machine
+from properties.verify import verify_settings as _verify_settings
 from reference.dllm import (
     make_joint_threshold_scheduler,
     make_scheduler,
@@ -37,7 +38,15 @@ def test_cli_verify_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-unt
     assert "PASS" in capsys.readouterr().out
 
 
-def test_cli_verify_fails_on_a_mutant_by_import_string(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def no_shrink(examples: int, seed_derandomize: bool = True) -> settings:
+    """verify's settings without the shrink phase: these tests check the CLI's plumbing;
+    shrinking is checked by tests/test_mutants.py."""
+    base = _verify_settings(examples, seed_derandomize)
+    return settings(base, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+def test_cli_verify_fails_on_a_mutant_by_import_string(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("properties.verify.verify_settings", no_shrink)
     out = tmp_path / "v.json"
     code = main(
         [

@@ -40,6 +40,9 @@ def test_main_job_names_what_failed(
     monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})
     monkeypatch.setattr(mj, "step_proofs", lambda: (True, "skipped here", {}))
     monkeypatch.setattr(mj, "step_parity", lambda p, t: (True, "skipped here", {}))
+    from tests.test_conformance_reference import no_shrink
+
+    monkeypatch.setattr("properties.verify.verify_settings", no_shrink)
     code = mj.main_job(str(tmp_path), examples=60, parity_prompts=1, parity_tokens=8)
     out = capsys.readouterr().out
     assert code == 1
