@@ -1316,6 +1316,10 @@ def encode_machine(machine: Any, geom: Geometry) -> Values:
     if len(order) > geom.requests:
         raise NotEncodable(f"{len(order)} requests > {geom.requests}")
     index = {rid: i for i, rid in enumerate(order)}
+    queued = [rid for rid in order if machine._requests[rid].phase is RequestPhase.QUEUED]
+    if list(machine._queue) != queued:
+        # the encoding's queue is "the queued requests in submission order"
+        raise NotEncodable(f"queue {list(machine._queue)} is not the queued requests {queued}")
     rnd = machine._round
     out: Values = {}
     pend_masks: dict[str, int] = {}

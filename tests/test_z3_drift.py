@@ -1,0 +1,556 @@
+"""Drift guard: the Z3 transition relation and `SpecMachine.apply` agree.
+
+States are reached by random event sequences through SpecMachine from the initial state (a
+proposal generator that mostly picks events a scheduler could emit, and sometimes a wrong
+one), and also by random perturbations of the machine's internals. For every (state, event)
+the symbolic relation (compiled to Python by `properties.symbolic.drift`) must agree with the
+machine on enabledness, and when enabled on the successor (on the encoded part of the state).
+The symbolic invariants must agree with `spec.invariants` on every state as well.
+
+The forward-granularity policy model is checked against the reference scheduler driven by a
+scripted oracle: same completion forward for every request, in both modes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import z3
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from properties.symbolic.drift import encoded, stepper_for
+from properties.symbolic.encoding import NotEncodable
+from properties.symbolic.policy import PolicyBounds, PolicyInputs, PolicyRun
+from reference.dllm import ReferenceDllmScheduler
+from reference.oracle import ScriptedOracle
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SpecViolation
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    RowAcquired,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+from spec.invariants import INVARIANTS
+from spec.lifecycles import BlockPhase, RequestPhase
+from spec.machine import SpecMachine, finish_condition, initial_masks
+from spec.state import ACTIVE_PHASES
+
+EOS = 15
+GEOMETRIES = ((1, 1, 8), (1, 2, 4), (2, 2, 4), (2, 4, 4), (3, 6, 2), (4, 4, 2))
+STATS: Counter[str] = Counter()
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> DllmConfig:
+    b, p, k = draw(st.sampled_from(GEOMETRIES))
+    mode = draw(st.sampled_from([Mode.SYNC, Mode.FDFO]))
+    fdfo = mode is Mode.FDFO
+    return DllmConfig(
+        block_size=b,
+        page_size=p,
+        kv_pages=k,
+        req_pool_rows=draw(st.integers(1, 4)),
+        max_running_requests=draw(st.integers(1, 4)),
+        max_context=b * draw(st.integers(1, (p * k) // b)),
+        mode=mode,
+        in_place_reuse=fdfo and draw(st.booleans()),
+        reloop=fdfo and draw(st.booleans()),
+        eos_token_id=draw(st.sampled_from([None, EOS])),
+    )
+
+
+# ---------------------------------------------------------------------------- proposals
+
+
+def _aligned_slots(m: SpecMachine, rid: str, k: int, rng: random.Random) -> tuple[int, ...]:
+    c = m.config
+    b, p = c.block_size, c.page_size
+    owner = m.state().slot_owners
+    off = (k * b) % p
+    if off:
+        prev = [s for s, o in owner.items() if o == (rid, k - 1)]
+        start = max(prev) + 1 if prev else rng.randrange(c.kv_slots - b + 1)
+    else:
+        free_pages = [
+            pg for pg in range(c.kv_pages) if not any(s in owner for s in range(pg * p, pg * p + p))
+        ]
+        pg = free_pages[0] if free_pages and rng.random() < 0.7 else rng.choice(free_pages or [0])
+        start = pg * p
+    return tuple(range(start, start + b))
+
+
+def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
+    """Events a scheduler could emit now (most are enabled)."""
+    c = m.config
+    s = m.state()
+    b = c.block_size
+    rnd = s.round
+    out: list[Event] = []
+    n = len(s.requests)
+    if n < 4:
+        limit = min(c.max_context, c.kv_slots)
+        pl = rng.randint(1, max(1, min(2 * b, limit - 1)))
+        mn = rng.randint(1, max(1, min(2 * b, limit - pl)))
+        out.append(Submitted(f"r{n}", tuple(rng.randrange(15) for _ in range(pl)), mn))
+    free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
+    if s.queue and rnd.forwards == 0 and free_rows:
+        out.append(Admitted(s.queue[0], rng.choice(free_rows)))
+    owners = s.slot_owners
+    for r in s.requests.values():
+        rid = r.request_id
+        cur = r.current
+        owned = sorted(x for x, o in owners.items() if o[0] == rid)
+        if r.phase in ACTIVE_PHASES:
+            if rnd.forwards == 0 and (cur is None or cur.slots is None):
+                k = r.committed_blocks
+                out.append(KvAllocated(rid, k, _aligned_slots(m, rid, k, rng)))
+            batch_done = all(
+                x.current is None or x.current.phase is BlockPhase.DONE
+                for x in s.requests.values()
+                if x.phase in ACTIVE_PHASES
+            )
+            if (
+                cur is not None
+                and cur.phase is BlockPhase.DONE
+                and not rnd.pending_steps
+                and (c.mode is Mode.FDFO or batch_done)
+            ):
+                toks = []
+                for i in range(b):
+                    pos = cur.index * b + i
+                    if pos < len(r.prompt):
+                        toks.append(r.prompt[pos])
+                    elif c.eos_token_id is not None and rng.random() < 0.15:
+                        toks.append(c.eos_token_id)
+                    else:
+                        toks.append(rng.randrange(15))
+                out.append(BlockCommitted(rid, cur.index, tuple(toks)))
+            if r.phase is RequestPhase.ADMITTED and finish_condition(c, r) is not None:
+                if owned:
+                    out.append(KvFreed(rid, tuple(owned)))
+                elif r.row is not None:
+                    out.append(RowReleased(rid, r.row))
+                else:
+                    out.append(Finished(rid, finish_condition(c, r)))  # type: ignore[arg-type]
+            if rng.random() < 0.01:
+                if owned:
+                    out.append(KvFreed(rid, tuple(owned)))
+                elif r.row is not None:
+                    out.append(RowReleased(rid, r.row))
+                else:
+                    out.append(Aborted(rid))
+            if (
+                c.mode is Mode.FDFO
+                and not c.in_place_reuse
+                and rnd.forwards
+                and cur is not None
+                and cur.slots is not None
+                and cur.phase is not BlockPhase.DONE
+                and not rnd.pending_steps
+            ):
+                out.append(KvFreed(rid, tuple(cur.slots)))
+        if r.phase is RequestPhase.QUEUED and rng.random() < 0.02:
+            out.append(Aborted(rid))
+    for rid, blk in rnd.pending_steps:
+        masked_in = m._round.pending[(rid, blk)]
+        if masked_in == 0:
+            accept, rem = (b, 0) if rng.random() < 0.85 else (0, 0)
+        else:
+            accept, rem = 0, rng.randint(0, masked_in - 1)
+        out.append(StepResult(rid, blk, accept, rem))
+    if not rnd.pending_steps:
+        rows = []
+        for r in s.requests.values():
+            cur = r.current
+            if r.phase in ACTIVE_PHASES and cur is not None:
+                retained = cur.alloc_round is not None and cur.alloc_round < rnd.index
+                masked = (
+                    initial_masks(c, len(r.prompt), cur.index) if cur.masks is None else cur.masks
+                )
+                rows.append(ForwardRow(r.request_id, cur.index, retained, b, masked))
+        if rows:
+            out.append(Forward(tuple(rows)))
+        out.append(ControlReturned(rnd.index))
+    return out
+
+
+def _mutate(e: Event, m: SpecMachine, rng: random.Random) -> Event:
+    """A small change to an event (often making it wrong)."""
+    ids = [*list(m.state().requests), "rX"]
+    c = m.config
+    if isinstance(e, Submitted):
+        return rng.choice(
+            [
+                Submitted(rng.choice(ids), e.prompt, e.max_new_tokens),
+                Submitted(e.request_id, (), e.max_new_tokens),
+                Submitted(e.request_id, (*e.prompt, -1), e.max_new_tokens),
+                Submitted(e.request_id, e.prompt, rng.randint(0, 2 * c.max_context)),
+            ]
+        )
+    if isinstance(e, Admitted):
+        return rng.choice(
+            [Admitted(rng.choice(ids), e.row), Admitted(e.request_id, rng.randrange(4))]
+        )
+    if isinstance(e, KvAllocated):
+        start = rng.randrange(c.kv_slots - c.block_size + 1)
+        return rng.choice(
+            [
+                KvAllocated(e.request_id, e.block_index, tuple(range(start, start + c.block_size))),
+                KvAllocated(e.request_id, e.block_index + rng.choice([-1, 1]), e.slots),
+                KvAllocated(rng.choice(ids), e.block_index, e.slots),
+            ]
+        )
+    if isinstance(e, KvFreed):
+        return rng.choice(
+            [
+                KvFreed(e.request_id, e.slots[:-1]),
+                KvFreed(rng.choice(ids), e.slots),
+                KvFreed(e.request_id, (*e.slots, rng.randrange(c.kv_slots))),
+            ]
+        )
+    if isinstance(e, RowReleased):
+        return RowReleased(e.request_id, rng.randrange(4))
+    if isinstance(e, Forward):
+        rows = list(e.rows)
+        i = rng.randrange(len(rows))
+        r = rows[i]
+        rows[i] = rng.choice(
+            [
+                ForwardRow(r.request_id, r.block_index, not r.reused, r.num_tokens, r.masked),
+                ForwardRow(r.request_id, r.block_index, r.reused, r.num_tokens - 1, r.masked),
+                ForwardRow(r.request_id, r.block_index, r.reused, r.num_tokens, r.masked + 1),
+                ForwardRow(r.request_id, r.block_index + 1, r.reused, r.num_tokens, r.masked),
+            ]
+        )
+        if rng.random() < 0.3:
+            rows.pop(i)
+        return Forward(tuple(rows))
+    if isinstance(e, StepResult):
+        return rng.choice(
+            [
+                StepResult(e.request_id, e.block_index, c.block_size, e.masks_remaining),
+                StepResult(e.request_id, e.block_index, 1, e.masks_remaining),
+                StepResult(e.request_id, e.block_index, e.accept_length, e.masks_remaining + 1),
+            ]
+        )
+    if isinstance(e, BlockCommitted):
+        toks = list(e.tokens)
+        toks[rng.randrange(len(toks))] = rng.choice([-1, 7, EOS])
+        return BlockCommitted(e.request_id, e.block_index, tuple(toks))
+    if isinstance(e, Finished):
+        return Finished(e.request_id, rng.choice(list(FinishReason)))
+    if isinstance(e, ControlReturned):
+        return ControlReturned(e.round_index + rng.choice([-1, 1]))
+    if isinstance(e, Aborted):
+        return Aborted(rng.choice(ids))
+    return e
+
+
+def _random_event(m: SpecMachine, rng: random.Random) -> Event:
+    ids = [*list(m.state().requests), f"r{len(m.state().requests)}"]
+    c = m.config
+    rid = rng.choice(ids)
+    start = rng.randrange(c.kv_slots - c.block_size + 1)
+    return rng.choice(
+        [
+            Admitted(rid, rng.randrange(4)),
+            RowAcquired(rid, rng.randrange(4)),
+            KvAllocated(rid, rng.randrange(3), tuple(range(start, start + c.block_size))),
+            KvFreed(rid, tuple(sorted(rng.sample(range(c.kv_slots), rng.randint(0, 3))))),
+            Finished(rid, FinishReason.LENGTH),
+            ControlReturned(m.round_index),
+            StepResult(rid, rng.randrange(3), c.block_size, 0),
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------- comparison
+
+
+def _compare(m: SpecMachine, e: Event) -> bool:
+    """Check agreement on (state, event); True if the event was applied to `m`."""
+    stepper = stepper_for(m.config)
+    try:
+        verdict = stepper.verdict(m, e)
+    except NotEncodable:
+        STATS["not encodable"] += 1
+        return False
+    trial = m.copy()
+    try:
+        trial.apply(e)
+        conc_ok, rule = True, ""
+    except SpecViolation as v:
+        conc_ok, rule = False, v.rule
+    except Exception as err:  # the spec machine itself crashed on this (odd) state
+        STATS[f"machine crash {type(err).__name__}"] += 1
+        return False
+    assert verdict.enabled == conc_ok, (
+        f"enabledness differs on {e!r}: SpecMachine {'accepts' if conc_ok else rule}, "
+        f"Z3 relation {'accepts' if verdict.enabled else verdict.failed_rules}\n{m.render()}"
+    )
+    if not conc_ok:
+        STATS["both reject"] += 1
+        if rule in verdict.failed_rules:
+            STATS["same first rule"] += 1
+        return False
+    STATS["both accept"] += 1
+    STATS[f"accept {e.kind}"] += 1
+    after = encoded(trial, stepper.geom)
+    assert verdict.successor is not None
+    diff = {k: (verdict.successor[k], v) for k, v in after.items() if verdict.successor[k] != v}
+    assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
+    m.apply(e)
+    return True
+
+
+def _check_invariants(m: SpecMachine) -> None:
+    stepper = stepper_for(m.config)
+    try:
+        sym = stepper.invariants(m)
+    except NotEncodable:
+        return
+    st_ = m.state()
+    for name, pred in INVARIANTS.items():
+        try:
+            conc = pred(st_) is None
+        except Exception:  # a predicate crashing on a perturbed state
+            STATS["invariant crash"] += 1
+            continue
+        assert sym[name] == conc, f"invariant {name}: Z3 {sym[name]}, spec {conc}\n{m.render()}"
+
+
+def _perturb(m: SpecMachine, rng: random.Random) -> None:
+    """A random change to the machine's internals, within the encodable domain."""
+    c = m.config
+    reqs = list(m._requests.values())
+    choice = rng.randrange(9)
+    if choice == 0:
+        s = rng.randrange(c.kv_slots)
+        if s in m._owner and rng.random() < 0.5:
+            del m._owner[s]
+        elif reqs:
+            m._owner[s] = (rng.choice(reqs).request_id, rng.randrange(3))
+    elif choice == 1 and reqs:
+        rng.choice(reqs).phase = rng.choice(list(RequestPhase))
+    elif choice == 2 and reqs:
+        r = rng.choice(reqs)
+        if r.current is not None:
+            r.current.phase = rng.choice(list(BlockPhase))
+            r.current.masks = rng.choice([None, 0, 1, c.block_size])
+    elif choice == 3:
+        m._round.newly_done_in_last_forward = not m._round.newly_done_in_last_forward
+    elif choice == 4:
+        m._round.forwards = rng.randrange(3)
+        m._round.committed = rng.randrange(2)
+    elif choice == 5 and reqs:
+        r = rng.choice(reqs)
+        r.row = rng.choice([None, *range(c.req_pool_rows)])
+    elif choice == 6 and reqs:
+        row = rng.randrange(c.req_pool_rows)
+        if row in m._rows and rng.random() < 0.5:
+            del m._rows[row]
+        else:
+            m._rows[row] = rng.choice(reqs).request_id
+    elif choice == 7 and reqs:
+        r = rng.choice(reqs)
+        if r.current is not None:
+            r.current.alloc_round = rng.choice([None, 0, m._round.index])
+            if rng.random() < 0.5:
+                r.current.slots = None
+    elif choice == 8 and reqs:
+        r = rng.choice(reqs)
+        if r.current is None:
+            r.committed_blocks = max(0, r.committed_blocks + rng.choice([-1, 1]))
+
+
+WEIGHT = {
+    "submitted": 1.0,
+    "admitted": 3.0,
+    "kv_allocated": 3.0,
+    "kv_freed": 3.0,
+    "row_released": 3.0,
+    "finished": 3.0,
+    "aborted": 1.0,
+    "forward": 3.0,
+    "step_result": 4.0,
+    "block_committed": 4.0,
+    "control_returned": 0.7,
+}
+
+
+def _pick(good: list[Event], rng: random.Random) -> Event:
+    return rng.choices(good, weights=[WEIGHT.get(e.kind, 1.0) for e in good])[0]
+
+
+def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
+    for _ in range(steps):
+        _check_invariants(m)
+        good = _good_events(m, rng)
+        x = rng.random()
+        if good and x < 0.75:
+            e = _pick(good, rng)
+        elif good and x < 0.92:
+            e = _mutate(rng.choice(good), m, rng)
+        else:
+            e = _random_event(m, rng)
+        _compare(m, e)
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(config=configs(), rng=st.randoms(use_true_random=False), steps=st.integers(20, 90))
+def test_relation_agrees_with_spec_machine_on_reached_states(
+    config: DllmConfig, rng: random.Random, steps: int
+) -> None:
+    m = SpecMachine(config)
+    _walk(m, rng, steps)
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(config=configs(), rng=st.randoms(use_true_random=False), steps=st.integers(5, 40))
+def test_relation_agrees_with_spec_machine_on_perturbed_states(
+    config: DllmConfig, rng: random.Random, steps: int
+) -> None:
+    m = SpecMachine(config)
+    _walk(m, rng, steps)
+    for _ in range(rng.randint(1, 3)):
+        _perturb(m, rng)
+    _check_invariants(m)
+    for _ in range(8):
+        good = _good_events(m, rng)
+        e = _pick(good, rng) if good and rng.random() < 0.7 else _random_event(m, rng)
+        _compare(m.copy(), e)
+
+
+def test_the_walks_cover_both_outcomes() -> None:
+    """The comparisons above saw many accepted and many rejected events (not vacuous)."""
+    m = SpecMachine(DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16))
+    rng = random.Random(0)
+    before = STATS.copy()
+    for _ in range(5):
+        _walk(m, rng, 60)
+    seen = STATS - before
+    assert seen["both accept"] > 50 and seen["both reject"] > 20, seen
+
+
+# ---------------------------------------------------------------------------- policy model
+
+
+def _reference_completions(
+    config: DllmConfig, requests: list[RequestSpec], pattern: dict[tuple[str, int], int]
+) -> dict[str, int]:
+    """Forward index (1-based) at which each request's last block got its done step."""
+    forwards = 0
+    done_at: dict[str, int] = {}
+    events: list[Event] = []
+    spec = SpecMachine(config)
+
+    def sink(e: Event) -> None:
+        nonlocal forwards
+        spec.apply(e)
+        events.append(e)
+        if isinstance(e, Forward):
+            forwards += 1
+        if isinstance(e, StepResult) and e.accept_length == config.block_size:
+            done_at.setdefault(f"{e.request_id}/{e.block_index}", forwards)
+
+    oracle = ScriptedOracle(lambda r, k: pattern[(r, k)], config.mask_token_id)
+    sched = ReferenceDllmScheduler(config, sink, oracle)
+    for r in requests:
+        sched.submit(r)
+    sched.drain(1000)
+    out = {}
+    for r in requests:
+        nb = -(-(len(r.prompt) + r.max_new_tokens) // config.block_size)
+        out[r.request_id] = done_at[f"{r.request_id}/{nb - 1}"]
+    return out
+
+
+def _model_completions(nb: list[int], steps: list[list[int]], m: int, sync: bool) -> list[int]:
+    n = len(nb)
+    bounds = PolicyBounds(
+        requests=n,
+        blocks=max(nb),
+        max_steps=max(max(x) for x in steps),
+        max_arrival=0,
+        max_running=m,
+    )
+    inp = PolicyInputs(bounds, name="x")
+    run = PolicyRun(inp, sync=sync)
+    sol = z3.Solver()
+    sol.add(inp.constraints(), *run.constraints, inp.max_running == m)
+    for i in range(n):
+        sol.add(inp.nb[i] == nb[i], inp.arrival[i] == 0)
+        for k in range(bounds.blocks):
+            sol.add(inp.steps[i][k] == (steps[i][k] if k < nb[i] else 1))
+    assert sol.check() == z3.sat
+    model = sol.model()
+    return [model.eval(run.completion(i)).as_long() for i in range(n)]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    data=st.data(),
+    n=st.integers(1, 3),
+    m=st.integers(1, 3),
+    block=st.integers(2, 3),
+)
+def test_policy_model_agrees_with_the_reference(
+    data: st.DataObject, n: int, m: int, block: int
+) -> None:
+    requests: list[RequestSpec] = []
+    pattern: dict[tuple[str, int], int] = {}
+    nbs: list[int] = []
+    steps: list[list[int]] = []
+    for i in range(n):
+        pl = data.draw(st.integers(1, 2 * block))
+        mn = data.draw(st.integers(1, 2 * block))
+        rid = f"r{i}"
+        requests.append(RequestSpec(rid, (3,) * pl, mn))
+        nb = -(-(pl + mn) // block)
+        nbs.append(nb)
+        row = []
+        for k in range(nb):
+            masks = max(0, min(block, (k + 1) * block - pl))
+            p = data.draw(st.integers(1, max(1, masks)))
+            pattern[(rid, k)] = p
+            row.append(1 if masks == 0 else p + 1)
+        steps.append(row)
+    kv_pages = sum(-(-(nb * block) // block) for nb in nbs) + 1
+    for mode in (Mode.FDFO, Mode.SYNC):
+        config = DllmConfig(
+            block_size=block,
+            page_size=block,
+            kv_pages=kv_pages,
+            req_pool_rows=m,
+            max_running_requests=m,
+            max_context=block * max(nbs),
+            mode=mode,
+            in_place_reuse=mode is Mode.FDFO,
+        )
+        ref = _reference_completions(config, requests, pattern)
+        model = _model_completions(nbs, steps, m, sync=mode is Mode.SYNC)
+        assert [ref[r.request_id] for r in requests] == model, (mode, steps, ref, model)
