@@ -78,6 +78,14 @@ def test_default_bound() -> None:
     assert DEFAULT_BOUND >= 4
 
 
+def test_every_symbolic_mutant_is_caught(suite: tuple[list[ProofResult], float]) -> None:
+    results, _ = suite
+    by_name = {r.name: r for r in results}
+    for m in SYMBOLIC_MUTANTS:
+        r = by_name[f"mutant/{m.name}"]
+        assert r.status == "proved" and f"[{m.rule}]" in r.detail, r.detail
+
+
 def test_the_required_mutants_are_encoded() -> None:
     names = {m.name for m in SYMBOLIC_MUTANTS}
     for required in (

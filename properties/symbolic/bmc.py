@@ -564,8 +564,10 @@ def mutant_results(
     progress: Progress | None = None,
     max_depth: int | None = None,
 ) -> tuple[list[ProofResult], list[MutantCounterexample]]:
-    """For every symbolic mutant: status "counterexample" when Z3 finds a trace AND SpecMachine
-    rejects its last event with the expected rule; otherwise "unknown" (a failure)."""
+    """For every symbolic mutant the claim "Z3 catches this seeded bug": "proved" when BMC
+    finds a trace whose last event the mutant allows AND SpecMachine rejects that event with
+    the expected rule (the detail holds the trace, the state and the workload); "unknown" when
+    no trace is found within the depths; "counterexample" when SpecMachine disagrees."""
     results: list[ProofResult] = []
     found: list[MutantCounterexample] = []
     for mut in SYMBOLIC_MUTANTS:
@@ -575,27 +577,31 @@ def mutant_results(
                 err = ""
             except Unknown as e:
                 cex, err = None, f"unknown: {e}"
+        name = f"mutant/{mut.name}"
         if cex is None:
-            results.append(
-                ProofResult(
-                    f"mutant/{mut.name}", "unknown", round(t[0], 3), err or "no trace found"
-                )
-            )
+            results.append(ProofResult(name, "unknown", round(t[0], 3), err or "no trace found"))
         elif cex.violation is None or cex.violation.rule != mut.rule:
-            got = "accepted" if cex.violation is None else cex.violation.rule
+            got = "accepts it" if cex.violation is None else f"names {cex.violation.rule}"
             results.append(
                 ProofResult(
-                    f"mutant/{mut.name}",
-                    "unknown",
+                    name,
+                    "counterexample",
                     round(t[0], 3),
-                    f"trace found but SpecMachine {got} (expected {mut.rule}):\n{cex.render()}",
+                    f"Z3 found a trace but SpecMachine {got} (expected {mut.rule}):\n"
+                    + cex.render(),
                 )
             )
         else:
             found.append(cex)
             results.append(
-                ProofResult(f"mutant/{mut.name}", "counterexample", round(t[0], 3), cex.render())
+                ProofResult(
+                    name,
+                    "proved",
+                    round(t[0], 3),
+                    f"caught: Z3 finds a {len(cex.events)}-event trace (BMC depth {cex.depth}) "
+                    f"that SpecMachine rejects with [{mut.rule}]\n" + cex.render(),
+                )
             )
         if progress:
-            progress(f"mutant/{mut.name}: {results[-1].status} ({t[0]:.2f}s)")
+            progress(f"{name}: {results[-1].status} ({t[0]:.2f}s)")
     return results, found
