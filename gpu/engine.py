@@ -222,8 +222,9 @@ class DllmEngine:
         self._admit()
         batch = self._prepare_batch()
         if batch:
-            tokens, states, done = self._run_worker(batch)
-            self._complete(batch, tokens, states, done)
+            with torch.inference_mode():
+                tokens, states, done = self._run_worker(batch)
+                self._complete(batch, tokens, states, done)
         self.sink(ControlReturned(self.round_index))
         self.round_index += 1
 
@@ -395,7 +396,7 @@ class DllmEngine:
         k = req.committed_blocks
         spec_tokens = self.tokens.to_spec(block)
         self.sink(BlockCommitted(req.rid, k, spec_tokens))
-        before = len(self._output_of(req))
+        before = len(self._output_of(req)) if self.on_block is not None else 0
         req.committed_spec.extend(spec_tokens)
         assert req.block_first_slot is not None
         req.block_first_slots.append(req.block_first_slot)
@@ -405,10 +406,10 @@ class DllmEngine:
         req.fresh_state = None
         req.carry = None
         reason = self._finish_reason(req)
-        output = self._output_of(req)
         if reason is not None:
-            self._finish(req, reason, output)
+            self._finish(req, reason, self._output_of(req))
         if self.on_block is not None:
+            output = self._output_of(req)
             self.on_block(StreamChunk(req.rid, k, spec_tokens, output[before:], reason))
 
     def _carry(self, req: EngineRequest, incomplete_ids: torch.Tensor, algo_state: object) -> None:
