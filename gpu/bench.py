@@ -8,9 +8,11 @@ For every max-running value and every mode the shipped model serves the shipped 
 (cycled to `--requests` requests, all submitted at once) until drained; output tokens per second
 counts the generated tokens of every finished request (cut at max_new_tokens and EOS) over the
 wall time of the drain. All modes are measured in one process, interleaved, `--repeats` times;
-the best run of each (max-running, mode) is reported — on a shared machine other load only ever
-adds time, so the best of several runs is the least disturbed estimate (every run is kept in the
-JSON). Ratios compare modes at the same max-running value.
+the median run of each (max-running, mode) is reported (and the best, and every run in the
+JSON). Within a repeat the four modes of one max-running value run back to back, in a rotating
+order, so a ratio is taken per repeat on paired runs and the median of those is reported: on a
+shared machine the load drifts, and pairing cancels most of the drift. A third ratio, "work",
+compares the model work (row-forwards per generated token) and involves no timing at all.
 
 Per mode the time is also split into model forwards, the algorithm's steps and the rest
 (scheduler: admission, allocation, events, commits), so a missed target can be explained.
@@ -22,7 +24,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,9 @@ class BenchRun:
     forward_seconds: float
     step_seconds: float
     cpu_seconds: float  # process CPU time of the drain (threads=1: time actually computing)
+    kv_seconds: float  # allocating / freeing block KV slots and writing the table
     row_forwards: int  # blocks run through the model, summed over forwards (the work done)
+    repeat: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -151,6 +155,7 @@ def run_once(
         forward_seconds=engine.runner.forward_seconds,
         step_seconds=engine.step_seconds,
         cpu_seconds=cpu_seconds,
+        kv_seconds=engine.kv_seconds,
         row_forwards=engine.rows_forwarded,
     )
 
@@ -161,39 +166,46 @@ class BenchReport:
     settings: dict[str, Any]
     runs: list[BenchRun]
 
-    def best(self, max_running: int, mode: str) -> BenchRun:
-        runs = [r for r in self.runs if r.max_running == max_running and r.mode == mode]
-        return max(runs, key=lambda r: r.tokens_per_s)
+    def of(self, max_running: int, mode: str) -> list[BenchRun]:
+        return [r for r in self.runs if r.max_running == max_running and r.mode == mode]
 
-    def median_tokens_per_s(self, max_running: int, mode: str) -> float:
-        return statistics.median(
-            r.tokens_per_s for r in self.runs if r.max_running == max_running and r.mode == mode
-        )
+    def best(self, max_running: int, mode: str) -> BenchRun:
+        return max(self.of(max_running, mode), key=lambda r: r.tokens_per_s)
+
+    def median_run(self, max_running: int, mode: str) -> BenchRun:
+        """The run with the median wall-clock throughput (the lower middle for even counts)."""
+        runs = sorted(self.of(max_running, mode), key=lambda r: r.tokens_per_s)
+        return runs[(len(runs) - 1) // 2]
+
+    def median_cpu(self, max_running: int, mode: str) -> float:
+        return statistics.median(r.tokens_per_cpu_s for r in self.of(max_running, mode))
 
     def max_running_values(self) -> list[int]:
         return sorted({r.max_running for r in self.runs})
 
-    def best_cpu(self, max_running: int, mode: str) -> BenchRun:
-        runs = [r for r in self.runs if r.max_running == max_running and r.mode == mode]
-        return max(runs, key=lambda r: r.tokens_per_cpu_s)
-
     def ratios(self, clock: str = "wall") -> dict[str, dict[str, float]]:
-        """num/den throughput per max-running value; clock "wall", "cpu" or "work" (the
-        inverse ratio of row-forwards: the model work each mode needed, free of timing noise)."""
+        """num/den throughput per max-running value.
+
+        "wall" / "cpu": the median over repeats of the paired ratio (both modes measured back to
+        back in the same repeat, so slow drifts of the machine's load cancel); "work": the
+        inverse ratio of row-forwards per token, the model work each mode needed (no timing)."""
         out: dict[str, dict[str, float]] = {}
         for num, den in RATIOS:
             by_m: dict[str, float] = {}
             for m in self.max_running_values():
-                if clock == "wall":
-                    x = self.best(m, num).tokens_per_s / self.best(m, den).tokens_per_s
-                elif clock == "cpu":
-                    x = (
-                        self.best_cpu(m, num).tokens_per_cpu_s
-                        / self.best_cpu(m, den).tokens_per_cpu_s
-                    )
-                else:
-                    a, b = self.best(m, num), self.best(m, den)
+                if clock == "work":
+                    a, b = self.of(m, num)[0], self.of(m, den)[0]
                     x = (a.tokens / a.row_forwards) / (b.tokens / b.row_forwards)
+                else:
+                    dens = {r.repeat: r for r in self.of(m, den)}
+                    pairs = [
+                        (r.tokens_per_s / dens[r.repeat].tokens_per_s)
+                        if clock == "wall"
+                        else (r.tokens_per_cpu_s / dens[r.repeat].tokens_per_cpu_s)
+                        for r in self.of(m, num)
+                        if r.repeat in dens
+                    ]
+                    x = statistics.median(pairs)
                 by_m[str(m)] = round(x, 3)
             out[f"{num}/{den}"] = by_m
         return out
@@ -202,25 +214,24 @@ class BenchReport:
         results = []
         for m in self.max_running_values():
             for mode in MODES:
-                r = self.best(m, mode.name)
+                r = self.median_run(m, mode.name)
                 results.append(
                     {
                         "max_running": m,
                         "mode": mode.name,
                         "tokens_per_s": round(r.tokens_per_s, 1),
+                        "best_tokens_per_s": round(self.best(m, mode.name).tokens_per_s, 1),
+                        "tokens_per_cpu_s": round(self.median_cpu(m, mode.name), 1),
                         "tokens": r.tokens,
                         "seconds": round(r.seconds, 4),
                         "forwards": r.forwards,
+                        "row_forwards": r.row_forwards,
                         "rounds": r.rounds,
                         "forward_seconds": round(r.forward_seconds, 4),
                         "step_seconds": round(r.step_seconds, 4),
-                        "median_tokens_per_s": round(self.median_tokens_per_s(m, mode.name), 1),
-                        "tokens_per_cpu_s": round(self.best_cpu(m, mode.name).tokens_per_cpu_s, 1),
-                        "row_forwards": r.row_forwards,
+                        "kv_seconds": round(r.kv_seconds, 4),
                         "all_tokens_per_s": [
-                            round(x.tokens_per_s, 1)
-                            for x in self.runs
-                            if x.max_running == m and x.mode == mode.name
+                            round(x.tokens_per_s, 1) for x in self.of(m, mode.name)
                         ],
                     }
                 )
@@ -275,11 +286,13 @@ def run_bench(
     runs: list[BenchRun] = []
     for rep in range(repeats):
         for m in max_running:
-            for mode in MODES:
+            # the modes of one max-running value run back to back (paired), in a rotating order
+            for k in range(len(MODES)):
+                mode = MODES[(k + rep) % len(MODES)]
                 run = run_once(
                     model, algorithm, mode, m, reqs, block_size, page_size, max_context, dev
                 )
-                runs.append(run)
+                runs.append(replace(run, repeat=rep))
                 if progress:
                     print(
                         f"  [{rep + 1}/{repeats}] max_running={m:<3} {mode.name:<18} "
@@ -300,22 +313,25 @@ def run_bench(
 
 def _print(report: BenchReport) -> None:
     print(
-        f"{'max_running':>11}  {'mode':<18}{'tok/s':>9}{'tok/cpu-s':>10}{'tokens':>7}"
-        f"{'seconds':>8}{'forwards':>9}{'row-fwd':>8}{'model%':>7}{'step%':>6}{'sched%':>7}"
+        f"{'max_running':>11}  {'mode':<18}{'tok/s':>8}{'best':>8}{'tok/cpu-s':>10}{'tokens':>7}"
+        f"{'seconds':>8}{'fwd':>5}{'row-fwd':>8}{'model%':>7}{'step%':>6}{'kv%':>5}{'other%':>7}"
     )
     for m in report.max_running_values():
         for mode in MODES:
-            r = report.best(m, mode.name)
-            c = report.best_cpu(m, mode.name)
+            r = report.median_run(m, mode.name)
             fwd = 100 * r.forward_seconds / r.seconds
             step = 100 * r.step_seconds / r.seconds
+            kv = 100 * r.kv_seconds / r.seconds
             print(
-                f"{m:>11}  {mode.name:<18}{r.tokens_per_s:>9.1f}{c.tokens_per_cpu_s:>10.1f}"
-                f"{r.tokens:>7}{r.seconds:>8.3f}{r.forwards:>9}{r.row_forwards:>8}"
-                f"{fwd:>6.0f}%{step:>5.0f}%{100 - fwd - step:>6.0f}%"
+                f"{m:>11}  {mode.name:<18}{r.tokens_per_s:>8.1f}"
+                f"{report.best(m, mode.name).tokens_per_s:>8.1f}"
+                f"{report.median_cpu(m, mode.name):>10.1f}{r.tokens:>7}{r.seconds:>8.3f}"
+                f"{r.forwards:>5}{r.row_forwards:>8}{fwd:>6.0f}%{step:>5.0f}%{kv:>4.1f}%"
+                f"{100 - fwd - step - kv:>6.0f}%"
             )
     for clock in ("wall", "cpu", "work"):
-        print(f"\nratios ({clock})")
+        label = {"wall": "median paired, wall clock", "cpu": "median paired, CPU time"}
+        print(f"\nratios ({label.get(clock, 'model work: row-forwards per token')})")
         for name, by_m in report.ratios(clock).items():
             print(f"  {name:<30}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
 

@@ -172,6 +172,7 @@ class DllmEngine:
         self.outputs: dict[str, tuple[int, ...]] = {}
         self.forward_log: list[ForwardRecord] = []
         self.step_seconds = 0.0  # wall time in the algorithm's step
+        self.kv_seconds = 0.0  # wall time allocating / freeing block KV and writing the table
         self.rows_forwarded = 0  # sum over forwards of the rows (blocks) they ran
         # A block never needs more steps than this (LowConfidence: B + 1; JointThreshold:
         # B + max_post_edit_steps + 1); beyond it the engine stops instead of looping forever.
@@ -220,7 +221,9 @@ class DllmEngine:
 
     def run_round(self) -> None:
         self._admit()
+        t0 = time.perf_counter()
         batch = self._prepare_batch()
+        self.kv_seconds += time.perf_counter() - t0
         if batch:
             with torch.inference_mode():
                 tokens, states, done = self._run_worker(batch)
@@ -423,8 +426,10 @@ class DllmEngine:
 
     def _drop_block_kv(self, req: EngineRequest) -> None:
         if req.block_first_slot is not None:
+            t0 = time.perf_counter()
             self.allocator.free_blocks(req.handle, [req.block_first_slot])
             req.block_first_slot = None
+            self.kv_seconds += time.perf_counter() - t0
 
     def _finish_reason(self, req: EngineRequest) -> FinishReason | None:
         gen = req.generated
