@@ -107,6 +107,7 @@ def _cfg_terms(cfg: SymConfig) -> dict[str, Z]:
         "cfg.rows": cfg.rows,
         "cfg.max_context": cfg.max_context,
         "cfg.eos": cfg.eos,
+        "cfg.kv_pages": cfg.kv_pages,
     }
 
 
@@ -119,6 +120,7 @@ def _cfg_values(config: DllmConfig) -> Values:
         "cfg.rows": config.req_pool_rows,
         "cfg.max_context": config.max_context,
         "cfg.eos": config.eos_token_id is not None,
+        "cfg.kv_pages": config.kv_pages,
     }
 
 
@@ -126,13 +128,14 @@ _STEPPERS: dict[Geometry, SymbolicStepper] = {}
 
 
 def stepper_for(
-    config: DllmConfig, requests: int = 4, rows: int = 4, running: int = 4
+    config: DllmConfig, requests: int = 4, rows: int = 4, running: int = 4, slots: int = 16
 ) -> SymbolicStepper:
-    """A (cached) stepper whose geometry covers `config`."""
+    """A (cached) stepper whose geometry covers `config` (one per block and page size: every
+    pool of up to `slots` slots shares it)."""
     geom = Geometry(
         config.block_size,
         config.page_size,
-        config.kv_pages,
+        max(config.kv_pages, slots // config.page_size),
         requests,
         max(rows, config.req_pool_rows),
         max(running, config.max_running_requests),

@@ -1,9 +1,10 @@
 """A symbolic, finite-domain encoding of the dLLM lifecycle spec (`spec.machine.SpecMachine`).
 
-Sizes are bounded and concrete (`Geometry`: block size, page size, KV pages, at most N requests
-and R request-pool rows); the scheduling policy switches (mode, in-place reuse, re-loop,
-max_running_requests, req_pool_rows, max_context, EOS on/off) are symbolic, so one query covers
-every policy at once (`SymConfig.symbolic`) or one concrete `DllmConfig` (`SymConfig.concrete`).
+Sizes are bounded and concrete (`Geometry`: block size, page size, at most K KV pages, at most
+N requests and R request-pool rows); the rest of the configuration (mode, in-place reuse,
+re-loop, max_running_requests, req_pool_rows, max_context, kv_pages <= K, EOS on/off) is
+symbolic, so one query covers all of it at once (`SymConfig.symbolic`) or one concrete
+`DllmConfig` (`SymConfig.concrete`).
 
 State (one copy = one `State`): per request its phase, prompt length, max_new_tokens, row,
 committed blocks, current block (phase, first KV slot, masks left, allocation round), whether an
@@ -130,7 +131,7 @@ class Geometry:
 
     def label(self) -> str:
         return (
-            f"B={self.block_size} P={self.page_size} S={self.kv_slots} N={self.requests} "
+            f"B={self.block_size} P={self.page_size} S<={self.kv_slots} N={self.requests} "
             f"R={self.rows}"
         )
 
@@ -157,6 +158,7 @@ class SymConfig:
     rows: Z
     max_context: Z
     eos: Z  # an EOS token id is configured
+    kv_pages: Z  # pages in the pool (the pool is kv_pages * page_size slots)
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -168,6 +170,7 @@ class SymConfig:
             z3.Int(f"{prefix}.rows"),
             z3.Int(f"{prefix}.max_context"),
             z3.Bool(f"{prefix}.eos"),
+            z3.Int(f"{prefix}.kv_pages"),
         )
 
     @classmethod
@@ -180,6 +183,7 @@ class SymConfig:
             z3.IntVal(config.req_pool_rows),
             z3.IntVal(config.max_context),
             z3.BoolVal(config.eos_token_id is not None),
+            z3.IntVal(config.kv_pages),
         )
 
     def constraints(self, geom: Geometry) -> Z:
@@ -192,6 +196,8 @@ class SymConfig:
             self.rows <= geom.rows,
             self.max_context >= b,
             self.max_context % b == 0,
+            self.kv_pages >= 1,
+            self.kv_pages <= geom.kv_pages,
             z3.Implies(self.sync, z3.And(z3.Not(self.reuse), z3.Not(self.reloop))),
         )
 
@@ -204,7 +210,7 @@ class SymConfig:
         return DllmConfig(
             block_size=geom.block_size,
             page_size=geom.page_size,
-            kv_pages=geom.kv_pages,
+            kv_pages=ev(self.kv_pages).as_long(),
             req_pool_rows=ev(self.rows).as_long(),
             max_running_requests=ev(self.max_running).as_long(),
             max_context=ev(self.max_context).as_long(),
@@ -382,7 +388,10 @@ class Encoding:
         self.cfg = cfg if cfg is not None else SymConfig.symbolic()
         self.N = geom.requests
         self.R = geom.rows
-        self.S = geom.kv_slots
+        self._templates: dict[tuple[Relaxation, ...], tuple[State, Params, State, Z]] = {}
+        self._prefix: dict[tuple[int, int], Z] = {}
+        self.S = geom.kv_slots  # slot variables: the largest pool of the geometry
+        self.pool = self.cfg.kv_pages * geom.page_size  # slots of this configuration's pool
         self.B = geom.block_size
         self.P = geom.page_size
 
@@ -428,12 +437,15 @@ class Encoding:
 
     def prefix_kept(self, s: State, i: int) -> Z:
         """Every committed block k < com holds exactly block_size slots (_check_prefix)."""
-        cap = self.S // self.B
-        parts = [s.com[i] <= cap]
-        for k in range(cap):
-            count = _sum([self.owns(s, t, i, k) for t in range(self.S)])
-            parts.append(z3.Implies(k < s.com[i], count == self.B))
-        return z3.And(parts)
+        key = (s.com[i].get_id(), i)
+        if key not in self._prefix:
+            cap = self.S // self.B
+            parts = [s.com[i] <= cap]
+            for k in range(cap):
+                count = _sum([self.owns(s, t, i, k) for t in range(self.S)])
+                parts.append(z3.Implies(k < s.com[i], count == self.B))
+            self._prefix[key] = z3.And(parts)
+        return self._prefix[key]
 
     def page_offset(self, blk: Z) -> Z:
         bpp = self.geom.blocks_per_page
@@ -570,7 +582,7 @@ class Encoding:
                     p.pl >= 1,
                     p.mn >= 1,
                     p.pl + p.mn <= cfg.max_context,
-                    p.pl + p.mn <= self.S,
+                    p.pl + p.mn <= self.pool,
                 ),
             )
         )
@@ -611,7 +623,7 @@ class Encoding:
                 "kv_exclusive",
                 z3.And(
                     p.start >= 0,
-                    p.start + b <= self.S,
+                    p.start + b <= self.pool,
                     z3.And(
                         [
                             z3.Implies(self.in_block(p.start, t), s.oreq[t] == -1)
@@ -1051,10 +1063,27 @@ class Encoding:
             alts.append(z3.And(p.kind == KIND[kind], *conj))
         return z3.Or(alts)
 
-    def transition(self, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()) -> Z:
-        """T(s, p, s2): event p is well-formed, enabled in s, and s2 is its effect."""
+    def build_transition(
+        self, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()
+    ) -> Z:
+        """T(s, p, s2) built from the guards and effects (see `transition`)."""
         nxt = self.effects(s, p)
         return z3.And(self.params_ok(s, p), self.enabled(s, p, relax), s2.equals(nxt))
+
+    def transition(self, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()) -> Z:
+        """T(s, p, s2): event p is well-formed, enabled in s, and s2 is its effect.
+
+        The relation is built once per encoding (and relaxation) over template copies and
+        instantiated for (s, p, s2) by substitution: every copy is the same definition."""
+        key = tuple(relax)
+        if key not in self._templates:
+            ts, tp, ts2 = self.state("T.s"), self.params("T.p"), self.state("T.t")
+            self._templates[key] = (ts, tp, ts2, self.build_transition(ts, tp, ts2, relax))
+        ts, tp, ts2, rel = self._templates[key]
+        pairs = list(zip(ts.terms(), s.terms(), strict=True))
+        pairs += list(zip(param_terms(tp).values(), param_terms(p).values(), strict=True))
+        pairs += list(zip(ts2.terms(), s2.terms(), strict=True))
+        return z3.substitute(rel, *pairs)
 
     def rule_guard(self, s: State, p: Params, kind: str, rule: str, tag: str = "") -> Z:
         """The conjunction of the guards of `kind` labelled `rule` (and `tag`)."""
@@ -1087,7 +1116,7 @@ class Encoding:
                     for i in range(n)
                 ]
             )
-            no_leak.append(z3.Implies(o != -1, live))
+            no_leak.append(z3.Implies(o != -1, z3.And(t < self.pool, live)))
 
         terminal = []
         for i in range(n):
@@ -1305,10 +1334,10 @@ def request_order(machine: Any) -> list[str]:
 def encode_machine(machine: Any, geom: Geometry) -> Values:
     """The symbolic values of a `SpecMachine`'s state (non-ghost fields; ghosts derived)."""
     cfg: DllmConfig = machine.config
-    if Geometry.of(cfg, geom.requests).kv_slots != geom.kv_slots or (
-        cfg.block_size,
-        cfg.page_size,
-    ) != (geom.block_size, geom.page_size):
+    if cfg.kv_pages > geom.kv_pages or (cfg.block_size, cfg.page_size) != (
+        geom.block_size,
+        geom.page_size,
+    ):
         raise NotEncodable(f"config {cfg} does not match geometry {geom}")
     if cfg.req_pool_rows > geom.rows or cfg.max_running_requests > geom.running:
         raise NotEncodable("rows or max_running beyond the geometry")

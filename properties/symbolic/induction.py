@@ -229,6 +229,18 @@ def _nice(enc: Encoding, s: State) -> Z:
     return z3.And(parts)
 
 
+_CTI_CACHE: dict[Geometry, tuple[Encoding, State, Params, State, Z]] = {}
+_BMC_CACHE: dict[Any, Encoding] = {}
+
+
+def _cti_encoding(geom: Geometry) -> tuple[Encoding, State, Params, State, Z]:
+    if geom not in _CTI_CACHE:
+        enc = Encoding(geom, SymConfig.symbolic("cfg"))
+        s, p, s2 = enc.state("s"), enc.params("p"), enc.state("t")
+        _CTI_CACHE[geom] = (enc, s, p, s2, enc.transition(s, p, s2))
+    return _CTI_CACHE[geom]
+
+
 @dataclass(frozen=True, slots=True)
 class CtiReport:
     invariant: str
@@ -244,11 +256,10 @@ def analyse_cti(
 ) -> CtiReport:
     """Is invariant `name` inductive on its own? If not: a CTI, the lemmas that exclude it, and
     a BMC from the initial state showing it is unreachable within `depth` events."""
-    enc = Encoding(geom, SymConfig.symbolic("cfg"))
-    s, p, s2 = enc.state("s"), enc.params("p"), enc.state("t")
+    enc, s, p, s2, rel = _cti_encoding(geom)
     inv, inv2 = enc.invariants(s), enc.invariants(s2)
     lem = enc.lemmas(s)
-    base = [enc.domain(s), inv[name], enc.transition(s, p, s2), z3.Not(inv2[name])]
+    base = [enc.domain(s), inv[name], rel, z3.Not(inv2[name])]
     sol = solver(timeout_ms)
     sol.add(*base, _nice(enc, s))
     found = check(sol)
@@ -288,7 +299,10 @@ def cti_reachable(
     geom: Geometry, config: Any, target: dict[str, Z], depth: int, timeout_ms: int
 ) -> tuple[bool, float]:
     """BMC: can the state `target` (non-ghost values) be reached in <= depth events?"""
-    enc = Encoding(geom, SymConfig.concrete(config))
+    key = (geom, config)
+    if key not in _BMC_CACHE:
+        _BMC_CACHE[key] = Encoding(geom, SymConfig.concrete(config))
+    enc = _BMC_CACHE[key]
     states = [enc.state(f"b{j}") for j in range(depth + 1)]
     params = [enc.params(f"q{j}") for j in range(depth)]
     with timed() as t:
