@@ -63,7 +63,7 @@ EXTRA_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(3, 3, 4),
 )
 # small enough for readable counterexamples to induction and a BMC over them
-CTI_GEOMETRY = Geometry(2, 4, 2, requests=2, rows=2, running=2)
+CTI_GEOMETRY = Geometry(1, 2, 2, requests=2, rows=2, running=2)
 CTI_BMC_DEPTH = 6
 WHOLE = "whole_block_alloc"
 
@@ -230,7 +230,7 @@ def _nice(enc: Encoding, s: State) -> Z:
 
 
 _CTI_CACHE: dict[Geometry, tuple[Encoding, State, Params, State, Z]] = {}
-_BMC_CACHE: dict[Any, Encoding] = {}
+_UNROLL_CACHE: dict[tuple[Geometry, int], tuple[list[State], list[Z]]] = {}
 
 
 def _cti_encoding(geom: Geometry) -> tuple[Encoding, State, Params, State, Z]:
@@ -254,62 +254,98 @@ def analyse_cti(
     depth: int = CTI_BMC_DEPTH,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
 ) -> CtiReport:
-    """Is invariant `name` inductive on its own? If not: a CTI, the lemmas that exclude it, and
-    a BMC from the initial state showing it is unreachable within `depth` events."""
+    """Is invariant `name` inductive on its own? If not: its counterexample to induction (CTI)
+    and a BMC from the initial state showing the CTI unreachable within `depth` events. Then:
+    is it inductive together with the other NAMED invariants? If not, the CTI of that query
+    shows which strengthening lemmas it needs (the lemmas that CTI violates), again with a BMC
+    showing that CTI unreachable."""
     enc, s, p, s2, rel = _cti_encoding(geom)
     inv, inv2 = enc.invariants(s), enc.invariants(s2)
     lem = enc.lemmas(s)
-    base = [enc.domain(s), inv[name], rel, z3.Not(inv2[name])]
-    sol = solver(timeout_ms)
-    sol.add(*base, _nice(enc, s))
-    found = check(sol)
-    if not found:
-        sol = solver(timeout_ms)
-        sol.add(*base)
-        found = check(sol)
-    if not found:
+
+    def cti(hyps: list[Z]) -> Z | None:
+        base = [enc.domain(s), *hyps, rel, z3.Not(inv2[name])]
+        for extra in ([_nice(enc, s)], []):
+            sol = solver(timeout_ms)
+            sol.add(*base, *extra)
+            if check(sol):
+                return sol.model()
+        return None
+
+    def describe(m: Z, label: str) -> tuple[str, bool]:
+        kind = KIND_NAME[int(pyval(m.eval(p.kind, model_completion=True)))]
+        req = pyval(m.eval(p.req, model_completion=True))
+        violated = [
+            k
+            for k, term in list(lem.items()) + [(k, v) for k, v in inv.items() if k != name]
+            if not z3.is_true(m.eval(term, model_completion=True))
+        ]
+        config = enc.cfg.decode(m, geom)
+        target = {k: m.eval(t, model_completion=True) for k, t in s.items(ghosts=False)}
+        reachable, secs = cti_reachable(geom, config, target, depth, timeout_ms)
+        verdict = (
+            f"REACHABLE within {depth} events (a lemma is wrong)"
+            if reachable
+            else f"unreachable: BMC from the initial state finds no path of <= {depth} events "
+            f"to it ({secs:.2f}s)"
+        )
+        text = (
+            f"{label}: a {kind} event (request r{req}) breaks it from this state "
+            f"({geom.label()}, mode={config.mode.value} reuse={config.in_place_reuse} "
+            f"reloop={config.reloop}):\n{render_values(m, s, geom)}\n"
+            f"the CTI violates: {', '.join(violated) or '(nothing?)'}; it is {verdict}"
+        )
+        return text, reachable
+
+    alone = cti([inv[name]])
+    if alone is None:
         return CtiReport(name, True, "inductive on its own (with the domain constraints)")
-    m = sol.model()
-    kind = KIND_NAME[int(pyval(m.eval(p.kind, model_completion=True)))]
-    req = pyval(m.eval(p.req, model_completion=True))
-    excluded_by = [
-        k
-        for k, term in list(lem.items()) + [(k, v) for k, v in inv.items() if k != name]
-        if not z3.is_true(m.eval(term, model_completion=True))
-    ]
-    config = enc.cfg.decode(m, geom)
-    target = {k: m.eval(t, model_completion=True) for k, t in s.items(ghosts=False)}
-    reachable, secs = cti_reachable(geom, config, target, depth, timeout_ms)
-    verdict = (
-        f"REACHABLE within {depth} events (the lemma is wrong)"
-        if reachable
-        else f"unreachable: BMC from the initial state finds no path of <= {depth} events to it "
-        f"({secs:.2f}s)"
-    )
-    detail = (
-        f"not inductive alone: a {kind} event (request r{req}) breaks it from this state "
-        f"({geom.label()}, mode={config.mode.value} reuse={config.in_place_reuse} "
-        f"reloop={config.reloop}):\n{render_values(m, s, geom)}\n"
-        f"excluded by: {', '.join(excluded_by) or '(nothing?)'}; CTI {verdict}"
-    )
-    return CtiReport(name, False, detail)
+    text, reach_alone = describe(alone, "not inductive alone")
+    others = [v for k, v in inv.items() if k != name]
+    relative = cti([inv[name], *others])
+    if relative is None:
+        text += "\ninductive together with the other named invariants (no lemma needed)"
+        reachable = reach_alone
+    else:
+        more, reachable = describe(relative, "not inductive with the other named invariants")
+        needed = [
+            k
+            for k, term in lem.items()
+            if not z3.is_true(relative.eval(term, model_completion=True))
+        ]
+        text += f"\n{more}\nexcluded by the strengthening lemmas: {', '.join(needed)}"
+        reachable = reachable or reach_alone
+    return CtiReport(name, False, text + ("\nCTI REACHABLE" if reachable else ""))
 
 
 def cti_reachable(
     geom: Geometry, config: Any, target: dict[str, Z], depth: int, timeout_ms: int
 ) -> tuple[bool, float]:
-    """BMC: can the state `target` (non-ghost values) be reached in <= depth events?"""
-    key = (geom, config)
-    if key not in _BMC_CACHE:
-        _BMC_CACHE[key] = Encoding(geom, SymConfig.concrete(config))
-    enc = _BMC_CACHE[key]
-    states = [enc.state(f"b{j}") for j in range(depth + 1)]
-    params = [enc.params(f"q{j}") for j in range(depth)]
+    """BMC: can the state `target` (non-ghost values) be reached in <= depth events under
+    `config`? (The cached symbolic-policy unrolling, with the policy pinned to `config`.)"""
+    enc, *_ = _cti_encoding(geom)
+    key = (geom, depth)
+    if key not in _UNROLL_CACHE:
+        states = [enc.state(f"b{j}") for j in range(depth + 1)]
+        params = [enc.params(f"q{j}") for j in range(depth)]
+        cons = [enc.init(states[0])]
+        cons += [enc.transition(states[j], params[j], states[j + 1]) for j in range(depth)]
+        _UNROLL_CACHE[key] = (states, cons)
+    states, cons = _UNROLL_CACHE[key]
+    c = SymConfig.concrete(config)
+    pin = [
+        enc.cfg.sync == c.sync,
+        enc.cfg.reuse == c.reuse,
+        enc.cfg.reloop == c.reloop,
+        enc.cfg.max_running == c.max_running,
+        enc.cfg.rows == c.rows,
+        enc.cfg.max_context == c.max_context,
+        enc.cfg.eos == c.eos,
+        enc.cfg.kv_pages == c.kv_pages,
+    ]
     with timed() as t:
         sol = solver(timeout_ms)
-        sol.add(enc.init(states[0]))
-        for j in range(depth):
-            sol.add(enc.transition(states[j], params[j], states[j + 1]))
+        sol.add(*cons, *pin)
         hits = []
         for st in states:
             mine = dict(st.items(ghosts=False))
@@ -344,7 +380,7 @@ def prove_invariants(
                 try:
                     rep = analyse_cti(name, depth=cti_depth, timeout_ms=timeout_ms)
                     extra = rep.detail
-                    if not rep.inductive_alone and "REACHABLE" in rep.detail:
+                    if "REACHABLE" in rep.detail:
                         g.status = "counterexample"
                 except Unknown as err:
                     g.status = "unknown"
