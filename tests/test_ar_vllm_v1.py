@@ -77,6 +77,59 @@ def test_priority_preempts_lowest_priority() -> None:
     assert pre and set(pre) == {"low"}
 
 
+def _first_scheduled(h: ArHarness) -> list[str]:
+    seen: list[str] = []
+    for e in h.events:
+        if isinstance(e, ArScheduled) and e.request_id not in seen:
+            seen.append(e.request_id)
+    return seen
+
+
+def test_priority_soft_arrival_waits_for_a_seat() -> None:
+    """A high-priority arrival does not evict a running request: it joins when the seat frees,
+    ahead of a lower-priority request that waited longer."""
+    h = _h(max_num_seqs=1, policy="priority-soft")
+    h.submit(ArRequest("low", 2, 3, priority=5))
+    h.step()
+    h.submit(ArRequest("mid", 2, 2, priority=3))
+    h.submit(ArRequest("high", 2, 2, priority=0))
+    h.drain()
+    assert not any(isinstance(e, ArPreempted) for e in h.events)
+    assert _first_scheduled(h) == ["low", "high", "mid"]
+    assert h.outputs() == {"low": 3, "mid": 2, "high": 2}
+
+
+def test_priority_soft_shrinks_a_chunk_before_preempting() -> None:
+    """7 usable one-token blocks. In step 2 "high" (mid-prefill) wants 3 tokens with 1 block
+    free: priority preempts it (it is the only unscheduled running request); soft preemption
+    computes 1 token instead and evicts nobody."""
+    by_policy = {}
+    for policy in ("priority", "priority-soft"):
+        h = _h(
+            block_size=1,
+            num_blocks=8,
+            max_num_batched_tokens=4,
+            max_num_seqs=2,
+            max_model_len=8,
+            policy=policy,
+        )
+        h.submit(ArRequest("low", 1, 4, priority=5))
+        h.step()
+        h.submit(ArRequest("high", 6, 1, priority=0))
+        h.step()
+        start = len(h.events)
+        h.step()
+        by_policy[policy] = [
+            (type(e).__name__, e.request_id)
+            for e in h.events[start:]
+            if isinstance(e, ArScheduled | ArPreempted)
+        ]
+        h.drain()
+        assert h.outputs() == {"low": 4, "high": 1}
+    assert by_policy["priority"] == [("ArScheduled", "low"), ("ArPreempted", "high")]
+    assert by_policy["priority-soft"] == [("ArScheduled", "low"), ("ArScheduled", "high")]
+
+
 def test_stop_token_and_abort_from_every_state() -> None:
     h = _h(max_num_seqs=1)
     h.submit(ArRequest("s", 2, 8, stop_after=2))

@@ -13,6 +13,10 @@ One step (decisions as in vLLM v1's `Scheduler.schedule`, read for facts, writte
    AGING a request that waited max_wait_steps steps first). A prefill is chunked to the budget
    (or scheduled whole when chunked prefill is off); admission stops at the first request whose
    blocks do not fit.
+   Under PRIORITY_SOFT (priority admission, soft preemption) a running request whose chunk
+   does not fit shrinks it to what its blocks and the free blocks hold; it preempts (the lowest
+   priority, then latest arrival, among unscheduled running requests) only when not one more
+   token fits. Admission never preempts: a high-priority arrival waits for a seat and blocks.
 3. The model step; then requests that produced max_tokens or their end token finish and free
    their blocks.
 """
@@ -49,8 +53,8 @@ class VllmV1Scheduler(ArSchedulerBase):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = self._running_tokens(req, i, budget)
-            if not self._fit_or_preempt(req, n, i):
+            n = self._fit_or_preempt(req, self._running_tokens(req, i, budget), i)
+            if not n:
                 # It preempted itself. Under FCFS it was the tail: the loop ends. Under priority
                 # a higher-priority request may follow it: keep scheduling (vLLM PR #26765; a
                 # plain `break` here can leave a step with nothing scheduled).
@@ -60,30 +64,39 @@ class VllmV1Scheduler(ArSchedulerBase):
             i += 1
         return budget
 
-    def _fit_or_preempt(self, req: ArReq, n: int, index: int) -> bool:
-        """Allocate blocks for `n` more tokens, preempting victims until they fit. False if the
-        request had to preempt itself."""
+    def _soft_tokens(self, req: ArReq, n: int) -> int:
+        """Soft preemption: the tokens (<= n) its blocks and the free blocks hold."""
+        cfg = self.config
+        if cfg.policy is not Policy.PRIORITY_SOFT or not cfg.enable_chunked_prefill:
+            return n
+        room = (len(req.blocks) + self.pool.num_free) * cfg.block_size - req.num_computed
+        return min(n, room) if room >= 1 else n
+
+    def _fit_or_preempt(self, req: ArReq, n: int, index: int) -> int:
+        """Allocate blocks for `n` more tokens (soft: fewer, if that is what fits), preempting
+        victims until they fit; the tokens it got, 0 if the request had to preempt itself."""
         while True:
+            n = self._soft_tokens(req, n)
             need = self._blocks_needed(req, n)
             if need <= self.pool.num_free:
                 self._grow(req, need)
-                return True
+                return n
             victim = self._pick_victim(req, index)
             self._preempt(victim)
             if victim is req:
-                return False
+                return 0
 
     def _pick_victim(self, req: ArReq, index: int) -> ArReq:
         """Among running requests not scheduled in this step (those from `index` on)."""
         candidates = [r for r in self.running if r.rid not in self.scheduled]
-        if self.config.policy is Policy.PRIORITY:
+        if self.config.policy in (Policy.PRIORITY, Policy.PRIORITY_SOFT):
             return max(candidates, key=lambda r: (r.spec.priority, r.arrival))
         return candidates[-1]
 
     # ------------------------------------------------------------------ waiting
     def _admission_key(self, req: ArReq) -> tuple[int, int]:
         p, s = self.config.policy, req.spec
-        if p is Policy.PRIORITY:
+        if p in (Policy.PRIORITY, Policy.PRIORITY_SOFT):
             return (s.priority, req.arrival)
         if p in (Policy.SJF, Policy.AGING):
             return (s.prompt_len + s.expected_output, req.arrival)

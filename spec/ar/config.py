@@ -22,6 +22,11 @@ class Policy(enum.Enum):
 
     FCFS = "fcfs"  # submission order; preempted requests go back to the head of the queue
     PRIORITY = "priority"  # lowest priority value first, then earliest arrival (vLLM)
+    # priority admission with soft preemption: a high-priority arrival never evicts the KV of
+    # running requests; it is admitted (ahead of lower-priority waiting requests) once a seat
+    # and blocks free up; a running request is preempted only when no block is free for the
+    # next token of a running request.
+    PRIORITY_SOFT = "priority-soft"
     SJF = "sjf"  # shortest job first: prompt + known or predicted output length
     SRPT = "srpt"  # shortest remaining processing time: job length - computed tokens
     LAS = "las"  # least attained service: fewest tokens computed so far
@@ -267,6 +272,10 @@ class ArRules:
     token_floor: every running request gets at least one token each step (when the budget
         holds one per running request).
     token_cap: a request is scheduled at most this many tokens per step (None: no cap).
+    soft_preemption: a waiting request never causes a preemption: a step that preempted
+        allocates nothing to and admits no waiting request, and a running request is preempted
+        only when the free blocks cannot hold one more token of some running request not yet
+        scheduled in this step (rule `soft_preemption`).
     """
 
     admission: AdmissionOrder = AdmissionOrder.FCFS
@@ -277,6 +286,7 @@ class ArRules:
     max_wait_steps: int | None = None
     token_floor: bool = False
     token_cap: int | None = None
+    soft_preemption: bool = False
 
 
 def rules_for(config: ArConfig) -> ArRules:
@@ -284,6 +294,8 @@ def rules_for(config: ArConfig) -> ArRules:
     p = config.policy
     if p is Policy.PRIORITY:
         return ArRules(AdmissionOrder.PRIORITY, VictimOrder.LOWEST_PRIORITY)
+    if p is Policy.PRIORITY_SOFT:
+        return ArRules(AdmissionOrder.PRIORITY, VictimOrder.LOWEST_PRIORITY, soft_preemption=True)
     if p is Policy.SJF:
         return ArRules(AdmissionOrder.SJF)
     if p is Policy.SRPT:

@@ -277,6 +277,8 @@ class ArSpecMachine:
         cfg = self.config
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
+        if r.phase in AR_QUEUED_PHASES:
+            self._check_soft_preemption_admission(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail("kv_exclusive", f"blocks {list(e.blocks)} empty or repeated", e)
         for b in e.blocks:
@@ -369,8 +371,20 @@ class ArSpecMachine:
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
 
+    def _check_soft_preemption_admission(self, r: _Req, e: ArEvent) -> None:
+        """soft_preemption: a step that preempted gives a waiting request nothing."""
+        st = self._step
+        if self.rules.soft_preemption and st.preempted:
+            raise self._fail(
+                "soft_preemption",
+                f"{r.request_id!r} (waiting) gets {type(e).__name__} in a step that preempted "
+                f"{st.preempted}: under soft preemption a waiting request never evicts",
+                e,
+            )
+
     def _check_admission(self, r: _Req, e: ArScheduled) -> None:
         cfg, rules, st = self.config, self.rules, self._step
+        self._check_soft_preemption_admission(r, e)
         if r.phase is ArPhase.PREEMPTED and not rules.admit_after_preemption:
             raise self._fail(
                 "no_admission_after_preemption",
@@ -451,6 +465,8 @@ class ArSpecMachine:
             expected = candidates[-1]
         else:
             expected = max(candidates, key=lambda q: (q.priority, q.arrival))
+        if rules.soft_preemption:
+            self._check_soft_preemption_needed(r, e)
         if expected is not r:
             raise self._fail(
                 "preemption_victim",
@@ -482,6 +498,27 @@ class ArSpecMachine:
         self._running.remove(r.request_id)
         self._waiting.insert(0, r.request_id)
         st.preempted.append(r.request_id)
+
+    def _check_soft_preemption_needed(self, r: _Req, e: ArPreempted) -> None:
+        """soft_preemption: some running request not yet scheduled needs a block for its next
+        token and none is free."""
+        cfg, st = self.config, self._step
+        free = cfg.usable_blocks - len(self._owner)
+        short = [
+            q
+            for q in self._running
+            if q not in st.scheduled
+            and cfg.blocks_for(self._requests[q].num_computed + 1) - len(self._requests[q].blocks)
+            > free
+        ]
+        if not short:
+            raise self._fail(
+                "soft_preemption",
+                f"preempted {r.request_id!r} with {free} free block(s), enough for the next "
+                f"token of every running request: under soft preemption only a running "
+                f"request short of KV may cause a preemption",
+                e,
+            )
 
     # --- model execution --------------------------------------------------------
     def _step_end(self, e: ArStepEnd) -> None:

@@ -50,6 +50,12 @@ _AR_RULES: dict[str, str] = {
     "priority then latest arrival (priority).",
     "no_admission_after_preemption": "A step that preempted admits no waiting request (vLLM), "
     "unless the implementation declares otherwise.",
+    "soft_preemption": "Under soft preemption (priority-soft) a waiting request never causes "
+    "a preemption: a running request is preempted only when the free blocks cannot hold one "
+    "more token of some running request not yet scheduled in this step, and a step that "
+    "preempted allocates no block to and admits no waiting request. A high-priority arrival "
+    "therefore waits for a seat and blocks to free up, and is then admitted ahead of "
+    "lower-priority waiting requests (policy_admission).",
     # --- admission order
     "fcfs_admission": "A waiting request is admitted only from the head of the waiting queue "
     "(submission order; preempted requests at the head).",
