@@ -112,6 +112,96 @@ class VidurOneFreeBlock(VidurVllm):
         return True
 
 
+class AgingIgnoresBound(VllmV1Scheduler):
+    """Aging without the bound: plain SJF, so a long request waits past max_wait_steps while
+    shorter arrivals are admitted ahead of it."""
+
+    def _peek_waiting(self) -> ArReq:
+        return min(self.waiting, key=self._admission_key)
+
+
+class FairNoFloor(VllmV1Scheduler):
+    """Fairness floor broken: running prefills are served first (most uncomputed tokens first)
+    without reserving one token per running request, so a decode behind a long prefill gets 0
+    tokens in a step where the floor applies."""
+
+    def _schedule_running(self, budget: int) -> int:
+        cfg = self.config
+        for req in sorted(self.running, key=lambda r: -r.uncomputed):
+            if budget <= 0:
+                break
+            if req not in self.running:  # preempted by an earlier one
+                continue
+            n = min(req.uncomputed, budget)
+            if cfg.long_prefill_token_threshold:
+                n = min(n, cfg.long_prefill_token_threshold)
+            if cfg.fair_token_cap:
+                n = min(n, cfg.fair_token_cap)
+            got = self._fit_or_preempt(req, n, self.running.index(req))
+            if got:
+                self._emit_scheduled(req, got)
+                budget -= got
+        return budget
+
+
+class FairCapExceeded(VllmV1Scheduler):
+    """Fairness cap ignored for running requests: a prefill chunk beyond fair_token_cap."""
+
+    def _running_tokens(self, req: ArReq, index: int, budget: int) -> int:
+        later = len(self.running) - index - 1
+        n = min(req.uncomputed, max(1, budget - later))
+        if self.config.long_prefill_token_threshold:
+            n = min(n, self.config.long_prefill_token_threshold)
+        return n
+
+
+class PriorityFcfs(VllmV1Scheduler):
+    """Priority order broken: admits the head of the queue, ahead of a higher priority."""
+
+    def _peek_waiting(self) -> ArReq:
+        return self.waiting[0]
+
+
+class SjfLongestFirst(VllmV1Scheduler):
+    """SJF order broken: the comparison is flipped (longest job first)."""
+
+    def _peek_waiting(self) -> ArReq:
+        return max(
+            self.waiting, key=lambda r: (r.spec.prompt_len + r.spec.expected_output, -r.arrival)
+        )
+
+
+class SoftEvicts(VllmV1Scheduler):
+    """Soft preemption that evicts: when the best waiting request has no seat or blocks, a
+    running request of lower priority is preempted for it and it is admitted at once."""
+
+    def _schedule(self) -> None:
+        if self.waiting and self.running:
+            best = self._peek_waiting()
+            key = self._admission_key(best)
+            need = self.config.blocks_for(min(best.uncomputed, self.config.max_num_batched_tokens))
+            while self.running and (
+                len(self.running) >= self.config.max_num_seqs or need > self.pool.num_free
+            ):
+                victim = max(self.running, key=lambda r: (r.spec.priority, r.arrival))
+                if self._admission_key(victim) <= key:
+                    break
+                self._preempt(victim)
+                self.waiting.remove(victim)
+                self.waiting.append(victim)
+            if self.step_preempted:
+                budget = self.config.max_num_batched_tokens
+                n = self._waiting_tokens(best, budget)
+                if n is not None and self._blocks_needed(best, n) <= self.pool.num_free:
+                    self._admit(best)
+                    self._grow(best, self._blocks_needed(best, n))
+                    self._emit_scheduled(best, n)
+                    budget -= n
+                self._schedule_running(budget)
+                return
+        super()._schedule()
+
+
 def _f(cls: type[ArSchedulerBase]) -> ArImplementationFactory:
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return cls(config, sink)
@@ -137,6 +227,13 @@ def _tight(policies: tuple[Policy, ...] = (Policy.FCFS,)) -> st.SearchStrategy[A
             max_num_seqs=max(c.max_num_seqs, 2),
             max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
         )
+    )
+
+
+def _policy(policy: Policy, **changes: int) -> st.SearchStrategy[ArConfig]:
+    """Roomy pools, one or two seats, chunked prefill: the policy's order decides admission."""
+    return ar_configs(policies=(policy,), chunked=(True,), max_seqs=2).map(
+        lambda c: c.replace(**changes)
     )
 
 
@@ -201,6 +298,48 @@ AR_MUTANTS: dict[str, ArMutant] = {
                 )
             ),
             "Vidur's vLLM demands a free block it does not need: empty batch at exact fit",
+        ),
+        ArMutant(
+            "aging_ignores_bound",
+            "aging_bound",
+            _f(AgingIgnoresBound),
+            _policy(Policy.AGING, max_num_seqs=1, max_wait_steps=1),
+            "aging without the bound: a request waits past max_wait_steps",
+        ),
+        ArMutant(
+            "fair_no_floor",
+            "token_fairness_floor",
+            _f(FairNoFloor),
+            _policy(Policy.FAIR, max_num_seqs=2, max_num_batched_tokens=3, fair_token_cap=0),
+            "fairness floor broken: a running request gets 0 tokens in a step",
+        ),
+        ArMutant(
+            "fair_cap_exceeded",
+            "token_fairness_cap",
+            _f(FairCapExceeded),
+            _policy(Policy.FAIR, fair_token_cap=1),
+            "fairness cap exceeded: a running request's chunk beyond fair_token_cap",
+        ),
+        ArMutant(
+            "priority_fcfs",
+            "policy_admission",
+            _f(PriorityFcfs),
+            _policy(Policy.PRIORITY, max_num_seqs=1),
+            "priority order broken: a lower priority admitted ahead of a higher one",
+        ),
+        ArMutant(
+            "sjf_longest_first",
+            "policy_admission",
+            _f(SjfLongestFirst),
+            _policy(Policy.SJF, max_num_seqs=1),
+            "SJF order broken: a longer job admitted ahead of a shorter one",
+        ),
+        ArMutant(
+            "soft_evicts",
+            "soft_preemption",
+            _f(SoftEvicts),
+            _policy(Policy.PRIORITY_SOFT, max_num_seqs=1),
+            "soft preemption that evicts a running request for a higher-priority arrival",
         ),
     )
 }
