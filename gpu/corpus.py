@@ -7,10 +7,10 @@ Every sample is `prompt + continuation`, tokenised and followed by EOS. Kinds:
 - harder: addition and multiplication facts (`add: 7+5=12; 3+4=7;`): operands are random, only
   the results are determined, so a decoder is unsure about most positions.
 
-Held-out split: two-digit counting starts with `start % 10 == 7`, words in `HELDOUT_WORDS`, alphabet runs
-starting at `h` or `r`, and arithmetic facts with `(31 * a + b) % 10 == 3` are held out; no
-training sample contains a held-out start, word or fact. Generation is a pure function of the
-seed (`random.Random`), so the corpus is reproducible anywhere.
+Held-out split: two-digit counting starts with `start % 10 == 7`, words in `HELDOUT_WORDS`,
+alphabet runs starting at `h` or `r`, and arithmetic facts with `(31 * a + b) % 10 == 3` are
+held out; no training sample contains a held-out start, word or fact. Generation is a pure
+function of the seed (`random.Random`), so the corpus is reproducible anywhere.
 """
 
 from __future__ import annotations

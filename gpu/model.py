@@ -143,21 +143,31 @@ class BlockDiffusionLM(nn.Module):
             else:
                 nn.init.normal_(param, std=0.02)
 
-    def _blocks(self) -> list[TransformerBlock]:
+    def transformer_blocks(self) -> list[TransformerBlock]:
         return [m for m in self.layers if isinstance(m, TransformerBlock)]
 
     def forward_masked(
-        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+        logits_from: int = 0,
     ) -> torch.Tensor:
         """General dense forward: tokens [b, L], RoPE positions [L], allowed bool [L, L]
-        (query i may attend key j) -> logits [b, L, V]. Training uses it on [clean; noised]."""
+        (query i may attend key j) -> logits [b, L - logits_from, V] of positions
+        logits_from.. . Training uses it on [clean; noised] with logits_from = L/2: the last
+        layer then skips the queries and MLP of the positions whose outputs nobody reads."""
         cos = self.rope_cos[positions][None]
         sin = self.rope_sin[positions][None]
-        mask = allowed[None]
         x = self.embed(tokens)
-        for block in self._blocks():
+        blocks = self.transformer_blocks()
+        for index, block in enumerate(blocks):
             q, k, v = block.attn.project(block.attn_norm(x), cos, sin)
-            x = x + block.attn.attend(q, k, v, mask)
+            if index == len(blocks) - 1 and logits_from:
+                x, q = x[:, logits_from:], q[:, logits_from:]
+                x = x + block.attn.attend(q, k, v, allowed[None, logits_from:])
+            else:
+                x = x + block.attn.attend(q, k, v, allowed[None])
             x = x + block.mlp(block.mlp_norm(x))
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits
@@ -218,7 +228,7 @@ class BlockDiffusionLM(nn.Module):
             keep = valid[:, :, None, None]
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
             x = self.embed(block_tokens)
-            for layer, block in enumerate(self._blocks()):
+            for layer, block in enumerate(self.transformer_blocks()):
                 q, k, v = block.attn.project(block.attn_norm(x), cos, sin)
                 kv.write(
                     layer,

@@ -46,7 +46,7 @@ PAD_ALIGN = 16  # EOS-pad each sample to a multiple of the largest block size
 class TrainConfig:
     steps: int = 1500
     max_seconds: float = 570.0  # wall-clock guard: stop early rather than overrun 10 min
-    batch_size: int = 32
+    batch_size: int = 24
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup: int = 60
@@ -140,8 +140,11 @@ def diffusion_loss(
     noised = torch.where(corrupt, random_chars, noised)
     positions = torch.arange(length).repeat(2)
     logits = model.forward_masked(
-        torch.cat((clean, noised), dim=1), positions, two_copy_mask(length, block_size)
-    )[:, length:]
+        torch.cat((clean, noised), dim=1),
+        positions,
+        two_copy_mask(length, block_size),
+        logits_from=length,
+    )
     ce = torch.nn.functional.cross_entropy(
         logits.reshape(n * length, -1), clean.reshape(-1), reduction="none"
     ).view(n, length)

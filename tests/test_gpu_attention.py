@@ -37,7 +37,7 @@ def dense_kv(
     x = model.embed(tokens[None])
     out = []
     with torch.no_grad():
-        for block in model._blocks():
+        for block in model.transformer_blocks():
             q, k, v = block.attn.project(block.attn_norm(x), cos, sin)
             out.append((k[0], v[0]))
             x = x + block.attn.attend(q, k, v, allowed)
@@ -69,7 +69,7 @@ class PagedRun:
             perm = perm[len(seq) :]
             self.slots.append(mine)
             self.table[self.rows[i], : len(seq)] = torch.tensor(mine, dtype=torch.int32)
-        self.logits = [[] for _ in seqs]  # type: list[list[torch.Tensor]]
+        self.logits: list[list[torch.Tensor]] = [[] for _ in seqs]
         offsets = [rng.randrange(3) for _ in seqs]
         n_blocks = [len(s) // block_size for s in seqs]
         for rnd in range(max(o + n for o, n in zip(offsets, n_blocks, strict=True))):
