@@ -1,11 +1,13 @@
 """Engine throughput: sync vs FDFO vs FDFO + in-place reuse vs + re-loop (`schedspec bench engine`).
 
-    schedspec bench engine --max-running 1 4 16 [--requests 64] [--max-new-tokens 32]
+    schedspec bench engine --max-running 1 4 16 [--requests 128] [--max-new-tokens 32]
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
         [--device cpu|cuda] [--json PATH]
 
 For every max-running value and every mode the shipped model serves the shipped prompt set
-(cycled to `--requests` requests, all submitted at once) until drained; output tokens per second
+(cycled to `--requests` requests, all submitted at once: the default 128 is four passes over the
+32 prompts, enough that at max-running 16 the drain at the end is a small part of the run) until
+drained; output tokens per second
 counts the generated tokens of every finished request (cut at max_new_tokens and EOS) over the
 wall time of the drain. All modes are measured in one process, interleaved, `--repeats` times;
 the median run of each (max-running, mode) is reported (and the best, and every run in the
@@ -248,7 +250,7 @@ class BenchReport:
 def run_bench(
     max_running: list[int],
     *,
-    requests: int = 64,
+    requests: int = 128,
     max_new_tokens: int = 32,
     block_size: int = 8,
     page_size: int = 16,
@@ -336,10 +338,72 @@ def _print(report: BenchReport) -> None:
             print(f"  {name:<30}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
 
 
+def forward_costs(
+    model: BlockDiffusionLM, block_size: int, rows: tuple[int, ...], starts: tuple[int, ...]
+) -> dict[tuple[int, int], float]:
+    """CPU ms per `forward_blocks` for `rows` blocks all starting at `starts` (best of 5x20)."""
+    from gpu.kv_cache import PagedKvCache
+
+    cfg = model.config
+    width = max(starts) + block_size
+    n_rows = max(rows)
+    kv = PagedKvCache(cfg.n_layers, cfg.n_heads, cfg.head_dim, n_rows * width)
+    table = torch.arange(n_rows * width, dtype=torch.int32).view(n_rows, width)
+    gen = torch.Generator().manual_seed(0)
+    out: dict[tuple[int, int], float] = {}
+    for b in rows:
+        tokens = torch.randint(3, cfg.vocab_size, (b, block_size), generator=gen)
+        row_idx = torch.arange(b)
+        for start in starts:
+            pos = torch.full((b,), start)
+            best = float("inf")
+            with torch.inference_mode():
+                for _ in range(5):
+                    t0 = time.process_time()
+                    for _ in range(20):
+                        model.forward_blocks(tokens, pos, row_idx, kv, table)
+                    best = min(best, (time.process_time() - t0) / 20)
+            out[(b, start)] = 1000 * best
+    return out
+
+
+def round_cost(model: BlockDiffusionLM, rounds: int = 30) -> float:
+    """CPU ms per FDFO round of 4 rows of block 4 (LowConfidence): the conformance suite's
+    typical round, used to choose the model of `make_small_engine` (bound: 5 ms)."""
+    config = DllmConfig(block_size=4, page_size=4, kv_pages=64, max_context=64)
+    best = float("inf")
+    for _ in range(3):
+        engine = DllmEngine(
+            config, _noop, model=model, algorithm=make_algorithm("LowConfidence"), record=False
+        )
+        for i in range(4):
+            engine.submit(RequestSpec(f"r{i}", tuple(range(3, 11)), 40))
+        engine.run_round()
+        t0 = time.process_time()
+        for _ in range(rounds):
+            engine.run_round()
+        best = min(best, (time.process_time() - t0) / rounds)
+    return 1000 * best
+
+
+def _print_costs(block_size: int) -> None:
+    from gpu.engine import _shipped_model, tiny_model
+
+    shipped = _shipped_model("cpu")
+    rows, starts = (1, 4, 16), (0, 24, 48)
+    costs = forward_costs(shipped, block_size, rows, starts)
+    print(f"shipped model, CPU ms per forward (block {block_size}), best of 5 x 20:")
+    print("  rows  " + "".join(f"start={s:<6}" for s in starts))
+    for b in rows:
+        print(f"  {b:>4}  " + "".join(f"{costs[(b, s)]:<12.2f}" for s in starts))
+    print("CPU ms per FDFO round, 4 rows of block 4 (LowConfidence), best of 3 x 30:")
+    print(f"  shipped model {round_cost(shipped):.2f}   tiny_model {round_cost(tiny_model()):.2f}")
+
+
 def bench_main(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="schedspec bench engine", description=__doc__.split("\n")[0])
     p.add_argument("--max-running", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--requests", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--page-size", type=int, default=16)
@@ -348,9 +412,17 @@ def bench_main(args: list[str]) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--json")
+    p.add_argument(
+        "--forward-costs",
+        action="store_true",
+        help="only print the model's forward cost by rows x context and the conformance round cost",
+    )
     ns = p.parse_args(args)
     if ns.threads:
         torch.set_num_threads(ns.threads)
+    if ns.forward_costs:
+        _print_costs(ns.block_size)
+        return 0
     report = run_bench(
         ns.max_running,
         requests=ns.requests,
