@@ -126,7 +126,14 @@ OnBlock = Callable[[StreamChunk], None]
 
 
 class DllmEngine:
-    """The engine. Implements `spec.adapter.SchedulerAdapter`."""
+    """The engine. Implements `spec.adapter.SchedulerAdapter`.
+
+    model: a `BlockDiffusionLM` (on `device`); algorithm: a step algorithm
+    (`gpu.algorithms.make_algorithm`); device: "cpu", "cuda[:N]" or "auto"; kv_dtype: the KV
+    pool's dtype; record: keep `forward_log` (per forward: rows, done flags and the sha256 of the
+    raw logits — for the parity and differential properties; costs a host copy of the logits);
+    on_block: streaming callback, called with a `StreamChunk` for every committed block.
+    """
 
     def __init__(
         self,
@@ -528,7 +535,8 @@ def _algorithm(name: str, **params: float) -> StepAlgorithm:
 
 
 def make_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
-    """The shipped model with LowConfidence, on CUDA when available, else CPU."""
+    """The shipped model with LowConfidence, on CUDA when available, else CPU. A serving
+    configuration: no per-forward record (no logits digest, no host copy of the logits)."""
     device = resolve_device("auto")
     return DllmEngine(
         config,
@@ -536,6 +544,7 @@ def make_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
         model=_shipped_model(str(device)),
         algorithm=_algorithm("LowConfidence"),
         device=device,
+        record=False,
     )
 
 
