@@ -1,4 +1,5 @@
-"""Vidur's replica schedulers, decision-faithful at constant batch time (one stage).
+"""Vidur's replica schedulers, decision-faithful at constant batch time (one stage; pipelines of
+several stages run through `reference.ar.stages.StageScheduler`).
 
 Each class makes the decisions of the Vidur replica scheduler of the same name (read for facts
 in microsoft/vidur `vidur/scheduler/replica_scheduler/*.py`, written anew here) and reports them
@@ -50,7 +51,8 @@ class VidurReplicaBase(ArSchedulerBase):
     name = "vidur"
     chunked: bool | None = False  # what enable_chunked_prefill must be (None: either)
 
-    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+    def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
+        self.pipelined = pipelined  # driven by reference.ar.stages.StageScheduler
         self._check_config(config)
         super().__init__(config, sink)
         self.pending: list[ArReq] = []
@@ -59,11 +61,12 @@ class VidurReplicaBase(ArSchedulerBase):
     def _check_config(self, config: ArConfig) -> None:
         if config.policy is not Policy.FCFS:
             raise ConfigError("policy", config.policy.value, f"{self.name} is FCFS only")
-        if config.num_stages != 1:
+        if config.num_stages != 1 and not self.pipelined:
             raise ConfigError(
                 "num_stages",
                 config.num_stages,
-                f"{self.name} runs one stage here; use the stage scheduler for pipelines",
+                f"{self.name} steps one stage at a time; run pipelines through "
+                f"reference.ar.stages.StageScheduler",
             )
         if self.chunked is not None and config.enable_chunked_prefill != self.chunked:
             raise ConfigError(
@@ -82,6 +85,12 @@ class VidurReplicaBase(ArSchedulerBase):
     @property
     def rules(self) -> ArRules:
         return ArRules()
+
+    @property
+    def micro_batch_cap(self) -> int:
+        """Requests in one batch: the seat cap split over the stages (Vidur's
+        `batch_size_cap // num_stages`); the seat cap itself bounds all running requests."""
+        return max(1, self.config.max_num_seqs // self.config.num_stages)
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
@@ -145,7 +154,7 @@ class VidurVllm(VidurReplicaBase):
                 break
             if (len(tokens) + 1) * max([*tokens, n]) > cfg.max_num_batched_tokens:
                 break
-            if len(self.running) >= cfg.max_num_seqs or len(tokens) >= cfg.max_num_seqs:
+            if len(self.running) >= cfg.max_num_seqs or len(tokens) >= self.micro_batch_cap:
                 break
             self._admit_new(req, self._new_blocks(req))
             self._add(req, n)
@@ -153,7 +162,7 @@ class VidurVllm(VidurReplicaBase):
         if tokens:
             return
         self.pending.sort(key=lambda r: r.arrival)
-        while self.pending and len(self.batch) < cfg.max_num_seqs:
+        while self.pending and len(self.batch) < self.micro_batch_cap:
             req = self.pending.pop(0)
             if self._decode_or_restart(req):
                 self._add(req, req.uncomputed)
@@ -173,7 +182,7 @@ class VidurSarathi(VidurReplicaBase):
         batch_tokens = 0
         skipped: list[ArReq] = []
         running_prefills: list[ArReq] = []
-        while self.pending and len(self.batch) < cfg.max_num_seqs:
+        while self.pending and len(self.batch) < self.micro_batch_cap:
             req = self.pending.pop(0)
             if not req.prefill_done:
                 running_prefills.append(req)
@@ -190,7 +199,7 @@ class VidurSarathi(VidurReplicaBase):
             batch_tokens += n
         self.pending = sorted(skipped + self.pending, key=lambda r: r.arrival)
         while self.waiting:
-            if len(self.running) >= cfg.max_num_seqs or len(self.batch) >= cfg.max_num_seqs:
+            if len(self.running) >= cfg.max_num_seqs or len(self.batch) >= self.micro_batch_cap:
                 break
             req = self.waiting[0]
             if self.pool.num_free < self._new_blocks(req):
@@ -218,7 +227,9 @@ class _MaxReservation(VidurReplicaBase):
 
     def _admit_waiting(self) -> None:
         cfg = self.config
-        while self.waiting and len(self.batch) < cfg.max_num_seqs:
+        while self.waiting and len(self.batch) < self.micro_batch_cap:
+            if len(self.running) >= cfg.max_num_seqs:
+                break
             if self.pool.num_free < cfg.max_blocks_per_request:
                 break
             req = self.waiting[0]
@@ -234,7 +245,7 @@ class VidurOrca(_MaxReservation):
         return ArRules(victim=VictimOrder.NONE, token_budget=False)
 
     def _schedule(self) -> None:
-        while self.pending and len(self.batch) < self.config.max_num_seqs:
+        while self.pending and len(self.batch) < self.micro_batch_cap:
             req = self.pending.pop(0)
             self._add(req, req.uncomputed)
         self._admit_waiting()
@@ -259,8 +270,8 @@ class VidurFasterTransformer(_MaxReservation):
 class VidurLightLlm(VidurReplicaBase):
     name = "vidur-lightllm"
 
-    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
-        super().__init__(config, sink)
+    def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
+        super().__init__(config, sink, pipelined=pipelined)
         self.num_waiting_iters = 0
 
     def _check_config(self, config: ArConfig) -> None:
@@ -304,7 +315,7 @@ class VidurLightLlm(VidurReplicaBase):
             n = req.uncomputed
             if tokens + n > cfg.max_num_batched_tokens:
                 break
-            if len(self.running) >= cfg.max_num_seqs or len(admitted) >= cfg.max_num_seqs:
+            if len(self.running) >= cfg.max_num_seqs or len(admitted) >= self.micro_batch_cap:
                 break
             if not self._peak_fits(req, admitted):
                 break

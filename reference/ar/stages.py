@@ -1,0 +1,235 @@
+"""Vidur's stage scheduler: a replica split into `num_stages` pipeline stages.
+
+A replica with `num_stages = S` runs up to S micro-batches at once, one per stage: every tick
+(one stage time, constant) the batch in the last stage completes, every other batch moves one
+stage on, and when stage 0 is free the replica scheduler forms a new batch into it. A request in
+a batch in flight is not schedulable until its batch leaves the last stage (Vidur: requests of
+a batch in flight are not in `_preempted_requests`), so it is in at most one batch, and only
+the requests not in flight can be restarted (preempted) to make room.
+
+The replica scheduler makes every decision (admission, KV blocks, restarts); this module only
+moves batches through the stages: `VidurReplicaBase` subclasses driven with `pipelined=True`.
+LightLLM keeps refusing `num_stages > 1` (`ConfigError`), as in Vidur.
+
+Events go to the sink as they happen: the batch's allocations, schedules and restarts at
+formation; at the end of each tick `ArStepEnd(tick)`, then the finishes of the completing batch.
+With one stage this is the replica's own step, event for event, and `ArSpecMachine` checks it;
+with several stages a request computes its tokens S ticks after it was scheduled, which the AR
+spec (one batch per step) does not model: `check_pipeline` states what holds instead (each stage
+holds at most one batch, a request is in at most one batch in flight, requests and KV blocks
+are conserved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference.ar.base import ArReq
+from reference.ar.vidur import (
+    VidurFasterTransformer,
+    VidurOrca,
+    VidurReplicaBase,
+    VidurSarathi,
+    VidurVllm,
+)
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, ArRequest
+from spec.ar.events import ArAborted, ArStepEnd
+from spec.errors import ConfigError, SchedSpecError, SchedulerStalled
+
+STAGE_REPLICAS: dict[str, type[VidurReplicaBase]] = {
+    "vidur-vllm": VidurVllm,
+    "vidur-sarathi": VidurSarathi,
+    "vidur-orca": VidurOrca,
+    "vidur-ft": VidurFasterTransformer,
+}
+
+
+class PipelineBroken(SchedSpecError, AssertionError):
+    """A pipeline invariant does not hold (a bug in the stage scheduler); names which."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        self.rule = rule
+        super().__init__(f"[{rule}] {detail}")
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """One batch in flight: the requests and the tokens each computes, formed at `formed_at`."""
+
+    batch_id: int
+    formed_at: int
+    tokens: dict[str, int]
+    requests: list[ArReq]
+
+
+class StageScheduler:
+    """Pipeline stages over one Vidur replica scheduler (one batch per stage in flight)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink, replica: str = "vidur-vllm") -> None:
+        cls = STAGE_REPLICAS.get(replica)
+        if cls is None:
+            raise ConfigError(
+                "replica", replica, f"one of {sorted(STAGE_REPLICAS)} (LightLLM has no stages)"
+            )
+        self.config = config
+        self.sink = sink
+        self.replica: VidurReplicaBase = cls(config, sink, pipelined=True)
+        self.stages: list[MicroBatch | None] = [None] * config.num_stages
+        self.tick = 0
+        self.next_batch = 0
+        self.aborting: set[str] = set()
+        self.submitted: set[str] = set()
+        self.aborted: set[str] = set()
+        self.peak_in_flight = 0  # most batches running at once (during a tick)
+
+    # ------------------------------------------------------------------ operations
+    def submit(self, request: ArRequest) -> None:
+        self.replica.submit(request)
+        self.submitted.add(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort now, or, for a request in a batch in flight, when the batch completes."""
+        if request_id in self.in_flight():
+            self.aborting.add(request_id)
+            return
+        self.replica.abort(request_id)
+        self.aborted.add(request_id)
+
+    def in_flight(self) -> dict[str, int]:
+        """Request id -> the stage of the batch that holds it."""
+        return {rid: k for k, b in enumerate(self.stages) if b is not None for rid in b.tokens}
+
+    def occupancy(self) -> tuple[int | None, ...]:
+        """The batch id in each stage (None: the stage is free)."""
+        return tuple(None if b is None else b.batch_id for b in self.stages)
+
+    def is_idle(self) -> bool:
+        return self.replica.is_idle() and all(b is None for b in self.stages)
+
+    def step(self) -> None:
+        """One tick: form a batch into stage 0 if it is free, run every stage, complete the batch
+        in the last stage, move the others one stage on."""
+        if self.stages[0] is None:
+            self.stages[0] = self._form()
+        self.peak_in_flight = max(self.peak_in_flight, sum(b is not None for b in self.stages))
+        self.sink(ArStepEnd(self.tick))
+        done = self.stages[-1]
+        self.stages = [None, *self.stages[:-1]]
+        if done is not None:
+            self._complete(done)
+        for req in self.replica.waiting:
+            req.waited += 1
+        self.tick += 1
+        self.replica.step_index = self.tick
+
+    def drain(self, max_ticks: int = 100_000) -> None:
+        for _ in range(max_ticks):
+            if self.is_idle():
+                return
+            self.step()
+        if not self.is_idle():
+            raise SchedulerStalled(max_ticks, f"pipeline busy: {self.occupancy()}")
+
+    # ------------------------------------------------------------------ internals
+    def _form(self) -> MicroBatch | None:
+        r = self.replica
+        r.scheduled = {}
+        r.step_preempted = []
+        r.step_index = self.tick
+        r._schedule()
+        batch, r.batch = r.batch, []
+        if not batch:
+            return None
+        self.next_batch += 1
+        return MicroBatch(self.next_batch - 1, self.tick, dict(r.scheduled), batch)
+
+    def _complete(self, batch: MicroBatch) -> None:
+        r = self.replica
+        for req in batch.requests:
+            n = batch.tokens[req.rid]
+            req.num_computed += n
+            req.attained += n
+            if req.num_computed == req.known:
+                req.num_output += 1
+                if req.first_token is None:
+                    req.first_token = self.tick
+        r.step_index = self.tick
+        for req in batch.requests:
+            if req.rid in self.aborting:
+                self.aborting.discard(req.rid)
+                r.running.remove(req)
+                r._free_all(req)
+                self.aborted.add(req.rid)
+                self.sink(ArAborted(req.rid))
+                continue
+            reason = req.finish_reason()
+            if reason is not None:
+                r._finish(req, reason)
+            else:
+                r.pending.append(req)
+
+    # ------------------------------------------------------------------ invariants
+    def check_pipeline(self) -> None:
+        """Raise PipelineBroken unless: each stage holds at most one batch, at most num_stages
+        are in flight, a request is in at most one batch, every submitted request is in exactly
+        one of waiting / not in flight (pending) / in flight / finished / aborted, running =
+        pending + in flight, and free + held KV blocks = usable blocks."""
+        r, cfg = self.replica, self.config
+        if len(self.stages) != cfg.num_stages:
+            raise PipelineBroken("one_batch_per_stage", f"{len(self.stages)} stage slots")
+        batches = [b for b in self.stages if b is not None]
+        ids = [b.batch_id for b in batches]
+        if len(set(ids)) != len(ids):
+            raise PipelineBroken("one_batch_per_stage", f"a batch in two stages: {ids}")
+        flying = [rid for b in batches for rid in b.tokens]
+        if len(set(flying)) != len(flying):
+            raise PipelineBroken("one_batch_per_request", f"in two batches: {sorted(flying)}")
+        parts = {
+            "waiting": [q.rid for q in r.waiting],
+            "pending": [q.rid for q in r.pending],
+            "in flight": flying,
+            "finished": list(r.finished),
+            "aborted": list(self.aborted),
+        }
+        seen: dict[str, str] = {}
+        for where, rids in parts.items():
+            for rid in rids:
+                if rid in seen:
+                    raise PipelineBroken(
+                        "requests_conserved", f"{rid!r} is both {seen[rid]} and {where}"
+                    )
+                seen[rid] = where
+        if set(seen) != self.submitted:
+            raise PipelineBroken(
+                "requests_conserved",
+                f"lost {sorted(self.submitted - set(seen))}, "
+                f"unknown {sorted(set(seen) - self.submitted)}",
+            )
+        running = {q.rid for q in r.running}
+        if running != set(parts["pending"]) | set(flying):
+            raise PipelineBroken(
+                "requests_conserved",
+                f"running {sorted(running)} != pending {parts['pending']} + in flight {flying}",
+            )
+        held = sum(len(q.blocks) for q in r.running)
+        if r.pool.num_free + held != cfg.usable_blocks or held != len(r.pool.owner):
+            raise PipelineBroken(
+                "block_conservation",
+                f"free {r.pool.num_free} + held {held} != usable {cfg.usable_blocks}",
+            )
+
+
+def make_stage_scheduler(
+    config: ArConfig, sink: ArEventSink, replica: str = "vidur-vllm"
+) -> StageScheduler:
+    return StageScheduler(config, sink, replica)
+
+
+__all__ = [
+    "STAGE_REPLICAS",
+    "MicroBatch",
+    "PipelineBroken",
+    "StageScheduler",
+    "make_stage_scheduler",
+]
