@@ -55,3 +55,32 @@ def test_malformed_trace_names_the_line(text: str, line: int) -> None:
     with pytest.raises(TraceRowError) as err:
         parse_vidur_trace(text)
     assert err.value.line_no == line and f"line {line}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "word"),
+    [
+        ("0,4,2\n1,4\n", 3, "missing"),
+        ("0,-4,2\n", 2, "negative"),
+        ("0,4,two\n", 2, "not a number"),
+        ("0,4,2\n\n2,4,2\n1,4,2\n", 5, "sorted"),
+    ],
+)
+def test_one_reader_for_both_call_sites(tmp_path: Path, body: str, line: int, word: str) -> None:
+    """spec.ar.vidur_trace is the reader behind properties.ar.formats and reference.sim."""
+    from reference.sim.errors import TraceError
+    from reference.sim.workload import read_trace
+    from spec.ar.vidur_trace import read_vidur_trace_file
+
+    path = tmp_path / "trace.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + body)
+    for read in (read_vidur_trace_file, read_trace):
+        with pytest.raises(TraceRowError) as err:
+            read(path)
+        assert err.value.line_no == line and word in str(err.value)
+        assert f"{path}:{line}:" in str(err.value)
+    with pytest.raises(TraceError):
+        read_trace(path)
+    with pytest.raises(TraceRowError) as err:
+        parse_vidur_trace("arrived_at,num_prefill_tokens,num_decode_tokens\n" + body)
+    assert err.value.line_no == line and err.value.source is None

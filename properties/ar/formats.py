@@ -1,8 +1,9 @@
 """Vidur formats: read a Vidur trace CSV, replay it at constant batch time through any AR
 implementation (checked by the spec as it runs), and write request metrics under Vidur's names.
 
-Trace CSV: a header with at least `arrived_at,num_prefill_tokens,num_decode_tokens` (Vidur's
-trace request generator columns); a malformed row raises `TraceRowError` naming the line.
+Trace CSV: read by `spec.ar.vidur_trace` (the one reader, shared with the simulator): a header
+with at least `arrived_at,num_prefill_tokens,num_decode_tokens`; a malformed row raises
+`TraceRowError` naming the line.
 Metrics CSV: `Request Id` and Vidur's request metric names (`vidur/metrics/constants.py`):
 request_e2e_time, request_scheduling_delay, prefill_e2e_time, request_num_prefill_tokens,
 request_num_decode_tokens, request_pd_ratio, request_num_restarts.
@@ -11,7 +12,6 @@ request_num_decode_tokens, request_pd_ratio, request_num_restarts.
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +20,25 @@ from properties.ar.harness import ArHarness
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArFinished, ArPreempted, ArScheduled, ArStepEnd
-from spec.errors import SchedSpecError
+from spec.ar.vidur_trace import (
+    TRACE_COLUMNS,
+    TraceRowError,
+    VidurTrace,
+    parse_vidur_trace_text,
+    read_vidur_trace_file,
+)
 
-TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+__all__ = [
+    "METRIC_COLUMNS",
+    "TRACE_COLUMNS",
+    "RequestMetrics",
+    "TraceRowError",
+    "parse_vidur_trace",
+    "read_vidur_trace",
+    "replay_trace",
+    "write_request_metrics",
+]
+
 METRIC_COLUMNS = (
     "Request Id",
     "request_e2e_time",
@@ -35,47 +51,22 @@ METRIC_COLUMNS = (
 )
 
 
-class TraceRowError(SchedSpecError, ValueError):
-    """A trace CSV line is malformed; the message names the line (1-based, header = 1)."""
-
-    def __init__(self, line_no: int, detail: str) -> None:
-        self.line_no = line_no
-        super().__init__(f"trace line {line_no}: {detail}")
+def _requests(trace: VidurTrace) -> list[ArRequest]:
+    return [
+        ArRequest(f"r{i}", p, d, arrival_time=t)
+        for i, (t, p, d) in enumerate(
+            zip(trace.arrived_at, trace.num_prefill_tokens, trace.num_decode_tokens, strict=True)
+        )
+    ]
 
 
 def parse_vidur_trace(text: str) -> list[ArRequest]:
     """Requests `r0, r1, ...` from Vidur trace CSV text, in file order."""
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise TraceRowError(1, f"header lacks {missing}; need {list(TRACE_COLUMNS)}")
-    out: list[ArRequest] = []
-    last = float("-inf")
-    for i, row in enumerate(reader):
-        line = i + 2
-        try:
-            arrived = float(row["arrived_at"])
-            prefill = int(row["num_prefill_tokens"])
-            decode = int(row["num_decode_tokens"])
-        except (TypeError, ValueError):
-            raise TraceRowError(
-                line, f"expected a number and two integers in {TRACE_COLUMNS}, got {row}"
-            ) from None
-        if not arrived >= 0 or prefill < 1 or decode < 1:
-            raise TraceRowError(
-                line,
-                f"arrived_at must be >= 0 and token counts >= 1 (got {arrived}, {prefill}, "
-                f"{decode})",
-            )
-        if arrived < last:
-            raise TraceRowError(line, f"arrived_at {arrived} is before the previous row's {last}")
-        last = arrived
-        out.append(ArRequest(f"r{i}", prefill, decode, arrival_time=arrived))
-    return out
+    return _requests(parse_vidur_trace_text(text))
 
 
 def read_vidur_trace(path: str | Path) -> list[ArRequest]:
-    return parse_vidur_trace(Path(path).read_text(encoding="utf-8"))
+    return _requests(read_vidur_trace_file(path))
 
 
 @dataclass(frozen=True, slots=True)

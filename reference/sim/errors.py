@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spec.ar.vidur_trace import TraceRowError
 from spec.errors import SchedSpecError
 
 
@@ -9,14 +10,14 @@ class SimError(SchedSpecError):
     """Base class of the simulator's errors."""
 
 
-class TraceError(SimError, ValueError):
-    """A malformed row in a Vidur trace CSV; names the file, the 1-based line and the problem."""
+class TraceError(SimError, TraceRowError):
+    """A malformed row in a Vidur trace CSV; names the file, the 1-based line and the problem
+    (the simulator's face of `spec.ar.vidur_trace.TraceRowError`)."""
 
     def __init__(self, path: str, line: int, detail: str) -> None:
         self.path = path
         self.line = line
-        self.detail = detail
-        super().__init__(f"{path}:{line}: {detail}")
+        super().__init__(line, detail, path)
 
 
 class SimConfigError(SimError, ValueError):

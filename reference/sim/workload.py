@@ -4,10 +4,10 @@ A `Workload` is three parallel numpy arrays (arrival time in seconds, prefill to
 tokens), sorted by arrival; request `i` is row `i`. Arrays rather than objects so a million
 requests cost a few tens of MB and load in well under a second.
 
-Vidur's trace format (`data/processed_traces/*.csv` in microsoft/vidur): a header with at least
-`arrived_at,num_prefill_tokens,num_decode_tokens` (extra columns are ignored), arrivals in
-seconds, non-decreasing. As in Vidur, `num_decode_tokens` counts every output token including
-the one the prefill produces.
+Vidur's trace format is read by `spec.ar.vidur_trace` (the one reader, shared with
+`properties.ar.formats`): a header with at least `arrived_at,num_prefill_tokens,
+num_decode_tokens`, arrivals in seconds, non-decreasing. As in Vidur, `num_decode_tokens` counts
+every output token including the one the prefill produces.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from reference.sim.errors import SimConfigError, TraceError
+from spec.ar.vidur_trace import TRACE_COLUMNS, TraceRowError, read_vidur_trace_file
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 
 
 @dataclass(frozen=True)
@@ -63,65 +62,17 @@ class Workload:
                 w.writerow((repr(float(t)), int(p), int(d)))
 
 
-def _number(path: str, line: int, column: str, text: str, integer: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(path, line, f"{column}={text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise TraceError(path, line, f"{column}={text!r} is not finite")
-    if value < 0:
-        raise TraceError(path, line, f"{column}={text!r} is negative")
-    if integer:
-        if value != int(value):
-            raise TraceError(path, line, f"{column}={text!r} is not a whole number of tokens")
-        if value < 1:
-            raise TraceError(path, line, f"{column}={text!r}: a request has at least 1 token")
-    return value
-
-
 def read_trace(path: str | Path) -> Workload:
-    """Read a Vidur trace CSV; any malformed row raises `TraceError` naming its line."""
-    name = str(path)
-    times: list[float] = []
-    pre: list[int] = []
-    dec: list[int] = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(name, 1, f"empty file: expected a header {','.join(TRACE_COLUMNS)}")
-        cols = [h.strip() for h in header]
-        missing = [c for c in TRACE_COLUMNS if c not in cols]
-        if missing:
-            raise TraceError(name, 1, f"header lacks column(s) {', '.join(missing)}")
-        idx = [cols.index(c) for c in TRACE_COLUMNS]
-        width = max(idx) + 1
-        last = 0.0
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < width or any(not row[i].strip() for i in idx):
-                raise TraceError(name, line, f"missing column(s): got {len(row)} field(s) {row!r}")
-            t = _number(name, line, "arrived_at", row[idx[0]].strip(), False)
-            p = _number(name, line, "num_prefill_tokens", row[idx[1]].strip(), True)
-            d = _number(name, line, "num_decode_tokens", row[idx[2]].strip(), True)
-            if t < last:
-                raise TraceError(
-                    name,
-                    line,
-                    f"arrived_at={t!r} is before the previous row's {last!r}: "
-                    f"arrivals must be sorted",
-                )
-            last = t
-            times.append(t)
-            pre.append(int(p))
-            dec.append(int(d))
+    """Read a Vidur trace CSV (`spec.ar.vidur_trace`); a malformed row raises `TraceError`
+    naming the file and its line."""
+    try:
+        t = read_vidur_trace_file(path)
+    except TraceRowError as err:
+        raise TraceError(str(path), err.line_no, err.detail) from None
     return Workload(
-        np.array(times, dtype=np.float64),
-        np.array(pre, dtype=np.int64),
-        np.array(dec, dtype=np.int64),
+        np.array(t.arrived_at, dtype=np.float64),
+        np.array(t.num_prefill_tokens, dtype=np.int64),
+        np.array(t.num_decode_tokens, dtype=np.int64),
     )
 
 
