@@ -12,6 +12,7 @@ import argparse
 import json
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,31 +23,44 @@ from gpu.generate import generate
 from gpu.weights import DEFAULT_ASSETS, load_model
 
 
-def rounds_histograms(
+@dataclass(frozen=True, slots=True)
+class RoundsReport:
+    histogram: Counter[int]  # forwards per block -> number of blocks
+    by_kind: dict[str, list[int]]  # corpus kind -> forwards of each of its blocks
+
+
+def rounds_report(
     assets: Path, block_size: int, n_prompts: int, seed: int, max_new_tokens: int
-) -> dict[str, Counter[int]]:
+) -> dict[str, RoundsReport]:
     model, _ = load_model(assets)
-    prompts = [s.prompt for s in make_samples(seed, n_prompts, "heldout")]
-    out: dict[str, Counter[int]] = {}
+    samples = make_samples(seed, n_prompts, "heldout")
+    out: dict[str, RoundsReport] = {}
     for name in ALGORITHMS:
         algorithm = make_algorithm(name)
-        hist: Counter[int] = Counter()
-        for prompt in prompts:
-            result = generate(model, prompt, block_size, algorithm, max_new_tokens)
-            hist.update(result.rounds_per_block)
-        out[name] = hist
+        report = RoundsReport(Counter(), {})
+        for sample in samples:
+            result = generate(model, sample.prompt, block_size, algorithm, max_new_tokens)
+            report.histogram.update(result.rounds_per_block)
+            report.by_kind.setdefault(sample.kind, []).extend(result.rounds_per_block)
+        out[name] = report
     return out
 
 
-def render(hists: dict[str, Counter[int]], block_size: int) -> str:
+def render(reports: dict[str, RoundsReport], block_size: int) -> str:
     lines = [f"rounds per output block (block_size={block_size}, incl. the final forward)"]
-    for name, hist in hists.items():
+    for name, report in reports.items():
+        hist = report.histogram
         total = sum(hist.values())
         mean = sum(r * c for r, c in hist.items()) / max(1, total)
         lines.append(f"{name}: {total} blocks, mean {mean:.2f} rounds")
+        scale = max(1.0, max(hist.values(), default=1) / 60)  # bars at most 60 wide
         for rounds in range(1, max(hist, default=1) + 1):
             count = hist.get(rounds, 0)
-            lines.append(f"  {rounds:3d} | {count:4d} {'#' * count}")
+            lines.append(f"  {rounds:3d} | {count:4d} {'#' * round(count / scale)}")
+        kinds = ", ".join(
+            f"{kind} {sum(r) / len(r):.1f}" for kind, r in sorted(report.by_kind.items()) if r
+        )
+        lines.append(f"  mean rounds by kind: {kinds}")
     return "\n".join(lines)
 
 
@@ -60,10 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    hists = rounds_histograms(
+    reports = rounds_report(
         args.assets, args.block_size, args.prompts, args.seed, args.max_new_tokens
     )
-    print(render(hists, args.block_size))
+    print(render(reports, args.block_size))
     if args.json is not None:
         data = {
             "block_size": args.block_size,
@@ -72,10 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "algorithm": {
                 name: {
-                    "histogram": {str(r): hist[r] for r in sorted(hist)},
-                    "blocks": sum(hist.values()),
+                    "histogram": {str(r): rep.histogram[r] for r in sorted(rep.histogram)},
+                    "blocks": sum(rep.histogram.values()),
+                    "mean_rounds_by_kind": {
+                        kind: round(sum(r) / len(r), 3)
+                        for kind, r in sorted(rep.by_kind.items())
+                        if r
+                    },
                 }
-                for name, hist in hists.items()
+                for name, rep in reports.items()
             },
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
