@@ -2,19 +2,23 @@
 
     schedspec bench engine --max-running 1 4 16 [--requests 128] [--max-new-tokens 32]
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
-        [--device cpu|cuda] [--json PATH]
+        [--device cpu|cuda] [--threads N] [--sequential] [--json PATH]
+    schedspec bench engine --forward-costs      (model cost by rows x context; round cost)
 
 For every max-running value and every mode the shipped model serves the shipped prompt set
 (cycled to `--requests` requests, all submitted at once: the default 128 is four passes over the
 32 prompts, enough that at max-running 16 the drain at the end is a small part of the run) until
-drained; output tokens per second
-counts the generated tokens of every finished request (cut at max_new_tokens and EOS) over the
-wall time of the drain. All modes are measured in one process, interleaved, `--repeats` times;
-the median run of each (max-running, mode) is reported (and the best, and every run in the
-JSON). Within a repeat the four modes of one max-running value run back to back, in a rotating
-order, so a ratio is taken per repeat on paired runs and the median of those is reported: on a
-shared machine the load drifts, and pairing cancels most of the drift. A third ratio, "work",
-compares the model work (row-forwards per generated token) and involves no timing at all.
+drained; output tokens per second counts the generated tokens of every finished request (cut at
+max_new_tokens and EOS) over the wall time of its rounds.
+
+Measurement (this runs on shared machines): by default the four modes of one max-running value
+run at once, one engine each, taking turns round by round, and each mode is charged the time of
+its own rounds — a round lasts milliseconds, so a change in the machine's load hits every mode
+alike and the ratios are paired at round granularity (`--sequential` runs the modes one after
+another instead). The whole measurement is repeated `--repeats` times; the table shows the
+median run, and the ratios are the median over repeats of the per-repeat (paired) ratios.
+"cpu" ratios use the thread's CPU time (meaningful with `--threads 1`); "work" ratios compare
+the model work (row-forwards per generated token) and involve no timing at all.
 
 Per mode the time is also split into model forwards, the algorithm's steps and the rest
 (scheduler: admission, allocation, events, commits), so a missed target can be explained.
@@ -162,6 +166,68 @@ def run_once(
     )
 
 
+def run_interleaved(
+    model: BlockDiffusionLM,
+    algorithm: str,
+    max_running: int,
+    requests: list[RequestSpec],
+    block_size: int,
+    page_size: int,
+    max_context: int,
+    device: torch.device,
+) -> list[BenchRun]:
+    """All four modes at once, one engine each, taking turns round by round; each mode is
+    charged the time of its own rounds. A round lasts milliseconds, so a change in the
+    machine's load hits every mode alike: the ratios are paired at round granularity."""
+    engines = []
+    for mode in MODES:
+        config = bench_config(mode, max_running, block_size, page_size, max_context)
+        engine = DllmEngine(
+            config,
+            _noop,
+            model=model,
+            algorithm=make_algorithm(algorithm),
+            device=device,
+            record=False,
+        )
+        for req in requests:
+            engine.submit(req)
+        engines.append(engine)
+    wall = [0.0] * len(engines)
+    cpu = [0.0] * len(engines)
+    while not all(e.is_idle() for e in engines):
+        for i, engine in enumerate(engines):
+            if engine.is_idle():
+                continue
+            t0, c0 = time.perf_counter(), time.thread_time()
+            engine.run_round()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            wall[i] += time.perf_counter() - t0
+            cpu[i] += time.thread_time() - c0
+    runs = []
+    for i, (mode, engine) in enumerate(zip(MODES, engines, strict=True)):
+        snap = engine.snapshot()
+        if snap.leaked_slots() or snap.held_rows():
+            raise RuntimeError(f"bench run {mode.name} leaked {snap.leaked_slots()} slots")
+        runs.append(
+            BenchRun(
+                max_running=max_running,
+                mode=mode.name,
+                tokens=sum(len(o) for o in engine.outputs.values()),
+                seconds=wall[i],
+                forwards=engine.runner.forwards,
+                rounds=engine.round_index,
+                forward_seconds=engine.runner.forward_seconds,
+                step_seconds=engine.step_seconds,
+                cpu_seconds=cpu[i],
+                kv_seconds=engine.kv_seconds,
+                row_forwards=engine.rows_forwarded,
+            )
+        )
+    return runs
+
+
 @dataclass(slots=True)
 class BenchReport:
     device: str
@@ -259,6 +325,7 @@ def run_bench(
     device: str = "cpu",
     model: BlockDiffusionLM | None = None,
     progress: bool = False,
+    interleave: bool = True,
 ) -> BenchReport:
     dev = resolve_device(device)
     if algorithm not in ALGORITHMS:
@@ -288,16 +355,24 @@ def run_bench(
     runs: list[BenchRun] = []
     for rep in range(repeats):
         for m in max_running:
-            # the modes of one max-running value run back to back (paired), in a rotating order
-            for k in range(len(MODES)):
-                mode = MODES[(k + rep) % len(MODES)]
-                run = run_once(
-                    model, algorithm, mode, m, reqs, block_size, page_size, max_context, dev
+            if interleave:
+                batch = run_interleaved(
+                    model, algorithm, m, reqs, block_size, page_size, max_context, dev
                 )
+            else:
+                # the modes of one max-running value run back to back, in a rotating order
+                batch = [
+                    run_once(
+                        model, algorithm, MODES[(k + rep) % len(MODES)], m, reqs, block_size,
+                        page_size, max_context, dev,
+                    )
+                    for k in range(len(MODES))
+                ]  # fmt: skip
+            for run in batch:
                 runs.append(replace(run, repeat=rep))
                 if progress:
                     print(
-                        f"  [{rep + 1}/{repeats}] max_running={m:<3} {mode.name:<18} "
+                        f"  [{rep + 1}/{repeats}] max_running={m:<3} {run.mode:<18} "
                         f"{run.tokens_per_s:9.1f} tok/s ({run.seconds:.2f}s)",
                         flush=True,
                     )
@@ -309,6 +384,7 @@ def run_bench(
         "algorithm": algorithm,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
+        "method": "interleaved rounds" if interleave else "sequential runs",
     }
     return BenchReport(str(dev), settings, runs)
 
@@ -413,6 +489,11 @@ def bench_main(args: list[str]) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--json")
     p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run the modes one after another instead of interleaving their rounds",
+    )
+    p.add_argument(
         "--forward-costs",
         action="store_true",
         help="only print the model's forward cost by rows x context and the conformance round cost",
@@ -433,6 +514,7 @@ def bench_main(args: list[str]) -> int:
         repeats=ns.repeats,
         device=ns.device,
         progress=True,
+        interleave=not ns.sequential,
     )
     _print(report)
     if ns.json:
