@@ -61,9 +61,12 @@ def test_non_inductive_invariants_show_an_unreachable_cti(
     strengthened = [
         r for r in results if r.name.startswith("inductive/") and "not inductive alone" in r.detail
     ]
-    assert strengthened, "expected at least one invariant that needs a lemma"
+    assert strengthened, "expected invariants that are not inductive on their own"
     for r in strengthened:
-        assert "excluded by:" in r.detail and "unreachable" in r.detail, r.detail
+        assert "the CTI violates:" in r.detail and "unreachable" in r.detail, r.detail
+        assert "REACHABLE" not in r.detail, r.detail
+    needing_lemmas = [r for r in strengthened if "excluded by the strengthening lemmas" in r.detail]
+    assert needing_lemmas, "expected at least one invariant that needs a strengthening lemma"
 
 
 def test_results_serialise(suite: tuple[list[ProofResult], float]) -> None:
