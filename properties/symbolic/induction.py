@@ -108,6 +108,7 @@ def kind_steps(enc: Encoding, s: State, p: Params, s2: State) -> dict[str, KindS
         nxt = {k: z3.simplify(z3.substitute(t, *fixed)) for k, t in eff.items()}
         changed = frozenset(k for k, t in nxt.items() if not t.eq(pre[k]))
         rel = z3.And(
+            p.kind == code,
             z3.simplify(z3.substitute(ok, *fixed)),
             *[g.expr for g in guards[kind]],
             *[post[k] == t for k, t in nxt.items()],
