@@ -253,6 +253,13 @@ class SpecMachine:
             raise self._fail("known_request", f"abort of {e.request_id!r}, which is {phase}", e)
         if any(k[0] == e.request_id for k in self._round.pending):
             raise self._fail("step_per_row", "aborted while a step result is pending", e)
+        if self._round.forwards:
+            raise self._fail(
+                "scheduler_phase",
+                "aborted in the middle of a round (after its first forward); aborts happen "
+                "between rounds",
+                e,
+            )
         self._require_owns_nothing(r, e)
         if r.phase is RequestPhase.QUEUED:
             self._queue.remove(r.request_id)
@@ -427,7 +434,8 @@ class SpecMachine:
                     e,
                 )
             if cfg.mode is Mode.SYNC:
-                if all(self._requests[k[0]].current.phase is BlockPhase.DONE for k in keys):  # type: ignore[union-attr]
+                currents = [self._requests[k[0]].current for k in keys]
+                if all(c is not None and c.phase is BlockPhase.DONE for c in currents):
                     raise self._fail(
                         "forward_policy", "sync forward although every row is already done", e
                     )

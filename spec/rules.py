@@ -19,8 +19,8 @@ _RULES: dict[str, str] = {
     "lifecycle": "Every phase change follows the lifecycle tables (request, block, slot, row).",
     "fcfs_admission": "Requests are admitted in submission order: only the head of the queue.",
     "max_running": "At most max_running_requests requests are in the running set.",
-    "scheduler_phase": "Admissions and KV allocations happen in the scheduler phase of a round, "
-    "before its first forward.",
+    "scheduler_phase": "Admissions, KV allocations and aborts happen in the scheduler phase of a "
+    "round, before its first forward (aborts are requested between rounds).",
     "row_exclusive": "A request-pool row is held by at most one request, and a running request "
     "holds exactly one row from admission until it finishes or is aborted.",
     # --- KV slots and pages

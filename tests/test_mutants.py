@@ -4,12 +4,14 @@ naming the right rule and printing a readable, shrunk program."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from properties.conformance import conformance_machine
 from properties.verify import failure_from, run_machine
 from tests.mutants import MUTANTS
 
+# The hunt finds each bug without shrinking (shrinking costs ~20x the search and is what CI time
+# would go to); `test_counterexamples_are_shrunk` checks shrinking on representative mutants.
 HUNT = settings(
     max_examples=400,
     derandomize=True,
@@ -18,7 +20,9 @@ HUNT = settings(
     stateful_step_count=30,
     report_multiple_bugs=False,
     suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
+SHRINK = settings(HUNT, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
@@ -45,3 +49,18 @@ def test_reference_itself_passes_the_same_hunt() -> None:
 
     err, printed = run_machine(conformance_machine(make_scheduler), HUNT)
     assert err is None, failure_from(err, printed).message
+
+
+@pytest.mark.parametrize("name", ["double_free", "sync_returns_early", "ragged_row"])
+def test_counterexamples_are_shrunk(name: str) -> None:
+    """With shrinking on, the printed program is short: configure, a submit or two, a round."""
+    mutant = MUTANTS[name]
+    err, printed = run_machine(conformance_machine(mutant.factory, configs=mutant.configs), SHRINK)
+    assert err is not None
+    failure = failure_from(err, printed)
+    assert failure.rule == mutant.rule
+    calls = [
+        ln for ln in failure.program.splitlines() if ln.lstrip().startswith(("state.", "requests_"))
+    ]
+    actions = [c for c in calls if "rounds_are_checked" not in c and "teardown" not in c]
+    assert 2 <= len(actions) <= 6, failure.program

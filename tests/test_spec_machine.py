@@ -197,3 +197,26 @@ def test_lifecycle_tables_render() -> None:
         for t in lc.transitions:
             assert t.target in text
     assert all(isinstance(v, str) and v for v in RULES.values())
+
+
+def test_abort_mid_round_is_rejected_with_a_violation_not_a_crash() -> None:
+    """Found by the Z3 drift guard: a sync forward after a mid-round abort crashed the machine."""
+    cfg = CFG.replace(mode=Mode.SYNC, in_place_reuse=False)
+    v = violation(
+        [
+            Submitted("a", (5, 6), 1),
+            Submitted("b", (5,), 1),
+            Admitted("a", 0),
+            Admitted("b", 1),
+            KvAllocated("a", 0, (0, 1)),
+            KvAllocated("b", 0, (4, 5)),
+            Forward((row("a", 0, 0), row("b", 0, 1))),
+            StepResult("a", 0, 2, 0),
+            StepResult("b", 0, 0, 0),
+            KvFreed("b", (4, 5)),
+            RowReleased("b", 1),
+            Aborted("b"),
+        ],
+        cfg,
+    )
+    assert v.rule == "scheduler_phase"

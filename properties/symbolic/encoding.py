@@ -847,6 +847,7 @@ class Encoding:
             lambda i: _table(REQUEST_LIFECYCLE, REQ, s.phase[i], "aborted")[0],
         )
         per_req("aborted", "step_per_row", lambda i: z3.Not(s.pend[i]))
+        G["aborted"].append(Guard("scheduler_phase", s.nfwd == 0))
         per_req("aborted", "terminal_owns_nothing", lambda i: z3.Not(self.owns_any(s, i)), "slots")
         per_req("aborted", "terminal_owns_nothing", lambda i: s.row[i] == -1, "row")
 
