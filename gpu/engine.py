@@ -400,7 +400,7 @@ class DllmEngine:
             if done[i]:
                 self._commit(req, rows[i])
             else:
-                self._carry(req, tokens[i].clone(), states[i])
+                self._carry(req, tokens[i], states[i])  # a view: next round's stack copies it
 
     def _commit(self, req: EngineRequest, block: list[int]) -> None:
         k = req.committed_blocks
