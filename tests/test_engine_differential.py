@@ -160,8 +160,8 @@ def _differential(
     assert isinstance(engine, DllmEngine)
     scripts = _scripts(engine, eh.events)
 
-    def reference(cfg: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
-        return ReferenceDllmScheduler(cfg, sink, ReplayOracle(scripts, cfg.mask_token_id))
+    def reference(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return ReferenceDllmScheduler(config, sink, ReplayOracle(scripts, config.mask_token_id))
 
     rh = _run(reference, config, ops)
     assert _forward_rounds(eh.events) == _forward_rounds(rh.events)
@@ -206,11 +206,9 @@ def test_the_differential_sees_a_scheduling_difference() -> None:
     assert isinstance(engine, DllmEngine)
     scripts = _scripts(engine, eh.events)
     narrow = config.replace(max_running_requests=1)
-    rh = _run(
-        lambda cfg, sink: ReferenceDllmScheduler(
-            cfg, sink, ReplayOracle(scripts, cfg.mask_token_id)
-        ),
-        narrow,
-        ops,
-    )
+
+    def reference(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return ReferenceDllmScheduler(config, sink, ReplayOracle(scripts, config.mask_token_id))
+
+    rh = _run(reference, narrow, ops)
     assert _forward_rounds(eh.events) != _forward_rounds(rh.events)

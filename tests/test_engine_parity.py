@@ -105,7 +105,7 @@ def test_parity_main_exit_codes(
     monkeypatch.setattr(
         parity,
         "run_parity",
-        lambda *a, **k: run_parity(*a, **k, model=tiny_model("cpu")),
+        lambda *a, **k: run_parity(*a, **{**k, "model": tiny_model("cpu")}),
     )
     out = Path(str(tmp_path)) / "p.json"
     args = ["--algorithm", "LowConfidence", "--prompts", "2", "--max-new-tokens", "8"]
