@@ -14,7 +14,9 @@ from typing import Any
 
 REQUIRED_ALGORITHMS = frozenset({"LowConfidence", "JointThreshold"})
 MIN_PROMPTS = 3  # SGLang's own check: 3 prompts x 128 tokens at temperature 0
-MIN_TOKENS = 128
+# SGLang checks 128 tokens; the shipped model's whole context is 128 tokens (prompts up to 22
+# characters leave at most 106 new tokens), so the gate asks for 64, two full blocks of 32.
+MIN_TOKENS = 64
 
 
 def release_problems(report: Mapping[str, Any]) -> list[str]:

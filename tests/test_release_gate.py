@@ -11,7 +11,7 @@ from properties.release import release_problems
 
 def report(**changes: object) -> dict[str, object]:
     cases = [
-        {"algorithm": a, "prompt": i, "max_new_tokens": 128, "identical": True}
+        {"algorithm": a, "prompt": i, "max_new_tokens": 64, "identical": True}
         for a in ("LowConfidence", "JointThreshold")
         for i in range(3)
     ]
@@ -42,7 +42,7 @@ def test_cpu_runs_are_refused(tmp_path: Path, capsys) -> None:  # type: ignore[n
 def test_mismatch_leak_and_coverage_are_refused() -> None:
     assert any("byte-identical" in x for x in release_problems(report(identical=False)))
     assert any("leaked_slots=3" in x for x in release_problems(report(leaked_slots=3)))
-    one_algo = report(cases=[{"algorithm": "LowConfidence", "max_new_tokens": 128}] * 3)
+    one_algo = report(cases=[{"algorithm": "LowConfidence", "max_new_tokens": 64}] * 3)
     assert any("JointThreshold" in x for x in release_problems(one_algo))
     short = report(
         cases=[
@@ -51,4 +51,4 @@ def test_mismatch_leak_and_coverage_are_refused() -> None:
             for _ in range(3)
         ]
     )
-    assert any("fewer than 128" in x for x in release_problems(short))
+    assert any("fewer than 64" in x for x in release_problems(short))
