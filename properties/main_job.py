@@ -5,6 +5,7 @@ Steps, each timed and reported (a failing step never stops the others):
 2. the conformance suite on every built-in implementation;
 3. batch-size-1 parity and leak check on the shipped model (CUDA when present, else CPU);
 4. a short FDFO-vs-sync comparison on the reference (the head-of-line gap, in forwards);
+5. a short engine benchmark (tokens/s of sync, FDFO, FDFO + reuse, + re-loop at max-running 4);
 then a summary table, and a report directory with report.md, report.json and PNG plots.
 Exit status is non-zero if any step failed, and the failing steps are named.
 """
@@ -184,6 +185,22 @@ def step_fdfo_vs_sync() -> tuple[bool, str, dict[str, Any]]:
     return ok, summary, data
 
 
+def step_engine_bench(requests: int = 32) -> tuple[bool, str, dict[str, Any]]:
+    """A short engine benchmark at max-running 4 (a measurement: it passes when it runs; the
+    full benchmark is `schedspec bench engine`, recorded in docs/engine.md)."""
+    bench = importlib.import_module("gpu.bench")
+    device = "cuda" if _cuda_available() else "cpu"
+    report = bench.run_bench([4], requests=requests, repeats=1, device=device)
+    data = report.to_json()
+    ratios = data["ratios"]
+    summary = (
+        f"{device}, {requests} requests at max-running 4: FDFO/sync "
+        f"{ratios['fdfo/sync']['4']:.2f}x, FDFO+reuse/sync {ratios['fdfo+reuse/sync']['4']:.2f}x "
+        f"(tokens/s, one run)"
+    )
+    return True, summary, data
+
+
 # --------------------------------------------------------------------------- report
 def write_plots(out: Path, parity_data: dict[str, Any] | None) -> list[str]:
     plots = importlib.import_module("properties.plots")
@@ -258,6 +275,7 @@ def main_job(report_dir: str, examples: int, parity_prompts: int, parity_tokens:
         ("conformance", lambda: step_conformance(examples)),
         ("bs=1 parity + leaks", lambda: step_parity(parity_prompts, parity_tokens)),
         ("fdfo vs sync", step_fdfo_vs_sync),
+        ("engine bench", step_engine_bench),
     ]
     for name, fn in plan:
         _log(f"{name} ...")

@@ -20,7 +20,14 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
     assert code == 0, out
     assert report["passed"] is True
     names = [s["name"] for s in report["steps"]]
-    assert names == ["z3 proofs", "conformance", "bs=1 parity + leaks", "fdfo vs sync", "plots"]
+    assert names == [
+        "z3 proofs",
+        "conformance",
+        "bs=1 parity + leaks",
+        "fdfo vs sync",
+        "engine bench",
+        "plots",
+    ]
     for png in ("gantt_sync_vs_fdfo.png", "kv_occupancy.png", "rounds_per_block.png"):
         assert (tmp_path / png).stat().st_size > 10_000, png
         assert png in (tmp_path / "report.md").read_text()
@@ -40,6 +47,7 @@ def test_main_job_names_what_failed(
     monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})
     monkeypatch.setattr(mj, "step_proofs", lambda: (True, "skipped here", {}))
     monkeypatch.setattr(mj, "step_parity", lambda p, t: (True, "skipped here", {}))
+    monkeypatch.setattr(mj, "step_engine_bench", lambda: (True, "skipped here", {}))
     from tests.test_conformance_reference import no_shrink
 
     monkeypatch.setattr("properties.verify.verify_settings", no_shrink)
