@@ -28,6 +28,12 @@ SCHEDSPEC = Path(sys.executable).parent / "schedspec"
 NOT_RUN = {
     "./run-tests": "it is this test suite itself (CI runs it)",
     "./schedspec verify": "the main job; run by tests/test_main_job.py with smaller settings",
+    # multi-minute measurements whose recorded output is in docs/engine.md; the same code paths
+    # run in tests/test_engine_conformance.py and tests/test_engine_units.py on small inputs
+    "./schedspec verify --impl engine --impl gpu.engine:make_small_joint_engine "
+    "--impl gpu.engine:make_engine --examples 150": "about 5 minutes on 2 cores",
+    "./schedspec bench engine --max-running 1 4 16 --threads 1 --repeats 5 "
+    "--json docs/engine-bench-cpu.json": "a benchmark of several minutes",
 }
 
 
