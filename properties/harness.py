@@ -12,11 +12,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from properties.replay import ReplayHarness
 from spec.adapter import ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import (
     ConfigError,
-    DuplicateRequest,
     RequestError,
     SpecViolation,
     UnknownRequest,
@@ -45,7 +45,7 @@ def load_factory(target: str) -> ImplementationFactory:
 
 
 @dataclass
-class Harness:
+class Harness(ReplayHarness[SpecMachine]):
     """One implementation under test, built by `factory` for `config`."""
 
     factory: ImplementationFactory
@@ -59,30 +59,8 @@ class Harness:
         self.rounds = 0
         self.violation: SpecViolation | None = None  # the first one raised, if any
 
-    def _violate(self, rule: str, detail: str) -> SpecViolation:
-        """A violation found by the harness itself (recorded like those from the spec)."""
-        v = SpecViolation(rule, detail)
-        self.violation = self.violation or v
-        return v
-
-    def _sink(self, event: Event) -> None:
-        self.events.append(event)
-        try:
-            self.spec.apply(event)
-            if self.check_invariants:
-                self.spec.check_invariants()
-        except SpecViolation as v:
-            self.violation = self.violation or v
-            raise
-
-    def _expect_rejection(self, request: RequestSpec) -> str | None:
-        if self.spec.request_phase(request.request_id) is not None:
-            return "duplicate"
-        try:
-            validate_request(self.config, request)
-        except RequestError as err:
-            return type(err).__name__
-        return None
+    def _validate(self, request: RequestSpec) -> None:
+        validate_request(self.config, request)
 
     # ------------------------------------------------------------------ operations
     def submit(self, request: RequestSpec) -> RequestError | None:
@@ -90,50 +68,16 @@ class Harness:
 
         A rejection must leave no event and change nothing; a valid request must be accepted.
         """
-        expected = self._expect_rejection(request)
-        before = len(self.events)
-        try:
-            self.impl.submit(request)
-        except RequestError as err:
-            if len(self.events) != before:
-                raise self._violate(
-                    "valid_request", f"rejected {request.request_id!r} but emitted events"
-                ) from None
-            if expected is None:
-                raise self._violate(
-                    "valid_request", f"rejected a valid request {request!r}: {err}"
-                ) from None
-            if expected == "duplicate" and not isinstance(err, DuplicateRequest):
-                raise self._violate(
-                    "unique_submission",
-                    f"duplicate id rejected with {type(err).__name__}, not DuplicateRequest",
-                ) from None
-            self._check_snapshot()
-            return err
-        if expected is not None:  # pragma: no cover - the Submitted event already failed
-            raise self._violate("valid_request", f"accepted {request!r} ({expected})")
-        return None
+        return self._checked_submit(request, self.impl.submit)
 
     def abort(self, request_id: str) -> UnknownRequest | None:
         phase = self.spec.request_phase(request_id)
-        active = phase in (RequestPhase.QUEUED, RequestPhase.ADMITTED, RequestPhase.RUNNING)
-        before = len(self.events)
-        try:
-            self.impl.abort(request_id)
-        except UnknownRequest as err:
-            if active:
-                raise self._violate(
-                    "known_request", f"abort of active request {request_id!r} was refused: {err}"
-                ) from None
-            if len(self.events) != before:
-                raise self._violate("known_request", "a refused abort emitted events") from None
-            return err
-        if self.spec.request_phase(request_id) is not RequestPhase.ABORTED:
-            raise self._violate(
-                "known_request", f"abort of {request_id!r} returned without an Aborted event"
-            )
-        self._check_snapshot()
-        return None
+        return self._checked_abort(
+            request_id,
+            self.impl.abort,
+            active=phase in (RequestPhase.QUEUED, RequestPhase.ADMITTED, RequestPhase.RUNNING),
+            aborted=lambda: self.spec.request_phase(request_id) is RequestPhase.ABORTED,
+        )
 
     def round(self) -> None:
         expected = self.spec.round_index
@@ -165,13 +109,6 @@ class Harness:
                 f"after drain {snap.leaked_slots()} KV slots and {snap.held_rows()} rows are "
                 f"still in use",
             )
-
-    def _check_snapshot(self) -> None:
-        try:
-            self.spec.check_snapshot(self.impl.snapshot())
-        except SpecViolation as v:
-            self.violation = self.violation or v
-            raise
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return self.spec.outputs()

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from properties.replay import ReplayHarness
 from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArEvent, ArStepEnd
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
 from spec.ar.machine import ArSpecMachine
-from spec.errors import DuplicateRequest, RequestError, SpecViolation, UnknownRequest
+from spec.errors import RequestError, SpecViolation, UnknownRequest
 
 
 @dataclass
-class ArHarness:
+class ArHarness(ReplayHarness[ArSpecMachine]):
     """One AR implementation under test, built by `factory` for `config`."""
 
     factory: ArImplementationFactory
@@ -34,78 +35,21 @@ class ArHarness:
         self.spec = ArSpecMachine(self.config, self.impl.rules)
         self.steps = 0
 
-    def _violate(self, rule: str, detail: str) -> SpecViolation:
-        v = SpecViolation(rule, detail)
-        self.violation = self.violation or v
-        return v
-
-    def _sink(self, event: ArEvent) -> None:
-        self.events.append(event)
-        try:
-            self.spec.apply(event)
-            if self.check_invariants:
-                self.spec.check_invariants()
-        except SpecViolation as v:
-            self.violation = self.violation or v
-            raise
-
-    def _expect_rejection(self, request: ArRequest) -> str | None:
-        if self.spec.request_phase(request.request_id) is not None:
-            return "duplicate"
-        try:
-            validate_ar_request(self.config, request)
-        except RequestError as err:
-            return type(err).__name__
-        return None
+    def _validate(self, request: ArRequest) -> None:
+        validate_ar_request(self.config, request)
 
     # ------------------------------------------------------------------ operations
     def submit(self, request: ArRequest) -> RequestError | None:
         """Submit; return the typed error if the implementation (rightly) rejected it."""
-        expected = self._expect_rejection(request)
-        before = len(self.events)
-        try:
-            self.impl.submit(request)
-        except RequestError as err:
-            if len(self.events) != before:
-                raise self._violate(
-                    "valid_request", f"rejected {request.request_id!r} but emitted events"
-                ) from None
-            if expected is None:
-                raise self._violate(
-                    "valid_request", f"rejected a valid request {request!r}: {err}"
-                ) from None
-            if expected == "duplicate" and not isinstance(err, DuplicateRequest):
-                raise self._violate(
-                    "unique_submission",
-                    f"duplicate id rejected with {type(err).__name__}, not DuplicateRequest",
-                ) from None
-            self._check_snapshot()
-            return err
-        if expected is not None:  # pragma: no cover - the ArSubmitted event already failed
-            raise self._violate("valid_request", f"accepted {request!r} ({expected})")
-        self._check_snapshot()
-        return None
+        return self._checked_submit(request, self.impl.submit)
 
     def abort(self, request_id: str) -> UnknownRequest | None:
-        phase = self.spec.request_phase(request_id)
-        active = phase in AR_ACTIVE_PHASES
-        before = len(self.events)
-        try:
-            self.impl.abort(request_id)
-        except UnknownRequest as err:
-            if active:
-                raise self._violate(
-                    "known_request", f"abort of active request {request_id!r} was refused: {err}"
-                ) from None
-            if len(self.events) != before:
-                raise self._violate("known_request", "a refused abort emitted events") from None
-            return err
-        if self.spec.request_phase(request_id) is not ArPhase.ABORTED:
-            raise self._violate(
-                "known_request", f"abort of {request_id!r} returned without an ArAborted event"
-            )
-        self._check_snapshot()
-        return None
+        return self._checked_abort(
+            request_id,
+            self.impl.abort,
+            active=self.spec.request_phase(request_id) in AR_ACTIVE_PHASES,
+            aborted=lambda: self.spec.request_phase(request_id) is ArPhase.ABORTED,
+        )
 
     def step(self) -> None:
         expected = self.spec.step_index
@@ -129,13 +73,6 @@ class ArHarness:
             raise self._violate(
                 "block_conservation", f"after drain {snap.held_blocks()} blocks are still held"
             )
-
-    def _check_snapshot(self) -> None:
-        try:
-            self.spec.check_snapshot(self.impl.snapshot())
-        except SpecViolation as v:
-            self.violation = self.violation or v
-            raise
 
     def ended_steps(self) -> int:
         return sum(1 for e in self.events if isinstance(e, ArStepEnd))

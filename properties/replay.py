@@ -1,0 +1,130 @@
+"""What every conformance harness shares, whichever spec it holds an implementation to.
+
+Events are replayed into the spec machine as they are emitted, the first violation is recorded
+(so a teardown never masks it), and `submit` / `abort` are checked the same way: a rejected
+request or a refused abort must emit nothing, a valid request must be accepted, a duplicate id
+must be refused with `DuplicateRequest`, and an active request's abort must succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from spec.errors import DuplicateRequest, RequestError, SpecViolation, UnknownRequest
+
+
+class SpecLike(Protocol):
+    """What the harness needs of a spec machine (SpecMachine, ArSpecMachine)."""
+
+    def apply(self, event: Any) -> None: ...
+
+    def check_invariants(self) -> None: ...
+
+    def check_snapshot(self, snap: Any) -> None: ...
+
+    def request_phase(self, request_id: str) -> Any: ...
+
+
+M = TypeVar("M", bound=SpecLike)
+
+
+class ReplayHarness(Generic[M]):
+    """Mixin for the dLLM and AR harnesses. Subclasses set `spec` (their spec machine), `impl`
+    (with `snapshot`), `events`, `check_invariants` and `violation`, and provide `_validate`."""
+
+    spec: M
+    impl: Any
+    events: list[Any]
+    check_invariants: bool
+    violation: SpecViolation | None
+
+    def _validate(self, request: Any) -> None:
+        """Raise the spec's RequestError if `request` is invalid for the config."""
+        raise NotImplementedError
+
+    def _violate(self, rule: str, detail: str) -> SpecViolation:
+        """A violation found by the harness itself (recorded like those from the spec)."""
+        v = SpecViolation(rule, detail)
+        self.violation = self.violation or v
+        return v
+
+    def _sink(self, event: Any) -> None:
+        self.events.append(event)
+        try:
+            self.spec.apply(event)
+            if self.check_invariants:
+                self.spec.check_invariants()
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
+
+    def _check_snapshot(self) -> None:
+        try:
+            self.spec.check_snapshot(self.impl.snapshot())
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
+
+    def _expect_rejection(self, request: Any) -> str | None:
+        if self.spec.request_phase(request.request_id) is not None:
+            return "duplicate"
+        try:
+            self._validate(request)
+        except RequestError as err:
+            return type(err).__name__
+        return None
+
+    def _checked_submit(self, request: Any, submit: Callable[[Any], None]) -> RequestError | None:
+        """Submit; return the typed error if the implementation rightly rejected the request."""
+        expected = self._expect_rejection(request)
+        before = len(self.events)
+        try:
+            submit(request)
+        except RequestError as err:
+            if len(self.events) != before:
+                raise self._violate(
+                    "valid_request", f"rejected {request.request_id!r} but emitted events"
+                ) from None
+            if expected is None:
+                raise self._violate(
+                    "valid_request", f"rejected a valid request {request!r}: {err}"
+                ) from None
+            if expected == "duplicate" and not isinstance(err, DuplicateRequest):
+                raise self._violate(
+                    "unique_submission",
+                    f"duplicate id rejected with {type(err).__name__}, not DuplicateRequest",
+                ) from None
+            self._check_snapshot()
+            return err
+        if expected is not None:  # pragma: no cover - the submitted event already failed
+            raise self._violate("valid_request", f"accepted {request!r} ({expected})")
+        self._check_snapshot()
+        return None
+
+    def _checked_abort(
+        self,
+        request_id: str,
+        abort: Callable[[str], None],
+        *,
+        active: bool,
+        aborted: Callable[[], bool],
+    ) -> UnknownRequest | None:
+        """Abort; an active request must end aborted, anything else must be refused cleanly."""
+        before = len(self.events)
+        try:
+            abort(request_id)
+        except UnknownRequest as err:
+            if active:
+                raise self._violate(
+                    "known_request", f"abort of active request {request_id!r} was refused: {err}"
+                ) from None
+            if len(self.events) != before:
+                raise self._violate("known_request", "a refused abort emitted events") from None
+            return err
+        if not aborted():
+            raise self._violate(
+                "known_request", f"abort of {request_id!r} returned without an aborted event"
+            )
+        self._check_snapshot()
+        return None
