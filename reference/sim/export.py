@@ -13,6 +13,7 @@ import numpy as np
 from reference.sim.cluster import BatchRecord
 from reference.sim.dllm import DllmResult
 from reference.sim.sbs import Span
+from reference.sim.stages import StageRecord
 from reference.sim.workload import FloatArray
 
 Trace = dict[str, Any]
@@ -60,6 +61,33 @@ def trace_cluster(batches: Iterable[BatchRecord], limit: int = 200_000) -> Trace
                 seqs=b.seqs,
                 prefill_tokens=b.prefill_tokens,
                 decode_tokens=b.decode_tokens,
+            )
+        )
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def trace_stages(slices: Iterable[StageRecord], num_stages: int, limit: int = 200_000) -> Trace:
+    """One process per replica, one track (thread id = stage) per pipeline stage, one slice
+    per batch per stage."""
+    ev: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for i, sl in enumerate(slices):
+        if i >= limit:
+            break
+        if sl.replica not in seen:
+            seen.add(sl.replica)
+            names = {s: f"stage {s}" for s in range(num_stages)}
+            ev += _meta(sl.replica, f"replica {sl.replica}", names)
+        ev.append(
+            _x(
+                f"batch {sl.batch}",
+                sl.replica,
+                sl.stage,
+                sl.start,
+                sl.end,
+                seqs=sl.seqs,
+                prefill_tokens=sl.prefill_tokens,
+                decode_tokens=sl.decode_tokens,
             )
         )
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
