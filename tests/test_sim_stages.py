@@ -59,8 +59,7 @@ def test_one_stage_matches_cluster_loop() -> None:
 
 @pytest.mark.parametrize("stages", [1, 2, 4, 8])
 def test_saturated_throughput_is_s_times(stages: int) -> None:
-    # 80 one-token requests at t=0, one per batch (the first arrival starts a batch at once,
-    # so larger batches would not all be full): 80 batches of constant time T.
+    # 80 one-token requests at t=0, one per batch: 80 batches of constant time T.
     T, n, b = 0.1, 80, 1
     w = wl.Workload(np.zeros(n), np.full(n, 16, dtype=np.int64), np.ones(n, dtype=np.int64))
     res = simulate_stages(w, _replicas(1, stages, max_batch=b), Constant(T))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from reference.sim.errors import SimConfigError, Unschedulable
 from spec.ar.config import ArConfig, ArRequest
@@ -32,8 +32,15 @@ from spec.ar.events import (
 )
 from spec.errors import RequestError
 
-# (prefill tokens, decode tokens, kv tokens read, attention pairs, sequences)
-BatchPlan = tuple[int, int, int, int, int]
+
+class BatchPlan(NamedTuple):
+    """A batch's token figures, as the execution-time model reads them."""
+
+    prefill: int  # prefill tokens (whole or chunked prompts, recomputation)
+    decode: int  # decode tokens (one per decoding sequence)
+    kv_read: int  # KV tokens held before the batch (read by attention)
+    attn_pairs: int  # (query, key) pairs of the batch's attention
+    seqs: int  # sequences in the batch
 
 
 class ReplicaScheduler(Protocol):
@@ -58,6 +65,10 @@ class ReplicaScheduler(Protocol):
     def kv_used(self) -> int: ...
 
     def outstanding(self) -> int: ...
+
+    def pending(self) -> int:
+        """Requests queued and not running (Vidur's `num_pending_requests`, read by LOR)."""
+        ...
 
 
 class SimpleReplica:
@@ -114,7 +125,9 @@ class SimpleReplica:
             pairs += p * (p + 1) // 2
         if not new and not self.n_decoding:
             return None
-        return (ptoks, self.n_decoding, self.kv, pairs + self.kv, self.n_decoding + len(new))
+        return BatchPlan(
+            ptoks, self.n_decoding, self.kv, pairs + self.kv, self.n_decoding + len(new)
+        )
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
         it = self.it
@@ -188,6 +201,9 @@ class SimpleReplica:
 
     def outstanding(self) -> int:
         return self._out
+
+    def pending(self) -> int:
+        return len(self.waiting)
 
 
 ArFactory = Callable[[ArConfig, Callable[[ArEvent], None]], object]
@@ -287,7 +303,7 @@ class ArReplica:
             )
         self._result = (first, done, restarted)
         self._out -= len(done)
-        return (pre, dec, kv_before, pairs, seqs)
+        return BatchPlan(pre, dec, kv_before, pairs, seqs)
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
         r, self._result = self._result, ([], [], [])
@@ -298,3 +314,9 @@ class ArReplica:
 
     def outstanding(self) -> int:
         return self._out
+
+    def pending(self) -> int:
+        waiting = getattr(self.impl, "waiting", None)  # the reference classes' queue
+        if waiting is not None:
+            return len(waiting)
+        return len(self.impl.snapshot().waiting)  # type: ignore[attr-defined]

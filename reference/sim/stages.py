@@ -19,6 +19,7 @@ and then one batch ends every T/S: S times the single-stage throughput.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +73,9 @@ class StagedReplica:
     def outstanding(self) -> int:
         return sum(s.outstanding() for s in self.slots)
 
+    def pending(self) -> int:
+        return sum(s.pending() for s in self.slots)
+
 
 @dataclass
 class StagedResult:
@@ -85,7 +89,8 @@ class StagedResult:
 def simulate_stages(
     workload: Workload, replicas: Sequence[StagedReplica], model: ExecModel
 ) -> StagedResult:
-    """Round-robin routing to replicas; arrivals before stage ends at equal times."""
+    """Round-robin routing to replicas; at one instant every arrival is queued, then stage ends
+    are handled, and free stage 0s form batches (the same-time order of `simulate_cluster`)."""
     if not replicas:
         raise SimConfigError("replicas", 0, "at least one replica")
     n = len(workload)
@@ -107,7 +112,7 @@ def simulate_stages(
         rep.stages[s] = b
         b.done = False
         p = b.plan
-        slices.append(StageRecord(r, s, b.batch, t, t + b.stage_time, p[4], p[0], p[1]))
+        slices.append(StageRecord(r, s, b.batch, t, t + b.stage_time, p.seqs, p.prefill, p.decode))
         heapq.heappush(heap, (t + b.stage_time, seq, r, s))
         seq += 1
 
@@ -126,9 +131,9 @@ def simulate_stages(
             if plan is None:
                 continue
             for q in slot.newly_scheduled:
-                if m.scheduled[q] != m.scheduled[q]:  # NaN: first time
+                if math.isnan(m.scheduled[q]):
                     m.scheduled[q] = t
-            dt = model.batch_time(plan[0], plan[1], plan[2], plan[3]) / S
+            dt = model.batch_time(plan.prefill, plan.decode, plan.kv_read, plan.attn_pairs) / S
             rep.in_flight[k] = True
             rep.next_form = (k + 1) % S
             enter(r, 0, _InFlight(num_batches, k, plan, dt), t)
@@ -147,13 +152,13 @@ def simulate_stages(
                 rep.in_flight[b.slot] = False
                 firsts, dones, restarted = rep.slots[b.slot].end_batch()
                 for q in firsts:
-                    if m.first_token[q] != m.first_token[q]:
+                    if math.isnan(m.first_token[q]):
                         m.first_token[q] = t
                 for q in restarted:
                     m.restarts[q] += 1
                 for q in dones:
                     m.completed[q] = t
-                    if m.first_token[q] != m.first_token[q]:
+                    if math.isnan(m.first_token[q]):
                         m.first_token[q] = t
             elif rep.stages[s + 1] is None:
                 rep.stages[s] = None
@@ -161,6 +166,7 @@ def simulate_stages(
         form(r, t)
 
     i = 0
+    to_form: list[int] = []
     while i < n or heap:
         if i < n and (not heap or arrivals[i] <= heap[0][0]):
             t = arrivals[i]
@@ -170,8 +176,13 @@ def simulate_stages(
             r = i % R
             assign[i] = r
             replicas[r].add(i, pre[i], dec[i])
-            form(r, t)
+            if r not in to_form:
+                to_form.append(r)
             i += 1
+            if i == n or arrivals[i] != t:  # Vidur: every same-time arrival queues first
+                for q in to_form:
+                    form(q, t)
+                to_form.clear()
             continue
         t, _, r, s = heapq.heappop(heap)
         if t < now:
