@@ -158,6 +158,12 @@ class ClusterSim:
         self.router = router
         self.n = len(workload)
         self.metrics = RequestMetrics.for_workload(workload)
+        # plain lists while running (numpy element access is slow), copied back at the end
+        nan = math.nan
+        self.scheduled = [nan] * self.n
+        self.first_token = [nan] * self.n
+        self.completed = [nan] * self.n
+        self.restarts = [0] * self.n
         self.arrivals: list[float] = workload.arrived_at.tolist()
         self.pre: list[int] = workload.prefill.tolist()
         self.dec: list[int] = workload.decode.tolist()
@@ -197,7 +203,12 @@ class ClusterSim:
             end = heapq.heappop(heap)
             if end.gen == self.state[end.replica].gen:  # else: a stretch an arrival cut short
                 self._end(end)
-        self.metrics.replica[:] = self.assign
+        m = self.metrics
+        m.replica[:] = self.assign
+        m.scheduled[:] = self.scheduled
+        m.first_token[:] = self.first_token
+        m.completed[:] = self.completed
+        m.restarts[:] = self.restarts
         return ClusterResult(
             self.metrics,
             summarize(self.metrics),
@@ -268,7 +279,7 @@ class ClusterSim:
         if plan is None:
             st.busy = False
             return
-        scheduled = self.metrics.scheduled
+        scheduled = self.scheduled
         for q in rep.newly_scheduled:
             if math.isnan(scheduled[q]):
                 scheduled[q] = t
@@ -304,16 +315,16 @@ class ClusterSim:
             firsts, dones, restarted = rep.end_decode(end.iterations)  # type: ignore[attr-defined]
         else:
             firsts, dones, restarted = rep.end_batch()
-        m = self.metrics
+        first_token, completed = self.first_token, self.completed
         for q in firsts:
-            if math.isnan(m.first_token[q]):
-                m.first_token[q] = t
+            if math.isnan(first_token[q]):
+                first_token[q] = t
         for q in restarted:
-            m.restarts[q] += 1
+            self.restarts[q] += 1
         for q in dones:
-            m.completed[q] = t
-            if math.isnan(m.first_token[q]):
-                m.first_token[q] = t
+            completed[q] = t
+            if math.isnan(first_token[q]):
+                first_token[q] = t
         if self.log is not None and self.times is not None:
             self.times.append(t)
             self.log.extend(("first", q, t) for q in firsts)
