@@ -1,4 +1,4 @@
-"""`schedspec simulate dllm|sbs|replicas ... [--json PATH] [--plots DIR] [--trace PATH]`.
+"""`schedspec simulate dllm|sbs|replicas|sweep ... [--json PATH] [--plots DIR] [--trace PATH]`.
 
 Progress goes to stderr; results to stdout (a short table) and, with --json, to a file.
 Typed errors (`SchedSpecError`) propagate to the caller, which prints them and exits 2.
@@ -135,7 +135,115 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-prefill-tokens", type=int, default=4096)
     _add_workload(r, 10.0, 2000, "64-1024", "16-256")
     _add_outputs(r)
+    _add_sweep(sub)
     return ap
+
+
+def _add_sweep(sub: Any) -> None:
+    from reference.sim.catalog import SCHEDULERS
+
+    w = sub.add_parser(
+        "sweep",
+        help="a capacity grid (qps x scheduler x replicas x KV pool) in parallel on Ray",
+    )
+    w.add_argument("--qps", default="2,4,8,16", help="comma-separated arrival rates (total)")
+    w.add_argument(
+        "--scheduler",
+        default="vidur-vllm,vidur-sarathi,vidur-orca",
+        help=f"comma-separated replica schedulers: {', '.join(SCHEDULERS)}",
+    )
+    w.add_argument("--replicas", default="2", help="comma-separated replica counts")
+    w.add_argument("--kv-tokens", default="16384,32768", help="comma-separated KV pool sizes")
+    w.add_argument("--requests", type=int, default=1000)
+    w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
+    w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
+    w.add_argument("--max-batch", type=int, default=32, help="seats per replica")
+    w.add_argument("--budget", type=int, default=2048, help="tokens per batch (chunk size)")
+    w.add_argument("--max-model-len", type=int, default=1280)
+    w.add_argument("--exec-model", default="roofline:llama3-8b@h100")
+    w.add_argument(
+        "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
+    )
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--backend",
+        default="ray",
+        choices=("ray", "local"),
+        help="ray (parallel; local Ray unless --address) or local (one process)",
+    )
+    w.add_argument("--address", help="an existing Ray cluster, e.g. ray://head:10001 or auto")
+    w.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    w.add_argument("--json", help="write the results as JSON here")
+    w.add_argument("--csv", help="write the results as CSV here")
+    w.add_argument("--plots", help="write throughput-vs-latency PNGs into this directory")
+
+
+def _floats(flag: str, text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",")]
+    except ValueError:
+        vals = []
+    if not vals or any(not v > 0 or v != v or v == float("inf") for v in vals):
+        raise SimConfigError(flag, text, "comma-separated finite numbers > 0")
+    return vals
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise SimConfigError(flag, text, "comma-separated integers >= 1")
+    return vals
+
+
+def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    from reference.sim import sweep as sw
+
+    schedulers = [s.strip() for s in args.scheduler.split(",")]
+    points = sw.grid(
+        _floats("--qps", args.qps),
+        schedulers,
+        _ints("--replicas", args.replicas),
+        _ints("--kv-tokens", args.kv_tokens),
+        requests=args.requests,
+        prefill=args.prefill,
+        decode=args.decode,
+        max_batch=args.max_batch,
+        budget=args.budget,
+        max_model_len=args.max_model_len,
+        exec_model=args.exec_model,
+        global_scheduler=args.global_scheduler,
+        seed=args.seed,
+    )
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise SimConfigError("--num-cpus", args.num_cpus, "an integer >= 1")
+    where = args.address or "local Ray" if args.backend == "ray" else "one process"
+    _say(f"{len(points)} points on {where}")
+    t0 = time.perf_counter()
+
+    def report(done: int, total: int, r: Any) -> None:
+        p = r.point
+        _say(
+            f"[{done}/{total}] {p.scheduler} x{p.replicas} kv={p.kv_tokens} qps={p.qps:g}: "
+            f"e2e p90 {r.e2e_p90:.3f} s ({time.perf_counter() - t0:.1f} s)"
+        )
+
+    results = sw.run_grid(points, args.backend, args.address, args.num_cpus, report)
+    print(sw.table(results))
+    if args.csv:
+        sw.write_csv(results, Path(args.csv))
+        _say(f"wrote {args.csv}")
+    if args.plots:
+        for path in sw.plot_throughput_latency(results, Path(args.plots)):
+            _say(f"wrote {path}")
+    return {
+        "backend": args.backend,
+        "points": len(points),
+        "wall_s": time.perf_counter() - t0,
+        "results": [r.row() for r in results],
+    }
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
@@ -398,7 +506,9 @@ def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:
 
 def simulate_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    cmd = {"dllm": cmd_dllm, "sbs": cmd_sbs, "replicas": cmd_replicas}[args.what]
+    cmd = {"dllm": cmd_dllm, "sbs": cmd_sbs, "replicas": cmd_replicas, "sweep": cmd_sweep}[
+        args.what
+    ]
     out = cmd(args)
     _dump(out, args.json)
     return 0

@@ -1,0 +1,302 @@
+"""Capacity sweeps: a grid of replica-level simulations (qps x scheduler x replicas x KV pool),
+run in parallel on Ray or in one process, with identical numbers either way.
+
+A point is a frozen `SweepPoint`; `run_point` is a pure function of it (the workload is generated
+from the point's seed inside the worker), so where a point runs changes nothing. `run_grid`
+validates every point (scheduler name, configuration) before any work starts, then runs them on
+Ray (`backend="ray"`: a local Ray started with `num_cpus`, or an existing cluster by `address`)
+or serially (`backend="local"`), reporting progress as points finish. Results come back in grid
+order. Ray is optional (`pip install 'schedspec[sweep]'`); without it `RayMissing` says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reference.sim import workload as wl
+from reference.sim.catalog import ReplicaSpec
+from reference.sim.errors import SimConfigError, SimError
+from reference.sim.exec_model import parse_model
+
+BACKENDS = ("ray", "local")
+
+
+class RayMissing(SimError, ImportError):
+    """`--backend ray` without Ray installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "ray is not installed: install the sweep extra (pip install 'schedspec[sweep]', "
+            "or .venv/bin/pip install 'ray[default]==2.60.0'), or run with --backend local"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One simulation of the grid (everything it depends on)."""
+
+    qps: float
+    scheduler: str
+    replicas: int
+    kv_tokens: int
+    requests: int = 2000
+    prefill: str = "64-1024"
+    decode: str = "16-256"
+    max_batch: int = 32
+    budget: int = 2048
+    max_model_len: int = 1280
+    exec_model: str = "roofline:llama3-8b@h100"
+    global_scheduler: str = "round_robin"
+    seed: int = 0
+
+    def replica_spec(self) -> ReplicaSpec:
+        return ReplicaSpec(
+            self.scheduler, self.kv_tokens, self.max_batch, self.budget, self.max_model_len
+        )
+
+    def validate(self) -> None:
+        """Raise a typed error naming the bad field; builds one replica and the time model."""
+        if not self.qps > 0:
+            raise SimConfigError("qps", self.qps, "a rate > 0")
+        if self.replicas < 1:
+            raise SimConfigError("replicas", self.replicas, "an integer >= 1")
+        if self.requests < 1:
+            raise SimConfigError("requests", self.requests, "an integer >= 1")
+        wl.Lengths.parse(self.prefill)
+        wl.Lengths.parse(self.decode)
+        parse_model(self.exec_model)
+        self.replica_spec().factory()
+
+
+@dataclass(frozen=True, slots=True)
+class PointResult:
+    """A point's figures (latencies in seconds; wall time is where it ran, not compared)."""
+
+    point: SweepPoint
+    completed: int
+    makespan: float
+    throughput_rps: float
+    throughput_tok_s: float
+    e2e_p50: float
+    e2e_p90: float
+    ttft_p50: float
+    ttft_p90: float
+    tpot_p50: float
+    restarts: int
+    batches: int
+    wall_s: float
+
+    def figures(self) -> dict[str, Any]:
+        """Everything but the wall time: what must match between backends."""
+        d = self.row()
+        d.pop("wall_s")
+        return d
+
+    def row(self) -> dict[str, Any]:
+        d: dict[str, Any] = asdict(self.point)
+        d.update({k: v for k, v in asdict(self).items() if k != "point"})
+        return d
+
+
+def run_point(p: SweepPoint) -> PointResult:
+    """Simulate one point (deterministic: same point, same figures)."""
+    from reference.sim.cluster import simulate_cluster
+
+    t0 = time.perf_counter()
+    w = wl.poisson(
+        p.requests, p.qps, wl.Lengths.parse(p.prefill), wl.Lengths.parse(p.decode), p.seed
+    )
+    make = p.replica_spec().factory()
+    res = simulate_cluster(
+        w,
+        [make() for _ in range(p.replicas)],
+        parse_model(p.exec_model),
+        p.global_scheduler,
+        p.seed,
+    )
+    s = res.summary
+    st = s.stats
+    return PointResult(
+        p,
+        s.completed,
+        s.makespan,
+        s.throughput_rps,
+        s.throughput_tokens,
+        st["request_e2e_time"].p50,
+        st["request_e2e_time"].p90,
+        st["prefill_e2e_time"].p50,
+        st["prefill_e2e_time"].p90,
+        st["decode_time_execution_plus_preemption_normalized"].p50,
+        int(res.metrics.restarts.sum()),
+        res.num_batches,
+        time.perf_counter() - t0,
+    )
+
+
+def grid(
+    qps: Sequence[float],
+    schedulers: Sequence[str],
+    replicas: Sequence[int],
+    kv_tokens: Sequence[int],
+    **common: Any,
+) -> list[SweepPoint]:
+    """The cross product, in a fixed order (scheduler, replicas, pool, then qps)."""
+    return [
+        SweepPoint(q, s, r, k, **common)
+        for s, r, k, q in itertools.product(schedulers, replicas, kv_tokens, qps)
+    ]
+
+
+Progress = Callable[[int, int, PointResult], None]
+
+
+def run_grid(
+    points: Sequence[SweepPoint],
+    backend: str = "ray",
+    address: str | None = None,
+    num_cpus: int | None = None,
+    progress: Progress | None = None,
+) -> list[PointResult]:
+    """Validate every point, then run them (see the module doc); results in grid order."""
+    if backend not in BACKENDS:
+        raise SimConfigError("backend", backend, f"one of {', '.join(BACKENDS)}")
+    if num_cpus is not None and num_cpus < 1:
+        raise SimConfigError("num_cpus", num_cpus, "an integer >= 1")
+    if not points:
+        raise SimConfigError("grid", 0, "at least one point")
+    for p in points:
+        p.validate()
+    if backend == "local":
+        out = []
+        for i, p in enumerate(points):
+            out.append(run_point(p))
+            if progress is not None:
+                progress(i + 1, len(points), out[-1])
+        return out
+    return _run_ray(points, address, num_cpus, progress)
+
+
+def _run_ray(
+    points: Sequence[SweepPoint],
+    address: str | None,
+    num_cpus: int | None,
+    progress: Progress | None,
+) -> list[PointResult]:
+    try:
+        import ray
+    except ImportError:
+        raise RayMissing() from None
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_point)
+        refs = [remote.remote(p) for p in points]
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[PointResult | None] = [None] * len(points)
+        left = list(refs)
+        while left:
+            ready, left = ray.wait(left, num_returns=1)
+            for ref in ready:
+                r = ray.get(ref)
+                results[index[ref]] = r
+                if progress is not None:
+                    progress(len(points) - len(left), len(points), r)
+        return [r for r in results if r is not None]
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------- outputs
+COLUMNS = (
+    "scheduler",
+    "replicas",
+    "kv_tokens",
+    "qps",
+    "completed",
+    "throughput_rps",
+    "throughput_tok_s",
+    "e2e_p50",
+    "e2e_p90",
+    "ttft_p50",
+    "ttft_p90",
+    "tpot_p50",
+    "restarts",
+    "wall_s",
+)
+
+
+def table(results: Sequence[PointResult]) -> str:
+    head = (
+        f"{'scheduler':>15} {'rep':>3} {'kv tokens':>9} {'qps':>7} {'done':>6} {'req/s':>7} "
+        f"{'tok/s':>8} {'e2e p50':>8} {'p90':>8} {'TTFT p50':>8} {'p90':>8} {'TPOT p50':>8} "
+        f"{'restarts':>8} {'wall s':>6}"
+    )
+    lines = [head]
+    for r in results:
+        p = r.point
+        lines.append(
+            f"{p.scheduler:>15} {p.replicas:>3} {p.kv_tokens:>9} {p.qps:>7.2f} {r.completed:>6} "
+            f"{r.throughput_rps:>7.2f} {r.throughput_tok_s:>8.0f} {r.e2e_p50:>8.3f} "
+            f"{r.e2e_p90:>8.3f} {r.ttft_p50:>8.3f} {r.ttft_p90:>8.3f} {r.tpot_p50:>8.4f} "
+            f"{r.restarts:>8} {r.wall_s:>6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(results: Sequence[PointResult], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([r.row() for r in results], indent=2))
+
+
+def write_csv(results: Sequence[PointResult], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [r.row() for r in results]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_throughput_latency(results: Sequence[PointResult], directory: Path) -> list[Path]:
+    """One figure per latency (e2e p90, TTFT p90): achieved throughput on x, one line per
+    (scheduler, replicas, pool) across the qps values."""
+    from reference.sim.export import _pyplot
+
+    plt = _pyplot()
+    series: dict[str, list[PointResult]] = {}
+    for r in results:
+        p = r.point
+        series.setdefault(f"{p.scheduler} x{p.replicas} kv={p.kv_tokens}", []).append(r)
+    out = []
+    for attr, label in (("e2e_p90", "request e2e p90 (s)"), ("ttft_p90", "TTFT p90 (s)")):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for name, rs in series.items():
+            rs = sorted(rs, key=lambda r: r.point.qps)
+            ax.plot(
+                [r.throughput_rps for r in rs], [getattr(r, attr) for r in rs], "o-", label=name
+            )
+        ax.set_xlabel("achieved throughput (requests/s)")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        path = directory / f"sweep_{attr}.png"
+        directory.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
