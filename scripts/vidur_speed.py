@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -103,15 +104,22 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,8")
     ap.add_argument("--requests", default="2000,10000")
     ap.add_argument("--json", default="out/vidur_speed.json")
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # SCHED R N: one run, print wall
     args = ap.parse_args()
+    if args.one:
+        with tempfile.TemporaryDirectory() as d:
+            print(run(args.one[0], int(args.one[1]), int(args.one[2]), Path(d)))
+        return
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        for sched in args.schedulers.split(","):
-            for r in (int(x) for x in args.replicas.split(",")):
-                for n in (int(x) for x in args.requests.split(",")):
-                    wall = run(sched, r, n, Path(d))
-                    rows.append({"scheduler": sched, "replicas": r, "requests": n, "wall_s": wall})
-                    print(f"vidur {sched:>14} x{r} n={n}: {wall:.2f} s ({n / wall:.0f} req/s)")
+    # each run in a fresh process: Vidur keeps global state between simulations
+    for sched in args.schedulers.split(","):
+        for r in (int(x) for x in args.replicas.split(",")):
+            for n in (int(x) for x in args.requests.split(",")):
+                cmd = [sys.executable, __file__, "--one", sched, str(r), str(n)]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                wall = float(done.stdout.strip().splitlines()[-1])
+                rows.append({"scheduler": sched, "replicas": r, "requests": n, "wall_s": wall})
+                print(f"vidur {sched:>14} x{r} n={n}: {wall:.2f} s ({n / wall:.0f} req/s)")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))

@@ -11,8 +11,10 @@ that changes a decision fails here.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,9 +22,24 @@ from reference.ar import vidur
 from reference.sim import workload as wl
 from reference.sim.cluster import ClusterResult, simulate_cluster
 from reference.sim.exec_model import Linear
+from reference.sim.fast_vidur import (
+    FastVidurFt,
+    FastVidurLightLlm,
+    FastVidurOrca,
+    FastVidurSarathi,
+)
 from reference.sim.fast_vllm import FastVidurVllm
-from reference.sim.replica import ArReplica
+from reference.sim.replica import ArFactory, ArReplica, ReplicaScheduler
 from spec.ar.config import ArConfig
+
+FastClass = Callable[[ArConfig], ReplicaScheduler]
+PAIRS: dict[str, tuple[ArFactory, FastClass]] = {
+    "vidur-vllm": (vidur.make_vidur_vllm, FastVidurVllm),
+    "vidur-sarathi": (vidur.make_vidur_sarathi, FastVidurSarathi),
+    "vidur-orca": (vidur.make_vidur_orca, FastVidurOrca),
+    "vidur-lightllm": (vidur.make_vidur_lightllm, FastVidurLightLlm),
+    "vidur-ft": (vidur.make_vidur_ft, FastVidurFt),
+}
 
 MODEL = Linear(0.01, 1e-5, 2e-4, 1e-7)
 
@@ -55,16 +72,19 @@ def _same(a: ClusterResult, b: ClusterResult, batches: bool) -> None:
 
 
 @st.composite
-def _cases(draw: st.DrawFn) -> tuple[ArConfig, wl.Workload, int, str]:
-    bs = draw(st.sampled_from([1, 2, 4, 16]))
+def _cases(draw: st.DrawFn, scheduler: str) -> tuple[ArConfig, wl.Workload, int, str]:
+    bs = 1 if scheduler == "vidur-lightllm" else draw(st.sampled_from([1, 2, 4, 16]))
     mml = draw(st.sampled_from([32, 64]))
+    seqs = draw(st.integers(1, 8))
+    chunked = scheduler == "vidur-sarathi"
     cfg = ArConfig(
         block_size=bs,
-        num_blocks=draw(st.integers(-(-mml // bs) + 2, 4 * mml // bs + 2)),
-        max_num_seqs=draw(st.integers(1, 8)),
-        max_num_batched_tokens=draw(st.integers(mml, 3 * mml)),
+        num_blocks=draw(st.integers(-(-mml // bs) + 1, 4 * mml // bs + 2)),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=draw(st.integers(8 if chunked else mml, 3 * mml)),
         max_model_len=mml,
-        enable_chunked_prefill=False,
+        enable_chunked_prefill=chunked,
+        max_waiting_iters=draw(st.integers(1, 6)),
     )
     n = draw(st.integers(1, 60))
     seed = draw(st.integers(0, 10_000))
@@ -78,16 +98,18 @@ def _cases(draw: st.DrawFn) -> tuple[ArConfig, wl.Workload, int, str]:
     return cfg, w, draw(st.integers(1, 3)), draw(st.sampled_from(["round_robin", "lor"]))
 
 
-@settings(max_examples=60, deadline=None)
-@given(case=_cases())
-def test_fast_vllm_decides_as_the_reference(case: tuple[ArConfig, wl.Workload, int, str]) -> None:
-    cfg, w, r, gs = case
+@pytest.mark.parametrize("scheduler", list(PAIRS))
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_fast_replica_decides_as_the_reference(scheduler: str, data: st.DataObject) -> None:
+    cfg, w, r, gs = data.draw(_cases(scheduler))
+    make_ref, fast_class = PAIRS[scheduler]
     ref = simulate_cluster(
-        w, [ArReplica(vidur.make_vidur_vllm, cfg) for _ in range(r)], MODEL, gs, record_batches=True
+        w, [ArReplica(make_ref, cfg) for _ in range(r)], MODEL, gs, record_batches=True
     )
     for fuse in (False, True):
         fast = simulate_cluster(
-            w, [FastVidurVllm(cfg) for _ in range(r)], MODEL, gs, record_batches=True, fuse=fuse
+            w, [fast_class(cfg) for _ in range(r)], MODEL, gs, record_batches=True, fuse=fuse
         )
         _same(ref, fast, batches=not fuse)
 

@@ -1,10 +1,10 @@
 """Replica schedulers by name, built from one `ReplicaSpec` (pool, seats, token budget).
 
 - `simple`: `SimpleReplica` (full reservation, decode-run fusion; not one of Vidur's schedulers).
-- `vidur-vllm`: `FastVidurVllm`, decision-identical to the reference class (tested).
-- `vidur-sarathi`, `vidur-orca`, `vidur-lightllm`, `vidur-ft`: the `reference/ar/vidur.py`
-  classes through `ArReplica`.
-- `vidur-vllm-ref`: the reference vLLM class through `ArReplica` (the slow path, for checks).
+- `vidur-vllm`, `vidur-sarathi`, `vidur-orca`, `vidur-lightllm`, `vidur-ft`: the fast replicas
+  (`fast_vllm.py`, `fast_vidur.py`), decision-identical to the `reference/ar/vidur.py` classes
+  through `ArReplica` (tests/test_sim_fast.py).
+- `vidur-*-ref`: those reference classes through `ArReplica` (the slow path, for checks).
 - `vllm-v1`: the reference vLLM v1 scheduler through `ArReplica`.
 
 Every name is checked, and its configuration built, before any simulation starts.
@@ -23,14 +23,27 @@ from spec.ar.config import ArConfig
 # name -> (module:factory of the reference class, chunked prefill, block size)
 _AR: dict[str, tuple[str, bool, int]] = {
     "vidur-vllm-ref": ("reference.ar.vidur:make_vidur_vllm", False, 16),
-    "vidur-sarathi": ("reference.ar.vidur:make_vidur_sarathi", True, 16),
-    "vidur-orca": ("reference.ar.vidur:make_vidur_orca", False, 16),
-    "vidur-lightllm": ("reference.ar.vidur:make_vidur_lightllm", False, 1),
-    "vidur-ft": ("reference.ar.vidur:make_vidur_ft", False, 16),
+    "vidur-sarathi-ref": ("reference.ar.vidur:make_vidur_sarathi", True, 16),
+    "vidur-orca-ref": ("reference.ar.vidur:make_vidur_orca", False, 16),
+    "vidur-lightllm-ref": ("reference.ar.vidur:make_vidur_lightllm", False, 1),
+    "vidur-ft-ref": ("reference.ar.vidur:make_vidur_ft", False, 16),
     "vllm-v1": ("reference.ar.vllm_v1:make_vllm_v1", True, 16),
 }
-SCHEDULERS = ("simple", "vidur-vllm", *_AR)
 VIDUR_SCHEDULERS = ("vidur-vllm", "vidur-sarathi", "vidur-orca", "vidur-lightllm", "vidur-ft")
+SCHEDULERS = ("simple", *VIDUR_SCHEDULERS, *_AR)
+
+
+def _fast_class(name: str) -> Callable[[ArConfig], ReplicaScheduler]:
+    from reference.sim import fast_vidur, fast_vllm
+
+    classes: dict[str, Callable[[ArConfig], ReplicaScheduler]] = {
+        "vidur-vllm": fast_vllm.FastVidurVllm,
+        "vidur-sarathi": fast_vidur.FastVidurSarathi,
+        "vidur-orca": fast_vidur.FastVidurOrca,
+        "vidur-lightllm": fast_vidur.FastVidurLightLlm,
+        "vidur-ft": fast_vidur.FastVidurFt,
+    }
+    return classes[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +66,10 @@ class ReplicaSpec:
 
     def ar_config(self) -> ArConfig:
         """The `spec.ar` configuration (raises ConfigError naming the bad field)."""
-        _, chunked, bs = _AR.get(self.scheduler, ("", False, 16))
+        # a fast replica takes its reference class's settings
+        _, chunked, bs = _AR.get(self.scheduler.removesuffix("-ref") + "-ref", ("", False, 16))
+        if self.scheduler in _AR:
+            _, chunked, bs = _AR[self.scheduler]
         return ArConfig(
             block_size=bs,
             num_blocks=self.kv_tokens // bs + 1,
@@ -71,13 +87,12 @@ class ReplicaSpec:
                 return SimpleReplica(self.max_batch, self.kv_tokens, self.budget)
 
             maker = simple
-        elif self.scheduler == "vidur-vllm":
-            from reference.sim.fast_vllm import FastVidurVllm
-
+        elif self.scheduler in VIDUR_SCHEDULERS:
+            cls = _fast_class(self.scheduler)
             cfg = self.ar_config()
 
             def fast() -> ReplicaScheduler:
-                return FastVidurVllm(cfg)
+                return cls(cfg)
 
             maker = fast
         else:

@@ -1,0 +1,490 @@
+"""Fast Vidur Orca, FasterTransformer and LightLLM replicas for the simulator, each
+decision-identical to `ArReplica` over the class of the same name in `reference/ar/vidur.py`
+(tests/test_sim_fast.py compares them batch for batch). `FastVidurVllm` is in `fast_vllm.py`.
+
+None of these preempts, and every running request decodes one token in every batch it is in, so
+the shared `_DecodeCounter` keeps a request's computed tokens as `base + G` (G: batches run so
+far) and finishes in a heap keyed by the G at which each request is done: a batch costs O(1) plus
+its admissions and finishes, not O(running requests).
+
+- Orca: every running request plus new requests that can reserve max_model_len worth of blocks
+  (no token budget); decode stretches run until the next finish when the head cannot be admitted.
+- FasterTransformer: static batches: admission only when the previous batch is entirely done;
+  a stretch runs until the next finish.
+- LightLLM (block size 1): a prefill-only batch when nothing runs, or after max_waiting_iters
+  decode batches, when admission keeps the peak memory of all requests within the pool; else a
+  decode batch of every running request (one more block each).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from reference.sim.errors import Unschedulable
+from reference.sim.replica import BatchPlan
+from spec.ar.config import ArConfig, ArRequest, validate_ar_request
+from spec.errors import RequestError
+
+
+@dataclass(slots=True)
+class _Req:
+    req: int
+    prompt: int
+    max_tokens: int
+    base: int = 0  # computed tokens = base + G while running
+    seen: bool = False
+
+
+class _DecodeCounter:
+    """The shared bookkeeping (see the module doc); subclasses decide batches."""
+
+    name = "vidur"
+
+    def __init__(self, config: ArConfig, reference: type) -> None:
+        reference(config, lambda _e: None)  # the reference class validates the configuration
+        self.config = config
+        self.bs = config.block_size
+        self.kv_capacity = config.usable_blocks * config.block_size
+        self.free = config.usable_blocks
+        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        self.waiting: deque[_Req] = deque()
+        self.running: dict[int, _Req] = {}  # by request number, in admission order
+        self.base_sum = 0
+        self.G = 0
+        self.finishes: list[tuple[int, int]] = []  # heap (G when done, request number)
+        self._new: list[int] = []
+        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def newly_scheduled(self) -> list[int]:
+        return self._new
+
+    def add(self, req: int, prefill: int, decode: int) -> None:
+        try:
+            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
+        except RequestError as err:
+            raise Unschedulable(
+                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
+            ) from None
+        self.waiting.append(_Req(req, prefill, decode))
+
+    def kv_used(self) -> int:
+        return (self.config.usable_blocks - self.free) * self.bs
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def pending(self) -> int:
+        return len(self.waiting)
+
+    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        r, self._result = self._result, ([], [], [])
+        return r
+
+    def next_batch(self) -> BatchPlan | None:
+        if not self.waiting and not self.running:
+            return None
+        self._new = []
+        plan = self._batch()
+        if plan.seqs == 0:
+            raise Unschedulable(
+                -1,
+                0,
+                self.kv_capacity,
+                f"resources: the {self.name} scheduler made no progress with "
+                f"{self.outstanding()} request(s) outstanding",
+            )
+        return plan
+
+    def _batch(self) -> BatchPlan:  # pragma: no cover - subclasses decide
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _kv(self) -> int:
+        return self.base_sum + self.G * len(self.running)
+
+    def _held(self, r: _Req) -> int:
+        """Blocks a running request holds (a max reservation unless overridden)."""
+        return self.config.max_blocks_per_request
+
+    def _prefill(self, admitted: list[_Req], decodes: int) -> BatchPlan:
+        """One batch: every running request decodes (if `decodes`) and `admitted` prefill."""
+        kv = self._kv()
+        n_dec = len(self.running) if decodes else 0
+        pre, pairs = 0, kv + n_dec if decodes else 0
+        first: list[int] = []
+        done: list[int] = []
+        if decodes:
+            self.G += 1
+        for r in admitted:
+            n = r.prompt
+            pre += n
+            pairs += n * (n + 1) // 2
+            if not r.seen:
+                r.seen = True
+                self._new.append(r.req)
+            first.append(r.req)
+            if r.max_tokens == 1:
+                self.free += self._held_at_admission(r)
+                done.append(r.req)
+            else:
+                self._join(r, n)
+        done += self._pop_finished()
+        self._result = (first, done, [])
+        return BatchPlan(pre, n_dec, kv, pairs, n_dec + len(admitted))
+
+    def _held_at_admission(self, r: _Req) -> int:
+        return self.config.max_blocks_per_request
+
+    def _join(self, r: _Req, computed: int) -> None:
+        r.base = computed - self.G
+        self.running[r.req] = r
+        self.base_sum += r.base
+        heapq.heappush(self.finishes, (r.prompt + r.max_tokens - 1 - r.base, r.req))
+
+    def _pop_finished(self) -> list[int]:
+        done: list[int] = []
+        fin = self.finishes
+        while fin and fin[0][0] <= self.G:
+            _, q = heapq.heappop(fin)
+            r = self.running.pop(q)
+            self.free += self._held(r)
+            self.base_sum -= r.base
+            done.append(q)
+        return done
+
+    # ------------------------------------------------------------------ decode stretches
+    def would_admit(self) -> bool:  # pragma: no cover - subclasses decide
+        raise NotImplementedError
+
+    def decode_stretch(self) -> int:
+        """Decode-only batches from now to the next finish (0 when the next batch admits)."""
+        if not self.running or self.would_admit():
+            return 0
+        return self.finishes[0][0] - self.G
+
+    def next_batch_plan_decode(self) -> tuple[int, int]:
+        self._new = []
+        return len(self.running), self._kv()
+
+    def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        self.G += k
+        return [], self._pop_finished(), []
+
+
+class FastVidurOrca(_DecodeCounter):
+    name = "vidur-orca"
+
+    def __init__(self, config: ArConfig) -> None:
+        from reference.ar.vidur import VidurOrca
+
+        super().__init__(config, VidurOrca)
+
+    def would_admit(self) -> bool:
+        n = len(self.running)
+        return (
+            bool(self.waiting)
+            and n < self.cap
+            and n < self.config.max_num_seqs
+            and self.free >= self.config.max_blocks_per_request
+        )
+
+    def _admit(self, seats_used: int) -> list[_Req]:
+        cfg = self.config
+        m = cfg.max_blocks_per_request
+        admitted: list[_Req] = []
+        while self.waiting and seats_used + len(admitted) < self.cap:
+            if len(self.running) + len(admitted) >= cfg.max_num_seqs or self.free < m:
+                break
+            admitted.append(self.waiting.popleft())
+            self.free -= m
+        return admitted
+
+    def _batch(self) -> BatchPlan:
+        return self._prefill(self._admit(len(self.running)), decodes=True)
+
+
+class FastVidurFt(FastVidurOrca):
+    name = "vidur-ft"
+
+    def __init__(self, config: ArConfig) -> None:
+        from reference.ar.vidur import VidurFasterTransformer
+
+        _DecodeCounter.__init__(self, config, VidurFasterTransformer)
+
+    def would_admit(self) -> bool:
+        return not self.running and bool(self.waiting)
+
+    def _batch(self) -> BatchPlan:
+        if self.running:  # the static batch in flight continues, less its finished requests
+            return self._prefill([], decodes=True)
+        return self._prefill(self._admit(0), decodes=False)
+
+
+class FastVidurLightLlm(_DecodeCounter):
+    """Block size 1: a running request holds exactly its computed tokens."""
+
+    name = "vidur-lightllm"
+
+    def __init__(self, config: ArConfig) -> None:
+        from reference.ar.vidur import VidurLightLlm
+
+        super().__init__(config, VidurLightLlm)
+        self.num_waiting_iters = 0
+
+    def _held(self, r: _Req) -> int:
+        return r.base + self.G
+
+    def _held_at_admission(self, r: _Req) -> int:
+        return r.prompt
+
+    def would_admit(self) -> bool:
+        return True  # no fused stretches: a batch is O(1) already
+
+    def _peak_fits(self, admitted: list[_Req]) -> bool:
+        """Vidur's `need_max_token_num`: running requests (tokens held, tokens still to grow)
+        and admitted ones (prompt + first output, max_tokens - 2), largest growth first."""
+        G = self.G
+        items = []
+        for r in self.running.values():
+            c = r.base + G
+            out = c - r.prompt + 1
+            items.append((c + 1, max(0, r.max_tokens - out - 1)))
+        items += [(r.prompt + min(1, r.max_tokens - 1), max(0, r.max_tokens - 2)) for r in admitted]
+        items.sort(key=lambda x: -x[1])
+        need = held = 0
+        for i, (has, left) in enumerate(items):
+            held += has
+            need = max(need, left * (i + 1) + held)
+        return need <= self.config.usable_blocks
+
+    def _prefill_batch(self) -> BatchPlan | None:
+        cfg = self.config
+        admitted: list[_Req] = []
+        tokens = 0
+        while self.waiting:
+            r = self.waiting[0]
+            if tokens + r.prompt > cfg.max_num_batched_tokens:
+                break
+            if len(self.running) + len(admitted) >= cfg.max_num_seqs or len(admitted) >= self.cap:
+                break
+            if not self._peak_fits([*admitted, r]):
+                break
+            self.waiting.popleft()
+            self.free -= r.prompt
+            admitted.append(r)
+            tokens += r.prompt
+        if not admitted:
+            return None
+        return self._prefill(admitted, decodes=False)
+
+    def _batch(self) -> BatchPlan:
+        if not self.running:
+            plan = self._prefill_batch()
+            if plan is not None:
+                self.num_waiting_iters = 0
+            return plan if plan is not None else BatchPlan(0, 0, 0, 0, 0)
+        if self.num_waiting_iters >= self.config.max_waiting_iters:
+            self.num_waiting_iters = 0
+            plan = self._prefill_batch()
+            if plan is not None:
+                return plan
+        if self.free < len(self.running):
+            from reference.ar.vidur import VidurOutOfMemory
+
+            raise VidurOutOfMemory("LightLLM decode batch does not fit (OOM handling)")
+        self.num_waiting_iters += 1
+        self.free -= len(self.running)
+        return self._prefill([], decodes=True)
+
+
+@dataclass(slots=True, eq=False)
+class _SReq:
+    req: int
+    arrival: int
+    prompt: int
+    max_tokens: int
+    computed: int = 0
+    outputs: int = 0
+    blocks: int = 0
+    running: bool = False
+    seen: bool = False
+
+    @property
+    def known(self) -> int:
+        return self.prompt + self.outputs
+
+
+class FastVidurSarathi:
+    """Vidur's Sarathi (chunked prefills): decodes first (one token each, restarting the latest
+    remaining request when a needed block is not free), then chunks of running prefills, then new
+    requests, all within the chunk size. Per-request records with identity comparison and counts
+    instead of list scans; one batch costs O(requests in it)."""
+
+    name = "vidur-sarathi"
+
+    def __init__(self, config: ArConfig) -> None:
+        from reference.ar.vidur import VidurSarathi
+
+        VidurSarathi(config, lambda _e: None)  # validates the configuration
+        self.config = config
+        self.bs = config.block_size
+        self.kv_capacity = config.usable_blocks * config.block_size
+        self.free = config.usable_blocks
+        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        self.waiting: deque[_SReq] = deque()
+        self.order: list[_SReq] = []  # Vidur's list order: running requests between batches
+        self.n_running = 0
+        self.kv = 0  # computed tokens of running requests
+        self._arrivals = 0
+        self._new: list[int] = []
+        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
+
+    @property
+    def newly_scheduled(self) -> list[int]:
+        return self._new
+
+    def add(self, req: int, prefill: int, decode: int) -> None:
+        try:
+            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
+        except RequestError as err:
+            raise Unschedulable(
+                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
+            ) from None
+        self.waiting.append(_SReq(req, self._arrivals, prefill, decode))
+        self._arrivals += 1
+
+    def kv_used(self) -> int:
+        return (self.config.usable_blocks - self.free) * self.bs
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + self.n_running
+
+    def pending(self) -> int:
+        return len(self.waiting)
+
+    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        r, self._result = self._result, ([], [], [])
+        return r
+
+    def _restart(self, r: _SReq, restarted: list[int]) -> None:
+        self.free += r.blocks
+        self.kv -= r.computed
+        r.blocks = r.computed = 0
+        r.running = False
+        self.n_running -= 1
+        self.waiting.appendleft(r)
+        restarted.append(r.req)
+
+    def _decodes(self, batch: list[tuple[_SReq, int]], restarted: list[int]) -> list[_SReq]:
+        """Running requests in Vidur's pending-list order: decodes join the batch; running
+        prefills are returned in order (the rest of `order` stays for the next batch)."""
+        prefills: list[_SReq] = []
+        order, bs = self.order, self.bs
+        i = 0
+        while i < len(order) and len(batch) < self.cap:
+            r = order[i]
+            i += 1
+            if not (r.computed >= r.known - 1 and r.outputs > 0):
+                prefills.append(r)
+                continue
+            need = -(-(r.computed + 1) // bs) - r.blocks
+            while self.free < need:
+                if i < len(order):
+                    self._restart(order.pop(), restarted)
+                else:
+                    self._restart(r, restarted)
+                    break
+            else:
+                if need > 0:
+                    r.blocks += need
+                    self.free -= need
+                batch.append((r, 1))
+        del order[:i]
+        return prefills
+
+    def next_batch(self) -> BatchPlan | None:
+        if not self.waiting and not self.n_running:
+            return None
+        self._new = []
+        cfg = self.config
+        chunk = cfg.max_num_batched_tokens
+        batch: list[tuple[_SReq, int]] = []
+        restarted: list[int] = []
+        kv = self.kv
+        prefills = self._decodes(batch, restarted)
+        tokens = len(batch)
+        skipped: list[_SReq] = []
+        for r in prefills:
+            n = max(0, min(r.known - r.computed, chunk - tokens))
+            if n == 0:
+                skipped.append(r)
+                continue
+            batch.append((r, n))
+            tokens += n
+        if skipped:
+            self.order = sorted(skipped + self.order, key=lambda q: q.arrival)
+        else:
+            self.order.sort(key=lambda q: q.arrival)
+        while self.waiting:
+            if self.n_running >= cfg.max_num_seqs or len(batch) >= self.cap:
+                break
+            r = self.waiting[0]
+            need = -(-r.known // self.bs)
+            if self.free < need:
+                break
+            n = min(r.known - r.computed, chunk - tokens)
+            if n <= 0:
+                break
+            self.waiting.popleft()
+            r.running = True
+            self.n_running += 1
+            r.blocks += need
+            self.free -= need
+            batch.append((r, n))
+            tokens += n
+        return self._execute(batch, restarted, kv)
+
+    def _execute(self, batch: list[tuple[_SReq, int]], restarted: list[int], kv: int) -> BatchPlan:
+        pre = dec = pairs = 0
+        first: list[int] = []
+        done: list[int] = []
+        for r, n in batch:
+            c = r.computed
+            if n == 1 and r.outputs > 0 and c == r.known - 1:
+                dec += 1
+                pairs += c + 1
+            else:
+                pre += n
+                pairs += n * c + n * (n + 1) // 2
+            if not r.seen:
+                r.seen = True
+                self._new.append(r.req)
+            r.computed = c + n
+            self.kv += n
+            if r.computed == r.known:
+                r.outputs += 1
+                if r.outputs == 1:
+                    first.append(r.req)
+        for r, _ in batch:
+            if r.outputs >= r.max_tokens:
+                r.running = False
+                self.n_running -= 1
+                self.free += r.blocks
+                self.kv -= r.computed
+                done.append(r.req)
+            else:
+                self.order.append(r)
+        if not batch and not restarted:
+            raise Unschedulable(
+                -1,
+                0,
+                self.kv_capacity,
+                f"resources: the vidur-sarathi scheduler made no progress with "
+                f"{self.outstanding()} request(s) outstanding",
+            )
+        self._result = (first, done, restarted)
+        return BatchPlan(pre, dec, kv, pairs, len(batch))
