@@ -1,30 +1,23 @@
 """Vidur-style comparison of the five replica schedulers (vLLM, Sarathi, Orca, LightLLM,
-FasterTransformer; helper implementations in reference/ar/vidur.py) on one trace: 4 replicas,
-round-robin, a Llama-3-8B / H100 roofline; latency CDFs to --plots DIR.
+FasterTransformer) on one trace: 4 replicas, round-robin, a Llama-3-8B / H100 roofline; latency
+CDFs to --plots DIR. By default the fast replicas (`reference/sim/fast_*.py`); with --reference
+the `reference/ar/vidur.py` classes through `ArReplica` (same decisions, so the same figures;
+only the wall time differs).
 
-    .venv/bin/python scripts/repro_replicas.py [--plots DIR] [--trace-csv PATH]
+    .venv/bin/python scripts/repro_replicas.py [--plots DIR] [--trace-csv PATH] [--reference]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from pathlib import Path
 
 from reference.sim import workload as wl
+from reference.sim.catalog import VIDUR_SCHEDULERS as SCHEDULERS
+from reference.sim.catalog import ReplicaSpec
 from reference.sim.cluster import simulate_cluster
 from reference.sim.exec_model import DEVICES, MODELS, Roofline
-from reference.sim.replica import ArReplica
-from spec.ar.config import ArConfig
-
-SCHEDULERS = {
-    "vidur-vllm": ("make_vidur_vllm", dict(enable_chunked_prefill=False)),
-    "vidur-sarathi": ("make_vidur_sarathi", dict(enable_chunked_prefill=True)),
-    "vidur-orca": ("make_vidur_orca", dict(enable_chunked_prefill=False)),
-    "vidur-lightllm": ("make_vidur_lightllm", dict(enable_chunked_prefill=False, block_size=1)),
-    "vidur-ft": ("make_vidur_ft", dict(enable_chunked_prefill=False)),
-}
 
 
 def main() -> None:
@@ -33,12 +26,12 @@ def main() -> None:
     ap.add_argument("--trace-csv")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--qps", type=float, default=40.0)
+    ap.add_argument("--reference", action="store_true", help="the reference classes (slow)")
     args = ap.parse_args()
     if args.trace_csv:
         w = wl.read_trace(args.trace_csv)
     else:
         w = wl.poisson(args.requests, args.qps, wl.Lengths(64, 1024), wl.Lengths(16, 256), seed=5)
-    mod = importlib.import_module("reference.ar.vidur")
     model = Roofline(MODELS["llama3-8b"], DEVICES["h100"])
     kv_tokens = 16_384
     print(
@@ -51,19 +44,17 @@ def main() -> None:
         f"{'TPOT p50':>8} {'restarts':>8} {'wall s':>6}"
     )
     cols = {}
-    for name, (fn, over) in SCHEDULERS.items():
-        bs = int(over.get("block_size", 16))
-        cfg = ArConfig(
-            block_size=bs,
-            num_blocks=kv_tokens // bs + 1,
-            max_num_seqs=32,
-            max_num_batched_tokens=2048,
+    for name in SCHEDULERS:
+        spec = ReplicaSpec(
+            f"{name}-ref" if args.reference else name,
+            kv_tokens,
+            max_batch=32,
+            budget=2048,
             max_model_len=1280,
-            **{k: v for k, v in over.items() if k != "block_size"},
         )
-        factory = getattr(mod, fn)
+        make = spec.factory()
         t0 = time.perf_counter()
-        res = simulate_cluster(w, [ArReplica(factory, cfg) for _ in range(4)], model)
+        res = simulate_cluster(w, [make() for _ in range(4)], model)
         el = time.perf_counter() - t0
         s = res.summary.stats
         print(
