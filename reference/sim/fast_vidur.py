@@ -488,3 +488,72 @@ class FastVidurSarathi:
             )
         self._result = (first, done, restarted)
         return BatchPlan(pre, dec, kv, pairs, len(batch))
+
+    # ------------------------------------------------------------------ decode stretches
+    def would_admit(self) -> bool:
+        """The next batch would admit the head of the queue (seats, cap, blocks, chunk left)."""
+        if not self.waiting:
+            return False
+        head = self.waiting[0]
+        n = self.n_running
+        return (
+            n < self.config.max_num_seqs
+            and len(self.order) < self.cap
+            and self.free >= -(-head.known // self.bs)
+            and self.config.max_num_batched_tokens - n > 0
+        )
+
+    def _stretch_demand(self, k: int) -> tuple[int, int]:
+        """(batches of the next k decode-only batches that need no restart, their blocks). A
+        request with `room` free slots in its blocks needs one at batches room, room + bs, ..."""
+        bs = self.bs
+        first = sorted(r.blocks * bs - r.computed for r in self.order)
+        phase = [0] * bs
+        total = a = 0
+        for j in range(k):
+            while a < len(first) and first[a] <= j:
+                phase[first[a] % bs] += 1
+                a += 1
+            d = phase[j % bs]
+            if total + d > self.free:
+                return j, total
+            total += d
+        return k, total
+
+    def decode_stretch(self) -> int:
+        """Decode-only batches from now with no admission, restart or finish before the last
+        (0 when a prefill is in progress or the next batch admits)."""
+        if not self.order or self.would_admit():
+            return 0
+        if any(not (r.computed >= r.known - 1 and r.outputs > 0) for r in self.order):
+            return 0
+        k, _ = self._stretch_demand(min(r.max_tokens - r.outputs for r in self.order))
+        return k
+
+    def next_batch_plan_decode(self) -> tuple[int, int]:
+        self._new = []
+        return len(self.order), self.kv
+
+    def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        _, blocks = self._stretch_demand(k)
+        bs = self.bs
+        self.free -= blocks
+        self.kv += len(self.order) * k
+        done: list[int] = []
+        keep: list[_SReq] = []
+        for r in self.order:
+            room = r.blocks * bs - r.computed
+            if k > room:
+                r.blocks += (k - room - 1) // bs + 1
+            r.computed += k
+            r.outputs += k
+            if r.outputs >= r.max_tokens:
+                r.running = False
+                self.n_running -= 1
+                self.free += r.blocks
+                self.kv -= r.computed
+                done.append(r.req)
+            else:
+                keep.append(r)
+        self.order = keep
+        return [], done, []
