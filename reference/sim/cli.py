@@ -146,14 +146,14 @@ def _add_sweep(sub: Any) -> None:
         "sweep",
         help="a capacity grid (qps x scheduler x replicas x KV pool) in parallel on Ray",
     )
-    w.add_argument("--qps", default="2,4,8,16", help="comma-separated arrival rates (total)")
+    w.add_argument("--qps", default="16,32,64,128", help="comma-separated arrival rates (total)")
     w.add_argument(
         "--scheduler",
         default="vidur-vllm,vidur-sarathi,vidur-orca",
         help=f"comma-separated replica schedulers: {', '.join(SCHEDULERS)}",
     )
     w.add_argument("--replicas", default="2", help="comma-separated replica counts")
-    w.add_argument("--kv-tokens", default="16384,32768", help="comma-separated KV pool sizes")
+    w.add_argument("--kv-tokens", default="8192,32768", help="comma-separated KV pool sizes")
     w.add_argument("--requests", type=int, default=1000)
     w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
     w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
