@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--alloc-cost", type=float, default=0.0001)
     d.add_argument("--alloc-round-cost", type=float, default=0.0015)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--calibration",
+        help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
+        "times measured on the engine; also sets the block size, requests, new tokens and "
+        "seats to the measured workload's, and prints the measured ratios next to the predicted",
+    )
     _add_outputs(d)
 
     s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
@@ -257,6 +263,17 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
     else:
         dist = StepDist.default(args.block_size)
     seats = tuple(int(x) for x in args.seats.split(","))
+    cal = None
+    if args.calibration:
+        from reference.sim.calibration import Calibration
+
+        cal = Calibration.load(Path(args.calibration))
+        args.block_size = cal.block_size
+        args.requests = cal.requests
+        args.gen_blocks = cal.max_new_tokens // cal.block_size
+        seats = cal.seats()
+        if not (args.steps or args.steps_report):
+            dist = StepDist.default(args.block_size)
     base = DllmParams(
         block_size=args.block_size,
         num_requests=args.requests,
@@ -268,8 +285,23 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
     )
     _say(f"step distribution: {dist.source}, mean {dist.mean():.2f} forwards per block")
-    rows = sweep(dist, seats, base, progress=_say)
+    overrides = None
+    if cal is not None:
+        calib = cal
+
+        def overrides(label: str, k: int) -> dict[str, object]:
+            return {
+                "forward": calib.forward_model(label),
+                "round_overhead": calib.round_overhead(label, k),
+                "alloc_cost": 0.0,
+                "alloc_round_cost": 0.0,
+            }
+
+    rows = sweep(dist, seats, base, progress=_say, overrides=overrides)
+    if cal is not None:
+        _print_calibrated(rows, cal)
     out: dict[str, Any] = {
+        "calibration": cal.to_json() if cal is not None else None,
         "distribution": {
             "source": dist.source,
             "values": dist.values,
@@ -324,6 +356,19 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
             _plot_ratio(rows, d / "dllm_fdfo_vs_sync.png")
             _say(f"wrote plots to {d}")
     return out
+
+
+def _print_calibrated(rows: list[dict[str, Any]], cal: Any) -> None:
+    print(f"calibrated on {cal.device} ({cal.source})")
+    print(f"{'seats':>5} {'mode':>10} {'predicted':>9} {'measured':>8} {'error':>6}")
+    for row in rows:
+        k = str(row["max_running_requests"])
+        for label, key in (("fdfo", "fdfo_over_sync"), ("fdfo+reuse", "fdfo_reuse_over_sync")):
+            measured = cal.measured_ratios.get(f"{label}/sync", {}).get(k)
+            pred = float(row[key])
+            if measured:
+                err = f"{100 * (pred / measured - 1):+5.1f}%"
+                print(f"{k:>5} {label:>10} {pred:>9.3f} {measured:>8.3f} {err:>6}")
 
 
 def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:

@@ -22,6 +22,7 @@ FDFO completes one block per E[F] forwards per seat, so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -386,13 +387,18 @@ def simulate_dllm(
     )
 
 
+Overrides = Callable[[str, int], Mapping[str, object]]
+
+
 def sweep(
     dist: StepDist,
     seats: tuple[int, ...] = (1, 2, 4, 8, 16),
     base: DllmParams | None = None,
     progress: Callable[[str], None] | None = None,
+    overrides: Overrides | None = None,
 ) -> list[dict[str, float]]:
-    """Throughput of sync, FDFO without reuse and FDFO with reuse at each seat count."""
+    """Throughput of sync, FDFO without reuse and FDFO with reuse at each seat count.
+    `overrides(label, seats)` may replace parameters per mode (a calibrated time model)."""
     base = base or DllmParams()
     rows: list[dict[str, float]] = []
     for k in seats:
@@ -401,6 +407,8 @@ def sweep(
             p = DllmParams(
                 **{**base.__dict__, "max_running": k, "mode": mode, "in_place_reuse": reuse}
             )
+            if overrides is not None:
+                p = dataclasses.replace(p, **overrides(p.label(), k))  # type: ignore[arg-type]
             r = simulate_dllm(p, dist)
             res[p.label()] = r
             if progress is not None:
