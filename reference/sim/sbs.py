@@ -25,9 +25,11 @@ Policies:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
 
@@ -38,7 +40,6 @@ from reference.sim.exec_model import ExecModel, Linear
 from reference.sim.metrics import RequestMetrics, Summary, summarize
 from reference.sim.workload import Workload
 
-ARRIVAL, PREFILL_END, DECODE_END, TIMER = 0, 1, 2, 3
 POLICIES = ("immediate", "sbs")
 
 
@@ -84,30 +85,50 @@ class SbsParams:
             raise SimConfigError("ewma", self.ewma, "a weight in (0, 1]")
 
 
-@dataclass
-class _Prefill:
-    busy: bool = False
-    queues: list[deque[list[int]]] = field(default_factory=list)  # immediate: [req, remaining]
-    pinned: list[list[int] | None] = field(default_factory=list)  # sbs: cut request per unit
-    kv: list[int] = field(default_factory=list)
-    chunks: list[list[tuple[int, int]]] = field(default_factory=list)
-    t_hat: float = 0.0
-    start: float = 0.0
-    rr: int = 0
+@dataclass(slots=True)
+class Pending:
+    """A request's prefill on one unit: tokens still to run there."""
+
+    request: int
+    remaining: int
 
 
-@dataclass
-class _Decode:
-    busy: bool = False
-    n: list[int] = field(default_factory=list)
-    kv: list[int] = field(default_factory=list)  # reserved (prompt + output) per unit
-    kv_live: list[int] = field(default_factory=list)  # tokens actually cached
-    joining: list[list[int]] = field(default_factory=list)  # per unit: joins next step
-    finish_at: list[dict[int, list[int]]] = field(default_factory=list)
-    step: int = 0
-    waiting: deque[int] = field(default_factory=deque)
-    rr: int = 0
-    start: float = 0.0
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Part of one request's prefill in one forward on one unit."""
+
+    request: int
+    tokens: int
+
+
+class PrefillInstance:
+    """`units` DP units that run prefill forwards in lock-step."""
+
+    def __init__(self, units: int) -> None:
+        self.busy = False
+        self.queues: list[deque[Pending]] = [deque() for _ in range(units)]  # immediate
+        self.pinned: list[Pending | None] = [None] * units  # sbs: the cut request per unit
+        self.kv = [0] * units
+        self.chunks: list[list[Chunk]] = [[] for _ in range(units)]
+        self.t_hat = 0.0  # EWMA of measured forward times
+        self.start = 0.0
+        self.rr = 0  # immediate: the next unit for an arrival
+
+
+class DecodeInstance:
+    """`units` DP units that run decode steps in lock-step; requests join at step boundaries."""
+
+    def __init__(self, units: int) -> None:
+        self.busy = False
+        self.n = [0] * units
+        self.kv = [0] * units  # reserved (prompt + output) per unit
+        self.kv_live = [0] * units  # tokens actually cached
+        self.joining: list[list[int]] = [[] for _ in range(units)]
+        self.finish_at: list[dict[int, list[int]]] = [{} for _ in range(units)]
+        self.step = 0
+        self.waiting: deque[int] = deque()
+        self.rr = 0
+        self.start = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,311 +164,362 @@ class SbsResult:
         }
 
 
-def simulate_sbs(
-    workload: Workload, params: SbsParams, progress: Callable[[int, int], None] | None = None
-) -> SbsResult:
-    p = params
-    sbs = p.policy == "sbs"
-    N, D = p.dp_units, p.decode_units
-    m = RequestMetrics.for_workload(workload)
-    arrivals = workload.arrived_at.tolist()
-    pre = workload.prefill.tolist()
-    dec = workload.decode.tolist()
-    for q in range(len(pre)):
-        if pre[q] > p.unit_kv:
-            raise Unschedulable(q, pre[q], p.unit_kv, "prefill KV tokens")
-        if pre[q] + dec[q] > p.decode_kv:
-            raise Unschedulable(q, pre[q] + dec[q], p.decode_kv, "decode KV tokens")
-    pf = [
-        _Prefill(
-            queues=[deque() for _ in range(N)],
-            pinned=[None] * N,
-            kv=[0] * N,
-            chunks=[[] for _ in range(N)],
-        )
-        for _ in range(p.prefill_instances)
-    ]
-    dc = [
-        _Decode(
-            n=[0] * D,
-            kv=[0] * D,
-            kv_live=[0] * D,
-            joining=[[] for _ in range(D)],
-            finish_at=[{} for _ in range(D)],
-        )
-        for _ in range(p.decode_instances)
-    ]
-    decode_unit: dict[int, tuple[int, int]] = {}
-    q_ev = EventQueue(record=p.record)
-    buffer: deque[list[int]] = deque()  # sbs: [req, remaining]
-    last_dispatch = -float("inf")
-    timer_at = -1.0
-    rr_prefill = 0
-    rr_decode = 0
-    forwards = 0
-    fwd_time_sum = 0.0
-    imbalance_sum = 0.0
-    spans: list[Span] = []
-    n = len(arrivals)
-    done_count = 0
-    report_every = max(1, n // 100)
-    if n:
-        q_ev.push(arrivals[0], ARRIVAL, 0)
+class EventKind(IntEnum):
+    ARRIVAL = 0
+    PREFILL_END = 1
+    DECODE_END = 2
+    TIMER = 3
 
-    def interval() -> float:
-        t_hat = sum(x.t_hat for x in pf) / len(pf)
-        return t_hat / len(pf)
 
-    # ------------------------------------------------------------------ prefill
-    def start_prefill(i: int, now: float) -> None:
-        nonlocal forwards, fwd_time_sum, imbalance_sum, last_dispatch
-        inst = pf[i]
-        loads = [0] * N
-        chunks: list[list[tuple[int, int]]] = [[] for _ in range(N)]
-        if sbs:
-            caps = []
-            for u in range(N):
-                pin = inst.pinned[u]
-                mand = min(pin[1], p.unit_tokens) if pin else 0
-                if pin:
-                    chunks[u].append((pin[0], mand))
-                caps.append(
-                    UnitCapacity(
-                        mand,
-                        p.unit_tokens,
-                        p.unit_seats - (1 if pin else 0),
-                        p.unit_kv - inst.kv[u],
-                    )
-                )
-            reqs = [(r[0], r[1], pre[r[0]]) for r in buffer]
-            plan = pour(caps, reqs)
-            placed = 0
-            for u in range(N):
-                for rid, tok in plan.chunks[u]:
-                    chunks[u].append((rid, tok))
-                    inst.kv[u] += pre[rid]
-                    placed += 1
-                    if m.scheduled[rid] != m.scheduled[rid]:
-                        m.scheduled[rid] = now
-            for _ in range(placed):
-                buffer.popleft()
-            if any(chunks):
-                last_dispatch = now
-        else:
-            for u in range(N):
-                budget = p.unit_tokens
-                seats = p.unit_seats
-                for item in inst.queues[u]:
-                    if budget == 0 or seats == 0:
-                        break
-                    rid, rem = item
-                    started = rem < pre[rid]
-                    if not started:
-                        if inst.kv[u] + pre[rid] > p.unit_kv:
-                            break
-                        inst.kv[u] += pre[rid]
-                        m.scheduled[rid] = now
-                    take = min(rem, budget)
-                    chunks[u].append((rid, take))
-                    budget -= take
-                    seats -= 1
-        if not any(chunks):
-            inst.busy = False
+class _Run:
+    """What every part of one simulation shares: parameters, lengths, metrics, the event
+    queue, the trace spans and the counters of the result."""
+
+    def __init__(self, workload: Workload, params: SbsParams) -> None:
+        self.p = params
+        self.arrivals: list[float] = workload.arrived_at.tolist()
+        self.pre: list[int] = workload.prefill.tolist()
+        self.dec: list[int] = workload.decode.tolist()
+        for q, (a, b) in enumerate(zip(self.pre, self.dec, strict=True)):
+            if a > params.unit_kv:
+                raise Unschedulable(q, a, params.unit_kv, "prefill KV tokens")
+            if a + b > params.decode_kv:
+                raise Unschedulable(q, a + b, params.decode_kv, "decode KV tokens")
+        self.m = RequestMetrics.for_workload(workload)
+        self.events = EventQueue(record=params.record)
+        self.spans: list[Span] = []
+        self.forwards = 0
+        self.fwd_time_sum = 0.0
+        self.imbalance_sum = 0.0
+        self.done = 0
+
+
+class DecodeSide:
+    """Decode instances; a finished prefill goes to one round robin, then to a unit: the dual
+    objective (`pick_decode_unit`) under SBS, round robin over units with room otherwise."""
+
+    def __init__(self, run: _Run, balanced: bool) -> None:
+        self.run = run
+        self.balanced = balanced
+        self.instances = [DecodeInstance(run.p.decode_units) for _ in range(run.p.decode_instances)]
+        self.rr = 0
+
+    def admit(self, rid: int, now: float) -> None:
+        run = self.run
+        if run.dec[rid] == 1:
+            run.m.completed[rid] = now
+            run.done += 1
             return
-        for u in range(N):
-            loads[u] = sum(t for _, t in chunks[u])
-        times = [p.prefill_model.batch_time(x, 0) if x else 0.0 for x in loads]
-        dt = p.prefill_comm + max(times)
-        inst.busy = True
-        inst.chunks = chunks
-        inst.start = now
-        forwards += 1
-        fwd_time_sum += dt
-        mean_load = sum(loads) / N
-        imbalance_sum += max(loads) / mean_load
-        if p.record:
-            spans.extend(
-                Span("prefill", i, u, now, now + times[u], loads[u]) for u in range(N) if loads[u]
-            )
-        q_ev.push(now + dt, PREFILL_END, i)
-
-    def end_prefill(i: int, now: float) -> None:
-        inst = pf[i]
-        dt = now - inst.start
-        inst.t_hat = dt if inst.t_hat == 0 else (1 - p.ewma) * inst.t_hat + p.ewma * dt
-        for u, chunk in enumerate(inst.chunks):
-            for rid, tok in chunk:
-                if sbs:
-                    pin = inst.pinned[u]
-                    if pin is not None and pin[0] == rid:
-                        pin[1] -= tok
-                        rem = pin[1]
-                    else:
-                        rem = pre[rid] - tok
-                        inst.pinned[u] = [rid, rem] if rem else None
-                    if rem == 0:
-                        inst.pinned[u] = None
-                else:
-                    head = (
-                        inst.queues[u][0]
-                        if inst.queues[u] and inst.queues[u][0][0] == rid
-                        else next(x for x in inst.queues[u] if x[0] == rid)
-                    )
-                    head[1] -= tok
-                    rem = head[1]
-                    if rem == 0:
-                        inst.queues[u].remove(head)
-                if rem == 0:
-                    inst.kv[u] -= pre[rid]
-                    m.first_token[rid] = now
-                    to_decode(rid, now)
-        inst.chunks = []
-        inst.busy = False
-
-    def try_dispatch(now: float) -> None:
-        """SBS: dispatch to free instances while the interval allows; arm the timer."""
-        nonlocal timer_at, rr_prefill
-        for k in range(len(pf)):
-            i = (rr_prefill + k) % len(pf)
-            inst = pf[i]
-            if inst.busy or (not buffer and not any(inst.pinned)):
-                continue
-            due = last_dispatch + interval()
-            if now < due:
-                if timer_at < now or timer_at > due:
-                    timer_at = due
-                    q_ev.push(due, TIMER, 0)
-                return
-            start_prefill(i, now)
-            if inst.busy:
-                rr_prefill = (i + 1) % len(pf)
-
-    # ------------------------------------------------------------------ decode
-    def to_decode(rid: int, now: float) -> None:
-        nonlocal done_count, rr_decode
-        if dec[rid] == 1:
-            m.completed[rid] = now
-            done_count += 1
-            return
-        j = rr_decode
-        rr_decode = (rr_decode + 1) % len(dc)
-        inst = dc[j]
-        if not place_decode(j, rid):
+        j = self.rr
+        self.rr = (j + 1) % len(self.instances)
+        inst = self.instances[j]
+        if not self._place(inst, rid):
             inst.waiting.append(rid)
         if not inst.busy:
-            start_decode(j, now)
+            self.start(j, now)
 
-    def place_decode(j: int, rid: int) -> bool:
-        inst = dc[j]
-        need = pre[rid] + dec[rid]
-        loads = [inst.n[u] + len(inst.joining[u]) for u in range(D)]
-        if sbs:
+    def _place(self, inst: DecodeInstance, rid: int) -> bool:
+        p = self.run.p
+        need = self.run.pre[rid] + self.run.dec[rid]
+        units = len(inst.n)
+        loads = [inst.n[u] + len(inst.joining[u]) for u in range(units)]
+        u_opt: int | None = None
+        if self.balanced:
+            seats = [p.decode_seats - x for x in loads]
             u_opt = pick_decode_unit(
-                loads,
-                inst.kv,
-                [p.decode_seats - x for x in loads],
-                [p.decode_kv - x for x in inst.kv],
-                need,
+                loads, inst.kv, seats, [p.decode_kv - x for x in inst.kv], need
             )
         else:
-            u_opt = None
-            for k in range(D):
-                u = (inst.rr + k) % D
+            for k in range(units):
+                u = (inst.rr + k) % units
                 if loads[u] < p.decode_seats and inst.kv[u] + need <= p.decode_kv:
                     u_opt = u
-                    inst.rr = (u + 1) % D
+                    inst.rr = (u + 1) % units
                     break
         if u_opt is None:
             return False
         inst.kv[u_opt] += need
         inst.joining[u_opt].append(rid)
-        decode_unit[rid] = (j, u_opt)
         return True
 
-    def start_decode(j: int, now: float) -> None:
-        inst = dc[j]
-        for u in range(D):
-            for rid in inst.joining[u]:
+    def start(self, j: int, now: float) -> None:
+        run, inst = self.run, self.instances[j]
+        for u, joining in enumerate(inst.joining):
+            for rid in joining:
                 inst.n[u] += 1
-                inst.kv_live[u] += pre[rid] + 1
-                key = inst.step + dec[rid] - 2  # dec - 1 decode steps, the first is this one
+                inst.kv_live[u] += run.pre[rid] + 1
+                key = inst.step + run.dec[rid] - 2  # dec - 1 decode steps, the first is this one
                 inst.finish_at[u].setdefault(key, []).append(rid)
             inst.joining[u] = []
         if not any(inst.n):
             inst.busy = False
             return
+        model = run.p.decode_model
         times = [
-            p.decode_model.batch_time(0, inst.n[u], inst.kv_live[u]) if inst.n[u] else 0.0
-            for u in range(D)
+            model.batch_time(0, n, kv) if n else 0.0
+            for n, kv in zip(inst.n, inst.kv_live, strict=True)
         ]
         inst.busy = True
         inst.start = now
-        if p.record:
-            spans.extend(
-                Span("decode", j, u, now, now + times[u], inst.n[u]) for u in range(D) if inst.n[u]
+        if run.p.record:
+            run.spans.extend(
+                Span("decode", j, u, now, now + times[u], n) for u, n in enumerate(inst.n) if n
             )
-        q_ev.push(now + p.decode_comm + max(times), DECODE_END, j)
+        run.events.push(now + run.p.decode_comm + max(times), EventKind.DECODE_END, j)
 
-    def end_decode(j: int, now: float) -> None:
-        nonlocal done_count
-        inst = dc[j]
-        for u in range(D):
+    def end(self, j: int, now: float) -> None:
+        run, inst = self.run, self.instances[j]
+        for u in range(len(inst.n)):
             inst.kv_live[u] += inst.n[u]
-            ending = inst.finish_at[u].pop(inst.step, None)
-            if ending:
-                for rid in ending:
-                    m.completed[rid] = now
-                    inst.n[u] -= 1
-                    inst.kv[u] -= pre[rid] + dec[rid]
-                    inst.kv_live[u] -= pre[rid] + dec[rid]
-                    done_count += 1
+            for rid in inst.finish_at[u].pop(inst.step, ()):
+                run.m.completed[rid] = now
+                inst.n[u] -= 1
+                inst.kv[u] -= run.pre[rid] + run.dec[rid]
+                inst.kv_live[u] -= run.pre[rid] + run.dec[rid]
+                run.done += 1
         inst.step += 1
-        while inst.waiting and place_decode(j, inst.waiting[0]):
+        while inst.waiting and self._place(inst, inst.waiting[0]):
             inst.waiting.popleft()
-        start_decode(j, now)
+        self.start(j, now)
 
-    # ------------------------------------------------------------------ loop
-    while len(q_ev):
-        now, kind, x = q_ev.pop()
-        if kind == ARRIVAL:
+
+class PrefillDispatch:
+    """Prefill instances and how arrivals reach them; subclasses form each forward's chunks
+    and account for the tokens a forward ran."""
+
+    def __init__(self, run: _Run, decode: DecodeSide) -> None:
+        self.run = run
+        self.decode = decode
+        p = run.p
+        self.instances = [PrefillInstance(p.dp_units) for _ in range(p.prefill_instances)]
+        self.rr = 0
+
+    def on_arrival(self, rid: int, now: float) -> None:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def on_prefill_end(self, i: int, now: float) -> None:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def on_timer(self, now: float) -> None:
+        """A timer armed by the policy fired (only SBS arms one)."""
+
+    def _form(self, inst: PrefillInstance, now: float) -> list[list[Chunk]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _ran(self, inst: PrefillInstance, u: int, c: Chunk) -> int:  # pragma: no cover
+        """Account for a chunk that ran on unit u; the request's tokens left there."""
+        raise NotImplementedError
+
+    def start(self, i: int, now: float) -> None:
+        """Form and start a forward on instance i (it stays free if nothing can run)."""
+        run, inst = self.run, self.instances[i]
+        chunks = self._form(inst, now)
+        if not any(chunks):
+            inst.busy = False
+            return
+        p = run.p
+        loads = [sum(c.tokens for c in unit) for unit in chunks]
+        times = [p.prefill_model.batch_time(x, 0) if x else 0.0 for x in loads]
+        dt = p.prefill_comm + max(times)
+        inst.busy, inst.chunks, inst.start = True, chunks, now
+        run.forwards += 1
+        run.fwd_time_sum += dt
+        run.imbalance_sum += max(loads) / (sum(loads) / len(loads))
+        if p.record:
+            run.spans.extend(
+                Span("prefill", i, u, now, now + times[u], x) for u, x in enumerate(loads) if x
+            )
+        run.events.push(now + dt, EventKind.PREFILL_END, i)
+
+    def end(self, i: int, now: float) -> None:
+        """A forward ended: update the forward-time estimate, hand finished prefills on."""
+        run, inst = self.run, self.instances[i]
+        dt = now - inst.start
+        ewma = run.p.ewma
+        inst.t_hat = dt if inst.t_hat == 0 else (1 - ewma) * inst.t_hat + ewma * dt
+        for u, unit in enumerate(inst.chunks):
+            for c in unit:
+                if self._ran(inst, u, c) == 0:
+                    inst.kv[u] -= run.pre[c.request]
+                    run.m.first_token[c.request] = now
+                    self.decode.admit(c.request, now)
+        inst.chunks = []
+        inst.busy = False
+
+
+class ImmediateDispatch(PrefillDispatch):
+    """Each arrival goes at once to an instance (round robin) and one of its units (round
+    robin); a free instance starts a forward whenever a unit has work."""
+
+    def on_arrival(self, rid: int, now: float) -> None:
+        i = self.rr
+        self.rr = (i + 1) % len(self.instances)
+        inst = self.instances[i]
+        u = inst.rr
+        inst.rr = (u + 1) % len(inst.queues)
+        inst.queues[u].append(Pending(rid, self.run.pre[rid]))
+        if not inst.busy:
+            self.start(i, now)
+
+    def on_prefill_end(self, i: int, now: float) -> None:
+        self.end(i, now)
+        self.start(i, now)
+
+    def _form(self, inst: PrefillInstance, now: float) -> list[list[Chunk]]:
+        p, pre, m = self.run.p, self.run.pre, self.run.m
+        chunks: list[list[Chunk]] = [[] for _ in inst.queues]
+        for u, queue in enumerate(inst.queues):
+            budget, seats = p.unit_tokens, p.unit_seats
+            for item in queue:
+                if budget == 0 or seats == 0:
+                    break
+                if item.remaining == pre[item.request]:  # not started: needs its KV now
+                    if inst.kv[u] + pre[item.request] > p.unit_kv:
+                        break
+                    inst.kv[u] += pre[item.request]
+                    m.scheduled[item.request] = now
+                take = min(item.remaining, budget)
+                chunks[u].append(Chunk(item.request, take))
+                budget -= take
+                seats -= 1
+        return chunks
+
+    def _ran(self, inst: PrefillInstance, u: int, c: Chunk) -> int:
+        queue = inst.queues[u]
+        item = (
+            queue[0]
+            if queue[0].request == c.request
+            else next(x for x in queue if x.request == c.request)
+        )
+        item.remaining -= c.tokens
+        if item.remaining == 0:
+            queue.remove(item)
+        return item.remaining
+
+
+class StaggeredDispatch(PrefillDispatch):
+    """SBS: arrivals wait in a buffer; a free instance gets a water-filled batch once the
+    adaptive interval (mean forward-time estimate / instances) has passed since the last
+    dispatch to any instance; a timer covers the wait."""
+
+    def __init__(self, run: _Run, decode: DecodeSide) -> None:
+        super().__init__(run, decode)
+        self.buffer: deque[Pending] = deque()
+        self.last_dispatch = -float("inf")
+        self.timer_at = -1.0
+
+    def interval(self) -> float:
+        t_hat = sum(x.t_hat for x in self.instances) / len(self.instances)
+        return t_hat / len(self.instances)
+
+    def on_arrival(self, rid: int, now: float) -> None:
+        self.buffer.append(Pending(rid, self.run.pre[rid]))
+        self.dispatch(now)
+
+    def on_prefill_end(self, i: int, now: float) -> None:
+        self.end(i, now)
+        self.dispatch(now)
+
+    def on_timer(self, now: float) -> None:
+        if now >= self.timer_at:
+            self.timer_at = -1.0
+            self.dispatch(now)
+
+    def dispatch(self, now: float) -> None:
+        """Dispatch to free instances while the interval allows; arm the timer."""
+        n = len(self.instances)
+        for k in range(n):
+            i = (self.rr + k) % n
+            inst = self.instances[i]
+            if inst.busy or (not self.buffer and not any(inst.pinned)):
+                continue
+            due = self.last_dispatch + self.interval()
+            if now < due:
+                if self.timer_at < now or self.timer_at > due:
+                    self.timer_at = due
+                    self.run.events.push(due, EventKind.TIMER, 0)
+                return
+            self.start(i, now)
+            if inst.busy:
+                self.rr = (i + 1) % n
+
+    def _form(self, inst: PrefillInstance, now: float) -> list[list[Chunk]]:
+        p, pre, m = self.run.p, self.run.pre, self.run.m
+        chunks: list[list[Chunk]] = [[] for _ in inst.pinned]
+        caps = []
+        for u, pin in enumerate(inst.pinned):
+            mandatory = min(pin.remaining, p.unit_tokens) if pin else 0
+            if pin:
+                chunks[u].append(Chunk(pin.request, mandatory))
+            seats = p.unit_seats - (1 if pin else 0)
+            caps.append(UnitCapacity(mandatory, p.unit_tokens, seats, p.unit_kv - inst.kv[u]))
+        plan = pour(caps, [(r.request, r.remaining, pre[r.request]) for r in self.buffer])
+        placed = 0
+        for u, unit in enumerate(plan.chunks):
+            for rid, tok in unit:
+                chunks[u].append(Chunk(rid, tok))
+                inst.kv[u] += pre[rid]
+                placed += 1
+                if math.isnan(m.scheduled[rid]):
+                    m.scheduled[rid] = now
+        for _ in range(placed):
+            self.buffer.popleft()
+        if any(chunks):
+            self.last_dispatch = now
+        return chunks
+
+    def _ran(self, inst: PrefillInstance, u: int, c: Chunk) -> int:
+        pin = inst.pinned[u]
+        if pin is not None and pin.request == c.request:
+            pin.remaining -= c.tokens
+            rem = pin.remaining
+        else:
+            rem = self.run.pre[c.request] - c.tokens
+            inst.pinned[u] = Pending(c.request, rem) if rem else None
+        if rem == 0:
+            inst.pinned[u] = None
+        return rem
+
+
+def simulate_sbs(
+    workload: Workload, params: SbsParams, progress: Callable[[int, int], None] | None = None
+) -> SbsResult:
+    """Run the deployment under `params.policy` (see the module doc)."""
+    run = _Run(workload, params)
+    decode = DecodeSide(run, balanced=params.policy == "sbs")
+    dispatch: PrefillDispatch = (
+        StaggeredDispatch(run, decode) if params.policy == "sbs" else ImmediateDispatch(run, decode)
+    )
+    n = len(run.arrivals)
+    report_every = max(1, n // 100)
+    if n:
+        run.events.push(run.arrivals[0], EventKind.ARRIVAL, 0)
+    while len(run.events):
+        now, kind, x = run.events.pop()
+        if kind == EventKind.ARRIVAL:
             if x + 1 < n:
-                q_ev.push(arrivals[x + 1], ARRIVAL, x + 1)
+                run.events.push(run.arrivals[x + 1], EventKind.ARRIVAL, x + 1)
             if progress is not None and (x + 1) % report_every == 0:
                 progress(x + 1, n)
-            if sbs:
-                buffer.append([x, pre[x]])
-                try_dispatch(now)
-            else:
-                i = rr_prefill
-                rr_prefill = (rr_prefill + 1) % len(pf)
-                inst = pf[i]
-                u = inst.rr
-                inst.rr = (u + 1) % N
-                inst.queues[u].append([x, pre[x]])
-                if not inst.busy:
-                    start_prefill(i, now)
-        elif kind == PREFILL_END:
-            end_prefill(x, now)
-            if sbs:
-                try_dispatch(now)
-            else:
-                start_prefill(x, now)
-        elif kind == DECODE_END:
-            end_decode(x, now)
-        elif kind == TIMER and sbs and now >= timer_at:
-            timer_at = -1.0
-            try_dispatch(now)
-    if done_count != n:
-        raise SimConfigError("workload", n, f"only {done_count} requests completed (stalled)")
+            dispatch.on_arrival(x, now)
+        elif kind == EventKind.PREFILL_END:
+            dispatch.on_prefill_end(x, now)
+        elif kind == EventKind.DECODE_END:
+            decode.end(x, now)
+        else:
+            dispatch.on_timer(now)
+    if run.done != n:
+        raise SimConfigError("workload", n, f"only {run.done} requests completed (stalled)")
+    forwards = max(run.forwards, 1)
     return SbsResult(
-        p,
-        m,
-        summarize(m),
-        forwards,
-        fwd_time_sum / max(forwards, 1),
-        imbalance_sum / max(forwards, 1),
-        spans,
-        [t for t, _ in q_ev.log] if q_ev.log is not None else [],
+        params,
+        run.m,
+        summarize(run.m),
+        run.forwards,
+        run.fwd_time_sum / forwards,
+        run.imbalance_sum / forwards,
+        run.spans,
+        [t for t, _ in run.events.log] if run.events.log is not None else [],
     )
 
 
