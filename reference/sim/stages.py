@@ -22,6 +22,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from reference.sim.errors import SimConfigError, TimeWentBackwards
 from reference.sim.exec_model import ExecModel
@@ -86,39 +87,83 @@ class StagedResult:
     num_stages: int = 1
 
 
-def simulate_stages(
-    workload: Workload, replicas: Sequence[StagedReplica], model: ExecModel
-) -> StagedResult:
-    """Round-robin routing to replicas; at one instant every arrival is queued, then stage ends
-    are handled, and free stage 0s form batches (the same-time order of `simulate_cluster`)."""
-    if not replicas:
-        raise SimConfigError("replicas", 0, "at least one replica")
-    n = len(workload)
-    R = len(replicas)
-    m = RequestMetrics.for_workload(workload)
-    arrivals = workload.arrived_at.tolist()
-    pre = workload.prefill.tolist()
-    dec = workload.decode.tolist()
-    heap: list[tuple[float, int, int, int]] = []  # (end time, seq, replica, stage)
-    seq = 0
-    now = 0.0
-    slices: list[StageRecord] = []
-    num_batches = 0
-    assign = [0] * n
+class StageEnd(NamedTuple):
+    """A heap entry: a batch's processing on one stage ends."""
 
-    def enter(r: int, s: int, b: _InFlight, t: float) -> None:
-        nonlocal seq
-        rep = replicas[r]
-        rep.stages[s] = b
+    time: float
+    seq: int
+    replica: int
+    stage: int
+
+
+class StagedSim:
+    """One run of `simulate_stages`."""
+
+    def __init__(
+        self, workload: Workload, replicas: Sequence[StagedReplica], model: ExecModel
+    ) -> None:
+        self.replicas = replicas
+        self.model = model
+        self.n = len(workload)
+        self.metrics = RequestMetrics.for_workload(workload)
+        self.arrivals: list[float] = workload.arrived_at.tolist()
+        self.pre: list[int] = workload.prefill.tolist()
+        self.dec: list[int] = workload.decode.tolist()
+        self.heap: list[StageEnd] = []
+        self.seq = 0
+        self.now = 0.0
+        self.slices: list[StageRecord] = []
+        self.num_batches = 0
+        self.assign = [0] * self.n
+        self.to_form: list[int] = []
+
+    def run(self) -> StagedResult:
+        arrivals, heap, n = self.arrivals, self.heap, self.n
+        i = 0
+        while i < n or heap:
+            if i < n and (not heap or arrivals[i] <= heap[0].time):
+                self._arrive(i, arrivals[i])
+                i += 1
+                if i == n or arrivals[i] != arrivals[i - 1]:  # every same-time arrival first
+                    for r in self.to_form:
+                        self._form(r, arrivals[i - 1])
+                    self.to_form.clear()
+                continue
+            end = heapq.heappop(heap)
+            self._advance(end.time, f"stage {end.stage} end on replica {end.replica}")
+            b = self.replicas[end.replica].stages[end.stage]
+            assert b is not None
+            b.done = True
+            self._move(end.replica, end.time)
+        self.metrics.replica[:] = self.assign
+        S = max(rep.num_stages for rep in self.replicas)
+        return StagedResult(self.metrics, summarize(self.metrics), self.slices, self.num_batches, S)
+
+    def _advance(self, t: float, what: str) -> None:
+        if t < self.now:
+            raise TimeWentBackwards(self.now, t, what)
+        self.now = t
+
+    def _arrive(self, i: int, t: float) -> None:
+        self._advance(t, f"arrival of request {i}")
+        r = i % len(self.replicas)
+        self.assign[i] = r
+        self.replicas[r].add(i, self.pre[i], self.dec[i])
+        if r not in self.to_form:
+            self.to_form.append(r)
+
+    def _enter(self, r: int, s: int, b: _InFlight, t: float) -> None:
+        self.replicas[r].stages[s] = b
         b.done = False
         p = b.plan
-        slices.append(StageRecord(r, s, b.batch, t, t + b.stage_time, p.seqs, p.prefill, p.decode))
-        heapq.heappush(heap, (t + b.stage_time, seq, r, s))
-        seq += 1
+        end = t + b.stage_time
+        self.slices.append(StageRecord(r, s, b.batch, t, end, p.seqs, p.prefill, p.decode))
+        heapq.heappush(self.heap, StageEnd(end, self.seq, r, s))
+        self.seq += 1
 
-    def form(r: int, t: float) -> None:
-        nonlocal num_batches
-        rep = replicas[r]
+    def _form(self, r: int, t: float) -> None:
+        """Stage 0 is free: the next slot (round robin) with no batch in flight forms one."""
+        rep = self.replicas[r]
         if rep.stages[0] is not None:
             return
         S = rep.num_stages
@@ -131,17 +176,33 @@ def simulate_stages(
             if plan is None:
                 continue
             for q in slot.newly_scheduled:
-                if math.isnan(m.scheduled[q]):
-                    m.scheduled[q] = t
-            dt = model.batch_time(plan.prefill, plan.decode, plan.kv_read, plan.attn_pairs) / S
+                if math.isnan(self.metrics.scheduled[q]):
+                    self.metrics.scheduled[q] = t
+            dt = self.model.batch_time(plan.prefill, plan.decode, plan.kv_read, plan.attn_pairs)
             rep.in_flight[k] = True
             rep.next_form = (k + 1) % S
-            enter(r, 0, _InFlight(num_batches, k, plan, dt), t)
-            num_batches += 1
+            self._enter(r, 0, _InFlight(self.num_batches, k, plan, dt / S), t)
+            self.num_batches += 1
             return
 
-    def advance(r: int, t: float) -> None:
-        rep = replicas[r]
+    def _finish(self, rep: StagedReplica, b: _InFlight, t: float) -> None:
+        """The batch left the last stage: its slot reports the batch's end."""
+        m = self.metrics
+        rep.in_flight[b.slot] = False
+        firsts, dones, restarted = rep.slots[b.slot].end_batch()
+        for q in firsts:
+            if math.isnan(m.first_token[q]):
+                m.first_token[q] = t
+        for q in restarted:
+            m.restarts[q] += 1
+        for q in dones:
+            m.completed[q] = t
+            if math.isnan(m.first_token[q]):
+                m.first_token[q] = t
+
+    def _move(self, r: int, t: float) -> None:
+        """Done batches move to the next stage if it is free (last stage first), or leave."""
+        rep = self.replicas[r]
         S = rep.num_stages
         for s in range(S - 1, -1, -1):
             b = rep.stages[s]
@@ -149,49 +210,18 @@ def simulate_stages(
                 continue
             if s == S - 1:
                 rep.stages[s] = None
-                rep.in_flight[b.slot] = False
-                firsts, dones, restarted = rep.slots[b.slot].end_batch()
-                for q in firsts:
-                    if math.isnan(m.first_token[q]):
-                        m.first_token[q] = t
-                for q in restarted:
-                    m.restarts[q] += 1
-                for q in dones:
-                    m.completed[q] = t
-                    if math.isnan(m.first_token[q]):
-                        m.first_token[q] = t
+                self._finish(rep, b, t)
             elif rep.stages[s + 1] is None:
                 rep.stages[s] = None
-                enter(r, s + 1, b, t)
-        form(r, t)
+                self._enter(r, s + 1, b, t)
+        self._form(r, t)
 
-    i = 0
-    to_form: list[int] = []
-    while i < n or heap:
-        if i < n and (not heap or arrivals[i] <= heap[0][0]):
-            t = arrivals[i]
-            if t < now:
-                raise TimeWentBackwards(now, t, f"arrival of request {i}")
-            now = t
-            r = i % R
-            assign[i] = r
-            replicas[r].add(i, pre[i], dec[i])
-            if r not in to_form:
-                to_form.append(r)
-            i += 1
-            if i == n or arrivals[i] != t:  # Vidur: every same-time arrival queues first
-                for q in to_form:
-                    form(q, t)
-                to_form.clear()
-            continue
-        t, _, r, s = heapq.heappop(heap)
-        if t < now:
-            raise TimeWentBackwards(now, t, f"stage {s} end on replica {r}")
-        now = t
-        b = replicas[r].stages[s]
-        assert b is not None
-        b.done = True
-        advance(r, t)
-    m.replica[:] = assign
-    S = max(rep.num_stages for rep in replicas)
-    return StagedResult(m, summarize(m), slices, num_batches, S)
+
+def simulate_stages(
+    workload: Workload, replicas: Sequence[StagedReplica], model: ExecModel
+) -> StagedResult:
+    """Round-robin routing to replicas; at one instant every arrival is queued, then stage ends
+    are handled, and free stage 0s form batches (the same-time order of `simulate_cluster`)."""
+    if not replicas:
+        raise SimConfigError("replicas", 0, "at least one replica")
+    return StagedSim(workload, replicas, model).run()
