@@ -40,7 +40,6 @@ from reference.sim.workload import FloatArray
 from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import (
-    BlockCommitted,
     ControlReturned,
     Event,
     Finished,
@@ -284,6 +283,131 @@ def scripted_factory(draws: Mapping[tuple[str, int], int]) -> ImplementationFact
     return factory
 
 
+class _DllmRun:
+    """One run of `simulate_dllm`: the driver's events charged in simulated time."""
+
+    def __init__(
+        self,
+        params: DllmParams,
+        dist: StepDist,
+        driver: DriverFactory | None,
+        check_spec: bool,
+    ) -> None:
+        self.params = params
+        self.config = config = params.config()
+        b = config.block_size
+        rng = np.random.default_rng(params.seed)
+        self.rids = [f"r{i}" for i in range(params.num_requests)]
+        g = params.gen_blocks
+        flat = dist.clipped(b).draw(rng, params.num_requests * g)
+        draws = {(rid, 1 + j): flat[i * g + j] for i, rid in enumerate(self.rids) for j in range(g)}
+        factory = scripted_factory(draws)
+        self.drv: DllmDriver = (
+            driver(factory, config)
+            if driver is not None
+            else DirectDriver(factory, config, check_spec)
+        )
+        self.arrivals = [i * params.arrival_interval for i in range(params.num_requests)]
+        self.prompt = tuple(1 + (i % 7) for i in range(b))  # one whole prompt block
+        self.new_tokens = g * b
+        self.now = 0.0
+        self.next = 0  # the next request to submit
+        self.active = 0
+        self.seen = 0  # driver events already charged
+        self.owned = 0  # KV slots owned
+        self.forwards = self.rounds = self.allocations = self.output_tokens = 0
+        self.round_allocs = 0
+        self.completion: dict[str, float] = {}
+        self.arrival: dict[str, float] = {}
+        self.rounds_log: list[RoundRecord] = []
+        self.kv_samples: list[tuple[float, int]] = [(0.0, 0)]
+        self.times: list[float] = []
+
+    def run(self, max_rounds: int) -> DllmResult:
+        for _ in range(max_rounds):
+            self._submit_arrivals()
+            if (
+                self.active == 0
+                and self.seen == len(self.drv.events)
+                and self.next == len(self.rids)
+            ):
+                break
+            self._round()
+            if self.active == 0 and self.next < len(self.rids):
+                self.now = max(self.now, self.arrivals[self.next])  # idle until the next one
+        else:
+            raise SimConfigError("max_rounds", max_rounds, "more rounds (the run did not finish)")
+        return DllmResult(
+            self.params,
+            self.now,
+            self.output_tokens,
+            self.forwards,
+            self.rounds,
+            self.allocations,
+            self.completion,
+            self.arrival,
+            self.rounds_log,
+            self.kv_samples,
+            self.config.kv_slots,
+            self.times,
+        )
+
+    def _submit_arrivals(self) -> None:
+        while self.next < len(self.rids) and self.arrivals[self.next] <= self.now:
+            rid = self.rids[self.next]
+            self.drv.submit(RequestSpec(rid, self.prompt, self.new_tokens))
+            self.arrival[rid] = self.arrivals[self.next]
+            self.next += 1
+
+    def _round(self) -> None:
+        """One scheduler round; every event it reports is charged in order."""
+        start, first = self.now, self.seen
+        self.drv.round()
+        forwards_before = self.forwards
+        rows: set[str] = set()
+        self.round_allocs = 0
+        for e in self.drv.events[first:]:
+            if isinstance(e, Forward):
+                rows.update(r.request_id for r in e.rows)
+            self._charge(e)
+            self.times.append(self.now)
+        self.seen = len(self.drv.events)
+        self.rounds_log.append(
+            RoundRecord(
+                self.rounds - 1,
+                start,
+                self.now,
+                self.forwards - forwards_before,
+                tuple(sorted(rows)),
+            )
+        )
+
+    def _charge(self, e: Event) -> None:
+        p = self.params
+        if isinstance(e, Submitted):
+            self.active += 1
+        elif isinstance(e, Forward):
+            self.now += p.forward.batch_time(len(e.rows) * self.config.block_size, 0, self.owned, 0)
+            self.forwards += 1
+            self.kv_samples.append((self.now, self.owned))
+        elif isinstance(e, KvAllocated):
+            self.owned += len(e.slots)
+            self.allocations += 1
+            self.now += p.alloc_cost
+            if self.round_allocs == 0:
+                self.now += p.alloc_round_cost
+            self.round_allocs += 1
+        elif isinstance(e, KvFreed):
+            self.owned -= len(e.slots)
+        elif isinstance(e, Finished):
+            self.completion[e.request_id] = self.now
+            self.output_tokens += self.new_tokens
+            self.active -= 1
+        elif isinstance(e, ControlReturned):
+            self.now += p.round_overhead
+            self.rounds += 1
+
+
 def simulate_dllm(
     params: DllmParams,
     dist: StepDist,
@@ -291,100 +415,8 @@ def simulate_dllm(
     check_spec: bool = False,
     max_rounds: int = 10_000_000,
 ) -> DllmResult:
-    config = params.config()
-    b = config.block_size
-    dist = dist.clipped(b)
-    rng = np.random.default_rng(params.seed)
-    rids = [f"r{i}" for i in range(params.num_requests)]
-    flat = dist.draw(rng, params.num_requests * params.gen_blocks)
-    draws = {
-        (rid, 1 + j): flat[i * params.gen_blocks + j]
-        for i, rid in enumerate(rids)
-        for j in range(params.gen_blocks)
-    }
-    factory = scripted_factory(draws)
-    drv: DllmDriver = (
-        driver(factory, config) if driver is not None else DirectDriver(factory, config, check_spec)
-    )
-    arrivals = [i * params.arrival_interval for i in range(params.num_requests)]
-    prompt = tuple(1 + (i % 7) for i in range(b))  # one whole prompt block
-    new_tokens = params.gen_blocks * b
-    now = 0.0
-    nxt = 0
-    active = 0
-    seen = 0
-    owned = 0
-    forwards = rounds = allocations = 0
-    output_tokens = 0
-    completion: dict[str, float] = {}
-    arrival: dict[str, float] = {}
-    rounds_log: list[RoundRecord] = []
-    kv_samples: list[tuple[float, int]] = [(0.0, 0)]
-    times: list[float] = []
-    model = params.forward
-    for _ in range(max_rounds):
-        while nxt < len(rids) and arrivals[nxt] <= now:
-            drv.submit(RequestSpec(rids[nxt], prompt, new_tokens))
-            arrival[rids[nxt]] = arrivals[nxt]
-            nxt += 1
-        if active == 0 and seen == len(drv.events) and nxt == len(rids):
-            break
-        seen_before = seen
-        start = now
-        drv.round()
-        round_forwards = 0
-        round_rows: set[str] = set()
-        round_allocs = 0
-        for e in drv.events[seen_before:]:
-            if isinstance(e, Submitted):
-                active += 1
-            elif isinstance(e, Forward):
-                now += model.batch_time(len(e.rows) * b, 0, owned, 0)
-                forwards += 1
-                round_forwards += 1
-                round_rows.update(r.request_id for r in e.rows)
-                kv_samples.append((now, owned))
-            elif isinstance(e, KvAllocated):
-                owned += len(e.slots)
-                allocations += 1
-                now += params.alloc_cost
-                if round_allocs == 0:
-                    now += params.alloc_round_cost
-                round_allocs += 1
-            elif isinstance(e, KvFreed):
-                owned -= len(e.slots)
-            elif isinstance(e, BlockCommitted):
-                pass
-            elif isinstance(e, Finished):
-                completion[e.request_id] = now
-                output_tokens += new_tokens
-                active -= 1
-            elif isinstance(e, ControlReturned):
-                now += params.round_overhead
-                rounds += 1
-            times.append(now)
-        seen = len(drv.events)
-        rounds_log.append(
-            RoundRecord(rounds - 1, start, now, round_forwards, tuple(sorted(round_rows)))
-        )
-        if active == 0 and nxt < len(rids) and arrivals[nxt] > now:
-            now = arrivals[nxt]
-    else:
-        raise SimConfigError("max_rounds", max_rounds, "more rounds (the run did not finish)")
-    return DllmResult(
-        params,
-        now,
-        output_tokens,
-        forwards,
-        rounds,
-        allocations,
-        completion,
-        arrival,
-        rounds_log,
-        kv_samples,
-        config.kv_slots,
-        times,
-    )
+    """Run `params.num_requests` requests through the driven scheduler (see the module doc)."""
+    return _DllmRun(params, dist, driver, check_spec).run(max_rounds)
 
 
 Overrides = Callable[[str, int], Mapping[str, object]]
