@@ -253,8 +253,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
-    from reference.sim.dllm import DllmParams, StepDist, simulate_dllm, sweep
-    from spec.config import Mode
+    from reference.sim.dllm import DllmParams, StepDist, sweep
 
     if args.steps:
         dist = StepDist.parse(args.steps)
@@ -326,36 +325,45 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
             f"{100 * float(row['reuse_gain']):>6.1f}% {row['ideal_bound']:>6.3f}"
         )
     if args.plots or args.trace:
-        from reference.sim import export
-
-        k = 4 if 4 in seats else seats[0]
-        runs = {}
-        for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)):
-            p = DllmParams(
-                **{
-                    **base.__dict__,
-                    "max_running": k,
-                    "mode": mode,
-                    "in_place_reuse": reuse,
-                    "num_requests": min(16, args.requests),
-                }
-            )
-            runs[f"{p.label()} k={k}"] = simulate_dllm(p, dist)
-        if args.trace:
-            export.write_trace(export.trace_dllm(runs), Path(args.trace))
-            _say(f"wrote {args.trace}")
-        if args.plots:
-            d = Path(args.plots)
-            export.gantt_rounds(runs, d / "dllm_rounds_gantt.png")
-            export.kv_occupancy(
-                {lbl: [(t, float(v)) for t, v in r.kv_samples] for lbl, r in runs.items()},
-                next(iter(runs.values())).kv_slots,
-                d / "dllm_kv.png",
-                "dLLM KV slots owned",
-            )
-            _plot_ratio(rows, d / "dllm_fdfo_vs_sync.png")
-            _say(f"wrote plots to {d}")
+        _dllm_outputs(args, base, dist, seats, rows)
     return out
+
+
+def _dllm_outputs(
+    args: argparse.Namespace, base: Any, dist: Any, seats: tuple[int, ...], rows: list[Any]
+) -> None:
+    """Gantt chart, KV occupancy and ratio plots, and the Chrome trace, of one seat count."""
+    from reference.sim import export
+    from reference.sim.dllm import DllmParams, simulate_dllm
+    from spec.config import Mode
+
+    k = 4 if 4 in seats else seats[0]
+    runs = {}
+    for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)):
+        p = DllmParams(
+            **{
+                **base.__dict__,
+                "max_running": k,
+                "mode": mode,
+                "in_place_reuse": reuse,
+                "num_requests": min(16, args.requests),
+            }
+        )
+        runs[f"{p.label()} k={k}"] = simulate_dllm(p, dist)
+    if args.trace:
+        export.write_trace(export.trace_dllm(runs), Path(args.trace))
+        _say(f"wrote {args.trace}")
+    if args.plots:
+        d = Path(args.plots)
+        export.gantt_rounds(runs, d / "dllm_rounds_gantt.png")
+        export.kv_occupancy(
+            {lbl: [(t, float(v)) for t, v in r.kv_samples] for lbl, r in runs.items()},
+            next(iter(runs.values())).kv_slots,
+            d / "dllm_kv.png",
+            "dLLM KV slots owned",
+        )
+        _plot_ratio(rows, d / "dllm_fdfo_vs_sync.png")
+        _say(f"wrote plots to {d}")
 
 
 def _print_calibrated(rows: list[dict[str, Any]], cal: Any) -> None:
