@@ -1,0 +1,197 @@
+"""Implementation profiles for dLLM schedulers: what an implementation supports and promises.
+
+A real engine makes deliberate choices that the idealised spec must not forbid. An
+implementation therefore declares, as typed data beside its factory:
+
+- its **configuration space** (`DllmConfigSpace`): which `DllmConfig` values it can run.
+  Strategies draw only inside it; a configuration outside it is refused with
+  `ConfigOutsideProfile`, naming the field and the declared space.
+- its **policy** (`DllmPolicy`): named options the spec's rules take as parameters. Each option
+  documents the engine behaviour that motivates it.
+- its **accepted deviations** (`AcceptedDeviation`): rules it is known to break on purpose,
+  each with a reason; a campaign reports them as "accepted", not as failures.
+
+The default profile is the idealised spec: every configuration, FCFS admission, nothing
+reserved, no deviation.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from spec.config import DllmConfig, Mode
+from spec.errors import ConfigError
+
+
+class ProfileError(ConfigError):
+    """A profile that contradicts itself (names the field and why)."""
+
+
+class ConfigOutsideProfile(ConfigError):
+    """A configuration outside the implementation's declared space."""
+
+
+class DllmAdmission(enum.Enum):
+    """Which queued request may be admitted, and how batches are formed across phases."""
+
+    # The idealised spec: one queue, admitted strictly in submission order; a round's batch may
+    # mix requests feeding prompt blocks and requests decoding output blocks.
+    FCFS = "fcfs"
+    # SGLang's dLLM path (0.5.23, `Scheduler.get_next_batch_to_run`): a batch is prefill-only or
+    # decode-only, and a round with admissible queued work runs the prefill batch first, so
+    # admission is FCFS within the queue but not across phases.
+    PREFILL_FIRST = "prefill-first"
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedDeviation:
+    """A rule the implementation breaks on purpose, and why (reported, not failed)."""
+
+    rule: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.rule.strip():
+            raise ProfileError("deviation.rule", self.rule, "the name of a spec rule")
+        if not self.reason.strip():
+            raise ProfileError(
+                "deviation.reason", self.reason, f"a reason for accepting {self.rule!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class DllmConfigSpace:
+    """The `DllmConfig` values an implementation supports.
+
+    modes: the modes it runs.
+    page_multiples: allowed `page_size // block_size`; None = any positive multiple
+        (SGLang 0.5.23 caps page_size at block_size in `_dllm_page_size`: {1}).
+    block_sizes: allowed block sizes; None = any.
+    in_place_reuse / reloop: the switch values it supports (SGLang 0.5.23: reuse is
+        unconditional, there is no re-loop: {True} / {False}).
+    rows_equal_max_running: the request pool has exactly max_running_requests rows (SGLang sizes
+        its ReqToTokenPool from max_running_requests).
+    """
+
+    modes: frozenset[Mode] = frozenset(Mode)
+    page_multiples: frozenset[int] | None = None
+    block_sizes: frozenset[int] | None = None
+    in_place_reuse: frozenset[bool] = frozenset({False, True})
+    reloop: frozenset[bool] = frozenset({False, True})
+    rows_equal_max_running: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.modes:
+            raise ProfileError("space.modes", "{}", "at least one of sync, fdfo")
+        for name, values in (("in_place_reuse", self.in_place_reuse), ("reloop", self.reloop)):
+            if not values:
+                raise ProfileError(f"space.{name}", "{}", "a non-empty subset of {False, True}")
+        if self.page_multiples is not None and (
+            not self.page_multiples or any(m < 1 for m in self.page_multiples)
+        ):
+            raise ProfileError(
+                "space.page_multiples", sorted(self.page_multiples), "positive integers or None"
+            )
+        if self.block_sizes is not None and (
+            not self.block_sizes or any(b < 1 for b in self.block_sizes)
+        ):
+            raise ProfileError(
+                "space.block_sizes", sorted(self.block_sizes), "positive integers or None"
+            )
+
+    def outside(self, config: DllmConfig) -> tuple[str, object, str] | None:
+        """(field, value, declared space) of the first field outside the space, else None."""
+        if config.mode not in self.modes:
+            return ("mode", config.mode.value, _names(m.value for m in self.modes))
+        multiple = config.page_size // config.block_size
+        if self.page_multiples is not None and multiple not in self.page_multiples:
+            return (
+                "page_size",
+                config.page_size,
+                f"block_size x {_names(str(m) for m in self.page_multiples)}",
+            )
+        if self.block_sizes is not None and config.block_size not in self.block_sizes:
+            return ("block_size", config.block_size, _names(str(b) for b in self.block_sizes))
+        fdfo = config.mode is Mode.FDFO
+        if fdfo and config.in_place_reuse not in self.in_place_reuse:
+            return ("in_place_reuse", config.in_place_reuse, _names(map(str, self.in_place_reuse)))
+        if fdfo and config.reloop not in self.reloop:
+            return ("reloop", config.reloop, _names(map(str, self.reloop)))
+        if self.rows_equal_max_running and config.req_pool_rows != config.max_running_requests:
+            return (
+                "req_pool_rows",
+                config.req_pool_rows,
+                f"equal to max_running_requests ({config.max_running_requests})",
+            )
+        return None
+
+    def check(self, config: DllmConfig) -> None:
+        """Raise `ConfigOutsideProfile` naming the field if `config` is outside the space."""
+        bad = self.outside(config)
+        if bad is not None:
+            name, value, valid = bad
+            raise ConfigOutsideProfile(name, value, f"the implementation's declared space: {valid}")
+
+
+@dataclass(frozen=True, slots=True)
+class DllmPolicy:
+    """Deliberate policy choices; the spec's rules take them as parameters.
+
+    admission: see `DllmAdmission`.
+    reserved_kv_pages / reserved_rows: pages and request-pool rows the engine keeps for itself
+        (SGLang: KV page 0 and request-pool row 0 hold padding). They are outside the spec's
+        pool: the engine has kv_pages + reserved_kv_pages pages and req_pool_rows +
+        reserved_rows rows, and its adapter reports only the others (spec id = engine id -
+        reserved).
+    work_conserving: the scheduler never leaves a seat, a row and enough KV idle while the
+        queue head fits (False for an engine that deliberately holds back).
+    """
+
+    admission: DllmAdmission = DllmAdmission.FCFS
+    reserved_kv_pages: int = 0
+    reserved_rows: int = 0
+    work_conserving: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("reserved_kv_pages", "reserved_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ProfileError(f"policy.{name}", value, "an integer >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class DllmProfile:
+    """What a dLLM implementation supports (`space`), promises (`policy`) and knowingly breaks
+    (`deviations`). `DllmProfile()` is the idealised spec."""
+
+    space: DllmConfigSpace = field(default_factory=DllmConfigSpace)
+    policy: DllmPolicy = field(default_factory=DllmPolicy)
+    deviations: tuple[AcceptedDeviation, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for d in self.deviations:
+            if d.rule in seen:
+                raise ProfileError("deviations", d.rule, "each rule listed once")
+            seen.add(d.rule)
+
+    def accepted(self, rule: str) -> AcceptedDeviation | None:
+        """The accepted deviation for `rule`, if declared."""
+        return next((d for d in self.deviations if d.rule == rule), None)
+
+
+def _names(values: Iterable[object]) -> str:
+    return "{" + ", ".join(sorted(str(v) for v in values)) + "}"
+
+
+__all__ = [
+    "AcceptedDeviation",
+    "ConfigOutsideProfile",
+    "DllmAdmission",
+    "DllmConfigSpace",
+    "DllmPolicy",
+    "DllmProfile",
+    "ProfileError",
+]
