@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """known_request               the request table has `aborted` from phase[r]
+    """One labelled guard per line (rule  formula):
+    known_request               the request table has `aborted` from phase[r]
     step_per_row                ¬step_pending[r]
     scheduler_phase             round_forwards = 0
     terminal_owns_nothing/slots r owns no slot

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """lifecycle          phase[r] = queued (and the request table has `admitted` from it)
+    """One labelled guard per line (rule  formula):
+    lifecycle          phase[r] = queued (and the request table has `admitted` from it)
     scheduler_phase    round_forwards = 0
     fcfs_admission     no j < r is queued (indices follow submission order)
     max_running        |active| < max_running

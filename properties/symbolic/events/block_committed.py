@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """known_request                active(r)
+    """One labelled guard per line (rule  formula):
+    known_request                active(r)
     step_per_row                 no step is pending
     lifecycle                    a current block ∧ block_index = committed_blocks[r]
     final_forward_before_commit  the block table has `block_committed` from block_phase[r]

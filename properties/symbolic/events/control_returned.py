@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """round_order                  p.round_index = round_index
+    """One labelled guard per line (rule  formula):
+    round_order                  p.round_index = round_index
     step_per_row                 no step is pending
     and for every active request i:
     row_exclusive                row[i] != -1

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """known_request               active(r)
+    """One labelled guard per line (rule  formula):
+    known_request               active(r)
     lifecycle                   the request table has `finished` from phase[r]
     finish_condition            finish_due(r) ∧ (reason = eos ⇒ eos_committed[r])
                                 ∧ (reason = length ⇒ generated_len(r) >= max_new_tokens[r])

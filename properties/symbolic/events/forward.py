@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """step_per_row                no step is pending
+    """One labelled guard per line (rule  formula):
+    step_per_row                no step is pending
     forward_ready               R is not empty
     forward_policy/after_commit round_committed = 0
     batch_stable                round_forwards > 0 ⇒ R = in_batch

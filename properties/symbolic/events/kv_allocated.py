@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """known_request             active(r)
+    """One labelled guard per line (rule  formula):
+    known_request             active(r)
     scheduler_phase           round_forwards = 0
     row_exclusive             row[r] != -1
     whole_block_alloc         k = committed_blocks[r]

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """known_request          phase[r] != new
+    """One labelled guard per line (rule  formula):
+    known_request          phase[r] != new
     free_owned_only/owned  every t ∈ F is owned by r
     free_owned_only/whole  no owned block is freed in part: t ∈ F, u ∉ F, t owned
                            ⇒ owner(u) != owner(t)"""

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """lifecycle    false"""
+    """One labelled guard per line (rule  formula):
+    lifecycle    false"""
     return [Guard("lifecycle", z3.BoolVal(False))]
 
 

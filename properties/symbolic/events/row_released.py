@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """free_owned_only    phase[r] != new ∧ row[r] = p.row ∧ row_holder[p.row] = r"""
+    """One labelled guard per line (rule  formula):
+    free_owned_only    phase[r] != new ∧ row[r] = p.row ∧ row_holder[p.row] = r"""
     return [
         Guard(
             "free_owned_only",

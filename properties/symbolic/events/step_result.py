@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """step_per_row                 step_pending[r] ∧ block_index = committed_blocks[r]
+    """One labelled guard per line (rule  formula):
+    step_per_row                 step_pending[r] ∧ block_index = committed_blocks[r]
     accept_length                accept ∈ {0, B} ∧ 0 <= masks_remaining <= pending_masks[r]
     final_forward_before_commit  accept = B ⇒ pending_masks[r] = 0
     lifecycle                    the block table has the step's trigger from block_phase[r]

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
-    """unique_submission   phase[r] = new
+    """One labelled guard per line (rule  formula):
+    unique_submission   phase[r] = new
     lifecycle           the request table has `submitted` from phase[r]
     valid_request       prompt_valid ∧ prompt_len >= 1 ∧ max_new_tokens >= 1
                         ∧ prompt_len + max_new_tokens <= min(max_context, pool slots)"""
