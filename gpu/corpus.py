@@ -25,7 +25,11 @@ Split = Literal["train", "heldout"]
 KINDS: tuple[str, ...] = ("count", "word", "alpha", "add", "mul")
 # Counting dominates: it is the held-out accuracy task and carries need the most practice.
 KIND_WEIGHTS: tuple[float, ...] = (0.44, 0.14, 0.14, 0.14, 0.14)
-MAX_SAMPLE_TOKENS = 48  # prompt + continuation + EOS
+MAX_SAMPLE_TOKENS = 48  # prompt + continuation + EOS (the short kinds above)
+# Long samples teach the positions of a 256-token context (the release gate decodes 128 new
+# tokens after a prompt): long counting runs and long word repeats, training split only.
+LONG_KINDS: tuple[str, ...] = ("count", "word")
+MIN_LONG_TOKENS = 64
 
 TRAIN_WORDS: tuple[str, ...] = (
     "cat", "dog", "sun", "tree", "blue", "moon", "fish", "bird", "red", "cake",
@@ -157,3 +161,33 @@ def counting_cases(seed: int, n: int | None = None, follow: int = 4) -> list[Cou
         expected = tuple(start + shown + k for k in range(follow))
         cases.append(CountingCase(prompt, expected))
     return cases
+
+
+def make_long_sample(rng: random.Random, tokens: int, kind: str | None = None) -> Sample:
+    """A training-split sample of `kind` (drawn from LONG_KINDS when None) whose prompt +
+    continuation + EOS is at most `tokens` long and within 4 tokens of it: a counting run that
+    goes on (past 99 into three digits) or a word repeated, with a short prompt as in the short
+    kinds, so the continuation fills the context."""
+    if tokens < MIN_LONG_TOKENS:
+        raise ValueError(f"tokens={tokens}: a long sample needs at least {MIN_LONG_TOKENS}")
+    chosen = kind if kind is not None else rng.choice(LONG_KINDS)
+    if chosen == "count":
+        while True:
+            start = rng.randrange(COUNT_START_MAX)
+            if not is_heldout_count(start):
+                break
+        shown = rng.randint(2, 4)
+        prompt = "count: " + " ".join(str(start + i) for i in range(shown))
+        pieces = (f" {start + shown + i}" for i in range(tokens))
+    elif chosen == "word":
+        word = rng.choice(TRAIN_WORDS)
+        prompt = "word: " + " ".join([word] * rng.randint(1, 2))
+        pieces = (f" {word}" for _ in range(tokens))
+    else:
+        raise ValueError(f"unknown long sample kind {chosen!r}; valid kinds: {list(LONG_KINDS)}")
+    continuation = ""
+    for piece in pieces:  # each piece is >= 2 characters, so `tokens` pieces always suffice
+        if len(prompt) + len(continuation) + len(piece) + 1 > tokens:
+            break
+        continuation += piece
+    return Sample(chosen, prompt, continuation)

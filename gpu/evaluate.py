@@ -52,12 +52,42 @@ def counting_accuracy(
     return Accuracy(correct, total)
 
 
+LONG_NEW_TOKENS = 128  # the release gate's new tokens per case
+
+
+def long_counting_accuracy(
+    model: BlockDiffusionLM,
+    cases: Sequence[CountingCase],
+    block_size: int,
+    algorithm: DllmAlgorithm,
+    new_tokens: int = LONG_NEW_TOKENS,
+) -> Accuracy:
+    """Held-out counting continued for `new_tokens` tokens: per case, the expected numbers that
+    fit in `new_tokens` characters (one space before each) and how many appear exactly, in
+    order. Exercises every position of a 128-token continuation, as the release gate does."""
+    correct = total = 0
+    for case in cases:
+        first = case.expected[0]
+        expected: list[int] = []
+        used = 0
+        while used + len(f" {first + len(expected)}") <= new_tokens:
+            used += len(f" {first + len(expected)}")
+            expected.append(first + len(expected))
+        out = generate(model, case.prompt, block_size, algorithm, max_new_tokens=new_tokens)
+        correct += score_continuation(out.text, expected)
+        total += len(expected)
+    return Accuracy(correct, total)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m gpu.evaluate`: held-out counting accuracy of the shipped model per block size
     and algorithm."""
     parser = argparse.ArgumentParser(prog="python -m gpu.evaluate", description=__doc__)
     parser.add_argument("--assets", type=Path, default=DEFAULT_ASSETS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--long", action="store_true", help=f"also score {LONG_NEW_TOKENS}-token continuations"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model, _ = load_model(args.assets)
@@ -68,6 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             acc = counting_accuracy(model, cases, block_size, make_algorithm(name))
             score = f"{acc.correct}/{acc.total} = {acc.fraction:.3f}"
             print(f"  block {block_size:2d}  {name:15s} {score}")
+    if args.long:
+        print(
+            f"held-out counting continued for {LONG_NEW_TOKENS} new tokens ({len(cases)} prompts)"
+        )
+        for block_size in (4, 8, 16, 32):
+            for name in ALGORITHMS:
+                acc = long_counting_accuracy(model, cases, block_size, make_algorithm(name))
+                score = f"{acc.correct}/{acc.total} = {acc.fraction:.3f}"
+                print(f"  block {block_size:2d}  {name:15s} {score}")
     return 0
 
 

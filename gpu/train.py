@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from gpu.corpus import Sample, make_sample
+from gpu.corpus import MIN_LONG_TOKENS, Sample, make_long_sample, make_sample
 from gpu.model import BlockDiffusionLM, count_parameters
 from gpu.model_config import ModelConfig
 from gpu.tokenizer import EOS_ID, MASK_ID, PAD_ID, VOCAB_SIZE
@@ -44,8 +44,9 @@ PAD_ALIGN = 16  # EOS-pad each sample to a multiple of the largest block size
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    steps: int = 1500
-    max_seconds: float = 570.0  # wall-clock guard: stop early rather than overrun 10 min
+    steps: int = 2000
+    max_seconds: float = 3600.0  # wall-clock guard: stop early rather than run away
+    long_fraction: float = 0.25  # batches of long samples (64..max_context tokens)
     batch_size: int = 24
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
@@ -65,7 +66,7 @@ DEFAULT_MODEL = ModelConfig(
     n_layers=4,
     n_heads=4,
     d_ff=384,
-    max_context=128,
+    max_context=256,
     rope_theta=10000.0,
     train_block_sizes=(4, 8, 16),
 )
@@ -90,9 +91,20 @@ def padded_length(sample: Sample) -> int:
     return -(-len(sample.token_ids()) // PAD_ALIGN) * PAD_ALIGN
 
 
-def sample_batch(rng: random.Random, batch_size: int) -> torch.Tensor:
+def sample_batch(
+    rng: random.Random, batch_size: int, max_context: int = 256, long_fraction: float = 0.0
+) -> torch.Tensor:
     """A batch of training samples of one padded length (bucketed, so no step computes on
-    PAD-only blocks): the first draw picks the bucket, so buckets keep their corpus frequency."""
+    PAD-only blocks).
+
+    With probability `long_fraction` the batch is long: a length L is drawn from the multiples
+    of PAD_ALIGN in [MIN_LONG_TOKENS, max_context] and every sample fills L (so every position
+    of the context is trained). Otherwise the first short draw picks the bucket, so buckets keep
+    their corpus frequency."""
+    if long_fraction > 0 and rng.random() < long_fraction:
+        lengths = range(MIN_LONG_TOKENS, max_context + 1, PAD_ALIGN)
+        bucket = rng.choice(lengths)
+        return encode_batch([make_long_sample(rng, bucket) for _ in range(batch_size)], bucket)
     first = make_sample(rng, "train")
     bucket = padded_length(first)
     chosen = [first]
@@ -198,7 +210,7 @@ def train(
             break
         steps_run = step + 1
         block_size = rng.choice(model_config.train_block_sizes)
-        batch = sample_batch(rng, cfg.batch_size)
+        batch = sample_batch(rng, cfg.batch_size, model_config.max_context, cfg.long_fraction)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss, plain = diffusion_loss(model, batch, block_size, gen, cfg)
@@ -235,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n-heads", type=int, default=DEFAULT_MODEL.n_heads)
     parser.add_argument("--d-ff", type=int, default=DEFAULT_MODEL.d_ff)
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--max-seconds", type=float, default=defaults.max_seconds)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     model_config = replace(
         DEFAULT_MODEL,
@@ -249,8 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         corpus_seed=args.corpus_seed,
         lr=args.lr,
+        max_seconds=args.max_seconds,
     )
-    result = train(model_config, cfg, log_every=args.log_every)
+    result = train(model_config, cfg, log_every=args.log_every, threads=args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     save_model(result.model, model_config, args.out)
     log = {

@@ -148,7 +148,7 @@ def test_unknown_device_name() -> None:
 
 def test_context_beyond_the_model_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="max_context"):
-        make_small_engine(DllmConfig(max_context=256, kv_pages=64), lambda e: None)
+        make_small_engine(DllmConfig(max_context=512, kv_pages=128), lambda e: None)
 
 
 def test_bad_page_size_is_rejected_by_the_config() -> None:

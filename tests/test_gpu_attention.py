@@ -16,7 +16,8 @@ from gpu.model_config import ModelConfig
 from gpu.weights import load_model
 
 torch.set_num_threads(1)
-TOL = 1e-5
+TOL = 1e-5  # absolute, for K/V and for logits of magnitude <= 1
+REL_TOL = 2e-6  # logits: float32 re-association error grows with their magnitude
 
 
 def small_model(seed: int = 0) -> BlockDiffusionLM:
@@ -101,7 +102,8 @@ def check_against_dense(
         paged = torch.cat(run.logits[i])
         assert paged.shape == dense.shape
         diff = (paged - dense).abs().max().item()
-        assert diff <= TOL, f"row {i}: paged vs dense logits differ by {diff}"
+        bound = max(TOL, REL_TOL * dense.abs().max().item())
+        assert diff <= bound, f"row {i}: paged vs dense logits differ by {diff} > {bound}"
         slots = torch.tensor(run.slots[i])
         used.update(run.slots[i])
         for layer, (k, v) in enumerate(dense_kv(model, seq, block_size)):

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import json
+import random
 
+import pytest
 import torch
 
 from gpu.corpus import (
     HELDOUT_WORDS,
     MAX_SAMPLE_TOKENS,
+    MIN_LONG_TOKENS,
     counting_cases,
     is_heldout_count,
     is_heldout_fact,
+    make_long_sample,
     make_samples,
 )
 from gpu.model_config import ModelConfig
 from gpu.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
-from gpu.train import TrainConfig, encode_batch, train, two_copy_mask
+from gpu.train import TrainConfig, encode_batch, sample_batch, train, two_copy_mask
 from gpu.weights import DEFAULT_ASSETS
 
 torch.set_num_threads(1)
@@ -29,6 +33,31 @@ def test_corpus_is_deterministic_and_fits_the_context() -> None:
     assert {s.kind for s in a} == {"count", "word", "alpha", "add", "mul"}
     assert all(len(s.token_ids()) <= MAX_SAMPLE_TOKENS for s in a)
     assert all(s.token_ids()[-1] == EOS_ID for s in a)
+
+
+def test_long_samples_fill_their_length_from_the_training_split() -> None:
+    rng = random.Random(7)
+    for tokens in (MIN_LONG_TOKENS, 100, 256):
+        for kind in ("count", "word"):
+            sample = make_long_sample(rng, tokens, kind)
+            n = len(sample.token_ids())
+            assert tokens - 4 <= n <= tokens, (kind, tokens, n)
+            words = sample.text.split()
+            if kind == "count":
+                numbers = [int(w) for w in words[1:]]
+                assert not is_heldout_count(numbers[0])
+                assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+            else:
+                assert words[1] not in HELDOUT_WORDS and set(words[1:]) == {words[1]}
+    with pytest.raises(ValueError, match="at least"):
+        make_long_sample(rng, MIN_LONG_TOKENS - 1)
+
+
+def test_long_batches_cover_the_whole_context() -> None:
+    rng = random.Random(0)
+    lengths = {sample_batch(rng, 2, 256, long_fraction=1.0).shape[1] for _ in range(200)}
+    assert max(lengths) == 256 and min(lengths) == MIN_LONG_TOKENS
+    assert all(n % 16 == 0 for n in lengths)
 
 
 def test_heldout_split_is_disjoint_by_construction() -> None:
@@ -96,5 +125,9 @@ def test_training_smoke_loss_decreases() -> None:
 
 def test_shipped_train_log_records_the_run() -> None:
     log = json.loads((DEFAULT_ASSETS / "train_log.json").read_text())
-    assert log["steps"] > 0 and log["seconds"] <= 600
+    # the run was not cut short by the wall-clock guard (so retraining reproduces it)
+    assert log["steps"] == log["planned_steps"] == log["train_config"]["steps"] > 0
+    assert log["train_config"]["long_fraction"] > 0
+    config = json.loads((DEFAULT_ASSETS / "model_config.json").read_text())
+    assert config["max_context"] >= 256
     assert {"final_loss", "corpus_seed", "seconds"} <= set(log)
