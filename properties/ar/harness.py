@@ -17,6 +17,7 @@ from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArEvent, ArStepEnd
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
 from spec.ar.machine import ArSpecMachine
+from spec.ar.profile import ArPolicy
 from spec.errors import RequestError, SpecViolation, UnknownRequest
 
 
@@ -28,11 +29,14 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
     config: ArConfig
     check_invariants: bool = True
     events: list[ArEvent] = field(default_factory=list)
+    policy: ArPolicy | None = None  # the declared policy; None: the adapter's `rules`
 
     def __post_init__(self) -> None:
         self.violation: SpecViolation | None = None
         self.impl: ArSchedulerAdapter = self.factory(self.config, self._sink)
-        self.spec = ArSpecMachine(self.config, self.impl.rules)
+        self.spec = ArSpecMachine(
+            self.config, self.policy if self.policy is not None else self.impl.rules
+        )
         self.steps = 0
 
     def _validate(self, request: ArRequest) -> None:

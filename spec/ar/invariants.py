@@ -47,6 +47,12 @@ def terminal_holds_nothing(s: ArState) -> str | None:
 
 
 def preempted_holds_nothing(s: ArState) -> str | None:
+    """A preempted request holds nothing — except, in the scheduling phase of the step that
+    preempted it, the blocks (and cache hits) of its re-admission where the implementation
+    re-admits after preempting (Vidur's Sarathi). Between steps no request is in phase
+    PREEMPTED, and `waiting_holds_nothing` covers what a re-admission left behind."""
+    if s.rules.admit_after_preemption:
+        return None
     for rid, r in s.requests.items():
         if r.phase is ArPhase.PREEMPTED and (r.blocks or r.num_computed):
             return (

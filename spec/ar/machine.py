@@ -24,7 +24,6 @@ from spec.ar.config import (
     ArRequest,
     ArRules,
     VictimOrder,
-    rules_for,
     validate_ar_request,
 )
 from spec.ar.events import (
@@ -46,6 +45,7 @@ from spec.ar.lifecycles import (
     AR_REQUEST_LIFECYCLE,
     ArPhase,
 )
+from spec.ar.profile import ArPolicy
 from spec.ar.snapshot import ArSnapshot
 from spec.ar.state import ArRequestState, ArState, render
 from spec.errors import RequestError, SpecViolation
@@ -112,9 +112,16 @@ def admission_key(rules: ArRules, r: _Req) -> tuple[int, int]:
 class ArSpecMachine:
     """The executable specification of an autoregressive scheduler, driven by events."""
 
-    def __init__(self, config: ArConfig, rules: ArRules | None = None) -> None:
+    def __init__(self, config: ArConfig, policy: ArPolicy | ArRules | None = None) -> None:
+        """`policy`: the implementation's declared `ArPolicy` (its options are parameters of the
+        rules); a bare `ArRules` (older callers) is the policy with those rules and every option
+        off; None is the idealised spec under `config.policy`."""
         self.config = config
-        self.rules = rules if rules is not None else rules_for(config)
+        if isinstance(policy, ArRules):
+            policy = ArPolicy(rules=policy)
+        self.policy = policy if policy is not None else ArPolicy()
+        self.rules = self.policy.rules_for(config)
+        self.watermark = self.policy.watermark_blocks(config)
         self._requests: dict[str, _Req] = {}
         self._waiting: list[str] = []
         self._running: list[str] = []
@@ -279,6 +286,12 @@ class ArSpecMachine:
         self._enter_schedule_phase(e)
         if r.phase in AR_QUEUED_PHASES:
             self._check_soft_preemption_admission(r, e)
+        if r.phase is ArPhase.PREEMPTED and not self.rules.admit_after_preemption:
+            raise self._fail(
+                "no_admission_after_preemption",
+                f"{r.request_id!r} gets blocks in the step that preempted it",
+                e,
+            )
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail("kv_exclusive", f"blocks {list(e.blocks)} empty or repeated", e)
         for b in e.blocks:
@@ -339,7 +352,11 @@ class ArSpecMachine:
                 f"chunked prefill off",
                 e,
             )
-        if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
+        if (
+            cfg.long_prefill_token_threshold
+            and n > cfg.long_prefill_token_threshold
+            and not (self.policy.lone_request_threshold_exempt and self._is_alone(r))
+        ):
             raise self._fail(
                 "long_prefill_threshold",
                 f"{r.request_id!r} scheduled {n} tokens > long_prefill_token_threshold="
@@ -371,6 +388,32 @@ class ArSpecMachine:
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
 
+    def _is_alone(self, r: _Req) -> bool:
+        """Nothing but `r` is running or waiting (vLLM's lone-request threshold exemption)."""
+        return len(self._running) + len(self._waiting) == 1
+
+    def _check_gates(self, r: _Req, e: ArScheduled) -> None:
+        """The declared admission gates: full-sequence fit and the watermark. Blocks for this
+        step's chunk are already allocated (they precede `ArScheduled`)."""
+        cfg = self.config
+        free = cfg.usable_blocks - len(self._owner)
+        if self.policy.full_sequence_admission:
+            rest = cfg.blocks_for(r.known) - len(r.blocks)
+            if rest > free:
+                raise self._fail(
+                    "full_sequence_admission",
+                    f"admitted {r.request_id!r} whose whole sequence ({r.known} tokens) needs "
+                    f"{rest} more block(s) than it holds, with {free} free",
+                    e,
+                )
+        if self.watermark and free < self.watermark:
+            raise self._fail(
+                "admission_watermark",
+                f"admitting {r.request_id!r} leaves {free} free block(s) < watermark "
+                f"{self.watermark}",
+                e,
+            )
+
     def _check_soft_preemption_admission(self, r: _Req, e: ArEvent) -> None:
         """soft_preemption: a step that preempted gives a waiting request nothing."""
         st = self._step
@@ -385,6 +428,7 @@ class ArSpecMachine:
     def _check_admission(self, r: _Req, e: ArScheduled) -> None:
         cfg, rules, st = self.config, self.rules, self._step
         self._check_soft_preemption_admission(r, e)
+        self._check_gates(r, e)
         if r.phase is ArPhase.PREEMPTED and not rules.admit_after_preemption:
             raise self._fail(
                 "no_admission_after_preemption",
@@ -449,14 +493,17 @@ class ArSpecMachine:
         self._enter_schedule_phase(e)
         if r.phase is not ArPhase.RUNNING:
             raise self._fail("lifecycle", f"preempted {r.request_id!r}, which is not running", e)
-        if r.request_id in st.scheduled:
+        any_running = rules.victim is VictimOrder.LOWEST_PRIORITY_ANY
+        if r.request_id in st.scheduled and not any_running:
             raise self._fail(
                 "no_preempt_scheduled",
                 f"{r.request_id!r} was already scheduled {st.scheduled[r.request_id]} tokens in "
                 f"step {st.index}",
                 e,
             )
-        candidates = [self._requests[q] for q in self._running if q not in st.scheduled]
+        candidates = [
+            self._requests[q] for q in self._running if any_running or q not in st.scheduled
+        ]
         if rules.victim is VictimOrder.NONE:
             raise self._fail(
                 "preemption_victim", "this scheduler declared that it never preempts", e
@@ -492,6 +539,9 @@ class ArSpecMachine:
             )
         for b in e.freed:
             del self._owner[b]
+        # LOWEST_PRIORITY_ANY: a victim scheduled in this step is unscheduled, its tokens
+        # returned to the budget.
+        st.scheduled.pop(r.request_id, None)
         r.blocks.clear()
         r.num_computed = 0
         r.phase = ArPhase.PREEMPTED

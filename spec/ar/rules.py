@@ -25,7 +25,13 @@ _AR_RULES: dict[str, str] = {
     "no_chunking_when_disabled": "With chunked prefill off, a request is scheduled all its "
     "uncomputed tokens at once.",
     "long_prefill_threshold": "With long_prefill_token_threshold > 0, no request is scheduled "
-    "more tokens than the threshold in one step.",
+    "more tokens than the threshold in one step (unless the implementation exempts a lone "
+    "request, as vLLM 0.33 does: nothing else running or waiting).",
+    "full_sequence_admission": "Where the implementation gates admission on the whole "
+    "sequence (vLLM's scheduler_reserve_full_isl), a waiting request is admitted only when "
+    "blocks for all its known tokens fit the free blocks.",
+    "admission_watermark": "Admission leaves at least the declared watermark of free blocks "
+    "(Vidur's watermark_blocks_fraction).",
     "progress": "A step with running or waiting requests schedules at least one token.",
     "step_order": "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
@@ -42,12 +48,16 @@ _AR_RULES: dict[str, str] = {
     # --- preemption
     "preempt_frees_all": "A preempted request gives back every block it held, at once, and "
     "recomputes from zero.",
-    "preempted_holds_nothing": "A preempted request holds no KV block.",
+    "preempted_holds_nothing": "A preempted request holds no KV block and no computed token; "
+    "where the implementation re-admits after preempting (Vidur's Sarathi), the re-admission "
+    "may allocate to it in the same scheduling phase, and between steps it holds nothing.",
     "no_preempt_scheduled": "A request already scheduled in this step is not preempted in it "
     "(vLLM #23347 / #21528: preempting it leaves its tokens in the batch).",
     "preemption_victim": "The victim is the declared one, among running requests not scheduled "
     "in this step: the tail of running, i.e. the latest admitted (FCFS), or the lowest "
-    "priority then latest arrival (priority).",
+    "priority then latest arrival (priority); or, where declared (vLLM 0.33's priority "
+    "policy), the lowest priority among all running requests, a scheduled one then "
+    "unscheduled with its tokens returned to the budget.",
     "no_admission_after_preemption": "A step that preempted admits no waiting request (vLLM), "
     "unless the implementation declares otherwise.",
     "soft_preemption": "Under soft preemption (priority-soft) a waiting request never causes "
