@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from properties.ar.strategies import ar_configs
-from reference.ar.base import ArReq, ArSchedulerBase
+from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
+from reference.ar.prefix_cache import PrefixCachingVllmV1
 from reference.ar.vidur import VidurFasterTransformer, VidurVllm
 from reference.ar.vllm_v1 import VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from spec.ar.events import ArBlocksFreed, ArFinished, ArFinishReason
+from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
 
 
 class PreemptsHead(VllmV1Scheduler):
@@ -202,6 +203,53 @@ class SoftEvicts(VllmV1Scheduler):
         super()._schedule()
 
 
+class _LeakyPool(CachingBlockPool):
+    """Freeing a shared block forgets to drop the freeing request's reference."""
+
+    def release(self, rid: str, blocks: list[int]) -> None:
+        super().release(rid, [b for b in blocks if len(self.refs.get(b, ())) <= 1])
+
+
+class RefcountLeak(PrefixCachingVllmV1):
+    """Prefix caching with a reference-count leak: a request that frees a block another
+    request shares keeps its reference (the block can never return to the free queue)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.pool = _LeakyPool(config, sink)
+
+
+class EvictsReferenced(PrefixCachingVllmV1):
+    """A cache reset after every step that evicts every cached block, referenced or not."""
+
+    def _update(self) -> None:
+        super()._update()
+        pool = self.pool
+        if isinstance(pool, CachingBlockPool) and pool.cache:
+            victims = sorted(pool.cache)
+            for b in victims:
+                pool._evict(b)
+            self.sink(ArCacheEvicted(tuple(victims)))
+
+
+class HitBeyondCache(PrefixCachingVllmV1):
+    """A cache hit that claims one block more than is cached (the next free block)."""
+
+    def _hit(self, req: ArReq) -> list[int]:
+        hit = super()._hit(req)
+        room = (req.known - 1) // self.config.block_size
+        spare = [b for b in self.pool.free_queue if b not in hit]
+        if len(hit) < room and spare:
+            return [*hit, spare[0]]
+        return hit
+
+
+def _caching() -> st.SearchStrategy[ArConfig]:
+    return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
+        lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
+    )
+
+
 def _f(cls: type[ArSchedulerBase]) -> ArImplementationFactory:
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return cls(config, sink)
@@ -333,6 +381,27 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(SjfLongestFirst),
             _policy(Policy.SJF, max_num_seqs=1),
             "SJF order broken: a longer job admitted ahead of a shorter one",
+        ),
+        ArMutant(
+            "refcount_leak",
+            "refcount_matches",
+            _f(RefcountLeak),
+            _caching(),
+            "prefix caching: freeing a shared block keeps the freeing request's reference",
+        ),
+        ArMutant(
+            "evicts_referenced",
+            "evict_unreferenced_only",
+            _f(EvictsReferenced),
+            _caching(),
+            "prefix caching: a cache reset evicts blocks that running requests still hold",
+        ),
+        ArMutant(
+            "hit_beyond_cache",
+            "cache_hit_cached",
+            _f(HitBeyondCache),
+            _caching(),
+            "prefix caching: a cache hit claims one block more than is cached",
         ),
         ArMutant(
             "soft_evicts",

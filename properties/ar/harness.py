@@ -38,6 +38,12 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
             self.config, self.policy if self.policy is not None else self.impl.rules
         )
         self.steps = 0
+        self._ended_steps = 0
+
+    def _sink(self, event: ArEvent) -> None:
+        if isinstance(event, ArStepEnd):
+            self._ended_steps += 1
+        super()._sink(event)
 
     def _validate(self, request: ArRequest) -> None:
         validate_ar_request(self.config, request)
@@ -79,7 +85,8 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
             )
 
     def ended_steps(self) -> int:
-        return sum(1 for e in self.events if isinstance(e, ArStepEnd))
+        """`ArStepEnd` events seen (counted as they arrive: `events` may be cleared)."""
+        return self._ended_steps
 
     def outputs(self) -> dict[str, int]:
         return self.spec.outputs()

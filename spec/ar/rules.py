@@ -40,9 +40,23 @@ _AR_RULES: dict[str, str] = {
     "kv_covers_computed": "Between steps every running request holds KV blocks for every token "
     "it has computed.",
     "kv_bounded": "A request never holds more blocks than max_model_len needs.",
-    "kv_exclusive": "Allocated blocks were free, are in the pool and each has one owner.",
+    "kv_exclusive": "Allocated blocks were free (cached ones included: allocating one evicts "
+    "it) and are in the pool; a block has one holder unless prefix caching shares it through "
+    "a cache hit.",
     "null_block_reserved": "The null block (block 0, when reserved) is never allocated.",
-    "block_conservation": "free + held = usable blocks at every moment (the null block reserved).",
+    "block_conservation": "free + referenced = usable blocks at every moment (each block once, "
+    "whatever its reference count; the null block reserved); a block's holders are exactly "
+    "the requests whose block tables list it (its reference count).",
+    # --- prefix caching
+    "cache_hit_enabled": "Cache hits happen only with prefix caching on.",
+    "cache_hit_cached": "A cache hit takes cached blocks whose content is the request's own "
+    "prefix, block i holding its tokens up to (i + 1) * block_size: it never claims a block "
+    "that is not cached, or that caches other content.",
+    "cache_hit_bounded": "A cache hit covers at most the request's known tokens less one (the "
+    "last token is always computed, to sample from).",
+    "evict_unreferenced_only": "Only cached blocks that no request references are evicted.",
+    "refcount_matches": "Between steps the implementation's reference count of every block "
+    "equals the number of requests holding it (no reference leaked or lost).",
     "free_owned_only": "Only blocks the request holds are freed, each once (no double free).",
     "waiting_holds_nothing": "Between steps a waiting request holds no KV block.",
     # --- preemption
