@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.prefix_cache import PrefixCachingVllmV1
-from reference.ar.vidur import VidurFasterTransformer, VidurVllm
+from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
@@ -111,6 +111,39 @@ class VidurOneFreeBlock(VidurVllm):
                 return False
         self._grow_existing(req)
         return True
+
+
+class VidurLightLlmStrict(VidurLightLlm):
+    """Vidur's LightLLM as published: admission needs the peak memory strictly below the pool
+    (`<`), so a request whose peak equals the pool is never admitted: a stall."""
+
+    def _peak_fits(self, candidate: ArReq, admitted: list[ArReq]) -> bool:
+        fits = super()._peak_fits(candidate, admitted)
+        if not fits:
+            return False
+        items = [self._tuple_tokens(r, True) for r in self.running if r not in admitted]
+        items += [self._tuple_tokens(r, False) for r in [*admitted, candidate]]
+        items.sort(key=lambda x: -x[1])
+        need, held = 0, 0
+        for i, (has_run, left) in enumerate(items):
+            held += has_run
+            need = max(need, left * (i + 1) + held)
+        return need < self.config.usable_blocks
+
+
+class VidurOrcaFloor(VidurOrca):
+    """Vidur's Orca as published: it reserves max_model_len // block_size blocks per request,
+    one too few when max_model_len is not a multiple of the block size."""
+
+    def _admit_waiting(self) -> None:
+        cfg = self.config
+        reserve = cfg.max_model_len // cfg.block_size
+        while self.waiting and len(self.batch) < self.micro_batch_cap:
+            if len(self.running) >= cfg.max_num_seqs or self.pool.num_free < reserve:
+                break
+            req = self.waiting[0]
+            self._admit_new(req, reserve)
+            self._add(req, req.uncomputed)
 
 
 class AgingIgnoresBound(VllmV1Scheduler):
@@ -346,6 +379,26 @@ AR_MUTANTS: dict[str, ArMutant] = {
                 )
             ),
             "Vidur's vLLM demands a free block it does not need: empty batch at exact fit",
+        ),
+        ArMutant(
+            "vidur_lightllm_strict",
+            "progress",
+            _f(VidurLightLlmStrict),
+            ar_configs(chunked=(False,), thresholds=False, block_sizes=st.just(1)).map(
+                lambda c: c.replace(
+                    num_blocks=c.max_model_len - 1 + (1 if c.reserve_null_block else 0)
+                )
+            ),
+            "Vidur's LightLLM admits only when the peak is below the pool: exact fit stalls",
+        ),
+        ArMutant(
+            "vidur_orca_floor",
+            "kv_covers_scheduled",
+            _f(VidurOrcaFloor),
+            _vidur()
+            .filter(lambda c: c.max_model_len % c.block_size != 0)
+            .map(lambda c: c.replace(num_blocks=c.num_blocks + 4 * c.max_model_len)),
+            "Vidur's Orca reserves max_model_len // block_size blocks: too few when not a multiple",
         ),
         ArMutant(
             "aging_ignores_bound",

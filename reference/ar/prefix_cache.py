@@ -18,6 +18,8 @@ from reference.ar.vllm_v1 import VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 from spec.ar.events import ArCacheHit
+from spec.ar.profile import ArConfigSpace, ArProfile
+from spec.implementation import ArImplementation
 
 
 class PrefixCachingVllmV1(VllmV1Scheduler):
@@ -70,3 +72,11 @@ def make_vllm_v1_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapt
     """Factory: the reference vLLM-v1 scheduler with prefix caching (when the config enables
     it; otherwise it is `vllm-v1`)."""
     return PrefixCachingVllmV1(config, sink)
+
+
+VLLM_V1_PREFIX = ArImplementation(
+    make_vllm_v1_prefix,
+    ArProfile(space=ArConfigSpace(prefix_caching=frozenset({True}))),
+    "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "
+    "blocks; cache hits at admission; eviction on reallocation)",
+)
