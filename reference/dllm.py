@@ -39,7 +39,7 @@ from spec.events import (
     StepResult,
     Submitted,
 )
-from spec.snapshot import Snapshot
+from spec.snapshot import FinishedOutput, Snapshot
 
 
 @dataclass(slots=True)
@@ -85,7 +85,8 @@ class ReferenceDllmScheduler:
         self.seen: set[str] = set()
         self.reserved_pages = 0
         self.round_index = 0
-        self.outputs: dict[str, tuple[int, ...]] = {}
+        # outputs finished since the last `collect_outputs` (handed out, then forgotten: bounded)
+        self.outputs: dict[str, FinishedOutput] = {}
 
     @property
     def config(self) -> DllmConfig:
@@ -132,6 +133,11 @@ class ReferenceDllmScheduler:
             raise SchedulerStalled(
                 max_rounds, f"{len(self.waiting)} waiting, {len(self.running)} running"
             )
+
+    def collect_outputs(self) -> dict[str, FinishedOutput]:
+        """Outputs of the requests finished since the previous call (see `ReportsOutputs`)."""
+        out, self.outputs = self.outputs, {}
+        return out
 
     def is_idle(self) -> bool:
         return not self.waiting and not self.running
@@ -301,7 +307,7 @@ class ReferenceDllmScheduler:
         eos = self.config.eos_token_id
         if eos is not None and eos in gen:
             gen = gen[: gen.index(eos) + 1]
-        self.outputs[req.rid] = tuple(gen)
+        self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
         self.sink(Finished(req.rid, reason))
 
     def _release(self, req: _Req) -> None:

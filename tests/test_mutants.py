@@ -62,5 +62,5 @@ def test_counterexamples_are_shrunk(name: str) -> None:
     calls = [
         ln for ln in failure.program.splitlines() if ln.lstrip().startswith(("state.", "requests_"))
     ]
-    actions = [c for c in calls if "rounds_are_checked" not in c and "teardown" not in c]
+    actions = [c for c in calls if "are_checked" not in c and "teardown" not in c]
     assert 2 <= len(actions) <= 6, failure.program
