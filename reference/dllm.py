@@ -39,6 +39,8 @@ from spec.events import (
     StepResult,
     Submitted,
 )
+from spec.implementation import DllmImplementation
+from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
 
@@ -343,3 +345,23 @@ def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
         lambda rid, k: 1 + _seed("steps", rid, k) % (b + 1), config.mask_token_id
     )
     return ReferenceDllmScheduler(config, sink, oracle)
+
+
+# The built-ins declare themselves with their profiles (`schedspec verify --impl
+# reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
+# configuration, FCFS admission, work-conserving, nothing reserved, no deviation.
+REFERENCE_PROFILE = DllmProfile()
+
+REFERENCE_DLLM = DllmImplementation(
+    make_scheduler, REFERENCE_PROFILE, "the reference dLLM scheduler (LowConfidence oracle)"
+)
+REFERENCE_DLLM_JOINT = DllmImplementation(
+    make_joint_threshold_scheduler,
+    REFERENCE_PROFILE,
+    "the reference driven by JointThreshold (carried algorithm state)",
+)
+REFERENCE_DLLM_SCRIPTED = DllmImplementation(
+    make_scripted_scheduler,
+    REFERENCE_PROFILE,
+    "the reference with scripted step counts (1 to block_size + 1 steps per block)",
+)

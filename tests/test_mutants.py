@@ -37,6 +37,8 @@ def test_suite_catches_mutant(name: str) -> None:
     assert f"[{mutant.rule}]" in failure.message
     if mutant.rule == "fdfo_sync_parity":  # a cross-run check: both outputs are shown
         assert "expected [" in failure.message and "got [" in failure.message
+    elif mutant.rule == "reported_output":  # the reported output against the spec's, and state
+        assert " reported " in failure.message and "state:" in failure.message
     else:  # the abstract state at the faulty event
         assert "state:" in failure.message and "event:" in failure.message
     assert "state.configure(config=" in failure.program
