@@ -319,6 +319,26 @@ class ArRules:
     token_cap: int | None = None
     soft_preemption: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.admission, AdmissionOrder):
+            valid = ", ".join(a.value for a in AdmissionOrder)
+            raise ConfigError("rules.admission", self.admission, f"one of {valid}")
+        if not isinstance(self.victim, VictimOrder):
+            valid = ", ".join(v.value for v in VictimOrder)
+            raise ConfigError("rules.victim", self.victim, f"one of {valid}")
+        for name in (
+            "admit_after_preemption",
+            "token_budget",
+            "static_batches",
+            "token_floor",
+            "soft_preemption",
+        ):
+            _flag(f"rules.{name}", getattr(self, name))
+        for name in ("max_wait_steps", "token_cap"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(f"rules.{name}", value, 1, MAX_SMALL)
+
 
 def rules_for(config: ArConfig) -> ArRules:
     """The rules a vLLM-v1-style scheduler promises under `config.policy`."""

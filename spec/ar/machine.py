@@ -26,10 +26,9 @@ the test that both agree). Finished and aborted requests are retired: only their
 
 from __future__ import annotations
 
-import copy as _copy
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
 
 from spec.ar.config import (
     AdmissionOrder,
@@ -60,9 +59,11 @@ from spec.ar.lifecycles import (
     ArPhase,
 )
 from spec.ar.profile import ArPolicy
+from spec.ar.rules import ArRule
 from spec.ar.snapshot import ArSnapshot
 from spec.ar.state import ArRequestState, ArState, render
-from spec.errors import RequestError, SpecViolation
+from spec.errors import RequestError
+from spec.machine_base import MachineBase
 
 Token = int | tuple[str, int] | tuple[str, str, int]
 
@@ -128,13 +129,17 @@ def admission_key(rules: ArRules, r: _Req) -> tuple[int, int]:
     return (0, r.arrival)
 
 
-class ArSpecMachine:
-    """The executable specification of an autoregressive scheduler, driven by events."""
+class ArSpecMachine(MachineBase[ArEvent, ArRule]):
+    """The executable specification of an autoregressive scheduler, driven by events (its
+    skeleton, shared with the dLLM machine, is `spec.machine_base.MachineBase`)."""
+
+    lifecycle_rule = ArRule.LIFECYCLE
 
     def __init__(self, config: ArConfig, policy: ArPolicy | ArRules | None = None) -> None:
         """`policy`: the implementation's declared `ArPolicy` (its options are parameters of the
         rules); a bare `ArRules` (older callers) is the policy with those rules and every option
         off; None is the idealised spec under `config.policy`."""
+        super().__init__()
         self.config = config
         if isinstance(policy, ArRules):
             policy = ArPolicy(rules=policy)
@@ -153,7 +158,6 @@ class ArSpecMachine:
         self._dirty: set[str] = set()  # requests touched since the last invariant check
         self._dirty_blocks: set[int] = set()
         self._dirty_between: set[str] = set()  # ... since the last between-steps check
-        self.events_applied = 0
 
     # ------------------------------------------------------------------ views
     def _waited(self, r: _Req) -> int:
@@ -194,9 +198,6 @@ class ArSpecMachine:
     def render(self) -> str:
         return render(self.state())
 
-    def copy(self) -> ArSpecMachine:
-        return _copy.deepcopy(self)
-
     @property
     def step_index(self) -> int:
         return self._step.index
@@ -207,6 +208,10 @@ class ArSpecMachine:
 
     def is_idle(self) -> bool:
         return not self._waiting and not self._running
+
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running) request counts."""
+        return len(self._waiting), len(self._running)
 
     def request_phase(self, request_id: str) -> ArPhase | None:
         r = self._requests.get(request_id)
@@ -228,15 +233,12 @@ class ArSpecMachine:
         return {rid: n for rid, (p, n) in self._ended.items() if p is ArPhase.FINISHED}
 
     # ------------------------------------------------------------------ errors
-    def _fail(self, rule: str, detail: str, event: object | None) -> SpecViolation:
-        return SpecViolation(rule, detail, event, self.render())
-
     def _active(self, request_id: str, event: ArEvent) -> _Req:
         r = self._requests.get(request_id)
         if r is None:
             ended = self._ended.get(request_id)
             what = "was never submitted" if ended is None else f"is {ended[0].value}"
-            raise self._fail("known_request", f"request {request_id!r} {what}", event)
+            raise self._fail(ArRule.KNOWN_REQUEST, f"request {request_id!r} {what}", event)
         return r
 
     def _touch(self, r: _Req) -> None:
@@ -244,26 +246,6 @@ class ArSpecMachine:
         self._dirty_between.add(r.request_id)
 
     # ------------------------------------------------------------------ replay
-    def apply_all(self, events: Iterable[ArEvent]) -> None:
-        for e in events:
-            self.apply(e)
-
-    def apply(self, event: ArEvent) -> None:
-        """Check that `event` is enabled and apply its effect; raise SpecViolation if not."""
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            raise self._fail("lifecycle", f"unknown event type {type(event).__name__}", event)
-        handler(self, event)
-        self.events_applied += 1
-
-    def enabled(self, event: ArEvent) -> str | None:
-        """None if `event` is enabled now, else the name of the rule it would break."""
-        try:
-            self.copy().apply(event)
-        except SpecViolation as v:
-            return v.rule
-        return None
-
     def _enter_schedule_phase(self, event: ArEvent) -> None:
         st = self._step
         if st.in_schedule_phase:
@@ -277,7 +259,7 @@ class ArSpecMachine:
             due = finish_reason(r)
             if due is not None:
                 raise self._fail(
-                    "finish_released",
+                    ArRule.FINISH_RELEASED,
                     f"{rid!r} met its finish condition ({due.value}: {r.num_output} outputs) "
                     f"but is still running",
                     event,
@@ -325,7 +307,7 @@ class ArSpecMachine:
     # --- between steps --------------------------------------------------------
     def _submitted(self, e: ArSubmitted) -> None:
         if e.request_id in self._requests or e.request_id in self._ended:
-            raise self._fail("unique_submission", f"{e.request_id!r} submitted twice", e)
+            raise self._fail(ArRule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
         req = ArRequest(
             e.request_id,
             e.prompt_len,
@@ -338,7 +320,9 @@ class ArSpecMachine:
         try:
             validate_ar_request(self.config, req)
         except RequestError as err:
-            raise self._fail("valid_request", f"accepted an invalid request: {err}", e) from None
+            raise self._fail(
+                ArRule.VALID_REQUEST, f"accepted an invalid request: {err}", e
+            ) from None
         r = _Req(
             e.request_id,
             self._arrivals,
@@ -359,7 +343,7 @@ class ArSpecMachine:
         r = self._active(e.request_id, e)
         if r.blocks:
             raise self._fail(
-                "terminal_holds_nothing",
+                ArRule.TERMINAL_HOLDS_NOTHING,
                 f"{r.request_id!r} aborted still holding blocks {r.blocks}",
                 e,
             )
@@ -376,7 +360,7 @@ class ArSpecMachine:
             self._check_soft_preemption_admission(r, e)
         if r.phase is ArPhase.PREEMPTED and not self.rules.admit_after_preemption:
             raise self._fail(
-                "no_admission_after_preemption",
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"{r.request_id!r} gets {type(e).__name__} in the step that preempted it",
                 e,
             )
@@ -386,21 +370,23 @@ class ArSpecMachine:
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
         if not cfg.enable_prefix_caching:
-            raise self._fail("cache_hit_enabled", "a cache hit with prefix caching off", e)
+            raise self._fail(ArRule.CACHE_HIT_ENABLED, "a cache hit with prefix caching off", e)
         if r.phase not in AR_QUEUED_PHASES or r.blocks or r.num_computed:
             raise self._fail(
-                "lifecycle",
+                ArRule.LIFECYCLE,
                 f"cache hit for {r.request_id!r} ({r.phase.value}, {len(r.blocks)} blocks, "
                 f"{r.num_computed} computed): only a queued request holding nothing hits",
                 e,
             )
         self._check_readmission(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
-            raise self._fail("cache_hit_cached", f"blocks {list(e.blocks)} empty or repeated", e)
+            raise self._fail(
+                ArRule.CACHE_HIT_CACHED, f"blocks {list(e.blocks)} empty or repeated", e
+            )
         tokens = len(e.blocks) * cfg.block_size
         if tokens > r.known - 1:
             raise self._fail(
-                "cache_hit_bounded",
+                ArRule.CACHE_HIT_BOUNDED,
                 f"{r.request_id!r} hits {tokens} tokens of its {r.known} known: at most "
                 f"{r.known - 1} (the last token is computed, to sample from)",
                 e,
@@ -409,14 +395,14 @@ class ArSpecMachine:
             key = self._cache.get(b)
             if key is None:
                 raise self._fail(
-                    "cache_hit_cached",
+                    ArRule.CACHE_HIT_CACHED,
                     f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
                     f"is not cached (cached: {sorted(self._cache)})",
                     e,
                 )
             if key != self._key(r, k):
                 raise self._fail(
-                    "cache_hit_cached",
+                    ArRule.CACHE_HIT_CACHED,
                     f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
                     f"caches other content",
                     e,
@@ -432,14 +418,14 @@ class ArSpecMachine:
     def _cache_evicted(self, e: ArCacheEvicted) -> None:
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(
-                "evict_unreferenced_only", f"blocks {list(e.blocks)} empty or repeated", e
+                ArRule.EVICT_UNREFERENCED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
             )
         for b in e.blocks:
             if b not in self._cache:
-                raise self._fail("evict_unreferenced_only", f"block {b} is not cached", e)
+                raise self._fail(ArRule.EVICT_UNREFERENCED_ONLY, f"block {b} is not cached", e)
             if b in self._holders:
                 raise self._fail(
-                    "evict_unreferenced_only",
+                    ArRule.EVICT_UNREFERENCED_ONLY,
                     f"evicted block {b}, still referenced by {sorted(self._holders[b])}",
                     e,
                 )
@@ -453,24 +439,24 @@ class ArSpecMachine:
         self._enter_schedule_phase(e)
         self._check_readmission(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
-            raise self._fail("kv_exclusive", f"blocks {list(e.blocks)} empty or repeated", e)
+            raise self._fail(ArRule.KV_EXCLUSIVE, f"blocks {list(e.blocks)} empty or repeated", e)
         for b in e.blocks:
             if not 0 <= b < cfg.num_blocks:
                 raise self._fail(
-                    "kv_exclusive", f"block {b} outside the pool [0, {cfg.num_blocks})", e
+                    ArRule.KV_EXCLUSIVE, f"block {b} outside the pool [0, {cfg.num_blocks})", e
                 )
             if b == cfg.null_block:
-                raise self._fail("null_block_reserved", f"allocated the null block {b}", e)
+                raise self._fail(ArRule.NULL_BLOCK_RESERVED, f"allocated the null block {b}", e)
             if b in self._holders:
                 raise self._fail(
-                    "kv_exclusive",
+                    ArRule.KV_EXCLUSIVE,
                     f"block {b} is already held by {sorted(self._holders[b])} (a fresh "
                     f"allocation takes a free block; sharing is only through a cache hit)",
                     e,
                 )
         if len(r.blocks) + len(e.blocks) > cfg.max_blocks_per_request:
             raise self._fail(
-                "kv_bounded",
+                ArRule.KV_BOUNDED,
                 f"{r.request_id!r} would hold {len(r.blocks) + len(e.blocks)} blocks; "
                 f"max_model_len={cfg.max_model_len} needs at most {cfg.max_blocks_per_request}",
                 e,
@@ -489,16 +475,16 @@ class ArSpecMachine:
         n = e.num_tokens
         if r.request_id in st.scheduled:
             raise self._fail(
-                "one_schedule_per_step",
+                ArRule.ONE_SCHEDULE_PER_STEP,
                 f"{r.request_id!r} scheduled twice in step {st.index}",
                 e,
             )
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise self._fail("one_schedule_per_step", f"scheduled {n!r} tokens (>= 1)", e)
+            raise self._fail(ArRule.ONE_SCHEDULE_PER_STEP, f"scheduled {n!r} tokens (>= 1)", e)
         uncomputed = r.known - r.num_computed
         if n > uncomputed:
             raise self._fail(
-                "no_compute_past_known",
+                ArRule.NO_COMPUTE_PAST_KNOWN,
                 f"{r.request_id!r} scheduled {n} tokens but only {uncomputed} are known and "
                 f"uncomputed ({r.known} known, {r.num_computed} computed)",
                 e,
@@ -506,14 +492,14 @@ class ArSpecMachine:
         used = sum(st.scheduled.values())
         if rules.token_budget and used + n > cfg.max_num_batched_tokens:
             raise self._fail(
-                "token_budget",
+                ArRule.TOKEN_BUDGET,
                 f"step {st.index} would schedule {used + n} tokens; "
                 f"max_num_batched_tokens={cfg.max_num_batched_tokens}",
                 e,
             )
         if not cfg.enable_chunked_prefill and n != uncomputed:
             raise self._fail(
-                "no_chunking_when_disabled",
+                ArRule.NO_CHUNKING_WHEN_DISABLED,
                 f"{r.request_id!r} scheduled {n} of its {uncomputed} uncomputed tokens with "
                 f"chunked prefill off",
                 e,
@@ -524,21 +510,21 @@ class ArSpecMachine:
             and not (self.policy.lone_request_threshold_exempt and self._is_alone())
         ):
             raise self._fail(
-                "long_prefill_threshold",
+                ArRule.LONG_PREFILL_THRESHOLD,
                 f"{r.request_id!r} scheduled {n} tokens > long_prefill_token_threshold="
                 f"{cfg.long_prefill_token_threshold}",
                 e,
             )
         if rules.token_cap is not None and n > rules.token_cap:
             raise self._fail(
-                "token_fairness_cap",
+                ArRule.TOKEN_FAIRNESS_CAP,
                 f"{r.request_id!r} scheduled {n} tokens > cap {rules.token_cap}",
                 e,
             )
         have = len(r.blocks) * cfg.block_size
         if have < r.num_computed + n:
             raise self._fail(
-                "kv_covers_scheduled",
+                ArRule.KV_COVERS_SCHEDULED,
                 f"{r.request_id!r} computes {r.num_computed} + {n} tokens but holds "
                 f"{len(r.blocks)} blocks ({have} tokens)",
                 e,
@@ -569,14 +555,14 @@ class ArSpecMachine:
             rest = cfg.blocks_for(r.known) - len(r.blocks)
             if rest > free:
                 raise self._fail(
-                    "full_sequence_admission",
+                    ArRule.FULL_SEQUENCE_ADMISSION,
                     f"admitted {r.request_id!r} whose whole sequence ({r.known} tokens) needs "
                     f"{rest} more block(s) than it holds, with {free} free",
                     e,
                 )
         if self.watermark and free < self.watermark:
             raise self._fail(
-                "admission_watermark",
+                ArRule.ADMISSION_WATERMARK,
                 f"admitting {r.request_id!r} leaves {free} free block(s) < watermark "
                 f"{self.watermark}",
                 e,
@@ -587,7 +573,7 @@ class ArSpecMachine:
         st = self._step
         if self.rules.soft_preemption and st.preempted:
             raise self._fail(
-                "soft_preemption",
+                ArRule.SOFT_PREEMPTION,
                 f"{r.request_id!r} (waiting) gets {type(e).__name__} in a step that preempted "
                 f"{st.preempted}: under soft preemption a waiting request never evicts",
                 e,
@@ -599,19 +585,19 @@ class ArSpecMachine:
         self._check_gates(r, e)
         if r.phase is ArPhase.PREEMPTED and not rules.admit_after_preemption:
             raise self._fail(
-                "no_admission_after_preemption",
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"{r.request_id!r} re-admitted in the step that preempted it",
                 e,
             )
         if st.preempted and not rules.admit_after_preemption:
             raise self._fail(
-                "no_admission_after_preemption",
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"admitted {r.request_id!r} in a step that preempted {st.preempted}",
                 e,
             )
         if len(self._running) + 1 > cfg.max_num_seqs:
             raise self._fail(
-                "seat_cap",
+                ArRule.SEAT_CAP,
                 f"admitting {r.request_id!r} makes {len(self._running) + 1} running; "
                 f"max_num_seqs={cfg.max_num_seqs}",
                 e,
@@ -620,7 +606,7 @@ class ArSpecMachine:
             older = [q for q in self._running if q not in st.admitted]
             if older:
                 raise self._fail(
-                    "static_batch",
+                    ArRule.STATIC_BATCH,
                     f"admitted {r.request_id!r} while the batch {older} is still running",
                     e,
                 )
@@ -631,7 +617,7 @@ class ArSpecMachine:
                 oldest = min(aged, key=lambda q: q.arrival)
                 if oldest is not r:
                     raise self._fail(
-                        "aging_bound",
+                        ArRule.AGING_BOUND,
                         f"admitted {r.request_id!r} while {oldest.request_id!r} has waited "
                         f"{self._waited(oldest)} >= max_wait_steps={rules.max_wait_steps} steps",
                         e,
@@ -640,7 +626,7 @@ class ArSpecMachine:
         if rules.admission is AdmissionOrder.FCFS:
             if self._waiting[0] != r.request_id:
                 raise self._fail(
-                    "fcfs_admission",
+                    ArRule.FCFS_ADMISSION,
                     f"admitted {r.request_id!r} while {self._waiting[0]!r} is ahead of it "
                     f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''})",
                     e,
@@ -652,7 +638,7 @@ class ArSpecMachine:
         )
         if mine != admission_key(rules, best):
             raise self._fail(
-                "policy_admission",
+                ArRule.POLICY_ADMISSION,
                 f"{rules.admission.value}: admitted {r.request_id!r} (key {mine}) while "
                 f"{best.request_id!r} has key {admission_key(rules, best)}",
                 e,
@@ -663,18 +649,20 @@ class ArSpecMachine:
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
         if r.phase is not ArPhase.RUNNING:
-            raise self._fail("lifecycle", f"preempted {r.request_id!r}, which is not running", e)
+            raise self._fail(
+                ArRule.LIFECYCLE, f"preempted {r.request_id!r}, which is not running", e
+            )
         any_running = rules.victim is VictimOrder.LOWEST_PRIORITY_ANY
         if r.request_id in st.scheduled and not any_running:
             raise self._fail(
-                "no_preempt_scheduled",
+                ArRule.NO_PREEMPT_SCHEDULED,
                 f"{r.request_id!r} was already scheduled {st.scheduled[r.request_id]} tokens in "
                 f"step {st.index}",
                 e,
             )
         if rules.victim is VictimOrder.NONE:
             raise self._fail(
-                "preemption_victim", "this scheduler declared that it never preempts", e
+                ArRule.PREEMPTION_VICTIM, "this scheduler declared that it never preempts", e
             )
         candidates = [
             self._requests[q] for q in self._running if any_running or q not in st.scheduled
@@ -687,7 +675,7 @@ class ArSpecMachine:
             self._check_soft_preemption_needed(r, e)
         if expected is not r:
             raise self._fail(
-                "preemption_victim",
+                ArRule.PREEMPTION_VICTIM,
                 f"preempted {r.request_id!r}; the {rules.victim.value} victim is "
                 f"{expected.request_id!r}",
                 e,
@@ -695,15 +683,15 @@ class ArSpecMachine:
         for b in e.freed:
             if r.request_id not in self._holders.get(b, ()):
                 raise self._fail(
-                    "free_owned_only",
+                    ArRule.FREE_OWNED_ONLY,
                     f"{r.request_id!r} freed block {b}, held by {sorted(self._holders.get(b, ()))}",
                     e,
                 )
         if len(set(e.freed)) != len(e.freed):
-            raise self._fail("free_owned_only", f"blocks {list(e.freed)} freed twice", e)
+            raise self._fail(ArRule.FREE_OWNED_ONLY, f"blocks {list(e.freed)} freed twice", e)
         if sorted(e.freed) != sorted(r.blocks):
             raise self._fail(
-                "preempt_frees_all",
+                ArRule.PREEMPT_FREES_ALL,
                 f"preempted {r.request_id!r} freed {sorted(e.freed)} of its blocks "
                 f"{sorted(r.blocks)}",
                 e,
@@ -736,7 +724,7 @@ class ArSpecMachine:
         ]
         if not short:
             raise self._fail(
-                "soft_preemption",
+                ArRule.SOFT_PREEMPTION,
                 f"preempted {r.request_id!r} with {free} free block(s), enough for the next "
                 f"token of every running request: under soft preemption only a running "
                 f"request short of KV may cause a preemption",
@@ -748,14 +736,14 @@ class ArSpecMachine:
         cfg, rules, st = self.config, self.rules, self._step
         if e.step_index != st.index:
             raise self._fail(
-                "step_order", f"step {e.step_index} ended; expected step {st.index}", e
+                ArRule.STEP_ORDER, f"step {e.step_index} ended; expected step {st.index}", e
             )
         if not st.in_schedule_phase:
             self._check_finished_released(e)
         total = sum(st.scheduled.values())
         if total == 0 and (self._running or self._waiting):
             raise self._fail(
-                "progress",
+                ArRule.PROGRESS,
                 f"step {st.index} scheduled nothing with {len(self._running)} running and "
                 f"{len(self._waiting)} waiting",
                 e,
@@ -764,7 +752,7 @@ class ArSpecMachine:
             starved = [q for q in self._running if q not in st.scheduled]
             if starved:
                 raise self._fail(
-                    "token_fairness_floor",
+                    ArRule.TOKEN_FAIRNESS_FLOOR,
                     f"running {starved} got no token in step {st.index}",
                     e,
                 )
@@ -772,7 +760,7 @@ class ArSpecMachine:
             r = self._requests[rid]
             if len(r.blocks) * cfg.block_size < r.num_computed + n:
                 raise self._fail(
-                    "kv_covers_scheduled",
+                    ArRule.KV_COVERS_SCHEDULED,
                     f"{rid!r} computes {r.num_computed} + {n} tokens but holds {len(r.blocks)} "
                     f"blocks at the end of the step",
                     e,
@@ -795,20 +783,22 @@ class ArSpecMachine:
         r = self._requests.get(rid)
         if r is None and rid in self._ended:
             raise self._fail(
-                "free_owned_only",
+                ArRule.FREE_OWNED_ONLY,
                 f"{rid!r} ({self._ended[rid][0].value}, holding nothing) freed blocks "
                 f"{list(e.blocks)} (double free or foreign)",
                 e,
             )
         r = self._active(rid, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
-            raise self._fail("free_owned_only", f"blocks {list(e.blocks)} empty or repeated", e)
+            raise self._fail(
+                ArRule.FREE_OWNED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
+            )
         for b in e.blocks:
             holders = self._holders.get(b, set())
             if rid not in holders:
                 what = "free" if not holders else f"held by {sorted(holders)}"
                 raise self._fail(
-                    "free_owned_only",
+                    ArRule.FREE_OWNED_ONLY,
                     f"{rid!r} freed block {b}, which is {what} (double free or foreign)",
                     e,
                 )
@@ -821,11 +811,13 @@ class ArSpecMachine:
     def _finished(self, e: ArFinished) -> None:
         r = self._active(e.request_id, e)
         if r.phase is not ArPhase.RUNNING:
-            raise self._fail("lifecycle", f"{r.request_id!r} finished while {r.phase.value}", e)
+            raise self._fail(
+                ArRule.LIFECYCLE, f"{r.request_id!r} finished while {r.phase.value}", e
+            )
         due = finish_reason(r)
         if due is None:
             raise self._fail(
-                "finish_condition",
+                ArRule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with {r.num_output}/{r.max_tokens} outputs and no "
                 f"end token (stop_after={r.stop_after})",
                 e,
@@ -835,11 +827,11 @@ class ArSpecMachine:
             allowed.add(ArFinishReason.LENGTH)
         if e.reason not in allowed:
             raise self._fail(
-                "finish_condition", f"reason {e.reason.value}; what holds is {due.value}", e
+                ArRule.FINISH_CONDITION, f"reason {e.reason.value}; what holds is {due.value}", e
             )
         if r.blocks:
             raise self._fail(
-                "terminal_holds_nothing",
+                ArRule.TERMINAL_HOLDS_NOTHING,
                 f"{r.request_id!r} finished still holding blocks {r.blocks}",
                 e,
             )
@@ -859,9 +851,9 @@ class ArSpecMachine:
         """The named invariants over the whole state (`spec.ar.invariants.check_all`)."""
         failure = check_all(self.state(), between_steps)
         if failure is not None:
-            raise self._fail(failure[0], failure[1], None)
+            raise self._fail(ArRule(failure[0]), failure[1], None)
 
-    def _incremental_failure(self, between_steps: bool) -> tuple[str, str] | None:
+    def _incremental_failure(self, between_steps: bool) -> tuple[ArRule, str] | None:
         cfg = self.config
         reqs = [self._requests[q] for q in self._dirty if q in self._requests]
         blocks = list(self._dirty_blocks)
@@ -874,19 +866,19 @@ class ArSpecMachine:
             if holders is None:
                 continue
             if not 0 <= b < cfg.num_blocks:
-                return "block_conservation", f"block {b} outside the pool"
+                return ArRule.BLOCK_CONSERVATION, f"block {b} outside the pool"
             for rid in holders:
                 r = self._requests.get(rid)
                 if r is None or b not in r.blocks:
                     return (
-                        "block_conservation",
+                        ArRule.BLOCK_CONSERVATION,
                         f"block {b} is held by {rid!r}, whose block table does not list it",
                     )
         for r in reqs:
             for b in r.blocks:
                 if r.request_id not in self._holders.get(b, ()):
                     return (
-                        "block_conservation",
+                        ArRule.BLOCK_CONSERVATION,
                         f"{r.request_id!r} lists block {b}, held by "
                         f"{sorted(self._holders.get(b, ()))}",
                     )
@@ -894,12 +886,12 @@ class ArSpecMachine:
             for b in blocks:
                 if len(self._holders.get(b, ())) > 1:
                     return (
-                        "kv_exclusive",
+                        ArRule.KV_EXCLUSIVE,
                         f"block {b} is held by {sorted(self._holders[b])} with prefix caching off",
                     )
         null = cfg.null_block
         if null is not None and null in self._holders:
-            return "null_block_reserved", f"the null block {null} is held"
+            return ArRule.NULL_BLOCK_RESERVED, f"the null block {null} is held"
         for r in reqs:
             if (
                 r.phase is ArPhase.PREEMPTED
@@ -907,17 +899,20 @@ class ArSpecMachine:
                 and not self.rules.admit_after_preemption
             ):
                 return (
-                    "preempted_holds_nothing",
+                    ArRule.PREEMPTED_HOLDS_NOTHING,
                     f"preempted request {r.request_id!r} holds blocks {list(r.blocks)} and "
                     f"{r.num_computed} computed tokens",
                 )
         if len(self._running) > cfg.max_num_seqs:
-            return "seat_cap", f"{len(self._running)} running > max_num_seqs={cfg.max_num_seqs}"
+            return (
+                ArRule.SEAT_CAP,
+                f"{len(self._running)} running > max_num_seqs={cfg.max_num_seqs}",
+            )
         cap = cfg.max_blocks_per_request
         for r in reqs:
             if len(r.blocks) > cap:
                 return (
-                    "kv_bounded",
+                    ArRule.KV_BOUNDED,
                     f"{r.request_id!r} holds {len(r.blocks)} blocks; max_model_len needs at "
                     f"most {cap}",
                 )
@@ -929,14 +924,14 @@ class ArSpecMachine:
             r = self._requests[rid]
             if len(r.blocks) * cfg.block_size < r.num_computed:
                 return (
-                    "kv_covers_computed",
+                    ArRule.KV_COVERS_COMPUTED,
                     f"running {rid!r} computed {r.num_computed} tokens but holds only "
                     f"{len(r.blocks)} blocks of {cfg.block_size}",
                 )
         for r in between:
             if r.phase in AR_QUEUED_PHASES and (r.blocks or r.num_computed):
                 return (
-                    "waiting_holds_nothing",
+                    ArRule.WAITING_HOLDS_NOTHING,
                     f"waiting {r.request_id!r} holds blocks {list(r.blocks)} / "
                     f"{r.num_computed} computed tokens between steps",
                 )
@@ -960,7 +955,7 @@ class ArSpecMachine:
             )
             if bad:
                 raise self._fail(
-                    "refcount_matches",
+                    ArRule.REFCOUNT_MATCHES,
                     f"reference counts differ (block: implementation, holders in the spec): "
                     f"{dict(sorted(bad.items()))}",
                     None,
@@ -1003,26 +998,28 @@ class ArSpecMachine:
                 f"computed tokens differ: implementation {dict(snap.num_computed)}, spec {active}"
             )
         if problems:
-            raise self._fail("snapshot_matches", "; ".join(problems), None)
+            raise self._fail(ArRule.SNAPSHOT_MATCHES, "; ".join(problems), None)
         if self.rules.admission is AdmissionOrder.FCFS and list(snap.waiting) != self._waiting:
             raise self._fail(
-                "waiting_order",
+                ArRule.WAITING_ORDER,
                 f"implementation queue {list(snap.waiting)}, FCFS order {self._waiting}",
                 None,
             )
 
 
-_HANDLERS: dict[type, Callable[[ArSpecMachine, Any], None]] = {
-    ArSubmitted: ArSpecMachine._submitted,
-    ArCacheHit: ArSpecMachine._cache_hit,
-    ArCacheEvicted: ArSpecMachine._cache_evicted,
-    ArBlocksAllocated: ArSpecMachine._blocks_allocated,
-    ArScheduled: ArSpecMachine._scheduled,
-    ArPreempted: ArSpecMachine._preempted,
-    ArStepEnd: ArSpecMachine._step_end,
-    ArBlocksFreed: ArSpecMachine._blocks_freed,
-    ArFinished: ArSpecMachine._finished,
-    ArAborted: ArSpecMachine._aborted,
-}
+ArSpecMachine.handlers = MappingProxyType(
+    {
+        ArSubmitted: ArSpecMachine._submitted,
+        ArCacheHit: ArSpecMachine._cache_hit,
+        ArCacheEvicted: ArSpecMachine._cache_evicted,
+        ArBlocksAllocated: ArSpecMachine._blocks_allocated,
+        ArScheduled: ArSpecMachine._scheduled,
+        ArPreempted: ArSpecMachine._preempted,
+        ArStepEnd: ArSpecMachine._step_end,
+        ArBlocksFreed: ArSpecMachine._blocks_freed,
+        ArFinished: ArSpecMachine._finished,
+        ArAborted: ArSpecMachine._aborted,
+    }
+)
 
 __all__ = ["ArSpecMachine", "admission_key", "finish_reason"]
