@@ -11,9 +11,7 @@ Example counts: CI runs SCHEDSPEC_VLLM_EXAMPLES (default 40) examples per suite;
 
 from __future__ import annotations
 
-import contextlib
 import os
-import random
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -26,10 +24,10 @@ from integrations.vllm import (
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
 )
+from integrations.vllm.differential import decisions, first_difference, program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
-from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import (
     ArBlocksAllocated,
@@ -38,9 +36,8 @@ from spec.ar.events import (
     ArFinishReason,
     ArPreempted,
     ArScheduled,
-    ArStepEnd,
 )
-from spec.errors import ConfigError, RequestError, RequestTooLarge, UnknownRequest
+from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
@@ -201,100 +198,15 @@ def test_unsupported_configurations_are_typed_errors() -> None:
 
 
 # ---------------------------------------------------------------- differential vs the reference
-def _program(seed: int) -> tuple[ArConfig, list[list[ArRequest]]]:
-    """A random configuration and, per step, the requests that arrive before it."""
-    rnd = random.Random(seed)
-    bs = rnd.choice([1, 2, 4])
-    max_model_len = rnd.randint(4, 24)
-    seqs = rnd.randint(1, 4)
-    chunked = rnd.random() < 0.8
-    low = max(seqs, 1 if chunked else max_model_len)
-    one = -(-(max_model_len - 1) // bs)
-    config = ArConfig(
-        block_size=bs,
-        num_blocks=rnd.randint(one, 2 * one + 1) + 1,
-        max_num_batched_tokens=rnd.randint(low, max(low, 2 * max_model_len)),
-        max_num_seqs=seqs,
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=(
-            rnd.randint(1, max_model_len) if chunked and rnd.random() < 0.4 else 0
-        ),
-        enable_chunked_prefill=chunked,
-        policy=rnd.choice([Policy.FCFS, Policy.FCFS, Policy.PRIORITY]),
-    )
-    arrivals: list[list[ArRequest]] = []
-    n = 0
-    for _ in range(rnd.randint(1, 8)):
-        batch = []
-        for _ in range(rnd.choice([0, 1, 1, 2, 3])):
-            prompt = rnd.randint(1, max_model_len - 1)
-            batch.append(
-                ArRequest(
-                    f"r{n}",
-                    prompt,
-                    rnd.randint(1, max_model_len - prompt),
-                    stop_after=rnd.choice([None, None, rnd.randint(1, 6)]),
-                    priority=rnd.randint(0, 3),
-                )
-            )
-            n += 1
-        arrivals.append(batch)
-    return config, arrivals
-
-
-Decision = tuple[tuple[tuple[str, int], ...], tuple[str, ...], tuple[str, ...]]
-
-
-def _decisions(
-    factory: ArImplementationFactory, config: ArConfig, arrivals: list[list[ArRequest]]
-) -> list[Decision]:
-    """Per step: (request, tokens) scheduled, requests preempted, requests finished after it."""
-    events: list[ArEvent] = []
-    impl = factory(config, events.append)
-    for batch in arrivals:
-        for req in batch:
-            # both refuse the same invalid requests (validate_ar_request)
-            with contextlib.suppress(RequestError):
-                impl.submit(req)
-        impl.step()
-    impl.drain(2_000)
-    out: list[Decision] = []
-    sched: list[tuple[str, int]] = []
-    pre: list[str] = []
-    for e in events:
-        if isinstance(e, ArScheduled):
-            sched.append((e.request_id, e.num_tokens))
-        elif isinstance(e, ArPreempted):
-            pre.append(e.request_id)
-            # a victim scheduled earlier in the step is unscheduled (vLLM's priority policy)
-            sched = [(rid, n) for rid, n in sched if rid != e.request_id]
-        elif isinstance(e, ArStepEnd):
-            out.append((tuple(sorted(sched)), tuple(pre), ()))
-            sched, pre = [], []
-        elif isinstance(e, ArFinished) and out:
-            s, p, f = out[-1]
-            out[-1] = (s, p, (*f, e.request_id))
-    return out
-
-
-def _first_difference(a: list[Decision], b: list[Decision]) -> str | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"step {i}: vLLM {x}, reference {y}"
-    if len(a) != len(b):
-        return f"vLLM ran {len(a)} steps, the reference {len(b)}"
-    return None
-
-
 def test_reference_is_decision_identical_to_real_vllm() -> None:
     """The `vllm-v1` built-in (reference.ar.vllm_v1:VLLM_V1) and vLLM 0.33.0 make the same
     decisions (scheduled tokens, preemptions, finishes, step by step) on generated programs."""
     diffs: list[str] = []
     for seed in range(PROGRAMS):
-        config, arrivals = _program(seed)
-        real = _decisions(REAL_VLLM.factory, config, arrivals)
-        ref = _decisions(VLLM_V1.factory, config, arrivals)
-        d = _first_difference(real, ref)
+        config, arrivals = program(seed)
+        real = decisions(REAL_VLLM.factory, config, arrivals)
+        ref = decisions(VLLM_V1.factory, config, arrivals)
+        d = first_difference(real, ref)
         if d is not None:
             diffs.append(f"seed {seed} {config}: {d}")
     assert not diffs, f"{len(diffs)} of {PROGRAMS} programs differ; first: {diffs[:3]}"
@@ -305,10 +217,10 @@ def test_the_idealised_reference_differs_where_vllm_declares_options() -> None:
     no lone-request exemption, victim among unscheduled requests) differs from vLLM."""
     differing = 0
     for seed in range(60):
-        config, arrivals = _program(seed)
-        real = _decisions(REAL_VLLM.factory, config, arrivals)
-        ideal = _decisions(make_vllm_v1, config, arrivals)
-        differing += _first_difference(real, ideal) is not None
+        config, arrivals = program(seed)
+        real = decisions(REAL_VLLM.factory, config, arrivals)
+        ideal = decisions(make_vllm_v1, config, arrivals)
+        differing += first_difference(real, ideal) is not None
     assert differing > 0
 
 
