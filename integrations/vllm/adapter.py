@@ -15,7 +15,7 @@ Stubs and substitutes (every one):
   written at run time under the engine directory (`ModelConfig` reads it; nothing downloaded).
   vLLM inspects the architecture once in a subprocess (`ModelRegistry`), caching the result in
   `VLLM_CACHE_ROOT`, which we point at the engine directory; that subprocess needs the engine on
-  `PYTHONPATH`, so activation prepends it there (only in processes that use vLLM).
+  `PYTHONPATH`, so building a `ModelConfig` prepends it there for that call only.
 - the forward pass: a fabricated `ModelRunnerOutput` per step. A request whose computed tokens
   reach its known tokens samples one token: the end token (`STOP_TOKEN`, declared as the
   request's `stop_token_ids`) as output number `stop_after`, else a token that depends only on
@@ -44,6 +44,7 @@ with vLLM's own finish reason. `abort` does the same around `finish_requests`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -132,12 +133,7 @@ def load_vllm() -> _Vllm:
     if _MODULES is not None:
         return _MODULES
     MANIFEST.activate()
-    engine_dir = str(MANIFEST.directory)
     os.environ.setdefault("VLLM_CACHE_ROOT", str(MANIFEST.directory / "schedspec-vllm-cache"))
-    # vLLM inspects the model class in a subprocess (once; cached): it must find vLLM too.
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if engine_dir not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([engine_dir, *parts])
     imp = importlib.import_module
     _MODULES = _Vllm(
         torch=imp("torch"),
@@ -462,15 +458,32 @@ def _model_config(v: _Vllm, max_model_len: int) -> Any:
     config.json and validates; the scheduler only reads it)."""
     mc = _MODEL_CONFIGS.get(max_model_len)
     if mc is None:
-        mc = v.config.ModelConfig(
-            model=str(model_dir()),
-            skip_tokenizer_init=True,
-            max_model_len=max_model_len,
-            dtype="float32",
-            seed=0,
-        )
+        with _engine_on_pythonpath():
+            mc = v.config.ModelConfig(
+                model=str(model_dir()),
+                skip_tokenizer_init=True,
+                max_model_len=max_model_len,
+                dtype="float32",
+                seed=0,
+            )
         _MODEL_CONFIGS[max_model_len] = mc
     return mc
+
+
+@contextlib.contextmanager
+def _engine_on_pythonpath() -> Iterator[None]:
+    """vLLM inspects the model class in a subprocess (once; the result is cached under
+    VLLM_CACHE_ROOT): that subprocess must find vLLM too. Only for that call, so no other
+    subprocess of this process sees the engine's packages."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(MANIFEST.directory), *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 def _check_effective(sched: Any, config: ArConfig) -> None:
