@@ -17,9 +17,10 @@ Stubs and substitutes (every one):
   `VLLM_CACHE_ROOT`, which we point at the engine directory; that subprocess needs the engine on
   `PYTHONPATH`, so building a `ModelConfig` prepends it there for that call only.
 - the forward pass: a fabricated `ModelRunnerOutput` per step. A request whose computed tokens
-  reach its known tokens samples one token: the end token (`STOP_TOKEN`, declared as the
-  request's `stop_token_ids`) as output number `stop_after`, else a token that depends only on
-  the request and the output index (deterministic: the same program gives the same run).
+  reach its known tokens samples one token: the request's own end token (declared as its
+  `stop_token_ids`) as output number `stop_after`, else a token fixed by the request and the
+  output index (deterministic; never shared between requests, as in the spec's content model,
+  so prefix caching shares blocks only through common prompts).
 - the KV cache layout: a `KVCacheConfig` with one full-attention group (`FullAttentionSpec`,
   one KV head of size 1, float32) and `num_blocks` blocks; no tensors are allocated (the
   scheduler never touches them).
@@ -73,10 +74,14 @@ from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.snapshot import ArSnapshot
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
 
-# The sampled token ids of the fabricated model. Prompts we invent for requests that share
-# nothing use ids from UNSHARED_BASE on, one id per request, so no two share a cached block.
-STOP_TOKEN = 2
+# Token ids. Prompts we invent for requests that share nothing use one id per request from
+# UNSHARED_BASE on. Sampled tokens are the request's own too (as in the spec's content model:
+# outputs are never shared), so two requests share a cached block only through a common prompt:
+# output number i of the request with arrival index a is OUTPUT_BASE + a * 2**32 + i, and its
+# end token (its only `stop_token_ids` entry) STOP_BASE + a.
 UNSHARED_BASE = 1_000_000
+STOP_BASE = 1 << 39
+OUTPUT_BASE = 1 << 40
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -91,7 +96,7 @@ TINY_LLAMA = {
     "rms_norm_eps": 1e-5,
     "torch_dtype": "float32",
     "bos_token_id": 1,
-    "eos_token_id": STOP_TOKEN,
+    "eos_token_id": 2,
 }
 
 
@@ -183,6 +188,7 @@ class RealVllmScheduler:
         self.v = load_vllm()
         self.sched: Any = self._build(config)
         self.specs: dict[str, ArRequest] = {}
+        self.arrival_of: dict[str, int] = {}
         self.arrivals = 0
         self.step_index = 0
         self.ended: set[str] = set()
@@ -261,7 +267,7 @@ class RealVllmScheduler:
         )
         params = self.v.sampling.SamplingParams(
             max_tokens=request.max_tokens,
-            stop_token_ids=[STOP_TOKEN],
+            stop_token_ids=[STOP_BASE + self.arrivals],
             ignore_eos=True,
         )
         req = self.v.request.Request(
@@ -274,6 +280,7 @@ class RealVllmScheduler:
             block_hasher=self.hasher,
         )
         self.specs[rid] = request
+        self.arrival_of[rid] = self.arrivals
         self.arrivals += 1
         self.sched.add_request(req)
         s = request
@@ -434,10 +441,10 @@ class RealVllmScheduler:
 
     def _token(self, rid: str, index: int) -> int:
         """Output token number `index` (1-based) of request `rid`."""
-        spec = self.specs[rid]
+        spec, a = self.specs[rid], self.arrival_of[rid]
         if spec.stop_after is not None and index == spec.stop_after:
-            return STOP_TOKEN
-        return 10 + index % 50
+            return STOP_BASE + a
+        return OUTPUT_BASE + a * (1 << 32) + index
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         reasons = self.v.engine.FinishReason
@@ -516,9 +523,10 @@ def make_real_vllm_prefix(config: ArConfig, sink: ArEventSink) -> RealVllmSchedu
 
 
 __all__ = [
+    "OUTPUT_BASE",
     "SPACE",
     "SPACE_PREFIX",
-    "STOP_TOKEN",
+    "STOP_BASE",
     "RealVllmScheduler",
     "load_vllm",
     "make_real_vllm",
