@@ -143,6 +143,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._claimed_pages = 0  # worst-case pages of the active requests
         self._dirty: dict[str, None] = {}  # requests touched since the last check
         self._dirty_rows: set[int] = set()
+        self._dirty_blocks: set[SlotOwner] = set()  # (request, block) whose slots changed
         self._round = _Round()
         self._unreported: dict[str, None] = {}  # finished, output not yet reported (in order)
 
@@ -273,9 +274,11 @@ class SpecMachine(MachineBase[Event, Rule]):
     def _own(self, slot: int, owner: SlotOwner) -> None:
         self._owner[slot] = owner
         self._blocks.setdefault(owner[0], {}).setdefault(owner[1], set()).add(slot)
+        self._dirty_blocks.add(owner)
 
     def _disown(self, slot: int) -> None:
         rid, block = self._owner.pop(slot)
+        self._dirty_blocks.add((rid, block))
         blocks = self._blocks[rid]
         blocks[block].discard(slot)
         if not blocks[block]:
@@ -979,22 +982,33 @@ class SpecMachine(MachineBase[Event, Rule]):
         `check_invariants` (the full check, kept for audits) fails, naming the same rule.
         """
         reqs = [self._requests[rid] for rid in self._dirty]
-        rows = self._dirty_rows
+        rows, blocks = self._dirty_rows, self._dirty_blocks
         self._dirty = {}
         self._dirty_rows = set()
-        failure = self._changed_failure(reqs, rows)
+        self._dirty_blocks = set()
+        failure = self._changed_failure(reqs, rows, blocks)
         if failure is not None:
             raise self._fail(failure[0], failure[1], None)
 
-    def _changed_failure(self, reqs: list[_Request], rows: set[int]) -> tuple[Rule, str] | None:
+    def _changed_failure(
+        self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]
+    ) -> tuple[Rule, str] | None:
+        """The first invariant broken by the changed requests, rows and blocks (in the order
+        of `INVARIANTS`). Per-slot work only for blocks whose slots changed."""
         cfg = self.config
         total, b, p = cfg.kv_slots, cfg.block_size, cfg.page_size
-        for r in reqs:  # no_leak
+        changed = sorted(
+            (owner, sorted(self._blocks[owner[0]][owner[1]]))
+            for owner in blocks
+            if owner[1] in self._blocks.get(owner[0], ())
+        )
+        for _owner, owned in changed:  # no_leak: slots inside the pool
+            if owned[0] < 0 or owned[-1] >= total:
+                bad = owned[0] if owned[0] < 0 else owned[-1]
+                return Rule.NO_LEAK, f"slot {bad} outside the pool"
+        for r in reqs:  # no_leak: owned blocks are live
             cur = r.current
             for block, slots in self._blocks.get(r.request_id, {}).items():
-                for slot in sorted(slots):
-                    if not 0 <= slot < total:
-                        return Rule.NO_LEAK, f"slot {slot} outside the pool"
                 live = block < r.committed_blocks or (cur is not None and cur.index == block)
                 if not live:
                     return Rule.NO_LEAK, (
@@ -1036,30 +1050,21 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"{r.request_id!r} records row {r.row}, which the pool gives to "
                     f"{self._rows.get(r.row)!r}"
                 )
-        for r in reqs:  # whole_block_alloc
-            for block, slots in self._blocks.get(r.request_id, {}).items():
-                if len(slots) != b:
-                    return Rule.WHOLE_BLOCK_ALLOC, (
-                        f"block {(r.request_id, block)} owns {len(slots)} slots, not {b}"
-                    )
-        for r in reqs:  # page_alignment
-            for block, slots in self._blocks.get(r.request_id, {}).items():
-                ordered = sorted(slots)
-                first, last = ordered[0], ordered[-1]
-                if last - first + 1 != len(ordered):
-                    return Rule.PAGE_ALIGNMENT, (
-                        f"block {block} of {r.request_id!r} is not contiguous: {ordered}"
-                    )
-                if first % p != (block * b) % p or first // p != last // p:
-                    return Rule.PAGE_ALIGNMENT, (
-                        f"block {block} of {r.request_id!r} is misaligned in its page: {ordered}"
-                    )
-                page = first // p
-                users = {
-                    self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner
-                }
-                if len(users) > 1:
-                    return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
+        for owner, ordered in changed:  # whole_block_alloc
+            if len(ordered) != b:
+                return Rule.WHOLE_BLOCK_ALLOC, f"block {owner} owns {len(ordered)} slots, not {b}"
+        for (rid, block), ordered in changed:  # page_alignment
+            first, last = ordered[0], ordered[-1]
+            if last - first + 1 != len(ordered):
+                return Rule.PAGE_ALIGNMENT, f"block {block} of {rid!r} is not contiguous: {ordered}"
+            if first % p != (block * b) % p or first // p != last // p:
+                return Rule.PAGE_ALIGNMENT, (
+                    f"block {block} of {rid!r} is misaligned in its page: {ordered}"
+                )
+            page = first // p
+            users = {self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner}
+            if len(users) > 1:
+                return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
         for r in reqs:  # reuse_keeps_slots
             cur = r.current
             if r.phase in ACTIVE_PHASES and cur is not None and cur.slots is not None:
