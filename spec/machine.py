@@ -93,6 +93,9 @@ class _Round:
     admitted: int = 0
 
 
+_FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
+
+
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
     """Mask tokens in block `block_index` before any step: its positions past the prompt."""
     b = config.block_size
@@ -562,12 +565,12 @@ class SpecMachine(MachineBase[Event, Rule]):
     def _check_prefix(self, r: _Request, e: Event) -> None:
         b = self.config.block_size
         by_block = self._blocks.get(r.request_id, {})
-        counts = {k: len(v) for k, v in by_block.items()}
         for k in range(r.committed_blocks):
-            if counts.get(k, 0) != b:
+            held = len(by_block.get(k, ()))
+            if held != b:
                 raise self._fail(
                     Rule.COMMITTED_PREFIX_KEPT,
-                    f"committed block {k} of {r.request_id!r} holds {counts.get(k, 0)} of its "
+                    f"committed block {k} of {r.request_id!r} holds {held} of its "
                     f"{b} KV slots while the request is still active",
                     e,
                 )
@@ -829,7 +832,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         cfg = self.config
         cur = r.current
         return (
-            cfg.mode is Mode.FDFO
+            self.policy.rows_released_between_rounds
+            and cfg.mode is Mode.FDFO
             and not cfg.in_place_reuse
             and cur is not None
             and cur.phase in CARRIED_BLOCK_PHASES
@@ -986,7 +990,12 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._dirty = {}
         self._dirty_rows = set()
         self._dirty_blocks = set()
-        failure = self._changed_failure(reqs, rows, blocks)
+        if not reqs and not rows and not blocks:
+            failure = None  # nothing changed (a forward, a step, an end of round)
+            if len(self._running) > self.config.max_running_requests:
+                failure = self._changed_failure(reqs, rows, blocks)
+        else:
+            failure = self._changed_failure(reqs, rows, blocks)
         if failure is not None:
             raise self._fail(failure[0], failure[1], None)
 
@@ -1016,7 +1025,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                         f"is not live"
                     )
         for r in reqs:  # terminal_owns_nothing
-            if r.phase in TERMINAL_PHASES:
+            if r.phase is _FINISHED or r.phase is _ABORTED:
                 if r.request_id in self._blocks:
                     return Rule.TERMINAL_OWNS_NOTHING, (
                         f"{r.phase.value} request {r.request_id!r} owns KV slots"
@@ -1067,7 +1076,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
         for r in reqs:  # reuse_keeps_slots
             cur = r.current
-            if r.phase in ACTIVE_PHASES and cur is not None and cur.slots is not None:
+            if cur is not None and cur.slots is not None and r.request_id in self._running:
                 for slot in cur.slots:
                     if self._owner.get(slot) != (r.request_id, cur.index):
                         return Rule.REUSE_KEEPS_SLOTS, (
@@ -1080,7 +1089,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 return Rule.CARRIERS_IFF_UNFINISHED, (
                     f"carried block {cur.index} of {r.request_id!r} has no mask count"
                 )
-            if cur is not None and r.phase not in ACTIVE_PHASES:
+            if cur is not None and r.request_id not in self._running:
                 return Rule.CARRIERS_IFF_UNFINISHED, (
                     f"{r.phase.value} request {r.request_id!r} still has a current block"
                 )
