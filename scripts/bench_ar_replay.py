@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--interval",
         type=float,
-        default=2.0,
-        help="seconds between arrivals (a step takes 1 s; below ~2 s the queue grows without "
-        "bound, and the implementation's snapshot of its queue with it)",
+        default=4.0,
+        help="seconds between arrivals (a step takes 1 s; at 2 s and below the queue grows with "
+        "the run, and the implementation's per-step snapshot of its queue with it)",
     )
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
