@@ -12,6 +12,9 @@ Example counts: CI runs SCHEDSPEC_VLLM_EXAMPLES (default 40) examples per suite;
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -234,3 +237,31 @@ def test_events_are_reconstructed_in_step_order() -> None:
     assert first == [ArBlocksAllocated, ArScheduled, ArBlocksAllocated, ArScheduled]
     assert h.ended_steps() == h.spec.step_index
     assert h.outputs() == {"a": 5, "b": 5}
+
+
+def test_missing_install_names_the_install_command(tmp_path: Path) -> None:
+    """In a process without the install, the factory raises EngineNotInstalled (a ConfigError:
+    exit 2 from the CLI) naming `schedspec install-engines vllm` — before importing vLLM."""
+    code = (
+        "from integrations.vllm import REAL_VLLM\n"
+        "from spec.ar.config import ArConfig\n"
+        "from spec.errors import ConfigError\n"
+        "try:\n"
+        "    REAL_VLLM.factory(ArConfig(), print)\n"
+        "except ConfigError as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "import sys\n"
+        "print('vllm' in sys.modules)\n"
+    )
+    env = {**os.environ, "SCHEDSPEC_ENGINE_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+    ).stdout
+    assert out.startswith("EngineNotInstalled")
+    assert "schedspec install-engines vllm" in out
+    assert out.strip().endswith("False")
