@@ -11,14 +11,12 @@ The machine is deliberately direct: each guard is a few lines that read like the
 
 from __future__ import annotations
 
-import copy as _copy
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
 
-from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import RequestError, SpecViolation
+from spec.config import DllmConfig, Mode, RequestSpec, request_shape, validate_request
+from spec.errors import RequestError
 from spec.events import (
     Aborted,
     Admitted,
@@ -30,6 +28,7 @@ from spec.events import (
     Forward,
     KvAllocated,
     KvFreed,
+    RowAcquired,
     RowReleased,
     StepResult,
     Submitted,
@@ -43,10 +42,14 @@ from spec.lifecycles import (
     BlockPhase,
     RequestPhase,
 )
-from spec.snapshot import Snapshot
+from spec.machine_base import MachineBase
+from spec.profile import DllmAdmission, DllmPolicy
+from spec.rules import Rule
+from spec.snapshot import FinishedOutput, Snapshot
 from spec.state import (
     ACTIVE_PHASES,
     CARRIED_BLOCK_PHASES,
+    TERMINAL_PHASES,
     UNFINISHED_BLOCK_PHASES,
     AbstractState,
     BlockState,
@@ -76,6 +79,7 @@ class _Request:
     committed_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
     current: _Block | None = None
+    reason: FinishReason | None = None  # set by its Finished event
 
 
 @dataclass(slots=True)
@@ -86,6 +90,10 @@ class _Round:
     pending: dict[SlotOwner, int] = field(default_factory=dict)  # row -> input mask count
     newly_done_in_last_forward: bool = False
     committed: int = 0
+    admitted: int = 0
+
+
+_FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
 
 
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
@@ -115,42 +123,37 @@ def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]
     return gen
 
 
-class SpecMachine:
-    """The executable specification of a dLLM scheduler, driven by events."""
+class SpecMachine(MachineBase[Event, Rule]):
+    """The executable specification of a dLLM scheduler, driven by events.
 
-    def __init__(self, config: DllmConfig) -> None:
+    `policy` carries the implementation's declared choices (`spec.profile.DllmPolicy`); the
+    default is the idealised spec.
+    """
+
+    def __init__(self, config: DllmConfig, policy: DllmPolicy | None = None) -> None:
+        super().__init__()
         self.config = config
-        self._queue: list[str] = []
+        self.policy = policy if policy is not None else DllmPolicy()
+        # waiting queue as an ordered set (O(1) head, removal and membership)
+        self._queue: dict[str, None] = {}
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, SlotOwner] = {}
         self._rows: dict[int, str] = {}
+        # Indexes kept in step with the tables above, so every guard and the incremental
+        # invariant check cost what an event touches, not the size of the whole state.
+        self._running: dict[str, _Request] = {}  # active (admitted or running), admission order
+        self._blocks: dict[str, dict[int, set[int]]] = {}  # request -> block -> owned slots
+        self._claimed_pages = 0  # worst-case pages of the active requests
+        self._dirty: dict[str, None] = {}  # requests touched since the last check
+        self._dirty_rows: set[int] = set()
+        self._dirty_blocks: set[SlotOwner] = set()  # (request, block) whose slots changed
         self._round = _Round()
-        self.events_applied = 0
+        self._unreported: dict[str, None] = {}  # finished, output not yet reported (in order)
 
     # ------------------------------------------------------------------ views
     def state(self) -> AbstractState:
         """The current abstract state as frozen values."""
-        reqs = {
-            rid: RequestState(
-                request_id=r.request_id,
-                prompt=r.prompt,
-                max_new_tokens=r.max_new_tokens,
-                phase=r.phase,
-                row=r.row,
-                committed_blocks=r.committed_blocks,
-                tokens=tuple(r.tokens),
-                current=None
-                if r.current is None
-                else BlockState(
-                    r.current.index,
-                    r.current.phase,
-                    r.current.slots,
-                    r.current.alloc_round,
-                    r.current.masks,
-                ),
-            )
-            for rid, r in self._requests.items()
-        }
+        reqs = {rid: self._request_state(r) for rid, r in self._requests.items()}
         rnd = self._round
         return AbstractState(
             config=self.config,
@@ -169,11 +172,24 @@ class SpecMachine:
             ),
         )
 
+    @staticmethod
+    def _request_state(r: _Request) -> RequestState:
+        cur = r.current
+        return RequestState(
+            request_id=r.request_id,
+            prompt=r.prompt,
+            max_new_tokens=r.max_new_tokens,
+            phase=r.phase,
+            row=r.row,
+            committed_blocks=r.committed_blocks,
+            tokens=tuple(r.tokens),
+            current=None
+            if cur is None
+            else BlockState(cur.index, cur.phase, cur.slots, cur.alloc_round, cur.masks),
+        )
+
     def render(self) -> str:
         return render(self.state())
-
-    def copy(self) -> SpecMachine:
-        return _copy.deepcopy(self)
 
     @property
     def round_index(self) -> int:
@@ -181,9 +197,7 @@ class SpecMachine:
 
     def is_idle(self) -> bool:
         """No queued and no running request."""
-        return not self._queue and not any(
-            r.phase in ACTIVE_PHASES for r in self._requests.values()
-        )
+        return not self._queue and not self._running
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """Output of every finished request (see `request_output`)."""
@@ -199,88 +213,101 @@ class SpecMachine:
         return None if r is None else r.phase
 
     # ------------------------------------------------------------------ errors
-    def _fail(self, rule: str, detail: str, event: object | None) -> SpecViolation:
-        return SpecViolation(rule, detail, event, self.render())
-
     def _active(self, request_id: str, event: Event) -> _Request:
         r = self._requests.get(request_id)
         if r is None:
-            raise self._fail("known_request", f"request {request_id!r} was never submitted", event)
+            raise self._fail(
+                Rule.KNOWN_REQUEST, f"request {request_id!r} was never submitted", event
+            )
         if r.phase not in ACTIVE_PHASES:
             raise self._fail(
-                "known_request",
+                Rule.KNOWN_REQUEST,
                 f"request {request_id!r} is {r.phase.value}, not in the running set",
                 event,
             )
         return r
 
-    # ------------------------------------------------------------------ replay
-    def apply_all(self, events: Iterable[Event]) -> None:
-        for e in events:
-            self.apply(e)
-
-    def apply(self, event: Event) -> None:
-        """Check that `event` is enabled and apply its effect; raise SpecViolation if not."""
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            raise self._fail("lifecycle", f"unknown event type {type(event).__name__}", event)
-        handler(self, event)
-        self.events_applied += 1
-
-    def enabled(self, event: Event) -> str | None:
-        """None if `event` is enabled now, else the name of the rule it would break."""
-        try:
-            self.copy().apply(event)
-        except SpecViolation as v:
-            return v.rule
-        return None
-
     # --- between rounds -------------------------------------------------------
     def _submitted(self, e: Submitted) -> None:
         if e.request_id in self._requests:
-            raise self._fail("unique_submission", f"{e.request_id!r} submitted twice", e)
+            raise self._fail(Rule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
         try:
             validate_request(
                 self.config, RequestSpec(e.request_id, tuple(e.prompt), e.max_new_tokens)
             )
         except RequestError as err:
-            raise self._fail("valid_request", f"accepted an invalid request: {err}", e) from None
+            raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
         self._requests[e.request_id] = _Request(e.request_id, tuple(e.prompt), e.max_new_tokens)
-        self._queue.append(e.request_id)
+        self._queue[e.request_id] = None
+        self._dirty[e.request_id] = None
 
     def _aborted(self, e: Aborted) -> None:
         r = self._requests.get(e.request_id)
         if r is None or r.phase not in (RequestPhase.QUEUED, *ACTIVE_PHASES):
             phase = "never submitted" if r is None else r.phase.value
-            raise self._fail("known_request", f"abort of {e.request_id!r}, which is {phase}", e)
+            raise self._fail(Rule.KNOWN_REQUEST, f"abort of {e.request_id!r}, which is {phase}", e)
         if any(k[0] == e.request_id for k in self._round.pending):
-            raise self._fail("step_per_row", "aborted while a step result is pending", e)
+            raise self._fail(Rule.STEP_PER_ROW, "aborted while a step result is pending", e)
         if self._round.forwards:
             raise self._fail(
-                "scheduler_phase",
+                Rule.SCHEDULER_PHASE,
                 "aborted in the middle of a round (after its first forward); aborts happen "
                 "between rounds",
                 e,
             )
         self._require_owns_nothing(r, e)
-        if r.phase is RequestPhase.QUEUED:
-            self._queue.remove(r.request_id)
-        r.phase = RequestPhase.ABORTED
+        self._queue.pop(r.request_id, None)
+        self._set_phase(r, RequestPhase.ABORTED)
         r.current = None
 
+    # --- indexes ------------------------------------------------------------------
+    def _set_phase(self, r: _Request, phase: RequestPhase) -> None:
+        """Change a request's phase, keeping the active index and claimed pages in step."""
+        was, now = r.phase in ACTIVE_PHASES, phase in ACTIVE_PHASES
+        r.phase = phase
+        self._dirty[r.request_id] = None
+        if now and not was:
+            self._running[r.request_id] = r
+            self._claimed_pages += self._pages(r)
+        elif was and not now:
+            del self._running[r.request_id]
+            self._claimed_pages -= self._pages(r)
+
+    def _pages(self, r: _Request) -> int:
+        return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
+
+    def _own(self, slot: int, owner: SlotOwner) -> None:
+        self._owner[slot] = owner
+        self._blocks.setdefault(owner[0], {}).setdefault(owner[1], set()).add(slot)
+        self._dirty_blocks.add(owner)
+
+    def _disown(self, slot: int) -> None:
+        rid, block = self._owner.pop(slot)
+        self._dirty_blocks.add((rid, block))
+        blocks = self._blocks[rid]
+        blocks[block].discard(slot)
+        if not blocks[block]:
+            del blocks[block]
+        if not blocks:
+            del self._blocks[rid]
+
+    def _queue_head(self) -> str | None:
+        return next(iter(self._queue), None)
+
     def _require_owns_nothing(self, r: _Request, e: Event) -> None:
-        owned = sorted(s for s, o in self._owner.items() if o[0] == r.request_id)
+        by_block = self._blocks.get(r.request_id, {})
+        owned = sorted(s for slots in by_block.values() for s in slots)
         if owned:
-            blocks = sorted({self._owner[s][1] for s in owned})
+            blocks = sorted(by_block)
             raise self._fail(
-                "terminal_owns_nothing",
+                Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still owning {len(owned)} KV slots "
                 f"(blocks {blocks}, slots {owned})",
                 e,
             )
         if r.row is not None:
             raise self._fail(
-                "terminal_owns_nothing",
+                Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still holding request-pool row {r.row}",
                 e,
             )
@@ -290,66 +317,92 @@ class SpecMachine:
         r = self._requests.get(e.request_id)
         if r is None or r.phase is not RequestPhase.QUEUED:
             phase = "never submitted" if r is None else r.phase.value
-            raise self._fail("lifecycle", f"admission of {e.request_id!r}, which is {phase}", e)
+            raise self._fail(Rule.LIFECYCLE, f"admission of {e.request_id!r}, which is {phase}", e)
         if self._round.forwards:
-            raise self._fail("scheduler_phase", "admission after the round's first forward", e)
-        if self._queue[0] != e.request_id:
+            raise self._fail(Rule.SCHEDULER_PHASE, "admission after the round's first forward", e)
+        head = self._queue_head()
+        if head != e.request_id:
+            ahead = list(self._queue)[:8]
             raise self._fail(
-                "fcfs_admission",
-                f"admitted {e.request_id!r} while {self._queue[0]!r} is ahead of it "
-                f"(queue {self._queue})",
+                Rule.FCFS_ADMISSION,
+                f"admitted {e.request_id!r} while {head!r} is ahead of it (queue {ahead}"
+                f"{' ...' if len(self._queue) > 8 else ''})",
                 e,
             )
-        running = sum(1 for x in self._requests.values() if x.phase in ACTIVE_PHASES)
+        running = len(self._running)
         if running >= self.config.max_running_requests:
             raise self._fail(
-                "max_running",
+                Rule.MAX_RUNNING,
                 f"admission would make {running + 1} running requests; "
                 f"max_running_requests={self.config.max_running_requests}",
                 e,
             )
-        if not 0 <= e.row < self.config.req_pool_rows:
+        self._take_row(r, e.row, e)
+        del self._queue[e.request_id]
+        self._set_phase(r, RequestPhase.ADMITTED)
+        self._round.admitted += 1
+
+    def _row_acquired(self, e: RowAcquired) -> None:
+        r = self._active(e.request_id, e)
+        if self._round.forwards:
             raise self._fail(
-                "row_exclusive",
-                f"row {e.row} outside the request pool [0, {self.config.req_pool_rows})",
+                Rule.SCHEDULER_PHASE, "a row acquired after the round's first forward", e
+            )
+        if r.row is not None:
+            raise self._fail(
+                Rule.ROW_EXCLUSIVE,
+                f"{r.request_id!r} acquired row {e.row} while holding row {r.row}",
                 e,
             )
-        if e.row in self._rows:
+        self._take_row(r, e.row, e)
+
+    def _take_row(self, r: _Request, row: int, e: Event) -> None:
+        if not 0 <= row < self.config.req_pool_rows:
             raise self._fail(
-                "row_exclusive", f"row {e.row} is already held by {self._rows[e.row]!r}", e
+                Rule.ROW_EXCLUSIVE,
+                f"row {row} outside the request pool [0, {self.config.req_pool_rows})",
+                e,
             )
-        self._queue.pop(0)
-        self._rows[e.row] = e.request_id
-        r.row = e.row
-        r.phase = RequestPhase.ADMITTED
+        if row in self._rows:
+            raise self._fail(
+                Rule.ROW_EXCLUSIVE, f"row {row} is already held by {self._rows[row]!r}", e
+            )
+        self._rows[row] = r.request_id
+        r.row = row
+        self._dirty[r.request_id] = None
+        self._dirty_rows.add(row)
 
     def _kv_allocated(self, e: KvAllocated) -> None:
         cfg = self.config
         r = self._active(e.request_id, e)
         if self._round.forwards:
-            raise self._fail("scheduler_phase", "KV allocated after the round's first forward", e)
+            raise self._fail(
+                Rule.SCHEDULER_PHASE, "KV allocated after the round's first forward", e
+            )
         if r.row is None:
-            raise self._fail("row_exclusive", f"{r.request_id!r} allocates KV without a row", e)
+            raise self._fail(Rule.ROW_EXCLUSIVE, f"{r.request_id!r} allocates KV without a row", e)
         if e.block_index != r.committed_blocks:
             raise self._fail(
-                "whole_block_alloc",
+                Rule.WHOLE_BLOCK_ALLOC,
                 f"allocated block {e.block_index} but the next uncommitted block is "
                 f"{r.committed_blocks}",
                 e,
             )
         if len(e.slots) != cfg.block_size:
             raise self._fail(
-                "whole_block_alloc",
+                Rule.WHOLE_BLOCK_ALLOC,
                 f"allocated {len(e.slots)} slots for a block of {cfg.block_size}",
                 e,
             )
         bad = [s for s in e.slots if not 0 <= s < cfg.kv_slots]
         if bad:
-            raise self._fail("kv_exclusive", f"slots {bad} outside the pool [0, {cfg.kv_slots})", e)
+            raise self._fail(
+                Rule.KV_EXCLUSIVE, f"slots {bad} outside the pool [0, {cfg.kv_slots})", e
+            )
         taken = {s: self._owner[s] for s in e.slots if s in self._owner}
         if taken or len(set(e.slots)) != len(e.slots):
             raise self._fail(
-                "kv_exclusive", f"slots already owned (slot: owner) {taken or 'duplicated'}", e
+                Rule.KV_EXCLUSIVE, f"slots already owned (slot: owner) {taken or 'duplicated'}", e
             )
         self._check_page_alignment(r, e)
         cur = r.current
@@ -357,11 +410,11 @@ class SpecMachine:
             # Re-allocation of a carried block: only legal without in-place reuse.
             if cur.slots is not None:
                 raise self._fail(
-                    "whole_block_alloc", f"block {cur.index} already holds its slots", e
+                    Rule.WHOLE_BLOCK_ALLOC, f"block {cur.index} already holds its slots", e
                 )
             if cfg.in_place_reuse:
                 raise self._fail(
-                    "reuse_keeps_slots",
+                    Rule.REUSE_KEEPS_SLOTS,
                     f"block {cur.index} of {r.request_id!r} was re-allocated instead of reused "
                     f"in place",
                     e,
@@ -371,22 +424,23 @@ class SpecMachine:
         else:
             target = REQUEST_LIFECYCLE.target(r.phase.value, "kv_allocated")
             if target is None:  # pragma: no cover - ADMITTED always allows it
-                raise self._fail("lifecycle", f"{r.phase.value} cannot allocate", e)
+                raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot allocate", e)
             r.current = _Block(e.block_index, BlockPhase.MASKED, tuple(e.slots), self._round.index)
-            r.phase = RequestPhase(target)
+            self._set_phase(r, RequestPhase(target))
         for s in e.slots:
-            self._owner[s] = (r.request_id, e.block_index)
+            self._own(s, (r.request_id, e.block_index))
+        self._dirty[r.request_id] = None
 
     def _check_page_alignment(self, r: _Request, e: KvAllocated) -> None:
         cfg = self.config
         p = cfg.page_size
         slots = e.slots
         if any(slots[i] != slots[0] + i for i in range(len(slots))):
-            raise self._fail("page_alignment", f"slots {list(slots)} are not contiguous", e)
+            raise self._fail(Rule.PAGE_ALIGNMENT, f"slots {list(slots)} are not contiguous", e)
         offset = (e.block_index * cfg.block_size) % p
         if slots[0] % p != offset:
             raise self._fail(
-                "page_alignment",
+                Rule.PAGE_ALIGNMENT,
                 f"block {e.block_index} starts at page offset {offset} but slot {slots[0]} is at "
                 f"offset {slots[0] % p} (page_size={p})",
                 e,
@@ -396,7 +450,7 @@ class SpecMachine:
             users = {self._owner[s] for s in range(page * p, page * p + p) if s in self._owner}
             if users:
                 raise self._fail(
-                    "page_alignment",
+                    Rule.PAGE_ALIGNMENT,
                     f"block {e.block_index} starts page {page}, which is not wholly free "
                     f"(owners {sorted(users)})",
                     e,
@@ -405,7 +459,7 @@ class SpecMachine:
             prev = self._owner.get(slots[0] - 1)
             if prev != (r.request_id, e.block_index - 1):
                 raise self._fail(
-                    "page_alignment",
+                    Rule.PAGE_ALIGNMENT,
                     f"block {e.block_index} continues a page, so slot {slots[0] - 1} must hold "
                     f"block {e.block_index - 1} of {r.request_id!r}; it is owned by {prev}",
                     e,
@@ -417,21 +471,25 @@ class SpecMachine:
         rnd = self._round
         if rnd.pending:
             raise self._fail(
-                "step_per_row", f"forward while rows {list(rnd.pending)} await a step result", e
+                Rule.STEP_PER_ROW, f"forward while rows {list(rnd.pending)} await a step result", e
             )
         if not e.rows:
-            raise self._fail("forward_ready", "a forward with no rows", e)
+            raise self._fail(Rule.FORWARD_READY, "a forward with no rows", e)
+        if rnd.forwards == 0:
+            self._check_work_conserving(e)
         keys = tuple((row.request_id, row.block_index) for row in e.rows)
         if len({k[0] for k in keys}) != len(keys):
-            raise self._fail("forward_ready", "a request appears twice in one forward", e)
+            raise self._fail(Rule.FORWARD_READY, "a request appears twice in one forward", e)
+        if self.policy.admission is DllmAdmission.PREFILL_FIRST:
+            self._check_prefill_first(e)
         if rnd.committed:
             raise self._fail(
-                "forward_policy", "a forward after a block was committed in this round", e
+                Rule.FORWARD_POLICY, "a forward after a block was committed in this round", e
             )
         if rnd.forwards:
             if set(keys) != set(rnd.batch):
                 raise self._fail(
-                    "batch_stable",
+                    Rule.BATCH_STABLE,
                     f"rows {sorted(keys)} differ from this round's batch {sorted(rnd.batch)}",
                     e,
                 )
@@ -439,15 +497,15 @@ class SpecMachine:
                 currents = [self._requests[k[0]].current for k in keys]
                 if all(c is not None and c.phase is BlockPhase.DONE for c in currents):
                     raise self._fail(
-                        "forward_policy", "sync forward although every row is already done", e
+                        Rule.FORWARD_POLICY, "sync forward although every row is already done", e
                     )
             elif not cfg.reloop:
                 raise self._fail(
-                    "forward_policy", "a second forward in one FDFO round without re-loop", e
+                    Rule.FORWARD_POLICY, "a second forward in one FDFO round without re-loop", e
                 )
             elif rnd.newly_done_in_last_forward:
                 raise self._fail(
-                    "forward_policy",
+                    Rule.FORWARD_POLICY,
                     "FDFO re-loop continued after a block finished (it must yield)",
                     e,
                 )
@@ -456,17 +514,17 @@ class SpecMachine:
             r = self._active(row.request_id, e)
             cur = r.current
             if r.row is None:
-                raise self._fail("forward_ready", f"{r.request_id!r} has no request-pool row", e)
+                raise self._fail(Rule.FORWARD_READY, f"{r.request_id!r} has no request-pool row", e)
             if cur is None or cur.index != row.block_index:
                 raise self._fail(
-                    "forward_ready",
+                    Rule.FORWARD_READY,
                     f"{r.request_id!r} forwards block {row.block_index} but its current block "
                     f"is {None if cur is None else cur.index}",
                     e,
                 )
             if row.num_tokens != cfg.block_size:
                 raise self._fail(
-                    "whole_block_rows",
+                    Rule.WHOLE_BLOCK_ROWS,
                     f"row of {r.request_id!r} feeds {row.num_tokens} tokens; rows must be whole "
                     f"blocks of {cfg.block_size}",
                     e,
@@ -474,7 +532,7 @@ class SpecMachine:
             if cur.slots is None or any(
                 self._owner.get(s) != (r.request_id, cur.index) for s in cur.slots
             ):
-                rule = "reuse_keeps_slots" if cfg.in_place_reuse else "forward_ready"
+                rule = Rule.REUSE_KEEPS_SLOTS if cfg.in_place_reuse else Rule.FORWARD_READY
                 raise self._fail(
                     rule,
                     f"block {cur.index} of {r.request_id!r} is forwarded without owning its KV "
@@ -485,7 +543,7 @@ class SpecMachine:
             retained = cur.alloc_round is not None and cur.alloc_round < rnd.index
             if row.reused != retained:
                 raise self._fail(
-                    "reuse_keeps_slots",
+                    Rule.REUSE_KEEPS_SLOTS,
                     f"row of {r.request_id!r} says reused={row.reused} but its slots were "
                     f"allocated in round {cur.alloc_round} (now {rnd.index})",
                     e,
@@ -495,7 +553,7 @@ class SpecMachine:
             )
             if row.masked != expected:
                 raise self._fail(
-                    "carrier_continuity",
+                    Rule.CARRIER_CONTINUITY,
                     f"block {cur.index} of {r.request_id!r} is fed with {row.masked} masks but "
                     f"it had {expected} (incomplete_ids lost or corrupted)",
                     e,
@@ -508,12 +566,13 @@ class SpecMachine:
 
     def _check_prefix(self, r: _Request, e: Event) -> None:
         b = self.config.block_size
-        counts = Counter(o[1] for o in self._owner.values() if o[0] == r.request_id)
+        by_block = self._blocks.get(r.request_id, {})
         for k in range(r.committed_blocks):
-            if counts.get(k, 0) != b:
+            held = len(by_block.get(k, ()))
+            if held != b:
                 raise self._fail(
-                    "committed_prefix_kept",
-                    f"committed block {k} of {r.request_id!r} holds {counts.get(k, 0)} of its "
+                    Rule.COMMITTED_PREFIX_KEPT,
+                    f"committed block {k} of {r.request_id!r} holds {held} of its "
                     f"{b} KV slots while the request is still active",
                     e,
                 )
@@ -523,7 +582,7 @@ class SpecMachine:
         key = (e.request_id, e.block_index)
         if key not in self._round.pending:
             raise self._fail(
-                "step_per_row",
+                Rule.STEP_PER_ROW,
                 f"step result for {key}, which is not awaiting one "
                 f"(pending {list(self._round.pending)})",
                 e,
@@ -531,20 +590,20 @@ class SpecMachine:
         masked_in = self._round.pending[key]
         if e.accept_length not in (0, cfg.block_size):
             raise self._fail(
-                "accept_length",
+                Rule.ACCEPT_LENGTH,
                 f"accept_length={e.accept_length}; it must be 0 or block_size={cfg.block_size}",
                 e,
             )
         if not 0 <= e.masks_remaining <= masked_in:
             raise self._fail(
-                "accept_length",
+                Rule.ACCEPT_LENGTH,
                 f"masks_remaining={e.masks_remaining} but the input had {masked_in} masks",
                 e,
             )
         done = e.accept_length == cfg.block_size
         if done and masked_in != 0:
             raise self._fail(
-                "final_forward_before_commit",
+                Rule.FINAL_FORWARD_BEFORE_COMMIT,
                 f"block {e.block_index} of {e.request_id!r} reported done although its step "
                 f"started with {masked_in} masks (the final-KV forward has not run)",
                 e,
@@ -560,12 +619,13 @@ class SpecMachine:
         target = BLOCK_LIFECYCLE.target(cur.phase.value, trigger)
         if target is None:
             raise self._fail(
-                "lifecycle", f"block in phase {cur.phase.value} cannot take {trigger}", e
+                Rule.LIFECYCLE, f"block in phase {cur.phase.value} cannot take {trigger}", e
             )
         if done and cur.phase is not BlockPhase.DONE:
             self._round.newly_done_in_last_forward = True
         cur.phase = BlockPhase(target)
         cur.masks = e.masks_remaining
+        self._dirty[r.request_id] = None
         del self._round.pending[key]
 
     # --- completion ---------------------------------------------------------------
@@ -574,26 +634,26 @@ class SpecMachine:
         r = self._active(e.request_id, e)
         if self._round.pending:
             raise self._fail(
-                "step_per_row", f"commit while rows {list(self._round.pending)} await a step", e
+                Rule.STEP_PER_ROW, f"commit while rows {list(self._round.pending)} await a step", e
             )
         cur = r.current
         if cur is None or cur.index != e.block_index:
             raise self._fail(
-                "lifecycle",
+                Rule.LIFECYCLE,
                 f"commit of block {e.block_index}; current block is "
                 f"{None if cur is None else cur.index}",
                 e,
             )
         if cur.phase is not BlockPhase.DONE:
             raise self._fail(
-                "final_forward_before_commit",
+                Rule.FINAL_FORWARD_BEFORE_COMMIT,
                 f"block {cur.index} of {r.request_id!r} committed in phase {cur.phase.value}; "
                 f"only a done block (after its final-KV forward) may be committed",
                 e,
             )
         if len(e.tokens) != cfg.block_size or cfg.mask_token_id in e.tokens:
             raise self._fail(
-                "prompt_preserved",
+                Rule.PROMPT_PRESERVED,
                 f"committed tokens {list(e.tokens)} are not {cfg.block_size} unmasked tokens",
                 e,
             )
@@ -602,76 +662,79 @@ class SpecMachine:
             pos = start + i
             if pos < len(r.prompt) and r.prompt[pos] != tok:
                 raise self._fail(
-                    "prompt_preserved",
+                    Rule.PROMPT_PRESERVED,
                     f"position {pos} holds {tok} but the prompt has {r.prompt[pos]}",
                     e,
                 )
         target = REQUEST_LIFECYCLE.target(r.phase.value, "block_committed")
         if target is None:  # pragma: no cover - RUNNING always allows it
-            raise self._fail("lifecycle", f"{r.phase.value} cannot commit", e)
+            raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
         r.committed_blocks += 1
         r.current = None
-        r.phase = RequestPhase(target)
+        self._set_phase(r, RequestPhase(target))
         self._round.committed += 1
 
     def _kv_freed(self, e: KvFreed) -> None:
         r = self._requests.get(e.request_id)
         if r is None:
-            raise self._fail("known_request", f"request {e.request_id!r} was never submitted", e)
+            raise self._fail(Rule.KNOWN_REQUEST, f"request {e.request_id!r} was never submitted", e)
         if len(set(e.slots)) != len(e.slots):
-            raise self._fail("free_owned_only", f"slots {list(e.slots)} freed twice at once", e)
+            raise self._fail(Rule.FREE_OWNED_ONLY, f"slots {list(e.slots)} freed twice at once", e)
         for s in e.slots:
             owner = self._owner.get(s)
             if owner is None or owner[0] != e.request_id:
                 what = "free" if owner is None else f"owned by {owner}"
                 raise self._fail(
-                    "free_owned_only",
+                    Rule.FREE_OWNED_ONLY,
                     f"{e.request_id!r} freed slot {s}, which is {what} (double free or foreign)",
                     e,
                 )
         freed = set(e.slots)
+        by_block = self._blocks.get(e.request_id, {})
         for block in {self._owner[s][1] for s in e.slots}:
-            rest = [s for s, o in self._owner.items() if o == (e.request_id, block)]
-            if not freed.issuperset(rest):
+            if not freed.issuperset(by_block.get(block, ())):
                 raise self._fail(
-                    "free_owned_only",
+                    Rule.FREE_OWNED_ONLY,
                     f"block {block} of {e.request_id!r} freed partially; blocks are freed whole",
                     e,
                 )
         cur = r.current
         for s in e.slots:
-            del self._owner[s]
+            self._disown(s)
             if cur is not None and cur.slots is not None and s in cur.slots:
                 cur.slots = None  # the block no longer holds (all of) its KV
+        self._dirty[r.request_id] = None
 
     def _row_released(self, e: RowReleased) -> None:
         r = self._requests.get(e.request_id)
         if r is None or r.row != e.row or self._rows.get(e.row) != e.request_id:
             raise self._fail(
-                "free_owned_only",
+                Rule.FREE_OWNED_ONLY,
                 f"{e.request_id!r} released row {e.row}, which it does not hold "
                 f"(held by {self._rows.get(e.row)!r})",
                 e,
             )
         del self._rows[e.row]
         r.row = None
+        self._dirty[r.request_id] = None
+        self._dirty_rows.add(e.row)
 
     def _finished(self, e: Finished) -> None:
         r = self._active(e.request_id, e)
         target = REQUEST_LIFECYCLE.target(r.phase.value, "finished")
         if target is None:
             raise self._fail(
-                "lifecycle",
+                Rule.LIFECYCLE,
                 f"{r.request_id!r} finished in phase {r.phase.value} (its block "
                 f"{None if r.current is None else r.current.index} is not committed)",
                 e,
             )
-        st = self.state().requests[r.request_id]
+        st = self._request_state(r)
         due = finish_condition(self.config, st)
         if due is None:
             raise self._fail(
-                "finish_condition",
+                Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with {len(st.generated)}/{r.max_new_tokens} tokens "
                 f"and no end-of-sequence token",
                 e,
@@ -681,33 +744,37 @@ class SpecMachine:
             allowed.add(FinishReason.LENGTH)
         if e.reason not in allowed:
             raise self._fail(
-                "finish_condition",
+                Rule.FINISH_CONDITION,
                 f"reason {e.reason.value}; the condition that holds is {due.value}",
                 e,
             )
         self._require_owns_nothing(r, e)
-        r.phase = RequestPhase(target)
+        self._set_phase(r, RequestPhase(target))
+        r.reason = e.reason
+        self._unreported[r.request_id] = None
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config
         rnd = self._round
         if e.round_index != rnd.index:
             raise self._fail(
-                "round_order", f"round {e.round_index} ended; expected round {rnd.index}", e
+                Rule.ROUND_ORDER, f"round {e.round_index} ended; expected round {rnd.index}", e
             )
         if rnd.pending:
             raise self._fail(
-                "step_per_row", f"control returned while {list(rnd.pending)} await a step", e
+                Rule.STEP_PER_ROW, f"control returned while {list(rnd.pending)} await a step", e
             )
-        active = [r for r in self._requests.values() if r.phase in ACTIVE_PHASES]
+        active = list(self._running.values())
         for r in active:
-            if r.row is None:
-                raise self._fail("row_exclusive", f"{r.request_id!r} is running without a row", e)
+            if r.row is None and not self._may_lack_row(r):
+                raise self._fail(
+                    Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
+                )
             self._check_prefix(r, e)
-            st = self.state().requests[r.request_id]
+            st = self._request_state(r)
             if finish_condition(cfg, st) is not None:
                 raise self._fail(
-                    "fdfo_releases_same_round",
+                    Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "
                     f"of the round",
                     e,
@@ -717,14 +784,14 @@ class SpecMachine:
                 continue
             if cfg.mode is Mode.SYNC:
                 raise self._fail(
-                    "sync_yields_when_all_done",
+                    Rule.SYNC_YIELDS_WHEN_ALL_DONE,
                     f"sync returned control while block {cur.index} of {r.request_id!r} is "
                     f"{cur.phase.value}",
                     e,
                 )
             if cur.phase is BlockPhase.DONE:
                 raise self._fail(
-                    "fdfo_releases_same_round",
+                    Rule.FDFO_RELEASES_SAME_ROUND,
                     f"block {cur.index} of {r.request_id!r} is done but not committed at the "
                     f"end of the round",
                     e,
@@ -733,14 +800,14 @@ class SpecMachine:
                 holds = cur.slots is not None
                 if cfg.in_place_reuse and not holds:
                     raise self._fail(
-                        "reuse_keeps_slots",
+                        Rule.REUSE_KEEPS_SLOTS,
                         f"unfinished block {cur.index} of {r.request_id!r} lost its slots "
                         f"under in-place reuse",
                         e,
                     )
                 if not cfg.in_place_reuse and holds:
                     raise self._fail(
-                        "no_reuse_releases",
+                        Rule.NO_REUSE_RELEASES,
                         f"unfinished block {cur.index} of {r.request_id!r} still holds its "
                         f"slots at the end of the round without in-place reuse",
                         e,
@@ -748,17 +815,90 @@ class SpecMachine:
         if rnd.forwards == 0:
             if active:
                 raise self._fail(
-                    "progress",
+                    Rule.PROGRESS,
                     f"a round with {len(active)} running requests ran no forward",
                     e,
                 )
             if self._queue and not self._owner and not self._rows:
                 raise self._fail(
-                    "progress",
+                    Rule.PROGRESS,
                     f"idle system with {len(self._queue)} queued requests admitted none",
                     e,
                 )
+            self._check_work_conserving(e)
         self._round = _Round(index=rnd.index + 1)
+
+    def _may_lack_row(self, r: _Request) -> bool:
+        """Between rounds, only a carried FDFO block without in-place reuse may give up its row
+        (it takes one again with `RowAcquired`)."""
+        cfg = self.config
+        cur = r.current
+        return (
+            self.policy.rows_released_between_rounds
+            and cfg.mode is Mode.FDFO
+            and not cfg.in_place_reuse
+            and cur is not None
+            and cur.phase in CARRIED_BLOCK_PHASES
+        )
+
+    # --- policy rules -------------------------------------------------------------
+    def _check_work_conserving(self, e: Event) -> None:
+        """At the end of the scheduler phase: a round that admitted nothing must not leave a
+        seat, a row and the head's worst-case pages idle (see Rule.WORK_CONSERVING)."""
+        if not self.policy.work_conserving or self._round.admitted or not self._queue:
+            return
+        cfg = self.config
+        active = self._running
+        if len(active) >= cfg.max_running_requests or len(self._rows) >= cfg.req_pool_rows:
+            return
+        claimed = self._claimed_pages
+        head = self._requests[next(iter(self._queue))]
+        need = request_shape(cfg, len(head.prompt), head.max_new_tokens).pages
+        if claimed + need <= cfg.kv_pages:
+            raise self._fail(
+                Rule.WORK_CONSERVING,
+                f"the round admitted nothing although {head.request_id!r} fits: "
+                f"{len(active)}/{cfg.max_running_requests} running, "
+                f"{cfg.req_pool_rows - len(self._rows)} free rows, {cfg.kv_pages - claimed} "
+                f"unclaimed pages >= {need} needed",
+                e,
+            )
+
+    def _is_prefill_block(self, r: _Request, block_index: int) -> bool:
+        """A block that holds only prompt tokens (fed once, to write the prompt's KV)."""
+        return (block_index + 1) * self.config.block_size <= len(r.prompt)
+
+    def _check_prefill_first(self, e: Forward) -> None:
+        kinds = {
+            self._is_prefill_block(self._requests[row.request_id], row.block_index)
+            for row in e.rows
+            if row.request_id in self._requests
+        }
+        if len(kinds) > 1:
+            raise self._fail(
+                Rule.PREFILL_FIRST,
+                "a forward mixes prefill rows (prompt-only blocks) and decode rows; under "
+                "PREFILL_FIRST a batch is prefill-only or decode-only",
+                e,
+            )
+        if kinds != {False}:
+            return
+        fed = {row.request_id for row in e.rows}
+        for r in self._running.values():
+            cur = r.current
+            if (
+                r.request_id not in fed
+                and cur is not None
+                and cur.phase is BlockPhase.MASKED
+                and cur.slots is not None
+                and self._is_prefill_block(r, cur.index)
+            ):
+                raise self._fail(
+                    Rule.PREFILL_FIRST,
+                    f"a decode forward ran while prompt block {cur.index} of {r.request_id!r} "
+                    f"waits; under PREFILL_FIRST the prefill batch goes first",
+                    e,
+                )
 
     # ------------------------------------------------------------------ checks
     def check_snapshot(self, snap: Snapshot) -> None:
@@ -793,8 +933,169 @@ class SpecMachine:
         if problems:
             # a carrier-only disagreement has its own rule; anything else is a pool mismatch
             only_carriers = len(problems) == 1 and problems[0].startswith("carriers")
-            rule = "carriers_iff_unfinished" if only_carriers else "snapshot_matches"
+            rule = Rule.CARRIERS_IFF_UNFINISHED if only_carriers else Rule.SNAPSHOT_MATCHES
             raise self._fail(rule, "; ".join(problems), None)
+
+    def check_outputs(self, reported: Mapping[str, FinishedOutput]) -> None:
+        """Compare the outputs an implementation reports with the spec (`reported_output`).
+
+        `reported` holds the requests finished since the previous report, each reported once:
+        its tokens must equal `request_output` and its reason the one its `Finished` event gave;
+        every request finished since the previous report must be in it.
+        """
+        for rid, out in reported.items():
+            r = self._requests.get(rid)
+            if r is None or r.phase is not RequestPhase.FINISHED:
+                phase = "never submitted" if r is None else r.phase.value
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT, f"reported an output for {rid!r}, which is {phase}", None
+                )
+            if rid not in self._unreported:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT, f"reported the output of {rid!r} a second time", None
+                )
+            want = request_output(self.config, self._request_state(r))
+            if tuple(out.tokens) != want:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT,
+                    f"{rid!r} reported {len(out.tokens)} tokens {list(out.tokens)}; the spec's "
+                    f"output is {len(want)} tokens {list(want)} (max_new_tokens="
+                    f"{r.max_new_tokens}, eos={self.config.eos_token_id})",
+                    None,
+                )
+            if out.reason is not r.reason:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT,
+                    f"{rid!r} reported finish reason {out.reason.value} but finished with "
+                    f"{None if r.reason is None else r.reason.value}",
+                    None,
+                )
+        missing = [rid for rid in self._unreported if rid not in reported]
+        if missing:
+            raise self._fail(
+                Rule.REPORTED_OUTPUT,
+                f"finished requests {missing} were not reported with their outputs",
+                None,
+            )
+        self._unreported.clear()
+
+    def check_changed(self) -> None:
+        """Evaluate the state invariants on what changed since the previous check.
+
+        Every event marks the requests and rows it touched; this checks the named invariants
+        (same rules, same order as `spec.invariants.INVARIANTS`) for those only, at a cost
+        proportional to the change. Run after every event it fails exactly when
+        `check_invariants` (the full check, kept for audits) fails, naming the same rule.
+        """
+        reqs = [self._requests[rid] for rid in self._dirty]
+        rows, blocks = self._dirty_rows, self._dirty_blocks
+        self._dirty = {}
+        self._dirty_rows = set()
+        self._dirty_blocks = set()
+        if not reqs and not rows and not blocks:
+            failure = None  # nothing changed (a forward, a step, an end of round)
+            if len(self._running) > self.config.max_running_requests:
+                failure = self._changed_failure(reqs, rows, blocks)
+        else:
+            failure = self._changed_failure(reqs, rows, blocks)
+        if failure is not None:
+            raise self._fail(failure[0], failure[1], None)
+
+    def _changed_failure(
+        self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]
+    ) -> tuple[Rule, str] | None:
+        """The first invariant broken by the changed requests, rows and blocks (in the order
+        of `INVARIANTS`). Per-slot work only for blocks whose slots changed."""
+        cfg = self.config
+        total, b, p = cfg.kv_slots, cfg.block_size, cfg.page_size
+        changed = sorted(
+            (owner, sorted(self._blocks[owner[0]][owner[1]]))
+            for owner in blocks
+            if owner[1] in self._blocks.get(owner[0], ())
+        )
+        for _owner, owned in changed:  # no_leak: slots inside the pool
+            if owned[0] < 0 or owned[-1] >= total:
+                bad = owned[0] if owned[0] < 0 else owned[-1]
+                return Rule.NO_LEAK, f"slot {bad} outside the pool"
+        for r in reqs:  # no_leak: owned blocks are live
+            cur = r.current
+            for block, slots in self._blocks.get(r.request_id, {}).items():
+                live = block < r.committed_blocks or (cur is not None and cur.index == block)
+                if not live:
+                    return Rule.NO_LEAK, (
+                        f"slot {min(slots)} owned by block {block} of {r.request_id!r}, which "
+                        f"is not live"
+                    )
+        for r in reqs:  # terminal_owns_nothing
+            if r.phase is _FINISHED or r.phase is _ABORTED:
+                if r.request_id in self._blocks:
+                    return Rule.TERMINAL_OWNS_NOTHING, (
+                        f"{r.phase.value} request {r.request_id!r} owns KV slots"
+                    )
+                if r.row is not None:
+                    return Rule.TERMINAL_OWNS_NOTHING, (
+                        f"{r.phase.value} request {r.request_id!r} holds a row"
+                    )
+        for row in rows:
+            holder = self._requests.get(self._rows.get(row, ""))
+            if holder is not None and holder.phase in TERMINAL_PHASES:
+                return Rule.TERMINAL_OWNS_NOTHING, (
+                    f"{holder.phase.value} request {holder.request_id!r} holds a row"
+                )
+        if len(self._running) > cfg.max_running_requests:  # max_running
+            return Rule.MAX_RUNNING, (
+                f"{len(self._running)} running > max_running_requests={cfg.max_running_requests}"
+            )
+        for row in sorted(rows):  # row_exclusive
+            rid = self._rows.get(row)
+            if rid is None:
+                continue
+            if not 0 <= row < cfg.req_pool_rows:
+                return Rule.ROW_EXCLUSIVE, f"row {row} outside the request pool"
+            holder = self._requests.get(rid)
+            if holder is None or holder.row != row:
+                return Rule.ROW_EXCLUSIVE, f"row {row} is held by {rid!r}, which does not record it"
+        for r in reqs:
+            if r.row is not None and self._rows.get(r.row) != r.request_id:
+                return Rule.ROW_EXCLUSIVE, (
+                    f"{r.request_id!r} records row {r.row}, which the pool gives to "
+                    f"{self._rows.get(r.row)!r}"
+                )
+        for owner, ordered in changed:  # whole_block_alloc
+            if len(ordered) != b:
+                return Rule.WHOLE_BLOCK_ALLOC, f"block {owner} owns {len(ordered)} slots, not {b}"
+        for (rid, block), ordered in changed:  # page_alignment
+            first, last = ordered[0], ordered[-1]
+            if last - first + 1 != len(ordered):
+                return Rule.PAGE_ALIGNMENT, f"block {block} of {rid!r} is not contiguous: {ordered}"
+            if first % p != (block * b) % p or first // p != last // p:
+                return Rule.PAGE_ALIGNMENT, (
+                    f"block {block} of {rid!r} is misaligned in its page: {ordered}"
+                )
+            page = first // p
+            users = {self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner}
+            if len(users) > 1:
+                return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
+        for r in reqs:  # reuse_keeps_slots
+            cur = r.current
+            if cur is not None and cur.slots is not None and r.request_id in self._running:
+                for slot in cur.slots:
+                    if self._owner.get(slot) != (r.request_id, cur.index):
+                        return Rule.REUSE_KEEPS_SLOTS, (
+                            f"block {cur.index} of {r.request_id!r} records slot {slot}, owned by "
+                            f"{self._owner.get(slot)!r}"
+                        )
+        for r in reqs:  # carriers_iff_unfinished
+            cur = r.current
+            if cur is not None and cur.phase in CARRIED_BLOCK_PHASES and cur.masks is None:
+                return Rule.CARRIERS_IFF_UNFINISHED, (
+                    f"carried block {cur.index} of {r.request_id!r} has no mask count"
+                )
+            if cur is not None and r.request_id not in self._running:
+                return Rule.CARRIERS_IFF_UNFINISHED, (
+                    f"{r.phase.value} request {r.request_id!r} still has a current block"
+                )
+        return None
 
     def check_invariants(self) -> None:
         """Evaluate every named state invariant; raise SpecViolation on the first that fails."""
@@ -802,22 +1103,25 @@ class SpecMachine:
 
         failure = check_all(self.state())
         if failure is not None:
-            raise self._fail(failure[0], failure[1], None)
+            raise self._fail(Rule(failure[0]), failure[1], None)
 
 
-_HANDLERS: dict[type, Callable[[SpecMachine, Any], None]] = {
-    Submitted: SpecMachine._submitted,
-    Admitted: SpecMachine._admitted,
-    KvAllocated: SpecMachine._kv_allocated,
-    KvFreed: SpecMachine._kv_freed,
-    RowReleased: SpecMachine._row_released,
-    Forward: SpecMachine._forward,
-    StepResult: SpecMachine._step_result,
-    BlockCommitted: SpecMachine._block_committed,
-    Finished: SpecMachine._finished,
-    Aborted: SpecMachine._aborted,
-    ControlReturned: SpecMachine._control_returned,
-}
+SpecMachine.handlers = MappingProxyType(
+    {
+        Submitted: SpecMachine._submitted,
+        Admitted: SpecMachine._admitted,
+        KvAllocated: SpecMachine._kv_allocated,
+        KvFreed: SpecMachine._kv_freed,
+        RowAcquired: SpecMachine._row_acquired,
+        RowReleased: SpecMachine._row_released,
+        Forward: SpecMachine._forward,
+        StepResult: SpecMachine._step_result,
+        BlockCommitted: SpecMachine._block_committed,
+        Finished: SpecMachine._finished,
+        Aborted: SpecMachine._aborted,
+        ControlReturned: SpecMachine._control_returned,
+    }
+)
 
 __all__ = [
     "CARRIED_BLOCK_PHASES",

@@ -10,9 +10,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.ar.strategies import ar_configs
-from reference.ar.vllm_v1 import make_vllm_v1
+from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
+from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, ArRequestTooLong, Policy
-from spec.ar.events import ArFinished, ArFinishReason, ArPreempted, ArScheduled
+from spec.ar.events import ArFinished, ArFinishReason, ArPreempted, ArScheduled, ArStepEnd
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 
 RUN = settings(
@@ -170,3 +171,96 @@ def test_bad_requests_are_typed_errors() -> None:
     assert isinstance(h.submit(ArRequest("long", 30, 8)), ArRequestTooLong)
     assert isinstance(h.submit(ArRequest("huge", 10, 2)), RequestTooLarge)
     assert h.events == []  # nothing was accepted, nothing loops
+
+
+# ---------------------------------------------------------------- vLLM 0.33.0's options (VLLM_V1)
+def _priority_run(factory: ArImplementationFactory) -> list[tuple[str, bool]]:
+    """3 usable blocks of 2 tokens: "low" (priority 5) runs first, "high" (priority 0) joins
+    behind it in the running order; both grow until the pool is short. Returns each preempted
+    request and whether "low" had been scheduled earlier in that step."""
+    h = ArHarness(
+        factory,
+        ArConfig(
+            block_size=2,
+            num_blocks=4,
+            max_num_batched_tokens=8,
+            max_num_seqs=2,
+            max_model_len=12,
+            policy=Policy.PRIORITY,
+        ),
+    )
+    h.submit(ArRequest("low", 1, 3, priority=5))
+    h.step()
+    h.submit(ArRequest("high", 2, 2, priority=0))
+    h.drain()
+    assert h.violation is None
+    assert h.outputs() == {"low": 3, "high": 2}
+    out: list[tuple[str, bool]] = []
+    scheduled: set[str] = set()
+    for e in h.events:
+        if isinstance(e, ArScheduled):
+            scheduled.add(e.request_id)
+        elif isinstance(e, ArPreempted):
+            out.append((e.request_id, "low" in scheduled))
+            scheduled.discard(e.request_id)
+        elif isinstance(e, ArStepEnd):
+            scheduled = set()
+    return out
+
+
+def test_idealised_priority_victim_inverts_priorities() -> None:
+    """The idealised reference chooses among requests not yet scheduled: "low" was scheduled
+    first in the step, so "high" preempts itself while "low" keeps running."""
+    assert ("high", True) in _priority_run(make_vllm_v1)
+
+
+def test_vllm_033_priority_victim_is_the_lowest_priority_of_all_running() -> None:
+    """VLLM_V1 (vLLM 0.33.0's rule): "low" is the victim even though it was already scheduled;
+    it is unscheduled and "high" never waits for it."""
+    assert {rid for rid, _ in _priority_run(VLLM_V1.factory)} == {"low"}
+
+
+def test_vllm_033_lone_request_ignores_the_threshold() -> None:
+    h = ArHarness(
+        VLLM_V1.factory,
+        ArConfig(max_num_batched_tokens=16, max_model_len=16, long_prefill_token_threshold=3),
+        policy=VLLM_V1.profile.policy,
+    )
+    h.submit(ArRequest("a", 7, 1))
+    h.drain()
+    assert [e.num_tokens for e in h.events if isinstance(e, ArScheduled)] == [7]
+
+
+def test_vllm_033_admits_only_when_the_whole_sequence_fits() -> None:
+    """As tests/test_real_vllm.py checks on vLLM itself: "b" could start its first chunk but
+    waits until all 4 of its blocks fit."""
+    by_factory = {}
+    for name, factory in (("ideal", make_vllm_v1), ("033", VLLM_V1.factory)):
+        h = ArHarness(
+            factory,
+            ArConfig(
+                block_size=2,
+                num_blocks=7,
+                max_num_batched_tokens=4,
+                max_num_seqs=2,
+                max_model_len=12,
+            ),
+        )
+        h.submit(ArRequest("a", 5, 4))
+        h.step()
+        h.step()
+        h.submit(ArRequest("b", 8, 1))
+        start = len(h.events)
+        h.step()
+        by_factory[name] = [
+            (e.request_id, e.num_tokens) for e in h.events[start:] if isinstance(e, ArScheduled)
+        ]
+        h.drain()
+        assert h.outputs() == {"a": 4, "b": 1}
+    assert by_factory == {"ideal": [("a", 1), ("b", 3)], "033": [("a", 1)]}
+
+
+def test_vllm_v1_builtin_conforms_under_its_profile() -> None:
+    """Every policy of its space (the vLLM 0.33 options apply to all of them)."""
+    machine = ar_conformance_machine(VLLM_V1.factory, profile=VLLM_V1.profile)
+    run_state_machine_as_test(machine, settings=RUN)

@@ -19,19 +19,76 @@ One step (decisions as in vLLM v1's `Scheduler.schedule`, read for facts, writte
    token fits. Admission never preempts: a high-priority arrival waits for a seat and blocks.
 3. The model step; then requests that produced max_tokens or their end token finish and free
    their blocks.
+
+`VllmOptions` switches on vLLM 0.33.0's deliberate choices (read in its `Scheduler.schedule`
+and `KVCacheManager.allocate_slots`, confirmed by the differential against the real scheduler
+in tests/test_real_vllm.py):
+- `full_sequence_admission`: a waiting request is admitted only if the blocks for its whole
+  known sequence fit the free blocks (`scheduler_reserve_full_isl=True`);
+- `lone_request_threshold_exempt`: with one request in the scheduler (running + waiting) the
+  long-prefill threshold is off for the step (nobody to starve);
+- `victim_among_all`: under priority the victim is the lowest priority (then latest arrival)
+  among *all* running requests; one scheduled earlier in the step is unscheduled and its tokens
+  return to the budget. Without it the victim is chosen among unscheduled requests only, so a
+  high-priority request can preempt itself while a lower-priority one scheduled before it keeps
+  running (a priority inversion).
+`make_vllm_v1` is the idealised scheduler (every option off); `VLLM_V1` (the `vllm-v1`
+built-in) turns all three on and declares them in its profile.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from reference.ar.base import ArReq, ArSchedulerBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
-from spec.ar.config import ArConfig, Policy
+from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.implementation import ArImplementation
+
+
+@dataclass(frozen=True, slots=True)
+class VllmOptions:
+    """vLLM 0.33.0's deliberate choices (see the module docstring); all off = idealised."""
+
+    full_sequence_admission: bool = False
+    lone_request_threshold_exempt: bool = False
+    victim_among_all: bool = False
+
+
+VLLM_033 = VllmOptions(True, True, True)
 
 
 class VllmV1Scheduler(ArSchedulerBase):
     name = "vllm-v1"
+    options = VllmOptions()
+
+    def __init__(
+        self, config: ArConfig, sink: ArEventSink, options: VllmOptions | None = None
+    ) -> None:
+        super().__init__(config, sink)
+        if options is not None:
+            self.options = options
+        self._threshold = config.long_prefill_token_threshold
+        self._restored = 0  # tokens given back by unscheduled victims (victim_among_all)
+
+    @property
+    def rules(self) -> ArRules:
+        rules = super().rules
+        if self._victim_any():
+            return ArRules(rules.admission, VictimOrder.LOWEST_PRIORITY_ANY)
+        return rules
+
+    def _victim_any(self) -> bool:
+        return self.options.victim_among_all and self.config.policy is Policy.PRIORITY
 
     def _schedule(self) -> None:
+        self._threshold = self.config.long_prefill_token_threshold
+        if (
+            self.options.lone_request_threshold_exempt
+            and len(self.running) + len(self.waiting) <= 1
+        ):
+            self._threshold = 0  # vLLM: a lone request has nobody to starve
         budget = self._schedule_running(self.config.max_num_batched_tokens)
         if not self.step_preempted:
             self._schedule_waiting(budget)
@@ -40,8 +97,8 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _running_tokens(self, req: ArReq, index: int, budget: int) -> int:
         cfg = self.config
         n = req.uncomputed
-        if cfg.long_prefill_token_threshold:
-            n = min(n, cfg.long_prefill_token_threshold)
+        if self._threshold:
+            n = min(n, self._threshold)
         if cfg.policy is Policy.FAIR:
             if cfg.fair_token_cap:
                 n = min(n, cfg.fair_token_cap)
@@ -53,7 +110,10 @@ class VllmV1Scheduler(ArSchedulerBase):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            self._restored = 0
             n = self._fit_or_preempt(req, self._running_tokens(req, i, budget), i)
+            budget += self._restored
+            i = self.running.index(req) if req in self.running else i
             if not n:
                 # It preempted itself. Under FCFS it was the tail: the loop ends. Under priority
                 # a higher-priority request may follow it: keep scheduling (vLLM PR #26765; a
@@ -82,12 +142,15 @@ class VllmV1Scheduler(ArSchedulerBase):
                 self._grow(req, need)
                 return n
             victim = self._pick_victim(req, index)
+            self._restored += self.scheduled.pop(victim.rid, 0)  # unscheduled (victim_among_all)
             self._preempt(victim)
             if victim is req:
                 return 0
 
     def _pick_victim(self, req: ArReq, index: int) -> ArReq:
         """Among running requests not scheduled in this step (those from `index` on)."""
+        if self._victim_any():
+            return max(self.running, key=lambda r: (r.spec.priority, r.arrival))
         candidates = [r for r in self.running if r.rid not in self.scheduled]
         if self.config.policy in (Policy.PRIORITY, Policy.PRIORITY_SOFT):
             return max(candidates, key=lambda r: (r.spec.priority, r.arrival))
@@ -120,8 +183,8 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _waiting_tokens(self, req: ArReq, budget: int) -> int | None:
         cfg = self.config
         n = req.uncomputed
-        if cfg.long_prefill_token_threshold:
-            n = min(n, cfg.long_prefill_token_threshold)
+        if self._threshold:
+            n = min(n, self._threshold)
         if cfg.policy is Policy.FAIR and cfg.fair_token_cap:
             n = min(n, cfg.fair_token_cap)
         if not cfg.enable_chunked_prefill and n > budget:
@@ -139,6 +202,10 @@ class VllmV1Scheduler(ArSchedulerBase):
             need = self._blocks_needed(req, n)
             if need > self.pool.num_free:
                 break  # admission stops at the first request whose blocks do not fit
+            if self.options.full_sequence_admission and (
+                self.config.blocks_for(req.known) - len(req.blocks) > self.pool.num_free
+            ):
+                break  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
             self._admit(req)
             self._grow(req, need)
             self._emit_scheduled(req, n)
@@ -151,5 +218,22 @@ class VllmV1Scheduler(ArSchedulerBase):
 
 
 def make_vllm_v1(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-    """Factory: the reference vLLM-v1 scheduler under `config.policy`."""
+    """Factory: the idealised reference vLLM-v1 scheduler under `config.policy`."""
     return VllmV1Scheduler(config, sink)
+
+
+def make_vllm_v1_033(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference with vLLM 0.33.0's options on (`VLLM_033`)."""
+    return VllmV1Scheduler(config, sink, VLLM_033)
+
+
+VLLM_V1 = ArImplementation(
+    make_vllm_v1_033,
+    ArProfile(
+        space=ArConfigSpace(prefix_caching=frozenset({False})),
+        policy=ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True),
+    ),
+    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options (full-sequence admission "
+    "gate, lone-request threshold exemption, priority victim among all running requests); "
+    "decision-identical to vLLM 0.33.0 under FCFS and priority (tests/test_real_vllm.py)",
+)

@@ -1,0 +1,98 @@
+"""vLLM 0.33.0's real v1 Scheduler under the AR spec (`real-vllm`, `real-vllm-prefix`).
+
+Importing this package never imports vLLM: the factories activate the engine install
+(`MANIFEST`, `schedspec install-engines vllm`) and import it on first use. The adapter, with every
+stub and every engine attribute it reads, is `integrations.vllm.adapter`.
+
+The profile declares vLLM's deliberate choices (each read from vLLM 0.33.0's
+`vllm/v1/core/sched/scheduler.py` and `vllm/v1/core/kv_cache_manager.py`, and confirmed by
+running it):
+
+- policies FCFS and priority only; block 0 is always the null block
+  (`BlockPool.__init__`: `self.null_block = self.free_block_queue.popleft()`);
+- a request alone in the scheduler is exempt from `long_prefill_token_threshold`
+  (`Scheduler.schedule`: the threshold is 0 unless `num_running + num_waiting > 1`; "when it is
+  the only request there is nobody to starve");
+- admission needs the blocks of the request's whole known sequence free, not only those of its
+  first chunk (`scheduler_reserve_full_isl=True`, the default, passed to
+  `KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)`);
+- under priority, the victim is the lowest priority (then latest arrival) among *all* running
+  requests, an already scheduled one included, which is then unscheduled
+  (`max(self.running, key=lambda r: (r.priority, r.arrival_time))`); the adapter's `rules`
+  declare `VictimOrder.LOWEST_PRIORITY_ANY` for it;
+- synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
+  scheduler runs one step ahead of the model, which the AR step contract does not describe).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from integrations.vllm.manifest import MANIFEST, VLLM_VERSION
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, Policy
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.implementation import ArImplementation
+
+if TYPE_CHECKING:
+    from spec.ar.adapter import ArSchedulerAdapter
+
+VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
+
+REAL_VLLM_PROFILE = ArProfile(
+    space=ArConfigSpace(
+        policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+        null_block=frozenset({True}),
+        prefix_caching=frozenset({False}),
+    ),
+    policy=VLLM_POLICY,
+)
+
+REAL_VLLM_PREFIX_PROFILE = ArProfile(
+    space=ArConfigSpace(
+        policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+        null_block=frozenset({True}),
+        prefix_caching=frozenset({True}),
+    ),
+    policy=VLLM_POLICY,
+)
+
+
+def make_real_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching off (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm as make
+
+    return make(config, sink)
+
+
+def make_real_vllm_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching on (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_prefix as make
+
+    return make(config, sink)
+
+
+REAL_VLLM = ArImplementation(
+    make_real_vllm,
+    REAL_VLLM_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous, prefix caching off) with a "
+    "fabricated model output",
+)
+
+REAL_VLLM_PREFIX = ArImplementation(
+    make_real_vllm_prefix,
+    REAL_VLLM_PREFIX_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous, prefix caching on: cache hits, "
+    "shared reference-counted blocks, eviction) with a fabricated model output",
+)
+
+__all__ = [
+    "MANIFEST",
+    "REAL_VLLM",
+    "REAL_VLLM_PREFIX",
+    "REAL_VLLM_PREFIX_PROFILE",
+    "REAL_VLLM_PROFILE",
+    "VLLM_POLICY",
+    "make_real_vllm",
+    "make_real_vllm_prefix",
+]

@@ -1,0 +1,536 @@
+"""The AR adapter that drives vLLM 0.33.0's real v1 `Scheduler` (synchronous scheduling).
+
+Nothing in this module imports vLLM at import time: `RealVllmScheduler(config, sink)` first calls
+`MANIFEST.activate()` (the engine's own install directory on `sys.path`; `EngineNotInstalled`,
+exit 2, naming `schedspec install-engines vllm` when it is missing) and then imports vLLM.
+
+What runs for real: `vllm.v1.core.sched.scheduler.Scheduler` built from a real `VllmConfig`
+(`SchedulerConfig`, `ModelConfig`, `CacheConfig`), its `KVCacheManager`, `BlockPool` (block 0 is
+its null block), request queues (`fcfs` deque or `priority` heap), `add_request`, `schedule()`,
+`update_from_output()` (its stop checks and frees) and `finish_requests(...,
+FINISHED_ABORTED)`. The model is the only thing we replace:
+
+Stubs and substitutes (every one):
+- the model: a directory holding only the `config.json` of a tiny Llama with no weights,
+  written at run time under the engine directory (`ModelConfig` reads it; nothing downloaded).
+  vLLM inspects the architecture once in a subprocess (`ModelRegistry`), caching the result in
+  `VLLM_CACHE_ROOT`, which we point at the engine directory; that subprocess needs the engine on
+  `PYTHONPATH`, so building a `ModelConfig` prepends it there for that call only.
+- the forward pass: a fabricated `ModelRunnerOutput` per step. A request whose computed tokens
+  reach its known tokens samples one token: the request's own end token (declared as its
+  `stop_token_ids`) as output number `stop_after`, else a token fixed by the request and the
+  output index (deterministic; never shared between requests, as in the spec's content model,
+  so prefix caching shares blocks only through common prompts).
+- the KV cache layout: a `KVCacheConfig` with one full-attention group (`FullAttentionSpec`,
+  one KV head of size 1, float32) and `num_blocks` blocks; no tensors are allocated (the
+  scheduler never touches them).
+- `StructuredOutputManager(vllm_config)`: the real one (no request uses structured output).
+
+Read, not called (attributes of the real objects, for the snapshot and the event
+reconstruction): `scheduler.running`, `scheduler.waiting` (and `kv_holding_waiting`, always
+empty without a KV connector), `scheduler.requests[rid].num_computed_tokens`,
+`kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks` (block tables),
+`kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()`,
+`block_pool.blocks[i].ref_cnt` / `.block_hash` (prefix caching). No private method of vLLM is
+called or wrapped.
+
+Events: vLLM emits none. Each `step()` takes a view of the pools before and after
+`schedule()` and derives the scheduling-phase events with `spec.ar.reconstruct.
+scheduling_events` (preemptions first — valid for FCFS's tail victim and for vLLM's
+priority victim among all running requests —, then allocations and scheduled tokens in running
+order, cache hits for admitted requests); then `ArStepEnd`; then views around
+`update_from_output()` give `ArBlocksFreed` (`release_events`) and the adapter adds `ArFinished`
+with vLLM's own finish reason. `abort` does the same around `finish_requests`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE
+from integrations.vllm.manifest import MANIFEST
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
+from spec.ar.config import validate_ar_request as _validate
+from spec.ar.events import (
+    ArAborted,
+    ArEvent,
+    ArFinished,
+    ArFinishReason,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.profile import ArConfigSpace
+from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
+from spec.ar.snapshot import ArSnapshot
+from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
+
+# Token ids. Prompts we invent for requests that share nothing use one id per request from
+# UNSHARED_BASE on. Sampled tokens are the request's own too (as in the spec's content model:
+# outputs are never shared), so two requests share a cached block only through a common prompt:
+# output number i of the request with arrival index a is OUTPUT_BASE + a * 2**32 + i, and its
+# end token (its only `stop_token_ids` entry) STOP_BASE + a.
+UNSHARED_BASE = 1_000_000
+STOP_BASE = 1 << 39
+OUTPUT_BASE = 1 << 40
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "vocab_size": 128,
+    "max_position_embeddings": 1 << 20,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Vllm:
+    """The vLLM modules the adapter uses (imported after activation)."""
+
+    torch: ModuleType
+    config: ModuleType
+    sampling: ModuleType
+    scheduler: ModuleType
+    kv_iface: ModuleType
+    kv_utils: ModuleType
+    request: ModuleType
+    outputs: ModuleType
+    structured: ModuleType
+    engine: ModuleType
+    hashing: ModuleType
+
+
+_MODULES: _Vllm | None = None
+
+
+def model_dir() -> Path:
+    """The weightless tiny-Llama model directory (written once, under the engine directory)."""
+    path = MANIFEST.directory / "schedspec-tiny-llama"
+    config = path / "config.json"
+    if not config.is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f"config.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(TINY_LLAMA, indent=1))
+        tmp.replace(config)  # atomic: parallel workers never read half a file
+    return path
+
+
+def load_vllm() -> _Vllm:
+    """Activate the engine install and import the vLLM modules (once per process)."""
+    global _MODULES
+    if _MODULES is not None:
+        return _MODULES
+    MANIFEST.activate()
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(MANIFEST.directory / "schedspec-vllm-cache"))
+    imp = importlib.import_module
+    _MODULES = _Vllm(
+        torch=imp("torch"),
+        config=imp("vllm.config"),
+        sampling=imp("vllm.sampling_params"),
+        scheduler=imp("vllm.v1.core.sched.scheduler"),
+        kv_iface=imp("vllm.v1.kv_cache_interface"),
+        kv_utils=imp("vllm.v1.core.kv_cache_utils"),
+        request=imp("vllm.v1.request"),
+        outputs=imp("vllm.v1.outputs"),
+        structured=imp("vllm.v1.structured_output"),
+        engine=imp("vllm.v1.engine"),
+        hashing=imp("vllm.utils.hashing"),
+    )
+    # Prefix caching's block hashes: vLLM's own sha256 (its default `prefix_caching_hash_algo`).
+    _MODULES.kv_utils.init_none_hash(_MODULES.hashing.sha256)
+    # Platform notes on every build (block size not a multiple of 32, ...): not findings.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return _MODULES
+
+
+#: What the adapter can run (the profiles' spaces): vLLM's two scheduling policies; block 0 is
+#: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`).
+SPACE = REAL_VLLM_PROFILE.space
+SPACE_PREFIX = REAL_VLLM_PREFIX_PROFILE.space
+
+
+def vllm_rules(config: ArConfig) -> ArRules:
+    """The ordering rules vLLM 0.33 follows: FCFS (victim: the tail of running), or priority
+    with the victim chosen among *all* running requests (`Scheduler.schedule`:
+    `max(self.running, key=lambda r: (r.priority, r.arrival_time))`)."""
+    rules = rules_for(config)
+    if config.policy is Policy.PRIORITY:
+        return ArRules(rules.admission, VictimOrder.LOWEST_PRIORITY_ANY)
+    return rules
+
+
+class RealVllmScheduler:
+    """`spec.ar.adapter.ArSchedulerAdapter` over vLLM 0.33.0's v1 `Scheduler`."""
+
+    name = "real-vllm"
+
+    def __init__(self, config: ArConfig, sink: ArEventSink, space: ArConfigSpace = SPACE) -> None:
+        space.check(config)
+        self._config = config
+        self.sink = sink
+        self.v = load_vllm()
+        self.sched: Any = self._build(config)
+        self.specs: dict[str, ArRequest] = {}
+        self.arrival_of: dict[str, int] = {}
+        self.arrivals = 0
+        self.step_index = 0
+        self.ended: set[str] = set()
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, config: ArConfig) -> Any:
+        v = self.v
+        cfg = v.config
+        try:
+            scheduler_config = cfg.SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=config.max_model_len,
+                is_encoder_decoder=False,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
+                enable_chunked_prefill=config.enable_chunked_prefill,
+                policy=config.policy.value,
+                async_scheduling=False,
+                scheduler_reserve_full_isl=True,
+            )
+            model_config = _model_config(v, config.max_model_len)
+            cache_config = cfg.CacheConfig(
+                block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+            )
+            vllm_config = cfg.VllmConfig(
+                scheduler_config=scheduler_config,
+                model_config=model_config,
+                cache_config=cache_config,
+            )
+        except ValueError as err:  # pydantic's ValidationError is a ValueError
+            first = str(err).strip().splitlines()[-1][:200]
+            raise ConfigError("config", config, f"a configuration vLLM accepts ({first})") from None
+        spec = v.kv_iface.FullAttentionSpec(
+            block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+        )
+        kv_cache_config = v.kv_iface.KVCacheConfig(
+            num_blocks=config.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], spec)],
+        )
+        cache_config.num_gpu_blocks = config.num_blocks
+        sched = v.scheduler.Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
+            block_size=config.block_size,
+            log_stats=False,
+        )
+        _check_effective(sched, config)
+        self.hasher = (
+            v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
+            if config.enable_prefix_caching
+            else None
+        )
+        return sched
+
+    # ------------------------------------------------------------------ adapter API
+    @property
+    def config(self) -> ArConfig:
+        return self._config
+
+    @property
+    def rules(self) -> ArRules:
+        return vllm_rules(self._config)
+
+    def submit(self, request: ArRequest) -> None:
+        _validate(self._config, request)
+        rid = request.request_id
+        if rid in self.specs:
+            raise DuplicateRequest(rid)
+        prompt = (
+            list(request.prompt)
+            if request.prompt is not None
+            else [UNSHARED_BASE + self.arrivals] * request.prompt_len
+        )
+        params = self.v.sampling.SamplingParams(
+            max_tokens=request.max_tokens,
+            stop_token_ids=[STOP_BASE + self.arrivals],
+            ignore_eos=True,
+        )
+        req = self.v.request.Request(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=float(self.arrivals),  # arrival order = submission order
+            priority=request.priority,
+            block_hasher=self.hasher,
+        )
+        self.specs[rid] = request
+        self.arrival_of[rid] = self.arrivals
+        self.arrivals += 1
+        self.sched.add_request(req)
+        s = request
+        self.sink(
+            ArSubmitted(
+                rid,
+                s.prompt_len,
+                s.max_tokens,
+                s.stop_after,
+                s.priority,
+                s.predicted_len,
+                prompt=s.prompt,
+            )
+        )
+
+    def abort(self, request_id: str) -> None:
+        if request_id not in self.specs or request_id in self.ended:
+            raise UnknownRequest(request_id, len(self.sched.requests))
+        before = self._view()
+        status = self.v.request.RequestStatus.FINISHED_ABORTED
+        self.sched.finish_requests([request_id], status)
+        self._emit(release_events(before, self._view()))
+        self.ended.add(request_id)
+        self.sink(ArAborted(request_id))
+
+    def step(self) -> None:
+        sched = self.sched
+        before = self._view()
+        out = sched.schedule()
+        scheduled: dict[str, int] = dict(out.num_scheduled_tokens)
+        after = self._view(scheduled)
+        self._emit(
+            scheduling_events(
+                before,
+                after,
+                scheduled,
+                self._config.block_size,
+                preempted_order=self._victim_order(before),
+            )
+        )
+        self.sink(ArStepEnd(self.step_index))
+        runner_output = self._fabricate(scheduled)
+        before = self._view()
+        engine_outputs = sched.update_from_output(out, runner_output)
+        self._emit(release_events(before, self._view()))
+        for reqs in engine_outputs.values():
+            for o in reqs.outputs:
+                if o.finish_reason is not None:
+                    self.ended.add(o.request_id)
+                    self.sink(ArFinished(o.request_id, self._reason(o.finish_reason)))
+        self.step_index += 1
+
+    def drain(self, max_steps: int = 100_000) -> None:
+        for _ in range(max_steps):
+            if self.is_idle():
+                return
+            self.step()
+        if not self.is_idle():
+            running, waiting = self.sched.get_request_counts()
+            raise SchedulerStalled(
+                max_steps, f"{waiting} waiting and {running} running after {max_steps} steps"
+            )
+
+    def is_idle(self) -> bool:
+        running, waiting = self.sched.get_request_counts()
+        return bool(running == 0 and waiting == 0)
+
+    def snapshot(self) -> ArSnapshot:
+        sched = self.sched
+        pool = sched.kv_cache_manager.block_pool
+        tables = self._tables()
+        running = tuple(r.request_id for r in sched.running)
+        waiting = tuple(r.request_id for r in self._waiting())
+        computed = {rid: sched.requests[rid].num_computed_tokens for rid in running + waiting}
+        free = frozenset(
+            b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null
+        )
+        if not self._config.enable_prefix_caching:
+            owners = {b: rid for rid, table in tables.items() for b in table}
+            return ArSnapshot(free, owners, running, waiting, computed)
+        holders: dict[int, set[str]] = {}
+        for rid, table in tables.items():
+            for b in table:
+                holders.setdefault(b, set()).add(rid)
+        refcounts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0 and not b.is_null}
+        return ArSnapshot(
+            free,
+            {},
+            running,
+            waiting,
+            computed,
+            block_holders={b: frozenset(h) for b, h in holders.items()},
+            block_refcounts=refcounts,
+            cached_blocks=self._cached(),
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _emit(self, events: list[ArEvent]) -> None:
+        for e in events:
+            self.sink(e)
+
+    def _waiting(self) -> Iterator[Any]:
+        sched = self.sched
+        yield from sched.kv_holding_waiting
+        yield from sched.waiting
+
+    def _tables(self) -> dict[str, tuple[int, ...]]:
+        manager = self.sched.kv_cache_manager.coordinator.single_type_managers[0]
+        return {
+            rid: tuple(b.block_id for b in blocks if not b.is_null)
+            for rid, blocks in manager.req_to_blocks.items()
+            if blocks
+        }
+
+    def _cached(self) -> frozenset[int]:
+        pool = self.sched.kv_cache_manager.block_pool
+        return frozenset(
+            b.block_id for b in pool.blocks if b.block_hash is not None and not b.is_null
+        )
+
+    def _view(self, scheduled: dict[str, int] | None = None) -> ArPoolView:
+        """The pools now; `scheduled` (after `schedule()`): computed tokens before the forward
+        (vLLM already added this step's tokens to `num_computed_tokens`)."""
+        sched = self.sched
+        done = scheduled or {}
+        running = tuple(r.request_id for r in sched.running)
+        waiting = tuple(r.request_id for r in self._waiting())
+        computed = {
+            rid: sched.requests[rid].num_computed_tokens - done.get(rid, 0)
+            for rid in running + waiting
+        }
+        cached = self._cached() if self._config.enable_prefix_caching else frozenset()
+        return ArPoolView(self._tables(), computed, running, waiting, cached)
+
+    def _victim_order(self, before: ArPoolView) -> list[str]:
+        """The order vLLM picks victims in: the tail of running first (FCFS), or the lowest
+        priority then latest arrival first (priority)."""
+        order = list(reversed(before.running))
+        if self._config.policy is Policy.PRIORITY:
+            reqs = self.sched.requests
+            order.sort(key=lambda rid: (reqs[rid].priority, reqs[rid].arrival_time), reverse=True)
+        return order
+
+    def _fabricate(self, scheduled: dict[str, int]) -> Any:
+        """The model's output for this step: one sampled token per request that caught up."""
+        reqs = self.sched.requests
+        ids = list(scheduled)
+        sampled: list[list[int]] = []
+        for rid in ids:
+            req = reqs[rid]
+            caught_up = req.num_computed_tokens >= req.num_tokens
+            sampled.append([self._token(rid, req.num_output_tokens + 1)] if caught_up else [])
+        return self.v.outputs.ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def _token(self, rid: str, index: int) -> int:
+        """Output token number `index` (1-based) of request `rid`."""
+        spec, a = self.specs[rid], self.arrival_of[rid]
+        if spec.stop_after is not None and index == spec.stop_after:
+            return STOP_BASE + a
+        return OUTPUT_BASE + a * (1 << 32) + index
+
+    def _reason(self, finish_reason: Any) -> ArFinishReason:
+        reasons = self.v.engine.FinishReason
+        if finish_reason == reasons.STOP:
+            return ArFinishReason.STOP
+        if finish_reason == reasons.LENGTH:
+            return ArFinishReason.LENGTH
+        raise ConfigError(  # vLLM finished a request for a reason the spec has no name for
+            "finish_reason", finish_reason, "stop or length (the fabricated model gives no other)"
+        )
+
+
+_MODEL_CONFIGS: dict[int, Any] = {}
+
+
+def _model_config(v: _Vllm, max_model_len: int) -> Any:
+    """The tiny Llama's `ModelConfig` for `max_model_len` (built once per length: it reads
+    config.json and validates; the scheduler only reads it)."""
+    mc = _MODEL_CONFIGS.get(max_model_len)
+    if mc is None:
+        with _engine_on_pythonpath():
+            mc = v.config.ModelConfig(
+                model=str(model_dir()),
+                skip_tokenizer_init=True,
+                max_model_len=max_model_len,
+                dtype="float32",
+                seed=0,
+            )
+        _MODEL_CONFIGS[max_model_len] = mc
+    return mc
+
+
+@contextlib.contextmanager
+def _engine_on_pythonpath() -> Iterator[None]:
+    """vLLM inspects the model class in a subprocess (once; the result is cached under
+    VLLM_CACHE_ROOT): that subprocess must find vLLM too. Only for that call, so no other
+    subprocess of this process sees the engine's packages."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(MANIFEST.directory), *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def _check_effective(sched: Any, config: ArConfig) -> None:
+    """vLLM may adjust a setting while building its config (a platform default): refuse to
+    check a scheduler whose effective settings are not the ones asked for."""
+    sc = sched.scheduler_config
+    effective = {
+        "max_num_seqs": sched.max_num_running_reqs,
+        "max_num_batched_tokens": sched.max_num_scheduled_tokens,
+        "max_model_len": sched.max_model_len,
+        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+    }
+    for name, value in effective.items():
+        wanted = getattr(config, name)
+        if value != wanted:
+            raise ConfigError(name, wanted, f"a value vLLM keeps (it made it {value!r})")
+    if sched.vllm_config.scheduler_config.async_scheduling:
+        raise ConfigError("async_scheduling", True, "False (the adapter drives sync steps)")
+
+
+def make_real_vllm(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching off."""
+    return RealVllmScheduler(config, sink, SPACE)
+
+
+def make_real_vllm_prefix(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with prefix caching on."""
+    return RealVllmScheduler(config, sink, SPACE_PREFIX)
+
+
+__all__ = [
+    "OUTPUT_BASE",
+    "SPACE",
+    "SPACE_PREFIX",
+    "STOP_BASE",
+    "RealVllmScheduler",
+    "load_vllm",
+    "make_real_vllm",
+    "make_real_vllm_prefix",
+    "model_dir",
+    "vllm_rules",
+]

@@ -1,0 +1,90 @@
+"""What vLLM 0.33.0 needs to import its v1 scheduler on a CPU-only machine.
+
+`pip install --no-deps --target <cache>/vllm-0.33.0` of the vLLM wheel (about 813 MB installed)
+plus the pure-Python (or self-contained binary) packages below, each with `--no-deps`: the list
+is exactly what `import vllm.v1.core.sched.scheduler` and building a `VllmConfig` from a local
+model directory asked for on top of the project venv (torch 2.13.0 CPU, numpy, pyyaml,
+safetensors, filelock, packaging, jinja2, pillow, fsspec and the test tools). xgrammar must be
+installed with `--no-deps`: its dependencies pull a 5 GB CUDA torch.
+
+Pins: where vLLM 0.33.0's metadata pins or bounds a package that the registry holds, we follow
+it (transformers <5.21, fastapi <0.137 — newer fastapi imports opentelemetry —, xgrammar 0.2.8,
+apache-tvm-ffi 0.1.11); llguidance is the newest the registry holds (1.6.1; vLLM asks for 1.7,
+which no index here serves, and the scheduler never calls it). Everything else is the newest
+release at the time of writing; pins keep the install reproducible.
+"""
+
+from __future__ import annotations
+
+from integrations.manifest import EngineManifest, Package
+
+VLLM_VERSION = "0.33.0"
+
+MANIFEST = EngineManifest(
+    engine="vllm",
+    version=VLLM_VERSION,
+    packages=(
+        Package("vllm", VLLM_VERSION),
+        # named by issue 11 (what importing the scheduler needs)
+        Package("pydantic", "2.14.3"),
+        Package("pydantic-core", "2.50.4"),
+        Package("annotated-types", "0.8.0"),
+        Package("typing-inspection", "0.4.5"),
+        Package("regex", "2026.11.15"),
+        Package("cachetools", "8.0.1"),
+        Package("psutil", "7.2.2"),
+        Package("msgspec", "0.22.0"),
+        Package("cloudpickle", "3.1.2"),
+        Package("cbor2", "6.3.0"),
+        Package("pyzmq", "27.3.0"),
+        Package("urllib3", "2.8.0"),
+        Package("transformers", "5.20.2"),
+        Package("aiohttp", "3.14.5"),
+        Package("requests", "2.34.2"),
+        Package("openai-harmony", "0.0.8"),
+        Package("openai", "3.54.0"),
+        Package("pybase64", "1.5.1"),
+        Package("uvloop", "0.23.0"),
+        Package("py-cpuinfo", "9.0.0"),
+        Package("prometheus-client", "0.26.0"),
+        Package("xgrammar", "0.2.8"),
+        Package("fastapi", "0.136.3"),
+        Package("partial-json-parser", "0.2.1.1.post7"),
+        Package("llguidance", "1.6.1"),
+        Package("einops", "0.8.2"),
+        # what those import in turn (found by importing until nothing was missing)
+        Package("huggingface-hub", "2.4.0"),
+        Package("tokenizers", "0.23.3"),
+        Package("tqdm", "4.70.1"),
+        Package("httpx2", "2.16.2"),
+        Package("httpcore2", "2.16.2"),
+        Package("h11", "0.16.0"),
+        Package("idna", "3.20"),
+        Package("truststore", "0.10.5"),
+        Package("certifi", "2026.10.18"),
+        Package("multidict", "7.2.1"),
+        Package("yarl", "1.25.1"),
+        Package("propcache", "0.5.4"),
+        Package("attrs", "26.1.0"),
+        Package("aiohappyeyeballs", "2.7.1"),
+        Package("aiosignal", "1.4.0"),
+        Package("frozenlist", "1.8.0"),
+        Package("sniffio", "1.3.1"),
+        Package("anyio", "4.16.0"),
+        Package("apache-tvm-ffi", "0.1.11"),
+        Package("starlette", "1.10.0"),
+        Package("annotated-doc", "0.0.7"),
+    ),
+    import_check="vllm.v1.core.sched.scheduler",
+    env=(
+        ("VLLM_TARGET_DEVICE", "cpu"),
+        ("VLLM_LOGGING_LEVEL", "ERROR"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ),
+)
+
+__all__ = ["MANIFEST", "VLLM_VERSION"]

@@ -1,0 +1,70 @@
+"""How many generated programs the `vllm-v1` reference decides differently from vLLM 0.33.0.
+
+    .venv/bin/python scripts/vllm_differential.py --programs 300 [--json FILE]
+
+Prints, for the `VLLM_V1` reference (vLLM 0.33.0's three options on), the idealised reference
+(every option off) and the reference with each option off alone, how many of the programs
+(`integrations.vllm.differential.program(seed)`, seeds 0..N-1) differ from the real scheduler
+in their per-step decisions. Needs `schedspec install-engines vllm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from integrations.vllm import REAL_VLLM
+from integrations.vllm.differential import count_differences
+from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig
+
+
+def _reference(options: VllmOptions, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return VllmV1Scheduler(config, sink, options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/vllm_differential.py")
+    parser.add_argument("--programs", type=int, default=300, help="generated programs (seeds)")
+    parser.add_argument("--json", default=None, help="also write the counts to this file")
+    args = parser.parse_args(argv)
+    if args.programs < 1:
+        parser.error("--programs: must be >= 1")
+    variants = {
+        "VLLM_V1 (all three options)": VLLM_033,
+        "idealised (no option)": VllmOptions(),
+        "without full_sequence_admission": dataclasses.replace(
+            VLLM_033, full_sequence_admission=False
+        ),
+        "without lone_request_threshold_exempt": dataclasses.replace(
+            VLLM_033, lone_request_threshold_exempt=False
+        ),
+        "without victim_among_all": dataclasses.replace(VLLM_033, victim_among_all=False),
+    }
+    start = time.perf_counter()
+    counts: dict[str, int] = {}
+    print(f"{'reference variant':40} programs differing from vLLM 0.33.0 (of {args.programs})")
+    for name, options in variants.items():
+        seeds = count_differences(REAL_VLLM.factory, partial(_reference, options), args.programs)
+        counts[name] = len(seeds)
+        print(f"{name:40} {len(seeds):4d}  first seeds {seeds[:5]}")
+    elapsed = time.perf_counter() - start
+    print(f"({elapsed:.1f} s)")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"programs": args.programs, "differing": counts, "seconds": elapsed})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
