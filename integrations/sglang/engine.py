@@ -36,6 +36,7 @@ What is stubbed, and why (each is plumbing, never a scheduling decision):
 
 from __future__ import annotations
 
+import importlib
 import types
 import zlib
 from collections.abc import Callable
@@ -48,6 +49,37 @@ from spec.config import DllmConfig, Mode
 
 _modules: dict[str, Any] = {}
 
+# What the adapter uses from SGLang: name -> (module, attribute or None for the module itself).
+_ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
+    "torch": ("torch", None),
+    "DllmAlgorithm": ("sglang.srt.dllm.algorithm.base", "DllmAlgorithm"),
+    "SgDllmConfig": ("sglang.srt.dllm.config", "DllmConfig"),
+    "DllmManager": ("sglang.srt.dllm.mixin.scheduler", "DllmManager"),
+    "AbortReq": ("sglang.srt.managers.io_struct", "AbortReq"),
+    "Req": ("sglang.srt.managers.schedule_batch", "Req"),
+    "ScheduleBatch": ("sglang.srt.managers.schedule_batch", "ScheduleBatch"),
+    "SchedulePolicy": ("sglang.srt.managers.schedule_policy", "SchedulePolicy"),
+    "Scheduler": ("sglang.srt.managers.scheduler", "Scheduler"),
+    "NewTokenRatioTracker": (
+        "sglang.srt.managers.scheduler_components.new_token_ratio_tracker",
+        "NewTokenRatioTracker",
+    ),
+    "TpModelWorker": ("sglang.srt.managers.tp_worker", "TpModelWorker"),
+    "PagedTokenToKVPoolAllocator": (
+        "sglang.srt.mem_cache.allocator.paged",
+        "PagedTokenToKVPoolAllocator",
+    ),
+    "TokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator"),
+    "CacheInitParams": ("sglang.srt.mem_cache.cache_init_params", "CacheInitParams"),
+    "ReqToTokenPool": ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool"),
+    "ComponentType": ("sglang.srt.mem_cache.unified_cache.components", "ComponentType"),
+    "UnifiedRadixCache": ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache"),
+    "get_context": ("sglang.srt.runtime_context", "get_context"),
+    "SamplingParams": ("sglang.srt.sampling.sampling_params", "SamplingParams"),
+    "SpeculativeAlgorithm": ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"),
+    "DisaggregationMode": ("sglang.srt.disaggregation.utils", "DisaggregationMode"),
+}
+
 
 def import_engine() -> dict[str, Any]:
     """Activate the install, put the stubs in place and import SGLang's scheduler path (once).
@@ -59,53 +91,12 @@ def import_engine() -> dict[str, Any]:
         return _modules
     MANIFEST.activate()
     with stubs.importing():
-        import torch
-        from sglang.srt.dllm.algorithm.base import DllmAlgorithm
-        from sglang.srt.dllm.config import DllmConfig as SgDllmConfig
-        from sglang.srt.dllm.mixin.scheduler import DllmManager
-        from sglang.srt.managers.io_struct import AbortReq
-        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-        from sglang.srt.managers.schedule_policy import SchedulePolicy
-        from sglang.srt.managers.scheduler import Scheduler
-        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
-            NewTokenRatioTracker,
-        )
-        from sglang.srt.managers.tp_worker import TpModelWorker
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-        from sglang.srt.runtime_context import get_context
-        from sglang.srt.sampling.sampling_params import SamplingParams
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    get_context().override_server_args(
+        for key, (module, attr) in _ENGINE_NAMES.items():
+            loaded = importlib.import_module(module)
+            _modules[key] = loaded if attr is None else getattr(loaded, attr)
+    _modules["get_context"]().override_server_args(
         dllm_algorithm="LowConfidence", device="cpu", disable_radix_cache=True
     ).install()
-    _modules.update(
-        torch=torch,
-        DllmAlgorithm=DllmAlgorithm,
-        SgDllmConfig=SgDllmConfig,
-        DllmManager=DllmManager,
-        AbortReq=AbortReq,
-        Req=Req,
-        ScheduleBatch=ScheduleBatch,
-        SchedulePolicy=SchedulePolicy,
-        Scheduler=Scheduler,
-        TpModelWorker=TpModelWorker,
-        NewTokenRatioTracker=NewTokenRatioTracker,
-        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
-        TokenToKVPoolAllocator=TokenToKVPoolAllocator,
-        CacheInitParams=CacheInitParams,
-        ReqToTokenPool=ReqToTokenPool,
-        ComponentType=ComponentType,
-        UnifiedRadixCache=UnifiedRadixCache,
-        get_context=get_context,
-        SamplingParams=SamplingParams,
-        SpeculativeAlgorithm=SpeculativeAlgorithm,
-    )
     return _modules
 
 
@@ -204,7 +195,11 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
         )
     else:
         allocator = m["PagedTokenToKVPoolAllocator"](
-            size=slots, page_size=p, dtype=torch.float32, device="cpu", kvcache=None,
+            size=slots,
+            page_size=p,
+            dtype=torch.float32,
+            device="cpu",
+            kvcache=None,
             need_sort=True,
         )
     params = m["CacheInitParams"](
@@ -244,9 +239,7 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
     )
     s.enable_overlap = False
     s.spec_algorithm = m["SpeculativeAlgorithm"].from_string(None)
-    from sglang.srt.disaggregation.utils import DisaggregationMode
-
-    s.disaggregation_mode = DisaggregationMode.NULL
+    s.disaggregation_mode = m["DisaggregationMode"].NULL
     for flag in (
         "enable_hierarchical_cache",
         "enable_hisparse",

@@ -20,7 +20,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 # Top-level packages answered with placeholders (plumbing only; see the module docstring).
@@ -232,7 +232,7 @@ def importing() -> Iterator[None]:
 
     install()
     saved = torch.compile
-    torch.compile = _no_compile  # type: ignore[assignment]
+    torch.compile = _no_compile
     try:
         yield
     finally:
@@ -251,6 +251,3 @@ def install(extra: Sequence[str] = ()) -> None:
 def stubbed_modules() -> list[str]:
     """Names of the modules answered with placeholders so far (for docs and diagnostics)."""
     return sorted(n for n, m in sys.modules.items() if isinstance(m, _StubModule))
-
-
-_: Callable[..., object] = install
