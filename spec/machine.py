@@ -93,6 +93,9 @@ class _Round:
     admitted: int = 0
 
 
+_FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
+
+
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
     """Mask tokens in block `block_index` before any step: its positions past the prompt."""
     b = config.block_size
@@ -127,10 +130,16 @@ class SpecMachine(MachineBase[Event, Rule]):
     default is the idealised spec.
     """
 
-    def __init__(self, config: DllmConfig, policy: DllmPolicy | None = None) -> None:
+    def __init__(
+        self, config: DllmConfig, policy: DllmPolicy | None = None, *, retain_finished: bool = True
+    ) -> None:
+        """retain_finished=False (trace checking): a finished or aborted request keeps only its
+        id and phase, so a long log checks in memory that does not grow with tokens; its output
+        is then no longer available (`outputs`, `check_outputs`)."""
         super().__init__()
         self.config = config
         self.policy = policy if policy is not None else DllmPolicy()
+        self.retain_finished = retain_finished
         # waiting queue as an ordered set (O(1) head, removal and membership)
         self._queue: dict[str, None] = {}
         self._requests: dict[str, _Request] = {}
@@ -143,6 +152,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._claimed_pages = 0  # worst-case pages of the active requests
         self._dirty: dict[str, None] = {}  # requests touched since the last check
         self._dirty_rows: set[int] = set()
+        self._dirty_blocks: set[SlotOwner] = set()  # (request, block) whose slots changed
         self._round = _Round()
         self._unreported: dict[str, None] = {}  # finished, output not yet reported (in order)
 
@@ -266,6 +276,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         elif was and not now:
             del self._running[r.request_id]
             self._claimed_pages -= self._pages(r)
+        if not self.retain_finished and phase in TERMINAL_PHASES:
+            r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
 
     def _pages(self, r: _Request) -> int:
         return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
@@ -273,9 +285,11 @@ class SpecMachine(MachineBase[Event, Rule]):
     def _own(self, slot: int, owner: SlotOwner) -> None:
         self._owner[slot] = owner
         self._blocks.setdefault(owner[0], {}).setdefault(owner[1], set()).add(slot)
+        self._dirty_blocks.add(owner)
 
     def _disown(self, slot: int) -> None:
         rid, block = self._owner.pop(slot)
+        self._dirty_blocks.add((rid, block))
         blocks = self._blocks[rid]
         blocks[block].discard(slot)
         if not blocks[block]:
@@ -559,12 +573,12 @@ class SpecMachine(MachineBase[Event, Rule]):
     def _check_prefix(self, r: _Request, e: Event) -> None:
         b = self.config.block_size
         by_block = self._blocks.get(r.request_id, {})
-        counts = {k: len(v) for k, v in by_block.items()}
         for k in range(r.committed_blocks):
-            if counts.get(k, 0) != b:
+            held = len(by_block.get(k, ()))
+            if held != b:
                 raise self._fail(
                     Rule.COMMITTED_PREFIX_KEPT,
-                    f"committed block {k} of {r.request_id!r} holds {counts.get(k, 0)} of its "
+                    f"committed block {k} of {r.request_id!r} holds {held} of its "
                     f"{b} KV slots while the request is still active",
                     e,
                 )
@@ -743,7 +757,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._require_owns_nothing(r, e)
         self._set_phase(r, RequestPhase(target))
         r.reason = e.reason
-        self._unreported[r.request_id] = None
+        if self.retain_finished:
+            self._unreported[r.request_id] = None
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config
@@ -826,7 +841,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         cfg = self.config
         cur = r.current
         return (
-            cfg.mode is Mode.FDFO
+            self.policy.rows_released_between_rounds
+            and cfg.mode is Mode.FDFO
             and not cfg.in_place_reuse
             and cur is not None
             and cur.phase in CARRIED_BLOCK_PHASES
@@ -979,22 +995,38 @@ class SpecMachine(MachineBase[Event, Rule]):
         `check_invariants` (the full check, kept for audits) fails, naming the same rule.
         """
         reqs = [self._requests[rid] for rid in self._dirty]
-        rows = self._dirty_rows
+        rows, blocks = self._dirty_rows, self._dirty_blocks
         self._dirty = {}
         self._dirty_rows = set()
-        failure = self._changed_failure(reqs, rows)
+        self._dirty_blocks = set()
+        if not reqs and not rows and not blocks:
+            failure = None  # nothing changed (a forward, a step, an end of round)
+            if len(self._running) > self.config.max_running_requests:
+                failure = self._changed_failure(reqs, rows, blocks)
+        else:
+            failure = self._changed_failure(reqs, rows, blocks)
         if failure is not None:
             raise self._fail(failure[0], failure[1], None)
 
-    def _changed_failure(self, reqs: list[_Request], rows: set[int]) -> tuple[Rule, str] | None:
+    def _changed_failure(
+        self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]
+    ) -> tuple[Rule, str] | None:
+        """The first invariant broken by the changed requests, rows and blocks (in the order
+        of `INVARIANTS`). Per-slot work only for blocks whose slots changed."""
         cfg = self.config
         total, b, p = cfg.kv_slots, cfg.block_size, cfg.page_size
-        for r in reqs:  # no_leak
+        changed = sorted(
+            (owner, sorted(self._blocks[owner[0]][owner[1]]))
+            for owner in blocks
+            if owner[1] in self._blocks.get(owner[0], ())
+        )
+        for _owner, owned in changed:  # no_leak: slots inside the pool
+            if owned[0] < 0 or owned[-1] >= total:
+                bad = owned[0] if owned[0] < 0 else owned[-1]
+                return Rule.NO_LEAK, f"slot {bad} outside the pool"
+        for r in reqs:  # no_leak: owned blocks are live
             cur = r.current
             for block, slots in self._blocks.get(r.request_id, {}).items():
-                for slot in sorted(slots):
-                    if not 0 <= slot < total:
-                        return Rule.NO_LEAK, f"slot {slot} outside the pool"
                 live = block < r.committed_blocks or (cur is not None and cur.index == block)
                 if not live:
                     return Rule.NO_LEAK, (
@@ -1002,7 +1034,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                         f"is not live"
                     )
         for r in reqs:  # terminal_owns_nothing
-            if r.phase in TERMINAL_PHASES:
+            if r.phase is _FINISHED or r.phase is _ABORTED:
                 if r.request_id in self._blocks:
                     return Rule.TERMINAL_OWNS_NOTHING, (
                         f"{r.phase.value} request {r.request_id!r} owns KV slots"
@@ -1036,33 +1068,24 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"{r.request_id!r} records row {r.row}, which the pool gives to "
                     f"{self._rows.get(r.row)!r}"
                 )
-        for r in reqs:  # whole_block_alloc
-            for block, slots in self._blocks.get(r.request_id, {}).items():
-                if len(slots) != b:
-                    return Rule.WHOLE_BLOCK_ALLOC, (
-                        f"block {(r.request_id, block)} owns {len(slots)} slots, not {b}"
-                    )
-        for r in reqs:  # page_alignment
-            for block, slots in self._blocks.get(r.request_id, {}).items():
-                ordered = sorted(slots)
-                first, last = ordered[0], ordered[-1]
-                if last - first + 1 != len(ordered):
-                    return Rule.PAGE_ALIGNMENT, (
-                        f"block {block} of {r.request_id!r} is not contiguous: {ordered}"
-                    )
-                if first % p != (block * b) % p or first // p != last // p:
-                    return Rule.PAGE_ALIGNMENT, (
-                        f"block {block} of {r.request_id!r} is misaligned in its page: {ordered}"
-                    )
-                page = first // p
-                users = {
-                    self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner
-                }
-                if len(users) > 1:
-                    return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
+        for owner, ordered in changed:  # whole_block_alloc
+            if len(ordered) != b:
+                return Rule.WHOLE_BLOCK_ALLOC, f"block {owner} owns {len(ordered)} slots, not {b}"
+        for (rid, block), ordered in changed:  # page_alignment
+            first, last = ordered[0], ordered[-1]
+            if last - first + 1 != len(ordered):
+                return Rule.PAGE_ALIGNMENT, f"block {block} of {rid!r} is not contiguous: {ordered}"
+            if first % p != (block * b) % p or first // p != last // p:
+                return Rule.PAGE_ALIGNMENT, (
+                    f"block {block} of {rid!r} is misaligned in its page: {ordered}"
+                )
+            page = first // p
+            users = {self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner}
+            if len(users) > 1:
+                return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
         for r in reqs:  # reuse_keeps_slots
             cur = r.current
-            if r.phase in ACTIVE_PHASES and cur is not None and cur.slots is not None:
+            if cur is not None and cur.slots is not None and r.request_id in self._running:
                 for slot in cur.slots:
                     if self._owner.get(slot) != (r.request_id, cur.index):
                         return Rule.REUSE_KEEPS_SLOTS, (
@@ -1075,7 +1098,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 return Rule.CARRIERS_IFF_UNFINISHED, (
                     f"carried block {cur.index} of {r.request_id!r} has no mask count"
                 )
-            if cur is not None and r.phase not in ACTIVE_PHASES:
+            if cur is not None and r.request_id not in self._running:
                 return Rule.CARRIERS_IFF_UNFINISHED, (
                     f"{r.phase.value} request {r.request_id!r} still has a current block"
                 )

@@ -152,3 +152,19 @@ def test_server_like_run_keeps_bounded_state() -> None:
     sched.drain()
     assert len(sched.seen) <= 100 + cfg.max_running_requests + len(sched.waiting)
     assert peak < 200
+
+
+def test_retired_requests_keep_only_what_later_events_need() -> None:
+    """retain_finished=False (trace checking) drops tokens but still refuses a reused id and
+    events for a finished request."""
+    cfg = DllmConfig(block_size=2, page_size=2, kv_pages=16, max_context=16)
+    h = Harness(make_scheduler, cfg)
+    h.submit(RequestSpec("a", (1, 2, 3), 3))
+    h.drain()
+    m = SpecMachine(cfg, retain_finished=False)
+    m.apply_all(h.events)
+    assert m.state().requests["a"].tokens == ()
+    from spec.events import Admitted, Submitted
+
+    assert m.enabled(Submitted("a", (1,), 1)) == "unique_submission"
+    assert m.enabled(Admitted("a", 0)) == "lifecycle"
