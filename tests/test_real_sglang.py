@@ -147,7 +147,7 @@ def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "15")),
+            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=list(HealthCheck),
