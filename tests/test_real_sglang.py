@@ -364,3 +364,26 @@ def test_replace_keeps_profile_fields() -> None:
     assert PROFILE.space.page_multiples == frozenset({1})
     assert PROFILE.policy.reserved_kv_pages == 1 and PROFILE.policy.reserved_rows == 1
     assert dataclasses.replace(PROFILE).policy.admission.value == "prefill-first"
+
+
+def test_missing_install_names_the_install_command(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from integrations.manifest import EngineNotInstalled
+
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path))
+    with pytest.raises(EngineNotInstalled, match="schedspec install-engines sglang"):
+        MANIFEST.activate()
+
+
+def test_importing_the_integration_does_not_import_sglang() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, integrations.sglang\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch')]\n"
+        "assert not bad, bad[:5]\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
