@@ -335,10 +335,33 @@ def test_finding_ragged_row_is_not_a_whole_block() -> None:
     extend is its prompt plus a whole mask block (5 tokens for block 4), spanning two blocks;
     under budget pressure `PrefillAdder.add_dllm_staging_req` also truncates a fresh block to
     the remaining budget (managers/schedule_policy.py:1114). A real model's step views the
-    input as whole blocks and would fail. No validated fix yet (see docs/engines.md)."""
+    input as whole blocks and would fail."""
     cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
     v = _violation(lambda: _ragged(_harness(cfg)))
     assert v.rule == "whole_block_alloc", v
+
+
+def test_finding_ragged_row_fixed_by_capping_the_fallback_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: `PrefillAdder._get_dllm_remain_tokens` (managers/schedule_policy.py:1001)
+    falls back to `rem_dllm_tokens` (max_running x block_size) when its budget is used up,
+    dropping its own cap at block_size (line 1010); a short prompt's fill ids are prompt + a
+    whole mask block, so the row takes more than a block. Keeping the cap makes every row one
+    block. This program also runs short of KV, so the KV-pressure fix is applied too."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    original = PrefillAdder._get_dllm_remain_tokens
+
+    def capped(self: Any, req: Any = None) -> int:
+        return min(int(original(self, req)), int(self.dllm_block_size))
+
+    monkeypatch.setattr(PrefillAdder, "_get_dllm_remain_tokens", capped)
+    _reserve_future_blocks(monkeypatch)
+    _decode_fallback(monkeypatch)
+    h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
+    _ragged(h)
+    assert set(h.outputs()) == {"a", "b", "c"}
 
 
 def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
