@@ -3,9 +3,9 @@
 SGLang 0.5.23's scheduler modules import a serving stack at module level: GPU kernels
 (triton), IPC (zmq), HTTP (fastapi, uvicorn), tokenizers (transformers) and similar. None of
 them is called on the path the adapter drives (scheduler -> adder -> batch -> pools -> worker
-hook -> algorithm -> result processing), so `install()` registers a meta-path finder that
-answers those imports, and only those, with permissive placeholder modules. It is installed
-only in a process that uses the SGLang adapter, after the engine's directory is on sys.path.
+hook -> algorithm -> result processing), so `importing()` registers a meta-path finder that
+answers those imports, and only those, with permissive placeholder modules. It is active only
+while the adapter imports SGLang (`importing()`), after the engine's directory is on sys.path.
 
 A placeholder attribute is a class (so `class X(transformers.PretrainedConfig)` works), calling
 it returns an instance, decorating with it returns the function unchanged (`@triton.jit`), and
@@ -16,6 +16,7 @@ scheduling decision: if the driven path ever *used* one, the run would fail, not
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -213,9 +214,6 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-_installed: list[_Finder] = []
-
-
 def _no_compile(*args: Any, **kwargs: Any) -> Any:
     """`torch.compile` stand-in while SGLang imports: module-level `@torch.compile(...)` would
     pull in torch's inductor, which then mistakes the triton placeholder for a real triton.
@@ -225,29 +223,51 @@ def _no_compile(*args: Any, **kwargs: Any) -> Any:
     return lambda fn: fn
 
 
+_answered: set[str] = set()
+
+
 @contextlib.contextmanager
 def importing() -> Iterator[None]:
-    """Install the placeholders and keep `torch.compile` a pass-through during the block."""
+    """Answer the plumbing imports with placeholders, and keep `torch.compile` a pass-through,
+    only for the duration of the block (SGLang's imports).
+
+    Afterwards the finder is removed and the placeholder modules leave `sys.modules`: SGLang's
+    modules keep the references they bound, and any other code in the process (another engine,
+    the torch engine) imports the real packages, or gets ImportError, as without SGLang.
+    Placeholders answer only what is not installed (the finder is consulted last).
+    """
     import torch
 
-    install()
+    finder = _Finder(STUBBED)
+    sys.meta_path.append(finder)
     saved = torch.compile
     torch.compile = _no_compile
     try:
         yield
     finally:
         torch.compile = saved
+        sys.meta_path.remove(finder)
+        for name, module in list(sys.modules.items()):
+            if isinstance(module, _StubModule):
+                _answered.add(name)
+                del sys.modules[name]
+        _forget_triton_probes()
 
 
-def install(extra: Sequence[str] = ()) -> None:
-    """Answer the plumbing imports with placeholders in this process (idempotent)."""
-    if _installed:
+def _forget_triton_probes() -> None:
+    """torch caches "is triton installed" (`torch.utils._triton`, functools caches) the first
+    time it asks; if that happened while the placeholder answered, clear those caches so the
+    rest of the process sees the truth (no triton on this CPU build)."""
+    try:
+        probes = importlib.import_module("torch.utils._triton")
+    except ImportError:
         return
-    finder = _Finder((*STUBBED, *extra))
-    sys.meta_path.insert(0, finder)
-    _installed.append(finder)
+    for value in vars(probes).values():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
 
 
 def stubbed_modules() -> list[str]:
     """Names of the modules answered with placeholders so far (for docs and diagnostics)."""
-    return sorted(n for n, m in sys.modules.items() if isinstance(m, _StubModule))
+    return sorted(_answered)
