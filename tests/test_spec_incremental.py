@@ -60,7 +60,7 @@ def _drive(factory: object, config: DllmConfig, seed: int) -> Harness:
     return h
 
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(config=dllm_configs(), seed=st.integers(0, 2**16))
 def test_incremental_equals_full_on_random_reference_programs(
     config: DllmConfig, seed: int
@@ -114,7 +114,7 @@ def _corruptions(m: SpecMachine, rng: random.Random) -> list[str]:
     return done
 
 
-@settings(max_examples=60, deadline=None, database=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(config=dllm_configs(), seed=st.integers(0, 2**16), cut=st.integers(1, 200))
 def test_incremental_equals_full_on_corrupted_states(
     config: DllmConfig, seed: int, cut: int
