@@ -59,7 +59,7 @@ def check_trace(
                     None,
                     'the trace has no {"kind": "config", ...} header line: pass --config PATH',
                 )
-            machine = SpecMachine(config, policy)
+            machine = SpecMachine(config, policy, retain_finished=False)
         try:
             machine.apply(item)
             machine.check_changed()

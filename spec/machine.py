@@ -130,10 +130,16 @@ class SpecMachine(MachineBase[Event, Rule]):
     default is the idealised spec.
     """
 
-    def __init__(self, config: DllmConfig, policy: DllmPolicy | None = None) -> None:
+    def __init__(
+        self, config: DllmConfig, policy: DllmPolicy | None = None, *, retain_finished: bool = True
+    ) -> None:
+        """retain_finished=False (trace checking): a finished or aborted request keeps only its
+        id and phase, so a long log checks in memory that does not grow with tokens; its output
+        is then no longer available (`outputs`, `check_outputs`)."""
         super().__init__()
         self.config = config
         self.policy = policy if policy is not None else DllmPolicy()
+        self.retain_finished = retain_finished
         # waiting queue as an ordered set (O(1) head, removal and membership)
         self._queue: dict[str, None] = {}
         self._requests: dict[str, _Request] = {}
@@ -272,6 +278,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         elif was and not now:
             del self._running[r.request_id]
             self._claimed_pages -= self._pages(r)
+        if not self.retain_finished and phase in TERMINAL_PHASES:
+            r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
 
     def _pages(self, r: _Request) -> int:
         return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
@@ -751,7 +759,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._require_owns_nothing(r, e)
         self._set_phase(r, RequestPhase(target))
         r.reason = e.reason
-        self._unreported[r.request_id] = None
+        if self.retain_finished:
+            self._unreported[r.request_id] = None
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config

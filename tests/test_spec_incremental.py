@@ -60,7 +60,7 @@ def _drive(factory: object, config: DllmConfig, seed: int) -> Harness:
     return h
 
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(config=dllm_configs(), seed=st.integers(0, 2**16))
 def test_incremental_equals_full_on_random_reference_programs(
     config: DllmConfig, seed: int
@@ -114,7 +114,7 @@ def _corruptions(m: SpecMachine, rng: random.Random) -> list[str]:
     return done
 
 
-@settings(max_examples=60, deadline=None, database=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(config=dllm_configs(), seed=st.integers(0, 2**16), cut=st.integers(1, 200))
 def test_incremental_equals_full_on_corrupted_states(
     config: DllmConfig, seed: int, cut: int
@@ -152,3 +152,19 @@ def test_server_like_run_keeps_bounded_state() -> None:
     sched.drain()
     assert len(sched.seen) <= 100 + cfg.max_running_requests + len(sched.waiting)
     assert peak < 200
+
+
+def test_retired_requests_keep_only_what_later_events_need() -> None:
+    """retain_finished=False (trace checking) drops tokens but still refuses a reused id and
+    events for a finished request."""
+    cfg = DllmConfig(block_size=2, page_size=2, kv_pages=16, max_context=16)
+    h = Harness(make_scheduler, cfg)
+    h.submit(RequestSpec("a", (1, 2, 3), 3))
+    h.drain()
+    m = SpecMachine(cfg, retain_finished=False)
+    m.apply_all(h.events)
+    assert m.state().requests["a"].tokens == ()
+    from spec.events import Admitted, Submitted
+
+    assert m.enabled(Submitted("a", (1,), 1)) == "unique_submission"
+    assert m.enabled(Admitted("a", 0)) == "lifecycle"

@@ -234,4 +234,4 @@ def test_sglang_facts_are_expressible() -> None:
 )
 def test_every_builtin_passes_under_its_profile(impl: DllmImplementation) -> None:
     machine = conformance_machine(impl.factory, profile=impl.profile)
-    run_state_machine_as_test(machine, settings=settings(max_examples=30, deadline=None))
+    run_state_machine_as_test(machine, settings=settings(max_examples=20, deadline=None))

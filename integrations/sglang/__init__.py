@@ -1,0 +1,23 @@
+"""SGLang 0.5.23's dLLM scheduler path under the spec (`real-sglang-dllm`).
+
+Importing this package never imports SGLang: the factory activates `MANIFEST` (raising
+`EngineNotInstalled`, which names `schedspec install-engines sglang`, when it is missing) and
+imports SGLang's scheduler path with `integrations.sglang.stubs` in place, on first use.
+See docs/engines.md, "SGLang 0.5.23".
+"""
+
+from __future__ import annotations
+
+from integrations.sglang.adapter import make_sglang_dllm
+from integrations.sglang.manifest import MANIFEST
+from integrations.sglang.profile import SGLANG_DLLM_PROFILE
+from spec.implementation import DllmImplementation
+
+REAL_SGLANG_DLLM = DllmImplementation(
+    make_sglang_dllm,
+    SGLANG_DLLM_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path (Scheduler, PrefillAdder, alloc_for_extend, pools, "
+    "DllmAlgorithm.run with a scripted step, process_batch_result_dllm, abort_request) on CPU",
+)
+
+__all__ = ["MANIFEST", "REAL_SGLANG_DLLM", "SGLANG_DLLM_PROFILE", "make_sglang_dllm"]

@@ -1,0 +1,10 @@
+"""Import check for the installer: SGLang's scheduler path imports with the stubs in place.
+
+`python -c "import integrations.sglang.check"` with the engine directory on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+from integrations.sglang.engine import import_engine
+
+import_engine()

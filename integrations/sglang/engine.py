@@ -1,0 +1,340 @@
+"""SGLang 0.5.23's real dLLM scheduler path, assembled on CPU for one `DllmConfig`.
+
+What runs for real (SGLang's own code, unmodified):
+- `Scheduler.get_next_batch_to_run` (managers/scheduler.py:3894) with the dLLM mixin
+  (dllm/mixin/scheduler.py): `get_new_batch_dllm`, `DllmManager`, `PrefillAdder`
+  (managers/schedule_policy.py, `add_one_req`, `add_dllm_staging_req`), `ScheduleBatch.init_new`
+  and `prepare_for_extend`, `alloc_for_extend` with its in-place KV reuse
+  (mem_cache/allocation.py:374), `finish_dllm_forward` / `stash_chunked_request`;
+- the pools: `ReqToTokenPool` (row 0 reserved for padding), `PagedTokenToKVPoolAllocator`
+  (page_size > 1) or `TokenToKVPoolAllocator` (page_size 1) on device `cpu` (page 0 reserved),
+  and `UnifiedRadixCache` with the radix cache disabled (SGLang's default for dLLM);
+- `TpModelWorker._forward_batch_generation_dllm` (managers/tp_worker.py:593) and the base
+  `DllmAlgorithm.run` (dllm/algorithm/base.py: `_run_sync` / `_run_fdfo`) with a scripted
+  `step` (`ScriptedStep`) in place of a model's logits;
+- `Scheduler.process_batch_result_dllm` (commit, carry `dllm_incomplete_ids`, finish, release)
+  and `Scheduler.abort_request` (managers/scheduler.py:5675).
+
+What is stubbed, and why (each is plumbing, never a scheduling decision):
+- the Scheduler and TpModelWorker are built with `__new__`; the attributes they read are set by
+  hand in `build` (their `__init__` starts processes, loads a model and opens sockets);
+- observability and I/O attributes (`scheduler_stage_metrics`, `metrics_reporter`,
+  `output_streamer`, `ipc_channels`, `grammar_manager`, `beam_coordinator`) are no-op objects;
+  `dp_attn_adapter` / `ngram_embedding_manager` pass the batch through unchanged (no data
+  parallelism, no n-gram embedding);
+- the model runner: `forward` records the forward and returns no logits (the scripted step does
+  not read them); the forward batch is a minimal object (`batch_size`, `input_ids` = the batch's
+  own `prefill_input_ids_cpu`, `dllm_prompt_mask=None`) because `ForwardBatch.init_new` needs a
+  model runner;
+- the runtime context: a dummy `ServerArgs` published once with `override_server_args`
+  (dllm_algorithm set, device cpu, radix cache disabled), and `pp_max_micro_batch_size` =
+  max_running_requests published per build, exactly as `Scheduler.__init__` does
+  (managers/scheduler.py:1237);
+- requests are built as `Req` objects and appended to `waiting_queue` (what
+  `handle_generate_request` does after tokenisation, which is not on the path).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from integrations.sglang import stubs
+from integrations.sglang.manifest import MANIFEST
+from spec.config import DllmConfig, Mode
+
+_modules: dict[str, Any] = {}
+
+# What the adapter uses from SGLang: name -> (module, attribute or None for the module itself).
+_ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
+    "torch": ("torch", None),
+    "DllmAlgorithm": ("sglang.srt.dllm.algorithm.base", "DllmAlgorithm"),
+    "SgDllmConfig": ("sglang.srt.dllm.config", "DllmConfig"),
+    "DllmManager": ("sglang.srt.dllm.mixin.scheduler", "DllmManager"),
+    "AbortReq": ("sglang.srt.managers.io_struct", "AbortReq"),
+    "Req": ("sglang.srt.managers.schedule_batch", "Req"),
+    "ScheduleBatch": ("sglang.srt.managers.schedule_batch", "ScheduleBatch"),
+    "SchedulePolicy": ("sglang.srt.managers.schedule_policy", "SchedulePolicy"),
+    "Scheduler": ("sglang.srt.managers.scheduler", "Scheduler"),
+    "NewTokenRatioTracker": (
+        "sglang.srt.managers.scheduler_components.new_token_ratio_tracker",
+        "NewTokenRatioTracker",
+    ),
+    "TpModelWorker": ("sglang.srt.managers.tp_worker", "TpModelWorker"),
+    "PagedTokenToKVPoolAllocator": (
+        "sglang.srt.mem_cache.allocator.paged",
+        "PagedTokenToKVPoolAllocator",
+    ),
+    "TokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator"),
+    "CacheInitParams": ("sglang.srt.mem_cache.cache_init_params", "CacheInitParams"),
+    "ReqToTokenPool": ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool"),
+    "ComponentType": ("sglang.srt.mem_cache.unified_cache.components", "ComponentType"),
+    "UnifiedRadixCache": ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache"),
+    "get_context": ("sglang.srt.runtime_context", "get_context"),
+    "SamplingParams": ("sglang.srt.sampling.sampling_params", "SamplingParams"),
+    "SpeculativeAlgorithm": ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"),
+    "DisaggregationMode": ("sglang.srt.disaggregation.utils", "DisaggregationMode"),
+}
+
+
+def import_engine() -> dict[str, Any]:
+    """Activate the install, put the stubs in place and import SGLang's scheduler path (once).
+
+    Raises `integrations.manifest.EngineNotInstalled` (a ConfigError naming the install
+    command) when SGLang is not installed.
+    """
+    if _modules:
+        return _modules
+    MANIFEST.activate()
+    with stubs.importing():
+        for key, (module, attr) in _ENGINE_NAMES.items():
+            loaded = importlib.import_module(module)
+            _modules[key] = loaded if attr is None else getattr(loaded, attr)
+    _modules["get_context"]().override_server_args(
+        dllm_algorithm="LowConfidence", device="cpu", disable_radix_cache=True
+    ).install()
+    return _modules
+
+
+class _Noop:
+    """An observability / I/O collaborator: every call does nothing."""
+
+    def __init__(self, name: str = "noop") -> None:
+        self._name = name
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Noop(f"{self._name}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class _Passthrough:
+    """A batch transformer that is the identity (no DP attention, no n-gram embedding)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: args[0] if args else None
+
+
+def _ignore(_: Any) -> None:
+    return None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Where the worker reports what it does, as it happens: `on_forward(forward_batch)` before
+    each model forward, `on_step([(req, done, masks_remaining), ...])` after each step, and
+    `steps_after_forward` (steps since the latest forward; SGLang's sync loop skips the step
+    when every row of a batch is already complete)."""
+
+    on_forward: Callable[[Any], None] = _ignore
+    on_step: Callable[[list[tuple[Any, bool, int]]], None] = _ignore
+    steps_after_forward: int = 0
+
+
+def scripted_token(rid: str, position: int, mask: int) -> int:
+    """The token the scripted step writes at `position` of request `rid` (never the mask)."""
+    tok = 1 + zlib.crc32(f"{rid}@{position}".encode()) % 97
+    return tok + 1 if tok == mask else tok
+
+
+def unmask_per_step(rid: str, block_index: int, block_size: int) -> int:
+    """Masks the scripted step fills per step for this block: 1 .. block_size, fixed per
+    (request, block), so a block needs between 1 and block_size steps to unmask."""
+    return 1 + zlib.crc32(f"{rid}#{block_index}".encode()) % block_size
+
+
+@dataclass(slots=True)
+class Engine:
+    """One assembled SGLang scheduler, its pools and its worker, for one config."""
+
+    config: DllmConfig
+    scheduler: Any
+    worker: Any
+    req_to_token_pool: Any
+    allocator: Any
+    tree_cache: Any
+    sg_config: Any
+    record: StepRecord
+    spec_id: dict[int, str]  # id(Req) -> the spec's request id
+
+    @property
+    def page_size(self) -> int:
+        return self.config.page_size
+
+
+def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
+    """Assemble SGLang's scheduler path for `config` (see the module docstring)."""
+    m = import_engine()
+    torch = m["torch"]
+    b, p = config.block_size, config.page_size
+    m["get_context"]().override(
+        "schedspec.pp_max_micro_batch_size", pp_max_micro_batch_size=config.max_running_requests
+    )
+    rtp = m["ReqToTokenPool"](
+        size=config.req_pool_rows,
+        max_context_len=config.max_context + b,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    slots = config.kv_pages * p
+    if p == 1:
+        allocator = m["TokenToKVPoolAllocator"](
+            size=slots, dtype=torch.float32, device="cpu", kvcache=None, need_sort=True
+        )
+    else:
+        allocator = m["PagedTokenToKVPoolAllocator"](
+            size=slots,
+            page_size=p,
+            dtype=torch.float32,
+            device="cpu",
+            kvcache=None,
+            need_sort=True,
+        )
+    params = m["CacheInitParams"](
+        disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=allocator, page_size=p
+    )
+    params.tree_components = (m["ComponentType"].FULL,)
+    tree = m["UnifiedRadixCache"](params)
+    sg_config = m["SgDllmConfig"](
+        algorithm="LowConfidence",
+        algorithm_config={},
+        block_size=b,
+        mask_id=config.mask_token_id,
+        max_running_requests=config.max_running_requests,
+        first_done_first_out_mode=config.mode is Mode.FDFO,
+    )
+    s = m["Scheduler"].__new__(m["Scheduler"])
+    s.dllm_config = sg_config
+    s.dllm_manager = m["DllmManager"](sg_config)
+    s.waiting_queue = []
+    s.req_to_token_pool = rtp
+    s.token_to_kv_pool_allocator = allocator
+    s.tree_cache = tree
+    s.page_size = p
+    s.chunked_req = None
+    s._pending_chunked_abort_req = None
+    s.running_batch = m["ScheduleBatch"](reqs=[], batch_is_full=False)
+    s.last_batch = None
+    s.policy = m["SchedulePolicy"]("fcfs", tree, False, False, False)
+    s.new_token_ratio_tracker = m["NewTokenRatioTracker"].from_config()
+    s.max_prefill_tokens = 1 << 30
+    s.chunked_prefill_size = None
+    s.is_mixed_chunk = False
+    s.priority_scheduling_preemption_threshold = 0
+    s.truncation_align_size = None
+    s.model_config = types.SimpleNamespace(
+        context_len=config.max_context, vocab_size=1 << 30, is_encoder_decoder=False
+    )
+    s.enable_overlap = False
+    s.spec_algorithm = m["SpeculativeAlgorithm"].from_string(None)
+    s.disaggregation_mode = m["DisaggregationMode"].NULL
+    for flag in (
+        "enable_hierarchical_cache",
+        "enable_hisparse",
+        "enable_priority_preemption",
+        "enable_priority_scheduling",
+        "enable_unified_cache_external_linker",
+        "enable_lmcache",
+        "require_mlp_sync",
+        "enable_continuous_input_polling",
+    ):
+        setattr(s, flag, False)
+    for name in (
+        "scheduler_stage_metrics",
+        "output_streamer",
+        "ipc_channels",
+        "grammar_manager",
+    ):
+        setattr(s, name, _Noop(name))
+    s.metrics_reporter = _Noop("metrics_reporter")
+    s.metrics_reporter.num_generated_tokens = 0
+    s.beam_coordinator = _Noop("beam_coordinator")
+    s.beam_coordinator.pending_member_rows = lambda batch: 0
+    s.dp_attn_adapter = _Passthrough()
+    s.ngram_embedding_manager = _Passthrough()
+    s._arm_prefill_decode_interval = lambda batch: None
+    s.mm_receiver = None
+    s.rust_server = None
+
+    record = StepRecord()
+    algorithm = _scripted_algorithm(m, sg_config, record, spec_id)
+    worker = m["TpModelWorker"].__new__(m["TpModelWorker"])
+    worker.dllm_algorithm = algorithm
+    worker._model_runner = _Runner(record, spec_id, config.mask_token_id, b)
+    return Engine(config, s, worker, rtp, allocator, tree, sg_config, record, spec_id)
+
+
+class _Runner:
+    """The model runner: records each forward (request, masks fed); computes no logits."""
+
+    def __init__(self, record: StepRecord, spec_id: dict[int, str], mask: int, b: int) -> None:
+        self.record = record
+        self.spec_id = spec_id
+        self.mask = mask
+        self.block_size = b
+
+    def forward(self, forward_batch: Any, pp_proxy_tensors: Any = None) -> Any:
+        self.record.on_forward(forward_batch)
+        self.record.steps_after_forward = 0
+        return types.SimpleNamespace(
+            logits_output=types.SimpleNamespace(full_logits=None), can_run_graph=False
+        )
+
+
+def _scripted_algorithm(
+    m: dict[str, Any], sg_config: Any, record: StepRecord, spec_id: dict[int, str]
+) -> Any:
+    base = m["DllmAlgorithm"]
+
+    class ScriptedStep(base):  # type: ignore[misc, valid-type]
+        """`DllmAlgorithm` whose `step` fills masks by a fixed script instead of a model's
+        confidences: per (request, block) a fixed number of masks per step, left to right,
+        with a fixed token per position. Like every SGLang algorithm it reports a row done
+        only when its block had no mask when the step started (dllm/algorithm/base.py)."""
+
+        def step(self, forward_batch: Any, full_logits: Any, states: list[Any]) -> list[bool]:
+            b = self.block_size
+            ids = forward_batch.input_ids.view(forward_batch.batch_size, b)
+            done: list[bool] = []
+            rows: list[tuple[Any, bool, int]] = []
+            for i, req in enumerate(forward_batch.reqs):
+                rid = spec_id[id(req)]
+                start = req.extend_end - b
+                masked = [j for j in range(b) if int(ids[i, j]) == self.mask_id]
+                fill = masked[: unmask_per_step(rid, start // b, b)]
+                for j in fill:
+                    ids[i, j] = scripted_token(rid, start + j, self.mask_id)
+                done.append(not masked)
+                rows.append((req, not masked, len(masked) - len(fill)))
+            record.steps_after_forward += 1
+            record.on_step(rows)
+            return done
+
+    return ScriptedStep(sg_config)
+
+
+def run_worker(engine: Engine, batch: Any) -> Any:
+    """`TpModelWorker._forward_batch_generation_dllm` on `batch` (the real hook and the real
+    `DllmAlgorithm.run`), with the minimal forward batch described in the module docstring."""
+    forward_batch = types.SimpleNamespace(
+        batch_size=len(batch.reqs),
+        input_ids=batch.prefill_input_ids_cpu.clone(),
+        dllm_prompt_mask=None,
+        reqs=list(batch.reqs),
+    )
+    return engine.worker._forward_batch_generation_dllm(forward_batch, batch)
+
+
+__all__ = ["Engine", "StepRecord", "build", "import_engine", "run_worker", "scripted_token"]

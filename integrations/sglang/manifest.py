@@ -1,0 +1,30 @@
+"""What SGLang 0.5.23 needs on a CPU machine (see docs/engines.md, "SGLang 0.5.23").
+
+The cp311 manylinux wheel is installed with `--no-deps` (its Rust extensions are never imported)
+with the few pure-Python packages its scheduler path really uses. Everything else it imports at
+module level (triton, zmq, transformers, fastapi, ...) is answered in-process by
+`integrations.sglang.stubs`, never installed. The project's torch 2.13.0 CPU build is used.
+"""
+
+from __future__ import annotations
+
+from integrations.manifest import EngineManifest, Package
+
+VERSION = "0.5.23"
+
+MANIFEST = EngineManifest(
+    engine="sglang",
+    version=VERSION,
+    packages=(
+        Package("sglang", VERSION),
+        Package("msgspec"),
+        Package("orjson"),
+        Package("psutil"),
+        Package("pybase64"),
+        Package("dill"),
+        Package("tqdm"),
+        Package("regex"),
+    ),
+    # imports the scheduler path the adapter drives, with the in-process stubs installed
+    import_check="integrations.sglang.check",
+)

@@ -1,0 +1,66 @@
+"""The profile SGLang 0.5.23's dLLM path declares: what it supports and what it chooses.
+
+Every option cites the SGLang behaviour behind it (paths relative to python/sglang/srt/):
+- page == block only (`page_multiples={1}`): the dLLM path caps the KV page size at the block
+  size (`_dllm_page_size`), so the only overlap with the spec's "page a positive multiple of the
+  block" is page == block;
+- FDFO reuse is unconditional (`in_place_reuse={True}`): `alloc_for_extend` reuses a retained
+  block whenever the request holds its row and has `dllm_incomplete_ids`
+  (mem_cache/allocation.py:387); there is no switch;
+- no re-loop (`reloop={False}`): `DllmAlgorithm._run_fdfo` runs one forward and one step per
+  scheduler round (dllm/algorithm/base.py);
+- rows == max_running_requests: the request pool is sized from max_running_requests
+  (`ReqToTokenPool(size=max_num_reqs)`); with fewer rows SGLang stalls (a finding, see
+  docs/engines.md), so the profile does not claim that space;
+- reserved KV page 0 and request-pool row 0 (padding for CUDA-graph batches,
+  mem_cache/memory_pool.py:400 and the allocators' `clear`);
+- admission PREFILL_FIRST: `_process_dllm_batches` tries the prefill batch first and falls back
+  to the decode batch only when there is no prefill-phase request
+  (dllm/mixin/scheduler.py:262); a batch is prefill-only or decode-only;
+- not work-conserving: `PrefillAdder` admits against a budget that reserves the running
+  requests' future tokens (`max_new_tokens` x `new_token_ratio`) and counts a new request as
+  its fill ids (prompt plus a whole mask block) plus `max_new_tokens` plus a page
+  (managers/schedule_policy.py `add_one_req`), so it deliberately leaves free rows and KV idle
+  while a queued request would fit.
+
+Accepted deviation (until the spec's PREFILL_FIRST option covers it):
+- `fcfs_admission`: a prefill-phase request gets its row (the spec's admission) before a
+  decode-phase request queued ahead of it, because the prefill batch is formed first
+  (dllm/mixin/scheduler.py `_process_dllm_batches`); both had entered SGLang's dLLM waiting
+  queue in FCFS order (`_fetch_waiting_reqs`).
+"""
+
+from __future__ import annotations
+
+from spec.profile import (
+    AcceptedDeviation,
+    DllmAdmission,
+    DllmConfigSpace,
+    DllmPolicy,
+    DllmProfile,
+)
+
+SGLANG_DLLM_PROFILE = DllmProfile(
+    space=DllmConfigSpace(
+        page_multiples=frozenset({1}),
+        in_place_reuse=frozenset({True}),
+        reloop=frozenset({False}),
+        rows_equal_max_running=True,
+    ),
+    policy=DllmPolicy(
+        admission=DllmAdmission.PREFILL_FIRST,
+        reserved_kv_pages=1,
+        reserved_rows=1,
+        work_conserving=False,
+    ),
+    deviations=(
+        AcceptedDeviation(
+            "fcfs_admission",
+            "SGLang forms the prefill batch first, so a prefill-phase request gets its row before "
+            "a decode-phase request queued ahead of it (dllm/mixin/scheduler.py "
+            "_process_dllm_batches); both entered its dLLM queue in FCFS order",
+        ),
+    ),
+)
+
+__all__ = ["SGLANG_DLLM_PROFILE"]

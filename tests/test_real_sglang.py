@@ -1,0 +1,412 @@
+"""SGLang 0.5.23's real dLLM scheduler path under the spec (integrations.sglang).
+
+Everything here drives SGLang's own code (see integrations/sglang/engine.py for what runs for
+real and what is stubbed). The findings are regression tests: each FAILS with its rule on the
+real code and PASSES with SGLang patched the way its fix would go (the patch is applied with
+monkeypatch to the named SGLang method; the line it replaces is cited).
+
+SGLang must be installed (`schedspec install-engines sglang`); without it these tests fail
+with that command in the message, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM
+from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
+from properties.conformance import conformance_machine
+from properties.harness import Harness
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SpecViolation
+from spec.profile import DllmConfigSpace, DllmProfile
+
+PROFILE = REAL_SGLANG_DLLM.profile
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sglang_installed() -> Iterator[None]:
+    if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
+        pytest.skip("SCHEDSPEC_SKIP_ENGINES=1: real-engine tests skipped")
+    if not MANIFEST.installed():
+        pytest.fail(
+            f"SGLang {MANIFEST.version} is not installed in {MANIFEST.directory}: run "
+            f"`schedspec install-engines sglang`",
+            pytrace=False,
+        )
+    from integrations.sglang.engine import import_engine
+
+    import_engine()
+    yield
+
+
+def _config(**changes: Any) -> DllmConfig:
+    base = DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=16,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=32,
+        mode=Mode.FDFO,
+        in_place_reuse=True,
+    )
+    return base.replace(**changes)
+
+
+def _harness(config: DllmConfig, profile: DllmProfile = PROFILE) -> Harness:
+    return Harness(REAL_SGLANG_DLLM.factory, config, profile=profile)
+
+
+def _violation(run: Any) -> SpecViolation:
+    with pytest.raises(SpecViolation) as info:
+        run()
+    return info.value
+
+
+# ---------------------------------------------------------------------------------- basics
+@pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])
+def test_requests_finish_with_the_spec_outputs_and_leave_nothing(mode: Mode) -> None:
+    """Three requests (one a prompt-only block first) run to completion on the real path; the
+    harness checks every event, every snapshot, the reported outputs and no leak."""
+    cfg = _config(mode=mode, in_place_reuse=mode is Mode.FDFO)
+    h = _harness(cfg)
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
+    h.submit(RequestSpec("b", (1, 2), 3))
+    h.drain()
+    h.submit(RequestSpec("c", (3,), 9))
+    h.drain()
+    assert set(h.outputs()) == {"a", "b", "c"}
+    assert len(h.outputs()["a"]) == 6 and len(h.outputs()["c"]) == 9
+    impl = h.impl
+    assert isinstance(impl, SglangDllmAdapter)
+    assert impl.engine.allocator.available_size() == cfg.kv_slots
+
+
+def test_fdfo_reuses_the_retained_block_in_place() -> None:
+    """An unfinished FDFO block is fed again from the same KV slots (SGLang's in-place reuse,
+    mem_cache/allocation.py `_alloc_extend_loc_with_kv_reuse`)."""
+    h = _harness(_config())
+    h.submit(RequestSpec("a", (5,), 4))
+    h.round()
+    h.round()
+    reused = [
+        row for e in h.events if type(e).__name__ == "Forward" for row in e.rows if row.reused
+    ]
+    assert reused, "the carried block was not reused"
+
+
+def test_abort_is_exact_although_sglang_aborts_by_prefix() -> None:
+    """SGLang aborts every id that starts with the given one; the adapter's engine ids are never
+    prefixes of each other, so aborting r1 leaves r10 running."""
+    assert not engine_request_id("r10").startswith(engine_request_id("r1"))
+    h = _harness(_config())
+    h.submit(RequestSpec("r1", (1, 2), 6))
+    h.submit(RequestSpec("r10", (3, 4), 6))
+    h.round()
+    assert h.abort("r1") is None
+    assert h.abort("nope") is not None  # SGLang ignores unknown ids; the adapter refuses them
+    h.drain()
+    assert set(h.outputs()) == {"r10"}
+
+
+# ---------------------------------------------------------------------------------- the suite
+# Pools with room for every admitted request's worst case and for SGLang's admission estimate
+# (a mask block, max_new_tokens and a page per request): the KV-pressure findings below are
+# checked on their own (with less room SGLang overcommits or truncates blocks; docs/engines.md).
+def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
+    return st.builds(
+        lambda b, rows, mode: DllmConfig(
+            block_size=b,
+            page_size=b,
+            kv_pages=rows * (-(-24 // b) + 4) + 2,
+            req_pool_rows=rows,
+            max_running_requests=rows,
+            max_context=b * (-(-24 // b)),
+            mode=mode,
+            in_place_reuse=mode is Mode.FDFO,
+        ),
+        st.sampled_from([1, 2, 4]),
+        st.integers(1, 3),
+        st.sampled_from([Mode.FDFO, Mode.SYNC]),
+    )
+
+
+def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
+    machine = conformance_machine(
+        REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------- findings
+def _kv_pressure(h: Harness) -> None:
+    """rows 2, 5 usable KV pages (SGLang's page 0 aside), two requests of 3 pages each
+    (block = page = 4): both fit alone, not together."""
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
+    h.submit(RequestSpec("b", (1, 2, 3, 4, 5), 6))
+    h.guarded("drain", h.drain)
+
+
+def test_finding_kv_pressure_overcommits_and_runs_out_of_memory() -> None:
+    """SGLang admits the second request without reserving the future blocks of the running one
+    and later raises `RuntimeError: Prefill out of memory` inside alloc_for_extend."""
+    v = _violation(lambda: _kv_pressure(_harness(_config(kv_pages=5))))
+    assert v.rule == "implementation_error", v
+    assert "Prefill out of memory" in str(v), v
+
+
+def test_finding_kv_pressure_fixed_by_reserving_future_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: admit an incoming request only when the free KV covers its worst case plus the
+    blocks the running requests still need (patching `process_dllm_incoming_reqs`,
+    dllm/mixin/scheduler.py, which offers incoming requests to the adder). A refused prefill
+    request must not starve the decode batch, so the decode fallback below is applied too."""
+    _reserve_future_blocks(monkeypatch)
+    _decode_fallback(monkeypatch)
+    h = _harness(_config(kv_pages=5))
+    _kv_pressure(h)
+    assert set(h.outputs()) == {"a", "b"}
+
+
+def _reserve_future_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    original = SchedulerDllmMixin.process_dllm_incoming_reqs
+
+    def worst_case(req: Any, b: int) -> int:
+        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
+        return -(-total // b) * b
+
+    def reserving(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
+        b = self.dllm_config.block_size
+        held = [r for r in self.dllm_manager.waiting_queue if r.kv.req_pool_idx is not None]
+        need = sum(worst_case(r, b) - int(r.kv.kv_allocated_len) for r in held)
+        free = self.token_to_kv_pool_allocator.available_size() - need
+        fits = []
+        for req in reqs:
+            if worst_case(req, b) > free:
+                break
+            free -= worst_case(req, b)
+            fits.append(req)
+        if not fits:
+            return AddReqResult.NO_TOKEN
+        return original(self, adder, fits, running_batch)
+
+    monkeypatch.setattr(SchedulerDllmMixin, "process_dllm_incoming_reqs", reserving)
+
+
+def _decode_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the prefill pass admits nothing, fall back to the decode batch (patching
+    `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns after the prefill pass
+    whether or not it formed a batch)."""
+    from sglang.srt.dllm.mixin.req import DllmReqPhase
+    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    original = SchedulerDllmMixin._process_dllm_batches
+
+    def with_fallback(self: Any, adder: Any, running_batch: Any) -> Any:
+        mode = original(self, adder, running_batch)
+        if adder.can_run_list:
+            return mode
+        decode = self.dllm_manager.get_decode_requests()
+        self._process_batch_by_phase(
+            adder,
+            decode,
+            DllmReqPhase.STAGING_DECODE,
+            DllmReqPhase.INCOMING_DECODE,
+            running_batch=running_batch,
+        )
+        return ForwardMode.DLLM_EXTEND
+
+    monkeypatch.setattr(SchedulerDllmMixin, "_process_dllm_batches", with_fallback)
+
+
+def _rows_short(h: Harness) -> None:
+    """1 row, max_running 2: a decode-phase request runs, then a prefill-phase one arrives."""
+    h.submit(RequestSpec("d", (1,), 8))
+    h.round()
+    h.submit(RequestSpec("p", (1, 2, 3, 4, 5, 6, 7, 8, 9), 4))
+    for _ in range(4):
+        h.guarded("round", h.round)
+    h.guarded("drain", h.drain)
+
+
+_ROWS_SHORT = DllmProfile(
+    space=DllmConfigSpace(
+        page_multiples=frozenset({1}),
+        in_place_reuse=frozenset({True}),
+        reloop=frozenset({False}),
+        rows_equal_max_running=False,  # deliberately outside the declared profile
+    ),
+    policy=PROFILE.policy,
+)
+
+
+def test_finding_prefill_request_without_a_row_starves_the_decode_request() -> None:
+    """With fewer rows than max_running, a prefill-phase request that cannot get a row makes
+    SGLang skip the decode batch (prefill goes first and forms nothing): the decode request that
+    holds the row never runs again. Outside the profile (rows == max_running) on purpose."""
+    v = _violation(lambda: _rows_short(_harness(_config(req_pool_rows=1), _ROWS_SHORT)))
+    assert v.rule == "progress", v
+
+
+def test_finding_starvation_fixed_by_falling_back_to_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: when the prefill pass admits nothing, fall back to the decode batch (patching
+    `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns after the prefill pass)."""
+    _decode_fallback(monkeypatch)
+    h = _harness(_config(req_pool_rows=1), _ROWS_SHORT)
+    _rows_short(h)
+    assert set(h.outputs()) == {"d", "p"}
+
+
+def _abort_carrier(h: Harness) -> None:
+    """An FDFO request whose block is unresolved (carried, KV retained) is aborted."""
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 8))
+    h.round()  # prompt block
+    h.round()  # block 1: first step leaves masks -> carried with its KV
+    assert h.impl.snapshot().carrying == frozenset({"a"})
+    h.abort("a")
+    h.guarded("drain", h.drain)
+
+
+def test_sglang_0_5_23_frees_the_retained_block_on_abort() -> None:
+    """0.5.23 releases the whole allocation of an aborted FDFO request (#32992 is fixed)."""
+    h = _harness(_config())
+    _abort_carrier(h)
+    assert h.impl.snapshot().leaked_slots() == 0
+
+
+def test_finding_32992_recreated_is_caught_as_terminal_owns_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang #32992 re-created: the abort frees only the committed KV of the request, not the
+    retained block of its unresolved FDFO block. The patched `release_kv_cache` (as the dLLM
+    abort path in managers/scheduler.py calls it) forgets the retained block first."""
+    import sglang.srt.managers.scheduler as scheduler_module
+
+    release = scheduler_module.release_kv_cache
+
+    def pre_fix(req: Any, tree_cache: Any, checkpoint: bool = False) -> Any:
+        if len(req.dllm_incomplete_ids):  # the retained block is not part of the commit
+            req.kv.kv_allocated_len = req.prefix_len
+            req.kv.kv_committed_len = req.prefix_len
+        return release(req, tree_cache, checkpoint=checkpoint)
+
+    monkeypatch.setattr(scheduler_module, "release_kv_cache", pre_fix)
+    v = _violation(lambda: _abort_carrier(_harness(_config())))
+    assert v.rule == "terminal_owns_nothing", v
+
+
+def _ragged(h: Harness) -> None:
+    """A request with a one-token prompt is admitted while another runs (rows 3, 8 pages)."""
+    h.submit(RequestSpec("a", (1,), 20))
+    h.guarded("round", h.round)
+    h.submit(RequestSpec("b", (2,), 12))
+    h.guarded("round", h.round)
+    h.submit(RequestSpec("c", (3,), 11))
+    h.guarded("drain", h.drain)
+
+
+def test_finding_ragged_row_is_not_a_whole_block() -> None:
+    """Found by the suite: SGLang allocates a row that is not one whole block. Here `b`'s first
+    extend is its prompt plus a whole mask block (5 tokens for block 4), spanning two blocks;
+    under budget pressure `PrefillAdder.add_dllm_staging_req` also truncates a fresh block to
+    the remaining budget (managers/schedule_policy.py:1114). A real model's step views the
+    input as whole blocks and would fail."""
+    cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
+    v = _violation(lambda: _ragged(_harness(cfg)))
+    assert v.rule == "whole_block_alloc", v
+
+
+def test_finding_ragged_row_fixed_by_capping_the_fallback_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: `PrefillAdder._get_dllm_remain_tokens` (managers/schedule_policy.py:1001)
+    falls back to `rem_dllm_tokens` (max_running x block_size) when its budget is used up,
+    dropping its own cap at block_size (line 1010); a short prompt's fill ids are prompt + a
+    whole mask block, so the row takes more than a block. Keeping the cap makes every row one
+    block. This program also runs short of KV, so the KV-pressure fix is applied too."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    original = PrefillAdder._get_dllm_remain_tokens
+
+    def capped(self: Any, req: Any = None) -> int:
+        return min(int(original(self, req)), int(self.dllm_block_size))
+
+    monkeypatch.setattr(PrefillAdder, "_get_dllm_remain_tokens", capped)
+    _reserve_future_blocks(monkeypatch)
+    _decode_fallback(monkeypatch)
+    h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
+    _ragged(h)
+    assert set(h.outputs()) == {"a", "b", "c"}
+
+
+def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
+    """Found by the suite: with 4 pages (16 slots) a request of 12 tokens (3 pages) fits, but
+    SGLang's admission estimate (fill ids = prompt + a whole mask block, + max_new_tokens, + a
+    page: 5 + 4 + 6 + 4 = 19 > 16, managers/schedule_policy.py `add_one_req`) never fits, so an
+    idle engine never admits it: a permanent stall."""
+    h = _harness(_config(kv_pages=4))
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
+    v = _violation(lambda: h.guarded("round", h.round))
+    assert v.rule == "progress", v
+
+
+def test_profile_refuses_a_config_outside_its_space() -> None:
+    from spec.profile import ConfigOutsideProfile
+
+    with pytest.raises(ConfigOutsideProfile, match="page_size"):
+        _harness(_config(page_size=8))
+
+
+def test_replace_keeps_profile_fields() -> None:
+    # the profile SGLang declares (docs/engines.md lists each option with its source line)
+    assert PROFILE.space.page_multiples == frozenset({1})
+    assert PROFILE.policy.reserved_kv_pages == 1 and PROFILE.policy.reserved_rows == 1
+    assert dataclasses.replace(PROFILE).policy.admission.value == "prefill-first"
+
+
+def test_missing_install_names_the_install_command(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from integrations.manifest import EngineNotInstalled
+
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path))
+    with pytest.raises(EngineNotInstalled, match="schedspec install-engines sglang"):
+        MANIFEST.activate()
+
+
+def test_importing_the_integration_does_not_import_sglang() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, integrations.sglang\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch')]\n"
+        "assert not bad, bad[:5]\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
