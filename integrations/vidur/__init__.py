@@ -25,28 +25,13 @@ KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "lightllm", "ft")
 def check_config(kind: str, config: ArConfig) -> None:
     """Refuse, with a `ConfigError` naming the field, what Vidur's `kind` cannot express.
 
-    Beyond the profile's space: one pipeline stage (the adapter steps one stage), no prefill
-    threshold (Vidur has no such knob), and for Orca / FasterTransformer a pool that holds one
-    max_model_len reservation (Vidur sizes its pool as a multiple of it).
+    The profile's space (`ConfigOutsideProfile`: FCFS, one stage, no prefix cache, no prefill
+    threshold, LightLLM block size 1, Orca / FasterTransformer a pool that holds one
+    max_model_len reservation, as Vidur sizes its pool as a multiple of it), and one replica.
     """
     PROFILES[kind].space.check(config)
-    if config.num_stages != 1:
-        raise ConfigError("num_stages", config.num_stages, "1: the adapter steps one stage")
     if config.num_replicas != 1:
         raise ConfigError("num_replicas", config.num_replicas, "1: one replica scheduler")
-    if config.long_prefill_token_threshold:
-        raise ConfigError(
-            "long_prefill_token_threshold",
-            config.long_prefill_token_threshold,
-            "0: Vidur's replica schedulers have no such knob",
-        )
-    if kind in ("orca", "ft") and config.max_blocks_per_request > config.usable_blocks:
-        raise ConfigError(
-            "num_blocks",
-            config.num_blocks,
-            f"Vidur's {kind} reserves max_model_len worth of blocks per request: at least "
-            f"{config.max_blocks_per_request} usable blocks",
-        )
 
 
 def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
@@ -71,7 +56,7 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     options: dict[str, Any] = {
         "num_blocks": config.usable_blocks,
         "batch_size_cap": config.max_num_seqs,
-        "watermark_blocks_fraction": 0.0,
+        "watermark_blocks_fraction": PROFILES[kind].policy.watermark_fraction,
     }
     if kind in ("vllm", "lightllm"):
         options["max_tokens_in_batch"] = config.max_num_batched_tokens
@@ -89,8 +74,7 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     )
     if kind == "ft" and not hasattr(scheduler, "_preempted_batches"):
         scheduler._preempted_batches = []  # vidur 0.0.25 never initialises it (see adapter)
-    rules = PROFILES[kind].policy.rules
-    assert rules is not None  # every Vidur profile declares its rules
+    rules = PROFILES[kind].policy.rules_for(config)
     return VidurAdapter(
         config, sink, kind=kind, rules=rules, scheduler=scheduler, request_cls=vidur.Request
     )

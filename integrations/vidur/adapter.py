@@ -30,7 +30,16 @@ Stubs and private state the adapter touches, each with why:
 - `_allocation_map` (read), `get_pending_requests()` (Vidur's `_request_queue`, read and, for
   an abort, edited), `_preempted_requests` and, for FasterTransformer, `_preempted_batches`
   (edited only by an abort): Vidur has no abort, so the adapter removes the request from
-  those queues and calls the real `free`;
+  those queues (dropping a FasterTransformer batch the abort left empty, which Vidur itself
+  never has) and calls the real `free`;
+- `Request._num_stage_processed_tokens` / `_is_prefill_stage_complete` (written): vidur
+  0.0.25's `Request.restart()` resets the processed tokens but not these pipeline-stage
+  counters (added in 0.0.2x for sequence pipeline parallelism; microsoft/vidur's main branch
+  has no such counters), so every restarted request raises AssertionError in
+  `Request.on_batch_stage_end` / `on_batch_end` at its next batch: Vidur's own simulator
+  cannot survive a restart. The adapter resets them right after a restart (inside the wrapped
+  `free` that follows it), so the replica schedulers' decisions can be checked past the first
+  restart; `fix_restart=False` turns this off (the regression test shows the crash);
 - `FasterTransformerReplicaScheduler._preempted_batches`: vidur 0.0.25 never initialises it
   (microsoft/vidur's main branch does, in the class's `__init__`); without it the class raises
   AttributeError at the first batch that does not finish entirely, so the adapter sets it to
@@ -107,6 +116,7 @@ class VidurAdapter:
         rules: ArRules,
         scheduler: Any,
         request_cls: Any,
+        fix_restart: bool = True,
     ) -> None:
         self._config = config
         self._rules = rules
@@ -114,6 +124,7 @@ class VidurAdapter:
         self.kind = kind
         self.scheduler = scheduler
         self._request_cls = request_cls
+        self.fix_restart = fix_restart
         self.stage = scheduler.get_replica_stage_scheduler(0)
         first = 1 if config.reserve_null_block else 0
         self._free_ids: deque[int] = deque(range(first, config.num_blocks))
@@ -169,9 +180,13 @@ class VidurAdapter:
         pending = getattr(self.scheduler, "_preempted_requests", [])
         if vreq in pending:
             pending.remove(vreq)
-        for batch in getattr(self.scheduler, "_preempted_batches", []):
-            if vreq in batch.requests:
-                batch.requests.remove(vreq)
+        batches = getattr(self.scheduler, "_preempted_batches", None)
+        if batches is not None:
+            for batch in batches:
+                if vreq in batch.requests:
+                    batch.requests.remove(vreq)
+            # a batch left empty would cost FasterTransformer an empty step: Vidur never has one
+            batches[:] = [b for b in batches if b.requests]
         if vreq.id in self.scheduler._allocation_map:
             self.scheduler.free(vreq.id)
         self._sync()
@@ -306,11 +321,21 @@ class VidurAdapter:
         restarted = tracked.vidur.num_restarts > tracked.restarts
         if self._in_schedule and restarted and not held:
             tracked.restarts = tracked.vidur.num_restarts
+            if self.fix_restart:
+                _reset_stage_counters(tracked.vidur)
             if rid in self._admitted:
                 self._admitted.remove(rid)
             self.sink(ArPreempted(rid, tuple(gone)))
         elif gone:
             self.sink(ArBlocksFreed(rid, tuple(gone)))
+
+
+def _reset_stage_counters(vreq: Any) -> None:
+    """What vidur 0.0.25's `Request.restart()` forgets (entities/request.py): the pipeline-stage
+    counters. Left as they are, the restarted request's stage count passes its total and
+    `on_batch_stage_end` / `on_batch_end` raise AssertionError at its next batch."""
+    vreq._num_stage_processed_tokens = 0
+    vreq._is_prefill_stage_complete = False
 
 
 def _reason(request: ArRequest) -> ArFinishReason:
