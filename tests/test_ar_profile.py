@@ -146,6 +146,9 @@ def test_bad_space_and_profile() -> None:
         ArProfile(
             deviations=(AcceptedDeviation("progress", "a"), AcceptedDeviation("progress", "b"))
         )
+    with pytest.raises(ProfileError) as err:
+        ArProfile(deviations=(AcceptedDeviation("no_such_rule", "a"),))
+    assert err.value.field == "deviations"
 
 
 def test_config_outside_space_names_the_field() -> None:
