@@ -1,0 +1,320 @@
+"""`schedspec install-engines [vllm|sglang|vidur|all] [--force]`: install the pinned engines.
+
+Each engine's `MANIFEST` (an `integrations.manifest.EngineManifest`, exported by
+`integrations.<engine>`, imported lazily so a missing engine package costs nothing) is installed
+into `MANIFEST.directory` (`<cache>/<engine>-<version>`):
+
+1. every package with `pip install --no-deps --target` (a package marked `deps=True` without
+   `--no-deps`), each into its own staging directory that is then merged into the engine
+   directory — so two packages sharing a namespace directory (`google/`, `bin/`) both land,
+   which a second plain `pip install --target` into the same directory would skip;
+2. `python -c "import <import_check>"` with the engine directory on PYTHONPATH and the
+   manifest's environment, with this interpreter (the project's venv, whose torch is used);
+3. the stamp (`.schedspec-installed`), written last: a directory without it is an incomplete
+   install and is removed and redone; one with it is reused ("cached") unless `--force`.
+
+A per-engine lock file next to the directory serialises concurrent installers (two pytest
+workers, two shells). Exit codes: 0 installed or cached; 1 a pip install or the import check
+failed (naming the package and pip's last line); 2 usage: an unknown engine, or one whose
+adapter package is not part of this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from integrations.manifest import EngineManifest, Package
+from spec.errors import ConfigError, SchedSpecError
+
+# engine name -> the module exporting its MANIFEST
+ENGINE_MODULES: Mapping[str, str] = {
+    "vllm": "integrations.vllm",
+    "sglang": "integrations.sglang",
+    "vidur": "integrations.vidur",
+}
+
+Printer = Callable[[str], None]
+
+
+class UnknownEngine(ConfigError):
+    """An engine name that is not one of ours, or whose adapter package is absent."""
+
+    def __init__(self, name: str, valid: str) -> None:
+        super().__init__("engine", name, valid)
+
+
+class InstallFailed(SchedSpecError):
+    """A pip install or the import check failed; names the package and pip's last line."""
+
+    def __init__(self, engine: str, what: str, last_line: str) -> None:
+        self.engine = engine
+        self.what = what
+        self.last_line = last_line
+        super().__init__(f"{engine}: {what} failed: {last_line}")
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    """What `install` did for one engine."""
+
+    engine: str
+    directory: Path
+    cached: bool
+    seconds: float
+
+
+def resolve(names: Sequence[str], modules: Mapping[str, str] = ENGINE_MODULES) -> list[str]:
+    """The engine names `names` asks for, in order, without duplicates.
+
+    `all` means every engine whose adapter package is present in this checkout. A name that is
+    not an engine raises `UnknownEngine`.
+    """
+    valid = ", ".join([*modules, "all"])
+    wanted: list[str] = []
+    for name in names or ["all"]:
+        if name == "all":
+            wanted.extend(n for n in modules if _present(modules[n]))
+        elif name in modules:
+            wanted.append(name)
+        else:
+            raise UnknownEngine(name, f"one of {valid}")
+    return list(dict.fromkeys(wanted))
+
+
+def load_manifest(name: str, modules: Mapping[str, str] = ENGINE_MODULES) -> EngineManifest:
+    """`<module>:MANIFEST` of engine `name`; `UnknownEngine` when its package is absent."""
+    module_name = modules[name]
+    if not _present(module_name):
+        raise UnknownEngine(
+            name, f"an engine whose adapter package {module_name} is part of this checkout"
+        )
+    module = importlib.import_module(module_name)
+    manifest = getattr(module, "MANIFEST", None)
+    if not isinstance(manifest, EngineManifest):
+        raise UnknownEngine(name, f"{module_name}.MANIFEST to be an EngineManifest")
+    return manifest
+
+
+def install(
+    manifest: EngineManifest,
+    *,
+    force: bool = False,
+    python: str = sys.executable,
+    out: Printer = print,
+) -> InstallResult:
+    """Install `manifest` into its directory (see the module docstring); reuse a complete one.
+
+    Raises `InstallFailed` when pip or the import check fails; the stamp is then not written.
+    """
+    tag = f"[{manifest.engine}]"
+    start = time.monotonic()
+    directory = manifest.directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(directory.with_name(directory.name + ".lock")):
+        if manifest.installed() and not force:
+            out(f"{tag} cached: {directory}")
+            return InstallResult(manifest.engine, directory, True, time.monotonic() - start)
+        if directory.exists():  # an incomplete install, or --force
+            shutil.rmtree(directory)
+        staging = directory.with_name(directory.name + ".staging")
+        if staging.exists():
+            shutil.rmtree(staging)
+        directory.mkdir()
+        total = len(manifest.packages)
+        out(f"{tag} installing {total} package(s) into {directory}")
+        try:
+            for i, package in enumerate(manifest.packages, 1):
+                t0 = time.monotonic()
+                target = staging / str(i)
+                _pip_install(python, package, target, manifest.engine)
+                _merge(target, directory)
+                out(f"{tag} ({i}/{total}) {package.requirement} {time.monotonic() - t0:.1f}s")
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+        t0 = time.monotonic()
+        _import_check(python, manifest)
+        out(f"{tag} import {manifest.import_check} ok {time.monotonic() - t0:.1f}s")
+        seconds = time.monotonic() - start
+        manifest.stamp.write_text(
+            json.dumps(
+                {
+                    "engine": manifest.engine,
+                    "version": manifest.version,
+                    "packages": [p.requirement for p in manifest.packages],
+                    "python": sys.version.split()[0],
+                    "seconds": round(seconds, 1),
+                },
+                indent=1,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+    out(f"{tag} installed in {seconds:.1f}s")
+    return InstallResult(manifest.engine, directory, False, seconds)
+
+
+def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGINE_MODULES) -> int:
+    """The `install-engines` command. Returns the exit code (0 ok, 1 install failed, 2 usage)."""
+    parser = _Parser(
+        prog="schedspec install-engines",
+        description="Install the pinned real engines (CPU) into the project's engine cache "
+        "($SCHEDSPEC_ENGINE_CACHE, else ~/.cache/schedspec/engines); a complete install is reused.",
+    )
+    parser.add_argument(
+        "engines",
+        nargs="*",
+        metavar="ENGINE",
+        help=f"engines to install: {', '.join(modules)} or all (default: all)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="reinstall even when a complete install exists"
+    )
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except _UsageError as exc:
+        print(f"schedspec install-engines: {exc} (see --help)", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else 2
+    start = time.monotonic()
+    try:
+        names = resolve(args.engines, modules)
+        manifests = [load_manifest(n, modules) for n in names]
+    except ConfigError as exc:
+        print(f"schedspec install-engines: {exc}", file=sys.stderr)
+        return 2
+    if not manifests:
+        print("schedspec install-engines: no engine adapters in this checkout", file=sys.stderr)
+        return 2
+    for manifest in manifests:
+        try:
+            install(manifest, force=args.force)
+        except InstallFailed as exc:
+            print(f"schedspec install-engines: {exc}", file=sys.stderr)
+            return 1
+    print(f"install-engines: {', '.join(names)} ready in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """One line for a usage error, not argparse's two-line usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _present(module_name: str) -> bool:
+    if module_name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pip_install(python: str, package: Package, target: Path, engine: str) -> None:
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--target",
+        str(target),
+    ]
+    if not package.deps:
+        cmd.append("--no-deps")
+    cmd.append(package.requirement)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise InstallFailed(
+            engine, f"pip install {package.requirement}", _last_line(res.stderr + res.stdout)
+        )
+
+
+def _import_check(python: str, manifest: EngineManifest) -> None:
+    env = dict(os.environ)
+    env.update(manifest.env)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(manifest.directory) + (os.pathsep + old if old else "")
+    res = subprocess.run(
+        [python, "-c", f"import {manifest.import_check}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise InstallFailed(
+            manifest.engine,
+            f"import check `import {manifest.import_check}`",
+            _last_line(res.stderr + res.stdout),
+        )
+
+
+def _merge(src: Path, dst: Path) -> None:
+    """Move the tree `src` into `dst`, merging directories both have; a later file wins."""
+    if not src.exists():
+        return
+    for entry in src.iterdir():
+        there = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink() and there.is_dir():
+            _merge(entry, there)
+        else:
+            if there.is_dir() and not there.is_symlink():
+                shutil.rmtree(there)
+            elif there.exists() or there.is_symlink():
+                there.unlink()
+            shutil.move(str(entry), str(there))
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = [
+    "ENGINE_MODULES",
+    "InstallFailed",
+    "InstallResult",
+    "UnknownEngine",
+    "install",
+    "load_manifest",
+    "main",
+    "resolve",
+]

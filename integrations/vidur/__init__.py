@@ -1,0 +1,121 @@
+"""Vidur's five REAL replica schedulers (vLLM, Sarathi, Orca, LightLLM, FasterTransformer) under
+the AR spec, at a constant execution time.
+
+`REAL_VIDUR_VLLM`, `REAL_VIDUR_SARATHI`, `REAL_VIDUR_ORCA`, `REAL_VIDUR_LIGHTLLM` and
+`REAL_VIDUR_FT` are `ArImplementation`s (built-in names `real-vidur-vllm|sarathi|orca|lightllm|
+ft`). Importing this package does not import Vidur: a factory activates `MANIFEST` (raising
+`EngineNotInstalled`, which names `schedspec install-engines vidur`, when it is missing) and
+then imports it. See `integrations.vidur.adapter` for what runs for real and every stub.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from integrations.vidur.manifest import MANIFEST, VIDUR_VERSION
+from integrations.vidur.profiles import PROFILES
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.config import ArConfig
+from spec.errors import ConfigError
+from spec.implementation import ArImplementation
+
+KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "lightllm", "ft")
+
+
+def check_config(kind: str, config: ArConfig) -> None:
+    """Refuse, with a `ConfigError` naming the field, what Vidur's `kind` cannot express.
+
+    The profile's space (`ConfigOutsideProfile`: FCFS, one stage, no prefix cache, no prefill
+    threshold, LightLLM block size 1, Orca / FasterTransformer a pool that holds one
+    max_model_len reservation, as Vidur sizes its pool as a multiple of it), and one replica.
+    """
+    PROFILES[kind].space.check(config)
+    if config.num_replicas != 1:
+        raise ConfigError("num_replicas", config.num_replicas, "1: one replica scheduler")
+
+
+def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """A `VidurAdapter` driving a fresh, real Vidur `kind` replica scheduler for `config`."""
+    check_config(kind, config)
+    MANIFEST.activate()
+    from integrations.vidur import engine
+    from integrations.vidur.adapter import VidurAdapter, _ConstantTime
+
+    vidur = engine.load()
+    replica_config = vidur.ReplicaConfig(
+        num_pipeline_stages=1,
+        tensor_parallel_size=1,
+        enable_sequence_pipeline_parallel=False,
+        block_size=config.block_size,
+    )
+    generator = vidur.SyntheticRequestGeneratorConfig(
+        length_generator_config=vidur.FixedRequestLengthGeneratorConfig(
+            max_tokens=config.max_model_len
+        )
+    )
+    options: dict[str, Any] = {
+        "num_blocks": config.usable_blocks,
+        "batch_size_cap": config.max_num_seqs,
+        "watermark_blocks_fraction": PROFILES[kind].policy.watermark_fraction,
+    }
+    if kind in ("vllm", "lightllm"):
+        options["max_tokens_in_batch"] = config.max_num_batched_tokens
+    if kind == "lightllm":
+        options["max_waiting_iters"] = config.max_waiting_iters
+    if kind == "sarathi":
+        options["chunk_size"] = config.max_num_batched_tokens
+    scheduler = vidur.schedulers[kind](
+        replica_config,
+        vidur.scheduler_configs[kind](**options),
+        generator,
+        vidur.Replica(replica_config, generator),
+        1,
+        _ConstantTime(),
+    )
+    if kind == "ft" and not hasattr(scheduler, "_preempted_batches"):
+        scheduler._preempted_batches = []  # vidur 0.0.25 never initialises it (see adapter)
+    rules = PROFILES[kind].policy.rules_for(config)
+    return VidurAdapter(
+        config, sink, kind=kind, rules=rules, scheduler=scheduler, request_cls=vidur.Request
+    )
+
+
+def factory(kind: str) -> ArImplementationFactory:
+    """The `(config, sink) -> adapter` factory of Vidur's `kind` replica scheduler."""
+    if kind not in KINDS:
+        raise ConfigError("kind", kind, f"one of {', '.join(KINDS)}")
+
+    def make(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return build(kind, config, sink)
+
+    make.__name__ = make.__qualname__ = f"make_real_vidur_{kind}"
+    return make
+
+
+def _implementation(kind: str, what: str) -> ArImplementation:
+    return ArImplementation(
+        factory(kind),
+        PROFILES[kind],
+        f"Vidur {VIDUR_VERSION} {what} replica scheduler (real class, constant batch time)",
+    )
+
+
+REAL_VIDUR_VLLM = _implementation("vllm", "vLLM")
+REAL_VIDUR_SARATHI = _implementation("sarathi", "Sarathi")
+REAL_VIDUR_ORCA = _implementation("orca", "Orca")
+REAL_VIDUR_LIGHTLLM = _implementation("lightllm", "LightLLM")
+REAL_VIDUR_FT = _implementation("ft", "FasterTransformer")
+
+
+__all__ = [
+    "KINDS",
+    "MANIFEST",
+    "REAL_VIDUR_FT",
+    "REAL_VIDUR_LIGHTLLM",
+    "REAL_VIDUR_ORCA",
+    "REAL_VIDUR_SARATHI",
+    "REAL_VIDUR_VLLM",
+    "build",
+    "check_config",
+    "factory",
+]

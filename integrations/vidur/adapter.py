@@ -1,0 +1,347 @@
+"""`VidurAdapter`: one of Vidur's REAL replica schedulers as a `spec.ar.adapter.ArSchedulerAdapter`.
+
+What runs for real (vidur 0.0.25): the replica scheduler class itself, built by its own
+`__init__` from Vidur's own config dataclasses (`ReplicaConfig`, the scheduler's config,
+`SyntheticRequestGeneratorConfig` carrying max_model_len as `max_tokens`) and a real `Replica`;
+`on_schedule` (its `_get_next_batch`, `_can_allocate_request`, `allocate`, `free`, restarts,
+`can_allocate`), `on_stage_end`, `on_batch_end`; the real `ReplicaStageScheduler`, `Batch`,
+`BatchStage` and `Request` entities (`Request.on_batch_end` does the token accounting and
+completion, `Request.restart` the recompute). One step is exactly what Vidur's event loop does
+for one batch on a one-stage replica: ReplicaScheduleEvent (`on_schedule`, `Batch.on_schedule`),
+BatchStageArrival / ReplicaStageSchedule (`add_batch`, stage `on_schedule`,
+`BatchStage.on_schedule`), BatchStageEnd (`BatchStage.on_stage_end`, stage `on_stage_end`,
+replica `on_stage_end`) and BatchEnd (`Batch.on_batch_end`, replica `on_batch_end`).
+
+Stubs and private state the adapter touches, each with why:
+
+- execution-time predictor: `_ConstantTime`, a duck-typed stand-in whose
+  `get_execution_time(batch, stage)` returns 1.0 s for every batch (the scheduler decisions do
+  not depend on it; Vidur's predictors need profiling data and scikit-learn);
+- `integrations.vidur.engine`: placeholder modules for sklearn / pandas / fasteners /
+  huggingface_hub while Vidur's modules are imported (never called);
+- `allocate` and `free` (public methods of `BaseReplicaScheduler`) are wrapped on the instance:
+  each call goes through unchanged, then the adapter diffs `_allocation_map` (request id ->
+  block count, Vidur's only record of KV) against its own block names and emits
+  `ArBlocksAllocated` / `ArPreempted` / `ArBlocksFreed`. Vidur counts blocks and never names
+  them, so the adapter names them: ids 0..n-1 (1..n with the null block reserved: Vidur has no
+  null block, so it gets the usable blocks) from a FIFO free list. A removal inside
+  `on_schedule` of a request whose `num_restarts` grew is a preemption (Vidur's restart);
+  anything else is a free;
+- `_allocation_map` (read), `get_pending_requests()` (Vidur's `_request_queue`, read and, for
+  an abort, edited), `_preempted_requests` and, for FasterTransformer, `_preempted_batches`
+  (edited only by an abort): Vidur has no abort, so the adapter removes the request from
+  those queues (dropping a FasterTransformer batch the abort left empty, which Vidur itself
+  never has) and calls the real `free`;
+- `Request._num_stage_processed_tokens` / `_is_prefill_stage_complete` (written): vidur
+  0.0.25's `Request.restart()` resets the processed tokens but not these pipeline-stage
+  counters (added in 0.0.2x for sequence pipeline parallelism; microsoft/vidur's main branch
+  has no such counters), so every restarted request raises AssertionError in
+  `Request.on_batch_stage_end` / `on_batch_end` at its next batch: Vidur's own simulator
+  cannot survive a restart. The adapter resets them right after a restart (inside the wrapped
+  `free` that follows it), so the replica schedulers' decisions can be checked past the first
+  restart; `fix_restart=False` turns this off (the regression test shows the crash);
+- `FasterTransformerReplicaScheduler._preempted_batches`: vidur 0.0.25 never initialises it
+  (microsoft/vidur's main branch does, in the class's `__init__`); without it the class raises
+  AttributeError at the first batch that does not finish entirely, so the adapter sets it to
+  an empty list after construction.
+
+Requests: Vidur knows each request's decode length in advance, so a request is submitted with
+`num_decode_tokens` = its final output length (max_tokens, or stop_after when that comes
+first; the finish reason is then STOP). Priorities and predicted lengths are ignored (Vidur's
+replica schedulers are FCFS).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, ArRequest, ArRules, validate_ar_request
+from spec.ar.events import (
+    ArAborted,
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArFinished,
+    ArFinishReason,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.snapshot import ArSnapshot
+from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+
+BATCH_TIME = 1.0  # seconds per batch: Vidur's clock advances, nothing depends on the value
+
+
+@dataclass(frozen=True, slots=True)
+class _ExecutionTime:
+    """What `BatchStage` reads from Vidur's `ExecutionTime`: total and model time."""
+
+    total_time: float = BATCH_TIME
+    model_time: float = BATCH_TIME
+
+    def to_dict(self) -> dict[str, float]:
+        return {"total_time": self.total_time, "model_time": self.model_time}
+
+
+class _ConstantTime:
+    """Stands in for Vidur's execution-time predictor: every batch takes BATCH_TIME."""
+
+    def get_execution_time(self, batch: object, pipeline_stage: int) -> _ExecutionTime:
+        return _ExecutionTime()
+
+
+@dataclass(slots=True)
+class _Tracked:
+    spec: ArRequest
+    vidur: Any  # vidur.entities.Request
+    restarts: int = 0
+    finished: bool = False
+    aborted: bool = False
+
+
+class VidurAdapter:
+    """Drives `scheduler` (a real Vidur replica scheduler) and reports AR events to `sink`."""
+
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        *,
+        kind: str,
+        rules: ArRules,
+        scheduler: Any,
+        request_cls: Any,
+        fix_restart: bool = True,
+    ) -> None:
+        self._config = config
+        self._rules = rules
+        self.sink = sink
+        self.kind = kind
+        self.scheduler = scheduler
+        self._request_cls = request_cls
+        self.fix_restart = fix_restart
+        self.stage = scheduler.get_replica_stage_scheduler(0)
+        first = 1 if config.reserve_null_block else 0
+        self._free_ids: deque[int] = deque(range(first, config.num_blocks))
+        self._names: dict[int, list[int]] = {}  # Vidur request id -> the adapter's block ids
+        self._by_vid: dict[int, _Tracked] = {}
+        self._by_rid: dict[str, _Tracked] = {}
+        self._admitted: list[str] = []  # running, in admission order
+        self._in_schedule = False
+        self.step_index = 0
+        self.time = 0.0
+        self._allocate: Callable[..., None] = scheduler.allocate
+        self._free: Callable[..., None] = scheduler.free
+        scheduler.allocate = self._allocate_wrapped
+        scheduler.free = self._free_wrapped
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def config(self) -> ArConfig:
+        return self._config
+
+    @property
+    def rules(self) -> ArRules:
+        return self._rules
+
+    def submit(self, request: ArRequest) -> None:
+        validate_ar_request(self._config, request)
+        if request.request_id in self._by_rid:
+            raise DuplicateRequest(request.request_id)
+        vreq = self._request_cls(float(len(self._by_rid)), request.prompt_len, request.final_output)
+        tracked = _Tracked(request, vreq)
+        self._by_rid[request.request_id] = tracked
+        self._by_vid[vreq.id] = tracked
+        self.scheduler.add_request(vreq)
+        self.sink(
+            ArSubmitted(
+                request.request_id,
+                request.prompt_len,
+                request.max_tokens,
+                request.stop_after,
+                request.priority,
+                request.predicted_len,
+            )
+        )
+
+    def abort(self, request_id: str) -> None:
+        tracked = self._by_rid.get(request_id)
+        if tracked is None or tracked.finished or tracked.aborted:
+            raise UnknownRequest(request_id, len(self._waiting()) + len(self._running()))
+        vreq = tracked.vidur
+        queue = self.scheduler.get_pending_requests()
+        if vreq in queue:
+            queue.remove(vreq)
+        pending = getattr(self.scheduler, "_preempted_requests", [])
+        if vreq in pending:
+            pending.remove(vreq)
+        batches = getattr(self.scheduler, "_preempted_batches", None)
+        if batches is not None:
+            for batch in batches:
+                if vreq in batch.requests:
+                    batch.requests.remove(vreq)
+            # a batch left empty would cost FasterTransformer an empty step: Vidur never has one
+            batches[:] = [b for b in batches if b.requests]
+        if vreq.id in self.scheduler._allocation_map:
+            self.scheduler.free(vreq.id)
+        self._sync()
+        tracked.aborted = True
+        if request_id in self._admitted:
+            self._admitted.remove(request_id)
+        self.sink(ArAborted(request_id))
+
+    def step(self) -> None:
+        self._in_schedule = True
+        try:
+            batch = self.scheduler.on_schedule(self.time)
+            self._sync()
+        finally:
+            self._in_schedule = False
+        if batch is not None:
+            for vreq, n in zip(batch.requests, batch.num_q_tokens, strict=True):
+                rid = self._by_vid[vreq.id].spec.request_id
+                if rid not in self._admitted:
+                    self._admitted.append(rid)
+                self.sink(ArScheduled(rid, n))
+        self.sink(ArStepEnd(self.step_index))
+        if batch is not None:
+            self._run(batch)
+        self.step_index += 1
+
+    def drain(self, max_steps: int = 100_000) -> None:
+        for _ in range(max_steps):
+            if self.is_idle():
+                return
+            self.step()
+        if not self.is_idle():
+            raise SchedulerStalled(
+                max_steps,
+                f"{len(self._waiting())} waiting and {len(self._running())} running after "
+                f"{max_steps} steps",
+            )
+
+    def is_idle(self) -> bool:
+        return not self._waiting() and not self._running()
+
+    def snapshot(self) -> ArSnapshot:
+        owners = {
+            b: self._by_vid[vid].spec.request_id for vid, ids in self._names.items() for b in ids
+        }
+        first = 1 if self._config.reserve_null_block else 0
+        free = frozenset(range(first, self._config.num_blocks)) - owners.keys()
+        running = self._running()
+        waiting = self._waiting()
+        computed = {rid: self._computed(self._by_rid[rid].vidur) for rid in running + waiting}
+        return ArSnapshot(
+            free_blocks=free,
+            block_owners=owners,
+            running=tuple(running),
+            waiting=tuple(waiting),
+            num_computed=computed,
+        )
+
+    # ------------------------------------------------------------------ Vidur's loop
+    def _run(self, batch: Any) -> None:
+        """One batch through Vidur's event sequence on a one-stage replica."""
+        start = self.time
+        batch.on_schedule(start)
+        self.stage.add_batch(batch)
+        _, batch_stage, _ = self.stage.on_schedule()
+        batch_stage.on_schedule(start)
+        self.time = start + BATCH_TIME
+        batch_stage.on_stage_end(self.time)
+        self.stage.on_stage_end()
+        self.scheduler.on_stage_end(0, batch_stage)
+        batch.on_batch_end(self.time)
+        self.scheduler.on_batch_end(batch)
+        self._sync()
+        for vreq in batch.requests:
+            tracked = self._by_vid[vreq.id]
+            if vreq.completed and not tracked.finished:
+                tracked.finished = True
+                self._admitted.remove(tracked.spec.request_id)
+                self.sink(ArFinished(tracked.spec.request_id, _reason(tracked.spec)))
+
+    def _waiting(self) -> list[str]:
+        return [self._by_vid[r.id].spec.request_id for r in self.scheduler.get_pending_requests()]
+
+    def _running(self) -> list[str]:
+        queued = {r.id for r in self.scheduler.get_pending_requests()}
+        return [
+            rid
+            for rid in self._admitted
+            if self._by_rid[rid].vidur.id not in queued and not self._by_rid[rid].vidur.completed
+        ]
+
+    @staticmethod
+    def _computed(vreq: Any) -> int:
+        """Vidur counts the token sampled at the end of a prefill as processed; the spec counts
+        computed (KV-holding) tokens, which lag the known ones by that token."""
+        processed: int = vreq.num_processed_tokens
+        return processed - 1 if vreq.is_prefill_complete else processed
+
+    # ------------------------------------------------------------------ KV diffing
+    def _allocate_wrapped(self, request_id: int, num_blocks: int) -> None:
+        self._allocate(request_id, num_blocks)
+        self._sync()
+
+    def _free_wrapped(self, *request_ids: int) -> None:
+        self._free(*request_ids)
+        self._sync()
+
+    def _sync(self) -> None:
+        """Mirror `_allocation_map` in the adapter's block names, emitting what changed."""
+        counts: dict[int, int] = self.scheduler._allocation_map
+        for vid in [v for v in self._names if v not in counts]:
+            self._release(vid, self._names[vid])
+        for vid, count in counts.items():
+            ids = self._names.setdefault(vid, [])
+            if count > len(ids):
+                new = [self._free_ids.popleft() for _ in range(count - len(ids))]
+                ids.extend(new)
+                self.sink(ArBlocksAllocated(self._by_vid[vid].spec.request_id, tuple(new)))
+            elif count < len(ids):
+                self._release(vid, ids[count:])
+
+    def _release(self, vid: int, ids: list[int]) -> None:
+        tracked = self._by_vid[vid]
+        rid = tracked.spec.request_id
+        gone = list(ids)
+        held = self._names[vid]
+        for b in gone:
+            held.remove(b)
+            self._free_ids.append(b)
+        if not held:
+            del self._names[vid]
+        restarted = tracked.vidur.num_restarts > tracked.restarts
+        if self._in_schedule and restarted and not held:
+            tracked.restarts = tracked.vidur.num_restarts
+            if self.fix_restart:
+                _reset_stage_counters(tracked.vidur)
+            if rid in self._admitted:
+                self._admitted.remove(rid)
+            self.sink(ArPreempted(rid, tuple(gone)))
+        elif gone:
+            self.sink(ArBlocksFreed(rid, tuple(gone)))
+
+
+def _reset_stage_counters(vreq: Any) -> None:
+    """What vidur 0.0.25's `Request.restart()` forgets (entities/request.py): the pipeline-stage
+    counters. Left as they are, the restarted request's stage count passes its total and
+    `on_batch_stage_end` / `on_batch_end` raise AssertionError at its next batch."""
+    vreq._num_stage_processed_tokens = 0
+    vreq._is_prefill_stage_complete = False
+
+
+def _reason(request: ArRequest) -> ArFinishReason:
+    if request.stop_after is not None and request.stop_after <= request.max_tokens:
+        return ArFinishReason.STOP
+    return ArFinishReason.LENGTH
+
+
+__all__ = ["BATCH_TIME", "VidurAdapter"]

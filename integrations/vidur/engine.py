@@ -1,0 +1,124 @@
+"""Import Vidur's real replica scheduler classes, standing in for four unused imports.
+
+Imported only by the factories (after `MANIFEST.activate()` put the install directory on
+sys.path), never by `integrations.vidur` itself.
+
+Stub (the only one): `vidur.scheduler.replica_scheduler.*` imports, through
+`vidur.execution_time_predictor` and `vidur.scheduler.global_scheduler`, the execution-time
+predictors and the global schedulers, which import `sklearn`, `pandas`, `fasteners` and
+`huggingface_hub` at module level. None of them is called by a replica scheduler (the adapter
+gives the stage scheduler a constant execution time), so while Vidur's modules are imported a
+meta-path finder answers those four top-level names with empty modules whose attributes are
+placeholder classes; afterwards the finder and the placeholder modules are removed again, so
+the rest of the process imports the real packages (if installed) as usual. Installing them
+instead would add scipy, scikit-learn and pandas (about 150 MB) to the engine directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STUBBED_ROOTS: tuple[str, ...] = ("sklearn", "pandas", "fasteners", "huggingface_hub")
+
+
+class _Placeholder(types.ModuleType):
+    """An empty module: any attribute is a fresh placeholder class of that name."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (), {"__module__": self.__name__})
+        setattr(self, name, cls)
+        return cls
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots: Sequence[str]) -> None:
+        self.roots = frozenset(roots)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _Placeholder(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class VidurClasses:
+    """The real Vidur classes the adapter drives (untyped: Vidur ships no annotations)."""
+
+    schedulers: dict[str, Any]  # kind -> replica scheduler class
+    scheduler_configs: dict[str, Any]  # kind -> its scheduler config dataclass
+    ReplicaConfig: Any
+    Replica: Any
+    Request: Any
+    SyntheticRequestGeneratorConfig: Any
+    FixedRequestLengthGeneratorConfig: Any
+
+
+_MODULES = {
+    "vllm": ("vllm_replica_scheduler", "VLLMReplicaScheduler", "VllmSchedulerConfig"),
+    "sarathi": ("sarathi_replica_scheduler", "SarathiReplicaScheduler", "SarathiSchedulerConfig"),
+    "orca": ("orca_replica_scheduler", "OrcaReplicaScheduler", "OrcaSchedulerConfig"),
+    "lightllm": (
+        "lightllm_replica_scheduler",
+        "LightLLMReplicaScheduler",
+        "LightllmSchedulerConfig",
+    ),
+    "ft": (
+        "faster_transformer_replica_scheduler",
+        "FasterTransformerReplicaScheduler",
+        "FasterTransformerSchedulerConfig",
+    ),
+}
+
+
+@functools.cache
+def load() -> VidurClasses:
+    """Import Vidur (once per process) with the placeholder modules in place."""
+    finder = _StubFinder(STUBBED_ROOTS)
+    before = set(sys.modules)
+    sys.meta_path.insert(0, finder)
+    try:
+        config = importlib.import_module("vidur.config")
+        entities = importlib.import_module("vidur.entities")
+        schedulers = {
+            kind: getattr(
+                importlib.import_module(f"vidur.scheduler.replica_scheduler.{module}"), cls
+            )
+            for kind, (module, cls, _) in _MODULES.items()
+        }
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in finder.roots:
+                del sys.modules[name]
+    return VidurClasses(
+        schedulers=schedulers,
+        scheduler_configs={kind: getattr(config, c) for kind, (_, _, c) in _MODULES.items()},
+        ReplicaConfig=config.ReplicaConfig,
+        Replica=entities.Replica,
+        Request=entities.Request,
+        SyntheticRequestGeneratorConfig=config.SyntheticRequestGeneratorConfig,
+        FixedRequestLengthGeneratorConfig=config.FixedRequestLengthGeneratorConfig,
+    )
+
+
+__all__ = ["STUBBED_ROOTS", "VidurClasses", "load"]

@@ -1,0 +1,80 @@
+"""The profiles of Vidur's five replica schedulers: what each supports and promises.
+
+Facts read from vidur 0.0.25 `vidur/scheduler/replica_scheduler/*.py` (file:line cited) and
+confirmed by running the classes:
+
+- all five are FCFS over one request queue (`_request_queue.pop(0)`) with no priorities, no
+  token threshold and no null block (the adapter names Vidur's counted blocks itself);
+- vLLM (`vllm_replica_scheduler.py`): never chunks a prompt (`_get_request_next_num_q_tokens`
+  gives the whole prefill); a batch is prefill-only or decode-only (`if requests: return
+  Batch` at :103 before the decode loop); budget `max_tokens_in_batch` (:85); a decode that
+  cannot get its block restarts the latest-arrived pending request (`pop(-1)`, :117-120);
+- Sarathi (`sarathi_replica_scheduler.py`): always chunks (`chunk_size`, :114), decodes
+  first, then running prefills, then new requests; a request restarted in this step sits at
+  the head of the queue (:155-158) and may be admitted again in the same batch (:196):
+  `admit_after_preemption`;
+- Orca (`orca_replica_scheduler.py`) and FasterTransformer
+  (`faster_transformer_replica_scheduler.py`): reserve `_max_blocks_per_sequence` blocks per
+  request at admission (:38-43 / :55-59), have no token budget (every pending request decodes,
+  every new one prefills whole) and never preempt; FasterTransformer admits a new batch only
+  when no earlier batch has requests left (`_preempted_batches` first, :43): static batches;
+- LightLLM (`lightllm_replica_scheduler.py`): token-level KV (`assert block_size == 1`, :17),
+  admission by peak memory (`_can_allocate_request`, :48-62), never preempts (it raises
+  "OOM handling not implemented yet", :160).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spec.ar.config import ArRules, Policy, VictimOrder
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+
+# Every Vidur replica scheduler: FCFS, one pipeline stage stepped here, no prefix cache, no
+# long-prefill threshold; Vidur's default watermark (`watermark_blocks_fraction=0.01`,
+# config.py:279) is passed to the vLLM and Sarathi classes and declared.
+_SPACE = ArConfigSpace(
+    policies=frozenset({Policy.FCFS}),
+    chunked_prefill=frozenset({False}),
+    prefix_caching=frozenset({False}),
+    long_prefill_threshold=False,
+    stages=frozenset({1}),
+)
+WATERMARK_FRACTION = 0.01
+
+VLLM = ArProfile(
+    space=_SPACE,
+    policy=ArPolicy(rules=ArRules(), watermark_fraction=WATERMARK_FRACTION),
+)
+SARATHI = ArProfile(
+    space=dataclasses.replace(_SPACE, chunked_prefill=frozenset({True})),
+    # a restarted request goes back to the head of the queue and the same batch admits from
+    # there (sarathi_replica_scheduler.py:155-158, :196)
+    policy=ArPolicy(
+        rules=ArRules(), admit_after_preemption=True, watermark_fraction=WATERMARK_FRACTION
+    ),
+)
+ORCA = ArProfile(
+    space=dataclasses.replace(_SPACE, pool_holds_max_model_len=True),
+    policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE, token_budget=False)),
+)
+FT = ArProfile(
+    space=dataclasses.replace(_SPACE, pool_holds_max_model_len=True),
+    policy=ArPolicy(
+        rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
+    ),
+)
+LIGHTLLM = ArProfile(
+    space=dataclasses.replace(_SPACE, block_sizes=frozenset({1})),
+    policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE)),
+)
+
+PROFILES: dict[str, ArProfile] = {
+    "vllm": VLLM,
+    "sarathi": SARATHI,
+    "orca": ORCA,
+    "lightllm": LIGHTLLM,
+    "ft": FT,
+}
+
+__all__ = ["FT", "LIGHTLLM", "ORCA", "PROFILES", "SARATHI", "VLLM", "WATERMARK_FRACTION"]

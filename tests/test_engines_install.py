@@ -1,0 +1,152 @@
+"""The engine installer (`integrations.install`, `schedspec install-engines`) on fake manifests.
+
+Each fake engine is a tiny wheel built here (no network): pip installs it with --no-deps into
+a temporary engine cache ($SCHEDSPEC_ENGINE_CACHE), the import check runs, the stamp is written
+last; a complete install is reused, --force redoes it, failures name the package and exit 1,
+unknown engines exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from integrations import install
+from integrations.manifest import EngineManifest, EngineNotInstalled, Package
+
+
+def make_wheel(directory: Path, name: str, files: dict[str, str], version: str = "1.0") -> Path:
+    """A minimal pure-Python wheel holding `files` (path -> source)."""
+    dist = f"{name}-{version}"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    meta = {
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    entries = {**files, **meta}
+    record = "".join(f"{p},,\n" for p in entries) + f"{dist}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for p, text in entries.items():
+            zf.writestr(p, text)
+        zf.writestr(f"{dist}.dist-info/RECORD", record)
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Path:
+    d = tmp_path / "wheels"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def fake_module() -> Iterator[types.ModuleType]:
+    """A module `schedspec_fake_engine` exporting MANIFEST, as integrations.<engine> does."""
+    module = types.ModuleType("schedspec_fake_engine")
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+def fake_manifest(*packages: Package, check: str = "fakepkg_a") -> EngineManifest:
+    return EngineManifest(
+        engine="fake", version="1.0", packages=packages, import_check=check, env=(("FAKE", "1"),)
+    )
+
+
+def test_install_writes_stamp_last_and_reuses_a_complete_install(cache: Path, wheels: Path) -> None:
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 1\n"})
+    manifest = fake_manifest(Package(str(wa)))
+    assert not manifest.installed()
+    with pytest.raises(EngineNotInstalled, match="schedspec install-engines fake"):
+        manifest.activate()
+    lines: list[str] = []
+    first = install.install(manifest, out=lines.append)
+    assert not first.cached
+    assert manifest.installed()
+    assert (manifest.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
+    assert any("import fakepkg_a ok" in line for line in lines)
+    assert any("installed in" in line for line in lines)
+    again: list[str] = []
+    second = install.install(manifest, out=again.append)
+    assert second.cached
+    assert any("cached" in line for line in again)
+    forced = install.install(manifest, force=True, out=again.append)
+    assert not forced.cached and manifest.installed()
+
+
+def test_namespace_directories_of_two_packages_are_merged(cache: Path, wheels: Path) -> None:
+    wa = make_wheel(wheels, "fakepkg_a", {"fakens/a.py": "A = 1\n", "fakepkg_a/__init__.py": ""})
+    wb = make_wheel(wheels, "fakepkg_b", {"fakens/b.py": "B = 2\n"})
+    manifest = fake_manifest(Package(str(wa)), Package(str(wb)), check="fakens.a, fakens.b")
+    install.install(manifest, out=lambda _: None)
+    names = {p.name for p in (manifest.directory / "fakens").iterdir()} - {"__pycache__"}
+    assert names == {"a.py", "b.py"}
+
+
+def test_failed_import_check_names_it_and_leaves_no_stamp(cache: Path, wheels: Path) -> None:
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "import not_installed_dep\n"})
+    manifest = fake_manifest(Package(str(wa)))
+    with pytest.raises(install.InstallFailed) as err:
+        install.install(manifest, out=lambda _: None)
+    assert "import fakepkg_a" in str(err.value)
+    assert "not_installed_dep" in err.value.last_line
+    assert not manifest.installed()
+
+
+def test_an_incomplete_install_is_redone(cache: Path, wheels: Path) -> None:
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    manifest.directory.mkdir(parents=True)
+    (manifest.directory / "leftover.py").write_text("")
+    result = install.install(manifest, out=lambda _: None)
+    assert not result.cached
+    assert not (manifest.directory / "leftover.py").exists()
+    assert manifest.installed()
+
+
+def test_main_exit_codes(
+    cache: Path, wheels: Path, fake_module: types.ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modules = {"fake": fake_module.__name__, "absent": "schedspec_no_such_engine"}
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    vars(fake_module)["MANIFEST"] = fake_manifest(Package(str(wa)))
+    assert install.main(["fake"], modules=modules) == 0
+    assert "ready in" in capsys.readouterr().out
+    assert install.main(["all"], modules=modules) == 0  # `all` skips absent adapter packages
+    assert "cached" in capsys.readouterr().out
+
+    assert install.main(["nonsense"], modules=modules) == 2
+    err = capsys.readouterr().err
+    assert "engine='nonsense'" in err and "fake, absent, all" in err
+    assert install.main(["absent"], modules=modules) == 2
+    assert "schedspec_no_such_engine" in capsys.readouterr().err
+    assert install.main(["--bogus"], modules=modules) == 2
+    err = capsys.readouterr().err
+    assert "--bogus" in err and len(err.strip().splitlines()) == 1
+
+    missing = wheels / "missing-1.0-py3-none-any.whl"
+    vars(fake_module)["MANIFEST"] = fake_manifest(Package(str(missing)))
+    assert install.main(["fake", "--force"], modules=modules) == 1
+    err = capsys.readouterr().err
+    assert "pip install" in err and "missing-1.0-py3-none-any.whl" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_real_engine_modules_are_named() -> None:
+    assert set(install.ENGINE_MODULES) == {"vllm", "sglang", "vidur"}
+    with pytest.raises(install.UnknownEngine, match="vllm, sglang, vidur, all"):
+        install.resolve(["tensorrt"])
