@@ -39,11 +39,10 @@ def counterexamples() -> dict[str, MutantCounterexample]:
 
 
 def test_every_proof_holds(suite: tuple[list[ProofResult], float]) -> None:
-    results, seconds = suite
+    results, _ = suite
     bad = failed(results)
     assert not bad, "\n\n".join(f"{r.name}: {r.status}\n{r.detail}" for r in bad)
-    # generous: the budget is 60 s on the 2-core dev machine; this catches a blow-up
-    assert seconds < 180, f"proof suite took {seconds:.1f}s"
+    # no wall-clock assertion: the suite's time is measured by `schedspec prove` (its table)
 
 
 def test_every_named_invariant_is_proved_by_name(suite: tuple[list[ProofResult], float]) -> None:
