@@ -91,7 +91,7 @@ def sniff_header(path: str) -> Header:
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as err:
-        if err.start < len(head) - 4:  # not merely a character cut at the sniff boundary
+        if len(head) < SNIFF_BYTES or err.start < len(head) - 4:  # not a cut character
             raise ConfigError("file", path, "UTF-8 text") from None
         text = head[: err.start].decode("utf-8")
     if not text.strip():

@@ -9,6 +9,7 @@ The factory is wrapped so that one returning something that is not an adapter st
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,14 @@ def _checked(impl: Implementation, target: str) -> Implementation:
     family = impl.family
     inner: Any = impl.factory
     methods = ADAPTER_METHODS[family]
+    try:
+        inspect.signature(inner).bind(None, None)
+    except TypeError:
+        raise ConfigError(
+            "impl", target, "a factory taking (config, sink) and returning an adapter"
+        ) from None
+    except ValueError:  # no signature to inspect (a builtin): the call will tell
+        pass
 
     def factory(config: Any, sink: Any) -> Any:
         adapter = inner(config, sink)

@@ -59,9 +59,11 @@ def cmd_list_impls(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print("usage: schedspec bench {engine,conformance} ... (each takes --help)")
-        return 0 if argv else 2
+        return 0
+    if not argv:
+        raise UsageError("schedspec bench: error: which benchmark? (valid: engine, conformance)")
     what, rest = argv[0], argv[1:]
     if what == "engine":
         from schedspec_cli.engine_cmds import bench_engine
@@ -88,6 +90,24 @@ def cmd_install_engines(argv: list[str]) -> int:
     return int(main(argv))  # type: ignore[operator]
 
 
+def _simulate(argv: list[str]) -> int:
+    main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
+        "reference.sim.cli:simulate_main", "simulate"
+    )
+    try:
+        return main(argv)
+    except SystemExit as done:  # its argparse: usage errors already printed, exit 2
+        return done.code if isinstance(done.code, int) else 2
+    except (ValueError, OverflowError, MemoryError) as err:
+        if isinstance(err, SchedSpecError):
+            raise
+        # a value the simulator's own flag checks let through (they live in reference.sim.cli)
+        raise UsageError(
+            f"schedspec simulate: error: invalid input ({type(err).__name__}: {err}); "
+            "see schedspec simulate --help for valid values"
+        ) from None
+
+
 def _dispatch(command: str) -> Callable[[list[str]], int]:
     if command == "parity":
         from schedspec_cli.engine_cmds import parity
@@ -98,7 +118,7 @@ def _dispatch(command: str) -> Callable[[list[str]], int]:
 
         return release_check_main
     if command == "simulate":
-        return load_object("reference.sim.cli:simulate_main", "simulate")  # type: ignore[return-value]
+        return _simulate
     if command == "install-engines":
         return cmd_install_engines
     return cmd_bench
