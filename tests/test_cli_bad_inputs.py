@@ -49,7 +49,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "accept_bad_json": b'[{"rule": "no_leak", "reason": "x"}',
         "accept_json_types": b'[{"rule": 3, "reason": "x"}]',
         "parity_types": json.dumps({"device": "cuda", "identical": "yes"}).encode(),
-        "ünïcödé.jsonl": header.encode() + '{"kind":"submitted"}\n'.encode(),
+        "ünïcödé.jsonl": header.encode() + b'{"kind":"submitted"}\n',
     }
     out = {}
     for name, data in contents.items():
@@ -83,13 +83,13 @@ def cases() -> list[tuple[str, list[str]]]:
         "unknown_kind",
         "ünïcödé.jsonl",
     ):
-        c.append((f"check-trace-{f}", ["check-trace", "{%s}" % f]))
+        c.append((f"check-trace-{f}", ["check-trace", f"{{{f}}}"]))
     for f in ("missing", "dir", "binary", "empty", "json_list", "config_types", "config_other"):
         c.append(
-            (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", "{%s}" % f])
+            (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", f"{{{f}}}"])
         )
     for f in ("config_zero", "config_huge"):
-        c.append((f"check-trace-config-{f}", ["check-trace", "{not_json}", "--config", "{%s}" % f]))
+        c.append((f"check-trace-config-{f}", ["check-trace", "{not_json}", "--config", f"{{{f}}}"]))
     c.append(("check-trace-family", ["check-trace", "{header_only}", "--family", "ar"]))
     c.append(("check-trace-family-bogus", ["check-trace", "{header_only}", "--family", "xl"]))
     # verify: numbers, implementations, output paths, accept files, choices
@@ -141,7 +141,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "json_list",
     ):
         c.append(
-            (f"verify-accept-{f}", ["verify", "--impl", "reference-dllm", "--accept", "{%s}" % f])
+            (f"verify-accept-{f}", ["verify", "--impl", "reference-dllm", "--accept", f"{{{f}}}"])
         )
     # prove
     for value in ("0", "-1", HUGE, "x"):
@@ -183,7 +183,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "json_list",
         "parity_types",
     ):
-        c.append((f"release-check-{f}", ["release-check", "{%s}" % f]))
+        c.append((f"release-check-{f}", ["release-check", f"{{{f}}}"]))
     c.append(("release-check-none", ["release-check"]))
     # simulate (its own flags live in reference.sim.cli) and install-engines
     c += [
