@@ -2,8 +2,12 @@
 
 Every event the implementation emits is replayed into a `SpecMachine` as it happens (so a
 violation is raised at the faulty event, with the implementation's stack still live), the named
-state invariants are checked after each event, and the implementation's own snapshot is compared
-with the abstract state after every round, abort and drain.
+state invariants are checked after each event, the implementation's own snapshot is compared
+with the abstract state after every round, abort and drain, and so are the outputs and finish
+reasons it reports (`collect_outputs`, when the adapter has it).
+
+The harness holds the implementation to its profile: the configuration must lie inside the
+declared space (`ConfigOutsideProfile` otherwise) and the spec machine takes the declared policy.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from properties.replay import ReplayHarness
 from spec.adapter import ImplementationFactory, SchedulerAdapter
@@ -25,6 +30,9 @@ from spec.events import ControlReturned, Event
 from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine
 from spec.parity import compare_outputs
+from spec.profile import DllmProfile
+
+_DEFAULT_PROFILE = DllmProfile()
 
 
 def load_factory(target: str) -> ImplementationFactory:
@@ -52,12 +60,22 @@ class Harness(ReplayHarness[SpecMachine]):
     config: DllmConfig
     check_invariants: bool = True
     events: list[Event] = field(default_factory=list)
+    profile: DllmProfile = _DEFAULT_PROFILE
 
     def __post_init__(self) -> None:
-        self.spec = SpecMachine(self.config)
-        self.impl: SchedulerAdapter = self.factory(self.config, self._sink)
+        self.profile.space.check(self.config)
+        self.spec = SpecMachine(self.config, self.profile.policy)
         self.rounds = 0
         self.violation: SpecViolation | None = None  # the first one raised, if any
+        impl: Any = self.factory(self.config, self._sink)
+        if not isinstance(impl, SchedulerAdapter):
+            raise ConfigError(
+                "impl",
+                getattr(self.factory, "__name__", repr(self.factory)),
+                "a factory returning a SchedulerAdapter (config, submit, abort, run_round, "
+                f"drain, snapshot); it returned {type(impl).__name__}",
+            )
+        self.impl: SchedulerAdapter = impl
 
     def _validate(self, request: RequestSpec) -> None:
         validate_request(self.config, request)
@@ -85,6 +103,7 @@ class Harness(ReplayHarness[SpecMachine]):
         self._require_round_ended(expected)
         self.rounds += 1
         self._check_snapshot()
+        self._check_outputs()
 
     def _require_round_ended(self, index: int) -> None:
         if self.spec.round_index <= index:
@@ -102,6 +121,7 @@ class Harness(ReplayHarness[SpecMachine]):
                 "progress", "drain returned while requests are still queued or running"
             )
         self._check_snapshot()
+        self._check_outputs()
         snap = self.impl.snapshot()
         if snap.leaked_slots() or snap.held_rows():
             raise self._violate(
@@ -109,6 +129,17 @@ class Harness(ReplayHarness[SpecMachine]):
                 f"after drain {snap.leaked_slots()} KV slots and {snap.held_rows()} rows are "
                 f"still in use",
             )
+
+    def _check_outputs(self) -> None:
+        """Compare the outputs the implementation reports (if it reports any) with the spec."""
+        collect = getattr(self.impl, "collect_outputs", None)
+        if collect is None:
+            return
+        try:
+            self.spec.check_outputs(collect())
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return self.spec.outputs()
@@ -135,7 +166,7 @@ def solo_output(
     key = (id(factory), solo, request.prompt, request.max_new_tokens, request.request_id)
     if cache is not None and key in cache:
         return cache[key]
-    h = Harness(factory, solo, check_invariants=False)
+    h = Harness(factory, solo, check_invariants=False)  # solo sync lies in every space
     h.submit(request)
     h.drain()
     out = h.outputs()[request.request_id]

@@ -4,6 +4,12 @@ Events are replayed into the spec machine as they are emitted, the first violati
 (so a teardown never masks it), and `submit` / `abort` are checked the same way: a rejected
 request or a refused abort must emit nothing, a valid request must be accepted, a duplicate id
 must be refused with `DuplicateRequest`, and an active request's abort must succeed.
+
+`guarded` turns what an implementation raises into findings, for both families: a
+`SchedulerStalled` (a drain that gave up) breaks `progress`; any exception the contract does not
+allow (anything but the typed `RequestError` / `UnknownRequest` that submit and abort may raise,
+which the checked operations handle) breaks `implementation_error` — a real engine's
+`RuntimeError: Prefill out of memory` is a named finding, not a crash.
 """
 
 from __future__ import annotations
@@ -11,7 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from spec.errors import DuplicateRequest, RequestError, SpecViolation, UnknownRequest
+from hypothesis.errors import HypothesisException
+
+from spec.errors import (
+    DuplicateRequest,
+    RequestError,
+    SchedulerStalled,
+    SpecViolation,
+    UnknownRequest,
+)
 
 
 class SpecLike(Protocol):
@@ -27,6 +41,7 @@ class SpecLike(Protocol):
 
 
 M = TypeVar("M", bound=SpecLike)
+T = TypeVar("T")
 
 
 class ReplayHarness(Generic[M]):
@@ -43,11 +58,43 @@ class ReplayHarness(Generic[M]):
         """Raise the spec's RequestError if `request` is invalid for the config."""
         raise NotImplementedError
 
+    def abort(self, request_id: str, /) -> UnknownRequest | None:
+        """Abort through the implementation (see `_checked_abort`)."""
+        raise NotImplementedError
+
+    def drain(self, max_rounds: int = 10_000, /) -> None:
+        """Drain the implementation to idle and check that nothing is left held."""
+        raise NotImplementedError
+
     def _violate(self, rule: str, detail: str) -> SpecViolation:
         """A violation found by the harness itself (recorded like those from the spec)."""
         v = SpecViolation(rule, detail)
         self.violation = self.violation or v
         return v
+
+    def guarded(self, what: str, operation: Callable[..., T], *args: Any) -> T:
+        """Run a harness operation; turn what the implementation raised into a violation.
+
+        A violation recorded while the operation ran wins (an implementation that swallowed the
+        spec's `SpecViolation` and raised something else is reported by the rule it broke).
+        """
+        before = self.violation
+        try:
+            return operation(*args)
+        except (SpecViolation, HypothesisException):
+            raise
+        except SchedulerStalled as err:
+            if self.violation is not None and self.violation is not before:
+                raise self.violation from err
+            raise self._violate("progress", f"{what}: {err}") from err
+        except Exception as err:
+            if self.violation is not None and self.violation is not before:
+                raise self.violation from err
+            raise self._violate(
+                "implementation_error",
+                f"the implementation raised {type(err).__name__}: {err} (during {what}, after "
+                f"{len(self.events)} events)",
+            ) from err
 
     def _sink(self, event: Any) -> None:
         self.events.append(event)

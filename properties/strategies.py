@@ -9,9 +9,17 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.profile import DllmConfigSpace
 
 VOCAB = 16  # token ids 0..15 for the reference's pseudo-logits
 EOS = VOCAB - 1
+
+
+_ANY_SPACE = DllmConfigSpace()
+
+
+def _switch(draw: st.DrawFn, allowed: frozenset[bool]) -> bool:
+    return draw(st.booleans()) if len(allowed) == 2 else next(iter(allowed))
 
 
 @st.composite
@@ -20,24 +28,42 @@ def dllm_configs(
     modes: tuple[Mode, ...] = (Mode.SYNC, Mode.FDFO),
     max_block: int = 4,
     max_running: int = 4,
+    space: DllmConfigSpace = _ANY_SPACE,
 ) -> DllmConfig:
-    block = draw(st.integers(1, max_block))
-    page = block * draw(st.integers(1, 3))
+    """Configurations inside `space` (an implementation's declared space; default: all).
+
+    Block sizes up to `max_block` and page multiples up to 3 unless the space names others.
+    """
+    if space.block_sizes is None:
+        block = draw(st.integers(1, max_block))
+    else:
+        block = draw(st.sampled_from(sorted(space.block_sizes)))
+    if space.page_multiples is None:
+        page = block * draw(st.integers(1, 3))
+    else:
+        page = block * draw(st.sampled_from(sorted(space.page_multiples)))
     max_context = block * draw(st.integers(2, max(2, 24 // block)))
     pages_for_one = -(-max_context // page)
     kv_pages = draw(st.integers(max(1, pages_for_one // 2), pages_for_one * 3))
-    mode = draw(st.sampled_from(modes))
+    allowed_modes = tuple(m for m in modes if m in space.modes) or tuple(
+        sorted(space.modes, key=lambda m: m.value)
+    )
+    mode = draw(st.sampled_from(allowed_modes))
     fdfo = mode is Mode.FDFO
+    rows = draw(st.integers(1, max_running))
+    running = draw(st.integers(1, max_running))
+    if space.rows_equal_max_running:
+        rows = running
     return DllmConfig(
         block_size=block,
         page_size=page,
         kv_pages=kv_pages,
-        req_pool_rows=draw(st.integers(1, max_running)),
-        max_running_requests=draw(st.integers(1, max_running)),
+        req_pool_rows=rows,
+        max_running_requests=running,
         max_context=max_context,
         mode=mode,
-        in_place_reuse=fdfo and draw(st.booleans()),
-        reloop=fdfo and draw(st.booleans()),
+        in_place_reuse=fdfo and _switch(draw, space.in_place_reuse),
+        reloop=fdfo and _switch(draw, space.reloop),
         mask_token_id=-1,
         eos_token_id=draw(st.sampled_from([None, EOS])),
     )

@@ -39,7 +39,9 @@ from spec.events import (
     StepResult,
     Submitted,
 )
-from spec.snapshot import Snapshot
+from spec.implementation import DllmImplementation
+from spec.profile import DllmProfile
+from spec.snapshot import FinishedOutput, Snapshot
 
 
 @dataclass(slots=True)
@@ -85,7 +87,8 @@ class ReferenceDllmScheduler:
         self.seen: set[str] = set()
         self.reserved_pages = 0
         self.round_index = 0
-        self.outputs: dict[str, tuple[int, ...]] = {}
+        # outputs finished since the last `collect_outputs` (handed out, then forgotten: bounded)
+        self.outputs: dict[str, FinishedOutput] = {}
 
     @property
     def config(self) -> DllmConfig:
@@ -132,6 +135,11 @@ class ReferenceDllmScheduler:
             raise SchedulerStalled(
                 max_rounds, f"{len(self.waiting)} waiting, {len(self.running)} running"
             )
+
+    def collect_outputs(self) -> dict[str, FinishedOutput]:
+        """Outputs of the requests finished since the previous call (see `ReportsOutputs`)."""
+        out, self.outputs = self.outputs, {}
+        return out
 
     def is_idle(self) -> bool:
         return not self.waiting and not self.running
@@ -301,7 +309,7 @@ class ReferenceDllmScheduler:
         eos = self.config.eos_token_id
         if eos is not None and eos in gen:
             gen = gen[: gen.index(eos) + 1]
-        self.outputs[req.rid] = tuple(gen)
+        self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
         self.sink(Finished(req.rid, reason))
 
     def _release(self, req: _Req) -> None:
@@ -337,3 +345,23 @@ def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
         lambda rid, k: 1 + _seed("steps", rid, k) % (b + 1), config.mask_token_id
     )
     return ReferenceDllmScheduler(config, sink, oracle)
+
+
+# The built-ins declare themselves with their profiles (`schedspec verify --impl
+# reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
+# configuration, FCFS admission, work-conserving, nothing reserved, no deviation.
+REFERENCE_PROFILE = DllmProfile()
+
+REFERENCE_DLLM = DllmImplementation(
+    make_scheduler, REFERENCE_PROFILE, "the reference dLLM scheduler (LowConfidence oracle)"
+)
+REFERENCE_DLLM_JOINT = DllmImplementation(
+    make_joint_threshold_scheduler,
+    REFERENCE_PROFILE,
+    "the reference driven by JointThreshold (carried algorithm state)",
+)
+REFERENCE_DLLM_SCRIPTED = DllmImplementation(
+    make_scripted_scheduler,
+    REFERENCE_PROFILE,
+    "the reference with scripted step counts (1 to block_size + 1 steps per block)",
+)

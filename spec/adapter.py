@@ -7,12 +7,12 @@ engine's own scheduler plugs in exactly like the built-in ones (see docs/impleme
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from spec.config import DllmConfig, RequestSpec
 from spec.events import Event
-from spec.snapshot import Snapshot
+from spec.snapshot import FinishedOutput, Snapshot
 
 EventSink = Callable[[Event], None]
 
@@ -33,6 +33,10 @@ class SchedulerAdapter(Protocol):
     - `drain` runs rounds until nothing is queued or running, raising
       `spec.errors.SchedulerStalled` instead of looping forever.
     - `snapshot` reads the implementation's own pools (see `Snapshot`).
+    - optionally (`ReportsOutputs`), `collect_outputs` returns what the implementation hands its
+      clients for the requests finished since the previous call; the harness compares it with
+      the spec after every round (rule `reported_output`). An adapter without it is not checked
+      on outputs (it keeps working unchanged).
     """
 
     @property
@@ -47,6 +51,18 @@ class SchedulerAdapter(Protocol):
     def drain(self, max_rounds: int = 100_000) -> None: ...
 
     def snapshot(self) -> Snapshot: ...
+
+
+@runtime_checkable
+class ReportsOutputs(Protocol):
+    """The optional output part of the adapter contract (issue: outputs in the contract).
+
+    `collect_outputs()` returns request id -> `FinishedOutput` for every request that finished
+    since the previous call, each exactly once (an engine returns outputs to its client and
+    forgets them, which also keeps its state bounded).
+    """
+
+    def collect_outputs(self) -> Mapping[str, FinishedOutput]: ...
 
 
 class ImplementationFactory(Protocol):

@@ -28,6 +28,47 @@ Modelling choices (stated so they can be argued with):
   completed with masks and decoded as the first output block.
 - Under sync, rows already done stay in the batch until every row is done (the head-of-line cost).
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
+  An adapter that reports what it returns to its clients (`collect_outputs`, optional) is held
+  to it after every round (`reported_output`): the tokens and the reason of its `Finished` event.
+- A running request holds its row from admission to the end, except that FDFO without in-place
+  reuse may give the row of a carried (unfinished) block back at the end of a round and take
+  one again with `RowAcquired` in the next round's scheduler phase.
+- Deliberate engine choices are profile options (`spec/profile.py`), each a parameter of the
+  rules: `DllmPolicy.admission = PREFILL_FIRST` (SGLang 0.5.23's dLLM batches are prefill-only
+  or decode-only and prefill goes first: rule `prefill_first`), `DllmPolicy.work_conserving`
+  (rule `work_conserving`), reserved pages/rows (outside the spec's pool: the adapter reports
+  engine id - reserved). Strategies draw configurations only inside `DllmConfigSpace`.
+- Work conservation counts the running requests' worst-case footprints (what they may still
+  claim), so a scheduler that reserves a request's whole footprint at admission conforms.
+- An implementation raising `SchedulerStalled` from drain breaks `progress`; any other exception
+  that the contract does not allow breaks `implementation_error` (a finding, not a crash).
+
+## Event order within a round
+
+A round is every event up to and including `ControlReturned(round_index)`. An adapter (in
+particular one whose engine emits no events and rebuilds them with `spec.reconstruct` from pool
+views taken before and after each call) must report them in this order:
+
+1. **Between rounds.** `Submitted` on submit. An abort: `KvFreed` (every slot of the request),
+   `RowReleased`, then `Aborted` — never after a round's first forward.
+2. **Scheduler phase.** `Admitted` (in queue order), `RowAcquired`, `KvAllocated` (one per
+   block, slots in position order). In an engine step: after the scheduler picked the batch and
+   the allocator ran, before the model runs — take a pool view here and `reconstruct`.
+3. **Worker phase.** `Forward` (the batch's rows), then one `StepResult` per row; repeated by
+   sync (until every row is done) and by FDFO re-loop. In an engine step: one model forward and
+   the algorithm's step over its logits.
+4. **Completion.** Per request: `BlockCommitted`, then, when it finishes, `KvFreed`,
+   `RowReleased`, `Finished`; FDFO without reuse: `KvFreed` of each unfinished block. In an
+   engine step: while it processes the step's results — take a pool view before each
+   `Finished` and before `ControlReturned` and `reconstruct` the frees.
+5. **End.** `ControlReturned(round_index)`: control is back with the scheduler.
+
+Rules tied to the order: admissions, allocations and row acquisitions after the first forward
+break `scheduler_phase`; a forward after a commit breaks `forward_policy`; a commit or an end of
+round while a row awaits its step breaks `step_per_row`; a request that ends owning slots or a
+row breaks `terminal_owns_nothing` (so frees come before `Finished` / `Aborted`). The spec checks
+work conservation and prefill-first batches at the end of the scheduler phase (the round's first
+forward, or its end when it runs none).
 """
 
 

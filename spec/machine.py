@@ -11,14 +11,13 @@ The machine is deliberately direct: each guard is a few lines that read like the
 
 from __future__ import annotations
 
-import copy as _copy
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
 
-from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import RequestError, SpecViolation
+from spec.config import DllmConfig, Mode, RequestSpec, request_shape, validate_request
+from spec.errors import RequestError
 from spec.events import (
     Aborted,
     Admitted,
@@ -30,6 +29,7 @@ from spec.events import (
     Forward,
     KvAllocated,
     KvFreed,
+    RowAcquired,
     RowReleased,
     StepResult,
     Submitted,
@@ -43,7 +43,10 @@ from spec.lifecycles import (
     BlockPhase,
     RequestPhase,
 )
-from spec.snapshot import Snapshot
+from spec.machine_base import MachineBase
+from spec.profile import DllmAdmission, DllmPolicy
+from spec.rules import Rule
+from spec.snapshot import FinishedOutput, Snapshot
 from spec.state import (
     ACTIVE_PHASES,
     CARRIED_BLOCK_PHASES,
@@ -76,6 +79,7 @@ class _Request:
     committed_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
     current: _Block | None = None
+    reason: FinishReason | None = None  # set by its Finished event
 
 
 @dataclass(slots=True)
@@ -86,6 +90,7 @@ class _Round:
     pending: dict[SlotOwner, int] = field(default_factory=dict)  # row -> input mask count
     newly_done_in_last_forward: bool = False
     committed: int = 0
+    admitted: int = 0
 
 
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
@@ -115,42 +120,28 @@ def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]
     return gen
 
 
-class SpecMachine:
-    """The executable specification of a dLLM scheduler, driven by events."""
+class SpecMachine(MachineBase[Event, Rule]):
+    """The executable specification of a dLLM scheduler, driven by events.
 
-    def __init__(self, config: DllmConfig) -> None:
+    `policy` carries the implementation's declared choices (`spec.profile.DllmPolicy`); the
+    default is the idealised spec.
+    """
+
+    def __init__(self, config: DllmConfig, policy: DllmPolicy | None = None) -> None:
+        super().__init__()
         self.config = config
+        self.policy = policy if policy is not None else DllmPolicy()
         self._queue: list[str] = []
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, SlotOwner] = {}
         self._rows: dict[int, str] = {}
         self._round = _Round()
-        self.events_applied = 0
+        self._unreported: dict[str, None] = {}  # finished, output not yet reported (in order)
 
     # ------------------------------------------------------------------ views
     def state(self) -> AbstractState:
         """The current abstract state as frozen values."""
-        reqs = {
-            rid: RequestState(
-                request_id=r.request_id,
-                prompt=r.prompt,
-                max_new_tokens=r.max_new_tokens,
-                phase=r.phase,
-                row=r.row,
-                committed_blocks=r.committed_blocks,
-                tokens=tuple(r.tokens),
-                current=None
-                if r.current is None
-                else BlockState(
-                    r.current.index,
-                    r.current.phase,
-                    r.current.slots,
-                    r.current.alloc_round,
-                    r.current.masks,
-                ),
-            )
-            for rid, r in self._requests.items()
-        }
+        reqs = {rid: self._request_state(r) for rid, r in self._requests.items()}
         rnd = self._round
         return AbstractState(
             config=self.config,
@@ -167,11 +158,24 @@ class SpecMachine:
             ),
         )
 
+    @staticmethod
+    def _request_state(r: _Request) -> RequestState:
+        cur = r.current
+        return RequestState(
+            request_id=r.request_id,
+            prompt=r.prompt,
+            max_new_tokens=r.max_new_tokens,
+            phase=r.phase,
+            row=r.row,
+            committed_blocks=r.committed_blocks,
+            tokens=tuple(r.tokens),
+            current=None
+            if cur is None
+            else BlockState(cur.index, cur.phase, cur.slots, cur.alloc_round, cur.masks),
+        )
+
     def render(self) -> str:
         return render(self.state())
-
-    def copy(self) -> SpecMachine:
-        return _copy.deepcopy(self)
 
     @property
     def round_index(self) -> int:
@@ -197,52 +201,30 @@ class SpecMachine:
         return None if r is None else r.phase
 
     # ------------------------------------------------------------------ errors
-    def _fail(self, rule: str, detail: str, event: object | None) -> SpecViolation:
-        return SpecViolation(rule, detail, event, self.render())
-
     def _active(self, request_id: str, event: Event) -> _Request:
         r = self._requests.get(request_id)
         if r is None:
-            raise self._fail("known_request", f"request {request_id!r} was never submitted", event)
+            raise self._fail(
+                Rule.KNOWN_REQUEST, f"request {request_id!r} was never submitted", event
+            )
         if r.phase not in ACTIVE_PHASES:
             raise self._fail(
-                "known_request",
+                Rule.KNOWN_REQUEST,
                 f"request {request_id!r} is {r.phase.value}, not in the running set",
                 event,
             )
         return r
 
-    # ------------------------------------------------------------------ replay
-    def apply_all(self, events: Iterable[Event]) -> None:
-        for e in events:
-            self.apply(e)
-
-    def apply(self, event: Event) -> None:
-        """Check that `event` is enabled and apply its effect; raise SpecViolation if not."""
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            raise self._fail("lifecycle", f"unknown event type {type(event).__name__}", event)
-        handler(self, event)
-        self.events_applied += 1
-
-    def enabled(self, event: Event) -> str | None:
-        """None if `event` is enabled now, else the name of the rule it would break."""
-        try:
-            self.copy().apply(event)
-        except SpecViolation as v:
-            return v.rule
-        return None
-
     # --- between rounds -------------------------------------------------------
     def _submitted(self, e: Submitted) -> None:
         if e.request_id in self._requests:
-            raise self._fail("unique_submission", f"{e.request_id!r} submitted twice", e)
+            raise self._fail(Rule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
         try:
             validate_request(
                 self.config, RequestSpec(e.request_id, tuple(e.prompt), e.max_new_tokens)
             )
         except RequestError as err:
-            raise self._fail("valid_request", f"accepted an invalid request: {err}", e) from None
+            raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
         self._requests[e.request_id] = _Request(e.request_id, tuple(e.prompt), e.max_new_tokens)
         self._queue.append(e.request_id)
 
@@ -250,12 +232,12 @@ class SpecMachine:
         r = self._requests.get(e.request_id)
         if r is None or r.phase not in (RequestPhase.QUEUED, *ACTIVE_PHASES):
             phase = "never submitted" if r is None else r.phase.value
-            raise self._fail("known_request", f"abort of {e.request_id!r}, which is {phase}", e)
+            raise self._fail(Rule.KNOWN_REQUEST, f"abort of {e.request_id!r}, which is {phase}", e)
         if any(k[0] == e.request_id for k in self._round.pending):
-            raise self._fail("step_per_row", "aborted while a step result is pending", e)
+            raise self._fail(Rule.STEP_PER_ROW, "aborted while a step result is pending", e)
         if self._round.forwards:
             raise self._fail(
-                "scheduler_phase",
+                Rule.SCHEDULER_PHASE,
                 "aborted in the middle of a round (after its first forward); aborts happen "
                 "between rounds",
                 e,
@@ -271,14 +253,14 @@ class SpecMachine:
         if owned:
             blocks = sorted({self._owner[s][1] for s in owned})
             raise self._fail(
-                "terminal_owns_nothing",
+                Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still owning {len(owned)} KV slots "
                 f"(blocks {blocks}, slots {owned})",
                 e,
             )
         if r.row is not None:
             raise self._fail(
-                "terminal_owns_nothing",
+                Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still holding request-pool row {r.row}",
                 e,
             )
@@ -288,12 +270,12 @@ class SpecMachine:
         r = self._requests.get(e.request_id)
         if r is None or r.phase is not RequestPhase.QUEUED:
             phase = "never submitted" if r is None else r.phase.value
-            raise self._fail("lifecycle", f"admission of {e.request_id!r}, which is {phase}", e)
+            raise self._fail(Rule.LIFECYCLE, f"admission of {e.request_id!r}, which is {phase}", e)
         if self._round.forwards:
-            raise self._fail("scheduler_phase", "admission after the round's first forward", e)
+            raise self._fail(Rule.SCHEDULER_PHASE, "admission after the round's first forward", e)
         if self._queue[0] != e.request_id:
             raise self._fail(
-                "fcfs_admission",
+                Rule.FCFS_ADMISSION,
                 f"admitted {e.request_id!r} while {self._queue[0]!r} is ahead of it "
                 f"(queue {self._queue})",
                 e,
@@ -301,53 +283,75 @@ class SpecMachine:
         running = sum(1 for x in self._requests.values() if x.phase in ACTIVE_PHASES)
         if running >= self.config.max_running_requests:
             raise self._fail(
-                "max_running",
+                Rule.MAX_RUNNING,
                 f"admission would make {running + 1} running requests; "
                 f"max_running_requests={self.config.max_running_requests}",
                 e,
             )
-        if not 0 <= e.row < self.config.req_pool_rows:
+        self._take_row(r, e.row, e)
+        self._queue.pop(0)
+        r.phase = RequestPhase.ADMITTED
+        self._round.admitted += 1
+
+    def _row_acquired(self, e: RowAcquired) -> None:
+        r = self._active(e.request_id, e)
+        if self._round.forwards:
             raise self._fail(
-                "row_exclusive",
-                f"row {e.row} outside the request pool [0, {self.config.req_pool_rows})",
+                Rule.SCHEDULER_PHASE, "a row acquired after the round's first forward", e
+            )
+        if r.row is not None:
+            raise self._fail(
+                Rule.ROW_EXCLUSIVE,
+                f"{r.request_id!r} acquired row {e.row} while holding row {r.row}",
                 e,
             )
-        if e.row in self._rows:
+        self._take_row(r, e.row, e)
+
+    def _take_row(self, r: _Request, row: int, e: Event) -> None:
+        if not 0 <= row < self.config.req_pool_rows:
             raise self._fail(
-                "row_exclusive", f"row {e.row} is already held by {self._rows[e.row]!r}", e
+                Rule.ROW_EXCLUSIVE,
+                f"row {row} outside the request pool [0, {self.config.req_pool_rows})",
+                e,
             )
-        self._queue.pop(0)
-        self._rows[e.row] = e.request_id
-        r.row = e.row
-        r.phase = RequestPhase.ADMITTED
+        if row in self._rows:
+            raise self._fail(
+                Rule.ROW_EXCLUSIVE, f"row {row} is already held by {self._rows[row]!r}", e
+            )
+        self._rows[row] = r.request_id
+        r.row = row
 
     def _kv_allocated(self, e: KvAllocated) -> None:
         cfg = self.config
         r = self._active(e.request_id, e)
         if self._round.forwards:
-            raise self._fail("scheduler_phase", "KV allocated after the round's first forward", e)
+            raise self._fail(
+                Rule.SCHEDULER_PHASE, "KV allocated after the round's first forward", e
+            )
         if r.row is None:
-            raise self._fail("row_exclusive", f"{r.request_id!r} allocates KV without a row", e)
+            raise self._fail(Rule.ROW_EXCLUSIVE, f"{r.request_id!r} allocates KV without a row", e)
         if e.block_index != r.committed_blocks:
             raise self._fail(
-                "whole_block_alloc",
+                Rule.WHOLE_BLOCK_ALLOC,
                 f"allocated block {e.block_index} but the next uncommitted block is "
                 f"{r.committed_blocks}",
                 e,
             )
         if len(e.slots) != cfg.block_size:
             raise self._fail(
-                "whole_block_alloc",
+                Rule.WHOLE_BLOCK_ALLOC,
                 f"allocated {len(e.slots)} slots for a block of {cfg.block_size}",
                 e,
             )
         bad = [s for s in e.slots if not 0 <= s < cfg.kv_slots]
         if bad:
-            raise self._fail("kv_exclusive", f"slots {bad} outside the pool [0, {cfg.kv_slots})", e)
+            raise self._fail(
+                Rule.KV_EXCLUSIVE, f"slots {bad} outside the pool [0, {cfg.kv_slots})", e
+            )
         taken = {s: self._owner[s] for s in e.slots if s in self._owner}
         if taken or len(set(e.slots)) != len(e.slots):
             raise self._fail(
-                "kv_exclusive", f"slots already owned (slot: owner) {taken or 'duplicated'}", e
+                Rule.KV_EXCLUSIVE, f"slots already owned (slot: owner) {taken or 'duplicated'}", e
             )
         self._check_page_alignment(r, e)
         cur = r.current
@@ -355,11 +359,11 @@ class SpecMachine:
             # Re-allocation of a carried block: only legal without in-place reuse.
             if cur.slots is not None:
                 raise self._fail(
-                    "whole_block_alloc", f"block {cur.index} already holds its slots", e
+                    Rule.WHOLE_BLOCK_ALLOC, f"block {cur.index} already holds its slots", e
                 )
             if cfg.in_place_reuse:
                 raise self._fail(
-                    "reuse_keeps_slots",
+                    Rule.REUSE_KEEPS_SLOTS,
                     f"block {cur.index} of {r.request_id!r} was re-allocated instead of reused "
                     f"in place",
                     e,
@@ -369,7 +373,7 @@ class SpecMachine:
         else:
             target = REQUEST_LIFECYCLE.target(r.phase.value, "kv_allocated")
             if target is None:  # pragma: no cover - ADMITTED always allows it
-                raise self._fail("lifecycle", f"{r.phase.value} cannot allocate", e)
+                raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot allocate", e)
             r.current = _Block(e.block_index, BlockPhase.MASKED, tuple(e.slots), self._round.index)
             r.phase = RequestPhase(target)
         for s in e.slots:
@@ -380,11 +384,11 @@ class SpecMachine:
         p = cfg.page_size
         slots = e.slots
         if any(slots[i] != slots[0] + i for i in range(len(slots))):
-            raise self._fail("page_alignment", f"slots {list(slots)} are not contiguous", e)
+            raise self._fail(Rule.PAGE_ALIGNMENT, f"slots {list(slots)} are not contiguous", e)
         offset = (e.block_index * cfg.block_size) % p
         if slots[0] % p != offset:
             raise self._fail(
-                "page_alignment",
+                Rule.PAGE_ALIGNMENT,
                 f"block {e.block_index} starts at page offset {offset} but slot {slots[0]} is at "
                 f"offset {slots[0] % p} (page_size={p})",
                 e,
@@ -394,7 +398,7 @@ class SpecMachine:
             users = {self._owner[s] for s in range(page * p, page * p + p) if s in self._owner}
             if users:
                 raise self._fail(
-                    "page_alignment",
+                    Rule.PAGE_ALIGNMENT,
                     f"block {e.block_index} starts page {page}, which is not wholly free "
                     f"(owners {sorted(users)})",
                     e,
@@ -403,7 +407,7 @@ class SpecMachine:
             prev = self._owner.get(slots[0] - 1)
             if prev != (r.request_id, e.block_index - 1):
                 raise self._fail(
-                    "page_alignment",
+                    Rule.PAGE_ALIGNMENT,
                     f"block {e.block_index} continues a page, so slot {slots[0] - 1} must hold "
                     f"block {e.block_index - 1} of {r.request_id!r}; it is owned by {prev}",
                     e,
@@ -415,21 +419,25 @@ class SpecMachine:
         rnd = self._round
         if rnd.pending:
             raise self._fail(
-                "step_per_row", f"forward while rows {list(rnd.pending)} await a step result", e
+                Rule.STEP_PER_ROW, f"forward while rows {list(rnd.pending)} await a step result", e
             )
         if not e.rows:
-            raise self._fail("forward_ready", "a forward with no rows", e)
+            raise self._fail(Rule.FORWARD_READY, "a forward with no rows", e)
+        if rnd.forwards == 0:
+            self._check_work_conserving(e)
         keys = tuple((row.request_id, row.block_index) for row in e.rows)
         if len({k[0] for k in keys}) != len(keys):
-            raise self._fail("forward_ready", "a request appears twice in one forward", e)
+            raise self._fail(Rule.FORWARD_READY, "a request appears twice in one forward", e)
+        if self.policy.admission is DllmAdmission.PREFILL_FIRST:
+            self._check_prefill_first(e)
         if rnd.committed:
             raise self._fail(
-                "forward_policy", "a forward after a block was committed in this round", e
+                Rule.FORWARD_POLICY, "a forward after a block was committed in this round", e
             )
         if rnd.forwards:
             if set(keys) != set(rnd.batch):
                 raise self._fail(
-                    "batch_stable",
+                    Rule.BATCH_STABLE,
                     f"rows {sorted(keys)} differ from this round's batch {sorted(rnd.batch)}",
                     e,
                 )
@@ -437,15 +445,15 @@ class SpecMachine:
                 currents = [self._requests[k[0]].current for k in keys]
                 if all(c is not None and c.phase is BlockPhase.DONE for c in currents):
                     raise self._fail(
-                        "forward_policy", "sync forward although every row is already done", e
+                        Rule.FORWARD_POLICY, "sync forward although every row is already done", e
                     )
             elif not cfg.reloop:
                 raise self._fail(
-                    "forward_policy", "a second forward in one FDFO round without re-loop", e
+                    Rule.FORWARD_POLICY, "a second forward in one FDFO round without re-loop", e
                 )
             elif rnd.newly_done_in_last_forward:
                 raise self._fail(
-                    "forward_policy",
+                    Rule.FORWARD_POLICY,
                     "FDFO re-loop continued after a block finished (it must yield)",
                     e,
                 )
@@ -454,17 +462,17 @@ class SpecMachine:
             r = self._active(row.request_id, e)
             cur = r.current
             if r.row is None:
-                raise self._fail("forward_ready", f"{r.request_id!r} has no request-pool row", e)
+                raise self._fail(Rule.FORWARD_READY, f"{r.request_id!r} has no request-pool row", e)
             if cur is None or cur.index != row.block_index:
                 raise self._fail(
-                    "forward_ready",
+                    Rule.FORWARD_READY,
                     f"{r.request_id!r} forwards block {row.block_index} but its current block "
                     f"is {None if cur is None else cur.index}",
                     e,
                 )
             if row.num_tokens != cfg.block_size:
                 raise self._fail(
-                    "whole_block_rows",
+                    Rule.WHOLE_BLOCK_ROWS,
                     f"row of {r.request_id!r} feeds {row.num_tokens} tokens; rows must be whole "
                     f"blocks of {cfg.block_size}",
                     e,
@@ -472,7 +480,7 @@ class SpecMachine:
             if cur.slots is None or any(
                 self._owner.get(s) != (r.request_id, cur.index) for s in cur.slots
             ):
-                rule = "reuse_keeps_slots" if cfg.in_place_reuse else "forward_ready"
+                rule = Rule.REUSE_KEEPS_SLOTS if cfg.in_place_reuse else Rule.FORWARD_READY
                 raise self._fail(
                     rule,
                     f"block {cur.index} of {r.request_id!r} is forwarded without owning its KV "
@@ -483,7 +491,7 @@ class SpecMachine:
             retained = cur.alloc_round is not None and cur.alloc_round < rnd.index
             if row.reused != retained:
                 raise self._fail(
-                    "reuse_keeps_slots",
+                    Rule.REUSE_KEEPS_SLOTS,
                     f"row of {r.request_id!r} says reused={row.reused} but its slots were "
                     f"allocated in round {cur.alloc_round} (now {rnd.index})",
                     e,
@@ -493,7 +501,7 @@ class SpecMachine:
             )
             if row.masked != expected:
                 raise self._fail(
-                    "carrier_continuity",
+                    Rule.CARRIER_CONTINUITY,
                     f"block {cur.index} of {r.request_id!r} is fed with {row.masked} masks but "
                     f"it had {expected} (incomplete_ids lost or corrupted)",
                     e,
@@ -510,7 +518,7 @@ class SpecMachine:
         for k in range(r.committed_blocks):
             if counts.get(k, 0) != b:
                 raise self._fail(
-                    "committed_prefix_kept",
+                    Rule.COMMITTED_PREFIX_KEPT,
                     f"committed block {k} of {r.request_id!r} holds {counts.get(k, 0)} of its "
                     f"{b} KV slots while the request is still active",
                     e,
@@ -521,7 +529,7 @@ class SpecMachine:
         key = (e.request_id, e.block_index)
         if key not in self._round.pending:
             raise self._fail(
-                "step_per_row",
+                Rule.STEP_PER_ROW,
                 f"step result for {key}, which is not awaiting one "
                 f"(pending {list(self._round.pending)})",
                 e,
@@ -529,20 +537,20 @@ class SpecMachine:
         masked_in = self._round.pending[key]
         if e.accept_length not in (0, cfg.block_size):
             raise self._fail(
-                "accept_length",
+                Rule.ACCEPT_LENGTH,
                 f"accept_length={e.accept_length}; it must be 0 or block_size={cfg.block_size}",
                 e,
             )
         if not 0 <= e.masks_remaining <= masked_in:
             raise self._fail(
-                "accept_length",
+                Rule.ACCEPT_LENGTH,
                 f"masks_remaining={e.masks_remaining} but the input had {masked_in} masks",
                 e,
             )
         done = e.accept_length == cfg.block_size
         if done and masked_in != 0:
             raise self._fail(
-                "final_forward_before_commit",
+                Rule.FINAL_FORWARD_BEFORE_COMMIT,
                 f"block {e.block_index} of {e.request_id!r} reported done although its step "
                 f"started with {masked_in} masks (the final-KV forward has not run)",
                 e,
@@ -558,7 +566,7 @@ class SpecMachine:
         target = BLOCK_LIFECYCLE.target(cur.phase.value, trigger)
         if target is None:
             raise self._fail(
-                "lifecycle", f"block in phase {cur.phase.value} cannot take {trigger}", e
+                Rule.LIFECYCLE, f"block in phase {cur.phase.value} cannot take {trigger}", e
             )
         if done and cur.phase is not BlockPhase.DONE:
             self._round.newly_done_in_last_forward = True
@@ -572,26 +580,26 @@ class SpecMachine:
         r = self._active(e.request_id, e)
         if self._round.pending:
             raise self._fail(
-                "step_per_row", f"commit while rows {list(self._round.pending)} await a step", e
+                Rule.STEP_PER_ROW, f"commit while rows {list(self._round.pending)} await a step", e
             )
         cur = r.current
         if cur is None or cur.index != e.block_index:
             raise self._fail(
-                "lifecycle",
+                Rule.LIFECYCLE,
                 f"commit of block {e.block_index}; current block is "
                 f"{None if cur is None else cur.index}",
                 e,
             )
         if cur.phase is not BlockPhase.DONE:
             raise self._fail(
-                "final_forward_before_commit",
+                Rule.FINAL_FORWARD_BEFORE_COMMIT,
                 f"block {cur.index} of {r.request_id!r} committed in phase {cur.phase.value}; "
                 f"only a done block (after its final-KV forward) may be committed",
                 e,
             )
         if len(e.tokens) != cfg.block_size or cfg.mask_token_id in e.tokens:
             raise self._fail(
-                "prompt_preserved",
+                Rule.PROMPT_PRESERVED,
                 f"committed tokens {list(e.tokens)} are not {cfg.block_size} unmasked tokens",
                 e,
             )
@@ -600,13 +608,13 @@ class SpecMachine:
             pos = start + i
             if pos < len(r.prompt) and r.prompt[pos] != tok:
                 raise self._fail(
-                    "prompt_preserved",
+                    Rule.PROMPT_PRESERVED,
                     f"position {pos} holds {tok} but the prompt has {r.prompt[pos]}",
                     e,
                 )
         target = REQUEST_LIFECYCLE.target(r.phase.value, "block_committed")
         if target is None:  # pragma: no cover - RUNNING always allows it
-            raise self._fail("lifecycle", f"{r.phase.value} cannot commit", e)
+            raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
         r.committed_blocks += 1
         r.current = None
@@ -616,15 +624,15 @@ class SpecMachine:
     def _kv_freed(self, e: KvFreed) -> None:
         r = self._requests.get(e.request_id)
         if r is None:
-            raise self._fail("known_request", f"request {e.request_id!r} was never submitted", e)
+            raise self._fail(Rule.KNOWN_REQUEST, f"request {e.request_id!r} was never submitted", e)
         if len(set(e.slots)) != len(e.slots):
-            raise self._fail("free_owned_only", f"slots {list(e.slots)} freed twice at once", e)
+            raise self._fail(Rule.FREE_OWNED_ONLY, f"slots {list(e.slots)} freed twice at once", e)
         for s in e.slots:
             owner = self._owner.get(s)
             if owner is None or owner[0] != e.request_id:
                 what = "free" if owner is None else f"owned by {owner}"
                 raise self._fail(
-                    "free_owned_only",
+                    Rule.FREE_OWNED_ONLY,
                     f"{e.request_id!r} freed slot {s}, which is {what} (double free or foreign)",
                     e,
                 )
@@ -633,7 +641,7 @@ class SpecMachine:
             rest = [s for s, o in self._owner.items() if o == (e.request_id, block)]
             if not freed.issuperset(rest):
                 raise self._fail(
-                    "free_owned_only",
+                    Rule.FREE_OWNED_ONLY,
                     f"block {block} of {e.request_id!r} freed partially; blocks are freed whole",
                     e,
                 )
@@ -647,7 +655,7 @@ class SpecMachine:
         r = self._requests.get(e.request_id)
         if r is None or r.row != e.row or self._rows.get(e.row) != e.request_id:
             raise self._fail(
-                "free_owned_only",
+                Rule.FREE_OWNED_ONLY,
                 f"{e.request_id!r} released row {e.row}, which it does not hold "
                 f"(held by {self._rows.get(e.row)!r})",
                 e,
@@ -660,16 +668,16 @@ class SpecMachine:
         target = REQUEST_LIFECYCLE.target(r.phase.value, "finished")
         if target is None:
             raise self._fail(
-                "lifecycle",
+                Rule.LIFECYCLE,
                 f"{r.request_id!r} finished in phase {r.phase.value} (its block "
                 f"{None if r.current is None else r.current.index} is not committed)",
                 e,
             )
-        st = self.state().requests[r.request_id]
+        st = self._request_state(r)
         due = finish_condition(self.config, st)
         if due is None:
             raise self._fail(
-                "finish_condition",
+                Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with {len(st.generated)}/{r.max_new_tokens} tokens "
                 f"and no end-of-sequence token",
                 e,
@@ -679,33 +687,37 @@ class SpecMachine:
             allowed.add(FinishReason.LENGTH)
         if e.reason not in allowed:
             raise self._fail(
-                "finish_condition",
+                Rule.FINISH_CONDITION,
                 f"reason {e.reason.value}; the condition that holds is {due.value}",
                 e,
             )
         self._require_owns_nothing(r, e)
         r.phase = RequestPhase(target)
+        r.reason = e.reason
+        self._unreported[r.request_id] = None
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config
         rnd = self._round
         if e.round_index != rnd.index:
             raise self._fail(
-                "round_order", f"round {e.round_index} ended; expected round {rnd.index}", e
+                Rule.ROUND_ORDER, f"round {e.round_index} ended; expected round {rnd.index}", e
             )
         if rnd.pending:
             raise self._fail(
-                "step_per_row", f"control returned while {list(rnd.pending)} await a step", e
+                Rule.STEP_PER_ROW, f"control returned while {list(rnd.pending)} await a step", e
             )
         active = [r for r in self._requests.values() if r.phase in ACTIVE_PHASES]
         for r in active:
-            if r.row is None:
-                raise self._fail("row_exclusive", f"{r.request_id!r} is running without a row", e)
+            if r.row is None and not self._may_lack_row(r):
+                raise self._fail(
+                    Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
+                )
             self._check_prefix(r, e)
-            st = self.state().requests[r.request_id]
+            st = self._request_state(r)
             if finish_condition(cfg, st) is not None:
                 raise self._fail(
-                    "fdfo_releases_same_round",
+                    Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "
                     f"of the round",
                     e,
@@ -715,14 +727,14 @@ class SpecMachine:
                 continue
             if cfg.mode is Mode.SYNC:
                 raise self._fail(
-                    "sync_yields_when_all_done",
+                    Rule.SYNC_YIELDS_WHEN_ALL_DONE,
                     f"sync returned control while block {cur.index} of {r.request_id!r} is "
                     f"{cur.phase.value}",
                     e,
                 )
             if cur.phase is BlockPhase.DONE:
                 raise self._fail(
-                    "fdfo_releases_same_round",
+                    Rule.FDFO_RELEASES_SAME_ROUND,
                     f"block {cur.index} of {r.request_id!r} is done but not committed at the "
                     f"end of the round",
                     e,
@@ -731,14 +743,14 @@ class SpecMachine:
                 holds = cur.slots is not None
                 if cfg.in_place_reuse and not holds:
                     raise self._fail(
-                        "reuse_keeps_slots",
+                        Rule.REUSE_KEEPS_SLOTS,
                         f"unfinished block {cur.index} of {r.request_id!r} lost its slots "
                         f"under in-place reuse",
                         e,
                     )
                 if not cfg.in_place_reuse and holds:
                     raise self._fail(
-                        "no_reuse_releases",
+                        Rule.NO_REUSE_RELEASES,
                         f"unfinished block {cur.index} of {r.request_id!r} still holds its "
                         f"slots at the end of the round without in-place reuse",
                         e,
@@ -746,17 +758,90 @@ class SpecMachine:
         if rnd.forwards == 0:
             if active:
                 raise self._fail(
-                    "progress",
+                    Rule.PROGRESS,
                     f"a round with {len(active)} running requests ran no forward",
                     e,
                 )
             if self._queue and not self._owner and not self._rows:
                 raise self._fail(
-                    "progress",
+                    Rule.PROGRESS,
                     f"idle system with {len(self._queue)} queued requests admitted none",
                     e,
                 )
+            self._check_work_conserving(e)
         self._round = _Round(index=rnd.index + 1)
+
+    def _may_lack_row(self, r: _Request) -> bool:
+        """Between rounds, only a carried FDFO block without in-place reuse may give up its row
+        (it takes one again with `RowAcquired`)."""
+        cfg = self.config
+        cur = r.current
+        return (
+            cfg.mode is Mode.FDFO
+            and not cfg.in_place_reuse
+            and cur is not None
+            and cur.phase in CARRIED_BLOCK_PHASES
+        )
+
+    # --- policy rules -------------------------------------------------------------
+    def _check_work_conserving(self, e: Event) -> None:
+        """At the end of the scheduler phase: a round that admitted nothing must not leave a
+        seat, a row and the head's worst-case pages idle (see Rule.WORK_CONSERVING)."""
+        if not self.policy.work_conserving or self._round.admitted or not self._queue:
+            return
+        cfg = self.config
+        active = [r for r in self._requests.values() if r.phase in ACTIVE_PHASES]
+        if len(active) >= cfg.max_running_requests or len(self._rows) >= cfg.req_pool_rows:
+            return
+        claimed = sum(request_shape(cfg, len(r.prompt), r.max_new_tokens).pages for r in active)
+        head = self._requests[self._queue[0]]
+        need = request_shape(cfg, len(head.prompt), head.max_new_tokens).pages
+        if claimed + need <= cfg.kv_pages:
+            raise self._fail(
+                Rule.WORK_CONSERVING,
+                f"the round admitted nothing although {head.request_id!r} fits: "
+                f"{len(active)}/{cfg.max_running_requests} running, "
+                f"{cfg.req_pool_rows - len(self._rows)} free rows, {cfg.kv_pages - claimed} "
+                f"unclaimed pages >= {need} needed",
+                e,
+            )
+
+    def _is_prefill_block(self, r: _Request, block_index: int) -> bool:
+        """A block that holds only prompt tokens (fed once, to write the prompt's KV)."""
+        return (block_index + 1) * self.config.block_size <= len(r.prompt)
+
+    def _check_prefill_first(self, e: Forward) -> None:
+        kinds = {
+            self._is_prefill_block(self._requests[row.request_id], row.block_index)
+            for row in e.rows
+            if row.request_id in self._requests
+        }
+        if len(kinds) > 1:
+            raise self._fail(
+                Rule.PREFILL_FIRST,
+                "a forward mixes prefill rows (prompt-only blocks) and decode rows; under "
+                "PREFILL_FIRST a batch is prefill-only or decode-only",
+                e,
+            )
+        if kinds != {False}:
+            return
+        fed = {row.request_id for row in e.rows}
+        for r in self._requests.values():
+            cur = r.current
+            if (
+                r.phase in ACTIVE_PHASES
+                and r.request_id not in fed
+                and cur is not None
+                and cur.phase is BlockPhase.MASKED
+                and cur.slots is not None
+                and self._is_prefill_block(r, cur.index)
+            ):
+                raise self._fail(
+                    Rule.PREFILL_FIRST,
+                    f"a decode forward ran while prompt block {cur.index} of {r.request_id!r} "
+                    f"waits; under PREFILL_FIRST the prefill batch goes first",
+                    e,
+                )
 
     # ------------------------------------------------------------------ checks
     def check_snapshot(self, snap: Snapshot) -> None:
@@ -791,8 +876,51 @@ class SpecMachine:
         if problems:
             # a carrier-only disagreement has its own rule; anything else is a pool mismatch
             only_carriers = len(problems) == 1 and problems[0].startswith("carriers")
-            rule = "carriers_iff_unfinished" if only_carriers else "snapshot_matches"
+            rule = Rule.CARRIERS_IFF_UNFINISHED if only_carriers else Rule.SNAPSHOT_MATCHES
             raise self._fail(rule, "; ".join(problems), None)
+
+    def check_outputs(self, reported: Mapping[str, FinishedOutput]) -> None:
+        """Compare the outputs an implementation reports with the spec (`reported_output`).
+
+        `reported` holds the requests finished since the previous report, each reported once:
+        its tokens must equal `request_output` and its reason the one its `Finished` event gave;
+        every request finished since the previous report must be in it.
+        """
+        for rid, out in reported.items():
+            r = self._requests.get(rid)
+            if r is None or r.phase is not RequestPhase.FINISHED:
+                phase = "never submitted" if r is None else r.phase.value
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT, f"reported an output for {rid!r}, which is {phase}", None
+                )
+            if rid not in self._unreported:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT, f"reported the output of {rid!r} a second time", None
+                )
+            want = request_output(self.config, self._request_state(r))
+            if tuple(out.tokens) != want:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT,
+                    f"{rid!r} reported {len(out.tokens)} tokens {list(out.tokens)}; the spec's "
+                    f"output is {len(want)} tokens {list(want)} (max_new_tokens="
+                    f"{r.max_new_tokens}, eos={self.config.eos_token_id})",
+                    None,
+                )
+            if out.reason is not r.reason:
+                raise self._fail(
+                    Rule.REPORTED_OUTPUT,
+                    f"{rid!r} reported finish reason {out.reason.value} but finished with "
+                    f"{None if r.reason is None else r.reason.value}",
+                    None,
+                )
+        missing = [rid for rid in self._unreported if rid not in reported]
+        if missing:
+            raise self._fail(
+                Rule.REPORTED_OUTPUT,
+                f"finished requests {missing} were not reported with their outputs",
+                None,
+            )
+        self._unreported.clear()
 
     def check_invariants(self) -> None:
         """Evaluate every named state invariant; raise SpecViolation on the first that fails."""
@@ -800,22 +928,25 @@ class SpecMachine:
 
         failure = check_all(self.state())
         if failure is not None:
-            raise self._fail(failure[0], failure[1], None)
+            raise self._fail(Rule(failure[0]), failure[1], None)
 
 
-_HANDLERS: dict[type, Callable[[SpecMachine, Any], None]] = {
-    Submitted: SpecMachine._submitted,
-    Admitted: SpecMachine._admitted,
-    KvAllocated: SpecMachine._kv_allocated,
-    KvFreed: SpecMachine._kv_freed,
-    RowReleased: SpecMachine._row_released,
-    Forward: SpecMachine._forward,
-    StepResult: SpecMachine._step_result,
-    BlockCommitted: SpecMachine._block_committed,
-    Finished: SpecMachine._finished,
-    Aborted: SpecMachine._aborted,
-    ControlReturned: SpecMachine._control_returned,
-}
+SpecMachine.handlers = MappingProxyType(
+    {
+        Submitted: SpecMachine._submitted,
+        Admitted: SpecMachine._admitted,
+        KvAllocated: SpecMachine._kv_allocated,
+        KvFreed: SpecMachine._kv_freed,
+        RowAcquired: SpecMachine._row_acquired,
+        RowReleased: SpecMachine._row_released,
+        Forward: SpecMachine._forward,
+        StepResult: SpecMachine._step_result,
+        BlockCommitted: SpecMachine._block_committed,
+        Finished: SpecMachine._finished,
+        Aborted: SpecMachine._aborted,
+        ControlReturned: SpecMachine._control_returned,
+    }
+)
 
 __all__ = [
     "CARRIED_BLOCK_PHASES",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from spec.config import DllmConfig, Mode
 from spec.errors import ConfigError
+from spec.rules import Rule
 
 
 class ProfileError(ConfigError):
@@ -100,6 +101,17 @@ class DllmConfigSpace:
             raise ProfileError(
                 "space.block_sizes", sorted(self.block_sizes), "positive integers or None"
             )
+        # The switches only exist under FDFO: restricting them while FDFO is excluded is a
+        # contradiction (a profile that cannot mean what it says).
+        if Mode.FDFO not in self.modes:
+            for name, values in (("in_place_reuse", self.in_place_reuse), ("reloop", self.reloop)):
+                if values != frozenset({False, True}) and values != frozenset({False}):
+                    raise ProfileError(
+                        f"space.{name}",
+                        sorted(values),
+                        f"{{False}} or both: {name} exists only under fdfo, which space.modes "
+                        f"({_names(m.value for m in self.modes)}) excludes",
+                    )
 
     def outside(self, config: DllmConfig) -> tuple[str, object, str] | None:
         """(field, value, declared space) of the first field outside the space, else None."""
@@ -171,11 +183,22 @@ class DllmProfile:
     deviations: tuple[AcceptedDeviation, ...] = ()
 
     def __post_init__(self) -> None:
+        known = {str(r) for r in Rule}
         seen: set[str] = set()
         for d in self.deviations:
+            if d.rule not in known:
+                raise ProfileError(
+                    "deviations", d.rule, f"the name of a dLLM spec rule ({len(known)} exist)"
+                )
             if d.rule in seen:
                 raise ProfileError("deviations", d.rule, "each rule listed once")
             seen.add(d.rule)
+        if "work_conserving" in seen and not self.policy.work_conserving:
+            raise ProfileError(
+                "deviations",
+                "work_conserving",
+                "not both: policy.work_conserving=False already turns the rule off",
+            )
 
     def accepted(self, rule: str) -> AcceptedDeviation | None:
         """The accepted deviation for `rule`, if declared."""

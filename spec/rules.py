@@ -7,81 +7,155 @@ round. `docs/spec.md` is generated from this table.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from types import MappingProxyType
 
-_RULES: dict[str, str] = {
+
+class Rule(StrEnum):
+    """Every rule name of the dLLM spec. A member equals (and hashes like) its string."""
+
+    UNIQUE_SUBMISSION = "unique_submission"
+    VALID_REQUEST = "valid_request"
+    KNOWN_REQUEST = "known_request"
+    LIFECYCLE = "lifecycle"
+    FCFS_ADMISSION = "fcfs_admission"
+    MAX_RUNNING = "max_running"
+    SCHEDULER_PHASE = "scheduler_phase"
+    ROW_EXCLUSIVE = "row_exclusive"
+    NO_LEAK = "no_leak"
+    KV_EXCLUSIVE = "kv_exclusive"
+    WHOLE_BLOCK_ALLOC = "whole_block_alloc"
+    PAGE_ALIGNMENT = "page_alignment"
+    FREE_OWNED_ONLY = "free_owned_only"
+    COMMITTED_PREFIX_KEPT = "committed_prefix_kept"
+    TERMINAL_OWNS_NOTHING = "terminal_owns_nothing"
+    FORWARD_READY = "forward_ready"
+    WHOLE_BLOCK_ROWS = "whole_block_rows"
+    CARRIER_CONTINUITY = "carrier_continuity"
+    BATCH_STABLE = "batch_stable"
+    FORWARD_POLICY = "forward_policy"
+    STEP_PER_ROW = "step_per_row"
+    ACCEPT_LENGTH = "accept_length"
+    FINAL_FORWARD_BEFORE_COMMIT = "final_forward_before_commit"
+    PROMPT_PRESERVED = "prompt_preserved"
+    REUSE_KEEPS_SLOTS = "reuse_keeps_slots"
+    NO_REUSE_RELEASES = "no_reuse_releases"
+    SYNC_YIELDS_WHEN_ALL_DONE = "sync_yields_when_all_done"
+    FDFO_RELEASES_SAME_ROUND = "fdfo_releases_same_round"
+    FINISH_CONDITION = "finish_condition"
+    PROGRESS = "progress"
+    ROUND_ORDER = "round_order"
+    CARRIERS_IFF_UNFINISHED = "carriers_iff_unfinished"
+    SNAPSHOT_MATCHES = "snapshot_matches"
+    FDFO_SYNC_PARITY = "fdfo_sync_parity"
+    PREFILL_FIRST = "prefill_first"
+    WORK_CONSERVING = "work_conserving"
+    REPORTED_OUTPUT = "reported_output"
+    IMPLEMENTATION_ERROR = "implementation_error"
+
+
+_RULES: dict[Rule, str] = {
     # --- requests and admission
-    "unique_submission": "A request id is submitted at most once.",
-    "valid_request": "Only requests that pass validation (non-empty prompt, fits the context and "
+    Rule.UNIQUE_SUBMISSION: "A request id is submitted at most once.",
+    Rule.VALID_REQUEST: "Only requests that pass validation (non-empty prompt, fits the context "
+    "and "
     "the pool) are accepted.",
-    "known_request": "Events refer to requests that were submitted and are not finished or "
+    Rule.KNOWN_REQUEST: "Events refer to requests that were submitted and are not finished or "
     "aborted.",
-    "lifecycle": "Every phase change follows the lifecycle tables (request, block, slot, row).",
-    "fcfs_admission": "Requests are admitted in submission order: only the head of the queue.",
-    "max_running": "At most max_running_requests requests are in the running set.",
-    "scheduler_phase": "Admissions, KV allocations and aborts happen in the scheduler phase of a "
+    Rule.LIFECYCLE: "Every phase change follows the lifecycle tables (request, block, slot, row).",
+    Rule.FCFS_ADMISSION: "Requests are admitted in submission order: only the head of the queue.",
+    Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
+    Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
+    "of a "
     "round, before its first forward (aborts are requested between rounds).",
-    "row_exclusive": "A request-pool row is held by at most one request, and a running request "
+    Rule.ROW_EXCLUSIVE: "A request-pool row is held by at most one request, and a running request "
     "holds exactly one row from admission until it finishes or is aborted.",
     # --- KV slots and pages
-    "no_leak": "Every KV slot is either free or owned by exactly one (request, block): "
+    Rule.NO_LEAK: "Every KV slot is either free or owned by exactly one (request, block): "
     "free + owned = total, no slot has two owners.",
-    "kv_exclusive": "Allocated slots were free.",
-    "whole_block_alloc": "A block is allocated exactly block_size slots, for the request's next "
+    Rule.KV_EXCLUSIVE: "Allocated slots were free.",
+    Rule.WHOLE_BLOCK_ALLOC: "A block is allocated exactly block_size slots, for the request's next "
     "uncommitted block, before the round's first forward.",
-    "page_alignment": "A block's slots are contiguous inside one page at the offset of its "
+    Rule.PAGE_ALIGNMENT: "A block's slots are contiguous inside one page at the offset of its "
     "position; a block that starts a page takes a wholly free page, any other block continues "
     "the page of the request's previous block (pages are never shared between requests).",
-    "free_owned_only": "Only slots owned by the request are freed, each once (no double free).",
-    "committed_prefix_kept": "An active request keeps the KV of every committed block (it is the "
+    Rule.FREE_OWNED_ONLY: "Only slots owned by the request are freed, each once (no double free).",
+    Rule.COMMITTED_PREFIX_KEPT: "An active request keeps the KV of every committed block (it is "
+    "the "
     "prefix later blocks attend to).",
-    "terminal_owns_nothing": "A finished or aborted request owns no KV slot and no row "
+    Rule.TERMINAL_OWNS_NOTHING: "A finished or aborted request owns no KV slot and no row "
     "(including a retained, unfinished FDFO block).",
     # --- forwards and steps
-    "forward_ready": "A forward row is the request's current block, the request holds a row and "
+    Rule.FORWARD_READY: "A forward row is the request's current block, the request holds a row and "
     "the block holds its slots.",
-    "whole_block_rows": "Every forward row feeds exactly block_size tokens (no ragged rows).",
-    "carrier_continuity": "A block continues from its carried state: the row's mask count equals "
+    Rule.WHOLE_BLOCK_ROWS: "Every forward row feeds exactly block_size tokens (no ragged rows).",
+    Rule.CARRIER_CONTINUITY: "A block continues from its carried state: the row's mask count "
+    "equals "
     "the masks left by the block's previous step (incomplete_ids carried between rounds).",
-    "batch_stable": "Within a round every forward runs the same rows.",
-    "forward_policy": "Sync forwards again only while some row is not done; FDFO runs one "
+    Rule.BATCH_STABLE: "Within a round every forward runs the same rows.",
+    Rule.FORWARD_POLICY: "Sync forwards again only while some row is not done; FDFO runs one "
     "forward per round, or with re-loop another only while no block finished; no forward "
     "follows a commit in the same round.",
-    "step_per_row": "Each row of a forward gets exactly one step result before the next "
+    Rule.STEP_PER_ROW: "Each row of a forward gets exactly one step result before the next "
     "forward, commit or end of round.",
-    "accept_length": "A step accepts 0 or block_size tokens, masks never reappear, and a done "
+    Rule.ACCEPT_LENGTH: "A step accepts 0 or block_size tokens, masks never reappear, and a done "
     "step leaves no mask.",
-    "final_forward_before_commit": "A block is done only when its step started on a block with "
+    Rule.FINAL_FORWARD_BEFORE_COMMIT: "A block is done only when its step started on a block with "
     "no masks (the forward that writes its final KV), and only done blocks are committed.",
-    "prompt_preserved": "A committed block keeps the prompt tokens at prompt positions and "
+    Rule.PROMPT_PRESERVED: "A committed block keeps the prompt tokens at prompt positions and "
     "contains no mask token.",
     # --- in-place reuse
-    "reuse_keeps_slots": "Under in-place reuse an unfinished block keeps exactly its slots "
+    Rule.REUSE_KEEPS_SLOTS: "Under in-place reuse an unfinished block keeps exactly its slots "
     "across rounds (no free, no re-allocation), and its rows are marked reused.",
-    "no_reuse_releases": "Without in-place reuse, an unfinished FDFO block's slots are freed at "
+    Rule.NO_REUSE_RELEASES: "Without in-place reuse, an unfinished FDFO block's slots are freed at "
     "the end of the round and allocated afresh in the next.",
     # --- end of round
-    "sync_yields_when_all_done": "Under sync, control returns only when every block of the "
+    Rule.SYNC_YIELDS_WHEN_ALL_DONE: "Under sync, control returns only when every block of the "
     "batch is committed.",
-    "fdfo_releases_same_round": "A done block is committed, and a request whose finish condition "
+    Rule.FDFO_RELEASES_SAME_ROUND: "A done block is committed, and a request whose finish "
+    "condition "
     "holds is finished and released, in the same round.",
-    "finish_condition": "A request finishes only when it generated max_new_tokens or committed "
+    Rule.FINISH_CONDITION: "A request finishes only when it generated max_new_tokens or committed "
     "an end-of-sequence token, with the matching reason.",
-    "progress": "A round with running requests runs a forward; an idle system with queued work "
-    "admits the head of the queue.",
-    "round_order": "Rounds are numbered 0, 1, 2, ... in order.",
-    "carriers_iff_unfinished": "A request carries incomplete_ids (and algorithm state) exactly "
+    Rule.PROGRESS: "A round with running requests runs a forward; an idle system with queued work "
+    "admits the head of the queue; a drain ends idle (an implementation that gives up with "
+    "SchedulerStalled breaks this rule).",
+    Rule.WORK_CONSERVING: "A round that admits nothing leaves no seat, row and KV room idle while "
+    "the queue head fits: if running < max_running_requests, a row is free and the pages not "
+    "claimed by the running requests' worst-case footprints cover the head's, the round admits. "
+    "Parameterised by DllmPolicy.work_conserving (off for an engine that deliberately holds "
+    "back).",
+    Rule.PREFILL_FIRST: "With DllmPolicy.admission = PREFILL_FIRST (SGLang 0.5.23 dLLM, "
+    "`Scheduler.get_next_batch_to_run`): a forward is prefill-only (rows feeding prompt-only "
+    "blocks) or decode-only, and no decode forward runs while a running request has an allocated "
+    "prompt block waiting (prefill goes first).",
+    Rule.ROUND_ORDER: "Rounds are numbered 0, 1, 2, ... in order.",
+    Rule.CARRIERS_IFF_UNFINISHED: "A request carries incomplete_ids (and algorithm state) exactly "
     "while its current block is unfinished.",
     # --- cross-run definitions
-    "snapshot_matches": "After every round the implementation's own allocator, request pool and "
+    Rule.SNAPSHOT_MATCHES: "After every round the implementation's own allocator, request pool and "
     "running set equal the abstract state.",
-    "fdfo_sync_parity": "A request's output is byte-identical to its output when run alone "
+    Rule.REPORTED_OUTPUT: "A finished request's output and finish reason, as the implementation "
+    "reports them (`SchedulerAdapter.collect_outputs`), equal the spec's `request_output` and "
+    "the reason of its `Finished` event.",
+    Rule.IMPLEMENTATION_ERROR: "The implementation raises nothing but the typed errors the "
+    "contract allows (RequestError on submit, UnknownRequest on abort); any other exception from "
+    "submit, abort, a round, drain or snapshot is a finding.",
+    Rule.FDFO_SYNC_PARITY: "A request's output is byte-identical to its output when run alone "
     "under sync at batch size 1.",
 }
 
-RULES: MappingProxyType[str, str] = MappingProxyType(_RULES)
+RULES: MappingProxyType[Rule, str] = MappingProxyType(_RULES)
+"""Rule -> statement, in documentation order (look up by member or by its string)."""
+
+_missing = [r for r in Rule if r not in _RULES]
+if _missing:  # pragma: no cover - caught by importing the module in any test
+    raise RuntimeError(f"rules without a statement: {_missing}")
 
 
 def describe(rule: str) -> str:
     """The rule's statement in words; KeyError for an unknown rule name."""
-    return RULES[rule]
+    return _BY_NAME[rule]
+
+
+_BY_NAME: dict[str, str] = {str(r): text for r, text in _RULES.items()}

@@ -10,7 +10,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from spec.events import FinishReason
+
 SlotOwner = tuple[str, int]  # (request id, block index)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedOutput:
+    """What an implementation returns to its client for a finished request.
+
+    tokens: the output tokens (the spec's `request_output`: generated tokens cut at
+        max_new_tokens and after the first EOS).
+    reason: why it finished (must match its `Finished` event).
+    """
+
+    tokens: tuple[int, ...]
+    reason: FinishReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from properties.strategies import dllm_configs
+from properties.strategies import EOS, dllm_configs
 from reference.dllm import ReferenceDllmScheduler, _Req
 from reference.kv_pool import PagedKvPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode
 from spec.events import FinishReason, KvAllocated
+from spec.snapshot import FinishedOutput
 
 
 class NoFreeOnFinish(ReferenceDllmScheduler):
@@ -172,6 +173,43 @@ class AdmitsOutOfOrder(ReferenceDllmScheduler):
 
 # CommitsBeforeFinalForward needs the step's `done` to be computed from the new tokens; the
 # oracle is wrapped so that its done flag is "no masks after the step".
+class OutputPastMaxNewTokens(ReferenceDllmScheduler):
+    """Returns whole blocks: the output is not cut at max_new_tokens (only at EOS)."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        super()._finish(req, reason)
+        gen = list(req.generated)
+        eos = self.config.eos_token_id
+        if eos is not None and eos in gen:
+            gen = gen[: gen.index(eos) + 1]
+        self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
+
+
+class OutputPastEos(ReferenceDllmScheduler):
+    """Returns the tokens after the first EOS too (cut at max_new_tokens only)."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        super()._finish(req, reason)
+        gen = tuple(req.generated[: req.spec.max_new_tokens])
+        self.outputs[req.rid] = FinishedOutput(gen, reason)
+
+
+class ReportsLengthForEos(ReferenceDllmScheduler):
+    """Tells the client LENGTH whatever ended the output (the event says EOS)."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        super()._finish(req, reason)
+        self.outputs[req.rid] = FinishedOutput(self.outputs[req.rid].tokens, FinishReason.LENGTH)
+
+
+class AdmitsOnlyWhenIdle(ReferenceDllmScheduler):
+    """Not work-conserving: admits new work only once the running batch has drained."""
+
+    def _admit(self) -> None:
+        if not self.running:
+            super()._admit()
+
+
 class _EagerDoneOracle:
     def __init__(self, inner: DenoiseOracle, mask_id: int) -> None:
         self.inner = inner
@@ -323,6 +361,38 @@ MUTANTS: dict[str, Mutant] = {
             _f(AdmitsOutOfOrder),
             _tight_pool(),
             "a head that does not fit is skipped for a later request",
+        ),
+        Mutant(
+            "output_past_max_new_tokens",
+            "reported_output",
+            _f(OutputPastMaxNewTokens),
+            dllm_configs().filter(lambda c: c.block_size > 1),
+            "the returned output is whole blocks, past max_new_tokens",
+        ),
+        Mutant(
+            "output_past_eos",
+            "reported_output",
+            _f(OutputPastEos),
+            dllm_configs().map(lambda c: c.replace(eos_token_id=EOS)),
+            "the returned output runs past the first EOS",
+        ),
+        Mutant(
+            "reports_length_for_eos",
+            "reported_output",
+            _f(ReportsLengthForEos),
+            dllm_configs().map(lambda c: c.replace(eos_token_id=EOS)),
+            "the client is told LENGTH where EOS ended the output",
+        ),
+        Mutant(
+            "admits_only_when_idle",
+            "work_conserving",
+            _f(AdmitsOnlyWhenIdle),
+            dllm_configs().map(
+                lambda c: c.replace(
+                    max_running_requests=4, req_pool_rows=4, kv_pages=4 * c.kv_pages
+                )
+            ),
+            "no admission while anything runs, though a seat, a row and pages are free",
         ),
         Mutant(
             "commits_before_final_forward",

@@ -37,6 +37,8 @@ def test_suite_catches_mutant(name: str) -> None:
     assert f"[{mutant.rule}]" in failure.message
     if mutant.rule == "fdfo_sync_parity":  # a cross-run check: both outputs are shown
         assert "expected [" in failure.message and "got [" in failure.message
+    elif mutant.rule == "reported_output":  # the reported output against the spec's, and state
+        assert " reported " in failure.message and "state:" in failure.message
     else:  # the abstract state at the faulty event
         assert "state:" in failure.message and "event:" in failure.message
     assert "state.configure(config=" in failure.program
@@ -62,5 +64,5 @@ def test_counterexamples_are_shrunk(name: str) -> None:
     calls = [
         ln for ln in failure.program.splitlines() if ln.lstrip().startswith(("state.", "requests_"))
     ]
-    actions = [c for c in calls if "rounds_are_checked" not in c and "teardown" not in c]
+    actions = [c for c in calls if "are_checked" not in c and "teardown" not in c]
     assert 2 <= len(actions) <= 6, failure.program

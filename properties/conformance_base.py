@@ -1,0 +1,177 @@
+"""`ConformanceBase`: the Hypothesis state machine both conformance machines share.
+
+A conformance machine drives one implementation through a harness (`properties.replay.
+ReplayHarness`: every event replayed into the family's spec machine as it is emitted) with
+generated programs. Every family does the same around its own operations:
+
+- **abort rules**: abort a live request (consumed from the `requests` bundle), abort again or
+  late (a finished or aborted id must be refused cleanly), abort an unknown id;
+- **drain** every third round or step, and at **teardown** (then the family's end-of-run checks,
+  e.g. parity), counting steps and examples in a `StepCounter`;
+- an **invariant** that every round/step the implementation ran was ended and checked;
+- **implementation errors**: every harness operation runs through `ReplayHarness.guarded`, so an
+  implementation that gives up with `SchedulerStalled` breaks `progress`, and any other
+  unexpected exception (a real engine's `RuntimeError: Prefill out of memory`) is a violation of
+  `implementation_error` naming the exception, shown with the program so far;
+- **ignored rules** (campaigns and accepted deviations): a violation whose rule is in the class
+  attribute `ignored_rules` makes the example invalid (`hypothesis.reject()`) instead of failing
+  it, and is counted in the class attribute `ignored_hits` (rule -> count).
+
+How a family subclasses it (the dLLM `properties.conformance.conformance_machine` is the worked
+example; the AR machine follows the same pattern):
+
+1. subclass `ConformanceBase[MyHarness]` inside a builder function, set `counter` (a
+   `StepCounter`), `ignored_rules` and a fresh `ignored_hits = {}`;
+2. write an `@initialize` rule `configure` that sets `self.h` via `self.build(lambda: ...)`;
+3. write the family's own rules (submit, round/step ...) whose bodies call harness operations
+   through `self.run("what", operation, *args)`; new requests go to the `requests` bundle
+   (`target=ConformanceBase.requests`), ids from `self.new_id()`;
+4. implement `clock()` (rounds or steps the spec has seen end) and `ended()` (the round/step
+   ends counted in the events), and optionally `teardown_checks()`.
+
+A campaign subclasses the built class again with a growing `ignored_rules` (and its own
+`ignored_hits`) to find every distinct violated rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from hypothesis import reject
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    precondition,
+    rule,
+)
+
+from properties.replay import ReplayHarness
+from spec.errors import SpecViolation
+
+H = TypeVar("H", bound=ReplayHarness[Any])
+T = TypeVar("T")
+
+
+class StepCounter:
+    """Counts rule executions across examples (for progress and the steps/s benchmark)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.examples = 0
+        self.on_example: Callable[[int, int], None] | None = None
+
+
+class ConformanceBase(RuleBasedStateMachine, Generic[H]):
+    """The shared rules and hooks; see the module docstring for how a family subclasses it."""
+
+    ignored_rules: ClassVar[frozenset[str]] = frozenset()
+    ignored_hits: ClassVar[dict[str, int]] = {}
+    counter: ClassVar[StepCounter] = StepCounter()
+    order_rule: ClassVar[str] = "round_order"  # broken when an ended round/step went unchecked
+
+    requests = Bundle("requests")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h: H | None = None
+        self.next_id = 0
+
+    # ------------------------------------------------------------------ hooks
+    def clock(self) -> int:
+        """Rounds (dLLM) or steps (AR) the spec has seen end."""
+        raise NotImplementedError
+
+    def ended(self) -> int:
+        """Round or step ends the implementation emitted (must equal `clock()`)."""
+        raise NotImplementedError
+
+    def teardown_checks(self) -> None:
+        """Family checks after the final drain (for example output parity)."""
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def harness(self) -> H:
+        if self.h is None:  # pragma: no cover - configure always runs first
+            raise RuntimeError("the machine has no harness before configure")
+        return self.h
+
+    def new_id(self) -> str:
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        return rid
+
+    def _ignore(self, violation: SpecViolation) -> None:
+        """Reject the example if `violation`'s rule is ignored (counting the hit)."""
+        if violation.rule in self.ignored_rules:
+            hits = type(self).ignored_hits
+            hits[violation.rule] = hits.get(violation.rule, 0) + 1
+            reject()
+
+    def build(self, make: Callable[[], H]) -> None:
+        """Build the harness (in `configure`); a violation while building counts like any."""
+        try:
+            self.h = make()
+        except SpecViolation as v:
+            self._ignore(v)
+            raise
+
+    def run(self, what: str, operation: Callable[..., T], *args: Any) -> T:
+        """Run one harness operation, counting the step and applying `ignored_rules`."""
+        self.counter.steps += 1
+        try:
+            return self.harness.guarded(what, operation, *args)
+        except SpecViolation as v:
+            self._ignore(v)
+            raise
+
+    # ------------------------------------------------------------------ shared rules
+    @rule(request=consumes(requests))
+    def abort(self, request: str) -> None:
+        self.run("abort", self.harness.abort, request)
+
+    @rule(request=requests)
+    def abort_again_or_late(self, request: str) -> None:
+        """Aborting a finished or already aborted request must be refused cleanly."""
+        self.run("abort", self.harness.abort, request)
+
+    @rule()
+    def abort_unknown(self) -> None:
+        err = self.run("abort", self.harness.abort, "no-such-request")
+        if err is None:
+            raise self.harness._violate(
+                "known_request", "abort of an unknown id must raise UnknownRequest"
+            )
+
+    @precondition(lambda self: self.h is not None and self.clock() % 3 == 2)
+    @rule()
+    def drain(self) -> None:
+        self.run("drain", self.harness.drain)
+
+    @invariant()
+    def ends_are_checked(self) -> None:
+        if self.h is not None and self.ended() != self.clock():
+            raise self.harness._violate(
+                self.order_rule,
+                f"the implementation ended {self.ended()} rounds but the spec checked "
+                f"{self.clock()}",
+            )
+
+    def teardown(self) -> None:
+        # Hypothesis runs teardown after a failing step too: do not mask that failure.
+        if self.h is None or self.h.violation is not None:
+            return
+        self.run("drain", self.harness.drain)
+        try:
+            self.teardown_checks()
+        except SpecViolation as v:
+            self._ignore(v)
+            raise
+        self.counter.examples += 1
+        if self.counter.on_example is not None:
+            self.counter.on_example(self.counter.examples, self.counter.steps)
+
+
+__all__ = ["ConformanceBase", "StepCounter"]

@@ -1,0 +1,119 @@
+"""Event reconstruction: derive pool events from an engine's own pool views.
+
+Real engines emit no events. Their pools, though, can be read at any moment: which KV slot holds
+which (request, block), which request-pool row belongs to which request, which requests are in
+the running batch. `reconstruct(before, after)` turns two such views into the events that lead
+from one to the other, so an adapter for an engine that emits no events is mostly a function
+that reads a `PoolView`:
+
+- `KvFreed` (one per request, every slot it lost) and `RowReleased` come first, so a slot or row
+  freed and handed to another request within the same interval is freed before it is taken;
+- then `Admitted` for every request new to the running batch (in the order of `after.running`,
+  which must be admission order), `RowAcquired` for a running request that holds a row again,
+  and `KvAllocated` for every (request, block) that gained slots (slots in position order).
+
+Where to take the views (see docs/spec.md, "Event order within a round"): read one view before
+the round's first forward and reconstruct (admissions and allocations), emit `Forward` /
+`StepResult` / `BlockCommitted` from the engine's outputs, and reconstruct again just before each
+`Finished` / `Aborted` / `ControlReturned` (the frees and releases of the completion phase).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from spec.events import (
+    Admitted,
+    Event,
+    KvAllocated,
+    KvFreed,
+    RowAcquired,
+    RowReleased,
+)
+from spec.snapshot import SlotOwner, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """An engine's pools at one moment.
+
+    slots: KV slot -> (request id, block index) for every slot in use.
+    rows: request-pool row -> request id for every held row.
+    running: the running batch, in admission order.
+    """
+
+    slots: Mapping[int, SlotOwner] = field(default_factory=dict)
+    rows: Mapping[int, str] = field(default_factory=dict)
+    running: tuple[str, ...] = ()
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, running_order: Sequence[str] = ()) -> PoolView:
+        """A view of a `Snapshot`; `running_order` orders the running set (admission order),
+        otherwise it is sorted by id."""
+        order = [r for r in running_order if r in snap.running]
+        order += sorted(r for r in snap.running if r not in order)
+        return cls(dict(snap.slot_owners), dict(snap.rows), tuple(order))
+
+    @classmethod
+    def from_token_table(
+        cls,
+        table: Mapping[str, Sequence[int | None]],
+        block_size: int,
+        rows: Mapping[int, str],
+        running: Sequence[str],
+    ) -> PoolView:
+        """A view from a request-to-token table (SGLang's `req_to_token`, vLLM's block table
+        expanded to slots): `table[request][position]` is the KV slot of that token position,
+        or None where none is held. Position p belongs to block p // block_size."""
+        slots: dict[int, SlotOwner] = {}
+        for rid, positions in table.items():
+            for pos, slot in enumerate(positions):
+                if slot is not None:
+                    slots[slot] = (rid, pos // block_size)
+        return cls(slots, dict(rows), tuple(running))
+
+
+def release_events(before: PoolView, after: PoolView) -> list[Event]:
+    """`KvFreed` per request for the slots it no longer owns, then `RowReleased`."""
+    lost: dict[str, list[int]] = {}
+    for slot, (rid, block) in before.slots.items():
+        if after.slots.get(slot) != (rid, block):
+            lost.setdefault(rid, []).append(slot)
+    events: list[Event] = [KvFreed(rid, tuple(sorted(s))) for rid, s in lost.items()]
+    after_row = {rid: row for row, rid in after.rows.items()}
+    for row, rid in before.rows.items():
+        if after_row.get(rid) != row:
+            events.append(RowReleased(rid, row))
+    return events
+
+
+def acquire_events(before: PoolView, after: PoolView) -> list[Event]:
+    """`Admitted` for requests new to the running batch, `RowAcquired` for running requests
+    that hold a row again, then `KvAllocated` per (request, block) that gained slots."""
+    row_of = {rid: row for row, rid in after.rows.items()}
+    had_row = {rid: row for row, rid in before.rows.items()}
+    was_running = set(before.running)
+    events: list[Event] = []
+    for rid in after.running:
+        if rid not in was_running and rid in row_of:
+            events.append(Admitted(rid, row_of[rid]))
+    for rid in after.running:
+        if rid in was_running and rid in row_of and had_row.get(rid) != row_of[rid]:
+            events.append(RowAcquired(rid, row_of[rid]))
+    gained: dict[SlotOwner, list[int]] = {}
+    for slot, owner in after.slots.items():
+        if before.slots.get(slot) != owner:
+            gained.setdefault(owner, []).append(slot)
+    rank = {rid: i for i, rid in enumerate(after.running)}
+    for owner in sorted(gained, key=lambda o: (rank.get(o[0], len(rank)), o[0], o[1])):
+        events.append(KvAllocated(owner[0], owner[1], tuple(sorted(gained[owner]))))
+    return events
+
+
+def reconstruct(before: PoolView, after: PoolView) -> list[Event]:
+    """Every pool event from `before` to `after`: releases first, then acquisitions."""
+    return release_events(before, after) + acquire_events(before, after)
+
+
+__all__ = ["PoolView", "acquire_events", "reconstruct", "release_events"]

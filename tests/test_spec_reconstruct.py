@@ -1,0 +1,129 @@
+"""spec.reconstruct: pool events derived from two pool views; an adapter whose engine emits no
+pool events at all passes the conformance suite with events rebuilt from its snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from properties.conformance import conformance_machine
+from reference.dllm import ReferenceDllmScheduler
+from spec.adapter import EventSink
+from spec.config import DllmConfig, RequestSpec
+from spec.events import (
+    Admitted,
+    Event,
+    KvAllocated,
+    KvFreed,
+    RowAcquired,
+    RowReleased,
+)
+from spec.reconstruct import PoolView, acquire_events, reconstruct, release_events
+from spec.snapshot import FinishedOutput, Snapshot
+
+B = 2
+
+
+def test_admission_and_allocation_in_running_order() -> None:
+    before = PoolView()
+    after = PoolView(
+        slots={4: ("b", 0), 5: ("b", 0), 0: ("a", 0), 1: ("a", 0)},
+        rows={1: "b", 0: "a"},
+        running=("a", "b"),
+    )
+    assert reconstruct(before, after) == [
+        Admitted("a", 0),
+        Admitted("b", 1),
+        KvAllocated("a", 0, (0, 1)),
+        KvAllocated("b", 0, (4, 5)),
+    ]
+
+
+def test_frees_and_releases_come_before_a_slot_is_taken_again() -> None:
+    before = PoolView(slots={0: ("a", 0), 1: ("a", 0)}, rows={0: "a"}, running=("a",))
+    after = PoolView(slots={0: ("b", 0), 1: ("b", 0)}, rows={0: "b"}, running=("b",))
+    assert reconstruct(before, after) == [
+        KvFreed("a", (0, 1)),
+        RowReleased("a", 0),
+        Admitted("b", 0),
+        KvAllocated("b", 0, (0, 1)),
+    ]
+
+
+def test_a_running_request_taking_a_row_again_is_row_acquired() -> None:
+    before = PoolView(slots={}, rows={}, running=("a",))
+    after = PoolView(slots={2: ("a", 1), 3: ("a", 1)}, rows={1: "a"}, running=("a",))
+    assert acquire_events(before, after) == [RowAcquired("a", 1), KvAllocated("a", 1, (2, 3))]
+    assert release_events(before, after) == []
+
+
+def test_token_table_view_maps_positions_to_blocks() -> None:
+    view = PoolView.from_token_table(
+        {"a": [8, 9, 10, None]}, block_size=B, rows={0: "a"}, running=["a"]
+    )
+    assert dict(view.slots) == {8: ("a", 0), 9: ("a", 0), 10: ("a", 1)}
+
+
+def test_no_change_no_events() -> None:
+    v = PoolView(slots={0: ("a", 0)}, rows={0: "a"}, running=("a",))
+    assert reconstruct(v, v) == []
+
+
+# ---------------------------------------------------------------- an engine without events
+_POOL_EVENTS = (Admitted, RowAcquired, RowReleased, KvAllocated, KvFreed)
+
+
+class SnapshotOnlyAdapter:
+    """An engine that reports forwards, steps, commits and finishes (what it returns to its
+    clients) but no pool events: those are rebuilt from its own pools before each event it
+    does report. The engine here is the reference with its pool events dropped."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        self._sink = sink
+        self.engine = ReferenceDllmScheduler(config, self._on_engine_event)
+        self._view = PoolView()
+
+    def _read(self) -> PoolView:
+        return PoolView.from_snapshot(self.engine.snapshot(), [r.rid for r in self.engine.running])
+
+    def _on_engine_event(self, event: Event) -> None:
+        if isinstance(event, _POOL_EVENTS):
+            return  # a real engine has no such callback
+        now = self._read()
+        for e in reconstruct(self._view, now):
+            self._sink(e)
+        self._view = now
+        self._sink(event)
+
+    @property
+    def config(self) -> DllmConfig:
+        return self.engine.config
+
+    def submit(self, request: RequestSpec) -> None:
+        self.engine.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def run_round(self) -> None:
+        self.engine.run_round()
+
+    def drain(self, max_rounds: int = 100_000) -> None:
+        self.engine.drain(max_rounds)
+
+    def snapshot(self) -> Snapshot:
+        return self.engine.snapshot()
+
+    def collect_outputs(self) -> Mapping[str, FinishedOutput]:
+        return self.engine.collect_outputs()
+
+
+def make_snapshot_only(config: DllmConfig, sink: EventSink) -> SnapshotOnlyAdapter:
+    return SnapshotOnlyAdapter(config, sink)
+
+
+def test_snapshot_only_adapter_passes_the_suite() -> None:
+    machine = conformance_machine(make_snapshot_only)
+    run_state_machine_as_test(machine, settings=settings(max_examples=60, deadline=None))
