@@ -1,11 +1,12 @@
 """Every shell command shown in README.md and docs/ runs as written.
 
-No wall-clock limit is asserted here (a loaded machine is slow, not wrong); pytest-timeout's
-hang guard (1 hour per command) still applies. Commands are taken from the ```bash blocks.
-`./schedspec` runs the installed console script (the wrapper only adds first-use set-up). They run in a scratch directory that holds what the docs
-assume the reader has (their own `my_scheduler.py` from the implementer guide, an engine's event
-log). A command the docs say fails (a seeded bug) must fail; a CUDA command on a machine without
-CUDA must stop with a typed error, not a traceback.
+Commands are taken from the ```bash blocks. `./schedspec` runs the installed console script
+(the wrapper only adds first-use set-up). They run in a scratch directory that holds what the
+docs assume the reader has (their own `my_scheduler.py` and `my_ar_scheduler.py` from the
+implementer guide, an engine's event log). A command the docs say fails (a seeded bug) must
+fail; a CUDA command on a machine without CUDA must stop with a typed error, not a traceback.
+No wall-clock limit is asserted (a loaded machine is slow, not wrong); pytest-timeout's hang
+guard (1 hour per command) still applies.
 """
 
 from __future__ import annotations
