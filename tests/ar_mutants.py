@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from properties.ar.strategies import ar_configs
-from reference.ar.base import ArReq, ArSchedulerBase
-from reference.ar.vidur import VidurFasterTransformer, VidurVllm
+from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
+from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from spec.ar.events import ArBlocksFreed, ArFinished, ArFinishReason
+from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
 
 
 class PreemptsHead(VllmV1Scheduler):
@@ -112,6 +113,39 @@ class VidurOneFreeBlock(VidurVllm):
         return True
 
 
+class VidurLightLlmStrict(VidurLightLlm):
+    """Vidur's LightLLM as published: admission needs the peak memory strictly below the pool
+    (`<`), so a request whose peak equals the pool is never admitted: a stall."""
+
+    def _peak_fits(self, candidate: ArReq, admitted: list[ArReq]) -> bool:
+        fits = super()._peak_fits(candidate, admitted)
+        if not fits:
+            return False
+        items = [self._tuple_tokens(r, True) for r in self.running if r not in admitted]
+        items += [self._tuple_tokens(r, False) for r in [*admitted, candidate]]
+        items.sort(key=lambda x: -x[1])
+        need, held = 0, 0
+        for i, (has_run, left) in enumerate(items):
+            held += has_run
+            need = max(need, left * (i + 1) + held)
+        return need < self.config.usable_blocks
+
+
+class VidurOrcaFloor(VidurOrca):
+    """Vidur's Orca as published: it reserves max_model_len // block_size blocks per request,
+    one too few when max_model_len is not a multiple of the block size."""
+
+    def _admit_waiting(self) -> None:
+        cfg = self.config
+        reserve = cfg.max_model_len // cfg.block_size
+        while self.waiting and len(self.batch) < self.micro_batch_cap:
+            if len(self.running) >= cfg.max_num_seqs or self.pool.num_free < reserve:
+                break
+            req = self.waiting[0]
+            self._admit_new(req, reserve)
+            self._add(req, req.uncomputed)
+
+
 class AgingIgnoresBound(VllmV1Scheduler):
     """Aging without the bound: plain SJF, so a long request waits past max_wait_steps while
     shorter arrivals are admitted ahead of it."""
@@ -200,6 +234,53 @@ class SoftEvicts(VllmV1Scheduler):
                 self._schedule_running(budget)
                 return
         super()._schedule()
+
+
+class _LeakyPool(CachingBlockPool):
+    """Freeing a shared block forgets to drop the freeing request's reference."""
+
+    def release(self, rid: str, blocks: list[int]) -> None:
+        super().release(rid, [b for b in blocks if len(self.refs.get(b, ())) <= 1])
+
+
+class RefcountLeak(PrefixCachingVllmV1):
+    """Prefix caching with a reference-count leak: a request that frees a block another
+    request shares keeps its reference (the block can never return to the free queue)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.pool = _LeakyPool(config, sink)
+
+
+class EvictsReferenced(PrefixCachingVllmV1):
+    """A cache reset after every step that evicts every cached block, referenced or not."""
+
+    def _update(self) -> None:
+        super()._update()
+        pool = self.pool
+        if isinstance(pool, CachingBlockPool) and pool.cache:
+            victims = sorted(pool.cache)
+            for b in victims:
+                pool._evict(b)
+            self.sink(ArCacheEvicted(tuple(victims)))
+
+
+class HitBeyondCache(PrefixCachingVllmV1):
+    """A cache hit that claims one block more than is cached (the next free block)."""
+
+    def _hit(self, req: ArReq) -> list[int]:
+        hit = super()._hit(req)
+        room = (req.known - 1) // self.config.block_size
+        spare = [b for b in self.pool.free_queue if b not in hit]
+        if len(hit) < room and spare:
+            return [*hit, spare[0]]
+        return hit
+
+
+def _caching() -> st.SearchStrategy[ArConfig]:
+    return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
+        lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
+    )
 
 
 def _f(cls: type[ArSchedulerBase]) -> ArImplementationFactory:
@@ -300,6 +381,26 @@ AR_MUTANTS: dict[str, ArMutant] = {
             "Vidur's vLLM demands a free block it does not need: empty batch at exact fit",
         ),
         ArMutant(
+            "vidur_lightllm_strict",
+            "progress",
+            _f(VidurLightLlmStrict),
+            ar_configs(chunked=(False,), thresholds=False, block_sizes=st.just(1)).map(
+                lambda c: c.replace(
+                    num_blocks=c.max_model_len - 1 + (1 if c.reserve_null_block else 0)
+                )
+            ),
+            "Vidur's LightLLM admits only when the peak is below the pool: exact fit stalls",
+        ),
+        ArMutant(
+            "vidur_orca_floor",
+            "kv_covers_scheduled",
+            _f(VidurOrcaFloor),
+            _vidur()
+            .filter(lambda c: c.max_model_len % c.block_size != 0)
+            .map(lambda c: c.replace(num_blocks=c.num_blocks + 4 * c.max_model_len)),
+            "Vidur's Orca reserves max_model_len // block_size blocks: too few when not a multiple",
+        ),
+        ArMutant(
             "aging_ignores_bound",
             "aging_bound",
             _f(AgingIgnoresBound),
@@ -333,6 +434,27 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(SjfLongestFirst),
             _policy(Policy.SJF, max_num_seqs=1),
             "SJF order broken: a longer job admitted ahead of a shorter one",
+        ),
+        ArMutant(
+            "refcount_leak",
+            "refcount_matches",
+            _f(RefcountLeak),
+            _caching(),
+            "prefix caching: freeing a shared block keeps the freeing request's reference",
+        ),
+        ArMutant(
+            "evicts_referenced",
+            "evict_unreferenced_only",
+            _f(EvictsReferenced),
+            _caching(),
+            "prefix caching: a cache reset evicts blocks that running requests still hold",
+        ),
+        ArMutant(
+            "hit_beyond_cache",
+            "cache_hit_cached",
+            _f(HitBeyondCache),
+            _caching(),
+            "prefix caching: a cache hit claims one block more than is cached",
         ),
         ArMutant(
             "soft_evicts",

@@ -4,36 +4,86 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
-from properties.ar.strategies import ar_configs
 from reference.ar import vidur
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.events import ArPreempted, ArScheduled, ArStepEnd
-from spec.errors import ConfigError
+from spec.ar.events import (
+    ArBlocksAllocated,
+    ArEvent,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.lifecycles import ArPhase
+from spec.ar.machine import ArSpecMachine
+from spec.errors import ConfigError, SpecViolation
 
 RUN = settings(
     max_examples=60, deadline=None, stateful_step_count=30, suppress_health_check=list(HealthCheck)
 )
 
-FACTORIES = {
-    "vidur-vllm": (vidur.make_vidur_vllm, False),
-    "vidur-sarathi": (vidur.make_vidur_sarathi, True),
-    "vidur-orca": (vidur.make_vidur_orca, False),
-    "vidur-lightllm": (vidur.make_vidur_lightllm, False),
-    "vidur-ft": (vidur.make_vidur_ft, False),
+IMPLEMENTATIONS = {
+    "vidur-vllm": vidur.VIDUR_VLLM,
+    "vidur-sarathi": vidur.VIDUR_SARATHI,
+    "vidur-orca": vidur.VIDUR_ORCA,
+    "vidur-lightllm": vidur.VIDUR_LIGHTLLM,
+    "vidur-ft": vidur.VIDUR_FT,
 }
 
 
-@pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_vidur_conforms(name: str) -> None:
-    factory, chunked = FACTORIES[name]
-    sizes = st.just(1) if name == "vidur-lightllm" else None
-    configs = ar_configs(chunked=(chunked,), block_sizes=sizes, thresholds=False)
-    run_state_machine_as_test(ar_conformance_machine(factory, configs=configs), settings=RUN)
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_vidur_conforms_under_its_profile(name: str) -> None:
+    impl = IMPLEMENTATIONS[name]
+    machine = ar_conformance_machine(impl.factory, profile=impl.profile)
+    run_state_machine_as_test(machine, settings=RUN)
+
+
+def _readmission_events() -> list[ArEvent]:
+    """Step 0 admits a and b; step 1 preempts b (a needs its block) and admits b again at once,
+    in the same batch (Vidur's `admit_after_preemption`)."""
+    return [
+        ArSubmitted("a", 2, 2),
+        ArSubmitted("b", 2, 2),
+        ArBlocksAllocated("a", (0, 1)),
+        ArScheduled("a", 2),
+        ArBlocksAllocated("b", (2, 3)),
+        ArScheduled("b", 2),
+        ArStepEnd(0),
+        ArPreempted("b", (2, 3)),
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 1),
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 1),
+        ArStepEnd(1),
+    ]
+
+
+def test_same_step_readmission_is_legal_where_declared() -> None:
+    """The contradiction of issue 10: with same-step re-admission declared, the victim may hold
+    blocks again in the step that preempted it (preempted_holds_nothing holds between steps)."""
+    cfg = ArConfig(
+        block_size=1,
+        num_blocks=4,
+        reserve_null_block=False,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        max_model_len=8,
+    )
+    m = ArSpecMachine(cfg, vidur.VIDUR_SARATHI.profile.policy)
+    for e in _readmission_events():
+        m.apply(e)
+        m.check_invariants()
+        m.check_invariants_full()
+    m.check_invariants(between_steps=True)
+    assert m.request_phase("b") is ArPhase.RUNNING
+    idealised = ArSpecMachine(cfg)
+    with pytest.raises(SpecViolation) as err:
+        idealised.apply_all(_readmission_events())
+    assert err.value.rule == "no_admission_after_preemption"
 
 
 def _steps(h: ArHarness) -> list[dict[str, int]]:

@@ -1,33 +1,35 @@
 """The stateful AR conformance machine, generic over an AR implementation factory.
 
-`ar_conformance_machine(factory)` returns a Hypothesis `RuleBasedStateMachine` class whose rules
-submit, abort, step and drain through `ArHarness` (every event replayed into `ArSpecMachine`,
-invariants after every event, snapshot after every step). At teardown it drains and checks that
-no block is held. A configuration the factory refuses (`ConfigError`, e.g. LightLLM with
-block_size != 1) is not a failure: the example is discarded. A failure prints a shrunk program
-of `state.<rule>(...)` calls that replays it.
+`ar_conformance_machine(factory, profile=...)` returns a Hypothesis `RuleBasedStateMachine`
+class whose rules submit, abort, step and drain through `ArHarness` (every event replayed into
+`ArSpecMachine`, invariants after every event, snapshot after every step). At teardown it drains
+and checks that no block is held. Configurations are drawn only inside `profile.space`; the
+spec machine gets `profile.policy` (its `rules`, or else the adapter's declared `rules`). A
+configuration the factory refuses (`ConfigError`, e.g. LightLLM with block_size != 1) is not a
+failure: the example is discarded. A failure prints a shrunk program of `state.<rule>(...)`
+calls that replays it.
+
+The shared skeleton (abort rules, drain, teardown, step counting, implementation errors as
+findings, `ignored_rules` / `ignored_hits` for campaigns) is
+`properties.conformance_base.ConformanceBase`; `ignored_rules` starts with the profile's
+accepted deviations.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rule
 
 from properties.ar.harness import ArHarness
-from properties.ar.strategies import ar_configs, request_sizes
-from properties.conformance import StepCounter
+from properties.ar.strategies import ar_configs, ar_configs_in, prompts, request_sizes
+from properties.conformance_base import ConformanceBase, StepCounter
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.ar.profile import ArConfigSpace, ArProfile
 from spec.errors import ConfigError
 
 DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Policy.FCFS)
@@ -36,36 +38,69 @@ DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Poli
 def ar_conformance_machine(
     factory: ArImplementationFactory,
     *,
+    profile: ArProfile | None = None,
     configs: st.SearchStrategy[ArConfig] | None = None,
     counter: StepCounter | None = None,
     name: str = "ArConformance",
 ) -> type[RuleBasedStateMachine]:
-    """A state machine class checking `factory`'s AR implementation against the AR spec."""
-    config_strategy = configs if configs is not None else ar_configs(policies=DEFAULT_POLICIES)
-    count = counter or StepCounter()
+    """A state machine class checking `factory`'s AR implementation against the AR spec, under
+    `profile` (default: the idealised spec, every configuration).
 
-    class ArConformance(RuleBasedStateMachine):
-        requests = Bundle("requests")
+    configs: overrides the configurations drawn (those outside `profile.space` are discarded).
+    """
+    prof = profile if profile is not None else ArProfile()
+    space = prof.space
+    if configs is not None:
+        config_strategy = configs
+    elif space == ArConfigSpace():
+        config_strategy = ar_configs(policies=DEFAULT_POLICIES)
+    else:
+        config_strategy = ar_configs_in(space)
+    step_counter = counter or StepCounter()
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.h: ArHarness | None = None
-            self.next_id = 0
+    class ArConformance(ConformanceBase[ArHarness]):
+        ignored_rules: ClassVar[frozenset[str]] = frozenset(d.rule for d in prof.deviations)
+        ignored_hits: ClassVar[dict[str, int]] = {}
+        counter = step_counter
+        order_rule = "step_order"
 
         @initialize(config=config_strategy)
         def configure(self, config: ArConfig) -> None:
+            assume(space.outside(config) is None)  # explicit `configs` may stray outside
             try:
-                self.h = ArHarness(factory, config)
+                probe = factory(config, lambda e: None)
             except ConfigError:
                 assume(False)  # the implementation does not support this configuration
+                return
+            policy = prof.policy
+            if policy.rules is None:  # the adapter declares its ordering rules itself
+                policy = dataclasses.replace(policy, rules=probe.rules)
+            self.build(lambda: ArHarness(factory, config, policy=policy))
 
-        @property
-        def harness(self) -> ArHarness:
-            assert self.h is not None
-            return self.h
+        def clock(self) -> int:
+            return self.harness.spec.step_index
+
+        def ended(self) -> int:
+            return self.harness.ended_steps()
+
+        def _request(self, data: st.DataObject, **kw: object) -> ArRequest:
+            config = self.harness.config
+            prompt_len, max_tokens = data.draw(request_sizes(config), "sizes")
+            prompt = None
+            if config.enable_prefix_caching:
+                prompt = data.draw(prompts(prompt_len), "prompt")
+            rid = self.new_id()
+            return ArRequest(
+                rid,
+                prompt_len,
+                max_tokens,
+                arrival_time=float(self.next_id),
+                prompt=prompt,
+                **kw,  # type: ignore[arg-type]
+            )
 
         @rule(
-            target=requests,
+            target=ConformanceBase.requests,
             data=st.data(),
             stop_after=st.none() | st.integers(1, 12),
             priority=st.integers(0, 3),
@@ -79,82 +114,31 @@ def ar_conformance_machine(
             predicted_len: int | None,
         ) -> object:
             """Submit a request (rejected with a typed error if it cannot fit the config)."""
-            count.steps += 1
-            prompt_len, max_tokens = data.draw(request_sizes(self.harness.config), "sizes")
-            rid = f"r{self.next_id}"
-            self.next_id += 1
-            req = ArRequest(
-                rid,
-                prompt_len,
-                max_tokens,
-                stop_after=stop_after,
-                priority=priority,
-                predicted_len=predicted_len,
-                arrival_time=float(self.next_id),
+            req = self._request(
+                data, stop_after=stop_after, priority=priority, predicted_len=predicted_len
             )
-            err = self.harness.submit(req)
-            return multiple() if err is not None else rid
+            err = self.run("submit", self.harness.submit, req)
+            return multiple() if err is not None else req.request_id
 
         @rule(data=st.data(), n=st.integers(2, 4))
         def submit_burst(self, data: st.DataObject, n: int) -> None:
             """Several requests arrive together (queueing and preemption pressure)."""
-            count.steps += 1
             for _ in range(n):
-                prompt_len, max_tokens = data.draw(request_sizes(self.harness.config), "sizes")
-                rid = f"r{self.next_id}"
-                self.next_id += 1
-                self.harness.submit(
-                    ArRequest(rid, prompt_len, max_tokens, arrival_time=float(self.next_id))
-                )
-
-        @rule(request=consumes(requests))
-        def abort(self, request: str) -> None:
-            count.steps += 1
-            self.harness.abort(request)
-
-        @rule(request=requests)
-        def abort_again_or_late(self, request: str) -> None:
-            """Aborting a finished or already aborted request must be refused cleanly."""
-            count.steps += 1
-            self.harness.abort(request)
-
-        @rule()
-        def abort_unknown(self) -> None:
-            count.steps += 1
-            err = self.harness.abort("no-such-request")
-            assert err is not None, "abort of an unknown id must raise UnknownRequest"
+                self.run("submit", self.harness.submit, self._request(data))
 
         @rule()
         def step(self) -> None:
-            count.steps += 1
-            self.harness.step()
+            self.run("step", self.harness.step)
 
         @rule()
         def steps(self) -> None:
             """Several steps at once (long requests get to finish)."""
-            count.steps += 1
             for _ in range(4):
-                self.harness.step()
-
-        @precondition(lambda self: self.h is not None and self.h.spec.step_index % 3 == 2)
-        @rule()
-        def drain(self) -> None:
-            count.steps += 1
-            self.harness.drain()
-
-        @invariant()
-        def steps_are_checked(self) -> None:
-            if self.h is not None:
-                assert self.h.ended_steps() == self.h.spec.step_index
-
-        def teardown(self) -> None:
-            if self.h is None or self.h.violation is not None:
-                return
-            self.h.drain()
-            count.examples += 1
-            if count.on_example is not None:
-                count.on_example(count.examples, count.steps)
+                self.run("step", self.harness.step)
 
     ArConformance.__name__ = name
     ArConformance.__qualname__ = name
     return ArConformance
+
+
+__all__ = ["DEFAULT_POLICIES", "ar_conformance_machine"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from properties.ar.harness import ArHarness
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.events import ArFinished, ArPreempted, ArScheduled, ArStepEnd
+from spec.ar.events import ArFinished, ArPreempted, ArScheduled
 from spec.ar.vidur_trace import (
     TRACE_COLUMNS,
     TraceRowError,
@@ -121,22 +121,24 @@ def replay_trace(
                 break
             now = pending[i].arrival_time
             continue
-        start = len(h.events)
+        h.events.clear()  # bounded memory: only this step's events are read
         h.step()
         end_time = now + batch_time
-        for e in h.events[start:]:
+        scheduled: set[str] = set()
+        for e in h.events:
             if isinstance(e, ArScheduled):
                 first.setdefault(e.request_id, now)
+                scheduled.add(e.request_id)
             elif isinstance(e, ArPreempted):
                 restarts[e.request_id] = restarts.get(e.request_id, 0) + 1
-            elif isinstance(e, ArStepEnd):
-                for rid in h.spec.state().requests:
-                    n = h.spec.state().requests[rid].num_output
-                    if n and rid not in prefill_done:
-                        prefill_done[rid] = end_time
-                    outputs[rid] = n
             elif isinstance(e, ArFinished):
                 done[e.request_id] = end_time
+        # only the requests scheduled in this step can have produced an output token
+        for rid in scheduled:
+            n = h.spec.num_output(rid)
+            if n and rid not in prefill_done:
+                prefill_done[rid] = end_time
+            outputs[rid] = n
         now = end_time
     out = []
     for rid, t in done.items():

@@ -17,6 +17,7 @@ from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArEvent, ArStepEnd
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
 from spec.ar.machine import ArSpecMachine
+from spec.ar.profile import ArPolicy
 from spec.errors import RequestError, SpecViolation, UnknownRequest
 
 
@@ -28,12 +29,21 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
     config: ArConfig
     check_invariants: bool = True
     events: list[ArEvent] = field(default_factory=list)
+    policy: ArPolicy | None = None  # the declared policy; None: the adapter's `rules`
 
     def __post_init__(self) -> None:
         self.violation: SpecViolation | None = None
         self.impl: ArSchedulerAdapter = self.factory(self.config, self._sink)
-        self.spec = ArSpecMachine(self.config, self.impl.rules)
+        self.spec = ArSpecMachine(
+            self.config, self.policy if self.policy is not None else self.impl.rules
+        )
         self.steps = 0
+        self._ended_steps = 0
+
+    def _sink(self, event: ArEvent) -> None:
+        if isinstance(event, ArStepEnd):
+            self._ended_steps += 1
+        super()._sink(event)
 
     def _validate(self, request: ArRequest) -> None:
         validate_ar_request(self.config, request)
@@ -75,7 +85,8 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
             )
 
     def ended_steps(self) -> int:
-        return sum(1 for e in self.events if isinstance(e, ArStepEnd))
+        """`ArStepEnd` events seen (counted as they arrive: `events` may be cleared)."""
+        return self._ended_steps
 
     def outputs(self) -> dict[str, int]:
         return self.spec.outputs()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from spec.ar.config import ArConfig, Policy
+from spec.ar.profile import ArConfigSpace
 
 
 @st.composite
@@ -22,6 +23,8 @@ def ar_configs(
     max_seqs: int = 4,
     stages: tuple[int, ...] = (1,),
     replicas: tuple[int, ...] = (1,),
+    prefix_caching: tuple[bool, ...] = (False,),
+    null_block: tuple[bool, ...] = (False, True),
 ) -> ArConfig:
     bs = draw(block_sizes if block_sizes is not None else st.sampled_from([1, 1, 2, 3, 4]))
     max_model_len = draw(st.integers(4, 24))
@@ -30,7 +33,7 @@ def ar_configs(
     low = max(seqs, 1 if chunk else max_model_len)
     budget = draw(st.integers(low, max(low, 2 * max_model_len)))
     one = -(-(max_model_len - 1) // bs)  # blocks one request can hold at most
-    reserve = draw(st.booleans())
+    reserve = draw(st.sampled_from(null_block))
     usable = draw(st.integers(one, 2 * one + 1))
     threshold = 0
     if chunk and thresholds and draw(st.booleans()):
@@ -50,7 +53,47 @@ def ar_configs(
         max_waiting_iters=draw(st.integers(1, 4)),
         num_stages=draw(st.sampled_from(stages)),
         num_replicas=draw(st.sampled_from(replicas)),
+        enable_prefix_caching=draw(st.sampled_from(prefix_caching)),
     )
+
+
+def ar_configs_in(
+    space: ArConfigSpace, max_seqs: int = 4, replicas: tuple[int, ...] = (1,)
+) -> st.SearchStrategy[ArConfig]:
+    """Configurations inside an implementation's declared space (only there)."""
+    sizes = st.sampled_from(sorted(space.block_sizes)) if space.block_sizes is not None else None
+    stages = tuple(sorted(space.stages)) if space.stages is not None else (1, 2)
+    base = ar_configs(
+        policies=tuple(sorted(space.policies, key=lambda p: p.value)),
+        chunked=tuple(sorted(space.chunked_prefill)),
+        block_sizes=sizes,
+        thresholds=space.long_prefill_threshold,
+        max_seqs=max_seqs,
+        stages=stages,
+        replicas=replicas,
+        prefix_caching=tuple(sorted(space.prefix_caching)),
+        null_block=tuple(sorted(space.null_block)),
+    )
+    if space.pool_holds_max_model_len:
+        base = base.map(
+            lambda c: c.replace(
+                num_blocks=max(c.num_blocks, c.max_blocks_per_request + int(c.reserve_null_block))
+            )
+        )
+    return base.filter(lambda c: space.outside(c) is None)
+
+
+@st.composite
+def prompts(draw: st.DrawFn, prompt_len: int, family: int = 7) -> tuple[int, ...] | None:
+    """Token ids for a prompt: None (shares nothing), or a common run of `family` tokens then
+    tokens of its own, so prefix caching has prefixes to share."""
+    if draw(st.booleans()):
+        return None
+    shared = draw(st.integers(0, prompt_len))
+    tail = draw(
+        st.lists(st.integers(100, 103), min_size=prompt_len - shared, max_size=prompt_len - shared)
+    )
+    return (family,) * shared + tuple(tail)
 
 
 @st.composite

@@ -64,6 +64,86 @@ class BlockPool:
             self.release(rid, blocks)
             self.sink(ArBlocksFreed(rid, tuple(blocks)))
 
+    def holders(self) -> dict[int, frozenset[str]]:
+        return {b: frozenset({r}) for b, r in self.owner.items()}
+
+
+ContentKey = tuple[object, ...]
+
+
+class CachingBlockPool(BlockPool):
+    """Prefix caching (vLLM's design, written anew): full blocks are cached by content (a key
+    chained over the tokens up to the block's end); blocks are shared with reference counts;
+    a block whose count drops to 0 goes to the tail of the free queue still cached, and is
+    evicted when it is allocated afresh from the head (least recently freed first)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.refs: dict[int, set[str]] = {}
+        self.cache: dict[int, ContentKey] = {}
+        self.index: dict[ContentKey, int] = {}
+
+    def _evict(self, b: int) -> None:
+        key = self.cache.pop(b, None)
+        if key is not None and self.index.get(key) == b:
+            del self.index[key]
+
+    def allocate(self, rid: str, n: int) -> list[int]:
+        assert n <= len(self.free_queue), "caller must check num_free first"
+        blocks = [self.free_queue.popleft() for _ in range(n)]
+        for b in blocks:
+            self._evict(b)
+            self.refs[b] = {rid}
+        self.sink(ArBlocksAllocated(rid, tuple(blocks)))
+        return blocks
+
+    def release(self, rid: str, blocks: list[int]) -> None:
+        for b in blocks:
+            holders = self.refs[b]
+            assert rid in holders, f"block {b} is not held by {rid!r}"
+            holders.discard(rid)
+            if not holders:
+                del self.refs[b]
+                self.free_queue.append(b)
+
+    def lookup(self, keys: list[ContentKey]) -> list[int]:
+        """The cached blocks holding the longest prefix of `keys`."""
+        hit: list[int] = []
+        for key in keys:
+            b = self.index.get(key)
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
+    def newly_referenced(self, blocks: list[int]) -> int:
+        """How many of `blocks` are free now (a hit on them takes them off the free queue)."""
+        return sum(1 for b in blocks if b not in self.refs)
+
+    def touch(self, rid: str, blocks: list[int]) -> None:
+        """`rid` takes a reference to cached `blocks` (the caller emits `ArCacheHit`)."""
+        for b in blocks:
+            if b not in self.refs:
+                self.free_queue.remove(b)
+                self.refs[b] = set()
+            self.refs[b].add(rid)
+
+    def register(self, b: int, key: ContentKey) -> None:
+        if b not in self.cache:
+            self.cache[b] = key
+            self.index.setdefault(key, b)
+
+    @property
+    def owner(self) -> dict[int, str]:
+        return {b: min(h) for b, h in self.refs.items()}
+
+    @owner.setter
+    def owner(self, value: dict[int, str]) -> None:
+        pass  # BlockPool.__init__ assigns it; the reference counts are the truth here
+
+    def holders(self) -> dict[int, frozenset[str]]:
+        return {b: frozenset(h) for b, h in self.refs.items()}
+
 
 @dataclass(slots=True)
 class ArReq:
@@ -75,6 +155,7 @@ class ArReq:
     attained: int = 0
     waited: int = 0
     num_restarts: int = 0
+    keys: list[ContentKey] = field(default_factory=list)  # content keys of blocks 0, 1, ...
     # timings (in steps) for metrics
     first_scheduled: int | None = None
     first_token: int | None = None
@@ -92,6 +173,22 @@ class ArReq:
     @property
     def uncomputed(self) -> int:
         return self.known - self.num_computed
+
+    def token(self, i: int) -> object:
+        """Token i's identity: a prompt token id, else private to the request."""
+        s = self.spec
+        if i < s.prompt_len:
+            return s.prompt[i] if s.prompt is not None else (self.rid, i)
+        return (self.rid, "o", i)
+
+    def key(self, k: int, block_size: int) -> ContentKey:
+        """The content key of block k: the chained tokens [0, (k + 1) * block_size)."""
+        while len(self.keys) <= k:
+            j = len(self.keys)
+            parent: object = self.keys[-1] if self.keys else None
+            toks = tuple(self.token(i) for i in range(j * block_size, (j + 1) * block_size))
+            self.keys.append((parent, toks))
+        return self.keys[k]
 
     @property
     def prefill_done(self) -> bool:
@@ -114,7 +211,8 @@ class ArSchedulerBase:
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         self._config = config
         self.sink = sink
-        self.pool = BlockPool(config, sink)
+        caching = config.enable_prefix_caching
+        self.pool: BlockPool = (CachingBlockPool if caching else BlockPool)(config, sink)
         self.waiting: deque[ArReq] = deque()
         self.running: list[ArReq] = []
         self.finished: dict[str, ArReq] = {}
@@ -144,7 +242,13 @@ class ArSchedulerBase:
         s = request
         self.sink(
             ArSubmitted(
-                s.request_id, s.prompt_len, s.max_tokens, s.stop_after, s.priority, s.predicted_len
+                s.request_id,
+                s.prompt_len,
+                s.max_tokens,
+                s.stop_after,
+                s.priority,
+                s.predicted_len,
+                s.prompt,
             )
         )
 
@@ -192,13 +296,24 @@ class ArSchedulerBase:
     def snapshot(self) -> ArSnapshot:
         computed = {r.rid: r.num_computed for r in self.running}
         computed.update({r.rid: r.num_computed for r in self.waiting})
+        pool = self.pool
+        caching = isinstance(pool, CachingBlockPool)
         return ArSnapshot(
-            free_blocks=frozenset(self.pool.free_queue),
-            block_owners=dict(self.pool.owner),
+            free_blocks=frozenset(pool.free_queue),
+            block_owners={} if caching else dict(pool.owner),
             running=tuple(r.rid for r in self.running),
             waiting=tuple(r.rid for r in self.waiting),
             num_computed=computed,
+            block_holders=pool.holders() if caching else None,
+            block_refcounts=self._refcounts() if caching else None,
+            cached_blocks=frozenset(pool.cache) if isinstance(pool, CachingBlockPool) else None,
         )
+
+    def _refcounts(self) -> dict[int, int]:
+        """The pool's reference count of every referenced block (prefix caching)."""
+        pool = self.pool
+        assert isinstance(pool, CachingBlockPool)
+        return {b: len(h) for b, h in pool.refs.items()}
 
     # ------------------------------------------------------------------ helpers
     def _schedule(self) -> None:  # pragma: no cover - subclasses decide
@@ -217,6 +332,18 @@ class ArSchedulerBase:
         if req.first_scheduled is None:
             req.first_scheduled = self.step_index
         self.sink(ArScheduled(req.rid, num_tokens))
+        self._cache_full_blocks(req, req.num_computed + num_tokens)
+
+    def _cache_full_blocks(self, req: ArReq, upto: int) -> None:
+        """Prefix caching: the full blocks of the first `upto` tokens become cached (as vLLM
+        caches at scheduling the blocks this step fills)."""
+        pool = self.pool
+        if not isinstance(pool, CachingBlockPool):
+            return
+        bs = self.config.block_size
+        full = min(upto, req.known) // bs
+        for k in range(min(full, len(req.blocks))):
+            pool.register(req.blocks[k], req.key(k, bs))
 
     def _preempt(self, victim: ArReq) -> None:
         """Free every block, discard computed tokens, wait at the head of the queue."""

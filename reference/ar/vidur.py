@@ -34,10 +34,14 @@ batch, which stalls its simulator — the `vidur_one_free_block` mutant).
 
 from __future__ import annotations
 
+import dataclasses
+
 from reference.ar.base import ArReq, ArSchedulerBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.errors import ConfigError, SchedSpecError
+from spec.implementation import ArImplementation
 
 
 class VidurOutOfMemory(SchedSpecError, RuntimeError):
@@ -80,6 +84,10 @@ class VidurReplicaBase(ArSchedulerBase):
                 "long_prefill_token_threshold",
                 config.long_prefill_token_threshold,
                 f"{self.name} has no such knob: use 0",
+            )
+        if config.enable_prefix_caching:
+            raise ConfigError(
+                "enable_prefix_caching", True, f"{self.name} has no prefix cache: use False"
             )
 
     @property
@@ -361,3 +369,61 @@ def make_vidur_lightllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapt
 
 def make_vidur_ft(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     return VidurFasterTransformer(config, sink)
+
+
+# --- declared implementations (profiles) -----------------------------------------------------
+# Vidur's replica schedulers are FCFS, have no long-prefill threshold and no prefix cache, and
+# step one pipeline stage at a time here (pipelines: reference.ar.stages).
+_VIDUR_SPACE = ArConfigSpace(
+    policies=frozenset({Policy.FCFS}),
+    chunked_prefill=frozenset({False}),
+    prefix_caching=frozenset({False}),
+    long_prefill_threshold=False,
+)
+
+VIDUR_VLLM = ArImplementation(
+    make_vidur_vllm,
+    ArProfile(space=_VIDUR_SPACE, policy=ArPolicy(rules=ArRules())),
+    "Vidur's vLLM replica scheduler: prefill-only batches of new requests, else decode batches; "
+    "restarts the latest-arrived request when a decode needs a block (watermark 0)",
+)
+
+VIDUR_SARATHI = ArImplementation(
+    make_vidur_sarathi,
+    ArProfile(
+        space=dataclasses.replace(_VIDUR_SPACE, chunked_prefill=frozenset({True})),
+        # Vidur's Sarathi restarts a victim to the head of the queue and admits from there in
+        # the same batch (`SarathiReplicaScheduler._get_next_batch`)
+        policy=ArPolicy(rules=ArRules(), admit_after_preemption=True),
+    ),
+    "Vidur's Sarathi-Serve replica scheduler: decodes, then chunked prefills, within the chunk",
+)
+
+VIDUR_ORCA = ArImplementation(
+    make_vidur_orca,
+    ArProfile(
+        space=dataclasses.replace(_VIDUR_SPACE, pool_holds_max_model_len=True),
+        policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE, token_budget=False)),
+    ),
+    "Vidur's Orca replica scheduler: every running request each step, max_model_len reserved",
+)
+
+VIDUR_LIGHTLLM = ArImplementation(
+    make_vidur_lightllm,
+    ArProfile(
+        space=dataclasses.replace(_VIDUR_SPACE, block_sizes=frozenset({1})),
+        policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE)),
+    ),
+    "Vidur's LightLLM replica scheduler: token-level KV, peak-memory admission, no mixing",
+)
+
+VIDUR_FT = ArImplementation(
+    make_vidur_ft,
+    ArProfile(
+        space=dataclasses.replace(_VIDUR_SPACE, pool_holds_max_model_len=True),
+        policy=ArPolicy(
+            rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
+        ),
+    ),
+    "Vidur's FasterTransformer replica scheduler: static batches, max_model_len reserved",
+)

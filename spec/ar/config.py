@@ -44,9 +44,16 @@ class Policy(enum.Enum):
             raise ConfigError("policy", value, f"one of {valid}") from None
 
 
-def _positive(field: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(field, value, f"must be an integer >= {minimum}")
+# Upper bounds: sizes a CPU checker can hold (a pool of 10**12 blocks would exhaust memory
+# long before a check ran); generous against every real engine configuration.
+MAX_BLOCKS = 10_000_000
+MAX_TOKENS = 100_000_000
+MAX_SMALL = 1_000_000
+
+
+def _positive(field: str, value: object, minimum: int = 1, maximum: int = MAX_TOKENS) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ConfigError(field, value, f"must be an integer in [{minimum}, {maximum}]")
 
 
 def _flag(field: str, value: object) -> None:
@@ -78,6 +85,10 @@ class ArConfig:
     Topology:
         num_stages: pipeline stages of a replica (one batch per stage in flight).
         num_replicas: replicas behind a global scheduler.
+    Prefix caching:
+        enable_prefix_caching: full KV blocks are cached by content and shared, with reference
+            counts, by requests with the same prefix (vLLM's `enable_prefix_caching`, on by
+            default in vLLM 0.33); a cache hit makes computed tokens jump (`ArCacheHit`).
     """
 
     block_size: int = 4
@@ -94,23 +105,25 @@ class ArConfig:
     max_waiting_iters: int = 4
     num_stages: int = 1
     num_replicas: int = 1
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
-        _positive("block_size", self.block_size)
+        _positive("block_size", self.block_size, 1, MAX_SMALL)
         _flag("reserve_null_block", self.reserve_null_block)
-        _positive("num_blocks", self.num_blocks, 2 if self.reserve_null_block else 1)
+        _positive("num_blocks", self.num_blocks, 2 if self.reserve_null_block else 1, MAX_BLOCKS)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_seqs", self.max_num_seqs, 1, MAX_SMALL)
         _positive("max_model_len", self.max_model_len, 2)
         _positive("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         _flag("enable_chunked_prefill", self.enable_chunked_prefill)
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.parse(self.policy))
-        _positive("max_wait_steps", self.max_wait_steps)
+        _positive("max_wait_steps", self.max_wait_steps, 1, MAX_SMALL)
         _positive("fair_token_cap", self.fair_token_cap, 0)
-        _positive("max_waiting_iters", self.max_waiting_iters)
-        _positive("num_stages", self.num_stages)
-        _positive("num_replicas", self.num_replicas)
+        _positive("max_waiting_iters", self.max_waiting_iters, 1, MAX_SMALL)
+        _positive("num_stages", self.num_stages, 1, 1024)
+        _positive("num_replicas", self.num_replicas, 1, 1024)
+        _flag("enable_prefix_caching", self.enable_prefix_caching)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max_num_batched_tokens",
@@ -173,6 +186,9 @@ class ArRequest:
     priority: lower value = more important (vLLM's convention); used by policy PRIORITY.
     predicted_len: a predicted output length for SJF / SRPT (None: use max_tokens).
     arrival_time: seconds, for traces and metrics; the order of arrival is submission order.
+    prompt: the prompt's token ids (len == prompt_len), or None. Only prefix caching looks at
+        them: requests whose prompts share a prefix may share its full KV blocks. None means a
+        prompt shared with no other request.
     """
 
     request_id: str
@@ -182,6 +198,7 @@ class ArRequest:
     priority: int = 0
     predicted_len: int | None = None
     arrival_time: float = 0.0
+    prompt: tuple[int, ...] | None = None
 
     @property
     def expected_output(self) -> int:
@@ -230,6 +247,14 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
         _int_field(rid, "predicted_len", request.predicted_len, 1)
     if isinstance(request.priority, bool) or not isinstance(request.priority, int):
         raise InvalidRequest(rid, "priority", request.priority, "must be an integer")
+    if request.prompt is not None and (
+        not isinstance(request.prompt, tuple)
+        or len(request.prompt) != request.prompt_len
+        or any(isinstance(t, bool) or not isinstance(t, int) for t in request.prompt)
+    ):
+        raise InvalidRequest(
+            rid, "prompt", request.prompt, f"None or a tuple of {request.prompt_len} int token ids"
+        )
     total = request.prompt_len + request.max_tokens
     if total > config.max_model_len:
         raise ArRequestTooLong(rid, total, config.max_model_len)
@@ -253,7 +278,13 @@ class AdmissionOrder(enum.Enum):
 class VictimOrder(enum.Enum):
     NONE = "none"  # never preempts
     TAIL = "tail"  # the tail of running: latest admitted, not scheduled this step (FCFS)
-    LOWEST_PRIORITY = "lowest_priority"  # max (priority, arrival)
+    # max (priority, arrival) among running requests not scheduled in this step
+    LOWEST_PRIORITY = "lowest_priority"
+    # max (priority, arrival) among ALL running requests, including one already scheduled in
+    # this step, which is then unscheduled and its tokens returned to the budget (vLLM 0.33's
+    # priority policy, `Scheduler.schedule`: the victim is `max(self.running, key=...)`; when it
+    # is in `scheduled_running_reqs` it is removed there and its tokens given back).
+    LOWEST_PRIORITY_ANY = "lowest_priority_any"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +318,26 @@ class ArRules:
     token_floor: bool = False
     token_cap: int | None = None
     soft_preemption: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.admission, AdmissionOrder):
+            valid = ", ".join(a.value for a in AdmissionOrder)
+            raise ConfigError("rules.admission", self.admission, f"one of {valid}")
+        if not isinstance(self.victim, VictimOrder):
+            valid = ", ".join(v.value for v in VictimOrder)
+            raise ConfigError("rules.victim", self.victim, f"one of {valid}")
+        for name in (
+            "admit_after_preemption",
+            "token_budget",
+            "static_batches",
+            "token_floor",
+            "soft_preemption",
+        ):
+            _flag(f"rules.{name}", getattr(self, name))
+        for name in ("max_wait_steps", "token_cap"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(f"rules.{name}", value, 1, MAX_SMALL)
 
 
 def rules_for(config: ArConfig) -> ArRules:

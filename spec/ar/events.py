@@ -2,8 +2,9 @@
 
 Every event is a frozen, slotted dataclass with a stable `kind` (JSON Lines traces). A step is:
 
-    scheduling phase   ArBlocksAllocated, ArScheduled (tokens for one request this step),
-                       ArPreempted (with every block it held)
+    scheduling phase   ArCacheHit (prefix caching: an admitted request takes cached blocks),
+                       ArBlocksAllocated, ArScheduled (tokens for one request this step),
+                       ArPreempted (with every block it held), ArCacheEvicted
     model execution    ArStepEnd (each scheduled request computes its tokens; a request that
                        caught up with its known tokens samples one output token)
     update phase       ArBlocksFreed, ArFinished
@@ -34,13 +35,36 @@ class ArSubmitted:
     stop_after: int | None = None
     priority: int = 0
     predicted_len: int | None = None
+    prompt: tuple[int, ...] | None = None  # token ids, for prefix caching (None: unshared)
+
+
+@dataclass(frozen=True, slots=True)
+class ArCacheHit:
+    """Prefix caching: the waiting request takes a reference to `blocks`, cached full blocks
+    holding its prefix (block i holds its tokens [i * block_size, (i + 1) * block_size)); its
+    computed tokens jump to len(blocks) * block_size. Comes right before its admission
+    (`ArBlocksAllocated` for the rest of the chunk, then `ArScheduled`) in the same step."""
+
+    kind: ClassVar[str] = "ar_cache_hit"
+    request_id: str
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ArCacheEvicted:
+    """Prefix caching: the cached content of `blocks` (each free: no request holds it) is
+    dropped. Allocating a free cached block evicts it implicitly; this event is for evictions
+    that happen otherwise (an engine's cache reset)."""
+
+    kind: ClassVar[str] = "ar_cache_evicted"
+    blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ArBlocksAllocated:
     """KV `blocks` (ids) now belong to the request, appended to its block table."""
 
-    kind: ClassVar[str] = "ar_blocks_allocated"
+    kind: ClassVar[str] = "ar_blocks_allocated"  # fresh blocks (free, evicted if cached)
     request_id: str
     blocks: tuple[int, ...]
 
@@ -95,6 +119,8 @@ class ArStepEnd:
 
 ArEvent = (
     ArSubmitted
+    | ArCacheHit
+    | ArCacheEvicted
     | ArBlocksAllocated
     | ArScheduled
     | ArPreempted
@@ -106,6 +132,8 @@ ArEvent = (
 
 AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArSubmitted,
+    ArCacheHit,
+    ArCacheEvicted,
     ArBlocksAllocated,
     ArScheduled,
     ArPreempted,

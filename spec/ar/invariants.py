@@ -16,26 +16,42 @@ ArInvariant = Callable[[ArState], str | None]
 
 
 def block_conservation(s: ArState) -> str | None:
-    """free + held = usable; the owner map and the requests' block tables agree."""
+    """free + referenced = usable (each block once, whatever its reference count); the holder
+    sets (reference counts) and the requests' block tables agree."""
     c = s.config
-    held = len(s.block_owners)
+    held = len(s.block_holders)
     if len(s.free_blocks) + held != c.usable_blocks:
-        return f"free {len(s.free_blocks)} + held {held} != usable {c.usable_blocks}"
-    for b, rid in s.block_owners.items():
-        r = s.requests.get(rid)
-        if r is None or b not in r.blocks:
-            return f"block {b} is owned by {rid!r}, whose block table does not list it"
+        return f"free {len(s.free_blocks)} + referenced {held} != usable {c.usable_blocks}"
+    for b, holders in s.block_holders.items():
+        if not holders:
+            return f"block {b} is referenced by nobody but counted as held"
+        for rid in holders:
+            r = s.requests.get(rid)
+            if r is None or b not in r.blocks:
+                return f"block {b} is held by {rid!r}, whose block table does not list it"
     for rid, r in s.requests.items():
         for b in r.blocks:
-            if s.block_owners.get(b) != rid:
-                return f"{rid!r} lists block {b}, owned by {s.block_owners.get(b)!r}"
+            if rid not in s.block_holders.get(b, ()):
+                return f"{rid!r} lists block {b}, held by {sorted(s.block_holders.get(b, ()))}"
+    return None
+
+
+def kv_exclusive(s: ArState) -> str | None:
+    """Without prefix caching a block has one holder and nothing is cached."""
+    if s.config.enable_prefix_caching:
+        return None
+    for b, holders in s.block_holders.items():
+        if len(holders) > 1:
+            return f"block {b} is held by {sorted(holders)} with prefix caching off"
+    if s.cached:
+        return f"blocks {sorted(s.cached)} are cached with prefix caching off"
     return None
 
 
 def null_block_reserved(s: ArState) -> str | None:
     null = s.config.null_block
-    if null is not None and null in s.block_owners:
-        return f"the null block {null} is held by {s.block_owners[null]!r}"
+    if null is not None and null in s.block_holders:
+        return f"the null block {null} is held by {sorted(s.block_holders[null])}"
     return None
 
 
@@ -47,6 +63,12 @@ def terminal_holds_nothing(s: ArState) -> str | None:
 
 
 def preempted_holds_nothing(s: ArState) -> str | None:
+    """A preempted request holds nothing — except, in the scheduling phase of the step that
+    preempted it, the blocks (and cache hits) of its re-admission where the implementation
+    re-admits after preempting (Vidur's Sarathi). Between steps no request is in phase
+    PREEMPTED, and `waiting_holds_nothing` covers what a re-admission left behind."""
+    if s.rules.admit_after_preemption:
+        return None
     for rid, r in s.requests.items():
         if r.phase is ArPhase.PREEMPTED and (r.blocks or r.num_computed):
             return (
@@ -94,6 +116,7 @@ def waiting_holds_nothing(s: ArState) -> str | None:
 
 AR_INVARIANTS: dict[str, ArInvariant] = {
     "block_conservation": block_conservation,
+    "kv_exclusive": kv_exclusive,
     "null_block_reserved": null_block_reserved,
     "terminal_holds_nothing": terminal_holds_nothing,
     "preempted_holds_nothing": preempted_holds_nothing,

@@ -23,7 +23,8 @@ class ArPhase(enum.Enum):
 
 class ArBlockPhase(enum.Enum):
     FREE = "free"
-    HELD = "held"
+    CACHED = "cached"  # free (reference count 0) but still holding a cached prefix (hittable)
+    HELD = "held"  # reference count >= 1 (several holders only through cache hits)
     RESERVED = "reserved"  # the null block (vLLM): never allocated
 
 
@@ -73,30 +74,69 @@ AR_REQUEST_LIFECYCLE = Lifecycle(
             _P.FINISHED.value,
             "max_tokens produced or end token sampled; holds no block",
         ),
+        Transition(
+            _P.WAITING.value,
+            "ar_cache_hit",
+            _P.WAITING.value,
+            "prefix caching on; holds nothing; cached blocks of its own prefix; at most known - 1 "
+            "tokens; admitted in the same step",
+        ),
+        Transition(
+            _P.PREEMPTED.value,
+            "ar_cache_hit",
+            _P.PREEMPTED.value,
+            "as from waiting, where the implementation re-admits after preempting",
+        ),
         Transition(_P.WAITING.value, "ar_aborted", _P.ABORTED.value, "holds no block"),
         Transition(_P.RUNNING.value, "ar_aborted", _P.ABORTED.value, "holds no block"),
         Transition(_P.PREEMPTED.value, "ar_aborted", _P.ABORTED.value, "holds no block"),
     ),
 )
 
+_B = ArBlockPhase
+
 AR_BLOCK_LIFECYCLE = Lifecycle(
     name="ar_kv_block",
     states=tuple(p.value for p in ArBlockPhase),
-    initial=ArBlockPhase.FREE.value,
+    initial=_B.FREE.value,
     terminal=(),
     transitions=(
+        Transition(_B.FREE.value, "ar_blocks_allocated", _B.HELD.value, "reference count 1"),
         Transition(
-            ArBlockPhase.FREE.value, "ar_blocks_allocated", ArBlockPhase.HELD.value, "one owner"
+            _B.CACHED.value,
+            "ar_blocks_allocated",
+            _B.HELD.value,
+            "evicts the cached content; reference count 1",
         ),
         Transition(
-            ArBlockPhase.HELD.value, "ar_blocks_freed", ArBlockPhase.FREE.value, "by its owner"
+            _B.HELD.value,
+            "ar_scheduled",
+            _B.HELD.value,
+            "prefix caching: a full block whose tokens are computed this step becomes cached",
         ),
         Transition(
-            ArBlockPhase.HELD.value,
+            _B.CACHED.value, "ar_cache_hit", _B.HELD.value, "its content is the hitter's prefix"
+        ),
+        Transition(
+            _B.HELD.value,
+            "ar_cache_hit",
+            _B.HELD.value,
+            "shared: reference count + 1; its content is the hitter's prefix",
+        ),
+        Transition(
+            _B.HELD.value,
+            "ar_blocks_freed",
+            _B.FREE.value,
+            "by a holder; the last reference (cached blocks stay cached)",
+        ),
+        Transition(_B.HELD.value, "ar_blocks_freed", _B.CACHED.value, "the last reference"),
+        Transition(
+            _B.HELD.value,
             "ar_preempted",
-            ArBlockPhase.FREE.value,
-            "all blocks of the victim",
+            _B.FREE.value,
+            "every block of the victim loses its reference (cached blocks stay cached)",
         ),
+        Transition(_B.CACHED.value, "ar_cache_evicted", _B.FREE.value, "reference count 0"),
     ),
 )
 

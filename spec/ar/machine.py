@@ -9,14 +9,26 @@ Token accounting (vLLM v1's): a request knows prompt_len + num_output tokens; it
 num_computed of them. A step computes the scheduled tokens; a request that caught up with its
 known tokens samples one output token. Preemption discards every computed token (recompute:
 the outputs so far are folded into what must be prefilled again, as Vidur's restart does).
+
+Prefix caching (`ArConfig.enable_prefix_caching`): a block is referenced by every request whose
+block table lists it (its reference count is the number of holders). A full block whose tokens
+are scheduled becomes cached under its content: the request's tokens up to the block's end
+(prompt token ids when the request carries them, else tokens private to the request; output
+tokens are always private to the request). A cache hit takes references to cached blocks whose
+content is the request's own prefix. A free cached block stays cached until it is allocated
+afresh (implicit eviction) or evicted (`ArCacheEvicted`).
+
+Cost: every event costs time proportional to what it changes (its blocks, the running set and,
+for the policy orders, the waiting queue), and `check_invariants` checks only the requests and
+blocks touched since the last check; `check_invariants_full` checks the whole state (used by
+the test that both agree). Finished and aborted requests are retired: only their outcome stays.
 """
 
 from __future__ import annotations
 
-import copy as _copy
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
 
 from spec.ar.config import (
     AdmissionOrder,
@@ -24,13 +36,14 @@ from spec.ar.config import (
     ArRequest,
     ArRules,
     VictimOrder,
-    rules_for,
     validate_ar_request,
 )
 from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
     ArBlocksFreed,
+    ArCacheEvicted,
+    ArCacheHit,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -41,14 +54,18 @@ from spec.ar.events import (
 )
 from spec.ar.invariants import check_all
 from spec.ar.lifecycles import (
-    AR_ACTIVE_PHASES,
     AR_QUEUED_PHASES,
     AR_REQUEST_LIFECYCLE,
     ArPhase,
 )
+from spec.ar.profile import ArPolicy
+from spec.ar.rules import ArRule
 from spec.ar.snapshot import ArSnapshot
 from spec.ar.state import ArRequestState, ArState, render
-from spec.errors import RequestError, SpecViolation
+from spec.errors import RequestError
+from spec.machine_base import MachineBase
+
+Token = int | tuple[str, int] | tuple[str, str, int]
 
 
 @dataclass(slots=True)
@@ -60,12 +77,15 @@ class _Req:
     stop_after: int | None
     priority: int
     predicted_len: int | None
+    prompt: tuple[int, ...] | None = None
     phase: ArPhase = ArPhase.WAITING
     num_computed: int = 0
     num_output: int = 0
     blocks: list[int] = field(default_factory=list)
     attained: int = 0
-    waited: int = 0
+    wait_since: int = 0  # the step index at which it (re-)entered the queue
+    keys: list[int] = field(default_factory=list)  # content keys of its blocks 0, 1, ...
+    cached_upto: int = 0  # its leading blocks registered in the cache
 
     @property
     def known(self) -> int:
@@ -109,112 +129,123 @@ def admission_key(rules: ArRules, r: _Req) -> tuple[int, int]:
     return (0, r.arrival)
 
 
-class ArSpecMachine:
-    """The executable specification of an autoregressive scheduler, driven by events."""
+class ArSpecMachine(MachineBase[ArEvent, ArRule]):
+    """The executable specification of an autoregressive scheduler, driven by events (its
+    skeleton, shared with the dLLM machine, is `spec.machine_base.MachineBase`)."""
 
-    def __init__(self, config: ArConfig, rules: ArRules | None = None) -> None:
+    lifecycle_rule = ArRule.LIFECYCLE
+
+    def __init__(self, config: ArConfig, policy: ArPolicy | ArRules | None = None) -> None:
+        """`policy`: the implementation's declared `ArPolicy` (its options are parameters of the
+        rules); a bare `ArRules` (older callers) is the policy with those rules and every option
+        off; None is the idealised spec under `config.policy`."""
+        super().__init__()
         self.config = config
-        self.rules = rules if rules is not None else rules_for(config)
-        self._requests: dict[str, _Req] = {}
+        if isinstance(policy, ArRules):
+            policy = ArPolicy(rules=policy)
+        self.policy = policy if policy is not None else ArPolicy()
+        self.rules = self.policy.rules_for(config)
+        self.watermark = self.policy.watermark_blocks(config)
+        self._requests: dict[str, _Req] = {}  # active requests only
+        self._ended: dict[str, tuple[ArPhase, int]] = {}  # retired: (phase, outputs)
         self._waiting: list[str] = []
         self._running: list[str] = []
-        self._owner: dict[int, str] = {}
+        self._holders: dict[int, set[str]] = {}  # referenced blocks -> holders
+        self._cache: dict[int, int] = {}  # cached blocks -> content key
+        self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
         self._step = _Step()
         self._arrivals = 0
-        self.events_applied = 0
+        self._dirty: set[str] = set()  # requests touched since the last invariant check
+        self._dirty_blocks: set[int] = set()
+        self._dirty_between: set[str] = set()  # ... since the last between-steps check
 
     # ------------------------------------------------------------------ views
+    def _waited(self, r: _Req) -> int:
+        return self._step.index - r.wait_since if r.phase in AR_QUEUED_PHASES else 0
+
+    def _request_state(self, r: _Req) -> ArRequestState:
+        return ArRequestState(
+            r.request_id,
+            r.arrival,
+            r.prompt_len,
+            r.max_tokens,
+            r.stop_after,
+            r.priority,
+            r.predicted_len,
+            r.phase,
+            r.num_computed,
+            r.num_output,
+            tuple(r.blocks),
+            r.attained,
+            self._waited(r),
+        )
+
     def state(self) -> ArState:
-        reqs = {
-            rid: ArRequestState(
-                r.request_id,
-                r.arrival,
-                r.prompt_len,
-                r.max_tokens,
-                r.stop_after,
-                r.priority,
-                r.predicted_len,
-                r.phase,
-                r.num_computed,
-                r.num_output,
-                tuple(r.blocks),
-                r.attained,
-                r.waited,
-            )
-            for rid, r in self._requests.items()
-        }
+        """The whole abstract state (active requests only; retired ones hold nothing)."""
         return ArState(
             config=self.config,
             rules=self.rules,
-            requests=reqs,
+            requests={rid: self._request_state(r) for rid, r in self._requests.items()},
             waiting=tuple(self._waiting),
             running=tuple(self._running),
-            block_owners=dict(self._owner),
+            block_holders={b: frozenset(h) for b, h in self._holders.items()},
             step_index=self._step.index,
             scheduled=dict(self._step.scheduled),
             preempted=tuple(self._step.preempted),
+            cached=dict(self._cache),
         )
 
     def render(self) -> str:
         return render(self.state())
 
-    def copy(self) -> ArSpecMachine:
-        return _copy.deepcopy(self)
-
     @property
     def step_index(self) -> int:
         return self._step.index
 
+    @property
+    def free_blocks(self) -> int:
+        return self.config.usable_blocks - len(self._holders)
+
     def is_idle(self) -> bool:
         return not self._waiting and not self._running
 
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running) request counts."""
+        return len(self._waiting), len(self._running)
+
     def request_phase(self, request_id: str) -> ArPhase | None:
         r = self._requests.get(request_id)
-        return None if r is None else r.phase
+        if r is not None:
+            return r.phase
+        ended = self._ended.get(request_id)
+        return None if ended is None else ended[0]
+
+    def num_output(self, request_id: str) -> int:
+        """Output tokens the request has produced so far (0 if unknown)."""
+        r = self._requests.get(request_id)
+        if r is not None:
+            return r.num_output
+        ended = self._ended.get(request_id)
+        return 0 if ended is None else ended[1]
 
     def outputs(self) -> dict[str, int]:
         """Output tokens produced by every finished request."""
-        return {
-            rid: r.num_output for rid, r in self._requests.items() if r.phase is ArPhase.FINISHED
-        }
+        return {rid: n for rid, (p, n) in self._ended.items() if p is ArPhase.FINISHED}
 
     # ------------------------------------------------------------------ errors
-    def _fail(self, rule: str, detail: str, event: object | None) -> SpecViolation:
-        return SpecViolation(rule, detail, event, self.render())
-
-    def _get(self, request_id: str, event: ArEvent) -> _Req:
+    def _active(self, request_id: str, event: ArEvent) -> _Req:
         r = self._requests.get(request_id)
         if r is None:
-            raise self._fail("known_request", f"request {request_id!r} was never submitted", event)
+            ended = self._ended.get(request_id)
+            what = "was never submitted" if ended is None else f"is {ended[0].value}"
+            raise self._fail(ArRule.KNOWN_REQUEST, f"request {request_id!r} {what}", event)
         return r
 
-    def _active(self, request_id: str, event: ArEvent) -> _Req:
-        r = self._get(request_id, event)
-        if r.phase not in AR_ACTIVE_PHASES:
-            raise self._fail("known_request", f"request {request_id!r} is {r.phase.value}", event)
-        return r
+    def _touch(self, r: _Req) -> None:
+        self._dirty.add(r.request_id)
+        self._dirty_between.add(r.request_id)
 
     # ------------------------------------------------------------------ replay
-    def apply_all(self, events: Iterable[ArEvent]) -> None:
-        for e in events:
-            self.apply(e)
-
-    def apply(self, event: ArEvent) -> None:
-        """Check that `event` is enabled and apply its effect; raise SpecViolation if not."""
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            raise self._fail("lifecycle", f"unknown event type {type(event).__name__}", event)
-        handler(self, event)
-        self.events_applied += 1
-
-    def enabled(self, event: ArEvent) -> str | None:
-        """None if `event` is enabled now, else the name of the rule it would break."""
-        try:
-            self.copy().apply(event)
-        except SpecViolation as v:
-            return v.rule
-        return None
-
     def _enter_schedule_phase(self, event: ArEvent) -> None:
         st = self._step
         if st.in_schedule_phase:
@@ -228,24 +259,71 @@ class ArSpecMachine:
             due = finish_reason(r)
             if due is not None:
                 raise self._fail(
-                    "finish_released",
+                    ArRule.FINISH_RELEASED,
                     f"{rid!r} met its finish condition ({due.value}: {r.num_output} outputs) "
                     f"but is still running",
                     event,
                 )
 
+    def _retire(self, r: _Req, phase: ArPhase) -> None:
+        r.phase = phase
+        del self._requests[r.request_id]
+        self._ended[r.request_id] = (phase, r.num_output)
+        self._dirty.discard(r.request_id)
+        self._dirty_between.discard(r.request_id)
+
+    # --- prefix-cache content ----------------------------------------------------
+    def _token(self, r: _Req, i: int) -> Token:
+        if i < r.prompt_len:
+            return r.prompt[i] if r.prompt is not None else (r.request_id, i)
+        return (r.request_id, "o", i)
+
+    def _key(self, r: _Req, k: int) -> int:
+        """The content key of the request's block k: its tokens [0, (k + 1) * block_size)."""
+        bs = self.config.block_size
+        while len(r.keys) <= k:
+            j = len(r.keys)
+            prev = r.keys[-1] if r.keys else -1
+            toks = tuple(self._token(r, i) for i in range(j * bs, (j + 1) * bs))
+            r.keys.append(self._key_ids.setdefault((prev, toks), len(self._key_ids)))
+        return r.keys[k]
+
+    def _register_cached(self, r: _Req, upto_tokens: int) -> None:
+        """Full blocks of `r` within its first `upto_tokens` tokens become cached."""
+        full = min(upto_tokens, r.known) // self.config.block_size
+        for k in range(r.cached_upto, min(full, len(r.blocks))):
+            self._cache[r.blocks[k]] = self._key(r, k)
+            self._dirty_blocks.add(r.blocks[k])
+        r.cached_upto = max(r.cached_upto, min(full, len(r.blocks)))
+
+    def _drop_refs(self, r: _Req, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            holders = self._holders[b]
+            holders.discard(r.request_id)
+            if not holders:
+                del self._holders[b]
+            self._dirty_blocks.add(b)
+
     # --- between steps --------------------------------------------------------
     def _submitted(self, e: ArSubmitted) -> None:
-        if e.request_id in self._requests:
-            raise self._fail("unique_submission", f"{e.request_id!r} submitted twice", e)
+        if e.request_id in self._requests or e.request_id in self._ended:
+            raise self._fail(ArRule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
         req = ArRequest(
-            e.request_id, e.prompt_len, e.max_tokens, e.stop_after, e.priority, e.predicted_len
+            e.request_id,
+            e.prompt_len,
+            e.max_tokens,
+            e.stop_after,
+            e.priority,
+            e.predicted_len,
+            prompt=e.prompt,
         )
         try:
             validate_ar_request(self.config, req)
         except RequestError as err:
-            raise self._fail("valid_request", f"accepted an invalid request: {err}", e) from None
-        self._requests[e.request_id] = _Req(
+            raise self._fail(
+                ArRule.VALID_REQUEST, f"accepted an invalid request: {err}", e
+            ) from None
+        r = _Req(
             e.request_id,
             self._arrivals,
             e.prompt_len,
@@ -253,55 +331,142 @@ class ArSpecMachine:
             e.stop_after,
             e.priority,
             e.predicted_len,
+            e.prompt,
+            wait_since=self._step.index,
         )
+        self._requests[e.request_id] = r
         self._arrivals += 1
         self._waiting.append(e.request_id)
+        self._touch(r)
 
     def _aborted(self, e: ArAborted) -> None:
         r = self._active(e.request_id, e)
         if r.blocks:
             raise self._fail(
-                "terminal_holds_nothing",
+                ArRule.TERMINAL_HOLDS_NOTHING,
                 f"{r.request_id!r} aborted still holding blocks {r.blocks}",
                 e,
             )
-        if r.request_id in self._waiting:
+        if r.phase in AR_QUEUED_PHASES:
             self._waiting.remove(r.request_id)
-        if r.request_id in self._running:
+        else:
             self._running.remove(r.request_id)
         self._step.scheduled.pop(r.request_id, None)
-        r.phase = ArPhase.ABORTED
+        self._retire(r, ArPhase.ABORTED)
 
     # --- scheduling phase -----------------------------------------------------
+    def _check_readmission(self, r: _Req, e: ArEvent) -> None:
+        if r.phase in AR_QUEUED_PHASES:
+            self._check_soft_preemption_admission(r, e)
+        if r.phase is ArPhase.PREEMPTED and not self.rules.admit_after_preemption:
+            raise self._fail(
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
+                f"{r.request_id!r} gets {type(e).__name__} in the step that preempted it",
+                e,
+            )
+
+    def _cache_hit(self, e: ArCacheHit) -> None:
+        cfg = self.config
+        r = self._active(e.request_id, e)
+        self._enter_schedule_phase(e)
+        if not cfg.enable_prefix_caching:
+            raise self._fail(ArRule.CACHE_HIT_ENABLED, "a cache hit with prefix caching off", e)
+        if r.phase not in AR_QUEUED_PHASES or r.blocks or r.num_computed:
+            raise self._fail(
+                ArRule.LIFECYCLE,
+                f"cache hit for {r.request_id!r} ({r.phase.value}, {len(r.blocks)} blocks, "
+                f"{r.num_computed} computed): only a queued request holding nothing hits",
+                e,
+            )
+        self._check_readmission(r, e)
+        if not e.blocks or len(set(e.blocks)) != len(e.blocks):
+            raise self._fail(
+                ArRule.CACHE_HIT_CACHED, f"blocks {list(e.blocks)} empty or repeated", e
+            )
+        tokens = len(e.blocks) * cfg.block_size
+        if tokens > r.known - 1:
+            raise self._fail(
+                ArRule.CACHE_HIT_BOUNDED,
+                f"{r.request_id!r} hits {tokens} tokens of its {r.known} known: at most "
+                f"{r.known - 1} (the last token is computed, to sample from)",
+                e,
+            )
+        for k, b in enumerate(e.blocks):
+            key = self._cache.get(b)
+            if key is None:
+                raise self._fail(
+                    ArRule.CACHE_HIT_CACHED,
+                    f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
+                    f"is not cached (cached: {sorted(self._cache)})",
+                    e,
+                )
+            if key != self._key(r, k):
+                raise self._fail(
+                    ArRule.CACHE_HIT_CACHED,
+                    f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
+                    f"caches other content",
+                    e,
+                )
+        for b in e.blocks:
+            self._holders.setdefault(b, set()).add(r.request_id)
+            self._dirty_blocks.add(b)
+        r.blocks.extend(e.blocks)
+        r.num_computed = tokens
+        r.cached_upto = len(e.blocks)
+        self._touch(r)
+
+    def _cache_evicted(self, e: ArCacheEvicted) -> None:
+        if not e.blocks or len(set(e.blocks)) != len(e.blocks):
+            raise self._fail(
+                ArRule.EVICT_UNREFERENCED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
+            )
+        for b in e.blocks:
+            if b not in self._cache:
+                raise self._fail(ArRule.EVICT_UNREFERENCED_ONLY, f"block {b} is not cached", e)
+            if b in self._holders:
+                raise self._fail(
+                    ArRule.EVICT_UNREFERENCED_ONLY,
+                    f"evicted block {b}, still referenced by {sorted(self._holders[b])}",
+                    e,
+                )
+        for b in e.blocks:
+            del self._cache[b]
+            self._dirty_blocks.add(b)
+
     def _blocks_allocated(self, e: ArBlocksAllocated) -> None:
         cfg = self.config
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
-        if r.phase in AR_QUEUED_PHASES:
-            self._check_soft_preemption_admission(r, e)
+        self._check_readmission(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
-            raise self._fail("kv_exclusive", f"blocks {list(e.blocks)} empty or repeated", e)
+            raise self._fail(ArRule.KV_EXCLUSIVE, f"blocks {list(e.blocks)} empty or repeated", e)
         for b in e.blocks:
             if not 0 <= b < cfg.num_blocks:
                 raise self._fail(
-                    "kv_exclusive", f"block {b} outside the pool [0, {cfg.num_blocks})", e
+                    ArRule.KV_EXCLUSIVE, f"block {b} outside the pool [0, {cfg.num_blocks})", e
                 )
             if b == cfg.null_block:
-                raise self._fail("null_block_reserved", f"allocated the null block {b}", e)
-            if b in self._owner:
+                raise self._fail(ArRule.NULL_BLOCK_RESERVED, f"allocated the null block {b}", e)
+            if b in self._holders:
                 raise self._fail(
-                    "kv_exclusive", f"block {b} is already held by {self._owner[b]!r}", e
+                    ArRule.KV_EXCLUSIVE,
+                    f"block {b} is already held by {sorted(self._holders[b])} (a fresh "
+                    f"allocation takes a free block; sharing is only through a cache hit)",
+                    e,
                 )
         if len(r.blocks) + len(e.blocks) > cfg.max_blocks_per_request:
             raise self._fail(
-                "kv_bounded",
+                ArRule.KV_BOUNDED,
                 f"{r.request_id!r} would hold {len(r.blocks) + len(e.blocks)} blocks; "
                 f"max_model_len={cfg.max_model_len} needs at most {cfg.max_blocks_per_request}",
                 e,
             )
         for b in e.blocks:
-            self._owner[b] = r.request_id
+            self._holders[b] = {r.request_id}
+            self._cache.pop(b, None)  # a fresh allocation evicts what the block cached
             r.blocks.append(b)
+            self._dirty_blocks.add(b)
+        self._touch(r)
 
     def _scheduled(self, e: ArScheduled) -> None:
         cfg, rules, st = self.config, self.rules, self._step
@@ -310,16 +475,16 @@ class ArSpecMachine:
         n = e.num_tokens
         if r.request_id in st.scheduled:
             raise self._fail(
-                "one_schedule_per_step",
+                ArRule.ONE_SCHEDULE_PER_STEP,
                 f"{r.request_id!r} scheduled twice in step {st.index}",
                 e,
             )
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise self._fail("one_schedule_per_step", f"scheduled {n!r} tokens (>= 1)", e)
+            raise self._fail(ArRule.ONE_SCHEDULE_PER_STEP, f"scheduled {n!r} tokens (>= 1)", e)
         uncomputed = r.known - r.num_computed
         if n > uncomputed:
             raise self._fail(
-                "no_compute_past_known",
+                ArRule.NO_COMPUTE_PAST_KNOWN,
                 f"{r.request_id!r} scheduled {n} tokens but only {uncomputed} are known and "
                 f"uncomputed ({r.known} known, {r.num_computed} computed)",
                 e,
@@ -327,35 +492,39 @@ class ArSpecMachine:
         used = sum(st.scheduled.values())
         if rules.token_budget and used + n > cfg.max_num_batched_tokens:
             raise self._fail(
-                "token_budget",
+                ArRule.TOKEN_BUDGET,
                 f"step {st.index} would schedule {used + n} tokens; "
                 f"max_num_batched_tokens={cfg.max_num_batched_tokens}",
                 e,
             )
         if not cfg.enable_chunked_prefill and n != uncomputed:
             raise self._fail(
-                "no_chunking_when_disabled",
+                ArRule.NO_CHUNKING_WHEN_DISABLED,
                 f"{r.request_id!r} scheduled {n} of its {uncomputed} uncomputed tokens with "
                 f"chunked prefill off",
                 e,
             )
-        if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
+        if (
+            cfg.long_prefill_token_threshold
+            and n > cfg.long_prefill_token_threshold
+            and not (self.policy.lone_request_threshold_exempt and self._is_alone())
+        ):
             raise self._fail(
-                "long_prefill_threshold",
+                ArRule.LONG_PREFILL_THRESHOLD,
                 f"{r.request_id!r} scheduled {n} tokens > long_prefill_token_threshold="
                 f"{cfg.long_prefill_token_threshold}",
                 e,
             )
         if rules.token_cap is not None and n > rules.token_cap:
             raise self._fail(
-                "token_fairness_cap",
+                ArRule.TOKEN_FAIRNESS_CAP,
                 f"{r.request_id!r} scheduled {n} tokens > cap {rules.token_cap}",
                 e,
             )
         have = len(r.blocks) * cfg.block_size
         if have < r.num_computed + n:
             raise self._fail(
-                "kv_covers_scheduled",
+                ArRule.KV_COVERS_SCHEDULED,
                 f"{r.request_id!r} computes {r.num_computed} + {n} tokens but holds "
                 f"{len(r.blocks)} blocks ({have} tokens)",
                 e,
@@ -367,16 +536,44 @@ class ArSpecMachine:
             self._waiting.remove(r.request_id)
             self._running.append(r.request_id)
             r.phase = ArPhase(target)
-            r.waited = 0
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
+        if cfg.enable_prefix_caching:
+            self._register_cached(r, r.num_computed + n)
+        self._touch(r)
+
+    def _is_alone(self) -> bool:
+        """Nothing else is running or waiting (vLLM's lone-request threshold exemption)."""
+        return len(self._running) + len(self._waiting) == 1
+
+    def _check_gates(self, r: _Req, e: ArScheduled) -> None:
+        """The declared admission gates: full-sequence fit and the watermark. Blocks for this
+        step's chunk are already allocated (they precede `ArScheduled`)."""
+        cfg = self.config
+        free = self.free_blocks
+        if self.policy.full_sequence_admission:
+            rest = cfg.blocks_for(r.known) - len(r.blocks)
+            if rest > free:
+                raise self._fail(
+                    ArRule.FULL_SEQUENCE_ADMISSION,
+                    f"admitted {r.request_id!r} whose whole sequence ({r.known} tokens) needs "
+                    f"{rest} more block(s) than it holds, with {free} free",
+                    e,
+                )
+        if self.watermark and free < self.watermark:
+            raise self._fail(
+                ArRule.ADMISSION_WATERMARK,
+                f"admitting {r.request_id!r} leaves {free} free block(s) < watermark "
+                f"{self.watermark}",
+                e,
+            )
 
     def _check_soft_preemption_admission(self, r: _Req, e: ArEvent) -> None:
         """soft_preemption: a step that preempted gives a waiting request nothing."""
         st = self._step
         if self.rules.soft_preemption and st.preempted:
             raise self._fail(
-                "soft_preemption",
+                ArRule.SOFT_PREEMPTION,
                 f"{r.request_id!r} (waiting) gets {type(e).__name__} in a step that preempted "
                 f"{st.preempted}: under soft preemption a waiting request never evicts",
                 e,
@@ -385,61 +582,65 @@ class ArSpecMachine:
     def _check_admission(self, r: _Req, e: ArScheduled) -> None:
         cfg, rules, st = self.config, self.rules, self._step
         self._check_soft_preemption_admission(r, e)
+        self._check_gates(r, e)
         if r.phase is ArPhase.PREEMPTED and not rules.admit_after_preemption:
             raise self._fail(
-                "no_admission_after_preemption",
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"{r.request_id!r} re-admitted in the step that preempted it",
                 e,
             )
         if st.preempted and not rules.admit_after_preemption:
             raise self._fail(
-                "no_admission_after_preemption",
+                ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"admitted {r.request_id!r} in a step that preempted {st.preempted}",
                 e,
             )
         if len(self._running) + 1 > cfg.max_num_seqs:
             raise self._fail(
-                "seat_cap",
+                ArRule.SEAT_CAP,
                 f"admitting {r.request_id!r} makes {len(self._running) + 1} running; "
                 f"max_num_seqs={cfg.max_num_seqs}",
                 e,
             )
-        older = [q for q in self._running if q not in st.admitted]
-        if rules.static_batches and older:
-            raise self._fail(
-                "static_batch",
-                f"admitted {r.request_id!r} while the batch {older} is still running",
-                e,
-            )
-        queued = [self._requests[q] for q in self._waiting]
+        if rules.static_batches:
+            older = [q for q in self._running if q not in st.admitted]
+            if older:
+                raise self._fail(
+                    ArRule.STATIC_BATCH,
+                    f"admitted {r.request_id!r} while the batch {older} is still running",
+                    e,
+                )
         if rules.max_wait_steps is not None:
-            aged = [q for q in queued if q.waited >= rules.max_wait_steps]
+            queued = [self._requests[q] for q in self._waiting]
+            aged = [q for q in queued if self._waited(q) >= rules.max_wait_steps]
             if aged:
                 oldest = min(aged, key=lambda q: q.arrival)
                 if oldest is not r:
                     raise self._fail(
-                        "aging_bound",
+                        ArRule.AGING_BOUND,
                         f"admitted {r.request_id!r} while {oldest.request_id!r} has waited "
-                        f"{oldest.waited} >= max_wait_steps={rules.max_wait_steps} steps",
+                        f"{self._waited(oldest)} >= max_wait_steps={rules.max_wait_steps} steps",
                         e,
                     )
                 return
         if rules.admission is AdmissionOrder.FCFS:
             if self._waiting[0] != r.request_id:
                 raise self._fail(
-                    "fcfs_admission",
+                    ArRule.FCFS_ADMISSION,
                     f"admitted {r.request_id!r} while {self._waiting[0]!r} is ahead of it "
-                    f"(waiting {self._waiting})",
+                    f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''})",
                     e,
                 )
             return
-        best = min(queued, key=lambda q: admission_key(rules, q))
-        if admission_key(rules, r) != admission_key(rules, best):
+        mine = admission_key(rules, r)
+        best = min(
+            (self._requests[q] for q in self._waiting), key=lambda q: admission_key(rules, q)
+        )
+        if mine != admission_key(rules, best):
             raise self._fail(
-                "policy_admission",
-                f"{rules.admission.value}: admitted {r.request_id!r} (key "
-                f"{admission_key(rules, r)}) while {best.request_id!r} has key "
-                f"{admission_key(rules, best)}",
+                ArRule.POLICY_ADMISSION,
+                f"{rules.admission.value}: admitted {r.request_id!r} (key {mine}) while "
+                f"{best.request_id!r} has key {admission_key(rules, best)}",
                 e,
             )
 
@@ -448,19 +649,24 @@ class ArSpecMachine:
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
         if r.phase is not ArPhase.RUNNING:
-            raise self._fail("lifecycle", f"preempted {r.request_id!r}, which is not running", e)
-        if r.request_id in st.scheduled:
             raise self._fail(
-                "no_preempt_scheduled",
+                ArRule.LIFECYCLE, f"preempted {r.request_id!r}, which is not running", e
+            )
+        any_running = rules.victim is VictimOrder.LOWEST_PRIORITY_ANY
+        if r.request_id in st.scheduled and not any_running:
+            raise self._fail(
+                ArRule.NO_PREEMPT_SCHEDULED,
                 f"{r.request_id!r} was already scheduled {st.scheduled[r.request_id]} tokens in "
                 f"step {st.index}",
                 e,
             )
-        candidates = [self._requests[q] for q in self._running if q not in st.scheduled]
         if rules.victim is VictimOrder.NONE:
             raise self._fail(
-                "preemption_victim", "this scheduler declared that it never preempts", e
+                ArRule.PREEMPTION_VICTIM, "this scheduler declared that it never preempts", e
             )
+        candidates = [
+            self._requests[q] for q in self._running if any_running or q not in st.scheduled
+        ]
         if rules.victim is VictimOrder.TAIL:
             expected = candidates[-1]
         else:
@@ -469,41 +675,46 @@ class ArSpecMachine:
             self._check_soft_preemption_needed(r, e)
         if expected is not r:
             raise self._fail(
-                "preemption_victim",
+                ArRule.PREEMPTION_VICTIM,
                 f"preempted {r.request_id!r}; the {rules.victim.value} victim is "
                 f"{expected.request_id!r}",
                 e,
             )
         for b in e.freed:
-            if self._owner.get(b) != r.request_id:
+            if r.request_id not in self._holders.get(b, ()):
                 raise self._fail(
-                    "free_owned_only",
-                    f"{r.request_id!r} freed block {b}, held by {self._owner.get(b)!r}",
+                    ArRule.FREE_OWNED_ONLY,
+                    f"{r.request_id!r} freed block {b}, held by {sorted(self._holders.get(b, ()))}",
                     e,
                 )
         if len(set(e.freed)) != len(e.freed):
-            raise self._fail("free_owned_only", f"blocks {list(e.freed)} freed twice", e)
+            raise self._fail(ArRule.FREE_OWNED_ONLY, f"blocks {list(e.freed)} freed twice", e)
         if sorted(e.freed) != sorted(r.blocks):
             raise self._fail(
-                "preempt_frees_all",
+                ArRule.PREEMPT_FREES_ALL,
                 f"preempted {r.request_id!r} freed {sorted(e.freed)} of its blocks "
                 f"{sorted(r.blocks)}",
                 e,
             )
-        for b in e.freed:
-            del self._owner[b]
+        self._drop_refs(r, e.freed)
+        # LOWEST_PRIORITY_ANY: a victim scheduled in this step is unscheduled, its tokens
+        # returned to the budget.
+        st.scheduled.pop(r.request_id, None)
         r.blocks.clear()
         r.num_computed = 0
+        r.cached_upto = 0
         r.phase = ArPhase.PREEMPTED
+        r.wait_since = st.index
         self._running.remove(r.request_id)
         self._waiting.insert(0, r.request_id)
         st.preempted.append(r.request_id)
+        self._touch(r)
 
     def _check_soft_preemption_needed(self, r: _Req, e: ArPreempted) -> None:
         """soft_preemption: some running request not yet scheduled needs a block for its next
         token and none is free."""
         cfg, st = self.config, self._step
-        free = cfg.usable_blocks - len(self._owner)
+        free = self.free_blocks
         short = [
             q
             for q in self._running
@@ -513,7 +724,7 @@ class ArSpecMachine:
         ]
         if not short:
             raise self._fail(
-                "soft_preemption",
+                ArRule.SOFT_PREEMPTION,
                 f"preempted {r.request_id!r} with {free} free block(s), enough for the next "
                 f"token of every running request: under soft preemption only a running "
                 f"request short of KV may cause a preemption",
@@ -525,14 +736,14 @@ class ArSpecMachine:
         cfg, rules, st = self.config, self.rules, self._step
         if e.step_index != st.index:
             raise self._fail(
-                "step_order", f"step {e.step_index} ended; expected step {st.index}", e
+                ArRule.STEP_ORDER, f"step {e.step_index} ended; expected step {st.index}", e
             )
         if not st.in_schedule_phase:
             self._check_finished_released(e)
         total = sum(st.scheduled.values())
         if total == 0 and (self._running or self._waiting):
             raise self._fail(
-                "progress",
+                ArRule.PROGRESS,
                 f"step {st.index} scheduled nothing with {len(self._running)} running and "
                 f"{len(self._waiting)} waiting",
                 e,
@@ -541,7 +752,7 @@ class ArSpecMachine:
             starved = [q for q in self._running if q not in st.scheduled]
             if starved:
                 raise self._fail(
-                    "token_fairness_floor",
+                    ArRule.TOKEN_FAIRNESS_FLOOR,
                     f"running {starved} got no token in step {st.index}",
                     e,
                 )
@@ -549,7 +760,7 @@ class ArSpecMachine:
             r = self._requests[rid]
             if len(r.blocks) * cfg.block_size < r.num_computed + n:
                 raise self._fail(
-                    "kv_covers_scheduled",
+                    ArRule.KV_COVERS_SCHEDULED,
                     f"{rid!r} computes {r.num_computed} + {n} tokens but holds {len(r.blocks)} "
                     f"blocks at the end of the step",
                     e,
@@ -558,38 +769,55 @@ class ArSpecMachine:
             r.attained += n
             if r.num_computed == r.known:
                 r.num_output += 1  # caught up: the model samples the next token
-        for rid in self._waiting:
-            r = self._requests[rid]
-            if r.phase is ArPhase.PREEMPTED:
-                r.phase = ArPhase.WAITING
-            r.waited += 1
+            self._touch(r)
+        for rid in st.preempted:
+            victim = self._requests.get(rid)
+            if victim is not None and victim.phase is ArPhase.PREEMPTED:
+                victim.phase = ArPhase.WAITING
+                self._touch(victim)
         self._step = _Step(index=st.index + 1)
 
     # --- update phase -----------------------------------------------------------
     def _blocks_freed(self, e: ArBlocksFreed) -> None:
-        r = self._get(e.request_id, e)
+        rid = e.request_id
+        r = self._requests.get(rid)
+        if r is None and rid in self._ended:
+            raise self._fail(
+                ArRule.FREE_OWNED_ONLY,
+                f"{rid!r} ({self._ended[rid][0].value}, holding nothing) freed blocks "
+                f"{list(e.blocks)} (double free or foreign)",
+                e,
+            )
+        r = self._active(rid, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
-            raise self._fail("free_owned_only", f"blocks {list(e.blocks)} empty or repeated", e)
+            raise self._fail(
+                ArRule.FREE_OWNED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
+            )
         for b in e.blocks:
-            if self._owner.get(b) != r.request_id:
-                what = "free" if b not in self._owner else f"held by {self._owner[b]!r}"
+            holders = self._holders.get(b, set())
+            if rid not in holders:
+                what = "free" if not holders else f"held by {sorted(holders)}"
                 raise self._fail(
-                    "free_owned_only",
-                    f"{r.request_id!r} freed block {b}, which is {what} (double free or foreign)",
+                    ArRule.FREE_OWNED_ONLY,
+                    f"{rid!r} freed block {b}, which is {what} (double free or foreign)",
                     e,
                 )
-        for b in e.blocks:
-            del self._owner[b]
-            r.blocks.remove(b)
+        self._drop_refs(r, e.blocks)
+        gone = set(e.blocks)
+        r.blocks = [b for b in r.blocks if b not in gone]
+        r.cached_upto = min(r.cached_upto, len(r.blocks))
+        self._touch(r)
 
     def _finished(self, e: ArFinished) -> None:
         r = self._active(e.request_id, e)
         if r.phase is not ArPhase.RUNNING:
-            raise self._fail("lifecycle", f"{r.request_id!r} finished while {r.phase.value}", e)
+            raise self._fail(
+                ArRule.LIFECYCLE, f"{r.request_id!r} finished while {r.phase.value}", e
+            )
         due = finish_reason(r)
         if due is None:
             raise self._fail(
-                "finish_condition",
+                ArRule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with {r.num_output}/{r.max_tokens} outputs and no "
                 f"end token (stop_after={r.stop_after})",
                 e,
@@ -599,77 +827,199 @@ class ArSpecMachine:
             allowed.add(ArFinishReason.LENGTH)
         if e.reason not in allowed:
             raise self._fail(
-                "finish_condition", f"reason {e.reason.value}; what holds is {due.value}", e
+                ArRule.FINISH_CONDITION, f"reason {e.reason.value}; what holds is {due.value}", e
             )
         if r.blocks:
             raise self._fail(
-                "terminal_holds_nothing",
+                ArRule.TERMINAL_HOLDS_NOTHING,
                 f"{r.request_id!r} finished still holding blocks {r.blocks}",
                 e,
             )
         self._running.remove(r.request_id)
         self._step.scheduled.pop(r.request_id, None)
-        r.phase = ArPhase.FINISHED
+        self._retire(r, ArPhase.FINISHED)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, between_steps: bool = False) -> None:
-        failure = check_all(self.state(), between_steps)
+        """The named invariants, over what changed since the last check (see
+        `check_invariants_full` for the same check over the whole state)."""
+        failure = self._incremental_failure(between_steps)
         if failure is not None:
             raise self._fail(failure[0], failure[1], None)
+
+    def check_invariants_full(self, between_steps: bool = False) -> None:
+        """The named invariants over the whole state (`spec.ar.invariants.check_all`)."""
+        failure = check_all(self.state(), between_steps)
+        if failure is not None:
+            raise self._fail(ArRule(failure[0]), failure[1], None)
+
+    def _incremental_failure(self, between_steps: bool) -> tuple[ArRule, str] | None:
+        cfg = self.config
+        reqs = [self._requests[q] for q in self._dirty if q in self._requests]
+        blocks = list(self._dirty_blocks)
+        self._dirty.clear()
+        self._dirty_blocks.clear()
+        # block_conservation: every touched block's holders list it, every touched request's
+        # blocks list it as a holder (free + referenced = usable follows: free is the rest).
+        for b in blocks:
+            holders = self._holders.get(b)
+            if holders is None:
+                continue
+            if not 0 <= b < cfg.num_blocks:
+                return ArRule.BLOCK_CONSERVATION, f"block {b} outside the pool"
+            for rid in holders:
+                r = self._requests.get(rid)
+                if r is None or b not in r.blocks:
+                    return (
+                        ArRule.BLOCK_CONSERVATION,
+                        f"block {b} is held by {rid!r}, whose block table does not list it",
+                    )
+        for r in reqs:
+            for b in r.blocks:
+                if r.request_id not in self._holders.get(b, ()):
+                    return (
+                        ArRule.BLOCK_CONSERVATION,
+                        f"{r.request_id!r} lists block {b}, held by "
+                        f"{sorted(self._holders.get(b, ()))}",
+                    )
+        if not cfg.enable_prefix_caching:
+            for b in blocks:
+                if len(self._holders.get(b, ())) > 1:
+                    return (
+                        ArRule.KV_EXCLUSIVE,
+                        f"block {b} is held by {sorted(self._holders[b])} with prefix caching off",
+                    )
+        null = cfg.null_block
+        if null is not None and null in self._holders:
+            return ArRule.NULL_BLOCK_RESERVED, f"the null block {null} is held"
+        for r in reqs:
+            if (
+                r.phase is ArPhase.PREEMPTED
+                and (r.blocks or r.num_computed)
+                and not self.rules.admit_after_preemption
+            ):
+                return (
+                    ArRule.PREEMPTED_HOLDS_NOTHING,
+                    f"preempted request {r.request_id!r} holds blocks {list(r.blocks)} and "
+                    f"{r.num_computed} computed tokens",
+                )
+        if len(self._running) > cfg.max_num_seqs:
+            return (
+                ArRule.SEAT_CAP,
+                f"{len(self._running)} running > max_num_seqs={cfg.max_num_seqs}",
+            )
+        cap = cfg.max_blocks_per_request
+        for r in reqs:
+            if len(r.blocks) > cap:
+                return (
+                    ArRule.KV_BOUNDED,
+                    f"{r.request_id!r} holds {len(r.blocks)} blocks; max_model_len needs at "
+                    f"most {cap}",
+                )
+        if not between_steps:
+            return None
+        between = [self._requests[q] for q in self._dirty_between if q in self._requests]
+        self._dirty_between.clear()
+        for rid in self._running:
+            r = self._requests[rid]
+            if len(r.blocks) * cfg.block_size < r.num_computed:
+                return (
+                    ArRule.KV_COVERS_COMPUTED,
+                    f"running {rid!r} computed {r.num_computed} tokens but holds only "
+                    f"{len(r.blocks)} blocks of {cfg.block_size}",
+                )
+        for r in between:
+            if r.phase in AR_QUEUED_PHASES and (r.blocks or r.num_computed):
+                return (
+                    ArRule.WAITING_HOLDS_NOTHING,
+                    f"waiting {r.request_id!r} holds blocks {list(r.blocks)} / "
+                    f"{r.num_computed} computed tokens between steps",
+                )
+        return None
 
     def check_snapshot(self, snap: ArSnapshot) -> None:
         """Between steps: the implementation's pools and queues equal the abstract state, and
         no running request is overdue to finish. Raises SpecViolation."""
         self.check_invariants(between_steps=True)
         self._check_finished_released(None)
-        st = self.state()
+        cfg = self.config
+        holders = snap.holders()
+        if snap.block_refcounts is not None:
+            bad = {
+                b: (n, len(self._holders.get(b, ())))
+                for b, n in snap.block_refcounts.items()
+                if n != len(self._holders.get(b, ()))
+            }
+            bad.update(
+                {b: (0, len(h)) for b, h in self._holders.items() if b not in snap.block_refcounts}
+            )
+            if bad:
+                raise self._fail(
+                    ArRule.REFCOUNT_MATCHES,
+                    f"reference counts differ (block: implementation, holders in the spec): "
+                    f"{dict(sorted(bad.items()))}",
+                    None,
+                )
         problems: list[str] = []
-        if snap.free_blocks != st.free_blocks:
+        null = cfg.null_block
+        spec_free = {b for b in range(cfg.num_blocks) if b != null and b not in self._holders}
+        if snap.free_blocks != spec_free:
             problems.append(
                 f"free blocks differ: implementation also frees "
-                f"{sorted(snap.free_blocks - st.free_blocks)}, lacks "
-                f"{sorted(st.free_blocks - snap.free_blocks)}"
+                f"{sorted(snap.free_blocks - spec_free)}, lacks "
+                f"{sorted(spec_free - snap.free_blocks)}"
             )
-        if dict(snap.block_owners) != dict(st.block_owners):
+        if len(holders) != len(self._holders) or any(
+            set(h) != self._holders.get(b) for b, h in holders.items()
+        ):
             diff = {
-                b: (snap.block_owners.get(b), st.block_owners.get(b))
-                for b in set(snap.block_owners) | set(st.block_owners)
-                if snap.block_owners.get(b) != st.block_owners.get(b)
+                b: (sorted(holders.get(b, ())), sorted(self._holders.get(b, ())))
+                for b in set(holders) | set(self._holders)
+                if set(holders.get(b, ())) != self._holders.get(b, set())
             }
-            problems.append(f"block owners differ (block: implementation, spec): {diff}")
-        if set(snap.running) != set(st.running) or len(snap.running) != len(st.running):
+            problems.append(f"block holders differ (block: implementation, spec): {diff}")
+        if snap.cached_blocks is not None and snap.cached_blocks != set(self._cache):
             problems.append(
-                f"running differs: implementation {list(snap.running)}, spec {list(st.running)}"
+                f"cached blocks differ: implementation {sorted(snap.cached_blocks)}, spec "
+                f"{sorted(self._cache)}"
             )
-        if sorted(snap.waiting) != sorted(st.waiting):
+        if set(snap.running) != set(self._running) or len(snap.running) != len(self._running):
             problems.append(
-                f"waiting differs: implementation {list(snap.waiting)}, spec {list(st.waiting)}"
+                f"running differs: implementation {list(snap.running)}, spec {self._running}"
             )
-        active = {rid: r.num_computed for rid, r in st.requests.items() if rid in st.running}
-        active.update({rid: 0 for rid in st.waiting})
+        if len(snap.waiting) != len(self._waiting) or set(snap.waiting) != set(self._waiting):
+            problems.append(
+                f"waiting differs: implementation {list(snap.waiting)}, spec {self._waiting}"
+            )
+        active = {rid: self._requests[rid].num_computed for rid in self._running}
+        active.update({rid: 0 for rid in self._waiting})
         if dict(snap.num_computed) != active:
             problems.append(
                 f"computed tokens differ: implementation {dict(snap.num_computed)}, spec {active}"
             )
         if problems:
-            raise self._fail("snapshot_matches", "; ".join(problems), None)
-        if self.rules.admission is AdmissionOrder.FCFS and tuple(snap.waiting) != st.waiting:
+            raise self._fail(ArRule.SNAPSHOT_MATCHES, "; ".join(problems), None)
+        if self.rules.admission is AdmissionOrder.FCFS and list(snap.waiting) != self._waiting:
             raise self._fail(
-                "waiting_order",
-                f"implementation queue {list(snap.waiting)}, FCFS order {list(st.waiting)}",
+                ArRule.WAITING_ORDER,
+                f"implementation queue {list(snap.waiting)}, FCFS order {self._waiting}",
                 None,
             )
 
 
-_HANDLERS: dict[type, Callable[[ArSpecMachine, Any], None]] = {
-    ArSubmitted: ArSpecMachine._submitted,
-    ArBlocksAllocated: ArSpecMachine._blocks_allocated,
-    ArScheduled: ArSpecMachine._scheduled,
-    ArPreempted: ArSpecMachine._preempted,
-    ArStepEnd: ArSpecMachine._step_end,
-    ArBlocksFreed: ArSpecMachine._blocks_freed,
-    ArFinished: ArSpecMachine._finished,
-    ArAborted: ArSpecMachine._aborted,
-}
+ArSpecMachine.handlers = MappingProxyType(
+    {
+        ArSubmitted: ArSpecMachine._submitted,
+        ArCacheHit: ArSpecMachine._cache_hit,
+        ArCacheEvicted: ArSpecMachine._cache_evicted,
+        ArBlocksAllocated: ArSpecMachine._blocks_allocated,
+        ArScheduled: ArSpecMachine._scheduled,
+        ArPreempted: ArSpecMachine._preempted,
+        ArStepEnd: ArSpecMachine._step_end,
+        ArBlocksFreed: ArSpecMachine._blocks_freed,
+        ArFinished: ArSpecMachine._finished,
+        ArAborted: ArSpecMachine._aborted,
+    }
+)
 
 __all__ = ["ArSpecMachine", "admission_key", "finish_reason"]

@@ -6,21 +6,19 @@ As for dLLM (`spec.profile`), an AR implementation declares beside its factory:
 - its configuration space (`ArConfigSpace`): strategies draw only inside it; a configuration
   outside it is refused with `spec.profile.ConfigOutsideProfile`;
 - its policy (`ArPolicy`): the ordering rules (`ArRules`) plus named options the rules take as
-  parameters, each citing the engine behaviour that motivates it;
+  parameters, each citing the engine behaviour that motivates it (vLLM 0.33's lone-request
+  threshold exemption, victim choice among all running requests, the full-sequence admission
+  gate; Vidur's watermark and same-step re-admission after preemption);
 - its accepted deviations (`spec.profile.AcceptedDeviation`).
-
-The AR engineer of this round extends `ArPolicy` with the options real engines need (vLLM's
-lone-request threshold exemption, victim choice among all running requests, the full-sequence
-admission gate, prefix caching; Vidur's same-step re-admission after preemption) — each a
-typed, documented field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from spec.ar.config import ArConfig, ArRules, Policy
+from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder, rules_for
 from spec.profile import AcceptedDeviation, ConfigOutsideProfile, ProfileError
 
 
@@ -33,18 +31,31 @@ class ArConfigSpace:
     chunked_prefill: the `enable_chunked_prefill` values it supports.
     null_block: the `reserve_null_block` values it supports (vLLM: block 0 is always the null
         block: {True}).
+    prefix_caching: the `enable_prefix_caching` values it supports (vLLM 0.33: both; Vidur:
+        {False}).
+    long_prefill_threshold: whether it has `long_prefill_token_threshold` (Vidur: no, so only 0).
+    pool_holds_max_model_len: it needs the usable pool to hold one max_model_len request
+        (Vidur's Orca and FasterTransformer reserve that much per request at admission).
+    stages: the `num_stages` values it steps itself (None = any).
     """
 
     policies: frozenset[Policy] = frozenset(Policy)
     block_sizes: frozenset[int] | None = None
     chunked_prefill: frozenset[bool] = frozenset({False, True})
     null_block: frozenset[bool] = frozenset({False, True})
+    prefix_caching: frozenset[bool] = frozenset({False, True})
+    long_prefill_threshold: bool = True
+    pool_holds_max_model_len: bool = False
+    stages: frozenset[int] | None = frozenset({1})
 
     def __post_init__(self) -> None:
         if not self.policies:
             raise ProfileError("space.policies", "{}", "at least one policy")
-        if not self.chunked_prefill or not self.null_block:
-            raise ProfileError("space", "an empty switch set", "non-empty subsets of {False, True}")
+        for name in ("chunked_prefill", "null_block", "prefix_caching"):
+            if not getattr(self, name):
+                raise ProfileError(f"space.{name}", "{}", "a non-empty subset of {False, True}")
+        if self.stages is not None and (not self.stages or any(n < 1 for n in self.stages)):
+            raise ProfileError("space.stages", sorted(self.stages), "positive integers or None")
         if self.block_sizes is not None and (
             not self.block_sizes or any(b < 1 for b in self.block_sizes)
         ):
@@ -70,6 +81,23 @@ class ArConfigSpace:
                 config.reserve_null_block,
                 _names(map(str, self.null_block)),
             )
+        if config.enable_prefix_caching not in self.prefix_caching:
+            return (
+                "enable_prefix_caching",
+                config.enable_prefix_caching,
+                _names(map(str, self.prefix_caching)),
+            )
+        if not self.long_prefill_threshold and config.long_prefill_token_threshold:
+            return ("long_prefill_token_threshold", config.long_prefill_token_threshold, "{0}")
+        if self.pool_holds_max_model_len and config.usable_blocks < config.max_blocks_per_request:
+            return (
+                "num_blocks",
+                config.num_blocks,
+                f"a usable pool of at least {config.max_blocks_per_request} blocks "
+                f"(max_model_len={config.max_model_len} per request)",
+            )
+        if self.stages is not None and config.num_stages not in self.stages:
+            return ("num_stages", config.num_stages, _names(map(str, self.stages)))
         return None
 
     def check(self, config: ArConfig) -> None:
@@ -82,13 +110,76 @@ class ArConfigSpace:
 
 @dataclass(frozen=True, slots=True)
 class ArPolicy:
-    """Deliberate policy choices; `ArSpecMachine` takes them as parameters.
+    """Deliberate policy choices; `ArSpecMachine` takes them as parameters. The default is the
+    idealised spec (every option off).
 
-    rules: the ordering rules (admission order, victim, ...); None = `rules_for(config)`, the
-        vLLM-v1-style rules of the configured policy.
+    rules: the ordering rules (admission order, victim, token budget, ...); None =
+        `rules_for(config)`, the vLLM-v1-style rules of the configured policy.
+    victim: overrides `rules.victim` (None: keep it). `VictimOrder.LOWEST_PRIORITY_ANY` is
+        vLLM 0.33's priority policy: the victim is the lowest priority (then latest arrival)
+        among *all* running requests, including one already scheduled in this step, which is
+        then unscheduled and its tokens returned to the budget (`Scheduler.schedule`,
+        `vllm/v1/core/sched/scheduler.py`). Rule `preemption_victim`.
+    lone_request_threshold_exempt: a request alone in the scheduler (nothing else running or
+        waiting) may be scheduled more than `long_prefill_token_threshold` tokens (vLLM 0.33
+        skips the threshold then; its source comment: there is nobody to starve). Rule
+        `long_prefill_threshold`.
+    full_sequence_admission: a waiting request is admitted only when the blocks for its whole
+        known sequence (prompt plus outputs so far, less cache hits) fit the free blocks, not
+        just those for this step's chunk (vLLM 0.33's `scheduler_reserve_full_isl=True`, the
+        default). Rule `full_sequence_admission`.
+    watermark_fraction: admission leaves at least int(watermark_fraction * num_blocks) blocks
+        free (Vidur's vLLM and Sarathi replica schedulers, `watermark_blocks_fraction`, in
+        `_can_allocate_request`). Rule `admission_watermark`.
+    admit_after_preemption: overrides `rules.admit_after_preemption` (None: keep it). True
+        lets a step that preempted still admit, including re-admitting the request it just
+        preempted (Vidur's Sarathi: a restarted request goes back to the head of the queue and
+        the same batch admits from there). Such a request may be allocated blocks in the same
+        scheduling phase; `preempted_holds_nothing` holds between steps (see docs/spec.md).
+        Rule `no_admission_after_preemption`.
     """
 
     rules: ArRules | None = None
+    victim: VictimOrder | None = None
+    lone_request_threshold_exempt: bool = False
+    full_sequence_admission: bool = False
+    watermark_fraction: float = 0.0
+    admit_after_preemption: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.rules is not None and not isinstance(self.rules, ArRules):
+            raise ProfileError("policy.rules", self.rules, "an ArRules or None")
+        if self.victim is not None and not isinstance(self.victim, VictimOrder):
+            raise ProfileError(
+                "policy.victim", self.victim, _names(v.value for v in VictimOrder) + " or None"
+            )
+        for name in ("lone_request_threshold_exempt", "full_sequence_admission"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProfileError(f"policy.{name}", getattr(self, name), "True or False")
+        if self.admit_after_preemption is not None and not isinstance(
+            self.admit_after_preemption, bool
+        ):
+            raise ProfileError(
+                "policy.admit_after_preemption", self.admit_after_preemption, "True, False or None"
+            )
+        w = self.watermark_fraction
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w < 1.0:
+            raise ProfileError("policy.watermark_fraction", w, "a number in [0, 1)")
+
+    def rules_for(self, config: ArConfig) -> ArRules:
+        """The effective ordering rules under `config`: `rules` (or the policy's defaults) with
+        this policy's overrides applied."""
+        base = self.rules if self.rules is not None else rules_for(config)
+        changes: dict[str, object] = {}
+        if self.victim is not None:
+            changes["victim"] = self.victim
+        if self.admit_after_preemption is not None:
+            changes["admit_after_preemption"] = self.admit_after_preemption
+        return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
+
+    def watermark_blocks(self, config: ArConfig) -> int:
+        """Blocks admission must leave free (Vidur: int(fraction * num_blocks))."""
+        return int(self.watermark_fraction * config.num_blocks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,89 +1,175 @@
 """The named rules of the AR scheduling specification, in words.
 
-An `ArSpecMachine` violation names one of these. The core rules hold for every implementation;
-the policy rules hold as the implementation declares them in its `ArRules`.
+An `ArSpecMachine` violation names one of these (`ArRule`, a `StrEnum`: a member compares and
+hashes equal to its string, so `violation.rule == "progress"` keeps working). The core rules
+hold for every implementation; the policy rules hold as the implementation declares them in
+its `ArPolicy` (ordering rules and options).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from types import MappingProxyType
 
-_AR_RULES: dict[str, str] = {
+
+class ArRule(StrEnum):
+    """Every rule name of the AR spec. A member equals (and hashes like) its string."""
+
+    UNIQUE_SUBMISSION = "unique_submission"
+    VALID_REQUEST = "valid_request"
+    KNOWN_REQUEST = "known_request"
+    LIFECYCLE = "lifecycle"
+    TOKEN_BUDGET = "token_budget"
+    SEAT_CAP = "seat_cap"
+    ONE_SCHEDULE_PER_STEP = "one_schedule_per_step"
+    NO_COMPUTE_PAST_KNOWN = "no_compute_past_known"
+    NO_CHUNKING_WHEN_DISABLED = "no_chunking_when_disabled"
+    LONG_PREFILL_THRESHOLD = "long_prefill_threshold"
+    FULL_SEQUENCE_ADMISSION = "full_sequence_admission"
+    ADMISSION_WATERMARK = "admission_watermark"
+    PROGRESS = "progress"
+    STEP_ORDER = "step_order"
+    KV_COVERS_SCHEDULED = "kv_covers_scheduled"
+    KV_COVERS_COMPUTED = "kv_covers_computed"
+    KV_BOUNDED = "kv_bounded"
+    KV_EXCLUSIVE = "kv_exclusive"
+    NULL_BLOCK_RESERVED = "null_block_reserved"
+    BLOCK_CONSERVATION = "block_conservation"
+    CACHE_HIT_ENABLED = "cache_hit_enabled"
+    CACHE_HIT_CACHED = "cache_hit_cached"
+    CACHE_HIT_BOUNDED = "cache_hit_bounded"
+    EVICT_UNREFERENCED_ONLY = "evict_unreferenced_only"
+    REFCOUNT_MATCHES = "refcount_matches"
+    FREE_OWNED_ONLY = "free_owned_only"
+    WAITING_HOLDS_NOTHING = "waiting_holds_nothing"
+    PREEMPT_FREES_ALL = "preempt_frees_all"
+    PREEMPTED_HOLDS_NOTHING = "preempted_holds_nothing"
+    NO_PREEMPT_SCHEDULED = "no_preempt_scheduled"
+    PREEMPTION_VICTIM = "preemption_victim"
+    NO_ADMISSION_AFTER_PREEMPTION = "no_admission_after_preemption"
+    SOFT_PREEMPTION = "soft_preemption"
+    FCFS_ADMISSION = "fcfs_admission"
+    WAITING_ORDER = "waiting_order"
+    POLICY_ADMISSION = "policy_admission"
+    AGING_BOUND = "aging_bound"
+    STATIC_BATCH = "static_batch"
+    TOKEN_FAIRNESS_FLOOR = "token_fairness_floor"
+    TOKEN_FAIRNESS_CAP = "token_fairness_cap"
+    FINISH_CONDITION = "finish_condition"
+    FINISH_RELEASED = "finish_released"
+    TERMINAL_HOLDS_NOTHING = "terminal_holds_nothing"
+    SNAPSHOT_MATCHES = "snapshot_matches"
+    IMPLEMENTATION_ERROR = "implementation_error"
+
+
+_AR_RULES: dict[ArRule, str] = {
     # --- requests
-    "unique_submission": "A request id is submitted at most once.",
-    "valid_request": "Only valid requests are accepted (sizes >= 1, prompt + max_tokens <= "
+    ArRule.UNIQUE_SUBMISSION: "A request id is submitted at most once.",
+    ArRule.VALID_REQUEST: "Only valid requests are accepted (sizes >= 1, prompt + max_tokens <= "
     "max_model_len, the request fits the usable KV pool alone).",
-    "known_request": "Events refer to requests that were submitted and are not finished or "
+    ArRule.KNOWN_REQUEST: "Events refer to requests that were submitted and are not finished or "
     "aborted.",
-    "lifecycle": "Every phase change follows the AR request and block lifecycle tables.",
+    ArRule.LIFECYCLE: "Every phase change follows the AR request and block lifecycle tables.",
     # --- one step
-    "token_budget": "The tokens scheduled in one step sum to at most max_num_batched_tokens.",
-    "seat_cap": "At most max_num_seqs requests are running at once.",
-    "one_schedule_per_step": "A request is scheduled at most once per step, for >= 1 token.",
-    "no_compute_past_known": "A request is never scheduled more tokens than it has known and "
+    ArRule.TOKEN_BUDGET: "The tokens scheduled in one step sum to at most max_num_batched_tokens.",
+    ArRule.SEAT_CAP: "At most max_num_seqs requests are running at once.",
+    ArRule.ONE_SCHEDULE_PER_STEP: "A request is scheduled at most once per step, for >= 1 token.",
+    ArRule.NO_COMPUTE_PAST_KNOWN: "A request is never scheduled more tokens than it has known and "
     "not yet computed (prompt + sampled outputs - computed).",
-    "no_chunking_when_disabled": "With chunked prefill off, a request is scheduled all its "
+    ArRule.NO_CHUNKING_WHEN_DISABLED: "With chunked prefill off, a request is scheduled all its "
     "uncomputed tokens at once.",
-    "long_prefill_threshold": "With long_prefill_token_threshold > 0, no request is scheduled "
-    "more tokens than the threshold in one step.",
-    "progress": "A step with running or waiting requests schedules at least one token.",
-    "step_order": "Steps are numbered 0, 1, 2, ... in order.",
+    ArRule.LONG_PREFILL_THRESHOLD: "With long_prefill_token_threshold > 0, no request is scheduled "
+    "more tokens than the threshold in one step (unless the implementation exempts a lone "
+    "request, as vLLM 0.33 does: nothing else running or waiting).",
+    ArRule.FULL_SEQUENCE_ADMISSION: "Where the implementation gates admission on the whole "
+    "sequence (vLLM's scheduler_reserve_full_isl), a waiting request is admitted only when "
+    "blocks for all its known tokens fit the free blocks.",
+    ArRule.ADMISSION_WATERMARK: "Admission leaves at least the declared watermark of free blocks "
+    "(Vidur's watermark_blocks_fraction).",
+    ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token.",
+    ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
-    "kv_covers_scheduled": "A scheduled request holds KV blocks for its computed tokens plus "
+    ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
     "the tokens it computes this step (blocks * block_size >= computed + scheduled).",
-    "kv_covers_computed": "Between steps every running request holds KV blocks for every token "
-    "it has computed.",
-    "kv_bounded": "A request never holds more blocks than max_model_len needs.",
-    "kv_exclusive": "Allocated blocks were free, are in the pool and each has one owner.",
-    "null_block_reserved": "The null block (block 0, when reserved) is never allocated.",
-    "block_conservation": "free + held = usable blocks at every moment (the null block reserved).",
-    "free_owned_only": "Only blocks the request holds are freed, each once (no double free).",
-    "waiting_holds_nothing": "Between steps a waiting request holds no KV block.",
+    ArRule.KV_COVERS_COMPUTED: "Between steps every running request holds KV blocks for every "
+    "token it has computed.",
+    ArRule.KV_BOUNDED: "A request never holds more blocks than max_model_len needs.",
+    ArRule.KV_EXCLUSIVE: "Allocated blocks were free (cached ones included: allocating one evicts "
+    "it) and are in the pool; a block has one holder unless prefix caching shares it through "
+    "a cache hit.",
+    ArRule.NULL_BLOCK_RESERVED: "The null block (block 0, when reserved) is never allocated.",
+    ArRule.BLOCK_CONSERVATION: "free + referenced = usable blocks at every moment (each block "
+    "once, whatever its reference count; the null block reserved); a block's holders are exactly "
+    "the requests whose block tables list it (its reference count).",
+    # --- prefix caching
+    ArRule.CACHE_HIT_ENABLED: "Cache hits happen only with prefix caching on.",
+    ArRule.CACHE_HIT_CACHED: "A cache hit takes cached blocks whose content is the request's own "
+    "prefix, block i holding its tokens up to (i + 1) * block_size: it never claims a block "
+    "that is not cached, or that caches other content.",
+    ArRule.CACHE_HIT_BOUNDED: "A cache hit covers at most the request's known tokens less one (the "
+    "last token is always computed, to sample from).",
+    ArRule.EVICT_UNREFERENCED_ONLY: "Only cached blocks that no request references are evicted.",
+    ArRule.REFCOUNT_MATCHES: "Between steps the implementation's reference count of every block "
+    "equals the number of requests holding it (no reference leaked or lost).",
+    ArRule.FREE_OWNED_ONLY: "Only blocks the request holds are freed, each once (no double free).",
+    ArRule.WAITING_HOLDS_NOTHING: "Between steps a waiting request holds no KV block.",
     # --- preemption
-    "preempt_frees_all": "A preempted request gives back every block it held, at once, and "
+    ArRule.PREEMPT_FREES_ALL: "A preempted request gives back every block it held, at once, and "
     "recomputes from zero.",
-    "preempted_holds_nothing": "A preempted request holds no KV block.",
-    "no_preempt_scheduled": "A request already scheduled in this step is not preempted in it "
+    ArRule.PREEMPTED_HOLDS_NOTHING: "A preempted request holds no KV block and no computed token; "
+    "where the implementation re-admits after preempting (Vidur's Sarathi), the re-admission "
+    "may allocate to it in the same scheduling phase, and between steps it holds nothing.",
+    ArRule.NO_PREEMPT_SCHEDULED: "A request already scheduled in this step is not preempted in it "
     "(vLLM #23347 / #21528: preempting it leaves its tokens in the batch).",
-    "preemption_victim": "The victim is the declared one, among running requests not scheduled "
-    "in this step: the tail of running, i.e. the latest admitted (FCFS), or the lowest "
-    "priority then latest arrival (priority).",
-    "no_admission_after_preemption": "A step that preempted admits no waiting request (vLLM), "
+    ArRule.PREEMPTION_VICTIM: "The victim is the declared one, among running requests not "
+    "scheduled in this step: the tail of running, i.e. the latest admitted (FCFS), or the lowest "
+    "priority then latest arrival (priority); or, where declared (vLLM 0.33's priority "
+    "policy), the lowest priority among all running requests, a scheduled one then "
+    "unscheduled with its tokens returned to the budget.",
+    ArRule.NO_ADMISSION_AFTER_PREEMPTION: "A step that preempted admits no waiting request (vLLM), "
     "unless the implementation declares otherwise.",
-    "soft_preemption": "Under soft preemption (priority-soft) a waiting request never causes "
+    ArRule.SOFT_PREEMPTION: "Under soft preemption (priority-soft) a waiting request never causes "
     "a preemption: a running request is preempted only when the free blocks cannot hold one "
     "more token of some running request not yet scheduled in this step, and a step that "
     "preempted allocates no block to and admits no waiting request. A high-priority arrival "
     "therefore waits for a seat and blocks to free up, and is then admitted ahead of "
     "lower-priority waiting requests (policy_admission).",
     # --- admission order
-    "fcfs_admission": "A waiting request is admitted only from the head of the waiting queue "
+    ArRule.FCFS_ADMISSION: "A waiting request is admitted only from the head of the waiting queue "
     "(submission order; preempted requests at the head).",
-    "waiting_order": "The implementation's waiting queue has the spec's order (FCFS).",
-    "policy_admission": "Under priority / SJF / SRPT / LAS, the admitted request minimises the "
-    "policy key (ties: earliest arrival).",
-    "aging_bound": "Once a waiting request has waited max_wait_steps steps, no other waiting "
+    ArRule.WAITING_ORDER: "The implementation's waiting queue has the spec's order (FCFS).",
+    ArRule.POLICY_ADMISSION: "Under priority / SJF / SRPT / LAS, the admitted request minimises "
+    "the policy key (ties: earliest arrival).",
+    ArRule.AGING_BOUND: "Once a waiting request has waited max_wait_steps steps, no other waiting "
     "request is admitted before it.",
-    "static_batch": "A static-batch scheduler admits only when no request of an earlier batch is "
-    "running (a new batch forms when the previous one is entirely done).",
-    "token_fairness_floor": "Every running request is scheduled at least one token per step "
+    ArRule.STATIC_BATCH: "A static-batch scheduler admits only when no request of an earlier "
+    "batch is running (a new batch forms when the previous one is entirely done).",
+    ArRule.TOKEN_FAIRNESS_FLOOR: "Every running request is scheduled at least one token per step "
     "when the budget holds one token per running request.",
-    "token_fairness_cap": "No request is scheduled more than the per-request token cap in one "
+    ArRule.TOKEN_FAIRNESS_CAP: "No request is scheduled more than the per-request token cap in one "
     "step.",
     # --- end of a request
-    "finish_condition": "A request finishes only when it produced max_tokens (LENGTH) or "
+    ArRule.FINISH_CONDITION: "A request finishes only when it produced max_tokens (LENGTH) or "
     "sampled its end token (STOP), with the matching reason.",
-    "finish_released": "A request whose finish condition holds is finished in the step that "
+    ArRule.FINISH_RELEASED: "A request whose finish condition holds is finished in the step that "
     "produced its last token.",
-    "terminal_holds_nothing": "A finished or aborted request holds no KV block.",
+    ArRule.TERMINAL_HOLDS_NOTHING: "A finished or aborted request holds no KV block.",
     # --- cross-checks
-    "snapshot_matches": "Between steps the implementation's own pool, running set, waiting set "
-    "and computed-token counts equal the abstract state.",
+    ArRule.SNAPSHOT_MATCHES: "Between steps the implementation's own pool, running set, waiting "
+    "set and computed-token counts equal the abstract state.",
+    # --- the harness
+    ArRule.IMPLEMENTATION_ERROR: "The implementation raises nothing but the typed errors of the "
+    "adapter contract (an unexpected exception inside the engine is a finding, named with the "
+    "program that provoked it).",
 }
 
-AR_RULES: MappingProxyType[str, str] = MappingProxyType(_AR_RULES)
+AR_RULES: MappingProxyType[ArRule, str] = MappingProxyType(_AR_RULES)
+
+_missing = [r for r in ArRule if r not in _AR_RULES]
+if _missing:  # pragma: no cover - caught at import by every test
+    raise RuntimeError(f"AR rules without a statement: {_missing}")
 
 
 def describe(rule: str) -> str:
     """The rule's statement in words; KeyError for an unknown rule name."""
-    return AR_RULES[rule]
+    return AR_RULES[ArRule(rule)]

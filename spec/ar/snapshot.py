@@ -17,6 +17,13 @@ class ArSnapshot:
     running: its running requests, in its running order.
     waiting: its waiting requests, in its queue order (FCFS) or any order (other policies).
     num_computed: computed tokens of every running or waiting request.
+
+    Prefix caching (optional; None = not reported, not compared):
+    block_holders: block id -> every request whose block table lists it. When given it
+        replaces `block_owners` (which may then be left empty): a shared block has several.
+    block_refcounts: block id -> the allocator's own reference count (vLLM's `ref_cnt`), for
+        every block with a count > 0; compared with the number of holders (`refcount_matches`).
+    cached_blocks: blocks whose content is cached (hittable), referenced or not.
     """
 
     free_blocks: frozenset[int]
@@ -24,6 +31,15 @@ class ArSnapshot:
     running: tuple[str, ...]
     waiting: tuple[str, ...]
     num_computed: Mapping[str, int]
+    block_holders: Mapping[int, frozenset[str]] | None = None
+    block_refcounts: Mapping[int, int] | None = None
+    cached_blocks: frozenset[int] | None = None
+
+    def holders(self) -> Mapping[int, frozenset[str]]:
+        """Block id -> its holders, from `block_holders` or else `block_owners`."""
+        if self.block_holders is not None:
+            return self.block_holders
+        return {b: frozenset({r}) for b, r in self.block_owners.items()}
 
     def held_blocks(self) -> int:
-        return len(self.block_owners)
+        return len(self.holders())

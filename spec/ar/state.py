@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spec.ar.config import ArConfig, ArRules
 from spec.ar.lifecycles import ArPhase
@@ -43,16 +43,23 @@ class ArState:
     requests: Mapping[str, ArRequestState]
     waiting: tuple[str, ...]  # queue order (head first)
     running: tuple[str, ...]  # order they became running
-    block_owners: Mapping[int, str]
+    block_holders: Mapping[int, frozenset[str]]  # referenced blocks: every request holding it
     step_index: int
     scheduled: Mapping[str, int]  # this step so far
     preempted: tuple[str, ...]  # this step so far
+    cached: Mapping[int, int] = field(default_factory=dict)  # block -> cached content key
+
+    @property
+    def block_owners(self) -> Mapping[int, str]:
+        """One holder per referenced block (the only one unless prefix caching shares it)."""
+        return {b: min(h) for b, h in self.block_holders.items()}
 
     @property
     def free_blocks(self) -> frozenset[int]:
+        """Blocks no request references (cached ones included: they can be allocated)."""
         null = self.config.null_block
         return frozenset(
-            b for b in range(self.config.num_blocks) if b != null and b not in self.block_owners
+            b for b in range(self.config.num_blocks) if b != null and b not in self.block_holders
         )
 
 
@@ -63,7 +70,8 @@ def render(s: ArState) -> str:
         f"({sum(s.scheduled.values())}/{c.max_num_batched_tokens} tokens), "
         f"preempted {list(s.preempted)}",
         f"pool: {len(s.free_blocks)} free of {c.usable_blocks} usable blocks "
-        f"(block_size {c.block_size}{', null block 0' if c.reserve_null_block else ''}); "
+        f"(block_size {c.block_size}{', null block 0' if c.reserve_null_block else ''}"
+        f"{f', {len(s.cached)} cached' if c.enable_prefix_caching else ''}); "
         f"seats {len(s.running)}/{c.max_num_seqs}",
         f"waiting: {list(s.waiting)}",
         f"running: {list(s.running)}",
@@ -74,4 +82,7 @@ def render(s: ArState) -> str:
             f"max_tokens={r.max_tokens} stop_after={r.stop_after} prio={r.priority} "
             f"computed={r.num_computed} outputs={r.num_output} blocks={list(r.blocks)}"
         )
+    shared = {b: sorted(h) for b, h in s.block_holders.items() if len(h) > 1}
+    if shared:
+        lines.append(f"shared blocks (block: holders): {shared}")
     return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""The reference vLLM-v1-style scheduler with prefix caching (`vllm-v1-prefix`).
+
+As `reference.ar.vllm_v1` (its subclass), plus vLLM's automatic prefix caching (decisions read
+for facts in vLLM's `KVCacheManager.get_computed_blocks` / `allocate_slots`, written anew):
+before admitting a waiting request it looks up the longest run of cached full blocks holding
+its prefix, capped so that at least its last known token is computed (the model must produce
+logits to sample from). The request is admitted only if the blocks for this step's chunk beyond
+the hit fit the free blocks, counting hit blocks that are free themselves (a hit takes them off
+the free queue). Then it reports `ArCacheHit`, allocates the rest and schedules the chunk. Full
+blocks become cached as soon as the step that fills them is scheduled; freed blocks stay cached
+until allocated afresh (`reference.ar.base.CachingBlockPool`).
+"""
+
+from __future__ import annotations
+
+from reference.ar.base import ArReq, CachingBlockPool
+from reference.ar.vllm_v1 import VllmV1Scheduler
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig
+from spec.ar.events import ArCacheHit
+from spec.ar.profile import ArConfigSpace, ArProfile
+from spec.implementation import ArImplementation
+
+
+class PrefixCachingVllmV1(VllmV1Scheduler):
+    name = "vllm-v1-prefix"
+
+    def _hit(self, req: ArReq) -> list[int]:
+        """Cached blocks holding the request's prefix: whole blocks, at most known - 1 tokens."""
+        pool = self.pool
+        if not isinstance(pool, CachingBlockPool):
+            return []
+        bs = self.config.block_size
+        most = (req.known - 1) // bs
+        return pool.lookup([req.key(k, bs) for k in range(most)])
+
+    def _take_hit(self, req: ArReq, hit: list[int]) -> None:
+        pool = self.pool
+        assert isinstance(pool, CachingBlockPool)
+        pool.touch(req.rid, hit)
+        req.blocks = list(hit)
+        req.num_computed = len(hit) * self.config.block_size
+        self.sink(ArCacheHit(req.rid, tuple(hit)))
+
+    def _schedule_waiting(self, budget: int) -> None:
+        bs = self.config.block_size
+        while self.waiting and budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            req = self._peek_waiting()
+            hit = self._hit(req)
+            req.num_computed = len(hit) * bs  # tentatively, to size the chunk after the hit
+            n = self._waiting_tokens(req, budget)
+            need = self.config.blocks_for(req.num_computed + n) - len(hit) if n else 0
+            req.num_computed = 0
+            if n is None:
+                break
+            free = self.pool.num_free
+            if isinstance(self.pool, CachingBlockPool):
+                free -= self.pool.newly_referenced(hit)
+            if need > free:
+                break  # admission stops at the first request whose blocks do not fit
+            if hit:
+                self._take_hit(req, hit)
+            self._admit(req)
+            self._grow(req, need)
+            self._emit_scheduled(req, n)
+            budget -= n
+
+
+def make_vllm_v1_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference vLLM-v1 scheduler with prefix caching (when the config enables
+    it; otherwise it is `vllm-v1`)."""
+    return PrefixCachingVllmV1(config, sink)
+
+
+VLLM_V1_PREFIX = ArImplementation(
+    make_vllm_v1_prefix,
+    ArProfile(space=ArConfigSpace(prefix_caching=frozenset({True}))),
+    "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "
+    "blocks; cache hits at admission; eviction on reallocation)",
+)

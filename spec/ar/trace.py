@@ -1,0 +1,328 @@
+"""AR event logs as JSON Lines, read as a stream.
+
+The first non-blank line may be a header naming the family and the configuration (and,
+optionally, the implementation's declared policy):
+
+    {"kind": "config", "family": "ar", "block_size": 16, "num_blocks": 1024, ...,
+     "declared_policy": {"victim": "lowest_priority_any", "full_sequence_admission": true}}
+
+then one event per line, `{"kind": "ar_scheduled", "request_id": "r1", "num_tokens": 8}` (the
+kinds of `spec.ar.events`; tuples as JSON lists, the finish reason as its string). Every field
+is checked for its type: a line that is not a valid event raises
+`spec.trace.TraceFormatError` naming the line — an input error, never a violation. The reader
+holds one line at a time, so a log of any length is read in constant memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
+from spec.ar.profile import ArPolicy
+from spec.errors import ConfigError
+from spec.trace import TraceFormatError
+
+FAMILY = "ar"
+
+# field name -> (JSON type description, checker)
+_INT = "an integer"
+_INTS = "a list of integers"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _field(kind: str, name: str, value: object, line_no: int) -> object:
+    """The Python value of one event field, or a TraceFormatError naming what was wrong."""
+
+    def bad(valid: str) -> TraceFormatError:
+        return TraceFormatError(line_no, f"{kind}.{name}={value!r}: must be {valid}")
+
+    if name == "request_id":
+        if not isinstance(value, str) or not value:
+            raise bad("a non-empty string")
+        return value
+    if name in ("prompt_len", "max_tokens", "num_tokens", "step_index", "priority"):
+        if not _is_int(value):
+            raise bad(_INT)
+        return value
+    if name in ("stop_after", "predicted_len"):
+        if value is not None and not _is_int(value):
+            raise bad(f"{_INT} or null")
+        return value
+    if name in ("blocks", "freed", "prompt"):
+        if value is None and name == "prompt":
+            return None
+        if not isinstance(value, list) or not all(_is_int(b) for b in value):
+            raise bad(_INTS + (" or null" if name == "prompt" else ""))
+        return tuple(value)
+    if name == "reason":
+        try:
+            return ArFinishReason(value)
+        except ValueError:
+            raise bad(f"one of {[r.value for r in ArFinishReason]}") from None
+    raise bad("a known field")  # pragma: no cover - every event field is listed above
+
+
+def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": event.kind}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, ArFinishReason):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def ar_event_from_dict(data: dict[str, Any], line_no: int = 0) -> ArEvent:
+    kind = data.get("kind")
+    cls = AR_EVENT_BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise TraceFormatError(
+            line_no, f"unknown event kind {kind!r}; valid kinds: {sorted(AR_EVENT_BY_KIND)}"
+        )
+    names = {f.name for f in dataclasses.fields(cls)}
+    extra = set(data) - names - {"kind"}
+    if extra:
+        raise TraceFormatError(line_no, f"{kind} event has unknown fields {sorted(extra)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is not dataclasses.MISSING:
+                continue
+            raise TraceFormatError(line_no, f"{kind} event lacks field {f.name!r}")
+        kwargs[f.name] = _field(str(kind), f.name, data[f.name], line_no)
+    return cls(**kwargs)
+
+
+# --- the header -------------------------------------------------------------------------------
+
+_ENUMS: dict[str, type[Any]] = {
+    "admission": AdmissionOrder,
+    "victim": VictimOrder,
+    "policy": Policy,
+}
+
+
+def ar_config_to_dict(config: ArConfig, policy: ArPolicy | None = None) -> dict[str, Any]:
+    """The header line: `{"kind": "config", "family": "ar", <ArConfig fields>
+    [, "declared_policy": <ArPolicy options>]}` (`policy` is ArConfig's own field)."""
+    out: dict[str, Any] = {"kind": "config", "family": FAMILY}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = value.value if isinstance(value, Policy) else value
+    if policy is not None and policy != ArPolicy():
+        out["declared_policy"] = _policy_to_dict(policy)
+    return out
+
+
+def _policy_to_dict(policy: ArPolicy) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if value == f.default:
+            continue
+        if isinstance(value, ArRules):
+            value = {
+                g.name: (v.value if isinstance(v, AdmissionOrder | VictimOrder) else v)
+                for g in dataclasses.fields(value)
+                if (v := getattr(value, g.name)) != g.default
+            }
+        elif isinstance(value, VictimOrder):
+            value = value.value
+        out[f.name] = value
+    return out
+
+
+def _typed_kwargs(cls: type[Any], data: dict[str, Any], where: str, line_no: int) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TraceFormatError(line_no, f"unknown {where} fields {unknown}; valid: {sorted(names)}")
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        enum = _ENUMS.get(k)
+        if enum is not None and v is not None:
+            try:
+                v = enum(v)
+            except ValueError:
+                raise TraceFormatError(
+                    line_no, f"{where}.{k}={v!r}: must be one of {[e.value for e in enum]}"
+                ) from None
+        out[k] = v
+    return out
+
+
+def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfig, ArPolicy]:
+    """The configuration and policy of a header line; a bad field raises `TraceFormatError`
+    naming the line and the field."""
+    body = {k: v for k, v in data.items() if k not in ("kind", "family", "declared_policy")}
+    family = data.get("family", FAMILY)
+    if family != FAMILY:
+        raise TraceFormatError(line_no, f"family={family!r}: an AR trace has family 'ar'")
+    try:
+        config = ArConfig(**_typed_kwargs(ArConfig, body, "config", line_no))
+        policy = ArPolicy()
+        raw = data.get("declared_policy")
+        if raw is not None:
+            if not isinstance(raw, dict):
+                raise TraceFormatError(line_no, "config.declared_policy must be a JSON object")
+            kwargs = _typed_kwargs(ArPolicy, raw, "policy", line_no)
+            rules = kwargs.get("rules")
+            if rules is not None:
+                if not isinstance(rules, dict):
+                    raise TraceFormatError(line_no, "policy.rules must be a JSON object")
+                kwargs["rules"] = ArRules(**_typed_kwargs(ArRules, rules, "rules", line_no))
+            policy = ArPolicy(**kwargs)
+    except ConfigError as err:
+        raise TraceFormatError(line_no, f"bad header: {err}") from None
+    except TypeError as err:  # a wrong type inside ArRules (it does not validate itself)
+        raise TraceFormatError(line_no, f"bad header: {err}") from None
+    return config, policy
+
+
+def write_ar_trace(
+    events: Iterable[ArEvent],
+    out: TextIO,
+    config: ArConfig | None = None,
+    policy: ArPolicy | None = None,
+) -> None:
+    """Write a trace: the header (when `config` is given), then one event per line."""
+    if config is not None:
+        out.write(json.dumps(ar_config_to_dict(config, policy), separators=(",", ":")) + "\n")
+    for e in events:
+        out.write(json.dumps(ar_event_to_dict(e), separators=(",", ":")) + "\n")
+
+
+# --- streaming reader -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ArTraceHeader:
+    config: ArConfig
+    policy: ArPolicy
+    line_no: int
+
+
+class ArTraceReader:
+    """Reads an AR trace one line at a time: `header` (None if the trace has none), then
+    iterate for `(line_no, event)`. Use as a context manager (it holds the file open).
+
+    A file that cannot be read (missing, a directory, not UTF-8) raises `TraceFormatError`;
+    a byte-order mark at the start is skipped.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self._fh: TextIO = open(path, encoding="utf-8-sig")  # noqa: SIM115 - closed in close()
+        except OSError as err:
+            raise TraceFormatError(0, f"cannot read {self.path}: {err.strerror or err}") from None
+        self._line_no = 0
+        self._pending: tuple[int, dict[str, Any]] | None = None
+        self.header: ArTraceHeader | None = None
+        try:
+            first = self._next_object()
+        except BaseException:
+            self.close()
+            raise
+        if first is not None:
+            no, data = first
+            if data.get("kind") == "config":
+                config, policy = ar_config_from_dict(data, no)
+                self.header = ArTraceHeader(config, policy, no)
+            else:
+                self._pending = first
+
+    def _next_object(self) -> tuple[int, dict[str, Any]] | None:
+        while True:
+            try:
+                line = self._fh.readline()
+            except UnicodeDecodeError:
+                raise TraceFormatError(self._line_no + 1, "not UTF-8 text") from None
+            except OSError as err:
+                raise TraceFormatError(
+                    self._line_no + 1, f"cannot read {self.path}: {err.strerror or err}"
+                ) from None
+            if not line:
+                return None
+            self._line_no += 1
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as err:
+                msg = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+                raise TraceFormatError(self._line_no, f"not JSON: {msg}") from None
+            if not isinstance(data, dict):
+                raise TraceFormatError(self._line_no, "each line must be a JSON object")
+            return self._line_no, data
+
+    def __iter__(self) -> Iterator[tuple[int, ArEvent]]:
+        if self._pending is not None:
+            no, data = self._pending
+            self._pending = None
+            yield no, ar_event_from_dict(data, no)
+        while (item := self._next_object()) is not None:
+            no, data = item
+            if data.get("kind") == "config":
+                raise TraceFormatError(no, "the config header must be the first line")
+            yield no, ar_event_from_dict(data, no)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> ArTraceReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def trace_family(path: str | Path) -> str | None:
+    """The `family` of a trace's header line ("ar", "dllm" ...), or None (no header, or a
+    header without the field): for a CLI that dispatches `check-trace` by family."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            for line in fh:
+                if line.strip():
+                    data = json.loads(line)
+                    if isinstance(data, dict) and data.get("kind") == "config":
+                        family = data.get("family")
+                        return family if isinstance(family, str) else None
+                    kind = data.get("kind") if isinstance(data, dict) else None
+                    if isinstance(kind, str) and kind in AR_EVENT_BY_KIND:
+                        return FAMILY
+                    return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return None
+
+
+__all__ = [
+    "FAMILY",
+    "ArTraceHeader",
+    "ArTraceReader",
+    "TraceFormatError",
+    "ar_config_from_dict",
+    "ar_config_to_dict",
+    "ar_event_from_dict",
+    "ar_event_to_dict",
+    "trace_family",
+    "write_ar_trace",
+]

@@ -1,0 +1,213 @@
+"""AR implementation profiles: the policy options are parameters of the rules (each can make a
+run pass that the idealised spec fails, and vice versa), the configuration space bounds the
+strategies, and self-contradicting profiles are refused with a typed error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from properties.ar.strategies import ar_configs_in
+from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.events import (
+    ArBlocksAllocated,
+    ArEvent,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.machine import ArSpecMachine
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.errors import ConfigError, SpecViolation
+from spec.profile import AcceptedDeviation, ConfigOutsideProfile, ProfileError
+
+
+def _rule(config: ArConfig, policy: ArPolicy | None, events: list[ArEvent]) -> str | None:
+    m = ArSpecMachine(config, policy)
+    try:
+        for e in events:
+            m.apply(e)
+            m.check_invariants()
+    except SpecViolation as v:
+        return v.rule
+    return None
+
+
+def test_lone_request_threshold_exemption() -> None:
+    cfg = ArConfig(block_size=4, num_blocks=9, long_prefill_token_threshold=4)
+    alone: list[ArEvent] = [
+        ArSubmitted("a", 8, 2),
+        ArBlocksAllocated("a", (1, 2)),
+        ArScheduled("a", 8),
+    ]
+    exempt = ArPolicy(lone_request_threshold_exempt=True)
+    assert _rule(cfg, None, alone) == "long_prefill_threshold"
+    assert _rule(cfg, exempt, alone) is None
+    # not alone: another request waits, so the threshold binds again
+    crowded = [alone[0], ArSubmitted("b", 2, 2), *alone[1:]]
+    assert _rule(cfg, exempt, crowded) == "long_prefill_threshold"
+
+
+def _priority_steps() -> list[ArEvent]:
+    """a (priority 0) and b (priority 5) run; in step 1 b is scheduled first, then a needs a
+    block: vLLM 0.33 preempts b (the lowest priority among all running), unscheduling it."""
+    return [
+        ArSubmitted("b", 4, 4, priority=5),
+        ArSubmitted("a", 4, 4, priority=0),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArBlocksAllocated("b", (2,)),
+        ArScheduled("b", 4),
+        ArStepEnd(0),
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 1),
+        ArPreempted("b", (2, 3)),
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 1),
+        ArStepEnd(1),
+    ]
+
+
+def test_victim_among_all_running_with_unscheduling() -> None:
+    cfg = ArConfig(
+        block_size=4,
+        num_blocks=4,
+        max_num_batched_tokens=8,
+        max_model_len=8,
+        policy=Policy.PRIORITY,
+    )
+    assert _rule(cfg, None, _priority_steps()) == "no_preempt_scheduled"
+    policy = ArPolicy(victim=VictimOrder.LOWEST_PRIORITY_ANY)
+    m = ArSpecMachine(cfg, policy)
+    m.apply_all(_priority_steps())
+    m.check_invariants(between_steps=True)
+    assert m.state().scheduled == {}  # the new step; b's tokens went back in step 1
+    assert m.request_phase("b") is not None and m.state().requests["b"].num_computed == 0
+    # the victim must still be the lowest priority: preempting a instead is refused
+    wrong = _priority_steps()
+    wrong[9] = ArPreempted("a", (1,))
+    assert _rule(cfg, policy, wrong) == "preemption_victim"
+
+
+def test_full_sequence_admission_gate() -> None:
+    # b holds 2 blocks; a's 6-token prompt needs 3, and its first chunk takes the last 2
+    tight = ArConfig(block_size=2, num_blocks=5, max_num_batched_tokens=8, max_model_len=8)
+    events: list[ArEvent] = [
+        ArSubmitted("b", 4, 1),
+        ArSubmitted("a", 6, 1),
+        ArBlocksAllocated("b", (1, 2)),
+        ArScheduled("b", 4),
+        ArBlocksAllocated("a", (3, 4)),
+        ArScheduled("a", 4),
+    ]
+    gate = ArPolicy(full_sequence_admission=True)
+    assert _rule(tight, None, events) is None  # only the chunk must fit
+    assert _rule(tight, gate, events) == "full_sequence_admission"
+    roomy = tight.replace(num_blocks=6)  # one block more: the whole prompt fits
+    assert _rule(roomy, gate, events) is None
+
+
+def test_watermark() -> None:
+    cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=8, max_model_len=8)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 7, 1),
+        ArBlocksAllocated("a", (1, 2, 3, 4)),
+        ArScheduled("a", 7),
+    ]
+    # 9 usable blocks, 4 taken: 5 stay free
+    assert _rule(cfg, ArPolicy(watermark_fraction=0.6), events) == "admission_watermark"
+    assert _rule(cfg, ArPolicy(watermark_fraction=0.5), events) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"watermark_fraction": 1.5}, "policy.watermark_fraction"),
+        ({"watermark_fraction": True}, "policy.watermark_fraction"),
+        ({"victim": "tail"}, "policy.victim"),
+        ({"full_sequence_admission": 1}, "policy.full_sequence_admission"),
+        ({"admit_after_preemption": "yes"}, "policy.admit_after_preemption"),
+        ({"rules": {}}, "policy.rules"),
+    ],
+)
+def test_bad_policy_is_a_typed_error(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ProfileError) as err:
+        ArPolicy(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_bad_space_and_profile() -> None:
+    with pytest.raises(ProfileError):
+        ArConfigSpace(prefix_caching=frozenset())
+    with pytest.raises(ProfileError):
+        ArConfigSpace(stages=frozenset({0}))
+    with pytest.raises(ProfileError):
+        ArProfile(
+            deviations=(AcceptedDeviation("progress", "a"), AcceptedDeviation("progress", "b"))
+        )
+
+
+def test_config_outside_space_names_the_field() -> None:
+    space = ArConfigSpace(
+        policies=frozenset({Policy.FCFS}),
+        prefix_caching=frozenset({False}),
+        long_prefill_threshold=False,
+        pool_holds_max_model_len=True,
+    )
+    with pytest.raises(ConfigOutsideProfile) as err:
+        space.check(ArConfig(enable_prefix_caching=True))
+    assert err.value.field == "enable_prefix_caching"
+    with pytest.raises(ConfigOutsideProfile) as err:
+        space.check(ArConfig(long_prefill_token_threshold=2))
+    assert err.value.field == "long_prefill_token_threshold"
+    with pytest.raises(ConfigOutsideProfile) as err:
+        space.check(ArConfig(num_blocks=4, max_model_len=32))
+    assert err.value.field == "num_blocks"
+    assert isinstance(err.value, ConfigError)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    config=ar_configs_in(
+        ArConfigSpace(
+            policies=frozenset({Policy.SJF}),
+            block_sizes=frozenset({2}),
+            chunked_prefill=frozenset({True}),
+            prefix_caching=frozenset({True}),
+            null_block=frozenset({True}),
+            long_prefill_threshold=False,
+            pool_holds_max_model_len=True,
+        )
+    )
+)
+def test_strategies_draw_inside_the_space(config: ArConfig) -> None:
+    assert config.policy is Policy.SJF and config.block_size == 2
+    assert config.enable_chunked_prefill and config.enable_prefix_caching
+    assert config.reserve_null_block and config.long_prefill_token_threshold == 0
+    assert config.usable_blocks >= config.max_blocks_per_request
+
+
+def test_policy_overrides_rules() -> None:
+    cfg = ArConfig(policy=Policy.PRIORITY)
+    rules = ArPolicy(victim=VictimOrder.LOWEST_PRIORITY_ANY, admit_after_preemption=True)
+    eff = rules.rules_for(cfg)
+    assert eff.victim is VictimOrder.LOWEST_PRIORITY_ANY and eff.admit_after_preemption
+    assert ArPolicy(rules=ArRules(token_budget=False)).rules_for(cfg).token_budget is False
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_blocks", 10**12),
+        ("block_size", "4"),
+        ("max_num_seqs", -1),
+        ("enable_prefix_caching", 1),
+        ("num_stages", 0),
+        ("max_model_len", 1.5),
+    ],
+)
+def test_config_types_and_bounds(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        ArConfig(**{field: value})  # type: ignore[arg-type]
+    assert err.value.field == field
