@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import settings
+from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine
 
 from properties.verify import Failure, failure_from, run_machine
@@ -57,6 +58,21 @@ class CampaignResult:
         return not self.failures
 
 
+def _quiet_teardown(machine: type[RuleBasedStateMachine]) -> Any:
+    """A teardown that does not reject: Hypothesis runs teardown in a `finally`, also after it
+    stopped an example (data overrun), when `reject()` can no longer mark the example invalid
+    (`Frozen`). An ignored rule hit at teardown is still counted in `ignored_hits`; the example
+    simply ends there."""
+
+    def teardown(self: RuleBasedStateMachine) -> None:
+        try:
+            machine.teardown(self)
+        except UnsatisfiedAssumption:
+            return
+
+    return teardown
+
+
 def _rule_of(err: BaseException) -> str | None:
     rule = getattr(err, "rule", None)
     return str(rule) if rule is not None else None
@@ -92,6 +108,7 @@ def run_campaign(
         attrs: dict[str, Any] = {
             "ignored_rules": frozenset(ignored),
             "ignored_hits": run_hits,
+            "teardown": _quiet_teardown(machine),
         }
         cls = type(machine.__name__, (machine,), attrs)
         cls.__qualname__ = machine.__qualname__

@@ -1,11 +1,11 @@
 """`schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]`.
 
-Checks a recorded event log (JSON Lines) against the spec of its family. The family is read from
-the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without `family`
-is a dLLM header), else from `--family` (default dllm). The configuration is the header's; a
-trace without a header needs `--config`. Given both, they must agree: a conflicting `--config`
-is an input error, never a silent override. A log that ends with work still running is a
-warning (exit 0), or with `--require-idle` a failure (exit 1).
+Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
+from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
+`family` is a dLLM header), else from the first event's kind, else from `--family` (default
+dllm). The configuration is the header's; a trace without a header needs `--config`. Given both,
+they must agree: a conflicting `--config` is an input error, never a silent override. A log that
+ends with work still running is a warning (exit 0), or with `--require-idle` a failure (exit 1).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedspec_cli.loader import module_available
 from schedspec_cli.typecheck import fields_problem
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
@@ -50,15 +49,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Header:
     line: int
     data: dict[str, Any] | None  # None: no header line
+    first_event: Family | None = None  # without a header: the family of the first event's kind
 
     @property
     def family(self) -> Family | None:
         if self.data is None:
-            return None
+            return self.first_event
         kind = str(self.data.get("kind", ""))
         if kind == "ar_config":
             return Family.AR
         return Family.parse(str(self.data.get("family", "dllm")))
+
+
+def _event_family(data: object) -> Family | None:
+    from spec.ar.events import AR_EVENT_BY_KIND
+    from spec.events import EVENT_BY_KIND
+
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind in AR_EVENT_BY_KIND:
+        return Family.AR
+    if kind in EVENT_BY_KIND:
+        return Family.DLLM
+    return None
 
 
 def read_text_file(path: str, flag: str) -> str:
@@ -107,7 +119,7 @@ def sniff_header(path: str) -> Header:
             return Header(no, None)  # the checker reports the line
         if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
             return Header(no, data)
-        return Header(no, None)
+        return Header(no, None, _event_family(data))
     return Header(0, None)
 
 
@@ -201,44 +213,21 @@ def _check_event_types(path: str) -> None:
 
 
 def _check_ar(args: argparse.Namespace, header: Header, given: dict[str, Any] | None) -> int:
-    if not module_available("properties.ar.trace_check"):
-        raise ConfigError("file", args.file, "a dLLM trace: AR trace checking is not in this build")
-    from importlib import import_module
-
-    from spec.ar.config import ArConfig
-
-    check_ar_trace = import_module("properties.ar.trace_check").check_ar_trace
-
-    def ar_config(data: dict[str, Any], where: str) -> ArConfig:
-        body = {k: v for k, v in data.items() if k not in ("kind", "family")}
-        try:
-            return ArConfig(**body)
-        except SchedSpecError:
-            raise
-        except TypeError as err:
-            raise ConfigError(where, json.dumps(data)[:80], f"ArConfig fields ({err})") from None
+    from properties.ar.trace_check import check_ar_trace
+    from spec.ar.trace import ar_config_from_dict
 
     config = None
-    if header.data is not None:
-        if given is not None and ar_config(given, "config") != ar_config(
-            header.data, f"{args.file}:{header.line}"
-        ):
-            raise ConfigError(
-                "config",
-                args.config,
-                f"the trace header's configuration (line {header.line}) or no --config: they "
-                "disagree",
-            )
-    else:
-        config = ar_config(given or {}, "config")
-    res = check_ar_trace(args.file, config)
-    violation = getattr(res, "violation", None)
-    if violation is not None:
-        print(f"FAIL {args.file}:{getattr(res, 'line', '?')}: {violation}")
+    if given is not None:
+        try:
+            config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
+        except SchedSpecError as err:
+            raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
+    res = check_ar_trace(args.file, config)  # refuses a --config that contradicts the header
+    if res.violation is not None:
+        where = res.line if res.line is not None else "end"
+        print(f"FAIL {args.file}:{where}: {res.violation}")
         return 1
-    steps = getattr(res, "steps", None)
-    idle = bool(getattr(res, "idle_at_end", True))
-    return _finish(args, int(getattr(res, "events", 0)), f"{steps} steps", idle)
+    return _finish(args, res.events, f"{res.steps} steps", res.idle_at_end)
 
 
 def _finish(args: argparse.Namespace, events: int, periods: str, idle: bool) -> int:

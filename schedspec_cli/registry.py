@@ -95,6 +95,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "vLLM v1's scheduler decision rules, re-implemented in plain Python",
     ),
     _ar(
+        "vllm-v1-prefix",
+        (
+            "reference.ar.prefix_cache:VLLM_V1_PREFIX",
+            "reference.ar.prefix_cache:make_vllm_v1_prefix",
+        ),
+        "vLLM v1's decision rules with prefix caching (shared, reference-counted blocks)",
+    ),
+    _ar(
         "vidur-vllm",
         ("reference.ar.vidur:VIDUR_VLLM", "reference.ar.vidur:make_vidur_vllm"),
         "Vidur's vLLM replica scheduler, re-implemented",
