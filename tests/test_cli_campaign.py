@@ -20,7 +20,7 @@ def test_a_campaign_reports_every_distinct_rule(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, report = tmp_path / "c.json", tmp_path / "report"
-    argv = ["verify", "--impl", BROKEN, "--examples", "30", "--keep-going"]
+    argv = ["verify", "--impl", BROKEN, "--examples", "15", "--keep-going"]
     assert main([*argv, "--json", str(out), "--report", str(report)]) == 1
     table = capsys.readouterr().out
     data = json.loads(out.read_text())
@@ -43,7 +43,7 @@ def test_accepted_deviations_are_reported_not_failed(
     accept = tmp_path / "accept.txt"
     accept.write_text("# known\nwhole_block_rows: our prefill feeds partial prompt blocks\n")
     out = tmp_path / "a.json"
-    argv = ["verify", "--impl", BROKEN, "--examples", "30", "--accept", str(accept)]
+    argv = ["verify", "--impl", BROKEN, "--examples", "15", "--accept", str(accept)]
     assert main([*argv, "--json", str(out)]) == 1
     data = json.loads(out.read_text())
     assert "whole_block_rows" not in data["rules"] and data["rules"], data["rules"]
