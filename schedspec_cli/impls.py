@@ -110,20 +110,36 @@ def resolve_builtin(builtin: Builtin) -> Resolved:
 def profile_summary(impl: Implementation) -> str:
     """The profile's departures from the idealised spec, in one line ('idealised spec' if none)."""
     profile = impl.profile
-    default = type(profile)()
     parts: list[str] = []
     for part in ("space", "policy"):
-        mine, base = getattr(profile, part, None), getattr(default, part, None)
-        if mine is None or base is None or not dataclasses.is_dataclass(mine):
-            continue
-        for f in dataclasses.fields(mine):
-            value, expected = getattr(mine, f.name), getattr(base, f.name)
-            if value != expected:
-                parts.append(f"{f.name}={_short(value)}")
+        mine: Any = getattr(profile, part, None)
+        if mine is not None and dataclasses.is_dataclass(mine):
+            kind: Any = type(mine)
+            parts += _changes(mine, kind(), "")
     deviations = getattr(profile, "deviations", ())
     if deviations:
-        parts.append("accepts " + ", ".join(d.rule for d in deviations))
+        parts.append("accepts " + ", ".join(str(d.rule) for d in deviations))
     return "; ".join(parts) if parts else "idealised spec"
+
+
+def _changes(mine: Any, base: Any, prefix: str) -> list[str]:
+    """`field=value` for every field of dataclass `mine` that differs from `base` (nested
+    dataclasses by their own changed fields)."""
+    out: list[str] = []
+    for f in dataclasses.fields(mine):
+        value, expected = getattr(mine, f.name), getattr(base, f.name, None)
+        if value == expected:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            try:
+                default = type(value)()
+            except TypeError:
+                default = None
+            if default is not None:
+                out += _changes(value, default, f"{prefix}{f.name}.")
+                continue
+        out.append(f"{prefix}{f.name}={_short(value)}")
+    return out
 
 
 def _short(value: object) -> str:

@@ -91,6 +91,12 @@ def cmd_install_engines(argv: list[str]) -> int:
 
 
 def _simulate(argv: list[str]) -> int:
+    from schedspec_cli.output import check_output_path
+
+    # output paths are checked before any simulation runs (the flags are the simulator's)
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--json", "--trace", "--plots"):
+            check_output_path(arg, argv[i + 1], directory=arg == "--plots")
     main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
         "reference.sim.cli:simulate_main", "simulate"
     )

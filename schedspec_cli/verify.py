@@ -19,6 +19,7 @@ from schedspec_cli.args import MAX_EXAMPLES, positive
 from schedspec_cli.impls import NotAnAdapter, Resolved, profile_summary, resolve
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
+from schedspec_cli.registry import ParityPolicy
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation
@@ -146,11 +147,8 @@ def run(args: argparse.Namespace) -> int:
     source = args.accept or ""
     results: list[VerifyResult] = []
     for t in p.targets:
-        parity = t.builtin.parity if t.builtin is not None else args.parity
-        if t.family is Family.AR:
-            parity = "never"
-        elif args.parity != "always":
-            parity = args.parity  # an explicit weaker choice wins
+        # batch parity by default for every dLLM implementation, built-in or module:attribute
+        parity: ParityPolicy = "never" if t.family is Family.AR else args.parity
         bar = Progress(f"verify {t.name}")
         res = verify_implementation(
             t.name,

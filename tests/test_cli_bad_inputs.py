@@ -190,6 +190,8 @@ def cases() -> list[tuple[str, list[str]]]:
         ("simulate-bogus", ["simulate", "warp"]),
         ("simulate-flag", ["simulate", "sbs", "--no-such-flag", "1"]),
         ("simulate-requests-neg", ["simulate", "dllm", "--requests", "-1"]),
+        ("simulate-json-dir", ["simulate", "sbs", "--json", "{dir}"]),
+        ("simulate-plots-file", ["simulate", "sbs", "--plots", "{empty}"]),
         ("install-engines-bogus", ["install-engines", "tensorrt"]),
     ]
     return c
