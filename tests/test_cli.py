@@ -125,7 +125,8 @@ def test_install_engines_dispatches_lazily(
         cli, "load_object", lambda target, flag: lambda argv: seen.append(argv) or 0
     )
     assert main(["install-engines", "vidur"]) == 0
-    assert seen == [["vidur"]]
+    assert main(["install-engines"]) == 0  # all
+    assert seen == [["vidur"], []]
     monkeypatch.setattr(cli, "module_available", lambda name: False)
     assert main(["install-engines", "vllm"]) == 2
     assert "integrations.install" in out_err(capsys)[1]
