@@ -14,6 +14,7 @@ from schedspec_cli.registry import Builtin
 from spec.implementation import Family
 
 
+@pytest.mark.timeout(3600)  # a hang guard: the whole main job, slower on a loaded machine
 def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     code = mj.main_job(str(tmp_path), examples=5, parity_prompts=1, parity_tokens=8)
     out = capsys.readouterr().out
