@@ -21,7 +21,10 @@ How a family subclasses it (the dLLM `properties.conformance.conformance_machine
 example; the AR machine follows the same pattern):
 
 1. subclass `ConformanceBase[MyHarness]` inside a builder function, set `counter` (a
-   `StepCounter`), `ignored_rules` and a fresh `ignored_hits = {}`;
+   `StepCounter`), `ignored_rules`, a fresh `ignored_hits = {}` and `order_rule` (the rule an
+   unchecked round/step end breaks: "round_order" for dLLM, "step_order" for AR); the harness
+   subclasses `properties.replay.ReplayHarness` (its `abort` and `drain` are what the shared
+   rules call);
 2. write an `@initialize` rule `configure` that sets `self.h` via `self.build(lambda: ...)`;
 3. write the family's own rules (submit, round/step ...) whose bodies call harness operations
    through `self.run("what", operation, *args)`; new requests go to the `requests` bundle
@@ -163,8 +166,8 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         # Hypothesis runs teardown after a failing step too: do not mask that failure.
         if self.h is None or self.h.violation is not None:
             return
-        self.run("drain", self.harness.drain)
-        try:
+        try:  # the final drain is not a generated step: not counted
+            self.harness.guarded("drain", self.harness.drain)
             self.teardown_checks()
         except SpecViolation as v:
             self._ignore(v)

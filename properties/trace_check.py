@@ -1,8 +1,12 @@
 """Check a recorded event log (JSON Lines) against the spec, e.g. one written by a foreign engine.
 
 The trace may start with a config header line (`{"kind": "config", ...}`); otherwise the config
-is given by the caller. Events are replayed in order; the first violation is reported with its
-line number. At the end, a trace that left work running is reported as incomplete, not failed.
+is given by the caller. When both are given they must agree (the header is what the engine ran
+with; a different `config` is refused, never silently preferred). Events are streamed and
+replayed in order with the incremental invariant check (cost per event ~ what it changed, so a
+log of any length checks in linear time and bounded memory); the first violation is reported
+with its line number. At the end, a trace that left work running is reported as incomplete, not
+failed.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from pathlib import Path
 from spec.config import DllmConfig
 from spec.errors import ConfigError, SpecViolation
 from spec.machine import SpecMachine
-from spec.trace import read_trace
+from spec.profile import DllmPolicy
+from spec.trace import iter_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,20 +35,43 @@ class TraceResult:
         return self.violation is None
 
 
-def check_trace(path: str | Path, config: DllmConfig | None = None) -> TraceResult:
-    header, events = read_trace(path)
-    cfg = config or header
-    if cfg is None:
-        raise ConfigError(
-            "config",
-            None,
-            'the trace has no {"kind": "config", ...} header line: pass --config PATH',
-        )
-    machine = SpecMachine(cfg)
-    for count, (line, event) in enumerate(events):
+def check_trace(
+    path: str | Path, config: DllmConfig | None = None, policy: DllmPolicy | None = None
+) -> TraceResult:
+    """Replay the trace at `path` into a `SpecMachine`; `policy` is the engine's declared one."""
+    machine: SpecMachine | None = None
+    count = 0
+    for line, item in iter_trace(path):
+        if isinstance(item, DllmConfig):
+            if config is not None and config != item:
+                raise ConfigError(
+                    "config",
+                    config,
+                    f"the trace's own header (line {line}) says {item}; omit --config or pass "
+                    f"the same configuration",
+                )
+            config = item
+            continue
+        if machine is None:
+            if config is None:
+                raise ConfigError(
+                    "config",
+                    None,
+                    'the trace has no {"kind": "config", ...} header line: pass --config PATH',
+                )
+            machine = SpecMachine(config, policy, retain_finished=False)
         try:
-            machine.apply(event)
-            machine.check_invariants()
+            machine.apply(item)
+            machine.check_changed()
         except SpecViolation as v:
             return TraceResult(str(path), count, machine.round_index, v, line, False)
-    return TraceResult(str(path), len(events), machine.round_index, None, None, machine.is_idle())
+        count += 1
+    if machine is None:
+        if config is None:
+            raise ConfigError(
+                "config",
+                None,
+                'the trace has no {"kind": "config", ...} header line: pass --config PATH',
+            )
+        machine = SpecMachine(config, policy)
+    return TraceResult(str(path), count, machine.round_index, None, None, machine.is_idle())

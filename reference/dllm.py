@@ -19,6 +19,7 @@ overriding one method.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from reference.kv_pool import PagedKvPool, RequestPool
@@ -73,8 +74,16 @@ class ReferenceDllmScheduler:
     """Implements `spec.adapter.SchedulerAdapter`."""
 
     def __init__(
-        self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None
+        self,
+        config: DllmConfig,
+        sink: EventSink,
+        oracle: DenoiseOracle | None = None,
+        *,
+        id_memory: int | None = None,
     ) -> None:
+        """id_memory: remember only the ids of the last `id_memory` finished or aborted
+        requests for duplicate detection (a long-lived server's bounded state); None remembers
+        every id, as the spec's `unique_submission` asks of a checked run."""
         self._config = config
         self.sink = sink
         self.oracle: DenoiseOracle = oracle or AlgorithmOracle.named(
@@ -85,6 +94,8 @@ class ReferenceDllmScheduler:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []  # admission order
         self.seen: set[str] = set()
+        self.id_memory = id_memory
+        self._retired: deque[str] = deque()
         self.reserved_pages = 0
         self.round_index = 0
         # outputs finished since the last `collect_outputs` (handed out, then forgotten: bounded)
@@ -107,12 +118,14 @@ class ReferenceDllmScheduler:
         for req in self.waiting:
             if req.rid == request_id:
                 self.waiting.remove(req)
+                self._retire(request_id)
                 self.sink(Aborted(request_id))
                 return
         for req in self.running:
             if req.rid == request_id:
                 self._release(req)
                 self.running.remove(req)
+                self._retire(request_id)
                 self.sink(Aborted(request_id))
                 return
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
@@ -135,6 +148,14 @@ class ReferenceDllmScheduler:
             raise SchedulerStalled(
                 max_rounds, f"{len(self.waiting)} waiting, {len(self.running)} running"
             )
+
+    def _retire(self, request_id: str) -> None:
+        """A request left for good: with `id_memory`, forget the oldest remembered ids."""
+        if self.id_memory is None:
+            return
+        self._retired.append(request_id)
+        while len(self._retired) > self.id_memory:
+            self.seen.discard(self._retired.popleft())
 
     def collect_outputs(self) -> dict[str, FinishedOutput]:
         """Outputs of the requests finished since the previous call (see `ReportsOutputs`)."""
@@ -310,6 +331,7 @@ class ReferenceDllmScheduler:
         if eos is not None and eos in gen:
             gen = gen[: gen.index(eos) + 1]
         self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
+        self._retire(req.rid)
         self.sink(Finished(req.rid, reason))
 
     def _release(self, req: _Req) -> None:

@@ -2,7 +2,7 @@
 protocol. Standard library only; `mypy --strict` clean; ships `py.typed`.
 """
 
-from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
+from spec.adapter import EventSink, ImplementationFactory, ReportsOutputs, SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestShape, RequestSpec, request_shape, validate_request
 from spec.errors import (
     ConfigError,
@@ -29,15 +29,18 @@ from spec.events import (
     ForwardRow,
     KvAllocated,
     KvFreed,
+    RowAcquired,
     RowReleased,
     StepResult,
     Submitted,
 )
 from spec.lifecycles import BlockPhase, RequestPhase
 from spec.machine import SpecMachine, finish_condition, initial_masks, request_output
+from spec.machine_base import MachineBase
 from spec.parity import LeakReport, Mismatch, compare_outputs, leak_report
-from spec.rules import RULES
-from spec.snapshot import Snapshot
+from spec.reconstruct import PoolView, reconstruct
+from spec.rules import RULES, Rule
+from spec.snapshot import FinishedOutput, Snapshot
 
 __all__ = [
     "RULES",
@@ -54,6 +57,7 @@ __all__ = [
     "EventSink",
     "FinishReason",
     "Finished",
+    "FinishedOutput",
     "Forward",
     "ForwardRow",
     "ImplementationFactory",
@@ -61,15 +65,20 @@ __all__ = [
     "KvAllocated",
     "KvFreed",
     "LeakReport",
+    "MachineBase",
     "Mismatch",
     "Mode",
+    "PoolView",
     "PromptTooLong",
+    "ReportsOutputs",
     "RequestError",
     "RequestPhase",
     "RequestShape",
     "RequestSpec",
     "RequestTooLarge",
+    "RowAcquired",
     "RowReleased",
+    "Rule",
     "SchedSpecError",
     "SchedulerAdapter",
     "SchedulerStalled",
@@ -83,6 +92,7 @@ __all__ = [
     "finish_condition",
     "initial_masks",
     "leak_report",
+    "reconstruct",
     "request_output",
     "request_shape",
     "validate_request",

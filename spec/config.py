@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from dataclasses import dataclass
 
 from spec.errors import (
@@ -35,9 +36,36 @@ class Mode(enum.Enum):
             raise ConfigError("mode", value, "one of 'sync', 'fdfo'") from None
 
 
-def _positive(field: str, value: int) -> None:
+# Sizes are token/slot indices, int32 in every engine's index tensors.
+MAX_SIZE = 2**31 - 1
+# What the spec machine and the reference keep per KV slot (owner table entry, free-set and
+# snapshot entries), in bytes: the basis of the memory estimate that refuses absurd pools.
+BYTES_PER_SLOT = 100
+BYTES_PER_ROW_TOKEN = 8
+
+
+def _positive(field: str, value: int, limit: int | None = MAX_SIZE) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(field, value, "must be an integer >= 1")
+    if limit is not None and value > limit:
+        raise ConfigError(field, value, f"must be an integer >= 1 and <= {limit}")
+
+
+def _token_id(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_SIZE:
+        raise ConfigError(field, value, f"must be an integer token id in [-{MAX_SIZE}, {MAX_SIZE}]")
+
+
+def machine_memory_bytes() -> int | None:
+    """Physical memory of this machine, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +105,9 @@ class DllmConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "page_size", "kv_pages", "req_pool_rows"):
+        for name in ("block_size", "page_size", "req_pool_rows"):
             _positive(name, getattr(self, name))
+        _positive("kv_pages", self.kv_pages, limit=None)  # bounded by the memory estimate
         _positive("max_running_requests", self.max_running_requests)
         _positive("max_context", self.max_context)
         if self.page_size % self.block_size != 0:
@@ -114,6 +143,44 @@ class DllmConfig:
                 True,
                 "only meaningful under mode='fdfo' (sync already loops until all blocks are "
                 "done); set reloop=False or mode='fdfo'",
+            )
+        _token_id("mask_token_id", self.mask_token_id)
+        if self.eos_token_id is not None:
+            _token_id("eos_token_id", self.eos_token_id)
+            if self.eos_token_id == self.mask_token_id:
+                raise ConfigError(
+                    "eos_token_id",
+                    self.eos_token_id,
+                    f"must differ from mask_token_id={self.mask_token_id} (a masked position "
+                    f"would read as end of sequence), or be None",
+                )
+        self._check_memory()
+
+    def memory_estimate(self) -> int:
+        """Bytes the spec machine and the reference need for these pools (an estimate)."""
+        return (
+            self.kv_pages * self.page_size * BYTES_PER_SLOT
+            + self.req_pool_rows * self.max_context * BYTES_PER_ROW_TOKEN
+        )
+
+    def _check_memory(self) -> None:
+        need = self.memory_estimate()
+        have = machine_memory_bytes()
+        if have is not None and need > have:
+            raise ConfigError(
+                "kv_pages",
+                self.kv_pages,
+                f"these pools need about {_gib(need)} ({self.kv_pages * self.page_size} KV "
+                f"slots x {BYTES_PER_SLOT} B + {self.req_pool_rows} rows x {self.max_context} "
+                f"tokens x {BYTES_PER_ROW_TOKEN} B) but this machine has {_gib(have)}: "
+                f"use fewer pages",
+            )
+        if self.kv_pages * self.page_size > MAX_SIZE:
+            raise ConfigError(
+                "kv_pages",
+                self.kv_pages,
+                f"kv_pages * page_size = {self.kv_pages * self.page_size} slots exceeds "
+                f"{MAX_SIZE} (int32 slot indices)",
             )
 
     @property

@@ -30,9 +30,11 @@ Modelling choices (stated so they can be argued with):
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
   An adapter that reports what it returns to its clients (`collect_outputs`, optional) is held
   to it after every round (`reported_output`): the tokens and the reason of its `Finished` event.
-- A running request holds its row from admission to the end, except that FDFO without in-place
-  reuse may give the row of a carried (unfinished) block back at the end of a round and take
-  one again with `RowAcquired` in the next round's scheduler phase.
+- A running request holds its row from admission to the end; one that gives it back in the
+  scheduler phase takes one again (`RowAcquired`) before the round's first forward. With
+  `DllmPolicy.rows_released_between_rounds`, FDFO without in-place reuse may also give the row
+  of a carried (unfinished) block back at the end of a round, with its KV, and take one again
+  in the next round.
 - Deliberate engine choices are profile options (`spec/profile.py`), each a parameter of the
   rules: `DllmPolicy.admission = PREFILL_FIRST` (SGLang 0.5.23's dLLM batches are prefill-only
   or decode-only and prefill goes first: rule `prefill_first`), `DllmPolicy.work_conserving`

@@ -11,7 +11,6 @@ The machine is deliberately direct: each guard is a few lines that read like the
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -50,6 +49,7 @@ from spec.snapshot import FinishedOutput, Snapshot
 from spec.state import (
     ACTIVE_PHASES,
     CARRIED_BLOCK_PHASES,
+    TERMINAL_PHASES,
     UNFINISHED_BLOCK_PHASES,
     AbstractState,
     BlockState,
@@ -93,6 +93,9 @@ class _Round:
     admitted: int = 0
 
 
+_FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
+
+
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
     """Mask tokens in block `block_index` before any step: its positions past the prompt."""
     b = config.block_size
@@ -127,14 +130,29 @@ class SpecMachine(MachineBase[Event, Rule]):
     default is the idealised spec.
     """
 
-    def __init__(self, config: DllmConfig, policy: DllmPolicy | None = None) -> None:
+    def __init__(
+        self, config: DllmConfig, policy: DllmPolicy | None = None, *, retain_finished: bool = True
+    ) -> None:
+        """retain_finished=False (trace checking): a finished or aborted request keeps only its
+        id and phase, so a long log checks in memory that does not grow with tokens; its output
+        is then no longer available (`outputs`, `check_outputs`)."""
         super().__init__()
         self.config = config
         self.policy = policy if policy is not None else DllmPolicy()
-        self._queue: list[str] = []
+        self.retain_finished = retain_finished
+        # waiting queue as an ordered set (O(1) head, removal and membership)
+        self._queue: dict[str, None] = {}
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, SlotOwner] = {}
         self._rows: dict[int, str] = {}
+        # Indexes kept in step with the tables above, so every guard and the incremental
+        # invariant check cost what an event touches, not the size of the whole state.
+        self._running: dict[str, _Request] = {}  # active (admitted or running), admission order
+        self._blocks: dict[str, dict[int, set[int]]] = {}  # request -> block -> owned slots
+        self._claimed_pages = 0  # worst-case pages of the active requests
+        self._dirty: dict[str, None] = {}  # requests touched since the last check
+        self._dirty_rows: set[int] = set()
+        self._dirty_blocks: set[SlotOwner] = set()  # (request, block) whose slots changed
         self._round = _Round()
         self._unreported: dict[str, None] = {}  # finished, output not yet reported (in order)
 
@@ -183,9 +201,7 @@ class SpecMachine(MachineBase[Event, Rule]):
 
     def is_idle(self) -> bool:
         """No queued and no running request."""
-        return not self._queue and not any(
-            r.phase in ACTIVE_PHASES for r in self._requests.values()
-        )
+        return not self._queue and not self._running
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """Output of every finished request (see `request_output`)."""
@@ -226,7 +242,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         except RequestError as err:
             raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
         self._requests[e.request_id] = _Request(e.request_id, tuple(e.prompt), e.max_new_tokens)
-        self._queue.append(e.request_id)
+        self._queue[e.request_id] = None
+        self._dirty[e.request_id] = None
 
     def _aborted(self, e: Aborted) -> None:
         r = self._requests.get(e.request_id)
@@ -243,15 +260,51 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         self._require_owns_nothing(r, e)
-        if r.phase is RequestPhase.QUEUED:
-            self._queue.remove(r.request_id)
-        r.phase = RequestPhase.ABORTED
+        self._queue.pop(r.request_id, None)
+        self._set_phase(r, RequestPhase.ABORTED)
         r.current = None
 
+    # --- indexes ------------------------------------------------------------------
+    def _set_phase(self, r: _Request, phase: RequestPhase) -> None:
+        """Change a request's phase, keeping the active index and claimed pages in step."""
+        was, now = r.phase in ACTIVE_PHASES, phase in ACTIVE_PHASES
+        r.phase = phase
+        self._dirty[r.request_id] = None
+        if now and not was:
+            self._running[r.request_id] = r
+            self._claimed_pages += self._pages(r)
+        elif was and not now:
+            del self._running[r.request_id]
+            self._claimed_pages -= self._pages(r)
+        if not self.retain_finished and phase in TERMINAL_PHASES:
+            r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
+
+    def _pages(self, r: _Request) -> int:
+        return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
+
+    def _own(self, slot: int, owner: SlotOwner) -> None:
+        self._owner[slot] = owner
+        self._blocks.setdefault(owner[0], {}).setdefault(owner[1], set()).add(slot)
+        self._dirty_blocks.add(owner)
+
+    def _disown(self, slot: int) -> None:
+        rid, block = self._owner.pop(slot)
+        self._dirty_blocks.add((rid, block))
+        blocks = self._blocks[rid]
+        blocks[block].discard(slot)
+        if not blocks[block]:
+            del blocks[block]
+        if not blocks:
+            del self._blocks[rid]
+
+    def _queue_head(self) -> str | None:
+        return next(iter(self._queue), None)
+
     def _require_owns_nothing(self, r: _Request, e: Event) -> None:
-        owned = sorted(s for s, o in self._owner.items() if o[0] == r.request_id)
+        by_block = self._blocks.get(r.request_id, {})
+        owned = sorted(s for slots in by_block.values() for s in slots)
         if owned:
-            blocks = sorted({self._owner[s][1] for s in owned})
+            blocks = sorted(by_block)
             raise self._fail(
                 Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still owning {len(owned)} KV slots "
@@ -273,14 +326,16 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(Rule.LIFECYCLE, f"admission of {e.request_id!r}, which is {phase}", e)
         if self._round.forwards:
             raise self._fail(Rule.SCHEDULER_PHASE, "admission after the round's first forward", e)
-        if self._queue[0] != e.request_id:
+        head = self._queue_head()
+        if head != e.request_id:
+            ahead = list(self._queue)[:8]
             raise self._fail(
                 Rule.FCFS_ADMISSION,
-                f"admitted {e.request_id!r} while {self._queue[0]!r} is ahead of it "
-                f"(queue {self._queue})",
+                f"admitted {e.request_id!r} while {head!r} is ahead of it (queue {ahead}"
+                f"{' ...' if len(self._queue) > 8 else ''})",
                 e,
             )
-        running = sum(1 for x in self._requests.values() if x.phase in ACTIVE_PHASES)
+        running = len(self._running)
         if running >= self.config.max_running_requests:
             raise self._fail(
                 Rule.MAX_RUNNING,
@@ -289,8 +344,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         self._take_row(r, e.row, e)
-        self._queue.pop(0)
-        r.phase = RequestPhase.ADMITTED
+        del self._queue[e.request_id]
+        self._set_phase(r, RequestPhase.ADMITTED)
         self._round.admitted += 1
 
     def _row_acquired(self, e: RowAcquired) -> None:
@@ -320,6 +375,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         self._rows[row] = r.request_id
         r.row = row
+        self._dirty[r.request_id] = None
+        self._dirty_rows.add(row)
 
     def _kv_allocated(self, e: KvAllocated) -> None:
         cfg = self.config
@@ -375,9 +432,10 @@ class SpecMachine(MachineBase[Event, Rule]):
             if target is None:  # pragma: no cover - ADMITTED always allows it
                 raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot allocate", e)
             r.current = _Block(e.block_index, BlockPhase.MASKED, tuple(e.slots), self._round.index)
-            r.phase = RequestPhase(target)
+            self._set_phase(r, RequestPhase(target))
         for s in e.slots:
-            self._owner[s] = (r.request_id, e.block_index)
+            self._own(s, (r.request_id, e.block_index))
+        self._dirty[r.request_id] = None
 
     def _check_page_alignment(self, r: _Request, e: KvAllocated) -> None:
         cfg = self.config
@@ -514,12 +572,13 @@ class SpecMachine(MachineBase[Event, Rule]):
 
     def _check_prefix(self, r: _Request, e: Event) -> None:
         b = self.config.block_size
-        counts = Counter(o[1] for o in self._owner.values() if o[0] == r.request_id)
+        by_block = self._blocks.get(r.request_id, {})
         for k in range(r.committed_blocks):
-            if counts.get(k, 0) != b:
+            held = len(by_block.get(k, ()))
+            if held != b:
                 raise self._fail(
                     Rule.COMMITTED_PREFIX_KEPT,
-                    f"committed block {k} of {r.request_id!r} holds {counts.get(k, 0)} of its "
+                    f"committed block {k} of {r.request_id!r} holds {held} of its "
                     f"{b} KV slots while the request is still active",
                     e,
                 )
@@ -572,6 +631,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             self._round.newly_done_in_last_forward = True
         cur.phase = BlockPhase(target)
         cur.masks = e.masks_remaining
+        self._dirty[r.request_id] = None
         del self._round.pending[key]
 
     # --- completion ---------------------------------------------------------------
@@ -618,7 +678,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         r.tokens.extend(e.tokens)
         r.committed_blocks += 1
         r.current = None
-        r.phase = RequestPhase(target)
+        self._set_phase(r, RequestPhase(target))
         self._round.committed += 1
 
     def _kv_freed(self, e: KvFreed) -> None:
@@ -637,9 +697,9 @@ class SpecMachine(MachineBase[Event, Rule]):
                     e,
                 )
         freed = set(e.slots)
+        by_block = self._blocks.get(e.request_id, {})
         for block in {self._owner[s][1] for s in e.slots}:
-            rest = [s for s, o in self._owner.items() if o == (e.request_id, block)]
-            if not freed.issuperset(rest):
+            if not freed.issuperset(by_block.get(block, ())):
                 raise self._fail(
                     Rule.FREE_OWNED_ONLY,
                     f"block {block} of {e.request_id!r} freed partially; blocks are freed whole",
@@ -647,9 +707,10 @@ class SpecMachine(MachineBase[Event, Rule]):
                 )
         cur = r.current
         for s in e.slots:
-            del self._owner[s]
+            self._disown(s)
             if cur is not None and cur.slots is not None and s in cur.slots:
                 cur.slots = None  # the block no longer holds (all of) its KV
+        self._dirty[r.request_id] = None
 
     def _row_released(self, e: RowReleased) -> None:
         r = self._requests.get(e.request_id)
@@ -662,6 +723,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         del self._rows[e.row]
         r.row = None
+        self._dirty[r.request_id] = None
+        self._dirty_rows.add(e.row)
 
     def _finished(self, e: Finished) -> None:
         r = self._active(e.request_id, e)
@@ -692,9 +755,10 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         self._require_owns_nothing(r, e)
-        r.phase = RequestPhase(target)
+        self._set_phase(r, RequestPhase(target))
         r.reason = e.reason
-        self._unreported[r.request_id] = None
+        if self.retain_finished:
+            self._unreported[r.request_id] = None
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config
@@ -707,7 +771,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.STEP_PER_ROW, f"control returned while {list(rnd.pending)} await a step", e
             )
-        active = [r for r in self._requests.values() if r.phase in ACTIVE_PHASES]
+        active = list(self._running.values())
         for r in active:
             if r.row is None and not self._may_lack_row(r):
                 raise self._fail(
@@ -777,7 +841,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         cfg = self.config
         cur = r.current
         return (
-            cfg.mode is Mode.FDFO
+            self.policy.rows_released_between_rounds
+            and cfg.mode is Mode.FDFO
             and not cfg.in_place_reuse
             and cur is not None
             and cur.phase in CARRIED_BLOCK_PHASES
@@ -790,11 +855,11 @@ class SpecMachine(MachineBase[Event, Rule]):
         if not self.policy.work_conserving or self._round.admitted or not self._queue:
             return
         cfg = self.config
-        active = [r for r in self._requests.values() if r.phase in ACTIVE_PHASES]
+        active = self._running
         if len(active) >= cfg.max_running_requests or len(self._rows) >= cfg.req_pool_rows:
             return
-        claimed = sum(request_shape(cfg, len(r.prompt), r.max_new_tokens).pages for r in active)
-        head = self._requests[self._queue[0]]
+        claimed = self._claimed_pages
+        head = self._requests[next(iter(self._queue))]
         need = request_shape(cfg, len(head.prompt), head.max_new_tokens).pages
         if claimed + need <= cfg.kv_pages:
             raise self._fail(
@@ -826,11 +891,10 @@ class SpecMachine(MachineBase[Event, Rule]):
         if kinds != {False}:
             return
         fed = {row.request_id for row in e.rows}
-        for r in self._requests.values():
+        for r in self._running.values():
             cur = r.current
             if (
-                r.phase in ACTIVE_PHASES
-                and r.request_id not in fed
+                r.request_id not in fed
                 and cur is not None
                 and cur.phase is BlockPhase.MASKED
                 and cur.slots is not None
@@ -921,6 +985,124 @@ class SpecMachine(MachineBase[Event, Rule]):
                 None,
             )
         self._unreported.clear()
+
+    def check_changed(self) -> None:
+        """Evaluate the state invariants on what changed since the previous check.
+
+        Every event marks the requests and rows it touched; this checks the named invariants
+        (same rules, same order as `spec.invariants.INVARIANTS`) for those only, at a cost
+        proportional to the change. Run after every event it fails exactly when
+        `check_invariants` (the full check, kept for audits) fails, naming the same rule.
+        """
+        reqs = [self._requests[rid] for rid in self._dirty]
+        rows, blocks = self._dirty_rows, self._dirty_blocks
+        self._dirty = {}
+        self._dirty_rows = set()
+        self._dirty_blocks = set()
+        if not reqs and not rows and not blocks:
+            failure = None  # nothing changed (a forward, a step, an end of round)
+            if len(self._running) > self.config.max_running_requests:
+                failure = self._changed_failure(reqs, rows, blocks)
+        else:
+            failure = self._changed_failure(reqs, rows, blocks)
+        if failure is not None:
+            raise self._fail(failure[0], failure[1], None)
+
+    def _changed_failure(
+        self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]
+    ) -> tuple[Rule, str] | None:
+        """The first invariant broken by the changed requests, rows and blocks (in the order
+        of `INVARIANTS`). Per-slot work only for blocks whose slots changed."""
+        cfg = self.config
+        total, b, p = cfg.kv_slots, cfg.block_size, cfg.page_size
+        changed = sorted(
+            (owner, sorted(self._blocks[owner[0]][owner[1]]))
+            for owner in blocks
+            if owner[1] in self._blocks.get(owner[0], ())
+        )
+        for _owner, owned in changed:  # no_leak: slots inside the pool
+            if owned[0] < 0 or owned[-1] >= total:
+                bad = owned[0] if owned[0] < 0 else owned[-1]
+                return Rule.NO_LEAK, f"slot {bad} outside the pool"
+        for r in reqs:  # no_leak: owned blocks are live
+            cur = r.current
+            for block, slots in self._blocks.get(r.request_id, {}).items():
+                live = block < r.committed_blocks or (cur is not None and cur.index == block)
+                if not live:
+                    return Rule.NO_LEAK, (
+                        f"slot {min(slots)} owned by block {block} of {r.request_id!r}, which "
+                        f"is not live"
+                    )
+        for r in reqs:  # terminal_owns_nothing
+            if r.phase is _FINISHED or r.phase is _ABORTED:
+                if r.request_id in self._blocks:
+                    return Rule.TERMINAL_OWNS_NOTHING, (
+                        f"{r.phase.value} request {r.request_id!r} owns KV slots"
+                    )
+                if r.row is not None:
+                    return Rule.TERMINAL_OWNS_NOTHING, (
+                        f"{r.phase.value} request {r.request_id!r} holds a row"
+                    )
+        for row in rows:
+            holder = self._requests.get(self._rows.get(row, ""))
+            if holder is not None and holder.phase in TERMINAL_PHASES:
+                return Rule.TERMINAL_OWNS_NOTHING, (
+                    f"{holder.phase.value} request {holder.request_id!r} holds a row"
+                )
+        if len(self._running) > cfg.max_running_requests:  # max_running
+            return Rule.MAX_RUNNING, (
+                f"{len(self._running)} running > max_running_requests={cfg.max_running_requests}"
+            )
+        for row in sorted(rows):  # row_exclusive
+            rid = self._rows.get(row)
+            if rid is None:
+                continue
+            if not 0 <= row < cfg.req_pool_rows:
+                return Rule.ROW_EXCLUSIVE, f"row {row} outside the request pool"
+            holder = self._requests.get(rid)
+            if holder is None or holder.row != row:
+                return Rule.ROW_EXCLUSIVE, f"row {row} is held by {rid!r}, which does not record it"
+        for r in reqs:
+            if r.row is not None and self._rows.get(r.row) != r.request_id:
+                return Rule.ROW_EXCLUSIVE, (
+                    f"{r.request_id!r} records row {r.row}, which the pool gives to "
+                    f"{self._rows.get(r.row)!r}"
+                )
+        for owner, ordered in changed:  # whole_block_alloc
+            if len(ordered) != b:
+                return Rule.WHOLE_BLOCK_ALLOC, f"block {owner} owns {len(ordered)} slots, not {b}"
+        for (rid, block), ordered in changed:  # page_alignment
+            first, last = ordered[0], ordered[-1]
+            if last - first + 1 != len(ordered):
+                return Rule.PAGE_ALIGNMENT, f"block {block} of {rid!r} is not contiguous: {ordered}"
+            if first % p != (block * b) % p or first // p != last // p:
+                return Rule.PAGE_ALIGNMENT, (
+                    f"block {block} of {rid!r} is misaligned in its page: {ordered}"
+                )
+            page = first // p
+            users = {self._owner[s][0] for s in range(page * p, page * p + p) if s in self._owner}
+            if len(users) > 1:
+                return Rule.PAGE_ALIGNMENT, f"page {page} is shared by {sorted(users)}"
+        for r in reqs:  # reuse_keeps_slots
+            cur = r.current
+            if cur is not None and cur.slots is not None and r.request_id in self._running:
+                for slot in cur.slots:
+                    if self._owner.get(slot) != (r.request_id, cur.index):
+                        return Rule.REUSE_KEEPS_SLOTS, (
+                            f"block {cur.index} of {r.request_id!r} records slot {slot}, owned by "
+                            f"{self._owner.get(slot)!r}"
+                        )
+        for r in reqs:  # carriers_iff_unfinished
+            cur = r.current
+            if cur is not None and cur.phase in CARRIED_BLOCK_PHASES and cur.masks is None:
+                return Rule.CARRIERS_IFF_UNFINISHED, (
+                    f"carried block {cur.index} of {r.request_id!r} has no mask count"
+                )
+            if cur is not None and r.request_id not in self._running:
+                return Rule.CARRIERS_IFF_UNFINISHED, (
+                    f"{r.phase.value} request {r.request_id!r} still has a current block"
+                )
+        return None
 
     def check_invariants(self) -> None:
         """Evaluate every named state invariant; raise SpecViolation on the first that fails."""

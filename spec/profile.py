@@ -159,12 +159,17 @@ class DllmPolicy:
         reserved).
     work_conserving: the scheduler never leaves a seat, a row and enough KV idle while the
         queue head fits (False for an engine that deliberately holds back).
+    rows_released_between_rounds: FDFO without in-place reuse: a request whose block is carried
+        unfinished gives its request-pool row back at the end of the round, with the block's KV,
+        and takes one again (`RowAcquired`) in the next round's scheduler phase. Off: a running
+        request holds its row from admission to the end (the idealised spec).
     """
 
     admission: DllmAdmission = DllmAdmission.FCFS
     reserved_kv_pages: int = 0
     reserved_rows: int = 0
     work_conserving: bool = True
+    rows_released_between_rounds: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reserved_kv_pages", "reserved_rows"):

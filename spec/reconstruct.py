@@ -74,6 +74,21 @@ class PoolView:
         return cls(slots, dict(rows), tuple(running))
 
 
+def without_reserved(view: PoolView, slots: int = 0, rows: int = 0) -> PoolView:
+    """The view in spec ids for an engine that keeps the first `slots` KV slots and `rows`
+    request-pool rows for itself (`DllmPolicy.reserved_kv_pages` x page_size, `reserved_rows`;
+    SGLang: page 0 and row 0 hold padding): spec id = engine id - reserved. A reserved slot or
+    row held by a request is a `ValueError` (the engine broke its own reservation)."""
+    bad = sorted(s for s in view.slots if s < slots) + sorted(r for r in view.rows if r < rows)
+    if bad:
+        raise ValueError(f"reserved ids {bad} are held by requests")
+    return PoolView(
+        {s - slots: owner for s, owner in view.slots.items()},
+        {r - rows: rid for r, rid in view.rows.items()},
+        view.running,
+    )
+
+
 def release_events(before: PoolView, after: PoolView) -> list[Event]:
     """`KvFreed` per request for the slots it no longer owns, then `RowReleased`."""
     lost: dict[str, list[int]] = {}
@@ -116,4 +131,4 @@ def reconstruct(before: PoolView, after: PoolView) -> list[Event]:
     return release_events(before, after) + acquire_events(before, after)
 
 
-__all__ = ["PoolView", "acquire_events", "reconstruct", "release_events"]
+__all__ = ["PoolView", "acquire_events", "reconstruct", "release_events", "without_reserved"]

@@ -66,3 +66,29 @@ def test_request_validation_errors() -> None:
         validate_request(c, RequestSpec("a", (1, 2, 3), 8))
     shape = validate_request(c, RequestSpec("a", (1, 2, 3, 4, 5), 2))
     assert (shape.prompt_blocks, shape.total_blocks, shape.pages) == (1, 2, 2)
+
+
+# ---------------------------------------------------------------- types and bounds (issue 13)
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"eos_token_id": "2"}, "eos_token_id"),
+        ({"eos_token_id": 2.0}, "eos_token_id"),
+        ({"mask_token_id": True}, "mask_token_id"),
+        ({"mask_token_id": None}, "mask_token_id"),
+        ({"eos_token_id": -1}, "eos_token_id"),  # equal to the mask id
+        ({"block_size": 2**40, "page_size": 2**40, "max_context": 2**40}, "block_size"),
+        ({"kv_pages": 10**12}, "kv_pages"),
+        ({"kv_pages": "16"}, "kv_pages"),
+    ],
+)
+def test_every_field_is_typed_and_bounded(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        DllmConfig(**changes)  # type: ignore[arg-type]
+    assert exc.value.field == field, str(exc.value)
+
+
+def test_absurd_pool_is_refused_with_the_memory_figure() -> None:
+    with pytest.raises(ConfigError) as exc:
+        DllmConfig(kv_pages=10**12)
+    assert "GiB" in str(exc.value) and "this machine has" in str(exc.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -20,7 +21,13 @@ from spec.events import (
     RowAcquired,
     RowReleased,
 )
-from spec.reconstruct import PoolView, acquire_events, reconstruct, release_events
+from spec.reconstruct import (
+    PoolView,
+    acquire_events,
+    reconstruct,
+    release_events,
+    without_reserved,
+)
 from spec.snapshot import FinishedOutput, Snapshot
 
 B = 2
@@ -64,6 +71,14 @@ def test_token_table_view_maps_positions_to_blocks() -> None:
         {"a": [8, 9, 10, None]}, block_size=B, rows={0: "a"}, running=["a"]
     )
     assert dict(view.slots) == {8: ("a", 0), 9: ("a", 0), 10: ("a", 1)}
+
+
+def test_reserved_ids_are_shifted_out() -> None:
+    engine = PoolView(slots={4: ("a", 0), 5: ("a", 0)}, rows={1: "a"}, running=("a",))
+    spec_view = without_reserved(engine, slots=4, rows=1)
+    assert dict(spec_view.slots) == {0: ("a", 0), 1: ("a", 0)} and dict(spec_view.rows) == {0: "a"}
+    with pytest.raises(ValueError):
+        without_reserved(engine, slots=5)
 
 
 def test_no_change_no_events() -> None:

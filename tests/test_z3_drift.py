@@ -47,6 +47,7 @@ from spec.events import (
 from spec.invariants import INVARIANTS
 from spec.lifecycles import BlockPhase, RequestPhase
 from spec.machine import SpecMachine, finish_condition, initial_masks
+from spec.profile import DllmPolicy
 from spec.state import ACTIVE_PHASES
 
 EOS = 15
@@ -281,8 +282,16 @@ def _random_event(m: SpecMachine, rng: random.Random) -> Event:
 # ---------------------------------------------------------------------------- comparison
 
 
+# Rules the Z3 relation does not model yet (added to SpecMachine in the profiles round): the
+# machines here run without work conservation, and RowAcquired is left out of the comparison.
+NOT_YET_MODELLED = DllmPolicy(work_conserving=False)
+
+
 def _compare(m: SpecMachine, e: Event) -> bool:
     """Check agreement on (state, event); True if the event was applied to `m`."""
+    if isinstance(e, RowAcquired):
+        STATS["RowAcquired (not yet in the relation)"] += 1
+        return False
     stepper = stepper_for(m.config)
     try:
         verdict = stepper.verdict(m, e)
@@ -420,7 +429,7 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
 def test_relation_agrees_with_spec_machine_on_reached_states(
     config: DllmConfig, rng: random.Random, steps: int
 ) -> None:
-    m = SpecMachine(config)
+    m = SpecMachine(config, NOT_YET_MODELLED)
     _walk(m, rng, steps)
 
 
@@ -434,7 +443,7 @@ def test_relation_agrees_with_spec_machine_on_reached_states(
 def test_relation_agrees_with_spec_machine_on_perturbed_states(
     config: DllmConfig, rng: random.Random, steps: int
 ) -> None:
-    m = SpecMachine(config)
+    m = SpecMachine(config, NOT_YET_MODELLED)
     _walk(m, rng, steps)
     for _ in range(rng.randint(1, 3)):
         _perturb(m, rng)
@@ -447,7 +456,9 @@ def test_relation_agrees_with_spec_machine_on_perturbed_states(
 
 def test_the_walks_cover_both_outcomes() -> None:
     """The comparisons above saw many accepted and many rejected events (not vacuous)."""
-    m = SpecMachine(DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16))
+    m = SpecMachine(
+        DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16), NOT_YET_MODELLED
+    )
     rng = random.Random(0)
     before = STATS.copy()
     for _ in range(5):
@@ -466,7 +477,7 @@ def _reference_completions(
     forwards = 0
     done_at: dict[str, int] = {}
     events: list[Event] = []
-    spec = SpecMachine(config)
+    spec = SpecMachine(config, NOT_YET_MODELLED)
 
     def sink(e: Event) -> None:
         nonlocal forwards

@@ -1,0 +1,150 @@
+"""Benchmark: check-trace throughput against log size (events/s should stay flat: linear time).
+
+Writes reference-scheduler logs of growing size (JSON Lines with a config header, as
+`schedspec check-trace` reads them), checks each with `properties.trace_check.check_trace`
+(streaming, incremental invariants) and prints a table of requests, events, wall and CPU seconds
+and events per CPU second (the CPU figure is what a loaded, shared machine cannot distort); the
+same figures go to a JSON file. Peak memory of each check is measured with tracemalloc in a
+separate pass (tracing slows Python down, so it is not timed).
+
+    .venv/bin/python scripts/bench_trace_check.py --json docs/trace-check-bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+from properties.trace_check import check_trace
+from reference.dllm import ReferenceDllmScheduler
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import Event
+from spec.trace import config_to_dict, event_to_dict
+
+CONFIG = DllmConfig(
+    block_size=4,
+    page_size=8,
+    kv_pages=256,
+    req_pool_rows=16,
+    max_running_requests=16,
+    max_context=64,
+    mode=Mode.FDFO,
+    in_place_reuse=True,
+    eos_token_id=15,
+)
+
+
+def write_log(path: Path, requests: int, seed: int = 0) -> int:
+    """A reference run of `requests` requests (one arrival per round, ~10% aborted) as a trace;
+    returns the number of events."""
+    rng = random.Random(seed)
+    events = 0
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(config_to_dict(CONFIG)) + "\n")
+
+        def sink(e: Event) -> None:
+            nonlocal events
+            events += 1
+            fh.write(json.dumps(event_to_dict(e), separators=(",", ":")) + "\n")
+
+        sched = ReferenceDllmScheduler(CONFIG, sink, id_memory=1000)
+        live: list[str] = []
+        for i in range(requests):
+            prompt = tuple(rng.randint(0, 14) for _ in range(rng.randint(1, 24)))
+            rid = f"r{i}"
+            sched.submit(RequestSpec(rid, prompt, rng.randint(1, 24)))
+            live.append(rid)
+            if rng.random() < 0.1:
+                victim = live.pop(rng.randrange(len(live)))
+                if victim in {r.rid for r in sched.waiting} | {r.rid for r in sched.running}:
+                    sched.abort(victim)
+            sched.run_round()
+            sched.collect_outputs()
+            if len(live) > 64:
+                live = live[-64:]
+        sched.drain()
+    return events
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--sizes",
+        default="250,500,1000,2000,4000,8000",
+        help="comma-separated request counts (default %(default)s)",
+    )
+    ap.add_argument("--json", default="trace-check-bench.json", help="where to write the figures")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        print(f"--sizes: comma-separated integers, got {args.sizes!r}", file=sys.stderr)
+        return 2
+    if any(n < 1 for n in sizes):
+        print("--sizes: every count must be >= 1", file=sys.stderr)
+        return 2
+    out = Path(args.json)
+    if not out.parent.is_dir():
+        print(f"--json: directory {out.parent} does not exist", file=sys.stderr)
+        return 2
+    rows = []
+    print(
+        f"{'requests':>9} {'events':>9} {'wall s':>8} {'cpu s':>7} {'events/cpu-s':>13} "
+        f"{'peak MiB':>9}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            path = Path(tmp) / f"trace-{n}.jsonl"
+            events = write_log(path, n)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            res = check_trace(path)
+            seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu_start
+            if not res.ok:
+                print(
+                    f"unexpected violation in the reference log: {res.violation}", file=sys.stderr
+                )
+                return 1
+            tracemalloc.start()
+            check_trace(path)
+            peak = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+            rate = events / max(cpu, 1e-9)
+            rows.append(
+                {
+                    "requests": n,
+                    "events": events,
+                    "wall_seconds": round(seconds, 3),
+                    "cpu_seconds": round(cpu, 3),
+                    "events_per_cpu_second": round(rate),
+                    "peak_mib": round(peak, 1),
+                }
+            )
+            print(f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f}")
+    out.write_text(
+        json.dumps(
+            {
+                "command": "python scripts/bench_trace_check.py " + " ".join(argv or sys.argv[1:]),
+                "python": platform.python_version(),
+                "host": platform.node(),
+                "config": config_to_dict(CONFIG),
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
