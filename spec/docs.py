@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from spec.ar.docs import render_ar_section
 from spec.invariants import INVARIANTS
 from spec.lifecycles import LIFECYCLES, mermaid
 from spec.rules import RULES
@@ -96,6 +97,7 @@ def render() -> str:
         "(`spec/machine.py`). `fdfo_sync_parity` and `snapshot_matches` compare across runs and "
         "with the implementation's own pools (`properties/harness.py`).\n"
     )
+    parts.append(render_ar_section())  # the AR half's section (spec/ar/docs.py)
     return "\n".join(parts)
 
 

@@ -14,9 +14,10 @@ from properties.ar.formats import (
     replay_trace,
     write_request_metrics,
 )
-from reference.ar.vidur import make_vidur_sarathi
+from reference.ar.vidur import VidurVllm, make_vidur_sarathi
 from reference.ar.vllm_v1 import make_vllm_v1
-from spec.ar.config import ArConfig
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig, ArRequest
 
 TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,6,3\n0.5,4,2\n10,3,1\n"
 
@@ -84,3 +85,29 @@ def test_one_reader_for_both_call_sites(tmp_path: Path, body: str, line: int, wo
     with pytest.raises(TraceRowError) as err:
         parse_vidur_trace("arrived_at,num_prefill_tokens,num_decode_tokens\n" + body)
     assert err.value.line_no == line and err.value.source is None
+
+
+def test_long_lived_state_is_bounded() -> None:
+    """Finished requests are retired: the scheduler keeps only the latest few, the spec
+    machine only their outcome, and the replay no event log."""
+    cfg = ArConfig(
+        block_size=4,
+        num_blocks=33,
+        max_num_batched_tokens=64,
+        max_model_len=32,
+        enable_chunked_prefill=False,
+    )
+    made: list[VidurVllm] = []
+
+    def factory(config: ArConfig, sink: ArEventSink) -> VidurVllm:
+        s = VidurVllm(config, sink)
+        s.retain_finished = 5
+        made.append(s)
+        return s
+
+    reqs = [ArRequest(f"r{i}", 4, 3, arrival_time=float(i)) for i in range(40)]
+    metrics = replay_trace(factory, cfg, reqs)
+    assert len(metrics) == 40
+    (sched,) = made
+    assert sched.num_finished == 40 and len(sched.finished) == 5
+    assert list(sched.finished) == [f"r{i}" for i in range(35, 40)]

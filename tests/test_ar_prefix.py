@@ -16,8 +16,8 @@ from properties.ar.conformance import ar_conformance_machine
 from properties.ar.strategies import ar_configs, prompts, request_sizes
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, make_vllm_v1_prefix
 from reference.ar.vidur import make_vidur_sarathi
-from reference.ar.vllm_v1 import make_vllm_v1
-from spec.ar.adapter import ArImplementationFactory
+from reference.ar.vllm_v1 import VllmV1Scheduler, make_vllm_v1
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import (
     ArBlocksAllocated,
@@ -159,10 +159,26 @@ def test_vllm_v1_prefix_conforms_under_its_profile() -> None:
 
 # --- incremental invariant checks == full checks ------------------------------------------------
 
+
+class _HoldsWhileWaiting(VllmV1Scheduler):
+    """Gives the head of the queue a block without admitting it (a state invariant, not an
+    event guard, catches it: waiting_holds_nothing, between steps)."""
+
+    def _schedule(self) -> None:
+        super()._schedule()
+        if self.waiting and not self.waiting[0].blocks and self.pool.num_free:
+            self._grow(self.waiting[0], 1)
+
+
+def _holds_while_waiting(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return _HoldsWhileWaiting(config, sink)
+
+
 _FACTORIES: list[ArImplementationFactory] = [
     make_vllm_v1,
     make_vllm_v1_prefix,
     make_vidur_sarathi,
+    _holds_while_waiting,
     *(AR_MUTANTS[n].factory for n in ("double_free", "refcount_leak", "vidur_ft_missing_free")),
 ]
 
@@ -192,6 +208,8 @@ class _Twin:
             a = _outcome(lambda: self.inc.check_invariants(between_steps=True))
             b = _outcome(lambda: self.full.check_invariants_full(between_steps=True))
             self.verdicts.append((a, b))
+            if a or b:  # the first violation ends a run (incremental checks report it once)
+                raise SpecViolation(a or b or "", "stop")
 
 
 def _outcome(fn: Callable[[], None]) -> str | None:

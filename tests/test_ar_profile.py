@@ -146,6 +146,9 @@ def test_bad_space_and_profile() -> None:
         ArProfile(
             deviations=(AcceptedDeviation("progress", "a"), AcceptedDeviation("progress", "b"))
         )
+    with pytest.raises(ProfileError) as err:
+        ArProfile(deviations=(AcceptedDeviation("no_such_rule", "a"),))
+    assert err.value.field == "deviations"
 
 
 def test_config_outside_space_names_the_field() -> None:
@@ -211,3 +214,32 @@ def test_config_types_and_bounds(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
         ArConfig(**{field: value})  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+def test_accepted_deviations_and_campaign_hook() -> None:
+    """A rule in `ignored_rules` (the profile's accepted deviations, or a campaign's) makes an
+    example invalid instead of failing it, and each hit is counted in `ignored_hits`."""
+    from hypothesis import Phase, settings
+
+    from properties.ar.conformance import ar_conformance_machine
+    from properties.verify import run_machine
+    from tests.ar_mutants import AR_MUTANTS
+
+    hunt = settings(
+        phases=[Phase.generate],
+        max_examples=150,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        stateful_step_count=20,
+        suppress_health_check=list(HealthCheck),
+    )
+    mutant = AR_MUTANTS["budget_overflow"]
+    plain = ar_conformance_machine(mutant.factory, configs=mutant.configs)
+    err, _ = run_machine(plain, hunt)
+    assert isinstance(err, SpecViolation) and err.rule == "token_budget"
+    accepted = ArProfile(deviations=(AcceptedDeviation("token_budget", "known: one over"),))
+    machine = ar_conformance_machine(mutant.factory, profile=accepted, configs=mutant.configs)
+    err, _ = run_machine(machine, settings(hunt, max_examples=40))
+    assert err is None or getattr(err, "rule", None) != "token_budget"
+    assert machine.ignored_hits.get("token_budget", 0) > 0  # type: ignore[attr-defined]

@@ -145,7 +145,7 @@ class CachingBlockPool(BlockPool):
         return {b: frozenset(h) for b, h in self.refs.items()}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: queues hold the objects themselves
 class ArReq:
     spec: ArRequest
     arrival: int
@@ -204,9 +204,16 @@ class ArReq:
 
 
 class ArSchedulerBase:
-    """Implements `spec.ar.adapter.ArSchedulerAdapter`, less the scheduling decision."""
+    """Implements `spec.ar.adapter.ArSchedulerAdapter`, less the scheduling decision.
+
+    Bounded state for long-lived use: `finished` keeps only the latest `retain_finished`
+    finished requests (metrics readers take them as they go; `num_finished` counts all); what
+    grows with the number of requests is only `seen`, the set of ids (duplicate ids must be
+    refused for ever).
+    """
 
     name = "base"
+    retain_finished = 10_000
 
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         self._config = config
@@ -216,6 +223,7 @@ class ArSchedulerBase:
         self.waiting: deque[ArReq] = deque()
         self.running: list[ArReq] = []
         self.finished: dict[str, ArReq] = {}
+        self.num_finished = 0
         self.seen: set[str] = set()
         self.step_index = 0
         self.arrivals = 0
@@ -388,5 +396,11 @@ class ArSchedulerBase:
         self.running.remove(req)
         self._free_all(req)
         req.completed = self.step_index
-        self.finished[req.rid] = req
+        self._retire(req)
         self.sink(ArFinished(req.rid, reason))
+
+    def _retire(self, req: ArReq) -> None:
+        self.finished[req.rid] = req
+        self.num_finished += 1
+        while len(self.finished) > self.retain_finished:
+            del self.finished[next(iter(self.finished))]  # the oldest

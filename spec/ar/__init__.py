@@ -21,6 +21,8 @@ from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
     ArBlocksFreed,
+    ArCacheEvicted,
+    ArCacheHit,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -31,7 +33,9 @@ from spec.ar.events import (
 )
 from spec.ar.lifecycles import AR_LIFECYCLES, ArPhase
 from spec.ar.machine import ArSpecMachine, finish_reason
-from spec.ar.rules import AR_RULES
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
+from spec.ar.rules import AR_RULES, ArRule
 from spec.ar.snapshot import ArSnapshot
 
 __all__ = [
@@ -43,16 +47,23 @@ __all__ = [
     "ArAborted",
     "ArBlocksAllocated",
     "ArBlocksFreed",
+    "ArCacheEvicted",
+    "ArCacheHit",
     "ArConfig",
+    "ArConfigSpace",
     "ArEvent",
     "ArEventSink",
     "ArFinishReason",
     "ArFinished",
     "ArImplementationFactory",
     "ArPhase",
+    "ArPolicy",
+    "ArPoolView",
     "ArPreempted",
+    "ArProfile",
     "ArRequest",
     "ArRequestTooLong",
+    "ArRule",
     "ArRules",
     "ArScheduled",
     "ArSchedulerAdapter",
@@ -63,6 +74,8 @@ __all__ = [
     "Policy",
     "VictimOrder",
     "finish_reason",
+    "release_events",
     "rules_for",
+    "scheduling_events",
     "validate_ar_request",
 ]

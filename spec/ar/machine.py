@@ -157,6 +157,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._arrivals = 0
         self._dirty: set[str] = set()  # requests touched since the last invariant check
         self._dirty_blocks: set[int] = set()
+        self._dirty_pairs: set[tuple[str, int]] = set()  # (request, block) table changes
         self._dirty_between: set[str] = set()  # ... since the last between-steps check
 
     # ------------------------------------------------------------------ views
@@ -303,6 +304,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if not holders:
                 del self._holders[b]
             self._dirty_blocks.add(b)
+            self._dirty_pairs.add((r.request_id, b))
 
     # --- between steps --------------------------------------------------------
     def _submitted(self, e: ArSubmitted) -> None:
@@ -410,6 +412,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         for b in e.blocks:
             self._holders.setdefault(b, set()).add(r.request_id)
             self._dirty_blocks.add(b)
+            self._dirty_pairs.add((r.request_id, b))
         r.blocks.extend(e.blocks)
         r.num_computed = tokens
         r.cached_upto = len(e.blocks)
@@ -466,6 +469,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._cache.pop(b, None)  # a fresh allocation evicts what the block cached
             r.blocks.append(b)
             self._dirty_blocks.add(b)
+            self._dirty_pairs.add((r.request_id, b))
         self._touch(r)
 
     def _scheduled(self, e: ArScheduled) -> None:
@@ -859,29 +863,23 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         blocks = list(self._dirty_blocks)
         self._dirty.clear()
         self._dirty_blocks.clear()
-        # block_conservation: every touched block's holders list it, every touched request's
-        # blocks list it as a holder (free + referenced = usable follows: free is the rest).
-        for b in blocks:
-            holders = self._holders.get(b)
-            if holders is None:
-                continue
+        # block_conservation, over the (request, block) pairs events changed: the block is in
+        # the request's table exactly when the request is among its holders (free + referenced
+        # = usable follows: free is the rest of the pool).
+        pairs = list(self._dirty_pairs)
+        self._dirty_pairs.clear()
+        for rid, b in pairs:
             if not 0 <= b < cfg.num_blocks:
                 return ArRule.BLOCK_CONSERVATION, f"block {b} outside the pool"
-            for rid in holders:
-                r = self._requests.get(rid)
-                if r is None or b not in r.blocks:
-                    return (
-                        ArRule.BLOCK_CONSERVATION,
-                        f"block {b} is held by {rid!r}, whose block table does not list it",
-                    )
-        for r in reqs:
-            for b in r.blocks:
-                if r.request_id not in self._holders.get(b, ()):
-                    return (
-                        ArRule.BLOCK_CONSERVATION,
-                        f"{r.request_id!r} lists block {b}, held by "
-                        f"{sorted(self._holders.get(b, ()))}",
-                    )
+            r = self._requests.get(rid)
+            listed = r is not None and b in r.blocks
+            held = rid in self._holders.get(b, ())
+            if listed != held:
+                where = "lists" if listed else "does not list"
+                return (
+                    ArRule.BLOCK_CONSERVATION,
+                    f"{rid!r} {where} block {b}, held by {sorted(self._holders.get(b, ()))}",
+                )
         if not cfg.enable_prefix_caching:
             for b in blocks:
                 if len(self._holders.get(b, ())) > 1:
@@ -937,13 +935,26 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 )
         return None
 
+    def _holders_differ(self, snap: ArSnapshot) -> bool:
+        mine = self._holders
+        if snap.block_holders is None:  # exclusive blocks: compare owners without copies
+            owners = snap.block_owners
+            if len(owners) != len(mine):
+                return True
+            for b, rid in owners.items():
+                h = mine.get(b)
+                if h is None or len(h) != 1 or rid not in h:
+                    return True
+            return False
+        theirs = snap.block_holders
+        return len(theirs) != len(mine) or any(set(h) != mine.get(b) for b, h in theirs.items())
+
     def check_snapshot(self, snap: ArSnapshot) -> None:
         """Between steps: the implementation's pools and queues equal the abstract state, and
         no running request is overdue to finish. Raises SpecViolation."""
         self.check_invariants(between_steps=True)
         self._check_finished_released(None)
         cfg = self.config
-        holders = snap.holders()
         if snap.block_refcounts is not None:
             bad = {
                 b: (n, len(self._holders.get(b, ())))
@@ -969,9 +980,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{sorted(snap.free_blocks - spec_free)}, lacks "
                 f"{sorted(spec_free - snap.free_blocks)}"
             )
-        if len(holders) != len(self._holders) or any(
-            set(h) != self._holders.get(b) for b, h in holders.items()
-        ):
+        if self._holders_differ(snap):
+            holders = snap.holders()
             diff = {
                 b: (sorted(holders.get(b, ())), sorted(self._holders.get(b, ())))
                 for b in set(holders) | set(self._holders)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder, rules_for
+from spec.ar.rules import ArRule
 from spec.profile import AcceptedDeviation, ConfigOutsideProfile, ProfileError
 
 
@@ -195,6 +196,11 @@ class ArProfile:
         rules = [d.rule for d in self.deviations]
         if len(set(rules)) != len(rules):
             raise ProfileError("deviations", rules, "each rule listed once")
+        unknown = [r for r in rules if r not in ArRule.__members__.values()]
+        if unknown:
+            raise ProfileError(
+                "deviations", unknown, "names of AR rules (spec.ar.rules.ArRule), e.g. 'progress'"
+            )
 
     def accepted(self, rule: str) -> AcceptedDeviation | None:
         return next((d for d in self.deviations if d.rule == rule), None)

@@ -84,25 +84,35 @@ def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     return out
 
 
+# kind -> (field names with the kind, [(field, required)])
+_SHAPES: dict[str, tuple[frozenset[str], tuple[tuple[str, bool], ...]]] = {
+    kind: (
+        frozenset({"kind", *(f.name for f in dataclasses.fields(cls))}),
+        tuple((f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(cls)),
+    )
+    for kind, cls in AR_EVENT_BY_KIND.items()
+}
+
+
 def ar_event_from_dict(data: dict[str, Any], line_no: int = 0) -> ArEvent:
     kind = data.get("kind")
-    cls = AR_EVENT_BY_KIND.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    shape = _SHAPES.get(kind) if isinstance(kind, str) else None
+    if shape is None or not isinstance(kind, str):
         raise TraceFormatError(
             line_no, f"unknown event kind {kind!r}; valid kinds: {sorted(AR_EVENT_BY_KIND)}"
         )
-    names = {f.name for f in dataclasses.fields(cls)}
-    extra = set(data) - names - {"kind"}
-    if extra:
-        raise TraceFormatError(line_no, f"{kind} event has unknown fields {sorted(extra)}")
+    names, fields = shape
+    if not names.issuperset(data):
+        extra = sorted(set(data) - names)
+        raise TraceFormatError(line_no, f"{kind} event has unknown fields {extra}")
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is not dataclasses.MISSING:
+    for name, required in fields:
+        if name not in data:
+            if not required:
                 continue
-            raise TraceFormatError(line_no, f"{kind} event lacks field {f.name!r}")
-        kwargs[f.name] = _field(str(kind), f.name, data[f.name], line_no)
-    return cls(**kwargs)
+            raise TraceFormatError(line_no, f"{kind} event lacks field {name!r}")
+        kwargs[name] = _field(kind, name, data[name], line_no)
+    return AR_EVENT_BY_KIND[kind](**kwargs)
 
 
 # --- the header -------------------------------------------------------------------------------

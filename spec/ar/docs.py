@@ -1,0 +1,83 @@
+"""The AR section of docs/spec.md, generated from the AR spec's own data (lifecycle tables and
+the `ArRule` statements) plus the decisions the data cannot carry (event order, the resolution
+of same-step re-admission). `spec.docs.render()` appends it after the dLLM reference."""
+
+from __future__ import annotations
+
+from spec.ar.invariants import AR_INVARIANTS, BETWEEN_STEPS
+from spec.ar.lifecycles import AR_LIFECYCLES
+from spec.ar.rules import AR_RULES
+
+_INTRO = """\
+## Autoregressive (AR) specification
+
+The AR half (`spec/ar/`) specifies iteration-level LLM scheduling (vLLM v1, Vidur): a token
+budget and a seat cap per step, paged KV blocks, preemption by recomputation, and prefix caching
+(shared, reference-counted blocks). Its policy options, and the engine behaviour each cites, are
+in docs/schedulers.md.
+
+### Event order within a step
+
+1. **Between steps**: `ArSubmitted`; `ArAborted` after the `ArBlocksFreed` of what the request
+   held.
+2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
+   held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
+   `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens).
+   `ArCacheEvicted` for cached blocks dropped otherwise than by reallocation. An engine that
+   emits no events derives all of them from pool views before and after `schedule()`
+   (`spec.ar.reconstruct.scheduling_events`): every preemption first (tail first, or the
+   engine's order), then the running requests in running order, then the admitted ones.
+3. **Model execution**: `ArStepEnd(step_index)`: every scheduled request computes its tokens; a
+   request that caught up with its known tokens samples one output token.
+4. **Update phase** (the engine's `update_from_output()`): `ArBlocksFreed`, then `ArFinished`
+   for every request whose finish condition holds (`release_events` derives the frees).
+
+Between steps (before the first scheduling event of a step, and after the last event) the
+between-steps invariants hold and an adapter's snapshot must equal the abstract state.
+
+### Same-step re-admission after preemption
+
+Vidur's Sarathi restarts a request (every block freed, computed tokens discarded, back to the
+head of the queue) and may admit it again in the same batch. The spec once said both "a step
+that preempted may admit" (Sarathi's declared rules) and "a preempted request holds no KV block"
+after every event, so such a run contradicted itself. Resolved: **re-admission in the step of the
+preemption is legal exactly where the implementation declares it** (`ArPolicy.
+admit_after_preemption`, or `ArRules.admit_after_preemption`). Then the victim may receive a
+cache hit and blocks in that same scheduling phase, and must be scheduled in it;
+`preempted_holds_nothing` applies only where re-admission is not declared, and between steps no
+request is in phase `preempted` (`waiting_holds_nothing` covers a re-admission that allocated
+but did not schedule). Where it is not declared, the first `ArBlocksAllocated`, `ArCacheHit` or
+`ArScheduled` of the victim in that step breaks `no_admission_after_preemption`.
+
+### Prefix caching
+
+A block is held by every request whose block table lists it; its reference count is the number
+of holders, and `free + referenced = usable`. A full block becomes cached, under its content
+(the request's tokens up to the block's end), when the step that fills it is scheduled. A cache
+hit takes cached blocks holding the request's own prefix, whole blocks, at most its known
+tokens less one, and its computed tokens jump by the hit. A free cached block stays cached
+until it is allocated afresh (which evicts it) or evicted (`ArCacheEvicted`, unreferenced blocks
+only). Requests carry their prompt token ids (`ArRequest.prompt`) for this; output tokens are
+private to their request.
+"""
+
+
+def render_ar_section() -> str:
+    parts = [_INTRO, "### AR lifecycles\n"]
+    for lc in AR_LIFECYCLES:
+        parts.append(f"#### {lc.name}\n")
+        parts.append("| from | trigger | to | guard |\n|---|---|---|---|")
+        for t in lc.transitions:
+            parts.append(f"| {t.source} | `{t.trigger}` | {t.target} | {t.guard} |")
+        parts.append("")
+    parts.append("### AR rules\n")
+    parts.append("Each AR violation names one of these (`spec.ar.rules.ArRule`).\n")
+    parts.append("| rule | statement | state invariant |\n|---|---|---|")
+    for rule, text in AR_RULES.items():
+        inv = "between steps" if rule in BETWEEN_STEPS else ("yes" if rule in AR_INVARIANTS else "")
+        parts.append(f"| `{rule}` | {text} | {inv} |")
+    parts.append("")
+    return "\n".join(parts)
+
+
+__all__ = ["render_ar_section"]
