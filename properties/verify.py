@@ -2,15 +2,19 @@
 
 Used by `schedspec verify` and by other projects' CI (see docs/implementers.md). A failure keeps
 the violated rule, the message (with the state) and the shrunk program Hypothesis printed.
+`verify_implementation` takes a typed `spec.implementation.Implementation` of either family,
+builds that family's conformance machine under the implementation's profile and runs it as a
+campaign (`properties.campaign`): accepted deviations are reported, not failed, and with
+`keep_going` every distinct violated rule is reported with its own counterexample.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +25,8 @@ from hypothesis.strategies import SearchStrategy
 from properties.conformance import ParityPolicy, StepCounter, conformance_machine
 from spec.adapter import ImplementationFactory
 from spec.errors import SpecViolation
+from spec.implementation import Family, Implementation
+from spec.profile import AcceptedDeviation
 
 MachineBuilder = Callable[..., type[RuleBasedStateMachine]]
 
@@ -42,19 +48,33 @@ class VerifyResult:
     steps: int
     seconds: float
     failures: list[Failure] = field(default_factory=list)
+    family: str = "dllm"
+    profile: str = ""
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str = ""
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
+    @property
+    def rules(self) -> list[str]:
+        """The distinct rules violated, in the order found."""
+        return [f.rule for f in self.failures]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "impl": self.impl,
+            "family": self.family,
+            "profile": self.profile,
             "examples": self.examples,
             "steps": self.steps,
             "seconds": round(self.seconds, 3),
+            "rules": self.rules,
             "failures": [f.to_json() for f in self.failures],
+            "accepted": self.accepted,
+            "stopped": self.stopped,
         }
 
 
@@ -93,8 +113,10 @@ def failure_from(err: BaseException, printed: str) -> Failure:
         for line in (printed + "\n" + notes).splitlines()
         if line.strip() and not line.startswith("Traceback")
     )
-    rule = err.rule if isinstance(err, SpecViolation) else type(err).__name__
-    return Failure(rule=rule, message=str(err), program=program)
+    rule = getattr(err, "rule", None)
+    if rule is None or not isinstance(err, SpecViolation):
+        rule = type(err).__name__
+    return Failure(rule=str(rule), message=str(err), program=program)
 
 
 def verify_impl(
@@ -107,7 +129,8 @@ def verify_impl(
     progress: Callable[[int, int], None] | None = None,
     configs: SearchStrategy[Any] | None = None,
 ) -> VerifyResult:
-    """Run `examples` generated programs of the conformance machine against `factory`."""
+    """Run `examples` generated programs of the conformance machine against `factory` (a dLLM
+    factory unless `builder` says otherwise); stops at the first failure."""
     counter = StepCounter()
     counter.on_example = progress
     build = builder or conformance_machine
@@ -116,7 +139,7 @@ def verify_impl(
         kwargs["parity"] = parity
     if configs is not None:
         kwargs["configs"] = configs
-    machine = build(factory, **kwargs)
+    machine = build(factory, **_accepted_kwargs(build, kwargs))
     start = time.perf_counter()
     err, printed = run_machine(machine, verify_settings(examples))
     result = VerifyResult(name, counter.examples, counter.steps, time.perf_counter() - start)
@@ -125,13 +148,93 @@ def verify_impl(
     return result
 
 
-def stderr_progress(label: str, total: int) -> Callable[[int, int], None]:
-    """A one-line progress display on stderr (only when it is a terminal)."""
-    tty = sys.stderr.isatty()
+def _accepted_kwargs(build: MachineBuilder, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments `build` takes (machines of either family, old or new signature)."""
+    try:
+        params = inspect.signature(build).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
 
-    def show(examples: int, steps: int) -> None:
-        if tty:
-            sys.stderr.write(f"\r{label}: {min(examples, total)}/{total} examples, {steps} steps")
-            sys.stderr.flush()
 
-    return show
+def machine_for(
+    implementation: Implementation,
+    *,
+    parity: ParityPolicy = "always",
+    configs: SearchStrategy[Any] | None = None,
+    counter: StepCounter | None = None,
+    name: str = "",
+) -> type[RuleBasedStateMachine]:
+    """The conformance machine of the implementation's family, under its profile."""
+    kwargs: dict[str, Any] = {"profile": implementation.profile, "counter": counter}
+    if configs is not None:
+        kwargs["configs"] = configs
+    build: MachineBuilder
+    if implementation.family is Family.DLLM:
+        build = conformance_machine
+        kwargs["parity"] = parity
+        kwargs["name"] = name or "Conformance"
+    else:
+        from properties.ar.conformance import ar_conformance_machine
+
+        build = ar_conformance_machine
+        kwargs["name"] = name or "ArConformance"
+    factory: Any = implementation.factory
+    return build(factory, **_accepted_kwargs(build, kwargs))
+
+
+def verify_implementation(
+    name: str,
+    implementation: Implementation,
+    examples: int,
+    *,
+    parity: ParityPolicy = "always",
+    configs: SearchStrategy[Any] | None = None,
+    keep_going: bool = False,
+    accepted: Iterable[tuple[AcceptedDeviation, str]] = (),
+    progress: Callable[[int, int], None] | None = None,
+    fatal: tuple[type[BaseException], ...] = (),
+    profile: str = "",
+) -> VerifyResult:
+    """Check `implementation` (either family) with `examples` generated programs per run.
+
+    The profile's accepted deviations are accepted from the start, with `accepted` (deviation,
+    source) pairs added. `keep_going` runs on after a failure to report every distinct rule.
+    An error of a type in `fatal` (e.g. a factory that returns no adapter) is re-raised.
+    """
+    from properties.campaign import run_campaign
+
+    counter = StepCounter()
+    counter.on_example = progress
+    machine = machine_for(implementation, parity=parity, configs=configs, counter=counter)
+    pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
+    start = time.perf_counter()
+    campaign = run_campaign(
+        machine, verify_settings(examples), accepted=pairs, keep_going=keep_going, fatal=fatal
+    )
+    result = VerifyResult(
+        name,
+        counter.examples,
+        counter.steps,
+        time.perf_counter() - start,
+        failures=campaign.failures,
+        family=implementation.family.value,
+        profile=profile,
+        accepted=[a.to_json() for a in campaign.accepted],
+        stopped=campaign.stopped,
+    )
+    return result
+
+
+__all__ = [
+    "Failure",
+    "VerifyResult",
+    "failure_from",
+    "machine_for",
+    "run_machine",
+    "verify_impl",
+    "verify_implementation",
+    "verify_settings",
+]

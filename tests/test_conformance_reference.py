@@ -9,7 +9,6 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from properties.cli import main
 from properties.conformance import conformance_machine
 from properties.verify import verify_settings as _verify_settings
 from reference.dllm import (
@@ -17,6 +16,7 @@ from reference.dllm import (
     make_scheduler,
     make_scripted_scheduler,
 )
+from schedspec_cli.main import main
 
 
 @pytest.mark.parametrize(

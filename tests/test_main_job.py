@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from properties import main_job as mj
-from properties.registry import BuiltinImpl
+from schedspec_cli import main_job as mj
+from schedspec_cli.registry import Builtin
+from spec.implementation import Family
 
 
+@pytest.mark.timeout(3600)  # a hang guard: the whole main job, slower on a loaded machine
 def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     code = mj.main_job(str(tmp_path), examples=5, parity_prompts=1, parity_tokens=8)
     out = capsys.readouterr().out
@@ -33,6 +35,10 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
         assert png in (tmp_path / "report.md").read_text()
     conformance = report["steps"][1]["data"]["results"]
     assert {"reference-dllm", "engine", "vllm-v1"} <= {r["impl"] for r in conformance}
+    run = report["run"]  # when, on what commit, with which versions, on which device and host
+    assert run["date"] and run["commit"] and run["device"] and run["host"]["name"]
+    assert run["versions"]["hypothesis"] and run["versions"]["schedspec"]
+    assert "## Run" in (tmp_path / "report.md").read_text()
     hol = report["steps"][3]["data"]
     assert hol["fdfo"]["forwards"] < hol["sync"]["forwards"]
     assert hol["fdfo"]["wasted_row_steps"] == 0 < hol["sync"]["wasted_row_steps"]
@@ -43,7 +49,7 @@ def test_main_job_names_what_failed(
     capsys,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    bad = BuiltinImpl("seeded-bug", "tests.factories:no_free_on_finish", "dllm", "always", "x")
+    bad = Builtin("seeded-bug", Family.DLLM, ("tests.factories:no_free_on_finish",), "x")
     monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})
     monkeypatch.setattr(mj, "step_proofs", lambda: (True, "skipped here", {}))
     monkeypatch.setattr(mj, "step_parity", lambda p, t: (True, "skipped here", {}))
@@ -57,3 +63,5 @@ def test_main_job_names_what_failed(
     assert "FAILED: conformance" in out
     md = (tmp_path / "report.md").read_text()
     assert "seeded-bug: [terminal_owns_nothing]" in md and "state.submit(" in md
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] is False and report["run"]["commit"]

@@ -1,54 +1,155 @@
-"""The release gate refuses CPU runs, mismatches, leaks and thin coverage."""
+"""The release gate refuses CPU runs, mismatches, leaks, thin coverage, and every way of
+fooling it: a summary that disagrees with its cases, repeated prompts, held rows, a leaked_rows
+field left out, a device name torch would never report, too few new tokens. A file that is not a
+parity report is an input error (exit 2, one line), never a traceback."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
-from properties.cli import main
-from properties.release import release_problems
+import pytest
+
+from schedspec_cli.main import main
+from schedspec_cli.release import release_problems
+from spec.parity import RELEASE_MIN_NEW_TOKENS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def report(**changes: object) -> dict[str, object]:
+def report(**changes: object) -> dict[str, Any]:
     cases = [
-        {"algorithm": a, "prompt": i, "max_new_tokens": 64, "identical": True}
+        {
+            "algorithm": a,
+            "index": i,
+            "prompt": f"prompt {i}",
+            "max_new_tokens": RELEASE_MIN_NEW_TOKENS,
+            "identical": True,
+            "identical_outputs": True,
+            "identical_digests": True,
+            "mismatched": [],
+        }
         for a in ("LowConfidence", "JointThreshold")
         for i in range(3)
     ]
-    base: dict[str, object] = {
+    base: dict[str, Any] = {
         "device": "cuda:0",
         "identical": True,
         "leaked_slots": 0,
+        "leaked_rows": 0,
         "cases": cases,
     }
     base.update(changes)
     return base
 
 
-def test_a_good_cuda_run_qualifies(tmp_path: Path) -> None:
+def check(tmp_path: Path, data: object, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    p = tmp_path / "parity.json"
+    p.write_text(json.dumps(data))
+    code = main(["release-check", str(p)])
+    cap = capsys.readouterr()
+    return code, cap.out + cap.err
+
+
+def test_a_good_cuda_run_qualifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert release_problems(report()) == []
-    p = tmp_path / "parity.json"
-    p.write_text(json.dumps(report()))
-    assert main(["release-check", str(p)]) == 0
+    code, out = check(tmp_path, report(), capsys)
+    assert code == 0 and "release run OK" in out
+    assert check(tmp_path, report(device="cuda"), capsys)[0] == 0
 
 
-def test_cpu_runs_are_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    p = tmp_path / "parity.json"
-    p.write_text(json.dumps(report(device="cpu")))
-    assert main(["release-check", str(p)]) == 1
-    assert "must run on CUDA" in capsys.readouterr().out
+def test_cpu_runs_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = check(tmp_path, report(device="cpu"), capsys)
+    assert code == 1 and "must run on CUDA" in out
+
+
+def test_a_device_name_torch_never_reports_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = check(tmp_path, report(device="cudaXYZ-fake"), capsys)
+    assert code == 1 and "not a device name torch reports" in out
 
 
 def test_mismatch_leak_and_coverage_are_refused() -> None:
     assert any("byte-identical" in x for x in release_problems(report(identical=False)))
     assert any("leaked_slots=3" in x for x in release_problems(report(leaked_slots=3)))
-    one_algo = report(cases=[{"algorithm": "LowConfidence", "max_new_tokens": 64}] * 3)
+    one_algo = report(cases=[c for c in report()["cases"] if c["algorithm"] == "LowConfidence"])
     assert any("JointThreshold" in x for x in release_problems(one_algo))
-    short = report(
-        cases=[
-            {"algorithm": a, "max_new_tokens": 16}
-            for a in ("LowConfidence", "JointThreshold")
-            for _ in range(3)
-        ]
-    )
-    assert any("fewer than 64" in x for x in release_problems(short))
+
+
+def test_a_summary_that_disagrees_with_its_cases_is_refused() -> None:
+    for flag in ("identical", "identical_outputs", "identical_digests"):
+        r = report()
+        r["cases"][4][flag] = False
+        problems = release_problems(r)
+        assert any("summary says identical but 1 case(s) differ" in x for x in problems), flag
+    r = report()
+    r["cases"][0]["mismatched"] = ["fdfo"]
+    assert any("case(s) differ" in x for x in release_problems(r))
+
+
+def test_repeated_prompts_are_refused() -> None:
+    r = report()
+    for c in r["cases"]:
+        c["prompt"] = "the same prompt"
+    problems = release_problems(r)
+    assert any("repeated prompts" in x for x in problems)
+    assert any("1 distinct prompts; at least 3" in x for x in problems)
+
+
+def test_held_rows_are_refused() -> None:
+    assert any("leaked_rows=2" in x for x in release_problems(report(leaked_rows=2)))
+
+
+def test_a_report_that_leaves_out_leaked_rows_is_not_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = report()
+    del r["leaked_rows"]
+    code, out = check(tmp_path, r, capsys)
+    assert code == 2 and "report.leaked_rows" in out and "Traceback" not in out
+
+
+def test_too_few_new_tokens_are_refused() -> None:
+    r = report()
+    for c in r["cases"]:
+        c["max_new_tokens"] = RELEASE_MIN_NEW_TOKENS - 1
+    assert any(f"fewer than {RELEASE_MIN_NEW_TOKENS} new tokens" in x for x in release_problems(r))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b"\xff\xfe\x00binary",
+        json.dumps(report(cases="many")).encode(),
+        json.dumps(report(leaked_slots="0")).encode(),
+        json.dumps(report(identical="yes")).encode(),
+        json.dumps(report(cases=[{"algorithm": 1}])).encode(),
+    ],
+)
+def test_malformed_files_are_input_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    p = tmp_path / "parity.json"
+    p.write_bytes(content)
+    assert main(["release-check", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_docs_quote_the_token_threshold_from_the_code() -> None:
+    """Every doc that states the gate's token minimum states RELEASE_MIN_NEW_TOKENS' value."""
+    quoted = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"RELEASE_MIN_NEW_TOKENS`?\s*(?:=|is)\s*(\d+)", text):
+            quoted.append((doc.name, int(m.group(1))))
+        for m in re.finditer(r"gate[^.\n]{0,80}?≥ ?(\d+) new tokens", text):
+            quoted.append((doc.name, int(m.group(1))))
+    assert ("release.md", RELEASE_MIN_NEW_TOKENS) in quoted, quoted
+    assert all(n == RELEASE_MIN_NEW_TOKENS for _, n in quoted), quoted

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+PACKAGES = ("spec", "reference", "properties", "gpu", "integrations", "schedspec_cli")
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -15,7 +16,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_mypy_strict_on_the_packages() -> None:
-    res = run(str(BIN / "mypy"), "--strict", "spec", "reference", "properties", "gpu")
+    res = run(str(BIN / "mypy"), "--strict", *PACKAGES)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -43,23 +44,79 @@ def test_spec_uses_only_the_standard_library() -> None:
     assert (ROOT / "spec" / "py.typed").exists()
 
 
-def test_dependency_direction() -> None:
+def _imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, imported module, at module level?) of every absolute import in a file."""
     import ast
 
-    banned = {
-        "spec": {"reference", "gpu", "properties"},
-        "reference": {"gpu", "properties"},
-        "gpu": {"reference", "properties"},
-        "properties": {"reference", "gpu"},
-    }
-    for pkg, bad in banned.items():
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(n) for n in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` / try-blocks at module level count as top level
+        if isinstance(node, ast.If | ast.Try):
+            top |= {id(n) for n in ast.walk(node)}
+    out: list[tuple[int, str, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module, id(node) in top))
+    return out
+
+
+def _import_strings(path: Path, roots: set[str]) -> list[tuple[int, str]]:
+    """String constants that name a module of `roots` ('pkg.mod' or 'pkg.mod:attr'): imports
+    made at run time by import string count as dependencies too."""
+    import ast
+    import re
+
+    if not roots:
+        return []
+    alternatives = "|".join(sorted(roots))
+    pattern = re.compile(rf"({alternatives})(\.[A-Za-z_]\w*)*(:[A-Za-z_][\w.]*)?")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and pattern.fullmatch(node.value)
+        and ("." in node.value or ":" in node.value)  # a bare word may be a path part
+    ]
+
+
+# what each package may import from the project (third-party libraries are not restricted here)
+ALLOWED = {
+    "spec": {"spec"},
+    "reference": {"spec", "reference"},
+    "gpu": {"spec", "gpu"},
+    "properties": {"spec", "properties"},  # a checking library: the spec only
+    "integrations": {"spec", "integrations"},  # engine adapters: the spec only
+    "schedspec_cli": set(PACKAGES),  # the composition root: the only package that composes
+}
+
+
+def test_dependency_direction() -> None:
+    ours = set(PACKAGES)
+    for pkg, allowed in ALLOWED.items():
+        banned = ours - allowed
         for path in (ROOT / pkg).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Import):
-                    roots = [a.name.split(".")[0] for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    roots = [node.module.split(".")[0]]
-                else:
-                    continue
-                for r in roots:
-                    assert r not in bad, f"{path}:{node.lineno} imports {r}"
+            for line, module, _ in _imports(path):
+                root = module.split(".")[0]
+                assert root not in banned, f"{path}:{line} imports {module}"
+            named = _import_strings(path, banned)
+            assert not named, f"{path}: names modules by import string: {named}"
+
+
+def test_the_cli_imports_torch_engines_and_gpu_lazily() -> None:
+    """`schedspec --help` must work without torch or any engine: gpu, torch, integrations and
+    the engines are imported inside functions only."""
+    lazy = {"gpu", "torch", "integrations", "vllm", "sglang", "vidur", "matplotlib"}
+    for path in (ROOT / "schedspec_cli").rglob("*.py"):
+        for line, module, top in _imports(path):
+            assert not (top and module.split(".")[0] in lazy), f"{path}:{line} imports {module}"
+
+
+def test_nothing_imports_the_cli() -> None:
+    for pkg in set(PACKAGES) - {"schedspec_cli"}:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for line, module, _ in _imports(path):
+                assert module.split(".")[0] != "schedspec_cli", f"{path}:{line}"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from properties.cli import main
 from properties.harness import Harness
 from reference.dllm import make_scheduler
+from schedspec_cli.main import main
 from spec import DllmConfig, KvFreed, Mode, RequestSpec
 from spec.trace import (
     TraceFormatError,

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from properties.harness import load_factory
-from properties.registry import BUILTINS
 from properties.symbolic.boundary import (
     EDGES,
     BoundaryWorkload,
@@ -22,6 +20,8 @@ from properties.symbolic.boundary import (
 from properties.workload import run_workload
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
+from schedspec_cli.impls import resolve
+from schedspec_cli.registry import BUILTINS
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig
 
@@ -46,7 +46,7 @@ def _scripted(bw: BoundaryWorkload) -> ImplementationFactory:
 
 
 def _dllm_builtins() -> list[str]:
-    return [name for name, b in BUILTINS.items() if b.family == "dllm"]
+    return [name for name, b in BUILTINS.items() if b.family.value == "dllm" and not b.engine]
 
 
 def test_every_edge_is_synthesised() -> None:
@@ -67,7 +67,7 @@ def test_scripted_reference_reaches_the_edge(edge: str) -> None:
 def test_builtin_passes_boundary_workload(impl: str, edge: str) -> None:
     bw = _workloads()[edge]
     try:
-        factory = load_factory(BUILTINS[impl].target)
+        factory = resolve(impl).implementation.factory
     except Exception as err:  # an optional implementation that cannot load here
         pytest.skip(f"{impl} cannot be loaded: {err}")
     run_workload(factory, bw.workload)

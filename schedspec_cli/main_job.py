@@ -13,8 +13,8 @@ Exit status is non-zero if any step failed, and the failing steps are named.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -22,11 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from properties.harness import Harness, load_factory
-from properties.registry import all_builtins
-from properties.timeline import Timeline, timeline
-from properties.verify import stderr_progress, verify_impl
+from properties.harness import Harness
+from properties.verify import verify_implementation
+from reference import dllm as ref
+from reference import oracle as oracle_mod
+from schedspec_cli import meta
+from schedspec_cli.impls import profile_summary, resolve_builtin
+from schedspec_cli.output import write_json
+from schedspec_cli.progress import Progress, log
+from schedspec_cli.registry import BUILTINS, Builtin
+from schedspec_cli.timeline import Timeline, timeline
+from schedspec_cli.verify import failures_markdown
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.implementation import Family
 
 
 @dataclass
@@ -52,7 +60,12 @@ def _timed(name: str, fn: Callable[[], tuple[bool, str, dict[str, Any]]]) -> Ste
 
 
 def _log(msg: str) -> None:
-    print(f"[schedspec verify] {msg}", file=sys.stderr, flush=True)
+    log(f"verify: {msg}")
+
+
+def all_builtins() -> dict[str, Builtin]:
+    """The built-ins the main job checks (the project's own; real engines need an install)."""
+    return {name: b for name, b in BUILTINS.items() if b.default_verify}
 
 
 # --------------------------------------------------------------------------- steps
@@ -71,20 +84,18 @@ def step_conformance(examples: int) -> tuple[bool, str, dict[str, Any]]:
     for name, builtin in all_builtins().items():
         if not builtin.default_verify:
             continue
-        factory = load_factory(builtin.target)
-        builder = None
-        if builtin.machine:
-            module, _, attr = builtin.machine.partition(":")
-            builder = getattr(importlib.import_module(module), attr)
+        target = resolve_builtin(builtin)
         n = examples if builtin.name != "engine" else max(10, examples // 4)
-        res = verify_impl(
+        bar = Progress(f"conformance {name}")
+        res = verify_implementation(
             name,
-            factory,
+            target.implementation,
             n,
-            parity=builtin.parity,
-            builder=builder,
-            progress=stderr_progress(f"conformance {name}", n),
+            parity="never" if builtin.family is Family.AR else builtin.parity,
+            progress=bar.examples(n),
+            profile=profile_summary(target.implementation),
         )
+        bar.done()
         _log(
             f"conformance {name}: {'PASS' if res.passed else 'FAIL'} "
             f"({res.examples} examples, {res.steps} steps, {res.seconds:.1f}s)"
@@ -102,7 +113,7 @@ def step_parity(prompts: int, max_new_tokens: int) -> tuple[bool, str, dict[str,
     device = "cuda" if _cuda_available() else "cpu"
     report = parity.run_parity(device, ["LowConfidence", "JointThreshold"], prompts, max_new_tokens)
     data = report.to_json()
-    ok = bool(data["identical"]) and int(data["leaked_slots"]) == 0
+    ok = bool(data["identical"]) and data["leaked_slots"] == 0 and data.get("leaked_rows") == 0
     summary = (
         f"device={data['device']}: {len(data['cases'])} cases, identical={data['identical']}, "
         f"leaked_slots={data['leaked_slots']}"
@@ -137,8 +148,6 @@ def head_of_line_workload() -> tuple[DllmConfig, list[RequestSpec], dict[str, in
 
 
 def run_head_of_line(mode: Mode) -> tuple[Timeline, DllmConfig]:
-    ref = importlib.import_module("reference.dllm")
-    oracle_mod = importlib.import_module("reference.oracle")
     cfg, reqs, steps = head_of_line_workload()
     cfg = cfg.replace(mode=mode, in_place_reuse=mode is Mode.FDFO)
 
@@ -203,7 +212,7 @@ def step_engine_bench(requests: int = 32) -> tuple[bool, str, dict[str, Any]]:
 
 # --------------------------------------------------------------------------- report
 def write_plots(out: Path, parity_data: dict[str, Any] | None) -> list[str]:
-    plots = importlib.import_module("properties.plots")
+    plots = importlib.import_module("schedspec_cli.plots")
     sync, cfg = run_head_of_line(Mode.SYNC)
     fdfo, _ = run_head_of_line(Mode.FDFO)
     files = [
@@ -228,7 +237,10 @@ def write_plots(out: Path, parity_data: dict[str, Any] | None) -> list[str]:
 
 def _rounds_histograms() -> dict[str, dict[int, int]]:
     """The shipped model's rounds-per-block histograms (gpu/assets/rounds_report.json)."""
-    path = Path(__file__).resolve().parents[1] / "gpu" / "assets" / "rounds_report.json"
+    spec = importlib.util.find_spec("gpu")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / "assets" / "rounds_report.json"
     if not path.exists():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -236,7 +248,7 @@ def _rounds_histograms() -> dict[str, dict[int, int]]:
     return {name: {int(k): int(v) for k, v in h["histogram"].items()} for name, h in algos.items()}
 
 
-def render_markdown(steps: list[StepOutcome], plots: list[str]) -> str:
+def render_markdown(steps: list[StepOutcome], plots: list[str], run: dict[str, Any]) -> str:
     lines = [
         "# schedspec verify report",
         "",
@@ -249,20 +261,9 @@ def render_markdown(steps: list[StepOutcome], plots: list[str]) -> str:
         )
     lines += ["", "## Plots", ""]
     lines += [f"![{p}]({p})" for p in plots]
-    for s in steps:
-        failures = [r for r in s.data.get("results", []) if not r.get("passed", True)]
-        for f in failures:
-            for fail in f.get("failures", []):
-                lines += [
-                    "",
-                    f"## {f['impl']}: [{fail['rule']}]",
-                    "",
-                    "```text",
-                    fail["message"],
-                    "",
-                    fail["program"],
-                    "```",
-                ]
+    results = [r for s in steps for r in s.data.get("results", []) if isinstance(r, dict)]
+    lines.append(failures_markdown(results))
+    lines.append(meta.markdown(run))
     return "\n".join(lines) + "\n"
 
 
@@ -298,8 +299,10 @@ def main_job(report_dir: str, examples: int, parity_prompts: int, parity_tokens:
             f"{s.name.ljust(width)}  {'PASS' if s.passed else 'FAIL':<6}  {s.seconds:7.1f}  "
             f"{s.summary}"
         )
+    run = meta.run_metadata()
     payload = {
         "passed": all(s.passed for s in steps),
+        "run": run,
         "steps": [
             {
                 "name": s.name,
@@ -312,10 +315,8 @@ def main_job(report_dir: str, examples: int, parity_prompts: int, parity_tokens:
         ],
         "plots": plot_files,
     }
-    (out / "report.json").write_text(
-        json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8"
-    )
-    (out / "report.md").write_text(render_markdown(steps, plot_files), encoding="utf-8")
+    write_json(out / "report.json", payload)
+    (out / "report.md").write_text(render_markdown(steps, plot_files, run), encoding="utf-8")
     failed = [s.name for s in steps if not s.passed]
     print(f"report: {out / 'report.md'}")
     if failed:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from properties.timeline import Timeline
+from schedspec_cli.timeline import Timeline
 
 
 def _pyplot() -> Any:

@@ -1,0 +1,71 @@
+"""Argument types and the parser every command uses: typed, bounded, one line on error.
+
+`argparse` reports a bad value as `argument --flag: ...`; `Parser.error` turns that into one
+line on stderr and exit status 2 (the usage message is for `--help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+# bounds that keep a command finite on a laptop; a larger value is an input error, not a hang
+MAX_EXAMPLES = 1_000_000
+MAX_COUNT = 1_000_000
+
+
+class UsageError(Exception):
+    """A command-line usage error: the message is one line, the exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit 2 (via `UsageError`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            sys.stderr.write(message)
+        raise SystemExit(status)
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an integer (valid: {low}..{high})"
+            ) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (valid: {low}..{high})")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def positive(high: int = MAX_COUNT) -> Callable[[str], int]:
+    return int_in(1, high)
+
+
+def non_empty_text(text: str) -> str:
+    if not text.strip() or "\x00" in text:
+        raise argparse.ArgumentTypeError("must be a non-empty string")
+    return text
+
+
+__all__ = [
+    "MAX_COUNT",
+    "MAX_EXAMPLES",
+    "Parser",
+    "UsageError",
+    "int_in",
+    "non_empty_text",
+    "positive",
+]

@@ -1,0 +1,240 @@
+"""`schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]`.
+
+Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
+from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
+`family` is a dLLM header), else from the first event's kind, else from `--family` (default
+dllm). The configuration is the header's; a trace without a header needs `--config`. Given both,
+they must agree: a conflicting `--config` is an input error, never a silent override. A log that
+ends with work still running is a warning (exit 0), or with `--require-idle` a failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedspec_cli.typecheck import fields_problem
+from spec.errors import ConfigError, SchedSpecError
+from spec.implementation import Family
+
+SNIFF_BYTES = 1 << 16
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="the event log, one JSON object per line")
+    p.add_argument(
+        "--config",
+        metavar="JSON",
+        help="a JSON file with the configuration's fields, for a trace without a header line; "
+        "with a header it must agree with it (a conflict is an input error)",
+    )
+    p.add_argument(
+        "--family",
+        choices=("dllm", "ar"),
+        help="the trace's family when it has no header line (default dllm); must agree with a "
+        "header",
+    )
+    p.add_argument(
+        "--require-idle",
+        action="store_true",
+        help="fail (exit 1) when the log ends with requests still queued or running "
+        "(default: a warning)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    line: int
+    data: dict[str, Any] | None  # None: no header line
+    first_event: Family | None = None  # without a header: the family of the first event's kind
+
+    @property
+    def family(self) -> Family | None:
+        if self.data is None:
+            return self.first_event
+        kind = str(self.data.get("kind", ""))
+        if kind == "ar_config":
+            return Family.AR
+        return Family.parse(str(self.data.get("family", "dllm")))
+
+
+def _event_family(data: object) -> Family | None:
+    from spec.ar.events import AR_EVENT_BY_KIND
+    from spec.events import EVENT_BY_KIND
+
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind in AR_EVENT_BY_KIND:
+        return Family.AR
+    if kind in EVENT_BY_KIND:
+        return Family.DLLM
+    return None
+
+
+def read_text_file(path: str, flag: str) -> str:
+    """A whole small text file (a --config), as checked input (ConfigError naming `flag`)."""
+    raw = _read_bytes(path, flag, None)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(flag, path, "a UTF-8 text file") from None
+
+
+def _read_bytes(path: str, flag: str, limit: int | None) -> bytes:
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(flag, path, "a file (this is a directory)")
+    try:
+        with p.open("rb") as fh:
+            return fh.read() if limit is None else fh.read(limit)
+    except OSError as err:
+        raise ConfigError(flag, path, f"a readable file ({err.strerror})") from None
+
+
+def sniff_header(path: str) -> Header:
+    """The first non-blank line, if it is a config header. Checks the file is UTF-8 text."""
+    head = _read_bytes(path, "file", SNIFF_BYTES)
+    if head.startswith(b"\xef\xbb\xbf"):
+        raise ConfigError("file", path, "UTF-8 text without a byte-order mark")
+    if b"\x00" in head:
+        raise ConfigError("file", path, "a JSON Lines text file (it holds NUL bytes: binary?)")
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if len(head) < SNIFF_BYTES or err.start < len(head) - 4:  # not a cut character
+            raise ConfigError("file", path, "UTF-8 text") from None
+        text = head[: err.start].decode("utf-8")
+    if not text.strip():
+        if len(head) < SNIFF_BYTES:
+            raise ConfigError("file", path, "a non-empty event log")
+        return Header(0, None)
+    for no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            return Header(no, None)  # the checker reports the line
+        if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
+            return Header(no, data)
+        return Header(no, None, _event_family(data))
+    return Header(0, None)
+
+
+def run(args: argparse.Namespace) -> int:
+    header = sniff_header(args.file)
+    wanted = Family.parse(args.family) if args.family else None
+    family = header.family or wanted or Family.DLLM
+    if wanted is not None and header.family is not None and wanted is not header.family:
+        raise ConfigError(
+            "family", wanted.value, f"{header.family.value}: the trace's header line says so"
+        )
+    given: dict[str, Any] | None = None
+    if args.config is not None:
+        try:
+            given = json.loads(read_text_file(args.config, "config"))
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                "config", f"{args.config}:{err.lineno}", f"JSON ({err.msg})"
+            ) from None
+        if not isinstance(given, dict):
+            raise ConfigError("config", args.config, "a JSON object of configuration fields")
+    if header.data is None and given is None:
+        raise ConfigError(
+            "config",
+            None,
+            'a --config JSON file: the trace has no {"kind": "config", ...} header line',
+        )
+    if family is Family.DLLM:
+        return _check_dllm(args, header, given)
+    return _check_ar(args, header, given)
+
+
+def _dllm_config(data: dict[str, Any], where: str) -> Any:
+    from spec.trace import config_from_dict
+
+    body = {k: v for k, v in data.items() if k not in ("kind", "family")}
+    try:
+        return config_from_dict(body)
+    except SchedSpecError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(where, json.dumps(data)[:80], f"DllmConfig fields ({err})") from None
+
+
+def _check_dllm(args: argparse.Namespace, header: Header, given: dict[str, Any] | None) -> int:
+    from properties.trace_check import check_trace
+
+    config = None
+    if header.data is not None:
+        from_header = _dllm_config(header.data, f"{args.file}:{header.line}")
+        if given is not None and _dllm_config(given, "config") != from_header:
+            raise ConfigError(
+                "config",
+                args.config,
+                f"the trace header's configuration (line {header.line}) or no --config: they "
+                "disagree",
+            )
+    else:
+        config = _dllm_config(given or {}, "config")
+    _check_event_types(args.file)
+    res = check_trace(args.file, config)
+    if res.violation is not None:
+        print(f"FAIL {args.file}:{res.line}: {res.violation}")
+        return 1
+    return _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end)
+
+
+def _check_event_types(path: str) -> None:
+    """Every event line's field types (the spec's parser checks kinds and field names)."""
+    from spec.events import EVENT_BY_KIND
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError:
+                    return  # the spec's parser names the line
+                if not isinstance(data, dict):
+                    return
+                cls = EVENT_BY_KIND.get(str(data.get("kind")))
+                if cls is None:
+                    continue
+                problem = fields_problem(data, cls)
+                if problem is not None:
+                    raise ConfigError("file", f"{path}:{no}", f"a well-typed event: {problem}")
+    except UnicodeDecodeError:
+        raise ConfigError("file", path, "UTF-8 text") from None
+
+
+def _check_ar(args: argparse.Namespace, header: Header, given: dict[str, Any] | None) -> int:
+    from properties.ar.trace_check import check_ar_trace
+    from spec.ar.trace import ar_config_from_dict
+
+    config = None
+    if given is not None:
+        try:
+            config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
+        except SchedSpecError as err:
+            raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
+    res = check_ar_trace(args.file, config)  # refuses a --config that contradicts the header
+    if res.violation is not None:
+        where = res.line if res.line is not None else "end"
+        print(f"FAIL {args.file}:{where}: {res.violation}")
+        return 1
+    return _finish(args, res.events, f"{res.steps} steps", res.idle_at_end)
+
+
+def _finish(args: argparse.Namespace, events: int, periods: str, idle: bool) -> int:
+    print(f"OK {args.file}: {events} events, {periods} conform to the spec")
+    if not idle:
+        if args.require_idle:
+            print(f"FAIL {args.file}: the log ends with work still running (--require-idle)")
+            return 1
+        print(f"warning: {args.file}: the log ends with work still running (incomplete log?)")
+    return 0

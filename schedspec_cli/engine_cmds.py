@@ -1,0 +1,106 @@
+"""`schedspec parity ...` and `schedspec bench engine ...`: flags checked here, work in `gpu`.
+
+The torch engine's work functions stay in `gpu` (`gpu.parity:parity_main`,
+`gpu.bench:bench_main`); this module validates every flag and output path first — before torch
+and the model load — and refuses a machine without torch with one line naming the `engine`
+extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from schedspec_cli.args import Parser, int_in, positive
+from schedspec_cli.loader import load_object, module_available
+from schedspec_cli.output import check_output_path
+from spec.errors import ConfigError
+
+ALGORITHMS = ("LowConfidence", "JointThreshold")
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+ENGINE_EXTRA = "pip install 'schedspec[engine]' (torch==2.13.0 first: see README)"
+
+
+def require_torch(command: str) -> None:
+    if not module_available("torch"):
+        raise ConfigError(command, "torch", f"torch installed: the engine extra, {ENGINE_EXTRA}")
+
+
+def _device(text: str) -> str:
+    if DEVICE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (valid: cpu, cuda, cuda:N)")
+    return text
+
+
+def parity_parser() -> Parser:
+    p = Parser(
+        prog="schedspec parity",
+        description="bs=1 FDFO vs sync byte parity and leak check on the shipped model",
+    )
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--algorithm",
+        default="all",
+        choices=(*ALGORITHMS, "all"),
+        help="step algorithm, or all of them (default all)",
+    )
+    p.add_argument(
+        "--prompts", type=positive(10_000), default=32, help="prompts from the shipped set"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive(100_000), default=32, help="new tokens per prompt"
+    )
+    p.add_argument("--block-size", type=positive(4096), default=8, help="tokens per block")
+    p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    return p
+
+
+def parity(argv: list[str]) -> int:
+    ns = parity_parser().parse_args(argv)
+    check_output_path("--json", ns.json)
+    if ns.page_size % ns.block_size:
+        raise ConfigError(
+            "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
+        )
+    require_torch("parity")
+    main = load_object("gpu.parity:parity_main", "parity")
+    return int(main(argv))  # type: ignore[operator]
+
+
+def bench_engine_parser() -> Parser:
+    p = Parser(prog="schedspec bench engine", description="tokens/s of sync vs FDFO on the engine")
+    p.add_argument(
+        "--max-running", type=positive(4096), nargs="+", default=[1, 4, 16], help="batch caps"
+    )
+    p.add_argument("--requests", type=positive(1_000_000), default=128, help="requests per run")
+    p.add_argument("--max-new-tokens", type=positive(100_000), default=32, help="per request")
+    p.add_argument("--block-size", type=positive(4096), default=8, help="tokens per block")
+    p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
+    p.add_argument("--algorithm", default="LowConfidence", choices=ALGORITHMS, help="algorithm")
+    p.add_argument("--repeats", type=positive(1000), default=5, help="runs per setting")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--threads", type=int_in(0, 4096), default=0, help="torch threads (0: leave as is)"
+    )
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    p.add_argument("--sequential", action="store_true", help="run the modes one after another")
+    p.add_argument(
+        "--forward-costs", action="store_true", help="only print the model's forward costs"
+    )
+    return p
+
+
+def bench_engine(argv: list[str]) -> int:
+    ns = bench_engine_parser().parse_args(argv)
+    check_output_path("--json", ns.json)
+    if ns.page_size % ns.block_size:
+        raise ConfigError(
+            "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
+        )
+    require_torch("bench engine")
+    main = load_object("gpu.bench:bench_main", "bench")
+    return int(main(argv))  # type: ignore[operator]
+
+
+__all__ = ["bench_engine", "parity", "require_torch"]

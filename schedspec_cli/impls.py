@@ -1,0 +1,161 @@
+"""`--impl NAME|module:attribute` -> a typed `Implementation` (family, factory, profile).
+
+The family comes from the object (a `DllmImplementation` / `ArImplementation`), else from the
+annotation of the factory's first parameter (`DllmConfig` / `ArConfig`); `--family` overrides.
+The factory is wrapped so that one returning something that is not an adapter stops the run with
+`NotAnAdapter` (exit 2, one line) instead of a failure deep inside the suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from schedspec_cli.loader import load_object
+from schedspec_cli.registry import BUILTINS, Builtin
+from spec.errors import ConfigError, SchedSpecError
+from spec.implementation import (
+    ArImplementation,
+    DllmImplementation,
+    Family,
+    Implementation,
+    declared_implementation,
+)
+
+# the methods each family's adapter protocol requires (spec.adapter / spec.ar.adapter)
+ADAPTER_METHODS: dict[Family, tuple[str, ...]] = {
+    Family.DLLM: ("submit", "abort", "run_round", "drain", "snapshot"),
+    Family.AR: ("submit", "abort", "step", "drain", "snapshot"),
+}
+
+
+class NotAnAdapter(SchedSpecError, TypeError):
+    """A factory returned something that is not an adapter of its family."""
+
+    def __init__(self, target: str, family: Family, got: object) -> None:
+        missing = [m for m in ADAPTER_METHODS[family] if not callable(getattr(got, m, None))]
+        protocol = "SchedulerAdapter" if family is Family.DLLM else "ArSchedulerAdapter"
+        super().__init__(
+            f"invalid value for impl: {target!r}; valid: a factory returning a {protocol} "
+            f"(got {type(got).__name__}, lacking {', '.join(missing)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What `--impl` named: its display name, the implementation, the built-in entry if any."""
+
+    name: str
+    target: str
+    implementation: Implementation
+    builtin: Builtin | None
+
+    @property
+    def family(self) -> Family:
+        return self.implementation.family
+
+
+def _checked(impl: Implementation, target: str) -> Implementation:
+    family = impl.family
+    inner: Any = impl.factory
+    methods = ADAPTER_METHODS[family]
+    try:
+        inspect.signature(inner).bind(None, None)
+    except TypeError:
+        raise ConfigError(
+            "impl", target, "a factory taking (config, sink) and returning an adapter"
+        ) from None
+    except ValueError:  # no signature to inspect (a builtin): the call will tell
+        pass
+
+    def factory(config: Any, sink: Any) -> Any:
+        adapter = inner(config, sink)
+        if not all(callable(getattr(adapter, m, None)) for m in methods):
+            raise NotAnAdapter(target, family, adapter)
+        return adapter
+
+    factory.__name__ = getattr(inner, "__name__", "factory")
+    factory.__qualname__ = getattr(inner, "__qualname__", "factory")
+    if isinstance(impl, DllmImplementation):
+        return DllmImplementation(factory, impl.profile, impl.description)
+    return ArImplementation(factory, impl.profile, impl.description)
+
+
+def resolve(name: str, family: Family | str | None = None) -> Resolved:
+    """Resolve a built-in name or `module:attribute` (raises ConfigError naming `impl`)."""
+    builtin = BUILTINS.get(name)
+    if builtin is None and ":" not in name:
+        raise ConfigError("impl", name, f"a built-in name {sorted(BUILTINS)} or 'module:attribute'")
+    if builtin is not None:
+        if family is not None and Family.parse(family) is not builtin.family:
+            raise ConfigError(
+                "family", Family.parse(family).value, f"{builtin.family.value} (built-in {name})"
+            )
+        return resolve_builtin(builtin)
+    obj = load_object(name, "impl")
+    impl = declared_implementation(obj, name, family)
+    return Resolved(name, name, _checked(impl, name), None)
+
+
+def resolve_builtin(builtin: Builtin) -> Resolved:
+    """Load a built-in by its import string, as its declared family."""
+    target = builtin.target
+    obj = load_object(target, "impl")
+    impl = declared_implementation(obj, target, builtin.family)
+    return Resolved(builtin.name, target, _checked(impl, target), builtin)
+
+
+def profile_summary(impl: Implementation) -> str:
+    """The profile's departures from the idealised spec, in one line ('idealised spec' if none)."""
+    profile = impl.profile
+    parts: list[str] = []
+    for part in ("space", "policy"):
+        mine: Any = getattr(profile, part, None)
+        if mine is not None and dataclasses.is_dataclass(mine):
+            kind: Any = type(mine)
+            parts += _changes(mine, kind(), "")
+    deviations = getattr(profile, "deviations", ())
+    if deviations:
+        parts.append("accepts " + ", ".join(str(d.rule) for d in deviations))
+    return "; ".join(parts) if parts else "idealised spec"
+
+
+def _changes(mine: Any, base: Any, prefix: str) -> list[str]:
+    """`field=value` for every field of dataclass `mine` that differs from `base` (nested
+    dataclasses by their own changed fields)."""
+    out: list[str] = []
+    for f in dataclasses.fields(mine):
+        value, expected = getattr(mine, f.name), getattr(base, f.name, None)
+        if value == expected:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            try:
+                default = type(value)()
+            except TypeError:
+                default = None
+            if default is not None:
+                out += _changes(value, default, f"{prefix}{f.name}.")
+                continue
+        out.append(f"{prefix}{f.name}={_short(value)}")
+    return out
+
+
+def _short(value: object) -> str:
+    if isinstance(value, frozenset):
+        return "{" + ",".join(sorted(_short(v) for v in value)) + "}"
+    if hasattr(value, "value") and not isinstance(value, int | str):
+        return str(value.value)
+    return str(value)
+
+
+__all__ = [
+    "ADAPTER_METHODS",
+    "ArImplementation",
+    "DllmImplementation",
+    "NotAnAdapter",
+    "Resolved",
+    "profile_summary",
+    "resolve",
+]

@@ -1,0 +1,60 @@
+"""The one import-string loader: `package.module:attribute` -> the object.
+
+The current directory is importable, as users expect from a command-line tool: `--impl
+my_module:make` finds `my_module.py` in the directory the command runs in, without PYTHONPATH.
+Every failure is a `ConfigError` naming the flag and what would be valid.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+from spec.errors import ConfigError
+
+
+def _cwd_importable() -> None:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def split_target(target: str, flag: str = "impl") -> tuple[str, str]:
+    """('package.module', 'attribute') of a `package.module:attribute` string."""
+    module, sep, attr = target.partition(":")
+    if not sep or not module.strip() or not attr.strip() or ":" in attr:
+        raise ConfigError(flag, target, "'package.module:attribute'")
+    return module, attr
+
+
+def load_object(target: str, flag: str = "impl") -> object:
+    """Import `package.module` (from the current directory too) and return its `attribute`."""
+    module_name, attr = split_target(target, flag)
+    _cwd_importable()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(flag, target, f"an importable module ({err})") from None
+    except SyntaxError as err:
+        raise ConfigError(
+            flag, target, f"a module that compiles ({err.msg}, line {err.lineno})"
+        ) from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(flag, target, f"an attribute of {module_name} (no {part!r} there)")
+        obj = getattr(obj, part)
+    return obj
+
+
+def module_available(module_name: str) -> bool:
+    """Whether `module_name` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+__all__ = ["load_object", "module_available", "split_target"]

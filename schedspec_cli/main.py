@@ -1,0 +1,223 @@
+"""`schedspec`: one entry point for every command.
+
+    schedspec verify [--impl NAME|module:attr ...] [--keep-going] [--accept FILE] ...
+    schedspec list-impls
+    schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]
+    schedspec prove [--bound K] [--json PATH]
+    schedspec parity --device cpu|cuda --algorithm NAME|all --prompts N --max-new-tokens M
+    schedspec bench engine|conformance ...
+    schedspec release-check PARITY.json
+    schedspec simulate dllm|sbs|replicas ...
+    schedspec install-engines [vllm|sglang|vidur|all]
+
+Exit status: 0 pass; 1 a violation, mismatch or failed check; 2 a usage or input error, reported
+in one line naming the flag, field or line and what would be valid (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from schedspec_cli import check_trace, prove, verify, version
+from schedspec_cli.args import Parser, UsageError
+from schedspec_cli.impls import NotAnAdapter
+from schedspec_cli.loader import load_object, module_available
+from schedspec_cli.output import table
+from spec.errors import ConfigError, SchedSpecError, SpecViolation
+
+# commands whose own parser takes the rest of the line (listed in --help all the same)
+PASS_THROUGH: dict[str, str] = {
+    "parity": "bs=1 FDFO vs sync byte parity and leak check on the shipped model (engine extra)",
+    "release-check": "is a parity JSON a release run? (CUDA, every case identical, no leak)",
+    "simulate": "the serving simulator: dllm | sbs | replicas (see docs/sbs.md)",
+    "install-engines": "install the real engines (vllm, sglang, vidur, all) into the engine cache",
+}
+ENGINES = ("vllm", "sglang", "vidur", "all")
+
+
+def cmd_list_impls(args: argparse.Namespace) -> int:
+    from schedspec_cli.impls import profile_summary, resolve
+    from schedspec_cli.registry import BUILTINS, engine_status
+
+    rows = []
+    for b in BUILTINS.values():
+        status = engine_status(b)
+        if b.name == "engine":
+            profile = "idealised spec"  # a bare factory; loading it would import torch
+        elif status == "adapter not in this build":
+            profile = "-"
+        else:
+            try:
+                profile = profile_summary(resolve(b.name).implementation)
+            except SchedSpecError as err:
+                profile = f"unavailable ({_one_line(str(err))})"
+        rows.append((b.name, b.family.value, profile, status, b.target, b.description))
+    print(table(("name", "family", "profile", "engine", "target", "description"), rows))
+    return 0
+
+
+def cmd_bench(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: schedspec bench {engine,conformance} ... (each takes --help)")
+        return 0
+    if not argv:
+        raise UsageError("schedspec bench: error: which benchmark? (valid: engine, conformance)")
+    what, rest = argv[0], argv[1:]
+    if what == "engine":
+        from schedspec_cli.engine_cmds import bench_engine
+
+        return bench_engine(rest)
+    if what == "conformance":
+        from schedspec_cli.bench_conformance import bench_main
+
+        return bench_main(rest)
+    raise UsageError(
+        f"schedspec bench: error: unknown benchmark {what!r} (valid: engine, conformance)"
+    )
+
+
+def cmd_install_engines(argv: list[str]) -> int:
+    for name in (a for a in argv if not a.startswith("-")):  # the installer owns the flags
+        if name not in ENGINES:
+            raise UsageError(
+                f"schedspec install-engines: error: unknown engine {name!r} "
+                f"(valid: {', '.join(ENGINES)})"
+            )
+    if not module_available("integrations.install"):
+        raise ConfigError(
+            "install-engines", " ".join(argv) or "all", "a build that ships integrations.install"
+        )
+    main = load_object("integrations.install:main", "install-engines")
+    return int(main(argv))  # type: ignore[operator]
+
+
+def _simulate(argv: list[str]) -> int:
+    from schedspec_cli.output import check_output_path
+
+    # output paths are checked before any simulation runs (the flags are the simulator's)
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--json", "--trace", "--plots"):
+            check_output_path(arg, argv[i + 1], directory=arg == "--plots")
+    main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
+        "reference.sim.cli:simulate_main", "simulate"
+    )
+    try:
+        return main(argv)
+    except SystemExit as done:  # its argparse: usage errors already printed, exit 2
+        return done.code if isinstance(done.code, int) else 2
+    except (ValueError, OverflowError, MemoryError) as err:
+        if isinstance(err, SchedSpecError):
+            raise
+        # a value the simulator's own flag checks let through (they live in reference.sim.cli)
+        raise UsageError(
+            f"schedspec simulate: error: invalid input ({type(err).__name__}: {err}); "
+            "see schedspec simulate --help for valid values"
+        ) from None
+
+
+def _dispatch(command: str) -> Callable[[list[str]], int]:
+    if command == "parity":
+        from schedspec_cli.engine_cmds import parity
+
+        return parity
+    if command == "release-check":
+        from schedspec_cli.release import release_check_main
+
+        return release_check_main
+    if command == "simulate":
+        return _simulate
+    if command == "install-engines":
+        return cmd_install_engines
+    return cmd_bench
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if args.impl:
+        return verify.run(args)
+    from schedspec_cli.main_job import main_job
+    from schedspec_cli.output import check_output_path
+
+    report = args.report or "reports/verify"
+    check_output_path("--report", report, directory=True)
+    if args.keep_going or args.accept or args.json or args.family or args.mode:
+        raise ConfigError(
+            "impl",
+            None,
+            "--impl NAME: --keep-going, --accept, --json, --family and --mode "
+            "apply to --impl runs (the main job writes --report)",
+        )
+    return main_job(report, args.examples, args.parity_prompts, args.parity_tokens)
+
+
+def build_parser() -> Parser:
+    p = Parser(
+        prog="schedspec",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="exit status: 0 pass, 1 violation or mismatch, 2 usage or input error",
+    )
+    p.add_argument("--version", action="version", version=f"schedspec {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+
+    v = sub.add_parser(
+        "verify",
+        help="with --impl: the conformance suite on those implementations (dLLM or AR); "
+        "without: the main job (proofs, conformance on every built-in, parity, report)",
+    )
+    verify.add_arguments(v)
+    v.set_defaults(func=cmd_verify)
+
+    li = sub.add_parser("list-impls", help="built-in implementations: family, profile, engine")
+    li.set_defaults(func=cmd_list_impls)
+
+    ct = sub.add_parser("check-trace", help="check a JSON Lines event log (dLLM or AR)")
+    check_trace.add_arguments(ct)
+    ct.set_defaults(func=check_trace.run)
+
+    pr = sub.add_parser("prove", help="run the Z3 proofs")
+    prove.add_arguments(pr)
+    pr.set_defaults(func=prove.run)
+
+    sub.add_parser("bench", help="benchmarks: engine | conformance (each takes --help)")
+    for name, text in PASS_THROUGH.items():
+        sub.add_parser(name, help=text + " (takes --help)")
+    return p
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (0 pass, 1 violation, 2 usage/input error)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args_list and (args_list[0] in PASS_THROUGH or args_list[0] == "bench"):
+            return _dispatch(args_list[0])(args_list[1:])
+        args = build_parser().parse_args(args_list)
+        code: int = args.func(args)
+        return code
+    except UsageError as err:
+        print(_one_line(str(err)), file=sys.stderr)
+        return 2
+    except SpecViolation as err:  # a violation outside a suite run (e.g. a replayed workload)
+        print(f"schedspec: violation: {err}", file=sys.stderr)
+        return 1
+    except (SchedSpecError, NotAnAdapter) as err:
+        print(f"schedspec: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path the checks could not foresee (disk full, permissions)
+        where = f" {err.filename}" if err.filename else ""
+        print(f"schedspec: error:{where}: {_one_line(err.strerror or str(err))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("schedspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,61 @@
+"""The one JSON writer, the one table renderer, and output-path checks made before any work.
+
+A long run must not lose its results to a bad `--json` path found at the end, so every command
+calls `check_output_path` for each output flag while validating its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from spec.errors import ConfigError
+
+
+def check_output_path(flag: str, path: str | None, *, directory: bool = False) -> None:
+    """Raise `ConfigError(flag, ...)` unless `path` can be written (a file, or with `directory`
+    a directory), creating nothing. None passes (the output was not asked for)."""
+    if path is None:
+        return
+    if not path.strip() or "\x00" in path:
+        raise ConfigError(flag, path, "a file path")
+    p = Path(path)
+    if directory:
+        if p.exists() and not p.is_dir():
+            raise ConfigError(flag, path, "a directory (this is an existing file)")
+    elif p.is_dir():
+        raise ConfigError(flag, path, "a file path (this is a directory)")
+    # the nearest existing ancestor must be a writable directory
+    parent = p if directory else p.parent
+    parent = parent if str(parent) else Path(".")
+    while not parent.exists():
+        if parent.parent == parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(flag, path, f"a path under a directory ({parent} is a file)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(flag, path, f"a path where files can be written ({parent} is not)")
+
+
+def write_json(path: str | Path | None, payload: object) -> None:
+    """Write `payload` as indented JSON (parents created); nothing when `path` is None."""
+    if path is None or path == "":
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table with a dashed rule under the headers."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+__all__ = ["check_output_path", "table", "write_json"]

@@ -1,0 +1,47 @@
+"""The one progress printer: a single, rewritten line on stderr, only when it is a terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+class Progress:
+    """`update(text)` rewrites the line; `done()` ends it. Silent when stderr is not a tty."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.active = sys.stderr.isatty()
+        self._shown = False
+
+    def update(self, text: str) -> None:
+        if self.active:
+            sys.stderr.write(f"\r{self.label}: {text:<60}")
+            sys.stderr.flush()
+            self._shown = True
+
+    def done(self) -> None:
+        if self._shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._shown = False
+
+    def examples(self, total: int) -> Callable[[int, int], None]:
+        """A callback `(examples, steps)` for the conformance machines' step counter."""
+
+        def show(examples: int, steps: int) -> None:
+            self.update(f"{min(examples, total)}/{total} examples, {steps} steps")
+
+        return show
+
+    def message(self) -> Callable[[str], None]:
+        """A callback taking free text (the proof suite's progress)."""
+        return self.update
+
+
+def log(msg: str) -> None:
+    """A progress message that stays (long commands: what they are doing now)."""
+    print(f"[schedspec] {msg}", file=sys.stderr, flush=True)
+
+
+__all__ = ["Progress", "log"]

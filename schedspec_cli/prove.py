@@ -1,0 +1,37 @@
+"""`schedspec prove [--bound K] [--json PATH]`: the Z3 proofs (`properties.proofs`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from schedspec_cli.args import int_in
+from schedspec_cli.output import check_output_path, table, write_json
+from schedspec_cli.progress import Progress
+
+MAX_BOUND = 64
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", help="write every proof result as JSON here")
+    p.add_argument(
+        "--bound",
+        type=int_in(1, MAX_BOUND),
+        default=None,
+        help=f"BMC depth in events and the policy theorems' bound (1..{MAX_BOUND}; default 6)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output_path("--json", args.json)
+    from properties.proofs import run_all_proofs
+
+    bar = Progress("prove")
+    results = run_all_proofs(progress=bar.message() if bar.active else None, bound=args.bound)
+    bar.done()
+    rows = [(r.name, r.status, f"{r.seconds:.2f}", r.detail[:70]) for r in results]
+    print(table(("proof", "status", "seconds", "detail"), rows))
+    write_json(args.json, {"proofs": [r.to_json() for r in results]})
+    bad = [r.name for r in results if r.status != "proved"]
+    if bad:
+        print(f"not proved: {', '.join(bad)}")
+    return 1 if bad else 0

@@ -1,0 +1,192 @@
+"""Built-in implementations: name -> family, import string(s), parity policy, engine.
+
+Every built-in is resolved by import string, exactly like a user's `module:attribute`, so the
+project's own schedulers plug in the way a foreign one does. A built-in lists its targets in
+order of preference: the implementation object that declares its profile first, then the bare
+factory it wraps (kept working by its owner), so the registry works on either side of a rename.
+Real engines (`real-*`) are imported lazily and only run when installed
+(`schedspec install-engines`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from schedspec_cli.loader import load_object, module_available, split_target
+from spec.errors import ConfigError
+from spec.implementation import Family
+
+ParityPolicy = Literal["always", "bs1", "never"]
+
+
+@dataclass(frozen=True, slots=True)
+class Builtin:
+    """One built-in implementation.
+
+    targets: import strings, most preferred first (the first that resolves is used).
+    parity: the output check after every example ("always": outputs must not depend on
+        batching; AR implementations have no outputs to compare: "never").
+    engine: the `integrations` package of a real engine ("" for the project's own).
+    default_verify: part of the main job (`schedspec verify` without --impl).
+    """
+
+    name: str
+    family: Family
+    targets: tuple[str, ...]
+    description: str
+    parity: ParityPolicy = "always"
+    engine: str = ""
+    default_verify: bool = True
+
+    @property
+    def target(self) -> str:
+        """The import string that resolves here (the first that does, else the first)."""
+        if len(self.targets) == 1:
+            return self.targets[0]  # nothing to choose: do not import (torch, an engine)
+        for t in self.targets:
+            module, attr = split_target(t)
+            if module_available(module) and _has_attr(module, attr):
+                return t
+        return self.targets[0]
+
+
+def _has_attr(module: str, attr: str) -> bool:
+    try:
+        load_object(f"{module}:{attr}")
+    except ConfigError:
+        return False
+    return True
+
+
+def _dllm(name: str, targets: tuple[str, ...], description: str, **kw: object) -> Builtin:
+    return Builtin(name, Family.DLLM, targets, description, **kw)  # type: ignore[arg-type]
+
+
+def _ar(name: str, targets: tuple[str, ...], description: str, **kw: object) -> Builtin:
+    return Builtin(name, Family.AR, targets, description, parity="never", **kw)  # type: ignore[arg-type]
+
+
+BUILTINS_LIST: tuple[Builtin, ...] = (
+    _dllm(
+        "reference-dllm",
+        ("reference.dllm:REFERENCE_DLLM", "reference.dllm:make_scheduler"),
+        "plain-Python reference dLLM scheduler, LowConfidence over pseudo-logits",
+    ),
+    _dllm(
+        "reference-dllm-joint",
+        ("reference.dllm:REFERENCE_DLLM_JOINT", "reference.dllm:make_joint_threshold_scheduler"),
+        "the reference driven by JointThreshold (carries algorithm state between rounds)",
+    ),
+    _dllm(
+        "reference-dllm-scripted",
+        ("reference.dllm:REFERENCE_DLLM_SCRIPTED", "reference.dllm:make_scripted_scheduler"),
+        "the reference with step-count patterns (1 to block_size+1 steps per block)",
+    ),
+    _dllm(
+        "engine",
+        ("gpu.engine:make_small_engine",),
+        "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
+        "extra)",
+    ),
+    _ar(
+        "vllm-v1",
+        ("reference.ar.vllm_v1:VLLM_V1", "reference.ar.vllm_v1:make_vllm_v1"),
+        "vLLM v1's scheduler decision rules, re-implemented in plain Python",
+    ),
+    _ar(
+        "vllm-v1-prefix",
+        (
+            "reference.ar.prefix_cache:VLLM_V1_PREFIX",
+            "reference.ar.prefix_cache:make_vllm_v1_prefix",
+        ),
+        "vLLM v1's decision rules with prefix caching (shared, reference-counted blocks)",
+    ),
+    _ar(
+        "vidur-vllm",
+        ("reference.ar.vidur:VIDUR_VLLM", "reference.ar.vidur:make_vidur_vllm"),
+        "Vidur's vLLM replica scheduler, re-implemented",
+    ),
+    _ar(
+        "vidur-sarathi",
+        ("reference.ar.vidur:VIDUR_SARATHI", "reference.ar.vidur:make_vidur_sarathi"),
+        "Vidur's Sarathi-Serve replica scheduler, re-implemented",
+    ),
+    _ar(
+        "vidur-orca",
+        ("reference.ar.vidur:VIDUR_ORCA", "reference.ar.vidur:make_vidur_orca"),
+        "Vidur's Orca replica scheduler, re-implemented",
+    ),
+    _ar(
+        "vidur-lightllm",
+        ("reference.ar.vidur:VIDUR_LIGHTLLM", "reference.ar.vidur:make_vidur_lightllm"),
+        "Vidur's LightLLM replica scheduler, re-implemented",
+    ),
+    _ar(
+        "vidur-ft",
+        ("reference.ar.vidur:VIDUR_FT", "reference.ar.vidur:make_vidur_ft"),
+        "Vidur's FasterTransformer replica scheduler, re-implemented",
+    ),
+    _ar(
+        "real-vllm",
+        ("integrations.vllm:REAL_VLLM",),
+        "vLLM 0.33.0's own v1 Scheduler (prefix caching off)",
+        engine="vllm",
+        default_verify=False,
+    ),
+    _ar(
+        "real-vllm-prefix",
+        ("integrations.vllm:REAL_VLLM_PREFIX",),
+        "vLLM 0.33.0's own v1 Scheduler with prefix caching on",
+        engine="vllm",
+        default_verify=False,
+    ),
+    _dllm(
+        "real-sglang-dllm",
+        ("integrations.sglang:REAL_SGLANG_DLLM",),
+        "SGLang 0.5.23's dLLM scheduler path with its real memory pools",
+        engine="sglang",
+        default_verify=False,
+    ),
+    *(
+        _ar(
+            f"real-vidur-{short}",
+            (f"integrations.vidur:REAL_VIDUR_{short.upper()}",),
+            f"Vidur's own {title} replica scheduler",
+            engine="vidur",
+            default_verify=False,
+        )
+        for short, title in (
+            ("vllm", "vLLM"),
+            ("sarathi", "Sarathi-Serve"),
+            ("orca", "Orca"),
+            ("lightllm", "LightLLM"),
+            ("ft", "FasterTransformer"),
+        )
+    ),
+)
+
+BUILTINS: dict[str, Builtin] = {b.name: b for b in BUILTINS_LIST}
+
+
+def engine_status(builtin: Builtin) -> str:
+    """'-' for the project's own; for a real engine 'installed', 'not installed (run ...)' or
+    'adapter not in this build'. Never imports the engine itself."""
+    if not builtin.engine:
+        if builtin.name == "engine" and not module_available("torch"):
+            return "needs torch: pip install 'schedspec[engine]'"
+        return "-"
+    package = f"integrations.{builtin.engine}"
+    if not module_available(package):
+        return "adapter not in this build"
+    try:
+        manifest = load_object(f"{package}:MANIFEST", "impl")
+    except ConfigError:
+        return "adapter not in this build"
+    installed = getattr(manifest, "installed", None)
+    if callable(installed) and installed():
+        return "installed"
+    return f"not installed (schedspec install-engines {builtin.engine})"
+
+
+__all__ = ["BUILTINS", "BUILTINS_LIST", "Builtin", "ParityPolicy", "engine_status"]

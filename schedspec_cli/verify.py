@@ -1,0 +1,250 @@
+"""`schedspec verify --impl NAME|module:attribute ...`: the conformance suite on implementations
+of either family, as a campaign (`--keep-going`, `--accept FILE`).
+
+Everything the run needs is checked first (flags, output paths, the accept file, every
+implementation loaded and its family known), so a typo fails in a second, not after minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from properties.campaign import parse_accept_file
+from properties.verify import VerifyResult, verify_implementation
+from schedspec_cli import meta
+from schedspec_cli.args import MAX_EXAMPLES, positive
+from schedspec_cli.impls import NotAnAdapter, Resolved, profile_summary, resolve
+from schedspec_cli.output import check_output_path, table, write_json
+from schedspec_cli.progress import Progress
+from schedspec_cli.registry import ParityPolicy
+from spec.errors import ConfigError
+from spec.implementation import Family
+from spec.profile import AcceptedDeviation
+
+
+def add_arguments(v: argparse.ArgumentParser) -> None:
+    v.add_argument(
+        "--impl",
+        action="append",
+        metavar="NAME|MODULE:ATTR",
+        help="a built-in name (see list-impls) or module:attribute naming a DllmImplementation, "
+        "an ArImplementation or a factory; the current directory is importable (repeatable). "
+        "Without --impl: the main job",
+    )
+    v.add_argument(
+        "--family",
+        choices=("dllm", "ar"),
+        help="the family of a module:attribute factory whose family cannot be told from its "
+        "type or annotation",
+    )
+    v.add_argument(
+        "--examples",
+        type=positive(MAX_EXAMPLES),
+        default=100,
+        help="generated programs per implementation (and per campaign run); default 100",
+    )
+    v.add_argument("--json", metavar="PATH", help="write the result as JSON here")
+    v.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write report.md and report.json here (the main job's default: reports/verify)",
+    )
+    v.add_argument(
+        "--parity",
+        choices=("always", "bs1", "never"),
+        default="always",
+        help="dLLM output check at teardown: always (outputs equal solo sync outputs at every "
+        "batch size; the default), bs1 (only batch-size-1 runs), never",
+    )
+    v.add_argument(
+        "--mode",
+        action="append",
+        choices=("sync", "fdfo"),
+        help="dLLM: only generate configurations in these modes (repeatable)",
+    )
+    v.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a campaign: run on after a failure and report every distinct rule violated, each "
+        "with its own shrunk counterexample",
+    )
+    v.add_argument(
+        "--accept",
+        metavar="FILE",
+        help="accepted deviations, reported as accepted instead of failed: 'rule: reason' per "
+        'line, or JSON [{"rule": ..., "reason": ...}]',
+    )
+    v.add_argument(
+        "--parity-prompts",
+        type=positive(1000),
+        default=8,
+        help="main job: prompts of the parity step (default 8)",
+    )
+    v.add_argument(
+        "--parity-tokens",
+        type=positive(4096),
+        default=32,
+        help="main job: new tokens per parity prompt (default 32)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    targets: tuple[Resolved, ...]
+    accepted: tuple[AcceptedDeviation, ...]
+
+
+def known_rules() -> dict[str, str]:
+    """Every rule name of both families (for checking an --accept file)."""
+    from spec.ar.rules import AR_RULES
+    from spec.rules import RULES
+
+    names = {str(k): str(v) for k, v in RULES.items()}
+    names.update({str(k): str(v) for k, v in AR_RULES.items()})
+    names["fdfo_sync_parity"] = "outputs equal solo sync outputs"
+    return names
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Validate every flag and load every implementation before any work starts."""
+    check_output_path("--json", args.json)
+    check_output_path("--report", args.report, directory=True)
+    accepted: tuple[AcceptedDeviation, ...] = ()
+    if args.accept is not None:
+        accepted = parse_accept_file(args.accept, known_rules())
+    targets = tuple(resolve(name, args.family) for name in args.impl)
+    for t in targets:
+        if args.mode and t.family is Family.AR:
+            raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
+        if t.builtin is not None and t.builtin.engine:
+            _require_engine(t.builtin.engine)
+    return Plan(targets, accepted)
+
+
+def _require_engine(engine: str) -> None:
+    from schedspec_cli.loader import load_object
+
+    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
+    if not manifest.installed():
+        raise ConfigError(
+            "impl",
+            engine,
+            f"an installed engine: run `schedspec install-engines {engine}` first",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    p = plan(args)
+    configs = None
+    if args.mode:
+        from properties.strategies import dllm_configs
+        from spec.config import Mode
+
+        configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
+    source = args.accept or ""
+    results: list[VerifyResult] = []
+    for t in p.targets:
+        # batch parity by default for every dLLM implementation, built-in or module:attribute
+        parity: ParityPolicy = "never" if t.family is Family.AR else args.parity
+        bar = Progress(f"verify {t.name}")
+        res = verify_implementation(
+            t.name,
+            t.implementation,
+            args.examples,
+            parity=parity,
+            configs=configs if t.family is Family.DLLM else None,
+            keep_going=args.keep_going,
+            accepted=[(d, source) for d in p.accepted],
+            progress=bar.examples(args.examples),
+            fatal=(NotAnAdapter,),
+            profile=profile_summary(t.implementation),
+        )
+        bar.done()
+        results.append(res)
+    print(render_table(results))
+    for r in results:
+        for f in r.failures:
+            print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
+            print(f.program)
+    payload = to_json(results)
+    write_json(args.json, payload)
+    if args.report:
+        write_report(Path(args.report), results, payload)
+    return 0 if all(r.passed for r in results) else 1
+
+
+def render_table(results: list[VerifyResult]) -> str:
+    rows = []
+    for r in results:
+        accepted = ", ".join(f"{a['rule']} ({a['hits']} hits)" for a in r.accepted)
+        rows.append(
+            (
+                r.impl,
+                r.family,
+                "PASS" if r.passed else "FAIL",
+                r.examples,
+                r.steps,
+                f"{r.seconds:.1f}",
+                ", ".join(r.rules) or "-",
+                accepted or "-",
+            )
+        )
+    return table(
+        ("impl", "family", "result", "examples", "steps", "seconds", "rules violated", "accepted"),
+        rows,
+    )
+
+
+def to_json(results: list[VerifyResult]) -> dict[str, Any]:
+    payload: dict[str, Any]
+    if len(results) == 1:
+        payload = results[0].to_json()
+    else:
+        payload = {
+            "passed": all(r.passed for r in results),
+            "results": [r.to_json() for r in results],
+        }
+    payload["run"] = meta.run_metadata(with_device=False)
+    return payload
+
+
+def write_report(out: Path, results: list[VerifyResult], payload: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "report.json", payload)
+    lines = [
+        "# schedspec verify report",
+        "",
+        "| impl | family | profile | result | examples | rules violated | accepted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        accepted = ", ".join(f"{a['rule']} ({a['hits']} hits)" for a in r.accepted) or "-"
+        lines.append(
+            f"| {r.impl} | {r.family} | {r.profile or '-'} | {'PASS' if r.passed else 'FAIL'} "
+            f"| {r.examples} | {', '.join(r.rules) or '-'} | {accepted} |"
+        )
+    lines.append("")
+    lines.append(failures_markdown([r.to_json() for r in results]))
+    lines.append(meta.markdown(payload["run"]))
+    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def failures_markdown(results: list[dict[str, Any]]) -> str:
+    """One section per violated rule, grouped by rule, each with its own counterexample."""
+    by_rule: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for r in results:
+        for f in r.get("failures", []):
+            by_rule.setdefault(f["rule"], []).append((r["impl"], f))
+    lines: list[str] = []
+    for rule, items in by_rule.items():
+        lines += ["", f"## [{rule}]"]
+        for impl, f in items:
+            lines += ["", f"### {impl}: [{rule}]", "", "```text", f["message"], "", f["program"]]
+            lines += ["```"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["add_arguments", "plan", "run"]

@@ -1,0 +1,221 @@
+"""The command line as a user meets it: every command listed, every flag explained, both
+families from `--impl`, typed answers for what cannot be run, check-trace's header rules."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from properties.ar.harness import ArHarness
+from properties.harness import Harness
+from reference.ar.vidur import make_vidur_vllm
+from reference.dllm import make_scheduler
+from schedspec_cli import engine_cmds, version
+from schedspec_cli import main as cli
+from schedspec_cli.main import PASS_THROUGH, build_parser, main
+from schedspec_cli.registry import BUILTINS
+from spec import DllmConfig, Mode, RequestSpec
+from spec.ar.config import ArConfig, ArRequest
+from spec.ar.trace import write_ar_trace
+from spec.trace import config_to_dict, write_events
+
+
+def out_err(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    cap = capsys.readouterr()
+    return cap.out, cap.err
+
+
+# ---------------------------------------------------------------------------- help and version
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out, _ = out_err(capsys)
+    for command in ("verify", "list-impls", "check-trace", "prove", "bench", *PASS_THROUGH):
+        assert f"    {command}" in out, command
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert out_err(capsys)[0].strip() == f"schedspec {version()}"
+
+
+def _parsers() -> list[argparse.ArgumentParser]:
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        top,
+        *sub.choices.values(),
+        engine_cmds.parity_parser(),
+        engine_cmds.bench_engine_parser(),
+    ]
+
+
+def test_every_flag_has_help_text() -> None:
+    for parser in _parsers():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or action.dest == "help":
+                continue
+            assert action.help, f"{parser.prog}: {action.option_strings or action.dest}"
+
+
+def test_list_impls_shows_every_builtin_with_family_and_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["list-impls"]) == 0
+    out, _ = out_err(capsys)
+    for name, builtin in BUILTINS.items():
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert f" {builtin.family.value} " in line, line
+        if builtin.engine:
+            assert "installed" in line or "not in this build" in line, line
+
+
+# ---------------------------------------------------------------------------- both families
+def test_verify_an_ar_builtin_and_a_bare_ar_factory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "v.json"
+    argv = ["verify", "--impl", "vidur-vllm", "--impl", "reference.ar.vidur:make_vidur_vllm"]
+    assert main([*argv, "--examples", "5", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["family"] for r in data["results"]] == ["ar", "ar"]
+    assert all(r["passed"] and r["examples"] >= 1 for r in data["results"])
+    assert data["run"]["commit"] and data["run"]["date"]
+
+
+def test_a_factory_whose_family_cannot_be_told_needs_family(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["verify", "--impl", "tests.broken_adapters:no_family", "--examples", "3"]) == 2
+    assert "--family dllm|ar" in out_err(capsys)[1]
+    argv = ["verify", "--impl", "tests.broken_adapters:no_family", "--family", "dllm"]
+    assert main([*argv, "--examples", "3"]) == 0
+
+
+def test_a_factory_that_returns_no_adapter_is_an_input_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["verify", "--impl", "tests.broken_adapters:not_an_adapter", "--examples", "3"])
+    _, err = out_err(capsys)
+    assert code == 2, err
+    assert "SchedulerAdapter" in err and "dict" in err and err.count("\n") == 1, err
+
+
+def test_parity_without_torch_names_the_engine_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(engine_cmds, "module_available", lambda name: name != "torch")
+    assert main(["parity", "--device", "cpu", "--prompts", "1"]) == 2
+    _, err = out_err(capsys)
+    assert "schedspec[engine]" in err and err.count("\n") == 1, err
+
+
+def test_install_engines_dispatches_lazily(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli, "module_available", lambda name: True)
+    monkeypatch.setattr(
+        cli, "load_object", lambda target, flag: lambda argv: seen.append(argv) or 0
+    )
+    assert main(["install-engines", "vidur"]) == 0
+    assert main(["install-engines"]) == 0  # all
+    assert seen == [["vidur"], []]
+    monkeypatch.setattr(cli, "module_available", lambda name: False)
+    assert main(["install-engines", "vllm"]) == 2
+    assert "integrations.install" in out_err(capsys)[1]
+
+
+# ---------------------------------------------------------------------------- check-trace
+DLLM_CFG = DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=8, mode=Mode.FDFO)
+
+
+def dllm_trace(tmp_path: Path, *, header: bool = True, finish: bool = True) -> Path:
+    h = Harness(make_scheduler, DLLM_CFG)
+    h.submit(RequestSpec("a", (1, 2, 3), 3))
+    if finish:
+        h.drain()
+    else:
+        h.round()
+    buf = io.StringIO()
+    write_events(h.events, buf)
+    path = tmp_path / "dllm.jsonl"
+    head = json.dumps(config_to_dict(DLLM_CFG)) + "\n" if header else ""
+    path.write_text(head + buf.getvalue())
+    return path
+
+
+def write_config(tmp_path: Path, **changes: object) -> Path:
+    data = {k: v for k, v in config_to_dict(DLLM_CFG).items() if k != "kind"}
+    data.update(changes)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_check_trace_header_and_config_must_agree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = dllm_trace(tmp_path)
+    assert main(["check-trace", str(trace)]) == 0
+    assert main(["check-trace", str(trace), "--config", str(write_config(tmp_path))]) == 0
+    other = write_config(tmp_path, kv_pages=8)
+    out_err(capsys)
+    assert main(["check-trace", str(trace), "--config", str(other)]) == 2
+    assert "disagree" in out_err(capsys)[1]
+    bare = dllm_trace(tmp_path, header=False)
+    assert main(["check-trace", str(bare), "--config", str(write_config(tmp_path))]) == 0
+    assert main(["check-trace", str(bare)]) == 2
+
+
+def test_check_trace_reports_work_still_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = dllm_trace(tmp_path, finish=False)
+    assert main(["check-trace", str(trace)]) == 0
+    assert "warning" in out_err(capsys)[0]
+    assert main(["check-trace", str(trace), "--require-idle"]) == 1
+    assert "--require-idle" in out_err(capsys)[0]
+
+
+def ar_trace(tmp_path: Path, *, header: bool = True) -> tuple[Path, ArConfig]:
+    cfg = ArConfig(
+        block_size=2,
+        num_blocks=16,
+        max_num_batched_tokens=16,
+        max_model_len=16,
+        enable_chunked_prefill=False,
+    )
+    h = ArHarness(make_vidur_vllm, cfg)
+    h.submit(ArRequest("a", 5, 3))
+    h.submit(ArRequest("b", 3, 2))
+    h.drain()
+    buf = io.StringIO()
+    write_ar_trace(h.events, buf, cfg if header else None)
+    path = tmp_path / "ar.jsonl"
+    path.write_text(buf.getvalue())
+    return path, cfg
+
+
+def test_check_trace_dispatches_an_ar_trace_by_its_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, _ = ar_trace(tmp_path)
+    assert main(["check-trace", str(trace)]) == 0
+    out, _ = out_err(capsys)
+    assert "steps conform" in out
+    assert main(["check-trace", str(trace), "--family", "dllm"]) == 2
+    bad = tmp_path / "bad.jsonl"
+    lines = trace.read_text().splitlines()
+    events = [json.loads(x) for x in lines[1:]]
+    first_alloc = next(i for i, e in enumerate(events) if e["kind"] == "ar_blocks_allocated")
+    del events[first_alloc]  # schedule tokens without blocks
+    bad.write_text("\n".join([lines[0], *map(json.dumps, events)]) + "\n")
+    assert main(["check-trace", str(bad)]) == 1
+    assert "FAIL" in out_err(capsys)[0]

@@ -1,0 +1,249 @@
+"""Every command answers bad input with exit 2 and one line naming what was wrong — never a
+traceback, never exit 1 (which means a real violation).
+
+The corpus: wrong types; zero, negative and huge numbers; missing, directory, binary, empty,
+byte-order-mark and non-UTF-8 files; unicode names; unknown commands, flags and choices; output
+paths that cannot be written (checked before any work starts). Most cases run in-process through
+`schedspec_cli.main.main(argv)`; a few run as the installed console script to check that no
+traceback reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schedspec_cli.main import main
+
+HUGE = "9" * 30
+TRACE_HEADER = {"kind": "config", "block_size": 2, "page_size": 2, "kv_pages": 2, "max_context": 4}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+    header = json.dumps(TRACE_HEADER) + "\n"
+    contents: dict[str, bytes] = {
+        "binary": b"\x00\xff\xfe\x01\x02binary",
+        "empty": b"",
+        "bom": b"\xef\xbb\xbf" + header.encode(),
+        "latin1": "caf\xe9 au lait\n".encode("latin-1"),
+        "not_json": b"this is not json\n",
+        "json_list": b"[1, 2, 3]\n",
+        "slots_str": (header + '{"kind":"kv_freed","request_id":"a","slots":["0"]}\n').encode(),
+        "row_str": (header + '{"kind":"admitted","request_id":"a","row":"0"}\n').encode(),
+        "unknown_kind": (header + '{"kind":"teleported","request_id":"a"}\n').encode(),
+        "header_only": header.encode(),
+        "config_types": b'{"block_size": "4", "page_size": 4, "kv_pages": 2, "max_context": 8}',
+        "config_other": json.dumps({**TRACE_HEADER, "kv_pages": 3}).encode(),
+        "config_zero": json.dumps({**TRACE_HEADER, "kind": None, "block_size": 0}).encode(),
+        "config_huge": json.dumps({**TRACE_HEADER, "kv_pages": 10**30}).encode(),
+        "accept_no_colon": b"terminal_owns_nothing because\n",
+        "accept_unknown_rule": b"no_such_rule: a reason\n",
+        "accept_no_reason": b"no_leak:   \n",
+        "accept_twice": b"no_leak: one\nno_leak: two\n",
+        "accept_bad_json": b'[{"rule": "no_leak", "reason": "x"}',
+        "accept_json_types": b'[{"rule": 3, "reason": "x"}]',
+        "parity_types": json.dumps({"device": "cuda", "identical": "yes"}).encode(),
+        "ünïcödé.jsonl": header.encode() + b'{"kind":"submitted"}\n',
+    }
+    out = {}
+    for name, data in contents.items():
+        (d / name).write_bytes(data)
+        out[name] = d / name
+    out["missing"] = d / "does-not-exist.jsonl"
+    out["dir"] = d
+    out["unicode_missing"] = d / "ñö-fïlé.jsonl"
+    return out
+
+
+def cases() -> list[tuple[str, list[str]]]:
+    """(id, argv) with {name} placeholders for the files above."""
+    c: list[tuple[str, list[str]]] = []
+    # top level
+    c += [("no-command", []), ("unknown-command", ["frobnicate"]), ("unknown-flag", ["--nope"])]
+    c += [("unicode-command", ["vérifier"]), ("list-impls-extra", ["list-impls", "extra"])]
+    # check-trace: every kind of bad file, bad --config, bad --family
+    for f in (
+        "missing",
+        "unicode_missing",
+        "dir",
+        "binary",
+        "empty",
+        "bom",
+        "latin1",
+        "not_json",
+        "json_list",
+        "slots_str",
+        "row_str",
+        "unknown_kind",
+        "ünïcödé.jsonl",
+    ):
+        c.append((f"check-trace-{f}", ["check-trace", f"{{{f}}}"]))
+    for f in ("missing", "dir", "binary", "empty", "json_list", "config_types", "config_other"):
+        c.append(
+            (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", f"{{{f}}}"])
+        )
+    for f in ("config_zero", "config_huge"):
+        c.append((f"check-trace-config-{f}", ["check-trace", "{not_json}", "--config", f"{{{f}}}"]))
+    c.append(("check-trace-family", ["check-trace", "{header_only}", "--family", "ar"]))
+    c.append(("check-trace-family-bogus", ["check-trace", "{header_only}", "--family", "xl"]))
+    # verify: numbers, implementations, output paths, accept files, choices
+    for value in ("0", "-1", HUGE, "abc", "1.5", ""):
+        c.append(
+            (
+                f"verify-examples-{value[:4]}",
+                ["verify", "--impl", "reference-dllm", "--examples", value],
+            )
+        )
+    for impl in (
+        "",
+        "nonesuch",
+        "os:path",
+        "no_such_module:x",
+        "é:ü",
+        "math:pi",
+        "a:b:c",
+        "os:getcwd",
+    ):
+        c.append((f"verify-impl-{impl[:8]}", ["verify", "--impl", impl]))
+    c.append(("verify-family-conflict", ["verify", "--impl", "reference-dllm", "--family", "ar"]))
+    c.append(("verify-family-bogus", ["verify", "--impl", "reference-dllm", "--family", "xl"]))
+    c.append(("verify-parity-bogus", ["verify", "--impl", "reference-dllm", "--parity", "some"]))
+    c.append(("verify-mode-bogus", ["verify", "--impl", "reference-dllm", "--mode", "turbo"]))
+    c.append(("verify-mode-ar", ["verify", "--impl", "vidur-vllm", "--mode", "sync"]))
+    c.append(("verify-json-dir", ["verify", "--impl", "reference-dllm", "--json", "{dir}"]))
+    c.append(
+        (
+            "verify-json-under-file",
+            ["verify", "--impl", "reference-dllm", "--json", "{empty}/x.json"],
+        )
+    )
+    c.append(("verify-report-file", ["verify", "--impl", "reference-dllm", "--report", "{empty}"]))
+    c.append(("verify-main-job-json", ["verify", "--json", "x.json"]))
+    c.append(("verify-main-job-report-file", ["verify", "--report", "{empty}"]))
+    for f in (
+        "missing",
+        "dir",
+        "binary",
+        "empty",
+        "latin1",
+        "accept_no_colon",
+        "accept_unknown_rule",
+        "accept_no_reason",
+        "accept_twice",
+        "accept_bad_json",
+        "accept_json_types",
+        "json_list",
+    ):
+        c.append(
+            (f"verify-accept-{f}", ["verify", "--impl", "reference-dllm", "--accept", f"{{{f}}}"])
+        )
+    # prove
+    for value in ("0", "-1", HUGE, "x"):
+        c.append((f"prove-bound-{value[:4]}", ["prove", "--bound", value]))
+    c.append(("prove-json-dir", ["prove", "--json", "{dir}"]))
+    # parity (checked before torch or the model loads)
+    c += [
+        ("parity-device", ["parity", "--device", "cudaXYZ-fake"]),
+        ("parity-device-empty", ["parity", "--device", ""]),
+        ("parity-prompts-0", ["parity", "--prompts", "0"]),
+        ("parity-tokens-neg", ["parity", "--max-new-tokens", "-1"]),
+        ("parity-tokens-huge", ["parity", "--max-new-tokens", HUGE]),
+        ("parity-block-0", ["parity", "--block-size", "0"]),
+        ("parity-page-not-multiple", ["parity", "--block-size", "2", "--page-size", "3"]),
+        ("parity-algorithm", ["parity", "--algorithm", "Greedy"]),
+        ("parity-json-dir", ["parity", "--json", "{dir}"]),
+    ]
+    # bench
+    c += [
+        ("bench-none", ["bench"]),
+        ("bench-bogus", ["bench", "gpu"]),
+        ("bench-engine-threads", ["bench", "engine", "--threads", "-1"]),
+        ("bench-engine-repeats", ["bench", "engine", "--repeats", "0"]),
+        ("bench-engine-requests", ["bench", "engine", "--requests", HUGE]),
+        ("bench-engine-json-dir", ["bench", "engine", "--json", "{dir}"]),
+        ("bench-conf-examples", ["bench", "conformance", "--examples", "0"]),
+        ("bench-conf-impl", ["bench", "conformance", "--impl", "nonesuch"]),
+        ("bench-conf-json-dir", ["bench", "conformance", "--json", "{dir}"]),
+    ]
+    # release-check
+    for f in (
+        "missing",
+        "dir",
+        "binary",
+        "empty",
+        "bom",
+        "latin1",
+        "not_json",
+        "json_list",
+        "parity_types",
+    ):
+        c.append((f"release-check-{f}", ["release-check", f"{{{f}}}"]))
+    c.append(("release-check-none", ["release-check"]))
+    # simulate (its own flags live in reference.sim.cli) and install-engines
+    c += [
+        ("simulate-bogus", ["simulate", "warp"]),
+        ("simulate-flag", ["simulate", "sbs", "--no-such-flag", "1"]),
+        ("simulate-requests-neg", ["simulate", "dllm", "--requests", "-1"]),
+        ("simulate-json-dir", ["simulate", "sbs", "--json", "{dir}"]),
+        ("simulate-plots-file", ["simulate", "sbs", "--plots", "{empty}"]),
+        ("install-engines-bogus", ["install-engines", "tensorrt"]),
+    ]
+    return c
+
+
+def _fill(argv: list[str], files: dict[str, Path]) -> list[str]:
+    out = []
+    for a in argv:
+        if a.startswith("{") and a.endswith("}") and a[1:-1] in files:
+            out.append(str(files[a[1:-1]]))
+        elif "{empty}" in a:
+            out.append(a.replace("{empty}", str(files["empty"])))
+        else:
+            out.append(a)
+    return out
+
+
+@pytest.mark.parametrize(("case", "argv"), cases(), ids=[c for c, _ in cases()])
+def test_bad_input_is_exit_2_with_one_line(
+    case: str,
+    argv: list[str],
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(_fill(argv, files))
+    err = capsys.readouterr().err
+    assert code == 2, f"{case}: exit {code}\n{err}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    message = lines[-1] if lines else ""
+    assert "error" in message and "Traceback" not in err, f"{case}: {err}"
+    # one line for the error itself (the simulator may print its progress before it)
+    assert sum("error" in line for line in lines) == 1, f"{case}: {err}"
+    assert not list(tmp_path.iterdir()), f"{case}: wrote files before refusing"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check-trace", "{binary}"],
+        ["verify", "--impl", "reference-dllm", "--examples", "0"],
+        ["release-check", "{not_json}"],
+        ["simulate", "warp"],
+        ["verify", "--impl", "os:path"],
+    ],
+)
+def test_no_traceback_reaches_the_terminal(argv: list[str], files: dict[str, Path]) -> None:
+    schedspec = Path(sys.executable).parent / "schedspec"
+    res = subprocess.run(
+        [str(schedspec), *_fill(argv, files)], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.strip().count("\n") <= 1, res.stderr
