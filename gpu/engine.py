@@ -134,7 +134,7 @@ OnBlock = Callable[[StreamChunk], None]
 # entries, so a long-lived engine's memory stays flat whatever its caller collects.
 FORWARD_LOG_CAP = 65_536
 MAX_RETAINED_OUTPUTS = 65_536
-RETIRED_ID_WINDOW = 65_536
+RETIRED_ID_WINDOW = 4_096
 
 
 class DllmEngine:
