@@ -164,6 +164,8 @@ class SpecMachine:
                 batch=rnd.batch,
                 pending_steps=tuple(rnd.pending),
                 committed=rnd.committed,
+                pending_masks=dict(rnd.pending),
+                newly_done_in_last_forward=rnd.newly_done_in_last_forward,
             ),
         )
 
