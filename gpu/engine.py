@@ -60,7 +60,13 @@ from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    SchedSpecError,
+    SchedulerStalled,
+    UnknownRequest,
+)
 from spec.events import (
     Aborted,
     Admitted,
@@ -82,6 +88,21 @@ class DeviceUnavailable(ConfigError):
 
     def __init__(self, device: str, detail: str) -> None:
         super().__init__("device", device, detail)
+
+
+class NoRetainedOutput(SchedSpecError, KeyError):
+    """`take_output` / `output_text` of a request id whose output the engine does not hold."""
+
+    def __init__(self, request_id: str, retained: int, cap: int) -> None:
+        self.request_id = request_id
+        super().__init__(
+            f"no retained output for request id {request_id!r}: it has not finished, was "
+            f"aborted, was already taken, or was dropped past max_retained_outputs={cap} "
+            f"({retained} outputs retained)"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0])
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -546,12 +567,14 @@ class DllmEngine:
 
     # ------------------------------------------------------------------ outputs
     def take_output(self, request_id: str) -> tuple[int, ...]:
-        """The finished request's output, handed over and forgotten. Raises `UnknownRequest`
-        when it has no retained output (not finished, aborted, taken or dropped)."""
+        """The finished request's output, handed over and forgotten. Raises `NoRetainedOutput`
+        when it has none (not finished, aborted, taken or dropped)."""
         try:
             return self.outputs.pop(request_id)
         except KeyError:
-            raise UnknownRequest(request_id, len(self.outputs)) from None
+            raise NoRetainedOutput(
+                request_id, len(self.outputs), self.max_retained_outputs
+            ) from None
 
     def take_outputs(self) -> dict[str, tuple[int, ...]]:
         """Every retained output (finishing order), handed over and forgotten."""
@@ -574,9 +597,12 @@ class DllmEngine:
 
     # ------------------------------------------------------------------ helpers
     def output_text(self, request_id: str) -> str:
-        """A retained output (see `outputs`) decoded with the character tokenizer."""
+        """A retained output (see `outputs`) decoded with the character tokenizer; raises
+        `NoRetainedOutput` when the engine does not hold it."""
         from gpu.tokenizer import TOKENIZER
 
+        if request_id not in self.outputs:
+            raise NoRetainedOutput(request_id, len(self.outputs), self.max_retained_outputs)
         ids = self.tokens.to_internal(list(self.outputs[request_id]))
         return TOKENIZER.decode(ids, stop_at_eos=True)
 

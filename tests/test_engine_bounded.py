@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from gpu.algorithms import make_algorithm
-from gpu.engine import DllmEngine, tiny_model
+from gpu.engine import DllmEngine, NoRetainedOutput, tiny_model
 from spec.config import DllmConfig, Mode, RequestSpec
-from spec.errors import ConfigError, DuplicateRequest, UnknownRequest
+from spec.errors import ConfigError, DuplicateRequest
 
 torch.set_num_threads(1)
 
@@ -119,8 +119,10 @@ def test_outputs_are_taken_and_forgotten() -> None:
     assert outputs
     rid = next(iter(outputs))
     assert engine.take_output(rid) == outputs[rid]
-    with pytest.raises(UnknownRequest):
+    with pytest.raises(NoRetainedOutput, match=rf"{rid!r}: .*already taken"):
         engine.take_output(rid)  # taken
+    with pytest.raises(NoRetainedOutput):
+        engine.output_text(rid)
     rest = engine.take_outputs()
     assert rest == {k: v for k, v in outputs.items() if k != rid}
     assert engine.outputs == {} and engine.retained_sizes()["outputs"] == 0
