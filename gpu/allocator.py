@@ -80,6 +80,10 @@ class PagedKvAllocator:
         if not (self._req == handle).any():
             self._names.pop(handle, None)
 
+    def live_handles(self) -> int:
+        """How many handles are registered (requests not yet ended, plus any leaking ones)."""
+        return len(self._names)
+
     def name(self, handle: int) -> str:
         """The request id of a handle (a placeholder for a handle already forgotten)."""
         return self._names.get(handle, f"<released handle {handle}>")

@@ -26,6 +26,12 @@ Mode (sync / fdfo) and algorithm are independent. Every decision is reported to 
 `spec.events` event, in the order the spec describes; `snapshot()` reads the allocator's owner
 tensors, the row-owner tensor and the running list, never the event log.
 
+Bounded state: nothing in the engine grows with the number of requests it has served. A finished
+or aborted request leaves no `EngineRequest`, handle or row behind; what outlives it is capped:
+its output (`outputs`, until taken with `take_output` / `take_outputs`, at most
+`max_retained_outputs`), its id (the duplicate-id window, `retired_id_window`) and, only when
+`record` is on, its forward records (`forward_log`, a ring of `forward_log_cap`).
+
 Token ids: events carry the config's ids; the model runs on the tokenizer's ids. See
 `gpu.token_map` for the fixed bijection (the conformance suite's mask -1 / ids 0..15 land on
 the model's characters '0'..'9', 'a'..'f').
@@ -54,7 +60,13 @@ from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    SchedSpecError,
+    SchedulerStalled,
+    UnknownRequest,
+)
 from spec.events import (
     Aborted,
     Admitted,
@@ -76,6 +88,21 @@ class DeviceUnavailable(ConfigError):
 
     def __init__(self, device: str, detail: str) -> None:
         super().__init__("device", device, detail)
+
+
+class NoRetainedOutput(SchedSpecError, KeyError):
+    """`take_output` / `output_text` of a request id whose output the engine does not hold."""
+
+    def __init__(self, request_id: str, retained: int, cap: int) -> None:
+        self.request_id = request_id
+        super().__init__(
+            f"no retained output for request id {request_id!r}: it has not finished, was "
+            f"aborted, was already taken, or was dropped past max_retained_outputs={cap} "
+            f"({retained} outputs retained)"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0])
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -124,15 +151,35 @@ class ForwardRecord:
 
 OnBlock = Callable[[StreamChunk], None]
 
+# Default caps of the engine's retained state (see `DllmEngine`): each holds at most this many
+# entries, so a long-lived engine's memory stays flat whatever its caller collects.
+FORWARD_LOG_CAP = 65_536
+MAX_RETAINED_OUTPUTS = 65_536
+RETIRED_ID_WINDOW = 4_096
+
 
 class DllmEngine:
     """The engine. Implements `spec.adapter.SchedulerAdapter`.
 
     model: a `BlockDiffusionLM` (on `device`); algorithm: a step algorithm
     (`gpu.algorithms.make_algorithm`); device: "cpu", "cuda[:N]" or "auto"; kv_dtype: the KV
-    pool's dtype; record: keep `forward_log` (per forward: rows, done flags and the sha256 of the
-    raw logits — for the parity and differential properties; costs a host copy of the logits);
-    on_block: streaming callback, called with a `StreamChunk` for every committed block.
+    pool's dtype; on_block: streaming callback, called with a `StreamChunk` for every committed
+    block (the way a server gets every output without retaining any).
+
+    Retained state, all bounded (memory does not grow with the number of requests served):
+
+    - record (opt-in, default off): keep `forward_log`, per forward the rows, done flags and the
+      sha256 of the raw logits (for the parity and differential properties; costs a host copy
+      of the logits). It is a ring of the last `forward_log_cap` forwards; `forward_log_dropped`
+      counts the older ones it let go.
+    - `outputs`: request id -> output of every finished request not yet taken, in finishing
+      order. `take_output(rid)` / `take_outputs()` hand outputs over and forget them; beyond
+      `max_retained_outputs` untaken outputs the oldest is dropped (`outputs_dropped` counts
+      them). Aborted requests have no output.
+    - duplicate ids: a queued or running id is always refused with `DuplicateRequest`; a retired
+      (finished or aborted) id is refused while it is among the last `retired_id_window`
+      retired ids. The spec asks ids to be unique for the engine's lifetime: beyond the window,
+      keeping them unique is the caller's part (a server's ids are UUIDs).
     """
 
     def __init__(
@@ -144,9 +191,19 @@ class DllmEngine:
         algorithm: StepAlgorithm,
         device: str | torch.device = "cpu",
         kv_dtype: torch.dtype = torch.float32,
-        record: bool = True,
+        record: bool = False,
+        forward_log_cap: int = FORWARD_LOG_CAP,
+        max_retained_outputs: int = MAX_RETAINED_OUTPUTS,
+        retired_id_window: int = RETIRED_ID_WINDOW,
         on_block: OnBlock | None = None,
     ) -> None:
+        for name, cap in (
+            ("forward_log_cap", forward_log_cap),
+            ("max_retained_outputs", max_retained_outputs),
+            ("retired_id_window", retired_id_window),
+        ):
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise ConfigError(name, cap, "an integer >= 0")
         self._config = config
         self.sink = sink
         self.device = resolve_device(device)
@@ -174,10 +231,17 @@ class DllmEngine:
         self.on_block = on_block
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []  # admission order = batch order
-        self._seen: set[str] = set()
+        self._live: set[str] = set()  # ids queued or running
+        # The last `retired_id_window` retired ids, oldest first (the set mirrors the deque).
+        self._retired: deque[str] = deque()
+        self._retired_set: set[str] = set()
+        self.retired_id_window = retired_id_window
         self.round_index = 0
-        self.outputs: dict[str, tuple[int, ...]] = {}
-        self.forward_log: list[ForwardRecord] = []
+        self.outputs: dict[str, tuple[int, ...]] = {}  # untaken outputs, finishing order
+        self.max_retained_outputs = max_retained_outputs
+        self.outputs_dropped = 0
+        self.forward_log: deque[ForwardRecord] = deque(maxlen=forward_log_cap)
+        self.forward_log_dropped = 0
         self.step_seconds = 0.0  # wall time in the algorithm's step
         self.kv_seconds = 0.0  # wall time allocating / freeing block KV and writing the table
         self.rows_forwarded = 0  # sum over forwards of the rows (blocks) they ran
@@ -193,12 +257,12 @@ class DllmEngine:
     def submit(self, request: RequestSpec) -> None:
         """Validate and queue; a bad request raises a `spec.errors.RequestError` subclass and
         changes nothing."""
-        if request.request_id in self._seen:
+        if request.request_id in self._live or request.request_id in self._retired_set:
             raise DuplicateRequest(request.request_id)
         shape = validate_request(self.config, request)
         self.tokens.check_prompt(request.request_id, request.prompt)
         handle = self.allocator.register(request.request_id)
-        self._seen.add(request.request_id)
+        self._live.add(request.request_id)
         self.waiting.append(
             EngineRequest(
                 spec=request,
@@ -215,6 +279,7 @@ class DllmEngine:
             if req.rid == request_id:
                 self.waiting.remove(req)
                 self.allocator.unregister(req.handle)
+                self._retire(request_id)
                 self.sink(Aborted(request_id))
                 return
         for req in self.running:
@@ -222,6 +287,7 @@ class DllmEngine:
                 self._release(req)
                 self.running.remove(req)
                 self.allocator.unregister(req.handle)
+                self._retire(request_id)
                 self.sink(Aborted(request_id))
                 return
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
@@ -370,6 +436,8 @@ class DllmEngine:
             for i in range(len(batch)):
                 self.sink(StepResult(ids[i], blocks[i], b if done[i] else 0, masks[i]))
             if self.record:
+                if len(self.forward_log) == self.forward_log.maxlen:
+                    self.forward_log_dropped += 1
                 self.forward_log.append(
                     ForwardRecord(
                         self.round_index,
@@ -459,8 +527,29 @@ class DllmEngine:
         self.running.remove(req)
         self.allocator.unregister(req.handle)
         req.output = output
-        self.outputs[req.rid] = output
+        self._retain_output(req.rid, output)
+        self._retire(req.rid)
         self.sink(Finished(req.rid, reason))
+
+    def _retain_output(self, request_id: str, output: tuple[int, ...]) -> None:
+        """Keep the output until taken; past the cap the oldest untaken one is dropped."""
+        if self.max_retained_outputs == 0:
+            self.outputs_dropped += 1
+            return
+        if len(self.outputs) >= self.max_retained_outputs:
+            del self.outputs[next(iter(self.outputs))]
+            self.outputs_dropped += 1
+        self.outputs[request_id] = output
+
+    def _retire(self, request_id: str) -> None:
+        """The request ended: it leaves the live ids and enters the duplicate-id window."""
+        self._live.discard(request_id)
+        if self.retired_id_window == 0:
+            return
+        if len(self._retired) >= self.retired_id_window:
+            self._retired_set.discard(self._retired.popleft())
+        self._retired.append(request_id)
+        self._retired_set.add(request_id)
 
     def _release(self, req: EngineRequest) -> None:
         """Free every KV slot the allocator records for the request (committed blocks and a
@@ -476,11 +565,44 @@ class DllmEngine:
             req.row = None
         self.allocator.unreserve(req.pages_needed)
 
+    # ------------------------------------------------------------------ outputs
+    def take_output(self, request_id: str) -> tuple[int, ...]:
+        """The finished request's output, handed over and forgotten. Raises `NoRetainedOutput`
+        when it has none (not finished, aborted, taken or dropped)."""
+        try:
+            return self.outputs.pop(request_id)
+        except KeyError:
+            raise NoRetainedOutput(
+                request_id, len(self.outputs), self.max_retained_outputs
+            ) from None
+
+    def take_outputs(self) -> dict[str, tuple[int, ...]]:
+        """Every retained output (finishing order), handed over and forgotten."""
+        taken, self.outputs = self.outputs, {}
+        return taken
+
+    def retained_sizes(self) -> dict[str, int]:
+        """Entries held by each per-request or per-forward container (for the soak and the
+        bounded-state tests): none may grow with the number of requests served."""
+        return {
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "live_ids": len(self._live),
+            "retired_ids": len(self._retired_set),
+            "outputs": len(self.outputs),
+            "forward_log": len(self.forward_log),
+            "allocator_handles": self.allocator.live_handles(),
+            "held_rows": len(self.req_pool.held_rows()),
+        }
+
     # ------------------------------------------------------------------ helpers
     def output_text(self, request_id: str) -> str:
-        """The finished request's output decoded with the character tokenizer."""
+        """A retained output (see `outputs`) decoded with the character tokenizer; raises
+        `NoRetainedOutput` when the engine does not hold it."""
         from gpu.tokenizer import TOKENIZER
 
+        if request_id not in self.outputs:
+            raise NoRetainedOutput(request_id, len(self.outputs), self.max_retained_outputs)
         ids = self.tokens.to_internal(list(self.outputs[request_id]))
         return TOKENIZER.decode(ids, stop_at_eos=True)
 
@@ -560,35 +682,50 @@ def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     Parity policy "bs1": outputs must equal the solo sync run only at max_running_requests=1;
     at larger batches float reductions over a padded batch may differ in the last bits, as in
     any real engine.
+
+    A checking engine: `record` is on (the differential property reads `forward_log`).
     """
     return DllmEngine(
-        config, sink, model=_shipped_model("cpu"), algorithm=_algorithm("LowConfidence")
+        config,
+        sink,
+        model=_shipped_model("cpu"),
+        algorithm=_algorithm("LowConfidence"),
+        record=True,
     )
 
 
 def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     """As `make_small_engine` with JointThreshold (max_post_edit_steps=4, like the reference's
-    JointThreshold built-in): stateful, so it exercises the carried algo_state."""
+    JointThreshold built-in): stateful, so it exercises the carried algo_state. `record` on."""
     return DllmEngine(
         config,
         sink,
         model=_shipped_model("cpu"),
         algorithm=_algorithm("JointThreshold", max_post_edit_steps=4),
+        record=True,
     )
 
 
 def make_tiny_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     """`tiny_model` (random, seeded, about 2.5x faster than the shipped model) with
-    LowConfidence: for long property runs where speed matters more than a trained model."""
-    return DllmEngine(config, sink, model=tiny_model("cpu"), algorithm=_algorithm("LowConfidence"))
+    LowConfidence: for long property runs where speed matters more than a trained model.
+    `record` on, like the other checking factories."""
+    return DllmEngine(
+        config,
+        sink,
+        model=tiny_model("cpu"),
+        algorithm=_algorithm("LowConfidence"),
+        record=True,
+    )
 
 
 def make_tiny_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     """`tiny_model` with JointThreshold (max_post_edit_steps=4); its spread confidences make
-    post-completion edits frequent, so a lost algorithm state changes outputs."""
+    post-completion edits frequent, so a lost algorithm state changes outputs. `record` on."""
     return DllmEngine(
         config,
         sink,
         model=tiny_model("cpu"),
         algorithm=_algorithm("JointThreshold", max_post_edit_steps=4),
+        record=True,
     )

@@ -106,6 +106,7 @@ def run_bs1(
         model=model,
         algorithm=make_algorithm(algorithm, algorithm_params or {}),
         device=device,
+        record=True,
     )
     start = time.perf_counter()
     for req in requests:

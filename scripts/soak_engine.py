@@ -1,0 +1,239 @@
+"""Soak: a server-like run of the torch engine, RSS at the start, every 1,000 requests and the end.
+
+.venv/bin/python scripts/soak_engine.py [--requests 10000] [--model tiny|shipped]
+    [--abort-rate 0.1] [--seed 1] [--record] [--forward-log-cap N] [--json PATH]
+
+The loop keeps 16 requests queued or running, runs one round at a time, takes the finished
+outputs after every round (as a server streams them out) and aborts about `--abort-rate` of the
+requests a few rounds after submission (seeded). Events go to a sink that only counts them, so
+what is measured is the engine's own state. A flat RSS column, with the engine's container sizes
+(`DllmEngine.retained_sizes`) staying at their caps or below, is the pass condition the issue
+sets ("the soak shows flat memory"); the script prints a table and writes JSON, it asserts
+nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gpu.algorithms import make_algorithm
+from gpu.engine import FORWARD_LOG_CAP, DllmEngine, _shipped_model, tiny_model
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import Event
+
+IN_FLIGHT = 16  # requests kept queued or running
+CONFIG = DllmConfig(
+    block_size=4,
+    page_size=4,
+    kv_pages=64,
+    req_pool_rows=8,
+    max_running_requests=8,
+    max_context=64,
+    mode=Mode.FDFO,
+    in_place_reuse=True,
+    eos_token_id=15,
+)
+
+
+def rss_kib() -> int:
+    """VmRSS of this process in KiB, from /proc/self/status (0 where there is none)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    requests_done: int  # finished + aborted
+    finished: int
+    aborted: int
+    rounds: int
+    rss_kib: int
+    seconds: float
+    sizes: dict[str, int]
+
+
+class CountingSink:
+    """Counts the events and keeps none of them."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def __call__(self, event: Event) -> None:
+        self.events += 1
+
+
+def soak(
+    requests: int,
+    model_name: str,
+    abort_rate: float,
+    seed: int,
+    record: bool,
+    forward_log_cap: int,
+    every: int,
+) -> tuple[list[Checkpoint], dict[str, int]]:
+    torch.set_num_threads(1)
+    model = tiny_model("cpu") if model_name == "tiny" else _shipped_model("cpu")
+    sink = CountingSink()
+    engine = DllmEngine(
+        CONFIG,
+        sink,
+        model=model,
+        algorithm=make_algorithm("LowConfidence", {}),
+        record=record,
+        forward_log_cap=forward_log_cap,
+    )
+    rng = random.Random(seed)
+    abort_at: dict[str, int] = {}  # request id -> round at which to abort it (if still live)
+    live: set[str] = set()
+    submitted = finished = aborted = tokens = 0
+    start = time.perf_counter()
+    checkpoints = [Checkpoint(0, 0, 0, 0, rss_kib(), 0.0, engine.retained_sizes())]
+    next_mark = every
+    while submitted < requests or live:
+        while submitted < requests and len(live) < IN_FLIGHT:
+            rid = f"req-{submitted}"
+            prompt = tuple(rng.randrange(15) for _ in range(rng.randint(1, 6)))
+            engine.submit(RequestSpec(rid, prompt, rng.randint(2, 8)))
+            live.add(rid)
+            if rng.random() < abort_rate:
+                abort_at[rid] = engine.round_index + rng.randint(0, 3)
+            submitted += 1
+        for rid, due in list(abort_at.items()):
+            if due <= engine.round_index:
+                del abort_at[rid]
+                engine.abort(rid)
+                live.discard(rid)
+                aborted += 1
+        engine.run_round()
+        for rid, output in engine.take_outputs().items():
+            live.discard(rid)
+            abort_at.pop(rid, None)
+            finished += 1
+            tokens += len(output)
+        done = finished + aborted
+        if done >= next_mark or (submitted == requests and not live):
+            checkpoints.append(
+                Checkpoint(
+                    done,
+                    finished,
+                    aborted,
+                    engine.round_index,
+                    rss_kib(),
+                    time.perf_counter() - start,
+                    engine.retained_sizes(),
+                )
+            )
+            while next_mark <= done:
+                next_mark += every
+    totals = {
+        "events": sink.events,
+        "tokens": tokens,
+        "forwards": engine.runner.forwards,
+        "outputs_dropped": engine.outputs_dropped,
+        "forward_log_dropped": engine.forward_log_dropped,
+    }
+    return checkpoints, totals
+
+
+def _positive(flag: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise SystemExit(_usage(f"{flag}: {text!r} is not an integer >= {minimum}"))
+    return value
+
+
+def _usage(message: str) -> int:
+    print(f"soak_engine: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", default="10000", help="requests to serve (>= 1)")
+    p.add_argument("--model", choices=["tiny", "shipped"], default="tiny")
+    p.add_argument("--abort-rate", default="0.1", help="fraction of requests aborted, 0..1")
+    p.add_argument("--seed", default="1")
+    p.add_argument("--every", default="1000", help="a table row every N requests done")
+    p.add_argument("--record", action="store_true", help="keep the (capped) forward log")
+    p.add_argument("--forward-log-cap", default=str(FORWARD_LOG_CAP))
+    p.add_argument("--json", type=Path, default=None, help="write the checkpoints here")
+    ns = p.parse_args(argv)
+    requests = _positive("--requests", ns.requests, 1)
+    every = _positive("--every", ns.every, 1)
+    seed = _positive("--seed", ns.seed, 0)
+    cap = _positive("--forward-log-cap", ns.forward_log_cap, 0)
+    try:
+        abort_rate = float(ns.abort_rate)
+    except ValueError:
+        abort_rate = -1.0
+    if not 0.0 <= abort_rate <= 1.0:
+        return _usage(f"--abort-rate: {ns.abort_rate!r} is not a number in [0, 1]")
+    if ns.json is not None:
+        parent = ns.json.parent
+        if ns.json.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+            return _usage(f"--json: {str(ns.json)!r} is not a writable file path")
+
+    checkpoints, totals = soak(requests, ns.model, abort_rate, seed, ns.record, cap, every)
+    print(
+        f"soak: {requests} requests, model {ns.model}, abort rate {abort_rate}, seed {seed}, "
+        f"record {ns.record}; {IN_FLIGHT} in flight, max_running "
+        f"{CONFIG.max_running_requests}, block {CONFIG.block_size}, FDFO + reuse"
+    )
+    print(
+        f"{'done':>6} {'finished':>8} {'aborted':>7} {'rounds':>7} {'RSS MiB':>8} {'s':>7} "
+        f"{'outputs':>7} {'fwd log':>7} {'retired':>7} {'live':>5} {'handles':>7}"
+    )
+    for c in checkpoints:
+        s = c.sizes
+        print(
+            f"{c.requests_done:>6} {c.finished:>8} {c.aborted:>7} {c.rounds:>7} "
+            f"{c.rss_kib / 1024:>8.1f} {c.seconds:>7.1f} {s['outputs']:>7} "
+            f"{s['forward_log']:>7} {s['retired_ids']:>7} {s['live_ids']:>5} "
+            f"{s['allocator_handles']:>7}"
+        )
+    first = checkpoints[1] if len(checkpoints) > 1 else checkpoints[0]
+    last = checkpoints[-1]
+    print(
+        f"RSS start {checkpoints[0].rss_kib / 1024:.1f} MiB, after {first.requests_done} "
+        f"requests {first.rss_kib / 1024:.1f} MiB, end {last.rss_kib / 1024:.1f} MiB "
+        f"(end - after first row: {(last.rss_kib - first.rss_kib) / 1024:+.1f} MiB); "
+        + ", ".join(f"{k} {v}" for k, v in totals.items())
+    )
+    if ns.json is not None:
+        payload = {
+            "command": "scripts/soak_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "requests": requests,
+            "model": ns.model,
+            "abort_rate": abort_rate,
+            "seed": seed,
+            "record": ns.record,
+            "forward_log_cap": cap,
+            "in_flight": IN_FLIGHT,
+            "config": {k: str(v) for k, v in asdict(CONFIG).items()},
+            "totals": totals,
+            "checkpoints": [asdict(c) for c in checkpoints],
+        }
+        ns.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

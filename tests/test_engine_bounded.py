@@ -1,0 +1,151 @@
+"""Bounded state in the torch engine: a server-like run of N requests with aborts leaves the
+engine's per-request and per-forward containers no larger than a run of N / 3 does.
+
+Sizes are read from `DllmEngine.retained_sizes()`; nothing here measures time or RSS (the soak
+benchmark, scripts/soak_engine.py, reports RSS).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from gpu.algorithms import make_algorithm
+from gpu.engine import DllmEngine, NoRetainedOutput, tiny_model
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import ConfigError, DuplicateRequest
+
+torch.set_num_threads(1)
+
+CONFIG = DllmConfig(
+    block_size=4,
+    page_size=4,
+    kv_pages=32,
+    req_pool_rows=4,
+    max_running_requests=4,
+    max_context=32,
+    mode=Mode.FDFO,
+    eos_token_id=15,
+)
+CAPS = {"forward_log_cap": 6, "max_retained_outputs": 5, "retired_id_window": 7}
+
+
+def _engine(**kwargs: object) -> DllmEngine:
+    return DllmEngine(
+        CONFIG,
+        lambda e: None,
+        model=tiny_model("cpu"),
+        algorithm=make_algorithm("LowConfidence", {}),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _serve(engine: DllmEngine, n: int, seed: int = 3) -> tuple[dict[str, int], int, int]:
+    """n requests in waves of 6, about one in five aborted (queued or running); never takes
+    outputs. Returns the peak of every container size, and the finished and aborted counts."""
+    rng = random.Random(seed)
+    peak: dict[str, int] = {}
+
+    def observe() -> None:
+        for key, size in engine.retained_sizes().items():
+            peak[key] = max(peak.get(key, 0), size)
+
+    aborted = 0
+    for wave in range(0, n, 6):
+        ids = [f"r{i}" for i in range(wave, min(n, wave + 6))]
+        for rid in ids:
+            prompt = tuple(rng.randrange(15) for _ in range(rng.randint(1, 5)))
+            engine.submit(RequestSpec(rid, prompt, rng.randint(2, 8)))
+        doomed = [rid for rid in ids if rng.random() < 0.2]
+        observe()
+        engine.run_round()
+        live = {r.rid for r in (*engine.waiting, *engine.running)}
+        for rid in doomed:
+            if rid in live:  # queued, or running and not finished in that round
+                engine.abort(rid)
+                aborted += 1
+        while not engine.is_idle():
+            engine.run_round()
+            observe()
+    return peak, n - aborted, aborted
+
+
+def test_container_sizes_do_not_grow_with_the_number_of_requests() -> None:
+    small, large = _engine(record=True, **CAPS), _engine(record=True, **CAPS)
+    peak_n, fin_n, ab_n = _serve(small, 24)
+    peak_3n, fin_3n, ab_3n = _serve(large, 72)
+    assert ab_n > 0 and ab_3n > ab_n and fin_3n > fin_n  # the runs did what they should
+    end_n, end_3n = small.retained_sizes(), large.retained_sizes()
+    grown = {k: (end_n[k], end_3n[k]) for k in end_n if end_n[k] != end_3n[k]}
+    assert not grown, f"containers (N, 3N requests) differ: {grown}"
+    # the caps are reached and held: the retained containers are full, the live ones empty
+    assert end_3n["outputs"] == CAPS["max_retained_outputs"]
+    assert end_3n["forward_log"] == CAPS["forward_log_cap"]
+    assert end_3n["retired_ids"] == CAPS["retired_id_window"]
+    for key in ("waiting", "running", "live_ids", "allocator_handles", "held_rows"):
+        assert end_3n[key] == 0, key
+    # at no point does the larger run hold more than the bound the config and caps set
+    bound = {
+        "waiting": 6,
+        "running": CONFIG.max_running_requests,
+        "live_ids": 6,
+        "retired_ids": CAPS["retired_id_window"],
+        "outputs": CAPS["max_retained_outputs"],
+        "forward_log": CAPS["forward_log_cap"],
+        "allocator_handles": 6,
+        "held_rows": CONFIG.req_pool_rows,
+    }
+    for key, limit in bound.items():
+        assert peak_3n[key] <= limit and peak_n[key] <= limit, (key, peak_n, peak_3n)
+    # what was let go is counted
+    assert large.outputs_dropped == fin_3n - CAPS["max_retained_outputs"]
+    assert large.forward_log_dropped == large.runner.forwards - CAPS["forward_log_cap"]
+    assert large.forward_log_dropped > small.forward_log_dropped
+
+
+def test_forward_log_is_opt_in() -> None:
+    engine = _engine()
+    _serve(engine, 6)
+    assert engine.runner.forwards > 0
+    assert len(engine.forward_log) == 0 and engine.runner.last_digest is None
+
+
+def test_outputs_are_taken_and_forgotten() -> None:
+    engine = _engine()
+    _serve(engine, 12)
+    outputs = dict(engine.outputs)
+    assert outputs
+    rid = next(iter(outputs))
+    assert engine.take_output(rid) == outputs[rid]
+    with pytest.raises(NoRetainedOutput, match=rf"{rid!r}: .*already taken"):
+        engine.take_output(rid)  # taken
+    with pytest.raises(NoRetainedOutput):
+        engine.output_text(rid)
+    rest = engine.take_outputs()
+    assert rest == {k: v for k, v in outputs.items() if k != rid}
+    assert engine.outputs == {} and engine.retained_sizes()["outputs"] == 0
+
+
+def test_duplicate_ids_refused_within_the_window_accepted_beyond() -> None:
+    engine = _engine(retired_id_window=2)
+    for rid in ("a", "b", "c"):
+        engine.submit(RequestSpec(rid, (1, 2), 2))
+    engine.abort("a")
+    with pytest.raises(DuplicateRequest):
+        engine.submit(RequestSpec("b", (1,), 2))  # queued
+    engine.drain()
+    for rid in ("b", "c"):  # the last two retired
+        with pytest.raises(DuplicateRequest):
+            engine.submit(RequestSpec(rid, (1,), 2))
+    engine.submit(RequestSpec("a", (1,), 2))  # retired before the window: accepted
+    engine.drain()
+    assert "a" in engine.outputs
+
+
+@pytest.mark.parametrize("field", sorted(CAPS))
+@pytest.mark.parametrize("value", [-1, 1.5, True, "8"])
+def test_caps_are_validated(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        _engine(**{field: value})
