@@ -19,10 +19,11 @@ from spec.snapshot import Snapshot
 
 Outputs = Mapping[str, tuple[int, ...]]
 
-# The release gate's minimum new tokens per parity case (`schedspec release-check`). SGLang's
-# own check uses 128; the shipped model's whole context is 128 tokens, so the gate asks for two
-# full 32-token blocks. Docs quote this constant; a test checks they agree.
-RELEASE_MIN_NEW_TOKENS = 64
+# The release gate's minimum new tokens per parity case (`schedspec release-check`), as in
+# SGLang's own check (3 prompts x 128 tokens); the shipped model's context is 256 tokens, so
+# every shipped prompt fits with 128 new tokens. Docs quote this constant; a test checks they
+# agree.
+RELEASE_MIN_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
