@@ -101,7 +101,7 @@ def _simulate(argv: list[str]) -> int:
         if arg in ("--json", "--trace", "--plots"):
             check_output_path(arg, argv[i + 1], directory=arg == "--plots")
     main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
-        "reference.sim.cli:simulate_main", "simulate"
+        "schedspec_cli.simulate:simulate_main", "simulate"
     )
     try:
         return main(argv)
@@ -110,7 +110,7 @@ def _simulate(argv: list[str]) -> int:
     except (ValueError, OverflowError, MemoryError) as err:
         if isinstance(err, SchedSpecError):
             raise
-        # a value the simulator's own flag checks let through (they live in reference.sim.cli)
+        # a value the simulator's own flag checks let through (they live in schedspec_cli.simulate)
         raise UsageError(
             f"schedspec simulate: error: invalid input ({type(err).__name__}: {err}); "
             "see schedspec simulate --help for valid values"

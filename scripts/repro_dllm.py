@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from reference.sim.cli import simulate_main
+from schedspec_cli.simulate import simulate_main
 
 if __name__ == "__main__":
     sys.exit(simulate_main(["dllm", "--requests", "128", "--gen-blocks", "16", *sys.argv[1:]]))

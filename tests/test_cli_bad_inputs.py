@@ -185,7 +185,7 @@ def cases() -> list[tuple[str, list[str]]]:
     ):
         c.append((f"release-check-{f}", ["release-check", f"{{{f}}}"]))
     c.append(("release-check-none", ["release-check"]))
-    # simulate (its own flags live in reference.sim.cli) and install-engines
+    # simulate (its own flags live in schedspec_cli.simulate) and install-engines
     c += [
         ("simulate-bogus", ["simulate", "warp"]),
         ("simulate-flag", ["simulate", "sbs", "--no-such-flag", "1"]),

@@ -36,6 +36,10 @@ NOT_RUN = {
     "--impl gpu.engine:make_engine --examples 150": "about 5 minutes on 2 cores",
     "./schedspec bench engine --max-running 1 4 16 --threads 1 --repeats 5 "
     "--json docs/engine-bench-cpu.json": "a benchmark of several minutes",
+    # the real vLLM scheduler at 500 examples takes minutes; tests/test_real_vllm.py runs the
+    # same machine and profile with 40 examples, and the README's tour runs it with 100
+    "./schedspec verify --impl real-vllm --examples 500": "several minutes (real vLLM)",
+    "./schedspec verify --impl real-vllm-prefix --examples 500": "several minutes (real vLLM)",
 }
 
 

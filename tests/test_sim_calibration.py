@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reference.sim.calibration import Calibration, CalibrationError
-from reference.sim.cli import simulate_main
+from schedspec_cli.simulate import simulate_main
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "engine-bench-cpu.json"

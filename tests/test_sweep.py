@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from reference.sim import sweep as sw
-from reference.sim.cli import simulate_main
+from schedspec_cli.simulate import simulate_main
 from reference.sim.errors import SimConfigError
 from spec.errors import ConfigError
 

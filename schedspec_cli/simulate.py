@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -18,26 +18,43 @@ from typing import Any
 from reference.sim import workload as wl
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
+from schedspec_cli.args import int_in, positive
+from schedspec_cli.output import write_json
+from schedspec_cli.progress import Progress
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
+    """A `(done, total)` callback on the CLI's one progress printer."""
+    bar = Progress(label)
     t0 = time.perf_counter()
 
-    step = [0]
-
     def report(done: int, total: int) -> None:
-        if done < total and done * 10 < (step[0] + 1) * total:
-            return
-        step[0] = done * 10 // max(total, 1)
         el = time.perf_counter() - t0
-        print(
-            f"\r{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%, {el:.1f}s)",
-            end="" if done < total else "\n",
-            file=sys.stderr,
-            flush=True,
-        )
+        bar.update(f"{done}/{total} ({100 * done / max(total, 1):.0f}%, {el:.1f}s)")
+        if done >= total:
+            bar.done()
 
     return report
+
+
+def _float_in(text: str, low: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    ok = math.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise argparse.ArgumentTypeError(f"{text} is out of range (valid: a finite number {bound})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _float_in(text, 0.0, strict=True)
+
+
+def _non_negative_float(text: str) -> float:
+    return _float_in(text, 0.0, strict=False)
 
 
 def _say(msg: str) -> None:
@@ -46,8 +63,7 @@ def _say(msg: str) -> None:
 
 def _dump(obj: object, path: str | None) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(obj, indent=2, default=str))
+        write_json(path, obj)
         _say(f"wrote {path}")
 
 
@@ -69,12 +85,12 @@ def _add_workload(
 ) -> None:
     p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
     p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), default="poisson")
-    p.add_argument("--qps", type=float, default=qps)
-    p.add_argument("--burst", type=int, default=8, help="requests per burst (--arrivals bursts)")
-    p.add_argument("--requests", type=int, default=requests)
+    p.add_argument("--qps", type=_positive_float, default=qps)
+    p.add_argument("--burst", type=positive(), default=8, help="requests per burst (--arrivals bursts)")
+    p.add_argument("--requests", type=positive(10_000_000), default=requests)
     p.add_argument("--prefill", default=prefill, help="prompt tokens: N or LOW-HIGH")
     p.add_argument("--decode", default=decode, help="output tokens: N or LOW-HIGH")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:
@@ -88,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="what", required=True)
 
     d = sub.add_parser("dllm", help="dLLM sync vs FDFO (with/without in-place reuse) sweep")
-    d.add_argument("--block-size", type=int, default=8)
+    d.add_argument("--block-size", type=positive(4096), default=8)
     d.add_argument(
         "--steps",
         help="forwards per block: 'F:COUNT,...' or 'uniform:LO-HI' "
@@ -97,17 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps-report", help="a rounds_report.json to read the histogram from")
     d.add_argument("--algorithm", default="LowConfidence")
     d.add_argument("--seats", default="1,2,4,8,16", help="max_running_requests values")
-    d.add_argument("--requests", type=int, default=128)
-    d.add_argument("--gen-blocks", type=int, default=16)
+    d.add_argument("--requests", type=positive(10_000_000), default=128)
+    d.add_argument("--gen-blocks", type=positive(100_000), default=16)
     d.add_argument(
         "--forward",
         default="linear:0.020,2e-5,0",
         help="forward time model (see exec_model.parse_model)",
     )
-    d.add_argument("--round-overhead", type=float, default=0.002)
-    d.add_argument("--alloc-cost", type=float, default=0.0001)
-    d.add_argument("--alloc-round-cost", type=float, default=0.0015)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--round-overhead", type=_non_negative_float, default=0.002)
+    d.add_argument("--alloc-cost", type=_non_negative_float, default=0.0001)
+    d.add_argument("--alloc-round-cost", type=_non_negative_float, default=0.0015)
+    d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     d.add_argument(
         "--calibration",
         help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
@@ -117,15 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_outputs(d)
 
     s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
-    s.add_argument("--dp-units", type=int, default=16)
-    s.add_argument("--batch-time", type=float, default=0.1, help="T of the queueing model (s)")
-    s.add_argument("--prefill-instances", type=int, default=2)
-    s.add_argument("--decode-units", type=int, default=32)
+    s.add_argument("--dp-units", type=positive(4096), default=16)
+    s.add_argument("--batch-time", type=_positive_float, default=0.1, help="T of the queueing model (s)")
+    s.add_argument("--prefill-instances", type=positive(4096), default=2)
+    s.add_argument("--decode-units", type=positive(4096), default=32)
     _add_workload(s, 120.0, 6000, "256-4096", "64-512")
     _add_outputs(s)
 
     r = sub.add_parser("replicas", help="replica-level simulation (Vidur tiers)")
-    r.add_argument("--replicas", type=int, default=4)
+    r.add_argument("--replicas", type=positive(4096), default=4)
     r.add_argument(
         "--scheduler",
         default="simple",
@@ -136,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
     )
     r.add_argument("--exec-model", default="roofline:llama3-8b@h100")
-    r.add_argument("--max-batch", type=int, default=128)
-    r.add_argument("--kv-tokens", type=int, default=200_000)
-    r.add_argument("--max-prefill-tokens", type=int, default=4096)
+    r.add_argument("--max-batch", type=positive(1_000_000), default=128)
+    r.add_argument("--kv-tokens", type=positive(10**10), default=200_000)
+    r.add_argument("--max-prefill-tokens", type=positive(10**9), default=4096)
     _add_workload(r, 10.0, 2000, "64-1024", "16-256")
     _add_outputs(r)
     _add_sweep(sub)
@@ -160,17 +176,17 @@ def _add_sweep(sub: Any) -> None:
     )
     w.add_argument("--replicas", default="2", help="comma-separated replica counts")
     w.add_argument("--kv-tokens", default="8192,32768", help="comma-separated KV pool sizes")
-    w.add_argument("--requests", type=int, default=1000)
+    w.add_argument("--requests", type=positive(10_000_000), default=1000)
     w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
     w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
-    w.add_argument("--max-batch", type=int, default=32, help="seats per replica")
-    w.add_argument("--budget", type=int, default=2048, help="tokens per batch (chunk size)")
-    w.add_argument("--max-model-len", type=int, default=1280)
+    w.add_argument("--max-batch", type=positive(1_000_000), default=32, help="seats per replica")
+    w.add_argument("--budget", type=positive(10**9), default=2048, help="tokens per batch (chunk size)")
+    w.add_argument("--max-model-len", type=positive(10**9), default=1280)
     w.add_argument("--exec-model", default="roofline:llama3-8b@h100")
     w.add_argument(
         "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
     )
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     w.add_argument(
         "--backend",
         default="ray",
@@ -178,7 +194,7 @@ def _add_sweep(sub: Any) -> None:
         help="ray (parallel; local Ray unless --address) or local (one process)",
     )
     w.add_argument("--address", help="an existing Ray cluster, e.g. ray://head:10001 or auto")
-    w.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    w.add_argument("--num-cpus", type=positive(4096), help="CPUs of the local Ray (default: all)")
     w.add_argument("--json", help="write the results as JSON here")
     w.add_argument("--csv", help="write the results as CSV here")
     w.add_argument("--plots", help="write throughput-vs-latency PNGs into this directory")
