@@ -173,6 +173,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 batch=rnd.batch,
                 pending_steps=tuple(rnd.pending),
                 committed=rnd.committed,
+                pending_masks=dict(rnd.pending),
+                newly_done_in_last_forward=rnd.newly_done_in_last_forward,
             ),
         )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spec.config import DllmConfig
 from spec.lifecycles import BlockPhase, RequestPhase
@@ -59,6 +59,9 @@ class RoundState:
     batch: tuple[SlotOwner, ...]  # (request, block) rows of this round's forwards
     pending_steps: tuple[SlotOwner, ...]  # rows of the latest forward still awaiting a step
     committed: int  # blocks committed this round
+    # input mask count of each row in `pending_steps` (what its step result is checked against)
+    pending_masks: Mapping[SlotOwner, int] = field(default_factory=dict)
+    newly_done_in_last_forward: bool = False  # a block became done in the latest forward
 
 
 @dataclass(frozen=True, slots=True)

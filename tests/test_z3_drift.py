@@ -20,8 +20,8 @@ import z3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from properties.symbolic.concrete import NotEncodable
 from properties.symbolic.drift import encoded, stepper_for
-from properties.symbolic.encoding import NotEncodable
 from properties.symbolic.policy import PolicyBounds, PolicyInputs, PolicyRun
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
@@ -167,7 +167,7 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
         if r.phase is RequestPhase.QUEUED and rng.random() < 0.02:
             out.append(Aborted(rid))
     for rid, blk in rnd.pending_steps:
-        masked_in = m._round.pending[(rid, blk)]
+        masked_in = rnd.pending_masks[(rid, blk)]
         if masked_in == 0:
             accept, rem = (b, 0) if rng.random() < 0.85 else (0, 0)
         else:
@@ -294,7 +294,7 @@ def _compare(m: SpecMachine, e: Event) -> bool:
         return False
     stepper = stepper_for(m.config)
     try:
-        verdict = stepper.verdict(m, e)
+        verdict = stepper.verdict(m.state(), e)
     except NotEncodable:
         STATS["not encodable"] += 1
         return False
@@ -318,7 +318,7 @@ def _compare(m: SpecMachine, e: Event) -> bool:
         return False
     STATS["both accept"] += 1
     STATS[f"accept {e.kind}"] += 1
-    after = encoded(trial, stepper.geom)
+    after = encoded(trial.state(), stepper.geom)
     assert verdict.successor is not None
     diff = {k: (verdict.successor[k], v) for k, v in after.items() if verdict.successor[k] != v}
     assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
@@ -329,10 +329,10 @@ def _compare(m: SpecMachine, e: Event) -> bool:
 def _check_invariants(m: SpecMachine) -> None:
     stepper = stepper_for(m.config)
     try:
-        sym = stepper.invariants(m)
+        st_ = m.state()
+        sym = stepper.invariants(st_)
     except NotEncodable:
         return
-    st_ = m.state()
     for name, pred in INVARIANTS.items():
         try:
             conc = pred(st_) is None

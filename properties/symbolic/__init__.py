@@ -1,19 +1,20 @@
 """The Z3 layer: a symbolic encoding of the dLLM lifecycle spec and what is proved with it.
 
-- `encoding`: finite-domain symbolic state and ONE quantifier-free transition relation over it
-  (one symbolic transition per spec event kind, guards labelled with spec rules, phases read
-  from the lifecycle tables), the named invariants as formulas, strengthening lemmas, and the
-  maps between concrete `SpecMachine` states / events and symbolic values.
-- `induction`: Inv ∧ Trans ⇒ Inv' for every named invariant (two copies of the state), with
-  Ivy-style strengthening lemmas where an invariant is true but not inductive.
-- `bmc`: bounded model checking from the initial state (k copies of the same relation), and
-  seeded symbolic mutants whose counterexamples are replayed as concrete events and workloads.
-- `policy`: the scheduling policy at forward granularity (one tick function, sync and FDFO).
-- `theorems`: policy theorems (FDFO vs sync, batch size 1, waste, progress) and the
-  in-place-reuse theorem over the event-level relation.
-- `boundary`: Z3-synthesised boundary workloads (exact-fit pool, simultaneous finishes, ...).
-- `drift`, `compile`: the symbolic relation evaluated on concrete states (the drift guard).
-- `result`: `ProofResult` and the solver settings (timeouts, fixed seeds).
+Shaped like the spec machine it encodes (see docs/proofs.md, "Where is what"):
 
-See docs/proofs.md.
+- the encoding: `codes` (phase, event-kind and reason codes from the spec's tables),
+  `geometry` (sizes; the policy as z3 terms), `state` (the symbolic `AbstractState`),
+  `params` (an event's parameters), `encoding` (`Encoding`: sizes, copies, derived
+  predicates), `events/<kind>.py` (one module per event kind, as `SpecMachine._<kind>`: its
+  labelled guards and its effect, registered in `events.EVENTS`), `relation` (the one
+  transition relation built from them), `invariants` and `lemmas` (one function each),
+  `rules` (where each rule of `spec.rules` is encoded);
+- concrete <-> symbolic: `concrete` (spec state and events to values), `decode` (models to
+  spec events and readable states);
+- the proofs: `induction` (Inv ∧ T ⇒ Inv', Ivy-style lemmas, counterexamples to induction),
+  `bmc` (bounded model checking, mutant traces), `mutants` (the seeded symbolic mutants),
+  `policy` and `theorems` (forward-granularity policy model and its theorems), `boundary`
+  (Z3-synthesised boundary workloads), `workloads` (configs, workloads and replay shared by
+  the searches), `result` (`ProofResult`, solver settings);
+- the drift guard: `drift` and `compile` (the relation evaluated on concrete states).
 """

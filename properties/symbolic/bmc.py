@@ -1,7 +1,7 @@
 """Bounded model checking from the initial state: k copies of the one transition relation.
 
 - `bmc_invariants`: no state reachable with <= k events violates any named invariant.
-- Seeded symbolic mutants (`SYMBOLIC_MUTANTS`): the relation with one labelled guard relaxed
+- Seeded symbolic mutants (`mutants.SYMBOLIC_MUTANTS`): the relation with one labelled guard relaxed
   (or replaced by the buggy behaviour), e.g. "a request may finish while it still owns KV".
   BMC finds a trace whose last event is allowed by the mutant but not by the spec; the trace
   is decoded into concrete spec events, replayed through `SpecMachine` (the last event must
@@ -11,30 +11,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import z3
 
-from properties.symbolic.encoding import (
-    ADMITTED,
-    COMPLETE,
-    DENOISING,
-    DONE,
-    KIND,
-    MASKED,
-    QUEUED,
-    RUNNING,
-    Decoder,
-    Encoding,
-    Geometry,
-    Params,
-    Relaxation,
-    State,
-    SymConfig,
-    render_values,
-)
+from properties.symbolic.codes import KIND
+from properties.symbolic.decode import Decoder, render_values
+from properties.symbolic.encoding import Encoding
+from properties.symbolic.geometry import Geometry, SymConfig
+from properties.symbolic.guard import Relaxation
+from properties.symbolic.mutants import SYMBOLIC_MUTANTS, SymbolicMutant
 from properties.symbolic.result import (
     DEFAULT_TIMEOUT_MS,
     Progress,
@@ -44,13 +31,12 @@ from properties.symbolic.result import (
     solver,
     timed,
 )
-from properties.workload import Abort, Op, Round, Submit, Workload
-from spec.config import DllmConfig, Mode, RequestSpec
+from properties.symbolic.terms import Z
+from properties.symbolic.workloads import describe_ops, replay, workload_from_events
+from properties.workload import Workload
+from spec.config import DllmConfig
 from spec.errors import SpecViolation
-from spec.events import Aborted, ControlReturned, Event, KvFreed, Submitted
-from spec.machine import SpecMachine
-
-Z = Any
+from spec.events import Event, KvFreed
 
 
 class Unrolling:
@@ -77,8 +63,7 @@ class Unrolling:
 
     def events(self, model: Z, config: DllmConfig) -> list[Event]:
         dec = Decoder(self.enc.geom, config)
-        out = [dec.event(model, s, p) for s, p in zip(self.states, self.params, strict=False)]
-        return out
+        return [dec.event(model, s, p) for s, p in zip(self.states, self.params, strict=False)]
 
 
 def drop_noops(events: Iterable[Event]) -> list[Event]:
@@ -140,327 +125,6 @@ def bmc_invariants(
 # ---------------------------------------------------------------------------- mutants
 
 
-Extra = Callable[[Encoding, State, Params], Z]
-
-
-@dataclass(frozen=True)
-class SymbolicMutant:
-    """A seeded bug as a relaxed guard of one event kind."""
-
-    name: str
-    description: str
-    rule: str  # the rule SpecMachine names on the bad event
-    config: DllmConfig
-    kind: str  # event kind of the bad step
-    relax: tuple[Relaxation, ...]
-    violated: tuple[str, str]  # (rule, tag) of the spec guard the bad step breaks
-    extra: Extra | None = None  # more constraints on the bad step (what the bug looks like)
-    reference: tuple[str, ...] = ()  # matching entries of tests/mutants.py MUTANTS
-    requests: int = 2
-    depths: tuple[int, ...] = (4, 6, 8, 10, 12, 14)
-
-
-def _cfg(**kw: Any) -> DllmConfig:
-    base: dict[str, Any] = dict(
-        block_size=2,
-        page_size=4,
-        kv_pages=4,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=8,
-        mode=Mode.FDFO,
-        in_place_reuse=True,
-        reloop=False,
-        eos_token_id=None,
-    )
-    base.update(kw)
-    return DllmConfig(**base)
-
-
-def _sel(enc: Encoding, arr: Sequence[Z], idx: Z) -> Z:
-    return enc._sel(arr, idx)
-
-
-def _abort_keeps_current(enc: Encoding, s: State, p: Params) -> Z:
-    """The buggy abort: row and committed blocks released, the current block's KV kept."""
-    return z3.And(
-        [
-            z3.Implies(
-                p.req == i,
-                z3.And(
-                    s.row[i] == -1,
-                    *[z3.Implies(s.oreq[t] == i, s.oblk[t] == s.com[i]) for t in range(enc.S)],
-                ),
-            )
-            for i in range(enc.N)
-        ]
-    )
-
-
-def _mid_block(enc: Encoding, s: State, p: Params) -> Z:
-    """Between rounds, with a stepped but unfinished block retained in place."""
-    return z3.And(
-        s.nfwd == 0,
-        s.round >= 1,
-        z3.Or(
-            [
-                z3.And(
-                    p.req == i,
-                    s.phase[i] == RUNNING,
-                    s.start[i] != -1,
-                    z3.Or(s.bph[i] == DENOISING, s.bph[i] == COMPLETE),
-                )
-                for i in range(enc.N)
-            ]
-        ),
-    )
-
-
-def _double_free_guard(enc: Encoding, s: State, p: Params) -> Z:
-    """The buggy free: slots the request owns, or slots it freed already."""
-    return z3.And(
-        [
-            z3.Implies(
-                p.req == i,
-                z3.And(
-                    [
-                        z3.Implies(
-                            p.free[t],
-                            z3.Or(s.oreq[t] == i, z3.And(s.oreq[t] == -1, s.freed_by[t] == i)),
-                        )
-                        for t in range(enc.S)
-                    ]
-                ),
-            )
-            for i in range(enc.N)
-        ]
-    )
-
-
-def _reservation_skip(enc: Encoding, s: State, p: Params) -> Z:
-    """AdmitsOutOfOrder: every queued request ahead does not fit the reserved pages; this one
-    does (the reference reserves worst-case pages at admission)."""
-    k = enc.geom.kv_pages
-    res = enc.reserved_pages(s)
-    parts = []
-    for i in range(enc.N):
-        ahead = [z3.Implies(s.phase[j] == QUEUED, res + s.pages[j] > k) for j in range(i)]
-        parts.append(z3.Implies(p.req == i, z3.And(res + s.pages[i] <= k, *ahead)))
-    return z3.And(parts)
-
-
-def _first_fit(enc: Encoding, s: State, p: Params) -> Z:
-    """The first-fit allocator: the block starts at the lowest free slot (and the running
-    requests fit the pool's worst-case reservation, as the reference admits them)."""
-    return z3.And(
-        [enc.reserved_pages(s) <= enc.geom.kv_pages]
-        + [z3.Implies(t < p.start, s.oreq[t] != -1) for t in range(enc.S)]
-        + [
-            z3.Implies(
-                p.req == i,
-                z3.Or(s.phase[i] == ADMITTED, s.phase[i] == RUNNING),
-            )
-            for i in range(enc.N)
-        ]
-    )
-
-
-def _done_at_round_end(enc: Encoding, s: State, p: Params) -> Z:
-    return z3.Or([s.bph[i] == DONE for i in range(enc.N)])
-
-
-def _lost_slots(enc: Encoding, s: State, p: Params) -> Z:
-    return z3.Or(
-        [
-            z3.And(
-                z3.Or(s.phase[i] == RUNNING),
-                s.start[i] == -1,
-                z3.Or(s.bph[i] == MASKED, s.bph[i] == DENOISING, s.bph[i] == COMPLETE),
-            )
-            for i in range(enc.N)
-        ]
-    )
-
-
-def _partial_prompt_row(enc: Encoding, s: State, p: Params) -> Z:
-    """RaggedRow: the row feeds only the prompt tokens of a partial last prompt block."""
-    b = enc.B
-    return z3.Or(
-        [
-            z3.And(
-                p.f_in[i],
-                p.f_ntok[i] == s.pl[i] - s.com[i] * b,
-                p.f_ntok[i] > 0,
-                p.f_ntok[i] < b,
-            )
-            for i in range(enc.N)
-        ]
-    )
-
-
-def _mk(*relax: Relaxation) -> tuple[Relaxation, ...]:
-    return tuple(relax)
-
-
-SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = (
-    SymbolicMutant(
-        "no_free_on_finish",
-        "a request finishes (its row released) while it still owns KV slots",
-        "terminal_owns_nothing",
-        _cfg(mode=Mode.SYNC, in_place_reuse=False, kv_pages=2),
-        "finished",
-        _mk(Relaxation("finished", "terminal_owns_nothing", "slots")),
-        ("terminal_owns_nothing", "slots"),
-        reference=("no_free_on_finish",),
-        requests=1,
-        depths=(8, 10, 12),
-    ),
-    SymbolicMutant(
-        "abort_leaks_retained_block",
-        "SGLang #32992: aborting mid-block frees the committed blocks and the row but not the "
-        "retained (in-place reused) block",
-        "terminal_owns_nothing",
-        _cfg(kv_pages=2),
-        "aborted",
-        _mk(
-            Relaxation(
-                "aborted",
-                "terminal_owns_nothing",
-                "slots",
-                lambda s, p: z3.BoolVal(True),
-            )
-        ),
-        ("terminal_owns_nothing", "slots"),
-        extra=lambda enc, s, p: z3.And(_abort_keeps_current(enc, s, p), _mid_block(enc, s, p)),
-        reference=("abort_leaks_retained_block",),
-        requests=1,
-        depths=(6, 8, 10),
-    ),
-    SymbolicMutant(
-        "double_free",
-        "a request frees KV slots it already freed",
-        "free_owned_only",
-        _cfg(kv_pages=2),
-        "kv_freed",
-        _mk(Relaxation("kv_freed", "free_owned_only", "owned")),
-        ("free_owned_only", "owned"),
-        extra=_double_free_guard,
-        reference=("double_free",),
-        requests=1,
-        depths=(5, 7, 9),
-    ),
-    SymbolicMutant(
-        "admits_beyond_max_running",
-        "admission while max_running_requests requests already run",
-        "max_running",
-        _cfg(max_running_requests=1, req_pool_rows=2, kv_pages=4),
-        "admitted",
-        _mk(Relaxation("admitted", "max_running")),
-        ("max_running", ""),
-        reference=("admits_beyond_max_running",),
-        depths=(4, 6, 8),
-    ),
-    SymbolicMutant(
-        "admits_out_of_order",
-        "a queued request that does not fit the reserved KV is skipped for a later one that does",
-        "fcfs_admission",
-        _cfg(
-            block_size=2,
-            page_size=2,
-            kv_pages=4,
-            max_context=8,
-            max_running_requests=3,
-            req_pool_rows=3,
-        ),
-        "admitted",
-        _mk(Relaxation("admitted", "fcfs_admission")),
-        ("fcfs_admission", ""),
-        extra=_reservation_skip,
-        reference=("admits_out_of_order",),
-        requests=3,
-        depths=(5, 7, 9),
-    ),
-    SymbolicMutant(
-        "commits_before_final_forward",
-        "a step reports done as soon as the last mask is filled, before the final-KV forward",
-        "final_forward_before_commit",
-        _cfg(kv_pages=2),
-        "step_result",
-        _mk(Relaxation("step_result", "final_forward_before_commit")),
-        ("final_forward_before_commit", ""),
-        reference=("commits_before_final_forward",),
-        requests=1,
-        depths=(5, 7),
-    ),
-    SymbolicMutant(
-        "misaligned_page",
-        "the allocator hands out the first free slots, ignoring page offsets",
-        "page_alignment",
-        _cfg(block_size=2, page_size=4, kv_pages=2),
-        "kv_allocated",
-        _mk(
-            Relaxation("kv_allocated", "page_alignment", "aligned"),
-            Relaxation("kv_allocated", "page_alignment", "continues"),
-        ),
-        ("page_alignment", ""),
-        extra=_first_fit,
-        reference=("misaligned_page",),
-        depths=(6, 8),
-    ),
-    SymbolicMutant(
-        "sync_returns_early",
-        "sync returns control while a block of the batch is unfinished",
-        "sync_yields_when_all_done",
-        _cfg(mode=Mode.SYNC, in_place_reuse=False, kv_pages=2),
-        "control_returned",
-        _mk(Relaxation("control_returned", "sync_yields_when_all_done")),
-        ("sync_yields_when_all_done", ""),
-        reference=("sync_returns_early",),
-        requests=1,
-        depths=(6, 8),
-    ),
-    SymbolicMutant(
-        "fdfo_keeps_done_request",
-        "a done block is not committed in the round it finished",
-        "fdfo_releases_same_round",
-        _cfg(kv_pages=2),
-        "control_returned",
-        _mk(Relaxation("control_returned", "fdfo_releases_same_round", "done")),
-        ("fdfo_releases_same_round", "done"),
-        extra=_done_at_round_end,
-        reference=("fdfo_keeps_done_request",),
-        requests=1,
-        depths=(6, 8),
-    ),
-    SymbolicMutant(
-        "unfinished_block_loses_slots",
-        "under in-place reuse an unfinished block's KV is freed before the round ends",
-        "reuse_keeps_slots",
-        _cfg(kv_pages=2),
-        "control_returned",
-        _mk(Relaxation("control_returned", "reuse_keeps_slots")),
-        ("reuse_keeps_slots", ""),
-        extra=_lost_slots,
-        reference=("reallocates_instead_of_reusing", "free_unfinished_block_in_batch"),
-        requests=1,
-        depths=(7, 9),
-    ),
-    SymbolicMutant(
-        "ragged_row",
-        "a partial prompt block is fed without its masks (not a whole block)",
-        "whole_block_rows",
-        _cfg(kv_pages=2),
-        "forward",
-        _mk(Relaxation("forward", "whole_block_rows")),
-        ("whole_block_rows", ""),
-        extra=_partial_prompt_row,
-        reference=("ragged_row",),
-        requests=1,
-        depths=(4, 6),
-    ),
-)
-
-
 @dataclass
 class MutantCounterexample:
     mutant: SymbolicMutant
@@ -479,53 +143,8 @@ class MutantCounterexample:
         lines += ["    " + ln for ln in self.state_before.splitlines()]
         if self.violation is not None:
             lines.append(f"SpecMachine: [{self.violation.rule}] {self.violation.detail}")
-        lines.append(f"workload: {describe_workload(self.workload)}")
+        lines.append(f"workload: {describe_ops(self.workload)} (then drain)")
         return "\n".join(lines)
-
-
-def describe_workload(w: Workload) -> str:
-    parts = []
-    for op in w.ops:
-        if isinstance(op, Submit):
-            r = op.request
-            parts.append(
-                f"submit({r.request_id}, prompt_len={len(r.prompt)}, max_new={r.max_new_tokens})"
-            )
-        elif isinstance(op, Abort):
-            parts.append(f"abort({op.request_id})")
-        elif isinstance(op, Round):
-            parts.append("round")
-        else:
-            parts.append("drain")
-    return ", ".join(parts) + " (then drain)"
-
-
-def workload_from_events(config: DllmConfig, events: Sequence[Event], name: str) -> Workload:
-    """The operations an implementation needs to see to produce (roughly) this trace:
-    submissions and aborts in order, a round per `ControlReturned`; a drain is implied."""
-    ops: list[Op] = []
-    for e in events:
-        if isinstance(e, Submitted):
-            ops.append(Submit(RequestSpec(e.request_id, tuple(e.prompt), e.max_new_tokens)))
-        elif isinstance(e, Aborted):
-            ops.append(Abort(e.request_id))
-        elif isinstance(e, ControlReturned):
-            ops.append(Round())
-    return Workload(config, tuple(ops), name=name, notes=("synthesised by Z3 BMC",))
-
-
-def replay(config: DllmConfig, events: Sequence[Event]) -> tuple[str, SpecViolation | None]:
-    """Apply all but the last event (must be accepted), then the last; return the state
-    rendering before the last event and the violation it raised (None if accepted)."""
-    m = SpecMachine(config)
-    for e in events[:-1]:
-        m.apply(e)
-    before = m.render()
-    try:
-        m.apply(events[-1])
-    except SpecViolation as v:
-        return before, v
-    return before, None
 
 
 def find_mutant_counterexample(

@@ -30,7 +30,6 @@ import z3
 
 from properties.symbolic.policy import (
     RUN,
-    WAIT,
     PolicyBounds,
     PolicyInputs,
     PolicyRun,
@@ -44,8 +43,10 @@ from properties.symbolic.result import (
     solver,
     timed,
 )
+from properties.symbolic.terms import Z, count, model_int
+from properties.symbolic.workloads import describe_ops, dllm_config
 from properties.workload import Abort, Op, Round, Submit, Workload
-from spec.config import DllmConfig, Mode, RequestSpec
+from spec.config import DllmConfig, RequestSpec
 from spec.events import (
     Aborted,
     BlockCommitted,
@@ -56,8 +57,6 @@ from spec.events import (
 )
 from spec.lifecycles import BlockPhase
 from spec.machine import SpecMachine
-
-Z = Any
 
 PROMPT_TOKEN = 3
 
@@ -88,20 +87,8 @@ class _Edge:
 
 
 def _cfg(**kw: Any) -> DllmConfig:
-    base: dict[str, Any] = dict(
-        block_size=2,
-        page_size=4,
-        kv_pages=3,
-        req_pool_rows=3,
-        max_running_requests=3,
-        max_context=8,
-        mode=Mode.FDFO,
-        in_place_reuse=True,
-        reloop=False,
-        eos_token_id=None,
-    )
-    base.update(kw)
-    return DllmConfig(**base)
+    """`dllm_config` with 3 pages, 3 rows and 3 running requests unless overridden."""
+    return dllm_config(**{"kv_pages": 3, "req_pool_rows": 3, "max_running_requests": 3, **kw})
 
 
 def _held_slots(run: PolicyRun, t: int, b: int) -> Z:
@@ -118,7 +105,7 @@ def _together(inp: PolicyInputs, run: PolicyRun, cfg: DllmConfig) -> Z:
     for t in range(run.horizon):
         f = run.forwards[t]
         finishing = [z3.And(f.row[i], f.rem[i] == 1) for i in range(len(f.row))]
-        out.append(z3.Sum([z3.If(x, 1, 0) for x in finishing]) >= 2)
+        out.append(count(finishing) >= 2)
     return z3.Or(out)
 
 
@@ -275,13 +262,13 @@ def synthesize(edge: _Edge, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Boundary
     sol.add(edge.goal(inp, run, cfg))
     # keep it small: the first request arrives at once, at most one abort
     sol.add(inp.arrival[0] == 0)
-    sol.add(z3.Sum([z3.If(a >= 0, 1, 0) for a in inp.abort_at]) <= 1)
+    sol.add(count([a >= 0 for a in inp.abort_at]) <= 1)
     if not check(sol):
         return None
     m = sol.model()
 
     def ev(x: Z) -> int:
-        return int(m.eval(x, model_completion=True).as_long())
+        return model_int(m, x)
 
     ops: list[Op] = []
     n = edge.requests
@@ -315,10 +302,7 @@ def _edge_round(m: Z, edge: _Edge, inp: PolicyInputs, run: PolicyRun) -> int:
             hit = _held_slots(run, t, cfg.block_size) == cfg.kv_slots
         elif edge.name == "blocks_finish_together":
             f = run.forwards[t]
-            hit = (
-                z3.Sum([z3.If(z3.And(f.row[i], f.rem[i] == 1), 1, 0) for i in range(len(f.row))])
-                >= 2
-            )
+            hit = count([z3.And(f.row[i], f.rem[i] == 1) for i in range(len(f.row))]) >= 2
         elif edge.name == "admission_at_max_running":
             hit = z3.And(
                 run.info[t]["admitted"],
@@ -370,20 +354,9 @@ def boundary_workloads(
 
 def describe(bw: BoundaryWorkload) -> str:
     c = bw.workload.config
-    parts = []
-    for op in bw.workload.ops:
-        if isinstance(op, Submit):
-            parts.append(
-                f"submit({op.request.request_id}, prompt_len={len(op.request.prompt)}, "
-                f"max_new={op.request.max_new_tokens})"
-            )
-        elif isinstance(op, Abort):
-            parts.append(f"abort({op.request_id})")
-        elif isinstance(op, Round):
-            parts.append("round")
     return (
         f"config block={c.block_size} page={c.page_size} kv_slots={c.kv_slots} "
-        f"max_running={c.max_running_requests}; ops: {', '.join(parts)}, drain; "
+        f"max_running={c.max_running_requests}; ops: {describe_ops(bw.workload)}, drain; "
         f"forwards per block: {bw.steps}; edge at round {bw.edge_round}"
     )
 
@@ -440,7 +413,6 @@ def edge_witnessed(name: str, config: DllmConfig, events: Sequence[Event]) -> bo
 
 __all__ = [
     "EDGES",
-    "WAIT",
     "BoundaryWorkload",
     "boundary_workloads",
     "describe",

@@ -13,7 +13,8 @@ from typing import Any
 
 import z3
 
-Z = Any
+from properties.symbolic.terms import Z
+
 Compiled = Callable[[Mapping[str, int | bool]], dict[str, int | bool]]
 
 _BIN = {

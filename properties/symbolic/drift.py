@@ -1,35 +1,28 @@
 """The drift guard's oracle: the symbolic relation evaluated on concrete states and events.
 
-`SymbolicStepper(config)` builds the encoding once for one concrete `DllmConfig` (the policy is
-concrete, so the relation is a function of the state and the event parameters), then answers,
-for a `SpecMachine` state and a concrete event: is the event enabled under the symbolic
-relation, and what is the successor (on the encoded part of the state)? The answers come from
-substituting the concrete values into the relation's terms and simplifying — no solving.
+`SymbolicStepper(geom)` builds the encoding once for one geometry with a symbolic policy and
+compiles it (per event kind) into plain Python (`compile`); a concrete configuration is then
+just more input values. For a spec state and a concrete event it answers: is the event enabled
+under the symbolic relation (and if not, which rules' guards are false), and what is the
+successor on the encoded part of the state? No solving is involved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import z3
 
+from properties.symbolic.codes import KIND
 from properties.symbolic.compile import Compiled, compile_terms
-from properties.symbolic.encoding import (
-    GHOST_FIELDS,
-    KIND,
-    Encoding,
-    Geometry,
-    SymConfig,
-    Values,
-    encode_event,
-    encode_machine,
-    param_terms,
-)
-from spec.config import DllmConfig, Mode
+from properties.symbolic.concrete import encode_event, encode_state
+from properties.symbolic.encoding import Encoding
+from properties.symbolic.geometry import Geometry, SymConfig, config_values
+from properties.symbolic.state import GHOST_FIELDS
+from properties.symbolic.terms import Values, Z
+from spec.config import DllmConfig
 from spec.events import Event
-
-Z = Any
+from spec.state import AbstractState
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +33,7 @@ class SymVerdict:
 
 
 class SymbolicStepper:
-    """Evaluates the symbolic transition relation for concrete configurations of one geometry.
-
-    The relation is built once with a symbolic policy and compiled (per event kind) into plain
-    Python; a concrete configuration is then just more input values.
-    """
+    """Evaluates the symbolic transition relation for concrete configurations of one geometry."""
 
     def __init__(self, geom: Geometry) -> None:
         self.geom = geom
@@ -52,8 +41,8 @@ class SymbolicStepper:
         self.enc = Encoding(geom, self.cfg)
         s, p = self.enc.state("s"), self.enc.params("p")
         inputs: dict[str, Z] = dict(s.items())
-        inputs.update({f"p.{k}": t for k, t in param_terms(p).items()})
-        inputs.update(_cfg_terms(self.cfg))
+        inputs.update({f"p.{k}": t for k, t in p.items().items()})
+        inputs.update({f"cfg.{k}": t for k, t in self.cfg.terms().items()})
         guards = self.enc.guards(s, p)
         nxt = self.enc.effects(s, p)
         self._rules: dict[str, list[str]] = {}
@@ -73,15 +62,15 @@ class SymbolicStepper:
         v: Values = dict(values)
         if params is not None:
             v.update({f"p.{k}": x for k, x in params.items()})
-        v.update(_cfg_values(config))
+        v.update({f"cfg.{k}": x for k, x in config_values(config).items()})
         return v
 
-    def verdict(self, machine: Any, event: Event) -> SymVerdict:
-        """Enabledness and successor of `event` in `machine`'s state, per the symbolic relation.
+    def verdict(self, state: AbstractState, event: Event) -> SymVerdict:
+        """Enabledness and successor of `event` in `state`, per the symbolic relation.
         Raises `NotEncodable` if the state or event lies outside the encoding."""
-        values = encode_machine(machine, self.geom)
-        params = encode_event(machine, self.geom, event)
-        out = self._kind_fns[event.kind](self._inputs(machine.config, values, params))
+        values = encode_state(state, self.geom)
+        params = encode_event(state, self.geom, event)
+        out = self._kind_fns[event.kind](self._inputs(state.config, values, params))
         if not out["__ok"]:
             return SymVerdict(False, ("params",), None)
         rules = self._rules[event.kind]
@@ -91,37 +80,11 @@ class SymbolicStepper:
         succ: Values = {k: x for k, x in out.items() if not k.startswith("__")}
         return SymVerdict(True, (), succ)
 
-    def invariants(self, machine: Any) -> dict[str, bool]:
-        """The symbolic invariants evaluated on the machine's state."""
-        values = encode_machine(machine, self.geom)
-        out = self._inv_fn(self._inputs(machine.config, values, None))
+    def invariants(self, state: AbstractState) -> dict[str, bool]:
+        """The symbolic invariants evaluated on `state`."""
+        values = encode_state(state, self.geom)
+        out = self._inv_fn(self._inputs(state.config, values, None))
         return {k: bool(x) for k, x in out.items()}
-
-
-def _cfg_terms(cfg: SymConfig) -> dict[str, Z]:
-    return {
-        "cfg.sync": cfg.sync,
-        "cfg.reuse": cfg.reuse,
-        "cfg.reloop": cfg.reloop,
-        "cfg.max_running": cfg.max_running,
-        "cfg.rows": cfg.rows,
-        "cfg.max_context": cfg.max_context,
-        "cfg.eos": cfg.eos,
-        "cfg.kv_pages": cfg.kv_pages,
-    }
-
-
-def _cfg_values(config: DllmConfig) -> Values:
-    return {
-        "cfg.sync": config.mode is Mode.SYNC,
-        "cfg.reuse": config.in_place_reuse,
-        "cfg.reloop": config.reloop,
-        "cfg.max_running": config.max_running_requests,
-        "cfg.rows": config.req_pool_rows,
-        "cfg.max_context": config.max_context,
-        "cfg.eos": config.eos_token_id is not None,
-        "cfg.kv_pages": config.kv_pages,
-    }
 
 
 _STEPPERS: dict[Geometry, SymbolicStepper] = {}
@@ -145,10 +108,8 @@ def stepper_for(
     return _STEPPERS[geom]
 
 
-def encoded(machine: Any, geom: Geometry) -> Values:
-    """The machine's non-ghost encoded values (what the drift guard compares)."""
+def encoded(state: AbstractState, geom: Geometry) -> Values:
+    """The state's non-ghost encoded values (what the drift guard compares)."""
     return {
-        k: v
-        for k, v in encode_machine(machine, geom).items()
-        if k.split("[")[0] not in GHOST_FIELDS
+        k: v for k, v in encode_state(state, geom).items() if k.split("[")[0] not in GHOST_FIELDS
     }

@@ -24,21 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import z3
 
-from properties.symbolic.encoding import (
-    KIND,
-    KIND_NAME,
-    Encoding,
-    Geometry,
-    Params,
-    State,
-    SymConfig,
-    pyval,
-    render_values,
-)
+from properties.symbolic.codes import KIND, KIND_NAME
+from properties.symbolic.decode import render_values
+from properties.symbolic.encoding import Encoding
+from properties.symbolic.geometry import Geometry, SymConfig
+from properties.symbolic.params import Params
 from properties.symbolic.result import (
     DEFAULT_TIMEOUT_MS,
     Progress,
@@ -48,8 +41,9 @@ from properties.symbolic.result import (
     solver,
     timed,
 )
-
-Z = Any
+from properties.symbolic.state import State
+from properties.symbolic.terms import Z, mentioned, model_int
+from spec.config import DllmConfig
 
 # Block sizes 1..4, page sizes one or two blocks, up to 16 KV slots, 4 requests, 4 rows.
 DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
@@ -58,41 +52,18 @@ DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(3, 6, 2),  # 12 slots, 2 blocks per page
     Geometry(4, 8, 2),  # 16 slots, 2 blocks per page
 )
-EXTRA_GEOMETRIES: tuple[Geometry, ...] = (
-    Geometry(2, 2, 8),
-    Geometry(4, 4, 4),
-    Geometry(1, 2, 8),
-    Geometry(3, 3, 4),
-)
 # small enough for readable counterexamples to induction and a BMC over them
 CTI_GEOMETRY = Geometry(1, 2, 2, requests=2, rows=2, running=2)
 CTI_BMC_DEPTH = 6
 WHOLE = "whole_block_alloc"
 
 
-def state_fields(expr: Z, prefix: str) -> set[str]:
-    """Labels (e.g. 'oreq[3]') of the state variables named `prefix`.* that `expr` mentions."""
-    out: set[str] = set()
-    seen: set[int] = set()
-    stack = [expr]
-    head = prefix + "."
-    while stack:
-        e = stack.pop()
-        if e.get_id() in seen:
-            continue
-        seen.add(e.get_id())
-        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            name = str(e.decl().name())
-            if name.startswith(head):
-                out.add(name[len(head) :])
-        stack.extend(e.children())
-    return out
-
-
 @dataclass
 class KindStep:
+    """The relation restricted to one event kind."""
+
     changed: frozenset[str]  # state labels the kind may change
-    relation: Z  # T restricted to this kind
+    relation: Z  # T ∧ p.kind = kind, simplified
 
 
 def kind_steps(enc: Encoding, s: State, p: Params, s2: State) -> dict[str, KindStep]:
@@ -164,7 +135,7 @@ def _prove_geometry(
                 g.notes.append(f"{label}: the initial state violates it")
 
     # 2. inductive step, per event kind
-    deps = {name: state_fields(term, "s") for name, term in pre_terms.items()}
+    deps = {name: mentioned(term, "s") for name, term in pre_terms.items()}
     steps = kind_steps(enc, s, p, s2)
     for kind, step in steps.items():
         pending = [n for n in post_terms if deps[n] & step.changed]
@@ -215,25 +186,26 @@ def _prove_geometry(
 def _nice(enc: Encoding, s: State) -> Z:
     """Small values, so that a counterexample to induction reads like a real state."""
     g = enc.geom
-    parts = [s.round >= 0, s.round <= 2, s.nfwd <= 2, s.ncommit <= 2]
+    parts = [s.round_index >= 0, s.round_index <= 2, s.round_forwards <= 2]
+    parts.append(s.round_committed <= 2)
     for i in range(g.requests):
         parts += [
-            s.pl[i] >= 0,
-            s.pl[i] <= g.kv_slots,
-            s.mn[i] >= 0,
-            s.mn[i] <= g.kv_slots,
-            s.com[i] >= 0,
-            s.com[i] <= 2,
+            s.prompt_len[i] >= 0,
+            s.prompt_len[i] <= g.kv_slots,
+            s.max_new_tokens[i] >= 0,
+            s.max_new_tokens[i] <= g.kv_slots,
+            s.committed_blocks[i] >= 0,
+            s.committed_blocks[i] <= 2,
             s.masks[i] <= g.block_size,
-            s.pmask[i] >= 0,
-            s.pmask[i] <= g.block_size,
-            s.around[i] <= s.round,
-            s.start[i] <= g.kv_slots - g.block_size,
-            s.pages[i] >= 0,
-            s.pages[i] <= g.kv_pages,
+            s.pending_masks[i] >= 0,
+            s.pending_masks[i] <= g.block_size,
+            s.alloc_round[i] <= s.round_index,
+            s.block_start[i] <= g.kv_slots - g.block_size,
+            s.reserved_pages[i] >= 0,
+            s.reserved_pages[i] <= g.kv_pages,
         ]
     for t in range(g.kv_slots):
-        parts += [s.oblk[t] >= 0, s.oblk[t] <= 2]
+        parts += [s.owner_block[t] >= 0, s.owner_block[t] <= 2]
     return z3.And(parts)
 
 
@@ -281,8 +253,8 @@ def analyse_cti(
         return None
 
     def describe(m: Z, label: str) -> tuple[str, bool]:
-        kind = KIND_NAME[int(pyval(m.eval(p.kind, model_completion=True)))]
-        req = pyval(m.eval(p.req, model_completion=True))
+        kind = KIND_NAME[model_int(m, p.kind)]
+        req = model_int(m, p.request)
         violated = [
             k
             for k, term in list(lem.items()) + [(k, v) for k, v in inv.items() if k != name]
@@ -327,7 +299,7 @@ def analyse_cti(
 
 
 def cti_reachable(
-    geom: Geometry, config: Any, target: dict[str, Z], depth: int, timeout_ms: int
+    geom: Geometry, config: DllmConfig, target: dict[str, Z], depth: int, timeout_ms: int
 ) -> tuple[bool, float]:
     """BMC: can the state `target` (non-ghost values) be reached in <= depth events under
     `config`? (The cached symbolic-policy unrolling, with the policy pinned to `config`.)"""
@@ -340,20 +312,9 @@ def cti_reachable(
         cons += [enc.transition(states[j], params[j], states[j + 1]) for j in range(depth)]
         _UNROLL_CACHE[key] = (states, cons)
     states, cons = _UNROLL_CACHE[key]
-    c = SymConfig.concrete(config)
-    pin = [
-        enc.cfg.sync == c.sync,
-        enc.cfg.reuse == c.reuse,
-        enc.cfg.reloop == c.reloop,
-        enc.cfg.max_running == c.max_running,
-        enc.cfg.rows == c.rows,
-        enc.cfg.max_context == c.max_context,
-        enc.cfg.eos == c.eos,
-        enc.cfg.kv_pages == c.kv_pages,
-    ]
     with timed() as t:
         sol = solver(timeout_ms)
-        sol.add(*cons, *pin)
+        sol.add(*cons, enc.cfg.pinned_to(config))
         hits = []
         for st in states:
             mine = dict(st.items(ghosts=False))

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import z3
 
-Z = Any
+from properties.symbolic.terms import Z, count
 
 WAIT, RUN, DONE, ABORTED = 0, 1, 2, 3
 
@@ -141,20 +140,20 @@ def tick(inp: PolicyInputs, sync: bool, t: int, cur: Tick) -> tuple[Tick, Forwar
         ab = z3.And(boundary, inp.abort_at[i] == t, z3.Or(st1[i] == WAIT, st1[i] == RUN))
         st2.append(z3.If(ab, ABORTED, st1[i]))
     # 3. FCFS admission
-    count = z3.Sum([z3.If(x == RUN, 1, 0) for x in st2])
+    seats_taken = count([x == RUN for x in st2])
     reserved = z3.Sum([z3.If(st2[i] == RUN, inp.pages[i], 0) for i in range(n)])
     blocked = z3.BoolVal(False)
     st3, blk3, rem3 = [], [], []
     admitted = []
     for i in range(n):
         eligible = z3.And(boundary, st2[i] == WAIT, inp.arrival[i] <= t)
-        fits = count < inp.max_running
+        fits = seats_taken < inp.max_running
         if inp.kv_pages is not None:
             fits = z3.And(fits, reserved + inp.pages[i] <= inp.kv_pages)
         adm = z3.And(eligible, z3.Not(blocked), fits)
         admitted.append(adm)
         blocked = z3.Or(blocked, z3.And(st2[i] == WAIT, z3.Not(adm)))
-        count = count + z3.If(adm, 1, 0)
+        seats_taken = seats_taken + z3.If(adm, 1, 0)
         reserved = reserved + z3.If(adm, inp.pages[i], 0)
         st3.append(z3.If(adm, RUN, st2[i]))
         blk3.append(z3.If(adm, 0, blk1[i]))
@@ -170,7 +169,7 @@ def tick(inp: PolicyInputs, sync: bool, t: int, cur: Tick) -> tuple[Tick, Forwar
     nxt_rem = [z3.If(z3.And(row[i], rem3[i] > 0), rem3[i] - 1, rem3[i]) for i in range(n)]
     info = {
         "boundary": boundary,
-        "running_after_admission": z3.Sum([z3.If(r, 1, 0) for r in row]),
+        "running_after_admission": count(row),
         "admitted": z3.Or(admitted) if admitted else z3.BoolVal(False),
         "waiting_arrived": z3.Or([z3.And(st3[i] == WAIT, inp.arrival[i] <= t) for i in range(n)]),
     }
@@ -240,7 +239,7 @@ class PolicyRun:
         )
 
     def wasted(self) -> Z:
-        return z3.Sum([z3.If(w, 1, 0) for f in self.forwards for w in f.waste])
+        return count([w for f in self.forwards for w in f.waste])
 
 
 def fresh_tick(n: int, tag: str) -> Tick:
@@ -280,7 +279,7 @@ def well_formed(inp: PolicyInputs, x: Tick, t: Z) -> Z:
         ]
         for j in range(i + 1, n):
             parts.append(z3.Implies(x.st[i] == WAIT, x.st[j] == WAIT))
-    parts.append(z3.Sum([z3.If(s == RUN, 1, 0) for s in x.st]) <= inp.max_running)
+    parts.append(count([s == RUN for s in x.st]) <= inp.max_running)
     return z3.And(parts)
 
 

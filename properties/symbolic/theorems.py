@@ -25,20 +25,11 @@ and over the event-level relation (`encoding`), with ghost variables:
 
 from __future__ import annotations
 
-from typing import Any
-
 import z3
 
-from properties.symbolic.encoding import (
-    COMPLETE,
-    DENOISING,
-    KIND,
-    MASKED,
-    NONE_BLOCK,
-    Encoding,
-    Geometry,
-    SymConfig,
-)
+from properties.symbolic.codes import COMPLETE, DENOISING, KIND, MASKED, NONE_BLOCK
+from properties.symbolic.encoding import Encoding
+from properties.symbolic.geometry import Geometry, SymConfig
 from properties.symbolic.induction import kind_steps
 from properties.symbolic.policy import (
     WAIT,
@@ -63,8 +54,8 @@ from properties.symbolic.result import (
     solver,
     timed,
 )
-
-Z = Any
+from properties.symbolic.state import State
+from properties.symbolic.terms import Z
 
 ABC_EXAMPLE = (3, 8, 2)
 
@@ -368,39 +359,47 @@ def reuse_theorem(
     is_free = p.kind == KIND["kv_freed"]
     ghost_next = []
     for i in range(n):
-        unfinished2 = z3.Or(s2.bph[i] == MASKED, s2.bph[i] == DENOISING, s2.bph[i] == COMPLETE)
+        unfinished2 = z3.Or(
+            s2.block_phase[i] == MASKED,
+            s2.block_phase[i] == DENOISING,
+            s2.block_phase[i] == COMPLETE,
+        )
         active2 = enc.active(s2, i)
         hit = z3.And(
             is_free,
-            p.req == i,
-            s.start[i] != -1,
-            z3.Or([z3.And(p.free[t], enc.in_block(s.start[i], t)) for t in range(enc.S)]),
+            p.request == i,
+            s.block_start[i] != -1,
+            z3.Or([z3.And(p.freed[t], enc.in_block(s.block_start[i], t)) for t in range(enc.S)]),
         )
         ghost_next += [
             car2[i]
             == z3.If(
                 is_cr,
                 z3.And(active2, unfinished2),
-                z3.And(car[i], z3.Not(z3.And(is_fwd, p.f_in[i])), active2, unfinished2),
+                z3.And(car[i], z3.Not(z3.And(is_fwd, p.forwarded[i])), active2, unfinished2),
             ),
-            sav2[i] == z3.If(is_cr, s.start[i], sav[i]),
+            sav2[i] == z3.If(is_cr, s.block_start[i], sav[i]),
             tou2[i] == z3.If(is_cr, False, z3.Or(tou[i], hit)),
         ]
 
-    def J(st: Any, c: list[Z], sv: list[Z], tc: list[Z]) -> Z:
+    def J(st: State, c: list[Z], sv: list[Z], tc: list[Z]) -> Z:
         parts = []
         for i in range(n):
-            unfinished = z3.Or(st.bph[i] == MASKED, st.bph[i] == DENOISING, st.bph[i] == COMPLETE)
+            unfinished = z3.Or(
+                st.block_phase[i] == MASKED,
+                st.block_phase[i] == DENOISING,
+                st.block_phase[i] == COMPLETE,
+            )
             parts.append(
                 z3.Implies(
                     c[i],
                     z3.And(
                         enc.active(st, i),
                         unfinished,
-                        st.around[i] >= 0,
-                        st.around[i] < st.round,
-                        z3.Implies(tc[i], st.start[i] == -1),
-                        z3.Implies(z3.Not(tc[i]), z3.And(st.start[i] == sv[i], sv[i] != -1)),
+                        st.alloc_round[i] >= 0,
+                        st.alloc_round[i] < st.round_index,
+                        z3.Implies(tc[i], st.block_start[i] == -1),
+                        z3.Implies(z3.Not(tc[i]), z3.And(st.block_start[i] == sv[i], sv[i] != -1)),
                     ),
                 )
             )
@@ -411,8 +410,8 @@ def reuse_theorem(
     claim_fwd = z3.And(
         [
             z3.Implies(
-                z3.And(is_fwd, p.f_in[i], car[i]),
-                z3.And(z3.Not(tou[i]), s.start[i] == sav[i], p.f_reused[i]),
+                z3.And(is_fwd, p.forwarded[i], car[i]),
+                z3.And(z3.Not(tou[i]), s.block_start[i] == sav[i], p.row_reused[i]),
             )
             for i in range(n)
         ]
@@ -420,8 +419,8 @@ def reuse_theorem(
     claim_alloc = z3.And(
         [
             z3.Implies(
-                z3.And(p.kind == KIND["kv_allocated"], p.req == i),
-                s.bph[i] == NONE_BLOCK,
+                z3.And(p.kind == KIND["kv_allocated"], p.request == i),
+                s.block_phase[i] == NONE_BLOCK,
             )
             for i in range(n)
         ]
@@ -438,7 +437,9 @@ def reuse_theorem(
             # non-vacuity: a carried block can be forwarded again
             sol = solver(timeout_ms)
             fwd = kind_steps(enc, s, p, s2)
-            sol.add(*hyps, reuse, J(s, car, sav, tou), fwd["forward"].relation, car[0], p.f_in[0])
+            sol.add(
+                *hyps, reuse, J(s, car, sav, tou), fwd["forward"].relation, car[0], p.forwarded[0]
+            )
             if not check(sol):
                 return ProofResult("theorem/reuse_keeps_block", "unknown", 0.0, "vacuous")
             bad_step = []

@@ -1,0 +1,290 @@
+"""Concrete to symbolic: the values of an `AbstractState` and of an event, by variable label.
+
+Request indices follow `state.requests`' order (`SpecMachine.state()` lists requests in
+submission order), so request i is the i-th submitted request. Ghost fields get the values the
+proofs assume (`reserved_pages` its definition, `freed_by` -1).
+"""
+
+from __future__ import annotations
+
+from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ
+from properties.symbolic.geometry import Geometry
+from properties.symbolic.state import FIELDS, Scope
+from properties.symbolic.terms import Values
+from spec.config import DllmConfig
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    Forward,
+    KvAllocated,
+    KvFreed,
+    RowAcquired,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+from spec.lifecycles import RequestPhase
+from spec.state import AbstractState, RequestState
+
+
+class NotEncodable(ValueError):
+    """A concrete state or event lies outside the encoding (too many requests, a block whose
+    slots are not contiguous, ...)."""
+
+
+_BLANK: Values = {
+    f.name: f.initial for f in FIELDS if f.scope is Scope.REQUEST
+}  # an unsubmitted request
+
+
+def _check_geometry(cfg: DllmConfig, geom: Geometry) -> None:
+    if cfg.kv_pages > geom.kv_pages or (cfg.block_size, cfg.page_size) != (
+        geom.block_size,
+        geom.page_size,
+    ):
+        raise NotEncodable(f"config {cfg} does not match geometry {geom}")
+    if cfg.req_pool_rows > geom.rows or cfg.max_running_requests > geom.running:
+        raise NotEncodable("rows or max_running beyond the geometry")
+
+
+def _first_slot(slots: tuple[int, ...], geom: Geometry, what: str) -> int:
+    """The first slot of a contiguous block of B slots (`NotEncodable` otherwise)."""
+    if (
+        len(slots) != geom.block_size
+        or slots != tuple(range(slots[0], slots[0] + len(slots)))
+        or slots[0] < 0
+    ):
+        raise NotEncodable(f"{what} slots {slots} are not a contiguous block")
+    return slots[0]
+
+
+def _request_values(
+    r: RequestState, state: AbstractState, geom: Geometry, in_batch: bool
+) -> Values:
+    cur = r.current
+    if cur is not None and cur.index != r.committed_blocks:
+        raise NotEncodable("current block index differs from committed blocks")
+    start = -1
+    if cur is not None and cur.slots is not None:
+        start = _first_slot(tuple(cur.slots), geom, "current block")
+    if r.row is not None and not 0 <= r.row < geom.rows:
+        raise NotEncodable(f"row {r.row} outside the represented rows")
+    eos_id = state.config.eos_token_id
+    pending = [m for (rid, _), m in state.round.pending_masks.items() if rid == r.request_id]
+    pl, mn = len(r.prompt), r.max_new_tokens
+    return {
+        "phase": REQ[r.phase.value],
+        "prompt_len": pl,
+        "max_new_tokens": mn,
+        "reserved_pages": -(-(pl + mn) // geom.page_size),
+        "row": -1 if r.row is None else r.row,
+        "committed_blocks": r.committed_blocks,
+        "block_phase": NONE_BLOCK if cur is None else BLK[cur.phase.value],
+        "block_start": start,
+        "masks": -1 if cur is None or cur.masks is None else cur.masks,
+        "alloc_round": -1 if cur is None or cur.alloc_round is None else cur.alloc_round,
+        "eos_committed": eos_id is not None and eos_id in r.generated[:mn],
+        "in_batch": in_batch,
+        "step_pending": bool(pending),
+        "pending_masks": pending[0] if pending else 0,
+    }
+
+
+def encode_state(state: AbstractState, geom: Geometry) -> Values:
+    """The symbolic values of a spec state (ghosts included). Raises `NotEncodable` when the
+    state lies outside the encoding."""
+    _check_geometry(state.config, geom)
+    order = list(state.requests)
+    if len(order) > geom.requests:
+        raise NotEncodable(f"{len(order)} requests > {geom.requests}")
+    index = {rid: i for i, rid in enumerate(order)}
+    queued = [rid for rid in order if state.requests[rid].phase is RequestPhase.QUEUED]
+    if list(state.queue) != queued:
+        # the encoding's queue is "the queued requests in submission order"
+        raise NotEncodable(f"queue {list(state.queue)} is not the queued requests {queued}")
+    rnd = state.round
+    pending_of: set[str] = set()
+    for rid, blk in rnd.pending_masks:
+        r = state.requests.get(rid)
+        if r is None or r.current is None or r.current.index != blk or rid in pending_of:
+            raise NotEncodable(f"pending key {(rid, blk)} is not the request's current block")
+        pending_of.add(rid)
+    batch = set()
+    for rid, blk in rnd.batch:
+        # the key's block is the current one, or the one committed after the forward
+        if rid not in state.requests:
+            raise NotEncodable(f"batch key {(rid, blk)} names an unknown request")
+        batch.add(rid)
+    per_request: list[Values] = []
+    for i in range(geom.requests):
+        if i < len(order):
+            rid = order[i]
+            per_request.append(_request_values(state.requests[rid], state, geom, rid in batch))
+        else:
+            per_request.append(_BLANK)
+    out: Values = {}
+    for f in FIELDS:
+        if f.scope is Scope.REQUEST:
+            for i, vals in enumerate(per_request):
+                out[f"{f.name}[{i}]"] = vals[f.name]
+    for row in state.rows:
+        if not 0 <= row < geom.rows:
+            raise NotEncodable(f"row {row} outside the represented rows")
+    for r_ in range(geom.rows):
+        h = state.rows.get(r_)
+        if h is not None and h not in index:
+            raise NotEncodable(f"row {r_} held by unknown request {h!r}")
+        out[f"row_holder[{r_}]"] = -1 if h is None else index[h]
+    for t in state.slot_owners:
+        if not 0 <= t < geom.kv_slots:
+            raise NotEncodable(f"slot {t} outside the pool")
+    for t in range(geom.kv_slots):
+        o = state.slot_owners.get(t)
+        if o is not None and o[0] not in index:
+            raise NotEncodable(f"slot {t} owned by unknown request {o[0]!r}")
+        out[f"owner_request[{t}]"] = -1 if o is None else index[o[0]]
+        out[f"owner_block[{t}]"] = 0 if o is None else o[1]
+        out[f"freed_by[{t}]"] = -1
+    out["round_index"] = rnd.index
+    out["round_forwards"] = rnd.forwards
+    out["newly_done_in_last_forward"] = rnd.newly_done_in_last_forward
+    out["round_committed"] = rnd.committed
+    return out
+
+
+def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
+    """The symbolic parameters of a concrete event in `state`. An unknown request id gets the
+    next unsubmitted index; `NotEncodable` when the event lies outside the encoding."""
+    cfg = state.config
+    order = list(state.requests)
+    index = {rid: i for i, rid in enumerate(order)}
+
+    def idx(rid: str) -> int:
+        if rid in index:
+            return index[rid]
+        if len(order) < geom.requests:
+            return len(order)  # an unknown id: the next (unsubmitted) index
+        raise NotEncodable(f"no index left for unknown request {rid!r}")
+
+    def row_param(row: int) -> int:
+        if not 0 <= row < geom.rows:
+            raise NotEncodable(f"row {row} outside the represented rows")
+        return row
+
+    out: Values = {
+        "kind": KIND[event.kind],
+        "request": 0,
+        "row": 0,
+        "block_index": 0,
+        "first_slot": 0,
+        "accept_length": 0,
+        "masks_remaining": 0,
+        "reason": 0,
+        "prompt_len": 0,
+        "max_new_tokens": 0,
+        "reserved_pages": 0,
+        "prompt_valid": True,
+        "tokens_valid": True,
+        "block_has_eos": False,
+        "round_index": 0,
+    }
+    for t in range(geom.kv_slots):
+        out[f"freed[{t}]"] = False
+    for i in range(geom.requests):
+        out[f"forwarded[{i}]"] = False
+        out[f"row_block_index[{i}]"] = 0
+        out[f"row_reused[{i}]"] = False
+        out[f"row_num_tokens[{i}]"] = 0
+        out[f"row_masked[{i}]"] = 0
+
+    if isinstance(event, Submitted):
+        out["request"] = idx(event.request_id)
+        pl, mn = len(event.prompt), event.max_new_tokens
+        if not isinstance(mn, int) or isinstance(mn, bool):
+            raise NotEncodable("max_new_tokens is not an int")
+        if not isinstance(event.request_id, str) or not event.request_id:
+            raise NotEncodable("request id is not a non-empty string")
+        out["prompt_len"], out["max_new_tokens"] = pl, mn
+        out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
+        out["prompt_valid"] = all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 and x != cfg.mask_token_id
+            for x in event.prompt
+        )
+    elif isinstance(event, Admitted | RowAcquired | RowReleased):
+        out["request"] = idx(event.request_id)
+        out["row"] = row_param(event.row)
+    elif isinstance(event, KvAllocated):
+        out["request"] = idx(event.request_id)
+        out["block_index"] = event.block_index
+        sl = tuple(event.slots)
+        if len(sl) != geom.block_size or sl != tuple(range(sl[0], sl[0] + len(sl))):
+            raise NotEncodable(f"allocated slots {sl} are not a contiguous block")
+        out["first_slot"] = sl[0]
+    elif isinstance(event, KvFreed):
+        out["request"] = idx(event.request_id)
+        if len(set(event.slots)) != len(event.slots):
+            raise NotEncodable("duplicate slots in one free")
+        for t in event.slots:
+            if not 0 <= t < geom.kv_slots:
+                raise NotEncodable(f"freed slot {t} outside the pool")
+            out[f"freed[{t}]"] = True
+    elif isinstance(event, Forward):
+        seen = set()
+        for row in event.rows:
+            i = idx(row.request_id)
+            if i in seen:
+                raise NotEncodable("a request twice in one forward")
+            seen.add(i)
+            out[f"forwarded[{i}]"] = True
+            out[f"row_block_index[{i}]"] = row.block_index
+            out[f"row_reused[{i}]"] = row.reused
+            out[f"row_num_tokens[{i}]"] = row.num_tokens
+            out[f"row_masked[{i}]"] = row.masked
+    elif isinstance(event, StepResult):
+        out["request"] = idx(event.request_id)
+        out["block_index"] = event.block_index
+        out["accept_length"] = event.accept_length
+        out["masks_remaining"] = event.masks_remaining
+    elif isinstance(event, BlockCommitted):
+        out["request"] = idx(event.request_id)
+        out["block_index"] = event.block_index
+        valid, eos = _committed_tokens(state, event)
+        out["tokens_valid"] = valid
+        out["block_has_eos"] = eos
+    elif isinstance(event, Finished):
+        out["request"] = idx(event.request_id)
+        out["reason"] = REASON[event.reason]
+    elif isinstance(event, Aborted):
+        out["request"] = idx(event.request_id)
+    elif isinstance(event, ControlReturned):
+        out["round_index"] = event.round_index
+    else:  # pragma: no cover - every event type is handled above
+        raise NotEncodable(f"unknown event {event!r}")
+    return out
+
+
+def _committed_tokens(state: AbstractState, event: BlockCommitted) -> tuple[bool, bool]:
+    """(the tokens keep the prompt and hold no mask, the block holds an EOS within
+    max_new_tokens) for a committed block."""
+    cfg = state.config
+    toks = tuple(event.tokens)
+    valid = len(toks) == cfg.block_size and cfg.mask_token_id not in toks
+    eos = False
+    r = state.requests.get(event.request_id)
+    if r is not None:
+        start = event.block_index * cfg.block_size
+        for k, tok in enumerate(toks):
+            pos = start + k
+            if pos < len(r.prompt) and r.prompt[pos] != tok:
+                valid = False
+            if (
+                cfg.eos_token_id is not None
+                and tok == cfg.eos_token_id
+                and len(r.prompt) <= pos < len(r.prompt) + r.max_new_tokens
+            ):
+                eos = True
+    return valid, eos

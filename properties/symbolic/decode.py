@@ -1,0 +1,161 @@
+"""Symbolic to concrete: a model's events as spec events, and a model's state as text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from properties.symbolic.codes import (
+    BLK_NAME,
+    EOS_TOKEN,
+    FILLER_TOKEN,
+    KIND_NAME,
+    PROMPT_TOKEN,
+    REASON_OF,
+    REQ_NAME,
+)
+from properties.symbolic.geometry import Geometry
+from properties.symbolic.params import Params
+from properties.symbolic.state import State
+from properties.symbolic.terms import Z, model_int, model_value
+from spec.config import DllmConfig
+from spec.events import (
+    Aborted,
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    RowAcquired,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
+
+
+def request_id(i: int) -> str:
+    """The id of symbolic request i."""
+    return f"r{i}"
+
+
+@dataclass
+class Decoder:
+    """Turns model values of (state, params) into concrete events (ids "r0", "r1", ...).
+
+    Decode a trace's steps in order: a `Submitted` records the prompt that the request's later
+    `BlockCommitted` tokens must keep."""
+
+    geom: Geometry
+    config: DllmConfig
+    prompts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def event(self, model: Z, s: State, p: Params) -> Event:
+        def num(x: Z) -> int:
+            return model_int(model, x)
+
+        def flag(x: Z) -> bool:
+            return bool(model_value(model, x))
+
+        kind = KIND_NAME[num(p.kind)]
+        i = num(p.request)
+        rid = request_id(i)
+        b = self.geom.block_size
+        if kind == "submitted":
+            tok = PROMPT_TOKEN if flag(p.prompt_valid) else self.config.mask_token_id
+            prompt = (tok,) * num(p.prompt_len)
+            self.prompts[i] = prompt
+            return Submitted(rid, prompt, num(p.max_new_tokens))
+        if kind == "admitted":
+            return Admitted(rid, num(p.row))
+        if kind == "row_acquired":
+            return RowAcquired(rid, num(p.row))
+        if kind == "row_released":
+            return RowReleased(rid, num(p.row))
+        if kind == "kv_allocated":
+            start = num(p.first_slot)
+            return KvAllocated(rid, num(p.block_index), tuple(range(start, start + b)))
+        if kind == "kv_freed":
+            return KvFreed(rid, tuple(t for t in range(self.geom.kv_slots) if flag(p.freed[t])))
+        if kind == "forward":
+            return Forward(
+                tuple(
+                    ForwardRow(
+                        request_id(j),
+                        num(p.row_block_index[j]),
+                        flag(p.row_reused[j]),
+                        num(p.row_num_tokens[j]),
+                        num(p.row_masked[j]),
+                    )
+                    for j in range(self.geom.requests)
+                    if flag(p.forwarded[j])
+                )
+            )
+        if kind == "step_result":
+            return StepResult(rid, num(p.block_index), num(p.accept_length), num(p.masks_remaining))
+        if kind == "block_committed":
+            blk = num(p.block_index)
+            toks = self._block_tokens(i, blk, num(s.max_new_tokens[i]), flag(p.block_has_eos))
+            if not flag(p.tokens_valid):
+                toks[-1] = self.config.mask_token_id
+            return BlockCommitted(rid, blk, tuple(toks))
+        if kind == "finished":
+            return Finished(rid, REASON_OF[num(p.reason)])
+        if kind == "aborted":
+            return Aborted(rid)
+        if kind == "control_returned":
+            return ControlReturned(num(p.round_index))
+        raise ValueError(kind)  # pragma: no cover
+
+    def _block_tokens(self, i: int, blk: int, max_new: int, has_eos: bool) -> list[int]:
+        """Block `blk` of request i: the prompt at prompt positions, one EOS at the first
+        generated position (when the block holds one), filler elsewhere."""
+        b = self.geom.block_size
+        prompt = self.prompts.get(i, ())
+        toks: list[int] = []
+        for k in range(b):
+            pos = blk * b + k
+            if pos < len(prompt):
+                toks.append(prompt[pos])
+            elif has_eos and pos < len(prompt) + max_new:
+                toks.append(EOS_TOKEN)
+                has_eos = False
+            else:
+                toks.append(FILLER_TOKEN)
+        return toks
+
+
+def render_values(model: Z, s: State, geom: Geometry) -> str:
+    """A compact rendering of one symbolic state in a model (for CTIs and traces)."""
+
+    def ev(x: Z) -> int | bool:
+        return model_value(model, x)
+
+    lines = [
+        f"round {ev(s.round_index)}: forwards={ev(s.round_forwards)} "
+        f"newly_done={ev(s.newly_done_in_last_forward)} commits={ev(s.round_committed)}"
+    ]
+    owners: dict[int, list[int]] = {}
+    for t in range(geom.kv_slots):
+        o = int(ev(s.owner_request[t]))
+        if o != -1:
+            owners.setdefault(o, []).append(t)
+    free = [t for t in range(geom.kv_slots) if int(ev(s.owner_request[t])) == -1]
+    lines.append(f"free slots ({len(free)}): {free}")
+    for i in range(geom.requests):
+        ph = REQ_NAME.get(int(ev(s.phase[i])), "?")
+        bph = BLK_NAME.get(int(ev(s.block_phase[i])), "?")
+        own = " ".join(f"{t}:b{ev(s.owner_block[t])}" for t in owners.get(i, []))
+        lines.append(
+            f"r{i}: {ph} prompt_len={ev(s.prompt_len[i])} "
+            f"max_new_tokens={ev(s.max_new_tokens[i])} row={ev(s.row[i])} "
+            f"committed={ev(s.committed_blocks[i])} current=[{bph} "
+            f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
+            f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
+            f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"
+            f"{ev(s.pending_masks[i])} owns=[{own}]"
+        )
+    lines.append(f"rows: {[ev(h) for h in s.row_holder]}")
+    return "\n".join(lines)

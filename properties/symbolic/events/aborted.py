@@ -1,0 +1,53 @@
+"""`Aborted` (`SpecMachine._aborted`): request r is cancelled between rounds. r = p.request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import z3
+
+from properties.symbolic.codes import ABORTED, REQ
+from properties.symbolic.events.common import at_request, for_request, without_current_block
+from properties.symbolic.guard import Guard
+from properties.symbolic.params import Params
+from properties.symbolic.state import State
+from properties.symbolic.terms import lifecycle_step
+from spec.lifecycles import REQUEST_LIFECYCLE
+
+if TYPE_CHECKING:
+    from properties.symbolic.encoding import Encoding
+
+
+def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
+    """One labelled guard per line (rule  formula):
+    known_request               the request table has `aborted` from phase[r]
+    step_per_row                ¬step_pending[r]
+    scheduler_phase             round_forwards = 0
+    terminal_owns_nothing/slots r owns no slot
+    terminal_owns_nothing/row   row[r] = -1"""
+    return [
+        Guard(
+            "known_request",
+            for_request(
+                enc,
+                p,
+                lambda i: lifecycle_step(REQUEST_LIFECYCLE, REQ, s.phase[i], "aborted")[0],
+            ),
+        ),
+        Guard("step_per_row", for_request(enc, p, lambda i: z3.Not(s.step_pending[i]))),
+        Guard("scheduler_phase", s.round_forwards == 0),
+        Guard(
+            "terminal_owns_nothing",
+            for_request(enc, p, lambda i: z3.Not(enc.owns_any(s, i))),
+            "slots",
+        ),
+        Guard("terminal_owns_nothing", for_request(enc, p, lambda i: s.row[i] == -1), "row"),
+    ]
+
+
+def effect(enc: Encoding, s: State, p: Params) -> State:
+    """phase'[r] = aborted; no current block."""
+    return s.replace(
+        phase=at_request(enc, p, s.phase, lambda i: ABORTED),
+        **without_current_block(enc, s, p),
+    )

@@ -1,0 +1,60 @@
+"""`Admitted` (`SpecMachine._admitted`): the head of the queue enters the running set and takes
+a request-pool row. r = p.request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import z3
+
+from properties.symbolic.codes import ADMITTED, QUEUED, REQ
+from properties.symbolic.events.common import at_request, for_request
+from properties.symbolic.guard import Guard
+from properties.symbolic.params import Params
+from properties.symbolic.state import State
+from properties.symbolic.terms import lifecycle_step, select
+from spec.lifecycles import REQUEST_LIFECYCLE
+
+if TYPE_CHECKING:
+    from properties.symbolic.encoding import Encoding
+
+
+def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
+    """One labelled guard per line (rule  formula):
+    lifecycle          phase[r] = queued (and the request table has `admitted` from it)
+    scheduler_phase    round_forwards = 0
+    fcfs_admission     no j < r is queued (indices follow submission order)
+    max_running        |active| < max_running
+    row_exclusive      p.row < rows ∧ row_holder[p.row] = -1"""
+    return [
+        Guard(
+            "lifecycle",
+            for_request(
+                enc,
+                p,
+                lambda i: z3.And(
+                    s.phase[i] == QUEUED,
+                    lifecycle_step(REQUEST_LIFECYCLE, REQ, s.phase[i], "admitted")[0],
+                ),
+            ),
+        ),
+        Guard("scheduler_phase", s.round_forwards == 0),
+        Guard(
+            "fcfs_admission",
+            for_request(enc, p, lambda i: z3.And([s.phase[j] != QUEUED for j in range(i)])),
+        ),
+        Guard("max_running", enc.n_active(s) < enc.cfg.max_running),
+        Guard(
+            "row_exclusive",
+            z3.And(p.row < enc.cfg.rows, select(s.row_holder, p.row) == -1),
+        ),
+    ]
+
+
+def effect(enc: Encoding, s: State, p: Params) -> State:
+    """phase'[r] = admitted; row'[r] = p.row; row_holder'[p.row] = r."""
+    return s.replace(
+        phase=at_request(enc, p, s.phase, lambda i: ADMITTED),
+        row=at_request(enc, p, s.row, lambda i: p.row),
+        row_holder=tuple(z3.If(p.row == r, p.request, s.row_holder[r]) for r in range(enc.R)),
+    )

@@ -1,0 +1,84 @@
+"""`BlockCommitted` (`SpecMachine._block_committed`): request r's done current block becomes
+part of its output. r = p.request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import z3
+
+from properties.symbolic.codes import BLK, NONE_BLOCK, REQ
+from properties.symbolic.events.common import at_request, for_request, without_current_block
+from properties.symbolic.guard import Guard
+from properties.symbolic.params import Params
+from properties.symbolic.state import State
+from properties.symbolic.terms import lifecycle_step
+from spec.lifecycles import BLOCK_LIFECYCLE, REQUEST_LIFECYCLE
+
+if TYPE_CHECKING:
+    from properties.symbolic.encoding import Encoding
+
+
+def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
+    """One labelled guard per line (rule  formula):
+    known_request                active(r)
+    step_per_row                 no step is pending
+    lifecycle                    a current block ∧ block_index = committed_blocks[r]
+    final_forward_before_commit  the block table has `block_committed` from block_phase[r]
+    prompt_preserved             tokens_valid
+    lifecycle/request            the request table has `block_committed` from phase[r]"""
+    return [
+        Guard("known_request", for_request(enc, p, lambda i: enc.active(s, i))),
+        Guard("step_per_row", enc.no_step_pending(s)),
+        Guard(
+            "lifecycle",
+            for_request(
+                enc,
+                p,
+                lambda i: z3.And(
+                    s.block_phase[i] != NONE_BLOCK, p.block_index == s.committed_blocks[i]
+                ),
+            ),
+        ),
+        Guard(
+            "final_forward_before_commit",
+            for_request(
+                enc,
+                p,
+                lambda i: lifecycle_step(BLOCK_LIFECYCLE, BLK, s.block_phase[i], "block_committed")[
+                    0
+                ],
+            ),
+        ),
+        Guard("prompt_preserved", p.tokens_valid),
+        Guard(
+            "lifecycle",
+            for_request(
+                enc,
+                p,
+                lambda i: lifecycle_step(REQUEST_LIFECYCLE, REQ, s.phase[i], "block_committed")[0],
+            ),
+            "request",
+        ),
+    ]
+
+
+def effect(enc: Encoding, s: State, p: Params) -> State:
+    """committed_blocks'[r] += 1; phase'[r] per the request table; eos_committed'[r] |=
+    block_has_eos; no current block; round_committed' = round_committed + 1."""
+    return s.replace(
+        committed_blocks=at_request(
+            enc, p, s.committed_blocks, lambda i: s.committed_blocks[i] + 1
+        ),
+        phase=at_request(
+            enc,
+            p,
+            s.phase,
+            lambda i: lifecycle_step(REQUEST_LIFECYCLE, REQ, s.phase[i], "block_committed")[1],
+        ),
+        eos_committed=at_request(
+            enc, p, s.eos_committed, lambda i: z3.Or(s.eos_committed[i], p.block_has_eos)
+        ),
+        round_committed=s.round_committed + 1,
+        **without_current_block(enc, s, p),
+    )

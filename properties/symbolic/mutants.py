@@ -1,0 +1,328 @@
+"""The seeded symbolic mutants: the relation with one labelled guard relaxed, or replaced by
+the buggy behaviour (`Relaxation`), plus constraints on the bad step that say what the bug
+looks like (`extra`). `bmc.find_mutant_counterexample` searches a trace for each; the matching
+reference mutants of the seeded-bug catalogue (`tests/mutants.py`) are named in `reference`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import z3
+
+from properties.symbolic.codes import ADMITTED, COMPLETE, DENOISING, DONE, MASKED, QUEUED, RUNNING
+from properties.symbolic.encoding import Encoding
+from properties.symbolic.guard import Relaxation
+from properties.symbolic.params import Params
+from properties.symbolic.state import State
+from properties.symbolic.terms import Z
+from properties.symbolic.workloads import dllm_config
+from spec.config import DllmConfig, Mode
+
+Extra = Callable[[Encoding, State, Params], Z]
+
+
+@dataclass(frozen=True)
+class SymbolicMutant:
+    """A seeded bug as a relaxed guard of one event kind."""
+
+    name: str
+    description: str
+    rule: str  # the rule SpecMachine names on the bad event
+    config: DllmConfig
+    kind: str  # event kind of the bad step
+    relax: tuple[Relaxation, ...]
+    violated: tuple[str, str]  # (rule, tag) of the spec guard the bad step breaks
+    extra: Extra | None = None  # more constraints on the bad step (what the bug looks like)
+    reference: tuple[str, ...] = ()  # matching entries of tests/mutants.py MUTANTS
+    requests: int = 2
+    depths: tuple[int, ...] = (4, 6, 8, 10, 12, 14)
+
+
+def _abort_keeps_current(enc: Encoding, s: State, p: Params) -> Z:
+    """The buggy abort: row and committed blocks released, the current block's KV kept."""
+    return z3.And(
+        [
+            z3.Implies(
+                p.request == i,
+                z3.And(
+                    s.row[i] == -1,
+                    *[
+                        z3.Implies(
+                            s.owner_request[t] == i, s.owner_block[t] == s.committed_blocks[i]
+                        )
+                        for t in range(enc.S)
+                    ],
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+def _mid_block(enc: Encoding, s: State, p: Params) -> Z:
+    """Between rounds, with a stepped but unfinished block retained in place."""
+    return z3.And(
+        s.round_forwards == 0,
+        s.round_index >= 1,
+        z3.Or(
+            [
+                z3.And(
+                    p.request == i,
+                    s.phase[i] == RUNNING,
+                    s.block_start[i] != -1,
+                    z3.Or(s.block_phase[i] == DENOISING, s.block_phase[i] == COMPLETE),
+                )
+                for i in range(enc.N)
+            ]
+        ),
+    )
+
+
+def _double_free_guard(enc: Encoding, s: State, p: Params) -> Z:
+    """The buggy free: slots the request owns, or slots it freed already."""
+    return z3.And(
+        [
+            z3.Implies(
+                p.request == i,
+                z3.And(
+                    [
+                        z3.Implies(
+                            p.freed[t],
+                            z3.Or(
+                                s.owner_request[t] == i,
+                                z3.And(s.owner_request[t] == -1, s.freed_by[t] == i),
+                            ),
+                        )
+                        for t in range(enc.S)
+                    ]
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+def _reservation_skip(enc: Encoding, s: State, p: Params) -> Z:
+    """AdmitsOutOfOrder: every queued request ahead does not fit the reserved pages; this one
+    does (the reference reserves worst-case pages at admission)."""
+    k = enc.geom.kv_pages
+    res = enc.reserved_pages(s)
+    parts = []
+    for i in range(enc.N):
+        ahead = [z3.Implies(s.phase[j] == QUEUED, res + s.reserved_pages[j] > k) for j in range(i)]
+        parts.append(z3.Implies(p.request == i, z3.And(res + s.reserved_pages[i] <= k, *ahead)))
+    return z3.And(parts)
+
+
+def _first_fit(enc: Encoding, s: State, p: Params) -> Z:
+    """The first-fit allocator: the block starts at the lowest free slot (and the running
+    requests fit the pool's worst-case reservation, as the reference admits them)."""
+    return z3.And(
+        [enc.reserved_pages(s) <= enc.geom.kv_pages]
+        + [z3.Implies(t < p.first_slot, s.owner_request[t] != -1) for t in range(enc.S)]
+        + [
+            z3.Implies(
+                p.request == i,
+                z3.Or(s.phase[i] == ADMITTED, s.phase[i] == RUNNING),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+def _done_at_round_end(enc: Encoding, s: State, p: Params) -> Z:
+    return z3.Or([s.block_phase[i] == DONE for i in range(enc.N)])
+
+
+def _lost_slots(enc: Encoding, s: State, p: Params) -> Z:
+    return z3.Or(
+        [
+            z3.And(
+                s.phase[i] == RUNNING,
+                s.block_start[i] == -1,
+                z3.Or(
+                    s.block_phase[i] == MASKED,
+                    s.block_phase[i] == DENOISING,
+                    s.block_phase[i] == COMPLETE,
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+def _partial_prompt_row(enc: Encoding, s: State, p: Params) -> Z:
+    """RaggedRow: the row feeds only the prompt tokens of a partial last prompt block."""
+    b = enc.B
+    return z3.Or(
+        [
+            z3.And(
+                p.forwarded[i],
+                p.row_num_tokens[i] == s.prompt_len[i] - s.committed_blocks[i] * b,
+                p.row_num_tokens[i] > 0,
+                p.row_num_tokens[i] < b,
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = (
+    SymbolicMutant(
+        "no_free_on_finish",
+        "a request finishes (its row released) while it still owns KV slots",
+        "terminal_owns_nothing",
+        dllm_config(mode=Mode.SYNC, in_place_reuse=False, kv_pages=2),
+        "finished",
+        (Relaxation("finished", "terminal_owns_nothing", "slots"),),
+        ("terminal_owns_nothing", "slots"),
+        reference=("no_free_on_finish",),
+        requests=1,
+        depths=(8, 10, 12),
+    ),
+    SymbolicMutant(
+        "abort_leaks_retained_block",
+        "SGLang #32992: aborting mid-block frees the committed blocks and the row but not the "
+        "retained (in-place reused) block",
+        "terminal_owns_nothing",
+        dllm_config(kv_pages=2),
+        "aborted",
+        (
+            Relaxation(
+                "aborted",
+                "terminal_owns_nothing",
+                "slots",
+                lambda s, p: z3.BoolVal(True),
+            ),
+        ),
+        ("terminal_owns_nothing", "slots"),
+        extra=lambda enc, s, p: z3.And(_abort_keeps_current(enc, s, p), _mid_block(enc, s, p)),
+        reference=("abort_leaks_retained_block",),
+        requests=1,
+        depths=(6, 8, 10),
+    ),
+    SymbolicMutant(
+        "double_free",
+        "a request frees KV slots it already freed",
+        "free_owned_only",
+        dllm_config(kv_pages=2),
+        "kv_freed",
+        (Relaxation("kv_freed", "free_owned_only", "owned"),),
+        ("free_owned_only", "owned"),
+        extra=_double_free_guard,
+        reference=("double_free",),
+        requests=1,
+        depths=(5, 7, 9),
+    ),
+    SymbolicMutant(
+        "admits_beyond_max_running",
+        "admission while max_running_requests requests already run",
+        "max_running",
+        dllm_config(max_running_requests=1, req_pool_rows=2, kv_pages=4),
+        "admitted",
+        (Relaxation("admitted", "max_running"),),
+        ("max_running", ""),
+        reference=("admits_beyond_max_running",),
+        depths=(4, 6, 8),
+    ),
+    SymbolicMutant(
+        "admits_out_of_order",
+        "a queued request that does not fit the reserved KV is skipped for a later one that does",
+        "fcfs_admission",
+        dllm_config(
+            block_size=2,
+            page_size=2,
+            kv_pages=4,
+            max_context=8,
+            max_running_requests=3,
+            req_pool_rows=3,
+        ),
+        "admitted",
+        (Relaxation("admitted", "fcfs_admission"),),
+        ("fcfs_admission", ""),
+        extra=_reservation_skip,
+        reference=("admits_out_of_order",),
+        requests=3,
+        depths=(5, 7, 9),
+    ),
+    SymbolicMutant(
+        "commits_before_final_forward",
+        "a step reports done as soon as the last mask is filled, before the final-KV forward",
+        "final_forward_before_commit",
+        dllm_config(kv_pages=2),
+        "step_result",
+        (Relaxation("step_result", "final_forward_before_commit"),),
+        ("final_forward_before_commit", ""),
+        reference=("commits_before_final_forward",),
+        requests=1,
+        depths=(5, 7),
+    ),
+    SymbolicMutant(
+        "misaligned_page",
+        "the allocator hands out the first free slots, ignoring page offsets",
+        "page_alignment",
+        dllm_config(block_size=2, page_size=4, kv_pages=2),
+        "kv_allocated",
+        (
+            Relaxation("kv_allocated", "page_alignment", "aligned"),
+            Relaxation("kv_allocated", "page_alignment", "continues"),
+        ),
+        ("page_alignment", ""),
+        extra=_first_fit,
+        reference=("misaligned_page",),
+        depths=(6, 8),
+    ),
+    SymbolicMutant(
+        "sync_returns_early",
+        "sync returns control while a block of the batch is unfinished",
+        "sync_yields_when_all_done",
+        dllm_config(mode=Mode.SYNC, in_place_reuse=False, kv_pages=2),
+        "control_returned",
+        (Relaxation("control_returned", "sync_yields_when_all_done"),),
+        ("sync_yields_when_all_done", ""),
+        reference=("sync_returns_early",),
+        requests=1,
+        depths=(6, 8),
+    ),
+    SymbolicMutant(
+        "fdfo_keeps_done_request",
+        "a done block is not committed in the round it finished",
+        "fdfo_releases_same_round",
+        dllm_config(kv_pages=2),
+        "control_returned",
+        (Relaxation("control_returned", "fdfo_releases_same_round", "done"),),
+        ("fdfo_releases_same_round", "done"),
+        extra=_done_at_round_end,
+        reference=("fdfo_keeps_done_request",),
+        requests=1,
+        depths=(6, 8),
+    ),
+    SymbolicMutant(
+        "unfinished_block_loses_slots",
+        "under in-place reuse an unfinished block's KV is freed before the round ends",
+        "reuse_keeps_slots",
+        dllm_config(kv_pages=2),
+        "control_returned",
+        (Relaxation("control_returned", "reuse_keeps_slots"),),
+        ("reuse_keeps_slots", ""),
+        extra=_lost_slots,
+        reference=("reallocates_instead_of_reusing", "free_unfinished_block_in_batch"),
+        requests=1,
+        depths=(7, 9),
+    ),
+    SymbolicMutant(
+        "ragged_row",
+        "a partial prompt block is fed without its masks (not a whole block)",
+        "whole_block_rows",
+        dllm_config(kv_pages=2),
+        "forward",
+        (Relaxation("forward", "whole_block_rows"),),
+        ("whole_block_rows", ""),
+        extra=_partial_prompt_row,
+        reference=("ragged_row",),
+        requests=1,
+        depths=(4, 6),
+    ),
+)

@@ -1,0 +1,159 @@
+"""The transition relation T(s, p, s'): ONE quantifier-free formula over two state copies and
+the event parameters,
+
+    T(s, p, s') = well_formed(s, p) ∧ ∨_kind (p.kind = kind ∧ guards_kind(s, p))
+                  ∧ s' = next_state(s, p)
+
+where next_state is, for every variable, an if-then-else over the kinds whose effect changes
+it. The guards and effects of each kind are in `events/<kind>.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import z3
+
+from properties.symbolic.codes import KIND, NEW
+from properties.symbolic.events import EVENTS
+from properties.symbolic.guard import Guard, Relaxation
+from properties.symbolic.params import Params
+from properties.symbolic.state import FIELDS, Scope, State
+from properties.symbolic.terms import Z, select
+from spec.events import Submitted
+
+if TYPE_CHECKING:
+    from properties.symbolic.encoding import Encoding
+
+
+def well_formed(enc: Encoding, s: State, p: Params) -> Z:
+    """Well-formed parameters (not spec guards):
+    0 <= kind < #kinds, 0 <= request < N, 0 <= row < R, reason ∈ {0, 1};
+    Submitted takes the next unsubmitted index (request = i ⇒ every j < i is submitted: the
+    symmetry reduction that makes the FCFS queue "the queued requests by index");
+    reserved_pages = ceil((prompt_len + max_new_tokens) / P) (ghost);
+    block_has_eos ⇒ an EOS is configured and the block [k*B, k*B+B), k = committed_blocks,
+    overlaps the generated positions [prompt_len, prompt_len + max_new_tokens)."""
+    n = enc.N
+    committed = select(s.committed_blocks, p.request)
+    prompt_len = select(s.prompt_len, p.request)
+    max_new = select(s.max_new_tokens, p.request)
+    block_start = committed * enc.B
+    eos_possible = z3.And(
+        enc.cfg.eos,
+        block_start < prompt_len + max_new,
+        block_start + enc.B > prompt_len,
+    )
+    return z3.And(
+        p.kind >= 0,
+        p.kind < len(KIND),
+        p.request >= 0,
+        p.request < n,
+        p.row >= 0,
+        p.row < enc.R,
+        z3.Or(p.reason == 0, p.reason == 1),
+        z3.Implies(
+            p.is_kind(Submitted.kind),
+            z3.And(
+                [
+                    z3.Implies(p.request == i, z3.And([s.phase[j] != NEW for j in range(i)]))
+                    for i in range(n)
+                ]
+            ),
+        ),
+        enc.P * (p.reserved_pages - 1) < p.prompt_len + p.max_new_tokens,
+        p.prompt_len + p.max_new_tokens <= enc.P * p.reserved_pages,
+        z3.Implies(p.block_has_eos, eos_possible),
+    )
+
+
+def guards(enc: Encoding, s: State, p: Params) -> dict[str, list[Guard]]:
+    """The labelled guards of every event kind, by kind (`events.EVENTS`)."""
+    return {kind: e.guards(enc, s, p) for kind, e in EVENTS.items()}
+
+
+def next_state(enc: Encoding, s: State, p: Params) -> State:
+    """The successor terms: x' = If(kind = k1, x_k1, If(kind = k2, x_k2, ... x)) over the kinds
+    k1, k2, ... whose effect changes x (later kinds outermost)."""
+    after = {kind: e.effect(enc, s, p) for kind, e in EVENTS.items()}
+    changes: dict[str, Any] = {}
+    for f in FIELDS:
+        old = getattr(s, f.name)
+        if f.scope is Scope.ROUND:
+            value = old
+            for kind, nxt in after.items():
+                new = getattr(nxt, f.name)
+                if new is not old:
+                    value = z3.If(p.kind == KIND[kind], new, value)
+            changes[f.name] = value
+            continue
+        values = list(old)
+        for kind, nxt in after.items():
+            new_terms = getattr(nxt, f.name)
+            if new_terms is old:
+                continue
+            for i, (new, was) in enumerate(zip(new_terms, old, strict=True)):
+                if new is not was:
+                    values[i] = z3.If(p.kind == KIND[kind], new, values[i])
+        changes[f.name] = tuple(values)
+    return s.replace(**changes)
+
+
+def enabled(
+    enc: Encoding,
+    s: State,
+    p: Params,
+    relax: Sequence[Relaxation] = (),
+    by_kind: Mapping[str, list[Guard]] | None = None,
+) -> Z:
+    """∨_kind (p.kind = kind ∧ its guards), with the relaxations applied (a relaxed guard is
+    dropped or replaced)."""
+    table = by_kind if by_kind is not None else guards(enc, s, p)
+    alts = []
+    for kind, gs in table.items():
+        conj = []
+        for g in gs:
+            rx = next((r for r in relax if r.matches(kind, g)), None)
+            if rx is None:
+                conj.append(g.expr)
+            elif rx.replacement is not None:
+                conj.append(rx.replacement(s, p))
+        alts.append(z3.And(p.kind == KIND[kind], *conj))
+    return z3.Or(alts)
+
+
+def build_transition(
+    enc: Encoding, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()
+) -> Z:
+    """T(s, p, s2) = well_formed(s, p) ∧ enabled(s, p) ∧ s2 = next_state(s, p)."""
+    nxt = next_state(enc, s, p)
+    return z3.And(well_formed(enc, s, p), enabled(enc, s, p, relax), s2.equals(nxt))
+
+
+def transition(
+    enc: Encoding, s: State, p: Params, s2: State, relax: Sequence[Relaxation] = ()
+) -> Z:
+    """T(s, p, s2): event p is well-formed, enabled in s, and s2 is its effect.
+
+    The relation is built once per encoding (and relaxation) over template copies and
+    instantiated for (s, p, s2) by substitution: every copy is the same definition."""
+    key = tuple(relax)
+    if key not in enc.templates:
+        ts, tp, ts2 = enc.state("T.s"), enc.params("T.p"), enc.state("T.t")
+        enc.templates[key] = (ts, tp, ts2, build_transition(enc, ts, tp, ts2, relax))
+    ts, tp, ts2, rel = enc.templates[key]
+    pairs = list(zip(ts.terms(), s.terms(), strict=True))
+    pairs += list(zip(tp.items().values(), p.items().values(), strict=True))
+    pairs += list(zip(ts2.terms(), s2.terms(), strict=True))
+    return z3.substitute(rel, *pairs)
+
+
+def rule_guard(enc: Encoding, s: State, p: Params, kind: str, rule: str, tag: str = "") -> Z:
+    """The conjunction of the guards of `kind` labelled `rule` (and `tag`)."""
+    gs = [
+        g.expr
+        for g in EVENTS[kind].guards(enc, s, p)
+        if g.rule == rule and (not tag or g.tag == tag)
+    ]
+    return z3.And(gs) if gs else z3.BoolVal(True)

@@ -1,0 +1,186 @@
+"""The symbolic state: one copy of `spec.state.AbstractState` as z3 variables.
+
+Field names follow `spec.state` (`RequestState`, `BlockState`, `RoundState`, `AbstractState`);
+where a spec field is a structure, the encoding keeps what the guards need:
+
+per request i (`RequestState`, in submission order; index i is request "r<i>"):
+  phase[i]              request phase code (`codes.REQ`; 0 = not submitted yet)
+  prompt_len[i]         len(prompt)
+  max_new_tokens[i]     max_new_tokens
+  reserved_pages[i]     ghost: worst-case KV pages ceil((prompt_len + max_new_tokens) / P)
+  row[i]                request-pool row, -1 = none
+  committed_blocks[i]   committed blocks (= the index of the current block)
+  block_phase[i]        current block's phase code (`codes.BLK`; 0 = no current block)
+  block_start[i]        current block's first KV slot, -1 = holds no slots
+  masks[i]              masks left after the block's latest step, -1 = not stepped yet
+  alloc_round[i]        round the current block's slots were allocated in, -1 = never
+  eos_committed[i]      an EOS token was committed within max_new_tokens
+  in_batch[i]           a row of this round's forwards (`RoundState.batch`)
+  step_pending[i]       its row of the latest forward awaits a step (`RoundState.pending_steps`)
+  pending_masks[i]      that row's input mask count (`RoundState.pending_masks`; 0 if none)
+per request-pool row r:   row_holder[r]  request index, -1 = free (`AbstractState.rows`)
+per KV slot t (`AbstractState.slot_owners`):
+  owner_request[t]      request index, -1 = free
+  owner_block[t]        block index (0 when free)
+  freed_by[t]           ghost: the request that last freed the slot, -1 = never
+per round (`RoundState`): round_index, round_forwards, round_committed,
+  newly_done_in_last_forward
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import z3
+
+from properties.symbolic.codes import NEW, NONE_BLOCK
+from properties.symbolic.geometry import Geometry
+from properties.symbolic.terms import Z
+
+Terms = tuple[Z, ...]
+
+
+class Scope(Enum):
+    """How many copies of a field a state has."""
+
+    REQUEST = "request"
+    ROW = "row"
+    SLOT = "slot"
+    ROUND = "round"  # one (a scalar)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of the symbolic state: its scope, sort, value in the initial state, and
+    whether it is a ghost (proof bookkeeping that the spec state does not have)."""
+
+    name: str
+    scope: Scope
+    is_bool: bool
+    initial: int | bool
+    ghost: bool = False
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("phase", Scope.REQUEST, False, NEW),
+    Field("prompt_len", Scope.REQUEST, False, 0),
+    Field("max_new_tokens", Scope.REQUEST, False, 0),
+    Field("reserved_pages", Scope.REQUEST, False, 0, ghost=True),
+    Field("row", Scope.REQUEST, False, -1),
+    Field("committed_blocks", Scope.REQUEST, False, 0),
+    Field("block_phase", Scope.REQUEST, False, NONE_BLOCK),
+    Field("block_start", Scope.REQUEST, False, -1),
+    Field("masks", Scope.REQUEST, False, -1),
+    Field("alloc_round", Scope.REQUEST, False, -1),
+    Field("eos_committed", Scope.REQUEST, True, False),
+    Field("in_batch", Scope.REQUEST, True, False),
+    Field("step_pending", Scope.REQUEST, True, False),
+    Field("pending_masks", Scope.REQUEST, False, 0),
+    Field("row_holder", Scope.ROW, False, -1),
+    Field("owner_request", Scope.SLOT, False, -1),
+    Field("owner_block", Scope.SLOT, False, 0),
+    Field("freed_by", Scope.SLOT, False, -1, ghost=True),
+    Field("round_index", Scope.ROUND, False, 0),
+    Field("round_forwards", Scope.ROUND, False, 0),
+    Field("newly_done_in_last_forward", Scope.ROUND, True, False),
+    Field("round_committed", Scope.ROUND, False, 0),
+)
+FIELD = {f.name: f for f in FIELDS}
+GHOST_FIELDS = frozenset(f.name for f in FIELDS if f.ghost)
+
+
+def copies(geom: Geometry, scope: Scope) -> int:
+    """How many copies of a field of `scope` a state of `geom` has (0 for a scalar)."""
+    return {
+        Scope.REQUEST: geom.requests,
+        Scope.ROW: geom.rows,
+        Scope.SLOT: geom.kv_slots,
+        Scope.ROUND: 0,
+    }[scope]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class State:
+    """One copy of the symbolic state (see the module docstring for every field)."""
+
+    geom: Geometry
+    phase: Terms
+    prompt_len: Terms
+    max_new_tokens: Terms
+    reserved_pages: Terms
+    row: Terms
+    committed_blocks: Terms
+    block_phase: Terms
+    block_start: Terms
+    masks: Terms
+    alloc_round: Terms
+    eos_committed: Terms
+    in_batch: Terms
+    step_pending: Terms
+    pending_masks: Terms
+    row_holder: Terms
+    owner_request: Terms
+    owner_block: Terms
+    freed_by: Terms
+    round_index: Z
+    round_forwards: Z
+    newly_done_in_last_forward: Z
+    round_committed: Z
+
+    @classmethod
+    def fresh(cls, geom: Geometry, name: str) -> State:
+        """A copy of fresh variables named `<name>.<field>[<i>]` (`<name>.<field>` for scalars)."""
+
+        def var(label: str, f: Field) -> Z:
+            return z3.Bool(label) if f.is_bool else z3.Int(label)
+
+        values: dict[str, Any] = {}
+        for f in FIELDS:
+            n = copies(geom, f.scope)
+            if f.scope is Scope.ROUND:
+                values[f.name] = var(f"{name}.{f.name}", f)
+            else:
+                values[f.name] = tuple(var(f"{name}.{f.name}[{i}]", f) for i in range(n))
+        return cls(geom, **values)
+
+    def replace(self, **changes: Any) -> State:
+        """This state with some fields replaced (the effect of an event)."""
+        return dataclasses.replace(self, **changes)
+
+    def items(self, ghosts: bool = True) -> Iterator[tuple[str, Z]]:
+        """(label, term) of every variable in a fixed order; labels are `field[i]` or `field`."""
+        for f in FIELDS:
+            if f.ghost and not ghosts:
+                continue
+            value = getattr(self, f.name)
+            if f.scope is Scope.ROUND:
+                yield f.name, value
+            else:
+                for i, t in enumerate(value):
+                    yield f"{f.name}[{i}]", t
+
+    def terms(self) -> list[Z]:
+        return [t for _, t in self.items()]
+
+    def equals(self, other: State, ghosts: bool = True) -> Z:
+        """Every variable (ghosts too, unless `ghosts` is False) equals `other`'s."""
+        mine = dict(self.items(ghosts))
+        return z3.And([mine[k] == t for k, t in other.items(ghosts)])
+
+    def initial_conditions(self) -> list[Z]:
+        """The initial state: every field at its `Field.initial` value (nothing submitted)."""
+
+        def at_initial(f: Field, t: Z) -> Z:
+            return z3.Not(t) if f.initial is False else t == f.initial
+
+        parts: list[Z] = []
+        for scope in (Scope.REQUEST, Scope.ROW, Scope.SLOT):
+            group = [f for f in FIELDS if f.scope is scope]
+            for i in range(copies(self.geom, scope)):
+                parts += [at_initial(f, getattr(self, f.name)[i]) for f in group]
+        parts += [at_initial(f, getattr(self, f.name)) for f in FIELDS if f.scope is Scope.ROUND]
+        return parts
