@@ -281,6 +281,19 @@ class SpecMachine(MachineBase[Event, Rule]):
         if not self.retain_finished and phase in TERMINAL_PHASES:
             r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
 
+    def reindex(self) -> None:
+        """Rebuild the derived indexes (active requests, per-request blocks, claimed pages)
+        from the primary tables and mark everything changed. Only needed after editing the
+        machine's internals directly, as the Z3 drift guard's perturbations do."""
+        self._running = {rid: r for rid, r in self._requests.items() if r.phase in ACTIVE_PHASES}
+        self._claimed_pages = sum(self._pages(r) for r in self._running.values())
+        self._blocks = {}
+        for slot, (rid, block) in self._owner.items():
+            self._blocks.setdefault(rid, {}).setdefault(block, set()).add(slot)
+        self._dirty = dict.fromkeys(self._requests)
+        self._dirty_rows = set(self._rows)
+        self._dirty_blocks = {owner for owner in self._owner.values()}
+
     def _pages(self, r: _Request) -> int:
         return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
 

@@ -384,6 +384,7 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
         r = rng.choice(reqs)
         if r.current is None:
             r.committed_blocks = max(0, r.committed_blocks + rng.choice([-1, 1]))
+    m.reindex()  # the machine's derived indexes follow the edited tables
 
 
 WEIGHT = {
