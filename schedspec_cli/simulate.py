@@ -86,7 +86,9 @@ def _add_workload(
     p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
     p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), default="poisson")
     p.add_argument("--qps", type=_positive_float, default=qps)
-    p.add_argument("--burst", type=positive(), default=8, help="requests per burst (--arrivals bursts)")
+    p.add_argument(
+        "--burst", type=positive(), default=8, help="requests per burst (--arrivals bursts)"
+    )
     p.add_argument("--requests", type=positive(10_000_000), default=requests)
     p.add_argument("--prefill", default=prefill, help="prompt tokens: N or LOW-HIGH")
     p.add_argument("--decode", default=decode, help="output tokens: N or LOW-HIGH")
@@ -134,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
     s.add_argument("--dp-units", type=positive(4096), default=16)
-    s.add_argument("--batch-time", type=_positive_float, default=0.1, help="T of the queueing model (s)")
+    s.add_argument(
+        "--batch-time", type=_positive_float, default=0.1, help="T of the queueing model (s)"
+    )
     s.add_argument("--prefill-instances", type=positive(4096), default=2)
     s.add_argument("--decode-units", type=positive(4096), default=32)
     _add_workload(s, 120.0, 6000, "256-4096", "64-512")
@@ -180,7 +184,9 @@ def _add_sweep(sub: Any) -> None:
     w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
     w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
     w.add_argument("--max-batch", type=positive(1_000_000), default=32, help="seats per replica")
-    w.add_argument("--budget", type=positive(10**9), default=2048, help="tokens per batch (chunk size)")
+    w.add_argument(
+        "--budget", type=positive(10**9), default=2048, help="tokens per batch (chunk size)"
+    )
     w.add_argument("--max-model-len", type=positive(10**9), default=1280)
     w.add_argument("--exec-model", default="roofline:llama3-8b@h100")
     w.add_argument(

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from properties.sim.checks import check_pour, check_time_monotone, check_water_fill
 from reference.sim import workload as wl
 from reference.sim.allocation import UnitCapacity, iqr_outliers, pick_decode_unit, water_fill
-from schedspec_cli.simulate import simulate_main
 from reference.sim.errors import Unschedulable
 from reference.sim.queueing import simulate_gated
 from reference.sim.sbs import SbsParams, simulate_sbs
+from schedspec_cli.simulate import simulate_main
 
 
 @st.composite

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from reference.sim import sweep as sw
-from schedspec_cli.simulate import simulate_main
 from reference.sim.errors import SimConfigError
+from schedspec_cli.main import main as cli_main
+from schedspec_cli.simulate import simulate_main
 from spec.errors import ConfigError
 
 SMALL = dict(requests=40, prefill="8-200", decode="4-40", exec_model="linear:0.01,1e-5,2e-4,1e-7")
@@ -67,14 +68,21 @@ def test_cli_writes_table_json_csv_and_plots(
         ("--replicas", "0", "--replicas"),
         ("--kv-tokens", "", "--kv-tokens"),
         ("--scheduler", "vidur-nope", "scheduler"),
-        ("--requests", "0", "requests"),
-        ("--num-cpus", "0", "--num-cpus"),
     ],
 )
 def test_bad_flags_are_typed_errors_before_work(flag: str, value: str, field: str) -> None:
     with pytest.raises(SimConfigError) as err:
         simulate_main(["sweep", "--backend", "local", flag, value])
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--requests", "0"), ("--num-cpus", "0")])
+def test_out_of_range_counts_are_usage_errors_naming_the_flag(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["simulate", "sweep", "--backend", "local", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "valid: 1.." in err and "Traceback" not in err
 
 
 def test_impossible_configuration_is_named_before_work() -> None:

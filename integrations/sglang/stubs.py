@@ -234,12 +234,23 @@ def importing() -> Iterator[None]:
     Afterwards the finder is removed and the placeholder modules leave `sys.modules`: SGLang's
     modules keep the references they bound, and any other code in the process (another engine,
     the torch engine) imports the real packages, or gets ImportError, as without SGLang.
-    Placeholders answer only what is not installed (the finder is consulted last).
+
+    Placeholders answer every stubbed package whether or not it is installed (the finder goes
+    first, and real modules already imported are hidden for the block and put back after):
+    SGLang's import must not depend on what else the environment holds — a real pydantic (Ray
+    brings one) next to placeholder openai types cannot build SGLang's API schemas.
     """
     import torch
 
     finder = _Finder(STUBBED)
-    sys.meta_path.append(finder)
+    hidden = {
+        name: module
+        for name, module in sys.modules.items()
+        if name.split(".", 1)[0] in finder.roots
+    }
+    for name in hidden:
+        del sys.modules[name]
+    sys.meta_path.insert(0, finder)
     saved = torch.compile
     torch.compile = _no_compile
     try:
@@ -251,6 +262,7 @@ def importing() -> Iterator[None]:
             if isinstance(module, _StubModule):
                 _answered.add(name)
                 del sys.modules[name]
+        sys.modules.update(hidden)
         _forget_triton_probes()
 
 
