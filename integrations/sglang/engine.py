@@ -81,15 +81,18 @@ _ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
 }
 
 
-def import_engine() -> dict[str, Any]:
+def import_engine(activate: bool = True) -> dict[str, Any]:
     """Activate the install, put the stubs in place and import SGLang's scheduler path (once).
 
     Raises `integrations.manifest.EngineNotInstalled` (a ConfigError naming the install
-    command) when SGLang is not installed.
+    command) when SGLang is not installed. `activate=False` is for the installer's import
+    check, which runs before the install is stamped complete, with the engine directory
+    already on PYTHONPATH.
     """
     if _modules:
         return _modules
-    MANIFEST.activate()
+    if activate:
+        MANIFEST.activate()
     with stubs.importing():
         for key, (module, attr) in _ENGINE_NAMES.items():
             loaded = importlib.import_module(module)
