@@ -22,16 +22,14 @@ NOT_ENCODED: Mapping[str, str] = MappingProxyType(
         "no implementation is encoded (checked by the conformance harness)",
         "fdfo_sync_parity": "about output tokens, which the encoding abstracts away (checked "
         "by the Hypothesis suites and the GPU parity run)",
-        "reported_output": "compares an implementation's reported outputs and finish reasons "
-        "with the spec; no implementation is encoded (checked by the conformance harness)",
-        "implementation_error": "an implementation raising an exception; no implementation is "
-        "encoded (checked by the conformance harness)",
-        "prefill_first": "a declared engine policy (DllmPolicy.admission = PREFILL_FIRST); the "
-        "encoding models the idealised FCFS admission (the option is checked by the Hypothesis "
-        "suites under the SGLang profile)",
-        "work_conserving": "compares what a round admitted with what it could have admitted "
-        "(a policy option; the encoding proves progress as a theorem instead, and the "
-        "Hypothesis suites check the rule)",
+        "reported_output": "about output tokens an implementation reports, which the encoding "
+        "abstracts away (checked by the conformance harness after every round)",
+        "implementation_error": "about exceptions an implementation raises; no implementation "
+        "is encoded (checked by the conformance harness)",
+        "work_conserving": "a profile policy rule added with implementation profiles; not yet "
+        "encoded (the drift guard runs the spec machine with it off)",
+        "prefill_first": "a profile policy rule (DllmAdmission.PREFILL_FIRST), off by default; "
+        "not yet encoded",
     }
 )
 
