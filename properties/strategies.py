@@ -54,6 +54,17 @@ def dllm_configs(
     running = draw(st.integers(1, max_running))
     if space.rows_equal_max_running:
         rows = running
+    if space.kv_headroom_pages is not None:  # the space's smallest pool, or a little more
+        probe = DllmConfig(
+            block_size=block,
+            page_size=page,
+            kv_pages=1,
+            max_running_requests=running,
+            req_pool_rows=rows,
+            max_context=max_context,
+        )
+        need = space.min_kv_pages(probe)
+        kv_pages = draw(st.integers(need, need + pages_for_one))
     return DllmConfig(
         block_size=block,
         page_size=page,

@@ -74,6 +74,11 @@ class DllmConfigSpace:
         unconditional, there is no re-loop: {True} / {False}).
     rows_equal_max_running: the request pool has exactly max_running_requests rows (SGLang sizes
         its ReqToTokenPool from max_running_requests).
+    kv_headroom_pages: None = any pool size; k = only pools where each of max_running_requests
+        requests has room for a whole max_context request plus k pages, and the pool k more
+        (`min_kv_pages`). SGLang 0.5.23's admission estimate reserves more than the spec's
+        worst case (a mask block, max_new_tokens and a page per request) and below such a pool
+        it stalls or runs out of memory — findings checked on their own (docs/engines.md).
     """
 
     modes: frozenset[Mode] = frozenset(Mode)
@@ -82,8 +87,15 @@ class DllmConfigSpace:
     in_place_reuse: frozenset[bool] = frozenset({False, True})
     reloop: frozenset[bool] = frozenset({False, True})
     rows_equal_max_running: bool = False
+    kv_headroom_pages: int | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_headroom_pages is not None and (
+            isinstance(self.kv_headroom_pages, bool)
+            or not isinstance(self.kv_headroom_pages, int)
+            or self.kv_headroom_pages < 0
+        ):
+            raise ProfileError("space.kv_headroom_pages", self.kv_headroom_pages, "None or >= 0")
         if not self.modes:
             raise ProfileError("space.modes", "{}", "at least one of sync, fdfo")
         for name, values in (("in_place_reuse", self.in_place_reuse), ("reloop", self.reloop)):
@@ -137,7 +149,20 @@ class DllmConfigSpace:
                 config.req_pool_rows,
                 f"equal to max_running_requests ({config.max_running_requests})",
             )
+        need = self.min_kv_pages(config)
+        if config.kv_pages < need:
+            return ("kv_pages", config.kv_pages, f">= {need} (kv_headroom_pages)")
         return None
+
+    def min_kv_pages(self, config: DllmConfig) -> int:
+        """The smallest pool inside the space for `config`'s other fields: with
+        `kv_headroom_pages` = k, every one of max_running_requests requests can hold a whole
+        max_context request plus k pages, and the pool k pages more; else 1."""
+        if self.kv_headroom_pages is None:
+            return 1
+        k = self.kv_headroom_pages
+        per_request = -(-config.max_context // config.page_size) + k
+        return config.max_running_requests * per_request + k
 
     def check(self, config: DllmConfig) -> None:
         """Raise `ConfigOutsideProfile` naming the field if `config` is outside the space."""

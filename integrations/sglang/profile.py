@@ -46,6 +46,7 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         in_place_reuse=frozenset({True}),
         reloop=frozenset({False}),
         rows_equal_max_running=True,
+        kv_headroom_pages=4,  # its admission estimate exceeds the spec's worst case: findings
     ),
     policy=DllmPolicy(
         admission=DllmAdmission.PREFILL_FIRST,

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from reference.sim.errors import Unschedulable
+from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.errors import RequestError
@@ -37,52 +38,22 @@ class _Req:
     seen: bool = False
 
 
-class _DecodeCounter:
+class _DecodeCounter(FastReplicaCore):
     """The shared bookkeeping (see the module doc); subclasses decide batches."""
 
     name = "vidur"
 
     def __init__(self, config: ArConfig, reference: type) -> None:
         reference(config, lambda _e: None)  # the reference class validates the configuration
-        self.config = config
-        self.bs = config.block_size
-        self.kv_capacity = config.usable_blocks * config.block_size
-        self.free = config.usable_blocks
-        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        super().__init__(config)
         self.waiting: deque[_Req] = deque()
         self.running: dict[int, _Req] = {}  # by request number, in admission order
-        self.base_sum = 0
-        self.G = 0
         self.finishes: list[tuple[int, int]] = []  # heap (G when done, request number)
-        self._new: list[int] = []
-        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     # ------------------------------------------------------------------ protocol
-    @property
-    def newly_scheduled(self) -> list[int]:
-        return self._new
-
     def add(self, req: int, prefill: int, decode: int) -> None:
-        try:
-            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
-        except RequestError as err:
-            raise Unschedulable(
-                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
-            ) from None
+        self._validate(req, prefill, decode)
         self.waiting.append(_Req(req, prefill, decode))
-
-    def kv_used(self) -> int:
-        return (self.config.usable_blocks - self.free) * self.bs
-
-    def outstanding(self) -> int:
-        return len(self.waiting) + len(self.running)
-
-    def pending(self) -> int:
-        return len(self.waiting)
-
-    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
-        r, self._result = self._result, ([], [], [])
-        return r
 
     def next_batch(self) -> BatchPlan | None:
         if not self.waiting and not self.running:

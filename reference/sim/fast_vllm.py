@@ -27,9 +27,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from reference.sim.errors import Unschedulable
+from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
-from spec.ar.config import ArConfig, ArRequest, validate_ar_request
-from spec.errors import RequestError
+from spec.ar.config import ArConfig
 
 
 @dataclass(slots=True)
@@ -44,59 +44,29 @@ class _Req:
     seen: bool = False
 
 
-class FastVidurVllm:
+class FastVidurVllm(FastReplicaCore):
     """See the module doc. `ReplicaScheduler` protocol plus the decode-stretch extension."""
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurVllm
 
         VidurVllm(config, lambda _e: None)  # the reference class validates the configuration
-        self.config = config
-        self.bs = config.block_size
-        self.kv_capacity = config.usable_blocks * config.block_size
-        self.free = config.usable_blocks
-        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        super().__init__(config)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []  # by arrival
         self.keys: list[int] = []  # arrivals of `running`, for bisect
         self.hist = [0] * config.block_size  # running requests by base % block_size
-        self.base_sum = 0
-        self.G = 0
         self.finishes: list[tuple[int, int, int]] = []  # heap (G, arrival, epoch)
         self.epoch: dict[int, int] = {}  # arrival -> finish epoch (stale heap entries differ)
         self.by_arrival: dict[int, _Req] = {}
         self._arrivals = 0
-        self._new: list[int] = []
-        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     # ------------------------------------------------------------------ protocol
-    @property
-    def newly_scheduled(self) -> list[int]:
-        return self._new
-
     def add(self, req: int, prefill: int, decode: int) -> None:
-        try:
-            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
-        except RequestError as err:
-            raise Unschedulable(
-                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
-            ) from None
+        self._validate(req, prefill, decode)
         r = _Req(req, self._arrivals, prefill, decode)
         self._arrivals += 1
         self.waiting.append(r)
-
-    def kv_used(self) -> int:
-        return (self.config.usable_blocks - self.free) * self.bs
-
-    def outstanding(self) -> int:
-        return len(self.waiting) + len(self.running)
-
-    def pending(self) -> int:
-        return len(self.waiting)
-
-    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
-        r, self._result = self._result, ([], [], [])
-        return r
 
     def next_batch(self) -> BatchPlan | None:
         if not self.waiting and not self.running:

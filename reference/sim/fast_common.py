@@ -1,0 +1,60 @@
+"""The bookkeeping every fast replica shares (`fast_vllm.FastVidurVllm`, `fast_vidur`'s
+classes): the `ReplicaScheduler` protocol's counters and queries, and request validation.
+
+Subclasses hold their own request records in `waiting` and `running` and decide batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sized
+
+from reference.sim.errors import Unschedulable
+from spec.ar.config import ArConfig, ArRequest, validate_ar_request
+from spec.errors import RequestError
+
+
+class FastReplicaCore:
+    """Counters and protocol queries of a fast replica over `config` (one pool, one stage cap).
+
+    `free` counts free KV blocks; `G` is the decode-step clock and `base_sum` the sum of the
+    running requests' base lengths (see the subclasses' module docs)."""
+
+    waiting: Sized
+    running: Sized
+
+    def __init__(self, config: ArConfig) -> None:
+        self.config = config
+        self.bs = config.block_size
+        self.kv_capacity = config.usable_blocks * config.block_size
+        self.free = config.usable_blocks
+        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        self.base_sum = 0
+        self.G = 0
+        self._new: list[int] = []
+        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
+
+    @property
+    def newly_scheduled(self) -> list[int]:
+        return self._new
+
+    def _validate(self, req: int, prefill: int, decode: int) -> None:
+        """Raise `Unschedulable` for a request the spec refuses for this configuration."""
+        try:
+            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
+        except RequestError as err:
+            raise Unschedulable(
+                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
+            ) from None
+
+    def kv_used(self) -> int:
+        return (self.config.usable_blocks - self.free) * self.bs
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def pending(self) -> int:
+        return len(self.waiting)
+
+    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        r, self._result = self._result, ([], [], [])
+        return r
