@@ -62,7 +62,12 @@ def _abort_keeps_current(enc: Encoding, s: State, p: Params) -> Z:
 
 
 def _mid_block(enc: Encoding, s: State, p: Params) -> Z:
-    """Between rounds, with a stepped but unfinished block retained in place."""
+    """Between rounds, with a stepped block that still has masks retained in place.
+
+    Masks must remain (DENOISING, not COMPLETE): a complete-but-uncommitted block may be a
+    prompt-only block that a JointThreshold-style step keeps open, which the reference's
+    LowConfidence oracle commits in the same round — the workload would then retain nothing
+    and the reference mutant could not leak. A block with masks is retained by any oracle."""
     return z3.And(
         s.round_forwards == 0,
         s.round_index >= 1,
@@ -72,7 +77,7 @@ def _mid_block(enc: Encoding, s: State, p: Params) -> Z:
                     p.request == i,
                     s.phase[i] == RUNNING,
                     s.block_start[i] != -1,
-                    z3.Or(s.block_phase[i] == DENOISING, s.block_phase[i] == COMPLETE),
+                    s.block_phase[i] == DENOISING,
                 )
                 for i in range(enc.N)
             ]
