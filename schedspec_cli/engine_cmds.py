@@ -57,15 +57,7 @@ def parity_parser() -> Parser:
 
 
 def parity(argv: list[str]) -> int:
-    ns = parity_parser().parse_args(argv)
-    check_output_path("--json", ns.json)
-    if ns.page_size % ns.block_size:
-        raise ConfigError(
-            "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
-        )
-    require_torch("parity")
-    main = load_object("gpu.parity:parity_main", "parity")
-    return int(main(argv))  # type: ignore[operator]
+    return _run_engine_command(parity_parser(), argv, "parity", "gpu.parity:parity_main")
 
 
 def bench_engine_parser() -> Parser:
@@ -92,14 +84,19 @@ def bench_engine_parser() -> Parser:
 
 
 def bench_engine(argv: list[str]) -> int:
-    ns = bench_engine_parser().parse_args(argv)
+    return _run_engine_command(bench_engine_parser(), argv, "bench engine", "gpu.bench:bench_main")
+
+
+def _run_engine_command(parser: Parser, argv: list[str], label: str, target: str) -> int:
+    """Validate every flag and the output path before torch loads, then hand `argv` to gpu."""
+    ns = parser.parse_args(argv)
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
         raise ConfigError(
             "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
         )
-    require_torch("bench engine")
-    main = load_object("gpu.bench:bench_main", "bench")
+    require_torch(label)
+    main = load_object(target, label.split()[0])
     return int(main(argv))  # type: ignore[operator]
 
 

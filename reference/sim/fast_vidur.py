@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from reference.sim.errors import Unschedulable
 from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
-from spec.ar.config import ArConfig, ArRequest, validate_ar_request
-from spec.errors import RequestError
+from spec.ar.config import ArConfig
 
 
 @dataclass(slots=True)
@@ -289,7 +288,7 @@ class _SReq:
         return self.prompt + self.outputs
 
 
-class FastVidurSarathi:
+class FastVidurSarathi(FastReplicaCore):
     """Vidur's Sarathi (chunked prefills): decodes first (one token each, restarting the latest
     remaining request when a needed block is not free), then chunks of running prefills, then new
     requests, all within the chunk size. Per-request records with identity comparison and counts
@@ -301,45 +300,20 @@ class FastVidurSarathi:
         from reference.ar.vidur import VidurSarathi
 
         VidurSarathi(config, lambda _e: None)  # validates the configuration
-        self.config = config
-        self.bs = config.block_size
-        self.kv_capacity = config.usable_blocks * config.block_size
-        self.free = config.usable_blocks
-        self.cap = max(1, config.max_num_seqs // config.num_stages)
+        super().__init__(config)
         self.waiting: deque[_SReq] = deque()
         self.order: list[_SReq] = []  # Vidur's list order: running requests between batches
         self.n_running = 0
         self.kv = 0  # computed tokens of running requests
         self._arrivals = 0
-        self._new: list[int] = []
-        self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
-
-    @property
-    def newly_scheduled(self) -> list[int]:
-        return self._new
 
     def add(self, req: int, prefill: int, decode: int) -> None:
-        try:
-            validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
-        except RequestError as err:
-            raise Unschedulable(
-                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
-            ) from None
+        self._validate(req, prefill, decode)
         self.waiting.append(_SReq(req, self._arrivals, prefill, decode))
         self._arrivals += 1
 
-    def kv_used(self) -> int:
-        return (self.config.usable_blocks - self.free) * self.bs
-
-    def outstanding(self) -> int:
+    def outstanding(self) -> int:  # running requests are counted, not listed
         return len(self.waiting) + self.n_running
-
-    def pending(self) -> int:
-        return len(self.waiting)
-
-    def end_batch(self) -> tuple[list[int], list[int], list[int]]:
-        r, self._result = self._result, ([], [], [])
-        return r
 
     def _restart(self, r: _SReq, restarted: list[int]) -> None:
         self.free += r.blocks
