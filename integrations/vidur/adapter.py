@@ -58,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spec.ar.adapter import ArEventSink
+from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, validate_ar_request
 from spec.ar.events import (
     ArAborted,
@@ -72,7 +72,7 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import DuplicateRequest, UnknownRequest
 
 BATCH_TIME = 1.0  # seconds per batch: Vidur's clock advances, nothing depends on the value
 
@@ -214,16 +214,12 @@ class VidurAdapter:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
-        for _ in range(max_steps):
-            if self.is_idle():
-                return
-            self.step()
-        if not self.is_idle():
-            raise SchedulerStalled(
-                max_steps,
-                f"{len(self._waiting())} waiting and {len(self._running())} running after "
-                f"{max_steps} steps",
-            )
+        drain_steps(
+            self.step,
+            self.is_idle,
+            lambda: (len(self._waiting()), len(self._running())),
+            max_steps,
+        )
 
     def is_idle(self) -> bool:
         return not self._waiting() and not self._running()

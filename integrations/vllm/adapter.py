@@ -58,7 +58,7 @@ from typing import Any
 
 from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE
 from integrations.vllm.manifest import MANIFEST
-from spec.ar.adapter import ArEventSink
+from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
 from spec.ar.config import validate_ar_request as _validate
 from spec.ar.events import (
@@ -72,7 +72,7 @@ from spec.ar.events import (
 from spec.ar.profile import ArConfigSpace
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import ConfigError, DuplicateRequest, UnknownRequest
 
 # Token ids. Prompts we invent for requests that share nothing use one id per request from
 # UNSHARED_BASE on. Sampled tokens are the request's own too (as in the spec's content model:
@@ -334,15 +334,11 @@ class RealVllmScheduler:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
-        for _ in range(max_steps):
-            if self.is_idle():
-                return
-            self.step()
-        if not self.is_idle():
-            running, waiting = self.sched.get_request_counts()
-            raise SchedulerStalled(
-                max_steps, f"{waiting} waiting and {running} running after {max_steps} steps"
-            )
+        drain_steps(self.step, self.is_idle, self._queue_counts, max_steps)
+
+    def _queue_counts(self) -> tuple[int, int]:
+        running, waiting = self.sched.get_request_counts()
+        return int(waiting), int(running)
 
     def is_idle(self) -> bool:
         running, waiting = self.sched.get_request_counts()

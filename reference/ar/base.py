@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from spec.ar.adapter import ArEventSink
+from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, rules_for, validate_ar_request
 from spec.ar.events import (
     ArAborted,
@@ -25,7 +25,7 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import DuplicateRequest, UnknownRequest
 
 
 class BlockPool:
@@ -287,16 +287,9 @@ class ArSchedulerBase:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
-        for _ in range(max_steps):
-            if self.is_idle():
-                return
-            self.step()
-        if not self.is_idle():
-            raise SchedulerStalled(
-                max_steps,
-                f"{len(self.waiting)} waiting and {len(self.running)} running after "
-                f"{max_steps} steps",
-            )
+        drain_steps(
+            self.step, self.is_idle, lambda: (len(self.waiting), len(self.running)), max_steps
+        )
 
     def is_idle(self) -> bool:
         return not self.waiting and not self.running

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 from spec.ar.config import ArConfig, ArRequest, ArRules
 from spec.ar.events import ArEvent
 from spec.ar.snapshot import ArSnapshot
+from spec.errors import SchedulerStalled
 
 ArEventSink = Callable[[ArEvent], None]
 
@@ -47,6 +48,25 @@ class ArSchedulerAdapter(Protocol):
     def drain(self, max_steps: int = 100_000) -> None: ...
 
     def snapshot(self) -> ArSnapshot: ...
+
+
+def drain_steps(
+    step: Callable[[], None],
+    is_idle: Callable[[], bool],
+    queues: Callable[[], tuple[int, int]],
+    max_steps: int,
+) -> None:
+    """Step until idle; after `max_steps` steps with work left raise `SchedulerStalled` naming
+    the (waiting, running) counts `queues()` reports. The `drain` every AR adapter needs."""
+    for _ in range(max_steps):
+        if is_idle():
+            return
+        step()
+    if not is_idle():
+        waiting, running = queues()
+        raise SchedulerStalled(
+            max_steps, f"{waiting} waiting and {running} running after {max_steps} steps"
+        )
 
 
 class ArImplementationFactory(Protocol):
