@@ -80,7 +80,7 @@ from spec.events import (
     StepResult,
     Submitted,
 )
-from spec.snapshot import Snapshot
+from spec.snapshot import FinishedOutput, Snapshot
 
 
 class DeviceUnavailable(ConfigError):
@@ -605,6 +605,13 @@ class DllmEngine:
             raise NoRetainedOutput(request_id, len(self.outputs), self.max_retained_outputs)
         ids = self.tokens.to_internal(list(self.outputs[request_id]))
         return TOKENIZER.decode(ids, stop_at_eos=True)
+
+    def golden_output(self, request: RequestSpec) -> FinishedOutput:
+        """`spec.golden.GoldenDecoder`: the request decoded alone, dense, unpaged and unbatched,
+        by this engine's model and algorithm (`gpu.golden`); changes nothing here."""
+        from gpu.golden import engine_golden
+
+        return engine_golden(self, request)
 
 
 # ---------------------------------------------------------------------------- factories

@@ -25,7 +25,10 @@ correct outputs exactly the golden output at every batch size and in every mode.
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,7 +37,12 @@ from gpu.model import BlockDiffusionLM
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec, validate_request
+from spec.errors import ConfigError
 from spec.events import FinishReason
+from spec.snapshot import FinishedOutput
+
+if TYPE_CHECKING:
+    from gpu.engine import DllmEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +114,55 @@ def golden_decode(
             end = finish_of(config, request, generated)
             if end is not None:
                 return GoldenDecode(end[1], end[0], tuple(forwards))
+
+
+# Golden decodings per model, keyed by what they depend on (shrinking and the conformance
+# machine ask for the same request many times). Bounded; dropped with the model.
+_CACHE: weakref.WeakKeyDictionary[BlockDiffusionLM, OrderedDict[tuple[object, ...], GoldenDecode]]
+_CACHE = weakref.WeakKeyDictionary()
+CACHE_SIZE = 4096
+
+
+def cached_golden_decode(
+    model: BlockDiffusionLM, algorithm: DllmAlgorithm, config: DllmConfig, request: RequestSpec
+) -> GoldenDecode:
+    """`golden_decode`, remembered per model for the last `CACHE_SIZE` distinct requests."""
+    key = (
+        repr(algorithm),
+        config.block_size,
+        config.max_context,
+        config.mask_token_id,
+        config.eos_token_id,
+        request.prompt,
+        request.max_new_tokens,
+    )
+    cache = _CACHE.setdefault(model, OrderedDict())
+    hit = cache.get(key)
+    if hit is not None:
+        cache.move_to_end(key)
+        return hit
+    result = golden_decode(model, algorithm, config, request)
+    cache[key] = result
+    if len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return result
+
+
+def engine_golden(engine: DllmEngine, request: RequestSpec) -> FinishedOutput:
+    """`DllmEngine.golden_output`: the request decoded alone with the engine's model, algorithm
+    and configuration. Raises `GoldenUnavailable` when the engine's algorithm is not a
+    `gpu.algorithms.DllmAlgorithm` (the golden decoder drives its `run`)."""
+    algorithm = engine.algorithm
+    if not isinstance(algorithm, DllmAlgorithm):
+        raise GoldenUnavailable(type(algorithm).__name__)
+    result = cached_golden_decode(engine.model, algorithm, engine.config, request)
+    return FinishedOutput(result.tokens, result.finish_reason)
+
+
+class GoldenUnavailable(ConfigError):
+    """The engine's algorithm is not a `DllmAlgorithm`, so there is no golden decoding."""
+
+    def __init__(self, algorithm: str) -> None:
+        super().__init__(
+            "algorithm", algorithm, "a gpu.algorithms.DllmAlgorithm for golden decoding"
+        )

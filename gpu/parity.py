@@ -1,32 +1,54 @@
-"""Batch-size-1 parity of the engine: FDFO (with and without in-place reuse and re-loop) against
-sync, on the shipped model and the shipped prompt set (`schedspec parity`).
+"""Parity of the engine (`schedspec parity`): batch parity, FDFO against sync, and golden
+agreement, on the shipped model and the shipped prompt set.
 
-At max_running_requests=1 FDFO and sync run the same forwards with the same shapes, so every
-request's output bytes and every forward's raw logits must be identical. For each algorithm the
-prompts are run, at batch size 1, by four engines (sync, fdfo, fdfo+reuse, fdfo+reuse+reloop);
-each engine's events are replayed into a `SpecMachine` (a spec violation stops the run), and
-after the drain the engine's own allocator and request pool must hold nothing (no leak).
+For each algorithm the prompts are run by eight engines: sync, fdfo, fdfo+reuse and
+fdfo+reuse+reloop, each at batch size 1 and at batch size `batch` (default 4). Each engine's
+events are replayed into a `SpecMachine` (a spec violation stops the run) and after the drain
+its allocator and request pool must hold nothing (no leak). Per prompt (a case):
+
+- every run's output and finish reason equal the sync batch-size-1 run's (batch parity);
+- at batch size 1 FDFO and sync run the same forwards with the same shapes, so every forward's
+  raw logits digest must be identical too;
+- the sync batch-size-1 output equals the golden decoding (`gpu.golden`: the request alone,
+  dense, unpaged, unbatched, same model and algorithm), so all runs do.
+
+The run sets batch-invariant numerics (`batch_invariant_numerics`): deterministic algorithms,
+no TF32, no reduced-precision reductions, the math SDPA backend (on every device; on CPU they
+change nothing that the tests would see).
 
     schedspec parity --device cpu|cuda --algorithm LowConfidence|JointThreshold|all \\
-        --prompts N --max-new-tokens M [--block-size B] [--page-size P] [--json PATH]
+        --prompts N --max-new-tokens M [--batch B] [--block-size B] [--page-size P] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
+from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
+from spec.adapter import EventSink
+from spec.batch_parity import (
+    MODE_VARIANTS,
+    VariantRun,
+    compare_variants,
+    golden_outputs,
+    run_variant,
+    variant_config,
+)
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
 from spec.machine import SpecMachine
@@ -134,12 +156,14 @@ class ParityCase:
     algorithm: str
     index: int
     prompt: str
-    output: str  # the sync output, decoded
-    forwards: int  # forwards of the request (sync)
+    output: str  # the sync batch-size-1 output, decoded
+    forwards: int  # forwards of the request (sync, batch size 1)
     max_new_tokens: int
-    identical_outputs: bool
-    identical_digests: bool
-    mismatched: tuple[str, ...]  # variants that differ from sync
+    identical_outputs: bool  # every run (every mode, every batch size) equals sync at bs 1
+    identical_digests: bool  # every batch-size-1 run's logits digests equal sync's
+    mismatched: tuple[str, ...]  # runs that differ from sync at batch size 1
+    golden: bool | None = None  # the output equals the golden decoding (None: not checked)
+    golden_detail: str = ""  # how it differs from the golden output
 
     @property
     def identical(self) -> bool:
@@ -157,6 +181,8 @@ class ParityCase:
             "identical_outputs": self.identical_outputs,
             "identical_digests": self.identical_digests,
             "mismatched": list(self.mismatched),
+            "golden": self.golden,
+            "golden_detail": self.golden_detail,
         }
 
 
@@ -167,15 +193,26 @@ class ParityReport:
     leaked_slots: int
     cases: list[ParityCase] = field(default_factory=list)
     leaked_rows: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per algorithm/variant
+    seconds: dict[str, float] = field(default_factory=dict)  # per algorithm/run
+    impl: str = "engine"
+    batch_sizes: tuple[int, ...] = (1,)  # the widest forward of each batch-size setting run
+    numerics: dict[str, str] = field(default_factory=dict)  # batch-invariant settings in force
+
+    @property
+    def golden(self) -> bool:
+        return bool(self.cases) and all(c.golden is True for c in self.cases)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "impl": self.impl,
             "device": self.device,
             "identical": self.identical,
+            "golden": self.golden,
+            "batch_sizes": list(self.batch_sizes),
             "leaked_slots": self.leaked_slots,
             "cases": [c.to_json() for c in self.cases],
             "leaked_rows": self.leaked_rows,
+            "numerics": dict(self.numerics),
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
 
@@ -207,6 +244,127 @@ def compare_runs(
     return cases
 
 
+# What `batch_invariant_numerics` sets (recorded in the report).
+NUMERICS = {
+    "deterministic_algorithms": "torch.use_deterministic_algorithms(True)",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)",
+    "reduced_precision_reduction": "off (fp16 and bf16)",
+    "float32_matmul_precision": "highest",
+    "sdpa_backend": "math",
+}
+
+
+@contextlib.contextmanager
+def batch_invariant_numerics() -> Iterator[dict[str, str]]:
+    """Set the numerics that make a device's kernels deterministic and batch-invariant as far
+    as torch allows (see NUMERICS), and restore the previous ones afterwards."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", NUMERICS["CUBLAS_WORKSPACE_CONFIG"])
+    matmul = torch.backends.cuda.matmul
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+        torch.get_float32_matmul_precision(),
+    )
+    torch.use_deterministic_algorithms(True)
+    matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    matmul.allow_fp16_reduced_precision_reduction = False
+    matmul.allow_bf16_reduced_precision_reduction = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield dict(NUMERICS)
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+        matmul.allow_fp16_reduced_precision_reduction = saved[3]
+        matmul.allow_bf16_reduced_precision_reduction = saved[4]
+        torch.set_float32_matmul_precision(saved[5])
+
+
+def _engine_factory(
+    model: BlockDiffusionLM, algorithm: str, device: torch.device
+) -> Callable[[DllmConfig, EventSink], DllmEngine]:
+    def factory(config: DllmConfig, sink: EventSink) -> DllmEngine:
+        return DllmEngine(
+            config,
+            sink,
+            model=model,
+            algorithm=make_algorithm(algorithm),
+            device=device,
+            record=True,
+        )
+
+    return factory
+
+
+def _digests(run: VariantRun, requests: Sequence[RequestSpec]) -> dict[str, list[str]]:
+    digests: dict[str, list[str]] = {r.request_id: [] for r in requests}
+    engine = run.adapter
+    if isinstance(engine, DllmEngine):
+        for rec in engine.forward_log:
+            for rid, _ in rec.rows:
+                digests[rid].append(rec.digest or "")
+    return digests
+
+
+def run_algorithm(
+    model: BlockDiffusionLM,
+    algorithm: str,
+    base: DllmConfig,
+    texts: Sequence[str],
+    requests: Sequence[RequestSpec],
+    device: torch.device,
+    batch: int,
+    report: ParityReport,
+) -> list[ParityCase]:
+    """Every mode at batch size 1 and `batch` for one algorithm; its cases (leaks, timings and
+    the batch sizes reached are added to `report`)."""
+    factory = _engine_factory(model, algorithm, device)
+    runs: list[VariantRun] = []
+    for size in (1, batch):
+        for variant in MODE_VARIANTS:
+            start = time.perf_counter()
+            name = f"{variant.name}@{size}"
+            run = run_variant(factory, variant_config(base, variant, size), requests, name)
+            report.seconds[f"{algorithm}/{name}"] = time.perf_counter() - start
+            report.leaked_slots += run.leaked_slots
+            report.leaked_rows += run.leaked_rows
+            runs.append(run)
+    report.batch_sizes = (1, max(r.widest_forward for r in runs if r.batch == batch))
+    golden = golden_outputs(runs[0].adapter, requests)
+    verdicts = compare_variants(requests, runs, golden)
+    ref_digests = _digests(runs[0], requests)
+    bs1 = [(r.name, _digests(r, requests)) for r in runs[1:] if r.batch == 1]
+    cases: list[ParityCase] = []
+    for i, (text, verdict) in enumerate(zip(texts, verdicts, strict=True)):
+        rid = verdict.request.request_id
+        bad_digests = [name for name, d in bs1 if d[rid] != ref_digests[rid]]
+        output = verdict.output.tokens if verdict.output is not None else ()
+        internal = TokenMap(base, model.config.vocab_size, MASK_ID, EOS_ID).to_internal(output)
+        cases.append(
+            ParityCase(
+                algorithm=algorithm,
+                index=i,
+                prompt=text,
+                output=TOKENIZER.decode(internal, stop_at_eos=True),
+                forwards=len(ref_digests[rid]),
+                max_new_tokens=verdict.request.max_new_tokens,
+                identical_outputs=verdict.identical_outputs,
+                identical_digests=not bad_digests,
+                mismatched=tuple(sorted(set(verdict.mismatched) | set(bad_digests))),
+                golden=verdict.golden,
+                golden_detail=verdict.golden_detail,
+            )
+        )
+    return cases
+
+
 def run_parity(
     device: str,
     algorithms: list[str],
@@ -215,12 +373,15 @@ def run_parity(
     block_size: int = 8,
     page_size: int = 16,
     model: BlockDiffusionLM | None = None,
+    batch: int = 4,
 ) -> ParityReport:
     """Run the parity check; `model` defaults to the shipped weights on `device`."""
     dev = resolve_device(device)
     for name in algorithms:
         if name not in ALGORITHMS:
             make_algorithm(name)  # raises UnknownAlgorithm listing the valid names
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 2:
+        raise ConfigError("batch", batch, "an integer >= 2 (batch size 1 always runs)")
     texts = load_prompts()
     if not 1 <= prompts <= len(texts):
         raise ConfigError("prompts", prompts, f"between 1 and {len(texts)} (the shipped set)")
@@ -248,23 +409,20 @@ def run_parity(
         RequestSpec(f"p{i:03d}", tuple(TOKENIZER.encode(t)), max_new_tokens)
         for i, t in enumerate(texts)
     ]
+    base = bs1_config(block_size, page_size, max_context, REFERENCE)
     report = ParityReport(device=str(dev), identical=True, leaked_slots=0)
-    for name in algorithms:
-        runs: list[RunResult] = []
-        for variant in VARIANTS:
-            cfg = bs1_config(block_size, page_size, max_context, variant)
-            run = run_bs1(model, name, cfg, requests, dev, variant.name)
-            runs.append(run)
-            report.leaked_slots += run.leaked_slots
-            report.leaked_rows += run.leaked_rows
-            report.seconds[f"{name}/{variant.name}"] = run.seconds
-        report.cases.extend(compare_runs(name, texts, runs, max_new_tokens))
+    with batch_invariant_numerics() as numerics:
+        report.numerics = numerics
+        for name in algorithms:
+            report.cases.extend(
+                run_algorithm(model, name, base, texts, requests, dev, batch, report)
+            )
     report.identical = all(c.identical for c in report.cases)
     return report
 
 
 def _print_table(report: ParityReport) -> None:
-    headers = ("algorithm", "#", "prompt", "fwd", "outputs", "logits", "output (sync)")
+    headers = ("algorithm", "#", "prompt", "fwd", "outputs", "logits", "golden", "output (sync)")
     rows = [
         (
             c.algorithm,
@@ -273,6 +431,7 @@ def _print_table(report: ParityReport) -> None:
             str(c.forwards),
             "same" if c.identical_outputs else "DIFF " + ",".join(c.mismatched),
             "same" if c.identical_digests else "DIFF",
+            {True: "same", False: "DIFF", None: "-"}[c.golden],
             c.output,
         )
         for c in report.cases
@@ -282,17 +441,23 @@ def _print_table(report: ParityReport) -> None:
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    for c in report.cases:
+        if c.golden_detail:
+            print(f"golden {c.algorithm} #{c.index}: {c.golden_detail}")
     verdict = "IDENTICAL" if report.identical else "MISMATCH"
+    golden = "golden agrees" if report.golden else "golden DIFFERS"
     print(
-        f"\ndevice {report.device}: {verdict} "
-        f"({sum(c.identical for c in report.cases)}/{len(report.cases)} cases; variants "
-        f"{', '.join(v.name for v in VARIANTS[1:])} vs sync at batch size 1); "
-        f"leaked slots {report.leaked_slots}, held rows {report.leaked_rows}"
+        f"\ndevice {report.device}: {verdict}, {golden} "
+        f"({sum(c.identical for c in report.cases)}/{len(report.cases)} cases identical; every "
+        f"mode at batch sizes {', '.join(map(str, report.batch_sizes))} vs sync at batch size "
+        f"1; logits digests at batch size 1); leaked slots {report.leaked_slots}, held rows "
+        f"{report.leaked_rows}"
     )
 
 
 def parity_main(args: list[str]) -> int:
-    """`schedspec parity ...`: prints a per-prompt table; 0 when identical and leak-free."""
+    """`schedspec parity ...`: prints a per-prompt table; 0 when identical, golden agrees and
+    nothing leaked."""
     p = argparse.ArgumentParser(prog="schedspec parity", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", help="cpu or cuda (a typed error without CUDA)")
     p.add_argument(
@@ -303,17 +468,25 @@ def parity_main(args: list[str]) -> int:
     )
     p.add_argument("--prompts", type=int, default=32, help="prompts from the shipped set")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--batch", type=int, default=4, help="the batch size > 1 (default 4)")
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--json", help="write the report as JSON here")
+    p.add_argument("--impl", default="engine", help="only 'engine' here (the CLI routes others)")
     ns = p.parse_args(args)
     algorithms = list(ALGORITHMS) if ns.algorithm == "all" else [ns.algorithm]
     report = run_parity(
-        ns.device, algorithms, ns.prompts, ns.max_new_tokens, ns.block_size, ns.page_size
+        ns.device,
+        algorithms,
+        ns.prompts,
+        ns.max_new_tokens,
+        ns.block_size,
+        ns.page_size,
+        batch=ns.batch,
     )
     _print_table(report)
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     clean = report.leaked_slots == 0 and report.leaked_rows == 0
-    return 0 if report.identical and clean else 1
+    return 0 if report.identical and report.golden and clean else 1

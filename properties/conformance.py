@@ -4,7 +4,8 @@
 (built on `properties.conformance_base.ConformanceBase`, which brings the abort rules, drain,
 teardown, step counting, implementation-error findings and `ignored_rules`) whose own rules
 configure and submit and run a round, all through `Harness` (every event replayed into the
-spec, invariants after every event, snapshot and reported outputs after every round). At
+spec, invariants after every event, snapshot, reported outputs and golden outputs after every
+round). At
 teardown it drains, checks for leaks and checks parity against each request's solo sync
 output. A failure prints a shrunk, copy-pasteable program of `state.<rule>(...)` calls.
 
@@ -39,6 +40,7 @@ def conformance_machine(
     parity: ParityPolicy = "always",
     counter: StepCounter | None = None,
     name: str = "Conformance",
+    golden: bool = True,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s implementation against the spec.
 
@@ -48,6 +50,8 @@ def conformance_machine(
     parity: "always" when outputs must not depend on batching (the reference), "bs1" when only
         batch-size-1 runs must match sync (a real model with batch-dependent float kernels),
         "never" to skip the output check.
+    golden: check every finished request against the implementation's golden decoder after
+        every round (rule `golden_output`) when it has one (`spec.golden.GoldenDecoder`).
     """
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
     solo_cache: SoloCache = {}
@@ -60,7 +64,7 @@ def conformance_machine(
 
         @initialize(config=config_strategy)
         def configure(self, config: DllmConfig) -> None:
-            self.build(lambda: Harness(factory, config, profile=profile))
+            self.build(lambda: Harness(factory, config, profile=profile, check_golden=golden))
 
         def clock(self) -> int:
             return self.harness.spec.round_index

@@ -4,7 +4,9 @@ Every event the implementation emits is replayed into a `SpecMachine` as it happ
 violation is raised at the faulty event, with the implementation's stack still live), the named
 state invariants are checked after each event, the implementation's own snapshot is compared
 with the abstract state after every round, abort and drain, and so are the outputs and finish
-reasons it reports (`collect_outputs`, when the adapter has it).
+reasons it reports (`collect_outputs`, when the adapter has it), and every finished request's
+output and finish reason against the request decoded alone (`golden_output`, when the adapter
+has it: `spec.golden.GoldenDecoder`).
 
 The harness holds the implementation to its profile: the configuration must lie inside the
 declared space (`ConfigOutsideProfile` otherwise) and the spec machine takes the declared policy.
@@ -26,11 +28,13 @@ from spec.errors import (
     SpecViolation,
     UnknownRequest,
 )
-from spec.events import ControlReturned, Event
+from spec.events import ControlReturned, Event, Finished
+from spec.golden import GoldenDecoder, golden_mismatch
 from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
+from spec.snapshot import FinishedOutput
 
 _DEFAULT_PROFILE = DllmProfile()
 
@@ -61,6 +65,7 @@ class Harness(ReplayHarness[SpecMachine]):
     check_invariants: bool = True
     events: list[Event] = field(default_factory=list)
     profile: DllmProfile = _DEFAULT_PROFILE
+    check_golden: bool = True  # off: skip `golden_output` even when the adapter has it
 
     def __post_init__(self) -> None:
         self.profile.space.check(self.config)
@@ -76,6 +81,10 @@ class Harness(ReplayHarness[SpecMachine]):
                 f"drain, snapshot); it returned {type(impl).__name__}",
             )
         self.impl: SchedulerAdapter = impl
+        self.golden: GoldenDecoder | None = (
+            impl if self.check_golden and isinstance(impl, GoldenDecoder) else None
+        )
+        self._golden_cursor = 0  # events before this index were checked against golden
 
     def _validate(self, request: RequestSpec) -> None:
         validate_request(self.config, request)
@@ -104,6 +113,7 @@ class Harness(ReplayHarness[SpecMachine]):
         self.rounds += 1
         self._check_snapshot()
         self._check_outputs()
+        self._check_golden()
 
     def _require_round_ended(self, index: int) -> None:
         if self.spec.round_index <= index:
@@ -122,6 +132,7 @@ class Harness(ReplayHarness[SpecMachine]):
             )
         self._check_snapshot()
         self._check_outputs()
+        self._check_golden()
         snap = self.impl.snapshot()
         if snap.leaked_slots() or snap.held_rows():
             raise self._violate(
@@ -140,6 +151,27 @@ class Harness(ReplayHarness[SpecMachine]):
         except SpecViolation as v:
             self.violation = self.violation or v
             raise
+
+    def _check_golden(self) -> None:
+        """Every request finished since the previous check against its golden output."""
+        start, self._golden_cursor = self._golden_cursor, len(self.events)
+        if self.golden is None:
+            return
+        finished = [e for e in self.events[start:] if isinstance(e, Finished)]
+        if not finished:
+            return
+        outputs, specs = self.spec.outputs(), self.requests()
+        for event in finished:
+            request = specs[event.request_id]
+            actual = FinishedOutput(outputs[event.request_id], event.reason)
+            problem = golden_mismatch(request, actual, self.golden.golden_output(request))
+            if problem is not None:
+                raise self._violate(
+                    "golden_output",
+                    f"{problem} (mode={self.config.mode.value}, batch up to "
+                    f"{self.config.max_running_requests}, block_size={self.config.block_size}; "
+                    "golden: the request decoded alone, unbatched and unpaged)",
+                )
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return self.spec.outputs()
@@ -166,7 +198,8 @@ def solo_output(
     key = (id(factory), solo, request.prompt, request.max_new_tokens, request.request_id)
     if cache is not None and key in cache:
         return cache[key]
-    h = Harness(factory, solo, check_invariants=False)  # solo sync lies in every space
+    # solo sync lies in every space; golden is checked on the run under test, not here
+    h = Harness(factory, solo, check_invariants=False, check_golden=False)
     h.submit(request)
     h.drain()
     out = h.outputs()[request.request_id]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from reference.golden import golden_output
 from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink
@@ -162,6 +163,11 @@ class ReferenceDllmScheduler:
         out, self.outputs = self.outputs, {}
         return out
 
+    def golden_output(self, request: RequestSpec) -> FinishedOutput:
+        """`spec.golden.GoldenDecoder`: the request decoded alone by this scheduler's oracle
+        (`reference.golden`); changes nothing here."""
+        return golden_output(self.config, self.oracle, request)
+
     def is_idle(self) -> bool:
         return not self.waiting and not self.running
 
@@ -260,16 +266,7 @@ class ReferenceDllmScheduler:
     def _forward_and_step(self, batch: list[_Req]) -> bool:
         """One forward over the batch and one step per row; True if a block became done."""
         self.sink(Forward(self._forward_rows(batch)))
-        rows = [
-            OracleRow(
-                r.rid,
-                tuple(r.committed),
-                r.committed_blocks,
-                tuple(r.block_tokens or ()),
-                r.algo_state,
-            )
-            for r in batch
-        ]
+        rows = [self._oracle_row(r) for r in batch]
         newly_done = False
         for req, result in zip(batch, self.oracle.step(rows), strict=True):
             req.block_tokens = list(result.tokens)
@@ -281,6 +278,16 @@ class ReferenceDllmScheduler:
             accept = self.config.block_size if req.block_done else 0
             self.sink(StepResult(req.rid, req.committed_blocks, accept, masks))
         return newly_done
+
+    def _oracle_row(self, req: _Req) -> OracleRow:
+        """What the oracle sees of a row: the committed context, the block and its state."""
+        return OracleRow(
+            req.rid,
+            tuple(req.committed),
+            req.committed_blocks,
+            tuple(req.block_tokens or ()),
+            req.algo_state,
+        )
 
     def _complete(self, batch: list[_Req]) -> None:
         for req in batch:

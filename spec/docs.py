@@ -31,6 +31,9 @@ Modelling choices (stated so they can be argued with):
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
   An adapter that reports what it returns to its clients (`collect_outputs`, optional) is held
   to it after every round (`reported_output`): the tokens and the reason of its `Finished` event.
+- An adapter that can decode a request alone (`golden_output`, optional: `spec/golden.py`) is
+  held to it after every round (`golden_output`): scheduling (batching, paging, FDFO carries)
+  must not change any finished request's output or finish reason.
 - A running request holds its row from admission to the end; one that gives it back in the
   scheduler phase takes one again (`RowAcquired`) before the round's first forward. With
   `DllmPolicy.rows_released_between_rounds`, FDFO without in-place reuse may also give the row

@@ -51,6 +51,7 @@ class Rule(StrEnum):
     PREFILL_FIRST = "prefill_first"
     WORK_CONSERVING = "work_conserving"
     REPORTED_OUTPUT = "reported_output"
+    GOLDEN_OUTPUT = "golden_output"
     IMPLEMENTATION_ERROR = "implementation_error"
 
 
@@ -138,6 +139,10 @@ _RULES: dict[Rule, str] = {
     Rule.REPORTED_OUTPUT: "A finished request's output and finish reason, as the implementation "
     "reports them (`SchedulerAdapter.collect_outputs`), equal the spec's `request_output` and "
     "the reason of its `Finished` event.",
+    Rule.GOLDEN_OUTPUT: "A finished request's output and finish reason equal its golden output: "
+    "the request decoded alone, unbatched and unpaged, by the implementation's own model (or "
+    "oracle) and algorithm (`spec.golden.GoldenDecoder`; checked when the implementation "
+    "provides it), at every batch size and in every mode.",
     Rule.IMPLEMENTATION_ERROR: "The implementation raises nothing but the typed errors the "
     "contract allows (RequestError on submit, UnknownRequest on abort); any other exception from "
     "submit, abort, a round, drain or snapshot is a finding.",

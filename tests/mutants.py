@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from properties.strategies import EOS, dllm_configs
 from reference.dllm import ReferenceDllmScheduler, _Req
 from reference.kv_pool import PagedKvPool
-from reference.oracle import AlgorithmOracle, DenoiseOracle
+from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode
 from spec.events import FinishReason, KvAllocated
@@ -210,6 +210,17 @@ class AdmitsOnlyWhenIdle(ReferenceDllmScheduler):
             super()._admit()
 
 
+class StaleContext(ReferenceDllmScheduler):
+    """The oracle row gets a stale context: the committed tokens without the last committed
+    block (a context cache refreshed one block late). Sync and FDFO are corrupted alike, so
+    FDFO-vs-sync parity cannot see it; only the golden decoding can."""
+
+    def _oracle_row(self, req: _Req) -> OracleRow:
+        row = super()._oracle_row(req)
+        stale = row.context[: max(0, len(row.context) - self.config.block_size)]
+        return OracleRow(row.request_id, stale, row.block_index, row.tokens, row.state)
+
+
 class _EagerDoneOracle:
     def __init__(self, inner: DenoiseOracle, mask_id: int) -> None:
         self.inner = inner
@@ -308,10 +319,17 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "lost_algorithm_state",
-            "fdfo_sync_parity",
+            "golden_output",
             _f(LostAlgorithmState, joint=True),
             dllm_configs(modes=(Mode.FDFO,)),
             "algo_state dropped between FDFO rounds (JointThreshold)",
+        ),
+        Mutant(
+            "stale_context",
+            "golden_output",
+            _f(StaleContext),
+            dllm_configs(),
+            "the oracle sees the context without the last committed block (sync and FDFO alike)",
         ),
         Mutant(
             "sync_returns_early",

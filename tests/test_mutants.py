@@ -37,6 +37,8 @@ def test_suite_catches_mutant(name: str) -> None:
     assert f"[{mutant.rule}]" in failure.message
     if mutant.rule == "fdfo_sync_parity":  # a cross-run check: both outputs are shown
         assert "expected [" in failure.message and "got [" in failure.message
+    elif mutant.rule == "golden_output":  # the output against the request decoded alone
+        assert "differs from its golden output [" in failure.message
     elif mutant.rule == "reported_output":  # the reported output against the spec's, and state
         assert " reported " in failure.message and "state:" in failure.message
     else:  # the abstract state at the faulty event
@@ -66,3 +68,12 @@ def test_counterexamples_are_shrunk(name: str) -> None:
     ]
     actions = [c for c in calls if "are_checked" not in c and "teardown" not in c]
     assert 2 <= len(actions) <= 6, failure.program
+
+
+def test_stale_context_is_caught_only_by_golden() -> None:
+    """The golden class: with the golden check off, the same hunt (parity included) passes the
+    stale-context mutant, since it corrupts the solo sync run exactly as the batched one."""
+    mutant = MUTANTS["stale_context"]
+    machine = conformance_machine(mutant.factory, configs=mutant.configs, golden=False)
+    err, printed = run_machine(machine, settings(HUNT, max_examples=150))
+    assert err is None, failure_from(err, printed).message

@@ -24,6 +24,9 @@ NOT_ENCODED: Mapping[str, str] = MappingProxyType(
         "by the Hypothesis suites and the GPU parity run)",
         "reported_output": "about output tokens an implementation reports, which the encoding "
         "abstracts away (checked by the conformance harness after every round)",
+        "golden_output": "about output tokens against an implementation's own solo decoding, "
+        "which the encoding abstracts away (checked by the conformance harness after every "
+        "round)",
         "implementation_error": "about exceptions an implementation raises; no implementation "
         "is encoded (checked by the conformance harness)",
         "work_conserving": "a profile policy rule added with implementation profiles; not yet "

@@ -1,0 +1,173 @@
+"""Batch parity and golden agreement of any dLLM implementation (`schedspec parity --impl`).
+
+The same requests are run by fresh instances of the implementation in every mode (sync, fdfo,
+fdfo+reuse, fdfo+reuse+reloop) at batch size 1 and at a batch size > 1. Every run's events are
+replayed into a `SpecMachine` (a violation stops the run) and after its drain the
+implementation's own pools must hold nothing. A case (one request) is at parity when its output
+and finish reason are the same in every run as in the reference run (sync at batch size 1), and
+agrees with golden when that output equals the implementation's golden decoding
+(`spec.golden.GoldenDecoder`), if it provides one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from spec.adapter import SchedulerAdapter
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import ConfigError
+from spec.events import Event, Finished
+from spec.golden import GoldenDecoder, golden_mismatch
+from spec.machine import SpecMachine
+from spec.snapshot import FinishedOutput
+
+Factory = Callable[[DllmConfig, Callable[[Event], None]], SchedulerAdapter]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeVariant:
+    """One scheduling mode of the parity run."""
+
+    name: str
+    mode: Mode
+    in_place_reuse: bool
+    reloop: bool
+
+
+MODE_VARIANTS: tuple[ModeVariant, ...] = (
+    ModeVariant("sync", Mode.SYNC, False, False),
+    ModeVariant("fdfo", Mode.FDFO, False, False),
+    ModeVariant("fdfo+reuse", Mode.FDFO, True, False),
+    ModeVariant("fdfo+reuse+reloop", Mode.FDFO, True, True),
+)
+
+
+def variant_config(base: DllmConfig, variant: ModeVariant, batch: int) -> DllmConfig:
+    """`base` in `variant`'s mode with `batch` seats and rows and a pool for `batch` requests
+    of the full context each (so admission never waits on pages)."""
+    if batch < 1:
+        raise ConfigError("batch", batch, "an integer >= 1")
+    per_request = -(-base.max_context // base.page_size)
+    return base.replace(
+        mode=variant.mode,
+        in_place_reuse=variant.in_place_reuse,
+        reloop=variant.reloop,
+        max_running_requests=batch,
+        req_pool_rows=batch,
+        kv_pages=per_request * batch,
+    )
+
+
+@dataclass(slots=True)
+class VariantRun:
+    """One run: every request's output and finish reason, leaks after the drain, the adapter
+    itself (an engine's forward log is read from it) and the largest batch a forward ran."""
+
+    name: str  # e.g. "fdfo+reuse@4"
+    batch: int
+    outputs: dict[str, FinishedOutput]
+    leaked_slots: int
+    leaked_rows: int
+    widest_forward: int
+    adapter: SchedulerAdapter
+
+
+def run_variant(
+    factory: Factory, config: DllmConfig, requests: Sequence[RequestSpec], name: str
+) -> VariantRun:
+    """Submit every request to a fresh instance, drain, check its events and snapshot with a
+    `SpecMachine`; raises the `SpecViolation` of the first broken rule."""
+    machine = SpecMachine(config)
+    reasons: dict[str, Finished] = {}
+    widest = 0
+
+    def sink(event: Event) -> None:
+        nonlocal widest
+        machine.apply(event)
+        if isinstance(event, Finished):
+            reasons[event.request_id] = event
+        rows = getattr(event, "rows", None)
+        if event.kind == "forward" and isinstance(rows, tuple):
+            widest = max(widest, len(rows))
+
+    impl = factory(config, sink)
+    for request in requests:
+        impl.submit(request)
+    impl.drain()
+    snap = impl.snapshot()
+    machine.check_snapshot(snap)
+    outputs = {
+        rid: FinishedOutput(tokens, reasons[rid].reason)
+        for rid, tokens in machine.outputs().items()
+    }
+    return VariantRun(
+        name,
+        config.max_running_requests,
+        outputs,
+        snap.leaked_slots(),
+        snap.held_rows(),
+        widest,
+        impl,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CaseVerdict:
+    """One request across the runs.
+
+    identical_outputs: its output and finish reason are the same in every run.
+    mismatched: the runs whose output differs from the reference run's (the first run).
+    golden: True/False when the implementation has a golden decoder, else None;
+    golden_detail: how the reference output differs from the golden output ("" if it agrees).
+    """
+
+    request: RequestSpec
+    output: FinishedOutput | None  # the reference run's
+    identical_outputs: bool
+    mismatched: tuple[str, ...]
+    golden: bool | None
+    golden_detail: str
+
+
+def compare_variants(
+    requests: Sequence[RequestSpec],
+    runs: Sequence[VariantRun],
+    golden: Mapping[str, FinishedOutput] | None,
+) -> list[CaseVerdict]:
+    """One verdict per request: every run against the first (the reference run), and the
+    reference output against `golden` (request id -> golden output) when given."""
+    ref = runs[0]
+    verdicts: list[CaseVerdict] = []
+    for request in requests:
+        rid = request.request_id
+        want = ref.outputs.get(rid)
+        bad = tuple(r.name for r in runs[1:] if r.outputs.get(rid) != want)
+        agrees: bool | None = None
+        detail = ""
+        if golden is not None:
+            if want is None:
+                agrees, detail = False, f"{rid!r} did not finish in the reference run"
+            else:
+                detail = golden_mismatch(request, want, golden[rid]) or ""
+                agrees = not detail
+        verdicts.append(
+            CaseVerdict(request, want, want is not None and not bad, bad, agrees, detail)
+        )
+    return verdicts
+
+
+def golden_outputs(
+    adapter: SchedulerAdapter, requests: Sequence[RequestSpec]
+) -> dict[str, FinishedOutput] | None:
+    """Every request's golden output when the adapter is a `GoldenDecoder`, else None."""
+    if not isinstance(adapter, GoldenDecoder):
+        return None
+    return {r.request_id: adapter.golden_output(r) for r in requests}
+
+
+def context_for(requests: Sequence[RequestSpec], block_size: int, page_size: int) -> int:
+    """The smallest page-aligned max_context that fits every request (prompt blocks, then the
+    new tokens in whole blocks)."""
+    need = max(-(-(len(r.prompt) + r.max_new_tokens) // block_size) for r in requests)
+    return -(-need * block_size // page_size) * page_size
