@@ -31,7 +31,7 @@ from spec.errors import (
 from spec.events import ControlReturned, Event, Finished
 from spec.golden import GoldenDecoder, golden_mismatch
 from spec.lifecycles import RequestPhase
-from spec.machine import SpecMachine
+from spec.machine import SpecMachine, request_output
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput
@@ -160,10 +160,11 @@ class Harness(ReplayHarness[SpecMachine]):
         finished = [e for e in self.events[start:] if isinstance(e, Finished)]
         if not finished:
             return
-        outputs, specs = self.spec.outputs(), self.requests()
+        requests = self.spec.state().requests
         for event in finished:
-            request = specs[event.request_id]
-            actual = FinishedOutput(outputs[event.request_id], event.reason)
+            r = requests[event.request_id]
+            request = RequestSpec(event.request_id, r.prompt, r.max_new_tokens)
+            actual = FinishedOutput(request_output(self.config, r), event.reason)
             problem = golden_mismatch(request, actual, self.golden.golden_output(request))
             if problem is not None:
                 raise self._violate(

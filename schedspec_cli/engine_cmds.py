@@ -35,14 +35,26 @@ def _device(text: str) -> str:
 def parity_parser() -> Parser:
     p = Parser(
         prog="schedspec parity",
-        description="bs=1 FDFO vs sync byte parity and leak check on the shipped model",
+        description="batch parity (every mode at batch size 1 and --batch vs sync at batch size "
+        "1), golden agreement and leak check of a dLLM implementation (default: the engine on "
+        "the shipped model, with per-forward logits digests at batch size 1)",
     )
-    p.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--impl",
+        default="engine",
+        help="engine (default), another built-in dLLM name (e.g. reference-dllm) or module:factory",
+    )
+    p.add_argument(
+        "--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (--impl engine)"
+    )
     p.add_argument(
         "--algorithm",
-        default="all",
+        default=None,
         choices=(*ALGORITHMS, "all"),
-        help="step algorithm, or all of them (default all)",
+        help="step algorithm, or all of them (--impl engine; default all)",
+    )
+    p.add_argument(
+        "--batch", type=int_in(2, 4096), default=4, help="the batch size > 1 (default 4)"
     )
     p.add_argument(
         "--prompts", type=positive(10_000), default=32, help="prompts from the shipped set"
@@ -57,7 +69,25 @@ def parity_parser() -> Parser:
 
 
 def parity(argv: list[str]) -> int:
-    return _run_engine_command(parity_parser(), argv, "parity", "gpu.parity:parity_main")
+    ns = parity_parser().parse_args(argv)
+    if ns.impl == "engine":
+        return _run_engine_command(parity_parser(), argv, "parity", "gpu.parity:parity_main")
+    check_output_path("--json", ns.json)
+    if ns.page_size % ns.block_size:
+        raise ConfigError(
+            "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
+        )
+    for flag, value, default in (
+        ("--device", ns.device, "cpu"),
+        ("--algorithm", ns.algorithm, None),
+    ):
+        if value != default:
+            raise ConfigError(
+                flag, value, f"left out with --impl {ns.impl} (it runs its own algorithm)"
+            )
+    from schedspec_cli.parity_impl import impl_parity_main
+
+    return impl_parity_main(ns)
 
 
 def bench_engine_parser() -> Parser:

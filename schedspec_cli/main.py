@@ -4,9 +4,9 @@
     schedspec list-impls
     schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]
     schedspec prove [--bound K] [--json PATH]
-    schedspec parity --device cpu|cuda --algorithm NAME|all --prompts N --max-new-tokens M
+    schedspec parity [--impl NAME|module:factory] --device cpu|cuda --algorithm NAME|all ...
     schedspec bench engine|conformance ...
-    schedspec release-check PARITY.json
+    schedspec release-check [--impl NAME] PARITY.json
     schedspec simulate dllm|sbs|replicas ...
     schedspec install-engines [vllm|sglang|vidur|all]
 
@@ -29,8 +29,10 @@ from spec.errors import ConfigError, SchedSpecError, SpecViolation
 
 # commands whose own parser takes the rest of the line (listed in --help all the same)
 PASS_THROUGH: dict[str, str] = {
-    "parity": "bs=1 FDFO vs sync byte parity and leak check on the shipped model (engine extra)",
-    "release-check": "is a parity JSON a release run? (CUDA, every case identical, no leak)",
+    "parity": "batch parity (every mode at batch 1 and --batch vs sync at batch 1), golden "
+    "agreement and leaks of a dLLM implementation (--impl; default the engine: engine extra)",
+    "release-check": "is a parity JSON a release run? (--impl's report, CUDA, every case "
+    "identical and golden, no leak)",
     "simulate": "the serving simulator: dllm | sbs | replicas (see docs/sbs.md)",
     "install-engines": "install the real engines (vllm, sglang, vidur, all) into the engine cache",
 }

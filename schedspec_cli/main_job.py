@@ -3,7 +3,8 @@
 Steps, each timed and reported (a failing step never stops the others):
 1. the Z3 proofs (`properties.proofs`);
 2. the conformance suite on every built-in implementation;
-3. batch-size-1 parity and leak check on the shipped model (CUDA when present, else CPU);
+3. parity (every mode at batch sizes 1 and 4 vs sync at 1, golden agreement) and leak check on
+   the shipped model (CUDA when present, else CPU);
 4. a short FDFO-vs-sync comparison on the reference (the head-of-line gap, in forwards);
 5. a short engine benchmark (tokens/s of sync, FDFO, FDFO + reuse, + re-loop at max-running 4);
 then a summary table, and a report directory with report.md, report.json and PNG plots.
@@ -113,9 +114,15 @@ def step_parity(prompts: int, max_new_tokens: int) -> tuple[bool, str, dict[str,
     device = "cuda" if _cuda_available() else "cpu"
     report = parity.run_parity(device, ["LowConfidence", "JointThreshold"], prompts, max_new_tokens)
     data = report.to_json()
-    ok = bool(data["identical"]) and data["leaked_slots"] == 0 and data.get("leaked_rows") == 0
+    ok = (
+        bool(data["identical"])
+        and data.get("golden") is True
+        and data["leaked_slots"] == 0
+        and data.get("leaked_rows") == 0
+    )
     summary = (
-        f"device={data['device']}: {len(data['cases'])} cases, identical={data['identical']}, "
+        f"device={data['device']}: {len(data['cases'])} cases, identical={data['identical']} "
+        f"at batch sizes {data.get('batch_sizes')}, golden={data.get('golden')}, "
         f"leaked_slots={data['leaked_slots']}"
     )
     return ok, summary, data

@@ -3,9 +3,12 @@ run? The gate reads every case, not only the summary, so a report cannot talk it
 
 A release run must: have run on CUDA, with the device named as torch names it (`cuda` or
 `cuda:N`); cover both algorithms, each with at least `MIN_PROMPTS` distinct prompts of at least
-`spec.parity.RELEASE_MIN_NEW_TOKENS` new tokens; be byte-identical (outputs and per-forward
-digests) between FDFO and sync at batch size 1 in every case, and say so consistently in its
-summary; and leak no KV slot and hold no request-pool row after its drains.
+`spec.parity.RELEASE_MIN_NEW_TOKENS` new tokens; have run every mode at batch size 1 and at a
+batch size > 1, with every run byte-identical to sync at batch size 1 (outputs, and per-forward
+digests at batch size 1) in every case, and say so consistently in its summary; agree with the
+golden decoding (`gpu.golden`) in every case; and leak no KV slot and hold no request-pool row
+after its drains. It must have been produced for the implementation `--impl` names (default
+`engine`): a report for another implementation is refused in one line.
 
 A file that is not a parity report (unreadable, not JSON, wrong field types) is an input error
 (exit 2); a report that does not qualify is refused (exit 1) with every reason.
@@ -69,6 +72,8 @@ def load_report(path: str) -> dict[str, Any]:
     _field(report, "identical", bool, "report")
     _field(report, "leaked_slots", int, "report")
     _field(report, "leaked_rows", int, "report")
+    if "impl" in report:
+        _field(report, "impl", str, "report")
     cases = _field(report, "cases", list, "report")
     for i, case in enumerate(cases):
         where = f"cases[{i}]"
@@ -111,6 +116,20 @@ def release_problems(report: Mapping[str, Any]) -> list[str]:
             f"the summary says identical but {len(differing)} case(s) differ "
             f"(first: {differing[0].get('algorithm')} #{differing[0].get('index', '?')})"
         )
+    off_golden = [c for c in cases if c.get("golden") is not True]
+    if off_golden:
+        first = off_golden[0]
+        problems.append(
+            f"{len(off_golden)} case(s) lack golden agreement (first: {first.get('algorithm')} "
+            f"#{first.get('index', '?')}: golden={first.get('golden', 'missing')!r}); every "
+            "output must equal the request decoded alone"
+        )
+    sizes = report.get("batch_sizes")
+    ints = [n for n in sizes if isinstance(n, int)] if isinstance(sizes, list) else []
+    if not any(n > 1 for n in ints):
+        problems.append(
+            f"batch_sizes={sizes!r}: the run must include a batch size > 1 (batch parity)"
+        )
     algos = {str(c.get("algorithm")) for c in cases}
     missing = sorted(REQUIRED_ALGORITHMS - algos)
     if missing:
@@ -145,8 +164,22 @@ def _case_identical(case: Mapping[str, Any]) -> bool:
 def release_check_main(argv: list[str]) -> int:
     p = Parser(prog="schedspec release-check", description=__doc__.split("\n\n")[0])
     p.add_argument("parity_json", help="the JSON written by `schedspec parity --json`")
+    p.add_argument(
+        "--impl",
+        default="engine",
+        help="the implementation the report must have been produced for (default engine)",
+    )
     args = p.parse_args(argv)
     report = load_report(args.parity_json)
+    produced_for = report.get("impl")
+    if produced_for != args.impl:
+        what = (
+            "does not say which implementation it was produced for (re-run schedspec parity)"
+            if produced_for is None
+            else f"was produced for implementation {produced_for!r}"
+        )
+        print(f"NOT a release run: the report {what}, not for --impl {args.impl!r}")
+        return 1
     problems = release_problems(report)
     if problems:
         print("NOT a release run:")
@@ -154,8 +187,8 @@ def release_check_main(argv: list[str]) -> int:
             print(f"  - {line}")
         return 1
     print(
-        f"release run OK: {report['device']}, {len(report['cases'])} cases, byte-identical, "
-        "no leaked slot or row"
+        f"release run OK: {report['impl']} on {report['device']}, {len(report['cases'])} cases, "
+        "byte-identical at every batch size, golden agrees, no leaked slot or row"
     )
     return 0
 

@@ -177,3 +177,42 @@ def test_shipped_model_equals_golden_at_batch_4(algorithm: str) -> None:
         want = golden_decode(model, algo, cfg, r)
         assert outputs[r.request_id] == want.tokens, r.request_id
         assert reasons[r.request_id] is want.finish_reason, r.request_id
+
+
+def test_engine_is_a_golden_decoder() -> None:
+    """`DllmEngine.golden_output` delegates to gpu.golden, in the config's ids; it changes
+    nothing in the engine."""
+    from spec.golden import GoldenDecoder
+
+    cfg = _config(2, VARIANTS[1]).replace(mask_token_id=-1, eos_token_id=15)
+    algo = make_algorithm("LowConfidence")
+    engine = DllmEngine(cfg, lambda e: None, model=tiny_model("cpu"), algorithm=algo)
+    assert isinstance(engine, GoldenDecoder)
+    req = RequestSpec("g", (1, 2, 3, 4, 5), 9)
+    got = engine.golden_output(req)
+    want = golden_decode(tiny_model("cpu"), algo, cfg, req)
+    assert (got.tokens, got.reason) == (want.tokens, want.finish_reason)
+    assert engine.is_idle() and engine.snapshot().leaked_slots() == 0
+    engine.submit(req)
+    engine.drain()
+    assert engine.take_output("g") == got.tokens
+
+
+def test_golden_needs_a_dllm_algorithm() -> None:
+    from gpu.golden import GoldenUnavailable
+
+    class Bare:
+        def init_step_state(self, block_tokens: torch.Tensor) -> object:
+            return None
+
+        def step(
+            self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+        ) -> list[bool]:
+            return [True] * tokens.shape[0]
+
+    engine = DllmEngine(
+        _config(1, VARIANTS[0]), lambda e: None, model=tiny_model("cpu"), algorithm=Bare()
+    )
+    with pytest.raises(GoldenUnavailable) as info:
+        engine.golden_output(RequestSpec("g", (5,), 2))
+    assert "DllmAlgorithm" in str(info.value)

@@ -1,7 +1,8 @@
 """The release gate refuses CPU runs, mismatches, leaks, thin coverage, and every way of
 fooling it: a summary that disagrees with its cases, repeated prompts, held rows, a leaked_rows
-field left out, a device name torch would never report, too few new tokens. A file that is not a
-parity report is an input error (exit 2, one line), never a traceback."""
+field left out, a device name torch would never report, too few new tokens, cases without golden
+agreement, no run at batch size > 1, a report produced for another implementation. A file that
+is not a parity report is an input error (exit 2, one line), never a traceback."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ def report(**changes: object) -> dict[str, Any]:
             "identical_outputs": True,
             "identical_digests": True,
             "mismatched": [],
+            "golden": True,
         }
         for a in ("LowConfidence", "JointThreshold")
         for i in range(3)
     ]
     base: dict[str, Any] = {
+        "impl": "engine",
         "device": "cuda:0",
+        "batch_sizes": [1, 4],
         "identical": True,
         "leaked_slots": 0,
         "leaked_rows": 0,
@@ -153,3 +157,55 @@ def test_docs_quote_the_token_threshold_from_the_code() -> None:
             quoted.append((doc.name, int(m.group(1))))
     assert ("release.md", RELEASE_MIN_NEW_TOKENS) in quoted, quoted
     assert all(n == RELEASE_MIN_NEW_TOKENS for _, n in quoted), quoted
+
+
+def test_cases_without_golden_agreement_are_refused() -> None:
+    r = report()
+    r["cases"][4]["golden"] = False
+    assert any("1 case(s) lack golden agreement" in x for x in release_problems(r))
+    r = report()
+    for c in r["cases"]:
+        del c["golden"]  # a report written before the golden oracle
+    assert any("6 case(s) lack golden agreement" in x for x in release_problems(r))
+
+
+@pytest.mark.parametrize("sizes", [[1], [], None, ["4"]])
+def test_a_run_without_a_batch_above_one_is_refused(sizes: object) -> None:
+    r = report(batch_sizes=sizes)
+    if sizes is None:
+        del r["batch_sizes"]
+    assert any("batch size > 1" in x for x in release_problems(r))
+
+
+@pytest.mark.parametrize(
+    ("impl", "argv", "expected"),
+    [
+        ("reference-dllm", [], "produced for implementation 'reference-dllm', not for --impl "),
+        ("engine", ["--impl", "my.module:factory"], "not for --impl 'my.module:factory'"),
+        (None, [], "does not say which implementation"),
+    ],
+)
+def test_a_report_for_another_implementation_is_refused_in_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    impl: str | None,
+    argv: list[str],
+    expected: str,
+) -> None:
+    r = report(impl=impl)
+    if impl is None:
+        del r["impl"]
+    p = tmp_path / "parity.json"
+    p.write_text(json.dumps(r))
+    code = main(["release-check", *argv, str(p)])
+    out = capsys.readouterr().out
+    assert code == 1 and expected in out and out.count("\n") == 1, out
+
+
+def test_the_named_implementation_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = tmp_path / "parity.json"
+    p.write_text(json.dumps(report(impl="my.module:factory")))
+    assert main(["release-check", "--impl", "my.module:factory", str(p)]) == 0
+    assert "release run OK: my.module:factory on cuda:0" in capsys.readouterr().out

@@ -1,0 +1,139 @@
+"""`schedspec parity --impl NAME|module:factory`: batch parity and golden agreement of any dLLM
+implementation (the engine's own run, with logits digests and the shipped model, is
+`gpu.parity`).
+
+The implementation runs `--prompts` seeded prompts over token ids 0..14 (mask -1, EOS 15, the
+conformance suite's ids) in every mode at batch size 1 and at `--batch`; see
+`spec.batch_parity`. Per case: every run equals sync at batch size 1 (outputs and finish
+reasons), and when the implementation provides `golden_output` the output equals it. After
+every drain no KV slot and no row may be left in use. The JSON has the engine report's form,
+with `impl` naming the implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from schedspec_cli.impls import resolve
+from spec.batch_parity import (
+    MODE_VARIANTS,
+    VariantRun,
+    compare_variants,
+    context_for,
+    golden_outputs,
+    run_variant,
+    variant_config,
+)
+from spec.config import DllmConfig, RequestSpec
+from spec.errors import ConfigError
+from spec.implementation import DllmImplementation
+
+MASK, EOS, VOCAB = -1, 15, 16
+SEED = 12
+
+
+def parity_prompts(n: int, max_new_tokens: int) -> list[RequestSpec]:
+    """`n` distinct seeded prompts of 1..24 ids in [0, EOS), each with `max_new_tokens`."""
+    rng = random.Random(SEED)
+    seen: set[tuple[int, ...]] = set()
+    out: list[RequestSpec] = []
+    while len(out) < n:
+        prompt = tuple(rng.randrange(0, EOS) for _ in range(rng.randint(1, 24)))
+        if prompt not in seen:
+            seen.add(prompt)
+            out.append(RequestSpec(f"p{len(out):03d}", prompt, max_new_tokens))
+    return out
+
+
+def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
+    """The report (JSON-ready) of `name`'s parity run with the parsed flags `ns`."""
+    resolved = resolve(name, "dllm")
+    impl = resolved.implementation
+    if not isinstance(impl, DllmImplementation):
+        raise ConfigError("impl", name, "a dLLM implementation (parity compares block outputs)")
+    requests = parity_prompts(ns.prompts, ns.max_new_tokens)
+    context = context_for(requests, ns.block_size, ns.page_size)
+    base = DllmConfig(
+        block_size=ns.block_size,
+        page_size=ns.page_size,
+        max_context=context,
+        mask_token_id=MASK,
+        eos_token_id=EOS,
+    )
+    runs: list[VariantRun] = []
+    seconds: dict[str, float] = {}
+    for size in (1, ns.batch):
+        for variant in MODE_VARIANTS:
+            config = variant_config(base, variant, size)
+            impl.profile.space.check(config)
+            run_name = f"{variant.name}@{size}"
+            start = time.perf_counter()
+            runs.append(run_variant(impl.factory, config, requests, run_name))
+            seconds[run_name] = round(time.perf_counter() - start, 3)
+    golden = golden_outputs(runs[0].adapter, requests)
+    cases = [
+        {
+            "algorithm": resolved.name,
+            "index": i,
+            "prompt": " ".join(map(str, v.request.prompt)),
+            "output": " ".join(map(str, v.output.tokens)) if v.output else "",
+            "max_new_tokens": v.request.max_new_tokens,
+            "identical": v.identical_outputs,
+            "identical_outputs": v.identical_outputs,
+            "mismatched": list(v.mismatched),
+            "golden": v.golden,
+            "golden_detail": v.golden_detail,
+        }
+        for i, v in enumerate(compare_variants(requests, runs, golden))
+    ]
+    return {
+        "impl": resolved.name,
+        "device": "cpu",
+        "identical": all(c["identical"] for c in cases),
+        "golden": golden is not None and all(c["golden"] is True for c in cases),
+        "golden_checked": golden is not None,
+        "batch_sizes": [1, max(r.widest_forward for r in runs if r.batch == ns.batch)],
+        "leaked_slots": sum(r.leaked_slots for r in runs),
+        "leaked_rows": sum(r.leaked_rows for r in runs),
+        "cases": cases,
+        "seconds": seconds,
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    cases = report["cases"]
+    for c in cases:
+        golden = {True: "same", False: "DIFF", None: "-"}[c["golden"]]
+        runs = "same" if c["identical"] else "DIFF " + ",".join(c["mismatched"])
+        print(f"#{c['index']:<3} runs {runs:<5} golden {golden:<4} prompt [{c['prompt']}]")
+        if c["golden_detail"]:
+            print(f"     {c['golden_detail']}")
+    verdict = "IDENTICAL" if report["identical"] else "MISMATCH"
+    if not report["golden_checked"]:
+        golden = "no golden decoder (golden_output) to compare with"
+    else:
+        golden = "golden agrees" if report["golden"] else "golden DIFFERS"
+    sizes = ", ".join(map(str, report["batch_sizes"]))
+    print(
+        f"\n{report['impl']}: {verdict}, {golden} "
+        f"({sum(c['identical'] for c in cases)}/{len(cases)} cases; every mode at batch sizes "
+        f"{sizes} vs sync at batch size 1); leaked slots {report['leaked_slots']}, held rows "
+        f"{report['leaked_rows']}"
+    )
+
+
+def impl_parity_main(ns: argparse.Namespace) -> int:
+    """0 when every case is identical, golden agrees (when provided) and nothing leaked."""
+    report = run_impl_parity(ns.impl, ns)
+    print_report(report)
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    golden_ok = report["golden"] or not report["golden_checked"]
+    clean = report["leaked_slots"] == 0 and report["leaked_rows"] == 0
+    return 0 if report["identical"] and golden_ok and clean else 1

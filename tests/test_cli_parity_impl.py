@@ -1,0 +1,117 @@
+"""`schedspec parity --impl` for any dLLM implementation and `release-check --impl`: batch parity
+at batch size 1 and > 1, golden agreement when the implementation has a golden decoder, leaks;
+exit codes 0/1/2 with one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reference.dllm import ReferenceDllmScheduler
+from schedspec_cli.main import main
+from spec.adapter import EventSink
+from spec.config import DllmConfig, RequestSpec
+from spec.golden import GoldenDecoder
+from spec.snapshot import Snapshot
+
+ARGS = ["--prompts", "4", "--max-new-tokens", "12", "--block-size", "4", "--page-size", "8"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["parity", *argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_reference_passes_with_golden_and_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "ref.json"
+    code, out, _ = _run(["--impl", "reference-dllm-joint", *ARGS, "--json", str(out_json)], capsys)
+    assert code == 0, out
+    data = json.loads(out_json.read_text())
+    assert data["impl"] == "reference-dllm-joint"
+    assert data["golden"] is True and data["golden_checked"] is True
+    assert data["batch_sizes"] == [1, 4] and data["identical"] is True
+    assert len(data["cases"]) == 4 and all(c["golden"] is True for c in data["cases"])
+    assert "IDENTICAL, golden agrees" in out
+    # the gate reads which implementation ran
+    assert main(["release-check", str(out_json)]) == 1
+    assert "produced for implementation 'reference-dllm-joint'" in capsys.readouterr().out
+    assert main(["release-check", "--impl", "reference-dllm-joint", str(out_json)]) == 1
+    refused = capsys.readouterr().out
+    assert "must run on CUDA" in refused and "produced for" not in refused
+
+
+def test_a_stale_context_bug_fails_on_golden(capsys: pytest.CaptureFixture[str]) -> None:
+    """Sync and FDFO are corrupted alike: parity holds, golden does not -> exit 1."""
+    code, out, _ = _run(["--impl", "tests.mutants:StaleContext", *ARGS], capsys)
+    assert code == 1
+    assert "IDENTICAL, golden DIFFERS" in out and "differs from its golden output" in out
+
+
+class Plain:
+    """The reference scheduler behind an adapter without `golden_output` (a foreign adapter)."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        self._inner = ReferenceDllmScheduler(config, sink)
+
+    @property
+    def config(self) -> DllmConfig:
+        return self._inner.config
+
+    def submit(self, request: RequestSpec) -> None:
+        self._inner.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        self._inner.abort(request_id)
+
+    def run_round(self) -> None:
+        self._inner.run_round()
+
+    def drain(self, max_rounds: int = 100_000) -> None:
+        self._inner.drain(max_rounds)
+
+    def snapshot(self) -> Snapshot:
+        return self._inner.snapshot()
+
+
+def make_plain(config: DllmConfig, sink: EventSink) -> Plain:
+    return Plain(config, sink)
+
+
+def test_an_implementation_without_golden_is_checked_on_parity_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert not isinstance(make_plain(DllmConfig(), lambda e: None), GoldenDecoder)
+    code, out, _ = _run(["--impl", "tests.test_cli_parity_impl:make_plain", *ARGS], capsys)
+    assert code == 0, out
+    assert "no golden decoder (golden_output) to compare with" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--impl", "vllm-v1"], "family"),
+        (["--impl", "no-such-impl"], "impl"),
+        (["--impl", "reference-dllm", "--device", "cuda"], "--device"),
+        (["--impl", "reference-dllm", "--algorithm", "LowConfidence"], "--algorithm"),
+        (["--impl", "reference-dllm", "--batch", "1"], "--batch"),
+        (["--impl", "reference-dllm", "--block-size", "4", "--page-size", "6"], "--page-size"),
+    ],
+)
+def test_usage_errors_are_one_line(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and flag in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_help_names_impl_and_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["parity", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "--impl" in text and "--batch" in text and "golden" in text
