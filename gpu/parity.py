@@ -246,7 +246,9 @@ def compare_runs(
 
 # What `batch_invariant_numerics` sets (recorded in the report).
 NUMERICS = {
-    "deterministic_algorithms": "torch.use_deterministic_algorithms(True)",
+    # warn_only: an op without a deterministic kernel warns instead of stopping the run (the
+    # outputs are compared exactly anyway)
+    "deterministic_algorithms": "torch.use_deterministic_algorithms(True, warn_only=True)",
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)",
     "reduced_precision_reduction": "off (fp16 and bf16)",
@@ -263,13 +265,14 @@ def batch_invariant_numerics() -> Iterator[dict[str, str]]:
     matmul = torch.backends.cuda.matmul
     saved = (
         torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
         matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
         matmul.allow_fp16_reduced_precision_reduction,
         matmul.allow_bf16_reduced_precision_reduction,
         torch.get_float32_matmul_precision(),
     )
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     matmul.allow_fp16_reduced_precision_reduction = False
@@ -279,12 +282,12 @@ def batch_invariant_numerics() -> Iterator[dict[str, str]]:
         with sdpa_kernel(SDPBackend.MATH):
             yield dict(NUMERICS)
     finally:
-        torch.use_deterministic_algorithms(saved[0])
-        matmul.allow_tf32 = saved[1]
-        torch.backends.cudnn.allow_tf32 = saved[2]
-        matmul.allow_fp16_reduced_precision_reduction = saved[3]
-        matmul.allow_bf16_reduced_precision_reduction = saved[4]
-        torch.set_float32_matmul_precision(saved[5])
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        matmul.allow_tf32 = saved[2]
+        torch.backends.cudnn.allow_tf32 = saved[3]
+        matmul.allow_fp16_reduced_precision_reduction = saved[4]
+        matmul.allow_bf16_reduced_precision_reduction = saved[5]
+        torch.set_float32_matmul_precision(saved[6])
 
 
 def _engine_factory(

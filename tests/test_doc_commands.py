@@ -38,6 +38,12 @@ NOT_RUN = {
     "--json docs/engine-bench-cpu.json": "a benchmark of several minutes",
     # the real vLLM scheduler at 500 examples takes minutes; tests/test_real_vllm.py runs the
     # same machine and profile with 40 examples, and the README's tour runs it with 100
+    # the engine's parity runs eight engines per algorithm and the golden decoding (minutes on
+    # 2 cores); the README's 4-prompt run and tests/test_engine_parity.py cover the same path
+    "./schedspec parity --device cpu --algorithm all --prompts 32 --max-new-tokens 32 "
+    "--json out/parity-cpu.json": "several minutes (32 prompts x 8 engines x 2 algorithms)",
+    "./schedspec parity --device cpu --algorithm all --prompts 8 --max-new-tokens 128 "
+    "--json out/parity-cpu-128.json": "several minutes (128 tokens x 8 engines x 2 algorithms)",
     "./schedspec verify --impl real-vllm --examples 500": "several minutes (real vLLM)",
     "./schedspec verify --impl real-vllm-prefix --examples 500": "several minutes (real vLLM)",
 }

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gpu.engine import tiny_model
 from gpu.parity import VARIANTS, Variant, bs1_config, run_bs1, run_parity
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import ConfigError
 from spec.parity import encode_tokens
 
 torch.set_num_threads(1)
@@ -117,3 +118,27 @@ def test_parity_main_exit_codes(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(DeviceUnavailable):
         parity.parity_main(["--device", "cuda", "--prompts", "1"])
+
+
+def test_batch_invariant_numerics_are_set_and_restored() -> None:
+    from gpu.parity import batch_invariant_numerics
+
+    matmul = torch.backends.cuda.matmul
+    before = (torch.are_deterministic_algorithms_enabled(), matmul.allow_tf32)
+    with batch_invariant_numerics() as numerics:
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert numerics["sdpa_backend"] == "math"
+    assert (torch.are_deterministic_algorithms_enabled(), matmul.allow_tf32) == before
+
+
+def test_run_parity_reports_batch_and_golden() -> None:
+    """Every mode at batch 1 and 3, golden agreement per case (tiny model, 3 prompts)."""
+    report = run_parity("cpu", ["JointThreshold"], 3, 8, 4, 8, model=tiny_model("cpu"), batch=3)
+    data = report.to_json()
+    assert data["impl"] == "engine" and data["batch_sizes"] == [1, 3]
+    assert data["golden"] is True and all(c["golden"] is True for c in data["cases"])
+    assert len(report.seconds) == 8  # 4 modes x 2 batch sizes
+    with pytest.raises(ConfigError):
+        run_parity("cpu", ["JointThreshold"], 3, 8, 4, 8, model=tiny_model("cpu"), batch=1)
