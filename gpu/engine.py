@@ -403,10 +403,9 @@ class DllmEngine:
         inputs = [self._block_inputs(r) for r in batch]
         tokens = torch.stack([t for t, _ in inputs])  # a copy: rows are updated in place
         states = [s for _, s in inputs]
-        starts = torch.tensor(
-            [r.committed_blocks * b for r in batch], dtype=torch.long, device=self.device
-        )
-        rows = torch.tensor([r.row for r in batch], dtype=torch.long, device=self.device)
+        starts = [r.committed_blocks * b for r in batch]
+        rows = [r.row for r in batch if r.row is not None]
+        plan = self.runner.plan(starts, rows, b)  # one layout for every forward of the round
         ids = [r.rid for r in batch]
         blocks = [r.committed_blocks for r in batch]
         reused = [r.block_alloc_round < self.round_index for r in batch]
@@ -422,7 +421,7 @@ class DllmEngine:
                     )
                 )
             )
-            logits = self.runner.forward(tokens, starts, rows)
+            logits = self.runner.forward(tokens, starts, rows, plan)
             self.rows_forwarded += len(batch)
             t0 = time.perf_counter()
             step_done = self.algorithm.step(tokens, logits, states)
