@@ -88,7 +88,7 @@ class Attention(nn.Module):
         """As `project` with one matmul for q, k, v and one RoPE for q and k together (fewer
         small ops per forward; on CPU the values are bit-identical to `project`'s)."""
         b, length, _ = x.shape
-        qkv = nn.functional.linear(x, _fused_weight(self, (self.wq, self.wk, self.wv)))
+        qkv = invariant_linear(x, _fused_weight(self, (self.wq, self.wk, self.wv)))
         qkv = qkv.view(b, length, 3 * self.n_heads, self.head_dim)
         qk = apply_rope(qkv[:, :, : 2 * self.n_heads], cos, sin)
         return qk[:, :, : self.n_heads], qk[:, :, self.n_heads :], qkv[:, :, 2 * self.n_heads :]
@@ -121,11 +121,29 @@ class SwiGLU(nn.Module):
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         """As `forward` with one matmul for gate and up (serving path, no gradients)."""
-        gate, up = nn.functional.linear(x, _fused_weight(self, (self.w_gate, self.w_up))).chunk(
+        gate, up = invariant_linear(x, _fused_weight(self, (self.w_gate, self.w_up))).chunk(
             2, dim=-1
         )
-        out: torch.Tensor = self.w_down(nn.functional.silu(gate) * up)
-        return out
+        return invariant_linear(nn.functional.silu(gate) * up, self.w_down.weight)
+
+
+# CPU GEMM kernels compute a product row by row identically for any number of rows from this
+# many up (measured on torch 2.13.0+cpu); below it a different kernel (e.g. GEMV for one row)
+# rounds differently. The serving path pads smaller products to it so a row's values never
+# depend on how many rows share its batch.
+MIN_GEMM_ROWS = 4
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., d_in] @ weight.T with at least MIN_GEMM_ROWS rows in the product (padded with
+    zeros when fewer, the padding dropped): batch-invariant values on CPU."""
+    rows = x.numel() // x.shape[-1]
+    if rows >= MIN_GEMM_ROWS:
+        return nn.functional.linear(x, weight)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = torch.cat((flat, flat.new_zeros(MIN_GEMM_ROWS - rows, x.shape[-1])))
+    out = nn.functional.linear(padded, weight)[:rows]
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _fused_weight(module: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
@@ -368,9 +386,9 @@ class BlockDiffusionLM(nn.Module):
                 k_ctx, v_ctx = kv.read(layer, plan.ctx_slots)  # [sum of lengths, h, d]
                 attended = ragged_attention(q, k_ctx.to(q.dtype), v_ctx.to(q.dtype), plan)
                 self.attention_seconds += time.perf_counter() - t_attn
-                x = x + block.attn.wo(attended)
+                x = x + invariant_linear(attended, block.attn.wo.weight)
                 x = x + block.mlp.forward_fused(block.mlp_norm(x))
-            logits: torch.Tensor = self.lm_head(self.norm(x))
+            logits = invariant_linear(self.norm(x), self.lm_head.weight)
             return logits
 
     def _check_pool(self, kv: PagedKvCache) -> None:
