@@ -51,7 +51,7 @@ import torch
 
 from gpu.allocator import PagedKvAllocator
 from gpu.kv_cache import PagedKvCache
-from gpu.model import BlockDiffusionLM
+from gpu.model import BlockDiffusionLM, BlockPlan
 from gpu.model_config import ModelConfig
 from gpu.model_runner import ModelRunner
 from gpu.request import Carry, EngineRequest, StreamChunk
@@ -395,6 +395,11 @@ class DllmEngine:
         assert req.fresh_tokens is not None
         return req.fresh_tokens, req.fresh_state
 
+    def _plan_batch(self, starts: list[int], rows: list[int]) -> BlockPlan:
+        """The round's batch layout (positions, block slots, each row's packed context): read
+        from the request-to-token table once, after this round's table writes."""
+        return self.runner.plan(starts, rows, self.config.block_size)
+
     def _run_worker(
         self, batch: list[EngineRequest]
     ) -> tuple[torch.Tensor, list[object], list[bool]]:
@@ -405,7 +410,7 @@ class DllmEngine:
         states = [s for _, s in inputs]
         starts = [r.committed_blocks * b for r in batch]
         rows = [r.row for r in batch if r.row is not None]
-        plan = self.runner.plan(starts, rows, b)  # one layout for every forward of the round
+        plan = self._plan_batch(starts, rows)  # one layout for every forward of the round
         ids = [r.rid for r in batch]
         blocks = [r.committed_blocks for r in batch]
         reused = [r.block_alloc_round < self.round_index for r in batch]

@@ -12,6 +12,7 @@ sequence (up to float summation order; the tests hold them to 1e-5).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -271,65 +272,54 @@ class BlockDiffusionLM(nn.Module):
             raise ForwardInputError("req_to_token", "expected [rows_total, max_context]")
         if block_size < 1:
             raise ForwardInputError("block_size", f"{block_size} is not a positive integer")
-        limit = min(self.config.max_context, req_to_token.shape[1])
-        for i, start in enumerate(starts):
-            if start < 0 or start % block_size != 0:
-                raise ForwardInputError(
-                    "start_positions",
-                    f"row {i}: {start} is not a non-negative multiple of {block_size}",
-                )
-            if start + block_size > limit:
-                raise ForwardInputError(
-                    "start_positions",
-                    f"row {i}: block [{start}, {start + block_size}) exceeds the context "
-                    f"limit {limit}",
-                )
-        for i, row in enumerate(row_ids):
-            if not 0 <= row < req_to_token.shape[0]:
-                raise ForwardInputError(
-                    "rows", f"row {i}: {row} is outside req_to_token's {req_to_token.shape[0]} rows"
-                )
-        device = req_to_token.device
-        # Rows sorted by context length (stable): each group of equal length is one
-        # attention call over exactly its keys.
-        order = sorted(range(b), key=starts.__getitem__)
-        lengths = [starts[i] + block_size for i in order]
-        groups: list[tuple[int, int]] = []
-        for length in lengths:
-            if groups and groups[-1][0] == length:
-                groups[-1] = (length, groups[-1][1] + 1)
-            else:
-                groups.append((length, 1))
-        counts = np.asarray(lengths, dtype=np.int64)
-        total = int(counts.sum())
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        ctx_pos = np.arange(total, dtype=np.int64) - first
-        ctx_row = np.repeat(np.asarray([row_ids[i] for i in order], dtype=np.int64), counts)
-        block_pos = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(
-            block_size, dtype=np.int64
-        )
-        block_row = np.repeat(np.asarray(row_ids, dtype=np.int64), block_size)
-        host = torch.from_numpy(
-            np.concatenate((block_row, block_pos.reshape(-1), ctx_row, ctx_pos))
-        ).to(device)
+        n_rows, width = req_to_token.shape
+        limit = min(self.config.max_context, width)
+        st = np.asarray(starts, dtype=np.int64)
+        rw = np.asarray(row_ids, dtype=np.int64)
+        bad = np.flatnonzero((st < 0) | (st % block_size != 0) | (st + block_size > limit))
+        if bad.size:
+            i = int(bad[0])
+            raise ForwardInputError(
+                "start_positions",
+                f"row {i}: block [{starts[i]}, {starts[i] + block_size}) does not start at a "
+                f"non-negative multiple of {block_size} inside the context limit {limit}",
+            )
+        bad = np.flatnonzero((rw < 0) | (rw >= n_rows))
+        if bad.size:
+            i = int(bad[0])
+            raise ForwardInputError(
+                "rows", f"row {i}: {row_ids[i]} is outside req_to_token's {n_rows} rows"
+            )
+        # Rows sorted by context length (stable): each run of equal lengths is one attention
+        # call over exactly its keys. Every index is built here on the host and crosses to the
+        # device in one copy; the table is read with one gather.
+        order = np.argsort(st, kind="stable")
+        lengths = st[order] + block_size
+        change = np.flatnonzero(np.diff(lengths)) + 1
+        bounds = [0, *change.tolist(), b]
+        groups = tuple((int(lengths[lo]), hi - lo) for lo, hi in itertools.pairwise(bounds))
+        total = int(lengths.sum())
+        first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        ctx_flat = np.repeat(rw[order] * width, lengths) + (np.arange(total) - first)
+        positions = st[:, None] + np.arange(block_size)
+        block_flat = (rw[:, None] * width + positions).reshape(-1)
+        identity = bool((order == np.arange(b)).all())
+        unorder = np.empty_like(order)
+        unorder[order] = np.arange(b)
         n = b * block_size
-        table = req_to_token.long() if req_to_token.dtype != torch.long else req_to_token
-        slots = table[host[:n], host[n : 2 * n]]
-        ctx_slots = table[host[2 * n : 2 * n + total], host[2 * n + total :]]
-        identity = order == list(range(b))
-        order_t = None if identity else torch.tensor(order, dtype=torch.long, device=device)
-        unorder_t = None
-        if order_t is not None:
-            unorder_t = torch.empty_like(order_t)
-            unorder_t[order_t] = torch.arange(b, device=device)
+        host = torch.from_numpy(
+            np.concatenate((block_flat, ctx_flat, positions.reshape(-1), order, unorder))
+        ).to(req_to_token.device)
+        slots = req_to_token.reshape(-1).index_select(0, host[: n + total]).long()
+        rest = host[n + total :]
         return BlockPlan(
             block_size=block_size,
-            positions=host[n : 2 * n].view(b, block_size),
-            block_slots=slots,
-            ctx_slots=ctx_slots,
-            order=order_t,
-            unorder=unorder_t,
-            groups=tuple(groups),
+            positions=rest[:n].view(b, block_size),
+            block_slots=slots[:n],
+            ctx_slots=slots[n:],
+            order=None if identity else rest[n : n + b],
+            unorder=None if identity else rest[n + b :],
+            groups=groups,
         )
 
     def forward_blocks(
@@ -375,7 +365,7 @@ class BlockDiffusionLM(nn.Module):
             x = self.embed(block_tokens)
             heads, head_dim = self.config.n_heads, self.config.head_dim
             for layer, block in enumerate(self.transformer_blocks()):
-                q, k, v = block.attn.project_fused(block.attn_norm(x), cos, sin)
+                q, k, v = block.attn.project_fused(_rms(x, block.attn_norm), cos, sin)
                 kv.write(
                     layer,
                     plan.block_slots,
@@ -387,8 +377,8 @@ class BlockDiffusionLM(nn.Module):
                 attended = ragged_attention(q, k_ctx.to(q.dtype), v_ctx.to(q.dtype), plan)
                 self.attention_seconds += time.perf_counter() - t_attn
                 x = x + invariant_linear(attended, block.attn.wo.weight)
-                x = x + block.mlp.forward_fused(block.mlp_norm(x))
-            logits = invariant_linear(self.norm(x), self.lm_head.weight)
+                x = x + block.mlp.forward_fused(_rms(x, block.mlp_norm))
+            logits = invariant_linear(_rms(x, self.norm), self.lm_head.weight)
             return logits
 
     def _check_pool(self, kv: PagedKvCache) -> None:
@@ -450,6 +440,11 @@ def ragged_attention(
     if plan.unorder is not None:
         out = out.index_select(0, plan.unorder)
     return out.transpose(1, 2).reshape(b, size, heads * head_dim)
+
+
+def _rms(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """`norm(x)` without the module call (the same function on the same values)."""
+    return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
 
 
 def _host_ints(values: torch.Tensor | Sequence[int]) -> list[int]:
