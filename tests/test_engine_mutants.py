@@ -249,3 +249,79 @@ def test_unmutated_engine_survives_the_same_hunts() -> None:
         factory = make_small_joint_engine if name in JOINT else make_small_engine
         err, printed = run_machine(conformance_machine(factory, configs=configs), quick)
         assert err is None, f"{name}: " + failure_from(err, printed).message
+
+
+# ---------------------------------------------------------------- the golden oracle
+GOLDEN_CASES = {
+    # name: (engine class, algorithm, configs the hunt runs it under)
+    "padded_context_leaks": (PaddedContextLeaks, "LowConfidence", ("sync", "fdfo+reuse")),
+    "stale_table_after_reallocation": (StaleTableAfterReallocation, "LowConfidence", ("fdfo",)),
+    "fdfo_drops_algorithm_params": (FdfoDropsAlgorithmParams, "JointThreshold", ("fdfo+reuse",)),
+}
+
+
+def _golden_workload() -> list[RequestSpec]:
+    import random
+
+    rng = random.Random(16)
+    return [
+        RequestSpec(
+            f"g{i:02d}",
+            tuple(rng.randrange(0, 15) for _ in range(rng.randint(1, 11))),
+            rng.randint(4, 20),
+        )
+        for i in range(12)
+    ]
+
+
+def _golden_mismatches(cls: type[DllmEngine], algorithm: str, variant: str) -> list[str]:
+    """Run the workload at batch 4 and return one readable line per output that differs from
+    the request's golden decoding (dense, unpaged, unbatched: gpu.golden)."""
+    from gpu.algorithms import make_algorithm
+    from gpu.golden import golden_decode
+
+    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
+    config = DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=64,
+        req_pool_rows=4,
+        max_running_requests=4,
+        max_context=32,
+        mode=Mode.SYNC if variant == "sync" else Mode.FDFO,
+        in_place_reuse="reuse" in variant,
+        eos_token_id=15,
+    )
+    engine = cls(
+        config,
+        lambda event: None,
+        model=tiny_model("cpu"),
+        algorithm=_algorithm(algorithm, **params),
+    )
+    requests = _golden_workload()
+    for r in requests:
+        engine.submit(r)
+    engine.drain()
+    outputs = engine.take_outputs()
+    lines = []
+    for r in requests:
+        want = golden_decode(tiny_model("cpu"), make_algorithm(algorithm, params), config, r)
+        if outputs[r.request_id] != want.tokens:
+            lines.append(
+                f"{r.request_id} ({variant}, batch 4): engine {list(outputs[r.request_id])} "
+                f"!= golden {list(want.tokens)}"
+            )
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_oracle_catches_batch_mutant(name: str) -> None:
+    """Every batch-bug mutant makes some output differ from its golden decoding in every mode it
+    corrupts — for the padded context, sync and FDFO alike (so FDFO-vs-sync parity at the same
+    batch could not see it) — and the unmutated engine equals golden on the same workload."""
+    cls, algorithm, variants = GOLDEN_CASES[name]
+    for variant in variants:
+        assert _golden_mismatches(DllmEngine, algorithm, variant) == [], "control"
+        mismatches = _golden_mismatches(cls, algorithm, variant)
+        assert mismatches, f"{name}: every output equals golden under {variant}"
+        assert "!= golden" in mismatches[0]
