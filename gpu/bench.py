@@ -482,6 +482,60 @@ def forward_costs(
     return out
 
 
+def attention_costs(model: BlockDiffusionLM, block_size: int = 8) -> dict[str, float]:
+    """CPU us per layer of attention (KV gather + attention) for 16 rows of contexts 8..64 in 8
+    distinct lengths, three ways: `padded` (every row padded to the longest context and masked,
+    the engine before ragged attention), `grouped` (the plan's packed keys, one attention per
+    distinct length: `ragged_attention`) and `per_row` (one attention per row). Best of 5 x 50."""
+    from gpu.kv_cache import PagedKvCache
+    from gpu.model import ragged_attention
+
+    cfg = model.config
+    heads, head_dim = cfg.n_heads, cfg.head_dim
+    lengths = [8 * (1 + i // 2) for i in range(16)]  # 8, 8, 16, 16, ..., 64, 64
+    b, longest = len(lengths), max(lengths)
+    gen = torch.Generator().manual_seed(0)
+    kv = PagedKvCache(1, heads, head_dim, b * longest)
+    kv.k[0].normal_(generator=gen)
+    kv.v[0].normal_(generator=gen)
+    table = torch.randperm(b * longest, generator=gen).to(torch.int32).view(b, longest)
+    q = torch.randn(b, block_size, heads, head_dim, generator=gen)
+    starts = [n - block_size for n in lengths]
+    plan = model.plan_blocks(starts, list(range(b)), block_size, table)
+    ctx_len = torch.tensor(lengths)
+    valid = torch.arange(longest)[None, :] < ctx_len[:, None]
+    padded_slots = torch.where(valid, table.long(), torch.zeros_like(table, dtype=torch.long))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def padded() -> None:
+        k, v = kv.read(0, padded_slots)
+        v = torch.where(valid[:, :, None, None], v, torch.zeros_like(v))
+        allowed = valid[:, None, None, :].expand(b, 1, block_size, longest)
+        sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed)
+
+    def grouped() -> None:
+        k, v = kv.read(0, plan.ctx_slots)
+        ragged_attention(q, k, v, plan)
+
+    def per_row() -> None:
+        for i, n in enumerate(lengths):
+            k, v = kv.read(0, table[i, :n].long())
+            sdpa(q[i : i + 1].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2))
+
+    out: dict[str, float] = {}
+    with torch.inference_mode():
+        for name, fn in (("padded", padded), ("grouped", grouped), ("per_row", per_row)):
+            fn()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.process_time()
+                for _ in range(50):
+                    fn()
+                best = min(best, (time.process_time() - t0) / 50)
+            out[name] = 1e6 * best
+    return out
+
+
 def round_cost(model: BlockDiffusionLM, rounds: int = 30) -> float:
     """CPU ms per FDFO round of 4 rows of block 4 (LowConfidence): the conformance suite's
     typical round, used to choose the model of `make_small_engine` (bound: 5 ms)."""
@@ -511,6 +565,11 @@ def _print_costs(block_size: int) -> None:
     print("  rows  " + "".join(f"start={s:<6}" for s in starts))
     for b in rows:
         print(f"  {b:>4}  " + "".join(f"{costs[(b, s)]:<12.2f}" for s in starts))
+    att = attention_costs(shipped, block_size)
+    print(
+        "attention per layer, CPU us (16 rows, contexts 8..64 in 8 lengths, best of 5 x 50): "
+        + "  ".join(f"{k} {v:.0f}" for k, v in att.items())
+    )
     print("CPU ms per FDFO round, 4 rows of block 4 (LowConfidence), best of 3 x 30:")
     print(f"  shipped model {round_cost(shipped):.2f}   tiny_model {round_cost(tiny_model()):.2f}")
 
