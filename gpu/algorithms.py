@@ -51,14 +51,23 @@ def argmax_and_confidence(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def fill_masks(row: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: float) -> None:
     """Mask-to-token on one row [B] in place: commit masked positions with p > threshold, or
     the single most confident masked position (first index on ties) when none clears it."""
-    masked = row == mask_id
     x, p, _ = argmax_and_confidence(logits)
+    tokens = row[None]
+    tokens.copy_(
+        torch.where(mask_transfers(tokens == mask_id, p[None], threshold), x[None], tokens)
+    )
+
+
+def mask_transfers(masked: torch.Tensor, p: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Bool [b, B]: the positions mask-to-token commits, for every row at once. Per row: the
+    masked positions with p > threshold, or, when none clears it, the single most confident
+    masked position (first index on ties); nothing in a row without masks. No host sync."""
     transfer = masked & (p > torch.tensor(threshold, dtype=torch.float32))
-    if not bool(transfer.any()):
-        confidence = torch.where(masked, p, torch.full_like(p, float("-inf")))
-        transfer = torch.zeros_like(masked)
-        transfer[int(torch.argmax(confidence).item())] = True
-    row[transfer] = x[transfer].to(row.dtype)
+    fallback_rows = masked.any(dim=-1) & ~transfer.any(dim=-1)  # [b]
+    confidence = torch.where(masked, p, torch.full_like(p, float("-inf")))
+    best = torch.argmax(confidence, dim=-1, keepdim=True)  # torch.argmax: first on ties
+    fallback = torch.zeros_like(masked).scatter_(-1, best, fallback_rows[:, None])
+    return transfer | fallback
 
 
 class DllmAlgorithm(ABC):
@@ -128,13 +137,13 @@ class LowConfidence(DllmAlgorithm):
         self.threshold = threshold
 
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
-        done: list[bool] = []
-        for i in range(tokens.shape[0]):
-            if not bool((tokens[i] == self.mask_id).any()):
-                done.append(True)  # complete at the start: that forward wrote the final KV
-                continue
-            fill_masks(tokens[i], logits[i], self.mask_id, self.threshold)
-            done.append(False)
+        """Every row at once: a row without masks is done (that forward wrote the final KV);
+        the others commit their transfers. One host transfer: the done flags."""
+        masked = tokens == self.mask_id
+        x, p, _ = argmax_and_confidence(logits)
+        transfer = mask_transfers(masked, p, self.threshold)
+        tokens.copy_(torch.where(transfer, x.to(tokens.dtype), tokens))
+        done: list[bool] = (~masked.any(dim=-1)).tolist()
         return done
 
     def max_rounds(self, block_size: int) -> int:
@@ -176,40 +185,48 @@ class JointThreshold(DllmAlgorithm):
         return JointState(post_edit_steps=0, finished=False, prompt_mask=prompt)
 
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
-        done: list[bool] = []
-        for i in range(tokens.shape[0]):
-            state = states[i]
+        """Every row at once. Per row, by its state at the start of the step: finished -> done;
+        masks left -> mask-to-token; edit budget spent -> finished, done; else the edits of
+        non-prompt positions whose argmax differs with score > edit_threshold, and finished,
+        done when there are none. One host transfer (done, newly finished, edited per row);
+        the per-row state objects are rebuilt only for rows whose state changed."""
+        for i, state in enumerate(states):
             if not isinstance(state, JointState):
                 raise TypeError(f"row {i}: JointThreshold needs a JointState, got {state!r}")
-            row = tokens[i]
-            if state.finished:
-                done.append(True)
-                continue
-            if bool((row == self.mask_id).any()):
-                fill_masks(row, logits[i], self.mask_id, self.threshold)
-                done.append(False)
-                continue
-            if state.post_edit_steps >= self.max_post_edit_steps:
-                states[i] = replace(state, finished=True)
-                done.append(True)
-                continue
-            x, p, probs = argmax_and_confidence(logits[i])
-            p_cur = probs.gather(-1, row.long().unsqueeze(-1)).squeeze(-1)
-            penalty = torch.tensor(self.penalty_lambda, dtype=torch.float32)
-            score = p - penalty * p_cur
-            editable = ~torch.tensor(state.prompt_mask, dtype=torch.bool, device=row.device)
-            edits = (
-                editable
-                & (x != row)
-                & (score > torch.tensor(self.edit_threshold, dtype=torch.float32))
-            )
-            if not bool(edits.any()):
-                states[i] = replace(state, finished=True)
-                done.append(True)
-                continue
-            row[edits] = x[edits].to(row.dtype)
-            states[i] = replace(state, post_edit_steps=state.post_edit_steps + 1)
-            done.append(False)
+        joint = [s for s in states if isinstance(s, JointState)]
+        device = tokens.device
+        finished = torch.tensor([s.finished for s in joint], dtype=torch.bool, device=device)
+        steps = torch.tensor([s.post_edit_steps for s in joint], dtype=torch.long, device=device)
+        prompt = torch.tensor([s.prompt_mask for s in joint], dtype=torch.bool, device=device)
+        prompt = prompt.view(tokens.shape)  # [b, B] (also when b == 0)
+        masked = tokens == self.mask_id
+        has_masks = masked.any(dim=-1)
+        active = ~finished
+        x, p, probs = argmax_and_confidence(logits)
+        transfer = mask_transfers(masked & active[:, None], p, self.threshold)
+        editing = active & ~has_masks
+        capped = editing & (steps >= self.max_post_edit_steps)
+        trying = editing & ~capped
+        p_cur = probs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+        score = p - torch.tensor(self.penalty_lambda, dtype=torch.float32) * p_cur
+        edits = (
+            trying[:, None]
+            & ~prompt
+            & (x != tokens)
+            & (score > torch.tensor(self.edit_threshold, dtype=torch.float32))
+        )
+        edited = edits.any(dim=-1)
+        newly_finished = capped | (trying & ~edited)
+        tokens.copy_(torch.where(transfer | edits, x.to(tokens.dtype), tokens))
+        done: list[bool]
+        done, ends, edit_rows = torch.stack(
+            (finished | newly_finished, newly_finished, edited)
+        ).tolist()
+        for i, (end, more) in enumerate(zip(ends, edit_rows, strict=True)):
+            if end:
+                states[i] = replace(joint[i], finished=True)
+            elif more:
+                states[i] = replace(joint[i], post_edit_steps=joint[i].post_edit_steps + 1)
         return done
 
     def max_rounds(self, block_size: int) -> int:

@@ -83,6 +83,7 @@ class BenchRun:
     cpu_seconds: float  # process CPU time of the drain (threads=1: time actually computing)
     kv_seconds: float  # allocating / freeing block KV slots and writing the table
     row_forwards: int  # blocks run through the model, summed over forwards (the work done)
+    attention_seconds: float = 0.0  # the part of forward_seconds spent in attention
     repeat: int = 0
 
     @property
@@ -92,6 +93,18 @@ class BenchRun:
     @property
     def tokens_per_cpu_s(self) -> float:
         return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+    def profile_ms(self) -> dict[str, float]:
+        """Wall ms per forward: model (forward minus attention), attention, step, scheduler
+        (the rest of the rounds: admission, allocation, batching, events, commits)."""
+        n = max(self.forwards, 1)
+        return {
+            "model": 1000 * (self.forward_seconds - self.attention_seconds) / n,
+            "attention": 1000 * self.attention_seconds / n,
+            "step": 1000 * self.step_seconds / n,
+            "scheduler": 1000 * (self.seconds - self.forward_seconds - self.step_seconds) / n,
+            "total": 1000 * self.seconds / n,
+        }
 
 
 def bench_config(
@@ -163,6 +176,7 @@ def run_once(
         cpu_seconds=cpu_seconds,
         kv_seconds=engine.kv_seconds,
         row_forwards=engine.rows_forwarded,
+        attention_seconds=engine.runner.attention_seconds,
     )
 
 
@@ -223,9 +237,19 @@ def run_interleaved(
                 cpu_seconds=cpu[i],
                 kv_seconds=engine.kv_seconds,
                 row_forwards=engine.rows_forwarded,
+                attention_seconds=engine.runner.attention_seconds,
             )
         )
     return runs
+
+
+def device_name(dev: torch.device) -> str:
+    """The device as torch reports it, e.g. "cuda:0 (NVIDIA H200)" or "cpu (torch 2.13.0+cpu,
+    1 thread)"."""
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    threads = torch.get_num_threads()
+    return f"{dev} (torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''})"
 
 
 @dataclass(slots=True)
@@ -233,6 +257,7 @@ class BenchReport:
     device: str
     settings: dict[str, Any]
     runs: list[BenchRun]
+    device_label: str = ""
 
     def of(self, max_running: int, mode: str) -> list[BenchRun]:
         return [r for r in self.runs if r.max_running == max_running and r.mode == mode]
@@ -298,6 +323,10 @@ class BenchReport:
                         "forward_seconds": round(r.forward_seconds, 4),
                         "step_seconds": round(r.step_seconds, 4),
                         "kv_seconds": round(r.kv_seconds, 4),
+                        "attention_seconds": round(r.attention_seconds, 4),
+                        "profile_ms_per_forward": {
+                            k: round(v, 3) for k, v in r.profile_ms().items()
+                        },
                         "all_tokens_per_s": [
                             round(x.tokens_per_s, 1) for x in self.of(m, mode.name)
                         ],
@@ -305,6 +334,7 @@ class BenchReport:
                 )
         return {
             "device": self.device,
+            "device_name": self.device_label or self.device,
             "settings": self.settings,
             "results": results,
             "ratios": self.ratios(),
@@ -386,10 +416,11 @@ def run_bench(
         "threads": torch.get_num_threads(),
         "method": "interleaved rounds" if interleave else "sequential runs",
     }
-    return BenchReport(str(dev), settings, runs)
+    return BenchReport(str(dev), settings, runs, device_name(dev))
 
 
 def _print(report: BenchReport) -> None:
+    print(f"device: {report.device_label or report.device}  (tok/s: generated tokens per second)")
     print(
         f"{'max_running':>11}  {'mode':<18}{'tok/s':>8}{'best':>8}{'tok/cpu-s':>10}{'tokens':>7}"
         f"{'seconds':>8}{'fwd':>5}{'row-fwd':>8}{'model%':>7}{'step%':>6}{'kv%':>5}{'other%':>7}"
@@ -406,6 +437,14 @@ def _print(report: BenchReport) -> None:
                 f"{report.median_cpu(m, mode.name):>10.1f}{r.tokens:>7}{r.seconds:>8.3f}"
                 f"{r.forwards:>5}{r.row_forwards:>8}{fwd:>6.0f}%{step:>5.0f}%{kv:>4.1f}%"
                 f"{100 - fwd - step - kv:>6.0f}%"
+            )
+    print("\nprofile, wall ms per forward (median run): model | attention | step | scheduler")
+    for m in report.max_running_values():
+        for mode in MODES:
+            prof = report.median_run(m, mode.name).profile_ms()
+            print(
+                f"{m:>11}  {mode.name:<18}{prof['model']:>8.3f}{prof['attention']:>8.3f}"
+                f"{prof['step']:>8.3f}{prof['scheduler']:>8.3f}   total {prof['total']:.3f}"
             )
     for clock in ("wall", "cpu", "work"):
         label = {"wall": "median paired, wall clock", "cpu": "median paired, CPU time"}
@@ -443,6 +482,60 @@ def forward_costs(
     return out
 
 
+def attention_costs(model: BlockDiffusionLM, block_size: int = 8) -> dict[str, float]:
+    """CPU us per layer of attention (KV gather + attention) for 16 rows of contexts 8..64 in 8
+    distinct lengths, three ways: `padded` (every row padded to the longest context and masked,
+    the engine before ragged attention), `grouped` (the plan's packed keys, one attention per
+    distinct length: `ragged_attention`) and `per_row` (one attention per row). Best of 5 x 50."""
+    from gpu.kv_cache import PagedKvCache
+    from gpu.model import ragged_attention
+
+    cfg = model.config
+    heads, head_dim = cfg.n_heads, cfg.head_dim
+    lengths = [8 * (1 + i // 2) for i in range(16)]  # 8, 8, 16, 16, ..., 64, 64
+    b, longest = len(lengths), max(lengths)
+    gen = torch.Generator().manual_seed(0)
+    kv = PagedKvCache(1, heads, head_dim, b * longest)
+    kv.k[0].normal_(generator=gen)
+    kv.v[0].normal_(generator=gen)
+    table = torch.randperm(b * longest, generator=gen).to(torch.int32).view(b, longest)
+    q = torch.randn(b, block_size, heads, head_dim, generator=gen)
+    starts = [n - block_size for n in lengths]
+    plan = model.plan_blocks(starts, list(range(b)), block_size, table)
+    ctx_len = torch.tensor(lengths)
+    valid = torch.arange(longest)[None, :] < ctx_len[:, None]
+    padded_slots = torch.where(valid, table.long(), torch.zeros_like(table, dtype=torch.long))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def padded() -> None:
+        k, v = kv.read(0, padded_slots)
+        v = torch.where(valid[:, :, None, None], v, torch.zeros_like(v))
+        allowed = valid[:, None, None, :].expand(b, 1, block_size, longest)
+        sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed)
+
+    def grouped() -> None:
+        k, v = kv.read(0, plan.ctx_slots)
+        ragged_attention(q, k, v, plan)
+
+    def per_row() -> None:
+        for i, n in enumerate(lengths):
+            k, v = kv.read(0, table[i, :n].long())
+            sdpa(q[i : i + 1].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2))
+
+    out: dict[str, float] = {}
+    with torch.inference_mode():
+        for name, fn in (("padded", padded), ("grouped", grouped), ("per_row", per_row)):
+            fn()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.process_time()
+                for _ in range(50):
+                    fn()
+                best = min(best, (time.process_time() - t0) / 50)
+            out[name] = 1e6 * best
+    return out
+
+
 def round_cost(model: BlockDiffusionLM, rounds: int = 30) -> float:
     """CPU ms per FDFO round of 4 rows of block 4 (LowConfidence): the conformance suite's
     typical round, used to choose the model of `make_small_engine` (bound: 5 ms)."""
@@ -472,6 +565,11 @@ def _print_costs(block_size: int) -> None:
     print("  rows  " + "".join(f"start={s:<6}" for s in starts))
     for b in rows:
         print(f"  {b:>4}  " + "".join(f"{costs[(b, s)]:<12.2f}" for s in starts))
+    att = attention_costs(shipped, block_size)
+    print(
+        "attention per layer, CPU us (16 rows, contexts 8..64 in 8 lengths, best of 5 x 50): "
+        + "  ".join(f"{k} {v:.0f}" for k, v in att.items())
+    )
     print("CPU ms per FDFO round, 4 rows of block 4 (LowConfidence), best of 3 x 30:")
     print(f"  shipped model {round_cost(shipped):.2f}   tiny_model {round_cost(tiny_model()):.2f}")
 

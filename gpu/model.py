@@ -13,6 +13,10 @@ sequence (up to float summation order; the tests hold them to 1e-5).
 from __future__ import annotations
 
 import math
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -78,6 +82,17 @@ class Attention(nn.Module):
         k = apply_rope(self.wk(x).view(shape), cos, sin)
         return q, k, self.wv(x).view(shape)
 
+    def project_fused(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As `project` with one matmul for q, k, v and one RoPE for q and k together (fewer
+        small ops per forward; on CPU the values are bit-identical to `project`'s)."""
+        b, length, _ = x.shape
+        qkv = invariant_linear(x, _fused_weight(self, (self.wq, self.wk, self.wv)))
+        qkv = qkv.view(b, length, 3 * self.n_heads, self.head_dim)
+        qk = apply_rope(qkv[:, :, : 2 * self.n_heads], cos, sin)
+        return qk[:, :, : self.n_heads], qk[:, :, self.n_heads :], qkv[:, :, 2 * self.n_heads :]
+
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
     ) -> torch.Tensor:
@@ -104,6 +119,46 @@ class SwiGLU(nn.Module):
         out: torch.Tensor = self.w_down(nn.functional.silu(self.w_gate(x)) * self.w_up(x))
         return out
 
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """As `forward` with one matmul for gate and up (serving path, no gradients)."""
+        gate, up = invariant_linear(x, _fused_weight(self, (self.w_gate, self.w_up))).chunk(
+            2, dim=-1
+        )
+        return invariant_linear(nn.functional.silu(gate) * up, self.w_down.weight)
+
+
+# CPU GEMM kernels compute a product row by row identically for any number of rows from this
+# many up (measured on torch 2.13.0+cpu); below it a different kernel (e.g. GEMV for one row)
+# rounds differently. The serving path pads smaller products to it so a row's values never
+# depend on how many rows share its batch.
+MIN_GEMM_ROWS = 4
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., d_in] @ weight.T with at least MIN_GEMM_ROWS rows in the product (padded with
+    zeros when fewer, the padding dropped): batch-invariant values on CPU."""
+    rows = x.numel() // x.shape[-1]
+    if rows >= MIN_GEMM_ROWS:
+        return nn.functional.linear(x, weight)
+    flat = x.reshape(rows, x.shape[-1])
+    padded = torch.cat((flat, flat.new_zeros(MIN_GEMM_ROWS - rows, x.shape[-1])))
+    out = nn.functional.linear(padded, weight)[:rows]
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _fused_weight(module: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """The linears' weights stacked along the output dim, cached on `module` and rebuilt when
+    any of them changed (in-place update, load, move: its storage or version differs)."""
+    key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
+    cached = module.__dict__.get("_fused_cache")
+    if cached is not None and cached[0] == key:
+        weight: torch.Tensor = cached[1]
+        return weight
+    with torch.no_grad():
+        weight = torch.cat([lin.weight for lin in linears]).detach()
+    module.__dict__["_fused_cache"] = (key, weight)
+    return weight
+
 
 class TransformerBlock(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -119,6 +174,8 @@ class BlockDiffusionLM(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    # Host wall time `forward_blocks` spent in attention (KV reads + attention), for profiles.
+    attention_seconds: float = 0.0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -192,13 +249,91 @@ class BlockDiffusionLM(nn.Module):
         allowed = block_causal_mask(length, block_size, tokens.device)
         return self.forward_masked(tokens, positions, allowed)
 
+    def plan_blocks(
+        self,
+        start_positions: torch.Tensor | Sequence[int],
+        rows: torch.Tensor | Sequence[int],
+        block_size: int,
+        req_to_token: torch.Tensor,
+    ) -> BlockPlan:
+        """Validate one batch's layout and build its `BlockPlan` (see there) on the host.
+
+        start_positions / rows: per row, the block's first position (a multiple of
+        block_size) and its request-pool row; host sequences or CPU tensors (a CUDA tensor
+        works but costs a device sync). Reads `req_to_token` once: a plan is valid until the
+        table's entries for these rows change (the engine builds one per round)."""
+        starts = _host_ints(start_positions)
+        row_ids = _host_ints(rows)
+        b = len(starts)
+        if len(row_ids) != b:
+            raise ForwardInputError("rows", f"expected shape ({b},), got ({len(row_ids)},)")
+        if req_to_token.dim() != 2:
+            raise ForwardInputError("req_to_token", "expected [rows_total, max_context]")
+        if block_size < 1:
+            raise ForwardInputError("block_size", f"{block_size} is not a positive integer")
+        n_rows, width = req_to_token.shape
+        limit = min(self.config.max_context, width)
+        for i, start in enumerate(starts):
+            if start < 0 or start % block_size != 0 or start + block_size > limit:
+                raise ForwardInputError(
+                    "start_positions",
+                    f"row {i}: block [{start}, {start + block_size}) does not start at a "
+                    f"non-negative multiple of {block_size} inside the context limit {limit}",
+                )
+        for i, row in enumerate(row_ids):
+            if not 0 <= row < n_rows:
+                raise ForwardInputError(
+                    "rows", f"row {i}: {row} is outside req_to_token's {n_rows} rows"
+                )
+        # Rows sorted by context length (stable): each run of equal lengths is one attention
+        # call over exactly its keys. Every index is built here on the host (plain Python on
+        # a few hundred ints beats numpy's per-call cost at these sizes) and crosses to the
+        # device in one copy; the table is read with one gather.
+        order = sorted(range(b), key=starts.__getitem__)
+        groups: list[tuple[int, int]] = []
+        flat = array("q")  # block slots' table indexes, then the packed context's
+        positions = array("q")
+        for i in range(b):
+            base = row_ids[i] * width + starts[i]
+            flat.extend(range(base, base + block_size))
+            positions.extend(range(starts[i], starts[i] + block_size))
+        for i in order:
+            length = starts[i] + block_size
+            base = row_ids[i] * width
+            flat.extend(range(base, base + length))
+            if groups and groups[-1][0] == length:
+                groups[-1] = (length, groups[-1][1] + 1)
+            else:
+                groups.append((length, 1))
+        identity = order == list(range(b))
+        unorder = [0] * b
+        for new, old in enumerate(order):
+            unorder[old] = new
+        n, total = b * block_size, len(flat) - b * block_size
+        flat.extend(positions)
+        flat.extend(order)
+        flat.extend(unorder)
+        host = torch.frombuffer(flat, dtype=torch.int64).to(req_to_token.device)
+        slots = req_to_token.reshape(-1).index_select(0, host[: n + total]).long()
+        rest = host[n + total :]
+        return BlockPlan(
+            block_size=block_size,
+            positions=rest[:n].view(b, block_size),
+            block_slots=slots[:n],
+            ctx_slots=slots[n:],
+            order=None if identity else rest[n : n + b],
+            unorder=None if identity else rest[n + b :],
+            groups=tuple(groups),
+        )
+
     def forward_blocks(
         self,
         block_tokens: torch.Tensor,
-        start_positions: torch.Tensor,
-        rows: torch.Tensor,
+        start_positions: torch.Tensor | Sequence[int],
+        rows: torch.Tensor | Sequence[int],
         kv: PagedKvCache,
         req_to_token: torch.Tensor,
+        plan: BlockPlan | None = None,
     ) -> torch.Tensor:
         """Serving path: one block per row -> logits [b, B, V].
 
@@ -207,61 +342,50 @@ class BlockDiffusionLM(nn.Module):
         written to pool slots req_to_token[rows[i], start_i:start_i + B] (filled by the caller),
         then its queries attend to the KV at req_to_token[rows[i], 0:start_i + B]: the earlier
         committed blocks of the same request (already in the pool) and the block itself,
-        bidirectionally. Rows may have different start positions (shorter contexts are padded
-        and masked). No gradients; deterministic for fixed inputs.
-        """
-        self._check_block_inputs(block_tokens, start_positions, rows, kv, req_to_token)
-        with torch.no_grad():
-            b, size = block_tokens.shape
-            device = block_tokens.device
-            table = req_to_token.to(device=device, dtype=torch.long)
-            starts = start_positions.to(device=device, dtype=torch.long)
-            row_idx = rows.to(device=device, dtype=torch.long)[:, None]
-            positions = starts[:, None] + torch.arange(size, device=device)[None, :]  # [b, B]
-            block_slots = table[row_idx, positions].reshape(-1)
-            ctx_len = starts + size
-            span = int(ctx_len.max().item())
-            ctx_pos = torch.arange(span, device=device)[None, :].expand(b, span)
-            valid = ctx_pos < ctx_len[:, None]  # [b, S]
-            ctx_slots = torch.where(valid, table[row_idx, ctx_pos], torch.zeros_like(ctx_pos))
-            allowed = valid[:, None, :].expand(b, size, span)
-            keep = valid[:, :, None, None]
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-            x = self.embed(block_tokens)
-            for layer, block in enumerate(self.transformer_blocks()):
-                q, k, v = block.attn.project(block.attn_norm(x), cos, sin)
-                kv.write(
-                    layer,
-                    block_slots,
-                    k.reshape(b * size, *k.shape[2:]),
-                    v.reshape(b * size, *v.shape[2:]),
-                )
-                k_ctx, v_ctx = kv.read(layer, ctx_slots)  # [b, S, h, d]
-                # Padding reads slot 0; zero its V so stale contents can never leak through.
-                v_ctx = torch.where(keep, v_ctx, torch.zeros_like(v_ctx))
-                x = x + block.attn.attend(q, k_ctx.to(q.dtype), v_ctx.to(q.dtype), allowed)
-                x = x + block.mlp(block.mlp_norm(x))
-            logits: torch.Tensor = self.lm_head(self.norm(x))
-            return logits
+        bidirectionally.
 
-    def _check_block_inputs(
-        self,
-        block_tokens: torch.Tensor,
-        start_positions: torch.Tensor,
-        rows: torch.Tensor,
-        kv: PagedKvCache,
-        req_to_token: torch.Tensor,
-    ) -> None:
+        Ragged attention: no row is padded to the batch's longest context. Rows are grouped by
+        context length and each group attends to exactly its own keys (one attention call per
+        distinct length), so a row's logits do not depend on the other rows of the batch (on
+        CPU they are bit-identical to the same row run alone). `plan` (from `plan_blocks`, built
+        from the same starts, rows and table) skips re-validating and re-reading the table:
+        the engine builds it once per round. Nothing here reads a device value back to the
+        host. No gradients; deterministic for fixed inputs.
+        """
         if block_tokens.dim() != 2 or block_tokens.shape[1] < 1:
             raise ForwardInputError(
                 "block_tokens", f"expected [batch, block_size], got {tuple(block_tokens.shape)}"
             )
+        self._check_pool(kv)
         b, size = block_tokens.shape
-        for name, t in (("start_positions", start_positions), ("rows", rows)):
-            if tuple(t.shape) != (b,):
-                raise ForwardInputError(name, f"expected shape ({b},), got {tuple(t.shape)}")
-        if req_to_token.dim() != 2:
-            raise ForwardInputError("req_to_token", "expected [rows_total, max_context]")
+        if plan is None:
+            plan = self.plan_blocks(start_positions, rows, size, req_to_token)
+        if plan.block_size != size or plan.positions.shape[0] != b:
+            raise ForwardInputError(
+                "plan", f"built for {tuple(plan.positions.shape)} blocks, got {(b, size)}"
+            )
+        with torch.no_grad():
+            cos, sin = self.rope_cos[plan.positions], self.rope_sin[plan.positions]
+            x = self.embed(block_tokens)
+            heads, head_dim = self.config.n_heads, self.config.head_dim
+            for layer, block in enumerate(self.transformer_blocks()):
+                q, k, v = block.attn.project_fused(_rms(x, block.attn_norm), cos, sin)
+                kv.write(
+                    layer,
+                    plan.block_slots,
+                    k.reshape(b * size, heads, head_dim),
+                    v.reshape(b * size, heads, head_dim),
+                )
+                t_attn = time.perf_counter()
+                k_ctx, v_ctx = kv.read(layer, plan.ctx_slots)  # [sum of lengths, h, d]
+                attended = ragged_attention(q, k_ctx.to(q.dtype), v_ctx.to(q.dtype), plan)
+                self.attention_seconds += time.perf_counter() - t_attn
+                x = x + invariant_linear(attended, block.attn.wo.weight)
+                x = x + block.mlp.forward_fused(_rms(x, block.mlp_norm))
+            logits = invariant_linear(_rms(x, self.norm), self.lm_head.weight)
+            return logits
+
+    def _check_pool(self, kv: PagedKvCache) -> None:
         if kv.n_layers != self.config.n_layers or kv.head_dim != self.config.head_dim:
             raise ForwardInputError(
                 "kv",
@@ -272,23 +396,67 @@ class BlockDiffusionLM(nn.Module):
             raise ForwardInputError(
                 "kv", f"pool has {kv.n_kv_heads} heads, model needs {self.config.n_heads}"
             )
-        starts = start_positions.tolist()
-        limit = min(self.config.max_context, req_to_token.shape[1])
-        for i, start in enumerate(starts):
-            if start < 0 or start % size != 0:
-                raise ForwardInputError(
-                    "start_positions", f"row {i}: {start} is not a non-negative multiple of {size}"
-                )
-            if start + size > limit:
-                raise ForwardInputError(
-                    "start_positions",
-                    f"row {i}: block [{start}, {start + size}) exceeds the context limit {limit}",
-                )
-        for i, row in enumerate(rows.tolist()):
-            if not 0 <= row < req_to_token.shape[0]:
-                raise ForwardInputError(
-                    "rows", f"row {i}: {row} is outside req_to_token's {req_to_token.shape[0]} rows"
-                )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlan:
+    """The layout of one batch of blocks, built on the host by `plan_blocks`.
+
+    positions: [b, B] RoPE positions; block_slots: [b * B] the pool slots the blocks' K/V go
+    to; ctx_slots: the slots every row attends to, packed without padding: rows in `order`
+    (by context length, stable), each row's slots of positions 0..start + B - 1; order /
+    unorder: that permutation of the rows and its inverse (None when rows are already sorted);
+    groups: (context length, number of rows) per run of equal lengths, in `order`.
+    """
+
+    block_size: int
+    positions: torch.Tensor
+    block_slots: torch.Tensor
+    ctx_slots: torch.Tensor
+    order: torch.Tensor | None
+    unorder: torch.Tensor | None
+    groups: tuple[tuple[int, int], ...]
+
+
+def ragged_attention(
+    q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, plan: BlockPlan
+) -> torch.Tensor:
+    """q [b, B, h, d]; k_ctx, v_ctx packed [sum of lengths, h, d] as `plan.ctx_slots` orders
+    them -> [b, B, h * d]. Each group of rows with the same context length runs one unmasked
+    attention over exactly its keys: no padding, no mask, and no key of another row or beyond
+    a row's own context is ever in its softmax."""
+    b, size, heads, head_dim = q.shape
+    qs = q if plan.order is None else q.index_select(0, plan.order)
+    outs: list[torch.Tensor] = []
+    row = offset = 0
+    for length, count in plan.groups:
+        keys = count * length
+        kg = k_ctx[offset : offset + keys].view(count, length, heads, head_dim)
+        vg = v_ctx[offset : offset + keys].view(count, length, heads, head_dim)
+        outs.append(
+            nn.functional.scaled_dot_product_attention(
+                qs[row : row + count].transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)
+            )  # [count, h, B, d]
+        )
+        row += count
+        offset += keys
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if plan.unorder is not None:
+        out = out.index_select(0, plan.unorder)
+    return out.transpose(1, 2).reshape(b, size, heads * head_dim)
+
+
+def _rms(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """`norm(x)` without the module call (the same function on the same values)."""
+    return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+
+
+def _host_ints(values: torch.Tensor | Sequence[int]) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1:
+            raise ForwardInputError("start_positions/rows", f"expected 1-D, got {values.dim()}-D")
+        return [int(v) for v in values.tolist()]
+    return [int(v) for v in values]
 
 
 def count_parameters(model: nn.Module) -> int:

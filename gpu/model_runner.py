@@ -22,7 +22,7 @@ import time
 import torch
 
 from gpu.kv_cache import PagedKvCache
-from gpu.model import BlockDiffusionLM
+from gpu.model import BlockDiffusionLM, BlockPlan
 from gpu.request_pool import ReqToTokenPool
 
 
@@ -48,19 +48,31 @@ class ModelRunner:
         self.record_digests = record_digests
         self.forwards = 0
         self.forward_seconds = 0.0  # host wall time in forwards (on CUDA: until the digest)
+        self.attention_seconds = 0.0  # the part of it the model spent in attention
         self.last_digest: str | None = None
 
+    def plan(self, start_positions: list[int], rows: list[int], block_size: int) -> BlockPlan:
+        """The batch layout for this round's forwards (host lists in, one read of the table):
+        valid while the table's entries for these rows do not change."""
+        return self.model.plan_blocks(start_positions, rows, block_size, self.req_pool.req_to_token)
+
     def forward(
-        self, block_tokens: torch.Tensor, start_positions: torch.Tensor, rows: torch.Tensor
+        self,
+        block_tokens: torch.Tensor,
+        start_positions: torch.Tensor | list[int],
+        rows: torch.Tensor | list[int],
+        plan: BlockPlan | None = None,
     ) -> torch.Tensor:
         """Logits [b, B, V] (mask logit suppressed) for one block per row."""
         start = time.perf_counter()
+        attn_before = self.model.attention_seconds
         with torch.no_grad():
             logits = self.model.forward_blocks(
-                block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token
+                block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token, plan
             )
             self.forwards += 1
             self.last_digest = logits_digest(logits) if self.record_digests else None
             logits[..., self.mask_id] = float("-inf")
         self.forward_seconds += time.perf_counter() - start
+        self.attention_seconds += self.model.attention_seconds - attn_before
         return logits

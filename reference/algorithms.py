@@ -51,14 +51,24 @@ def token_probability(logits: FloatArray, tokens: IntArray) -> FloatArray:
 def fill_masks(tokens: IntArray, logits: FloatArray, mask_id: int, threshold: float) -> None:
     """Mask-to-token for one row: commit masked positions whose confidence > threshold, or the
     single most confident masked position if none clears it (progress is guaranteed)."""
-    masked = tokens == mask_id
     x, p = argmax_and_confidence(logits)
-    confidence = np.where(masked, p, np.float32(-np.inf))
+    rows = tokens[None]
+    rows[...] = np.where(mask_transfers(rows == mask_id, p[None], threshold), x[None], rows)
+
+
+def mask_transfers(
+    masked: npt.NDArray[np.bool_], p: FloatArray, threshold: float
+) -> npt.NDArray[np.bool_]:
+    """Bool [b, B]: what mask-to-token commits in every row at once. Per row: the masked
+    positions with p > threshold, or, when none clears it, the single most confident masked
+    position (first index on ties); nothing in a row without masks."""
     transfer = masked & (p > np.float32(threshold))
-    if not transfer.any():
-        transfer = np.zeros_like(masked)
-        transfer[int(np.argmax(confidence))] = True
-    tokens[transfer] = x[transfer]
+    fallback_rows = masked.any(axis=-1) & ~transfer.any(axis=-1)
+    confidence = np.where(masked, p, np.float32(-np.inf))
+    best = np.argmax(confidence, axis=-1)  # first index on ties
+    fallback = np.zeros_like(masked)
+    fallback[np.arange(masked.shape[0]), best] = fallback_rows
+    return transfer | fallback
 
 
 class StepAlgorithm(Protocol):
@@ -90,13 +100,11 @@ class LowConfidence:
     def step(
         self, tokens: IntArray, logits: FloatArray, states: Sequence[object]
     ) -> tuple[list[bool], list[object]]:
-        done: list[bool] = []
-        for i in range(tokens.shape[0]):
-            if not (tokens[i] == self.mask_id).any():
-                done.append(True)  # complete when the step started: this was the final forward
-                continue
-            fill_masks(tokens[i], logits[i], self.mask_id, self.threshold)
-            done.append(False)
+        masked = tokens == self.mask_id
+        x, p = argmax_and_confidence(logits)
+        tokens[...] = np.where(mask_transfers(masked, p, self.threshold), x, tokens)
+        # a row complete when the step started is done: this was its final forward
+        done: list[bool] = (~masked.any(axis=-1)).tolist()
         return done, list(states)
 
 
@@ -126,37 +134,40 @@ class JointThreshold:
     def step(
         self, tokens: IntArray, logits: FloatArray, states: Sequence[object]
     ) -> tuple[list[bool], list[object]]:
-        done: list[bool] = []
-        out: list[object] = []
-        for i in range(tokens.shape[0]):
-            state = states[i]
-            assert isinstance(state, JointState), "JointThreshold needs its carried state"
-            row = tokens[i]
-            if state.finished:
-                done.append(True)
-                out.append(state)
-                continue
-            if (row == self.mask_id).any():
-                fill_masks(row, logits[i], self.mask_id, self.threshold)
-                done.append(False)
-                out.append(state)
-                continue
-            if state.post_edit_steps >= self.max_post_edit_steps:
-                done.append(True)
-                out.append(replace(state, finished=True))
-                continue
-            x, p = argmax_and_confidence(logits[i])
-            p_cur = token_probability(logits[i], row)
-            editable = ~np.array(state.prompt_mask, dtype=bool)
-            score = p - np.float32(self.penalty_lambda) * p_cur
-            edits = editable & (x != row) & (score > np.float32(self.edit_threshold))
-            if not edits.any():
-                done.append(True)
-                out.append(replace(state, finished=True))
-                continue
-            row[edits] = x[edits]
-            done.append(False)
-            out.append(replace(state, post_edit_steps=state.post_edit_steps + 1))
+        joint: list[JointState] = []
+        for state in states:
+            if not isinstance(state, JointState):
+                raise TypeError(f"JointThreshold needs its carried JointState, got {state!r}")
+            joint.append(state)
+        b, size = tokens.shape
+        finished = np.array([s.finished for s in joint], dtype=bool)
+        steps = np.array([s.post_edit_steps for s in joint], dtype=np.int64)
+        prompt = np.array([s.prompt_mask for s in joint], dtype=bool).reshape(b, size)
+        masked = tokens == self.mask_id
+        has_masks = masked.any(axis=-1)
+        active = ~finished
+        x, p = argmax_and_confidence(logits)
+        transfer = mask_transfers(masked & active[:, None], p, self.threshold)
+        editing = active & ~has_masks
+        capped = editing & (steps >= self.max_post_edit_steps)
+        trying = editing & ~capped
+        p_cur = token_probability(logits, tokens)
+        score = p - np.float32(self.penalty_lambda) * p_cur
+        edits = (
+            trying[:, None] & ~prompt & (x != tokens) & (score > np.float32(self.edit_threshold))
+        )
+        edited = edits.any(axis=-1)
+        newly_finished = capped | (trying & ~edited)
+        tokens[...] = np.where(transfer | edits, x, tokens)
+        out: list[object] = [
+            replace(s, finished=True)
+            if end
+            else replace(s, post_edit_steps=s.post_edit_steps + 1)
+            if more
+            else s
+            for s, end, more in zip(joint, newly_finished.tolist(), edited.tolist(), strict=True)
+        ]
+        done: list[bool] = (finished | newly_finished).tolist()
         return done, out
 
 

@@ -68,3 +68,31 @@ def test_torch_and_numpy_algorithms_commit_identically(
         n_done, n_states = numpy_algo.step(n_tokens, logits.copy(), n_states)
         assert t_tokens.tolist() == n_tokens.tolist(), f"{name} {params}: tokens differ at step {k}"
         assert list(t_done) == list(n_done), f"{name} {params}: done flags differ at step {k}"
+
+
+@given(cases())
+def test_a_batched_step_equals_each_row_stepped_alone(
+    case: tuple[str, dict[str, float], np.ndarray, list[np.ndarray]],
+) -> None:
+    """The vectorised step treats rows independently: stepping the batch at once commits, per
+    row, exactly what stepping that row alone commits (torch and numpy), step after step."""
+    name, params, tokens, steps = case
+    torch_algo = make_algorithm(name, params, mask_id=MASK)
+    numpy_algo = make_step_algorithm(name, MASK, **params)
+    batch = torch.tensor(tokens)
+    batch_states = torch_algo.init_states(batch)
+    rows = [torch.tensor(tokens[i : i + 1]) for i in range(len(tokens))]
+    row_states = [torch_algo.init_states(r) for r in rows]
+    n_rows = [tokens[i : i + 1].copy() for i in range(len(tokens))]
+    n_states = [[numpy_algo.init_step_state(r[0])] for r in n_rows]
+    for k, logits in enumerate(steps):
+        done = torch_algo.step(batch, torch.from_numpy(logits.copy()), batch_states)
+        for i in range(len(tokens)):
+            alone = torch_algo.step(
+                rows[i], torch.from_numpy(logits[i : i + 1].copy()), row_states[i]
+            )
+            n_done, n_states[i] = numpy_algo.step(n_rows[i], logits[i : i + 1].copy(), n_states[i])
+            assert alone == [done[i]] == n_done, f"{name} {params}: row {i} done at step {k}"
+            assert rows[i][0].tolist() == batch[i].tolist() == n_rows[i][0].tolist(), (
+                f"{name} {params}: row {i} tokens differ at step {k}"
+            )

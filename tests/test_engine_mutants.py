@@ -3,6 +3,7 @@ overriding one method) makes the harness / conformance machine FAIL, naming the 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from gpu.engine import DllmEngine, _algorithm, tiny_model
+from gpu.model import BlockPlan
 from gpu.request import Carry, EngineRequest
 from properties.conformance import conformance_machine
 from properties.harness import Harness
@@ -108,6 +110,47 @@ class CarryForgetsTokens(DllmEngine):
         req.carry = Carry(torch.tensor(ids, dtype=torch.long), algo_state)
 
 
+# ---------------------------------------------------------------- batch-dependent mutants
+# Each is invisible at batch size 1 (or at the solo sync run the parity check compares with):
+# only a check of outputs at batch > 1 against each request's solo output catches it.
+class PaddedContextLeaks(DllmEngine):
+    """Padding that leaks into attention: every row attends to the batch's longest context,
+    i.e. to its table entries beyond its own context (stale slots of earlier holders of the
+    row, or slot 0), with no mask. At batch size 1 the longest context is the row's own."""
+
+    def _plan_batch(self, starts: list[int], rows: list[int]) -> BlockPlan:
+        real = super()._plan_batch(starts, rows)
+        wide = super()._plan_batch([max(starts)] * len(starts), rows)
+        return dataclasses.replace(
+            real, ctx_slots=wide.ctx_slots, order=None, unorder=None, groups=wide.groups
+        )
+
+
+class StaleTableAfterReallocation(DllmEngine):
+    """A page table left stale after re-allocation: a carried block whose slots were freed (no
+    in-place reuse) gets fresh slots, but the request-to-token table is not rewritten ("the
+    carried block is already in the table"), so the block writes and reads the OLD slots, which
+    another request may own by now. Alone, a request gets its own old slots back (the page
+    rule), so only a batch shows it."""
+
+    def _ensure_block_kv(self, req: EngineRequest) -> bool:
+        if req.carry is not None and req.block_first_slot is None:
+            self._allocate_block_kv(req)
+            return False  # the table write is skipped
+        return super()._ensure_block_kv(req)
+
+
+class FdfoDropsAlgorithmParams(DllmEngine):
+    """An algorithm parameter dropped on one code path: the FDFO path builds its algorithm by
+    name with the defaults (JointThreshold: max_post_edit_steps 16 instead of the configured
+    4), while sync keeps the configured one."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, **kwargs: object) -> None:
+        super().__init__(config, sink, **kwargs)  # type: ignore[arg-type]
+        if config.mode is Mode.FDFO:
+            self.algorithm = _algorithm(type(self.algorithm).__name__)
+
+
 def _factory(cls: type[DllmEngine], algorithm: str = "LowConfidence") -> object:
     params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
 
@@ -152,13 +195,30 @@ CASES = {
         _fdfo(),
         "carrier_continuity",
     ),
+    # batch-dependent bugs: caught by batch parity (the default policy, "always")
+    "padded_context_leaks": (
+        _factory(PaddedContextLeaks),
+        dllm_configs(max_running=4).map(_busy),
+        "fdfo_sync_parity",
+    ),
+    "stale_table_after_reallocation": (
+        _factory(StaleTableAfterReallocation),
+        _fdfo(reuse=False).map(lambda c: _busy(c).replace(page_size=c.block_size)),
+        "fdfo_sync_parity",
+    ),
+    "fdfo_drops_algorithm_params": (
+        _factory(FdfoDropsAlgorithmParams, "JointThreshold"),
+        _fdfo().map(_busy),
+        "fdfo_sync_parity",
+    ),
 }
+JOINT = {"lost_algorithm_state", "fdfo_drops_algorithm_params"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_conformance_catches_engine_mutant(name: str) -> None:
     factory, configs, rule = CASES[name]
-    machine = conformance_machine(factory, configs=configs, parity="bs1")  # type: ignore[arg-type]
+    machine = conformance_machine(factory, configs=configs)  # type: ignore[arg-type]
     err, printed = run_machine(machine, HUNT)
     assert err is not None, f"the conformance suite did not catch engine mutant {name!r}"
     failure = failure_from(err, printed)
@@ -186,8 +246,82 @@ def test_unmutated_engine_survives_the_same_hunts() -> None:
 
     quick = settings(HUNT, max_examples=20)
     for name, (_, configs, _) in CASES.items():
-        factory = make_small_joint_engine if name == "lost_algorithm_state" else make_small_engine
-        err, printed = run_machine(
-            conformance_machine(factory, configs=configs, parity="bs1"), quick
-        )
+        factory = make_small_joint_engine if name in JOINT else make_small_engine
+        err, printed = run_machine(conformance_machine(factory, configs=configs), quick)
         assert err is None, f"{name}: " + failure_from(err, printed).message
+
+
+# ---------------------------------------------------------------- the golden oracle
+GOLDEN_CASES = {
+    # name: (engine class, algorithm, configs the hunt runs it under)
+    "padded_context_leaks": (PaddedContextLeaks, "LowConfidence", ("sync", "fdfo+reuse")),
+    "stale_table_after_reallocation": (StaleTableAfterReallocation, "LowConfidence", ("fdfo",)),
+    "fdfo_drops_algorithm_params": (FdfoDropsAlgorithmParams, "JointThreshold", ("fdfo+reuse",)),
+}
+
+
+def _golden_workload() -> list[RequestSpec]:
+    import random
+
+    rng = random.Random(16)
+    return [
+        RequestSpec(
+            f"g{i:02d}",
+            tuple(rng.randrange(0, 15) for _ in range(rng.randint(1, 11))),
+            rng.randint(4, 20),
+        )
+        for i in range(12)
+    ]
+
+
+def _golden_mismatches(cls: type[DllmEngine], algorithm: str, variant: str) -> list[str]:
+    """Run the workload at batch 4 and return one readable line per output that differs from
+    the request's golden decoding (dense, unpaged, unbatched: gpu.golden)."""
+    from gpu.algorithms import make_algorithm
+    from gpu.golden import golden_decode
+
+    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
+    config = DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=64,
+        req_pool_rows=4,
+        max_running_requests=4,
+        max_context=32,
+        mode=Mode.SYNC if variant == "sync" else Mode.FDFO,
+        in_place_reuse="reuse" in variant,
+        eos_token_id=15,
+    )
+    engine = cls(
+        config,
+        lambda event: None,
+        model=tiny_model("cpu"),
+        algorithm=_algorithm(algorithm, **params),
+    )
+    requests = _golden_workload()
+    for r in requests:
+        engine.submit(r)
+    engine.drain()
+    outputs = engine.take_outputs()
+    lines = []
+    for r in requests:
+        want = golden_decode(tiny_model("cpu"), make_algorithm(algorithm, params), config, r)
+        if outputs[r.request_id] != want.tokens:
+            lines.append(
+                f"{r.request_id} ({variant}, batch 4): engine {list(outputs[r.request_id])} "
+                f"!= golden {list(want.tokens)}"
+            )
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_oracle_catches_batch_mutant(name: str) -> None:
+    """Every batch-bug mutant makes some output differ from its golden decoding in every mode it
+    corrupts — for the padded context, sync and FDFO alike (so FDFO-vs-sync parity at the same
+    batch could not see it) — and the unmutated engine equals golden on the same workload."""
+    cls, algorithm, variants = GOLDEN_CASES[name]
+    for variant in variants:
+        assert _golden_mismatches(DllmEngine, algorithm, variant) == [], "control"
+        mismatches = _golden_mismatches(cls, algorithm, variant)
+        assert mismatches, f"{name}: every output equals golden under {variant}"
+        assert "!= golden" in mismatches[0]
