@@ -6,7 +6,10 @@ events have their effect applied. `check_snapshot` compares an implementation's 
 pools with the abstract state; `check_invariants` evaluates the named state invariants.
 
 The machine is deliberately direct: each guard is a few lines that read like the rule in
-`spec.rules`. It is the oracle, so clarity wins over speed.
+`spec.rules`. It is the oracle, so clarity wins over speed. The one place that trades some for
+speed is the incremental check: `_changed_hold` tests every invariant on what an event changed
+in one pass and, when anything looks wrong, defers to `_changed_failure`, the ordered check that
+decides and names the rule (tests/test_trace_fastpaths.py holds the two to each other).
 """
 
 from __future__ import annotations

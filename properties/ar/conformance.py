@@ -127,7 +127,7 @@ def ar_conformance_machine(
                 self.run("submit", self.harness.submit, self._request(data))
 
         @rule(data=st.data(), n=st.integers(2, 4))
-        def arrivals(self, data: st.DataObject, n: int) -> None:
+        def submit_arrivals(self, data: st.DataObject, n: int) -> None:
             """Requests arriving one per step while earlier ones run: under priority a more
             important request can arrive after a less important one was admitted, and the
             growing running set meets a full pool (preemption within a step)."""
