@@ -5,10 +5,11 @@ Per mutant (tests/mutants.py for dLLM, tests/ar_mutants.py for AR): the generate
 in a second run with shrinking on, the number of actions in the shrunk program a developer
 reads. Each mutant is hunted once per seed (`--seeds`, default 0..4: Hypothesis's random
 generator forced to that seed, so figures repeat); the table shows the median and the worst
-over the seeds. Prints a table and writes JSON.
+over the seeds. Shrinking (about 20x the hunt) runs for the first seed only unless
+`--shrink-all-seeds`. Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_catch_time.py [--only NAME,...] [--seeds 0,1,2,3,4]
-        [--no-shrink] [--json PATH]
+        [--no-shrink | --shrink-all-seeds] [--json PATH]
 
 Goal (issue "Checking power"): every mutant caught within 200 examples and 30 s on 2 cores,
 shrunk programs under 8 steps — here: in the worst seed.
@@ -75,7 +76,7 @@ class Catch:
     seconds: float  # median over the seeds
     worst_examples: int
     worst_seconds: float
-    shrunk_actions: int | None  # the longest shrunk program over the seeds
+    shrunk_actions: int | None  # the longest shrunk program over the seeds shrunk
     hunts: tuple[Hunt, ...]
 
 
@@ -88,12 +89,13 @@ def _actions(program: str) -> int:
 
 def _seeded(seed: int, machine: Any, run_settings: settings) -> tuple[BaseException | None, str]:
     """Run with Hypothesis's random generator forced to `seed` (what `--hypothesis-seed` does)."""
-    saved = hypothesis.core.global_force_seed
-    hypothesis.core.global_force_seed = seed
+    core: Any = hypothesis.core  # `global_force_seed` is typed as always None
+    saved = core.global_force_seed
+    core.global_force_seed = seed
     try:
         return run_machine(machine, run_settings)
     finally:
-        hypothesis.core.global_force_seed = saved
+        core.global_force_seed = saved
 
 
 def hunt(seed: int, expected: str, build: Callable[[StepCounter], Any], shrink: bool) -> Hunt:
@@ -120,9 +122,12 @@ def catch(
     rule: str,
     build: Callable[[StepCounter], Any],
     seeds: list[int],
-    shrink: bool,
+    shrink_seeds: set[int] | None,
 ) -> Catch:
-    hunts = tuple(hunt(seed, rule, build, shrink) for seed in seeds)
+    """Hunt the mutant under every seed; shrink under `shrink_seeds` (None: all of them)."""
+    hunts = tuple(
+        hunt(seed, rule, build, shrink_seeds is None or seed in shrink_seeds) for seed in seeds
+    )
     wrong = [h for h in hunts if h.rule != rule]
     shrunk = [h.shrunk_actions for h in hunts if h.shrunk_actions is not None]
     return Catch(
@@ -147,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         default="0,1,2,3,4",
         help="comma-separated Hypothesis seeds (default %(default)s)",
     )
-    parser.add_argument("--no-shrink", action="store_true", help="skip the shrinking runs")
+    shrinking = parser.add_mutually_exclusive_group()
+    shrinking.add_argument("--no-shrink", action="store_true", help="skip the shrinking runs")
+    shrinking.add_argument(
+        "--shrink-all-seeds", action="store_true", help="shrink under every seed, not the first"
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
@@ -160,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: unknown mutants {sorted(only - known)}; valid: {sorted(known)}")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json: directory {Path(args.json).resolve().parent} does not exist")
+    shrink_seeds: set[int] | None = (
+        set() if args.no_shrink else None if args.shrink_all_seeds else {seeds[0]}
+    )
     print(f"{'family':<5} {'mutant':<34} {'rule':<30} {'':<6} {'median':>13} {'worst':>17}  shrunk")
     rows: list[Catch] = []
     for name, m in sorted(MUTANTS.items()):
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             def build_dllm(c: StepCounter, m: Any = m) -> Any:
                 return conformance_machine(m.factory, configs=m.configs, counter=c)
 
-            rows.append(catch("dllm", name, m.rule, build_dllm, seeds, not args.no_shrink))
+            rows.append(catch("dllm", name, m.rule, build_dllm, seeds, shrink_seeds))
             _print_row(rows[-1])
     for name, am in sorted(AR_MUTANTS.items()):
         if only is None or name in only:
@@ -176,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             def build_ar(c: StepCounter, m: Any = am) -> Any:
                 return ar_conformance_machine(m.factory, configs=m.configs, counter=c)
 
-            rows.append(catch("ar", name, am.rule, build_ar, seeds, not args.no_shrink))
+            rows.append(catch("ar", name, am.rule, build_ar, seeds, shrink_seeds))
             _print_row(rows[-1])
     caught = [r for r in rows if r.rule == r.expected_rule]
     in_goal = [
@@ -195,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     "command": "python scripts/bench_catch_time.py "
                     + " ".join(argv if argv is not None else sys.argv[1:]),
                     "seeds": seeds,
+                    "shrunk_seeds": sorted(seeds if shrink_seeds is None else shrink_seeds),
                     "max_examples": MAX_EXAMPLES,
                     "mutants": [asdict(r) for r in rows],
                 },
