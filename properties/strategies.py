@@ -50,8 +50,10 @@ def dllm_configs(
     )
     mode = draw(st.sampled_from(allowed_modes))
     fdfo = mode is Mode.FDFO
-    rows = draw(st.integers(1, max_running))
-    running = draw(st.integers(1, max_running))
+    # Small caps half the time (a full running set with a queue behind it is where admission
+    # bugs show), and rows at least the cap half the time (the cap, not the rows, then binds).
+    running = draw(st.integers(1, max_running) | st.integers(1, min(2, max_running)))
+    rows = draw(st.integers(1, max_running) | st.integers(running, max_running))
     if space.rows_equal_max_running:
         rows = running
     if space.kv_headroom_pages is not None:  # the space's smallest pool, or a little more
@@ -81,7 +83,11 @@ def dllm_configs(
 
 
 def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
-    return st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_len).map(tuple)
+    """Prompts of 1..max_len tokens; short ones (a quarter of max_len) half the time, so that
+    several requests fit a small context and a full running set gets a queue behind it."""
+    tokens = st.integers(0, VOCAB - 1)
+    short = st.lists(tokens, min_size=1, max_size=max(1, max_len // 4))
+    return (st.lists(tokens, min_size=1, max_size=max_len) | short).map(tuple)
 
 
 @st.composite

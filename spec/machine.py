@@ -6,14 +6,18 @@ events have their effect applied. `check_snapshot` compares an implementation's 
 pools with the abstract state; `check_invariants` evaluates the named state invariants.
 
 The machine is deliberately direct: each guard is a few lines that read like the rule in
-`spec.rules`. It is the oracle, so clarity wins over speed.
+`spec.rules`. It is the oracle, so clarity wins over speed. The one place that trades some for
+speed is the incremental check: `_changed_hold` tests every invariant on what an event changed
+in one pass and, when anything looks wrong, defers to `_changed_failure`, the ordered check that
+decides and names the rule (tests/test_trace_fastpaths.py holds the two to each other).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from spec.config import DllmConfig, Mode, RequestSpec, request_shape, validate_request
 from spec.errors import RequestError
@@ -40,6 +44,7 @@ from spec.lifecycles import (
     STEP_NOT_DONE_COMPLETE,
     STEP_NOT_DONE_MASKED,
     BlockPhase,
+    Lifecycle,
     RequestPhase,
 )
 from spec.machine_base import MachineBase
@@ -94,6 +99,30 @@ class _Round:
 
 
 _FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
+_ADMITTED, _RUNNING = RequestPhase.ADMITTED, RequestPhase.RUNNING
+
+
+PhaseT = TypeVar("PhaseT", RequestPhase, BlockPhase)
+
+
+def _next_phases(phase_type: type[PhaseT], lifecycle: Lifecycle) -> dict[str, dict[PhaseT, PhaseT]]:
+    """trigger -> {source phase: target phase}: the lifecycle's table, looked up per event
+    without string conversions (the first matching transition, as `Lifecycle.target`)."""
+    sources = {p.value for p in phase_type}
+    table: dict[str, dict[PhaseT, PhaseT]] = {}
+    for t in lifecycle.transitions:
+        if t.source in sources:
+            table.setdefault(t.trigger, {}).setdefault(phase_type(t.source), phase_type(t.target))
+    return table
+
+
+_REQUEST_NEXT = _next_phases(RequestPhase, REQUEST_LIFECYCLE)
+_BLOCK_NEXT = _next_phases(BlockPhase, BLOCK_LIFECYCLE)
+_NO_TRANSITION: dict[Any, Any] = {}
+# looked up at import, so a renamed trigger fails here and not in the middle of a replay
+_ON_KV_ALLOCATED = _REQUEST_NEXT["kv_allocated"]
+_ON_BLOCK_COMMITTED = _REQUEST_NEXT["block_committed"]
+_ON_FINISHED = _REQUEST_NEXT["finished"]
 
 
 def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
@@ -105,11 +134,14 @@ def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
 
 def finish_condition(config: DllmConfig, request: RequestState) -> FinishReason | None:
     """Why the request must finish now, or None. EOS wins when both hold."""
-    gen = request.generated
+    return _due(config, request.generated, request.max_new_tokens)
+
+
+def _due(config: DllmConfig, generated: Sequence[int], max_new_tokens: int) -> FinishReason | None:
     eos = config.eos_token_id
-    if eos is not None and eos in gen[: request.max_new_tokens]:
+    if eos is not None and eos in generated[:max_new_tokens]:
         return FinishReason.EOS
-    if len(gen) >= request.max_new_tokens:
+    if len(generated) >= max_new_tokens:
         return FinishReason.LENGTH
     return None
 
@@ -225,7 +257,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.KNOWN_REQUEST, f"request {request_id!r} was never submitted", event
             )
-        if r.phase not in ACTIVE_PHASES:
+        phase = r.phase
+        if phase is not _ADMITTED and phase is not _RUNNING:  # not in ACTIVE_PHASES
             raise self._fail(
                 Rule.KNOWN_REQUEST,
                 f"request {request_id!r} is {r.phase.value}, not in the running set",
@@ -269,7 +302,9 @@ class SpecMachine(MachineBase[Event, Rule]):
     # --- indexes ------------------------------------------------------------------
     def _set_phase(self, r: _Request, phase: RequestPhase) -> None:
         """Change a request's phase, keeping the active index and claimed pages in step."""
-        was, now = r.phase in ACTIVE_PHASES, phase in ACTIVE_PHASES
+        # `in ACTIVE_PHASES`, by identity (an enum's hash is a Python call)
+        was = r.phase is _ADMITTED or r.phase is _RUNNING
+        now = phase is _ADMITTED or phase is _RUNNING
         r.phase = phase
         self._dirty[r.request_id] = None
         if now and not was:
@@ -278,7 +313,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         elif was and not now:
             del self._running[r.request_id]
             self._claimed_pages -= self._pages(r)
-        if not self.retain_finished and phase in TERMINAL_PHASES:
+        if not self.retain_finished and (phase is _FINISHED or phase is _ABORTED):
             r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
 
     def reindex(self) -> None:
@@ -415,7 +450,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 f"allocated {len(e.slots)} slots for a block of {cfg.block_size}",
                 e,
             )
-        bad = [s for s in e.slots if not 0 <= s < cfg.kv_slots]
+        total = cfg.kv_slots
+        bad = [s for s in e.slots if not 0 <= s < total]
         if bad:
             raise self._fail(
                 Rule.KV_EXCLUSIVE, f"slots {bad} outside the pool [0, {cfg.kv_slots})", e
@@ -443,11 +479,11 @@ class SpecMachine(MachineBase[Event, Rule]):
             cur.slots = tuple(e.slots)
             cur.alloc_round = self._round.index
         else:
-            target = REQUEST_LIFECYCLE.target(r.phase.value, "kv_allocated")
+            target = _ON_KV_ALLOCATED.get(r.phase)
             if target is None:  # pragma: no cover - ADMITTED always allows it
                 raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot allocate", e)
             r.current = _Block(e.block_index, BlockPhase.MASKED, tuple(e.slots), self._round.index)
-            self._set_phase(r, RequestPhase(target))
+            self._set_phase(r, target)
         for s in e.slots:
             self._own(s, (r.request_id, e.block_index))
         self._dirty[r.request_id] = None
@@ -456,7 +492,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         cfg = self.config
         p = cfg.page_size
         slots = e.slots
-        if any(slots[i] != slots[0] + i for i in range(len(slots))):
+        if slots != tuple(range(slots[0], slots[0] + len(slots))):
             raise self._fail(Rule.PAGE_ALIGNMENT, f"slots {list(slots)} are not contiguous", e)
         offset = (e.block_index * cfg.block_size) % p
         if slots[0] % p != offset:
@@ -550,9 +586,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"blocks of {cfg.block_size}",
                     e,
                 )
-            if cur.slots is None or any(
-                self._owner.get(s) != (r.request_id, cur.index) for s in cur.slots
-            ):
+            if cur.slots is None or not self._owns_all(cur.slots, (r.request_id, cur.index)):
                 rule = Rule.REUSE_KEEPS_SLOTS if cfg.in_place_reuse else Rule.FORWARD_READY
                 raise self._fail(
                     rule,
@@ -584,6 +618,13 @@ class SpecMachine(MachineBase[Event, Rule]):
         rnd.batch = keys
         rnd.pending = pending
         rnd.newly_done_in_last_forward = False
+
+    def _owns_all(self, slots: tuple[int, ...], owner: SlotOwner) -> bool:
+        get = self._owner.get
+        for s in slots:  # noqa: SIM110 - a plain loop: all() over a generator is slower here
+            if get(s) != owner:
+                return False
+        return True
 
     def _check_prefix(self, r: _Request, e: Event) -> None:
         b = self.config.block_size
@@ -637,14 +678,14 @@ class SpecMachine(MachineBase[Event, Rule]):
             if done
             else (STEP_NOT_DONE_MASKED if e.masks_remaining else STEP_NOT_DONE_COMPLETE)
         )
-        target = BLOCK_LIFECYCLE.target(cur.phase.value, trigger)
+        target = _BLOCK_NEXT.get(trigger, _NO_TRANSITION).get(cur.phase)
         if target is None:
             raise self._fail(
                 Rule.LIFECYCLE, f"block in phase {cur.phase.value} cannot take {trigger}", e
             )
         if done and cur.phase is not BlockPhase.DONE:
             self._round.newly_done_in_last_forward = True
-        cur.phase = BlockPhase(target)
+        cur.phase = target
         cur.masks = e.masks_remaining
         self._dirty[r.request_id] = None
         del self._round.pending[key]
@@ -687,13 +728,13 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"position {pos} holds {tok} but the prompt has {r.prompt[pos]}",
                     e,
                 )
-        target = REQUEST_LIFECYCLE.target(r.phase.value, "block_committed")
+        target = _ON_BLOCK_COMMITTED.get(r.phase)
         if target is None:  # pragma: no cover - RUNNING always allows it
             raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
         r.committed_blocks += 1
         r.current = None
-        self._set_phase(r, RequestPhase(target))
+        self._set_phase(r, target)
         self._round.committed += 1
 
     def _kv_freed(self, e: KvFreed) -> None:
@@ -743,7 +784,7 @@ class SpecMachine(MachineBase[Event, Rule]):
 
     def _finished(self, e: Finished) -> None:
         r = self._active(e.request_id, e)
-        target = REQUEST_LIFECYCLE.target(r.phase.value, "finished")
+        target = _ON_FINISHED.get(r.phase)
         if target is None:
             raise self._fail(
                 Rule.LIFECYCLE,
@@ -770,7 +811,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         self._require_owns_nothing(r, e)
-        self._set_phase(r, RequestPhase(target))
+        self._set_phase(r, target)
         r.reason = e.reason
         if self.retain_finished:
             self._unreported[r.request_id] = None
@@ -793,8 +834,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
                 )
             self._check_prefix(r, e)
-            st = self._request_state(r)
-            if finish_condition(cfg, st) is not None:
+            if _due(cfg, r.tokens[len(r.prompt) :], r.max_new_tokens) is not None:
                 raise self._fail(
                     Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "
@@ -1009,19 +1049,95 @@ class SpecMachine(MachineBase[Event, Rule]):
         proportional to the change. Run after every event it fails exactly when
         `check_invariants` (the full check, kept for audits) fails, naming the same rule.
         """
-        reqs = [self._requests[rid] for rid in self._dirty]
+        reqs: list[_Request] = []
+        if self._dirty:
+            reqs = [self._requests[rid] for rid in self._dirty]
+            self._dirty = {}
         rows, blocks = self._dirty_rows, self._dirty_blocks
-        self._dirty = {}
-        self._dirty_rows = set()
-        self._dirty_blocks = set()
+        if rows:  # new containers only when used (most events touch no row or block)
+            self._dirty_rows = set()
+        if blocks:
+            self._dirty_blocks = set()
         if not reqs and not rows and not blocks:
             failure = None  # nothing changed (a forward, a step, an end of round)
             if len(self._running) > self.config.max_running_requests:
                 failure = self._changed_failure(reqs, rows, blocks)
+        elif self._changed_hold(reqs, rows, blocks):
+            failure = None
         else:
             failure = self._changed_failure(reqs, rows, blocks)
         if failure is not None:
             raise self._fail(failure[0], failure[1], None)
+
+    def _changed_hold(self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]) -> bool:
+        """True only if every invariant `_changed_failure` checks holds for the changes: the
+        same conditions in one pass per changed thing, without ordering or messages. When it
+        says False, `_changed_failure` finds (or clears) the violation, so the verdict and the
+        rule named are exactly its."""
+        cfg = self.config
+        if len(self._running) > cfg.max_running_requests:
+            return False
+        owners, by_request, running = self._owner, self._blocks, self._running
+        if blocks:
+            b, p, total = cfg.block_size, cfg.page_size, cfg.kv_slots
+        for rid, block in blocks:
+            held = by_request.get(rid)
+            slots = None if held is None else held.get(block)
+            if slots is None:
+                continue  # freed: nothing left to check
+            first, last = min(slots), max(slots)
+            if (
+                len(slots) != b  # whole_block_alloc
+                or first < 0  # no_leak
+                or last >= total
+                or last - first + 1 != b  # page_alignment: contiguous (b distinct slots)
+                or first % p != (block * b) % p
+                or first // p != last // p
+            ):
+                return False
+            page = first - first % p  # page_alignment: the page's other slots have no other user
+            for s in (*range(page, first), *range(last + 1, page + p)):
+                o = owners.get(s)
+                if o is not None and o[0] != rid:
+                    return False
+        for r in reqs:
+            rid, cur, row = r.request_id, r.current, r.row
+            held = by_request.get(rid)
+            if held is not None:
+                if r.phase is _FINISHED or r.phase is _ABORTED:
+                    return False  # terminal_owns_nothing
+                # no_leak: every owned block is committed or the current one; blocks are
+                # distinct, so the highest being below the committed count or the current
+                # block right after them says so without a loop
+                top, done = max(held), r.committed_blocks
+                if top >= done and (cur is None or not top == cur.index == done):
+                    return False
+            if row is not None and (
+                r.phase is _FINISHED or r.phase is _ABORTED or self._rows.get(row) != rid
+            ):
+                return False  # terminal_owns_nothing, row_exclusive
+            if cur is not None:
+                if rid not in running:
+                    return False  # carriers_iff_unfinished
+                if cur.masks is None and cur.phase in CARRIED_BLOCK_PHASES:
+                    return False
+                if cur.slots:  # reuse_keeps_slots: `_blocks` indexes `_owner` by owner
+                    owned = None if held is None else held.get(cur.index)
+                    if owned is None or not owned.issuperset(cur.slots):
+                        return False
+        for row in rows:
+            rid_or_none = self._rows.get(row)
+            if rid_or_none is None:
+                continue
+            holder = self._requests.get(rid_or_none)
+            if (
+                holder is None
+                or holder.phase in TERMINAL_PHASES  # terminal_owns_nothing
+                or not 0 <= row < cfg.req_pool_rows  # row_exclusive
+                or holder.row != row
+            ):
+                return False
+        return True
 
     def _changed_failure(
         self, reqs: list[_Request], rows: set[int], blocks: set[SlotOwner]

@@ -126,6 +126,16 @@ def ar_conformance_machine(
             for _ in range(n):
                 self.run("submit", self.harness.submit, self._request(data))
 
+        @rule(data=st.data(), n=st.integers(2, 4))
+        def submit_arrivals(self, data: st.DataObject, n: int) -> None:
+            """Requests arriving one per step while earlier ones run: under priority a more
+            important request can arrive after a less important one was admitted, and the
+            growing running set meets a full pool (preemption within a step)."""
+            for _ in range(n):
+                priority = data.draw(st.integers(0, 3), "priority")
+                self.run("submit", self.harness.submit, self._request(data, priority=priority))
+                self.run("step", self.harness.step)
+
         @rule()
         def step(self) -> None:
             self.run("step", self.harness.step)
