@@ -204,6 +204,7 @@ class FastVidurLightLlm(_DecodeCounter):
 
         super().__init__(config, VidurLightLlm)
         self.num_waiting_iters = 0
+        self._open = False  # a stretch in flight was formed with nobody waiting
 
     def _held(self, r: _Req) -> int:
         return r.base + self.G
@@ -212,7 +213,36 @@ class FastVidurLightLlm(_DecodeCounter):
         return r.prompt
 
     def would_admit(self) -> bool:
-        return True  # no fused stretches: a batch is O(1) already
+        """During a stretch: an arrival now may change a decision in it (the stretch was
+        formed with an empty queue, so it runs past the next prefill attempt)."""
+        return self._open
+
+    def decode_stretch(self) -> int:
+        """Decode batches from now with no prefill attempt, finish or out-of-memory before the
+        last: up to the next finish, the next prefill attempt (every max_waiting_iters decode
+        batches while requests wait) and as many batches as the free blocks pay for (one block
+        per running request per batch)."""
+        n = len(self.running)
+        if not n or self.free < n:
+            return 0
+        k = self.finishes[0][0] - self.G
+        if self.waiting:
+            k = min(k, self.config.max_waiting_iters - self.num_waiting_iters)
+        self._open = not self.waiting
+        return min(k, self.free // n)
+
+    def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        w, m = self.num_waiting_iters, self.config.max_waiting_iters
+        if self._open:  # nobody waited: every m-th batch an attempt found nothing, reset to 0
+            w = (0 if w >= m else w) + k
+            if w > m:
+                w = (w - m - 1) % m + 1
+            self._open = False
+        else:
+            w += k
+        self.num_waiting_iters = w
+        self.free -= len(self.running) * k
+        return super().end_decode(k)
 
     def _peak_fits(self, admitted: list[_Req]) -> bool:
         """Vidur's `need_max_token_num`: running requests (tokens held, tokens still to grow)
@@ -277,15 +307,12 @@ class _SReq:
     arrival: int
     prompt: int
     max_tokens: int
+    known: int = 0  # prompt + outputs (kept up to date: read in every batch)
     computed: int = 0
     outputs: int = 0
     blocks: int = 0
     running: bool = False
     seen: bool = False
-
-    @property
-    def known(self) -> int:
-        return self.prompt + self.outputs
 
 
 class FastVidurSarathi(FastReplicaCore):
@@ -309,7 +336,7 @@ class FastVidurSarathi(FastReplicaCore):
 
     def add(self, req: int, prefill: int, decode: int) -> None:
         self._validate(req, prefill, decode)
-        self.waiting.append(_SReq(req, self._arrivals, prefill, decode))
+        self.waiting.append(_SReq(req, self._arrivals, prefill, decode, prefill))
         self._arrivals += 1
 
     def outstanding(self) -> int:  # running requests are counted, not listed
@@ -412,6 +439,7 @@ class FastVidurSarathi(FastReplicaCore):
             self.kv += n
             if r.computed == r.known:
                 r.outputs += 1
+                r.known += 1
                 if r.outputs == 1:
                     first.append(r.req)
         for r, _ in batch:
@@ -448,50 +476,56 @@ class FastVidurSarathi(FastReplicaCore):
             and self.config.max_num_batched_tokens - n > 0
         )
 
-    def _stretch_demand(self, k: int) -> tuple[int, int]:
-        """(batches of the next k decode-only batches that need no restart, their blocks). A
-        request with `room` free slots in its blocks needs one at batches room, room + bs, ..."""
-        bs = self.bs
-        first = sorted(r.blocks * bs - r.computed for r in self.order)
+    def _stretch_demand(self, k: int) -> int:
+        """Batches of the next k decode-only batches that need no restart. A request with `room`
+        free slots in its blocks needs one at batches room, room + bs, ..."""
+        bs, free, order = self.bs, self.free, self.order
+        if len(order) * (k // bs + 1) <= free:  # even the worst case is paid for
+            return k
+        first = sorted(r.blocks * bs - r.computed for r in order)
         phase = [0] * bs
         total = a = 0
         for j in range(k):
             while a < len(first) and first[a] <= j:
                 phase[first[a] % bs] += 1
                 a += 1
-            d = phase[j % bs]
-            if total + d > self.free:
-                return j, total
-            total += d
-        return k, total
+            total += phase[j % bs]
+            if total > free:
+                return j
+        return k
 
     def decode_stretch(self) -> int:
         """Decode-only batches from now with no admission, restart or finish before the last
         (0 when a prefill is in progress or the next batch admits)."""
         if not self.order or self.would_admit():
             return 0
-        if any(not (r.computed >= r.known - 1 and r.outputs > 0) for r in self.order):
-            return 0
-        k, _ = self._stretch_demand(min(r.max_tokens - r.outputs for r in self.order))
-        return k
+        k = 1 << 62
+        for r in self.order:
+            if r.outputs == 0 or r.computed < r.known - 1:  # still prefilling
+                return 0
+            left = r.max_tokens - r.outputs
+            if left < k:
+                k = left
+        return self._stretch_demand(k)
 
     def next_batch_plan_decode(self) -> tuple[int, int]:
         self._new = []
         return len(self.order), self.kv
 
     def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
-        _, blocks = self._stretch_demand(k)
         bs = self.bs
-        self.free -= blocks
         self.kv += len(self.order) * k
         done: list[int] = []
         keep: list[_SReq] = []
         for r in self.order:
             room = r.blocks * bs - r.computed
-            if k > room:
-                r.blocks += (k - room - 1) // bs + 1
+            if k > room:  # a block at batches room, room + bs, ... (no restart: paid for)
+                more = (k - room - 1) // bs + 1
+                r.blocks += more
+                self.free -= more
             r.computed += k
             r.outputs += k
+            r.known += k
             if r.outputs >= r.max_tokens:
                 r.running = False
                 self.n_running -= 1
