@@ -100,7 +100,7 @@ def _replica_scheduler(vc: Any, name: str, cache: dict[str, int]) -> Any:
 
 
 def run(
-    scheduler: str, replicas: int, n: int, tmp: Path, kind: str
+    scheduler: str, replicas: int, n: int, tmp: Path, kind: str, leak: bool = False
 ) -> tuple[float, float, int, int]:
     """Vidur's wall and CPU seconds for one simulation, its number of batches and the requests
     it never started (0 unless the run stopped early)."""
@@ -161,6 +161,8 @@ def run(
         ),
     )
     sim = Simulator(cfg)
+    if NAMES[scheduler] == "ft" and not leak:
+        _free_finished_requests(sim)
     batches = _count_batches(sim)
     t0, c0 = time.perf_counter(), time.process_time()
     # its end-of-run check fails when requests are left (GitHub main's FT leaks blocks)
@@ -170,6 +172,23 @@ def run(
     replicas_left = sim._scheduler._replica_schedulers.values()
     never_started = sum(rs.num_pending_requests for rs in replicas_left)
     return wall, cpu, batches[0], never_started
+
+
+def _free_finished_requests(sim: Any) -> None:
+    """GitHub main's FasterTransformer frees a batch's blocks only when all of its requests
+    finished, and then only those of the last regenerated batch: a request that finished earlier
+    keeps its blocks for ever (docs/engines.md), the pool shrinks and batches get small. Here a
+    batch end frees every finished request's blocks, as the simulator's `vidur-ft` does (FT
+    admits only when no batch runs, so when they are freed changes no decision)."""
+    for rs in sim._scheduler._replica_schedulers.values():
+
+        def on_batch_end(batch: Any, rs: Any = rs) -> None:
+            rs._num_running_batches -= 1
+            rs.free(*(q.id for q in batch.requests if q.completed and q.id in rs._allocation_map))
+            if not batch.all_requests_completed:
+                rs._preempted_batches.append(batch)
+
+        rs.on_batch_end = on_batch_end
 
 
 def _count_batches(sim: Any) -> list[int]:
@@ -193,13 +212,19 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,8")
     ap.add_argument("--requests", default="2000,10000")
     ap.add_argument("--workload", choices=WORKLOADS, default="bench")
+    ap.add_argument(
+        "--ft-leak",
+        action="store_true",
+        help="run GitHub main's FasterTransformer as it is (finished requests keep blocks)",
+    )
     ap.add_argument("--json", default="out/vidur_speed.json")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # SCHED R N: one run, print wall
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory() as d:
             sched, r, n = args.one[0], int(args.one[1]), int(args.one[2])
-            print("RESULT", *run(sched, r, n, Path(d), args.workload), flush=True)
+            out = run(sched, r, n, Path(d), args.workload, args.ft_leak)
+            print("RESULT", *out, flush=True)
         return
     import vidur
 
@@ -211,6 +236,7 @@ def main() -> None:
         for r in (int(x) for x in args.replicas.split(",")):
             for n in (int(x) for x in args.requests.split(",")):
                 cmd = [sys.executable, __file__, "--workload", args.workload, "--one", sched]
+                cmd += ["--ft-leak"] if args.ft_leak else []
                 done = subprocess.run([*cmd, str(r), str(n)], capture_output=True, text=True)
                 if done.returncode != 0:
                     tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
@@ -231,6 +257,7 @@ def main() -> None:
                         "cpu_s": cpu,
                         "batches": batches,
                         "never_started": never_started,
+                        "ft_leak": args.ft_leak,
                         "vidur": version,
                     }
                 )
