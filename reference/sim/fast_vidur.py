@@ -351,16 +351,16 @@ class FastVidurSarathi(FastReplicaCore):
         self.waiting.appendleft(r)
         restarted.append(r.req)
 
-    def _decodes(self, batch: list[tuple[_SReq, int]], restarted: list[int]) -> list[_SReq]:
-        """Running requests in Vidur's pending-list order: decodes join the batch; running
+    def _decodes(self, decodes: list[_SReq], restarted: list[int]) -> list[_SReq]:
+        """Running requests in Vidur's pending-list order: decodes join `decodes`; running
         prefills are returned in order (the rest of `order` stays for the next batch)."""
         prefills: list[_SReq] = []
-        order, bs = self.order, self.bs
+        order, bs, cap = self.order, self.bs, self.cap
         i = 0
-        while i < len(order) and len(batch) < self.cap:
+        while i < len(order) and len(decodes) < cap:
             r = order[i]
             i += 1
-            if not (r.computed >= r.known - 1 and r.outputs > 0):
+            if r.outputs == 0 or r.computed < r.known - 1:
                 prefills.append(r)
                 continue
             need = -(-(r.computed + 1) // bs) - r.blocks
@@ -374,7 +374,7 @@ class FastVidurSarathi(FastReplicaCore):
                 if need > 0:
                     r.blocks += need
                     self.free -= need
-                batch.append((r, 1))
+                decodes.append(r)
         del order[:i]
         return prefills
 
@@ -382,27 +382,40 @@ class FastVidurSarathi(FastReplicaCore):
         if not self.waiting and not self.n_running:
             return None
         self._new = []
-        cfg = self.config
-        chunk = cfg.max_num_batched_tokens
-        batch: list[tuple[_SReq, int]] = []
-        restarted: list[int] = []
         kv = self.kv
-        prefills = self._decodes(batch, restarted)
-        tokens = len(batch)
+        decodes: list[_SReq] = []
+        restarted: list[int] = []
+        prefills = self._decodes(decodes, restarted)
+        chunks: list[tuple[_SReq, int]] = []
+        tokens = self._chunks(prefills, chunks, len(decodes))
+        self._admit(chunks, len(decodes), tokens)
+        return self._execute(decodes, chunks, restarted, kv)
+
+    def _chunks(self, prefills: list[_SReq], chunks: list[tuple[_SReq, int]], tokens: int) -> int:
+        """Chunks of running prefills within the chunk size; those left out keep their place in
+        arrival order. Returns the batch's tokens."""
+        chunk = self.config.max_num_batched_tokens
         skipped: list[_SReq] = []
         for r in prefills:
             n = max(0, min(r.known - r.computed, chunk - tokens))
             if n == 0:
                 skipped.append(r)
                 continue
-            batch.append((r, n))
+            chunks.append((r, n))
             tokens += n
         if skipped:
             self.order = sorted(skipped + self.order, key=lambda q: q.arrival)
         else:
             self.order.sort(key=lambda q: q.arrival)
+        return tokens
+
+    def _admit(self, chunks: list[tuple[_SReq, int]], decodes: int, tokens: int) -> None:
+        """New requests from the head of the queue: seats, cap, blocks for all they know, and a
+        first chunk within the chunk size."""
+        cfg = self.config
+        chunk = cfg.max_num_batched_tokens
         while self.waiting:
-            if self.n_running >= cfg.max_num_seqs or len(batch) >= self.cap:
+            if self.n_running >= cfg.max_num_seqs or decodes + len(chunks) >= self.cap:
                 break
             r = self.waiting[0]
             need = -(-r.known // self.bs)
@@ -416,22 +429,44 @@ class FastVidurSarathi(FastReplicaCore):
             self.n_running += 1
             r.blocks += need
             self.free -= need
-            batch.append((r, n))
+            chunks.append((r, n))
             tokens += n
-        return self._execute(batch, restarted, kv)
 
-    def _execute(self, batch: list[tuple[_SReq, int]], restarted: list[int], kv: int) -> BatchPlan:
-        pre = dec = pairs = 0
+    def _finish(self, r: _SReq, done: list[int]) -> None:
+        r.running = False
+        self.n_running -= 1
+        self.free += r.blocks
+        self.kv -= r.computed
+        done.append(r.req)
+
+    def _execute(
+        self,
+        decodes: list[_SReq],
+        chunks: list[tuple[_SReq, int]],
+        restarted: list[int],
+        kv: int,
+    ) -> BatchPlan:
+        """Run the batch: decodes (one token each) then chunks; finished requests free their
+        blocks, the others go to the end of `order` in batch order."""
+        pre = pairs = 0
         first: list[int] = []
         done: list[int] = []
-        for r, n in batch:
-            c = r.computed
-            if n == 1 and r.outputs > 0 and c == r.known - 1:
-                dec += 1
-                pairs += c + 1
+        order = self.order
+        self.kv += len(decodes)
+        for r in decodes:
+            c = r.computed + 1
+            pairs += c
+            r.computed = c
+            r.known += 1
+            r.outputs += 1
+            if r.outputs >= r.max_tokens:
+                self._finish(r, done)
             else:
-                pre += n
-                pairs += n * c + n * (n + 1) // 2
+                order.append(r)
+        for r, n in chunks:
+            c = r.computed
+            pre += n
+            pairs += n * c + n * (n + 1) // 2
             if not r.seen:
                 r.seen = True
                 self._new.append(r.req)
@@ -442,16 +477,12 @@ class FastVidurSarathi(FastReplicaCore):
                 r.known += 1
                 if r.outputs == 1:
                     first.append(r.req)
-        for r, _ in batch:
+        for r, _ in chunks:
             if r.outputs >= r.max_tokens:
-                r.running = False
-                self.n_running -= 1
-                self.free += r.blocks
-                self.kv -= r.computed
-                done.append(r.req)
+                self._finish(r, done)
             else:
-                self.order.append(r)
-        if not batch and not restarted:
+                order.append(r)
+        if not decodes and not chunks and not restarted:
             raise Unschedulable(
                 -1,
                 0,
@@ -460,7 +491,7 @@ class FastVidurSarathi(FastReplicaCore):
                 f"{self.outstanding()} request(s) outstanding",
             )
         self._result = (first, done, restarted)
-        return BatchPlan(pre, dec, kv, pairs, len(batch))
+        return BatchPlan(pre, len(decodes), kv, pairs, len(decodes) + len(chunks))
 
     # ------------------------------------------------------------------ decode stretches
     def would_admit(self) -> bool:
