@@ -18,6 +18,7 @@ its admissions and finishes, not O(running requests).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -205,6 +206,8 @@ class FastVidurLightLlm(_DecodeCounter):
         super().__init__(config, VidurLightLlm)
         self.num_waiting_iters = 0
         self._open = False  # a stretch in flight was formed with nobody waiting
+        self._keys: list[int] = []  # -(growth left + G) of `_by_growth`, ascending
+        self._by_growth: list[_Req] = []  # running requests, largest growth left first
 
     def _held(self, r: _Req) -> int:
         return r.base + self.G
@@ -244,22 +247,56 @@ class FastVidurLightLlm(_DecodeCounter):
         self.free -= len(self.running) * k
         return super().end_decode(k)
 
+    def _join(self, r: _Req, computed: int) -> None:
+        super()._join(r, computed)
+        # growth left = prompt + max_tokens - 2 - computed = grow_key - G: one order for all G
+        key = -(r.prompt + r.max_tokens - 2 - r.base)
+        i = bisect.bisect_right(self._keys, key)
+        self._keys.insert(i, key)
+        self._by_growth.insert(i, r)
+
+    def _pop_finished(self) -> list[int]:
+        done = super()._pop_finished()
+        if done:
+            running = self.running
+            keep = [i for i, r in enumerate(self._by_growth) if r.req in running]
+            self._keys = [self._keys[i] for i in keep]
+            self._by_growth = [self._by_growth[i] for i in keep]
+        return done
+
     def _peak_fits(self, admitted: list[_Req]) -> bool:
         """Vidur's `need_max_token_num`: running requests (tokens held, tokens still to grow)
-        and admitted ones (prompt + first output, max_tokens - 2), largest growth first."""
+        and admitted ones (prompt + first output, max_tokens - 2), largest growth first: the
+        peak is the largest growth x (position + 1) + tokens held up to that position. (Requests
+        of equal growth may come in any order: the last of them gives the largest value.)"""
         G = self.G
-        items = []
-        for r in self.running.values():
-            c = r.base + G
-            out = c - r.prompt + 1
-            items.append((c + 1, max(0, r.max_tokens - out - 1)))
-        items += [(r.prompt + min(1, r.max_tokens - 1), max(0, r.max_tokens - 2)) for r in admitted]
-        items.sort(key=lambda x: -x[1])
-        need = held = 0
-        for i, (has, left) in enumerate(items):
+        new = sorted(
+            ((max(0, r.max_tokens - 2), r.prompt + min(1, r.max_tokens - 1)) for r in admitted),
+            reverse=True,
+        )
+        limit = self.config.usable_blocks
+        need = held = i = j = 0
+        for key, r in zip(self._keys, self._by_growth, strict=True):
+            left = -key - G
+            if left < 0:
+                left = 0
+            while j < len(new) and new[j][0] >= left:  # admitted ones of larger growth first
+                held += new[j][1]
+                i += 1
+                need = max(need, new[j][0] * i + held)
+                j += 1
+            held += r.base + G + 1
+            i += 1
+            v = left * i + held
+            if v > need:
+                need = v
+            if need > limit:
+                return False
+        for left, has in new[j:]:
             held += has
-            need = max(need, left * (i + 1) + held)
-        return need <= self.config.usable_blocks
+            i += 1
+            need = max(need, left * i + held)
+        return need <= limit
 
     def _prefill_batch(self) -> BatchPlan | None:
         cfg = self.config
