@@ -424,7 +424,6 @@ def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:
 
 def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim.queueing import simulate_gated
-    from reference.sim.sbs import SbsParams, simulate_sbs
 
     imm = simulate_gated(args.dp_units, args.batch_time, "immediate", seed=args.seed)
     stg = simulate_gated(args.dp_units, args.batch_time, "staggered", seed=args.seed)
@@ -433,8 +432,25 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
         f"{imm.mean_wait:.5f} s (T/2 = {imm.formula:.5f}), staggered {stg.mean_wait:.5f} s "
         f"(T/(2N) = {stg.formula:.5f})"
     )
+    results = _sbs_deployments(args)
+    out: dict[str, Any] = {
+        "dp_units": args.dp_units,
+        "batch_time": args.batch_time,
+        "mean_wait_immediate": imm.mean_wait,
+        "mean_wait_staggered": stg.mean_wait,
+        "formula_immediate": imm.formula,
+        "formula_staggered": stg.formula,
+        "deployment": {pol: r.as_dict() for pol, r in results.items()},
+    }
+    _sbs_outputs(args, results)
+    return out
+
+
+def _sbs_deployments(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload under immediate dispatch and under SBS, one summary line each."""
+    from reference.sim.sbs import SbsParams, simulate_sbs
+
     w = _workload(args)
-    res: dict[str, Any] = {}
     results = {}
     for pol in ("immediate", "sbs"):
         params = SbsParams(
@@ -446,7 +462,6 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
         )
         r = simulate_sbs(w, params, progress=_progress(pol))
         results[pol] = r
-        res[pol] = r.as_dict()
         s = r.summary.stats
         print(
             f"{pol:>9}: TTFT mean {s['prefill_e2e_time'].mean:.3f} s p99 "
@@ -454,15 +469,11 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
             f"{r.summary.throughput_tokens:.0f} output tok/s, {r.prefill_forwards} prefill "
             f"forwards (mean {r.mean_prefill_forward:.3f} s)"
         )
-    out: dict[str, Any] = {
-        "dp_units": args.dp_units,
-        "batch_time": args.batch_time,
-        "mean_wait_immediate": imm.mean_wait,
-        "mean_wait_staggered": stg.mean_wait,
-        "formula_immediate": imm.formula,
-        "formula_staggered": stg.formula,
-        "deployment": res,
-    }
+    return results
+
+
+def _sbs_outputs(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """--trace (the SBS run's spans) and --plots (latency CDFs of both policies)."""
     if args.trace:
         from reference.sim import export
 
@@ -486,7 +497,6 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
             "SBS vs immediate dispatch",
         )
         _say(f"wrote plots to {args.plots}")
-    return out
 
 
 def make_replicas(args: argparse.Namespace) -> list[Any]:
@@ -552,31 +562,35 @@ def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:
         export.write_trace(export.trace_cluster(res.batches), Path(args.trace))
         _say(f"wrote {args.trace}")
     if args.plots:
-        from reference.sim import export
-
-        d = Path(args.plots)
-        cols = res.metrics.columns()
-        export.latency_cdfs(
-            {
-                args.scheduler: {
-                    k: cols[k]
-                    for k in (
-                        "request_e2e_time",
-                        "prefill_e2e_time",
-                        "decode_time_execution_plus_preemption_normalized",
-                    )
-                }
-            },
-            d / "replicas_latency_cdf.png",
-            "latency CDFs",
-        )
-        by: dict[str, list[tuple[float, float]]] = {}
-        for t, rep, used in res.kv_samples:
-            if rep < 4:
-                by.setdefault(f"replica {rep}", []).append((t, float(used)))
-        export.kv_occupancy(by, res.kv_capacity, d / "replicas_kv.png")
-        _say(f"wrote plots to {d}")
+        _replica_plots(args.scheduler, res, Path(args.plots))
     return out
+
+
+def _replica_plots(scheduler: str, res: Any, d: Path) -> None:
+    """Latency CDFs and the KV occupancy of the first four replicas."""
+    from reference.sim import export
+
+    cols = res.metrics.columns()
+    export.latency_cdfs(
+        {
+            scheduler: {
+                k: cols[k]
+                for k in (
+                    "request_e2e_time",
+                    "prefill_e2e_time",
+                    "decode_time_execution_plus_preemption_normalized",
+                )
+            }
+        },
+        d / "replicas_latency_cdf.png",
+        "latency CDFs",
+    )
+    by: dict[str, list[tuple[float, float]]] = {}
+    for t, rep, used in res.kv_samples:
+        if rep < 4:
+            by.setdefault(f"replica {rep}", []).append((t, float(used)))
+    export.kv_occupancy(by, res.kv_capacity, d / "replicas_kv.png")
+    _say(f"wrote plots to {d}")
 
 
 def simulate_main(argv: list[str]) -> int:

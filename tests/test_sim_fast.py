@@ -152,3 +152,52 @@ def test_fixed_workload_decision_trace_is_held_byte_for_byte() -> None:
     assert _trace_text(fast) == text
     assert int(ref.metrics.restarts.sum()) > 0
     assert hashlib.sha256(text.encode()).hexdigest() == VLLM_TRACE_SHA
+
+
+def _fixed_config(scheduler: str) -> ArConfig:
+    """A small pool for the fixed workload (Sarathi's is tight enough to restart requests)."""
+    bs = 1 if scheduler == "vidur-lightllm" else 4
+    chunked = scheduler == "vidur-sarathi"
+    return ArConfig(
+        block_size=bs,
+        num_blocks=(80 if chunked else 160) // bs,
+        max_num_seqs=6,
+        max_num_batched_tokens=24 if chunked else 96,
+        max_model_len=64,
+        enable_chunked_prefill=chunked,
+        max_waiting_iters=3,
+    )
+
+
+# sha256 of `_trace_text` of the reference class on the fixed workload, with `_fixed_config`
+# (vidur-vllm's configuration is VLLM_CFG, so its hash is VLLM_TRACE_SHA)
+TRACE_SHA = {
+    "vidur-vllm": VLLM_TRACE_SHA,
+    "vidur-sarathi": "b191a751ef54fb80e5246eeb7f37515188f53d041eba374340d029691a93d8cc",
+    "vidur-orca": "5ed074542e9ba751ac11259e4df1cab6dba4ffb0479a155205e44a8e22edcba7",
+    "vidur-lightllm": "e1122fd3f33423c9ece108482976970b88e3488e6a311d498737ba40507226de",
+    "vidur-ft": "bb89dd99183589c9272f1928d8f12b6c36cf5e7d1874aa0dab6e5720028a2762",
+}
+
+
+@pytest.mark.parametrize("scheduler", list(PAIRS))
+def test_every_fast_replica_holds_the_fixed_decision_trace(scheduler: str) -> None:
+    """Unfused: the whole trace byte for byte; fused (stretches as one event): the same
+    request metrics and batch count. The reference's trace is pinned by its SHA-256."""
+    make_ref, fast_class = PAIRS[scheduler]
+    cfg = _fixed_config(scheduler)
+    w = _fixed_workload()
+    ref = simulate_cluster(
+        w, [ArReplica(make_ref, cfg) for _ in range(2)], MODEL, "lor", record_batches=True
+    )
+    text = _trace_text(ref)
+    assert hashlib.sha256(text.encode()).hexdigest() == TRACE_SHA[scheduler]
+    for fuse in (False, True):
+        fast = simulate_cluster(
+            w, [fast_class(cfg) for _ in range(2)], MODEL, "lor", record_batches=True, fuse=fuse
+        )
+        _same(ref, fast, batches=not fuse)
+        if not fuse:
+            assert _trace_text(fast) == text
+    if scheduler == "vidur-sarathi":
+        assert int(ref.metrics.restarts.sum()) > 0

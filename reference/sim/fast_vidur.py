@@ -18,6 +18,7 @@ its admissions and finishes, not O(running requests).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -204,6 +205,9 @@ class FastVidurLightLlm(_DecodeCounter):
 
         super().__init__(config, VidurLightLlm)
         self.num_waiting_iters = 0
+        self._open = False  # a stretch in flight was formed with nobody waiting
+        self._keys: list[int] = []  # -(growth left + G) of `_by_growth`, ascending
+        self._by_growth: list[_Req] = []  # running requests, largest growth left first
 
     def _held(self, r: _Req) -> int:
         return r.base + self.G
@@ -212,24 +216,87 @@ class FastVidurLightLlm(_DecodeCounter):
         return r.prompt
 
     def would_admit(self) -> bool:
-        return True  # no fused stretches: a batch is O(1) already
+        """During a stretch: an arrival now may change a decision in it (the stretch was
+        formed with an empty queue, so it runs past the next prefill attempt)."""
+        return self._open
+
+    def decode_stretch(self) -> int:
+        """Decode batches from now with no prefill attempt, finish or out-of-memory before the
+        last: up to the next finish, the next prefill attempt (every max_waiting_iters decode
+        batches while requests wait) and as many batches as the free blocks pay for (one block
+        per running request per batch)."""
+        n = len(self.running)
+        if not n or self.free < n:
+            return 0
+        k = self.finishes[0][0] - self.G
+        if self.waiting:
+            k = min(k, self.config.max_waiting_iters - self.num_waiting_iters)
+        self._open = not self.waiting
+        return min(k, self.free // n)
+
+    def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        w, m = self.num_waiting_iters, self.config.max_waiting_iters
+        if self._open:  # nobody waited: every m-th batch an attempt found nothing, reset to 0
+            w = (0 if w >= m else w) + k
+            if w > m:
+                w = (w - m - 1) % m + 1
+            self._open = False
+        else:
+            w += k
+        self.num_waiting_iters = w
+        self.free -= len(self.running) * k
+        return super().end_decode(k)
+
+    def _join(self, r: _Req, computed: int) -> None:
+        super()._join(r, computed)
+        # growth left = prompt + max_tokens - 2 - computed = grow_key - G: one order for all G
+        key = -(r.prompt + r.max_tokens - 2 - r.base)
+        i = bisect.bisect_right(self._keys, key)
+        self._keys.insert(i, key)
+        self._by_growth.insert(i, r)
+
+    def _pop_finished(self) -> list[int]:
+        done = super()._pop_finished()
+        if done:
+            running = self.running
+            keep = [i for i, r in enumerate(self._by_growth) if r.req in running]
+            self._keys = [self._keys[i] for i in keep]
+            self._by_growth = [self._by_growth[i] for i in keep]
+        return done
 
     def _peak_fits(self, admitted: list[_Req]) -> bool:
         """Vidur's `need_max_token_num`: running requests (tokens held, tokens still to grow)
-        and admitted ones (prompt + first output, max_tokens - 2), largest growth first."""
+        and admitted ones (prompt + first output, max_tokens - 2), largest growth first: the
+        peak is the largest growth x (position + 1) + tokens held up to that position. (Requests
+        of equal growth may come in any order: the last of them gives the largest value.)"""
         G = self.G
-        items = []
-        for r in self.running.values():
-            c = r.base + G
-            out = c - r.prompt + 1
-            items.append((c + 1, max(0, r.max_tokens - out - 1)))
-        items += [(r.prompt + min(1, r.max_tokens - 1), max(0, r.max_tokens - 2)) for r in admitted]
-        items.sort(key=lambda x: -x[1])
-        need = held = 0
-        for i, (has, left) in enumerate(items):
+        new = sorted(
+            ((max(0, r.max_tokens - 2), r.prompt + min(1, r.max_tokens - 1)) for r in admitted),
+            reverse=True,
+        )
+        limit = self.config.usable_blocks
+        need = held = i = j = 0
+        for key, r in zip(self._keys, self._by_growth, strict=True):
+            left = -key - G
+            if left < 0:
+                left = 0
+            while j < len(new) and new[j][0] >= left:  # admitted ones of larger growth first
+                held += new[j][1]
+                i += 1
+                need = max(need, new[j][0] * i + held)
+                j += 1
+            held += r.base + G + 1
+            i += 1
+            v = left * i + held
+            if v > need:
+                need = v
+            if need > limit:
+                return False
+        for left, has in new[j:]:
             held += has
-            need = max(need, left * (i + 1) + held)
-        return need <= self.config.usable_blocks
+            i += 1
+            need = max(need, left * i + held)
+        return need <= limit
 
     def _prefill_batch(self) -> BatchPlan | None:
         cfg = self.config
@@ -277,15 +344,12 @@ class _SReq:
     arrival: int
     prompt: int
     max_tokens: int
+    known: int = 0  # prompt + outputs (kept up to date: read in every batch)
     computed: int = 0
     outputs: int = 0
     blocks: int = 0
     running: bool = False
     seen: bool = False
-
-    @property
-    def known(self) -> int:
-        return self.prompt + self.outputs
 
 
 class FastVidurSarathi(FastReplicaCore):
@@ -309,7 +373,7 @@ class FastVidurSarathi(FastReplicaCore):
 
     def add(self, req: int, prefill: int, decode: int) -> None:
         self._validate(req, prefill, decode)
-        self.waiting.append(_SReq(req, self._arrivals, prefill, decode))
+        self.waiting.append(_SReq(req, self._arrivals, prefill, decode, prefill))
         self._arrivals += 1
 
     def outstanding(self) -> int:  # running requests are counted, not listed
@@ -324,16 +388,16 @@ class FastVidurSarathi(FastReplicaCore):
         self.waiting.appendleft(r)
         restarted.append(r.req)
 
-    def _decodes(self, batch: list[tuple[_SReq, int]], restarted: list[int]) -> list[_SReq]:
-        """Running requests in Vidur's pending-list order: decodes join the batch; running
+    def _decodes(self, decodes: list[_SReq], restarted: list[int]) -> list[_SReq]:
+        """Running requests in Vidur's pending-list order: decodes join `decodes`; running
         prefills are returned in order (the rest of `order` stays for the next batch)."""
         prefills: list[_SReq] = []
-        order, bs = self.order, self.bs
+        order, bs, cap = self.order, self.bs, self.cap
         i = 0
-        while i < len(order) and len(batch) < self.cap:
+        while i < len(order) and len(decodes) < cap:
             r = order[i]
             i += 1
-            if not (r.computed >= r.known - 1 and r.outputs > 0):
+            if r.outputs == 0 or r.computed < r.known - 1:
                 prefills.append(r)
                 continue
             need = -(-(r.computed + 1) // bs) - r.blocks
@@ -347,7 +411,7 @@ class FastVidurSarathi(FastReplicaCore):
                 if need > 0:
                     r.blocks += need
                     self.free -= need
-                batch.append((r, 1))
+                decodes.append(r)
         del order[:i]
         return prefills
 
@@ -355,27 +419,40 @@ class FastVidurSarathi(FastReplicaCore):
         if not self.waiting and not self.n_running:
             return None
         self._new = []
-        cfg = self.config
-        chunk = cfg.max_num_batched_tokens
-        batch: list[tuple[_SReq, int]] = []
-        restarted: list[int] = []
         kv = self.kv
-        prefills = self._decodes(batch, restarted)
-        tokens = len(batch)
+        decodes: list[_SReq] = []
+        restarted: list[int] = []
+        prefills = self._decodes(decodes, restarted)
+        chunks: list[tuple[_SReq, int]] = []
+        tokens = self._chunks(prefills, chunks, len(decodes))
+        self._admit(chunks, len(decodes), tokens)
+        return self._execute(decodes, chunks, restarted, kv)
+
+    def _chunks(self, prefills: list[_SReq], chunks: list[tuple[_SReq, int]], tokens: int) -> int:
+        """Chunks of running prefills within the chunk size; those left out keep their place in
+        arrival order. Returns the batch's tokens."""
+        chunk = self.config.max_num_batched_tokens
         skipped: list[_SReq] = []
         for r in prefills:
             n = max(0, min(r.known - r.computed, chunk - tokens))
             if n == 0:
                 skipped.append(r)
                 continue
-            batch.append((r, n))
+            chunks.append((r, n))
             tokens += n
         if skipped:
             self.order = sorted(skipped + self.order, key=lambda q: q.arrival)
         else:
             self.order.sort(key=lambda q: q.arrival)
+        return tokens
+
+    def _admit(self, chunks: list[tuple[_SReq, int]], decodes: int, tokens: int) -> None:
+        """New requests from the head of the queue: seats, cap, blocks for all they know, and a
+        first chunk within the chunk size."""
+        cfg = self.config
+        chunk = cfg.max_num_batched_tokens
         while self.waiting:
-            if self.n_running >= cfg.max_num_seqs or len(batch) >= self.cap:
+            if self.n_running >= cfg.max_num_seqs or decodes + len(chunks) >= self.cap:
                 break
             r = self.waiting[0]
             need = -(-r.known // self.bs)
@@ -389,22 +466,44 @@ class FastVidurSarathi(FastReplicaCore):
             self.n_running += 1
             r.blocks += need
             self.free -= need
-            batch.append((r, n))
+            chunks.append((r, n))
             tokens += n
-        return self._execute(batch, restarted, kv)
 
-    def _execute(self, batch: list[tuple[_SReq, int]], restarted: list[int], kv: int) -> BatchPlan:
-        pre = dec = pairs = 0
+    def _finish(self, r: _SReq, done: list[int]) -> None:
+        r.running = False
+        self.n_running -= 1
+        self.free += r.blocks
+        self.kv -= r.computed
+        done.append(r.req)
+
+    def _execute(
+        self,
+        decodes: list[_SReq],
+        chunks: list[tuple[_SReq, int]],
+        restarted: list[int],
+        kv: int,
+    ) -> BatchPlan:
+        """Run the batch: decodes (one token each) then chunks; finished requests free their
+        blocks, the others go to the end of `order` in batch order."""
+        pre = pairs = 0
         first: list[int] = []
         done: list[int] = []
-        for r, n in batch:
-            c = r.computed
-            if n == 1 and r.outputs > 0 and c == r.known - 1:
-                dec += 1
-                pairs += c + 1
+        order = self.order
+        self.kv += len(decodes)
+        for r in decodes:
+            c = r.computed + 1
+            pairs += c
+            r.computed = c
+            r.known += 1
+            r.outputs += 1
+            if r.outputs >= r.max_tokens:
+                self._finish(r, done)
             else:
-                pre += n
-                pairs += n * c + n * (n + 1) // 2
+                order.append(r)
+        for r, n in chunks:
+            c = r.computed
+            pre += n
+            pairs += n * c + n * (n + 1) // 2
             if not r.seen:
                 r.seen = True
                 self._new.append(r.req)
@@ -412,18 +511,15 @@ class FastVidurSarathi(FastReplicaCore):
             self.kv += n
             if r.computed == r.known:
                 r.outputs += 1
+                r.known += 1
                 if r.outputs == 1:
                     first.append(r.req)
-        for r, _ in batch:
+        for r, _ in chunks:
             if r.outputs >= r.max_tokens:
-                r.running = False
-                self.n_running -= 1
-                self.free += r.blocks
-                self.kv -= r.computed
-                done.append(r.req)
+                self._finish(r, done)
             else:
-                self.order.append(r)
-        if not batch and not restarted:
+                order.append(r)
+        if not decodes and not chunks and not restarted:
             raise Unschedulable(
                 -1,
                 0,
@@ -432,7 +528,7 @@ class FastVidurSarathi(FastReplicaCore):
                 f"{self.outstanding()} request(s) outstanding",
             )
         self._result = (first, done, restarted)
-        return BatchPlan(pre, dec, kv, pairs, len(batch))
+        return BatchPlan(pre, len(decodes), kv, pairs, len(decodes) + len(chunks))
 
     # ------------------------------------------------------------------ decode stretches
     def would_admit(self) -> bool:
@@ -448,50 +544,56 @@ class FastVidurSarathi(FastReplicaCore):
             and self.config.max_num_batched_tokens - n > 0
         )
 
-    def _stretch_demand(self, k: int) -> tuple[int, int]:
-        """(batches of the next k decode-only batches that need no restart, their blocks). A
-        request with `room` free slots in its blocks needs one at batches room, room + bs, ..."""
-        bs = self.bs
-        first = sorted(r.blocks * bs - r.computed for r in self.order)
+    def _stretch_demand(self, k: int) -> int:
+        """Batches of the next k decode-only batches that need no restart. A request with `room`
+        free slots in its blocks needs one at batches room, room + bs, ..."""
+        bs, free, order = self.bs, self.free, self.order
+        if len(order) * (k // bs + 1) <= free:  # even the worst case is paid for
+            return k
+        first = sorted(r.blocks * bs - r.computed for r in order)
         phase = [0] * bs
         total = a = 0
         for j in range(k):
             while a < len(first) and first[a] <= j:
                 phase[first[a] % bs] += 1
                 a += 1
-            d = phase[j % bs]
-            if total + d > self.free:
-                return j, total
-            total += d
-        return k, total
+            total += phase[j % bs]
+            if total > free:
+                return j
+        return k
 
     def decode_stretch(self) -> int:
         """Decode-only batches from now with no admission, restart or finish before the last
         (0 when a prefill is in progress or the next batch admits)."""
         if not self.order or self.would_admit():
             return 0
-        if any(not (r.computed >= r.known - 1 and r.outputs > 0) for r in self.order):
-            return 0
-        k, _ = self._stretch_demand(min(r.max_tokens - r.outputs for r in self.order))
-        return k
+        k = 1 << 62
+        for r in self.order:
+            if r.outputs == 0 or r.computed < r.known - 1:  # still prefilling
+                return 0
+            left = r.max_tokens - r.outputs
+            if left < k:
+                k = left
+        return self._stretch_demand(k)
 
     def next_batch_plan_decode(self) -> tuple[int, int]:
         self._new = []
         return len(self.order), self.kv
 
     def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
-        _, blocks = self._stretch_demand(k)
         bs = self.bs
-        self.free -= blocks
         self.kv += len(self.order) * k
         done: list[int] = []
         keep: list[_SReq] = []
         for r in self.order:
             room = r.blocks * bs - r.computed
-            if k > room:
-                r.blocks += (k - room - 1) // bs + 1
+            if k > room:  # a block at batches room, room + bs, ... (no restart: paid for)
+                more = (k - room - 1) // bs + 1
+                r.blocks += more
+                self.free -= more
             r.computed += k
             r.outputs += k
+            r.known += k
             if r.outputs >= r.max_tokens:
                 r.running = False
                 self.n_running -= 1
