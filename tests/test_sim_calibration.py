@@ -5,6 +5,9 @@ FDFO/sync ratios (a model-accuracy check: it compares numbers read from the comm
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -94,20 +97,26 @@ def test_bad_tables_are_named(tmp_path: Path, text: str, match: str) -> None:
         Calibration.load(tmp_path / "missing.json")
 
 
-def _calibrated_lines(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
-    assert simulate_main(["dllm", "--calibration", str(TABLE), *argv]) == 0
-    out = capsys.readouterr().out
+@functools.cache
+def _calibrated_output(*argv: str) -> str:
+    """`simulate dllm --calibration TABLE ...`'s stdout (each command line runs once)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert simulate_main(["dllm", "--calibration", str(TABLE), *argv]) == 0
+    return out.getvalue()
+
+
+def _calibrated_lines(*argv: str) -> list[list[str]]:
+    out = _calibrated_output(*argv)
     assert "predicted" in out and "measured" in out
     return [x.split() for x in out.splitlines()]
 
 
-def test_calibrated_simulation_does_the_measured_work(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_calibrated_simulation_does_the_measured_work() -> None:
     """Replaying the profiles, the simulated scheduler does the engine's forwards per run,
     sync's lock-step forwards included (within 2%: only the order of finishing may differ)."""
     cal = Calibration.load(TABLE)
-    lines = _calibrated_lines([], capsys)
+    lines = _calibrated_lines("--profile-order", "cycle")
     checked = 0
     for k in cal.seats():
         for mode in ("sync", "fdfo"):
@@ -136,28 +145,24 @@ def _ratio_lines(lines: list[list[str]], cal: Calibration) -> list[tuple[float, 
 
 
 @pytest.mark.parametrize("order", ["cycle", "sample"])
-def test_calibrated_prediction_within_10_percent_at_every_seat(
-    order: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_calibrated_prediction_within_10_percent_at_every_seat(order: str) -> None:
     """The issue's goal, with the shared time model (one cost per forward, row and round for
     every mode, so sync and FDFO differ only by the simulated work): the predicted FDFO/sync and
     FDFO+reuse/sync ratios are within 10% of the measured ones (every repeat pooled) at every
     measured seat count, and inside the range of the per-repeat paired ratios."""
     cal = Calibration.load(TABLE)
-    lines = _calibrated_lines(["--profile-order", order], capsys)
+    lines = _calibrated_lines("--profile-order", order)
     for predicted, pooled, spread in _ratio_lines(lines, cal):
         assert abs(predicted / pooled - 1) < 0.10, (order, predicted, pooled)
         lo, hi = (float(x) for x in spread.split(".."))
         assert lo <= predicted <= hi, (order, predicted, spread)
 
 
-def test_per_mode_costs_replay_the_measured_throughputs(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_per_mode_costs_replay_the_measured_throughputs() -> None:
     """Each mode's own measured costs over the replayed work give back the pooled measured
     ratios (to 0.5%): the simulated forwards, rows and rounds are the engine's."""
     cal = Calibration.load(TABLE)
-    lines = _calibrated_lines(["--time-model", "per-mode"], capsys)
+    lines = _calibrated_lines("--time-model", "per-mode")
     for predicted, pooled, _ in _ratio_lines(lines, cal):
         assert predicted == pytest.approx(pooled, rel=0.005)
 
