@@ -1,0 +1,108 @@
+"""The golden oracle of the engine: one request decoded alone, dense, unpaged and unbatched.
+
+`golden_decode` runs the engine's model and algorithm (same parameters) on one request with
+nothing the serving path adds: no KV pool, no request-to-token table, no batch, no carry. Each
+forward is `BlockDiffusionLM.forward_dense` over the whole sequence so far (the committed
+blocks, then the current block) under the block-causal mask; only the current block's logits
+are kept, with the MASK logit suppressed as the engine's model runner does. Everything else is
+the engine's rule:
+
+- blocks start at multiples of block_size; a block holds the prompt's tokens at prompt
+  positions and MASK elsewhere, so a full prompt block is decoded too (it has no masks: one
+  forward, committed unchanged) and a partial last prompt block is the first output block with
+  its prompt positions fixed;
+- each block is decoded by the algorithm in sync mode (`DllmAlgorithm.run`), from a fresh state;
+- after each committed block the request finishes as the spec says (`spec.machine`
+  `finish_condition`): EOS when an EOS is among the first max_new_tokens generated tokens,
+  else LENGTH once max_new_tokens tokens are generated; the output is cut at max_new_tokens and
+  after the first EOS (`request_output`). A request is validated as the engine validates it
+  (`validate_request`), so its blocks always fit the context.
+
+Token ids are the config's (spec) ids, mapped to the model's with the engine's `TokenMap`.
+Since every row of a batched block forward depends only on its own request, an engine that is
+correct outputs exactly the golden output at every batch size and in every mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpu.algorithms import DllmAlgorithm
+from gpu.model import BlockDiffusionLM
+from gpu.token_map import TokenMap
+from gpu.tokenizer import EOS_ID, MASK_ID
+from spec.config import DllmConfig, RequestSpec, validate_request
+from spec.events import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenDecode:
+    """The golden decoding of one request.
+
+    tokens: the output in the config's ids (generated tokens, cut at max_new_tokens and after
+        the first EOS, EOS included), as the engine reports it.
+    finish_reason: why the request finished.
+    forwards_per_block: forwards each block took (prompt-only blocks included, final forward
+        included), in block order.
+    """
+
+    tokens: tuple[int, ...]
+    finish_reason: FinishReason
+    forwards_per_block: tuple[int, ...]
+
+
+def finish_of(
+    config: DllmConfig, request: RequestSpec, generated: list[int]
+) -> tuple[FinishReason, tuple[int, ...]] | None:
+    """(reason, output) once the generated tokens (config ids) end the request, else None."""
+    limit = request.max_new_tokens
+    eos = config.eos_token_id
+    head = generated[:limit]
+    if eos is not None and eos in head:
+        return FinishReason.EOS, tuple(head[: head.index(eos) + 1])
+    if len(generated) >= limit:
+        return FinishReason.LENGTH, tuple(head)
+    return None
+
+
+def golden_decode(
+    model: BlockDiffusionLM,
+    algorithm: DllmAlgorithm,
+    config: DllmConfig,
+    request: RequestSpec,
+) -> GoldenDecode:
+    """Decode `request` alone (see the module docstring). Raises the engine's request errors
+    (`spec.errors.RequestError` subclasses) for a request the engine would refuse."""
+    validate_request(config, request)
+    tokens = TokenMap(config, model.config.vocab_size, MASK_ID, EOS_ID)
+    tokens.check_prompt(request.request_id, request.prompt)
+    prompt = tokens.to_internal(request.prompt)
+    size = config.block_size
+    device = model.embed.weight.device
+    committed = torch.empty(0, dtype=torch.long, device=device)  # internal ids
+    generated: list[int] = []  # config ids
+    forwards: list[int] = []
+    start = 0
+    with torch.inference_mode():
+        while True:
+            ids = [prompt[p] if p < len(prompt) else MASK_ID for p in range(start, start + size)]
+            block = torch.tensor([ids], dtype=torch.long, device=device)
+            context = committed
+
+            def forward(rows: torch.Tensor, context: torch.Tensor = context) -> torch.Tensor:
+                sequence = torch.cat((context[None], rows), dim=1)
+                logits = model.forward_dense(sequence, size)[:, context.shape[0] :]
+                logits[..., MASK_ID] = float("-inf")  # as the engine's model runner does
+                return logits
+
+            _, count = algorithm.run(forward, block, algorithm.init_states(block), "sync")
+            forwards.append(count)
+            committed = torch.cat((committed, block[0]))
+            spec_block = tokens.to_spec(block[0].tolist())
+            generated.extend(t for p, t in enumerate(spec_block, start) if p >= len(prompt))
+            start += size
+            end = finish_of(config, request, generated)
+            if end is not None:
+                return GoldenDecode(end[1], end[0], tuple(forwards))
