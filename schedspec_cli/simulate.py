@@ -130,7 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
         "times measured on the engine; also sets the block size, requests, new tokens and "
-        "seats to the measured workload's, and prints the measured ratios next to the predicted",
+        "seats to the measured workload's, replays its measured request profiles (prompt "
+        "lengths, forwards per block), and prints the measured ratios next to the predicted",
+    )
+    d.add_argument(
+        "--time-model",
+        choices=("shared", "per-mode"),
+        default="shared",
+        help="with --calibration: 'shared' fits one forward/row/round cost to every mode "
+        "(the prediction); 'per-mode' replays each mode's own measured costs (a work check)",
+    )
+    d.add_argument(
+        "--profile-order",
+        choices=("cycle", "sample"),
+        default="cycle",
+        help="with --calibration: 'cycle' replays the profiles in the benchmark's order, "
+        "'sample' draws one whole profile per request (seeded by --seed)",
     )
     _add_outputs(d)
 
@@ -284,16 +299,13 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
     else:
         dist = StepDist.default(args.block_size)
     seats = tuple(int(x) for x in args.seats.split(","))
-    cal = None
-    if args.calibration:
-        from reference.sim.calibration import Calibration
-
-        cal = Calibration.load(Path(args.calibration))
-        args.block_size = cal.block_size
-        args.requests = cal.requests
-        args.gen_blocks = cal.max_new_tokens // cal.block_size
+    cal = _load_calibration(args) if args.calibration else None
+    if cal is not None:
         seats = cal.seats()
-        if not (args.steps or args.steps_report):
+        workload = cal.workload()
+        if workload is not None:
+            dist = StepDist.from_histogram(workload.histogram(), "the calibration's profiles")
+        elif not (args.steps or args.steps_report):
             dist = StepDist.default(args.block_size)
     base = DllmParams(
         block_size=args.block_size,
@@ -304,23 +316,14 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
         alloc_cost=args.alloc_cost,
         alloc_round_cost=args.alloc_round_cost,
         seed=args.seed,
+        profiles=cal.workload() if cal is not None else None,
+        profile_order=args.profile_order,
     )
     _say(f"step distribution: {dist.source}, mean {dist.mean():.2f} forwards per block")
-    overrides = None
-    if cal is not None:
-        calib = cal
-
-        def overrides(label: str, k: int) -> dict[str, object]:
-            return {
-                "forward": calib.forward_model(label),
-                "round_overhead": calib.round_overhead(label, k),
-                "alloc_cost": 0.0,
-                "alloc_round_cost": 0.0,
-            }
-
+    overrides = _calibrated_costs(cal, args.time_model) if cal is not None else None
     rows = sweep(dist, seats, base, progress=_say, overrides=overrides)
     if cal is not None:
-        _print_calibrated(rows, cal)
+        _print_calibrated(rows, cal, args.time_model)
     out: dict[str, Any] = {
         "calibration": cal.to_json() if cal is not None else None,
         "distribution": {
@@ -349,6 +352,40 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
     if args.plots or args.trace:
         _dllm_outputs(args, base, dist, seats, rows)
     return out
+
+
+def _calibrated_costs(cal: Any, time_model: str) -> Any:
+    """Per (mode label, seats) parameter overrides from the calibration's time model."""
+    shared = cal.shared_time()
+    _say(
+        f"shared time model: {1000 * shared.per_forward:.3f} ms per forward + "
+        f"{1000 * shared.per_row:.3f} ms per row + {1000 * shared.per_round:.3f} ms per round"
+    )
+
+    def overrides(label: str, k: int) -> dict[str, object]:
+        if time_model == "shared":
+            forward, per_round = shared.forward_model(cal.block_size), shared.per_round
+        else:
+            forward, per_round = cal.forward_model(label), cal.round_overhead(label, k)
+        return {
+            "forward": forward,
+            "round_overhead": per_round,
+            "alloc_cost": 0.0,
+            "alloc_round_cost": 0.0,
+        }
+
+    return overrides
+
+
+def _load_calibration(args: argparse.Namespace) -> Any:
+    """The calibration table; the run takes the measured workload's sizes from it."""
+    from reference.sim.calibration import Calibration
+
+    cal = Calibration.load(Path(args.calibration))
+    args.block_size = cal.block_size
+    args.requests = cal.requests
+    args.gen_blocks = cal.max_new_tokens // cal.block_size
+    return cal
 
 
 def _dllm_outputs(
@@ -388,17 +425,39 @@ def _dllm_outputs(
         _say(f"wrote plots to {d}")
 
 
-def _print_calibrated(rows: list[dict[str, Any]], cal: Any) -> None:
-    print(f"calibrated on {cal.device} ({cal.source})")
-    print(f"{'seats':>5} {'mode':>10} {'predicted':>9} {'measured':>8} {'error':>6}")
+def _print_calibrated(rows: list[dict[str, Any]], cal: Any, time_model: str) -> None:
+    print(f"calibrated on {cal.device} ({cal.source}), time model: {time_model}")
+    print("forwards per run (the work): simulated vs measured")
+    print(f"{'seats':>5} {'mode':>10} {'simulated':>9} {'measured':>8}")
     for row in rows:
-        k = str(row["max_running_requests"])
+        seats = int(row["max_running_requests"])
+        for label in ("sync", "fdfo"):
+            measured_row = cal.row(label, seats)
+            if measured_row is not None:
+                fwd = measured_row.forwards / cal.repeats
+                print(f"{seats:>5} {label:>10} {row[label + '_forwards']:>9.0f} {fwd:>8.1f}")
+    print(
+        "throughput ratios: predicted; measured = every repeat pooled (tokens / seconds of the "
+        "summed runs); median and range of the per-repeat paired ratios (the benchmark's)"
+    )
+    print(
+        f"{'seats':>5} {'mode':>10} {'predicted':>9} {'measured':>8} {'error':>6} "
+        f"{'median':>6} {'error':>6} {'paired range':>13}"
+    )
+    for row in rows:
+        k = int(row["max_running_requests"])
         for label, key in (("fdfo", "fdfo_over_sync"), ("fdfo+reuse", "fdfo_reuse_over_sync")):
-            measured = cal.measured_ratios.get(f"{label}/sync", {}).get(k)
+            pooled = cal.pooled_ratio(label, "sync", k)
+            if pooled is None:
+                continue
             pred = float(row[key])
-            if measured:
-                err = f"{100 * (pred / measured - 1):+5.1f}%"
-                print(f"{k:>5} {label:>10} {pred:>9.3f} {measured:>8.3f} {err:>6}")
+            median = cal.measured_ratios.get(f"{label}/sync", {}).get(str(k), math.nan)
+            lo, hi = cal.paired_range.get(f"{label}/sync", {}).get(str(k), (math.nan, math.nan))
+            err, err_median = 100 * (pred / pooled - 1), 100 * (pred / median - 1)
+            print(
+                f"{k:>5} {label:>10} {pred:>9.3f} {pooled:>8.3f} {err:+5.1f}% "
+                f"{median:>6.3f} {err_median:+5.1f}% {lo:>6.3f}..{hi:<6.3f}"
+            )
 
 
 def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:

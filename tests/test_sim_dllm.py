@@ -3,13 +3,17 @@ ideal bound, and the direction of the effects."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from properties.sim.checks import check_time_monotone, harness_driver
 from reference.sim.dllm import DllmParams, StepDist, simulate_dllm, sweep
+from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import Constant
-from spec.config import Mode
+from spec.config import Mode, request_shape
 
 CASES = [
     (Mode.SYNC, False, False),
@@ -89,3 +93,65 @@ def test_reuse_pays_only_with_allocation_costs() -> None:
     without = simulate_dllm(DllmParams(in_place_reuse=False, **kw), dist)  # type: ignore[arg-type]
     assert with_reuse.allocations < without.allocations
     assert with_reuse.throughput > without.throughput
+
+
+# -- measured request profiles (reference.sim.dllm_profile) ---------------------------------
+
+PROFILES = ProfileWorkload(
+    (
+        RequestProfile(prompt_len=5, forwards=(3, 9, 2), tokens=20),  # a partial prompt block
+        RequestProfile(prompt_len=8, forwards=(2, 9), tokens=16),  # whole prompt block
+        RequestProfile(prompt_len=13, forwards=(4,), tokens=3),  # finished early (EOS)
+    )
+)
+
+
+def test_cycled_profiles_replay_the_measured_blocks_in_order() -> None:
+    reqs = PROFILES.requests(7, 8, "cycle")
+    assert [r.forwards for r in reqs] == [PROFILES.profiles[i % 3].forwards for i in range(7)]
+    for r in reqs:
+        # the token budget makes the request occupy exactly its measured blocks
+        shape = request_shape(DllmParams().config(), r.prompt_len, r.max_new_tokens)
+        assert shape.total_blocks == r.prompt_len // 8 + len(r.forwards)
+    assert PROFILES.histogram() == {2: 2, 3: 1, 4: 1, 9: 2}
+
+
+def test_sampled_profiles_draw_whole_requests() -> None:
+    a = PROFILES.requests(60, 8, "sample", np.random.default_rng(1))
+    b = PROFILES.requests(60, 8, "sample", np.random.default_rng(1))
+    c = PROFILES.requests(60, 8, "sample", np.random.default_rng(2))
+    assert a == b and a != c
+    whole = {(p.prompt_len, p.forwards, p.tokens) for p in PROFILES.profiles}
+    drawn = {(r.prompt_len, r.forwards, r.tokens) for r in a}
+    assert drawn == whole  # each request one whole profile (blocks stay correlated), all seen
+    with pytest.raises(SimConfigError, match="profile_order"):
+        PROFILES.requests(3, 8, "shuffle")
+
+
+def test_profiles_that_cannot_be_replayed_are_refused() -> None:
+    # prompt 13 leaves 3 masks in the first output block: at most 4 forwards
+    with pytest.raises(SimConfigError, match=r"block 0: 2\.\.4"):
+        RequestProfile(13, (5,), 3).check(8)
+    with pytest.raises(SimConfigError, match=r"block 1: 2\.\.9"):
+        RequestProfile(8, (2, 10), 16).check(8)
+    with pytest.raises(SimConfigError, match="profiles"):
+        ProfileWorkload(()).check(8)
+
+
+def test_simulation_replays_the_profiles_work() -> None:
+    base = DllmParams(
+        block_size=8, max_running=3, num_requests=7, forward=Constant(0.01), profiles=PROFILES
+    )
+    dist = StepDist.uniform(2, 9)
+    reqs = PROFILES.requests(7, 8)
+    alone = simulate_dllm(dataclasses.replace(base, max_running=1), dist)
+    # alone, a request takes one forward per prompt block plus its blocks' measured forwards
+    assert alone.forwards == sum(r.prompt_len // 8 + sum(r.forwards) for r in reqs)
+    runs = {}
+    for mode, reuse in ((Mode.SYNC, False), (Mode.FDFO, True)):
+        p = dataclasses.replace(base, mode=mode, in_place_reuse=reuse)
+        runs[mode] = res = simulate_dllm(p, dist, driver=harness_driver())  # spec-checked
+        assert res.output_tokens == sum(r.tokens for r in reqs)
+        assert res.forwards < alone.forwards  # rows share forwards
+    # sync: every forward of a batch lasts until its slowest block is done
+    assert runs[Mode.SYNC].forwards > runs[Mode.FDFO].forwards

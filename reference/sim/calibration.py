@@ -4,10 +4,11 @@
 A calibration table is JSON (`scripts/calibrate_dllm.py` writes one from the engine benchmark):
 
     {
-      "schema": "schedspec.dllm-calibration/1",
+      "schema": "schedspec.dllm-calibration/2",
       "device": "cpu",                      # where it was measured
       "source": "...",                      # the command that measured it
       "block_size": 8, "requests": 128, "max_new_tokens": 32,   # the measured workload
+      "repeats": 5,                         # new in /2: runs summed into each row
       "rows": [                             # one per (mode, max_running), repeats summed
         {"mode": "sync" | "fdfo" | "fdfo+reuse" | "fdfo+reuse+reloop",
          "max_running": 4,
@@ -17,25 +18,53 @@ A calibration table is JSON (`scripts/calibrate_dllm.py` writes one from the eng
          "rows_per_forward": 3.97,          # row_forwards / forwards
          "seconds_per_round": 0.0021}       # (seconds - forward_seconds) / rounds
       ],
-      "measured_ratios": {"fdfo/sync": {"4": 1.633}, ...}   # the benchmark's own ratios
+      "measured_ratios": {"fdfo/sync": {"4": 1.633}, ...},  # median over repeats of the
+                                            # paired (same repeat) ratios, as the benchmark's
+      "paired_range": {"fdfo/sync": {"4": [1.39, 2.08]}, ...},  # new in /2: lowest, highest
+      "profiles": [                         # new in /2: what the model did on each prompt
+        {"prompt_len": 15, "forwards": [2, 2, 6, 9, 6], "tokens": 32}, ...
+      ]
     }
 
-The simulator charges a forward of r rows the mode's seconds per forward interpolated linearly
-in rows per forward (extrapolated from the end points, never below 0), and each round the
-mode's non-forward seconds per round interpolated in max_running; allocation costs are then 0
-(they are inside the per-round figure).
+`profiles` holds one `reference.sim.dllm_profile.RequestProfile` per prompt of the benchmark's
+prompt set, in its order (the benchmark cycles them to `requests` requests): the prompt's length,
+the forwards each output block took until done (final-KV forward included; EOS finishing shows
+as fewer blocks) and the output tokens counted. With them the simulator replays the measured
+work (sync's lock-step forwards included) instead of drawing rounds per block i.i.d.; an empty
+list falls back to the histogram draws. Schema /1 (no profiles) is no longer read: re-run
+`scripts/calibrate_dllm.py`.
+
+Two time models are built from a table (`simulate dllm --time-model`):
+
+- "shared" (the default, the prediction): one model for every mode, fitted by least squares to
+  all rows' total seconds: seconds = per_forward * forwards + per_row * row_forwards +
+  per_round * rounds (`SharedTime`). A forward of r rows costs per_forward + per_row * r and a
+  round per_round; the difference between sync and FDFO then comes from the simulated work
+  alone (FDFO's in-place reuse saves allocations the fit does not see, so it predicts no
+  reuse gain).
+- "per-mode" (a replay check): each mode's own seconds per forward interpolated linearly in rows
+  per forward (extrapolated from the end points, never below 0) and its own non-forward seconds
+  per round interpolated in max_running. Once the simulated work equals the measured work this
+  reproduces the pooled measured throughputs by construction, so it checks the work, not the
+  time model.
+
+Allocation costs are 0 in both (they are inside the fitted figures).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reference.sim.errors import SimError
+import numpy as np
 
-SCHEMA = "schedspec.dllm-calibration/1"
+from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
+from reference.sim.errors import SimConfigError, SimError
+
+SCHEMA = "schedspec.dllm-calibration/2"
 MODES = ("sync", "fdfo", "fdfo+reuse", "fdfo+reuse+reloop")
 
 
@@ -86,6 +115,31 @@ class CalibrationRow:
         }
 
 
+def _paired_ratios(
+    runs: list[tuple[int, dict[str, Any]]], names: list[str]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, tuple[float, float]]]]:
+    """Per 'num/den' name and max_running: the median and the range over repeats of the
+    throughput ratio of num's and den's runs in the same repeat (of the same benchmark)."""
+    by: dict[tuple[str, int, int, int], dict[str, Any]] = {
+        (str(r["mode"]), int(r["max_running"]), b, int(r["repeat"])): r for b, r in runs
+    }
+    median: dict[str, dict[str, float]] = {}
+    spread: dict[str, dict[str, tuple[float, float]]] = {}
+    for name in names:
+        num, _, den = name.partition("/")
+        pairs: dict[int, list[float]] = {}
+        for (mode, k, b, rep), r in by.items():
+            d = by.get((den, k, b, rep))
+            if mode == num and d is not None:
+                x = (r["tokens"] / r["seconds"]) / (d["tokens"] / d["seconds"])
+                pairs.setdefault(k, []).append(x)
+        median[name] = {str(k): round(statistics.median(v), 3) for k, v in sorted(pairs.items())}
+        spread[name] = {
+            str(k): (round(min(v), 3), round(max(v), 3)) for k, v in sorted(pairs.items())
+        }
+    return median, spread
+
+
 def _interp(points: list[tuple[float, float]], x: float) -> float:
     """Piecewise linear through sorted points, extrapolated from the end segments."""
     if len(points) == 1:
@@ -111,6 +165,44 @@ class CalibratedForward:
         return max(0.0, _interp(list(self.points), rows))
 
 
+@dataclass(frozen=True, slots=True)
+class SharedTime:
+    """seconds = per_forward * forwards + per_row * row_forwards + per_round * rounds."""
+
+    per_forward: float
+    per_row: float
+    per_round: float
+
+    def forward_model(self, block_size: int) -> CalibratedForward:
+        one = self.per_forward + self.per_row
+        return CalibratedForward(block_size, ((0.0, self.per_forward), (1.0, one)))
+
+    def seconds(self, row: CalibrationRow) -> float:
+        return (
+            self.per_forward * row.forwards
+            + self.per_row * row.row_forwards
+            + self.per_round * row.rounds
+        )
+
+
+def fit_shared(rows: tuple[CalibrationRow, ...]) -> SharedTime:
+    """Non-negative least squares over every row's total seconds (a coefficient that would go
+    negative is dropped and the rest refitted)."""
+    cols = ("forwards", "row_forwards", "rounds")
+    keep = list(range(len(cols)))
+    y = np.array([r.seconds for r in rows])
+    while True:
+        a = np.array([[float(getattr(r, cols[j])) for j in keep] for r in rows])
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        if len(keep) == 1 or min(coef) >= 0:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = [0.0, 0.0, 0.0]
+    for j, c in zip(keep, coef, strict=True):
+        full[j] = max(0.0, float(c))
+    return SharedTime(full[0], full[1], full[2])
+
+
 @dataclass(frozen=True)
 class Calibration:
     device: str
@@ -120,6 +212,28 @@ class Calibration:
     max_new_tokens: int
     rows: tuple[CalibrationRow, ...]
     measured_ratios: dict[str, dict[str, float]]
+    profiles: tuple[RequestProfile, ...] = ()
+    repeats: int = 1
+    # per ratio and max_running: the lowest and highest paired ratio over the repeats
+    paired_range: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+
+    def pooled_ratio(self, num: str, den: str, max_running: int) -> float | None:
+        """Throughput num/den over every repeat at once: (tokens / seconds) of the summed
+        runs. Unlike the median of paired ratios it weighs every repeat."""
+        a, b = self.row(num, max_running), self.row(den, max_running)
+        if a is None or b is None:
+            return None
+        return (a.tokens / a.seconds) / (b.tokens / b.seconds)
+
+    def workload(self) -> ProfileWorkload | None:
+        """The measured request profiles (None: the table has none)."""
+        return ProfileWorkload(self.profiles) if self.profiles else None
+
+    def shared_time(self) -> SharedTime:
+        return fit_shared(self.rows)
+
+    def row(self, mode: str, max_running: int) -> CalibrationRow | None:
+        return next((r for r in self.of(mode) if r.max_running == max_running), None)
 
     def of(self, mode: str) -> list[CalibrationRow]:
         rows = sorted((r for r in self.rows if r.mode == mode), key=lambda r: r.max_running)
@@ -147,17 +261,46 @@ class Calibration:
             "block_size": self.block_size,
             "requests": self.requests,
             "max_new_tokens": self.max_new_tokens,
+            "repeats": self.repeats,
             "rows": [r.to_json() for r in self.rows],
             "measured_ratios": self.measured_ratios,
+            "paired_range": {
+                k: {kk: list(vv) for kk, vv in v.items()} for k, v in self.paired_range.items()
+            },
+            "profiles": [p.to_json() for p in self.profiles],
         }
 
     @classmethod
-    def from_bench(cls, bench: dict[str, Any], source: str) -> Calibration:
-        """From `schedspec bench engine --json` output (every repeat's run summed)."""
+    def from_bench(
+        cls,
+        bench: dict[str, Any],
+        source: str,
+        profiles: tuple[RequestProfile, ...] = (),
+    ) -> Calibration:
+        """From `schedspec bench engine --json` output and the measured profiles of its
+        prompts."""
+        return cls.from_benches([bench], source, profiles)
+
+    @classmethod
+    def from_benches(
+        cls,
+        benches: list[dict[str, Any]],
+        source: str,
+        profiles: tuple[RequestProfile, ...] = (),
+    ) -> Calibration:
+        """From one or more engine benchmark JSONs of the same workload: every repeat's run
+        summed per (mode, max_running); the measured ratios are the median over all repeats
+        of the paired (same repeat) ratios, as the benchmark computes them."""
         try:
-            s = bench["settings"]
+            s = benches[0]["settings"]
+            runs = [(i, run) for i, bench in enumerate(benches) for run in bench["runs"]]
+            for bench in benches[1:]:
+                other = bench["settings"]
+                for f in ("block_size", "requests", "max_new_tokens", "algorithm"):
+                    if other[f] != s[f]:
+                        raise CalibrationError(source, f"benchmarks differ in {f}")
             sums: dict[tuple[str, int], list[float]] = {}
-            for run in bench["runs"]:
+            for _, run in runs:
                 key = (str(run["mode"]), int(run["max_running"]))
                 acc = sums.setdefault(key, [0.0] * 6)
                 for i, f in enumerate(
@@ -168,16 +311,21 @@ class Calibration:
                 CalibrationRow(m, k, int(a[0]), int(a[1]), int(a[2]), int(a[3]), a[4], a[5])
                 for (m, k), a in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0]))
             )
+            names = [str(n) for n in benches[0].get("ratios", {})]
+            median, spread = _paired_ratios(runs, names)
             return cls(
-                str(bench.get("device", "?")),
+                str(benches[0].get("device", "?")),
                 source,
                 int(s["block_size"]),
                 int(s["requests"]),
                 int(s["max_new_tokens"]),
                 rows,
-                {k: dict(v) for k, v in bench.get("ratios", {}).items()},
+                median,
+                profiles,
+                sum(int(b["settings"].get("repeats", 1)) for b in benches),
+                spread,
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, IndexError) as err:
             raise CalibrationError(source, f"not an engine benchmark JSON ({err!r})") from None
 
     @classmethod
@@ -215,14 +363,27 @@ class Calibration:
                     k: {kk: float(vv) for kk, vv in v.items()}
                     for k, v in data["measured_ratios"].items()
                 },
+                tuple(RequestProfile.from_json(p) for p in data["profiles"]),
+                int(data["repeats"]),
+                {
+                    k: {kk: (float(vv[0]), float(vv[1])) for kk, vv in v.items()}
+                    for k, v in data["paired_range"].items()
+                },
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CalibrationError(str(path), f"missing or bad field ({err!r})") from None
+        try:
+            for prof in cal.profiles:
+                prof.check(cal.block_size)
+        except SimConfigError as err:
+            raise CalibrationError(str(path), f"profiles: {err}") from None
         for r in rows:
             if r.mode not in MODES:
                 raise CalibrationError(str(path), f"mode {r.mode!r}: one of {', '.join(MODES)}")
             if min(r.forwards, r.row_forwards, r.rounds, r.max_running) < 1 or r.seconds <= 0:
                 raise CalibrationError(str(path), f"row {r.mode} x{r.max_running}: counts >= 1")
+        if cal.repeats < 1:
+            raise CalibrationError(str(path), "repeats must be >= 1")
         if cal.block_size < 1 or cal.max_new_tokens % cal.block_size:
             raise CalibrationError(str(path), "max_new_tokens must be a multiple of block_size")
         return cal

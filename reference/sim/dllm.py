@@ -2,8 +2,12 @@
 
 The reference dLLM scheduler (`reference.dllm.ReferenceDllmScheduler`, or any
 `spec.adapter` implementation) runs unchanged; a `ScriptedOracle` makes output block k of
-request r take F(r, k) forwards, F drawn from a `StepDist` (a user histogram or the shipped
-model's measured one). The simulator reads the scheduler's events and charges time:
+request r take F(r, k) forwards. F comes either from i.i.d. draws of a `StepDist` (a user
+histogram or the shipped model's measured one; every request has a one-block prompt and
+gen_blocks output blocks) or, when `DllmParams.profiles` is set, from measured request profiles
+(`reference.sim.dllm_profile`: each request's prompt length, per-block forwards and block count
+as the engine served it, replayed in the benchmark's order or drawn whole per request). The
+simulator reads the scheduler's events and charges time:
 
 - each `Forward`: exec_model.batch_time(rows * block_size, 0, KV slots owned),
 - each `KvAllocated`: alloc_cost (allocating a block: KV slots, request-pool row bookkeeping,
@@ -34,6 +38,7 @@ import numpy as np
 
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
+from reference.sim.dllm_profile import ProfileWorkload, SimRequest
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import ExecModel, Linear
 from reference.sim.workload import FloatArray
@@ -202,11 +207,33 @@ class DllmParams:
     alloc_round_cost: float = 0.0015
     seed: int = 0
     arrival_interval: float = 0.0  # 0: all requests at t=0 (offline throughput, as GSM8K runs)
+    # measured request profiles (replace the StepDist draws, the prompts and gen_blocks)
+    profiles: ProfileWorkload | None = None
+    profile_order: str = "cycle"  # "cycle": the benchmark's order; "sample": one draw each
+
+    def max_blocks(self) -> int:
+        """Blocks per request at most (prompt blocks included)."""
+        if self.profiles is not None:
+            return self.profiles.max_blocks(self.block_size)
+        return 1 + self.gen_blocks
+
+    def requests(self, dist: StepDist, rng: np.random.Generator) -> list[SimRequest]:
+        """The simulated requests: measured profiles, or i.i.d. draws behind a one-block
+        prompt."""
+        b, n = self.block_size, self.num_requests
+        if self.profiles is not None:
+            self.profiles.check(b)
+            return self.profiles.requests(n, b, self.profile_order, rng)
+        g = self.gen_blocks
+        flat = dist.clipped(b).draw(rng, n * g)
+        return [
+            SimRequest(f"r{i}", b, g * b, tuple(flat[i * g : (i + 1) * g]), g * b) for i in range(n)
+        ]
 
     def config(self) -> DllmConfig:
         b = self.block_size
-        ctx = (1 + self.gen_blocks) * b
-        pages = self.max_running * (1 + self.gen_blocks)
+        ctx = self.max_blocks() * b
+        pages = self.max_running * self.max_blocks()
         return DllmConfig(
             block_size=b,
             page_size=b,
@@ -296,11 +323,14 @@ class _DllmRun:
         self.params = params
         self.config = config = params.config()
         b = config.block_size
-        rng = np.random.default_rng(params.seed)
-        self.rids = [f"r{i}" for i in range(params.num_requests)]
-        g = params.gen_blocks
-        flat = dist.clipped(b).draw(rng, params.num_requests * g)
-        draws = {(rid, 1 + j): flat[i * g + j] for i, rid in enumerate(self.rids) for j in range(g)}
+        self.reqs = params.requests(dist, np.random.default_rng(params.seed))
+        self.rids = [r.request_id for r in self.reqs]
+        self.tokens = {r.request_id: r.tokens for r in self.reqs}
+        draws = {
+            (r.request_id, r.prompt_len // b + j): f
+            for r in self.reqs
+            for j, f in enumerate(r.forwards)
+        }
         factory = scripted_factory(draws)
         self.drv: DllmDriver = (
             driver(factory, config)
@@ -308,8 +338,6 @@ class _DllmRun:
             else DirectDriver(factory, config, check_spec)
         )
         self.arrivals = [i * params.arrival_interval for i in range(params.num_requests)]
-        self.prompt = tuple(1 + (i % 7) for i in range(b))  # one whole prompt block
-        self.new_tokens = g * b
         self.now = 0.0
         self.next = 0  # the next request to submit
         self.active = 0
@@ -354,8 +382,10 @@ class _DllmRun:
 
     def _submit_arrivals(self) -> None:
         while self.next < len(self.rids) and self.arrivals[self.next] <= self.now:
-            rid = self.rids[self.next]
-            self.drv.submit(RequestSpec(rid, self.prompt, self.new_tokens))
+            req = self.reqs[self.next]
+            rid = req.request_id
+            prompt = tuple(1 + (i % 7) for i in range(req.prompt_len))
+            self.drv.submit(RequestSpec(rid, prompt, req.max_new_tokens))
             self.arrival[rid] = self.arrivals[self.next]
             self.next += 1
 
@@ -401,7 +431,7 @@ class _DllmRun:
             self.owned -= len(e.slots)
         elif isinstance(e, Finished):
             self.completion[e.request_id] = self.now
-            self.output_tokens += self.new_tokens
+            self.output_tokens += self.tokens[e.request_id]
             self.active -= 1
         elif isinstance(e, ControlReturned):
             self.now += p.round_overhead
@@ -456,6 +486,9 @@ def sweep(
                 "fdfo_reuse_over_sync": res["fdfo+reuse"].throughput / sync,
                 "reuse_gain": res["fdfo+reuse"].throughput / res["fdfo"].throughput - 1.0,
                 "ideal_bound": dist.clipped(base.block_size).ideal_ratio(k),
+                "sync_forwards": float(res["sync"].forwards),
+                "fdfo_forwards": float(res["fdfo"].forwards),
+                "fdfo_reuse_forwards": float(res["fdfo+reuse"].forwards),
             }
         )
     return rows
