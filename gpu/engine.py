@@ -217,6 +217,9 @@ class DllmEngine:
         self.model_config = mc
         self.model = model
         self.algorithm = algorithm
+        # What golden_output decodes with: the algorithm as configured, so a code path that
+        # swaps in another one (or other parameters) is measured against what was asked for.
+        self.configured_algorithm = algorithm
         self.tokens = TokenMap(config, mc.vocab_size, MASK_ID, EOS_ID)
         self.mask_id = MASK_ID
         self.allocator = PagedKvAllocator(

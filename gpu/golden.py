@@ -149,10 +149,11 @@ def cached_golden_decode(
 
 
 def engine_golden(engine: DllmEngine, request: RequestSpec) -> FinishedOutput:
-    """`DllmEngine.golden_output`: the request decoded alone with the engine's model, algorithm
-    and configuration. Raises `GoldenUnavailable` when the engine's algorithm is not a
+    """`DllmEngine.golden_output`: the request decoded alone with the engine's model, its
+    algorithm as configured (`configured_algorithm`, fixed at construction) and configuration.
+    Raises `GoldenUnavailable` when the engine's algorithm is not a
     `gpu.algorithms.DllmAlgorithm` (the golden decoder drives its `run`)."""
-    algorithm = engine.algorithm
+    algorithm = engine.configured_algorithm
     if not isinstance(algorithm, DllmAlgorithm):
         raise GoldenUnavailable(type(algorithm).__name__)
     result = cached_golden_decode(engine.model, algorithm, engine.config, request)
