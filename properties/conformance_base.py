@@ -106,11 +106,17 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         self.next_id += 1
         return rid
 
+    def _counted_ignored(self, violation: SpecViolation) -> bool:
+        """Whether `violation`'s rule is ignored; counts the hit when it is."""
+        if violation.rule not in self.ignored_rules:
+            return False
+        hits = type(self).ignored_hits
+        hits[violation.rule] = hits.get(violation.rule, 0) + 1
+        return True
+
     def _ignore(self, violation: SpecViolation) -> None:
         """Reject the example if `violation`'s rule is ignored (counting the hit)."""
-        if violation.rule in self.ignored_rules:
-            hits = type(self).ignored_hits
-            hits[violation.rule] = hits.get(violation.rule, 0) + 1
+        if self._counted_ignored(violation):
             reject()
 
     def build(self, make: Callable[[], H]) -> None:
@@ -170,7 +176,10 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             self.harness.guarded("drain", self.harness.drain)
             self.teardown_checks()
         except SpecViolation as v:
-            self._ignore(v)
+            # Counted, not rejected: teardown may run once Hypothesis has frozen the
+            # example's data, and rejecting then is an internal error ("Frozen").
+            if self._counted_ignored(v):
+                return
             raise
         self.counter.examples += 1
         if self.counter.on_example is not None:
