@@ -41,25 +41,14 @@ from gpu.engine import DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
 from gpu.parity import ASSETS, load_prompts
 from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
-from spec.config import DllmConfig, Mode, RequestSpec
+from spec.batch_parity import MODE_VARIANTS, ModeVariant
+from spec.config import DllmConfig, RequestSpec
 from spec.errors import ConfigError
 from spec.events import Event
 
-
-@dataclass(frozen=True, slots=True)
-class BenchMode:
-    name: str
-    mode: Mode
-    in_place_reuse: bool
-    reloop: bool
-
-
-MODES: tuple[BenchMode, ...] = (
-    BenchMode("sync", Mode.SYNC, False, False),
-    BenchMode("fdfo", Mode.FDFO, False, False),
-    BenchMode("fdfo+reuse", Mode.FDFO, True, False),
-    BenchMode("fdfo+reuse+reloop", Mode.FDFO, True, True),
-)
+# The benchmark runs the parity run's four modes (one definition for both).
+BenchMode = ModeVariant
+MODES: tuple[ModeVariant, ...] = MODE_VARIANTS
 
 RATIOS: tuple[tuple[str, str], ...] = (
     ("fdfo", "sync"),
