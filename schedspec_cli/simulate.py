@@ -289,24 +289,25 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
-    from reference.sim.dllm import DllmParams, StepDist, sweep
+def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
+    """Forwards per block: the calibration's profiles, else --steps / --steps-report / default."""
+    from reference.sim.dllm import StepDist
 
+    if cal is not None and cal.workload() is not None:
+        return StepDist.from_histogram(cal.workload().histogram(), "the calibration's profiles")
     if args.steps:
-        dist = StepDist.parse(args.steps)
-    elif args.steps_report:
-        dist = StepDist.from_report(Path(args.steps_report), args.algorithm)
-    else:
-        dist = StepDist.default(args.block_size)
-    seats = tuple(int(x) for x in args.seats.split(","))
+        return StepDist.parse(args.steps)
+    if args.steps_report:
+        return StepDist.from_report(Path(args.steps_report), args.algorithm)
+    return StepDist.default(args.block_size)
+
+
+def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
+    from reference.sim.dllm import DllmParams, sweep
+
     cal = _load_calibration(args) if args.calibration else None
-    if cal is not None:
-        seats = cal.seats()
-        workload = cal.workload()
-        if workload is not None:
-            dist = StepDist.from_histogram(workload.histogram(), "the calibration's profiles")
-        elif not (args.steps or args.steps_report):
-            dist = StepDist.default(args.block_size)
+    seats = cal.seats() if cal is not None else tuple(int(x) for x in args.seats.split(","))
+    dist = _step_distribution(args, cal)
     base = DllmParams(
         block_size=args.block_size,
         num_requests=args.requests,
@@ -338,6 +339,13 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
             "reuse_gain": {"4": 0.074, "16": 0.013},
         },
     }
+    _print_dllm_sweep(rows)
+    if args.plots or args.trace:
+        _dllm_outputs(args, base, dist, seats, rows)
+    return out
+
+
+def _print_dllm_sweep(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'seats':>5} {'sync tok/s':>11} {'fdfo':>8} {'fdfo+reuse':>10} {'ratio':>6} "
         f"{'ratio+reuse':>11} {'reuse':>7} {'bound':>6}"
@@ -349,9 +357,6 @@ def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
             f"{row['fdfo_over_sync']:>6.3f} {row['fdfo_reuse_over_sync']:>11.3f} "
             f"{100 * float(row['reuse_gain']):>6.1f}% {row['ideal_bound']:>6.3f}"
         )
-    if args.plots or args.trace:
-        _dllm_outputs(args, base, dist, seats, rows)
-    return out
 
 
 def _calibrated_costs(cal: Any, time_model: str) -> Any:
