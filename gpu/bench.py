@@ -39,8 +39,8 @@ import torch
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
-from gpu.parity import ASSETS, load_prompts
-from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
+from gpu.parity import ASSETS, engine_config, load_prompts
+from gpu.tokenizer import TOKENIZER
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
 from spec.config import DllmConfig, RequestSpec
 from spec.errors import ConfigError
@@ -100,20 +100,7 @@ def bench_config(
     mode: BenchMode, max_running: int, block_size: int, page_size: int, max_context: int
 ) -> DllmConfig:
     """Room for every running request's worst case (admission is bounded by max_running)."""
-    pages_per_request = -(-max_context // page_size)
-    return DllmConfig(
-        block_size=block_size,
-        page_size=page_size,
-        kv_pages=pages_per_request * max_running,
-        req_pool_rows=max_running,
-        max_running_requests=max_running,
-        max_context=max_context,
-        mode=mode.mode,
-        in_place_reuse=mode.in_place_reuse,
-        reloop=mode.reloop,
-        mask_token_id=MASK_ID,
-        eos_token_id=EOS_ID,
-    )
+    return engine_config(block_size, page_size, max_context, mode, max_running)
 
 
 def _noop(event: Event) -> None:

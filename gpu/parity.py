@@ -43,13 +43,14 @@ from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
 from spec.adapter import EventSink
 from spec.batch_parity import (
     MODE_VARIANTS,
+    ModeVariant,
     VariantRun,
     compare_variants,
     golden_outputs,
     run_variant,
     variant_config,
 )
-from spec.config import DllmConfig, Mode, RequestSpec
+from spec.config import DllmConfig, RequestSpec
 from spec.errors import ConfigError
 from spec.machine import SpecMachine
 from spec.parity import encode_tokens
@@ -58,21 +59,10 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 PROMPTS_FILE = ASSETS / "prompts.json"
 
 
-@dataclass(frozen=True, slots=True)
-class Variant:
-    name: str
-    mode: Mode
-    in_place_reuse: bool
-    reloop: bool
-
-
-REFERENCE = Variant("sync", Mode.SYNC, False, False)
-VARIANTS: tuple[Variant, ...] = (
-    REFERENCE,
-    Variant("fdfo", Mode.FDFO, False, False),
-    Variant("fdfo+reuse", Mode.FDFO, True, False),
-    Variant("fdfo+reuse+reloop", Mode.FDFO, True, True),
-)
+# The four modes, as the shared parity driver defines them (sync first: the reference).
+Variant = ModeVariant
+VARIANTS: tuple[ModeVariant, ...] = MODE_VARIANTS
+REFERENCE = MODE_VARIANTS[0]
 
 
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
@@ -93,22 +83,30 @@ class RunResult:
     seconds: float
 
 
-def bs1_config(block_size: int, page_size: int, max_context: int, variant: Variant) -> DllmConfig:
-    """Batch size 1, one row, a pool for exactly one request; the tokenizer's MASK and EOS."""
+def engine_config(
+    block_size: int, page_size: int, max_context: int, variant: ModeVariant, batch: int = 1
+) -> DllmConfig:
+    """`batch` seats and rows, a pool for `batch` requests of the full context each (admission
+    never waits on pages), `variant`'s mode; the tokenizer's MASK and EOS."""
     pages = -(-max_context // page_size)
-    return DllmConfig(
+    base = DllmConfig(
         block_size=block_size,
         page_size=page_size,
         kv_pages=pages,
         req_pool_rows=1,
         max_running_requests=1,
         max_context=max_context,
-        mode=variant.mode,
-        in_place_reuse=variant.in_place_reuse,
-        reloop=variant.reloop,
         mask_token_id=MASK_ID,
         eos_token_id=EOS_ID,
     )
+    return variant_config(base, variant, batch)
+
+
+def bs1_config(
+    block_size: int, page_size: int, max_context: int, variant: ModeVariant
+) -> DllmConfig:
+    """Batch size 1, one row, a pool for exactly one request; the tokenizer's MASK and EOS."""
+    return engine_config(block_size, page_size, max_context, variant, 1)
 
 
 def run_bs1(

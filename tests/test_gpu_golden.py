@@ -14,7 +14,7 @@ from gpu.algorithms import make_algorithm
 from gpu.engine import DllmEngine, tiny_model
 from gpu.golden import GoldenDecode, golden_decode
 from gpu.model import BlockDiffusionLM
-from gpu.parity import VARIANTS, Variant
+from gpu.parity import VARIANTS, Variant, engine_config
 from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec
 from spec.errors import PromptTooLong
@@ -43,21 +43,7 @@ def _requests(n: int, seed: int) -> list[RequestSpec]:
 
 
 def _config(batch: int, variant: Variant) -> DllmConfig:
-    page = 8
-    per_request = CONTEXT // page
-    return DllmConfig(
-        block_size=BLOCK,
-        page_size=page,
-        kv_pages=per_request * batch,
-        req_pool_rows=batch,
-        max_running_requests=batch,
-        max_context=CONTEXT,
-        mode=variant.mode,
-        in_place_reuse=variant.in_place_reuse,
-        reloop=variant.reloop,
-        mask_token_id=MASK_ID,
-        eos_token_id=EOS_ID,
-    )
+    return engine_config(BLOCK, 8, CONTEXT, variant, batch)
 
 
 def _run_engine(
