@@ -81,7 +81,24 @@ class _StubMeta(type):
         return iter(())
 
 
-class _Stub(metaclass=_StubMeta):
+class _Inert:
+    """Container protocol of a placeholder: indexing returns itself, writes are dropped, it
+    contains and yields nothing."""
+
+    def __getitem__(self, item: object) -> Any:
+        return self
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def __contains__(self, item: object) -> bool:
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
+class _Stub(_Inert, metaclass=_StubMeta):
     """A placeholder: subclassable, callable, a pass-through decorator."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -105,18 +122,6 @@ class _Stub(metaclass=_StubMeta):
             raise AttributeError(name)
         return _Member(f"{type(self).__name__}.{name}")
 
-    def __getitem__(self, item: object) -> Any:
-        return self
-
-    def __setitem__(self, key: object, value: object) -> None:
-        pass
-
-    def __contains__(self, item: object) -> bool:
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
-
     def __bool__(self) -> bool:
         return False
 
@@ -130,7 +135,7 @@ class PlaceholderCalled(RuntimeError):
     """A stubbed plumbing function was called: the driven path used something it must not."""
 
 
-class _Member:
+class _Member(_Inert):
     """An attribute of a placeholder: chains further attributes and calls (a pass-through
     decorator when given one function); device probes raise `PlaceholderCalled`."""
 
@@ -148,18 +153,6 @@ class _Member:
         if any(part in _RAISING for part in self._name.split(".")):
             raise PlaceholderCalled(f"{self._name}() is a schedspec placeholder (no device)")
         return _Member(f"{self._name}()")
-
-    def __getitem__(self, item: object) -> Any:
-        return self
-
-    def __setitem__(self, key: object, value: object) -> None:
-        pass
-
-    def __contains__(self, item: object) -> bool:
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
 
     def __len__(self) -> int:
         return 0
