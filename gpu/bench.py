@@ -73,6 +73,8 @@ class BenchRun:
     kv_seconds: float  # allocating / freeing block KV slots and writing the table
     row_forwards: int  # blocks run through the model, summed over forwards (the work done)
     attention_seconds: float = 0.0  # the part of forward_seconds spent in attention
+    row_rounds: int = 0  # rows (running requests) summed over rounds: per-row round work
+    block_allocations: int = 0  # block KV allocations (new blocks, re-allocated carries)
     repeat: int = 0
 
     @property
@@ -153,6 +155,8 @@ def run_once(
         kv_seconds=engine.kv_seconds,
         row_forwards=engine.rows_forwarded,
         attention_seconds=engine.runner.attention_seconds,
+        row_rounds=engine.row_rounds,
+        block_allocations=engine.blocks_allocated,
     )
 
 
@@ -214,6 +218,8 @@ def run_interleaved(
                 kv_seconds=engine.kv_seconds,
                 row_forwards=engine.rows_forwarded,
                 attention_seconds=engine.runner.attention_seconds,
+                row_rounds=engine.row_rounds,
+                block_allocations=engine.blocks_allocated,
             )
         )
     return runs
@@ -300,6 +306,8 @@ class BenchReport:
                         "step_seconds": round(r.step_seconds, 4),
                         "kv_seconds": round(r.kv_seconds, 4),
                         "attention_seconds": round(r.attention_seconds, 4),
+                        "row_rounds": r.row_rounds,
+                        "block_allocations": r.block_allocations,
                         "profile_ms_per_forward": {
                             k: round(v, 3) for k, v in r.profile_ms().items()
                         },

@@ -248,6 +248,8 @@ class DllmEngine:
         self.step_seconds = 0.0  # wall time in the algorithm's step
         self.kv_seconds = 0.0  # wall time allocating / freeing block KV and writing the table
         self.rows_forwarded = 0  # sum over forwards of the rows (blocks) they ran
+        self.row_rounds = 0  # sum over rounds of the rows (running requests) in the round
+        self.blocks_allocated = 0  # block KV allocations (new blocks and re-allocated carries)
         # A block never needs more steps than this (LowConfidence: B + 1; JointThreshold:
         # B + max_post_edit_steps + 1); beyond it the engine stops instead of looping forever.
         self.max_block_steps = 4 * config.block_size + 256
@@ -301,6 +303,7 @@ class DllmEngine:
         batch = self._prepare_batch()
         self.kv_seconds += time.perf_counter() - t0
         if batch:
+            self.row_rounds += len(batch)
             with torch.inference_mode():
                 tokens, states, done = self._run_worker(batch)
                 self._complete(batch, tokens, states, done)
@@ -389,6 +392,7 @@ class DllmEngine:
             req.handle, req.committed_blocks, prev_last
         )
         req.block_alloc_round = self.round_index
+        self.blocks_allocated += 1
 
     # ------------------------------------------------------------------ worker phase
     def _block_inputs(self, req: EngineRequest) -> tuple[torch.Tensor, object]:

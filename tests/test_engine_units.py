@@ -142,3 +142,20 @@ def test_bench_main_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert {r["max_running"] for r in data["results"]} == {1, 2}
     assert all(r["tokens_per_s"] > 0 for r in data["results"])
     assert set(data["ratios"]["fdfo/sync"]) == {"1", "2"}
+
+
+def test_bench_counts_row_rounds_and_block_allocations() -> None:
+    """The calibration's per-row-per-round and per-allocation terms are fitted to these
+    counters: sync allocates each block once; FDFO without reuse re-allocates every carried
+    block, so every row of every round allocates; with reuse a block is allocated once."""
+    import gpu.bench as bench
+
+    report = bench.run_bench([2], requests=3, max_new_tokens=8, repeats=1, model=tiny_model("cpu"))
+    runs = {r.mode: r for r in report.runs}
+    blocks = runs["sync"].block_allocations
+    assert blocks >= 3  # at least one block per request
+    assert runs["fdfo+reuse"].block_allocations == blocks
+    assert runs["fdfo+reuse+reloop"].block_allocations == blocks
+    assert runs["fdfo"].block_allocations == runs["fdfo"].row_rounds > blocks
+    for run in runs.values():
+        assert run.rounds <= run.row_rounds <= 2 * run.rounds
