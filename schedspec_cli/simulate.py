@@ -362,19 +362,20 @@ def _print_dllm_sweep(rows: list[dict[str, Any]]) -> None:
 def _calibrated_costs(cal: Any, time_model: str) -> Any:
     """Per (mode label, seats) parameter overrides from the calibration's time model."""
     shared = cal.shared_time()
-    _say(
-        f"shared time model: {1000 * shared.per_forward:.3f} ms per forward + "
-        f"{1000 * shared.per_row:.3f} ms per row + {1000 * shared.per_round:.3f} ms per round"
-    )
 
     def overrides(label: str, k: int) -> dict[str, object]:
         if time_model == "shared":
-            forward, per_round = shared.forward_model(cal.block_size), shared.per_round
-        else:
-            forward, per_round = cal.forward_model(label), cal.round_overhead(label, k)
-        return {
-            "forward": forward,
-            "round_overhead": per_round,
+            return {
+                "forward": shared.forward_model(cal.block_size),
+                "round_overhead": shared.per_round,
+                "row_round_cost": shared.per_row_round,
+                "alloc_cost": shared.per_alloc,
+                "alloc_round_cost": 0.0,
+            }
+        return {  # each mode's own measured figures include its allocations and row work
+            "forward": cal.forward_model(label),
+            "round_overhead": cal.round_overhead(label, k),
+            "row_round_cost": 0.0,
             "alloc_cost": 0.0,
             "alloc_round_cost": 0.0,
         }
@@ -432,15 +433,29 @@ def _dllm_outputs(
 
 def _print_calibrated(rows: list[dict[str, Any]], cal: Any, time_model: str) -> None:
     print(f"calibrated on {cal.device} ({cal.source}), time model: {time_model}")
-    print("forwards per run (the work): simulated vs measured")
-    print(f"{'seats':>5} {'mode':>10} {'simulated':>9} {'measured':>8}")
+    shared = cal.shared_time()
+    print(
+        f"shared time model (fitted to every mode): {1000 * shared.per_forward:.4f} ms per "
+        f"forward + {1000 * shared.per_row:.4f} ms per row + {1000 * shared.per_round:.4f} ms "
+        f"per round + {1000 * shared.per_row_round:.4f} ms per row-round + "
+        f"{1000 * shared.per_alloc:.4f} ms per block allocation"
+    )
+    print("the work per run: simulated vs measured forwards, row-rounds and block allocations")
+    print(
+        f"{'seats':>5} {'mode':>10} {'forwards':>8} {'measured':>8} {'row-rnds':>8} "
+        f"{'measured':>8} {'allocs':>7} {'measured':>8}"
+    )
     for row in rows:
         seats = int(row["max_running_requests"])
-        for label in ("sync", "fdfo"):
-            measured_row = cal.row(label, seats)
-            if measured_row is not None:
-                fwd = measured_row.forwards / cal.repeats
-                print(f"{seats:>5} {label:>10} {row[label + '_forwards']:>9.0f} {fwd:>8.1f}")
+        for label, key in (("sync", "sync"), ("fdfo", "fdfo"), ("fdfo+reuse", "fdfo_reuse")):
+            m = cal.row(label, seats)
+            if m is not None:
+                n = cal.repeats
+                print(
+                    f"{seats:>5} {label:>10} {row[key + '_forwards']:>8.0f} {m.forwards / n:>8.1f} "
+                    f"{row[key + '_row_rounds']:>8.0f} {m.row_rounds / n:>8.1f} "
+                    f"{row[key + '_allocations']:>7.0f} {m.block_allocations / n:>8.1f}"
+                )
     print(
         "throughput ratios: predicted; measured = every repeat pooled (tokens / seconds of the "
         "summed runs); median and range of the per-repeat paired ratios (the benchmark's)"

@@ -6,14 +6,17 @@
 
 --measure runs the shipped engine through `gpu.bench.run_bench` (the public API behind
 `schedspec bench engine`; --bench-json keeps its JSON); --from-bench reads that command's --json
-output (several files of the same workload pool their repeats). Either way every repeat's run is
+output (several files of the same workload pool their repeats; each must record row_rounds and
+block_allocations per run, else the script names the file, says to re-run the benchmark and
+exits with 2). Either way every repeat's run is
 summed per (mode, max_running) into the table described in `reference/sim/calibration.py`, and
 the benchmark's prompts are then served once more by the engine (FDFO with reuse at the largest
 max_running, untimed, its events recorded) to measure each prompt's profile: how many forwards
 each output block took until done, and how many blocks and tokens the request had. The profile
 run's row-forwards are checked against the benchmark's (the engine's forwards are
-batch-invariant, so they must agree). Then `schedspec simulate dllm --calibration PATH` predicts
-the FDFO/sync throughput ratios and prints them next to the measured ones.
+batch-invariant, so they must agree). The script prints each row's measured costs and the shared
+time model fitted to them. Then `schedspec simulate dllm --calibration PATH` predicts the
+FDFO/sync throughput ratios and prints them next to the measured ones.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reference.sim.calibration import Calibration
+from reference.sim.calibration import Calibration, CalibrationError
 from reference.sim.dllm_profile import RequestProfile
 
 
@@ -119,7 +122,52 @@ def check_profiles(cal: Calibration) -> None:
             sys.exit("the profile run's forwards differ from the benchmark's: not batch-invariant")
 
 
+def read_benches(files: list[str]) -> list[dict[str, Any]]:
+    """The --from-bench files, each checked to record the counts the table needs."""
+    benches = []
+    for f in files:
+        try:
+            bench = json.loads(Path(f).read_text())
+        except OSError as err:
+            raise CalibrationError(f, f"cannot be read ({err.strerror})") from None
+        except json.JSONDecodeError as err:
+            raise CalibrationError(f, f"not JSON (line {err.lineno})") from None
+        Calibration.check_bench(bench, f)
+        benches.append(bench)
+    return benches
+
+
+def print_table(cal: Calibration) -> None:
+    print(
+        f"{'mode':>18} {'seats':>5} {'s/forward':>10} {'rows/fwd':>8} {'s/round':>9} "
+        f"{'rows/rnd':>8} {'allocs':>7}"
+    )
+    for r in cal.rows:
+        print(
+            f"{r.mode:>18} {r.max_running:>5} {r.seconds_per_forward:>10.5f} "
+            f"{r.rows_per_forward:>8.2f} {r.seconds_per_round:>9.5f} "
+            f"{r.row_rounds / r.rounds:>8.2f} {r.block_allocations // cal.repeats:>7}"
+        )
+    t = cal.shared_time()
+    print(
+        f"shared time model: {1000 * t.per_forward:.4f} ms/forward, {1000 * t.per_row:.4f} "
+        f"ms/row, {1000 * t.per_round:.4f} ms/round, {1000 * t.per_row_round:.4f} ms/row-round, "
+        f"{1000 * t.per_alloc:.4f} ms/allocation"
+    )
+    for r in cal.rows:
+        err = 100 * (t.seconds(r) / r.seconds - 1)
+        print(f"{r.mode:>18} {r.max_running:>5} fit error {err:+.1f}%")
+
+
 def main() -> None:
+    try:
+        run(parse_args())
+    except CalibrationError as err:
+        print(f"calibrate_dllm: {err}", file=sys.stderr)
+        sys.exit(2)  # an input error (1 is for a mismatch)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-bench", nargs="+", help="`schedspec bench engine --json` files")
@@ -130,16 +178,24 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bench-json", help="with --measure: also write the benchmark's JSON here")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    if args.threads:
+    return ap.parse_args()
+
+
+def set_threads(threads: int) -> None:
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.measure:
+        set_threads(args.threads)
         bench, source = measure(args)
         benches = [bench]
     else:
-        benches = [json.loads(Path(f).read_text()) for f in args.from_bench]
+        benches = read_benches(args.from_bench)  # checked before torch is imported
+        set_threads(args.threads)
         source = " + ".join(
             str(b.get("command", f)) for b, f in zip(benches, args.from_bench, strict=True)
         )
@@ -150,12 +206,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
-    print(f"{'mode':>18} {'seats':>5} {'s/forward':>10} {'rows/fwd':>8} {'s/round':>9}")
-    for r in cal.rows:
-        print(
-            f"{r.mode:>18} {r.max_running:>5} {r.seconds_per_forward:>10.5f} "
-            f"{r.rows_per_forward:>8.2f} {r.seconds_per_round:>9.5f}"
-        )
+    print_table(cal)
     print(f"wrote {out} ({len(profiles)} prompt profiles)")
 
 

@@ -4,7 +4,7 @@
 A calibration table is JSON (`scripts/calibrate_dllm.py` writes one from the engine benchmark):
 
     {
-      "schema": "schedspec.dllm-calibration/2",
+      "schema": "schedspec.dllm-calibration/3",
       "device": "cpu",                      # where it was measured
       "source": "...",                      # the command that measured it
       "block_size": 8, "requests": 128, "max_new_tokens": 32,   # the measured workload
@@ -13,6 +13,10 @@ A calibration table is JSON (`scripts/calibrate_dllm.py` writes one from the eng
         {"mode": "sync" | "fdfo" | "fdfo+reuse" | "fdfo+reuse+reloop",
          "max_running": 4,
          "forwards": 6180, "row_forwards": 24560, "rounds": 810, "tokens": 13920,
+         "row_rounds": 3150,                # new in /3: rows (running requests) summed over
+                                            # rounds
+         "block_allocations": 2100,         # new in /3: block KV allocations (new blocks and
+                                            # carried blocks allocated again)
          "seconds": 20.1, "forward_seconds": 18.4,
          "seconds_per_forward": 0.00298,    # forward_seconds / forwards
          "rows_per_forward": 3.97,          # row_forwards / forwards
@@ -31,24 +35,33 @@ prompt set, in its order (the benchmark cycles them to `requests` requests): the
 the forwards each output block took until done (final-KV forward included; EOS finishing shows
 as fewer blocks) and the output tokens counted. With them the simulator replays the measured
 work (sync's lock-step forwards included) instead of drawing rounds per block i.i.d.; an empty
-list falls back to the histogram draws. Schema /1 (no profiles) is no longer read: re-run
-`scripts/calibrate_dllm.py`.
+list falls back to the histogram draws. Schemas /1 (no profiles) and /2 (no row_rounds and
+block_allocations) are no longer read: re-run `scripts/calibrate_dllm.py`, which needs an engine
+benchmark JSON that records both counts per run (`from_benches` refuses one without them).
 
 Two time models are built from a table (`simulate dllm --time-model`):
 
-- "shared" (the default, the prediction): one model for every mode, fitted by least squares to
-  all rows' total seconds: seconds = per_forward * forwards + per_row * row_forwards +
-  per_round * rounds (`SharedTime`). A forward of r rows costs per_forward + per_row * r and a
-  round per_round; the difference between sync and FDFO then comes from the simulated work
-  alone (FDFO's in-place reuse saves allocations the fit does not see, so it predicts no
-  reuse gain).
+- "shared" (the default, the prediction): one model for every mode, fitted to all rows' total
+  seconds (`fit_shared`: non-negative least squares):
+
+      seconds = per_forward * forwards + per_row * row_forwards + per_round * rounds
+                + per_row_round * row_rounds + per_alloc * block_allocations   (`SharedTime`)
+
+  A forward of r rows costs per_forward + per_row * r, a round per_round plus per_row_round for
+  every row it holds (the scheduler's per-request work: batching, events, commits), and every
+  block KV allocation per_alloc. The simulator counts the same five quantities for the run it
+  simulates (allocations are the scheduler's `KvAllocated` events, so FDFO without in-place
+  reuse pays per_alloc again for every carried block, every round), so the difference between
+  the modes comes from the simulated work alone, the reuse gain included.
 - "per-mode" (a replay check): each mode's own seconds per forward interpolated linearly in rows
   per forward (extrapolated from the end points, never below 0) and its own non-forward seconds
   per round interpolated in max_running. Once the simulated work equals the measured work this
   reproduces the pooled measured throughputs by construction, so it checks the work, not the
   time model.
 
-Allocation costs are 0 in both (they are inside the fitted figures).
+The shared model charges per_alloc as the simulator's `alloc_cost` and per_row_round as its
+`row_round_cost` (no per-round allocation cost: the fit has no such term); the per-mode one
+charges neither (they are inside each mode's measured figures).
 """
 
 from __future__ import annotations
@@ -64,7 +77,8 @@ import numpy as np
 from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
 from reference.sim.errors import SimConfigError, SimError
 
-SCHEMA = "schedspec.dllm-calibration/2"
+SCHEMA = "schedspec.dllm-calibration/3"
+OLD_SCHEMAS = ("schedspec.dllm-calibration/1", "schedspec.dllm-calibration/2")
 MODES = ("sync", "fdfo", "fdfo+reuse", "fdfo+reuse+reloop")
 
 
@@ -86,6 +100,8 @@ class CalibrationRow:
     tokens: int
     seconds: float
     forward_seconds: float
+    row_rounds: int  # rows (running requests) summed over rounds
+    block_allocations: int  # block KV allocations (new blocks, re-allocated carries)
 
     @property
     def seconds_per_forward(self) -> float:
@@ -107,6 +123,8 @@ class CalibrationRow:
             "row_forwards": self.row_forwards,
             "rounds": self.rounds,
             "tokens": self.tokens,
+            "row_rounds": self.row_rounds,
+            "block_allocations": self.block_allocations,
             "seconds": round(self.seconds, 6),
             "forward_seconds": round(self.forward_seconds, 6),
             "seconds_per_forward": round(self.seconds_per_forward, 9),
@@ -165,42 +183,94 @@ class CalibratedForward:
         return max(0.0, _interp(list(self.points), rows))
 
 
+# The shared model's terms: a CalibrationRow count and the SharedTime coefficient it scales.
+SHARED_TERMS = (
+    ("forwards", "per_forward"),
+    ("row_forwards", "per_row"),
+    ("rounds", "per_round"),
+    ("row_rounds", "per_row_round"),
+    ("block_allocations", "per_alloc"),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SharedTime:
-    """seconds = per_forward * forwards + per_row * row_forwards + per_round * rounds."""
+    """seconds = per_forward * forwards + per_row * row_forwards + per_round * rounds
+    + per_row_round * row_rounds + per_alloc * block_allocations (every coefficient >= 0)."""
 
     per_forward: float
     per_row: float
     per_round: float
+    per_row_round: float
+    per_alloc: float
 
     def forward_model(self, block_size: int) -> CalibratedForward:
         one = self.per_forward + self.per_row
         return CalibratedForward(block_size, ((0.0, self.per_forward), (1.0, one)))
 
     def seconds(self, row: CalibrationRow) -> float:
-        return (
+        return float(
             self.per_forward * row.forwards
             + self.per_row * row.row_forwards
             + self.per_round * row.rounds
+            + self.per_row_round * row.row_rounds
+            + self.per_alloc * row.block_allocations
         )
 
 
-def fit_shared(rows: tuple[CalibrationRow, ...]) -> SharedTime:
-    """Non-negative least squares over every row's total seconds (a coefficient that would go
-    negative is dropped and the rest refitted)."""
-    cols = ("forwards", "row_forwards", "rounds")
-    keep = list(range(len(cols)))
+def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "calibration") -> SharedTime:
+    """Non-negative least squares of every row's total seconds on its five counts.
+
+    The columns are scaled to unit norm (the counts differ by orders of magnitude); then every
+    subset of the columns is fitted by ordinary least squares and, among the subsets whose
+    coefficients are all >= 0, the one with the smallest residual wins (the others' coefficients
+    are 0). With five columns that is 31 small solves, and it is the exact non-negative
+    least-squares optimum: the optimum is the unconstrained fit on its own non-zero columns.
+
+    Raises CalibrationError(source, ...) when the rows do not determine the five coefficients
+    (the count matrix has rank < 5: too few rows, or counts proportional to each other, e.g.
+    a table without rows of several seat counts and of FDFO with and without reuse)."""
+    names = [n for n, _ in SHARED_TERMS]
+    a = np.array([[float(getattr(r, n)) for n in names] for r in rows]).reshape(len(rows), -1)
     y = np.array([r.seconds for r in rows])
-    while True:
-        a = np.array([[float(getattr(r, cols[j])) for j in keep] for r in rows])
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        if len(keep) == 1 or min(coef) >= 0:
-            break
-        keep.pop(int(np.argmin(coef)))
-    full = [0.0, 0.0, 0.0]
-    for j, c in zip(keep, coef, strict=True):
-        full[j] = max(0.0, float(c))
-    return SharedTime(full[0], full[1], full[2])
+    norms = np.linalg.norm(a, axis=0) if len(rows) else np.zeros(len(names))
+    rank = int(np.linalg.matrix_rank(a / np.where(norms > 0, norms, 1.0))) if len(rows) else 0
+    if rank < len(names):
+        raise CalibrationError(
+            source,
+            f"the shared time model's {len(names)} costs ({', '.join(names)}) are not "
+            f"determined by {len(rows)} rows (rank {rank}): measure sync, fdfo and fdfo+reuse "
+            "at two or more max_running values",
+        )
+    scaled = a / norms
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1, 1 << len(names)):
+        cols = [j for j in range(len(names)) if mask >> j & 1]
+        coef, *_ = np.linalg.lstsq(scaled[:, cols], y, rcond=None)
+        if min(coef) < 0:
+            continue
+        resid = float(np.sum((scaled[:, cols] @ coef - y) ** 2))
+        if best is None or resid < best[0]:
+            full = [0.0] * len(names)
+            for j, c in zip(cols, coef, strict=True):
+                full[j] = float(c) / float(norms[j])
+            best = (resid, full)
+    if best is None:  # only when no row has positive seconds: nothing costs anything
+        return SharedTime(0.0, 0.0, 0.0, 0.0, 0.0)
+    return SharedTime(*best[1])
+
+
+# a benchmark run's fields summed over repeats into a CalibrationRow, in its field order
+_SUMMED = (
+    "forwards",
+    "row_forwards",
+    "rounds",
+    "tokens",
+    "seconds",
+    "forward_seconds",
+    "row_rounds",
+    "block_allocations",
+)
 
 
 @dataclass(frozen=True)
@@ -230,7 +300,8 @@ class Calibration:
         return ProfileWorkload(self.profiles) if self.profiles else None
 
     def shared_time(self) -> SharedTime:
-        return fit_shared(self.rows)
+        """The shared time model fitted to every row (`fit_shared`)."""
+        return fit_shared(self.rows, self.source)
 
     def row(self, mode: str, max_running: int) -> CalibrationRow | None:
         return next((r for r in self.of(mode) if r.max_running == max_running), None)
@@ -270,6 +341,25 @@ class Calibration:
             "profiles": [p.to_json() for p in self.profiles],
         }
 
+    @staticmethod
+    def check_bench(bench: Any, name: str) -> None:
+        """Raise CalibrationError(name, ...) unless every run of the benchmark JSON records
+        row_rounds and block_allocations (benchmarks written before the engine counted them
+        do not: the table's shared time model needs both)."""
+        runs = bench.get("runs") if isinstance(bench, dict) else None
+        if not isinstance(runs, list) or not runs:
+            raise CalibrationError(name, "not an engine benchmark JSON (no runs)")
+        for run in runs:
+            if not isinstance(run, dict) or any(
+                not isinstance(run.get(f), int) or run[f] < 1
+                for f in ("row_rounds", "block_allocations")
+            ):
+                raise CalibrationError(
+                    name,
+                    "the benchmark's runs have no row_rounds / block_allocations (written "
+                    "before the engine counted them): re-run `schedspec bench engine --json`",
+                )
+
     @classmethod
     def from_bench(
         cls,
@@ -290,7 +380,10 @@ class Calibration:
     ) -> Calibration:
         """From one or more engine benchmark JSONs of the same workload: every repeat's run
         summed per (mode, max_running); the measured ratios are the median over all repeats
-        of the paired (same repeat) ratios, as the benchmark computes them."""
+        of the paired (same repeat) ratios, as the benchmark computes them. Every run must
+        record row_rounds and block_allocations (`check_bench`)."""
+        for bench in benches:
+            cls.check_bench(bench, source)
         try:
             s = benches[0]["settings"]
             runs = [(i, run) for i, bench in enumerate(benches) for run in bench["runs"]]
@@ -302,13 +395,22 @@ class Calibration:
             sums: dict[tuple[str, int], list[float]] = {}
             for _, run in runs:
                 key = (str(run["mode"]), int(run["max_running"]))
-                acc = sums.setdefault(key, [0.0] * 6)
-                for i, f in enumerate(
-                    ("forwards", "row_forwards", "rounds", "tokens", "seconds", "forward_seconds")
-                ):
+                acc = sums.setdefault(key, [0.0] * len(_SUMMED))
+                for i, f in enumerate(_SUMMED):
                     acc[i] += float(run[f])
             rows = tuple(
-                CalibrationRow(m, k, int(a[0]), int(a[1]), int(a[2]), int(a[3]), a[4], a[5])
+                CalibrationRow(
+                    m,
+                    k,
+                    int(a[0]),
+                    int(a[1]),
+                    int(a[2]),
+                    int(a[3]),
+                    a[4],
+                    a[5],
+                    int(a[6]),
+                    int(a[7]),
+                )
                 for (m, k), a in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0]))
             )
             names = [str(n) for n in benches[0].get("ratios", {})]
@@ -336,6 +438,12 @@ class Calibration:
             raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
         except json.JSONDecodeError as err:
             raise CalibrationError(str(path), f"not JSON (line {err.lineno})") from None
+        if isinstance(data, dict) and data.get("schema") in OLD_SCHEMAS:
+            raise CalibrationError(
+                str(path),
+                f"schema {data['schema']!r} is no longer read (the table must have row_rounds "
+                f"and block_allocations, schema {SCHEMA!r}): re-run scripts/calibrate_dllm.py",
+            )
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise CalibrationError(str(path), f"schema must be {SCHEMA!r}")
         try:
@@ -349,6 +457,8 @@ class Calibration:
                     int(r["tokens"]),
                     float(r["seconds"]),
                     float(r["forward_seconds"]),
+                    int(r["row_rounds"]),
+                    int(r["block_allocations"]),
                 )
                 for r in data["rows"]
             )
@@ -380,7 +490,8 @@ class Calibration:
         for r in rows:
             if r.mode not in MODES:
                 raise CalibrationError(str(path), f"mode {r.mode!r}: one of {', '.join(MODES)}")
-            if min(r.forwards, r.row_forwards, r.rounds, r.max_running) < 1 or r.seconds <= 0:
+            counts = (r.forwards, r.row_forwards, r.rounds, r.row_rounds, r.block_allocations)
+            if min(*counts, r.max_running) < 1 or r.seconds <= 0:
                 raise CalibrationError(str(path), f"row {r.mode} x{r.max_running}: counts >= 1")
         if cal.repeats < 1:
             raise CalibrationError(str(path), "repeats must be >= 1")

@@ -15,7 +15,13 @@ simulator reads the scheduler's events and charges time:
   unfinished block),
 - each round with at least one allocation: alloc_round_cost (the batched allocation path's
   fixed cost: kernel launches, building the round's req_to_token writes),
-- each `ControlReturned`: round_overhead (the scheduler's own work per round).
+- each `ControlReturned`: round_overhead (the scheduler's own work per round) plus
+  row_round_cost for every row (running request) the round's forwards held (the scheduler's
+  per-request work: batching, events, commits).
+
+The result counts what a calibrated time model charges (`reference.sim.calibration`): forwards,
+row-forwards, rounds, row-rounds and allocations (one per `KvAllocated`: a new block, or a carried
+block allocated again).
 
 Ideal bound (derived in docs/results.md): with k seats always full and a forward cost that does
 not depend on which rows are done, sync completes k blocks per E[max of k draws] forwards and
@@ -203,6 +209,7 @@ class DllmParams:
     gen_blocks: int = 8
     forward: ExecModel = field(default_factory=lambda: Linear(0.020, 2e-5))
     round_overhead: float = 0.002
+    row_round_cost: float = 0.0  # per row (running request) per round
     alloc_cost: float = 0.0001
     alloc_round_cost: float = 0.0015
     seed: int = 0
@@ -271,6 +278,8 @@ class DllmResult:
     forwards: int
     rounds: int
     allocations: int
+    row_forwards: int
+    row_rounds: int
     completion: dict[str, float]
     arrival: dict[str, float]
     rounds_log: list[RoundRecord]
@@ -293,6 +302,8 @@ class DllmResult:
             "forwards": self.forwards,
             "rounds": self.rounds,
             "kv_allocations": self.allocations,
+            "row_forwards": self.row_forwards,
+            "row_rounds": self.row_rounds,
             "mean_latency_s": float(np.mean(lat)) if lat else None,
         }
 
@@ -345,6 +356,8 @@ class _DllmRun:
         self.owned = 0  # KV slots owned
         self.forwards = self.rounds = self.allocations = self.output_tokens = 0
         self.round_allocs = 0
+        self.row_forwards = self.row_rounds = 0
+        self.round_rows = 0  # rows the current round's forwards held
         self.completion: dict[str, float] = {}
         self.arrival: dict[str, float] = {}
         self.rounds_log: list[RoundRecord] = []
@@ -372,6 +385,8 @@ class _DllmRun:
             self.forwards,
             self.rounds,
             self.allocations,
+            self.row_forwards,
+            self.row_rounds,
             self.completion,
             self.arrival,
             self.rounds_log,
@@ -394,11 +409,11 @@ class _DllmRun:
         start, first = self.now, self.seen
         self.drv.round()
         forwards_before = self.forwards
-        rows: set[str] = set()
+        events = self.drv.events[first:]
+        rows = {r.request_id for e in events if isinstance(e, Forward) for r in e.rows}
         self.round_allocs = 0
-        for e in self.drv.events[first:]:
-            if isinstance(e, Forward):
-                rows.update(r.request_id for r in e.rows)
+        self.round_rows = len(rows)
+        for e in events:
             self._charge(e)
             self.times.append(self.now)
         self.seen = len(self.drv.events)
@@ -419,6 +434,7 @@ class _DllmRun:
         elif isinstance(e, Forward):
             self.now += p.forward.batch_time(len(e.rows) * self.config.block_size, 0, self.owned, 0)
             self.forwards += 1
+            self.row_forwards += len(e.rows)
             self.kv_samples.append((self.now, self.owned))
         elif isinstance(e, KvAllocated):
             self.owned += len(e.slots)
@@ -434,8 +450,9 @@ class _DllmRun:
             self.output_tokens += self.tokens[e.request_id]
             self.active -= 1
         elif isinstance(e, ControlReturned):
-            self.now += p.round_overhead
+            self.now += p.round_overhead + p.row_round_cost * self.round_rows
             self.rounds += 1
+            self.row_rounds += self.round_rows
 
 
 def simulate_dllm(
@@ -489,6 +506,15 @@ def sweep(
                 "sync_forwards": float(res["sync"].forwards),
                 "fdfo_forwards": float(res["fdfo"].forwards),
                 "fdfo_reuse_forwards": float(res["fdfo+reuse"].forwards),
+                **{
+                    f"{key}_{count}": float(getattr(res[label], count))
+                    for label, key in (
+                        ("sync", "sync"),
+                        ("fdfo", "fdfo"),
+                        ("fdfo+reuse", "fdfo_reuse"),
+                    )
+                    for count in ("row_rounds", "allocations")
+                },
             }
         )
     return rows
