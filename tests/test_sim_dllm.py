@@ -155,3 +155,47 @@ def test_simulation_replays_the_profiles_work() -> None:
         assert res.forwards < alone.forwards  # rows share forwards
     # sync: every forward of a batch lasts until its slowest block is done
     assert runs[Mode.SYNC].forwards > runs[Mode.FDFO].forwards
+
+
+# Two requests of a one-block prompt (block size 4) and two output blocks: A's take 2 and 4
+# forwards, B's 3 and 2 (the final-KV forward included); both run at once (2 seats).
+_TWO = ProfileWorkload((RequestProfile(4, (2, 4), 8), RequestProfile(4, (3, 2), 8)))
+
+
+@pytest.mark.parametrize(
+    ("mode", "reuse", "counts"),
+    [
+        # lock-step rounds: the prompts (1 forward), max(2, 3), max(4, 2); 2 rows each
+        (Mode.SYNC, False, (8, 16, 3, 6, 6)),
+        # one forward a round: A 1 + 2 + 4 rounds, B 1 + 3 + 2 (its last round is A's 6th);
+        # without reuse every row allocates its block again every round
+        (Mode.FDFO, False, (7, 13, 7, 13, 13)),
+        (Mode.FDFO, True, (7, 13, 7, 13, 6)),  # with reuse: each of the 6 blocks once
+    ],
+)
+def test_counters_of_a_small_run_match_a_hand_count(
+    mode: Mode, reuse: bool, counts: tuple[int, int, int, int, int]
+) -> None:
+    """(forwards, row-forwards, rounds, row-rounds, allocations) counted by hand, and each
+    row-round and allocation charged exactly its cost."""
+    p = DllmParams(
+        block_size=4,
+        max_running=2,
+        mode=mode,
+        in_place_reuse=reuse,
+        num_requests=2,
+        forward=Constant(1.0),
+        round_overhead=0.0,
+        alloc_cost=0.0,
+        alloc_round_cost=0.0,
+        profiles=_TWO,
+    )
+    r = simulate_dllm(p, StepDist.uniform(2, 3))
+    assert (r.forwards, r.row_forwards, r.rounds, r.row_rounds, r.allocations) == counts
+    assert r.makespan == pytest.approx(r.forwards)
+    per_row_round = simulate_dllm(
+        dataclasses.replace(p, row_round_cost=0.25), StepDist.uniform(2, 3)
+    )
+    assert per_row_round.makespan == pytest.approx(r.forwards + 0.25 * counts[3])
+    per_alloc = simulate_dllm(dataclasses.replace(p, alloc_cost=0.5), StepDist.uniform(2, 3))
+    assert per_alloc.makespan == pytest.approx(r.forwards + 0.5 * counts[4])
