@@ -291,6 +291,16 @@ def test_fit_keeps_costs_non_negative() -> None:
     assert unconstrained[4] < 0  # the case really needs the constraint
 
 
+def test_a_table_without_reuse_rows_is_refused_by_name(tmp_path: Path) -> None:
+    data = json.loads(TABLE.read_text())
+    data["rows"] = [r for r in data["rows"] if r["mode"] in ("sync", "fdfo")]
+    path = tmp_path / "noreuse.json"
+    path.write_text(json.dumps(data))
+    cal = Calibration.load(path)
+    with pytest.raises(CalibrationError, match=r"noreuse\.json: .* not determined"):
+        cal.shared_time()
+
+
 def test_fit_refuses_a_degenerate_table() -> None:
     """Without FDFO+reuse rows every row allocates once per row-round: the two costs cannot be
     told apart, and the fit says so instead of splitting them arbitrarily."""

@@ -286,6 +286,7 @@ class Calibration:
     repeats: int = 1
     # per ratio and max_running: the lowest and highest paired ratio over the repeats
     paired_range: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    path: str = ""  # the file it was loaded from (named in errors), "" when built in memory
 
     def pooled_ratio(self, num: str, den: str, max_running: int) -> float | None:
         """Throughput num/den over every repeat at once: (tokens / seconds) of the summed
@@ -301,7 +302,7 @@ class Calibration:
 
     def shared_time(self) -> SharedTime:
         """The shared time model fitted to every row (`fit_shared`)."""
-        return fit_shared(self.rows, self.source)
+        return fit_shared(self.rows, self.path or self.source)
 
     def row(self, mode: str, max_running: int) -> CalibrationRow | None:
         return next((r for r in self.of(mode) if r.max_running == max_running), None)
@@ -310,7 +311,9 @@ class Calibration:
         rows = sorted((r for r in self.rows if r.mode == mode), key=lambda r: r.max_running)
         if not rows:
             have = sorted({r.mode for r in self.rows})
-            raise CalibrationError(self.source, f"no rows for mode {mode!r} (has {have})")
+            raise CalibrationError(
+                self.path or self.source, f"no rows for mode {mode!r} (has {have})"
+            )
         return rows
 
     def forward_model(self, mode: str) -> CalibratedForward:
@@ -479,6 +482,7 @@ class Calibration:
                     k: {kk: (float(vv[0]), float(vv[1])) for kk, vv in v.items()}
                     for k, v in data["paired_range"].items()
                 },
+                str(path),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CalibrationError(str(path), f"missing or bad field ({err!r})") from None
