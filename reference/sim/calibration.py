@@ -183,14 +183,8 @@ class CalibratedForward:
         return max(0.0, _interp(list(self.points), rows))
 
 
-# The shared model's terms: a CalibrationRow count and the SharedTime coefficient it scales.
-SHARED_TERMS = (
-    ("forwards", "per_forward"),
-    ("row_forwards", "per_row"),
-    ("rounds", "per_round"),
-    ("row_rounds", "per_row_round"),
-    ("block_allocations", "per_alloc"),
-)
+# The counts the shared model prices, in the order of SharedTime's coefficients.
+SHARED_COUNTS = ("forwards", "row_forwards", "rounds", "row_rounds", "block_allocations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +212,7 @@ class SharedTime:
         )
 
 
-def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "calibration") -> SharedTime:
+def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "rows") -> SharedTime:
     """Non-negative least squares of every row's total seconds on its five counts.
 
     The columns are scaled to unit norm (the counts differ by orders of magnitude); then every
@@ -230,8 +224,10 @@ def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "calibration") ->
     Raises CalibrationError(source, ...) when the rows do not determine the five coefficients
     (the count matrix has rank < 5: too few rows, or counts proportional to each other, e.g.
     a table without rows of several seat counts and of FDFO with and without reuse)."""
-    names = [n for n, _ in SHARED_TERMS]
-    a = np.array([[float(getattr(r, n)) for n in names] for r in rows]).reshape(len(rows), -1)
+    names = SHARED_COUNTS
+    a = np.array([[float(getattr(r, n)) for n in names] for r in rows]).reshape(
+        len(rows), len(names)
+    )
     y = np.array([r.seconds for r in rows])
     norms = np.linalg.norm(a, axis=0) if len(rows) else np.zeros(len(names))
     rank = int(np.linalg.matrix_rank(a / np.where(norms > 0, norms, 1.0))) if len(rows) else 0
