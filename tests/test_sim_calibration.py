@@ -263,6 +263,31 @@ def test_fit_recovers_known_costs(per_round: float) -> None:
         assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=1e-6, abs=1e-12)
 
 
+def test_fit_weighs_every_row_by_its_relative_error() -> None:
+    """A run 100 times as long (every count and its seconds x100) has the same relative error,
+    so it does not change the fit: short 16-seat runs weigh as much as long 1-seat ones."""
+    t = SharedTime(1.6e-3, 3.8e-4, 2e-5, 6.4e-5, 6.8e-5)
+    rng = np.random.default_rng(11)
+    rows = []
+    for i in range(10):
+        c = [int(x) for x in rng.integers(100, 5000, size=5)]
+        base = _row("fdfo", 1 + i, (c[0], c[1], c[2], c[3], c[4]), t)
+        rows.append(dataclasses.replace(base, seconds=base.seconds * rng.uniform(0.9, 1.1)))
+    big = rows[0]
+    scaled = dataclasses.replace(
+        big,
+        forwards=100 * big.forwards,
+        row_forwards=100 * big.row_forwards,
+        rounds=100 * big.rounds,
+        row_rounds=100 * big.row_rounds,
+        block_allocations=100 * big.block_allocations,
+        seconds=100 * big.seconds,
+    )
+    one, other = fit_shared(tuple(rows)), fit_shared((scaled, *rows[1:]))
+    for name in ("per_forward", "per_row", "per_round", "per_row_round", "per_alloc"):
+        assert getattr(other, name) == pytest.approx(getattr(one, name), rel=1e-6, abs=1e-12)
+
+
 def test_fit_keeps_costs_non_negative() -> None:
     """Seconds that fall with the allocations (an unconstrained fit would give them a negative
     cost) fit a zero allocation cost, and the rest still explain the rows."""

@@ -42,7 +42,7 @@ benchmark JSON that records both counts per run (`from_benches` refuses one with
 Two time models are built from a table (`simulate dllm --time-model`):
 
 - "shared" (the default, the prediction): one model for every mode, fitted to all rows' total
-  seconds (`fit_shared`: non-negative least squares):
+  seconds (`fit_shared`: non-negative least squares of the relative errors):
 
       seconds = per_forward * forwards + per_row * row_forwards + per_round * rounds
                 + per_row_round * row_rounds + per_alloc * block_allocations   (`SharedTime`)
@@ -213,22 +213,30 @@ class SharedTime:
 
 
 def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "rows") -> SharedTime:
-    """Non-negative least squares of every row's total seconds on its five counts.
+    """Non-negative least squares of every row's total seconds on its five counts, in relative
+    terms: each row is divided by its measured seconds, so the sum of squared relative errors is
+    minimised (a 1-seat row takes several times the seconds of a 16-seat row; unweighted, the
+    fit would neglect the large seat counts, and the predicted ratios are per seat count).
 
-    The columns are scaled to unit norm (the counts differ by orders of magnitude); then every
-    subset of the columns is fitted by ordinary least squares and, among the subsets whose
-    coefficients are all >= 0, the one with the smallest residual wins (the others' coefficients
-    are 0). With five columns that is 31 small solves, and it is the exact non-negative
-    least-squares optimum: the optimum is the unconstrained fit on its own non-zero columns.
+    The weighted columns are scaled to unit norm (the counts differ by orders of magnitude);
+    then every subset of the columns is fitted by ordinary least squares and, among the subsets
+    whose coefficients are all >= 0, the one with the smallest residual wins (the others'
+    coefficients are 0). With five columns that is 31 small solves, and it is the exact
+    non-negative least-squares optimum: that optimum is the unconstrained fit on its own
+    non-zero columns.
 
-    Raises CalibrationError(source, ...) when the rows do not determine the five coefficients
-    (the count matrix has rank < 5: too few rows, or counts proportional to each other, e.g.
-    a table without rows of several seat counts and of FDFO with and without reuse)."""
+    Raises CalibrationError(source, ...) when a row's seconds are not > 0, or when the rows do
+    not determine the five coefficients (the count matrix has rank < 5: too few rows, or counts
+    proportional to each other, e.g. a table without FDFO+reuse rows, where every block
+    allocation is a row-round)."""
     names = SHARED_COUNTS
+    if any(not r.seconds > 0 for r in rows):
+        raise CalibrationError(source, "every row's seconds must be > 0")
+    weights = np.array([1.0 / r.seconds for r in rows])
     a = np.array([[float(getattr(r, n)) for n in names] for r in rows]).reshape(
         len(rows), len(names)
-    )
-    y = np.array([r.seconds for r in rows])
+    ) * weights.reshape(len(rows), 1)
+    y = np.ones(len(rows))
     norms = np.linalg.norm(a, axis=0) if len(rows) else np.zeros(len(names))
     rank = int(np.linalg.matrix_rank(a / np.where(norms > 0, norms, 1.0))) if len(rows) else 0
     if rank < len(names):
@@ -251,8 +259,8 @@ def fit_shared(rows: tuple[CalibrationRow, ...], source: str = "rows") -> Shared
             for j, c in zip(cols, coef, strict=True):
                 full[j] = float(c) / float(norms[j])
             best = (resid, full)
-    if best is None:  # only when no row has positive seconds: nothing costs anything
-        return SharedTime(0.0, 0.0, 0.0, 0.0, 0.0)
+    if best is None:  # unreachable: a single non-zero column of counts >= 0 fits with c > 0
+        raise CalibrationError(source, "no non-negative costs fit the rows")
     return SharedTime(*best[1])
 
 
