@@ -505,13 +505,16 @@ class DllmEngine:
         masks: list[int],
     ) -> None:
         rows: list[list[int]] | None = None
+        views: tuple[torch.Tensor, ...] = ()
         for i, req in enumerate(batch):
             if done[i]:
                 if rows is None:
                     rows = tokens.tolist()
                 self._commit(req, rows[i])
             else:
-                view = tokens[i]  # a view: next round's stack copies it
+                if not views:
+                    views = tokens.unbind(0)  # one call for every row's view
+                view = views[i]  # a view: next round's stack copies it
                 self._carry(req, view, states[i])
                 carry = req.carry
                 if carry is not None and carry.incomplete_ids is view:
