@@ -87,10 +87,17 @@ class DllmAlgorithm(ABC):
         """One fresh state per row of tokens [b, B]."""
         return [self.init_step_state(tokens[i]) for i in range(tokens.shape[0])]
 
-    @abstractmethod
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
         """Update tokens [b, B] in place from logits [b, B, V]; return done per row (complete
         when the step started). May replace entries of `states`."""
+        return self.step_counted(tokens, logits, states)[0]
+
+    @abstractmethod
+    def step_counted(
+        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+    ) -> tuple[list[bool], list[int]]:
+        """As `step`, also returning the masks left in each row after the step; both lists
+        come from ONE device-to-host copy (the serving loop's only read per forward)."""
 
     @abstractmethod
     def max_rounds(self, block_size: int) -> int:
@@ -136,15 +143,21 @@ class LowConfidence(DllmAlgorithm):
         super().__init__(mask_id)
         self.threshold = threshold
 
-    def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
+    def step_counted(
+        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+    ) -> tuple[list[bool], list[int]]:
         """Every row at once: a row without masks is done (that forward wrote the final KV);
-        the others commit their transfers. One host transfer: the done flags."""
+        the others commit their transfers. One host transfer: the done flags and the masks
+        left."""
         masked = tokens == self.mask_id
         x, p, _ = argmax_and_confidence(logits)
         transfer = mask_transfers(masked, p, self.threshold)
         tokens.copy_(torch.where(transfer, x.to(tokens.dtype), tokens))
-        done: list[bool] = (~masked.any(dim=-1)).tolist()
-        return done
+        left = masked.sum(dim=-1) - transfer.sum(dim=-1)
+        done: list[int]
+        masks: list[int]
+        done, masks = torch.stack((~masked.any(dim=-1), left)).tolist()
+        return [bool(d) for d in done], masks
 
     def max_rounds(self, block_size: int) -> int:
         return block_size + 1
@@ -184,12 +197,14 @@ class JointThreshold(DllmAlgorithm):
         prompt = tuple(bool(t) for t in (block_tokens != self.mask_id).tolist())
         return JointState(post_edit_steps=0, finished=False, prompt_mask=prompt)
 
-    def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
+    def step_counted(
+        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+    ) -> tuple[list[bool], list[int]]:
         """Every row at once. Per row, by its state at the start of the step: finished -> done;
         masks left -> mask-to-token; edit budget spent -> finished, done; else the edits of
         non-prompt positions whose argmax differs with score > edit_threshold, and finished,
-        done when there are none. One host transfer (done, newly finished, edited per row);
-        the per-row state objects are rebuilt only for rows whose state changed."""
+        done when there are none. One host transfer (done, newly finished, edited, masks left
+        per row); the per-row state objects are rebuilt only for rows whose state changed."""
         for i, state in enumerate(states):
             if not isinstance(state, JointState):
                 raise TypeError(f"row {i}: JointThreshold needs a JointState, got {state!r}")
@@ -218,16 +233,18 @@ class JointThreshold(DllmAlgorithm):
         edited = edits.any(dim=-1)
         newly_finished = capped | (trying & ~edited)
         tokens.copy_(torch.where(transfer | edits, x.to(tokens.dtype), tokens))
-        done: list[bool]
-        done, ends, edit_rows = torch.stack(
-            (finished | newly_finished, newly_finished, edited)
+        left = masked.sum(dim=-1) - transfer.sum(dim=-1)
+        done: list[int]
+        masks: list[int]
+        done, ends, edit_rows, masks = torch.stack(
+            (finished | newly_finished, newly_finished, edited, left)
         ).tolist()
         for i, (end, more) in enumerate(zip(ends, edit_rows, strict=True)):
             if end:
                 states[i] = replace(joint[i], finished=True)
             elif more:
                 states[i] = replace(joint[i], post_edit_steps=joint[i].post_edit_steps + 1)
-        return done
+        return [bool(d) for d in done], masks
 
     def max_rounds(self, block_size: int) -> int:
         return block_size + self.max_post_edit_steps + 1

@@ -134,7 +134,9 @@ class PagedKvAllocator:
                 )
             start = prev_last_slot + 1
             page = start // p
-        if (self._req[start : start + b] != FREE).any():
+        # tolist + count: plain Python on b ints (a numpy reduction costs more right after a
+        # forward has evicted numpy's dispatch paths from the caches)
+        if self._req[start : start + b].tolist().count(FREE) != b:
             raise AllocatorError(f"slots {start}..{start + b - 1} are not free")
         self._req[start : start + b] = handle
         self._blk[start : start + b] = block_index
@@ -151,17 +153,52 @@ class PagedKvAllocator:
             slots.extend(range(first, first + b))
         self._free(handle, slots)
 
+    def free_block(self, handle: int, first_slot: int) -> None:
+        """Free one whole block of `handle` given its first slot; one `KvFreed` event. (The
+        FDFO carry path frees one block per row per round: no index arrays, no sort.)"""
+        b = self.block_size
+        end = first_slot + b
+        owned = self._req[first_slot:end]
+        if first_slot < 0 or owned.tolist().count(handle) != b:
+            raise AllocatorError(
+                f"free of slots {first_slot}..{end - 1} not owned by "
+                f"{self._names.get(handle)!r} (or freed twice)"
+            )
+        owned[:] = FREE
+        self._blk[first_slot:end] = FREE
+        page = first_slot // self.page_size  # a block lies whole inside one page
+        self._page_used[page] -= b
+        if self._page_used[page] == 0:
+            heapq.heappush(self._free_pages, page)
+        self.sink(KvFreed(self._names[handle], tuple(range(first_slot, end))))
+
     def free_all(self, handle: int) -> None:
         """Free every slot the owner tensor records for `handle` (its committed blocks and any
         retained in-progress block); one `KvFreed` event, none when it owns nothing."""
-        slots = np.flatnonzero(self._req == handle).tolist()
-        self._free(handle, slots)
+        slots = np.flatnonzero(self._req == handle)  # ascending, distinct, all owned
+        if not len(slots):
+            return
+        self._req[slots] = FREE
+        self._blk[slots] = FREE
+        freed = slots.tolist()
+        p, used = self.page_size, self._page_used
+        for slot in freed:
+            used[slot // p] -= 1
+        for page in {slot // p for slot in freed}:
+            if used[page] == 0:
+                heapq.heappush(self._free_pages, page)
+        self.sink(KvFreed(self._names[handle], tuple(freed)))
 
     def _free(self, handle: int, slots: list[int]) -> None:
         if not slots:
             return
         idx = np.asarray(slots, dtype=np.int64)
-        if (self._req[idx] != handle).any() or len(set(slots)) != len(slots):
+        if (
+            int(idx.min()) < 0
+            or int(idx.max()) >= self.num_slots
+            or (self._req[idx] != handle).any()
+            or len(set(slots)) != len(slots)
+        ):
             raise AllocatorError(
                 f"free of slots not owned by {self._names.get(handle)!r} (or freed twice)"
             )

@@ -2,7 +2,7 @@
 
     schedspec bench engine --max-running 1 4 16 [--requests 128] [--max-new-tokens 32]
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
-        [--device cpu|cuda] [--threads N] [--sequential] [--json PATH]
+        [--device cpu|cuda] [--threads N] [--turn-ms 50] [--sequential] [--json PATH]
     schedspec bench engine --forward-costs      (model cost by rows x context; round cost)
 
 For every max-running value and every mode the shipped model serves the shipped prompt set
@@ -12,11 +12,17 @@ drained; output tokens per second counts the generated tokens of every finished 
 max_new_tokens and EOS) over the wall time of its rounds.
 
 Measurement (this runs on shared machines): by default the four modes of one max-running value
-run at once, one engine each, taking turns round by round, and each mode is charged the time of
-its own rounds — a round lasts milliseconds, so a change in the machine's load hits every mode
-alike and the ratios are paired at round granularity (`--sequential` runs the modes one after
-another instead). The whole measurement is repeated `--repeats` times; the table shows the
-median run, and the ratios are the median over repeats of the per-repeat (paired) ratios.
+run at once, one engine each, taking turns, and each mode is charged the time of its own rounds
+— a change in the machine's load hits every mode alike, so the ratios are paired
+(`--sequential` runs the modes one after another instead). A turn is a time slice: an engine
+runs whole rounds until `--turn-ms` (default 50) of its time have passed. Each switch to another
+engine costs the next rounds a refill of the CPU caches (each engine has its own KV pool and
+activations); with one round per turn (`--turn-ms 0`) FDFO, whose rounds are one forward each,
+paid that refill on every forward while sync paid it once per several forwards — a cost a
+server running one engine never pays. With time slices every mode switches equally often per
+second of its own time, so the refill is the same small share for all. The whole measurement
+is repeated `--repeats` times; the table shows the median run, and the ratios are the median
+over repeats of the per-repeat (paired) ratios.
 "cpu" ratios use the thread's CPU time (meaningful with `--threads 1`); "work" ratios compare
 the model work (row-forwards per generated token) and involve no timing at all.
 
@@ -169,10 +175,13 @@ def run_interleaved(
     page_size: int,
     max_context: int,
     device: torch.device,
+    turn_seconds: float = 0.05,
 ) -> list[BenchRun]:
-    """All four modes at once, one engine each, taking turns round by round; each mode is
-    charged the time of its own rounds. A round lasts milliseconds, so a change in the
-    machine's load hits every mode alike: the ratios are paired at round granularity."""
+    """All four modes at once, one engine each, taking turns; each mode is charged the time of
+    its own rounds, so a change in the machine's load hits every mode alike (paired ratios).
+    A turn runs whole rounds until `turn_seconds` of the engine's wall time have passed (at
+    least one round; 0: one round per turn), so every mode switches engines, and pays the
+    cache refill that follows, equally often per second of its own time."""
     engines = []
     for mode in MODES:
         config = bench_config(mode, max_running, block_size, page_size, max_context)
@@ -191,12 +200,13 @@ def run_interleaved(
     cpu = [0.0] * len(engines)
     while not all(e.is_idle() for e in engines):
         for i, engine in enumerate(engines):
-            if engine.is_idle():
-                continue
             t0, c0 = time.perf_counter(), time.thread_time()
-            engine.run_round()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            while not engine.is_idle():
+                engine.run_round()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if time.perf_counter() - t0 >= turn_seconds:
+                    break
             wall[i] += time.perf_counter() - t0
             cpu[i] += time.thread_time() - c0
     runs = []
@@ -340,12 +350,15 @@ def run_bench(
     model: BlockDiffusionLM | None = None,
     progress: bool = False,
     interleave: bool = True,
+    turn_ms: float = 50.0,
 ) -> BenchReport:
     dev = resolve_device(device)
     if algorithm not in ALGORITHMS:
         make_algorithm(algorithm)  # UnknownAlgorithm, listing the valid names
     if requests < 1 or repeats < 1 or not max_running or min(max_running) < 1:
         raise ConfigError("bench", (requests, repeats, max_running), "positive values")
+    if not 0 <= turn_ms <= 60_000:
+        raise ConfigError("turn_ms", turn_ms, "milliseconds per turn in [0, 60000]")
     if model is None:
         from gpu.weights import load_model
 
@@ -371,8 +384,9 @@ def run_bench(
         for m in max_running:
             if interleave:
                 batch = run_interleaved(
-                    model, algorithm, m, reqs, block_size, page_size, max_context, dev
-                )
+                    model, algorithm, m, reqs, block_size, page_size, max_context, dev,
+                    turn_ms / 1000,
+                )  # fmt: skip
             else:
                 # the modes of one max-running value run back to back, in a rotating order
                 batch = [
@@ -398,7 +412,8 @@ def run_bench(
         "algorithm": algorithm,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
-        "method": "interleaved rounds" if interleave else "sequential runs",
+        "method": f"interleaved, turns of {turn_ms:g} ms" if interleave else "sequential runs",
+        "turn_ms": turn_ms if interleave else None,
     }
     return BenchReport(str(dev), settings, runs, device_name(dev))
 
@@ -570,6 +585,7 @@ def bench_main(args: list[str]) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--json")
+    p.add_argument("--turn-ms", type=int, default=50)
     p.add_argument(
         "--sequential",
         action="store_true",
@@ -597,6 +613,7 @@ def bench_main(args: list[str]) -> int:
         device=ns.device,
         progress=True,
         interleave=not ns.sequential,
+        turn_ms=ns.turn_ms,
     )
     _print(report)
     if ns.json:

@@ -138,6 +138,10 @@ class StepAlgorithm(Protocol):
         self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
     ) -> list[bool]: ...
 
+    def step_counted(
+        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
+    ) -> tuple[list[bool], list[int]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ForwardRecord:
@@ -305,8 +309,8 @@ class DllmEngine:
         if batch:
             self.row_rounds += len(batch)
             with torch.inference_mode():
-                tokens, states, done = self._run_worker(batch)
-                self._complete(batch, tokens, states, done)
+                tokens, states, done, masks = self._run_worker(batch)
+                self._complete(batch, tokens, states, done, masks)
         self.sink(ControlReturned(self.round_index))
         self.round_index += 1
 
@@ -374,12 +378,12 @@ class DllmEngine:
         """The next block: prompt tokens at prompt positions, MASK elsewhere; fresh KV."""
         b = self.config.block_size
         start = req.committed_blocks * b
-        ids = [
-            req.prompt_ids[pos] if pos < len(req.prompt_ids) else self.mask_id
-            for pos in range(start, start + b)
-        ]
+        ids = req.prompt_ids[start : start + b]  # prompt ids never include MASK (TokenMap)
+        masks = b - len(ids)
+        ids.extend([self.mask_id] * masks)
         req.fresh_tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         req.fresh_state = self.algorithm.init_step_state(req.fresh_tokens)
+        req.fresh_masks = masks
         self._allocate_block_kv(req)
 
     def _allocate_block_kv(self, req: EngineRequest) -> None:
@@ -395,12 +399,14 @@ class DllmEngine:
         self.blocks_allocated += 1
 
     # ------------------------------------------------------------------ worker phase
-    def _block_inputs(self, req: EngineRequest) -> tuple[torch.Tensor, object]:
-        """The block tokens and algorithm state a row starts the round with."""
-        if req.carry is not None:
-            return req.carry.incomplete_ids, req.carry.algo_state
+    def _block_inputs(self, req: EngineRequest) -> tuple[torch.Tensor, object, int | None]:
+        """The block tokens, algorithm state and (when known on the host) mask count a row
+        starts the round with."""
+        carry = req.carry
+        if carry is not None:
+            return carry.incomplete_ids, carry.algo_state, carry.masks_left
         assert req.fresh_tokens is not None
-        return req.fresh_tokens, req.fresh_state
+        return req.fresh_tokens, req.fresh_state, req.fresh_masks
 
     def _plan_batch(self, starts: list[int], rows: list[int]) -> BlockPlan:
         """The round's batch layout (positions, block slots, each row's packed context): read
@@ -409,61 +415,84 @@ class DllmEngine:
 
     def _run_worker(
         self, batch: list[EngineRequest]
-    ) -> tuple[torch.Tensor, list[object], list[bool]]:
+    ) -> tuple[torch.Tensor, list[object], list[bool], list[int]]:
+        """The round's forwards. Returns the block tokens [b, B] (updated in place by every
+        step), the algorithm states, the done flags and the masks left per row. The only
+        device-to-host copy per forward is the step's (done flags and mask counts together)."""
         cfg = self.config
         b = cfg.block_size
-        inputs = [self._block_inputs(r) for r in batch]
-        tokens = torch.stack([t for t, _ in inputs])  # a copy: rows are updated in place
-        states = [s for _, s in inputs]
-        starts = [r.committed_blocks * b for r in batch]
-        rows = [r.row for r in batch if r.row is not None]
+        n = len(batch)
+        token_rows: list[torch.Tensor] = []
+        states: list[object] = []
+        masks: list[int] = []
+        unknown: list[int] = []  # rows whose mask count is not known on the host
+        starts: list[int] = []
+        rows: list[int] = []
+        heads: list[tuple[str, int, bool]] = []  # (request id, block, reused) per row
+        for i, req in enumerate(batch):
+            row_tokens, state, count = self._block_inputs(req)
+            token_rows.append(row_tokens)
+            states.append(state)
+            if count is None:
+                unknown.append(i)
+                count = 0
+            masks.append(count)
+            k = req.committed_blocks
+            starts.append(k * b)
+            assert req.row is not None
+            rows.append(req.row)
+            heads.append((req.rid, k, req.block_alloc_round < self.round_index))
+        tokens = torch.stack(token_rows)  # a copy: rows are updated in place
+        if unknown:
+            counted: list[int] = (tokens[unknown] == self.mask_id).sum(dim=1).tolist()
+            for i, count in zip(unknown, counted, strict=True):
+                masks[i] = count
         plan = self._plan_batch(starts, rows)  # one layout for every forward of the round
-        ids = [r.rid for r in batch]
-        blocks = [r.committed_blocks for r in batch]
-        reused = [r.block_alloc_round < self.round_index for r in batch]
-        masks: list[int] = (tokens == self.mask_id).sum(dim=1).tolist()
-        done = [False] * len(batch)
+        done = [False] * n
         sync = cfg.mode is Mode.SYNC
+        sink = self.sink
         for _ in range(self.max_block_steps):
-            self.sink(
+            sink(
                 Forward(
                     tuple(
-                        ForwardRow(ids[i], blocks[i], reused[i], b, masks[i])
-                        for i in range(len(batch))
+                        ForwardRow(rid, k, reused, b, masks[i])
+                        for i, (rid, k, reused) in enumerate(heads)
                     )
                 )
             )
             logits = self.runner.forward(tokens, starts, rows, plan)
-            self.rows_forwarded += len(batch)
+            self.rows_forwarded += n
             t0 = time.perf_counter()
-            step_done = self.algorithm.step(tokens, logits, states)
+            step_done, masks = self.algorithm.step_counted(tokens, logits, states)
             self.step_seconds += time.perf_counter() - t0
             newly_done = False
             for i, d in enumerate(step_done):
                 if d and not done[i]:
                     done[i] = True
                     newly_done = True
-            masks = (tokens == self.mask_id).sum(dim=1).tolist()
-            for i in range(len(batch)):
-                self.sink(StepResult(ids[i], blocks[i], b if done[i] else 0, masks[i]))
+            for i, (rid, k, _) in enumerate(heads):
+                sink(StepResult(rid, k, b if done[i] else 0, masks[i]))
             if self.record:
-                if len(self.forward_log) == self.forward_log.maxlen:
-                    self.forward_log_dropped += 1
-                self.forward_log.append(
-                    ForwardRecord(
-                        self.round_index,
-                        tuple(zip(ids, blocks, strict=True)),
-                        tuple(done),
-                        self.runner.last_digest,
-                    )
-                )
+                self._record_forward(heads, done)
             if sync:
                 if all(done):
-                    return tokens, states, done
+                    return tokens, states, done, masks
             elif newly_done or not cfg.reloop:
-                return tokens, states, done
+                return tokens, states, done, masks
         raise SchedulerStalled(
             self.max_block_steps, f"round {self.round_index}: blocks did not finish"
+        )
+
+    def _record_forward(self, heads: list[tuple[str, int, bool]], done: list[bool]) -> None:
+        if len(self.forward_log) == self.forward_log.maxlen:
+            self.forward_log_dropped += 1
+        self.forward_log.append(
+            ForwardRecord(
+                self.round_index,
+                tuple((rid, k) for rid, k, _ in heads),
+                tuple(done),
+                self.runner.last_digest,
+            )
         )
 
     # ------------------------------------------------------------------ completion
@@ -473,13 +502,23 @@ class DllmEngine:
         tokens: torch.Tensor,
         states: Sequence[object],
         done: list[bool],
+        masks: list[int],
     ) -> None:
-        rows: list[list[int]] = tokens.tolist()
+        rows: list[list[int]] | None = None
+        views: tuple[torch.Tensor, ...] = ()
         for i, req in enumerate(batch):
             if done[i]:
+                if rows is None:
+                    rows = tokens.tolist()
                 self._commit(req, rows[i])
             else:
-                self._carry(req, tokens[i], states[i])  # a view: next round's stack copies it
+                if not views:
+                    views = tokens.unbind(0)  # one call for every row's view
+                view = views[i]  # a view: next round's stack copies it
+                self._carry(req, view, states[i])
+                carry = req.carry
+                if carry is not None and carry.incomplete_ids is view:
+                    carry.masks_left = masks[i]  # the step's count of exactly these tokens
 
     def _commit(self, req: EngineRequest, block: list[int]) -> None:
         k = req.committed_blocks
@@ -513,7 +552,7 @@ class DllmEngine:
     def _drop_block_kv(self, req: EngineRequest) -> None:
         if req.block_first_slot is not None:
             t0 = time.perf_counter()
-            self.allocator.free_blocks(req.handle, [req.block_first_slot])
+            self.allocator.free_block(req.handle, req.block_first_slot)
             req.block_first_slot = None
             self.kv_seconds += time.perf_counter() - t0
 

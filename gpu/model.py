@@ -267,6 +267,8 @@ class BlockDiffusionLM(nn.Module):
         b = len(starts)
         if len(row_ids) != b:
             raise ForwardInputError("rows", f"expected shape ({b},), got ({len(row_ids)},)")
+        if b == 0:
+            raise ForwardInputError("start_positions", "an empty batch: at least one row")
         if req_to_token.dim() != 2:
             raise ForwardInputError("req_to_token", "expected [rows_total, max_context]")
         if block_size < 1:
@@ -274,7 +276,7 @@ class BlockDiffusionLM(nn.Module):
         n_rows, width = req_to_token.shape
         limit = min(self.config.max_context, width)
         for i, start in enumerate(starts):
-            if start < 0 or start % block_size != 0 or start + block_size > limit:
+            if start < 0 or start % block_size or start + block_size > limit:
                 raise ForwardInputError(
                     "start_positions",
                     f"row {i}: block [{start}, {start + block_size}) does not start at a "
@@ -290,29 +292,31 @@ class BlockDiffusionLM(nn.Module):
         # a few hundred ints beats numpy's per-call cost at these sizes) and crosses to the
         # device in one copy; the table is read with one gather.
         order = sorted(range(b), key=starts.__getitem__)
-        groups: list[tuple[int, int]] = []
         flat = array("q")  # block slots' table indexes, then the packed context's
         positions = array("q")
-        for i in range(b):
-            base = row_ids[i] * width + starts[i]
-            flat.extend(range(base, base + block_size))
-            positions.extend(range(starts[i], starts[i] + block_size))
+        extend, extend_positions = flat.extend, positions.extend
+        for start, row in zip(starts, row_ids, strict=True):
+            base = row * width + start
+            extend(range(base, base + block_size))
+            extend_positions(range(start, start + block_size))
+        groups: list[list[int]] = []  # [context length, rows] per run, in `order`
         for i in order:
             length = starts[i] + block_size
             base = row_ids[i] * width
-            flat.extend(range(base, base + length))
+            extend(range(base, base + length))
             if groups and groups[-1][0] == length:
-                groups[-1] = (length, groups[-1][1] + 1)
+                groups[-1][1] += 1
             else:
-                groups.append((length, 1))
-        identity = order == list(range(b))
-        unorder = [0] * b
-        for new, old in enumerate(order):
-            unorder[old] = new
+                groups.append([length, 1])
         n, total = b * block_size, len(flat) - b * block_size
-        flat.extend(positions)
-        flat.extend(order)
-        flat.extend(unorder)
+        extend(positions)
+        identity = order == list(range(b))
+        if not identity:
+            unorder = [0] * b
+            for new, old in enumerate(order):
+                unorder[old] = new
+            extend(order)
+            extend(unorder)
         host = torch.frombuffer(flat, dtype=torch.int64).to(req_to_token.device)
         slots = req_to_token.reshape(-1).index_select(0, host[: n + total]).long()
         rest = host[n + total :]
@@ -323,7 +327,7 @@ class BlockDiffusionLM(nn.Module):
             ctx_slots=slots[n:],
             order=None if identity else rest[n : n + b],
             unorder=None if identity else rest[n + b :],
-            groups=tuple(groups),
+            groups=tuple((length, count) for length, count in groups),
         )
 
     def forward_blocks(

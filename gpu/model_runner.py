@@ -50,11 +50,26 @@ class ModelRunner:
         self.forward_seconds = 0.0  # host wall time in forwards (on CUDA: until the digest)
         self.attention_seconds = 0.0  # the part of it the model spent in attention
         self.last_digest: str | None = None
+        self._last_plan: tuple[tuple[object, ...], BlockPlan] | None = None
+        self.plans_built = 0  # plans read from the table (the others were the last one again)
 
     def plan(self, start_positions: list[int], rows: list[int], block_size: int) -> BlockPlan:
         """The batch layout for this round's forwards (host lists in, one read of the table):
-        valid while the table's entries for these rows do not change."""
-        return self.model.plan_blocks(start_positions, rows, block_size, self.req_pool.req_to_token)
+        valid while the table's entries for these rows do not change.
+
+        Incremental: when the batch (rows, starts, block size) and the table's `version` are
+        those of the last plan, that plan is returned as it is. An FDFO round where no block
+        finished, with in-place reuse (or a re-allocation that got the same slots back), runs
+        exactly the last round's layout."""
+        pool = self.req_pool
+        key = (tuple(start_positions), tuple(rows), block_size, pool.version)
+        last = self._last_plan
+        if last is not None and last[0] == key:
+            return last[1]
+        plan = self.model.plan_blocks(start_positions, rows, block_size, pool.req_to_token)
+        self._last_plan = (key, plan)
+        self.plans_built += 1
+        return plan
 
     def forward(
         self,

@@ -23,6 +23,9 @@ class Carry:
 
     incomplete_ids: torch.Tensor  # [block_size] internal ids, masks included
     algo_state: object
+    # The masks in incomplete_ids when known on the host (the step's count), so the next round
+    # needs no device read to report them; None: the engine counts them from incomplete_ids.
+    masks_left: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class EngineRequest:
     block_alloc_round: int = -1
     fresh_tokens: torch.Tensor | None = None  # a newly started block's initial tokens
     fresh_state: object = None
+    fresh_masks: int = 0  # the masks in fresh_tokens (counted on the host)
     carry: Carry | None = None
     output: tuple[int, ...] = ()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 
-import numpy as np
 import torch
 
 from spec.errors import SchedSpecError
@@ -34,8 +33,12 @@ class ReqToTokenPool:
         self.device = torch.device(device)
         self.req_to_token = torch.zeros((rows, max_context), dtype=torch.int32, device=self.device)
         self.row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+        self._owner_np = self.row_owner.numpy()  # the hot paths index through this view
         self._table_np = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._free_rows: list[int] = list(range(rows))  # a heap
+        # Bumped by every `write_blocks` that changes an entry: a batch plan read from the
+        # table stays valid while the version does (the table is written only there).
+        self.version = 0
 
     def has_free(self) -> bool:
         return bool(self._free_rows)
@@ -45,27 +48,33 @@ class ReqToTokenPool:
         if not self._free_rows:
             raise RequestPoolError("no free request-pool row")
         row = heapq.heappop(self._free_rows)
-        self.row_owner[row] = handle
+        self._owner_np[row] = handle
         return row
 
     def release(self, row: int, handle: int) -> None:
-        if int(self.row_owner[row]) != handle:
-            raise RequestPoolError(
-                f"row {row} is held by handle {int(self.row_owner[row])}, not {handle}"
-            )
-        self.row_owner[row] = FREE
+        holder = int(self._owner_np[row])
+        if holder != handle:
+            raise RequestPoolError(f"row {row} is held by handle {holder}, not {handle}")
+        self._owner_np[row] = FREE
         heapq.heappush(self._free_rows, row)
 
     def write_blocks(self, writes: list[tuple[int, int, int]], block_size: int) -> None:
         """Record blocks in the table: each (row, first position, first slot) maps positions
-        [pos, pos + block_size) to slots [slot, slot + block_size). One indexed write."""
+        [pos, pos + block_size) to slots [slot, slot + block_size). One indexed write. Bumps
+        `version` when an entry changed (on CUDA: always, comparing would cost a sync)."""
         if not writes:
             return
         if self._table_np is not None:  # CPU: write through a numpy view of the table
-            offsets = np.arange(block_size, dtype=np.int32)
+            changed = False
             for row, pos, slot in writes:
-                self._table_np[row, pos : pos + block_size] = offsets + slot
+                entries = self._table_np[row, pos : pos + block_size]
+                values = list(range(slot, slot + block_size))
+                if entries.tolist() != values:  # plain Python: cheaper than numpy here
+                    entries[:] = values
+                    changed = True
+            self.version += changed
             return
+        self.version += 1
         ar = torch.arange(block_size, dtype=torch.int64)
         w = torch.tensor(writes, dtype=torch.int64)  # [n, 3]: row, first position, first slot
         row_idx = w[:, 0:1].expand(-1, block_size).reshape(-1)

@@ -106,6 +106,12 @@ def bench_engine_parser() -> Parser:
         "--threads", type=int_in(0, 4096), default=0, help="torch threads (0: leave as is)"
     )
     p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    p.add_argument(
+        "--turn-ms",
+        type=int_in(0, 60_000),
+        default=50,
+        help="interleaved modes take turns of this many ms of their own time (0: one round)",
+    )
     p.add_argument("--sequential", action="store_true", help="run the modes one after another")
     p.add_argument(
         "--forward-costs", action="store_true", help="only print the model's forward costs"

@@ -48,6 +48,30 @@ def test_allocator_page_rule_and_owner_tensors() -> None:
     alloc.check_consistency()
 
 
+def test_allocator_free_block_is_free_blocks_of_one() -> None:
+    """The carry path's single-block free changes the tensors, the page heap and the events
+    exactly as `free_blocks` of that one block, and refuses what it refuses."""
+    logs: list[list[Event]] = [[], []]
+    allocs = [PagedKvAllocator(3, 8, 4, sink=log.append) for log in logs]
+    for i, alloc in enumerate(allocs):
+        a, b = alloc.register("a"), alloc.register("b")
+        s0 = alloc.allocate_block(a, 0, None)
+        s1 = alloc.allocate_block(a, 1, s0 + 3)
+        alloc.allocate_block(b, 0, None)
+        free = alloc.free_block if i else (lambda h, s, f=alloc.free_blocks: f(h, [s]))
+        free(a, s1)
+        assert alloc.free_pages() == 1  # page 0 still holds block 0
+        free(a, s0)
+        assert alloc.free_pages() == 2  # page 0 wholly free again
+        for bad in (s0, 8, 10, 22):  # freed twice, someone else's, misaligned, past the pool
+            with pytest.raises(AllocatorError):
+                free(a, bad)
+        alloc.check_consistency()
+    assert logs[0] == logs[1]
+    assert [e.slots for e in logs[1] if isinstance(e, KvFreed)] == [(4, 5, 6, 7), (0, 1, 2, 3)]
+    assert allocs[0].owner_req.tolist() == allocs[1].owner_req.tolist()
+
+
 def test_allocator_reservation() -> None:
     alloc = PagedKvAllocator(num_pages=4, page_size=4, block_size=4, sink=lambda e: None)
     alloc.reserve(3)
@@ -69,6 +93,34 @@ def test_request_pool_rows_lowest_first() -> None:
         pool.release(0, 99)  # not its holder
     assert pool.acquire(14) == 1
     assert pool.held_rows() == {0: 10, 1: 14, 2: 12}
+
+
+def test_batch_plan_is_rebuilt_exactly_when_the_batch_or_the_table_changed() -> None:
+    """The runner's incremental plan: the same rows, starts and table give the same plan
+    object; a table write that changes an entry, or another batch, gives a fresh plan read
+    from the table as it is now; a write of the values already there changes nothing."""
+    from gpu.kv_cache import PagedKvCache
+    from gpu.model_runner import ModelRunner
+
+    model = tiny_model("cpu")
+    cfg = model.config
+    pool = ReqToTokenPool(rows=2, max_context=16)
+    kv = PagedKvCache(cfg.n_layers, cfg.n_heads, cfg.head_dim, 64)
+    runner = ModelRunner(model, kv, pool, MASK_ID, record_digests=False)
+    pool.write_blocks([(0, 0, 8), (1, 0, 16), (1, 4, 20)], 4)
+    first = runner.plan([0, 4], [0, 1], 4)
+    assert runner.plan([0, 4], [0, 1], 4) is first and runner.plans_built == 1
+    version = pool.version
+    pool.write_blocks([(1, 4, 20)], 4)  # the same slots again: nothing changed
+    assert pool.version == version and runner.plan([0, 4], [0, 1], 4) is first
+    pool.write_blocks([(1, 4, 40)], 4)  # re-allocated elsewhere
+    assert pool.version == version + 1
+    moved = runner.plan([0, 4], [0, 1], 4)
+    assert moved is not first and runner.plans_built == 2
+    assert moved.block_slots.tolist() == [8, 9, 10, 11, 40, 41, 42, 43]
+    assert moved.ctx_slots.tolist() == [8, 9, 10, 11, 16, 17, 18, 19, 40, 41, 42, 43]
+    assert runner.plan([0], [0], 4) is not moved  # another batch
+    assert runner.plans_built == 3
 
 
 @settings(max_examples=60, deadline=None, database=None)
@@ -111,6 +163,48 @@ def test_streaming_chunks_concatenate_to_the_output() -> None:
         assert tuple(t for c in mine for t in c.new_tokens) == output
         assert mine[-1].finished is not None and all(c.finished is None for c in mine[:-1])
     assert engine.output_text("r0") is not None
+
+
+@pytest.mark.parametrize(
+    ("mode", "reuse", "algorithm"),
+    [
+        (Mode.SYNC, False, "LowConfidence"),
+        (Mode.FDFO, False, "LowConfidence"),
+        (Mode.FDFO, True, "LowConfidence"),
+        (Mode.FDFO, True, "JointThreshold"),
+    ],
+)
+def test_reported_masks_are_the_masks_the_forward_sees(
+    mode: Mode, reuse: bool, algorithm: str
+) -> None:
+    """The engine reports each row's masks from host-side counts (the step's, carried with
+    the block) instead of reading the tokens back: every `Forward` row's `masked` must still
+    equal the masks in the tokens that forward actually receives."""
+    from gpu.algorithms import make_algorithm
+    from spec.events import Forward
+
+    events: list[Event] = []
+    config = DllmConfig(
+        block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
+        in_place_reuse=reuse, max_running_requests=3,
+    )  # fmt: skip
+    engine = DllmEngine(
+        config, events.append, model=tiny_model("cpu"), algorithm=make_algorithm(algorithm)
+    )
+    seen: list[list[int]] = []
+    real_forward = engine.runner.forward
+
+    def forward(tokens: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append((tokens == MASK_ID).sum(dim=1).tolist())
+        return real_forward(tokens, *args)  # type: ignore[arg-type]
+
+    engine.runner.forward = forward  # type: ignore[method-assign]
+    for i in range(5):
+        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 9))
+    engine.drain()
+    reported = [[row.masked for row in e.rows] for e in events if isinstance(e, Forward)]
+    assert len(reported) == len(seen) > 5
+    assert reported == seen
 
 
 def test_snapshot_reads_the_allocator_not_the_events() -> None:

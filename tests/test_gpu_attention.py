@@ -162,6 +162,8 @@ def test_forward_blocks_rejects_inconsistent_inputs() -> None:
         model.forward_blocks(block, torch.tensor([64]), row, kv, table)
     with pytest.raises(ForwardInputError, match="rows"):
         model.forward_blocks(block, torch.tensor([0]), torch.tensor([1]), kv, table)
+    with pytest.raises(ForwardInputError, match="empty batch"):
+        model.forward_blocks(block[:0], torch.tensor([], dtype=torch.long), row[:0], kv, table)
     wrong = PagedKvCache(cfg.n_layers + 1, cfg.n_heads, cfg.head_dim, 128, torch.float32, "cpu")
     with pytest.raises(ForwardInputError, match="layers"):
         model.forward_blocks(block, torch.tensor([0]), row, wrong, table)
