@@ -8,15 +8,15 @@
 `schedspec bench engine`; --bench-json keeps its JSON); --from-bench reads that command's --json
 output (several files of the same workload pool their repeats; each must record row_rounds and
 block_allocations per run, else the script names the file, says to re-run the benchmark and
-exits with 2). Either way every repeat's run is
-summed per (mode, max_running) into the table described in `reference/sim/calibration.py`, and
-the benchmark's prompts are then served once more by the engine (FDFO with reuse at the largest
-max_running, untimed, its events recorded) to measure each prompt's profile: how many forwards
-each output block took until done, and how many blocks and tokens the request had. The profile
-run's row-forwards are checked against the benchmark's (the engine's forwards are
-batch-invariant, so they must agree). The script prints each row's measured costs and the shared
-time model fitted to them. Then `schedspec simulate dllm --calibration PATH` predicts the
-FDFO/sync throughput ratios and prints them next to the measured ones.
+exits with 2). Either way every repeat's run is summed per (mode, max_running) into the table
+described in `reference/sim/calibration.py`, and the benchmark's prompts are then served once
+more by the engine (FDFO with reuse at the largest max_running, untimed, its events recorded) to
+measure each prompt's profile: how many forwards each output block took until done, and how many
+blocks and tokens the request had. The profile run's row-forwards are checked against the
+benchmark's (the engine's forwards are batch-invariant, so they must agree). The script prints
+each row's measured costs and the shared time model fitted to them. Then `schedspec simulate
+dllm --calibration PATH` predicts the FDFO/sync throughput ratios and prints them next to the
+measured ones.
 """
 
 from __future__ import annotations
@@ -148,15 +148,19 @@ def print_table(cal: Calibration) -> None:
             f"{r.rows_per_forward:>8.2f} {r.seconds_per_round:>9.5f} "
             f"{r.row_rounds / r.rounds:>8.2f} {r.block_allocations // cal.repeats:>7}"
         )
-    t = cal.shared_time()
+    try:
+        t = cal.shared_time()
+    except CalibrationError as err:  # the table stays usable with --time-model per-mode
+        print(f"no shared time model: {err}")
+        return
     print(
         f"shared time model: {1000 * t.per_forward:.4f} ms/forward, {1000 * t.per_row:.4f} "
         f"ms/row, {1000 * t.per_round:.4f} ms/round, {1000 * t.per_row_round:.4f} ms/row-round, "
         f"{1000 * t.per_alloc:.4f} ms/allocation"
     )
     for r in cal.rows:
-        err = 100 * (t.seconds(r) / r.seconds - 1)
-        print(f"{r.mode:>18} {r.max_running:>5} fit error {err:+.1f}%")
+        off = 100 * (t.seconds(r) / r.seconds - 1)
+        print(f"{r.mode:>18} {r.max_running:>5} fit error {off:+.1f}%")
 
 
 def main() -> None:
