@@ -199,3 +199,32 @@ def test_counters_of_a_small_run_match_a_hand_count(
     assert per_row_round.makespan == pytest.approx(r.forwards + 0.25 * counts[3])
     per_alloc = simulate_dllm(dataclasses.replace(p, alloc_cost=0.5), StepDist.uniform(2, 3))
     assert per_alloc.makespan == pytest.approx(r.forwards + 0.5 * counts[4])
+
+
+def test_an_allocation_cost_gives_reuse_its_gain() -> None:
+    """FDFO with and without reuse do the same forwards, rounds and row-rounds; only the
+    re-allocation of carried blocks differs, so the reuse gain is 0 without an allocation cost
+    and positive with one (what the calibrated shared model charges per allocation)."""
+    base = DllmParams(
+        block_size=4,
+        num_requests=12,
+        gen_blocks=3,
+        forward=Constant(1e-3),
+        round_overhead=1e-4,
+        row_round_cost=5e-5,
+        alloc_cost=0.0,
+        alloc_round_cost=0.0,
+    )
+    dist = StepDist.uniform(2, 5)
+    (free,) = sweep(dist, (4,), base)
+    assert free["fdfo_row_rounds"] == free["fdfo_reuse_row_rounds"]
+    assert free["fdfo_allocations"] > free["fdfo_reuse_allocations"]
+    assert free["reuse_gain"] == pytest.approx(0.0, abs=1e-12)
+    (priced,) = sweep(dist, (4,), dataclasses.replace(base, alloc_cost=3e-5))
+    assert priced["reuse_gain"] > 0
+    # each run is slower by exactly its allocations' cost
+    for reuse in (False, True):
+        p = dataclasses.replace(base, mode=Mode.FDFO, in_place_reuse=reuse, max_running=4)
+        cheap = simulate_dllm(p, dist)
+        dear = simulate_dllm(dataclasses.replace(p, alloc_cost=3e-5), dist)
+        assert dear.makespan == pytest.approx(cheap.makespan + 3e-5 * cheap.allocations)
