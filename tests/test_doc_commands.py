@@ -34,7 +34,7 @@ NOT_RUN = {
     # run in tests/test_engine_conformance.py and tests/test_engine_units.py on small inputs
     "./schedspec verify --impl engine --impl gpu.engine:make_small_joint_engine "
     "--impl gpu.engine:make_engine --examples 150": "about 5 minutes on 2 cores",
-    "./schedspec bench engine --max-running 4 16 --repeats 3 --threads 1 "
+    "./schedspec bench engine --max-running 4 16 --repeats 5 --threads 1 "
     "--json docs/engine-bench-cpu.json": "a benchmark of several minutes",
     # the real vLLM scheduler at 500 examples takes minutes; tests/test_real_vllm.py runs the
     # same machine and profile with 40 examples, and the README's tour runs it with 100
