@@ -1,8 +1,8 @@
 """Pure-numpy dLLM step functions: LowConfidence and JointThreshold.
 
-They follow DESIGN.md to the letter and are the twins of the torch algorithms in `gpu/` (a
-differential test feeds both the same logits). Per row the input is the current block tokens
-(some equal to `mask_id`) and logits of shape [block_size, vocab]:
+They follow the algorithm text below to the letter and are the twins of the torch algorithms
+in `gpu/` (a differential test feeds both the same logits). Per row the input is the current
+block tokens (some equal to `mask_id`) and logits of shape [block_size, vocab]:
 
     x = argmax(logits)               (first index on ties)
     p = softmax(logits)[x]           (float32)

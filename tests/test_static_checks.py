@@ -120,3 +120,19 @@ def test_nothing_imports_the_cli() -> None:
         for path in (ROOT / pkg).rglob("*.py"):
             for line, module, _ in _imports(path):
                 assert module.split(".")[0] != "schedspec_cli", f"{path}:{line}"
+
+
+def test_the_project_is_self_contained() -> None:
+    """What users read and run says everything itself: no doc, module or script of ours points
+    at a design note outside the repository."""
+    outside = "DESIGN" + ".md"  # split so this test does not find itself
+    sources = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    for pkg in (*PACKAGES, "scripts", "tests"):
+        sources.extend((ROOT / pkg).rglob("*.py"))
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sources
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if outside in line
+    ]
+    assert not hits, f"these point at {outside}, which users do not have: {hits}"
