@@ -165,6 +165,7 @@ def cases() -> list[tuple[str, list[str]]]:
         ("bench-bogus", ["bench", "gpu"]),
         ("bench-engine-threads", ["bench", "engine", "--threads", "-1"]),
         ("bench-engine-repeats", ["bench", "engine", "--repeats", "0"]),
+        ("bench-engine-turn-ms", ["bench", "engine", "--turn-ms", "-5"]),
         ("bench-engine-requests", ["bench", "engine", "--requests", HUGE]),
         ("bench-engine-json-dir", ["bench", "engine", "--json", "{dir}"]),
         ("bench-conf-examples", ["bench", "conformance", "--examples", "0"]),

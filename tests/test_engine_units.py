@@ -18,6 +18,7 @@ from gpu.request_pool import ReqToTokenPool, RequestPoolError
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import ConfigError
 from spec.events import Event, KvAllocated, KvFreed
 
 torch.set_num_threads(1)
@@ -253,3 +254,20 @@ def test_bench_counts_row_rounds_and_block_allocations() -> None:
     assert runs["fdfo"].block_allocations == runs["fdfo"].row_rounds > blocks
     for run in runs.values():
         assert run.rounds <= run.row_rounds <= 2 * run.rounds
+
+
+def test_bench_turns_change_the_timing_only() -> None:
+    """Interleaving in time slices or round by round changes when each engine runs, never what
+    it does: the work of every mode is the same either way."""
+    import gpu.bench as bench
+
+    def work(turn_ms: float) -> dict[str, tuple[int, int, int, int]]:
+        report = bench.run_bench(
+            [2], requests=4, max_new_tokens=8, repeats=1, model=tiny_model("cpu"), turn_ms=turn_ms
+        )
+        assert report.settings["turn_ms"] == turn_ms
+        return {r.mode: (r.tokens, r.forwards, r.row_forwards, r.rounds) for r in report.runs}
+
+    assert work(0) == work(10_000)
+    with pytest.raises(ConfigError):
+        bench.run_bench([2], requests=4, repeats=1, model=tiny_model("cpu"), turn_ms=-1)
