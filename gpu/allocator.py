@@ -65,6 +65,9 @@ class PagedKvAllocator:
         self._names: dict[int, str] = {}
         self._next_handle = 0
         self.reserved_pages = 0
+        # The handle `free_all` last emptied, while nothing was allocated to it since: its
+        # `unregister` needs no scan of the owner tensor.
+        self._emptied: int | None = None
 
     # ------------------------------------------------------------------ owners
     def register(self, request_id: str) -> int:
@@ -77,8 +80,10 @@ class PagedKvAllocator:
     def unregister(self, handle: int) -> None:
         """Forget a handle whose request ended. If it still owns slots (an engine bug) its name
         is kept, so the snapshot shows the leak under the right request id."""
-        if not (self._req == handle).any():
+        if handle == self._emptied or not (self._req == handle).any():
             self._names.pop(handle, None)
+        if handle == self._emptied:
+            self._emptied = None
 
     def live_handles(self) -> int:
         """How many handles are registered (requests not yet ended, plus any leaking ones)."""
@@ -113,6 +118,8 @@ class PagedKvAllocator:
         request-to-token table); it is needed when this block does not start a page.
         """
         b, p = self.block_size, self.page_size
+        if handle == self._emptied:
+            self._emptied = None
         offset = (block_index * b) % p
         if offset == 0:
             if not self._free_pages:
@@ -150,6 +157,8 @@ class PagedKvAllocator:
         b = self.block_size
         slots: list[int] = []
         for first in first_slots:
+            if first % b:
+                raise AllocatorError(f"slot {first} does not start a block (block size {b})")
             slots.extend(range(first, first + b))
         self._free(handle, slots)
 
@@ -158,6 +167,8 @@ class PagedKvAllocator:
         FDFO carry path frees one block per row per round: no index arrays, no sort.)"""
         b = self.block_size
         end = first_slot + b
+        if first_slot % b:
+            raise AllocatorError(f"slot {first_slot} does not start a block (block size {b})")
         owned = self._req[first_slot:end]
         if first_slot < 0 or owned.tolist().count(handle) != b:
             raise AllocatorError(
@@ -176,15 +187,23 @@ class PagedKvAllocator:
         """Free every slot the owner tensor records for `handle` (its committed blocks and any
         retained in-progress block); one `KvFreed` event, none when it owns nothing."""
         slots = np.flatnonzero(self._req == handle)  # ascending, distinct, all owned
+        self._emptied = handle
         if not len(slots):
             return
         self._req[slots] = FREE
         self._blk[slots] = FREE
         freed = slots.tolist()
-        p, used = self.page_size, self._page_used
-        for slot in freed:
-            used[slot // p] -= 1
-        for page in {slot // p for slot in freed}:
+        b, p, used = self.block_size, self.page_size, self._page_used
+        # Slots are allocated and freed as whole blocks of b aligned slots, so the ascending
+        # list is whole blocks and pages are counted per block; per slot if something wrote
+        # the owner tensor behind the allocator's back.
+        firsts = freed[::b]
+        whole = len(freed) == b * len(firsts) and all(
+            f % b == 0 and freed[i * b + b - 1] == f + b - 1 for i, f in enumerate(firsts)
+        )
+        for first in firsts if whole else freed:
+            page = first // p
+            used[page] -= b if whole else 1
             if used[page] == 0:
                 heapq.heappush(self._free_pages, page)
         self.sink(KvFreed(self._names[handle], tuple(freed)))

@@ -353,6 +353,7 @@ class DllmEngine:
     def _prepare_batch(self) -> list[EngineRequest]:
         """Give every running request a block that holds KV slots; record new slots in the
         request-to-token table (one indexed write for the whole batch)."""
+        self._start_blocks([req for req in self.running if not req.has_block])
         writes: list[tuple[int, int, int]] = []
         for req in self.running:
             if self._ensure_block_kv(req):
@@ -363,28 +364,32 @@ class DllmEngine:
         return list(self.running)
 
     def _ensure_block_kv(self, req: EngineRequest) -> bool:
-        """True when the request's block got new slots this round: a new block, or a carried
-        block whose slots were freed (no reuse). A carried block that kept its slots (in-place
-        reuse) keeps its row, slots and table entries as they are."""
-        if not req.has_block:
-            self._start_block(req)
-            return True
+        """True when the request's block got new slots this round: a new block (started by
+        `_start_blocks`), or a carried block whose slots were freed (no reuse). A carried block
+        that kept its slots (in-place reuse) keeps its row, slots and table entries as they
+        are."""
         if req.block_first_slot is None:
             self._allocate_block_kv(req)
             return True
         return False
 
-    def _start_block(self, req: EngineRequest) -> None:
-        """The next block: prompt tokens at prompt positions, MASK elsewhere; fresh KV."""
+    def _start_blocks(self, reqs: list[EngineRequest]) -> None:
+        """The next block of each request: prompt tokens at prompt positions, MASK elsewhere
+        (one tensor for all of them; each request holds its row's view). KV comes next."""
+        if not reqs:
+            return
         b = self.config.block_size
-        start = req.committed_blocks * b
-        ids = req.prompt_ids[start : start + b]  # prompt ids never include MASK (TokenMap)
-        masks = b - len(ids)
-        ids.extend([self.mask_id] * masks)
-        req.fresh_tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        req.fresh_state = self.algorithm.init_step_state(req.fresh_tokens)
-        req.fresh_masks = masks
-        self._allocate_block_kv(req)
+        rows: list[list[int]] = []
+        for req in reqs:
+            start = req.committed_blocks * b
+            ids = req.prompt_ids[start : start + b]  # prompt ids never include MASK (TokenMap)
+            req.fresh_masks = b - len(ids)
+            ids.extend([self.mask_id] * req.fresh_masks)
+            rows.append(ids)
+        blocks = torch.tensor(rows, dtype=torch.long, device=self.device).unbind(0)
+        for req, tokens in zip(reqs, blocks, strict=True):
+            req.fresh_tokens = tokens
+            req.fresh_state = self.algorithm.init_step_state(tokens)
 
     def _allocate_block_kv(self, req: EngineRequest) -> None:
         prev_last = (

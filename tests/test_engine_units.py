@@ -73,6 +73,52 @@ def test_allocator_free_block_is_free_blocks_of_one() -> None:
     assert allocs[0].owner_req.tolist() == allocs[1].owner_req.tolist()
 
 
+def test_allocator_frees_whole_blocks_only() -> None:
+    """A free must name whole blocks: a first slot inside the handle's own blocks (which would
+    free half of two of them) is refused and changes nothing."""
+    alloc = PagedKvAllocator(num_pages=2, page_size=8, block_size=4, sink=lambda e: None)
+    a = alloc.register("a")
+    s0 = alloc.allocate_block(a, 0, None)
+    alloc.allocate_block(a, 1, s0 + 3)
+    for free in (alloc.free_block, lambda h, s: alloc.free_blocks(h, [s])):
+        with pytest.raises(AllocatorError, match="block"):
+            free(a, 2)  # slots 2..5 are a's, but they straddle blocks 0 and 1
+        assert alloc.owner_req[:8].tolist() == [a] * 8
+    alloc.check_consistency()
+
+
+def test_allocator_free_all_counts_pages_and_unregister_forgets() -> None:
+    """free_all frees every slot the owner tensor records for the handle, whole blocks or not
+    (slots written behind the allocator's back included), keeps the page counts and heap
+    consistent, and the handle it emptied is forgotten by `unregister`; a handle that owns
+    slots again after free_all keeps its name (so a leak shows under its request id)."""
+    events: list[Event] = []
+    alloc = PagedKvAllocator(num_pages=4, page_size=8, block_size=4, sink=events.append)
+    a, b = alloc.register("a"), alloc.register("b")
+    s0 = alloc.allocate_block(a, 0, None)
+    alloc.allocate_block(a, 1, s0 + 3)
+    alloc.allocate_block(a, 2, None)  # page 1
+    alloc.allocate_block(b, 0, None)  # page 2
+    # three slots of page 3 taken behind the allocator's back (not a whole block)
+    assert alloc._free_pages == [3]
+    alloc._free_pages.pop()
+    alloc.owner_req[24:27] = a
+    alloc.owner_block[24:27] = 7
+    alloc._page_used[3] += 3
+    alloc.free_all(a)
+    assert alloc.owner_req.tolist().count(a) == 0
+    assert events[-1] == KvFreed("a", (*range(0, 12), 24, 25, 26))
+    assert alloc.free_pages() == 3  # only b's page is in use
+    alloc.check_consistency()
+    alloc.unregister(a)
+    assert alloc.live_handles() == 1 and alloc.name(a).startswith("<released")
+    alloc.free_all(b)
+    alloc.allocate_block(b, 0, None)  # b owns slots again after its free_all
+    alloc.unregister(b)
+    assert alloc.name(b) == "b" and alloc.live_handles() == 1
+    alloc.check_consistency()
+
+
 def test_allocator_reservation() -> None:
     alloc = PagedKvAllocator(num_pages=4, page_size=4, block_size=4, sink=lambda e: None)
     alloc.reserve(3)

@@ -7,11 +7,13 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu.corpus import make_samples
 from gpu.errors import ForwardInputError
 from gpu.kv_cache import PagedKvCache
-from gpu.model import BlockDiffusionLM, block_causal_mask
+from gpu.model import BlockDiffusionLM, _slots_by_gather, _slots_by_slicing, block_causal_mask
 from gpu.model_config import ModelConfig
 from gpu.weights import load_model
 
@@ -210,6 +212,30 @@ def test_rows_are_batch_invariant_bit_for_bit(block_size: int) -> None:
             f"block {block_size}, row {i} (context {len(seqs[i])}): batch changes its logits by "
             f"{(together[i] - alone[0]).abs().max().item():.3g}"
         )
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data(), block_size=st.sampled_from([1, 4, 8]))
+def test_plan_slots_read_by_slicing_equal_the_gather(data: st.DataObject, block_size: int) -> None:
+    """The CPU plan's numpy slicing reads exactly the slots the device-agnostic gather (the
+    CUDA path) reads: every row's block slots in batch order, then every context in order."""
+    rows_total, width = 5, 6 * block_size
+    table = torch.tensor(
+        data.draw(st.lists(st.integers(0, 10_000), min_size=rows_total * width,
+                           max_size=rows_total * width)),
+        dtype=torch.int32,
+    ).view(rows_total, width)  # fmt: skip
+    b = data.draw(st.integers(1, rows_total))
+    rows = data.draw(st.permutations(range(rows_total)))[:b]
+    starts = [block_size * data.draw(st.integers(0, 5)) for _ in range(b)]
+    order = sorted(range(b), key=starts.__getitem__)
+    sliced = _slots_by_slicing(table, starts, rows, order, block_size)
+    gathered = _slots_by_gather(table, starts, rows, order, block_size)
+    assert sliced.dtype == gathered.dtype == torch.int64
+    assert torch.equal(sliced, gathered)
+    want = [table[r, s : s + block_size] for s, r in zip(starts, rows, strict=True)]
+    want += [table[rows[i], : starts[i] + block_size] for i in order]
+    assert torch.equal(sliced, torch.cat(want).long())
 
 
 def test_plan_never_reaches_beyond_a_rows_context() -> None:
