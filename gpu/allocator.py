@@ -80,10 +80,11 @@ class PagedKvAllocator:
     def unregister(self, handle: int) -> None:
         """Forget a handle whose request ended. If it still owns slots (an engine bug) its name
         is kept, so the snapshot shows the leak under the right request id."""
-        if handle == self._emptied or not (self._req == handle).any():
-            self._names.pop(handle, None)
-        if handle == self._emptied:
+        emptied = handle == self._emptied
+        if emptied:
             self._emptied = None
+        if emptied or not (self._req == handle).any():
+            self._names.pop(handle, None)
 
     def live_handles(self) -> int:
         """How many handles are registered (requests not yet ended, plus any leaking ones)."""
@@ -193,17 +194,10 @@ class PagedKvAllocator:
         self._req[slots] = FREE
         self._blk[slots] = FREE
         freed = slots.tolist()
-        b, p, used = self.block_size, self.page_size, self._page_used
-        # Slots are allocated and freed as whole blocks of b aligned slots, so the ascending
-        # list is whole blocks and pages are counted per block; per slot if something wrote
-        # the owner tensor behind the allocator's back.
-        firsts = freed[::b]
-        whole = len(freed) == b * len(firsts) and all(
-            f % b == 0 and freed[i * b + b - 1] == f + b - 1 for i, f in enumerate(firsts)
-        )
-        for first in firsts if whole else freed:
-            page = first // p
-            used[page] -= b if whole else 1
+        p, used = self.page_size, self._page_used
+        for slot in freed:
+            used[slot // p] -= 1
+        for page in {slot // p for slot in freed}:
             if used[page] == 0:
                 heapq.heappush(self._free_pages, page)
         self.sink(KvFreed(self._names[handle], tuple(freed)))

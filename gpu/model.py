@@ -304,7 +304,16 @@ class BlockDiffusionLM(nn.Module):
         n = b * block_size
         read = _slots_by_slicing if req_to_token.device.type == "cpu" else _slots_by_gather
         slots = read(req_to_token, starts, row_ids, order, block_size)
-        return _plan(block_size, b, slots[:n], slots[n:], rest, order, groups)
+        identity = len(rest) == n  # no permutation appended: rows already sorted
+        return BlockPlan(
+            block_size=block_size,
+            positions=rest[:n].view(b, block_size),
+            block_slots=slots[:n],
+            ctx_slots=slots[n:],
+            order=None if identity else rest[n : n + b],
+            unorder=None if identity else rest[n + b :],
+            groups=groups,
+        )
 
     def forward_blocks(
         self,
@@ -460,29 +469,6 @@ def _extend_layout(host: array[int], starts: Sequence[int], order: list[int], si
             unorder[old] = new
         host.extend(order)
         host.extend(unorder)
-
-
-def _plan(
-    block_size: int,
-    b: int,
-    block_slots: torch.Tensor,
-    ctx_slots: torch.Tensor,
-    rest: torch.Tensor,
-    order: list[int],
-    groups: tuple[tuple[int, int], ...],
-) -> BlockPlan:
-    """Assemble a plan; `rest` is the device copy of `_extend_layout`'s host array."""
-    n = b * block_size
-    identity = len(rest) == n
-    return BlockPlan(
-        block_size=block_size,
-        positions=rest[:n].view(b, block_size),
-        block_slots=block_slots,
-        ctx_slots=ctx_slots,
-        order=None if identity else rest[n : n + b],
-        unorder=None if identity else rest[n + b :],
-        groups=groups,
-    )
 
 
 def ragged_attention(
