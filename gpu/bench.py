@@ -4,6 +4,8 @@
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
         [--device cpu|cuda] [--threads N] [--turn-ms 50] [--sequential] [--json PATH]
     schedspec bench engine --forward-costs      (model cost by rows x context; round cost)
+    schedspec bench engine --forward-bound [--max-running 4 16] [--repeats 5] [--json PATH]
+        (FDFO/sync of forward time alone: the bound a scheduler cannot beat; gpu/forward_bound.py)
 
 For every max-running value and every mode the shipped model serves the shipped prompt set
 (cycled to `--requests` requests, all submitted at once: the default 128 is four passes over the
@@ -81,6 +83,8 @@ class BenchRun:
     attention_seconds: float = 0.0  # the part of forward_seconds spent in attention
     row_rounds: int = 0  # rows (running requests) summed over rounds: per-row round work
     block_allocations: int = 0  # block KV allocations (new blocks, re-allocated carries)
+    # per forward its distinct context lengths (one attention call per layer each), summed
+    attention_groups: int = 0
     repeat: int = 0
 
     @property
@@ -90,6 +94,11 @@ class BenchRun:
     @property
     def tokens_per_cpu_s(self) -> float:
         return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+    @property
+    def attention_calls_per_forward(self) -> float:
+        """Attention calls per layer in a forward (its distinct context lengths), averaged."""
+        return self.attention_groups / self.forwards if self.forwards else 0.0
 
     def profile_ms(self) -> dict[str, float]:
         """Wall ms per forward: model (forward minus attention), attention, step, scheduler
@@ -163,6 +172,7 @@ def run_once(
         attention_seconds=engine.runner.attention_seconds,
         row_rounds=engine.row_rounds,
         block_allocations=engine.blocks_allocated,
+        attention_groups=engine.runner.attention_groups,
     )
 
 
@@ -230,6 +240,7 @@ def run_interleaved(
                 attention_seconds=engine.runner.attention_seconds,
                 row_rounds=engine.row_rounds,
                 block_allocations=engine.blocks_allocated,
+                attention_groups=engine.runner.attention_groups,
             )
         )
     return runs
@@ -318,6 +329,7 @@ class BenchReport:
                         "attention_seconds": round(r.attention_seconds, 4),
                         "row_rounds": r.row_rounds,
                         "block_allocations": r.block_allocations,
+                        "attention_groups": r.attention_groups,
                         "profile_ms_per_forward": {
                             k: round(v, 3) for k, v in r.profile_ms().items()
                         },
@@ -335,6 +347,28 @@ class BenchReport:
             "ratios_cpu": self.ratios("cpu"),
             "ratios_work": self.ratios("work"),
         }
+
+
+def workload(
+    model: BlockDiffusionLM, requests: int, max_new_tokens: int, block_size: int
+) -> tuple[list[RequestSpec], int]:
+    """The benchmark's requests (the shipped prompts cycled to `requests`) and the context
+    that holds the longest of them, rounded up to whole blocks; `ConfigError` when that is
+    beyond the model's context."""
+    texts = load_prompts()
+    reqs = [
+        RequestSpec(f"q{i:04d}", tuple(TOKENIZER.encode(texts[i % len(texts)])), max_new_tokens)
+        for i in range(requests)
+    ]
+    longest = max(len(r.prompt) for r in reqs) + max_new_tokens
+    max_context = -(-longest // block_size) * block_size
+    if max_context > model.config.max_context:
+        raise ConfigError(
+            "max_new_tokens",
+            max_new_tokens,
+            f"prompt + max_new_tokens must fit the model's context {model.config.max_context}",
+        )
+    return reqs, max_context
 
 
 def run_bench(
@@ -363,19 +397,7 @@ def run_bench(
         from gpu.weights import load_model
 
         model, _ = load_model(ASSETS, dev)
-    texts = load_prompts()
-    reqs = [
-        RequestSpec(f"q{i:04d}", tuple(TOKENIZER.encode(texts[i % len(texts)])), max_new_tokens)
-        for i in range(requests)
-    ]
-    longest = max(len(r.prompt) for r in reqs) + max_new_tokens
-    max_context = -(-longest // block_size) * block_size
-    if max_context > model.config.max_context:
-        raise ConfigError(
-            "max_new_tokens",
-            max_new_tokens,
-            f"prompt + max_new_tokens must fit the model's context {model.config.max_context}",
-        )
+    reqs, max_context = workload(model, requests, max_new_tokens, block_size)
     # warm-up (allocator paths, kernels)
     run_once(model, algorithm, MODES[2], max(max_running), reqs[:4], block_size, page_size,
              max_context, dev)  # fmt: skip
@@ -437,13 +459,18 @@ def _print(report: BenchReport) -> None:
                 f"{r.forwards:>5}{r.row_forwards:>8}{fwd:>6.0f}%{step:>5.0f}%{kv:>4.1f}%"
                 f"{100 - fwd - step - kv:>6.0f}%"
             )
-    print("\nprofile, wall ms per forward (median run): model | attention | step | scheduler")
+    print(
+        "\nprofile, wall ms per forward (median run): model | attention | step | scheduler;"
+        " attention calls per layer per forward"
+    )
     for m in report.max_running_values():
         for mode in MODES:
-            prof = report.median_run(m, mode.name).profile_ms()
+            run = report.median_run(m, mode.name)
+            prof = run.profile_ms()
             print(
                 f"{m:>11}  {mode.name:<18}{prof['model']:>8.3f}{prof['attention']:>8.3f}"
                 f"{prof['step']:>8.3f}{prof['scheduler']:>8.3f}   total {prof['total']:.3f}"
+                f"   attention calls {run.attention_calls_per_forward:.1f}"
             )
     for clock in ("wall", "cpu", "work"):
         label = {"wall": "median paired, wall clock", "cpu": "median paired, CPU time"}
@@ -592,6 +619,12 @@ def bench_main(args: list[str]) -> int:
         help="run the modes one after another instead of interleaving their rounds",
     )
     p.add_argument(
+        "--forward-bound",
+        action="store_true",
+        help="replay sync's and FDFO's forwards without their schedulers and print the "
+        "FDFO/sync ratio of forward time (the bound no scheduler can beat)",
+    )
+    p.add_argument(
         "--forward-costs",
         action="store_true",
         help="only print the model's forward cost by rows x context and the conformance round cost",
@@ -602,6 +635,8 @@ def bench_main(args: list[str]) -> int:
     if ns.forward_costs:
         _print_costs(ns.block_size)
         return 0
+    if ns.forward_bound:
+        return _forward_bound_main(ns, args)
     report = run_bench(
         ns.max_running,
         requests=ns.requests,
@@ -620,6 +655,62 @@ def bench_main(args: list[str]) -> int:
         payload = report.to_json()
         payload["command"] = "schedspec bench engine " + " ".join(args)
         payload["runs"] = [asdict(r) for r in report.runs]
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
+    """`--forward-bound`: per max-running value, the counts and the paired forward-time ratio
+    of `gpu.forward_bound`, printed and (with --json) written."""
+    from gpu.forward_bound import forward_bound
+    from gpu.weights import load_model
+
+    dev = resolve_device(ns.device)
+    if ns.repeats < 1 or ns.requests < 1 or min(ns.max_running) < 1:
+        raise ConfigError("bench", (ns.requests, ns.repeats, ns.max_running), "positive values")
+    model, _ = load_model(ASSETS, dev)
+    reqs, max_context = workload(model, ns.requests, ns.max_new_tokens, ns.block_size)
+    results = []
+    print(f"device: {device_name(dev)}  (forwards replayed without step or scheduler)")
+    print(
+        f"{'max_running':>11}  {'forwards s/f':>13}{'row-fwd s/f':>14}{'keys s/f':>16}"
+        f"{'rows':>7}{'keys':>7}{'forward time':>14}"
+    )
+    for m in ns.max_running:
+        r = forward_bound(
+            model, m, reqs, block_size=ns.block_size, page_size=ns.page_size,
+            max_context=max_context, algorithm=ns.algorithm, repeats=ns.repeats, device=dev,
+            turn_seconds=ns.turn_ms / 1000,
+        )  # fmt: skip
+        results.append(r.to_json())
+        print(
+            f"{m:>11}  {r.sync.forwards:>6}/{r.fdfo.forwards:<6}"
+            f"{r.sync.row_forwards:>7}/{r.fdfo.row_forwards:<6}"
+            f"{r.sync.keys:>8}/{r.fdfo.keys:<7}{r.rows_ratio():>6.2f}x{r.keys_ratio():>6.2f}x"
+            f"{r.ratio():>13.2f}x"
+        )
+    print(
+        "ratios are FDFO/sync per generated token: rows = row-forwards (the benchmark's work "
+        "ratio), keys = attended context positions, forward time = the replay (median paired)"
+    )
+    if ns.json:
+        payload = {
+            "command": "schedspec bench engine " + " ".join(args),
+            "device": str(dev),
+            "device_name": device_name(dev),
+            "settings": {
+                "requests": ns.requests,
+                "max_new_tokens": ns.max_new_tokens,
+                "block_size": ns.block_size,
+                "page_size": ns.page_size,
+                "algorithm": ns.algorithm,
+                "repeats": ns.repeats,
+                "threads": torch.get_num_threads(),
+                "turn_ms": ns.turn_ms,
+            },
+            "results": results,
+        }
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -178,6 +178,9 @@ class BlockDiffusionLM(nn.Module):
     rope_sin: torch.Tensor
     # Host wall time `forward_blocks` spent in attention (KV reads + attention), for profiles.
     attention_seconds: float = 0.0
+    # Attention groups (distinct context lengths, one attention call per layer each) summed over
+    # `forward_blocks` calls, for profiles.
+    attention_groups: int = 0
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -372,6 +375,7 @@ class BlockDiffusionLM(nn.Module):
                 x = x + invariant_linear(attended, block.attn.wo.weight)
                 x = x + block.mlp.forward_fused(_rms(x, block.mlp_norm))
             logits = invariant_linear(_rms(x, self.norm), self.lm_head.weight)
+            self.attention_groups += len(plan.groups)
             return logits
 
     def _check_pool(self, kv: PagedKvCache) -> None:

@@ -49,6 +49,7 @@ class ModelRunner:
         self.forwards = 0
         self.forward_seconds = 0.0  # host wall time in forwards (on CUDA: until the digest)
         self.attention_seconds = 0.0  # the part of it the model spent in attention
+        self.attention_groups = 0  # per forward its distinct context lengths, summed
         self.last_digest: str | None = None
         self._last_plan: tuple[tuple[object, ...], BlockPlan] | None = None
         self.plans_built = 0  # plans read from the table (the others were the last one again)
@@ -81,6 +82,7 @@ class ModelRunner:
         """Logits [b, B, V] (mask logit suppressed) for one block per row."""
         start = time.perf_counter()
         attn_before = self.model.attention_seconds
+        groups_before = self.model.attention_groups
         with torch.no_grad():
             logits = self.model.forward_blocks(
                 block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token, plan
@@ -90,4 +92,5 @@ class ModelRunner:
             logits[..., self.mask_id] = float("-inf")
         self.forward_seconds += time.perf_counter() - start
         self.attention_seconds += self.model.attention_seconds - attn_before
+        self.attention_groups += self.model.attention_groups - groups_before
         return logits

@@ -112,9 +112,17 @@ def bench_engine_parser() -> Parser:
         default=50,
         help="interleaved modes take turns of this many ms of their own time (0: one round)",
     )
-    p.add_argument("--sequential", action="store_true", help="run the modes one after another")
-    p.add_argument(
+    # what to measure: one of the throughput runs' method or the two model-only probes
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--sequential", action="store_true", help="run the modes one after another")
+    what.add_argument(
         "--forward-costs", action="store_true", help="only print the model's forward costs"
+    )
+    what.add_argument(
+        "--forward-bound",
+        action="store_true",
+        help="replay sync's and FDFO's forwards without their schedulers: the FDFO/sync "
+        "ratio of forward time, which no scheduler can beat",
     )
     return p
 

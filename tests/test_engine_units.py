@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu.allocator import AllocatorError, PagedKvAllocator
-from gpu.engine import DllmEngine, make_small_engine, tiny_model
+from gpu.engine import DllmEngine, StepAlgorithm, make_small_engine, tiny_model
 from gpu.request import StreamChunk
 from gpu.request_pool import ReqToTokenPool, RequestPoolError
 from gpu.token_map import TokenMap
@@ -283,6 +283,7 @@ def test_bench_main_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert {r["max_running"] for r in data["results"]} == {1, 2}
     assert all(r["tokens_per_s"] > 0 for r in data["results"])
     assert set(data["ratios"]["fdfo/sync"]) == {"1", "2"}
+    assert all(r["forwards"] <= r["attention_groups"] <= r["row_forwards"] for r in data["results"])
 
 
 def test_bench_counts_row_rounds_and_block_allocations() -> None:
@@ -300,6 +301,7 @@ def test_bench_counts_row_rounds_and_block_allocations() -> None:
     assert runs["fdfo"].block_allocations == runs["fdfo"].row_rounds > blocks
     for run in runs.values():
         assert run.rounds <= run.row_rounds <= 2 * run.rounds
+        assert run.forwards <= run.attention_groups <= run.row_forwards
 
 
 def test_bench_turns_change_the_timing_only() -> None:
@@ -317,3 +319,30 @@ def test_bench_turns_change_the_timing_only() -> None:
     assert work(0) == work(10_000)
     with pytest.raises(ConfigError):
         bench.run_bench([2], requests=4, repeats=1, model=tiny_model("cpu"), turn_ms=-1)
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])
+def test_attention_groups_are_the_distinct_context_lengths_per_forward(mode: Mode) -> None:
+    """The profile's attention-call count: per forward, one group per distinct context length
+    (a row at block k attends to (k + 1) * B keys), summed; read here from the forward log."""
+    config = DllmConfig(
+        block_size=4, page_size=4, kv_pages=64, max_context=32, mode=mode,
+        in_place_reuse=mode is Mode.FDFO, max_running_requests=4,
+    )  # fmt: skip
+    engine = DllmEngine(config, lambda e: None, model=tiny_model("cpu"),
+                        algorithm=_low_confidence(), record=True)  # fmt: skip
+    for i, prompt in enumerate([(1, 2), (3, 4, 5, 6, 7), (8,), (9, 10, 11, 12, 13, 14, 15)]):
+        engine.submit(RequestSpec(f"r{i}", prompt, 8 + 2 * i))
+    engine.drain()
+    want = sum(len({k for _, k in record.rows}) for record in engine.forward_log)
+    assert engine.runner.attention_groups == want
+    assert engine.runner.forwards <= want <= engine.rows_forwarded
+    if mode is Mode.FDFO:  # rows drift apart: some forward mixes context lengths
+        assert want > engine.runner.forwards
+
+
+def _low_confidence() -> StepAlgorithm:
+    from gpu.algorithms import make_algorithm
+
+    algorithm: StepAlgorithm = make_algorithm("LowConfidence")
+    return algorithm

@@ -1,0 +1,93 @@
+"""The forward-time bound (`schedspec bench engine --forward-bound`): what it records and
+replays is exactly the engine's forwards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from gpu.bench import bench_main, workload
+from gpu.engine import DllmEngine, StepAlgorithm, tiny_model
+from gpu.forward_bound import Replayer, forward_bound, record_layouts, replay_interleaved, work_of
+from gpu.parity import engine_config
+from spec.batch_parity import MODE_VARIANTS
+from spec.config import RequestSpec
+
+torch.set_num_threads(1)
+CPU = torch.device("cpu")
+MODES = {m.name: m for m in MODE_VARIANTS}
+
+
+def _setup() -> tuple[list[RequestSpec], int]:
+    return workload(tiny_model("cpu"), requests=6, max_new_tokens=8, block_size=4)
+
+
+def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None:
+    """Each recorded forward lists every row the engine forwarded (its block's start); the
+    three FDFO variants forward the same blocks in the same order, so one replay covers them."""
+    model = tiny_model("cpu")
+    reqs, max_context = _setup()
+    recorded = {
+        name: record_layouts(model, "LowConfidence", MODES[name], 3, reqs, 4, 4, max_context, CPU)
+        for name in MODES
+    }
+    assert recorded["fdfo"] == recorded["fdfo+reuse"] == recorded["fdfo+reuse+reloop"]
+    for name, (layouts, tokens) in recorded.items():
+        config = engine_config(4, 4, max_context, MODES[name], 3)
+        engine = DllmEngine(config, lambda e: None, model=model,
+                            algorithm=_algorithm(), record=False)  # fmt: skip
+        for req in reqs:
+            engine.submit(req)
+        engine.drain()
+        work = work_of(layouts, tokens, 4)
+        assert work.forwards == engine.runner.forwards
+        assert work.row_forwards == engine.rows_forwarded
+        assert tokens == sum(len(o) for o in engine.outputs.values())
+        assert work.keys == sum(s + 4 for layout in layouts for s in layout)
+        assert all(s % 4 == 0 and s + 4 <= max_context for lay in layouts for s in lay)
+    sync, fdfo = recorded["sync"][0], recorded["fdfo"][0]
+    assert len(sync) > len(fdfo)  # sync forwards finished rows until its round ends
+
+
+def test_the_replay_runs_every_recorded_forward_once() -> None:
+    """A replay makes as many forwards, with the same attention groups, as the layouts hold;
+    taking turns changes when a forward runs, never which ones run."""
+    model = tiny_model("cpu")
+    reqs, max_context = _setup()
+    layouts = [record_layouts(model, "LowConfidence", MODES[name], 3, reqs, 4, 4,
+                              max_context, CPU)[0] for name in ("sync", "fdfo")]  # fmt: skip
+    replayers = [Replayer(model, lay, 4, max_context, CPU) for lay in layouts]
+    before = model.attention_groups
+    seconds = replay_interleaved(replayers, turn_seconds=0.0)
+    groups = sum(len(set(layout)) for lay in layouts for layout in lay)
+    assert model.attention_groups - before == groups
+    assert all(r.done() and r.next == len(lay) for r, lay in zip(replayers, layouts, strict=True))
+    assert all(s > 0 for s in seconds)
+
+
+def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
+    model = tiny_model("cpu")
+    reqs, max_context = _setup()
+    result = forward_bound(model, 3, reqs, block_size=4, page_size=4, max_context=max_context,
+                           repeats=2)  # fmt: skip
+    assert len(result.sync_seconds) == len(result.fdfo_seconds) == 2
+    assert result.rows_ratio() > 1.0  # FDFO forwards fewer rows per token than sync
+    assert result.ratio() > 0
+    out = tmp_path / "bound.json"
+    args = ["--forward-bound", "--max-running", "2", "--requests", "3", "--max-new-tokens", "8"]
+    assert bench_main([*args, "--repeats", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (row,) = data["results"]
+    assert row["max_running"] == 2
+    assert row["row_forwards"]["sync"] >= row["row_forwards"]["fdfo"] > 0
+    assert row["forward_time_ratio"] > 0 and len(row["forward_seconds"]["sync"]) == 1
+    assert data["command"].startswith("schedspec bench engine --forward-bound")
+
+
+def _algorithm() -> StepAlgorithm:
+    from gpu.algorithms import make_algorithm
+
+    algorithm: StepAlgorithm = make_algorithm("LowConfidence")
+    return algorithm
