@@ -121,8 +121,8 @@ def bench_engine_parser() -> Parser:
     what.add_argument(
         "--forward-bound",
         action="store_true",
-        help="replay sync's and FDFO's forwards without their schedulers: the FDFO/sync "
-        "ratio of forward time, which no scheduler can beat",
+        help="replay sync's and FDFO's forwards without step or scheduler: FDFO/sync of "
+        "forward time alone",
     )
     return p
 

@@ -4,13 +4,20 @@ replays is exactly the engine's forwards."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from gpu.bench import bench_main, workload
 from gpu.engine import DllmEngine, StepAlgorithm, tiny_model
-from gpu.forward_bound import Replayer, forward_bound, record_layouts, replay_interleaved, work_of
+from gpu.forward_bound import (
+    Replayer,
+    best_forward_seconds,
+    forward_bound,
+    record_layouts,
+    work_of,
+)
 from gpu.parity import engine_config
 from spec.batch_parity import MODE_VARIANTS
 from spec.config import RequestSpec
@@ -51,28 +58,28 @@ def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None
     assert len(sync) > len(fdfo)  # sync forwards finished rows until its round ends
 
 
-def test_the_replay_runs_every_recorded_forward_once() -> None:
-    """A replay makes as many forwards, with the same attention groups, as the layouts hold;
-    taking turns changes when a forward runs, never which ones run."""
+def test_every_pass_runs_every_recorded_forward_once() -> None:
+    """Each pass makes exactly the recorded forwards (the attention groups of the layouts, no
+    more, no fewer); every forward gets a best time."""
     model = tiny_model("cpu")
     reqs, max_context = _setup()
     layouts = [record_layouts(model, "LowConfidence", MODES[name], 3, reqs, 4, 4,
                               max_context, CPU)[0] for name in ("sync", "fdfo")]  # fmt: skip
     replayers = [Replayer(model, lay, 4, max_context, CPU) for lay in layouts]
     before = model.attention_groups
-    seconds = replay_interleaved(replayers, turn_seconds=0.0)
+    best = best_forward_seconds(replayers, passes=3)
     groups = sum(len(set(layout)) for lay in layouts for layout in lay)
-    assert model.attention_groups - before == groups
-    assert all(r.done() and r.next == len(lay) for r, lay in zip(replayers, layouts, strict=True))
-    assert all(s > 0 for s in seconds)
+    assert model.attention_groups - before == 3 * groups
+    assert [len(b) for b in best] == [len(lay) for lay in layouts]
+    assert all(0 < t < math.inf for b in best for t in b)
 
 
 def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
     model = tiny_model("cpu")
     reqs, max_context = _setup()
     result = forward_bound(model, 3, reqs, block_size=4, page_size=4, max_context=max_context,
-                           repeats=2)  # fmt: skip
-    assert len(result.sync_seconds) == len(result.fdfo_seconds) == 2
+                           passes=2)  # fmt: skip
+    assert result.sync_seconds > 0 and result.fdfo_seconds > 0 and result.passes == 2
     assert result.rows_ratio() > 1.0  # FDFO forwards fewer rows per token than sync
     assert result.ratio() > 0
     out = tmp_path / "bound.json"
@@ -82,7 +89,8 @@ def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
     (row,) = data["results"]
     assert row["max_running"] == 2
     assert row["row_forwards"]["sync"] >= row["row_forwards"]["fdfo"] > 0
-    assert row["forward_time_ratio"] > 0 and len(row["forward_seconds"]["sync"]) == 1
+    assert row["forward_time_ratio"] > 0 and row["passes"] == 1
+    assert row["best_forward_seconds"]["sync"] > 0
     assert data["command"].startswith("schedspec bench engine --forward-bound")
 
 
