@@ -36,6 +36,9 @@ NOT_RUN = {
     "--impl gpu.engine:make_engine --examples 150": "about 5 minutes on 2 cores",
     "./schedspec bench engine --max-running 4 16 --repeats 5 --threads 1 "
     "--json docs/engine-bench-cpu.json": "a benchmark of several minutes",
+    "./schedspec bench engine --forward-bound --max-running 4 16 --repeats 5 --threads 1 "
+    "--json docs/engine-forward-bound-cpu.json": "a replay of about 2 minutes "
+    "(tests/test_forward_bound.py runs it on a small workload)",
     # the real vLLM scheduler at 500 examples takes minutes; tests/test_real_vllm.py runs the
     # same machine and profile with 40 examples, and the README's tour runs it with 100
     # the engine's parity runs eight engines per algorithm and the golden decoding (minutes on
@@ -44,6 +47,9 @@ NOT_RUN = {
     "--json out/parity-cpu.json": "several minutes (32 prompts x 8 engines x 2 algorithms)",
     "./schedspec parity --device cpu --algorithm all --prompts 8 --max-new-tokens 128 "
     "--json out/parity-cpu-128.json": "several minutes (128 tokens x 8 engines x 2 algorithms)",
+    "./schedspec parity --device cpu --algorithm all --max-new-tokens 128 "
+    "--json out/parity-cpu-128-full.json": "a minute or more (32 prompts x 128 tokens x 8 "
+    "engines x 2 algorithms)",
     "./schedspec verify --impl real-vllm --examples 500": "several minutes (real vLLM)",
     "./schedspec verify --impl real-vllm-prefix --examples 500": "several minutes (real vLLM)",
 }
