@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
-from gpu.engine import DllmEngine, resolve_device
+from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
 from gpu.parity import ASSETS, engine_config, load_prompts
 from gpu.tokenizer import TOKENIZER
@@ -127,28 +127,49 @@ def _noop(event: Event) -> None:
     return None
 
 
-def run_once(
-    model: BlockDiffusionLM,
-    algorithm: str,
-    mode: BenchMode,
-    max_running: int,
-    requests: list[RequestSpec],
-    block_size: int,
-    page_size: int,
-    max_context: int,
-    device: torch.device,
-) -> BenchRun:
-    config = bench_config(mode, max_running, block_size, page_size, max_context)
-    engine = DllmEngine(
-        config,
-        _noop,
-        model=model,
-        algorithm=make_algorithm(algorithm),
-        device=device,
-        record=False,
-    )
-    for req in requests:
-        engine.submit(req)
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What every run of the benchmark serves, and on what: the model and algorithm, the
+    requests (all submitted at once), the block and page sizes, and the context that holds the
+    longest request (see `serving`)."""
+
+    model: BlockDiffusionLM
+    algorithm: str
+    requests: tuple[RequestSpec, ...]
+    block_size: int
+    page_size: int
+    max_context: int
+    device: torch.device
+
+    def engine(
+        self,
+        mode: BenchMode,
+        max_running: int,
+        *,
+        record: bool = False,
+        forward_log_cap: int = FORWARD_LOG_CAP,
+    ) -> DllmEngine:
+        """An engine of `mode` with `max_running` seats, events dropped, every request
+        submitted and no round run yet."""
+        config = bench_config(mode, max_running, self.block_size, self.page_size, self.max_context)
+        engine = DllmEngine(
+            config,
+            _noop,
+            model=self.model,
+            algorithm=make_algorithm(self.algorithm),
+            device=self.device,
+            record=record,
+            forward_log_cap=forward_log_cap,
+        )
+        for req in self.requests:
+            engine.submit(req)
+        return engine
+
+
+def run_once(serving: Serving, mode: BenchMode, max_running: int) -> BenchRun:
+    """One mode served alone, start to drain."""
+    device = serving.device
+    engine = serving.engine(mode, max_running)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -180,35 +201,15 @@ def run_once(
 
 
 def run_interleaved(
-    model: BlockDiffusionLM,
-    algorithm: str,
-    max_running: int,
-    requests: list[RequestSpec],
-    block_size: int,
-    page_size: int,
-    max_context: int,
-    device: torch.device,
-    turn_seconds: float = 0.05,
+    serving: Serving, max_running: int, turn_seconds: float = 0.05
 ) -> list[BenchRun]:
     """All four modes at once, one engine each, taking turns; each mode is charged the time of
     its own rounds, so a change in the machine's load hits every mode alike (paired ratios).
     A turn runs whole rounds until `turn_seconds` of the engine's wall time have passed (at
     least one round; 0: one round per turn), so every mode switches engines, and pays the
     cache refill that follows, equally often per second of its own time."""
-    engines = []
-    for mode in MODES:
-        config = bench_config(mode, max_running, block_size, page_size, max_context)
-        engine = DllmEngine(
-            config,
-            _noop,
-            model=model,
-            algorithm=make_algorithm(algorithm),
-            device=device,
-            record=False,
-        )
-        for req in requests:
-            engine.submit(req)
-        engines.append(engine)
+    device = serving.device
+    engines = [serving.engine(mode, max_running) for mode in MODES]
     wall = [0.0] * len(engines)
     cpu = [0.0] * len(engines)
     while not all(e.is_idle() for e in engines):
@@ -352,17 +353,24 @@ class BenchReport:
         }
 
 
-def workload(
-    model: BlockDiffusionLM, requests: int, max_new_tokens: int, block_size: int
-) -> tuple[list[RequestSpec], int]:
-    """The benchmark's requests (the shipped prompts cycled to `requests`) and the context
-    that holds the longest of them, rounded up to whole blocks; `ConfigError` when that is
-    beyond the model's context."""
+def serving(
+    model: BlockDiffusionLM,
+    *,
+    requests: int,
+    max_new_tokens: int,
+    block_size: int,
+    page_size: int,
+    algorithm: str,
+    device: torch.device,
+) -> Serving:
+    """The benchmark's workload: the shipped prompts cycled to `requests` requests of
+    `max_new_tokens`, on a context that holds the longest of them, rounded up to whole blocks;
+    `ConfigError` when that is beyond the model's context."""
     texts = load_prompts()
-    reqs = [
+    reqs = tuple(
         RequestSpec(f"q{i:04d}", tuple(TOKENIZER.encode(texts[i % len(texts)])), max_new_tokens)
         for i in range(requests)
-    ]
+    )
     longest = max(len(r.prompt) for r in reqs) + max_new_tokens
     max_context = -(-longest // block_size) * block_size
     if max_context > model.config.max_context:
@@ -371,7 +379,7 @@ def workload(
             max_new_tokens,
             f"prompt + max_new_tokens must fit the model's context {model.config.max_context}",
         )
-    return reqs, max_context
+    return Serving(model, algorithm, reqs, block_size, page_size, max_context, device)
 
 
 def run_bench(
@@ -400,27 +408,22 @@ def run_bench(
         from gpu.weights import load_model
 
         model, _ = load_model(ASSETS, dev)
-    reqs, max_context = workload(model, requests, max_new_tokens, block_size)
+    setup = serving(
+        model, requests=requests, max_new_tokens=max_new_tokens, block_size=block_size,
+        page_size=page_size, algorithm=algorithm, device=dev,
+    )  # fmt: skip
     # warm-up (allocator paths, kernels)
-    run_once(model, algorithm, MODES[2], max(max_running), reqs[:4], block_size, page_size,
-             max_context, dev)  # fmt: skip
+    run_once(replace(setup, requests=setup.requests[:4]), MODES[2], max(max_running))
     runs: list[BenchRun] = []
     for rep in range(repeats):
         for m in max_running:
             if interleave:
-                batch = run_interleaved(
-                    model, algorithm, m, reqs, block_size, page_size, max_context, dev,
-                    turn_ms / 1000,
-                )  # fmt: skip
+                batch = run_interleaved(setup, m, turn_ms / 1000)
             else:
                 # the modes of one max-running value run back to back, in a rotating order
                 batch = [
-                    run_once(
-                        model, algorithm, MODES[(k + rep) % len(MODES)], m, reqs, block_size,
-                        page_size, max_context, dev,
-                    )
-                    for k in range(len(MODES))
-                ]  # fmt: skip
+                    run_once(setup, MODES[(k + rep) % len(MODES)], m) for k in range(len(MODES))
+                ]
             for run in batch:
                 runs.append(replace(run, repeat=rep))
                 if progress:
@@ -673,7 +676,10 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
     if ns.repeats < 1 or ns.requests < 1 or min(ns.max_running) < 1:
         raise ConfigError("bench", (ns.requests, ns.repeats, ns.max_running), "positive values")
     model, _ = load_model(ASSETS, dev)
-    reqs, max_context = workload(model, ns.requests, ns.max_new_tokens, ns.block_size)
+    setup = serving(
+        model, requests=ns.requests, max_new_tokens=ns.max_new_tokens,
+        block_size=ns.block_size, page_size=ns.page_size, algorithm=ns.algorithm, device=dev,
+    )  # fmt: skip
     results = []
     print(f"device: {device_name(dev)}  (forwards replayed without step or scheduler)")
     print(
@@ -681,10 +687,7 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
         f"{'rows':>7}{'keys':>7}{'forward time':>14}"
     )
     for m in ns.max_running:
-        r = forward_bound(
-            model, m, reqs, block_size=ns.block_size, page_size=ns.page_size,
-            max_context=max_context, algorithm=ns.algorithm, passes=ns.repeats, device=dev,
-        )  # fmt: skip
+        r = forward_bound(setup, m, passes=ns.repeats)
         results.append(r.to_json())
         print(
             f"{m:>11}  {r.sync.forwards:>6}/{r.fdfo.forwards:<6}"

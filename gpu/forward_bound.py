@@ -40,44 +40,24 @@ from typing import Any
 
 import torch
 
-from gpu.algorithms import make_algorithm
-from gpu.engine import DllmEngine
+from gpu.bench import Serving
 from gpu.kv_cache import PagedKvCache
 from gpu.model import BlockDiffusionLM, BlockPlan
-from gpu.parity import engine_config
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
-from spec.config import RequestSpec
 
 Layout = tuple[int, ...]  # one forward: each row's block start (its context is start + B)
 
 
 def record_layouts(
-    model: BlockDiffusionLM,
-    algorithm: str,
-    mode: ModeVariant,
-    max_running: int,
-    requests: list[RequestSpec],
-    block_size: int,
-    page_size: int,
-    max_context: int,
-    device: torch.device,
+    serving: Serving, mode: ModeVariant, max_running: int
 ) -> tuple[list[Layout], int]:
-    """Serve `requests` once (untimed) and return every forward's layout, in order, and the
+    """Serve the requests once (untimed) and return every forward's layout, in order, and the
     tokens generated."""
-    config = engine_config(block_size, page_size, max_context, mode, max_running)
-    engine = DllmEngine(
-        config,
-        lambda event: None,
-        model=model,
-        algorithm=make_algorithm(algorithm),
-        device=device,
-        record=True,
-        forward_log_cap=1 << 30,  # every forward: the replay needs all of them
-    )
-    for req in requests:
-        engine.submit(req)
+    # every forward is kept: the replay needs all of them
+    engine = serving.engine(mode, max_running, record=True, forward_log_cap=1 << 30)
     engine.drain()
-    layouts = [tuple(k * block_size for _, k in rec.rows) for rec in engine.forward_log]
+    b = serving.block_size
+    layouts = [tuple(k * b for _, k in rec.rows) for rec in engine.forward_log]
     return layouts, sum(len(o) for o in engine.outputs.values())
 
 
@@ -147,9 +127,11 @@ class Replayer:
 
 def best_forward_seconds(replayers: list[Replayer], passes: int) -> list[list[float]]:
     """Per replayer, each recorded forward's best wall time over `passes` passes in which the
-    replayers alternate forward by forward."""
+    replayers alternate forward by forward (after one untimed forward each)."""
     best = [[math.inf] * len(r.steps) for r in replayers]
     longest = max(len(r.steps) for r in replayers)
+    for r in replayers:  # one-off costs of a first call (lazy kernel setup) stay out
+        r.time_forward(0)
     for _ in range(passes):
         for i in range(longest):
             for r, times in zip(replayers, best, strict=True):
@@ -198,30 +180,19 @@ class BoundResult:
         }
 
 
-def forward_bound(
-    model: BlockDiffusionLM,
-    max_running: int,
-    requests: list[RequestSpec],
-    *,
-    block_size: int,
-    page_size: int,
-    max_context: int,
-    algorithm: str = "LowConfidence",
-    passes: int = 5,
-    device: torch.device | None = None,
-) -> BoundResult:
-    """Record sync's and FDFO's forwards on `requests` and replay them `passes` times,
-    alternating forward by forward (see the module docstring)."""
-    dev = device or torch.device("cpu")
+def forward_bound(serving: Serving, max_running: int, *, passes: int = 5) -> BoundResult:
+    """Record sync's and FDFO's forwards on the serving's requests and replay them `passes`
+    times, alternating forward by forward (see the module docstring)."""
     by_name = {m.name: m for m in MODE_VARIANTS}
     works: list[ModeWork] = []
     replayers: list[Replayer] = []
     for name in ("sync", "fdfo"):
-        layouts, tokens = record_layouts(
-            model, algorithm, by_name[name], max_running, requests, block_size, page_size,
-            max_context, dev,
-        )  # fmt: skip
-        works.append(work_of(layouts, tokens, block_size))
-        replayers.append(Replayer(model, layouts, block_size, max_context, dev))
+        layouts, tokens = record_layouts(serving, by_name[name], max_running)
+        works.append(work_of(layouts, tokens, serving.block_size))
+        replayers.append(
+            Replayer(
+                serving.model, layouts, serving.block_size, serving.max_context, serving.device
+            )
+        )
     best = best_forward_seconds(replayers, passes)
     return BoundResult(max_running, works[0], works[1], sum(best[0]), sum(best[1]), passes)

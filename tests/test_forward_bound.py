@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gpu.bench import bench_main, workload
+from gpu.bench import Serving, bench_main, serving
 from gpu.engine import DllmEngine, StepAlgorithm, tiny_model
 from gpu.forward_bound import (
     Replayer,
@@ -20,32 +20,29 @@ from gpu.forward_bound import (
 )
 from gpu.parity import engine_config
 from spec.batch_parity import MODE_VARIANTS
-from spec.config import RequestSpec
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
 MODES = {m.name: m for m in MODE_VARIANTS}
 
 
-def _setup() -> tuple[list[RequestSpec], int]:
-    return workload(tiny_model("cpu"), requests=6, max_new_tokens=8, block_size=4)
+def _setup() -> Serving:
+    return serving(tiny_model("cpu"), requests=6, max_new_tokens=8, block_size=4, page_size=4,
+                   algorithm="LowConfidence", device=CPU)  # fmt: skip
 
 
 def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None:
     """Each recorded forward lists every row the engine forwarded (its block's start); the
     three FDFO variants forward the same blocks in the same order, so one replay covers them."""
-    model = tiny_model("cpu")
-    reqs, max_context = _setup()
-    recorded = {
-        name: record_layouts(model, "LowConfidence", MODES[name], 3, reqs, 4, 4, max_context, CPU)
-        for name in MODES
-    }
+    setup = _setup()
+    model, max_context = setup.model, setup.max_context
+    recorded = {name: record_layouts(setup, MODES[name], 3) for name in MODES}
     assert recorded["fdfo"] == recorded["fdfo+reuse"] == recorded["fdfo+reuse+reloop"]
     for name, (layouts, tokens) in recorded.items():
         config = engine_config(4, 4, max_context, MODES[name], 3)
         engine = DllmEngine(config, lambda e: None, model=model,
                             algorithm=_algorithm(), record=False)  # fmt: skip
-        for req in reqs:
+        for req in setup.requests:
             engine.submit(req)
         engine.drain()
         work = work_of(layouts, tokens, 4)
@@ -60,25 +57,23 @@ def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None
 
 def test_every_pass_runs_every_recorded_forward_once() -> None:
     """Each pass makes exactly the recorded forwards (the attention groups of the layouts, no
-    more, no fewer); every forward gets a best time."""
-    model = tiny_model("cpu")
-    reqs, max_context = _setup()
-    layouts = [record_layouts(model, "LowConfidence", MODES[name], 3, reqs, 4, 4,
-                              max_context, CPU)[0] for name in ("sync", "fdfo")]  # fmt: skip
-    replayers = [Replayer(model, lay, 4, max_context, CPU) for lay in layouts]
+    more, no fewer), after one untimed warm-up forward per mode; every forward gets a best
+    time."""
+    setup = _setup()
+    model = setup.model
+    layouts = [record_layouts(setup, MODES[name], 3)[0] for name in ("sync", "fdfo")]
+    replayers = [Replayer(model, lay, 4, setup.max_context, CPU) for lay in layouts]
     before = model.attention_groups
     best = best_forward_seconds(replayers, passes=3)
     groups = sum(len(set(layout)) for lay in layouts for layout in lay)
-    assert model.attention_groups - before == 3 * groups
+    warm_up = sum(len(set(lay[0])) for lay in layouts)  # each replayer's first forward, once
+    assert model.attention_groups - before == 3 * groups + warm_up
     assert [len(b) for b in best] == [len(lay) for lay in layouts]
     assert all(0 < t < math.inf for b in best for t in b)
 
 
 def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
-    model = tiny_model("cpu")
-    reqs, max_context = _setup()
-    result = forward_bound(model, 3, reqs, block_size=4, page_size=4, max_context=max_context,
-                           passes=2)  # fmt: skip
+    result = forward_bound(_setup(), 3, passes=2)
     assert result.sync_seconds > 0 and result.fdfo_seconds > 0 and result.passes == 2
     assert result.rows_ratio() > 1.0  # FDFO forwards fewer rows per token than sync
     assert result.ratio() > 0
