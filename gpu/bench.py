@@ -382,6 +382,11 @@ def serving(
     return Serving(model, algorithm, reqs, block_size, page_size, max_context, device)
 
 
+def _check_counts(requests: int, repeats: int, max_running: list[int]) -> None:
+    if requests < 1 or repeats < 1 or not max_running or min(max_running) < 1:
+        raise ConfigError("bench", (requests, repeats, max_running), "positive values")
+
+
 def run_bench(
     max_running: list[int],
     *,
@@ -400,8 +405,7 @@ def run_bench(
     dev = resolve_device(device)
     if algorithm not in ALGORITHMS:
         make_algorithm(algorithm)  # UnknownAlgorithm, listing the valid names
-    if requests < 1 or repeats < 1 or not max_running or min(max_running) < 1:
-        raise ConfigError("bench", (requests, repeats, max_running), "positive values")
+    _check_counts(requests, repeats, max_running)
     if not 0 <= turn_ms <= 60_000:
         raise ConfigError("turn_ms", turn_ms, "milliseconds per turn in [0, 60000]")
     if model is None:
@@ -661,8 +665,7 @@ def bench_main(args: list[str]) -> int:
         payload = report.to_json()
         payload["command"] = "schedspec bench engine " + " ".join(args)
         payload["runs"] = [asdict(r) for r in report.runs]
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        _write_json(ns.json, payload)
     return 0
 
 
@@ -673,8 +676,7 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
     from gpu.weights import load_model
 
     dev = resolve_device(ns.device)
-    if ns.repeats < 1 or ns.requests < 1 or min(ns.max_running) < 1:
-        raise ConfigError("bench", (ns.requests, ns.repeats, ns.max_running), "positive values")
+    _check_counts(ns.requests, ns.repeats, ns.max_running)
     model, _ = load_model(ASSETS, dev)
     setup = serving(
         model, requests=ns.requests, max_new_tokens=ns.max_new_tokens,
@@ -716,6 +718,10 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
             },
             "results": results,
         }
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        _write_json(ns.json, payload)
     return 0
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
