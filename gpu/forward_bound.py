@@ -48,36 +48,53 @@ from spec.batch_parity import MODE_VARIANTS, ModeVariant
 Layout = tuple[int, ...]  # one forward: each row's block start (its context is start + B)
 
 
-def record_layouts(
-    serving: Serving, mode: ModeVariant, max_running: int
-) -> tuple[list[Layout], int]:
-    """Serve the requests once (untimed) and return every forward's layout, in order, and the
-    tokens generated."""
-    # every forward is kept: the replay needs all of them
-    engine = serving.engine(mode, max_running, record=True, forward_log_cap=1 << 30)
-    engine.drain()
-    b = serving.block_size
-    layouts = [tuple(k * b for _, k in rec.rows) for rec in engine.forward_log]
-    return layouts, sum(len(o) for o in engine.outputs.values())
-
-
 @dataclass(frozen=True, slots=True)
 class ModeWork:
-    """What one mode's forwards amount to: counts from the layouts, no timing."""
+    """What one mode's forwards amount to: counts from the forward log, no timing. Idle: the
+    row-forwards of blocks already done earlier in the same round (sync forwards them until
+    the round's slowest block is done) and the context positions they attend."""
 
     forwards: int
     row_forwards: int
     keys: int  # context positions attended, summed over rows and forwards
     tokens: int
+    idle_row_forwards: int
+    idle_keys: int
 
 
-def work_of(layouts: list[Layout], tokens: int, block_size: int) -> ModeWork:
-    return ModeWork(
+def record_layouts(
+    serving: Serving, mode: ModeVariant, max_running: int
+) -> tuple[list[Layout], ModeWork]:
+    """Serve the requests once (untimed); return every forward's layout, in order, and what
+    the forwards amount to."""
+    # every forward is kept: the replay needs all of them
+    engine = serving.engine(mode, max_running, record=True, forward_log_cap=1 << 30)
+    engine.drain()
+    b = serving.block_size
+    layouts: list[Layout] = []
+    idle_rows = idle_keys = 0
+    done_before: set[tuple[str, int]] = set()  # blocks done earlier in the current round
+    round_index = -1
+    for rec in engine.forward_log:
+        if rec.round_index != round_index:
+            round_index, done_before = rec.round_index, set()
+        layout = tuple(k * b for _, k in rec.rows)
+        layouts.append(layout)
+        for block, start, done in zip(rec.rows, layout, rec.done, strict=True):
+            if block in done_before:
+                idle_rows += 1
+                idle_keys += start + b
+            elif done:
+                done_before.add(block)
+    work = ModeWork(
         forwards=len(layouts),
         row_forwards=sum(len(layout) for layout in layouts),
-        keys=sum(start + block_size for layout in layouts for start in layout),
-        tokens=tokens,
+        keys=sum(start + b for layout in layouts for start in layout),
+        tokens=sum(len(o) for o in engine.outputs.values()),
+        idle_row_forwards=idle_rows,
+        idle_keys=idle_keys,
     )
+    return layouts, work
 
 
 class Replayer:
@@ -169,6 +186,11 @@ class BoundResult:
             "row_forwards": {"sync": self.sync.row_forwards, "fdfo": self.fdfo.row_forwards},
             "attention_keys": {"sync": self.sync.keys, "fdfo": self.fdfo.keys},
             "tokens": {"sync": self.sync.tokens, "fdfo": self.fdfo.tokens},
+            "idle_row_forwards": {
+                "sync": self.sync.idle_row_forwards,
+                "fdfo": self.fdfo.idle_row_forwards,
+            },
+            "idle_attention_keys": {"sync": self.sync.idle_keys, "fdfo": self.fdfo.idle_keys},
             "best_forward_seconds": {
                 "sync": round(self.sync_seconds, 4),
                 "fdfo": round(self.fdfo_seconds, 4),
@@ -187,8 +209,8 @@ def forward_bound(serving: Serving, max_running: int, *, passes: int = 5) -> Bou
     works: list[ModeWork] = []
     replayers: list[Replayer] = []
     for name in ("sync", "fdfo"):
-        layouts, tokens = record_layouts(serving, by_name[name], max_running)
-        works.append(work_of(layouts, tokens, serving.block_size))
+        layouts, work = record_layouts(serving, by_name[name], max_running)
+        works.append(work)
         replayers.append(
             Replayer(
                 serving.model, layouts, serving.block_size, serving.max_context, serving.device

@@ -16,7 +16,6 @@ from gpu.forward_bound import (
     best_forward_seconds,
     forward_bound,
     record_layouts,
-    work_of,
 )
 from gpu.parity import engine_config
 from spec.batch_parity import MODE_VARIANTS
@@ -38,21 +37,26 @@ def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None
     model, max_context = setup.model, setup.max_context
     recorded = {name: record_layouts(setup, MODES[name], 3) for name in MODES}
     assert recorded["fdfo"] == recorded["fdfo+reuse"] == recorded["fdfo+reuse+reloop"]
-    for name, (layouts, tokens) in recorded.items():
+    for name, (layouts, work) in recorded.items():
         config = engine_config(4, 4, max_context, MODES[name], 3)
         engine = DllmEngine(config, lambda e: None, model=model,
                             algorithm=_algorithm(), record=False)  # fmt: skip
         for req in setup.requests:
             engine.submit(req)
         engine.drain()
-        work = work_of(layouts, tokens, 4)
-        assert work.forwards == engine.runner.forwards
+        assert work.forwards == len(layouts) == engine.runner.forwards
         assert work.row_forwards == engine.rows_forwarded
-        assert tokens == sum(len(o) for o in engine.outputs.values())
+        assert work.tokens == sum(len(o) for o in engine.outputs.values())
         assert work.keys == sum(s + 4 for layout in layouts for s in layout)
         assert all(s % 4 == 0 and s + 4 <= max_context for lay in layouts for s in lay)
-    sync, fdfo = recorded["sync"][0], recorded["fdfo"][0]
+    (sync, sync_work), (fdfo, fdfo_work) = recorded["sync"], recorded["fdfo"]
     assert len(sync) > len(fdfo)  # sync forwards finished rows until its round ends
+    # FDFO forwards a block only until it is done; sync forwards every block as often as FDFO
+    # does (steps are batch-invariant) plus its idle forwards
+    assert fdfo_work.idle_row_forwards == fdfo_work.idle_keys == 0
+    assert sync_work.idle_row_forwards > 0
+    assert sync_work.row_forwards - sync_work.idle_row_forwards == fdfo_work.row_forwards
+    assert sync_work.keys - sync_work.idle_keys == fdfo_work.keys
 
 
 def test_every_pass_runs_every_recorded_forward_once() -> None:
