@@ -1,0 +1,63 @@
+"""scripts/profile_round.py: a measurement script, so its figures are not asserted; that its
+phases partition each round, that its counts are the engine's, what it writes and how it
+refuses bad arguments are."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "profile_round", ROOT / "scripts" / "profile_round.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_phases_partition_the_round_and_counts_are_the_engines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script()
+    out = tmp_path / "profile.json"
+    args = ["--max-running", "4", "--requests", "6", "--repeats", "1", "--modes", "sync,fdfo"]
+    assert script.main([*args, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["max_running"] == 4 and data["requests"] == 6 and data["device"] == "cpu"
+    sync, fdfo = data["results"]["sync"], data["results"]["fdfo"]
+    for r in (sync, fdfo):
+        assert set(r["ms_per_round"]) == set(script.PHASES)
+        # one repeat: the phases (rests taken by subtraction) add up to the round exactly
+        assert sum(r["ms_per_round"].values()) == pytest.approx(r["round_ms"], rel=1e-3)
+        assert r["ms_per_round"]["forward"] > 0
+        for phase in script.PHASES:
+            assert r["ms_per_forward"][phase] == pytest.approx(
+                r["ms_per_round"][phase] * r["rounds"] / r["forwards"], rel=1e-3, abs=1e-4
+            )
+    assert fdfo["rounds"] == fdfo["forwards"]  # one forward a round without re-loop
+    assert sync["forwards"] > sync["rounds"]
+    assert sync["commits"] == fdfo["commits"] > 0  # the same blocks, committed once each
+    assert sync["carries"] == 0 < fdfo["carries"]
+    assert sync["ms_per_round"]["carries"] == 0.0
+    printed = capsys.readouterr().out
+    assert "batch + events" in printed and "fdfo" in printed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--modes", "sync,turbo"], ["--modes", ","], ["--max-running", "0"], ["--repeats", "0"]],
+)
+def test_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _script().main(args) == 2
+    assert "error:" in capsys.readouterr().err
