@@ -22,6 +22,9 @@ phase methods wrapped in timers on that engine instance only (nothing global is 
     completion rest  the rest of `_complete` (reading tokens back, splitting rows)
     round rest       the rest of `run_round` (its loop, ControlReturned)
 
+A rest, taken by subtraction, also holds the timers' own cost of the calls timed inside it
+(about half a microsecond each, warm).
+
 Every mode runs `--repeats` times in rotation (sync, fdfo, ..., sync, fdfo, ...) after one
 warm-up; per phase the median over the repeats of milliseconds per round and per forward is
 reported. The modes run one after another, so absolute times carry the machine's drift; read
