@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -665,7 +666,7 @@ def bench_main(args: list[str]) -> int:
         payload = report.to_json()
         payload["command"] = "schedspec bench engine " + " ".join(args)
         payload["runs"] = [asdict(r) for r in report.runs]
-        _write_json(ns.json, payload)
+        write_json(ns.json, payload)
     return 0
 
 
@@ -718,10 +719,27 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
             },
             "results": results,
         }
-        _write_json(ns.json, payload)
+        write_json(ns.json, payload)
     return 0
 
 
-def _write_json(path: str, payload: dict[str, Any]) -> None:
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """`payload` as indented JSON at `path`, its folder created if missing."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def write_script_report(
+    path: str | Path, script: str, argv: list[str] | None, threads: int, fields: dict[str, Any]
+) -> None:
+    """A CPU measurement script's JSON: the command as run (`script` and its arguments,
+    `sys.argv[1:]` when `argv` is None), the device, torch's version and the torch threads,
+    then `fields`."""
+    args = sys.argv[1:] if argv is None else argv
+    header = {
+        "command": " ".join([script, *args]),
+        "device": "cpu",
+        "torch": torch.__version__,
+        "threads": threads,
+    }
+    write_json(path, {**header, **fields})

@@ -22,7 +22,6 @@ not a test: it asserts nothing about the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -31,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from gpu.bench import write_script_report
 
 BLOCK = 8
 WARM_REPEATS = 5  # the call timed warm is the 5th in a row after the forward
@@ -118,19 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in result.items():
         print(f"{name:<16} {r['warm_us']:>9.1f} {r['after_forward_us']:>19.1f} {r['ratio']:>6.2f}")
     if args.json is not None:
-        report = {
-            "command": "scripts/probe_cold_cost.py "
-            + " ".join(sys.argv[1:] if argv is None else argv),
-            "device": "cpu",
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "rows": args.rows,
-            "block_size": BLOCK,
-            "samples": args.samples - 1,
-            "results": result,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_script_report(
+            args.json,
+            "scripts/probe_cold_cost.py",
+            argv,
+            args.threads,
+            {
+                "rows": args.rows,
+                "block_size": BLOCK,
+                "samples": args.samples - 1,
+                "results": result,
+            },
+        )
     return 0
 
 

@@ -35,7 +35,6 @@ asserts nothing about the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gpu.bench import write_script_report
 
 PHASES = (
     "admission",
@@ -214,19 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     result = profile(args.max_running, modes, args.repeats, args.requests)
     _print(result, args.max_running, args.threads)
     if args.json is not None:
-        report = {
-            "command": "scripts/profile_round.py "
-            + " ".join(sys.argv[1:] if argv is None else argv),
-            "device": "cpu",
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "max_running": args.max_running,
-            "repeats": args.repeats,
-            "requests": args.requests,
-            "results": result,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_script_report(
+            args.json,
+            "scripts/profile_round.py",
+            argv,
+            args.threads,
+            {
+                "max_running": args.max_running,
+                "repeats": args.repeats,
+                "requests": args.requests,
+                "results": result,
+            },
+        )
     return 0
 
 

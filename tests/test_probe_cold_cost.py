@@ -3,33 +3,20 @@ writes and how it refuses bad arguments are."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "probe_cold_cost", ROOT / "scripts" / "probe_cold_cost.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.script_module import load_script
 
 
 def test_probe_writes_both_calls_timings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "cold.json"
-    assert _script().main(["--rows", "3", "--samples", "3", "--json", str(out)]) == 0
+    args = ["--rows", "3", "--samples", "3", "--json", str(out)]
+    assert load_script("probe_cold_cost").main(args) == 0
     data = json.loads(out.read_text())
     assert data["rows"] == 3 and data["samples"] == 2 and data["device"] == "cpu"
     assert set(data["results"]) == {"plan_blocks", "stack + unbind"}
@@ -41,5 +28,5 @@ def test_probe_writes_both_calls_timings(
 
 @pytest.mark.parametrize("args", [["--rows", "0"], ["--rows", "65"], ["--samples", "1"]])
 def test_probe_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert _script().main(args) == 2
+    assert load_script("probe_cold_cost").main(args) == 2
     assert "error:" in capsys.readouterr().err

@@ -4,32 +4,18 @@ refuses bad arguments are."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "profile_round", ROOT / "scripts" / "profile_round.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.script_module import load_script
 
 
 def test_phases_partition_the_round_and_counts_are_the_engines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = _script()
+    script = load_script("profile_round")
     out = tmp_path / "profile.json"
     args = ["--max-running", "4", "--requests", "6", "--repeats", "1", "--modes", "sync,fdfo"]
     assert script.main([*args, "--json", str(out)]) == 0
@@ -59,5 +45,5 @@ def test_phases_partition_the_round_and_counts_are_the_engines(
     [["--modes", "sync,turbo"], ["--modes", ","], ["--max-running", "0"], ["--repeats", "0"]],
 )
 def test_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert _script().main(args) == 2
+    assert load_script("profile_round").main(args) == 2
     assert "error:" in capsys.readouterr().err
