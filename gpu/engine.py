@@ -386,10 +386,13 @@ class DllmEngine:
             req.fresh_masks = b - len(ids)
             ids.extend([self.mask_id] * req.fresh_masks)
             rows.append(ids)
-        blocks = torch.tensor(rows, dtype=torch.long, device=self.device).unbind(0)
-        for req, tokens in zip(reqs, blocks, strict=True):
+        host = torch.tensor(rows, dtype=torch.long)
+        host_rows = host.unbind(0)
+        blocks = host_rows if self.device.type == "cpu" else host.to(self.device).unbind(0)
+        for req, tokens, host_tokens in zip(reqs, blocks, host_rows, strict=True):
             req.fresh_tokens = tokens
-            req.fresh_state = self.algorithm.init_step_state(tokens)
+            # states read the host copy: reading `tokens` on CUDA would wait for the device
+            req.fresh_state = self.algorithm.init_step_state(host_tokens)
 
     def _allocate_block_kv(self, req: EngineRequest) -> None:
         prev_last = (

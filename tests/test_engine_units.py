@@ -245,7 +245,7 @@ def test_reported_masks_are_the_masks_the_forward_sees(
         seen.append((tokens == MASK_ID).sum(dim=1).tolist())
         return real_forward(tokens, *args)  # type: ignore[arg-type]
 
-    engine.runner.forward = forward  # type: ignore[method-assign]
+    engine.runner.forward = forward  # type: ignore[assignment,method-assign]
     for i in range(5):
         engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 9))
     engine.drain()
@@ -346,3 +346,54 @@ def _low_confidence() -> StepAlgorithm:
 
     algorithm: StepAlgorithm = make_algorithm("LowConfidence")
     return algorithm
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs CUDA: on the CPU every tensor is a host tensor, so there is nothing to catch",
+)
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_preparing_a_round_reads_nothing_back_from_the_device(
+    algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting blocks and allocating their KV happen on the host: no `tolist` / `item` of a
+    device tensor between rounds (JointThreshold's state reads the block's host copy), so on
+    CUDA the only reads are the step's flags and the committed tokens."""
+    from gpu.algorithms import make_algorithm
+
+    config = DllmConfig(
+        block_size=4, page_size=8, kv_pages=32, max_context=32, mode=Mode.FDFO,
+        in_place_reuse=True, max_running_requests=3,
+    )  # fmt: skip
+    engine = DllmEngine(
+        config,
+        lambda e: None,
+        model=tiny_model("cuda"),
+        algorithm=make_algorithm(algorithm),
+        device="cuda",
+    )
+    devices: list[str] = []
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
+
+    def tolist(self: torch.Tensor) -> object:
+        devices.append(self.device.type)
+        return real_tolist(self)
+
+    def item(self: torch.Tensor) -> object:
+        devices.append(self.device.type)
+        return real_item(self)
+
+    real_prepare = engine._prepare_batch
+
+    def prepare() -> object:
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "tolist", tolist)
+            patch.setattr(torch.Tensor, "item", item)
+            return real_prepare()
+
+    engine._prepare_batch = prepare  # type: ignore[assignment,method-assign]
+    for i in range(5):
+        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 9))
+    engine.drain()
+    assert engine.is_idle()
+    assert "cuda" not in devices
