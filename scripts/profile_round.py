@@ -45,7 +45,9 @@ from typing import Any
 
 import torch
 
-from gpu.bench import write_script_report
+from gpu.bench import MODES, BenchMode, Serving, run_once, serving, write_script_report
+from gpu.parity import ASSETS
+from gpu.weights import load_model
 
 PHASES = (
     "admission",
@@ -86,9 +88,9 @@ class _Timers:
         setattr(owner, name, timed)
 
 
-def profile_mode(serving: Any, mode: Any, max_running: int) -> dict[str, Any]:
+def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str, Any]:
     """Serve the workload once in `mode`; seconds per phase (see the module docstring)."""
-    engine = serving.engine(mode, max_running)
+    engine = setup.engine(mode, max_running)
     timers = _Timers()
     for name in (
         "run_round", "_admit", "_prepare_batch", "_start_blocks", "_run_worker", "_plan_batch",
@@ -130,10 +132,6 @@ def profile_mode(serving: Any, mode: Any, max_running: int) -> dict[str, Any]:
 def profile(
     max_running: int, mode_names: list[str], repeats: int, requests: int
 ) -> dict[str, dict[str, Any]]:
-    from gpu.bench import MODES, run_once, serving
-    from gpu.parity import ASSETS
-    from gpu.weights import load_model
-
     by_name = {m.name: m for m in MODES}
     device = torch.device("cpu")
     model, _ = load_model(ASSETS, device)
@@ -187,8 +185,6 @@ def _print(result: dict[str, dict[str, Any]], max_running: int, threads: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu.bench import MODES
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--max-running", type=int, default=16, help="seats (1..64)")
     parser.add_argument("--modes", default="sync,fdfo,fdfo+reuse", help="comma-separated modes")
