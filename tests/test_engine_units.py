@@ -397,3 +397,54 @@ def test_preparing_a_round_reads_nothing_back_from_the_device(
     engine.drain()
     assert engine.is_idle()
     assert "cuda" not in devices
+
+
+@pytest.mark.parametrize(
+    ("mode", "reuse"), [(Mode.SYNC, False), (Mode.FDFO, False), (Mode.FDFO, True)]
+)
+def test_the_device_paths_serve_what_the_cpu_paths_serve(
+    mode: Mode, reuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the table is written by one `index_put_` and the plan reads it by a gather;
+    on the CPU both go through numpy views instead, so the device paths would first run on a
+    GPU. Forced on the CPU here, they must give the same outputs and the same event stream."""
+    import gpu.model
+    from gpu.algorithms import make_algorithm
+
+    def serve(device_paths: bool) -> tuple[dict[str, tuple[int, ...]], list[Event], int]:
+        events: list[Event] = []
+        config = DllmConfig(
+            block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
+            in_place_reuse=reuse, max_running_requests=3,
+        )  # fmt: skip
+        engine = DllmEngine(
+            config,
+            events.append,
+            model=tiny_model("cpu"),
+            algorithm=make_algorithm("LowConfidence"),
+        )
+        puts = 0
+        if device_paths:
+            engine.req_pool._table_np = None  # the branch a device table takes
+            real_put = engine.req_pool.req_to_token.index_put_
+
+            def index_put_(*args: object) -> torch.Tensor:
+                nonlocal puts
+                puts += 1
+                return real_put(*args)  # type: ignore[arg-type]
+
+            engine.req_pool.req_to_token.index_put_ = index_put_  # type: ignore[method-assign]
+        for i in range(6):
+            engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 11))
+        with monkeypatch.context() as patch:
+            if device_paths:
+                patch.setattr(gpu.model, "_slots_by_slicing", gpu.model._slots_by_gather)
+            engine.drain()
+        assert engine.is_idle() and engine.allocator.free_slot_set() == frozenset(range(256))
+        return dict(engine.outputs), events, puts
+
+    outputs, events, _ = serve(device_paths=False)
+    device_outputs, device_events, puts = serve(device_paths=True)
+    assert puts > 0  # the tensor write really served the table
+    assert device_outputs == outputs and len(outputs) == 6
+    assert device_events == events
