@@ -17,6 +17,7 @@ from gpu.request import StreamChunk
 from gpu.request_pool import ReqToTokenPool, RequestPoolError
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, VOCAB_SIZE
+from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
 from spec.events import Event, KvAllocated, KvFreed
@@ -212,6 +213,26 @@ def test_streaming_chunks_concatenate_to_the_output() -> None:
     assert engine.output_text("r0") is not None
 
 
+def _three_seat_engine(
+    sink: EventSink, mode: Mode, reuse: bool, algorithm: str, device: str = "cpu"
+) -> DllmEngine:
+    """The tiny model in blocks of 4, pages of 8, three seats: rows mix context lengths."""
+    from gpu.algorithms import make_algorithm
+
+    config = DllmConfig(
+        block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
+        in_place_reuse=reuse, max_running_requests=3,
+    )  # fmt: skip
+    return DllmEngine(
+        config, sink, model=tiny_model(device), algorithm=make_algorithm(algorithm), device=device
+    )
+
+
+def _submit_growing_prompts(engine: DllmEngine, n: int, max_new_tokens: int) -> None:
+    for i in range(n):
+        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), max_new_tokens))
+
+
 @pytest.mark.parametrize(
     ("mode", "reuse", "algorithm"),
     [
@@ -227,17 +248,10 @@ def test_reported_masks_are_the_masks_the_forward_sees(
     """The engine reports each row's masks from host-side counts (the step's, carried with
     the block) instead of reading the tokens back: every `Forward` row's `masked` must still
     equal the masks in the tokens that forward actually receives."""
-    from gpu.algorithms import make_algorithm
     from spec.events import Forward
 
     events: list[Event] = []
-    config = DllmConfig(
-        block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
-        in_place_reuse=reuse, max_running_requests=3,
-    )  # fmt: skip
-    engine = DllmEngine(
-        config, events.append, model=tiny_model("cpu"), algorithm=make_algorithm(algorithm)
-    )
+    engine = _three_seat_engine(events.append, mode, reuse, algorithm)
     seen: list[list[int]] = []
     real_forward = engine.runner.forward
 
@@ -246,8 +260,7 @@ def test_reported_masks_are_the_masks_the_forward_sees(
         return real_forward(tokens, *args)  # type: ignore[arg-type]
 
     engine.runner.forward = forward  # type: ignore[assignment,method-assign]
-    for i in range(5):
-        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 9))
+    _submit_growing_prompts(engine, 5, 9)
     engine.drain()
     reported = [[row.masked for row in e.rows] for e in events if isinstance(e, Forward)]
     assert len(reported) == len(seen) > 5
@@ -359,19 +372,7 @@ def test_preparing_a_round_reads_nothing_back_from_the_device(
     """Starting blocks and allocating their KV happen on the host: no `tolist` / `item` of a
     device tensor between rounds (JointThreshold's state reads the block's host copy), so on
     CUDA the only reads are the step's flags and the committed tokens."""
-    from gpu.algorithms import make_algorithm
-
-    config = DllmConfig(
-        block_size=4, page_size=8, kv_pages=32, max_context=32, mode=Mode.FDFO,
-        in_place_reuse=True, max_running_requests=3,
-    )  # fmt: skip
-    engine = DllmEngine(
-        config,
-        lambda e: None,
-        model=tiny_model("cuda"),
-        algorithm=make_algorithm(algorithm),
-        device="cuda",
-    )
+    engine = _three_seat_engine(lambda e: None, Mode.FDFO, True, algorithm, device="cuda")
     devices: list[str] = []
     real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
 
@@ -392,8 +393,7 @@ def test_preparing_a_round_reads_nothing_back_from_the_device(
             return real_prepare()
 
     engine._prepare_batch = prepare  # type: ignore[assignment,method-assign]
-    for i in range(5):
-        engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 9))
+    _submit_growing_prompts(engine, 5, 9)
     engine.drain()
     assert engine.is_idle()
     assert "cuda" not in devices
@@ -409,20 +409,10 @@ def test_the_device_paths_serve_what_the_cpu_paths_serve(
     on the CPU both go through numpy views instead, so the device paths would first run on a
     GPU. Forced on the CPU here, they must give the same outputs and the same event stream."""
     import gpu.model
-    from gpu.algorithms import make_algorithm
 
     def serve(device_paths: bool) -> tuple[dict[str, tuple[int, ...]], list[Event], int]:
         events: list[Event] = []
-        config = DllmConfig(
-            block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
-            in_place_reuse=reuse, max_running_requests=3,
-        )  # fmt: skip
-        engine = DllmEngine(
-            config,
-            events.append,
-            model=tiny_model("cpu"),
-            algorithm=make_algorithm("LowConfidence"),
-        )
+        engine = _three_seat_engine(events.append, mode, reuse, "LowConfidence")
         puts = 0
         if device_paths:
             engine.req_pool._table_np = None  # the branch a device table takes
@@ -433,9 +423,8 @@ def test_the_device_paths_serve_what_the_cpu_paths_serve(
                 puts += 1
                 return real_put(*args)  # type: ignore[arg-type]
 
-            engine.req_pool.req_to_token.index_put_ = index_put_  # type: ignore[method-assign]
-        for i in range(6):
-            engine.submit(RequestSpec(f"r{i}", tuple(range(i, i + 2 + i)), 11))
+            engine.req_pool.req_to_token.index_put_ = index_put_  # type: ignore[assignment,method-assign]
+        _submit_growing_prompts(engine, 6, 11)
         with monkeypatch.context() as patch:
             if device_paths:
                 patch.setattr(gpu.model, "_slots_by_slicing", gpu.model._slots_by_gather)
