@@ -11,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu.algorithms import make_algorithm
 from gpu.allocator import AllocatorError, PagedKvAllocator
-from gpu.engine import DllmEngine, StepAlgorithm, make_small_engine, tiny_model
+from gpu.engine import DllmEngine, make_small_engine, tiny_model
 from gpu.request import StreamChunk
 from gpu.request_pool import ReqToTokenPool, RequestPoolError
 from gpu.token_map import TokenMap
@@ -217,8 +218,6 @@ def _three_seat_engine(
     sink: EventSink, mode: Mode, reuse: bool, algorithm: str, device: str = "cpu"
 ) -> DllmEngine:
     """The tiny model in blocks of 4, pages of 8, three seats: rows mix context lengths."""
-    from gpu.algorithms import make_algorithm
-
     config = DllmConfig(
         block_size=4, page_size=8, kv_pages=32, max_context=32, mode=mode,
         in_place_reuse=reuse, max_running_requests=3,
@@ -343,7 +342,7 @@ def test_attention_groups_are_the_distinct_context_lengths_per_forward(mode: Mod
         in_place_reuse=mode is Mode.FDFO, max_running_requests=4,
     )  # fmt: skip
     engine = DllmEngine(config, lambda e: None, model=tiny_model("cpu"),
-                        algorithm=_low_confidence(), record=True)  # fmt: skip
+                        algorithm=make_algorithm("LowConfidence"), record=True)  # fmt: skip
     for i, prompt in enumerate([(1, 2), (3, 4, 5, 6, 7), (8,), (9, 10, 11, 12, 13, 14, 15)]):
         engine.submit(RequestSpec(f"r{i}", prompt, 8 + 2 * i))
     engine.drain()
@@ -352,13 +351,6 @@ def test_attention_groups_are_the_distinct_context_lengths_per_forward(mode: Mod
     assert engine.runner.forwards <= want <= engine.rows_forwarded
     if mode is Mode.FDFO:  # rows drift apart: some forward mixes context lengths
         assert want > engine.runner.forwards
-
-
-def _low_confidence() -> StepAlgorithm:
-    from gpu.algorithms import make_algorithm
-
-    algorithm: StepAlgorithm = make_algorithm("LowConfidence")
-    return algorithm
 
 
 @pytest.mark.skipif(

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
+from gpu.algorithms import make_algorithm
 from gpu.bench import Serving, bench_main, serving
-from gpu.engine import DllmEngine, StepAlgorithm, tiny_model
+from gpu.engine import DllmEngine, tiny_model
 from gpu.forward_bound import (
     Replayer,
     best_forward_seconds,
@@ -40,7 +41,7 @@ def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None
     for name, (layouts, work) in recorded.items():
         config = engine_config(4, 4, max_context, MODES[name], 3)
         engine = DllmEngine(config, lambda e: None, model=model,
-                            algorithm=_algorithm(), record=False)  # fmt: skip
+                            algorithm=make_algorithm("LowConfidence"), record=False)  # fmt: skip
         for req in setup.requests:
             engine.submit(req)
         engine.drain()
@@ -91,10 +92,3 @@ def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
     assert row["forward_time_ratio"] > 0 and row["passes"] == 1
     assert row["best_forward_seconds"]["sync"] > 0
     assert data["command"].startswith("schedspec bench engine --forward-bound")
-
-
-def _algorithm() -> StepAlgorithm:
-    from gpu.algorithms import make_algorithm
-
-    algorithm: StepAlgorithm = make_algorithm("LowConfidence")
-    return algorithm
