@@ -42,6 +42,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -287,26 +288,27 @@ class BenchReport:
     def ratios(self, clock: str = "wall") -> dict[str, dict[str, float]]:
         """num/den throughput per max-running value.
 
-        "wall" / "cpu": the median over repeats of the paired ratio (both modes measured back to
-        back in the same repeat, so slow drifts of the machine's load cancel); "work": the
-        inverse ratio of row-forwards per token, the model work each mode needed (no timing)."""
+        "wall" / "cpu" / "forward" (tokens per second of forward time alone): the median over
+        repeats of the paired ratio (both modes measured back to back in the same repeat, so
+        slow drifts of the machine's load cancel); "work": the inverse ratio of row-forwards per
+        token, the model work each mode needed (no timing)."""
+        rate: Callable[[BenchRun], float] = {
+            "wall": lambda r: r.tokens_per_s,
+            "cpu": lambda r: r.tokens_per_cpu_s,
+            "forward": lambda r: r.tokens / r.forward_seconds,
+            "work": lambda r: r.tokens / r.row_forwards,
+        }[clock]
         out: dict[str, dict[str, float]] = {}
         for num, den in RATIOS:
             by_m: dict[str, float] = {}
             for m in self.max_running_values():
                 if clock == "work":
-                    a, b = self.of(m, num)[0], self.of(m, den)[0]
-                    x = (a.tokens / a.row_forwards) / (b.tokens / b.row_forwards)
+                    x = rate(self.of(m, num)[0]) / rate(self.of(m, den)[0])
                 else:
                     dens = {r.repeat: r for r in self.of(m, den)}
-                    pairs = [
-                        (r.tokens_per_s / dens[r.repeat].tokens_per_s)
-                        if clock == "wall"
-                        else (r.tokens_per_cpu_s / dens[r.repeat].tokens_per_cpu_s)
-                        for r in self.of(m, num)
-                        if r.repeat in dens
-                    ]
-                    x = statistics.median(pairs)
+                    x = statistics.median(
+                        rate(r) / rate(dens[r.repeat]) for r in self.of(m, num) if r.repeat in dens
+                    )
                 by_m[str(m)] = round(x, 3)
             out[f"{num}/{den}"] = by_m
         return out

@@ -30,7 +30,6 @@ Prints a table and writes JSON. A measurement, not a test: it asserts nothing ab
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -69,17 +68,6 @@ def _split(report: BenchReport, max_running: int, mode: str) -> tuple[float, flo
     return run.forward_seconds, run.seconds - run.forward_seconds
 
 
-def forward_ratio(report: BenchReport, max_running: int, mode: str) -> float:
-    """mode/sync of generated tokens per second of forward time alone, the median over the
-    repeats of the paired ratio: the live counterpart of `--forward-bound`'s replay."""
-    sync = {r.repeat: r for r in report.of(max_running, "sync")}
-    pairs = [
-        (r.tokens / r.forward_seconds) / (sync[r.repeat].tokens / sync[r.repeat].forward_seconds)
-        for r in report.of(max_running, mode)
-    ]
-    return statistics.median(pairs)
-
-
 def predicted(base: BenchReport, max_running: int, mode: str, factor: float) -> float:
     """mode/sync were the forward of `base`'s runs `factor` times heavier and nothing else
     changed, from `base`'s own split: its measured paired ratio scaled by
@@ -115,17 +103,17 @@ def summarise(reports: dict[int, BenchReport]) -> list[dict[str, Any]]:
     base = reports[lightest]
     rows: list[dict[str, Any]] = []
     for k, report in sorted(reports.items()):
-        ratios = report.ratios()
+        ratios, forward, work = (report.ratios(c) for c in ("wall", "forward", "work"))
         for m in report.max_running_values():
             row: dict[str, Any] = {"heavier": k, "max_running": m}
             for num in NUMERATORS:
                 row[f"{num}/sync"] = ratios[f"{num}/sync"][str(m)]
                 row[f"{num}/sync predicted"] = round(predicted(base, m, num, k / lightest), 3)
-                row[f"{num}/sync forward time"] = round(forward_ratio(report, m, num), 3)
+                row[f"{num}/sync forward time"] = forward[f"{num}/sync"][str(m)]
             for mode in ("sync", *NUMERATORS):
                 f, o = _split(report, m, mode)
                 row[f"{mode} outside forward"] = round(o / (f + o), 4)
-            row["work ratio"] = report.ratios("work")["fdfo/sync"][str(m)]
+            row["work ratio"] = work["fdfo/sync"][str(m)]
             rows.append(row)
     return rows
 

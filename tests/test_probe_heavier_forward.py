@@ -58,6 +58,13 @@ def test_probe_writes_ratios_and_predictions_per_k(
     assert set(runs) == {"1", "2"}
     forwards = {k: {x["mode"]: x["forwards"] for x in run["results"]} for k, run in runs.items()}
     assert forwards["1"] == forwards["2"]
+    # one repeat: the forward-time ratio is the two runs' tokens per forward second
+    for r in rows:
+        by_mode = {x["mode"]: x for x in runs[str(r["heavier"])]["results"]}
+        rate = {m: x["tokens"] / x["forward_seconds"] for m, x in by_mode.items()}
+        for num in ("fdfo", "fdfo+reuse"):
+            want = rate[num] / rate["sync"]
+            assert r[f"{num}/sync forward time"] == pytest.approx(want, rel=0.01, abs=2e-3)
     assert "fdfo/sync" in capsys.readouterr().out
 
 
