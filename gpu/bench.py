@@ -313,6 +313,37 @@ class BenchReport:
             out[f"{num}/{den}"] = by_m
         return out
 
+    def shares_of_bounds(self) -> dict[str, dict[str, dict[str, float]]]:
+        """How close each FDFO variant comes to what its work allows, per max-running value.
+
+        "of_work": the wall-clock ratio over sync (`ratios()`) as a share of the work ratio
+        (row-forwards per token, which counts every row alike). "of_forward_time": the share
+        of the forward-time ratio, i.e. FDFO's fraction of its wall time spent in forwards
+        over sync's fraction, median over repeats of the pair measured back to back. It is
+        what the step and the scheduler leave of the forwards' own ratio; a slow drift of
+        the machine changes both modes' fractions alike, so it moves far less than the
+        ratios themselves."""
+        wall, work = self.ratios("wall"), self.ratios("work")
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for num, den in RATIOS:
+            if den != "sync":
+                continue  # a bound is a bound on FDFO over sync
+            name = f"{num}/{den}"
+            by_m: dict[str, dict[str, float]] = {}
+            for m in self.max_running_values():
+                dens = {r.repeat: r for r in self.of(m, den)}
+                in_forward = statistics.median(
+                    _forward_fraction(r) / _forward_fraction(dens[r.repeat])
+                    for r in self.of(m, num)
+                    if r.repeat in dens
+                )
+                by_m[str(m)] = {
+                    "of_work": round(wall[name][str(m)] / work[name][str(m)], 3),
+                    "of_forward_time": round(in_forward, 3),
+                }
+            out[name] = by_m
+        return out
+
     def to_json(self) -> dict[str, Any]:
         results = []
         for m in self.max_running_values():
@@ -353,7 +384,14 @@ class BenchReport:
             "ratios": self.ratios(),
             "ratios_cpu": self.ratios("cpu"),
             "ratios_work": self.ratios("work"),
+            "ratios_forward": self.ratios("forward"),
+            "shares_of_bounds": self.shares_of_bounds(),
         }
+
+
+def _forward_fraction(run: BenchRun) -> float:
+    """The share of the run's wall time spent in forwards (model and attention)."""
+    return run.forward_seconds / run.seconds
 
 
 def serving(
@@ -485,11 +523,25 @@ def _print(report: BenchReport) -> None:
                 f"{prof['step']:>8.3f}{prof['scheduler']:>8.3f}   total {prof['total']:.3f}"
                 f"   attention calls {run.attention_calls_per_forward:.1f}"
             )
-    for clock in ("wall", "cpu", "work"):
-        label = {"wall": "median paired, wall clock", "cpu": "median paired, CPU time"}
-        print(f"\nratios ({label.get(clock, 'model work: row-forwards per token')})")
+    labels = {
+        "wall": "median paired, wall clock",
+        "cpu": "median paired, CPU time",
+        "forward": "median paired, forward time alone",
+        "work": "model work: row-forwards per token",
+    }
+    for clock, label in labels.items():
+        print(f"\nratios ({label})")
         for name, by_m in report.ratios(clock).items():
             print(f"  {name:<30}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
+    print("\nshare of the bounds (wall-clock ratio / work ratio, / forward-time ratio)")
+    for name, shares in report.shares_of_bounds().items():
+        print(
+            f"  {name:<30}"
+            + "  ".join(
+                f"@{m}: {100 * share['of_work']:.1f}% / {100 * share['of_forward_time']:.1f}%"
+                for m, share in shares.items()
+            )
+        )
 
 
 def forward_costs(

@@ -279,7 +279,9 @@ def test_snapshot_reads_the_allocator_not_the_events() -> None:
     assert after.free_slots == before.free_slots - {engine.config.kv_slots - 1}
 
 
-def test_bench_main_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_main_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import gpu.bench as bench
 
     real = bench.run_bench
@@ -296,6 +298,38 @@ def test_bench_main_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert all(r["tokens_per_s"] > 0 for r in data["results"])
     assert set(data["ratios"]["fdfo/sync"]) == {"1", "2"}
     assert all(r["forwards"] <= r["attention_groups"] <= r["row_forwards"] for r in data["results"])
+    # shares of the bounds: FDFO over sync only, each the wall ratio over that bound's ratio
+    shares = data["shares_of_bounds"]
+    assert set(shares) == {"fdfo/sync", "fdfo+reuse/sync", "fdfo+reuse+reloop/sync"}
+    for name, by_m in shares.items():
+        assert set(by_m) == {"1", "2"}
+        for m, share in by_m.items():
+            wall = data["ratios"][name][m]
+            assert share["of_work"] == round(wall / data["ratios_work"][name][m], 3)
+            assert share["of_forward_time"] > 0
+    printed = capsys.readouterr().out
+    assert "forward time alone" in printed and "share of the bounds" in printed
+
+
+def test_share_of_the_forward_time_ratio_is_paired_per_repeat() -> None:
+    """Per repeat, the wall-clock ratio over the forward-time ratio is FDFO's fraction of its
+    time in forwards over sync's (the tokens cancel); the share is the median of that over
+    the repeats, each FDFO run paired with the sync run of its own repeat."""
+    import statistics
+
+    import gpu.bench as bench
+
+    report = bench.run_bench([2], requests=3, max_new_tokens=8, repeats=3, model=tiny_model("cpu"))
+    for num in ("fdfo", "fdfo+reuse", "fdfo+reuse+reloop"):
+        per_repeat = []
+        for run in report.of(2, num):
+            (sync,) = [r for r in report.of(2, "sync") if r.repeat == run.repeat]
+            wall = run.tokens_per_s / sync.tokens_per_s
+            forward = (run.tokens / run.forward_seconds) / (sync.tokens / sync.forward_seconds)
+            per_repeat.append(wall / forward)
+        assert len(per_repeat) == 3
+        share = report.shares_of_bounds()[f"{num}/sync"]["2"]["of_forward_time"]
+        assert share == pytest.approx(statistics.median(per_repeat), abs=6e-4)
 
 
 def test_bench_counts_row_rounds_and_block_allocations() -> None:
