@@ -305,13 +305,19 @@ class BenchReport:
                 if clock == "work":
                     x = rate(self.of(m, num)[0]) / rate(self.of(m, den)[0])
                 else:
-                    dens = {r.repeat: r for r in self.of(m, den)}
-                    x = statistics.median(
-                        rate(r) / rate(dens[r.repeat]) for r in self.of(m, num) if r.repeat in dens
-                    )
+                    x = self._paired_median(m, num, den, lambda a, b: rate(a) / rate(b))
                 by_m[str(m)] = round(x, 3)
             out[f"{num}/{den}"] = by_m
         return out
+
+    def _paired_median(
+        self, max_running: int, num: str, den: str, pair: Callable[[BenchRun, BenchRun], float]
+    ) -> float:
+        """The median over repeats of `pair(num's run, den's run of the same repeat)`."""
+        dens = {r.repeat: r for r in self.of(max_running, den)}
+        return statistics.median(
+            pair(r, dens[r.repeat]) for r in self.of(max_running, num) if r.repeat in dens
+        )
 
     def shares_of_bounds(self) -> dict[str, dict[str, dict[str, float]]]:
         """How close each FDFO variant comes to what its work allows, per max-running value.
@@ -331,11 +337,8 @@ class BenchReport:
             name = f"{num}/{den}"
             by_m: dict[str, dict[str, float]] = {}
             for m in self.max_running_values():
-                dens = {r.repeat: r for r in self.of(m, den)}
-                in_forward = statistics.median(
-                    _forward_fraction(r) / _forward_fraction(dens[r.repeat])
-                    for r in self.of(m, num)
-                    if r.repeat in dens
+                in_forward = self._paired_median(
+                    m, num, den, lambda a, b: _forward_fraction(a) / _forward_fraction(b)
                 )
                 by_m[str(m)] = {
                     "of_work": round(wall[name][str(m)] / work[name][str(m)], 3),
