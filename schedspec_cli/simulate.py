@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reference.algorithms import ALGORITHMS
 from reference.sim import workload as wl
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
@@ -47,6 +48,19 @@ def _float_in(text: str, low: float, strict: bool) -> float:
         bound = f"> {low:g}" if strict else f">= {low:g}"
         raise argparse.ArgumentTypeError(f"{text} is out of range (valid: a finite number {bound})")
     return value
+
+
+def _seat_counts(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers >= 1 (max_running_requests values)."""
+    try:
+        seats = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        seats = ()
+    if not seats or any(not 1 <= k <= 4096 for k in seats):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seat list (valid: comma-separated integers in 1..4096)"
+        )
+    return seats
 
 
 def _positive_float(text: str) -> float:
@@ -113,8 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: gpu/assets/rounds_report.json if present, else uniform)",
     )
     d.add_argument("--steps-report", help="a rounds_report.json to read the histogram from")
-    d.add_argument("--algorithm", default="LowConfidence")
-    d.add_argument("--seats", default="1,2,4,8,16", help="max_running_requests values")
+    d.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="LowConfidence",
+        help="whose measured histogram to read from the rounds report (the shipped one or "
+        "--steps-report)",
+    )
+    d.add_argument(
+        "--seats",
+        type=_seat_counts,
+        default=(1, 2, 4, 8, 16),
+        help="comma-separated max_running_requests values (default 1,2,4,8,16)",
+    )
     d.add_argument("--requests", type=positive(10_000_000), default=128)
     d.add_argument("--gen-blocks", type=positive(100_000), default=16)
     d.add_argument(
@@ -299,14 +324,14 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
         return StepDist.parse(args.steps)
     if args.steps_report:
         return StepDist.from_report(Path(args.steps_report), args.algorithm)
-    return StepDist.default(args.block_size)
+    return StepDist.default(args.block_size, args.algorithm)
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim.dllm import DllmParams, sweep
 
     cal = _load_calibration(args) if args.calibration else None
-    seats = cal.seats() if cal is not None else tuple(int(x) for x in args.seats.split(","))
+    seats = cal.seats() if cal is not None else args.seats
     dist = _step_distribution(args, cal)
     base = DllmParams(
         block_size=args.block_size,

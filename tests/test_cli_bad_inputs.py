@@ -50,6 +50,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "accept_json_types": b'[{"rule": 3, "reason": "x"}]',
         "parity_types": json.dumps({"device": "cuda", "identical": "yes"}).encode(),
         "ünïcödé.jsonl": header.encode() + b'{"kind":"submitted"}\n',
+        "report_hist_keys": json.dumps(
+            {"block_size": 8, "algorithm": {"LowConfidence": {"histogram": {"x": 1}}}}
+        ).encode(),
+        "report_one_algorithm": json.dumps(
+            {"block_size": 8, "algorithm": {"LowConfidence": {"histogram": {"3": 1}}}}
+        ).encode(),
+        "report_no_block": json.dumps({"algorithm": {"LowConfidence": {}}}).encode(),
     }
     out = {}
     for name, data in contents.items():
@@ -193,6 +200,41 @@ def cases() -> list[tuple[str, list[str]]]:
         ("simulate-requests-neg", ["simulate", "dllm", "--requests", "-1"]),
         ("simulate-json-dir", ["simulate", "sbs", "--json", "{dir}"]),
         ("simulate-plots-file", ["simulate", "sbs", "--plots", "{empty}"]),
+        ("simulate-dllm-algorithm", ["simulate", "dllm", "--algorithm", "Greedy"]),
+        (
+            "simulate-dllm-algorithm-not-in-report",
+            [
+                "simulate",
+                "dllm",
+                "--steps-report",
+                "{report_one_algorithm}",
+                "--algorithm",
+                "JointThreshold",
+            ],
+        ),
+    ]
+    for value in ("a,b", "", "0", "1,,2", HUGE):
+        c.append((f"simulate-dllm-seats-{value[:4]}", ["simulate", "dllm", "--seats", value]))
+    for f in (
+        "missing",
+        "dir",
+        "binary",
+        "empty",
+        "not_json",
+        "json_list",
+        "config_types",
+        "report_hist_keys",
+        "report_no_block",
+    ):
+        c.append(
+            (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
+        )
+    for what in ("sbs", "replicas"):
+        for f in ("missing", "dir", "binary", "latin1"):
+            c.append(
+                (f"simulate-{what}-trace-csv-{f}", ["simulate", what, "--trace-csv", f"{{{f}}}"])
+            )
+    c += [
         ("install-engines-bogus", ["install-engines", "tensorrt"]),
     ]
     return c

@@ -4,15 +4,19 @@ ideal bound, and the direction of the effects."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from properties.sim.checks import check_time_monotone, harness_driver
-from reference.sim.dllm import DllmParams, StepDist, simulate_dllm, sweep
+from reference.algorithms import ALGORITHMS
+from reference.sim.dllm import ROUNDS_REPORT, DllmParams, StepDist, simulate_dllm, sweep
 from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import Constant
+from schedspec_cli.main import main
 from spec.config import Mode, request_shape
 
 CASES = [
@@ -228,3 +232,33 @@ def test_an_allocation_cost_gives_reuse_its_gain() -> None:
         cheap = simulate_dllm(p, dist)
         dear = simulate_dllm(dataclasses.replace(p, alloc_cost=3e-5), dist)
         assert dear.makespan == pytest.approx(cheap.makespan + 3e-5 * cheap.allocations)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_algorithm_chooses_whose_measured_histogram_is_drawn(
+    algorithm: str, tmp_path: Path
+) -> None:
+    """`simulate dllm --algorithm` picks the shipped report's histogram of that algorithm (it
+    used to draw LowConfidence's whatever was asked, unless --steps-report was given)."""
+    report = json.loads(ROUNDS_REPORT.read_text())
+    hist = report["algorithm"][algorithm]["histogram"]
+    expected = StepDist.from_histogram(hist)
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "dllm", "--algorithm", algorithm, "--seats", "1", "--requests", "2"]
+    assert main([*argv, "--gen-blocks", "1", "--json", str(out)]) == 0
+    dist = json.loads(out.read_text())["distribution"]
+    assert algorithm in dist["source"]
+    assert (tuple(dist["values"]), tuple(dist["weights"])) == (expected.values, expected.weights)
+    others = [a for a in ALGORITHMS if a != algorithm]
+    assert all(report["algorithm"][a]["histogram"] != hist for a in others)
+
+
+def test_a_rounds_report_without_the_algorithm_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rounds.json"
+    path.write_text(json.dumps({"block_size": 8, "algorithm": {"LowConfidence": {}}}))
+    with pytest.raises(SimConfigError, match=r"algorithm='JointThreshold'.*\['LowConfidence'\]"):
+        StepDist.from_report(path, "JointThreshold")
+    with pytest.raises(SimConfigError, match="steps_report"):
+        StepDist.from_report(path, "LowConfidence")
+    with pytest.raises(SimConfigError, match=r"one of \['LowConfidence', 'JointThreshold'\]"):
+        StepDist.default(8, "Greedy")

@@ -42,6 +42,7 @@ from typing import Protocol
 
 import numpy as np
 
+from reference.algorithms import ALGORITHMS
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
 from reference.sim.dllm_profile import ProfileWorkload, SimRequest
@@ -113,19 +114,50 @@ class StepDist:
 
     @classmethod
     def from_report(cls, path: Path = ROUNDS_REPORT, algorithm: str = "LowConfidence") -> StepDist:
-        data = json.loads(path.read_text())
-        hist = data["algorithm"][algorithm]["histogram"]
-        return cls.from_histogram(hist, f"{path.name}:{algorithm} (block {data['block_size']})")
+        """`algorithm`'s histogram in a rounds report (the schema of the shipped
+        `gpu/assets/rounds_report.json`: {"block_size": B, "algorithm": {NAME: {"histogram":
+        {F: COUNT}}}}). An unreadable file, another shape or an algorithm the report lacks
+        raises `SimConfigError` naming what would be valid."""
+        shape = '{"block_size": B, "algorithm": {NAME: {"histogram": {F: COUNT, ...}}}}'
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise SimConfigError(
+                "steps_report", str(path), f"a readable rounds report JSON ({reason})"
+            ) from None
+        per_algorithm = data.get("algorithm") if isinstance(data, dict) else None
+        block_size = data.get("block_size") if isinstance(data, dict) else None
+        if not isinstance(per_algorithm, dict) or not isinstance(block_size, int):
+            raise SimConfigError("steps_report", str(path), f"a rounds report: {shape}")
+        if algorithm not in per_algorithm:
+            raise SimConfigError(
+                "algorithm", algorithm, f"one of the report's {sorted(per_algorithm)} ({path})"
+            )
+        entry = per_algorithm[algorithm]
+        hist = entry.get("histogram") if isinstance(entry, dict) else None
+        if not isinstance(hist, dict):
+            raise SimConfigError("steps_report", str(path), f"a rounds report: {shape}")
+        try:
+            return cls.from_histogram(hist, f"{path.name}:{algorithm} (block {block_size})")
+        except SimConfigError:
+            raise
+        except (TypeError, ValueError):
+            raise SimConfigError(
+                "steps_report", str(path), f"a histogram of integer forwards to counts: {shape}"
+            ) from None
 
     @classmethod
-    def default(cls, block_size: int) -> StepDist:
-        """The shipped model's measured histogram if present (and for this block size), else
-        uniform over 2..block_size+1 forwards."""
+    def default(cls, block_size: int, algorithm: str = "LowConfidence") -> StepDist:
+        """`algorithm`'s histogram in the shipped model's rounds report if the report is
+        present and for this block size, else uniform over 2..block_size+1 forwards."""
+        if algorithm not in ALGORITHMS:
+            raise SimConfigError("algorithm", algorithm, f"one of {list(ALGORITHMS)}")
         if ROUNDS_REPORT.exists():
             try:
                 data = json.loads(ROUNDS_REPORT.read_text())
                 if int(data.get("block_size", -1)) == block_size:
-                    return cls.from_report(ROUNDS_REPORT)
+                    return cls.from_report(ROUNDS_REPORT, algorithm)
             except (ValueError, KeyError, OSError):
                 pass
         return cls.uniform(2, block_size + 1)

@@ -64,11 +64,16 @@ class Workload:
 
 def read_trace(path: str | Path) -> Workload:
     """Read a Vidur trace CSV (`spec.ar.vidur_trace`); a malformed row raises `TraceError`
-    naming the file and its line."""
+    naming the file and its line, a file that cannot be read as UTF-8 text `SimConfigError`."""
     try:
         t = read_vidur_trace_file(path)
     except TraceRowError as err:
         raise TraceError(str(path), err.line_no, err.detail) from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise SimConfigError(
+            "trace_csv", str(path), f"a readable UTF-8 Vidur trace CSV ({reason})"
+        ) from None
     return Workload(
         np.array(t.arrived_at, dtype=np.float64),
         np.array(t.num_prefill_tokens, dtype=np.int64),
