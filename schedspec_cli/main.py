@@ -210,8 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"schedspec: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:  # a path the checks could not foresee (disk full, permissions)
-        where = f" {err.filename}" if err.filename else ""
-        print(f"schedspec: error:{where}: {_one_line(err.strerror or str(err))}", file=sys.stderr)
+        where = f" {err.filename}:" if err.filename else ""
+        print(f"schedspec: error:{where} {_one_line(err.strerror or str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("schedspec: interrupted", file=sys.stderr)

@@ -16,8 +16,11 @@ import argparse
 import json
 import random
 import time
+import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from schedspec_cli.impls import resolve
 from spec.batch_parity import (
@@ -30,11 +33,30 @@ from spec.batch_parity import (
     variant_config,
 )
 from spec.config import DllmConfig, RequestSpec
-from spec.errors import ConfigError
+from spec.errors import ConfigError, SchedSpecError, SpecViolation
 from spec.implementation import DllmImplementation
 
 MASK, EOS, VOCAB = -1, 15, 16
 SEED = 12
+
+T = TypeVar("T")
+
+
+def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
+    """Run the implementation's code; an exception of its own (not the spec's, not a typed
+    schedspec error) becomes an `implementation_error` violation naming the run and the line
+    that raised, so the user sees exit status 1 and one paragraph instead of a traceback."""
+    try:
+        return operation()
+    except (SchedSpecError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f", at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+        raise SpecViolation(
+            "implementation_error",
+            f"{impl} raised {type(err).__name__}: {err} (during {what}{where})",
+        ) from err
 
 
 def parity_prompts(n: int, max_new_tokens: int) -> list[RequestSpec]:
@@ -73,9 +95,16 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             impl.profile.space.check(config)
             run_name = f"{variant.name}@{size}"
             start = time.perf_counter()
-            runs.append(run_variant(impl.factory, config, requests, run_name))
+            runs.append(
+                _guarded(
+                    resolved.name,
+                    f"the {run_name} run",
+                    partial(run_variant, impl.factory, config, requests, run_name),
+                )
+            )
             seconds[run_name] = round(time.perf_counter() - start, 3)
-    golden = golden_outputs(runs[0].adapter, requests)
+    reference = runs[0].adapter
+    golden = _guarded(resolved.name, "golden_output", partial(golden_outputs, reference, requests))
     cases = [
         {
             "algorithm": resolved.name,

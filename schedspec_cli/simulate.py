@@ -287,6 +287,8 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.num_cpus is not None and args.num_cpus < 1:
         raise SimConfigError("--num-cpus", args.num_cpus, "an integer >= 1")
+    if args.backend == "ray" and args.address:
+        sw.check_ray_address(args.address)
     where = args.address or "local Ray" if args.backend == "ray" else "one process"
     _say(f"{len(points)} points on {where}")
     t0 = time.perf_counter()

@@ -121,9 +121,12 @@ def test_install_engines_dispatches_lazily(
 ) -> None:
     seen: list[list[str]] = []
     monkeypatch.setattr(cli, "module_available", lambda name: True)
-    monkeypatch.setattr(
-        cli, "load_object", lambda target, flag: lambda argv: seen.append(argv) or 0
-    )
+
+    def run(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setattr(cli, "load_object", lambda target, flag: run)
     assert main(["install-engines", "vidur"]) == 0
     assert main(["install-engines"]) == 0  # all
     assert seen == [["vidur"], []]
@@ -219,3 +222,27 @@ def test_check_trace_dispatches_an_ar_trace_by_its_header(
     bad.write_text("\n".join([lines[0], *map(json.dumps, events)]) + "\n")
     assert main(["check-trace", str(bad)]) == 1
     assert "FAIL" in out_err(capsys)[0]
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (ConnectionError("no route to the cluster"), "schedspec: error: no route to the cluster"),
+        (
+            PermissionError(13, "Permission denied", "/out/report.json"),
+            "schedspec: error: /out/report.json: Permission denied",
+        ),
+    ],
+)
+def test_an_unforeseen_os_error_is_one_line_exit_2(
+    error: OSError, line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OSError no check foresaw (disk full, permissions, a connection) is one line, with the
+    file when it has one (a file-less error once printed `error::`)."""
+
+    def fail(args: argparse.Namespace) -> int:
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_list_impls", fail)
+    assert main(["list-impls"]) == 2
+    assert capsys.readouterr().err == line + "\n"

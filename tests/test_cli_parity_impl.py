@@ -91,6 +91,40 @@ def test_an_implementation_without_golden_is_checked_on_parity_only(
     assert "no golden decoder (golden_output) to compare with" in out
 
 
+class CrashesInBatches(Plain):
+    """Serves alone correctly; with more than one seat, its third submission raises its own
+    error (a bug of the implementation, not a rule of the spec)."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        super().__init__(config, sink)
+        self.submitted = 0
+
+    def submit(self, request: RequestSpec) -> None:
+        self.submitted += 1
+        if self.config.max_running_requests > 1 and self.submitted == 3:
+            raise IndexError("row table overflow")
+        super().submit(request)
+
+
+def make_crashing(config: DllmConfig, sink: EventSink) -> CrashesInBatches:
+    return CrashesInBatches(config, sink)
+
+
+def test_an_implementation_that_raises_is_a_violation_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its own exception is exit status 1 (the implementation failed), in one line naming the
+    implementation, the run and the line that raised."""
+    impl = "tests.test_cli_parity_impl:make_crashing"
+    code, out, err = _run(["--impl", impl, *ARGS], capsys)
+    assert code == 1, out + err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert (
+        "[implementation_error]" in err and f"{impl} raised IndexError: row table overflow" in err
+    )
+    assert "during the sync@4 run" in err and "test_cli_parity_impl.py:" in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [

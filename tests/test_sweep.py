@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import socket
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +108,52 @@ def test_without_ray_the_command_says_how_to_install_it(monkeypatch: pytest.Monk
     points = sw.grid([2.0], ["simple"], [1], [2048], **SMALL)
     with pytest.raises(sw.RayMissing, match=r"pip install 'schedspec\[sweep\]'"):
         sw.run_grid(points, "ray")
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    "address", ["bogus://x", "head", "head:port", "localhost:0", "localhost:70000", "CLOSED"]
+)
+def test_an_address_ray_would_crash_or_hang_on_is_refused_in_one_line(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray answers a malformed address with a traceback and retries an unreachable one for
+    minutes; both are refused before `ray.init`, exit 2, naming --address and the forms."""
+    address = address.replace("CLOSED", f"127.0.0.1:{_closed_port()}")
+    argv = ["simulate", "sweep", "--address", address, "--requests", "10"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"invalid --address={address!r}" in err and "ray://HOST:PORT" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    if address.startswith("127.0.0.1"):
+        assert "cannot connect" in err
+
+
+def test_a_reachable_address_ray_rejects_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What `ray.init` raises for an address that answers but is no Ray cluster is a typed
+    error too (a stand-in `ray` module: the test needs no cluster)."""
+    calls: list[str] = []
+
+    def init(address: str, **_: Any) -> None:
+        calls.append(address)
+        raise ConnectionError("Failed to connect to Ray cluster")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        points = sw.grid([2.0], ["simple"], [1], [2048], **SMALL)
+        with pytest.raises(SimConfigError, match="Failed to connect to Ray cluster") as err:
+            sw.run_grid(points, "ray", address=address)
+    assert err.value.field == "--address" and calls == [address]

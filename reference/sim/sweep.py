@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +37,38 @@ class RayMissing(SimError, ImportError):
             "ray is not installed: install the sweep extra (pip install 'schedspec[sweep]', "
             "or .venv/bin/pip install 'ray[default]==2.60.0'), or run with --backend local"
         )
+
+
+ADDRESS_FORMS = "'auto', HOST:PORT or ray://HOST:PORT of a running Ray cluster"
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse an address Ray would hang on or crash over, before `ray.init` sees it.
+
+    'auto' is left to Ray (it fails fast when no cluster runs). HOST:PORT and ray://HOST:PORT
+    must accept a TCP connection within `CONNECT_TIMEOUT_S`: Ray itself retries an unreachable
+    GCS address for minutes. Raises `SimConfigError` naming the address and the valid forms.
+    """
+    if address == "auto":
+        return
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "", address
+    host, colon, port_text = rest.rpartition(":")
+    port_ok = port_text.isdigit() and 1 <= int(port_text) <= 65535
+    if scheme not in ("", "ray") or not colon or not host or not port_ok:
+        raise SimConfigError("--address", address, ADDRESS_FORMS)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, OverflowError, ValueError) as err:
+        reason = (
+            err.strerror if isinstance(err, OSError) and err.strerror else str(err) or "timeout"
+        )
+        raise SimConfigError(
+            "--address", address, f"{ADDRESS_FORMS} (cannot connect: {reason})"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +222,8 @@ def _run_ray(
     num_cpus: int | None,
     progress: Progress | None,
 ) -> list[PointResult]:
+    if address:
+        check_ray_address(address)
     try:
         import ray
     except ImportError:
@@ -196,7 +231,11 @@ def _run_ray(
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False)
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, TimeoutError, ValueError) as err:
+                reason = " ".join(str(err).split()) or type(err).__name__
+                raise SimConfigError("--address", address, f"{ADDRESS_FORMS} ({reason})") from None
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         started = True
