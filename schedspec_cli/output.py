@@ -6,6 +6,7 @@ calls `check_output_path` for each output flag while validating its arguments.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -40,6 +41,17 @@ def check_output_path(flag: str, path: str | None, *, directory: bool = False) -
         raise ConfigError(flag, path, f"a path where files can be written ({parent} is not)")
 
 
+def output_file(text: str) -> Path:
+    """An argparse type for a script's output flag: a file path `check_output_path` accepts,
+    checked when the arguments are parsed (before a long run, not when its results are
+    written); the writer creates missing parent directories."""
+    try:
+        check_output_path("path", text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {err.valid}") from None
+    return Path(text)
+
+
 def write_json(path: str | Path | None, payload: object) -> None:
     """Write `payload` as indented JSON (parents created); nothing when `path` is None."""
     if path is None or path == "":
@@ -58,4 +70,4 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-__all__ = ["check_output_path", "table", "write_json"]
+__all__ = ["check_output_path", "output_file", "table", "write_json"]

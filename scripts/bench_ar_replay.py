@@ -26,6 +26,7 @@ from properties.ar.harness import ArHarness
 from properties.ar.trace_check import check_ar_trace
 from reference.ar.vidur import make_vidur_vllm
 from reference.ar.vllm_v1 import make_vllm_v1
+from schedspec_cli.output import output_file
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.trace import write_ar_trace
@@ -78,15 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between arrivals (a step takes 1 s; at 2 s and below the queue grows with "
         "the run, and the implementation's per-step snapshot of its queue with it)",
     )
-    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = ap.parse_args(argv)
     if not 0.0 < args.interval < 1e6:
         print(
             f"error: --interval {args.interval}: a number of seconds in (0, 1e6)", file=sys.stderr
         )
-        return 2
-    if args.json is not None and not args.json.parent.is_dir():
-        print(f"error: --json: directory {args.json.parent} does not exist", file=sys.stderr)
         return 2
     factory = SCHEDULERS[args.scheduler]
     rows = []
@@ -129,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{check_s:>8.2f} {row['events_per_s']:>9}"
         )
     if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps(
                 {

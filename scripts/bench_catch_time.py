@@ -37,6 +37,7 @@ from properties.ar.conformance import ar_conformance_machine  # noqa: E402
 from properties.conformance import conformance_machine  # noqa: E402
 from properties.conformance_base import StepCounter  # noqa: E402
 from properties.verify import failure_from, run_machine  # noqa: E402
+from schedspec_cli.output import output_file  # noqa: E402
 from tests.ar_mutants import AR_MUTANTS  # noqa: E402
 from tests.mutants import MUTANTS  # noqa: E402
 
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     shrinking.add_argument(
         "--shrink-all-seeds", action="store_true", help="shrink under every seed, not the first"
     )
-    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--json", type=output_file, help="write the figures here")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     try:
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     known = set(MUTANTS) | set(AR_MUTANTS)
     if only is not None and not only <= known:
         parser.error(f"--only: unknown mutants {sorted(only - known)}; valid: {sorted(known)}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"--json: directory {Path(args.json).resolve().parent} does not exist")
     shrink_seeds: set[int] | None = (
         set() if args.no_shrink else None if args.shrink_all_seeds else {seeds[0]}
     )
@@ -201,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         f"seed; {len(short)} shrunk to < {GOAL_ACTIONS} actions"
     )
     if args.json:
-        Path(args.json).write_text(
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
             json.dumps(
                 {
                     "command": "python scripts/bench_catch_time.py "

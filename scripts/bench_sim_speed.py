@@ -31,6 +31,7 @@ from reference.sim import workload as wl
 from reference.sim.catalog import VIDUR_SCHEDULERS, ReplicaSpec
 from reference.sim.cluster import simulate_cluster
 from reference.sim.exec_model import Constant
+from schedspec_cli.output import output_file
 
 KV_TOKENS = 4096 * 16
 BATCH_TIME = 0.05
@@ -113,7 +114,7 @@ def main() -> None:
     ap.add_argument("--requests", default="2000,10000")
     ap.add_argument("--workload", choices=WORKLOADS, default="bench")
     ap.add_argument("--vidur-json", help="scripts/vidur_speed.py outputs (comma-separated)")
-    ap.add_argument("--json", default="out/sim_speed.json")
+    ap.add_argument("--json", type=output_file, default="out/sim_speed.json")
     args = ap.parse_args()
     vidur = read_vidur(args.vidur_json)
     sizes = [int(x) for x in args.requests.split(",")]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from properties.trace_check import check_trace
 from reference.dllm import ReferenceDllmScheduler
+from schedspec_cli.output import output_file
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Event
 from spec.trace import config_to_dict, event_to_dict
@@ -82,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         default="250,500,1000,2000,4000,8000",
         help="comma-separated request counts (default %(default)s)",
     )
-    ap.add_argument("--json", default="trace-check-bench.json", help="where to write the figures")
+    ap.add_argument(
+        "--json",
+        type=output_file,
+        default="trace-check-bench.json",
+        help="where to write the figures",
+    )
     ap.add_argument(
         "--repeats", type=int, default=1, help="checks per log; the fastest counts (default 1)"
     )
@@ -98,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print(f"--repeats: a count >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    out = Path(args.json)
-    if not out.parent.is_dir():
-        print(f"--json: directory {out.parent} does not exist", file=sys.stderr)
-        return 2
+    out: Path = args.json
     rows = []
     print(
         f"{'requests':>9} {'events':>9} {'wall s':>8} {'cpu s':>7} {'events/cpu-s':>13} "
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f}")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
             {

@@ -30,6 +30,7 @@ from typing import Any
 
 from reference.sim.calibration import Calibration, CalibrationError
 from reference.sim.dllm_profile import RequestProfile
+from schedspec_cli.output import output_file
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -180,8 +181,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--bench-json", help="with --measure: also write the benchmark's JSON here")
-    ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--bench-json",
+        type=output_file,
+        help="with --measure: also write the benchmark's JSON here",
+    )
+    ap.add_argument("--out", type=output_file, required=True)
     return ap.parse_args()
 
 

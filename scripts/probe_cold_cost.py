@@ -27,11 +27,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from gpu.bench import write_script_report
+from schedspec_cli.output import output_file
 
 BLOCK = 8
 WARM_REPEATS = 5  # the call timed warm is the 5th in a row after the forward
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=16, help="blocks in the batch (1..64)")
     parser.add_argument("--samples", type=int, default=300, help="forwards per probed call")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not 1 <= args.rows <= 64 or args.samples < 2 or args.threads < 1:
         print("error: need 1 <= --rows <= 64, --samples >= 2, --threads >= 1", file=sys.stderr)

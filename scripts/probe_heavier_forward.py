@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +40,7 @@ from gpu.bench import BenchReport, run_bench, write_script_report
 from gpu.model import BlockDiffusionLM
 from gpu.parity import ASSETS
 from gpu.weights import load_model
+from schedspec_cli.output import output_file
 
 NUMERATORS = ("fdfo", "fdfo+reuse")
 MAX_HEAVIER = 16
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="benchmark runs per k (median)")
     parser.add_argument("--requests", type=int, default=128, help="requests served per run")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not all(1 <= k <= MAX_HEAVIER for k in args.heavier) or len(set(args.heavier)) != len(
         args.heavier

@@ -40,7 +40,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ import torch
 from gpu.bench import MODES, BenchMode, Serving, run_once, serving, write_script_report
 from gpu.parity import ASSETS
 from gpu.weights import load_model
+from schedspec_cli.output import output_file
 
 PHASES = (
     "admission",
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
     parser.add_argument("--requests", type=int, default=128, help="requests served per run")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     valid = [m.name for m in MODES]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from gpu.algorithms import make_algorithm
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, _shipped_model, tiny_model
+from schedspec_cli.output import output_file
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Event
 
@@ -174,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", default="1000", help="a table row every N requests done")
     p.add_argument("--record", action="store_true", help="keep the (capped) forward log")
     p.add_argument("--forward-log-cap", default=str(FORWARD_LOG_CAP))
-    p.add_argument("--json", type=Path, default=None, help="write the checkpoints here")
+    p.add_argument("--json", type=output_file, default=None, help="write the checkpoints here")
     ns = p.parse_args(argv)
     requests = _positive("--requests", ns.requests, 1)
     every = _positive("--every", ns.every, 1)
@@ -186,10 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         abort_rate = -1.0
     if not 0.0 <= abort_rate <= 1.0:
         return _usage(f"--abort-rate: {ns.abort_rate!r} is not a number in [0, 1]")
-    if ns.json is not None:
-        parent = ns.json.parent
-        if ns.json.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
-            return _usage(f"--json: {str(ns.json)!r} is not a writable file path")
 
     checkpoints, totals = soak(requests, ns.model, abort_rate, seed, ns.record, cap, every)
     print(
@@ -231,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "totals": totals,
             "checkpoints": [asdict(c) for c in checkpoints],
         }
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

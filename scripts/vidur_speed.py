@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schedspec_cli.output import output_file
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # reference.sim.workload: numpy only
 
 NAMES = {
@@ -217,7 +219,7 @@ def main() -> None:
         action="store_true",
         help="run GitHub main's FasterTransformer as it is (finished requests keep blocks)",
     )
-    ap.add_argument("--json", default="out/vidur_speed.json")
+    ap.add_argument("--json", type=output_file, default="out/vidur_speed.json")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # SCHED R N: one run, print wall
     args = ap.parse_args()
     if args.one:
@@ -267,10 +269,10 @@ def main() -> None:
                     + (f", {never_started} requests never started)" if never_started else ")"),
                     flush=True,
                 )
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
-    print(f"wrote {out}")
+    json_path: Path = args.json
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {json_path}")
 
 
 if __name__ == "__main__":

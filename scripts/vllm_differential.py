@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.vllm import REAL_VLLM
 from integrations.vllm.differential import count_differences
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
+from schedspec_cli.output import output_file
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 
@@ -35,7 +36,9 @@ def _reference(options: VllmOptions, config: ArConfig, sink: ArEventSink) -> ArS
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_differential.py")
     parser.add_argument("--programs", type=int, default=300, help="generated programs (seeds)")
-    parser.add_argument("--json", default=None, help="also write the counts to this file")
+    parser.add_argument(
+        "--json", type=output_file, default=None, help="also write the counts to this file"
+    )
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs: must be >= 1")
@@ -60,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(f"({elapsed:.1f} s)")
     if args.json:
-        Path(args.json).write_text(
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
             json.dumps({"programs": args.programs, "differing": counts, "seconds": elapsed})
         )
     return 0

@@ -1,0 +1,61 @@
+"""Every measurement script checks its output paths when it parses its arguments: a run of
+minutes must not end in a traceback because its `--json` (or `--out`) names a directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+# (script, output flag): every flag of the scripts that writes a file
+OUTPUTS = [
+    ("bench_ar_replay", "--json"),
+    ("bench_catch_time", "--json"),
+    ("bench_sim_speed", "--json"),
+    ("bench_trace_check", "--json"),
+    ("calibrate_dllm", "--out"),
+    ("calibrate_dllm", "--bench-json"),
+    ("probe_cold_cost", "--json"),
+    ("probe_heavier_forward", "--json"),
+    ("profile_round", "--json"),
+    ("soak_engine", "--json"),
+    ("vidur_speed", "--json"),
+    ("vllm_differential", "--json"),
+]
+
+
+def test_the_list_covers_every_script_that_writes() -> None:
+    """A new script with an output flag joins the list above (found by its flag's text)."""
+    writers = set()
+    for path in SCRIPTS.glob("*.py"):
+        text = path.read_text()
+        for flag in ('"--json"', '"--out"', '"--bench-json"', '"--csv"'):
+            if f"add_argument({flag}" in text.replace("\n", "").replace(" ", ""):
+                writers.add((path.stem, flag.strip('"')))
+    assert writers == set(OUTPUTS)
+
+
+@pytest.mark.parametrize(("script", "flag"), OUTPUTS, ids=[f"{s}{f}" for s, f in OUTPUTS])
+def test_an_unwritable_output_is_refused_before_any_work(
+    script: str, flag: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for target, why in ((tmp_path, "this is a directory"), (blocker / "x.json", "is a file")):
+        res = subprocess.run(
+            [sys.executable, str(SCRIPTS / f"{script}.py"), flag, str(target)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and len(lines) >= 1, res.stderr
+        assert f"argument {flag}:" in lines[-1] and why in lines[-1], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
