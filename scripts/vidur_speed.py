@@ -118,7 +118,7 @@ def run(
         def get(*args: Any, **kwargs: Any) -> Any:
             return predictor
 
-    bgs.ExecutionTimePredictorRegistry = Registry  # type: ignore[attr-defined]
+    bgs.ExecutionTimePredictorRegistry = Registry
     w = make_workload(kind, n, replicas)
     trace = tmp / f"trace_{replicas}_{n}.csv"
     main = not hasattr(vc, "CacheConfig")  # GitHub main

@@ -28,7 +28,7 @@ class NoFreeOnFinish(ReferenceDllmScheduler):
 
     def _finish(self, req: _Req, reason: FinishReason) -> None:
         real_free = self.kv.free
-        self.kv.free = lambda rid, slots: None  # type: ignore[method-assign]
+        self.kv.free = lambda request_id, slots: None  # type: ignore[method-assign]
         try:
             super()._finish(req, reason)
         finally:

@@ -197,7 +197,10 @@ def test_golden_needs_a_dllm_algorithm() -> None:
             return [True] * tokens.shape[0]
 
     engine = DllmEngine(
-        _config(1, VARIANTS[0]), lambda e: None, model=tiny_model("cpu"), algorithm=Bare()
+        _config(1, VARIANTS[0]),
+        lambda e: None,
+        model=tiny_model("cpu"),
+        algorithm=Bare(),  # type: ignore[arg-type]
     )
     with pytest.raises(GoldenUnavailable) as info:
         engine.golden_output(RequestSpec("g", (5,), 2))

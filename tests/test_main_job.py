@@ -46,8 +46,8 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
 
 def test_main_job_names_what_failed(
     tmp_path: Path,
-    capsys,
-    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bad = Builtin("seeded-bug", Family.DLLM, ("tests.factories:no_free_on_finish",), "x")
     monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})

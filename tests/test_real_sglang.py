@@ -27,6 +27,7 @@ from properties.conformance import conformance_machine
 from properties.harness import Harness
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
+from spec.events import Forward
 from spec.profile import DllmConfigSpace, DllmProfile
 
 PROFILE = REAL_SGLANG_DLLM.profile
@@ -105,9 +106,7 @@ def test_fdfo_reuses_the_retained_block_in_place() -> None:
     h.submit(RequestSpec("a", (5,), 4))
     h.round()
     h.round()
-    reused = [
-        row for e in h.events if type(e).__name__ == "Forward" for row in e.rows if row.reused
-    ]
+    reused = [row for e in h.events if isinstance(e, Forward) for row in e.rows if row.reused]
     assert reused, "the carried block was not reused"
 
 
@@ -202,7 +201,7 @@ def _reserve_future_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def worst_case(req: Any, b: int) -> int:
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        return -(-total // b) * b
+        return int(-(-total // b) * b)
 
     def reserving(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
         b = self.dllm_config.block_size

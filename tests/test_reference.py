@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from properties.harness import Harness, check_parity
-from reference.algorithms import JointThreshold, LowConfidence, make_step_algorithm
+from reference.algorithms import JointState, JointThreshold, LowConfidence, make_step_algorithm
 from reference.dllm import ReferenceDllmScheduler, make_scheduler
 from reference.oracle import ScriptedOracle
 from spec import (
     ConfigError,
+    ControlReturned,
     DllmConfig,
     DuplicateRequest,
     EmptyPrompt,
@@ -62,12 +63,7 @@ def test_head_of_line_blocking_vs_first_done_first_out(mode: Mode) -> None:
     for rid in "ABC":
         h.submit(RequestSpec(rid, (1,) * 8, 8))  # one prompt block, one output block
     h.drain()
-    finished_round = {}
-    for e in h.events:
-        if e.kind == "control_returned":
-            last_round = e.round_index
-        if e.kind == "finished":
-            finished_round[e.request_id] = None
+    last_round = max(e.round_index for e in h.events if isinstance(e, ControlReturned))
     rounds = forwards_per_round(h)
     if mode is Mode.SYNC:
         # round 0: prompt blocks (1 forward); round 1: output blocks, max(T)+1 = 9 forwards
@@ -162,12 +158,15 @@ def test_joint_threshold_edits_budget_and_prompt_protection() -> None:
     logits[0, :, 3] = 0.0
     logits[0, :, 4] = 5.0  # now prefers 4: position 1 is edited, the prompt position 0 never
     done, (state,) = algo.step(tokens, logits, [state])
+    assert isinstance(state, JointState)
     assert tokens.tolist() == [[7, 4]] and done == [False] and state.post_edit_steps == 1
     logits[0, :, 4] = 0.0
     logits[0, :, 5] = 5.0
     done, (state,) = algo.step(tokens, logits, [state])
+    assert isinstance(state, JointState)
     assert tokens.tolist() == [[7, 5]] and state.post_edit_steps == 2
     done, (state,) = algo.step(tokens, logits, [state])  # budget spent
+    assert isinstance(state, JointState)
     assert done == [True] and state.finished
     done, (state,) = algo.step(tokens, logits, [state])
     assert done == [True]

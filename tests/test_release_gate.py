@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def report(**changes: object) -> dict[str, Any]:
-    cases = [
+    cases: list[dict[str, Any]] = [
         {
             "algorithm": a,
             "index": i,

@@ -3,6 +3,8 @@ conservation), RowAcquired is accepted, and contradictory profiles are refused b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -48,7 +50,7 @@ CFG = DllmConfig(
 PREFILL_FIRST = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST)
 
 
-def _replay(machine: SpecMachine, events: list[Event]) -> str | None:
+def _replay(machine: SpecMachine, events: Sequence[Event]) -> str | None:
     try:
         machine.apply_all(events)
     except SpecViolation as v:
@@ -163,7 +165,7 @@ def test_row_acquired_is_accepted_for_a_carried_block_without_reuse() -> None:
 
 
 def test_row_acquired_while_holding_a_row_breaks_row_exclusive() -> None:
-    events = [Submitted("a", (1,), 3), Admitted("a", 0), RowAcquired("a", 1)]
+    events: list[Event] = [Submitted("a", (1,), 3), Admitted("a", 0), RowAcquired("a", 1)]
     assert _replay(SpecMachine(NO_REUSE), events) == "row_exclusive"
 
 
@@ -176,7 +178,7 @@ def test_a_running_request_without_a_row_under_reuse_breaks_row_exclusive() -> N
 
 def test_row_acquired_within_the_scheduler_phase_by_default() -> None:
     """Without the policy a row may still be given back and taken again inside one round."""
-    events = [
+    events: list[Event] = [
         Submitted("a", (1,), 3),
         Admitted("a", 0),
         RowReleased("a", 0),

@@ -24,6 +24,7 @@ from schedspec_cli.impls import resolve
 from schedspec_cli.registry import BUILTINS
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig
+from spec.implementation import DllmImplementation
 
 _CACHE: dict[str, BoundaryWorkload] = {}
 
@@ -67,7 +68,8 @@ def test_scripted_reference_reaches_the_edge(edge: str) -> None:
 def test_builtin_passes_boundary_workload(impl: str, edge: str) -> None:
     bw = _workloads()[edge]
     try:
-        factory = resolve(impl).implementation.factory
+        implementation = resolve(impl).implementation
     except Exception as err:  # an optional implementation that cannot load here
         pytest.skip(f"{impl} cannot be loaded: {err}")
-    run_workload(factory, bw.workload)
+    assert isinstance(implementation, DllmImplementation), impl
+    run_workload(implementation.factory, bw.workload)

@@ -266,17 +266,16 @@ def _random_event(m: SpecMachine, rng: random.Random) -> Event:
     c = m.config
     rid = rng.choice(ids)
     start = rng.randrange(c.kv_slots - c.block_size + 1)
-    return rng.choice(
-        [
-            Admitted(rid, rng.randrange(4)),
-            RowAcquired(rid, rng.randrange(4)),
-            KvAllocated(rid, rng.randrange(3), tuple(range(start, start + c.block_size))),
-            KvFreed(rid, tuple(sorted(rng.sample(range(c.kv_slots), rng.randint(0, 3))))),
-            Finished(rid, FinishReason.LENGTH),
-            ControlReturned(m.round_index),
-            StepResult(rid, rng.randrange(3), c.block_size, 0),
-        ]
-    )
+    candidates: list[Event] = [
+        Admitted(rid, rng.randrange(4)),
+        RowAcquired(rid, rng.randrange(4)),
+        KvAllocated(rid, rng.randrange(3), tuple(range(start, start + c.block_size))),
+        KvFreed(rid, tuple(sorted(rng.sample(range(c.kv_slots), rng.randint(0, 3))))),
+        Finished(rid, FinishReason.LENGTH),
+        ControlReturned(m.round_index),
+        StepResult(rid, rng.randrange(3), c.block_size, 0),
+    ]
+    return rng.choice(candidates)
 
 
 # ---------------------------------------------------------------------------- comparison
