@@ -115,6 +115,11 @@ def test_installed_commands_run_outside_the_repo(
     assert "proved" in prove.stdout
     sim = schedspec(installed, "simulate", "sbs")
     assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
+    # the shipped rounds report is read from the installed package, per algorithm
+    dllm = ["simulate", "dllm", "--algorithm", "JointThreshold", "--seats", "1", "--requests", "2"]
+    sim = schedspec(installed, *dllm, "--gen-blocks", "1")
+    assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
+    assert "rounds_report.json:JointThreshold (block 8)" in sim.stderr, sim.stderr[-2000:]
     parity = schedspec(installed, "parity", "--device", "cpu", "--prompts", "1")
     assert parity.returncode == 2 and "schedspec[engine]" in parity.stderr, parity.stderr
     assert "Traceback" not in parity.stderr
