@@ -78,7 +78,8 @@ class DllmConfig:
             lies whole inside one page (SGLang forces the same).
         kv_pages: pages in the KV pool (>= 1); the pool has kv_pages * page_size slots.
         req_pool_rows: rows of the request pool (request-to-token table), >= 1.
-        max_running_requests: requests in the running batch at once, >= 1.
+        max_running_requests: requests in the running batch at once, >= 1. Either may be the
+            smaller: a request is admitted only while both a seat and a free row remain.
         max_context: tokens per request (prompt + output, whole blocks), a multiple of
             block_size.
     Policy:
