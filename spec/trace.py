@@ -120,13 +120,17 @@ def _event_from_dict_checked(data: dict[str, Any], line_no: int) -> Event:
         if name == "rows":
             if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
                 raise TraceFormatError(line_no, f"forward rows are {value!r}: a list of objects")
-            for row in value:
+            for i, row in enumerate(value):
+                missing = [k for k in _ROW_FIELDS if k not in row]
+                unknown = sorted(k for k in row if k not in _ROW_KEYS)
+                if missing or unknown:
+                    wrong = f"lacks {missing}" if missing else f"has unknown fields {unknown}"
+                    raise TraceFormatError(
+                        line_no, f"forward row {i} {wrong}; a row has exactly {list(_ROW_FIELDS)}"
+                    )
                 for key, v in row.items():
                     _check_type("forward row", key, v, line_no)
-            try:
-                value = tuple(ForwardRow(**row) for row in value)
-            except TypeError as err:
-                raise TraceFormatError(line_no, f"bad forward row: {err}") from None
+            value = tuple(ForwardRow(**row) for row in value)
         elif name == "reason":
             try:
                 value = FinishReason(value)

@@ -65,3 +65,24 @@ def test_malformed_lines_name_the_line(tmp_path: Path) -> None:
     p.write_text("not json\n")
     with pytest.raises(TraceFormatError, match="line 1: not JSON"):
         read_trace(p)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"request_id": "a"}, r"forward row 0 lacks \['block_index', 'reused', 'num_tokens'"),
+        (
+            {"request_id": "a", "block_index": 0, "reused": False, "num_tokens": 2, "masked": 1}
+            | {"slots": [0, 1]},
+            r"forward row 0 has unknown fields \['slots'\]; a row has exactly \['request_id'",
+        ),
+    ],
+)
+def test_a_forward_row_of_other_fields_is_named_by_its_fields(
+    row: dict[str, object], message: str, tmp_path: Path
+) -> None:
+    """Not Python's `__init__() missing 4 required positional arguments` (as it once was)."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"kind": "forward", "rows": [row]}) + "\n")
+    with pytest.raises(TraceFormatError, match=f"line 1: {message}"):
+        read_trace(p)
