@@ -130,9 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--algorithm",
         choices=ALGORITHMS,
-        default="LowConfidence",
+        default=None,
         help="whose measured histogram to read from the rounds report (the shipped one or "
-        "--steps-report)",
+        "--steps-report; default LowConfidence)",
     )
     d.add_argument(
         "--seats",
@@ -320,13 +320,26 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     """Forwards per block: the calibration's profiles, else --steps / --steps-report / default."""
     from reference.sim.dllm import StepDist
 
-    if cal is not None and cal.workload() is not None:
+    profiled = cal is not None and cal.workload() is not None
+    if args.steps and args.steps_report:
+        raise SimConfigError(
+            "--steps", args.steps, "either --steps or --steps-report, not both (one histogram)"
+        )
+    if args.algorithm is not None and (profiled or args.steps):
+        given = "--calibration's measured profiles" if profiled else "--steps"
+        raise SimConfigError(
+            "--algorithm",
+            args.algorithm,
+            f"only with a rounds report; the forwards per block already come from {given}",
+        )
+    algorithm = args.algorithm or "LowConfidence"
+    if profiled:
         return StepDist.from_histogram(cal.workload().histogram(), "the calibration's profiles")
     if args.steps:
         return StepDist.parse(args.steps)
     if args.steps_report:
-        return StepDist.from_report(Path(args.steps_report), args.algorithm)
-    return StepDist.default(args.block_size, args.algorithm)
+        return StepDist.from_report(Path(args.steps_report), algorithm)
+    return StepDist.default(args.block_size, algorithm)
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:

@@ -65,6 +65,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["missing"] = d / "does-not-exist.jsonl"
     out["dir"] = d
     out["unicode_missing"] = d / "ñö-fïlé.jsonl"
+    out["calibration"] = Path(__file__).resolve().parents[1] / "docs" / "dllm-calibration-cpu.json"
     return out
 
 
@@ -211,6 +212,20 @@ def cases() -> list[tuple[str, list[str]]]:
                 "--algorithm",
                 "JointThreshold",
             ],
+        ),
+    ]
+    c += [
+        (
+            "simulate-dllm-algorithm-with-steps",
+            ["simulate", "dllm", "--steps", "3:1", "--algorithm", "JointThreshold"],
+        ),
+        (
+            "simulate-dllm-algorithm-with-calibration",
+            ["simulate", "dllm", "--calibration", "{calibration}", "--algorithm", "JointThreshold"],
+        ),
+        (
+            "simulate-dllm-steps-and-report",
+            ["simulate", "dllm", "--steps", "3:1", "--steps-report", "{report_one_algorithm}"],
         ),
     ]
     for value in ("a,b", "", "0", "1,,2", HUGE):
