@@ -81,32 +81,67 @@ def _dump(obj: object, path: str | None) -> None:
         _say(f"wrote {path}")
 
 
+# the generated workload's flags: (argparse dest, flag); their defaults per command are set by
+# `_add_workload` as `generated_defaults`, so a flag given with --trace-csv can be told apart
+_GENERATED = (
+    ("arrivals", "--arrivals"),
+    ("qps", "--qps"),
+    ("burst", "--burst"),
+    ("requests", "--requests"),
+    ("prefill", "--prefill"),
+    ("decode", "--decode"),
+)
+
+
 def _workload(args: argparse.Namespace) -> wl.Workload:
+    """The trace (--trace-csv) or the generated workload; a generator flag given together with
+    a trace is refused rather than ignored."""
     if args.trace_csv:
+        given = [(flag, getattr(args, dest)) for dest, flag in _GENERATED]
+        given = [(flag, value) for flag, value in given if value is not None]
+        if given:
+            raise SimConfigError(
+                given[0][0],
+                given[0][1],
+                "no generated-workload flag with --trace-csv (the trace fixes arrivals and "
+                f"lengths); drop {', '.join(flag for flag, _ in given)}",
+            )
         return wl.read_trace(args.trace_csv)
-    pre, dec = wl.Lengths.parse(args.prefill), wl.Lengths.parse(args.decode)
-    if args.arrivals == "poisson":
-        return wl.poisson(args.requests, args.qps, pre, dec, args.seed)
-    if args.arrivals == "bursts":
+    g = {dest: getattr(args, dest) for dest, _ in _GENERATED}
+    g = {k: args.generated_defaults[k] if v is None else v for k, v in g.items()}
+    pre, dec = wl.Lengths.parse(g["prefill"]), wl.Lengths.parse(g["decode"])
+    if g["arrivals"] == "poisson":
+        return wl.poisson(g["requests"], g["qps"], pre, dec, args.seed)
+    if g["arrivals"] == "bursts":
         return wl.bursts(
-            args.requests, args.burst, 1.0 / args.qps * args.burst, pre, dec, args.seed
+            g["requests"], g["burst"], 1.0 / g["qps"] * g["burst"], pre, dec, args.seed
         )
-    return wl.fixed(args.requests, 1.0 / args.qps, pre, dec, args.seed)
+    return wl.fixed(g["requests"], 1.0 / g["qps"], pre, dec, args.seed)
 
 
 def _add_workload(
     p: argparse.ArgumentParser, qps: float, requests: int, prefill: str, decode: str
 ) -> None:
     p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
-    p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), default="poisson")
-    p.add_argument("--qps", type=_positive_float, default=qps)
+    p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), help="default poisson")
+    p.add_argument("--qps", type=_positive_float, help=f"default {qps:g}")
     p.add_argument(
-        "--burst", type=positive(), default=8, help="requests per burst (--arrivals bursts)"
+        "--burst", type=positive(), help="requests per burst (--arrivals bursts; default 8)"
     )
-    p.add_argument("--requests", type=positive(10_000_000), default=requests)
-    p.add_argument("--prefill", default=prefill, help="prompt tokens: N or LOW-HIGH")
-    p.add_argument("--decode", default=decode, help="output tokens: N or LOW-HIGH")
+    p.add_argument("--requests", type=positive(10_000_000), help=f"default {requests}")
+    p.add_argument("--prefill", help=f"prompt tokens: N or LOW-HIGH (default {prefill})")
+    p.add_argument("--decode", help=f"output tokens: N or LOW-HIGH (default {decode})")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    p.set_defaults(
+        generated_defaults={
+            "arrivals": "poisson",
+            "qps": qps,
+            "burst": 8,
+            "requests": requests,
+            "prefill": prefill,
+            "decode": decode,
+        }
+    )
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:

@@ -57,6 +57,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             {"block_size": 8, "algorithm": {"LowConfidence": {"histogram": {"3": 1}}}}
         ).encode(),
         "report_no_block": json.dumps({"algorithm": {"LowConfidence": {}}}).encode(),
+        "vidur_trace": b"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,20\n",
     }
     out = {}
     for name, data in contents.items():
@@ -245,6 +246,13 @@ def cases() -> list[tuple[str, list[str]]]:
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
         )
     for what in ("sbs", "replicas"):
+        for flag, value in (("--qps", "5"), ("--arrivals", "fixed"), ("--decode", "8")):
+            c.append(
+                (
+                    f"simulate-{what}-trace-csv-with{flag}",
+                    ["simulate", what, "--trace-csv", "{vidur_trace}", flag, value],
+                )
+            )
         for f in ("missing", "dir", "binary", "latin1"):
             c.append(
                 (f"simulate-{what}-trace-csv-{f}", ["simulate", what, "--trace-csv", f"{{{f}}}"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,20 @@ def test_exec_models() -> None:
         em.parse_model("roofline:gpt9@h100")
     with pytest.raises(SimConfigError):
         em.Roofline(em.MODELS["llama2-7b"], em.DEVICES["a100"], fp8=True)
+
+
+def test_the_cli_serves_a_trace_and_generates_with_each_commands_defaults(
+    tmp_path: Path,
+) -> None:
+    """`--trace-csv` serves exactly the trace's requests; without it each command generates
+    its own default workload, and a generator flag overrides only its own default."""
+    from schedspec_cli.main import main
+
+    trace = _write(tmp_path, HEADER + "0.0,100,20\n0.5,60,8\n")
+    out = tmp_path / "replicas.json"
+    assert main(["simulate", "replicas", "--trace-csv", str(trace), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_requests"] == 2
+    assert main(["simulate", "replicas", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_requests"] == 2000  # replicas' default --requests
+    assert main(["simulate", "replicas", "--requests", "37", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_requests"] == 37
