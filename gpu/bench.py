@@ -3,7 +3,7 @@
     schedspec bench engine --max-running 1 4 16 [--requests 128] [--max-new-tokens 32]
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
         [--device cpu|cuda] [--threads N] [--turn-ms 50] [--sequential] [--json PATH]
-    schedspec bench engine --forward-costs      (model cost by rows x context; round cost)
+    schedspec bench engine --forward-costs [--json PATH]  (model cost by rows x context; round cost)
     schedspec bench engine --forward-bound [--max-running 4 16] [--repeats 5] [--json PATH]
         (FDFO/sync of forward time alone, step and scheduler left out, --repeats passes;
         gpu/forward_bound.py)
@@ -547,10 +547,18 @@ def _print(report: BenchReport) -> None:
         )
 
 
+# --forward-costs' timing: the best of COST_SAMPLES samples, each the mean of that many calls
+COST_SAMPLES = 5
+FORWARD_CALLS = 20
+ATTENTION_CALLS = 50
+ROUND_CALLS = 30
+
+
 def forward_costs(
     model: BlockDiffusionLM, block_size: int, rows: tuple[int, ...], starts: tuple[int, ...]
 ) -> dict[tuple[int, int], float]:
-    """CPU ms per `forward_blocks` for `rows` blocks all starting at `starts` (best of 5x20)."""
+    """CPU ms per `forward_blocks` for `rows` blocks all starting at `starts` (best of
+    COST_SAMPLES means of FORWARD_CALLS calls)."""
     from gpu.kv_cache import PagedKvCache
 
     cfg = model.config
@@ -567,11 +575,11 @@ def forward_costs(
             pos = torch.full((b,), start)
             best = float("inf")
             with torch.inference_mode():
-                for _ in range(5):
+                for _ in range(COST_SAMPLES):
                     t0 = time.process_time()
-                    for _ in range(20):
+                    for _ in range(FORWARD_CALLS):
                         model.forward_blocks(tokens, pos, row_idx, kv, table)
-                    best = min(best, (time.process_time() - t0) / 20)
+                    best = min(best, (time.process_time() - t0) / FORWARD_CALLS)
             out[(b, start)] = 1000 * best
     return out
 
@@ -580,7 +588,8 @@ def attention_costs(model: BlockDiffusionLM, block_size: int = 8) -> dict[str, f
     """CPU us per layer of attention (KV gather + attention) for 16 rows of contexts 8..64 in 8
     distinct lengths, three ways: `padded` (every row padded to the longest context and masked,
     the engine before ragged attention), `grouped` (the plan's packed keys, one attention per
-    distinct length: `ragged_attention`) and `per_row` (one attention per row). Best of 5 x 50."""
+    distinct length: `ragged_attention`) and `per_row` (one attention per row). Best of
+    COST_SAMPLES means of ATTENTION_CALLS calls."""
     from gpu.kv_cache import PagedKvCache
     from gpu.model import ragged_attention
 
@@ -621,18 +630,20 @@ def attention_costs(model: BlockDiffusionLM, block_size: int = 8) -> dict[str, f
         for name, fn in (("padded", padded), ("grouped", grouped), ("per_row", per_row)):
             fn()
             best = float("inf")
-            for _ in range(5):
+            for _ in range(COST_SAMPLES):
                 t0 = time.process_time()
-                for _ in range(50):
+                for _ in range(ATTENTION_CALLS):
                     fn()
-                best = min(best, (time.process_time() - t0) / 50)
+                best = min(best, (time.process_time() - t0) / ATTENTION_CALLS)
             out[name] = 1e6 * best
     return out
 
 
-def round_cost(model: BlockDiffusionLM, rounds: int = 30) -> float:
+def round_cost(model: BlockDiffusionLM) -> float:
     """CPU ms per FDFO round of 4 rows of block 4 (LowConfidence): the conformance suite's
-    typical round, used to choose the model of `make_small_engine` (bound: 5 ms)."""
+    typical round, used to choose the model of `make_small_engine` (bound: 5 ms). Best of 3
+    means of ROUND_CALLS rounds."""
+    rounds = ROUND_CALLS
     config = DllmConfig(block_size=4, page_size=4, kv_pages=64, max_context=64)
     best = float("inf")
     for _ in range(3):
@@ -649,23 +660,58 @@ def round_cost(model: BlockDiffusionLM, rounds: int = 30) -> float:
     return 1000 * best
 
 
-def _print_costs(block_size: int) -> None:
+FORWARD_COST_ROWS = (1, 4, 16)
+FORWARD_COST_STARTS = (0, 24, 48)
+
+
+def forward_cost_report(block_size: int) -> dict[str, Any]:
+    """`--forward-costs`: the shipped model's CPU forward cost by rows x context start, its
+    attention variants per layer and the conformance round cost (shipped and tiny model)."""
     from gpu.engine import _shipped_model, tiny_model
 
     shipped = _shipped_model("cpu")
-    rows, starts = (1, 4, 16), (0, 24, 48)
-    costs = forward_costs(shipped, block_size, rows, starts)
-    print(f"shipped model, CPU ms per forward (block {block_size}), best of 5 x 20:")
-    print("  rows  " + "".join(f"start={s:<6}" for s in starts))
-    for b in rows:
-        print(f"  {b:>4}  " + "".join(f"{costs[(b, s)]:<12.2f}" for s in starts))
-    att = attention_costs(shipped, block_size)
+    costs = forward_costs(shipped, block_size, FORWARD_COST_ROWS, FORWARD_COST_STARTS)
+    return {
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "block_size": block_size,
+        "timing": {
+            "samples": COST_SAMPLES,
+            "forward_calls": FORWARD_CALLS,
+            "attention_calls": ATTENTION_CALLS,
+            "round_calls": ROUND_CALLS,
+        },
+        "forward_ms": [
+            {"rows": b, "start": start, "ms": costs[(b, start)]}
+            for b in FORWARD_COST_ROWS
+            for start in FORWARD_COST_STARTS
+        ],
+        "attention_us_per_layer": attention_costs(shipped, block_size),
+        "round_ms": {"shipped": round_cost(shipped), "tiny": round_cost(tiny_model())},
+    }
+
+
+def _print_costs(report: dict[str, Any]) -> None:
+    timing = report["timing"]
+    ms = {(c["rows"], c["start"]): c["ms"] for c in report["forward_ms"]}
     print(
-        "attention per layer, CPU us (16 rows, contexts 8..64 in 8 lengths, best of 5 x 50): "
-        + "  ".join(f"{k} {v:.0f}" for k, v in att.items())
+        f"shipped model, CPU ms per forward (block {report['block_size']}), best of "
+        f"{timing['samples']} x {timing['forward_calls']}:"
     )
-    print("CPU ms per FDFO round, 4 rows of block 4 (LowConfidence), best of 3 x 30:")
-    print(f"  shipped model {round_cost(shipped):.2f}   tiny_model {round_cost(tiny_model()):.2f}")
+    print("  rows  " + "".join(f"start={s:<6}" for s in FORWARD_COST_STARTS))
+    for b in FORWARD_COST_ROWS:
+        print(f"  {b:>4}  " + "".join(f"{ms[(b, s)]:<12.2f}" for s in FORWARD_COST_STARTS))
+    print(
+        "attention per layer, CPU us (16 rows, contexts 8..64 in 8 lengths, best of "
+        f"{timing['samples']} x {timing['attention_calls']}): "
+        + "  ".join(f"{k} {v:.0f}" for k, v in report["attention_us_per_layer"].items())
+    )
+    print(
+        f"CPU ms per FDFO round, 4 rows of block 4 (LowConfidence), best of 3 x "
+        f"{timing['round_calls']}:"
+    )
+    rounds = report["round_ms"]
+    print(f"  shipped model {rounds['shipped']:.2f}   tiny_model {rounds['tiny']:.2f}")
 
 
 def bench_main(args: list[str]) -> int:
@@ -695,13 +741,17 @@ def bench_main(args: list[str]) -> int:
     p.add_argument(
         "--forward-costs",
         action="store_true",
-        help="only print the model's forward cost by rows x context and the conformance round cost",
+        help="only the model's forward cost by rows x context, its attention variants and the "
+        "conformance round cost (printed; written with --json)",
     )
     ns = p.parse_args(args)
     if ns.threads:
         torch.set_num_threads(ns.threads)
     if ns.forward_costs:
-        _print_costs(ns.block_size)
+        costs = forward_cost_report(ns.block_size)
+        _print_costs(costs)
+        if ns.json:
+            write_json(ns.json, {"command": "schedspec bench engine " + " ".join(args), **costs})
         return 0
     if ns.forward_bound:
         return _forward_bound_main(ns, args)

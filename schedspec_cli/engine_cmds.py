@@ -116,7 +116,9 @@ def bench_engine_parser() -> Parser:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--sequential", action="store_true", help="run the modes one after another")
     what.add_argument(
-        "--forward-costs", action="store_true", help="only print the model's forward costs"
+        "--forward-costs",
+        action="store_true",
+        help="only the model's forward costs (printed; written with --json)",
     )
     what.add_argument(
         "--forward-bound",

@@ -279,6 +279,37 @@ def test_snapshot_reads_the_allocator_not_the_events() -> None:
     assert after.free_slots == before.free_slots - {engine.config.kv_slots - 1}
 
 
+def test_forward_costs_print_and_write_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--forward-costs` writes what it prints (its --json was once ignored); one call per
+    sample keeps the test short, the figures' shape is what is checked."""
+    import gpu.bench as bench
+
+    for name in ("COST_SAMPLES", "FORWARD_CALLS", "ATTENTION_CALLS"):
+        monkeypatch.setattr(bench, name, 1)
+    monkeypatch.setattr(bench, "ROUND_CALLS", 2)
+    out = tmp_path / "costs.json"
+    assert bench.bench_main(["--forward-costs", "--block-size", "4", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["command"] == f"schedspec bench engine --forward-costs --block-size 4 --json {out}"
+    assert data["block_size"] == 4 and data["device"] == "cpu"
+    assert data["timing"] == {
+        "samples": 1,
+        "forward_calls": 1,
+        "attention_calls": 1,
+        "round_calls": 2,
+    }
+    cells = {(c["rows"], c["start"]): c["ms"] for c in data["forward_ms"]}
+    assert set(cells) == {(b, s) for b in (1, 4, 16) for s in (0, 24, 48)}
+    assert set(data["attention_us_per_layer"]) == {"padded", "grouped", "per_row"}
+    figures = [*cells.values(), *data["attention_us_per_layer"].values()]
+    assert all(0 < f < 1e6 for f in [*figures, *data["round_ms"].values()])
+    printed = capsys.readouterr().out
+    assert "CPU ms per forward (block 4), best of 1 x 1" in printed
+    assert f"{cells[(16, 48)]:.2f}" in printed and "tiny_model" in printed
+
+
 def test_bench_main_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
