@@ -643,7 +643,6 @@ def round_cost(model: BlockDiffusionLM) -> float:
     """CPU ms per FDFO round of 4 rows of block 4 (LowConfidence): the conformance suite's
     typical round, used to choose the model of `make_small_engine` (bound: 5 ms). Best of 3
     means of ROUND_CALLS rounds."""
-    rounds = ROUND_CALLS
     config = DllmConfig(block_size=4, page_size=4, kv_pages=64, max_context=64)
     best = float("inf")
     for _ in range(3):
@@ -654,9 +653,9 @@ def round_cost(model: BlockDiffusionLM) -> float:
             engine.submit(RequestSpec(f"r{i}", tuple(range(3, 11)), 40))
         engine.run_round()
         t0 = time.process_time()
-        for _ in range(rounds):
+        for _ in range(ROUND_CALLS):
             engine.run_round()
-        best = min(best, (time.process_time() - t0) / rounds)
+        best = min(best, (time.process_time() - t0) / ROUND_CALLS)
     return 1000 * best
 
 

@@ -81,34 +81,26 @@ def _dump(obj: object, path: str | None) -> None:
         _say(f"wrote {path}")
 
 
-# the generated workload's flags: (argparse dest, flag); their defaults per command are set by
+# the generated workload's flags (each is --NAME); their defaults per command are set by
 # `_add_workload` as `generated_defaults`, so a flag given with --trace-csv can be told apart
-_GENERATED = (
-    ("arrivals", "--arrivals"),
-    ("qps", "--qps"),
-    ("burst", "--burst"),
-    ("requests", "--requests"),
-    ("prefill", "--prefill"),
-    ("decode", "--decode"),
-)
+_GENERATED = ("arrivals", "qps", "burst", "requests", "prefill", "decode")
 
 
 def _workload(args: argparse.Namespace) -> wl.Workload:
     """The trace (--trace-csv) or the generated workload; a generator flag given together with
     a trace is refused rather than ignored."""
+    given = {name: getattr(args, name) for name in _GENERATED if getattr(args, name) is not None}
     if args.trace_csv:
-        given = [(flag, getattr(args, dest)) for dest, flag in _GENERATED]
-        given = [(flag, value) for flag, value in given if value is not None]
         if given:
+            first = next(iter(given))
             raise SimConfigError(
-                given[0][0],
-                given[0][1],
+                f"--{first}",
+                given[first],
                 "no generated-workload flag with --trace-csv (the trace fixes arrivals and "
-                f"lengths); drop {', '.join(flag for flag, _ in given)}",
+                f"lengths); drop {', '.join(f'--{name}' for name in given)}",
             )
         return wl.read_trace(args.trace_csv)
-    g = {dest: getattr(args, dest) for dest, _ in _GENERATED}
-    g = {k: args.generated_defaults[k] if v is None else v for k, v in g.items()}
+    g = {**args.generated_defaults, **given}
     pre, dec = wl.Lengths.parse(g["prefill"]), wl.Lengths.parse(g["decode"])
     if g["arrivals"] == "poisson":
         return wl.poisson(g["requests"], g["qps"], pre, dec, args.seed)

@@ -13,7 +13,6 @@ Growth should be linear: seconds per request stays flat as the size doubles.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import sys
@@ -26,7 +25,7 @@ from properties.ar.harness import ArHarness
 from properties.ar.trace_check import check_ar_trace
 from reference.ar.vidur import make_vidur_vllm
 from reference.ar.vllm_v1 import make_vllm_v1
-from schedspec_cli.output import output_file
+from schedspec_cli.output import output_file, write_json
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.trace import write_ar_trace
@@ -127,22 +126,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{check_s:>8.2f} {row['events_per_s']:>9}"
         )
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "command": "scripts/bench_ar_replay.py " + " ".join(argv or sys.argv[1:]),
-                    "scheduler": args.scheduler,
-                    "interval_s": args.interval,
-                    "timing": "CPU seconds (time.process_time)",
-                    "host": platform.node(),
-                    "python": platform.python_version(),
-                    "rows": rows,
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
+        write_json(
+            args.json,
+            {
+                "command": "scripts/bench_ar_replay.py " + " ".join(argv or sys.argv[1:]),
+                "scheduler": args.scheduler,
+                "interval_s": args.interval,
+                "timing": "CPU seconds (time.process_time)",
+                "host": platform.node(),
+                "python": platform.python_version(),
+                "rows": rows,
+            },
         )
     return 0
 

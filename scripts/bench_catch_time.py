@@ -18,7 +18,6 @@ shrunk programs under 8 steps — here: in the worst seed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from properties.ar.conformance import ar_conformance_machine  # noqa: E402
 from properties.conformance import conformance_machine  # noqa: E402
 from properties.conformance_base import StepCounter  # noqa: E402
 from properties.verify import failure_from, run_machine  # noqa: E402
-from schedspec_cli.output import output_file  # noqa: E402
+from schedspec_cli.output import output_file, write_json  # noqa: E402
 from tests.ar_mutants import AR_MUTANTS  # noqa: E402
 from tests.mutants import MUTANTS  # noqa: E402
 
@@ -200,21 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         f"seed; {len(short)} shrunk to < {GOAL_ACTIONS} actions"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "command": "python scripts/bench_catch_time.py "
-                    + " ".join(argv if argv is not None else sys.argv[1:]),
-                    "seeds": seeds,
-                    "shrunk_seeds": sorted(seeds if shrink_seeds is None else shrink_seeds),
-                    "max_examples": MAX_EXAMPLES,
-                    "mutants": [asdict(r) for r in rows],
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
+        write_json(
+            args.json,
+            {
+                "command": "python scripts/bench_catch_time.py "
+                + " ".join(argv if argv is not None else sys.argv[1:]),
+                "seeds": seeds,
+                "shrunk_seeds": sorted(seeds if shrink_seeds is None else shrink_seeds),
+                "max_examples": MAX_EXAMPLES,
+                "mutants": [asdict(r) for r in rows],
+            },
         )
     return 0 if len(caught) == len(rows) else 1
 

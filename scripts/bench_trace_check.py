@@ -26,7 +26,7 @@ from pathlib import Path
 
 from properties.trace_check import check_trace
 from reference.dllm import ReferenceDllmScheduler
-from schedspec_cli.output import output_file
+from schedspec_cli.output import output_file, write_json
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Event
 from spec.trace import config_to_dict, event_to_dict
@@ -141,21 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "command": "python scripts/bench_trace_check.py " + " ".join(argv or sys.argv[1:]),
-                "python": platform.python_version(),
-                "host": platform.node(),
-                "repeats": args.repeats,
-                "config": config_to_dict(CONFIG),
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n",
-        encoding="utf-8",
+    write_json(
+        out,
+        {
+            "command": "python scripts/bench_trace_check.py " + " ".join(argv or sys.argv[1:]),
+            "python": platform.python_version(),
+            "host": platform.node(),
+            "repeats": args.repeats,
+            "config": config_to_dict(CONFIG),
+            "rows": rows,
+        },
     )
     print(f"wrote {out}")
     return 0

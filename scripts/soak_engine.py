@@ -15,7 +15,6 @@ nothing about time.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 
 from gpu.algorithms import make_algorithm
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, _shipped_model, tiny_model
-from schedspec_cli.output import output_file
+from schedspec_cli.output import output_file, write_json
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Event
 
@@ -226,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             "totals": totals,
             "checkpoints": [asdict(c) for c in checkpoints],
         }
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        write_json(ns.json, payload)
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.vllm import REAL_VLLM
 from integrations.vllm.differential import count_differences
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
-from schedspec_cli.output import output_file
+from schedspec_cli.output import output_file, write_json
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 
@@ -63,10 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(f"({elapsed:.1f} s)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"programs": args.programs, "differing": counts, "seconds": elapsed})
-        )
+        write_json(args.json, {"programs": args.programs, "differing": counts, "seconds": elapsed})
     return 0
 
 

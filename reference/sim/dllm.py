@@ -46,7 +46,7 @@ from reference.algorithms import ALGORITHMS
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
 from reference.sim.dllm_profile import ProfileWorkload, SimRequest
-from reference.sim.errors import SimConfigError
+from reference.sim.errors import SimConfigError, reason_of
 from reference.sim.exec_model import ExecModel, Linear
 from reference.sim.workload import FloatArray
 from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
@@ -122,9 +122,8 @@ class StepDist:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             raise SimConfigError(
-                "steps_report", str(path), f"a readable rounds report JSON ({reason})"
+                "steps_report", str(path), f"a readable rounds report JSON ({reason_of(err)})"
             ) from None
         per_algorithm = data.get("algorithm") if isinstance(data, dict) else None
         block_size = data.get("block_size") if isinstance(data, dict) else None

@@ -6,6 +6,14 @@ from spec.ar.vidur_trace import TraceRowError
 from spec.errors import SchedSpecError
 
 
+def reason_of(err: BaseException) -> str:
+    """What went wrong, without Python's decoration: an OSError's `strerror` ("No such file or
+    directory", not "[Errno 2] ... 'path'"), else the message, else the exception's type."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__
+
+
 class SimError(SchedSpecError):
     """Base class of the simulator's errors."""
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from reference.sim import workload as wl
 from reference.sim.catalog import ReplicaSpec
-from reference.sim.errors import SimConfigError, SimError
+from reference.sim.errors import SimConfigError, SimError, reason_of
 from reference.sim.exec_model import parse_model
 
 BACKENDS = ("ray", "local")
@@ -62,12 +62,9 @@ def check_ray_address(address: str) -> None:
     try:
         with socket.create_connection((host.strip("[]"), int(port_text)), CONNECT_TIMEOUT_S):
             pass
-    except (OSError, OverflowError, ValueError) as err:
-        reason = (
-            err.strerror if isinstance(err, OSError) and err.strerror else str(err) or "timeout"
-        )
+    except OSError as err:  # the port is range-checked above, so only connecting can fail
         raise SimConfigError(
-            "--address", address, f"{ADDRESS_FORMS} (cannot connect: {reason})"
+            "--address", address, f"{ADDRESS_FORMS} (cannot connect: {reason_of(err)})"
         ) from None
 
 
@@ -234,7 +231,7 @@ def _run_ray(
             try:
                 ray.init(address=address, log_to_driver=False)
             except (ConnectionError, RuntimeError, TimeoutError, ValueError) as err:
-                reason = " ".join(str(err).split()) or type(err).__name__
+                reason = " ".join(reason_of(err).split())
                 raise SimConfigError("--address", address, f"{ADDRESS_FORMS} ({reason})") from None
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)

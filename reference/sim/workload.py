@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from reference.sim.errors import SimConfigError, TraceError
+from reference.sim.errors import SimConfigError, TraceError, reason_of
 from spec.ar.vidur_trace import TRACE_COLUMNS, TraceRowError, read_vidur_trace_file
 
 FloatArray = npt.NDArray[np.float64]
@@ -70,9 +70,8 @@ def read_trace(path: str | Path) -> Workload:
     except TraceRowError as err:
         raise TraceError(str(path), err.line_no, err.detail) from None
     except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise SimConfigError(
-            "trace_csv", str(path), f"a readable UTF-8 Vidur trace CSV ({reason})"
+            "trace_csv", str(path), f"a readable UTF-8 Vidur trace CSV ({reason_of(err)})"
         ) from None
     return Workload(
         np.array(t.arrived_at, dtype=np.float64),
