@@ -4,7 +4,8 @@ A plain run stops at its first failure, so one known, accepted difference hides 
 behind it. A campaign runs the machine, records the violated rule with its shrunk
 counterexample, then runs it again with that rule ignored (the machines' `ignored_rules` hook
 turns a violation of an ignored rule into an invalid example), until a run passes, a failure is
-not a rule violation (it cannot be ignored), or `max_rules` rules were found.
+not a rule violation (it cannot be ignored), the implementation hung (a call broke the call
+deadline, `properties.deadline`), or `max_rules` rules were found.
 
 Accepted deviations (the implementation's profile, a user's `--accept FILE`) are ignored from
 the start and reported as "accepted" with how often each was hit (`ignored_hits`).
@@ -22,6 +23,7 @@ from hypothesis import settings
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine
 
+from properties.deadline import CallDeadlineExceeded
 from properties.verify import Failure, failure_from, run_machine
 from spec.errors import ConfigError
 from spec.profile import AcceptedDeviation
@@ -122,6 +124,12 @@ def run_campaign(
             result.stopped = "passed" if not result.failures else "no further rule violated"
             break
         failure = failure_from(err, printed)
+        if isinstance(err, CallDeadlineExceeded):  # even an accepted `progress`: it cannot go on
+            result.failures.append(failure)
+            if on_failure is not None:
+                on_failure(failure)
+            result.stopped = "the implementation hung; it cannot be driven any further"
+            break
         found = _rule_of(err)
         if found is not None and found in ignored:
             # the machine does not honour `ignored_rules`: it cannot run on past this rule

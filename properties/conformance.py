@@ -64,7 +64,10 @@ def conformance_machine(
 
         @initialize(config=config_strategy)
         def configure(self, config: DllmConfig) -> None:
-            self.build(lambda: Harness(factory, config, profile=profile, check_golden=golden))
+            self.build(
+                lambda: Harness(factory, config, profile=profile, check_golden=golden),
+                f"configure(config={config!r})",
+            )
 
         def clock(self) -> int:
             return self.harness.spec.round_index

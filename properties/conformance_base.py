@@ -25,7 +25,8 @@ example; the AR machine follows the same pattern):
    unchecked round/step end breaks: "round_order" for dLLM, "step_order" for AR); the harness
    subclasses `properties.replay.ReplayHarness` (its `abort` and `drain` are what the shared
    rules call);
-2. write an `@initialize` rule `configure` that sets `self.h` via `self.build(lambda: ...)`;
+2. write an `@initialize` rule `configure` that sets `self.h` via
+   `self.build(lambda: ..., f"configure(config={config!r})")`;
 3. write the family's own rules (submit, round/step ...) whose bodies call harness operations
    through `self.run("what", operation, *args)`; new requests go to the `requests` bundle
    (`target=ConformanceBase.requests`), ids from `self.new_id()`;
@@ -51,6 +52,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.replay import ReplayHarness
 from spec.errors import SpecViolation
 
@@ -81,6 +83,7 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         super().__init__()
         self.h: H | None = None
         self.next_id = 0
+        self.calls: list[str] = []  # this example's operations, for a hang's report
 
     # ------------------------------------------------------------------ hooks
     def clock(self) -> int:
@@ -119,22 +122,41 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         if self._counted_ignored(violation):
             reject()
 
-    def build(self, make: Callable[[], H]) -> None:
-        """Build the harness (in `configure`); a violation while building counts like any."""
+    def program_so_far(self) -> str:
+        """The operations this example ran, one per line, the last one unfinished."""
+        return "\n".join(self.calls)
+
+    def _record(self, call: str, hang: CallDeadlineExceeded) -> CallDeadlineExceeded:
+        """Attach this example's calls so far (or `call`, the first) to a hang."""
+        hang.program = self.program_so_far() or call
+        hang.add_note(f"the calls of the example that hung:\n{hang.program}")  # for pytest
+        return hang
+
+    def build(self, make: Callable[[], H], call: str = "configure()") -> None:
+        """Build the harness (in `configure`; `call` describes it, e.g. with the config); a
+        violation while building counts like any."""
+        self.calls.append(call)
         try:
-            self.h = make()
+            with call_deadline("building the implementation"):
+                self.h = make()
         except SpecViolation as v:
             self._ignore(v)
             raise
+        except CallDeadlineExceeded as hang:
+            raise self._record(call, hang) from None
 
     def run(self, what: str, operation: Callable[..., T], *args: Any) -> T:
         """Run one harness operation, counting the step and applying `ignored_rules`."""
         self.counter.steps += 1
+        call = f"{what}({', '.join(map(repr, args))})"
+        self.calls.append(call)
         try:
             return self.harness.guarded(what, operation, *args)
         except SpecViolation as v:
             self._ignore(v)
             raise
+        except CallDeadlineExceeded as hang:
+            raise self._record(call, hang) from None
 
     # ------------------------------------------------------------------ shared rules
     @rule(request=consumes(requests))
@@ -173,8 +195,12 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         if self.h is None or self.h.violation is not None:
             return
         try:  # the final drain is not a generated step: not counted
+            self.calls.append("drain()  # teardown")
             self.harness.guarded("drain", self.harness.drain)
+            self.calls.append("parity and end-of-run checks  # teardown")
             self.teardown_checks()
+        except CallDeadlineExceeded as hang:
+            raise self._record("teardown", hang) from None
         except SpecViolation as v:
             # Counted, not rejected: teardown may run once Hypothesis has frozen the
             # example's data, and rejecting then is an internal error ("Frozen").

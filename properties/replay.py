@@ -9,7 +9,8 @@ must be refused with `DuplicateRequest`, and an active request's abort must succ
 `SchedulerStalled` (a drain that gave up) breaks `progress`; any exception the contract does not
 allow (anything but the typed `RequestError` / `UnknownRequest` that submit and abort may raise,
 which the checked operations handle) breaks `implementation_error` — a real engine's
-`RuntimeError: Prefill out of memory` is a named finding, not a crash.
+`RuntimeError: Prefill out of memory` is a named finding, not a crash. Each operation runs under
+the call deadline (`properties.deadline`): one that never returns breaks `progress` too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from hypothesis.errors import HypothesisException
 
+from properties.deadline import call_deadline
 from spec.errors import (
     DuplicateRequest,
     RequestError,
@@ -80,7 +82,8 @@ class ReplayHarness(Generic[M]):
         """
         before = self.violation
         try:
-            return operation(*args)
+            with call_deadline(what):
+                return operation(*args)
         except (SpecViolation, HypothesisException):
             raise
         except SchedulerStalled as err:

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hypothesis.strategies import SearchStrategy
 
 from properties.conformance import ParityPolicy, StepCounter, conformance_machine
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from spec.adapter import ImplementationFactory
 from spec.errors import SpecViolation
 from spec.implementation import Family, Implementation
@@ -107,6 +108,10 @@ def run_machine(
 
 
 def failure_from(err: BaseException, printed: str) -> Failure:
+    if isinstance(err, CallDeadlineExceeded):
+        # Hypothesis did not shrink or print it: the program is the machine's own record
+        program = f"# the calls of the example that hung (not shrunk)\n{err.program}"
+        return Failure(rule=err.rule, message=str(err), program=program)
     notes = "\n".join(getattr(err, "__notes__", []))
     program = "\n".join(
         line
@@ -197,12 +202,15 @@ def verify_implementation(
     progress: Callable[[int, int], None] | None = None,
     fatal: tuple[type[BaseException], ...] = (),
     profile: str = "",
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
 ) -> VerifyResult:
     """Check `implementation` (either family) with `examples` generated programs per run.
 
     The profile's accepted deviations are accepted from the start, with `accepted` (deviation,
     source) pairs added. `keep_going` runs on after a failure to report every distinct rule.
     An error of a type in `fatal` (e.g. a factory that returns no adapter) is re-raised.
+    `call_timeout`: seconds each call into the implementation may take (None or 0: no limit);
+    a call that takes longer is a `progress` failure and ends the run (`properties.deadline`).
     """
     from properties.campaign import run_campaign
 
@@ -211,9 +219,10 @@ def verify_implementation(
     machine = machine_for(implementation, parity=parity, configs=configs, counter=counter)
     pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
     start = time.perf_counter()
-    campaign = run_campaign(
-        machine, verify_settings(examples), accepted=pairs, keep_going=keep_going, fatal=fatal
-    )
+    with call_timeout_set(call_timeout):
+        campaign = run_campaign(
+            machine, verify_settings(examples), accepted=pairs, keep_going=keep_going, fatal=fatal
+        )
     result = VerifyResult(
         name,
         counter.examples,

@@ -14,6 +14,7 @@ from typing import NoReturn
 # bounds that keep a command finite on a laptop; a larger value is an input error, not a hang
 MAX_EXAMPLES = 1_000_000
 MAX_COUNT = 1_000_000
+MAX_CALL_TIMEOUT_S = 86_400  # a day: any longer is a typo
 
 
 class UsageError(Exception):
@@ -61,6 +62,7 @@ def non_empty_text(text: str) -> str:
 
 
 __all__ = [
+    "MAX_CALL_TIMEOUT_S",
     "MAX_COUNT",
     "MAX_EXAMPLES",
     "Parser",

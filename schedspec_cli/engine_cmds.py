@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import re
 
-from schedspec_cli.args import Parser, int_in, positive
+from schedspec_cli.args import MAX_CALL_TIMEOUT_S, Parser, int_in, positive
 from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.output import check_output_path
 from spec.errors import ConfigError
 
 ALGORITHMS = ("LowConfidence", "JointThreshold")
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+RUN_TIMEOUT_S = 600  # a parity run drains every prompt at once: minutes on a slow machine
 ENGINE_EXTRA = "pip install 'schedspec[engine]' (torch==2.13.0 first: see README)"
 
 
@@ -65,12 +66,25 @@ def parity_parser() -> Parser:
     p.add_argument("--block-size", type=positive(4096), default=8, help="tokens per block")
     p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    p.add_argument(
+        "--run-timeout",
+        type=int_in(0, MAX_CALL_TIMEOUT_S),
+        default=None,
+        metavar="SECONDS",
+        help="--impl other than engine: each run (one mode at one batch size: every prompt "
+        "submitted and drained) must finish within this, else it is a hang, a violation of "
+        f"[progress] (default {RUN_TIMEOUT_S}; 0: no limit)",
+    )
     return p
 
 
 def parity(argv: list[str]) -> int:
     ns = parity_parser().parse_args(argv)
     if ns.impl == "engine":
+        if ns.run_timeout is not None:
+            raise ConfigError(
+                "--run-timeout", ns.run_timeout, "left out with --impl engine (the shipped engine)"
+            )
         return _run_engine_command(parity_parser(), argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
@@ -85,6 +99,8 @@ def parity(argv: list[str]) -> int:
             raise ConfigError(
                 flag, value, f"left out with --impl {ns.impl} (it runs its own algorithm)"
             )
+    if ns.run_timeout is None:
+        ns.run_timeout = RUN_TIMEOUT_S
     from schedspec_cli.parity_impl import impl_parity_main
 
     return impl_parity_main(ns)
@@ -109,8 +125,9 @@ def bench_engine_parser() -> Parser:
     p.add_argument(
         "--turn-ms",
         type=int_in(0, 60_000),
-        default=50,
-        help="interleaved modes take turns of this many ms of their own time (0: one round)",
+        default=None,
+        help="interleaved modes take turns of this many ms of their own time (0: one round; "
+        "default 50)",
     )
     # what to measure: one of the throughput runs' method or the two model-only probes
     what = p.add_mutually_exclusive_group()
@@ -130,6 +147,11 @@ def bench_engine_parser() -> Parser:
 
 
 def bench_engine(argv: list[str]) -> int:
+    ns = bench_engine_parser().parse_args(argv)
+    alone = [flag for flag in ("sequential", "forward_costs", "forward_bound") if getattr(ns, flag)]
+    if alone and ns.turn_ms is not None:
+        flag = "--" + alone[0].replace("_", "-")
+        raise ConfigError("--turn-ms", ns.turn_ms, f"left out with {flag} (it interleaves nothing)")
     return _run_engine_command(bench_engine_parser(), argv, "bench engine", "gpu.bench:bench_main")
 
 

@@ -150,7 +150,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "--impl NAME: --keep-going, --accept, --json, --family and --mode "
             "apply to --impl runs (the main job writes --report)",
         )
-    return main_job(report, args.examples, args.parity_prompts, args.parity_tokens)
+    return main_job(
+        report, args.examples, args.parity_prompts, args.parity_tokens, args.call_timeout
+    )
 
 
 def build_parser() -> Parser:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.harness import Harness
 from properties.verify import verify_implementation
 from reference import dllm as ref
@@ -80,7 +81,9 @@ def step_proofs() -> tuple[bool, str, dict[str, Any]]:
     return not bad, summary, {"proofs": [r.to_json() for r in results]}
 
 
-def step_conformance(examples: int) -> tuple[bool, str, dict[str, Any]]:
+def step_conformance(
+    examples: int, call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S
+) -> tuple[bool, str, dict[str, Any]]:
     rows = []
     for name, builtin in all_builtins().items():
         if not builtin.default_verify:
@@ -95,6 +98,7 @@ def step_conformance(examples: int) -> tuple[bool, str, dict[str, Any]]:
             parity="never" if builtin.family is Family.AR else builtin.parity,
             progress=bar.examples(n),
             profile=profile_summary(target.implementation),
+            call_timeout=call_timeout,
         )
         bar.done()
         _log(
@@ -274,13 +278,19 @@ def render_markdown(steps: list[StepOutcome], plots: list[str], run: dict[str, A
     return "\n".join(lines) + "\n"
 
 
-def main_job(report_dir: str, examples: int, parity_prompts: int, parity_tokens: int) -> int:
+def main_job(
+    report_dir: str,
+    examples: int,
+    parity_prompts: int,
+    parity_tokens: int,
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
+) -> int:
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps: list[StepOutcome] = []
     plan: list[tuple[str, Callable[[], tuple[bool, str, dict[str, Any]]]]] = [
         ("z3 proofs", step_proofs),
-        ("conformance", lambda: step_conformance(examples)),
+        ("conformance", lambda: step_conformance(examples, call_timeout)),
         ("bs=1 parity + leaks", lambda: step_parity(parity_prompts, parity_tokens)),
         ("fdfo vs sync", step_fdfo_vs_sync),
         ("engine bench", step_engine_bench),

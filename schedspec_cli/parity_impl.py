@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
 from schedspec_cli.impls import resolve
 from spec.batch_parity import (
     MODE_VARIANTS,
@@ -43,11 +44,20 @@ T = TypeVar("T")
 
 
 def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
-    """Run the implementation's code; an exception of its own (not the spec's, not a typed
-    schedspec error) becomes an `implementation_error` violation naming the run and the line
-    that raised, so the user sees exit status 1 and one paragraph instead of a traceback."""
+    """Run the implementation's code under the deadline (`--run-timeout`); an exception of its
+    own (not the spec's, not a typed schedspec error) becomes an `implementation_error`
+    violation naming the run and the line that raised, a run past the deadline a `progress`
+    violation, so the user sees exit status 1 and one paragraph instead of a traceback or a
+    hang."""
     try:
-        return operation()
+        with call_deadline(what):
+            return operation()
+    except CallDeadlineExceeded as hang:
+        raise SpecViolation(
+            "progress",
+            f"{impl} did not finish {what} within {hang.seconds:g} s (a hang: an endless loop "
+            f"or a wait that never ends; the limit is --run-timeout)",
+        ) from None
     except (SchedSpecError, KeyboardInterrupt):
         raise
     except Exception as err:
@@ -158,7 +168,8 @@ def print_report(report: dict[str, Any]) -> None:
 
 def impl_parity_main(ns: argparse.Namespace) -> int:
     """0 when every case is identical, golden agrees (when provided) and nothing leaked."""
-    report = run_impl_parity(ns.impl, ns)
+    with call_timeout_set(ns.run_timeout):
+        report = run_impl_parity(ns.impl, ns)
     print_report(report)
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from properties.campaign import parse_accept_file
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.verify import VerifyResult, verify_implementation
 from schedspec_cli import meta
-from schedspec_cli.args import MAX_EXAMPLES, positive
+from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive
 from schedspec_cli.impls import NotAnAdapter, Resolved, profile_summary, resolve
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
@@ -76,6 +77,15 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="accepted deviations, reported as accepted instead of failed: 'rule: reason' per "
         'line, or JSON [{"rule": ..., "reason": ...}]',
+    )
+    v.add_argument(
+        "--call-timeout",
+        type=int_in(0, MAX_CALL_TIMEOUT_S),
+        default=int(DEFAULT_CALL_TIMEOUT_S),
+        metavar="SECONDS",
+        help="each call into an implementation (submit, abort, a round or step, drain, "
+        "snapshot) must return within this; one that does not is a hang, a violation of "
+        f"[progress] (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
     )
     v.add_argument(
         "--parity-prompts",
@@ -161,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             progress=bar.examples(args.examples),
             fatal=(NotAnAdapter,),
             profile=profile_summary(t.implementation),
+            call_timeout=args.call_timeout,
         )
         bar.done()
         results.append(res)

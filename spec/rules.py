@@ -120,7 +120,8 @@ _RULES: dict[Rule, str] = {
     "an end-of-sequence token, with the matching reason.",
     Rule.PROGRESS: "A round with running requests runs a forward; an idle system with queued work "
     "admits the head of the queue; a drain ends idle (an implementation that gives up with "
-    "SchedulerStalled breaks this rule).",
+    "SchedulerStalled breaks this rule); every call (submit, abort, a round, drain, snapshot) "
+    "returns: one still running at the checker's call deadline is a hang.",
     Rule.WORK_CONSERVING: "A round that admits nothing leaves no seat, row and KV room idle while "
     "the queue head fits: if running < max_running_requests, a row is free and the pages not "
     "claimed by the running requests' worst-case footprints cover the head's, the round admits. "

@@ -126,6 +126,7 @@ def cases() -> list[tuple[str, list[str]]]:
     c.append(("verify-mode-bogus", ["verify", "--impl", "reference-dllm", "--mode", "turbo"]))
     c.append(("verify-mode-ar", ["verify", "--impl", "vidur-vllm", "--mode", "sync"]))
     c.append(("verify-json-dir", ["verify", "--impl", "reference-dllm", "--json", "{dir}"]))
+    c.append(("verify-call-timeout", ["verify", "--impl", "reference-dllm", "--call-timeout", "x"]))
     c.append(
         (
             "verify-json-under-file",
@@ -167,6 +168,8 @@ def cases() -> list[tuple[str, list[str]]]:
         ("parity-page-not-multiple", ["parity", "--block-size", "2", "--page-size", "3"]),
         ("parity-algorithm", ["parity", "--algorithm", "Greedy"]),
         ("parity-json-dir", ["parity", "--json", "{dir}"]),
+        ("parity-run-timeout-engine", ["parity", "--run-timeout", "5"]),
+        ("parity-run-timeout-neg", ["parity", "--impl", "reference-dllm", "--run-timeout", "-1"]),
     ]
     # bench
     c += [
@@ -175,6 +178,9 @@ def cases() -> list[tuple[str, list[str]]]:
         ("bench-engine-threads", ["bench", "engine", "--threads", "-1"]),
         ("bench-engine-repeats", ["bench", "engine", "--repeats", "0"]),
         ("bench-engine-turn-ms", ["bench", "engine", "--turn-ms", "-5"]),
+        ("bench-engine-turn-ms-seq", ["bench", "engine", "--sequential", "--turn-ms", "10"]),
+        ("bench-engine-turn-ms-costs", ["bench", "engine", "--forward-costs", "--turn-ms", "0"]),
+        ("bench-engine-turn-ms-bound", ["bench", "engine", "--forward-bound", "--turn-ms", "50"]),
         ("bench-engine-requests", ["bench", "engine", "--requests", HUGE]),
         ("bench-engine-json-dir", ["bench", "engine", "--json", "{dir}"]),
         ("bench-conf-examples", ["bench", "conformance", "--examples", "0"]),

@@ -136,3 +136,25 @@ def test_guide_adapters_verify_from_the_users_directory(
         res = schedspec(installed, "verify", *args, "--examples", "20")
         assert res.returncode == 0, f"{args}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
         assert "PASS" in res.stdout
+
+
+def test_an_installed_verify_reports_a_hang_instead_of_hanging(
+    installed: tuple[Path, dict[str, str], Path],
+) -> None:
+    _, _, user = installed
+    (user / "my_hanging.py").write_text(
+        "from reference.dllm import ReferenceDllmScheduler\n"
+        "from spec import DllmConfig\n\n\n"
+        "class Hangs(ReferenceDllmScheduler):\n"
+        "    def run_round(self) -> None:\n"
+        "        while True:\n"
+        "            pass\n\n\n"
+        "def make_hanging(config: DllmConfig, sink):\n"
+        "    return Hangs(config, sink)\n",
+        encoding="utf-8",
+    )
+    argv = ("verify", "--impl", "my_hanging:make_hanging", "--call-timeout", "1")
+    res = schedspec(installed, *argv, "--examples", "5")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "violation of [progress]" in res.stdout
+    assert "did not return from run_round within 1 s" in res.stdout

@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rul
 from properties.ar.harness import ArHarness
 from properties.ar.strategies import ar_configs, ar_configs_in, prompts, request_sizes
 from properties.conformance_base import ConformanceBase, StepCounter
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.profile import ArConfigSpace, ArProfile
@@ -68,14 +69,19 @@ def ar_conformance_machine(
         def configure(self, config: ArConfig) -> None:
             assume(space.outside(config) is None)  # explicit `configs` may stray outside
             try:
-                probe = factory(config, lambda e: None)
+                with call_deadline("building the implementation"):
+                    probe = factory(config, lambda e: None)
             except ConfigError:
                 assume(False)  # the implementation does not support this configuration
                 return
+            except CallDeadlineExceeded as hang:
+                raise self._record(f"configure(config={config!r})", hang) from None
             policy = prof.policy
             if policy.rules is None:  # the adapter declares its ordering rules itself
                 policy = dataclasses.replace(policy, rules=probe.rules)
-            self.build(lambda: ArHarness(factory, config, policy=policy))
+            self.build(
+                lambda: ArHarness(factory, config, policy=policy), f"configure(config={config!r})"
+            )
 
         def clock(self) -> int:
             return self.harness.spec.step_index

@@ -86,7 +86,9 @@ _AR_RULES: dict[ArRule, str] = {
     "blocks for all its known tokens fit the free blocks.",
     ArRule.ADMISSION_WATERMARK: "Admission leaves at least the declared watermark of free blocks "
     "(Vidur's watermark_blocks_fraction).",
-    ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token.",
+    ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token; "
+    "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
+    "checker's call deadline is a hang.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "

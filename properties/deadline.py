@@ -1,0 +1,121 @@
+"""A deadline on every call into an implementation, so a hang is a finding, not a hung CI job.
+
+The conformance harnesses run each operation on the implementation (submit, abort, a round or
+step, drain, snapshot, building it, the parity runs) inside `call_deadline`. A call that has not
+returned when its deadline passes is interrupted by `CallDeadlineExceeded`, which breaks the
+`progress` rule: a scheduler that never returns makes no progress, whether it spins in a loop
+or waits on a lock.
+
+Contract:
+
+- the deadline is per call, `call_timeout()` seconds (default `DEFAULT_CALL_TIMEOUT_S`), set
+  for a block of code with `call_timeout_set(seconds)`; `None` or 0 means no deadline;
+- it is enforced with `SIGALRM` (`signal.setitimer`), so it works where that exists (POSIX)
+  and in the main thread only (elsewhere the call simply runs). A timer already armed (an
+  outer `call_deadline`, pytest-timeout's signal method) keeps its place: when it would fire
+  first nothing else is armed, otherwise it is suspended for the call and re-armed after it
+  with the time it had left and its own handler;
+- the interrupt arrives between Python bytecodes or when a blocking C call (a sleep, a lock
+  wait) returns on the signal; a C extension that loops without returning to the interpreter
+  cannot be interrupted this way;
+- `CallDeadlineExceeded` is a `BaseException`, not an `Exception`: Hypothesis stops at once
+  instead of shrinking (every shrinking attempt would wait out the deadline again), and no
+  `except Exception` of the implementation's can swallow it. The conformance machine attaches
+  the program it ran so far (`program`) before it leaves the machine.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import FrameType
+
+DEFAULT_CALL_TIMEOUT_S = 60.0
+"""Per call: a conformance program's drain serves at most a few dozen small requests."""
+
+_TIMEOUT: ContextVar[float | None] = ContextVar("call_timeout", default=DEFAULT_CALL_TIMEOUT_S)
+
+
+class CallDeadlineExceeded(BaseException):
+    """A call into the implementation did not return within its deadline (rule `progress`)."""
+
+    rule = "progress"
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what = what
+        self.seconds = seconds
+        self.program = ""  # filled in by the conformance machine: the calls made so far
+        super().__init__(
+            f"the implementation did not return from {what} within {seconds:g} s "
+            f"(a hang: an endless loop or a wait that never ends; the deadline per call is "
+            f"--call-timeout)"
+        )
+
+
+def call_timeout() -> float | None:
+    """The deadline in seconds for calls made now (None: no deadline)."""
+    return _TIMEOUT.get()
+
+
+@contextmanager
+def call_timeout_set(seconds: float | None) -> Iterator[None]:
+    """Use `seconds` (None or 0: no deadline) for the calls made inside the block."""
+    if seconds is not None and seconds < 0:
+        raise ValueError(f"a call timeout is a number of seconds >= 0, not {seconds}")
+    token = _TIMEOUT.set(seconds or None)
+    try:
+        yield
+    finally:
+        _TIMEOUT.reset(token)
+
+
+def _armable() -> bool:
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) is not None  # None: a handler set outside Python
+    )
+
+
+@contextmanager
+def call_deadline(what: str) -> Iterator[None]:
+    """Run the block under the current deadline; raise `CallDeadlineExceeded(what)` if it has
+    not finished in time. Does nothing without a deadline or where one cannot be armed (see
+    the module docstring)."""
+    seconds = call_timeout()
+    if seconds is None or not _armable():
+        yield
+        return
+    outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    if outer_left and outer_left <= seconds:
+        yield  # an outer timer fires first: it stays in charge
+        return
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise CallDeadlineExceeded(what, seconds)
+
+    outer_handler = signal.signal(signal.SIGALRM, on_alarm)
+    started = time.monotonic()
+    # re-fired every second after the deadline: a bare `except:` in a loop may swallow one
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, outer_handler)
+        if outer_left:  # give the outer timer back what it had left
+            left = outer_left - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
+
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "CallDeadlineExceeded",
+    "call_deadline",
+    "call_timeout",
+    "call_timeout_set",
+]

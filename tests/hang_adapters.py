@@ -1,0 +1,75 @@
+"""Implementations that hang, for the call-deadline tests: each is a correct reference scheduler
+except for one call that never returns (a spin or a deadlock), from a chosen call on."""
+
+from __future__ import annotations
+
+import threading
+from typing import NoReturn
+
+from reference.ar.vllm_v1 import VllmV1Scheduler
+from reference.dllm import ReferenceDllmScheduler
+from spec.adapter import EventSink
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig
+from spec.config import DllmConfig
+
+SPIN_FROM_ROUND = 3  # the calls before it are served normally
+
+
+def spin() -> NoReturn:
+    """Loop forever in Python (interruptible between bytecodes)."""
+    while True:
+        pass
+
+
+class SpinsInARound(ReferenceDllmScheduler):
+    """The third `run_round` of an instance never returns."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        super().__init__(config, sink)
+        self.rounds_called = 0
+
+    def run_round(self) -> None:
+        self.rounds_called += 1
+        if self.rounds_called == SPIN_FROM_ROUND:
+            spin()
+        super().run_round()
+
+
+class DeadlocksInDrain(ReferenceDllmScheduler):
+    """`drain` takes a non-reentrant lock twice: it waits for ever."""
+
+    def drain(self, max_rounds: int = 10_000) -> None:
+        lock = threading.Lock()
+        with lock, lock:
+            super().drain(max_rounds)
+
+
+class SpinsInAStep(VllmV1Scheduler):
+    """AR: the third `step` of an instance never returns."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.steps_called = 0
+
+    def step(self) -> None:
+        self.steps_called += 1
+        if self.steps_called == SPIN_FROM_ROUND:
+            spin()
+        super().step()
+
+
+def spins_in_a_round(config: DllmConfig, sink: EventSink) -> SpinsInARound:
+    return SpinsInARound(config, sink)
+
+
+def deadlocks_in_drain(config: DllmConfig, sink: EventSink) -> DeadlocksInDrain:
+    return DeadlocksInDrain(config, sink)
+
+
+def spins_in_a_step(config: ArConfig, sink: ArEventSink) -> SpinsInAStep:
+    return SpinsInAStep(config, sink)
+
+
+def spins_when_built(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    spin()
