@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from properties.strategies import EOS, dllm_configs
 from reference.dllm import ReferenceDllmScheduler, _Req
-from reference.kv_pool import PagedKvPool
+from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode
@@ -221,6 +221,95 @@ class StaleContext(ReferenceDllmScheduler):
         return OracleRow(row.request_id, stale, row.block_index, row.tokens, row.state)
 
 
+class _PeekingRowPool(RequestPool):
+    """A free list of rows whose `acquire` reads the head without popping it."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.free_rows = list(range(rows))
+
+    def acquire(self, request_id: str) -> int | None:
+        if not self.free_rows:
+            return None
+        row = self.free_rows[0]  # the bug: peeked, not popped
+        self.holder[row] = request_id
+        return row
+
+    def release(self, row: int) -> None:
+        self.holder[row] = None
+        if row not in self.free_rows:
+            self.free_rows.append(row)
+
+    def has_free(self) -> bool:
+        return bool(self.free_rows)
+
+
+class RowPoolPeeks(ReferenceDllmScheduler):
+    """The request-pool allocator hands out the head of its free list without removing it, so
+    the next admission gets a row that is still held."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None):
+        super().__init__(config, sink, oracle)
+        self.rows = _PeekingRowPool(config.req_pool_rows)
+
+
+class CarryNotRecordedUnderReuse(ReferenceDllmScheduler):
+    """Under in-place reuse the unfinished block's tokens stay in the batch buffer and the
+    carrier (`incomplete_ids`) is never recorded: outputs stay right, but nothing says the
+    request carries a block (what an abort or retraction path would restore from)."""
+
+    def _carry(self, req: _Req) -> None:
+        if not self.config.in_place_reuse:
+            super()._carry(req)
+
+
+class _OneBasedPagePool(PagedKvPool):
+    """Numbers pages 1..kv_pages (page 0 held back as a padding page, SGLang's convention for
+    slot 0) in a pool sized for kv_pages: the last page runs past the KV tensor."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        super().__init__(config, sink)
+        self.owner = self.owner + [None] * config.page_size  # its own table has the room
+        self.free_pages = set(range(1, config.kv_pages + 1))
+
+    def free_slots(self) -> frozenset[int]:
+        live = self.owner[: self.config.kv_slots]
+        return frozenset(i for i, o in enumerate(live) if o is None)
+
+
+class OneBasedPages(ReferenceDllmScheduler):
+    """Pages are numbered from 1: a full pool hands out slots beyond its last one."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None):
+        super().__init__(config, sink, oracle)
+        self.kv = _OneBasedPagePool(config, sink)
+
+
+class PrefetchesNextBlock(ReferenceDllmScheduler):
+    """Allocates the next block's slots when a block starts (to overlap allocation with the
+    forward), so a block owns KV before it is the request's next uncommitted block."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink, oracle: DenoiseOracle | None = None):
+        super().__init__(config, sink, oracle)
+        self.prefetched: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def _start_block(self, req: _Req) -> None:
+        ahead = self.prefetched.pop(req.rid, None)
+        if ahead is not None and ahead[0] == req.committed_blocks:
+            slots = ahead[1]
+            real = self.kv.allocate_block
+            self.kv.allocate_block = lambda request_id, block_index: slots  # type: ignore[method-assign]
+            try:
+                super()._start_block(req)
+            finally:
+                self.kv.allocate_block = real  # type: ignore[method-assign]
+        else:
+            super()._start_block(req)
+        following = req.committed_blocks + 1
+        if following * self.config.block_size < len(req.spec.prompt) + req.spec.max_new_tokens:
+            self.prefetched[req.rid] = (following, self.kv.allocate_block(req.rid, following))
+
+
 class _EagerDoneOracle:
     def __init__(self, inner: DenoiseOracle, mask_id: int) -> None:
         self.inner = inner
@@ -411,6 +500,34 @@ MUTANTS: dict[str, Mutant] = {
                 )
             ),
             "no admission while anything runs, though a seat, a row and pages are free",
+        ),
+        Mutant(
+            "row_pool_peeks",
+            "row_exclusive",
+            _f(RowPoolPeeks),
+            dllm_configs(),
+            "the row allocator peeks at its free list instead of popping: a held row is reused",
+        ),
+        Mutant(
+            "carry_not_recorded_under_reuse",
+            "carriers_iff_unfinished",
+            _f(CarryNotRecordedUnderReuse),
+            _fdfo_reuse(),
+            "under in-place reuse an unfinished block leaves no carrier (incomplete_ids)",
+        ),
+        Mutant(
+            "one_based_pages",
+            "kv_exclusive",
+            _f(OneBasedPages),
+            dllm_configs(),
+            "pages numbered from 1: the last page's slots lie outside the pool",
+        ),
+        Mutant(
+            "prefetches_next_block",
+            "whole_block_alloc",
+            _f(PrefetchesNextBlock),
+            dllm_configs(),
+            "the next block's slots are allocated before the current block is committed",
         ),
         Mutant(
             "commits_before_final_forward",
