@@ -78,6 +78,20 @@ def test_every_state_invariant_has_a_seeded_bug() -> None:
             assert name in caught, f"no seeded bug is caught by the invariant {name!r}"
 
 
+def test_without_a_golden_decoder_batch_parity_catches_a_mode_bug() -> None:
+    """An implementation without `golden_output` has its outputs checked by batch parity alone:
+    the lost algorithm state (an FDFO-only bug) makes an FDFO output differ from the request's
+    solo sync output at teardown."""
+    mutant = MUTANTS["lost_algorithm_state"]
+    machine = conformance_machine(mutant.factory, configs=mutant.configs, golden=False)
+    err, printed = run_machine(machine, HUNT)
+    assert err is not None, "batch parity did not catch the lost algorithm state"
+    failure = failure_from(err, printed)
+    assert failure.rule == "fdfo_sync_parity", failure.message
+    assert "expected [" in failure.message and "got [" in failure.message
+    assert "state.configure(config=" in failure.program
+
+
 def test_reference_itself_passes_the_same_hunt() -> None:
     """Control: the unmutated reference survives the settings the mutant hunt uses."""
     from reference.dllm import make_scheduler
