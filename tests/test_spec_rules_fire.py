@@ -26,7 +26,6 @@ from spec import (
     Finished,
     FinishReason,
     Forward,
-    ForwardRow,
     KvAllocated,
     KvFreed,
     Mode,
@@ -39,24 +38,11 @@ from spec import (
 from spec.rules import Rule
 from tests.mutants import MUTANTS
 from tests.test_mutants import SHADOWED_INVARIANTS
+from tests.test_spec_machine import CFG, row
 
-# block 2, pages of 4 slots: prompt (5,) + 3 new tokens is two blocks
-FDFO = DllmConfig(
-    block_size=2,
-    page_size=4,
-    kv_pages=4,
-    req_pool_rows=2,
-    max_running_requests=2,
-    max_context=8,
-    mode=Mode.FDFO,
-    in_place_reuse=True,
-)
+# FDFO with in-place reuse, block 2, pages of 4 slots: prompt (5,) + 3 new tokens is two blocks
+FDFO = CFG
 SYNC = dataclasses.replace(FDFO, mode=Mode.SYNC, in_place_reuse=False)
-
-
-def row(rid: str, block: int, masked: int, reused: bool = False) -> ForwardRow:
-    return ForwardRow(rid, block, reused, 2, masked)
-
 
 ADMIT_A: list[Event] = [Submitted("a", (5,), 3), Admitted("a", 0), KvAllocated("a", 0, (0, 1))]
 # round 0: block 0 of a is stepped to no masks but not done (its final-KV forward is next)
