@@ -132,18 +132,24 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         hang.add_note(f"the calls of the example that hung:\n{hang.program}")  # for pytest
         return hang
 
+    def construct(self, call: str, make: Callable[[], T]) -> T:
+        """Run `make` (building the implementation, outside any harness operation) under the
+        call deadline; a hang carries this example's calls (`call` when there are none)."""
+        try:
+            with call_deadline("building the implementation"):
+                return make()
+        except CallDeadlineExceeded as hang:
+            raise self._record(call, hang) from None
+
     def build(self, make: Callable[[], H], call: str = "configure()") -> None:
         """Build the harness (in `configure`; `call` describes it, e.g. with the config); a
         violation while building counts like any."""
         self.calls.append(call)
         try:
-            with call_deadline("building the implementation"):
-                self.h = make()
+            self.h = self.construct(call, make)
         except SpecViolation as v:
             self._ignore(v)
             raise
-        except CallDeadlineExceeded as hang:
-            raise self._record(call, hang) from None
 
     def run(self, what: str, operation: Callable[..., T], *args: Any) -> T:
         """Run one harness operation, counting the step and applying `ignored_rules`."""

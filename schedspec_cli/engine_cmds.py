@@ -85,7 +85,7 @@ def parity(argv: list[str]) -> int:
             raise ConfigError(
                 "--run-timeout", ns.run_timeout, "left out with --impl engine (the shipped engine)"
             )
-        return _run_engine_command(parity_parser(), argv, "parity", "gpu.parity:parity_main")
+        return _run_engine_command(ns, argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
         raise ConfigError(
@@ -152,12 +152,12 @@ def bench_engine(argv: list[str]) -> int:
     if alone and ns.turn_ms is not None:
         flag = "--" + alone[0].replace("_", "-")
         raise ConfigError("--turn-ms", ns.turn_ms, f"left out with {flag} (it interleaves nothing)")
-    return _run_engine_command(bench_engine_parser(), argv, "bench engine", "gpu.bench:bench_main")
+    return _run_engine_command(ns, argv, "bench engine", "gpu.bench:bench_main")
 
 
-def _run_engine_command(parser: Parser, argv: list[str], label: str, target: str) -> int:
-    """Validate every flag and the output path before torch loads, then hand `argv` to gpu."""
-    ns = parser.parse_args(argv)
+def _run_engine_command(ns: argparse.Namespace, argv: list[str], label: str, target: str) -> int:
+    """Check the output path and the page size (the flags `ns` parsed from `argv`) before torch
+    loads, then hand `argv` to gpu."""
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
         raise ConfigError(

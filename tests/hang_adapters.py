@@ -22,17 +22,22 @@ def spin() -> NoReturn:
         pass
 
 
-class SpinsInARound(ReferenceDllmScheduler):
+class _SpinsOnACall:
+    """Counts the calls of one method per instance; the `SPIN_FROM_ROUND`-th never returns."""
+
+    calls_made = 0
+
+    def _count_or_spin(self) -> None:
+        self.calls_made += 1
+        if self.calls_made == SPIN_FROM_ROUND:
+            spin()
+
+
+class SpinsInARound(_SpinsOnACall, ReferenceDllmScheduler):
     """The third `run_round` of an instance never returns."""
 
-    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
-        super().__init__(config, sink)
-        self.rounds_called = 0
-
     def run_round(self) -> None:
-        self.rounds_called += 1
-        if self.rounds_called == SPIN_FROM_ROUND:
-            spin()
+        self._count_or_spin()
         super().run_round()
 
 
@@ -45,17 +50,11 @@ class DeadlocksInDrain(ReferenceDllmScheduler):
             super().drain(max_rounds)
 
 
-class SpinsInAStep(VllmV1Scheduler):
+class SpinsInAStep(_SpinsOnACall, VllmV1Scheduler):
     """AR: the third `step` of an instance never returns."""
 
-    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
-        super().__init__(config, sink)
-        self.steps_called = 0
-
     def step(self) -> None:
-        self.steps_called += 1
-        if self.steps_called == SPIN_FROM_ROUND:
-            spin()
+        self._count_or_spin()
         super().step()
 
 

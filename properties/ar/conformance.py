@@ -27,7 +27,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rul
 from properties.ar.harness import ArHarness
 from properties.ar.strategies import ar_configs, ar_configs_in, prompts, request_sizes
 from properties.conformance_base import ConformanceBase, StepCounter
-from properties.deadline import CallDeadlineExceeded, call_deadline
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.profile import ArConfigSpace, ArProfile
@@ -68,20 +67,16 @@ def ar_conformance_machine(
         @initialize(config=config_strategy)
         def configure(self, config: ArConfig) -> None:
             assume(space.outside(config) is None)  # explicit `configs` may stray outside
+            call = f"configure(config={config!r})"
             try:
-                with call_deadline("building the implementation"):
-                    probe = factory(config, lambda e: None)
+                probe = self.construct(call, lambda: factory(config, lambda e: None))
             except ConfigError:
                 assume(False)  # the implementation does not support this configuration
                 return
-            except CallDeadlineExceeded as hang:
-                raise self._record(f"configure(config={config!r})", hang) from None
             policy = prof.policy
             if policy.rules is None:  # the adapter declares its ordering rules itself
                 policy = dataclasses.replace(policy, rules=probe.rules)
-            self.build(
-                lambda: ArHarness(factory, config, policy=policy), f"configure(config={config!r})"
-            )
+            self.build(lambda: ArHarness(factory, config, policy=policy), call)
 
         def clock(self) -> int:
             return self.harness.spec.step_index
