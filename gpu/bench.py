@@ -52,7 +52,7 @@ import torch
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
-from gpu.parity import ASSETS, engine_config, load_prompts
+from gpu.parity import ASSETS, block_context, engine_config, load_prompts
 from gpu.tokenizer import TOKENIZER
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
 from spec.config import DllmConfig, RequestSpec
@@ -415,14 +415,9 @@ def serving(
         RequestSpec(f"q{i:04d}", tuple(TOKENIZER.encode(texts[i % len(texts)])), max_new_tokens)
         for i in range(requests)
     )
-    longest = max(len(r.prompt) for r in reqs) + max_new_tokens
-    max_context = -(-longest // block_size) * block_size
-    if max_context > model.config.max_context:
-        raise ConfigError(
-            "max_new_tokens",
-            max_new_tokens,
-            f"prompt + max_new_tokens must fit the model's context {model.config.max_context}",
-        )
+    max_context = block_context(
+        [len(r.prompt) for r in reqs], max_new_tokens, block_size, model.config.max_context
+    )
     return Serving(model, algorithm, reqs, block_size, page_size, max_context, device)
 
 

@@ -366,6 +366,26 @@ def run_algorithm(
     return cases
 
 
+def block_context(
+    prompt_lengths: Sequence[int], max_new_tokens: int, block_size: int, model_context: int
+) -> int:
+    """The context, in whole blocks, that holds the longest prompt plus `max_new_tokens`;
+    `ConfigError` naming the most new tokens that would fit when the model's context is too
+    short."""
+    prompt = max(prompt_lengths)
+    needed = -(-(prompt + max_new_tokens) // block_size) * block_size
+    limit = model_context // block_size * block_size
+    if needed > limit:
+        raise ConfigError(
+            "max_new_tokens",
+            max_new_tokens,
+            f"the longest of the {len(prompt_lengths)} prompts ({prompt} tokens) plus "
+            f"max_new_tokens needs {needed} context tokens in blocks of {block_size}; the "
+            f"model's context is {model_context}: use at most {limit - prompt} new tokens",
+        )
+    return needed
+
+
 def run_parity(
     device: str,
     algorithms: list[str],
@@ -393,18 +413,10 @@ def run_parity(
         model, _ = load_model(ASSETS, dev)
     if max_new_tokens < 1:
         raise ConfigError("max_new_tokens", max_new_tokens, "an integer >= 1")
-    longest = max(len(t) for t in texts) + max_new_tokens
-    max_context = -(-longest // block_size) * block_size
+    max_context = block_context(
+        [len(t) for t in texts], max_new_tokens, block_size, model.config.max_context
+    )
     limit = model.config.max_context // block_size * block_size
-    if max_context > limit:
-        raise ConfigError(
-            "max_new_tokens",
-            max_new_tokens,
-            f"the longest of the {len(texts)} prompts ({longest - max_new_tokens} tokens) plus "
-            f"max_new_tokens needs {max_context} context tokens in blocks of {block_size}; the "
-            f"model's context is {model.config.max_context}: use at most "
-            f"{limit - (longest - max_new_tokens)} new tokens",
-        )
     max_context = min(-(-max_context // page_size) * page_size, limit)
     requests = [
         RequestSpec(f"p{i:03d}", tuple(TOKENIZER.encode(t)), max_new_tokens)

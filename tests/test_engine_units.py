@@ -494,3 +494,35 @@ def test_the_device_paths_serve_what_the_cpu_paths_serve(
     assert puts > 0  # the tensor write really served the table
     assert device_outputs == outputs and len(outputs) == 6
     assert device_events == events
+
+
+def test_too_many_new_tokens_names_the_most_that_fit() -> None:
+    """The benchmark and the parity run size the context the same way: whole blocks for the
+    longest prompt plus the new tokens. Past the model's context the error names the most new
+    tokens that fit, and that many are accepted."""
+    from gpu.bench import serving
+    from gpu.parity import block_context, load_prompts
+    from gpu.tokenizer import TOKENIZER
+
+    assert block_context([5, 22], 10, 8, 256) == 32  # 22 + 10 = 32, already whole blocks
+    assert block_context([22], 11, 8, 256) == 40
+    model = tiny_model("cpu")
+    context = model.config.max_context
+    longest = max(len(TOKENIZER.encode(p)) for p in load_prompts())
+    most = context // 8 * 8 - longest
+
+    def serve(new_tokens: int) -> int:
+        return serving(
+            model,
+            requests=4,
+            max_new_tokens=new_tokens,
+            block_size=8,
+            page_size=16,
+            algorithm="LowConfidence",
+            device=torch.device("cpu"),
+        ).max_context
+
+    assert serve(most) == context // 8 * 8
+    with pytest.raises(ConfigError, match=f"use at most {most} new tokens") as err:
+        serve(most + 1)
+    assert f"the model's context is {context}" in str(err.value)
