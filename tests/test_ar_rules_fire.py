@@ -14,8 +14,6 @@ that breaks it fails the suite.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 
 import pytest
 
@@ -41,6 +39,7 @@ from spec.ar.snapshot import ArSnapshot
 from spec.ar.state import ArState
 from spec.errors import SpecViolation
 from tests.ar_mutants import AR_MUTANTS
+from tests.test_spec_rules_fire import assert_the_test_names_its_rule
 
 # blocks of 4 tokens, 8 usable (block 0 is the null block), at most 2 blocks per request
 CFG = ArConfig(
@@ -283,6 +282,4 @@ def test_every_ar_rule_is_broken_somewhere() -> None:
         if name in here or name in by_mutant:
             continue
         assert name in ELSEWHERE, f"no test breaks the AR rule {name!r}"
-        module, function = ELSEWHERE[name]
-        test = getattr(importlib.import_module(module), function)
-        assert f'"{name}"' in inspect.getsource(test), f"{module}.{function} does not name {name}"
+        assert_the_test_names_its_rule(name, *ELSEWHERE[name])

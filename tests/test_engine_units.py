@@ -508,13 +508,14 @@ def test_too_many_new_tokens_names_the_most_that_fit() -> None:
     assert block_context([22], 11, 8, 256) == 40
     model = tiny_model("cpu")
     context = model.config.max_context
-    longest = max(len(TOKENIZER.encode(p)) for p in load_prompts())
+    prompts = load_prompts()
+    longest = max(len(TOKENIZER.encode(p)) for p in prompts)
     most = context // 8 * 8 - longest
 
     def serve(new_tokens: int) -> int:
         return serving(
             model,
-            requests=4,
+            requests=len(prompts),  # every prompt once, the longest among them
             max_new_tokens=new_tokens,
             block_size=8,
             page_size=16,
