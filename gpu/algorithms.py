@@ -30,6 +30,7 @@ import yaml
 from gpu.errors import UnknownAlgorithm, UnknownAlgorithmKey
 from gpu.tokenizer import MASK_ID
 from spec.errors import ConfigError, SchedSpecError
+from spec.json_text import parse_json
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 MODES = ("sync", "fdfo")
@@ -302,8 +303,8 @@ def load_algorithm_config(path: str | Path, *, mask_id: int = MASK_ID) -> DllmAl
         if source.suffix.lower() in (".yaml", ".yml"):
             data = yaml.safe_load(text)
         else:
-            data = json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+            data = parse_json(text)
+    except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError("algorithm_config", str(source), f"valid YAML or JSON ({exc})") from exc
     if not isinstance(data, dict) or "algorithm" not in data:
         raise ConfigError(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spec.errors import ConfigError
+from spec.json_text import parse_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class ModelConfig:
     def load(cls, path: str | Path) -> ModelConfig:
         text = Path(path).read_text(encoding="utf-8")
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except json.JSONDecodeError as exc:
             raise ConfigError("model_config", str(path), f"a JSON object ({exc})") from exc
         if not isinstance(data, dict):

@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from properties.deadline import CallDeadlineExceeded
 from properties.verify import Failure, failure_from, run_machine
 from spec.errors import ConfigError
+from spec.json_text import parse_json
 from spec.profile import AcceptedDeviation
 
 # names the failure of a run that was not a rule violation (see `failure_from`)
@@ -187,7 +188,7 @@ def parse_accept_file(
     entries: list[tuple[int, object, object]] = []
     if stripped[0] in "[{":
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except json.JSONDecodeError as err:
             raise ConfigError("accept", f"{path}:{err.lineno}", f"valid JSON ({err.msg})") from None
         if isinstance(data, dict):

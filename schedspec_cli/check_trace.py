@@ -19,6 +19,7 @@ from typing import Any
 from schedspec_cli.typecheck import fields_problem
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
+from spec.json_text import parse_json
 
 SNIFF_BYTES = 1 << 16
 
@@ -50,6 +51,9 @@ class Header:
     line: int
     data: dict[str, Any] | None  # None: no header line
     first_event: Family | None = None  # without a header: the family of the first event's kind
+    # why the first non-blank line is not JSON, when it lies whole in the sniffed bytes (a line
+    # cut at SNIFF_BYTES is left to the checker, which reads it whole)
+    not_json: str | None = None
 
     @property
     def family(self) -> Family | None:
@@ -110,13 +114,15 @@ def sniff_header(path: str) -> Header:
         if len(head) < SNIFF_BYTES:
             raise ConfigError("file", path, "a non-empty event log")
         return Header(0, None)
-    for no, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines(keepends=True)
+    for no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            return Header(no, None)  # the checker reports the line
+            data = parse_json(line)
+        except json.JSONDecodeError as err:
+            whole = line.endswith(("\n", "\r")) or len(head) < SNIFF_BYTES
+            return Header(no, None, not_json=err.msg if whole else None)
         if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
             return Header(no, data)
         return Header(no, None, _event_family(data))
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     given: dict[str, Any] | None = None
     if args.config is not None:
         try:
-            given = json.loads(read_text_file(args.config, "config"))
+            given = parse_json(read_text_file(args.config, "config"))
         except json.JSONDecodeError as err:
             raise ConfigError(
                 "config", f"{args.config}:{err.lineno}", f"JSON ({err.msg})"
@@ -142,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(given, dict):
             raise ConfigError("config", args.config, "a JSON object of configuration fields")
     if header.data is None and given is None:
+        if header.not_json is not None:
+            raise ConfigError(
+                "file",
+                f"{args.file}:{header.line}",
+                f"an event log whose first line is its config header (not JSON: "
+                f"{header.not_json}), or pass --config",
+            )
         raise ConfigError(
             "config",
             None,
@@ -197,7 +210,7 @@ def _check_event_types(path: str) -> None:
                 if not line.strip():
                     continue
                 try:
-                    data = json.loads(line)
+                    data = parse_json(line)
                 except json.JSONDecodeError:
                     return  # the spec's parser names the line
                 if not isinstance(data, dict):

@@ -24,6 +24,7 @@ from typing import Any
 
 from schedspec_cli.args import Parser
 from spec.errors import ConfigError
+from spec.json_text import parse_json
 from spec.parity import RELEASE_MIN_NEW_TOKENS
 
 REQUIRED_ALGORITHMS = frozenset({"LowConfidence", "JointThreshold"})
@@ -59,7 +60,7 @@ def load_report(path: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError("parity_json", path, "a UTF-8 JSON file") from None
     try:
-        report = json.loads(text)
+        report = parse_json(text)
     except json.JSONDecodeError as err:
         raise ConfigError(
             "parity_json",

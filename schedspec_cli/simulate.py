@@ -19,7 +19,7 @@ from reference.algorithms import ALGORITHMS
 from reference.sim import workload as wl
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
-from schedspec_cli.args import int_in, positive
+from schedspec_cli.args import Parser, UsageError, int_in, positive
 from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress
 
@@ -142,12 +142,27 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="schedspec simulate", description=__doc__)
-    sub = ap.add_subparsers(dest="what", required=True)
+# The dLLM simulation runs the reference scheduler step by step: a block of B tokens costs
+# O(B) per forward over up to B + 1 forwards, and its KV events hold B slots each, so time and
+# memory grow with B^2 (block 512, 10 requests, one seat: 31 s and 1.1 GiB on the 2-core
+# development machine; block 4096 ran out of any sensible budget). dLLM block sizes in use are
+# 4-64; this bound keeps the command finite.
+MAX_SIM_BLOCK_SIZE = 256
+
+
+def build_parser() -> Parser:
+    """The simulator's flags; a bad one raises `UsageError` (one line, exit 2), like every
+    other command's."""
+    ap = Parser(prog="schedspec simulate", description=__doc__)
+    sub = ap.add_subparsers(dest="what", required=True, parser_class=Parser)
 
     d = sub.add_parser("dllm", help="dLLM sync vs FDFO (with/without in-place reuse) sweep")
-    d.add_argument("--block-size", type=positive(4096), default=8)
+    d.add_argument(
+        "--block-size",
+        type=positive(MAX_SIM_BLOCK_SIZE),
+        default=8,
+        help=f"diffusion block size, 1..{MAX_SIM_BLOCK_SIZE} (default 8)",
+    )
     d.add_argument(
         "--steps",
         help="forwards per block: 'F:COUNT,...' or 'uniform:LO-HI' "
@@ -750,4 +765,8 @@ def simulate_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(simulate_main(sys.argv[1:]))
+    try:
+        sys.exit(simulate_main(sys.argv[1:]))
+    except UsageError as bad:
+        print(bad, file=sys.stderr)
+        sys.exit(2)

@@ -31,6 +31,7 @@ from typing import Any
 from reference.sim.calibration import Calibration, CalibrationError
 from reference.sim.dllm_profile import RequestProfile
 from schedspec_cli.output import output_file
+from spec.json_text import parse_json
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -128,11 +129,11 @@ def read_benches(files: list[str]) -> list[dict[str, Any]]:
     benches = []
     for f in files:
         try:
-            bench = json.loads(Path(f).read_text())
+            bench = parse_json(Path(f).read_text())
         except OSError as err:
             raise CalibrationError(f, f"cannot be read ({err.strerror})") from None
         except json.JSONDecodeError as err:
-            raise CalibrationError(f, f"not JSON (line {err.lineno})") from None
+            raise CalibrationError(f, f"not JSON (line {err.lineno}: {err.msg})") from None
         Calibration.check_bench(bench, f)
         benches.append(bench)
     return benches

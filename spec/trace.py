@@ -26,6 +26,7 @@ from spec.events import (
     KvAllocated,
     StepResult,
 )
+from spec.json_text import parse_json
 
 
 class TraceFormatError(SchedSpecError, ValueError):
@@ -317,7 +318,7 @@ def _scanned(line: str) -> dict[str, Any] | None:
         return None
     try:
         data, end = _scan(line, 0)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         return None
     tail = line[end:]
     if tail and tail != "\n" and tail.strip(" \t\n\r"):
@@ -327,7 +328,7 @@ def _scanned(line: str) -> dict[str, Any] | None:
 
 def _record(line: str, no: int) -> dict[str, Any]:
     try:
-        data = json.loads(line)
+        data = parse_json(line)
     except json.JSONDecodeError as err:
         raise TraceFormatError(no, f"not JSON: {err.msg}") from None
     if not isinstance(data, dict):

@@ -65,6 +65,9 @@ def test_malformed_trace_names_the_line(text: str, line: int) -> None:
         ("0,-4,2\n", 2, "negative"),
         ("0,4,two\n", 2, "not a number"),
         ("0,4,2\n\n2,4,2\n1,4,2\n", 5, "sorted"),
+        ("", 2, "no requests"),
+        ("\n\n", 4, "no requests"),
+        ("0," + "1" * 200_000 + ",2\n", 2, "not CSV"),
     ],
 )
 def test_one_reader_for_both_call_sites(tmp_path: Path, body: str, line: int, word: str) -> None:

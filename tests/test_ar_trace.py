@@ -128,6 +128,12 @@ def _line(tmp_path: Path, *lines: str, raw: bytes | None = None) -> Path:
         (["[1, 2]"], 2, "JSON object"),
         (["{not json"], 2, "not JSON"),
         (['{"kind": "config", "family": "ar"}'], 2, "first line"),
+        (
+            ['{"kind": "ar_step_end", "step_index": ' + "[" * 50_000 + "]" * 50_000 + "}"],
+            2,
+            "deeply",
+        ),
+        (['{"kind": "ar_step_end", "step_index": 1' + "0" * 5_000 + "}"], 2, "digits"),
     ],
 )
 def test_bad_lines_name_the_line(

@@ -20,6 +20,8 @@ import pytest
 from schedspec_cli.main import main
 
 HUGE = "9" * 30
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past the interpreter's recursion limit
+LONG_INT = "1" + "0" * 5_000  # past Python's integer-conversion digit limit
 TRACE_HEADER = {"kind": "config", "block_size": 2, "page_size": 2, "kv_pages": 2, "max_context": 4}
 
 
@@ -58,6 +60,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ).encode(),
         "report_no_block": json.dumps({"algorithm": {"LowConfidence": {}}}).encode(),
         "vidur_trace": b"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,20\n",
+        "csv_big_field": b"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,"
+        + b"1" * 200_000
+        + b",20\n",
+        "csv_header_only": b"arrived_at,num_prefill_tokens,num_decode_tokens\n",
+        "deep_json": DEEP.encode(),
+        "long_int_json": ('{"block_size": ' + LONG_INT + "}").encode(),
+        "deep_event": (header + '{"kind":"submitted","request_id":' + DEEP + "}\n").encode(),
+        "long_int_event": (
+            header + '{"kind":"admitted","request_id":"a","row":' + LONG_INT + "}\n"
+        ).encode(),
+        "long_int_header": ('{"kind":"config","block_size":' + LONG_INT + "}\n").encode(),
     }
     out = {}
     for name, data in contents.items():
@@ -91,9 +104,23 @@ def cases() -> list[tuple[str, list[str]]]:
         "row_str",
         "unknown_kind",
         "ünïcödé.jsonl",
+        "deep_json",
+        "deep_event",
+        "long_int_event",
+        "long_int_header",
     ):
         c.append((f"check-trace-{f}", ["check-trace", f"{{{f}}}"]))
-    for f in ("missing", "dir", "binary", "empty", "json_list", "config_types", "config_other"):
+    for f in (
+        "missing",
+        "dir",
+        "binary",
+        "empty",
+        "json_list",
+        "config_types",
+        "config_other",
+        "deep_json",
+        "long_int_json",
+    ):
         c.append(
             (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", f"{{{f}}}"])
         )
@@ -149,6 +176,8 @@ def cases() -> list[tuple[str, list[str]]]:
         "accept_bad_json",
         "accept_json_types",
         "json_list",
+        "deep_json",
+        "long_int_json",
     ):
         c.append(
             (f"verify-accept-{f}", ["verify", "--impl", "reference-dllm", "--accept", f"{{{f}}}"])
@@ -200,6 +229,8 @@ def cases() -> list[tuple[str, list[str]]]:
         "not_json",
         "json_list",
         "parity_types",
+        "deep_json",
+        "long_int_json",
     ):
         c.append((f"release-check-{f}", ["release-check", f"{{{f}}}"]))
     c.append(("release-check-none", ["release-check"]))
@@ -208,6 +239,7 @@ def cases() -> list[tuple[str, list[str]]]:
         ("simulate-bogus", ["simulate", "warp"]),
         ("simulate-flag", ["simulate", "sbs", "--no-such-flag", "1"]),
         ("simulate-requests-neg", ["simulate", "dllm", "--requests", "-1"]),
+        ("simulate-dllm-block-too-large", ["simulate", "dllm", "--block-size", "4096"]),
         ("simulate-json-dir", ["simulate", "sbs", "--json", "{dir}"]),
         ("simulate-plots-file", ["simulate", "sbs", "--plots", "{empty}"]),
         ("simulate-dllm-algorithm", ["simulate", "dllm", "--algorithm", "Greedy"]),
@@ -249,9 +281,21 @@ def cases() -> list[tuple[str, list[str]]]:
         "config_types",
         "report_hist_keys",
         "report_no_block",
+        "deep_json",
+        "long_int_json",
     ):
         c.append(
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
+        )
+    for f in ("deep_json", "long_int_json"):
+        c.append(
+            (f"simulate-dllm-calibration-{f}", ["simulate", "dllm", "--calibration", f"{{{f}}}"])
+        )
+        c.append(
+            (
+                f"simulate-dllm-forward-table-{f}",
+                ["simulate", "dllm", "--forward", f"table:{{{f}}}"],
+            )
         )
     for what in ("sbs", "replicas"):
         for flag, value in (("--qps", "5"), ("--arrivals", "fixed"), ("--decode", "8")):
@@ -261,7 +305,7 @@ def cases() -> list[tuple[str, list[str]]]:
                     ["simulate", what, "--trace-csv", "{vidur_trace}", flag, value],
                 )
             )
-        for f in ("missing", "dir", "binary", "latin1"):
+        for f in ("missing", "dir", "binary", "latin1", "csv_big_field", "csv_header_only"):
             c.append(
                 (f"simulate-{what}-trace-csv-{f}", ["simulate", what, "--trace-csv", f"{{{f}}}"])
             )
@@ -272,14 +316,13 @@ def cases() -> list[tuple[str, list[str]]]:
 
 
 def _fill(argv: list[str], files: dict[str, Path]) -> list[str]:
+    """Each {name} inside an argument (a whole argument, or a part: `table:{deep_json}`)
+    replaced by that file's path."""
     out = []
     for a in argv:
-        if a.startswith("{") and a.endswith("}") and a[1:-1] in files:
-            out.append(str(files[a[1:-1]]))
-        elif "{empty}" in a:
-            out.append(a.replace("{empty}", str(files["empty"])))
-        else:
-            out.append(a)
+        for name, path in files.items():
+            a = a.replace(f"{{{name}}}", str(path))
+        out.append(a)
     return out
 
 
@@ -299,8 +342,10 @@ def test_bad_input_is_exit_2_with_one_line(
     lines = [line for line in err.splitlines() if line.strip()]
     message = lines[-1] if lines else ""
     assert "error" in message and "Traceback" not in err, f"{case}: {err}"
-    # one line for the error itself (the simulator may print its progress before it)
+    # one line for the error itself (the simulator may print its progress before it), and no
+    # usage block: that is for --help
     assert sum("error" in line for line in lines) == 1, f"{case}: {err}"
+    assert not any(line.startswith("usage:") for line in lines), f"{case}: {err}"
     assert not list(tmp_path.iterdir()), f"{case}: wrote files before refusing"
 
 

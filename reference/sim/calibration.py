@@ -76,6 +76,7 @@ import numpy as np
 
 from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
 from reference.sim.errors import SimConfigError, SimError
+from spec.json_text import parse_json
 
 SCHEMA = "schedspec.dllm-calibration/3"
 OLD_SCHEMAS = ("schedspec.dllm-calibration/1", "schedspec.dllm-calibration/2")
@@ -440,11 +441,11 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         try:
-            data = json.loads(path.read_text())
+            data = parse_json(path.read_text())
         except OSError as err:
             raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
         except json.JSONDecodeError as err:
-            raise CalibrationError(str(path), f"not JSON (line {err.lineno})") from None
+            raise CalibrationError(str(path), f"not JSON (line {err.lineno}: {err.msg})") from None
         if isinstance(data, dict) and data.get("schema") in OLD_SCHEMAS:
             raise CalibrationError(
                 str(path),

@@ -15,7 +15,6 @@ deterministic.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reference.sim.errors import SimConfigError
+from spec.json_text import parse_json
 
 
 class ExecModel(Protocol):
@@ -237,7 +237,7 @@ class Table:
     @classmethod
     def load(cls, path: Path) -> Table:
         """JSON: {"points": [[tokens, seconds], ...]} or a bare list of pairs."""
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
         raw = data["points"] if isinstance(data, dict) else data
         return cls.from_measurements([(float(a), float(b)) for a, b in raw])
 

@@ -27,6 +27,7 @@ from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrde
 from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
+from spec.json_text import parse_json
 from spec.trace import TraceFormatError
 
 FAMILY = "ar"
@@ -270,10 +271,9 @@ class ArTraceReader:
             if not line.strip():
                 continue
             try:
-                data = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as err:
-                msg = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
-                raise TraceFormatError(self._line_no, f"not JSON: {msg}") from None
+                data = parse_json(line)
+            except json.JSONDecodeError as err:
+                raise TraceFormatError(self._line_no, f"not JSON: {err.msg}") from None
             if not isinstance(data, dict):
                 raise TraceFormatError(self._line_no, "each line must be a JSON object")
             return self._line_no, data
@@ -311,7 +311,7 @@ def trace_family(path: str | Path) -> str | None:
         with open(path, encoding="utf-8-sig") as fh:
             for line in fh:
                 if line.strip():
-                    data = json.loads(line)
+                    data = parse_json(line)
                     if isinstance(data, dict) and data.get("kind") == "config":
                         family = data.get("family")
                         return family if isinstance(family, str) else None
@@ -319,7 +319,7 @@ def trace_family(path: str | Path) -> str | None:
                     if isinstance(kind, str) and kind in AR_EVENT_BY_KIND:
                         return FAMILY
                     return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return None
 

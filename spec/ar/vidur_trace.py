@@ -7,18 +7,20 @@ non-decreasing. As in Vidur, `num_decode_tokens` counts every output token, incl
 the prefill produces. Blank rows are skipped.
 
 Any malformed line raises `TraceRowError` naming the line (1-based, header = 1) and what was
-wrong: an empty file or a header without the columns, a missing field, a value that is not a
-number or not finite, a negative value, a token count that is not a whole number >= 1, an
-arrival before the previous row's.
+wrong: an empty file, a header without the columns or without any request row after it, a line
+the CSV reader refuses (a field over its size limit, a stray NUL), a missing field, a value that
+is not a number or not finite, a negative value, a token count that is not a whole number >= 1,
+an arrival before the previous row's.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spec.errors import SchedSpecError
 
@@ -68,10 +70,23 @@ def _number(line: int, column: str, text: str, integer: bool, source: str | None
     return value
 
 
+def _csv_rows(reader: Any, source: str | None) -> Iterator[list[str]]:
+    """The reader's rows; a line it refuses (`csv.Error`) raises `TraceRowError` naming it."""
+    while True:
+        try:
+            row: list[str] = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise TraceRowError(reader.line_num, f"not CSV ({err})", source) from None
+        yield row
+
+
 def parse_vidur_trace_lines(lines: Iterable[str], source: str | None = None) -> VidurTrace:
     """Parse CSV lines (a text file object, `str.splitlines(keepends=True)`, ...)."""
     reader = csv.reader(lines)
-    header = next(reader, None)
+    rows = _csv_rows(reader, source)
+    header = next(rows, None)
     if header is None:
         raise TraceRowError(1, f"empty file: expected a header {','.join(TRACE_COLUMNS)}", source)
     cols = [h.strip() for h in header]
@@ -86,7 +101,7 @@ def parse_vidur_trace_lines(lines: Iterable[str], source: str | None = None) -> 
     pre: list[int] = []
     dec: list[int] = []
     last = 0.0
-    for row in reader:
+    for row in rows:
         line = reader.line_num
         if not row or all(not c.strip() for c in row):
             continue
@@ -106,6 +121,10 @@ def parse_vidur_trace_lines(lines: Iterable[str], source: str | None = None) -> 
         times.append(t)
         pre.append(int(p))
         dec.append(int(d))
+    if not times:
+        raise TraceRowError(
+            reader.line_num + 1, "no requests: the header is followed by no request row", source
+        )
     return VidurTrace(tuple(times), tuple(pre), tuple(dec))
 
 
