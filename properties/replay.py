@@ -90,7 +90,7 @@ class ReplayHarness(Generic[M]):
             if self.violation is not None and self.violation is not before:
                 raise self.violation from err
             raise self._violate("progress", f"{what}: {err}") from err
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # sys.exit() inside the implementation too
             if self.violation is not None and self.violation is not before:
                 raise self.violation from err
             raise self._violate(

@@ -60,7 +60,7 @@ def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
         ) from None
     except (SchedSpecError, KeyboardInterrupt):
         raise
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # an implementation's sys.exit() must not pass
         frames = traceback.extract_tb(err.__traceback__)
         where = f", at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
         raise SpecViolation(

@@ -5,6 +5,7 @@ exit codes 0/1/2 with one-line errors."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,32 @@ def test_an_implementation_that_raises_is_a_violation_not_a_traceback(
         "[implementation_error]" in err and f"{impl} raised IndexError: row table overflow" in err
     )
     assert "during the sync@4 run" in err and "test_cli_parity_impl.py:" in err, err
+
+
+class ExitsInBatches(CrashesInBatches):
+    """As `CrashesInBatches`, but its third submission calls `sys.exit(0)`."""
+
+    def submit(self, request: RequestSpec) -> None:
+        self.submitted += 1
+        if self.config.max_running_requests > 1 and self.submitted == 3:
+            sys.exit(0)
+        Plain.submit(self, request)
+
+
+def make_exiting(config: DllmConfig, sink: EventSink) -> ExitsInBatches:
+    return ExitsInBatches(config, sink)
+
+
+def test_an_implementation_that_exits_fails_instead_of_passing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sys.exit(0)` inside the implementation would have ended the check with exit status 0
+    and no verdict: it is an `implementation_error` like any exception of its own."""
+    impl = "tests.test_cli_parity_impl:make_exiting"
+    code, out, err = _run(["--impl", impl, *ARGS], capsys)
+    assert code == 1, out + err
+    assert f"[implementation_error] {impl} raised SystemExit: 0" in err, err
+    assert "during the sync@4 run" in err, err
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ ConformanceBase (implementation errors as findings, ignored rules, the abort/dra
 
 from __future__ import annotations
 
+import sys
 from typing import ClassVar
 
 import pytest
@@ -88,6 +89,15 @@ class _OutOfMemory(ReferenceDllmScheduler):
         super().run_round()
 
 
+class _ExitsMidRound(ReferenceDllmScheduler):
+    """An engine that calls `sys.exit` when it hits a state it cannot handle."""
+
+    def run_round(self) -> None:
+        if len(self.running) + len(self.waiting) >= 2:
+            sys.exit("cannot batch two requests")
+        super().run_round()
+
+
 class _GivesUp(ReferenceDllmScheduler):
     def drain(self, max_rounds: int = 100_000) -> None:
         if self.waiting or self.running:
@@ -101,6 +111,14 @@ def test_unexpected_exception_is_an_implementation_error_finding() -> None:
     assert failure.rule == "implementation_error", failure.message
     assert "RuntimeError: Prefill out of memory" in failure.message
     assert "state.submit(" in failure.program
+
+
+def test_sys_exit_inside_the_implementation_is_an_implementation_error_finding() -> None:
+    err, printed = run_machine(conformance_machine(_ExitsMidRound), RUN)
+    assert err is not None
+    failure = failure_from(err, printed)
+    assert failure.rule == "implementation_error", failure.message
+    assert "SystemExit: cannot batch two requests" in failure.message
 
 
 def test_scheduler_stalled_from_drain_breaks_progress() -> None:
