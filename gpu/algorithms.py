@@ -30,6 +30,7 @@ import yaml
 from gpu.errors import UnknownAlgorithm, UnknownAlgorithmKey
 from gpu.tokenizer import MASK_ID
 from spec.errors import ConfigError, SchedSpecError
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -298,7 +299,7 @@ def load_algorithm_config(path: str | Path, *, mask_id: int = MASK_ID) -> DllmAl
     """Build an algorithm from a YAML (.yaml/.yml) or JSON file such as
     `{"algorithm": "JointThreshold", "threshold": 0.6}`."""
     source = Path(path)
-    text = source.read_text(encoding="utf-8")
+    text = read_input_text(source)
     try:
         if source.suffix.lower() in (".yaml", ".yml"):
             data = yaml.safe_load(text)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spec.errors import ConfigError
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
 
@@ -88,7 +89,7 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input_text(path)
         try:
             data = parse_json(text)
         except json.JSONDecodeError as exc:

@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from properties.deadline import CallDeadlineExceeded
 from properties.verify import Failure, failure_from, run_machine
 from spec.errors import ConfigError
+from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
 from spec.profile import AcceptedDeviation
 
@@ -171,7 +172,7 @@ def parse_accept_file(
     """
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_input_bytes(p)
     except IsADirectoryError:
         raise ConfigError("accept", str(path), "a file (this is a directory)") from None
     except OSError as err:

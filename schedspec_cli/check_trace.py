@@ -19,6 +19,7 @@ from typing import Any
 from schedspec_cli.typecheck import fields_problem
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
+from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
 
 SNIFF_BYTES = 1 << 16
@@ -91,8 +92,10 @@ def _read_bytes(path: str, flag: str, limit: int | None) -> bytes:
     if p.is_dir():
         raise ConfigError(flag, path, "a file (this is a directory)")
     try:
+        if limit is None:
+            return read_input_bytes(p)
         with p.open("rb") as fh:
-            return fh.read() if limit is None else fh.read(limit)
+            return fh.read(limit)
     except OSError as err:
         raise ConfigError(flag, path, f"a readable file ({err.strerror})") from None
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from schedspec_cli.args import Parser
 from spec.errors import ConfigError
+from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
 from spec.parity import RELEASE_MIN_NEW_TOKENS
 
@@ -52,7 +53,7 @@ def load_report(path: str) -> dict[str, Any]:
     if p.is_dir():
         raise ConfigError("parity_json", path, "a file (this is a directory)")
     try:
-        raw = p.read_bytes()
+        raw = read_input_bytes(p)
     except OSError as err:
         raise ConfigError("parity_json", path, f"a readable file ({err.strerror})") from None
     try:

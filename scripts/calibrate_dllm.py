@@ -31,6 +31,7 @@ from typing import Any
 from reference.sim.calibration import Calibration, CalibrationError
 from reference.sim.dllm_profile import RequestProfile
 from schedspec_cli.output import output_file
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
 
@@ -129,7 +130,7 @@ def read_benches(files: list[str]) -> list[dict[str, Any]]:
     benches = []
     for f in files:
         try:
-            bench = parse_json(Path(f).read_text())
+            bench = parse_json(read_input_text(f))
         except OSError as err:
             raise CalibrationError(f, f"cannot be read ({err.strerror})") from None
         except json.JSONDecodeError as err:

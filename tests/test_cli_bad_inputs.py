@@ -79,6 +79,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["missing"] = d / "does-not-exist.jsonl"
     out["dir"] = d
     out["unicode_missing"] = d / "ñö-fïlé.jsonl"
+    out["zero"] = Path("/dev/zero")  # endless: a reader must stop at its bound
     out["calibration"] = Path(__file__).resolve().parents[1] / "docs" / "dllm-calibration-cpu.json"
     return out
 
@@ -120,6 +121,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "config_other",
         "deep_json",
         "long_int_json",
+        "zero",
     ):
         c.append(
             (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", f"{{{f}}}"])
@@ -178,6 +180,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "json_list",
         "deep_json",
         "long_int_json",
+        "zero",
     ):
         c.append(
             (f"verify-accept-{f}", ["verify", "--impl", "reference-dllm", "--accept", f"{{{f}}}"])
@@ -231,6 +234,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "parity_types",
         "deep_json",
         "long_int_json",
+        "zero",
     ):
         c.append((f"release-check-{f}", ["release-check", f"{{{f}}}"]))
     c.append(("release-check-none", ["release-check"]))
@@ -283,11 +287,12 @@ def cases() -> list[tuple[str, list[str]]]:
         "report_no_block",
         "deep_json",
         "long_int_json",
+        "zero",
     ):
         c.append(
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
         )
-    for f in ("deep_json", "long_int_json"):
+    for f in ("deep_json", "long_int_json", "zero"):
         c.append(
             (f"simulate-dllm-calibration-{f}", ["simulate", "dllm", "--calibration", f"{{{f}}}"])
         )
@@ -305,7 +310,15 @@ def cases() -> list[tuple[str, list[str]]]:
                     ["simulate", what, "--trace-csv", "{vidur_trace}", flag, value],
                 )
             )
-        for f in ("missing", "dir", "binary", "latin1", "csv_big_field", "csv_header_only"):
+        for f in (
+            "missing",
+            "dir",
+            "binary",
+            "latin1",
+            "csv_big_field",
+            "csv_header_only",
+            "zero",
+        ):
             c.append(
                 (f"simulate-{what}-trace-csv-{f}", ["simulate", what, "--trace-csv", f"{{{f}}}"])
             )

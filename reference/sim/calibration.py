@@ -76,6 +76,7 @@ import numpy as np
 
 from reference.sim.dllm_profile import ProfileWorkload, RequestProfile
 from reference.sim.errors import SimConfigError, SimError
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
 SCHEMA = "schedspec.dllm-calibration/3"
@@ -441,7 +442,7 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         try:
-            data = parse_json(path.read_text())
+            data = parse_json(read_input_text(path))
         except OSError as err:
             raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
         except json.JSONDecodeError as err:

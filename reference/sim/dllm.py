@@ -60,6 +60,7 @@ from spec.events import (
     KvFreed,
     Submitted,
 )
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 from spec.machine import SpecMachine
 
@@ -121,7 +122,7 @@ class StepDist:
         raises `SimConfigError` naming what would be valid."""
         shape = '{"block_size": B, "algorithm": {NAME: {"histogram": {F: COUNT, ...}}}}'
         try:
-            data = parse_json(path.read_text(encoding="utf-8"))
+            data = parse_json(read_input_text(path))
         except (OSError, UnicodeDecodeError, ValueError) as err:
             raise SimConfigError(
                 "steps_report", str(path), f"a readable rounds report JSON ({reason_of(err)})"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reference.sim.errors import SimConfigError
+from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
 
@@ -237,7 +238,7 @@ class Table:
     @classmethod
     def load(cls, path: Path) -> Table:
         """JSON: {"points": [[tokens, seconds], ...]} or a bare list of pairs."""
-        data = parse_json(path.read_text())
+        data = parse_json(read_input_text(path))
         raw = data["points"] if isinstance(data, dict) else data
         return cls.from_measurements([(float(a), float(b)) for a, b in raw])
 

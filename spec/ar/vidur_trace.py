@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from spec.errors import SchedSpecError
 
@@ -132,10 +132,25 @@ def parse_vidur_trace_text(text: str, source: str | None = None) -> VidurTrace:
     return parse_vidur_trace_lines(text.splitlines(keepends=True), source)
 
 
+# A row of this format is tens of characters; a longer line is not a trace (`/dev/zero`, a
+# binary file) and is refused before it is held in memory whole.
+MAX_LINE_CHARS = 1 << 20
+
+
+def _bounded_lines(f: TextIO, source: str) -> Iterator[str]:
+    """The file's lines; one longer than `MAX_LINE_CHARS` raises `TraceRowError`."""
+    no = 0
+    while line := f.readline(MAX_LINE_CHARS + 1):
+        no += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceRowError(no, f"a line longer than {MAX_LINE_CHARS} characters", source)
+        yield line
+
+
 def read_vidur_trace_file(path: str | Path) -> VidurTrace:
     """Read a Vidur trace CSV file; errors name the file and the line."""
     with open(path, newline="", encoding="utf-8") as f:
-        return parse_vidur_trace_lines(f, str(path))
+        return parse_vidur_trace_lines(_bounded_lines(f, str(path)), str(path))
 
 
 __all__ = [
