@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spec.errors import (
@@ -30,6 +31,8 @@ class Mode(enum.Enum):
     def parse(cls, value: str | Mode) -> Mode:
         if isinstance(value, Mode):
             return value
+        if not isinstance(value, str):
+            raise ConfigError("mode", value, "one of 'sync', 'fdfo' (a string or a Mode)")
         try:
             return cls(value.lower())
         except ValueError:
@@ -244,7 +247,12 @@ def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
     rid = request.request_id
     if not isinstance(rid, str) or not rid:
         raise InvalidRequest(str(rid), "request_id", rid, "must be a non-empty string")
-    if len(request.prompt) == 0:
+    prompt = request.prompt
+    if not isinstance(prompt, Sequence) or isinstance(prompt, (str, bytes)):
+        raise InvalidRequest(
+            rid, "prompt", type(prompt).__name__, "a sequence of token ids (a tuple of ints)"
+        )
+    if len(prompt) == 0:
         raise EmptyPrompt(rid)
     for tok in request.prompt:
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:

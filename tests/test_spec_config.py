@@ -58,6 +58,9 @@ def test_request_validation_errors() -> None:
         validate_request(c, RequestSpec("a", (1,), 0))
     with pytest.raises(InvalidRequest, match=">= 0"):
         validate_request(c, RequestSpec("a", (3, -1), 1))
+    for not_a_sequence in (None, 7, "12"):
+        with pytest.raises(InvalidRequest, match="a sequence of token ids"):
+            validate_request(c, RequestSpec("a", not_a_sequence, 1))  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="mask token"):
         validate_request(c.replace(mask_token_id=1), RequestSpec("a", (3, 1), 1))
     with pytest.raises(PromptTooLong, match="max_context is 16"):
@@ -80,6 +83,8 @@ def test_request_validation_errors() -> None:
         ({"block_size": 2**40, "page_size": 2**40, "max_context": 2**40}, "block_size"),
         ({"kv_pages": 10**12}, "kv_pages"),
         ({"kv_pages": "16"}, "kv_pages"),
+        ({"mode": 0}, "mode"),
+        ({"mode": None}, "mode"),
     ],
 )
 def test_every_field_is_typed_and_bounded(changes: dict[str, object], field: str) -> None:
