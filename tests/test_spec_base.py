@@ -104,21 +104,23 @@ class _GivesUp(ReferenceDllmScheduler):
             raise SchedulerStalled(max_rounds, "gave up")
 
 
-def test_unexpected_exception_is_an_implementation_error_finding() -> None:
-    err, printed = run_machine(conformance_machine(_OutOfMemory), RUN)
+@pytest.mark.parametrize(
+    ("impl", "raised"),
+    [
+        (_OutOfMemory, "RuntimeError: Prefill out of memory"),
+        (_ExitsMidRound, "SystemExit: cannot batch two requests"),  # sys.exit() too
+    ],
+    ids=["exception", "sys-exit"],
+)
+def test_unexpected_exception_is_an_implementation_error_finding(
+    impl: type[ReferenceDllmScheduler], raised: str
+) -> None:
+    err, printed = run_machine(conformance_machine(impl), RUN)
     assert err is not None
     failure = failure_from(err, printed)
     assert failure.rule == "implementation_error", failure.message
-    assert "RuntimeError: Prefill out of memory" in failure.message
+    assert raised in failure.message
     assert "state.submit(" in failure.program
-
-
-def test_sys_exit_inside_the_implementation_is_an_implementation_error_finding() -> None:
-    err, printed = run_machine(conformance_machine(_ExitsMidRound), RUN)
-    assert err is not None
-    failure = failure_from(err, printed)
-    assert failure.rule == "implementation_error", failure.message
-    assert "SystemExit: cannot batch two requests" in failure.message
 
 
 def test_scheduler_stalled_from_drain_breaks_progress() -> None:
