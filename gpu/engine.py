@@ -208,6 +208,11 @@ class DllmEngine:
         ):
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise ConfigError(name, cap, "an integer >= 0")
+        # K/V are activations: an integer pool would truncate them to garbage without an error
+        if not isinstance(kv_dtype, torch.dtype) or not kv_dtype.is_floating_point:
+            raise ConfigError(
+                "kv_dtype", kv_dtype, "a floating-point torch dtype (torch.float32, torch.bfloat16)"
+            )
         self._config = config
         self.sink = sink
         self.device = resolve_device(device)

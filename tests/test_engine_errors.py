@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu.algorithms import make_algorithm
 from gpu.engine import DeviceUnavailable, DllmEngine, make_small_engine, resolve_device, tiny_model
 from gpu.errors import UnknownAlgorithm
 from gpu.token_map import TokenOutOfVocabulary
@@ -149,6 +150,18 @@ def test_unknown_device_name() -> None:
 def test_context_beyond_the_model_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="max_context"):
         make_small_engine(DllmConfig(max_context=512, kv_pages=128), lambda e: None)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bool, "float32", None])
+def test_a_kv_pool_that_cannot_hold_activations_is_a_config_error(kv_dtype: object) -> None:
+    with pytest.raises(ConfigError, match=r"kv_dtype.*floating-point torch dtype"):
+        DllmEngine(
+            CONFIG,
+            lambda e: None,
+            model=tiny_model("cpu"),
+            algorithm=make_algorithm("LowConfidence", {}),
+            kv_dtype=kv_dtype,  # type: ignore[arg-type]
+        )
 
 
 def test_bad_page_size_is_rejected_by_the_config() -> None:
