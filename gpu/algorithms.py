@@ -305,7 +305,7 @@ def load_algorithm_config(path: str | Path, *, mask_id: int = MASK_ID) -> DllmAl
             data = yaml.safe_load(text)
         else:
             data = parse_json(text)
-    except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:
+    except (yaml.YAMLError, json.JSONDecodeError, RecursionError) as exc:  # YAML nested too deep
         raise ConfigError("algorithm_config", str(source), f"valid YAML or JSON ({exc})") from exc
     if not isinstance(data, dict) or "algorithm" not in data:
         raise ConfigError(

@@ -117,8 +117,7 @@ def sniff_header(path: str) -> Header:
         if len(head) < SNIFF_BYTES:
             raise ConfigError("file", path, "a non-empty event log")
         return Header(0, None)
-    lines = text.splitlines(keepends=True)
-    for no, line in enumerate(lines, start=1):
+    for no, line in enumerate(text.splitlines(keepends=True), start=1):
         if not line.strip():
             continue
         try:
