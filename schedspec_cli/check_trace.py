@@ -71,6 +71,8 @@ def _event_family(data: object) -> Family | None:
     from spec.events import EVENT_BY_KIND
 
     kind = data.get("kind") if isinstance(data, dict) else None
+    if not isinstance(kind, str):  # a list or object is no kind (and is unhashable)
+        return None
     if kind in AR_EVENT_BY_KIND:
         return Family.AR
     if kind in EVENT_BY_KIND:
