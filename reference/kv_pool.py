@@ -8,6 +8,8 @@ Every allocation and free is reported to the event sink at the moment it happens
 
 from __future__ import annotations
 
+import heapq
+
 from spec.adapter import EventSink
 from spec.config import DllmConfig
 from spec.events import KvAllocated, KvFreed
@@ -26,6 +28,13 @@ class PagedKvPool:
         self.sink = sink
         self.owner: list[SlotOwner | None] = [None] * config.kv_slots
         self.free_pages: set[int] = set(range(config.kv_pages))
+        # Two indexes keep an allocation O(block) instead of O(pool): the simulator serves long
+        # prompts on large pools through this class. `owner` and `free_pages` stay the truth.
+        # The heap holds every free page, plus stale entries that are skipped when popped.
+        self._page_heap: list[int] = list(range(config.kv_pages))
+        # Per request, per block: the slot groups given to it (`take`) that still hold a slot
+        # of it, so a request's slots are found without scanning the pool.
+        self._groups: dict[str, dict[int, list[tuple[int, ...]]]] = {}
 
     # --- queries
     def free_slots(self) -> frozenset[int]:
@@ -35,12 +44,24 @@ class PagedKvPool:
         return {i: o for i, o in enumerate(self.owner) if o is not None}
 
     def slots_of(self, request_id: str) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o is not None and o[0] == request_id]
+        """The request's slots, ascending."""
+        blocks = self._groups.get(request_id, {})
+        return sorted(s for k in list(blocks) for s in self.slots_of_block(request_id, k))
 
     def slots_of_block(self, request_id: str, block_index: int) -> list[int]:
-        return [i for i, o in enumerate(self.owner) if o == (request_id, block_index)]
+        """The block's slots, ascending."""
+        key = (request_id, block_index)
+        groups = self._groups.get(request_id, {}).get(block_index, ())
+        return sorted(s for group in groups for s in group if self.owner[s] == key)
 
     # --- allocation
+    def take(self, request_id: str, block_index: int, slots: tuple[int, ...]) -> None:
+        """Record `slots` as the block's (the one place slot owners are set)."""
+        key = (request_id, block_index)
+        for s in slots:
+            self.owner[s] = key
+        self._groups.setdefault(request_id, {}).setdefault(block_index, []).append(slots)
+
     def allocate_block(self, request_id: str, block_index: int) -> tuple[int, ...]:
         """Slots for block `block_index` of the request, page-aligned; emits KvAllocated."""
         b, p = self.config.block_size, self.config.page_size
@@ -48,7 +69,9 @@ class PagedKvPool:
         if offset == 0:
             if not self.free_pages:
                 raise PoolExhausted(f"no free page for block {block_index} of {request_id!r}")
-            page = min(self.free_pages)
+            page = heapq.heappop(self._page_heap)
+            while page not in self.free_pages:  # a stale entry: allocated since it was pushed
+                page = heapq.heappop(self._page_heap)
             self.free_pages.discard(page)
             start = page * p
         else:
@@ -60,8 +83,7 @@ class PagedKvPool:
                 )
             start = max(prev) + 1
         slots = tuple(range(start, start + b))
-        for s in slots:
-            self.owner[s] = (request_id, block_index)
+        self.take(request_id, block_index, slots)
         self.sink(KvAllocated(request_id, block_index, slots))
         return slots
 
@@ -71,12 +93,33 @@ class PagedKvPool:
         if not slots:
             return
         p = self.config.page_size
+        emptied = {o for o in (self.owner[s] for s in slots) if o is not None}
         for s in slots:
             self.owner[s] = None
+        self._forget_freed(emptied)
         for page in {s // p for s in slots}:
-            if all(o is None for o in self.owner[page * p : page * p + p]):
+            if page not in self.free_pages and all(
+                o is None for o in self.owner[page * p : page * p + p]
+            ):
                 self.free_pages.add(page)
+                heapq.heappush(self._page_heap, page)
         self.sink(KvFreed(request_id, tuple(sorted(slots))))
+
+    def _forget_freed(self, blocks: set[SlotOwner]) -> None:
+        """Drop these blocks' groups that hold no slot of theirs any more (so the index holds
+        live blocks only, however many requests the pool has served)."""
+        for key in blocks:
+            request_id, block_index = key
+            of_request = self._groups.get(request_id, {})
+            live = [
+                g for g in of_request.get(block_index, ()) if any(self.owner[s] == key for s in g)
+            ]
+            if live:
+                of_request[block_index] = live
+            else:
+                of_request.pop(block_index, None)
+                if not of_request:
+                    self._groups.pop(request_id, None)
 
 
 class RequestPool:

@@ -56,9 +56,9 @@ def _seat_counts(text: str) -> tuple[int, ...]:
         seats = tuple(int(x) for x in text.split(","))
     except ValueError:
         seats = ()
-    if not seats or any(not 1 <= k <= 4096 for k in seats):
+    if not seats or any(not 1 <= k <= MAX_SIM_SEATS for k in seats):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a seat list (valid: comma-separated integers in 1..4096)"
+            f"{text!r} is not a seat list (valid: comma-separated integers in 1..{MAX_SIM_SEATS})"
         )
     return seats
 
@@ -120,7 +120,7 @@ def _add_workload(
     p.add_argument(
         "--burst", type=positive(), help="requests per burst (--arrivals bursts; default 8)"
     )
-    p.add_argument("--requests", type=positive(10_000_000), help=f"default {requests}")
+    p.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), help=f"default {requests}")
     p.add_argument("--prefill", help=f"prompt tokens: N or LOW-HIGH (default {prefill})")
     p.add_argument("--decode", help=f"output tokens: N or LOW-HIGH (default {decode})")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
@@ -148,6 +148,9 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
 # development machine; block 4096 ran out of any sensible budget). dLLM block sizes in use are
 # 4-64; this bound keeps the command finite.
 MAX_SIM_BLOCK_SIZE = 256
+MAX_SIM_REQUESTS = 10_000_000
+MAX_SIM_REQUEST_BLOCKS = 100_000  # generated blocks per request; a prompt's blocks likewise
+MAX_SIM_SEATS = 4096
 
 
 def build_parser() -> Parser:
@@ -182,8 +185,8 @@ def build_parser() -> Parser:
         default=(1, 2, 4, 8, 16),
         help="comma-separated max_running_requests values (default 1,2,4,8,16)",
     )
-    d.add_argument("--requests", type=positive(10_000_000), default=128)
-    d.add_argument("--gen-blocks", type=positive(100_000), default=16)
+    d.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), default=128)
+    d.add_argument("--gen-blocks", type=positive(MAX_SIM_REQUEST_BLOCKS), default=16)
     d.add_argument(
         "--forward",
         default="linear:0.020,2e-5,0",
@@ -262,7 +265,7 @@ def _add_sweep(sub: Any) -> None:
     )
     w.add_argument("--replicas", default="2", help="comma-separated replica counts")
     w.add_argument("--kv-tokens", default="8192,32768", help="comma-separated KV pool sizes")
-    w.add_argument("--requests", type=positive(10_000_000), default=1000)
+    w.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), default=1000)
     w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
     w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
     w.add_argument("--max-batch", type=positive(1_000_000), default=32, help="seats per replica")
@@ -465,11 +468,42 @@ def _calibrated_costs(cal: Any, time_model: str) -> Any:
     return overrides
 
 
+def _check_calibration_sizes(cal: Any) -> None:
+    """A calibration sets the sizes the flags would: hold it to the flags' bounds (a table
+    edited past them would run for hours, not fail)."""
+    from reference.sim.calibration import CalibrationError
+
+    b = cal.block_size
+    bounds = (
+        ("block_size", b, MAX_SIM_BLOCK_SIZE, "--block-size"),
+        ("requests", cal.requests, MAX_SIM_REQUESTS, "--requests"),
+        (
+            "max_new_tokens / block_size",
+            cal.max_new_tokens // b,
+            MAX_SIM_REQUEST_BLOCKS,
+            "--gen-blocks",
+        ),
+        ("rows' max_running", max(cal.seats(), default=0), MAX_SIM_SEATS, "--seats"),
+        (
+            "profiles' prompt_len / block_size",
+            max((p.prompt_len // b for p in cal.profiles), default=0),
+            MAX_SIM_REQUEST_BLOCKS,
+            "--gen-blocks",
+        ),
+    )
+    for field, value, high, flag in bounds:
+        if value > high:
+            raise CalibrationError(
+                cal.path, f"{field} is {value}, beyond the simulator's bound {high} (as {flag})"
+            )
+
+
 def _load_calibration(args: argparse.Namespace) -> Any:
     """The calibration table; the run takes the measured workload's sizes from it."""
     from reference.sim.calibration import Calibration
 
     cal = Calibration.load(Path(args.calibration))
+    _check_calibration_sizes(cal)
     args.block_size = cal.block_size
     args.requests = cal.requests
     args.gen_blocks = cal.max_new_tokens // cal.block_size

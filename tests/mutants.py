@@ -131,8 +131,7 @@ class RaggedRow(ReferenceDllmScheduler):
 class _FirstFitPool(PagedKvPool):
     def allocate_block(self, request_id: str, block_index: int) -> tuple[int, ...]:
         free = [i for i, o in enumerate(self.owner) if o is None][: self.config.block_size]
-        for s in free:
-            self.owner[s] = (request_id, block_index)
+        self.take(request_id, block_index, tuple(free))
         p = self.config.page_size
         self.free_pages -= {s // p for s in free}
         self.sink(KvAllocated(request_id, block_index, tuple(free)))
@@ -271,6 +270,7 @@ class _OneBasedPagePool(PagedKvPool):
         super().__init__(config, sink)
         self.owner = self.owner + [None] * config.page_size  # its own table has the room
         self.free_pages = set(range(1, config.kv_pages + 1))
+        self._page_heap = sorted(self.free_pages)
 
     def free_slots(self) -> frozenset[int]:
         live = self.owner[: self.config.kv_slots]

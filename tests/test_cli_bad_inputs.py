@@ -22,6 +22,7 @@ from schedspec_cli.main import main
 HUGE = "9" * 30
 DEEP = "[" * 100_000 + "]" * 100_000  # nested past the interpreter's recursion limit
 LONG_INT = "1" + "0" * 5_000  # past Python's integer-conversion digit limit
+CALIBRATION = Path(__file__).resolve().parents[1] / "docs" / "dllm-calibration-cpu.json"
 TRACE_HEADER = {"kind": "config", "block_size": 2, "page_size": 2, "kv_pages": 2, "max_context": 4}
 
 
@@ -74,6 +75,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ).encode(),
         "long_int_header": ('{"kind":"config","block_size":' + LONG_INT + "}\n").encode(),
     }
+    calibration = json.loads(CALIBRATION.read_text())
+    for name, edit in (
+        (
+            "cal_long_prompt",
+            {"profiles": [{"prompt_len": 9_000_000, "forwards": [2], "tokens": 8}]},
+        ),
+        ("cal_big_block", {"block_size": 512, "max_new_tokens": 512}),
+        (
+            "cal_many_seats",
+            {"rows": [{**r, "max_running": r["max_running"] * 1000} for r in calibration["rows"]]},
+        ),
+    ):
+        contents[name] = json.dumps({**calibration, **edit}).encode()
     out = {}
     for name, data in contents.items():
         (d / name).write_bytes(data)
@@ -82,7 +96,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["dir"] = d
     out["unicode_missing"] = d / "ñö-fïlé.jsonl"
     out["zero"] = Path("/dev/zero")  # endless: a reader must stop at its bound
-    out["calibration"] = Path(__file__).resolve().parents[1] / "docs" / "dllm-calibration-cpu.json"
+    out["calibration"] = CALIBRATION
     return out
 
 
@@ -295,6 +309,10 @@ def cases() -> list[tuple[str, list[str]]]:
     ):
         c.append(
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
+        )
+    for f in ("cal_long_prompt", "cal_big_block", "cal_many_seats"):  # would run for hours
+        c.append(
+            (f"simulate-dllm-calibration-{f}", ["simulate", "dllm", "--calibration", f"{{{f}}}"])
         )
     for f in ("deep_json", "long_int_json", "zero"):
         c.append(
