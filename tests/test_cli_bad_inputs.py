@@ -86,6 +86,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "cal_many_seats",
             {"rows": [{**r, "max_running": r["max_running"] * 1000} for r in calibration["rows"]]},
         ),
+        ("cal_zero_block", {"block_size": 0}),
+        ("cal_short_range", {"paired_range": {"fdfo/sync": {"4": [1.5]}}}),
+        ("cal_zero_ratio", {"measured_ratios": {"fdfo/sync": {"4": 0}}}),
+        ("cal_zero_tokens", {"rows": [{**r, "tokens": 0} for r in calibration["rows"]]}),
     ):
         contents[name] = json.dumps({**calibration, **edit}).encode()
     out = {}
@@ -310,7 +314,15 @@ def cases() -> list[tuple[str, list[str]]]:
         c.append(
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
         )
-    for f in ("cal_long_prompt", "cal_big_block", "cal_many_seats"):  # would run for hours
+    for f in (
+        "cal_long_prompt",  # this one and the next two would run for hours
+        "cal_big_block",
+        "cal_many_seats",
+        "cal_zero_block",
+        "cal_short_range",
+        "cal_zero_ratio",
+        "cal_zero_tokens",
+    ):
         c.append(
             (f"simulate-dllm-calibration-{f}", ["simulate", "dllm", "--calibration", f"{{{f}}}"])
         )

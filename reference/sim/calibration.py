@@ -67,6 +67,7 @@ charges neither (they are inside each mode's measured figures).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,17 @@ from spec.json_text import parse_json
 SCHEMA = "schedspec.dllm-calibration/3"
 OLD_SCHEMAS = ("schedspec.dllm-calibration/1", "schedspec.dllm-calibration/2")
 MODES = ("sync", "fdfo", "fdfo+reuse", "fdfo+reuse+reloop")
+
+
+def _pair(value: Any) -> tuple[float, float]:
+    """A JSON [low, high] pair (ValueError otherwise: the loader names the field)."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"{value!r} is not a [low, high] pair")
+    return float(value[0]), float(value[1])
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
 
 
 class CalibrationError(SimError, ValueError):
@@ -485,13 +497,21 @@ class Calibration:
                 tuple(RequestProfile.from_json(p) for p in data["profiles"]),
                 int(data["repeats"]),
                 {
-                    k: {kk: (float(vv[0]), float(vv[1])) for kk, vv in v.items()}
+                    k: {kk: _pair(vv) for kk, vv in v.items()}
                     for k, v in data["paired_range"].items()
                 },
                 str(path),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CalibrationError(str(path), f"missing or bad field ({err!r})") from None
+        if cal.block_size < 1:
+            raise CalibrationError(str(path), f"block_size {cal.block_size}: must be >= 1")
+        if cal.max_new_tokens < 1 or cal.max_new_tokens % cal.block_size:
+            raise CalibrationError(
+                str(path), "max_new_tokens must be a positive multiple of block_size"
+            )
+        if cal.requests < 1 or cal.repeats < 1:
+            raise CalibrationError(str(path), "requests and repeats must be >= 1")
         try:
             for prof in cal.profiles:
                 prof.check(cal.block_size)
@@ -501,10 +521,20 @@ class Calibration:
             if r.mode not in MODES:
                 raise CalibrationError(str(path), f"mode {r.mode!r}: one of {', '.join(MODES)}")
             counts = (r.forwards, r.row_forwards, r.rounds, r.row_rounds, r.block_allocations)
-            if min(*counts, r.max_running) < 1 or r.seconds <= 0:
+            if min(*counts, r.max_running, r.tokens) < 1:
                 raise CalibrationError(str(path), f"row {r.mode} x{r.max_running}: counts >= 1")
-        if cal.repeats < 1:
-            raise CalibrationError(str(path), "repeats must be >= 1")
-        if cal.block_size < 1 or cal.max_new_tokens % cal.block_size:
-            raise CalibrationError(str(path), "max_new_tokens must be a multiple of block_size")
+            if not (_positive(r.seconds) and 0 <= r.forward_seconds <= r.seconds):
+                raise CalibrationError(
+                    str(path),
+                    f"row {r.mode} x{r.max_running}: seconds must be finite and > 0, "
+                    "forward_seconds between 0 and seconds",
+                )
+        ratios = [x for v in cal.measured_ratios.values() for x in v.values()]
+        ratios += [x for v in cal.paired_range.values() for pair in v.values() for x in pair]
+        if not all(_positive(x) for x in ratios):
+            raise CalibrationError(
+                str(path), "measured_ratios and paired_range must be finite and > 0"
+            )
+        if any(lo > hi for v in cal.paired_range.values() for lo, hi in v.values()):
+            raise CalibrationError(str(path), "paired_range: each range is [lowest, highest]")
         return cal
