@@ -46,7 +46,7 @@ class PagedKvPool:
     def slots_of(self, request_id: str) -> list[int]:
         """The request's slots, ascending."""
         blocks = self._groups.get(request_id, {})
-        return sorted(s for k in list(blocks) for s in self.slots_of_block(request_id, k))
+        return sorted(s for k in blocks for s in self.slots_of_block(request_id, k))
 
     def slots_of_block(self, request_id: str, block_index: int) -> list[int]:
         """The block's slots, ascending."""

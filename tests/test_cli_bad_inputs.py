@@ -315,7 +315,7 @@ def cases() -> list[tuple[str, list[str]]]:
             (f"simulate-dllm-steps-report-{f}", ["simulate", "dllm", "--steps-report", f"{{{f}}}"])
         )
     for f in (
-        "cal_long_prompt",  # this one and the next two would run for hours
+        "cal_long_prompt",  # this one and the next would run for hours
         "cal_big_block",
         "cal_many_seats",
         "cal_zero_block",
