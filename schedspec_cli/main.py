@@ -11,12 +11,14 @@
     schedspec install-engines [vllm|sglang|vidur|all]
 
 Exit status: 0 pass; 1 a violation, mismatch or failed check; 2 a usage or input error, reported
-in one line naming the flag, field or line and what would be valid (never a traceback).
+in one line naming the flag, field or line and what would be valid (never a traceback); 130
+interrupted; 141, silently, when the reader of stdout closed the pipe (`... | head`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -193,6 +195,23 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+# 128 + SIGPIPE: what a shell reports for a writer whose reader went away (`git log | head`)
+EXIT_READER_GONE = 141
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (`schedspec ... | head`): nobody is left to read a
+    message, so exit quietly with the shell's SIGPIPE status. stdout is pointed at the null
+    device first, or the interpreter's flush at exit fails once more and prints a warning."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
+        pass
+    return EXIT_READER_GONE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (0 pass, 1 violation, 2 usage/input error)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -211,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SchedSpecError, NotAnAdapter) as err:
         print(f"schedspec: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
     except OSError as err:  # a path the checks could not foresee (disk full, permissions)
         where = f" {err.filename}:" if err.filename else ""
         print(f"schedspec: error:{where} {_one_line(err.strerror or str(err))}", file=sys.stderr)
@@ -224,4 +245,4 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_READER_GONE", "build_parser", "main"]

@@ -11,13 +11,14 @@ traceback reaches the terminal.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from schedspec_cli.main import main
+from schedspec_cli.main import EXIT_READER_GONE, main
 
 HUGE = "9" * 30
 DEEP = "[" * 100_000 + "]" * 100_000  # nested past the interpreter's recursion limit
@@ -413,3 +414,29 @@ def test_no_traceback_reaches_the_terminal(argv: list[str], files: dict[str, Pat
     )
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and res.stderr.strip().count("\n") <= 1, res.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list-impls"],
+        ["simulate", "dllm", "--requests", "2"],
+        ["bench", "conformance", "--examples", "1"],
+    ],
+)
+def test_a_closed_stdout_ends_the_command_quietly(argv: list[str]) -> None:
+    """`schedspec ... | head` closes the pipe under the writer. That is not an input error
+    (exit 2) and deserves no message: the shell's SIGPIPE status, nothing on stderr. The read
+    end is closed before the command starts, so its first write fails every time."""
+    schedspec = Path(sys.executable).parent / "schedspec"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run(
+            [str(schedspec), *argv], stdout=write_end, stderr=subprocess.PIPE, check=False
+        )
+    finally:
+        os.close(write_end)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_READER_GONE, err
+    assert "error" not in err and "Exception" not in err and "Traceback" not in err, err
