@@ -1,4 +1,4 @@
-"""`schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]`.
+"""`schedspec check-trace FILE|- [--config JSON] [--family dllm|ar] [--require-idle]`.
 
 Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
 from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedspec_cli.trace_source import TraceSource, trace_source
 from schedspec_cli.typecheck import fields_problem
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
@@ -26,7 +27,7 @@ SNIFF_BYTES = 1 << 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="the event log, one JSON object per line")
+    p.add_argument("file", help="the event log, one JSON object per line; - reads standard input")
     p.add_argument(
         "--config",
         metavar="JSON",
@@ -89,35 +90,38 @@ def read_text_file(path: str, flag: str) -> str:
         raise ConfigError(flag, path, "a UTF-8 text file") from None
 
 
-def _read_bytes(path: str, flag: str, limit: int | None) -> bytes:
+def _read_bytes(path: str, flag: str, limit: int | None, name: str | None = None) -> bytes:
     p = Path(path)
+    shown = path if name is None else name
     if p.is_dir():
-        raise ConfigError(flag, path, "a file (this is a directory)")
+        raise ConfigError(flag, shown, "a file (this is a directory)")
     try:
         if limit is None:
             return read_input_bytes(p)
         with p.open("rb") as fh:
             return fh.read(limit)
     except OSError as err:
-        raise ConfigError(flag, path, f"a readable file ({err.strerror})") from None
+        raise ConfigError(flag, shown, f"a readable file ({err.strerror})") from None
 
 
-def sniff_header(path: str) -> Header:
-    """The first non-blank line, if it is a config header. Checks the file is UTF-8 text."""
-    head = _read_bytes(path, "file", SNIFF_BYTES)
+def sniff_header(path: str, name: str | None = None) -> Header:
+    """The first non-blank line, if it is a config header. Checks the file is UTF-8 text.
+    Messages call the file `name` (default: `path`)."""
+    head = _read_bytes(path, "file", SNIFF_BYTES, name)
+    shown = path if name is None else name
     if head.startswith(b"\xef\xbb\xbf"):
-        raise ConfigError("file", path, "UTF-8 text without a byte-order mark")
+        raise ConfigError("file", shown, "UTF-8 text without a byte-order mark")
     if b"\x00" in head:
-        raise ConfigError("file", path, "a JSON Lines text file (it holds NUL bytes: binary?)")
+        raise ConfigError("file", shown, "a JSON Lines text file (it holds NUL bytes: binary?)")
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as err:
         if len(head) < SNIFF_BYTES or err.start < len(head) - 4:  # not a cut character
-            raise ConfigError("file", path, "UTF-8 text") from None
+            raise ConfigError("file", shown, "UTF-8 text") from None
         text = head[: err.start].decode("utf-8")
     if not text.strip():
         if len(head) < SNIFF_BYTES:
-            raise ConfigError("file", path, "a non-empty event log")
+            raise ConfigError("file", shown, "a non-empty event log")
         return Header(0, None)
     for no, line in enumerate(text.splitlines(keepends=True), start=1):
         if not line.strip():
@@ -134,7 +138,14 @@ def sniff_header(path: str) -> Header:
 
 
 def run(args: argparse.Namespace) -> int:
-    header = sniff_header(args.file)
+    with trace_source(args.file) as source:
+        return _run(args, source)
+
+
+def _run(args: argparse.Namespace, source: TraceSource) -> int:
+    """Everything below reads `source.path` and names `source.name` (as `args.file`)."""
+    args = argparse.Namespace(**{**vars(args), "file": source.name})
+    header = sniff_header(source.path, source.name)
     wanted = Family.parse(args.family) if args.family else None
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
@@ -165,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
             'a --config JSON file: the trace has no {"kind": "config", ...} header line',
         )
     if family is Family.DLLM:
-        return _check_dllm(args, header, given)
-    return _check_ar(args, header, given)
+        return _check_dllm(args, source.path, header, given)
+    return _check_ar(args, source.path, header, given)
 
 
 def _dllm_config(data: dict[str, Any], where: str) -> Any:
@@ -181,7 +192,9 @@ def _dllm_config(data: dict[str, Any], where: str) -> Any:
         raise ConfigError(where, json.dumps(data)[:80], f"DllmConfig fields ({err})") from None
 
 
-def _check_dllm(args: argparse.Namespace, header: Header, given: dict[str, Any] | None) -> int:
+def _check_dllm(
+    args: argparse.Namespace, path: str, header: Header, given: dict[str, Any] | None
+) -> int:
     from properties.trace_check import check_trace
 
     config = None
@@ -196,16 +209,17 @@ def _check_dllm(args: argparse.Namespace, header: Header, given: dict[str, Any] 
             )
     else:
         config = _dllm_config(given or {}, "config")
-    _check_event_types(args.file)
-    res = check_trace(args.file, config)
+    _check_event_types(path, args.file)
+    res = check_trace(path, config)
     if res.violation is not None:
         print(f"FAIL {args.file}:{res.line}: {res.violation}")
         return 1
     return _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end)
 
 
-def _check_event_types(path: str) -> None:
-    """Every event line's field types (the spec's parser checks kinds and field names)."""
+def _check_event_types(path: str, name: str) -> None:
+    """Every event line's field types (the spec's parser checks kinds and field names); the
+    file is called `name` in messages."""
     from spec.events import EVENT_BY_KIND
 
     try:
@@ -224,12 +238,14 @@ def _check_event_types(path: str) -> None:
                     continue
                 problem = fields_problem(data, cls)
                 if problem is not None:
-                    raise ConfigError("file", f"{path}:{no}", f"a well-typed event: {problem}")
+                    raise ConfigError("file", f"{name}:{no}", f"a well-typed event: {problem}")
     except UnicodeDecodeError:
-        raise ConfigError("file", path, "UTF-8 text") from None
+        raise ConfigError("file", name, "UTF-8 text") from None
 
 
-def _check_ar(args: argparse.Namespace, header: Header, given: dict[str, Any] | None) -> int:
+def _check_ar(
+    args: argparse.Namespace, path: str, header: Header, given: dict[str, Any] | None
+) -> int:
     from properties.ar.trace_check import check_ar_trace
     from spec.ar.trace import ar_config_from_dict
 
@@ -239,7 +255,7 @@ def _check_ar(args: argparse.Namespace, header: Header, given: dict[str, Any] | 
             config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
         except SchedSpecError as err:
             raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
-    res = check_ar_trace(args.file, config)  # refuses a --config that contradicts the header
+    res = check_ar_trace(path, config)  # refuses a --config that contradicts the header
     if res.violation is not None:
         where = res.line if res.line is not None else "end"
         print(f"FAIL {args.file}:{where}: {res.violation}")
