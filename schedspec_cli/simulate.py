@@ -17,6 +17,7 @@ from typing import Any
 
 from reference.algorithms import ALGORITHMS
 from reference.sim import workload as wl
+from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
 from schedspec_cli.args import Parser, UsageError, int_in, positive
@@ -38,18 +39,6 @@ def _progress(label: str) -> Callable[[int, int], None]:
     return report
 
 
-def _float_in(text: str, low: float, strict: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    ok = math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise argparse.ArgumentTypeError(f"{text} is out of range (valid: a finite number {bound})")
-    return value
-
-
 def _seat_counts(text: str) -> tuple[int, ...]:
     """An argparse type: comma-separated integers >= 1 (max_running_requests values)."""
     try:
@@ -63,12 +52,28 @@ def _seat_counts(text: str) -> tuple[int, ...]:
     return seats
 
 
-def _positive_float(text: str) -> float:
-    return _float_in(text, 0.0, strict=True)
+def _bounded_float(text: str, ok: Callable[[float], bool], valid: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text} is out of range (valid: {valid})")
+    return value
 
 
-def _non_negative_float(text: str) -> float:
-    return _float_in(text, 0.0, strict=False)
+def _cost_seconds(text: str) -> float:
+    """An added cost in seconds (an overhead): 0 up to an hour."""
+    return _bounded_float(text, lambda v: in_seconds(v, positive=False), seconds_text(False))
+
+
+def _batch_seconds(text: str) -> float:
+    """A batch time in seconds: a nanosecond up to an hour."""
+    return _bounded_float(text, lambda v: in_seconds(v, positive=True), seconds_text(True))
+
+
+def _rate(text: str) -> float:
+    return _bounded_float(text, in_rate, rate_text())
 
 
 def _say(msg: str) -> None:
@@ -116,7 +121,7 @@ def _add_workload(
 ) -> None:
     p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
     p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), help="default poisson")
-    p.add_argument("--qps", type=_positive_float, help=f"default {qps:g}")
+    p.add_argument("--qps", type=_rate, help=f"default {qps:g}")
     p.add_argument(
         "--burst", type=positive(), help="requests per burst (--arrivals bursts; default 8)"
     )
@@ -163,7 +168,6 @@ def build_parser() -> Parser:
     d.add_argument(
         "--block-size",
         type=positive(MAX_SIM_BLOCK_SIZE),
-        default=8,
         help=f"diffusion block size, 1..{MAX_SIM_BLOCK_SIZE} (default 8)",
     )
     d.add_argument(
@@ -182,47 +186,56 @@ def build_parser() -> Parser:
     d.add_argument(
         "--seats",
         type=_seat_counts,
-        default=(1, 2, 4, 8, 16),
         help="comma-separated max_running_requests values (default 1,2,4,8,16)",
     )
-    d.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), default=128)
-    d.add_argument("--gen-blocks", type=positive(MAX_SIM_REQUEST_BLOCKS), default=16)
+    d.add_argument(
+        "--requests", type=positive(MAX_SIM_REQUESTS), help="requests per run (default 128)"
+    )
+    d.add_argument(
+        "--gen-blocks",
+        type=positive(MAX_SIM_REQUEST_BLOCKS),
+        help="generated blocks per request (default 16)",
+    )
     d.add_argument(
         "--forward",
-        default="linear:0.020,2e-5,0",
-        help="forward time model (see exec_model.parse_model)",
+        help="forward time model (see exec_model.parse_model; default linear:0.020,2e-5,0)",
     )
-    d.add_argument("--round-overhead", type=_non_negative_float, default=0.002)
-    d.add_argument("--alloc-cost", type=_non_negative_float, default=0.0001)
-    d.add_argument("--alloc-round-cost", type=_non_negative_float, default=0.0015)
+    d.add_argument("--round-overhead", type=_cost_seconds, help="seconds per round (default 0.002)")
+    d.add_argument(
+        "--alloc-cost", type=_cost_seconds, help="seconds per block allocation (default 0.0001)"
+    )
+    d.add_argument(
+        "--alloc-round-cost",
+        type=_cost_seconds,
+        help="seconds per round that allocates (default 0.0015)",
+    )
     d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     d.add_argument(
         "--calibration",
         help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
-        "times measured on the engine; also sets the block size, requests, new tokens and "
-        "seats to the measured workload's, replays its measured request profiles (prompt "
-        "lengths, forwards per block), and prints the measured ratios next to the predicted",
+        "times measured on the engine; sets the block size, requests, new tokens, seats and "
+        "time model to the measured workload's (those flags are refused with it), replays its "
+        "measured request profiles (prompt lengths, forwards per block), and prints the "
+        "measured ratios next to the predicted",
     )
     d.add_argument(
         "--time-model",
         choices=("shared", "per-mode"),
-        default="shared",
-        help="with --calibration: 'shared' fits one forward/row/round cost to every mode "
-        "(the prediction); 'per-mode' replays each mode's own measured costs (a work check)",
+        help="with --calibration: 'shared' (default) fits one forward/row/round cost to every "
+        "mode (the prediction); 'per-mode' replays each mode's own measured costs (a work check)",
     )
     d.add_argument(
         "--profile-order",
         choices=("cycle", "sample"),
-        default="cycle",
-        help="with --calibration: 'cycle' replays the profiles in the benchmark's order, "
-        "'sample' draws one whole profile per request (seeded by --seed)",
+        help="with --calibration: 'cycle' (default) replays the profiles in the benchmark's "
+        "order, 'sample' draws one whole profile per request (seeded by --seed)",
     )
     _add_outputs(d)
 
     s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
     s.add_argument("--dp-units", type=positive(4096), default=16)
     s.add_argument(
-        "--batch-time", type=_positive_float, default=0.1, help="T of the queueing model (s)"
+        "--batch-time", type=_batch_seconds, default=0.1, help="T of the queueing model (s)"
     )
     s.add_argument("--prefill-instances", type=positive(4096), default=2)
     s.add_argument("--decode-units", type=positive(4096), default=32)
@@ -366,11 +379,22 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     from reference.sim.dllm import StepDist
 
     profiled = cal is not None and cal.workload() is not None
-    if args.steps and args.steps_report:
+    if args.steps is not None and args.steps_report is not None:
         raise SimConfigError(
             "--steps", args.steps, "either --steps or --steps-report, not both (one histogram)"
         )
-    if args.algorithm is not None and (profiled or args.steps):
+    if profiled and (args.steps is not None or args.steps_report is not None):
+        flag, value = (
+            ("--steps", args.steps)
+            if args.steps is not None
+            else ("--steps-report", args.steps_report)
+        )
+        raise SimConfigError(
+            flag,
+            value,
+            "not with --calibration: the forwards per block come from its measured profiles",
+        )
+    if args.algorithm is not None and (profiled or args.steps is not None):
         given = "--calibration's measured profiles" if profiled else "--steps"
         raise SimConfigError(
             "--algorithm",
@@ -380,17 +404,63 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     algorithm = args.algorithm or "LowConfidence"
     if profiled:
         return StepDist.from_histogram(cal.workload().histogram(), "the calibration's profiles")
-    if args.steps:
+    if args.steps is not None:
         return StepDist.parse(args.steps)
-    if args.steps_report:
+    if args.steps_report is not None:
         return StepDist.from_report(Path(args.steps_report), algorithm)
     return StepDist.default(args.block_size, algorithm)
+
+
+# `simulate dllm`'s workload sizes and time model, and the flags that only shape a calibrated
+# run; their defaults are applied after parsing, so that a flag the user gave can be told
+# apart from one the run would ignore
+_DLLM_DEFAULTS: dict[str, object] = {
+    "block_size": 8,
+    "seats": (1, 2, 4, 8, 16),
+    "requests": 128,
+    "gen_blocks": 16,
+    "forward": "linear:0.020,2e-5,0",
+    "round_overhead": 0.002,
+    "alloc_cost": 0.0001,
+    "alloc_round_cost": 0.0015,
+}
+_CALIBRATED_DEFAULTS: dict[str, object] = {"time_model": "shared", "profile_order": "cycle"}
+
+
+def _dllm_flags(args: argparse.Namespace) -> None:
+    """Fill in the defaults; refuse a flag that the run would silently ignore: a size or cost
+    with --calibration (the table sets them), a calibration option without it."""
+
+    def given(names: dict[str, object]) -> list[str]:
+        return [n for n in names if getattr(args, n) is not None]
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    if args.calibration is not None:
+        clash = given(_DLLM_DEFAULTS)
+        why = (
+            "not with --calibration (the table sets the block size, requests, new tokens, "
+            "seats and time costs)"
+        )
+    else:
+        clash = given(_CALIBRATED_DEFAULTS)
+        why = "only with --calibration (it shapes a calibrated run)"
+    if clash:
+        drop = ", ".join(flag(n) for n in clash)
+        value = getattr(args, clash[0])
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        raise SimConfigError(flag(clash[0]), shown, f"{why}; drop {drop}")
+    for name, value in {**_DLLM_DEFAULTS, **_CALIBRATED_DEFAULTS}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim.dllm import DllmParams, sweep
 
-    cal = _load_calibration(args) if args.calibration else None
+    _dllm_flags(args)
+    cal = _load_calibration(args) if args.calibration is not None else None
     seats = cal.seats() if cal is not None else args.seats
     dist = _step_distribution(args, cal)
     base = DllmParams(

@@ -360,7 +360,76 @@ def cases() -> list[tuple[str, list[str]]]:
     c += [
         ("install-engines-bogus", ["install-engines", "tensorrt"]),
     ]
+    return c + out_of_range_times() + ignored_flags()
+
+
+def out_of_range_times() -> list[tuple[str, list[str]]]:
+    """Times and rates that used to sum to inf: a ZeroDivisionError traceback, or exit 0 with a
+    table of inf and nan."""
+    c: list[tuple[str, list[str]]] = []
+    for flag in ("--round-overhead", "--alloc-cost", "--alloc-round-cost"):
+        for value in ("1e308", "3601"):
+            c.append((f"simulate-dllm{flag}-{value}", ["simulate", "dllm", flag, value]))
+    for model in ("linear:1e308,0,0", "linear:1e-320,0,0", "linear:0.02,1e308,0", "const:1e308"):
+        c.append((f"simulate-dllm-forward-{model}", ["simulate", "dllm", "--forward", model]))
+    for value in ("1e308", "1e-320"):
+        c.append((f"simulate-sbs-batch-time-{value}", ["simulate", "sbs", "--batch-time", value]))
+        for what in ("sbs", "replicas"):
+            c.append((f"simulate-{what}-qps-{value}", ["simulate", what, "--qps", value]))
+        c.append(
+            (
+                f"simulate-sweep-qps-{value}",
+                ["simulate", "sweep", "--backend", "local", "--qps", value],
+            )
+        )
     return c
+
+
+def ignored_flags() -> list[tuple[str, list[str]]]:
+    """Flags the run would have ignored without a word: a size, cost or histogram with
+    --calibration (the table sets them), a calibration option without it, an empty --steps."""
+    c: list[tuple[str, list[str]]] = [
+        ("simulate-dllm-steps-empty", ["simulate", "dllm", "--steps", ""]),
+        ("simulate-dllm-time-model-alone", ["simulate", "dllm", "--time-model", "per-mode"]),
+        ("simulate-dllm-profile-order-alone", ["simulate", "dllm", "--profile-order", "sample"]),
+    ]
+    for flag, value in (
+        ("--block-size", "4"),
+        ("--requests", "3"),
+        ("--gen-blocks", "2"),
+        ("--seats", "2"),
+        ("--steps", "2:1"),
+        ("--steps-report", "{report_one_algorithm}"),
+        ("--forward", "const:0.1"),
+        ("--round-overhead", "0"),
+        ("--alloc-cost", "0"),
+        ("--alloc-round-cost", "0"),
+    ):
+        argv = ["simulate", "dllm", "--calibration", "{calibration}", flag, value]
+        c.append((f"simulate-dllm-calibration-with{flag}", argv))
+    return c
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["simulate", "dllm", "--round-overhead", "1e308"], "--round-overhead: 1e308 is out of "),
+        (["simulate", "dllm", "--forward", "linear:1e-320,0,0"], "seconds in [1e-09, 3600]"),
+        (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
+        (["simulate", "replicas", "--qps", "1e-320"], "a rate in [1e-06, 1e+09] per second"),
+        (
+            ["simulate", "dllm", "--calibration", str(CALIBRATION), "--seats", "2,4"],
+            "--seats='2,4': not with --calibration",
+        ),
+        (["simulate", "dllm", "--profile-order", "sample"], "only with --calibration"),
+        (["simulate", "dllm", "--steps", ""], "invalid steps=''"),
+    ],
+)
+def test_a_refused_flag_is_named_with_what_is_valid(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
 
 
 def _fill(argv: list[str], files: dict[str, Path]) -> list[str]:

@@ -45,6 +45,7 @@ import numpy as np
 from reference.algorithms import ALGORITHMS
 from reference.dllm import ReferenceDllmScheduler
 from reference.oracle import ScriptedOracle
+from reference.sim.bounds import check_seconds
 from reference.sim.dllm_profile import ProfileWorkload, SimRequest
 from reference.sim.errors import SimConfigError, reason_of
 from reference.sim.exec_model import ExecModel, Linear
@@ -250,6 +251,15 @@ class DllmParams:
     # measured request profiles (replace the StepDist draws, the prompts and gen_blocks)
     profiles: ProfileWorkload | None = None
     profile_order: str = "cycle"  # "cycle": the benchmark's order; "sample": one draw each
+
+    def __post_init__(self) -> None:
+        # a cost beyond the bounds would sum to inf and make the ratios nan
+        for name in ("round_overhead", "row_round_cost", "alloc_cost", "alloc_round_cost"):
+            check_seconds(name, getattr(self, name), positive=False)
+        if not (math.isfinite(self.arrival_interval) and self.arrival_interval >= 0):
+            raise SimConfigError(
+                "arrival_interval", self.arrival_interval, "a finite number of seconds >= 0"
+            )
 
     def max_blocks(self) -> int:
         """Blocks per request at most (prompt blocks included)."""

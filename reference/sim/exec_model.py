@@ -22,6 +22,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
+from reference.sim.bounds import check_seconds
 from reference.sim.errors import SimConfigError
 from spec.input_file import read_input_text
 from spec.json_text import parse_json
@@ -45,9 +46,7 @@ class Constant:
     seconds: float
 
     def __post_init__(self) -> None:
-        _nonneg("seconds", self.seconds)
-        if self.seconds <= 0:
-            raise SimConfigError("seconds", self.seconds, "a batch time > 0")
+        check_seconds("seconds", self.seconds, positive=True)
 
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
@@ -70,10 +69,9 @@ class Linear:
     per_kv_token: float = 0.0
 
     def __post_init__(self) -> None:
-        for f in ("base", "per_prefill_token", "per_decode_token", "per_kv_token"):
-            _nonneg(f, getattr(self, f))
-        if self.base <= 0:
-            raise SimConfigError("base", self.base, "a batch time > 0")
+        check_seconds("base", self.base, positive=True)
+        for f in ("per_prefill_token", "per_decode_token", "per_kv_token"):
+            check_seconds(f, getattr(self, f), positive=False)
 
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
@@ -179,7 +177,7 @@ class Roofline:
             v = getattr(self, f)
             if not 0 < v <= 1:
                 raise SimConfigError(f, v, "a fraction in (0, 1]")
-        _nonneg("overhead", self.overhead)
+        check_seconds("overhead", self.overhead, positive=False)
         if self.fp8 and self.device.fp8_flops == 0:
             raise SimConfigError("fp8", True, f"{self.device.name} has no FP8 tensor cores")
 
@@ -221,9 +219,7 @@ class Table:
             raise SimConfigError("points", pts, "at least one (tokens, seconds) pair")
         for i, (x, y) in enumerate(pts):
             _nonneg("tokens", x)
-            _nonneg("seconds", y)
-            if y <= 0:
-                raise SimConfigError("seconds", y, "measured times must be > 0")
+            check_seconds("seconds", y, positive=True)
             if i and x <= pts[i - 1][0]:
                 raise SimConfigError("points", pts, "token counts strictly increasing")
 

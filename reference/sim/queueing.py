@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference.sim.bounds import check_rate, check_seconds
 from reference.sim.core import EventQueue
 from reference.sim.errors import SimConfigError
 
@@ -43,8 +44,11 @@ def simulate_gated(
 ) -> GatedResult:
     if mode not in ("immediate", "staggered"):
         raise SimConfigError("mode", mode, "'immediate' or 'staggered'")
-    if dp_units < 1 or batch_time <= 0:
-        raise SimConfigError("dp_units/batch_time", (dp_units, batch_time), ">= 1 and > 0")
+    if dp_units < 1:
+        raise SimConfigError("dp_units", dp_units, "an integer >= 1")
+    check_seconds("batch_time", batch_time, positive=True)
+    if qps is not None:
+        check_rate("qps", qps)
     N, T = dp_units, batch_time
     rate = qps if qps is not None else 3.0 * N / T
     rng = np.random.default_rng(seed)

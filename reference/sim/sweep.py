@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.sim import workload as wl
+from reference.sim.bounds import check_rate
 from reference.sim.catalog import ReplicaSpec
 from reference.sim.errors import SimConfigError, SimError, reason_of
 from reference.sim.exec_model import parse_model
@@ -93,8 +94,7 @@ class SweepPoint:
 
     def validate(self) -> None:
         """Raise a typed error naming the bad field; builds one replica and the time model."""
-        if not self.qps > 0:
-            raise SimConfigError("qps", self.qps, "a rate > 0")
+        check_rate("qps", self.qps)
         if self.replicas < 1:
             raise SimConfigError("replicas", self.replicas, "an integer >= 1")
         if self.requests < 1:

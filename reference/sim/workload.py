@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from reference.sim.bounds import check_rate
 from reference.sim.errors import SimConfigError, TraceError, reason_of
 from spec.ar.vidur_trace import TRACE_COLUMNS, TraceRowError, read_vidur_trace_file
 
@@ -111,15 +112,10 @@ def _check_n(n: int) -> None:
         raise SimConfigError("num_requests", n, "an integer >= 0")
 
 
-def _rate(name: str, value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise SimConfigError(name, value, "a finite number > 0")
-
-
 def poisson(n: int, qps: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
     """Poisson arrivals at `qps` requests per second."""
     _check_n(n)
-    _rate("qps", qps)
+    check_rate("qps", qps)
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / qps, size=n))
     return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))
@@ -130,7 +126,8 @@ def bursts(
 ) -> Workload:
     """`burst_size` requests arrive together every `interval` seconds."""
     _check_n(n)
-    _rate("interval", interval)
+    if not (interval > 0 and math.isfinite(interval)):
+        raise SimConfigError("interval", interval, "a finite number of seconds > 0")
     if burst_size < 1:
         raise SimConfigError("burst_size", burst_size, "an integer >= 1")
     rng = np.random.default_rng(seed)
@@ -141,7 +138,8 @@ def bursts(
 def fixed(n: int, interval: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
     """One request every `interval` seconds (interval 0 is not allowed: use bursts)."""
     _check_n(n)
-    _rate("interval", interval)
+    if not (interval > 0 and math.isfinite(interval)):
+        raise SimConfigError("interval", interval, "a finite number of seconds > 0")
     rng = np.random.default_rng(seed)
     times = np.arange(n, dtype=np.float64) * interval
     return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))

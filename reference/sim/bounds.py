@@ -1,0 +1,54 @@
+"""The ranges of the simulator's times and rates, in one place.
+
+Simulated times are summed over up to billions of batches, and a result is a ratio of two
+sums: a time of 1e308 s overflows to inf (and the ratio to nan or a division by zero), a time
+of 1e-320 s makes a throughput of inf. The bounds below are far beyond any real engine (a
+nanosecond to an hour per batch; one request in about twelve days to a billion a second), so
+they refuse only input that would turn the results into inf or nan.
+"""
+
+from __future__ import annotations
+
+import math
+
+from reference.sim.errors import SimConfigError
+
+MIN_BATCH_SECONDS = 1e-9
+MAX_SECONDS = 3600.0
+MIN_RATE = 1e-6
+MAX_RATE = 1e9
+
+
+def seconds_text(positive: bool) -> str:
+    """What a valid time is, for messages."""
+    low = f"{MIN_BATCH_SECONDS:g}" if positive else "0"
+    return f"seconds in [{low}, {MAX_SECONDS:g}]"
+
+
+def rate_text() -> str:
+    return f"a rate in [{MIN_RATE:g}, {MAX_RATE:g}] per second"
+
+
+def in_seconds(value: float, positive: bool) -> bool:
+    """Whether `value` is a modelled time: a batch or forward time (`positive`) is at least a
+    nanosecond; an added cost (an overhead, a per-token coefficient) may be 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    low = MIN_BATCH_SECONDS if positive else 0.0
+    return math.isfinite(value) and low <= value <= MAX_SECONDS
+
+
+def check_seconds(field: str, value: float, positive: bool) -> None:
+    if not in_seconds(value, positive):
+        raise SimConfigError(field, value, seconds_text(positive))
+
+
+def in_rate(value: float) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and MIN_RATE <= value <= MAX_RATE
+
+
+def check_rate(field: str, value: float) -> None:
+    if not in_rate(value):
+        raise SimConfigError(field, value, rate_text())

@@ -1,0 +1,60 @@
+"""The simulator's library refuses times and rates that would sum to inf or make a throughput
+of inf (`reference.sim.bounds`), so a caller that bypasses the CLI gets a typed error naming the
+field, not a ratio of nan or a ZeroDivisionError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from reference.sim import workload as wl
+from reference.sim.bounds import MAX_SECONDS, MIN_BATCH_SECONDS
+from reference.sim.dllm import DllmParams, StepDist, simulate_dllm
+from reference.sim.errors import SimConfigError
+from reference.sim.exec_model import Constant, Linear, Table
+from reference.sim.queueing import simulate_gated
+
+ONE = wl.Lengths(1, 1)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: DllmParams(round_overhead=1e308), "round_overhead"),
+        (lambda: DllmParams(alloc_cost=MAX_SECONDS * 2), "alloc_cost"),
+        (lambda: DllmParams(row_round_cost=float("nan")), "row_round_cost"),
+        (lambda: DllmParams(arrival_interval=float("inf")), "arrival_interval"),
+        (lambda: Linear(1e-320), "base"),
+        (lambda: Linear(0.02, per_kv_token=1e308), "per_kv_token"),
+        (lambda: Constant(1e308), "seconds"),
+        (lambda: Table(((1.0, 1e-320),)), "seconds"),
+        (lambda: simulate_gated(4, 1e308, "immediate", requests=4), "batch_time"),
+        (lambda: simulate_gated(4, 0.1, "immediate", requests=4, qps=1e-320), "qps"),
+        (lambda: wl.poisson(4, 1e-320, ONE, ONE), "qps"),
+        (lambda: wl.poisson(4, 1e308, ONE, ONE), "qps"),
+    ],
+)
+def test_a_time_or_rate_out_of_bounds_is_a_typed_error(
+    build: Callable[[], object], field: str
+) -> None:
+    with pytest.raises(SimConfigError, match=f"invalid {field}="):
+        build()
+
+
+def test_the_bounds_themselves_give_finite_results() -> None:
+    """The extremes allowed still simulate to finite, positive throughputs."""
+    for forward, overhead in (
+        (Constant(MIN_BATCH_SECONDS), 0.0),
+        (Constant(MAX_SECONDS), MAX_SECONDS),
+    ):
+        params = DllmParams(
+            num_requests=2,
+            gen_blocks=2,
+            forward=forward,
+            round_overhead=overhead,
+            alloc_cost=overhead,
+            alloc_round_cost=overhead,
+        )
+        result = simulate_dllm(params, StepDist.parse("uniform:2-3"))
+        assert 0 < result.throughput < float("inf"), (forward, overhead, result.throughput)
