@@ -35,7 +35,7 @@ PASS_THROUGH: dict[str, str] = {
     "agreement and leaks of a dLLM implementation (--impl; default the engine: engine extra)",
     "release-check": "is a parity JSON a release run? (--impl's report, CUDA, every case "
     "identical and golden, no leak)",
-    "simulate": "the serving simulator: dllm | sbs | replicas (see docs/sbs.md)",
+    "simulate": "the serving simulator: dllm | sbs | replicas | sweep (see docs/sbs.md)",
     "install-engines": "install the real engines (vllm, sglang, vidur, all) into the engine cache",
 }
 ENGINES = ("vllm", "sglang", "vidur", "all")
@@ -143,15 +143,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from schedspec_cli.main_job import main_job
     from schedspec_cli.output import check_output_path
 
+    verify.check_scope(args)
     report = args.report or "reports/verify"
     check_output_path("--report", report, directory=True)
-    if args.keep_going or args.accept or args.json or args.family or args.mode:
-        raise ConfigError(
-            "impl",
-            None,
-            "--impl NAME: --keep-going, --accept, --json, --family and --mode "
-            "apply to --impl runs (the main job writes --report)",
-        )
     return main_job(
         report, args.examples, args.parity_prompts, args.parity_tokens, args.call_timeout
     )

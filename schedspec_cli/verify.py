@@ -56,9 +56,9 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--parity",
         choices=("always", "bs1", "never"),
-        default="always",
-        help="dLLM output check at teardown: always (outputs equal solo sync outputs at every "
-        "batch size; the default), bs1 (only batch-size-1 runs), never",
+        help="--impl runs of dLLM implementations: the output check at teardown: always "
+        "(outputs equal solo sync outputs at every batch size; the default), bs1 (only "
+        "batch-size-1 runs), never",
     )
     v.add_argument(
         "--mode",
@@ -90,15 +90,50 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--parity-prompts",
         type=positive(1000),
-        default=8,
-        help="main job: prompts of the parity step (default 8)",
+        help="main job: prompts of the parity step "
+        f"(default {MAIN_JOB_DEFAULTS['parity_prompts']})",
     )
     v.add_argument(
         "--parity-tokens",
         type=positive(4096),
-        default=32,
-        help="main job: new tokens per parity prompt (default 32)",
+        help="main job: new tokens per parity prompt "
+        f"(default {MAIN_JOB_DEFAULTS['parity_tokens']})",
     )
+
+
+# Flags of one kind of run only; the defaults are applied after parsing, so that a flag the
+# user gave can be told apart from one the run would ignore (`check_scope`).
+DEFAULT_PARITY: ParityPolicy = "always"
+MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
+_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_scope(args: argparse.Namespace) -> None:
+    """Refuse a flag that the run would ignore, then fill in the main job's defaults:
+    --keep-going, --accept, --json, --family, --mode and --parity shape --impl runs (--parity
+    stays None when not given, so that `plan` can refuse it for AR implementations);
+    --parity-prompts and --parity-tokens the main job's parity step."""
+
+    def given(name: str) -> bool:
+        return getattr(args, name) not in (None, False, [])
+
+    if args.impl:
+        stray = [n for n in MAIN_JOB_DEFAULTS if given(n)]
+        why = "main job only (without --impl); an --impl run's parity is --parity"
+    else:
+        stray = [n for n in _IMPL_ONLY if given(n)]
+        why = "only with --impl NAME (the main job writes --report)"
+    if stray:
+        value = getattr(args, stray[0])
+        shown = ",".join(value) if isinstance(value, list) else value
+        raise ConfigError(_flag(stray[0]), shown, f"{why}; drop {', '.join(map(_flag, stray))}")
+    for name, default in MAIN_JOB_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +164,12 @@ def plan(args: argparse.Namespace) -> Plan:
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
+    if args.parity is not None and all(t.family is Family.AR for t in targets):
+        names = ", ".join(t.name for t in targets)
+        raise ConfigError(
+            "parity", args.parity, f"dLLM implementations only (an AR run has no outputs: {names})"
+        )
+    for t in targets:
         if t.builtin is not None and t.builtin.engine:
             _require_engine(t.builtin.engine)
     return Plan(targets, accepted)
@@ -147,7 +188,9 @@ def _require_engine(engine: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_scope(args)
     p = plan(args)
+    parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity
     configs = None
     if args.mode:
         from properties.strategies import dllm_configs
@@ -158,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[VerifyResult] = []
     for t in p.targets:
         # batch parity by default for every dLLM implementation, built-in or module:attribute
-        parity: ParityPolicy = "never" if t.family is Family.AR else args.parity
+        parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
         res = verify_implementation(
             t.name,

@@ -360,7 +360,27 @@ def cases() -> list[tuple[str, list[str]]]:
     c += [
         ("install-engines-bogus", ["install-engines", "tensorrt"]),
     ]
-    return c + out_of_range_times() + ignored_flags()
+    return c + out_of_range_times() + ignored_flags() + verify_flags_out_of_scope()
+
+
+def verify_flags_out_of_scope() -> list[tuple[str, list[str]]]:
+    """verify's flags of one kind of run, given to the other: each used to be ignored (the
+    main job ran its own parity whatever --parity said; an --impl run never read
+    --parity-prompts; an AR run has no outputs to check)."""
+    return [
+        ("verify-main-job-parity", ["verify", "--parity", "never"]),
+        ("verify-main-job-accept-empty", ["verify", "--accept", ""]),
+        ("verify-main-job-json-empty", ["verify", "--json", ""]),
+        (
+            "verify-impl-parity-prompts",
+            ["verify", "--impl", "reference-dllm", "--parity-prompts", "2"],
+        ),
+        (
+            "verify-impl-parity-tokens",
+            ["verify", "--impl", "reference-dllm", "--parity-tokens", "4"],
+        ),
+        ("verify-ar-parity", ["verify", "--impl", "vllm-v1", "--parity", "bs1"]),
+    ]
 
 
 def out_of_range_times() -> list[tuple[str, list[str]]]:
@@ -423,6 +443,12 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
         ),
         (["simulate", "dllm", "--profile-order", "sample"], "only with --calibration"),
         (["simulate", "dllm", "--steps", ""], "invalid steps=''"),
+        (["verify", "--parity", "never"], "--parity='never': only with --impl NAME"),
+        (
+            ["verify", "--impl", "reference-dllm", "--parity-prompts", "2"],
+            "--parity-prompts=2: main job only",
+        ),
+        (["verify", "--impl", "vllm-v1", "--parity", "bs1"], "dLLM implementations only"),
     ],
 )
 def test_a_refused_flag_is_named_with_what_is_valid(
