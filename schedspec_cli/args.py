@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 # bounds that keep a command finite on a laptop; a larger value is an input error, not a hang
@@ -31,6 +31,15 @@ class Parser(argparse.ArgumentParser):
         if message:
             sys.stderr.write(message)
         raise SystemExit(status)
+
+
+def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the options that `argv` gives explicitly; a default is not given,
+    an option given with its default value is. (argparse fills in a default only where the
+    namespace lacks the attribute, so parsing into a namespace of Nones leaves the rest None.)"""
+    dests = {a.dest for a in parser._actions if a.dest != argparse.SUPPRESS}
+    parsed = parser.parse_args(list(argv), namespace=argparse.Namespace(**dict.fromkeys(dests)))
+    return {d for d in dests if getattr(parsed, d) is not None}
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -67,6 +76,7 @@ __all__ = [
     "MAX_EXAMPLES",
     "Parser",
     "UsageError",
+    "given_dests",
     "int_in",
     "non_empty_text",
     "positive",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from schedspec_cli.args import MAX_CALL_TIMEOUT_S, Parser, int_in, positive
+from schedspec_cli.args import MAX_CALL_TIMEOUT_S, Parser, given_dests, int_in, positive
 from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.output import check_output_path
 from spec.errors import ConfigError
@@ -135,7 +135,8 @@ def bench_engine_parser() -> Parser:
     what.add_argument(
         "--forward-costs",
         action="store_true",
-        help="only the model's forward costs (printed; written with --json)",
+        help="only the shipped model's forward costs on the CPU at fixed rows and contexts "
+        "(printed; written with --json); reads only --block-size, --threads and --json",
     )
     what.add_argument(
         "--forward-bound",
@@ -146,12 +147,28 @@ def bench_engine_parser() -> Parser:
     return p
 
 
+# what `--forward-costs` reads: it times the shipped model on the CPU at fixed rows and
+# context starts, so a workload, device or repeat count given with it would be ignored
+_FORWARD_COSTS_READS = frozenset({"forward_costs", "block_size", "threads", "json"})
+
+
 def bench_engine(argv: list[str]) -> int:
-    ns = bench_engine_parser().parse_args(argv)
+    parser = bench_engine_parser()
+    ns = parser.parse_args(argv)
     alone = [flag for flag in ("sequential", "forward_costs", "forward_bound") if getattr(ns, flag)]
     if alone and ns.turn_ms is not None:
         flag = "--" + alone[0].replace("_", "-")
         raise ConfigError("--turn-ms", ns.turn_ms, f"left out with {flag} (it interleaves nothing)")
+    if ns.forward_costs:
+        stray = sorted(given_dests(parser, argv) - _FORWARD_COSTS_READS)
+        if stray:
+            flags = ", ".join("--" + d.replace("_", "-") for d in stray)
+            raise ConfigError(
+                "--" + stray[0].replace("_", "-"),
+                getattr(ns, stray[0]),
+                "left out with --forward-costs (it times the shipped model on the CPU at fixed "
+                f"rows and contexts; it reads --block-size, --threads and --json); drop {flags}",
+            )
     return _run_engine_command(ns, argv, "bench engine", "gpu.bench:bench_main")
 
 

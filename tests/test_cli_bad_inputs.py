@@ -236,6 +236,13 @@ def cases() -> list[tuple[str, list[str]]]:
         ("bench-engine-turn-ms", ["bench", "engine", "--turn-ms", "-5"]),
         ("bench-engine-turn-ms-seq", ["bench", "engine", "--sequential", "--turn-ms", "10"]),
         ("bench-engine-turn-ms-costs", ["bench", "engine", "--forward-costs", "--turn-ms", "0"]),
+        # --forward-costs times the shipped model on the CPU at fixed shapes: these were ignored
+        ("bench-engine-costs-device", ["bench", "engine", "--forward-costs", "--device", "cuda"]),
+        ("bench-engine-costs-requests", ["bench", "engine", "--forward-costs", "--requests", "3"]),
+        (
+            "bench-engine-costs-max-running",
+            ["bench", "engine", "--forward-costs", "--max-running", "1", "4", "16"],
+        ),
         ("bench-engine-turn-ms-bound", ["bench", "engine", "--forward-bound", "--turn-ms", "50"]),
         ("bench-engine-requests", ["bench", "engine", "--requests", HUGE]),
         ("bench-engine-tokens-past-context", ["bench", "engine", "--max-new-tokens", "235"]),
@@ -449,6 +456,10 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
             "--parity-prompts=2: main job only",
         ),
         (["verify", "--impl", "vllm-v1", "--parity", "bs1"], "dLLM implementations only"),
+        (
+            ["bench", "engine", "--forward-costs", "--repeats", "2", "--device", "cuda"],
+            "--device='cuda': left out with --forward-costs",
+        ),
     ],
 )
 def test_a_refused_flag_is_named_with_what_is_valid(
