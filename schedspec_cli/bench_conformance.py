@@ -15,6 +15,7 @@ from properties.verify import machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, Parser, positive
 from schedspec_cli.impls import resolve
 from schedspec_cli.output import check_output_path, table, write_json
+from spec.errors import ConfigError
 from spec.implementation import Family
 
 
@@ -27,16 +28,28 @@ def bench_main(argv: list[str]) -> int:
         help="built-in name or module:attribute (repeatable; default the two references)",
     )
     p.add_argument("--examples", type=positive(MAX_EXAMPLES), default=200, help="programs per impl")
-    p.add_argument("--parity", choices=("on", "off"), default="on", help="include the output check")
+    p.add_argument(
+        "--parity",
+        choices=("on", "off"),
+        help="dLLM implementations: include the output check (default on)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
+    if args.parity is not None and all(t.family is Family.AR for t in targets):
+        names = ", ".join(t.name for t in targets)
+        raise ConfigError(
+            "--parity",
+            args.parity,
+            f"dLLM implementations only (an AR run has no outputs: {names})",
+        )
+    parity = args.parity or "on"
     rows = []
     for t in targets:
         counter = StepCounter()
         dllm = t.family is Family.DLLM
-        policy: ParityPolicy = "always" if args.parity == "on" and dllm else "never"
+        policy: ParityPolicy = "always" if parity == "on" and dllm else "never"
         machine = machine_for(t.implementation, parity=policy, counter=counter)
         start = time.perf_counter()
         err, _ = run_machine(machine, verify_settings(args.examples))
@@ -48,7 +61,7 @@ def bench_main(argv: list[str]) -> int:
                 "steps": counter.steps,
                 "seconds": round(seconds, 3),
                 "steps_per_s": round(counter.steps / seconds, 1) if seconds else 0.0,
-                "parity_check": args.parity if dllm else "n/a",
+                "parity_check": parity if dllm else "n/a",
                 "passed": err is None,
             }
         )

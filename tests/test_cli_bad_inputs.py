@@ -387,6 +387,10 @@ def verify_flags_out_of_scope() -> list[tuple[str, list[str]]]:
             ["verify", "--impl", "reference-dllm", "--parity-tokens", "4"],
         ),
         ("verify-ar-parity", ["verify", "--impl", "vllm-v1", "--parity", "bs1"]),
+        (
+            "bench-conformance-ar-parity",
+            ["bench", "conformance", "--impl", "vllm-v1", "--parity", "on"],
+        ),
     ]
 
 
