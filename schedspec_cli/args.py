@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from spec.errors import ConfigError
+
 # bounds that keep a command finite on a laptop; a larger value is an input error, not a hang
 MAX_EXAMPLES = 1_000_000
 MAX_COUNT = 1_000_000
@@ -40,6 +42,22 @@ def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str
     dests = {a.dest for a in parser._actions if a.dest != argparse.SUPPRESS}
     parsed = parser.parse_args(list(argv), namespace=argparse.Namespace(**dict.fromkeys(dests)))
     return {d for d in dests if getattr(parsed, d) is not None}
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of an argparse destination: `parity_prompts` -> `--parity-prompts`."""
+    return "--" + dest.replace("_", "-")
+
+
+def refuse_ignored(args: argparse.Namespace, dests: Sequence[str], why: str) -> None:
+    """A flag the run would ignore is an input error: if `dests` (destinations the user gave)
+    is not empty, name the first with its value, say `why`, and list every flag to drop."""
+    if not dests:
+        return
+    value = getattr(args, dests[0])
+    shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+    drop = ", ".join(map(flag_of, dests))
+    raise ConfigError(flag_of(dests[0]), shown, f"{why}; drop {drop}")
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -76,8 +94,10 @@ __all__ = [
     "MAX_EXAMPLES",
     "Parser",
     "UsageError",
+    "flag_of",
     "given_dests",
     "int_in",
     "non_empty_text",
     "positive",
+    "refuse_ignored",
 ]

@@ -13,9 +13,8 @@ import time
 from properties.conformance import ParityPolicy, StepCounter
 from properties.verify import machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, Parser, positive
-from schedspec_cli.impls import resolve
+from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
-from spec.errors import ConfigError
 from spec.implementation import Family
 
 
@@ -37,13 +36,7 @@ def bench_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
-    if args.parity is not None and all(t.family is Family.AR for t in targets):
-        names = ", ".join(t.name for t in targets)
-        raise ConfigError(
-            "--parity",
-            args.parity,
-            f"dLLM implementations only (an AR run has no outputs: {names})",
-        )
+    refuse_parity_for_ar_only(args.parity, targets)
     parity = args.parity or "on"
     rows = []
     for t in targets:

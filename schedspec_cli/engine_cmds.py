@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 import re
 
-from schedspec_cli.args import MAX_CALL_TIMEOUT_S, Parser, given_dests, int_in, positive
+from schedspec_cli.args import (
+    MAX_CALL_TIMEOUT_S,
+    Parser,
+    flag_of,
+    given_dests,
+    int_in,
+    positive,
+    refuse_ignored,
+)
 from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.output import check_output_path
 from spec.errors import ConfigError
@@ -157,18 +165,15 @@ def bench_engine(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     alone = [flag for flag in ("sequential", "forward_costs", "forward_bound") if getattr(ns, flag)]
     if alone and ns.turn_ms is not None:
-        flag = "--" + alone[0].replace("_", "-")
+        flag = flag_of(alone[0])
         raise ConfigError("--turn-ms", ns.turn_ms, f"left out with {flag} (it interleaves nothing)")
     if ns.forward_costs:
-        stray = sorted(given_dests(parser, argv) - _FORWARD_COSTS_READS)
-        if stray:
-            flags = ", ".join("--" + d.replace("_", "-") for d in stray)
-            raise ConfigError(
-                "--" + stray[0].replace("_", "-"),
-                getattr(ns, stray[0]),
-                "left out with --forward-costs (it times the shipped model on the CPU at fixed "
-                f"rows and contexts; it reads --block-size, --threads and --json); drop {flags}",
-            )
+        refuse_ignored(
+            ns,
+            sorted(given_dests(parser, argv) - _FORWARD_COSTS_READS),
+            "left out with --forward-costs (it times the shipped model on the CPU at fixed rows "
+            "and contexts; it reads --block-size, --threads and --json)",
+        )
     return _run_engine_command(ns, argv, "bench engine", "gpu.bench:bench_main")
 
 

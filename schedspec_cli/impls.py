@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,16 @@ def _short(value: object) -> str:
     return str(value)
 
 
+def refuse_parity_for_ar_only(parity: str | None, targets: Sequence[Resolved]) -> None:
+    """`--parity` given when every target is AR is an input error: an AR run has no outputs to
+    compare, so the flag would be ignored."""
+    if parity is not None and all(t.family is Family.AR for t in targets):
+        names = ", ".join(t.name for t in targets)
+        raise ConfigError(
+            "--parity", parity, f"dLLM implementations only (an AR run has no outputs: {names})"
+        )
+
+
 __all__ = [
     "ADAPTER_METHODS",
     "ArImplementation",
@@ -157,5 +168,6 @@ __all__ = [
     "NotAnAdapter",
     "Resolved",
     "profile_summary",
+    "refuse_parity_for_ar_only",
     "resolve",
 ]

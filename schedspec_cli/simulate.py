@@ -20,7 +20,7 @@ from reference.sim import workload as wl
 from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
-from schedspec_cli.args import Parser, UsageError, int_in, positive
+from schedspec_cli.args import Parser, UsageError, int_in, positive, refuse_ignored
 from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress
 
@@ -434,23 +434,19 @@ def _dllm_flags(args: argparse.Namespace) -> None:
     def given(names: dict[str, object]) -> list[str]:
         return [n for n in names if getattr(args, n) is not None]
 
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
     if args.calibration is not None:
-        clash = given(_DLLM_DEFAULTS)
-        why = (
+        refuse_ignored(
+            args,
+            given(_DLLM_DEFAULTS),
             "not with --calibration (the table sets the block size, requests, new tokens, "
-            "seats and time costs)"
+            "seats and time costs)",
         )
     else:
-        clash = given(_CALIBRATED_DEFAULTS)
-        why = "only with --calibration (it shapes a calibrated run)"
-    if clash:
-        drop = ", ".join(flag(n) for n in clash)
-        value = getattr(args, clash[0])
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        raise SimConfigError(flag(clash[0]), shown, f"{why}; drop {drop}")
+        refuse_ignored(
+            args,
+            given(_CALIBRATED_DEFAULTS),
+            "only with --calibration (it shapes a calibrated run)",
+        )
     for name, value in {**_DLLM_DEFAULTS, **_CALIBRATED_DEFAULTS}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

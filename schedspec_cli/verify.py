@@ -16,8 +16,14 @@ from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.verify import VerifyResult, verify_implementation
 from schedspec_cli import meta
-from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive
-from schedspec_cli.impls import NotAnAdapter, Resolved, profile_summary, resolve
+from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive, refuse_ignored
+from schedspec_cli.impls import (
+    NotAnAdapter,
+    Resolved,
+    profile_summary,
+    refuse_parity_for_ar_only,
+    resolve,
+)
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
@@ -108,10 +114,6 @@ MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32
 _IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
     --keep-going, --accept, --json, --family, --mode and --parity shape --impl runs (--parity
@@ -122,15 +124,17 @@ def check_scope(args: argparse.Namespace) -> None:
         return getattr(args, name) not in (None, False, [])
 
     if args.impl:
-        stray = [n for n in MAIN_JOB_DEFAULTS if given(n)]
-        why = "main job only (without --impl); an --impl run's parity is --parity"
+        refuse_ignored(
+            args,
+            [n for n in MAIN_JOB_DEFAULTS if given(n)],
+            "main job only (without --impl); an --impl run's parity is --parity",
+        )
     else:
-        stray = [n for n in _IMPL_ONLY if given(n)]
-        why = "only with --impl NAME (the main job writes --report)"
-    if stray:
-        value = getattr(args, stray[0])
-        shown = ",".join(value) if isinstance(value, list) else value
-        raise ConfigError(_flag(stray[0]), shown, f"{why}; drop {', '.join(map(_flag, stray))}")
+        refuse_ignored(
+            args,
+            [n for n in _IMPL_ONLY if given(n)],
+            "only with --impl NAME (the main job writes --report)",
+        )
     for name, default in MAIN_JOB_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -164,11 +168,7 @@ def plan(args: argparse.Namespace) -> Plan:
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
-    if args.parity is not None and all(t.family is Family.AR for t in targets):
-        names = ", ".join(t.name for t in targets)
-        raise ConfigError(
-            "parity", args.parity, f"dLLM implementations only (an AR run has no outputs: {names})"
-        )
+    refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
             _require_engine(t.builtin.engine)

@@ -3,9 +3,12 @@ defaults argparse fills in. Commands use it to refuse a flag their run would ign
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from schedspec_cli.args import Parser, given_dests
+from schedspec_cli.args import Parser, given_dests, refuse_ignored
+from spec.errors import ConfigError
 
 
 def _parser() -> Parser:
@@ -37,3 +40,13 @@ def test_given_dests_leaves_the_parsed_values_to_the_caller() -> None:
     given_dests(p, ["--flag"])
     ns = p.parse_args([])
     assert (ns.count, ns.names, ns.mode, ns.flag, ns.label) == (5, ["a"], None, False, "x")
+
+
+def test_refuse_ignored_names_the_first_flag_and_every_flag_to_drop() -> None:
+    ns = argparse.Namespace(max_running=[1, 4], device="cuda")
+    refuse_ignored(ns, [], "never raised")  # nothing given, nothing refused
+    with pytest.raises(ConfigError) as err:
+        refuse_ignored(ns, ["max_running", "device"], "left out here")
+    assert str(err.value) == (
+        "invalid --max-running='1,4': left out here; drop --max-running, --device"
+    )

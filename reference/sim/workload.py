@@ -112,6 +112,11 @@ def _check_n(n: int) -> None:
         raise SimConfigError("num_requests", n, "an integer >= 0")
 
 
+def _check_interval(interval: float) -> None:
+    if not (interval > 0 and math.isfinite(interval)):
+        raise SimConfigError("interval", interval, "a finite number of seconds > 0")
+
+
 def poisson(n: int, qps: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
     """Poisson arrivals at `qps` requests per second."""
     _check_n(n)
@@ -126,8 +131,7 @@ def bursts(
 ) -> Workload:
     """`burst_size` requests arrive together every `interval` seconds."""
     _check_n(n)
-    if not (interval > 0 and math.isfinite(interval)):
-        raise SimConfigError("interval", interval, "a finite number of seconds > 0")
+    _check_interval(interval)
     if burst_size < 1:
         raise SimConfigError("burst_size", burst_size, "an integer >= 1")
     rng = np.random.default_rng(seed)
@@ -138,8 +142,7 @@ def bursts(
 def fixed(n: int, interval: float, prefill: Lengths, decode: Lengths, seed: int = 0) -> Workload:
     """One request every `interval` seconds (interval 0 is not allowed: use bursts)."""
     _check_n(n)
-    if not (interval > 0 and math.isfinite(interval)):
-        raise SimConfigError("interval", interval, "a finite number of seconds > 0")
+    _check_interval(interval)
     rng = np.random.default_rng(seed)
     times = np.arange(n, dtype=np.float64) * interval
     return Workload(times, prefill.draw(rng, n), decode.draw(rng, n))
