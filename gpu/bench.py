@@ -52,7 +52,8 @@ import torch
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
-from gpu.parity import ASSETS, block_context, engine_config, load_prompts
+from gpu.parity import engine_config
+from gpu.prompts import ASSETS, block_context, load_prompts
 from gpu.tokenizer import TOKENIZER
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
 from spec.config import DllmConfig, RequestSpec

@@ -38,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
+from gpu.prompts import ASSETS, PARITY_BLOCK_SIZE, block_context, parity_texts
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
 from spec.adapter import EventSink
@@ -55,20 +56,10 @@ from spec.errors import ConfigError
 from spec.machine import SpecMachine
 from spec.parity import encode_tokens
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-PROMPTS_FILE = ASSETS / "prompts.json"
-
-
 # The four modes, as the shared parity driver defines them (sync first: the reference).
 Variant = ModeVariant
 VARIANTS: tuple[ModeVariant, ...] = MODE_VARIANTS
 REFERENCE = MODE_VARIANTS[0]
-
-
-def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
-    """The shipped prompt set (texts only)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return [str(p["prompt"]) for p in data["prompts"]]
 
 
 @dataclass(slots=True)
@@ -366,46 +357,31 @@ def run_algorithm(
     return cases
 
 
-def block_context(
-    prompt_lengths: Sequence[int], max_new_tokens: int, block_size: int, model_context: int
-) -> int:
-    """The context, in whole blocks, that holds the longest prompt plus `max_new_tokens`;
-    `ConfigError` naming the most new tokens that would fit when the model's context is too
-    short."""
-    prompt = max(prompt_lengths)
-    needed = -(-(prompt + max_new_tokens) // block_size) * block_size
-    limit = model_context // block_size * block_size
-    if needed > limit:
-        raise ConfigError(
-            "max_new_tokens",
-            max_new_tokens,
-            f"the longest of the {len(prompt_lengths)} prompts ({prompt} tokens) plus "
-            f"max_new_tokens needs {needed} context tokens in blocks of {block_size}; the "
-            f"model's context is {model_context}: use at most {limit - prompt} new tokens",
-        )
-    return needed
-
-
 def run_parity(
     device: str,
     algorithms: list[str],
-    prompts: int,
+    prompts: int | None,
     max_new_tokens: int,
-    block_size: int = 8,
+    block_size: int = PARITY_BLOCK_SIZE,
     page_size: int = 16,
     model: BlockDiffusionLM | None = None,
     batch: int = 4,
 ) -> ParityReport:
-    """Run the parity check; `model` defaults to the shipped weights on `device`."""
+    """Run the parity check on the first `prompts` distinct shipped prompts (None: all of
+    them); `model` defaults to the shipped weights on `device`."""
     dev = resolve_device(device)
     for name in algorithms:
         if name not in ALGORITHMS:
             make_algorithm(name)  # raises UnknownAlgorithm listing the valid names
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 2:
         raise ConfigError("batch", batch, "an integer >= 2 (batch size 1 always runs)")
-    texts = load_prompts()
+    texts = parity_texts()
+    if prompts is None:
+        prompts = len(texts)
     if not 1 <= prompts <= len(texts):
-        raise ConfigError("prompts", prompts, f"between 1 and {len(texts)} (the shipped set)")
+        raise ConfigError(
+            "prompts", prompts, f"between 1 and {len(texts)} (the shipped set's distinct prompts)"
+        )
     texts = texts[:prompts]
     if model is None:
         from gpu.weights import load_model
@@ -479,7 +455,9 @@ def parity_main(args: list[str]) -> int:
         choices=(*ALGORITHMS, "all"),
         help="step algorithm, or all of them",
     )
-    p.add_argument("--prompts", type=int, default=32, help="prompts from the shipped set")
+    p.add_argument(
+        "--prompts", type=int, default=None, help="distinct shipped prompts (default: all)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--batch", type=int, default=4, help="the batch size > 1 (default 4)")
     p.add_argument("--block-size", type=int, default=8)

@@ -27,6 +27,7 @@ from spec.errors import ConfigError
 ALGORITHMS = ("LowConfidence", "JointThreshold")
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 RUN_TIMEOUT_S = 600  # a parity run drains every prompt at once: minutes on a slow machine
+IMPL_PARITY_PROMPTS = 32  # seeded prompts for an implementation other than the engine
 ENGINE_EXTRA = "pip install 'schedspec[engine]' (torch==2.13.0 first: see README)"
 
 
@@ -66,7 +67,11 @@ def parity_parser() -> Parser:
         "--batch", type=int_in(2, 4096), default=4, help="the batch size > 1 (default 4)"
     )
     p.add_argument(
-        "--prompts", type=positive(10_000), default=32, help="prompts from the shipped set"
+        "--prompts",
+        type=positive(10_000),
+        default=None,
+        help="--impl engine: distinct prompts of the shipped set (default: every one); another "
+        f"implementation: seeded prompts (default {IMPL_PARITY_PROMPTS})",
     )
     p.add_argument(
         "--max-new-tokens", type=positive(100_000), default=32, help="new tokens per prompt"
@@ -86,6 +91,30 @@ def parity_parser() -> Parser:
     return p
 
 
+def check_shipped_parity(
+    prompts_flag: str, prompts: int | None, tokens_flag: str, tokens: int, block_size: int
+) -> None:
+    """`ConfigError`, naming the flag, unless the shipped set has `prompts` distinct prompts
+    (None: all of them) and the shipped model's context holds the longest of them plus `tokens`
+    in whole blocks of `block_size`. Read without torch, so a bad count stops the command before
+    anything runs."""
+    from gpu.prompts import block_context, parity_texts, shipped_context
+    from gpu.tokenizer import TOKENIZER
+
+    texts = parity_texts()
+    if prompts is not None and not 1 <= prompts <= len(texts):
+        raise ConfigError(
+            prompts_flag,
+            prompts,
+            f"between 1 and {len(texts)} (the shipped set's distinct prompts)",
+        )
+    lengths = [len(TOKENIZER.encode(t)) for t in texts[:prompts]]
+    try:
+        block_context(lengths, tokens, block_size, shipped_context())
+    except ConfigError as err:
+        raise ConfigError(tokens_flag, tokens, err.valid) from None
+
+
 def parity(argv: list[str]) -> int:
     ns = parity_parser().parse_args(argv)
     if ns.impl == "engine":
@@ -93,6 +122,9 @@ def parity(argv: list[str]) -> int:
             raise ConfigError(
                 "--run-timeout", ns.run_timeout, "left out with --impl engine (the shipped engine)"
             )
+        check_shipped_parity(
+            "--prompts", ns.prompts, "--max-new-tokens", ns.max_new_tokens, ns.block_size
+        )
         return _run_engine_command(ns, argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
@@ -109,6 +141,8 @@ def parity(argv: list[str]) -> int:
             )
     if ns.run_timeout is None:
         ns.run_timeout = RUN_TIMEOUT_S
+    if ns.prompts is None:
+        ns.prompts = IMPL_PARITY_PROMPTS
     from schedspec_cli.parity_impl import impl_parity_main
 
     return impl_parity_main(ns)

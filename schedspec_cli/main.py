@@ -140,10 +140,14 @@ def _dispatch(command: str) -> Callable[[list[str]], int]:
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.impl:
         return verify.run(args)
+    from schedspec_cli.engine_cmds import require_torch
     from schedspec_cli.main_job import main_job
     from schedspec_cli.output import check_output_path
 
     verify.check_scope(args)
+    # the main job's steps need the engine and the solver: refuse before the first step runs
+    require_torch("verify")
+    prove.require_z3("verify")
     report = args.report or "reports/verify"
     check_output_path("--report", report, directory=True)
     return main_job(

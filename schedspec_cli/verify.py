@@ -17,6 +17,7 @@ from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.verify import VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive, refuse_ignored
+from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
@@ -138,6 +139,16 @@ def check_scope(args: argparse.Namespace) -> None:
     for name, default in MAIN_JOB_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if not args.impl:
+        from gpu.prompts import PARITY_BLOCK_SIZE
+
+        check_shipped_parity(
+            "--parity-prompts",
+            args.parity_prompts,
+            "--parity-tokens",
+            args.parity_tokens,
+            PARITY_BLOCK_SIZE,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,7 @@ def profile(settings: dict[str, Any], max_running: int, device: str) -> list[Req
     from gpu.algorithms import make_algorithm
     from gpu.bench import MODES, bench_config
     from gpu.engine import DllmEngine, resolve_device
-    from gpu.parity import ASSETS, load_prompts
+    from gpu.prompts import ASSETS, load_prompts
     from gpu.tokenizer import TOKENIZER
     from gpu.weights import load_model
     from spec.config import RequestSpec

@@ -38,7 +38,7 @@ import torch
 
 from gpu.bench import BenchReport, run_bench, write_script_report
 from gpu.model import BlockDiffusionLM
-from gpu.parity import ASSETS
+from gpu.prompts import ASSETS
 from gpu.weights import load_model
 from schedspec_cli.output import output_file
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from gpu.bench import MODES, BenchMode, Serving, run_once, serving, write_script_report
-from gpu.parity import ASSETS
+from gpu.prompts import ASSETS
 from gpu.weights import load_model
 from schedspec_cli.output import output_file
 

@@ -367,7 +367,24 @@ def cases() -> list[tuple[str, list[str]]]:
     c += [
         ("install-engines-bogus", ["install-engines", "tensorrt"]),
     ]
-    return c + out_of_range_times() + ignored_flags() + verify_flags_out_of_scope()
+    return (
+        c
+        + out_of_range_times()
+        + ignored_flags()
+        + verify_flags_out_of_scope()
+        + past_the_shipped_set()
+    )
+
+
+def past_the_shipped_set() -> list[tuple[str, list[str]]]:
+    """More prompts than the shipped set has distinct, or more new tokens than the model's
+    context holds: `verify` used to run its whole main job and then fail the parity step with
+    exit 1; both are now refused before anything runs, as `parity` refuses them."""
+    return [
+        ("parity-prompts-past-the-set", ["parity", "--prompts", "32"]),
+        ("verify-parity-prompts-past-the-set", ["verify", "--parity-prompts", "33"]),
+        ("verify-parity-tokens-past-context", ["verify", "--parity-tokens", "300"]),
+    ]
 
 
 def verify_flags_out_of_scope() -> list[tuple[str, list[str]]]:
@@ -460,6 +477,10 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
             "--parity-prompts=2: main job only",
         ),
         (["verify", "--impl", "vllm-v1", "--parity", "bs1"], "dLLM implementations only"),
+        (["parity", "--prompts", "32"], "--prompts=32: between 1 and 31 (the shipped set's"),
+        (["verify", "--parity-prompts", "33"], "--parity-prompts=33: between 1 and 31 "),
+        (["verify", "--parity-tokens", "235"], "--parity-tokens=235: the longest of the 8 "),
+        (["verify", "--parity-tokens", "235"], "use at most 234 new tokens"),
         (
             ["bench", "engine", "--forward-costs", "--repeats", "2", "--device", "cuda"],
             "--device='cuda': left out with --forward-costs",
@@ -550,3 +571,29 @@ def test_a_closed_stdout_ends_the_command_quietly(argv: list[str]) -> None:
     err = res.stderr.decode()
     assert res.returncode == EXIT_READER_GONE, err
     assert "error" not in err and "Exception" not in err and "Traceback" not in err, err
+
+
+WITHOUT_Z3 = """
+import sys
+
+class NoZ3:
+    def find_spec(self, name, path=None, target=None):
+        if name == "z3" or name.startswith("z3."):
+            raise ImportError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, NoZ3())
+from schedspec_cli.main import main
+sys.exit(main(["prove"]))
+"""
+
+
+def test_prove_without_the_z3_solver_says_what_to_install() -> None:
+    """An install that skipped dependencies (`pip install --no-deps`) has no Z3: `prove` used to
+    end in a ModuleNotFoundError traceback; it now says what to install, exit 2."""
+    res = subprocess.run([sys.executable, "-c", WITHOUT_Z3], capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "schedspec: error: invalid prove='z3': the Z3 solver installed: pip install z3-solver"
+    ]

@@ -142,3 +142,25 @@ def test_run_parity_reports_batch_and_golden() -> None:
     assert len(report.seconds) == 8  # 4 modes x 2 batch sizes
     with pytest.raises(ConfigError):
         run_parity("cpu", ["JointThreshold"], 3, 8, 4, 8, model=tiny_model("cpu"), batch=1)
+
+
+def test_the_default_case_list_is_every_distinct_shipped_prompt_once() -> None:
+    """`parity` with no --prompts runs each distinct text of the shipped set once, so its report
+    passes the release gate's distinct-case rule. The set has a repeated entry; before the
+    case list was de-duplicated, the default run (32 cases) was refused for it on CUDA."""
+    from gpu.prompts import load_prompts, parity_texts
+    from schedspec_cli.release import release_problems
+
+    texts = parity_texts()
+    assert len(texts) == len(set(texts)) and set(texts) == set(load_prompts())
+    assert texts == sorted(texts, key=load_prompts().index)  # the set's order
+    report = run_parity(
+        "cpu", ["LowConfidence", "JointThreshold"], None, 4, 4, 8, model=tiny_model("cpu")
+    )
+    data = report.to_json()
+    for algorithm in ("LowConfidence", "JointThreshold"):
+        cases = [c["prompt"] for c in data["cases"] if c["algorithm"] == algorithm]
+        assert cases == texts
+    assert not [p for p in release_problems(data) if "repeated" in p], release_problems(data)
+    with pytest.raises(ConfigError, match=f"between 1 and {len(texts)} "):
+        run_parity("cpu", ["JointThreshold"], len(texts) + 1, 4, model=tiny_model("cpu"))

@@ -501,7 +501,7 @@ def test_too_many_new_tokens_names_the_most_that_fit() -> None:
     longest prompt plus the new tokens. Past the model's context the error names the most new
     tokens that fit, and that many are accepted."""
     from gpu.bench import serving
-    from gpu.parity import block_context, load_prompts
+    from gpu.prompts import block_context, load_prompts
     from gpu.tokenizer import TOKENIZER
 
     assert block_context([5, 22], 10, 8, 256) == 32  # 22 + 10 = 32, already whole blocks

@@ -134,7 +134,7 @@ def test_golden_refuses_what_the_engine_refuses() -> None:
 def test_shipped_model_equals_golden_at_batch_4(algorithm: str) -> None:
     """The trained model, blocks of 8, shipped prompts, FDFO with reuse and re-loop."""
     from gpu.engine import _shipped_model
-    from gpu.parity import load_prompts
+    from gpu.prompts import load_prompts
     from gpu.tokenizer import TOKENIZER
 
     model = _shipped_model("cpu")

@@ -123,6 +123,10 @@ def test_installed_commands_run_outside_the_repo(
     parity = schedspec(installed, "parity", "--device", "cpu", "--prompts", "1")
     assert parity.returncode == 2 and "schedspec[engine]" in parity.stderr, parity.stderr
     assert "Traceback" not in parity.stderr
+    # the main job serves the engine in three of its steps: refused before the first one runs
+    main_job = schedspec(installed, "verify", "--report", str(user / "verify-report"))
+    assert main_job.returncode == 2 and "schedspec[engine]" in main_job.stderr, main_job.stderr
+    assert not (user / "verify-report").exists()
 
 
 def test_guide_adapters_verify_from_the_users_directory(
