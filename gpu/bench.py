@@ -832,15 +832,20 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
 
 
 def write_script_report(
-    path: str | Path, script: str, argv: list[str] | None, threads: int, fields: dict[str, Any]
+    path: str | Path,
+    script: str,
+    argv: list[str] | None,
+    threads: int,
+    fields: dict[str, Any],
+    device: str = "cpu",
 ) -> None:
-    """A CPU measurement script's JSON: the command as run (`script` and its arguments,
+    """A measurement script's JSON: the command as run (`script` and its arguments,
     `sys.argv[1:]` when `argv` is None), the device, torch's version and the torch threads,
     then `fields`."""
     args = sys.argv[1:] if argv is None else argv
     header = {
         "command": " ".join([script, *args]),
-        "device": "cpu",
+        "device": device,
         "torch": torch.__version__,
         "threads": threads,
     }

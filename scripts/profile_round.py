@@ -1,14 +1,16 @@
 """Where a round's time goes, phase by phase, for each serving mode of the benchmark workload.
 
     .venv/bin/python scripts/profile_round.py [--max-running 16] [--modes sync,fdfo,fdfo+reuse] \
-        [--repeats 3] [--requests 128] [--threads 1] [--json out/profile-round.json]
+        [--repeats 3] [--requests 128] [--threads 1] [--device cpu|cuda[:N]] \
+        [--json out/profile-round.json]
 
 Why: `schedspec bench engine` splits a forward's time into model, attention, step and
 "scheduler" (everything else). This script splits that "everything else" by the engine's own
 methods, to say which bookkeeping an FDFO round pays that sync pays once per lock-step round.
 Each mode serves the benchmark's workload (`gpu.bench.serving`: the shipped prompts cycled,
-32 new tokens, block 8, page 16, LowConfidence) on the shipped model on CPU, with the engine's
-phase methods wrapped in timers on that engine instance only (nothing global is patched):
+32 new tokens, block 8, page 16, LowConfidence) on the shipped model (on the CPU unless
+`--device` says otherwise), with the engine's phase methods wrapped in timers on that engine
+instance only (nothing global is patched):
 
     admission        `_admit`
     block starts     `_start_blocks` (new blocks' tokens and algorithm states)
@@ -23,7 +25,11 @@ phase methods wrapped in timers on that engine instance only (nothing global is 
     round rest       the rest of `run_round` (its loop, ControlReturned)
 
 A rest, taken by subtraction, also holds the timers' own cost of the calls timed inside it
-(about half a microsecond each, warm).
+(about half a microsecond each, warm). On CUDA each timed call is bracketed by device
+synchronisations, so the device work a phase launches counts in that phase rather than in the
+one that next reads a result back; the synchronisations add their own cost to every phase, so
+a CUDA profile is a breakdown, not the benchmark's round time. The step is timed by the engine
+itself, without them: its device work counts in "batch + events".
 
 Every mode runs `--repeats` times in rotation (sync, fdfo, ..., sync, fdfo, ...) after one
 warm-up; per phase the median over the repeats of milliseconds per round and per forward is
@@ -44,10 +50,20 @@ from typing import Any
 
 import torch
 
-from gpu.bench import MODES, BenchMode, Serving, run_once, serving, write_script_report
+from gpu.bench import (
+    MODES,
+    BenchMode,
+    Serving,
+    device_name,
+    run_once,
+    serving,
+    write_script_report,
+)
+from gpu.engine import resolve_device
 from gpu.prompts import ASSETS
 from gpu.weights import load_model
 from schedspec_cli.output import output_file
+from spec.errors import SchedSpecError
 
 PHASES = (
     "admission",
@@ -65,11 +81,13 @@ PHASES = (
 
 
 class _Timers:
-    """Seconds and calls per wrapped method of one engine."""
+    """Seconds and calls per wrapped method of one engine; `sync` (the device's
+    synchronisation, or nothing on the CPU) runs before each clock read."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None]) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self.sync = sync
 
     def wrap(self, owner: Any, name: str) -> None:
         """Replace `owner.name` (a bound method) by a timed one, on this instance only."""
@@ -78,10 +96,12 @@ class _Timers:
         self.calls[name] = 0
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            self.sync()
             start = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
+                self.sync()
                 self.seconds[name] += time.perf_counter() - start
                 self.calls[name] += 1
 
@@ -91,7 +111,7 @@ class _Timers:
 def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str, Any]:
     """Serve the workload once in `mode`; seconds per phase (see the module docstring)."""
     engine = setup.engine(mode, max_running)
-    timers = _Timers()
+    timers = _Timers(device_sync(setup.device))
     for name in (
         "run_round", "_admit", "_prepare_batch", "_start_blocks", "_run_worker", "_plan_batch",
         "_complete", "_commit", "_carry",
@@ -129,11 +149,17 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
     }
 
 
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """What waits for `device`'s queued work: nothing on the CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def profile(
-    max_running: int, mode_names: list[str], repeats: int, requests: int
+    max_running: int, mode_names: list[str], repeats: int, requests: int, device: torch.device
 ) -> dict[str, dict[str, Any]]:
     by_name = {m.name: m for m in MODES}
-    device = torch.device("cpu")
     model, _ = load_model(ASSETS, device)
     setup = serving(
         model, requests=requests, max_new_tokens=32, block_size=8, page_size=16,
@@ -164,12 +190,9 @@ def profile(
     return result
 
 
-def _print(result: dict[str, dict[str, Any]], max_running: int, threads: int) -> None:
+def _print(result: dict[str, dict[str, Any]], max_running: int, device_name: str) -> None:
     names = list(result)
-    print(
-        f"device: cpu (torch {torch.__version__}, {threads} thread); max running {max_running}; "
-        "median ms per round / per forward"
-    )
+    print(f"device: {device_name}; max running {max_running}; median ms per round / per forward")
     print(f"{'phase':<16}" + "".join(f"{n:>24}" for n in names))
     for phase in PHASES:
         cells = "".join(
@@ -191,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode (median)")
     parser.add_argument("--requests", type=int, default=128, help="requests served per run")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     valid = [m.name for m in MODES]
@@ -207,9 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        device = resolve_device(args.device)
+    except SchedSpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
-    result = profile(args.max_running, modes, args.repeats, args.requests)
-    _print(result, args.max_running, args.threads)
+    result = profile(args.max_running, modes, args.repeats, args.requests, device)
+    name = device_name(device)
+    _print(result, args.max_running, name)
     if args.json is not None:
         write_script_report(
             args.json,
@@ -218,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
             args.threads,
             {
                 "max_running": args.max_running,
+                "device_name": name,
                 "repeats": args.repeats,
                 "requests": args.requests,
                 "results": result,
             },
+            device=str(device),
         )
     return 0
 

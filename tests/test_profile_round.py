@@ -42,8 +42,48 @@ def test_phases_partition_the_round_and_counts_are_the_engines(
 
 @pytest.mark.parametrize(
     "args",
-    [["--modes", "sync,turbo"], ["--modes", ","], ["--max-running", "0"], ["--repeats", "0"]],
+    [
+        ["--modes", "sync,turbo"],
+        ["--modes", ","],
+        ["--max-running", "0"],
+        ["--repeats", "0"],
+        ["--device", "cudaXYZ"],
+        ["--device", "tpu"],
+    ],
 )
 def test_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert load_script("profile_round").main(args) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_script("profile_round").main(["--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_each_timed_call_waits_for_the_device_before_both_clock_reads() -> None:
+    """On CUDA a phase's queued device work must count in that phase: the timer synchronises
+    before reading the clock at the start and at the end of every call, errors included."""
+    script = load_script("profile_round")
+    waits: list[str] = []
+
+    class Engine:
+        def work(self, fail: bool) -> int:
+            waits.append("inside")
+            if fail:
+                raise ValueError("boom")
+            return 7
+
+    engine = Engine()
+    timers = script._Timers(lambda: waits.append("sync"))
+    timers.wrap(engine, "work")
+    assert engine.work(False) == 7
+    with pytest.raises(ValueError):
+        engine.work(True)
+    assert waits == ["sync", "inside", "sync"] * 2
+    assert timers.calls["work"] == 2
