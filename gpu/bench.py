@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
-from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device
+from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device, wait_for_device
 from gpu.model import BlockDiffusionLM
 from gpu.parity import engine_config
 from gpu.prompts import ASSETS, block_context, load_prompts
@@ -173,12 +173,10 @@ def run_once(serving: Serving, mode: BenchMode, max_running: int) -> BenchRun:
     """One mode served alone, start to drain."""
     device = serving.device
     engine = serving.engine(mode, max_running)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    wait_for_device(device)
     start, cpu_start = time.perf_counter(), time.process_time()
     engine.drain()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    wait_for_device(device)
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     snap = engine.snapshot()
@@ -220,8 +218,7 @@ def run_interleaved(
             t0, c0 = time.perf_counter(), time.thread_time()
             while not engine.is_idle():
                 engine.run_round()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                wait_for_device(device)
                 if time.perf_counter() - t0 >= turn_seconds:
                     break
             wall[i] += time.perf_counter() - t0

@@ -105,6 +105,13 @@ class NoRetainedOutput(SchedSpecError, KeyError):
         return str(self.args[0])
 
 
+def wait_for_device(device: torch.device) -> None:
+    """Block until `device` has run everything queued on it (nothing to wait for on the CPU):
+    what a timer reads after this includes the device's work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """`cpu`, `cuda[:n]` or `auto` (CUDA when available) -> a usable torch device."""
     name = str(device)

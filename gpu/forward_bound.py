@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from gpu.bench import Serving
+from gpu.engine import wait_for_device
 from gpu.kv_cache import PagedKvCache
 from gpu.model import BlockDiffusionLM, BlockPlan
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
@@ -137,8 +138,7 @@ class Replayer:
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.model.forward_blocks(tokens, starts, row_ids, self.kv, self.table, plan)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_device(self.device)
         return time.perf_counter() - t0
 
 

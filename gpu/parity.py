@@ -38,7 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import DllmEngine, resolve_device
 from gpu.model import BlockDiffusionLM
-from gpu.prompts import ASSETS, PARITY_BLOCK_SIZE, block_context, parity_texts
+from gpu.prompts import ASSETS, PARITY_BLOCK_SIZE, block_context, parity_cases
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID, TOKENIZER
 from spec.adapter import EventSink
@@ -375,14 +375,7 @@ def run_parity(
             make_algorithm(name)  # raises UnknownAlgorithm listing the valid names
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 2:
         raise ConfigError("batch", batch, "an integer >= 2 (batch size 1 always runs)")
-    texts = parity_texts()
-    if prompts is None:
-        prompts = len(texts)
-    if not 1 <= prompts <= len(texts):
-        raise ConfigError(
-            "prompts", prompts, f"between 1 and {len(texts)} (the shipped set's distinct prompts)"
-        )
-    texts = texts[:prompts]
+    texts = parity_cases(prompts)
     if model is None:
         from gpu.weights import load_model
 

@@ -32,6 +32,19 @@ def parity_texts(path: Path = PROMPTS_FILE) -> list[str]:
     return list(dict.fromkeys(load_prompts(path)))
 
 
+def parity_cases(prompts: int | None) -> list[str]:
+    """The first `prompts` distinct shipped texts (None: all of them); `ConfigError` naming how
+    many there are otherwise."""
+    texts = parity_texts()
+    if prompts is None:
+        return texts
+    if not 1 <= prompts <= len(texts):
+        raise ConfigError(
+            "prompts", prompts, f"between 1 and {len(texts)} (the shipped set's distinct prompts)"
+        )
+    return texts[:prompts]
+
+
 def shipped_context() -> int:
     """The shipped model's context in tokens (its `model_config.json`)."""
     data = json.loads((ASSETS / "model_config.json").read_text(encoding="utf-8"))

@@ -98,17 +98,14 @@ def check_shipped_parity(
     (None: all of them) and the shipped model's context holds the longest of them plus `tokens`
     in whole blocks of `block_size`. Read without torch, so a bad count stops the command before
     anything runs."""
-    from gpu.prompts import block_context, parity_texts, shipped_context
+    from gpu.prompts import block_context, parity_cases, shipped_context
     from gpu.tokenizer import TOKENIZER
 
-    texts = parity_texts()
-    if prompts is not None and not 1 <= prompts <= len(texts):
-        raise ConfigError(
-            prompts_flag,
-            prompts,
-            f"between 1 and {len(texts)} (the shipped set's distinct prompts)",
-        )
-    lengths = [len(TOKENIZER.encode(t)) for t in texts[:prompts]]
+    try:
+        texts = parity_cases(prompts)
+    except ConfigError as err:
+        raise ConfigError(prompts_flag, prompts, err.valid) from None
+    lengths = [len(TOKENIZER.encode(t)) for t in texts]
     try:
         block_context(lengths, tokens, block_size, shipped_context())
     except ConfigError as err:

@@ -59,7 +59,7 @@ from gpu.bench import (
     serving,
     write_script_report,
 )
-from gpu.engine import resolve_device
+from gpu.engine import resolve_device, wait_for_device
 from gpu.prompts import ASSETS
 from gpu.weights import load_model
 from schedspec_cli.output import output_file
@@ -111,7 +111,7 @@ class _Timers:
 def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str, Any]:
     """Serve the workload once in `mode`; seconds per phase (see the module docstring)."""
     engine = setup.engine(mode, max_running)
-    timers = _Timers(device_sync(setup.device))
+    timers = _Timers(lambda: wait_for_device(setup.device))
     for name in (
         "run_round", "_admit", "_prepare_batch", "_start_blocks", "_run_worker", "_plan_batch",
         "_complete", "_commit", "_carry",
@@ -147,13 +147,6 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
         "seconds": s["run_round"],
         "phases": phases,
     }
-
-
-def device_sync(device: torch.device) -> Callable[[], None]:
-    """What waits for `device`'s queued work: nothing on the CPU."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
 
 
 def profile(
