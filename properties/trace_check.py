@@ -11,6 +11,7 @@ failed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +37,20 @@ class TraceResult:
 
 
 def check_trace(
-    path: str | Path, config: DllmConfig | None = None, policy: DllmPolicy | None = None
+    source: str | Path | Iterable[str],
+    config: DllmConfig | None = None,
+    policy: DllmPolicy | None = None,
 ) -> TraceResult:
-    """Replay the trace at `path` into a `SpecMachine`; `policy` is the engine's declared one."""
+    """Replay the trace into a `SpecMachine`; `policy` is the engine's declared one.
+
+    `source` is a path or the trace's lines (see `spec.trace.iter_trace`). It is read once,
+    front to back, and the check returns at the first violation without reading further, so a
+    live stream gets its verdict as soon as the violating line arrives.
+    """
+    path = str(source) if isinstance(source, str | Path) else "<stream>"
     machine: SpecMachine | None = None
     count = 0
-    for line, item in iter_trace(path):
+    for line, item in iter_trace(source):
         if isinstance(item, DllmConfig):
             if config is not None and config != item:
                 raise ConfigError(
@@ -64,7 +73,7 @@ def check_trace(
             machine.apply(item)
             machine.check_changed()
         except SpecViolation as v:
-            return TraceResult(str(path), count, machine.round_index, v, line, False)
+            return TraceResult(path, count, machine.round_index, v, line, False)
         count += 1
     if machine is None:
         if config is None:
@@ -74,4 +83,4 @@ def check_trace(
                 'the trace has no {"kind": "config", ...} header line: pass --config PATH',
             )
         machine = SpecMachine(config, policy)
-    return TraceResult(str(path), count, machine.round_index, None, None, machine.is_idle())
+    return TraceResult(path, count, machine.round_index, None, None, machine.is_idle())

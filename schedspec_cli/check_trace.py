@@ -6,24 +6,27 @@ from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a heade
 dllm). The configuration is the header's; a trace without a header needs `--config`. Given both,
 they must agree: a conflicting `--config` is an input error, never a silent override. A log that
 ends with work still running is a warning (exit 0), or with `--require-idle` a failure (exit 1).
+
+FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
+event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
+malformed line exit 2, and nothing after it is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedspec_cli.trace_source import TraceSource, trace_source
-from schedspec_cli.typecheck import fields_problem
+from schedspec_cli.trace_input import open_trace
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
 from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
-
-SNIFF_BYTES = 1 << 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,9 +56,7 @@ class Header:
     line: int
     data: dict[str, Any] | None  # None: no header line
     first_event: Family | None = None  # without a header: the family of the first event's kind
-    # why the first non-blank line is not JSON, when it lies whole in the sniffed bytes (a line
-    # cut at SNIFF_BYTES is left to the checker, which reads it whole)
-    not_json: str | None = None
+    not_json: str | None = None  # why the first non-blank line is not JSON
 
     @property
     def family(self) -> Family | None:
@@ -83,69 +84,55 @@ def _event_family(data: object) -> Family | None:
 
 def read_text_file(path: str, flag: str) -> str:
     """A whole small text file (a --config), as checked input (ConfigError naming `flag`)."""
-    raw = _read_bytes(path, flag, None)
+    raw = _read_bytes(path, flag)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ConfigError(flag, path, "a UTF-8 text file") from None
 
 
-def _read_bytes(path: str, flag: str, limit: int | None, name: str | None = None) -> bytes:
+def _read_bytes(path: str, flag: str) -> bytes:
     p = Path(path)
-    shown = path if name is None else name
     if p.is_dir():
-        raise ConfigError(flag, shown, "a file (this is a directory)")
+        raise ConfigError(flag, path, "a file (this is a directory)")
     try:
-        if limit is None:
-            return read_input_bytes(p)
-        with p.open("rb") as fh:
-            return fh.read(limit)
+        return read_input_bytes(p)
     except OSError as err:
-        raise ConfigError(flag, shown, f"a readable file ({err.strerror})") from None
+        raise ConfigError(flag, path, f"a readable file ({err.strerror})") from None
 
 
-def sniff_header(path: str, name: str | None = None) -> Header:
-    """The first non-blank line, if it is a config header. Checks the file is UTF-8 text.
-    Messages call the file `name` (default: `path`)."""
-    head = _read_bytes(path, "file", SNIFF_BYTES, name)
-    shown = path if name is None else name
-    if head.startswith(b"\xef\xbb\xbf"):
-        raise ConfigError("file", shown, "UTF-8 text without a byte-order mark")
-    if b"\x00" in head:
-        raise ConfigError("file", shown, "a JSON Lines text file (it holds NUL bytes: binary?)")
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if len(head) < SNIFF_BYTES or err.start < len(head) - 4:  # not a cut character
-            raise ConfigError("file", shown, "UTF-8 text") from None
-        text = head[: err.start].decode("utf-8")
-    if not text.strip():
-        if len(head) < SNIFF_BYTES:
-            raise ConfigError("file", shown, "a non-empty event log")
-        return Header(0, None)
-    for no, line in enumerate(text.splitlines(keepends=True), start=1):
+def read_header(lines: Iterator[str], name: str) -> tuple[Header, list[str]]:
+    """The first non-blank line as a `Header`, and the lines read to find it (to be checked
+    with the rest: the check reads `lines` once). `name` is what messages call the input."""
+    head: list[str] = []
+    for line in lines:
+        head.append(line)
+        if head[0].startswith("\ufeff"):
+            raise ConfigError("file", name, "UTF-8 text without a byte-order mark")
         if not line.strip():
             continue
+        no = len(head)
         try:
             data = parse_json(line)
         except json.JSONDecodeError as err:
-            whole = line.endswith(("\n", "\r")) or len(head) < SNIFF_BYTES
-            return Header(no, None, not_json=err.msg if whole else None)
+            return Header(no, None, not_json=err.msg), head
         if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
-            return Header(no, data)
-        return Header(no, None, _event_family(data))
-    return Header(0, None)
+            return Header(no, data), head
+        return Header(no, None, _event_family(data)), head
+    raise ConfigError("file", name, "a non-empty event log")
 
 
 def run(args: argparse.Namespace) -> int:
-    with trace_source(args.file) as source:
-        return _run(args, source)
+    """Reads FILE once, front to back: the header line, then every event as it arrives; the
+    verdict comes at the first violation without reading further."""
+    with open_trace(args.file) as source:
+        lines = iter(source)
+        header, head = read_header(lines, source.name)
+        args = argparse.Namespace(**{**vars(args), "file": source.name})
+        return _run(args, header, itertools.chain(head, lines))
 
 
-def _run(args: argparse.Namespace, source: TraceSource) -> int:
-    """Everything below reads `source.path` and names `source.name` (as `args.file`)."""
-    args = argparse.Namespace(**{**vars(args), "file": source.name})
-    header = sniff_header(source.path, source.name)
+def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
     wanted = Family.parse(args.family) if args.family else None
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
@@ -176,16 +163,20 @@ def _run(args: argparse.Namespace, source: TraceSource) -> int:
             'a --config JSON file: the trace has no {"kind": "config", ...} header line',
         )
     if family is Family.DLLM:
-        return _check_dllm(args, source.path, header, given)
-    return _check_ar(args, source.path, header, given)
+        return _check_dllm(args, lines, header, given)
+    return _check_ar(args, lines, header, given)
 
 
 def _dllm_config(data: dict[str, Any], where: str) -> Any:
-    from spec.trace import config_from_dict
+    from spec.trace import TraceFormatError, config_from_dict
 
     body = {k: v for k, v in data.items() if k not in ("kind", "family")}
     try:
         return config_from_dict(body)
+    except TraceFormatError as err:  # it knows no line: `where` names the header or --config
+        raise ConfigError(
+            where, json.dumps(data)[:80], f"DllmConfig fields ({err.detail})"
+        ) from None
     except SchedSpecError:
         raise
     except (TypeError, ValueError) as err:
@@ -193,7 +184,7 @@ def _dllm_config(data: dict[str, Any], where: str) -> Any:
 
 
 def _check_dllm(
-    args: argparse.Namespace, path: str, header: Header, given: dict[str, Any] | None
+    args: argparse.Namespace, lines: Iterable[str], header: Header, given: dict[str, Any] | None
 ) -> int:
     from properties.trace_check import check_trace
 
@@ -209,42 +200,15 @@ def _check_dllm(
             )
     else:
         config = _dllm_config(given or {}, "config")
-    _check_event_types(path, args.file)
-    res = check_trace(path, config)
+    res = check_trace(lines, config)
     if res.violation is not None:
         print(f"FAIL {args.file}:{res.line}: {res.violation}")
         return 1
     return _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end)
 
 
-def _check_event_types(path: str, name: str) -> None:
-    """Every event line's field types (the spec's parser checks kinds and field names); the
-    file is called `name` in messages."""
-    from spec.events import EVENT_BY_KIND
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = parse_json(line)
-                except json.JSONDecodeError:
-                    return  # the spec's parser names the line
-                if not isinstance(data, dict):
-                    return
-                cls = EVENT_BY_KIND.get(str(data.get("kind")))
-                if cls is None:
-                    continue
-                problem = fields_problem(data, cls)
-                if problem is not None:
-                    raise ConfigError("file", f"{name}:{no}", f"a well-typed event: {problem}")
-    except UnicodeDecodeError:
-        raise ConfigError("file", name, "UTF-8 text") from None
-
-
 def _check_ar(
-    args: argparse.Namespace, path: str, header: Header, given: dict[str, Any] | None
+    args: argparse.Namespace, lines: Iterable[str], header: Header, given: dict[str, Any] | None
 ) -> int:
     from properties.ar.trace_check import check_ar_trace
     from spec.ar.trace import ar_config_from_dict
@@ -255,7 +219,7 @@ def _check_ar(
             config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
         except SchedSpecError as err:
             raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
-    res = check_ar_trace(path, config)  # refuses a --config that contradicts the header
+    res = check_ar_trace(lines, config)  # refuses a --config that contradicts the header
     if res.violation is not None:
         where = res.line if res.line is not None else "end"
         print(f"FAIL {args.file}:{where}: {res.violation}")

@@ -5,7 +5,9 @@ Writes reference-scheduler logs of growing size (JSON Lines with a config header
 (streaming, incremental invariants) and prints a table of requests, events, wall and CPU seconds
 and events per CPU second (the CPU figure is what a loaded, shared machine cannot distort); the
 same figures go to a JSON file. Peak memory of each check is measured with tracemalloc in a
-separate pass (tracing slows Python down, so it is not timed). With `--repeats N` each log is
+separate pass (tracing slows Python down, so it is not timed). The last two columns time the
+whole command a user runs, `schedspec check-trace LOG` and `schedspec check-trace - < LOG`, in a
+fresh interpreter (start-up, reading and the verdict included). With `--repeats N` each log is
 checked N times and the fastest check counts (on a shared machine other jobs only ever slow a
 run down).
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import platform
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +79,22 @@ def write_log(path: Path, requests: int, seed: int = 0) -> int:
     return events
 
 
+def cli_seconds(path: Path, from_stdin: bool) -> float:
+    """Wall seconds of one `schedspec check-trace` run on `path` (as a file, or piped to `-`);
+    raises if the command does not pass."""
+    cmd = [sys.executable, "-m", "schedspec_cli.main", "check-trace"]
+    start = time.perf_counter()
+    if from_stdin:
+        with path.open("rb") as fh:
+            res = subprocess.run([*cmd, "-"], stdin=fh, capture_output=True, check=False)
+    else:
+        res = subprocess.run([*cmd, str(path)], capture_output=True, check=False)
+    seconds = time.perf_counter() - start
+    if res.returncode != 0:
+        raise RuntimeError(f"check-trace exited {res.returncode}: {res.stderr.decode().strip()}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -108,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(
         f"{'requests':>9} {'events':>9} {'wall s':>8} {'cpu s':>7} {'events/cpu-s':>13} "
-        f"{'peak MiB':>9}"
+        f"{'peak MiB':>9} {'cli file s':>11} {'cli stdin s':>12}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
@@ -129,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             check_trace(path)
             peak = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
+            cli_file = min(cli_seconds(path, False) for _ in range(args.repeats))
+            cli_stdin = min(cli_seconds(path, True) for _ in range(args.repeats))
             rate = events / max(cpu, 1e-9)
             rows.append(
                 {
@@ -138,9 +159,14 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu_seconds": round(cpu, 3),
                     "events_per_cpu_second": round(rate),
                     "peak_mib": round(peak, 1),
+                    "cli_file_wall_seconds": round(cli_file, 3),
+                    "cli_stdin_wall_seconds": round(cli_stdin, 3),
                 }
             )
-            print(f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f}")
+            print(
+                f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f} "
+                f"{cli_file:>11.2f} {cli_stdin:>12.2f}"
+            )
     write_json(
         out,
         {

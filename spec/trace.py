@@ -34,6 +34,7 @@ class TraceFormatError(SchedSpecError, ValueError):
 
     def __init__(self, line_no: int, detail: str) -> None:
         self.line_no = line_no
+        self.detail = detail
         super().__init__(f"trace line {line_no}: {detail}")
 
 
@@ -336,9 +337,9 @@ def _record(line: str, no: int) -> dict[str, Any]:
     return data
 
 
-def _records(fh: TextIO) -> Iterator[tuple[int, dict[str, Any]]]:
+def _records(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line."""
-    for no, line in enumerate(fh, start=1):
+    for no, line in enumerate(lines, start=1):
         data = _scanned(line)
         if data is None:
             if not line.strip():
@@ -347,38 +348,50 @@ def _records(fh: TextIO) -> Iterator[tuple[int, dict[str, Any]]]:
         yield no, data
 
 
-def iter_trace(path: str | Path) -> Iterator[tuple[int, DllmConfig | Event]]:
+def iter_trace(source: str | Path | Iterable[str]) -> Iterator[tuple[int, DllmConfig | Event]]:
     """Stream a trace: (line, config header) first if there is one, then (line, event) pairs.
 
-    Reads one line at a time, so a log of any length checks in bounded memory.
+    `source` is a path, or the trace's lines in order (an open text file, a pipe's lines:
+    line numbers count from 1 at the first one). Reads one line at a time and yields each
+    event as soon as its line is read, so a log of any length checks in bounded memory and a
+    live stream is checked as it arrives.
     """
-    with open(path, encoding="utf-8") as fh:
-        seen_event = False
-        for no, data in _records(fh):
-            kind = data.get("kind")
-            if type(kind) is str:  # the common case, inline: a well-formed event
-                decode = _FAST.get(kind)
-                event = None if decode is None else decode(data)
-                if event is not None:
-                    seen_event = True
-                    yield no, event
-                    continue
-            if kind == "config":
-                if seen_event:
-                    raise TraceFormatError(no, "the config header must be the first line")
+    if isinstance(source, str | Path):
+        with open(source, encoding="utf-8") as fh:
+            yield from _trace_items(fh)
+    else:
+        yield from _trace_items(source)
+
+
+def _trace_items(lines: Iterable[str]) -> Iterator[tuple[int, DllmConfig | Event]]:
+    seen_event = False
+    for no, data in _records(lines):
+        kind = data.get("kind")
+        if type(kind) is str:  # the common case, inline: a well-formed event
+            decode = _FAST.get(kind)
+            event = None if decode is None else decode(data)
+            if event is not None:
                 seen_event = True
-                yield no, config_from_dict(data, no)
+                yield no, event
                 continue
+        if kind == "config":
+            if seen_event:
+                raise TraceFormatError(no, "the config header must be the first line")
             seen_event = True
-            yield no, _event_from_dict_checked(data, no)
+            yield no, config_from_dict(data, no)
+            continue
+        seen_event = True
+        yield no, _event_from_dict_checked(data, no)
 
 
-def read_trace(path: str | Path) -> tuple[DllmConfig | None, list[tuple[int, Event]]]:
+def read_trace(
+    source: str | Path | Iterable[str],
+) -> tuple[DllmConfig | None, list[tuple[int, Event]]]:
     """A trace's optional config header and its events, with line numbers (all in memory;
     `iter_trace` streams)."""
     config: DllmConfig | None = None
     events: list[tuple[int, Event]] = []
-    for no, item in iter_trace(path):
+    for no, item in iter_trace(source):
         if isinstance(item, DllmConfig):
             config = item
         else:

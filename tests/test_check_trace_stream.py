@@ -1,9 +1,10 @@
 """`check-trace` on a stream: `-` (standard input), `/dev/stdin` on a pipe, a named pipe.
 
-The check reads its input more than once, so a stream is copied to a temporary file first.
-These tests pin what the user sees: the same verdicts as for a file, messages that name the
-input as given (`<stdin>`, never the temporary copy), the copy removed afterwards, and binary
-input refused while copying.
+The check reads its input once, front to back, checking each line as it arrives. These tests
+pin what the user sees: the same verdicts as for a file, messages that name the input as given
+(`<stdin>`), no temporary copy, the verdict of a live stream at its violating line while the
+producer is still writing, problems reported in line order whatever the source, and endless or
+binary input refused at a bound instead of read into memory.
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from properties.ar.harness import ArHarness
+from reference.ar.vllm_v1 import make_vllm_v1
+from schedspec_cli import trace_input
 from schedspec_cli.main import main
 from spec import KvFreed
+from spec.ar.config import ArConfig, ArRequest
+from spec.ar.events import ArBlocksFreed, ArEvent
+from spec.ar.trace import ar_event_to_dict, write_ar_trace
 from spec.trace import event_to_dict
 from tests.test_trace import record
+
+AR_CFG = ArConfig(
+    block_size=2, num_blocks=7, max_num_batched_tokens=6, max_num_seqs=3, max_model_len=10
+)
 
 SCHEDSPEC = Path(sys.executable).parent / "schedspec"
 
@@ -33,7 +44,7 @@ def _with_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
 
 @pytest.fixture(autouse=True)
 def _private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Temporary copies land here, so a test can see that none is left behind."""
+    """A temporary file would land here, so a test can see that none is written."""
     spool = tmp_path / "spool"
     spool.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spool))
@@ -47,7 +58,7 @@ def test_stdin_passes_a_conforming_trace(
     assert main(["check-trace", "-"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("OK <stdin>: ") and "conform to the spec" in out
-    assert not list((tmp_path / "spool").iterdir()), "the temporary copy was left behind"
+    assert not list((tmp_path / "spool").iterdir()), "a temporary file was written"
 
 
 def test_stdin_reports_a_violation_at_its_line(
@@ -124,3 +135,167 @@ def test_a_named_pipe_is_read_whole(tmp_path: Path) -> None:
     assert out.startswith(f"OK {fifo}: ")
     lines = [json.loads(x) for x in trace.decode().splitlines()]
     assert f"{len(lines) - 1} events" in out  # every event after the header was checked
+
+
+def _violating_trace(tmp_path: Path, family: str) -> tuple[bytes, int]:
+    """A conforming recorded trace with one violating event appended, and that event's line."""
+    if family == "dllm":
+        lines = record(tmp_path).read_text().splitlines()
+        lines.append(json.dumps(event_to_dict(KvFreed("a", (0, 1)))))
+    else:
+        events = _ar_run()
+        buf = io.StringIO()
+        write_ar_trace(events, buf, AR_CFG)
+        lines = buf.getvalue().splitlines()
+        lines.append(json.dumps(ar_event_to_dict(ArBlocksFreed("nobody", (0,)))))
+    return ("\n".join(lines) + "\n").encode(), len(lines)
+
+
+def _ar_run() -> list[ArEvent]:
+    h = ArHarness(make_vllm_v1, AR_CFG)
+    h.submit(ArRequest("r0", 3, 2, prompt=(1, 2, 3)))
+    h.drain()
+    return list(h.events)
+
+
+@pytest.mark.parametrize("family", ["dllm", "ar"])
+def test_a_live_stream_gets_its_verdict_at_the_violating_line(tmp_path: Path, family: str) -> None:
+    """A producer that has written a violation and keeps its end of the pipe open (a live
+    engine) must get the verdict then, not when it closes. Reading the whole stream first (as
+    a copy to a file did) waits forever here; the limit turns that into a failure."""
+    data, bad_line = _violating_trace(tmp_path, family)
+    proc = subprocess.Popen(
+        [str(SCHEDSPEC), "check-trace", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(data)
+        proc.stdin.flush()  # and the pipe stays open: more events may come
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("check-trace waited for the end of a live stream past its violation")
+        out = proc.stdout.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+        for fh in (proc.stdin, proc.stdout, proc.stderr):
+            if fh is not None:
+                fh.close()
+    assert code == 1, out
+    assert out.startswith(f"FAIL <stdin>:{bad_line}: "), out
+
+
+def test_a_conforming_live_stream_is_checked_as_it_arrives(tmp_path: Path) -> None:
+    """Events are checked as their lines come: a violation written after a pause (the
+    producer still running) is found at its line, with the events before it counted."""
+    data, bad_line = _violating_trace(tmp_path, "dllm")
+    head, _, last = data.rstrip(b"\n").rpartition(b"\n")
+    proc = subprocess.Popen(
+        [str(SCHEDSPEC), "check-trace", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(head + b"\n")
+        proc.stdin.flush()
+        with pytest.raises(subprocess.TimeoutExpired):  # conforming so far: still reading
+            proc.wait(timeout=1)
+        proc.stdin.write(last + b"\n")
+        proc.stdin.flush()
+        code = proc.wait(timeout=120)
+        out = proc.stdout.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+        for fh in (proc.stdin, proc.stdout, proc.stderr):
+            if fh is not None:
+                fh.close()
+    assert code == 1 and f"FAIL <stdin>:{bad_line}: " in out, out
+
+
+# Malformed lines, each a different kind of input error, and what the message says of it.
+MALFORMED = {
+    "wrong_type": (b'{"kind": "aborted", "request_id": 7}\n', "request_id"),
+    "nul_byte": (b'{"kind": "aborted",\x00 "request_id": "a"}\n', "NUL bytes"),
+    "not_utf8": (b'{"kind": "aborted", "request_id": "\xff"}\n', "UTF-8 text"),
+    "not_json": (b'{"kind": "aborted", \n', "not JSON"),
+}
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+@pytest.mark.parametrize("malformed", sorted(MALFORMED))
+def test_problems_are_reported_in_line_order_whatever_the_source(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    malformed: str,
+) -> None:
+    """A violation before a malformed line is the verdict (exit 1), a malformed line before
+    a violation is an input error naming its line (exit 2): for a file and for a pipe alike."""
+    bad, valid = MALFORMED[malformed]
+    good, bad_line = _violating_trace(tmp_path, "dllm")
+    lines = good.splitlines(keepends=True)
+    violation_first = good + bad
+    malformed_first = b"".join(lines[:-1]) + bad + lines[-1]
+    for data, code in ((violation_first, 1), (malformed_first, 2)):
+        if source == "file":
+            path = tmp_path / "t.jsonl"
+            path.write_bytes(data)
+            name = str(path)
+            assert main(["check-trace", name]) == code
+        else:
+            name = "<stdin>"
+            _with_stdin(monkeypatch, data)
+            assert main(["check-trace", "-"]) == code
+        out, err = capsys.readouterr()
+        if code == 1:
+            assert out.startswith(f"FAIL {name}:{bad_line}: "), out
+        else:
+            assert valid in err and "\n" not in err.strip(), err
+            if malformed in ("nul_byte", "not_utf8"):  # the reader names the input and line
+                assert f"{name}:{bad_line}" in err, err
+            else:  # the spec's parser names the line
+                assert f"line {bad_line}" in err, err
+
+
+def test_a_line_is_taken_up_to_the_bound_and_refused_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line bound counts a line's bytes before its newline: a header padded (with JSON
+    whitespace) to exactly the bound is read; one byte more is refused in one line."""
+    monkeypatch.setattr(trace_input, "MAX_LINE_BYTES", 4096)
+    lines = record(tmp_path).read_bytes().splitlines(keepends=True)
+    header = lines[0].rstrip(b"\n")
+    at_bound = header + b" " * (4096 - len(header)) + b"\n"
+    _with_stdin(monkeypatch, at_bound + b"".join(lines[1:]))
+    assert main(["check-trace", "-"]) == 0
+    capsys.readouterr()
+    _with_stdin(monkeypatch, at_bound[:-1] + b" \n" + b"".join(lines[1:]))
+    assert main(["check-trace", "-"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "<stdin>:1" in err and "at most 0.00390625 MiB" in err, err
+
+
+def test_endless_binary_input_is_refused_at_the_line_bound() -> None:
+    """`check-trace - < /dev/zero`: a stream with no end and no newline is read up to the
+    line bound, then refused as binary (exit 2); never read into memory whole, never a hang."""
+    with open("/dev/zero", "rb") as zero:
+        try:
+            res = subprocess.run(
+                [str(SCHEDSPEC), "check-trace", "-"],
+                stdin=zero,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("check-trace - < /dev/zero did not stop")
+    err = res.stderr.decode().strip()
+    assert res.returncode == 2 and "<stdin>:1" in err and "NUL bytes" in err, err

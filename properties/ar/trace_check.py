@@ -14,6 +14,7 @@ without a header; given both, they must agree, else a `ConfigError` names the di
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +70,15 @@ def _resolve(header: ArConfig | None, given: ArConfig | None) -> ArConfig:
 
 
 def check_ar_trace(
-    path: str | Path,
+    source: str | Path | Iterable[str],
     config: ArConfig | None = None,
     policy: ArPolicy | None = None,
 ) -> ArTraceResult:
-    """Replay the AR trace at `path`; raises `TraceFormatError` / `ConfigError` for bad input
-    (exit 2 in the CLI), returns the result (a violation is exit 1)."""
-    with ArTraceReader(path) as reader:
+    """Replay the AR trace (a path or its lines, see `spec.ar.trace.ArTraceReader`), read
+    once and front to back; raises `TraceFormatError` / `ConfigError` for bad input (exit 2 in
+    the CLI), returns the result at the first violation (exit 1) without reading further."""
+    path = str(source) if isinstance(source, str | Path) else "<stream>"
+    with ArTraceReader(source) as reader:
         head = reader.header
         cfg = _resolve(head.config if head else None, config)
         pol = policy if policy is not None else (head.policy if head else ArPolicy())
@@ -92,15 +95,15 @@ def check_ar_trace(
                 if isinstance(event, ArStepEnd):
                     in_step = False
             except SpecViolation as v:
-                return ArTraceResult(str(path), count, machine.step_index, v, line, False, 0, 0)
+                return ArTraceResult(path, count, machine.step_index, v, line, False, 0, 0)
             count += 1
         try:
             machine.check_invariants(between_steps=True)
         except SpecViolation as v:
-            return ArTraceResult(str(path), count, machine.step_index, v, None, False, 0, 0)
+            return ArTraceResult(path, count, machine.step_index, v, None, False, 0, 0)
         state_waiting, state_running = machine.queue_sizes()
         return ArTraceResult(
-            str(path),
+            path,
             count,
             machine.step_index,
             None,

@@ -229,16 +229,26 @@ class ArTraceReader:
     """Reads an AR trace one line at a time: `header` (None if the trace has none), then
     iterate for `(line_no, event)`. Use as a context manager (it holds the file open).
 
-    A file that cannot be read (missing, a directory, not UTF-8) raises `TraceFormatError`;
-    a byte-order mark at the start is skipped.
+    `source` is a path, or the trace's lines in order (an open text file, a pipe's lines; the
+    caller keeps ownership and line numbers count from 1 at the first one). A file that cannot
+    be read (missing, a directory, not UTF-8) raises `TraceFormatError`; a byte-order mark at
+    the start of a file is skipped.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        try:
-            self._fh: TextIO = open(path, encoding="utf-8-sig")  # noqa: SIM115 - closed in close()
-        except OSError as err:
-            raise TraceFormatError(0, f"cannot read {self.path}: {err.strerror or err}") from None
+    def __init__(self, source: str | Path | Iterable[str]) -> None:
+        self._fh: TextIO | None = None
+        if isinstance(source, str | Path):
+            self.path = str(source)
+            try:
+                self._fh = open(source, encoding="utf-8-sig")  # noqa: SIM115 - closed in close()
+            except OSError as err:
+                raise TraceFormatError(
+                    0, f"cannot read {self.path}: {err.strerror or err}"
+                ) from None
+            self._lines: Iterator[str] = iter(self._fh)
+        else:
+            self.path = "<stream>"
+            self._lines = iter(source)
         self._line_no = 0
         self._pending: tuple[int, dict[str, Any]] | None = None
         self.header: ArTraceHeader | None = None
@@ -258,14 +268,14 @@ class ArTraceReader:
     def _next_object(self) -> tuple[int, dict[str, Any]] | None:
         while True:
             try:
-                line = self._fh.readline()
+                line = next(self._lines, None)
             except UnicodeDecodeError:
                 raise TraceFormatError(self._line_no + 1, "not UTF-8 text") from None
             except OSError as err:
                 raise TraceFormatError(
                     self._line_no + 1, f"cannot read {self.path}: {err.strerror or err}"
                 ) from None
-            if not line:
+            if line is None:  # the end (a blank line given as "" is not)
                 return None
             self._line_no += 1
             if not line.strip():
@@ -290,7 +300,9 @@ class ArTraceReader:
             yield no, ar_event_from_dict(data, no)
 
     def close(self) -> None:
-        self._fh.close()
+        """Closes the file this reader opened (never a stream it was given)."""
+        if self._fh is not None:
+            self._fh.close()
 
     def __enter__(self) -> ArTraceReader:
         return self
