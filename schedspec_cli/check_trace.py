@@ -122,14 +122,30 @@ def read_header(lines: Iterator[str], name: str) -> tuple[Header, list[str]]:
     raise ConfigError("file", name, "a non-empty event log")
 
 
+class TraceLineError(SchedSpecError, ValueError):
+    """A line of the log is not a valid event or header; the message names the input and the
+    line (`<stdin>:6: kv_freed event lacks field 'slots'`), as a violation's does."""
+
+    def __init__(self, name: str, line_no: int, detail: str) -> None:
+        self.name = name
+        self.line_no = line_no
+        self.detail = detail
+        super().__init__(f"{name}:{line_no}: {detail}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Reads FILE once, front to back: the header line, then every event as it arrives; the
     verdict comes at the first violation without reading further."""
+    from spec.trace import TraceFormatError
+
     with open_trace(args.file) as source:
         lines = iter(source)
         header, head = read_header(lines, source.name)
         args = argparse.Namespace(**{**vars(args), "file": source.name})
-        return _run(args, header, itertools.chain(head, lines))
+        try:
+            return _run(args, header, itertools.chain(head, lines))
+        except TraceFormatError as err:  # the spec's parser knows the line, not the input
+            raise TraceLineError(source.name, err.line_no, err.detail) from None
 
 
 def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:

@@ -225,9 +225,11 @@ MALFORMED = {
     "nul_byte": (b'{"kind": "aborted",\x00 "request_id": "a"}\n', "NUL bytes"),
     "not_utf8": (b'{"kind": "aborted", "request_id": "\xff"}\n', "UTF-8 text"),
     "not_json": (b'{"kind": "aborted", \n', "not JSON"),
+    "unknown_field": (b'{"kind": "aborted", "request_id": "a", "slot": 1}\n', "'slot'"),
 }
 
 
+@pytest.mark.parametrize("family", ["dllm", "ar"])
 @pytest.mark.parametrize("source", ["file", "stdin"])
 @pytest.mark.parametrize("malformed", sorted(MALFORMED))
 def test_problems_are_reported_in_line_order_whatever_the_source(
@@ -236,11 +238,15 @@ def test_problems_are_reported_in_line_order_whatever_the_source(
     capsys: pytest.CaptureFixture[str],
     source: str,
     malformed: str,
+    family: str,
 ) -> None:
     """A violation before a malformed line is the verdict (exit 1), a malformed line before
-    a violation is an input error naming its line (exit 2): for a file and for a pipe alike."""
+    a violation is an input error naming the input and its line (exit 2): for a file and for a
+    pipe alike, in both families."""
     bad, valid = MALFORMED[malformed]
-    good, bad_line = _violating_trace(tmp_path, "dllm")
+    if family == "ar":  # the same line, as an AR event
+        bad = bad.replace(b'"aborted"', b'"ar_aborted"')
+    good, bad_line = _violating_trace(tmp_path, family)
     lines = good.splitlines(keepends=True)
     violation_first = good + bad
     malformed_first = b"".join(lines[:-1]) + bad + lines[-1]
@@ -259,10 +265,7 @@ def test_problems_are_reported_in_line_order_whatever_the_source(
             assert out.startswith(f"FAIL {name}:{bad_line}: "), out
         else:
             assert valid in err and "\n" not in err.strip(), err
-            if malformed in ("nul_byte", "not_utf8"):  # the reader names the input and line
-                assert f"{name}:{bad_line}" in err, err
-            else:  # the spec's parser names the line
-                assert f"line {bad_line}" in err, err
+            assert f"{name}:{bad_line}" in err, err  # the input and the line, as a FAIL's
 
 
 def test_a_line_is_taken_up_to_the_bound_and_refused_past_it(
