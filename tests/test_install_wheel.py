@@ -6,7 +6,8 @@ installed with `pip install --no-deps` into a new environment, beside the declar
 (hypothesis, z3-solver, numpy — from pip's cache; torch is an extra and never installed). There,
 from the user's own directory: `--version`, `list-impls` (every built-in), `prove --bound 2`,
 `simulate sbs`, and a dLLM and an AR adapter written as docs/implementers.md says, verified with
-`schedspec verify --impl my_module:attr` (no PYTHONPATH). Without torch, `parity` is one line
+`schedspec verify --impl my_module:attr` (no PYTHONPATH), and `check-trace` on a recorded log,
+as a file and piped to `-`. Without torch, `parity` is one line
 naming the `engine` extra.
 """
 
@@ -162,3 +163,28 @@ def test_an_installed_verify_reports_a_hang_instead_of_hanging(
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "violation of [progress]" in res.stdout
     assert "did not return from run_round within 1 s" in res.stdout
+
+
+@pytest.mark.parametrize("family", ["dllm", "ar"])
+def test_installed_check_trace_reads_a_file_and_a_pipe(
+    installed: tuple[Path, dict[str, str], Path], family: str
+) -> None:
+    """The installed `check-trace` on a recorded log with one violating event appended: the
+    file and the same bytes piped to `-` fail at that line; the log without it passes."""
+    from tests.test_check_trace_stream import _violating_trace
+
+    _, env, user = installed
+    data, bad_line = _violating_trace(user, family)
+    good = data[: data.rstrip(b"\n").rindex(b"\n") + 1]
+    log = user / f"{family}-events.jsonl"
+    for body, code in ((data, 1), (good, 0)):
+        log.write_bytes(body)
+        for args, stdin in ((["check-trace", str(log)], None), (["check-trace", "-"], body)):
+            res = subprocess.run(
+                ["schedspec", *args], cwd=user, env=env, input=stdin, capture_output=True
+            )
+            out = res.stdout.decode()
+            assert res.returncode == code, out + res.stderr.decode()
+            name = "<stdin>" if stdin is not None else str(log)
+            expect = f"FAIL {name}:{bad_line}: " if code else f"OK {name}: "
+            assert out.startswith(expect), out
