@@ -73,6 +73,40 @@ def test_guide_ar_adapter_verifies_from_the_command_line(tmp_path: Path) -> None
         assert " ar " in res.stdout and "PASS" in res.stdout
 
 
+def test_guide_check_trace_example_runs_and_catches_a_violation(tmp_path: Path) -> None:
+    """The guide's `check_trace(lines)` example type-checks and runs as shown; with one
+    violating event appended to its log, its own assertion fails naming that line."""
+    (example,) = [b for b in python_blocks(GUIDE) if "check_trace(lines)" in b]
+    broken = example.replace(
+        "result = check_trace(lines)",
+        "from spec.events import KvFreed\n\n"
+        'lines.append(json.dumps(event_to_dict(KvFreed("r0", (0,)))))\n'
+        "result = check_trace(lines)",
+    )
+    assert broken != example
+    (tmp_path / "example.py").write_text(example, encoding="utf-8")
+    (tmp_path / "broken.py").write_text(broken, encoding="utf-8")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    mypy = subprocess.run(
+        [str(Path(sys.executable).parent / "mypy"), "--strict", "example.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"MYPYPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert mypy.returncode == 0, mypy.stdout + mypy.stderr
+    ok = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    bad = subprocess.run(
+        [sys.executable, "broken.py"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    # the appended free is what fails, reported with its line
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    assert re.search(r"AssertionError: line \d+: \[free_owned_only\] 'r0' freed slot 0", bad.stderr)
+
+
 def test_spec_reference_doc_is_current() -> None:
     from spec.docs import render
 
