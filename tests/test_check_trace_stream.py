@@ -9,6 +9,7 @@ binary input refused at a bound instead of read into memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -16,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -158,12 +161,10 @@ def _ar_run() -> list[ArEvent]:
     return list(h.events)
 
 
-@pytest.mark.parametrize("family", ["dllm", "ar"])
-def test_a_live_stream_gets_its_verdict_at_the_violating_line(tmp_path: Path, family: str) -> None:
-    """A producer that has written a violation and keeps its end of the pipe open (a live
-    engine) must get the verdict then, not when it closes. Reading the whole stream first (as
-    a copy to a file did) waits forever here; the limit turns that into a failure."""
-    data, bad_line = _violating_trace(tmp_path, family)
+@contextlib.contextmanager
+def _live_check() -> Iterator[tuple[IO[bytes], IO[bytes], subprocess.Popen[bytes]]]:
+    """`schedspec check-trace -` reading a pipe the test writes to and keeps open, as a live
+    engine would; the process is killed and its pipes closed afterwards, whatever happened."""
     proc = subprocess.Popen(
         [str(SCHEDSPEC), "check-trace", "-"],
         stdin=subprocess.PIPE,
@@ -172,19 +173,29 @@ def test_a_live_stream_gets_its_verdict_at_the_violating_line(tmp_path: Path, fa
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        proc.stdin.write(data)
-        proc.stdin.flush()  # and the pipe stays open: more events may come
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pytest.fail("check-trace waited for the end of a live stream past its violation")
-        out = proc.stdout.read().decode()
+        yield proc.stdin, proc.stdout, proc
     finally:
         proc.kill()
         proc.wait()
         for fh in (proc.stdin, proc.stdout, proc.stderr):
             if fh is not None:
                 fh.close()
+
+
+@pytest.mark.parametrize("family", ["dllm", "ar"])
+def test_a_live_stream_gets_its_verdict_at_the_violating_line(tmp_path: Path, family: str) -> None:
+    """A producer that has written a violation and keeps its end of the pipe open (a live
+    engine) must get the verdict then, not when it closes. Reading the whole stream first (as
+    a copy to a file did) waits forever here; the limit turns that into a failure."""
+    data, bad_line = _violating_trace(tmp_path, family)
+    with _live_check() as (stdin, stdout, proc):
+        stdin.write(data)
+        stdin.flush()  # and the pipe stays open: more events may come
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("check-trace waited for the end of a live stream past its violation")
+        out = stdout.read().decode()
     assert code == 1, out
     assert out.startswith(f"FAIL <stdin>:{bad_line}: "), out
 
@@ -194,28 +205,15 @@ def test_a_conforming_live_stream_is_checked_as_it_arrives(tmp_path: Path) -> No
     producer still running) is found at its line, with the events before it counted."""
     data, bad_line = _violating_trace(tmp_path, "dllm")
     head, _, last = data.rstrip(b"\n").rpartition(b"\n")
-    proc = subprocess.Popen(
-        [str(SCHEDSPEC), "check-trace", "-"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        proc.stdin.write(head + b"\n")
-        proc.stdin.flush()
+    with _live_check() as (stdin, stdout, proc):
+        stdin.write(head + b"\n")
+        stdin.flush()
         with pytest.raises(subprocess.TimeoutExpired):  # conforming so far: still reading
             proc.wait(timeout=1)
-        proc.stdin.write(last + b"\n")
-        proc.stdin.flush()
+        stdin.write(last + b"\n")
+        stdin.flush()
         code = proc.wait(timeout=120)
-        out = proc.stdout.read().decode()
-    finally:
-        proc.kill()
-        proc.wait()
-        for fh in (proc.stdin, proc.stdout, proc.stderr):
-            if fh is not None:
-                fh.close()
+        out = stdout.read().decode()
     assert code == 1 and f"FAIL <stdin>:{bad_line}: " in out, out
 
 

@@ -26,23 +26,23 @@ def guide_files() -> dict[str, str]:
     }
 
 
-def test_guide_adapter_typechecks_and_conforms(tmp_path: Path) -> None:
-    for name, text in guide_files().items():
-        (tmp_path / name).write_text(text, encoding="utf-8")
+def mypy_strict(cwd: Path, *files: str) -> None:
+    """`mypy --strict` on the user's files in `cwd` passes, with this checkout as the library."""
     mypy = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "mypy"),
-            "--strict",
-            "my_scheduler.py",
-            "my_ar_scheduler.py",
-        ],
-        cwd=tmp_path,
+        [str(Path(sys.executable).parent / "mypy"), "--strict", *files],
+        cwd=cwd,
         capture_output=True,
         text=True,
         # an editable install is invisible to mypy; a regular install needs no MYPYPATH
         env={"MYPYPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert mypy.returncode == 0, mypy.stdout + mypy.stderr
+
+
+def test_guide_adapter_typechecks_and_conforms(tmp_path: Path) -> None:
+    for name, text in guide_files().items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    mypy_strict(tmp_path, "my_scheduler.py", "my_ar_scheduler.py")
     # run the user's test file as an outside project would: its own pytest, its own rootdir
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_scheduler.py"],
@@ -87,14 +87,7 @@ def test_guide_check_trace_example_runs_and_catches_a_violation(tmp_path: Path) 
     (tmp_path / "example.py").write_text(example, encoding="utf-8")
     (tmp_path / "broken.py").write_text(broken, encoding="utf-8")
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    mypy = subprocess.run(
-        [str(Path(sys.executable).parent / "mypy"), "--strict", "example.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={"MYPYPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert mypy.returncode == 0, mypy.stdout + mypy.stderr
+    mypy_strict(tmp_path, "example.py")
     ok = subprocess.run(
         [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, env=env
     )
