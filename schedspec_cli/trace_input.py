@@ -40,20 +40,20 @@ class TraceLines:
     def __init__(self, raw: BinaryIO, name: str) -> None:
         self._raw = raw
         self.name = name
-        self.lines_read = 0
 
     def __iter__(self) -> Iterator[str]:
         readline = self._raw.readline
         limit = MAX_LINE_BYTES + 1  # a line of exactly the bound still has room for its newline
+        line_no = 0
         while True:
-            where = f"{self.name}:{self.lines_read + 1}"
+            line_no += 1
+            where = f"{self.name}:{line_no}"
             try:
                 raw = readline(limit)
             except OSError as err:
                 raise ConfigError("file", where, f"a readable input ({err.strerror})") from None
             if not raw:
                 return
-            self.lines_read += 1
             if b"\x00" in raw:
                 raise ConfigError(
                     "file", where, "a JSON Lines text file (this line holds NUL bytes: binary?)"
@@ -66,9 +66,10 @@ class TraceLines:
                     "(this one is longer)",
                 )
             try:
-                yield raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise ConfigError("file", where, "UTF-8 text") from None
+            yield text
 
 
 @contextmanager
