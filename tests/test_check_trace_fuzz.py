@@ -12,8 +12,6 @@ the reader's UTF-8 check removed (by hand, not kept), this test fails at once, s
 
 from __future__ import annotations
 
-import io
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedspec_cli.main import main
-from tests.test_check_trace_stream import _violating_trace
+from tests.test_check_trace_stream import _violating_trace, _with_stdin
 
 FRAGMENTS = (b"\n", b"\x00", b"\xef\xbb\xbf", b'"', b"[", b"{}", b"-1", b"1e999", b"null", b"\r")
 EDITS = st.lists(
@@ -66,7 +64,7 @@ def test_a_damaged_log_gets_a_verdict_or_one_line_error(
     edits: list[tuple[str, float, int]],
 ) -> None:
     data = damaged(logs[family], edits)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    _with_stdin(monkeypatch, data)
     capsys.readouterr()
     code = main(["check-trace", "-"])
     out, err = capsys.readouterr()

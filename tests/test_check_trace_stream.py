@@ -202,7 +202,7 @@ def test_a_live_stream_gets_its_verdict_at_the_violating_line(tmp_path: Path, fa
 
 def test_a_conforming_live_stream_is_checked_as_it_arrives(tmp_path: Path) -> None:
     """Events are checked as their lines come: a violation written after a pause (the
-    producer still running) is found at its line, with the events before it counted."""
+    producer still running) is found at its line; before it the check is still reading."""
     data, bad_line = _violating_trace(tmp_path, "dllm")
     head, _, last = data.rstrip(b"\n").rpartition(b"\n")
     with _live_check() as (stdin, stdout, proc):
