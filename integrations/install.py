@@ -10,8 +10,10 @@ into `MANIFEST.directory` (`<cache>/<engine>-<version>`):
    which a second plain `pip install --target` into the same directory would skip;
 2. `python -c "import <import_check>"` with the engine directory on PYTHONPATH and the
    manifest's environment, with this interpreter (the project's venv, whose torch is used);
-3. the stamp (`.schedspec-installed`), written last: a directory without it is an incomplete
-   install and is removed and redone; one with it is reused ("cached") unless `--force`.
+3. the stamp (`.schedspec-installed`), written last, listing every requirement installed: a
+   directory without it is an incomplete install, and one whose stamp lists other requirements
+   than the manifest now pins is a stale one; either is removed and redone. A directory whose
+   stamp lists exactly the manifest's requirements is reused ("cached") unless `--force`.
 
 A per-engine lock file next to the directory serialises concurrent installers (two pytest
 workers, two shells). Exit codes: 0 installed or cached; 1 a pip install or the import check
@@ -128,7 +130,12 @@ def install(
         if manifest.installed() and not force:
             out(f"{tag} cached: {directory}")
             return InstallResult(manifest.engine, directory, True, time.monotonic() - start)
-        if directory.exists():  # an incomplete install, or --force
+        recorded = manifest.installed_requirements()
+        if recorded is not None and recorded != manifest.requirements:
+            out(
+                f"{tag} stale install ({_pin_changes(recorded, manifest.requirements)}); redoing it"
+            )
+        if directory.exists():  # an incomplete or stale install, or --force
             shutil.rmtree(directory)
         staging = directory.with_name(directory.name + ".staging")
         if staging.exists():
@@ -155,7 +162,7 @@ def install(
                 {
                     "engine": manifest.engine,
                     "version": manifest.version,
-                    "packages": [p.requirement for p in manifest.packages],
+                    "packages": list(manifest.requirements),
                     "python": sys.version.split()[0],
                     "seconds": round(seconds, 1),
                 },
@@ -220,6 +227,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
+
+
+def _pin_changes(recorded: Sequence[str], wanted: Sequence[str]) -> str:
+    """What differs between the stamp's requirements and the manifest's, for one line."""
+    added = [r for r in wanted if r not in recorded]
+    gone = [r for r in recorded if r not in wanted]
+    parts = [f"now pins {', '.join(added)}"] if added else []
+    parts += [f"no longer {', '.join(gone)}"] if gone else []
+    return "; ".join(parts) or "same packages in another order"
 
 
 def _present(module_name: str) -> bool:

@@ -10,6 +10,7 @@ The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -21,13 +22,15 @@ INSTALL_COMMAND = "schedspec install-engines"
 
 
 class EngineNotInstalled(ConfigError):
-    """A real engine was asked for but is not installed; says the command that installs it."""
+    """A real engine was asked for but is not installed (or is stale); says the command."""
 
-    def __init__(self, engine: str, directory: Path) -> None:
+    def __init__(self, engine: str, directory: Path, *, stale: bool = False) -> None:
+        state = "installed with other packages than it now pins" if stale else "not installed"
         super().__init__(
             "impl",
             engine,
-            f"an installed engine: run `{INSTALL_COMMAND} {engine}` (installs into {directory})",
+            f"an installed engine ({engine} is {state}): run `{INSTALL_COMMAND} {engine}` "
+            f"(installs into {directory})",
         )
 
 
@@ -63,16 +66,39 @@ class EngineManifest:
         """Written last by the installer: its presence means the install completed."""
         return self.directory / ".schedspec-installed"
 
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """The pip requirement of every package, in install order (what the stamp records)."""
+        return tuple(p.requirement for p in self.packages)
+
     def installed(self) -> bool:
-        return self.stamp.is_file()
+        """A complete install of exactly these packages: the stamp exists and lists them.
+
+        A stamp written for other packages (the manifest's pins changed since, say after a
+        `git pull`) or one that cannot be read is not this manifest's install.
+        """
+        return self.installed_requirements() == self.requirements
+
+    def installed_requirements(self) -> tuple[str, ...] | None:
+        """The requirements the stamp records; None without a readable stamp."""
+        try:
+            recorded = json.loads(self.stamp.read_text(encoding="utf-8")).get("packages")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            return None
+        if not isinstance(recorded, list) or not all(isinstance(r, str) for r in recorded):
+            return None
+        return tuple(recorded)
 
     def activate(self) -> None:
         """Make the engine importable in this process (idempotent).
 
-        Raises `EngineNotInstalled` naming the install command when it is not installed.
+        Raises `EngineNotInstalled` naming the install command when it is not installed, or
+        was installed with other packages than the manifest now pins.
         """
         if not self.installed():
-            raise EngineNotInstalled(self.engine, self.directory)
+            raise EngineNotInstalled(
+                self.engine, self.directory, stale=self.installed_requirements() is not None
+            )
         for key, value in self.env:
             os.environ.setdefault(key, value)
         path = str(self.directory)

@@ -11,7 +11,7 @@ Real engines (`real-*`) are imported lazily and only run when installed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from schedspec_cli.loader import load_object, module_available, split_target
 from spec.errors import ConfigError
@@ -170,8 +170,9 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in BUILTINS_LIST}
 
 
 def engine_status(builtin: Builtin) -> str:
-    """'-' for the project's own; for a real engine 'installed', 'not installed (run ...)' or
-    'adapter not in this build'. Never imports the engine itself."""
+    """'-' for the project's own; for a real engine 'installed', 'not installed (run ...)',
+    'stale: other pins (run ...)' (installed for other pins than the manifest's) or 'adapter
+    not in this build'. Never imports the engine itself."""
     if not builtin.engine:
         if builtin.name == "engine" and not module_available("torch"):
             return "needs torch: pip install 'schedspec[engine]'"
@@ -180,12 +181,13 @@ def engine_status(builtin: Builtin) -> str:
     if not module_available(package):
         return "adapter not in this build"
     try:
-        manifest = load_object(f"{package}:MANIFEST", "impl")
+        manifest: Any = load_object(f"{package}:MANIFEST", "impl")
     except ConfigError:
         return "adapter not in this build"
-    installed = getattr(manifest, "installed", None)
-    if callable(installed) and installed():
+    if manifest.installed():
         return "installed"
+    if manifest.installed_requirements() is not None:
+        return f"stale: other pins (schedspec install-engines {builtin.engine})"
     return f"not installed (schedspec install-engines {builtin.engine})"
 
 

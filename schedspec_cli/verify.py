@@ -191,11 +191,9 @@ def _require_engine(engine: str) -> None:
 
     manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
     if not manifest.installed():
-        raise ConfigError(
-            "impl",
-            engine,
-            f"an installed engine: run `schedspec install-engines {engine}` first",
-        )
+        not_installed: Any = load_object("integrations.manifest:EngineNotInstalled", "impl")
+        stale = manifest.installed_requirements() is not None
+        raise not_installed(engine, manifest.directory, stale=stale)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -88,6 +88,53 @@ def test_install_writes_stamp_last_and_reuses_a_complete_install(cache: Path, wh
     assert not forced.cached and manifest.installed()
 
 
+def test_a_stale_install_is_refused_then_redone(cache: Path, wheels: Path) -> None:
+    old_wheel = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 1\n"})
+    install.install(fake_manifest(Package(str(old_wheel))), out=lambda _: None)
+    # the checkout now pins another release of the same package (same engine directory)
+    newer = wheels / "newer"
+    newer.mkdir()
+    new_wheel = make_wheel(newer, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 2\n"}, "2.0")
+    manifest = fake_manifest(Package(str(new_wheel)))
+    assert manifest.installed_requirements() == (str(old_wheel),)
+    assert not manifest.installed()
+    with pytest.raises(EngineNotInstalled, match="installed with other packages than it now pins"):
+        manifest.activate()
+    lines: list[str] = []
+    result = install.install(manifest, out=lines.append)
+    assert not result.cached
+    stale = [line for line in lines if "stale install" in line]
+    assert stale and f"now pins {new_wheel}" in stale[0]
+    assert f"no longer {old_wheel}" in stale[0]
+    assert (manifest.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 2\n"
+    assert manifest.installed()
+    assert install.install(manifest, out=lambda _: None).cached
+
+
+@pytest.mark.parametrize("stamp", ["", "not json", "[]", '{"packages": "fakepkg_a"}', "\xff"])
+def test_an_unreadable_stamp_is_not_an_install(cache: Path, wheels: Path, stamp: str) -> None:
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    install.install(manifest, out=lambda _: None)
+    manifest.stamp.write_bytes(stamp.encode("latin-1"))
+    assert manifest.installed_requirements() is None
+    assert not manifest.installed()
+    with pytest.raises(EngineNotInstalled, match="fake is not installed"):
+        manifest.activate()
+    assert not install.install(manifest, out=lambda _: None).cached
+    assert manifest.installed()
+
+
+def test_every_shipped_manifest_pins_every_package() -> None:
+    # an unpinned package installs whatever the registry serves that day: CI would test
+    # another set of packages than the one recorded in docs/engines.md
+    for name in install.ENGINE_MODULES:
+        manifest = install.load_manifest(name)
+        unpinned = [p.name for p in manifest.packages if not p.version]
+        assert not unpinned, f"{name}'s manifest leaves {unpinned} unpinned"
+        assert all("==" in r for r in manifest.requirements)
+
+
 def test_namespace_directories_of_two_packages_are_merged(cache: Path, wheels: Path) -> None:
     wa = make_wheel(wheels, "fakepkg_a", {"fakens/a.py": "A = 1\n", "fakepkg_a/__init__.py": ""})
     wb = make_wheel(wheels, "fakepkg_b", {"fakens/b.py": "B = 2\n"})

@@ -1,7 +1,7 @@
 """What SGLang 0.5.23 needs on a CPU machine (see docs/engines.md, "SGLang 0.5.23").
 
 The cp311 manylinux wheel is installed with `--no-deps` (its Rust extensions are never imported)
-with the few pure-Python packages its scheduler path really uses. Everything else it imports at
+with the few small packages its scheduler path really uses. Everything else it imports at
 module level (triton, zmq, transformers, fastapi, ...) is answered in-process by
 `integrations.sglang.stubs`, never installed. The project's torch 2.13.0 CPU build is used.
 """
@@ -17,13 +17,14 @@ MANIFEST = EngineManifest(
     version=VERSION,
     packages=(
         Package("sglang", VERSION),
-        Package("msgspec"),
-        Package("orjson"),
-        Package("psutil"),
-        Package("pybase64"),
-        Package("dill"),
-        Package("tqdm"),
-        Package("regex"),
+        # the newest releases when the adapter was written; pins keep the install reproducible
+        Package("msgspec", "0.22.0"),
+        Package("orjson", "3.13.0"),
+        Package("psutil", "7.2.2"),
+        Package("pybase64", "1.5.1"),
+        Package("dill", "0.4.1"),
+        Package("tqdm", "4.70.1"),
+        Package("regex", "2026.11.19"),
     ),
     # imports the scheduler path the adapter drives, with the in-process stubs installed
     import_check="integrations.sglang.check",
