@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_two_commands_started_together_set_up_once(tmp_path: Path) -> None:
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
     (root / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (root / "constraints.txt").write_text("ruff==0.1.0\n")
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     fake = fake_bin / "python3"
@@ -78,6 +80,40 @@ def test_two_commands_started_together_set_up_once(tmp_path: Path) -> None:
     ]
     settings = [err.decode().count("setting up") for _, err in results]
     assert sorted(settings) == [0, 1]
-    # and a third run, with pyproject.toml unchanged, does nothing
+    # and a third run, with pyproject.toml and constraints.txt unchanged, does nothing
     subprocess.run(script, env=env, check=True, capture_output=True)
     assert len(log.read_text().splitlines()) == 3
+    # a moved pin sets the environment up again
+    (root / "constraints.txt").write_text("ruff==0.2.0\n")
+    subprocess.run(script, env=env, check=True, capture_output=True)
+    assert len(log.read_text().splitlines()) == 6
+
+
+def test_every_dependency_is_pinned_within_its_declared_range() -> None:
+    """constraints.txt pins every package pyproject.toml names (torch excepted: the bootstrap
+    pins it itself), at a version the declared range admits: a range moved without a new pin,
+    or a pin outside its range, fails here instead of in a fresh setup."""
+    requirements = pytest.importorskip("packaging.requirements")
+    utils = pytest.importorskip("packaging.utils")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        declared.extend(extra)
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not a pin NAME==VERSION"
+            pins[utils.canonicalize_name(name)] = version
+    checked = 0
+    for text in declared:
+        req = requirements.Requirement(text)
+        name = utils.canonicalize_name(req.name)
+        if name == "torch":
+            continue
+        assert name in pins, f"{req.name} ({text}) has no pin in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {req.name}=={pins[name]}, outside pyproject's {text!r}"
+        )
+        checked += 1
+    assert checked >= 10
