@@ -686,6 +686,7 @@ def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:
 def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim.queueing import simulate_gated
 
+    workload = _workload(args)  # read first: a bad --trace-csv fails before anything prints
     imm = simulate_gated(args.dp_units, args.batch_time, "immediate", seed=args.seed)
     stg = simulate_gated(args.dp_units, args.batch_time, "staggered", seed=args.seed)
     print(
@@ -693,7 +694,7 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
         f"{imm.mean_wait:.5f} s (T/2 = {imm.formula:.5f}), staggered {stg.mean_wait:.5f} s "
         f"(T/(2N) = {stg.formula:.5f})"
     )
-    results = _sbs_deployments(args)
+    results = _sbs_deployments(args, workload)
     out: dict[str, Any] = {
         "dp_units": args.dp_units,
         "batch_time": args.batch_time,
@@ -707,11 +708,10 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _sbs_deployments(args: argparse.Namespace) -> dict[str, Any]:
+def _sbs_deployments(args: argparse.Namespace, w: wl.Workload) -> dict[str, Any]:
     """The workload under immediate dispatch and under SBS, one summary line each."""
     from reference.sim.sbs import SbsParams, simulate_sbs
 
-    w = _workload(args)
     results = {}
     for pol in ("immediate", "sbs"):
         params = SbsParams(

@@ -82,7 +82,8 @@ def test_one_reader_for_both_call_sites(tmp_path: Path, body: str, line: int, wo
         with pytest.raises(TraceRowError) as err:
             read(path)
         assert err.value.line_no == line and word in str(err.value)
-        assert f"{path}:{line}:" in str(err.value)
+        assert str(err.value).startswith(f"{path}:{line}: ")  # named once, not twice
+        assert "trace line" not in str(err.value)
     with pytest.raises(TraceError):
         read_trace(path)
     with pytest.raises(TraceRowError) as err:

@@ -516,8 +516,9 @@ def test_bad_input_is_exit_2_with_one_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code = main(_fill(argv, files))
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 2, f"{case}: exit {code}\n{err}"
+    assert not out, f"{case}: printed results before refusing its input:\n{out}"
     lines = [line for line in err.splitlines() if line.strip()]
     message = lines[-1] if lines else ""
     assert "error" in message and "Traceback" not in err, f"{case}: {err}"

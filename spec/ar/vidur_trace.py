@@ -37,8 +37,8 @@ class TraceRowError(SchedSpecError, ValueError):
         self.line_no = line_no
         self.detail = detail
         self.source = source
-        where = f"{source}:{line_no}: " if source else ""
-        super().__init__(f"{where}trace line {line_no}: {detail}")
+        where = f"{source}:{line_no}" if source else f"trace line {line_no}"
+        super().__init__(f"{where}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
