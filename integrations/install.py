@@ -17,8 +17,8 @@ into `MANIFEST.directory` (`<cache>/<engine>-<version>`):
 
 A per-engine lock file next to the directory serialises concurrent installers (two pytest
 workers, two shells). Exit codes: 0 installed or cached; 1 a pip install or the import check
-failed (naming the package and pip's last line); 2 usage: an unknown engine, or one whose
-adapter package is not part of this checkout.
+failed (naming the package and pip's last line); 2 usage: an unknown engine, one whose
+adapter package is not part of this checkout, or an engine cache that cannot be written.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from integrations.manifest import EngineManifest, Package
+from integrations.manifest import EngineManifest, Package, cache_root
 from spec.errors import ConfigError, SchedSpecError
 
 # engine name -> the module exporting its MANIFEST
@@ -214,6 +214,9 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         except InstallFailed as exc:
             print(f"schedspec install-engines: {exc}", file=sys.stderr)
             return 1
+        except OSError as exc:  # the cache itself: missing parent, read-only, not a directory
+            print(f"schedspec install-engines: {_unusable_cache(exc)}", file=sys.stderr)
+            return 2
     print(f"install-engines: {', '.join(names)} ready in {time.monotonic() - start:.1f}s")
     return 0
 
@@ -227,6 +230,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
+
+
+def _unusable_cache(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return (
+        f"{where}{exc.strerror or exc}: the engine cache ({cache_root()}) must be a directory "
+        "this user can write; set SCHEDSPEC_ENGINE_CACHE to one"
+    )
 
 
 def _pin_changes(recorded: Sequence[str], wanted: Sequence[str]) -> str:

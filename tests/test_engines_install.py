@@ -197,3 +197,21 @@ def test_the_real_engine_modules_are_named() -> None:
     assert set(install.ENGINE_MODULES) == {"vllm", "sglang", "vidur"}
     with pytest.raises(install.UnknownEngine, match="vllm, sglang, vidur, all"):
         install.resolve(["tensorrt"])
+
+
+def test_an_unusable_cache_is_exit_2_with_one_line(
+    tmp_path: Path,
+    wheels: Path,
+    fake_module: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(blocker / "cache"))  # under a file
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    vars(fake_module)["MANIFEST"] = fake_manifest(Package(str(wa)))
+    assert install.main(["fake"], modules={"fake": fake_module.__name__}) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(blocker) in err and "SCHEDSPEC_ENGINE_CACHE" in err and "Traceback" not in err
