@@ -167,7 +167,8 @@ def build_parser() -> Parser:
     v = sub.add_parser(
         "verify",
         help="with --impl: the conformance suite on those implementations (dLLM or AR); "
-        "without: the main job (proofs, conformance on every built-in, parity, report)",
+        "without: the main job (proofs, conformance on every built-in but the real engines, "
+        "parity, report)",
     )
     verify.add_arguments(v)
     v.set_defaults(func=cmd_verify)

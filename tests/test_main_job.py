@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from schedspec_cli import main_job as mj
-from schedspec_cli.registry import Builtin
+from schedspec_cli.registry import BUILTINS, Builtin
 from spec.implementation import Family
 
 
@@ -35,6 +35,11 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
         assert png in (tmp_path / "report.md").read_text()
     conformance = report["steps"][1]["data"]["results"]
     assert {"reference-dllm", "engine", "vllm-v1"} <= {r["impl"] for r in conformance}
+    # the real engines are not part of the main job, and its report says so
+    not_run = report["steps"][1]["data"]["not_run"]
+    assert set(not_run) == {n for n in BUILTINS if n.startswith("real-")}
+    assert not set(not_run) & {r["impl"] for r in conformance}
+    assert f"not run here: {len(not_run)} real engines" in report["steps"][1]["summary"]
     run = report["run"]  # when, on what commit, with which versions, on which device and host
     assert run["date"] and run["commit"] and run["device"] and run["host"]["name"]
     assert run["versions"]["hypothesis"] and run["versions"]["schedspec"]
