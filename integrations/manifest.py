@@ -107,9 +107,13 @@ class EngineManifest:
 
 
 def cache_root() -> Path:
-    """The project's engine cache: $SCHEDSPEC_ENGINE_CACHE or ~/.cache/schedspec/engines."""
+    """The project's engine cache: $SCHEDSPEC_ENGINE_CACHE or ~/.cache/schedspec/engines.
+
+    Always absolute: a relative $SCHEDSPEC_ENGINE_CACHE is taken from the current directory
+    here, so the `sys.path` entry `activate` adds still works after a `chdir`."""
     env = os.environ.get("SCHEDSPEC_ENGINE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "schedspec" / "engines"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "schedspec" / "engines"
+    return root.absolute()
 
 
 __all__ = [

@@ -215,3 +215,21 @@ def test_an_unusable_cache_is_exit_2_with_one_line(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert str(blocker) in err and "SCHEDSPEC_ENGINE_CACHE" in err and "Traceback" not in err
+
+
+def test_a_relative_cache_is_made_absolute_where_it_is_read(
+    tmp_path: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", "rel-cache")
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    assert manifest.directory == tmp_path / "rel-cache" / "fake-1.0"
+    install.install(manifest, out=lambda _: None)
+    monkeypatch.setenv("FAKE", "1")  # what activate sets: undone after the test
+    before = list(sys.path)
+    try:
+        manifest.activate()
+        assert sys.path[0] == str(tmp_path / "rel-cache" / "fake-1.0")  # not "rel-cache/..."
+    finally:
+        sys.path[:] = before
