@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class Header:
         kind = str(self.data.get("kind", ""))
         if kind == "ar_config":
             return Family.AR
-        return Family.parse(str(self.data.get("family", "dllm")))
+        return Family.parse(str(self.data.get("family", "dllm")))  # checked by read_header
 
 
 def _event_family(data: object) -> Family | None:
@@ -117,6 +117,9 @@ def read_header(lines: Iterator[str], name: str) -> tuple[Header, list[str]]:
         except json.JSONDecodeError as err:
             return Header(no, None, not_json=err.msg), head
         if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
+            family = data.get("family", "dllm")
+            if data["kind"] == "config" and family not in ("dllm", "ar"):
+                raise TraceLineError(name, no, f"the header's family is {family!r}: dllm or ar")
             return Header(no, data), head
         return Header(no, None, _event_family(data)), head
     raise ConfigError("file", name, "a non-empty event log")
@@ -183,20 +186,18 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
     return _check_ar(args, lines, header, given)
 
 
-def _dllm_config(data: dict[str, Any], where: str) -> Any:
+def _dllm_config(data: dict[str, Any], refuse: Callable[[str], SchedSpecError]) -> Any:
+    """`data` (a header line or --config) as a `DllmConfig`; what is wrong with it goes to
+    `refuse`, which names the place (the config's own checks know no line)."""
     from spec.trace import TraceFormatError, config_from_dict
 
     body = {k: v for k, v in data.items() if k not in ("kind", "family")}
     try:
         return config_from_dict(body)
-    except TraceFormatError as err:  # it knows no line: `where` names the header or --config
-        raise ConfigError(
-            where, json.dumps(data)[:80], f"DllmConfig fields ({err.detail})"
-        ) from None
-    except SchedSpecError:
-        raise
-    except (TypeError, ValueError) as err:
-        raise ConfigError(where, json.dumps(data)[:80], f"DllmConfig fields ({err})") from None
+    except TraceFormatError as err:
+        raise refuse(err.detail) from None
+    except (SchedSpecError, TypeError, ValueError) as err:
+        raise refuse(str(err)) from None
 
 
 def _check_dllm(
@@ -204,10 +205,16 @@ def _check_dllm(
 ) -> int:
     from properties.trace_check import check_trace
 
+    def refuse_config(detail: str) -> SchedSpecError:
+        return ConfigError("config", args.config, f"DllmConfig fields ({detail})")
+
     config = None
     if header.data is not None:
-        from_header = _dllm_config(header.data, f"{args.file}:{header.line}")
-        if given is not None and _dllm_config(given, "config") != from_header:
+        from_header = _dllm_config(
+            header.data,
+            lambda detail: TraceLineError(args.file, header.line, f"bad header: {detail}"),
+        )
+        if given is not None and _dllm_config(given, refuse_config) != from_header:
             raise ConfigError(
                 "config",
                 args.config,
@@ -215,7 +222,7 @@ def _check_dllm(
                 "disagree",
             )
     else:
-        config = _dllm_config(given or {}, "config")
+        config = _dllm_config(given or {}, refuse_config)
     res = check_trace(lines, config)
     if res.violation is not None:
         print(f"FAIL {args.file}:{res.line}: {res.violation}")

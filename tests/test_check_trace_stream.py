@@ -82,6 +82,14 @@ def test_stdin_reports_a_violation_at_its_line(
         (b"\x00" * 200_000, "NUL bytes"),
         (b"", "a non-empty event log"),
         (b"\xff\xfe not utf-8\n", "UTF-8 text"),
+        # a header whose family is neither (found by the fuzz test under the release profile:
+        # two bytes inserted into "ar" made it 'ar\ufeff', refused without naming the input)
+        ('{"kind": "config", "family": "ar\ufeff"}\n'.encode(), "<stdin>:1: the header's family"),
+        (b'\n{"kind": "config", "family": 7}\n', "<stdin>:2: the header's family is 7: dllm or ar"),
+        # a header the config's own checks refuse (the second found the same way: a digit run
+        # inserted into a number made it 4e999), named like any other bad line
+        (b'{"kind": "config", "block_size": 2, "page_size": 4e999}\n', "<stdin>:1: bad header: "),
+        (b'{"kind": "config", "block_size": 2, "page_size": 3}\n', "<stdin>:1: bad header: "),
     ],
 )
 def test_bad_stdin_is_an_input_error_naming_stdin(
