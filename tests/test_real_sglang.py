@@ -416,3 +416,22 @@ def test_importing_the_integration_does_not_import_sglang() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_cli_run_prints_no_sglang_import_warnings() -> None:
+    """SGLang's kernel modules warn at import that this CPU has no AWQ, GGUF or Triton
+    kernels; the scheduler path never uses them, so a user's terminal shows none of it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    schedspec = Path(sys.executable).parent / "schedspec"
+    res = subprocess.run(
+        [str(schedspec), "verify", "--impl", "real-sglang-dllm", "--examples", "2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "real-sglang-dllm" in res.stdout and "PASS" in res.stdout
+    assert "Warning" not in res.stderr, res.stderr

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import types
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,7 +94,10 @@ def import_engine(activate: bool = True) -> dict[str, Any]:
         return _modules
     if activate:
         MANIFEST.activate()
-    with stubs.importing():
+    with stubs.importing(), warnings.catch_warnings():
+        # SGLang's kernel modules warn at import that this device has no AWQ, GGUF or Triton
+        # kernels; the scheduler path never calls them, so the user is not told
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
         for key, (module, attr) in _ENGINE_NAMES.items():
             loaded = importlib.import_module(module)
             _modules[key] = loaded if attr is None else getattr(loaded, attr)
