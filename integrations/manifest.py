@@ -89,16 +89,17 @@ class EngineManifest:
             return None
         return tuple(recorded)
 
-    def activate(self) -> None:
-        """Make the engine importable in this process (idempotent).
-
-        Raises `EngineNotInstalled` naming the install command when it is not installed, or
-        was installed with other packages than the manifest now pins.
-        """
+    def require(self) -> None:
+        """Raise `EngineNotInstalled` naming the install command when the engine is not
+        installed, or was installed with other packages than the manifest now pins."""
         if not self.installed():
             raise EngineNotInstalled(
                 self.engine, self.directory, stale=self.installed_requirements() is not None
             )
+
+    def activate(self) -> None:
+        """Make the engine importable in this process (idempotent); `require`s it first."""
+        self.require()
         for key, value in self.env:
             os.environ.setdefault(key, value)
         path = str(self.directory)

@@ -190,10 +190,7 @@ def _require_engine(engine: str) -> None:
     from schedspec_cli.loader import load_object
 
     manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
-    if not manifest.installed():
-        not_installed: Any = load_object("integrations.manifest:EngineNotInstalled", "impl")
-        stale = manifest.installed_requirements() is not None
-        raise not_installed(engine, manifest.directory, stale=stale)
+    manifest.require()  # EngineNotInstalled, a ConfigError: exit 2 naming the install command
 
 
 def run(args: argparse.Namespace) -> int:
