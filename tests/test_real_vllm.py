@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,7 +29,14 @@ from integrations.vllm import (
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
 )
+from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.differential import decisions, first_difference, program
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    EngineCoreViolation,
+    check_both,
+    core_program,
+)
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
@@ -265,3 +274,137 @@ def test_missing_install_names_the_install_command(tmp_path: Path) -> None:
     assert out.startswith("EngineNotInstalled")
     assert "schedspec install-engines vllm" in out
     assert out.strip().endswith("False")
+
+
+# ---------------------------------------------------------------- asynchronous scheduling
+def test_async_scheduling_builds_vllms_async_scheduler_and_refuses_sync_steps() -> None:
+    """`async_scheduling=True` gives vLLM's own choice of class for it (AsyncScheduler, with the
+    flag on as a GPU build leaves it); the AR step contract has one batch in flight, so `step()`
+    refuses with a typed error naming the engine-core loop."""
+    impl = RealVllmScheduler(ArConfig(max_model_len=16), lambda e: None, async_scheduling=True)
+    assert type(impl.sched).__name__ == "AsyncScheduler"
+    assert impl.sched.vllm_config.scheduler_config.async_scheduling is True
+    with pytest.raises(ConfigError, match="engine_core") as err:
+        impl.step()
+    assert err.value.field == "async_scheduling"
+    sync = RealVllmScheduler(ArConfig(max_model_len=16), lambda e: None)
+    assert type(sync.sched).__name__ == "Scheduler"
+
+
+def test_async_loop_schedules_ahead_and_discards_the_step_after_a_stop() -> None:
+    """One request that stops at its 2nd output: the async loop schedules each decode before
+    the previous output is known, so the step after the stop was scheduled and is thrown away;
+    the output is the same 2 tokens as in the sync loop, and every block comes back."""
+    config = ArConfig(block_size=2, num_blocks=6, max_num_batched_tokens=8, max_model_len=8)
+    program = CoreProgram(config, ((ArRequest("r", 3, 4, stop_after=2),),), ((),))
+    sync, run = check_both(program)
+    assert sync.outputs == run.outputs and len(run.outputs["r"]) == 2
+    assert sync.reasons == run.reasons == {"r": "stop"}
+    assert (sync.ahead, sync.discarded) == (0, 0)
+    assert run.ahead >= 1 and run.discarded == 1
+
+
+def test_async_loop_passes_generated_programs_and_takes_every_async_path() -> None:
+    """vLLM's async scheduling on generated programs (aborts, preemptions, prefix caching):
+    every program passes both loops, and the programs do reach what is particular to async —
+    scheduling ahead, stale output after a preemption, aborts and stops with a step in flight."""
+    failures: list[str] = []
+    taken = dict.fromkeys(("ahead", "stale", "aborts_in_flight", "discarded"), 0)
+    for seed in range(PROGRAMS):
+        try:
+            _, run = check_both(core_program(seed))
+        except EngineCoreViolation as err:
+            failures.append(f"seed {seed}: {err}")
+            continue
+        for key in taken:
+            taken[key] += getattr(run, key)
+    assert not failures, f"{len(failures)} of {PROGRAMS} programs fail; first: {failures[:3]}"
+    assert all(n > 0 for n in taken.values()), taken
+
+
+def _placeholders_never_resolved(sched: Any) -> None:
+    """Seeded bug: an output that arrives does not resolve its placeholder."""
+    original = sched._update_request_with_output
+
+    def update(request: Any, new_token_ids: list[int], is_stale: bool = False) -> Any:
+        before = request.num_output_placeholders
+        result = original(request, new_token_ids, is_stale)
+        request.num_output_placeholders = before
+        return result
+
+    sched._update_request_with_output = update
+
+
+def _abort_in_flight_leaks(sched: Any) -> None:
+    """Seeded bug: aborting a request with a step in flight drops its block table unfreed."""
+    original = sched._free_blocks
+    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def free(request: Any) -> None:
+        if request.num_in_flight_tokens > 0 and request.status.name == "FINISHED_ABORTED":
+            tables.pop(request.request_id, None)
+            return
+        original(request)
+
+    sched._free_blocks = free
+
+
+def _stop_reported_as_length(sched: Any) -> None:
+    """Seeded bug: a stop token sampled as the last allowed output is reported as length."""
+    original = sched._update_request_with_output
+
+    def update(request: Any, new_token_ids: list[int], is_stale: bool = False) -> Any:
+        tokens, stopped = original(request, new_token_ids, is_stale)
+        status = type(request.status)
+        last = request.num_output_tokens >= request.max_tokens
+        if stopped and request.status == status.FINISHED_STOPPED and last:
+            request.status = status.FINISHED_LENGTH_CAPPED
+        return tokens, stopped
+
+    sched._update_request_with_output = update
+
+
+def _preemption_in_flight_raises(sched: Any) -> None:
+    """Seeded bug: preempting a request with a step in flight trips an assertion."""
+    original = sched._preempt_request
+
+    def preempt(request: Any, *args: Any, **kwargs: Any) -> None:
+        if request.num_in_flight_tokens > 0:
+            raise AssertionError("preempted with a step in flight")
+        original(request, *args, **kwargs)
+
+    sched._preempt_request = preempt
+
+
+@pytest.mark.parametrize(
+    ("mutant", "rule", "words"),
+    [
+        (_placeholders_never_resolved, "output_content", "expected"),
+        (_placeholders_never_resolved, "progress", "not drained"),
+        (_abort_in_flight_leaks, "no_leak", "drained, but"),
+        (_abort_in_flight_leaks, "pool_accounting", "after aborting"),
+        (_stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
+        (_preemption_in_flight_raises, "implementation_error", "AssertionError"),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v))[:24],
+)
+def test_async_checks_catch_each_seeded_bug(
+    mutant: Callable[[Any], None], rule: str, words: str
+) -> None:
+    """Each rule of the engine-core loop has teeth: a seeded bug in vLLM's async path fails
+    it with a message that names the loop and what went wrong."""
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            check_both(core_program(seed), mutant)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            if rule in seen:
+                break
+    assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
+    assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
+
+
+def test_a_core_program_needs_one_abort_tuple_per_step() -> None:
+    with pytest.raises(ValueError, match="2 steps of arrivals but 1 of aborts"):
+        CoreProgram(ArConfig(), ((), ()), ((),))

@@ -24,6 +24,7 @@ OUTPUTS = [
     ("profile_round", "--json"),
     ("soak_engine", "--json"),
     ("vidur_speed", "--json"),
+    ("vllm_async_check", "--json"),
     ("vllm_differential", "--json"),
 ]
 

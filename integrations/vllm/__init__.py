@@ -21,7 +21,8 @@ running it):
   (`max(self.running, key=lambda r: (r.priority, r.arrival_time))`); the adapter's `rules`
   declare `VictimOrder.LOWEST_PRIORITY_ANY` for it;
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
-  scheduler runs one step ahead of the model, which the AR step contract does not describe).
+  scheduler runs one step ahead of the model, which the AR step contract does not describe;
+  `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
 """
 
 from __future__ import annotations

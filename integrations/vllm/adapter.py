@@ -1,4 +1,5 @@
-"""The AR adapter that drives vLLM 0.33.0's real v1 `Scheduler` (synchronous scheduling).
+"""The AR adapter that drives vLLM 0.33.0's real v1 `Scheduler` (synchronous scheduling; with
+`async_scheduling=True` it builds vLLM's `AsyncScheduler` for `integrations.vllm.engine_core`).
 
 Nothing in this module imports vLLM at import time: `RealVllmScheduler(config, sink)` first calls
 `MANIFEST.activate()` (the engine's own install directory on `sys.path`; `EngineNotInstalled`,
@@ -177,13 +178,25 @@ def vllm_rules(config: ArConfig) -> ArRules:
 
 
 class RealVllmScheduler:
-    """`spec.ar.adapter.ArSchedulerAdapter` over vLLM 0.33.0's v1 `Scheduler`."""
+    """`spec.ar.adapter.ArSchedulerAdapter` over vLLM 0.33.0's v1 `Scheduler`.
+
+    With `async_scheduling=True` it builds vLLM's `AsyncScheduler` (vLLM's default) instead;
+    that scheduler runs a step ahead of the model, which the AR step contract does not
+    describe, so `step()` then refuses and `integrations.vllm.engine_core` drives it."""
 
     name = "real-vllm"
 
-    def __init__(self, config: ArConfig, sink: ArEventSink, space: ArConfigSpace = SPACE) -> None:
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        space: ArConfigSpace = SPACE,
+        *,
+        async_scheduling: bool = False,
+    ) -> None:
         space.check(config)
         self._config = config
+        self.async_scheduling = async_scheduling
         self.sink = sink
         self.v = load_vllm()
         self.sched: Any = self._build(config)
@@ -206,7 +219,7 @@ class RealVllmScheduler:
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 policy=config.policy.value,
-                async_scheduling=False,
+                async_scheduling=self.async_scheduling,
                 scheduler_reserve_full_isl=True,
             )
             model_config = _model_config(v, config.max_model_len)
@@ -231,14 +244,20 @@ class RealVllmScheduler:
             kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], spec)],
         )
         cache_config.num_gpu_blocks = config.num_blocks
-        sched = v.scheduler.Scheduler(
+        if self.async_scheduling:
+            # vLLM's CPU platform turns async scheduling off ("not required on CPU",
+            # `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on.
+            # The scheduler is platform-independent: set it back as a GPU build leaves it.
+            scheduler_config.async_scheduling = True
+        # vLLM's own choice of class: AsyncScheduler when async scheduling is on
+        sched = scheduler_config.get_scheduler_cls()(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
             block_size=config.block_size,
             log_stats=False,
         )
-        _check_effective(sched, config)
+        _check_effective(sched, config, self.async_scheduling)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
             if config.enable_prefix_caching
@@ -307,6 +326,13 @@ class RealVllmScheduler:
         self.sink(ArAborted(request_id))
 
     def step(self) -> None:
+        if self.async_scheduling:
+            raise ConfigError(
+                "async_scheduling",
+                True,
+                "False for step() (an async scheduler runs a step ahead of the model: drive it "
+                "with integrations.vllm.engine_core)",
+            )
         sched = self.sched
         before = self._view()
         out = sched.schedule()
@@ -489,7 +515,7 @@ def _engine_on_pythonpath() -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
-def _check_effective(sched: Any, config: ArConfig) -> None:
+def _check_effective(sched: Any, config: ArConfig, async_scheduling: bool) -> None:
     """vLLM may adjust a setting while building its config (a platform default): refuse to
     check a scheduler whose effective settings are not the ones asked for."""
     sc = sched.scheduler_config
@@ -504,8 +530,13 @@ def _check_effective(sched: Any, config: ArConfig) -> None:
         wanted = getattr(config, name)
         if value != wanted:
             raise ConfigError(name, wanted, f"a value vLLM keeps (it made it {value!r})")
-    if sched.vllm_config.scheduler_config.async_scheduling:
-        raise ConfigError("async_scheduling", True, "False (the adapter drives sync steps)")
+    effective_async = bool(sched.vllm_config.scheduler_config.async_scheduling)
+    if effective_async != async_scheduling:
+        raise ConfigError(
+            "async_scheduling",
+            async_scheduling,
+            f"a value vLLM keeps (it made it {effective_async})",
+        )
 
 
 def make_real_vllm(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
