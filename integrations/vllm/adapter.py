@@ -447,14 +447,18 @@ class RealVllmScheduler:
         return order
 
     def _fabricate(self, scheduled: dict[str, int]) -> Any:
-        """The model's output for this step: one sampled token per request that caught up."""
+        """The model's output for the batch just scheduled: one sampled token per request past
+        its prefill (vLLM's own `is_prefill_chunk`, set by `schedule()`: the request caught up
+        with its known tokens), numbered after its outputs. Under async scheduling the outputs
+        still in flight count too (`num_output_placeholders`, this step's included);
+        synchronously there are none."""
         reqs = self.sched.requests
         ids = list(scheduled)
         sampled: list[list[int]] = []
         for rid in ids:
             req = reqs[rid]
-            caught_up = req.num_computed_tokens >= req.num_tokens
-            sampled.append([self._token(rid, req.num_output_tokens + 1)] if caught_up else [])
+            index = req.num_output_tokens + max(req.num_output_placeholders, 1)
+            sampled.append([] if req.is_prefill_chunk else [self._token(rid, index)])
         return self.v.outputs.ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},

@@ -37,7 +37,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler
@@ -167,16 +167,16 @@ class EngineCoreLoop:
             for req in sched.running:
                 if req.num_output_placeholders > 0:
                     self.n.ahead += 1
-            stale_before = {r.request_id for r in self._waiting() if r.num_stale_output_tokens}
+            stale_before = {r.request_id for r in self.impl._waiting() if r.num_stale_output_tokens}
             out = self._call("schedule", sched.schedule)
             self.n.schedules += 1
             self.n.stale += sum(
                 1
-                for r in self._waiting()
+                for r in self.impl._waiting()
                 if r.num_stale_output_tokens and r.request_id not in stale_before
             )
             self.check_pool(f"after schedule() {self.n.schedules}")
-            self.queue.appendleft((out, self._fabricate(out)))
+            self.queue.appendleft((out, self.impl._fabricate(dict(out.num_scheduled_tokens))))
             room = len(self.queue) < self.queue_size
             if room and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
                 return
@@ -223,16 +223,10 @@ class EngineCoreLoop:
             self.engine_step()
         self.drain()
         self.check_end()
-        n = self.n
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
-            n.engine_steps,
-            n.schedules,
-            n.ahead,
-            n.stale,
-            n.aborts_in_flight,
-            n.discarded,
+            **asdict(self.n),
         )
 
     # ------------------------------------------------------------------ checks
@@ -304,37 +298,13 @@ class EngineCoreLoop:
                 )
 
     # ------------------------------------------------------------------ helpers
-    def _waiting(self) -> list[Any]:
-        return list(self.impl._waiting())
-
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         try:
             return call()
-        except EngineCoreViolation:
-            raise
         except Exception as err:  # vLLM raised: a finding, reported with its type and text
             raise EngineCoreViolation(
                 "implementation_error", f"vLLM raised in {what}: {type(err).__name__}: {err}"
             ) from err
-
-    def _fabricate(self, out: Any) -> Any:
-        """The model's output for a batch just scheduled: a request past its prefill samples its
-        next output, numbered by the outputs it has plus those in flight."""
-        reqs = self.sched.requests
-        ids = list(out.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for rid in ids:
-            req = reqs[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
-                index = req.num_output_tokens + max(req.num_output_placeholders, 1)
-                sampled.append([self.impl._token(rid, index)])
-        return self.impl.v.outputs.ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
 
 
 def _describe(impl: RealVllmScheduler, rid: str, tokens: Sequence[int], at: int) -> str:
