@@ -2,8 +2,8 @@
 tests of the fabricated model output, and the differential against the `vllm-v1` reference.
 
 Needs the engine installed (`schedspec install-engines vllm`); without it every test fails
-naming that command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped). All vLLM tests
-live in this one file: an xdist worker pays vLLM's import (15-40 s) once.
+naming that command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped). The AR tests of
+vLLM live in this one file; its diffusion-LLM path's are in tests/test_real_vllm_dllm.py.
 
 Example counts: CI runs SCHEDSPEC_VLLM_EXAMPLES (default 40) examples per suite; the issue's
 500-example run is `SCHEDSPEC_VLLM_EXAMPLES=500 pytest tests/test_real_vllm.py -k conforms`.

@@ -25,6 +25,7 @@ OUTPUTS = [
     ("soak_engine", "--json"),
     ("vidur_speed", "--json"),
     ("vllm_async_check", "--json"),
+    ("vllm_dllm_check", "--json"),
     ("vllm_differential", "--json"),
 ]
 

@@ -23,6 +23,9 @@ running it):
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
   scheduler runs one step ahead of the model, which the AR step contract does not describe;
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
+
+vLLM's diffusion-LLM schedulers (`DiffusionScheduler`, `DiffusionAsyncScheduler`) are checked
+in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising runner.
 """
 
 from __future__ import annotations

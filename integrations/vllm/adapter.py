@@ -121,14 +121,18 @@ class _Vllm:
 _MODULES: _Vllm | None = None
 
 
-def model_dir() -> Path:
-    """The weightless tiny-Llama model directory (written once, under the engine directory)."""
-    path = MANIFEST.directory / "schedspec-tiny-llama"
+def model_dir(*, diffusion: bool = False) -> Path:
+    """The weightless tiny-Llama model directory (written once, under the engine directory).
+    With `diffusion`, its config also names a `canvas_length`, which is what makes vLLM's
+    `ModelConfig.is_diffusion` true (the served canvas itself comes from `DiffusionConfig`)."""
+    name = "schedspec-tiny-dllm" if diffusion else "schedspec-tiny-llama"
+    path = MANIFEST.directory / name
     config = path / "config.json"
     if not config.is_file():
         path.mkdir(parents=True, exist_ok=True)
         tmp = path / f"config.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(TINY_LLAMA, indent=1))
+        body = {**TINY_LLAMA, "canvas_length": 32} if diffusion else TINY_LLAMA
+        tmp.write_text(json.dumps(body, indent=1))
         tmp.replace(config)  # atomic: parallel workers never read half a file
     return path
 
@@ -222,7 +226,7 @@ class RealVllmScheduler:
                 async_scheduling=self.async_scheduling,
                 scheduler_reserve_full_isl=True,
             )
-            model_config = _model_config(v, config.max_model_len)
+            model_config = tiny_model_config(v, config.max_model_len)
             cache_config = cfg.CacheConfig(
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
@@ -233,8 +237,9 @@ class RealVllmScheduler:
                 cache_config=cache_config,
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
-            first = str(err).strip().splitlines()[-1][:200]
-            raise ConfigError("config", config, f"a configuration vLLM accepts ({first})") from None
+            raise ConfigError(
+                "config", config, f"a configuration vLLM accepts ({vllm_config_error(err)})"
+            ) from None
         spec = v.kv_iface.FullAttentionSpec(
             block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
         )
@@ -410,12 +415,7 @@ class RealVllmScheduler:
         yield from sched.waiting
 
     def _tables(self) -> dict[str, tuple[int, ...]]:
-        manager = self.sched.kv_cache_manager.coordinator.single_type_managers[0]
-        return {
-            rid: tuple(b.block_id for b in blocks if not b.is_null)
-            for rid, blocks in manager.req_to_blocks.items()
-            if blocks
-        }
+        return block_tables(self.sched)
 
     def _cached(self) -> frozenset[int]:
         pool = self.sched.kv_cache_manager.block_pool
@@ -483,28 +483,50 @@ class RealVllmScheduler:
         )
 
 
-_MODEL_CONFIGS: dict[int, Any] = {}
+def vllm_config_error(err: ValueError) -> str:
+    """vLLM's own words from a config it refused (pydantic's "Value error, ..." line, without
+    pydantic's input echo and help link)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Value error,"):
+            return line.removeprefix("Value error,").split(" [type=")[0].strip()[:200]
+    return (lines[1] if len(lines) > 1 else lines[0] if lines else type(err).__name__)[:200]
 
 
-def _model_config(v: _Vllm, max_model_len: int) -> Any:
-    """The tiny Llama's `ModelConfig` for `max_model_len` (built once per length: it reads
-    config.json and validates; the scheduler only reads it)."""
-    mc = _MODEL_CONFIGS.get(max_model_len)
+def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
+    """Each request's KV blocks in a vLLM scheduler (its one full-attention group), the null
+    block left out; requests holding none are absent."""
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[0]
+    return {
+        rid: tuple(b.block_id for b in blocks if not b.is_null)
+        for rid, blocks in manager.req_to_blocks.items()
+        if blocks
+    }
+
+
+_MODEL_CONFIGS: dict[tuple[int, bool], Any] = {}
+
+
+def tiny_model_config(v: _Vllm, max_model_len: int, *, diffusion: bool = False) -> Any:
+    """The tiny Llama's `ModelConfig` for `max_model_len`, a diffusion model with `diffusion`
+    (built once per pair: it reads config.json and validates; the scheduler only reads it)."""
+    key = (max_model_len, diffusion)
+    mc = _MODEL_CONFIGS.get(key)
     if mc is None:
-        with _engine_on_pythonpath():
+        with engine_on_pythonpath():
             mc = v.config.ModelConfig(
-                model=str(model_dir()),
+                model=str(model_dir(diffusion=diffusion)),
                 skip_tokenizer_init=True,
                 max_model_len=max_model_len,
                 dtype="float32",
                 seed=0,
             )
-        _MODEL_CONFIGS[max_model_len] = mc
+        _MODEL_CONFIGS[key] = mc
     return mc
 
 
 @contextlib.contextmanager
-def _engine_on_pythonpath() -> Iterator[None]:
+def engine_on_pythonpath() -> Iterator[None]:
     """vLLM inspects the model class in a subprocess (once; the result is cached under
     VLLM_CACHE_ROOT): that subprocess must find vLLM too. Only for that call, so no other
     subprocess of this process sees the engine's packages."""
@@ -559,9 +581,13 @@ __all__ = [
     "SPACE_PREFIX",
     "STOP_BASE",
     "RealVllmScheduler",
+    "block_tables",
+    "engine_on_pythonpath",
     "load_vllm",
     "make_real_vllm",
     "make_real_vllm_prefix",
     "model_dir",
+    "tiny_model_config",
+    "vllm_config_error",
     "vllm_rules",
 ]

@@ -1,0 +1,298 @@
+"""vLLM's engine-core loop over one of its real schedulers, and the checks every such loop makes.
+
+`EngineCore.step` (synchronous) and `EngineCore.step_with_batch_queue` (asynchronous, a batch
+queue of two; `vllm/v1/engine/core.py`) in one `engine_step()`: schedule a batch while the
+queue has room, else apply the oldest batch's output. `BatchQueueLoop` is that loop; a subclass
+says how the (fabricated) model runs a batch and what else it checks: `EngineCoreLoop`
+(`integrations.vllm.engine_core`, autoregressive) and `DllmCoreLoop`
+(`integrations.vllm.diffusion`, diffusion LLMs).
+
+Checked by every loop: `pool_accounting` after every `schedule()`, `update_from_output()` and
+abort; `no_leak` and every request's output (`check_content`) once drained; `progress` (the loop
+drains); vLLM raising is `implementation_error`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from integrations.vllm.adapter import block_tables
+
+#: The engine core's batch queue: 2 with async scheduling (`max_concurrent_batches`), else 1.
+ASYNC_BATCH_QUEUE = 2
+ABORTED = "abort"
+
+
+class EngineCoreViolation(Exception):
+    """A rule an engine-core loop broke: `rule` and what was seen."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(f"[{rule}] {detail}")
+        self.rule = rule
+        self.detail = detail
+
+
+@dataclass
+class LoopCounts:
+    """How often the loop's paths were taken (a subclass's counts extend these)."""
+
+    engine_steps: int = 0
+    schedules: int = 0
+    aborts_in_flight: int = 0  # aborts of a request with a step in flight
+    discarded: int = 0  # scheduled steps of a request that had finished when their output came
+
+
+CountsT = TypeVar("CountsT", bound=LoopCounts)
+
+
+class BatchQueueLoop(Generic[CountsT]):
+    """The engine core over `sched`: `engine_step()` is one call of `step_with_batch_queue`
+    (async: a batch queue of 2) or of `step` (sync: 1).
+
+    Subclasses implement `execute` (the model run of a scheduled batch, in execution order),
+    `runner_output` (what `update_from_output` gets of it), `reason` and `check_request`; the
+    other hooks are optional."""
+
+    def __init__(
+        self, sched: Any, counts: CountsT, *, async_scheduling: bool, num_blocks: int
+    ) -> None:
+        self.sched = sched
+        self.n = counts
+        self.async_scheduling = async_scheduling
+        self.num_blocks = num_blocks
+        self.queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
+        self.queue: deque[tuple[Any, Any]] = deque()
+        self.outputs: dict[str, list[int]] = {}
+        self.reasons: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ hooks
+    def execute(self, out: Any) -> Any:
+        raise NotImplementedError
+
+    def runner_output(self, executed: Any) -> Any:
+        raise NotImplementedError
+
+    def reason(self, finish_reason: Any) -> str:
+        raise NotImplementedError
+
+    def check_request(self, rid: str, tokens: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def before_schedule(self) -> None:
+        """Called before each `schedule()`."""
+
+    def after_schedule(self, out: Any) -> None:
+        """Called after each `schedule()` and its execution (the batch is queued)."""
+
+    def after_output(self, out: Any, executed: Any) -> None:
+        """Called after each `update_from_output()` (`EngineCore.post_step`'s place)."""
+
+    def on_discarded(self, rid: str) -> None:
+        """Called for each step of a finished request whose output arrives."""
+
+    def check_pool(self, where: str) -> None:
+        check_pool(self.sched, False, where)
+
+    # ------------------------------------------------------------------ the loop
+    def engine_step(self) -> None:
+        """One engine-core step: schedule a batch if the queue has room (and, async, return at
+        once while it still has room), else apply the oldest batch's output."""
+        sched = self.sched
+        self.n.engine_steps += 1
+        if sched.has_requests():
+            self.before_schedule()
+            out = call_vllm("schedule", sched.schedule)
+            self.n.schedules += 1
+            self.check_pool(f"after schedule() {self.n.schedules}")
+            self.queue.appendleft((out, self.execute(out)))
+            self.after_schedule(out)
+            room = len(self.queue) < self.queue_size
+            if room and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                return
+        elif not self.queue:
+            return
+        out, executed = self.queue.pop()
+        for rid in out.num_scheduled_tokens:
+            if rid in self.reasons:
+                self.n.discarded += 1
+                self.on_discarded(rid)
+        model_output = self.runner_output(executed)
+        engine_outputs = call_vllm(
+            "update_from_output", lambda: sched.update_from_output(out, model_output)
+        )
+        for per_client in engine_outputs.values():
+            for o in per_client.outputs:
+                self.outputs[o.request_id].extend(int(t) for t in o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.reasons[o.request_id] = self.reason(o.finish_reason)
+        self.after_output(out, executed)
+        self.check_pool(f"after update_from_output() of schedule {self.n.schedules}")
+
+    def finish(self, request_id: str, finish: Callable[[], Any]) -> None:
+        """Abort `request_id` with `finish` (the scheduler's abort), counting it when a step of
+        it is in flight, and check the pool."""
+        if any(request_id in o.num_scheduled_tokens for o, _ in self.queue):
+            self.n.aborts_in_flight += 1
+        call_vllm("abort", finish)
+        self.reasons[request_id] = ABORTED
+        self.check_pool(f"after aborting {request_id!r}")
+
+    def busy(self) -> bool:
+        return bool(self.sched.has_requests() or self.queue)
+
+    #: `progress`: the loop must drain within this many engine steps.
+    drain_limit = 10_000
+
+    def drain(self) -> None:
+        max_engine_steps = self.drain_limit
+        for _ in range(max_engine_steps):
+            if not self.busy():
+                return
+            self.engine_step()
+        running, waiting = self.sched.get_request_counts()
+        raise EngineCoreViolation(
+            "progress",
+            f"not drained after {max_engine_steps} engine steps: {running} running, "
+            f"{waiting} waiting, {len(self.queue)} batches in flight",
+        )
+
+    def play(
+        self,
+        arrivals: Sequence[Sequence[Any]],
+        aborts: Sequence[Sequence[str]],
+        submit: Callable[[Any], object],
+        abort: Callable[[str], None],
+    ) -> None:
+        """Per engine step its aborts, then its arrivals, then the step; then drain, and check
+        the end state and every request's output."""
+        for step_aborts, step_arrivals in zip(aborts, arrivals, strict=True):
+            for rid in step_aborts:
+                abort(rid)
+            for req in step_arrivals:
+                submit(req)
+            self.engine_step()
+        self.drain()
+        check_drained(self.sched, self.num_blocks)
+        for rid, tokens in self.outputs.items():
+            self.check_request(rid, tokens)
+
+
+def check_program_steps(kind: str, arrivals: Sequence[object], aborts: Sequence[object]) -> None:
+    """A program gives one tuple of aborts per step of arrivals (ValueError otherwise)."""
+    if len(aborts) != len(arrivals):
+        raise ValueError(
+            f"{kind}: {len(arrivals)} steps of arrivals but {len(aborts)} of aborts; give one "
+            "tuple of aborts per step (empty for none)"
+        )
+
+
+def check_content(
+    rid: str,
+    tokens: Sequence[int],
+    reason: str | None,
+    *,
+    max_tokens: int,
+    stop_after: int | None,
+    token: Callable[[int], int],
+) -> None:
+    """`output_content` and `finish_reason` of a finished request whose output token number i
+    is `token(i)`: exactly tokens 1..k, k its stop index or max_tokens (an aborted request's a
+    prefix of them), and the reason k implies."""
+    if reason is None:
+        raise EngineCoreViolation("progress", f"{rid!r} never finished")
+    stop = stop_after if stop_after is not None else max_tokens + 1
+    expected = [token(i) for i in range(1, min(stop, max_tokens) + 1)]
+    if reason == ABORTED:
+        expected = expected[: len(tokens)]
+    if list(tokens) != expected:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b),
+            min(len(tokens), len(expected)),
+        )
+        got = "missing" if at >= len(tokens) else _describe(tokens[at], token, max_tokens)
+        raise EngineCoreViolation(
+            "output_content",
+            f"{rid!r} produced {len(tokens)} tokens, expected {len(expected)}; they first "
+            f"differ at output {at + 1}: {got}",
+        )
+    if reason != ABORTED:
+        want = "stop" if stop <= max_tokens else "length"
+        if reason != want:
+            raise EngineCoreViolation(
+                "finish_reason", f"{rid!r} finished with {reason}, expected {want}"
+            )
+
+
+def _describe(got: int, token: Callable[[int], int], max_tokens: int) -> str:
+    for i in range(1, 2 * max_tokens + 2):
+        if token(i) == got:
+            return f"got its output {i}"
+    return f"got token {got}, not one of its own"
+
+
+def call_vllm(what: str, call: Callable[[], Any]) -> Any:
+    """`call()`; vLLM raising is a finding (`implementation_error`), reported with its type and
+    text."""
+    try:
+        return call()
+    except Exception as err:
+        raise EngineCoreViolation(
+            "implementation_error", f"vLLM raised in {what}: {type(err).__name__}: {err}"
+        ) from err
+
+
+def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
+    """`pool_accounting` of a vLLM scheduler: every non-null block free or held, not both; one
+    holder each without prefix caching; with it, reference count = holders."""
+    pool = sched.kv_cache_manager.block_pool
+    free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null}
+    holders: dict[int, list[str]] = {}
+    for rid, table in block_tables(sched).items():
+        for b in table:
+            holders.setdefault(b, []).append(rid)
+    for b, rids in sorted(holders.items()):
+        if b in free:
+            raise EngineCoreViolation(
+                "pool_accounting", f"{where}: block {b} is free and held by {rids}"
+            )
+        if not prefix_caching and len(rids) > 1:
+            raise EngineCoreViolation(
+                "pool_accounting", f"{where}: block {b} is held by {rids} (no prefix caching)"
+            )
+        if prefix_caching and pool.blocks[b].ref_cnt != len(rids):
+            raise EngineCoreViolation(
+                "pool_accounting",
+                f"{where}: block {b} has reference count {pool.blocks[b].ref_cnt} "
+                f"but {len(rids)} holders {rids}",
+            )
+
+
+def check_drained(sched: Any, num_blocks: int) -> None:
+    """`no_leak` of a drained vLLM scheduler: no request left, every usable block free (block 0
+    is vLLM's null block)."""
+    left = sorted(sched.requests)
+    if left:
+        raise EngineCoreViolation("no_leak", f"drained, but vLLM still holds requests {left}")
+    usable = num_blocks - 1
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    if free != usable:
+        raise EngineCoreViolation(
+            "no_leak", f"drained, but {usable - free} of {usable} usable blocks are not free"
+        )
+
+
+__all__ = [
+    "ABORTED",
+    "ASYNC_BATCH_QUEUE",
+    "BatchQueueLoop",
+    "EngineCoreViolation",
+    "LoopCounts",
+    "call_vllm",
+    "check_content",
+    "check_drained",
+    "check_pool",
+    "check_program_steps",
+]

@@ -1,0 +1,660 @@
+"""vLLM 0.33.0's diffusion-LLM (dLLM) path: its own `DiffusionScheduler` and
+`DiffusionAsyncScheduler` in the engine-core loop, with a fabricated denoising model, and the
+checks that hold of both.
+
+How vLLM serves a dLLM (`vllm/v1/core/sched/diffusion_scheduler.py`, `vllm/config/diffusion.py`,
+the DiffusionGemma runner in `vllm/model_executor/models/diffusion_gemma.py`): a request's prompt
+is prefilled causally (chunked by the token budget, no token sampled); then it generates through
+a *canvas* of `canvas_length` positions (or the request's own narrower
+`diffusion_canvas_length`), carried on the speculative-decoding path: each engine step schedules
+the canvas as the request's spec tokens. A denoise step reads the KV and samples nothing, so vLLM
+rolls `num_computed_tokens` back by the whole canvas; once the canvas converges (stable and
+confident, or `max_denoising_steps`), the next step is a commit: it writes the canvas's KV and
+emits it as `canvas` sampled tokens; then a new canvas starts. A read-only request emits its one
+canvas on the converging step, without a commit. With async scheduling (vLLM's default on CUDA)
+the scheduler runs a step ahead with placeholder spec tokens.
+
+`DllmCoreLoop` drives vLLM's real scheduler (the class vLLM itself picks for a diffusion model)
+the way `EngineCore` does: `step()` then `post_step()` (the runner's canvas handed back through
+`update_draft_token_ids`) synchronously, `step_with_batch_queue` with a batch queue of two
+asynchronously. The runner is fabricated (`_Runner`): per request it counts prefill tokens, then
+denoise steps per canvas (the request's `converge_after`, capped by `diffusion_max_steps` and
+the served `max_denoising_steps`, as the runner caps it), commits on the step after convergence,
+and fixes each output token by request and output index. Checked, whatever the timing:
+
+- `output_content` / `finish_reason`: every request's output is exactly its own tokens 1..k (k
+  its stop index or max_tokens; an aborted request's a prefix) with the reason k implies;
+- `canvas_whole`: every canvas vLLM schedules is the request's whole canvas, cut only where it
+  reaches `max_model_len` (the one cut vLLM's runner is written for: "Equals CL except when a
+  canvas was truncated near max_model_len"), and only after the request's prefill;
+- `kv_bounded`: denoising never grows a request's KV: it holds at most its tokens (prompt and
+  accepted outputs) plus one canvas per batch in flight, in whole blocks;
+- `pool_accounting`, `no_leak`, `progress`, `implementation_error`: as in
+  `integrations.vllm.engine_core`.
+
+Prefix caching is off (the dLLM profile's space), as are structured output, seeded or pinned
+canvases, and pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from integrations.vllm.adapter import (
+    OUTPUT_BASE,
+    STOP_BASE,
+    block_tables,
+    load_vllm,
+    tiny_model_config,
+    vllm_config_error,
+)
+from integrations.vllm.core_loop import (
+    ASYNC_BATCH_QUEUE,
+    BatchQueueLoop,
+    EngineCoreViolation,
+    LoopCounts,
+    call_vllm,
+    check_content,
+    check_program_steps,
+)
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    InvalidRequest,
+    PromptTooLong,
+    RequestTooLarge,
+    UnknownRequest,
+)
+
+RULES = (
+    "output_content",
+    "finish_reason",
+    "canvas_whole",
+    "kv_bounded",
+    "pool_accounting",
+    "no_leak",
+    "progress",
+    "implementation_error",
+)
+
+#: The id every fabricated canvas position holds (vLLM only counts them: no grammar is set).
+CANVAS_TOKEN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class DllmServing:
+    """How the dLLM is served: vLLM's `DiffusionConfig` (`canvas_length`,
+    `max_denoising_steps`), its KV cache (`block_size` tokens a block, `num_blocks` blocks, block
+    0 the null block) and its scheduler limits. Chunked prefill is on (vLLM's default)."""
+
+    canvas_length: int
+    max_denoising_steps: int
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        for name in (
+            "canvas_length",
+            "max_denoising_steps",
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "an integer >= 1")
+        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
+            raise ConfigError("num_blocks", self.num_blocks, "an integer >= 2")
+        if self.num_blocks < 2:
+            raise ConfigError("num_blocks", self.num_blocks, ">= 2 (block 0 is vLLM's null block)")
+        if self.max_num_batched_tokens < self.canvas_length:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f">= canvas_length ({self.canvas_length}): one canvas must fit a step",
+            )
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class DllmRequest:
+    """A request and the fabricated model's script for it.
+
+    converge_after: denoise steps until each canvas converges (canvas j uses entry j, cycled;
+        the runner caps it at `max_steps` and the served `max_denoising_steps`).
+    stop_after: the output index whose token is the request's stop token (None: none).
+    width: `diffusion_canvas_length` (None: the served canvas).
+    read_only: `diffusion_read_only` (one canvas, emitted on the converging step).
+    max_steps: `diffusion_max_steps`.
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    converge_after: tuple[int, ...] = (1,)
+    stop_after: int | None = None
+    width: int | None = None
+    read_only: bool = False
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DllmProgram:
+    """A serving configuration and, per engine step, the requests that arrive and the ids
+    aborted before it (then the loop drains)."""
+
+    serving: DllmServing
+    arrivals: tuple[tuple[DllmRequest, ...], ...]
+    aborts: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        check_program_steps("DllmProgram", self.arrivals, self.aborts)
+
+
+@dataclass(frozen=True, slots=True)
+class DllmRun:
+    """What one loop did: outputs and reasons per request, and how often each path was taken."""
+
+    outputs: dict[str, tuple[int, ...]]
+    reasons: dict[str, str]
+    engine_steps: int
+    schedules: int
+    denoise_steps: int  # canvas steps that sampled nothing
+    commits: int  # canvas steps that emitted their canvas (read-only emissions included)
+    cut_canvas_steps: int  # canvas steps cut where the canvas reaches max_model_len
+    preemptions: int
+    aborts_in_flight: int  # aborts of a request with a step in flight
+    discarded: int  # scheduled steps of a request that had finished when their output came
+    discarded_read_only: int  # of those, steps of a read-only request
+
+
+@dataclass
+class _Counts(LoopCounts):
+    denoise_steps: int = 0
+    commits: int = 0
+    cut_canvas_steps: int = 0
+    preemptions: int = 0
+    discarded_read_only: int = 0
+
+
+@dataclass
+class _Slot:
+    """The fabricated runner's state of one request (the runner's own, ahead of the scheduler
+    under async scheduling)."""
+
+    prefill_len: int
+    computed: int
+    emitted: int
+    denoising: bool = False
+    steps: int = 0
+    commit_next: bool = False
+
+
+@dataclass
+class _Runner:
+    """The fabricated DiffusionGemma runner: what it does with each scheduled batch, in
+    execution order."""
+
+    loop: DllmCoreLoop
+    slots: dict[str, _Slot] = field(default_factory=dict)
+
+    def execute(self, out: Any) -> tuple[Any, Any]:
+        """The model output of batch `out` and the canvases it leaves (`DraftTokenIds`)."""
+        loop, v = self.loop, self.loop.v
+        reqs = loop.sched.requests
+        for rid in (out.preempted_req_ids or set()) | set(out.finished_req_ids):
+            self.slots.pop(rid, None)
+        fresh = [r.req_id for r in out.scheduled_new_reqs]
+        fresh += sorted(out.scheduled_cached_reqs.resumed_req_ids)
+        for rid in fresh:
+            req = reqs[rid]
+            done = req.num_computed_tokens - out.num_scheduled_tokens[rid]
+            self.slots[rid] = _Slot(req.num_tokens, done, req.num_output_tokens)
+        ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in ids:
+            canvas = out.scheduled_spec_decode_tokens.get(rid)
+            sampled.append(self._step(rid, out.num_scheduled_tokens[rid], len(canvas or ())))
+        width = loop.serving.canvas_length
+        output = v.outputs.ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+        drafts = v.outputs.DraftTokenIds(ids, [[CANVAS_TOKEN] * width for _ in ids])
+        return output, drafts
+
+    def _step(self, rid: str, scheduled: int, canvas: int) -> list[int]:
+        loop = self.loop
+        slot = self.slots[rid]
+        spec = loop.specs[rid]
+        if canvas == 0:  # a prefill chunk: no token sampled; the canvas starts when it ends
+            slot.computed += scheduled
+            slot.denoising = slot.computed >= slot.prefill_len
+            return []
+        loop.check_canvas(rid, slot, canvas)
+        if not slot.commit_next:
+            slot.steps += 1
+            converged = slot.steps >= loop.converge_after(spec, slot.emitted)
+            if not (converged and spec.read_only):
+                slot.commit_next = converged
+                loop.n.denoise_steps += 1
+                return []
+        slot.commit_next, slot.steps = False, 0
+        loop.n.commits += 1
+        tokens = [loop.token(rid, slot.emitted + i) for i in range(1, canvas + 1)]
+        slot.emitted += canvas
+        return tokens
+
+
+class DllmCoreLoop(BatchQueueLoop[_Counts]):
+    """vLLM's engine core over its real diffusion scheduler (`integrations.vllm.core_loop`):
+    `DiffusionAsyncScheduler` with a batch queue of 2, or `DiffusionScheduler` with 1 and
+    `post_step`'s canvas hand-back; the runner fabricated. `mutate`, if given, is applied to the
+    scheduler once built (seeded bugs)."""
+
+    drain_limit = 20_000
+
+    def __init__(
+        self,
+        serving: DllmServing,
+        *,
+        async_scheduling: bool,
+        mutate: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.serving = serving
+        self.v = load_vllm()
+        sched = _build(self.v, serving, async_scheduling)
+        if mutate is not None:
+            mutate(sched)
+        super().__init__(
+            sched, _Counts(), async_scheduling=async_scheduling, num_blocks=serving.num_blocks
+        )
+        self.runner = _Runner(self)
+        self.specs: dict[str, DllmRequest] = {}
+        self.arrival_of: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: DllmRequest) -> None:
+        """Add a request as vLLM's input processor would hand it over (its diffusion options
+        validated and normalised by vLLM's own `validate_diffusion_sampling_params`). Raises a
+        `RequestError` for one vLLM would refuse or that can never fit."""
+        rid = request.request_id
+        if rid in self.specs:
+            raise DuplicateRequest(rid)
+        _validate(self.serving, request)
+        arrival = len(self.specs)
+        extra: dict[str, Any] = {}
+        if request.width is not None:
+            extra["diffusion_canvas_length"] = request.width
+        if request.read_only:
+            extra["diffusion_read_only"] = True
+        if request.max_steps is not None:
+            extra["diffusion_max_steps"] = request.max_steps
+        params = self.v.sampling.SamplingParams(
+            max_tokens=request.max_tokens,
+            stop_token_ids=[STOP_BASE + arrival],
+            ignore_eos=True,
+            extra_args=extra or None,
+        )
+        diffusion_utils = importlib.import_module("vllm.utils.diffusion")
+        refused = importlib.import_module("vllm.exceptions").VLLMValidationError
+        try:
+            diffusion_utils.validate_diffusion_sampling_params(
+                params, canvas_length=self.serving.canvas_length, vocab_size=128
+            )
+        except refused as err:
+            raise InvalidRequest(rid, "diffusion options", extra, str(err)) from None
+        _check_fits(self.serving, request)
+        req = self.v.request.Request(
+            request_id=rid,
+            prompt_token_ids=[1_000_000 + arrival] * request.prompt_len,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=float(arrival),
+        )
+        self.specs[rid] = request
+        self.arrival_of[rid] = arrival
+        self.outputs[rid] = []
+        self.sched.add_request(req)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a live request (`EngineCore.abort_requests`); an unknown id is refused, one
+        already finished is ignored (as vLLM ignores it)."""
+        if request_id not in self.specs:
+            raise UnknownRequest(request_id, len(self.specs))
+        if request_id in self.reasons:
+            return
+        status = self.v.request.RequestStatus.FINISHED_ABORTED
+        self.finish(request_id, lambda: self.sched.finish_requests([request_id], status))
+
+    def run(self, program: DllmProgram) -> DllmRun:
+        """The program (`BatchQueueLoop.play`), checked; what the loop did."""
+        self.play(program.arrivals, program.aborts, self.submit, self.abort)
+        return DllmRun(
+            {rid: tuple(t) for rid, t in self.outputs.items()}, dict(self.reasons), **asdict(self.n)
+        )
+
+    # ------------------------------------------------------------------ the loop's hooks
+    def execute(self, out: Any) -> Any:
+        self.n.preemptions += len(out.preempted_req_ids or ())
+        return self.runner.execute(out)
+
+    def after_schedule(self, out: Any) -> None:
+        self.check_kv(f"after schedule() {self.n.schedules}")
+
+    def runner_output(self, executed: Any) -> Any:
+        return executed[0]
+
+    def after_output(self, out: Any, executed: Any) -> None:
+        if not self.async_scheduling and out.total_num_scheduled_tokens > 0:
+            # EngineCore.post_step: the runner's canvases become the requests' spec tokens
+            drafts = executed[1]
+            call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
+        self.check_kv(f"after update_from_output() of schedule {self.n.schedules}")
+
+    def on_discarded(self, rid: str) -> None:
+        self.n.discarded_read_only += self.specs[rid].read_only
+
+    def reason(self, finish_reason: Any) -> str:
+        reasons = self.v.engine.FinishReason
+        if finish_reason == reasons.STOP:
+            return "stop"
+        if finish_reason == reasons.LENGTH:
+            return "length"
+        raise EngineCoreViolation(
+            "finish_reason",
+            f"vLLM finished a request with {finish_reason!r} (the model gives none)",
+        )
+
+    # ------------------------------------------------------------------ the model's script
+    def converge_after(self, spec: DllmRequest, emitted: int) -> int:
+        """Denoise steps until the canvas after `emitted` outputs converges (the runner caps
+        the request's `diffusion_max_steps` at the served `max_denoising_steps`)."""
+        steps = spec.converge_after[(emitted // self.width(spec)) % len(spec.converge_after)]
+        cap = self.serving.max_denoising_steps
+        if spec.max_steps is not None:
+            cap = max(1, min(spec.max_steps, cap))
+        return min(steps, cap)
+
+    def width(self, spec: DllmRequest) -> int:
+        return spec.width if spec.width is not None else self.serving.canvas_length
+
+    def token(self, rid: str, index: int) -> int:
+        """Output token number `index` (1-based) of request `rid`."""
+        spec, a = self.specs[rid], self.arrival_of[rid]
+        if spec.stop_after is not None and index == spec.stop_after:
+            return STOP_BASE + a
+        return OUTPUT_BASE + a * (1 << 32) + index
+
+    # ------------------------------------------------------------------ checks
+    def check_canvas(self, rid: str, slot: _Slot, canvas: int) -> None:
+        """`canvas_whole`: a canvas only after the prefill, and the request's whole canvas
+        unless it reaches max_model_len from where the runner stands."""
+        if not slot.denoising:
+            raise EngineCoreViolation(
+                "canvas_whole",
+                f"{rid!r} was scheduled a canvas of {canvas} before its prefill finished "
+                f"({slot.computed} of {slot.prefill_len} tokens)",
+            )
+        spec = self.specs[rid]
+        position = spec.prompt_len + slot.emitted
+        room = self.serving.max_model_len - position
+        whole = min(self.width(spec), room)
+        if canvas != whole:
+            raise EngineCoreViolation(
+                "canvas_whole",
+                f"{rid!r} was scheduled a canvas of {canvas} at position {position}, but its "
+                f"canvas is {self.width(spec)} wide and {room} positions remain before "
+                f"max_model_len={self.serving.max_model_len} (so {whole}); "
+                f"schedule {self.n.schedules}",
+            )
+        if canvas < self.width(spec):
+            self.n.cut_canvas_steps += 1
+
+    def check_kv(self, where: str) -> None:
+        """`kv_bounded`: a request holds at most its tokens plus one canvas per batch in flight
+        (as many as the batch queue holds), in whole blocks."""
+        s = self.serving
+        for rid, table in block_tables(self.sched).items():
+            req = self.sched.requests[rid]
+            spec = self.specs[rid]
+            bound = s.blocks_for(
+                min(req.num_tokens + self.queue_size * self.width(spec), s.max_model_len)
+            )
+            if len(table) > bound:
+                raise EngineCoreViolation(
+                    "kv_bounded",
+                    f"{where}: {rid!r} holds {len(table)} blocks ({len(table) * s.block_size} "
+                    f"slots) for {req.num_tokens} tokens and at most {self.queue_size} canvas(es) "
+                    f"of {self.width(spec)} in flight (at most {bound} blocks)",
+                )
+
+    def check_request(self, rid: str, tokens: Sequence[int]) -> None:
+        spec = self.specs[rid]
+        check_content(
+            rid,
+            tokens,
+            self.reasons.get(rid),
+            # vLLM caps a read-only request's max_tokens to its canvas
+            max_tokens=min(spec.max_tokens, self.width(spec))
+            if spec.read_only
+            else spec.max_tokens,
+            stop_after=spec.stop_after,
+            token=lambda i: self.token(rid, i),
+        )
+
+
+def _validate(serving: DllmServing, request: DllmRequest) -> None:
+    rid = request.request_id
+    if not isinstance(rid, str) or not rid:
+        raise InvalidRequest(str(rid), "request_id", rid, "must be a non-empty string")
+    for name in ("prompt_len", "max_tokens"):
+        value = getattr(request, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequest(rid, name, value, "an integer >= 1")
+    if not request.converge_after or any(
+        isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in request.converge_after
+    ):
+        raise InvalidRequest(
+            rid, "converge_after", request.converge_after, "a non-empty tuple of integers >= 1"
+        )
+    total = request.prompt_len + request.max_tokens
+    if total > serving.max_model_len:
+        raise PromptTooLong(rid, total, serving.max_model_len)
+
+
+def _check_fits(serving: DllmServing, request: DllmRequest) -> None:
+    """RequestTooLarge unless the pool holds the request's KV at most: every position up to
+    max_model_len that its canvases in flight can reach."""
+    rid, total = request.request_id, request.prompt_len + request.max_tokens
+    width = request.width or serving.canvas_length
+    need = serving.blocks_for(min(total + ASYNC_BATCH_QUEUE * width, serving.max_model_len))
+    if need > serving.num_blocks - 1:
+        raise RequestTooLarge(
+            rid, need * serving.block_size, (serving.num_blocks - 1) * serving.block_size
+        )
+
+
+def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
+    """vLLM's own scheduler for a diffusion model: `VllmConfig` resolves `scheduler_cls` to
+    `DiffusionScheduler` or `DiffusionAsyncScheduler` by `async_scheduling`."""
+    cfg = v.config
+    diffusion = importlib.import_module("vllm.config.diffusion")
+    with _v2_model_runner():
+        try:
+            scheduler_config = cfg.SchedulerConfig(
+                max_num_seqs=serving.max_num_seqs,
+                max_num_batched_tokens=serving.max_num_batched_tokens,
+                max_model_len=serving.max_model_len,
+                is_encoder_decoder=False,
+                enable_chunked_prefill=True,
+                async_scheduling=async_scheduling,
+            )
+            cache_config = cfg.CacheConfig(
+                block_size=serving.block_size, enable_prefix_caching=False
+            )
+            if async_scheduling:
+                # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the CUDA
+                # platform keeps it. The scheduler class is chosen after the platform hook, so
+                # name the one a GPU build picks.
+                scheduler_config.scheduler_cls = (
+                    "vllm.v1.core.sched.diffusion_scheduler.DiffusionAsyncScheduler"
+                )
+            vllm_config = cfg.VllmConfig(
+                scheduler_config=scheduler_config,
+                model_config=tiny_model_config(v, serving.max_model_len, diffusion=True),
+                cache_config=cache_config,
+                diffusion_config=diffusion.DiffusionConfig(
+                    canvas_length=serving.canvas_length,
+                    max_denoising_steps=serving.max_denoising_steps,
+                ),
+            )
+        except ValueError as err:  # pydantic's ValidationError is a ValueError
+            raise ConfigError(
+                "serving", serving, f"a configuration vLLM accepts ({vllm_config_error(err)})"
+            ) from None
+        if async_scheduling:
+            scheduler_config.async_scheduling = True
+        kv_spec = v.kv_iface.FullAttentionSpec(
+            block_size=serving.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+        )
+        kv_cache_config = v.kv_iface.KVCacheConfig(
+            num_blocks=serving.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], kv_spec)],
+        )
+        cache_config.num_gpu_blocks = serving.num_blocks
+        sched = scheduler_config.get_scheduler_cls()(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
+            block_size=serving.block_size,
+            log_stats=False,
+        )
+    want = "DiffusionAsyncScheduler" if async_scheduling else "DiffusionScheduler"
+    if type(sched).__name__ != want or sched.num_spec_tokens != serving.canvas_length:
+        raise ConfigError(
+            "serving",
+            serving,
+            f"a configuration vLLM serves with its {want} and a canvas of "
+            f"{serving.canvas_length} (it built {type(sched).__name__}, canvas "
+            f"{sched.num_spec_tokens})",
+        )
+    return sched
+
+
+class _v2_model_runner:
+    """vLLM serves diffusion models only with its V2 model runner
+    (`VllmConfig._get_v2_model_runner_unsupported_features`), which it picks without triton
+    only when `VLLM_USE_V2_MODEL_RUNNER=1`; set it while the config and scheduler are built
+    (the scheduler reads it once, in its constructor)."""
+
+    def __enter__(self) -> None:
+        self.old = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is None:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self.old
+
+
+#: Canvases of room every generated request leaves before max_model_len (see `dllm_program`).
+END_MARGIN_CANVASES = 3
+
+
+def dllm_program(seed: int) -> DllmProgram:
+    """A random program: a small serving configuration, requests arriving over the first steps
+    (some with a narrower canvas, some read-only, some with a stop token), and aborts of earlier
+    requests before some steps.
+
+    Drawn just inside the two findings (each tested on its own, in tests/test_real_vllm_dllm.py):
+    the token budget never binds (`max_num_batched_tokens >= max_model_len + max_num_seqs *
+    canvas_length`: a budget shared by the running requests cuts a canvas), and every request
+    ends `END_MARGIN_CANVASES` canvases before max_model_len (asynchronously, vLLM cuts a canvas
+    near max_model_len too early). The cut vLLM's runner is written for, at max_model_len
+    itself, has its own test as well."""
+    rnd = random.Random(seed)
+    canvas = rnd.choice([2, 4, 8])
+    block = rnd.choice([2, 4, 8, 16])
+    max_model_len = rnd.choice([48, 64, 96])
+    seqs = rnd.randint(1, 4)
+    worst = -(-max_model_len // block)  # blocks for one request at max_model_len
+    serving = DllmServing(
+        canvas_length=canvas,
+        max_denoising_steps=rnd.randint(1, 4),
+        block_size=block,
+        num_blocks=1 + worst + rnd.randint(0, 3 * worst),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=rnd.choice([1, 2]) * (max_model_len + seqs * canvas),
+        max_model_len=max_model_len,
+    )
+    arrivals: list[tuple[DllmRequest, ...]] = []
+    aborts: list[tuple[str, ...]] = []
+    seen: list[str] = []
+    for step in range(rnd.randint(1, 6)):
+        batch = tuple(_request(rnd, serving, f"r{step}_{i}") for i in range(rnd.randint(0, 3)))
+        aborts.append(tuple(rid for rid in seen if rnd.random() < 0.1))
+        arrivals.append(batch)
+        seen.extend(r.request_id for r in batch)
+    return DllmProgram(serving, tuple(arrivals), tuple(aborts))
+
+
+def _request(rnd: random.Random, s: DllmServing, rid: str) -> DllmRequest:
+    room = s.max_model_len - END_MARGIN_CANVASES * s.canvas_length
+    prompt = rnd.randint(1, room // 2)
+    max_tokens = rnd.randint(1, room - prompt)
+    read_only = rnd.random() < 0.15
+    return DllmRequest(
+        request_id=rid,
+        prompt_len=prompt,
+        max_tokens=max_tokens,
+        converge_after=tuple(rnd.randint(1, 5) for _ in range(rnd.randint(1, 3))),
+        stop_after=rnd.randint(1, max_tokens) if not read_only and rnd.random() < 0.3 else None,
+        width=rnd.randint(1, s.canvas_length) if rnd.random() < 0.25 else None,
+        read_only=read_only,
+        max_steps=rnd.randint(1, 4) if rnd.random() < 0.3 else None,
+    )
+
+
+def check_both(
+    program: DllmProgram, mutate: Callable[[Any], None] | None = None
+) -> tuple[DllmRun, DllmRun]:
+    """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
+    both), each checked; raise `EngineCoreViolation` naming the loop on the first rule broken."""
+    runs = []
+    for async_scheduling in (False, True):
+        try:
+            loop = DllmCoreLoop(program.serving, async_scheduling=async_scheduling, mutate=mutate)
+            runs.append(loop.run(program))
+        except EngineCoreViolation as err:
+            mode = "async" if async_scheduling else "sync"
+            raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
+    return runs[0], runs[1]
+
+
+__all__ = [
+    "CANVAS_TOKEN",
+    "END_MARGIN_CANVASES",
+    "RULES",
+    "DllmCoreLoop",
+    "DllmProgram",
+    "DllmRequest",
+    "DllmRun",
+    "DllmServing",
+    "check_both",
+    "dllm_program",
+]

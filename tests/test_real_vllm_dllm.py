@@ -1,0 +1,295 @@
+"""vLLM 0.33.0's diffusion-LLM path: its own `DiffusionScheduler` / `DiffusionAsyncScheduler` in
+the engine-core loop (`integrations.vllm.diffusion`), the checks' teeth, and the findings.
+
+Needs the engine installed (`schedspec install-engines vllm`); without it every test fails
+naming that command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped).
+SCHEDSPEC_VLLM_DLLM_PROGRAMS (default 150) sets how many generated programs the tests run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.diffusion import (
+    DllmCoreLoop,
+    DllmProgram,
+    DllmRequest,
+    DllmRun,
+    DllmServing,
+    check_both,
+    dllm_program,
+)
+from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
+
+PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    if MANIFEST.installed():
+        return
+    if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
+        pytest.skip("SCHEDSPEC_SKIP_ENGINES=1: vLLM 0.33.0 not installed, its tests skipped")
+    pytest.fail(
+        f"vLLM {MANIFEST.version} is not installed in {MANIFEST.directory}: run "
+        f"`schedspec install-engines vllm` (or set SCHEDSPEC_SKIP_ENGINES=1 to skip)",
+        pytrace=False,
+    )
+
+
+def _serving(**changes: int) -> DllmServing:
+    base = {
+        "canvas_length": 4,
+        "max_denoising_steps": 4,
+        "block_size": 4,
+        "num_blocks": 40,
+        "max_num_seqs": 2,
+        "max_num_batched_tokens": 64,
+        "max_model_len": 64,
+    }
+    return DllmServing(**{**base, **changes})
+
+
+def _one_step(serving: DllmServing, *requests: DllmRequest) -> DllmProgram:
+    return DllmProgram(serving, (tuple(requests),), ((),))
+
+
+def _run(program: DllmProgram, *, async_scheduling: bool, mutate: Any = None) -> DllmRun:
+    loop = DllmCoreLoop(program.serving, async_scheduling=async_scheduling, mutate=mutate)
+    return loop.run(program)
+
+
+def test_vllm_builds_its_own_diffusion_schedulers() -> None:
+    """A diffusion model makes vLLM pick `DiffusionScheduler` (sync) or
+    `DiffusionAsyncScheduler` (async, the flag on as a GPU build leaves it); the canvas is its
+    spec-token count, and no token is sampled besides the canvas."""
+    for async_scheduling, name in (
+        (False, "DiffusionScheduler"),
+        (True, "DiffusionAsyncScheduler"),
+    ):
+        sched = DllmCoreLoop(_serving(), async_scheduling=async_scheduling).sched
+        assert type(sched).__name__ == name
+        assert sched.vllm_config.scheduler_config.async_scheduling is async_scheduling
+        assert sched.vllm_config.model_config.is_diffusion
+        assert (sched.num_spec_tokens, sched.num_sampled_tokens_per_step) == (4, 0)
+
+
+def test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas() -> None:
+    """Prompt 5, 10 outputs, canvas 4, each canvas converging after 2 denoise steps: one prefill
+    step, then three canvases of 2 denoise steps and a commit each (the last canvas emits 4
+    tokens, vLLM keeps 2: max_tokens). Both loops give outputs 1..10 and finish on length."""
+    program = _one_step(_serving(), DllmRequest("r", 5, 10, converge_after=(2,)))
+    sync, run = check_both(program)
+    for r in (sync, run):
+        assert r.outputs == {"r": tuple(1 << 40 | i for i in range(1, 11))}
+        assert r.reasons == {"r": "length"}
+        assert (r.denoise_steps, r.commits) == (6, 3)
+    # and one empty schedule() that hands the finished id to the runner
+    assert sync.schedules == 1 + 3 * 3 + 1
+    assert sync.discarded == 0
+
+
+def test_a_canvas_is_cut_where_it_reaches_max_model_len() -> None:
+    """Prompt 13 and 17 outputs in max_model_len 32, canvas 4: canvases start at 13, 17, 21,
+    25 and 29, and the last holds the 3 positions left, the cut vLLM's runner is written for.
+    The synchronous loop passes with one cut canvas and the request's 17 tokens."""
+    program = _one_step(_serving(max_model_len=32), DllmRequest("r", 13, 17, converge_after=(2,)))
+    run = _run(program, async_scheduling=False)
+    assert run.cut_canvas_steps == 3  # the last canvas: 2 denoise steps and its commit
+    assert len(run.outputs["r"]) == 17 and run.reasons["r"] == "length"
+
+
+def test_generated_programs_pass_both_loops_and_take_every_path() -> None:
+    """vLLM's dLLM path on generated programs (narrow canvases, read-only requests, stop tokens,
+    preemptions, aborts): every program passes both loops, and the asynchronous one does run a
+    step ahead: aborts land with a step in flight and steps of finished requests are thrown
+    away."""
+    failures: list[str] = []
+    taken = dict.fromkeys(("preemptions", "aborts_in_flight", "discarded"), 0)
+    denoised = committed = 0
+    for seed in range(PROGRAMS):
+        try:
+            sync, run = check_both(dllm_program(seed))
+        except EngineCoreViolation as err:
+            failures.append(f"seed {seed}: {err}")
+            continue
+        for key in taken:
+            taken[key] += getattr(run, key)
+        denoised += sync.denoise_steps
+        committed += sync.commits
+    assert not failures, f"{len(failures)} of {PROGRAMS} programs fail; first: {failures[:3]}"
+    assert all(n > 0 for n in taken.values()), taken
+    assert denoised > committed > 0
+
+
+# ---------------------------------------------------------------- seeded bugs
+def _no_rollback(sched: Any) -> None:
+    """Seeded bug: a denoise step's canvas stays counted as computed (no rollback)."""
+    original = sched.update_from_output
+
+    def update(out: Any, runner_output: Any) -> Any:
+        result = original(out, runner_output)
+        for rid, canvas in out.scheduled_spec_decode_tokens.items():
+            req, i = sched.requests.get(rid), runner_output.req_id_to_index[rid]
+            if req is not None and not runner_output.sampled_token_ids[i]:
+                req.num_computed_tokens += len(canvas)
+        return result
+
+    sched.update_from_output = update
+
+
+def _request_width_ignored(sched: Any) -> None:
+    """Seeded bug: the diffusion scheduler's trims to the request's canvas width are lost (the
+    base classes' `update_draft_token_ids`, and `AsyncScheduler.schedule`)."""
+    scheduler = __import__("vllm.v1.core.sched.scheduler", fromlist=["Scheduler"])
+    sched.update_draft_token_ids = scheduler.Scheduler.update_draft_token_ids.__get__(sched)
+    if type(sched).__name__ == "DiffusionAsyncScheduler":
+        asynchronous = __import__("vllm.v1.core.sched.async_scheduler", fromlist=["x"])
+        sched.schedule = asynchronous.AsyncScheduler.schedule.__get__(sched)
+
+
+def _first_token_only(sched: Any) -> None:
+    """Seeded bug: a commit appends only the first token of its canvas."""
+    original = sched._update_request_with_output
+
+    def update(request: Any, new_token_ids: list[int], is_stale: bool = False) -> Any:
+        return original(request, new_token_ids[:1], is_stale)
+
+    sched._update_request_with_output = update
+
+
+def _over_allocate(sched: Any) -> None:
+    """Seeded bug: every allocation reserves one canvas more."""
+    manager = sched.kv_cache_manager
+    original = manager.allocate_slots
+
+    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        return original(request, num_new_tokens + sched.num_spec_tokens, *args, **kwargs)
+
+    manager.allocate_slots = allocate
+
+
+def _abort_leaks(sched: Any) -> None:
+    """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
+    original = sched._free_blocks
+    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def free(request: Any) -> None:
+        if request.status.name == "FINISHED_ABORTED":
+            tables.pop(request.request_id, None)
+            return
+        original(request)
+
+    sched._free_blocks = free
+
+
+@pytest.mark.parametrize(
+    ("mutant", "async_scheduling", "rule", "words"),
+    [
+        (_no_rollback, False, "progress", "not drained"),
+        (_no_rollback, True, "progress", "not drained"),
+        (_request_width_ignored, False, "canvas_whole", "wide and"),
+        (_request_width_ignored, True, "canvas_whole", "wide and"),
+        (_first_token_only, False, "output_content", "expected"),
+        (_first_token_only, True, "kv_bounded", "canvas(es) of"),
+        (_over_allocate, False, "kv_bounded", "canvas(es) of"),
+        (_over_allocate, True, "kv_bounded", "canvas(es) of"),
+        (_abort_leaks, True, "no_leak", "drained, but"),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v))[:24],
+)
+def test_checks_catch_each_seeded_bug(
+    mutant: Callable[[Any], None], async_scheduling: bool, rule: str, words: str
+) -> None:
+    """Each rule has teeth: a seeded bug in vLLM's diffusion scheduler fails it, with a message
+    that says what went wrong."""
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            _run(dllm_program(seed), async_scheduling=async_scheduling, mutate=mutant)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            if rule in seen:
+                break
+    assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
+    assert seen[rule].startswith(f"[{rule}] ") and words in seen[rule], seen[rule]
+
+
+# ---------------------------------------------------------------- findings
+def test_finding_token_budget_cuts_a_running_requests_canvas() -> None:
+    """Finding: two requests denoising canvases of 4 under a token budget of 6. vLLM gives the
+    first its canvas and the second the 2 tokens left, so the runner denoises and commits a
+    2-token canvas (its `valid_canvas_len`), which it expects only near max_model_len. With a
+    budget of 8, which holds both canvases, the same program passes."""
+    requests = (DllmRequest("a", 3, 8, (3,)), DllmRequest("b", 3, 8, (3,)))
+    with pytest.raises(EngineCoreViolation) as err:
+        _run(_one_step(_serving(max_num_batched_tokens=6), *requests), async_scheduling=False)
+    assert err.value.rule == "canvas_whole"
+    assert "'b' was scheduled a canvas of 2 at position 3" in str(err.value)
+    run = _run(_one_step(_serving(max_num_batched_tokens=8), *requests), async_scheduling=False)
+    assert run.reasons == {"a": "length", "b": "length"}
+
+
+def test_finding_async_cuts_a_canvas_early_near_max_model_len() -> None:
+    """Finding: the program of the max_model_len test above, asynchronously. vLLM caps a step at
+    `max_model_len - num_computed_tokens`, and with a denoise step in flight that count still
+    holds the in-flight canvas, which will be rolled back. So at position 25, with 7 positions
+    left, the canvas is cut to 3; the synchronous loop cuts only the canvas at 29."""
+    program = _one_step(_serving(max_model_len=32), DllmRequest("r", 13, 17, converge_after=(2,)))
+    with pytest.raises(EngineCoreViolation) as err:
+        _run(program, async_scheduling=True)
+    assert err.value.rule == "canvas_whole"
+    assert "canvas of 3 at position 25" in str(err.value)
+    assert "7 positions remain" in str(err.value)
+
+
+def test_read_only_deferral_saves_a_step_only_for_single_step_reads() -> None:
+    """`DiffusionAsyncScheduler` holds a read-only request back once all its denoise steps are in
+    flight, so no step is scheduled after the one that emits. With `diffusion_max_steps=1` that
+    works: no step is thrown away (without the hold, one is). With 2 steps it counts the steps
+    in flight against all of them, not the ones left: after the first returns, a third step is
+    scheduled and thrown away."""
+
+    def discarded(max_steps: int, mutate: Any = None) -> int:
+        request = DllmRequest("r", 5, 4, (max_steps,), read_only=True, max_steps=max_steps)
+        run = _run(_one_step(_serving(), request), async_scheduling=True, mutate=mutate)
+        assert run.outputs["r"] == tuple(1 << 40 | i for i in range(1, 5))
+        return run.discarded_read_only
+
+    assert discarded(1) == 0
+    assert discarded(1, _request_width_ignored) == 1  # AsyncScheduler.schedule: no hold
+    assert discarded(2) == 1
+
+
+# ---------------------------------------------------------------- clear errors
+def test_bad_serving_configurations_are_typed_errors() -> None:
+    with pytest.raises(ConfigError, match="canvas_length"):
+        _serving(canvas_length=0)
+    with pytest.raises(ConfigError, match="null block"):
+        _serving(num_blocks=1)
+    with pytest.raises(ConfigError, match="one canvas must fit a step"):
+        _serving(canvas_length=8, max_num_batched_tokens=4)
+    with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):
+        DllmCoreLoop(_serving(max_num_seqs=8, max_num_batched_tokens=4), async_scheduling=False)
+
+
+def test_bad_requests_are_typed_errors() -> None:
+    loop = DllmCoreLoop(_serving(max_model_len=16, num_blocks=4), async_scheduling=False)
+    with pytest.raises(PromptTooLong):
+        loop.submit(DllmRequest("long", 10, 7))
+    with pytest.raises(RequestTooLarge):
+        loop.submit(DllmRequest("big", 6, 6))
+    with pytest.raises(InvalidRequest, match="no larger than the served canvas"):
+        loop.submit(DllmRequest("wide", 2, 2, width=5))
+    with pytest.raises(InvalidRequest, match="converge_after"):
+        loop.submit(DllmRequest("never", 2, 2, converge_after=()))
+    with pytest.raises(UnknownRequest):
+        loop.abort("nobody")
+    with pytest.raises(ValueError, match="2 steps of arrivals but 1 of aborts"):
+        DllmProgram(_serving(), ((), ()), ((),))
