@@ -50,6 +50,7 @@ from spec.ar.events import (
     ArScheduled,
 )
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
+from tests.engine_gate import require_engine
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
@@ -57,15 +58,7 @@ PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
 
 @pytest.fixture(autouse=True, scope="module")
 def _vllm_installed() -> None:
-    if MANIFEST.installed():
-        return
-    if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
-        pytest.skip("SCHEDSPEC_SKIP_ENGINES=1: vLLM 0.33.0 not installed, its tests skipped")
-    pytest.fail(
-        f"vLLM {MANIFEST.version} is not installed in {MANIFEST.directory}: run "
-        f"`schedspec install-engines vllm` (or set SCHEDSPEC_SKIP_ENGINES=1 to skip)",
-        pytrace=False,
-    )
+    require_engine(MANIFEST, "vllm", "vLLM")
 
 
 def _run(machine: type, examples: int) -> None:

@@ -26,21 +26,14 @@ from integrations.vllm.diffusion import (
     dllm_program,
 )
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
+from tests.engine_gate import require_engine
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _vllm_installed() -> None:
-    if MANIFEST.installed():
-        return
-    if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
-        pytest.skip("SCHEDSPEC_SKIP_ENGINES=1: vLLM 0.33.0 not installed, its tests skipped")
-    pytest.fail(
-        f"vLLM {MANIFEST.version} is not installed in {MANIFEST.directory}: run "
-        f"`schedspec install-engines vllm` (or set SCHEDSPEC_SKIP_ENGINES=1 to skip)",
-        pytrace=False,
-    )
+    require_engine(MANIFEST, "vllm", "vLLM")
 
 
 def _serving(**changes: int) -> DllmServing:

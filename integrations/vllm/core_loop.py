@@ -180,6 +180,22 @@ class BatchQueueLoop(Generic[CountsT]):
             self.check_request(rid, tokens)
 
 
+RunT = TypeVar("RunT")
+
+
+def run_both(run: Callable[[bool], RunT]) -> tuple[RunT, RunT]:
+    """`run(async_scheduling)` for the synchronous loop, then the asynchronous one; a violation
+    is raised again with the loop named (`"[rule] async loop: ..."`)."""
+    runs = []
+    for async_scheduling in (False, True):
+        try:
+            runs.append(run(async_scheduling))
+        except EngineCoreViolation as err:
+            mode = "async" if async_scheduling else "sync"
+            raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
+    return runs[0], runs[1]
+
+
 def check_program_steps(kind: str, arrivals: Sequence[object], aborts: Sequence[object]) -> None:
     """A program gives one tuple of aborts per step of arrivals (ValueError otherwise)."""
     if len(aborts) != len(arrivals):
@@ -295,4 +311,5 @@ __all__ = [
     "check_drained",
     "check_pool",
     "check_program_steps",
+    "run_both",
 ]

@@ -61,6 +61,7 @@ from integrations.vllm.core_loop import (
     call_vllm,
     check_content,
     check_program_steps,
+    run_both,
 )
 from spec.errors import (
     ConfigError,
@@ -635,15 +636,11 @@ def check_both(
 ) -> tuple[DllmRun, DllmRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
     both), each checked; raise `EngineCoreViolation` naming the loop on the first rule broken."""
-    runs = []
-    for async_scheduling in (False, True):
-        try:
-            loop = DllmCoreLoop(program.serving, async_scheduling=async_scheduling, mutate=mutate)
-            runs.append(loop.run(program))
-        except EngineCoreViolation as err:
-            mode = "async" if async_scheduling else "sync"
-            raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
-    return runs[0], runs[1]
+    return run_both(
+        lambda async_scheduling: DllmCoreLoop(
+            program.serving, async_scheduling=async_scheduling, mutate=mutate
+        ).run(program)
+    )
 
 
 __all__ = [

@@ -49,6 +49,7 @@ from integrations.vllm.core_loop import (
     check_content,
     check_pool,
     check_program_steps,
+    run_both,
 )
 from integrations.vllm.differential import program as decision_program
 from spec.ar.config import ArConfig, ArRequest
@@ -224,19 +225,14 @@ def check_both(
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
     the async one), each checked; raise `EngineCoreViolation` naming the loop on the first rule
     broken. The synchronous loop is the control: the same checks on vLLM's default-off path."""
-    runs = []
-    for async_scheduling in (False, True):
-        try:
-            loop = EngineCoreLoop(
-                program.config,
-                async_scheduling=async_scheduling,
-                mutate=mutate if async_scheduling else None,
-            )
-            runs.append(loop.run(program))
-        except EngineCoreViolation as err:
-            mode = "async" if async_scheduling else "sync"
-            raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
-    return runs[0], runs[1]
+
+    def run(async_scheduling: bool) -> CoreRun:
+        seeded = mutate if async_scheduling else None
+        return EngineCoreLoop(program.config, async_scheduling=async_scheduling, mutate=seeded).run(
+            program
+        )
+
+    return run_both(run)
 
 
 __all__ = [
