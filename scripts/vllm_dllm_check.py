@@ -1,12 +1,16 @@
 """vLLM 0.33.0's diffusion-LLM path (`DiffusionScheduler`, `DiffusionAsyncScheduler`), checked
 over generated programs.
 
-    .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--json FILE]
+    .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
+        [--whole-canvas-fix] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
 checks of `integrations.vllm.diffusion`; prints the failures (rule and first seeds) and how
-often each path was taken. Exit 1 if a program failed. Needs `schedspec install-engines vllm`.
+often each path was taken. `--budget-binds` draws the programs with a token budget that binds
+(the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
+with the candidate fix of `integrations.vllm.whole_canvas_fix`. Exit 1 if a program failed.
+Needs `schedspec install-engines vllm`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both, dllm_program
+from integrations.vllm.whole_canvas_fix import apply_whole_canvas_fix
 from schedspec_cli.output import output_file, write_json
 
 MEANING = {
@@ -40,6 +45,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_dllm_check.py")
     parser.add_argument("--programs", type=int, default=2000, help="generated programs (seeds)")
     parser.add_argument(
+        "--budget-binds",
+        action="store_true",
+        help="draw a token budget that binds (below every seat's canvas)",
+    )
+    parser.add_argument(
+        "--whole-canvas-fix",
+        action="store_true",
+        help="run vLLM with the candidate fix: a canvas is scheduled whole or not at all",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -51,10 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     first: dict[str, str] = {}
     requests = 0
     for seed in range(args.programs):
-        program = dllm_program(seed)
+        program = dllm_program(seed, budget_binds=args.budget_binds)
         requests += sum(len(batch) for batch in program.arrivals)
         try:
-            runs = check_both(program)
+            runs = check_both(
+                program, mutate=apply_whole_canvas_fix if args.whole_canvas_fix else None
+            )
         except EngineCoreViolation as err:
             failures.setdefault(err.rule, []).append(seed)
             first.setdefault(err.rule, err.detail)
@@ -63,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             totals[mode].update({k: getattr(run, k) for k in MEANING})
     elapsed = time.perf_counter() - start
     failed = sum(len(s) for s in failures.values())
+    space = "token budget binds" if args.budget_binds else "token budget never binds"
+    patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
     print(
-        f"{args.programs} programs ({requests} requests), {args.programs - failed} pass both loops"
+        f"{args.programs} programs ({requests} requests; {space}; {patch}), "
+        f"{args.programs - failed} pass both loops"
     )
     print(f"{'':45} {'sync':>8} {'async':>8}")
     for key, meaning in MEANING.items():
@@ -82,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "counts": {mode: dict(c) for mode, c in totals.items()},
                 "seconds": elapsed,
                 "end_margin_canvases": END_MARGIN_CANVASES,
+                "budget_binds": args.budget_binds,
+                "whole_canvas_fix": args.whole_canvas_fix,
             },
         )
     return 1 if failures else 0

@@ -25,6 +25,11 @@ from integrations.vllm.diffusion import (
     check_both,
     dllm_program,
 )
+from integrations.vllm.whole_canvas_fix import (
+    FixDoesNotApply,
+    apply_whole_canvas_fix,
+    fixed_source,
+)
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
 from tests.engine_gate import require_engine
 
@@ -227,6 +232,52 @@ def test_finding_token_budget_cuts_a_running_requests_canvas() -> None:
     assert "'b' was scheduled a canvas of 2 at position 3" in str(err.value)
     run = _run(_one_step(_serving(max_num_batched_tokens=8), *requests), async_scheduling=False)
     assert run.reasons == {"a": "length", "b": "length"}
+
+
+# ---------------------------------------------------------------- the first finding's fix
+def test_whole_canvas_fix_serves_the_findings_program_whole() -> None:
+    """With the candidate fix (`integrations.vllm.whole_canvas_fix`), the first finding's program
+    passes both loops under the budget of 6: 'b' waits for a step instead of taking a cut
+    canvas, and both requests get all 8 tokens."""
+    requests = (DllmRequest("a", 3, 8, (3,)), DllmRequest("b", 3, 8, (3,)))
+    program = _one_step(_serving(max_num_batched_tokens=6), *requests)
+    for run in check_both(program, mutate=apply_whole_canvas_fix):
+        assert run.reasons == {"a": "length", "b": "length"}
+        assert all(len(out) == 8 for out in run.outputs.values())
+
+
+def test_whole_canvas_fix_holds_wherever_the_budget_binds() -> None:
+    """Programs with a token budget below every seat's canvas: vLLM as released cuts canvases in
+    some of them (`canvas_whole`), and with the fix every one passes both loops, every rule
+    checked (preemptions, aborts in flight and read-only requests included)."""
+    released: list[str] = []
+    fixed: list[str] = []
+    for seed in range(PROGRAMS):
+        program = dllm_program(seed, budget_binds=True)
+        try:
+            check_both(program)
+        except EngineCoreViolation as err:
+            released.append(err.rule)
+        try:
+            check_both(program, mutate=apply_whole_canvas_fix)
+        except EngineCoreViolation as err:
+            fixed.append(f"seed {seed}: {err}")
+    assert released and set(released) == {"canvas_whole"}, released
+    assert not fixed, f"{len(fixed)} of {PROGRAMS} programs fail with the fix; first: {fixed[:3]}"
+
+
+def test_whole_canvas_fix_changes_nothing_where_the_budget_does_not_bind() -> None:
+    """Where every canvas fits the budget the fix never skips a request: the runs, path counts
+    included, are exactly those of vLLM as released."""
+    for seed in range(min(PROGRAMS, 40)):
+        program = dllm_program(seed)
+        assert check_both(program, mutate=apply_whole_canvas_fix) == check_both(program), seed
+
+
+def test_whole_canvas_fix_refuses_a_vllm_without_the_statement_it_edits() -> None:
+    source = "def schedule(self):\n    num_new_tokens = min(num_new_tokens, budget)\n"
+    with pytest.raises(FixDoesNotApply, match="has 0 running-request budget caps"):
+        fixed_source(source)
 
 
 def test_finding_async_cuts_a_canvas_early_near_max_model_len() -> None:

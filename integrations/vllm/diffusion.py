@@ -577,7 +577,7 @@ class _v2_model_runner:
 END_MARGIN_CANVASES = 3
 
 
-def dllm_program(seed: int) -> DllmProgram:
+def dllm_program(seed: int, *, budget_binds: bool = False) -> DllmProgram:
     """A random program: a small serving configuration, requests arriving over the first steps
     (some with a narrower canvas, some read-only, some with a stop token), and aborts of earlier
     requests before some steps.
@@ -587,20 +587,32 @@ def dllm_program(seed: int) -> DllmProgram:
     canvas_length`: a budget shared by the running requests cuts a canvas), and every request
     ends `END_MARGIN_CANVASES` canvases before max_model_len (asynchronously, vLLM cuts a canvas
     near max_model_len too early). The cut vLLM's runner is written for, at max_model_len
-    itself, has its own test as well."""
+    itself, has its own test as well.
+
+    `budget_binds=True` draws the same program with a token budget that binds instead: from one
+    canvas (or `max_num_seqs`, vLLM's floor) up to one token short of every seat's canvas, with
+    at least two seats. That is the space of the first finding, where unpatched vLLM cuts
+    canvases and `integrations.vllm.whole_canvas_fix` is checked."""
     rnd = random.Random(seed)
     canvas = rnd.choice([2, 4, 8])
     block = rnd.choice([2, 4, 8, 16])
     max_model_len = rnd.choice([48, 64, 96])
     seqs = rnd.randint(1, 4)
     worst = -(-max_model_len // block)  # blocks for one request at max_model_len
+    steps = rnd.randint(1, 4)
+    num_blocks = 1 + worst + rnd.randint(0, 3 * worst)
+    budget = rnd.choice([1, 2]) * (max_model_len + seqs * canvas)
+    if budget_binds:
+        seqs = max(seqs, 2)
+        floor = max(canvas, seqs)
+        budget = rnd.randint(floor, max(floor, seqs * canvas - 1))
     serving = DllmServing(
         canvas_length=canvas,
-        max_denoising_steps=rnd.randint(1, 4),
+        max_denoising_steps=steps,
         block_size=block,
-        num_blocks=1 + worst + rnd.randint(0, 3 * worst),
+        num_blocks=num_blocks,
         max_num_seqs=seqs,
-        max_num_batched_tokens=rnd.choice([1, 2]) * (max_model_len + seqs * canvas),
+        max_num_batched_tokens=budget,
         max_model_len=max_model_len,
     )
     arrivals: list[tuple[DllmRequest, ...]] = []
