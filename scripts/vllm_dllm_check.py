@@ -2,14 +2,15 @@
 over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
-        [--whole-canvas-fix] [--json FILE]
+        [--whole-canvas-fix] [--pipeline-parallel P] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
 checks of `integrations.vllm.diffusion`; prints the failures (rule and first seeds) and how
 often each path was taken. `--budget-binds` draws the programs with a token budget that binds
 (the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
-with the candidate fix of `integrations.vllm.whole_canvas_fix`. Exit 1 if a program failed.
+with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--pipeline-parallel P` runs the
+asynchronous loop with P pipeline stages (a batch queue of P + 1). Exit 1 if a program failed.
 Needs `schedspec install-engines vllm`.
 """
 
@@ -35,6 +36,7 @@ MEANING = {
     "denoise_steps": "runner canvas steps that sampled nothing",
     "commits": "runner canvas steps that emitted the canvas",
     "preemptions": "preemptions",
+    "cadence_waits": "requests held back for the pipeline cadence",
     "aborts_in_flight": "aborts with a step in flight",
     "discarded": "steps of a request that had finished",
     "discarded_read_only": "  of them, of a read-only request",
@@ -55,11 +57,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run vLLM with the candidate fix: a canvas is scheduled whole or not at all",
     )
     parser.add_argument(
+        "--pipeline-parallel",
+        type=int,
+        default=1,
+        metavar="P",
+        help="pipeline stages of the asynchronous loop (default 1)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs: must be >= 1")
+    if args.pipeline_parallel < 1:
+        parser.error("--pipeline-parallel: must be >= 1")
     start = time.perf_counter()
     totals: dict[str, Counter[str]] = {"sync": Counter(), "async": Counter()}
     failures: dict[str, list[int]] = {}
@@ -70,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         requests += sum(len(batch) for batch in program.arrivals)
         try:
             runs = check_both(
-                program, mutate=apply_whole_canvas_fix if args.whole_canvas_fix else None
+                program,
+                mutate=apply_whole_canvas_fix if args.whole_canvas_fix else None,
+                pipeline_parallel_size=args.pipeline_parallel,
             )
         except EngineCoreViolation as err:
             failures.setdefault(err.rule, []).append(seed)
@@ -82,8 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = sum(len(s) for s in failures.values())
     space = "token budget binds" if args.budget_binds else "token budget never binds"
     patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
+    p = args.pipeline_parallel
+    stages = f"async with {p} pipeline stage{'s' if p > 1 else ''}"
     print(
-        f"{args.programs} programs ({requests} requests; {space}; {patch}), "
+        f"{args.programs} programs ({requests} requests; {space}; {patch}; {stages}), "
         f"{args.programs - failed} pass both loops"
     )
     print(f"{'':45} {'sync':>8} {'async':>8}")
@@ -104,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "end_margin_canvases": END_MARGIN_CANVASES,
                 "budget_binds": args.budget_binds,
                 "whole_canvas_fix": args.whole_canvas_fix,
+                "pipeline_parallel_size": args.pipeline_parallel,
             },
         )
     return 1 if failures else 0

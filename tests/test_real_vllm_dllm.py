@@ -126,6 +126,35 @@ def test_generated_programs_pass_both_loops_and_take_every_path() -> None:
     assert denoised > committed > 0
 
 
+def test_pipeline_parallel_programs_pass_and_keep_the_cadence() -> None:
+    """The asynchronous loop with 2 and 3 pipeline stages (vLLM's V2 model runner: a batch queue
+    of stages + 1, and `next_decode_eligible_step` holding a request back between its canvas
+    steps): every program passes, every rule checked, `pp_cadence` included, and the cadence
+    does hold requests back."""
+    for stages, programs in ((2, PROGRAMS), (3, max(1, PROGRAMS // 3))):
+        failures: list[str] = []
+        waits = 0
+        for seed in range(programs):
+            try:
+                _, run = check_both(dllm_program(seed), pipeline_parallel_size=stages)
+            except EngineCoreViolation as err:
+                failures.append(f"seed {seed}: {err}")
+                continue
+            waits += run.cadence_waits
+        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
+        assert waits > 0, stages
+
+
+def test_the_batch_queue_is_vllms_max_concurrent_batches() -> None:
+    """The loop keeps as many batches in flight as vLLM's engine core would
+    (`VllmConfig.max_concurrent_batches`, checked when the loop is built): 2 with async
+    scheduling, stages + 1 with pipeline stages, 1 synchronously."""
+    assert DllmCoreLoop(_serving(), async_scheduling=False).queue_size == 1
+    assert DllmCoreLoop(_serving(), async_scheduling=True).queue_size == 2
+    staged = _serving(pipeline_parallel_size=3)
+    assert DllmCoreLoop(staged, async_scheduling=True).queue_size == 4
+
+
 # ---------------------------------------------------------------- seeded bugs
 def _no_rollback(sched: Any) -> None:
     """Seeded bug: a denoise step's canvas stays counted as computed (no rollback)."""
@@ -173,6 +202,12 @@ def _over_allocate(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
+def _no_pipeline_cadence(sched: Any) -> None:
+    """Seeded bug: the scheduler staggers a request's decodes by 1 step, whatever the pipeline
+    stages (the XPU setting without microbatching, applied where the runner needs the cadence)."""
+    sched.decode_stagger = 1
+
+
 def _abort_leaks(sched: Any) -> None:
     """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
     original = sched._free_blocks
@@ -217,6 +252,18 @@ def test_checks_catch_each_seeded_bug(
                 break
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] ") and words in seen[rule], seen[rule]
+
+
+def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            check_both(dllm_program(seed), _no_pipeline_cadence, pipeline_parallel_size=2)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            break
+    assert set(seen) == {"pp_cadence"}, seen
+    assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
 
 
 # ---------------------------------------------------------------- findings
@@ -300,15 +347,18 @@ def test_read_only_deferral_saves_a_step_only_for_single_step_reads() -> None:
     in flight against all of them, not the ones left: after the first returns, a third step is
     scheduled and thrown away."""
 
-    def discarded(max_steps: int, mutate: Any = None) -> int:
+    def discarded(max_steps: int, mutate: Any = None, stages: int = 1) -> int:
         request = DllmRequest("r", 5, 4, (max_steps,), read_only=True, max_steps=max_steps)
-        run = _run(_one_step(_serving(), request), async_scheduling=True, mutate=mutate)
+        serving = _serving(pipeline_parallel_size=stages)
+        run = _run(_one_step(serving, request), async_scheduling=True, mutate=mutate)
         assert run.outputs["r"] == tuple(1 << 40 | i for i in range(1, 5))
         return run.discarded_read_only
 
     assert discarded(1) == 0
     assert discarded(1, _request_width_ignored) == 1  # AsyncScheduler.schedule: no hold
     assert discarded(2) == 1
+    # pipeline stages lengthen the hold ("max keeps a longer pipeline-parallel wait"), no more
+    assert [discarded(steps, stages=3) for steps in (1, 2)] == [0, 1]
 
 
 # ---------------------------------------------------------------- clear errors
@@ -319,6 +369,10 @@ def test_bad_serving_configurations_are_typed_errors() -> None:
         _serving(num_blocks=1)
     with pytest.raises(ConfigError, match="one canvas must fit a step"):
         _serving(canvas_length=8, max_num_batched_tokens=4)
+    with pytest.raises(ConfigError, match="pipeline_parallel_size"):
+        _serving(pipeline_parallel_size=0)
+    with pytest.raises(ConfigError, match="1 in the synchronous loop"):
+        DllmCoreLoop(_serving(pipeline_parallel_size=2), async_scheduling=False)
     with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):
         DllmCoreLoop(_serving(max_num_seqs=8, max_num_batched_tokens=4), async_scheduling=False)
 

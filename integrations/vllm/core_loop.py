@@ -50,20 +50,29 @@ CountsT = TypeVar("CountsT", bound=LoopCounts)
 
 class BatchQueueLoop(Generic[CountsT]):
     """The engine core over `sched`: `engine_step()` is one call of `step_with_batch_queue`
-    (async: a batch queue of 2) or of `step` (sync: 1).
+    (async: a batch queue of 2, or `queue_size`, vLLM's `max_concurrent_batches`) or of `step`
+    (sync: 1).
 
     Subclasses implement `execute` (the model run of a scheduled batch, in execution order),
     `runner_output` (what `update_from_output` gets of it), `reason` and `check_request`; the
     other hooks are optional."""
 
     def __init__(
-        self, sched: Any, counts: CountsT, *, async_scheduling: bool, num_blocks: int
+        self,
+        sched: Any,
+        counts: CountsT,
+        *,
+        async_scheduling: bool,
+        num_blocks: int,
+        queue_size: int | None = None,
     ) -> None:
         self.sched = sched
         self.n = counts
         self.async_scheduling = async_scheduling
         self.num_blocks = num_blocks
-        self.queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
+        if queue_size is None:
+            queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
+        self.queue_size = queue_size
         self.queue: deque[tuple[Any, Any]] = deque()
         self.outputs: dict[str, list[int]] = {}
         self.reasons: dict[str, str] = {}

@@ -29,11 +29,19 @@ and fixes each output token by request and output index. Checked, whatever the t
   canvas was truncated near max_model_len"), and only after the request's prefill;
 - `kv_bounded`: denoising never grows a request's KV: it holds at most its tokens (prompt and
   accepted outputs) plus one canvas per batch in flight, in whole blocks;
+- `pp_cadence`: with `pipeline_parallel_size` = p, two canvas steps of one request are at least
+  p schedules apart (vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
+  match worker-side sampled-tokens broadcast slot ring cadence");
 - `pool_accounting`, `no_leak`, `progress`, `implementation_error`: as in
   `integrations.vllm.engine_core`.
 
-Prefix caching is off (the dLLM profile's space), as are structured output, seeded or pinned
-canvases, and pipeline parallelism.
+With `pipeline_parallel_size` = p > 1 (asynchronous loop only) the batch queue holds p + 1
+batches, vLLM's `max_concurrent_batches` for its V2 model runner, and the scheduler holds a
+request back until p steps after its last canvas step (`next_decode_eligible_step`); the
+checks are the same, with `pp_cadence` binding.
+
+Prefix caching is off (the dLLM profile's space), as are structured output and seeded or
+pinned canvases.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import importlib
 import os
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from integrations.vllm.adapter import (
@@ -54,7 +62,6 @@ from integrations.vllm.adapter import (
     vllm_config_error,
 )
 from integrations.vllm.core_loop import (
-    ASYNC_BATCH_QUEUE,
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
@@ -77,6 +84,7 @@ RULES = (
     "finish_reason",
     "canvas_whole",
     "kv_bounded",
+    "pp_cadence",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -91,7 +99,9 @@ CANVAS_TOKEN = 3
 class DllmServing:
     """How the dLLM is served: vLLM's `DiffusionConfig` (`canvas_length`,
     `max_denoising_steps`), its KV cache (`block_size` tokens a block, `num_blocks` blocks, block
-    0 the null block) and its scheduler limits. Chunked prefill is on (vLLM's default)."""
+    0 the null block), its scheduler limits, and its pipeline-parallel stages (vLLM's
+    `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one).
+    Chunked prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -100,6 +110,7 @@ class DllmServing:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -109,6 +120,7 @@ class DllmServing:
             "max_num_seqs",
             "max_num_batched_tokens",
             "max_model_len",
+            "pipeline_parallel_size",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,6 +138,12 @@ class DllmServing:
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    @property
+    def async_batch_queue(self) -> int:
+        """Batches in flight under async scheduling: vLLM's `max_concurrent_batches` with its
+        V2 model runner (which diffusion needs), `pipeline_parallel_size + 1`."""
+        return self.pipeline_parallel_size + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +193,7 @@ class DllmRun:
     commits: int  # canvas steps that emitted their canvas (read-only emissions included)
     cut_canvas_steps: int  # canvas steps cut where the canvas reaches max_model_len
     preemptions: int
+    cadence_waits: int  # running requests held back for the pipeline cadence, summed per schedule
     aborts_in_flight: int  # aborts of a request with a step in flight
     discarded: int  # scheduled steps of a request that had finished when their output came
     discarded_read_only: int  # of those, steps of a read-only request
@@ -186,6 +205,7 @@ class _Counts(LoopCounts):
     commits: int = 0
     cut_canvas_steps: int = 0
     preemptions: int = 0
+    cadence_waits: int = 0
     discarded_read_only: int = 0
 
 
@@ -274,17 +294,29 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         async_scheduling: bool,
         mutate: Callable[[Any], None] | None = None,
     ) -> None:
+        if serving.pipeline_parallel_size > 1 and not async_scheduling:
+            raise ConfigError(
+                "pipeline_parallel_size",
+                serving.pipeline_parallel_size,
+                "1 in the synchronous loop (pipeline parallelism is checked with async "
+                "scheduling: vLLM's V2 model runner, which diffusion needs, runs it that way)",
+            )
         self.serving = serving
         self.v = load_vllm()
         sched = _build(self.v, serving, async_scheduling)
         if mutate is not None:
             mutate(sched)
         super().__init__(
-            sched, _Counts(), async_scheduling=async_scheduling, num_blocks=serving.num_blocks
+            sched,
+            _Counts(),
+            async_scheduling=async_scheduling,
+            num_blocks=serving.num_blocks,
+            queue_size=serving.async_batch_queue if async_scheduling else 1,
         )
         self.runner = _Runner(self)
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
+        self.last_canvas_schedule: dict[str, int] = {}
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: DllmRequest) -> None:
@@ -352,8 +384,15 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.n.preemptions += len(out.preempted_req_ids or ())
         return self.runner.execute(out)
 
+    def before_schedule(self) -> None:
+        # schedule() advances current_step, then skips a running request below its
+        # next_decode_eligible_step
+        step = self.sched.current_step + 1
+        self.n.cadence_waits += sum(step < r.next_decode_eligible_step for r in self.sched.running)
+
     def after_schedule(self, out: Any) -> None:
         self.check_kv(f"after schedule() {self.n.schedules}")
+        self.check_cadence(out)
 
     def runner_output(self, executed: Any) -> Any:
         return executed[0]
@@ -424,6 +463,20 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         if canvas < self.width(spec):
             self.n.cut_canvas_steps += 1
 
+    def check_cadence(self, out: Any) -> None:
+        """`pp_cadence`: a request's canvas steps are at least `pipeline_parallel_size`
+        schedules apart."""
+        stages = self.serving.pipeline_parallel_size
+        for rid in out.scheduled_spec_decode_tokens:
+            last = self.last_canvas_schedule.get(rid)
+            if last is not None and self.n.schedules - last < stages:
+                raise EngineCoreViolation(
+                    "pp_cadence",
+                    f"{rid!r} was scheduled canvas steps at schedules {last} and "
+                    f"{self.n.schedules}, fewer than pipeline_parallel_size={stages} apart",
+                )
+            self.last_canvas_schedule[rid] = self.n.schedules
+
     def check_kv(self, where: str) -> None:
         """`kv_bounded`: a request holds at most its tokens plus one canvas per batch in flight
         (as many as the batch queue holds), in whole blocks."""
@@ -481,7 +534,8 @@ def _check_fits(serving: DllmServing, request: DllmRequest) -> None:
     max_model_len that its canvases in flight can reach."""
     rid, total = request.request_id, request.prompt_len + request.max_tokens
     width = request.width or serving.canvas_length
-    need = serving.blocks_for(min(total + ASYNC_BATCH_QUEUE * width, serving.max_model_len))
+    in_flight = serving.async_batch_queue
+    need = serving.blocks_for(min(total + in_flight * width, serving.max_model_len))
     if need > serving.num_blocks - 1:
         raise RequestTooLarge(
             rid, need * serving.block_size, (serving.num_blocks - 1) * serving.block_size
@@ -517,6 +571,9 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 scheduler_config=scheduler_config,
                 model_config=tiny_model_config(v, serving.max_model_len, diffusion=True),
                 cache_config=cache_config,
+                parallel_config=cfg.ParallelConfig(
+                    pipeline_parallel_size=serving.pipeline_parallel_size
+                ),
                 diffusion_config=diffusion.DiffusionConfig(
                     canvas_length=serving.canvas_length,
                     max_denoising_steps=serving.max_denoising_steps,
@@ -544,7 +601,15 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
             block_size=serving.block_size,
             log_stats=False,
         )
+        queue = vllm_config.max_concurrent_batches
     want = "DiffusionAsyncScheduler" if async_scheduling else "DiffusionScheduler"
+    if async_scheduling and queue != serving.async_batch_queue:
+        raise ConfigError(
+            "serving",
+            serving,
+            f"a configuration vLLM runs with {serving.async_batch_queue} batches in flight "
+            f"(its max_concurrent_batches is {queue})",
+        )
     if type(sched).__name__ != want or sched.num_spec_tokens != serving.canvas_length:
         raise ConfigError(
             "serving",
@@ -644,15 +709,23 @@ def _request(rnd: random.Random, s: DllmServing, rid: str) -> DllmRequest:
 
 
 def check_both(
-    program: DllmProgram, mutate: Callable[[Any], None] | None = None
+    program: DllmProgram,
+    mutate: Callable[[Any], None] | None = None,
+    *,
+    pipeline_parallel_size: int = 1,
 ) -> tuple[DllmRun, DllmRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
-    both), each checked; raise `EngineCoreViolation` naming the loop on the first rule broken."""
-    return run_both(
-        lambda async_scheduling: DllmCoreLoop(
-            program.serving, async_scheduling=async_scheduling, mutate=mutate
-        ).run(program)
-    )
+    both), each checked; raise `EngineCoreViolation` naming the loop on the first rule broken.
+    The asynchronous loop runs `pipeline_parallel_size` stages; the synchronous one, the
+    control, one."""
+
+    def run(async_scheduling: bool) -> DllmRun:
+        stages = pipeline_parallel_size if async_scheduling else 1
+        serving = replace(program.serving, pipeline_parallel_size=stages)
+        loop = DllmCoreLoop(serving, async_scheduling=async_scheduling, mutate=mutate)
+        return loop.run(replace(program, serving=serving))
+
+    return run_both(run)
 
 
 __all__ = [
