@@ -2,7 +2,7 @@
 over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
-        [--whole-canvas-fix] [--pipeline-parallel P] [--json FILE]
+        [--whole-canvas-fix] [--pipeline-parallel P] [--prefix-caching] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
@@ -10,7 +10,9 @@ checks of `integrations.vllm.diffusion`; prints the failures (rule and first see
 often each path was taken. `--budget-binds` draws the programs with a token budget that binds
 (the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
 with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--pipeline-parallel P` runs the
-asynchronous loop with P pipeline stages (a batch queue of P + 1). Exit 1 if a program failed.
+asynchronous loop with P pipeline stages (a batch queue of P + 1); `--prefix-caching` serves
+with prefix caching on and half the prompts prefixes of one shared prompt. Exit 1 if a program
+failed.
 Needs `schedspec install-engines vllm`.
 """
 
@@ -37,6 +39,7 @@ MEANING = {
     "commits": "runner canvas steps that emitted the canvas",
     "preemptions": "preemptions",
     "cadence_waits": "requests held back for the pipeline cadence",
+    "prefix_hit_tokens": "prompt tokens found in the prefix cache",
     "aborts_in_flight": "aborts with a step in flight",
     "discarded": "steps of a request that had finished",
     "discarded_read_only": "  of them, of a read-only request",
@@ -64,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pipeline stages of the asynchronous loop (default 1)",
     )
     parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="prefix caching on, half the prompts prefixes of one shared prompt",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -77,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     first: dict[str, str] = {}
     requests = 0
     for seed in range(args.programs):
-        program = dllm_program(seed, budget_binds=args.budget_binds)
+        program = dllm_program(
+            seed, budget_binds=args.budget_binds, prefix_caching=args.prefix_caching
+        )
         requests += sum(len(batch) for batch in program.arrivals)
         try:
             runs = check_both(
@@ -95,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = sum(len(s) for s in failures.values())
     space = "token budget binds" if args.budget_binds else "token budget never binds"
     patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
+    if args.prefix_caching:
+        patch += ", prefix caching on"
     p = args.pipeline_parallel
     stages = f"async with {p} pipeline stage{'s' if p > 1 else ''}"
     print(
@@ -120,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "budget_binds": args.budget_binds,
                 "whole_canvas_fix": args.whole_canvas_fix,
                 "pipeline_parallel_size": args.pipeline_parallel,
+                "prefix_caching": args.prefix_caching,
             },
         )
     return 1 if failures else 0

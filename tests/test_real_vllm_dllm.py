@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -41,17 +42,17 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def _serving(**changes: int) -> DllmServing:
-    base = {
-        "canvas_length": 4,
-        "max_denoising_steps": 4,
-        "block_size": 4,
-        "num_blocks": 40,
-        "max_num_seqs": 2,
-        "max_num_batched_tokens": 64,
-        "max_model_len": 64,
-    }
-    return DllmServing(**{**base, **changes})
+def _serving(**changes: Any) -> DllmServing:
+    base = DllmServing(
+        canvas_length=4,
+        max_denoising_steps=4,
+        block_size=4,
+        num_blocks=40,
+        max_num_seqs=2,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+    )
+    return replace(base, **changes)
 
 
 def _one_step(serving: DllmServing, *requests: DllmRequest) -> DllmProgram:
@@ -145,6 +146,26 @@ def test_pipeline_parallel_programs_pass_and_keep_the_cadence() -> None:
         assert waits > 0, stages
 
 
+def test_prefix_caching_programs_pass_and_hit_the_cache() -> None:
+    """vLLM's default for a decoder, prefix caching, on: half the prompts share a prefix, so
+    requests hit blocks other requests filled (some in the same step, by design). Every program
+    passes both loops, `kv_writes` included: no canvas is denoised in a block another request
+    holds or the cache holds; and with 2 pipeline stages too."""
+    for stages, programs in ((1, PROGRAMS), (2, max(1, PROGRAMS // 3))):
+        failures: list[str] = []
+        hits = 0
+        for seed in range(programs):
+            program = dllm_program(seed, prefix_caching=True)
+            try:
+                sync, run = check_both(program, pipeline_parallel_size=stages)
+            except EngineCoreViolation as err:
+                failures.append(f"seed {seed}: {err}")
+                continue
+            hits += sync.prefix_hit_tokens + run.prefix_hit_tokens
+        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
+        assert hits > 0, stages
+
+
 def test_the_batch_queue_is_vllms_max_concurrent_batches() -> None:
     """The loop keeps as many batches in flight as vLLM's engine core would
     (`VllmConfig.max_concurrent_batches`, checked when the loop is built): 2 with async
@@ -208,6 +229,28 @@ def _no_pipeline_cadence(sched: Any) -> None:
     sched.decode_stagger = 1
 
 
+def _share_denoising_block(sched: Any) -> None:
+    """Seeded bug: when a request's canvas is allocated, its last block is also handed to
+    another running request (its reference count raised, as a prefix-cache hit would), so the
+    provisional KV of the canvas is in a block another request reads."""
+    manager = sched.kv_cache_manager
+    original = manager.allocate_slots
+    tables = manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        result = original(request, num_new_tokens, *args, **kwargs)
+        if result is not None and request.spec_token_ids:
+            others = (r for r in sched.running if r is not request and tables.get(r.request_id))
+            other = next(others, None)
+            if other is not None:
+                block = tables[request.request_id][-1]
+                manager.block_pool.touch([block])
+                tables[other.request_id].append(block)
+        return result
+
+    manager.allocate_slots = allocate
+
+
 def _abort_leaks(sched: Any) -> None:
     """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
     original = sched._free_blocks
@@ -264,6 +307,21 @@ def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:
             break
     assert set(seen) == {"pp_cadence"}, seen
     assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
+
+
+def test_the_kv_writes_check_catches_a_canvas_in_a_shared_block() -> None:
+    """With prefix caching on (so sharing a block is no pool_accounting error by itself), a
+    canvas denoised in a block another request holds fails `kv_writes`."""
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            check_both(dllm_program(seed, prefix_caching=True), _share_denoising_block)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            break
+    assert set(seen) == {"kv_writes"}, seen
+    assert "denoises canvas positions" in seen["kv_writes"], seen
+    assert "reference count" in seen["kv_writes"], seen
 
 
 # ---------------------------------------------------------------- findings

@@ -25,8 +25,8 @@ running it):
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
 
 vLLM's diffusion-LLM schedulers (`DiffusionScheduler`, `DiffusionAsyncScheduler`) are checked
-in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising runner (and
-pipeline-parallel stages in the asynchronous loop);
+in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising runner (with
+prefix caching, and pipeline-parallel stages in the asynchronous loop);
 `integrations.vllm.whole_canvas_fix` applies a candidate fix for the first of their findings
 (a canvas cut by the token budget) to one built scheduler, so the same checks validate it.
 """

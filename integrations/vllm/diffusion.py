@@ -32,6 +32,11 @@ and fixes each output token by request and output index. Checked, whatever the t
 - `pp_cadence`: with `pipeline_parallel_size` = p, two canvas steps of one request are at least
   p schedules apart (vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
   match worker-side sampled-tokens broadcast slot ring cadence");
+- `kv_writes`: a canvas's positions lie in blocks the request holds alone and the prefix cache
+  does not hold: a denoise step writes provisional KV there (rewritten by the next step), which
+  no other request may read. (A prefill chunk may write a block that a request admitted in the
+  same step already hits: vLLM caches a block when it is scheduled, and each layer writes its
+  KV before attending, so that is by design.)
 - `pool_accounting`, `no_leak`, `progress`, `implementation_error`: as in
   `integrations.vllm.engine_core`.
 
@@ -40,8 +45,11 @@ batches, vLLM's `max_concurrent_batches` for its V2 model runner, and the schedu
 request back until p steps after its last canvas step (`next_decode_eligible_step`); the
 checks are the same, with `pp_cadence` binding.
 
-Prefix caching is off (the dLLM profile's space), as are structured output and seeded or
-pinned canvases.
+With `enable_prefix_caching` (vLLM's default for a decoder; `dllm_program(...,
+prefix_caching=True)` shares prompt prefixes) requests hit blocks other requests filled, and
+`pool_accounting` counts references; `kv_writes` is what binds.
+
+Structured output and seeded or pinned canvases are off.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from integrations.vllm.core_loop import (
     LoopCounts,
     call_vllm,
     check_content,
+    check_pool,
     check_program_steps,
     run_both,
 )
@@ -85,11 +94,15 @@ RULES = (
     "canvas_whole",
     "kv_bounded",
     "pp_cadence",
+    "kv_writes",
     "pool_accounting",
     "no_leak",
     "progress",
     "implementation_error",
 )
+
+#: Token i of the prompt that requests with `shared_prompt` share is SHARED_PROMPT_BASE + i.
+SHARED_PROMPT_BASE = 2_000_000
 
 #: The id every fabricated canvas position holds (vLLM only counts them: no grammar is set).
 CANVAS_TOKEN = 3
@@ -100,8 +113,9 @@ class DllmServing:
     """How the dLLM is served: vLLM's `DiffusionConfig` (`canvas_length`,
     `max_denoising_steps`), its KV cache (`block_size` tokens a block, `num_blocks` blocks, block
     0 the null block), its scheduler limits, and its pipeline-parallel stages (vLLM's
-    `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one).
-    Chunked prefill is on (vLLM's default)."""
+    `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one), and
+    whether prefix caching is on (vLLM's default for a decoder; off unless asked here). Chunked
+    prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -111,6 +125,7 @@ class DllmServing:
     max_num_batched_tokens: int
     max_model_len: int
     pipeline_parallel_size: int = 1
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -125,6 +140,8 @@ class DllmServing:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "an integer >= 1")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError("enable_prefix_caching", self.enable_prefix_caching, "True or False")
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             raise ConfigError("num_blocks", self.num_blocks, "an integer >= 2")
         if self.num_blocks < 2:
@@ -156,6 +173,9 @@ class DllmRequest:
     width: `diffusion_canvas_length` (None: the served canvas).
     read_only: `diffusion_read_only` (one canvas, emitted on the converging step).
     max_steps: `diffusion_max_steps`.
+    shared_prompt: the prompt is the first `prompt_len` tokens of one prompt all such requests
+        share (`SHARED_PROMPT_BASE + i`), so with prefix caching they hit each other's blocks;
+        otherwise its tokens are the request's own.
     """
 
     request_id: str
@@ -166,6 +186,7 @@ class DllmRequest:
     width: int | None = None
     read_only: bool = False
     max_steps: int | None = None
+    shared_prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +215,7 @@ class DllmRun:
     cut_canvas_steps: int  # canvas steps cut where the canvas reaches max_model_len
     preemptions: int
     cadence_waits: int  # running requests held back for the pipeline cadence, summed per schedule
+    prefix_hit_tokens: int  # prompt tokens found in the prefix cache at (re)admission
     aborts_in_flight: int  # aborts of a request with a step in flight
     discarded: int  # scheduled steps of a request that had finished when their output came
     discarded_read_only: int  # of those, steps of a read-only request
@@ -206,6 +228,7 @@ class _Counts(LoopCounts):
     cut_canvas_steps: int = 0
     preemptions: int = 0
     cadence_waits: int = 0
+    prefix_hit_tokens: int = 0
     discarded_read_only: int = 0
 
 
@@ -241,6 +264,7 @@ class _Runner:
         for rid in fresh:
             req = reqs[rid]
             done = req.num_computed_tokens - out.num_scheduled_tokens[rid]
+            loop.n.prefix_hit_tokens += done
             self.slots[rid] = _Slot(req.num_tokens, done, req.num_output_tokens)
         ids = list(out.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -317,6 +341,12 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
         self.last_canvas_schedule: dict[str, int] = {}
+        # prefix caching's block hashes: vLLM's own, as its input processor attaches them
+        self.hasher = (
+            self.v.kv_utils.get_request_block_hasher(serving.block_size, self.v.hashing.sha256)
+            if serving.enable_prefix_caching
+            else None
+        )
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: DllmRequest) -> None:
@@ -352,10 +382,13 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         _check_fits(self.serving, request)
         req = self.v.request.Request(
             request_id=rid,
-            prompt_token_ids=[1_000_000 + arrival] * request.prompt_len,
+            prompt_token_ids=[SHARED_PROMPT_BASE + i for i in range(request.prompt_len)]
+            if request.shared_prompt
+            else [1_000_000 + arrival] * request.prompt_len,
             sampling_params=params,
             pooling_params=None,
             arrival_time=float(arrival),
+            block_hasher=self.hasher,
         )
         self.specs[rid] = request
         self.arrival_of[rid] = arrival
@@ -384,6 +417,9 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.n.preemptions += len(out.preempted_req_ids or ())
         return self.runner.execute(out)
 
+    def check_pool(self, where: str) -> None:
+        check_pool(self.sched, self.serving.enable_prefix_caching, where)
+
     def before_schedule(self) -> None:
         # schedule() advances current_step, then skips a running request below its
         # next_decode_eligible_step
@@ -391,6 +427,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.n.cadence_waits += sum(step < r.next_decode_eligible_step for r in self.sched.running)
 
     def after_schedule(self, out: Any) -> None:
+        self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out)
 
@@ -462,6 +499,32 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             )
         if canvas < self.width(spec):
             self.n.cut_canvas_steps += 1
+
+    def check_writes(self, out: Any) -> None:
+        """`kv_writes`: the canvas positions batch `out` computes for a request (the `n` before
+        its `num_computed_tokens`, which `schedule()` has advanced) lie in blocks it holds, each
+        with a reference count of 1 and no block hash."""
+        blocks = self.sched.kv_cache_manager.block_pool.blocks
+        tables = block_tables(self.sched)
+        size = self.serving.block_size
+        for rid in out.scheduled_spec_decode_tokens:
+            n = out.num_scheduled_tokens[rid]
+            end = self.sched.requests[rid].num_computed_tokens
+            table = tables.get(rid, ())
+            for index in range((end - n) // size, (end - 1) // size + 1):
+                block = blocks[table[index]] if index < len(table) else None
+                if block is None or block.ref_cnt != 1 or block.block_hash is not None:
+                    held = (
+                        f"block {block.block_id} (reference count {block.ref_cnt}, "
+                        f"{'in' if block.block_hash is not None else 'not in'} the prefix cache)"
+                        if block is not None
+                        else f"missing (it holds {len(table)} blocks)"
+                    )
+                    raise EngineCoreViolation(
+                        "kv_writes",
+                        f"schedule {self.n.schedules}: {rid!r} denoises canvas positions "
+                        f"{end - n}..{end - 1}, but its block {index} is {held}",
+                    )
 
     def check_cadence(self, out: Any) -> None:
         """`pp_cadence`: a request's canvas steps are at least `pipeline_parallel_size`
@@ -558,7 +621,8 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 async_scheduling=async_scheduling,
             )
             cache_config = cfg.CacheConfig(
-                block_size=serving.block_size, enable_prefix_caching=False
+                block_size=serving.block_size,
+                enable_prefix_caching=serving.enable_prefix_caching,
             )
             if async_scheduling:
                 # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the CUDA
@@ -642,7 +706,9 @@ class _v2_model_runner:
 END_MARGIN_CANVASES = 3
 
 
-def dllm_program(seed: int, *, budget_binds: bool = False) -> DllmProgram:
+def dllm_program(
+    seed: int, *, budget_binds: bool = False, prefix_caching: bool = False
+) -> DllmProgram:
     """A random program: a small serving configuration, requests arriving over the first steps
     (some with a narrower canvas, some read-only, some with a stop token), and aborts of earlier
     requests before some steps.
@@ -657,7 +723,11 @@ def dllm_program(seed: int, *, budget_binds: bool = False) -> DllmProgram:
     `budget_binds=True` draws the same program with a token budget that binds instead: from one
     canvas (or `max_num_seqs`, vLLM's floor) up to one token short of every seat's canvas, with
     at least two seats. That is the space of the first finding, where unpatched vLLM cuts
-    canvases and `integrations.vllm.whole_canvas_fix` is checked."""
+    canvases and `integrations.vllm.whole_canvas_fix` is checked.
+
+    `prefix_caching=True` draws the same program served with prefix caching on, and about half
+    of its requests' prompts prefixes of one shared prompt (`DllmRequest.shared_prompt`; drawn
+    from a second generator, so the rest of the program is the same)."""
     rnd = random.Random(seed)
     canvas = rnd.choice([2, 4, 8])
     block = rnd.choice([2, 4, 8, 16])
@@ -679,12 +749,17 @@ def dllm_program(seed: int, *, budget_binds: bool = False) -> DllmProgram:
         max_num_seqs=seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
+        enable_prefix_caching=prefix_caching,
     )
+    sharing = random.Random(f"{seed}/shared-prompt")
     arrivals: list[tuple[DllmRequest, ...]] = []
     aborts: list[tuple[str, ...]] = []
     seen: list[str] = []
     for step in range(rnd.randint(1, 6)):
-        batch = tuple(_request(rnd, serving, f"r{step}_{i}") for i in range(rnd.randint(0, 3)))
+        batch = tuple(
+            replace(r, shared_prompt=prefix_caching and sharing.random() < 0.5)
+            for r in (_request(rnd, serving, f"r{step}_{i}") for i in range(rnd.randint(0, 3)))
+        )
         aborts.append(tuple(rid for rid in seen if rnd.random() < 0.1))
         arrivals.append(batch)
         seen.extend(r.request_id for r in batch)
