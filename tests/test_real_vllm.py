@@ -315,6 +315,89 @@ def test_async_loop_passes_generated_programs_and_takes_every_async_path() -> No
     assert all(n > 0 for n in taken.values()), taken
 
 
+def test_async_loop_with_pipeline_stages_passes_and_keeps_the_cadence() -> None:
+    """vLLM's V2 model runner runs pipeline parallelism with async scheduling: p + 1 batches in
+    flight, and a request held back until p steps after its last decode. With 2 and 3 stages
+    every generated program passes, `pp_cadence` included, and the cadence does hold requests
+    back."""
+    for stages, programs in ((2, PROGRAMS), (3, max(1, PROGRAMS // 3))):
+        failures: list[str] = []
+        waits = 0
+        for seed in range(programs):
+            try:
+                _, run = check_both(core_program(seed), pipeline_parallel_size=stages)
+            except EngineCoreViolation as err:
+                failures.append(f"seed {seed}: {err}")
+                continue
+            waits += run.cadence_waits
+        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
+        assert waits > 0, stages
+
+
+def test_pipeline_stages_keep_vllms_batches_in_flight_and_need_async() -> None:
+    """The loop keeps `VllmConfig.max_concurrent_batches` in flight: 2 asynchronously (V1
+    model runner), stages + 1 with pipeline stages (V2); stages without async are refused."""
+    config = ArConfig(max_model_len=16)
+    assert RealVllmScheduler(config, lambda e: None).max_concurrent_batches == 1
+    queued = RealVllmScheduler(config, lambda e: None, async_scheduling=True)
+    assert queued.max_concurrent_batches == 2
+    staged = RealVllmScheduler(
+        config, lambda e: None, async_scheduling=True, pipeline_parallel_size=3
+    )
+    assert staged.max_concurrent_batches == 4 and staged.sched.use_v2_model_runner
+    with pytest.raises(ConfigError, match="1 without async scheduling"):
+        RealVllmScheduler(config, lambda e: None, pipeline_parallel_size=2)
+    with pytest.raises(ConfigError, match="an integer >= 1"):
+        RealVllmScheduler(config, lambda e: None, async_scheduling=True, pipeline_parallel_size=0)
+
+
+def test_the_cadence_check_catches_a_scheduler_without_it() -> None:
+    """Seeded bug: decodes staggered by 1 step whatever the stages (vLLM's XPU setting without
+    microbatching) fail `pp_cadence` at 2 stages."""
+
+    def no_cadence(sched: Any) -> None:
+        sched.decode_stagger = 1
+
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            check_both(core_program(seed), no_cadence, pipeline_parallel_size=2)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            break
+    assert set(seen) == {"pp_cadence"}, seen
+    assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
+
+
+def _stale_output_not_marked(sched: Any) -> None:
+    """Seeded bug: a preempted request's in-flight output is not marked stale."""
+    original = sched._preempt_request
+
+    def preempt(request: Any, *args: Any, **kwargs: Any) -> None:
+        original(request, *args, **kwargs)
+        request.num_stale_output_tokens = 0
+
+    sched._preempt_request = preempt
+
+
+def test_stale_output_marking_matters_only_with_pipeline_stages() -> None:
+    """Not marking a preempted request's in-flight output stale changes nothing with a batch
+    queue of two (that output always lands before the next `schedule()`), so no program fails;
+    with 2 pipeline stages the request is resumed while it is still in flight and resamples a
+    position: `output_content` fails."""
+    for seed in range(PROGRAMS):
+        check_both(core_program(seed), _stale_output_not_marked)
+    seen: dict[str, str] = {}
+    for seed in range(PROGRAMS):
+        try:
+            check_both(core_program(seed), _stale_output_not_marked, pipeline_parallel_size=2)
+        except EngineCoreViolation as err:
+            seen.setdefault(err.rule, str(err))
+            break
+    assert set(seen) == {"output_content"}, seen
+    assert "they first differ at output" in seen["output_content"], seen
+
+
 def _placeholders_never_resolved(sched: Any) -> None:
     """Seeded bug: an output that arrives does not resolve its placeholder."""
     original = sched._update_request_with_output

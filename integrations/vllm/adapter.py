@@ -186,7 +186,10 @@ class RealVllmScheduler:
 
     With `async_scheduling=True` it builds vLLM's `AsyncScheduler` (vLLM's default) instead;
     that scheduler runs a step ahead of the model, which the AR step contract does not
-    describe, so `step()` then refuses and `integrations.vllm.engine_core` drives it."""
+    describe, so `step()` then refuses and `integrations.vllm.engine_core` drives it.
+    `pipeline_parallel_size` > 1 (async only) builds it with that many pipeline stages and
+    vLLM's V2 model runner, the one that runs pipeline parallelism with async scheduling;
+    `max_concurrent_batches` is then what vLLM's engine core keeps in flight."""
 
     name = "real-vllm"
 
@@ -197,10 +200,26 @@ class RealVllmScheduler:
         space: ArConfigSpace = SPACE,
         *,
         async_scheduling: bool = False,
+        pipeline_parallel_size: int = 1,
     ) -> None:
         space.check(config)
+        if (
+            isinstance(pipeline_parallel_size, bool)
+            or not isinstance(pipeline_parallel_size, int)
+            or pipeline_parallel_size < 1
+        ):
+            raise ConfigError("pipeline_parallel_size", pipeline_parallel_size, "an integer >= 1")
+        if pipeline_parallel_size > 1 and not async_scheduling:
+            raise ConfigError(
+                "pipeline_parallel_size",
+                pipeline_parallel_size,
+                "1 without async scheduling (pipeline stages are checked in the asynchronous "
+                "engine-core loop, with vLLM's V2 model runner)",
+            )
         self._config = config
         self.async_scheduling = async_scheduling
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.max_concurrent_batches = 1
         self.sink = sink
         self.v = load_vllm()
         self.sched: Any = self._build(config)
@@ -212,6 +231,11 @@ class RealVllmScheduler:
 
     # ------------------------------------------------------------------ construction
     def _build(self, config: ArConfig) -> Any:
+        staged = self.pipeline_parallel_size > 1
+        with v2_model_runner() if staged else contextlib.nullcontext():
+            return self._build_scheduler(config)
+
+    def _build_scheduler(self, config: ArConfig) -> Any:
         v = self.v
         cfg = v.config
         try:
@@ -235,6 +259,9 @@ class RealVllmScheduler:
                 scheduler_config=scheduler_config,
                 model_config=model_config,
                 cache_config=cache_config,
+                parallel_config=cfg.ParallelConfig(
+                    pipeline_parallel_size=self.pipeline_parallel_size
+                ),
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
             raise ConfigError(
@@ -263,6 +290,7 @@ class RealVllmScheduler:
             log_stats=False,
         )
         _check_effective(sched, config, self.async_scheduling)
+        self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
             if config.enable_prefix_caching
@@ -493,6 +521,23 @@ def vllm_config_error(err: ValueError) -> str:
     return (lines[1] if len(lines) > 1 else lines[0] if lines else type(err).__name__)[:200]
 
 
+@contextlib.contextmanager
+def v2_model_runner() -> Iterator[None]:
+    """`VLLM_USE_V2_MODEL_RUNNER=1` while a config and scheduler are built (the scheduler reads
+    it once, in its constructor). vLLM serves diffusion models only with its V2 model runner
+    (`VllmConfig._get_v2_model_runner_unsupported_features`), and runs pipeline parallelism with
+    async scheduling only with it; without triton it picks V2 only when told to."""
+    old = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = old
+
+
 def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
     """Each request's KV blocks in a vLLM scheduler (its one full-attention group), the null
     block left out; requests holding none are absent."""
@@ -588,6 +633,7 @@ __all__ = [
     "make_real_vllm_prefix",
     "model_dir",
     "tiny_model_config",
+    "v2_model_runner",
     "vllm_config_error",
     "vllm_rules",
 ]

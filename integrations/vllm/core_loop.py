@@ -15,7 +15,7 @@ drains); vLLM raising is `implementation_error`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +41,7 @@ class LoopCounts:
 
     engine_steps: int = 0
     schedules: int = 0
+    cadence_waits: int = 0  # running requests held back for the pipeline cadence, per schedule
     aborts_in_flight: int = 0  # aborts of a request with a step in flight
     discarded: int = 0  # scheduled steps of a request that had finished when their output came
 
@@ -76,6 +77,7 @@ class BatchQueueLoop(Generic[CountsT]):
         self.queue: deque[tuple[Any, Any]] = deque()
         self.outputs: dict[str, list[int]] = {}
         self.reasons: dict[str, str] = {}
+        self.last_decode: dict[str, int] = {}
 
     # ------------------------------------------------------------------ hooks
     def execute(self, out: Any) -> Any:
@@ -104,6 +106,30 @@ class BatchQueueLoop(Generic[CountsT]):
 
     def check_pool(self, where: str) -> None:
         check_pool(self.sched, False, where)
+
+    # ------------------------------------------------------------------ pipeline cadence
+    def count_cadence_waits(self) -> None:
+        """Before `schedule()`: count the running requests it will hold back for the pipeline
+        cadence (it advances `current_step`, then skips a request below its
+        `next_decode_eligible_step`)."""
+        step = self.sched.current_step + 1
+        self.n.cadence_waits += sum(step < r.next_decode_eligible_step for r in self.sched.running)
+
+    def check_cadence(self, decoded: Iterable[str], stages: int) -> None:
+        """`pp_cadence`: two decode steps of one request (`decoded`: the requests batch
+        `self.n.schedules` decodes) are at least `stages` schedules apart. vLLM:
+        "V2+PP+async: enforce `pp_size` steps between same-req decodes to match worker-side
+        sampled-tokens broadcast slot ring cadence"."""
+        now = self.n.schedules
+        for rid in decoded:
+            last = self.last_decode.get(rid)
+            if last is not None and now - last < stages:
+                raise EngineCoreViolation(
+                    "pp_cadence",
+                    f"{rid!r} was scheduled decode steps at schedules {last} and {now}, "
+                    f"fewer than pipeline_parallel_size={stages} apart",
+                )
+            self.last_decode[rid] = now
 
     # ------------------------------------------------------------------ the loop
     def engine_step(self) -> None:

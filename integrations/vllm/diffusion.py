@@ -55,7 +55,6 @@ Structured output and seeded or pinned canvases are off.
 from __future__ import annotations
 
 import importlib
-import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -67,6 +66,7 @@ from integrations.vllm.adapter import (
     block_tables,
     load_vllm,
     tiny_model_config,
+    v2_model_runner,
     vllm_config_error,
 )
 from integrations.vllm.core_loop import (
@@ -227,7 +227,6 @@ class _Counts(LoopCounts):
     commits: int = 0
     cut_canvas_steps: int = 0
     preemptions: int = 0
-    cadence_waits: int = 0
     prefix_hit_tokens: int = 0
     discarded_read_only: int = 0
 
@@ -340,7 +339,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.runner = _Runner(self)
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
-        self.last_canvas_schedule: dict[str, int] = {}
         # prefix caching's block hashes: vLLM's own, as its input processor attaches them
         self.hasher = (
             self.v.kv_utils.get_request_block_hasher(serving.block_size, self.v.hashing.sha256)
@@ -421,15 +419,12 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         check_pool(self.sched, self.serving.enable_prefix_caching, where)
 
     def before_schedule(self) -> None:
-        # schedule() advances current_step, then skips a running request below its
-        # next_decode_eligible_step
-        step = self.sched.current_step + 1
-        self.n.cadence_waits += sum(step < r.next_decode_eligible_step for r in self.sched.running)
+        self.count_cadence_waits()
 
     def after_schedule(self, out: Any) -> None:
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
-        self.check_cadence(out)
+        self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)
 
     def runner_output(self, executed: Any) -> Any:
         return executed[0]
@@ -526,20 +521,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
                         f"{end - n}..{end - 1}, but its block {index} is {held}",
                     )
 
-    def check_cadence(self, out: Any) -> None:
-        """`pp_cadence`: a request's canvas steps are at least `pipeline_parallel_size`
-        schedules apart."""
-        stages = self.serving.pipeline_parallel_size
-        for rid in out.scheduled_spec_decode_tokens:
-            last = self.last_canvas_schedule.get(rid)
-            if last is not None and self.n.schedules - last < stages:
-                raise EngineCoreViolation(
-                    "pp_cadence",
-                    f"{rid!r} was scheduled canvas steps at schedules {last} and "
-                    f"{self.n.schedules}, fewer than pipeline_parallel_size={stages} apart",
-                )
-            self.last_canvas_schedule[rid] = self.n.schedules
-
     def check_kv(self, where: str) -> None:
         """`kv_bounded`: a request holds at most its tokens plus one canvas per batch in flight
         (as many as the batch queue holds), in whole blocks."""
@@ -610,7 +591,7 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
     `DiffusionScheduler` or `DiffusionAsyncScheduler` by `async_scheduling`."""
     cfg = v.config
     diffusion = importlib.import_module("vllm.config.diffusion")
-    with _v2_model_runner():
+    with v2_model_runner():
         try:
             scheduler_config = cfg.SchedulerConfig(
                 max_num_seqs=serving.max_num_seqs,
@@ -683,23 +664,6 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
             f"{sched.num_spec_tokens})",
         )
     return sched
-
-
-class _v2_model_runner:
-    """vLLM serves diffusion models only with its V2 model runner
-    (`VllmConfig._get_v2_model_runner_unsupported_features`), which it picks without triton
-    only when `VLLM_USE_V2_MODEL_RUNNER=1`; set it while the config and scheduler are built
-    (the scheduler reads it once, in its constructor)."""
-
-    def __enter__(self) -> None:
-        self.old = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.old is None:
-            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
-        else:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self.old
 
 
 #: Canvases of room every generated request leaves before max_model_len (see `dllm_program`).

@@ -24,7 +24,10 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   with it, its reference count is the number of requests holding it;
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
-- vLLM raising is `implementation_error`.
+- vLLM raising is `implementation_error`;
+- with pipeline stages (`pipeline_parallel_size` = p, async only: vLLM's V2 model runner,
+  p + 1 batches in flight) two decode steps of one request are at least p schedules apart
+  (`pp_cadence`, vLLM's `next_decode_eligible_step`).
 
 `check_both(program)` runs a program through the synchronous loop (the control) and the
 asynchronous one. The content rule fixes every output and reason, so it also says that both
@@ -58,6 +61,7 @@ from spec.errors import RequestError
 RULES = (
     "output_content",
     "finish_reason",
+    "pp_cadence",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -91,6 +95,7 @@ class CoreRun:
     stale: int  # preemptions with a step of the request in flight (its output then stale)
     aborts_in_flight: int  # aborts of a request with a step in flight
     discarded: int  # scheduled steps of a request that had finished when their output came
+    cadence_waits: int  # running requests held back for the pipeline cadence, per schedule
 
 
 @dataclass
@@ -102,7 +107,9 @@ class _Counts(LoopCounts):
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
     """vLLM's engine core over the real scheduler (`integrations.vllm.core_loop`), the model
     fabricated by the adapter. `mutate`, if given, is applied to the scheduler once built
-    (seeded bugs)."""
+    (seeded bugs). With `pipeline_parallel_size` = p > 1 (async only) vLLM's scheduler runs p
+    pipeline stages with its V2 model runner, the loop keeps vLLM's `max_concurrent_batches`
+    (p + 1) batches in flight, and `pp_cadence` binds."""
 
     def __init__(
         self,
@@ -110,10 +117,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         *,
         async_scheduling: bool,
         mutate: Callable[[Any], None] | None = None,
+        pipeline_parallel_size: int = 1,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl = RealVllmScheduler(
-            config, lambda _event: None, space, async_scheduling=async_scheduling
+            config,
+            lambda _event: None,
+            space,
+            async_scheduling=async_scheduling,
+            pipeline_parallel_size=pipeline_parallel_size,
         )
         if mutate is not None:
             mutate(self.impl.sched)
@@ -122,8 +134,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             _Counts(),
             async_scheduling=async_scheduling,
             num_blocks=config.num_blocks,
+            queue_size=self.impl.max_concurrent_batches,
         )
         self.config = config
+        self.stages = pipeline_parallel_size
         self._stale_before: set[str] = set()
 
     # ------------------------------------------------------------------ driving
@@ -153,6 +167,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     # ------------------------------------------------------------------ the loop's hooks
     def before_schedule(self) -> None:
+        self.count_cadence_waits()
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
@@ -161,6 +176,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         }
 
     def after_schedule(self, out: Any) -> None:
+        requests = self.sched.requests
+        decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
+        self.check_cadence(decoded, self.stages)
         self.n.stale += sum(
             1
             for r in self.impl._waiting()
@@ -220,17 +238,26 @@ def core_program(seed: int) -> CoreProgram:
 
 
 def check_both(
-    program: CoreProgram, mutate: Callable[[Any], None] | None = None
+    program: CoreProgram,
+    mutate: Callable[[Any], None] | None = None,
+    *,
+    pipeline_parallel_size: int = 1,
 ) -> tuple[CoreRun, CoreRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
-    the async one), each checked; raise `EngineCoreViolation` naming the loop on the first rule
-    broken. The synchronous loop is the control: the same checks on vLLM's default-off path."""
+    the async one, which runs `pipeline_parallel_size` stages), each checked; raise
+    `EngineCoreViolation` naming the loop on the first rule broken. The synchronous loop is the
+    control: the same checks on vLLM's default-off path."""
 
     def run(async_scheduling: bool) -> CoreRun:
         seeded = mutate if async_scheduling else None
-        return EngineCoreLoop(program.config, async_scheduling=async_scheduling, mutate=seeded).run(
-            program
+        stages = pipeline_parallel_size if async_scheduling else 1
+        loop = EngineCoreLoop(
+            program.config,
+            async_scheduling=async_scheduling,
+            mutate=seeded,
+            pipeline_parallel_size=stages,
         )
+        return loop.run(program)
 
     return run_both(run)
 
