@@ -29,6 +29,7 @@ from integrations.vllm.diffusion import (
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
+    fix_as_diff,
     fixed_source,
 )
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
@@ -377,6 +378,23 @@ def test_whole_canvas_fix_changes_nothing_where_the_budget_does_not_bind() -> No
     for seed in range(min(PROGRAMS, 40)):
         program = dllm_program(seed)
         assert check_both(program, mutate=apply_whole_canvas_fix) == check_both(program), seed
+
+
+def test_whole_canvas_fix_as_a_patch_of_vllms_file_only_adds_the_skip() -> None:
+    """`fix_as_diff` is a patch of vLLM's scheduler.py that removes nothing and adds the three
+    statements: the wanted length before the budget cap, and the skip after it."""
+    diff = fix_as_diff().splitlines()
+    assert diff[:2] == [
+        "--- a/vllm/v1/core/sched/scheduler.py",
+        "+++ b/vllm/v1/core/sched/scheduler.py",
+    ]
+    body = diff[2:]
+    assert sum(line.startswith("@@") for line in body) == 1
+    assert not [line for line in body if line.startswith("-")]
+    added = [line[1:].strip() for line in body if line.startswith("+")]
+    assert added[0] == "num_wanted_tokens = num_new_tokens"
+    assert added[-2:] == ["req_index += 1", "continue"]
+    assert "and request.spec_token_ids" in added
 
 
 def test_whole_canvas_fix_refuses_a_vllm_without_the_statement_it_edits() -> None:

@@ -12,10 +12,10 @@ vLLM already refuses to schedule a padded spec-decode request un-padded ("Prefer
 schedule than schedule un-padded"). A cut at max_model_len stays: it is the one the runner
 is written for. As a change to vLLM it is three statements around the budget cap:
 
-    wanted = num_new_tokens
+    num_wanted_tokens = num_new_tokens
     num_new_tokens = min(num_new_tokens, token_budget, input_budget - draft_slots)
     if is_diffusion and request.spec_token_ids and num_new_tokens < min(
-        wanted, max_model_len - num_computed_tokens - num_sampled_tokens_per_step
+        num_wanted_tokens, max_model_len - num_computed_tokens - num_sampled_tokens_per_step
     ):
         req_index += 1
         continue
@@ -24,17 +24,23 @@ is written for. As a change to vLLM it is three statements around the budget cap
 `Scheduler.schedule` (its source, edited at the one place named above, compiled in its module's
 namespace) and gives it to that scheduler alone, through a subclass of its class: nothing of
 vLLM is changed for any other scheduler. If vLLM's code no longer has the place the fix
-edits, it raises `FixDoesNotApply` rather than run unpatched.
+edits, it raises `FixDoesNotApply` rather than run unpatched. `fix_as_diff()` gives the same
+edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
+import importlib
 import inspect
 import re
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
+
+from integrations.vllm.adapter import load_vllm
 
 #: The budget cap of the running-request loop (in the waiting loop the cap is on
 #: `request_token_budget`, so this matches one statement only).
@@ -62,18 +68,20 @@ def fixed_source(source: str) -> str:
     match = matches[0]
     pad = match["indent"]
     inner = pad + "    "
-    before = f"{pad}_schedspec_wanted = num_new_tokens\n"
+    before = f"{pad}num_wanted_tokens = num_new_tokens\n"
     after = (
         f"{pad}if (\n"
         f"{inner}self.vllm_config.model_config.is_diffusion\n"
         f"{inner}and request.spec_token_ids\n"
         f"{inner}and num_new_tokens < min(\n"
-        f"{inner}    _schedspec_wanted,\n"
-        f"{inner}    self.max_model_len - request.num_computed_tokens"
-        " - self.num_sampled_tokens_per_step,\n"
+        f"{inner}    num_wanted_tokens,\n"
+        f"{inner}    self.max_model_len\n"
+        f"{inner}    - request.num_computed_tokens\n"
+        f"{inner}    - self.num_sampled_tokens_per_step,\n"
         f"{inner})\n"
         f"{pad}):\n"
-        f"{inner}# schedspec's candidate fix: a canvas is scheduled whole or not at all.\n"
+        f"{inner}# Diffusion: schedule a canvas whole or not at all (the runner expects a\n"
+        f"{inner}# cut canvas only where it reaches max_model_len).\n"
         f"{inner}req_index += 1\n"
         f"{inner}continue\n"
     )
@@ -93,6 +101,24 @@ def fixed_schedule(base: type) -> Any:
     return fixed
 
 
+def fix_as_diff() -> str:
+    """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
+    (paths relative to the package's parent, as `git apply -p1` in a vLLM checkout wants),
+    made from that file when called: nothing of vLLM's is stored here."""
+    load_vllm()
+    module = importlib.import_module("vllm.v1.core.sched.scheduler")
+    path = Path(inspect.getsourcefile(module) or "")
+    text = path.read_text(encoding="utf-8")
+    name = "vllm/v1/core/sched/scheduler.py"
+    lines = difflib.unified_diff(
+        text.splitlines(keepends=True),
+        fixed_source(text).splitlines(keepends=True),
+        fromfile=f"a/{name}",
+        tofile=f"b/{name}",
+    )
+    return "".join(lines)
+
+
 def apply_whole_canvas_fix(sched: Any) -> None:
     """Give `sched` (a built `DiffusionScheduler` or `DiffusionAsyncScheduler`) the fixed
     `Scheduler.schedule`: its class becomes a subclass whose MRO puts the fixed method where
@@ -104,4 +130,10 @@ def apply_whole_canvas_fix(sched: Any) -> None:
     sched.__class__ = type(cls.__name__, (cls, fixed_base), {"__module__": __name__})
 
 
-__all__ = ["FixDoesNotApply", "apply_whole_canvas_fix", "fixed_schedule", "fixed_source"]
+__all__ = [
+    "FixDoesNotApply",
+    "apply_whole_canvas_fix",
+    "fix_as_diff",
+    "fixed_schedule",
+    "fixed_source",
+]
