@@ -31,12 +31,7 @@ from integrations.vllm import (
 )
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.differential import decisions, first_difference, program
-from integrations.vllm.engine_core import (
-    CoreProgram,
-    EngineCoreViolation,
-    check_both,
-    core_program,
-)
+from integrations.vllm.engine_core import CoreProgram, CoreRun, check_both, core_program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
@@ -50,6 +45,7 @@ from spec.ar.events import (
     ArScheduled,
 )
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
+from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
@@ -301,17 +297,11 @@ def test_async_loop_passes_generated_programs_and_takes_every_async_path() -> No
     """vLLM's async scheduling on generated programs (aborts, preemptions, prefix caching):
     every program passes both loops, and the programs do reach what is particular to async —
     scheduling ahead, stale output after a preemption, aborts and stops with a step in flight."""
-    failures: list[str] = []
-    taken = dict.fromkeys(("ahead", "stale", "aborts_in_flight", "discarded"), 0)
-    for seed in range(PROGRAMS):
-        try:
-            _, run = check_both(core_program(seed))
-        except EngineCoreViolation as err:
-            failures.append(f"seed {seed}: {err}")
-            continue
-        for key in taken:
-            taken[key] += getattr(run, key)
-    assert not failures, f"{len(failures)} of {PROGRAMS} programs fail; first: {failures[:3]}"
+    runs = passing_runs(PROGRAMS, lambda seed: check_both(core_program(seed)))
+    taken = {
+        key: sum(getattr(run, key) for _, run in runs)
+        for key in ("ahead", "stale", "aborts_in_flight", "discarded")
+    }
     assert all(n > 0 for n in taken.values()), taken
 
 
@@ -321,17 +311,12 @@ def test_async_loop_with_pipeline_stages_passes_and_keeps_the_cadence() -> None:
     every generated program passes, `pp_cadence` included, and the cadence does hold requests
     back."""
     for stages, programs in ((2, PROGRAMS), (3, max(1, PROGRAMS // 3))):
-        failures: list[str] = []
-        waits = 0
-        for seed in range(programs):
-            try:
-                _, run = check_both(core_program(seed), pipeline_parallel_size=stages)
-            except EngineCoreViolation as err:
-                failures.append(f"seed {seed}: {err}")
-                continue
-            waits += run.cadence_waits
-        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
-        assert waits > 0, stages
+
+        def run(seed: int, p: int = stages) -> tuple[CoreRun, CoreRun]:
+            return check_both(core_program(seed), pipeline_parallel_size=p)
+
+        runs = passing_runs(programs, run, f"{stages} stages: ")
+        assert sum(run.cadence_waits for _, run in runs) > 0, stages
 
 
 def test_pipeline_stages_keep_vllms_batches_in_flight_and_need_async() -> None:
@@ -358,13 +343,9 @@ def test_the_cadence_check_catches_a_scheduler_without_it() -> None:
     def no_cadence(sched: Any) -> None:
         sched.decode_stagger = 1
 
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            check_both(core_program(seed), no_cadence, pipeline_parallel_size=2)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            break
+    seen = first_violations(
+        PROGRAMS, lambda seed: check_both(core_program(seed), no_cadence, pipeline_parallel_size=2)
+    )
     assert set(seen) == {"pp_cadence"}, seen
     assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
 
@@ -385,15 +366,13 @@ def test_stale_output_marking_matters_only_with_pipeline_stages() -> None:
     queue of two (that output always lands before the next `schedule()`), so no program fails;
     with 2 pipeline stages the request is resumed while it is still in flight and resamples a
     position: `output_content` fails."""
-    for seed in range(PROGRAMS):
-        check_both(core_program(seed), _stale_output_not_marked)
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            check_both(core_program(seed), _stale_output_not_marked, pipeline_parallel_size=2)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            break
+    passing_runs(PROGRAMS, lambda seed: check_both(core_program(seed), _stale_output_not_marked))
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(
+            core_program(seed), _stale_output_not_marked, pipeline_parallel_size=2
+        ),
+    )
     assert set(seen) == {"output_content"}, seen
     assert "they first differ at output" in seen["output_content"], seen
 
@@ -469,14 +448,9 @@ def test_async_checks_catch_each_seeded_bug(
 ) -> None:
     """Each rule of the engine-core loop has teeth: a seeded bug in vLLM's async path fails
     it with a message that names the loop and what went wrong."""
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            check_both(core_program(seed), mutant)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            if rule in seen:
-                break
+    seen = first_violations(
+        PROGRAMS, lambda seed: check_both(core_program(seed), mutant), until=rule
+    )
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
 

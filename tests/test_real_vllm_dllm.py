@@ -33,6 +33,7 @@ from integrations.vllm.whole_canvas_fix import (
     fixed_source,
 )
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
+from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
@@ -110,21 +111,14 @@ def test_generated_programs_pass_both_loops_and_take_every_path() -> None:
     preemptions, aborts): every program passes both loops, and the asynchronous one does run a
     step ahead: aborts land with a step in flight and steps of finished requests are thrown
     away."""
-    failures: list[str] = []
-    taken = dict.fromkeys(("preemptions", "aborts_in_flight", "discarded"), 0)
-    denoised = committed = 0
-    for seed in range(PROGRAMS):
-        try:
-            sync, run = check_both(dllm_program(seed))
-        except EngineCoreViolation as err:
-            failures.append(f"seed {seed}: {err}")
-            continue
-        for key in taken:
-            taken[key] += getattr(run, key)
-        denoised += sync.denoise_steps
-        committed += sync.commits
-    assert not failures, f"{len(failures)} of {PROGRAMS} programs fail; first: {failures[:3]}"
+    runs = passing_runs(PROGRAMS, lambda seed: check_both(dllm_program(seed)))
+    taken = {
+        key: sum(getattr(run, key) for _, run in runs)
+        for key in ("preemptions", "aborts_in_flight", "discarded")
+    }
     assert all(n > 0 for n in taken.values()), taken
+    denoised = sum(sync.denoise_steps for sync, _ in runs)
+    committed = sum(sync.commits for sync, _ in runs)
     assert denoised > committed > 0
 
 
@@ -134,17 +128,12 @@ def test_pipeline_parallel_programs_pass_and_keep_the_cadence() -> None:
     steps): every program passes, every rule checked, `pp_cadence` included, and the cadence
     does hold requests back."""
     for stages, programs in ((2, PROGRAMS), (3, max(1, PROGRAMS // 3))):
-        failures: list[str] = []
-        waits = 0
-        for seed in range(programs):
-            try:
-                _, run = check_both(dllm_program(seed), pipeline_parallel_size=stages)
-            except EngineCoreViolation as err:
-                failures.append(f"seed {seed}: {err}")
-                continue
-            waits += run.cadence_waits
-        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
-        assert waits > 0, stages
+
+        def run(seed: int, p: int = stages) -> tuple[DllmRun, DllmRun]:
+            return check_both(dllm_program(seed), pipeline_parallel_size=p)
+
+        runs = passing_runs(programs, run, f"{stages} stages: ")
+        assert sum(run.cadence_waits for _, run in runs) > 0, stages
 
 
 def test_prefix_caching_programs_pass_and_hit_the_cache() -> None:
@@ -153,18 +142,12 @@ def test_prefix_caching_programs_pass_and_hit_the_cache() -> None:
     passes both loops, `kv_writes` included: no canvas is denoised in a block another request
     holds or the cache holds; and with 2 pipeline stages too."""
     for stages, programs in ((1, PROGRAMS), (2, max(1, PROGRAMS // 3))):
-        failures: list[str] = []
-        hits = 0
-        for seed in range(programs):
-            program = dllm_program(seed, prefix_caching=True)
-            try:
-                sync, run = check_both(program, pipeline_parallel_size=stages)
-            except EngineCoreViolation as err:
-                failures.append(f"seed {seed}: {err}")
-                continue
-            hits += sync.prefix_hit_tokens + run.prefix_hit_tokens
-        assert not failures, f"{stages} stages: {len(failures)} fail; first: {failures[:3]}"
-        assert hits > 0, stages
+
+        def run(seed: int, p: int = stages) -> tuple[DllmRun, DllmRun]:
+            return check_both(dllm_program(seed, prefix_caching=True), pipeline_parallel_size=p)
+
+        runs = passing_runs(programs, run, f"{stages} stages: ")
+        assert sum(s.prefix_hit_tokens + a.prefix_hit_tokens for s, a in runs) > 0, stages
 
 
 def test_the_batch_queue_is_vllms_max_concurrent_batches() -> None:
@@ -286,26 +269,20 @@ def test_checks_catch_each_seeded_bug(
 ) -> None:
     """Each rule has teeth: a seeded bug in vLLM's diffusion scheduler fails it, with a message
     that says what went wrong."""
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            _run(dllm_program(seed), async_scheduling=async_scheduling, mutate=mutant)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            if rule in seen:
-                break
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: _run(dllm_program(seed), async_scheduling=async_scheduling, mutate=mutant),
+        until=rule,
+    )
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] ") and words in seen[rule], seen[rule]
 
 
 def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            check_both(dllm_program(seed), _no_pipeline_cadence, pipeline_parallel_size=2)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            break
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(dllm_program(seed), _no_pipeline_cadence, pipeline_parallel_size=2),
+    )
     assert set(seen) == {"pp_cadence"}, seen
     assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
 
@@ -313,13 +290,10 @@ def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:
 def test_the_kv_writes_check_catches_a_canvas_in_a_shared_block() -> None:
     """With prefix caching on (so sharing a block is no pool_accounting error by itself), a
     canvas denoised in a block another request holds fails `kv_writes`."""
-    seen: dict[str, str] = {}
-    for seed in range(PROGRAMS):
-        try:
-            check_both(dllm_program(seed, prefix_caching=True), _share_denoising_block)
-        except EngineCoreViolation as err:
-            seen.setdefault(err.rule, str(err))
-            break
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(dllm_program(seed, prefix_caching=True), _share_denoising_block),
+    )
     assert set(seen) == {"kv_writes"}, seen
     assert "denoises canvas positions" in seen["kv_writes"], seen
     assert "reference count" in seen["kv_writes"], seen

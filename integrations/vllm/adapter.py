@@ -527,15 +527,22 @@ def v2_model_runner() -> Iterator[None]:
     it once, in its constructor). vLLM serves diffusion models only with its V2 model runner
     (`VllmConfig._get_v2_model_runner_unsupported_features`), and runs pipeline parallelism with
     async scheduling only with it; without triton it picks V2 only when told to."""
-    old = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    with _environment("VLLM_USE_V2_MODEL_RUNNER", "1"):
+        yield
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """Environment variable `name` set to `value` for the block, then as it was."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+            del os.environ[name]
         else:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = old
+            os.environ[name] = old
 
 
 def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
@@ -576,14 +583,10 @@ def engine_on_pythonpath() -> Iterator[None]:
     VLLM_CACHE_ROOT): that subprocess must find vLLM too. Only for that call, so no other
     subprocess of this process sees the engine's packages."""
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(MANIFEST.directory), *([old] if old else [])])
-    try:
+    with _environment(
+        "PYTHONPATH", os.pathsep.join([str(MANIFEST.directory), *([old] if old else [])])
+    ):
         yield
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def _check_effective(sched: Any, config: ArConfig, async_scheduling: bool) -> None:
