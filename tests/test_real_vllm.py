@@ -431,9 +431,44 @@ def _preemption_in_flight_raises(sched: Any) -> None:
     sched._preempt_request = preempt
 
 
+def _budget_raised(sched: Any) -> None:
+    """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
+    sched.max_num_scheduled_tokens += 3
+    sched.scheduler_config.max_num_batched_tokens += 3
+
+
+def _extra_seat(sched: Any) -> None:
+    """Seeded bug: one more request may run than max_num_seqs allows."""
+    sched.max_num_active_reqs += 1
+    sched.max_num_running_reqs += 1
+
+
+def _lifo_admission(sched: Any) -> None:
+    """Seeded bug: under FCFS a new request joins the front of the waiting queue."""
+    queue = sched.waiting
+    if type(queue).__name__ == "FCFSRequestQueue":
+        queue.add_request = queue.prepend_request
+
+
+def _head_of_running_preempted(sched: Any) -> None:
+    """Seeded bug: the running queue is reversed before each `schedule()`, so FCFS preempts
+    its oldest request instead of its newest."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        sched.running.reverse()
+        return original(*args, **kwargs)
+
+    sched.schedule = schedule
+
+
 @pytest.mark.parametrize(
     ("mutant", "rule", "words"),
     [
+        (_budget_raised, "token_budget", "max_num_batched_tokens="),
+        (_extra_seat, "seat_cap", "max_num_seqs="),
+        (_lifo_admission, "admission_order", "for the first time while"),
+        (_head_of_running_preempted, "preemption_victim", "the last 1 are"),
         (_placeholders_never_resolved, "output_content", "expected"),
         (_placeholders_never_resolved, "progress", "not drained"),
         (_abort_in_flight_leaks, "no_leak", "drained, but"),

@@ -235,6 +235,17 @@ def _share_denoising_block(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
+def _extra_seat(sched: Any) -> None:
+    """Seeded bug: one more request may run than max_num_seqs allows."""
+    sched.max_num_active_reqs += 1
+    sched.max_num_running_reqs += 1
+
+
+def _lifo_admission(sched: Any) -> None:
+    """Seeded bug: a new request joins the front of the (FCFS) waiting queue."""
+    sched.waiting.add_request = sched.waiting.prepend_request
+
+
 def _abort_leaks(sched: Any) -> None:
     """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
     original = sched._free_blocks
@@ -261,6 +272,9 @@ def _abort_leaks(sched: Any) -> None:
         (_over_allocate, False, "kv_bounded", "canvas(es) of"),
         (_over_allocate, True, "kv_bounded", "canvas(es) of"),
         (_abort_leaks, True, "no_leak", "drained, but"),
+        (_extra_seat, False, "seat_cap", "max_num_seqs="),
+        (_extra_seat, True, "seat_cap", "max_num_seqs="),
+        (_lifo_admission, True, "admission_order", "for the first time while"),
     ],
     ids=lambda v: getattr(v, "__name__", str(v))[:24],
 )

@@ -78,6 +78,8 @@ class BatchQueueLoop(Generic[CountsT]):
         self.outputs: dict[str, list[int]] = {}
         self.reasons: dict[str, str] = {}
         self.last_decode: dict[str, int] = {}
+        self.ever_scheduled: set[str] = set()
+        self.running_before: list[str] = []
 
     # ------------------------------------------------------------------ hooks
     def execute(self, out: Any) -> Any:
@@ -106,6 +108,68 @@ class BatchQueueLoop(Generic[CountsT]):
 
     def check_pool(self, where: str) -> None:
         check_pool(self.sched, False, where)
+
+    # ------------------------------------------------------------------ decisions
+    def record_running(self) -> None:
+        """Before `schedule()`: the running queue's order, for `check_decisions`."""
+        self.running_before = [r.request_id for r in self.sched.running]
+
+    def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
+        """vLLM's queue order, smaller first: arrival under FCFS, (priority, arrival) under
+        the priority policy."""
+        r = self.sched.requests[rid]
+        return (r.priority, r.arrival_time) if priority else (r.arrival_time,)
+
+    def check_decisions(
+        self, out: Any, *, max_num_batched_tokens: int, max_num_seqs: int, priority: bool
+    ) -> None:
+        """What holds of one `schedule()` call whatever is in flight (`record_running` called
+        before it): `token_budget` (at most `max_num_batched_tokens` scheduled), `seat_cap`
+        (at most `max_num_seqs` running), `preemption_victim` (the k requests it preempted
+        are the last k of the running queue before it under FCFS, the k largest by
+        (priority, arrival) under priority: vLLM admits nothing after a preemption in the same
+        call, so the queue only shrank), `admission_order` (a request scheduled for the first
+        time passes no waiting, never-scheduled request before it in the policy's order; a
+        resumed request may be skipped while its stale output drains, a fresh one never)."""
+        where = f"schedule {self.n.schedules}"
+        if out.total_num_scheduled_tokens > max_num_batched_tokens:
+            raise EngineCoreViolation(
+                "token_budget",
+                f"{where} scheduled {out.total_num_scheduled_tokens} tokens; "
+                f"max_num_batched_tokens={max_num_batched_tokens}",
+            )
+        if len(self.sched.running) > max_num_seqs:
+            raise EngineCoreViolation(
+                "seat_cap",
+                f"{where} left {len(self.sched.running)} requests running; "
+                f"max_num_seqs={max_num_seqs}",
+            )
+        preempted = set(out.preempted_req_ids or ())
+        if preempted:
+            before = self.running_before
+            ordered = sorted(before, key=lambda r: self.queue_key(r, True)) if priority else before
+            expected = set(ordered[len(ordered) - len(preempted) :])
+            if preempted != expected:
+                order = "largest (priority, arrival)" if priority else "last"
+                raise EngineCoreViolation(
+                    "preemption_victim",
+                    f"{where} preempted {sorted(preempted)} of running {before}; the "
+                    f"{order} {len(preempted)} are {sorted(expected)}",
+                )
+        admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
+        waiting = [*self.sched.kv_holding_waiting, *self.sched.waiting]
+        fresh = [r.request_id for r in waiting if r.request_id not in self.ever_scheduled]
+        for rid in admitted:
+            key = self.queue_key(rid, priority)
+            passed = [w for w in fresh if self.queue_key(w, priority) < key]
+            if passed:
+                policy = "priority" if priority else "fcfs"
+                raise EngineCoreViolation(
+                    "admission_order",
+                    f"{where} admitted {rid!r} for the first time while {passed} "
+                    f"(never scheduled, earlier in the {policy} order) still wait",
+                )
+        self.ever_scheduled.update(admitted)
 
     # ------------------------------------------------------------------ pipeline cadence
     def count_cadence_waits(self) -> None:

@@ -29,6 +29,9 @@ and fixes each output token by request and output index. Checked, whatever the t
   canvas was truncated near max_model_len"), and only after the request's prefill;
 - `kv_bounded`: denoising never grows a request's KV: it holds at most its tokens (prompt and
   accepted outputs) plus one canvas per batch in flight, in whole blocks;
+- `token_budget`, `seat_cap`, `admission_order`, `preemption_victim`: the decisions of each
+  `schedule()` call, as `integrations.vllm.core_loop.BatchQueueLoop.check_decisions` states
+  them (vLLM's diffusion path schedules FCFS);
 - `pp_cadence`: with `pipeline_parallel_size` = p, two canvas steps of one request are at least
   p schedules apart (vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
   match worker-side sampled-tokens broadcast slot ring cadence");
@@ -93,6 +96,10 @@ RULES = (
     "finish_reason",
     "canvas_whole",
     "kv_bounded",
+    "token_budget",
+    "seat_cap",
+    "admission_order",
+    "preemption_victim",
     "pp_cadence",
     "kv_writes",
     "pool_accounting",
@@ -420,8 +427,16 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
 
     def before_schedule(self) -> None:
         self.count_cadence_waits()
+        self.record_running()
 
     def after_schedule(self, out: Any) -> None:
+        s = self.serving
+        self.check_decisions(
+            out,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+            priority=False,
+        )
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)

@@ -25,6 +25,15 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
 - vLLM raising is `implementation_error`;
+- decisions, after every `schedule()` (what holds of one call whatever is in flight):
+  `token_budget` (at most `max_num_batched_tokens` scheduled), `seat_cap` (at most
+  `max_num_seqs` running), `admission_order` (a request scheduled for the first time never
+  passes a waiting, never-scheduled one that comes before it: arrival order under FCFS,
+  (priority, arrival) under the priority policy; a resumed request may be skipped while its
+  stale output drains, a fresh one never), `preemption_victim` (the k requests preempted in
+  one call are the last k of the running queue as it stood before it under FCFS, the k with
+  the largest (priority, arrival) under priority; vLLM admits nothing after a preemption in
+  the same call);
 - with pipeline stages (`pipeline_parallel_size` = p, async only: vLLM's V2 model runner,
   p + 1 batches in flight) two decode steps of one request are at least p schedules apart
   (`pp_cadence`, vLLM's `next_decode_eligible_step`).
@@ -55,12 +64,16 @@ from integrations.vllm.core_loop import (
     run_both,
 )
 from integrations.vllm.differential import program as decision_program
-from spec.ar.config import ArConfig, ArRequest
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import RequestError
 
 RULES = (
     "output_content",
     "finish_reason",
+    "token_budget",
+    "seat_cap",
+    "admission_order",
+    "preemption_victim",
     "pp_cadence",
     "pool_accounting",
     "no_leak",
@@ -138,6 +151,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
+
         self._stale_before: set[str] = set()
 
     # ------------------------------------------------------------------ driving
@@ -168,6 +182,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     # ------------------------------------------------------------------ the loop's hooks
     def before_schedule(self) -> None:
         self.count_cadence_waits()
+        self.record_running()
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
@@ -176,6 +191,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         }
 
     def after_schedule(self, out: Any) -> None:
+        cfg = self.config
+        self.check_decisions(
+            out,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            priority=cfg.policy is Policy.PRIORITY,
+        )
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)
