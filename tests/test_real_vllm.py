@@ -431,6 +431,17 @@ def _preemption_in_flight_raises(sched: Any) -> None:
     sched._preempt_request = preempt
 
 
+def _under_allocate(sched: Any) -> None:
+    """Seeded bug: every allocation reserves one token less than it schedules."""
+    manager = sched.kv_cache_manager
+    original = manager.allocate_slots
+
+    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        return original(request, max(1, num_new_tokens - 1), *args, **kwargs)
+
+    manager.allocate_slots = allocate
+
+
 def _budget_raised(sched: Any) -> None:
     """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
     sched.max_num_scheduled_tokens += 3
@@ -466,6 +477,7 @@ def _head_of_running_preempted(sched: Any) -> None:
     ("mutant", "rule", "words"),
     [
         (_budget_raised, "token_budget", "max_num_batched_tokens="),
+        (_under_allocate, "kv_covers_scheduled", "computed or scheduled but holds"),
         (_extra_seat, "seat_cap", "max_num_seqs="),
         (_lifo_admission, "admission_order", "for the first time while"),
         (_head_of_running_preempted, "preemption_victim", "the last 1 are"),

@@ -235,6 +235,17 @@ def _share_denoising_block(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
+def _under_allocate(sched: Any) -> None:
+    """Seeded bug: every allocation reserves one token less than it schedules."""
+    manager = sched.kv_cache_manager
+    original = manager.allocate_slots
+
+    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        return original(request, max(1, num_new_tokens - 1), *args, **kwargs)
+
+    manager.allocate_slots = allocate
+
+
 def _extra_seat(sched: Any) -> None:
     """Seeded bug: one more request may run than max_num_seqs allows."""
     sched.max_num_active_reqs += 1
@@ -272,6 +283,8 @@ def _abort_leaks(sched: Any) -> None:
         (_over_allocate, False, "kv_bounded", "canvas(es) of"),
         (_over_allocate, True, "kv_bounded", "canvas(es) of"),
         (_abort_leaks, True, "no_leak", "drained, but"),
+        (_under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
+        (_under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
         (_extra_seat, False, "seat_cap", "max_num_seqs="),
         (_extra_seat, True, "seat_cap", "max_num_seqs="),
         (_lifo_admission, True, "admission_order", "for the first time while"),

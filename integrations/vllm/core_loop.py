@@ -171,6 +171,21 @@ class BatchQueueLoop(Generic[CountsT]):
                 )
         self.ever_scheduled.update(admitted)
 
+    def check_kv_covers(self, out: Any, block_size: int) -> None:
+        """`kv_covers_scheduled`: after `schedule()`, every request it scheduled holds blocks
+        for all its computed tokens, this call's and those in flight included
+        (`num_computed_tokens`, which `schedule()` has advanced)."""
+        tables = block_tables(self.sched)
+        for rid in out.num_scheduled_tokens:
+            computed = self.sched.requests[rid].num_computed_tokens
+            held = len(tables.get(rid, ()))
+            if held * block_size < computed:
+                raise EngineCoreViolation(
+                    "kv_covers_scheduled",
+                    f"schedule {self.n.schedules}: {rid!r} has {computed} tokens computed or "
+                    f"scheduled but holds {held} blocks of {block_size}",
+                )
+
     # ------------------------------------------------------------------ pipeline cadence
     def count_cadence_waits(self) -> None:
         """Before `schedule()`: count the running requests it will hold back for the pipeline

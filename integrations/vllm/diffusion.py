@@ -29,9 +29,10 @@ and fixes each output token by request and output index. Checked, whatever the t
   canvas was truncated near max_model_len"), and only after the request's prefill;
 - `kv_bounded`: denoising never grows a request's KV: it holds at most its tokens (prompt and
   accepted outputs) plus one canvas per batch in flight, in whole blocks;
-- `token_budget`, `seat_cap`, `admission_order`, `preemption_victim`: the decisions of each
-  `schedule()` call, as `integrations.vllm.core_loop.BatchQueueLoop.check_decisions` states
-  them (vLLM's diffusion path schedules FCFS);
+- `token_budget`, `seat_cap`, `admission_order`, `preemption_victim`, `kv_covers_scheduled`:
+  the decisions of each `schedule()` call and the KV they need, as
+  `integrations.vllm.core_loop.BatchQueueLoop.check_decisions` / `check_kv_covers` state them
+  (vLLM's diffusion path schedules FCFS);
 - `pp_cadence`: with `pipeline_parallel_size` = p, two canvas steps of one request are at least
   p schedules apart (vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
   match worker-side sampled-tokens broadcast slot ring cadence");
@@ -100,6 +101,7 @@ RULES = (
     "seat_cap",
     "admission_order",
     "preemption_victim",
+    "kv_covers_scheduled",
     "pp_cadence",
     "kv_writes",
     "pool_accounting",
@@ -437,6 +439,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             max_num_seqs=s.max_num_seqs,
             priority=False,
         )
+        self.check_kv_covers(out, s.block_size)
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)

@@ -33,7 +33,8 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   stale output drains, a fresh one never), `preemption_victim` (the k requests preempted in
   one call are the last k of the running queue as it stood before it under FCFS, the k with
   the largest (priority, arrival) under priority; vLLM admits nothing after a preemption in
-  the same call);
+  the same call), `kv_covers_scheduled` (every request it scheduled holds blocks for all its
+  computed tokens, in-flight ones included);
 - with pipeline stages (`pipeline_parallel_size` = p, async only: vLLM's V2 model runner,
   p + 1 batches in flight) two decode steps of one request are at least p schedules apart
   (`pp_cadence`, vLLM's `next_decode_eligible_step`).
@@ -74,6 +75,7 @@ RULES = (
     "seat_cap",
     "admission_order",
     "preemption_victim",
+    "kv_covers_scheduled",
     "pp_cadence",
     "pool_accounting",
     "no_leak",
@@ -198,6 +200,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             max_num_seqs=cfg.max_num_seqs,
             priority=cfg.policy is Policy.PRIORITY,
         )
+        self.check_kv_covers(out, cfg.block_size)
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)
