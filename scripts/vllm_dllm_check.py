@@ -2,7 +2,8 @@
 over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
-        [--whole-canvas-fix] [--pipeline-parallel P] [--prefix-caching] [--json FILE]
+        [--whole-canvas-fix] [--pipeline-parallel P] [--prefix-caching] [--priority]
+        [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
@@ -11,8 +12,8 @@ often each path was taken. `--budget-binds` draws the programs with a token budg
 (the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
 with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--pipeline-parallel P` runs the
 asynchronous loop with P pipeline stages (a batch queue of P + 1); `--prefix-caching` serves
-with prefix caching on and half the prompts prefixes of one shared prompt. Exit 1 if a program
-failed.
+with prefix caching on and half the prompts prefixes of one shared prompt; `--priority` serves
+under vLLM's priority policy, each request a priority in 0..2. Exit 1 if a program failed.
 Needs `schedspec install-engines vllm`.
 """
 
@@ -72,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prefix caching on, half the prompts prefixes of one shared prompt",
     )
     parser.add_argument(
+        "--priority",
+        action="store_true",
+        help="vLLM's priority policy, each request a priority in 0..2",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -86,7 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = 0
     for seed in range(args.programs):
         program = dllm_program(
-            seed, budget_binds=args.budget_binds, prefix_caching=args.prefix_caching
+            seed,
+            budget_binds=args.budget_binds,
+            prefix_caching=args.prefix_caching,
+            priority_policy=args.priority,
         )
         requests += sum(len(batch) for batch in program.arrivals)
         try:
@@ -107,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
     if args.prefix_caching:
         patch += ", prefix caching on"
+    if args.priority:
+        patch += ", priority policy"
     p = args.pipeline_parallel
     stages = f"async with {p} pipeline stage{'s' if p > 1 else ''}"
     print(
@@ -133,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "whole_canvas_fix": args.whole_canvas_fix,
                 "pipeline_parallel_size": args.pipeline_parallel,
                 "prefix_caching": args.prefix_caching,
+                "priority_policy": args.priority,
             },
         )
     return 1 if failures else 0

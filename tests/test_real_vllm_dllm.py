@@ -150,6 +150,21 @@ def test_prefix_caching_programs_pass_and_hit_the_cache() -> None:
         assert sum(s.prefix_hit_tokens + a.prefix_hit_tokens for s, a in runs) > 0, stages
 
 
+def test_priority_policy_programs_pass_and_preempt() -> None:
+    """vLLM's priority policy (each request a priority in 0..2): every program passes both
+    loops, `preemption_victim` and `admission_order` in the policy's order included, and
+    requests are preempted; with the whole-canvas fix under a binding budget too."""
+    runs = passing_runs(PROGRAMS, lambda seed: check_both(dllm_program(seed, priority_policy=True)))
+    assert sum(s.preemptions + a.preemptions for s, a in runs) > 0
+    passing_runs(
+        max(1, PROGRAMS // 3),
+        lambda seed: check_both(
+            dllm_program(seed, priority_policy=True, budget_binds=True), apply_whole_canvas_fix
+        ),
+        "whole-canvas fix: ",
+    )
+
+
 def test_the_batch_queue_is_vllms_max_concurrent_batches() -> None:
     """The loop keeps as many batches in flight as vLLM's engine core would
     (`VllmConfig.max_concurrent_batches`, checked when the loop is built): 2 with async
@@ -314,6 +329,21 @@ def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:
     assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
 
 
+def test_the_victim_check_catches_a_priority_scheduler_preempting_fcfs() -> None:
+    """Seeded bug: the scheduler forgets its priority policy when it preempts (it pops the
+    newest running request): `preemption_victim` fails, naming the request it should have
+    preempted."""
+
+    def fcfs_victim(sched: Any) -> None:
+        sched.policy = type(sched.policy).FCFS
+
+    seen = first_violations(
+        PROGRAMS, lambda seed: check_both(dllm_program(seed, priority_policy=True), fcfs_victim)
+    )
+    assert set(seen) == {"preemption_victim"}, seen
+    assert "the largest (priority, arrival)" in seen["preemption_victim"], seen
+
+
 def test_the_kv_writes_check_catches_a_canvas_in_a_shared_block() -> None:
     """With prefix caching on (so sharing a block is no pool_accounting error by itself), a
     canvas denoised in a block another request holds fails `kv_writes`."""
@@ -448,6 +478,8 @@ def test_bad_serving_configurations_are_typed_errors() -> None:
         _serving(canvas_length=8, max_num_batched_tokens=4)
     with pytest.raises(ConfigError, match="pipeline_parallel_size"):
         _serving(pipeline_parallel_size=0)
+    with pytest.raises(ConfigError, match="'fcfs' or 'priority'"):
+        _serving(policy="lifo")
     with pytest.raises(ConfigError, match="1 in the synchronous loop"):
         DllmCoreLoop(_serving(pipeline_parallel_size=2), async_scheduling=False)
     with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):

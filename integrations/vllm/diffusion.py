@@ -53,6 +53,9 @@ With `enable_prefix_caching` (vLLM's default for a decoder; `dllm_program(...,
 prefix_caching=True)` shares prompt prefixes) requests hit blocks other requests filled, and
 `pool_accounting` counts references; `kv_writes` is what binds.
 
+`policy="priority"` serves under vLLM's priority policy (`dllm_program(...,
+priority_policy=True)`): `admission_order` and `preemption_victim` follow (priority, arrival).
+
 Structured output and seeded or pinned canvases are off.
 """
 
@@ -123,8 +126,9 @@ class DllmServing:
     `max_denoising_steps`), its KV cache (`block_size` tokens a block, `num_blocks` blocks, block
     0 the null block), its scheduler limits, and its pipeline-parallel stages (vLLM's
     `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one), and
-    whether prefix caching is on (vLLM's default for a decoder; off unless asked here). Chunked
-    prefill is on (vLLM's default)."""
+    whether prefix caching is on (vLLM's default for a decoder; off unless asked here), and the
+    scheduling policy (`fcfs`, vLLM's default, or `priority`). Chunked prefill is on (vLLM's
+    default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -135,6 +139,7 @@ class DllmServing:
     max_model_len: int
     pipeline_parallel_size: int = 1
     enable_prefix_caching: bool = False
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in (
@@ -151,6 +156,8 @@ class DllmServing:
                 raise ConfigError(name, value, "an integer >= 1")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError("enable_prefix_caching", self.enable_prefix_caching, "True or False")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError("policy", self.policy, "'fcfs' or 'priority' (vLLM's policies)")
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             raise ConfigError("num_blocks", self.num_blocks, "an integer >= 2")
         if self.num_blocks < 2:
@@ -185,6 +192,7 @@ class DllmRequest:
     shared_prompt: the prompt is the first `prompt_len` tokens of one prompt all such requests
         share (`SHARED_PROMPT_BASE + i`), so with prefix caching they hit each other's blocks;
         otherwise its tokens are the request's own.
+    priority: vLLM's request priority (smaller first), used under the priority policy.
     """
 
     request_id: str
@@ -196,6 +204,7 @@ class DllmRequest:
     read_only: bool = False
     max_steps: int | None = None
     shared_prompt: bool = False
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +404,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             sampling_params=params,
             pooling_params=None,
             arrival_time=float(arrival),
+            priority=request.priority,
             block_hasher=self.hasher,
         )
         self.specs[rid] = request
@@ -437,7 +447,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             out,
             max_num_batched_tokens=s.max_num_batched_tokens,
             max_num_seqs=s.max_num_seqs,
-            priority=False,
+            priority=s.policy == "priority",
         )
         self.check_kv_covers(out, s.block_size)
         self.check_writes(out)
@@ -618,6 +628,7 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 is_encoder_decoder=False,
                 enable_chunked_prefill=True,
                 async_scheduling=async_scheduling,
+                policy=serving.policy,
             )
             cache_config = cfg.CacheConfig(
                 block_size=serving.block_size,
@@ -689,7 +700,11 @@ END_MARGIN_CANVASES = 3
 
 
 def dllm_program(
-    seed: int, *, budget_binds: bool = False, prefix_caching: bool = False
+    seed: int,
+    *,
+    budget_binds: bool = False,
+    prefix_caching: bool = False,
+    priority_policy: bool = False,
 ) -> DllmProgram:
     """A random program: a small serving configuration, requests arriving over the first steps
     (some with a narrower canvas, some read-only, some with a stop token), and aborts of earlier
@@ -709,7 +724,10 @@ def dllm_program(
 
     `prefix_caching=True` draws the same program served with prefix caching on, and about half
     of its requests' prompts prefixes of one shared prompt (`DllmRequest.shared_prompt`; drawn
-    from a second generator, so the rest of the program is the same)."""
+    from a second generator, so the rest of the program is the same).
+
+    `priority_policy=True` serves the same program under vLLM's priority policy, each request
+    given a priority in 0..2 (from a third generator)."""
     rnd = random.Random(seed)
     canvas = rnd.choice([2, 4, 8])
     block = rnd.choice([2, 4, 8, 16])
@@ -732,14 +750,20 @@ def dllm_program(
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         enable_prefix_caching=prefix_caching,
+        policy="priority" if priority_policy else "fcfs",
     )
     sharing = random.Random(f"{seed}/shared-prompt")
+    ranking = random.Random(f"{seed}/priority")
     arrivals: list[tuple[DllmRequest, ...]] = []
     aborts: list[tuple[str, ...]] = []
     seen: list[str] = []
     for step in range(rnd.randint(1, 6)):
         batch = tuple(
-            replace(r, shared_prompt=prefix_caching and sharing.random() < 0.5)
+            replace(
+                r,
+                shared_prompt=prefix_caching and sharing.random() < 0.5,
+                priority=ranking.randint(0, 2) if priority_policy else 0,
+            )
             for r in (_request(rnd, serving, f"r{step}_{i}") for i in range(rnd.randint(0, 3)))
         )
         aborts.append(tuple(rid for rid in seen if rnd.random() < 0.1))
