@@ -47,6 +47,7 @@ from spec.ar.events import (
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
+from tests.vllm_seeded_bugs import extra_seat, lifo_admission, under_allocate
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
@@ -431,34 +432,10 @@ def _preemption_in_flight_raises(sched: Any) -> None:
     sched._preempt_request = preempt
 
 
-def _under_allocate(sched: Any) -> None:
-    """Seeded bug: every allocation reserves one token less than it schedules."""
-    manager = sched.kv_cache_manager
-    original = manager.allocate_slots
-
-    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        return original(request, max(1, num_new_tokens - 1), *args, **kwargs)
-
-    manager.allocate_slots = allocate
-
-
 def _budget_raised(sched: Any) -> None:
     """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
     sched.max_num_scheduled_tokens += 3
     sched.scheduler_config.max_num_batched_tokens += 3
-
-
-def _extra_seat(sched: Any) -> None:
-    """Seeded bug: one more request may run than max_num_seqs allows."""
-    sched.max_num_active_reqs += 1
-    sched.max_num_running_reqs += 1
-
-
-def _lifo_admission(sched: Any) -> None:
-    """Seeded bug: under FCFS a new request joins the front of the waiting queue."""
-    queue = sched.waiting
-    if type(queue).__name__ == "FCFSRequestQueue":
-        queue.add_request = queue.prepend_request
 
 
 def _head_of_running_preempted(sched: Any) -> None:
@@ -477,9 +454,9 @@ def _head_of_running_preempted(sched: Any) -> None:
     ("mutant", "rule", "words"),
     [
         (_budget_raised, "token_budget", "max_num_batched_tokens="),
-        (_under_allocate, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (_extra_seat, "seat_cap", "max_num_seqs="),
-        (_lifo_admission, "admission_order", "for the first time while"),
+        (under_allocate, "kv_covers_scheduled", "computed or scheduled but holds"),
+        (extra_seat, "seat_cap", "max_num_seqs="),
+        (lifo_admission, "admission_order", "for the first time while"),
         (_head_of_running_preempted, "preemption_victim", "the last 1 are"),
         (_placeholders_never_resolved, "output_content", "expected"),
         (_placeholders_never_resolved, "progress", "not drained"),

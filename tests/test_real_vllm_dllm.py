@@ -35,6 +35,7 @@ from integrations.vllm.whole_canvas_fix import (
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
+from tests.vllm_seeded_bugs import extra_seat, lifo_admission, under_allocate
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
 
@@ -250,28 +251,6 @@ def _share_denoising_block(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
-def _under_allocate(sched: Any) -> None:
-    """Seeded bug: every allocation reserves one token less than it schedules."""
-    manager = sched.kv_cache_manager
-    original = manager.allocate_slots
-
-    def allocate(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        return original(request, max(1, num_new_tokens - 1), *args, **kwargs)
-
-    manager.allocate_slots = allocate
-
-
-def _extra_seat(sched: Any) -> None:
-    """Seeded bug: one more request may run than max_num_seqs allows."""
-    sched.max_num_active_reqs += 1
-    sched.max_num_running_reqs += 1
-
-
-def _lifo_admission(sched: Any) -> None:
-    """Seeded bug: a new request joins the front of the (FCFS) waiting queue."""
-    sched.waiting.add_request = sched.waiting.prepend_request
-
-
 def _abort_leaks(sched: Any) -> None:
     """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
     original = sched._free_blocks
@@ -298,11 +277,11 @@ def _abort_leaks(sched: Any) -> None:
         (_over_allocate, False, "kv_bounded", "canvas(es) of"),
         (_over_allocate, True, "kv_bounded", "canvas(es) of"),
         (_abort_leaks, True, "no_leak", "drained, but"),
-        (_under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (_under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (_extra_seat, False, "seat_cap", "max_num_seqs="),
-        (_extra_seat, True, "seat_cap", "max_num_seqs="),
-        (_lifo_admission, True, "admission_order", "for the first time while"),
+        (under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
+        (under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
+        (extra_seat, False, "seat_cap", "max_num_seqs="),
+        (extra_seat, True, "seat_cap", "max_num_seqs="),
+        (lifo_admission, True, "admission_order", "for the first time while"),
     ],
     ids=lambda v: getattr(v, "__name__", str(v))[:24],
 )

@@ -25,6 +25,16 @@ from integrations.vllm.adapter import block_tables
 ASYNC_BATCH_QUEUE = 2
 ABORTED = "abort"
 
+#: The rules `BatchQueueLoop` checks of every `schedule()` call, for both loops' RULES.
+SCHEDULE_RULES = (
+    "token_budget",
+    "seat_cap",
+    "admission_order",
+    "preemption_victim",
+    "kv_covers_scheduled",
+    "pp_cadence",
+)
+
 
 class EngineCoreViolation(Exception):
     """A rule an engine-core loop broke: `rule` and what was seen."""
@@ -417,6 +427,7 @@ def check_drained(sched: Any, num_blocks: int) -> None:
 __all__ = [
     "ABORTED",
     "ASYNC_BATCH_QUEUE",
+    "SCHEDULE_RULES",
     "BatchQueueLoop",
     "EngineCoreViolation",
     "LoopCounts",

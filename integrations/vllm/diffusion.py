@@ -77,6 +77,7 @@ from integrations.vllm.adapter import (
     vllm_config_error,
 )
 from integrations.vllm.core_loop import (
+    SCHEDULE_RULES,
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
@@ -100,12 +101,7 @@ RULES = (
     "finish_reason",
     "canvas_whole",
     "kv_bounded",
-    "token_budget",
-    "seat_cap",
-    "admission_order",
-    "preemption_victim",
-    "kv_covers_scheduled",
-    "pp_cadence",
+    *SCHEDULE_RULES,
     "kv_writes",
     "pool_accounting",
     "no_leak",

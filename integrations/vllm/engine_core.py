@@ -56,6 +56,7 @@ from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler
 from integrations.vllm.core_loop import (
     ABORTED,
     ASYNC_BATCH_QUEUE,
+    SCHEDULE_RULES,
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
@@ -71,12 +72,7 @@ from spec.errors import RequestError
 RULES = (
     "output_content",
     "finish_reason",
-    "token_budget",
-    "seat_cap",
-    "admission_order",
-    "preemption_victim",
-    "kv_covers_scheduled",
-    "pp_cadence",
+    *SCHEDULE_RULES,
     "pool_accounting",
     "no_leak",
     "progress",
