@@ -31,6 +31,7 @@ from integrations.vllm import (
 )
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.differential import decisions, first_difference, program
+from integrations.vllm.engine_core import RULES as CORE_RULES
 from integrations.vllm.engine_core import CoreProgram, CoreRun, check_both, core_program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
@@ -47,7 +48,14 @@ from spec.ar.events import (
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
-from tests.vllm_seeded_bugs import extra_seat, lifo_admission, under_allocate
+from tests.vllm_seeded_bugs import (
+    budget_raised,
+    extra_seat,
+    lifo_admission,
+    preemption_in_flight_raises,
+    stop_reported_as_length,
+    under_allocate,
+)
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
@@ -405,39 +413,6 @@ def _abort_in_flight_leaks(sched: Any) -> None:
     sched._free_blocks = free
 
 
-def _stop_reported_as_length(sched: Any) -> None:
-    """Seeded bug: a stop token sampled as the last allowed output is reported as length."""
-    original = sched._update_request_with_output
-
-    def update(request: Any, new_token_ids: list[int], is_stale: bool = False) -> Any:
-        tokens, stopped = original(request, new_token_ids, is_stale)
-        status = type(request.status)
-        last = request.num_output_tokens >= request.max_tokens
-        if stopped and request.status == status.FINISHED_STOPPED and last:
-            request.status = status.FINISHED_LENGTH_CAPPED
-        return tokens, stopped
-
-    sched._update_request_with_output = update
-
-
-def _preemption_in_flight_raises(sched: Any) -> None:
-    """Seeded bug: preempting a request with a step in flight trips an assertion."""
-    original = sched._preempt_request
-
-    def preempt(request: Any, *args: Any, **kwargs: Any) -> None:
-        if request.num_in_flight_tokens > 0:
-            raise AssertionError("preempted with a step in flight")
-        original(request, *args, **kwargs)
-
-    sched._preempt_request = preempt
-
-
-def _budget_raised(sched: Any) -> None:
-    """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
-    sched.max_num_scheduled_tokens += 3
-    sched.scheduler_config.max_num_batched_tokens += 3
-
-
 def _head_of_running_preempted(sched: Any) -> None:
     """Seeded bug: the running queue is reversed before each `schedule()`, so FCFS preempts
     its oldest request instead of its newest."""
@@ -450,21 +425,24 @@ def _head_of_running_preempted(sched: Any) -> None:
     sched.schedule = schedule
 
 
+SEEDED_BUGS = [
+    (budget_raised, "token_budget", "max_num_batched_tokens="),
+    (under_allocate, "kv_covers_scheduled", "computed or scheduled but holds"),
+    (extra_seat, "seat_cap", "max_num_seqs="),
+    (lifo_admission, "admission_order", "for the first time while"),
+    (_head_of_running_preempted, "preemption_victim", "the last 1 are"),
+    (_placeholders_never_resolved, "output_content", "expected"),
+    (_placeholders_never_resolved, "progress", "not drained"),
+    (_abort_in_flight_leaks, "no_leak", "drained, but"),
+    (_abort_in_flight_leaks, "pool_accounting", "after aborting"),
+    (stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
+    (preemption_in_flight_raises, "implementation_error", "AssertionError"),
+]
+
+
 @pytest.mark.parametrize(
     ("mutant", "rule", "words"),
-    [
-        (_budget_raised, "token_budget", "max_num_batched_tokens="),
-        (under_allocate, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (extra_seat, "seat_cap", "max_num_seqs="),
-        (lifo_admission, "admission_order", "for the first time while"),
-        (_head_of_running_preempted, "preemption_victim", "the last 1 are"),
-        (_placeholders_never_resolved, "output_content", "expected"),
-        (_placeholders_never_resolved, "progress", "not drained"),
-        (_abort_in_flight_leaks, "no_leak", "drained, but"),
-        (_abort_in_flight_leaks, "pool_accounting", "after aborting"),
-        (_stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
-        (_preemption_in_flight_raises, "implementation_error", "AssertionError"),
-    ],
+    SEEDED_BUGS,
     ids=lambda v: getattr(v, "__name__", str(v))[:24],
 )
 def test_async_checks_catch_each_seeded_bug(
@@ -477,6 +455,14 @@ def test_async_checks_catch_each_seeded_bug(
     )
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
+
+
+def test_every_async_loop_rule_has_a_seeded_bug() -> None:
+    """Each rule of the AR engine-core loop is failed by at least one seeded bug: a row of
+    SEEDED_BUGS, or (`pp_cadence`) its own test."""
+    covered = {rule for _, rule, _ in SEEDED_BUGS} | {"pp_cadence"}
+    assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
+    assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
 
 
 def test_a_core_program_needs_one_abort_tuple_per_step() -> None:

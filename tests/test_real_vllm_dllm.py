@@ -18,6 +18,7 @@ import pytest
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import (
+    RULES,
     DllmCoreLoop,
     DllmProgram,
     DllmRequest,
@@ -35,7 +36,14 @@ from integrations.vllm.whole_canvas_fix import (
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
-from tests.vllm_seeded_bugs import extra_seat, lifo_admission, under_allocate
+from tests.vllm_seeded_bugs import (
+    budget_raised,
+    extra_seat,
+    lifo_admission,
+    preemption_in_flight_raises,
+    stop_reported_as_length,
+    under_allocate,
+)
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
 
@@ -265,24 +273,44 @@ def _abort_leaks(sched: Any) -> None:
     sched._free_blocks = free
 
 
+def _abort_keeps_its_table(sched: Any) -> None:
+    """Seeded bug: an aborted request's blocks are freed, but its block table is kept."""
+    original = sched._free_blocks
+    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def free(request: Any) -> None:
+        kept = list(tables.get(request.request_id, ()))
+        original(request)
+        if request.status.name == "FINISHED_ABORTED" and kept:
+            tables[request.request_id] = kept
+
+    sched._free_blocks = free
+
+
+SEEDED_BUGS = [
+    (_no_rollback, False, "progress", "not drained"),
+    (_no_rollback, True, "progress", "not drained"),
+    (_request_width_ignored, False, "canvas_whole", "wide and"),
+    (_request_width_ignored, True, "canvas_whole", "wide and"),
+    (_first_token_only, False, "output_content", "expected"),
+    (_first_token_only, True, "kv_bounded", "canvas(es) of"),
+    (_over_allocate, False, "kv_bounded", "canvas(es) of"),
+    (_over_allocate, True, "kv_bounded", "canvas(es) of"),
+    (_abort_leaks, True, "no_leak", "drained, but"),
+    (under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
+    (under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
+    (extra_seat, False, "seat_cap", "max_num_seqs="),
+    (extra_seat, True, "seat_cap", "max_num_seqs="),
+    (lifo_admission, True, "admission_order", "for the first time while"),
+    (_abort_keeps_its_table, True, "pool_accounting", "is free and held"),
+    (stop_reported_as_length, False, "finish_reason", "finished with length, expected stop"),
+    (preemption_in_flight_raises, True, "implementation_error", "AssertionError"),
+]
+
+
 @pytest.mark.parametrize(
     ("mutant", "async_scheduling", "rule", "words"),
-    [
-        (_no_rollback, False, "progress", "not drained"),
-        (_no_rollback, True, "progress", "not drained"),
-        (_request_width_ignored, False, "canvas_whole", "wide and"),
-        (_request_width_ignored, True, "canvas_whole", "wide and"),
-        (_first_token_only, False, "output_content", "expected"),
-        (_first_token_only, True, "kv_bounded", "canvas(es) of"),
-        (_over_allocate, False, "kv_bounded", "canvas(es) of"),
-        (_over_allocate, True, "kv_bounded", "canvas(es) of"),
-        (_abort_leaks, True, "no_leak", "drained, but"),
-        (under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
-        (extra_seat, False, "seat_cap", "max_num_seqs="),
-        (extra_seat, True, "seat_cap", "max_num_seqs="),
-        (lifo_admission, True, "admission_order", "for the first time while"),
-    ],
+    SEEDED_BUGS,
     ids=lambda v: getattr(v, "__name__", str(v))[:24],
 )
 def test_checks_catch_each_seeded_bug(
@@ -297,6 +325,38 @@ def test_checks_catch_each_seeded_bug(
     )
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] ") and words in seen[rule], seen[rule]
+
+
+def test_the_budget_check_catches_a_scheduler_over_its_budget() -> None:
+    """Seeded bug: a budget 3 tokens over the configured one, on programs whose budget binds
+    (with the whole-canvas fix, so no canvas is cut first): `token_budget` fails."""
+
+    def fixed_over_budget(sched: Any) -> None:
+        apply_whole_canvas_fix(sched)
+        budget_raised(sched)
+
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(dllm_program(seed, budget_binds=True), fixed_over_budget),
+    )
+    assert set(seen) == {"token_budget"}, seen
+    assert "max_num_batched_tokens=" in seen["token_budget"], seen
+
+
+#: Rules whose seeded bug has a test of its own (below), not a row of SEEDED_BUGS.
+OWN_TESTS = {
+    "token_budget": "test_the_budget_check_catches_a_scheduler_over_its_budget",
+    "pp_cadence": "test_the_pipeline_cadence_check_catches_a_scheduler_without_it",
+    "preemption_victim": "test_the_victim_check_catches_a_priority_scheduler_preempting_fcfs",
+    "kv_writes": "test_the_kv_writes_check_catches_a_canvas_in_a_shared_block",
+}
+
+
+def test_every_rule_has_a_seeded_bug() -> None:
+    """Each rule the dLLM loop checks is failed by at least one seeded bug."""
+    covered = {rule for _, _, rule, _ in SEEDED_BUGS} | set(OWN_TESTS)
+    assert covered == set(RULES), sorted(set(RULES) ^ covered)
+    assert all(callable(globals().get(name)) for name in OWN_TESTS.values())
 
 
 def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:

@@ -28,3 +28,36 @@ def lifo_admission(sched: Any) -> None:
     queue = sched.waiting
     if type(queue).__name__ == "FCFSRequestQueue":
         queue.add_request = queue.prepend_request
+
+
+def stop_reported_as_length(sched: Any) -> None:
+    """Seeded bug: a stop token sampled as the last allowed output is reported as length."""
+    original = sched._update_request_with_output
+
+    def update(request: Any, new_token_ids: list[int], is_stale: bool = False) -> Any:
+        tokens, stopped = original(request, new_token_ids, is_stale)
+        status = type(request.status)
+        last = request.num_output_tokens >= request.max_tokens
+        if stopped and request.status == status.FINISHED_STOPPED and last:
+            request.status = status.FINISHED_LENGTH_CAPPED
+        return tokens, stopped
+
+    sched._update_request_with_output = update
+
+
+def preemption_in_flight_raises(sched: Any) -> None:
+    """Seeded bug: preempting a request with a step in flight trips an assertion."""
+    original = sched._preempt_request
+
+    def preempt(request: Any, *args: Any, **kwargs: Any) -> None:
+        if request.num_in_flight_tokens > 0:
+            raise AssertionError("preempted with a step in flight")
+        original(request, *args, **kwargs)
+
+    sched._preempt_request = preempt
+
+
+def budget_raised(sched: Any) -> None:
+    """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
+    sched.max_num_scheduled_tokens += 3
+    sched.scheduler_config.max_num_batched_tokens += 3
