@@ -16,17 +16,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
-    EngineCoreViolation,
     check_both,
     core_program,
+)
+from integrations.vllm.program_tally import (
+    ProgramTally,
+    add_program_arguments,
+    parse_program_arguments,
 )
 from schedspec_cli.output import output_file, write_json
 
@@ -52,50 +56,27 @@ MEANING = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_async_check.py")
-    parser.add_argument("--programs", type=int, default=3000, help="generated programs (seeds)")
-    parser.add_argument(
-        "--pipeline-parallel",
-        type=int,
-        default=1,
-        metavar="P",
-        help="pipeline stages of the asynchronous loop (default 1)",
-    )
+    add_program_arguments(parser, 3000)
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
-    args = parser.parse_args(argv)
-    if args.programs < 1:
-        parser.error("--programs: must be >= 1")
-    if args.pipeline_parallel < 1:
-        parser.error("--pipeline-parallel: must be >= 1")
+    args = parse_program_arguments(parser, argv)
     start = time.perf_counter()
-    totals: dict[str, Counter[str]] = {"sync": Counter(), "async": Counter()}
-    failures: dict[str, list[int]] = {}
-    first: dict[str, str] = {}
+    tally = ProgramTally(COUNTS)
     prefix = 0
     for seed in range(args.programs):
         program = core_program(seed)
         prefix += program.config.enable_prefix_caching
-        try:
-            runs = check_both(program, pipeline_parallel_size=args.pipeline_parallel)
-        except EngineCoreViolation as err:
-            failures.setdefault(err.rule, []).append(seed)
-            first.setdefault(err.rule, err.detail)
-            continue
-        for mode, run in zip(("sync", "async"), runs, strict=True):
-            totals[mode].update({k: getattr(run, k) for k in COUNTS})
+        tally.check(
+            seed, partial(check_both, program, pipeline_parallel_size=args.pipeline_parallel)
+        )
     elapsed = time.perf_counter() - start
-    failed = sum(len(s) for s in failures.values())
     p = args.pipeline_parallel
     print(
         f"{args.programs} programs ({prefix} with prefix caching; async with {p} pipeline "
-        f"stage{'s' if p > 1 else ''}), {args.programs - failed} pass both loops"
+        f"stage{'s' if p > 1 else ''}), {tally.passed} pass both loops"
     )
-    print(f"{'':50} {'sync':>8} {'async':>8}")
-    for key in COUNTS:
-        print(f"{MEANING[key]:50} {totals['sync'][key]:8d} {totals['async'][key]:8d}")
-    for rule, seeds in sorted(failures.items()):
-        print(f"FAIL [{rule}] {len(seeds)} programs, first seeds {seeds[:5]}: {first[rule]}")
+    print("\n".join(tally.report(MEANING, 50)))
     print(f"({elapsed:.1f} s)")
     if args.json:
         write_json(
@@ -103,14 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "programs": args.programs,
                 "prefix_caching_programs": prefix,
-                "failures": {r: {"seeds": s, "first": first[r]} for r, s in failures.items()},
-                "counts": {mode: dict(c) for mode, c in totals.items()},
+                **tally.json_fields(),
                 "seconds": elapsed,
                 "async_batch_queue": ASYNC_BATCH_QUEUE if p == 1 else p + 1,
                 "pipeline_parallel_size": p,
             },
         )
-    return 1 if failures else 0
+    return 1 if tally.failures else 0
 
 
 if __name__ == "__main__":

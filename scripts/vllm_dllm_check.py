@@ -22,14 +22,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both, dllm_program
+from integrations.vllm.program_tally import (
+    ProgramTally,
+    add_program_arguments,
+    parse_program_arguments,
+)
 from integrations.vllm.whole_canvas_fix import apply_whole_canvas_fix
 from schedspec_cli.output import output_file, write_json
 
@@ -49,7 +53,7 @@ MEANING = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_dllm_check.py")
-    parser.add_argument("--programs", type=int, default=2000, help="generated programs (seeds)")
+    add_program_arguments(parser, 2000)
     parser.add_argument(
         "--budget-binds",
         action="store_true",
@@ -59,13 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--whole-canvas-fix",
         action="store_true",
         help="run vLLM with the candidate fix: a canvas is scheduled whole or not at all",
-    )
-    parser.add_argument(
-        "--pipeline-parallel",
-        type=int,
-        default=1,
-        metavar="P",
-        help="pipeline stages of the asynchronous loop (default 1)",
     )
     parser.add_argument(
         "--prefix-caching",
@@ -80,15 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
-    args = parser.parse_args(argv)
-    if args.programs < 1:
-        parser.error("--programs: must be >= 1")
-    if args.pipeline_parallel < 1:
-        parser.error("--pipeline-parallel: must be >= 1")
+    args = parse_program_arguments(parser, argv)
     start = time.perf_counter()
-    totals: dict[str, Counter[str]] = {"sync": Counter(), "async": Counter()}
-    failures: dict[str, list[int]] = {}
-    first: dict[str, str] = {}
+    tally = ProgramTally(tuple(MEANING))
+    mutate = apply_whole_canvas_fix if args.whole_canvas_fix else None
     requests = 0
     for seed in range(args.programs):
         program = dllm_program(
@@ -98,20 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             priority_policy=args.priority,
         )
         requests += sum(len(batch) for batch in program.arrivals)
-        try:
-            runs = check_both(
-                program,
-                mutate=apply_whole_canvas_fix if args.whole_canvas_fix else None,
-                pipeline_parallel_size=args.pipeline_parallel,
-            )
-        except EngineCoreViolation as err:
-            failures.setdefault(err.rule, []).append(seed)
-            first.setdefault(err.rule, err.detail)
-            continue
-        for mode, run in zip(("sync", "async"), runs, strict=True):
-            totals[mode].update({k: getattr(run, k) for k in MEANING})
+        tally.check(
+            seed,
+            partial(check_both, program, mutate, pipeline_parallel_size=args.pipeline_parallel),
+        )
     elapsed = time.perf_counter() - start
-    failed = sum(len(s) for s in failures.values())
     space = "token budget binds" if args.budget_binds else "token budget never binds"
     patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
     if args.prefix_caching:
@@ -122,13 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stages = f"async with {p} pipeline stage{'s' if p > 1 else ''}"
     print(
         f"{args.programs} programs ({requests} requests; {space}; {patch}; {stages}), "
-        f"{args.programs - failed} pass both loops"
+        f"{tally.passed} pass both loops"
     )
-    print(f"{'':45} {'sync':>8} {'async':>8}")
-    for key, meaning in MEANING.items():
-        print(f"{meaning:45} {totals['sync'][key]:8d} {totals['async'][key]:8d}")
-    for rule, seeds in sorted(failures.items()):
-        print(f"FAIL [{rule}] {len(seeds)} programs, first seeds {seeds[:5]}: {first[rule]}")
+    print("\n".join(tally.report(MEANING, 45)))
     print(f"({elapsed:.1f} s)")
     if args.json:
         write_json(
@@ -136,8 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "programs": args.programs,
                 "requests": requests,
-                "failures": {r: {"seeds": s, "first": first[r]} for r, s in failures.items()},
-                "counts": {mode: dict(c) for mode, c in totals.items()},
+                **tally.json_fields(),
                 "seconds": elapsed,
                 "end_margin_canvases": END_MARGIN_CANVASES,
                 "budget_binds": args.budget_binds,
@@ -147,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "priority_policy": args.priority,
             },
         )
-    return 1 if failures else 0
+    return 1 if tally.failures else 0
 
 
 if __name__ == "__main__":

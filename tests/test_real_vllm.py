@@ -49,6 +49,7 @@ from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 from tests.vllm_seeded_bugs import (
+    abort_in_flight_leaks,
     budget_raised,
     extra_seat,
     lifo_admission,
@@ -399,20 +400,6 @@ def _placeholders_never_resolved(sched: Any) -> None:
     sched._update_request_with_output = update
 
 
-def _abort_in_flight_leaks(sched: Any) -> None:
-    """Seeded bug: aborting a request with a step in flight drops its block table unfreed."""
-    original = sched._free_blocks
-    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-
-    def free(request: Any) -> None:
-        if request.num_in_flight_tokens > 0 and request.status.name == "FINISHED_ABORTED":
-            tables.pop(request.request_id, None)
-            return
-        original(request)
-
-    sched._free_blocks = free
-
-
 def _head_of_running_preempted(sched: Any) -> None:
     """Seeded bug: the running queue is reversed before each `schedule()`, so FCFS preempts
     its oldest request instead of its newest."""
@@ -433,8 +420,8 @@ SEEDED_BUGS = [
     (_head_of_running_preempted, "preemption_victim", "the last 1 are"),
     (_placeholders_never_resolved, "output_content", "expected"),
     (_placeholders_never_resolved, "progress", "not drained"),
-    (_abort_in_flight_leaks, "no_leak", "drained, but"),
-    (_abort_in_flight_leaks, "pool_accounting", "after aborting"),
+    (abort_in_flight_leaks, "no_leak", "drained, but"),
+    (abort_in_flight_leaks, "pool_accounting", "after aborting"),
     (stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
     (preemption_in_flight_raises, "implementation_error", "AssertionError"),
 ]

@@ -37,6 +37,7 @@ from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLa
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 from tests.vllm_seeded_bugs import (
+    abort_in_flight_leaks,
     budget_raised,
     extra_seat,
     lifo_admission,
@@ -259,20 +260,6 @@ def _share_denoising_block(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
-def _abort_leaks(sched: Any) -> None:
-    """Seeded bug: an aborted request's blocks are dropped from its table, never freed."""
-    original = sched._free_blocks
-    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-
-    def free(request: Any) -> None:
-        if request.status.name == "FINISHED_ABORTED":
-            tables.pop(request.request_id, None)
-            return
-        original(request)
-
-    sched._free_blocks = free
-
-
 def _abort_keeps_its_table(sched: Any) -> None:
     """Seeded bug: an aborted request's blocks are freed, but its block table is kept."""
     original = sched._free_blocks
@@ -296,7 +283,7 @@ SEEDED_BUGS = [
     (_first_token_only, True, "kv_bounded", "canvas(es) of"),
     (_over_allocate, False, "kv_bounded", "canvas(es) of"),
     (_over_allocate, True, "kv_bounded", "canvas(es) of"),
-    (_abort_leaks, True, "no_leak", "drained, but"),
+    (abort_in_flight_leaks, True, "no_leak", "drained, but"),
     (under_allocate, False, "kv_covers_scheduled", "computed or scheduled but holds"),
     (under_allocate, True, "kv_covers_scheduled", "computed or scheduled but holds"),
     (extra_seat, False, "seat_cap", "max_num_seqs="),

@@ -61,3 +61,17 @@ def budget_raised(sched: Any) -> None:
     """Seeded bug: the scheduler's token budget is 3 tokens over the configured one."""
     sched.max_num_scheduled_tokens += 3
     sched.scheduler_config.max_num_batched_tokens += 3
+
+
+def abort_in_flight_leaks(sched: Any) -> None:
+    """Seeded bug: aborting a request with a step in flight drops its block table unfreed."""
+    original = sched._free_blocks
+    tables = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def free(request: Any) -> None:
+        if request.num_in_flight_tokens > 0 and request.status.name == "FINISHED_ABORTED":
+            tables.pop(request.request_id, None)
+            return
+        original(request)
+
+    sched._free_blocks = free

@@ -267,27 +267,13 @@ class RealVllmScheduler:
             raise ConfigError(
                 "config", config, f"a configuration vLLM accepts ({vllm_config_error(err)})"
             ) from None
-        spec = v.kv_iface.FullAttentionSpec(
-            block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
-        )
-        kv_cache_config = v.kv_iface.KVCacheConfig(
+        sched = build_scheduler(
+            v,
+            vllm_config,
+            scheduler_config,
+            cache_config,
             num_blocks=config.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], spec)],
-        )
-        cache_config.num_gpu_blocks = config.num_blocks
-        if self.async_scheduling:
-            # vLLM's CPU platform turns async scheduling off ("not required on CPU",
-            # `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on.
-            # The scheduler is platform-independent: set it back as a GPU build leaves it.
-            scheduler_config.async_scheduling = True
-        # vLLM's own choice of class: AsyncScheduler when async scheduling is on
-        sched = scheduler_config.get_scheduler_cls()(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-            block_size=config.block_size,
-            log_stats=False,
+            async_scheduling=self.async_scheduling,
         )
         _check_effective(sched, config, self.async_scheduling)
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
@@ -521,6 +507,44 @@ def vllm_config_error(err: ValueError) -> str:
     return (lines[1] if len(lines) > 1 else lines[0] if lines else type(err).__name__)[:200]
 
 
+def build_scheduler(
+    v: _Vllm,
+    vllm_config: Any,
+    scheduler_config: Any,
+    cache_config: Any,
+    *,
+    num_blocks: int,
+    async_scheduling: bool,
+) -> Any:
+    """vLLM's own choice of scheduler class for `vllm_config` (`AsyncScheduler` or a diffusion
+    scheduler as its config says), over a KV pool of `num_blocks` blocks in one full-attention
+    group (one KV head of size 1: no tensors are allocated; the scheduler never touches them).
+
+    vLLM's CPU platform turns async scheduling off ("not required on CPU",
+    `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on. The
+    scheduler is platform-independent, so with `async_scheduling` the flag is set back as a GPU
+    build leaves it."""
+    if async_scheduling:
+        scheduler_config.async_scheduling = True
+    block_size = cache_config.block_size
+    spec = v.kv_iface.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+    )
+    kv_cache_config = v.kv_iface.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], spec)],
+    )
+    cache_config.num_gpu_blocks = num_blocks
+    return scheduler_config.get_scheduler_cls()(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        log_stats=False,
+    )
+
+
 @contextlib.contextmanager
 def v2_model_runner() -> Iterator[None]:
     """`VLLM_USE_V2_MODEL_RUNNER=1` while a config and scheduler are built (the scheduler reads
@@ -630,6 +654,7 @@ __all__ = [
     "STOP_BASE",
     "RealVllmScheduler",
     "block_tables",
+    "build_scheduler",
     "engine_on_pythonpath",
     "load_vllm",
     "make_real_vllm",

@@ -71,6 +71,7 @@ from integrations.vllm.adapter import (
     OUTPUT_BASE,
     STOP_BASE,
     block_tables,
+    build_scheduler,
     load_vllm,
     tiny_model_config,
     v2_model_runner,
@@ -318,9 +319,10 @@ class _Runner:
 
 class DllmCoreLoop(BatchQueueLoop[_Counts]):
     """vLLM's engine core over its real diffusion scheduler (`integrations.vllm.core_loop`):
-    `DiffusionAsyncScheduler` with a batch queue of 2, or `DiffusionScheduler` with 1 and
-    `post_step`'s canvas hand-back; the runner fabricated. `mutate`, if given, is applied to the
-    scheduler once built (seeded bugs)."""
+    `DiffusionAsyncScheduler` with a batch queue of 2 (p + 1 with p pipeline stages), or
+    `DiffusionScheduler` with 1 and `post_step`'s canvas hand-back; the runner fabricated.
+    `mutate`, if given, is applied to the scheduler once built (seeded bugs, or the candidate
+    fix of `integrations.vllm.whole_canvas_fix`)."""
 
     drain_limit = 20_000
 
@@ -653,23 +655,13 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
             raise ConfigError(
                 "serving", serving, f"a configuration vLLM accepts ({vllm_config_error(err)})"
             ) from None
-        if async_scheduling:
-            scheduler_config.async_scheduling = True
-        kv_spec = v.kv_iface.FullAttentionSpec(
-            block_size=serving.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
-        )
-        kv_cache_config = v.kv_iface.KVCacheConfig(
+        sched = build_scheduler(
+            v,
+            vllm_config,
+            scheduler_config,
+            cache_config,
             num_blocks=serving.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], kv_spec)],
-        )
-        cache_config.num_gpu_blocks = serving.num_blocks
-        sched = scheduler_config.get_scheduler_cls()(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-            block_size=serving.block_size,
-            log_stats=False,
+            async_scheduling=async_scheduling,
         )
         queue = vllm_config.max_concurrent_batches
     want = "DiffusionAsyncScheduler" if async_scheduling else "DiffusionScheduler"
