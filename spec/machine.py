@@ -377,12 +377,18 @@ class SpecMachine(MachineBase[Event, Rule]):
         if self._round.forwards:
             raise self._fail(Rule.SCHEDULER_PHASE, "admission after the round's first forward", e)
         head = self._queue_head()
-        if head != e.request_id:
+        if head != e.request_id and not self._passes_only_decode_requests(r):
             ahead = list(self._queue)[:8]
+            why = (
+                "; under PREFILL_FIRST only a request whose first block is prompt-only may pass, "
+                "and only requests whose first block is not"
+                if self.policy.admission is DllmAdmission.PREFILL_FIRST
+                else ""
+            )
             raise self._fail(
                 Rule.FCFS_ADMISSION,
                 f"admitted {e.request_id!r} while {head!r} is ahead of it (queue {ahead}"
-                f"{' ...' if len(self._queue) > 8 else ''})",
+                f"{' ...' if len(self._queue) > 8 else ''}){why}",
                 e,
             )
         running = len(self._running)
@@ -397,6 +403,21 @@ class SpecMachine(MachineBase[Event, Rule]):
         del self._queue[e.request_id]
         self._set_phase(r, RequestPhase.ADMITTED)
         self._round.admitted += 1
+
+    def _passes_only_decode_requests(self, r: _Request) -> bool:
+        """Under PREFILL_FIRST the prefill batch is formed before the decode batch, so a queued
+        request whose first block is prompt-only may be admitted ahead of queued requests whose
+        first block is not (prompt shorter than a block); within each kind the order is FCFS."""
+        if self.policy.admission is not DllmAdmission.PREFILL_FIRST:
+            return False
+        if not self._is_prefill_block(r, 0):
+            return False
+        for request_id in self._queue:
+            if request_id == r.request_id:
+                return True
+            if self._is_prefill_block(self._requests[request_id], 0):
+                return False
+        return False
 
     def _row_acquired(self, e: RowAcquired) -> None:
         r = self._active(e.request_id, e)

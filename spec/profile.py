@@ -42,7 +42,8 @@ class DllmAdmission(enum.Enum):
     FCFS = "fcfs"
     # SGLang's dLLM path (0.5.23, `Scheduler.get_next_batch_to_run`): a batch is prefill-only or
     # decode-only, and a round with admissible queued work runs the prefill batch first, so
-    # admission is FCFS within the queue but not across phases.
+    # admission is FCFS within each kind (first block prompt-only or not), and a request of the
+    # first kind may pass queued requests of the second.
     PREFILL_FIRST = "prefill-first"
 
 

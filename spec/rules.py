@@ -64,7 +64,9 @@ _RULES: dict[Rule, str] = {
     Rule.KNOWN_REQUEST: "Events refer to requests that were submitted and are not finished or "
     "aborted.",
     Rule.LIFECYCLE: "Every phase change follows the lifecycle tables (request, block, slot, row).",
-    Rule.FCFS_ADMISSION: "Requests are admitted in submission order: only the head of the queue.",
+    Rule.FCFS_ADMISSION: "Requests are admitted in submission order: only the head of the queue "
+    "(under DllmPolicy.admission = PREFILL_FIRST, a request whose first block is prompt-only may "
+    "also pass queued requests whose first block is not; each kind stays in submission order).",
     Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
     Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
     "of a "
@@ -130,7 +132,8 @@ _RULES: dict[Rule, str] = {
     Rule.PREFILL_FIRST: "With DllmPolicy.admission = PREFILL_FIRST (SGLang 0.5.23 dLLM, "
     "`Scheduler.get_next_batch_to_run`): a forward is prefill-only (rows feeding prompt-only "
     "blocks) or decode-only, and no decode forward runs while a running request has an allocated "
-    "prompt block waiting (prefill goes first).",
+    "prompt block waiting (prefill goes first); admission is FCFS within each kind (rule "
+    "fcfs_admission).",
     Rule.ROUND_ORDER: "Rounds are numbered 0, 1, 2, ... in order.",
     Rule.CARRIERS_IFF_UNFINISHED: "A request carries incomplete_ids (and algorithm state) exactly "
     "while its current block is unfinished.",

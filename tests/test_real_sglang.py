@@ -28,7 +28,7 @@ from properties.harness import Harness
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Forward
-from spec.profile import DllmConfigSpace, DllmProfile
+from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
 
 PROFILE = REAL_SGLANG_DLLM.profile
 
@@ -122,6 +122,31 @@ def test_abort_is_exact_although_sglang_aborts_by_prefix() -> None:
     assert h.abort("nope") is not None  # SGLang ignores unknown ids; the adapter refuses them
     h.drain()
     assert set(h.outputs()) == {"r10"}
+
+
+def test_a_whole_prompt_block_passes_a_shorter_prompt_under_prefill_first() -> None:
+    """SGLang forms the prefill batch first: a request whose prompt fills its first block
+    (INCOMING_PREFILL) gets its row before a one-token prompt (INCOMING_DECODE) queued ahead of
+    it. The profile's PREFILL_FIRST admission order allows exactly that; plain FCFS refuses it."""
+    from spec.events import Admitted
+
+    def run(profile: DllmProfile) -> Harness:
+        h = _harness(_config(), profile)
+        h.submit(RequestSpec("d", (1,), 2))
+        h.submit(RequestSpec("p", (5, 6, 7, 8), 2))
+        h.round()
+        return h
+
+    h = run(BELOW_HEADROOM)
+    assert [e.request_id for e in h.events if isinstance(e, Admitted)] == ["p"]
+    h.drain()
+    assert set(h.outputs()) == {"d", "p"}
+    fcfs = dataclasses.replace(
+        BELOW_HEADROOM,
+        policy=dataclasses.replace(BELOW_HEADROOM.policy, admission=DllmAdmission.FCFS),
+    )
+    v = _violation(lambda: run(fcfs))
+    assert v.rule == "fcfs_admission" and "admitted 'p' while 'd' is ahead" in str(v), v
 
 
 # ---------------------------------------------------------------------------------- the suite
@@ -381,6 +406,34 @@ def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
     assert v.rule == "progress", v
 
 
+def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: for a dLLM request the adder counts what the request can still claim, its
+    prompt plus max_new_tokens rounded up to whole blocks, less its prefix (the mask block is
+    part of max_new_tokens, and a block-aligned request needs no extra page), and admits an
+    exact fit (patching `PrefillAdder._select_prefill_admission`, which hands the estimate to
+    the memory budget's `check_prefill`: `total_tokens < remaining_total`,
+    mem_cache/prefill_budget.py:128)."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    original = PrefillAdder._select_prefill_admission
+
+    def worst_case(self: Any, req: Any, *, total_tokens: int, **rest: Any) -> Any:
+        if self.dllm_config is not None:
+            b = int(self.dllm_config.block_size)
+            total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens)
+            # minus 1: check_prefill admits only total_tokens < remaining_total
+            total_tokens = -(-total // b) * b - int(req.prefix_len) - 1
+        return original(self, req, total_tokens=total_tokens, **rest)
+
+    monkeypatch.setattr(PrefillAdder, "_select_prefill_admission", worst_case)
+    h = _harness(_config(kv_pages=4))
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
+    h.guarded("drain", h.drain)
+    assert set(h.outputs()) == {"a"} and len(h.outputs()["a"]) == 6
+
+
 def test_profile_refuses_a_config_outside_its_space() -> None:
     from spec.profile import ConfigOutsideProfile
 
@@ -393,6 +446,7 @@ def test_replace_keeps_profile_fields() -> None:
     assert PROFILE.space.page_multiples == frozenset({1})
     assert PROFILE.policy.reserved_kv_pages == 1 and PROFILE.policy.reserved_rows == 1
     assert dataclasses.replace(PROFILE).policy.admission.value == "prefill-first"
+    assert PROFILE.deviations == ()  # PREFILL_FIRST covers its admission order
 
 
 def test_missing_install_names_the_install_command(

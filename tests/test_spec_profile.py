@@ -96,6 +96,32 @@ def test_prefill_first_accepts_the_prefill_batch_first() -> None:
     assert _replay(SpecMachine(CFG, PREFILL_FIRST), events) is None
 
 
+def _queued(*prompts: tuple[str, tuple[int, ...]]) -> list[Event]:
+    return [Submitted(rid, prompt, 2) for rid, prompt in prompts]
+
+
+def test_prefill_first_admits_a_prompt_block_request_past_shorter_prompts() -> None:
+    # d1, d2: a prompt shorter than the block (SGLang's INCOMING_DECODE); p: a whole block
+    events = [*_queued(("d1", (1,)), ("d2", (2,)), ("p", (3, 4))), Admitted("p", 0)]
+    assert _replay(SpecMachine(CFG), events) == "fcfs_admission"
+    assert _replay(SpecMachine(CFG, PREFILL_FIRST), events) is None
+
+
+def test_prefill_first_keeps_fcfs_within_each_kind() -> None:
+    past_a_prefill = [*_queued(("p1", (1, 2)), ("d", (3,)), ("p2", (4, 5))), Admitted("p2", 0)]
+    past_a_decode = [*_queued(("d1", (1,)), ("d2", (2,))), Admitted("d2", 0)]
+    decode_past_prefill = [*_queued(("p", (1, 2)), ("d", (3,))), Admitted("d", 0)]
+    policy = PREFILL_FIRST
+    for events in (past_a_prefill, past_a_decode, decode_past_prefill):
+        m = SpecMachine(CFG, policy)
+        with pytest.raises(SpecViolation) as exc:
+            m.apply_all(events)
+        assert exc.value.rule == "fcfs_admission"
+        assert "under PREFILL_FIRST only a request whose first block is prompt-only" in str(
+            exc.value
+        )
+
+
 # ---------------------------------------------------------------- work conservation
 def _admits_one_of_two() -> list[Event]:
     return [

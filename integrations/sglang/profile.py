@@ -16,24 +16,22 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   mem_cache/memory_pool.py:400 and the allocators' `clear`);
 - admission PREFILL_FIRST: `_process_dllm_batches` tries the prefill batch first and falls back
   to the decode batch only when there is no prefill-phase request
-  (dllm/mixin/scheduler.py:262); a batch is prefill-only or decode-only;
+  (dllm/mixin/scheduler.py:262); a batch is prefill-only or decode-only, and a request whose
+  prompt fills its first block (`INCOMING_PREFILL`, dllm/mixin/req.py `init_diffusion_llm`)
+  gets its row before a shorter-prompt request (`INCOMING_DECODE`) queued ahead of it: the
+  spec's PREFILL_FIRST admission order;
 - not work-conserving: `PrefillAdder` admits against a budget that reserves the running
   requests' future tokens (`max_new_tokens` x `new_token_ratio`) and counts a new request as
   its fill ids (prompt plus a whole mask block) plus `max_new_tokens` plus a page
   (managers/schedule_policy.py `add_one_req`), so it deliberately leaves free rows and KV idle
   while a queued request would fit.
 
-Accepted deviation (until the spec's PREFILL_FIRST option covers it):
-- `fcfs_admission`: a prefill-phase request gets its row (the spec's admission) before a
-  decode-phase request queued ahead of it, because the prefill batch is formed first
-  (dllm/mixin/scheduler.py `_process_dllm_batches`); both had entered SGLang's dLLM waiting
-  queue in FCFS order (`_fetch_waiting_reqs`).
+No accepted deviation: every SGLang choice the suite meets is a declared option above.
 """
 
 from __future__ import annotations
 
 from spec.profile import (
-    AcceptedDeviation,
     DllmAdmission,
     DllmConfigSpace,
     DllmPolicy,
@@ -53,14 +51,6 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         reserved_kv_pages=1,
         reserved_rows=1,
         work_conserving=False,
-    ),
-    deviations=(
-        AcceptedDeviation(
-            "fcfs_admission",
-            "SGLang forms the prefill batch first, so a prefill-phase request gets its row before "
-            "a decode-phase request queued ahead of it (dllm/mixin/scheduler.py "
-            "_process_dllm_batches); both entered its dLLM queue in FCFS order",
-        ),
     ),
 )
 
