@@ -363,10 +363,8 @@ def _ragged(h: Harness) -> None:
 
 def test_finding_ragged_row_is_not_a_whole_block() -> None:
     """Found by the suite: SGLang allocates a row that is not one whole block. Here `b`'s first
-    extend is its prompt plus a whole mask block (5 tokens for block 4), spanning two blocks;
-    under budget pressure `PrefillAdder.add_dllm_staging_req` also truncates a fresh block to
-    the remaining budget (managers/schedule_policy.py:1114). A real model's step views the
-    input as whole blocks and would fail."""
+    extend is its prompt plus a whole mask block (5 tokens for block 4), spanning two blocks
+    (why: the next test). A real model's step views the input as whole blocks and would fail."""
     cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
     v = _violation(lambda: _ragged(_harness(cfg)))
     assert v.rule == "whole_block_alloc", v
@@ -375,7 +373,7 @@ def test_finding_ragged_row_is_not_a_whole_block() -> None:
 def test_finding_ragged_row_fixed_by_capping_the_fallback_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fix: `PrefillAdder._get_dllm_remain_tokens` (managers/schedule_policy.py:1001)
+    """A fix of the symptom: `PrefillAdder._get_dllm_remain_tokens` (schedule_policy.py:1001)
     falls back to `rem_dllm_tokens` (max_running x block_size) when its budget is used up,
     dropping its own cap at block_size (line 1010); a short prompt's fill ids are prompt + a
     whole mask block, so the row takes more than a block. Keeping the cap makes every row one
@@ -390,6 +388,83 @@ def test_finding_ragged_row_fixed_by_capping_the_fallback_budget(
     monkeypatch.setattr(PrefillAdder, "_get_dllm_remain_tokens", capped)
     _reserve_future_blocks(monkeypatch)
     _decode_fallback(monkeypatch)
+    h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
+    _ragged(h)
+    assert set(h.outputs()) == {"a", "b", "c"}
+
+
+def test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why `b`'s row spans two blocks: `process_dllm_incoming_reqs` (dllm/mixin/scheduler.py)
+    calls `req.init_next_round_input` before `adder.add_one_req` decides, and its
+    `determine_dllm_phase` moves the request from INCOMING_DECODE to STAGING_DECODE. When the
+    adder refuses it (NO_TOKEN), it stays in the dLLM queue as a staging request without a row;
+    the next round `add_dllm_staging_req` takes it, skipping the admission estimate and the
+    incoming path's one-block extend (`_get_dllm_extend_len`), with its whole fill ids: prompt
+    + a whole mask block, 5 tokens for block 4."""
+    from sglang.srt.dllm.mixin.req import DllmReqPhase
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    seen: list[tuple[str, str, Any, Any]] = []
+    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
+
+    def spy_incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = add_one(self, req, *args, **kwargs)
+        seen.append(("incoming", req.rid, result, (req.dllm_phase, req.kv.req_pool_idx)))
+        return result
+
+    def spy_staging(self: Any, req: Any) -> Any:
+        row = req.kv.req_pool_idx
+        result = add_staging(self, req)
+        seen.append(("staging", req.rid, row, req.extend_end - req.prefix_len))
+        return result
+
+    monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
+    cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
+    with pytest.raises(SpecViolation):
+        _ragged(_harness(cfg))
+    b = engine_request_id("b")
+    refused = [e for e in seen if e[:2] == ("incoming", b) and e[2] is AddReqResult.NO_TOKEN]
+    assert refused and refused[0][3] == (DllmReqPhase.STAGING_DECODE, None), seen
+    assert ("staging", b, None, 5) in seen, seen
+
+
+def _keep_refused_requests_incoming(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix: a request the adder refuses keeps the dLLM state it had before
+    `init_next_round_input` (patching `process_dllm_incoming_reqs`; upstream, the phase would
+    be decided only once the adder admits the request)."""
+    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
+
+    original = SchedulerDllmMixin.process_dllm_incoming_reqs
+    fields = (
+        "dllm_phase",
+        "dllm_block_offset",
+        "dllm_initialized",
+        "full_untruncated_fill_ids",
+        "extend_end",
+    )
+
+    def keeping(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
+        before = {id(req): {f: getattr(req, f) for f in fields} for req in reqs}
+        result = original(self, adder, reqs, running_batch)
+        admitted = {id(req) for req in adder.can_run_list}
+        for req in reqs:
+            if id(req) not in admitted:
+                for name, value in before[id(req)].items():
+                    setattr(req, name, value)
+        return result
+
+    monkeypatch.setattr(SchedulerDllmMixin, "process_dllm_incoming_reqs", keeping)
+
+
+def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the refused request kept incoming (and no other fix), the program passes: `b` is
+    offered to the adder again, which admits it with a one-block extend."""
+    _keep_refused_requests_incoming(monkeypatch)
     h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
     _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
