@@ -41,9 +41,11 @@ Modelling choices (stated so they can be argued with):
   in the next round.
 - Deliberate engine choices are profile options (`spec/profile.py`), each a parameter of the
   rules: `DllmPolicy.admission = PREFILL_FIRST` (SGLang 0.5.23's dLLM batches are prefill-only
-  or decode-only and prefill goes first: rule `prefill_first`), `DllmPolicy.work_conserving`
-  (rule `work_conserving`), reserved pages/rows (outside the spec's pool: the adapter reports
-  engine id - reserved). Strategies draw configurations only inside `DllmConfigSpace`.
+  or decode-only and prefill goes first: rule `prefill_first`; a request whose first block is
+  prompt-only may be admitted past queued shorter prompts: rule `fcfs_admission`),
+  `DllmPolicy.work_conserving` (rule `work_conserving`), reserved pages/rows (outside the
+  spec's pool: the adapter reports engine id - reserved). Strategies draw configurations only
+  inside `DllmConfigSpace`.
 - Work conservation counts the running requests' worst-case footprints (what they may still
   claim), so a scheduler that reserves a request's whole footprint at admission conforms.
 - An implementation raising `SchedulerStalled` from drain breaks `progress`; any other exception

@@ -218,26 +218,29 @@ def test_finding_kv_pressure_fixed_by_reserving_future_blocks(
     assert set(h.outputs()) == {"a", "b"}
 
 
+def _worst_case_tokens(req: Any, block_size: int) -> int:
+    """What an SGLang dLLM request can claim in all: its prompt and max_new_tokens, in whole
+    blocks."""
+    total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens)
+    return -(-total // block_size) * block_size
+
+
 def _reserve_future_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     original = SchedulerDllmMixin.process_dllm_incoming_reqs
 
-    def worst_case(req: Any, b: int) -> int:
-        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        return int(-(-total // b) * b)
-
     def reserving(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
         b = self.dllm_config.block_size
         held = [r for r in self.dllm_manager.waiting_queue if r.kv.req_pool_idx is not None]
-        need = sum(worst_case(r, b) - int(r.kv.kv_allocated_len) for r in held)
+        need = sum(_worst_case_tokens(r, b) - int(r.kv.kv_allocated_len) for r in held)
         free = self.token_to_kv_pool_allocator.available_size() - need
         fits = []
         for req in reqs:
-            if worst_case(req, b) > free:
+            if _worst_case_tokens(req, b) > free:
                 break
-            free -= worst_case(req, b)
+            free -= _worst_case_tokens(req, b)
             fits.append(req)
         if not fits:
             return AddReqResult.NO_TOKEN
@@ -494,15 +497,14 @@ def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
 
     original = PrefillAdder._select_prefill_admission
 
-    def worst_case(self: Any, req: Any, *, total_tokens: int, **rest: Any) -> Any:
+    def estimate(self: Any, req: Any, *, total_tokens: int, **rest: Any) -> Any:
         if self.dllm_config is not None:
-            b = int(self.dllm_config.block_size)
-            total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens)
+            claim = _worst_case_tokens(req, int(self.dllm_config.block_size))
             # minus 1: check_prefill admits only total_tokens < remaining_total
-            total_tokens = -(-total // b) * b - int(req.prefix_len) - 1
+            total_tokens = claim - int(req.prefix_len) - 1
         return original(self, req, total_tokens=total_tokens, **rest)
 
-    monkeypatch.setattr(PrefillAdder, "_select_prefill_admission", worst_case)
+    monkeypatch.setattr(PrefillAdder, "_select_prefill_admission", estimate)
     h = _harness(_config(kv_pages=4))
     h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
     h.guarded("drain", h.drain)
