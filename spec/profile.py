@@ -79,7 +79,8 @@ class DllmConfigSpace:
         requests has room for a whole max_context request plus k pages, and the pool k more
         (`min_kv_pages`). SGLang 0.5.23's admission estimate reserves more than the spec's
         worst case (a mask block, max_new_tokens and a page per request) and below such a pool
-        it stalls or runs out of memory — findings checked on their own (docs/engines.md).
+        it stalls, runs out of memory or truncates blocks — findings checked on their own,
+        which SGLang patched with their fixes passes in any pool (docs/engines.md).
     """
 
     modes: frozenset[Mode] = frozenset(Mode)

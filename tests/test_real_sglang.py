@@ -249,10 +249,13 @@ def _reserve_future_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SchedulerDllmMixin, "process_dllm_incoming_reqs", reserving)
 
 
-def _decode_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+def _decode_fallback(monkeypatch: pytest.MonkeyPatch, *, keep_order: bool = True) -> None:
     """When the prefill pass admits nothing, fall back to the decode batch (patching
     `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns after the prefill pass
-    whether or not it formed a batch)."""
+    whether or not it formed a batch). It offers the decode requests that hold a row and the
+    incoming ones queued ahead of the first prefill request left waiting: a shorter prompt
+    never passes a whole prompt block (PREFILL_FIRST). `keep_order=False` offers every decode
+    request (what `test_the_decode_fallback_must_keep_the_prefill_first_order` refutes)."""
     from sglang.srt.dllm.mixin.req import DllmReqPhase
     from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -263,7 +266,14 @@ def _decode_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
         mode = original(self, adder, running_batch)
         if adder.can_run_list:
             return mode
-        decode = self.dllm_manager.get_decode_requests()
+        queue = self.dllm_manager.waiting_queue
+        first_prefill = next((i for i, r in enumerate(queue) if r.is_dllm_prefill()), len(queue))
+        decode = [
+            r
+            for i, r in enumerate(queue)
+            if not r.is_dllm_prefill()
+            and (not keep_order or r.dllm_phase == DllmReqPhase.STAGING_DECODE or i < first_prefill)
+        ]
         self._process_batch_by_phase(
             adder,
             decode,
@@ -484,15 +494,12 @@ def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
     assert v.rule == "progress", v
 
 
-def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fix: for a dLLM request the adder counts what the request can still claim, its
-    prompt plus max_new_tokens rounded up to whole blocks, less its prefix (the mask block is
-    part of max_new_tokens, and a block-aligned request needs no extra page), and admits an
-    exact fit (patching `PrefillAdder._select_prefill_admission`, which hands the estimate to
-    the memory budget's `check_prefill`: `total_tokens < remaining_total`,
-    mem_cache/prefill_budget.py:128)."""
+def _estimate_the_worst_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adder counts a dLLM request as what it can still claim, its prompt plus
+    max_new_tokens rounded up to whole blocks, less its prefix (the mask block is part of
+    max_new_tokens, and a block-aligned request needs no extra page), and admits an exact fit
+    (patching `PrefillAdder._select_prefill_admission`, which hands the estimate to the memory
+    budget's `check_prefill`: `total_tokens < remaining_total`, mem_cache/prefill_budget.py:128)."""
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     original = PrefillAdder._select_prefill_admission
@@ -505,10 +512,155 @@ def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
         return original(self, req, total_tokens=total_tokens, **rest)
 
     monkeypatch.setattr(PrefillAdder, "_select_prefill_admission", estimate)
+
+
+def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fix: `_estimate_the_worst_case` — the request's own worst case, an exact fit
+    admitted."""
+    _estimate_the_worst_case(monkeypatch)
     h = _harness(_config(kv_pages=4))
     h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
     h.guarded("drain", h.drain)
     assert set(h.outputs()) == {"a"} and len(h.outputs()["a"]) == 6
+
+
+def _two_running_blocks(h: Harness) -> None:
+    """sync, block = page = 3, 6 pages (18 slots), rows 2: two one-token prompts finish with
+    their first block, then `r2` (4 new tokens) and `r3` (3) each need a second block — 6 of
+    the 12 free slots."""
+    for rid, max_new in (("r0", 1), ("r1", 1), ("r2", 4), ("r3", 3)):
+        h.submit(RequestSpec(rid, (0,), max_new))
+    h.guarded("drain", h.drain)
+
+
+_TWO_RUNNING_BLOCKS = {
+    "block_size": 3,
+    "page_size": 3,
+    "kv_pages": 6,
+    "mode": Mode.SYNC,
+    "in_place_reuse": False,
+    "max_context": 6,
+}
+
+
+def test_finding_staging_truncates_a_running_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the suite below the headroom: `PrefillAdder.add_dllm_staging_req` charges each
+    staged running request its next block, a page and its whole max_new_tokens again
+    (`_update_prefill_budget`, managers/schedule_policy.py:1122); the dLLM path's running batch
+    is empty, so nothing else counts them. `r2`'s staging leaves 12 - (3 + 3 + 4) = 2 tokens,
+    and `r3`'s next block is truncated to them (line 1114: `min(cand_extend_input_len,
+    _rem_tokens)`): 2 slots for a block of 3, with 9 slots free after the round."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    staged: list[tuple[str, int, int]] = []
+    original = PrefillAdder.add_dllm_staging_req
+
+    def spy(self: Any, req: Any) -> Any:
+        budget = int(self.rem_total_tokens)
+        result = original(self, req)
+        staged.append((req.rid, budget, int(req.extend_end - req.prefix_len)))
+        return result
+
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy)
+    v = _violation(lambda: _two_running_blocks(_harness(_config(**_TWO_RUNNING_BLOCKS))))
+    assert v.rule == "whole_block_alloc" and "allocated 2 slots for a block of 3" in str(v), v
+    assert staged[-2:] == [(engine_request_id("r2"), 12, 3), (engine_request_id("r3"), 2, 2)]
+
+
+def _stage_whole_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix: a staged request's next block is whole or waits. It is checked against the KV
+    this pass leaves free, charged only the KV it newly takes (a reused FDFO block takes none),
+    and never truncated; the request's future was reserved when it was admitted
+    (`_reserve_future_blocks`), so it is not charged again (replacing
+    `PrefillAdder.add_dllm_staging_req` for the path without separate context encoding)."""
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    def whole_block(self: Any, req: Any) -> Any:
+        page = int(self.page_size)
+        extend = min(len(req.full_untruncated_fill_ids) - req.prefix_len, self.dllm_block_size)
+        end = int(req.prefix_len) + extend
+        held = int(req.kv.kv_allocated_len) if req.kv.holds_kv else 0
+        new_kv = max(0, -(-end // page) * page - -(-held // page) * page)
+        if extend <= 0 or extend > self.rem_dllm_tokens or new_kv > self.rem_total_tokens:
+            return AddReqResult.NO_TOKEN
+        req.extend_end = end
+        self.can_run_list.append(req)
+        self.rem_dllm_tokens -= -(-extend // page) * page
+        self.memory_budget.total_offset += new_kv
+        self.memory_budget.current_offset += new_kv
+        return AddReqResult.CONTINUE
+
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", whole_block)
+
+
+def test_finding_staging_truncation_fixed_by_staging_whole_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _stage_whole_blocks(monkeypatch)
+    h = _harness(_config(**_TWO_RUNNING_BLOCKS))
+    _two_running_blocks(h)
+    assert set(h.outputs()) == {"r0", "r1", "r2", "r3"}
+
+
+def _every_fix(monkeypatch: pytest.MonkeyPatch, *, keep_order: bool = True) -> None:
+    """The five fixes above, together: each finding's fix, the decode fallback in order."""
+    _keep_refused_requests_incoming(monkeypatch)
+    _estimate_the_worst_case(monkeypatch)
+    _reserve_future_blocks(monkeypatch)
+    _decode_fallback(monkeypatch, keep_order=keep_order)
+    _stage_whole_blocks(monkeypatch)
+
+
+def _prompt_block_waits(h: Harness) -> None:
+    """block = page = 2, 3 pages, rows 3 (the suite's shrunk counterexample): `r1`'s prompt
+    fills its block; `r2`'s does too, but its worst case (4 slots) does not fit beside `r1`'s
+    reserved future; `r3`, a one-token prompt queued behind `r2`, would fit."""
+    h.submit(RequestSpec("r0", (0,), 1))
+    h.submit(RequestSpec("r1", (0, 0), 1))
+    h.submit(RequestSpec("r2", (0, 0), 1))
+    h.abort("r0")
+    h.submit(RequestSpec("r3", (0,), 1))
+    h.guarded("drain", h.drain)
+
+
+@pytest.mark.parametrize("keep_order", [True, False])
+def test_the_decode_fallback_must_keep_the_prefill_first_order(
+    monkeypatch: pytest.MonkeyPatch, keep_order: bool
+) -> None:
+    """With every fix, the decode fallback must not admit `r3` past `r2`: PREFILL_FIRST lets a
+    whole prompt block pass shorter prompts, never the reverse. A fallback that offered every
+    decode request did (found by the suite below the headroom)."""
+    _every_fix(monkeypatch, keep_order=keep_order)
+    cfg = _config(block_size=2, page_size=2, kv_pages=3, req_pool_rows=3, max_running_requests=3)
+    h = _harness(cfg.replace(max_context=4, mode=Mode.SYNC, in_place_reuse=False))
+    if keep_order:
+        _prompt_block_waits(h)
+        assert set(h.outputs()) == {"r1", "r2", "r3"}
+    else:
+        v = _violation(lambda: _prompt_block_waits(h))
+        assert v.rule == "fcfs_admission" and "admitted 'r3' while 'r2' is ahead" in str(v), v
+
+
+def test_suite_passes_below_the_headroom_with_every_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the five fixes SGLang needs no `kv_headroom_pages`: the dLLM suite draws pools of
+    any size (down to half a max_context request) and passes. Without the fixes 0.5.23 fails it
+    (each finding above is one of its counterexamples)."""
+    _every_fix(monkeypatch)
+    machine = conformance_machine(
+        REAL_SGLANG_DLLM.factory, profile=BELOW_HEADROOM, parity="always", name="BelowHeadroom"
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
 
 
 def test_profile_refuses_a_config_outside_its_space() -> None:

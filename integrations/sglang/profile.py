@@ -20,11 +20,12 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   prompt fills its first block (`INCOMING_PREFILL`, dllm/mixin/req.py `init_diffusion_llm`)
   gets its row before a shorter-prompt request (`INCOMING_DECODE`) queued ahead of it: the
   spec's PREFILL_FIRST admission order;
-- not work-conserving: `PrefillAdder` admits against a budget that reserves the running
-  requests' future tokens (`max_new_tokens` x `new_token_ratio`) and counts a new request as
-  its fill ids (prompt plus a whole mask block) plus `max_new_tokens` plus a page
-  (managers/schedule_policy.py `add_one_req`), so it deliberately leaves free rows and KV idle
-  while a queued request would fit.
+- not work-conserving: `PrefillAdder` admits against a budget that charges each staged
+  running request its next block, a page and its `max_new_tokens`
+  (managers/schedule_policy.py `add_dllm_staging_req`; the dLLM path's running batch is empty)
+  and counts a new request as its fill ids (prompt plus a whole mask block) plus
+  `max_new_tokens` plus a page (`add_one_req`), so it deliberately leaves free rows and KV
+  idle while a queued request would fit.
 
 No accepted deviation: every SGLang choice the suite meets is a declared option above.
 """
