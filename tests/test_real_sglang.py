@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
@@ -171,10 +171,8 @@ def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
     )
 
 
-def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
-    machine = conformance_machine(
-        REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
-    )
+def _run_suite(machine: type[RuleBasedStateMachine]) -> None:
+    """Run a suite machine for SCHEDSPEC_SGLANG_EXAMPLES examples (40 by default)."""
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -185,6 +183,13 @@ def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
             database=None,
         ),
     )
+
+
+def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
+    machine = conformance_machine(
+        REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
+    )
+    _run_suite(machine)
 
 
 # ---------------------------------------------------------------------------------- findings
@@ -651,16 +656,7 @@ def test_suite_passes_below_the_headroom_with_every_fix(monkeypatch: pytest.Monk
     machine = conformance_machine(
         REAL_SGLANG_DLLM.factory, profile=BELOW_HEADROOM, parity="always", name="BelowHeadroom"
     )
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
-            stateful_step_count=20,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            database=None,
-        ),
-    )
+    _run_suite(machine)
 
 
 def test_profile_refuses_a_config_outside_its_space() -> None:
