@@ -540,14 +540,9 @@ def _two_running_blocks(h: Harness) -> None:
     h.guarded("drain", h.drain)
 
 
-_TWO_RUNNING_BLOCKS = {
-    "block_size": 3,
-    "page_size": 3,
-    "kv_pages": 6,
-    "mode": Mode.SYNC,
-    "in_place_reuse": False,
-    "max_context": 6,
-}
+_TWO_RUNNING_BLOCKS = _config(
+    block_size=3, page_size=3, kv_pages=6, max_context=6, mode=Mode.SYNC, in_place_reuse=False
+)
 
 
 def test_finding_staging_truncates_a_running_block(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -569,7 +564,7 @@ def test_finding_staging_truncates_a_running_block(monkeypatch: pytest.MonkeyPat
         return result
 
     monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy)
-    v = _violation(lambda: _two_running_blocks(_harness(_config(**_TWO_RUNNING_BLOCKS))))
+    v = _violation(lambda: _two_running_blocks(_harness(_TWO_RUNNING_BLOCKS)))
     assert v.rule == "whole_block_alloc" and "allocated 2 slots for a block of 3" in str(v), v
     assert staged[-2:] == [(engine_request_id("r2"), 12, 3), (engine_request_id("r3"), 2, 2)]
 
@@ -583,16 +578,15 @@ def _stage_whole_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
     def whole_block(self: Any, req: Any) -> Any:
-        page = int(self.page_size)
         extend = min(len(req.full_untruncated_fill_ids) - req.prefix_len, self.dllm_block_size)
         end = int(req.prefix_len) + extend
         held = int(req.kv.kv_allocated_len) if req.kv.holds_kv else 0
-        new_kv = max(0, -(-end // page) * page - -(-held // page) * page)
+        new_kv = max(0, self.ceil_paged_tokens(end) - self.ceil_paged_tokens(held))
         if extend <= 0 or extend > self.rem_dllm_tokens or new_kv > self.rem_total_tokens:
             return AddReqResult.NO_TOKEN
         req.extend_end = end
         self.can_run_list.append(req)
-        self.rem_dllm_tokens -= -(-extend // page) * page
+        self.rem_dllm_tokens -= self.ceil_paged_tokens(extend)
         self.memory_budget.total_offset += new_kv
         self.memory_budget.current_offset += new_kv
         return AddReqResult.CONTINUE
@@ -604,7 +598,7 @@ def test_finding_staging_truncation_fixed_by_staging_whole_blocks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _stage_whole_blocks(monkeypatch)
-    h = _harness(_config(**_TWO_RUNNING_BLOCKS))
+    h = _harness(_TWO_RUNNING_BLOCKS)
     _two_running_blocks(h)
     assert set(h.outputs()) == {"r0", "r1", "r2", "r3"}
 
@@ -638,8 +632,17 @@ def test_the_decode_fallback_must_keep_the_prefill_first_order(
     whole prompt block pass shorter prompts, never the reverse. A fallback that offered every
     decode request did (found by the suite below the headroom)."""
     _every_fix(monkeypatch, keep_order=keep_order)
-    cfg = _config(block_size=2, page_size=2, kv_pages=3, req_pool_rows=3, max_running_requests=3)
-    h = _harness(cfg.replace(max_context=4, mode=Mode.SYNC, in_place_reuse=False))
+    cfg = _config(
+        block_size=2,
+        page_size=2,
+        kv_pages=3,
+        req_pool_rows=3,
+        max_running_requests=3,
+        max_context=4,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+    )
+    h = _harness(cfg)
     if keep_order:
         _prompt_block_waits(h)
         assert set(h.outputs()) == {"r1", "r2", "r3"}
