@@ -80,7 +80,7 @@ class DllmConfigSpace:
         (`min_kv_pages`). SGLang 0.5.23's admission estimate reserves more than the spec's
         worst case (a mask block, max_new_tokens and a page per request) and below such a pool
         it stalls, runs out of memory or truncates blocks — findings checked on their own,
-        which SGLang patched with their fixes passes in any pool (docs/engines.md).
+        and SGLang patched with their fixes passes with no headroom (docs/engines.md).
     """
 
     modes: frozenset[Mode] = frozenset(Mode)
