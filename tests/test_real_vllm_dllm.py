@@ -8,9 +8,11 @@ SCHEDSPEC_VLLM_DLLM_PROGRAMS (default 150) sets how many generated programs the 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ from integrations.vllm.whole_canvas_fix import (
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
+from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
     budget_raised,
@@ -435,6 +438,84 @@ def test_whole_canvas_fix_changes_nothing_where_the_budget_does_not_bind() -> No
     for seed in range(min(PROGRAMS, 40)):
         program = dllm_program(seed)
         assert check_both(program, mutate=apply_whole_canvas_fix) == check_both(program), seed
+
+
+def test_the_fixs_cost_on_the_findings_program() -> None:
+    """What `scripts/vllm_whole_canvas_cost.py` counts, on the first finding's program (budget
+    6, two canvases of 4, each converging after 3 denoise steps; synchronous loop). As released,
+    with short canvases tolerated, 'b' denoises 2-token canvases beside 'a' for 8 steps (two
+    canvases of 2), then one whole canvas: 20 canvas steps, 'b' done at engine step 13. With the
+    fix 'b' waits out the 8 schedule() calls in which 'a' runs its two canvases, then runs its
+    own two: 16 canvas steps, but 'b' done at engine step 17."""
+    requests = (DllmRequest("a", 3, 8, (3,)), DllmRequest("b", 3, 8, (3,)))
+    program = _one_step(_serving(max_num_batched_tokens=6), *requests)
+    loop = DllmCoreLoop(program.serving, async_scheduling=False, tolerate_short_canvases=True)
+    released = loop.run(program)
+    fixed = _run(program, async_scheduling=False, mutate=apply_whole_canvas_fix)
+    for run in (released, fixed):
+        assert run.reasons == {"a": "length", "b": "length"}
+        assert all(len(out) == 8 for out in run.outputs.values())
+    assert (released.short_canvas_steps, fixed.short_canvas_steps) == (8, 0)
+    assert released.denoise_steps + released.commits == 20
+    assert fixed.denoise_steps + fixed.commits == 16
+    assert (released.engine_steps, fixed.engine_steps) == (14, 18)
+    assert released.latencies == {"a": 9, "b": 13}
+    assert fixed.latencies == {"a": 9, "b": 17}
+    assert (released.canvas_waits, released.longest_canvas_wait) == (0, 0)
+    assert (fixed.canvas_waits, fixed.longest_canvas_wait) == (8, 8)
+
+
+def test_tolerating_short_canvases_relaxes_nothing_else() -> None:
+    """`tolerate_short_canvases` lets a budget-cut canvas through and nothing more: a scheduler
+    over its budget still fails `token_budget`, and an aborted request has no latency."""
+
+    def released_over_budget(seed: int) -> DllmRun:
+        program = dllm_program(seed, budget_binds=True)
+        loop = DllmCoreLoop(
+            program.serving,
+            async_scheduling=False,
+            mutate=budget_raised,
+            tolerate_short_canvases=True,
+        )
+        return loop.run(program)
+
+    seen = first_violations(PROGRAMS, released_over_budget)
+    assert set(seen) == {"token_budget"}, seen
+    program = DllmProgram(
+        _serving(max_num_batched_tokens=6),
+        ((DllmRequest("a", 3, 8, (3,)), DllmRequest("b", 3, 8, (3,))), ()),
+        ((), ("b",)),
+    )
+    run = DllmCoreLoop(program.serving, async_scheduling=False, tolerate_short_canvases=True).run(
+        program
+    )
+    assert run.reasons["b"] == "abort" and set(run.latencies) == {"a"}, run
+
+
+def test_the_cost_script_sums_and_pairs_the_runs(tmp_path: Path) -> None:
+    """`scripts/vllm_whole_canvas_cost.py` on 12 programs: its JSON's totals are the sums of
+    the four runs per program, and its paired figures cover exactly the programs the fix
+    changed."""
+    script = load_script("vllm_whole_canvas_cost")
+    out = tmp_path / "cost.json"
+    assert script.main(["--programs", "12", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    for mode in ("sync", "async"):
+        runs = {
+            variant: [
+                script._run(dllm_program(seed, budget_binds=True), variant, mode == "async", 1)
+                for seed in range(12)
+            ]
+            for variant in ("released", "fix")
+        }
+        for variant, variant_runs in runs.items():
+            got = figures["figures"][f"{mode}/{variant}"]
+            assert got["engine_steps"] == sum(r.engine_steps for r in variant_runs)
+            assert got["short_canvas_steps"] == sum(r.short_canvas_steps for r in variant_runs)
+            assert got["finished_requests"] == sum(len(r.latencies) for r in variant_runs)
+        changed = sum(a != b for a, b in zip(runs["released"], runs["fix"], strict=True))
+        assert figures["programs_changed_by_the_fix"][mode] == changed > 0
+        assert figures["figures"][f"{mode}/fix"]["short_canvas_steps"] == 0
 
 
 def test_whole_canvas_fix_as_a_patch_of_vllms_file_only_adds_the_skip() -> None:

@@ -27,6 +27,7 @@ OUTPUTS = [
     ("vllm_async_check", "--json"),
     ("vllm_dllm_check", "--json"),
     ("vllm_differential", "--json"),
+    ("vllm_whole_canvas_cost", "--json"),
 ]
 
 

@@ -78,6 +78,7 @@ from integrations.vllm.adapter import (
     vllm_config_error,
 )
 from integrations.vllm.core_loop import (
+    ABORTED,
     SCHEDULE_RULES,
     BatchQueueLoop,
     EngineCoreViolation,
@@ -234,6 +235,13 @@ class DllmRun:
     aborts_in_flight: int  # aborts of a request with a step in flight
     discarded: int  # scheduled steps of a request that had finished when their output came
     discarded_read_only: int  # of those, steps of a read-only request
+    short_canvas_steps: int  # canvases cut below their whole width (only when tolerated)
+    scheduled_tokens: int  # tokens of every schedule() call, prefill chunks and canvases
+    canvas_waits: int  # schedule() calls that left out a running request past its prefill
+    longest_canvas_wait: int  # the most such calls in a row for one request
+    #: engine steps from each request's arrival to the step whose output finished it (requests
+    #: that finished; aborted ones are left out)
+    latencies: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -244,6 +252,10 @@ class _Counts(LoopCounts):
     preemptions: int = 0
     prefix_hit_tokens: int = 0
     discarded_read_only: int = 0
+    short_canvas_steps: int = 0
+    scheduled_tokens: int = 0
+    canvas_waits: int = 0
+    longest_canvas_wait: int = 0
 
 
 @dataclass
@@ -322,7 +334,12 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
     `DiffusionAsyncScheduler` with a batch queue of 2 (p + 1 with p pipeline stages), or
     `DiffusionScheduler` with 1 and `post_step`'s canvas hand-back; the runner fabricated.
     `mutate`, if given, is applied to the scheduler once built (seeded bugs, or the candidate
-    fix of `integrations.vllm.whole_canvas_fix`)."""
+    fix of `integrations.vllm.whole_canvas_fix`).
+
+    `tolerate_short_canvases=True` relaxes `canvas_whole` for one purpose, measuring what vLLM
+    as released does where it cuts canvases (`scripts/vllm_whole_canvas_cost.py`): a canvas
+    shorter than its whole width is counted (`short_canvas_steps`) and served as scheduled;
+    a canvas before the prefill, or wider than whole, still fails. Every other rule holds."""
 
     drain_limit = 20_000
 
@@ -332,6 +349,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         *,
         async_scheduling: bool,
         mutate: Callable[[Any], None] | None = None,
+        tolerate_short_canvases: bool = False,
     ) -> None:
         if serving.pipeline_parallel_size > 1 and not async_scheduling:
             raise ConfigError(
@@ -353,8 +371,12 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             queue_size=serving.async_batch_queue if async_scheduling else 1,
         )
         self.runner = _Runner(self)
+        self.tolerate_short_canvases = tolerate_short_canvases
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
+        self.arrived_at: dict[str, int] = {}  # engine steps run before the request arrived
+        self.latencies: dict[str, int] = {}
+        self.wait_streak: dict[str, int] = {}
         # prefix caching's block hashes: vLLM's own, as its input processor attaches them
         self.hasher = (
             self.v.kv_utils.get_request_block_hasher(serving.block_size, self.v.hashing.sha256)
@@ -407,6 +429,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.specs[rid] = request
         self.arrival_of[rid] = arrival
+        self.arrived_at[rid] = self.n.engine_steps
         self.outputs[rid] = []
         self.sched.add_request(req)
 
@@ -424,7 +447,10 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         """The program (`BatchQueueLoop.play`), checked; what the loop did."""
         self.play(program.arrivals, program.aborts, self.submit, self.abort)
         return DllmRun(
-            {rid: tuple(t) for rid, t in self.outputs.items()}, dict(self.reasons), **asdict(self.n)
+            {rid: tuple(t) for rid, t in self.outputs.items()},
+            dict(self.reasons),
+            latencies=dict(self.latencies),
+            **asdict(self.n),
         )
 
     # ------------------------------------------------------------------ the loop's hooks
@@ -451,6 +477,21 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)
+        self.n.scheduled_tokens += out.total_num_scheduled_tokens
+        self.count_waits(out)
+
+    def count_waits(self, out: Any) -> None:
+        """`canvas_waits` / `longest_canvas_wait`: running requests past their prefill (as the
+        runner stands) that batch `out` leaves out."""
+        for req in self.sched.running:
+            rid = req.request_id
+            slot = self.runner.slots.get(rid)
+            if rid in out.num_scheduled_tokens or slot is None or not slot.denoising:
+                self.wait_streak.pop(rid, None)
+                continue
+            streak = self.wait_streak[rid] = self.wait_streak.get(rid, 0) + 1
+            self.n.canvas_waits += 1
+            self.n.longest_canvas_wait = max(self.n.longest_canvas_wait, streak)
 
     def runner_output(self, executed: Any) -> Any:
         return executed[0]
@@ -461,6 +502,9 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             drafts = executed[1]
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
         self.check_kv(f"after update_from_output() of schedule {self.n.schedules}")
+        for rid, reason in self.reasons.items():
+            if reason != ABORTED and rid not in self.latencies:
+                self.latencies[rid] = self.n.engine_steps - self.arrived_at[rid]
 
     def on_discarded(self, rid: str) -> None:
         self.n.discarded_read_only += self.specs[rid].read_only
@@ -510,6 +554,9 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         position = spec.prompt_len + slot.emitted
         room = self.serving.max_model_len - position
         whole = min(self.width(spec), room)
+        if canvas < whole and self.tolerate_short_canvases:
+            self.n.short_canvas_steps += 1
+            return
         if canvas != whole:
             raise EngineCoreViolation(
                 "canvas_whole",

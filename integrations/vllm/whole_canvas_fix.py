@@ -25,7 +25,8 @@ is written for. As a change to vLLM it is three statements around the budget cap
 namespace) and gives it to that scheduler alone, through a subclass of its class: nothing of
 vLLM is changed for any other scheduler. If vLLM's code no longer has the place the fix
 edits, it raises `FixDoesNotApply` rather than run unpatched. `fix_as_diff()` gives the same
-edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it).
+edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it), and
+`scripts/vllm_whole_canvas_cost.py` measures what it costs against vLLM as released.
 """
 
 from __future__ import annotations
