@@ -2,15 +2,16 @@
 over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
-        [--whole-canvas-fix] [--pipeline-parallel P] [--prefix-caching] [--priority]
-        [--json FILE]
+        [--whole-canvas-fix] [--read-only-hold-fix] [--pipeline-parallel P] [--prefix-caching]
+        [--priority] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
 checks of `integrations.vllm.diffusion`; prints the failures (rule and first seeds) and how
 often each path was taken. `--budget-binds` draws the programs with a token budget that binds
 (the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
-with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--pipeline-parallel P` runs the
+with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--read-only-hold-fix` with that of
+`integrations.vllm.read_only_hold_fix` (both flags: both fixes); `--pipeline-parallel P` runs the
 asynchronous loop with P pipeline stages (a batch queue of P + 1); `--prefix-caching` serves
 with prefix caching on and half the prompts prefixes of one shared prompt; `--priority` serves
 under vLLM's priority policy, each request a priority in 0..2. Exit 1 if a program failed.
@@ -22,9 +23,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,6 +36,7 @@ from integrations.vllm.program_tally import (
     add_program_arguments,
     parse_program_arguments,
 )
+from integrations.vllm.read_only_hold_fix import apply_read_only_hold_fix
 from integrations.vllm.whole_canvas_fix import apply_whole_canvas_fix
 from schedspec_cli.output import output_file, write_json
 
@@ -51,6 +54,11 @@ MEANING = {
 }
 
 
+def _apply_all(fixes: Sequence[Callable[[Any], None]], sched: Any) -> None:
+    for fix in fixes:
+        fix(sched)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_dllm_check.py")
     add_program_arguments(parser, 2000)
@@ -63,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--whole-canvas-fix",
         action="store_true",
         help="run vLLM with the candidate fix: a canvas is scheduled whole or not at all",
+    )
+    parser.add_argument(
+        "--read-only-hold-fix",
+        action="store_true",
+        help="run vLLM with the candidate fix: a read-only request is held once its step cap "
+        "is scheduled",
     )
     parser.add_argument(
         "--prefix-caching",
@@ -80,7 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_program_arguments(parser, argv)
     start = time.perf_counter()
     tally = ProgramTally(tuple(MEANING))
-    mutate = apply_whole_canvas_fix if args.whole_canvas_fix else None
+    fixes = [
+        fix
+        for fix, wanted in (
+            (apply_whole_canvas_fix, args.whole_canvas_fix),
+            (apply_read_only_hold_fix, args.read_only_hold_fix),
+        )
+        if wanted
+    ]
+    mutate = partial(_apply_all, fixes) if fixes else None
     requests = 0
     for seed in range(args.programs):
         program = dllm_program(
@@ -96,7 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     elapsed = time.perf_counter() - start
     space = "token budget binds" if args.budget_binds else "token budget never binds"
-    patch = "vLLM with the whole-canvas fix" if args.whole_canvas_fix else "vLLM as released"
+    named = [
+        name
+        for name, wanted in (
+            ("the whole-canvas fix", args.whole_canvas_fix),
+            ("the read-only hold fix", args.read_only_hold_fix),
+        )
+        if wanted
+    ]
+    patch = f"vLLM with {' and '.join(named)}" if named else "vLLM as released"
     if args.prefix_caching:
         patch += ", prefix caching on"
     if args.priority:
@@ -120,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "end_margin_canvases": END_MARGIN_CANVASES,
                 "budget_binds": args.budget_binds,
                 "whole_canvas_fix": args.whole_canvas_fix,
+                "read_only_hold_fix": args.read_only_hold_fix,
                 "pipeline_parallel_size": args.pipeline_parallel,
                 "prefix_caching": args.prefix_caching,
                 "priority_policy": args.priority,

@@ -29,6 +29,7 @@ from integrations.vllm.diffusion import (
     check_both,
     dllm_program,
 )
+from integrations.vllm.read_only_hold_fix import apply_read_only_hold_fix
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
@@ -554,25 +555,74 @@ def test_finding_async_cuts_a_canvas_early_near_max_model_len() -> None:
     assert "7 positions remain" in str(err.value)
 
 
+def _discarded_read_only_steps(
+    converge: int,
+    max_steps: int | None,
+    *,
+    served_steps: int = 4,
+    stages: int = 1,
+    mutate: Any = None,
+) -> int:
+    """Steps of one read-only request (converging after `converge` denoise steps, its
+    `diffusion_max_steps` = `max_steps`) thrown away in the asynchronous loop."""
+    request = DllmRequest("r", 5, 4, (converge,), read_only=True, max_steps=max_steps)
+    serving = _serving(pipeline_parallel_size=stages, max_denoising_steps=served_steps)
+    run = _run(_one_step(serving, request), async_scheduling=True, mutate=mutate)
+    assert run.outputs["r"] == tuple(1 << 40 | i for i in range(1, 5))
+    return run.discarded_read_only
+
+
 def test_read_only_deferral_saves_a_step_only_for_single_step_reads() -> None:
     """`DiffusionAsyncScheduler` holds a read-only request back once all its denoise steps are in
     flight, so no step is scheduled after the one that emits. With `diffusion_max_steps=1` that
     works: no step is thrown away (without the hold, one is). With 2 steps it counts the steps
     in flight against all of them, not the ones left: after the first returns, a third step is
-    scheduled and thrown away."""
-
-    def discarded(max_steps: int, mutate: Any = None, stages: int = 1) -> int:
-        request = DllmRequest("r", 5, 4, (max_steps,), read_only=True, max_steps=max_steps)
-        serving = _serving(pipeline_parallel_size=stages)
-        run = _run(_one_step(serving, request), async_scheduling=True, mutate=mutate)
-        assert run.outputs["r"] == tuple(1 << 40 | i for i in range(1, 5))
-        return run.discarded_read_only
-
-    assert discarded(1) == 0
-    assert discarded(1, _request_width_ignored) == 1  # AsyncScheduler.schedule: no hold
-    assert discarded(2) == 1
+    scheduled and thrown away. It reads only the request's own `diffusion_max_steps`: above the
+    served `max_denoising_steps` (which the runner caps it at), or not given (the runner runs
+    the served number), the hold never comes and a step is thrown away too."""
+    discarded = _discarded_read_only_steps
+    assert discarded(1, 1) == 0
+    assert discarded(1, 1, mutate=_request_width_ignored) == 1  # AsyncScheduler: no hold
+    assert discarded(2, 2) == 1
     # pipeline stages lengthen the hold ("max keeps a longer pipeline-parallel wait"), no more
-    assert [discarded(steps, stages=3) for steps in (1, 2)] == [0, 1]
+    assert [discarded(steps, steps, stages=3) for steps in (1, 2)] == [0, 1]
+    assert discarded(9, 2, served_steps=1) == 1  # the runner caps 2 at the served 1
+    assert discarded(9, None, served_steps=1) == 1  # no own cap: the served 1
+
+
+def test_read_only_hold_fix_throws_no_step_away_at_the_cap() -> None:
+    """With the candidate fix (`integrations.vllm.read_only_hold_fix`) the hold counts the steps
+    scheduled against the step cap the runner applies, so no step is thrown away when the
+    request converges at its cap, with any cap, any pipeline depth, the served cap or none of
+    its own. A request that converges before its cap still loses the step already in flight:
+    the scheduler cannot know it converged early."""
+    fix = apply_read_only_hold_fix
+    for steps in (1, 2, 3, 4):
+        assert _discarded_read_only_steps(steps, steps, mutate=fix) == 0, steps
+        assert _discarded_read_only_steps(steps, steps, stages=3, mutate=fix) == 0, steps
+    assert _discarded_read_only_steps(9, 2, served_steps=1, mutate=fix) == 0
+    assert _discarded_read_only_steps(9, None, served_steps=1, mutate=fix) == 0
+    assert _discarded_read_only_steps(1, 3, mutate=fix) == 1
+
+
+def test_read_only_hold_fix_holds_wherever_it_runs() -> None:
+    """With the fix every generated program passes both loops, every rule checked (it holds
+    back requests, so admission, budget and cadence are checked with it), and the
+    asynchronous loop throws fewer read-only steps away. The synchronous scheduler, with no
+    step in flight, is left as built."""
+    released = fixed = 0
+    for seed in range(PROGRAMS):
+        program = dllm_program(seed)
+        released_sync, released_async = check_both(program)
+        released += released_async.discarded_read_only
+        sync_run, async_run = check_both(program, mutate=apply_read_only_hold_fix)
+        assert sync_run == released_sync, seed
+        fixed += async_run.discarded_read_only
+    assert fixed < released, (fixed, released)
+    sched = DllmCoreLoop(_serving(), async_scheduling=False).sched
+    built = type(sched)
+    apply_read_only_hold_fix(sched)
+    assert type(sched) is built
 
 
 # ---------------------------------------------------------------- clear errors

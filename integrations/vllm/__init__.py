@@ -28,7 +28,8 @@ vLLM's diffusion-LLM schedulers (`DiffusionScheduler`, `DiffusionAsyncScheduler`
 in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising runner (with
 prefix caching, and pipeline-parallel stages in the asynchronous loop);
 `integrations.vllm.whole_canvas_fix` applies a candidate fix for the first of their findings
-(a canvas cut by the token budget) to one built scheduler, so the same checks validate it.
+(a canvas cut by the token budget) to one built scheduler, so the same checks validate it;
+`integrations.vllm.read_only_hold_fix` does the same for the read-only hold's wasted step.
 """
 
 from __future__ import annotations
