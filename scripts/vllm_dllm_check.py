@@ -96,9 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tally = ProgramTally(tuple(MEANING))
     fixes = [
         fix
+        # the hold fix replaces vLLM's class, the whole-canvas fix subclasses it: in this order
         for fix, wanted in (
-            (apply_whole_canvas_fix, args.whole_canvas_fix),
             (apply_read_only_hold_fix, args.read_only_hold_fix),
+            (apply_whole_canvas_fix, args.whole_canvas_fix),
         )
         if wanted
     ]

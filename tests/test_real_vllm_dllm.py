@@ -29,7 +29,12 @@ from integrations.vllm.diffusion import (
     check_both,
     dllm_program,
 )
-from integrations.vllm.read_only_hold_fix import apply_read_only_hold_fix
+from integrations.vllm.read_only_hold_fix import (
+    apply_read_only_hold_fix,
+    fixed_async_class,
+    fixed_module_source,
+)
+from integrations.vllm.read_only_hold_fix import fix_as_diff as hold_fix_as_diff
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
@@ -540,6 +545,51 @@ def test_whole_canvas_fix_refuses_a_vllm_without_the_statement_it_edits() -> Non
     source = "def schedule(self):\n    num_new_tokens = min(num_new_tokens, budget)\n"
     with pytest.raises(FixDoesNotApply, match="has 0 running-request budget caps"):
         fixed_source(source)
+
+
+def test_read_only_hold_fix_as_a_patch_of_vllms_file_only_adds_the_counted_hold() -> None:
+    """`fix_as_diff` of the hold fix is a patch of vLLM's diffusion_scheduler.py that changes two
+    lines (the hold's condition, which keeps vLLM's own test, and the return of `schedule`) and
+    adds the step cap, the counter and the count; the validated class runs that very file."""
+    diff = hold_fix_as_diff().splitlines()
+    assert diff[:2] == [
+        "--- a/vllm/v1/core/sched/diffusion_scheduler.py",
+        "+++ b/vllm/v1/core/sched/diffusion_scheduler.py",
+    ]
+    removed = [line[1:].strip() for line in diff[2:] if line.startswith("-")]
+    added = [line[1:].strip() for line in diff[2:] if line.startswith("+")]
+    assert removed == [
+        "if _read_in_flight(request, width):",
+        "return super().schedule(throttle_prefills)",
+    ]
+    assert "if _read_in_flight(request, width) or (" in added
+    assert "self._read_steps: dict[str, int] = {}" in added
+    assert added[-1] == "return output"
+    assert "_read_step_cap" in fixed_async_class().schedule.__globals__
+
+
+def test_read_only_hold_fix_refuses_a_vllm_without_the_places_it_edits() -> None:
+    source = "class DiffusionScheduler(Scheduler):\n    pass\n"
+    with pytest.raises(FixDoesNotApply, match="has 0 copies of `class DiffusionAsyncScheduler"):
+        fixed_module_source("\n\n" + source)
+
+
+def test_read_only_hold_fix_goes_first_and_composes_with_the_whole_canvas_fix() -> None:
+    """The hold fix replaces vLLM's class and the whole-canvas fix subclasses what it finds, so
+    both run in that order (a budget-binding program passes both loops with both), and the
+    other order is refused rather than silently dropping the first fix."""
+    program = dllm_program(9, budget_binds=True)
+
+    def both(sched: Any) -> None:
+        apply_read_only_hold_fix(sched)
+        apply_whole_canvas_fix(sched)
+
+    for run in check_both(program, mutate=both):
+        assert run.reasons
+    sched = DllmCoreLoop(_serving(), async_scheduling=True).sched
+    apply_whole_canvas_fix(sched)
+    with pytest.raises(FixDoesNotApply, match="apply the read-only hold fix first"):
+        apply_read_only_hold_fix(sched)
 
 
 def test_finding_async_cuts_a_canvas_early_near_max_model_len() -> None:

@@ -1,5 +1,6 @@
-"""A candidate fix for the read-only hold of vLLM 0.33.0's `DiffusionAsyncScheduler`, applied to
-one built scheduler so that the checks of `integrations.vllm.diffusion` can validate it.
+"""A candidate fix for the read-only hold of vLLM 0.33.0's `DiffusionAsyncScheduler`, made as an
+edit of vLLM's own `vllm/v1/core/sched/diffusion_scheduler.py` and applied to one built
+scheduler so that the checks of `integrations.vllm.diffusion` can validate it.
 
 The finding (docs/engines.md, "Diffusion LLMs"): a read-only request emits its one canvas on
 the step that converges it and ends, so a step scheduled after that one is thrown away. The
@@ -15,68 +16,162 @@ last (re)started, and holds the request once that count reaches its step cap: it
 `diffusion_max_steps`, capped at the served `max_denoising_steps`, or the served number when it
 gives none (as the runner caps it). A step that comes back then finds everything it needs
 already scheduled. A request that converges before its cap still has its later steps in
-flight: the scheduler cannot know that in advance. As a change to vLLM it is a counter in
-`DiffusionAsyncScheduler.schedule`: the hold before `super().schedule()`, the count after it
-(reset when the request is preempted, dropped when it finishes).
+flight: the scheduler cannot know that in advance. As a change to vLLM's file: a function
+`_read_step_cap`, a counter set in `DiffusionAsyncScheduler.__init__`, the hold in `schedule`
+before `super().schedule()` and the count after it (reset when the request is preempted,
+dropped when it finishes).
 
-`apply_read_only_hold_fix(sched)` gives exactly that `schedule` to one built
-`DiffusionAsyncScheduler` through a subclass of its class; nothing of vLLM changes for any other
+`fixed_module_source(text)` makes that edit to the file's text (`FixDoesNotApply` if the file
+no longer has the places it edits); `fix_as_diff()` gives it as a patch of the installed file
+(`scripts/vllm_read_only_hold_diff.py` prints it). `apply_read_only_hold_fix(sched)` runs the
+edited file, as a module of its own, and gives one built `DiffusionAsyncScheduler` the edited
+class (with the counter the edited `__init__` sets); nothing of vLLM changes for any other
 scheduler. The synchronous `DiffusionScheduler` has no step in flight to throw away, so it is
 left as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import functools
+import importlib
+import inspect
+import types
+from pathlib import Path
 from typing import Any
 
+from integrations.vllm.adapter import load_vllm
+from integrations.vllm.whole_canvas_fix import FixDoesNotApply
 
-def read_only_step_cap(request: Any, served_max_steps: int | None) -> int | None:
-    """The denoise steps the runner gives a read-only `request` (its `diffusion_max_steps`
-    capped at the served `max_denoising_steps`, or the served number); None when the request is
-    not read-only or no cap is known."""
+MODULE = "vllm.v1.core.sched.diffusion_scheduler"
+FILE = "vllm/v1/core/sched/diffusion_scheduler.py"
+
+_STEP_CAP = '''
+
+def _read_step_cap(request: Request, served_steps: int | None) -> int | None:
+    """The denoise steps the runner gives a read-only request: its
+    diffusion_max_steps capped at the served max_denoising_steps, or the
+    served number. None when it is not read-only or no cap is known."""
     params = request.sampling_params
     extra = params.extra_args if params is not None else None
     if not extra or not extra.get("diffusion_read_only"):
         return None
-    own = extra.get("diffusion_max_steps")
-    if own is None:
-        return served_max_steps
-    return own if served_max_steps is None else max(1, min(int(own), served_max_steps))
+    steps = extra.get("diffusion_max_steps")
+    if steps is None:
+        return served_steps
+    if served_steps is None:
+        return int(steps)
+    return max(1, min(int(steps), served_steps))
+'''
+
+#: (what the file has, exactly once; what the fix puts in its place)
+_EDITS = (
+    (
+        "\n\nclass DiffusionScheduler(Scheduler):\n",
+        _STEP_CAP + "\n\nclass DiffusionScheduler(Scheduler):\n",
+    ),
+    (
+        "class DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler):\n"
+        "    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:\n"
+        "        for request in self.running:\n",
+        "class DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler):\n"
+        "    def __init__(self, *args, **kwargs) -> None:\n"
+        "        super().__init__(*args, **kwargs)\n"
+        "        # Canvas steps scheduled per read-only request since it last started.\n"
+        "        self._read_steps: dict[str, int] = {}\n"
+        "\n"
+        "    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:\n"
+        "        diffusion_config = self.vllm_config.diffusion_config\n"
+        "        served = diffusion_config.max_denoising_steps if diffusion_config else None\n"
+        "        for request in self.running:\n",
+    ),
+    (
+        "            if _read_in_flight(request, width):\n",
+        "            cap = _read_step_cap(request, served)\n"
+        "            if _read_in_flight(request, width) or (\n"
+        "                cap is not None\n"
+        "                and self._read_steps.get(request.request_id, 0) >= cap\n"
+        "            ):\n",
+    ),
+    (
+        "        return super().schedule(throttle_prefills)\n",
+        "        output = super().schedule(throttle_prefills)\n"
+        "        for req_id in (output.preempted_req_ids or set()) | output.finished_req_ids:\n"
+        "            # A resumed request starts its canvas again.\n"
+        "            self._read_steps.pop(req_id, None)\n"
+        "        for req_id in output.scheduled_spec_decode_tokens:\n"
+        "            if _read_step_cap(self.requests[req_id], served) is not None:\n"
+        "                self._read_steps[req_id] = self._read_steps.get(req_id, 0) + 1\n"
+        "        return output\n",
+    ),
+)
 
 
-def _counted_hold(sched: Any, schedule: Callable[[bool], Any], throttle_prefills: bool) -> Any:
-    """`schedule(throttle_prefills)` (the built class's own) with the counted hold around it."""
-    counts: dict[str, int] = sched.__dict__.setdefault("_read_steps_scheduled", {})
-    served = sched.vllm_config.diffusion_config.max_denoising_steps
-    for request in sched.running:
-        cap = read_only_step_cap(request, served)
-        if cap is not None and counts.get(request.request_id, 0) >= cap:
-            # as vLLM's own hold: schedule() advances current_step before it checks
-            # eligibility, so current_step + 2 skips this call alone
-            request.next_decode_eligible_step = max(
-                request.next_decode_eligible_step, sched.current_step + 2
+def fixed_module_source(text: str) -> str:
+    """The text of `diffusion_scheduler.py` with the fix made; `FixDoesNotApply` if one of the
+    places it edits is missing or not unique (the fix is written against vLLM 0.33.0)."""
+    for old, new in _EDITS:
+        found = text.count(old)
+        if found != 1:
+            first = old.strip().splitlines()[0]
+            raise FixDoesNotApply(
+                f"{FILE} has {found} copies of `{first}`; the read-only hold fix edits exactly "
+                "one (vLLM 0.33.0's)"
             )
-    out = schedule(throttle_prefills)
-    for rid in (out.preempted_req_ids or set()) | set(out.finished_req_ids):
-        counts.pop(rid, None)  # a resumed request starts its canvas again
-    for rid in out.scheduled_spec_decode_tokens:
-        if read_only_step_cap(sched.requests[rid], served) is not None:
-            counts[rid] = counts.get(rid, 0) + 1
-    return out
+        text = text.replace(old, new)
+    return text
+
+
+def _installed_text() -> str:
+    load_vllm()
+    module = importlib.import_module(MODULE)
+    return Path(inspect.getsourcefile(module) or "").read_text(encoding="utf-8")
+
+
+@functools.cache
+def fixed_async_class() -> Any:
+    """`DiffusionAsyncScheduler` of the edited file, run as a module of its own (vLLM's module
+    is left as it is); made once per process."""
+    source = fixed_module_source(_installed_text())
+    module = types.ModuleType(f"{MODULE}_read_only_hold_fix")
+    exec(compile(source, f"<{FILE}, read-only hold fix>", "exec"), module.__dict__)
+    return module.DiffusionAsyncScheduler
+
+
+def fix_as_diff() -> str:
+    """The fix as a unified diff of the installed vLLM's `diffusion_scheduler.py` (paths as
+    `git apply -p1` in a vLLM checkout wants), made from that file when called."""
+    text = _installed_text()
+    lines = difflib.unified_diff(
+        text.splitlines(keepends=True),
+        fixed_module_source(text).splitlines(keepends=True),
+        fromfile=f"a/{FILE}",
+        tofile=f"b/{FILE}",
+    )
+    return "".join(lines)
 
 
 def apply_read_only_hold_fix(sched: Any) -> None:
-    """Give `sched`, a built `DiffusionAsyncScheduler`, the counted read-only hold (see the
-    module docstring); a synchronous `DiffusionScheduler` is left as it is."""
+    """Give `sched`, a built `DiffusionAsyncScheduler`, the edited class and the counter its
+    `__init__` sets. A synchronous `DiffusionScheduler` is left as it is. Apply it before any
+    other change of the scheduler's class (the whole-canvas fix subclasses whatever class it
+    finds, so it composes after this one); a class changed already is refused."""
     cls = type(sched)
-    if not any(c.__name__ == "DiffusionAsyncScheduler" for c in cls.__mro__):
-        return
+    vllm_async = importlib.import_module(MODULE).DiffusionAsyncScheduler
+    if cls is not vllm_async:
+        if not issubclass(cls, vllm_async):
+            return  # the synchronous scheduler
+        raise FixDoesNotApply(
+            f"the scheduler's class was changed already ({cls.__module__}.{cls.__qualname__}); "
+            "apply the read-only hold fix first"
+        )
+    sched.__class__ = fixed_async_class()
+    sched._read_steps = {}
 
-    def schedule(self: Any, throttle_prefills: bool = False) -> Any:
-        return _counted_hold(self, lambda throttle: cls.schedule(self, throttle), throttle_prefills)
 
-    sched.__class__ = type(cls.__name__, (cls,), {"schedule": schedule, "__module__": __name__})
-
-
-__all__ = ["apply_read_only_hold_fix", "read_only_step_cap"]
+__all__ = [
+    "apply_read_only_hold_fix",
+    "fix_as_diff",
+    "fixed_async_class",
+    "fixed_module_source",
+]
