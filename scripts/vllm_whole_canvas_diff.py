@@ -17,19 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations.vllm.whole_canvas_fix import FixDoesNotApply, fix_as_diff
-from spec.errors import SchedSpecError
-
-
-def main() -> int:
-    try:
-        diff = fix_as_diff()
-    except (FixDoesNotApply, SchedSpecError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    sys.stdout.write(diff)
-    return 0
-
+from integrations.vllm.patches import print_patch
+from integrations.vllm.whole_canvas_fix import fix_as_diff
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(print_patch(fix_as_diff))

@@ -29,6 +29,7 @@ from integrations.vllm.diffusion import (
     check_both,
     dllm_program,
 )
+from integrations.vllm.patches import print_patch
 from integrations.vllm.read_only_hold_fix import (
     apply_read_only_hold_fix,
     fixed_async_class,
@@ -566,6 +567,21 @@ def test_read_only_hold_fix_as_a_patch_of_vllms_file_only_adds_the_counted_hold(
     assert "self._read_steps: dict[str, int] = {}" in added
     assert added[-1] == "return output"
     assert "_read_step_cap" in fixed_async_class().schedule.__globals__
+
+
+def test_a_patch_script_prints_the_patch_or_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/vllm_*_diff.py` print the diff, or say in one line why there is none."""
+
+    def missing() -> str:
+        raise FixDoesNotApply("scheduler.py has 0 copies of `x`")
+
+    assert print_patch(lambda: "--- a/f\n+++ b/f\n") == 0
+    assert capsys.readouterr().out == "--- a/f\n+++ b/f\n"
+    assert print_patch(missing) == 2
+    err = capsys.readouterr().err
+    assert err == "error: scheduler.py has 0 copies of `x`\n", err
 
 
 def test_read_only_hold_fix_refuses_a_vllm_without_the_places_it_edits() -> None:

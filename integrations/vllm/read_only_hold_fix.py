@@ -32,7 +32,6 @@ left as it is.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import inspect
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from integrations.vllm.adapter import load_vllm
-from integrations.vllm.whole_canvas_fix import FixDoesNotApply
+from integrations.vllm.patches import FixDoesNotApply, unified_patch
 
 MODULE = "vllm.v1.core.sched.diffusion_scheduler"
 FILE = "vllm/v1/core/sched/diffusion_scheduler.py"
@@ -142,13 +141,7 @@ def fix_as_diff() -> str:
     """The fix as a unified diff of the installed vLLM's `diffusion_scheduler.py` (paths as
     `git apply -p1` in a vLLM checkout wants), made from that file when called."""
     text = _installed_text()
-    lines = difflib.unified_diff(
-        text.splitlines(keepends=True),
-        fixed_module_source(text).splitlines(keepends=True),
-        fromfile=f"a/{FILE}",
-        tofile=f"b/{FILE}",
-    )
-    return "".join(lines)
+    return unified_patch(FILE, text, fixed_module_source(text))
 
 
 def apply_read_only_hold_fix(sched: Any) -> None:

@@ -31,7 +31,6 @@ edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it), 
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import inspect
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from integrations.vllm.adapter import load_vllm
+from integrations.vllm.patches import FixDoesNotApply, unified_patch
 
 #: The budget cap of the running-request loop (in the waiting loop the cap is on
 #: `request_token_budget`, so this matches one statement only).
@@ -50,10 +50,6 @@ _BUDGET_CAP = re.compile(
     r"input_budget - draft_slots\s*\)\n",
     re.MULTILINE,
 )
-
-
-class FixDoesNotApply(RuntimeError):
-    """The installed vLLM's `Scheduler.schedule` does not have the statement the fix edits."""
 
 
 def fixed_source(source: str) -> str:
@@ -110,14 +106,7 @@ def fix_as_diff() -> str:
     module = importlib.import_module("vllm.v1.core.sched.scheduler")
     path = Path(inspect.getsourcefile(module) or "")
     text = path.read_text(encoding="utf-8")
-    name = "vllm/v1/core/sched/scheduler.py"
-    lines = difflib.unified_diff(
-        text.splitlines(keepends=True),
-        fixed_source(text).splitlines(keepends=True),
-        fromfile=f"a/{name}",
-        tofile=f"b/{name}",
-    )
-    return "".join(lines)
+    return unified_patch("vllm/v1/core/sched/scheduler.py", text, fixed_source(text))
 
 
 def apply_whole_canvas_fix(sched: Any) -> None:
