@@ -54,6 +54,14 @@ MEANING = {
 }
 
 
+#: (flag's attribute, name, fix), in the order they are applied: the hold fix replaces vLLM's
+#: class, the whole-canvas fix subclasses whatever class it finds
+FIXES: tuple[tuple[str, str, Callable[[Any], None]], ...] = (
+    ("read_only_hold_fix", "the read-only hold fix", apply_read_only_hold_fix),
+    ("whole_canvas_fix", "the whole-canvas fix", apply_whole_canvas_fix),
+)
+
+
 def _apply_all(fixes: Sequence[Callable[[Any], None]], sched: Any) -> None:
     for fix in fixes:
         fix(sched)
@@ -94,16 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_program_arguments(parser, argv)
     start = time.perf_counter()
     tally = ProgramTally(tuple(MEANING))
-    fixes = [
-        fix
-        # the hold fix replaces vLLM's class, the whole-canvas fix subclasses it: in this order
-        for fix, wanted in (
-            (apply_read_only_hold_fix, args.read_only_hold_fix),
-            (apply_whole_canvas_fix, args.whole_canvas_fix),
-        )
-        if wanted
-    ]
-    mutate = partial(_apply_all, fixes) if fixes else None
+    chosen = [(name, fix) for attr, name, fix in FIXES if getattr(args, attr)]
+    mutate = partial(_apply_all, [fix for _, fix in chosen]) if chosen else None
     requests = 0
     for seed in range(args.programs):
         program = dllm_program(
@@ -119,15 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     elapsed = time.perf_counter() - start
     space = "token budget binds" if args.budget_binds else "token budget never binds"
-    named = [
-        name
-        for name, wanted in (
-            ("the whole-canvas fix", args.whole_canvas_fix),
-            ("the read-only hold fix", args.read_only_hold_fix),
-        )
-        if wanted
-    ]
-    patch = f"vLLM with {' and '.join(named)}" if named else "vLLM as released"
+    named = " and ".join(name for name, _ in chosen)
+    patch = f"vLLM with {named}" if chosen else "vLLM as released"
     if args.prefix_caching:
         patch += ", prefix caching on"
     if args.priority:

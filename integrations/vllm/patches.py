@@ -1,17 +1,31 @@
 """What the candidate fixes of vLLM's code share: the error when vLLM's code no longer has the
-place a fix edits, the fix as a patch of vLLM's file, and the scripts that print it."""
+place a fix edits, the installed file a fix edits, the fix as a patch of that file, and the
+scripts that print it."""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+from integrations.vllm.adapter import load_vllm
 from spec.errors import SchedSpecError
 
 
 class FixDoesNotApply(RuntimeError):
     """The installed vLLM's code does not have the place a fix edits."""
+
+
+def installed_text(module: str) -> str:
+    """The text of the installed vLLM's file of `module` (vLLM loaded first, so a missing
+    install is the usual typed error)."""
+    load_vllm()
+    return Path(inspect.getsourcefile(importlib.import_module(module)) or "").read_text(
+        encoding="utf-8"
+    )
 
 
 def unified_patch(path: str, text: str, fixed: str) -> str:
@@ -38,4 +52,4 @@ def print_patch(fix_as_diff: Callable[[], str]) -> int:
     return 0
 
 
-__all__ = ["FixDoesNotApply", "print_patch", "unified_patch"]
+__all__ = ["FixDoesNotApply", "installed_text", "print_patch", "unified_patch"]

@@ -34,13 +34,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import types
-from pathlib import Path
 from typing import Any
 
-from integrations.vllm.adapter import load_vllm
-from integrations.vllm.patches import FixDoesNotApply, unified_patch
+from integrations.vllm.patches import FixDoesNotApply, installed_text, unified_patch
 
 MODULE = "vllm.v1.core.sched.diffusion_scheduler"
 FILE = "vllm/v1/core/sched/diffusion_scheduler.py"
@@ -121,17 +118,11 @@ def fixed_module_source(text: str) -> str:
     return text
 
 
-def _installed_text() -> str:
-    load_vllm()
-    module = importlib.import_module(MODULE)
-    return Path(inspect.getsourcefile(module) or "").read_text(encoding="utf-8")
-
-
 @functools.cache
 def fixed_async_class() -> Any:
     """`DiffusionAsyncScheduler` of the edited file, run as a module of its own (vLLM's module
     is left as it is); made once per process."""
-    source = fixed_module_source(_installed_text())
+    source = fixed_module_source(installed_text(MODULE))
     module = types.ModuleType(f"{MODULE}_read_only_hold_fix")
     exec(compile(source, f"<{FILE}, read-only hold fix>", "exec"), module.__dict__)
     return module.DiffusionAsyncScheduler
@@ -140,7 +131,7 @@ def fixed_async_class() -> Any:
 def fix_as_diff() -> str:
     """The fix as a unified diff of the installed vLLM's `diffusion_scheduler.py` (paths as
     `git apply -p1` in a vLLM checkout wants), made from that file when called."""
-    text = _installed_text()
+    text = installed_text(MODULE)
     return unified_patch(FILE, text, fixed_module_source(text))
 
 

@@ -32,16 +32,13 @@ edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it), 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import re
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
-from integrations.vllm.adapter import load_vllm
-from integrations.vllm.patches import FixDoesNotApply, unified_patch
+from integrations.vllm.patches import FixDoesNotApply, installed_text, unified_patch
 
 #: The budget cap of the running-request loop (in the waiting loop the cap is on
 #: `request_token_budget`, so this matches one statement only).
@@ -102,10 +99,7 @@ def fix_as_diff() -> str:
     """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
     (paths relative to the package's parent, as `git apply -p1` in a vLLM checkout wants),
     made from that file when called: nothing of vLLM's is stored here."""
-    load_vllm()
-    module = importlib.import_module("vllm.v1.core.sched.scheduler")
-    path = Path(inspect.getsourcefile(module) or "")
-    text = path.read_text(encoding="utf-8")
+    text = installed_text("vllm.v1.core.sched.scheduler")
     return unified_patch("vllm/v1/core/sched/scheduler.py", text, fixed_source(text))
 
 
