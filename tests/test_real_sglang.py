@@ -2,8 +2,10 @@
 
 Everything here drives SGLang's own code (see integrations/sglang/engine.py for what runs for
 real and what is stubbed). The findings are regression tests: each FAILS with its rule on the
-real code and PASSES with SGLang patched the way its fix would go (the patch is applied with
-monkeypatch to the named SGLang method; the line it replaces is cited).
+real code and PASSES with SGLang's files edited the way its fix would go
+(`integrations.sglang.fixes`: the edited files run, and their changed methods are put on
+SGLang's classes for the test; `scripts/sglang_dllm_fixes_diff.py` prints the edits as a
+patch).
 
 SGLang must be installed (`schedspec install-engines sglang`); without it these tests fail
 with that command in the message, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped).
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +25,24 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM
+from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
+from integrations.sglang.fixes import (
+    FIXES,
+    FixDoesNotApply,
+    fix_as_diff,
+    fixed_sources,
+    module_file,
+    resolve,
+    sglang_fixed,
+)
 from properties.conformance import conformance_machine
 from properties.harness import Harness
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Forward
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
+from tests.script_module import load_script
 
 PROFILE = REAL_SGLANG_DLLM.profile
 
@@ -209,86 +223,16 @@ def test_finding_kv_pressure_overcommits_and_runs_out_of_memory() -> None:
     assert "Prefill out of memory" in str(v), v
 
 
-def test_finding_kv_pressure_fixed_by_reserving_future_blocks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fix: admit an incoming request only when the free KV covers its worst case plus the
-    blocks the running requests still need (patching `process_dllm_incoming_reqs`,
-    dllm/mixin/scheduler.py, which offers incoming requests to the adder). A refused prefill
-    request must not starve the decode batch, so the decode fallback below is applied too."""
-    _reserve_future_blocks(monkeypatch)
-    _decode_fallback(monkeypatch)
+def test_finding_kv_pressure_fixed_by_reserving_future_blocks() -> None:
+    """The fix: admit an incoming request only when the free KV, less what the running
+    requests can still claim, covers its own claim (`reserve-future-blocks`, in
+    `process_dllm_incoming_reqs`, dllm/mixin/scheduler.py, which offers incoming requests to
+    the adder). A refused prefill request must not starve the decode batch, so the decode
+    fallback is applied too."""
     h = _harness(_config(kv_pages=5))
-    _kv_pressure(h)
+    with sglang_fixed(["reserve-future-blocks", "decode-fallback"]):
+        _kv_pressure(h)
     assert set(h.outputs()) == {"a", "b"}
-
-
-def _worst_case_tokens(req: Any, block_size: int) -> int:
-    """What an SGLang dLLM request can claim in all: its prompt and max_new_tokens, in whole
-    blocks."""
-    total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens)
-    return -(-total // block_size) * block_size
-
-
-def _reserve_future_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
-    from sglang.srt.managers.schedule_policy import AddReqResult
-
-    original = SchedulerDllmMixin.process_dllm_incoming_reqs
-
-    def reserving(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
-        b = self.dllm_config.block_size
-        held = [r for r in self.dllm_manager.waiting_queue if r.kv.req_pool_idx is not None]
-        need = sum(_worst_case_tokens(r, b) - int(r.kv.kv_allocated_len) for r in held)
-        free = self.token_to_kv_pool_allocator.available_size() - need
-        fits = []
-        for req in reqs:
-            if _worst_case_tokens(req, b) > free:
-                break
-            free -= _worst_case_tokens(req, b)
-            fits.append(req)
-        if not fits:
-            return AddReqResult.NO_TOKEN
-        return original(self, adder, fits, running_batch)
-
-    monkeypatch.setattr(SchedulerDllmMixin, "process_dllm_incoming_reqs", reserving)
-
-
-def _decode_fallback(monkeypatch: pytest.MonkeyPatch, *, keep_order: bool = True) -> None:
-    """When the prefill pass admits nothing, fall back to the decode batch (patching
-    `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns after the prefill pass
-    whether or not it formed a batch). It offers the decode requests that hold a row and the
-    incoming ones queued ahead of the first prefill request left waiting: a shorter prompt
-    never passes a whole prompt block (PREFILL_FIRST). `keep_order=False` offers every decode
-    request (what `test_the_decode_fallback_must_keep_the_prefill_first_order` refutes)."""
-    from sglang.srt.dllm.mixin.req import DllmReqPhase
-    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    original = SchedulerDllmMixin._process_dllm_batches
-
-    def with_fallback(self: Any, adder: Any, running_batch: Any) -> Any:
-        mode = original(self, adder, running_batch)
-        if adder.can_run_list:
-            return mode
-        queue = self.dllm_manager.waiting_queue
-        first_prefill = next((i for i, r in enumerate(queue) if r.is_dllm_prefill()), len(queue))
-        decode = [
-            r
-            for i, r in enumerate(queue)
-            if not r.is_dllm_prefill()
-            and (not keep_order or r.dllm_phase == DllmReqPhase.STAGING_DECODE or i < first_prefill)
-        ]
-        self._process_batch_by_phase(
-            adder,
-            decode,
-            DllmReqPhase.STAGING_DECODE,
-            DllmReqPhase.INCOMING_DECODE,
-            running_batch=running_batch,
-        )
-        return ForwardMode.DLLM_EXTEND
-
-    monkeypatch.setattr(SchedulerDllmMixin, "_process_dllm_batches", with_fallback)
 
 
 def _rows_short(h: Harness) -> None:
@@ -320,14 +264,13 @@ def test_finding_prefill_request_without_a_row_starves_the_decode_request() -> N
     assert v.rule == "progress", v
 
 
-def test_finding_starvation_fixed_by_falling_back_to_decode(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fix: when the prefill pass admits nothing, fall back to the decode batch (patching
-    `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns after the prefill pass)."""
-    _decode_fallback(monkeypatch)
+def test_finding_starvation_fixed_by_falling_back_to_decode() -> None:
+    """The fix: when the prefill pass admits nothing, fall back to the decode batch
+    (`decode-fallback`, in `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns
+    after the prefill pass)."""
     h = _harness(_config(req_pool_rows=1), _ROWS_SHORT)
-    _rows_short(h)
+    with sglang_fixed(["decode-fallback"]):
+        _rows_short(h)
     assert set(h.outputs()) == {"d", "p"}
 
 
@@ -388,26 +331,16 @@ def test_finding_ragged_row_is_not_a_whole_block() -> None:
     assert v.rule == "whole_block_alloc", v
 
 
-def test_finding_ragged_row_fixed_by_capping_the_fallback_budget(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A fix of the symptom: `PrefillAdder._get_dllm_remain_tokens` (schedule_policy.py:1001)
-    falls back to `rem_dllm_tokens` (max_running x block_size) when its budget is used up,
-    dropping its own cap at block_size (line 1010); a short prompt's fill ids are prompt + a
-    whole mask block, so the row takes more than a block. Keeping the cap makes every row one
-    block. This program also runs short of KV, so the KV-pressure fix is applied too."""
-    from sglang.srt.managers.schedule_policy import PrefillAdder
-
-    original = PrefillAdder._get_dllm_remain_tokens
-
-    def capped(self: Any, req: Any = None) -> int:
-        return min(int(original(self, req)), int(self.dllm_block_size))
-
-    monkeypatch.setattr(PrefillAdder, "_get_dllm_remain_tokens", capped)
-    _reserve_future_blocks(monkeypatch)
-    _decode_fallback(monkeypatch)
+def test_finding_ragged_row_fixed_by_capping_the_fallback_budget() -> None:
+    """A fix of the symptom (`cap-fallback-budget`): `PrefillAdder._get_dllm_remain_tokens`
+    (schedule_policy.py:1001) falls back to `rem_dllm_tokens` (max_running x block_size) when
+    its budget is used up, dropping its own cap at block_size (line 1010); a short prompt's
+    fill ids are prompt + a whole mask block, so the row takes more than a block. Keeping the
+    cap makes every row one block. This program also runs short of KV, so the KV-pressure fix
+    (with the decode fallback) is applied too."""
     h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
-    _ragged(h)
+    with sglang_fixed(["cap-fallback-budget", "reserve-future-blocks", "decode-fallback"]):
+        _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
 
 
@@ -449,42 +382,13 @@ def test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging(
     assert ("staging", b, None, 5) in seen, seen
 
 
-def _keep_refused_requests_incoming(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fix: a request the adder refuses keeps the dLLM state it had before
-    `init_next_round_input` (patching `process_dllm_incoming_reqs`; upstream, the phase would
-    be decided only once the adder admits the request)."""
-    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
-
-    original = SchedulerDllmMixin.process_dllm_incoming_reqs
-    fields = (
-        "dllm_phase",
-        "dllm_block_offset",
-        "dllm_initialized",
-        "full_untruncated_fill_ids",
-        "extend_end",
-    )
-
-    def keeping(self: Any, adder: Any, reqs: list[Any], running_batch: Any) -> Any:
-        before = {id(req): {f: getattr(req, f) for f in fields} for req in reqs}
-        result = original(self, adder, reqs, running_batch)
-        admitted = {id(req) for req in adder.can_run_list}
-        for req in reqs:
-            if id(req) not in admitted:
-                for name, value in before[id(req)].items():
-                    setattr(req, name, value)
-        return result
-
-    monkeypatch.setattr(SchedulerDllmMixin, "process_dllm_incoming_reqs", keeping)
-
-
-def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """With the refused request kept incoming (and no other fix), the program passes: `b` is
-    offered to the adder again, which admits it with a one-block extend."""
-    _keep_refused_requests_incoming(monkeypatch)
+def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming() -> None:
+    """With the refused request kept incoming (`refused-stays-incoming`, and no other fix), the
+    program passes: `b` is offered to the adder again, which admits it with a one-block
+    extend."""
     h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
-    _ragged(h)
+    with sglang_fixed(["refused-stays-incoming"]):
+        _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
 
 
@@ -499,35 +403,15 @@ def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
     assert v.rule == "progress", v
 
 
-def _estimate_the_worst_case(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The adder counts a dLLM request as what it can still claim, its prompt plus
-    max_new_tokens rounded up to whole blocks, less its prefix (the mask block is part of
-    max_new_tokens, and a block-aligned request needs no extra page), and admits an exact fit
-    (patching `PrefillAdder._select_prefill_admission`, which hands the estimate to the memory
-    budget's `check_prefill`: `total_tokens < remaining_total`, mem_cache/prefill_budget.py:128)."""
-    from sglang.srt.managers.schedule_policy import PrefillAdder
-
-    original = PrefillAdder._select_prefill_admission
-
-    def estimate(self: Any, req: Any, *, total_tokens: int, **rest: Any) -> Any:
-        if self.dllm_config is not None:
-            claim = _worst_case_tokens(req, int(self.dllm_config.block_size))
-            # minus 1: check_prefill admits only total_tokens < remaining_total
-            total_tokens = claim - int(req.prefix_len) - 1
-        return original(self, req, total_tokens=total_tokens, **rest)
-
-    monkeypatch.setattr(PrefillAdder, "_select_prefill_admission", estimate)
-
-
-def test_finding_idle_engine_fixed_by_estimating_the_worst_case(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fix: `_estimate_the_worst_case` — the request's own worst case, an exact fit
-    admitted."""
-    _estimate_the_worst_case(monkeypatch)
+def test_finding_idle_engine_fixed_by_estimating_the_worst_case() -> None:
+    """The fix (`worst-case-estimate`, in `PrefillAdder._select_prefill_admission`, which hands
+    the estimate to the memory budget's `check_prefill`: `total_tokens < remaining_total`,
+    mem_cache/prefill_budget.py:128): the request's own worst case, its prompt and
+    max_new_tokens in whole blocks less its prefix, and an exact fit admitted."""
     h = _harness(_config(kv_pages=4))
     h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
-    h.guarded("drain", h.drain)
+    with sglang_fixed(["worst-case-estimate"]):
+        h.guarded("drain", h.drain)
     assert set(h.outputs()) == {"a"} and len(h.outputs()["a"]) == 6
 
 
@@ -569,47 +453,13 @@ def test_finding_staging_truncates_a_running_block(monkeypatch: pytest.MonkeyPat
     assert staged[-2:] == [(engine_request_id("r2"), 12, 3), (engine_request_id("r3"), 2, 2)]
 
 
-def _stage_whole_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fix: a staged request's next block is whole or waits. It is checked against the KV
-    this pass leaves free, charged only the KV it newly takes (a reused FDFO block takes none),
-    and never truncated; the request's future was reserved when it was admitted
-    (`_reserve_future_blocks`), so it is not charged again (replacing
-    `PrefillAdder.add_dllm_staging_req` for the path without separate context encoding)."""
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    def whole_block(self: Any, req: Any) -> Any:
-        extend = min(len(req.full_untruncated_fill_ids) - req.prefix_len, self.dllm_block_size)
-        end = int(req.prefix_len) + extend
-        held = int(req.kv.kv_allocated_len) if req.kv.holds_kv else 0
-        new_kv = max(0, self.ceil_paged_tokens(end) - self.ceil_paged_tokens(held))
-        if extend <= 0 or extend > self.rem_dllm_tokens or new_kv > self.rem_total_tokens:
-            return AddReqResult.NO_TOKEN
-        req.extend_end = end
-        self.can_run_list.append(req)
-        self.rem_dllm_tokens -= self.ceil_paged_tokens(extend)
-        self.memory_budget.total_offset += new_kv
-        self.memory_budget.current_offset += new_kv
-        return AddReqResult.CONTINUE
-
-    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", whole_block)
-
-
-def test_finding_staging_truncation_fixed_by_staging_whole_blocks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _stage_whole_blocks(monkeypatch)
+def test_finding_staging_truncation_fixed_by_staging_whole_blocks() -> None:
+    """The fix (`whole-staged-blocks`, in `PrefillAdder.add_dllm_staging_req`): a staged
+    request's next block is whole or waits, charged only the KV it newly takes."""
     h = _harness(_TWO_RUNNING_BLOCKS)
-    _two_running_blocks(h)
+    with sglang_fixed(["whole-staged-blocks"]):
+        _two_running_blocks(h)
     assert set(h.outputs()) == {"r0", "r1", "r2", "r3"}
-
-
-def _every_fix(monkeypatch: pytest.MonkeyPatch, *, keep_order: bool = True) -> None:
-    """The five fixes above, together: each finding's fix, the decode fallback in order."""
-    _keep_refused_requests_incoming(monkeypatch)
-    _estimate_the_worst_case(monkeypatch)
-    _reserve_future_blocks(monkeypatch)
-    _decode_fallback(monkeypatch, keep_order=keep_order)
-    _stage_whole_blocks(monkeypatch)
 
 
 def _prompt_block_waits(h: Harness) -> None:
@@ -624,14 +474,18 @@ def _prompt_block_waits(h: Harness) -> None:
     h.guarded("drain", h.drain)
 
 
+EVERY_FIX = [fix.name for fix in FIXES]
+# The five with the fallback's first version, which offered every decode request.
+EVERY_FIX_ANY_ORDER = [
+    "decode-fallback-any-order" if name == "decode-fallback" else name for name in EVERY_FIX
+]
+
+
 @pytest.mark.parametrize("keep_order", [True, False])
-def test_the_decode_fallback_must_keep_the_prefill_first_order(
-    monkeypatch: pytest.MonkeyPatch, keep_order: bool
-) -> None:
+def test_the_decode_fallback_must_keep_the_prefill_first_order(keep_order: bool) -> None:
     """With every fix, the decode fallback must not admit `r3` past `r2`: PREFILL_FIRST lets a
     whole prompt block pass shorter prompts, never the reverse. A fallback that offered every
     decode request did (found by the suite below the headroom)."""
-    _every_fix(monkeypatch, keep_order=keep_order)
     cfg = _config(
         block_size=2,
         page_size=2,
@@ -643,23 +497,123 @@ def test_the_decode_fallback_must_keep_the_prefill_first_order(
         in_place_reuse=False,
     )
     h = _harness(cfg)
-    if keep_order:
-        _prompt_block_waits(h)
-        assert set(h.outputs()) == {"r1", "r2", "r3"}
-    else:
-        v = _violation(lambda: _prompt_block_waits(h))
-        assert v.rule == "fcfs_admission" and "admitted 'r3' while 'r2' is ahead" in str(v), v
+    with sglang_fixed(EVERY_FIX if keep_order else EVERY_FIX_ANY_ORDER):
+        if keep_order:
+            _prompt_block_waits(h)
+            assert set(h.outputs()) == {"r1", "r2", "r3"}
+        else:
+            v = _violation(lambda: _prompt_block_waits(h))
+            assert v.rule == "fcfs_admission", v
+            assert "admitted 'r3' while 'r2' is ahead" in str(v), v
 
 
-def test_suite_passes_below_the_headroom_with_every_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_suite_passes_below_the_headroom_with_every_fix() -> None:
     """With the five fixes SGLang needs no `kv_headroom_pages`: the dLLM suite draws pools of
     any size (down to half a max_context request) and passes. Without them 0.5.23 fails it
-    within 100 examples (`progress`, an idle engine admitting nothing: docs/engines.md)."""
-    _every_fix(monkeypatch)
+    within 100 examples (`progress`, an idle engine admitting nothing: docs/engines.md). The
+    code run is the edited SGLang files (`scripts/sglang_dllm_fixes_diff.py` prints them as a
+    patch)."""
     machine = conformance_machine(
         REAL_SGLANG_DLLM.factory, profile=BELOW_HEADROOM, parity="always", name="BelowHeadroom"
     )
-    _run_suite(machine)
+    with sglang_fixed(EVERY_FIX):
+        _run_suite(machine)
+
+
+def test_the_fixes_are_a_patch_of_sglangs_files(tmp_path: Path) -> None:
+    """The five fixes as one patch: `git apply -p1` makes exactly the edited files the tests
+    run, and the patch takes out only the import it widens and the comment it rewrites."""
+    diff = fix_as_diff()
+    sources = fixed_sources(EVERY_FIX)
+    for module, (text, _) in sources.items():
+        path = tmp_path / module_file(module)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    (tmp_path / "fixes.patch").write_text(diff, encoding="utf-8")
+    subprocess.run(["git", "init", "-q", "."], cwd=tmp_path, check=True)
+    subprocess.run(["git", "apply", "-p1", "fixes.patch"], cwd=tmp_path, check=True)
+    for module, (_, fixed) in sources.items():
+        patched = (tmp_path / module_file(module)).read_text(encoding="utf-8")
+        assert patched == fixed
+        compile(patched, module_file(module), "exec")
+    removed = [
+        line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")
+    ]
+    assert removed == [
+        "-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder",
+        "-            # Prepare and add request",
+    ]
+    assert set(sources) == {fixes.POLICY, fixes.MIXIN}
+
+
+def test_sglang_fixed_leaves_sglang_as_it_was() -> None:
+    """Inside the block the edited methods and the new names are SGLang's; after it (also when
+    the block raises) every method and module is as it was."""
+    import sglang.srt.dllm.mixin.scheduler as mixin
+    import sglang.srt.managers.schedule_policy as policy
+
+    before = (
+        dict(vars(policy.PrefillAdder)),
+        dict(vars(mixin.SchedulerDllmMixin)),
+        set(vars(policy)),
+        set(vars(mixin)),
+    )
+    with pytest.raises(RuntimeError, match="inside"), sglang_fixed(EVERY_FIX):
+        staged = policy.PrefillAdder.add_dllm_staging_req
+        assert staged is not before[0]["add_dllm_staging_req"]
+        assert staged.__globals__ is vars(policy)  # SGLang's own enums and classes
+        assert "dllm_claim_tokens" in vars(policy) and "dllm_claim_tokens" in vars(mixin)
+        assert hasattr(mixin.SchedulerDllmMixin, "_dllm_decode_fallback_reqs")
+        raise RuntimeError("inside")
+    after = (
+        dict(vars(policy.PrefillAdder)),
+        dict(vars(mixin.SchedulerDllmMixin)),
+        set(vars(policy)),
+        set(vars(mixin)),
+    )
+    assert after == before
+
+
+def test_a_fix_refuses_an_sglang_without_the_places_it_edits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Written against 0.5.23: a file without a place a fix edits is refused by name, and
+    nothing of SGLang changes."""
+    import sglang.srt.managers.schedule_policy as policy
+
+    installed = fixes.installed_text
+    monkeypatch.setattr(
+        fixes,
+        "installed_text",
+        lambda module: installed(module).replace("    def add_dllm_staging_req(", "    def x("),
+    )
+    methods = dict(vars(policy.PrefillAdder))
+    with (
+        pytest.raises(FixDoesNotApply, match=r"schedule_policy\.py has 0 copies of `def add_dllm"),
+        sglang_fixed(["whole-staged-blocks"]),
+    ):
+        pass
+    assert dict(vars(policy.PrefillAdder)) == methods
+    with pytest.raises(ValueError, match="unknown SGLang fix 'nope' \\(valid: refused-stays"):
+        resolve(["nope"])
+    with pytest.raises(ValueError, match="edit the same lines"):
+        resolve(["decode-fallback", "decode-fallback-any-order"])
+
+
+def test_the_patch_script_prints_the_patch_or_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/sglang_dllm_fixes_diff.py`: the five by default, any named subset, or one line
+    and exit 2."""
+    main = load_script("sglang_dllm_fixes_diff").main
+    assert main([]) == 0
+    assert capsys.readouterr().out == fix_as_diff()
+    assert main(["--fix", "cap-fallback-budget"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("--- a/sglang/srt/managers/schedule_policy.py") and "mixin" not in out
+    assert main(["--fix", "decode-fallback", "--fix", "decode-fallback-any-order"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: decode-fallback and decode-fallback-any-order edit the same lines\n"
 
 
 def test_profile_refuses_a_config_outside_its_space() -> None:

@@ -37,7 +37,8 @@ import importlib
 import types
 from typing import Any
 
-from integrations.vllm.patches import FixDoesNotApply, installed_text, unified_patch
+from integrations.patches import FixDoesNotApply, edit_once, unified_patch
+from integrations.vllm.patches import installed_text
 
 MODULE = "vllm.v1.core.sched.diffusion_scheduler"
 FILE = "vllm/v1/core/sched/diffusion_scheduler.py"
@@ -106,16 +107,9 @@ _EDITS = (
 def fixed_module_source(text: str) -> str:
     """The text of `diffusion_scheduler.py` with the fix made; `FixDoesNotApply` if one of the
     places it edits is missing or not unique (the fix is written against vLLM 0.33.0)."""
-    for old, new in _EDITS:
-        found = text.count(old)
-        if found != 1:
-            first = old.strip().splitlines()[0]
-            raise FixDoesNotApply(
-                f"{FILE} has {found} copies of `{first}`; the read-only hold fix edits exactly "
-                "one (vLLM 0.33.0's)"
-            )
-        text = text.replace(old, new)
-    return text
+    return edit_once(
+        text, _EDITS, file=FILE, fix="the read-only hold fix (written against vLLM 0.33.0)"
+    )
 
 
 @functools.cache

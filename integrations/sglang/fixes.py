@@ -1,0 +1,488 @@
+"""Candidate fixes for SGLang 0.5.23's dLLM scheduler path, made as edits of SGLang's own files
+and applied to the running process so that the suite and the findings' programs validate the
+edited code itself.
+
+Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the five of
+`FIXES`, together, let the dLLM suite run with no pool headroom:
+
+- `refused-stays-incoming` (the ragged row's cause): `process_dllm_incoming_reqs` runs
+  `init_next_round_input` before the adder decides, which moves the request to a staging phase;
+  a request the adder refuses keeps the round state it had, so it is offered again as incoming.
+- `worst-case-estimate` (an idle engine never admits a request that fits): the adder counts a
+  dLLM request as what it can claim in all, its prompt and max_new_tokens in whole blocks, less
+  its prefix, and admits an exact fit.
+- `reserve-future-blocks` (KV pressure overcommits, then `Prefill out of memory`): an incoming
+  request is admitted only when the free KV, less what the requests holding a row can still
+  claim, covers its own claim.
+- `decode-fallback` (a refused prefill request starves the decode request): when the prefill
+  pass forms no batch, the requests holding a row and the incoming ones queued ahead of the
+  first prefill request decode instead (PREFILL_FIRST's order kept).
+- `whole-staged-blocks` (staging truncates a running request's block): a staged request's next
+  block is whole or waits, checked against the KV the pass leaves free and charged only the KV
+  it newly takes.
+
+Two more, outside the set: `decode-fallback-any-order`, the fallback's first version, which
+offers every decode request and is refuted by the suite (a shorter prompt passes a whole prompt
+block); and `cap-fallback-budget`, a fix of the ragged row's symptom
+(`_get_dllm_remain_tokens` keeping its block-size cap when its budget is used up).
+
+`fixed_sources(names)` makes the chosen fixes' edits to the installed files' text
+(`FixDoesNotApply` if a place they edit is missing); `fix_as_diff(names)` gives them as one
+patch (`scripts/sglang_dllm_fixes_diff.py` prints it); `sglang_fixed(names)` runs the edited
+files, each as a module of its own, and puts the methods the fixes change or add on SGLang's
+classes for the duration of the block (new module-level names go on SGLang's modules, and the
+methods read SGLang's own module globals, so its enums and classes stay the ones everything
+else uses). Nothing of SGLang's is stored here but the short lines a fix anchors on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import types
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from integrations.patches import FixDoesNotApply, edit_once, unified_patch
+
+POLICY = "sglang.srt.managers.schedule_policy"
+MIXIN = "sglang.srt.dllm.mixin.scheduler"
+#: The files the fixes edit, in the order they are run (the mixin imports from the policy).
+MODULES = (POLICY, MIXIN)
+
+
+def module_file(module: str) -> str:
+    """A module's file, relative to the package's parent (as a patch names it)."""
+    return module.replace(".", "/") + ".py"
+
+
+@dataclass(frozen=True, slots=True)
+class SglangFix:
+    """One candidate fix: the edits it makes, as (module, text there exactly once, what takes
+    its place), in order, and the methods of SGLang's classes it changes or adds
+    (`"Class.method"` per module) — what `sglang_fixed` puts in place."""
+
+    name: str
+    edits: tuple[tuple[str, str, str], ...]
+    methods: tuple[tuple[str, str], ...]
+
+
+# ---------------------------------------------------------------- shared by two fixes
+_CLAIM = (
+    POLICY,
+    "\n\nclass PrefillAdder:\n",
+    '''
+
+def dllm_claim_tokens(req: Req, block_size: int) -> int:
+    """The KV a dLLM request can claim in all: its prompt and max_new_tokens,
+    in whole blocks (its mask blocks are part of max_new_tokens)."""
+    total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
+    return -(-total // block_size) * block_size
+
+
+class PrefillAdder:
+''',
+)
+
+# ---------------------------------------------------------------- refused-stays-incoming
+_REFUSED = (
+    (
+        MIXIN,
+        "logger = logging.getLogger(__name__)\n",
+        "logger = logging.getLogger(__name__)\n"
+        "\n"
+        "# What init_next_round_input changes on a request before the adder decides.\n"
+        "_DLLM_ROUND_STATE = (\n"
+        '    "dllm_phase",\n'
+        '    "dllm_block_offset",\n'
+        '    "dllm_initialized",\n'
+        '    "full_untruncated_fill_ids",\n'
+        '    "extend_end",\n'
+        ")\n",
+    ),
+    (
+        MIXIN,
+        "            # Prepare and add request\n"
+        "            req.init_next_round_input(self.tree_cache)\n"
+        "            res = adder.add_one_req(\n"
+        "                req,\n"
+        "                has_chunked_req=True,\n"
+        "                truncation_align_size=self.truncation_align_size,\n"
+        "            )\n",
+        "            # Prepare and add request. A refused request keeps the round state\n"
+        "            # it had, so it is offered again as incoming, not as staging.\n"
+        "            saved = {name: getattr(req, name) for name in _DLLM_ROUND_STATE}\n"
+        "            req.init_next_round_input(self.tree_cache)\n"
+        "            res = adder.add_one_req(\n"
+        "                req,\n"
+        "                has_chunked_req=True,\n"
+        "                truncation_align_size=self.truncation_align_size,\n"
+        "            )\n"
+        "            if all(admitted is not req for admitted in adder.can_run_list):\n"
+        "                for name, value in saved.items():\n"
+        "                    setattr(req, name, value)\n",
+    ),
+)
+
+# ---------------------------------------------------------------- worst-case-estimate
+_ESTIMATE = (
+    _CLAIM,
+    (
+        POLICY,
+        '        """Select a prefill shape without allocating or publishing cached KV."""\n',
+        '        """Select a prefill shape without allocating or publishing cached KV."""\n'
+        "        if self.dllm_config is not None:\n"
+        "            # A dLLM request claims at most its prompt and max_new_tokens in\n"
+        "            # whole blocks, less its prefix: a block-aligned request needs no\n"
+        "            # extra page. Minus one: the budget admits total_tokens < remaining,\n"
+        "            # and an exact fit must be admitted.\n"
+        "            total_tokens = (\n"
+        "                dllm_claim_tokens(req, self.dllm_config.block_size) - req.prefix_len - 1\n"
+        "            )\n",
+    ),
+)
+
+# ---------------------------------------------------------------- reserve-future-blocks
+_RESERVE = (
+    _CLAIM,
+    (
+        MIXIN,
+        "from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder\n",
+        "from sglang.srt.managers.schedule_policy import (\n"
+        "    AddReqResult,\n"
+        "    PrefillAdder,\n"
+        "    dllm_claim_tokens,\n"
+        ")\n",
+    ),
+    (
+        MIXIN,
+        "    def process_dllm_incoming_reqs(\n",
+        "    def _dllm_kv_free_after_reservations(self: Scheduler) -> int:\n"
+        '        """Free KV less what the requests holding a row can still claim."""\n'
+        "        block_size = self.dllm_config.block_size\n"
+        "        claimed = sum(\n"
+        "            dllm_claim_tokens(req, block_size) - req.kv.kv_allocated_len\n"
+        "            for req in self.dllm_manager.waiting_queue\n"
+        "            if req.kv.req_pool_idx is not None\n"
+        "        )\n"
+        "        return self.token_to_kv_pool_allocator.available_size() - claimed\n"
+        "\n"
+        "    def process_dllm_incoming_reqs(\n",
+    ),
+    (
+        MIXIN,
+        "        res = AddReqResult.CONTINUE\n"
+        "        for req in reqs:\n"
+        "            # Check if batch is full\n",
+        "        res = AddReqResult.CONTINUE\n"
+        "        # What the running requests can still claim stays theirs: admit a\n"
+        "        # request only when the rest covers its own claim.\n"
+        "        free = self._dllm_kv_free_after_reservations()\n"
+        "        for req in reqs:\n"
+        "            claim = dllm_claim_tokens(req, self.dllm_config.block_size)\n"
+        "            if claim > free:\n"
+        "                res = AddReqResult.NO_TOKEN\n"
+        "                break\n"
+        "            free -= claim\n"
+        "\n"
+        "            # Check if batch is full\n",
+    ),
+)
+
+
+# ---------------------------------------------------------------- decode-fallback
+def _fallback(offered: str) -> tuple[tuple[str, str, str], ...]:
+    """The fallback to the decode batch when the prefill pass forms none, offering `offered`."""
+    pass_ = (
+        "            self._process_batch_by_phase(\n"
+        "                adder,\n"
+        "                prefill_reqs,\n"
+        "                DllmReqPhase.STAGING_PREFILL,\n"
+        "                DllmReqPhase.INCOMING_PREFILL,\n"
+        "                running_batch=running_batch,\n"
+        "            )\n"
+    )
+    return (
+        (
+            MIXIN,
+            pass_,
+            pass_ + "            if not adder.can_run_list:\n"
+            "                # The prefill pass formed no batch: decode instead, so a\n"
+            "                # request that cannot start does not stall the running ones.\n"
+            "                self._process_batch_by_phase(\n"
+            "                    adder,\n"
+            f"                    {offered},\n"
+            "                    DllmReqPhase.STAGING_DECODE,\n"
+            "                    DllmReqPhase.INCOMING_DECODE,\n"
+            "                    running_batch=running_batch,\n"
+            "                )\n"
+            "                return ForwardMode.DLLM_EXTEND\n",
+        ),
+    )
+
+
+_IN_ORDER = (
+    MIXIN,
+    "    def _process_batch_by_phase(\n",
+    "    def _dllm_decode_fallback_reqs(self: Scheduler) -> List[Req]:\n"
+    '        """The decode requests a fallback offers: those holding a row, and the\n'
+    "        incoming ones queued ahead of the first prefill request (PREFILL_FIRST\n"
+    '        lets a whole prompt block pass shorter prompts, never the reverse)."""\n'
+    "        queue = self.dllm_manager.waiting_queue\n"
+    "        first_prefill = next(\n"
+    "            (i for i, req in enumerate(queue) if req.is_dllm_prefill()), len(queue)\n"
+    "        )\n"
+    "        return [\n"
+    "            req\n"
+    "            for i, req in enumerate(queue)\n"
+    "            if not req.is_dllm_prefill()\n"
+    "            and (req.dllm_phase == DllmReqPhase.STAGING_DECODE or i < first_prefill)\n"
+    "        ]\n"
+    "\n"
+    "    def _process_batch_by_phase(\n",
+)
+
+# ---------------------------------------------------------------- whole-staged-blocks
+_WHOLE = (
+    (
+        POLICY,
+        "    def add_dllm_staging_req(self, req: Req):\n"
+        "        assert self.dllm_config is not None\n",
+        "    def _add_whole_dllm_staging_block(self, req: Req):\n"
+        '        """A staged request\'s next block, whole or not at all: checked against\n'
+        "        the KV this pass leaves free and charged only the KV it newly takes (a\n"
+        "        block kept in place takes none). Its later blocks are not charged again:\n"
+        '        they were counted when it was admitted."""\n'
+        "        extend = min(\n"
+        "            len(req.full_untruncated_fill_ids) - req.prefix_len, self.dllm_block_size\n"
+        "        )\n"
+        "        end = req.prefix_len + extend\n"
+        "        held = req.kv.kv_allocated_len if req.kv.holds_kv else 0\n"
+        "        new_kv = max(0, self.ceil_paged_tokens(end) - self.ceil_paged_tokens(held))\n"
+        "        if (\n"
+        "            extend <= 0\n"
+        "            or extend > self.rem_dllm_tokens\n"
+        "            or new_kv > self.rem_total_tokens\n"
+        "        ):\n"
+        "            return AddReqResult.NO_TOKEN\n"
+        "        req.extend_end = end\n"
+        "        self.can_run_list.append(req)\n"
+        "        self.rem_dllm_tokens -= self.ceil_paged_tokens(extend)\n"
+        "        self.memory_budget.total_offset += new_kv\n"
+        "        self.memory_budget.current_offset += new_kv\n"
+        "        return AddReqResult.CONTINUE\n"
+        "\n"
+        "    def add_dllm_staging_req(self, req: Req):\n"
+        "        assert self.dllm_config is not None\n"
+        "        if not self.dllm_config.requires_separate_context_encoding:\n"
+        "            return self._add_whole_dllm_staging_block(req)\n",
+    ),
+)
+
+# ---------------------------------------------------------------- cap-fallback-budget
+_CAP = (
+    (
+        POLICY,
+        "        if _rem_tokens <= 0:\n            _rem_tokens = self.rem_dllm_tokens\n",
+        "        if _rem_tokens <= 0:\n"
+        "            # Still at most one block: a short prompt's fill ids are the prompt\n"
+        "            # and a whole mask block, which must not make one row.\n"
+        "            _rem_tokens = min(self.rem_dllm_tokens, self.dllm_block_size)\n",
+    ),
+)
+
+_INCOMING = (MIXIN, "SchedulerDllmMixin.process_dllm_incoming_reqs")
+_BATCHES = (MIXIN, "SchedulerDllmMixin._process_dllm_batches")
+
+REFUSED_STAYS_INCOMING = SglangFix("refused-stays-incoming", _REFUSED, (_INCOMING,))
+WORST_CASE_ESTIMATE = SglangFix(
+    "worst-case-estimate", _ESTIMATE, ((POLICY, "PrefillAdder._select_prefill_admission"),)
+)
+RESERVE_FUTURE_BLOCKS = SglangFix(
+    "reserve-future-blocks",
+    _RESERVE,
+    ((MIXIN, "SchedulerDllmMixin._dllm_kv_free_after_reservations"), _INCOMING),
+)
+DECODE_FALLBACK = SglangFix(
+    "decode-fallback",
+    (_IN_ORDER, *_fallback("self._dllm_decode_fallback_reqs()")),
+    ((MIXIN, "SchedulerDllmMixin._dllm_decode_fallback_reqs"), _BATCHES),
+)
+WHOLE_STAGED_BLOCKS = SglangFix(
+    "whole-staged-blocks",
+    _WHOLE,
+    (
+        (POLICY, "PrefillAdder._add_whole_dllm_staging_block"),
+        (POLICY, "PrefillAdder.add_dllm_staging_req"),
+    ),
+)
+DECODE_FALLBACK_ANY_ORDER = SglangFix(
+    "decode-fallback-any-order",
+    _fallback("self.dllm_manager.get_decode_requests()"),
+    (_BATCHES,),
+)
+CAP_FALLBACK_BUDGET = SglangFix(
+    "cap-fallback-budget", _CAP, ((POLICY, "PrefillAdder._get_dllm_remain_tokens"),)
+)
+
+#: The five fixes that, together, let the suite run with no pool headroom, in the order their
+#: edits are made.
+FIXES = (
+    REFUSED_STAYS_INCOMING,
+    WORST_CASE_ESTIMATE,
+    RESERVE_FUTURE_BLOCKS,
+    DECODE_FALLBACK,
+    WHOLE_STAGED_BLOCKS,
+)
+FIX_NAMES = tuple(fix.name for fix in FIXES)
+#: Every fix by name: the five, then the refuted fallback and the symptom fix.
+BY_NAME = {fix.name: fix for fix in (*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET)}
+
+
+def resolve(names: Iterable[str]) -> tuple[SglangFix, ...]:
+    """The named fixes in `BY_NAME`'s order (so any subset composes the same way); a
+    `ValueError` names an unknown fix and the valid ones, or two fallbacks together."""
+    wanted = list(names)
+    unknown = [name for name in wanted if name not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown SGLang fix {unknown[0]!r} (valid: {', '.join(BY_NAME)})")
+    if {DECODE_FALLBACK.name, DECODE_FALLBACK_ANY_ORDER.name} <= set(wanted):
+        raise ValueError("decode-fallback and decode-fallback-any-order edit the same lines")
+    return tuple(fix for name, fix in BY_NAME.items() if name in wanted)
+
+
+def installed_text(module: str) -> str:
+    """The installed SGLang's file of `module` (SGLang imported first, with its stubs, so a
+    missing install is the usual typed error)."""
+    from integrations.sglang.engine import import_engine
+
+    import_engine()
+    return Path(importlib.import_module(module).__file__ or "").read_text(encoding="utf-8")
+
+
+def fixed_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """module -> (the installed text, the text with the named fixes' edits made), for each
+    module they edit, in `MODULES` order. An edit shared by two fixes is made once."""
+    fixes = resolve(names)
+    out: dict[str, tuple[str, str]] = {}
+    for module in MODULES:
+        owners: dict[tuple[str, str], list[str]] = {}  # edit -> the chosen fixes that make it
+        for fix in fixes:
+            for where, old, new in fix.edits:
+                if where == module:
+                    owners.setdefault((old, new), []).append(fix.name)
+        if not owners:
+            continue
+        text = fixed = installed_text(module)
+        for edit, names_ in owners.items():
+            needs = f"SGLang fix {', '.join(names_)} (written against SGLang 0.5.23)"
+            fixed = edit_once(fixed, [edit], file=module_file(module), fix=needs)
+        out[module] = (text, fixed)
+    return out
+
+
+def fix_as_diff(names: Iterable[str] = FIX_NAMES) -> str:
+    """The named fixes (default the five) as one unified diff of the installed SGLang's files
+    (paths as `git apply -p1` in an SGLang checkout's `python/` directory wants)."""
+    return "".join(
+        unified_patch(module_file(module), text, fixed)
+        for module, (text, fixed) in fixed_sources(names).items()
+    )
+
+
+def _run_as_module(module: str, source: str) -> dict[str, Any]:
+    """Run an edited file as a module of its own (with SGLang's import stubs, as SGLang was
+    imported) and return its namespace."""
+    from integrations.sglang import stubs
+
+    copy = types.ModuleType(f"{module}_fixed")
+    code = compile(source, f"<{module_file(module)}, fixed>", "exec")
+    # registered while it runs: its dataclasses look their module up by name
+    sys.modules[copy.__name__] = copy
+    try:
+        with stubs.importing(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+            exec(code, copy.__dict__)
+    finally:
+        del sys.modules[copy.__name__]
+    return copy.__dict__
+
+
+def _on_sglangs_globals(function: Any, module: types.ModuleType) -> Any:
+    """`function` (from an edited copy) reading `module`'s globals, so the names it looks up
+    are SGLang's own objects."""
+    if function.__code__.co_freevars:
+        raise FixDoesNotApply(
+            f"{function.__qualname__} closes over {function.__code__.co_freevars}; "
+            "a fixed method must not use super() or closures"
+        )
+    moved = types.FunctionType(
+        function.__code__, vars(module), function.__name__, function.__defaults__
+    )
+    moved.__kwdefaults__ = function.__kwdefaults__
+    moved.__qualname__ = function.__qualname__
+    moved.__doc__ = function.__doc__
+    moved.__module__ = module.__name__
+    return moved
+
+
+@contextlib.contextmanager
+def sglang_fixed(names: Iterable[str]) -> Iterator[None]:
+    """Within the block, SGLang runs with the named fixes (the edited files' methods on its
+    classes, the edited files' new module-level names on its modules); afterwards it is as it
+    was. Raises `FixDoesNotApply` (nothing changed) if the installed files lack a place."""
+    fixes = resolve(names)
+    sources = fixed_sources(fix.name for fix in fixes)
+    undo: list[tuple[Any, str, Any]] = []  # (owner, attribute, value before or _ABSENT)
+    try:
+        for module_name, (_, fixed) in sources.items():
+            module = importlib.import_module(module_name)
+            namespace = _run_as_module(module_name, fixed)
+            for name in namespace.keys() - vars(module).keys():
+                undo.append((module, name, _ABSENT))
+                setattr(module, name, namespace[name])
+            methods = {
+                dotted: None
+                for fix in fixes
+                for where, dotted in fix.methods
+                if where == module_name
+            }
+            for dotted in methods:
+                class_name, method = dotted.split(".")
+                owner = getattr(module, class_name)
+                undo.append((owner, method, owner.__dict__.get(method, _ABSENT)))
+                edited = vars(namespace[class_name])[method]
+                setattr(owner, method, _on_sglangs_globals(edited, module))
+        yield
+    finally:
+        for owner, name, value in reversed(undo):
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_ABSENT = object()
+
+
+__all__ = [
+    "BY_NAME",
+    "CAP_FALLBACK_BUDGET",
+    "DECODE_FALLBACK",
+    "DECODE_FALLBACK_ANY_ORDER",
+    "FIXES",
+    "REFUSED_STAYS_INCOMING",
+    "RESERVE_FUTURE_BLOCKS",
+    "WHOLE_STAGED_BLOCKS",
+    "WORST_CASE_ESTIMATE",
+    "FixDoesNotApply",
+    "SglangFix",
+    "fix_as_diff",
+    "fixed_sources",
+    "resolve",
+    "sglang_fixed",
+]
