@@ -507,14 +507,21 @@ def test_the_decode_fallback_must_keep_the_prefill_first_order(keep_order: bool)
             assert "admitted 'r3' while 'r2' is ahead" in str(v), v
 
 
+# The profile's space without its two restrictions: any pool size, any number of rows.
+EVERY_FIX_SPACE = dataclasses.replace(
+    BELOW_HEADROOM,
+    space=dataclasses.replace(BELOW_HEADROOM.space, rows_equal_max_running=False),
+)
+
+
 def test_suite_passes_below_the_headroom_with_every_fix() -> None:
-    """With the five fixes SGLang needs no `kv_headroom_pages`: the dLLM suite draws pools of
-    any size (down to half a max_context request) and passes. Without them 0.5.23 fails it
-    within 100 examples (`progress`, an idle engine admitting nothing: docs/engines.md). The
-    code run is the edited SGLang files (`scripts/sglang_dllm_fixes_diff.py` prints them as a
-    patch)."""
+    """With the five fixes SGLang needs neither `kv_headroom_pages` nor as many rows as seats:
+    the dLLM suite draws pools of any size (down to half a max_context request) and fewer rows
+    than max_running, and passes. Without them 0.5.23 fails it within 100 examples
+    (`progress`, an idle engine admitting nothing: docs/engines.md). The code run is the
+    edited SGLang files (`scripts/sglang_dllm_fixes_diff.py` prints them as a patch)."""
     machine = conformance_machine(
-        REAL_SGLANG_DLLM.factory, profile=BELOW_HEADROOM, parity="always", name="BelowHeadroom"
+        REAL_SGLANG_DLLM.factory, profile=EVERY_FIX_SPACE, parity="always", name="EveryFix"
     )
     with sglang_fixed(EVERY_FIX):
         _run_suite(machine)

@@ -11,7 +11,8 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   scheduler round (dllm/algorithm/base.py);
 - rows == max_running_requests: the request pool is sized from max_running_requests
   (`ReqToTokenPool(size=max_num_reqs)`); with fewer rows SGLang stalls (a finding, see
-  docs/engines.md), so the profile does not claim that space;
+  docs/engines.md), so the profile does not claim that space (the candidate fixes of
+  `integrations.sglang.fixes` lift this restriction and the KV headroom);
 - reserved KV page 0 and request-pool row 0 (padding for CUDA-graph batches,
   mem_cache/memory_pool.py:400 and the allocators' `clear`);
 - admission PREFILL_FIRST: `_process_dllm_batches` tries the prefill batch first and falls back
@@ -25,7 +26,9 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   (managers/schedule_policy.py `add_dllm_staging_req`; the dLLM path's running batch is empty)
   and counts a new request as its fill ids (prompt plus a whole mask block) plus
   `max_new_tokens` plus a page (`add_one_req`), so it deliberately leaves free rows and KV
-  idle while a queued request would fit.
+  idle while a queued request would fit. With the candidate fixes the budget counts exactly,
+  and it is still not work-conserving: a batch is prefill-only or decode-only, so a
+  decode-phase request that fits waits while a prefill batch runs.
 
 No accepted deviation: every SGLang choice the suite meets is a declared option above.
 """
