@@ -1,13 +1,21 @@
 """What the candidate fixes of an engine's code share, whatever the engine: the error when the
 installed code no longer has a place a fix edits, the edit itself (text that must be there
-exactly once, and what takes its place), the fix as a unified patch, and the `main` of the
-scripts that print one."""
+exactly once, and what takes its place), the fix as a unified patch, the `main` of the scripts
+that print one, and `FixSet`: an engine's fixes as edits of its own files, which the tests run
+(the edited files, with the changed methods put on the engine's classes for a test) and a
+script prints as one patch."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import importlib
 import sys
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from spec.errors import SchedSpecError
 
@@ -56,4 +64,176 @@ def print_patch(fix_as_diff: Callable[[], str]) -> int:
     return 0
 
 
-__all__ = ["FixDoesNotApply", "edit_once", "print_patch", "unified_patch"]
+# ------------------------------------------------------------------ fixes as edits of files
+Edit = tuple[str, str, str]  # (module, text there exactly once, what takes its place)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFix:
+    """One candidate fix, as edits of an engine's own files: the edits, in order, and the
+    methods of the engine's classes it changes or adds, as (module, "Class.method") — what
+    `FixSet.applied` puts in place."""
+
+    name: str
+    edits: tuple[Edit, ...]
+    methods: tuple[tuple[str, str], ...]
+
+
+def module_file(module: str) -> str:
+    """A module's file, relative to the package's parent (as a patch names it)."""
+    return module.replace(".", "/") + ".py"
+
+
+@dataclass(frozen=True)
+class FixSet:
+    """The candidate fixes of one engine version, made as edits of its installed files.
+
+    engine: the engine and the version the edits are written against ("SGLang 0.5.23");
+    modules: the modules they edit, in the order an edited copy is run (one importing
+    another's new name comes after it); fixes: every fix, in the order their edits are made;
+    exclusive: sets of fixes that edit the same lines (at most one of each may be chosen);
+    load: imports the engine (raising its usual typed error when it is missing); importing:
+    what an edited copy runs under (the engine's import stubs, as the engine was imported).
+    """
+
+    engine: str
+    modules: tuple[str, ...]
+    fixes: tuple[EngineFix, ...]
+    exclusive: tuple[frozenset[str], ...]
+    load: Callable[[], object]
+    importing: Callable[[], contextlib.AbstractContextManager[object]]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(fix.name for fix in self.fixes)
+
+    def resolve(self, names: Iterable[str]) -> tuple[EngineFix, ...]:
+        """The named fixes in `fixes` order (so any subset composes the same way); a
+        `ValueError` names an unknown fix and the valid ones, or two exclusive fixes."""
+        wanted = set(names)
+        unknown = sorted(wanted - set(self.names))
+        if unknown:
+            raise ValueError(
+                f"unknown {self.engine} fix {unknown[0]!r} (valid: {', '.join(self.names)})"
+            )
+        for group in self.exclusive:
+            if len(group & wanted) > 1:
+                raise ValueError(f"{' and '.join(sorted(group & wanted))} edit the same lines")
+        return tuple(fix for fix in self.fixes if fix.name in wanted)
+
+    def installed_text(self, module: str) -> str:
+        """The installed engine's file of `module`."""
+        self.load()
+        path = importlib.import_module(module).__file__
+        return Path(path or "").read_text(encoding="utf-8")
+
+    def fixed_sources(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """module -> (the installed text, the text with the named fixes' edits made), for each
+        module they edit, in `modules` order. An edit shared by two fixes is made once;
+        `FixDoesNotApply` names the file, the line and the fix when a place is missing."""
+        fixes = self.resolve(names)
+        out: dict[str, tuple[str, str]] = {}
+        for module in self.modules:
+            owners: dict[tuple[str, str], list[str]] = {}  # edit -> the fixes making it
+            for fix in fixes:
+                for where, old, new in fix.edits:
+                    if where == module:
+                        owners.setdefault((old, new), []).append(fix.name)
+            if not owners:
+                continue
+            text = fixed = self.installed_text(module)
+            for edit, makers in owners.items():
+                needs = f"the {self.engine} fix {', '.join(makers)}"
+                fixed = edit_once(fixed, [edit], file=module_file(module), fix=needs)
+            out[module] = (text, fixed)
+        return out
+
+    def as_diff(self, names: Iterable[str]) -> str:
+        """The named fixes as one unified diff of the installed files (paths relative to the
+        package's parent, as `git apply -p1` wants)."""
+        return "".join(
+            unified_patch(module_file(module), text, fixed)
+            for module, (text, fixed) in self.fixed_sources(names).items()
+        )
+
+    @contextlib.contextmanager
+    def applied(self, names: Iterable[str]) -> Iterator[None]:
+        """Within the block the engine runs with the named fixes: each edited file runs as a
+        module of its own, its new module-level names go on the engine's module and the
+        methods the fixes change or add go on the engine's classes, reading the engine's own
+        module globals (so the enums and classes they compare against are the ones the rest of
+        the engine uses). Afterwards the engine is as it was. `FixDoesNotApply` (nothing
+        changed) if the installed files lack a place."""
+        fixes = self.resolve(names)
+        sources = self.fixed_sources(fix.name for fix in fixes)
+        undo: list[tuple[Any, str, Any]] = []  # (owner, attribute, value before or _ABSENT)
+        try:
+            for module_name, (_, fixed) in sources.items():
+                module = importlib.import_module(module_name)
+                namespace = self._run_as_module(module_name, fixed)
+                for name in namespace.keys() - vars(module).keys():
+                    undo.append((module, name, _ABSENT))
+                    setattr(module, name, namespace[name])
+                methods = {
+                    m: None for fix in fixes for where, m in fix.methods if where == module_name
+                }
+                for dotted in methods:
+                    class_name, method = dotted.split(".")
+                    owner = getattr(module, class_name)
+                    undo.append((owner, method, owner.__dict__.get(method, _ABSENT)))
+                    edited = vars(namespace[class_name])[method]
+                    setattr(owner, method, _moved(edited, module, owner))
+            yield
+        finally:
+            for owner, name, value in reversed(undo):
+                if value is _ABSENT:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, value)
+
+    def _run_as_module(self, module: str, source: str) -> dict[str, Any]:
+        """Run an edited file as a module of its own and return its namespace."""
+        copy = types.ModuleType(f"{module}_fixed")
+        code = compile(source, f"<{module_file(module)}, fixed>", "exec")
+        # registered while it runs: its dataclasses look their module up by name
+        sys.modules[copy.__name__] = copy
+        try:
+            with self.importing():
+                exec(code, copy.__dict__)
+        finally:
+            del sys.modules[copy.__name__]
+        return copy.__dict__
+
+
+_ABSENT = object()
+
+
+def _moved(function: Any, module: types.ModuleType, owner: type) -> Any:
+    """`function`, from an edited copy of `module`, as a method of the engine's class `owner`:
+    it reads `module`'s globals, and a zero-argument `super()` in it refers to `owner`."""
+    freevars = function.__code__.co_freevars
+    if freevars not in ((), ("__class__",)):
+        raise FixDoesNotApply(
+            f"{function.__qualname__} closes over {freevars}; a fixed method may use super() "
+            "but no other closure"
+        )
+    closure = (types.CellType(owner),) if freevars else None
+    moved = types.FunctionType(
+        function.__code__, vars(module), function.__name__, function.__defaults__, closure
+    )
+    moved.__kwdefaults__ = function.__kwdefaults__
+    moved.__qualname__ = function.__qualname__
+    moved.__doc__ = function.__doc__
+    moved.__module__ = module.__name__
+    return moved
+
+
+__all__ = [
+    "EngineFix",
+    "FixDoesNotApply",
+    "FixSet",
+    "edit_once",
+    "module_file",
+    "print_patch",
+    "unified_patch",
+]

@@ -4,7 +4,7 @@ Everything here drives SGLang's own code (see integrations/sglang/engine.py for 
 real and what is stubbed). The findings are regression tests: each FAILS with its rule on the
 real code and PASSES with SGLang's files edited the way its fix would go
 (`integrations.sglang.fixes`: the edited files run, and their changed methods are put on
-SGLang's classes for the test; `scripts/sglang_dllm_fixes_diff.py` prints the edits as a
+SGLang's classes for the test; `scripts/engine_fixes_diff.py sglang` prints the edits as a
 patch).
 
 SGLang must be installed (`schedspec install-engines sglang`); without it these tests fail
@@ -25,23 +25,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+from integrations.patches import FixDoesNotApply, FixSet, module_file
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
-from integrations.sglang.fixes import (
-    FIXES,
-    FixDoesNotApply,
-    fix_as_diff,
-    fixed_sources,
-    module_file,
-    resolve,
-    sglang_fixed,
-)
+from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.harness import Harness
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Forward
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
+from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 
 PROFILE = REAL_SGLANG_DLLM.profile
@@ -519,7 +513,7 @@ def test_suite_passes_below_the_headroom_with_every_fix() -> None:
     the dLLM suite draws pools of any size (down to half a max_context request) and fewer rows
     than max_running, and passes. Without them 0.5.23 fails it within 100 examples
     (`progress`, an idle engine admitting nothing: docs/engines.md). The code run is the
-    edited SGLang files (`scripts/sglang_dllm_fixes_diff.py` prints them as a patch)."""
+    edited SGLang files (`scripts/engine_fixes_diff.py sglang` prints them as a patch)."""
     machine = conformance_machine(
         REAL_SGLANG_DLLM.factory, profile=EVERY_FIX_SPACE, parity="always", name="EveryFix"
     )
@@ -531,18 +525,11 @@ def test_the_fixes_are_a_patch_of_sglangs_files(tmp_path: Path) -> None:
     """The five fixes as one patch: `git apply -p1` makes exactly the edited files the tests
     run, and the patch takes out only the import it widens and the comment it rewrites."""
     diff = fix_as_diff()
-    sources = fixed_sources(EVERY_FIX)
-    for module, (text, _) in sources.items():
-        path = tmp_path / module_file(module)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    (tmp_path / "fixes.patch").write_text(diff, encoding="utf-8")
-    subprocess.run(["git", "init", "-q", "."], cwd=tmp_path, check=True)
-    subprocess.run(["git", "apply", "-p1", "fixes.patch"], cwd=tmp_path, check=True)
+    sources = SGLANG_FIXES.fixed_sources(EVERY_FIX)
+    patched = git_apply_to_copies(tmp_path, sources, diff)
     for module, (_, fixed) in sources.items():
-        patched = (tmp_path / module_file(module)).read_text(encoding="utf-8")
-        assert patched == fixed
-        compile(patched, module_file(module), "exec")
+        assert patched[module] == fixed
+        compile(fixed, module_file(module), "exec")
     removed = [
         line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")
     ]
@@ -588,11 +575,13 @@ def test_a_fix_refuses_an_sglang_without_the_places_it_edits(
     nothing of SGLang changes."""
     import sglang.srt.managers.schedule_policy as policy
 
-    installed = fixes.installed_text
+    installed = FixSet.installed_text
     monkeypatch.setattr(
-        fixes,
+        FixSet,
         "installed_text",
-        lambda module: installed(module).replace("    def add_dllm_staging_req(", "    def x("),
+        lambda self, module: installed(self, module).replace(
+            "    def add_dllm_staging_req(", "    def x("
+        ),
     )
     methods = dict(vars(policy.PrefillAdder))
     with (
@@ -601,26 +590,28 @@ def test_a_fix_refuses_an_sglang_without_the_places_it_edits(
     ):
         pass
     assert dict(vars(policy.PrefillAdder)) == methods
-    with pytest.raises(ValueError, match="unknown SGLang fix 'nope' \\(valid: refused-stays"):
-        resolve(["nope"])
+    with pytest.raises(ValueError, match=r"unknown SGLang 0\.5\.23 fix 'nope' \(valid: refused-st"):
+        SGLANG_FIXES.resolve(["nope"])
     with pytest.raises(ValueError, match="edit the same lines"):
-        resolve(["decode-fallback", "decode-fallback-any-order"])
+        SGLANG_FIXES.resolve(["decode-fallback", "decode-fallback-any-order"])
 
 
 def test_the_patch_script_prints_the_patch_or_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`scripts/sglang_dllm_fixes_diff.py`: the five by default, any named subset, or one line
+    """`scripts/engine_fixes_diff.py sglang`: the five by default, any named subset, or one line
     and exit 2."""
-    main = load_script("sglang_dllm_fixes_diff").main
-    assert main([]) == 0
+    main = load_script("engine_fixes_diff").main
+    assert main(["sglang"]) == 0
     assert capsys.readouterr().out == fix_as_diff()
-    assert main(["--fix", "cap-fallback-budget"]) == 0
+    assert main(["sglang", "--fix", "cap-fallback-budget"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("--- a/sglang/srt/managers/schedule_policy.py") and "mixin" not in out
-    assert main(["--fix", "decode-fallback", "--fix", "decode-fallback-any-order"]) == 2
+    assert main(["sglang", "--fix", "decode-fallback", "--fix", "decode-fallback-any-order"]) == 2
     err = capsys.readouterr().err
     assert err == "error: decode-fallback and decode-fallback-any-order edit the same lines\n"
+    assert main(["sglang", "--fix", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown SGLang 0.5.23 fix 'nope' (valid: ")
 
 
 def test_profile_refuses_a_config_outside_its_space() -> None:
@@ -649,7 +640,6 @@ def test_missing_install_names_the_install_command(
 
 
 def test_importing_the_integration_does_not_import_sglang() -> None:
-    import subprocess
     import sys
 
     code = (
@@ -664,7 +654,6 @@ def test_importing_the_integration_does_not_import_sglang() -> None:
 def test_the_cli_run_prints_no_sglang_import_warnings() -> None:
     """SGLang's kernel modules warn at import that this CPU has no AWQ, GGUF or Triton
     kernels; the scheduler path never uses them, so a user's terminal shows none of it."""
-    import subprocess
     import sys
     from pathlib import Path
 

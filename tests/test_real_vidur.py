@@ -4,8 +4,9 @@ Needs `schedspec install-engines vidur`; without it every engine test fails nami
 command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped with that reason).
 
 Findings (docs/engines.md, "Vidur"): each is a regression test that FAILS with its rule on
-the real class and PASSES with the class patched the way its fix would go (monkeypatched here,
-citing the line of vidur 0.0.25 it replaces):
+the real class and PASSES with Vidur's files edited the way its fix would go
+(`integrations.vidur.fixes`: the edited files run, their changed methods put on Vidur's classes
+for the test; `scripts/engine_fixes_diff.py vidur` prints the edits as a patch):
 
 - FasterTransformer frees finished requests only when their whole batch ends (and, with the
   batch regenerated without them, never): terminal_holds_nothing;
@@ -26,7 +27,7 @@ their findings patched.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,12 +49,15 @@ from integrations.vidur import (
     REAL_VIDUR_VLLM,
     build,
 )
+from integrations.vidur.fixes import FIXES_OF, VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from spec.profile import ConfigOutsideProfile
+from tests.patch_check import git_apply_to_copies
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,103 +130,17 @@ def rules_of(err: BaseException | None) -> set[str]:
     return {f"{type(err).__name__}: {err}"}
 
 
-# --------------------------------------------------------------------------- fixes, as patches
-def fix_ft_free_on_finish(vidur: Any, mp: pytest.MonkeyPatch) -> None:
-    """faster_transformer_replica_scheduler.py:13-21 frees only when the whole batch ended
-    (and only the requests of the last, regenerated batch): free each request as it ends."""
-    cls = vidur.schedulers["ft"]
-    base_end = cls.__mro__[1].on_batch_end
-
-    def on_batch_end(self: Any, batch: Any) -> None:
-        base_end(self, batch)
-        for request in batch.requests:
-            if request.completed:
-                self.free(request.id)
-        if not batch.have_all_requests_completed:
-            self._preempted_batches.append(batch)
-
-    mp.setattr(cls, "on_batch_end", on_batch_end)
-
-
-def fix_reservation_ceil(vidur: Any, mp: pytest.MonkeyPatch, kind: str) -> None:
-    """base_replica_scheduler.py:42-43 floors max_tokens / block_size: reserve the ceiling."""
-    cls = vidur.schedulers[kind]
-    init = cls.__init__
-
-    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self._max_blocks_per_sequence = math.ceil(
-            self._request_generator_config.max_tokens / self._replica_config.block_size
-        )
-
-    mp.setattr(cls, "__init__", patched)
-
-
-def fix_lightllm_peak(vidur: Any, mp: pytest.MonkeyPatch) -> None:
-    """lightllm_replica_scheduler.py:62 `need_max_token_num < num_blocks`: admit at `<=` (the
-    same computation against a pool one larger)."""
-    cls = vidur.schedulers["lightllm"]
-    original = cls._can_allocate_request
-
-    def can_allocate(self: Any, request: Any) -> bool:
-        self._config.num_blocks += 1
-        try:
-            return bool(original(self, request))
-        finally:
-            self._config.num_blocks -= 1
-
-    mp.setattr(cls, "_can_allocate_request", can_allocate)
-
-
-def fix_vllm_decode_block(vidur: Any, mp: pytest.MonkeyPatch) -> None:
-    """vllm_replica_scheduler.py:44 demands one free block for every running request: demand
-    the block `_allocate_request` will take (one when the processed tokens outgrew the
-    reservation, else none)."""
-    cls = vidur.schedulers["vllm"]
-    original = cls._can_allocate_request
-
-    def can_allocate(self: Any, request: Any) -> bool:
-        if request.id not in self._allocation_map:
-            return bool(original(self, request))
-        reserved = self._allocation_map[request.id] * self._replica_config.block_size
-        needed = 1 if request.num_processed_tokens > reserved else 0
-        return bool(self._config.num_blocks - self._num_allocated_blocks >= needed)
-
-    mp.setattr(cls, "_can_allocate_request", can_allocate)
-
-
-def fix_lightllm_one_token_peak(vidur: Any, mp: pytest.MonkeyPatch) -> None:
-    """lightllm_replica_scheduler.py:41-43 counts a request not yet scheduled as holding
-    prompt + 1 tokens, even one that produces a single token (its only output needs no KV):
-    count prompt + 1 only when a second output follows."""
-    cls = vidur.schedulers["lightllm"]
-    original = cls._get_tuple_tokens
-
-    def tuple_tokens(self: Any, request: Any) -> tuple[int, int]:
-        if request.scheduled or request.num_decode_tokens > 1:
-            held, left = original(self, request)
-            return int(held), int(left)
-        return int(request.num_prefill_tokens), 0
-
-    mp.setattr(cls, "_get_tuple_tokens", tuple_tokens)
-
-
+# --------------------------------------------------------------------------- fixes
 @pytest.fixture
-def patched(vidur: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    """`patched(kind)` applies the fixes of `kind`'s findings to the real class."""
+def patched(vidur: Any) -> Iterator[Callable[[str], None]]:
+    """`patched(kind)` runs Vidur with the fixes of `kind`'s findings (`FIXES_OF`: edits of
+    Vidur's own files, `integrations.vidur.fixes`) until the test ends."""
+    with contextlib.ExitStack() as stack:
 
-    def apply(kind: str) -> None:
-        if kind == "ft":
-            fix_ft_free_on_finish(vidur, monkeypatch)
-        if kind in ("ft", "orca"):
-            fix_reservation_ceil(vidur, monkeypatch, kind)
-        if kind == "lightllm":
-            fix_lightllm_peak(vidur, monkeypatch)
-            fix_lightllm_one_token_peak(vidur, monkeypatch)
-        if kind == "vllm":
-            fix_vllm_decode_block(vidur, monkeypatch)
+        def apply(kind: str) -> None:
+            stack.enter_context(vidur_fixed(FIXES_OF[kind]))
 
-    yield apply
+        yield apply
 
 
 def cfg(**kw: Any) -> ArConfig:
@@ -324,16 +242,14 @@ def test_lightllm_never_admits_a_request_whose_peak_equals_the_pool(
     assert h.outputs() == {"r0": 4}
 
 
-def test_lightllm_overcounts_a_one_token_request(
-    vidur: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lightllm_overcounts_a_one_token_request(vidur: Any) -> None:
     # 3 prompt tokens and 1 output need 3 tokens of KV: the whole pool of 3; Vidur counts 4
     config = cfg(block_size=1, num_blocks=3, max_num_batched_tokens=4, max_model_len=4)
-    fix_lightllm_peak(vidur, monkeypatch)  # the strict `<` alone does not explain this one
-    found = violation(harness(REAL_VIDUR_LIGHTLLM, config), ArRequest("r0", 3, 1))
+    with vidur_fixed(["lightllm-admit-at-peak"]):  # the strict `<` alone does not explain it
+        found = violation(harness(REAL_VIDUR_LIGHTLLM, config), ArRequest("r0", 3, 1))
     assert found is not None and found.rule == "progress", found
-    fix_lightllm_one_token_peak(vidur, monkeypatch)
-    assert violation(harness(REAL_VIDUR_LIGHTLLM, config), ArRequest("r0", 3, 1)) is None
+    with vidur_fixed(["lightllm-admit-at-peak", "lightllm-one-token-peak"]):
+        assert violation(harness(REAL_VIDUR_LIGHTLLM, config), ArRequest("r0", 3, 1)) is None
 
 
 def test_vllm_restarts_a_decode_that_needs_no_block(
@@ -390,6 +306,28 @@ def test_restart_keeps_stage_counters(vidur: Any) -> None:
     assert found is not None and found.rule == "implementation_error", found
     assert "AssertionError" in str(found)
     assert run(fix=True) is None
+
+
+def test_the_fixes_are_a_patch_of_vidurs_files(
+    vidur: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every fix as one patch (`scripts/engine_fixes_diff.py vidur`): `git apply -p1` makes
+    exactly the edited files the tests run; FasterTransformer's edited `on_batch_end` keeps
+    its `super()` call, which reaches Vidur's own base class."""
+    assert load_script("engine_fixes_diff").main(["vidur"]) == 0
+    diff = capsys.readouterr().out
+    assert diff == VIDUR_FIXES.as_diff(VIDUR_FIXES.names)
+    sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
+    assert len(sources) == 4
+    patched = git_apply_to_copies(tmp_path, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    ft = vidur.schedulers["ft"]
+    original = vars(ft)["on_batch_end"]
+    with vidur_fixed(["ft-free-on-finish"]):
+        edited = vars(ft)["on_batch_end"]
+        assert edited is not original
+        assert edited.__closure__ is not None and edited.__closure__[0].cell_contents is ft
+    assert vars(ft)["on_batch_end"] is original
 
 
 # --------------------------------------------------------------------------- suites

@@ -26,49 +26,28 @@ offers every decode request and is refuted by the suite (a shorter prompt passes
 block); and `cap-fallback-budget`, a fix of the ragged row's symptom
 (`_get_dllm_remain_tokens` keeping its block-size cap when its budget is used up).
 
-`fixed_sources(names)` makes the chosen fixes' edits to the installed files' text
-(`FixDoesNotApply` if a place they edit is missing); `fix_as_diff(names)` gives them as one
-patch (`scripts/sglang_dllm_fixes_diff.py` prints it); `sglang_fixed(names)` runs the edited
-files, each as a module of its own, and puts the methods the fixes change or add on SGLang's
-classes for the duration of the block (new module-level names go on SGLang's modules, and the
-methods read SGLang's own module globals, so its enums and classes stay the ones everything
-else uses). Nothing of SGLang's is stored here but the short lines a fix anchors on.
+`SGLANG_FIXES` holds all seven (an `integrations.patches.FixSet`): `.fixed_sources(names)`
+makes the chosen fixes' edits to the installed files' text (`FixDoesNotApply` if a place they
+edit is missing), `.as_diff(names)` gives them as one patch (`scripts/engine_fixes_diff.py
+sglang` prints it), and `.applied(names)`, here `sglang_fixed(names)`, runs the edited files,
+each as a module of its own, and puts the methods the fixes change or add on SGLang's classes
+for the duration of the block (new module-level names go on SGLang's modules, and the methods
+read SGLang's own module globals, so its enums and classes stay the ones everything else
+uses). Nothing of SGLang's is stored here but the short lines a fix anchors on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
-import types
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from integrations.patches import FixDoesNotApply, edit_once, unified_patch
+from integrations.patches import EngineFix, FixSet
 
 POLICY = "sglang.srt.managers.schedule_policy"
 MIXIN = "sglang.srt.dllm.mixin.scheduler"
 #: The files the fixes edit, in the order they are run (the mixin imports from the policy).
 MODULES = (POLICY, MIXIN)
-
-
-def module_file(module: str) -> str:
-    """A module's file, relative to the package's parent (as a patch names it)."""
-    return module.replace(".", "/") + ".py"
-
-
-@dataclass(frozen=True, slots=True)
-class SglangFix:
-    """One candidate fix: the edits it makes, as (module, text there exactly once, what takes
-    its place), in order, and the methods of SGLang's classes it changes or adds
-    (`"Class.method"` per module) — what `sglang_fixed` puts in place."""
-
-    name: str
-    edits: tuple[tuple[str, str, str], ...]
-    methods: tuple[tuple[str, str], ...]
 
 
 # ---------------------------------------------------------------- shared by two fixes
@@ -298,21 +277,21 @@ _CAP = (
 _INCOMING = (MIXIN, "SchedulerDllmMixin.process_dllm_incoming_reqs")
 _BATCHES = (MIXIN, "SchedulerDllmMixin._process_dllm_batches")
 
-REFUSED_STAYS_INCOMING = SglangFix("refused-stays-incoming", _REFUSED, (_INCOMING,))
-WORST_CASE_ESTIMATE = SglangFix(
+REFUSED_STAYS_INCOMING = EngineFix("refused-stays-incoming", _REFUSED, (_INCOMING,))
+WORST_CASE_ESTIMATE = EngineFix(
     "worst-case-estimate", _ESTIMATE, ((POLICY, "PrefillAdder._select_prefill_admission"),)
 )
-RESERVE_FUTURE_BLOCKS = SglangFix(
+RESERVE_FUTURE_BLOCKS = EngineFix(
     "reserve-future-blocks",
     _RESERVE,
     ((MIXIN, "SchedulerDllmMixin._dllm_kv_free_after_reservations"), _INCOMING),
 )
-DECODE_FALLBACK = SglangFix(
+DECODE_FALLBACK = EngineFix(
     "decode-fallback",
     (_IN_ORDER, *_fallback("self._dllm_decode_fallback_reqs()")),
     ((MIXIN, "SchedulerDllmMixin._dllm_decode_fallback_reqs"), _BATCHES),
 )
-WHOLE_STAGED_BLOCKS = SglangFix(
+WHOLE_STAGED_BLOCKS = EngineFix(
     "whole-staged-blocks",
     _WHOLE,
     (
@@ -320,12 +299,12 @@ WHOLE_STAGED_BLOCKS = SglangFix(
         (POLICY, "PrefillAdder.add_dllm_staging_req"),
     ),
 )
-DECODE_FALLBACK_ANY_ORDER = SglangFix(
+DECODE_FALLBACK_ANY_ORDER = EngineFix(
     "decode-fallback-any-order",
     _fallback("self.dllm_manager.get_decode_requests()"),
     (_BATCHES,),
 )
-CAP_FALLBACK_BUDGET = SglangFix(
+CAP_FALLBACK_BUDGET = EngineFix(
     "cap-fallback-budget", _CAP, ((POLICY, "PrefillAdder._get_dllm_remain_tokens"),)
 )
 
@@ -339,150 +318,57 @@ FIXES = (
     WHOLE_STAGED_BLOCKS,
 )
 FIX_NAMES = tuple(fix.name for fix in FIXES)
-#: Every fix by name: the five, then the refuted fallback and the symptom fix.
-BY_NAME = {fix.name: fix for fix in (*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET)}
 
 
-def resolve(names: Iterable[str]) -> tuple[SglangFix, ...]:
-    """The named fixes in `BY_NAME`'s order (so any subset composes the same way); a
-    `ValueError` names an unknown fix and the valid ones, or two fallbacks together."""
-    wanted = list(names)
-    unknown = [name for name in wanted if name not in BY_NAME]
-    if unknown:
-        raise ValueError(f"unknown SGLang fix {unknown[0]!r} (valid: {', '.join(BY_NAME)})")
-    if {DECODE_FALLBACK.name, DECODE_FALLBACK_ANY_ORDER.name} <= set(wanted):
-        raise ValueError("decode-fallback and decode-fallback-any-order edit the same lines")
-    return tuple(fix for name, fix in BY_NAME.items() if name in wanted)
-
-
-def installed_text(module: str) -> str:
-    """The installed SGLang's file of `module` (SGLang imported first, with its stubs, so a
-    missing install is the usual typed error)."""
+def _import_sglang() -> object:
     from integrations.sglang.engine import import_engine
 
-    import_engine()
-    return Path(importlib.import_module(module).__file__ or "").read_text(encoding="utf-8")
+    return import_engine()
 
 
-def fixed_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """module -> (the installed text, the text with the named fixes' edits made), for each
-    module they edit, in `MODULES` order. An edit shared by two fixes is made once."""
-    fixes = resolve(names)
-    out: dict[str, tuple[str, str]] = {}
-    for module in MODULES:
-        owners: dict[tuple[str, str], list[str]] = {}  # edit -> the chosen fixes that make it
-        for fix in fixes:
-            for where, old, new in fix.edits:
-                if where == module:
-                    owners.setdefault((old, new), []).append(fix.name)
-        if not owners:
-            continue
-        text = fixed = installed_text(module)
-        for edit, names_ in owners.items():
-            needs = f"SGLang fix {', '.join(names_)} (written against SGLang 0.5.23)"
-            fixed = edit_once(fixed, [edit], file=module_file(module), fix=needs)
-        out[module] = (text, fixed)
-    return out
+@contextlib.contextmanager
+def _importing() -> Iterator[None]:
+    """SGLang's import stubs, and its kernels' import warnings silenced, as when SGLang was
+    imported (`integrations.sglang.engine.import_engine`)."""
+    from integrations.sglang import stubs
+
+    with stubs.importing(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+        yield
+
+
+#: Every fix: the five, then the refuted fallback and the symptom fix.
+SGLANG_FIXES = FixSet(
+    engine="SGLang 0.5.23",
+    modules=MODULES,
+    fixes=(*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET),
+    exclusive=(frozenset({DECODE_FALLBACK.name, DECODE_FALLBACK_ANY_ORDER.name}),),
+    load=_import_sglang,
+    importing=_importing,
+)
 
 
 def fix_as_diff(names: Iterable[str] = FIX_NAMES) -> str:
     """The named fixes (default the five) as one unified diff of the installed SGLang's files
     (paths as `git apply -p1` in an SGLang checkout's `python/` directory wants)."""
-    return "".join(
-        unified_patch(module_file(module), text, fixed)
-        for module, (text, fixed) in fixed_sources(names).items()
-    )
+    return SGLANG_FIXES.as_diff(names)
 
 
-def _run_as_module(module: str, source: str) -> dict[str, Any]:
-    """Run an edited file as a module of its own (with SGLang's import stubs, as SGLang was
-    imported) and return its namespace."""
-    from integrations.sglang import stubs
-
-    copy = types.ModuleType(f"{module}_fixed")
-    code = compile(source, f"<{module_file(module)}, fixed>", "exec")
-    # registered while it runs: its dataclasses look their module up by name
-    sys.modules[copy.__name__] = copy
-    try:
-        with stubs.importing(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
-            exec(code, copy.__dict__)
-    finally:
-        del sys.modules[copy.__name__]
-    return copy.__dict__
-
-
-def _on_sglangs_globals(function: Any, module: types.ModuleType) -> Any:
-    """`function` (from an edited copy) reading `module`'s globals, so the names it looks up
-    are SGLang's own objects."""
-    if function.__code__.co_freevars:
-        raise FixDoesNotApply(
-            f"{function.__qualname__} closes over {function.__code__.co_freevars}; "
-            "a fixed method must not use super() or closures"
-        )
-    moved = types.FunctionType(
-        function.__code__, vars(module), function.__name__, function.__defaults__
-    )
-    moved.__kwdefaults__ = function.__kwdefaults__
-    moved.__qualname__ = function.__qualname__
-    moved.__doc__ = function.__doc__
-    moved.__module__ = module.__name__
-    return moved
-
-
-@contextlib.contextmanager
-def sglang_fixed(names: Iterable[str]) -> Iterator[None]:
-    """Within the block, SGLang runs with the named fixes (the edited files' methods on its
-    classes, the edited files' new module-level names on its modules); afterwards it is as it
-    was. Raises `FixDoesNotApply` (nothing changed) if the installed files lack a place."""
-    fixes = resolve(names)
-    sources = fixed_sources(fix.name for fix in fixes)
-    undo: list[tuple[Any, str, Any]] = []  # (owner, attribute, value before or _ABSENT)
-    try:
-        for module_name, (_, fixed) in sources.items():
-            module = importlib.import_module(module_name)
-            namespace = _run_as_module(module_name, fixed)
-            for name in namespace.keys() - vars(module).keys():
-                undo.append((module, name, _ABSENT))
-                setattr(module, name, namespace[name])
-            methods = {
-                dotted: None
-                for fix in fixes
-                for where, dotted in fix.methods
-                if where == module_name
-            }
-            for dotted in methods:
-                class_name, method = dotted.split(".")
-                owner = getattr(module, class_name)
-                undo.append((owner, method, owner.__dict__.get(method, _ABSENT)))
-                edited = vars(namespace[class_name])[method]
-                setattr(owner, method, _on_sglangs_globals(edited, module))
-        yield
-    finally:
-        for owner, name, value in reversed(undo):
-            if value is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-
-_ABSENT = object()
+#: `with sglang_fixed(names):` runs SGLang with the named fixes (`FixSet.applied`).
+sglang_fixed = SGLANG_FIXES.applied
 
 
 __all__ = [
-    "BY_NAME",
     "CAP_FALLBACK_BUDGET",
     "DECODE_FALLBACK",
     "DECODE_FALLBACK_ANY_ORDER",
     "FIXES",
+    "FIX_NAMES",
     "REFUSED_STAYS_INCOMING",
     "RESERVE_FUTURE_BLOCKS",
+    "SGLANG_FIXES",
     "WHOLE_STAGED_BLOCKS",
     "WORST_CASE_ESTIMATE",
-    "FixDoesNotApply",
-    "SglangFix",
     "fix_as_diff",
-    "fixed_sources",
-    "resolve",
     "sglang_fixed",
 ]

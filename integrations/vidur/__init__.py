@@ -5,7 +5,9 @@ the AR spec, at a constant execution time.
 `REAL_VIDUR_FT` are `ArImplementation`s (built-in names `real-vidur-vllm|sarathi|orca|lightllm|
 ft`). Importing this package does not import Vidur: a factory activates `MANIFEST` (raising
 `EngineNotInstalled`, which names `schedspec install-engines vidur`, when it is missing) and
-then imports it. See `integrations.vidur.adapter` for what runs for real and every stub.
+then imports it. See `integrations.vidur.adapter` for what runs for real and every stub, and
+`integrations.vidur.fixes` for the candidate fixes of its findings (edits of Vidur's own files,
+which the tests run and `scripts/engine_fixes_diff.py vidur` prints as a patch).
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ instead would add scipy, scikit-learn and pandas (about 150 MB) to the engine di
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,13 +91,26 @@ _MODULES = {
 }
 
 
-@functools.cache
-def load() -> VidurClasses:
-    """Import Vidur (once per process) with the placeholder modules in place."""
+@contextlib.contextmanager
+def stubbed_imports() -> Iterator[None]:
+    """Within the block the placeholder modules answer the stubbed imports; afterwards they
+    leave `sys.modules`, so the rest of the process imports the real packages as usual."""
     finder = _StubFinder(STUBBED_ROOTS)
     before = set(sys.modules)
     sys.meta_path.insert(0, finder)
     try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in finder.roots:
+                del sys.modules[name]
+
+
+@functools.cache
+def load() -> VidurClasses:
+    """Import Vidur (once per process) with the placeholder modules in place."""
+    with stubbed_imports():
         config = importlib.import_module("vidur.config")
         entities = importlib.import_module("vidur.entities")
         schedulers = {
@@ -105,11 +119,6 @@ def load() -> VidurClasses:
             )
             for kind, (module, cls, _) in _MODULES.items()
         }
-    finally:
-        sys.meta_path.remove(finder)
-        for name in set(sys.modules) - before:
-            if name.split(".")[0] in finder.roots:
-                del sys.modules[name]
     return VidurClasses(
         schedulers=schedulers,
         scheduler_configs={kind: getattr(config, c) for kind, (_, _, c) in _MODULES.items()},
@@ -121,4 +130,4 @@ def load() -> VidurClasses:
     )
 
 
-__all__ = ["STUBBED_ROOTS", "VidurClasses", "load"]
+__all__ = ["STUBBED_ROOTS", "VidurClasses", "load", "stubbed_imports"]

@@ -1,0 +1,190 @@
+"""Candidate fixes for the findings in Vidur 0.0.25's replica schedulers, made as edits of
+Vidur's own files (`vidur/scheduler/replica_scheduler/`) and applied to the running process
+so that the suite and the findings' programs validate the edited code itself.
+
+One fix per finding of docs/engines.md ("Vidur", Findings):
+
+- `ft-free-on-finish`: FasterTransformer frees a batch's memory only when the whole batch has
+  ended (`on_batch_end`), so a finished request keeps its blocks; free each request as it ends.
+- `reservation-ceil`: the max_model_len reservation of Orca and FasterTransformer is
+  `max_tokens // block_size` (`BaseReplicaScheduler.__init__`), a block short when max_tokens is
+  not a multiple of the block size; reserve the ceiling.
+- `lightllm-admit-at-peak`: LightLLM admits only while the peak need is `< num_blocks`
+  (`_can_allocate_request`); a peak that equals the pool fits, so admit at `<=`.
+- `lightllm-one-token-peak`: LightLLM counts a request not yet scheduled as holding prompt + 1
+  tokens (`_get_tuple_tokens`), even when its only output needs no KV; count the + 1 only when
+  a second output follows.
+- `vllm-decode-block`: Vidur's vLLM scheduler demands one free block for every running request
+  (`_can_allocate_request`); demand the block `_allocate_request` will take (one when the
+  processed tokens outgrew the blocks held, else none).
+
+`VIDUR_FIXES` (an `integrations.patches.FixSet`) makes the edits (`.fixed_sources`), gives them
+as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and runs Vidur with
+them for the duration of a block (`.applied`, here `vidur_fixed(names)`). `FIXES_OF[kind]`
+names the fixes a scheduler's findings need. Nothing of Vidur's is stored here but the short
+lines a fix anchors on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from integrations.patches import EngineFix, FixSet
+
+PACKAGE = "vidur.scheduler.replica_scheduler"
+BASE = f"{PACKAGE}.base_replica_scheduler"
+FT = f"{PACKAGE}.faster_transformer_replica_scheduler"
+LIGHTLLM = f"{PACKAGE}.lightllm_replica_scheduler"
+VLLM = f"{PACKAGE}.vllm_replica_scheduler"
+
+FT_FREE_ON_FINISH = EngineFix(
+    "ft-free-on-finish",
+    (
+        (
+            FT,
+            "        if batch.have_all_requests_completed:\n"
+            "            # free memory for all requests at once\n"
+            "            self.free_batch(batch)\n"
+            "            self.free(*self._pending_free_map.pop(batch.id, []))\n"
+            "        else:\n"
+            "            self._preempted_batches.append(batch)\n",
+            "        # free each request's memory as soon as it completes: a finished\n"
+            "        # request must not hold blocks while the rest of its batch runs\n"
+            "        for request in batch.requests:\n"
+            "            if request.completed:\n"
+            "                self.free(request.id)\n"
+            "        if not batch.have_all_requests_completed:\n"
+            "            self._preempted_batches.append(batch)\n",
+        ),
+    ),
+    ((FT, "FasterTransformerReplicaScheduler.on_batch_end"),),
+)
+
+RESERVATION_CEIL = EngineFix(
+    "reservation-ceil",
+    (
+        (
+            BASE,
+            "        self._max_blocks_per_sequence = (\n"
+            "            self._request_generator_config.max_tokens"
+            " // self._replica_config.block_size\n"
+            "        )\n",
+            "        # the ceiling: a sequence of max_tokens must fit in its reservation\n"
+            "        self._max_blocks_per_sequence = -(\n"
+            "            -self._request_generator_config.max_tokens\n"
+            "            // self._replica_config.block_size\n"
+            "        )\n",
+        ),
+    ),
+    ((BASE, "BaseReplicaScheduler.__init__"),),
+)
+
+LIGHTLLM_ADMIT_AT_PEAK = EngineFix(
+    "lightllm-admit-at-peak",
+    (
+        (
+            LIGHTLLM,
+            "        return need_max_token_num < self._config.num_blocks\n",
+            "        return need_max_token_num <= self._config.num_blocks\n",
+        ),
+    ),
+    ((LIGHTLLM, "LightLLMReplicaScheduler._can_allocate_request"),),
+)
+
+LIGHTLLM_ONE_TOKEN_PEAK = EngineFix(
+    "lightllm-one-token-peak",
+    (
+        (
+            LIGHTLLM,
+            "        else:\n"
+            "            num_processed_tokens = request.num_prefill_tokens + 1\n"
+            "            remaining_tokens = request.num_decode_tokens - 1 - 1\n",
+            "        elif request.num_decode_tokens > 1:\n"
+            "            num_processed_tokens = request.num_prefill_tokens + 1\n"
+            "            remaining_tokens = request.num_decode_tokens - 1 - 1\n"
+            "        else:\n"
+            "            # its only output token is never fed back: it needs no KV\n"
+            "            num_processed_tokens = request.num_prefill_tokens\n"
+            "            remaining_tokens = 0\n",
+        ),
+    ),
+    ((LIGHTLLM, "LightLLMReplicaScheduler._get_tuple_tokens"),),
+)
+
+VLLM_DECODE_BLOCK = EngineFix(
+    "vllm-decode-block",
+    (
+        (
+            VLLM,
+            "        # vllm requires at least one block to be available\n"
+            "        return self._config.num_blocks - self._num_allocated_blocks >= 1\n",
+            "        # a running request needs a block only when its tokens outgrew its\n"
+            "        # blocks (what _allocate_request will take)\n"
+            "        num_tokens_reserved = (\n"
+            "            self._allocation_map[request.id] * self._replica_config.block_size\n"
+            "        )\n"
+            "        num_required_blocks = (\n"
+            "            1 if request.num_processed_tokens > num_tokens_reserved else 0\n"
+            "        )\n"
+            "        return (\n"
+            "            self._config.num_blocks - self._num_allocated_blocks"
+            " >= num_required_blocks\n"
+            "        )\n",
+        ),
+    ),
+    ((VLLM, "VLLMReplicaScheduler._can_allocate_request"),),
+)
+
+
+def _load_vidur() -> object:
+    from integrations.vidur import MANIFEST
+    from integrations.vidur.engine import load
+
+    MANIFEST.activate()
+    return load()
+
+
+def _importing() -> contextlib.AbstractContextManager[None]:
+    from integrations.vidur.engine import stubbed_imports
+
+    return stubbed_imports()
+
+
+VIDUR_FIXES = FixSet(
+    engine="Vidur 0.0.25",
+    modules=(BASE, FT, LIGHTLLM, VLLM),
+    fixes=(
+        FT_FREE_ON_FINISH,
+        RESERVATION_CEIL,
+        LIGHTLLM_ADMIT_AT_PEAK,
+        LIGHTLLM_ONE_TOKEN_PEAK,
+        VLLM_DECODE_BLOCK,
+    ),
+    exclusive=(),
+    load=_load_vidur,
+    importing=_importing,
+)
+
+#: The fixes each scheduler's findings need (Sarathi has none).
+FIXES_OF: dict[str, tuple[str, ...]] = {
+    "vllm": (VLLM_DECODE_BLOCK.name,),
+    "sarathi": (),
+    "orca": (RESERVATION_CEIL.name,),
+    "lightllm": (LIGHTLLM_ADMIT_AT_PEAK.name, LIGHTLLM_ONE_TOKEN_PEAK.name),
+    "ft": (FT_FREE_ON_FINISH.name, RESERVATION_CEIL.name),
+}
+
+#: `with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`).
+vidur_fixed = VIDUR_FIXES.applied
+
+
+__all__ = [
+    "FIXES_OF",
+    "FT_FREE_ON_FINISH",
+    "LIGHTLLM_ADMIT_AT_PEAK",
+    "LIGHTLLM_ONE_TOKEN_PEAK",
+    "RESERVATION_CEIL",
+    "VIDUR_FIXES",
+    "VLLM_DECODE_BLOCK",
+    "vidur_fixed",
+]

@@ -1,0 +1,59 @@
+"""Print candidate fixes for an engine's findings as one unified diff of the installed engine's
+files: SGLang 0.5.23's dLLM path (`integrations.sglang.fixes`) or Vidur 0.0.25's replica
+schedulers (`integrations.vidur.fixes`).
+
+    .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
+    .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
+    .venv/bin/python scripts/engine_fixes_diff.py vidur > vidur-fixes.patch
+
+Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
+run with no pool headroom; Vidur: every finding's fix); `--fix NAME` (repeatable) picks fixes
+by name. The diff is made from the installed files when run; `git apply -p1` applies it in the
+engine's checkout of the same version (SGLang: its `python/` directory). The tests that run
+these very edits are in `tests/test_real_sglang.py` and `tests/test_real_vidur.py`. Exit 2
+with one line for an unknown fix, if the engine is not installed, or if its files no longer
+have the places the fixes edit. Needs `schedspec install-engines sglang` (or `vidur`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from integrations.patches import FixSet, print_patch
+from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
+from integrations.sglang.fixes import SGLANG_FIXES
+from integrations.vidur.fixes import VIDUR_FIXES
+
+#: engine -> (its fixes, the fixes printed without --fix)
+ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
+    "sglang": (SGLANG_FIXES, SGLANG_DEFAULT),
+    "vidur": (VIDUR_FIXES, VIDUR_FIXES.names),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("engine", choices=list(ENGINES))
+    parser.add_argument(
+        "--fix",
+        action="append",
+        metavar="NAME",
+        help="a fix to include (repeatable; default the engine's default set)",
+    )
+    args = parser.parse_args(argv)
+    fixes, default = ENGINES[args.engine]
+    names = args.fix or list(default)
+    try:
+        fixes.resolve(names)
+    except ValueError as err:  # an unknown fix, or two that edit the same lines
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return print_patch(lambda: fixes.as_diff(names))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""`integrations.patches.FixSet` on a small engine written here: fixes as edits of its files,
+the edited methods run on its own classes (super() and enums included), everything put back
+afterwards, and the fixes as one patch. No real engine needed."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from tests.patch_check import git_apply_to_copies
+
+CORE = """import enum
+
+
+class Verdict(enum.Enum):
+    ADMIT = 1
+    REFUSE = 2
+
+
+class Base:
+    def fits(self, need, free):
+        return Verdict.ADMIT if need < free else Verdict.REFUSE
+
+
+class Child(Base):
+    def fits(self, need, free):
+        return super().fits(need, free)
+"""
+POLICY = """from toyengine.core import Base
+
+
+def budget(free):
+    return free
+"""
+
+STRICT = ("toyengine.core", "        return Verdict.ADMIT if need < free", "")
+AT_PEAK = EngineFix(
+    "admit-at-peak",
+    (("toyengine.core", "need < free else", "need <= free else"),),
+    (("toyengine.core", "Base.fits"),),
+)
+CHILD_HALVES = EngineFix(
+    "child-halves",
+    (
+        (
+            "toyengine.core",
+            "        return super().fits(need, free)\n",
+            "        return super().fits(halve(need), free)\n",
+        ),
+        (
+            "toyengine.core",
+            "\n\nclass Base:\n",
+            "\n\ndef halve(need):\n    return need // 2\n\n\nclass Base:\n",
+        ),
+    ),
+    (("toyengine.core", "Child.fits"),),
+)
+CHILD_DOUBLES = EngineFix(
+    "child-doubles",
+    (("toyengine.core", "super().fits(need, free)", "super().fits(2 * need, free)"),),
+    (("toyengine.core", "Child.fits"),),
+)
+POLICY_SCALES = EngineFix(
+    "budget-scales",
+    (("toyengine.policy", "    return free\n", "    return 10 * free\n"),),
+    (),
+)
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Iterator[FixSet]:
+    """A toy engine package on sys.path, and its fixes."""
+    package = tmp_path / "toyengine"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "core.py").write_text(CORE, encoding="utf-8")
+    (package / "policy.py").write_text(POLICY, encoding="utf-8")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield FixSet(
+            engine="Toy 1.0",
+            modules=("toyengine.core", "toyengine.policy"),
+            fixes=(AT_PEAK, CHILD_HALVES, CHILD_DOUBLES, POLICY_SCALES),
+            exclusive=(frozenset({"child-halves", "child-doubles"}),),
+            load=lambda: importlib.import_module("toyengine.policy"),
+            importing=contextlib.nullcontext,
+        )
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n.split(".")[0] == "toyengine"]:
+            del sys.modules[name]
+
+
+def test_applied_runs_the_edited_methods_on_the_engines_own_classes(toy: FixSet) -> None:
+    core = importlib.import_module("toyengine.core")
+    child = core.Child()
+    assert child.fits(4, 4) is core.Verdict.REFUSE
+    before = (dict(vars(core.Base)), dict(vars(core.Child)), set(vars(core)))
+    with toy.applied(["admit-at-peak", "child-halves"]):
+        # the edited Base.fits admits at the peak and returns the engine's own enum member;
+        # the edited Child.fits halves through super(), which must still reach Base
+        assert child.fits(4, 4) is core.Verdict.ADMIT
+        assert child.fits(9, 4) is core.Verdict.ADMIT  # 9 // 2 <= 4
+        assert child.fits(10, 4) is core.Verdict.REFUSE
+        assert core.halve(7) == 3  # the new module-level name is on the engine's module
+    assert (dict(vars(core.Base)), dict(vars(core.Child)), set(vars(core))) == before
+    assert child.fits(4, 4) is core.Verdict.REFUSE
+
+
+def test_any_subset_composes_and_exclusive_fixes_are_refused(toy: FixSet) -> None:
+    core = importlib.import_module("toyengine.core")
+    with toy.applied(["child-doubles"]):
+        assert core.Child().fits(2, 4) is core.Verdict.REFUSE  # 4 < 4 is false
+    with toy.applied(["child-doubles", "admit-at-peak"]):
+        assert core.Child().fits(2, 4) is core.Verdict.ADMIT
+    with pytest.raises(ValueError, match="child-doubles and child-halves edit the same lines"):
+        toy.resolve(["child-halves", "child-doubles"])
+    with pytest.raises(ValueError, match=r"unknown Toy 1\.0 fix 'nope' \(valid: admit-at-peak"):
+        toy.resolve(["admit-at-peak", "nope"])
+
+
+def test_a_missing_place_is_refused_before_anything_changes(
+    toy: FixSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = importlib.import_module("toyengine.core")
+    missing = FixSet(
+        engine=toy.engine,
+        modules=toy.modules,
+        fixes=(*toy.fixes, EngineFix("strict", (STRICT,), (("toyengine.core", "Base.fits"),))),
+        exclusive=toy.exclusive,
+        load=toy.load,
+        importing=toy.importing,
+    )
+    monkeypatch.setattr(
+        FixSet,
+        "installed_text",
+        lambda self, module: (
+            Path(importlib.import_module(module).__file__ or "")
+            .read_text(encoding="utf-8")
+            .replace("need < free", "need<free")
+        ),
+    )
+    methods = dict(vars(core.Base))
+    with (
+        pytest.raises(
+            FixDoesNotApply,
+            match=r"toyengine/core\.py has 0 copies of `need < free else`; the Toy 1\.0 fix "
+            r"admit-at-peak needs exactly one",
+        ),
+        missing.applied(["child-halves", "admit-at-peak"]),
+    ):
+        pass
+    assert dict(vars(core.Base)) == methods
+
+
+def test_the_fixes_are_one_patch_that_git_applies(toy: FixSet, tmp_path: Path) -> None:
+    names = ["admit-at-peak", "child-halves", "budget-scales"]
+    sources = toy.fixed_sources(names)
+    assert list(sources) == ["toyengine.core", "toyengine.policy"]
+    patched = git_apply_to_copies(tmp_path / "checkout", sources, toy.as_diff(names))
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "return 10 * free" in sources["toyengine.policy"][1]
+    assert toy.as_diff([]) == ""
