@@ -103,6 +103,17 @@ class FixSet:
     load: Callable[[], object]
     importing: Callable[[], contextlib.AbstractContextManager[object]]
 
+    def __post_init__(self) -> None:
+        # a fix must edit only the modules it names, and declare methods only where it edits
+        for fix in self.fixes:
+            edited = {module for module, _, _ in fix.edits}
+            stray = edited - set(self.modules) or {m for m, _ in fix.methods} - edited
+            if stray:
+                raise ValueError(
+                    f"{self.engine} fix {fix.name!r} names {sorted(stray)}: its methods must lie "
+                    f"in modules it edits, and those among {list(self.modules)}"
+                )
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(fix.name for fix in self.fixes)

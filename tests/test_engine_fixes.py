@@ -167,3 +167,12 @@ def test_the_fixes_are_one_patch_that_git_applies(toy: FixSet, tmp_path: Path) -
     assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     assert "return 10 * free" in sources["toyengine.policy"][1]
     assert toy.as_diff([]) == ""
+
+
+def test_a_fix_set_refuses_methods_outside_the_modules_it_edits(toy: FixSet) -> None:
+    stray = EngineFix("stray", (), (("toyengine.core", "Base.fits"),))
+    with pytest.raises(ValueError, match=r"fix 'stray' names \['toyengine.core'\]"):
+        FixSet(toy.engine, toy.modules, (stray,), (), toy.load, toy.importing)
+    elsewhere = EngineFix("elsewhere", (("toyengine.other", "a", "b"),), ())
+    with pytest.raises(ValueError, match=r"fix 'elsewhere' names \['toyengine.other'\]"):
+        FixSet(toy.engine, toy.modules, (elsewhere,), (), toy.load, toy.importing)

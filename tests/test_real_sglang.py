@@ -521,6 +521,37 @@ def test_suite_passes_below_the_headroom_with_every_fix() -> None:
         _run_suite(machine)
 
 
+def test_with_every_fix_sglang_is_still_not_work_conserving() -> None:
+    """Why the profile keeps `work_conserving=False` with the fixes too (the suite's shrunk
+    counterexample): a batch is prefill-only or decode-only, so while `r1`'s second prompt
+    block runs, `r0` (a one-token prompt, a decode-phase request) waits though a row and its
+    page are free. The same program passes the profile as declared."""
+    conserving = dataclasses.replace(
+        EVERY_FIX_SPACE, policy=dataclasses.replace(EVERY_FIX_SPACE.policy, work_conserving=True)
+    )
+    cfg = _config(
+        block_size=2,
+        page_size=2,
+        kv_pages=4,
+        max_context=6,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+    )
+
+    def program(h: Harness) -> None:
+        h.submit(RequestSpec("r0", (0,), 1))
+        h.submit(RequestSpec("r1", (0, 0, 0, 0), 1))
+        h.guarded("drain", h.drain)
+
+    with sglang_fixed(EVERY_FIX):
+        v = _violation(lambda: program(_harness(cfg, conserving)))
+        assert v.rule == "work_conserving", v
+        assert "the round admitted nothing although 'r0' fits" in str(v), v
+        h = _harness(cfg, EVERY_FIX_SPACE)
+        program(h)
+        assert set(h.outputs()) == {"r0", "r1"}
+
+
 def test_the_fixes_are_a_patch_of_sglangs_files(tmp_path: Path) -> None:
     """The five fixes as one patch: `git apply -p1` makes exactly the edited files the tests
     run, and the patch takes out only the import it widens and the comment it rewrites."""
