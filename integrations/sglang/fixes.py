@@ -3,7 +3,7 @@ and applied to the running process so that the suite and the findings' programs 
 edited code itself.
 
 Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the five of
-`FIXES`, together, let the dLLM suite run with no pool headroom:
+`FIXES`, together, let the dLLM suite run with no pool headroom and fewer rows than seats:
 
 - `refused-stays-incoming` (the ragged row's cause): `process_dllm_incoming_reqs` runs
   `init_next_round_input` before the adder decides, which moves the request to a staging phase;
@@ -33,7 +33,7 @@ sglang` prints it), and `.applied(names)`, here `sglang_fixed(names)`, runs the 
 each as a module of its own, and puts the methods the fixes change or add on SGLang's classes
 for the duration of the block (new module-level names go on SGLang's modules, and the methods
 read SGLang's own module globals, so its enums and classes stay the ones everything else
-uses). Nothing of SGLang's is stored here but the short lines a fix anchors on.
+uses). Nothing of SGLang's is stored here but the passages a fix anchors on.
 """
 
 from __future__ import annotations

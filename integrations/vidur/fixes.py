@@ -21,8 +21,8 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 `VIDUR_FIXES` (an `integrations.patches.FixSet`) makes the edits (`.fixed_sources`), gives them
 as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and runs Vidur with
 them for the duration of a block (`.applied`, here `vidur_fixed(names)`). `FIXES_OF[kind]`
-names the fixes a scheduler's findings need. Nothing of Vidur's is stored here but the short
-lines a fix anchors on.
+names the fixes a scheduler's findings need. Nothing of Vidur's is stored here but the
+passages a fix anchors on.
 """
 
 from __future__ import annotations
