@@ -70,13 +70,15 @@ Edit = tuple[str, str, str]  # (module, text there exactly once, what takes its 
 
 @dataclass(frozen=True, slots=True)
 class EngineFix:
-    """One candidate fix, as edits of an engine's own files: the edits, in order, and the
-    methods of the engine's classes it changes or adds, as (module, "Class.method") — what
-    `FixSet.applied` puts in place."""
+    """One candidate fix, as edits of an engine's own files: the edits, in order, the methods
+    of the engine's classes it changes or adds, as (module, "Class.method") — what
+    `FixSet.applied` puts in place — and one line saying what it fixes and how (what a fix
+    list prints)."""
 
     name: str
     edits: tuple[Edit, ...]
     methods: tuple[tuple[str, str], ...]
+    summary: str = ""
 
 
 def module_file(module: str) -> str:

@@ -5,14 +5,16 @@ schedulers (`integrations.vidur.fixes`).
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
     .venv/bin/python scripts/engine_fixes_diff.py vidur > vidur-fixes.patch
+    .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
 run with no pool headroom; Vidur: every finding's fix); `--fix NAME` (repeatable) picks fixes
-by name. The diff is made from the installed files when run; `git apply -p1` applies it in the
-engine's checkout of the same version (SGLang: its `python/` directory). The tests that run
-these very edits are in `tests/test_real_sglang.py` and `tests/test_real_vidur.py`. Exit 2
-with one line for an unknown fix, if the engine is not installed, or if its files no longer
-have the places the fixes edit. Needs `schedspec install-engines sglang` (or `vidur`).
+by name, and `--list` lists them, one line each. The diff is made from the installed files
+when run; `git apply -p1` applies it in the engine's checkout of the same version (SGLang: its
+`python/` directory). The tests that run these very edits are in `tests/test_real_sglang.py`
+and `tests/test_real_vidur.py`. Exit 2 with one line for an unknown fix, if the engine is not
+installed, or if its files no longer have the places the fixes edit. Needs `schedspec
+install-engines sglang` (or `vidur`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="a fix to include (repeatable; default the engine's default set)",
     )
+    parser.add_argument(
+        "--list", action="store_true", help="list the engine's fixes (* = default set) and exit"
+    )
     args = parser.parse_args(argv)
     fixes, default = ENGINES[args.engine]
+    if args.list:
+        width = max(len(name) for name in fixes.names)
+        for fix in fixes.fixes:
+            mark = "*" if fix.name in default else " "
+            print(f"{mark} {fix.name:<{width}}  {fix.summary}")
+        return 0
     names = args.fix or list(default)
     try:
         fixes.resolve(names)

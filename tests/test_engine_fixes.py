@@ -14,6 +14,7 @@ import pytest
 
 from integrations.patches import EngineFix, FixDoesNotApply, FixSet
 from tests.patch_check import git_apply_to_copies
+from tests.script_module import load_script
 
 CORE = """import enum
 
@@ -176,3 +177,21 @@ def test_a_fix_set_refuses_methods_outside_the_modules_it_edits(toy: FixSet) -> 
     elsewhere = EngineFix("elsewhere", (("toyengine.other", "a", "b"),), ())
     with pytest.raises(ValueError, match=r"fix 'elsewhere' names \['toyengine.other'\]"):
         FixSet(toy.engine, toy.modules, (elsewhere,), (), toy.load, toy.importing)
+
+
+def test_the_patch_script_lists_every_fix_with_its_summary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/engine_fixes_diff.py ENGINE --list` needs no engine installed: one line per fix,
+    the default set starred, each with what it fixes."""
+    script = load_script("engine_fixes_diff")
+    for engine, (fixes, default) in script.ENGINES.items():
+        assert script.main([engine, "--list"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line[2:].split()[0] for line in lines] == list(fixes.names), engine
+        assert [line[2:].split()[0] for line in lines if line[0] == "*"] == list(default)
+        assert all(fix.summary for fix in fixes.fixes), engine
+        assert all(
+            line.rstrip().endswith(fix.summary)
+            for line, fix in zip(lines, fixes.fixes, strict=True)
+        )

@@ -277,19 +277,32 @@ _CAP = (
 _INCOMING = (MIXIN, "SchedulerDllmMixin.process_dllm_incoming_reqs")
 _BATCHES = (MIXIN, "SchedulerDllmMixin._process_dllm_batches")
 
-REFUSED_STAYS_INCOMING = EngineFix("refused-stays-incoming", _REFUSED, (_INCOMING,))
+REFUSED_STAYS_INCOMING = EngineFix(
+    "refused-stays-incoming",
+    _REFUSED,
+    (_INCOMING,),
+    "ragged rows: a request the adder refuses keeps its incoming state",
+)
 WORST_CASE_ESTIMATE = EngineFix(
-    "worst-case-estimate", _ESTIMATE, ((POLICY, "PrefillAdder._select_prefill_admission"),)
+    "worst-case-estimate",
+    _ESTIMATE,
+    ((POLICY, "PrefillAdder._select_prefill_admission"),),
+    "an idle engine admits nothing: estimate a request as its prompt and max_new_tokens in "
+    "whole blocks, and admit an exact fit",
 )
 RESERVE_FUTURE_BLOCKS = EngineFix(
     "reserve-future-blocks",
     _RESERVE,
     ((MIXIN, "SchedulerDllmMixin._dllm_kv_free_after_reservations"), _INCOMING),
+    "KV pressure: admit only while the free KV, less what the running requests can still "
+    "claim, covers the request's claim",
 )
 DECODE_FALLBACK = EngineFix(
     "decode-fallback",
     (_IN_ORDER, *_fallback("self._dllm_decode_fallback_reqs()")),
     ((MIXIN, "SchedulerDllmMixin._dllm_decode_fallback_reqs"), _BATCHES),
+    "starvation: when the prefill pass forms no batch, decode the requests holding a row and "
+    "the incoming ones ahead of the first prefill request",
 )
 WHOLE_STAGED_BLOCKS = EngineFix(
     "whole-staged-blocks",
@@ -298,14 +311,19 @@ WHOLE_STAGED_BLOCKS = EngineFix(
         (POLICY, "PrefillAdder._add_whole_dllm_staging_block"),
         (POLICY, "PrefillAdder.add_dllm_staging_req"),
     ),
+    "staging truncation: a staged request's next block is whole or waits",
 )
 DECODE_FALLBACK_ANY_ORDER = EngineFix(
     "decode-fallback-any-order",
     _fallback("self.dllm_manager.get_decode_requests()"),
     (_BATCHES,),
+    "refuted (fcfs_admission): decode-fallback offering every decode request",
 )
 CAP_FALLBACK_BUDGET = EngineFix(
-    "cap-fallback-budget", _CAP, ((POLICY, "PrefillAdder._get_dllm_remain_tokens"),)
+    "cap-fallback-budget",
+    _CAP,
+    ((POLICY, "PrefillAdder._get_dllm_remain_tokens"),),
+    "the ragged rows' symptom: _get_dllm_remain_tokens keeps its block-size cap",
 )
 
 #: The five fixes that, together, let the suite run with no pool headroom, in the order their

@@ -58,6 +58,7 @@ FT_FREE_ON_FINISH = EngineFix(
         ),
     ),
     ((FT, "FasterTransformerReplicaScheduler.on_batch_end"),),
+    "FasterTransformer: free each request as it finishes, not when its whole batch has",
 )
 
 RESERVATION_CEIL = EngineFix(
@@ -77,6 +78,7 @@ RESERVATION_CEIL = EngineFix(
         ),
     ),
     ((BASE, "BaseReplicaScheduler.__init__"),),
+    "Orca, FasterTransformer: reserve the ceiling of max_tokens / block_size, not the floor",
 )
 
 LIGHTLLM_ADMIT_AT_PEAK = EngineFix(
@@ -89,6 +91,7 @@ LIGHTLLM_ADMIT_AT_PEAK = EngineFix(
         ),
     ),
     ((LIGHTLLM, "LightLLMReplicaScheduler._can_allocate_request"),),
+    "LightLLM: admit a request whose peak equals the pool (<=, not <)",
 )
 
 LIGHTLLM_ONE_TOKEN_PEAK = EngineFix(
@@ -109,6 +112,7 @@ LIGHTLLM_ONE_TOKEN_PEAK = EngineFix(
         ),
     ),
     ((LIGHTLLM, "LightLLMReplicaScheduler._get_tuple_tokens"),),
+    "LightLLM: a one-token request's peak is its prompt (its only output needs no KV)",
 )
 
 VLLM_DECODE_BLOCK = EngineFix(
@@ -133,6 +137,7 @@ VLLM_DECODE_BLOCK = EngineFix(
         ),
     ),
     ((VLLM, "VLLMReplicaScheduler._can_allocate_request"),),
+    "vLLM: a running request needs a free block only when its tokens outgrew its blocks",
 )
 
 
