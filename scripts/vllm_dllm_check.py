@@ -2,16 +2,19 @@
 over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
-        [--whole-canvas-fix] [--read-only-hold-fix] [--pipeline-parallel P] [--prefix-caching]
-        [--priority] [--json FILE]
+        [--reach-model-len] [--whole-canvas-fix] [--read-only-hold-fix] [--model-len-hold-fix]
+        [--pipeline-parallel P] [--prefix-caching] [--priority] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
 checks of `integrations.vllm.diffusion`; prints the failures (rule and first seeds) and how
 often each path was taken. `--budget-binds` draws the programs with a token budget that binds
-(the first finding's space: unpatched vLLM cuts canvases there); `--whole-canvas-fix` runs vLLM
-with the candidate fix of `integrations.vllm.whole_canvas_fix`; `--read-only-hold-fix` with that of
-`integrations.vllm.read_only_hold_fix` (both flags: both fixes); `--pipeline-parallel P` runs the
+(the first finding's space: unpatched vLLM cuts canvases there); `--reach-model-len` draws
+requests that may run into max_model_len (the second finding's space: the async loop cuts a
+canvas early there); `--whole-canvas-fix` runs vLLM with the candidate fix of
+`integrations.vllm.whole_canvas_fix`, `--read-only-hold-fix` and `--model-len-hold-fix` with
+those of `integrations.vllm.async_hold_fixes` (several flags: those fixes together, the holds
+first); `--pipeline-parallel P` runs the
 asynchronous loop with P pipeline stages (a batch queue of P + 1); `--prefix-caching` serves
 with prefix caching on and half the prompts prefixes of one shared prompt; `--priority` serves
 under vLLM's priority policy, each request a priority in 0..2. Exit 1 if a program failed.
@@ -30,13 +33,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.vllm.async_hold_fixes import apply_model_len_hold_fix, apply_read_only_hold_fix
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both, dllm_program
 from integrations.vllm.program_tally import (
     ProgramTally,
     add_program_arguments,
     parse_program_arguments,
 )
-from integrations.vllm.read_only_hold_fix import apply_read_only_hold_fix
 from integrations.vllm.whole_canvas_fix import apply_whole_canvas_fix
 from schedspec_cli.output import output_file, write_json
 
@@ -54,10 +57,11 @@ MEANING = {
 }
 
 
-#: (flag's attribute, name, fix), in the order they are applied: the hold fix replaces vLLM's
-#: class, the whole-canvas fix subclasses whatever class it finds
+#: (flag's attribute, name, fix), in the order they are applied: the hold fixes replace vLLM's
+#: class (the second adds to the first), the whole-canvas fix subclasses whatever class it finds
 FIXES: tuple[tuple[str, str, Callable[[Any], None]], ...] = (
     ("read_only_hold_fix", "the read-only hold fix", apply_read_only_hold_fix),
+    ("model_len_hold_fix", "the model-len hold fix", apply_model_len_hold_fix),
     ("whole_canvas_fix", "the whole-canvas fix", apply_whole_canvas_fix),
 )
 
@@ -87,6 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "is scheduled",
     )
     parser.add_argument(
+        "--model-len-hold-fix",
+        action="store_true",
+        help="run vLLM with the candidate fix: near max_model_len a request waits for its "
+        "canvas step in flight",
+    )
+    parser.add_argument(
+        "--reach-model-len",
+        action="store_true",
+        help="draw requests that may run into max_model_len",
+    )
+    parser.add_argument(
         "--prefix-caching",
         action="store_true",
         help="prefix caching on, half the prompts prefixes of one shared prompt",
@@ -109,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         program = dllm_program(
             seed,
             budget_binds=args.budget_binds,
+            reach_model_len=args.reach_model_len,
             prefix_caching=args.prefix_caching,
             priority_policy=args.priority,
         )
@@ -119,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     elapsed = time.perf_counter() - start
     space = "token budget binds" if args.budget_binds else "token budget never binds"
+    if args.reach_model_len:
+        space += ", requests may reach max_model_len"
     named = " and ".join(name for name, _ in chosen)
     patch = f"vLLM with {named}" if chosen else "vLLM as released"
     if args.prefix_caching:
@@ -141,10 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "requests": requests,
                 **tally.json_fields(),
                 "seconds": elapsed,
-                "end_margin_canvases": END_MARGIN_CANVASES,
+                "end_margin_canvases": 0 if args.reach_model_len else END_MARGIN_CANVASES,
                 "budget_binds": args.budget_binds,
                 "whole_canvas_fix": args.whole_canvas_fix,
                 "read_only_hold_fix": args.read_only_hold_fix,
+                "model_len_hold_fix": args.model_len_hold_fix,
                 "pipeline_parallel_size": args.pipeline_parallel,
                 "prefix_caching": args.prefix_caching,
                 "priority_policy": args.priority,

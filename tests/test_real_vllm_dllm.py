@@ -18,6 +18,15 @@ from typing import Any
 import pytest
 
 from integrations.vllm import MANIFEST
+from integrations.vllm.async_hold_fixes import (
+    MODEL_LEN_HOLD,
+    READ_ONLY_HOLD,
+    apply_model_len_hold_fix,
+    apply_read_only_hold_fix,
+    fixed_async_class,
+    fixed_module_source,
+)
+from integrations.vllm.async_hold_fixes import fix_as_diff as hold_fix_as_diff
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import (
     RULES,
@@ -30,12 +39,6 @@ from integrations.vllm.diffusion import (
     dllm_program,
 )
 from integrations.vllm.patches import print_patch
-from integrations.vllm.read_only_hold_fix import (
-    apply_read_only_hold_fix,
-    fixed_async_class,
-    fixed_module_source,
-)
-from integrations.vllm.read_only_hold_fix import fix_as_diff as hold_fix_as_diff
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
@@ -604,7 +607,7 @@ def test_read_only_hold_fix_goes_first_and_composes_with_the_whole_canvas_fix() 
         assert run.reasons
     sched = DllmCoreLoop(_serving(), async_scheduling=True).sched
     apply_whole_canvas_fix(sched)
-    with pytest.raises(FixDoesNotApply, match="apply the read-only hold fix first"):
+    with pytest.raises(FixDoesNotApply, match="apply the hold fixes first"):
         apply_read_only_hold_fix(sched)
 
 
@@ -619,6 +622,77 @@ def test_finding_async_cuts_a_canvas_early_near_max_model_len() -> None:
     assert err.value.rule == "canvas_whole"
     assert "canvas of 3 at position 25" in str(err.value)
     assert "7 positions remain" in str(err.value)
+
+
+def test_model_len_hold_fix_cuts_only_at_max_model_len() -> None:
+    """The candidate fix of that finding: near max_model_len a request whose canvas the cap
+    would cut waits while it has a canvas step in flight, so the cap is taken from an exact
+    count. The finding's program then passes asynchronously, with the sync loop's outputs and
+    finish reason; the sync loop, which has no step in flight, runs exactly as before."""
+    program = _one_step(_serving(max_model_len=32), DllmRequest("r", 13, 17, converge_after=(2,)))
+    sync = _run(program, async_scheduling=False)
+    fixed = _run(program, async_scheduling=True, mutate=apply_model_len_hold_fix)
+    assert fixed.outputs == sync.outputs == {"r": tuple(1 << 40 | i for i in range(1, 18))}
+    assert fixed.reasons == sync.reasons == {"r": "length"}
+    assert _run(program, async_scheduling=False, mutate=apply_model_len_hold_fix) == sync
+
+
+def test_model_len_hold_fix_holds_wherever_it_runs() -> None:
+    """Generated programs whose requests may run into max_model_len: vLLM as released fails
+    some asynchronously (`canvas_whole`, the finding); with the fix every one passes both loops,
+    at 1 and 2 pipeline stages, and with the read-only hold fix too."""
+    programs = [dllm_program(seed, reach_model_len=True) for seed in range(PROGRAMS // 3)]
+    released = [p for p in programs if _fails(p)]
+    assert released, "no generated program reaches the finding"
+    for program in programs:
+        check_both(program, mutate=apply_model_len_hold_fix)
+    for program in released:
+        check_both(program, mutate=apply_model_len_hold_fix, pipeline_parallel_size=2)
+
+        def both(sched: Any) -> None:
+            apply_read_only_hold_fix(sched)
+            apply_model_len_hold_fix(sched)
+
+        check_both(program, mutate=both)
+
+
+def _fails(program: DllmProgram) -> bool:
+    try:
+        check_both(program)
+    except EngineCoreViolation as err:
+        assert err.rule == "canvas_whole", err
+        return True
+    return False
+
+
+def test_the_hold_fixes_compose_in_either_order_as_one_edit_of_vllms_file() -> None:
+    """Applied one after the other, in either order, the two hold fixes give the scheduler the
+    class of the file edited with both; as a patch they are the two sets of edits together."""
+    classes = []
+    for order in (
+        (apply_read_only_hold_fix, apply_model_len_hold_fix),
+        (apply_model_len_hold_fix, apply_read_only_hold_fix),
+    ):
+        sched = DllmCoreLoop(_serving(), async_scheduling=True).sched
+        for fix in order:
+            fix(sched)
+        classes.append(type(sched))
+        assert sched._read_steps == {}
+    assert classes[0] is classes[1] is fixed_async_class([READ_ONLY_HOLD, MODEL_LEN_HOLD])
+    both = hold_fix_as_diff([READ_ONLY_HOLD, MODEL_LEN_HOLD])
+    added = [
+        line for line in both.splitlines() if line.startswith("+") and not line.startswith("+++")
+    ]
+    alone = [
+        [
+            line
+            for line in hold_fix_as_diff([name]).splitlines()
+            if line.startswith("+") and not line.startswith("+++")
+        ]
+        for name in (READ_ONLY_HOLD, MODEL_LEN_HOLD)
+    ]
+    assert sorted(added) == sorted(alone[0] + alone[1])
+    assert "self.max_model_len" in "\n".join(alone[1])
 
 
 def _discarded_read_only_steps(
@@ -657,7 +731,7 @@ def test_read_only_deferral_saves_a_step_only_for_single_step_reads() -> None:
 
 
 def test_read_only_hold_fix_throws_no_step_away_at_the_cap() -> None:
-    """With the candidate fix (`integrations.vllm.read_only_hold_fix`) the hold counts the steps
+    """With the candidate fix (`integrations.vllm.async_hold_fixes`) the hold counts the steps
     scheduled against the step cap the runner applies, so no step is thrown away when the
     request converges at its cap, with any cap, any pipeline depth, the served cap or none of
     its own. A request that converges before its cap still loses the step already in flight:

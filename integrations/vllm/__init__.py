@@ -29,7 +29,8 @@ in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising r
 prefix caching, and pipeline-parallel stages in the asynchronous loop);
 `integrations.vllm.whole_canvas_fix` applies a candidate fix for the first of their findings
 (a canvas cut by the token budget) to one built scheduler, so the same checks validate it;
-`integrations.vllm.read_only_hold_fix` does the same for the read-only hold's wasted step.
+`integrations.vllm.async_hold_fixes` does the same for the second (a canvas cut early near
+max_model_len in the async loop: the model-len hold) and for the read-only hold's wasted step.
 """
 
 from __future__ import annotations

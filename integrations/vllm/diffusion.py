@@ -738,6 +738,7 @@ def dllm_program(
     seed: int,
     *,
     budget_binds: bool = False,
+    reach_model_len: bool = False,
     prefix_caching: bool = False,
     priority_policy: bool = False,
 ) -> DllmProgram:
@@ -756,6 +757,11 @@ def dllm_program(
     canvas (or `max_num_seqs`, vLLM's floor) up to one token short of every seat's canvas, with
     at least two seats. That is the space of the first finding, where unpatched vLLM cuts
     canvases and `integrations.vllm.whole_canvas_fix` is checked.
+
+    `reach_model_len=True` draws requests with no margin: a prompt of up to half of
+    max_model_len and max_tokens up to the rest, so a long request runs into max_model_len (the
+    space of the second finding, where the async loop cuts a canvas early and
+    `integrations.vllm.async_hold_fixes`' model-len hold is checked).
 
     `prefix_caching=True` draws the same program served with prefix caching on, and about half
     of its requests' prompts prefixes of one shared prompt (`DllmRequest.shared_prompt`; drawn
@@ -799,7 +805,12 @@ def dllm_program(
                 shared_prompt=prefix_caching and sharing.random() < 0.5,
                 priority=ranking.randint(0, 2) if priority_policy else 0,
             )
-            for r in (_request(rnd, serving, f"r{step}_{i}") for i in range(rnd.randint(0, 3)))
+            for r in (
+                _request(
+                    rnd, serving, f"r{step}_{i}", 0 if reach_model_len else END_MARGIN_CANVASES
+                )
+                for i in range(rnd.randint(0, 3))
+            )
         )
         aborts.append(tuple(rid for rid in seen if rnd.random() < 0.1))
         arrivals.append(batch)
@@ -807,8 +818,8 @@ def dllm_program(
     return DllmProgram(serving, tuple(arrivals), tuple(aborts))
 
 
-def _request(rnd: random.Random, s: DllmServing, rid: str) -> DllmRequest:
-    room = s.max_model_len - END_MARGIN_CANVASES * s.canvas_length
+def _request(rnd: random.Random, s: DllmServing, rid: str, margin: int) -> DllmRequest:
+    room = s.max_model_len - margin * s.canvas_length
     prompt = rnd.randint(1, room // 2)
     max_tokens = rnd.randint(1, room - prompt)
     read_only = rnd.random() < 0.15
