@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import inspect
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -86,6 +87,13 @@ def module_file(module: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
+def module_text(module: str) -> str:
+    """The text of the file `module` is imported from (the engine must be importable)."""
+    return Path(inspect.getsourcefile(importlib.import_module(module)) or "").read_text(
+        encoding="utf-8"
+    )
+
+
 @dataclass(frozen=True)
 class FixSet:
     """The candidate fixes of one engine version, made as edits of its installed files.
@@ -137,28 +145,33 @@ class FixSet:
     def installed_text(self, module: str) -> str:
         """The installed engine's file of `module`."""
         self.load()
-        path = importlib.import_module(module).__file__
-        return Path(path or "").read_text(encoding="utf-8")
+        return module_text(module)
+
+    def edit_text(self, module: str, text: str, names: Iterable[str]) -> str:
+        """`text`, the file of `module`, with the named fixes' edits of it made (in `fixes`
+        order; an edit shared by two fixes once); `FixDoesNotApply` names the file, the line
+        and the fix when a place is missing."""
+        owners: dict[tuple[str, str], list[str]] = {}  # edit -> the fixes making it
+        for fix in self.resolve(names):
+            for where, old, new in fix.edits:
+                if where == module:
+                    owners.setdefault((old, new), []).append(fix.name)
+        for edit, makers in owners.items():
+            needs = f"the {self.engine} fix {', '.join(makers)}"
+            text = edit_once(text, [edit], file=module_file(module), fix=needs)
+        return text
 
     def fixed_sources(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
         """module -> (the installed text, the text with the named fixes' edits made), for each
-        module they edit, in `modules` order. An edit shared by two fixes is made once;
-        `FixDoesNotApply` names the file, the line and the fix when a place is missing."""
+        module they edit, in `modules` order (`edit_text`)."""
         fixes = self.resolve(names)
+        chosen = [fix.name for fix in fixes]
+        edited = {module for fix in fixes for module, _, _ in fix.edits}
         out: dict[str, tuple[str, str]] = {}
         for module in self.modules:
-            owners: dict[tuple[str, str], list[str]] = {}  # edit -> the fixes making it
-            for fix in fixes:
-                for where, old, new in fix.edits:
-                    if where == module:
-                        owners.setdefault((old, new), []).append(fix.name)
-            if not owners:
-                continue
-            text = fixed = self.installed_text(module)
-            for edit, makers in owners.items():
-                needs = f"the {self.engine} fix {', '.join(makers)}"
-                fixed = edit_once(fixed, [edit], file=module_file(module), fix=needs)
-            out[module] = (text, fixed)
+            if module in edited:
+                text = self.installed_text(module)
+                out[module] = (text, self.edit_text(module, text, chosen))
         return out
 
     def as_diff(self, names: Iterable[str]) -> str:
@@ -247,6 +260,7 @@ __all__ = [
     "FixSet",
     "edit_once",
     "module_file",
+    "module_text",
     "print_patch",
     "unified_patch",
 ]

@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fix",
         action="append",
-        choices=list(HOLD_FIXES),
+        choices=list(HOLD_FIXES.names),
         help="a hold fix to include (repeatable; default both)",
     )
     args = parser.parse_args(argv)
-    fixes = args.fix or list(HOLD_FIXES)
+    fixes = args.fix or list(HOLD_FIXES.names)
     return print_patch(lambda: fix_as_diff(fixes))
 
 

@@ -36,11 +36,12 @@ What is stubbed, and why (each is plumbing, never a scheduling decision):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import types
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,17 @@ _ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
 }
 
 
+@contextlib.contextmanager
+def quiet_stubbed_imports() -> Iterator[None]:
+    """SGLang's imports as `import_engine` makes them: the plumbing stubs in place
+    (`stubs.importing`), and SGLang's kernel modules' import warnings silenced (they warn that
+    this device has no AWQ, GGUF or Triton kernels; the scheduler path never calls them, so the
+    user is not told)."""
+    with stubs.importing(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+        yield
+
+
 def import_engine(activate: bool = True) -> dict[str, Any]:
     """Activate the install, put the stubs in place and import SGLang's scheduler path (once).
 
@@ -94,10 +106,7 @@ def import_engine(activate: bool = True) -> dict[str, Any]:
         return _modules
     if activate:
         MANIFEST.activate()
-    with stubs.importing(), warnings.catch_warnings():
-        # SGLang's kernel modules warn at import that this device has no AWQ, GGUF or Triton
-        # kernels; the scheduler path never calls them, so the user is not told
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+    with quiet_stubbed_imports():
         for key, (module, attr) in _ENGINE_NAMES.items():
             loaded = importlib.import_module(module)
             _modules[key] = loaded if attr is None else getattr(loaded, attr)

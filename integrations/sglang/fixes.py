@@ -38,11 +38,10 @@ uses). Nothing of SGLang's is stored here but the passages a fix anchors on.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from integrations.patches import EngineFix, FixSet
+from integrations.sglang.engine import import_engine, quiet_stubbed_imports
 
 POLICY = "sglang.srt.managers.schedule_policy"
 MIXIN = "sglang.srt.dllm.mixin.scheduler"
@@ -338,31 +337,14 @@ FIXES = (
 FIX_NAMES = tuple(fix.name for fix in FIXES)
 
 
-def _import_sglang() -> object:
-    from integrations.sglang.engine import import_engine
-
-    return import_engine()
-
-
-@contextlib.contextmanager
-def _importing() -> Iterator[None]:
-    """SGLang's import stubs, and its kernels' import warnings silenced, as when SGLang was
-    imported (`integrations.sglang.engine.import_engine`)."""
-    from integrations.sglang import stubs
-
-    with stubs.importing(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
-        yield
-
-
 #: Every fix: the five, then the refuted fallback and the symptom fix.
 SGLANG_FIXES = FixSet(
     engine="SGLang 0.5.23",
     modules=MODULES,
     fixes=(*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET),
     exclusive=(frozenset({DECODE_FALLBACK.name, DECODE_FALLBACK_ANY_ORDER.name}),),
-    load=_import_sglang,
-    importing=_importing,
+    load=import_engine,
+    importing=quiet_stubbed_imports,
 )
 
 

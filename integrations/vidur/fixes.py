@@ -27,9 +27,8 @@ passages a fix anchors on.
 
 from __future__ import annotations
 
-import contextlib
-
 from integrations.patches import EngineFix, FixSet
+from integrations.vidur.engine import stubbed_imports
 
 PACKAGE = "vidur.scheduler.replica_scheduler"
 BASE = f"{PACKAGE}.base_replica_scheduler"
@@ -149,12 +148,6 @@ def _load_vidur() -> object:
     return load()
 
 
-def _importing() -> contextlib.AbstractContextManager[None]:
-    from integrations.vidur.engine import stubbed_imports
-
-    return stubbed_imports()
-
-
 VIDUR_FIXES = FixSet(
     engine="Vidur 0.0.25",
     modules=(BASE, FT, LIGHTLLM, VLLM),
@@ -167,7 +160,7 @@ VIDUR_FIXES = FixSet(
     ),
     exclusive=(),
     load=_load_vidur,
-    importing=_importing,
+    importing=stubbed_imports,
 )
 
 #: The fixes each scheduler's findings need (Sarathi has none).

@@ -43,13 +43,15 @@ left as it is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import types
 from collections.abc import Iterable
 from typing import Any
 
-from integrations.patches import FixDoesNotApply, edit_once, unified_patch
+from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.vllm.adapter import load_vllm
 from integrations.vllm.patches import installed_text
 
 MODULE = "vllm.v1.core.sched.diffusion_scheduler"
@@ -140,29 +142,40 @@ _MODEL_LEN_EDITS = (
 
 READ_ONLY_HOLD = "read-only-hold"
 MODEL_LEN_HOLD = "model-len-hold"
-#: Each hold fix's edits, in the order they are made (so any subset composes the same way).
-HOLD_FIXES: dict[str, tuple[tuple[str, str], ...]] = {
-    READ_ONLY_HOLD: _EDITS,
-    MODEL_LEN_HOLD: _MODEL_LEN_EDITS,
-}
+#: The two hold fixes as edits of the one file; they are applied per scheduler (by class) with
+#: `apply_async_hold_fixes`, so no method list: `FixSet` serves for naming, order, the edits and
+#: the patch.
+HOLD_FIXES = FixSet(
+    engine="vLLM 0.33.0",
+    modules=(MODULE,),
+    fixes=(
+        EngineFix(
+            READ_ONLY_HOLD,
+            tuple((MODULE, old, new) for old, new in _EDITS),
+            (),
+            "a read-only request's step thrown away: hold it once its step cap is scheduled",
+        ),
+        EngineFix(
+            MODEL_LEN_HOLD,
+            tuple((MODULE, old, new) for old, new in _MODEL_LEN_EDITS),
+            (),
+            "a canvas cut early near max_model_len: wait for the canvas step in flight",
+        ),
+    ),
+    exclusive=(),
+    load=load_vllm,
+    importing=contextlib.nullcontext,
+)
 
 
 def _chosen(fixes: Iterable[str]) -> tuple[str, ...]:
-    wanted = set(fixes)
-    unknown = sorted(wanted - set(HOLD_FIXES))
-    if unknown:
-        raise ValueError(f"unknown hold fix {unknown[0]!r} (valid: {', '.join(HOLD_FIXES)})")
-    return tuple(name for name in HOLD_FIXES if name in wanted)
+    return tuple(fix.name for fix in HOLD_FIXES.resolve(fixes))
 
 
 def fixed_module_source(text: str, fixes: Iterable[str] = (READ_ONLY_HOLD,)) -> str:
     """The text of `diffusion_scheduler.py` with the named hold fixes made; `FixDoesNotApply`
     if one of the places they edit is missing or not unique (written against vLLM 0.33.0)."""
-    for name in _chosen(fixes):
-        text = edit_once(
-            text, HOLD_FIXES[name], file=FILE, fix=f"the {name} fix (written against vLLM 0.33.0)"
-        )
-    return text
+    return HOLD_FIXES.edit_text(MODULE, text, fixes)
 
 
 @functools.cache
@@ -184,8 +197,7 @@ def fixed_async_class(fixes: Iterable[str] = (READ_ONLY_HOLD,)) -> Any:
 def fix_as_diff(fixes: Iterable[str] = (READ_ONLY_HOLD,)) -> str:
     """The named hold fixes as a unified diff of the installed vLLM's `diffusion_scheduler.py`
     (paths as `git apply -p1` in a vLLM checkout wants), made from that file when called."""
-    text = installed_text(MODULE)
-    return unified_patch(FILE, text, fixed_module_source(text, fixes))
+    return HOLD_FIXES.as_diff(fixes)
 
 
 def apply_async_hold_fixes(sched: Any, fixes: Iterable[str]) -> None:

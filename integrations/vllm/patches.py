@@ -4,11 +4,7 @@ fix edits, the fix as a patch of that file, and the scripts that print it)."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from pathlib import Path
-
-from integrations.patches import FixDoesNotApply, print_patch, unified_patch
+from integrations.patches import FixDoesNotApply, module_text, print_patch, unified_patch
 from integrations.vllm.adapter import load_vllm
 
 
@@ -16,9 +12,7 @@ def installed_text(module: str) -> str:
     """The text of the installed vLLM's file of `module` (vLLM loaded first, so a missing
     install is the usual typed error)."""
     load_vllm()
-    return Path(inspect.getsourcefile(importlib.import_module(module)) or "").read_text(
-        encoding="utf-8"
-    )
+    return module_text(module)
 
 
 __all__ = ["FixDoesNotApply", "installed_text", "print_patch", "unified_patch"]
