@@ -207,6 +207,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 committed=rnd.committed,
                 pending_masks=dict(rnd.pending),
                 newly_done_in_last_forward=rnd.newly_done_in_last_forward,
+                admitted=rnd.admitted,
             ),
         )
 

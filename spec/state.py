@@ -62,6 +62,7 @@ class RoundState:
     # input mask count of each row in `pending_steps` (what its step result is checked against)
     pending_masks: Mapping[SlotOwner, int] = field(default_factory=dict)
     newly_done_in_last_forward: bool = False  # a block became done in the latest forward
+    admitted: int = 0  # requests admitted this round (rule work_conserving reads it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,11 @@ scripted oracle: same completion forward for every request, in both modes.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
+import pytest
 import z3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,7 +49,7 @@ from spec.events import (
 from spec.invariants import INVARIANTS
 from spec.lifecycles import BlockPhase, RequestPhase
 from spec.machine import SpecMachine, finish_condition, initial_masks
-from spec.profile import DllmPolicy
+from spec.profile import DllmAdmission, DllmPolicy
 from spec.state import ACTIVE_PHASES
 
 EOS = 15
@@ -71,6 +73,18 @@ def configs(draw: st.DrawFn) -> DllmConfig:
         in_place_reuse=fdfo and draw(st.booleans()),
         reloop=fdfo and draw(st.booleans()),
         eos_token_id=draw(st.sampled_from([None, EOS])),
+    )
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> DllmPolicy:
+    """The policy fields the relation takes as parameters (the default policy half the time)."""
+    if draw(st.booleans()):
+        return DllmPolicy()
+    return DllmPolicy(
+        admission=draw(st.sampled_from(list(DllmAdmission))),
+        work_conserving=draw(st.booleans()),
+        rows_released_between_rounds=draw(st.booleans()),
     )
 
 
@@ -110,6 +124,9 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
     free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
+        if m.policy.admission is DllmAdmission.PREFILL_FIRST and len(s.queue) > 1:
+            # a request whose first block is prompt-only may pass those whose first block is not
+            out.append(Admitted(rng.choice(s.queue[1:]), rng.choice(free_rows)))
     owners = s.slot_owners
     for r in s.requests.values():
         rid = r.request_id
@@ -119,6 +136,17 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
             if rnd.forwards == 0 and (cur is None or cur.slots is None):
                 k = r.committed_blocks
                 out.append(KvAllocated(rid, k, _aligned_slots(m, rid, k, rng)))
+            if rnd.forwards == 0 and r.row is None and free_rows:
+                out.append(RowAcquired(rid, rng.choice(free_rows)))
+            if (
+                m.policy.rows_released_between_rounds
+                and rnd.forwards
+                and r.row is not None
+                and cur is not None
+                and cur.phase in (BlockPhase.DENOISING, BlockPhase.COMPLETE)
+                and not rnd.pending_steps
+            ):
+                out.append(RowReleased(rid, r.row))
             batch_done = all(
                 x.current is None or x.current.phase is BlockPhase.DONE
                 for x in s.requests.values()
@@ -185,6 +213,15 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
                 rows.append(ForwardRow(r.request_id, cur.index, retained, b, masked))
         if rows:
             out.append(Forward(tuple(rows)))
+        if rows and m.policy.admission is DllmAdmission.PREFILL_FIRST:
+            # PREFILL_FIRST batches: the prompt-only rows, or the others
+            prompt_only = [
+                x for x in rows if (x.block_index + 1) * b <= len(s.requests[x.request_id].prompt)
+            ]
+            rest = [x for x in rows if x not in prompt_only]
+            for part in (prompt_only, rest):
+                if part and len(part) < len(rows):
+                    out.append(Forward(tuple(part)))
         out.append(ControlReturned(rnd.index))
     return out
 
@@ -281,19 +318,12 @@ def _random_event(m: SpecMachine, rng: random.Random) -> Event:
 # ---------------------------------------------------------------------------- comparison
 
 
-# Rules the Z3 relation does not model yet (added to SpecMachine in the profiles round): the
-# machines here run without work conservation, and RowAcquired is left out of the comparison.
-NOT_YET_MODELLED = DllmPolicy(work_conserving=False)
-
-
 def _compare(m: SpecMachine, e: Event) -> bool:
-    """Check agreement on (state, event); True if the event was applied to `m`."""
-    if isinstance(e, RowAcquired):
-        STATS["RowAcquired (not yet in the relation)"] += 1
-        return False
+    """Check agreement on (state, event) under the machine's policy; True if the event was
+    applied to `m`."""
     stepper = stepper_for(m.config)
     try:
-        verdict = stepper.verdict(m.state(), e)
+        verdict = stepper.verdict(m.state(), e, m.policy)
     except NotEncodable:
         STATS["not encodable"] += 1
         return False
@@ -312,17 +342,39 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     )
     if not conc_ok:
         STATS["both reject"] += 1
+        STATS[f"reject {rule}"] += 1
         if rule in verdict.failed_rules:
             STATS["same first rule"] += 1
+            STATS[f"same rule {rule}"] += 1
         return False
     STATS["both accept"] += 1
     STATS[f"accept {e.kind}"] += 1
+    _count_policy_cases(m, e)
     after = encoded(trial.state(), stepper.geom)
     assert verdict.successor is not None
     diff = {k: (verdict.successor[k], v) for k, v in after.items() if verdict.successor[k] != v}
     assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
     m.apply(e)
     return True
+
+
+def _count_policy_cases(m: SpecMachine, e: Event) -> None:
+    """Count accepted events that only a non-default policy allows."""
+    s = m.state()
+    if isinstance(e, Admitted) and s.queue and s.queue[0] != e.request_id:
+        STATS["accept an admission past the head"] += 1
+    if isinstance(e, ControlReturned) and any(
+        r.row is None for r in s.requests.values() if r.phase in ACTIVE_PHASES
+    ):
+        STATS["accept a round end with a row released"] += 1
+    if not m.policy.work_conserving and isinstance(e, Forward | ControlReturned):
+        conserving = m.copy()
+        conserving.policy = dataclasses.replace(m.policy, work_conserving=True)
+        try:
+            conserving.apply(e)
+        except SpecViolation as v:
+            if v.rule == "work_conserving":
+                STATS["accept a round that leaves the head waiting"] += 1
 
 
 def _check_invariants(m: SpecMachine) -> None:
@@ -425,11 +477,16 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
-@given(config=configs(), rng=st.randoms(use_true_random=False), steps=st.integers(20, 90))
+@given(
+    config=configs(),
+    policy=policies(),
+    rng=st.randoms(use_true_random=False),
+    steps=st.integers(20, 90),
+)
 def test_relation_agrees_with_spec_machine_on_reached_states(
-    config: DllmConfig, rng: random.Random, steps: int
+    config: DllmConfig, policy: DllmPolicy, rng: random.Random, steps: int
 ) -> None:
-    m = SpecMachine(config, NOT_YET_MODELLED)
+    m = SpecMachine(config, policy)
     _walk(m, rng, steps)
 
 
@@ -439,11 +496,16 @@ def test_relation_agrees_with_spec_machine_on_reached_states(
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
-@given(config=configs(), rng=st.randoms(use_true_random=False), steps=st.integers(5, 40))
+@given(
+    config=configs(),
+    policy=policies(),
+    rng=st.randoms(use_true_random=False),
+    steps=st.integers(5, 40),
+)
 def test_relation_agrees_with_spec_machine_on_perturbed_states(
-    config: DllmConfig, rng: random.Random, steps: int
+    config: DllmConfig, policy: DllmPolicy, rng: random.Random, steps: int
 ) -> None:
-    m = SpecMachine(config, NOT_YET_MODELLED)
+    m = SpecMachine(config, policy)
     _walk(m, rng, steps)
     for _ in range(rng.randint(1, 3)):
         _perturb(m, rng)
@@ -456,15 +518,64 @@ def test_relation_agrees_with_spec_machine_on_perturbed_states(
 
 def test_the_walks_cover_both_outcomes() -> None:
     """The comparisons above saw many accepted and many rejected events (not vacuous)."""
-    m = SpecMachine(
-        DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16), NOT_YET_MODELLED
-    )
+    m = SpecMachine(DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16))
     rng = random.Random(0)
     before = STATS.copy()
     for _ in range(5):
         _walk(m, rng, 60)
     seen = STATS - before
     assert seen["both accept"] > 50 and seen["both reject"] > 20, seen
+
+
+@pytest.mark.parametrize(
+    ("policy", "mode", "expected"),
+    [
+        (DllmPolicy(), Mode.SYNC, ("reject work_conserving",)),
+        (
+            DllmPolicy(work_conserving=False),
+            Mode.SYNC,
+            ("accept a round that leaves the head waiting",),
+        ),
+        (
+            DllmPolicy(admission=DllmAdmission.PREFILL_FIRST, work_conserving=False),
+            Mode.FDFO,
+            ("reject prefill_first", "reject fcfs_admission", "accept an admission past the head"),
+        ),
+        (
+            DllmPolicy(rows_released_between_rounds=True),
+            Mode.FDFO,
+            ("accept row_acquired", "accept a round end with a row released"),
+        ),
+    ],
+    ids=["work-conserving", "holding-back", "prefill-first", "rows-released"],
+)
+def test_the_walks_reach_each_policy_rule_both_ways(
+    policy: DllmPolicy, mode: Mode, expected: tuple[str, ...]
+) -> None:
+    """Each encoded policy rule is exercised: the machine and the relation both reject on the
+    rule, or both accept what only the policy allows (the same rule in both when rejecting)."""
+    fdfo = mode is Mode.FDFO
+    config = DllmConfig(
+        block_size=2,
+        page_size=4,
+        kv_pages=4,
+        max_context=16,
+        max_running_requests=2,
+        mode=mode,
+        in_place_reuse=False,
+        reloop=fdfo,
+    )
+    rng = random.Random(1)
+    before = STATS.copy()
+    for _ in range(12):
+        m = SpecMachine(config, policy)
+        _walk(m, rng, 60)
+    seen = STATS - before
+    for case in expected:
+        assert seen[case] > 0, (case, seen)
+    for case in expected:
+        if case.startswith("reject "):
+            assert seen[case.replace("reject", "same rule")] > 0, (case, seen)
 
 
 # ---------------------------------------------------------------------------- policy model
@@ -477,7 +588,7 @@ def _reference_completions(
     forwards = 0
     done_at: dict[str, int] = {}
     events: list[Event] = []
-    spec = SpecMachine(config, NOT_YET_MODELLED)
+    spec = SpecMachine(config, DllmPolicy(work_conserving=False))
 
     def sink(e: Event) -> None:
         nonlocal forwards

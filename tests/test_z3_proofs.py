@@ -90,6 +90,11 @@ def test_the_required_mutants_are_encoded() -> None:
         "admits_out_of_order",
         "commits_before_final_forward",
         "misaligned_page",
+        "idles_with_the_head_fitting",
+        "mixes_prefill_and_decode",
+        "decodes_while_a_prompt_waits",
+        "prefill_passes_prefill",
+        "releases_row_under_reuse",
     ):
         assert required in names
 
@@ -104,7 +109,7 @@ def test_mutant_counterexample_replays(
     print(cex.render())
     # the concrete event sequence: every event but the last is accepted by the spec, the last
     # is rejected with the mutant's rule
-    _, violation = replay(cex.mutant.config, cex.events)
+    _, violation = replay(cex.mutant.config, cex.events, cex.mutant.policy)
     assert violation is not None and violation.rule == cex.mutant.rule, violation
     # the workload is legal: the correct reference runs it cleanly
     run_workload(make_scheduler, cex.workload, parity=False)

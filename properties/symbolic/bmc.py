@@ -19,7 +19,7 @@ import z3
 from properties.symbolic.codes import KIND
 from properties.symbolic.decode import Decoder, render_values
 from properties.symbolic.encoding import Encoding
-from properties.symbolic.geometry import Geometry, SymConfig
+from properties.symbolic.geometry import Geometry, SymConfig, policy_label
 from properties.symbolic.guard import Relaxation
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS, SymbolicMutant
 from properties.symbolic.result import (
@@ -37,6 +37,7 @@ from properties.workload import Workload
 from spec.config import DllmConfig
 from spec.errors import SpecViolation
 from spec.events import Event, KvFreed
+from spec.profile import DllmPolicy
 
 
 class Unrolling:
@@ -104,7 +105,8 @@ def bmc_invariants(
                 bad = [n for n in names for f in frames if not z3.is_true(m.eval(f[n], True))]
                 cfg = enc.cfg.decode(m, geom)
                 evs = drop_noops(unr.events(m, cfg))
-                detail = f"violated: {sorted(set(bad))}; trace: {evs}"
+                policy = policy_label(enc.cfg.decode_policy(m))
+                detail = f"violated: {sorted(set(bad))}; {cfg}; policy {policy}; trace: {evs}"
         except Unknown as err:
             status = "unknown"
             detail = f"unknown: {err}"
@@ -138,6 +140,8 @@ class MutantCounterexample:
 
     def render(self) -> str:
         lines = [f"mutant {self.mutant.name}: {self.mutant.description}"]
+        if self.mutant.policy != DllmPolicy():
+            lines.append(f"policy: {policy_label(self.mutant.policy)}")
         lines += [f"  {i:2d}. {e}" for i, e in enumerate(self.events)]
         lines.append("state before the last event:")
         lines += ["    " + ln for ln in self.state_before.splitlines()]
@@ -152,7 +156,7 @@ def find_mutant_counterexample(
 ) -> MutantCounterexample | None:
     """BMC with the relaxed relation on the last step, by increasing depth."""
     geom = Geometry.of(mutant.config, mutant.requests)
-    enc = Encoding(geom, SymConfig.concrete(mutant.config))
+    enc = Encoding(geom, SymConfig.concrete(mutant.config, mutant.policy))
     depths = [d for d in mutant.depths if max_depth is None or d <= max_depth] or [mutant.depths[0]]
     with timed() as t:
         for depth in depths:
@@ -168,7 +172,7 @@ def find_mutant_counterexample(
             if check(sol):
                 m = sol.model()
                 evs = drop_noops(unr.events(m, mutant.config))
-                before, violation = replay(mutant.config, evs)
+                before, violation = replay(mutant.config, evs, mutant.policy)
                 wl = workload_from_events(mutant.config, evs, f"z3-mutant-{mutant.name}")
                 notes = [f"symbolic state before the bad event:\n{render_values(m, s, geom)}"]
                 break

@@ -153,6 +153,7 @@ def encode_state(state: AbstractState, geom: Geometry) -> Values:
     out["round_forwards"] = rnd.forwards
     out["newly_done_in_last_forward"] = rnd.newly_done_in_last_forward
     out["round_committed"] = rnd.committed
+    out["round_admitted"] = rnd.admitted > 0
     return out
 
 

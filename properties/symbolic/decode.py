@@ -135,7 +135,8 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
 
     lines = [
         f"round {ev(s.round_index)}: forwards={ev(s.round_forwards)} "
-        f"newly_done={ev(s.newly_done_in_last_forward)} commits={ev(s.round_committed)}"
+        f"newly_done={ev(s.newly_done_in_last_forward)} commits={ev(s.round_committed)} "
+        f"admitted={ev(s.round_admitted)}"
     ]
     owners: dict[int, list[int]] = {}
     for t in range(geom.kv_slots):

@@ -1,8 +1,9 @@
 """The drift guard's oracle: the symbolic relation evaluated on concrete states and events.
 
 `SymbolicStepper(geom)` builds the encoding once for one geometry with a symbolic policy and
-compiles it (per event kind) into plain Python (`compile`); a concrete configuration is then
-just more input values. For a spec state and a concrete event it answers: is the event enabled
+compiles it (per event kind) into plain Python (`compile`); a concrete configuration and
+policy are then just more input values. For a spec state and a concrete event it answers: is
+the event enabled
 under the symbolic relation (and if not, which rules' guards are false), and what is the
 successor on the encoded part of the state? No solving is involved.
 """
@@ -22,6 +23,7 @@ from properties.symbolic.state import GHOST_FIELDS
 from properties.symbolic.terms import Values, Z
 from spec.config import DllmConfig
 from spec.events import Event
+from spec.profile import DllmPolicy
 from spec.state import AbstractState
 
 
@@ -58,19 +60,24 @@ class SymbolicStepper:
             self._kind_fns[kind] = compile_terms(outputs, inputs)
         self._inv_fn = compile_terms(self.enc.invariants(s), inputs)
 
-    def _inputs(self, config: DllmConfig, values: Values, params: Values | None) -> Values:
+    def _inputs(
+        self, config: DllmConfig, policy: DllmPolicy | None, values: Values, params: Values | None
+    ) -> Values:
         v: Values = dict(values)
         if params is not None:
             v.update({f"p.{k}": x for k, x in params.items()})
-        v.update({f"cfg.{k}": x for k, x in config_values(config).items()})
+        v.update({f"cfg.{k}": x for k, x in config_values(config, policy).items()})
         return v
 
-    def verdict(self, state: AbstractState, event: Event) -> SymVerdict:
-        """Enabledness and successor of `event` in `state`, per the symbolic relation.
-        Raises `NotEncodable` if the state or event lies outside the encoding."""
+    def verdict(
+        self, state: AbstractState, event: Event, policy: DllmPolicy | None = None
+    ) -> SymVerdict:
+        """Enabledness and successor of `event` in `state` under `policy` (default
+        `DllmPolicy()`), per the symbolic relation. Raises `NotEncodable` if the state or event
+        lies outside the encoding."""
         values = encode_state(state, self.geom)
         params = encode_event(state, self.geom, event)
-        out = self._kind_fns[event.kind](self._inputs(state.config, values, params))
+        out = self._kind_fns[event.kind](self._inputs(state.config, policy, values, params))
         if not out["__ok"]:
             return SymVerdict(False, ("params",), None)
         rules = self._rules[event.kind]
@@ -83,7 +90,7 @@ class SymbolicStepper:
     def invariants(self, state: AbstractState) -> dict[str, bool]:
         """The symbolic invariants evaluated on `state`."""
         values = encode_state(state, self.geom)
-        out = self._inv_fn(self._inputs(state.config, values, None))
+        out = self._inv_fn(self._inputs(state.config, None, values, None))
         return {k: bool(x) for k, x in out.items()}
 
 

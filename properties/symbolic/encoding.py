@@ -16,7 +16,15 @@ import z3
 from properties.symbolic import invariants as _invariants
 from properties.symbolic import lemmas as _lemmas
 from properties.symbolic import relation as _relation
-from properties.symbolic.codes import ABORTED, ADMITTED, FINISHED, RUNNING
+from properties.symbolic.codes import (
+    ABORTED,
+    ADMITTED,
+    COMPLETE,
+    DENOISING,
+    FINISHED,
+    QUEUED,
+    RUNNING,
+)
 from properties.symbolic.geometry import Geometry, SymConfig
 from properties.symbolic.guard import Guard, Relaxation
 from properties.symbolic.params import Params
@@ -109,6 +117,48 @@ class Encoding:
     def reserved_pages(self, s: State) -> Z:
         """Worst-case pages of the running requests (what the reference reserves)."""
         return z3.Sum([z3.If(self.active(s, i), s.reserved_pages[i], 0) for i in range(self.N)])
+
+    def prefill_block(self, s: State, i: int, blk: Z) -> Z:
+        """Block `blk` of request i holds only prompt tokens: (blk + 1) * B <= prompt_len[i]
+        (`SpecMachine._is_prefill_block`)."""
+        return (blk + 1) * self.B <= s.prompt_len[i]
+
+    def may_lack_row(self, s: State, i: int) -> Z:
+        """Between rounds, request i may hold no row (`SpecMachine._may_lack_row`): rows are
+        released between rounds, FDFO without in-place reuse, and its current block is carried
+        (denoising or complete)."""
+        cfg = self.cfg
+        carried = z3.Or(s.block_phase[i] == DENOISING, s.block_phase[i] == COMPLETE)
+        return z3.And(cfg.rows_released, z3.Not(cfg.sync), z3.Not(cfg.reuse), carried)
+
+    def work_conserved(self, s: State) -> Z:
+        """`SpecMachine._check_work_conserving` passes: the policy does not ask for it, or the
+        round admitted a request, or nothing is queued, or every seat or every row is taken,
+        or the head of the queue (the lowest queued index) does not fit the pages the active
+        requests' worst-case footprints leave."""
+        cfg, n = self.cfg, self.N
+        queued = [s.phase[j] == QUEUED for j in range(n)]
+        rows_held = count([h != -1 for h in s.row_holder])
+        claimed = self.reserved_pages(s)
+        # the head is queued j with nothing queued before it; it fits the unclaimed pages
+        fits = z3.Or(
+            [
+                z3.And(
+                    queued[j],
+                    *[z3.Not(q) for q in queued[:j]],
+                    claimed + s.reserved_pages[j] <= cfg.kv_pages,
+                )
+                for j in range(n)
+            ]
+        )
+        idle = z3.And(
+            cfg.work_conserving,
+            z3.Not(s.round_admitted),
+            self.n_active(s) < cfg.max_running,
+            rows_held < cfg.rows,
+            fits,
+        )
+        return z3.Not(idle)
 
     def no_step_pending(self, s: State) -> Z:
         """No row of the latest forward awaits its step: ∧_i ¬step_pending[i]."""

@@ -1,9 +1,15 @@
 """The sizes of an encoding (concrete) and the policy part of the configuration (symbolic).
 
 `Geometry` bounds the finite domains: block size B, page size P, at most K KV pages, N requests
-and R request-pool rows. `SymConfig` is the rest of a `DllmConfig` as z3 terms: one query over
-`SymConfig.symbolic()` covers every policy and pool size up to K pages at once;
-`SymConfig.concrete(config)` pins one configuration.
+and R request-pool rows. `SymConfig` is the rest of a `DllmConfig`, and the `DllmPolicy` rules
+the relation takes as parameters, as z3 terms: one query over `SymConfig.symbolic()` covers
+every mode, every such policy and every pool size up to K pages at once;
+`SymConfig.concrete(config, policy)` pins one configuration and policy.
+
+Of `DllmPolicy`, the encoding takes the three fields that change which events the spec allows:
+`work_conserving`, `admission` (FCFS or PREFILL_FIRST) and `rows_released_between_rounds`.
+The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
+guard reads them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from properties.symbolic.codes import EOS_TOKEN
 from properties.symbolic.terms import Values, Z, model_value
 from spec.config import DllmConfig, Mode
 from spec.errors import ConfigError
+from spec.profile import DllmAdmission, DllmPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +73,8 @@ class Geometry:
 
 @dataclass(frozen=True, slots=True)
 class SymConfig:
-    """The policy part of a `DllmConfig` as z3 terms (symbolic or concrete)."""
+    """The policy part of a `DllmConfig`, and of its `DllmPolicy`, as z3 terms (symbolic or
+    concrete)."""
 
     sync: Z
     reuse: Z
@@ -76,6 +84,9 @@ class SymConfig:
     max_context: Z
     eos: Z  # an EOS token id is configured
     kv_pages: Z  # pages in the pool (the pool is kv_pages * page_size slots)
+    work_conserving: Z  # DllmPolicy.work_conserving
+    prefill_first: Z  # DllmPolicy.admission is PREFILL_FIRST
+    rows_released: Z  # DllmPolicy.rows_released_between_rounds
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -88,20 +99,24 @@ class SymConfig:
             z3.Int(f"{prefix}.max_context"),
             z3.Bool(f"{prefix}.eos"),
             z3.Int(f"{prefix}.kv_pages"),
+            z3.Bool(f"{prefix}.work_conserving"),
+            z3.Bool(f"{prefix}.prefill_first"),
+            z3.Bool(f"{prefix}.rows_released"),
         )
 
     @classmethod
-    def concrete(cls, config: DllmConfig) -> SymConfig:
-        v = config_values(config)
+    def concrete(cls, config: DllmConfig, policy: DllmPolicy | None = None) -> SymConfig:
+        """`config` and `policy` (default: the idealised spec's `DllmPolicy()`) as constants."""
+        v = config_values(config, policy)
         return cls(*(z3.BoolVal(x) if isinstance(x, bool) else z3.IntVal(x) for x in v.values()))
 
     def terms(self) -> dict[str, Z]:
         """Every term by field name, in declaration order."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def pinned_to(self, config: DllmConfig) -> Z:
-        """Every field equals `config`'s value."""
-        values = config_values(config)
+    def pinned_to(self, config: DllmConfig, policy: DllmPolicy | None = None) -> Z:
+        """Every field equals the value of `config` and `policy` (default `DllmPolicy()`)."""
+        values = config_values(config, policy)
         return z3.And([t == values[f] for f, t in self.terms().items()])
 
     def constraints(self, geom: Geometry) -> Z:
@@ -141,9 +156,31 @@ class SymConfig:
             eos_token_id=EOS_TOKEN if model_value(model, self.eos) else None,
         )
 
+    def decode_policy(self, model: Z) -> DllmPolicy:
+        """The policy chosen by a model (its encoded fields; nothing reserved)."""
+        return DllmPolicy(
+            admission=(
+                DllmAdmission.PREFILL_FIRST
+                if model_value(model, self.prefill_first)
+                else DllmAdmission.FCFS
+            ),
+            work_conserving=bool(model_value(model, self.work_conserving)),
+            rows_released_between_rounds=bool(model_value(model, self.rows_released)),
+        )
 
-def config_values(config: DllmConfig) -> Values:
-    """A concrete configuration's values of the `SymConfig` fields, by field name."""
+
+def policy_label(policy: DllmPolicy) -> str:
+    """The encoded fields of a policy, for a counterexample's heading."""
+    return (
+        f"admission={policy.admission.value} work_conserving={policy.work_conserving} "
+        f"rows_released_between_rounds={policy.rows_released_between_rounds}"
+    )
+
+
+def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Values:
+    """The values of the `SymConfig` fields, by field name, for a concrete configuration and
+    policy (default: the idealised spec's `DllmPolicy()`)."""
+    policy = DllmPolicy() if policy is None else policy
     return {
         "sync": config.mode is Mode.SYNC,
         "reuse": config.in_place_reuse,
@@ -153,4 +190,7 @@ def config_values(config: DllmConfig) -> Values:
         "max_context": config.max_context,
         "eos": config.eos_token_id is not None,
         "kv_pages": config.kv_pages,
+        "work_conserving": policy.work_conserving,
+        "prefill_first": policy.admission is DllmAdmission.PREFILL_FIRST,
+        "rows_released": policy.rows_released_between_rounds,
     }

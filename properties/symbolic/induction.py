@@ -30,7 +30,7 @@ import z3
 from properties.symbolic.codes import KIND, KIND_NAME
 from properties.symbolic.decode import render_values
 from properties.symbolic.encoding import Encoding
-from properties.symbolic.geometry import Geometry, SymConfig
+from properties.symbolic.geometry import Geometry, SymConfig, policy_label
 from properties.symbolic.params import Params
 from properties.symbolic.result import (
     DEFAULT_TIMEOUT_MS,
@@ -44,6 +44,7 @@ from properties.symbolic.result import (
 from properties.symbolic.state import State
 from properties.symbolic.terms import Z, mentioned, model_int
 from spec.config import DllmConfig
+from spec.profile import DllmPolicy
 
 # Block sizes 1..4, page sizes one or two blocks, up to 16 KV slots, 4 requests, 4 rows.
 DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
@@ -261,8 +262,9 @@ def analyse_cti(
             if not z3.is_true(m.eval(term, model_completion=True))
         ]
         config = enc.cfg.decode(m, geom)
+        policy = enc.cfg.decode_policy(m)
         target = {k: m.eval(t, model_completion=True) for k, t in s.items(ghosts=False)}
-        reachable, secs = cti_reachable(geom, config, target, depth, timeout_ms)
+        reachable, secs = cti_reachable(geom, config, target, depth, timeout_ms, policy)
         verdict = (
             f"REACHABLE within {depth} events (a lemma is wrong)"
             if reachable
@@ -272,7 +274,7 @@ def analyse_cti(
         text = (
             f"{label}: a {kind} event (request r{req}) breaks it from this state "
             f"({geom.label()}, mode={config.mode.value} reuse={config.in_place_reuse} "
-            f"reloop={config.reloop}):\n{render_values(m, s, geom)}\n"
+            f"reloop={config.reloop}, {policy_label(policy)}):\n{render_values(m, s, geom)}\n"
             f"the CTI violates: {', '.join(violated) or '(nothing?)'}; it is {verdict}"
         )
         return text, reachable
@@ -299,10 +301,15 @@ def analyse_cti(
 
 
 def cti_reachable(
-    geom: Geometry, config: DllmConfig, target: dict[str, Z], depth: int, timeout_ms: int
+    geom: Geometry,
+    config: DllmConfig,
+    target: dict[str, Z],
+    depth: int,
+    timeout_ms: int,
+    policy: DllmPolicy | None = None,
 ) -> tuple[bool, float]:
     """BMC: can the state `target` (non-ghost values) be reached in <= depth events under
-    `config`? (The cached symbolic-policy unrolling, with the policy pinned to `config`.)"""
+    `config` and `policy`? (The cached symbolic-policy unrolling, pinned to both.)"""
     enc, *_ = _cti_encoding(geom)
     key = (geom, depth)
     if key not in _UNROLL_CACHE:
@@ -314,7 +321,7 @@ def cti_reachable(
     states, cons = _UNROLL_CACHE[key]
     with timed() as t:
         sol = solver(timeout_ms)
-        sol.add(*cons, enc.cfg.pinned_to(config))
+        sol.add(*cons, enc.cfg.pinned_to(config, policy))
         hits = []
         for st in states:
             mine = dict(st.items(ghosts=False))

@@ -7,7 +7,7 @@ reference mutants of the seeded-bug catalogue (`tests/mutants.py`) are named in 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import z3
 
@@ -19,6 +19,7 @@ from properties.symbolic.state import State
 from properties.symbolic.terms import Z
 from properties.symbolic.workloads import dllm_config
 from spec.config import DllmConfig, Mode
+from spec.profile import DllmAdmission, DllmPolicy
 
 Extra = Callable[[Encoding, State, Params], Z]
 
@@ -38,6 +39,7 @@ class SymbolicMutant:
     reference: tuple[str, ...] = ()  # matching entries of tests/mutants.py MUTANTS
     requests: int = 2
     depths: tuple[int, ...] = (4, 6, 8, 10, 12, 14)
+    policy: DllmPolicy = field(default_factory=DllmPolicy)  # the policy the trace runs under
 
 
 def _abort_keeps_current(enc: Encoding, s: State, p: Params) -> Z:
@@ -173,6 +175,31 @@ def _partial_prompt_row(enc: Encoding, s: State, p: Params) -> Z:
         ]
     )
 
+
+def _prefill_passes_prefill(enc: Encoding, s: State, p: Params) -> Z:
+    """The admitted request's first block is prompt-only, and so is that of a request queued
+    ahead of it: PREFILL_FIRST lets a prefill request pass only decode requests."""
+    zero = z3.IntVal(0)
+    return z3.Or(
+        [
+            z3.And(
+                p.request == i,
+                enc.prefill_block(s, i, zero),
+                z3.Or(
+                    [z3.And(s.phase[j] == QUEUED, enc.prefill_block(s, j, zero)) for j in range(i)]
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
+def _running_without_row(enc: Encoding, s: State, p: Params) -> Z:
+    """A running request ends the round holding no row."""
+    return z3.Or([z3.And(s.phase[i] == RUNNING, s.row[i] == -1) for i in range(enc.N)])
+
+
+_PREFILL_FIRST = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST)
 
 SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = (
     SymbolicMutant(
@@ -329,5 +356,63 @@ SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = (
         reference=("ragged_row",),
         requests=1,
         depths=(4, 6),
+    ),
+    SymbolicMutant(
+        "idles_with_the_head_fitting",
+        "a round admits nothing while a seat, a row and the head's worst-case pages are free",
+        "work_conserving",
+        dllm_config(),
+        "forward",
+        (Relaxation("forward", "work_conserving"),),
+        ("work_conserving", ""),
+        depths=(8, 10, 12),
+    ),
+    SymbolicMutant(
+        "mixes_prefill_and_decode",
+        "under PREFILL_FIRST a forward feeds a prompt-only block and a block with masks together",
+        "prefill_first",
+        dllm_config(),
+        "forward",
+        (Relaxation("forward", "prefill_first", "mixed"),),
+        ("prefill_first", "mixed"),
+        depths=(7, 9),
+        policy=_PREFILL_FIRST,
+    ),
+    SymbolicMutant(
+        "decodes_while_a_prompt_waits",
+        "under PREFILL_FIRST a decode forward runs while an allocated prompt block waits",
+        "prefill_first",
+        dllm_config(),
+        "forward",
+        (Relaxation("forward", "prefill_first", "waiting"),),
+        ("prefill_first", "waiting"),
+        depths=(7, 9),
+        policy=_PREFILL_FIRST,
+    ),
+    SymbolicMutant(
+        "prefill_passes_prefill",
+        "under PREFILL_FIRST a prefill request is admitted ahead of an earlier prefill request",
+        "fcfs_admission",
+        dllm_config(),
+        "admitted",
+        (Relaxation("admitted", "fcfs_admission"),),
+        ("fcfs_admission", ""),
+        extra=_prefill_passes_prefill,
+        depths=(3, 4, 6),
+        policy=_PREFILL_FIRST,
+    ),
+    SymbolicMutant(
+        "releases_row_under_reuse",
+        "rows are released between rounds, but also under in-place reuse, where a carried block "
+        "keeps its KV and so must keep its row",
+        "row_exclusive",
+        dllm_config(),
+        "control_returned",
+        (Relaxation("control_returned", "row_exclusive"),),
+        ("row_exclusive", ""),
+        extra=_running_without_row,
+        requests=1,
+        depths=(8, 10),
+        policy=DllmPolicy(rows_released_between_rounds=True),
     ),
 )

@@ -29,10 +29,6 @@ NOT_ENCODED: Mapping[str, str] = MappingProxyType(
         "round)",
         "implementation_error": "about exceptions an implementation raises; no implementation "
         "is encoded (checked by the conformance harness)",
-        "work_conserving": "a profile policy rule added with implementation profiles; not yet "
-        "encoded (the drift guard runs the spec machine with it off)",
-        "prefill_first": "a profile policy rule (DllmAdmission.PREFILL_FIRST), off by default; "
-        "not yet encoded",
     }
 )
 

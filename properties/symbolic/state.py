@@ -24,7 +24,8 @@ per KV slot t (`AbstractState.slot_owners`):
   owner_block[t]        block index (0 when free)
   freed_by[t]           ghost: the request that last freed the slot, -1 = never
 per round (`RoundState`): round_index, round_forwards, round_committed,
-  newly_done_in_last_forward
+  newly_done_in_last_forward, round_admitted (`RoundState.admitted` > 0: the round admitted a
+  request, which is what rule work_conserving asks)
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ FIELDS: tuple[Field, ...] = (
     Field("round_forwards", Scope.ROUND, False, 0),
     Field("newly_done_in_last_forward", Scope.ROUND, True, False),
     Field("round_committed", Scope.ROUND, False, 0),
+    Field("round_admitted", Scope.ROUND, True, False),
 )
 FIELD = {f.name: f for f in FIELDS}
 GHOST_FIELDS = frozenset(f.name for f in FIELDS if f.ghost)
@@ -130,6 +132,7 @@ class State:
     round_forwards: Z
     newly_done_in_last_forward: Z
     round_committed: Z
+    round_admitted: Z
 
     @classmethod
     def fresh(cls, geom: Geometry, name: str) -> State:

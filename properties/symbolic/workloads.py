@@ -11,6 +11,7 @@ from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Aborted, ControlReturned, Event, Submitted
 from spec.machine import SpecMachine
+from spec.profile import DllmPolicy
 
 
 def dllm_config(**overrides: Any) -> DllmConfig:
@@ -64,10 +65,13 @@ def workload_from_events(config: DllmConfig, events: Sequence[Event], name: str)
     return Workload(config, tuple(ops), name=name, notes=("synthesised by Z3 BMC",))
 
 
-def replay(config: DllmConfig, events: Sequence[Event]) -> tuple[str, SpecViolation | None]:
-    """Apply all but the last event (must be accepted), then the last; return the state
-    rendering before the last event and the violation it raised (None if accepted)."""
-    m = SpecMachine(config)
+def replay(
+    config: DllmConfig, events: Sequence[Event], policy: DllmPolicy | None = None
+) -> tuple[str, SpecViolation | None]:
+    """Apply all but the last event (must be accepted) under `policy` (default `DllmPolicy()`),
+    then the last; return the state rendering before the last event and the violation it raised
+    (None if accepted)."""
+    m = SpecMachine(config, policy)
     for e in events[:-1]:
         m.apply(e)
     before = m.render()

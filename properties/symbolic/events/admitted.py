@@ -23,7 +23,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     lifecycle          phase[r] = queued (and the request table has `admitted` from it)
     scheduler_phase    round_forwards = 0
-    fcfs_admission     no j < r is queued (indices follow submission order)
+    fcfs_admission     every queued j < r may be passed: prefill_first ∧ block 0 of r is
+                       prompt-only ∧ block 0 of j is not (indices follow submission order;
+                       without PREFILL_FIRST: no j < r is queued)
     max_running        |active| < max_running
     row_exclusive      p.row < rows ∧ row_holder[p.row] = -1"""
     return [
@@ -41,7 +43,23 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
         Guard("scheduler_phase", s.round_forwards == 0),
         Guard(
             "fcfs_admission",
-            for_request(enc, p, lambda i: z3.And([s.phase[j] != QUEUED for j in range(i)])),
+            for_request(
+                enc,
+                p,
+                lambda i: z3.And(
+                    [
+                        z3.Implies(
+                            s.phase[j] == QUEUED,
+                            z3.And(
+                                enc.cfg.prefill_first,
+                                enc.prefill_block(s, i, z3.IntVal(0)),
+                                z3.Not(enc.prefill_block(s, j, z3.IntVal(0))),
+                            ),
+                        )
+                        for j in range(i)
+                    ]
+                ),
+            ),
         ),
         Guard("max_running", enc.n_active(s) < enc.cfg.max_running),
         Guard(
@@ -52,8 +70,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
-    """phase'[r] = admitted; row'[r] = p.row; row_holder'[p.row] = r."""
+    """phase'[r] = admitted; row'[r] = p.row; row_holder'[p.row] = r; round_admitted'."""
     return s.replace(
+        round_admitted=z3.BoolVal(True),
         phase=at_request(enc, p, s.phase, lambda i: ADMITTED),
         row=at_request(enc, p, s.row, lambda i: p.row),
         row_holder=tuple(z3.If(p.row == r, p.request, s.row_holder[r]) for r in range(enc.R)),

@@ -20,8 +20,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     round_order                  p.round_index = round_index
     step_per_row                 no step is pending
+    work_conserving              round_forwards = 0 ⇒ work_conserved
     and for every active request i:
-    row_exclusive                row[i] != -1
+    row_exclusive                row[i] != -1 ∨ may_lack_row(i)
     committed_prefix_kept        prefix_kept(i)
     fdfo_releases_same_round/finish  ¬finish_due(i)
     sync_yields_when_all_done    a current block ⇒ ¬sync
@@ -34,6 +35,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     out = [
         Guard("round_order", p.round_index == s.round_index),
         Guard("step_per_row", enc.no_step_pending(s)),
+        Guard("work_conserving", z3.Implies(s.round_forwards == 0, enc.work_conserved(s))),
     ]
     for i in range(enc.N):
         present = s.block_phase[i] != NONE_BLOCK
@@ -41,7 +43,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
         unfinished = z3.Or(phase == MASKED, phase == DENOISING, phase == COMPLETE)
         start = s.block_start[i]
         for rule, expr, tag in (
-            ("row_exclusive", s.row[i] != -1, ""),
+            ("row_exclusive", z3.Or(s.row[i] != -1, enc.may_lack_row(s, i)), ""),
             ("committed_prefix_kept", enc.prefix_kept(s, i), ""),
             ("fdfo_releases_same_round", z3.Not(enc.finish_due(s, i)), "finish"),
             ("sync_yields_when_all_done", z3.Implies(present, z3.Not(cfg.sync)), ""),
@@ -73,13 +75,15 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """round_index' = round_index + 1; round_forwards' = round_committed' = 0;
-    newly_done_in_last_forward' = false; in_batch' = step_pending' = false; pending_masks' = 0."""
+    newly_done_in_last_forward' = round_admitted' = false; in_batch' = step_pending' = false;
+    pending_masks' = 0."""
     n = enc.N
     return s.replace(
         round_index=s.round_index + 1,
         round_forwards=z3.IntVal(0),
         newly_done_in_last_forward=z3.BoolVal(False),
         round_committed=z3.IntVal(0),
+        round_admitted=z3.BoolVal(False),
         in_batch=tuple(z3.BoolVal(False) for _ in range(n)),
         step_pending=tuple(z3.BoolVal(False) for _ in range(n)),
         pending_masks=tuple(z3.IntVal(0) for _ in range(n)),

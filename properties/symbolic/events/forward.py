@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import z3
 
-from properties.symbolic.codes import DONE, NONE_BLOCK
+from properties.symbolic.codes import DONE, MASKED, NONE_BLOCK
 from properties.symbolic.guard import Guard
 from properties.symbolic.params import Params
 from properties.symbolic.state import State
@@ -24,6 +24,10 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     batch_stable                round_forwards > 0 ⇒ R = in_batch
     forward_policy/again        round_forwards > 0 ⇒ (sync ? some row of R is not done
                                                         : reloop ∧ ¬newly_done_in_last_forward)
+    work_conserving             round_forwards = 0 ⇒ work_conserved
+    prefill_first/mixed         prefill_first ⇒ the rows' blocks are all prompt-only or all not
+    prefill_first/waiting       prefill_first ∧ no row's block is prompt-only ⇒ no active
+                                request outside R has a masked, allocated prompt-only block
     and for every row i ∈ R:
     known_request               active(i)
     forward_ready/row           row[i] != -1
@@ -37,6 +41,22 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     n, b, cfg = enc.N, enc.B, enc.cfg
     rows = p.forwarded
     all_done = z3.And([z3.Implies(rows[i], s.block_phase[i] == DONE) for i in range(n)])
+    prefill_rows = [
+        z3.And(rows[i], enc.prefill_block(s, i, p.row_block_index[i])) for i in range(n)
+    ]
+    decode_rows = [
+        z3.And(rows[i], z3.Not(enc.prefill_block(s, i, p.row_block_index[i]))) for i in range(n)
+    ]
+    prompt_waits = [
+        z3.And(
+            enc.active(s, i),
+            z3.Not(rows[i]),
+            s.block_phase[i] == MASKED,
+            s.block_start[i] != -1,
+            enc.prefill_block(s, i, s.committed_blocks[i]),
+        )
+        for i in range(n)
+    ]
     out = [
         Guard("step_per_row", enc.no_step_pending(s)),
         Guard("forward_ready", z3.Or(rows)),
@@ -56,6 +76,19 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                 ),
             ),
             "again",
+        ),
+        Guard("work_conserving", z3.Implies(s.round_forwards == 0, enc.work_conserved(s))),
+        Guard(
+            "prefill_first",
+            z3.Implies(cfg.prefill_first, z3.Not(z3.And(z3.Or(prefill_rows), z3.Or(decode_rows)))),
+            "mixed",
+        ),
+        Guard(
+            "prefill_first",
+            z3.Implies(
+                z3.And(cfg.prefill_first, z3.Not(z3.Or(prefill_rows))), z3.Not(z3.Or(prompt_waits))
+            ),
+            "waiting",
         ),
     ]
     for i in range(n):
