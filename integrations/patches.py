@@ -207,8 +207,7 @@ class FixSet:
                     class_name, method = dotted.split(".")
                     owner = getattr(module, class_name)
                     undo.append((owner, method, owner.__dict__.get(method, _ABSENT)))
-                    edited = vars(namespace[class_name])[method]
-                    setattr(owner, method, _moved(edited, module, owner))
+                    setattr(owner, method, _edited_method(namespace, module, dotted))
             yield
         finally:
             for owner, name, value in reversed(undo):
@@ -216,6 +215,30 @@ class FixSet:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, value)
+
+    def fixed_methods(self, names: Iterable[str]) -> dict[tuple[str, str], Any]:
+        """(module, "Class.method") -> that method as the named fixes leave it, compiled from
+        the edited file and reading the engine's own module globals (a zero-argument `super()`
+        in it refers to the engine's class): what `applied` puts on the engine's classes, for
+        a caller that gives it to one object instead (through a subclass of its class). Only
+        for fixes that add no module-level name (their methods could not see it): for those,
+        `FixDoesNotApply` says to use `applied`."""
+        fixes = self.resolve(names)
+        out: dict[tuple[str, str], Any] = {}
+        for module_name, (_, fixed) in self.fixed_sources(fix.name for fix in fixes).items():
+            module = importlib.import_module(module_name)
+            namespace = self._run_as_module(module_name, fixed)
+            added = sorted(namespace.keys() - vars(module).keys())
+            if added:
+                raise FixDoesNotApply(
+                    f"the {self.engine} fixes {[fix.name for fix in fixes]} add {added} to "
+                    f"{module_name}; their methods need them there: use FixSet.applied"
+                )
+            for fix in fixes:
+                for where, dotted in fix.methods:
+                    if where == module_name:
+                        out[(where, dotted)] = _edited_method(namespace, module, dotted)
+        return out
 
     def _run_as_module(self, module: str, source: str) -> dict[str, Any]:
         """Run an edited file as a module of its own and return its namespace."""
@@ -232,6 +255,13 @@ class FixSet:
 
 
 _ABSENT = object()
+
+
+def _edited_method(namespace: dict[str, Any], module: types.ModuleType, dotted: str) -> Any:
+    """Method `dotted` ("Class.method") of an edited copy's `namespace`, moved onto the
+    engine's `module` and its class (`_moved`)."""
+    class_name, method = dotted.split(".")
+    return _moved(vars(namespace[class_name])[method], module, getattr(module, class_name))
 
 
 def _moved(function: Any, module: types.ModuleType, owner: type) -> Any:

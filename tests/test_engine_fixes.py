@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,26 @@ def test_applied_runs_the_edited_methods_on_the_engines_own_classes(toy: FixSet)
     assert child.fits(4, 4) is core.Verdict.REFUSE
 
 
+def test_fixed_methods_give_one_object_the_edited_methods(toy: FixSet) -> None:
+    """`fixed_methods` compiles the edited methods against the engine's own module (its enum,
+    super() to its class) and changes nothing of the engine: a subclass carries them to one
+    object. A fix that adds a module-level name is refused (its method could not see it)."""
+    core = importlib.import_module("toyengine.core")
+    before = (dict(vars(core.Base)), dict(vars(core.Child)), set(vars(core)))
+    methods = toy.fixed_methods(["admit-at-peak", "child-doubles"])
+    assert set(methods) == {("toyengine.core", "Base.fits"), ("toyengine.core", "Child.fits")}
+    assert (dict(vars(core.Base)), dict(vars(core.Child)), set(vars(core))) == before
+    base = type("Base", (core.Base,), {"fits": methods[("toyengine.core", "Base.fits")]})
+    fixed = type("Child", (core.Child, base), {})()
+    assert fixed.fits(4, 4) is core.Verdict.ADMIT  # the edited Base.fits, the engine's enum
+    assert core.Child().fits(4, 4) is core.Verdict.REFUSE  # every other object as it was
+    child = methods[("toyengine.core", "Child.fits")]
+    assert child.__globals__ is vars(core)
+    assert child.__closure__ is not None and child.__closure__[0].cell_contents is core.Child
+    with pytest.raises(FixDoesNotApply, match=r"add \['halve'\] to toyengine.core"):
+        toy.fixed_methods(["child-halves"])
+
+
 def test_any_subset_composes_and_exclusive_fixes_are_refused(toy: FixSet) -> None:
     core = importlib.import_module("toyengine.core")
     with toy.applied(["child-doubles"]):
@@ -195,3 +216,17 @@ def test_the_patch_script_lists_every_fix_with_its_summary(
             line.rstrip().endswith(fix.summary)
             for line, fix in zip(lines, fixes.fixes, strict=True)
         )
+
+
+def test_importing_the_engines_fixes_imports_no_engine() -> None:
+    """The fix lists (what `engine_fixes_diff.py ENGINE --list` prints) load without any engine
+    or torch: each engine is imported only when a fix is made or run."""
+    code = (
+        "import sys\n"
+        "import integrations.sglang.fixes, integrations.vidur.fixes, integrations.vllm.fixes\n"
+        "engines = ('sglang', 'vidur', 'vllm', 'torch')\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in engines]\n"
+        "assert not bad, bad[:5]\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

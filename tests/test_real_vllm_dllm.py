@@ -8,6 +8,7 @@ SCHEDSPEC_VLLM_DLLM_PROGRAMS (default 150) sets how many generated programs the 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -38,16 +39,19 @@ from integrations.vllm.diffusion import (
     check_both,
     dllm_program,
 )
+from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.patches import print_patch
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
     fix_as_diff,
+    fixed_schedule,
     fixed_source,
 )
 from spec.errors import ConfigError, InvalidRequest, PromptTooLong, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
@@ -547,8 +551,35 @@ def test_whole_canvas_fix_as_a_patch_of_vllms_file_only_adds_the_skip() -> None:
 
 def test_whole_canvas_fix_refuses_a_vllm_without_the_statement_it_edits() -> None:
     source = "def schedule(self):\n    num_new_tokens = min(num_new_tokens, budget)\n"
-    with pytest.raises(FixDoesNotApply, match="has 0 running-request budget caps"):
+    with pytest.raises(FixDoesNotApply, match=r"scheduler.py has 0 copies of `num_new_tokens"):
         fixed_source(source)
+
+
+def test_every_vllm_fix_is_one_patch_of_vllms_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`scripts/engine_fixes_diff.py vllm` prints the three fixes as one patch of vLLM's two
+    scheduler files; `git apply -p1` makes exactly the edited files, and the fixed
+    `Scheduler.schedule` the checks give a scheduler is compiled from that very text, reading
+    vLLM's own module globals."""
+    assert load_script("engine_fixes_diff").main(["vllm"]) == 0
+    diff = capsys.readouterr().out
+    assert diff == VLLM_DLLM_FIXES.as_diff(VLLM_DLLM_FIXES.names)
+    sources = VLLM_DLLM_FIXES.fixed_sources(VLLM_DLLM_FIXES.names)
+    assert list(sources) == [
+        "vllm.v1.core.sched.scheduler",
+        "vllm.v1.core.sched.diffusion_scheduler",
+    ]
+    patched = git_apply_to_copies(tmp_path, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    text, fixed = sources["vllm.v1.core.sched.scheduler"]
+    assert fixed == fixed_source(text)
+    schedule = fixed_schedule()
+    vllm_scheduler = importlib.import_module("vllm.v1.core.sched.scheduler")
+    assert schedule.__globals__ is vars(vllm_scheduler)
+    assert schedule is not vllm_scheduler.Scheduler.schedule
+    assert "num_wanted_tokens" in schedule.__code__.co_varnames
+    assert "num_wanted_tokens" not in vllm_scheduler.Scheduler.schedule.__code__.co_varnames
 
 
 def test_read_only_hold_fix_as_a_patch_of_vllms_file_only_adds_the_counted_hold() -> None:

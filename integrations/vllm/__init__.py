@@ -30,7 +30,9 @@ prefix caching, and pipeline-parallel stages in the asynchronous loop);
 `integrations.vllm.whole_canvas_fix` applies a candidate fix for the first of their findings
 (a canvas cut by the token budget) to one built scheduler, so the same checks validate it;
 `integrations.vllm.async_hold_fixes` does the same for the second (a canvas cut early near
-max_model_len in the async loop: the model-len hold) and for the read-only hold's wasted step.
+max_model_len in the async loop: the model-len hold) and for the read-only hold's wasted step;
+`integrations.vllm.fixes` lists the three as one `FixSet` (`scripts/engine_fixes_diff.py vllm`
+prints them as one patch).
 """
 
 from __future__ import annotations

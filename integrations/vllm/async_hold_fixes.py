@@ -33,8 +33,8 @@ max_model_len.
 
 `fixed_module_source(text, fixes)` makes the named fixes' edits to the file's text
 (`FixDoesNotApply` if the file no longer has a place they edit); `fix_as_diff(fixes)` gives
-them as a patch of the installed file (`scripts/vllm_async_hold_diff.py` prints it,
-`--fix` picks). `apply_async_hold_fixes(sched, fixes)` runs the edited file, as a module of its
+them as a patch of the installed file (`scripts/engine_fixes_diff.py vllm --fix NAME` prints
+it). `apply_async_hold_fixes(sched, fixes)` runs the edited file, as a module of its
 own, and gives one built `DiffusionAsyncScheduler` the edited class (with the counter the
 edited `__init__` sets); a second call adds its fixes to the first's. Nothing of vLLM changes
 for any other scheduler. The synchronous `DiffusionScheduler` has no step in flight, so it is

@@ -20,87 +20,92 @@ is written for. As a change to vLLM it is three statements around the budget cap
         req_index += 1
         continue
 
-`apply_whole_canvas_fix(sched)` makes exactly that change to the installed vLLM's own
-`Scheduler.schedule` (its source, edited at the one place named above, compiled in its module's
-namespace) and gives it to that scheduler alone, through a subclass of its class: nothing of
-vLLM is changed for any other scheduler. If vLLM's code no longer has the place the fix
-edits, it raises `FixDoesNotApply` rather than run unpatched. `fix_as_diff()` gives the same
-edit as a patch of vLLM's file (`scripts/vllm_whole_canvas_diff.py` prints it), and
-`scripts/vllm_whole_canvas_cost.py` measures what it costs against vLLM as released.
+The fix is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`WHOLE_CANVAS_FIXES`, an
+`integrations.patches.FixSet`, written against vLLM 0.33.0): `fixed_source(text)` makes it,
+`fix_as_diff()` gives it as a patch (`scripts/engine_fixes_diff.py vllm --fix whole-canvas`
+prints it), and `apply_whole_canvas_fix(sched)` gives one built scheduler the edited
+`Scheduler.schedule`, through a subclass of its class: nothing of vLLM is changed for any other
+scheduler. If vLLM's file no longer has the statement the fix edits, they raise
+`FixDoesNotApply` rather than run unpatched. `scripts/vllm_whole_canvas_cost.py` measures what
+the fix costs against vLLM as released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import inspect
-import re
-import sys
-import textwrap
 from typing import Any
 
-from integrations.vllm.patches import FixDoesNotApply, installed_text, unified_patch
+from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.vllm.adapter import load_vllm
 
-#: The budget cap of the running-request loop (in the waiting loop the cap is on
-#: `request_token_budget`, so this matches one statement only).
-_BUDGET_CAP = re.compile(
-    r"^(?P<indent> +)num_new_tokens = min\(\s*num_new_tokens, token_budget, "
-    r"input_budget - draft_slots\s*\)\n",
-    re.MULTILINE,
+MODULE = "vllm.v1.core.sched.scheduler"
+WHOLE_CANVAS = "whole-canvas"
+
+#: The budget cap of the running-request loop (the waiting loop caps `request_token_budget`,
+#: so this is the one statement of its kind).
+_BUDGET_CAP = (
+    "            num_new_tokens = min(\n"
+    "                num_new_tokens, token_budget, input_budget - draft_slots\n"
+    "            )\n"
+)
+_SKIP_A_CUT_CANVAS = (
+    "            if (\n"
+    "                self.vllm_config.model_config.is_diffusion\n"
+    "                and request.spec_token_ids\n"
+    "                and num_new_tokens < min(\n"
+    "                    num_wanted_tokens,\n"
+    "                    self.max_model_len\n"
+    "                    - request.num_computed_tokens\n"
+    "                    - self.num_sampled_tokens_per_step,\n"
+    "                )\n"
+    "            ):\n"
+    "                # Diffusion: schedule a canvas whole or not at all (the runner expects a\n"
+    "                # cut canvas only where it reaches max_model_len).\n"
+    "                req_index += 1\n"
+    "                continue\n"
+)
+
+WHOLE_CANVAS_FIX = EngineFix(
+    WHOLE_CANVAS,
+    (
+        (
+            MODULE,
+            _BUDGET_CAP,
+            "            num_wanted_tokens = num_new_tokens\n" + _BUDGET_CAP + _SKIP_A_CUT_CANVAS,
+        ),
+    ),
+    ((MODULE, "Scheduler.schedule"),),
+    "a canvas cut by the token budget: skip the request this step instead",
+)
+WHOLE_CANVAS_FIXES = FixSet(
+    engine="vLLM 0.33.0",
+    modules=(MODULE,),
+    fixes=(WHOLE_CANVAS_FIX,),
+    exclusive=(),
+    load=load_vllm,
+    importing=contextlib.nullcontext,
 )
 
 
-def fixed_source(source: str) -> str:
-    """`Scheduler.schedule`'s source (dedented) with the fix inserted around its one
-    running-request budget cap; `FixDoesNotApply` if it has none or several."""
-    matches = list(_BUDGET_CAP.finditer(source))
-    if len(matches) != 1:
-        raise FixDoesNotApply(
-            f"Scheduler.schedule has {len(matches)} running-request budget caps "
-            "(`num_new_tokens = min(num_new_tokens, token_budget, input_budget - draft_slots)`); "
-            "the fix edits exactly one (vLLM 0.33.0's)"
-        )
-    match = matches[0]
-    pad = match["indent"]
-    inner = pad + "    "
-    before = f"{pad}num_wanted_tokens = num_new_tokens\n"
-    after = (
-        f"{pad}if (\n"
-        f"{inner}self.vllm_config.model_config.is_diffusion\n"
-        f"{inner}and request.spec_token_ids\n"
-        f"{inner}and num_new_tokens < min(\n"
-        f"{inner}    num_wanted_tokens,\n"
-        f"{inner}    self.max_model_len\n"
-        f"{inner}    - request.num_computed_tokens\n"
-        f"{inner}    - self.num_sampled_tokens_per_step,\n"
-        f"{inner})\n"
-        f"{pad}):\n"
-        f"{inner}# Diffusion: schedule a canvas whole or not at all (the runner expects a\n"
-        f"{inner}# cut canvas only where it reaches max_model_len).\n"
-        f"{inner}req_index += 1\n"
-        f"{inner}continue\n"
-    )
-    return source[: match.start()] + before + match.group(0) + after + source[match.end() :]
+def fixed_source(text: str) -> str:
+    """The text of vLLM's `scheduler.py` with the fix made around its one running-request
+    budget cap; `FixDoesNotApply` if it has none or several."""
+    return WHOLE_CANVAS_FIXES.edit_text(MODULE, text, [WHOLE_CANVAS])
 
 
 @functools.cache
-def fixed_schedule(base: type) -> Any:
-    """vLLM's `Scheduler.schedule` (`base` is vLLM's `Scheduler`) with the fix made; compiled
+def fixed_schedule() -> Any:
+    """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals; compiled
     once per process."""
-    original = base.__dict__["schedule"]
-    source = fixed_source(textwrap.dedent(inspect.getsource(original)))
-    namespace = dict(vars(sys.modules[original.__module__]))
-    exec(compile(source, "<vLLM Scheduler.schedule, whole-canvas fix>", "exec"), namespace)
-    fixed = namespace["schedule"]
-    fixed.__qualname__ = original.__qualname__
-    return fixed
+    return WHOLE_CANVAS_FIXES.fixed_methods([WHOLE_CANVAS])[(MODULE, "Scheduler.schedule")]
 
 
 def fix_as_diff() -> str:
     """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
     (paths relative to the package's parent, as `git apply -p1` in a vLLM checkout wants),
     made from that file when called: nothing of vLLM's is stored here."""
-    text = installed_text("vllm.v1.core.sched.scheduler")
-    return unified_patch("vllm/v1/core/sched/scheduler.py", text, fixed_source(text))
+    return WHOLE_CANVAS_FIXES.as_diff([WHOLE_CANVAS])
 
 
 def apply_whole_canvas_fix(sched: Any) -> None:
@@ -110,11 +115,14 @@ def apply_whole_canvas_fix(sched: Any) -> None:
     still runs first and calls it through `super()`."""
     cls = type(sched)
     base = next(c for c in cls.__mro__ if c.__name__ == "Scheduler")
-    fixed_base = type("Scheduler", (base,), {"schedule": fixed_schedule(base)})
+    fixed_base = type("Scheduler", (base,), {"schedule": fixed_schedule()})
     sched.__class__ = type(cls.__name__, (cls, fixed_base), {"__module__": __name__})
 
 
 __all__ = [
+    "WHOLE_CANVAS",
+    "WHOLE_CANVAS_FIX",
+    "WHOLE_CANVAS_FIXES",
     "FixDoesNotApply",
     "apply_whole_canvas_fix",
     "fix_as_diff",
