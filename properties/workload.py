@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from properties.harness import Harness, SoloCache, check_parity
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
+from spec.profile import DllmProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +53,12 @@ def run_workload(
     *,
     parity: bool = True,
     cache: SoloCache | None = None,
+    profile: DllmProfile | None = None,
 ) -> Harness:
     """Run the workload under the harness (raising SpecViolation on any breach), drain, check
-    for leaks and, if `parity`, check every finished request against its solo sync output."""
-    h = Harness(factory, workload.config)
+    for leaks and, if `parity`, check every finished request against its solo sync output.
+    `profile`: the implementation's (default the idealised spec's `DllmProfile()`)."""
+    h = Harness(factory, workload.config, profile=profile or DllmProfile())
     for op in workload.ops:
         if isinstance(op, Submit):
             h.submit(op.request)

@@ -13,6 +13,17 @@ A round:
    row at once), and — FDFO without reuse — free the KV of unfinished blocks;
 5. return control.
 
+Two policy options of `spec.profile.DllmPolicy` are implemented (the constructor's `policy`),
+each a built-in of its own:
+- `admission=PREFILL_FIRST` (SGLang's dLLM order): admission first takes requests whose first
+  block is prompt-only (in queue order, while each fits), then FCFS from the head; a round's
+  batch is the running requests whose next block is prompt-only if there are any (a prefill
+  batch), else all of them (a decode batch); the others get no block this round;
+- `rows_released_between_rounds` (FDFO without in-place reuse): a request whose block is
+  carried unfinished gives its row back with the block's KV, and takes a free row again at the
+  start of the next round, before admission; one that finds none waits a round.
+The reference is work-conserving whatever the policy says (the spec allows more than asked).
+
 Each step is a small method so the mutant catalogue (tests/mutants.py) can seed one bug by
 overriding one method.
 """
@@ -27,7 +38,7 @@ from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
+from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
 from spec.events import (
     Aborted,
     Admitted,
@@ -37,12 +48,13 @@ from spec.events import (
     FinishReason,
     Forward,
     ForwardRow,
+    RowAcquired,
     RowReleased,
     StepResult,
     Submitted,
 )
 from spec.implementation import DllmImplementation
-from spec.profile import DllmProfile
+from spec.profile import DllmAdmission, DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
 
@@ -81,10 +93,21 @@ class ReferenceDllmScheduler:
         oracle: DenoiseOracle | None = None,
         *,
         id_memory: int | None = None,
+        policy: DllmPolicy | None = None,
     ) -> None:
         """id_memory: remember only the ids of the last `id_memory` finished or aborted
         requests for duplicate detection (a long-lived server's bounded state); None remembers
-        every id, as the spec's `unique_submission` asks of a checked run."""
+        every id, as the spec's `unique_submission` asks of a checked run. policy: the
+        admission order and row release to follow (module docstring); reserved pages and rows
+        are an engine's id mapping, which the reference does not have."""
+        policy = policy if policy is not None else DllmPolicy()
+        if policy.reserved_kv_pages or policy.reserved_rows:
+            raise ConfigError(
+                "policy.reserved_kv_pages/reserved_rows",
+                (policy.reserved_kv_pages, policy.reserved_rows),
+                "0 for the reference (it reserves nothing for itself)",
+            )
+        self.policy = policy
         self._config = config
         self.sink = sink
         self.oracle: DenoiseOracle = oracle or AlgorithmOracle.named(
@@ -132,6 +155,7 @@ class ReferenceDllmScheduler:
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
 
     def run_round(self) -> None:
+        self._reacquire_rows()
         self._admit()
         batch = self._prepare_batch()
         if batch:
@@ -181,15 +205,40 @@ class ReferenceDllmScheduler:
         )
 
     # ------------------------------------------------------------------ round steps
+    def _reacquire_rows(self) -> None:
+        """Rows released between rounds: each running request without a row takes a free one
+        (admission order), before admission can take them."""
+        for req in self.running:
+            if req.row is None:
+                row = self.rows.acquire(req.rid)
+                if row is None:
+                    return
+                req.row = row
+                self.sink(RowAcquired(req.rid, row))
+
     def _admit(self) -> None:
-        """FCFS: admit the head while it fits; stop at the first that does not."""
-        while self.waiting and len(self.running) < self.config.max_running_requests:
-            head = self.waiting[0]
-            if not self.rows.has_free():
-                return
-            if self.reserved_pages + head.pages_needed > self.config.kv_pages:
-                return
-            self._admit_one(head)
+        """FCFS: admit the head while it fits; stop at the first that does not. Under
+        PREFILL_FIRST, requests whose first block is prompt-only go first."""
+        if self.policy.admission is DllmAdmission.PREFILL_FIRST:
+            while True:
+                first = next((r for r in self.waiting if self._prompt_only(r, 0)), None)
+                if first is None or not self._fits(first):
+                    break
+                self._admit_one(first)
+        while self.waiting and self._fits(self.waiting[0]):
+            self._admit_one(self.waiting[0])
+
+    def _fits(self, req: _Req) -> bool:
+        """A seat, a row and the request's worst-case pages are free."""
+        return (
+            len(self.running) < self.config.max_running_requests
+            and self.rows.has_free()
+            and self.reserved_pages + req.pages_needed <= self.config.kv_pages
+        )
+
+    def _prompt_only(self, req: _Req, block_index: int) -> bool:
+        """Block `block_index` of the request holds only prompt tokens (a prefill block)."""
+        return (block_index + 1) * self.config.block_size <= len(req.spec.prompt)
 
     def _admit_one(self, req: _Req) -> None:
         row = self.rows.acquire(req.rid)
@@ -202,13 +251,24 @@ class ReferenceDllmScheduler:
 
     def _prepare_batch(self) -> list[_Req]:
         batch: list[_Req] = []
-        for req in self.running:
+        for req in self._batch_candidates():
             if req.block_tokens is None:
                 self._start_block(req)
             elif req.block_slots is None:
                 self._reallocate_block(req)
             batch.append(req)
         return batch
+
+    def _batch_candidates(self) -> list[_Req]:
+        """The running requests that hold a row; under PREFILL_FIRST only those whose next
+        block is prompt-only, if there are any (a batch is prefill-only or decode-only, and
+        prefill goes first)."""
+        ready = [r for r in self.running if r.row is not None]
+        if self.policy.admission is DllmAdmission.PREFILL_FIRST:
+            prefill = [r for r in ready if self._prompt_only(r, r.committed_blocks)]
+            if prefill:
+                return prefill
+        return ready
 
     def _start_block(self, req: _Req) -> None:
         """A fresh block: prompt tokens at prompt positions, masks elsewhere."""
@@ -311,10 +371,13 @@ class ReferenceDllmScheduler:
         req.block_done = False
 
     def _carry(self, req: _Req) -> None:
-        """FDFO: keep the unfinished block's tokens and state for the next round."""
+        """FDFO: keep the unfinished block's tokens and state for the next round (without
+        reuse its KV goes back, and with rows released between rounds its row too)."""
         req.incomplete_ids = tuple(req.block_tokens or ())
         if not self.config.in_place_reuse:
             self._drop_block_kv(req)
+            if self.policy.rows_released_between_rounds:
+                self._release_row(req)
 
     def _drop_block_kv(self, req: _Req) -> None:
         if req.block_slots is not None:
@@ -345,11 +408,14 @@ class ReferenceDllmScheduler:
         """Free every KV slot (committed blocks and the current one) and the row."""
         self.kv.free(req.rid, self.kv.slots_of(req.rid))
         req.block_slots = None
+        self._release_row(req)
+        self.reserved_pages -= req.pages_needed
+
+    def _release_row(self, req: _Req) -> None:
         if req.row is not None:
             self.rows.release(req.row)
             self.sink(RowReleased(req.rid, req.row))
             req.row = None
-        self.reserved_pages -= req.pages_needed
 
 
 def make_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
@@ -376,6 +442,22 @@ def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
     return ReferenceDllmScheduler(config, sink, oracle)
 
 
+PREFILL_FIRST_POLICY = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST)
+ROWS_RELEASED_POLICY = DllmPolicy(rows_released_between_rounds=True)
+
+
+def make_prefill_first_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """The reference under PREFILL_FIRST: prefill requests admitted first, and a round's batch
+    prefill-only or decode-only, prefill first (SGLang's dLLM order)."""
+    return ReferenceDllmScheduler(config, sink, policy=PREFILL_FIRST_POLICY)
+
+
+def make_rows_released_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """The reference with rows released between rounds (FDFO without in-place reuse: a carried
+    block gives back its row with its KV, and takes a row again the next round)."""
+    return ReferenceDllmScheduler(config, sink, policy=ROWS_RELEASED_POLICY)
+
+
 # The built-ins declare themselves with their profiles (`schedspec verify --impl
 # reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
 # configuration, FCFS admission, work-conserving, nothing reserved, no deviation.
@@ -393,4 +475,18 @@ REFERENCE_DLLM_SCRIPTED = DllmImplementation(
     make_scripted_scheduler,
     REFERENCE_PROFILE,
     "the reference with scripted step counts (1 to block_size + 1 steps per block)",
+)
+# Every configuration too; the policy option is the only difference.
+REFERENCE_DLLM_PREFILL_FIRST = DllmImplementation(
+    make_prefill_first_scheduler,
+    DllmProfile(policy=PREFILL_FIRST_POLICY),
+    "the reference under PREFILL_FIRST (prefill admitted first; prefill-only or decode-only "
+    "batches, prefill first)",
+)
+# Every configuration: rows are released where the option applies (FDFO without in-place
+# reuse); elsewhere it is the plain reference.
+REFERENCE_DLLM_ROWS_RELEASED = DllmImplementation(
+    make_rows_released_scheduler,
+    DllmProfile(policy=ROWS_RELEASED_POLICY),
+    "the reference with rows released between rounds (FDFO without in-place reuse)",
 )

@@ -84,6 +84,22 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "the reference with step-count patterns (1 to block_size+1 steps per block)",
     ),
     _dllm(
+        "reference-dllm-prefill-first",
+        (
+            "reference.dllm:REFERENCE_DLLM_PREFILL_FIRST",
+            "reference.dllm:make_prefill_first_scheduler",
+        ),
+        "the reference under PREFILL_FIRST: prefill-only or decode-only batches, prefill first",
+    ),
+    _dllm(
+        "reference-dllm-rows-released",
+        (
+            "reference.dllm:REFERENCE_DLLM_ROWS_RELEASED",
+            "reference.dllm:make_rows_released_scheduler",
+        ),
+        "the reference with rows released between rounds (FDFO without in-place reuse)",
+    ),
+    _dllm(
         "engine",
         ("gpu.engine:make_small_engine",),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "

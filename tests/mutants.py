@@ -9,17 +9,23 @@ suite itself is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
 from properties.strategies import EOS, dllm_configs
-from reference.dllm import ReferenceDllmScheduler, _Req
+from reference.dllm import (
+    PREFILL_FIRST_POLICY,
+    ROWS_RELEASED_POLICY,
+    ReferenceDllmScheduler,
+    _Req,
+)
 from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode
 from spec.events import FinishReason, KvAllocated
+from spec.profile import DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput
 
 
@@ -327,6 +333,50 @@ class _EagerDoneOracle:
         ]
 
 
+class MixesPrefillAndDecode(ReferenceDllmScheduler):
+    """PREFILL_FIRST admission, but every running request in one batch: prompt-only blocks and
+    blocks with masks are forwarded together."""
+
+    def _batch_candidates(self) -> list[_Req]:
+        return [r for r in self.running if r.row is not None]
+
+
+class DecodesFirst(ReferenceDllmScheduler):
+    """PREFILL_FIRST with the batches the wrong way round: every block is allocated, then the
+    decode rows run first while the prompt blocks wait."""
+
+    def _prepare_batch(self) -> list[_Req]:
+        everyone = super()._prepare_batch()
+        decode = [r for r in everyone if not self._prompt_only(r, r.committed_blocks)]
+        return decode or everyone
+
+    def _batch_candidates(self) -> list[_Req]:
+        return [r for r in self.running if r.row is not None]
+
+
+class AdmitsLastPrefillFirst(ReferenceDllmScheduler):
+    """PREFILL_FIRST admission that takes the latest prefill request in the queue first."""
+
+    def _admit(self) -> None:
+        while True:
+            prefill = [r for r in self.waiting if self._prompt_only(r, 0)]
+            if not prefill or not self._fits(prefill[-1]):
+                break
+            self._admit_one(prefill[-1])
+        while self.waiting and self._fits(self.waiting[0]):
+            self._admit_one(self.waiting[0])
+
+
+class ReleasesRowUnderReuse(ReferenceDllmScheduler):
+    """Rows released between rounds also under in-place reuse, where the carried block keeps
+    its KV (and so must keep its row)."""
+
+    def _carry(self, req: _Req) -> None:
+        super()._carry(req)
+        if self.config.in_place_reuse:
+            self._release_row(req)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -334,16 +384,22 @@ class Mutant:
     factory: ImplementationFactory
     configs: st.SearchStrategy[DllmConfig]
     description: str
+    # the profile the suite checks it under (its policy: what the correct scheduler follows)
+    profile: DllmProfile = field(default_factory=DllmProfile)
 
 
-def _f(cls: type[ReferenceDllmScheduler], joint: bool = False) -> ImplementationFactory:
+def _f(
+    cls: type[ReferenceDllmScheduler], joint: bool = False, policy: DllmPolicy | None = None
+) -> ImplementationFactory:
     def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
         oracle = (
             AlgorithmOracle.named("JointThreshold", config.mask_token_id, max_post_edit_steps=4)
             if joint
             else None
         )
-        return cls(config, sink, oracle)
+        if policy is None:  # some mutants' constructors take no policy
+            return cls(config, sink, oracle)
+        return cls(config, sink, oracle, policy=policy)
 
     factory.__name__ = f"make_{cls.__name__}"
     return factory
@@ -535,6 +591,39 @@ MUTANTS: dict[str, Mutant] = {
             _eager,
             dllm_configs(),
             "a block is reported done when its last mask is filled, before the final-KV forward",
+        ),
+        Mutant(
+            "mixes_prefill_and_decode",
+            "prefill_first",
+            _f(MixesPrefillAndDecode, policy=PREFILL_FIRST_POLICY),
+            dllm_configs(),
+            "under PREFILL_FIRST a batch feeds prompt-only blocks and blocks with masks together",
+            DllmProfile(policy=PREFILL_FIRST_POLICY),
+        ),
+        Mutant(
+            "decodes_first",
+            "prefill_first",
+            _f(DecodesFirst, policy=PREFILL_FIRST_POLICY),
+            dllm_configs(),
+            "under PREFILL_FIRST the decode batch runs while allocated prompt blocks wait",
+            DllmProfile(policy=PREFILL_FIRST_POLICY),
+        ),
+        Mutant(
+            "admits_last_prefill_first",
+            "fcfs_admission",
+            _f(AdmitsLastPrefillFirst, policy=PREFILL_FIRST_POLICY),
+            dllm_configs(),
+            "under PREFILL_FIRST the latest prefill request is admitted ahead of earlier ones",
+            DllmProfile(policy=PREFILL_FIRST_POLICY),
+        ),
+        Mutant(
+            "releases_row_under_reuse",
+            "row_exclusive",
+            _f(ReleasesRowUnderReuse, policy=ROWS_RELEASED_POLICY),
+            _fdfo_reuse(),
+            "rows released between rounds under in-place reuse too: a running request ends the "
+            "round without a row while its block keeps its KV",
+            DllmProfile(policy=ROWS_RELEASED_POLICY),
         ),
     )
 }

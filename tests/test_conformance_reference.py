@@ -12,11 +12,14 @@ from hypothesis.stateful import run_state_machine_as_test
 from properties.conformance import conformance_machine
 from properties.verify import verify_settings as _verify_settings
 from reference.dllm import (
+    REFERENCE_DLLM_PREFILL_FIRST,
+    REFERENCE_DLLM_ROWS_RELEASED,
     make_joint_threshold_scheduler,
     make_scheduler,
     make_scripted_scheduler,
 )
 from schedspec_cli.main import main
+from spec.implementation import DllmImplementation
 
 
 @pytest.mark.parametrize(
@@ -26,6 +29,18 @@ from schedspec_cli.main import main
 )
 def test_reference_conforms(factory) -> None:  # type: ignore[no-untyped-def]
     run_state_machine_as_test(conformance_machine(factory), settings=settings())
+
+
+@pytest.mark.parametrize(
+    "impl",
+    [REFERENCE_DLLM_PREFILL_FIRST, REFERENCE_DLLM_ROWS_RELEASED],
+    ids=["prefill-first", "rows-released"],
+)
+def test_reference_conforms_under_its_policy(impl: DllmImplementation) -> None:
+    """The reference's policy variants pass the suite under their own profiles (the spec
+    machine takes the profile's policy, so PREFILL_FIRST and row release are checked)."""
+    machine = conformance_machine(impl.factory, profile=impl.profile)
+    run_state_machine_as_test(machine, settings=settings())
 
 
 def test_cli_verify_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -29,7 +29,7 @@ SHRINK = settings(HUNT, phases=[Phase.explicit, Phase.reuse, Phase.generate, Pha
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_suite_catches_mutant(name: str) -> None:
     mutant = MUTANTS[name]
-    machine = conformance_machine(mutant.factory, configs=mutant.configs)
+    machine = conformance_machine(mutant.factory, profile=mutant.profile, configs=mutant.configs)
     err, printed = run_machine(machine, HUNT)
     assert err is not None, f"the conformance suite did not catch mutant {name!r}"
     failure = failure_from(err, printed)

@@ -72,4 +72,4 @@ def test_builtin_passes_boundary_workload(impl: str, edge: str) -> None:
     except Exception as err:  # an optional implementation that cannot load here
         pytest.skip(f"{impl} cannot be loaded: {err}")
     assert isinstance(implementation, DllmImplementation), impl
-    run_workload(implementation.factory, bw.workload)
+    run_workload(implementation.factory, bw.workload, profile=implementation.profile)

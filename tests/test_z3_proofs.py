@@ -3,6 +3,8 @@ counterexample that replays through SpecMachine and through the matching referen
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from properties.proofs import DEFAULT_BOUND, ProofResult, failed, run_all_proofs
@@ -10,9 +12,10 @@ from properties.symbolic.bmc import MutantCounterexample, mutant_results
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS
 from properties.symbolic.workloads import replay
 from properties.workload import run_workload
-from reference.dllm import make_scheduler
+from reference.dllm import ReferenceDllmScheduler
 from spec.errors import SpecViolation
 from spec.invariants import INVARIANTS
+from spec.profile import DllmProfile
 from tests.mutants import MUTANTS
 
 _SUITE: dict[str, object] = {}
@@ -111,13 +114,17 @@ def test_mutant_counterexample_replays(
     # is rejected with the mutant's rule
     _, violation = replay(cex.mutant.config, cex.events, cex.mutant.policy)
     assert violation is not None and violation.rule == cex.mutant.rule, violation
-    # the workload is legal: the correct reference runs it cleanly
-    run_workload(make_scheduler, cex.workload, parity=False)
+    # the workload is legal: the correct reference, under the mutant's policy, runs it cleanly
+    policy = cex.mutant.policy
+    profile = DllmProfile(policy=policy)
+    correct = functools.partial(ReferenceDllmScheduler, policy=policy)
+    run_workload(correct, cex.workload, parity=False, profile=profile)
     # and the matching reference mutant fails it with the same rule
     for ref in cex.mutant.reference:
         assert ref in MUTANTS, f"tests/mutants.py has no mutant {ref!r}"
+        assert MUTANTS[ref].profile.policy == policy, ref
         with pytest.raises(SpecViolation) as info:
-            run_workload(MUTANTS[ref].factory, cex.workload, parity=False)
+            run_workload(MUTANTS[ref].factory, cex.workload, parity=False, profile=profile)
         assert info.value.rule == MUTANTS[ref].rule == cex.mutant.rule, info.value
 
 
