@@ -8,6 +8,8 @@ An oracle says what each row commits in one forward→step. Two are built in:
   reference's outputs are batch-invariant, exactly like a real model at batch size 1.
 - `ScriptedOracle` follows a step-count pattern: block k of a request needs a given number of
   rounds to unmask (useful for exact-fit and simultaneous-finish workloads).
+- `RecordedOracle` replays another implementation's recorded step outcomes (a differential:
+  the torch engine's, SGLang's), so only the scheduling decisions can differ.
 """
 
 from __future__ import annotations
@@ -147,3 +149,74 @@ class ScriptedOracle:
                 new[i] = _seed(r.request_id, r.block_index, i) % self.vocab
             out.append(OracleStep(tuple(new), ScriptedState(state.steps_taken + 1), False))
         return out
+
+
+BlockKey = tuple[str, int]  # (request id, block index)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockScript:
+    """What another implementation's steps of one block did, in order: per step its done flag
+    and the masks it left; and the tokens the block committed (None if it never did)."""
+
+    steps: tuple[tuple[bool, int], ...]
+    final: tuple[int, ...] | None
+
+
+class RecordedOracle:
+    """Replays another implementation's recorded step outcomes, so the reference denoises
+    exactly as it did and only the scheduling decisions can differ (a differential).
+
+    Its state is the number of steps the block has taken. A step fills the leftmost masked
+    positions (with the block's committed tokens) until the recorded mask count is left, and
+    reports the recorded done flag; a done step yields the committed tokens. Stepping a block
+    more often than the record has steps raises `RecordExhausted`: the two schedulers' decisions
+    have diverged so far that the record no longer covers them."""
+
+    def __init__(self, scripts: dict[BlockKey, BlockScript], mask_id: int) -> None:
+        self.scripts = scripts
+        self.mask_id = mask_id
+
+    @classmethod
+    def from_steps(
+        cls,
+        steps: Sequence[tuple[BlockKey, bool, int]],
+        finals: dict[BlockKey, tuple[int, ...]],
+        mask_id: int,
+    ) -> RecordedOracle:
+        """From (block, done, masks left) per step, in order, and the committed tokens."""
+        per_block: dict[BlockKey, list[tuple[bool, int]]] = {}
+        for key, done, masks_left in steps:
+            per_block.setdefault(key, []).append((done, masks_left))
+        scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in per_block.items()}
+        return cls(scripts, mask_id)
+
+    def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        return 0
+
+    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        out: list[OracleStep] = []
+        for row in rows:
+            key = (row.request_id, row.block_index)
+            n = row.state
+            assert isinstance(n, int), "RecordedOracle needs its carried state"
+            script = self.scripts.get(key)
+            if script is None or n >= len(script.steps):
+                taken = 0 if script is None else len(script.steps)
+                raise RecordExhausted(
+                    f"block {key} stepped a {n + 1}th time; the record has {taken} steps"
+                )
+            done, masks_left = script.steps[n]
+            final = script.final or tuple(0 for _ in row.tokens)
+            tokens = list(row.tokens)
+            masked = [i for i, t in enumerate(tokens) if t == self.mask_id]
+            for i in masked[: max(0, len(masked) - masks_left)]:
+                tokens[i] = final[i]
+            if done and script.final is not None:
+                tokens = list(script.final)
+            out.append(OracleStep(tuple(tokens), n + 1, done))
+        return out
+
+
+class RecordExhausted(RuntimeError):
+    """A block was stepped more often than the replayed record covers."""

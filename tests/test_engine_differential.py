@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -23,79 +22,31 @@ from gpu.engine import DllmEngine, make_small_engine, make_small_joint_engine
 from properties.harness import Harness
 from properties.strategies import dllm_configs, prompts
 from reference.dllm import ReferenceDllmScheduler
-from reference.oracle import OracleRow, OracleStep
+from reference.oracle import BlockKey, BlockScript, RecordedOracle
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
 from spec.events import BlockCommitted, ControlReturned, Event, Forward, StepResult
 
 torch.set_num_threads(1)
 
-Key = tuple[str, int]  # (request id, block index)
 
-
-@dataclass(frozen=True, slots=True)
-class StepScript:
-    """What the engine's steps of one block did: done flag and masks left, per step."""
-
-    steps: tuple[tuple[bool, int], ...]
-    final: tuple[int, ...] | None  # committed tokens, None if the block never committed
-
-
-class ReplayOracle:
-    """A `reference.oracle.DenoiseOracle` replaying the engine's recorded step outcomes.
-
-    Its state is the number of steps the block has taken. A step fills the leftmost masked
-    positions (with the block's committed tokens) until the recorded mask count is left, and
-    reports the recorded done flag; a done step yields the committed tokens.
-    """
-
-    def __init__(self, scripts: dict[Key, StepScript], mask_id: int) -> None:
-        self.scripts = scripts
-        self.mask_id = mask_id
-
-    def init_state(self, row_tokens: tuple[int, ...]) -> object:
-        return 0
-
-    def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
-        out: list[OracleStep] = []
-        for row in rows:
-            key = (row.request_id, row.block_index)
-            n = row.state
-            assert isinstance(n, int)
-            script = self.scripts.get(key)
-            assert script is not None and n < len(script.steps), (
-                f"the reference steps {key} a {n + 1}th time; the engine stepped it "
-                f"{0 if script is None else len(script.steps)} times"
-            )
-            done, masks_left = script.steps[n]
-            final = script.final or tuple(0 for _ in row.tokens)
-            tokens = list(row.tokens)
-            masked = [i for i, t in enumerate(tokens) if t == self.mask_id]
-            for i in masked[: max(0, len(masked) - masks_left)]:
-                tokens[i] = final[i]
-            if done and script.final is not None:
-                tokens = list(script.final)
-            out.append(OracleStep(tuple(tokens), n + 1, done))
-        return out
-
-
-def _scripts(engine: DllmEngine, events: Sequence[Event]) -> dict[Key, StepScript]:
+def _scripts(engine: DllmEngine, events: Sequence[Event]) -> dict[BlockKey, BlockScript]:
     """Per block: done flags from the engine's per-forward record, masks from its events."""
-    done_flags: dict[Key, list[bool]] = defaultdict(list)
+    done_flags: dict[BlockKey, list[bool]] = defaultdict(list)
     for rec in engine.forward_log:
         for key, done in zip(rec.rows, rec.done, strict=True):
             done_flags[key].append(done)
-    masks: dict[Key, list[int]] = defaultdict(list)
-    finals: dict[Key, tuple[int, ...]] = {}
+    masks: dict[BlockKey, list[int]] = defaultdict(list)
+    finals: dict[BlockKey, tuple[int, ...]] = {}
     for e in events:
         if isinstance(e, StepResult):
             masks[(e.request_id, e.block_index)].append(e.masks_remaining)
         elif isinstance(e, BlockCommitted):
             finals[(e.request_id, e.block_index)] = e.tokens
-    out: dict[Key, StepScript] = {}
+    out: dict[BlockKey, BlockScript] = {}
     for key, flags in done_flags.items():
         assert len(flags) == len(masks[key]), key  # the record agrees with the events
-        out[key] = StepScript(tuple(zip(flags, masks[key], strict=True)), finals.get(key))
+        out[key] = BlockScript(tuple(zip(flags, masks[key], strict=True)), finals.get(key))
     return out
 
 
@@ -161,7 +112,7 @@ def _differential(
     scripts = _scripts(engine, eh.events)
 
     def reference(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
-        return ReferenceDllmScheduler(config, sink, ReplayOracle(scripts, config.mask_token_id))
+        return ReferenceDllmScheduler(config, sink, RecordedOracle(scripts, config.mask_token_id))
 
     rh = _run(reference, config, ops)
     assert _forward_rounds(eh.events) == _forward_rounds(rh.events)
@@ -208,7 +159,7 @@ def test_the_differential_sees_a_scheduling_difference() -> None:
     narrow = config.replace(max_running_requests=1)
 
     def reference(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
-        return ReferenceDllmScheduler(config, sink, ReplayOracle(scripts, config.mask_token_id))
+        return ReferenceDllmScheduler(config, sink, RecordedOracle(scripts, config.mask_token_id))
 
     rh = _run(reference, narrow, ops)
     assert _forward_rounds(eh.events) != _forward_rounds(rh.events)

@@ -22,6 +22,7 @@ OUTPUTS = [
     ("probe_cold_cost", "--json"),
     ("probe_heavier_forward", "--json"),
     ("profile_round", "--json"),
+    ("sglang_vs_reference", "--json"),
     ("soak_engine", "--json"),
     ("vidur_speed", "--json"),
     ("vllm_async_check", "--json"),

@@ -10,7 +10,9 @@ Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the
   a request the adder refuses keeps the round state it had, so it is offered again as incoming.
 - `worst-case-estimate` (an idle engine never admits a request that fits): the adder counts a
   dLLM request as what it can claim in all, its prompt and max_new_tokens in whole blocks, less
-  its prefix, and admits an exact fit.
+  its prefix, and admits an exact fit; and it charges an admitted dLLM request no page for
+  allocation rounding (`per_req_token_overhead`), which a page-aligned block never needs, so a
+  round admits every request that fits, not one page's worth fewer each.
 - `reserve-future-blocks` (KV pressure overcommits, then `Prefill out of memory`): an incoming
   request is admitted only when the free KV, less what the requests holding a row can still
   claim, covers its own claim.
@@ -121,6 +123,16 @@ _ESTIMATE = (
         "            total_tokens = (\n"
         "                dllm_claim_tokens(req, self.dllm_config.block_size) - req.prefix_len - 1\n"
         "            )\n",
+    ),
+    (
+        POLICY,
+        "            else self.page_size\n        )\n",
+        "            else self.page_size\n"
+        "        )\n"
+        "        if self.dllm_config is not None and not self.kv_shard_granule:\n"
+        "            # dLLM allocates whole blocks, page-aligned: an admission needs no\n"
+        "            # rounding page, so it is charged what it allocates.\n"
+        "            self.per_req_token_overhead = 0\n",
     ),
 )
 
@@ -285,9 +297,9 @@ REFUSED_STAYS_INCOMING = EngineFix(
 WORST_CASE_ESTIMATE = EngineFix(
     "worst-case-estimate",
     _ESTIMATE,
-    ((POLICY, "PrefillAdder._select_prefill_admission"),),
+    ((POLICY, "PrefillAdder._select_prefill_admission"), (POLICY, "PrefillAdder.__init__")),
     "an idle engine admits nothing: estimate a request as its prompt and max_new_tokens in "
-    "whole blocks, and admit an exact fit",
+    "whole blocks, admit an exact fit, and charge no rounding page",
 )
 RESERVE_FUTURE_BLOCKS = EngineFix(
     "reserve-future-blocks",
