@@ -100,6 +100,15 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "the reference with rows released between rounds (FDFO without in-place reuse)",
     ),
     _dllm(
+        "sglang-dllm-order",
+        (
+            "reference.sglang_dllm:SGLANG_DLLM_ORDER",
+            "reference.sglang_dllm:make_sglang_order_scheduler",
+        ),
+        "SGLang 0.5.23's dLLM admission order re-implemented on the reference (PREFILL_FIRST in "
+        "its window, phase-separated)",
+    ),
+    _dllm(
         "engine",
         ("gpu.engine:make_small_engine",),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "

@@ -1,13 +1,15 @@
-"""SGLang 0.5.23's dLLM scheduling with its five fixes against the reference under PREFILL_FIRST,
-decision by decision.
+"""SGLang 0.5.23's dLLM scheduling with its five fixes against a plain-Python scheduler, decision
+by decision.
 
-    .venv/bin/python scripts/sglang_vs_reference.py --programs 200 [--json FILE]
+    .venv/bin/python scripts/sglang_vs_reference.py --programs 200 [--against NAME] [--json FILE]
 
 Each generated program (a configuration inside SGLang's space with the fixes: page = block, any
 pool, rows <= seats; submissions with rounds between them, then a drain) runs through SGLang
-with the five fixes (`integrations.sglang.fixes`), then through `ReferenceDllmScheduler` under
-PREFILL_FIRST driven by a `RecordedOracle` that replays SGLang's own step outcomes: both
-denoise alike, so only the scheduling decisions can differ. Per program it compares the
+with the five fixes (`integrations.sglang.fixes`), then through the scheduler `--against`
+names, driven by a `RecordedOracle` that replays SGLang's own step outcomes: both denoise
+alike, so only the scheduling decisions can differ. `sglang-order` (the default) is SGLang's
+admission order re-implemented on the reference (`reference.sglang_dllm`); `prefill-first` is
+the reference under PREFILL_FIRST (`reference-dllm-prefill-first`). Per program it compares the
 admission order and the rows of every forward, round by round. A program whose decisions
 diverge so far that the reference steps a block SGLang never stepped as often is counted as
 diverged. Prints a table; `--json` writes the counts and the differing programs. Exit 2 with
@@ -30,14 +32,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from properties.harness import Harness
 from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
 from reference.oracle import RecordedOracle, RecordExhausted
+from reference.sglang_dllm import SGLANG_ORDER_POLICY, SglangOrderScheduler
 from schedspec_cli.output import output_file, write_json
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SchedSpecError
 from spec.events import Admitted, BlockCommitted, ControlReturned, Event, Forward, StepResult
-from spec.profile import DllmProfile
+from spec.profile import DllmPolicy, DllmProfile
 
 Op = tuple[str, RequestSpec | None]  # ("submit", request) or ("round", None)
+#: --against: the scheduler class and the policy it follows (and is checked under)
+AGAINST: dict[str, tuple[type[ReferenceDllmScheduler], DllmPolicy]] = {
+    "sglang-order": (SglangOrderScheduler, SGLANG_ORDER_POLICY),
+    "prefill-first": (ReferenceDllmScheduler, PREFILL_FIRST_POLICY),
+}
 Rounds = list[list[list[tuple[str, int]]]]  # per round, per forward, its (request, block) rows
 
 
@@ -93,8 +101,9 @@ def admissions(events: Sequence[Event]) -> list[str]:
     return [e.request_id for e in events if isinstance(e, Admitted)]
 
 
-def replaying(events: Sequence[Event], config: DllmConfig) -> Any:
-    """A factory for the reference under PREFILL_FIRST that denoises as `events` record."""
+def replaying(events: Sequence[Event], config: DllmConfig, against: str) -> Any:
+    """A factory for the scheduler `against` names that denoises as `events` record."""
+    cls, policy = AGAINST[against]
     steps = [
         ((e.request_id, e.block_index), e.accept_length == config.block_size, e.masks_remaining)
         for e in events
@@ -106,7 +115,7 @@ def replaying(events: Sequence[Event], config: DllmConfig) -> Any:
 
     def factory(cfg: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
         oracle = RecordedOracle.from_steps(steps, finals, cfg.mask_token_id)
-        return ReferenceDllmScheduler(cfg, sink, oracle, policy=PREFILL_FIRST_POLICY)
+        return cls(cfg, sink, oracle, policy=policy)
 
     return factory
 
@@ -121,9 +130,9 @@ class Comparison:
     reference: Rounds | None
 
 
-def compare(seed: int) -> Comparison:
-    """Program `seed` through SGLang with the fixes and through the replaying reference (call
-    inside `sglang_fixed(FIX_NAMES)`)."""
+def compare(seed: int, against: str = "sglang-order") -> Comparison:
+    """Program `seed` through SGLang with the fixes and through the replaying scheduler
+    `against` names (call inside `sglang_fixed(FIX_NAMES)`)."""
     from integrations.sglang import REAL_SGLANG_DLLM
 
     space = dataclasses.replace(
@@ -137,7 +146,8 @@ def compare(seed: int) -> Comparison:
         ops,
     )
     try:
-        theirs = run(replaying(ours, config), DllmProfile(policy=PREFILL_FIRST_POLICY), config, ops)
+        profile = DllmProfile(policy=AGAINST[against][1])
+        theirs = run(replaying(ours, config, against), profile, config, ops)
     except RecordExhausted:
         return Comparison(seed, False, False, True, forward_rounds(ours), None)
     same_forwards = forward_rounds(ours) == forward_rounds(theirs)
@@ -151,16 +161,19 @@ def compare(seed: int) -> Comparison:
     )
 
 
-def compare_programs(programs: int) -> list[Comparison]:
+def compare_programs(programs: int, against: str = "sglang-order") -> list[Comparison]:
     from integrations.sglang.fixes import FIX_NAMES, sglang_fixed
 
     with sglang_fixed(FIX_NAMES):
-        return [compare(seed) for seed in range(programs)]
+        return [compare(seed, against) for seed in range(programs)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/sglang_vs_reference.py")
     parser.add_argument("--programs", type=int, default=200, help="programs (seeds 0..N-1)")
+    parser.add_argument(
+        "--against", choices=list(AGAINST), default="sglang-order", help="the scheduler compared"
+    )
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the counts to this file"
     )
@@ -169,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("argument --programs: must be >= 1")
     start = time.perf_counter()
     try:
-        results = compare_programs(args.programs)
+        results = compare_programs(args.programs, args.against)
     except SchedSpecError as err:  # SGLang not installed
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -188,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "diverged (the record ran out)": sum(r.diverged for r in results),
     }
+    print(f"SGLang 0.5.23 with the five fixes against {args.against}:")
     width = max(len(k) for k in counts)
     for key, value in counts.items():
         print(f"{key:<{width}}  {value:>5}")
     print(f"({seconds:.1f} s)")
     if args.json:
         differing = [dataclasses.asdict(r) for r in results if not r.same_forwards][:20]
-        write_json(args.json, {"counts": counts, "seconds": seconds, "differing": differing})
+        payload = {"against": args.against, "counts": counts, "seconds": seconds}
+        write_json(args.json, {**payload, "differing": differing})
     return 0
 
 

@@ -18,6 +18,7 @@ from reference.dllm import (
     make_scheduler,
     make_scripted_scheduler,
 )
+from reference.sglang_dllm import SGLANG_DLLM_ORDER
 from schedspec_cli.main import main
 from spec.implementation import DllmImplementation
 
@@ -33,8 +34,8 @@ def test_reference_conforms(factory) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "impl",
-    [REFERENCE_DLLM_PREFILL_FIRST, REFERENCE_DLLM_ROWS_RELEASED],
-    ids=["prefill-first", "rows-released"],
+    [REFERENCE_DLLM_PREFILL_FIRST, REFERENCE_DLLM_ROWS_RELEASED, SGLANG_DLLM_ORDER],
+    ids=["prefill-first", "rows-released", "sglang-order"],
 )
 def test_reference_conforms_under_its_policy(impl: DllmImplementation) -> None:
     """The reference's policy variants pass the suite under their own profiles (the spec
