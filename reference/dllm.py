@@ -220,11 +220,21 @@ class ReferenceDllmScheduler:
         """FCFS: admit the head while it fits; stop at the first that does not. Under
         PREFILL_FIRST, requests whose first block is prompt-only go first."""
         if self.policy.admission is DllmAdmission.PREFILL_FIRST:
-            while True:
-                first = next((r for r in self.waiting if self._prompt_only(r, 0)), None)
-                if first is None or not self._fits(first):
-                    break
-                self._admit_one(first)
+            self._admit_prefill_requests(list(self.waiting))
+        self._admit_fcfs()
+
+    def _admit_prefill_requests(self, candidates: list[_Req]) -> None:
+        """Admit the candidates whose first block is prompt-only, in order, while each fits
+        (FCFS among them: one that does not fit is not passed)."""
+        for req in candidates:
+            if not self._prompt_only(req, 0):
+                continue
+            if not self._fits(req):
+                return
+            self._admit_one(req)
+
+    def _admit_fcfs(self) -> None:
+        """Admit the head of the queue while it fits."""
         while self.waiting and self._fits(self.waiting[0]):
             self._admit_one(self.waiting[0])
 
@@ -263,12 +273,19 @@ class ReferenceDllmScheduler:
         """The running requests that hold a row; under PREFILL_FIRST only those whose next
         block is prompt-only, if there are any (a batch is prefill-only or decode-only, and
         prefill goes first)."""
-        ready = [r for r in self.running if r.row is not None]
         if self.policy.admission is DllmAdmission.PREFILL_FIRST:
-            prefill = [r for r in ready if self._prompt_only(r, r.committed_blocks)]
+            prefill = self._prefill_rows()
             if prefill:
                 return prefill
-        return ready
+        return [r for r in self.running if r.row is not None]
+
+    def _prefill_rows(self) -> list[_Req]:
+        """The running requests that hold a row and whose next block is prompt-only."""
+        return [
+            r
+            for r in self.running
+            if r.row is not None and self._prompt_only(r, r.committed_blocks)
+        ]
 
     def _start_block(self, req: _Req) -> None:
         """A fresh block: prompt tokens at prompt positions, masks elsewhere."""

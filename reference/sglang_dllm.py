@@ -34,23 +34,10 @@ class SglangOrderScheduler(ReferenceDllmScheduler):
 
     def _admit(self) -> None:
         window = self.waiting[: max(0, self.config.max_running_requests - len(self.running))]
-        for req in window:
-            if not self._prompt_only(req, 0):
-                continue
-            if not self._fits(req):
-                break  # FCFS among the prefill requests: a later one does not pass it
-            self._admit_one(req)
-        if self._prefill_round():
-            return  # decode requests wait for a decode round
-        while self.waiting and self._fits(self.waiting[0]):
-            self._admit_one(self.waiting[0])
-
-    def _prefill_round(self) -> bool:
-        """This round's batch is a prefill batch: a running request with a row has a
-        prompt-only next block."""
-        return any(
-            self._prompt_only(r, r.committed_blocks) for r in self.running if r.row is not None
-        )
+        self._admit_prefill_requests(window)
+        if self._prefill_rows():
+            return  # a prefill round: decode requests wait for a decode round
+        self._admit_fcfs()
 
 
 def make_sglang_order_scheduler(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:

@@ -358,13 +358,8 @@ class AdmitsLastPrefillFirst(ReferenceDllmScheduler):
     """PREFILL_FIRST admission that takes the latest prefill request in the queue first."""
 
     def _admit(self) -> None:
-        while True:
-            prefill = [r for r in self.waiting if self._prompt_only(r, 0)]
-            if not prefill or not self._fits(prefill[-1]):
-                break
-            self._admit_one(prefill[-1])
-        while self.waiting and self._fits(self.waiting[0]):
-            self._admit_one(self.waiting[0])
+        self._admit_prefill_requests(list(reversed(self.waiting)))
+        self._admit_fcfs()
 
 
 class ReleasesRowUnderReuse(ReferenceDllmScheduler):
