@@ -341,17 +341,14 @@ class MixesPrefillAndDecode(ReferenceDllmScheduler):
         return [r for r in self.running if r.row is not None]
 
 
-class DecodesFirst(ReferenceDllmScheduler):
-    """PREFILL_FIRST with the batches the wrong way round: every block is allocated, then the
-    decode rows run first while the prompt blocks wait."""
+class DecodesFirst(MixesPrefillAndDecode):
+    """PREFILL_FIRST with the batches the wrong way round: every block is allocated (as in
+    `MixesPrefillAndDecode`), then the decode rows run first while the prompt blocks wait."""
 
     def _prepare_batch(self) -> list[_Req]:
         everyone = super()._prepare_batch()
         decode = [r for r in everyone if not self._prompt_only(r, r.committed_blocks)]
         return decode or everyone
-
-    def _batch_candidates(self) -> list[_Req]:
-        return [r for r in self.running if r.row is not None]
 
 
 class AdmitsLastPrefillFirst(ReferenceDllmScheduler):
