@@ -1,7 +1,8 @@
 """Soak: a server-like run of the torch engine, RSS at the start, every 1,000 requests and the end.
 
 .venv/bin/python scripts/soak_engine.py [--requests 10000] [--model tiny|shipped]
-    [--abort-rate 0.1] [--seed 1] [--record] [--forward-log-cap N] [--json PATH]
+    [--abort-rate 0.1] [--seed 1] [--record] [--forward-log-cap N] [--device cpu|cuda[:N]]
+    [--json PATH]
 
 The loop keeps 16 requests queued or running, runs one round at a time, takes the finished
 outputs after every round (as a server streams them out) and aborts about `--abort-rate` of the
@@ -10,6 +11,12 @@ what is measured is the engine's own state. A flat RSS column, with the engine's
 (`DllmEngine.retained_sizes`) staying at their caps or below, is the pass condition the issue
 sets ("the soak shows flat memory"); the script prints a table and writes JSON, it asserts
 nothing about time.
+
+On CUDA each row also reports the memory torch holds allocated on the device
+(`torch.cuda.memory_allocated`, after the round's work is done), so a device-side leak shows as
+a growing column. At every row the KV slots in use and the rows held are read from the engine;
+once every request has finished or been aborted both must be 0. Exit 1 when they are not (a
+leak), 2 on a bad flag or an unusable device, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -23,9 +30,18 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gpu.algorithms import make_algorithm
-from gpu.engine import FORWARD_LOG_CAP, DllmEngine, _shipped_model, tiny_model
+from gpu.bench import device_name
+from gpu.engine import (
+    FORWARD_LOG_CAP,
+    DllmEngine,
+    _shipped_model,
+    resolve_device,
+    tiny_model,
+    wait_for_device,
+)
 from schedspec_cli.output import output_file, write_json
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SchedSpecError
 from spec.events import Event
 
 IN_FLIGHT = 16  # requests kept queued or running
@@ -63,6 +79,8 @@ class Checkpoint:
     rss_kib: int
     seconds: float
     sizes: dict[str, int]
+    used_slots: int  # KV slots the allocator has handed out and not had back
+    device_allocated_kib: int | None  # torch's allocated memory on a CUDA device; None on CPU
 
 
 class CountingSink:
@@ -75,6 +93,14 @@ class CountingSink:
         self.events += 1
 
 
+def device_allocated_kib(device: torch.device) -> int | None:
+    """torch's allocated memory on a CUDA device in KiB, once its queued work is done."""
+    if device.type != "cuda":
+        return None
+    wait_for_device(device)
+    return torch.cuda.memory_allocated(device) // 1024
+
+
 def soak(
     requests: int,
     model_name: str,
@@ -83,24 +109,40 @@ def soak(
     record: bool,
     forward_log_cap: int,
     every: int,
+    device: torch.device,
 ) -> tuple[list[Checkpoint], dict[str, int]]:
     torch.set_num_threads(1)
-    model = tiny_model("cpu") if model_name == "tiny" else _shipped_model("cpu")
+    model = tiny_model(str(device)) if model_name == "tiny" else _shipped_model(str(device))
     sink = CountingSink()
     engine = DllmEngine(
         CONFIG,
         sink,
         model=model,
         algorithm=make_algorithm("LowConfidence", {}),
+        device=device,
         record=record,
         forward_log_cap=forward_log_cap,
     )
+
+    def checkpoint(done: int, seconds: float) -> Checkpoint:
+        return Checkpoint(
+            done,
+            finished,
+            aborted,
+            engine.round_index,
+            rss_kib(),
+            seconds,
+            engine.retained_sizes(),
+            engine.allocator.used_slots(),
+            device_allocated_kib(device),
+        )
+
     rng = random.Random(seed)
     abort_at: dict[str, int] = {}  # request id -> round at which to abort it (if still live)
     live: set[str] = set()
     submitted = finished = aborted = tokens = 0
     start = time.perf_counter()
-    checkpoints = [Checkpoint(0, 0, 0, 0, rss_kib(), 0.0, engine.retained_sizes())]
+    checkpoints = [checkpoint(0, 0.0)]
     next_mark = every
     while submitted < requests or live:
         while submitted < requests and len(live) < IN_FLIGHT:
@@ -125,17 +167,7 @@ def soak(
             tokens += len(output)
         done = finished + aborted
         if done >= next_mark or (submitted == requests and not live):
-            checkpoints.append(
-                Checkpoint(
-                    done,
-                    finished,
-                    aborted,
-                    engine.round_index,
-                    rss_kib(),
-                    time.perf_counter() - start,
-                    engine.retained_sizes(),
-                )
-            )
+            checkpoints.append(checkpoint(done, time.perf_counter() - start))
             while next_mark <= done:
                 next_mark += every
     totals = {
@@ -172,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", default="1000", help="a table row every N requests done")
     p.add_argument("--record", action="store_true", help="keep the (capped) forward log")
     p.add_argument("--forward-log-cap", default=str(FORWARD_LOG_CAP))
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--json", type=output_file, default=None, help="write the checkpoints here")
     ns = p.parse_args(argv)
     requests = _positive("--requests", ns.requests, 1)
@@ -184,24 +217,31 @@ def main(argv: list[str] | None = None) -> int:
         abort_rate = -1.0
     if not 0.0 <= abort_rate <= 1.0:
         return _usage(f"--abort-rate: {ns.abort_rate!r} is not a number in [0, 1]")
+    try:
+        device = resolve_device(ns.device)
+    except SchedSpecError as exc:
+        return _usage(f"--device: {exc}")
 
-    checkpoints, totals = soak(requests, ns.model, abort_rate, seed, ns.record, cap, every)
+    checkpoints, totals = soak(requests, ns.model, abort_rate, seed, ns.record, cap, every, device)
     print(
         f"soak: {requests} requests, model {ns.model}, abort rate {abort_rate}, seed {seed}, "
         f"record {ns.record}; {IN_FLIGHT} in flight, max_running "
-        f"{CONFIG.max_running_requests}, block {CONFIG.block_size}, FDFO + reuse"
+        f"{CONFIG.max_running_requests}, block {CONFIG.block_size}, FDFO + reuse; "
+        f"device {device_name(device)}"
     )
     print(
-        f"{'done':>6} {'finished':>8} {'aborted':>7} {'rounds':>7} {'RSS MiB':>8} {'s':>7} "
-        f"{'outputs':>7} {'fwd log':>7} {'retired':>7} {'live':>5} {'handles':>7}"
+        f"{'done':>6} {'finished':>8} {'aborted':>7} {'rounds':>7} {'RSS MiB':>8} {'dev MiB':>8} "
+        f"{'s':>7} {'outputs':>7} {'fwd log':>7} {'retired':>7} {'live':>5} {'handles':>7} "
+        f"{'slots':>5} {'rows':>4}"
     )
     for c in checkpoints:
         s = c.sizes
+        dev = "-" if c.device_allocated_kib is None else f"{c.device_allocated_kib / 1024:.1f}"
         print(
             f"{c.requests_done:>6} {c.finished:>8} {c.aborted:>7} {c.rounds:>7} "
-            f"{c.rss_kib / 1024:>8.1f} {c.seconds:>7.1f} {s['outputs']:>7} "
+            f"{c.rss_kib / 1024:>8.1f} {dev:>8} {c.seconds:>7.1f} {s['outputs']:>7} "
             f"{s['forward_log']:>7} {s['retired_ids']:>7} {s['live_ids']:>5} "
-            f"{s['allocator_handles']:>7}"
+            f"{s['allocator_handles']:>7} {c.used_slots:>5} {s['held_rows']:>4}"
         )
     first = checkpoints[1] if len(checkpoints) > 1 else checkpoints[0]
     last = checkpoints[-1]
@@ -210,6 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         f"requests {first.rss_kib / 1024:.1f} MiB, end {last.rss_kib / 1024:.1f} MiB "
         f"(end - after first row: {(last.rss_kib - first.rss_kib) / 1024:+.1f} MiB); "
         + ", ".join(f"{k} {v}" for k, v in totals.items())
+    )
+    last_sizes = last.sizes
+    leaked = last.used_slots or last_sizes["held_rows"] or last_sizes["allocator_handles"]
+    print(
+        f"LEAK at the end: {last.used_slots} KV slots in use, {last_sizes['held_rows']} rows "
+        f"held, {last_sizes['allocator_handles']} allocator handles live"
+        if leaked
+        else "every request ended: no KV slot in use, no row held, no allocator handle live"
     )
     if ns.json is not None:
         payload = {
@@ -220,13 +268,15 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "record": ns.record,
             "forward_log_cap": cap,
+            "device": device_name(device),
+            "leaked": bool(leaked),
             "in_flight": IN_FLIGHT,
             "config": {k: str(v) for k, v in asdict(CONFIG).items()},
             "totals": totals,
             "checkpoints": [asdict(c) for c in checkpoints],
         }
         write_json(ns.json, payload)
-    return 0
+    return 1 if leaked else 0
 
 
 if __name__ == "__main__":

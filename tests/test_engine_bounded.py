@@ -7,15 +7,19 @@ benchmark, scripts/soak_engine.py, reports RSS).
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from gpu.algorithms import make_algorithm
+from gpu.allocator import PagedKvAllocator
 from gpu.engine import DllmEngine, NoRetainedOutput, tiny_model
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, DuplicateRequest
+from tests.script_module import load_script
 
 torch.set_num_threads(1)
 
@@ -149,3 +153,33 @@ def test_duplicate_ids_refused_within_the_window_accepted_beyond() -> None:
 def test_caps_are_validated(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         _engine(**{field: value})
+
+
+def test_the_soak_ends_with_nothing_held_and_exits_1_on_a_leak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The soak's own verdict: after every request ends no KV slot, row or handle is held
+    (exit 0); an engine that keeps its slots when a request ends is reported (exit 1)."""
+    soak = load_script("soak_engine")
+    out = tmp_path / "soak.json"
+    assert soak.main(["--requests", "40", "--every", "20", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    last = report["checkpoints"][-1]
+    assert report["leaked"] is False and report["device"].startswith("cpu")
+    assert last["requests_done"] == 40 and last["used_slots"] == 0
+    assert last["sizes"]["held_rows"] == 0 and last["device_allocated_kib"] is None
+    assert any(c["used_slots"] > 0 for c in report["checkpoints"][1:-1])  # the column is live
+    capsys.readouterr()
+
+    monkeypatch.setattr(PagedKvAllocator, "free_all", lambda self, handle: None)
+    assert soak.main(["--requests", "6", "--abort-rate", "0"]) == 1
+    assert "LEAK at the end:" in capsys.readouterr().out
+
+
+def test_the_soak_refuses_an_unusable_device_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    soak = load_script("soak_engine")
+    assert soak.main(["--requests", "1", "--device", "tpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("soak_engine: error: --device:") and err.count("\n") == 1
