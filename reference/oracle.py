@@ -22,6 +22,8 @@ from typing import Protocol
 import numpy as np
 
 from reference.algorithms import FloatArray, IntArray, StepAlgorithm, make_step_algorithm
+from spec.config import DllmConfig
+from spec.events import BlockCommitted, Event, StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,20 @@ class RecordedOracle:
         scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in per_block.items()}
         return cls(scripts, mask_id)
 
+    @classmethod
+    def from_events(cls, events: Sequence[Event], config: DllmConfig) -> RecordedOracle:
+        """From another implementation's event stream under `config`: its `StepResult`s (a
+        step is done when it accepts the whole block) and its `BlockCommitted` tokens."""
+        steps = [
+            ((e.request_id, e.block_index), e.accept_length == config.block_size, e.masks_remaining)
+            for e in events
+            if isinstance(e, StepResult)
+        ]
+        finals = {
+            (e.request_id, e.block_index): e.tokens for e in events if isinstance(e, BlockCommitted)
+        }
+        return cls.from_steps(steps, finals, config.mask_token_id)
+
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
         return 0
 
@@ -204,7 +220,7 @@ class RecordedOracle:
             if script is None or n >= len(script.steps):
                 taken = 0 if script is None else len(script.steps)
                 raise RecordExhausted(
-                    f"block {key} stepped a {n + 1}th time; the record has {taken} steps"
+                    f"block {key} needs step {n + 1}; the record has {taken} step(s) of it"
                 )
             done, masks_left = script.steps[n]
             final = script.final or tuple(0 for _ in row.tokens)

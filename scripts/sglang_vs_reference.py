@@ -4,7 +4,8 @@ by decision.
     .venv/bin/python scripts/sglang_vs_reference.py --programs 200 [--against NAME] [--json FILE]
 
 Each generated program (a configuration inside SGLang's space with the fixes: page = block, any
-pool, rows <= seats; submissions with rounds between them, then a drain) runs through SGLang
+pool, rows <= seats, in about half of them an EOS token; submissions with rounds between them and
+in about half of them aborts, then a drain) runs through SGLang
 with the five fixes (`integrations.sglang.fixes`), then through the scheduler `--against`
 names, driven by a `RecordedOracle` that replays SGLang's own step outcomes: both denoise
 alike, so only the scheduling decisions can differ. `sglang-order` (the default) is SGLang's
@@ -25,32 +26,47 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.sglang.engine import scripted_token
+from properties.decisions import (
+    Abort,
+    Operation,
+    Round,
+    Rounds,
+    Submit,
+    admissions,
+    apply_operations,
+    forward_rounds,
+)
 from properties.harness import Harness
 from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
 from reference.oracle import RecordedOracle, RecordExhausted
 from reference.sglang_dllm import SGLANG_ORDER_POLICY, SglangOrderScheduler
 from schedspec_cli.output import output_file, write_json
-from spec.adapter import EventSink
+from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SchedSpecError
-from spec.events import Admitted, BlockCommitted, ControlReturned, Event, Forward, StepResult
+from spec.events import Event
 from spec.profile import DllmPolicy, DllmProfile
 
-Op = tuple[str, RequestSpec | None]  # ("submit", request) or ("round", None)
 #: --against: the scheduler class and the policy it follows (and is checked under)
 AGAINST: dict[str, tuple[type[ReferenceDllmScheduler], DllmPolicy]] = {
     "sglang-order": (SglangOrderScheduler, SGLANG_ORDER_POLICY),
     "prefill-first": (ReferenceDllmScheduler, PREFILL_FIRST_POLICY),
 }
-Rounds = list[list[list[tuple[str, int]]]]  # per round, per forward, its (request, block) rows
 
 
-def program(seed: int) -> tuple[DllmConfig, list[Op]]:
-    """A configuration inside SGLang's space with the fixes, and the submissions and rounds."""
+def program(seed: int) -> tuple[DllmConfig, list[Operation]]:
+    """A configuration inside SGLang's space with the fixes, and the submissions, rounds and
+    aborts.
+
+    The configuration, submissions and rounds come from one stream of `seed`. A second stream
+    adds, each in about half the programs, an EOS token (one that the scripted step writes into
+    one request's output, so that request can end early) and one or two aborts of a submitted
+    request at a random later point (queued, running or already ended: `Harness.abort` takes
+    each)."""
     rng = random.Random(seed)
     block = rng.choice([2, 3, 4])
     mode = rng.choice([Mode.SYNC, Mode.FDFO])
@@ -65,57 +81,35 @@ def program(seed: int) -> tuple[DllmConfig, list[Op]]:
         mode=mode,
         in_place_reuse=mode is Mode.FDFO,
     )
-    ops: list[Op] = []
+    ops: list[Operation] = []
+    requests: list[RequestSpec] = []
     for i in range(rng.randint(1, 6)):
         prompt_len = rng.randint(1, config.max_context - 1)
         max_new = rng.randint(1, config.max_context - prompt_len)
         prompt = tuple(rng.randrange(15) for _ in range(prompt_len))
-        ops.append(("submit", RequestSpec(f"r{i}", prompt, max_new)))
-        ops += [("round", None)] * rng.randint(0, 2)
+        requests.append(RequestSpec(f"r{i}", prompt, max_new))
+        ops.append(Submit(requests[-1]))
+        ops += [Round()] * rng.randint(0, 2)
+    extra = random.Random(f"extras-{seed}")
+    if extra.random() < 0.5:
+        target = extra.choice(requests)
+        position = len(target.prompt) + extra.randrange(target.max_new_tokens)
+        eos = scripted_token(target.request_id, position, config.mask_token_id)
+        config = dataclasses.replace(config, eos_token_id=eos)
+    if extra.random() < 0.5:
+        for _ in range(extra.randint(1, 2)):
+            request = extra.choice(requests)
+            first = ops.index(Submit(request))
+            ops.insert(extra.randint(first + 1, len(ops)), Abort(request.request_id))
     return config, ops
 
 
-def run(factory: Any, profile: DllmProfile, config: DllmConfig, ops: Sequence[Op]) -> list[Event]:
-    """The program's events under the harness (every event checked against the profile)."""
-    h = Harness(factory, config, profile=profile)
-    for _, request in ops:
-        if request is not None:
-            h.submit(request)
-        else:
-            h.round()
-    h.drain()
-    return h.events
-
-
-def forward_rounds(events: Sequence[Event]) -> Rounds:
-    rounds: Rounds = [[]]
-    for e in events:
-        if isinstance(e, Forward):
-            rounds[-1].append(sorted((r.request_id, r.block_index) for r in e.rows))
-        elif isinstance(e, ControlReturned):
-            rounds.append([])
-    return rounds
-
-
-def admissions(events: Sequence[Event]) -> list[str]:
-    return [e.request_id for e in events if isinstance(e, Admitted)]
-
-
-def replaying(events: Sequence[Event], config: DllmConfig, against: str) -> Any:
+def replaying(events: Sequence[Event], against: str) -> ImplementationFactory:
     """A factory for the scheduler `against` names that denoises as `events` record."""
     cls, policy = AGAINST[against]
-    steps = [
-        ((e.request_id, e.block_index), e.accept_length == config.block_size, e.masks_remaining)
-        for e in events
-        if isinstance(e, StepResult)
-    ]
-    finals = {
-        (e.request_id, e.block_index): e.tokens for e in events if isinstance(e, BlockCommitted)
-    }
 
-    def factory(cfg: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
-        oracle = RecordedOracle.from_steps(steps, finals, cfg.mask_token_id)
-        return cls(cfg, sink, oracle, policy=policy)
+    def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return cls(config, sink, RecordedOracle.from_events(events, config), policy=policy)
 
     return factory
 
@@ -139,17 +133,20 @@ def compare(seed: int, against: str = "sglang-order") -> Comparison:
         REAL_SGLANG_DLLM.profile.space, rows_equal_max_running=False, kv_headroom_pages=None
     )
     config, ops = program(seed)
-    ours = run(
+    sglang = Harness(
         REAL_SGLANG_DLLM.factory,
-        dataclasses.replace(REAL_SGLANG_DLLM.profile, space=space),
         config,
-        ops,
+        profile=dataclasses.replace(REAL_SGLANG_DLLM.profile, space=space),
     )
+    apply_operations(sglang, ops)
+    ours = sglang.events
+    profile = DllmProfile(policy=AGAINST[against][1])
+    other = Harness(replaying(ours, against), config, profile=profile)
     try:
-        profile = DllmProfile(policy=AGAINST[against][1])
-        theirs = run(replaying(ours, config, against), profile, config, ops)
+        apply_operations(other, ops)
     except RecordExhausted:
         return Comparison(seed, False, False, True, forward_rounds(ours), None)
+    theirs = other.events
     same_forwards = forward_rounds(ours) == forward_rounds(theirs)
     return Comparison(
         seed,

@@ -23,14 +23,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, multiple, rule, run_state_machine_as_test
 
 from integrations.patches import FixDoesNotApply, FixSet, module_file
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
+from properties.conformance_base import ConformanceBase
+from properties.decisions import apply_operations, first_difference, operations
 from properties.harness import Harness
+from reference.oracle import RecordedOracle, RecordExhausted
+from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_POLICY, SglangOrderScheduler
+from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Forward
@@ -179,12 +184,12 @@ def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
     )
 
 
-def _run_suite(machine: type[RuleBasedStateMachine]) -> None:
-    """Run a suite machine for SCHEDSPEC_SGLANG_EXAMPLES examples (40 by default)."""
+def _run_suite(machine: type[RuleBasedStateMachine], examples: int | None = None) -> None:
+    """Run a suite machine for `examples` examples (default SCHEDSPEC_SGLANG_EXAMPLES, 40)."""
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
+            max_examples=examples or int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=list(HealthCheck),
@@ -508,17 +513,118 @@ EVERY_FIX_SPACE = dataclasses.replace(
 )
 
 
+def _deciding_as_its_admission_order(
+    machine: type[RuleBasedStateMachine],
+) -> type[RuleBasedStateMachine]:
+    """`machine` with a decision oracle at the end of every example: the example's operations
+    (`properties.decisions.operations`, from SGLang's own events) run again through SGLang's
+    admission order (`reference.sglang_dllm`), which replays SGLang's step outcomes; both must
+    admit the same requests in the same rounds and run the same rows in every forward."""
+    base: Any = machine
+
+    class DecidesAsItsAdmissionOrder(base):  # type: ignore[misc]
+        @rule(target=ConformanceBase.requests, data=st.data())
+        def submit_a_pool_share(self, data: st.DataObject) -> object:
+            """Submit a request needing a page up to half the pool: several are then in
+            flight at once, and whether the next one fits is a page-exact question."""
+            cfg = self.harness.config
+            b = cfg.block_size
+            pages = data.draw(st.integers(1, max(1, cfg.kv_pages // 2)), label="pages")
+            tokens = min(pages * b, cfg.max_context)
+            prompt_len = data.draw(st.integers(1, max(1, tokens - 1)), label="prompt length")
+            request = RequestSpec(self.new_id(), (0,) * prompt_len, max(1, tokens - prompt_len))
+            err = self.run("submit", self.harness.submit, request)
+            return multiple() if err is not None else request.request_id
+
+        def teardown_checks(self) -> None:
+            super().teardown_checks()
+            ours = self.harness.events
+
+            def admission_order(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:
+                oracle = RecordedOracle.from_events(ours, config)
+                return SglangOrderScheduler(config, sink, oracle, policy=SGLANG_ORDER_POLICY)
+
+            h = Harness(admission_order, self.harness.config, profile=SGLANG_DLLM_ORDER.profile)
+            try:
+                apply_operations(h, operations(ours))
+                ran_out = ""
+            except RecordExhausted as err:  # only after a decision differed
+                ran_out = f" (replaying SGLang's step outcomes then ran out: {err})"
+            difference = first_difference(ours, h.events, ("SGLang", "its admission order"))
+            if difference is not None or ran_out:
+                raise AssertionError(
+                    f"SGLang decided otherwise than its admission order: {difference}{ran_out}"
+                )
+
+    return DecidesAsItsAdmissionOrder
+
+
+def _every_fix_machine(
+    configs: st.SearchStrategy[DllmConfig] | None = None,
+) -> type[RuleBasedStateMachine]:
+    return _deciding_as_its_admission_order(
+        conformance_machine(
+            REAL_SGLANG_DLLM.factory,
+            profile=EVERY_FIX_SPACE,
+            configs=configs,
+            parity="always",
+            name="EveryFix",
+        )
+    )
+
+
 def test_suite_passes_below_the_headroom_with_every_fix() -> None:
     """With the five fixes SGLang needs neither `kv_headroom_pages` nor as many rows as seats:
     the dLLM suite draws pools of any size (down to half a max_context request) and fewer rows
     than max_running, and passes. Without them 0.5.23 fails it within 100 examples
     (`progress`, an idle engine admitting nothing: docs/engines.md). The code run is the
-    edited SGLang files (`scripts/engine_fixes_diff.py sglang` prints them as a patch)."""
-    machine = conformance_machine(
-        REAL_SGLANG_DLLM.factory, profile=EVERY_FIX_SPACE, parity="always", name="EveryFix"
-    )
+    edited SGLang files (`scripts/engine_fixes_diff.py sglang` prints them as a patch).
+
+    Every example is also a differential: SGLang decides exactly as its admission order
+    (`reference.sglang_dllm`) does on the same operations and step outcomes."""
     with sglang_fixed(EVERY_FIX):
-        _run_suite(machine)
+        _run_suite(_every_fix_machine())
+
+
+def _tight_pools() -> st.SearchStrategy[DllmConfig]:
+    """Two or three seats and rows over a pool of three to eight pages of one block each: where
+    a page more or less charged per admission decides who is admitted."""
+    return st.builds(
+        lambda b, seats, pages, mode: DllmConfig(
+            block_size=b,
+            page_size=b,
+            kv_pages=pages,
+            req_pool_rows=seats,
+            max_running_requests=seats,
+            max_context=8 * b,
+            mode=mode,
+            in_place_reuse=mode is Mode.FDFO,
+        ),
+        st.just(4),
+        st.integers(2, 3),
+        st.integers(3, 8),
+        st.sampled_from([Mode.SYNC, Mode.FDFO]),
+    )
+
+
+def test_the_decision_oracle_catches_the_rounding_page_charge() -> None:
+    """The decision oracle has teeth where the spec has none: with the worst-case estimate
+    still charging each admitted request a rounding page (`per_req_token_overhead`), SGLang
+    conforms (its profile is not work-conserving) but admits a fitting request later than its
+    admission order does, and the suite above fails on that, naming the round."""
+    estimate = fixes.WORST_CASE_ESTIMATE
+    charging = dataclasses.replace(
+        estimate, edits=estimate.edits[:-1], methods=estimate.methods[:1]
+    )
+    assert "per_req_token_overhead" in estimate.edits[-1][2], "the edit this test drops moved"
+    variant = dataclasses.replace(
+        SGLANG_FIXES, fixes=tuple(charging if f is estimate else f for f in SGLANG_FIXES.fixes)
+    )
+    with variant.applied(EVERY_FIX), pytest.raises(AssertionError) as caught:
+        _run_suite(_every_fix_machine(_tight_pools()), examples=300)
+    message = str(caught.value)
+    assert message.startswith("SGLang decided otherwise than its admission order: round "), message
+    assert " admits " in message, message
 
 
 def test_with_every_fix_sglang_is_still_not_work_conserving() -> None:

@@ -1,0 +1,136 @@
+"""Scheduling decisions, compared: one implementation's event stream against another's.
+
+Two dLLM schedulers that denoise alike (the second replays the first's step outcomes, e.g. with
+`reference.oracle.RecordedOracle`) can still differ in what they decide: which request is
+admitted when, and which blocks each forward runs. This module reads those decisions out of an
+event stream, recovers the operations a stream records so a second implementation can be driven
+through the same ones, and names the first decision where two streams part.
+
+- `operations(events)`: the submissions, effective aborts and rounds, in order. A rejected
+  submission and an abort of a request that had already ended leave no event and change
+  nothing, so they are not needed to reproduce the run; `drain` shows as the rounds it ran.
+  `apply_operations(harness, ops)` runs them on another implementation.
+- `admissions(events)`: the request ids in the order they were admitted.
+- `forward_rounds(events)`: per round, per forward, the sorted (request, block) rows.
+- `first_difference(ours, theirs)`: None when both streams admit alike and forward alike,
+  else one readable line naming the first round where they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from properties.harness import Harness
+from spec.config import RequestSpec
+from spec.events import Aborted, Admitted, ControlReturned, Event, Forward, Submitted
+
+Rows = list[tuple[str, int]]  # one forward's (request id, block index) rows, sorted
+Rounds = list[list[Rows]]  # per round, its forwards
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request: RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    pass
+
+
+Operation = Submit | Abort | Round
+
+
+def operations(events: Sequence[Event]) -> list[Operation]:
+    """The operations that reproduce `events`' run: one per `Submitted`, `Aborted` and
+    `ControlReturned`, in stream order."""
+    ops: list[Operation] = []
+    for e in events:
+        if isinstance(e, Submitted):
+            ops.append(Submit(RequestSpec(e.request_id, e.prompt, e.max_new_tokens)))
+        elif isinstance(e, Aborted):
+            ops.append(Abort(e.request_id))
+        elif isinstance(e, ControlReturned):
+            ops.append(Round())
+    return ops
+
+
+def apply_operations(h: Harness, ops: Sequence[Operation], *, drain: bool = True) -> None:
+    """Run `ops` on the harness `h` (every event checked against the spec under its profile),
+    then a drain unless `drain` is False. The events are `h.events`, also when a step raised."""
+    for op in ops:
+        if isinstance(op, Submit):
+            h.submit(op.request)
+        elif isinstance(op, Abort):
+            h.abort(op.request_id)
+        else:
+            h.round()
+    if drain:
+        h.drain()
+
+
+def admissions(events: Sequence[Event]) -> list[str]:
+    return [e.request_id for e in events if isinstance(e, Admitted)]
+
+
+def forward_rounds(events: Sequence[Event]) -> Rounds:
+    rounds: Rounds = [[]]
+    for e in events:
+        if isinstance(e, Forward):
+            rounds[-1].append(sorted((r.request_id, r.block_index) for r in e.rows))
+        elif isinstance(e, ControlReturned):
+            rounds.append([])
+    return rounds
+
+
+def _admitted_by_round(events: Sequence[Event]) -> list[list[str]]:
+    rounds: list[list[str]] = [[]]
+    for e in events:
+        if isinstance(e, Admitted):
+            rounds[-1].append(e.request_id)
+        elif isinstance(e, ControlReturned):
+            rounds.append([])
+    return rounds
+
+
+def first_difference(
+    ours: Sequence[Event],
+    theirs: Sequence[Event],
+    names: tuple[str, str] = ("the implementation", "the other"),
+) -> str | None:
+    """None when both streams admit the same requests in the same rounds and order and run
+    the same rows in every forward; else the first round where they differ, in one line."""
+    a_admit, b_admit = _admitted_by_round(ours), _admitted_by_round(theirs)
+    a_fwd, b_fwd = forward_rounds(ours), forward_rounds(theirs)
+    for i in range(max(len(a_admit), len(b_admit), len(a_fwd), len(b_fwd))):
+        pairs = (
+            ("admits", _at(a_admit, i), _at(b_admit, i)),
+            ("forwards", _at(a_fwd, i), _at(b_fwd, i)),
+        )
+        for what, a, b in pairs:
+            if a != b:
+                return f"round {i}: {names[0]} {what} {a}, {names[1]} {what} {b}"
+    return None
+
+
+def _at(rounds: Sequence[object], i: int) -> object:
+    return rounds[i] if i < len(rounds) else "nothing (no such round)"
+
+
+__all__ = [
+    "Abort",
+    "Operation",
+    "Round",
+    "Submit",
+    "admissions",
+    "apply_operations",
+    "first_difference",
+    "forward_rounds",
+    "operations",
+]

@@ -1,0 +1,122 @@
+"""`properties.decisions`: operations read back out of an event stream reproduce the run, and
+`first_difference` names the first round where two schedulers decide differently (no engine
+needed; SGLang's suite uses the same functions as its decision oracle)."""
+
+from __future__ import annotations
+
+from properties.decisions import (
+    Abort,
+    Operation,
+    Round,
+    Submit,
+    apply_operations,
+    first_difference,
+    operations,
+)
+from properties.harness import Harness
+from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
+from reference.oracle import RecordedOracle
+from spec.adapter import EventSink
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
+from spec.profile import DllmProfile
+
+CONFIG = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=6,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=8,
+    mode=Mode.FDFO,
+    in_place_reuse=True,
+    eos_token_id=15,
+)
+
+
+def _reference_run() -> Harness:
+    h = Harness(ReferenceDllmScheduler, CONFIG)
+    h.submit(RequestSpec("r0", (1, 2, 3), 3))
+    h.submit(RequestSpec("r1", (4,), 5))
+    assert h.submit(RequestSpec("too-long", (1,) * 8, 4)) is not None  # rejected: no event
+    h.submit(RequestSpec("r2", (5, 6), 4))
+    h.round()
+    h.abort("r2")  # still queued behind two running requests
+    h.drain()
+    assert h.abort("r0") is not None  # already finished: refused, no event
+    return h
+
+
+def test_operations_are_what_changed_the_run_in_stream_order() -> None:
+    h = _reference_run()
+    ops = operations(h.events)
+    rounds = sum(isinstance(e, ControlReturned) for e in h.events)
+    assert [op for op in ops if not isinstance(op, Round)] == [
+        Submit(RequestSpec("r0", (1, 2, 3), 3)),
+        Submit(RequestSpec("r1", (4,), 5)),
+        Submit(RequestSpec("r2", (5, 6), 4)),
+        Abort("r2"),
+    ]
+    assert ops.index(Abort("r2")) == 4  # after the first round, as it was called
+    assert sum(isinstance(op, Round) for op in ops) == rounds > 1
+
+
+def test_a_twin_replaying_the_step_outcomes_reproduces_every_event() -> None:
+    """The operations and `RecordedOracle.from_events` drive a second reference into exactly the
+    first one's events: same decisions, same denoising."""
+    h = _reference_run()
+
+    def twin(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return ReferenceDllmScheduler(config, sink, RecordedOracle.from_events(h.events, config))
+
+    other = Harness(twin, CONFIG)
+    apply_operations(other, operations(h.events))
+    assert other.events == h.events
+    assert first_difference(h.events, other.events) is None
+
+
+def test_the_first_round_whose_admissions_differ_is_named() -> None:
+    """One seat: FCFS admits the one-token head; PREFILL_FIRST lets the whole prompt block behind
+    it pass."""
+    one_seat = CONFIG.replace(max_running_requests=1, req_pool_rows=1)
+    ops: list[Operation] = [
+        Submit(RequestSpec("r0", (1,), 3)),
+        Submit(RequestSpec("r1", (1, 2, 3), 3)),
+        Round(),
+    ]
+
+    def prefill_first(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        return ReferenceDllmScheduler(config, sink, policy=PREFILL_FIRST_POLICY)
+
+    fcfs = Harness(ReferenceDllmScheduler, one_seat)
+    apply_operations(fcfs, ops)
+    other = Harness(prefill_first, one_seat, profile=DllmProfile(policy=PREFILL_FIRST_POLICY))
+    apply_operations(other, ops)
+    assert first_difference(fcfs.events, other.events, ("FCFS", "PREFILL_FIRST")) == (
+        "round 0: FCFS admits ['r0'], PREFILL_FIRST admits ['r1']"
+    )
+
+
+def _forward(*rows: tuple[str, int]) -> Forward:
+    return Forward(tuple(ForwardRow(rid, k, False, 2, 2) for rid, k in rows))
+
+
+def test_the_first_forward_that_differs_is_named_when_admissions_agree() -> None:
+    ours: list[Event] = [
+        Admitted("a", 0),
+        Admitted("b", 1),
+        _forward(("a", 0), ("b", 0)),
+        ControlReturned(0),
+        _forward(("b", 1), ("a", 1)),
+        ControlReturned(1),
+    ]
+    same_rows_other_order = [*ours[:4], _forward(("a", 1), ("b", 1)), ControlReturned(1)]
+    assert first_difference(ours, same_rows_other_order) is None  # a forward's rows are a set
+    theirs = [*ours[:4], _forward(("a", 1)), ControlReturned(1)]
+    assert first_difference(ours, theirs, ("x", "y")) == (
+        "round 1: x forwards [[('a', 1), ('b', 1)]], y forwards [[('a', 1)]]"
+    )
+    shorter = ours[:4]
+    assert first_difference(ours, shorter, ("x", "y")) == (
+        "round 1: x forwards [[('a', 1), ('b', 1)]], y forwards []"
+    )
