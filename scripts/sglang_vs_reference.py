@@ -20,6 +20,7 @@ one line if SGLang is not installed (`schedspec install-engines sglang`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import random
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.sglang import REAL_SGLANG_DLLM
 from integrations.sglang.engine import scripted_token
 from properties.decisions import (
     Abort,
@@ -52,15 +54,18 @@ from spec.events import Event
 from spec.profile import DllmPolicy, DllmProfile
 
 #: --against: the scheduler class and the policy it follows (and is checked under)
+#: the space SGLang 0.5.23 as released declares (rows = seats, a pool with headroom)
+RELEASED_SPACE = REAL_SGLANG_DLLM.profile.space
 AGAINST: dict[str, tuple[type[ReferenceDllmScheduler], DllmPolicy]] = {
     "sglang-order": (SglangOrderScheduler, SGLANG_ORDER_POLICY),
     "prefill-first": (ReferenceDllmScheduler, PREFILL_FIRST_POLICY),
 }
 
 
-def program(seed: int) -> tuple[DllmConfig, list[Operation]]:
-    """A configuration inside SGLang's space with the fixes, and the submissions, rounds and
-    aborts.
+def program(seed: int, released: bool = False) -> tuple[DllmConfig, list[Operation]]:
+    """A configuration inside SGLang's space with the fixes (with `released`: inside the space
+    SGLang 0.5.23 as released declares, as many rows as seats and a pool with its headroom),
+    and the submissions, rounds and aborts.
 
     The configuration, submissions and rounds come from one stream of `seed`. A second stream
     adds, each in about half the programs, an EOS token (one that the scripted step writes into
@@ -91,6 +96,10 @@ def program(seed: int) -> tuple[DllmConfig, list[Operation]]:
         ops.append(Submit(requests[-1]))
         ops += [Round()] * rng.randint(0, 2)
     extra = random.Random(f"extras-{seed}")
+    if released:
+        config = config.replace(req_pool_rows=config.max_running_requests)
+        pages = RELEASED_SPACE.min_kv_pages(config) + extra.randint(0, 4)
+        config = config.replace(kv_pages=pages)
     if extra.random() < 0.5:
         target = extra.choice(requests)
         position = len(target.prompt) + extra.randrange(target.max_new_tokens)
@@ -124,15 +133,14 @@ class Comparison:
     reference: Rounds | None
 
 
-def compare(seed: int, against: str = "sglang-order") -> Comparison:
-    """Program `seed` through SGLang with the fixes and through the replaying scheduler
-    `against` names (call inside `sglang_fixed(FIX_NAMES)`)."""
-    from integrations.sglang import REAL_SGLANG_DLLM
-
-    space = dataclasses.replace(
-        REAL_SGLANG_DLLM.profile.space, rows_equal_max_running=False, kv_headroom_pages=None
-    )
-    config, ops = program(seed)
+def compare(seed: int, against: str = "sglang-order", released: bool = False) -> Comparison:
+    """Program `seed` through SGLang and through the replaying scheduler `against` names. Call
+    inside `sglang_fixed(FIX_NAMES)` unless `released` (then SGLang runs as released, on a
+    program inside its declared space)."""
+    space = RELEASED_SPACE
+    if not released:
+        space = dataclasses.replace(space, rows_equal_max_running=False, kv_headroom_pages=None)
+    config, ops = program(seed, released)
     sglang = Harness(
         REAL_SGLANG_DLLM.factory,
         config,
@@ -158,11 +166,13 @@ def compare(seed: int, against: str = "sglang-order") -> Comparison:
     )
 
 
-def compare_programs(programs: int, against: str = "sglang-order") -> list[Comparison]:
+def compare_programs(
+    programs: int, against: str = "sglang-order", released: bool = False
+) -> list[Comparison]:
     from integrations.sglang.fixes import FIX_NAMES, sglang_fixed
 
-    with sglang_fixed(FIX_NAMES):
-        return [compare(seed, against) for seed in range(programs)]
+    with contextlib.nullcontext() if released else sglang_fixed(FIX_NAMES):
+        return [compare(seed, against, released) for seed in range(programs)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         "--against", choices=list(AGAINST), default="sglang-order", help="the scheduler compared"
     )
     parser.add_argument(
+        "--sglang",
+        choices=["fixed", "released"],
+        default="fixed",
+        help="SGLang with its five fixes on any pool (default), or as released inside the "
+        "space its profile declares",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the counts to this file"
     )
     args = parser.parse_args(argv)
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("argument --programs: must be >= 1")
     start = time.perf_counter()
     try:
-        results = compare_programs(args.programs, args.against)
+        results = compare_programs(args.programs, args.against, args.sglang == "released")
     except SchedSpecError as err:  # SGLang not installed
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -198,14 +215,20 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "diverged (the record ran out)": sum(r.diverged for r in results),
     }
-    print(f"SGLang 0.5.23 with the five fixes against {args.against}:")
+    which = "with the five fixes" if args.sglang == "fixed" else "as released, in its space,"
+    print(f"SGLang 0.5.23 {which} against {args.against}:")
     width = max(len(k) for k in counts)
     for key, value in counts.items():
         print(f"{key:<{width}}  {value:>5}")
     print(f"({seconds:.1f} s)")
     if args.json:
         differing = [dataclasses.asdict(r) for r in results if not r.same_forwards][:20]
-        payload = {"against": args.against, "counts": counts, "seconds": seconds}
+        payload = {
+            "sglang": args.sglang,
+            "against": args.against,
+            "counts": counts,
+            "seconds": seconds,
+        }
         write_json(args.json, {**payload, "differing": differing})
     return 0
 

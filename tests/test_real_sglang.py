@@ -817,6 +817,17 @@ def test_with_every_fix_sglang_decides_as_its_admission_order_says() -> None:
     assert [r.seed for r in results if not (r.same_admissions and r.same_forwards)] == []
 
 
+def test_as_released_sglang_decides_as_its_admission_order_inside_its_space() -> None:
+    """SGLang 0.5.23 unpatched, on programs inside the space its profile declares (as many rows
+    as seats, a pool with its headroom): the same decisions as `reference.sglang_dllm`, and
+    not the same as plain PREFILL_FIRST's, so the programs do reach SGLang's own choices."""
+    script = load_script("sglang_vs_reference")
+    results = script.compare_programs(200, released=True)
+    assert [r.seed for r in results if not (r.same_admissions and r.same_forwards)] == []
+    plain = script.compare_programs(200, "prefill-first", released=True)
+    assert sum(not r.same_admissions for r in plain) > 0
+
+
 def test_the_prefill_first_reference_differs_from_sglang_only_by_admission_order() -> None:
     """Against the reference under plain PREFILL_FIRST (any prefill request may pass, decode
     requests admitted in any round) the forwards differ only where the admissions do."""
