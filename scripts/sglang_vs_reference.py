@@ -1,20 +1,22 @@
-"""SGLang 0.5.23's dLLM scheduling with its five fixes against a plain-Python scheduler, decision
-by decision.
+"""SGLang 0.5.23's dLLM scheduling against a plain-Python scheduler, decision by decision.
 
-    .venv/bin/python scripts/sglang_vs_reference.py --programs 200 [--against NAME] [--json FILE]
+    .venv/bin/python scripts/sglang_vs_reference.py --programs 200 [--against NAME] \
+        [--sglang fixed|released] [--json FILE]
 
 Each generated program (a configuration inside SGLang's space with the fixes: page = block, any
-pool, rows <= seats, in about half of them an EOS token; submissions with rounds between them and
-in about half of them aborts, then a drain) runs through SGLang
-with the five fixes (`integrations.sglang.fixes`), then through the scheduler `--against`
-names, driven by a `RecordedOracle` that replays SGLang's own step outcomes: both denoise
-alike, so only the scheduling decisions can differ. `sglang-order` (the default) is SGLang's
-admission order re-implemented on the reference (`reference.sglang_dllm`); `prefill-first` is
-the reference under PREFILL_FIRST (`reference-dllm-prefill-first`). Per program it compares the
-admission order and the rows of every forward, round by round. A program whose decisions
-diverge so far that the reference steps a block SGLang never stepped as often is counted as
-diverged. Prints a table; `--json` writes the counts and the differing programs. Exit 2 with
-one line if SGLang is not installed (`schedspec install-engines sglang`).
+pool, rows <= seats, in about half of them an EOS token; submissions with rounds between them
+and in about half of them aborts, then a drain) runs through SGLang with the five fixes
+(`integrations.sglang.fixes`), then through the scheduler `--against` names, driven by a
+`RecordedOracle` that replays SGLang's own step outcomes: both denoise alike, so only the
+scheduling decisions can differ. With `--sglang released` SGLang runs unpatched and each
+program's pool and rows are grown into the space its profile declares (rows = seats, a pool with
+its headroom). `sglang-order` (the default) is SGLang's admission order re-implemented on the
+reference (`reference.sglang_dllm`); `prefill-first` is the reference under PREFILL_FIRST
+(`reference-dllm-prefill-first`). Per program it compares the admission order and the rows of
+every forward, round by round. A program whose decisions diverge so far that the reference
+steps a block SGLang never stepped as often is counted as diverged. Prints a table; `--json`
+writes the counts and the differing programs. Exit 2 with one line if SGLang is not installed
+(`schedspec install-engines sglang`).
 """
 
 from __future__ import annotations
