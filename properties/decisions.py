@@ -9,7 +9,8 @@ through the same ones, and names the first decision where two streams part.
 - `operations(events)`: the submissions, effective aborts and rounds, in order. A rejected
   submission and an abort of a request that had already ended leave no event and change
   nothing, so they are not needed to reproduce the run; `drain` shows as the rounds it ran.
-  `apply_operations(harness, ops)` runs them on another implementation.
+  They are `properties.workload` operations: `apply_ops(harness, ops)` runs them on another
+  implementation.
 - `admissions(events)`: the request ids in the order they were admitted.
 - `forward_rounds(events)`: per round, per forward, the sorted (request, block) rows.
 - `first_difference(ours, theirs)`: None when both streams admit alike and forward alike,
@@ -19,9 +20,8 @@ through the same ones, and names the first decision where two streams part.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from properties.harness import Harness
+from properties.workload import Abort, Op, Round, Submit
 from spec.config import RequestSpec
 from spec.events import Aborted, Admitted, ControlReturned, Event, Forward, Submitted
 
@@ -29,28 +29,10 @@ Rows = list[tuple[str, int]]  # one forward's (request id, block index) rows, so
 Rounds = list[list[Rows]]  # per round, its forwards
 
 
-@dataclass(frozen=True, slots=True)
-class Submit:
-    request: RequestSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    pass
-
-
-Operation = Submit | Abort | Round
-
-
-def operations(events: Sequence[Event]) -> list[Operation]:
+def operations(events: Sequence[Event]) -> list[Op]:
     """The operations that reproduce `events`' run: one per `Submitted`, `Aborted` and
     `ControlReturned`, in stream order."""
-    ops: list[Operation] = []
+    ops: list[Op] = []
     for e in events:
         if isinstance(e, Submitted):
             ops.append(Submit(RequestSpec(e.request_id, e.prompt, e.max_new_tokens)))
@@ -59,20 +41,6 @@ def operations(events: Sequence[Event]) -> list[Operation]:
         elif isinstance(e, ControlReturned):
             ops.append(Round())
     return ops
-
-
-def apply_operations(h: Harness, ops: Sequence[Operation], *, drain: bool = True) -> None:
-    """Run `ops` on the harness `h` (every event checked against the spec under its profile),
-    then a drain unless `drain` is False. The events are `h.events`, also when a step raised."""
-    for op in ops:
-        if isinstance(op, Submit):
-            h.submit(op.request)
-        elif isinstance(op, Abort):
-            h.abort(op.request_id)
-        else:
-            h.round()
-    if drain:
-        h.drain()
 
 
 def admissions(events: Sequence[Event]) -> list[str]:
@@ -124,12 +92,7 @@ def _at(rounds: Sequence[object], i: int) -> object:
 
 
 __all__ = [
-    "Abort",
-    "Operation",
-    "Round",
-    "Submit",
     "admissions",
-    "apply_operations",
     "first_difference",
     "forward_rounds",
     "operations",

@@ -5,6 +5,7 @@ Strategies generate them, Z3 synthesises boundary ones, and failures can be save
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from properties.harness import Harness, SoloCache, check_parity
@@ -47,6 +48,20 @@ class Workload:
     notes: tuple[str, ...] = field(default=())
 
 
+def apply_ops(h: Harness, ops: Iterable[Op]) -> None:
+    """Run `ops` on the harness `h` in order (every event checked against the spec under its
+    profile). What they produced is `h.events`, also when one of them raised."""
+    for op in ops:
+        if isinstance(op, Submit):
+            h.submit(op.request)
+        elif isinstance(op, Abort):
+            h.abort(op.request_id)
+        elif isinstance(op, Round):
+            h.round()
+        else:
+            h.drain()
+
+
 def run_workload(
     factory: ImplementationFactory,
     workload: Workload,
@@ -59,15 +74,7 @@ def run_workload(
     for leaks and, if `parity`, check every finished request against its solo sync output.
     `profile`: the implementation's (default the idealised spec's `DllmProfile()`)."""
     h = Harness(factory, workload.config, profile=profile or DllmProfile())
-    for op in workload.ops:
-        if isinstance(op, Submit):
-            h.submit(op.request)
-        elif isinstance(op, Abort):
-            h.abort(op.request_id)
-        elif isinstance(op, Round):
-            h.round()
-        else:
-            h.drain()
+    apply_ops(h, workload.ops)
     h.drain()
     if parity:
         check_parity(h, cache)

@@ -34,17 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.sglang import REAL_SGLANG_DLLM
 from integrations.sglang.engine import scripted_token
-from properties.decisions import (
-    Abort,
-    Operation,
-    Round,
-    Rounds,
-    Submit,
-    admissions,
-    apply_operations,
-    forward_rounds,
-)
+from properties.decisions import Rounds, admissions, forward_rounds
 from properties.harness import Harness
+from properties.workload import Abort, Op, Round, Submit, apply_ops
 from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
 from reference.oracle import RecordedOracle, RecordExhausted
 from reference.sglang_dllm import SGLANG_ORDER_POLICY, SglangOrderScheduler
@@ -64,7 +56,7 @@ AGAINST: dict[str, tuple[type[ReferenceDllmScheduler], DllmPolicy]] = {
 }
 
 
-def program(seed: int, released: bool = False) -> tuple[DllmConfig, list[Operation]]:
+def program(seed: int, released: bool = False) -> tuple[DllmConfig, list[Op]]:
     """A configuration inside SGLang's space with the fixes (with `released`: inside the space
     SGLang 0.5.23 as released declares, as many rows as seats and a pool with its headroom),
     and the submissions, rounds and aborts.
@@ -88,7 +80,7 @@ def program(seed: int, released: bool = False) -> tuple[DllmConfig, list[Operati
         mode=mode,
         in_place_reuse=mode is Mode.FDFO,
     )
-    ops: list[Operation] = []
+    ops: list[Op] = []
     requests: list[RequestSpec] = []
     for i in range(rng.randint(1, 6)):
         prompt_len = rng.randint(1, config.max_context - 1)
@@ -148,12 +140,14 @@ def compare(seed: int, against: str = "sglang-order", released: bool = False) ->
         config,
         profile=dataclasses.replace(REAL_SGLANG_DLLM.profile, space=space),
     )
-    apply_operations(sglang, ops)
+    apply_ops(sglang, ops)
+    sglang.drain()
     ours = sglang.events
     profile = DllmProfile(policy=AGAINST[against][1])
     other = Harness(replaying(ours, against), config, profile=profile)
     try:
-        apply_operations(other, ops)
+        apply_ops(other, ops)
+        other.drain()
     except RecordExhausted:
         return Comparison(seed, False, False, True, forward_rounds(ours), None)
     theirs = other.events

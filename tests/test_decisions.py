@@ -4,16 +4,9 @@ needed; SGLang's suite uses the same functions as its decision oracle)."""
 
 from __future__ import annotations
 
-from properties.decisions import (
-    Abort,
-    Operation,
-    Round,
-    Submit,
-    apply_operations,
-    first_difference,
-    operations,
-)
+from properties.decisions import first_difference, operations
 from properties.harness import Harness
+from properties.workload import Abort, Op, Round, Submit, apply_ops
 from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
 from reference.oracle import RecordedOracle
 from spec.adapter import EventSink
@@ -70,7 +63,8 @@ def test_a_twin_replaying_the_step_outcomes_reproduces_every_event() -> None:
         return ReferenceDllmScheduler(config, sink, RecordedOracle.from_events(h.events, config))
 
     other = Harness(twin, CONFIG)
-    apply_operations(other, operations(h.events))
+    apply_ops(other, operations(h.events))
+    other.drain()
     assert other.events == h.events
     assert first_difference(h.events, other.events) is None
 
@@ -79,7 +73,7 @@ def test_the_first_round_whose_admissions_differ_is_named() -> None:
     """One seat: FCFS admits the one-token head; PREFILL_FIRST lets the whole prompt block behind
     it pass."""
     one_seat = CONFIG.replace(max_running_requests=1, req_pool_rows=1)
-    ops: list[Operation] = [
+    ops: list[Op] = [
         Submit(RequestSpec("r0", (1,), 3)),
         Submit(RequestSpec("r1", (1, 2, 3), 3)),
         Round(),
@@ -89,9 +83,9 @@ def test_the_first_round_whose_admissions_differ_is_named() -> None:
         return ReferenceDllmScheduler(config, sink, policy=PREFILL_FIRST_POLICY)
 
     fcfs = Harness(ReferenceDllmScheduler, one_seat)
-    apply_operations(fcfs, ops)
+    apply_ops(fcfs, ops)
     other = Harness(prefill_first, one_seat, profile=DllmProfile(policy=PREFILL_FIRST_POLICY))
-    apply_operations(other, ops)
+    apply_ops(other, ops)
     assert first_difference(fcfs.events, other.events, ("FCFS", "PREFILL_FIRST")) == (
         "round 0: FCFS admits ['r0'], PREFILL_FIRST admits ['r1']"
     )

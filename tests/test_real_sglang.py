@@ -31,8 +31,9 @@ from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
-from properties.decisions import apply_operations, first_difference, operations
+from properties.decisions import first_difference, operations
 from properties.harness import Harness
+from properties.workload import apply_ops
 from reference.oracle import RecordedOracle, RecordExhausted
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_POLICY, SglangOrderScheduler
 from spec.adapter import EventSink
@@ -546,7 +547,8 @@ def _deciding_as_its_admission_order(
 
             h = Harness(admission_order, self.harness.config, profile=SGLANG_DLLM_ORDER.profile)
             try:
-                apply_operations(h, operations(ours))
+                apply_ops(h, operations(ours))
+                h.drain()
                 ran_out = ""
             except RecordExhausted as err:  # only after a decision differed
                 ran_out = f" (replaying SGLang's step outcomes then ran out: {err})"
