@@ -200,10 +200,12 @@ def _run_suite(machine: type[RuleBasedStateMachine], examples: int | None = None
 
 
 def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
+    """SGLang as released, inside its declared space, passes the dLLM suite and decides as its
+    admission order does (the decision oracle below)."""
     machine = conformance_machine(
         REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
     )
-    _run_suite(machine)
+    _run_suite(_deciding_as_its_admission_order(machine))
 
 
 # ---------------------------------------------------------------------------------- findings
