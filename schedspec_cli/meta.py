@@ -60,13 +60,23 @@ def device() -> str:
     return "cpu"
 
 
+def device_if_loaded() -> str:
+    """The accelerator, if something this run imported loaded torch (an implementation on the
+    torch engine, which picks CUDA when there is one); else 'not used'. Importing torch only to
+    say so would cost seconds on every run of a pure-Python implementation."""
+    if "torch" not in sys.modules:
+        return "not used"
+    return f"{device()} (torch loaded by an implementation; it may pin itself to the CPU)"
+
+
 def run_metadata(*, with_device: bool = True) -> dict[str, Any]:
-    """Date (UTC, ISO 8601), commit, package versions, device, host and the command line."""
+    """Date (UTC, ISO 8601), commit, package versions, device, host and the command line.
+    Without `with_device`, the device only if torch was loaded (`device_if_loaded`)."""
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": _commit(),
         "versions": _versions(),
-        "device": device() if with_device else "not used",
+        "device": device() if with_device else device_if_loaded(),
         "host": {
             "name": platform.node(),
             "system": f"{platform.system()} {platform.release()}",

@@ -89,6 +89,23 @@ def test_verify_an_ar_builtin_and_a_bare_ar_factory(
     assert data["run"]["commit"] and data["run"]["date"]
 
 
+def test_the_run_record_names_the_device_only_when_torch_was_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verify does not import torch to describe a pure-Python run; when an implementation
+    loaded it (the torch engine picks CUDA when there is one) the record names the device."""
+    import sys
+
+    from schedspec_cli import meta
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert meta.run_metadata(with_device=False)["device"] == "not used"
+    monkeypatch.setitem(sys.modules, "torch", sys)  # any loaded module under that name
+    monkeypatch.setattr(meta, "device", lambda: "cuda: NVIDIA H200")
+    recorded = meta.run_metadata(with_device=False)["device"]
+    assert recorded.startswith("cuda: NVIDIA H200 (torch loaded by an implementation"), recorded
+
+
 def test_a_factory_whose_family_cannot_be_told_needs_family(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
