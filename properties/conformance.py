@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rule
 
 from properties.conformance_base import ConformanceBase, StepCounter
+from properties.decisions import DecisionTwin, twin_difference
 from properties.harness import Harness, SoloCache, check_parity
 from properties.strategies import dllm_configs, prompts
 from spec.adapter import ImplementationFactory
@@ -41,6 +42,8 @@ def conformance_machine(
     counter: StepCounter | None = None,
     name: str = "Conformance",
     golden: bool = True,
+    twin: DecisionTwin | None = None,
+    twin_profile: DllmProfile | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s implementation against the spec.
 
@@ -52,6 +55,10 @@ def conformance_machine(
         "never" to skip the output check.
     golden: check every finished request against the implementation's golden decoder after
         every round (rule `golden_output`) when it has one (`spec.golden.GoldenDecoder`).
+    twin: a decision twin (`properties.decisions.DecisionTwin`): at the end of every example
+        the example's operations run through it and must admit and forward exactly as the
+        implementation did (rule `twin_decisions`); it is checked against the spec under
+        `twin_profile` (default: `profile`).
     """
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
     solo_cache: SoloCache = {}
@@ -94,6 +101,10 @@ def conformance_machine(
             h = self.harness
             if parity == "always" or (parity == "bs1" and h.config.max_running_requests == 1):
                 h.guarded("parity", check_parity, h, solo_cache)
+            if twin is not None:
+                differs = twin_difference(h.events, h.config, twin, twin_profile or profile)
+                if differs is not None:
+                    raise h._violate("twin_decisions", differs)
 
     Conformance.__name__ = name
     Conformance.__qualname__ = name

@@ -15,15 +15,26 @@ through the same ones, and names the first decision where two streams part.
 - `forward_rounds(events)`: per round, per forward, the sorted (request, block) rows.
 - `first_difference(ours, theirs)`: None when both streams admit alike and forward alike,
   else one readable line naming the first round where they do not.
+- `twin_difference(events, config, twin, profile)`: the rule `twin_decisions` for one run: its
+  operations through the twin (`DecisionTwin`: built from the run's events, so it can replay
+  the implementation's step outcomes), then `first_difference`. `conformance_machine(...,
+  twin=...)` checks it at the end of every example.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from properties.workload import Abort, Op, Round, Submit
-from spec.config import RequestSpec
+from properties.harness import Harness
+from properties.workload import Abort, Op, Round, Submit, apply_ops
+from spec.adapter import ImplementationFactory
+from spec.config import DllmConfig, RequestSpec
 from spec.events import Aborted, Admitted, ControlReturned, Event, Forward, Submitted
+from spec.profile import DllmProfile
+
+#: Builds, from one run's events and config, a factory for the twin that replays that run's step
+#: outcomes (e.g. a reference scheduler with `RecordedOracle.from_events(events, config)`).
+DecisionTwin = Callable[[Sequence[Event], DllmConfig], ImplementationFactory]
 
 Rows = list[tuple[str, int]]  # one forward's (request id, block index) rows, sorted
 Rounds = list[list[Rows]]  # per round, its forwards
@@ -87,13 +98,35 @@ def first_difference(
     return None
 
 
+def twin_difference(
+    events: Sequence[Event], config: DllmConfig, twin: DecisionTwin, profile: DllmProfile
+) -> str | None:
+    """None when `events`' operations, run through the twin (checked against the spec under
+    `profile`, then drained), decide exactly as `events` did; else the first difference in one
+    line. A twin that raises (a replayed record that runs out, a violation of its own) is
+    reported with the first difference up to that point, which caused it."""
+    h = Harness(twin(events, config), config, profile=profile)
+    stopped = ""
+    try:
+        apply_ops(h, operations(events))
+        h.drain()
+    except Exception as err:  # the twin's own failure is part of the report
+        stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
+    difference = first_difference(events, h.events, ("the implementation", "its twin"))
+    if difference is None and not stopped:
+        return None
+    return f"{difference or 'no decision differed'}{stopped}"
+
+
 def _at(rounds: Sequence[object], i: int) -> object:
     return rounds[i] if i < len(rounds) else "nothing (no such round)"
 
 
 __all__ = [
+    "DecisionTwin",
     "admissions",
     "first_difference",
     "forward_rounds",
     "operations",
+    "twin_difference",
 ]

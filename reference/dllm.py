@@ -31,12 +31,13 @@ overriding one method.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from reference.golden import golden_output
 from reference.kv_pool import PagedKvPool, RequestPool
-from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
-from spec.adapter import EventSink
+from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow, RecordedOracle
+from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
 from spec.events import (
@@ -44,6 +45,7 @@ from spec.events import (
     Admitted,
     BlockCommitted,
     ControlReturned,
+    Event,
     Finished,
     FinishReason,
     Forward,
@@ -473,6 +475,24 @@ def make_rows_released_scheduler(config: DllmConfig, sink: EventSink) -> Referen
     """The reference with rows released between rounds (FDFO without in-place reuse: a carried
     block gives back its row with its KV, and takes a row again the next round)."""
     return ReferenceDllmScheduler(config, sink, policy=ROWS_RELEASED_POLICY)
+
+
+def replaying_twin(
+    cls: type[ReferenceDllmScheduler] | None = None, policy: DllmPolicy | None = None
+) -> Callable[[Sequence[Event], DllmConfig], ImplementationFactory]:
+    """A decision twin (`properties.decisions.DecisionTwin`): for one run's events and config,
+    a factory for `cls` (default this reference) under `policy` that denoises exactly as the
+    run did (`RecordedOracle.from_events`), so only the scheduling decisions can differ."""
+    scheduler = cls or ReferenceDllmScheduler
+
+    def twin(events: Sequence[Event], config: DllmConfig) -> ImplementationFactory:
+        def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+            oracle = RecordedOracle.from_events(events, config)
+            return scheduler(config, sink, oracle, policy=policy)
+
+        return factory
+
+    return twin
 
 
 # The built-ins declare themselves with their profiles (`schedspec verify --impl

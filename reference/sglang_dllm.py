@@ -20,7 +20,7 @@ that `scripts/sglang_vs_reference.py` ran (docs/engines.md); this module is that
 
 from __future__ import annotations
 
-from reference.dllm import ReferenceDllmScheduler
+from reference.dllm import ReferenceDllmScheduler, replaying_twin
 from spec.adapter import EventSink
 from spec.config import DllmConfig
 from spec.implementation import DllmImplementation
@@ -45,6 +45,10 @@ def make_sglang_order_scheduler(config: DllmConfig, sink: EventSink) -> SglangOr
     return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_POLICY)
 
 
+#: SGLang's decision twin: for one run of SGLang, its admission order replaying that run's step
+#: outcomes (`conformance_machine(..., twin=SGLANG_ORDER_TWIN)`; rule `twin_decisions`).
+SGLANG_ORDER_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_POLICY)
+
 SGLANG_DLLM_ORDER = DllmImplementation(
     make_sglang_order_scheduler,
     DllmProfile(policy=SGLANG_ORDER_POLICY),
@@ -55,6 +59,7 @@ SGLANG_DLLM_ORDER = DllmImplementation(
 __all__ = [
     "SGLANG_DLLM_ORDER",
     "SGLANG_ORDER_POLICY",
+    "SGLANG_ORDER_TWIN",
     "SglangOrderScheduler",
     "make_sglang_order_scheduler",
 ]

@@ -27,7 +27,6 @@ import dataclasses
 import random
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,14 +36,12 @@ from integrations.sglang.engine import scripted_token
 from properties.decisions import Rounds, admissions, forward_rounds
 from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
-from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
-from reference.oracle import RecordedOracle, RecordExhausted
+from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler, replaying_twin
+from reference.oracle import RecordExhausted
 from reference.sglang_dllm import SGLANG_ORDER_POLICY, SglangOrderScheduler
 from schedspec_cli.output import output_file, write_json
-from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SchedSpecError
-from spec.events import Event
 from spec.profile import DllmPolicy, DllmProfile
 
 #: --against: the scheduler class and the policy it follows (and is checked under)
@@ -107,16 +104,6 @@ def program(seed: int, released: bool = False) -> tuple[DllmConfig, list[Op]]:
     return config, ops
 
 
-def replaying(events: Sequence[Event], against: str) -> ImplementationFactory:
-    """A factory for the scheduler `against` names that denoises as `events` record."""
-    cls, policy = AGAINST[against]
-
-    def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
-        return cls(config, sink, RecordedOracle.from_events(events, config), policy=policy)
-
-    return factory
-
-
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     seed: int
@@ -143,8 +130,9 @@ def compare(seed: int, against: str = "sglang-order", released: bool = False) ->
     apply_ops(sglang, ops)
     sglang.drain()
     ours = sglang.events
-    profile = DllmProfile(policy=AGAINST[against][1])
-    other = Harness(replaying(ours, against), config, profile=profile)
+    cls, policy = AGAINST[against]
+    twin = replaying_twin(cls, policy)(ours, config)
+    other = Harness(twin, config, profile=DllmProfile(policy=policy))
     try:
         apply_ops(other, ops)
         other.drain()

@@ -52,6 +52,7 @@ class Rule(StrEnum):
     WORK_CONSERVING = "work_conserving"
     REPORTED_OUTPUT = "reported_output"
     GOLDEN_OUTPUT = "golden_output"
+    TWIN_DECISIONS = "twin_decisions"
     IMPLEMENTATION_ERROR = "implementation_error"
 
 
@@ -147,6 +148,12 @@ _RULES: dict[Rule, str] = {
     "the request decoded alone, unbatched and unpaged, by the implementation's own model (or "
     "oracle) and algorithm (`spec.golden.GoldenDecoder`; checked when the implementation "
     "provides it), at every batch size and in every mode.",
+    Rule.TWIN_DECISIONS: "When a decision twin is declared for the run (a plain-Python "
+    "scheduler written to follow the implementation's own policy, replaying the implementation's "
+    "step outcomes), the same operations admit the same requests in the same rounds and order, "
+    "and every forward runs the same rows, in the implementation as in the twin. A policy that "
+    "allows a choice (no work conservation, say) cannot tell a choice from a miscount; the twin "
+    "can (`properties.decisions`).",
     Rule.IMPLEMENTATION_ERROR: "The implementation raises nothing but the typed errors the "
     "contract allows (RequestError on submit, UnknownRequest on abort); any other exception from "
     "submit, abort, a round, drain or snapshot is a finding.",

@@ -1,16 +1,24 @@
-"""`properties.decisions`: operations read back out of an event stream reproduce the run, and
-`first_difference` names the first round where two schedulers decide differently (no engine
-needed; SGLang's suite uses the same functions as its decision oracle)."""
+"""`properties.decisions`: operations read back out of an event stream reproduce the run,
+`first_difference` names the first round where two schedulers decide differently, and
+`conformance_machine(..., twin=...)` fails an example by the rule `twin_decisions` when the
+twin decides otherwise (no engine needed; SGLang's suites use the same with its twin)."""
 
 from __future__ import annotations
 
-from properties.decisions import first_difference, operations
+import pytest
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from properties.conformance import conformance_machine
+from properties.decisions import DecisionTwin, first_difference, operations
 from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
-from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler
+from reference.dllm import PREFILL_FIRST_POLICY, ReferenceDllmScheduler, replaying_twin
 from reference.oracle import RecordedOracle
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SpecViolation
 from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
 from spec.profile import DllmProfile
 
@@ -114,3 +122,37 @@ def test_the_first_forward_that_differs_is_named_when_admissions_agree() -> None
     assert first_difference(ours, shorter, ("x", "y")) == (
         "round 1: x forwards [[('a', 1), ('b', 1)]], y forwards []"
     )
+
+
+def _suite(twin: DecisionTwin, twin_profile: DllmProfile | None = None) -> None:
+    """The dLLM suite on the reference over one roomy configuration (several requests in
+    flight), each example ending with `twin`."""
+    roomy = CONFIG.replace(kv_pages=32, max_context=32)
+    machine = conformance_machine(
+        ReferenceDllmScheduler, configs=st.just(roomy), twin=twin, twin_profile=twin_profile
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=12,
+            derandomize=True,
+            database=None,
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),  # no explain
+        ),
+    )
+
+
+def test_the_reference_decides_as_its_own_replaying_twin() -> None:
+    _suite(replaying_twin())
+
+
+def test_a_twin_of_another_policy_fails_the_suite_by_twin_decisions() -> None:
+    """The FCFS reference against a PREFILL_FIRST twin: the suite finds a program where the two
+    admit differently and names the rule and the round."""
+    with pytest.raises(SpecViolation) as caught:
+        _suite(
+            replaying_twin(policy=PREFILL_FIRST_POLICY), DllmProfile(policy=PREFILL_FIRST_POLICY)
+        )
+    assert caught.value.rule == "twin_decisions", caught.value
+    assert "the implementation admits" in str(caught.value), caught.value

@@ -168,6 +168,10 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
         "test_without_a_golden_decoder_batch_parity_catches_a_mode_bug",
     ),
     "implementation_error": (BASE, "test_unexpected_exception_is_an_implementation_error_finding"),
+    "twin_decisions": (
+        "tests.test_decisions",
+        "test_a_twin_of_another_policy_fails_the_suite_by_twin_decisions",
+    ),
 }
 
 

@@ -27,6 +27,8 @@ NOT_ENCODED: Mapping[str, str] = MappingProxyType(
         "golden_output": "about output tokens against an implementation's own solo decoding, "
         "which the encoding abstracts away (checked by the conformance harness after every "
         "round)",
+        "twin_decisions": "compares two implementations' decisions; no implementation is "
+        "encoded (checked by the conformance harness when a twin is declared)",
         "implementation_error": "about exceptions an implementation raises; no implementation "
         "is encoded (checked by the conformance harness)",
     }
