@@ -5,6 +5,8 @@ twin decides otherwise (no engine needed; SGLang's suites use the same with its 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
@@ -149,10 +151,12 @@ def test_the_reference_decides_as_its_own_replaying_twin() -> None:
 
 def test_a_twin_of_another_policy_fails_the_suite_by_twin_decisions() -> None:
     """The FCFS reference against a PREFILL_FIRST twin: the suite finds a program where the two
-    admit differently and names the rule and the round."""
+    decide differently (admit, or batch) and names the rule and the round."""
     with pytest.raises(SpecViolation) as caught:
         _suite(
             replaying_twin(policy=PREFILL_FIRST_POLICY), DllmProfile(policy=PREFILL_FIRST_POLICY)
         )
     assert caught.value.rule == "twin_decisions", caught.value
-    assert "the implementation admits" in str(caught.value), caught.value
+    # which decision parts first (an admission, or a batch) depends on the shrunk program
+    shape = r"\[twin_decisions\] round \d+: the implementation (admits|forwards) .*, its twin \1 "
+    assert re.match(shape, str(caught.value)), caught.value
