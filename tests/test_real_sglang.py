@@ -31,6 +31,7 @@ from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
+from properties.decisions import twin_difference
 from properties.harness import Harness
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -201,9 +202,67 @@ def _run_suite(machine: type[RuleBasedStateMachine], examples: int | None = None
 
 
 def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
-    """SGLang as released, inside its declared space, passes the dLLM suite and decides as its
-    admission order does (the decision oracle below)."""
-    _run_suite(_sglang_suite(PROFILE, _roomy_configs(), "Released"))
+    """SGLang as released, inside its declared space, passes the dLLM suite. (Not with requests
+    as large as half the pool, nor with its decision twin: the two findings inside the headroom
+    below.)"""
+    machine = conformance_machine(
+        REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
+    )
+    _run_suite(machine)
+
+
+def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:
+    """Inside SGLang's declared space (2 seats and rows, block = page = 2, 36 pages: each seat
+    a whole 24-token context plus the 4 pages of headroom), two one-token prompts whose outputs
+    run to the end of the context or nearly, submitted together and drained."""
+    cfg = _config(
+        block_size=2,
+        page_size=2,
+        kv_pages=36,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=24,
+        mode=mode,
+        in_place_reuse=mode is Mode.FDFO,
+    )
+    h = _harness(cfg, PROFILE)
+    h.submit(RequestSpec("r0", (0,), max_new[0]))
+    h.submit(RequestSpec("r1", (0,), max_new[1]))
+    h.guarded("drain", h.drain)
+    return h
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])
+def test_finding_ragged_row_inside_the_declared_headroom(mode: Mode) -> None:
+    """Found by the pool-share submit rule (2026-11-25): the headroom the profile declares does
+    not keep staging from truncating a running request's next block (the finding above, which
+    `whole-staged-blocks` fixes alone). Two requests of a whole context each: the second's last
+    block gets one slot of two."""
+    v = _violation(lambda: _two_long_requests(mode, (23, 23)))
+    assert v.rule == "whole_block_alloc", v
+    assert "allocated 1 slots for a block of 2" in str(v), v
+    with sglang_fixed(["whole-staged-blocks"]):
+        h = _two_long_requests(mode, (23, 23))
+    assert set(h.outputs()) == {"r0", "r1"}
+
+
+def test_finding_a_ready_block_waits_a_round_inside_the_declared_headroom() -> None:
+    """Found by the decision twin (2026-11-25): inside the declared headroom SGLang 0.5.23 leaves
+    `r1`'s last block, allocated and unmasked, out of round 27 and runs it alone in round 28.
+    It is the staging truncation above, truncating to nothing: staging charges each running
+    request its next block, a page and its whole `max_new_tokens` again, and no budget is left
+    for `r1`. The spec allows a round that skips a running request; SGLang's admission order
+    does not skip it. With `whole-staged-blocks` alone they agree."""
+    h = _two_long_requests(Mode.FDFO, (21, 23))
+    config = h.config
+    differs = twin_difference(h.events, config, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER.profile)
+    assert differs == (
+        "round 27: the implementation forwards [[('r0', 10)]], its twin forwards "
+        "[[('r0', 10), ('r1', 11)]]"
+    ), differs
+    with sglang_fixed(["whole-staged-blocks"]):
+        h = _two_long_requests(Mode.FDFO, (21, 23))
+    assert twin_difference(h.events, config, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER.profile) is None
 
 
 # ---------------------------------------------------------------------------------- findings
@@ -810,9 +869,11 @@ def test_with_every_fix_sglang_decides_as_its_admission_order_says() -> None:
 
 
 def test_as_released_sglang_decides_as_its_admission_order_inside_its_space() -> None:
-    """SGLang 0.5.23 unpatched, on programs inside the space its profile declares (as many rows
-    as seats, a pool with its headroom): the same decisions as `reference.sglang_dllm`, and
-    not the same as plain PREFILL_FIRST's, so the programs do reach SGLang's own choices."""
+    """SGLang 0.5.23 unpatched, on the comparison's programs grown into the space its profile
+    declares (as many rows as seats, a pool with its headroom; contexts of at most 16 tokens):
+    the same decisions as `reference.sglang_dllm`, and not the same as plain PREFILL_FIRST's,
+    so the programs do reach SGLang's own choices. (Longer requests do not always: the two
+    findings inside the declared headroom above.)"""
     script = load_script("sglang_vs_reference")
     results = script.compare_programs(200, released=True)
     assert [r.seed for r in results if not (r.same_admissions and r.same_forwards)] == []
