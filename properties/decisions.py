@@ -24,6 +24,7 @@ through the same ones, and names the first decision where two streams part.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
@@ -35,6 +36,8 @@ from spec.profile import DllmProfile
 #: Builds, from one run's events and config, a factory for the twin that replays that run's step
 #: outcomes (e.g. a reference scheduler with `RecordedOracle.from_events(events, config)`).
 DecisionTwin = Callable[[Sequence[Event], DllmConfig], ImplementationFactory]
+
+T = TypeVar("T")
 
 Rows = list[tuple[str, int]]  # one forward's (request id, block index) rows, sorted
 Rounds = list[list[Rows]]  # per round, its forwards
@@ -59,22 +62,25 @@ def admissions(events: Sequence[Event]) -> list[str]:
 
 
 def forward_rounds(events: Sequence[Event]) -> Rounds:
-    rounds: Rounds = [[]]
-    for e in events:
-        if isinstance(e, Forward):
-            rounds[-1].append(sorted((r.request_id, r.block_index) for r in e.rows))
-        elif isinstance(e, ControlReturned):
-            rounds.append([])
-    return rounds
+    return _by_round(events, _forward_rows)
 
 
-def _admitted_by_round(events: Sequence[Event]) -> list[list[str]]:
-    rounds: list[list[str]] = [[]]
+def _forward_rows(e: Event) -> Rows | None:
+    return sorted((r.request_id, r.block_index) for r in e.rows) if isinstance(e, Forward) else None
+
+
+def _admitted(e: Event) -> str | None:
+    return e.request_id if isinstance(e, Admitted) else None
+
+
+def _by_round(events: Sequence[Event], pick: Callable[[Event], T | None]) -> list[list[T]]:
+    """Per round (split at each `ControlReturned`), what `pick` takes from its events."""
+    rounds: list[list[T]] = [[]]
     for e in events:
-        if isinstance(e, Admitted):
-            rounds[-1].append(e.request_id)
-        elif isinstance(e, ControlReturned):
+        if isinstance(e, ControlReturned):
             rounds.append([])
+        elif (item := pick(e)) is not None:
+            rounds[-1].append(item)
     return rounds
 
 
@@ -85,7 +91,7 @@ def first_difference(
 ) -> str | None:
     """None when both streams admit the same requests in the same rounds and order and run
     the same rows in every forward; else the first round where they differ, in one line."""
-    a_admit, b_admit = _admitted_by_round(ours), _admitted_by_round(theirs)
+    a_admit, b_admit = _by_round(ours, _admitted), _by_round(theirs, _admitted)
     a_fwd, b_fwd = forward_rounds(ours), forward_rounds(theirs)
     for i in range(max(len(a_admit), len(b_admit), len(a_fwd), len(b_fwd))):
         pairs = (

@@ -180,32 +180,22 @@ class RecordedOracle:
         self.mask_id = mask_id
 
     @classmethod
-    def from_steps(
-        cls,
-        steps: Sequence[tuple[BlockKey, bool, int]],
-        finals: dict[BlockKey, tuple[int, ...]],
-        mask_id: int,
-    ) -> RecordedOracle:
-        """From (block, done, masks left) per step, in order, and the committed tokens."""
-        per_block: dict[BlockKey, list[tuple[bool, int]]] = {}
-        for key, done, masks_left in steps:
-            per_block.setdefault(key, []).append((done, masks_left))
-        scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in per_block.items()}
-        return cls(scripts, mask_id)
-
-    @classmethod
     def from_events(cls, events: Sequence[Event], config: DllmConfig) -> RecordedOracle:
-        """From another implementation's event stream under `config`: its `StepResult`s (a
-        step is done when it accepts the whole block) and its `BlockCommitted` tokens."""
-        steps = [
-            ((e.request_id, e.block_index), e.accept_length == config.block_size, e.masks_remaining)
-            for e in events
-            if isinstance(e, StepResult)
-        ]
-        finals = {
-            (e.request_id, e.block_index): e.tokens for e in events if isinstance(e, BlockCommitted)
-        }
-        return cls.from_steps(steps, finals, config.mask_token_id)
+        """From another implementation's event stream under `config`: per block, each
+        `StepResult` in order (a step is done when it accepts the whole block, with the masks it
+        left), and the block's `BlockCommitted` tokens."""
+        steps: dict[BlockKey, list[tuple[bool, int]]] = {}
+        finals: dict[BlockKey, tuple[int, ...]] = {}
+        for e in events:
+            if isinstance(e, StepResult):
+                done = e.accept_length == config.block_size
+                steps.setdefault((e.request_id, e.block_index), []).append(
+                    (done, e.masks_remaining)
+                )
+            elif isinstance(e, BlockCommitted):
+                finals[(e.request_id, e.block_index)] = e.tokens
+        scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in steps.items()}
+        return cls(scripts, config.mask_token_id)
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
         return 0

@@ -597,30 +597,25 @@ def _with_pool_share_submits(
     return WithPoolShareSubmits
 
 
-def _sglang_suite(
-    profile: DllmProfile, configs: st.SearchStrategy[DllmConfig] | None, name: str
+def _every_fix_machine(
+    configs: st.SearchStrategy[DllmConfig] | None = None,
 ) -> type[RuleBasedStateMachine]:
-    """The dLLM suite on SGLang under `profile`, ending every example with SGLang's decision
-    twin (`reference.sglang_dllm.SGLANG_ORDER_TWIN`, rule `twin_decisions`): the example's
-    operations through SGLang's admission order, replaying SGLang's step outcomes, must admit
-    the same requests in the same rounds and run the same rows in every forward."""
+    """The dLLM suite on SGLang with every fix, below the headroom, ending every example with
+    SGLang's decision twin (`reference.sglang_dllm.SGLANG_ORDER_TWIN`, rule `twin_decisions`):
+    the example's operations through SGLang's admission order, replaying SGLang's step
+    outcomes, must admit the same requests in the same rounds and run the same rows in every
+    forward."""
     return _with_pool_share_submits(
         conformance_machine(
             REAL_SGLANG_DLLM.factory,
-            profile=profile,
+            profile=EVERY_FIX_SPACE,
             configs=configs,
             parity="always",
-            name=name,
+            name="EveryFix",
             twin=SGLANG_ORDER_TWIN,
             twin_profile=SGLANG_DLLM_ORDER.profile,
         )
     )
-
-
-def _every_fix_machine(
-    configs: st.SearchStrategy[DllmConfig] | None = None,
-) -> type[RuleBasedStateMachine]:
-    return _sglang_suite(EVERY_FIX_SPACE, configs, "EveryFix")
 
 
 def test_suite_passes_below_the_headroom_with_every_fix() -> None:
