@@ -495,6 +495,14 @@ def replaying_twin(
     return twin
 
 
+# Decision twins of the policy-distinct built-ins (`schedspec verify --impl X --twin NAME`). The
+# joint and scripted references need none of their own: a replaying twin takes its step outcomes
+# from the run it checks, so only the policy tells references apart.
+REFERENCE_TWIN = replaying_twin()
+PREFILL_FIRST_TWIN = replaying_twin(policy=PREFILL_FIRST_POLICY)
+ROWS_RELEASED_TWIN = replaying_twin(policy=ROWS_RELEASED_POLICY)
+
+
 # The built-ins declare themselves with their profiles (`schedspec verify --impl
 # reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
 # configuration, FCFS admission, work-conserving, nothing reserved, no deviation.

@@ -1,6 +1,6 @@
 """`schedspec`: one entry point for every command.
 
-    schedspec verify [--impl NAME|module:attr ...] [--keep-going] [--accept FILE] ...
+    schedspec verify [--impl NAME|module:attr ...] [--twin NAME] [--keep-going] [--accept FILE] ...
     schedspec list-impls
     schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]
     schedspec prove [--bound K] [--json PATH]

@@ -29,6 +29,8 @@ class Builtin:
         batching; AR implementations have no outputs to compare: "never").
     engine: the `integrations` package of a real engine ("" for the project's own).
     default_verify: part of the main job (`schedspec verify` without --impl).
+    twin: import string of its decision twin (`properties.decisions.DecisionTwin`): it then
+        serves as `verify --twin NAME` ("" when it has none).
     """
 
     name: str
@@ -38,6 +40,7 @@ class Builtin:
     parity: ParityPolicy = "always"
     engine: str = ""
     default_verify: bool = True
+    twin: str = ""
 
     @property
     def target(self) -> str:
@@ -72,6 +75,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "reference-dllm",
         ("reference.dllm:REFERENCE_DLLM", "reference.dllm:make_scheduler"),
         "plain-Python reference dLLM scheduler, LowConfidence over pseudo-logits",
+        twin="reference.dllm:REFERENCE_TWIN",
     ),
     _dllm(
         "reference-dllm-joint",
@@ -90,6 +94,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
             "reference.dllm:make_prefill_first_scheduler",
         ),
         "the reference under PREFILL_FIRST: prefill-only or decode-only batches, prefill first",
+        twin="reference.dllm:PREFILL_FIRST_TWIN",
     ),
     _dllm(
         "reference-dllm-rows-released",
@@ -98,6 +103,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
             "reference.dllm:make_rows_released_scheduler",
         ),
         "the reference with rows released between rounds (FDFO without in-place reuse)",
+        twin="reference.dllm:ROWS_RELEASED_TWIN",
     ),
     _dllm(
         "sglang-dllm-order",
@@ -107,6 +113,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         ),
         "SGLang 0.5.23's dLLM admission order re-implemented on the reference (PREFILL_FIRST in "
         "its window, phase-separated)",
+        twin="reference.sglang_dllm:SGLANG_ORDER_TWIN",
     ),
     _dllm(
         "engine",

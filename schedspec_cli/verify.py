@@ -28,6 +28,7 @@ from schedspec_cli.impls import (
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
+from schedspec_cli.twins import ResolvedTwin, resolve_twin
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation
@@ -74,6 +75,15 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         help="dLLM: only generate configurations in these modes (repeatable)",
     )
     v.add_argument(
+        "--twin",
+        metavar="NAME|MODULE:ATTR",
+        help="dLLM: end every example by running its operations through this decision twin, "
+        "which replays the run's step outcomes and must admit and forward exactly alike (rule "
+        "twin_decisions): a built-in with a twin (reference-dllm, reference-dllm-prefill-first, "
+        "reference-dllm-rows-released, sglang-dllm-order) or module:attribute naming a "
+        "DecisionTwin",
+    )
+    v.add_argument(
         "--keep-going",
         action="store_true",
         help="a campaign: run on after a failure and report every distinct rule violated, each "
@@ -112,13 +122,13 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 # user gave can be told apart from one the run would ignore (`check_scope`).
 DEFAULT_PARITY: ParityPolicy = "always"
 MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
-_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity")
+_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin")
 
 
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
-    --keep-going, --accept, --json, --family, --mode and --parity shape --impl runs (--parity
-    stays None when not given, so that `plan` can refuse it for AR implementations);
+    --keep-going, --accept, --json, --family, --mode, --parity and --twin shape --impl runs
+    (--parity stays None when not given, so that `plan` can refuse it for AR implementations);
     --parity-prompts and --parity-tokens the main job's parity step."""
 
     def given(name: str) -> bool:
@@ -155,6 +165,7 @@ def check_scope(args: argparse.Namespace) -> None:
 class Plan:
     targets: tuple[Resolved, ...]
     accepted: tuple[AcceptedDeviation, ...]
+    twin: ResolvedTwin | None = None
 
 
 def known_rules() -> dict[str, str]:
@@ -179,11 +190,14 @@ def plan(args: argparse.Namespace) -> Plan:
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
+        if args.twin is not None and t.family is Family.AR:
+            raise ConfigError("--twin", args.twin, f"dLLM implementations only ({t.name})")
+    twin = resolve_twin(args.twin) if args.twin is not None else None
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
             _require_engine(t.builtin.engine)
-    return Plan(targets, accepted)
+    return Plan(targets, accepted, twin)
 
 
 def _require_engine(engine: str) -> None:
@@ -221,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
             fatal=(NotAnAdapter,),
             profile=profile_summary(t.implementation),
             call_timeout=args.call_timeout,
+            twin=p.twin.twin if p.twin else None,
+            twin_profile=p.twin.profile if p.twin else None,
+            twin_name=p.twin.name if p.twin else "",
         )
         bar.done()
         results.append(res)
@@ -237,25 +254,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_table(results: list[VerifyResult]) -> str:
-    rows = []
+    """One row per implementation; a `twin` column only when a decision twin was used."""
+    with_twin = any(r.twin for r in results)
+    rows: list[tuple[object, ...]] = []
     for r in results:
         accepted = ", ".join(f"{a['rule']} ({a['hits']} hits)" for a in r.accepted)
-        rows.append(
-            (
-                r.impl,
-                r.family,
-                "PASS" if r.passed else "FAIL",
-                r.examples,
-                r.steps,
-                f"{r.seconds:.1f}",
-                ", ".join(r.rules) or "-",
-                accepted or "-",
-            )
+        row: tuple[object, ...] = (
+            r.impl,
+            r.family,
+            "PASS" if r.passed else "FAIL",
+            r.examples,
+            r.steps,
+            f"{r.seconds:.1f}",
+            ", ".join(r.rules) or "-",
+            accepted or "-",
         )
-    return table(
-        ("impl", "family", "result", "examples", "steps", "seconds", "rules violated", "accepted"),
-        rows,
-    )
+        rows.append(row + ((r.twin or "-",) if with_twin else ()))
+    header = ("impl", "family", "result", "examples", "steps", "seconds", "rules violated")
+    return table(header + ("accepted",) + (("twin",) if with_twin else ()), rows)
 
 
 def to_json(results: list[VerifyResult]) -> dict[str, Any]:
@@ -286,6 +302,9 @@ def write_report(out: Path, results: list[VerifyResult], payload: dict[str, Any]
             f"| {r.impl} | {r.family} | {r.profile or '-'} | {'PASS' if r.passed else 'FAIL'} "
             f"| {r.examples} | {', '.join(r.rules) or '-'} | {accepted} |"
         )
+    twins = sorted({r.twin for r in results if r.twin})
+    if twins:
+        lines += ["", f"Decision twin (rule `twin_decisions`): {', '.join(twins)}"]
     lines.append("")
     lines.append(failures_markdown([r.to_json() for r in results]))
     lines.append(meta.markdown(payload["run"]))

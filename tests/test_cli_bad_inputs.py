@@ -177,6 +177,24 @@ def cases() -> list[tuple[str, list[str]]]:
     c.append(("verify-parity-bogus", ["verify", "--impl", "reference-dllm", "--parity", "some"]))
     c.append(("verify-mode-bogus", ["verify", "--impl", "reference-dllm", "--mode", "turbo"]))
     c.append(("verify-mode-ar", ["verify", "--impl", "vidur-vllm", "--mode", "sync"]))
+    # --twin: unknown, a built-in without a twin, wrong objects (an implementation factory also
+    # takes two arguments: the probe call tells it apart), an AR implementation
+    for twin in (
+        "",
+        "nonesuch",
+        "engine",
+        "vllm-v1",
+        "reference.dllm:make_scheduler",
+        "reference.dllm:ReferenceDllmScheduler",
+        "reference.dllm:REFERENCE_DLLM",
+        "reference.dllm:PREFILL_FIRST_POLICY",
+        "os:getcwd",
+        "no_such_module:x",
+    ):
+        c.append(
+            (f"verify-twin-{twin[-10:]}", ["verify", "--impl", "reference-dllm", "--twin", twin])
+        )
+    c.append(("verify-twin-ar", ["verify", "--impl", "vidur-vllm", "--twin", "reference-dllm"]))
     c.append(("verify-json-dir", ["verify", "--impl", "reference-dllm", "--json", "{dir}"]))
     c.append(("verify-call-timeout", ["verify", "--impl", "reference-dllm", "--call-timeout", "x"]))
     c.append(
@@ -395,6 +413,7 @@ def verify_flags_out_of_scope() -> list[tuple[str, list[str]]]:
         ("verify-main-job-parity", ["verify", "--parity", "never"]),
         ("verify-main-job-accept-empty", ["verify", "--accept", ""]),
         ("verify-main-job-json-empty", ["verify", "--json", ""]),
+        ("verify-main-job-twin", ["verify", "--twin", "reference-dllm"]),
         (
             "verify-impl-parity-prompts",
             ["verify", "--impl", "reference-dllm", "--parity-prompts", "2"],

@@ -130,3 +130,16 @@ def test_no_leak_after_drains_with_aborts_mid_block(
         engine.allocator.check_consistency()
     h.drain()
     _assert_clean(engine)
+
+
+def test_the_engine_decides_as_the_reference_through_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`schedspec verify --impl engine --twin reference-dllm`: the engine's scheduler admits and
+    forwards exactly as the FCFS reference does when the reference replays the engine's step
+    outcomes (rule `twin_decisions`; 1,000 examples passed once, docs/engine.md)."""
+    from schedspec_cli.main import main
+
+    argv = ["verify", "--impl", "engine", "--twin", "reference-dllm", "--examples", "60"]
+    assert main(argv) == 0, capsys.readouterr().out
+    assert "reference-dllm" in capsys.readouterr().out

@@ -883,3 +883,17 @@ def test_the_prefill_first_reference_differs_from_sglang_only_by_admission_order
     results = script.compare_programs(200, "prefill-first")
     assert not [r.seed for r in results if r.same_admissions and not r.same_forwards]
     assert sum(not r.same_admissions for r in results) > 0
+
+
+def test_as_released_sglang_decides_as_its_twin_through_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`schedspec verify --impl real-sglang-dllm --twin sglang-dllm-order`: on the suite's own
+    configurations SGLang 0.5.23, unpatched, admits and forwards as its admission order does
+    (the twin is checked under its own profile). The two findings inside the headroom need
+    requests of half the pool, which this run does not draw."""
+    from schedspec_cli.main import main
+
+    argv = ["verify", "--impl", "real-sglang-dllm", "--twin", "sglang-dllm-order"]
+    assert main([*argv, "--examples", "60"]) == 0, capsys.readouterr().out
+    assert "sglang-dllm-order" in capsys.readouterr().out

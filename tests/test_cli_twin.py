@@ -1,0 +1,90 @@
+"""`schedspec verify --impl X --twin NAME|module:attribute`: every example ends by running its
+operations through a decision twin that replays the run's step outcomes; the two must admit and
+forward alike (rule `twin_decisions`). The twin is named in the table, the JSON and report.md.
+Bad `--twin` values are exit 2 in one line (tests/test_cli_bad_inputs.py); real engines with
+their twins: tests/test_real_sglang.py and tests/test_engine_conformance.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from reference.dllm import PREFILL_FIRST_TWIN, REFERENCE_TWIN, ROWS_RELEASED_TWIN
+from reference.sglang_dllm import SGLANG_ORDER_TWIN
+from schedspec_cli.main import main
+from schedspec_cli.registry import BUILTINS
+from schedspec_cli.twins import resolve_twin, twin_names
+from spec.profile import DllmAdmission
+
+
+def test_an_implementation_that_decides_as_its_twin_passes_and_the_twin_is_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The scripted reference denoises otherwise than the plain one, but decides by the same
+    policy: replayed through the reference's twin, every example decides alike."""
+    out, report = tmp_path / "v.json", tmp_path / "report"
+    argv = ["verify", "--impl", "reference-dllm-scripted", "--twin", "reference-dllm"]
+    assert main([*argv, "--examples", "40", "--json", str(out), "--report", str(report)]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[-1] == "twin", header
+    data = json.loads(out.read_text())
+    assert data["passed"] and data["twin"] == "reference-dllm" and data["examples"] >= 40, data
+    md = (report / "report.md").read_text()
+    assert "Decision twin (rule `twin_decisions`): reference-dllm" in md
+
+
+def test_a_twin_of_another_policy_fails_the_run_by_twin_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The FCFS reference checked against the PREFILL_FIRST twin: a program where a prompt-only
+    request waits behind another is found, and the message names the round and both
+    decisions. Without --twin the same run passes (the suite alone cannot tell policies apart
+    here: both are inside the idealised spec)."""
+    out = tmp_path / "v.json"
+    argv = ["verify", "--impl", "reference-dllm", "--examples", "100", "--mode", "sync"]
+    assert main([*argv, "--twin", "reference-dllm-prefill-first", "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["rules"] == ["twin_decisions"], data["rules"]
+    message = data["failures"][0]["message"]
+    shape = r"\[twin_decisions\] round \d+: the implementation (admits|forwards) .*, its twin \1 "
+    assert re.match(shape, message), message
+    assert "state.configure(" in data["failures"][0]["program"]
+    capsys.readouterr()
+    assert main(argv) == 0
+
+
+def test_a_module_attribute_twin_is_checked_under_the_implementations_profile(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A user's own twin: `module:attribute` naming a DecisionTwin. The PREFILL_FIRST reference
+    passes against the PREFILL_FIRST twin named this way (checked under the implementation's
+    PREFILL_FIRST profile)."""
+    target = "reference.dllm:PREFILL_FIRST_TWIN"
+    argv = ["verify", "--impl", "reference-dllm-prefill-first", "--twin", target]
+    assert main([*argv, "--examples", "30"]) == 0
+    assert target in capsys.readouterr().out
+    resolved = resolve_twin(target)
+    assert resolved.twin is PREFILL_FIRST_TWIN and resolved.profile is None
+
+
+def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -> None:
+    """`--twin NAME` loads the twin the registry names, checked under that built-in's own
+    profile (so SGLang's order is checked as not work-conserving, whatever it checks)."""
+    expected = {
+        "reference-dllm": REFERENCE_TWIN,
+        "reference-dllm-prefill-first": PREFILL_FIRST_TWIN,
+        "reference-dllm-rows-released": ROWS_RELEASED_TWIN,
+        "sglang-dllm-order": SGLANG_ORDER_TWIN,
+    }
+    assert twin_names() == sorted(expected)
+    for name, twin in expected.items():
+        resolved = resolve_twin(name)
+        assert resolved.twin is twin, name
+        assert resolved.profile is not None, name
+    sglang = resolve_twin("sglang-dllm-order").profile
+    assert sglang is not None and sglang.policy.admission is DllmAdmission.PREFILL_FIRST
+    assert not sglang.policy.work_conserving
+    assert all(BUILTINS[n].family.value == "dllm" for n in expected)
