@@ -16,7 +16,7 @@ import io
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeAlias
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
@@ -26,6 +26,8 @@ from properties.conformance import ParityPolicy, StepCounter, conformance_machin
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from properties.decisions import DecisionTwin
 from spec.adapter import ImplementationFactory
+from spec.ar.adapter import ArImplementationFactory
+from spec.ar.profile import ArPolicy
 from spec.errors import SpecViolation
 from spec.implementation import Family, Implementation
 from spec.profile import AcceptedDeviation, DllmProfile
@@ -80,6 +82,32 @@ class VerifyResult:
             "stopped": self.stopped,
             "twin": self.twin,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class DllmTwin:
+    """A dLLM decision twin: `replay` builds, from one run, a scheduler that denoises as that
+    run did (`properties.decisions.DecisionTwin`); it is checked against the spec under
+    `profile` (None: the implementation's own)."""
+
+    name: str
+    replay: DecisionTwin
+    profile: DllmProfile | None = None
+    family: ClassVar[Family] = Family.DLLM
+
+
+@dataclass(frozen=True, slots=True)
+class ArTwin:
+    """An AR decision twin: another AR implementation (deterministic given the operations),
+    checked against the spec under `policy` (None: the twin adapter's own rules)."""
+
+    name: str
+    factory: ArImplementationFactory
+    policy: ArPolicy | None = None
+    family: ClassVar[Family] = Family.AR
+
+
+Twin: TypeAlias = DllmTwin | ArTwin
 
 
 def verify_settings(examples: int, seed_derandomize: bool = True) -> settings:
@@ -180,12 +208,15 @@ def machine_for(
     configs: SearchStrategy[Any] | None = None,
     counter: StepCounter | None = None,
     name: str = "",
-    twin: DecisionTwin | None = None,
-    twin_profile: DllmProfile | None = None,
+    twin: Twin | None = None,
 ) -> type[RuleBasedStateMachine]:
-    """The conformance machine of the implementation's family, under its profile (dLLM only:
-    each example ends with `twin`, checked under `twin_profile`, default the implementation's
-    profile; see `conformance_machine`)."""
+    """The conformance machine of the implementation's family, under its profile; with `twin`
+    (of the same family) every example ends with that decision twin (rule `twin_decisions`)."""
+    if twin is not None and twin.family is not implementation.family:
+        raise ValueError(
+            f"a {twin.family.value} twin ({twin.name}) for a {implementation.family.value} "
+            "implementation"
+        )
     kwargs: dict[str, Any] = {"profile": implementation.profile, "counter": counter}
     if configs is not None:
         kwargs["configs"] = configs
@@ -194,15 +225,15 @@ def machine_for(
         build = conformance_machine
         kwargs["parity"] = parity
         kwargs["name"] = name or "Conformance"
-        kwargs["twin"] = twin
-        kwargs["twin_profile"] = twin_profile
+        if isinstance(twin, DllmTwin):
+            kwargs["twin"], kwargs["twin_profile"] = twin.replay, twin.profile
     else:
-        if twin is not None:
-            raise ValueError("a decision twin is for dLLM implementations only")
         from properties.ar.conformance import ar_conformance_machine
 
         build = ar_conformance_machine
         kwargs["name"] = name or "ArConformance"
+        if isinstance(twin, ArTwin):
+            kwargs["twin"], kwargs["twin_policy"] = twin.factory, twin.policy
     factory: Any = implementation.factory
     return build(factory, **_accepted_kwargs(build, kwargs))
 
@@ -220,9 +251,7 @@ def verify_implementation(
     fatal: tuple[type[BaseException], ...] = (),
     profile: str = "",
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
-    twin: DecisionTwin | None = None,
-    twin_profile: DllmProfile | None = None,
-    twin_name: str = "",
+    twin: Twin | None = None,
 ) -> VerifyResult:
     """Check `implementation` (either family) with `examples` generated programs per run.
 
@@ -231,7 +260,7 @@ def verify_implementation(
     An error of a type in `fatal` (e.g. a factory that returns no adapter) is re-raised.
     `call_timeout`: seconds each call into the implementation may take (None or 0: no limit);
     a call that takes longer is a `progress` failure and ends the run (`properties.deadline`).
-    `twin` (dLLM only; `twin_name` for the record): every example ends by running its operations
+    `twin` (of the implementation's family): every example ends by running its operations
     through this decision twin, which must decide exactly alike (rule `twin_decisions`).
     """
     from properties.campaign import run_campaign
@@ -244,7 +273,6 @@ def verify_implementation(
         configs=configs,
         counter=counter,
         twin=twin,
-        twin_profile=twin_profile,
     )
     pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
     start = time.perf_counter()
@@ -262,13 +290,16 @@ def verify_implementation(
         profile=profile,
         accepted=[a.to_json() for a in campaign.accepted],
         stopped=campaign.stopped,
-        twin=twin_name if twin is not None else "",
+        twin=twin.name if twin is not None else "",
     )
     return result
 
 
 __all__ = [
+    "ArTwin",
+    "DllmTwin",
     "Failure",
+    "Twin",
     "VerifyResult",
     "failure_from",
     "machine_for",

@@ -1,61 +1,79 @@
-"""`verify --twin NAME|module:attribute` -> a decision twin and the profile it is checked under.
+"""`verify --twin NAME|module:attribute` -> a decision twin of the implementations' family.
 
-A decision twin (`properties.decisions.DecisionTwin`) takes one run's events and config and
-returns a factory for a scheduler that denoises exactly as that run did, so the two can differ
-only in what they decide: whom they admit when, and which blocks each forward runs (rule
+A decision twin makes the same run's decisions a second time; the two must agree (rule
 `twin_decisions`).
 
+dLLM (`properties.verify.DllmTwin`): the twin takes one run's events and config and returns a
+factory for a scheduler that denoises exactly as that run did, so only the scheduling decisions
+(whom to admit when, which blocks each forward runs) can differ.
 - A built-in name: a built-in that declares a twin (`Builtin.twin`), checked against the spec
   under that built-in's own profile (the twin of `sglang-dllm-order` is not work-conserving,
   whatever the implementation it checks declares).
 - `module:attribute`: a `DecisionTwin` of the user's own (e.g. `reference.dllm.replaying_twin(
-  MyScheduler, MY_POLICY)`), checked under the implementation's profile: the twin must decide as
-  the implementation does, so it lives in the same declared space.
+  MyScheduler, MY_POLICY)`), checked under the implementation's profile. It is called once for
+  an empty run before any example, so an implementation factory named by mistake (it too takes
+  two arguments) is an input error, not a failure in every example.
 
-The twin is loaded and its signature checked before any example runs.
+AR (`properties.verify.ArTwin`): an AR scheduler is deterministic given its operations, so the
+twin is any AR implementation: a built-in (`vllm-v1` for `real-vllm`) or `module:attribute`
+naming an `ArImplementation` or factory, checked under its own profile's policy.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Any
 
 from properties.decisions import DecisionTwin
+from properties.verify import ArTwin, DllmTwin, Twin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.config import DllmConfig
 from spec.errors import ConfigError
-from spec.profile import DllmProfile
+from spec.implementation import Family
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedTwin:
-    """What `--twin` named: its display name, the twin, and the profile it is checked under
-    (None: the implementation's own)."""
-
-    name: str
-    twin: DecisionTwin
-    profile: DllmProfile | None
-
-
-def twin_names() -> list[str]:
-    """The built-ins that serve as `--twin NAME`."""
+def twin_names(family: Family) -> list[str]:
+    """The built-ins that serve as `--twin NAME` for implementations of `family`."""
+    if family is Family.AR:
+        return sorted(b.name for b in BUILTINS.values() if b.family is Family.AR)
     return sorted(b.name for b in BUILTINS.values() if b.twin)
 
 
-def resolve_twin(name: str) -> ResolvedTwin:
-    """Resolve `--twin` (raises ConfigError naming `--twin` and what would be valid)."""
-    valid = f"a built-in with a decision twin {twin_names()} or 'module:attribute'"
+def resolve_twin(name: str, family: Family) -> Twin:
+    """Resolve `--twin` for implementations of `family` (raises ConfigError naming `--twin` and
+    what would be valid)."""
+    valid = f"a built-in {twin_names(family)} or 'module:attribute'"
     builtin = BUILTINS.get(name)
-    if builtin is not None and builtin.twin:
+    if builtin is not None and builtin.family is not family:
+        raise ConfigError(
+            "--twin",
+            name,
+            f"a twin of the {family.value} family ({name} is {builtin.family.value}): {valid}",
+        )
+    if builtin is None and ":" not in name:
+        raise ConfigError("--twin", name, valid)
+    if family is Family.AR:
+        return _ar_twin(name)
+    if builtin is not None:
+        if not builtin.twin:
+            raise ConfigError("--twin", name, f"a built-in with a decision twin: {valid}")
         from schedspec_cli.impls import resolve_builtin
 
         profile: Any = resolve_builtin(builtin).implementation.profile
-        return ResolvedTwin(name, _callable_twin(builtin.twin), profile)
-    if ":" not in name:
-        raise ConfigError("--twin", name, valid)
-    return ResolvedTwin(name, _callable_twin(name), None)
+        return DllmTwin(name, _callable_twin(builtin.twin), profile)
+    return DllmTwin(name, _callable_twin(name), None)
+
+
+def _ar_twin(name: str) -> ArTwin:
+    from schedspec_cli.impls import resolve
+
+    try:
+        resolved = resolve(name, Family.AR)
+    except ConfigError as err:  # named for the flag the user gave
+        raise ConfigError("--twin", name, err.valid) from None
+    impl: Any = resolved.implementation
+    return ArTwin(name, impl.factory, impl.profile.policy)
 
 
 def _callable_twin(target: str) -> DecisionTwin:
@@ -75,8 +93,8 @@ def _callable_twin(target: str) -> DecisionTwin:
 
 
 def _probe(twin: DecisionTwin, target: str, what: str) -> None:
-    """Call the twin once for an empty run: an implementation factory named by mistake (it
-    also takes two arguments) fails here, in one line, instead of failing every example."""
+    """Call the twin once for an empty run: an implementation factory named by mistake fails
+    here, in one line, instead of failing every example."""
     try:
         factory: object = twin((), DllmConfig())
     except Exception as err:  # whatever a wrong object raises, it is an input error
@@ -93,4 +111,4 @@ def _is_adapter(obj: object) -> bool:
     return all(callable(getattr(obj, m, None)) for m in ("submit", "run_round", "snapshot"))
 
 
-__all__ = ["ResolvedTwin", "resolve_twin", "twin_names"]
+__all__ = ["resolve_twin", "twin_names"]

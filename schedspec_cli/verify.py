@@ -14,7 +14,7 @@ from typing import Any
 
 from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S
-from properties.verify import VerifyResult, verify_implementation
+from properties.verify import Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive, refuse_ignored
 from schedspec_cli.engine_cmds import check_shipped_parity
@@ -27,8 +27,8 @@ from schedspec_cli.impls import (
 )
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
-from schedspec_cli.registry import ParityPolicy
-from schedspec_cli.twins import ResolvedTwin, resolve_twin
+from schedspec_cli.registry import BUILTINS, ParityPolicy
+from schedspec_cli.twins import resolve_twin
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation
@@ -77,11 +77,12 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--twin",
         metavar="NAME|MODULE:ATTR",
-        help="dLLM: end every example by running its operations through this decision twin, "
-        "which replays the run's step outcomes and must admit and forward exactly alike (rule "
-        "twin_decisions): a built-in with a twin (reference-dllm, reference-dllm-prefill-first, "
-        "reference-dllm-rows-released, sglang-dllm-order) or module:attribute naming a "
-        "DecisionTwin",
+        help="end every example by running its operations through this decision twin, which "
+        "must decide exactly alike (rule twin_decisions). dLLM: a built-in with a twin "
+        "(reference-dllm, reference-dllm-prefill-first, reference-dllm-rows-released, "
+        "sglang-dllm-order; it replays the run's step outcomes) or module:attribute naming a "
+        "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
+        "an AR implementation",
     )
     v.add_argument(
         "--keep-going",
@@ -165,7 +166,7 @@ def check_scope(args: argparse.Namespace) -> None:
 class Plan:
     targets: tuple[Resolved, ...]
     accepted: tuple[AcceptedDeviation, ...]
-    twin: ResolvedTwin | None = None
+    twin: Twin | None = None
 
 
 def known_rules() -> dict[str, str]:
@@ -190,9 +191,16 @@ def plan(args: argparse.Namespace) -> Plan:
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
-        if args.twin is not None and t.family is Family.AR:
-            raise ConfigError("--twin", args.twin, f"dLLM implementations only ({t.name})")
-    twin = resolve_twin(args.twin) if args.twin is not None else None
+    twin = None
+    if args.twin is not None:
+        families = {t.family for t in targets}
+        if len(families) > 1:
+            names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
+            raise ConfigError("--twin", args.twin, f"--impl targets of one family ({names})")
+        twin = resolve_twin(args.twin, targets[0].family)
+        builtin = BUILTINS.get(args.twin)
+        if builtin is not None and builtin.engine:
+            _require_engine(builtin.engine)
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
@@ -235,9 +243,7 @@ def run(args: argparse.Namespace) -> int:
             fatal=(NotAnAdapter,),
             profile=profile_summary(t.implementation),
             call_timeout=args.call_timeout,
-            twin=p.twin.twin if p.twin else None,
-            twin_profile=p.twin.profile if p.twin else None,
-            twin_name=p.twin.name if p.twin else "",
+            twin=p.twin,
         )
         bar.done()
         results.append(res)

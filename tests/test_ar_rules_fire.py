@@ -206,6 +206,11 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     # raised by `ReplayHarness.guarded`, which the AR conformance machine shares with the dLLM
     # one (an AR engine's case, tests.test_real_vidur, needs Vidur installed)
     "implementation_error": (BASE, "test_unexpected_exception_is_an_implementation_error_finding"),
+    # a cross-run rule: the suite with a decision twin of another policy
+    "twin_decisions": (
+        "tests.test_ar_decisions",
+        "test_a_twin_without_vllms_options_fails_the_suite_by_twin_decisions",
+    ),
 }
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from properties.verify import DllmTwin
 from reference.dllm import PREFILL_FIRST_TWIN, REFERENCE_TWIN, ROWS_RELEASED_TWIN
 from reference.sglang_dllm import SGLANG_ORDER_TWIN
 from schedspec_cli.main import main
 from schedspec_cli.registry import BUILTINS
 from schedspec_cli.twins import resolve_twin, twin_names
+from spec.implementation import Family
 from spec.profile import DllmAdmission
 
 
@@ -66,8 +68,9 @@ def test_a_module_attribute_twin_is_checked_under_the_implementations_profile(
     argv = ["verify", "--impl", "reference-dllm-prefill-first", "--twin", target]
     assert main([*argv, "--examples", "30"]) == 0
     assert target in capsys.readouterr().out
-    resolved = resolve_twin(target)
-    assert resolved.twin is PREFILL_FIRST_TWIN and resolved.profile is None
+    resolved = resolve_twin(target, Family.DLLM)
+    assert isinstance(resolved, DllmTwin)
+    assert resolved.replay is PREFILL_FIRST_TWIN and resolved.profile is None
 
 
 def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -> None:
@@ -79,12 +82,13 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
         "reference-dllm-rows-released": ROWS_RELEASED_TWIN,
         "sglang-dllm-order": SGLANG_ORDER_TWIN,
     }
-    assert twin_names() == sorted(expected)
+    assert twin_names(Family.DLLM) == sorted(expected)
     for name, twin in expected.items():
-        resolved = resolve_twin(name)
-        assert resolved.twin is twin, name
+        resolved = resolve_twin(name, Family.DLLM)
+        assert isinstance(resolved, DllmTwin) and resolved.replay is twin, name
         assert resolved.profile is not None, name
-    sglang = resolve_twin("sglang-dllm-order").profile
-    assert sglang is not None and sglang.policy.admission is DllmAdmission.PREFILL_FIRST
-    assert not sglang.policy.work_conserving
-    assert all(BUILTINS[n].family.value == "dllm" for n in expected)
+    sglang = resolve_twin("sglang-dllm-order", Family.DLLM)
+    assert isinstance(sglang, DllmTwin) and sglang.profile is not None
+    assert sglang.profile.policy.admission is DllmAdmission.PREFILL_FIRST
+    assert not sglang.profile.policy.work_conserving
+    assert all(BUILTINS[n].family is Family.DLLM for n in expected)

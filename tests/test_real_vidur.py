@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -94,10 +95,20 @@ def violation(h: ArHarness, *requests: ArRequest) -> SpecViolation | None:
 
 
 def suite(
-    impl: ArImplementation, examples: int, ignored: frozenset[str] = frozenset()
+    impl: ArImplementation,
+    examples: int,
+    ignored: frozenset[str] = frozenset(),
+    twin: ArImplementation | None = None,
+    shrink: bool = True,
 ) -> SpecViolation | BaseException | None:
-    """Run the AR conformance suite on `impl` under its profile; the failure, or None."""
-    base = ar_conformance_machine(impl.factory, profile=impl.profile)
+    """Run the AR conformance suite on `impl` under its profile (with `twin`: every example
+    ends with that decision twin, rule `twin_decisions`); the failure, or None."""
+    base = ar_conformance_machine(
+        impl.factory,
+        profile=impl.profile,
+        twin=twin.factory if twin else None,
+        twin_policy=twin.profile.policy if twin else None,
+    )
     accepted = frozenset(d.rule for d in impl.profile.deviations)
     machine = type(
         base.__name__, (base,), {"ignored_rules": accepted | ignored, "ignored_hits": {}}
@@ -111,7 +122,7 @@ def suite(
                 deadline=None,
                 derandomize=True,
                 database=None,
-                phases=(Phase.generate, Phase.shrink),
+                phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
                 suppress_health_check=list(HealthCheck),
             ),
         )
@@ -452,3 +463,79 @@ def test_reference_is_decision_identical_to_the_patched_real_class(
         assert runs[0] == runs[1], (config, reqs)
         compared += 1
     assert compared == 100
+
+
+REAL_AND_REFERENCE = {
+    "vllm": (REAL_VIDUR_VLLM, "VIDUR_VLLM"),
+    "sarathi": (REAL_VIDUR_SARATHI, "VIDUR_SARATHI"),
+    "orca": (REAL_VIDUR_ORCA, "VIDUR_ORCA"),
+    "lightllm": (REAL_VIDUR_LIGHTLLM, "VIDUR_LIGHTLLM"),
+    "ft": (REAL_VIDUR_FT, "VIDUR_FT"),
+}
+
+
+def _real_with_its_twin(kind: str) -> tuple[ArImplementation, ArImplementation]:
+    from reference.ar import vidur as ref
+
+    real, name = REAL_AND_REFERENCE[kind]
+    twin: ArImplementation = getattr(ref, name)
+    return real, twin
+
+
+@pytest.mark.parametrize("kind", ["orca", "lightllm", "ft"])
+def test_patched_real_classes_decide_as_the_reference_on_every_example(
+    vidur: Any, patched: Callable[[str], None], kind: str
+) -> None:
+    """The decision identity above, on the suite's generated programs instead of 100 seeded
+    bursts: every example of the AR suite on the patched real class ends by running its
+    operations through the reference (`vidur-<kind>`), which must decide alike step by step
+    (rule `twin_decisions`; `properties.ar.decisions`). 1,000 examples each passed once."""
+    patched(kind)
+    real, twin = _real_with_its_twin(kind)
+    assert suite(real, 60, twin=twin) is None
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sarathi"])
+def test_vidurs_vllm_and_sarathi_differ_from_the_reference_on_purpose(
+    vidur: Any, patched: Callable[[str], None], kind: str
+) -> None:
+    """The two documented differences (docs/engines.md): Vidur 0.0.25's vLLM sums a batch's
+    prefill tokens where the reference pads, so it schedules more at once; its Sarathi
+    restarts a decode that needs no block when none is free, which the reference does not. The
+    twin sees each, with its fixes applied, in the tokens scheduled (Sarathi's restart
+    recomputes the decode's whole context; shrunk, the same restart shows as a preemption the
+    twin does not make)."""
+    patched(kind)
+    real, twin = _real_with_its_twin(kind)
+    err = suite(real, 300, twin=twin, shrink=False)  # the first difference is enough here
+    assert isinstance(err, SpecViolation) and err.rule == "twin_decisions", err
+    assert re.match(r"\[twin_decisions\] step \d+: the implementation schedules ", str(err)), err
+
+
+def test_lightllm_peak_counts_the_length_the_request_will_produce(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """Found by the decision twin at 1,000 examples (2026-11-25): Vidur knows each request's
+    output length in advance, and LightLLM's peak-memory admission counts with it. `r4` (one
+    prompt token, max_tokens 2, a stop token after its first output) will produce one token,
+    so its peak is its prompt and, after one decode batch of `r3` (max_waiting_iters=1), it is
+    admitted beside `r3` in step 5. The reference counted max_tokens, found no room and
+    decoded `r3` again."""
+    from reference.ar.vidur import VIDUR_LIGHTLLM
+    from spec.ar.decisions import first_difference, step_decisions
+
+    patched("lightllm")
+    config = cfg(
+        block_size=1, num_blocks=4, max_num_batched_tokens=4, max_model_len=4, max_waiting_iters=1
+    )
+    runs = []
+    for impl in (REAL_VIDUR_LIGHTLLM, VIDUR_LIGHTLLM):
+        h = harness(impl, config)
+        for i, most in enumerate((1, 1, 1, 3)):
+            h.submit(ArRequest(f"r{i}", 1, most, arrival_time=float(i + 1)))
+            h.step()
+        h.submit(ArRequest("r4", 1, 2, stop_after=1, arrival_time=5.0))
+        h.drain()
+        runs.append(step_decisions(h.events))
+    assert runs[0][5].scheduled == (("r4", 1),), runs[0]
+    assert first_difference(runs[0], runs[1]) is None

@@ -455,3 +455,80 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
 def test_a_core_program_needs_one_abort_tuple_per_step() -> None:
     with pytest.raises(ValueError, match="2 steps of arrivals but 1 of aborts"):
         CoreProgram(ArConfig(), ((), ()), ((),))
+
+
+# ---------------------------------------------------------------- decision twins
+def test_real_vllm_decides_as_its_re_implementation_through_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`verify --impl real-vllm[-prefix] --twin vllm-v1[-prefix]`: every example of the AR suite
+    ends by running its operations through the reference; both decide alike, step by step
+    (rule `twin_decisions`: tokens, preemptions, fresh blocks, finishes)."""
+    from schedspec_cli.main import main
+
+    for impl, twin in (("real-vllm", "vllm-v1"), ("real-vllm-prefix", "vllm-v1-prefix")):
+        argv = ["verify", "--impl", impl, "--twin", twin, "--examples", str(EXAMPLES)]
+        assert main(argv) == 0, capsys.readouterr().out
+        assert twin in capsys.readouterr().out
+
+
+# Two programs where vLLM 0.33's prefix cache hits and the `vllm-v1-prefix` reference did not,
+# found by `verify --impl real-vllm-prefix --twin vllm-v1-prefix` (2026-11-25): each is
+# (config, per step the (id, prompt tokens, max_tokens) arriving before it).
+_EVICTION_ORDER = (  # r0's decode took r1's first freed block, the prefix r2 then missed
+    ArConfig(
+        block_size=1,
+        num_blocks=14,
+        max_num_batched_tokens=13,
+        max_num_seqs=2,
+        max_model_len=9,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=True,
+    ),
+    [[("r0", (100,) * 5, 2), ("r1", (7,) * 5 + (100,) * 3, 1), ("r2", (7, 100), 1)]],
+)
+_EQUAL_CONTENT = (  # evicting r2's cached [100] lost r4's copy of the same content too
+    ArConfig(
+        block_size=1,
+        num_blocks=13,
+        max_num_batched_tokens=12,
+        max_num_seqs=2,
+        max_model_len=12,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=True,
+    ),
+    [
+        [("r0", (5,), 1)],
+        [("r1", (7,) * 6, 6)],
+        [("r2", (100,), 1)],
+        [("r3", (100,), 1)],
+        [("r4", (100,), 3)],
+        [("r5", (100,), 1)],
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    "case", [_EVICTION_ORDER, _EQUAL_CONTENT], ids=["eviction-order", "equal-content"]
+)
+def test_the_prefix_reference_hits_where_vllm_hits(
+    case: tuple[ArConfig, list[list[tuple[str, tuple[int, ...], int]]]],
+) -> None:
+    from reference.ar.prefix_cache import VLLM_V1_PREFIX
+    from spec.ar.events import ArCacheHit
+
+    config, steps = case
+    arrivals = [
+        [ArRequest(rid, len(prompt), most, prompt=prompt) for rid, prompt, most in batch]
+        for batch in steps
+    ]
+    real = decisions(REAL_VLLM_PREFIX.factory, config, arrivals)
+    assert first_difference(real, decisions(VLLM_V1_PREFIX.factory, config, arrivals)) is None
+    events: list[ArEvent] = []
+    impl = REAL_VLLM_PREFIX.factory(config, events.append)
+    for batch in arrivals:
+        for r in batch:
+            impl.submit(r)
+        impl.step()
+    impl.drain(100)
+    assert any(isinstance(e, ArCacheHit) for e in events), "the program no longer hits"

@@ -1,9 +1,10 @@
 """The differential between vLLM 0.33.0's real scheduler and the `vllm-v1` reference.
 
 Generated programs (a configuration plus, per step, the requests that arrive before it) go
-through two AR implementations; their decisions are compared step by step: the tokens
-scheduled per request, the requests preempted (a victim scheduled earlier in its step counts as
-unscheduled) and the requests that finished after it. Depends on `spec` only: the callers
+through two AR implementations; their decisions are compared step by step
+(`spec.ar.decisions`: the tokens scheduled per request, the requests preempted, a victim
+scheduled earlier in its step counting as unscheduled, the fresh blocks each request was given
+and the requests that finished). Depends on `spec` only: the callers
 compose the implementations (tests/test_real_vllm.py, and scripts/vllm_differential.py for the
 figures in docs/engines.md).
 """
@@ -16,11 +17,9 @@ from collections.abc import Sequence
 
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
-from spec.ar.events import ArEvent, ArFinished, ArPreempted, ArScheduled, ArStepEnd
+from spec.ar.decisions import StepDecision, first_difference, step_decisions
+from spec.ar.events import ArEvent
 from spec.errors import RequestError
-
-#: Per step: ((request, tokens) scheduled, sorted), (preempted, in order), (finished after it).
-Decision = tuple[tuple[tuple[str, int], ...], tuple[str, ...], tuple[str, ...]]
 
 
 def program(seed: int) -> tuple[ArConfig, list[list[ArRequest]]]:
@@ -66,8 +65,9 @@ def program(seed: int) -> tuple[ArConfig, list[list[ArRequest]]]:
 
 def decisions(
     factory: ArImplementationFactory, config: ArConfig, arrivals: Sequence[Sequence[ArRequest]]
-) -> list[Decision]:
-    """Run the program (arrivals, one step after each batch, then drain); its decisions."""
+) -> list[StepDecision]:
+    """Run the program (arrivals, one step after each batch, then drain); its decisions, step
+    by step (`spec.ar.decisions`: tokens scheduled, preemptions, fresh blocks, finishes)."""
     events: list[ArEvent] = []
     impl = factory(config, events.append)
     for batch in arrivals:
@@ -77,33 +77,7 @@ def decisions(
                 impl.submit(req)
         impl.step()
     impl.drain(2_000)
-    out: list[Decision] = []
-    sched: list[tuple[str, int]] = []
-    pre: list[str] = []
-    for e in events:
-        if isinstance(e, ArScheduled):
-            sched.append((e.request_id, e.num_tokens))
-        elif isinstance(e, ArPreempted):
-            pre.append(e.request_id)
-            # a victim scheduled earlier in the step is unscheduled (vLLM's priority policy)
-            sched = [(rid, n) for rid, n in sched if rid != e.request_id]
-        elif isinstance(e, ArStepEnd):
-            out.append((tuple(sorted(sched)), tuple(pre), ()))
-            sched, pre = [], []
-        elif isinstance(e, ArFinished) and out:
-            s, p, f = out[-1]
-            out[-1] = (s, p, (*f, e.request_id))
-    return out
-
-
-def first_difference(a: list[Decision], b: list[Decision]) -> str | None:
-    """Where two decision sequences first differ (None: identical)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"step {i}: first {x}, second {y}"
-    if len(a) != len(b):
-        return f"the first ran {len(a)} steps, the second {len(b)}"
-    return None
+    return step_decisions(events)
 
 
 def count_differences(
@@ -119,4 +93,4 @@ def count_differences(
     return seeds
 
 
-__all__ = ["Decision", "count_differences", "decisions", "first_difference", "program"]
+__all__ = ["count_differences", "decisions", "first_difference", "program"]

@@ -24,12 +24,13 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rule
 
+from properties.ar.decisions import twin_difference
 from properties.ar.harness import ArHarness
 from properties.ar.strategies import ar_configs, ar_configs_in, prompts, request_sizes
 from properties.conformance_base import ConformanceBase, StepCounter
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
-from spec.ar.profile import ArConfigSpace, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.errors import ConfigError
 
 DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Policy.FCFS)
@@ -42,11 +43,17 @@ def ar_conformance_machine(
     configs: st.SearchStrategy[ArConfig] | None = None,
     counter: StepCounter | None = None,
     name: str = "ArConformance",
+    twin: ArImplementationFactory | None = None,
+    twin_policy: ArPolicy | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s AR implementation against the AR spec, under
     `profile` (default: the idealised spec, every configuration).
 
     configs: overrides the configurations drawn (those outside `profile.space` are discarded).
+    twin: a decision twin (another AR implementation): at the end of every example the
+        example's operations run through it and must decide exactly alike, step by step (rule
+        `twin_decisions`, `properties.ar.decisions`); it is checked against the spec under
+        `twin_policy` (None: the twin adapter's own rules).
     """
     prof = profile if profile is not None else ArProfile()
     space = prof.space
@@ -146,6 +153,14 @@ def ar_conformance_machine(
             """Several steps at once (long requests get to finish)."""
             for _ in range(4):
                 self.run("step", self.harness.step)
+
+        def teardown_checks(self) -> None:
+            if twin is None:
+                return
+            h = self.harness
+            differs = twin_difference(h.ops, h.events, h.config, twin, twin_policy)
+            if differs is not None:
+                raise h._violate("twin_decisions", differs)
 
     ArConformance.__name__ = name
     ArConformance.__qualname__ = name

@@ -5,11 +5,16 @@ faulty event, with the implementation's stack live), the state invariants are ch
 event, and the implementation's own snapshot is compared with the abstract state after every
 step, abort and drain. The spec checks the ordering rules the implementation declares
 (`adapter.rules`); the core rules hold for all.
+
+The harness records every operation it was asked for (`ops`: `ArSubmit`, `ArAbort`, `ArStep`,
+`ArDrain`, rejected submissions and unknown aborts included), so that the same run can be
+replayed through another implementation (`properties.ar.decisions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from properties.replay import ReplayHarness
 from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
@@ -21,6 +26,29 @@ from spec.ar.profile import ArPolicy
 from spec.errors import RequestError, SpecViolation, UnknownRequest
 
 
+@dataclass(frozen=True, slots=True)
+class ArSubmit:
+    request: ArRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ArAbort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArStep:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ArDrain:
+    max_steps: int
+
+
+ArOp: TypeAlias = ArSubmit | ArAbort | ArStep | ArDrain
+
+
 @dataclass
 class ArHarness(ReplayHarness[ArSpecMachine]):
     """One AR implementation under test, built by `factory` for `config`."""
@@ -30,6 +58,7 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
     check_invariants: bool = True
     events: list[ArEvent] = field(default_factory=list)
     policy: ArPolicy | None = None  # the declared policy; None: the adapter's `rules`
+    ops: list[ArOp] = field(default_factory=list)  # every operation asked for, in order
 
     def __post_init__(self) -> None:
         self.violation: SpecViolation | None = None
@@ -51,9 +80,11 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
     # ------------------------------------------------------------------ operations
     def submit(self, request: ArRequest) -> RequestError | None:
         """Submit; return the typed error if the implementation (rightly) rejected it."""
+        self.ops.append(ArSubmit(request))
         return self._checked_submit(request, self.impl.submit)
 
     def abort(self, request_id: str) -> UnknownRequest | None:
+        self.ops.append(ArAbort(request_id))
         return self._checked_abort(
             request_id,
             self.impl.abort,
@@ -63,6 +94,7 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
 
     def step(self) -> None:
         expected = self.spec.step_index
+        self.ops.append(ArStep())
         self.impl.step()
         if self.spec.step_index <= expected:
             raise self._violate(
@@ -72,6 +104,7 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         self._check_snapshot()
 
     def drain(self, max_steps: int = 10_000) -> None:
+        self.ops.append(ArDrain(max_steps))
         self.impl.drain(max_steps)
         if not self.spec.is_idle():
             raise self._violate(

@@ -75,18 +75,23 @@ class CachingBlockPool(BlockPool):
     """Prefix caching (vLLM's design, written anew): full blocks are cached by content (a key
     chained over the tokens up to the block's end); blocks are shared with reference counts;
     a block whose count drops to 0 goes to the tail of the free queue still cached, and is
-    evicted when it is allocated afresh from the head (least recently freed first)."""
+    evicted when it is allocated afresh from the head (least recently freed first). Blocks of
+    equal content are not de-duplicated: each stays cached until it is evicted itself, and a
+    lookup takes the earliest cached one still there (vLLM's `BlockHashToBlockMap`)."""
 
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         super().__init__(config, sink)
         self.refs: dict[int, set[str]] = {}
         self.cache: dict[int, ContentKey] = {}
-        self.index: dict[ContentKey, int] = {}
+        self.index: dict[ContentKey, dict[int, None]] = {}  # content -> blocks, in cache order
 
     def _evict(self, b: int) -> None:
         key = self.cache.pop(b, None)
-        if key is not None and self.index.get(key) == b:
-            del self.index[key]
+        if key is not None:
+            same = self.index[key]
+            del same[b]
+            if not same:
+                del self.index[key]
 
     def allocate(self, rid: str, n: int) -> list[int]:
         assert n <= len(self.free_queue), "caller must check num_free first"
@@ -98,22 +103,32 @@ class CachingBlockPool(BlockPool):
         return blocks
 
     def release(self, rid: str, blocks: list[int]) -> None:
-        for b in blocks:
+        """Drop `rid`'s references, tail block first. A block left unreferenced goes back to
+        the free queue in vLLM's eviction order (its `BlockPool.free_blocks`, fed the blocks in
+        reverse): an uncached block to the head, to be reused first (it evicts nothing); a
+        cached one to the tail, so that a request's deepest blocks are evicted before its first
+        ones, which are the prefixes other requests share."""
+        reuse_first: list[int] = []
+        for b in reversed(blocks):
             holders = self.refs[b]
             assert rid in holders, f"block {b} is not held by {rid!r}"
             holders.discard(rid)
             if not holders:
                 del self.refs[b]
-                self.free_queue.append(b)
+                if b in self.cache:
+                    self.free_queue.append(b)
+                else:
+                    reuse_first.append(b)
+        self.free_queue.extendleft(reversed(reuse_first))  # reuse_first[0] at the head
 
     def lookup(self, keys: list[ContentKey]) -> list[int]:
         """The cached blocks holding the longest prefix of `keys`."""
         hit: list[int] = []
         for key in keys:
-            b = self.index.get(key)
-            if b is None:
+            same = self.index.get(key)
+            if not same:
                 break
-            hit.append(b)
+            hit.append(next(iter(same)))
         return hit
 
     def newly_referenced(self, blocks: list[int]) -> int:
@@ -131,7 +146,7 @@ class CachingBlockPool(BlockPool):
     def register(self, b: int, key: ContentKey) -> None:
         if b not in self.cache:
             self.cache[b] = key
-            self.index.setdefault(key, b)
+            self.index.setdefault(key, {})[b] = None
 
     @property
     def owner(self) -> dict[int, str]:

@@ -14,11 +14,11 @@ until allocated afresh (`reference.ar.base.CachingBlockPool`).
 from __future__ import annotations
 
 from reference.ar.base import ArReq, CachingBlockPool
-from reference.ar.vllm_v1 import VllmV1Scheduler
+from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 from spec.ar.events import ArCacheHit
-from spec.ar.profile import ArConfigSpace, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.implementation import ArImplementation
 
 
@@ -60,6 +60,10 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
                 free -= self.pool.newly_referenced(hit)
             if need > free:
                 break  # admission stops at the first request whose blocks do not fit
+            if self.options.full_sequence_admission and (
+                self.config.blocks_for(req.known) - len(hit) > free
+            ):
+                break  # vLLM's scheduler_reserve_full_isl, the hit counted as held
             if hit:
                 self._take_hit(req, hit)
             self._admit(req)
@@ -70,13 +74,17 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
 
 def make_vllm_v1_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """Factory: the reference vLLM-v1 scheduler with prefix caching (when the config enables
-    it; otherwise it is `vllm-v1`)."""
-    return PrefixCachingVllmV1(config, sink)
+    it; otherwise it is `vllm-v1`) and vLLM 0.33.0's options (`VLLM_033`), as `vllm-v1`."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033)
 
 
 VLLM_V1_PREFIX = ArImplementation(
     make_vllm_v1_prefix,
-    ArProfile(space=ArConfigSpace(prefix_caching=frozenset({True}))),
+    ArProfile(
+        space=ArConfigSpace(prefix_caching=frozenset({True})),
+        policy=ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True),
+    ),
     "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "
-    "blocks; cache hits at admission; eviction on reallocation)",
+    "blocks; cache hits at admission; vLLM's eviction order) and vLLM 0.33.0's options; "
+    "decision-identical to vLLM 0.33.0 with prefix caching on (verify --twin)",
 )

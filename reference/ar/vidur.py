@@ -5,7 +5,9 @@ Each class makes the decisions of the Vidur replica scheduler of the same name (
 in microsoft/vidur `vidur/scheduler/replica_scheduler/*.py`, written anew here) and reports them
 as AR events. Mapping of Vidur's token counts onto the spec's: Vidur's `num_processed_tokens` is
 our known tokens (prompt + sampled outputs); a restart folds every processed token into the
-prefill, i.e. computed tokens drop to zero and the next prefill is all known tokens.
+prefill, i.e. computed tokens drop to zero and the next prefill is all known tokens. Vidur
+simulates a trace and knows each request's output length in advance (a stop token that comes
+first shortens it: `ArRequest.final_output`); LightLLM's peak-memory admission counts with it.
 
 - `vidur-vllm`: a prefill-only batch of new requests in FCFS order (padded tokens
   len * max <= budget, blocks for the whole prefill, seat cap), or else a decode-only batch of
@@ -298,8 +300,11 @@ class VidurLightLlm(VidurReplicaBase):
         return ArRules(victim=VictimOrder.NONE)
 
     def _tuple_tokens(self, req: ArReq, scheduled: bool) -> tuple[int, int]:
-        """(tokens held now or at admission, tokens still to grow), as Vidur counts them."""
-        d = req.spec.max_tokens
+        """(tokens held now or at admission, tokens still to grow), as Vidur counts them. Vidur
+        simulates a trace, so it knows every request's output length in advance: the peak is
+        counted with the length the request will produce (`final_output`: a stop token that
+        comes first shortens it), not with max_tokens."""
+        d = req.spec.final_output
         if scheduled:
             return req.known, max(0, d - req.num_output - 1)
         return req.known + min(1, d - 1), max(0, d - 2)

@@ -59,6 +59,7 @@ class ArRule(StrEnum):
     FINISH_RELEASED = "finish_released"
     TERMINAL_HOLDS_NOTHING = "terminal_holds_nothing"
     SNAPSHOT_MATCHES = "snapshot_matches"
+    TWIN_DECISIONS = "twin_decisions"
     IMPLEMENTATION_ERROR = "implementation_error"
 
 
@@ -159,6 +160,12 @@ _AR_RULES: dict[ArRule, str] = {
     # --- cross-checks
     ArRule.SNAPSHOT_MATCHES: "Between steps the implementation's own pool, running set, waiting "
     "set and computed-token counts equal the abstract state.",
+    ArRule.TWIN_DECISIONS: "When a decision twin is declared for the run (another implementation "
+    "that must decide alike, such as a re-implementation of an engine's policy), the same "
+    "operations schedule the same tokens to the same requests, preempt the same requests in "
+    "the same order, give each request as many fresh blocks and finish the same requests, step "
+    "by step (spec/ar/decisions.py). A policy the spec states loosely cannot tell a choice "
+    "from a miscount; the twin can.",
     # --- the harness
     ArRule.IMPLEMENTATION_ERROR: "The implementation raises nothing but the typed errors of the "
     "adapter contract (an unexpected exception inside the engine is a finding, named with the "

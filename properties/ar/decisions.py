@@ -1,0 +1,77 @@
+"""AR decision twins: one run's operations through a second AR implementation, decisions compared.
+
+An AR scheduler is deterministic given its operations (a request's `stop_after` is part of
+the request), so an AR twin is simply another implementation factory: a re-implementation of
+an engine's policy (`vllm-v1` for vLLM's own scheduler), or the same engine with a fix. The
+harness records every operation it was asked for (`ArHarness.ops`); `twin_difference` runs them
+through the twin, checked against the spec under the twin's own policy, and compares the two
+event streams' decisions step by step (`spec.ar.decisions`). `ar_conformance_machine(...,
+twin=...)` does this at the end of every example (rule `twin_decisions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from properties.ar.harness import ArAbort, ArHarness, ArOp, ArStep, ArSubmit
+from spec.ar.adapter import ArImplementationFactory
+from spec.ar.config import ArConfig
+from spec.ar.decisions import first_difference, step_decisions
+from spec.ar.events import ArEvent
+from spec.ar.profile import ArPolicy
+
+
+def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
+    """Run `ops` on `harness` (a rejected submission or an unknown abort is the harness's
+    typed return, not an error: the twin may rightly refuse what the other refused too)."""
+    for op in ops:
+        if isinstance(op, ArSubmit):
+            harness.submit(op.request)
+        elif isinstance(op, ArAbort):
+            harness.abort(op.request_id)
+        elif isinstance(op, ArStep):
+            harness.step()
+        else:
+            harness.drain(op.max_steps)
+
+
+def twin_harness(
+    twin: ArImplementationFactory, config: ArConfig, policy: ArPolicy | None
+) -> ArHarness:
+    """The twin under `policy`, whose ordering rules, when it leaves them open (`rules` None),
+    are the twin adapter's own (as the conformance machine does for the implementation)."""
+    if policy is not None and policy.rules is None:
+        probe = twin(config, lambda e: None)
+        policy = dataclasses.replace(policy, rules=probe.rules)
+    return ArHarness(twin, config, policy=policy)
+
+
+def twin_difference(
+    ops: Sequence[ArOp],
+    events: Sequence[ArEvent],
+    config: ArConfig,
+    twin: ArImplementationFactory,
+    policy: ArPolicy | None = None,
+) -> str | None:
+    """None when `ops`, run through `twin` (checked against the spec under `policy`, None: the
+    twin's own rules), decide step by step exactly as `events` did; else the first difference
+    in one line. A twin that raises (a violation of its own, a configuration it refuses) is
+    reported with the first difference up to that point."""
+    stopped = ""
+    twin_events: list[ArEvent] = []
+    try:
+        h = twin_harness(twin, config, policy)
+        twin_events = h.events
+        apply_ar_ops(h, ops)
+    except Exception as err:  # the twin's own failure is part of the report
+        stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
+    difference = first_difference(
+        step_decisions(events), step_decisions(twin_events), ("the implementation", "its twin")
+    )
+    if difference is None and not stopped:
+        return None
+    return f"{difference or 'no decision differed'}{stopped}"
+
+
+__all__ = ["apply_ar_ops", "twin_difference", "twin_harness"]
