@@ -1,21 +1,27 @@
 """`schedspec bench conformance`: stateful steps per second of the conformance machine.
 
 A step is one rule execution (submit, abort, round, drain) including the spec replay of every
-event it caused, the invariant checks and the snapshot comparison. Prints a table and writes
-JSON; this is a script, not a timed test.
+event it caused, the invariant checks and the snapshot comparison. With `--twin NAME` each
+implementation runs twice in the same process, without and then with that decision twin (the
+same derandomized programs, after an untimed warm-up of 20 programs), and the table gives the
+twin's cost as a ratio of the two times per step.
+Prints a table and writes JSON; this is a script, not a timed test.
 """
 
 from __future__ import annotations
 
 import platform
 import time
+from typing import Any
 
 from properties.conformance import ParityPolicy, StepCounter
-from properties.verify import machine_for, run_machine, verify_settings
+from properties.verify import Twin, machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, Parser, positive
-from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
+from schedspec_cli.impls import Resolved, refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
-from spec.implementation import Family
+from schedspec_cli.twins import resolve_twin
+from spec.errors import ConfigError
+from spec.implementation import Family, Implementation
 
 
 def bench_main(argv: list[str]) -> int:
@@ -32,34 +38,72 @@ def bench_main(argv: list[str]) -> int:
         choices=("on", "off"),
         help="dLLM implementations: include the output check (default on)",
     )
+    p.add_argument(
+        "--twin",
+        metavar="NAME|MODULE:ATTR",
+        help="also run each implementation with this decision twin (as verify --twin) and "
+        "report the twin's cost as a ratio of the two times",
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)
+    twin = _twin(args.twin, targets) if args.twin is not None else None
     parity = args.parity or "on"
     rows = []
     for t in targets:
-        counter = StepCounter()
         dllm = t.family is Family.DLLM
         policy: ParityPolicy = "always" if parity == "on" and dllm else "never"
-        machine = machine_for(t.implementation, parity=policy, counter=counter)
-        start = time.perf_counter()
-        err, _ = run_machine(machine, verify_settings(args.examples))
-        seconds = time.perf_counter() - start
-        rows.append(
-            {
-                "impl": t.name,
-                "examples": counter.examples,
-                "steps": counter.steps,
-                "seconds": round(seconds, 3),
-                "steps_per_s": round(counter.steps / seconds, 1) if seconds else 0.0,
-                "parity_check": parity if dllm else "n/a",
-                "passed": err is None,
-            }
-        )
-    headers = ("impl", "examples", "steps", "seconds", "steps/s", "parity", "passed")
-    print(table(headers, [tuple(r.values()) for r in rows]))
+        if twin:  # warm up (lazy imports, caches) so that neither timed run pays for it
+            _run(t.implementation, policy, None, min(args.examples, WARM_UP_EXAMPLES))
+        for with_twin in (None, twin) if twin else (None,):
+            row = _run(t.implementation, policy, with_twin, args.examples)
+            rows.append({"impl": t.name, **row, "parity_check": parity if dllm else "n/a"})
+            if with_twin is not None:  # cost: time per step with the twin / without
+                alone = rows[-2]
+                rows[-1]["twin_cost"] = round(
+                    (row["seconds"] / max(row["steps"], 1))
+                    / (alone["seconds"] / max(alone["steps"], 1)),
+                    2,
+                )
+    headers: tuple[str, ...] = (
+        *("impl", "twin", "examples", "steps", "seconds", "steps/s", "passed", "parity"),
+    )
+    cells = [tuple(r[k] for k in _KEYS) for r in rows]
+    if twin:
+        headers += ("twin cost",)
+        cells = [(*c, r.get("twin_cost", "-")) for c, r in zip(cells, rows, strict=True)]
+    print(table(headers, cells))
     payload = {"machine": platform.machine(), "python": platform.python_version(), "rows": rows}
     write_json(args.json, payload)
     return 0 if all(r["passed"] for r in rows) else 1
+
+
+WARM_UP_EXAMPLES = 20
+_KEYS = ("impl", "twin", "examples", "steps", "seconds", "steps_per_s", "passed", "parity_check")
+
+
+def _twin(name: str, targets: list[Resolved]) -> Twin:
+    families = {t.family for t in targets}
+    if len(families) > 1:
+        raise ConfigError("--twin", name, "--impl targets of one family")
+    return resolve_twin(name, targets[0].family)
+
+
+def _run(
+    impl: Implementation, parity: ParityPolicy, twin: Twin | None, examples: int
+) -> dict[str, Any]:
+    counter = StepCounter()
+    machine = machine_for(impl, parity=parity, counter=counter, twin=twin)
+    start = time.perf_counter()
+    err, _ = run_machine(machine, verify_settings(examples))
+    seconds = time.perf_counter() - start
+    return {
+        "twin": twin.name if twin else "-",
+        "examples": counter.examples,
+        "steps": counter.steps,
+        "seconds": round(seconds, 3),
+        "steps_per_s": round(counter.steps / seconds, 1) if seconds else 0.0,
+        "passed": err is None,
+    }

@@ -268,6 +268,14 @@ def cases() -> list[tuple[str, list[str]]]:
         ("bench-conf-examples", ["bench", "conformance", "--examples", "0"]),
         ("bench-conf-impl", ["bench", "conformance", "--impl", "nonesuch"]),
         ("bench-conf-json-dir", ["bench", "conformance", "--json", "{dir}"]),
+        ("bench-conf-twin", ["bench", "conformance", "--twin", "nonesuch"]),
+        (
+            "bench-conf-twin-mixed",
+            [
+                *("bench", "conformance", "--impl", "vllm-v1", "--impl", "reference-dllm"),
+                *("--twin", "vllm-v1"),
+            ],
+        ),
     ]
     # release-check
     for f in (

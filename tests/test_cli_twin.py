@@ -92,3 +92,22 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
     assert sglang.profile.policy.admission is DllmAdmission.PREFILL_FIRST
     assert not sglang.profile.policy.work_conserving
     assert all(BUILTINS[n].family is Family.DLLM for n in expected)
+
+
+def test_bench_conformance_measures_the_twins_cost_in_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench conformance --twin NAME`: each implementation runs the same derandomized programs
+    without and with the twin, and the twin's row carries the cost as a ratio of the times per
+    step (no wall-clock value is asserted: the ratio's presence and sense only)."""
+    out = tmp_path / "b.json"
+    argv = ["bench", "conformance", "--impl", "vllm-v1", "--twin", "vllm-v1", "--examples", "20"]
+    assert main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["twin"] for r in rows] == ["-", "vllm-v1"], rows
+    assert rows[0]["steps"] == rows[1]["steps"] > 0  # the same programs
+    assert rows[1]["twin_cost"] > 0 and "twin_cost" not in rows[0]
+    assert "twin cost" in capsys.readouterr().out
+    # a twin of another policy fails the benchmark run (exit 1): the rows say which
+    argv = ["bench", "conformance", "--impl", "vllm-v1", "--examples", "100"]
+    assert main([*argv, "--twin", "reference.ar.vllm_v1:make_vllm_v1"]) == 1
