@@ -3,7 +3,9 @@
 Steps, each timed and reported (a failing step never stops the others):
 1. the Z3 proofs (`properties.proofs`);
 2. the conformance suite on every built-in implementation of the project's own (the real
-   engines, `real-*`, need an install and have findings open upstream: `--impl real-...`);
+   engines, `real-*`, need an install and have findings open upstream: `--impl real-...`); a
+   built-in that declares `checked_against` runs with that decision twin (the torch engine
+   must decide as the FCFS reference: `verify --impl engine --twin reference-dllm`);
 3. parity (every mode at batch sizes 1 and 4 vs sync at 1, golden agreement) and leak check on
    the shipped model (CUDA when present, else CPU);
 4. a short FDFO-vs-sync comparison on the reference (the head-of-line gap, in forwards);
@@ -35,6 +37,7 @@ from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress, log
 from schedspec_cli.registry import BUILTINS, Builtin, engine_status
 from schedspec_cli.timeline import Timeline, timeline
+from schedspec_cli.twins import resolve_twin
 from schedspec_cli.verify import failures_markdown
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.implementation import Family
@@ -91,6 +94,9 @@ def step_conformance(
             continue
         target = resolve_builtin(builtin)
         n = examples if builtin.name != "engine" else max(10, examples // 4)
+        twin = None
+        if builtin.checked_against:
+            twin = resolve_twin(builtin.checked_against, builtin.family)
         bar = Progress(f"conformance {name}")
         res = verify_implementation(
             name,
@@ -100,6 +106,7 @@ def step_conformance(
             progress=bar.examples(n),
             profile=profile_summary(target.implementation),
             call_timeout=call_timeout,
+            twin=twin,
         )
         bar.done()
         _log(
@@ -111,6 +118,9 @@ def step_conformance(
     summary = f"{len(rows) - len(failed)}/{len(rows)} implementations conform"
     if failed:
         summary += f"; failing: {', '.join(failed)}"
+    twinned = [f"{r['impl']} as {r['twin']}" for r in rows if r["twin"]]
+    if twinned:
+        summary += f"; decisions checked against a twin: {', '.join(twinned)}"
     # say what the step leaves out, so "n/n conform" is not read as every built-in
     not_run = {name: engine_status(b) for name, b in BUILTINS.items() if not b.default_verify}
     if not_run:

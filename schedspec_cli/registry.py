@@ -31,6 +31,8 @@ class Builtin:
     default_verify: part of the main job (`schedspec verify` without --impl).
     twin: import string of its decision twin (`properties.decisions.DecisionTwin`): it then
         serves as `verify --twin NAME` ("" when it has none).
+    checked_against: the main job ends every example of this built-in with that twin, a
+        `--twin` name ("" for none).
     """
 
     name: str
@@ -41,6 +43,7 @@ class Builtin:
     engine: str = ""
     default_verify: bool = True
     twin: str = ""
+    checked_against: str = ""
 
     @property
     def target(self) -> str:
@@ -120,6 +123,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         ("gpu.engine:make_small_engine",),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
         "extra)",
+        checked_against="reference-dllm",
     ),
     _ar(
         "vllm-v1",

@@ -35,6 +35,13 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
         assert png in (tmp_path / "report.md").read_text()
     conformance = report["steps"][1]["data"]["results"]
     assert {"reference-dllm", "engine", "vllm-v1"} <= {r["impl"] for r in conformance}
+    twins = {r["impl"]: r["twin"] for r in conformance}
+    assert twins["engine"] == "reference-dllm"  # the engine decides as the FCFS reference
+    assert {n for n, t in twins.items() if t} == {"engine"}
+    assert (
+        "decisions checked against a twin: engine as reference-dllm"
+        in report["steps"][1]["summary"]
+    )
     # the real engines are not part of the main job, and its report says so
     not_run = report["steps"][1]["data"]["not_run"]
     assert set(not_run) == {n for n in BUILTINS if n.startswith("real-")}

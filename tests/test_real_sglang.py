@@ -265,6 +265,47 @@ def test_finding_a_ready_block_waits_a_round_inside_the_declared_headroom() -> N
     assert twin_difference(h.events, config, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER.profile) is None
 
 
+def test_finding_a_fitting_request_waits_inside_the_declared_headroom() -> None:
+    """Found by `verify --impl real-sglang-dllm --twin sglang-dllm-order --examples 5000`
+    (2026-11-25), shrunk there: the same staging charge in a third form. Three requests run in
+    a pool with the profile's headroom (56 pages for 4 seats of 9 pages); in round 10 `r4`
+    fits, but staging has charged each running request its next block, a page and its whole
+    `max_new_tokens` again, so SGLang admits nothing; its admission order admits `r4`. The spec
+    allows the wait (SGLang is not work-conserving); the twin does not. `whole-staged-blocks`
+    alone fixes it."""
+    config = DllmConfig(
+        block_size=2,
+        page_size=2,
+        kv_pages=56,
+        req_pool_rows=4,
+        max_running_requests=4,
+        max_context=18,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+        reloop=False,
+    )
+
+    def run() -> str | None:
+        h = Harness(REAL_SGLANG_DLLM.factory, config, profile=PROFILE)
+        h.round()
+        h.submit(RequestSpec("r0", (0,), 16))
+        h.round()
+        h.round()
+        h.submit(RequestSpec("r1", (0,), 16))
+        h.submit(RequestSpec("r2", (0, 0), 13))
+        for _ in range(4):
+            h.round()
+        h.submit(RequestSpec("r3", (0,), 4))
+        h.submit(RequestSpec("r4", (0,), 8))
+        h.drain()
+        return twin_difference(h.events, config, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER.profile)
+
+    assert PROFILE.space.outside(config) is None  # inside the declared space
+    assert run() == "round 10: the implementation admits [], its twin admits ['r4']"
+    with sglang_fixed(["whole-staged-blocks"]):
+        assert run() is None
+
+
 # ---------------------------------------------------------------------------------- findings
 def _kv_pressure(h: Harness) -> None:
     """rows 2, 5 usable KV pages (SGLang's page 0 aside), two requests of 3 pages each
