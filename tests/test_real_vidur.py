@@ -54,6 +54,7 @@ from integrations.vidur.fixes import FIXES_OF, VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from spec.ar.config import ArConfig, ArRequest
+from spec.ar.decisions import step_decisions
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from spec.profile import ConfigOutsideProfile
@@ -229,6 +230,27 @@ def test_abort_frees_through_vidurs_own_free(vidur: Any) -> None:
     assert h.outputs() == {"b": 4}
 
 
+def test_an_abort_that_leaves_a_batch_of_finished_requests_drops_it(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """Found by the suite at 4,000 examples (2026-11-25), in the adapter: FasterTransformer runs
+    a batch until all its requests are done. `r1` finished in the first batch, then `r0`, the
+    one left running, was aborted; the adapter took `r0` out of the preempted batch but kept
+    the batch, holding only a finished request, so the next step popped it, built no batch and
+    scheduled nothing with `r2` waiting (`[progress]`). Vidur never has such a batch: one whose
+    requests all completed is freed at its end. The adapter now drops it the same way."""
+    patched("ft")
+    config = cfg(block_size=3, num_blocks=12, max_num_batched_tokens=17, max_model_len=17)
+    h = harness(REAL_VIDUR_FT, config)
+    h.submit(ArRequest("r0", 1, 2))
+    h.submit(ArRequest("r1", 1, 1))
+    h.step()
+    assert h.abort("r0") is None
+    h.submit(ArRequest("r2", 1, 1))
+    assert violation(h) is None
+    assert h.outputs() == {"r1": 1, "r2": 1}
+
+
 # --------------------------------------------------------------------------- findings
 def test_ft_keeps_finished_requests_blocks(vidur: Any, patched: Callable[[str], None]) -> None:
     config = cfg(block_size=2, num_blocks=8, max_num_batched_tokens=8, max_model_len=8)
@@ -372,43 +394,6 @@ def test_patched_schedulers_pass_the_suite(
 
 
 # --------------------------------------------------------------------------- differential
-def step_decisions(events: list[Any]) -> list[tuple[object, ...]]:
-    """Per step: blocks allocated per request, tokens scheduled per request, preempted (in
-    order), blocks freed per request and finished requests — the decisions, without the order
-    of events inside a phase (which the spec does not fix) or the names of the blocks."""
-    from spec.ar.events import (
-        ArBlocksAllocated,
-        ArBlocksFreed,
-        ArFinished,
-        ArPreempted,
-        ArScheduled,
-        ArStepEnd,
-    )
-
-    steps: list[tuple[object, ...]] = []
-    alloc: dict[str, int] = {}
-    sched: dict[str, int] = {}
-    freed: dict[str, int] = {}
-    preempted: list[str] = []
-    finished: list[str] = []
-    for e in [*events, ArStepEnd(-1)]:
-        if isinstance(e, ArBlocksAllocated):
-            alloc[e.request_id] = alloc.get(e.request_id, 0) + len(e.blocks)
-        elif isinstance(e, ArScheduled):
-            sched[e.request_id] = e.num_tokens
-        elif isinstance(e, ArPreempted):
-            preempted.append(e.request_id)
-        elif isinstance(e, ArBlocksFreed):
-            freed[e.request_id] = freed.get(e.request_id, 0) + len(e.blocks)
-        elif isinstance(e, ArFinished):
-            finished.append(e.request_id)
-        elif isinstance(e, ArStepEnd):
-            steps.append((sorted(alloc.items()), sorted(sched.items()), tuple(preempted)))
-            steps.append((sorted(freed.items()), sorted(finished)))
-            alloc, sched, freed, preempted, finished = {}, {}, {}, [], []
-    return steps
-
-
 def programs(kind: str, count: int, seed: int) -> Iterator[tuple[ArConfig, list[ArRequest]]]:
     """Seeded configurations inside `kind`'s profile and bursts of valid requests."""
     import random
@@ -522,7 +507,7 @@ def test_lightllm_peak_counts_the_length_the_request_will_produce(
     admitted beside `r3` in step 5. The reference counted max_tokens, found no room and
     decoded `r3` again."""
     from reference.ar.vidur import VIDUR_LIGHTLLM
-    from spec.ar.decisions import first_difference, step_decisions
+    from spec.ar.decisions import first_difference
 
     patched("lightllm")
     config = cfg(

@@ -30,8 +30,8 @@ Stubs and private state the adapter touches, each with why:
 - `_allocation_map` (read), `get_pending_requests()` (Vidur's `_request_queue`, read and, for
   an abort, edited), `_preempted_requests` and, for FasterTransformer, `_preempted_batches`
   (edited only by an abort): Vidur has no abort, so the adapter removes the request from
-  those queues (dropping a FasterTransformer batch the abort left empty, which Vidur itself
-  never has) and calls the real `free`;
+  those queues (dropping a FasterTransformer batch the abort left with nothing to run, no
+  request or only completed ones, which Vidur itself never has) and calls the real `free`;
 - `Request._num_stage_processed_tokens` / `_is_prefill_stage_complete` (written): vidur
   0.0.25's `Request.restart()` resets the processed tokens but not these pipeline-stage
   counters (added in 0.0.2x for sequence pipeline parallelism; microsoft/vidur's main branch
@@ -185,8 +185,17 @@ class VidurAdapter:
             for batch in batches:
                 if vreq in batch.requests:
                     batch.requests.remove(vreq)
-            # a batch left empty would cost FasterTransformer an empty step: Vidur never has one
-            batches[:] = [b for b in batches if b.requests]
+            # A batch the abort left with nothing to run (no request, or only completed ones)
+            # would cost FasterTransformer an empty step: `_generate_next_batch_from_preempted`
+            # returns no batch for it. Vidur never has one, since a batch whose requests all
+            # completed never becomes preempted (`on_batch_end`): treat it so, gone with its
+            # memory freed.
+            done = [b for b in batches if all(r.completed for r in b.requests)]
+            batches[:] = [b for b in batches if b not in done]
+            for batch in done:
+                for r in batch.requests:
+                    if r.id in self.scheduler._allocation_map:
+                        self.scheduler.free(r.id)
         if vreq.id in self.scheduler._allocation_map:
             self.scheduler.free(vreq.id)
         self._sync()
