@@ -65,7 +65,7 @@ def test_first_difference_names_the_step_and_the_part() -> None:
         "step 1: A schedules [('a', 1)], B schedules [('a', 2)]"
     )
     assert first_difference([one, one], [one], ("A", "B")) == (
-        "step 1: A runs it, B ran only 1 steps"
+        "step 1: A runs it, B ran only 1 step"
     )
     preempting = StepDecision((("a", 1),), ("b",))
     assert first_difference([one], [preempting]) == (

@@ -121,7 +121,8 @@ def first_difference(
         if mine is None or other is None:
             ran = names[0] if mine is not None else names[1]
             idle = names[1] if mine is not None else names[0]
-            return f"step {i}: {ran} runs it, {idle} ran only {min(len(ours), len(theirs))} steps"
+            n = min(len(ours), len(theirs))
+            return f"step {i}: {ran} runs it, {idle} ran only {n} step{'' if n == 1 else 's'}"
         for (what, a), (_, b) in zip(mine, other, strict=True):
             if a != b:
                 return f"step {i}: {names[0]} {what} {a}, {names[1]} {what} {b}"
