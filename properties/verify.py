@@ -99,7 +99,8 @@ class DllmTwin:
 @dataclass(frozen=True, slots=True)
 class ArTwin:
     """An AR decision twin: another AR implementation (deterministic given the operations),
-    checked against the spec under `policy` (None: the twin adapter's own rules)."""
+    checked against the spec under `policy` (None: the implementation's own policy, for a twin
+    that declares none)."""
 
     name: str
     factory: ArImplementationFactory
@@ -233,7 +234,8 @@ def machine_for(
         build = ar_conformance_machine
         kwargs["name"] = name or "ArConformance"
         if isinstance(twin, ArTwin):
-            kwargs["twin"], kwargs["twin_policy"] = twin.factory, twin.policy
+            policy = twin.policy if twin.policy is not None else implementation.profile.policy
+            kwargs["twin"], kwargs["twin_policy"] = twin.factory, policy
     factory: Any = implementation.factory
     return build(factory, **_accepted_kwargs(build, kwargs))
 

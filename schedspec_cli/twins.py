@@ -16,7 +16,9 @@ factory for a scheduler that denoises exactly as that run did, so only the sched
 
 AR (`properties.verify.ArTwin`): an AR scheduler is deterministic given its operations, so the
 twin is any AR implementation: a built-in (`vllm-v1` for `real-vllm`) or `module:attribute`
-naming an `ArImplementation` or factory, checked under its own profile's policy.
+naming an `ArImplementation`, checked under its own profile's policy, or a bare factory, which
+declares none and is checked under the implementation's. It is built once for the default
+configuration before any example, so a factory of the other family is an input error.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from properties.decisions import DecisionTwin
 from properties.verify import ArTwin, DllmTwin, Twin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
+from spec.ar.config import ArConfig
 from spec.config import DllmConfig
 from spec.errors import ConfigError
-from spec.implementation import Family
+from spec.implementation import ArImplementation, Family
 
 
 def twin_names(family: Family) -> list[str]:
@@ -73,7 +76,35 @@ def _ar_twin(name: str) -> ArTwin:
     except ConfigError as err:  # named for the flag the user gave
         raise ConfigError("--twin", name, err.valid) from None
     impl: Any = resolved.implementation
+    _probe_ar(impl.factory, name)
+    if resolved.builtin is None and not isinstance(load_object(name, "--twin"), ArImplementation):
+        return ArTwin(name, impl.factory, None)  # a bare factory declares no policy of its own
     return ArTwin(name, impl.factory, impl.profile.policy)
+
+
+def _probe_ar(factory: Any, target: str) -> None:
+    """Build the twin once for the default configuration: a factory of the other family (it
+    too takes two arguments) fails here, in one line, instead of failing every example."""
+    from schedspec_cli.impls import ADAPTER_METHODS
+
+    try:
+        adapter = factory(ArConfig(), lambda e: None)
+    except ConfigError:
+        return  # a configuration it does not support: the examples it does support will run
+    except Exception as err:  # whatever a wrong object raises, it is an input error
+        raise ConfigError(
+            "--twin",
+            target,
+            f"an AR implementation or factory (building it raised {type(err).__name__}: {err})",
+        ) from None
+    missing = [m for m in ADAPTER_METHODS[Family.AR] if not callable(getattr(adapter, m, None))]
+    if missing:
+        raise ConfigError(
+            "--twin",
+            target,
+            f"an AR implementation or factory (it built a {type(adapter).__name__}, lacking "
+            f"{', '.join(missing)})",
+        )
 
 
 def _callable_twin(target: str) -> DecisionTwin:

@@ -82,7 +82,8 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "(reference-dllm, reference-dllm-prefill-first, reference-dllm-rows-released, "
         "sglang-dllm-order; it replays the run's step outcomes) or module:attribute naming a "
         "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
-        "an AR implementation",
+        "an ArImplementation (checked under its profile) or a bare factory (under the "
+        "implementation's)",
     )
     v.add_argument(
         "--keep-going",

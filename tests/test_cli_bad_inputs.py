@@ -195,6 +195,12 @@ def cases() -> list[tuple[str, list[str]]]:
             (f"verify-twin-{twin[-10:]}", ["verify", "--impl", "reference-dllm", "--twin", twin])
         )
     c.append(("verify-twin-ar", ["verify", "--impl", "vidur-vllm", "--twin", "reference-dllm"]))
+    c.append(  # a dLLM factory named as an AR twin: built once up front, it fails there
+        (
+            "verify-twin-ar-dllm-factory",
+            ["verify", "--impl", "vllm-v1", "--twin", "reference.dllm:make_scheduler"],
+        )
+    )
     c.append(("verify-json-dir", ["verify", "--impl", "reference-dllm", "--json", "{dir}"]))
     c.append(("verify-call-timeout", ["verify", "--impl", "reference-dllm", "--call-timeout", "x"]))
     c.append(

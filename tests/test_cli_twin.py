@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from properties.verify import DllmTwin
+from properties.verify import ArTwin, DllmTwin
 from reference.dllm import PREFILL_FIRST_TWIN, REFERENCE_TWIN, ROWS_RELEASED_TWIN
 from reference.sglang_dllm import SGLANG_ORDER_TWIN
 from schedspec_cli.main import main
@@ -111,3 +111,19 @@ def test_bench_conformance_measures_the_twins_cost_in_one_run(
     # a twin of another policy fails the benchmark run (exit 1): the rows say which
     argv = ["bench", "conformance", "--impl", "vllm-v1", "--examples", "100"]
     assert main([*argv, "--twin", "reference.ar.vllm_v1:make_vllm_v1"]) == 1
+
+
+def test_an_ar_twin_given_as_a_bare_factory_is_checked_under_the_implementations_policy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`vllm-v1`'s own factory named as `module:attribute` declares no policy; checked under the
+    implementation's (vLLM 0.33's options), it decides alike. Under the idealised policy its
+    lone-request threshold exemption would break `long_prefill_threshold`."""
+    target = "reference.ar.vllm_v1:make_vllm_v1_033"
+    assert main(["verify", "--impl", "vllm-v1", "--twin", target, "--examples", "100"]) == 0
+    assert target in capsys.readouterr().out
+    resolved = resolve_twin(target, Family.AR)
+    assert isinstance(resolved, ArTwin) and resolved.policy is None
+    builtin = resolve_twin("vllm-v1", Family.AR)
+    assert isinstance(builtin, ArTwin) and builtin.policy is not None
+    assert builtin.policy.lone_request_threshold_exempt
