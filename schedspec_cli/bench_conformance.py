@@ -17,10 +17,9 @@ from typing import Any
 from properties.conformance import ParityPolicy, StepCounter
 from properties.verify import Twin, machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, Parser, positive
-from schedspec_cli.impls import Resolved, refuse_parity_for_ar_only, resolve
+from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
-from schedspec_cli.twins import resolve_twin
-from spec.errors import ConfigError
+from schedspec_cli.twins import twin_for_targets
 from spec.implementation import Family, Implementation
 
 
@@ -49,7 +48,7 @@ def bench_main(argv: list[str]) -> int:
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)
-    twin = _twin(args.twin, targets) if args.twin is not None else None
+    twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
     parity = args.parity or "on"
     rows = []
     for t in targets:
@@ -82,13 +81,6 @@ def bench_main(argv: list[str]) -> int:
 
 WARM_UP_EXAMPLES = 20
 _KEYS = ("impl", "twin", "examples", "steps", "seconds", "steps_per_s", "passed", "parity_check")
-
-
-def _twin(name: str, targets: list[Resolved]) -> Twin:
-    families = {t.family for t in targets}
-    if len(families) > 1:
-        raise ConfigError("--twin", name, "--impl targets of one family")
-    return resolve_twin(name, targets[0].family)
 
 
 def _run(

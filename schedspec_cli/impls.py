@@ -108,6 +108,13 @@ def resolve_builtin(builtin: Builtin) -> Resolved:
     return Resolved(builtin.name, target, _checked(impl, target), builtin)
 
 
+def require_engine(engine: str) -> None:
+    """Raise `EngineNotInstalled` (a ConfigError: exit 2 naming the install command) unless the
+    real engine `engine` (an `integrations` package) is installed."""
+    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
+    manifest.require()
+
+
 def profile_summary(impl: Implementation) -> str:
     """The profile's departures from the idealised spec, in one line ('idealised spec' if none)."""
     profile = impl.profile
@@ -169,5 +176,6 @@ __all__ = [
     "Resolved",
     "profile_summary",
     "refuse_parity_for_ar_only",
+    "require_engine",
     "resolve",
 ]

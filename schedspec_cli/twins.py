@@ -24,10 +24,12 @@ configuration before any example, so a factory of the other family is an input e
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from properties.decisions import DecisionTwin
 from properties.verify import ArTwin, DllmTwin, Twin
+from schedspec_cli.impls import ADAPTER_METHODS, Resolved, require_engine, resolve, resolve_builtin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
@@ -41,6 +43,20 @@ def twin_names(family: Family) -> list[str]:
     if family is Family.AR:
         return sorted(b.name for b in BUILTINS.values() if b.family is Family.AR)
     return sorted(b.name for b in BUILTINS.values() if b.twin)
+
+
+def twin_for_targets(name: str, targets: Sequence[Resolved]) -> Twin:
+    """`--twin` for a run of `targets`: they must be of one family; a real engine named as
+    the twin must be installed."""
+    families = {t.family for t in targets}
+    if len(families) > 1:
+        names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
+        raise ConfigError("--twin", name, f"--impl targets of one family ({names})")
+    twin = resolve_twin(name, targets[0].family)
+    builtin = BUILTINS.get(name)
+    if builtin is not None and builtin.engine:
+        require_engine(builtin.engine)
+    return twin
 
 
 def resolve_twin(name: str, family: Family) -> Twin:
@@ -61,16 +77,12 @@ def resolve_twin(name: str, family: Family) -> Twin:
     if builtin is not None:
         if not builtin.twin:
             raise ConfigError("--twin", name, f"a built-in with a decision twin: {valid}")
-        from schedspec_cli.impls import resolve_builtin
-
         profile: Any = resolve_builtin(builtin).implementation.profile
         return DllmTwin(name, _callable_twin(builtin.twin), profile)
     return DllmTwin(name, _callable_twin(name), None)
 
 
 def _ar_twin(name: str) -> ArTwin:
-    from schedspec_cli.impls import resolve
-
     try:
         resolved = resolve(name, Family.AR)
     except ConfigError as err:  # named for the flag the user gave
@@ -85,8 +97,6 @@ def _ar_twin(name: str) -> ArTwin:
 def _probe_ar(factory: Any, target: str) -> None:
     """Build the twin once for the default configuration: a factory of the other family (it
     too takes two arguments) fails here, in one line, instead of failing every example."""
-    from schedspec_cli.impls import ADAPTER_METHODS
-
     try:
         adapter = factory(ArConfig(), lambda e: None)
     except ConfigError:
@@ -97,7 +107,7 @@ def _probe_ar(factory: Any, target: str) -> None:
             target,
             f"an AR implementation or factory (building it raised {type(err).__name__}: {err})",
         ) from None
-    missing = [m for m in ADAPTER_METHODS[Family.AR] if not callable(getattr(adapter, m, None))]
+    missing = _missing_methods(adapter, Family.AR)
     if missing:
         raise ConfigError(
             "--twin",
@@ -132,14 +142,19 @@ def _probe(twin: DecisionTwin, target: str, what: str) -> None:
         raise ConfigError(
             "--twin", target, f"{what} (calling it raised {type(err).__name__}: {err})"
         ) from None
-    if not callable(factory) or isinstance(factory, type) or _is_adapter(factory):
+    if (
+        not callable(factory)
+        or isinstance(factory, type)
+        or not _missing_methods(factory, Family.DLLM)
+    ):
         raise ConfigError(
             "--twin", target, f"{what} (it returned {type(factory).__name__}, not a factory)"
         )
 
 
-def _is_adapter(obj: object) -> bool:
-    return all(callable(getattr(obj, m, None)) for m in ("submit", "run_round", "snapshot"))
+def _missing_methods(obj: object, family: Family) -> list[str]:
+    """The methods of `family`'s adapter protocol that `obj` lacks."""
+    return [m for m in ADAPTER_METHODS[family] if not callable(getattr(obj, m, None))]
 
 
-__all__ = ["resolve_twin", "twin_names"]
+__all__ = ["resolve_twin", "twin_for_targets", "twin_names"]

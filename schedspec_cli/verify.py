@@ -23,12 +23,13 @@ from schedspec_cli.impls import (
     Resolved,
     profile_summary,
     refuse_parity_for_ar_only,
+    require_engine,
     resolve,
 )
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
-from schedspec_cli.registry import BUILTINS, ParityPolicy
-from schedspec_cli.twins import resolve_twin
+from schedspec_cli.registry import ParityPolicy
+from schedspec_cli.twins import twin_for_targets
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation
@@ -192,28 +193,12 @@ def plan(args: argparse.Namespace) -> Plan:
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
-    twin = None
-    if args.twin is not None:
-        families = {t.family for t in targets}
-        if len(families) > 1:
-            names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
-            raise ConfigError("--twin", args.twin, f"--impl targets of one family ({names})")
-        twin = resolve_twin(args.twin, targets[0].family)
-        builtin = BUILTINS.get(args.twin)
-        if builtin is not None and builtin.engine:
-            _require_engine(builtin.engine)
+    twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
-            _require_engine(t.builtin.engine)
+            require_engine(t.builtin.engine)
     return Plan(targets, accepted, twin)
-
-
-def _require_engine(engine: str) -> None:
-    from schedspec_cli.loader import load_object
-
-    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
-    manifest.require()  # EngineNotInstalled, a ConfigError: exit 2 naming the install command
 
 
 def run(args: argparse.Namespace) -> int:
