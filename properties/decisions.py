@@ -105,23 +105,64 @@ def first_difference(
 
 
 def twin_difference(
-    events: Sequence[Event], config: DllmConfig, twin: DecisionTwin, profile: DllmProfile
+    events: Sequence[Event],
+    config: DllmConfig,
+    twin: DecisionTwin,
+    profile: DllmProfile,
+    *,
+    drain: bool = True,
+    subject: str = "the implementation",
+    checked: bool = True,
 ) -> str | None:
     """None when `events`' operations, run through the twin (checked against the spec under
-    `profile`, then drained), decide exactly as `events` did; else the first difference in one
-    line. A twin that raises (a replayed record that runs out, a violation of its own) is
-    reported with the first difference up to that point, which caused it."""
-    h = Harness(twin(events, config), config, profile=profile)
+    `profile`, then drained unless `drain` is False: a log that stops with work running),
+    decide exactly as `events` did; else the first difference in one line, calling `events`'
+    author `subject`. A twin that raises (a replayed record that runs out, a violation of its
+    own) is reported with the first difference up to that point, which caused it.
+
+    `checked=False` drives the twin bare, its events unchecked (`profile` unused): for a long
+    recorded log that was itself checked, where the harness's per-round comparisons with the
+    whole abstract state would make the replay quadratic in the log's length."""
+    factory = twin(events, config)
     stopped = ""
+    twin_events: list[Event] = []
     try:
-        apply_ops(h, operations(events))
-        h.drain()
+        if checked:
+            h = Harness(factory, config, profile=profile)
+            twin_events = h.events
+            apply_ops(h, operations(events))
+            if drain:
+                h.drain()
+        else:
+            _run_bare(factory, config, operations(events), drain, twin_events)
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
-    difference = first_difference(events, h.events, ("the implementation", "its twin"))
+    difference = first_difference(events, twin_events, (subject, "its twin"))
     if difference is None and not stopped:
         return None
     return f"{difference or 'no decision differed'}{stopped}"
+
+
+def _run_bare(
+    factory: ImplementationFactory,
+    config: DllmConfig,
+    ops: Sequence[Op],
+    drain: bool,
+    events: list[Event],
+) -> None:
+    """Run `ops` on a fresh implementation, its events appended to `events` unchecked."""
+    impl = factory(config, events.append)
+    for op in ops:
+        if isinstance(op, Submit):
+            impl.submit(op.request)
+        elif isinstance(op, Abort):
+            impl.abort(op.request_id)
+        elif isinstance(op, Round):
+            impl.run_round()
+        else:
+            impl.drain()
+    if drain:
+        impl.drain()
 
 
 def _at(rounds: Sequence[object], i: int) -> object:

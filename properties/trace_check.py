@@ -2,11 +2,14 @@
 
 The trace may start with a config header line (`{"kind": "config", ...}`); otherwise the config
 is given by the caller. When both are given they must agree (the header is what the engine ran
-with; a different `config` is refused, never silently preferred). Events are streamed and
-replayed in order with the incremental invariant check (cost per event ~ what it changed, so a
-log of any length checks in linear time and bounded memory); the first violation is reported
-with its line number. At the end, a trace that left work running is reported as incomplete, not
-failed.
+with; a different `config` is refused, never silently preferred). The same holds for the policy
+the engine follows on purpose: the header's `declared_policy`, or the caller's `policy` (an
+implementation profile's), or both when they agree; neither is the idealised spec.
+
+Events are streamed and replayed in order with the incremental invariant check (cost per event
+~ what it changed, so a log of any length checks in linear time and bounded memory); the first
+violation is reported with its line number. At the end, a trace that left work running is
+reported as incomplete, not failed.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from pathlib import Path
 
 from spec.config import DllmConfig
 from spec.errors import ConfigError, SpecViolation
+from spec.events import Event
 from spec.machine import SpecMachine
 from spec.profile import DllmPolicy
-from spec.trace import iter_trace
+from spec.trace import iter_trace, policy_to_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,8 @@ class TraceResult:
     violation: SpecViolation | None
     line: int | None  # line of the violating event
     idle_at_end: bool
+    config: DllmConfig | None = None  # what the trace was checked under
+    policy: DllmPolicy | None = None
 
     @property
     def ok(self) -> bool:
@@ -40,17 +46,31 @@ def check_trace(
     source: str | Path | Iterable[str],
     config: DllmConfig | None = None,
     policy: DllmPolicy | None = None,
+    keep: list[Event] | None = None,
 ) -> TraceResult:
-    """Replay the trace into a `SpecMachine`; `policy` is the engine's declared one.
+    """Replay the trace into a `SpecMachine`; `policy` is the engine's declared one (None: the
+    header's, else the idealised spec's; given both, they must agree).
 
     `source` is a path or the trace's lines (see `spec.trace.iter_trace`). It is read once,
     front to back, and the check returns at the first violation without reading further, so a
-    live stream gets its verdict as soon as the violating line arrives.
+    live stream gets its verdict as soon as the violating line arrives. `keep`, when given,
+    receives every event that conformed (for a second look, such as a decision twin's; the log
+    is then held in memory).
     """
     path = str(source) if isinstance(source, str | Path) else "<stream>"
     machine: SpecMachine | None = None
     count = 0
     for line, item in iter_trace(source):
+        if isinstance(item, DllmPolicy):
+            if policy is not None and policy != item:
+                raise ConfigError(
+                    "profile",
+                    policy_to_dict(policy),
+                    f"the trace's own header (line {line}) declares {policy_to_dict(item)}; "
+                    "omit the profile or name one with the same policy",
+                )
+            policy = item
+            continue
         if isinstance(item, DllmConfig):
             if config is not None and config != item:
                 raise ConfigError(
@@ -73,7 +93,9 @@ def check_trace(
             machine.apply(item)
             machine.check_changed()
         except SpecViolation as v:
-            return TraceResult(path, count, machine.round_index, v, line, False)
+            return TraceResult(path, count, machine.round_index, v, line, False, config, policy)
+        if keep is not None:
+            keep.append(item)
         count += 1
     if machine is None:
         if config is None:
@@ -83,4 +105,6 @@ def check_trace(
                 'the trace has no {"kind": "config", ...} header line: pass --config PATH',
             )
         machine = SpecMachine(config, policy)
-    return TraceResult(path, count, machine.round_index, None, None, machine.is_idle())
+    return TraceResult(
+        path, count, machine.round_index, None, None, machine.is_idle(), config, policy
+    )

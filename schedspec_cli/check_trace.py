@@ -1,4 +1,5 @@
-"""`schedspec check-trace FILE|- [--config JSON] [--family dllm|ar] [--require-idle]`.
+"""`schedspec check-trace FILE|- [--config JSON] [--family dllm|ar] [--require-idle]
+[--profile NAME|module:attribute] [--twin NAME|module:attribute]`.
 
 Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
 from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
@@ -6,6 +7,11 @@ from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a heade
 dllm). The configuration is the header's; a trace without a header needs `--config`. Given both,
 they must agree: a conflicting `--config` is an input error, never a silent override. A log that
 ends with work still running is a warning (exit 0), or with `--require-idle` a failure (exit 1).
+
+`--profile` checks the log under an engine's declared policy (the header's `declared_policy`
+must agree with it), and `--twin` then compares the log's decisions with a decision twin's
+(`schedspec_cli.trace_profile`); both are resolved, for the log's family, before any event is
+read.
 
 FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
 event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
@@ -48,6 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail (exit 1) when the log ends with requests still queued or running "
         "(default: a warning)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="NAME|module:attribute",
+        help="check the log under this implementation's declared policy (a built-in of the "
+        "log's family, or a DllmProfile / ArProfile / implementation); default: the header's "
+        "declared_policy, else the idealised spec",
+    )
+    p.add_argument(
+        "--twin",
+        metavar="NAME|module:attribute",
+        help="then replay the log's operations through this decision twin (as verify --twin) "
+        "and fail (rule twin_decisions) where it decides otherwise; holds the log in memory",
     )
 
 
@@ -181,9 +200,36 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
             None,
             'a --config JSON file: the trace has no {"kind": "config", ...} header line',
         )
+    from schedspec_cli.trace_profile import resolve_trace_profile
+    from schedspec_cli.twins import installed_twin
+
+    named = resolve_trace_profile(args.profile, family) if args.profile is not None else None
+    twin = installed_twin(args.twin, family) if args.twin is not None else None
     if family is Family.DLLM:
-        return _check_dllm(args, lines, header, given)
-    return _check_ar(args, lines, header, given)
+        return _check_dllm(args, lines, header, given, Extras(named, twin))
+    return _check_ar(args, lines, header, given, Extras(named, twin))
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What `--profile` and `--twin` named, resolved for the log's family."""
+
+    named: Any  # TraceProfile | None
+    twin: Any  # DllmTwin | ArTwin | None
+
+    def under(self) -> str:
+        return f" under the profile of {self.named.name}" if self.named is not None else ""
+
+    def accepted(self, args: argparse.Namespace, where: object, violation: Any) -> int | None:
+        """Exit 0 with a report when the profile accepts the violated rule, else None."""
+        deviation = self.named.profile.accepted(violation.rule) if self.named else None
+        if deviation is None:
+            return None
+        print(
+            f"ACCEPTED {args.file}:{where}: [{violation.rule}] is a deviation {self.named.name} "
+            f"declares ({deviation.reason}); the log after this line is not checked"
+        )
+        return 0
 
 
 def _dllm_config(data: dict[str, Any], refuse: Callable[[str], SchedSpecError]) -> Any:
@@ -201,20 +247,26 @@ def _dllm_config(data: dict[str, Any], refuse: Callable[[str], SchedSpecError]) 
 
 
 def _check_dllm(
-    args: argparse.Namespace, lines: Iterable[str], header: Header, given: dict[str, Any] | None
+    args: argparse.Namespace,
+    lines: Iterable[str],
+    header: Header,
+    given: dict[str, Any] | None,
+    extras: Extras,
 ) -> int:
     from properties.trace_check import check_trace
+    from schedspec_cli.trace_profile import dllm_log_difference, in_space, twin_runs
+    from spec.profile import DllmPolicy
 
     def refuse_config(detail: str) -> SchedSpecError:
         return ConfigError("config", args.config, f"DllmConfig fields ({detail})")
 
-    config = None
+    config = None  # for the check: None takes the header's
     if header.data is not None:
-        from_header = _dllm_config(
+        ran = _dllm_config(
             header.data,
             lambda detail: TraceLineError(args.file, header.line, f"bad header: {detail}"),
         )
-        if given is not None and _dllm_config(given, refuse_config) != from_header:
+        if given is not None and _dllm_config(given, refuse_config) != ran:
             raise ConfigError(
                 "config",
                 args.config,
@@ -222,18 +274,38 @@ def _check_dllm(
                 "disagree",
             )
     else:
-        config = _dllm_config(given or {}, refuse_config)
-    res = check_trace(lines, config)
+        config = ran = _dllm_config(given or {}, refuse_config)
+    if extras.named is not None:
+        in_space(extras.named, ran)
+    if extras.twin is not None:
+        twin_runs(extras.twin, ran, extras.named)
+    kept: list[Any] | None = [] if extras.twin is not None else None
+    policy = extras.named.profile.policy if extras.named is not None else None
+    res = check_trace(lines, config, policy, kept)
     if res.violation is not None:
+        accepted = extras.accepted(args, res.line, res.violation)
+        if accepted is not None:
+            return accepted
         print(f"FAIL {args.file}:{res.line}: {res.violation}")
         return 1
-    return _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end)
+    declared = res.policy is not None and res.policy != DllmPolicy()
+    code = _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end, extras, declared)
+    if extras.twin is None or res.config is None:
+        return code
+    difference = dllm_log_difference(extras.twin, kept or [], res.config, res.idle_at_end)
+    return _twin_verdict(args, extras, difference, f"{res.rounds} rounds") or code
 
 
 def _check_ar(
-    args: argparse.Namespace, lines: Iterable[str], header: Header, given: dict[str, Any] | None
+    args: argparse.Namespace,
+    lines: Iterable[str],
+    header: Header,
+    given: dict[str, Any] | None,
+    extras: Extras,
 ) -> int:
     from properties.ar.trace_check import check_ar_trace
+    from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
+    from spec.ar.profile import ArPolicy
     from spec.ar.trace import ar_config_from_dict
 
     config = None
@@ -242,19 +314,71 @@ def _check_ar(
             config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
         except SchedSpecError as err:
             raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
-    res = check_ar_trace(lines, config)  # refuses a --config that contradicts the header
+    policy = None
+    ran = _ar_header_config(header) or config
+    if ran is not None:  # else the check below refuses the log for want of a config
+        if extras.named is not None:
+            in_space(extras.named, ran)
+            policy = ar_policy_for(extras.named, ran)
+        if extras.twin is not None:
+            twin_runs(extras.twin, ran, extras.named)
+    kept: list[Any] | None = [] if extras.twin is not None else None
+    # refuses a --config, or a profile, that contradicts the header
+    res = check_ar_trace(lines, config, policy, kept)
     if res.violation is not None:
         where = res.line if res.line is not None else "end"
+        accepted = extras.accepted(args, where, res.violation)
+        if accepted is not None:
+            return accepted
         print(f"FAIL {args.file}:{where}: {res.violation}")
         return 1
-    return _finish(args, res.events, f"{res.steps} steps", res.idle_at_end)
+    declared = res.policy is not None and res.policy != ArPolicy()
+    code = _finish(args, res.events, f"{res.steps} steps", res.idle_at_end, extras, declared)
+    if extras.twin is None or res.config is None:
+        return code
+    difference = ar_log_difference(extras.twin, kept or [], res.config, res.policy, res.idle_at_end)
+    return _twin_verdict(args, extras, difference, f"{res.steps} steps") or code
 
 
-def _finish(args: argparse.Namespace, events: int, periods: str, idle: bool) -> int:
-    print(f"OK {args.file}: {events} events, {periods} conform to the spec")
+def _ar_header_config(header: Header) -> Any:
+    """The AR configuration of the header line, or None (no header, or a bad one: the check
+    itself names what is wrong with it, with its line)."""
+    from spec.ar.trace import ar_config_from_dict
+
+    if header.data is None:
+        return None
+    try:
+        return ar_config_from_dict(header.data, header.line)[0]
+    except SchedSpecError:
+        return None
+
+
+def _finish(
+    args: argparse.Namespace,
+    events: int,
+    periods: str,
+    idle: bool,
+    extras: Extras,
+    declared: bool,
+) -> int:
+    """The verdict of a log that conformed: `declared`, its header declared a policy."""
+    under = extras.under() or (" under the policy its header declares" if declared else "")
+    print(f"OK {args.file}: {events} events, {periods} conform to the spec{under}")
     if not idle:
         if args.require_idle:
             print(f"FAIL {args.file}: the log ends with work still running (--require-idle)")
             return 1
         print(f"warning: {args.file}: the log ends with work still running (incomplete log?)")
+    return 0
+
+
+def _twin_verdict(
+    args: argparse.Namespace, extras: Extras, difference: str | None, periods: str
+) -> int:
+    """Exit 1 with the first difference, or 0 with one line saying the twin agreed."""
+    name = extras.twin.name
+    if difference is not None:
+        print(f"FAIL {args.file}: [twin_decisions] against {name}: {difference}")
+        return 1
+    print(f"OK {args.file}: its twin {name} decides alike in all {periods}")
     return 0

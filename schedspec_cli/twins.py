@@ -52,7 +52,13 @@ def twin_for_targets(name: str, targets: Sequence[Resolved]) -> Twin:
     if len(families) > 1:
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
         raise ConfigError("--twin", name, f"--impl targets of one family ({names})")
-    twin = resolve_twin(name, targets[0].family)
+    return installed_twin(name, targets[0].family)
+
+
+def installed_twin(name: str, family: Family) -> Twin:
+    """`resolve_twin`, and a real engine named as the twin must be installed (`verify --impl`
+    runs and `check-trace` logs alike)."""
+    twin = resolve_twin(name, family)
     builtin = BUILTINS.get(name)
     if builtin is not None and builtin.engine:
         require_engine(builtin.engine)
@@ -157,4 +163,4 @@ def _missing_methods(obj: object, family: Family) -> list[str]:
     return [m for m in ADAPTER_METHODS[family] if not callable(getattr(obj, m, None))]
 
 
-__all__ = ["resolve_twin", "twin_for_targets", "twin_names"]
+__all__ = ["installed_twin", "resolve_twin", "twin_for_targets", "twin_names"]

@@ -9,7 +9,9 @@ separate pass (tracing slows Python down, so it is not timed). The last two colu
 whole command a user runs, `schedspec check-trace LOG` and `schedspec check-trace - < LOG`, in a
 fresh interpreter (start-up, reading and the verdict included). With `--repeats N` each log is
 checked N times and the fastest check counts (on a shared machine other jobs only ever slow a
-run down).
+run down). With `--twin NAME` two more columns time `schedspec check-trace LOG --twin NAME`
+(the log is held in memory and replayed through the twin after the check) and its ratio to
+the plain command on the same log.
 
     .venv/bin/python scripts/bench_trace_check.py --json docs/trace-check-bench.json
 """
@@ -79,16 +81,16 @@ def write_log(path: Path, requests: int, seed: int = 0) -> int:
     return events
 
 
-def cli_seconds(path: Path, from_stdin: bool) -> float:
-    """Wall seconds of one `schedspec check-trace` run on `path` (as a file, or piped to `-`);
-    raises if the command does not pass."""
+def cli_seconds(path: Path, from_stdin: bool, *flags: str) -> float:
+    """Wall seconds of one `schedspec check-trace` run on `path` (as a file, or piped to `-`),
+    with `flags`; raises if the command does not pass."""
     cmd = [sys.executable, "-m", "schedspec_cli.main", "check-trace"]
     start = time.perf_counter()
     if from_stdin:
         with path.open("rb") as fh:
-            res = subprocess.run([*cmd, "-"], stdin=fh, capture_output=True, check=False)
+            res = subprocess.run([*cmd, "-", *flags], stdin=fh, capture_output=True, check=False)
     else:
-        res = subprocess.run([*cmd, str(path)], capture_output=True, check=False)
+        res = subprocess.run([*cmd, str(path), *flags], capture_output=True, check=False)
     seconds = time.perf_counter() - start
     if res.returncode != 0:
         raise RuntimeError(f"check-trace exited {res.returncode}: {res.stderr.decode().strip()}")
@@ -111,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeats", type=int, default=1, help="checks per log; the fastest counts (default 1)"
     )
+    ap.add_argument(
+        "--twin",
+        metavar="NAME",
+        help="also time the command with --twin NAME (e.g. reference-dllm), and its ratio",
+    )
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.sizes.split(",")]
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'requests':>9} {'events':>9} {'wall s':>8} {'cpu s':>7} {'events/cpu-s':>13} "
         f"{'peak MiB':>9} {'cli file s':>11} {'cli stdin s':>12}"
+        + (f" {'cli twin s':>11} {'twin/plain':>11}" if args.twin else "")
     )
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
@@ -150,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             tracemalloc.stop()
             cli_file = min(cli_seconds(path, False) for _ in range(args.repeats))
             cli_stdin = min(cli_seconds(path, True) for _ in range(args.repeats))
+            twin: dict[str, float] = {}
+            if args.twin:
+                flags = ("--twin", args.twin)
+                with_twin = min(cli_seconds(path, False, *flags) for _ in range(args.repeats))
+                twin = {
+                    "cli_twin_wall_seconds": round(with_twin, 3),
+                    "twin_over_plain": round(with_twin / cli_file, 2),
+                }
             rate = events / max(cpu, 1e-9)
             rows.append(
                 {
@@ -161,11 +177,17 @@ def main(argv: list[str] | None = None) -> int:
                     "peak_mib": round(peak, 1),
                     "cli_file_wall_seconds": round(cli_file, 3),
                     "cli_stdin_wall_seconds": round(cli_stdin, 3),
+                    **twin,
                 }
             )
             print(
                 f"{n:>9} {events:>9} {seconds:>8.2f} {cpu:>7.2f} {rate:>13.0f} {peak:>9.1f} "
                 f"{cli_file:>11.2f} {cli_stdin:>12.2f}"
+                + (
+                    f" {twin['cli_twin_wall_seconds']:>11.2f} {twin['twin_over_plain']:>11.2f}"
+                    if twin
+                    else ""
+                )
             )
     write_json(
         out,
@@ -174,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "host": platform.node(),
             "repeats": args.repeats,
+            "twin": args.twin,
             "config": config_to_dict(CONFIG),
             "rows": rows,
         },

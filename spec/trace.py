@@ -2,6 +2,12 @@
 
 This is the format `schedspec check-trace` reads, so a foreign engine can log its scheduler's
 decisions and have them checked against the spec without any Python adapter.
+
+The first line may be a header: the configuration, and optionally the policy options the engine
+follows on purpose (`spec.profile.DllmPolicy`; only those that differ from the idealised spec):
+
+    {"kind": "config", "block_size": 2, "page_size": 2, ...,
+     "declared_policy": {"admission": "prefill-first", "work_conserving": false}}
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from spec.events import (
     StepResult,
 )
 from spec.json_text import parse_json
+from spec.profile import DllmAdmission, DllmPolicy
 
 
 class TraceFormatError(SchedSpecError, ValueError):
@@ -287,18 +294,69 @@ def write_events(events: Iterable[Event], out: TextIO) -> None:
         out.write(json.dumps(event_to_dict(e), separators=(",", ":")) + "\n")
 
 
-def config_to_dict(config: DllmConfig) -> dict[str, Any]:
-    """A JSON-ready header line for a trace: `{"kind": "config", <DllmConfig fields>}`."""
+def config_to_dict(config: DllmConfig, policy: DllmPolicy | None = None) -> dict[str, Any]:
+    """A JSON-ready header line for a trace: `{"kind": "config", <DllmConfig fields>
+    [, "declared_policy": <the DllmPolicy options that differ from the idealised spec>]}`."""
     out: dict[str, Any] = {"kind": "config"}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         out[f.name] = value.value if isinstance(value, Mode) else value
+    if policy is not None and policy != DllmPolicy():
+        out[DECLARED_POLICY] = policy_to_dict(policy)
     return out
 
 
+DECLARED_POLICY = "declared_policy"  # the header's key for the engine's declared policy
+
+
+def policy_to_dict(policy: DllmPolicy) -> dict[str, Any]:
+    """The options of `policy` that differ from the idealised spec's, JSON-ready."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if value != f.default:
+            out[f.name] = value.value if isinstance(value, DllmAdmission) else value
+    return out
+
+
+def policy_from_dict(data: object, line_no: int = 0) -> DllmPolicy:
+    """A header's `declared_policy` object as a `DllmPolicy`; a bad field raises
+    `TraceFormatError` naming the line, the field and what is valid."""
+    if not isinstance(data, dict):
+        raise TraceFormatError(
+            line_no, f"{DECLARED_POLICY} must be a JSON object of policy options"
+        )
+    fields = {f.name: f for f in dataclasses.fields(DllmPolicy)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise TraceFormatError(
+            line_no, f"unknown {DECLARED_POLICY} fields {unknown}; valid: {sorted(fields)}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        default = fields[name].default
+        if isinstance(default, DllmAdmission):
+            valid = [a.value for a in DllmAdmission]
+            if value not in valid:
+                raise TraceFormatError(
+                    line_no, f"{DECLARED_POLICY}.{name}={value!r}: must be one of {valid}"
+                )
+            value = DllmAdmission(value)
+        elif isinstance(default, bool) and not isinstance(value, bool):
+            raise TraceFormatError(
+                line_no, f"{DECLARED_POLICY}.{name}={value!r}: must be true or false"
+            )
+        kwargs[name] = value
+    try:
+        return DllmPolicy(**kwargs)
+    except SchedSpecError as err:  # the policy's own checks (e.g. a negative reservation)
+        raise TraceFormatError(line_no, f"bad {DECLARED_POLICY}: {err}") from None
+
+
 def config_from_dict(data: dict[str, Any], line_no: int = 0) -> DllmConfig:
+    """A header line's configuration (its `kind` and `declared_policy` aside)."""
     fields = {f.name for f in dataclasses.fields(DllmConfig)}
-    unknown = sorted(set(data) - fields - {"kind"})
+    unknown = sorted(set(data) - fields - {"kind", DECLARED_POLICY})
     if unknown:
         raise TraceFormatError(line_no, f"unknown config fields {unknown}; valid: {sorted(fields)}")
     kwargs = {k: v for k, v in data.items() if k in fields}
@@ -348,8 +406,12 @@ def _records(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
         yield no, data
 
 
-def iter_trace(source: str | Path | Iterable[str]) -> Iterator[tuple[int, DllmConfig | Event]]:
-    """Stream a trace: (line, config header) first if there is one, then (line, event) pairs.
+TraceItem = DllmConfig | DllmPolicy | Event
+
+
+def iter_trace(source: str | Path | Iterable[str]) -> Iterator[tuple[int, TraceItem]]:
+    """Stream a trace: (line, config header) first if there is one, then (line, the header's
+    declared policy) if it declares one, then (line, event) pairs.
 
     `source` is a path, or the trace's lines in order (an open text file, a pipe's lines:
     line numbers count from 1 at the first one). Reads one line at a time and yields each
@@ -363,7 +425,7 @@ def iter_trace(source: str | Path | Iterable[str]) -> Iterator[tuple[int, DllmCo
         yield from _trace_items(source)
 
 
-def _trace_items(lines: Iterable[str]) -> Iterator[tuple[int, DllmConfig | Event]]:
+def _trace_items(lines: Iterable[str]) -> Iterator[tuple[int, TraceItem]]:
     seen_event = False
     for no, data in _records(lines):
         kind = data.get("kind")
@@ -379,6 +441,8 @@ def _trace_items(lines: Iterable[str]) -> Iterator[tuple[int, DllmConfig | Event
                 raise TraceFormatError(no, "the config header must be the first line")
             seen_event = True
             yield no, config_from_dict(data, no)
+            if DECLARED_POLICY in data:
+                yield no, policy_from_dict(data[DECLARED_POLICY], no)
             continue
         seen_event = True
         yield no, _event_from_dict_checked(data, no)
@@ -388,12 +452,14 @@ def read_trace(
     source: str | Path | Iterable[str],
 ) -> tuple[DllmConfig | None, list[tuple[int, Event]]]:
     """A trace's optional config header and its events, with line numbers (all in memory;
-    `iter_trace` streams)."""
+    `iter_trace` streams, and yields the header's declared policy too)."""
     config: DllmConfig | None = None
     events: list[tuple[int, Event]] = []
     for no, item in iter_trace(source):
         if isinstance(item, DllmConfig):
             config = item
+        elif isinstance(item, DllmPolicy):
+            continue
         else:
             events.append((no, item))
     return config, events

@@ -44,6 +44,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "kind_list": b'{"kind":["ar_submitted"],"request_id":"a"}\n',
         "kind_object": b'{"kind":{"a":1},"family":"ar","block_size":2}\n',
         "header_only": header.encode(),
+        "policy_bad": (
+            json.dumps({**TRACE_HEADER, "declared_policy": {"admission": "lifo"}}) + "\n"
+        ).encode(),
+        "policy_declared": (
+            json.dumps({**TRACE_HEADER, "declared_policy": {"admission": "prefill-first"}}) + "\n"
+        ).encode(),
         "config_types": b'{"block_size": "4", "page_size": 4, "kv_pages": 2, "max_context": 8}',
         "config_other": json.dumps({**TRACE_HEADER, "kv_pages": 3}).encode(),
         "config_zero": json.dumps({**TRACE_HEADER, "kind": None, "block_size": 0}).encode(),
@@ -132,6 +138,7 @@ def cases() -> list[tuple[str, list[str]]]:
         "deep_event",
         "long_int_event",
         "long_int_header",
+        "policy_bad",
     ):
         c.append((f"check-trace-{f}", ["check-trace", f"{{{f}}}"]))
     for f in (
@@ -153,6 +160,31 @@ def cases() -> list[tuple[str, list[str]]]:
         c.append((f"check-trace-config-{f}", ["check-trace", "{not_json}", "--config", f"{{{f}}}"]))
     c.append(("check-trace-family", ["check-trace", "{header_only}", "--family", "ar"]))
     c.append(("check-trace-family-bogus", ["check-trace", "{header_only}", "--family", "xl"]))
+    # check-trace --profile / --twin: unknown, another family, not a profile or twin, a space
+    # that does not hold the log's configuration, a profile the header contradicts
+    for flag, values in (
+        ("--profile", ("", "nonesuch", "vllm-v1", "math:pi", "os:path", "no_such_module:x")),
+        ("--twin", ("", "nonesuch", "vllm-v1", "reference-dllm-joint", "math:pi", "os:path")),
+    ):
+        for value in values:
+            c.append(
+                (
+                    f"check-trace{flag}-{value.replace(':', '.') or 'empty'}",
+                    ["check-trace", "{header_only}", flag, value],
+                )
+            )
+    c.append(
+        (
+            "check-trace--profile-space",
+            ["check-trace", "{header_only}", "--profile", "real-sglang-dllm"],
+        )
+    )
+    c.append(
+        (
+            "check-trace--profile-contradicts-header",
+            ["check-trace", "{policy_declared}", "--profile", "reference-dllm"],
+        )
+    )
     # verify: numbers, implementations, output paths, accept files, choices
     for value in ("0", "-1", HUGE, "abc", "1.5", ""):
         c.append(

@@ -73,31 +73,49 @@ def test_guide_ar_adapter_verifies_from_the_command_line(tmp_path: Path) -> None
         assert " ar " in res.stdout and "PASS" in res.stdout
 
 
+def run_example_and_variant(tmp_path: Path, example: str, variant: str) -> str:
+    """The example type-checks under mypy --strict and runs as shown (exit 0); the variant
+    exits 1: its standard error is returned for the caller to read."""
+    assert variant != example
+    (tmp_path / "example.py").write_text(example, encoding="utf-8")
+    (tmp_path / "variant.py").write_text(variant, encoding="utf-8")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    mypy_strict(tmp_path, "example.py")
+    runs = [
+        subprocess.run(
+            [sys.executable, name], cwd=tmp_path, capture_output=True, text=True, env=env
+        )
+        for name in ("example.py", "variant.py")
+    ]
+    assert runs[0].returncode == 0, runs[0].stderr[-3000:]
+    assert runs[1].returncode == 1, runs[1].stderr[-3000:]
+    return runs[1].stderr
+
+
 def test_guide_check_trace_example_runs_and_catches_a_violation(tmp_path: Path) -> None:
     """The guide's `check_trace(lines)` example type-checks and runs as shown; with one
     violating event appended to its log, its own assertion fails naming that line."""
-    (example,) = [b for b in python_blocks(GUIDE) if "check_trace(lines)" in b]
+    (example,) = [b for b in python_blocks(GUIDE) if "check_trace(lines)  # a path works too" in b]
     broken = example.replace(
         "result = check_trace(lines)",
         "from spec.events import KvFreed\n\n"
         'lines.append(json.dumps(event_to_dict(KvFreed("r0", (0,)))))\n'
         "result = check_trace(lines)",
     )
-    assert broken != example
-    (tmp_path / "example.py").write_text(example, encoding="utf-8")
-    (tmp_path / "broken.py").write_text(broken, encoding="utf-8")
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    mypy_strict(tmp_path, "example.py")
-    ok = subprocess.run(
-        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, env=env
-    )
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    bad = subprocess.run(
-        [sys.executable, "broken.py"], cwd=tmp_path, capture_output=True, text=True, env=env
-    )
+    stderr = run_example_and_variant(tmp_path, example, broken)
     # the appended free is what fails, reported with its line
-    assert bad.returncode == 1, bad.stderr[-3000:]
-    assert re.search(r"AssertionError: line \d+: \[free_owned_only\] 'r0' freed slot 0", bad.stderr)
+    assert re.search(r"AssertionError: line \d+: \[free_owned_only\] 'r0' freed slot 0", stderr)
+
+
+def test_guide_declared_policy_example_runs_and_fails_without_the_declaration(
+    tmp_path: Path,
+) -> None:
+    """The guide's declared-policy example type-checks and runs as shown; with the header's
+    declaration taken out, the idealised spec refuses the engine's prefill-first admission."""
+    (example,) = [b for b in python_blocks(GUIDE) if "config_to_dict(config, policy)" in b]
+    undeclared = example.replace("config_to_dict(config, policy)", "config_to_dict(config)")
+    stderr = run_example_and_variant(tmp_path, example, undeclared)
+    assert re.search(r"AssertionError: line \d+: \[fcfs_admission\] ", stderr), stderr
 
 
 def test_spec_reference_doc_is_current() -> None:

@@ -938,3 +938,43 @@ def test_as_released_sglang_decides_as_its_twin_through_the_command_line(
     argv = ["verify", "--impl", "real-sglang-dllm", "--twin", "sglang-dllm-order"]
     assert main([*argv, "--examples", "60"]) == 0, capsys.readouterr().out
     assert "sglang-dllm-order" in capsys.readouterr().out
+
+
+def test_a_log_of_real_sglang_checks_under_its_profile_and_decides_as_its_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec check-trace LOG --profile real-sglang-dllm --twin sglang-dllm-order` on a log
+    SGLang's own scheduler wrote (arrivals between rounds, an abort): it breaks the idealised
+    spec's FCFS admission on purpose, conforms under the profile SGLang declares (or the policy
+    its header declares), and decides exactly as its twin on the log's operations."""
+    import json
+
+    from schedspec_cli.main import main
+    from spec.trace import config_to_dict, event_to_dict
+    from tests.test_check_trace_profile import record_dllm_run
+
+    config = DllmConfig(
+        block_size=2,
+        page_size=2,
+        kv_pages=120,
+        req_pool_rows=3,
+        max_running_requests=3,
+        max_context=32,
+        mode=Mode.FDFO,
+    )
+    events = record_dllm_run(REAL_SGLANG_DLLM, config)  # SGLang admits a prefill past a decode
+    body = [json.dumps(event_to_dict(e)) for e in events]
+    bare, declared = tmp_path / "bare.jsonl", tmp_path / "declared.jsonl"
+    bare.write_text("\n".join([json.dumps(config_to_dict(config)), *body]) + "\n")
+    declared.write_text(
+        "\n".join([json.dumps(config_to_dict(config, PROFILE.policy)), *body]) + "\n"
+    )
+    assert main(["check-trace", str(bare)]) == 1
+    assert "[fcfs_admission]" in capsys.readouterr().out
+    for log, profile in ((bare, ["--profile", "real-sglang-dllm"]), (declared, [])):
+        code = main(["check-trace", str(log), *profile, "--twin", "sglang-dllm-order"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "its twin sglang-dllm-order decides alike in all" in out
+    assert main(["check-trace", str(declared), "--twin", "reference-dllm"]) == 1
+    assert "[twin_decisions] against reference-dllm" in capsys.readouterr().out

@@ -532,3 +532,45 @@ def test_the_prefix_reference_hits_where_vllm_hits(
         impl.step()
     impl.drain(100)
     assert any(isinstance(e, ArCacheHit) for e in events), "the program no longer hits"
+
+
+def test_a_log_of_real_vllm_checks_under_its_profile_and_decides_as_its_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec check-trace LOG --profile real-vllm --twin vllm-v1` on a log vLLM's own
+    scheduler wrote under the priority policy (three preemptions, an abort) conforms under the
+    profile vLLM declares, and the re-implementation, and vLLM itself run again on the log's
+    operations, decide alike step by step."""
+    import random
+
+    from schedspec_cli.main import main
+    from spec.ar.trace import write_ar_trace
+
+    config = ArConfig(
+        block_size=2,
+        num_blocks=12,
+        max_num_seqs=3,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        policy=Policy.PRIORITY,
+    )
+    h = ArHarness(REAL_VLLM.factory, config)
+    rng = random.Random(6)
+    for i in range(8):
+        h.submit(
+            ArRequest(f"r{i}", rng.randrange(1, 8), rng.randrange(1, 8), priority=rng.randrange(3))
+        )
+        h.step()
+        if i == 5:
+            h.abort("r2")
+    h.drain()
+    assert sum(isinstance(e, ArPreempted) for e in h.events) == 3
+    log = tmp_path / "vllm.jsonl"
+    with log.open("w", encoding="utf-8") as sink:
+        write_ar_trace(h.events, sink, config)
+    for twin in ("vllm-v1", "real-vllm"):
+        code = main(["check-trace", str(log), "--profile", "real-vllm", "--twin", twin])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "under the profile of real-vllm" in out
+        assert f"its twin {twin} decides alike in all" in out

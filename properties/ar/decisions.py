@@ -7,6 +7,10 @@ harness records every operation it was asked for (`ArHarness.ops`); `twin_differ
 through the twin, checked against the spec under the twin's own policy, and compares the two
 event streams' decisions step by step (`spec.ar.decisions`). `ar_conformance_machine(...,
 twin=...)` does this at the end of every example (rule `twin_decisions`).
+
+A recorded log (`schedspec check-trace --twin`) holds its operations too: `operations(events)`
+reads them back (a submission per `ArSubmitted`, an abort per `ArAborted`, a step per
+`ArStepEnd`), so the same comparison runs on a log with no implementation at hand.
 """
 
 from __future__ import annotations
@@ -16,10 +20,38 @@ from collections.abc import Sequence
 
 from properties.ar.harness import ArAbort, ArHarness, ArOp, ArStep, ArSubmit
 from spec.ar.adapter import ArImplementationFactory
-from spec.ar.config import ArConfig
+from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
-from spec.ar.events import ArEvent
+from spec.ar.events import ArAborted, ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
+
+
+def operations(events: Sequence[ArEvent]) -> list[ArOp]:
+    """The operations that reproduce `events`' run, in stream order: a submission per
+    `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
+    `ArAborted`, a step per `ArStepEnd`. A rejected submission or an abort that changed nothing
+    left no event and changes nothing; a drain shows as the steps it ran."""
+    ops: list[ArOp] = []
+    submitted = 0
+    for e in events:
+        if isinstance(e, ArSubmitted):
+            request = ArRequest(
+                e.request_id,
+                e.prompt_len,
+                e.max_tokens,
+                stop_after=e.stop_after,
+                priority=e.priority,
+                predicted_len=e.predicted_len,
+                arrival_time=float(submitted),
+                prompt=e.prompt,
+            )
+            ops.append(ArSubmit(request))
+            submitted += 1
+        elif isinstance(e, ArAborted):
+            ops.append(ArAbort(e.request_id))
+        elif isinstance(e, ArStepEnd):
+            ops.append(ArStep())
+    return ops
 
 
 def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
@@ -53,11 +85,13 @@ def twin_difference(
     config: ArConfig,
     twin: ArImplementationFactory,
     policy: ArPolicy | None = None,
+    subject: str = "the implementation",
 ) -> str | None:
     """None when `ops`, run through `twin` (checked against the spec under `policy`, None: the
     twin's own rules), decide step by step exactly as `events` did; else the first difference
-    in one line. A twin that raises (a violation of its own, a configuration it refuses) is
-    reported with the first difference up to that point."""
+    in one line, calling `events`' author `subject`. A twin that raises (a violation of its
+    own, a configuration it refuses) is reported with the first difference up to that
+    point."""
     stopped = ""
     twin_events: list[ArEvent] = []
     try:
@@ -67,11 +101,11 @@ def twin_difference(
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
     difference = first_difference(
-        step_decisions(events), step_decisions(twin_events), ("the implementation", "its twin")
+        step_decisions(events), step_decisions(twin_events), (subject, "its twin")
     )
     if difference is None and not stopped:
         return None
     return f"{difference or 'no decision differed'}{stopped}"
 
 
-__all__ = ["apply_ar_ops", "twin_difference", "twin_harness"]
+__all__ = ["apply_ar_ops", "operations", "twin_difference", "twin_harness"]

@@ -8,7 +8,9 @@ end of the log. The first violation is reported with its line number. A log that
 requests still waiting or running is reported as such (`idle_at_end`), not as a violation.
 
 Configuration: the trace's header wins. `config` (a CLI's `--config`) is used only for a trace
-without a header; given both, they must agree, else a `ConfigError` names the difference.
+without a header; given both, they must agree, else a `ConfigError` names the difference. The
+policy likewise: the header's `declared_policy` or the caller's `policy` (an implementation
+profile's), and given both they must agree; neither is the idealised spec.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec.ar.config import ArConfig
-from spec.ar.events import ArAborted, ArBlocksFreed, ArFinished, ArStepEnd, ArSubmitted
+from spec.ar.events import ArAborted, ArBlocksFreed, ArEvent, ArFinished, ArStepEnd, ArSubmitted
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
-from spec.ar.trace import ArTraceReader
+from spec.ar.trace import ArTraceReader, ar_policy_to_dict
 from spec.errors import ConfigError, SpecViolation
 
 # Events that may come between steps (no scheduling phase starts with them).
@@ -39,6 +41,8 @@ class ArTraceResult:
     idle_at_end: bool
     waiting_at_end: int
     running_at_end: int
+    config: ArConfig | None = None  # what the trace was checked under
+    policy: ArPolicy | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,19 +73,39 @@ def _resolve(header: ArConfig | None, given: ArConfig | None) -> ArConfig:
     return header
 
 
+def _resolve_policy(declared: ArPolicy | None, given: ArPolicy | None) -> ArPolicy:
+    """The header's declared policy or the caller's; given both, they must agree (a header
+    that leaves the ordering rules open agrees with any)."""
+    if declared is None or declared == ArPolicy():
+        return given if given is not None else ArPolicy()
+    if given is None:
+        return declared
+    given_open = dataclasses.replace(given, rules=None) if declared.rules is None else given
+    if given_open != declared:
+        raise ConfigError(
+            "profile",
+            ar_policy_to_dict(given),
+            f"the trace's own header, which declares {ar_policy_to_dict(declared)} (omit the "
+            "profile, or name one with the same policy)",
+        )
+    return given
+
+
 def check_ar_trace(
     source: str | Path | Iterable[str],
     config: ArConfig | None = None,
     policy: ArPolicy | None = None,
+    keep: list[ArEvent] | None = None,
 ) -> ArTraceResult:
     """Replay the AR trace (a path or its lines, see `spec.ar.trace.ArTraceReader`), read
     once and front to back; raises `TraceFormatError` / `ConfigError` for bad input (exit 2 in
-    the CLI), returns the result at the first violation (exit 1) without reading further."""
+    the CLI), returns the result at the first violation (exit 1) without reading further.
+    `keep`, when given, receives every event that conformed (the log is then held in memory)."""
     path = str(source) if isinstance(source, str | Path) else "<stream>"
     with ArTraceReader(source) as reader:
         head = reader.header
         cfg = _resolve(head.config if head else None, config)
-        pol = policy if policy is not None else (head.policy if head else ArPolicy())
+        pol = _resolve_policy(head.policy if head else None, policy)
         machine = ArSpecMachine(cfg, pol)
         count = 0
         in_step = False
@@ -95,12 +119,16 @@ def check_ar_trace(
                 if isinstance(event, ArStepEnd):
                     in_step = False
             except SpecViolation as v:
-                return ArTraceResult(path, count, machine.step_index, v, line, False, 0, 0)
+                return ArTraceResult(
+                    path, count, machine.step_index, v, line, False, 0, 0, cfg, pol
+                )
+            if keep is not None:
+                keep.append(event)
             count += 1
         try:
             machine.check_invariants(between_steps=True)
         except SpecViolation as v:
-            return ArTraceResult(path, count, machine.step_index, v, None, False, 0, 0)
+            return ArTraceResult(path, count, machine.step_index, v, None, False, 0, 0, cfg, pol)
         state_waiting, state_running = machine.queue_sizes()
         return ArTraceResult(
             path,
@@ -111,6 +139,8 @@ def check_ar_trace(
             machine.is_idle(),
             state_waiting,
             state_running,
+            cfg,
+            pol,
         )
 
 

@@ -133,11 +133,12 @@ def ar_config_to_dict(config: ArConfig, policy: ArPolicy | None = None) -> dict[
         value = getattr(config, f.name)
         out[f.name] = value.value if isinstance(value, Policy) else value
     if policy is not None and policy != ArPolicy():
-        out["declared_policy"] = _policy_to_dict(policy)
+        out["declared_policy"] = ar_policy_to_dict(policy)
     return out
 
 
-def _policy_to_dict(policy: ArPolicy) -> dict[str, Any]:
+def ar_policy_to_dict(policy: ArPolicy) -> dict[str, Any]:
+    """The options of `policy` that differ from the idealised spec's, JSON-ready."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(policy):
         value = getattr(policy, f.name)
@@ -345,6 +346,7 @@ __all__ = [
     "ar_config_to_dict",
     "ar_event_from_dict",
     "ar_event_to_dict",
+    "ar_policy_to_dict",
     "trace_family",
     "write_ar_trace",
 ]

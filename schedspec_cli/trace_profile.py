@@ -1,0 +1,177 @@
+"""`check-trace --profile` and `--twin`: an engine's declared policy, and a decision twin.
+
+A log from a real engine breaks the idealised spec wherever the engine deliberately differs
+(SGLang's dLLM path admits prefill first and holds work back), so `--profile NAME|module:
+attribute` checks it under the policy that engine declares, exactly as `verify --impl` does:
+
+- a built-in name: that built-in's profile (for AR, with the ordering rules its adapter states
+  for the log's configuration); a real engine named here must be installed;
+- `module:attribute`: a `DllmProfile` / `ArProfile`, or an implementation declaring one.
+
+The profile's family must be the log's, and its declared space must hold the log's
+configuration; its accepted deviations are reported, not failed. A header that declares a
+policy of its own must agree with the profile.
+
+`--twin NAME|module:attribute` (the names `verify --twin` takes, `schedspec_cli.twins`)
+replays the log's operations through the twin and compares their decisions (rule
+`twin_decisions`): a log that ended idle is drained by the twin too; one that stopped with work
+running is compared only up to its last round or step. The twin must run the log's
+configuration (checked before any event is read). A dLLM twin runs bare (the log was checked;
+its decisions are what is compared, and the harness's whole-state comparisons would make a long
+log's replay quadratic); an AR twin runs in the AR harness under its policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from properties.verify import ArTwin, DllmTwin
+from schedspec_cli.impls import require_engine, resolve_builtin
+from schedspec_cli.loader import load_object
+from schedspec_cli.registry import BUILTINS
+from spec.ar.config import ArConfig
+from spec.ar.events import ArEvent
+from spec.ar.profile import ArProfile
+from spec.config import DllmConfig
+from spec.errors import ConfigError
+from spec.events import Event
+from spec.implementation import ArImplementation, DllmImplementation, Family
+from spec.profile import ConfigOutsideProfile, DllmProfile
+
+Profile = DllmProfile | ArProfile
+
+
+@dataclass(frozen=True, slots=True)
+class TraceProfile:
+    """What `--profile` named: its name, the profile, and the implementation when it named one
+    (an AR policy that leaves its ordering rules open takes them from its adapter)."""
+
+    name: str
+    profile: Profile
+    implementation: DllmImplementation | ArImplementation | None = None
+
+
+def resolve_trace_profile(name: str, family: Family) -> TraceProfile:
+    """Resolve `--profile` for a log of `family` (ConfigError naming `--profile` otherwise)."""
+    names = sorted(b.name for b in BUILTINS.values() if b.family is family)
+    valid = f"a built-in of the {family.value} family {names} or 'module:attribute'"
+    builtin = BUILTINS.get(name)
+    if builtin is None and ":" not in name:
+        raise ConfigError("--profile", name, valid)
+    if builtin is not None:
+        if builtin.family is not family:
+            raise ConfigError(
+                "--profile",
+                name,
+                f"{valid} (the log is {family.value}, {name} is {builtin.family.value})",
+            )
+        if builtin.engine:
+            require_engine(builtin.engine)
+        impl: Any = resolve_builtin(builtin).implementation
+        return TraceProfile(name, impl.profile, impl)
+    obj = load_object(name, "--profile")
+    kind = DllmProfile if family is Family.DLLM else ArProfile
+    impl_kind = DllmImplementation if family is Family.DLLM else ArImplementation
+    if isinstance(obj, kind):
+        return TraceProfile(name, obj)
+    if isinstance(obj, impl_kind):
+        return TraceProfile(name, obj.profile, obj)
+    raise ConfigError(
+        "--profile",
+        name,
+        f"a profile ({kind.__name__}) or an implementation declaring one ({impl_kind.__name__}; "
+        f"the log is {family.value}, this is a {type(obj).__name__})",
+    )
+
+
+def in_space(named: TraceProfile, config: DllmConfig | ArConfig) -> None:
+    """The log's configuration must lie in the profile's declared space."""
+    try:
+        named.profile.space.check(config)  # type: ignore[arg-type]  # same family, checked
+    except ConfigOutsideProfile as err:
+        raise ConfigError(
+            "--profile",
+            named.name,
+            f"a profile whose declared space holds the log's configuration ({err})",
+        ) from None
+
+
+def ar_policy_for(named: TraceProfile, config: ArConfig) -> Any:
+    """The AR policy `named` declares for `config`: an implementation's open ordering rules
+    are its adapter's own for that configuration (as `verify --impl` takes them)."""
+    policy: Any = named.profile.policy
+    if policy.rules is not None or not isinstance(named.implementation, ArImplementation):
+        return policy
+    try:
+        adapter = named.implementation.factory(config, lambda e: None)
+    except ConfigError as err:
+        raise ConfigError(
+            "--profile", named.name, f"an implementation that runs the log's configuration ({err})"
+        ) from None
+    return dataclasses.replace(policy, rules=adapter.rules)
+
+
+def dllm_log_difference(
+    twin: DllmTwin, events: Sequence[Event], config: DllmConfig, ended_idle: bool
+) -> str | None:
+    """The first decision where the twin parts from the log, or None. The twin runs bare: the
+    log was checked against the spec, and what is compared is the twin's decisions (a twin
+    that raises is reported with the difference up to then); `twin_runs` checked its space."""
+    from properties.decisions import twin_difference
+
+    return twin_difference(
+        events,
+        config,
+        twin.replay,
+        DllmProfile(),  # unused when unchecked
+        drain=ended_idle,
+        subject="the log",
+        checked=False,
+    )
+
+
+def ar_log_difference(
+    twin: ArTwin,
+    events: Sequence[ArEvent],
+    config: ArConfig,
+    policy: Any,
+    ended_idle: bool,
+) -> str | None:
+    """The first step where the twin decides otherwise than the log, or None; the twin runs
+    the log's operations under its own policy, or the log's (`policy`) when it declares none."""
+    from properties.ar.decisions import operations, twin_difference
+    from properties.ar.harness import ArDrain
+
+    ops = operations(events) + ([ArDrain(10_000)] if ended_idle else [])
+    own = twin.policy if twin.policy is not None else policy
+    return twin_difference(ops, events, config, twin.factory, own, subject="the log")
+
+
+def twin_runs(twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: Any) -> None:
+    """Before any event is read: the twin must run the log's configuration (inside its own
+    declared space, or the profile's `named` when it declares none; built without refusing)."""
+    try:
+        if isinstance(twin, DllmTwin) and isinstance(config, DllmConfig):
+            own = twin.profile or (named.profile if named is not None else DllmProfile())
+            own.space.check(config)
+            twin.replay((), config)(config, lambda e: None)
+        elif isinstance(twin, ArTwin) and isinstance(config, ArConfig):
+            twin.factory(config, lambda e: None)
+    except ConfigError as err:
+        raise ConfigError(
+            "--twin", twin.name, f"a twin that runs the log's configuration ({err})"
+        ) from None
+
+
+__all__ = [
+    "TraceProfile",
+    "ar_log_difference",
+    "ar_policy_for",
+    "dllm_log_difference",
+    "in_space",
+    "resolve_trace_profile",
+    "twin_runs",
+]
