@@ -336,7 +336,9 @@ def _check_ar(
     code = _finish(args, res.events, f"{res.steps} steps", res.idle_at_end, extras, declared)
     if extras.twin is None or res.config is None:
         return code
-    difference = ar_log_difference(extras.twin, kept or [], res.config, res.policy, res.idle_at_end)
+    difference = ar_log_difference(
+        extras.twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
+    )
     return _twin_verdict(args, extras, difference, f"{res.steps} steps") or code
 
 

@@ -24,7 +24,7 @@ log's replay quadratic); an AR twin runs in the AR harness under its policy.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,13 +139,14 @@ def ar_log_difference(
     config: ArConfig,
     policy: Any,
     ended_idle: bool,
+    sampled_stops: Mapping[str, int],
 ) -> str | None:
     """The first step where the twin decides otherwise than the log, or None; the twin runs
     the log's operations under its own policy, or the log's (`policy`) when it declares none."""
     from properties.ar.decisions import operations, twin_difference
     from properties.ar.harness import ArDrain
 
-    ops = operations(events) + ([ArDrain(10_000)] if ended_idle else [])
+    ops = operations(events, sampled_stops) + ([ArDrain(10_000)] if ended_idle else [])
     own = twin.policy if twin.policy is not None else policy
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
 

@@ -4,6 +4,7 @@ pass, seeded bugs fail at the right line with their rule, and every bad input is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from reference.ar.prefix_cache import make_vllm_v1_prefix
 from reference.ar.vllm_v1 import make_vllm_v1
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy, VictimOrder
-from spec.ar.events import ArEvent
+from spec.ar.events import ArEvent, ArFinished, ArFinishReason, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import (
     ArTraceReader,
@@ -194,3 +195,93 @@ def test_family_and_streaming_reader(tmp_path: Path) -> None:
     with ArTraceReader(path) as reader:
         assert reader.header is not None and reader.header.config == CFG
         assert [e for _, e in reader] == events
+
+
+# --- stops the engine sampled (a live engine's log cannot know them in advance) ---------------
+
+SAMPLED_CFG = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=4, max_num_seqs=2)
+
+
+def _stopping_run() -> list[ArEvent]:
+    """vLLM's rules: `a` (a prompt of 6, prefilled in chunks of 4) stops at its second output,
+    `b` at its first, `c` runs to max_tokens."""
+    h = ArHarness(make_vllm_v1, SAMPLED_CFG)
+    h.submit(ArRequest("a", 6, 5, stop_after=2))
+    h.submit(ArRequest("b", 2, 4, stop_after=1))
+    h.step()
+    h.submit(ArRequest("c", 1, 3))
+    h.drain()
+    return list(h.events)
+
+
+def _as_sampled(events: list[ArEvent], declared: bool = True) -> list[ArEvent]:
+    """The same log as a live engine writes it: no stop position at submission, the stop
+    declared sampled (or, `declared` False, not even that)."""
+    return [
+        dataclasses.replace(e, stop_after=None, stop_sampled=declared and e.stop_after is not None)
+        if isinstance(e, ArSubmitted)
+        else e
+        for e in events
+    ]
+
+
+def test_a_sampled_stop_is_accepted_after_a_step_that_produced_a_token(tmp_path: Path) -> None:
+    scripted = _stopping_run()
+    finishes = {e.request_id: e.reason for e in scripted if isinstance(e, ArFinished)}
+    assert finishes == {
+        "a": ArFinishReason.STOP,
+        "b": ArFinishReason.STOP,
+        "c": ArFinishReason.LENGTH,
+    }
+    sampled = _as_sampled(scripted)
+    kept: list[ArEvent] = []
+    result = check_ar_trace(_write(tmp_path / "s.jsonl", sampled, SAMPLED_CFG), keep=kept)
+    assert result.ok, result.violation
+    assert result.sampled_stops == {"a": 2, "b": 1}  # outputs at the finish, read off the log
+    assert kept == sampled
+    text = (tmp_path / "s.jsonl").read_text(encoding="utf-8")
+    assert text.count('"stop_sampled":true') == 2 and '"stop_sampled":false' not in text
+    # without the declaration the same log breaks the finish condition at the first stop
+    undeclared = _as_sampled(scripted, declared=False)
+    bad = check_ar_trace(_write(tmp_path / "u.jsonl", undeclared, SAMPLED_CFG))
+    assert bad.violation is not None and bad.violation.rule == "finish_condition"
+
+
+def test_a_sampled_stop_needs_a_token_in_the_step_that_just_ended(tmp_path: Path) -> None:
+    """`a` is still prefilling after step 0 (4 of its 6 prompt tokens): a stop then is no
+    sampled end token, and the check says so at that line."""
+    sampled = _as_sampled(_stopping_run())
+    first_end = next(i for i, e in enumerate(sampled) if isinstance(e, ArStepEnd))
+    early = [*sampled[: first_end + 1], ArFinished("a", ArFinishReason.STOP)]
+    result = check_ar_trace(_write(tmp_path / "e.jsonl", early, SAMPLED_CFG))
+    assert result.violation is not None and result.violation.rule == "finish_condition"
+    assert "produced no output token in the step that just ended" in str(result.violation)
+    assert result.line == len(early) + 1  # the header is line 1
+
+
+def test_a_stop_is_scripted_or_sampled_not_both(tmp_path: Path) -> None:
+    both: list[ArEvent] = [ArSubmitted("a", 2, 3, stop_after=1, stop_sampled=True)]
+    result = check_ar_trace(_write(tmp_path / "b.jsonl", both, SAMPLED_CFG))
+    assert result.violation is not None and result.violation.rule == "valid_request"
+
+
+def test_a_sampled_log_replays_through_its_twin_where_it_stopped() -> None:
+    """The twin (a scripted scheduler) stops each request where the log's engine sampled its
+    end token; without those positions it would run them to max_tokens and decide otherwise."""
+    from properties.ar.decisions import operations, twin_difference
+
+    sampled = _as_sampled(_stopping_run())
+    stops = {"a": 2, "b": 1}
+    assert twin_difference(operations(sampled, stops), sampled, SAMPLED_CFG, make_vllm_v1) is None
+    unscripted = twin_difference(operations(sampled), sampled, SAMPLED_CFG, make_vllm_v1)
+    assert unscripted is not None and unscripted.startswith("step ")
+
+
+def test_check_trace_replays_a_sampled_log_through_its_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from schedspec_cli.main import main
+
+    log = _write(tmp_path / "s.jsonl", _as_sampled(_stopping_run()), SAMPLED_CFG)
+    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 0
+    assert "its twin vllm-v1 decides alike in all" in capsys.readouterr().out

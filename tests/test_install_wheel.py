@@ -170,7 +170,8 @@ def test_installed_check_trace_reads_a_file_and_a_pipe(
     installed: tuple[Path, dict[str, str], Path], family: str
 ) -> None:
     """The installed `check-trace` on a recorded log with one violating event appended: the
-    file and the same bytes piped to `-` fail at that line; the log without it passes."""
+    file and the same bytes piped to `-` fail at that line; the log without it passes, and
+    decides as its recorder's twin under its recorder's profile."""
     from tests.test_check_trace_stream import _violating_trace
 
     _, env, user = installed
@@ -188,3 +189,9 @@ def test_installed_check_trace_reads_a_file_and_a_pipe(
             name = "<stdin>" if stdin is not None else str(log)
             expect = f"FAIL {name}:{bad_line}: " if code else f"OK {name}: "
             assert out.startswith(expect), out
+    # the log's decisions against its twin, and under its recorder's profile
+    twin = "reference-dllm" if family == "dllm" else "vllm-v1"
+    argv = ["schedspec", "check-trace", str(log), "--profile", twin, "--twin", twin]
+    twinned = subprocess.run(argv, cwd=user, env=env, capture_output=True, text=True)
+    assert twinned.returncode == 0, twinned.stdout + twinned.stderr
+    assert f"its twin {twin} decides alike in all" in twinned.stdout

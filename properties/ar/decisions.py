@@ -16,7 +16,7 @@ reads them back (a submission per `ArSubmitted`, an abort per `ArAborted`, a ste
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from properties.ar.harness import ArAbort, ArHarness, ArOp, ArStep, ArSubmit
 from spec.ar.adapter import ArImplementationFactory
@@ -26,11 +26,16 @@ from spec.ar.events import ArAborted, ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
 
 
-def operations(events: Sequence[ArEvent]) -> list[ArOp]:
+def operations(
+    events: Sequence[ArEvent], sampled_stops: Mapping[str, int] | None = None
+) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a step per `ArStepEnd`. A rejected submission or an abort that changed nothing
-    left no event and changes nothing; a drain shows as the steps it ran."""
+    left no event and changes nothing; a drain shows as the steps it ran. A request whose stop
+    the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its outputs at
+    that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
+    stops = sampled_stops or {}
     ops: list[ArOp] = []
     submitted = 0
     for e in events:
@@ -39,7 +44,7 @@ def operations(events: Sequence[ArEvent]) -> list[ArOp]:
                 e.request_id,
                 e.prompt_len,
                 e.max_tokens,
-                stop_after=e.stop_after,
+                stop_after=stops.get(e.request_id) if e.stop_sampled else e.stop_after,
                 priority=e.priority,
                 predicted_len=e.predicted_len,
                 arrival_time=float(submitted),

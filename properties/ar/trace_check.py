@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec.ar.config import ArConfig
-from spec.ar.events import ArAborted, ArBlocksFreed, ArEvent, ArFinished, ArStepEnd, ArSubmitted
+from spec.ar.events import (
+    ArAborted,
+    ArBlocksFreed,
+    ArEvent,
+    ArFinished,
+    ArFinishReason,
+    ArStepEnd,
+    ArSubmitted,
+)
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import ArTraceReader, ar_policy_to_dict
@@ -43,6 +51,9 @@ class ArTraceResult:
     running_at_end: int
     config: ArConfig | None = None  # what the trace was checked under
     policy: ArPolicy | None = None
+    # with `keep`: per request whose stop was sampled (`ArSubmitted.stop_sampled`) and that
+    # finished with reason stop, its outputs then (what a scripted replay sets as `stop_after`)
+    sampled_stops: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -100,7 +111,8 @@ def check_ar_trace(
     """Replay the AR trace (a path or its lines, see `spec.ar.trace.ArTraceReader`), read
     once and front to back; raises `TraceFormatError` / `ConfigError` for bad input (exit 2 in
     the CLI), returns the result at the first violation (exit 1) without reading further.
-    `keep`, when given, receives every event that conformed (the log is then held in memory)."""
+    `keep`, when given, receives every event that conformed (the log is then held in memory),
+    and the result's `sampled_stops` are filled."""
     path = str(source) if isinstance(source, str | Path) else "<stream>"
     with ArTraceReader(source) as reader:
         head = reader.header
@@ -109,6 +121,8 @@ def check_ar_trace(
         machine = ArSpecMachine(cfg, pol)
         count = 0
         in_step = False
+        sampled: set[str] = set()
+        stops: dict[str, int] = {}
         for line, event in reader:
             try:
                 if not in_step and not isinstance(event, _BETWEEN):
@@ -124,6 +138,12 @@ def check_ar_trace(
                 )
             if keep is not None:
                 keep.append(event)
+                if isinstance(event, ArSubmitted) and event.stop_sampled:
+                    sampled.add(event.request_id)
+                elif isinstance(event, ArFinished) and event.request_id in sampled:
+                    sampled.discard(event.request_id)
+                    if event.reason is ArFinishReason.STOP:
+                        stops[event.request_id] = machine.num_output(event.request_id)
             count += 1
         try:
             machine.check_invariants(between_steps=True)
@@ -141,6 +161,7 @@ def check_ar_trace(
             state_running,
             cfg,
             pol,
+            stops,
         )
 
 

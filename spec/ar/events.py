@@ -36,6 +36,10 @@ class ArSubmitted:
     priority: int = 0
     predicted_len: int | None = None
     prompt: tuple[int, ...] | None = None  # token ids, for prefix caching (None: unshared)
+    # The log's writer cannot know when the model will sample the end token (a live engine's
+    # log): the request may finish with reason STOP right after any step in which it produced
+    # an output token. `stop_after` is then None (the two are exclusive).
+    stop_sampled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,8 @@ class _Req:
     wait_since: int = 0  # the step index at which it (re-)entered the queue
     keys: list[int] = field(default_factory=list)  # content keys of its blocks 0, 1, ...
     cached_upto: int = 0  # its leading blocks registered in the cache
+    stop_sampled: bool = False  # its end token is sampled, not scripted (`ArSubmitted`)
+    output_step: int = -1  # the step in which it last produced an output token
 
     @property
     def known(self) -> int:
@@ -310,6 +312,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _submitted(self, e: ArSubmitted) -> None:
         if e.request_id in self._requests or e.request_id in self._ended:
             raise self._fail(ArRule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
+        if e.stop_sampled and e.stop_after is not None:
+            raise self._fail(
+                ArRule.VALID_REQUEST,
+                f"{e.request_id!r} has stop_after={e.stop_after} and stop_sampled: a stop is "
+                "either scripted (stop_after) or sampled, not both",
+                e,
+            )
         req = ArRequest(
             e.request_id,
             e.prompt_len,
@@ -335,6 +344,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             e.predicted_len,
             e.prompt,
             wait_since=self._step.index,
+            stop_sampled=e.stop_sampled,
         )
         self._requests[e.request_id] = r
         self._arrivals += 1
@@ -773,6 +783,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.attained += n
             if r.num_computed == r.known:
                 r.num_output += 1  # caught up: the model samples the next token
+                r.output_step = st.index
             self._touch(r)
         for rid in st.preempted:
             victim = self._requests.get(rid)
@@ -819,6 +830,16 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 ArRule.LIFECYCLE, f"{r.request_id!r} finished while {r.phase.value}", e
             )
         due = finish_reason(r)
+        if r.stop_sampled and e.reason is ArFinishReason.STOP:
+            # the model sampled the end token as the output token of the step that just ended
+            if r.output_step != self._step.index - 1 or self._step.in_schedule_phase:
+                raise self._fail(
+                    ArRule.FINISH_CONDITION,
+                    f"{r.request_id!r} finished with reason stop but produced no output token "
+                    f"in the step that just ended (its last was in step {r.output_step})",
+                    e,
+                )
+            due = ArFinishReason.STOP
         if due is None:
             raise self._fail(
                 ArRule.FINISH_CONDITION,

@@ -153,7 +153,10 @@ _AR_RULES: dict[ArRule, str] = {
     "step.",
     # --- end of a request
     ArRule.FINISH_CONDITION: "A request finishes only when it produced max_tokens (LENGTH) or "
-    "sampled its end token (STOP), with the matching reason.",
+    "sampled its end token (STOP), with the matching reason. Where the end token is scripted "
+    "(`stop_after`) that is at that output; where the log's engine sampled it "
+    "(`stop_sampled`: a live engine cannot know it in advance), STOP is accepted right after a "
+    "step in which the request produced an output token, and never with `stop_after` too.",
     ArRule.FINISH_RELEASED: "A request whose finish condition holds is finished in the step that "
     "produced its last token.",
     ArRule.TERMINAL_HOLDS_NOTHING: "A finished or aborted request holds no KV block.",

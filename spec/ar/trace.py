@@ -65,6 +65,10 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if not isinstance(value, list) or not all(_is_int(b) for b in value):
             raise bad(_INTS + (" or null" if name == "prompt" else ""))
         return tuple(value)
+    if name == "stop_sampled":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
     if name == "reason":
         try:
             return ArFinishReason(value)
@@ -74,9 +78,13 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 
 
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
+    """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
+    stops, and the field is then left out)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
+        if f.name == "stop_sampled" and not value:
+            continue
         if isinstance(value, ArFinishReason):
             value = value.value
         elif isinstance(value, tuple):
