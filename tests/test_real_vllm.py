@@ -38,6 +38,7 @@ from properties.ar.harness import ArHarness
 from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import (
+    ArAborted,
     ArBlocksAllocated,
     ArEvent,
     ArFinished,
@@ -574,3 +575,140 @@ def test_a_log_of_real_vllm_checks_under_its_profile_and_decides_as_its_twin(
         assert code == 0, out
         assert "under the profile of real-vllm" in out
         assert f"its twin {twin} decides alike in all" in out
+
+
+# --- a live scheduler's own event log (integrations.vllm.event_log) -----------------------------
+
+
+def _logged_run(
+    config: ArConfig, plant: Callable[[Any], None] | None = None
+) -> tuple[list[str], list[ArEvent]]:
+    """A program run on vLLM's scheduler (driven by the adapter, as an engine core would drive
+    it) with `VllmEventLog` attached: the log's lines, and the adapter's own events."""
+    import random
+
+    from integrations.vllm.event_log import VllmEventLog
+
+    lines: list[str] = []
+    events: list[ArEvent] = []
+    adapter = RealVllmScheduler(config, events.append)
+    if plant is not None:
+        plant(adapter.sched)
+    VllmEventLog(adapter.sched, lines.append)
+    rng = random.Random(6)
+    for i in range(8):
+        prompt, out, prio = rng.randrange(1, 8), rng.randrange(1, 8), rng.randrange(3)
+        stop = 1 if i % 3 == 0 else None  # a stop token as the first output
+        adapter.submit(ArRequest(f"r{i}", prompt, out, stop_after=stop, priority=prio))
+        adapter.step()
+        if i == 5:
+            adapter.abort("r4")
+    for _ in range(200):
+        if adapter.is_idle():
+            break
+        adapter.step()
+    return lines, events
+
+
+def test_a_live_vllm_scheduler_logs_what_it_decides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`VllmEventLog` on a vLLM scheduler that something else drives writes a log whose header
+    declares vLLM's policy, whose stops are sampled (a live scheduler cannot know them), which
+    `check-trace` passes alone and with the re-implementation as its twin, and whose decisions
+    are exactly those the adapter derived from the same run."""
+    from schedspec_cli.main import main
+    from spec.ar.decisions import step_decisions
+    from spec.ar.trace import ArTraceReader
+
+    config = ArConfig(
+        block_size=2,
+        num_blocks=8,
+        max_num_seqs=3,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        policy=Policy.PRIORITY,
+    )
+    lines, events = _logged_run(config)
+    assert any(isinstance(e, ArPreempted) for e in events)
+    assert any(isinstance(e, ArAborted) for e in events)
+    assert any(isinstance(e, ArFinished) and e.reason is ArFinishReason.STOP for e in events)
+    with ArTraceReader(lines) as reader:
+        logged = [e for _, e in reader]
+        assert reader.header is not None and reader.header.config == config
+    assert step_decisions(logged) == step_decisions(events)
+    log = tmp_path / "vllm-live.jsonl"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for extra in ([], ["--twin", "vllm-v1"], ["--profile", "real-vllm", "--twin", "real-vllm"]):
+        code = main(["check-trace", str(log), *extra])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "conform to the spec under" in out
+        assert not extra or "decides alike in all" in out
+
+
+@pytest.mark.parametrize(
+    ("bug", "rule"),
+    [("lifo_admission", "fcfs_admission"), ("under_allocate", "kv_covers_scheduled")],
+)
+def test_a_live_log_shows_a_seeded_bug_in_vllms_scheduler(bug: str, rule: str) -> None:
+    from properties.ar.trace_check import check_ar_trace
+    from tests import vllm_seeded_bugs
+
+    config = ArConfig(
+        block_size=2, num_blocks=12, max_num_seqs=2, max_num_batched_tokens=8, max_model_len=16
+    )
+    lines, _ = _logged_run(config, getattr(vllm_seeded_bugs, bug))
+    result = check_ar_trace(lines)
+    assert result.violation is not None and result.violation.rule == rule, result.violation
+
+
+def test_a_live_log_refuses_an_asynchronous_scheduler_and_detaches() -> None:
+    from integrations.vllm.event_log import VllmEventLog
+
+    config = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=16)
+    eager = RealVllmScheduler(config, lambda e: None, async_scheduling=True)
+    with pytest.raises(ConfigError, match="async_scheduling"):
+        VllmEventLog(eager.sched, print)
+    sync = RealVllmScheduler(config, lambda e: None)
+    own = sync.sched.schedule
+    log = VllmEventLog(sync.sched, lambda line: None)
+    assert sync.sched.schedule != own
+    log.detach()
+    assert sync.sched.schedule == own and "schedule" not in vars(sync.sched)
+
+
+def test_a_live_log_from_the_engine_core_loop_checks_and_decides_as_the_reference() -> None:
+    """The log `VllmEventLog` writes while vLLM's synchronous engine-core loop drives the
+    scheduler (`integrations.vllm.engine_core`: schedule, execute, update_from_output; aborts
+    between steps) conforms to vLLM's declared policy and decides step by step as the
+    re-implementation (`vllm-v1`, or `vllm-v1-prefix` with prefix caching) on the log's own
+    operations, stops placed where vLLM sampled them. 40 programs passed when this was
+    written; CI runs 8."""
+    from integrations.vllm.engine_core import EngineCoreLoop, core_program
+    from integrations.vllm.event_log import VllmEventLog
+    from properties.ar.decisions import operations, twin_difference
+    from properties.ar.harness import ArDrain
+    from properties.ar.trace_check import check_ar_trace
+    from reference.ar.prefix_cache import VLLM_V1_PREFIX
+
+    kinds = set()
+    for seed in range(8):
+        program = core_program(seed)
+        lines: list[str] = []
+
+        def attach(sched: Any, lines: list[str] = lines) -> None:
+            VllmEventLog(sched, lines.append)
+
+        EngineCoreLoop(program.config, async_scheduling=False, mutate=attach).run(program)
+        kept: list[ArEvent] = []
+        result = check_ar_trace(lines, keep=kept)
+        assert result.ok and result.idle_at_end and result.config == program.config, (
+            seed,
+            result.violation,
+        )
+        ops = [*operations(kept, result.sampled_stops), ArDrain(10_000)]
+        twin = VLLM_V1_PREFIX if program.config.enable_prefix_caching else VLLM_V1
+        assert twin_difference(ops, kept, program.config, twin.factory, result.policy) is None
+        kinds.add((program.config.policy, program.config.enable_prefix_caching))
+    assert len(kinds) >= 3  # both policies, prefix caching on and off

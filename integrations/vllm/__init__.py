@@ -24,6 +24,9 @@ running it):
   scheduler runs one step ahead of the model, which the AR step contract does not describe;
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
 
+`integrations.vllm.event_log.VllmEventLog` attaches to a live (synchronous) scheduler that
+something else drives and writes its decisions as an AR event log for `schedspec check-trace`.
+
 vLLM's diffusion-LLM schedulers (`DiffusionScheduler`, `DiffusionAsyncScheduler`) are checked
 in the same loop by `integrations.vllm.diffusion`, with a fabricated denoising runner (with
 prefix caching, and pipeline-parallel stages in the asynchronous loop);

@@ -424,41 +424,19 @@ class RealVllmScheduler:
             self.sink(e)
 
     def _waiting(self) -> Iterator[Any]:
-        sched = self.sched
-        yield from sched.kv_holding_waiting
-        yield from sched.waiting
+        return waiting_requests(self.sched)
 
     def _tables(self) -> dict[str, tuple[int, ...]]:
         return block_tables(self.sched)
 
     def _cached(self) -> frozenset[int]:
-        pool = self.sched.kv_cache_manager.block_pool
-        return frozenset(
-            b.block_id for b in pool.blocks if b.block_hash is not None and not b.is_null
-        )
+        return cached_blocks(self.sched)
 
     def _view(self, scheduled: dict[str, int] | None = None) -> ArPoolView:
-        """The pools now; `scheduled` (after `schedule()`): computed tokens before the forward
-        (vLLM already added this step's tokens to `num_computed_tokens`)."""
-        sched = self.sched
-        done = scheduled or {}
-        running = tuple(r.request_id for r in sched.running)
-        waiting = tuple(r.request_id for r in self._waiting())
-        computed = {
-            rid: sched.requests[rid].num_computed_tokens - done.get(rid, 0)
-            for rid in running + waiting
-        }
-        cached = self._cached() if self._config.enable_prefix_caching else frozenset()
-        return ArPoolView(self._tables(), computed, running, waiting, cached)
+        return pool_view(self.sched, self._config.enable_prefix_caching, scheduled)
 
     def _victim_order(self, before: ArPoolView) -> list[str]:
-        """The order vLLM picks victims in: the tail of running first (FCFS), or the lowest
-        priority then latest arrival first (priority)."""
-        order = list(reversed(before.running))
-        if self._config.policy is Policy.PRIORITY:
-            reqs = self.sched.requests
-            order.sort(key=lambda rid: (reqs[rid].priority, reqs[rid].arrival_time), reverse=True)
-        return order
+        return victim_order(self.sched, before, self._config.policy)
 
     def _fabricate(self, scheduled: dict[str, int]) -> Any:
         """The model's output for the batch just scheduled: one sampled token per request past
@@ -487,14 +465,19 @@ class RealVllmScheduler:
         return OUTPUT_BASE + a * (1 << 32) + index
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
-        reasons = self.v.engine.FinishReason
-        if finish_reason == reasons.STOP:
-            return ArFinishReason.STOP
-        if finish_reason == reasons.LENGTH:
-            return ArFinishReason.LENGTH
-        raise ConfigError(  # vLLM finished a request for a reason the spec has no name for
-            "finish_reason", finish_reason, "stop or length (the fabricated model gives no other)"
-        )
+        return finish_reason_of(self.v, finish_reason)
+
+
+def finish_reason_of(v: _Vllm, finish_reason: Any) -> ArFinishReason:
+    """vLLM's finish reason of a finished request as the spec's (stop or length)."""
+    reasons = v.engine.FinishReason
+    if finish_reason == reasons.STOP:
+        return ArFinishReason.STOP
+    if finish_reason == reasons.LENGTH:
+        return ArFinishReason.LENGTH
+    raise ConfigError(  # vLLM finished a request for a reason the spec has no name for
+        "finish_reason", finish_reason, "stop or length (a request's own; aborts are apart)"
+    )
 
 
 def vllm_config_error(err: ValueError) -> str:
@@ -580,6 +563,45 @@ def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
     }
 
 
+def waiting_requests(sched: Any) -> Iterator[Any]:
+    """A vLLM scheduler's waiting requests in queue order (those holding KV for a connector,
+    always none here, first)."""
+    yield from sched.kv_holding_waiting
+    yield from sched.waiting
+
+
+def cached_blocks(sched: Any) -> frozenset[int]:
+    """The blocks whose content the prefix cache holds (the null block left out)."""
+    pool = sched.kv_cache_manager.block_pool
+    return frozenset(b.block_id for b in pool.blocks if b.block_hash is not None and not b.is_null)
+
+
+def pool_view(
+    sched: Any, prefix_caching: bool, scheduled: dict[str, int] | None = None
+) -> ArPoolView:
+    """A vLLM scheduler's pools now, for `spec.ar.reconstruct`; `scheduled` (after
+    `schedule()`): computed tokens before the forward (vLLM already added this step's tokens to
+    `num_computed_tokens`)."""
+    done = scheduled or {}
+    running = tuple(r.request_id for r in sched.running)
+    waiting = tuple(r.request_id for r in waiting_requests(sched))
+    computed = {
+        rid: sched.requests[rid].num_computed_tokens - done.get(rid, 0) for rid in running + waiting
+    }
+    cached = cached_blocks(sched) if prefix_caching else frozenset()
+    return ArPoolView(block_tables(sched), computed, running, waiting, cached)
+
+
+def victim_order(sched: Any, before: ArPoolView, policy: Policy) -> list[str]:
+    """The order vLLM picks victims in: the tail of running first (FCFS), or the lowest
+    priority then latest arrival first (priority)."""
+    order = list(reversed(before.running))
+    if policy is Policy.PRIORITY:
+        reqs = sched.requests
+        order.sort(key=lambda rid: (reqs[rid].priority, reqs[rid].arrival_time), reverse=True)
+    return order
+
+
 _MODEL_CONFIGS: dict[tuple[int, bool], Any] = {}
 
 
@@ -655,13 +677,18 @@ __all__ = [
     "RealVllmScheduler",
     "block_tables",
     "build_scheduler",
+    "cached_blocks",
     "engine_on_pythonpath",
+    "finish_reason_of",
     "load_vllm",
     "make_real_vllm",
     "make_real_vllm_prefix",
     "model_dir",
+    "pool_view",
     "tiny_model_config",
     "v2_model_runner",
+    "victim_order",
     "vllm_config_error",
     "vllm_rules",
+    "waiting_requests",
 ]

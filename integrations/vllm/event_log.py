@@ -1,0 +1,176 @@
+"""A live vLLM 0.33.0 v1 `Scheduler` writing what it decides as an AR event log.
+
+`VllmEventLog(scheduler, write)` attaches to a scheduler that something else drives (vLLM's own
+`EngineCore`, a test's loop) and writes, through `write`, one JSON line per event of
+`spec.ar.events`: first the header (`spec.ar.trace.ar_config_to_dict`: the scheduler's effective
+configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the ordering rules of
+`vllm_rules`), then what each call decided. `schedspec check-trace LOG` then checks the log
+under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
+re-implementation's on the log's own operations.
+
+It wraps four methods of that one scheduler instance (nothing of vLLM's classes changes), and
+derives the events from the pools around each call, as `RealVllmScheduler` does
+(`spec.ar.reconstruct`):
+
+- `add_request`: `ArSubmitted`, with `stop_sampled` (a live scheduler cannot know when the
+  model will sample a stop token; the request's prompt ids when prefix caching is on);
+- `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens)
+  and `ArStepEnd`;
+- `update_from_output`: the blocks it freed, and `ArFinished` with vLLM's reason;
+- `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
+  `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found).
+
+Synchronous scheduling only: an asynchronous scheduler (vLLM's default on CUDA) schedules a
+step ahead of the model, which an AR event log does not describe; attaching to one is a
+`ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from integrations.vllm import REAL_VLLM_PROFILE
+from integrations.vllm.adapter import (
+    finish_reason_of,
+    load_vllm,
+    pool_view,
+    victim_order,
+    vllm_rules,
+)
+from spec.ar.config import ArConfig, Policy
+from spec.ar.events import ArAborted, ArEvent, ArFinished, ArStepEnd, ArSubmitted
+from spec.ar.profile import ArPolicy
+from spec.ar.reconstruct import release_events, scheduling_events
+from spec.ar.trace import ar_config_to_dict, ar_event_to_dict
+from spec.errors import ConfigError
+
+
+def ar_config_of(scheduler: Any) -> ArConfig:
+    """A vLLM scheduler's effective settings as an `ArConfig` (ConfigError when the AR spec
+    has no such configuration)."""
+    sc = scheduler.scheduler_config
+    try:
+        return ArConfig(
+            block_size=int(scheduler.cache_config.block_size),
+            num_blocks=int(scheduler.kv_cache_config.num_blocks),
+            reserve_null_block=True,  # vLLM's block 0 is its null block
+            max_num_batched_tokens=int(scheduler.max_num_scheduled_tokens),
+            max_num_seqs=int(scheduler.max_num_running_reqs),
+            max_model_len=int(scheduler.max_model_len),
+            long_prefill_token_threshold=int(sc.long_prefill_token_threshold),
+            enable_chunked_prefill=bool(sc.enable_chunked_prefill),
+            policy=Policy(str(sc.policy)),
+            enable_prefix_caching=bool(scheduler.cache_config.enable_prefix_caching),
+        )
+    except (ConfigError, ValueError) as err:
+        raise ConfigError(
+            "scheduler", type(scheduler).__name__, f"a configuration the AR spec describes ({err})"
+        ) from None
+
+
+def declared_policy(config: ArConfig) -> ArPolicy:
+    """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules."""
+    return dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
+
+
+class VllmEventLog:
+    """Writes the decisions of one live vLLM scheduler as an AR event log (see the module)."""
+
+    def __init__(self, scheduler: Any, write: Callable[[str], object]) -> None:
+        if bool(scheduler.scheduler_config.async_scheduling):
+            raise ConfigError(
+                "async_scheduling",
+                True,
+                "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
+                "event log does not describe (serve with --no-async-scheduling to log)",
+            )
+        self.scheduler = scheduler
+        self.config = ar_config_of(scheduler)
+        self.policy = declared_policy(self.config)
+        self._write = write
+        self._v = load_vllm()
+        self._prefix = self.config.enable_prefix_caching
+        self._step = 0
+        self._calls: dict[str, Any] = {}  # name -> what the wrapper calls
+        self._originals: dict[str, Any] = {}  # name -> the instance's own attribute, if any
+        write(json.dumps(ar_config_to_dict(self.config, self.policy)))
+        for name, wrapper in (
+            ("add_request", self._add_request),
+            ("schedule", self._schedule),
+            ("update_from_output", self._update_from_output),
+            ("finish_requests", self._finish_requests),
+        ):
+            self._originals[name] = vars(scheduler).get(name)
+            self._calls[name] = getattr(scheduler, name)
+            setattr(scheduler, name, wrapper)
+
+    def detach(self) -> None:
+        """Give the scheduler its own methods back (the log then ends)."""
+        for name, own in self._originals.items():
+            if own is None:
+                delattr(self.scheduler, name)  # the class's method shows through again
+            else:
+                setattr(self.scheduler, name, own)
+        self._originals.clear()
+
+    # ------------------------------------------------------------------ the wrapped calls
+    def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._calls["add_request"](request, *args, **kwargs)
+        prompt = tuple(int(t) for t in request.prompt_token_ids or ())
+        self._emit(
+            ArSubmitted(
+                request.request_id,
+                len(prompt),
+                int(request.max_tokens),
+                None,
+                int(request.priority),
+                prompt=prompt if self._prefix else None,
+                stop_sampled=True,
+            )
+        )
+        return result
+
+    def _schedule(self, *args: Any, **kwargs: Any) -> Any:
+        sched = self.scheduler
+        before = pool_view(sched, self._prefix)
+        out = self._calls["schedule"](*args, **kwargs)
+        scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
+        after = pool_view(sched, self._prefix, scheduled)
+        order = victim_order(sched, before, self.config.policy)
+        for e in scheduling_events(
+            before, after, scheduled, self.config.block_size, preempted_order=order
+        ):
+            self._emit(e)
+        self._emit(ArStepEnd(self._step))
+        self._step += 1
+        return out
+
+    def _update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        before = pool_view(self.scheduler, self._prefix)
+        outputs = self._calls["update_from_output"](*args, **kwargs)
+        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
+            self._emit(e)
+        for per_client in outputs.values():
+            for o in per_client.outputs:
+                if o.finish_reason is not None:
+                    reason = finish_reason_of(self._v, o.finish_reason)
+                    self._emit(ArFinished(o.request_id, reason))
+        return outputs
+
+    def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        before = pool_view(self.scheduler, self._prefix)
+        ended = self._calls["finish_requests"](*args, **kwargs)
+        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
+            self._emit(e)
+        for request in ended or ():
+            self._emit(ArAborted(request.request_id))
+        return ended
+
+    def _emit(self, event: ArEvent) -> None:
+        self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
+
+
+__all__ = ["VllmEventLog", "ar_config_of", "declared_policy"]
