@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
-from spec.adapter import ImplementationFactory
+from spec.adapter import ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, RequestSpec
 from spec.events import Aborted, Admitted, ControlReturned, Event, Forward, Submitted
 from spec.profile import DllmProfile
@@ -151,18 +151,29 @@ def _run_bare(
     events: list[Event],
 ) -> None:
     """Run `ops` on a fresh implementation, its events appended to `events` unchecked."""
-    impl = factory(config, events.append)
-    for op in ops:
-        if isinstance(op, Submit):
-            impl.submit(op.request)
-        elif isinstance(op, Abort):
-            impl.abort(op.request_id)
-        elif isinstance(op, Round):
-            impl.run_round()
-        else:
-            impl.drain()
+    impl = _Bare(factory(config, events.append))
+    apply_ops(impl, ops)
     if drain:
         impl.drain()
+
+
+class _Bare:
+    """An implementation as an `OpDriver`: its own calls, nothing checked."""
+
+    def __init__(self, impl: SchedulerAdapter) -> None:
+        self.impl = impl
+
+    def submit(self, request: RequestSpec) -> None:
+        self.impl.submit(request)
+
+    def abort(self, request_id: str) -> None:
+        self.impl.abort(request_id)
+
+    def round(self) -> None:
+        self.impl.run_round()
+
+    def drain(self) -> None:
+        self.impl.drain()
 
 
 def _at(rounds: Sequence[object], i: int) -> object:

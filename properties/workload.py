@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from properties.harness import Harness, SoloCache, check_parity
 from spec.adapter import ImplementationFactory
@@ -48,9 +49,19 @@ class Workload:
     notes: tuple[str, ...] = field(default=())
 
 
-def apply_ops(h: Harness, ops: Iterable[Op]) -> None:
-    """Run `ops` on the harness `h` in order (every event checked against the spec under its
-    profile). What they produced is `h.events`, also when one of them raised."""
+class OpDriver(Protocol):
+    """What runs operations: a `Harness` (every event checked), or an implementation driven
+    bare (`properties.decisions`)."""
+
+    def submit(self, request: RequestSpec) -> object: ...
+    def abort(self, request_id: str) -> object: ...
+    def round(self) -> None: ...
+    def drain(self) -> None: ...
+
+
+def apply_ops(h: OpDriver, ops: Iterable[Op]) -> None:
+    """Run `ops` on `h` in order (a harness checks every event against the spec under its
+    profile; what they produced is `h.events`, also when one of them raised)."""
     for op in ops:
         if isinstance(op, Submit):
             h.submit(op.request)

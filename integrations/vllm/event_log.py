@@ -149,10 +149,7 @@ class VllmEventLog:
         return out
 
     def _update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        before = pool_view(self.scheduler, self._prefix)
-        outputs = self._calls["update_from_output"](*args, **kwargs)
-        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
-            self._emit(e)
+        outputs = self._releasing("update_from_output", *args, **kwargs)
         for per_client in outputs.values():
             for o in per_client.outputs:
                 if o.finish_reason is not None:
@@ -161,13 +158,18 @@ class VllmEventLog:
         return outputs
 
     def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
-        before = pool_view(self.scheduler, self._prefix)
-        ended = self._calls["finish_requests"](*args, **kwargs)
-        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
-            self._emit(e)
+        ended = self._releasing("finish_requests", *args, **kwargs)
         for request in ended or ():
             self._emit(ArAborted(request.request_id))
         return ended
+
+    def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the scheduler's `name`, then log the blocks the call freed."""
+        before = pool_view(self.scheduler, self._prefix)
+        result = self._calls[name](*args, **kwargs)
+        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
+            self._emit(e)
+        return result
 
     def _emit(self, event: ArEvent) -> None:
         self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
