@@ -26,13 +26,18 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedspec_cli.trace_input import open_trace
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
 from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
+
+if TYPE_CHECKING:  # imported when a run needs them (start-up stays light)
+    from properties.verify import Twin
+    from schedspec_cli.trace_profile import TraceProfile
+    from spec.errors import SpecViolation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -214,15 +219,19 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
 class Extras:
     """What `--profile` and `--twin` named, resolved for the log's family."""
 
-    named: Any  # TraceProfile | None
-    twin: Any  # DllmTwin | ArTwin | None
+    named: TraceProfile | None
+    twin: Twin | None
 
     def under(self) -> str:
         return f" under the profile of {self.named.name}" if self.named is not None else ""
 
-    def accepted(self, args: argparse.Namespace, where: object, violation: Any) -> int | None:
+    def accepted(
+        self, args: argparse.Namespace, where: object, violation: SpecViolation
+    ) -> int | None:
         """Exit 0 with a report when the profile accepts the violated rule, else None."""
-        deviation = self.named.profile.accepted(violation.rule) if self.named else None
+        if self.named is None:
+            return None
+        deviation = self.named.profile.accepted(violation.rule)
         if deviation is None:
             return None
         print(
@@ -254,8 +263,9 @@ def _check_dllm(
     extras: Extras,
 ) -> int:
     from properties.trace_check import check_trace
+    from properties.verify import DllmTwin
     from schedspec_cli.trace_profile import dllm_log_difference, in_space, twin_runs
-    from spec.profile import DllmPolicy
+    from spec.profile import DllmPolicy, DllmProfile
 
     def refuse_config(detail: str) -> SchedSpecError:
         return ConfigError("config", args.config, f"DllmConfig fields ({detail})")
@@ -280,7 +290,8 @@ def _check_dllm(
     if extras.twin is not None:
         twin_runs(extras.twin, ran, extras.named)
     kept: list[Any] | None = [] if extras.twin is not None else None
-    policy = extras.named.profile.policy if extras.named is not None else None
+    profile = extras.named.profile if extras.named is not None else None
+    policy = profile.policy if isinstance(profile, DllmProfile) else None
     res = check_trace(lines, config, policy, kept)
     if res.violation is not None:
         accepted = extras.accepted(args, res.line, res.violation)
@@ -290,10 +301,11 @@ def _check_dllm(
         return 1
     declared = res.policy is not None and res.policy != DllmPolicy()
     code = _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end, extras, declared)
-    if extras.twin is None or res.config is None:
+    twin = extras.twin
+    if not isinstance(twin, DllmTwin) or res.config is None:
         return code
-    difference = dllm_log_difference(extras.twin, kept or [], res.config, res.idle_at_end)
-    return _twin_verdict(args, extras, difference, f"{res.rounds} rounds") or code
+    difference = dllm_log_difference(twin, kept or [], res.config, res.idle_at_end)
+    return _twin_verdict(args, twin.name, difference, f"{res.rounds} rounds") or code
 
 
 def _check_ar(
@@ -304,6 +316,7 @@ def _check_ar(
     extras: Extras,
 ) -> int:
     from properties.ar.trace_check import check_ar_trace
+    from properties.verify import ArTwin
     from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
     from spec.ar.profile import ArPolicy
     from spec.ar.trace import ar_config_from_dict
@@ -334,12 +347,13 @@ def _check_ar(
         return 1
     declared = res.policy is not None and res.policy != ArPolicy()
     code = _finish(args, res.events, f"{res.steps} steps", res.idle_at_end, extras, declared)
-    if extras.twin is None or res.config is None:
+    twin = extras.twin
+    if not isinstance(twin, ArTwin) or res.config is None:
         return code
     difference = ar_log_difference(
-        extras.twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
+        twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
     )
-    return _twin_verdict(args, extras, difference, f"{res.steps} steps") or code
+    return _twin_verdict(args, twin.name, difference, f"{res.steps} steps") or code
 
 
 def _ar_header_config(header: Header) -> Any:
@@ -374,11 +388,8 @@ def _finish(
     return 0
 
 
-def _twin_verdict(
-    args: argparse.Namespace, extras: Extras, difference: str | None, periods: str
-) -> int:
+def _twin_verdict(args: argparse.Namespace, name: str, difference: str | None, periods: str) -> int:
     """Exit 1 with the first difference, or 0 with one line saying the twin agreed."""
-    name = extras.twin.name
     if difference is not None:
         print(f"FAIL {args.file}: [twin_decisions] against {name}: {difference}")
         return 1

@@ -34,7 +34,7 @@ from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
 from spec.ar.events import ArEvent
-from spec.ar.profile import ArProfile
+from spec.ar.profile import ArPolicy, ArProfile
 from spec.config import DllmConfig
 from spec.errors import ConfigError
 from spec.events import Event
@@ -99,10 +99,13 @@ def in_space(named: TraceProfile, config: DllmConfig | ArConfig) -> None:
         ) from None
 
 
-def ar_policy_for(named: TraceProfile, config: ArConfig) -> Any:
-    """The AR policy `named` declares for `config`: an implementation's open ordering rules
-    are its adapter's own for that configuration (as `verify --impl` takes them)."""
-    policy: Any = named.profile.policy
+def ar_policy_for(named: TraceProfile, config: ArConfig) -> ArPolicy:
+    """The AR policy `named` (an AR profile) declares for `config`: an implementation's open
+    ordering rules are its adapter's own for that configuration (as `verify --impl` takes
+    them)."""
+    policy = named.profile.policy
+    if not isinstance(policy, ArPolicy):
+        raise ConfigError("--profile", named.name, "an AR profile for an AR log")
     if policy.rules is not None or not isinstance(named.implementation, ArImplementation):
         return policy
     try:
@@ -137,7 +140,7 @@ def ar_log_difference(
     twin: ArTwin,
     events: Sequence[ArEvent],
     config: ArConfig,
-    policy: Any,
+    policy: ArPolicy | None,
     ended_idle: bool,
     sampled_stops: Mapping[str, int],
 ) -> str | None:
@@ -151,12 +154,16 @@ def ar_log_difference(
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
 
 
-def twin_runs(twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: Any) -> None:
+def twin_runs(
+    twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: TraceProfile | None
+) -> None:
     """Before any event is read: the twin must run the log's configuration (inside its own
     declared space, or the profile's `named` when it declares none; built without refusing)."""
     try:
         if isinstance(twin, DllmTwin) and isinstance(config, DllmConfig):
-            own = twin.profile or (named.profile if named is not None else DllmProfile())
+            own = twin.profile or (named.profile if named is not None else None)
+            if not isinstance(own, DllmProfile):
+                own = DllmProfile()
             own.space.check(config)
             twin.replay((), config)(config, lambda e: None)
         elif isinstance(twin, ArTwin) and isinstance(config, ArConfig):
