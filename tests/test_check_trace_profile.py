@@ -301,7 +301,8 @@ def test_an_ar_profile_takes_its_open_ordering_rules_from_its_adapter() -> None:
     priority = AR.replace(policy=Policy.PRIORITY)
     named = resolve_trace_profile("vllm-v1", Family.AR)
     assert isinstance(named.profile.policy, ArPolicy) and named.profile.policy.rules is None
-    assert ar_policy_for(named, priority).rules.victim is VictimOrder.LOWEST_PRIORITY_ANY
+    rules = ar_policy_for(named, priority).rules
+    assert rules is not None and rules.victim is VictimOrder.LOWEST_PRIORITY_ANY
     bare = resolve_trace_profile("tests.test_check_trace_profile:VLLM_PROFILE_ONLY", Family.AR)
     assert ar_policy_for(bare, priority).rules is None  # a bare profile: the spec's own rules
 
