@@ -1,5 +1,5 @@
 """`schedspec check-trace FILE|- [--config JSON] [--family dllm|ar] [--require-idle]
-[--profile NAME|module:attribute] [--twin NAME|module:attribute]`.
+[--profile NAME|module:attribute] [--twin NAME|module:attribute] [--json PATH]`.
 
 Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
 from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
@@ -11,7 +11,8 @@ ends with work still running is a warning (exit 0), or with `--require-idle` a f
 `--profile` checks the log under an engine's declared policy (the header's `declared_policy`
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
 (`schedspec_cli.trace_profile`); both are resolved, for the log's family, before any event is
-read.
+read. `--json PATH` writes the verdict as JSON (for a CI job to read): checked before the log
+is opened, written for exit 0 and 1 (an input error, exit 2, writes none).
 
 FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
 event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
@@ -73,6 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="then replay the log's operations through this decision twin (as verify --twin) "
         "and fail (rule twin_decisions) where it decides otherwise; holds the log in memory",
     )
+    p.add_argument("--json", metavar="PATH", help="write the verdict as JSON here")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +165,20 @@ class TraceLineError(SchedSpecError, ValueError):
 def run(args: argparse.Namespace) -> int:
     """Reads FILE once, front to back: the header line, then every event as it arrives; the
     verdict comes at the first violation without reading further."""
+    from schedspec_cli.output import check_output_path, write_json
     from spec.trace import TraceFormatError
 
+    check_output_path("--json", args.json)
     with open_trace(args.file) as source:
         lines = iter(source)
         header, head = read_header(lines, source.name)
-        args = argparse.Namespace(**{**vars(args), "file": source.name})
+        args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
         try:
-            return _run(args, header, itertools.chain(head, lines))
+            code = _run(args, header, itertools.chain(head, lines))
         except TraceFormatError as err:  # the spec's parser knows the line, not the input
             raise TraceLineError(source.name, err.line_no, err.detail) from None
+    write_json(args.json, {"file": source.name, "exit": code, **args.verdict})
+    return code
 
 
 def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
@@ -210,6 +216,11 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
 
     named = resolve_trace_profile(args.profile, family) if args.profile is not None else None
     twin = installed_twin(args.twin, family) if args.twin is not None else None
+    args.verdict.update(
+        family=family.value,
+        profile=named.name if named is not None else None,
+        twin=twin.name if twin is not None else None,
+    )
     if family is Family.DLLM:
         return _check_dllm(args, lines, header, given, Extras(named, twin))
     return _check_ar(args, lines, header, given, Extras(named, twin))
@@ -237,6 +248,9 @@ class Extras:
         print(
             f"ACCEPTED {args.file}:{where}: [{violation.rule}] is a deviation {self.named.name} "
             f"declares ({deviation.reason}); the log after this line is not checked"
+        )
+        args.verdict.update(
+            verdict="accepted", rule=str(violation.rule), line=where, reason=deviation.reason
         )
         return 0
 
@@ -297,8 +311,7 @@ def _check_dllm(
         accepted = extras.accepted(args, res.line, res.violation)
         if accepted is not None:
             return accepted
-        print(f"FAIL {args.file}:{res.line}: {res.violation}")
-        return 1
+        return _violated(args, res.line, res.violation)
     declared = res.policy is not None and res.policy != DllmPolicy()
     code = _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end, extras, declared)
     twin = extras.twin
@@ -343,8 +356,7 @@ def _check_ar(
         accepted = extras.accepted(args, where, res.violation)
         if accepted is not None:
             return accepted
-        print(f"FAIL {args.file}:{where}: {res.violation}")
-        return 1
+        return _violated(args, where, res.violation)
     declared = res.policy is not None and res.policy != ArPolicy()
     code = _finish(args, res.events, f"{res.steps} steps", res.idle_at_end, extras, declared)
     twin = extras.twin
@@ -380,18 +392,34 @@ def _finish(
     """The verdict of a log that conformed: `declared`, its header declared a policy."""
     under = extras.under() or (" under the policy its header declares" if declared else "")
     print(f"OK {args.file}: {events} events, {periods} conform to the spec{under}")
+    count, unit = periods.split()
+    source = "profile" if extras.named is not None else "header" if declared else "idealised"
+    args.verdict.update(
+        verdict="pass", events=events, **{unit: int(count)}, policy=source, idle_at_end=idle
+    )
     if not idle:
         if args.require_idle:
             print(f"FAIL {args.file}: the log ends with work still running (--require-idle)")
+            args.verdict["verdict"] = "incomplete"
             return 1
         print(f"warning: {args.file}: the log ends with work still running (incomplete log?)")
     return 0
 
 
+def _violated(args: argparse.Namespace, where: object, violation: SpecViolation) -> int:
+    print(f"FAIL {args.file}:{where}: {violation}")
+    args.verdict.update(
+        verdict="violation", rule=str(violation.rule), line=where, message=str(violation)
+    )
+    return 1
+
+
 def _twin_verdict(args: argparse.Namespace, name: str, difference: str | None, periods: str) -> int:
     """Exit 1 with the first difference, or 0 with one line saying the twin agreed."""
+    args.verdict["twin_difference"] = difference
     if difference is not None:
         print(f"FAIL {args.file}: [twin_decisions] against {name}: {difference}")
+        args.verdict.update(verdict="violation", rule="twin_decisions", message=difference)
         return 1
     print(f"OK {args.file}: its twin {name} decides alike in all {periods}")
     return 0

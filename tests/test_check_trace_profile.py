@@ -356,3 +356,44 @@ def test_the_trace_benchmark_times_the_twin(tmp_path: Path) -> None:
     data = json.loads(out.read_text(encoding="utf-8"))
     (row,) = data["rows"]
     assert data["twin"] == "reference-dllm" and row["twin_over_plain"] > 0
+
+
+# ---------------------------------------------------------------------------- --json
+
+
+def test_the_verdict_is_written_as_json_for_a_ci_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = record_dllm_run(SGLANG_DLLM_ORDER)
+    declared = _write_dllm(tmp_path / "declared.jsonl", events, SGLANG_DLLM_ORDER.profile.policy)
+    bare = _write_dllm(tmp_path / "bare.jsonl", events)
+    out = tmp_path / "verdict.json"
+
+    def verdict(*argv: str) -> dict[str, object]:
+        code = main(["check-trace", *argv, "--json", str(out)])
+        capsys.readouterr()
+        data: dict[str, object] = json.loads(out.read_text(encoding="utf-8"))
+        assert data["exit"] == code
+        return data
+
+    passed = verdict(declared, "--twin", "sglang-dllm-order")
+    assert passed["verdict"] == "pass" and passed["policy"] == "header"
+    assert passed["twin"] == "sglang-dllm-order" and passed["twin_difference"] is None
+    assert passed["idle_at_end"] is True and passed["events"] == len(events)
+    differs = verdict(declared, "--twin", "reference-dllm")
+    assert differs["verdict"] == "violation" and differs["rule"] == "twin_decisions"
+    assert str(differs["twin_difference"]).startswith("round ")
+    failed = verdict(bare)
+    assert failed["verdict"] == "violation" and failed["rule"] == "fcfs_admission"
+    assert isinstance(failed["line"], int) and failed["line"] > 1  # an event's line, not the header
+    accepted = verdict(bare, "--profile", "tests.test_check_trace_profile:SGLANG_AS_DEVIATION")
+    assert accepted["verdict"] == "accepted" and accepted["rule"] == "work_conserving"
+    ends = [i for i, e in enumerate(events) if isinstance(e, ControlReturned)]
+    cut = _write_dllm(
+        tmp_path / "cut.jsonl", events[: ends[2] + 1], SGLANG_DLLM_ORDER.profile.policy
+    )
+    incomplete = verdict(cut, "--require-idle")
+    assert incomplete["verdict"] == "incomplete" and incomplete["exit"] == 1
+    # an output path that cannot be written is refused before the log is read
+    code = main(["check-trace", str(tmp_path / "missing.jsonl"), "--json", str(tmp_path)])
+    assert code == 2 and "invalid --json=" in capsys.readouterr().err

@@ -173,6 +173,7 @@ def cases() -> list[tuple[str, list[str]]]:
                     ["check-trace", "{header_only}", flag, value],
                 )
             )
+    c.append(("check-trace--json-dir", ["check-trace", "{header_only}", "--json", "{dir}"]))
     c.append(
         (
             "check-trace--profile-space",
