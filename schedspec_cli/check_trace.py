@@ -313,7 +313,7 @@ def _check_dllm(
             return accepted
         return _violated(args, res.line, res.violation)
     declared = res.policy is not None and res.policy != DllmPolicy()
-    code = _finish(args, res.events, f"{res.rounds} rounds", res.idle_at_end, extras, declared)
+    code = _finish(args, res.events, (res.rounds, "rounds"), res.idle_at_end, extras, declared)
     twin = extras.twin
     if not isinstance(twin, DllmTwin) or res.config is None:
         return code
@@ -342,7 +342,7 @@ def _check_ar(
             raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
     policy = None
     ran = _ar_header_config(header) or config
-    if ran is not None:  # else the check below refuses the log for want of a config
+    if ran is not None:  # else a bad header, which the check below names with its line
         if extras.named is not None:
             in_space(extras.named, ran)
             policy = ar_policy_for(extras.named, ran)
@@ -358,7 +358,7 @@ def _check_ar(
             return accepted
         return _violated(args, where, res.violation)
     declared = res.policy is not None and res.policy != ArPolicy()
-    code = _finish(args, res.events, f"{res.steps} steps", res.idle_at_end, extras, declared)
+    code = _finish(args, res.events, (res.steps, "steps"), res.idle_at_end, extras, declared)
     twin = extras.twin
     if not isinstance(twin, ArTwin) or res.config is None:
         return code
@@ -384,18 +384,19 @@ def _ar_header_config(header: Header) -> Any:
 def _finish(
     args: argparse.Namespace,
     events: int,
-    periods: str,
+    periods: tuple[int, str],
     idle: bool,
     extras: Extras,
     declared: bool,
 ) -> int:
-    """The verdict of a log that conformed: `declared`, its header declared a policy."""
+    """The verdict of a log that conformed: `periods`, its rounds or steps (count, unit);
+    `declared`, its header declared a policy."""
+    count, unit = periods
     under = extras.under() or (" under the policy its header declares" if declared else "")
-    print(f"OK {args.file}: {events} events, {periods} conform to the spec{under}")
-    count, unit = periods.split()
+    print(f"OK {args.file}: {events} events, {count} {unit} conform to the spec{under}")
     source = "profile" if extras.named is not None else "header" if declared else "idealised"
     args.verdict.update(
-        verdict="pass", events=events, **{unit: int(count)}, policy=source, idle_at_end=idle
+        verdict="pass", events=events, **{unit: count}, policy=source, idle_at_end=idle
     )
     if not idle:
         if args.require_idle:

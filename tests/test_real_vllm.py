@@ -60,6 +60,8 @@ from tests.vllm_seeded_bugs import (
 )
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
+# engine-core programs whose live event log is checked (seeds 0 .. n-1)
+LOG_PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_LOG_PROGRAMS", "8"))
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
 
 
@@ -683,8 +685,9 @@ def test_a_live_log_from_the_engine_core_loop_checks_and_decides_as_the_referenc
     scheduler (`integrations.vllm.engine_core`: schedule, execute, update_from_output; aborts
     between steps) conforms to vLLM's declared policy and decides step by step as the
     re-implementation (`vllm-v1`, or `vllm-v1-prefix` with prefix caching) on the log's own
-    operations, stops placed where vLLM sampled them. 200 programs passed when this was
-    written (seeds 0-199); CI runs 8."""
+    operations, stops placed where vLLM sampled them. CI runs 8 programs;
+    `SCHEDSPEC_VLLM_LOG_PROGRAMS=200 pytest tests/test_real_vllm.py -k engine_core_loop` runs
+    200 (all passed when this was written)."""
     from integrations.vllm.engine_core import EngineCoreLoop, core_program
     from integrations.vllm.event_log import VllmEventLog
     from properties.ar.decisions import operations, twin_difference
@@ -693,7 +696,7 @@ def test_a_live_log_from_the_engine_core_loop_checks_and_decides_as_the_referenc
     from reference.ar.prefix_cache import VLLM_V1_PREFIX
 
     kinds = set()
-    for seed in range(8):
+    for seed in range(LOG_PROGRAMS):
         program = core_program(seed)
         lines: list[str] = []
 
@@ -711,4 +714,4 @@ def test_a_live_log_from_the_engine_core_loop_checks_and_decides_as_the_referenc
         twin = VLLM_V1_PREFIX if program.config.enable_prefix_caching else VLLM_V1
         assert twin_difference(ops, kept, program.config, twin.factory, result.policy) is None
         kinds.add((program.config.policy, program.config.enable_prefix_caching))
-    assert len(kinds) >= 3  # both policies, prefix caching on and off
+    assert LOG_PROGRAMS < 8 or len(kinds) >= 3  # both policies, prefix caching on and off
