@@ -22,10 +22,10 @@ What is stubbed, and why (each is plumbing, never a scheduling decision):
   `output_streamer`, `ipc_channels`, `grammar_manager`, `beam_coordinator`) are no-op objects;
   `dp_attn_adapter` / `ngram_embedding_manager` pass the batch through unchanged (no data
   parallelism, no n-gram embedding);
-- the model runner: `forward` records the forward and returns no logits (the scripted step does
-  not read them); the forward batch is a minimal object (`batch_size`, `input_ids` = the batch's
-  own `prefill_input_ids_cpu`, `dllm_prompt_mask=None`) because `ForwardBatch.init_new` needs a
-  model runner;
+- the model runner: `forward` returns no logits (the scripted step does not read them; the
+  observer sees each forward by wrapping it, as on a live server); the forward batch is a
+  minimal object (`batch_size`, `input_ids` = the batch's own `prefill_input_ids_cpu`,
+  `dllm_prompt_mask=None`) because `ForwardBatch.init_new` needs a model runner;
 - the runtime context: a dummy `ServerArgs` published once with `override_server_args`
   (dllm_algorithm set, device cpu, radix cache disabled), and `pp_max_micro_batch_size` =
   max_running_requests published per build, exactly as `Scheduler.__init__` does
@@ -41,6 +41,7 @@ import importlib
 import types
 import warnings
 import zlib
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ _ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
     "DllmManager": ("sglang.srt.dllm.mixin.scheduler", "DllmManager"),
     "AbortReq": ("sglang.srt.managers.io_struct", "AbortReq"),
     "Req": ("sglang.srt.managers.schedule_batch", "Req"),
+    "FINISH_ABORT": ("sglang.srt.managers.schedule_batch", "FINISH_ABORT"),
     "ScheduleBatch": ("sglang.srt.managers.schedule_batch", "ScheduleBatch"),
     "SchedulePolicy": ("sglang.srt.managers.schedule_policy", "SchedulePolicy"),
     "Scheduler": ("sglang.srt.managers.scheduler", "Scheduler"),
@@ -116,7 +118,7 @@ def import_engine(activate: bool = True) -> dict[str, Any]:
     return _modules
 
 
-class _Noop:
+class NoOp:
     """An observability / I/O collaborator: every call does nothing."""
 
     def __init__(self, name: str = "noop") -> None:
@@ -125,7 +127,7 @@ class _Noop:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return _Noop(f"{self._name}.{name}")
+        return NoOp(f"{self._name}.{name}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -141,22 +143,6 @@ class _Passthrough:
         if name.startswith("__"):
             raise AttributeError(name)
         return lambda *args, **kwargs: args[0] if args else None
-
-
-def _ignore(_: Any) -> None:
-    return None
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """Where the worker reports what it does, as it happens: `on_forward(forward_batch)` before
-    each model forward, `on_step([(req, done, masks_remaining), ...])` after each step, and
-    `steps_after_forward` (steps since the latest forward; SGLang's sync loop skips the step
-    when every row of a batch is already complete)."""
-
-    on_forward: Callable[[Any], None] = _ignore
-    on_step: Callable[[list[tuple[Any, bool, int]]], None] = _ignore
-    steps_after_forward: int = 0
 
 
 def scripted_token(rid: str, position: int, mask: int) -> int:
@@ -182,7 +168,6 @@ class Engine:
     allocator: Any
     tree_cache: Any
     sg_config: Any
-    record: StepRecord
     spec_id: dict[int, str]  # id(Req) -> the spec's request id
 
     @property
@@ -250,8 +235,12 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
     s.is_mixed_chunk = False
     s.priority_scheduling_preemption_threshold = 0
     s.truncation_align_size = None
+    eos = config.eos_token_id
     s.model_config = types.SimpleNamespace(
-        context_len=config.max_context, vocab_size=1 << 30, is_encoder_decoder=False
+        context_len=config.max_context,
+        vocab_size=1 << 30,
+        is_encoder_decoder=False,
+        hf_eos_token_id=None if eos is None else {eos},
     )
     s.enable_overlap = False
     s.spec_algorithm = m["SpeculativeAlgorithm"].from_string(None)
@@ -273,10 +262,10 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
         "ipc_channels",
         "grammar_manager",
     ):
-        setattr(s, name, _Noop(name))
-    s.metrics_reporter = _Noop("metrics_reporter")
+        setattr(s, name, NoOp(name))
+    s.metrics_reporter = NoOp("metrics_reporter")
     s.metrics_reporter.num_generated_tokens = 0
-    s.beam_coordinator = _Noop("beam_coordinator")
+    s.beam_coordinator = NoOp("beam_coordinator")
     s.beam_coordinator.pending_member_rows = lambda batch: 0
     s.dp_attn_adapter = _Passthrough()
     s.ngram_embedding_manager = _Passthrough()
@@ -284,34 +273,23 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
     s.mm_receiver = None
     s.rust_server = None
 
-    record = StepRecord()
-    algorithm = _scripted_algorithm(m, sg_config, record, spec_id)
+    algorithm = _scripted_algorithm(m, sg_config, spec_id)
     worker = m["TpModelWorker"].__new__(m["TpModelWorker"])
     worker.dllm_algorithm = algorithm
-    worker._model_runner = _Runner(record, spec_id, config.mask_token_id, b)
-    return Engine(config, s, worker, rtp, allocator, tree, sg_config, record, spec_id)
+    worker._model_runner = _Runner()
+    return Engine(config, s, worker, rtp, allocator, tree, sg_config, spec_id)
 
 
 class _Runner:
-    """The model runner: records each forward (request, masks fed); computes no logits."""
-
-    def __init__(self, record: StepRecord, spec_id: dict[int, str], mask: int, b: int) -> None:
-        self.record = record
-        self.spec_id = spec_id
-        self.mask = mask
-        self.block_size = b
+    """The model runner: computes no logits (the scripted step does not read them)."""
 
     def forward(self, forward_batch: Any, pp_proxy_tensors: Any = None) -> Any:
-        self.record.on_forward(forward_batch)
-        self.record.steps_after_forward = 0
         return types.SimpleNamespace(
             logits_output=types.SimpleNamespace(full_logits=None), can_run_graph=False
         )
 
 
-def _scripted_algorithm(
-    m: dict[str, Any], sg_config: Any, record: StepRecord, spec_id: dict[int, str]
-) -> Any:
+def _scripted_algorithm(m: dict[str, Any], sg_config: Any, spec_id: dict[int, str]) -> Any:
     base = m["DllmAlgorithm"]
 
     class ScriptedStep(base):  # type: ignore[misc, valid-type]
@@ -324,7 +302,6 @@ def _scripted_algorithm(
             b = self.block_size
             ids = forward_batch.input_ids.view(forward_batch.batch_size, b)
             done: list[bool] = []
-            rows: list[tuple[Any, bool, int]] = []
             for i, req in enumerate(forward_batch.reqs):
                 rid = spec_id[id(req)]
                 start = req.extend_end - b
@@ -333,12 +310,26 @@ def _scripted_algorithm(
                 for j in fill:
                     ids[i, j] = scripted_token(rid, start + j, self.mask_id)
                 done.append(not masked)
-                rows.append((req, not masked, len(masked) - len(fill)))
-            record.steps_after_forward += 1
-            record.on_step(rows)
             return done
 
     return ScriptedStep(sg_config)
+
+
+def new_request(engine: Engine, rid: str, prompt: tuple[int, ...], max_new_tokens: int) -> Any:
+    """A greedy SGLang `Req` for `engine`, as `handle_generate_request` builds one after
+    tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it."""
+    m = import_engine()
+    params = m["SamplingParams"](max_new_tokens=max_new_tokens, temperature=0.0)
+    params.normalize(None)
+    return m["Req"](
+        rid,
+        "",
+        array("q", prompt),
+        params,
+        dllm_config=engine.sg_config,
+        vocab_size=1 << 30,
+        eos_token_ids=engine.scheduler.model_config.hf_eos_token_id,
+    )
 
 
 def run_worker(engine: Engine, batch: Any) -> Any:
@@ -353,4 +344,4 @@ def run_worker(engine: Engine, batch: Any) -> Any:
     return engine.worker._forward_batch_generation_dllm(forward_batch, batch)
 
 
-__all__ = ["Engine", "StepRecord", "build", "import_engine", "run_worker", "scripted_token"]
+__all__ = ["Engine", "build", "import_engine", "new_request", "run_worker", "scripted_token"]

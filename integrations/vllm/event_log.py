@@ -32,6 +32,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from integrations.instance_hooks import InstanceHooks
 from integrations.vllm import REAL_VLLM_PROFILE
 from integrations.vllm.adapter import (
     finish_reason_of,
@@ -94,8 +95,8 @@ class VllmEventLog:
         self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching
         self._step = 0
-        self._calls: dict[str, Any] = {}  # name -> what the wrapper calls
-        self._originals: dict[str, Any] = {}  # name -> the instance's own attribute, if any
+        self._hooks = InstanceHooks()
+        self._calls: dict[str, Any] = {}  # name -> the scheduler's own, which the wrapper calls
         write(json.dumps(ar_config_to_dict(self.config, self.policy)))
         for name, wrapper in (
             ("add_request", self._add_request),
@@ -103,18 +104,11 @@ class VllmEventLog:
             ("update_from_output", self._update_from_output),
             ("finish_requests", self._finish_requests),
         ):
-            self._originals[name] = vars(scheduler).get(name)
-            self._calls[name] = getattr(scheduler, name)
-            setattr(scheduler, name, wrapper)
+            self._calls[name] = self._hooks.replace(scheduler, name, wrapper)
 
     def detach(self) -> None:
         """Give the scheduler its own methods back (the log then ends)."""
-        for name, own in self._originals.items():
-            if own is None:
-                delattr(self.scheduler, name)  # the class's method shows through again
-            else:
-                setattr(self.scheduler, name, own)
-        self._originals.clear()
+        self._hooks.restore()
 
     # ------------------------------------------------------------------ the wrapped calls
     def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,188 @@
+"""A live SGLang 0.5.23 dLLM scheduler writing what it decides as a dLLM event log.
+
+`SglangEventLog(scheduler, write)` attaches to a dLLM `Scheduler` that something else drives
+(SGLang's own `event_loop_normal`, a test's loop) and writes, through `write`, one JSON line
+per event of `spec.events`: first the header (`spec.trace.config_to_dict`: the scheduler's
+effective configuration and the policy SGLang declares, `SGLANG_DLLM_PROFILE.policy`), then
+what each call decided. `schedspec check-trace LOG` then checks the log under SGLang's declared
+policy, and `--twin sglang-dllm-order` compares its admissions and forwards with that
+re-implementation's on the log's own operations.
+
+It wraps, on the instances only (nothing of SGLang's classes changes), four methods of the
+scheduler and two of its worker (`scheduler.tp_worker` unless `worker=` is given), and derives
+the events with `integrations.sglang.observer.SglangObserver`, the derivation the conformance
+adapter `real-sglang-dllm` uses:
+
+- `get_next_batch_to_run`: first `Submitted` for each request newly in `waiting_queue` (where
+  `handle_generate_request` puts it), then the round's admissions and allocations;
+- the model runner's `forward` and the algorithm's `step`: `Forward` and `StepResult`;
+- `process_batch_result_dllm`: `BlockCommitted`, the frees, `Finished` and `ControlReturned`;
+- `abort_request` and `send_abort_output`: the frees and `Aborted` for each request SGLang
+  ended (SGLang aborts every request whose id starts with the one given: the log says so).
+
+A round in which no batch runs is written as its `ControlReturned` only while requests are
+live (an idle server writes nothing), and a run of such rounds with nothing in between is
+written once (a scheduler that cannot admit would otherwise fill the disk).
+
+What a log cannot describe: a request that ends for a reason the spec has no name for (an
+abort inside the round, a stop string or regex) is written as `Aborted` after its frees; a
+request's own `stop_token_ids` end it as EOS, which the spec checks against the model's one EOS
+id. Synchronous scheduling only: the overlap scheduler plans a batch while the previous one
+runs, which an event log does not describe; attaching to one is a `ConfigError` naming
+`enable_overlap` (serve with `--disable-overlap-schedule` to log). Each forward and step reads
+the batch's `input_ids` to the host once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from integrations.instance_hooks import InstanceHooks
+from integrations.sglang.observer import SglangObserver
+from integrations.sglang.profile import SGLANG_DLLM_PROFILE
+from spec.config import DllmConfig, Mode
+from spec.errors import ConfigError
+from spec.events import ControlReturned, Event
+from spec.trace import config_to_dict, event_to_dict
+
+
+def eos_token_of(model_config: Any) -> int | None:
+    """The model's one end-of-sequence id (`hf_eos_token_id`), None when it has none; a
+    ConfigError when it has several (the dLLM spec finishes on one EOS id)."""
+    ids = getattr(model_config, "hf_eos_token_id", None)
+    if ids is None:
+        return None
+    if isinstance(ids, int):
+        return ids
+    found = sorted(int(i) for i in ids)
+    if len(found) > 1:
+        raise ConfigError(
+            "hf_eos_token_id",
+            found,
+            "a single end-of-sequence id (the dLLM spec's eos_token_id is one token)",
+        )
+    return found[0] if found else None
+
+
+def dllm_config_of(scheduler: Any) -> DllmConfig:
+    """A SGLang dLLM scheduler's effective settings as a `DllmConfig` (a ConfigError when the
+    scheduler is not a dLLM one or the spec has no such configuration)."""
+    sg = getattr(scheduler, "dllm_config", None)
+    if sg is None:
+        raise ConfigError(
+            "dllm_config", None, "a dLLM scheduler (serve with --dllm-algorithm to log)"
+        )
+    page = int(scheduler.page_size)
+    fdfo = bool(sg.first_done_first_out_mode)
+    try:
+        return DllmConfig(
+            block_size=int(sg.block_size),
+            page_size=page,
+            kv_pages=int(scheduler.token_to_kv_pool_allocator.size) // page,
+            req_pool_rows=int(scheduler.req_to_token_pool.size),
+            max_running_requests=int(sg.max_running_requests),
+            max_context=int(scheduler.model_config.context_len),
+            mode=Mode.FDFO if fdfo else Mode.SYNC,
+            in_place_reuse=fdfo,  # unconditional under FDFO (mem_cache/allocation.py:387)
+            reloop=False,  # one forward and one step per FDFO round (dllm/algorithm/base.py)
+            mask_token_id=int(sg.mask_id),
+            eos_token_id=eos_token_of(scheduler.model_config),
+        )
+    except ConfigError as err:
+        raise ConfigError(
+            "scheduler",
+            type(scheduler).__name__,
+            f"a configuration the dLLM spec describes ({err})",
+        ) from None
+
+
+class SglangEventLog:
+    """Writes the decisions of one live SGLang dLLM scheduler as an event log (see the module)."""
+
+    def __init__(
+        self, scheduler: Any, write: Callable[[str], object], *, worker: Any = None
+    ) -> None:
+        if bool(getattr(scheduler, "enable_overlap", False)):
+            raise ConfigError(
+                "enable_overlap",
+                True,
+                "False: the overlap scheduler plans a batch while the previous one runs, which "
+                "an event log does not describe (serve with --disable-overlap-schedule to log)",
+            )
+        self.scheduler = scheduler
+        self.config = dllm_config_of(scheduler)
+        self.policy = SGLANG_DLLM_PROFILE.policy
+        self._write = write
+        self._idle_written = False  # the last line is a round in which nothing ran
+        self._ended: list[Any] = []  # requests SGLang reported aborted during the current call
+        write(json.dumps(config_to_dict(self.config, self.policy)))
+        self.observer = SglangObserver(
+            self.config, self._emit, scheduler, lambda req: str(req.rid), strict=False
+        )
+        self._hooks = InstanceHooks()
+        self.observer.attach_worker(scheduler.tp_worker if worker is None else worker, self._hooks)
+        self._calls: dict[str, Any] = {}  # name -> the scheduler's own, which the wrapper calls
+        for name, wrapper in (
+            ("get_next_batch_to_run", self._get_next_batch_to_run),
+            ("process_batch_result_dllm", self._process_batch_result_dllm),
+            ("abort_request", self._abort_request),
+            ("send_abort_output", self._send_abort_output),
+        ):
+            self._calls[name] = self._hooks.replace(scheduler, name, wrapper)
+
+    def detach(self) -> None:
+        """Give the scheduler and its worker their own methods back (the log then ends)."""
+        self._hooks.restore()
+
+    # ------------------------------------------------------------------ the wrapped calls
+    def _get_next_batch_to_run(self, *args: Any, **kwargs: Any) -> Any:
+        self._note_new_requests()
+        self.observer.begin_round()
+        plan = self._calls["get_next_batch_to_run"](*args, **kwargs)
+        self._flush_aborts()
+        batch = plan.batch_to_run
+        self.observer.planned(batch)
+        if batch is None and self.observer.live and not self._idle_written:
+            self.observer.end_round()
+            self._idle_written = True
+        return plan
+
+    def _process_batch_result_dllm(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._calls["process_batch_result_dllm"](batch, *args, **kwargs)
+        self.observer.completed(batch)
+        self._flush_aborts()
+        self.observer.end_round()
+        return result
+
+    def _abort_request(self, *args: Any, **kwargs: Any) -> Any:
+        self._note_new_requests()
+        result = self._calls["abort_request"](*args, **kwargs)
+        self._flush_aborts()
+        return result
+
+    def _send_abort_output(self, abort_req: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._calls["send_abort_output"](abort_req, req, *args, **kwargs)
+        self._ended.append(req)
+        return result
+
+    # ------------------------------------------------------------------ helpers
+    def _note_new_requests(self) -> None:
+        """`Submitted` for each request in the waiting queue the log has not seen."""
+        for req in list(self.scheduler.waiting_queue):
+            if str(req.rid) not in self.observer.live:
+                self.observer.submitted(req)
+
+    def _flush_aborts(self) -> None:
+        ended, self._ended = self._ended, []
+        if ended:
+            self.observer.aborted(ended)
+
+    def _emit(self, event: Event) -> None:
+        if not isinstance(event, ControlReturned):
+            self._idle_written = False
+        self._write(json.dumps(event_to_dict(event), separators=(",", ":")))
+
+
+__all__ = ["SglangEventLog", "dllm_config_of", "eos_token_of"]

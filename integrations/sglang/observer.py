@@ -1,0 +1,331 @@
+"""What one SGLang 0.5.23 dLLM scheduler and its worker do, as the spec's events.
+
+SGLang emits no events, so `SglangObserver` derives them, and both the conformance adapter
+(`integrations.sglang.adapter`, which drives SGLang itself) and the live event log
+(`integrations.sglang.event_log`, which watches a scheduler that something else drives) use
+this one derivation:
+
+- pool events (`Admitted`, `KvAllocated`, `KvFreed`, `RowReleased`) are reconstructed with
+  `spec.reconstruct` from pool views read from SGLang's own pools: the request-to-token table
+  (`ReqToTokenPool.req_to_token`, each held row up to the request's `kv.kv_allocated_len`) and
+  the allocator's free list (`get_all_free_pages`). A view is taken after the batch is planned
+  (admissions and allocations, before the first forward), after the batch's results are
+  processed (frees, before each `Finished`) and after an abort;
+- `Forward` is emitted when the algorithm calls the worker's model runner (`forward`) and
+  `StepResult` when it calls its `step`, whatever the algorithm (every SGLang algorithm runs
+  in `DllmAlgorithm.run`'s loops, dllm/algorithm/base.py): both are wrapped on the instances
+  by `attach_worker`. A row's masks remaining are counted in the batch's `input_ids` after the
+  step (SGLang's steps write them in place);
+- `BlockCommitted` and `Finished` come from the requests' state after
+  `process_batch_result_dllm` (a row without `dllm_incomplete_ids` committed its block;
+  `req.finished()`).
+
+Ids (`DllmPolicy.reserved_kv_pages = 1`, `reserved_rows = 1`): SGLang keeps KV page 0 and
+request-pool row 0 for padding, so spec slot = engine slot - page_size and spec row = engine
+row - 1; the spec's pool is the rest.
+
+SGLang's sync `DllmAlgorithm._run_sync` skips the step when every row of the batch is a
+complete prompt block (one forward writes their KV); the observer reports that forward's step
+results as done (the block had no mask), which is what the step would have returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from integrations.instance_hooks import InstanceHooks
+from spec.adapter import EventSink
+from spec.config import DllmConfig
+from spec.events import (
+    Aborted,
+    BlockCommitted,
+    ControlReturned,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    StepResult,
+    Submitted,
+)
+from spec.reconstruct import PoolView, acquire_events, release_events
+from spec.snapshot import FinishedOutput, SlotOwner, Snapshot
+
+# SGLang's finish reasons the spec names; any other (an abort, a stop string, a regex) ends
+# the request in a way the spec's `Finished` does not describe.
+_REASONS = {"FINISH_LENGTH": FinishReason.LENGTH, "FINISH_MATCHED_TOKEN": FinishReason.EOS}
+
+
+class UnnamedFinish(RuntimeError):
+    """SGLang finished a request for a reason the spec's `Finished` has no name for."""
+
+
+class SglangObserver:
+    """Derives the spec's events from one SGLang scheduler's pools and requests.
+
+    The caller reports what happened, in the order SGLang does it: `submitted` for each new
+    request, then per round `begin_round` (before `get_next_batch_to_run`), `planned` (after
+    it, with the batch to run), the worker's forwards and steps (seen through
+    `attach_worker`), `completed` (after `process_batch_result_dllm`) and `end_round`;
+    `aborted` after SGLang ended requests outside a round.
+
+    `request_id(req)` is the spec's id of a SGLang `Req`. With `strict`, a finish the spec has
+    no name for raises `UnnamedFinish` (the conformance suite reports it as an implementation
+    error); without, it is logged as `Aborted` (a live log must not stop the server).
+    """
+
+    def __init__(
+        self,
+        config: DllmConfig,
+        sink: EventSink,
+        scheduler: Any,
+        request_id: Callable[[Any], str],
+        *,
+        strict: bool = True,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.scheduler = scheduler
+        self.request_id = request_id
+        self.strict = strict
+        self.live: dict[str, Any] = {}  # spec id -> SGLang Req, submitted and not yet terminal
+        self.round_index = 0
+        self._admitted: dict[str, None] = {}  # live requests in the order they got a row
+        self._carried: set[str] = set()  # requests whose block was carried into this round
+        self._view = PoolView()
+        self._owners: dict[int, SlotOwner] = {}  # spec slot -> last known owner
+        self._outputs: dict[str, FinishedOutput] = {}
+        self._batch: list[Any] = []  # the requests of the batch being run, in row order
+        self._row_block: dict[str, int] = {}  # request -> block index fed in this round
+        self._extend: dict[str, int] = {}  # request -> tokens fed in this round
+        self._ending: list[Any] = []  # requests leaving now (their rows are still read)
+        self._steps_since_forward = 0
+
+    # ------------------------------------------------------------------ the worker
+    def attach_worker(self, worker: Any, hooks: InstanceHooks) -> None:
+        """Wrap `worker`'s model runner `forward` and its algorithm's `step` on those
+        instances (their classes are untouched); `hooks.restore()` unwraps them."""
+        runner, algorithm = worker.model_runner, worker.dllm_algorithm
+
+        def logged_forward(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            self.forward(forward_batch)
+            return forward(forward_batch, *args, **kwargs)
+
+        def logged_step(forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            done = step(forward_batch, *args, **kwargs)
+            self.stepped(forward_batch, done)
+            return done
+
+        forward = hooks.replace(runner, "forward", logged_forward)
+        step = hooks.replace(algorithm, "step", logged_step)
+
+    # ------------------------------------------------------------------ pool views
+    def _engine_rows(self) -> dict[int, Any]:
+        """Engine row -> the live or just-ended Req holding it (from each request's kv info)."""
+        rows: dict[int, Any] = {}
+        for req in list(self.live.values()) + list(self._ending):
+            idx = req.kv.req_pool_idx
+            if idx is not None:
+                rows[int(idx)] = req
+        return rows
+
+    def free_slots(self) -> frozenset[int]:
+        """The spec's slots SGLang's allocator holds free."""
+        p = self.config.page_size
+        pages = self.scheduler.token_to_kv_pool_allocator.get_all_free_pages()
+        free = set()
+        for page in [] if pages is None else pages.tolist():
+            for off in range(p):
+                free.add(int(page) * p + off - p)
+        return frozenset(s for s in free if 0 <= s < self.config.kv_slots)
+
+    def read_view(self) -> PoolView:
+        """SGLang's pools now, in spec ids. A slot that no row references any more but that the
+        allocator has not freed stays with its last owner: a leak shows up as KV the request
+        still owns (terminal_owns_nothing), not as a silent gap."""
+        p = self.config.page_size
+        b = self.config.block_size
+        table = self.scheduler.req_to_token_pool.req_to_token
+        slots: dict[int, SlotOwner] = {}
+        rows: dict[int, str] = {}
+        for row, req in self._engine_rows().items():
+            rid = self.request_id(req)
+            rows[row - 1] = rid
+            n = int(req.kv.kv_allocated_len)
+            for pos, slot in enumerate(table[row, :n].tolist()):
+                slots[int(slot) - p] = (rid, pos // b)
+        free = self.free_slots()
+        for slot, owner in self._owners.items():
+            if slot not in slots and slot not in free:
+                slots[slot] = owner
+        self._owners = dict(slots)
+        held = set(rows.values())
+        running = tuple(r for r in self._admitted if r in held)
+        return PoolView(slots, rows, running)
+
+    def _sync_pools(self, *, acquire: bool) -> None:
+        """Emit the pool events from the previous view to SGLang's pools now."""
+        before = self._view
+        for req in self._engine_rows().values():
+            self._admitted.setdefault(self.request_id(req), None)
+        after = self.read_view()
+        for event in release_events(before, after):
+            self.sink(event)
+        if acquire:
+            for event in acquire_events(before, after):
+                self.sink(event)
+        self._view = after
+
+    def carrying(self) -> frozenset[str]:
+        """Live requests that hold their row with an unfinished block."""
+        return frozenset(
+            rid
+            for rid, req in self.live.items()
+            if len(req.dllm_incomplete_ids) and req.kv.req_pool_idx is not None
+        )
+
+    def snapshot(self) -> Snapshot:
+        view = self.read_view()
+        return Snapshot(
+            free_slots=self.free_slots(),
+            slot_owners=dict(view.slots),
+            rows=dict(view.rows),
+            running=frozenset(view.running),
+            carrying=self.carrying(),
+        )
+
+    def collect_outputs(self) -> Mapping[str, FinishedOutput]:
+        out, self._outputs = self._outputs, {}
+        return out
+
+    # ------------------------------------------------------------------ what happened
+    def submitted(self, req: Any) -> None:
+        """`req` entered the scheduler's waiting queue."""
+        rid = self.request_id(req)
+        self.live[rid] = req
+        prompt = tuple(int(t) for t in req.origin_input_ids)
+        self.sink(Submitted(rid, prompt, int(req.sampling_params.max_new_tokens)))
+
+    def begin_round(self) -> None:
+        """Before `get_next_batch_to_run`: note which blocks are carried into the round."""
+        self._carried = set(self.carrying())
+
+    def planned(self, batch: Any) -> None:
+        """After `get_next_batch_to_run` chose `batch` (None: nothing to run)."""
+        reqs = [] if batch is None else list(batch.reqs)
+        for req in reqs:  # admission order = batch order
+            if req.kv.req_pool_idx is not None:
+                self._admitted.setdefault(self.request_id(req), None)
+        self._sync_pools(acquire=True)
+        self._batch = reqs
+        if batch is None:
+            return
+        b = self.config.block_size
+        self._row_block = {
+            self.request_id(req): int(prefix) // b
+            for req, prefix in zip(reqs, batch.prefix_lens, strict=True)
+        }
+        self._extend = {
+            self.request_id(req): int(n) for req, n in zip(reqs, batch.extend_lens, strict=True)
+        }
+
+    def forward(self, forward_batch: Any) -> None:
+        """The worker is about to run the model on the planned batch."""
+        b = self.config.block_size
+        mask = self.config.mask_token_id
+        flat = forward_batch.input_ids.tolist()
+        rows: list[ForwardRow] = []
+        offset = 0
+        for req in self._batch:
+            rid = self.request_id(req)
+            n = self._extend.get(rid, b)
+            ids = flat[offset : offset + n]
+            offset += n
+            rows.append(
+                ForwardRow(
+                    request_id=rid,
+                    block_index=self._row_block[rid],
+                    reused=rid in self._carried,
+                    num_tokens=n,
+                    masked=sum(1 for t in ids if t == mask),
+                )
+            )
+        self._steps_since_forward = 0
+        self.sink(Forward(tuple(rows)))
+
+    def stepped(self, forward_batch: Any, done: list[bool]) -> None:
+        """The algorithm's step returned `done` per row, having written `input_ids` in place."""
+        b = self.config.block_size
+        mask = self.config.mask_token_id
+        ids = forward_batch.input_ids.view(len(self._batch), b).tolist()
+        prompt = forward_batch.dllm_prompt_mask
+        in_prompt = [[False] * b for _ in ids] if prompt is None else prompt.tolist()
+        self._steps_since_forward += 1
+        for req, row, skip, is_done in zip(self._batch, ids, in_prompt, done, strict=True):
+            remaining = sum(1 for t, p in zip(row, skip, strict=True) if t == mask and not p)
+            self._step_result(req, bool(is_done), remaining)
+
+    def _step_result(self, req: Any, done: bool, remaining: int) -> None:
+        rid = self.request_id(req)
+        committed = self.config.block_size if done else 0
+        self.sink(StepResult(rid, self._row_block[rid], committed, remaining))
+
+    def completed(self, batch: Any) -> None:
+        """After `process_batch_result_dllm(batch, ...)`: commit done blocks, then frees, then
+        `Finished` (or `Aborted`) for requests SGLang ended."""
+        if self._steps_since_forward == 0:
+            # sync, every row a complete prompt block: SGLang skipped the step (see module)
+            for req in self._batch:
+                self._step_result(req, True, 0)
+        b = self.config.block_size
+        ended: list[tuple[str, Any]] = []
+        for req in batch.reqs:
+            rid = self.request_id(req)
+            if len(req.dllm_incomplete_ids):
+                continue  # carried: not done
+            k = self._row_block[rid]
+            fill = req.full_untruncated_fill_ids
+            tokens = tuple(int(t) for t in fill[k * b : k * b + b])
+            self.sink(BlockCommitted(rid, k, tokens))
+            if req.finished():
+                ended.append((rid, req))
+        self._leave([req for _, req in ended])
+        for rid, req in ended:
+            reason = _REASONS.get(type(req.finished_reason).__name__)
+            if reason is None:
+                if self.strict:
+                    raise UnnamedFinish(
+                        f"SGLang finished {req.rid!r} with "
+                        f"{type(req.finished_reason).__name__}, neither length nor EOS"
+                    )
+                self.sink(Aborted(rid))
+                continue
+            n = req.finished_len if req.finished_len is not None else len(req.output_ids)
+            self._outputs[rid] = FinishedOutput(tuple(int(t) for t in req.output_ids[:n]), reason)
+            self.sink(Finished(rid, reason))
+
+    def aborted(self, reqs: list[Any]) -> None:
+        """SGLang ended `reqs` outside a round's results (an abort): frees, then `Aborted`."""
+        ending = [req for req in reqs if self.request_id(req) in self.live]
+        self._leave(ending)
+        for req in ending:
+            self.sink(Aborted(self.request_id(req)))
+
+    def _leave(self, reqs: list[Any]) -> None:
+        """`reqs` are terminal: log what SGLang freed, reading their rows one last time."""
+        self._ending = reqs
+        for req in reqs:
+            rid = self.request_id(req)
+            self.live.pop(rid, None)
+        self._sync_pools(acquire=False)
+        self._ending = []
+        for req in reqs:
+            self._admitted.pop(self.request_id(req), None)
+
+    def end_round(self) -> None:
+        """The scheduler is back in control: `ControlReturned` for this round."""
+        self.sink(ControlReturned(self.round_index))
+        self.round_index += 1
+
+
+__all__ = ["SglangObserver", "UnnamedFinish"]
