@@ -495,8 +495,9 @@ def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming() -> Non
 def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
     """Found by the suite: with 4 pages (16 slots) a request of 12 tokens (3 pages) fits, but
     SGLang's admission estimate (fill ids = prompt + a whole mask block, + max_new_tokens, + a
-    page: 5 + 4 + 6 + 4 = 19 > 16, managers/schedule_policy.py `add_one_req`) never fits, so an
-    idle engine never admits it: a permanent stall."""
+    page: 5 + 4 + 6 + 4 = 19 > 16, managers/schedule_policy.py `add_one_req`) does not fit, so
+    the idle engine runs its first round admitting nothing (it admits the request a round
+    later: tests/test_sglang_event_log.py shows the same program served by SGLang's loop)."""
     h = _harness(_config(kv_pages=4))
     h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
     v = _violation(lambda: h.guarded("round", h.round))

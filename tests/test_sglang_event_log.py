@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import random
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,12 @@ def _queue(engine: Engine, spec_id: dict[int, str], request: RequestSpec) -> Non
     engine.scheduler.waiting_queue.append(req)
 
 
-def serve_logged(program: Program, mutate: Callable[[Engine], None] | None = None) -> list[str]:
+def serve_logged(
+    program: Program,
+    mutate: Callable[[Engine], None] | None = None,
+    *,
+    max_iterations: int = 2_000,
+) -> list[str]:
     """The lines `SglangEventLog` writes while SGLang's own loop serves `program`."""
     spec_id: dict[int, str] = {}
     engine = build(program.config, spec_id)
@@ -115,7 +121,7 @@ def serve_logged(program: Program, mutate: Callable[[Engine], None] | None = Non
             engine.scheduler.abort_request(abort_req(rid=rid))
         return True
 
-    serve(engine, ingest, max_iterations=2_000)
+    serve(engine, ingest, max_iterations=max_iterations)
     return lines
 
 
@@ -302,3 +308,56 @@ def test_the_log_is_json_lines_of_the_spec_events() -> None:
     lines = serve_logged(served_program(2))
     kept = _checked(lines)
     assert [json.loads(line) for line in lines[1:]] == [event_to_dict(e) for e in kept]
+
+
+def test_idle_rounds_in_a_row_are_written_once_and_fail_progress() -> None:
+    """Seeded bug: for its first five iterations the scheduler plans nothing while a request
+    that fits is queued. The log writes that run of idle rounds once (a stalled server must
+    not fill the disk), and `check_trace` fails it with `progress` at that line."""
+    config = served_program(4).config
+    first = "r0"
+    program = Program(config, (Tick((RequestSpec(first, (3, 4), 2),)), *[Tick()] * 6))
+
+    def hold_back(engine: Engine) -> None:
+        s = engine.scheduler
+        own = s.get_next_batch_to_run
+        held = [0]
+
+        def plan(*args: Any, **kwargs: Any) -> Any:
+            if s.waiting_queue and held[0] < 5:
+                held[0] += 1
+                return types.SimpleNamespace(running_batch=s.running_batch, batch_to_run=None)
+            return own(*args, **kwargs)
+
+        s.get_next_batch_to_run = plan
+
+    lines = serve_logged(program, hold_back)
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[1:4] == ["submitted", "control_returned", "admitted"], kinds
+    assert json.loads(lines[1])["request_id"] == first
+    result = check_trace(lines)
+    assert result.violation is not None and result.violation.rule == "progress", result
+    assert kinds[(result.line or 0) - 1] == "control_returned"
+
+
+def test_the_idle_engine_finding_shows_in_a_served_log() -> None:
+    """The finding `test_finding_idle_engine_never_admits_a_request_that_fits` (below the
+    declared headroom: 4 pages, a request of 12 tokens whose estimate is 19), served by
+    SGLang's own loop: the first round admits nothing, the next admits the request, and the
+    log fails `progress` at the idle round."""
+    config = DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=4,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=32,
+        mode=Mode.FDFO,
+        in_place_reuse=True,
+    )
+    lines = serve_logged(Program(config, (Tick((RequestSpec("a", (5, 6, 7, 8, 9), 6),)),)))
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[:4] == ["config", "submitted", "control_returned", "admitted"], kinds
+    result = check_trace(lines)
+    assert result.violation is not None and result.violation.rule == "progress", result
+    assert result.line == 3
