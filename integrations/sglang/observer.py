@@ -254,14 +254,17 @@ class SglangObserver:
         self.sink(Forward(tuple(rows)))
 
     def stepped(self, forward_batch: Any, done: list[bool]) -> None:
-        """The algorithm's step returned `done` per row, having written `input_ids` in place."""
+        """The algorithm's step returned `done` per row, having written `input_ids` in place.
+        Only the batch's own rows are read: rows past them (padding a server may add for a
+        captured graph) are no request's."""
         b = self.config.block_size
         mask = self.config.mask_token_id
-        ids = forward_batch.input_ids.view(len(self._batch), b).tolist()
+        n = len(self._batch)
+        ids = forward_batch.input_ids.view(-1, b)[:n].tolist()
         prompt = forward_batch.dllm_prompt_mask
-        in_prompt = [[False] * b for _ in ids] if prompt is None else prompt.tolist()
+        in_prompt = [[False] * b] * n if prompt is None else prompt[:n].tolist()
         self._steps_since_forward += 1
-        for req, row, skip, is_done in zip(self._batch, ids, in_prompt, done, strict=True):
+        for req, row, skip, is_done in zip(self._batch, ids, in_prompt, done[:n], strict=True):
             remaining = sum(1 for t, p in zip(row, skip, strict=True) if t == mask and not p)
             self._step_result(req, bool(is_done), remaining)
 
