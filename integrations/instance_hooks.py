@@ -9,7 +9,7 @@ deleted so that the class's method shows through again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -25,6 +25,12 @@ class InstanceHooks:
         self._saved.append((obj, name, vars(obj).get(name)))
         setattr(obj, name, replacement)
         return original
+
+    def replace_methods(
+        self, obj: Any, replacements: Mapping[str, Callable[..., Any]]
+    ) -> dict[str, Callable[..., Any]]:
+        """`replace` for each name of `replacements`; returns name -> what `obj` had."""
+        return {name: self.replace(obj, name, new) for name, new in replacements.items()}
 
     def restore(self) -> None:
         """Give every object its own methods back (latest replacement first)."""

@@ -123,14 +123,16 @@ class SglangEventLog:
         )
         self._hooks = InstanceHooks()
         self.observer.attach_worker(scheduler.tp_worker if worker is None else worker, self._hooks)
-        self._calls: dict[str, Any] = {}  # name -> the scheduler's own, which the wrapper calls
-        for name, wrapper in (
-            ("get_next_batch_to_run", self._get_next_batch_to_run),
-            ("process_batch_result_dllm", self._process_batch_result_dllm),
-            ("abort_request", self._abort_request),
-            ("send_abort_output", self._send_abort_output),
-        ):
-            self._calls[name] = self._hooks.replace(scheduler, name, wrapper)
+        # name -> the scheduler's own method, which the wrapper calls
+        self._calls = self._hooks.replace_methods(
+            scheduler,
+            {
+                "get_next_batch_to_run": self._get_next_batch_to_run,
+                "process_batch_result_dllm": self._process_batch_result_dllm,
+                "abort_request": self._abort_request,
+                "send_abort_output": self._send_abort_output,
+            },
+        )
 
     def detach(self) -> None:
         """Give the scheduler and its worker their own methods back (the log then ends)."""

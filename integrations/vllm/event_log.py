@@ -96,15 +96,17 @@ class VllmEventLog:
         self._prefix = self.config.enable_prefix_caching
         self._step = 0
         self._hooks = InstanceHooks()
-        self._calls: dict[str, Any] = {}  # name -> the scheduler's own, which the wrapper calls
         write(json.dumps(ar_config_to_dict(self.config, self.policy)))
-        for name, wrapper in (
-            ("add_request", self._add_request),
-            ("schedule", self._schedule),
-            ("update_from_output", self._update_from_output),
-            ("finish_requests", self._finish_requests),
-        ):
-            self._calls[name] = self._hooks.replace(scheduler, name, wrapper)
+        # name -> the scheduler's own method, which the wrapper calls
+        self._calls = self._hooks.replace_methods(
+            scheduler,
+            {
+                "add_request": self._add_request,
+                "schedule": self._schedule,
+                "update_from_output": self._update_from_output,
+                "finish_requests": self._finish_requests,
+            },
+        )
 
     def detach(self) -> None:
         """Give the scheduler its own methods back (the log then ends)."""
