@@ -49,7 +49,13 @@ def operations(events: Sequence[Event]) -> list[Op]:
     ops: list[Op] = []
     for e in events:
         if isinstance(e, Submitted):
-            ops.append(Submit(RequestSpec(e.request_id, e.prompt, e.max_new_tokens)))
+            ops.append(
+                Submit(
+                    RequestSpec(
+                        e.request_id, e.prompt, e.max_new_tokens, stop_sampled=e.stop_sampled
+                    )
+                )
+            )
         elif isinstance(e, Aborted):
             ops.append(Abort(e.request_id))
         elif isinstance(e, ControlReturned):

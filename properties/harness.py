@@ -31,7 +31,7 @@ from spec.errors import (
 from spec.events import ControlReturned, Event, Finished
 from spec.golden import GoldenDecoder, golden_mismatch
 from spec.lifecycles import RequestPhase
-from spec.machine import SpecMachine, request_output
+from spec.machine import SpecMachine, finished_output
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput
@@ -163,8 +163,10 @@ class Harness(ReplayHarness[SpecMachine]):
         requests = self.spec.state().requests
         for event in finished:
             r = requests[event.request_id]
-            request = RequestSpec(event.request_id, r.prompt, r.max_new_tokens)
-            actual = FinishedOutput(request_output(self.config, r), event.reason)
+            request = RequestSpec(
+                event.request_id, r.prompt, r.max_new_tokens, stop_sampled=r.stop_sampled
+            )
+            actual = FinishedOutput(finished_output(self.config, r, event.reason), event.reason)
             problem = golden_mismatch(request, actual, self.golden.golden_output(request))
             if problem is not None:
                 raise self._violate(
@@ -179,7 +181,10 @@ class Harness(ReplayHarness[SpecMachine]):
 
     def requests(self) -> dict[str, RequestSpec]:
         st = self.spec.state()
-        return {rid: RequestSpec(rid, r.prompt, r.max_new_tokens) for rid, r in st.requests.items()}
+        return {
+            rid: RequestSpec(rid, r.prompt, r.max_new_tokens, stop_sampled=r.stop_sampled)
+            for rid, r in st.requests.items()
+        }
 
     def ended_rounds(self) -> int:
         return sum(1 for e in self.events if isinstance(e, ControlReturned))

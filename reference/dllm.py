@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 
 from reference.golden import golden_output
 from reference.kv_pool import PagedKvPool, RequestPool
-from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow, RecordedOracle
+from reference.oracle import (
+    AlgorithmOracle,
+    DenoiseOracle,
+    OracleRow,
+    RecordedOracle,
+    stops_now,
+)
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, UnknownRequest
@@ -138,7 +144,14 @@ class ReferenceDllmScheduler:
             raise DuplicateRequest(request.request_id)
         self.seen.add(request.request_id)
         self.waiting.append(_Req(request, shape.pages))
-        self.sink(Submitted(request.request_id, request.prompt, request.max_new_tokens))
+        self.sink(
+            Submitted(
+                request.request_id,
+                request.prompt,
+                request.max_new_tokens,
+                stop_sampled=request.stop_sampled,
+            )
+        )
 
     def abort(self, request_id: str) -> None:
         for req in self.waiting:
@@ -404,6 +417,10 @@ class ReferenceDllmScheduler:
             req.block_slots = None
 
     def _finish_reason(self, req: _Req) -> FinishReason | None:
+        """Right after a commit: STOP where the oracle says (a sampled stop wins, as SGLang's
+        stop strings do), else EOS, else LENGTH."""
+        if stops_now(self.oracle, req.spec, req.committed_blocks):
+            return FinishReason.STOP
         gen = req.generated
         eos = self.config.eos_token_id
         if eos is not None and eos in gen[: req.spec.max_new_tokens]:
@@ -417,7 +434,8 @@ class ReferenceDllmScheduler:
         self.running.remove(req)
         gen = req.generated[: req.spec.max_new_tokens]
         eos = self.config.eos_token_id
-        if eos is not None and eos in gen:
+        # after a STOP the reference cannot locate the stop inside the block: all of it
+        if reason is not FinishReason.STOP and eos is not None and eos in gen:
             gen = gen[: gen.index(eos) + 1]
         self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
         self._retire(req.rid)

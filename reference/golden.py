@@ -13,7 +13,7 @@ and in every mode.
 
 from __future__ import annotations
 
-from reference.oracle import DenoiseOracle, OracleRow
+from reference.oracle import DenoiseOracle, OracleRow, stops_now
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import SchedulerStalled
 from spec.events import FinishReason
@@ -59,6 +59,8 @@ def golden_output(
         block_index += 1
         generated = committed[len(prompt) :]
         head = generated[:limit]
+        if stops_now(oracle, request, block_index):
+            return FinishedOutput(tuple(head), FinishReason.STOP)
         if eos is not None and eos in head:
             return FinishedOutput(tuple(head[: head.index(eos) + 1]), FinishReason.EOS)
         if len(generated) >= limit:

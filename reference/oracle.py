@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from reference.algorithms import FloatArray, IntArray, StepAlgorithm, make_step_algorithm
-from spec.config import DllmConfig
-from spec.events import BlockCommitted, Event, StepResult
+from spec.config import DllmConfig, RequestSpec
+from spec.events import BlockCommitted, Event, Finished, FinishReason, StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,28 @@ class DenoiseOracle(Protocol):
     def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
         """One forward→step over the batch: new tokens, new state and done per row."""
         ...
+
+
+@runtime_checkable
+class SampledStops(Protocol):
+    """An oracle that also knows where a request with a sampled stop (`RequestSpec.
+    stop_sampled`: stop strings its engine evaluates) stops: `RecordedOracle` knows where the
+    recorded run finished it with STOP."""
+
+    def stops_after(self, request_id: str) -> int | None:
+        """The number of committed blocks after which the request finishes with STOP (None:
+        it never does)."""
+        ...
+
+
+def stops_now(oracle: object, request: RequestSpec, committed_blocks: int) -> bool:
+    """Whether `request`, having just committed its block number `committed_blocks`, finishes
+    with STOP: only a request with a sampled stop, and only where its oracle says."""
+    return (
+        request.stop_sampled
+        and isinstance(oracle, SampledStops)
+        and oracle.stops_after(request.request_id) == committed_blocks
+    )
 
 
 def _seed(*parts: object) -> int:
@@ -175,17 +197,26 @@ class RecordedOracle:
     more often than the record has steps raises `RecordExhausted`: the two schedulers' decisions
     have diverged so far that the record no longer covers them."""
 
-    def __init__(self, scripts: dict[BlockKey, BlockScript], mask_id: int) -> None:
+    def __init__(
+        self,
+        scripts: dict[BlockKey, BlockScript],
+        mask_id: int,
+        stops: dict[str, int] | None = None,
+    ) -> None:
         self.scripts = scripts
         self.mask_id = mask_id
+        self.stops = stops or {}  # request -> committed blocks at its recorded STOP
 
     @classmethod
     def from_events(cls, events: Sequence[Event], config: DllmConfig) -> RecordedOracle:
         """From another implementation's event stream under `config`: per block, each
         `StepResult` in order (a step is done when it accepts the whole block, with the masks it
-        left), and the block's `BlockCommitted` tokens."""
+        left), and the block's `BlockCommitted` tokens; per request that finished with STOP, the
+        blocks it had committed then (`SampledStops`)."""
         steps: dict[BlockKey, list[tuple[bool, int]]] = {}
         finals: dict[BlockKey, tuple[int, ...]] = {}
+        committed: dict[str, int] = {}
+        stops: dict[str, int] = {}
         for e in events:
             if isinstance(e, StepResult):
                 done = e.accept_length == config.block_size
@@ -194,8 +225,14 @@ class RecordedOracle:
                 )
             elif isinstance(e, BlockCommitted):
                 finals[(e.request_id, e.block_index)] = e.tokens
+                committed[e.request_id] = committed.get(e.request_id, 0) + 1
+            elif isinstance(e, Finished) and e.reason is FinishReason.STOP:
+                stops[e.request_id] = committed.get(e.request_id, 0)
         scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in steps.items()}
-        return cls(scripts, config.mask_token_id)
+        return cls(scripts, config.mask_token_id, stops)
+
+    def stops_after(self, request_id: str) -> int | None:
+        return self.stops.get(request_id)
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
         return 0

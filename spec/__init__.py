@@ -35,7 +35,14 @@ from spec.events import (
     Submitted,
 )
 from spec.lifecycles import BlockPhase, RequestPhase
-from spec.machine import SpecMachine, finish_condition, initial_masks, request_output
+from spec.machine import (
+    SpecMachine,
+    finish_condition,
+    finished_output,
+    initial_masks,
+    request_output,
+    stop_output_lengths,
+)
 from spec.machine_base import MachineBase
 from spec.parity import LeakReport, Mismatch, compare_outputs, leak_report
 from spec.reconstruct import PoolView, reconstruct
@@ -90,10 +97,12 @@ __all__ = [
     "UnknownRequest",
     "compare_outputs",
     "finish_condition",
+    "finished_output",
     "initial_masks",
     "leak_report",
     "reconstruct",
     "request_output",
     "request_shape",
+    "stop_output_lengths",
     "validate_request",
 ]

@@ -29,6 +29,10 @@ Modelling choices (stated so they can be argued with):
   completed with masks and decoded as the first output block.
 - Under sync, rows already done stay in the batch until every row is done (the head-of-line cost).
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
+  A request submitted with `stop_sampled` (its engine also stops on stop strings, a regex or
+  extra stop tokens, which the spec cannot evaluate) may finish with reason STOP in a round in
+  which it committed a block holding a generated token; its output is then cut by the engine
+  inside that block: a prefix of its generated tokens (up to max_new_tokens) that ends there.
   An adapter that reports what it returns to its clients (`collect_outputs`, optional) is held
   to it after every round (`reported_output`): the tokens and the reason of its `Finished` event.
 - An adapter that can decode a request alone (`golden_output`, optional: `spec/golden.py`) is

@@ -21,16 +21,25 @@ from typing import ClassVar
 class FinishReason(enum.Enum):
     LENGTH = "length"  # generated >= max_new_tokens
     EOS = "eos"  # an end-of-sequence token was committed
+    # a stop condition the spec does not see (a stop string, a regex, an extra stop token)
+    # held on the block just committed; only for a request `Submitted` with `stop_sampled`
+    STOP = "stop"
 
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """A request entered the waiting queue (FCFS position = submission order)."""
+    """A request entered the waiting queue (FCFS position = submission order).
+
+    `stop_sampled`: the engine also ends the request on a stop condition the spec cannot
+    evaluate (stop strings, a stop regex, stop token ids other than the EOS, a grammar's end),
+    so it may finish with reason STOP right after any round in which it committed a block
+    holding a generated token. Written only when true (most logs have no such request)."""
 
     kind: ClassVar[str] = "submitted"
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
+    stop_sampled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,8 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     current: _Block | None = None
     reason: FinishReason | None = None  # set by its Finished event
+    stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
+    last_commit_round: int | None = None  # the round of its latest BlockCommitted
 
 
 @dataclass(slots=True)
@@ -147,12 +149,32 @@ def _due(config: DllmConfig, generated: Sequence[int], max_new_tokens: int) -> F
 
 
 def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]:
-    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS."""
+    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS.
+    (After a STOP the engine cuts it earlier: `stop_output_lengths`.)"""
     gen = request.generated[: request.max_new_tokens]
     eos = config.eos_token_id
     if eos is not None and eos in gen:
         gen = gen[: gen.index(eos) + 1]
     return gen
+
+
+def finished_output(
+    config: DllmConfig, request: RequestState, reason: FinishReason
+) -> tuple[int, ...]:
+    """The output of a request that finished with `reason`: `request_output`, or after a STOP
+    the longest output `stop_output_lengths` allows (its generated tokens up to
+    max_new_tokens: where inside the block the stop lies, only the engine knows)."""
+    if reason is FinishReason.STOP:
+        return request.generated[: request.max_new_tokens]
+    return request_output(config, request)
+
+
+def stop_output_lengths(config: DllmConfig, request: RequestState) -> range:
+    """The output lengths a request that finished with STOP may report: its engine found the
+    stop inside the block it committed last, so the output is its generated tokens (at most
+    max_new_tokens) cut after one of that block's generated positions."""
+    before_last = max(0, (request.committed_blocks - 1) * config.block_size - len(request.prompt))
+    return range(before_last + 1, min(len(request.generated), request.max_new_tokens) + 1)
 
 
 class SpecMachine(MachineBase[Event, Rule]):
@@ -225,6 +247,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             current=None
             if cur is None
             else BlockState(cur.index, cur.phase, cur.slots, cur.alloc_round, cur.masks),
+            stop_sampled=r.stop_sampled,
+            last_commit_round=r.last_commit_round,
         )
 
     def render(self) -> str:
@@ -239,13 +263,14 @@ class SpecMachine(MachineBase[Event, Rule]):
         return not self._queue and not self._running
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
-        """Output of every finished request (see `request_output`)."""
+        """Output of every finished request (`finished_output`)."""
         st = self.state()
-        return {
-            rid: request_output(self.config, r)
-            for rid, r in st.requests.items()
-            if r.phase is RequestPhase.FINISHED
-        }
+        out: dict[str, tuple[int, ...]] = {}
+        for rid, r in st.requests.items():
+            reason = self._requests[rid].reason
+            if r.phase is RequestPhase.FINISHED and reason is not None:
+                out[rid] = finished_output(self.config, r, reason)
+        return out
 
     def request_phase(self, request_id: str) -> RequestPhase | None:
         r = self._requests.get(request_id)
@@ -277,7 +302,9 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         except RequestError as err:
             raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
-        self._requests[e.request_id] = _Request(e.request_id, tuple(e.prompt), e.max_new_tokens)
+        self._requests[e.request_id] = _Request(
+            e.request_id, tuple(e.prompt), e.max_new_tokens, stop_sampled=e.stop_sampled
+        )
         self._queue[e.request_id] = None
         self._dirty[e.request_id] = None
 
@@ -755,6 +782,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
         r.committed_blocks += 1
+        r.last_commit_round = self._round.index
         r.current = None
         self._set_phase(r, target)
         self._round.committed += 1
@@ -815,7 +843,11 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         st = self._request_state(r)
-        due = finish_condition(self.config, st)
+        if e.reason is FinishReason.STOP:
+            self._require_stop_allowed(r, st, e)
+            due: FinishReason | None = FinishReason.STOP
+        else:
+            due = finish_condition(self.config, st)
         if due is None:
             raise self._fail(
                 Rule.FINISH_CONDITION,
@@ -837,6 +869,25 @@ class SpecMachine(MachineBase[Event, Rule]):
         r.reason = e.reason
         if self.retain_finished:
             self._unreported[r.request_id] = None
+
+    def _require_stop_allowed(self, r: _Request, st: RequestState, e: Finished) -> None:
+        """STOP: only for a request whose stop the engine samples, and only in a round in
+        which it committed a block holding a generated token (where an engine checks stops)."""
+        if not r.stop_sampled:
+            raise self._fail(
+                Rule.FINISH_CONDITION,
+                f"{r.request_id!r} finished with reason stop but was not submitted with "
+                f"stop_sampled (valid: length or eos, when its condition holds)",
+                e,
+            )
+        if r.last_commit_round != self._round.index or not stop_output_lengths(self.config, st):
+            raise self._fail(
+                Rule.FINISH_CONDITION,
+                f"{r.request_id!r} finished with reason stop but committed no block holding a "
+                f"generated token in round {self._round.index} (its latest commit was in round "
+                f"{r.last_commit_round}); a stop is found in the tokens a round commits",
+                e,
+            )
 
     def _control_returned(self, e: ControlReturned) -> None:
         cfg = self.config
@@ -1020,6 +1071,20 @@ class SpecMachine(MachineBase[Event, Rule]):
             rule = Rule.CARRIERS_IFF_UNFINISHED if only_carriers else Rule.SNAPSHOT_MATCHES
             raise self._fail(rule, "; ".join(problems), None)
 
+    def _check_stop_output(self, st: RequestState, tokens: tuple[int, ...]) -> None:
+        """After a STOP: a prefix of the generated tokens ending inside the last block."""
+        lengths = stop_output_lengths(self.config, st)
+        gen = st.generated
+        if len(tokens) not in lengths or tokens != gen[: len(tokens)]:
+            raise self._fail(
+                Rule.REPORTED_OUTPUT,
+                f"{st.request_id!r} finished with reason stop and reported {len(tokens)} tokens "
+                f"{list(tokens)}; valid: its generated tokens {list(gen[: lengths.stop - 1])} "
+                f"cut after {lengths.start} to {lengths.stop - 1} tokens (the stop is found in "
+                f"the block it committed last)",
+                None,
+            )
+
     def check_outputs(self, reported: Mapping[str, FinishedOutput]) -> None:
         """Compare the outputs an implementation reports with the spec (`reported_output`).
 
@@ -1038,7 +1103,12 @@ class SpecMachine(MachineBase[Event, Rule]):
                 raise self._fail(
                     Rule.REPORTED_OUTPUT, f"reported the output of {rid!r} a second time", None
                 )
-            want = request_output(self.config, self._request_state(r))
+            st = self._request_state(r)
+            if r.reason is FinishReason.STOP:
+                self._check_stop_output(st, tuple(out.tokens))
+                want = tuple(out.tokens)
+            else:
+                want = request_output(self.config, st)
             if tuple(out.tokens) != want:
                 raise self._fail(
                     Rule.REPORTED_OUTPUT,

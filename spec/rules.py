@@ -119,8 +119,11 @@ _RULES: dict[Rule, str] = {
     Rule.FDFO_RELEASES_SAME_ROUND: "A done block is committed, and a request whose finish "
     "condition "
     "holds is finished and released, in the same round.",
-    Rule.FINISH_CONDITION: "A request finishes only when it generated max_new_tokens or committed "
-    "an end-of-sequence token, with the matching reason.",
+    Rule.FINISH_CONDITION: "A request finishes only when it generated max_new_tokens (LENGTH) or "
+    "committed an end-of-sequence token (EOS), with the matching reason, or, when it was "
+    "submitted with `stop_sampled` (its engine evaluates a stop condition the spec cannot: stop "
+    "strings, a regex, extra stop tokens), with reason STOP in a round in which it committed a "
+    "block holding a generated token.",
     Rule.PROGRESS: "A round with running requests runs a forward; an idle system with queued work "
     "admits the head of the queue; a drain ends idle (an implementation that gives up with "
     "SchedulerStalled breaks this rule); every call (submit, abort, a round, drain, snapshot) "
@@ -143,7 +146,8 @@ _RULES: dict[Rule, str] = {
     "running set equal the abstract state.",
     Rule.REPORTED_OUTPUT: "A finished request's output and finish reason, as the implementation "
     "reports them (`SchedulerAdapter.collect_outputs`), equal the spec's `request_output` and "
-    "the reason of its `Finished` event.",
+    "the reason of its `Finished` event; after a STOP the output is a prefix of the generated "
+    "tokens (at most max_new_tokens) ending inside the block committed last.",
     Rule.GOLDEN_OUTPUT: "A finished request's output and finish reason equal its golden output: "
     "the request decoded alone, unbatched and unpaged, by the implementation's own model (or "
     "oracle) and algorithm (`spec.golden.GoldenDecoder`; checked when the implementation "

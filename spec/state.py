@@ -43,6 +43,8 @@ class RequestState:
     committed_blocks: int
     tokens: tuple[int, ...]  # every committed token, prompt positions included
     current: BlockState | None
+    stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
+    last_commit_round: int | None = None  # the round of its latest commit (None: none yet)
 
     @property
     def generated(self) -> tuple[int, ...]:
@@ -137,6 +139,6 @@ def render(state: AbstractState) -> str:
         lines.append(
             f"request {rid}: {r.phase.value} row={r.row} committed={r.committed_blocks} "
             f"prompt_len={len(r.prompt)} generated={len(r.generated)}/{r.max_new_tokens} "
-            f"current=[{cur_txt}] owns=[{own_txt}]"
+            f"current=[{cur_txt}] owns=[{own_txt}]" + (" stop_sampled" if r.stop_sampled else "")
         )
     return "\n".join(lines)

@@ -46,9 +46,14 @@ class TraceFormatError(SchedSpecError, ValueError):
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
+    """The event as a JSON-ready object (`Submitted.stop_sampled` only when set)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
+        if f.name == "stop_sampled":
+            if value:
+                out[f.name] = value
+            continue
         if isinstance(value, FinishReason):
             value = value.value
         elif isinstance(event, Forward) and f.name == "rows":
@@ -72,6 +77,7 @@ _INT_FIELDS = frozenset(
     }
 )
 _INT_LIST_FIELDS = frozenset({"prompt", "slots", "tokens"})
+_BOOL_FIELDS = frozenset({"reused", "stop_sampled"})
 
 
 def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
@@ -89,11 +95,17 @@ def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
         raise TraceFormatError(line_no, f"{kind} field {name!r} is {value!r}: a list of integers")
     if name == "request_id" and not isinstance(value, str):
         raise TraceFormatError(line_no, f"{kind} field 'request_id' is {value!r}: a string")
-    if name == "reused" and not isinstance(value, bool):
-        raise TraceFormatError(line_no, f"{kind} field 'reused' is {value!r}: true or false")
+    if name in _BOOL_FIELDS and not isinstance(value, bool):
+        raise TraceFormatError(line_no, f"{kind} field {name!r} is {value!r}: true or false")
 
 
+# Per kind, its required fields (the fast path decodes exactly these) and all of its fields:
+# an optional one (`Submitted.stop_sampled`) is written only when set.
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING)
+    for cls in EVENT_BY_KIND.values()
+}
+_ALL_FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_BY_KIND.values()
 }
 
@@ -120,9 +132,12 @@ def _event_from_dict_checked(data: dict[str, Any], line_no: int) -> Event:
             line_no, f"unknown event kind {kind!r}; valid kinds: {sorted(EVENT_BY_KIND)}"
         )
     kwargs: dict[str, Any] = {}
-    names = _FIELDS[cls]
+    required = _FIELDS[cls]
+    names = _ALL_FIELDS[cls]
     for name in names:
         if name not in data:
+            if name not in required:
+                continue
             raise TraceFormatError(line_no, f"{kind} event lacks field {name!r}")
         value = data[name]
         _check_type(str(kind), name, value, line_no)
@@ -151,8 +166,8 @@ def _event_from_dict_checked(data: dict[str, Any], line_no: int) -> Event:
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[name] = value
-    if len(data) != len(names) + 1:
-        extra = set(data) - set(names) - {"kind"}
+    extra = set(data) - set(names) - {"kind"}
+    if extra:
         raise TraceFormatError(line_no, f"{kind} event has unknown fields {sorted(extra)}")
     return cls(**kwargs)
 

@@ -6,6 +6,8 @@ one), and also by random perturbations of the machine's internals. For every (st
 the symbolic relation (compiled to Python by `properties.symbolic.drift`) must agree with the
 machine on enabledness, and when enabled on the successor (on the encoded part of the state).
 The symbolic invariants must agree with `spec.invariants` on every state as well.
+Some requests are submitted with `stop_sampled` and finish with STOP where the block they
+committed last holds `STOP_TOKEN` (a stand-in for a stop string the spec cannot see).
 
 The forward-granularity policy model is checked against the reference scheduler driven by a
 scripted oracle: same completion forward for every request, in both modes.
@@ -48,11 +50,12 @@ from spec.events import (
 )
 from spec.invariants import INVARIANTS
 from spec.lifecycles import BlockPhase, RequestPhase
-from spec.machine import SpecMachine, finish_condition, initial_masks
+from spec.machine import SpecMachine, finish_condition, initial_masks, stop_output_lengths
 from spec.profile import DllmAdmission, DllmPolicy
-from spec.state import ACTIVE_PHASES
+from spec.state import ACTIVE_PHASES, RequestState
 
 EOS = 15
+STOP_TOKEN = 7  # the proposals' "stop string": a request with a sampled stop ends on it
 GEOMETRIES = ((1, 1, 8), (1, 2, 4), (2, 2, 4), (2, 4, 4), (3, 6, 2), (4, 4, 2))
 STATS: Counter[str] = Counter()
 
@@ -120,7 +123,8 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
         limit = min(c.max_context, c.kv_slots)
         pl = rng.randint(1, max(1, min(2 * b, limit - 1)))
         mn = rng.randint(1, max(1, min(2 * b, limit - pl)))
-        out.append(Submitted(f"r{n}", tuple(rng.randrange(15) for _ in range(pl)), mn))
+        prompt = tuple(rng.randrange(15) for _ in range(pl))
+        out.append(Submitted(f"r{n}", prompt, mn, stop_sampled=rng.random() < 0.5))
     free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
@@ -165,16 +169,21 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
                         toks.append(r.prompt[pos])
                     elif c.eos_token_id is not None and rng.random() < 0.15:
                         toks.append(c.eos_token_id)
+                    elif r.stop_sampled and rng.random() < 0.4:
+                        toks.append(STOP_TOKEN)
                     else:
                         toks.append(rng.randrange(15))
                 out.append(BlockCommitted(rid, cur.index, tuple(toks)))
-            if r.phase is RequestPhase.ADMITTED and finish_condition(c, r) is not None:
+            due = finish_condition(c, r)
+            stops = _stops_now(m, r)
+            if r.phase is RequestPhase.ADMITTED and (due is not None or stops):
                 if owned:
                     out.append(KvFreed(rid, tuple(owned)))
                 elif r.row is not None:
                     out.append(RowReleased(rid, r.row))
                 else:
-                    out.append(Finished(rid, finish_condition(c, r)))  # type: ignore[arg-type]
+                    # a stop found in the block wins over EOS and LENGTH (as in SGLang)
+                    out.append(Finished(rid, FinishReason.STOP if stops or due is None else due))
             if rng.random() < 0.01:
                 if owned:
                     out.append(KvFreed(rid, tuple(owned)))
@@ -226,6 +235,14 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
     return out
 
 
+def _stops_now(m: SpecMachine, r: RequestState) -> bool:
+    """The proposals' engine stops `r` now: it samples its stops, committed a block this round,
+    and that block holds `STOP_TOKEN` at a position a STOP output may end at."""
+    if not r.stop_sampled or r.last_commit_round != m.round_index:
+        return False
+    return any(r.generated[n - 1] == STOP_TOKEN for n in stop_output_lengths(m.config, r))
+
+
 def _mutate(e: Event, m: SpecMachine, rng: random.Random) -> Event:
     """A small change to an event (often making it wrong)."""
     ids = [*list(m.state().requests), "rX"]
@@ -237,6 +254,7 @@ def _mutate(e: Event, m: SpecMachine, rng: random.Random) -> Event:
                 Submitted(e.request_id, (), e.max_new_tokens),
                 Submitted(e.request_id, (*e.prompt, -1), e.max_new_tokens),
                 Submitted(e.request_id, e.prompt, rng.randint(0, 2 * c.max_context)),
+                Submitted(e.request_id, e.prompt, e.max_new_tokens, not e.stop_sampled),
             ]
         )
     if isinstance(e, Admitted):
@@ -309,6 +327,7 @@ def _random_event(m: SpecMachine, rng: random.Random) -> Event:
         KvAllocated(rid, rng.randrange(3), tuple(range(start, start + c.block_size))),
         KvFreed(rid, tuple(sorted(rng.sample(range(c.kv_slots), rng.randint(0, 3))))),
         Finished(rid, FinishReason.LENGTH),
+        Finished(rid, FinishReason.STOP),
         ControlReturned(m.round_index),
         StepResult(rid, rng.randrange(3), c.block_size, 0),
     ]
@@ -340,14 +359,19 @@ def _compare(m: SpecMachine, e: Event) -> bool:
         f"enabledness differs on {e!r}: SpecMachine {'accepts' if conc_ok else rule}, "
         f"Z3 relation {'accepts' if verdict.enabled else verdict.failed_rules}\n{m.render()}"
     )
+    stop = isinstance(e, Finished) and e.reason is FinishReason.STOP
     if not conc_ok:
         STATS["both reject"] += 1
         STATS[f"reject {rule}"] += 1
         if rule in verdict.failed_rules:
             STATS["same first rule"] += 1
             STATS[f"same rule {rule}"] += 1
+            if stop and rule == "finish_condition":
+                STATS["reject a stop on its finish condition"] += 1
         return False
     STATS["both accept"] += 1
+    if stop:
+        STATS["accept a stop"] += 1
     STATS[f"accept {e.kind}"] += 1
     _count_policy_cases(m, e)
     after = encoded(trial.state(), stepper.geom)
@@ -397,7 +421,7 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
     """A random change to the machine's internals, within the encodable domain."""
     c = m.config
     reqs = list(m._requests.values())
-    choice = rng.randrange(9)
+    choice = rng.randrange(10)
     if choice == 0:
         s = rng.randrange(c.kv_slots)
         if s in m._owner and rng.random() < 0.5:
@@ -434,7 +458,20 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
     elif choice == 8 and reqs:
         r = rng.choice(reqs)
         if r.current is None:
-            r.committed_blocks = max(0, r.committed_blocks + rng.choice([-1, 1]))
+            # a block more or less, its tokens with it (the encoding's committed length)
+            if rng.random() < 0.5:
+                r.committed_blocks += 1
+                r.tokens.extend(rng.randrange(15) for _ in range(c.block_size))
+            elif r.committed_blocks:
+                r.committed_blocks -= 1
+                del r.tokens[-c.block_size :]
+    elif choice == 9 and reqs:
+        r = rng.choice(reqs)
+        if rng.random() < 0.5:
+            r.stop_sampled = not r.stop_sampled
+        else:  # no later round than the current one (the encoding cannot hold that)
+            idx = m._round.index
+            r.last_commit_round = rng.choice([None, max(0, idx - 1), idx])
     m.reindex()  # the machine's derived indexes follow the edited tables
 
 
@@ -514,17 +551,71 @@ def test_relation_agrees_with_spec_machine_on_perturbed_states(
         good = _good_events(m, rng)
         e = _pick(good, rng) if good and rng.random() < 0.7 else _random_event(m, rng)
         _compare(m.copy(), e)
+    _compare_stops(m, rng)
+
+
+def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
+    """`Finished(STOP)` of every request, first made free to finish (between blocks, holding
+    no slot and no row) and given a drawn stop flag, latest commit round, 0 to 2 more
+    committed blocks and (half the time) max_new_tokens: walks seldom reach a request free to
+    finish whose STOP is wrong, so each part of the STOP condition is compared here with the
+    other guards of `Finished` true."""
+    idx = m.round_index
+    for rid in list(m._requests):
+        trial = m.copy()
+        r = trial._requests[rid]
+        for slot in [s for s, o in trial._owner.items() if o[0] == rid]:
+            del trial._owner[slot]
+        if r.row is not None:
+            trial._rows.pop(r.row, None)
+            r.row = None
+        if r.phase is RequestPhase.RUNNING:
+            r.phase, r.current = RequestPhase.ADMITTED, None
+        r.stop_sampled = rng.random() < 0.7
+        r.last_commit_round = rng.choice([None, max(0, idx - 1), idx, idx])
+        more = rng.choice([0, 0, 1, 2])  # blocks more, as if committed this round
+        r.committed_blocks += more
+        r.tokens.extend(rng.randrange(15) for _ in range(more * trial.config.block_size))
+        if rng.random() < 0.5:  # at most its generated tokens: maybe reached before the last
+            r.max_new_tokens = rng.randint(1, max(1, len(r.tokens) - len(r.prompt)))
+        trial.reindex()
+        _compare(trial, Finished(rid, FinishReason.STOP))
 
 
 def test_the_walks_cover_both_outcomes() -> None:
     """The comparisons above saw many accepted and many rejected events (not vacuous)."""
-    m = SpecMachine(DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16))
+    config = DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16)
     rng = random.Random(0)
     before = STATS.copy()
+    # a fresh machine per walk: one that strands its machine (a carried block's KV freed, say:
+    # no round can end) does not stall the others
     for _ in range(5):
-        _walk(m, rng, 60)
+        _walk(SpecMachine(config), rng, 60)
     seen = STATS - before
     assert seen["both accept"] > 50 and seen["both reject"] > 20, seen
+
+
+def test_the_walks_finish_with_stop_both_ways() -> None:
+    """STOP is exercised: the machine and the relation both accept a STOP (a request with a
+    sampled stop, right after it committed a block holding a generated token) and both reject
+    one on its finish condition, over FDFO and sync walks."""
+    before = STATS.copy()
+    rng = random.Random(2)
+    for mode in (Mode.FDFO, Mode.SYNC):
+        config = DllmConfig(
+            block_size=2,
+            page_size=4,
+            kv_pages=4,
+            max_context=8,  # short requests: more of them finish within a walk
+            mode=mode,
+            in_place_reuse=mode is Mode.FDFO,
+            eos_token_id=EOS,
+        )
+        for _ in range(5):
+            _walk(SpecMachine(config), rng, 80)
+    seen = STATS - before
+    assert seen["accept a stop"] > 0, seen
+    assert seen["reject a stop on its finish condition"] > 0, seen
 
 
 @pytest.mark.parametrize(

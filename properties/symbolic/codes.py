@@ -40,7 +40,7 @@ COMMITTED = BLK[BlockPhase.COMMITTED.value]
 
 KIND = {t.kind: i for i, t in enumerate(EVENT_TYPES)}  # event kind -> code, spec order
 KIND_NAME = {v: k for k, v in KIND.items()}
-REASON = {FinishReason.LENGTH: 0, FinishReason.EOS: 1}
+REASON = {FinishReason.LENGTH: 0, FinishReason.EOS: 1, FinishReason.STOP: 2}
 REASON_OF = {v: k for k, v in REASON.items()}
 
 # tokens of decoded (concrete) requests; the encoding itself has no token contents

@@ -28,7 +28,7 @@ from spec.events import (
     Submitted,
 )
 from spec.lifecycles import RequestPhase
-from spec.state import AbstractState, RequestState
+from spec.state import TERMINAL_PHASES, AbstractState, RequestState
 
 
 class NotEncodable(ValueError):
@@ -73,6 +73,13 @@ def _request_values(
         start = _first_slot(tuple(cur.slots), geom, "current block")
     if r.row is not None and not 0 <= r.row < geom.rows:
         raise NotEncodable(f"row {r.row} outside the represented rows")
+    if r.phase not in TERMINAL_PHASES and len(r.tokens) != r.committed_blocks * geom.block_size:
+        # the encoding's committed length is committed_blocks * B (`Encoding.generated_len`)
+        raise NotEncodable(f"{len(r.tokens)} committed tokens in {r.committed_blocks} blocks")
+    last = r.last_commit_round
+    if last is not None and last > state.round.index:
+        # the encoding keeps only "committed in this round", which a later round cannot be
+        raise NotEncodable(f"latest commit in round {last}, after round {state.round.index}")
     eos_id = state.config.eos_token_id
     pending = [m for (rid, _), m in state.round.pending_masks.items() if rid == r.request_id]
     pl, mn = len(r.prompt), r.max_new_tokens
@@ -88,6 +95,8 @@ def _request_values(
         "masks": -1 if cur is None or cur.masks is None else cur.masks,
         "alloc_round": -1 if cur is None or cur.alloc_round is None else cur.alloc_round,
         "eos_committed": eos_id is not None and eos_id in r.generated[:mn],
+        "stop_sampled": r.stop_sampled,
+        "committed_this_round": last == state.round.index,
         "in_batch": in_batch,
         "step_pending": bool(pending),
         "pending_masks": pending[0] if pending else 0,
@@ -189,6 +198,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "max_new_tokens": 0,
         "reserved_pages": 0,
         "prompt_valid": True,
+        "stop_sampled": False,
         "tokens_valid": True,
         "block_has_eos": False,
         "round_index": 0,
@@ -209,7 +219,10 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
             raise NotEncodable("max_new_tokens is not an int")
         if not isinstance(event.request_id, str) or not event.request_id:
             raise NotEncodable("request id is not a non-empty string")
+        if not isinstance(event.stop_sampled, bool):
+            raise NotEncodable("stop_sampled is not a bool")
         out["prompt_len"], out["max_new_tokens"] = pl, mn
+        out["stop_sampled"] = event.stop_sampled
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 and x != cfg.mask_token_id

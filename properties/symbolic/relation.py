@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import z3
 
-from properties.symbolic.codes import KIND, NEW
+from properties.symbolic.codes import KIND, NEW, REASON
 from properties.symbolic.events import EVENTS
 from properties.symbolic.guard import Guard, Relaxation
 from properties.symbolic.params import Params
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def well_formed(enc: Encoding, s: State, p: Params) -> Z:
     """Well-formed parameters (not spec guards):
-    0 <= kind < #kinds, 0 <= request < N, 0 <= row < R, reason ∈ {0, 1};
+    0 <= kind < #kinds, 0 <= request < N, 0 <= row < R, reason a `codes.REASON` code;
     Submitted takes the next unsubmitted index (request = i ⇒ every j < i is submitted: the
     symmetry reduction that makes the FCFS queue "the queued requests by index");
     reserved_pages = ceil((prompt_len + max_new_tokens) / P) (ghost);
@@ -52,7 +52,7 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
         p.request < n,
         p.row >= 0,
         p.row < enc.R,
-        z3.Or(p.reason == 0, p.reason == 1),
+        z3.Or([p.reason == code for code in REASON.values()]),
         z3.Implies(
             p.is_kind(Submitted.kind),
             z3.And(

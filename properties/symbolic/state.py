@@ -15,6 +15,9 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   masks[i]              masks left after the block's latest step, -1 = not stepped yet
   alloc_round[i]        round the current block's slots were allocated in, -1 = never
   eos_committed[i]      an EOS token was committed within max_new_tokens
+  stop_sampled[i]       it may finish with STOP (`RequestState.stop_sampled`)
+  committed_this_round[i]  it committed a block in this round
+                        (`RequestState.last_commit_round` = `RoundState.index`)
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
   step_pending[i]       its row of the latest forward awaits a step (`RoundState.pending_steps`)
   pending_masks[i]      that row's input mask count (`RoundState.pending_masks`; 0 if none)
@@ -78,6 +81,8 @@ FIELDS: tuple[Field, ...] = (
     Field("masks", Scope.REQUEST, False, -1),
     Field("alloc_round", Scope.REQUEST, False, -1),
     Field("eos_committed", Scope.REQUEST, True, False),
+    Field("stop_sampled", Scope.REQUEST, True, False),
+    Field("committed_this_round", Scope.REQUEST, True, False),
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
     Field("pending_masks", Scope.REQUEST, False, 0),
@@ -121,6 +126,8 @@ class State:
     masks: Terms
     alloc_round: Terms
     eos_committed: Terms
+    stop_sampled: Terms
+    committed_this_round: Terms
     in_batch: Terms
     step_pending: Terms
     pending_masks: Terms

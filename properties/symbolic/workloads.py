@@ -39,8 +39,10 @@ def describe_ops(w: Workload) -> str:
     for op in w.ops:
         if isinstance(op, Submit):
             r = op.request
+            stop = ", stop_sampled" if r.stop_sampled else ""
             parts.append(
-                f"submit({r.request_id}, prompt_len={len(r.prompt)}, max_new={r.max_new_tokens})"
+                f"submit({r.request_id}, prompt_len={len(r.prompt)}, "
+                f"max_new={r.max_new_tokens}{stop})"
             )
         elif isinstance(op, Abort):
             parts.append(f"abort({op.request_id})")
@@ -53,11 +55,15 @@ def describe_ops(w: Workload) -> str:
 
 def workload_from_events(config: DllmConfig, events: Sequence[Event], name: str) -> Workload:
     """The operations an implementation needs to see to produce (roughly) this trace:
-    submissions and aborts in order, a round per `ControlReturned`; a drain is implied."""
+    submissions (with their `stop_sampled`) and aborts in order, a round per
+    `ControlReturned`; a drain is implied."""
     ops: list[Op] = []
     for e in events:
         if isinstance(e, Submitted):
-            ops.append(Submit(RequestSpec(e.request_id, tuple(e.prompt), e.max_new_tokens)))
+            spec = RequestSpec(
+                e.request_id, tuple(e.prompt), e.max_new_tokens, stop_sampled=e.stop_sampled
+            )
+            ops.append(Submit(spec))
         elif isinstance(e, Aborted):
             ops.append(Abort(e.request_id))
         elif isinstance(e, ControlReturned):

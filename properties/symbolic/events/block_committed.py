@@ -65,7 +65,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """committed_blocks'[r] += 1; phase'[r] per the request table; eos_committed'[r] |=
-    block_has_eos; no current block; round_committed' = round_committed + 1."""
+    block_has_eos; committed_this_round'[r] = true; no current block;
+    round_committed' = round_committed + 1."""
     return s.replace(
         committed_blocks=at_request(
             enc, p, s.committed_blocks, lambda i: s.committed_blocks[i] + 1
@@ -79,6 +80,7 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         eos_committed=at_request(
             enc, p, s.eos_committed, lambda i: z3.Or(s.eos_committed[i], p.block_has_eos)
         ),
+        committed_this_round=at_request(enc, p, s.committed_this_round, lambda i: z3.BoolVal(True)),
         round_committed=s.round_committed + 1,
         **without_current_block(enc, s, p),
     )

@@ -23,8 +23,14 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     known_request               active(r)
     lifecycle                   the request table has `finished` from phase[r]
-    finish_condition            finish_due(r) ∧ (reason = eos ⇒ eos_committed[r])
-                                ∧ (reason = length ⇒ generated_len(r) >= max_new_tokens[r])
+    finish_condition            reason = stop ⇒ stop_allowed(r): stop_sampled[r]
+                                  ∧ committed_this_round[r]
+                                  ∧ before_last(r) < min(generated_len(r), max_new_tokens[r])
+                                  where before_last(r) = max(0, (committed_blocks[r] - 1) * B
+                                  - prompt_len[r]) (`stop_output_lengths` is non-empty)
+                                reason != stop ⇒ finish_due(r)
+                                  ∧ (reason = eos ⇒ eos_committed[r])
+                                  ∧ (reason = length ⇒ generated_len(r) >= max_new_tokens[r])
     terminal_owns_nothing/slots r owns no slot
     terminal_owns_nothing/row   row[r] = -1"""
     return [
@@ -42,12 +48,17 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             for_request(
                 enc,
                 p,
-                lambda i: z3.And(
-                    enc.finish_due(s, i),
-                    z3.Implies(p.reason == REASON[FinishReason.EOS], s.eos_committed[i]),
-                    z3.Implies(
-                        p.reason == REASON[FinishReason.LENGTH],
-                        enc.generated_len(s, i) >= s.max_new_tokens[i],
+                lambda i: z3.If(
+                    # a STOP needs no EOS and no max_new_tokens: the engine saw a stop string
+                    p.reason == REASON[FinishReason.STOP],
+                    enc.stop_allowed(s, i),
+                    z3.And(
+                        enc.finish_due(s, i),
+                        z3.Implies(p.reason == REASON[FinishReason.EOS], s.eos_committed[i]),
+                        z3.Implies(
+                            p.reason == REASON[FinishReason.LENGTH],
+                            enc.generated_len(s, i) >= s.max_new_tokens[i],
+                        ),
                     ),
                 ),
             ),

@@ -49,7 +49,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
-    row'[r] = -1; committed_blocks'[r] = 0; eos_committed'[r] = false; no current block."""
+    stop_sampled'[r] = p.stop_sampled; row'[r] = -1; committed_blocks'[r] = 0;
+    eos_committed'[r] = committed_this_round'[r] = false; no current block."""
     return s.replace(
         phase=at_request(enc, p, s.phase, lambda i: QUEUED),
         prompt_len=at_request(enc, p, s.prompt_len, lambda i: p.prompt_len),
@@ -58,5 +59,9 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         row=at_request(enc, p, s.row, lambda i: -1),
         committed_blocks=at_request(enc, p, s.committed_blocks, lambda i: 0),
         eos_committed=at_request(enc, p, s.eos_committed, lambda i: z3.BoolVal(False)),
+        stop_sampled=at_request(enc, p, s.stop_sampled, lambda i: p.stop_sampled),
+        committed_this_round=at_request(
+            enc, p, s.committed_this_round, lambda i: z3.BoolVal(False)
+        ),
         **without_current_block(enc, s, p),
     )

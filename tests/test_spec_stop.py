@@ -1,0 +1,257 @@
+"""A dLLM stop the spec cannot see: `Submitted.stop_sampled` and `FinishReason.STOP`.
+
+An engine that also ends requests on stop strings, a regex or extra stop token ids (SGLang's
+`FINISH_MATCHED_STR`, say) says so at submission; such a request may finish with STOP in a
+round in which it committed a block holding a generated token, and its output is then cut
+inside that block. Each test here breaks one part of that rule and names the violation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reference.dllm import ReferenceDllmScheduler, replaying_twin
+from reference.oracle import RecordedOracle
+from schedspec_cli.main import main
+from spec import (
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    DllmConfig,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    Mode,
+    RequestSpec,
+    RowReleased,
+    SpecMachine,
+    SpecViolation,
+    StepResult,
+    Submitted,
+)
+from spec.config import validate_request
+from spec.errors import InvalidRequest
+from spec.events import Event
+from spec.snapshot import FinishedOutput
+from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
+
+CFG = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=8,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=12,
+    mode=Mode.SYNC,
+    in_place_reuse=False,
+)
+
+
+def block(
+    rid: str, k: int, tokens: tuple[int, int], slots: tuple[int, int], masked: int = 2
+) -> list[Event]:
+    """Block k of `rid` (`masked` positions past its prompt) allocated, unmasked by one
+    forward, done after the final-KV forward, and committed (sync: all in one round)."""
+    return [
+        KvAllocated(rid, k, slots),
+        Forward((ForwardRow(rid, k, False, 2, masked),)),
+        StepResult(rid, k, 0, 0),
+        Forward((ForwardRow(rid, k, False, 2, 0),)),
+        StepResult(rid, k, 2, 0),
+        BlockCommitted(rid, k, tokens),
+    ]
+
+
+def prompt_block(rid: str, tokens: tuple[int, int], slots: tuple[int, int]) -> list[Event]:
+    """Block 0 of `rid`, the prompt alone (no mask to fill)."""
+    return [
+        KvAllocated(rid, 0, slots),
+        Forward((ForwardRow(rid, 0, False, 2, 0),)),
+        StepResult(rid, 0, 2, 0),
+        BlockCommitted(rid, 0, tokens),
+    ]
+
+
+def ending(rid: str, slots: tuple[int, ...], reason: FinishReason) -> list[Event]:
+    return [KvFreed(rid, slots), RowReleased(rid, 0), Finished(rid, reason)]
+
+
+def stopped_run(stop_sampled: bool = True) -> list[Event]:
+    """`s` (prompt 2 tokens, up to 6 new) commits its prompt block in round 0 and one output
+    block in round 1, then finishes with STOP: two of its six tokens generated, no EOS."""
+    return [
+        Submitted("s", (3, 4), 6, stop_sampled=stop_sampled),
+        Admitted("s", 0),
+        *prompt_block("s", (3, 4), (0, 1)),
+        ControlReturned(0),
+        *block("s", 1, (8, 9), (2, 3)),
+        *ending("s", (0, 1, 2, 3), FinishReason.STOP),
+        ControlReturned(1),
+    ]
+
+
+def run(events: list[Event]) -> SpecMachine:
+    m = SpecMachine(CFG)
+    for e in events:
+        m.apply(e)
+        m.check_invariants()
+    return m
+
+
+def violation(events: list[Event]) -> SpecViolation:
+    with pytest.raises(SpecViolation) as info:
+        run(events)
+    return info.value
+
+
+def test_a_sampled_stop_finishes_a_request_right_after_its_commit() -> None:
+    m = run(stopped_run())
+    assert m.is_idle()
+    assert m.outputs() == {"s": (8, 9)}
+    m.check_outputs({"s": FinishedOutput((8,), FinishReason.STOP)})  # cut inside the block
+
+
+def test_stop_without_stop_sampled_breaks_finish_condition() -> None:
+    v = violation(stopped_run(stop_sampled=False))
+    assert v.rule == "finish_condition"
+    assert "not submitted with stop_sampled" in str(v)
+    assert v.event == Finished("s", FinishReason.STOP)
+
+
+def test_stop_in_a_round_without_a_commit_breaks_finish_condition() -> None:
+    """The stop is found in the tokens a round commits: a round later there are none."""
+    events = stopped_run()
+    late = [
+        *events[: events.index(BlockCommitted("s", 1, (8, 9))) + 1],
+        ControlReturned(1),
+        *ending("s", (0, 1, 2, 3), FinishReason.STOP),
+    ]
+    v = violation(late)
+    assert v.rule == "finish_condition"
+    assert "committed no block holding a generated token in round 2" in str(v)
+    assert "its latest commit was in round 1" in str(v)
+
+
+def test_stop_after_a_prompt_only_block_breaks_finish_condition() -> None:
+    """A block of prompt tokens generated nothing, so no stop can be found in it."""
+    events = [
+        Submitted("s", (3, 4), 6, stop_sampled=True),
+        Admitted("s", 0),
+        *prompt_block("s", (3, 4), (0, 1)),
+        *ending("s", (0, 1), FinishReason.STOP),
+    ]
+    v = violation(events)
+    assert v.rule == "finish_condition" and "round 0" in str(v)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "why"),
+    [
+        ((), "reported 0 tokens"),  # nothing of the block that stopped it
+        ((8, 9, 1), "reported 3 tokens"),  # more than it generated
+        ((9,), "reported 1 tokens [9]"),  # not a prefix of what it generated
+    ],
+)
+def test_a_stop_output_outside_the_last_block_breaks_reported_output(
+    tokens: tuple[int, ...], why: str
+) -> None:
+    m = run(stopped_run())
+    with pytest.raises(SpecViolation) as info:
+        m.check_outputs({"s": FinishedOutput(tokens, FinishReason.STOP)})
+    assert info.value.rule == "reported_output"
+    assert why in str(info.value) and "cut after 1 to 2 tokens" in str(info.value)
+
+
+def test_a_stop_output_may_not_reach_into_an_earlier_block() -> None:
+    """Two output blocks, the stop in the second: the output holds at least one of its
+    tokens, so the first block's two tokens alone are refused."""
+    events = [
+        Submitted("s", (3,), 6, stop_sampled=True),
+        Admitted("s", 0),
+        *block("s", 0, (3, 5), (0, 1), masked=1),
+        ControlReturned(0),
+        *block("s", 1, (6, 7), (2, 3)),
+        *ending("s", (0, 1, 2, 3), FinishReason.STOP),
+    ]
+    m = run(events)
+    m.check_outputs({"s": FinishedOutput((5, 6), FinishReason.STOP)})
+    m = run(events)
+    with pytest.raises(SpecViolation, match="cut after 2 to 3 tokens"):
+        m.check_outputs({"s": FinishedOutput((5,), FinishReason.STOP)})
+
+
+def test_length_and_eos_are_unchanged_for_a_request_with_a_sampled_stop() -> None:
+    """stop_sampled allows STOP; it does not excuse a request from EOS or LENGTH."""
+    events = stopped_run()
+    ended = events.index(Finished("s", FinishReason.STOP))
+    v = violation([*events[:ended], Finished("s", FinishReason.EOS)])
+    assert v.rule == "finish_condition"
+
+
+def test_stop_sampled_is_written_only_when_set_and_read_back() -> None:
+    plain, sampled = Submitted("a", (1,), 2), Submitted("b", (1,), 2, stop_sampled=True)
+    assert "stop_sampled" not in event_to_dict(plain)
+    assert event_to_dict(sampled)["stop_sampled"] is True
+    for e in (plain, sampled, Finished("b", FinishReason.STOP)):
+        assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e
+    explicit = {"kind": "submitted", "request_id": "a", "prompt": [1], "max_new_tokens": 2}
+    assert event_from_dict({**explicit, "stop_sampled": False}) == plain
+    with pytest.raises(TraceFormatError, match="'stop_sampled' is 1: true or false"):
+        event_from_dict({**explicit, "stop_sampled": 1}, 3)
+    with pytest.raises(TraceFormatError, match=r"unknown fields \['stop'\]"):
+        event_from_dict({**explicit, "stop": True}, 3)
+
+
+def test_a_request_spec_refuses_a_stop_sampled_that_is_not_a_bool() -> None:
+    with pytest.raises(InvalidRequest, match="stop_sampled"):
+        validate_request(CFG, RequestSpec("a", (1,), 2, stop_sampled=1))  # type: ignore[arg-type]
+
+
+def test_a_replaying_twin_stops_where_the_record_stopped() -> None:
+    """The reference replaying a run (`RecordedOracle`) ends a request with a sampled stop
+    where the run did, with the reason STOP, and its own events conform."""
+    record = stopped_run()
+    assert RecordedOracle.from_events(record, CFG).stops_after("s") == 2
+    events: list[Event] = []
+    twin = replaying_twin()(record, CFG)(CFG, events.append)
+    assert isinstance(twin, ReferenceDllmScheduler)
+    twin.submit(RequestSpec("s", (3, 4), 6, stop_sampled=True))
+    twin.drain()
+    run(events)
+    assert Finished("s", FinishReason.STOP) in events
+    assert twin.collect_outputs() == {"s": FinishedOutput((8, 9), FinishReason.STOP)}
+    plain: list[Event] = []
+    twin = replaying_twin()(record, CFG)(CFG, plain.append)
+    twin.submit(RequestSpec("s", (3, 4), 6))  # no sampled stop: it never stops early
+    with pytest.raises(Exception, match="record has 0 step"):
+        twin.drain()
+
+
+def test_check_trace_accepts_a_sampled_stop_and_names_an_unsampled_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec check-trace` on the stopped run, as a log with its header: it conforms
+    (exit 0); the same log without `stop_sampled` fails at the `finished` line (exit 1), and
+    with `--twin reference-dllm` the sampled stop is replayed alike (exit 0)."""
+    header = json.dumps(config_to_dict(CFG))
+
+    def log(events: list[Event]) -> Path:
+        path = tmp_path / f"log{len(list(tmp_path.iterdir()))}.jsonl"
+        lines = [header, *(json.dumps(event_to_dict(e)) for e in events)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    good = log(stopped_run())
+    assert main(["check-trace", str(good)]) == 0
+    assert main(["check-trace", str(good), "--twin", "reference-dllm"]) == 0
+    capsys.readouterr()
+    assert main(["check-trace", str(log(stopped_run(stop_sampled=False)))]) == 1
+    out = capsys.readouterr().out
+    finished_line = 2 + stopped_run().index(Finished("s", FinishReason.STOP))
+    assert f":{finished_line}: [finish_condition]" in out and "stop_sampled" in out, out
