@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from integrations.sglang import SGLANG_DLLM_PROFILE
+from integrations.sglang import SGLANG_DLLM_PROFILE, observer
 from integrations.sglang.adapter import SglangDllmAdapter
-from integrations.sglang.engine import Engine, build, import_engine, new_request
+from integrations.sglang.engine import Engine, build, import_engine, new_request, scripted_token
 from integrations.sglang.event_log import SglangEventLog, dllm_config_of
 from integrations.sglang.event_loop import serve
 from properties.decisions import twin_difference
@@ -32,7 +32,9 @@ from properties.trace_check import check_trace
 from reference.sglang_dllm import SGLANG_ORDER_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
-from spec.events import Aborted, Event
+from spec.events import Aborted, Event, Finished, FinishReason, Submitted
+from spec.machine import SpecMachine
+from spec.snapshot import FinishedOutput
 from spec.trace import event_to_dict
 from tests.test_real_sglang import sglang_installed  # noqa: F401  (the module's fixture)
 
@@ -89,9 +91,53 @@ def served_program(seed: int) -> Program:
     return Program(config, tuple(ticks))
 
 
-def _queue(engine: Engine, spec_id: dict[int, str], request: RequestSpec) -> None:
-    req = new_request(engine, request.request_id, request.prompt, request.max_new_tokens)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stops:
+    """A request's own stop conditions (`SamplingParams.stop` and `stop_token_ids`)."""
+
+    strings: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] = ()
+
+
+class LetterTokenizer:
+    """Token t reads as one letter, enough for SGLang to match stop strings on text (no EOS
+    and no extra stop ids of its own)."""
+
+    eos_token_id = None
+    additional_stop_token_ids = None
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return "".join(letter(int(t)) for t in ids)
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [ord(c) - ord("a") for c in text]
+
+
+def letter(token: int) -> str:
+    return chr(ord("a") + token % 26)
+
+
+def _queue(
+    engine: Engine,
+    spec_id: dict[int, str],
+    request: RequestSpec,
+    stops: Stops | None,
+    served: dict[str, Any],
+) -> None:
+    if stops is None:
+        req = new_request(engine, request.request_id, request.prompt, request.max_new_tokens)
+    else:
+        req = new_request(
+            engine,
+            request.request_id,
+            request.prompt,
+            request.max_new_tokens,
+            stop=stops.strings,
+            stop_token_ids=stops.token_ids,
+            tokenizer=LetterTokenizer(),
+        )
     spec_id[id(req)] = request.request_id  # the scripted step's tokens follow the id
+    served[request.request_id] = req
     engine.scheduler.waiting_queue.append(req)
 
 
@@ -100,8 +146,12 @@ def serve_logged(
     mutate: Callable[[Engine], None] | None = None,
     *,
     max_iterations: int = 2_000,
+    stops: dict[str, Stops] | None = None,
+    served: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The lines `SglangEventLog` writes while SGLang's own loop serves `program`."""
+    """The lines `SglangEventLog` writes while SGLang's own loop serves `program` (`stops`:
+    requests' own stop conditions; `served` receives each request's SGLang `Req`)."""
+    served = {} if served is None else served
     spec_id: dict[int, str] = {}
     engine = build(program.config, spec_id)
     if mutate is not None:
@@ -116,7 +166,7 @@ def serve_logged(
         if tick is None:
             return False
         for request in tick.submits:
-            _queue(engine, spec_id, request)
+            _queue(engine, spec_id, request, (stops or {}).get(request.request_id), served)
         for rid in tick.aborts:
             engine.scheduler.abort_request(abort_req(rid=rid))
         return True
@@ -200,10 +250,10 @@ def test_an_abort_by_prefix_is_logged_for_every_request_it_ends(tmp_path: Path) 
 
 def test_a_request_sglang_ends_inside_the_round_is_logged_where_it_ended() -> None:
     """A request SGLang ends in the round for a reason the spec's `Finished` has no name for
-    (here `set_finish_with_abort`'s `to_finish`, as a grammar failure does; a stop string is
-    the same) is written as `Aborted` after its frees, where SGLang ended it. The spec's aborts
-    happen between rounds, so `check_trace` reports `scheduler_phase` at that line: the log
-    does not hide it (docs/engines.md: not yet described by the dLLM spec)."""
+    (here `set_finish_with_abort`'s `to_finish`, as a grammar failure does) is written as
+    `Aborted` after its frees, where SGLang ended it. The spec's aborts happen between rounds,
+    so `check_trace` reports `scheduler_phase` at that line: the log does not hide it
+    (docs/engines.md: not yet described by the dLLM spec)."""
     program = served_program(5)
     first = program.ticks[0].submits[0].request_id
 
@@ -361,3 +411,67 @@ def test_the_idle_engine_finding_shows_in_a_served_log() -> None:
     result = check_trace(lines)
     assert result.violation is not None and result.violation.rule == "progress", result
     assert result.line == 3
+
+
+def stop_program(mode: Mode) -> tuple[Program, dict[str, Stops]]:
+    """Three requests served together: `t` stops on a stop token id, `s` on a stop string
+    (two letters its scripted tokens spell), `u` has no stop and runs to its length. The
+    stops lie at most at the fourth generated position, well before max_new_tokens."""
+    b = 2
+    config = DllmConfig(
+        block_size=b,
+        page_size=b,
+        kv_pages=1,
+        req_pool_rows=3,
+        max_running_requests=3,
+        max_context=16,
+        mode=mode,
+        in_place_reuse=mode is Mode.FDFO,
+    )
+    config = config.replace(kv_pages=3 * SGLANG_DLLM_PROFILE.space.min_kv_pages(config))
+    mask = config.mask_token_id
+    t, s, u = RequestSpec("t", (3,), 9), RequestSpec("s", (3, 4, 5), 9), RequestSpec("u", (6,), 5)
+    word = letter(scripted_token("s", 5, mask)) + letter(scripted_token("s", 6, mask))
+    stops = {"t": Stops(token_ids=(scripted_token("t", 4, mask),)), "s": Stops(strings=(word,))}
+    return Program(config, (Tick((t, s, u)),)), stops
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])
+def test_requests_sglang_stops_are_logged_with_a_sampled_stop_and_check(mode: Mode) -> None:
+    """A request with its own stop token ids or stop strings is logged `stop_sampled`, and
+    SGLang's stop (`FINISH_MATCHED_TOKEN` of a non-EOS id, `FINISH_MATCHED_STR`) as `Finished`
+    with reason stop: the log conforms under its declared policy, its twin stops where SGLang
+    did and decides alike, and what SGLang hands each client (`output_ids` up to
+    `finished_len`) is an output the spec allows."""
+    program, stops = stop_program(mode)
+    served: dict[str, Any] = {}
+    kept = _checked(serve_logged(program, stops=stops, served=served))
+    sampled = {e.request_id for e in kept if isinstance(e, Submitted) and e.stop_sampled}
+    assert sampled == {"t", "s"}
+    reasons = {e.request_id: e.reason for e in kept if isinstance(e, Finished)}
+    assert reasons == {"t": FinishReason.STOP, "s": FinishReason.STOP, "u": FinishReason.LENGTH}
+    assert twin_difference(kept, program.config, SGLANG_ORDER_TWIN, SGLANG_DLLM_PROFILE) is None
+    machine = SpecMachine(program.config, SGLANG_DLLM_PROFILE.policy)
+    for event in kept:
+        machine.apply(event)
+    outputs = {}
+    for rid, req in served.items():
+        n = req.finished_len if req.finished_len is not None else len(req.output_ids)
+        outputs[rid] = FinishedOutput(tuple(int(x) for x in req.output_ids[:n]), reasons[rid])
+    assert len(outputs["t"].tokens) < 9 and len(outputs["s"].tokens) < 9
+    machine.check_outputs(outputs)
+
+
+def test_a_stop_logged_without_stop_sampled_fails_finish_condition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded bug: the log marks no request `stop_sampled`. SGLang's stops are then finishes
+    the spec cannot explain, and `check_trace` names the first at its line."""
+    monkeypatch.setattr(observer, "has_sampled_stop", lambda req, eos: False)
+    program, stops = stop_program(Mode.FDFO)
+    lines = serve_logged(program, stops=stops)
+    result = check_trace(lines)
+    assert result.violation is not None and result.violation.rule == "finish_condition"
+    assert "not submitted with stop_sampled" in str(result.violation)
+    assert result.line is not None
+    assert json.loads(lines[result.line - 1])["reason"] == "stop"

@@ -1,20 +1,37 @@
-"""`integrations.sglang.observer.SglangObserver` on a forward batch a server padded: only the
-batch's own rows are read (no SGLang needed; torch tensors stand in for the batch's ids)."""
+"""`integrations.sglang.observer.SglangObserver` without SGLang: a forward batch a server padded
+(only the batch's own rows are read; torch tensors stand in for the batch's ids), and which
+requests and finishes are a sampled stop."""
 
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
-from integrations.sglang.observer import SglangObserver
+from integrations.sglang.observer import SglangObserver, has_sampled_stop
 from spec.config import DllmConfig, Mode
-from spec.events import Event, Forward, ForwardRow, StepResult
+from spec.events import Event, FinishReason, Forward, ForwardRow, StepResult
 
 
 def _req(rid: str) -> types.SimpleNamespace:
     kv = types.SimpleNamespace(req_pool_idx=None, kv_allocated_len=0)
     return types.SimpleNamespace(rid=rid, kv=kv, dllm_incomplete_ids=())
+
+
+def _params(**given: object) -> types.SimpleNamespace:
+    """SGLang's `SamplingParams` fields the observer reads, after `normalize`."""
+    fields: dict[str, object] = {
+        "max_new_tokens": 4,
+        "stop_strs": [],
+        "stop_regex_strs": [],
+        "stop_token_ids": None,
+        "json_schema": None,
+        "regex": None,
+        "ebnf": None,
+        "structural_tag": None,
+    }
+    return types.SimpleNamespace(**{**fields, **given})
 
 
 def test_padding_rows_past_the_batch_are_no_requests_rows() -> None:
@@ -34,7 +51,8 @@ def test_padding_rows_past_the_batch_are_no_requests_rows() -> None:
             types.SimpleNamespace(
                 rid=req.rid,
                 origin_input_ids=[1],
-                sampling_params=types.SimpleNamespace(max_new_tokens=3),
+                sampling_params=_params(max_new_tokens=3),
+                tokenizer=None,
                 kv=req.kv,
                 dllm_incomplete_ids=(),
             )
@@ -50,3 +68,45 @@ def test_padding_rows_past_the_batch_are_no_requests_rows() -> None:
     )
     assert events[-3] == Forward((ForwardRow("a", 0, False, 2, 1), ForwardRow("b", 1, False, 2, 2)))
     assert events[-2:] == [StepResult("a", 0, 0, 0), StepResult("b", 1, 0, 1)]
+
+
+EOS = 7
+
+
+@pytest.mark.parametrize(
+    ("params", "tokenizer", "sampled"),
+    [
+        (_params(), None, False),
+        (_params(stop_token_ids={EOS}), None, False),  # the model's EOS: the spec sees it
+        (_params(stop_token_ids={EOS, 5}), None, True),
+        (_params(stop_strs=["ab"]), None, True),
+        (_params(stop_regex_strs=["a+b"]), None, True),
+        (_params(regex="[ab]+"), None, True),  # a grammar ends the request where it ends
+        (_params(json_schema="{}"), None, True),
+        (_params(), types.SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None), False),
+        (_params(), types.SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None), True),
+        (_params(), types.SimpleNamespace(eos_token_id=None, additional_stop_token_ids={3}), True),
+    ],
+)
+def test_a_request_has_a_sampled_stop_when_sglang_can_end_it_unseen(
+    params: types.SimpleNamespace, tokenizer: object, sampled: bool
+) -> None:
+    req = types.SimpleNamespace(sampling_params=params, tokenizer=tokenizer)
+    assert has_sampled_stop(req, EOS) is sampled
+
+
+def test_sglangs_finish_reasons_as_the_specs() -> None:
+    """A matched token is EOS only when it is the model's EOS; strings and regexes are STOP;
+    an abort has no name (`Aborted` in a live log)."""
+    config = DllmConfig(eos_token_id=EOS)
+    observer = SglangObserver(config, lambda e: None, None, lambda req: str(req.rid))
+
+    def finish(name: str, matched: object = None) -> object:
+        return type(name, (), {"matched": matched})()
+
+    assert observer._reason(finish("FINISH_LENGTH")) is FinishReason.LENGTH
+    assert observer._reason(finish("FINISH_MATCHED_TOKEN", EOS)) is FinishReason.EOS
+    assert observer._reason(finish("FINISH_MATCHED_TOKEN", 5)) is FinishReason.STOP
+    assert observer._reason(finish("FINISH_MATCHED_STR", "ab")) is FinishReason.STOP
+    assert observer._reason(finish("FINISHED_MATCHED_REGEX", "a+")) is FinishReason.STOP
+    assert observer._reason(finish("FINISH_ABORT")) is None

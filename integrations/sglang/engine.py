@@ -315,13 +315,29 @@ def _scripted_algorithm(m: dict[str, Any], sg_config: Any, spec_id: dict[int, st
     return ScriptedStep(sg_config)
 
 
-def new_request(engine: Engine, rid: str, prompt: tuple[int, ...], max_new_tokens: int) -> Any:
+def new_request(
+    engine: Engine,
+    rid: str,
+    prompt: tuple[int, ...],
+    max_new_tokens: int,
+    *,
+    stop: tuple[str, ...] = (),
+    stop_token_ids: tuple[int, ...] = (),
+    tokenizer: Any = None,
+) -> Any:
     """A greedy SGLang `Req` for `engine`, as `handle_generate_request` builds one after
-    tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it."""
+    tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it.
+    `stop` and `stop_token_ids` are the request's stop strings and stop token ids
+    (`SamplingParams`); stop strings are matched on text, so they need a `tokenizer`."""
     m = import_engine()
-    params = m["SamplingParams"](max_new_tokens=max_new_tokens, temperature=0.0)
-    params.normalize(None)
-    return m["Req"](
+    params = m["SamplingParams"](
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        stop=list(stop) or None,
+        stop_token_ids=list(stop_token_ids) or None,
+    )
+    params.normalize(tokenizer)
+    req = m["Req"](
         rid,
         "",
         array("q", prompt),
@@ -330,6 +346,8 @@ def new_request(engine: Engine, rid: str, prompt: tuple[int, ...], max_new_token
         vocab_size=1 << 30,
         eos_token_ids=engine.scheduler.model_config.hf_eos_token_id,
     )
+    req.tokenizer = tokenizer
+    return req
 
 
 def run_worker(engine: Engine, batch: Any) -> Any:

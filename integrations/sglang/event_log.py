@@ -24,11 +24,16 @@ A round in which no batch runs is written as its `ControlReturned` only while re
 live (an idle server writes nothing), and a run of such rounds with nothing in between is
 written once (a scheduler that cannot admit would otherwise fill the disk).
 
-What a log cannot describe: a request that ends for a reason the spec has no name for (an
-abort inside the round, a stop string or regex) is written as `Aborted` after its frees; a
-request's own `stop_token_ids` end it as EOS, which the spec checks against the model's one EOS
-id. Synchronous scheduling only: the overlap scheduler plans a batch while the previous one
-runs, which an event log does not describe; attaching to one is a `ConfigError` naming
+Stops: a request with a stop condition the spec cannot evaluate (stop strings, a stop regex,
+stop token ids other than the model's one EOS, a grammar) is written `Submitted` with
+`stop_sampled`, and SGLang's `FINISH_MATCHED_STR`, `FINISHED_MATCHED_REGEX` and a matched
+token other than the EOS are written as `Finished` with reason STOP. What a log cannot
+describe: a request that SGLang ends inside the round for a reason the spec has no name for
+(an abort: `to_finish`, an invalid stop regex) is written as `Aborted` after its frees, where
+the spec's aborts happen between rounds (`check-trace` reports `scheduler_phase`).
+
+Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
+which an event log does not describe; attaching to one is a `ConfigError` naming
 `enable_overlap` (serve with `--disable-overlap-schedule` to log). Each forward and step reads
 the batch's `input_ids` to the host once.
 """
@@ -119,7 +124,12 @@ class SglangEventLog:
         self._ended: list[Any] = []  # requests SGLang reported aborted during the current call
         write(json.dumps(config_to_dict(self.config, self.policy)))
         self.observer = SglangObserver(
-            self.config, self._emit, scheduler, lambda req: str(req.rid), strict=False
+            self.config,
+            self._emit,
+            scheduler,
+            lambda req: str(req.rid),
+            strict=False,
+            keep_outputs=False,
         )
         self._hooks = InstanceHooks()
         self.observer.attach_worker(scheduler.tp_worker if worker is None else worker, self._hooks)

@@ -51,13 +51,35 @@ from spec.events import (
 from spec.reconstruct import PoolView, acquire_events, release_events
 from spec.snapshot import FinishedOutput, SlotOwner, Snapshot
 
-# SGLang's finish reasons the spec names; any other (an abort, a stop string, a regex) ends
-# the request in a way the spec's `Finished` does not describe.
-_REASONS = {"FINISH_LENGTH": FinishReason.LENGTH, "FINISH_MATCHED_TOKEN": FinishReason.EOS}
+# SGLang's finish reasons (managers/schedule_batch.py) as the spec's. A matched token is EOS
+# when it is the model's EOS and STOP otherwise (a stop token id, a grammar's end); any other
+# reason (an abort: `to_finish`, an invalid regex) has no name in the spec's `Finished`.
+_REASONS = {
+    "FINISH_LENGTH": FinishReason.LENGTH,
+    "FINISH_MATCHED_TOKEN": FinishReason.EOS,
+    "FINISH_MATCHED_STR": FinishReason.STOP,
+    "FINISHED_MATCHED_REGEX": FinishReason.STOP,
+}
 
 
 class UnnamedFinish(RuntimeError):
     """SGLang finished a request for a reason the spec's `Finished` has no name for."""
+
+
+def has_sampled_stop(req: Any, eos_token_id: int | None) -> bool:
+    """Whether SGLang may end `req` on a condition the spec cannot evaluate
+    (`Submitted.stop_sampled`): stop strings or a stop regex (matched on decoded text), stop
+    token ids other than the model's EOS (its own, or its tokenizer's), or a grammar (which
+    ends the request when it terminates)."""
+    params = req.sampling_params
+    tokenizer = req.tokenizer
+    ids = set(params.stop_token_ids or ())
+    if tokenizer is not None:  # SGLang stops on these too (`_check_token_based_finish`)
+        ids.add(getattr(tokenizer, "eos_token_id", None))
+        ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+    ids -= {None, eos_token_id}
+    grammar = (params.json_schema, params.regex, params.ebnf, params.structural_tag)
+    return bool(params.stop_strs or params.stop_regex_strs or ids or any(grammar))
 
 
 class SglangObserver:
@@ -71,7 +93,9 @@ class SglangObserver:
 
     `request_id(req)` is the spec's id of a SGLang `Req`. With `strict`, a finish the spec has
     no name for raises `UnnamedFinish` (the conformance suite reports it as an implementation
-    error); without, it is logged as `Aborted` (a live log must not stop the server).
+    error); without, it is logged as `Aborted` (a live log must not stop the server). With
+    `keep_outputs` the outputs of finished requests are kept for `collect_outputs`; a live log
+    passes False (nothing collects them, and a server's memory must not grow with them).
     """
 
     def __init__(
@@ -82,12 +106,14 @@ class SglangObserver:
         request_id: Callable[[Any], str],
         *,
         strict: bool = True,
+        keep_outputs: bool = True,
     ) -> None:
         self.config = config
         self.sink = sink
         self.scheduler = scheduler
         self.request_id = request_id
         self.strict = strict
+        self.keep_outputs = keep_outputs
         self.live: dict[str, Any] = {}  # spec id -> SGLang Req, submitted and not yet terminal
         self.round_index = 0
         self._admitted: dict[str, None] = {}  # live requests in the order they got a row
@@ -204,7 +230,10 @@ class SglangObserver:
         rid = self.request_id(req)
         self.live[rid] = req
         prompt = tuple(int(t) for t in req.origin_input_ids)
-        self.sink(Submitted(rid, prompt, int(req.sampling_params.max_new_tokens)))
+        stop = has_sampled_stop(req, self.config.eos_token_id)
+        self.sink(
+            Submitted(rid, prompt, int(req.sampling_params.max_new_tokens), stop_sampled=stop)
+        )
 
     def begin_round(self) -> None:
         """Before `get_next_batch_to_run`: note which blocks are carried into the round."""
@@ -294,18 +323,26 @@ class SglangObserver:
                 ended.append((rid, req))
         self._leave([req for _, req in ended])
         for rid, req in ended:
-            reason = _REASONS.get(type(req.finished_reason).__name__)
+            reason = self._reason(req.finished_reason)
             if reason is None:
                 if self.strict:
                     raise UnnamedFinish(
                         f"SGLang finished {req.rid!r} with "
-                        f"{type(req.finished_reason).__name__}, neither length nor EOS"
+                        f"{type(req.finished_reason).__name__}, neither length, EOS nor a stop"
                     )
                 self.sink(Aborted(rid))
                 continue
             n = req.finished_len if req.finished_len is not None else len(req.output_ids)
-            self._outputs[rid] = FinishedOutput(tuple(int(t) for t in req.output_ids[:n]), reason)
+            if self.keep_outputs:
+                tokens = tuple(int(t) for t in req.output_ids[:n])
+                self._outputs[rid] = FinishedOutput(tokens, reason)
             self.sink(Finished(rid, reason))
+
+    def _reason(self, finished: Any) -> FinishReason | None:
+        reason = _REASONS.get(type(finished).__name__)
+        if reason is FinishReason.EOS and finished.matched != self.config.eos_token_id:
+            return FinishReason.STOP  # a stop token id, or a grammar that ended on this token
+        return reason
 
     def aborted(self, reqs: list[Any]) -> None:
         """SGLang ended `reqs` outside a round's results (an abort): frees, then `Aborted`."""
