@@ -43,12 +43,22 @@ Rows = list[tuple[str, int]]  # one forward's (request id, block index) rows, so
 Rounds = list[list[Rows]]  # per round, its forwards
 
 
-def operations(events: Sequence[Event]) -> list[Op]:
+def operations(events: Sequence[Event], *, aborts_in_round: bool = False) -> list[Op]:
     """The operations that reproduce `events`' run: one per `Submitted`, `Aborted` and
-    `ControlReturned`, in stream order."""
+    `ControlReturned`, in stream order.
+
+    An `Aborted` inside a round (after its first forward: the engine's own, under
+    `DllmPolicy.aborts_after_commit`) is no client's operation. For a twin that aborts in a
+    round too (`aborts_in_round`) it is none: a replaying twin repeats it from the record
+    (`reference.oracle.EngineAborts`). For one that cannot, it is the nearest the idealised
+    spec allows: an abort right after that round."""
     ops: list[Op] = []
+    in_round = False  # a forward ran since the round began
+    deferred: list[Op] = []  # in-round aborts, as aborts right after the round
     for e in events:
-        if isinstance(e, Submitted):
+        if isinstance(e, Forward):
+            in_round = True
+        elif isinstance(e, Submitted):
             ops.append(
                 Submit(
                     RequestSpec(
@@ -57,9 +67,15 @@ def operations(events: Sequence[Event]) -> list[Op]:
                 )
             )
         elif isinstance(e, Aborted):
-            ops.append(Abort(e.request_id))
+            if not in_round:
+                ops.append(Abort(e.request_id))
+            elif not aborts_in_round:
+                deferred.append(Abort(e.request_id))
         elif isinstance(e, ControlReturned):
             ops.append(Round())
+            ops.extend(deferred)
+            deferred.clear()
+            in_round = False
     return ops
 
 
@@ -126,21 +142,25 @@ def twin_difference(
     author `subject`. A twin that raises (a replayed record that runs out, a violation of its
     own) is reported with the first difference up to that point, which caused it.
 
-    `checked=False` drives the twin bare, its events unchecked (`profile` unused): for a long
-    recorded log that was itself checked, where the harness's per-round comparisons with the
-    whole abstract state would make the replay quadratic in the log's length."""
+    `checked=False` drives the twin bare, its events unchecked: for a long recorded log that
+    was itself checked, where the harness's per-round comparisons with the whole abstract
+    state would make the replay quadratic in the log's length. Of `profile` only
+    `aborts_after_commit` is then read (whether the twin aborts inside a round: `operations`)."""
     factory = twin(events, config)
+    in_round = profile.policy.aborts_after_commit  # can the twin abort inside a round?
     stopped = ""
     twin_events: list[Event] = []
     try:
         if checked:
             h = Harness(factory, config, profile=profile)
             twin_events = h.events
-            apply_ops(h, operations(events))
+            apply_ops(h, operations(events, aborts_in_round=in_round))
             if drain:
                 h.drain()
         else:
-            _run_bare(factory, config, operations(events), drain, twin_events)
+            _run_bare(
+                factory, config, operations(events, aborts_in_round=in_round), drain, twin_events
+            )
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
     difference = first_difference(events, twin_events, (subject, "its twin"))

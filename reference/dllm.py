@@ -41,6 +41,7 @@ from reference.oracle import (
     DenoiseOracle,
     OracleRow,
     RecordedOracle,
+    aborts_now,
     stops_now,
 )
 from spec.adapter import EventSink, ImplementationFactory
@@ -385,6 +386,11 @@ class ReferenceDllmScheduler:
         for req in batch:
             if req.block_done:
                 self._commit(req)
+                if self.policy.aborts_after_commit and aborts_now(
+                    self.oracle, req.rid, req.committed_blocks
+                ):
+                    self._abort_after_commit(req)
+                    continue
                 reason = self._finish_reason(req)
                 if reason is not None:
                     self._finish(req, reason)
@@ -428,6 +434,14 @@ class ReferenceDllmScheduler:
         if len(gen) >= req.spec.max_new_tokens:
             return FinishReason.LENGTH
         return None
+
+    def _abort_after_commit(self, req: _Req) -> None:
+        """The engine's own abort in the completion phase (`aborts_after_commit`), where the
+        oracle says: everything freed, then `Aborted`."""
+        self._release(req)
+        self.running.remove(req)
+        self._retire(req.rid)
+        self.sink(Aborted(req.rid))
 
     def _finish(self, req: _Req, reason: FinishReason) -> None:
         self._release(req)

@@ -23,7 +23,16 @@ import numpy as np
 
 from reference.algorithms import FloatArray, IntArray, StepAlgorithm, make_step_algorithm
 from spec.config import DllmConfig, RequestSpec
-from spec.events import BlockCommitted, Event, Finished, FinishReason, StepResult
+from spec.events import (
+    Aborted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    FinishReason,
+    Forward,
+    StepResult,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,24 @@ def stops_now(oracle: object, request: RequestSpec, committed_blocks: int) -> bo
         and isinstance(oracle, SampledStops)
         and oracle.stops_after(request.request_id) == committed_blocks
     )
+
+
+@runtime_checkable
+class EngineAborts(Protocol):
+    """An oracle that also knows where an engine aborted a request inside a round, right
+    after a commit (`DllmPolicy.aborts_after_commit`): `RecordedOracle` knows where the
+    recorded run did."""
+
+    def aborts_after(self, request_id: str) -> int | None:
+        """The number of committed blocks after which the engine aborts the request in the
+        round (None: it never does)."""
+        ...
+
+
+def aborts_now(oracle: object, request_id: str, committed_blocks: int) -> bool:
+    """Whether the engine aborts `request_id` right after it committed its block number
+    `committed_blocks`: only where its oracle says."""
+    return isinstance(oracle, EngineAborts) and oracle.aborts_after(request_id) == committed_blocks
 
 
 def _seed(*parts: object) -> int:
@@ -202,21 +229,26 @@ class RecordedOracle:
         scripts: dict[BlockKey, BlockScript],
         mask_id: int,
         stops: dict[str, int] | None = None,
+        aborts: dict[str, int] | None = None,
     ) -> None:
         self.scripts = scripts
         self.mask_id = mask_id
         self.stops = stops or {}  # request -> committed blocks at its recorded STOP
+        self.aborts = aborts or {}  # request -> committed blocks at its in-round abort
 
     @classmethod
     def from_events(cls, events: Sequence[Event], config: DllmConfig) -> RecordedOracle:
         """From another implementation's event stream under `config`: per block, each
         `StepResult` in order (a step is done when it accepts the whole block, with the masks it
         left), and the block's `BlockCommitted` tokens; per request that finished with STOP, the
-        blocks it had committed then (`SampledStops`)."""
+        blocks it had committed then (`SampledStops`); per request aborted inside a round (after
+        its first forward), the blocks it had committed then (`EngineAborts`)."""
         steps: dict[BlockKey, list[tuple[bool, int]]] = {}
         finals: dict[BlockKey, tuple[int, ...]] = {}
         committed: dict[str, int] = {}
         stops: dict[str, int] = {}
+        aborts: dict[str, int] = {}
+        in_round = False  # a forward ran since the round began
         for e in events:
             if isinstance(e, StepResult):
                 done = e.accept_length == config.block_size
@@ -228,11 +260,20 @@ class RecordedOracle:
                 committed[e.request_id] = committed.get(e.request_id, 0) + 1
             elif isinstance(e, Finished) and e.reason is FinishReason.STOP:
                 stops[e.request_id] = committed.get(e.request_id, 0)
+            elif isinstance(e, Forward):
+                in_round = True
+            elif isinstance(e, ControlReturned):
+                in_round = False
+            elif isinstance(e, Aborted) and in_round:
+                aborts[e.request_id] = committed.get(e.request_id, 0)
         scripts = {key: BlockScript(tuple(s), finals.get(key)) for key, s in steps.items()}
-        return cls(scripts, config.mask_token_id, stops)
+        return cls(scripts, config.mask_token_id, stops, aborts)
 
     def stops_after(self, request_id: str) -> int | None:
         return self.stops.get(request_id)
+
+    def aborts_after(self, request_id: str) -> int | None:
+        return self.aborts.get(request_id)
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
         return 0

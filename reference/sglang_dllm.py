@@ -26,7 +26,9 @@ from spec.config import DllmConfig
 from spec.implementation import DllmImplementation
 from spec.profile import DllmAdmission, DllmPolicy, DllmProfile
 
-SGLANG_ORDER_POLICY = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST, work_conserving=False)
+SGLANG_ORDER_POLICY = DllmPolicy(
+    admission=DllmAdmission.PREFILL_FIRST, work_conserving=False, aborts_after_commit=True
+)
 
 
 class SglangOrderScheduler(ReferenceDllmScheduler):

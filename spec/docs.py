@@ -47,7 +47,9 @@ Modelling choices (stated so they can be argued with):
   rules: `DllmPolicy.admission = PREFILL_FIRST` (SGLang 0.5.23's dLLM batches are prefill-only
   or decode-only and prefill goes first: rule `prefill_first`; a request whose first block is
   prompt-only may be admitted past queued shorter prompts: rule `fcfs_admission`),
-  `DllmPolicy.work_conserving` (rule `work_conserving`), reserved pages/rows (outside the
+  `DllmPolicy.work_conserving` (rule `work_conserving`), `DllmPolicy.aborts_after_commit` (an
+  engine's own abort inside a round, right after the request committed a block holding a
+  generated token: rule `scheduler_phase`), reserved pages/rows (outside the
   spec's pool: the adapter reports engine id - reserved). Strategies draw configurations only
   inside `DllmConfigSpace`.
 - Work conservation counts the running requests' worst-case footprints (what they may still

@@ -315,11 +315,19 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(Rule.KNOWN_REQUEST, f"abort of {e.request_id!r}, which is {phase}", e)
         if any(k[0] == e.request_id for k in self._round.pending):
             raise self._fail(Rule.STEP_PER_ROW, "aborted while a step result is pending", e)
-        if self._round.forwards:
+        if self._round.forwards and not (
+            self.policy.aborts_after_commit and self._committed_generated_this_round(r)
+        ):
+            also = (
+                "; under aborts_after_commit also right after the request committed a block "
+                "holding a generated token in the round"
+                if self.policy.aborts_after_commit
+                else ""
+            )
             raise self._fail(
                 Rule.SCHEDULER_PHASE,
                 "aborted in the middle of a round (after its first forward); aborts happen "
-                "between rounds",
+                f"between rounds{also}",
                 e,
             )
         self._require_owns_nothing(r, e)
@@ -844,7 +852,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         st = self._request_state(r)
         if e.reason is FinishReason.STOP:
-            self._require_stop_allowed(r, st, e)
+            self._require_stop_allowed(r, e)
             due: FinishReason | None = FinishReason.STOP
         else:
             due = finish_condition(self.config, st)
@@ -870,7 +878,14 @@ class SpecMachine(MachineBase[Event, Rule]):
         if self.retain_finished:
             self._unreported[r.request_id] = None
 
-    def _require_stop_allowed(self, r: _Request, st: RequestState, e: Finished) -> None:
+    def _committed_generated_this_round(self, r: _Request) -> bool:
+        """`r` committed a block holding a generated token in this round: where an engine
+        checks a request's stops and applies its pending abort."""
+        return r.last_commit_round == self._round.index and bool(
+            stop_output_lengths(self.config, self._request_state(r))
+        )
+
+    def _require_stop_allowed(self, r: _Request, e: Finished) -> None:
         """STOP: only for a request whose stop the engine samples, and only in a round in
         which it committed a block holding a generated token (where an engine checks stops)."""
         if not r.stop_sampled:
@@ -880,7 +895,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 f"stop_sampled (valid: length or eos, when its condition holds)",
                 e,
             )
-        if r.last_commit_round != self._round.index or not stop_output_lengths(self.config, st):
+        if not self._committed_generated_this_round(r):
             raise self._fail(
                 Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with reason stop but committed no block holding a "

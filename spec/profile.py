@@ -190,6 +190,11 @@ class DllmPolicy:
         unfinished gives its request-pool row back at the end of the round, with the block's KV,
         and takes one again (`RowAcquired`) in the next round's scheduler phase. Off: a running
         request holds its row from admission to the end (the idealised spec).
+    aborts_after_commit: the engine may also abort a request inside a round, in its completion
+        phase right after the request committed a block holding a generated token (SGLang
+        0.5.23: `Req.to_finish`, set by a grammar failure or an invalid stop regex, takes
+        effect in `update_finish_state` after the request's next commit). Off: aborts happen
+        between rounds (the idealised spec).
     """
 
     admission: DllmAdmission = DllmAdmission.FCFS
@@ -197,6 +202,7 @@ class DllmPolicy:
     reserved_rows: int = 0
     work_conserving: bool = True
     rows_released_between_rounds: bool = False
+    aborts_after_commit: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reserved_kv_pages", "reserved_rows"):

@@ -70,8 +70,10 @@ _RULES: dict[Rule, str] = {
     "also pass queued requests whose first block is not; each kind stays in submission order).",
     Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
     Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
-    "of a "
-    "round, before its first forward (aborts are requested between rounds).",
+    "of a round, before its first forward (aborts are requested between rounds). With "
+    "DllmPolicy.aborts_after_commit an engine may also abort a request in a round's completion "
+    "phase, right after the request committed a block holding a generated token (SGLang's "
+    "`to_finish`).",
     Rule.ROW_EXCLUSIVE: "A request-pool row is held by at most one request, and a running request "
     "holds exactly one row from admission until it finishes or is aborted.",
     # --- KV slots and pages

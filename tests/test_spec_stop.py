@@ -1,9 +1,13 @@
-"""A dLLM stop the spec cannot see: `Submitted.stop_sampled` and `FinishReason.STOP`.
+"""Ends an engine decides right after a commit: a stop the spec cannot see
+(`Submitted.stop_sampled`, `FinishReason.STOP`) and an abort inside the round
+(`DllmPolicy.aborts_after_commit`).
 
 An engine that also ends requests on stop strings, a regex or extra stop token ids (SGLang's
 `FINISH_MATCHED_STR`, say) says so at submission; such a request may finish with STOP in a
 round in which it committed a block holding a generated token, and its output is then cut
-inside that block. Each test here breaks one part of that rule and names the violation.
+inside that block. An engine whose pending aborts take effect after a commit (SGLang's
+`to_finish`) declares `aborts_after_commit`, and may then abort there too. Each test here
+breaks one part of these rules and names the violation.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from properties.decisions import operations
+from properties.trace_check import check_trace
+from properties.workload import Abort, Round, Submit
 from reference.dllm import ReferenceDllmScheduler, replaying_twin
 from reference.oracle import RecordedOracle
 from schedspec_cli.main import main
 from spec import (
+    Aborted,
     Admitted,
     BlockCommitted,
     ControlReturned,
@@ -38,6 +46,7 @@ from spec import (
 from spec.config import validate_request
 from spec.errors import InvalidRequest
 from spec.events import Event
+from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
 
@@ -255,3 +264,65 @@ def test_check_trace_accepts_a_sampled_stop_and_names_an_unsampled_one(
     out = capsys.readouterr().out
     finished_line = 2 + stopped_run().index(Finished("s", FinishReason.STOP))
     assert f":{finished_line}: [finish_condition]" in out and "stop_sampled" in out, out
+
+
+ABORTS_AFTER_COMMIT = DllmPolicy(aborts_after_commit=True)
+
+
+def aborted_run() -> list[Event]:
+    """`stopped_run`, with the engine aborting `s` where it stopped it."""
+    events = stopped_run(stop_sampled=False)
+    events[events.index(Finished("s", FinishReason.STOP))] = Aborted("s")
+    return events
+
+
+def test_an_abort_right_after_a_commit_is_the_policys() -> None:
+    m = SpecMachine(CFG, ABORTS_AFTER_COMMIT)
+    for e in aborted_run():
+        m.apply(e)
+    assert m.is_idle()
+    v = violation(aborted_run())  # the idealised spec: aborts happen between rounds
+    assert v.rule == "scheduler_phase" and v.event == Aborted("s")
+    assert "aborts_after_commit" not in str(v)
+
+
+def test_under_the_policy_an_abort_still_needs_a_commit_with_a_generated_token() -> None:
+    """After a prompt-only block nothing was generated, so no abort is pending there."""
+    events = [
+        Submitted("s", (3, 4), 6),
+        Admitted("s", 0),
+        *prompt_block("s", (3, 4), (0, 1)),
+        KvFreed("s", (0, 1)),
+        RowReleased("s", 0),
+        Aborted("s"),
+    ]
+    m = SpecMachine(CFG, ABORTS_AFTER_COMMIT)
+    with pytest.raises(SpecViolation) as info:
+        for e in events:
+            m.apply(e)
+    assert info.value.rule == "scheduler_phase"
+    assert "under aborts_after_commit also right after" in str(info.value)
+
+
+def test_a_replaying_twin_aborts_where_the_engine_did(tmp_path: Path) -> None:
+    """The record's in-round abort is no client's operation: a twin under the policy aborts
+    the request after the same commit; one without (the reference) is given the abort right
+    after that round. Both decide alike (check-trace exit 0); a log that does not declare the
+    policy fails at the abort's line."""
+    record = aborted_run()
+    assert RecordedOracle.from_events(record, CFG).aborts_after("s") == 2
+    submit = Submit(RequestSpec("s", (3, 4), 6))
+    assert operations(record, aborts_in_round=True) == [submit, Round(), Round()]
+    assert operations(record) == [submit, Round(), Round(), Abort("s")]
+    events: list[Event] = []
+    twin = replaying_twin(policy=ABORTS_AFTER_COMMIT)(record, CFG)(CFG, events.append)
+    twin.submit(RequestSpec("s", (3, 4), 6))
+    twin.drain()
+    assert events == record
+    log = tmp_path / "aborted.jsonl"
+    header = json.dumps(config_to_dict(CFG, ABORTS_AFTER_COMMIT))
+    log.write_text("\n".join([header, *(json.dumps(event_to_dict(e)) for e in record)]) + "\n")
+    assert main(["check-trace", str(log), "--twin", "reference-dllm"]) == 0
+    plain = check_trace([json.dumps(config_to_dict(CFG)), *log.read_text().splitlines()[1:]])
+    assert plain.violation is not None and plain.violation.rule == "scheduler_phase"
+    assert plain.line == 2 + record.index(Aborted("s"))

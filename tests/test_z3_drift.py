@@ -8,6 +8,9 @@ machine on enabledness, and when enabled on the successor (on the encoded part o
 The symbolic invariants must agree with `spec.invariants` on every state as well.
 Some requests are submitted with `stop_sampled` and finish with STOP where the block they
 committed last holds `STOP_TOKEN` (a stand-in for a stop string the spec cannot see).
+The walks also abort requests inside a round, mostly right after they committed a block (what
+`DllmPolicy.aborts_after_commit` allows in a round's completion phase), under policies with and
+without that option.
 
 The forward-granularity policy model is checked against the reference scheduler driven by a
 scripted oracle: same completion forward for every request, in both modes.
@@ -88,6 +91,7 @@ def policies(draw: st.DrawFn) -> DllmPolicy:
         admission=draw(st.sampled_from(list(DllmAdmission))),
         work_conserving=draw(st.booleans()),
         rows_released_between_rounds=draw(st.booleans()),
+        aborts_after_commit=draw(st.booleans()),
     )
 
 
@@ -184,7 +188,20 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
                 else:
                     # a stop found in the block wins over EOS and LENGTH (as in SGLang)
                     out.append(Finished(rid, FinishReason.STOP if stops or due is None else due))
-            if rng.random() < 0.01:
+            # an abort inside the round right after a commit, in the completion phase (SGLang's
+            # `to_finish`; accepted under aborts_after_commit when the block held a generated
+            # token)
+            # (most often once its KV and row are given back, where it could finish); the
+            # other in-round aborts come from the 1% here and from the queued requests' below
+            after_commit = (
+                rnd.forwards
+                and r.phase is RequestPhase.ADMITTED
+                and r.last_commit_round == rnd.index
+                and not any(k[0] == rid for k in rnd.pending_steps)
+            )
+            if rng.random() < 0.01 or (
+                after_commit and rng.random() < (0.6 if not owned and r.row is None else 0.2)
+            ):
                 if owned:
                     out.append(KvFreed(rid, tuple(owned)))
                 elif r.row is not None:
@@ -360,6 +377,8 @@ def _compare(m: SpecMachine, e: Event) -> bool:
         f"Z3 relation {'accepts' if verdict.enabled else verdict.failed_rules}\n{m.render()}"
     )
     stop = isinstance(e, Finished) and e.reason is FinishReason.STOP
+    if isinstance(e, Aborted):
+        _count_abort_in_round(m, e, conc_ok, rule, verdict.failed_rules)
     if not conc_ok:
         STATS["both reject"] += 1
         STATS[f"reject {rule}"] += 1
@@ -380,6 +399,27 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
     m.apply(e)
     return True
+
+
+def _count_abort_in_round(
+    m: SpecMachine, e: Aborted, accepted: bool, rule: str, failed: tuple[str, ...]
+) -> None:
+    """Count aborts after the round's first forward (rule scheduler_phase, and
+    `DllmPolicy.aborts_after_commit`): accepted, or refused on scheduler_phase by both."""
+    s = m.state()
+    r = s.requests.get(e.request_id)
+    if r is None or not s.round.forwards:
+        return
+    after_commit = r.last_commit_round == s.round.index and bool(stop_output_lengths(m.config, r))
+    if accepted:
+        STATS["accept an abort in a round"] += 1
+        return
+    if rule != "scheduler_phase" or rule not in failed:
+        return
+    if m.policy.aborts_after_commit:
+        STATS["reject an abort in a round under aborts_after_commit"] += 1
+    elif after_commit:
+        STATS["reject an abort after a commit without aborts_after_commit"] += 1
 
 
 def _count_policy_cases(m: SpecMachine, e: Event) -> None:
@@ -559,7 +599,9 @@ def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
     no slot and no row) and given a drawn stop flag, latest commit round, 0 to 2 more
     committed blocks and (half the time) max_new_tokens: walks seldom reach a request free to
     finish whose STOP is wrong, so each part of the STOP condition is compared here with the
-    other guards of `Finished` true."""
+    other guards of `Finished` true. `Aborted` of the same request is compared too, at a drawn
+    number of forwards into the round and under both settings of aborts_after_commit (the
+    same conjuncts, without stop_sampled, decide an abort in a round)."""
     idx = m.round_index
     for rid in list(m._requests):
         trial = m.copy()
@@ -580,6 +622,16 @@ def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
             r.max_new_tokens = rng.randint(1, max(1, len(r.tokens) - len(r.prompt)))
         trial.reindex()
         _compare(trial, Finished(rid, FinishReason.STOP))
+        # the same request aborted, maybe inside the round, under both settings of
+        # aborts_after_commit: each conjunct of committed_generated_this_round, both ways
+        for after_commit in (False, True):
+            aborting = trial.copy()
+            aborting.policy = dataclasses.replace(m.policy, aborts_after_commit=after_commit)
+            aborting._round.forwards = rng.choice([0, 1, 1, 2])
+            for key in [k for k in aborting._round.pending if k[0] == rid]:
+                del aborting._round.pending[key]
+            aborting.reindex()
+            _compare(aborting, Aborted(rid))
 
 
 def test_the_walks_cover_both_outcomes() -> None:
@@ -616,6 +668,37 @@ def test_the_walks_finish_with_stop_both_ways() -> None:
     seen = STATS - before
     assert seen["accept a stop"] > 0, seen
     assert seen["reject a stop on its finish condition"] > 0, seen
+
+
+@pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])
+def test_the_walks_abort_in_a_round_both_ways(mode: Mode) -> None:
+    """Rule scheduler_phase of `Aborted` under `DllmPolicy.aborts_after_commit` is exercised by
+    the walks themselves: with the option, an abort right after a commit in the completion
+    phase is accepted by both and one elsewhere in the round refused by both on
+    scheduler_phase; without it, an abort right after such a commit is refused by both."""
+    fdfo = mode is Mode.FDFO
+    config = DllmConfig(
+        block_size=2,
+        page_size=4,
+        kv_pages=4,
+        max_context=8,
+        max_running_requests=2,
+        mode=mode,
+        in_place_reuse=fdfo,
+        reloop=fdfo,
+    )
+    rng = random.Random(4)
+    before = STATS.copy()
+    for policy in (DllmPolicy(aborts_after_commit=True), DllmPolicy()):
+        for _ in range(12):
+            _walk(SpecMachine(config, policy), rng, 100)
+    seen = STATS - before
+    for case in (
+        "accept an abort in a round",
+        "reject an abort in a round under aborts_after_commit",
+        "reject an abort after a commit without aborts_after_commit",
+    ):
+        assert seen[case] > 0, (case, seen)
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,7 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         reserved_kv_pages=1,
         reserved_rows=1,
         work_conserving=False,
+        aborts_after_commit=True,  # `to_finish` ends a request after its commit (observer)
     ),
 )
 

@@ -90,19 +90,24 @@ class Encoding:
         eos_committed ∨ generated_len >= max_new_tokens."""
         return z3.Or(s.eos_committed[i], self.generated_len(s, i) >= s.max_new_tokens[i])
 
-    def stop_allowed(self, s: State, i: int) -> Z:
-        """`SpecMachine._require_stop_allowed` passes: stop_sampled ∧ committed_this_round ∧
-        `spec.machine.stop_output_lengths` is non-empty, i.e. with
-        before_last = max(0, (committed_blocks - 1) * B - prompt_len) (the generated tokens of
-        the blocks before the last): before_last < min(generated_len, max_new_tokens)."""
+    def committed_generated_this_round(self, s: State, i: int) -> Z:
+        """`SpecMachine._committed_generated_this_round`: request i committed a block holding a
+        generated token in this round (where an engine checks its stops and applies a pending
+        abort): committed_this_round ∧ `spec.machine.stop_output_lengths` is non-empty, i.e.
+        with before_last = max(0, (committed_blocks - 1) * B - prompt_len) (the generated tokens
+        of the blocks before the last): before_last < min(generated_len, max_new_tokens)."""
         x = (s.committed_blocks[i] - 1) * self.B - s.prompt_len[i]
         before_last = z3.If(x > 0, x, 0)
         return z3.And(
-            s.stop_sampled[i],
             s.committed_this_round[i],
             before_last < self.generated_len(s, i),
             before_last < s.max_new_tokens[i],
         )
+
+    def stop_allowed(self, s: State, i: int) -> Z:
+        """`SpecMachine._require_stop_allowed` passes:
+        stop_sampled ∧ committed_generated_this_round."""
+        return z3.And(s.stop_sampled[i], self.committed_generated_this_round(s, i))
 
     def initial_masks(self, prompt_len: Z, k: Z) -> Z:
         """`spec.machine.initial_masks`: max(0, min(B, k*B + B - prompt_len))."""

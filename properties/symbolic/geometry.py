@@ -6,8 +6,9 @@ the relation takes as parameters, as z3 terms: one query over `SymConfig.symboli
 every mode, every such policy and every pool size up to K pages at once;
 `SymConfig.concrete(config, policy)` pins one configuration and policy.
 
-Of `DllmPolicy`, the encoding takes the three fields that change which events the spec allows:
-`work_conserving`, `admission` (FCFS or PREFILL_FIRST) and `rows_released_between_rounds`.
+Of `DllmPolicy`, the encoding takes the four fields that change which events the spec allows:
+`work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds` and
+`aborts_after_commit`.
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
 guard reads them.
 """
@@ -87,6 +88,7 @@ class SymConfig:
     work_conserving: Z  # DllmPolicy.work_conserving
     prefill_first: Z  # DllmPolicy.admission is PREFILL_FIRST
     rows_released: Z  # DllmPolicy.rows_released_between_rounds
+    aborts_after_commit: Z  # DllmPolicy.aborts_after_commit
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -102,6 +104,7 @@ class SymConfig:
             z3.Bool(f"{prefix}.work_conserving"),
             z3.Bool(f"{prefix}.prefill_first"),
             z3.Bool(f"{prefix}.rows_released"),
+            z3.Bool(f"{prefix}.aborts_after_commit"),
         )
 
     @classmethod
@@ -166,6 +169,7 @@ class SymConfig:
             ),
             work_conserving=bool(model_value(model, self.work_conserving)),
             rows_released_between_rounds=bool(model_value(model, self.rows_released)),
+            aborts_after_commit=bool(model_value(model, self.aborts_after_commit)),
         )
 
 
@@ -173,7 +177,8 @@ def policy_label(policy: DllmPolicy) -> str:
     """The encoded fields of a policy, for a counterexample's heading."""
     return (
         f"admission={policy.admission.value} work_conserving={policy.work_conserving} "
-        f"rows_released_between_rounds={policy.rows_released_between_rounds}"
+        f"rows_released_between_rounds={policy.rows_released_between_rounds} "
+        f"aborts_after_commit={policy.aborts_after_commit}"
     )
 
 
@@ -193,4 +198,5 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
         "work_conserving": policy.work_conserving,
         "prefill_first": policy.admission is DllmAdmission.PREFILL_FIRST,
         "rows_released": policy.rows_released_between_rounds,
+        "aborts_after_commit": policy.aborts_after_commit,
     }

@@ -1,4 +1,6 @@
-"""`Aborted` (`SpecMachine._aborted`): request r is cancelled between rounds. r = p.request."""
+"""`Aborted` (`SpecMachine._aborted`): request r is cancelled between rounds or, under
+`DllmPolicy.aborts_after_commit`, in a round's completion phase right after r committed a
+block holding a generated token. r = p.request."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     known_request               the request table has `aborted` from phase[r]
     step_per_row                ¬step_pending[r]
-    scheduler_phase             round_forwards = 0
+    scheduler_phase             round_forwards = 0 ∨
+                                (aborts_after_commit ∧ committed_generated_this_round(r))
     terminal_owns_nothing/slots r owns no slot
     terminal_owns_nothing/row   row[r] = -1"""
     return [
@@ -35,7 +38,16 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             ),
         ),
         Guard("step_per_row", for_request(enc, p, lambda i: z3.Not(s.step_pending[i]))),
-        Guard("scheduler_phase", s.round_forwards == 0),
+        Guard(
+            "scheduler_phase",
+            z3.Or(
+                s.round_forwards == 0,
+                z3.And(
+                    enc.cfg.aborts_after_commit,
+                    for_request(enc, p, lambda i: enc.committed_generated_this_round(s, i)),
+                ),
+            ),
+        ),
         Guard(
             "terminal_owns_nothing",
             for_request(enc, p, lambda i: z3.Not(enc.owns_any(s, i))),

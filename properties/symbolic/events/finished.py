@@ -24,7 +24,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     known_request               active(r)
     lifecycle                   the request table has `finished` from phase[r]
     finish_condition            reason = stop ⇒ stop_allowed(r): stop_sampled[r]
-                                  ∧ committed_this_round[r]
+                                  ∧ committed_generated_this_round(r), which is
+                                  committed_this_round[r]
                                   ∧ before_last(r) < min(generated_len(r), max_new_tokens[r])
                                   where before_last(r) = max(0, (committed_blocks[r] - 1) * B
                                   - prompt_len[r]) (`stop_output_lengths` is non-empty)
