@@ -21,7 +21,7 @@ from properties.decisions import operations
 from properties.trace_check import check_trace
 from properties.workload import Abort, Round, Submit
 from reference.dllm import ReferenceDllmScheduler, replaying_twin
-from reference.oracle import RecordedOracle
+from reference.oracle import RecordedOracle, RecordExhausted
 from schedspec_cli.main import main
 from spec import (
     Aborted,
@@ -238,7 +238,7 @@ def test_a_replaying_twin_stops_where_the_record_stopped() -> None:
     plain: list[Event] = []
     twin = replaying_twin()(record, CFG)(CFG, plain.append)
     twin.submit(RequestSpec("s", (3, 4), 6))  # no sampled stop: it never stops early
-    with pytest.raises(Exception, match="record has 0 step"):
+    with pytest.raises(RecordExhausted, match="record has 0 step"):
         twin.drain()
 
 
