@@ -80,6 +80,9 @@ from spec.events import (
     StepResult,
     Submitted,
 )
+from spec.implementation import DllmImplementation
+from spec.machine import finish_of
+from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
 
@@ -292,7 +295,15 @@ class DllmEngine:
                 pages_needed=shape.pages,
             )
         )
-        self.sink(Submitted(request.request_id, request.prompt, request.max_new_tokens))
+        self.sink(
+            Submitted(
+                request.request_id,
+                request.prompt,
+                request.max_new_tokens,
+                stop_sampled=request.stop_sampled,
+                ignore_eos=request.ignore_eos,
+            )
+        )
 
     def abort(self, request_id: str) -> None:
         """Between rounds: free everything the request holds, then report `Aborted`."""
@@ -577,17 +588,14 @@ class DllmEngine:
             self.kv_seconds += time.perf_counter() - t0
 
     def _finish_reason(self, req: EngineRequest) -> FinishReason | None:
-        gen = req.generated
-        eos = self.config.eos_token_id
-        if eos is not None and eos in gen[: req.spec.max_new_tokens]:
-            return FinishReason.EOS
-        if len(gen) >= req.spec.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
+        end = finish_of(self.config, req.spec, req.generated)
+        return None if end is None else end[0]
 
     def _output_of(self, req: EngineRequest) -> tuple[int, ...]:
+        """The output so far (streamed before the request finishes): its generated tokens up
+        to max_new_tokens, cut after the first EOS unless the request ignores EOS."""
         gen = req.generated[: req.spec.max_new_tokens]
-        eos = self.config.eos_token_id
+        eos = None if req.spec.ignore_eos else self.config.eos_token_id
         if eos is not None and eos in gen:
             gen = gen[: gen.index(eos) + 1]
         return tuple(gen)
@@ -769,6 +777,15 @@ def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
         algorithm=_algorithm("LowConfidence"),
         record=True,
     )
+
+
+#: The engine's profile: the idealised spec, and it takes requests that ignore EOS.
+ENGINE_PROFILE = DllmProfile(ignore_eos=True)
+
+#: The conformance-suite engine as the registry's "engine" declares it.
+SMALL_ENGINE = DllmImplementation(
+    make_small_engine, ENGINE_PROFILE, "the torch engine on CPU (shipped model, LowConfidence)"
+)
 
 
 def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:

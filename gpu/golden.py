@@ -39,6 +39,7 @@ from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import ConfigError
 from spec.events import FinishReason
+from spec.machine import finish_of
 from spec.snapshot import FinishedOutput
 
 if TYPE_CHECKING:
@@ -59,20 +60,6 @@ class GoldenDecode:
     tokens: tuple[int, ...]
     finish_reason: FinishReason
     forwards_per_block: tuple[int, ...]
-
-
-def finish_of(
-    config: DllmConfig, request: RequestSpec, generated: list[int]
-) -> tuple[FinishReason, tuple[int, ...]] | None:
-    """(reason, output) once the generated tokens (config ids) end the request, else None."""
-    limit = request.max_new_tokens
-    eos = config.eos_token_id
-    head = generated[:limit]
-    if eos is not None and eos in head:
-        return FinishReason.EOS, tuple(head[: head.index(eos) + 1])
-    if len(generated) >= limit:
-        return FinishReason.LENGTH, tuple(head)
-    return None
 
 
 def golden_decode(
@@ -135,6 +122,7 @@ def cached_golden_decode(
         config.eos_token_id,
         request.prompt,
         request.max_new_tokens,
+        request.ignore_eos,
     )
     cache = _CACHE.setdefault(model, OrderedDict())
     hit = cache.get(key)

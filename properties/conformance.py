@@ -86,11 +86,18 @@ def conformance_machine(
             target=ConformanceBase.requests,
             prompt=prompts(20),
             max_new_tokens=st.integers(1, 20),
+            # a quarter of them, for an implementation that takes the option (nothing drawn
+            # otherwise, so the other suites' examples stay as they were)
+            ignore_eos=st.integers(0, 3).map(lambda n: n == 3)
+            if profile.ignore_eos
+            else st.just(False),
         )
-        def submit(self, prompt: tuple[int, ...], max_new_tokens: int) -> object:
-            """Submit a request (rejected with a typed error if it cannot fit the config)."""
+        def submit(self, prompt: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> object:
+            """Submit a request (rejected with a typed error if it cannot fit the config), some
+            ignoring EOS (`RequestSpec.ignore_eos`) when the profile says it takes them."""
             rid = self.new_id()
-            err = self.run("submit", self.harness.submit, RequestSpec(rid, prompt, max_new_tokens))
+            request = RequestSpec(rid, prompt, max_new_tokens, ignore_eos=ignore_eos)
+            err = self.run("submit", self.harness.submit, request)
             return multiple() if err is not None else rid
 
         @rule()

@@ -59,13 +59,7 @@ def operations(events: Sequence[Event], *, aborts_in_round: bool = False) -> lis
         if isinstance(e, Forward):
             in_round = True
         elif isinstance(e, Submitted):
-            ops.append(
-                Submit(
-                    RequestSpec(
-                        e.request_id, e.prompt, e.max_new_tokens, stop_sampled=e.stop_sampled
-                    )
-                )
-            )
+            ops.append(Submit.of(e))
         elif isinstance(e, Aborted):
             if not in_round:
                 ops.append(Abort(e.request_id))

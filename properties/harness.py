@@ -28,15 +28,27 @@ from spec.errors import (
     SpecViolation,
     UnknownRequest,
 )
-from spec.events import ControlReturned, Event, Finished
+from spec.events import ControlReturned, Event, Finished, Submitted
 from spec.golden import GoldenDecoder, golden_mismatch
 from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine, finished_output
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput
+from spec.state import RequestState
 
 _DEFAULT_PROFILE = DllmProfile()
+
+
+def _request_spec(r: RequestState) -> RequestSpec:
+    """The request as it was submitted, flags included."""
+    return RequestSpec(
+        r.request_id,
+        r.prompt,
+        r.max_new_tokens,
+        stop_sampled=r.stop_sampled,
+        ignore_eos=r.ignore_eos,
+    )
 
 
 def load_factory(target: str) -> ImplementationFactory:
@@ -93,9 +105,37 @@ class Harness(ReplayHarness[SpecMachine]):
     def submit(self, request: RequestSpec) -> RequestError | None:
         """Submit; return the typed error if the implementation rejected the request.
 
-        A rejection must leave no event and change nothing; a valid request must be accepted.
+        A rejection must leave no event and change nothing; a valid request must be accepted,
+        and its `Submitted` event must carry it as given (`_require_submitted_as_given`).
         """
-        return self._checked_submit(request, self.impl.submit)
+        before = len(self.events)
+        err = self._checked_submit(request, self.impl.submit)
+        if err is None:
+            self._require_submitted_as_given(request, self.events[before:])
+        return err
+
+    def _require_submitted_as_given(self, request: RequestSpec, events: list[Event]) -> None:
+        """The `Submitted` event of an accepted request holds its prompt, max_new_tokens and
+        `ignore_eos` as given, and claims `stop_sampled` only for a request that has it (an
+        implementation cannot stop on what it was never given)."""
+        submitted = [e for e in events if isinstance(e, Submitted)]
+        if len(submitted) != 1:
+            raise self._violate(
+                "valid_request",
+                f"accepted {request.request_id!r} with {len(submitted)} Submitted events "
+                f"(one per accepted request)",
+            )
+        event = submitted[0]
+        given = (tuple(request.prompt), request.max_new_tokens, request.ignore_eos)
+        carried = (tuple(event.prompt), event.max_new_tokens, event.ignore_eos)
+        if carried != given or (event.stop_sampled and not request.stop_sampled):
+            raise self._violate(
+                "valid_request",
+                f"{request.request_id!r} was submitted as {request!r}; its Submitted event "
+                f"must carry it as given",
+                event,
+                self.spec.render(),
+            )
 
     def abort(self, request_id: str) -> UnknownRequest | None:
         phase = self.spec.request_phase(request_id)
@@ -163,9 +203,7 @@ class Harness(ReplayHarness[SpecMachine]):
         requests = self.spec.state().requests
         for event in finished:
             r = requests[event.request_id]
-            request = RequestSpec(
-                event.request_id, r.prompt, r.max_new_tokens, stop_sampled=r.stop_sampled
-            )
+            request = _request_spec(r)
             actual = FinishedOutput(finished_output(self.config, r, event.reason), event.reason)
             problem = golden_mismatch(request, actual, self.golden.golden_output(request))
             if problem is not None:
@@ -181,10 +219,7 @@ class Harness(ReplayHarness[SpecMachine]):
 
     def requests(self) -> dict[str, RequestSpec]:
         st = self.spec.state()
-        return {
-            rid: RequestSpec(rid, r.prompt, r.max_new_tokens, stop_sampled=r.stop_sampled)
-            for rid, r in st.requests.items()
-        }
+        return {rid: _request_spec(r) for rid, r in st.requests.items()}
 
     def ended_rounds(self) -> int:
         return sum(1 for e in self.events if isinstance(e, ControlReturned))

@@ -68,9 +68,11 @@ class ReplayHarness(Generic[M]):
         """Drain the implementation to idle and check that nothing is left held."""
         raise NotImplementedError
 
-    def _violate(self, rule: str, detail: str) -> SpecViolation:
+    def _violate(
+        self, rule: str, detail: str, event: object | None = None, state: str = ""
+    ) -> SpecViolation:
         """A violation found by the harness itself (recorded like those from the spec)."""
-        v = SpecViolation(rule, detail)
+        v = SpecViolation(rule, detail, event, state)
         self.violation = self.violation or v
         return v
 

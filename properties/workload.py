@@ -12,12 +12,26 @@ from typing import Protocol
 from properties.harness import Harness, SoloCache, check_parity
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
+from spec.events import Submitted
 from spec.profile import DllmProfile
 
 
 @dataclass(frozen=True, slots=True)
 class Submit:
     request: RequestSpec
+
+    @classmethod
+    def of(cls, event: Submitted) -> Submit:
+        """The submission that produced `event`, its flags included."""
+        return cls(
+            RequestSpec(
+                event.request_id,
+                tuple(event.prompt),
+                event.max_new_tokens,
+                stop_sampled=event.stop_sampled,
+                ignore_eos=event.ignore_eos,
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ from spec.events import (
     Submitted,
 )
 from spec.implementation import DllmImplementation
+from spec.machine import finish_of
 from spec.profile import DllmAdmission, DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
@@ -151,6 +152,7 @@ class ReferenceDllmScheduler:
                 request.prompt,
                 request.max_new_tokens,
                 stop_sampled=request.stop_sampled,
+                ignore_eos=request.ignore_eos,
             )
         )
 
@@ -427,13 +429,8 @@ class ReferenceDllmScheduler:
         stop strings do), else EOS, else LENGTH."""
         if stops_now(self.oracle, req.spec, req.committed_blocks):
             return FinishReason.STOP
-        gen = req.generated
-        eos = self.config.eos_token_id
-        if eos is not None and eos in gen[: req.spec.max_new_tokens]:
-            return FinishReason.EOS
-        if len(gen) >= req.spec.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
+        end = finish_of(self.config, req.spec, req.generated)
+        return None if end is None else end[0]
 
     def _abort_after_commit(self, req: _Req) -> None:
         """The engine's own abort in the completion phase (`aborts_after_commit`), where the
@@ -446,12 +443,13 @@ class ReferenceDllmScheduler:
     def _finish(self, req: _Req, reason: FinishReason) -> None:
         self._release(req)
         self.running.remove(req)
-        gen = req.generated[: req.spec.max_new_tokens]
-        eos = self.config.eos_token_id
+        end = finish_of(self.config, req.spec, req.generated)
         # after a STOP the reference cannot locate the stop inside the block: all of it
-        if reason is not FinishReason.STOP and eos is not None and eos in gen:
-            gen = gen[: gen.index(eos) + 1]
-        self.outputs[req.rid] = FinishedOutput(tuple(gen), reason)
+        if reason is FinishReason.STOP or end is None:
+            output = tuple(req.generated[: req.spec.max_new_tokens])
+        else:
+            output = end[1]
+        self.outputs[req.rid] = FinishedOutput(output, reason)
         self._retire(req.rid)
         self.sink(Finished(req.rid, reason))
 
@@ -537,8 +535,9 @@ ROWS_RELEASED_TWIN = replaying_twin(policy=ROWS_RELEASED_POLICY)
 
 # The built-ins declare themselves with their profiles (`schedspec verify --impl
 # reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
-# configuration, FCFS admission, work-conserving, nothing reserved, no deviation.
-REFERENCE_PROFILE = DllmProfile()
+# configuration, FCFS admission, work-conserving, nothing reserved, no deviation; it takes
+# requests that ignore EOS.
+REFERENCE_PROFILE = DllmProfile(ignore_eos=True)
 
 REFERENCE_DLLM = DllmImplementation(
     make_scheduler, REFERENCE_PROFILE, "the reference dLLM scheduler (LowConfidence oracle)"
@@ -556,7 +555,7 @@ REFERENCE_DLLM_SCRIPTED = DllmImplementation(
 # Every configuration too; the policy option is the only difference.
 REFERENCE_DLLM_PREFILL_FIRST = DllmImplementation(
     make_prefill_first_scheduler,
-    DllmProfile(policy=PREFILL_FIRST_POLICY),
+    DllmProfile(policy=PREFILL_FIRST_POLICY, ignore_eos=True),
     "the reference under PREFILL_FIRST (prefill admitted first; prefill-only or decode-only "
     "batches, prefill first)",
 )
@@ -564,6 +563,6 @@ REFERENCE_DLLM_PREFILL_FIRST = DllmImplementation(
 # reuse); elsewhere it is the plain reference.
 REFERENCE_DLLM_ROWS_RELEASED = DllmImplementation(
     make_rows_released_scheduler,
-    DllmProfile(policy=ROWS_RELEASED_POLICY),
+    DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True),
     "the reference with rows released between rounds (FDFO without in-place reuse)",
 )

@@ -17,6 +17,7 @@ from reference.oracle import DenoiseOracle, OracleRow, stops_now
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import SchedulerStalled
 from spec.events import FinishReason
+from spec.machine import finish_of
 from spec.snapshot import FinishedOutput
 
 
@@ -36,8 +37,6 @@ def golden_output(
     size = config.block_size
     prompt = request.prompt
     committed: list[int] = []
-    limit = request.max_new_tokens
-    eos = config.eos_token_id
     block_index = 0
     while True:
         start = block_index * size
@@ -58,10 +57,8 @@ def golden_output(
         committed.extend(tokens)
         block_index += 1
         generated = committed[len(prompt) :]
-        head = generated[:limit]
         if stops_now(oracle, request, block_index):
-            return FinishedOutput(tuple(head), FinishReason.STOP)
-        if eos is not None and eos in head:
-            return FinishedOutput(tuple(head[: head.index(eos) + 1]), FinishReason.EOS)
-        if len(generated) >= limit:
-            return FinishedOutput(tuple(head), FinishReason.LENGTH)
+            return FinishedOutput(tuple(generated[: request.max_new_tokens]), FinishReason.STOP)
+        end = finish_of(config, request, generated)
+        if end is not None:
+            return FinishedOutput(end[1], end[0])

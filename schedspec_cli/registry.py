@@ -120,7 +120,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
     ),
     _dllm(
         "engine",
-        ("gpu.engine:make_small_engine",),
+        ("gpu.engine:SMALL_ENGINE", "gpu.engine:make_small_engine"),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
         "extra)",
         checked_against="reference-dllm",

@@ -38,6 +38,7 @@ from spec.lifecycles import BlockPhase, RequestPhase
 from spec.machine import (
     SpecMachine,
     finish_condition,
+    finish_of,
     finished_output,
     initial_masks,
     request_output,
@@ -97,6 +98,7 @@ __all__ = [
     "UnknownRequest",
     "compare_outputs",
     "finish_condition",
+    "finish_of",
     "finished_output",
     "initial_masks",
     "leak_report",

@@ -212,12 +212,15 @@ class RequestSpec:
     """A generation request: prompt token ids and the number of tokens to generate.
 
     `stop_sampled`: the request also stops on a condition the spec cannot evaluate (a stop
-    string, say); its `Submitted` event says so and it may finish with reason STOP."""
+    string, say); its `Submitted` event says so and it may finish with reason STOP.
+    `ignore_eos`: the end-of-sequence token does not end the request (it runs to
+    max_new_tokens, or a STOP), and its output is not cut after an EOS."""
 
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
     stop_sampled: bool = False
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +274,10 @@ def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
         or request.max_new_tokens < 1
     ):
         raise InvalidRequest(rid, "max_new_tokens", request.max_new_tokens, "must be >= 1")
-    if not isinstance(request.stop_sampled, bool):
-        raise InvalidRequest(rid, "stop_sampled", request.stop_sampled, "must be true or false")
+    for flag in ("stop_sampled", "ignore_eos"):
+        value = getattr(request, flag)
+        if not isinstance(value, bool):
+            raise InvalidRequest(rid, flag, value, "must be true or false")
     shape = request_shape(config, len(request.prompt), request.max_new_tokens)
     if shape.total_tokens > config.max_context:
         raise PromptTooLong(rid, shape.total_tokens, config.max_context)

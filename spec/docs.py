@@ -29,6 +29,8 @@ Modelling choices (stated so they can be argued with):
   completed with masks and decoded as the first output block.
 - Under sync, rows already done stay in the batch until every row is done (the head-of-line cost).
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
+  A request submitted with `ignore_eos` (an engine's sampling option) is not ended by an EOS: it
+  runs to max_new_tokens (or a STOP) and its output keeps every EOS it generated.
   A request submitted with `stop_sampled` (its engine also stops on stop strings, a regex or
   extra stop tokens, which the spec cannot evaluate) may finish with reason STOP in a round in
   which it committed a block holding a generated token; its output is then cut by the engine

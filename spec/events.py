@@ -33,13 +33,17 @@ class Submitted:
     `stop_sampled`: the engine also ends the request on a stop condition the spec cannot
     evaluate (stop strings, a stop regex, stop token ids other than the EOS, a grammar's end),
     so it may finish with reason STOP right after any round in which it committed a block
-    holding a generated token. Written only when true (most logs have no such request)."""
+    holding a generated token. `ignore_eos`: the engine does not end the request on the
+    end-of-sequence token (SGLang's and vLLM's `ignore_eos` sampling parameter), so it runs to
+    max_new_tokens (or a STOP) and its output keeps every EOS it generated. Each is written
+    only when true (most logs have no such request)."""
 
     kind: ClassVar[str] = "submitted"
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
     stop_sampled: bool = False
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True, slots=True)

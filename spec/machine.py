@@ -87,6 +87,7 @@ class _Request:
     reason: FinishReason | None = None  # set by its Finished event
     stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
     last_commit_round: int | None = None  # the round of its latest BlockCommitted
+    ignore_eos: bool = False  # an EOS does not end it (`Submitted.ignore_eos`)
 
 
 @dataclass(slots=True)
@@ -135,12 +136,15 @@ def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
 
 
 def finish_condition(config: DllmConfig, request: RequestState) -> FinishReason | None:
-    """Why the request must finish now, or None. EOS wins when both hold."""
-    return _due(config, request.generated, request.max_new_tokens)
+    """Why the request must finish now, or None. EOS wins when both hold; a request with
+    `ignore_eos` finishes only at max_new_tokens."""
+    return _due(config, request.generated, request.max_new_tokens, request.ignore_eos)
 
 
-def _due(config: DllmConfig, generated: Sequence[int], max_new_tokens: int) -> FinishReason | None:
-    eos = config.eos_token_id
+def _due(
+    config: DllmConfig, generated: Sequence[int], max_new_tokens: int, ignore_eos: bool
+) -> FinishReason | None:
+    eos = None if ignore_eos else config.eos_token_id
     if eos is not None and eos in generated[:max_new_tokens]:
         return FinishReason.EOS
     if len(generated) >= max_new_tokens:
@@ -148,11 +152,29 @@ def _due(config: DllmConfig, generated: Sequence[int], max_new_tokens: int) -> F
     return None
 
 
+def finish_of(
+    config: DllmConfig, request: RequestSpec, generated: Sequence[int]
+) -> tuple[FinishReason, tuple[int, ...]] | None:
+    """(reason, output) once `generated` (the request's committed tokens past its prompt) ends
+    `request`, else None: what an implementation reports when it finishes the request right
+    after a commit (a STOP, which the spec cannot see, aside). EOS, unless the request ignores
+    it, cuts the output after the first EOS within max_new_tokens; else LENGTH at
+    max_new_tokens."""
+    limit = request.max_new_tokens
+    reason = _due(config, generated, limit, request.ignore_eos)
+    if reason is None:
+        return None
+    head = tuple(generated[:limit])
+    if reason is FinishReason.EOS:
+        return reason, head[: head.index(config.eos_token_id) + 1]
+    return reason, head
+
+
 def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]:
-    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS.
-    (After a STOP the engine cuts it earlier: `stop_output_lengths`.)"""
+    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS
+    (not with `ignore_eos`). (After a STOP the engine cuts it earlier: `stop_output_lengths`.)"""
     gen = request.generated[: request.max_new_tokens]
-    eos = config.eos_token_id
+    eos = None if request.ignore_eos else config.eos_token_id
     if eos is not None and eos in gen:
         gen = gen[: gen.index(eos) + 1]
     return gen
@@ -249,6 +271,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             else BlockState(cur.index, cur.phase, cur.slots, cur.alloc_round, cur.masks),
             stop_sampled=r.stop_sampled,
             last_commit_round=r.last_commit_round,
+            ignore_eos=r.ignore_eos,
         )
 
     def render(self) -> str:
@@ -303,7 +326,11 @@ class SpecMachine(MachineBase[Event, Rule]):
         except RequestError as err:
             raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
         self._requests[e.request_id] = _Request(
-            e.request_id, tuple(e.prompt), e.max_new_tokens, stop_sampled=e.stop_sampled
+            e.request_id,
+            tuple(e.prompt),
+            e.max_new_tokens,
+            stop_sampled=e.stop_sampled,
+            ignore_eos=e.ignore_eos,
         )
         self._queue[e.request_id] = None
         self._dirty[e.request_id] = None
@@ -851,6 +878,14 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         st = self._request_state(r)
+        if e.reason is FinishReason.EOS and r.ignore_eos:
+            raise self._fail(
+                Rule.FINISH_CONDITION,
+                f"{r.request_id!r} finished with reason eos but was submitted with ignore_eos "
+                f"(an end-of-sequence token does not end it; valid: length at max_new_tokens, "
+                f"or stop when submitted with stop_sampled)",
+                e,
+            )
         if e.reason is FinishReason.STOP:
             self._require_stop_allowed(r, e)
             due: FinishReason | None = FinishReason.STOP
@@ -922,7 +957,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
                 )
             self._check_prefix(r, e)
-            if _due(cfg, r.tokens[len(r.prompt) :], r.max_new_tokens) is not None:
+            if _due(cfg, r.tokens[len(r.prompt) :], r.max_new_tokens, r.ignore_eos) is not None:
                 raise self._fail(
                     Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "

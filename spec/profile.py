@@ -214,13 +214,20 @@ class DllmPolicy:
 @dataclass(frozen=True, slots=True)
 class DllmProfile:
     """What a dLLM implementation supports (`space`), promises (`policy`) and knowingly breaks
-    (`deviations`). `DllmProfile()` is the idealised spec."""
+    (`deviations`). `DllmProfile()` is the idealised spec.
+
+    `ignore_eos`: it takes requests with `RequestSpec.ignore_eos` (runs them past their EOS and
+    logs the flag on `Submitted`), so the property suites give it some; without it they give
+    none (an adapter written before the option still conforms)."""
 
     space: DllmConfigSpace = field(default_factory=DllmConfigSpace)
     policy: DllmPolicy = field(default_factory=DllmPolicy)
     deviations: tuple[AcceptedDeviation, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ignore_eos, bool):
+            raise ProfileError("ignore_eos", self.ignore_eos, "true or false")
         known = {str(r) for r in Rule}
         seen: set[str] = set()
         for d in self.deviations:

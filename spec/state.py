@@ -45,6 +45,7 @@ class RequestState:
     current: BlockState | None
     stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
     last_commit_round: int | None = None  # the round of its latest commit (None: none yet)
+    ignore_eos: bool = False  # an EOS does not end it (`Submitted.ignore_eos`)
 
     @property
     def generated(self) -> tuple[int, ...]:
@@ -139,6 +140,8 @@ def render(state: AbstractState) -> str:
         lines.append(
             f"request {rid}: {r.phase.value} row={r.row} committed={r.committed_blocks} "
             f"prompt_len={len(r.prompt)} generated={len(r.generated)}/{r.max_new_tokens} "
-            f"current=[{cur_txt}] owns=[{own_txt}]" + (" stop_sampled" if r.stop_sampled else "")
+            f"current=[{cur_txt}] owns=[{own_txt}]"
+            + (" stop_sampled" if r.stop_sampled else "")
+            + (" ignore_eos" if r.ignore_eos else "")
         )
     return "\n".join(lines)

@@ -46,11 +46,11 @@ class TraceFormatError(SchedSpecError, ValueError):
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The event as a JSON-ready object (`Submitted.stop_sampled` only when set)."""
+    """The event as a JSON-ready object (`Submitted`'s optional flags only when set)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
-        if f.name == "stop_sampled":
+        if f.name in _OPTIONAL_FLAGS:
             if value:
                 out[f.name] = value
             continue
@@ -77,7 +77,8 @@ _INT_FIELDS = frozenset(
     }
 )
 _INT_LIST_FIELDS = frozenset({"prompt", "slots", "tokens"})
-_BOOL_FIELDS = frozenset({"reused", "stop_sampled"})
+_OPTIONAL_FLAGS = frozenset({"stop_sampled", "ignore_eos"})  # written only when true
+_BOOL_FIELDS = frozenset({"reused"}) | _OPTIONAL_FLAGS
 
 
 def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
@@ -100,7 +101,7 @@ def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
 
 
 # Per kind, its required fields (the fast path decodes exactly these) and all of its fields:
-# an optional one (`Submitted.stop_sampled`) is written only when set.
+# an optional one (`Submitted.stop_sampled`, `Submitted.ignore_eos`) is written only when set.
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING)
     for cls in EVENT_BY_KIND.values()

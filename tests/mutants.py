@@ -9,6 +9,7 @@ suite itself is unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ from reference.dllm import (
 from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink, ImplementationFactory
-from spec.config import DllmConfig, Mode
+from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import FinishReason, KvAllocated
 from spec.profile import DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput
@@ -205,6 +206,24 @@ class ReportsLengthForEos(ReferenceDllmScheduler):
     def _finish(self, req: _Req, reason: FinishReason) -> None:
         super()._finish(req, reason)
         self.outputs[req.rid] = FinishedOutput(self.outputs[req.rid].tokens, FinishReason.LENGTH)
+
+
+class EndsAtIgnoredEos(ReferenceDllmScheduler):
+    """Ends every request at its first EOS, also one submitted with `ignore_eos`."""
+
+    def _finish_reason(self, req: _Req) -> FinishReason | None:
+        eos = self.config.eos_token_id
+        if eos is not None and eos in req.generated[: req.spec.max_new_tokens]:
+            return FinishReason.EOS
+        return super()._finish_reason(req)
+
+
+class DropsIgnoreEos(ReferenceDllmScheduler):
+    """An adapter that does not pass `ignore_eos` on to its engine: the request runs, and is
+    logged, as one that ends at EOS."""
+
+    def submit(self, request: RequestSpec) -> None:
+        super().submit(dataclasses.replace(request, ignore_eos=False))
 
 
 class AdmitsOnlyWhenIdle(ReferenceDllmScheduler):
@@ -537,6 +556,22 @@ MUTANTS: dict[str, Mutant] = {
             _f(ReportsLengthForEos),
             dllm_configs().map(lambda c: c.replace(eos_token_id=EOS)),
             "the client is told LENGTH where EOS ended the output",
+        ),
+        Mutant(
+            "ends_at_ignored_eos",
+            "finish_condition",
+            _f(EndsAtIgnoredEos),
+            dllm_configs().map(lambda c: c.replace(eos_token_id=EOS)),
+            "a request submitted with ignore_eos is ended at its first EOS",
+            DllmProfile(ignore_eos=True),
+        ),
+        Mutant(
+            "drops_ignore_eos",
+            "valid_request",
+            _f(DropsIgnoreEos),
+            dllm_configs(),
+            "the adapter does not pass ignore_eos on: its engine logs and ends it at EOS",
+            DllmProfile(ignore_eos=True),
         ),
         Mutant(
             "admits_only_when_idle",

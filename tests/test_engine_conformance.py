@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from gpu.engine import DllmEngine, make_small_engine, make_small_joint_engine
+from gpu.engine import ENGINE_PROFILE, DllmEngine, make_small_engine, make_small_joint_engine
 from properties.conformance import conformance_machine
 from properties.harness import Harness
 from properties.strategies import dllm_configs, prompts
@@ -36,7 +36,7 @@ SUITE = settings(
     ids=["LowConfidence", "JointThreshold"],
 )
 def test_engine_conforms(factory: ImplementationFactory) -> None:
-    run_state_machine_as_test(conformance_machine(factory), settings=SUITE)
+    run_state_machine_as_test(conformance_machine(factory, profile=ENGINE_PROFILE), settings=SUITE)
 
 
 def _engine_of(h: Harness) -> DllmEngine:

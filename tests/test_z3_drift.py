@@ -7,7 +7,8 @@ the symbolic relation (compiled to Python by `properties.symbolic.drift`) must a
 machine on enabledness, and when enabled on the successor (on the encoded part of the state).
 The symbolic invariants must agree with `spec.invariants` on every state as well.
 Some requests are submitted with `stop_sampled` and finish with STOP where the block they
-committed last holds `STOP_TOKEN` (a stand-in for a stop string the spec cannot see).
+committed last holds `STOP_TOKEN` (a stand-in for a stop string the spec cannot see); every
+second request is submitted with `ignore_eos`, so an EOS it commits does not end it.
 The walks also abort requests inside a round, mostly right after they committed a block (what
 `DllmPolicy.aborts_after_commit` allows in a round's completion phase), under policies with and
 without that option.
@@ -128,7 +129,9 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
         pl = rng.randint(1, max(1, min(2 * b, limit - 1)))
         mn = rng.randint(1, max(1, min(2 * b, limit - pl)))
         prompt = tuple(rng.randrange(15) for _ in range(pl))
-        out.append(Submitted(f"r{n}", prompt, mn, stop_sampled=rng.random() < 0.5))
+        # every second request ignores EOS (decided by its index: no extra draw)
+        stop = rng.random() < 0.5
+        out.append(Submitted(f"r{n}", prompt, mn, stop_sampled=stop, ignore_eos=n % 2 == 1))
     free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
@@ -387,11 +390,15 @@ def _compare(m: SpecMachine, e: Event) -> bool:
             STATS[f"same rule {rule}"] += 1
             if stop and rule == "finish_condition":
                 STATS["reject a stop on its finish condition"] += 1
+            if _past_ignored_eos(m, e) and isinstance(e, Finished) and rule == "finish_condition":
+                STATS[f"reject {e.reason.value} past an ignored EOS"] += 1
         return False
     STATS["both accept"] += 1
     if stop:
         STATS["accept a stop"] += 1
     STATS[f"accept {e.kind}"] += 1
+    if _past_ignored_eos(m, e):
+        STATS[f"accept {e.kind} past an ignored EOS"] += 1
     _count_policy_cases(m, e)
     after = encoded(trial.state(), stepper.geom)
     assert verdict.successor is not None
@@ -420,6 +427,23 @@ def _count_abort_in_round(
         STATS["reject an abort in a round under aborts_after_commit"] += 1
     elif after_commit:
         STATS["reject an abort after a commit without aborts_after_commit"] += 1
+
+
+def _past_ignored_eos(m: SpecMachine, e: Event) -> bool:
+    """`e` finishes, or ends the round of, a request that committed an EOS it ignores."""
+    eos = m.config.eos_token_id
+    ids = (
+        [e.request_id]
+        if isinstance(e, Finished)
+        else list(m.state().requests)
+        if isinstance(e, ControlReturned)
+        else []
+    )
+    requests = m.state().requests
+    return any(
+        r.ignore_eos and r.phase in ACTIVE_PHASES and eos in r.generated[: r.max_new_tokens]
+        for r in (requests[rid] for rid in ids if rid in requests)
+    )
 
 
 def _count_policy_cases(m: SpecMachine, e: Event) -> None:
@@ -507,8 +531,11 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
                 del r.tokens[-c.block_size :]
     elif choice == 9 and reqs:
         r = rng.choice(reqs)
-        if rng.random() < 0.5:
+        x = rng.random()
+        if x < 0.35:
             r.stop_sampled = not r.stop_sampled
+        elif x < 0.5:
+            r.ignore_eos = not r.ignore_eos
         else:  # no later round than the current one (the encoding cannot hold that)
             idx = m._round.index
             r.last_commit_round = rng.choice([None, max(0, idx - 1), idx])
@@ -594,6 +621,38 @@ def test_relation_agrees_with_spec_machine_on_perturbed_states(
     _compare_stops(m, rng)
 
 
+def _free_to_finish(m: SpecMachine, rid: str) -> SpecMachine:
+    """A copy of `m` in which `rid` holds no slot and no row and, if it was running, sits
+    between blocks: free to finish as far as every guard of `Finished` but its condition."""
+    trial = m.copy()
+    r = trial._requests[rid]
+    for slot in [s for s, o in trial._owner.items() if o[0] == rid]:
+        del trial._owner[slot]
+    if r.row is not None:
+        trial._rows.pop(r.row, None)
+        r.row = None
+    if r.phase is RequestPhase.RUNNING:
+        r.phase, r.current = RequestPhase.ADMITTED, None
+    return trial
+
+
+def _compare_ignored_eos(m: SpecMachine, rng: random.Random) -> None:
+    """`Finished` with each reason of every request, first made free to finish, given a
+    drawn `ignore_eos` and (most of the time) an EOS among its generated tokens: walks seldom
+    reach a finish past an ignored EOS."""
+    eos = m.config.eos_token_id
+    for rid in list(m._requests):
+        trial = _free_to_finish(m, rid)
+        r = trial._requests[rid]
+        r.ignore_eos = rng.random() < 0.7
+        generated = range(len(r.prompt), len(r.tokens))
+        if eos is not None and generated and rng.random() < 0.8:
+            r.tokens[rng.choice(generated)] = eos
+        trial.reindex()
+        for reason in FinishReason:
+            _compare(trial, Finished(rid, reason))
+
+
 def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
     """`Finished(STOP)` of every request, first made free to finish (between blocks, holding
     no slot and no row) and given a drawn stop flag, latest commit round, 0 to 2 more
@@ -604,15 +663,8 @@ def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
     same conjuncts, without stop_sampled, decide an abort in a round)."""
     idx = m.round_index
     for rid in list(m._requests):
-        trial = m.copy()
+        trial = _free_to_finish(m, rid)
         r = trial._requests[rid]
-        for slot in [s for s, o in trial._owner.items() if o[0] == rid]:
-            del trial._owner[slot]
-        if r.row is not None:
-            trial._rows.pop(r.row, None)
-            r.row = None
-        if r.phase is RequestPhase.RUNNING:
-            r.phase, r.current = RequestPhase.ADMITTED, None
         r.stop_sampled = rng.random() < 0.7
         r.last_commit_round = rng.choice([None, max(0, idx - 1), idx, idx])
         more = rng.choice([0, 0, 1, 2])  # blocks more, as if committed this round
@@ -668,6 +720,35 @@ def test_the_walks_finish_with_stop_both_ways() -> None:
     seen = STATS - before
     assert seen["accept a stop"] > 0, seen
     assert seen["reject a stop on its finish condition"] > 0, seen
+
+
+def test_the_walks_run_past_an_ignored_eos_both_ways() -> None:
+    """`Submitted.ignore_eos` is exercised: a request that committed an EOS it ignores is
+    still running when its round ends, and finishes with LENGTH, in both; a Finished(EOS) for
+    it is refused by both on finish_condition, over FDFO and sync walks."""
+    before = STATS.copy()
+    rng = random.Random(5)
+    for mode in (Mode.FDFO, Mode.SYNC):
+        config = DllmConfig(
+            block_size=2,
+            page_size=4,
+            kv_pages=4,
+            max_context=8,
+            mode=mode,
+            in_place_reuse=mode is Mode.FDFO,
+            eos_token_id=EOS,
+        )
+        for _ in range(12):
+            m = SpecMachine(config)
+            _walk(m, rng, 100)
+            _compare_ignored_eos(m, rng)
+    seen = STATS - before
+    for case in (
+        "accept control_returned past an ignored EOS",
+        "accept finished past an ignored EOS",
+        "reject eos past an ignored EOS",
+    ):
+        assert seen[case] > 0, (case, seen)
 
 
 @pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])

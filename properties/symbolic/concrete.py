@@ -94,8 +94,9 @@ def _request_values(
         "block_start": start,
         "masks": -1 if cur is None or cur.masks is None else cur.masks,
         "alloc_round": -1 if cur is None or cur.alloc_round is None else cur.alloc_round,
-        "eos_committed": eos_id is not None and eos_id in r.generated[:mn],
+        "eos_committed": not r.ignore_eos and eos_id is not None and eos_id in r.generated[:mn],
         "stop_sampled": r.stop_sampled,
+        "ignore_eos": r.ignore_eos,
         "committed_this_round": last == state.round.index,
         "in_batch": in_batch,
         "step_pending": bool(pending),
@@ -199,6 +200,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "reserved_pages": 0,
         "prompt_valid": True,
         "stop_sampled": False,
+        "ignore_eos": False,
         "tokens_valid": True,
         "block_has_eos": False,
         "round_index": 0,
@@ -219,10 +221,11 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
             raise NotEncodable("max_new_tokens is not an int")
         if not isinstance(event.request_id, str) or not event.request_id:
             raise NotEncodable("request id is not a non-empty string")
-        if not isinstance(event.stop_sampled, bool):
-            raise NotEncodable("stop_sampled is not a bool")
+        for flag in ("stop_sampled", "ignore_eos"):
+            if not isinstance(getattr(event, flag), bool):
+                raise NotEncodable(f"{flag} is not a bool")
+            out[flag] = getattr(event, flag)
         out["prompt_len"], out["max_new_tokens"] = pl, mn
-        out["stop_sampled"] = event.stop_sampled
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 and x != cfg.mask_token_id

@@ -67,7 +67,13 @@ class Decoder:
             tok = PROMPT_TOKEN if flag(p.prompt_valid) else self.config.mask_token_id
             prompt = (tok,) * num(p.prompt_len)
             self.prompts[i] = prompt
-            return Submitted(rid, prompt, num(p.max_new_tokens), stop_sampled=flag(p.stop_sampled))
+            return Submitted(
+                rid,
+                prompt,
+                num(p.max_new_tokens),
+                stop_sampled=flag(p.stop_sampled),
+                ignore_eos=flag(p.ignore_eos),
+            )
         if kind == "admitted":
             return Admitted(rid, num(p.row))
         if kind == "row_acquired":
@@ -155,7 +161,7 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
             f"committed={ev(s.committed_blocks[i])} current=[{bph} "
             f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
             f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
-            f"stop_sampled={ev(s.stop_sampled[i])} "
+            f"stop_sampled={ev(s.stop_sampled[i])} ignore_eos={ev(s.ignore_eos[i])} "
             f"committed_this_round={ev(s.committed_this_round[i])} "
             f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"
             f"{ev(s.pending_masks[i])} owns=[{own}]"

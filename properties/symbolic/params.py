@@ -13,8 +13,8 @@ follow `spec.events`; per-request forward rows are indexed by request:
                           row_num_tokens[i], row_masked[i] are that `ForwardRow`'s fields
   accept_length, masks_remaining    StepResult
   reason                  Finished (`codes.REASON`)
-  prompt_len, max_new_tokens, prompt_valid, stop_sampled    Submitted (a prompt is its
-                          length plus a validity bit); reserved_pages is the ghost
+  prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos    Submitted (a
+                          prompt is its length plus a validity bit); reserved_pages is the ghost
                           ceil((pl + mn) / P)
   tokens_valid, block_has_eos        BlockCommitted: the tokens keep the prompt and hold no
                           mask; the block holds an EOS within max_new_tokens
@@ -47,6 +47,7 @@ _SCALARS = (
     ("reserved_pages", False),
     ("prompt_valid", True),
     ("stop_sampled", True),
+    ("ignore_eos", True),
     ("tokens_valid", True),
     ("block_has_eos", True),
     ("round_index", False),
@@ -77,6 +78,7 @@ class Params:
     reserved_pages: Z
     prompt_valid: Z
     stop_sampled: Z
+    ignore_eos: Z
     tokens_valid: Z
     block_has_eos: Z
     round_index: Z

@@ -14,8 +14,10 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   block_start[i]        current block's first KV slot, -1 = holds no slots
   masks[i]              masks left after the block's latest step, -1 = not stepped yet
   alloc_round[i]        round the current block's slots were allocated in, -1 = never
-  eos_committed[i]      an EOS token was committed within max_new_tokens
+  eos_committed[i]      an EOS token that ends it was committed within max_new_tokens
   stop_sampled[i]       it may finish with STOP (`RequestState.stop_sampled`)
+  ignore_eos[i]         an EOS does not end it (`RequestState.ignore_eos`): eos_committed[i]
+                        stays false
   committed_this_round[i]  it committed a block in this round
                         (`RequestState.last_commit_round` = `RoundState.index`)
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
@@ -82,6 +84,7 @@ FIELDS: tuple[Field, ...] = (
     Field("alloc_round", Scope.REQUEST, False, -1),
     Field("eos_committed", Scope.REQUEST, True, False),
     Field("stop_sampled", Scope.REQUEST, True, False),
+    Field("ignore_eos", Scope.REQUEST, True, False),
     Field("committed_this_round", Scope.REQUEST, True, False),
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
@@ -127,6 +130,7 @@ class State:
     alloc_round: Terms
     eos_committed: Terms
     stop_sampled: Terms
+    ignore_eos: Terms
     committed_this_round: Terms
     in_batch: Terms
     step_pending: Terms

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from properties.workload import Abort, Op, Round, Submit, Workload
-from spec.config import DllmConfig, Mode, RequestSpec
+from spec.config import DllmConfig, Mode
 from spec.errors import SpecViolation
 from spec.events import Aborted, ControlReturned, Event, Submitted
 from spec.machine import SpecMachine
@@ -39,7 +39,9 @@ def describe_ops(w: Workload) -> str:
     for op in w.ops:
         if isinstance(op, Submit):
             r = op.request
-            stop = ", stop_sampled" if r.stop_sampled else ""
+            stop = (", stop_sampled" if r.stop_sampled else "") + (
+                ", ignore_eos" if r.ignore_eos else ""
+            )
             parts.append(
                 f"submit({r.request_id}, prompt_len={len(r.prompt)}, "
                 f"max_new={r.max_new_tokens}{stop})"
@@ -55,15 +57,12 @@ def describe_ops(w: Workload) -> str:
 
 def workload_from_events(config: DllmConfig, events: Sequence[Event], name: str) -> Workload:
     """The operations an implementation needs to see to produce (roughly) this trace:
-    submissions (with their `stop_sampled`) and aborts in order, a round per
+    submissions (with their flags) and aborts in order, a round per
     `ControlReturned`; a drain is implied."""
     ops: list[Op] = []
     for e in events:
         if isinstance(e, Submitted):
-            spec = RequestSpec(
-                e.request_id, tuple(e.prompt), e.max_new_tokens, stop_sampled=e.stop_sampled
-            )
-            ops.append(Submit(spec))
+            ops.append(Submit.of(e))
         elif isinstance(e, Aborted):
             ops.append(Abort(e.request_id))
         elif isinstance(e, ControlReturned):

@@ -65,7 +65,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """committed_blocks'[r] += 1; phase'[r] per the request table; eos_committed'[r] |=
-    block_has_eos; committed_this_round'[r] = true; no current block;
+    block_has_eos ∧ ¬ignore_eos[r]; committed_this_round'[r] = true; no current block;
     round_committed' = round_committed + 1."""
     return s.replace(
         committed_blocks=at_request(
@@ -78,7 +78,10 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
             lambda i: lifecycle_step(REQUEST_LIFECYCLE, REQ, s.phase[i], "block_committed")[1],
         ),
         eos_committed=at_request(
-            enc, p, s.eos_committed, lambda i: z3.Or(s.eos_committed[i], p.block_has_eos)
+            enc,
+            p,
+            s.eos_committed,
+            lambda i: z3.Or(s.eos_committed[i], z3.And(p.block_has_eos, z3.Not(s.ignore_eos[i]))),
         ),
         committed_this_round=at_request(enc, p, s.committed_this_round, lambda i: z3.BoolVal(True)),
         round_committed=s.round_committed + 1,

@@ -1,0 +1,219 @@
+"""A request the end-of-sequence token does not end (`Submitted.ignore_eos`).
+
+SGLang's and vLLM's `ignore_eos` sampling parameter keeps a request running past every EOS it
+generates (benchmarks set it to get outputs of a fixed length). Such a request finishes only at
+max_new_tokens (or, with `stop_sampled`, on a STOP), and its output keeps the EOS tokens. Each
+test here breaks one part of that and names the violation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from properties.decisions import operations
+from properties.workload import Submit
+from reference.dllm import ReferenceDllmScheduler, replaying_twin
+from reference.golden import golden_output
+from reference.oracle import RecordedOracle
+from schedspec_cli.main import main
+from spec import (
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    DllmConfig,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    Mode,
+    RequestSpec,
+    RowReleased,
+    SpecMachine,
+    SpecViolation,
+    StepResult,
+    Submitted,
+)
+from spec.config import validate_request
+from spec.errors import InvalidRequest
+from spec.events import Event
+from spec.snapshot import FinishedOutput
+from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
+
+EOS = 9
+CFG = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=8,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=12,
+    mode=Mode.SYNC,
+    in_place_reuse=False,
+    eos_token_id=EOS,
+)
+
+
+def block(rid: str, k: int, tokens: tuple[int, ...], slots: tuple[int, int]) -> list[Event]:
+    """Block k of `rid` (both positions masked, or none for the prompt block 0) allocated,
+    stepped until done and committed, in one sync round."""
+    masked = 0 if k == 0 else 2
+    unmask: list[Event] = [
+        Forward((ForwardRow(rid, k, False, 2, masked),)),
+        StepResult(rid, k, 0, 0),
+    ]
+    return [
+        KvAllocated(rid, k, slots),
+        *(unmask if masked else []),
+        Forward((ForwardRow(rid, k, False, 2, 0),)),
+        StepResult(rid, k, 2, 0),
+        BlockCommitted(rid, k, tokens),
+    ]
+
+
+def eos_run(ignore_eos: bool = True) -> list[Event]:
+    """`a` (prompt 2 tokens, 4 new) commits its prompt block in round 0, an output block that
+    starts with an EOS in round 1, and a last output block in round 2; it finishes with
+    LENGTH, its output the four generated tokens, EOS included."""
+    return [
+        Submitted("a", (3, 4), 4, ignore_eos=ignore_eos),
+        Admitted("a", 0),
+        *block("a", 0, (3, 4), (0, 1)),
+        ControlReturned(0),
+        *block("a", 1, (EOS, 5), (2, 3)),
+        ControlReturned(1),
+        *block("a", 2, (6, EOS), (4, 5)),
+        KvFreed("a", (0, 1, 2, 3, 4, 5)),
+        RowReleased("a", 0),
+        Finished("a", FinishReason.LENGTH),
+        ControlReturned(2),
+    ]
+
+
+def run(events: list[Event]) -> SpecMachine:
+    m = SpecMachine(CFG)
+    for e in events:
+        m.apply(e)
+        m.check_invariants()
+    return m
+
+
+def violation(events: list[Event]) -> SpecViolation:
+    with pytest.raises(SpecViolation) as info:
+        run(events)
+    return info.value
+
+
+def test_a_request_that_ignores_eos_runs_to_max_new_tokens_and_keeps_its_eos() -> None:
+    m = run(eos_run())
+    assert m.is_idle()
+    assert m.outputs() == {"a": (EOS, 5, 6, EOS)}
+    m.check_outputs({"a": FinishedOutput((EOS, 5, 6, EOS), FinishReason.LENGTH)})
+
+
+def test_an_output_cut_at_an_ignored_eos_breaks_reported_output() -> None:
+    m = run(eos_run())
+    with pytest.raises(SpecViolation) as info:
+        m.check_outputs({"a": FinishedOutput((EOS,), FinishReason.LENGTH)})
+    assert info.value.rule == "reported_output"
+    assert "the spec's output is 4 tokens" in str(info.value)
+
+
+def test_without_ignore_eos_running_past_the_eos_breaks_fdfo_releases_same_round() -> None:
+    v = violation(eos_run(ignore_eos=False))
+    assert v.rule == "fdfo_releases_same_round"
+    assert v.event == ControlReturned(1)
+
+
+@pytest.mark.parametrize("after", ["the EOS", "max_new_tokens"])
+def test_eos_as_the_reason_breaks_finish_condition_when_it_is_ignored(after: str) -> None:
+    """Neither right after the EOS nor at max_new_tokens may the reason be EOS."""
+    events = eos_run()
+    cut = (
+        events.index(ControlReturned(1))
+        if after == "the EOS"
+        else events.index(KvFreed("a", (0, 1, 2, 3, 4, 5)))
+    )
+    owned = (0, 1, 2, 3) if after == "the EOS" else (0, 1, 2, 3, 4, 5)
+    ending: list[Event] = [
+        KvFreed("a", owned),
+        RowReleased("a", 0),
+        Finished("a", FinishReason.EOS),
+    ]
+    v = violation([*events[:cut], *ending])
+    assert v.rule == "finish_condition"
+    assert "submitted with ignore_eos" in str(v) and "valid: length" in str(v)
+    assert v.event == Finished("a", FinishReason.EOS)
+
+
+def test_ignore_eos_is_written_only_when_set_and_read_back() -> None:
+    plain, ignoring = Submitted("a", (1,), 2), Submitted("b", (1,), 2, ignore_eos=True)
+    assert "ignore_eos" not in event_to_dict(plain)
+    assert event_to_dict(ignoring)["ignore_eos"] is True
+    both = Submitted("c", (1,), 2, stop_sampled=True, ignore_eos=True)
+    for e in (plain, ignoring, both):
+        assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e
+    explicit = {"kind": "submitted", "request_id": "a", "prompt": [1], "max_new_tokens": 2}
+    assert event_from_dict({**explicit, "ignore_eos": False}) == plain
+    with pytest.raises(TraceFormatError, match="'ignore_eos' is 'yes': true or false"):
+        event_from_dict({**explicit, "ignore_eos": "yes"}, 3)
+
+
+def test_a_request_spec_refuses_an_ignore_eos_that_is_not_a_bool() -> None:
+    with pytest.raises(InvalidRequest, match="ignore_eos"):
+        validate_request(CFG, RequestSpec("a", (1,), 2, ignore_eos=1))  # type: ignore[arg-type]
+
+
+def test_the_reference_and_its_golden_decoder_run_past_an_ignored_eos() -> None:
+    """The reference replaying the run (`RecordedOracle`) keeps the request past its EOS only
+    when it ignores EOS; its events conform either way, and the golden decoder agrees."""
+    record = eos_run()
+    oracle = RecordedOracle.from_events(record, CFG)
+    for ignore, want in (
+        (True, FinishedOutput((EOS, 5, 6, EOS), FinishReason.LENGTH)),
+        (False, FinishedOutput((EOS,), FinishReason.EOS)),
+    ):
+        request = RequestSpec("a", (3, 4), 4, ignore_eos=ignore)
+        events: list[Event] = []
+        twin = replaying_twin()(record, CFG)(CFG, events.append)
+        assert isinstance(twin, ReferenceDllmScheduler)
+        twin.submit(request)
+        twin.drain()
+        run(events)
+        assert twin.collect_outputs() == {"a": want}
+        assert golden_output(CFG, oracle, request) == want
+        assert events[0] == Submitted("a", (3, 4), 4, ignore_eos=ignore)
+
+
+def test_the_flag_survives_the_round_trip_to_operations() -> None:
+    """A twin re-running a log submits the request with the log's flag."""
+    (first, *_) = operations(eos_run())
+    assert first == Submit(RequestSpec("a", (3, 4), 4, ignore_eos=True))
+
+
+def test_check_trace_accepts_an_ignored_eos_and_names_the_missing_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec check-trace` on the run, as a log with its header: it conforms (exit 0),
+    alone and against `--twin reference-dllm`; without `ignore_eos` it fails at the end of the
+    round that committed the EOS (exit 1)."""
+    header = json.dumps(config_to_dict(CFG))
+
+    def log(events: list[Event]) -> Path:
+        path = tmp_path / f"log{len(list(tmp_path.iterdir()))}.jsonl"
+        lines = [header, *(json.dumps(event_to_dict(e)) for e in events)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    good = log(eos_run())
+    assert main(["check-trace", str(good)]) == 0
+    assert main(["check-trace", str(good), "--twin", "reference-dllm"]) == 0
+    capsys.readouterr()
+    assert main(["check-trace", str(log(eos_run(ignore_eos=False)))]) == 1
+    out = capsys.readouterr().out
+    line = 2 + eos_run().index(ControlReturned(1))
+    assert f":{line}: [fdfo_releases_same_round]" in out, out
