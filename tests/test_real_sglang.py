@@ -516,6 +516,51 @@ def test_finding_idle_engine_fixed_by_estimating_the_worst_case() -> None:
     assert set(h.outputs()) == {"a"} and len(h.outputs()["a"]) == 6
 
 
+def test_finding_an_ignore_eos_request_that_fits_is_never_admitted() -> None:
+    """Found by the suite once it gave SGLang requests with `ignore_eos`: SGLang estimates
+    them on a path of their own (`PrefillAdder.add_one_req_ignore_eos`, taken when the radix
+    cache is off): the fill ids paged (prompt + a mask block: 5 tokens, 8) plus a rounding
+    page (4), then the whole max_new_tokens (1) and one reserve token must stay under the 12
+    free slots: 12 - 12 - 1 <= 1, refused. The request needs one block of 4 slots. Without
+    `ignore_eos` the same request is admitted (5 + 1 + 4 = 10 < 12)."""
+    for ignore_eos in (False, True):
+        h = _harness(_config(kv_pages=3))
+        h.submit(RequestSpec("a", (0,), 1, ignore_eos=ignore_eos))
+        if not ignore_eos:
+            h.guarded("drain", h.drain)
+            continue
+        v = _violation(lambda h=h: h.guarded("round", h.round))
+        assert v.rule == "progress", v
+
+
+def test_finding_ignore_eos_fixed_by_the_worst_case_estimate() -> None:
+    """`worst-case-estimate` routes a dLLM request with `ignore_eos` through the same worst
+    case as any other (`PrefillAdder.add_one_req`). Without that edit, the rest of the fix
+    (no rounding page) is not enough: 8 + 7 (the whole max_new_tokens) + 1 reserve token
+    exceed the 12 free slots of a request that claims 8."""
+    estimate = fixes.WORST_CASE_ESTIMATE
+    routed = [i for i, edit in enumerate(estimate.edits) if "ignore_eos" in edit[2]]
+    assert len(routed) == 1, "the edit this test drops moved"
+    partial = dataclasses.replace(
+        estimate,
+        edits=tuple(e for i, e in enumerate(estimate.edits) if i not in routed),
+        methods=tuple(m for m in estimate.methods if m[1] != "PrefillAdder.add_one_req"),
+    )
+    without_routing = dataclasses.replace(
+        SGLANG_FIXES, fixes=tuple(partial if f is estimate else f for f in SGLANG_FIXES.fixes)
+    )
+    for fix_set, admitted in ((without_routing, False), (SGLANG_FIXES, True)):
+        h = _harness(_config(kv_pages=3))
+        h.submit(RequestSpec("a", (0,), 7, ignore_eos=True))
+        with fix_set.applied(["worst-case-estimate"]):
+            if admitted:
+                h.guarded("drain", h.drain)
+                assert len(h.outputs()["a"]) == 7
+            else:
+                v = _violation(lambda h=h: h.guarded("round", h.round))
+                assert v.rule == "progress", v
+
+
 def _two_running_blocks(h: Harness) -> None:
     """sync, block = page = 3, 6 pages (18 slots), rows 2: two one-token prompts finish with
     their first block, then `r2` (4 new tokens) and `r3` (3) each need a second block — 6 of
@@ -701,7 +746,7 @@ def test_the_decision_oracle_catches_the_rounding_page_charge() -> None:
     admission order does, and the suite above fails on that, naming the round."""
     estimate = fixes.WORST_CASE_ESTIMATE
     charging = dataclasses.replace(
-        estimate, edits=estimate.edits[:-1], methods=estimate.methods[:1]
+        estimate, edits=estimate.edits[:-1], methods=estimate.methods[:-1]
     )
     assert "per_req_token_overhead" in estimate.edits[-1][2], "the edit this test drops moved"
     variant = dataclasses.replace(
@@ -748,7 +793,8 @@ def test_with_every_fix_sglang_is_still_not_work_conserving() -> None:
 
 def test_the_fixes_are_a_patch_of_sglangs_files(tmp_path: Path) -> None:
     """The five fixes as one patch: `git apply -p1` makes exactly the edited files the tests
-    run, and the patch takes out only the import it widens and the comment it rewrites."""
+    run, and the patch takes out only the ignore-EOS test it narrows to non-dLLM requests, the
+    import it widens and the comment it rewrites."""
     diff = fix_as_diff()
     sources = SGLANG_FIXES.fixed_sources(EVERY_FIX)
     patched = git_apply_to_copies(tmp_path, sources, diff)
@@ -759,6 +805,7 @@ def test_the_fixes_are_a_patch_of_sglangs_files(tmp_path: Path) -> None:
         line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")
     ]
     assert removed == [
+        '-        if req.sampling_params.ignore_eos and getattr(self.tree_cache, "disable", True):',
         "-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder",
         "-            # Prepare and add request",
     ]

@@ -124,16 +124,23 @@ def _queue(
     stops: Stops | None,
     served: dict[str, Any],
 ) -> None:
+    rid, prompt, max_new, ignore_eos = (
+        request.request_id,
+        request.prompt,
+        request.max_new_tokens,
+        request.ignore_eos,
+    )
     if stops is None:
-        req = new_request(engine, request.request_id, request.prompt, request.max_new_tokens)
+        req = new_request(engine, rid, prompt, max_new, ignore_eos=ignore_eos)
     else:
         req = new_request(
             engine,
-            request.request_id,
-            request.prompt,
-            request.max_new_tokens,
+            rid,
+            prompt,
+            max_new,
             stop=stops.strings,
             stop_token_ids=stops.token_ids,
+            ignore_eos=ignore_eos,
             tokenizer=LetterTokenizer(),
         )
     spec_id[id(req)] = request.request_id  # the scripted step's tokens follow the id
@@ -465,6 +472,62 @@ def test_requests_sglang_stops_are_logged_with_a_sampled_stop_and_check(mode: Mo
         outputs[rid] = FinishedOutput(tuple(int(x) for x in req.output_ids[:n]), reasons[rid])
     assert len(outputs["t"].tokens) < 9 and len(outputs["s"].tokens) < 9
     machine.check_outputs(outputs)
+
+
+def eos_program(ignore_eos: bool) -> Program:
+    """`i` alone (prompt one token, 7 new, blocks of 2), with the model's EOS the token the
+    scripted step writes at its position 3: its second output block holds it."""
+    base = DllmConfig(
+        block_size=2, page_size=2, kv_pages=1, req_pool_rows=2, max_running_requests=2
+    )
+    config = base.replace(
+        max_context=16,
+        mode=Mode.FDFO,
+        in_place_reuse=True,
+        eos_token_id=scripted_token("i", 3, base.mask_token_id),
+    )
+    config = config.replace(kv_pages=2 * SGLANG_DLLM_PROFILE.space.min_kv_pages(config))
+    return Program(config, (Tick((RequestSpec("i", (3,), 7, ignore_eos=ignore_eos),)),))
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_request_sglang_serves_with_ignore_eos_runs_past_its_eos_and_checks(
+    ignore_eos: bool,
+) -> None:
+    """SGLang ends `i` at its EOS, or with `ignore_eos` runs it to max_new_tokens: the log
+    says which (`Submitted.ignore_eos`), conforms either way, its twin decides alike, and
+    what SGLang hands the client (EOS kept with `ignore_eos`) is the spec's output."""
+    program = eos_program(ignore_eos)
+    eos = program.config.eos_token_id
+    served: dict[str, Any] = {}
+    kept = _checked(serve_logged(program, served=served))
+    (submitted,) = [e for e in kept if isinstance(e, Submitted)]
+    assert submitted.ignore_eos is ignore_eos
+    (finished,) = [e for e in kept if isinstance(e, Finished)]
+    assert finished.reason is (FinishReason.LENGTH if ignore_eos else FinishReason.EOS)
+    assert twin_difference(kept, program.config, SGLANG_ORDER_TWIN, SGLANG_DLLM_PROFILE) is None
+    req = served["i"]
+    n = req.finished_len if req.finished_len is not None else len(req.output_ids)
+    output = tuple(int(x) for x in req.output_ids[:n])
+    assert (eos in output) and (len(output) == 7) is ignore_eos, output
+    machine = SpecMachine(program.config, SGLANG_DLLM_PROFILE.policy)
+    for event in kept:
+        machine.apply(event)
+    machine.check_outputs({"i": FinishedOutput(output, finished.reason)})
+
+
+def test_an_ignored_eos_logged_without_the_flag_fails_at_the_end_of_its_round() -> None:
+    """Seeded bug: the log drops `ignore_eos`. The request is then still running at the end
+    of the round that committed its EOS, and `check_trace` names that round's end."""
+    lines = serve_logged(eos_program(ignore_eos=True))
+    events = [json.loads(line) for line in lines[1:]]
+    assert [e.pop("ignore_eos", None) for e in events].count(True) == 1
+    dropped = [lines[0], *(json.dumps(e) for e in events)]
+    result = check_trace(dropped)
+    assert result.violation is not None, result
+    assert result.violation.rule == "fdfo_releases_same_round"
+    assert result.line is not None
+    assert json.loads(dropped[result.line - 1])["kind"] == "control_returned"
 
 
 def test_a_stop_logged_without_stop_sampled_fails_finish_condition(

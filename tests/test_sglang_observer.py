@@ -30,6 +30,7 @@ def _params(**given: object) -> types.SimpleNamespace:
         "regex": None,
         "ebnf": None,
         "structural_tag": None,
+        "ignore_eos": False,
     }
     return types.SimpleNamespace(**{**fields, **given})
 
@@ -86,6 +87,10 @@ EOS = 7
         (_params(), types.SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None), False),
         (_params(), types.SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None), True),
         (_params(), types.SimpleNamespace(eos_token_id=None, additional_stop_token_ids={3}), True),
+        # ignore_eos turns off every token-based stop (`_check_token_based_finish`), not text
+        (_params(stop_token_ids={EOS, 5}, ignore_eos=True), None, False),
+        (_params(ignore_eos=True), types.SimpleNamespace(eos_token_id=2), False),
+        (_params(stop_strs=["ab"], ignore_eos=True), None, True),
     ],
 )
 def test_a_request_has_a_sampled_stop_when_sglang_can_end_it_unseen(

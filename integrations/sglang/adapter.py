@@ -67,7 +67,11 @@ class SglangDllmAdapter:
         if rid in self.seen:
             raise DuplicateRequest(rid)
         req = new_request(
-            self.engine, engine_request_id(rid), request.prompt, request.max_new_tokens
+            self.engine,
+            engine_request_id(rid),
+            request.prompt,
+            request.max_new_tokens,
+            ignore_eos=request.ignore_eos,
         )
         self.seen.add(rid)
         self._spec_id[id(req)] = rid

@@ -323,18 +323,20 @@ def new_request(
     *,
     stop: tuple[str, ...] = (),
     stop_token_ids: tuple[int, ...] = (),
+    ignore_eos: bool = False,
     tokenizer: Any = None,
 ) -> Any:
     """A greedy SGLang `Req` for `engine`, as `handle_generate_request` builds one after
     tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it.
-    `stop` and `stop_token_ids` are the request's stop strings and stop token ids
-    (`SamplingParams`); stop strings are matched on text, so they need a `tokenizer`."""
+    `stop`, `stop_token_ids` and `ignore_eos` are the request's `SamplingParams` of those
+    names; stop strings are matched on text, so they need a `tokenizer`."""
     m = import_engine()
     params = m["SamplingParams"](
         max_new_tokens=max_new_tokens,
         temperature=0.0,
         stop=list(stop) or None,
         stop_token_ids=list(stop_token_ids) or None,
+        ignore_eos=ignore_eos,
     )
     params.normalize(tokenizer)
     req = m["Req"](

@@ -10,9 +10,11 @@ Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the
   a request the adder refuses keeps the round state it had, so it is offered again as incoming.
 - `worst-case-estimate` (an idle engine never admits a request that fits): the adder counts a
   dLLM request as what it can claim in all, its prompt and max_new_tokens in whole blocks, less
-  its prefix, and admits an exact fit; and it charges an admitted dLLM request no page for
-  allocation rounding (`per_req_token_overhead`), which a page-aligned block never needs, so a
-  round admits every request that fits, not one page's worth fewer each.
+  its prefix, and admits an exact fit (a request with `ignore_eos` too, which SGLang otherwise
+  estimates on a path of its own, `add_one_req_ignore_eos`); and it charges an admitted dLLM
+  request no page for allocation rounding (`per_req_token_overhead`), which a page-aligned
+  block never needs, so a round admits every request that fits, not one page's worth fewer
+  each.
 - `reserve-future-blocks` (KV pressure overcommits, then `Prefill out of memory`): an incoming
   request is admitted only when the free KV, less what the requests holding a row can still
   claim, covers its own claim.
@@ -123,6 +125,19 @@ _ESTIMATE = (
         "            total_tokens = (\n"
         "                dllm_claim_tokens(req, self.dllm_config.block_size) - req.prefix_len - 1\n"
         "            )\n",
+    ),
+    (
+        POLICY,
+        '        if req.sampling_params.ignore_eos and getattr(self.tree_cache, "disable", True):\n'
+        "            return self.add_one_req_ignore_eos(req)\n",
+        "        # A dLLM request is estimated at its worst case (below) whether or not it\n"
+        "        # ignores EOS: the ignore-EOS path's own estimate refuses one that fits.\n"
+        "        if (\n"
+        "            req.sampling_params.ignore_eos\n"
+        '            and getattr(self.tree_cache, "disable", True)\n'
+        "            and self.dllm_config is None\n"
+        "        ):\n"
+        "            return self.add_one_req_ignore_eos(req)\n",
     ),
     (
         POLICY,
@@ -297,9 +312,13 @@ REFUSED_STAYS_INCOMING = EngineFix(
 WORST_CASE_ESTIMATE = EngineFix(
     "worst-case-estimate",
     _ESTIMATE,
-    ((POLICY, "PrefillAdder._select_prefill_admission"), (POLICY, "PrefillAdder.__init__")),
+    (
+        (POLICY, "PrefillAdder._select_prefill_admission"),
+        (POLICY, "PrefillAdder.add_one_req"),
+        (POLICY, "PrefillAdder.__init__"),
+    ),
     "an idle engine admits nothing: estimate a request as its prompt and max_new_tokens in "
-    "whole blocks, admit an exact fit, and charge no rounding page",
+    "whole blocks (with or without ignore_eos), admit an exact fit, and charge no rounding page",
 )
 RESERVE_FUTURE_BLOCKS = EngineFix(
     "reserve-future-blocks",

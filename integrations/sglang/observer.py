@@ -69,12 +69,15 @@ class UnnamedFinish(RuntimeError):
 def has_sampled_stop(req: Any, eos_token_id: int | None) -> bool:
     """Whether SGLang may end `req` on a condition the spec cannot evaluate
     (`Submitted.stop_sampled`): stop strings or a stop regex (matched on decoded text), stop
-    token ids other than the model's EOS (its own, or its tokenizer's), or a grammar (which
-    ends the request when it terminates)."""
+    token ids other than the model's EOS (its own, or its tokenizer's; none with `ignore_eos`,
+    which turns off every token-based stop), or a grammar (which ends the request when it
+    terminates)."""
     params = req.sampling_params
     tokenizer = req.tokenizer
     ids = set(params.stop_token_ids or ())
-    if tokenizer is not None:  # SGLang stops on these too (`_check_token_based_finish`)
+    if params.ignore_eos:  # `_check_token_based_finish` returns before looking at any token
+        ids.clear()
+    elif tokenizer is not None:  # SGLang stops on these too (`_check_token_based_finish`)
         ids.add(getattr(tokenizer, "eos_token_id", None))
         ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
     ids -= {None, eos_token_id}
@@ -230,9 +233,15 @@ class SglangObserver:
         rid = self.request_id(req)
         self.live[rid] = req
         prompt = tuple(int(t) for t in req.origin_input_ids)
-        stop = has_sampled_stop(req, self.config.eos_token_id)
+        params = req.sampling_params
         self.sink(
-            Submitted(rid, prompt, int(req.sampling_params.max_new_tokens), stop_sampled=stop)
+            Submitted(
+                rid,
+                prompt,
+                int(params.max_new_tokens),
+                stop_sampled=has_sampled_stop(req, self.config.eos_token_id),
+                ignore_eos=bool(params.ignore_eos),
+            )
         )
 
     def begin_round(self) -> None:

@@ -64,6 +64,7 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         work_conserving=False,
         aborts_after_commit=True,  # `to_finish` ends a request after its commit (observer)
     ),
+    ignore_eos=True,  # `SamplingParams.ignore_eos`, passed on by the adapter
 )
 
 __all__ = ["SGLANG_DLLM_PROFILE"]
