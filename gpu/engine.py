@@ -78,7 +78,6 @@ from spec.events import (
     ForwardRow,
     RowReleased,
     StepResult,
-    Submitted,
 )
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of
@@ -295,15 +294,7 @@ class DllmEngine:
                 pages_needed=shape.pages,
             )
         )
-        self.sink(
-            Submitted(
-                request.request_id,
-                request.prompt,
-                request.max_new_tokens,
-                stop_sampled=request.stop_sampled,
-                ignore_eos=request.ignore_eos,
-            )
-        )
+        self.sink(request.submitted())
 
     def abort(self, request_id: str) -> None:
         """Between rounds: free everything the request holds, then report `Aborted`."""

@@ -60,7 +60,6 @@ from spec.events import (
     RowAcquired,
     RowReleased,
     StepResult,
-    Submitted,
 )
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of
@@ -146,15 +145,7 @@ class ReferenceDllmScheduler:
             raise DuplicateRequest(request.request_id)
         self.seen.add(request.request_id)
         self.waiting.append(_Req(request, shape.pages))
-        self.sink(
-            Submitted(
-                request.request_id,
-                request.prompt,
-                request.max_new_tokens,
-                stop_sampled=request.stop_sampled,
-                ignore_eos=request.ignore_eos,
-            )
-        )
+        self.sink(request.submitted())
 
     def abort(self, request_id: str) -> None:
         for req in self.waiting:

@@ -19,6 +19,7 @@ from spec.errors import (
     PromptTooLong,
     RequestTooLarge,
 )
+from spec.events import Submitted
 
 
 class Mode(enum.Enum):
@@ -221,6 +222,17 @@ class RequestSpec:
     max_new_tokens: int
     stop_sampled: bool = False
     ignore_eos: bool = False
+
+    def submitted(self) -> Submitted:
+        """The `Submitted` event of this request, as an implementation that accepts it
+        emits it: every field as given."""
+        return Submitted(
+            self.request_id,
+            tuple(self.prompt),
+            self.max_new_tokens,
+            stop_sampled=self.stop_sampled,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 @dataclass(frozen=True, slots=True)

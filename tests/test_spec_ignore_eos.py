@@ -42,7 +42,8 @@ from spec.config import validate_request
 from spec.errors import InvalidRequest
 from spec.events import Event
 from spec.snapshot import FinishedOutput
-from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
+from spec.trace import TraceFormatError, event_from_dict, event_to_dict
+from tests.event_runs import replay, violation_of, write_log
 
 EOS = 9
 CFG = DllmConfig(
@@ -95,17 +96,11 @@ def eos_run(ignore_eos: bool = True) -> list[Event]:
 
 
 def run(events: list[Event]) -> SpecMachine:
-    m = SpecMachine(CFG)
-    for e in events:
-        m.apply(e)
-        m.check_invariants()
-    return m
+    return replay(CFG, events)
 
 
 def violation(events: list[Event]) -> SpecViolation:
-    with pytest.raises(SpecViolation) as info:
-        run(events)
-    return info.value
+    return violation_of(CFG, events)
 
 
 def test_a_request_that_ignores_eos_runs_to_max_new_tokens_and_keeps_its_eos() -> None:
@@ -201,13 +196,9 @@ def test_check_trace_accepts_an_ignored_eos_and_names_the_missing_flag(
     """`schedspec check-trace` on the run, as a log with its header: it conforms (exit 0),
     alone and against `--twin reference-dllm`; without `ignore_eos` it fails at the end of the
     round that committed the EOS (exit 1)."""
-    header = json.dumps(config_to_dict(CFG))
 
     def log(events: list[Event]) -> Path:
-        path = tmp_path / f"log{len(list(tmp_path.iterdir()))}.jsonl"
-        lines = [header, *(json.dumps(event_to_dict(e)) for e in events)]
-        path.write_text("\n".join(lines) + "\n")
-        return path
+        return write_log(tmp_path, CFG, events)
 
     good = log(eos_run())
     assert main(["check-trace", str(good)]) == 0

@@ -49,6 +49,7 @@ from spec.events import Event
 from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
+from tests.event_runs import replay, violation_of, write_log
 
 CFG = DllmConfig(
     block_size=2,
@@ -106,17 +107,11 @@ def stopped_run(stop_sampled: bool = True) -> list[Event]:
 
 
 def run(events: list[Event]) -> SpecMachine:
-    m = SpecMachine(CFG)
-    for e in events:
-        m.apply(e)
-        m.check_invariants()
-    return m
+    return replay(CFG, events)
 
 
 def violation(events: list[Event]) -> SpecViolation:
-    with pytest.raises(SpecViolation) as info:
-        run(events)
-    return info.value
+    return violation_of(CFG, events)
 
 
 def test_a_sampled_stop_finishes_a_request_right_after_its_commit() -> None:
@@ -248,13 +243,9 @@ def test_check_trace_accepts_a_sampled_stop_and_names_an_unsampled_one(
     """`schedspec check-trace` on the stopped run, as a log with its header: it conforms
     (exit 0); the same log without `stop_sampled` fails at the `finished` line (exit 1), and
     with `--twin reference-dllm` the sampled stop is replayed alike (exit 0)."""
-    header = json.dumps(config_to_dict(CFG))
 
     def log(events: list[Event]) -> Path:
-        path = tmp_path / f"log{len(list(tmp_path.iterdir()))}.jsonl"
-        lines = [header, *(json.dumps(event_to_dict(e)) for e in events)]
-        path.write_text("\n".join(lines) + "\n")
-        return path
+        return write_log(tmp_path, CFG, events)
 
     good = log(stopped_run())
     assert main(["check-trace", str(good)]) == 0
