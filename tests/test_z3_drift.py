@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import z3
@@ -431,18 +433,16 @@ def _count_abort_in_round(
 
 def _past_ignored_eos(m: SpecMachine, e: Event) -> bool:
     """`e` finishes, or ends the round of, a request that committed an EOS it ignores."""
+    if not isinstance(e, Finished | ControlReturned):
+        return False
     eos = m.config.eos_token_id
-    ids = (
-        [e.request_id]
-        if isinstance(e, Finished)
-        else list(m.state().requests)
-        if isinstance(e, ControlReturned)
-        else []
-    )
-    requests = m.state().requests
+    requests = m.state().requests.values()
     return any(
-        r.ignore_eos and r.phase in ACTIVE_PHASES and eos in r.generated[: r.max_new_tokens]
-        for r in (requests[rid] for rid in ids if rid in requests)
+        r.ignore_eos
+        and r.phase in ACTIVE_PHASES
+        and eos in r.generated[: r.max_new_tokens]
+        and (isinstance(e, ControlReturned) or r.request_id == e.request_id)
+        for r in requests
     )
 
 
@@ -686,6 +686,18 @@ def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
             _compare(aborting, Aborted(rid))
 
 
+def _walk_config(mode: Mode, **changes: Any) -> DllmConfig:
+    """The coverage tests' small configuration (block 2, four pages of 4) in `mode`."""
+    return DllmConfig(block_size=2, page_size=4, kv_pages=4, mode=mode, **changes)
+
+
+def _require_seen(before: Counter[str], cases: Iterable[str]) -> None:
+    """Each case was counted since `before`."""
+    seen = STATS - before
+    for case in cases:
+        assert seen[case] > 0, (case, seen)
+
+
 def test_the_walks_cover_both_outcomes() -> None:
     """The comparisons above saw many accepted and many rejected events (not vacuous)."""
     config = DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=16)
@@ -706,20 +718,13 @@ def test_the_walks_finish_with_stop_both_ways() -> None:
     before = STATS.copy()
     rng = random.Random(2)
     for mode in (Mode.FDFO, Mode.SYNC):
-        config = DllmConfig(
-            block_size=2,
-            page_size=4,
-            kv_pages=4,
-            max_context=8,  # short requests: more of them finish within a walk
-            mode=mode,
-            in_place_reuse=mode is Mode.FDFO,
-            eos_token_id=EOS,
+        # short requests: more of them finish within a walk
+        config = _walk_config(
+            mode, max_context=8, in_place_reuse=mode is Mode.FDFO, eos_token_id=EOS
         )
         for _ in range(5):
             _walk(SpecMachine(config), rng, 80)
-    seen = STATS - before
-    assert seen["accept a stop"] > 0, seen
-    assert seen["reject a stop on its finish condition"] > 0, seen
+    _require_seen(before, ("accept a stop", "reject a stop on its finish condition"))
 
 
 def test_the_walks_run_past_an_ignored_eos_both_ways() -> None:
@@ -729,26 +734,21 @@ def test_the_walks_run_past_an_ignored_eos_both_ways() -> None:
     before = STATS.copy()
     rng = random.Random(5)
     for mode in (Mode.FDFO, Mode.SYNC):
-        config = DllmConfig(
-            block_size=2,
-            page_size=4,
-            kv_pages=4,
-            max_context=8,
-            mode=mode,
-            in_place_reuse=mode is Mode.FDFO,
-            eos_token_id=EOS,
+        config = _walk_config(
+            mode, max_context=8, in_place_reuse=mode is Mode.FDFO, eos_token_id=EOS
         )
         for _ in range(12):
             m = SpecMachine(config)
             _walk(m, rng, 100)
             _compare_ignored_eos(m, rng)
-    seen = STATS - before
-    for case in (
-        "accept control_returned past an ignored EOS",
-        "accept finished past an ignored EOS",
-        "reject eos past an ignored EOS",
-    ):
-        assert seen[case] > 0, (case, seen)
+    _require_seen(
+        before,
+        (
+            "accept control_returned past an ignored EOS",
+            "accept finished past an ignored EOS",
+            "reject eos past an ignored EOS",
+        ),
+    )
 
 
 @pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])
@@ -758,28 +758,22 @@ def test_the_walks_abort_in_a_round_both_ways(mode: Mode) -> None:
     phase is accepted by both and one elsewhere in the round refused by both on
     scheduler_phase; without it, an abort right after such a commit is refused by both."""
     fdfo = mode is Mode.FDFO
-    config = DllmConfig(
-        block_size=2,
-        page_size=4,
-        kv_pages=4,
-        max_context=8,
-        max_running_requests=2,
-        mode=mode,
-        in_place_reuse=fdfo,
-        reloop=fdfo,
+    config = _walk_config(
+        mode, max_context=8, max_running_requests=2, in_place_reuse=fdfo, reloop=fdfo
     )
     rng = random.Random(4)
     before = STATS.copy()
     for policy in (DllmPolicy(aborts_after_commit=True), DllmPolicy()):
         for _ in range(12):
             _walk(SpecMachine(config, policy), rng, 100)
-    seen = STATS - before
-    for case in (
-        "accept an abort in a round",
-        "reject an abort in a round under aborts_after_commit",
-        "reject an abort after a commit without aborts_after_commit",
-    ):
-        assert seen[case] > 0, (case, seen)
+    _require_seen(
+        before,
+        (
+            "accept an abort in a round",
+            "reject an abort in a round under aborts_after_commit",
+            "reject an abort after a commit without aborts_after_commit",
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -809,25 +803,19 @@ def test_the_walks_reach_each_policy_rule_both_ways(
 ) -> None:
     """Each encoded policy rule is exercised: the machine and the relation both reject on the
     rule, or both accept what only the policy allows (the same rule in both when rejecting)."""
-    fdfo = mode is Mode.FDFO
-    config = DllmConfig(
-        block_size=2,
-        page_size=4,
-        kv_pages=4,
+    config = _walk_config(
+        mode,
         max_context=16,
         max_running_requests=2,
-        mode=mode,
         in_place_reuse=False,
-        reloop=fdfo,
+        reloop=mode is Mode.FDFO,
     )
     rng = random.Random(1)
     before = STATS.copy()
     for _ in range(12):
-        m = SpecMachine(config, policy)
-        _walk(m, rng, 60)
+        _walk(SpecMachine(config, policy), rng, 60)
+    _require_seen(before, expected)
     seen = STATS - before
-    for case in expected:
-        assert seen[case] > 0, (case, seen)
     for case in expected:
         if case.startswith("reject "):
             assert seen[case.replace("reject", "same rule")] > 0, (case, seen)
