@@ -80,7 +80,7 @@ from spec.events import (
     StepResult,
 )
 from spec.implementation import DllmImplementation
-from spec.machine import finish_of
+from spec.machine import finish_of, output_of
 from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
@@ -583,13 +583,8 @@ class DllmEngine:
         return None if end is None else end[0]
 
     def _output_of(self, req: EngineRequest) -> tuple[int, ...]:
-        """The output so far (streamed before the request finishes): its generated tokens up
-        to max_new_tokens, cut after the first EOS unless the request ignores EOS."""
-        gen = req.generated[: req.spec.max_new_tokens]
-        eos = None if req.spec.ignore_eos else self.config.eos_token_id
-        if eos is not None and eos in gen:
-            gen = gen[: gen.index(eos) + 1]
-        return tuple(gen)
+        """The output so far (streamed before the request finishes): the spec's `output_of`."""
+        return output_of(self.config, req.spec, req.generated)
 
     def _finish(self, req: EngineRequest, reason: FinishReason, output: tuple[int, ...]) -> None:
         self._release(req)
@@ -771,7 +766,7 @@ def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
 
 
 #: The engine's profile: the idealised spec, and it takes requests that ignore EOS.
-ENGINE_PROFILE = DllmProfile(ignore_eos=True)
+ENGINE_PROFILE = DllmProfile(ignore_eos=True, stop_token_ids=True)
 
 #: The conformance-suite engine as the registry's "engine" declares it.
 SMALL_ENGINE = DllmImplementation(

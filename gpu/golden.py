@@ -123,6 +123,7 @@ def cached_golden_decode(
         request.prompt,
         request.max_new_tokens,
         request.ignore_eos,
+        tuple(request.stop_token_ids),
     )
     cache = _CACHE.setdefault(model, OrderedDict())
     hit = cache.get(key)

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rul
 from properties.conformance_base import ConformanceBase, StepCounter
 from properties.decisions import DecisionTwin, twin_difference
 from properties.harness import Harness, SoloCache, check_parity
-from properties.strategies import dllm_configs, prompts
+from properties.strategies import dllm_configs, prompts, stop_token_id_sets
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
 from spec.profile import DllmProfile
@@ -86,17 +86,27 @@ def conformance_machine(
             target=ConformanceBase.requests,
             prompt=prompts(20),
             max_new_tokens=st.integers(1, 20),
-            # a quarter of them, for an implementation that takes the option (nothing drawn
-            # otherwise, so the other suites' examples stay as they were)
+            # a quarter of them each, for an implementation that takes the option (nothing
+            # drawn otherwise, so the other suites' examples stay as they were)
             ignore_eos=st.integers(0, 3).map(lambda n: n == 3)
             if profile.ignore_eos
             else st.just(False),
+            stop_token_ids=stop_token_id_sets() if profile.stop_token_ids else st.just(()),
         )
-        def submit(self, prompt: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> object:
+        def submit(
+            self,
+            prompt: tuple[int, ...],
+            max_new_tokens: int,
+            ignore_eos: bool,
+            stop_token_ids: tuple[int, ...],
+        ) -> object:
             """Submit a request (rejected with a typed error if it cannot fit the config), some
-            ignoring EOS (`RequestSpec.ignore_eos`) when the profile says it takes them."""
+            ignoring EOS (`RequestSpec.ignore_eos`) or with stop token ids when the profile
+            says it takes them."""
             rid = self.new_id()
-            request = RequestSpec(rid, prompt, max_new_tokens, ignore_eos=ignore_eos)
+            request = RequestSpec(
+                rid, prompt, max_new_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids
+            )
             err = self.run("submit", self.harness.submit, request)
             return multiple() if err is not None else rid
 

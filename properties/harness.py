@@ -48,6 +48,7 @@ def _request_spec(r: RequestState) -> RequestSpec:
         r.max_new_tokens,
         stop_sampled=r.stop_sampled,
         ignore_eos=r.ignore_eos,
+        stop_token_ids=r.stop_token_ids,
     )
 
 
@@ -115,9 +116,10 @@ class Harness(ReplayHarness[SpecMachine]):
         return err
 
     def _require_submitted_as_given(self, request: RequestSpec, events: list[Event]) -> None:
-        """The `Submitted` event of an accepted request holds its prompt, max_new_tokens and
-        `ignore_eos` as given, and claims `stop_sampled` only for a request that has it (an
-        implementation cannot stop on what it was never given)."""
+        """The `Submitted` event of an accepted request holds its prompt, max_new_tokens,
+        `ignore_eos` and `stop_token_ids` (in any order) as given, and claims `stop_sampled`
+        only for a request that has it (an implementation cannot stop on what it was never
+        given)."""
         submitted = [e for e in events if isinstance(e, Submitted)]
         if len(submitted) != 1:
             raise self._violate(
@@ -125,11 +127,16 @@ class Harness(ReplayHarness[SpecMachine]):
                 f"accepted {request.request_id!r} with {len(submitted)} Submitted events "
                 f"(one per accepted request)",
             )
-        event = replace(submitted[0], prompt=tuple(submitted[0].prompt))
+        # stop token ids are a set: an engine may log them in its own order
+        as_given = replace(request, stop_token_ids=tuple(sorted(request.stop_token_ids)))
+        got = submitted[0]
+        event = replace(
+            got, prompt=tuple(got.prompt), stop_token_ids=tuple(sorted(got.stop_token_ids))
+        )
         # stop_sampled may be dropped: the request then never stops on what the spec cannot see
         if event not in (
-            request.submitted(),
-            replace(request, stop_sampled=False).submitted(),
+            as_given.submitted(),
+            replace(as_given, stop_sampled=False).submitted(),
         ):
             raise self._violate(
                 "valid_request",

@@ -90,6 +90,14 @@ def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
     return (st.lists(tokens, min_size=1, max_size=max_len) | short).map(tuple)
 
 
+def stop_token_id_sets() -> st.SearchStrategy[tuple[int, ...]]:
+    """A request's `stop_token_ids`: none three times in four, else one or two distinct ids
+    other than the EOS (with 16 ids, a generated token is one of them one time in eight or
+    sixteen, so some requests stop early and some run to their end)."""
+    ids = st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=2, unique=True).map(tuple)
+    return st.integers(0, 3).flatmap(lambda n: ids if n == 3 else st.just(()))
+
+
 @st.composite
 def request_sizes(draw: st.DrawFn, config: DllmConfig) -> tuple[tuple[int, ...], int]:
     """(prompt, max_new_tokens): valid most of the time, sometimes too long for the context."""

@@ -30,6 +30,7 @@ class Submit:
                 event.max_new_tokens,
                 stop_sampled=event.stop_sampled,
                 ignore_eos=event.ignore_eos,
+                stop_token_ids=tuple(event.stop_token_ids),
             )
         )
 

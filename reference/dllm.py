@@ -417,7 +417,8 @@ class ReferenceDllmScheduler:
 
     def _finish_reason(self, req: _Req) -> FinishReason | None:
         """Right after a commit: STOP where the oracle says (a sampled stop wins, as SGLang's
-        stop strings do), else EOS, else LENGTH."""
+        stop strings do), else the spec's `finish_of` (EOS or STOP at the first ending token,
+        else LENGTH)."""
         if stops_now(self.oracle, req.spec, req.committed_blocks):
             return FinishReason.STOP
         end = finish_of(self.config, req.spec, req.generated)
@@ -435,8 +436,8 @@ class ReferenceDllmScheduler:
         self._release(req)
         self.running.remove(req)
         end = finish_of(self.config, req.spec, req.generated)
-        # after a STOP the reference cannot locate the stop inside the block: all of it
-        if reason is FinishReason.STOP or end is None:
+        # after a sampled STOP the reference cannot locate the stop inside the block: all of it
+        if end is None or end[0] is not reason:
             output = tuple(req.generated[: req.spec.max_new_tokens])
         else:
             output = end[1]
@@ -528,7 +529,7 @@ ROWS_RELEASED_TWIN = replaying_twin(policy=ROWS_RELEASED_POLICY)
 # reference.dllm:REFERENCE_DLLM`). The reference implements the idealised spec: every
 # configuration, FCFS admission, work-conserving, nothing reserved, no deviation; it takes
 # requests that ignore EOS.
-REFERENCE_PROFILE = DllmProfile(ignore_eos=True)
+REFERENCE_PROFILE = DllmProfile(ignore_eos=True, stop_token_ids=True)
 
 REFERENCE_DLLM = DllmImplementation(
     make_scheduler, REFERENCE_PROFILE, "the reference dLLM scheduler (LowConfidence oracle)"
@@ -546,7 +547,7 @@ REFERENCE_DLLM_SCRIPTED = DllmImplementation(
 # Every configuration too; the policy option is the only difference.
 REFERENCE_DLLM_PREFILL_FIRST = DllmImplementation(
     make_prefill_first_scheduler,
-    DllmProfile(policy=PREFILL_FIRST_POLICY, ignore_eos=True),
+    DllmProfile(policy=PREFILL_FIRST_POLICY, ignore_eos=True, stop_token_ids=True),
     "the reference under PREFILL_FIRST (prefill admitted first; prefill-only or decode-only "
     "batches, prefill first)",
 )
@@ -554,6 +555,6 @@ REFERENCE_DLLM_PREFILL_FIRST = DllmImplementation(
 # reuse); elsewhere it is the plain reference.
 REFERENCE_DLLM_ROWS_RELEASED = DllmImplementation(
     make_rows_released_scheduler,
-    DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True),
+    DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True, stop_token_ids=True),
     "the reference with rows released between rounds (FDFO without in-place reuse)",
 )

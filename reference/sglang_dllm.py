@@ -53,7 +53,7 @@ SGLANG_ORDER_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_POLICY)
 
 SGLANG_DLLM_ORDER = DllmImplementation(
     make_sglang_order_scheduler,
-    DllmProfile(policy=SGLANG_ORDER_POLICY, ignore_eos=True),
+    DllmProfile(policy=SGLANG_ORDER_POLICY, ignore_eos=True, stop_token_ids=True),
     "SGLang 0.5.23's dLLM admission order (PREFILL_FIRST in its window, phase-separated), "
     "re-implemented on the reference",
 )

@@ -41,6 +41,7 @@ from spec.machine import (
     finish_of,
     finished_output,
     initial_masks,
+    output_of,
     request_output,
     stop_output_lengths,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "finished_output",
     "initial_masks",
     "leak_report",
+    "output_of",
     "reconstruct",
     "request_output",
     "request_shape",

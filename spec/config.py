@@ -212,16 +212,19 @@ class DllmConfig:
 class RequestSpec:
     """A generation request: prompt token ids and the number of tokens to generate.
 
+    `stop_token_ids`: token ids other than the EOS that end the request like the EOS, with
+    reason STOP (distinct ids >= 0, neither the EOS nor the mask token).
     `stop_sampled`: the request also stops on a condition the spec cannot evaluate (a stop
     string, say); its `Submitted` event says so and it may finish with reason STOP.
-    `ignore_eos`: the end-of-sequence token does not end the request (it runs to
-    max_new_tokens, or a STOP), and its output is not cut after an EOS."""
+    `ignore_eos`: no token ends the request, neither the EOS nor a stop token id (it runs to
+    max_new_tokens, or a sampled STOP), and its output is not cut after one."""
 
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
     stop_sampled: bool = False
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
     def submitted(self) -> Submitted:
         """The `Submitted` event of this request, as an implementation that accepts it
@@ -232,6 +235,7 @@ class RequestSpec:
             self.max_new_tokens,
             stop_sampled=self.stop_sampled,
             ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids),
         )
 
 
@@ -256,6 +260,27 @@ def request_shape(config: DllmConfig, prompt_len: int, max_new_tokens: int) -> R
         total_tokens=total_tokens,
         pages=-(-total_tokens // config.page_size),
     )
+
+
+def validate_stop_token_ids(config: DllmConfig, rid: str, ids: object) -> None:
+    """Raise InvalidRequest unless `ids` are valid `stop_token_ids` of request `rid`: a
+    sequence of distinct token ids >= 0, neither the EOS nor the mask token."""
+    if not isinstance(ids, Sequence) or isinstance(ids, (str, bytes)):
+        raise InvalidRequest(
+            rid, "stop_token_ids", type(ids).__name__, "a sequence of token ids (a tuple of ints)"
+        )
+    seen: set[int] = set()
+    for tok in ids:
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise InvalidRequest(rid, "stop_token_ids", tok, "token ids must be integers >= 0")
+        if tok in (config.mask_token_id, config.eos_token_id):
+            name = "mask token" if tok == config.mask_token_id else "EOS, which ends it already"
+            raise InvalidRequest(
+                rid, "stop_token_ids", tok, f"cannot list the {name} (valid: other token ids)"
+            )
+        if tok in seen:
+            raise InvalidRequest(rid, "stop_token_ids", tok, "is listed twice (list each once)")
+        seen.add(tok)
 
 
 def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
@@ -290,6 +315,7 @@ def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
         value = getattr(request, flag)
         if not isinstance(value, bool):
             raise InvalidRequest(rid, flag, value, "must be true or false")
+    validate_stop_token_ids(config, rid, request.stop_token_ids)
     shape = request_shape(config, len(request.prompt), request.max_new_tokens)
     if shape.total_tokens > config.max_context:
         raise PromptTooLong(rid, shape.total_tokens, config.max_context)

@@ -29,10 +29,14 @@ Modelling choices (stated so they can be argued with):
   completed with masks and decoded as the first output block.
 - Under sync, rows already done stay in the batch until every row is done (the head-of-line cost).
 - A request's output is its generated tokens, cut at max_new_tokens and after the first EOS.
-  A request submitted with `ignore_eos` (an engine's sampling option) is not ended by an EOS: it
-  runs to max_new_tokens (or a STOP) and its output keeps every EOS it generated.
+  A request submitted with `stop_token_ids` (an engine's sampling option) also ends at the first
+  of them, like at an EOS, with reason STOP, its output cut after it; whichever of the two
+  comes first decides.
+  A request submitted with `ignore_eos` (an engine's sampling option) is ended by no token,
+  neither an EOS nor a stop token id (as SGLang does): it runs to max_new_tokens (or a sampled
+  STOP) and its output keeps them.
   A request submitted with `stop_sampled` (its engine also stops on stop strings, a regex or
-  extra stop tokens, which the spec cannot evaluate) may finish with reason STOP in a round in
+  a grammar, which the spec cannot evaluate) may finish with reason STOP in a round in
   which it committed a block holding a generated token; its output is then cut by the engine
   inside that block: a prefix of its generated tokens (up to max_new_tokens) that ends there.
   An adapter that reports what it returns to its clients (`collect_outputs`, optional) is held

@@ -21,8 +21,8 @@ from typing import ClassVar
 class FinishReason(enum.Enum):
     LENGTH = "length"  # generated >= max_new_tokens
     EOS = "eos"  # an end-of-sequence token was committed
-    # a stop condition the spec does not see (a stop string, a regex, an extra stop token)
-    # held on the block just committed; only for a request `Submitted` with `stop_sampled`
+    # one of the request's `stop_token_ids` was committed, or a stop condition the spec does
+    # not see (a stop string, a regex) held on the block just committed (`stop_sampled`)
     STOP = "stop"
 
 
@@ -30,13 +30,16 @@ class FinishReason(enum.Enum):
 class Submitted:
     """A request entered the waiting queue (FCFS position = submission order).
 
+    `stop_token_ids`: token ids other than the EOS that end the request as the EOS does, with
+    reason STOP: it finishes right after the block that commits the first of them (within
+    max_new_tokens), and its output is cut after it (SGLang's and vLLM's `stop_token_ids`).
     `stop_sampled`: the engine also ends the request on a stop condition the spec cannot
-    evaluate (stop strings, a stop regex, stop token ids other than the EOS, a grammar's end),
-    so it may finish with reason STOP right after any round in which it committed a block
-    holding a generated token. `ignore_eos`: the engine does not end the request on the
-    end-of-sequence token (SGLang's and vLLM's `ignore_eos` sampling parameter), so it runs to
-    max_new_tokens (or a STOP) and its output keeps every EOS it generated. Each is written
-    only when true (most logs have no such request)."""
+    evaluate (stop strings, a stop regex, a grammar's end), so it may finish with reason STOP
+    right after any round in which it committed a block holding a generated token.
+    `ignore_eos`: the engine ends the request on no token (SGLang's `ignore_eos` sampling
+    parameter, which turns off its stop token ids too), so it runs to max_new_tokens (or a
+    sampled STOP) and its output keeps every EOS it generated. Each is written only when set
+    (most logs have no such request)."""
 
     kind: ClassVar[str] = "submitted"
     request_id: str
@@ -44,6 +47,7 @@ class Submitted:
     max_new_tokens: int
     stop_sampled: bool = False
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from spec.config import DllmConfig, Mode, RequestSpec, request_shape, validate_request
 from spec.errors import RequestError
@@ -87,7 +87,8 @@ class _Request:
     reason: FinishReason | None = None  # set by its Finished event
     stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
     last_commit_round: int | None = None  # the round of its latest BlockCommitted
-    ignore_eos: bool = False  # an EOS does not end it (`Submitted.ignore_eos`)
+    ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
+    stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
 
 
 @dataclass(slots=True)
@@ -135,18 +136,54 @@ def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
     return max(0, min(b, start + b - prompt_len))
 
 
+class _Stops(Protocol):
+    """What decides which committed tokens end a request (a `RequestSpec`, `RequestState` or
+    the machine's own record)."""
+
+    @property
+    def ignore_eos(self) -> bool: ...
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
+
 def finish_condition(config: DllmConfig, request: RequestState) -> FinishReason | None:
-    """Why the request must finish now, or None. EOS wins when both hold; a request with
-    `ignore_eos` finishes only at max_new_tokens."""
-    return _due(config, request.generated, request.max_new_tokens, request.ignore_eos)
+    """Why the request must finish now, or None: EOS or STOP at the first EOS or stop token id
+    within max_new_tokens (neither with `ignore_eos`), else LENGTH at max_new_tokens."""
+    return _due(config, request.generated, _ender_of(config, request), request.max_new_tokens)
+
+
+def _ender_of(config: DllmConfig, request: _Stops) -> Mapping[int, FinishReason]:
+    """The tokens that end `request` when committed, each with its reason."""
+    if request.ignore_eos:
+        return {}
+    enders = dict.fromkeys(request.stop_token_ids, FinishReason.STOP)
+    if config.eos_token_id is not None:
+        enders[config.eos_token_id] = FinishReason.EOS
+    return enders
+
+
+def _token_stop(
+    generated: Sequence[int], enders: Mapping[int, FinishReason], max_new_tokens: int
+) -> tuple[FinishReason, int] | None:
+    """The reason and output length of the first ending token within max_new_tokens."""
+    if enders:
+        for i, tok in enumerate(generated[:max_new_tokens]):
+            reason = enders.get(tok)
+            if reason is not None:
+                return reason, i + 1
+    return None
 
 
 def _due(
-    config: DllmConfig, generated: Sequence[int], max_new_tokens: int, ignore_eos: bool
+    config: DllmConfig,
+    generated: Sequence[int],
+    enders: Mapping[int, FinishReason],
+    max_new_tokens: int,
 ) -> FinishReason | None:
-    eos = None if ignore_eos else config.eos_token_id
-    if eos is not None and eos in generated[:max_new_tokens]:
-        return FinishReason.EOS
+    stop = _token_stop(generated, enders, max_new_tokens)
+    if stop is not None:
+        return stop[0]
     if len(generated) >= max_new_tokens:
         return FinishReason.LENGTH
     return None
@@ -157,44 +194,54 @@ def finish_of(
 ) -> tuple[FinishReason, tuple[int, ...]] | None:
     """(reason, output) once `generated` (the request's committed tokens past its prompt) ends
     `request`, else None: what an implementation reports when it finishes the request right
-    after a commit (a STOP, which the spec cannot see, aside). EOS, unless the request ignores
-    it, cuts the output after the first EOS within max_new_tokens; else LENGTH at
-    max_new_tokens."""
+    after a commit (a sampled STOP, which the spec cannot see, aside). The first EOS or stop
+    token id within max_new_tokens (none with `ignore_eos`) ends it with EOS or STOP and cuts
+    the output after it; else LENGTH at max_new_tokens."""
     limit = request.max_new_tokens
-    reason = _due(config, generated, limit, request.ignore_eos)
-    if reason is None:
-        return None
-    head = tuple(generated[:limit])
-    if reason is FinishReason.EOS:
-        return reason, head[: head.index(config.eos_token_id) + 1]
-    return reason, head
+    stop = _token_stop(generated, _ender_of(config, request), limit)
+    if stop is not None:
+        return stop[0], tuple(generated[: stop[1]])
+    if len(generated) >= limit:
+        return FinishReason.LENGTH, tuple(generated[:limit])
+    return None
+
+
+def output_of(
+    config: DllmConfig, request: RequestSpec, generated: Sequence[int]
+) -> tuple[int, ...]:
+    """The output so far of `request` with these generated tokens (what an implementation
+    streams): cut at max_new_tokens and after the first EOS or stop token id (none with
+    `ignore_eos`)."""
+    limit = request.max_new_tokens
+    stop = _token_stop(generated, _ender_of(config, request), limit)
+    return tuple(generated[: limit if stop is None else stop[1]])
 
 
 def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]:
-    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS
-    (not with `ignore_eos`). (After a STOP the engine cuts it earlier: `stop_output_lengths`.)"""
-    gen = request.generated[: request.max_new_tokens]
-    eos = None if request.ignore_eos else config.eos_token_id
-    if eos is not None and eos in gen:
-        gen = gen[: gen.index(eos) + 1]
-    return gen
+    """The request's output: generated tokens, cut at max_new_tokens and after the first EOS or
+    stop token id (neither with `ignore_eos`). (After a sampled STOP the engine may cut it
+    earlier: `stop_output_lengths`.)"""
+    limit = request.max_new_tokens
+    stop = _token_stop(request.generated, _ender_of(config, request), limit)
+    return request.generated[: limit if stop is None else stop[1]]
 
 
 def finished_output(
     config: DllmConfig, request: RequestState, reason: FinishReason
 ) -> tuple[int, ...]:
     """The output of a request that finished with `reason`: `request_output`, or after a STOP
-    the longest output `stop_output_lengths` allows (its generated tokens up to
-    max_new_tokens: where inside the block the stop lies, only the engine knows)."""
-    if reason is FinishReason.STOP:
+    of a request with `stop_sampled` the longest output `stop_output_lengths` allows (its
+    generated tokens up to max_new_tokens: where inside the block the stop lies, only the
+    engine knows, and SGLang matches a stop string before it looks at tokens)."""
+    if reason is FinishReason.STOP and request.stop_sampled:
         return request.generated[: request.max_new_tokens]
     return request_output(config, request)
 
 
 def stop_output_lengths(config: DllmConfig, request: RequestState) -> range:
-    """The output lengths a request that finished with STOP may report: its engine found the
-    stop inside the block it committed last, so the output is its generated tokens (at most
-    max_new_tokens) cut after one of that block's generated positions."""
+    """The output lengths a request with `stop_sampled` that finished with STOP may report: its
+    engine found the stop inside the block it committed last, so the output is its generated
+    tokens (at most max_new_tokens) cut after one of that block's generated positions."""
     before_last = max(0, (request.committed_blocks - 1) * config.block_size - len(request.prompt))
     return range(before_last + 1, min(len(request.generated), request.max_new_tokens) + 1)
 
@@ -272,6 +319,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             stop_sampled=r.stop_sampled,
             last_commit_round=r.last_commit_round,
             ignore_eos=r.ignore_eos,
+            stop_token_ids=r.stop_token_ids,
         )
 
     def render(self) -> str:
@@ -321,7 +369,13 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(Rule.UNIQUE_SUBMISSION, f"{e.request_id!r} submitted twice", e)
         try:
             validate_request(
-                self.config, RequestSpec(e.request_id, tuple(e.prompt), e.max_new_tokens)
+                self.config,
+                RequestSpec(
+                    e.request_id,
+                    tuple(e.prompt),
+                    e.max_new_tokens,
+                    stop_token_ids=tuple(e.stop_token_ids),
+                ),
             )
         except RequestError as err:
             raise self._fail(Rule.VALID_REQUEST, f"accepted an invalid request: {err}", e) from None
@@ -331,6 +385,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             e.max_new_tokens,
             stop_sampled=e.stop_sampled,
             ignore_eos=e.ignore_eos,
+            stop_token_ids=tuple(e.stop_token_ids),
         )
         self._queue[e.request_id] = None
         self._dirty[e.request_id] = None
@@ -882,20 +937,19 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with reason eos but was submitted with ignore_eos "
-                f"(an end-of-sequence token does not end it; valid: length at max_new_tokens, "
+                f"(no end-of-sequence or stop token ends it; valid: length at max_new_tokens, "
                 f"or stop when submitted with stop_sampled)",
                 e,
             )
-        if e.reason is FinishReason.STOP:
+        due = finish_condition(self.config, st)
+        if e.reason is FinishReason.STOP and due is not FinishReason.STOP:
             self._require_stop_allowed(r, e)
-            due: FinishReason | None = FinishReason.STOP
-        else:
-            due = finish_condition(self.config, st)
+            due = FinishReason.STOP
         if due is None:
             raise self._fail(
                 Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with {len(st.generated)}/{r.max_new_tokens} tokens "
-                f"and no end-of-sequence token",
+                f"and no end-of-sequence or stop token",
                 e,
             )
         allowed = {due}
@@ -921,13 +975,23 @@ class SpecMachine(MachineBase[Event, Rule]):
         )
 
     def _require_stop_allowed(self, r: _Request, e: Finished) -> None:
-        """STOP: only for a request whose stop the engine samples, and only in a round in
-        which it committed a block holding a generated token (where an engine checks stops)."""
+        """A STOP its committed tokens do not call for: only for a request whose stop the
+        engine samples, and only in a round in which it committed a block holding a generated
+        token (where an engine checks stops)."""
         if not r.stop_sampled:
+            tokens = (
+                "no stop token id ends it under ignore_eos"
+                if r.ignore_eos
+                else f"none of its stop_token_ids {list(r.stop_token_ids)} is the first "
+                f"committed token that ends it"
+                if r.stop_token_ids
+                else "it has no stop_token_ids"
+            )
             raise self._fail(
                 Rule.FINISH_CONDITION,
                 f"{r.request_id!r} finished with reason stop but was not submitted with "
-                f"stop_sampled (valid: length or eos, when its condition holds)",
+                f"stop_sampled and {tokens} (valid: the reason its committed tokens call "
+                f"for: eos, stop at a stop token id, or length at max_new_tokens)",
                 e,
             )
         if not self._committed_generated_this_round(r):
@@ -957,7 +1021,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
                 )
             self._check_prefix(r, e)
-            if _due(cfg, r.tokens[len(r.prompt) :], r.max_new_tokens, r.ignore_eos) is not None:
+            if _due(cfg, r.tokens[len(r.prompt) :], _ender_of(cfg, r), r.max_new_tokens):
                 raise self._fail(
                     Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "
@@ -1154,7 +1218,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     Rule.REPORTED_OUTPUT, f"reported the output of {rid!r} a second time", None
                 )
             st = self._request_state(r)
-            if r.reason is FinishReason.STOP:
+            if r.reason is FinishReason.STOP and r.stop_sampled:
                 self._check_stop_output(st, tuple(out.tokens))
                 want = tuple(out.tokens)
             else:

@@ -218,16 +218,19 @@ class DllmProfile:
 
     `ignore_eos`: it takes requests with `RequestSpec.ignore_eos` (runs them past their EOS and
     logs the flag on `Submitted`), so the property suites give it some; without it they give
-    none (an adapter written before the option still conforms)."""
+    none (an adapter written before the option still conforms). `stop_token_ids`: likewise for
+    requests with `RequestSpec.stop_token_ids` (ended with STOP at the first of them)."""
 
     space: DllmConfigSpace = field(default_factory=DllmConfigSpace)
     policy: DllmPolicy = field(default_factory=DllmPolicy)
     deviations: tuple[AcceptedDeviation, ...] = ()
     ignore_eos: bool = False
+    stop_token_ids: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ignore_eos, bool):
-            raise ProfileError("ignore_eos", self.ignore_eos, "true or false")
+        for option in ("ignore_eos", "stop_token_ids"):
+            if not isinstance(getattr(self, option), bool):
+                raise ProfileError(option, getattr(self, option), "true or false")
         known = {str(r) for r in Rule}
         seen: set[str] = set()
         for d in self.deviations:

@@ -61,7 +61,8 @@ _RULES: dict[Rule, str] = {
     Rule.UNIQUE_SUBMISSION: "A request id is submitted at most once.",
     Rule.VALID_REQUEST: "Only requests that pass validation (non-empty prompt, fits the context "
     "and the pool) are accepted; an accepted request's `Submitted` event carries it as given "
-    "(prompt, max_new_tokens and ignore_eos; stop_sampled only for a request that has it).",
+    "(prompt, max_new_tokens, ignore_eos and stop_token_ids; stop_sampled only for a request "
+    "that has it).",
     Rule.KNOWN_REQUEST: "Events refer to requests that were submitted and are not finished or "
     "aborted.",
     Rule.LIFECYCLE: "Every phase change follows the lifecycle tables (request, block, slot, row).",
@@ -122,10 +123,12 @@ _RULES: dict[Rule, str] = {
     "condition "
     "holds is finished and released, in the same round.",
     Rule.FINISH_CONDITION: "A request finishes only when it generated max_new_tokens (LENGTH) or "
-    "committed an end-of-sequence token (EOS, not for a request submitted with `ignore_eos`), "
-    "with the matching reason, or, when it was submitted with `stop_sampled` (its engine "
-    "evaluates a stop condition the spec cannot: stop strings, a regex, extra stop tokens), "
-    "with reason STOP in a round in which it committed a block holding a generated token.",
+    "committed a token that ends it: an end-of-sequence token (EOS) or one of its "
+    "`stop_token_ids` (STOP), whichever comes first within max_new_tokens (neither for a "
+    "request submitted with `ignore_eos`), with the matching reason; or, when it was submitted "
+    "with `stop_sampled` (its engine evaluates a stop condition the spec cannot: stop strings, "
+    "a regex, a grammar), with reason STOP in a round in which it committed a block holding a "
+    "generated token.",
     Rule.PROGRESS: "A round with running requests runs a forward; an idle system with queued work "
     "admits the head of the queue; a drain ends idle (an implementation that gives up with "
     "SchedulerStalled breaks this rule); every call (submit, abort, a round, drain, snapshot) "

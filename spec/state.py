@@ -45,7 +45,8 @@ class RequestState:
     current: BlockState | None
     stop_sampled: bool = False  # it may finish with STOP (`Submitted.stop_sampled`)
     last_commit_round: int | None = None  # the round of its latest commit (None: none yet)
-    ignore_eos: bool = False  # an EOS does not end it (`Submitted.ignore_eos`)
+    ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
+    stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
 
     @property
     def generated(self) -> tuple[int, ...]:
@@ -143,5 +144,6 @@ def render(state: AbstractState) -> str:
             f"current=[{cur_txt}] owns=[{own_txt}]"
             + (" stop_sampled" if r.stop_sampled else "")
             + (" ignore_eos" if r.ignore_eos else "")
+            + (f" stop_token_ids={list(r.stop_token_ids)}" if r.stop_token_ids else "")
         )
     return "\n".join(lines)

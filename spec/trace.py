@@ -46,13 +46,13 @@ class TraceFormatError(SchedSpecError, ValueError):
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The event as a JSON-ready object (`Submitted`'s optional flags only when set)."""
+    """The event as a JSON-ready object (`Submitted`'s optional fields only when set)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
-        if f.name in _OPTIONAL_FLAGS:
+        if f.name in _OPTIONAL_FIELDS:
             if value:
-                out[f.name] = value
+                out[f.name] = list(value) if isinstance(value, tuple) else value
             continue
         if isinstance(value, FinishReason):
             value = value.value
@@ -76,8 +76,9 @@ _INT_FIELDS = frozenset(
         "masked",
     }
 )
-_INT_LIST_FIELDS = frozenset({"prompt", "slots", "tokens"})
-_OPTIONAL_FLAGS = frozenset({"stop_sampled", "ignore_eos"})  # written only when true
+_INT_LIST_FIELDS = frozenset({"prompt", "slots", "tokens", "stop_token_ids"})
+_OPTIONAL_FLAGS = frozenset({"stop_sampled", "ignore_eos"})
+_OPTIONAL_FIELDS = _OPTIONAL_FLAGS | {"stop_token_ids"}  # written only when set (non-empty)
 _BOOL_FIELDS = frozenset({"reused"}) | _OPTIONAL_FLAGS
 
 
@@ -101,7 +102,8 @@ def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
 
 
 # Per kind, its required fields (the fast path decodes exactly these) and all of its fields:
-# an optional one (`Submitted.stop_sampled`, `Submitted.ignore_eos`) is written only when set.
+# an optional one (`Submitted.stop_sampled`, `.ignore_eos`, `.stop_token_ids`) is written only
+# when set.
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING)
     for cls in EVENT_BY_KIND.values()

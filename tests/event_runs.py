@@ -1,7 +1,7 @@
 """Hand-written dLLM event runs: replay them through the spec, or write them as a log.
 
 Shared by the tests that spell a run out event by event (tests/test_spec_stop.py,
-tests/test_spec_ignore_eos.py).
+tests/test_spec_ignore_eos.py, tests/test_spec_stop_token_ids.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,58 @@ from pathlib import Path
 import pytest
 
 from spec import DllmConfig, SpecMachine, SpecViolation
-from spec.events import Event
+from spec.events import (
+    Admitted,
+    BlockCommitted,
+    ControlReturned,
+    Event,
+    Finished,
+    FinishReason,
+    Forward,
+    ForwardRow,
+    KvAllocated,
+    KvFreed,
+    RowReleased,
+    StepResult,
+    Submitted,
+)
 from spec.trace import config_to_dict, event_to_dict
+
+
+def block(rid: str, k: int, tokens: tuple[int, ...], slots: tuple[int, int]) -> list[Event]:
+    """Block k of `rid` (both positions masked, or none for the prompt block 0) allocated,
+    stepped until done and committed, in one sync round."""
+    masked = 0 if k == 0 else 2
+    unmask: list[Event] = [
+        Forward((ForwardRow(rid, k, False, 2, masked),)),
+        StepResult(rid, k, 0, 0),
+    ]
+    return [
+        KvAllocated(rid, k, slots),
+        *(unmask if masked else []),
+        Forward((ForwardRow(rid, k, False, 2, 0),)),
+        StepResult(rid, k, 2, 0),
+        BlockCommitted(rid, k, tokens),
+    ]
+
+
+def run_to_length(first: Submitted, second: tuple[int, int], third: tuple[int, int]) -> list[Event]:
+    """`a` (submitted as `first`: prompt (3, 4), 4 new) commits its prompt block in round 0
+    and the output blocks `second` and `third` in rounds 1 and 2, under a sync configuration
+    of blocks and pages of 2; it then finishes with LENGTH."""
+    return [
+        first,
+        Admitted("a", 0),
+        *block("a", 0, (3, 4), (0, 1)),
+        ControlReturned(0),
+        *block("a", 1, second, (2, 3)),
+        ControlReturned(1),
+        *block("a", 2, third, (4, 5)),
+        KvFreed("a", (0, 1, 2, 3, 4, 5)),
+        RowReleased("a", 0),
+        Finished("a", FinishReason.LENGTH),
+        ControlReturned(2),
+    ]
 
 
 def replay(config: DllmConfig, events: list[Event]) -> SpecMachine:

@@ -26,6 +26,7 @@ from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import FinishReason, KvAllocated
+from spec.machine import finish_of
 from spec.profile import DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput
 
@@ -224,6 +225,36 @@ class DropsIgnoreEos(ReferenceDllmScheduler):
 
     def submit(self, request: RequestSpec) -> None:
         super().submit(dataclasses.replace(request, ignore_eos=False))
+
+
+class IgnoresStopTokenIds(ReferenceDllmScheduler):
+    """Logs a request's stop token ids but never ends it at one (its engine's stop check
+    looks at the EOS only)."""
+
+    def _finish_reason(self, req: _Req) -> FinishReason | None:
+        end = finish_of(
+            self.config, dataclasses.replace(req.spec, stop_token_ids=()), req.generated
+        )
+        return None if end is None else end[0]
+
+
+class OutputPastStopToken(ReferenceDllmScheduler):
+    """Ends a request at its stop token but returns the whole of its last block (cut at
+    max_new_tokens only), as if the stop were sampled."""
+
+    def _finish(self, req: _Req, reason: FinishReason) -> None:
+        super()._finish(req, reason)
+        if reason is FinishReason.STOP:
+            gen = tuple(req.generated[: req.spec.max_new_tokens])
+            self.outputs[req.rid] = FinishedOutput(gen, reason)
+
+
+class DropsStopTokenIds(ReferenceDllmScheduler):
+    """An adapter that does not pass `stop_token_ids` on to its engine: the request runs, and
+    is logged, as one without them."""
+
+    def submit(self, request: RequestSpec) -> None:
+        super().submit(dataclasses.replace(request, stop_token_ids=()))
 
 
 class AdmitsOnlyWhenIdle(ReferenceDllmScheduler):
@@ -572,6 +603,30 @@ MUTANTS: dict[str, Mutant] = {
             dllm_configs(),
             "the adapter does not pass ignore_eos on: its engine logs and ends it at EOS",
             DllmProfile(ignore_eos=True),
+        ),
+        Mutant(
+            "ignores_stop_token_ids",
+            "fdfo_releases_same_round",
+            _f(IgnoresStopTokenIds),
+            dllm_configs().map(lambda c: c.replace(eos_token_id=None)),
+            "a request runs on past the first of its stop token ids",
+            DllmProfile(stop_token_ids=True),
+        ),
+        Mutant(
+            "output_past_stop_token",
+            "reported_output",
+            _f(OutputPastStopToken),
+            dllm_configs().filter(lambda c: c.block_size > 1),
+            "the returned output runs past the stop token that ended the request",
+            DllmProfile(stop_token_ids=True),
+        ),
+        Mutant(
+            "drops_stop_token_ids",
+            "valid_request",
+            _f(DropsStopTokenIds),
+            dllm_configs(),
+            "the adapter does not pass stop_token_ids on: its engine logs and runs it without",
+            DllmProfile(stop_token_ids=True),
         ),
         Mutant(
             "admits_only_when_idle",

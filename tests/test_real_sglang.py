@@ -28,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, multiple, rule, run_state
 from integrations.patches import FixDoesNotApply, FixSet, module_file
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
+from integrations.sglang.engine import scripted_token
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
@@ -36,7 +37,7 @@ from properties.harness import Harness
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
-from spec.events import Forward
+from spec.events import Finished, FinishReason, Forward
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
@@ -108,6 +109,29 @@ def test_requests_finish_with_the_spec_outputs_and_leave_nothing(mode: Mode) -> 
     impl = h.impl
     assert isinstance(impl, SglangDllmAdapter)
     assert impl.engine.allocator.available_size() == cfg.kv_slots
+
+
+@pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])
+def test_a_request_stops_at_its_stop_token_id_through_the_adapter(mode: Mode) -> None:
+    """The adapter passes `stop_token_ids` to SGLang (`SamplingParams.stop_token_ids`): `a`
+    ends with STOP at its third generated token, the scripted one at position 7, and its
+    output is cut there; `b`, given the same id with `ignore_eos`, runs to max_new_tokens (SGLang
+    matches no token then, as the spec says). The harness checks every event, the outputs and
+    that the `Submitted` events carry the ids as given."""
+    cfg = _config(mode=mode, in_place_reuse=mode is Mode.FDFO)
+    stop = scripted_token("a", 7, cfg.mask_token_id)
+    assert stop not in (
+        scripted_token("a", 5, cfg.mask_token_id),
+        scripted_token("a", 6, cfg.mask_token_id),
+    )
+    h = _harness(cfg)
+    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 9, stop_token_ids=(stop,)))
+    h.submit(RequestSpec("b", (5, 6, 7, 8, 9), 9, ignore_eos=True, stop_token_ids=(stop,)))
+    h.drain()
+    reasons = {e.request_id: e.reason for e in h.events if isinstance(e, Finished)}
+    assert reasons == {"a": FinishReason.STOP, "b": FinishReason.LENGTH}
+    assert h.outputs()["a"][-1] == stop and len(h.outputs()["a"]) == 3
+    assert len(h.outputs()["b"]) == 9
 
 
 def test_fdfo_reuses_the_retained_block_in_place() -> None:

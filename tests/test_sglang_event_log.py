@@ -449,17 +449,20 @@ def stop_program(mode: Mode) -> tuple[Program, dict[str, Stops]]:
 
 
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])
-def test_requests_sglang_stops_are_logged_with_a_sampled_stop_and_check(mode: Mode) -> None:
-    """A request with its own stop token ids or stop strings is logged `stop_sampled`, and
-    SGLang's stop (`FINISH_MATCHED_TOKEN` of a non-EOS id, `FINISH_MATCHED_STR`) as `Finished`
-    with reason stop: the log conforms under its declared policy, its twin stops where SGLang
-    did and decides alike, and what SGLang hands each client (`output_ids` up to
-    `finished_len`) is an output the spec allows."""
+def test_requests_sglang_stops_are_logged_and_check(mode: Mode) -> None:
+    """A request with its own stop token ids is logged with them (`stop_token_ids`), one with
+    stop strings `stop_sampled`, and SGLang's stop (`FINISH_MATCHED_TOKEN` of a non-EOS id,
+    `FINISH_MATCHED_STR`) as `Finished` with reason stop: the log conforms under its declared
+    policy, its twin stops where SGLang did and decides alike, and what SGLang hands each
+    client (`output_ids` up to `finished_len`) is an output the spec allows: for `t`, exactly
+    its tokens up to its stop token."""
     program, stops = stop_program(mode)
     served: dict[str, Any] = {}
     kept = _checked(serve_logged(program, stops=stops, served=served))
-    sampled = {e.request_id for e in kept if isinstance(e, Submitted) and e.stop_sampled}
-    assert sampled == {"t", "s"}
+    submitted = {e.request_id: e for e in kept if isinstance(e, Submitted)}
+    assert {rid for rid, e in submitted.items() if e.stop_sampled} == {"s"}
+    assert submitted["t"].stop_token_ids == stops["t"].token_ids
+    assert submitted["s"].stop_token_ids == submitted["u"].stop_token_ids == ()
     reasons = {e.request_id: e.reason for e in kept if isinstance(e, Finished)}
     assert reasons == {"t": FinishReason.STOP, "s": FinishReason.STOP, "u": FinishReason.LENGTH}
     assert twin_difference(kept, program.config, SGLANG_ORDER_TWIN, SGLANG_DLLM_PROFILE) is None
@@ -471,6 +474,7 @@ def test_requests_sglang_stops_are_logged_with_a_sampled_stop_and_check(mode: Mo
         n = req.finished_len if req.finished_len is not None else len(req.output_ids)
         outputs[rid] = FinishedOutput(tuple(int(x) for x in req.output_ids[:n]), reasons[rid])
     assert len(outputs["t"].tokens) < 9 and len(outputs["s"].tokens) < 9
+    assert outputs["t"].tokens[-1] == stops["t"].token_ids[0]
     machine.check_outputs(outputs)
 
 
@@ -535,7 +539,7 @@ def test_a_stop_logged_without_stop_sampled_fails_finish_condition(
 ) -> None:
     """Seeded bug: the log marks no request `stop_sampled`. SGLang's stops are then finishes
     the spec cannot explain, and `check_trace` names the first at its line."""
-    monkeypatch.setattr(observer, "has_sampled_stop", lambda req, eos: False)
+    monkeypatch.setattr(observer, "has_sampled_stop", lambda req: False)
     program, stops = stop_program(Mode.FDFO)
     lines = serve_logged(program, stops=stops)
     result = check_trace(lines)
@@ -543,3 +547,23 @@ def test_a_stop_logged_without_stop_sampled_fails_finish_condition(
     assert "not submitted with stop_sampled" in str(result.violation)
     assert result.line is not None
     assert json.loads(lines[result.line - 1])["reason"] == "stop"
+
+
+def test_a_stop_logged_without_its_stop_token_ids_fails_finish_condition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded bug: the log drops every request's stop token ids. SGLang's stop of `t` at its
+    stop token is then a finish the spec cannot explain, named at its line."""
+    monkeypatch.setattr(observer, "stop_token_ids", lambda req, eos: ())
+    program, stops = stop_program(Mode.FDFO)
+    lines = serve_logged(program, stops=stops)
+    result = check_trace(lines)
+    assert result.violation is not None and result.violation.rule == "finish_condition"
+    assert "'t' finished with reason stop" in str(result.violation)
+    assert "it has no stop_token_ids" in str(result.violation)
+    assert result.line is not None
+    assert json.loads(lines[result.line - 1]) == {
+        "kind": "finished",
+        "request_id": "t",
+        "reason": "stop",
+    }

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from integrations.sglang.observer import SglangObserver, has_sampled_stop
+from integrations.sglang.observer import SglangObserver, has_sampled_stop, stop_token_ids
 from spec.config import DllmConfig, Mode
 from spec.events import Event, FinishReason, Forward, ForwardRow, StepResult
 
@@ -75,29 +75,47 @@ EOS = 7
 
 
 @pytest.mark.parametrize(
-    ("params", "tokenizer", "sampled"),
+    ("params", "sampled"),
     [
-        (_params(), None, False),
-        (_params(stop_token_ids={EOS}), None, False),  # the model's EOS: the spec sees it
-        (_params(stop_token_ids={EOS, 5}), None, True),
-        (_params(stop_strs=["ab"]), None, True),
-        (_params(stop_regex_strs=["a+b"]), None, True),
-        (_params(regex="[ab]+"), None, True),  # a grammar ends the request where it ends
-        (_params(json_schema="{}"), None, True),
-        (_params(), types.SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None), False),
-        (_params(), types.SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None), True),
-        (_params(), types.SimpleNamespace(eos_token_id=None, additional_stop_token_ids={3}), True),
-        # ignore_eos turns off every token-based stop (`_check_token_based_finish`), not text
-        (_params(stop_token_ids={EOS, 5}, ignore_eos=True), None, False),
-        (_params(ignore_eos=True), types.SimpleNamespace(eos_token_id=2), False),
-        (_params(stop_strs=["ab"], ignore_eos=True), None, True),
+        (_params(), False),
+        (_params(stop_token_ids={EOS, 5}), False),  # token ids: the spec evaluates them
+        (_params(stop_strs=["ab"]), True),
+        (_params(stop_regex_strs=["a+b"]), True),
+        (_params(regex="[ab]+"), True),  # a grammar ends the request where it ends
+        (_params(json_schema="{}"), True),
+        (_params(stop_strs=["ab"], ignore_eos=True), True),  # ignore_eos keeps text stops
     ],
 )
 def test_a_request_has_a_sampled_stop_when_sglang_can_end_it_unseen(
-    params: types.SimpleNamespace, tokenizer: object, sampled: bool
+    params: types.SimpleNamespace, sampled: bool
 ) -> None:
-    req = types.SimpleNamespace(sampling_params=params, tokenizer=tokenizer)
-    assert has_sampled_stop(req, EOS) is sampled
+    req = types.SimpleNamespace(sampling_params=params, tokenizer=None, eos_token_ids=None)
+    assert has_sampled_stop(req) is sampled
+
+
+@pytest.mark.parametrize(
+    ("params", "eos_ids", "tokenizer", "ids"),
+    [
+        (_params(), None, None, ()),
+        (_params(stop_token_ids={EOS}), None, None, ()),  # the model's EOS: its own reason
+        (_params(stop_token_ids={9, EOS, 5}), None, None, (5, 9)),
+        (_params(), {EOS, 4}, None, (4,)),  # the model's other EOS ids (Llama 3 has two)
+        (_params(), None, types.SimpleNamespace(eos_token_id=EOS), ()),
+        (_params(), None, types.SimpleNamespace(eos_token_id=2), (2,)),
+        (
+            _params(stop_token_ids={6}),
+            None,
+            types.SimpleNamespace(eos_token_id=None, additional_stop_token_ids={3}),
+            (3, 6),
+        ),
+    ],
+)
+def test_a_requests_stop_token_ids_are_every_id_sglang_matches_but_the_eos(
+    params: types.SimpleNamespace, eos_ids: object, tokenizer: object, ids: tuple[int, ...]
+) -> None:
+    """What `Req._check_token_based_finish` matches, less the model's one EOS, sorted."""
+    req = types.SimpleNamespace(sampling_params=params, tokenizer=tokenizer, eos_token_ids=eos_ids)
+    assert stop_token_ids(req, EOS) == ids
 
 
 def test_sglangs_finish_reasons_as_the_specs() -> None:

@@ -20,22 +20,16 @@ from reference.golden import golden_output
 from reference.oracle import RecordedOracle
 from schedspec_cli.main import main
 from spec import (
-    Admitted,
-    BlockCommitted,
     ControlReturned,
     DllmConfig,
     Finished,
     FinishReason,
-    Forward,
-    ForwardRow,
-    KvAllocated,
     KvFreed,
     Mode,
     RequestSpec,
     RowReleased,
     SpecMachine,
     SpecViolation,
-    StepResult,
     Submitted,
 )
 from spec.config import validate_request
@@ -43,7 +37,7 @@ from spec.errors import InvalidRequest
 from spec.events import Event
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, event_from_dict, event_to_dict
-from tests.event_runs import replay, violation_of, write_log
+from tests.event_runs import replay, run_to_length, violation_of, write_log
 
 EOS = 9
 CFG = DllmConfig(
@@ -59,40 +53,11 @@ CFG = DllmConfig(
 )
 
 
-def block(rid: str, k: int, tokens: tuple[int, ...], slots: tuple[int, int]) -> list[Event]:
-    """Block k of `rid` (both positions masked, or none for the prompt block 0) allocated,
-    stepped until done and committed, in one sync round."""
-    masked = 0 if k == 0 else 2
-    unmask: list[Event] = [
-        Forward((ForwardRow(rid, k, False, 2, masked),)),
-        StepResult(rid, k, 0, 0),
-    ]
-    return [
-        KvAllocated(rid, k, slots),
-        *(unmask if masked else []),
-        Forward((ForwardRow(rid, k, False, 2, 0),)),
-        StepResult(rid, k, 2, 0),
-        BlockCommitted(rid, k, tokens),
-    ]
-
-
 def eos_run(ignore_eos: bool = True) -> list[Event]:
     """`a` (prompt 2 tokens, 4 new) commits its prompt block in round 0, an output block that
     starts with an EOS in round 1, and a last output block in round 2; it finishes with
     LENGTH, its output the four generated tokens, EOS included."""
-    return [
-        Submitted("a", (3, 4), 4, ignore_eos=ignore_eos),
-        Admitted("a", 0),
-        *block("a", 0, (3, 4), (0, 1)),
-        ControlReturned(0),
-        *block("a", 1, (EOS, 5), (2, 3)),
-        ControlReturned(1),
-        *block("a", 2, (6, EOS), (4, 5)),
-        KvFreed("a", (0, 1, 2, 3, 4, 5)),
-        RowReleased("a", 0),
-        Finished("a", FinishReason.LENGTH),
-        ControlReturned(2),
-    ]
+    return run_to_length(Submitted("a", (3, 4), 4, ignore_eos=ignore_eos), (EOS, 5), (6, EOS))
 
 
 def run(events: list[Event]) -> SpecMachine:

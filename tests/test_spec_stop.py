@@ -2,8 +2,9 @@
 (`Submitted.stop_sampled`, `FinishReason.STOP`) and an abort inside the round
 (`DllmPolicy.aborts_after_commit`).
 
-An engine that also ends requests on stop strings, a regex or extra stop token ids (SGLang's
-`FINISH_MATCHED_STR`, say) says so at submission; such a request may finish with STOP in a
+An engine that also ends requests on stop strings, a regex or a grammar (SGLang's
+`FINISH_MATCHED_STR`, say) says so at submission (stop token ids the spec evaluates itself:
+tests/test_spec_stop_token_ids.py); such a request may finish with STOP in a
 round in which it committed a block holding a generated token, and its output is then cut
 inside that block. An engine whose pending aborts take effect after a commit (SGLang's
 `to_finish`) declares `aborts_after_commit`, and may then abort there too. Each test here

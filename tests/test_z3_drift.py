@@ -8,7 +8,9 @@ machine on enabledness, and when enabled on the successor (on the encoded part o
 The symbolic invariants must agree with `spec.invariants` on every state as well.
 Some requests are submitted with `stop_sampled` and finish with STOP where the block they
 committed last holds `STOP_TOKEN` (a stand-in for a stop string the spec cannot see); every
-second request is submitted with `ignore_eos`, so an EOS it commits does not end it.
+second request is submitted with `ignore_eos`, so an EOS it commits does not end it, and the
+second and third with `stop_token_ids` (`STOP_IDS`), which end it with STOP unless it ignores
+EOS too.
 The walks also abort requests inside a round, mostly right after they committed a block (what
 `DllmPolicy.aborts_after_commit` allows in a round's completion phase), under policies with and
 without that option.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -62,6 +64,7 @@ from spec.state import ACTIVE_PHASES, RequestState
 
 EOS = 15
 STOP_TOKEN = 7  # the proposals' "stop string": a request with a sampled stop ends on it
+STOP_IDS = (4, 9, 12)  # the stop token ids of the walks' second and third requests
 GEOMETRIES = ((1, 1, 8), (1, 2, 4), (2, 2, 4), (2, 4, 4), (3, 6, 2), (4, 4, 2))
 STATS: Counter[str] = Counter()
 
@@ -131,9 +134,19 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
         pl = rng.randint(1, max(1, min(2 * b, limit - 1)))
         mn = rng.randint(1, max(1, min(2 * b, limit - pl)))
         prompt = tuple(rng.randrange(15) for _ in range(pl))
-        # every second request ignores EOS (decided by its index: no extra draw)
+        # every second request ignores EOS, the second and third have stop token ids (by its
+        # index: no extra draw)
         stop = rng.random() < 0.5
-        out.append(Submitted(f"r{n}", prompt, mn, stop_sampled=stop, ignore_eos=n % 2 == 1))
+        out.append(
+            Submitted(
+                f"r{n}",
+                prompt,
+                mn,
+                stop_sampled=stop,
+                ignore_eos=n % 2 == 1,
+                stop_token_ids=STOP_IDS if n in (1, 2) else (),
+            )
+        )
     free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
@@ -394,6 +407,8 @@ def _compare(m: SpecMachine, e: Event) -> bool:
                 STATS["reject a stop on its finish condition"] += 1
             if _past_ignored_eos(m, e) and isinstance(e, Finished) and rule == "finish_condition":
                 STATS[f"reject {e.reason.value} past an ignored EOS"] += 1
+            if _at_stop_token(m, e) and isinstance(e, Finished) and rule == "finish_condition":
+                STATS[f"reject {e.reason.value} at a stop token id"] += 1
         return False
     STATS["both accept"] += 1
     if stop:
@@ -401,6 +416,10 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     STATS[f"accept {e.kind}"] += 1
     if _past_ignored_eos(m, e):
         STATS[f"accept {e.kind} past an ignored EOS"] += 1
+    if _at_stop_token(m, e):
+        STATS[f"accept {e.kind} at a stop token id"] += 1
+    if _past_ignored_stop_token(m, e):
+        STATS[f"accept {e.kind} past an ignored stop token id"] += 1
     _count_policy_cases(m, e)
     after = encoded(trial.state(), stepper.geom)
     assert verdict.successor is not None
@@ -443,6 +462,33 @@ def _past_ignored_eos(m: SpecMachine, e: Event) -> bool:
         and eos in r.generated[: r.max_new_tokens]
         and (isinstance(e, ControlReturned) or r.request_id == e.request_id)
         for r in requests
+    )
+
+
+def _at_stop_token(m: SpecMachine, e: Event) -> bool:
+    """`e` finishes a request without a sampled stop that one of its stop token ids ended."""
+    if not isinstance(e, Finished):
+        return False
+    r = m.state().requests.get(e.request_id)
+    return (
+        r is not None
+        and not r.stop_sampled
+        and r.phase in ACTIVE_PHASES
+        and finish_condition(m.config, r) is FinishReason.STOP
+    )
+
+
+def _past_ignored_stop_token(m: SpecMachine, e: Event) -> bool:
+    """`e` finishes, or ends the round of, a request that committed a stop token id it ignores
+    (with `ignore_eos`)."""
+    if not isinstance(e, Finished | ControlReturned):
+        return False
+    return any(
+        r.ignore_eos
+        and r.phase in ACTIVE_PHASES
+        and set(r.stop_token_ids) & set(r.generated[: r.max_new_tokens])
+        and (isinstance(e, ControlReturned) or r.request_id == e.request_id)
+        for r in m.state().requests.values()
     )
 
 
@@ -653,6 +699,26 @@ def _compare_ignored_eos(m: SpecMachine, rng: random.Random) -> None:
             _compare(trial, Finished(rid, reason))
 
 
+def _compare_stop_token_ids(m: SpecMachine, rng: random.Random) -> None:
+    """`Finished` with each reason of every request, first made free to finish and given
+    `STOP_IDS` (most of the time), a drawn `ignore_eos` and `stop_sampled`, and a stop token id
+    and an EOS among its generated tokens (each most of the time, in either order)."""
+    eos = m.config.eos_token_id
+    for rid in list(m._requests):
+        trial = _free_to_finish(m, rid)
+        r = trial._requests[rid]
+        r.stop_token_ids = STOP_IDS if rng.random() < 0.8 else ()
+        r.ignore_eos = rng.random() < 0.3
+        r.stop_sampled = rng.random() < 0.3
+        generated = range(len(r.prompt), len(r.tokens))
+        for token in (rng.choice(STOP_IDS), eos):
+            if token is not None and generated and rng.random() < 0.7:
+                r.tokens[rng.choice(generated)] = token
+        trial.reindex()
+        for reason in FinishReason:
+            _compare(trial, Finished(rid, reason))
+
+
 def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
     """`Finished(STOP)` of every request, first made free to finish (between blocks, holding
     no slot and no row) and given a drawn stop flag, latest commit round, 0 to 2 more
@@ -689,6 +755,22 @@ def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
 def _walk_config(mode: Mode, **changes: Any) -> DllmConfig:
     """The coverage tests' small configuration (block 2, four pages of 4) in `mode`."""
     return DllmConfig(block_size=2, page_size=4, kv_pages=4, mode=mode, **changes)
+
+
+def _walk_then(
+    compare: Callable[[SpecMachine, random.Random], None], *, seed: int, walks: int
+) -> None:
+    """`walks` walks of 100 steps per mode (FDFO with reuse, sync; short requests with an EOS),
+    each followed by `compare` on its final machine."""
+    rng = random.Random(seed)
+    for mode in (Mode.FDFO, Mode.SYNC):
+        config = _walk_config(
+            mode, max_context=8, in_place_reuse=mode is Mode.FDFO, eos_token_id=EOS
+        )
+        for _ in range(walks):
+            m = SpecMachine(config)
+            _walk(m, rng, 100)
+            compare(m, rng)
 
 
 def _require_seen(before: Counter[str], cases: Iterable[str]) -> None:
@@ -732,15 +814,7 @@ def test_the_walks_run_past_an_ignored_eos_both_ways() -> None:
     still running when its round ends, and finishes with LENGTH, in both; a Finished(EOS) for
     it is refused by both on finish_condition, over FDFO and sync walks."""
     before = STATS.copy()
-    rng = random.Random(5)
-    for mode in (Mode.FDFO, Mode.SYNC):
-        config = _walk_config(
-            mode, max_context=8, in_place_reuse=mode is Mode.FDFO, eos_token_id=EOS
-        )
-        for _ in range(12):
-            m = SpecMachine(config)
-            _walk(m, rng, 100)
-            _compare_ignored_eos(m, rng)
+    _walk_then(_compare_ignored_eos, seed=5, walks=12)
     _require_seen(
         before,
         (
@@ -749,6 +823,73 @@ def test_the_walks_run_past_an_ignored_eos_both_ways() -> None:
             "reject eos past an ignored EOS",
         ),
     )
+
+
+def test_the_walks_stop_at_stop_token_ids_both_ways() -> None:
+    """`Submitted.stop_token_ids` is exercised: a request whose first ending token is one of
+    its stop token ids finishes (with STOP) in both, and a Finished(eos) or Finished(length)
+    for it is refused by both on finish_condition; one that ignores EOS finishes past its stop
+    token ids in both, over FDFO and sync walks (few walks reach a stop token: 30 each)."""
+    before = STATS.copy()
+    _walk_then(_compare_stop_token_ids, seed=9, walks=30)
+    _require_seen(
+        before,
+        (
+            "accept finished at a stop token id",
+            "reject eos at a stop token id",
+            "reject length at a stop token id",
+            "accept finished past an ignored stop token id",
+        ),
+    )
+
+
+def _one_output_block(ignore_eos: bool) -> SpecMachine:
+    """Sync, block 2: `r0` (prompt 2 tokens, 3 new, stop token id 4) has committed its prompt
+    block in round 0 and stepped its first output block to done in round 1."""
+    m = SpecMachine(_walk_config(Mode.SYNC, max_context=8, in_place_reuse=False, eos_token_id=EOS))
+    for e in (
+        Submitted("r0", (1, 1), 3, ignore_eos=ignore_eos, stop_token_ids=(4,)),
+        Admitted("r0", 0),
+        KvAllocated("r0", 0, (0, 1)),
+        Forward((ForwardRow("r0", 0, False, 2, 0),)),
+        StepResult("r0", 0, 2, 0),
+        BlockCommitted("r0", 0, (1, 1)),
+        ControlReturned(0),
+        KvAllocated("r0", 1, (2, 3)),
+        Forward((ForwardRow("r0", 1, False, 2, 2),)),
+        StepResult("r0", 1, 0, 0),
+        Forward((ForwardRow("r0", 1, False, 2, 0),)),  # the final-KV forward
+        StepResult("r0", 1, 2, 0),
+    ):
+        m.apply(e)
+    return m
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+@pytest.mark.parametrize(
+    ("tokens", "due"),
+    [
+        ((EOS, 4), FinishReason.EOS),
+        ((4, EOS), FinishReason.STOP),
+        ((2, 4), FinishReason.STOP),
+        ((EOS, 2), FinishReason.EOS),
+        ((2, 2), None),
+    ],
+)
+def test_a_block_with_an_eos_and_a_stop_token_id_agrees_in_either_order(
+    tokens: tuple[int, int], due: FinishReason | None, ignore_eos: bool
+) -> None:
+    """The first ending token of a block decides, in both: committing it, then each
+    `Finished` (after its KV and row are given back) and the end of the round; with
+    `ignore_eos` neither token ends the request. The walks seldom commit both in one block."""
+    m = _one_output_block(ignore_eos)
+    assert _compare(m, BlockCommitted("r0", 1, tokens))
+    want = None if ignore_eos else due
+    free = _free_to_finish(m, "r0")
+    free.reindex()
+    ended = {r for r in FinishReason if _compare(free.copy(), Finished("r0", r))}
+    assert ended == (set() if want is None else {want})
+    assert _compare(m.copy(), ControlReturned(1)) is (want is None)
 
 
 @pytest.mark.parametrize("mode", [Mode.FDFO, Mode.SYNC])

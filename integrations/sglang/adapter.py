@@ -72,6 +72,7 @@ class SglangDllmAdapter:
             request.prompt,
             request.max_new_tokens,
             ignore_eos=request.ignore_eos,
+            stop_token_ids=tuple(request.stop_token_ids),
         )
         self.seen.add(rid)
         self._spec_id[id(req)] = rid

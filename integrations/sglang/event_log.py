@@ -24,10 +24,12 @@ A round in which no batch runs is written as its `ControlReturned` only while re
 live (an idle server writes nothing), and a run of such rounds with nothing in between is
 written once (a scheduler that cannot admit would otherwise fill the disk).
 
-Stops: a request with a stop condition the spec cannot evaluate (stop strings, a stop regex,
-stop token ids other than the model's one EOS, a grammar) is written `Submitted` with
-`stop_sampled`, and SGLang's `FINISH_MATCHED_STR`, `FINISHED_MATCHED_REGEX` and a matched
-token other than the EOS are written as `Finished` with reason STOP. What a log cannot
+Stops: a request's stop token ids other than the model's one EOS (its own, the model's other
+EOS ids, its tokenizer's) are written on `Submitted` as `stop_token_ids`, which the spec
+evaluates itself; a request with a stop condition the spec cannot evaluate (stop strings, a
+stop regex, a grammar) is written with `stop_sampled`. SGLang's `FINISH_MATCHED_STR`,
+`FINISHED_MATCHED_REGEX` and a matched token other than the EOS are written as `Finished`
+with reason STOP. What a log cannot
 describe: a request that SGLang ends inside the round for a reason the spec has no name for
 (an abort: `to_finish`, an invalid stop regex) is written as `Aborted` after its frees, where
 the spec's aborts happen between rounds (`check-trace` reports `scheduler_phase`).

@@ -66,23 +66,30 @@ class UnnamedFinish(RuntimeError):
     """SGLang finished a request for a reason the spec's `Finished` has no name for."""
 
 
-def has_sampled_stop(req: Any, eos_token_id: int | None) -> bool:
-    """Whether SGLang may end `req` on a condition the spec cannot evaluate
-    (`Submitted.stop_sampled`): stop strings or a stop regex (matched on decoded text), stop
-    token ids other than the model's EOS (its own, or its tokenizer's; none with `ignore_eos`,
-    which turns off every token-based stop), or a grammar (which ends the request when it
-    terminates)."""
-    params = req.sampling_params
+def stop_token_ids(req: Any, eos_token_id: int | None) -> tuple[int, ...]:
+    """The token ids other than the model's EOS on which SGLang ends `req`
+    (`Submitted.stop_token_ids`, sorted): its `stop_token_ids`, the model's other EOS ids and
+    its tokenizer's EOS and extra stop ids, as `Req._check_token_based_finish` matches them.
+    SGLang reports a match as `FINISH_MATCHED_TOKEN`, the observer as STOP. (Under
+    `ignore_eos` SGLang matches none of them, and neither does the spec.)"""
+    ids = set(req.sampling_params.stop_token_ids or ())
+    ids |= set(getattr(req, "eos_token_ids", None) or ())
     tokenizer = req.tokenizer
-    ids = set(params.stop_token_ids or ())
-    if params.ignore_eos:  # `_check_token_based_finish` returns before looking at any token
-        ids.clear()
-    elif tokenizer is not None:  # SGLang stops on these too (`_check_token_based_finish`)
+    if tokenizer is not None:
         ids.add(getattr(tokenizer, "eos_token_id", None))
         ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
     ids -= {None, eos_token_id}
+    return tuple(sorted(int(t) for t in ids))
+
+
+def has_sampled_stop(req: Any) -> bool:
+    """Whether SGLang may end `req` on a condition the spec cannot evaluate
+    (`Submitted.stop_sampled`): stop strings or a stop regex (matched on decoded text), or a
+    grammar (which ends the request when it terminates). Its stop token ids the spec evaluates
+    itself (`stop_token_ids`)."""
+    params = req.sampling_params
     grammar = (params.json_schema, params.regex, params.ebnf, params.structural_tag)
-    return bool(params.stop_strs or params.stop_regex_strs or ids or any(grammar))
+    return bool(params.stop_strs or params.stop_regex_strs or any(grammar))
 
 
 class SglangObserver:
@@ -239,8 +246,9 @@ class SglangObserver:
                 rid,
                 prompt,
                 int(params.max_new_tokens),
-                stop_sampled=has_sampled_stop(req, self.config.eos_token_id),
+                stop_sampled=has_sampled_stop(req),
                 ignore_eos=bool(params.ignore_eos),
+                stop_token_ids=stop_token_ids(req, self.config.eos_token_id),
             )
         )
 

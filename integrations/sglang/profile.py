@@ -65,6 +65,7 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         aborts_after_commit=True,  # `to_finish` ends a request after its commit (observer)
     ),
     ignore_eos=True,  # `SamplingParams.ignore_eos`, passed on by the adapter
+    stop_token_ids=True,  # `SamplingParams.stop_token_ids`, likewise
 )
 
 __all__ = ["SGLANG_DLLM_PROFILE"]

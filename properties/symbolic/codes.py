@@ -47,3 +47,4 @@ REASON_OF = {v: k for k, v in REASON.items()}
 PROMPT_TOKEN = 1  # every prompt position of a decoded request
 FILLER_TOKEN = 2  # generated positions of a decoded block
 EOS_TOKEN = 15  # the EOS id of decoded configurations (properties.strategies.EOS)
+STOP_ID_TOKEN = 4  # the one stop token id of a decoded request that lists any

@@ -11,7 +11,8 @@ from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.state import FIELDS, Scope
 from properties.symbolic.terms import Values
-from spec.config import DllmConfig
+from spec.config import DllmConfig, validate_stop_token_ids
+from spec.errors import RequestError
 from spec.events import (
     Aborted,
     Admitted,
@@ -19,6 +20,7 @@ from spec.events import (
     ControlReturned,
     Event,
     Finished,
+    FinishReason,
     Forward,
     KvAllocated,
     KvFreed,
@@ -28,6 +30,7 @@ from spec.events import (
     Submitted,
 )
 from spec.lifecycles import RequestPhase
+from spec.machine import finish_condition
 from spec.state import TERMINAL_PHASES, AbstractState, RequestState
 
 
@@ -80,7 +83,7 @@ def _request_values(
     if last is not None and last > state.round.index:
         # the encoding keeps only "committed in this round", which a later round cannot be
         raise NotEncodable(f"latest commit in round {last}, after round {state.round.index}")
-    eos_id = state.config.eos_token_id
+    due = finish_condition(state.config, r)
     pending = [m for (rid, _), m in state.round.pending_masks.items() if rid == r.request_id]
     pl, mn = len(r.prompt), r.max_new_tokens
     return {
@@ -94,9 +97,11 @@ def _request_values(
         "block_start": start,
         "masks": -1 if cur is None or cur.masks is None else cur.masks,
         "alloc_round": -1 if cur is None or cur.alloc_round is None else cur.alloc_round,
-        "eos_committed": not r.ignore_eos and eos_id is not None and eos_id in r.generated[:mn],
+        "eos_committed": due is FinishReason.EOS,
         "stop_sampled": r.stop_sampled,
         "ignore_eos": r.ignore_eos,
+        "stop_token_committed": due is FinishReason.STOP,
+        "has_stop_token_ids": bool(r.stop_token_ids),
         "committed_this_round": last == state.round.index,
         "in_batch": in_batch,
         "step_pending": bool(pending),
@@ -201,8 +206,11 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "prompt_valid": True,
         "stop_sampled": False,
         "ignore_eos": False,
+        "has_stop_token_ids": False,
         "tokens_valid": True,
         "block_has_eos": False,
+        "block_has_stop_token": False,
+        "stop_token_first": False,
         "round_index": 0,
     }
     for t in range(geom.kv_slots):
@@ -225,6 +233,11 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
             if not isinstance(getattr(event, flag), bool):
                 raise NotEncodable(f"{flag} is not a bool")
             out[flag] = getattr(event, flag)
+        try:
+            validate_stop_token_ids(cfg, event.request_id, event.stop_token_ids)
+        except RequestError as err:  # the encoding keeps only whether it lists any
+            raise NotEncodable(f"stop token ids: {err}") from None
+        out["has_stop_token_ids"] = bool(event.stop_token_ids)
         out["prompt_len"], out["max_new_tokens"] = pl, mn
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(
@@ -269,9 +282,11 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
     elif isinstance(event, BlockCommitted):
         out["request"] = idx(event.request_id)
         out["block_index"] = event.block_index
-        valid, eos = _committed_tokens(state, event)
+        valid, eos, stop = _committed_tokens(state, event)
         out["tokens_valid"] = valid
-        out["block_has_eos"] = eos
+        out["block_has_eos"] = eos is not None
+        out["block_has_stop_token"] = stop is not None
+        out["stop_token_first"] = eos is not None and stop is not None and stop < eos
     elif isinstance(event, Finished):
         out["request"] = idx(event.request_id)
         out["reason"] = REASON[event.reason]
@@ -284,13 +299,17 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
     return out
 
 
-def _committed_tokens(state: AbstractState, event: BlockCommitted) -> tuple[bool, bool]:
-    """(the tokens keep the prompt and hold no mask, the block holds an EOS within
-    max_new_tokens) for a committed block."""
+def _committed_tokens(
+    state: AbstractState, event: BlockCommitted
+) -> tuple[bool, int | None, int | None]:
+    """(the tokens keep the prompt and hold no mask, the block's first position holding an
+    EOS, and one holding one of the request's stop token ids, within max_new_tokens) for a
+    committed block."""
     cfg = state.config
     toks = tuple(event.tokens)
     valid = len(toks) == cfg.block_size and cfg.mask_token_id not in toks
-    eos = False
+    eos: int | None = None
+    stop: int | None = None
     r = state.requests.get(event.request_id)
     if r is not None:
         start = event.block_index * cfg.block_size
@@ -298,10 +317,10 @@ def _committed_tokens(state: AbstractState, event: BlockCommitted) -> tuple[bool
             pos = start + k
             if pos < len(r.prompt) and r.prompt[pos] != tok:
                 valid = False
-            if (
-                cfg.eos_token_id is not None
-                and tok == cfg.eos_token_id
-                and len(r.prompt) <= pos < len(r.prompt) + r.max_new_tokens
-            ):
-                eos = True
-    return valid, eos
+            if not len(r.prompt) <= pos < len(r.prompt) + r.max_new_tokens:
+                continue
+            if eos is None and cfg.eos_token_id is not None and tok == cfg.eos_token_id:
+                eos = k
+            if stop is None and tok in r.stop_token_ids:
+                stop = k
+    return valid, eos, stop

@@ -12,6 +12,7 @@ from properties.symbolic.codes import (
     PROMPT_TOKEN,
     REASON_OF,
     REQ_NAME,
+    STOP_ID_TOKEN,
 )
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.params import Params
@@ -73,6 +74,7 @@ class Decoder:
                 num(p.max_new_tokens),
                 stop_sampled=flag(p.stop_sampled),
                 ignore_eos=flag(p.ignore_eos),
+                stop_token_ids=(STOP_ID_TOKEN,) if flag(p.has_stop_token_ids) else (),
             )
         if kind == "admitted":
             return Admitted(rid, num(p.row))
@@ -103,7 +105,10 @@ class Decoder:
             return StepResult(rid, num(p.block_index), num(p.accept_length), num(p.masks_remaining))
         if kind == "block_committed":
             blk = num(p.block_index)
-            toks = self._block_tokens(i, blk, num(s.max_new_tokens[i]), flag(p.block_has_eos))
+            enders = [EOS_TOKEN] if flag(p.block_has_eos) else []
+            if flag(p.block_has_stop_token):
+                enders.insert(0 if flag(p.stop_token_first) else len(enders), STOP_ID_TOKEN)
+            toks = self._block_tokens(i, blk, num(s.max_new_tokens[i]), enders)
             if not flag(p.tokens_valid):
                 toks[-1] = self.config.mask_token_id
             return BlockCommitted(rid, blk, tuple(toks))
@@ -115,9 +120,10 @@ class Decoder:
             return ControlReturned(num(p.round_index))
         raise ValueError(kind)  # pragma: no cover
 
-    def _block_tokens(self, i: int, blk: int, max_new: int, has_eos: bool) -> list[int]:
-        """Block `blk` of request i: the prompt at prompt positions, one EOS at the first
-        generated position (when the block holds one), filler elsewhere."""
+    def _block_tokens(self, i: int, blk: int, max_new: int, enders: list[int]) -> list[int]:
+        """Block `blk` of request i: the prompt at prompt positions, the `enders` (an EOS, a
+        stop token id, in order) at the first generated positions (as many as fit within
+        max_new_tokens: the first decides), filler elsewhere."""
         b = self.geom.block_size
         prompt = self.prompts.get(i, ())
         toks: list[int] = []
@@ -125,9 +131,8 @@ class Decoder:
             pos = blk * b + k
             if pos < len(prompt):
                 toks.append(prompt[pos])
-            elif has_eos and pos < len(prompt) + max_new:
-                toks.append(EOS_TOKEN)
-                has_eos = False
+            elif enders and pos < len(prompt) + max_new:
+                toks.append(enders.pop(0))
             else:
                 toks.append(FILLER_TOKEN)
         return toks
@@ -161,6 +166,7 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
             f"committed={ev(s.committed_blocks[i])} current=[{bph} "
             f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
             f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
+            f"stop_token={ev(s.stop_token_committed[i])}/{ev(s.has_stop_token_ids[i])} "
             f"stop_sampled={ev(s.stop_sampled[i])} ignore_eos={ev(s.ignore_eos[i])} "
             f"committed_this_round={ev(s.committed_this_round[i])} "
             f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"

@@ -87,8 +87,12 @@ class Encoding:
 
     def finish_due(self, s: State, i: int) -> Z:
         """`spec.machine.finish_condition` is not None:
-        eos_committed ∨ generated_len >= max_new_tokens."""
-        return z3.Or(s.eos_committed[i], self.generated_len(s, i) >= s.max_new_tokens[i])
+        eos_committed ∨ stop_token_committed ∨ generated_len >= max_new_tokens."""
+        return z3.Or(
+            s.eos_committed[i],
+            s.stop_token_committed[i],
+            self.generated_len(s, i) >= s.max_new_tokens[i],
+        )
 
     def committed_generated_this_round(self, s: State, i: int) -> Z:
         """`SpecMachine._committed_generated_this_round`: request i committed a block holding a

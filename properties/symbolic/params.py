@@ -13,11 +13,14 @@ follow `spec.events`; per-request forward rows are indexed by request:
                           row_num_tokens[i], row_masked[i] are that `ForwardRow`'s fields
   accept_length, masks_remaining    StepResult
   reason                  Finished (`codes.REASON`)
-  prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos    Submitted (a
-                          prompt is its length plus a validity bit); reserved_pages is the ghost
+  prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos, has_stop_token_ids
+                          Submitted (a prompt is its length plus a validity bit; stop token ids
+                          are whether it lists any); reserved_pages is the ghost
                           ceil((pl + mn) / P)
-  tokens_valid, block_has_eos        BlockCommitted: the tokens keep the prompt and hold no
-                          mask; the block holds an EOS within max_new_tokens
+  tokens_valid, block_has_eos, block_has_stop_token, stop_token_first
+                          BlockCommitted: the tokens keep the prompt and hold no mask; the
+                          block holds an EOS, one of the request's stop token ids, within
+                          max_new_tokens; its first stop token id comes before its first EOS
   round_index             ControlReturned
 """
 
@@ -48,8 +51,11 @@ _SCALARS = (
     ("prompt_valid", True),
     ("stop_sampled", True),
     ("ignore_eos", True),
+    ("has_stop_token_ids", True),
     ("tokens_valid", True),
     ("block_has_eos", True),
+    ("block_has_stop_token", True),
+    ("stop_token_first", True),
     ("round_index", False),
 )
 _ROW_FIELDS = (
@@ -79,8 +85,11 @@ class Params:
     prompt_valid: Z
     stop_sampled: Z
     ignore_eos: Z
+    has_stop_token_ids: Z
     tokens_valid: Z
     block_has_eos: Z
+    block_has_stop_token: Z
+    stop_token_first: Z
     round_index: Z
     freed: Terms
     forwarded: Terms

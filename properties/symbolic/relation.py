@@ -34,17 +34,20 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
     symmetry reduction that makes the FCFS queue "the queued requests by index");
     reserved_pages = ceil((prompt_len + max_new_tokens) / P) (ghost);
     block_has_eos ⇒ an EOS is configured and the block [k*B, k*B+B), k = committed_blocks,
-    overlaps the generated positions [prompt_len, prompt_len + max_new_tokens)."""
+    overlaps the generated positions [prompt_len, prompt_len + max_new_tokens);
+    block_has_stop_token ⇒ the request lists stop token ids and the block overlaps them too;
+    stop_token_first ⇒ block_has_stop_token ∧ block_has_eos (the order matters only then)."""
     n = enc.N
     committed = select(s.committed_blocks, p.request)
     prompt_len = select(s.prompt_len, p.request)
     max_new = select(s.max_new_tokens, p.request)
     block_start = committed * enc.B
-    eos_possible = z3.And(
-        enc.cfg.eos,
+    overlaps_generated = z3.And(
         block_start < prompt_len + max_new,
         block_start + enc.B > prompt_len,
     )
+    eos_possible = z3.And(enc.cfg.eos, overlaps_generated)
+    stop_possible = z3.And(select(s.has_stop_token_ids, p.request), overlaps_generated)
     return z3.And(
         p.kind >= 0,
         p.kind < len(KIND),
@@ -65,6 +68,8 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
         enc.P * (p.reserved_pages - 1) < p.prompt_len + p.max_new_tokens,
         p.prompt_len + p.max_new_tokens <= enc.P * p.reserved_pages,
         z3.Implies(p.block_has_eos, eos_possible),
+        z3.Implies(p.block_has_stop_token, stop_possible),
+        z3.Implies(p.stop_token_first, z3.And(p.block_has_stop_token, p.block_has_eos)),
     )
 
 

@@ -14,10 +14,12 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   block_start[i]        current block's first KV slot, -1 = holds no slots
   masks[i]              masks left after the block's latest step, -1 = not stepped yet
   alloc_round[i]        round the current block's slots were allocated in, -1 = never
-  eos_committed[i]      an EOS token that ends it was committed within max_new_tokens
+  eos_committed[i]      the first token that ends it (within max_new_tokens) is a committed EOS
+  stop_token_committed[i]  ... is one of its committed stop token ids (`finish_condition` STOP)
   stop_sampled[i]       it may finish with STOP (`RequestState.stop_sampled`)
-  ignore_eos[i]         an EOS does not end it (`RequestState.ignore_eos`): eos_committed[i]
-                        stays false
+  ignore_eos[i]         no token ends it (`RequestState.ignore_eos`): eos_committed[i] and
+                        stop_token_committed[i] stay false
+  has_stop_token_ids[i]  it lists stop token ids (`RequestState.stop_token_ids` is not empty)
   committed_this_round[i]  it committed a block in this round
                         (`RequestState.last_commit_round` = `RoundState.index`)
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
@@ -85,6 +87,8 @@ FIELDS: tuple[Field, ...] = (
     Field("eos_committed", Scope.REQUEST, True, False),
     Field("stop_sampled", Scope.REQUEST, True, False),
     Field("ignore_eos", Scope.REQUEST, True, False),
+    Field("stop_token_committed", Scope.REQUEST, True, False),
+    Field("has_stop_token_ids", Scope.REQUEST, True, False),
     Field("committed_this_round", Scope.REQUEST, True, False),
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
@@ -131,6 +135,8 @@ class State:
     eos_committed: Terms
     stop_sampled: Terms
     ignore_eos: Terms
+    stop_token_committed: Terms
+    has_stop_token_ids: Terms
     committed_this_round: Terms
     in_batch: Terms
     step_pending: Terms

@@ -39,8 +39,10 @@ def describe_ops(w: Workload) -> str:
     for op in w.ops:
         if isinstance(op, Submit):
             r = op.request
-            stop = (", stop_sampled" if r.stop_sampled else "") + (
-                ", ignore_eos" if r.ignore_eos else ""
+            stop = (
+                (", stop_sampled" if r.stop_sampled else "")
+                + (", ignore_eos" if r.ignore_eos else "")
+                + (f", stop_token_ids={list(r.stop_token_ids)}" if r.stop_token_ids else "")
             )
             parts.append(
                 f"submit({r.request_id}, prompt_len={len(r.prompt)}, "

@@ -12,7 +12,7 @@ from properties.symbolic.events.common import at_request, for_request, without_c
 from properties.symbolic.guard import Guard
 from properties.symbolic.params import Params
 from properties.symbolic.state import State
-from properties.symbolic.terms import lifecycle_step
+from properties.symbolic.terms import Z, lifecycle_step
 from spec.lifecycles import BLOCK_LIFECYCLE, REQUEST_LIFECYCLE
 
 if TYPE_CHECKING:
@@ -64,9 +64,17 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
-    """committed_blocks'[r] += 1; phase'[r] per the request table; eos_committed'[r] |=
-    block_has_eos ∧ ¬ignore_eos[r]; committed_this_round'[r] = true; no current block;
-    round_committed' = round_committed + 1."""
+    """committed_blocks'[r] += 1; phase'[r] per the request table; the first token that ends
+    r, if this block holds it (none ended r before, and not ignore_eos[r]):
+    eos_committed'[r] |= fresh ∧ block_has_eos ∧ ¬(block_has_stop_token ∧ stop_token_first),
+    stop_token_committed'[r] |= fresh ∧ block_has_stop_token ∧ (stop_token_first ∨
+    ¬block_has_eos), fresh = ¬eos_committed[r] ∧ ¬stop_token_committed[r] ∧ ¬ignore_eos[r];
+    committed_this_round'[r] = true; no current block; round_committed' = round_committed + 1."""
+
+    def fresh(i: int) -> Z:
+        return z3.Not(z3.Or(s.eos_committed[i], s.stop_token_committed[i], s.ignore_eos[i]))
+
+    stop_first = z3.And(p.block_has_stop_token, p.stop_token_first)
     return s.replace(
         committed_blocks=at_request(
             enc, p, s.committed_blocks, lambda i: s.committed_blocks[i] + 1
@@ -81,7 +89,22 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
             enc,
             p,
             s.eos_committed,
-            lambda i: z3.Or(s.eos_committed[i], z3.And(p.block_has_eos, z3.Not(s.ignore_eos[i]))),
+            lambda i: z3.Or(
+                s.eos_committed[i], z3.And(fresh(i), p.block_has_eos, z3.Not(stop_first))
+            ),
+        ),
+        stop_token_committed=at_request(
+            enc,
+            p,
+            s.stop_token_committed,
+            lambda i: z3.Or(
+                s.stop_token_committed[i],
+                z3.And(
+                    fresh(i),
+                    p.block_has_stop_token,
+                    z3.Or(p.stop_token_first, z3.Not(p.block_has_eos)),
+                ),
+            ),
         ),
         committed_this_round=at_request(enc, p, s.committed_this_round, lambda i: z3.BoolVal(True)),
         round_committed=s.round_committed + 1,

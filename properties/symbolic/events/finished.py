@@ -23,8 +23,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     known_request               active(r)
     lifecycle                   the request table has `finished` from phase[r]
-    finish_condition            reason = stop ⇒ stop_allowed(r): stop_sampled[r]
-                                  ∧ committed_generated_this_round(r), which is
+    finish_condition            reason = stop ⇒ stop_token_committed[r] ∨ stop_allowed(r):
+                                  stop_sampled[r] ∧ committed_generated_this_round(r), which is
                                   committed_this_round[r]
                                   ∧ before_last(r) < min(generated_len(r), max_new_tokens[r])
                                   where before_last(r) = max(0, (committed_blocks[r] - 1) * B
@@ -50,9 +50,10 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                 enc,
                 p,
                 lambda i: z3.If(
-                    # a STOP needs no EOS and no max_new_tokens: the engine saw a stop string
+                    # a STOP needs no EOS and no max_new_tokens: a stop token id ended it, or
+                    # the engine saw a stop string
                     p.reason == REASON[FinishReason.STOP],
-                    enc.stop_allowed(s, i),
+                    z3.Or(s.stop_token_committed[i], enc.stop_allowed(s, i)),
                     z3.And(
                         enc.finish_due(s, i),
                         z3.Implies(p.reason == REASON[FinishReason.EOS], s.eos_committed[i]),

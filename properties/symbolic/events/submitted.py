@@ -49,9 +49,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
-    stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; row'[r] = -1;
-    committed_blocks'[r] = 0; eos_committed'[r] = committed_this_round'[r] = false; no current
-    block."""
+    stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; has_stop_token_ids'[r] =
+    p.has_stop_token_ids; row'[r] = -1; committed_blocks'[r] = 0; eos_committed'[r] =
+    stop_token_committed'[r] = committed_this_round'[r] = false; no current block."""
     return s.replace(
         phase=at_request(enc, p, s.phase, lambda i: QUEUED),
         prompt_len=at_request(enc, p, s.prompt_len, lambda i: p.prompt_len),
@@ -62,6 +62,10 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         eos_committed=at_request(enc, p, s.eos_committed, lambda i: z3.BoolVal(False)),
         stop_sampled=at_request(enc, p, s.stop_sampled, lambda i: p.stop_sampled),
         ignore_eos=at_request(enc, p, s.ignore_eos, lambda i: p.ignore_eos),
+        has_stop_token_ids=at_request(enc, p, s.has_stop_token_ids, lambda i: p.has_stop_token_ids),
+        stop_token_committed=at_request(
+            enc, p, s.stop_token_committed, lambda i: z3.BoolVal(False)
+        ),
         committed_this_round=at_request(
             enc, p, s.committed_this_round, lambda i: z3.BoolVal(False)
         ),
