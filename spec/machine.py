@@ -137,8 +137,11 @@ def initial_masks(config: DllmConfig, prompt_len: int, block_index: int) -> int:
 
 
 class _Stops(Protocol):
-    """What decides which committed tokens end a request (a `RequestSpec`, `RequestState` or
-    the machine's own record)."""
+    """What decides where a request ends (a `RequestSpec`, `RequestState` or the machine's own
+    record)."""
+
+    @property
+    def max_new_tokens(self) -> int: ...
 
     @property
     def ignore_eos(self) -> bool: ...
@@ -147,46 +150,29 @@ class _Stops(Protocol):
     def stop_token_ids(self) -> tuple[int, ...]: ...
 
 
+def _end(
+    config: DllmConfig, request: _Stops, generated: Sequence[int]
+) -> tuple[FinishReason | None, int]:
+    """Why `generated` ends `request` (None: not yet), and the length of its output: the first
+    EOS or stop token id within max_new_tokens (neither with `ignore_eos`) ends it with EOS or
+    STOP, the output cut after it; else LENGTH once it reaches max_new_tokens."""
+    head = generated[: request.max_new_tokens]
+    if not request.ignore_eos:
+        eos, stops = config.eos_token_id, request.stop_token_ids
+        if stops:
+            for i, tok in enumerate(head):
+                if tok == eos or tok in stops:
+                    return (FinishReason.EOS if tok == eos else FinishReason.STOP), i + 1
+        elif eos is not None and eos in head:  # the common case, without a Python loop
+            return FinishReason.EOS, head.index(eos) + 1
+    done = len(generated) >= request.max_new_tokens
+    return (FinishReason.LENGTH if done else None), len(head)
+
+
 def finish_condition(config: DllmConfig, request: RequestState) -> FinishReason | None:
     """Why the request must finish now, or None: EOS or STOP at the first EOS or stop token id
     within max_new_tokens (neither with `ignore_eos`), else LENGTH at max_new_tokens."""
-    return _due(config, request.generated, _ender_of(config, request), request.max_new_tokens)
-
-
-def _ender_of(config: DllmConfig, request: _Stops) -> Mapping[int, FinishReason]:
-    """The tokens that end `request` when committed, each with its reason."""
-    if request.ignore_eos:
-        return {}
-    enders = dict.fromkeys(request.stop_token_ids, FinishReason.STOP)
-    if config.eos_token_id is not None:
-        enders[config.eos_token_id] = FinishReason.EOS
-    return enders
-
-
-def _token_stop(
-    generated: Sequence[int], enders: Mapping[int, FinishReason], max_new_tokens: int
-) -> tuple[FinishReason, int] | None:
-    """The reason and output length of the first ending token within max_new_tokens."""
-    if enders:
-        for i, tok in enumerate(generated[:max_new_tokens]):
-            reason = enders.get(tok)
-            if reason is not None:
-                return reason, i + 1
-    return None
-
-
-def _due(
-    config: DllmConfig,
-    generated: Sequence[int],
-    enders: Mapping[int, FinishReason],
-    max_new_tokens: int,
-) -> FinishReason | None:
-    stop = _token_stop(generated, enders, max_new_tokens)
-    if stop is not None:
-        return stop[0]
-    if len(generated) >= max_new_tokens:
-        return FinishReason.LENGTH
-    return None
+    return _end(config, request, request.generated)[0]
 
 
 def finish_of(
@@ -197,13 +183,8 @@ def finish_of(
     after a commit (a sampled STOP, which the spec cannot see, aside). The first EOS or stop
     token id within max_new_tokens (none with `ignore_eos`) ends it with EOS or STOP and cuts
     the output after it; else LENGTH at max_new_tokens."""
-    limit = request.max_new_tokens
-    stop = _token_stop(generated, _ender_of(config, request), limit)
-    if stop is not None:
-        return stop[0], tuple(generated[: stop[1]])
-    if len(generated) >= limit:
-        return FinishReason.LENGTH, tuple(generated[:limit])
-    return None
+    reason, length = _end(config, request, generated)
+    return None if reason is None else (reason, tuple(generated[:length]))
 
 
 def output_of(
@@ -212,18 +193,14 @@ def output_of(
     """The output so far of `request` with these generated tokens (what an implementation
     streams): cut at max_new_tokens and after the first EOS or stop token id (none with
     `ignore_eos`)."""
-    limit = request.max_new_tokens
-    stop = _token_stop(generated, _ender_of(config, request), limit)
-    return tuple(generated[: limit if stop is None else stop[1]])
+    return tuple(generated[: _end(config, request, generated)[1]])
 
 
 def request_output(config: DllmConfig, request: RequestState) -> tuple[int, ...]:
     """The request's output: generated tokens, cut at max_new_tokens and after the first EOS or
     stop token id (neither with `ignore_eos`). (After a sampled STOP the engine may cut it
     earlier: `stop_output_lengths`.)"""
-    limit = request.max_new_tokens
-    stop = _token_stop(request.generated, _ender_of(config, request), limit)
-    return request.generated[: limit if stop is None else stop[1]]
+    return request.generated[: _end(config, request, request.generated)[1]]
 
 
 def finished_output(
@@ -1021,7 +998,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     Rule.ROW_EXCLUSIVE, f"{r.request_id!r} is running without a row", e
                 )
             self._check_prefix(r, e)
-            if _due(cfg, r.tokens[len(r.prompt) :], _ender_of(cfg, r), r.max_new_tokens):
+            if _end(cfg, r, r.tokens[len(r.prompt) :])[0] is not None:
                 raise self._fail(
                     Rule.FDFO_RELEASES_SAME_ROUND,
                     f"{r.request_id!r} met its finish condition but is still running at the end "

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from spec import DllmConfig, SpecMachine, SpecViolation
+from reference.dllm import ReferenceDllmScheduler, replaying_twin
+from reference.golden import golden_output
+from reference.oracle import RecordedOracle
+from spec import DllmConfig, Mode, RequestSpec, SpecMachine, SpecViolation
 from spec.events import (
     Admitted,
     BlockCommitted,
@@ -27,7 +30,20 @@ from spec.events import (
     StepResult,
     Submitted,
 )
+from spec.snapshot import FinishedOutput
 from spec.trace import config_to_dict, event_to_dict
+
+# The runs' configuration: sync, blocks and pages of 2, 8 pages, 2 rows and seats, context 12.
+SMALL_SYNC = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=8,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=12,
+    mode=Mode.SYNC,
+    in_place_reuse=False,
+)
 
 
 def block(rid: str, k: int, tokens: tuple[int, ...], slots: tuple[int, int]) -> list[Event]:
@@ -88,3 +104,19 @@ def write_log(folder: Path, config: DllmConfig, events: list[Event]) -> Path:
     lines = [json.dumps(config_to_dict(config)), *(json.dumps(event_to_dict(e)) for e in events)]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def twin_replay(
+    config: DllmConfig, record: list[Event], request: RequestSpec
+) -> tuple[list[Event], dict[str, FinishedOutput], FinishedOutput]:
+    """`request` served alone by the reference replaying `record`'s steps (`RecordedOracle`):
+    its events (replayed through the spec, which must accept them), its outputs, and the
+    golden decoder's output for it on the same steps."""
+    events: list[Event] = []
+    twin = replaying_twin()(record, config)(config, events.append)
+    assert isinstance(twin, ReferenceDllmScheduler)
+    twin.submit(request)
+    twin.drain()
+    replay(config, events)
+    golden = golden_output(config, RecordedOracle.from_events(record, config), request)
+    return events, dict(twin.collect_outputs()), golden

@@ -15,17 +15,12 @@ import pytest
 
 from properties.decisions import operations
 from properties.workload import Submit
-from reference.dllm import ReferenceDllmScheduler, replaying_twin
-from reference.golden import golden_output
-from reference.oracle import RecordedOracle
 from schedspec_cli.main import main
 from spec import (
     ControlReturned,
-    DllmConfig,
     Finished,
     FinishReason,
     KvFreed,
-    Mode,
     RequestSpec,
     RowReleased,
     SpecMachine,
@@ -37,20 +32,10 @@ from spec.errors import InvalidRequest
 from spec.events import Event
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, event_from_dict, event_to_dict
-from tests.event_runs import replay, run_to_length, violation_of, write_log
+from tests.event_runs import SMALL_SYNC, replay, run_to_length, twin_replay, violation_of, write_log
 
 EOS = 9
-CFG = DllmConfig(
-    block_size=2,
-    page_size=2,
-    kv_pages=8,
-    req_pool_rows=2,
-    max_running_requests=2,
-    max_context=12,
-    mode=Mode.SYNC,
-    in_place_reuse=False,
-    eos_token_id=EOS,
-)
+CFG = SMALL_SYNC.replace(eos_token_id=EOS)
 
 
 def eos_run(ignore_eos: bool = True) -> list[Event]:
@@ -131,21 +116,14 @@ def test_a_request_spec_refuses_an_ignore_eos_that_is_not_a_bool() -> None:
 def test_the_reference_and_its_golden_decoder_run_past_an_ignored_eos() -> None:
     """The reference replaying the run (`RecordedOracle`) keeps the request past its EOS only
     when it ignores EOS; its events conform either way, and the golden decoder agrees."""
-    record = eos_run()
-    oracle = RecordedOracle.from_events(record, CFG)
     for ignore, want in (
         (True, FinishedOutput((EOS, 5, 6, EOS), FinishReason.LENGTH)),
         (False, FinishedOutput((EOS,), FinishReason.EOS)),
     ):
         request = RequestSpec("a", (3, 4), 4, ignore_eos=ignore)
-        events: list[Event] = []
-        twin = replaying_twin()(record, CFG)(CFG, events.append)
-        assert isinstance(twin, ReferenceDllmScheduler)
-        twin.submit(request)
-        twin.drain()
-        run(events)
-        assert twin.collect_outputs() == {"a": want}
-        assert golden_output(CFG, oracle, request) == want
+        events, outputs, golden = twin_replay(CFG, eos_run(), request)
+        assert outputs == {"a": want}
+        assert golden == want
         assert events[0] == Submitted("a", (3, 4), 4, ignore_eos=ignore)
 
 

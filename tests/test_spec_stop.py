@@ -29,14 +29,12 @@ from spec import (
     Admitted,
     BlockCommitted,
     ControlReturned,
-    DllmConfig,
     Finished,
     FinishReason,
     Forward,
     ForwardRow,
     KvAllocated,
     KvFreed,
-    Mode,
     RequestSpec,
     RowReleased,
     SpecMachine,
@@ -50,18 +48,9 @@ from spec.events import Event
 from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, config_to_dict, event_from_dict, event_to_dict
-from tests.event_runs import replay, violation_of, write_log
+from tests.event_runs import SMALL_SYNC, replay, violation_of, write_log
 
-CFG = DllmConfig(
-    block_size=2,
-    page_size=2,
-    kv_pages=8,
-    req_pool_rows=2,
-    max_running_requests=2,
-    max_context=12,
-    mode=Mode.SYNC,
-    in_place_reuse=False,
-)
+CFG = SMALL_SYNC
 
 
 def block(

@@ -18,18 +18,13 @@ import pytest
 
 from properties.decisions import operations
 from properties.workload import Submit
-from reference.dllm import ReferenceDllmScheduler, replaying_twin
-from reference.golden import golden_output
-from reference.oracle import RecordedOracle
 from schedspec_cli.main import main
 from spec import (
     Admitted,
     ControlReturned,
-    DllmConfig,
     Finished,
     FinishReason,
     KvFreed,
-    Mode,
     RequestSpec,
     RowReleased,
     SpecMachine,
@@ -43,20 +38,18 @@ from spec.errors import InvalidRequest
 from spec.events import Event
 from spec.snapshot import FinishedOutput
 from spec.trace import TraceFormatError, event_from_dict, event_to_dict
-from tests.event_runs import block, replay, run_to_length, violation_of, write_log
+from tests.event_runs import (
+    SMALL_SYNC,
+    block,
+    replay,
+    run_to_length,
+    twin_replay,
+    violation_of,
+    write_log,
+)
 
 EOS, STOP = 9, 7
-CFG = DllmConfig(
-    block_size=2,
-    page_size=2,
-    kv_pages=8,
-    req_pool_rows=2,
-    max_running_requests=2,
-    max_context=12,
-    mode=Mode.SYNC,
-    in_place_reuse=False,
-    eos_token_id=EOS,
-)
+CFG = SMALL_SYNC.replace(eos_token_id=EOS)
 
 
 def submitted(**flags: object) -> Submitted:
@@ -218,20 +211,14 @@ def test_the_reference_and_its_golden_decoder_stop_at_a_stop_token_id() -> None:
     """The reference replaying the run (`RecordedOracle`) stops the request at its stop token
     only when it lists it; its events conform either way, and the golden decoder agrees."""
     record = past_stop_run(Submitted("a", (3, 4), 4))
-    oracle = RecordedOracle.from_events(record, CFG)
     for ids, want in (
         ((STOP,), FinishedOutput((STOP,), FinishReason.STOP)),
         ((), FinishedOutput((STOP, 5, 6, STOP), FinishReason.LENGTH)),
     ):
         request = RequestSpec("a", (3, 4), 4, stop_token_ids=ids)
-        events: list[Event] = []
-        twin = replaying_twin()(record, CFG)(CFG, events.append)
-        assert isinstance(twin, ReferenceDllmScheduler)
-        twin.submit(request)
-        twin.drain()
-        run(events)
-        assert twin.collect_outputs() == {"a": want}
-        assert golden_output(CFG, oracle, request) == want
+        events, outputs, golden = twin_replay(CFG, record, request)
+        assert outputs == {"a": want}
+        assert golden == want
         assert events[0] == Submitted("a", (3, 4), 4, stop_token_ids=ids)
 
 
