@@ -25,7 +25,7 @@ import pytest
 from integrations.sglang import SGLANG_DLLM_PROFILE, observer
 from integrations.sglang.adapter import SglangDllmAdapter
 from integrations.sglang.engine import Engine, build, import_engine, new_request, scripted_token
-from integrations.sglang.event_log import SglangEventLog, dllm_config_of
+from integrations.sglang.event_log import SglangEventLog, dllm_config_of, eos_token_of
 from integrations.sglang.event_loop import serve
 from properties.decisions import twin_difference
 from properties.trace_check import check_trace
@@ -297,9 +297,6 @@ def test_a_live_log_refuses_what_it_cannot_describe_and_detaches() -> None:
     with pytest.raises(ConfigError, match="enable_overlap"):
         SglangEventLog(s, print, worker=engine.worker)
     s.enable_overlap = False
-    s.model_config.hf_eos_token_id = {2, 7}
-    with pytest.raises(ConfigError, match="hf_eos_token_id"):
-        SglangEventLog(s, print, worker=engine.worker)
     s.model_config.hf_eos_token_id = None
     s.dllm_config = None
     with pytest.raises(ConfigError, match="dllm"):
@@ -520,6 +517,71 @@ def test_a_request_sglang_serves_with_ignore_eos_runs_past_its_eos_and_checks(
     machine.check_outputs({"i": FinishedOutput(output, finished.reason)})
 
 
+def test_the_named_eos_of_a_model_with_several_is_its_configs_else_its_tokenizers_else_least() -> (
+    None
+):
+    """`eos_token_of` names one of the model's EOS ids (the others are logged as stop token
+    ids): the model config's own when it is in the set, else the tokenizer's, else the least."""
+    own = types.SimpleNamespace(eos_token_id=9)
+
+    def model(ids: object, hf_config: object = None) -> object:
+        return types.SimpleNamespace(hf_eos_token_id=ids, hf_config=hf_config)
+
+    tokenizer = types.SimpleNamespace(eos_token_id=7)
+    assert eos_token_of(model(None)) is None and eos_token_of(model(set())) is None
+    assert eos_token_of(model(5)) == 5
+    assert eos_token_of(model({9, 2, 7}, own), tokenizer) == 9
+    assert eos_token_of(model({2, 7}, own), tokenizer) == 7
+    assert eos_token_of(model({2, 7}, types.SimpleNamespace(eos_token_id=[2, 7]))) == 2
+    assert eos_token_of(model({4, 2, 7})) == 2
+
+
+@pytest.mark.parametrize(
+    ("other_at", "ignore_eos", "reason", "length"),
+    [
+        (2, False, FinishReason.STOP, 2),  # the other EOS id first in the EOS's block
+        (5, False, FinishReason.EOS, 3),  # the named EOS first
+        (2, True, FinishReason.LENGTH, 7),  # ignore_eos: neither ends it
+    ],
+)
+def test_a_model_with_several_eos_ids_is_logged_with_the_others_as_stop_token_ids(
+    other_at: int, ignore_eos: bool, reason: FinishReason, length: int
+) -> None:
+    """A model with two EOS ids (SGLang's `hf_eos_token_id`, its model config's own first):
+    the log's header names its own EOS, every `Submitted` carries the other as a stop token
+    id, and SGLang ends `i` at whichever of the two it commits first (`FINISH_MATCHED_TOKEN`),
+    logged as EOS or STOP. The log conforms, its twin decides alike, and what SGLang hands the
+    client is the spec's output, cut after that token."""
+    program = eos_program(ignore_eos)
+    eos = program.config.eos_token_id
+    assert eos is not None
+    other = scripted_token("i", other_at, program.config.mask_token_id)
+
+    def two_eos_ids(engine: Engine) -> None:
+        engine.scheduler.model_config.hf_eos_token_id = {eos, other}
+        engine.scheduler.model_config.hf_config = types.SimpleNamespace(eos_token_id=eos)
+
+    served: dict[str, Any] = {}
+    lines = serve_logged(program, two_eos_ids, served=served)
+    assert json.loads(lines[0])["eos_token_id"] == eos
+    kept = _checked(lines)
+    (submitted,) = [e for e in kept if isinstance(e, Submitted)]
+    assert submitted.stop_token_ids == (other,)
+    (finished,) = [e for e in kept if isinstance(e, Finished)]
+    assert finished.reason is reason
+    assert twin_difference(kept, program.config, SGLANG_ORDER_TWIN, SGLANG_DLLM_PROFILE) is None
+    req = served["i"]
+    n = req.finished_len if req.finished_len is not None else len(req.output_ids)
+    output = tuple(int(x) for x in req.output_ids[:n])
+    assert len(output) == length, output
+    ender = {FinishReason.STOP: other, FinishReason.EOS: eos}.get(reason)
+    assert output[-1] == ender if ender is not None else {eos, other} <= set(output), output
+    machine = SpecMachine(program.config, SGLANG_DLLM_PROFILE.policy)
+    for event in kept:
+        machine.apply(event)
+    machine.check_outputs({"i": FinishedOutput(output, reason)})
+
+
 def test_an_ignored_eos_logged_without_the_flag_fails_at_the_end_of_its_round() -> None:
     """Seeded bug: the log drops `ignore_eos`. The request is then still running at the end
     of the round that committed its EOS, and `check_trace` names that round's end."""
@@ -554,7 +616,7 @@ def test_a_stop_logged_without_its_stop_token_ids_fails_finish_condition(
 ) -> None:
     """Seeded bug: the log drops every request's stop token ids. SGLang's stop of `t` at its
     stop token is then a finish the spec cannot explain, named at its line."""
-    monkeypatch.setattr(observer, "stop_token_ids", lambda req, eos: ())
+    monkeypatch.setattr(observer, "stop_token_ids", lambda req, config: ())
     program, stops = stop_program(Mode.FDFO)
     lines = serve_logged(program, stops=stops)
     result = check_trace(lines)

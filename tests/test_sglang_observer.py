@@ -72,6 +72,7 @@ def test_padding_rows_past_the_batch_are_no_requests_rows() -> None:
 
 
 EOS = 7
+MASK = 99
 
 
 @pytest.mark.parametrize(
@@ -108,14 +109,16 @@ def test_a_request_has_a_sampled_stop_when_sglang_can_end_it_unseen(
             types.SimpleNamespace(eos_token_id=None, additional_stop_token_ids={3}),
             (3, 6),
         ),
+        (_params(stop_token_ids={MASK, 5}), {EOS, MASK}, None, (5,)),  # never committed
     ],
 )
 def test_a_requests_stop_token_ids_are_every_id_sglang_matches_but_the_eos(
     params: types.SimpleNamespace, eos_ids: object, tokenizer: object, ids: tuple[int, ...]
 ) -> None:
-    """What `Req._check_token_based_finish` matches, less the model's one EOS, sorted."""
+    """What `Req._check_token_based_finish` matches, less the model's one EOS and the mask
+    id, sorted."""
     req = types.SimpleNamespace(sampling_params=params, tokenizer=tokenizer, eos_token_ids=eos_ids)
-    assert stop_token_ids(req, EOS) == ids
+    assert stop_token_ids(req, DllmConfig(eos_token_id=EOS, mask_token_id=MASK)) == ids
 
 
 def test_sglangs_finish_reasons_as_the_specs() -> None:

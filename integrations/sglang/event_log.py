@@ -24,9 +24,10 @@ A round in which no batch runs is written as its `ControlReturned` only while re
 live (an idle server writes nothing), and a run of such rounds with nothing in between is
 written once (a scheduler that cannot admit would otherwise fill the disk).
 
-Stops: a request's stop token ids other than the model's one EOS (its own, the model's other
-EOS ids, its tokenizer's) are written on `Submitted` as `stop_token_ids`, which the spec
-evaluates itself; a request with a stop condition the spec cannot evaluate (stop strings, a
+Stops: a request's stop token ids other than the id the log names the model's EOS (its own,
+the model's other EOS ids, its tokenizer's; `eos_token_of` says which EOS id is named when the
+model has several) are written on `Submitted` as `stop_token_ids`, which the spec evaluates
+itself; a request with a stop condition the spec cannot evaluate (stop strings, a
 stop regex, a grammar) is written with `stop_sampled`. SGLang's `FINISH_MATCHED_STR`,
 `FINISHED_MATCHED_REGEX` and a matched token other than the EOS are written as `Finished`
 with reason STOP. What a log cannot
@@ -55,22 +56,33 @@ from spec.events import ControlReturned, Event
 from spec.trace import config_to_dict, event_to_dict
 
 
-def eos_token_of(model_config: Any) -> int | None:
-    """The model's one end-of-sequence id (`hf_eos_token_id`), None when it has none; a
-    ConfigError when it has several (the dLLM spec finishes on one EOS id)."""
+def eos_token_of(model_config: Any, tokenizer: Any = None) -> int | None:
+    """The id the log names the model's EOS (`DllmConfig.eos_token_id`), None when the model
+    has none (`hf_eos_token_id` empty or None).
+
+    A model may list several end-of-sequence ids (Llama 3, and generation configs that add
+    their own); SGLang ends a request on any of them alike (`FINISH_MATCHED_TOKEN`). The spec
+    names one of them the EOS: the model config's own `eos_token_id` when it is a single id of
+    the set, else the tokenizer's, else the smallest. The others end a request as its stop
+    token ids (`observer.stop_token_ids` writes them on every `Submitted`), at the same token
+    and with the same cut; only the reason differs (STOP rather than EOS), as the observer
+    writes it (`FINISH_MATCHED_TOKEN` of a token other than the named EOS)."""
     ids = getattr(model_config, "hf_eos_token_id", None)
     if ids is None:
         return None
     if isinstance(ids, int):
         return ids
-    found = sorted(int(i) for i in ids)
-    if len(found) > 1:
-        raise ConfigError(
-            "hf_eos_token_id",
-            found,
-            "a single end-of-sequence id (the dLLM spec's eos_token_id is one token)",
-        )
-    return found[0] if found else None
+    found = {int(i) for i in ids}
+    if not found:
+        return None
+    hf_config = getattr(model_config, "hf_config", None)
+    for named in (
+        getattr(hf_config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(named, int) and named in found:
+            return named
+    return min(found)
 
 
 def dllm_config_of(scheduler: Any) -> DllmConfig:
@@ -95,7 +107,9 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
             in_place_reuse=fdfo,  # unconditional under FDFO (mem_cache/allocation.py:387)
             reloop=False,  # one forward and one step per FDFO round (dllm/algorithm/base.py)
             mask_token_id=int(sg.mask_id),
-            eos_token_id=eos_token_of(scheduler.model_config),
+            eos_token_id=eos_token_of(
+                scheduler.model_config, getattr(scheduler, "tokenizer", None)
+            ),
         )
     except ConfigError as err:
         raise ConfigError(

@@ -66,19 +66,20 @@ class UnnamedFinish(RuntimeError):
     """SGLang finished a request for a reason the spec's `Finished` has no name for."""
 
 
-def stop_token_ids(req: Any, eos_token_id: int | None) -> tuple[int, ...]:
-    """The token ids other than the model's EOS on which SGLang ends `req`
+def stop_token_ids(req: Any, config: DllmConfig) -> tuple[int, ...]:
+    """The token ids other than the configuration's EOS on which SGLang ends `req`
     (`Submitted.stop_token_ids`, sorted): its `stop_token_ids`, the model's other EOS ids and
     its tokenizer's EOS and extra stop ids, as `Req._check_token_based_finish` matches them.
     SGLang reports a match as `FINISH_MATCHED_TOKEN`, the observer as STOP. (Under
-    `ignore_eos` SGLang matches none of them, and neither does the spec.)"""
+    `ignore_eos` SGLang matches none of them, and neither does the spec.) The mask id is left
+    out: a step never commits it, so it ends nothing, and the spec refuses it as a stop id."""
     ids = set(req.sampling_params.stop_token_ids or ())
     ids |= set(getattr(req, "eos_token_ids", None) or ())
     tokenizer = req.tokenizer
     if tokenizer is not None:
         ids.add(getattr(tokenizer, "eos_token_id", None))
         ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
-    ids -= {None, eos_token_id}
+    ids -= {None, config.eos_token_id, config.mask_token_id}
     return tuple(sorted(int(t) for t in ids))
 
 
@@ -248,7 +249,7 @@ class SglangObserver:
                 int(params.max_new_tokens),
                 stop_sampled=has_sampled_stop(req),
                 ignore_eos=bool(params.ignore_eos),
-                stop_token_ids=stop_token_ids(req, self.config.eos_token_id),
+                stop_token_ids=stop_token_ids(req, self.config),
             )
         )
 
