@@ -169,6 +169,8 @@ def find_mutant_counterexample(
             sol.add(z3.Not(enc.rule_guard(s, p, mutant.kind, rule, tag)))
             if mutant.extra is not None:
                 sol.add(mutant.extra(enc, s, p))
+            if mutant.history is not None:
+                sol.add(mutant.history(enc, unr.states, unr.params))
             if check(sol):
                 m = sol.model()
                 evs = drop_noops(unr.events(m, mutant.config))
