@@ -21,7 +21,8 @@ from properties.symbolic.decode import Decoder, render_values
 from properties.symbolic.encoding import Encoding
 from properties.symbolic.geometry import Geometry, SymConfig, policy_label
 from properties.symbolic.guard import Relaxation
-from properties.symbolic.mutants import SYMBOLIC_MUTANTS, SymbolicMutant
+from properties.symbolic.mutant import SymbolicMutant
+from properties.symbolic.mutants import SYMBOLIC_MUTANTS
 from properties.symbolic.result import (
     DEFAULT_TIMEOUT_MS,
     Progress,
