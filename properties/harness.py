@@ -243,9 +243,12 @@ def solo_output(
     request: RequestSpec,
     cache: SoloCache | None = None,
 ) -> tuple[int, ...]:
-    """The request's output when run alone under sync at batch size 1 (checked by the spec)."""
+    """The request's output when run alone under sync at batch size 1 (checked by the spec).
+    `cache` is keyed by the implementation, the configuration and the whole request: its id
+    (an engine's tokens may follow it) and everything that decides where it ends (`ignore_eos`,
+    `stop_token_ids`, `stop_sampled`)."""
     solo = config.solo_sync()
-    key = (id(factory), solo, request.prompt, request.max_new_tokens, request.request_id)
+    key = (id(factory), solo, request)
     if cache is not None and key in cache:
         return cache[key]
     # solo sync lies in every space; golden is checked on the run under test, not here

@@ -34,6 +34,7 @@ from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
 from properties.decisions import twin_difference
 from properties.harness import Harness
+from properties.strategies import EOS
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
@@ -189,8 +190,10 @@ def test_a_whole_prompt_block_passes_a_shorter_prompt_under_prefill_first() -> N
 # (a mask block, max_new_tokens and a page per request): the KV-pressure findings below are
 # checked on their own (with less room SGLang overcommits or truncates blocks; docs/engines.md).
 def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
+    """Roomy pools, with the suites' EOS (15) half the time: the scripted tokens (ids 0..15)
+    hit it, and the drawn stop token ids, often enough that requests end at both."""
     return st.builds(
-        lambda b, rows, mode: DllmConfig(
+        lambda b, rows, mode, eos: DllmConfig(
             block_size=b,
             page_size=b,
             kv_pages=rows * (-(-24 // b) + 4) + 4,  # PROFILE.space.min_kv_pages
@@ -199,10 +202,12 @@ def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
             max_context=b * (-(-24 // b)),
             mode=mode,
             in_place_reuse=mode is Mode.FDFO,
+            eos_token_id=eos,
         ),
         st.sampled_from([1, 2, 4]),
         st.integers(1, 3),
         st.sampled_from([Mode.FDFO, Mode.SYNC]),
+        st.sampled_from([None, EOS]),
     )
 
 

@@ -13,7 +13,7 @@ Where SGLang's contract differs from the spec's, the adapter makes the spec's ho
   checks its own table of live requests first.
 - SGLang finishes a request whose output holds any negative token id
   (`Req._check_vocab_boundary_finish`). The spec's prompts are >= 0 and the scripted step only
-  writes tokens in 1..98, so this never fires. Were it to, its `FINISH_MATCHED_STR` is written
+  writes tokens in 0..16, so this never fires. Were it to, its `FINISH_MATCHED_STR` is written
   as a stop, which the spec refuses for a request without a sampled stop (`finish_condition`);
   an abort inside the round is reported as an implementation error (`UnnamedFinish`).
 """

@@ -145,9 +145,15 @@ class _Passthrough:
         return lambda *args, **kwargs: args[0] if args else None
 
 
+SCRIPTED_VOCAB = 16
+"""The scripted step writes ids 0..15: the ids the property suites draw prompts, the EOS (15)
+and stop token ids (0..14) from, so a generated token is the EOS one time in sixteen and a
+drawn stop token id about as often: the suites see requests end at both."""
+
+
 def scripted_token(rid: str, position: int, mask: int) -> int:
     """The token the scripted step writes at `position` of request `rid` (never the mask)."""
-    tok = 1 + zlib.crc32(f"{rid}@{position}".encode()) % 97
+    tok = zlib.crc32(f"{rid}@{position}".encode()) % SCRIPTED_VOCAB
     return tok + 1 if tok == mask else tok
 
 
