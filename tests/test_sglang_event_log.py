@@ -534,6 +534,10 @@ def test_the_named_eos_of_a_model_with_several_is_its_configs_else_its_tokenizer
     assert eos_token_of(model({2, 7}, own), tokenizer) == 7
     assert eos_token_of(model({2, 7}, types.SimpleNamespace(eos_token_id=[2, 7]))) == 2
     assert eos_token_of(model({4, 2, 7})) == 2
+    scheduler = build(served_program(1).config, {}).scheduler
+    scheduler.model_config.hf_eos_token_id = {2, 7}
+    scheduler.tokenizer = tokenizer
+    assert dllm_config_of(scheduler).eos_token_id == 7  # the scheduler's own tokenizer
 
 
 @pytest.mark.parametrize(
