@@ -23,7 +23,6 @@ from spec import (
     KvFreed,
     RequestSpec,
     RowReleased,
-    SpecMachine,
     SpecViolation,
     Submitted,
 )
@@ -45,23 +44,15 @@ def eos_run(ignore_eos: bool = True) -> list[Event]:
     return run_to_length(Submitted("a", (3, 4), 4, ignore_eos=ignore_eos), (EOS, 5), (6, EOS))
 
 
-def run(events: list[Event]) -> SpecMachine:
-    return replay(CFG, events)
-
-
-def violation(events: list[Event]) -> SpecViolation:
-    return violation_of(CFG, events)
-
-
 def test_a_request_that_ignores_eos_runs_to_max_new_tokens_and_keeps_its_eos() -> None:
-    m = run(eos_run())
+    m = replay(CFG, eos_run())
     assert m.is_idle()
     assert m.outputs() == {"a": (EOS, 5, 6, EOS)}
     m.check_outputs({"a": FinishedOutput((EOS, 5, 6, EOS), FinishReason.LENGTH)})
 
 
 def test_an_output_cut_at_an_ignored_eos_breaks_reported_output() -> None:
-    m = run(eos_run())
+    m = replay(CFG, eos_run())
     with pytest.raises(SpecViolation) as info:
         m.check_outputs({"a": FinishedOutput((EOS,), FinishReason.LENGTH)})
     assert info.value.rule == "reported_output"
@@ -69,7 +60,7 @@ def test_an_output_cut_at_an_ignored_eos_breaks_reported_output() -> None:
 
 
 def test_without_ignore_eos_running_past_the_eos_breaks_fdfo_releases_same_round() -> None:
-    v = violation(eos_run(ignore_eos=False))
+    v = violation_of(CFG, eos_run(ignore_eos=False))
     assert v.rule == "fdfo_releases_same_round"
     assert v.event == ControlReturned(1)
 
@@ -89,7 +80,7 @@ def test_eos_as_the_reason_breaks_finish_condition_when_it_is_ignored(after: str
         RowReleased("a", 0),
         Finished("a", FinishReason.EOS),
     ]
-    v = violation([*events[:cut], *ending])
+    v = violation_of(CFG, [*events[:cut], *ending])
     assert v.rule == "finish_condition"
     assert "submitted with ignore_eos" in str(v) and "valid: length" in str(v)
     assert v.event == Finished("a", FinishReason.EOS)

@@ -96,23 +96,15 @@ def stopped_run(stop_sampled: bool = True) -> list[Event]:
     ]
 
 
-def run(events: list[Event]) -> SpecMachine:
-    return replay(CFG, events)
-
-
-def violation(events: list[Event]) -> SpecViolation:
-    return violation_of(CFG, events)
-
-
 def test_a_sampled_stop_finishes_a_request_right_after_its_commit() -> None:
-    m = run(stopped_run())
+    m = replay(CFG, stopped_run())
     assert m.is_idle()
     assert m.outputs() == {"s": (8, 9)}
     m.check_outputs({"s": FinishedOutput((8,), FinishReason.STOP)})  # cut inside the block
 
 
 def test_stop_without_stop_sampled_breaks_finish_condition() -> None:
-    v = violation(stopped_run(stop_sampled=False))
+    v = violation_of(CFG, stopped_run(stop_sampled=False))
     assert v.rule == "finish_condition"
     assert "not submitted with stop_sampled" in str(v)
     assert v.event == Finished("s", FinishReason.STOP)
@@ -126,7 +118,7 @@ def test_stop_in_a_round_without_a_commit_breaks_finish_condition() -> None:
         ControlReturned(1),
         *ending("s", (0, 1, 2, 3), FinishReason.STOP),
     ]
-    v = violation(late)
+    v = violation_of(CFG, late)
     assert v.rule == "finish_condition"
     assert "committed no block holding a generated token in round 2" in str(v)
     assert "its latest commit was in round 1" in str(v)
@@ -140,7 +132,7 @@ def test_stop_after_a_prompt_only_block_breaks_finish_condition() -> None:
         *prompt_block("s", (3, 4), (0, 1)),
         *ending("s", (0, 1), FinishReason.STOP),
     ]
-    v = violation(events)
+    v = violation_of(CFG, events)
     assert v.rule == "finish_condition" and "round 0" in str(v)
 
 
@@ -155,7 +147,7 @@ def test_stop_after_a_prompt_only_block_breaks_finish_condition() -> None:
 def test_a_stop_output_outside_the_last_block_breaks_reported_output(
     tokens: tuple[int, ...], why: str
 ) -> None:
-    m = run(stopped_run())
+    m = replay(CFG, stopped_run())
     with pytest.raises(SpecViolation) as info:
         m.check_outputs({"s": FinishedOutput(tokens, FinishReason.STOP)})
     assert info.value.rule == "reported_output"
@@ -173,9 +165,9 @@ def test_a_stop_output_may_not_reach_into_an_earlier_block() -> None:
         *block("s", 1, (6, 7), (2, 3)),
         *ending("s", (0, 1, 2, 3), FinishReason.STOP),
     ]
-    m = run(events)
+    m = replay(CFG, events)
     m.check_outputs({"s": FinishedOutput((5, 6), FinishReason.STOP)})
-    m = run(events)
+    m = replay(CFG, events)
     with pytest.raises(SpecViolation, match="cut after 2 to 3 tokens"):
         m.check_outputs({"s": FinishedOutput((5,), FinishReason.STOP)})
 
@@ -184,7 +176,7 @@ def test_length_and_eos_are_unchanged_for_a_request_with_a_sampled_stop() -> Non
     """stop_sampled allows STOP; it does not excuse a request from EOS or LENGTH."""
     events = stopped_run()
     ended = events.index(Finished("s", FinishReason.STOP))
-    v = violation([*events[:ended], Finished("s", FinishReason.EOS)])
+    v = violation_of(CFG, [*events[:ended], Finished("s", FinishReason.EOS)])
     assert v.rule == "finish_condition"
 
 
@@ -217,7 +209,7 @@ def test_a_replaying_twin_stops_where_the_record_stopped() -> None:
     assert isinstance(twin, ReferenceDllmScheduler)
     twin.submit(RequestSpec("s", (3, 4), 6, stop_sampled=True))
     twin.drain()
-    run(events)
+    replay(CFG, events)
     assert Finished("s", FinishReason.STOP) in events
     assert twin.collect_outputs() == {"s": FinishedOutput((8, 9), FinishReason.STOP)}
     plain: list[Event] = []
@@ -262,7 +254,7 @@ def test_an_abort_right_after_a_commit_is_the_policys() -> None:
     for e in aborted_run():
         m.apply(e)
     assert m.is_idle()
-    v = violation(aborted_run())  # the idealised spec: aborts happen between rounds
+    v = violation_of(CFG, aborted_run())  # the idealised spec: aborts happen between rounds
     assert v.rule == "scheduler_phase" and v.event == Aborted("s")
     assert "aborts_after_commit" not in str(v)
 

@@ -27,7 +27,6 @@ from spec import (
     KvFreed,
     RequestSpec,
     RowReleased,
-    SpecMachine,
     SpecViolation,
     Submitted,
     finish_of,
@@ -81,23 +80,15 @@ def past_stop_run(first: Submitted) -> list[Event]:
     return run_to_length(first, (STOP, 5), (6, STOP))
 
 
-def run(events: list[Event]) -> SpecMachine:
-    return replay(CFG, events)
-
-
-def violation(events: list[Event]) -> SpecViolation:
-    return violation_of(CFG, events)
-
-
 def test_a_request_stops_at_its_stop_token_id_and_its_output_is_cut_after_it() -> None:
-    m = run(stop_run())
+    m = replay(CFG, stop_run())
     assert m.is_idle()
     assert m.outputs() == {"a": (STOP,)}
     m.check_outputs({"a": FinishedOutput((STOP,), FinishReason.STOP)})
 
 
 def test_an_output_past_the_stop_token_breaks_reported_output() -> None:
-    m = run(stop_run())
+    m = replay(CFG, stop_run())
     with pytest.raises(SpecViolation) as info:
         m.check_outputs({"a": FinishedOutput((STOP, 5), FinishReason.STOP)})
     assert info.value.rule == "reported_output"
@@ -105,21 +96,21 @@ def test_an_output_past_the_stop_token_breaks_reported_output() -> None:
 
 
 def test_a_stop_without_stop_token_ids_breaks_finish_condition() -> None:
-    v = violation(stop_run(Submitted("a", (3, 4), 4)))
+    v = violation_of(CFG, stop_run(Submitted("a", (3, 4), 4)))
     assert v.rule == "finish_condition"
     assert "it has no stop_token_ids" in str(v) and "valid: the reason" in str(v)
     assert v.event == Finished("a", FinishReason.STOP)
 
 
 def test_running_past_the_stop_token_breaks_fdfo_releases_same_round() -> None:
-    v = violation(past_stop_run(submitted()))
+    v = violation_of(CFG, past_stop_run(submitted()))
     assert v.rule == "fdfo_releases_same_round"
     assert v.event == ControlReturned(1)
 
 
 @pytest.mark.parametrize("reason", [FinishReason.EOS, FinishReason.LENGTH])
 def test_another_reason_at_the_stop_token_breaks_finish_condition(reason: FinishReason) -> None:
-    v = violation(stop_run(reason=reason))
+    v = violation_of(CFG, stop_run(reason=reason))
     assert v.rule == "finish_condition"
     assert f"reason {reason.value}; the condition that holds is stop" in str(v)
 
@@ -133,10 +124,10 @@ def test_the_first_ending_token_of_a_block_decides(
 ) -> None:
     """An EOS and a stop token id in one block: the earlier one gives the reason and the cut;
     the other reason is refused."""
-    m = run(stop_run(tokens=tokens, reason=reason))
+    m = replay(CFG, stop_run(tokens=tokens, reason=reason))
     assert m.outputs() == {"a": output}
     other = FinishReason.EOS if reason is FinishReason.STOP else FinishReason.STOP
-    v = violation(stop_run(tokens=tokens, reason=other))
+    v = violation_of(CFG, stop_run(tokens=tokens, reason=other))
     assert v.rule == "finish_condition"
     if other is FinishReason.STOP:
         assert "none of its stop_token_ids [7] is the first committed token" in str(v)
@@ -145,9 +136,9 @@ def test_the_first_ending_token_of_a_block_decides(
 def test_with_ignore_eos_a_stop_token_id_ends_nothing() -> None:
     """SGLang matches no token of a request that ignores EOS: it runs to max_new_tokens and
     its output keeps the stop tokens; a STOP at one is refused."""
-    m = run(past_stop_run(submitted(ignore_eos=True)))
+    m = replay(CFG, past_stop_run(submitted(ignore_eos=True)))
     assert m.outputs() == {"a": (STOP, 5, 6, STOP)}
-    v = violation(stop_run(submitted(ignore_eos=True)))
+    v = violation_of(CFG, stop_run(submitted(ignore_eos=True)))
     assert v.rule == "finish_condition"
     assert "no stop token id ends it under ignore_eos" in str(v)
 
@@ -155,9 +146,9 @@ def test_with_ignore_eos_a_stop_token_id_ends_nothing() -> None:
 def test_a_sampled_stop_may_still_come_first() -> None:
     """With `stop_sampled` as well, a STOP may end the request before its stop token id, and
     the output may be cut anywhere in the last block up to the stop token."""
-    m = run(stop_run(submitted(stop_sampled=True), tokens=(5, STOP)))
+    m = replay(CFG, stop_run(submitted(stop_sampled=True), tokens=(5, STOP)))
     m.check_outputs({"a": FinishedOutput((5,), FinishReason.STOP)})
-    m = run(stop_run(submitted(stop_sampled=True), tokens=(5, 6)))
+    m = replay(CFG, stop_run(submitted(stop_sampled=True), tokens=(5, 6)))
     m.check_outputs({"a": FinishedOutput((5, 6), FinishReason.STOP)})
 
 
@@ -190,7 +181,7 @@ def test_invalid_stop_token_ids_are_refused_saying_what_is_valid(ids: object, sa
 
 
 def test_a_submitted_event_with_invalid_stop_token_ids_breaks_valid_request() -> None:
-    v = violation([Submitted("a", (1,), 2, stop_token_ids=(EOS,))])
+    v = violation_of(CFG, [Submitted("a", (1,), 2, stop_token_ids=(EOS,))])
     assert v.rule == "valid_request"
     assert "stop_token_ids=9" in str(v)
 
