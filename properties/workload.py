@@ -23,16 +23,7 @@ class Submit:
     @classmethod
     def of(cls, event: Submitted) -> Submit:
         """The submission that produced `event`, its flags included."""
-        return cls(
-            RequestSpec(
-                event.request_id,
-                tuple(event.prompt),
-                event.max_new_tokens,
-                stop_sampled=event.stop_sampled,
-                ignore_eos=event.ignore_eos,
-                stop_token_ids=tuple(event.stop_token_ids),
-            )
-        )
+        return cls(RequestSpec.of(event))
 
 
 @dataclass(frozen=True, slots=True)

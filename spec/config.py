@@ -238,6 +238,19 @@ class RequestSpec:
             stop_token_ids=tuple(self.stop_token_ids),
         )
 
+    @classmethod
+    def of(cls, event: Submitted) -> RequestSpec:
+        """The request `event` submitted, every field as the event gives it (the inverse of
+        `submitted`)."""
+        return cls(
+            event.request_id,
+            tuple(event.prompt),
+            event.max_new_tokens,
+            stop_sampled=event.stop_sampled,
+            ignore_eos=event.ignore_eos,
+            stop_token_ids=tuple(event.stop_token_ids),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RequestShape:

@@ -97,3 +97,23 @@ def test_absurd_pool_is_refused_with_the_memory_figure() -> None:
     with pytest.raises(ConfigError) as exc:
         DllmConfig(kv_pages=10**12)
     assert "GiB" in str(exc.value) and "this machine has" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "request_spec",
+    [
+        RequestSpec("a", (1, 2), 3),
+        RequestSpec("b", (4,), 5, stop_sampled=True, ignore_eos=True, stop_token_ids=(7, 2)),
+    ],
+)
+def test_a_request_and_its_submitted_event_carry_the_same_fields(
+    request_spec: RequestSpec,
+) -> None:
+    """`RequestSpec.submitted` and `RequestSpec.of` are inverses, every field kept."""
+    event = request_spec.submitted()
+    assert (event.stop_sampled, event.ignore_eos) == (
+        request_spec.stop_sampled,
+        request_spec.ignore_eos,
+    )
+    assert event.stop_token_ids == request_spec.stop_token_ids
+    assert RequestSpec.of(event) == request_spec
