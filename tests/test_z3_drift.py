@@ -682,21 +682,30 @@ def _free_to_finish(m: SpecMachine, rid: str) -> SpecMachine:
     return trial
 
 
+def _compare_finishes_after(m: SpecMachine, change: Callable[[Any], None]) -> None:
+    """`Finished` with each reason of every request, first made free to finish and then
+    changed by `change` (given the spec's own request record)."""
+    for rid in list(m._requests):
+        trial = _free_to_finish(m, rid)
+        change(trial._requests[rid])
+        trial.reindex()
+        for reason in FinishReason:
+            _compare(trial, Finished(rid, reason))
+
+
 def _compare_ignored_eos(m: SpecMachine, rng: random.Random) -> None:
     """`Finished` with each reason of every request, first made free to finish, given a
     drawn `ignore_eos` and (most of the time) an EOS among its generated tokens: walks seldom
     reach a finish past an ignored EOS."""
     eos = m.config.eos_token_id
-    for rid in list(m._requests):
-        trial = _free_to_finish(m, rid)
-        r = trial._requests[rid]
+
+    def change(r: Any) -> None:
         r.ignore_eos = rng.random() < 0.7
         generated = range(len(r.prompt), len(r.tokens))
         if eos is not None and generated and rng.random() < 0.8:
             r.tokens[rng.choice(generated)] = eos
-        trial.reindex()
-        for reason in FinishReason:
-            _compare(trial, Finished(rid, reason))
+
+    _compare_finishes_after(m, change)
 
 
 def _compare_stop_token_ids(m: SpecMachine, rng: random.Random) -> None:
@@ -704,9 +713,8 @@ def _compare_stop_token_ids(m: SpecMachine, rng: random.Random) -> None:
     `STOP_IDS` (most of the time), a drawn `ignore_eos` and `stop_sampled`, and a stop token id
     and an EOS among its generated tokens (each most of the time, in either order)."""
     eos = m.config.eos_token_id
-    for rid in list(m._requests):
-        trial = _free_to_finish(m, rid)
-        r = trial._requests[rid]
+
+    def change(r: Any) -> None:
         r.stop_token_ids = STOP_IDS if rng.random() < 0.8 else ()
         r.ignore_eos = rng.random() < 0.3
         r.stop_sampled = rng.random() < 0.3
@@ -714,9 +722,8 @@ def _compare_stop_token_ids(m: SpecMachine, rng: random.Random) -> None:
         for token in (rng.choice(STOP_IDS), eos):
             if token is not None and generated and rng.random() < 0.7:
                 r.tokens[rng.choice(generated)] = token
-        trial.reindex()
-        for reason in FinishReason:
-            _compare(trial, Finished(rid, reason))
+
+    _compare_finishes_after(m, change)
 
 
 def _compare_stops(m: SpecMachine, rng: random.Random) -> None:
