@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,10 @@ from properties.decisions import twin_difference
 from properties.harness import Harness
 from properties.strategies import EOS
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_TWIN
+from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
-from spec.events import Finished, FinishReason, Forward
+from spec.events import Event, Finished, FinishReason, Forward
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
@@ -238,6 +240,29 @@ def test_real_path_passes_the_dllm_suite_under_its_profile() -> None:
         REAL_SGLANG_DLLM.factory, profile=PROFILE, configs=_roomy_configs(), parity="always"
     )
     _run_suite(machine)
+
+
+def test_the_suite_sees_sglang_end_requests_at_the_eos_a_stop_token_id_and_their_length() -> None:
+    """The suite above exercises every way a request ends: the scripted step writes the ids
+    the suite draws the EOS and stop token ids from (`engine.SCRIPTED_VOCAB`), so within 60
+    derandomized examples SGLang finishes requests with each of `eos`, `stop` and `length`
+    (counted on every `Finished` its adapter emits, the parity reference's solo runs
+    included)."""
+    reasons: Counter[FinishReason] = Counter()
+
+    def counting(config: DllmConfig, sink: EventSink) -> Any:
+        def counted(event: Event) -> None:
+            if isinstance(event, Finished):
+                reasons[event.reason] += 1
+            sink(event)
+
+        return REAL_SGLANG_DLLM.factory(config, counted)
+
+    machine = conformance_machine(
+        counting, profile=PROFILE, configs=_roomy_configs(), parity="always"
+    )
+    _run_suite(machine, examples=60)
+    assert all(reasons[reason] > 0 for reason in FinishReason), reasons
 
 
 def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:
