@@ -10,9 +10,12 @@ The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,24 @@ class EngineNotInstalled(ConfigError):
             engine,
             f"an installed engine ({engine} is {state}): run `{INSTALL_COMMAND} {engine}` "
             f"(installs into {directory})",
+        )
+
+
+class EngineImportFailed(ConfigError):
+    """An installed engine does not import in this Python environment: a package it needs is
+    missing here. The cache is shared by every environment of the user, and the install's
+    import check ran in the environment that installed it; this one may lack what that one had.
+    Says what failed and the command that reinstalls and re-checks the engine here."""
+
+    def __init__(self, engine: str, directory: Path, error: ImportError) -> None:
+        self.error = error
+        super().__init__(
+            "impl",
+            engine,
+            f"an engine that imports in this Python environment ({engine} is installed in "
+            f"{directory}, but importing it here failed: {type(error).__name__}: {error}): "
+            f"run `{INSTALL_COMMAND} {engine} --force` with this environment's schedspec, "
+            "which installs it again and checks the import with this interpreter",
         )
 
 
@@ -106,6 +127,24 @@ class EngineManifest:
         if path not in sys.path:
             sys.path.insert(0, path)
 
+    @contextlib.contextmanager
+    def importing(self) -> Iterator[None]:
+        """Around an adapter's import of the activated engine: an `ImportError` (a module the
+        engine needs that this environment lacks) becomes `EngineImportFailed`, a typed error
+        naming the module and the fix, instead of an exception in the middle of a run."""
+        try:
+            yield
+        except ImportError as err:
+            raise EngineImportFailed(self.engine, self.directory, err) from err
+
+    def load(self) -> None:
+        """`activate`, then import the install's import check in this process: what a command
+        does before it runs the engine, so a missing module is one typed error up front
+        (`EngineNotInstalled` or `EngineImportFailed`), not a failure of the suite's run."""
+        self.activate()
+        with self.importing():
+            importlib.import_module(self.import_check)
+
 
 def cache_root() -> Path:
     """The project's engine cache: $SCHEDSPEC_ENGINE_CACHE or ~/.cache/schedspec/engines.
@@ -119,6 +158,7 @@ def cache_root() -> Path:
 
 __all__ = [
     "INSTALL_COMMAND",
+    "EngineImportFailed",
     "EngineManifest",
     "EngineNotInstalled",
     "Package",

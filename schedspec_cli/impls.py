@@ -115,6 +115,14 @@ def require_engine(engine: str) -> None:
     manifest.require()
 
 
+def load_engine(engine: str) -> None:
+    """`require_engine`, then import the engine in this process: for a command that runs it.
+    An engine that is installed but lacks a module in this Python environment raises
+    `EngineImportFailed` (exit 2, naming the module and the fix) before any run starts."""
+    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
+    manifest.load()
+
+
 def profile_summary(impl: Implementation) -> str:
     """The profile's departures from the idealised spec, in one line ('idealised spec' if none)."""
     profile = impl.profile
@@ -174,6 +182,7 @@ __all__ = [
     "DllmImplementation",
     "NotAnAdapter",
     "Resolved",
+    "load_engine",
     "profile_summary",
     "refuse_parity_for_ar_only",
     "require_engine",

@@ -99,9 +99,13 @@ def cmd_install_engines(argv: list[str]) -> int:
 
 def _simulate(argv: list[str]) -> int:
     from schedspec_cli.output import check_output_path
+    from schedspec_cli.plots import require_matplotlib
 
-    # output paths are checked before any simulation runs (the flags are the simulator's)
+    # output paths (and matplotlib for plots) are checked before any simulation runs (the
+    # flags are the simulator's)
     for i, arg in enumerate(argv[:-1]):
+        if arg == "--plots":
+            require_matplotlib(arg, argv[i + 1])
         if arg in ("--json", "--trace", "--plots"):
             check_output_path(arg, argv[i + 1], directory=arg == "--plots")
     main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
@@ -143,12 +147,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from schedspec_cli.engine_cmds import require_torch
     from schedspec_cli.main_job import main_job
     from schedspec_cli.output import check_output_path
+    from schedspec_cli.plots import require_matplotlib
 
     verify.check_scope(args)
-    # the main job's steps need the engine and the solver: refuse before the first step runs
+    # the main job's steps need the engine and the solver, its report matplotlib: refuse
+    # before the first step runs
     require_torch("verify")
     prove.require_z3("verify")
     report = args.report or "reports/verify"
+    require_matplotlib("verify", "matplotlib")
     check_output_path("--report", report, directory=True)
     return main_job(
         report, args.examples, args.parity_prompts, args.parity_tokens, args.call_timeout

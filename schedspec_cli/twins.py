@@ -29,7 +29,7 @@ from typing import Any
 
 from properties.decisions import DecisionTwin
 from properties.verify import ArTwin, DllmTwin, Twin
-from schedspec_cli.impls import ADAPTER_METHODS, Resolved, require_engine, resolve, resolve_builtin
+from schedspec_cli.impls import ADAPTER_METHODS, Resolved, load_engine, resolve, resolve_builtin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
@@ -61,7 +61,7 @@ def installed_twin(name: str, family: Family) -> Twin:
     twin = resolve_twin(name, family)
     builtin = BUILTINS.get(name)
     if builtin is not None and builtin.engine:
-        require_engine(builtin.engine)
+        load_engine(builtin.engine)
     return twin
 
 

@@ -21,9 +21,9 @@ from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
+    load_engine,
     profile_summary,
     refuse_parity_for_ar_only,
-    require_engine,
     resolve,
 )
 from schedspec_cli.output import check_output_path, table, write_json
@@ -197,7 +197,7 @@ def plan(args: argparse.Namespace) -> Plan:
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
-            require_engine(t.builtin.engine)
+            load_engine(t.builtin.engine)
     return Plan(targets, accepted, twin)
 
 

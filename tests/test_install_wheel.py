@@ -50,9 +50,12 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], Path]:
-    base = tmp_path_factory.mktemp("wheel")
+def install_wheel(base: Path, extras: tuple[str, ...] = ()) -> tuple[Path, dict[str, str], Path]:
+    """Build the wheel from a copy of the source tree and install it with `--no-deps` into a
+    new virtual environment under `base`, after the declared dependencies and `extras` (more
+    requirements, installed first and pinned as constraints.txt pins them). Returns the wheel,
+    the environment to run the venv's commands with, and the user's directory (outside the
+    repository, holding the guide's two adapters)."""
     src = base / "src"
     shutil.copytree(ROOT, src, ignore=SKIP)
     env = {"PATH": f"{PY.parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", str(base))}
@@ -68,6 +71,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     assert made.returncode == 0, made.stderr
     vpy = venv / "bin" / "python"
     pip = [str(PY), "-m", "pip", "--python", str(vpy), "install", "--quiet"]
+    if extras:
+        more = run([*pip, "-c", str(ROOT / "constraints.txt"), *extras], base, env)
+        assert more.returncode == 0, more.stderr[-2000:]
     deps = run([*pip, "hypothesis>=6.100", "z3-solver>=4.12", "numpy>=1.26"], base, env)
     assert deps.returncode == 0, deps.stderr[-2000:]
     inst = run([*pip, "--no-deps", str(wheel)], base, env)
@@ -78,6 +84,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         (user / name).write_text(guide_files()[name], encoding="utf-8")
     uenv = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(base)}
     return wheel, uenv, user
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], Path]:
+    return install_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def schedspec(
@@ -121,6 +132,10 @@ def test_installed_commands_run_outside_the_repo(
     sim = schedspec(installed, *dllm, "--gen-blocks", "1")
     assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
     assert "rounds_report.json:JointThreshold (block 8)" in sim.stderr, sim.stderr[-2000:]
+    # --plots without the plots extra: refused before the simulation runs
+    plots = schedspec(installed, "simulate", "sbs", "--plots", str(user / "plots"))
+    assert plots.returncode == 2 and "schedspec[plots]" in plots.stderr, plots.stderr
+    assert "Traceback" not in plots.stderr and not (user / "plots").exists()
     parity = schedspec(installed, "parity", "--device", "cpu", "--prompts", "1")
     assert parity.returncode == 2 and "schedspec[engine]" in parity.stderr, parity.stderr
     assert "Traceback" not in parity.stderr

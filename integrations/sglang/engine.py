@@ -100,18 +100,22 @@ def import_engine(activate: bool = True) -> dict[str, Any]:
     """Activate the install, put the stubs in place and import SGLang's scheduler path (once).
 
     Raises `integrations.manifest.EngineNotInstalled` (a ConfigError naming the install
-    command) when SGLang is not installed. `activate=False` is for the installer's import
-    check, which runs before the install is stamped complete, with the engine directory
-    already on PYTHONPATH.
+    command) when SGLang is not installed, and `EngineImportFailed` when it is but does not
+    import in this environment (a module it needs is missing here). `activate=False` is for
+    the installer's import check, which runs before the install is stamped complete, with the
+    engine directory already on PYTHONPATH.
     """
     if _modules:
         return _modules
     if activate:
         MANIFEST.activate()
-    with quiet_stubbed_imports():
+    loaded: dict[str, Any] = {}
+    # The installer's check reports an ImportError itself; a run gets the typed error.
+    with MANIFEST.importing() if activate else contextlib.nullcontext(), quiet_stubbed_imports():
         for key, (module, attr) in _ENGINE_NAMES.items():
-            loaded = importlib.import_module(module)
-            _modules[key] = loaded if attr is None else getattr(loaded, attr)
+            imported = importlib.import_module(module)
+            loaded[key] = imported if attr is None else getattr(imported, attr)
+    _modules.update(loaded)  # only a complete import is kept: a failed one is retried whole
     _modules["get_context"]().override_server_args(
         dllm_algorithm="LowConfidence", device="cpu", disable_radix_cache=True
     ).install()

@@ -4,6 +4,9 @@ The cp311 manylinux wheel is installed with `--no-deps` (its Rust extensions are
 with the few small packages its scheduler path really uses. Everything else it imports at
 module level (triton, zmq, transformers, fastapi, ...) is answered in-process by
 `integrations.sglang.stubs`, never installed. The project's torch 2.13.0 CPU build is used.
+The list is complete on top of what `pip install schedspec[engine]` installs (torch and its
+dependencies, safetensors, pyyaml, numpy, hypothesis, z3-solver): the installed-wheel test
+imports and runs the engine from such an environment.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ MANIFEST = EngineManifest(
         Package("dill", "0.4.1"),
         Package("tqdm", "4.70.1"),
         Package("regex", "2026.11.19"),
+        # imported at module level (sglang/srt/utils/common.py) and not in what
+        # `pip install schedspec[engine]` brings: a development venv has them through its
+        # test and plotting tools, a user's does not (the versions constraints.txt pins)
+        Package("packaging", "26.3"),
+        Package("pillow", "13.0.0"),
     ),
     # imports the scheduler path the adapter drives, with the in-process stubs installed
     import_check="integrations.sglang.check",

@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from integrations.vidur.manifest import MANIFEST
+
 STUBBED_ROOTS: tuple[str, ...] = ("sklearn", "pandas", "fasteners", "huggingface_hub")
 
 
@@ -109,8 +111,11 @@ def stubbed_imports() -> Iterator[None]:
 
 @functools.cache
 def load() -> VidurClasses:
-    """Import Vidur (once per process) with the placeholder modules in place."""
-    with stubbed_imports():
+    """Activate the install and import Vidur (once per process) with the placeholder modules in
+    place: `EngineNotInstalled` when it is not installed, `EngineImportFailed` when it does not
+    import in this environment (a module it needs is missing here)."""
+    MANIFEST.activate()
+    with MANIFEST.importing(), stubbed_imports():
         config = importlib.import_module("vidur.config")
         entities = importlib.import_module("vidur.entities")
         schedulers = {

@@ -141,10 +141,8 @@ VLLM_DECODE_BLOCK = EngineFix(
 
 
 def _load_vidur() -> object:
-    from integrations.vidur import MANIFEST
     from integrations.vidur.engine import load
 
-    MANIFEST.activate()
     return load()
 
 

@@ -145,19 +145,20 @@ def load_vllm() -> _Vllm:
     MANIFEST.activate()
     os.environ.setdefault("VLLM_CACHE_ROOT", str(MANIFEST.directory / "schedspec-vllm-cache"))
     imp = importlib.import_module
-    _MODULES = _Vllm(
-        torch=imp("torch"),
-        config=imp("vllm.config"),
-        sampling=imp("vllm.sampling_params"),
-        scheduler=imp("vllm.v1.core.sched.scheduler"),
-        kv_iface=imp("vllm.v1.kv_cache_interface"),
-        kv_utils=imp("vllm.v1.core.kv_cache_utils"),
-        request=imp("vllm.v1.request"),
-        outputs=imp("vllm.v1.outputs"),
-        structured=imp("vllm.v1.structured_output"),
-        engine=imp("vllm.v1.engine"),
-        hashing=imp("vllm.utils.hashing"),
-    )
+    with MANIFEST.importing():
+        _MODULES = _Vllm(
+            torch=imp("torch"),
+            config=imp("vllm.config"),
+            sampling=imp("vllm.sampling_params"),
+            scheduler=imp("vllm.v1.core.sched.scheduler"),
+            kv_iface=imp("vllm.v1.kv_cache_interface"),
+            kv_utils=imp("vllm.v1.core.kv_cache_utils"),
+            request=imp("vllm.v1.request"),
+            outputs=imp("vllm.v1.outputs"),
+            structured=imp("vllm.v1.structured_output"),
+            engine=imp("vllm.v1.engine"),
+            hashing=imp("vllm.utils.hashing"),
+        )
     # Prefix caching's block hashes: vLLM's own sha256 (its default `prefix_caching_hash_algo`).
     _MODULES.kv_utils.init_none_hash(_MODULES.hashing.sha256)
     # Platform notes on every build (block size not a multiple of 32, ...): not findings.

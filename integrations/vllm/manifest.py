@@ -3,8 +3,9 @@
 `pip install --no-deps --target <cache>/vllm-0.33.0` of the vLLM wheel (about 813 MB installed)
 plus the pure-Python (or self-contained binary) packages below, each with `--no-deps`: the list
 is exactly what `import vllm.v1.core.sched.scheduler` and building a `VllmConfig` from a local
-model directory asked for on top of the project venv (torch 2.13.0 CPU, numpy, pyyaml,
-safetensors, filelock, packaging, jinja2, pillow, fsspec and the test tools). xgrammar must be
+model directory asked for on top of what `pip install schedspec[engine]` installs (torch 2.13.0
+CPU with filelock, jinja2 and fsspec, numpy, pyyaml, safetensors, hypothesis, z3-solver): the
+installed-wheel test imports and runs the engine from such an environment. xgrammar must be
 installed with `--no-deps`: its dependencies pull a 5 GB CUDA torch.
 
 Pins: where vLLM 0.33.0's metadata pins or bounds a package that the registry holds, we follow
@@ -74,6 +75,13 @@ MANIFEST = EngineManifest(
         Package("apache-tvm-ffi", "0.1.11"),
         Package("starlette", "1.10.0"),
         Package("annotated-doc", "0.0.7"),
+        # a development venv has these through its test and plotting tools, a user's does not
+        # (found from the installed wheel; the versions constraints.txt pins): vllm/config
+        # imports packaging, vllm/sampling_params PIL, and requests warns on every import
+        # without a character-detection package
+        Package("packaging", "26.3"),
+        Package("pillow", "13.0.0"),
+        Package("charset-normalizer", "3.5.2"),
     ),
     import_check="vllm.v1.core.sched.scheduler",
     env=(
