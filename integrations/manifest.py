@@ -45,13 +45,21 @@ class EngineImportFailed(ConfigError):
 
     def __init__(self, engine: str, directory: Path, error: ImportError) -> None:
         self.error = error
+        if error.name == "torch":  # never in the engine's directory: it runs on ours
+            fix = (
+                f"{engine} runs on this environment's torch: install it first, "
+                "pip install torch==2.13.0 (the engine extra, schedspec[engine])"
+            )
+        else:
+            fix = (
+                f"run `{INSTALL_COMMAND} {engine} --force` with this environment's schedspec, "
+                "which installs it again and checks the import with this interpreter"
+            )
         super().__init__(
             "impl",
             engine,
             f"an engine that imports in this Python environment ({engine} is installed in "
-            f"{directory}, but importing it here failed: {type(error).__name__}: {error}): "
-            f"run `{INSTALL_COMMAND} {engine} --force` with this environment's schedspec, "
-            "which installs it again and checks the import with this interpreter",
+            f"{directory}, but importing it here failed: {type(error).__name__}: {error}): " + fix,
         )
 
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedspec_cli.loader import load_object
+from schedspec_cli.engine_cmds import ENGINE_EXTRA
+from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.registry import BUILTINS, Builtin
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import (
@@ -101,8 +102,16 @@ def resolve(name: str, family: Family | str | None = None) -> Resolved:
 
 
 def resolve_builtin(builtin: Builtin) -> Resolved:
-    """Load a built-in by its import string, as its declared family."""
+    """Load a built-in by its import string, as its declared family. The torch engine's
+    built-ins without torch are one line naming the engine extra."""
     target = builtin.target
+    if target.startswith("gpu.") and not module_available("torch"):
+        raise ConfigError(
+            "impl",
+            builtin.name,
+            f"torch installed: {builtin.name} serves the torch engine; the engine extra, "
+            f"{ENGINE_EXTRA}",
+        )
     obj = load_object(target, "impl")
     impl = declared_implementation(obj, target, builtin.family)
     return Resolved(builtin.name, target, _checked(impl, target), builtin)

@@ -7,8 +7,9 @@ installed with `pip install --no-deps` into a new environment, beside the declar
 from the user's own directory: `--version`, `list-impls` (every built-in), `prove --bound 2`,
 `simulate sbs`, and a dLLM and an AR adapter written as docs/implementers.md says, verified with
 `schedspec verify --impl my_module:attr` (no PYTHONPATH), and `check-trace` on a recorded log,
-as a file and piped to `-`. Without torch, `parity` is one line
-naming the `engine` extra.
+as a file and piped to `-`. Without torch, `parity` and `verify --impl engine` are one line
+naming the `engine` extra, a real engine that runs on torch one line saying to install torch,
+and without matplotlib `simulate --plots` one line naming the `plots` extra.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from integrations.manifest import cache_root
+from integrations.vllm import MANIFEST as VLLM
 from schedspec_cli.registry import BUILTINS
+from tests.engine_gate import require_engine
 from tests.test_docs_examples import guide_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,6 +143,9 @@ def test_installed_commands_run_outside_the_repo(
     parity = schedspec(installed, "parity", "--device", "cpu", "--prompts", "1")
     assert parity.returncode == 2 and "schedspec[engine]" in parity.stderr, parity.stderr
     assert "Traceback" not in parity.stderr
+    # the torch engine's built-in, too (it used to say only "No module named 'torch'")
+    engine = schedspec(installed, "verify", "--impl", "engine", "--examples", "2")
+    assert engine.returncode == 2 and "schedspec[engine]" in engine.stderr, engine.stderr
     # the main job serves the engine in three of its steps: refused before the first one runs
     main_job = schedspec(installed, "verify", "--report", str(user / "verify-report"))
     assert main_job.returncode == 2 and "schedspec[engine]" in main_job.stderr, main_job.stderr
@@ -210,3 +217,17 @@ def test_installed_check_trace_reads_a_file_and_a_pipe(
     twinned = subprocess.run(argv, cwd=user, env=env, capture_output=True, text=True)
     assert twinned.returncode == 0, twinned.stdout + twinned.stderr
     assert f"its twin {twin} decides alike in all" in twinned.stdout
+
+
+def test_a_real_engine_that_runs_on_torch_says_to_install_torch(
+    installed: tuple[Path, dict[str, str], Path],
+) -> None:
+    """vLLM's engine directory holds no torch: it runs on the environment's. Without it the
+    command says to install torch, not to reinstall the engine (which would not help)."""
+    require_engine(VLLM, "vllm", "vLLM")
+    _, env, user = installed
+    env = {**env, "SCHEDSPEC_ENGINE_CACHE": str(cache_root())}
+    res = run(["schedspec", "verify", "--impl", "real-vllm", "--examples", "2"], user, env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "No module named 'torch'" in res.stderr, res.stderr
+    assert "pip install torch==2.13.0" in res.stderr and "--force" not in res.stderr, res.stderr
