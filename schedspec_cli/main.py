@@ -98,16 +98,7 @@ def cmd_install_engines(argv: list[str]) -> int:
 
 
 def _simulate(argv: list[str]) -> int:
-    from schedspec_cli.output import check_output_path
-    from schedspec_cli.plots import require_matplotlib
-
-    # output paths (and matplotlib for plots) are checked before any simulation runs (the
-    # flags are the simulator's)
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--plots":
-            require_matplotlib(arg, argv[i + 1])
-        if arg in ("--json", "--trace", "--plots"):
-            check_output_path(arg, argv[i + 1], directory=arg == "--plots")
+    # output paths and matplotlib are checked by the simulator before anything runs
     main: Callable[[list[str]], int] = load_object(  # type: ignore[assignment]
         "schedspec_cli.simulate:simulate_main", "simulate"
     )

@@ -21,7 +21,8 @@ from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
 from schedspec_cli.args import Parser, UsageError, int_in, positive, refuse_ignored
-from schedspec_cli.output import write_json
+from schedspec_cli.output import check_output_path, write_json
+from schedspec_cli.plots import require_matplotlib
 from schedspec_cli.progress import Progress
 
 
@@ -856,12 +857,27 @@ def _replica_plots(scheduler: str, res: Any, d: Path) -> None:
 
 def simulate_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    _check_outputs(args)
     cmd = {"dllm": cmd_dllm, "sbs": cmd_sbs, "replicas": cmd_replicas, "sweep": cmd_sweep}[
         args.what
     ]
     out = cmd(args)
     _dump(out, args.json)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before any simulation runs: each output path can be written (`check_output_path`), and
+    matplotlib is installed when plots are asked for (one line naming the extra, not a
+    traceback after the run). Read from the parsed flags, so `--plots=DIR` and abbreviations
+    count as well."""
+    plots = getattr(args, "plots", None)
+    if plots is not None:
+        require_matplotlib("--plots", plots)
+    for flag in ("json", "trace", "plots"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            check_output_path(f"--{flag}", path, directory=flag == "plots")
 
 
 if __name__ == "__main__":  # pragma: no cover

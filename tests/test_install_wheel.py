@@ -136,10 +136,11 @@ def test_installed_commands_run_outside_the_repo(
     sim = schedspec(installed, *dllm, "--gen-blocks", "1")
     assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
     assert "rounds_report.json:JointThreshold (block 8)" in sim.stderr, sim.stderr[-2000:]
-    # --plots without the plots extra: refused before the simulation runs
-    plots = schedspec(installed, "simulate", "sbs", "--plots", str(user / "plots"))
-    assert plots.returncode == 2 and "schedspec[plots]" in plots.stderr, plots.stderr
-    assert "Traceback" not in plots.stderr and not (user / "plots").exists()
+    # --plots without the plots extra: refused before the simulation runs, in either spelling
+    for flag in (["--plots", str(user / "plots")], [f"--plots={user / 'plots'}"]):
+        plots = schedspec(installed, "simulate", "sbs", *flag)
+        assert plots.returncode == 2 and "schedspec[plots]" in plots.stderr, plots.stderr
+        assert "Traceback" not in plots.stderr and not (user / "plots").exists()
     parity = schedspec(installed, "parity", "--device", "cpu", "--prompts", "1")
     assert parity.returncode == 2 and "schedspec[engine]" in parity.stderr, parity.stderr
     assert "Traceback" not in parity.stderr
