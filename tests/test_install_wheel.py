@@ -166,6 +166,23 @@ def test_guide_adapters_verify_from_the_users_directory(
         assert "PASS" in res.stdout
 
 
+def test_a_users_mypy_checks_the_guide_adapters_against_the_installed_wheel(
+    installed: tuple[Path, dict[str, str], Path], tmp_path: Path
+) -> None:
+    """What an implementer's CI does: `mypy --strict` on their adapters, resolving `spec` from
+    the environment the wheel is installed in (`--python-executable`; no MYPYPATH, no checkout).
+    It needs the wheel's `py.typed` markers: with spec's removed from the installed package, the
+    same run fails with "module is installed, but missing library stubs or py.typed marker"
+    (checked by hand)."""
+    _, env, user = installed
+    python = Path(env["PATH"].split(os.pathsep)[0]) / "python"  # the venv's bin leads PATH
+    argv = [str(PY.parent / "mypy"), "--strict", "--python-executable", str(python)]
+    argv += ["--cache-dir", str(tmp_path / "mypy-cache"), "my_scheduler.py", "my_ar_scheduler.py"]
+    res = run(argv, user, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "Success: no issues found in 2 source files" in res.stdout, res.stdout
+
+
 def test_an_installed_verify_reports_a_hang_instead_of_hanging(
     installed: tuple[Path, dict[str, str], Path],
 ) -> None:
