@@ -7,9 +7,11 @@ installed with `pip install --no-deps` into a new environment, beside the declar
 from the user's own directory: `--version`, `list-impls` (every built-in), `prove --bound 2`,
 `simulate sbs`, and a dLLM and an AR adapter written as docs/implementers.md says, verified with
 `schedspec verify --impl my_module:attr` (no PYTHONPATH), and `check-trace` on a recorded log,
-as a file and piped to `-`. Without torch, `parity` and `verify --impl engine` are one line
-naming the `engine` extra, a real engine that runs on torch one line saying to install torch,
-and without matplotlib `simulate --plots` one line naming the `plots` extra.
+as a file and piped to `-`. What an implementer's and an engine's CI run there: `mypy --strict`
+on the adapters against the installed package, and the guide's own pytest file. Without torch,
+`parity` and `verify --impl engine` are one line naming the `engine` extra, a real engine that
+runs on torch one line saying to install torch, and without matplotlib `simulate --plots` one
+line naming the `plots` extra.
 """
 
 from __future__ import annotations
@@ -181,6 +183,24 @@ def test_a_users_mypy_checks_the_guide_adapters_against_the_installed_wheel(
     res = run(argv, user, env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "Success: no issues found in 2 source files" in res.stdout, res.stdout
+
+
+def test_the_guides_pytest_suite_runs_against_the_installed_wheel(
+    installed: tuple[Path, dict[str, str], Path],
+) -> None:
+    """What a serving engine's CI does: its own pytest file (the guide's `test_my_scheduler.py`)
+    builds the conformance suite's TestCase from the installed `properties` and runs it, with
+    pytest installed beside the wheel (as the engine's CI has it) and no checkout on the path."""
+    _, env, user = installed
+    python = Path(env["PATH"].split(os.pathsep)[0]) / "python"  # the venv's bin leads PATH
+    pip = [str(PY), "-m", "pip", "--python", str(python), "install", "--quiet"]
+    got = run([*pip, "-c", str(ROOT / "constraints.txt"), "pytest"], user, env)
+    assert got.returncode == 0, got.stderr[-2000:]
+    (user / "test_my_scheduler.py").write_text(guide_files()["test_my_scheduler.py"])
+    argv = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_scheduler.py"]
+    res = run(argv, user, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "1 passed" in res.stdout, res.stdout[-2000:]
 
 
 def test_an_installed_verify_reports_a_hang_instead_of_hanging(
