@@ -78,13 +78,17 @@ class Package:
 
 @dataclass(frozen=True, slots=True)
 class EngineManifest:
-    """What one engine needs. `import_check` is imported after install to confirm it works."""
+    """What one engine needs. `import_check` is imported after install to confirm it works;
+    `runs_on_torch`: the engine imports the environment's torch (never installed with it)."""
 
     engine: str
     version: str
     packages: tuple[Package, ...]
     import_check: str
     env: tuple[tuple[str, str], ...] = ()
+    # Imports torch, which its directory never holds: it runs on the environment's (the
+    # project's engine extra), so without torch an install is there but cannot run.
+    runs_on_torch: bool = False
 
     @property
     def directory(self) -> Path:

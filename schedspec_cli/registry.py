@@ -206,9 +206,10 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in BUILTINS_LIST}
 
 
 def engine_status(builtin: Builtin) -> str:
-    """'-' for the project's own; for a real engine 'installed', 'not installed (run ...)',
-    'stale: other pins (run ...)' (installed for other pins than the manifest's) or 'adapter
-    not in this build'. Never imports the engine itself."""
+    """'-' for the project's own; for a real engine 'installed' (or 'installed, needs torch'
+    for one that runs on the environment's torch when there is none), 'not installed (run
+    ...)', 'stale: other pins (run ...)' (installed for other pins than the manifest's) or
+    'adapter not in this build'. Never imports the engine itself."""
     if not builtin.engine:
         if builtin.name == "engine" and not module_available("torch"):
             return "needs torch: pip install 'schedspec[engine]'"
@@ -221,6 +222,8 @@ def engine_status(builtin: Builtin) -> str:
     except ConfigError:
         return "adapter not in this build"
     if manifest.installed():
+        if manifest.runs_on_torch and not module_available("torch"):
+            return "installed, needs torch: pip install 'schedspec[engine]'"
         return "installed"
     if manifest.installed_requirements() is not None:
         return f"stale: other pins (schedspec install-engines {builtin.engine})"

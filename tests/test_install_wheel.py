@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from integrations.manifest import cache_root
+from integrations.vidur import MANIFEST as VIDUR
 from integrations.vllm import MANIFEST as VLLM
 from schedspec_cli.registry import BUILTINS
 from tests.engine_gate import require_engine
@@ -261,7 +262,8 @@ def test_a_real_engine_that_runs_on_torch_says_to_install_torch(
     installed: tuple[Path, dict[str, str], Path],
 ) -> None:
     """vLLM's engine directory holds no torch: it runs on the environment's. Without it the
-    command says to install torch, not to reinstall the engine (which would not help)."""
+    command says to install torch, not to reinstall the engine (which would not help), and
+    `list-impls` shows the install as one that needs torch."""
     require_engine(VLLM, "vllm", "vLLM")
     _, env, user = installed
     env = {**env, "SCHEDSPEC_ENGINE_CACHE": str(cache_root())}
@@ -269,3 +271,9 @@ def test_a_real_engine_that_runs_on_torch_says_to_install_torch(
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "No module named 'torch'" in res.stderr, res.stderr
     assert "pip install torch==2.13.0" in res.stderr and "--force" not in res.stderr, res.stderr
+    # and list-impls says so beforehand; Vidur, which never imports torch, is simply installed
+    listing = run(["schedspec", "list-impls"], user, env)
+    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip()}
+    assert "installed, needs torch: pip install 'schedspec[engine]'" in rows["real-vllm"], rows
+    require_engine(VIDUR, "vidur", "Vidur")
+    assert "needs torch" not in rows["real-vidur-vllm"] and "installed" in rows["real-vidur-vllm"]

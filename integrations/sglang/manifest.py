@@ -36,4 +36,5 @@ MANIFEST = EngineManifest(
     ),
     # imports the scheduler path the adapter drives, with the in-process stubs installed
     import_check="integrations.sglang.check",
+    runs_on_torch=True,
 )

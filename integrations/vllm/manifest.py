@@ -84,6 +84,7 @@ MANIFEST = EngineManifest(
         Package("charset-normalizer", "3.5.2"),
     ),
     import_check="vllm.v1.core.sched.scheduler",
+    runs_on_torch=True,
     env=(
         ("VLLM_TARGET_DEVICE", "cpu"),
         ("VLLM_LOGGING_LEVEL", "ERROR"),
