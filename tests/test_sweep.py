@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from reference.sim import sweep as sw
-from reference.sim.errors import SimConfigError
+from reference.sim.errors import SimConfigError, Unschedulable
 from schedspec_cli.main import main as cli_main
 from schedspec_cli.simulate import simulate_main
 from spec.errors import ConfigError
@@ -43,6 +43,41 @@ def test_ray_and_one_process_give_identical_figures(local_ray: Any) -> None:
     assert all(r.completed == 40 for r in here)
     # the grid is not degenerate: load and pool change the figures
     assert len({r.e2e_p90 for r in here}) > 1
+
+
+def test_a_point_that_fails_on_ray_is_the_same_one_line_error_as_in_one_process(
+    local_ray: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request longer than max_model_len can never run: `Unschedulable`, raised while the
+    point runs (validation does not draw the workload). On Ray that error used to come back as
+    Ray's `UnserializableException` with the worker's whole traceback, exit 1: the error's
+    `__init__` cannot be rebuilt from its pickle. Now the worker returns it as data and the
+    driver raises `PointFailed` with the same message (found by fuzzing the command line)."""
+    model = "linear:0.01,1e-5,2e-4,1e-7"
+    point = sw.SweepPoint(
+        2.0,
+        "vidur-vllm",
+        1,
+        4096,
+        requests=5,
+        prefill="200",
+        decode="20",
+        max_model_len=128,
+        exec_model=model,
+    )
+    with pytest.raises(Unschedulable) as here:
+        sw.run_grid([point], "local")
+    with pytest.raises(sw.PointFailed) as on_ray:
+        sw.run_grid([point], "ray")
+    assert str(on_ray.value) == str(here.value) and on_ray.value.kind == "Unschedulable"
+    argv = ["simulate", "sweep", "--qps", "2", "--scheduler", "vidur-vllm", "--replicas", "1"]
+    argv += ["--kv-tokens", "4096", "--requests", "5", "--prefill", "200", "--decode", "20"]
+    argv += ["--max-model-len", "128", "--exec-model", model]
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err  # a progress line, then the error
+    assert err.splitlines()[-1] == f"schedspec: error: {here.value}", err
+    assert "Traceback" not in err and "Unserializable" not in err, err
 
 
 def test_cli_writes_table_json_csv_and_plots(

@@ -6,7 +6,9 @@ from the point's seed inside the worker), so where a point runs changes nothing.
 validates every point (scheduler name, configuration) before any work starts, then runs them on
 Ray (`backend="ray"`: a local Ray started with `num_cpus`, or an existing cluster by `address`)
 or serially (`backend="local"`), reporting progress as points finish. Results come back in grid
-order. Ray is optional (`pip install 'schedspec[sweep]'`); without it `RayMissing` says so.
+order; a point that fails with a typed error (a request that can never run, say) fails the
+sweep with the same one-line message on either backend (`PointFailed` on Ray). Ray is
+optional (`pip install 'schedspec[sweep]'`); without it `RayMissing` says so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from reference.sim.bounds import check_rate
 from reference.sim.catalog import ReplicaSpec
 from reference.sim.errors import SimConfigError, SimError, reason_of
 from reference.sim.exec_model import parse_model
+from spec.errors import SchedSpecError
 
 BACKENDS = ("ray", "local")
 
@@ -170,6 +173,34 @@ def run_point(p: SweepPoint) -> PointResult:
     )
 
 
+class PointFailed(SimError):
+    """A point's typed error, raised in the driver for a point that failed on a Ray worker.
+
+    Ray sends a worker's exception back pickled, and an error whose `__init__` takes other
+    arguments than its message (`Unschedulable`, `SimConfigError`, ...) cannot be rebuilt from
+    the pickle: `ray.get` raised `UnserializableException` with the whole remote traceback. So
+    the worker returns the error as data (`_FailedPoint`) and the driver raises this, with the
+    same one-line message the one-process backend gives."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind  # the class name of the worker's error
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class _FailedPoint:
+    kind: str
+    message: str
+
+
+def _run_point_on_worker(p: SweepPoint) -> PointResult | _FailedPoint:
+    """`run_point` as a Ray task: a typed error comes back as data (see `PointFailed`)."""
+    try:
+        return run_point(p)
+    except SchedSpecError as err:
+        return _FailedPoint(type(err).__name__, str(err))
+
+
 def grid(
     qps: Sequence[float],
     schedulers: Sequence[str],
@@ -237,7 +268,7 @@ def _run_ray(
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         started = True
     try:
-        remote = ray.remote(num_cpus=1)(run_point)
+        remote = ray.remote(num_cpus=1)(_run_point_on_worker)
         refs = [remote.remote(p) for p in points]
         index = {ref: i for i, ref in enumerate(refs)}
         results: list[PointResult | None] = [None] * len(points)
@@ -246,6 +277,8 @@ def _run_ray(
             ready, left = ray.wait(left, num_returns=1)
             for ref in ready:
                 r = ray.get(ref)
+                if isinstance(r, _FailedPoint):
+                    raise PointFailed(r.kind, r.message)
                 results[index[ref]] = r
                 if progress is not None:
                     progress(len(points) - len(left), len(points), r)
