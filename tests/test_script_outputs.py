@@ -17,6 +17,7 @@ OUTPUTS = [
     ("bench_catch_time", "--json"),
     ("bench_sim_speed", "--json"),
     ("bench_trace_check", "--json"),
+    ("fuzz_cli", "--json"),
     ("calibrate_dllm", "--out"),
     ("calibrate_dllm", "--bench-json"),
     ("probe_cold_cost", "--json"),

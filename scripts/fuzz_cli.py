@@ -1,0 +1,258 @@
+"""Fuzz the command line: random argv for the commands, each run as a user would run it.
+
+    .venv/bin/python scripts/fuzz_cli.py [--runs 300] [--seed 0] [--timeout 25] \
+        [--commands "simulate sweep,check-trace"] [--schedspec PATH] [--json out/fuzz-cli.json]
+
+Why: every command promises exit 0 (pass), 1 (a violation or mismatch) or 2 with one line (a
+usage or input error), and never a traceback, on anything a user can type. The tests check the
+inputs someone thought of; this draws the rest. A run is bad when it exits outside {0, 1, 2} or
+prints "Traceback" on stderr; each bad argv is printed so it can be replayed as it is.
+
+Each run takes one command (`COMMANDS`, or `--commands`), reads its options from its own
+`--help` (so new flags are fuzzed as soon as they exist), and gives it one to three of them,
+spelled `--flag value` or `--flag=value`: half the time a plausible value for that flag (one of
+its choices, or a value of the kind its name suggests), else an edge value (0, -1, nan, an
+empty string, a huge number, a directory, a missing or an empty file, `module:attribute`, ...).
+A command with positional arguments gets edge values for them. `verify` always gets an `--impl`
+(the main job takes a minute) and `verify` and `bench conformance` at most 3 examples unless
+the draw sets them. Every run happens in one scratch directory, in a subprocess limited to
+`--timeout` seconds; a run past it is counted, not failed (a long simulation is not a bug).
+
+Prints a table per command (runs, exit statuses, timeouts, bad runs) and writes JSON with every
+bad argv. Exit status: 0 when no run was bad, 1 otherwise, 2 on a usage error. Not a test:
+a run of a few hundred argvs takes minutes (docs/release.md records one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schedspec_cli.output import output_file, write_json
+
+COMMANDS = (
+    "verify",
+    "check-trace",
+    "prove",
+    "bench engine",
+    "bench conformance",
+    "parity",
+    "release-check",
+    "simulate dllm",
+    "simulate sbs",
+    "simulate replicas",
+    "simulate sweep",
+    "list-impls",
+)
+EDGE = (
+    "0", "-1", "1", "2", "1e9", "nan", "inf", "", " ", "abc", "1,2", "0.5", "-0.5", "1-2", "2-1",
+    "99999999999999999999", "x:y", "-", "a,,b", "{DIR}", "{FILE}", "{EMPTY}", "{JSON}",
+    "/nonexistent/x/y",
+)  # fmt: skip
+# (pattern on the flag's name, plausible values): the first pattern that matches is used
+PLAUSIBLE = (
+    (r"examples|requests|seats|prompts|repeats|replicas|max-batch|bound|units|instances|"
+     r"num-cpus|threads|max-running|batch$|gen-blocks", ("1", "2", "3", "4", "16")),
+    (r"qps|burst|forward$|overhead|cost|batch-time|turn-ms|timeout", ("0.5", "1", "2", "0")),
+    (r"^--(prefill|decode)$", ("4", "2-8", "1", "200")),
+    (r"tokens|model-len|budget", ("8", "16", "32", "128", "4096")),
+    (r"impl|profile|twin", ("reference-dllm", "vllm-v1", "engine", "sglang-dllm-order",
+                            "reference-dllm-joint", "vidur-vllm", "tests.factories:nothing")),
+    (r"algorithm", ("LowConfidence", "JointThreshold", "all")),
+    (r"device", ("cpu", "cuda", "cuda:1")),
+    (r"json|trace|csv|report|calibration|accept|config|arrivals", ("out.json", "o/x.json",
+                                                                    "{JSON}", "{FILE}")),
+    (r"plots", ("plotsdir", "{FILE}")),
+    (r"scheduler", ("simple", "vidur-vllm", "vllm-v1", "simple,vidur-sarathi")),
+    (r"family", ("dllm", "ar")),
+    (r"mode", ("sync", "fdfo", "sync,fdfo")),
+    (r"parity", ("always", "bs1", "never")),
+    (r"block-size|page-size", ("2", "4", "8", "16")),
+    (r"seed", ("0", "7")),
+)  # fmt: skip
+GROUP = re.compile(r"\[([^\[\]]+)\]")  # one bracketed item of a usage line
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    flag: str
+    takes_value: bool
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A command's options and positional arguments, read from its `--help`."""
+
+    options: tuple[Option, ...]
+    positionals: int
+
+
+def read_usage(help_text: str) -> Usage:
+    """The options of the usage line (`[--flag]`, `[--flag METAVAR]`, `[--flag {a,b}]`) and how
+    many positional arguments the "positional arguments:" section lists (subcommand lists
+    aside: a command named here is already a leaf)."""
+    usage = help_text.split("\n\n", 1)[0]
+    options = []
+    flat = re.sub(r" \[[^\[\]]*\.\.\.\]", "", " ".join(usage.split()))  # nargs: [X ...]
+    for group in GROUP.findall(flat):
+        for part in group.split(" | "):  # a mutually exclusive group: [--a | --b X]
+            flag, _, metavar = part.strip().partition(" ")
+            if not flag.startswith("--") or flag == "--help":
+                continue
+            choices = tuple(metavar[1:-1].split(",")) if metavar.startswith("{") else ()
+            options.append(Option(flag, bool(metavar), choices))
+    positionals = 0
+    section = help_text.split("positional arguments:", 1)
+    if len(section) == 2:
+        for line in section[1].split("\n\n", 1)[0].splitlines():
+            if re.match(r"^  [a-z]", line):
+                positionals += 1
+    return Usage(tuple(options), positionals)
+
+
+@dataclass(slots=True)
+class Tally:
+    runs: int = 0
+    exits: Counter[int] = field(default_factory=Counter)
+    timeouts: int = 0
+    bad: list[dict[str, object]] = field(default_factory=list)
+
+
+class Fuzzer:
+    def __init__(self, schedspec: str, workdir: Path, seed: int, timeout: float) -> None:
+        self.schedspec = schedspec
+        self.workdir = workdir
+        self.rng = random.Random(seed)
+        self.timeout = timeout
+        self.usages: dict[str, Usage] = {}
+        files = {"{FILE}": "a-file.txt", "{EMPTY}": "empty.json", "{JSON}": "object.json"}
+        for name, text in zip(files.values(), ("hello\n", "", '{"a": 1}\n'), strict=True):
+            (workdir / name).write_text(text, encoding="utf-8")
+        self.places = {**{k: str(workdir / v) for k, v in files.items()}, "{DIR}": str(workdir)}
+
+    def usage(self, command: str) -> Usage:
+        if command not in self.usages:
+            res = self._run([*command.split(), "--help"])
+            if res is None or res.returncode != 0:
+                raise SystemExit(f"fuzz_cli: error: `{command} --help` did not print its usage")
+            self.usages[command] = read_usage(res.stdout)
+        return self.usages[command]
+
+    def value(self, option: Option) -> str:
+        if self.rng.random() < 0.5:
+            if option.choices:
+                return self.rng.choice(option.choices)
+            for pattern, values in PLAUSIBLE:
+                if re.search(pattern, option.flag):
+                    return self._place(self.rng.choice(values))
+        return self._place(self.rng.choice(EDGE))
+
+    def _place(self, value: str) -> str:
+        return self.places.get(value, value)
+
+    def argv(self, command: str) -> list[str]:
+        usage = self.usage(command)
+        argv = command.split()
+        argv += [self._place(self.rng.choice(EDGE)) for _ in range(usage.positionals)]
+        for option in self.rng.sample(
+            usage.options, min(len(usage.options), self.rng.randint(1, 3))
+        ):
+            if not option.takes_value:
+                argv.append(option.flag)
+            elif self.rng.random() < 0.3:
+                argv.append(f"{option.flag}={self.value(option)}")
+            else:
+                argv += [option.flag, self.value(option)]
+        named = {a.split("=")[0] for a in argv}
+        if command == "verify" and "--impl" not in named:
+            argv += ["--impl", "reference-dllm"]
+        if command in ("verify", "bench conformance") and "--examples" not in named:
+            argv += ["--examples", "3"]
+        return argv
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                [self.schedspec, *argv],
+                cwd=self.workdir,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+
+    def fuzz(self, commands: list[str], runs: int) -> dict[str, Tally]:
+        tallies = {c: Tally() for c in commands}
+        for _ in range(runs):
+            command = self.rng.choice(commands)
+            argv = self.argv(command)
+            tally = tallies[command]
+            tally.runs += 1
+            res = self._run(argv)
+            if res is None:
+                tally.timeouts += 1
+                continue
+            tally.exits[res.returncode] += 1
+            if res.returncode not in (0, 1, 2) or "Traceback" in res.stderr:
+                last = res.stderr.strip().splitlines()[-1:] or [""]
+                tally.bad.append({"argv": argv, "exit": res.returncode, "last_line": last[0]})
+                print(f"BAD exit {res.returncode}: schedspec {' '.join(argv)}", flush=True)
+                print(f"    {last[0][:300]}", flush=True)
+        return tallies
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--runs", type=int, default=300, help="argvs to run (default 300)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=25.0, help="seconds per run (default 25)")
+    p.add_argument("--commands", help=f"comma-separated, of: {', '.join(COMMANDS)} (default all)")
+    p.add_argument("--schedspec", help="the command to fuzz (default: this venv's schedspec)")
+    p.add_argument("--json", type=output_file, help="write the tallies and every bad argv here")
+    args = p.parse_args(argv)
+    commands = list(COMMANDS) if args.commands is None else args.commands.split(",")
+    if args.runs < 1 or args.timeout <= 0 or not all(c.strip() for c in commands):
+        p.error("--runs must be >= 1, --timeout > 0 and --commands a list of commands")
+    # runs happen in a scratch directory: a path is made absolute, a bare name found on PATH
+    schedspec = args.schedspec or str(Path(sys.executable).parent / "schedspec")
+    found = shutil.which(str(Path(schedspec).absolute()) if "/" in schedspec else schedspec)
+    if found is None:
+        p.error(f"--schedspec {schedspec!r}: no such executable")
+    schedspec = found
+    with tempfile.TemporaryDirectory(prefix="fuzz-cli-") as tmp:
+        tallies = Fuzzer(schedspec, Path(tmp), args.seed, args.timeout).fuzz(commands, args.runs)
+    print(f"{'command':<20} {'runs':>5} {'exit 0':>7} {'exit 1':>7} {'exit 2':>7} "
+          f"{'timeouts':>9} {'bad':>4}")  # fmt: skip
+    for command, t in tallies.items():
+        print(f"{command:<20} {t.runs:>5} {t.exits[0]:>7} {t.exits[1]:>7} {t.exits[2]:>7} "
+              f"{t.timeouts:>9} {len(t.bad):>4}")  # fmt: skip
+    bad = [b for t in tallies.values() for b in t.bad]
+    if args.json:
+        payload = {
+            "runs": args.runs,
+            "seed": args.seed,
+            "timeout_s": args.timeout,
+            "commands": {
+                c: {"runs": t.runs, "exits": dict(t.exits), "timeouts": t.timeouts,
+                    "bad": t.bad}
+                for c, t in tallies.items()
+            },
+        }  # fmt: skip
+        write_json(args.json, payload)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`scripts/fuzz_cli.py`, the command-line fuzzer: it reads each command's options from its own
+`--help`, and it fails (exit 1, printing the argv) on a command that crashes with a traceback,
+and only then.
+
+The seeded bug is a stand-in `schedspec` built with argparse: its `crashy` command raises an
+uncaught exception when given `--plots` in its `--plots=DIR` spelling (the shape of the bug the
+fuzzer found in `simulate --plots=DIR` on 2026-11-26), its `calm` command never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.script_module import load_script
+
+fuzz_cli = load_script("fuzz_cli")
+
+FAKE = """#!{python}
+import argparse, sys
+p = argparse.ArgumentParser(prog="schedspec")
+sub = p.add_subparsers(dest="command", required=True)
+for name in ("crashy", "calm"):
+    c = sub.add_parser(name)
+    c.add_argument("--plots")
+    c.add_argument("--count", type=int)
+    c.add_argument("--verbose", action="store_true")
+if len(sys.argv) > 2 and sys.argv[2] == "--help":
+    sub.choices[sys.argv[1]].print_help()
+    sys.exit(0)
+args = p.parse_args()
+if args.command == "crashy" and any(a.startswith("--plots=") for a in sys.argv):
+    raise RuntimeError("plots spelled with '=' are not handled")
+"""
+
+
+@pytest.fixture
+def fake_schedspec(tmp_path: Path) -> Path:
+    path = tmp_path / "schedspec"
+    path.write_text(FAKE.format(python=sys.executable), encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_options_are_read_from_a_commands_help() -> None:
+    p = argparse.ArgumentParser(prog="schedspec thing")
+    p.add_argument("log")
+    p.add_argument("--max-running", type=int, nargs="+")
+    p.add_argument("--family", choices=("dllm", "ar"))
+    p.add_argument("--keep-going", action="store_true")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--sequential", action="store_true")
+    group.add_argument("--turn-ms", type=float)
+    usage = fuzz_cli.read_usage(p.format_help())
+    assert usage.positionals == 1
+    assert usage.options == (
+        fuzz_cli.Option("--max-running", True),
+        fuzz_cli.Option("--family", True, ("dllm", "ar")),
+        fuzz_cli.Option("--keep-going", False),
+        fuzz_cli.Option("--sequential", False),
+        fuzz_cli.Option("--turn-ms", True),
+    )
+
+
+def test_the_fuzzer_fails_on_a_command_that_crashes_and_names_its_argv(
+    fake_schedspec: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fuzz.json"
+    argv = ["--schedspec", str(fake_schedspec), "--runs", "40", "--seed", "0", "--json", str(out)]
+    assert fuzz_cli.main([*argv, "--commands", "crashy"]) == 1
+    printed = capsys.readouterr().out
+    assert "BAD exit 1: schedspec crashy" in printed and "--plots=" in printed, printed
+    assert "RuntimeError: plots spelled with '=' are not handled" in printed, printed
+    bad = json.loads(out.read_text())["commands"]["crashy"]["bad"]
+    assert bad and all(any(a.startswith("--plots=") for a in b["argv"]) for b in bad), bad
+    # the same draws against a command that never crashes: nothing is bad
+    assert fuzz_cli.main([*argv, "--commands", "calm"]) == 0
+    assert json.loads(out.read_text())["commands"]["calm"]["bad"] == []
+
+
+def test_a_short_run_on_the_real_command_line_passes(tmp_path: Path) -> None:
+    out = tmp_path / "fuzz.json"
+    argv = ["--runs", "4", "--seed", "1", "--commands", "list-impls,simulate sbs"]
+    assert fuzz_cli.main([*argv, "--json", str(out)]) == 0
+    tallies = json.loads(out.read_text())["commands"]
+    assert sum(t["runs"] for t in tallies.values()) == 4
+    assert all(t["bad"] == [] for t in tallies.values())
+
+
+def test_a_missing_executable_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as done:
+        fuzz_cli.main(["--schedspec", str(tmp_path / "nothing-here")])
+    assert done.value.code == 2
