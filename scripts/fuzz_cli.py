@@ -13,7 +13,8 @@ Each run takes one command (`COMMANDS`, or `--commands`), reads its options from
 spelled `--flag value` or `--flag=value`: half the time a plausible value for that flag (one of
 its choices, or a value of the kind its name suggests), else an edge value (0, -1, nan, an
 empty string, a huge number, a directory, a missing or an empty file, `module:attribute`, ...).
-A command with positional arguments gets edge values for them. `verify` always gets an `--impl`
+A positional argument gets, half the time, a real input (a recorded dLLM or AR event log,
+a parity report: `recorded_inputs`), else an edge value. `verify` always gets an `--impl`
 (the main job takes a minute) and `verify` and `bench conformance` at most 3 examples unless
 the draw sets them. Every run happens in one scratch directory, in a subprocess limited to
 `--timeout` seconds; a run past it is counted, not failed (a long simulation is not a bug).
@@ -26,6 +27,7 @@ a run of a few hundred argvs takes minutes (docs/release.md records one).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import shutil
@@ -119,6 +121,50 @@ def read_usage(help_text: str) -> Usage:
     return Usage(tuple(options), positionals)
 
 
+def recorded_inputs(workdir: Path) -> list[str]:
+    """Real inputs for positional arguments, written into `workdir`: a dLLM event log (the
+    reference scheduler, FDFO, two requests), an AR one (the vLLM v1 re-implementation) and a
+    parity report (`parity --impl reference-dllm`, two prompts): so `check-trace` and
+    `release-check` get past their readers, where the options then matter."""
+    import io
+
+    from properties.ar.harness import ArHarness
+    from properties.harness import Harness
+    from reference.ar.vllm_v1 import make_vllm_v1
+    from reference.dllm import make_scheduler
+    from spec import DllmConfig, Mode, RequestSpec
+    from spec.ar.config import ArConfig, ArRequest
+    from spec.ar.trace import write_ar_trace
+    from spec.trace import config_to_dict, write_events
+
+    cfg = DllmConfig(block_size=2, page_size=4, kv_pages=4, max_context=8, mode=Mode.FDFO)
+    dllm = Harness(make_scheduler, cfg)
+    dllm.submit(RequestSpec("a", (1, 2, 3), 3))
+    dllm.submit(RequestSpec("b", (4,), 2))
+    dllm.drain()
+    buf = io.StringIO()
+    write_events(dllm.events, buf)
+    (workdir / "dllm.jsonl").write_text(
+        json.dumps(config_to_dict(cfg)) + "\n" + buf.getvalue(), encoding="utf-8"
+    )
+    ar_cfg = ArConfig(
+        block_size=2, num_blocks=7, max_num_batched_tokens=6, max_num_seqs=3, max_model_len=10
+    )
+    ar = ArHarness(make_vllm_v1, ar_cfg)
+    ar.submit(ArRequest("r0", 3, 2, prompt=(1, 2, 3)))
+    ar.drain()
+    with (workdir / "ar.jsonl").open("w", encoding="utf-8") as out:
+        write_ar_trace(ar.events, out, ar_cfg)
+    report = workdir / "parity.json"
+    argv = ["parity", "--impl", "reference-dllm", "--prompts", "2", "--max-new-tokens", "8"]
+    subprocess.run(
+        [str(Path(sys.executable).parent / "schedspec"), *argv, "--json", str(report)],
+        capture_output=True,
+        check=False,
+    )
+    return [str(workdir / n) for n in ("dllm.jsonl", "ar.jsonl", "parity.json")]
+
+
 @dataclass(slots=True)
 class Tally:
     runs: int = 0
@@ -138,6 +184,7 @@ class Fuzzer:
         for name, text in zip(files.values(), ("hello\n", "", '{"a": 1}\n'), strict=True):
             (workdir / name).write_text(text, encoding="utf-8")
         self.places = {**{k: str(workdir / v) for k, v in files.items()}, "{DIR}": str(workdir)}
+        self.inputs = recorded_inputs(workdir)  # what a positional argument gets half the time
 
     def usage(self, command: str) -> Usage:
         if command not in self.usages:
@@ -162,7 +209,11 @@ class Fuzzer:
     def argv(self, command: str) -> list[str]:
         usage = self.usage(command)
         argv = command.split()
-        argv += [self._place(self.rng.choice(EDGE)) for _ in range(usage.positionals)]
+        for _ in range(usage.positionals):
+            real = self.rng.random() < 0.5
+            argv.append(
+                self.rng.choice(self.inputs) if real else self._place(self.rng.choice(EDGE))
+            )
         for option in self.rng.sample(
             usage.options, min(len(usage.options), self.rng.randint(1, 3))
         ):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from schedspec_cli.main import main as cli_main
 from tests.script_module import load_script
 
 fuzz_cli = load_script("fuzz_cli")
@@ -90,6 +91,15 @@ def test_a_short_run_on_the_real_command_line_passes(tmp_path: Path) -> None:
     tallies = json.loads(out.read_text())["commands"]
     assert sum(t["runs"] for t in tallies.values()) == 4
     assert all(t["bad"] == [] for t in tallies.values())
+
+
+def test_the_recorded_inputs_get_past_the_readers(tmp_path: Path) -> None:
+    """What a positional argument gets half the time is real: both logs conform, and the parity
+    report is read and judged (not a release run: it ran on the CPU)."""
+    dllm, ar, report = fuzz_cli.recorded_inputs(tmp_path)
+    assert cli_main(["check-trace", dllm]) == 0
+    assert cli_main(["check-trace", ar]) == 0
+    assert cli_main(["release-check", report, "--impl", "reference-dllm"]) == 1
 
 
 def test_a_missing_executable_is_a_usage_error(tmp_path: Path) -> None:
