@@ -117,19 +117,22 @@ def resolve_builtin(builtin: Builtin) -> Resolved:
     return Resolved(builtin.name, target, _checked(impl, target), builtin)
 
 
+def _manifest(engine: str) -> Any:
+    """The `EngineManifest` of the real engine `engine` (an `integrations` package)."""
+    return load_object(f"integrations.{engine}:MANIFEST", "impl")
+
+
 def require_engine(engine: str) -> None:
     """Raise `EngineNotInstalled` (a ConfigError: exit 2 naming the install command) unless the
-    real engine `engine` (an `integrations` package) is installed."""
-    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
-    manifest.require()
+    real engine `engine` is installed."""
+    _manifest(engine).require()
 
 
 def load_engine(engine: str) -> None:
-    """`require_engine`, then import the engine in this process: for a command that runs it.
-    An engine that is installed but lacks a module in this Python environment raises
+    """What `require_engine` checks, then import the engine in this process: for a command that
+    runs it. An engine that is installed but lacks a module in this Python environment raises
     `EngineImportFailed` (exit 2, naming the module and the fix) before any run starts."""
-    manifest: Any = load_object(f"integrations.{engine}:MANIFEST", "impl")
-    manifest.load()
+    _manifest(engine).load()
 
 
 def profile_summary(impl: Implementation) -> str:

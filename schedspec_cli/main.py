@@ -145,8 +145,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # before the first step runs
     require_torch("verify")
     prove.require_z3("verify")
-    report = args.report or "reports/verify"
     require_matplotlib("verify", "matplotlib")
+    report = args.report or "reports/verify"
     check_output_path("--report", report, directory=True)
     return main_job(
         report, args.examples, args.parity_prompts, args.parity_tokens, args.call_timeout

@@ -205,6 +205,9 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
 BUILTINS: dict[str, Builtin] = {b.name: b for b in BUILTINS_LIST}
 
 
+NEEDS_TORCH = "needs torch: pip install 'schedspec[engine]'"
+
+
 def engine_status(builtin: Builtin) -> str:
     """'-' for the project's own; for a real engine 'installed' (or 'installed, needs torch'
     for one that runs on the environment's torch when there is none), 'not installed (run
@@ -212,7 +215,7 @@ def engine_status(builtin: Builtin) -> str:
     'adapter not in this build'. Never imports the engine itself."""
     if not builtin.engine:
         if builtin.name == "engine" and not module_available("torch"):
-            return "needs torch: pip install 'schedspec[engine]'"
+            return NEEDS_TORCH
         return "-"
     package = f"integrations.{builtin.engine}"
     if not module_available(package):
@@ -223,7 +226,7 @@ def engine_status(builtin: Builtin) -> str:
         return "adapter not in this build"
     if manifest.installed():
         if manifest.runs_on_torch and not module_available("torch"):
-            return "installed, needs torch: pip install 'schedspec[engine]'"
+            return f"installed, {NEEDS_TORCH}"
         return "installed"
     if manifest.installed_requirements() is not None:
         return f"stale: other pins (schedspec install-engines {builtin.engine})"

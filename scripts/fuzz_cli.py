@@ -201,6 +201,9 @@ class Fuzzer:
             for pattern, values in PLAUSIBLE:
                 if re.search(pattern, option.flag):
                     return self._place(self.rng.choice(values))
+        return self._edge()
+
+    def _edge(self) -> str:
         return self._place(self.rng.choice(EDGE))
 
     def _place(self, value: str) -> str:
@@ -211,9 +214,7 @@ class Fuzzer:
         argv = command.split()
         for _ in range(usage.positionals):
             real = self.rng.random() < 0.5
-            argv.append(
-                self.rng.choice(self.inputs) if real else self._place(self.rng.choice(EDGE))
-            )
+            argv.append(self.rng.choice(self.inputs) if real else self._edge())
         for option in self.rng.sample(
             usage.options, min(len(usage.options), self.rng.randint(1, 3))
         ):

@@ -93,6 +93,12 @@ def install_wheel(base: Path, extras: tuple[str, ...] = ()) -> tuple[Path, dict[
     return wheel, uenv, user
 
 
+def venv_python(env: dict[str, str]) -> Path:
+    """The fresh venv's interpreter, from the environment `install_wheel` returns (its bin
+    directory leads PATH)."""
+    return Path(env["PATH"].split(os.pathsep)[0]) / "python"
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], Path]:
     return install_wheel(tmp_path_factory.mktemp("wheel"))
@@ -178,7 +184,7 @@ def test_a_users_mypy_checks_the_guide_adapters_against_the_installed_wheel(
     same run fails with "module is installed, but missing library stubs or py.typed marker"
     (checked by hand)."""
     _, env, user = installed
-    python = Path(env["PATH"].split(os.pathsep)[0]) / "python"  # the venv's bin leads PATH
+    python = venv_python(env)
     argv = [str(PY.parent / "mypy"), "--strict", "--python-executable", str(python)]
     argv += ["--cache-dir", str(tmp_path / "mypy-cache"), "my_scheduler.py", "my_ar_scheduler.py"]
     res = run(argv, user, env)
@@ -193,7 +199,7 @@ def test_the_guides_pytest_suite_runs_against_the_installed_wheel(
     builds the conformance suite's TestCase from the installed `properties` and runs it, with
     pytest installed beside the wheel (as the engine's CI has it) and no checkout on the path."""
     _, env, user = installed
-    python = Path(env["PATH"].split(os.pathsep)[0]) / "python"  # the venv's bin leads PATH
+    python = venv_python(env)
     pip = [str(PY), "-m", "pip", "--python", str(python), "install", "--quiet"]
     got = run([*pip, "-c", str(ROOT / "constraints.txt"), "pytest"], user, env)
     assert got.returncode == 0, got.stderr[-2000:]

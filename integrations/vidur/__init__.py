@@ -39,7 +39,6 @@ def check_config(kind: str, config: ArConfig) -> None:
 def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """A `VidurAdapter` driving a fresh, real Vidur `kind` replica scheduler for `config`."""
     check_config(kind, config)
-    MANIFEST.activate()
     from integrations.vidur import engine
     from integrations.vidur.adapter import VidurAdapter, _ConstantTime
 
