@@ -540,6 +540,22 @@ def test_the_named_eos_of_a_model_with_several_is_its_configs_else_its_tokenizer
     assert dllm_config_of(scheduler).eos_token_id == 7  # the scheduler's own tokenizer
 
 
+def test_the_mask_id_is_never_the_named_eos_even_when_the_model_lists_it() -> None:
+    """A model whose EOS ids include the mask id (a step never commits it, and the spec requires
+    the EOS to differ from the mask) gets another of its ids named, or none: the scheduler's
+    configuration is accepted rather than refused."""
+    own = types.SimpleNamespace(eos_token_id=3)
+    model = types.SimpleNamespace(hf_eos_token_id={3, 8}, hf_config=own)
+    assert eos_token_of(model) == 3
+    assert eos_token_of(model, mask_id=3) == 8
+    assert eos_token_of(types.SimpleNamespace(hf_eos_token_id=3), mask_id=3) is None
+    scheduler = build(served_program(1).config, {}).scheduler
+    mask = int(scheduler.dllm_config.mask_id)
+    scheduler.model_config.hf_eos_token_id = {mask, 7}
+    scheduler.model_config.hf_config = types.SimpleNamespace(eos_token_id=mask)
+    assert dllm_config_of(scheduler).eos_token_id == 7
+
+
 @pytest.mark.parametrize(
     ("other_at", "ignore_eos", "reason", "length"),
     [

@@ -56,9 +56,11 @@ from spec.events import ControlReturned, Event
 from spec.trace import config_to_dict, event_to_dict
 
 
-def eos_token_of(model_config: Any, tokenizer: Any = None) -> int | None:
+def eos_token_of(
+    model_config: Any, tokenizer: Any = None, *, mask_id: int | None = None
+) -> int | None:
     """The id the log names the model's EOS (`DllmConfig.eos_token_id`), None when the model
-    has none (`hf_eos_token_id` empty or None).
+    has none (`hf_eos_token_id` empty or None, or only `mask_id`).
 
     A model may list several end-of-sequence ids (Llama 3, and generation configs that add
     their own); SGLang ends a request on any of them alike (`FINISH_MATCHED_TOKEN`). The spec
@@ -66,13 +68,15 @@ def eos_token_of(model_config: Any, tokenizer: Any = None) -> int | None:
     the set, else the tokenizer's, else the smallest. The others end a request as its stop
     token ids (`observer.stop_token_ids` writes them on every `Submitted`), at the same token
     and with the same cut; only the reason differs (STOP rather than EOS), as the observer
-    writes it (`FINISH_MATCHED_TOKEN` of a token other than the named EOS)."""
+    writes it (`FINISH_MATCHED_TOKEN` of a token other than the named EOS).
+
+    The mask id is never named, even when the model lists it among its EOS ids: a step never
+    commits it, so it ends nothing, and the spec requires the EOS to differ from the mask."""
     ids = getattr(model_config, "hf_eos_token_id", None)
     if ids is None:
         return None
-    if isinstance(ids, int):
-        return ids
-    found = {int(i) for i in ids}
+    found = {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+    found.discard(-1 if mask_id is None else mask_id)
     if not found:
         return None
     hf_config = getattr(model_config, "hf_config", None)
@@ -108,7 +112,9 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
             reloop=False,  # one forward and one step per FDFO round (dllm/algorithm/base.py)
             mask_token_id=int(sg.mask_id),
             eos_token_id=eos_token_of(
-                scheduler.model_config, getattr(scheduler, "tokenizer", None)
+                scheduler.model_config,
+                getattr(scheduler, "tokenizer", None),
+                mask_id=int(sg.mask_id),
             ),
         )
     except ConfigError as err:
