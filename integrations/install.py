@@ -1,8 +1,10 @@
-"""`schedspec install-engines [vllm|sglang|vidur|all] [--force]`: install the pinned engines.
+"""`schedspec install-engines [vllm|sglang|vidur|all] [--force] [--prune]`: install the pinned
+engines.
 
 Each engine's `MANIFEST` (an `integrations.manifest.EngineManifest`, exported by
 `integrations.<engine>`, imported lazily so a missing engine package costs nothing) is installed
-into `MANIFEST.directory` (`<cache>/<engine>-<version>`):
+into `MANIFEST.directory` (`<cache>/<engine>-<version>-<pins>`, `<pins>` a digest of its
+requirements):
 
 1. every package with `pip install --no-deps --target` (a package marked `deps=True` without
    `--no-deps`), each into its own staging directory that is then merged into the engine
@@ -11,9 +13,13 @@ into `MANIFEST.directory` (`<cache>/<engine>-<version>`):
 2. `python -c "import <import_check>"` with the engine directory on PYTHONPATH and the
    manifest's environment, with this interpreter (the project's venv, whose torch is used);
 3. the stamp (`.schedspec-installed`), written last, listing every requirement installed: a
-   directory without it is an incomplete install, and one whose stamp lists other requirements
-   than the manifest now pins is a stale one; either is removed and redone. A directory whose
-   stamp lists exactly the manifest's requirements is reused ("cached") unless `--force`.
+   directory without a stamp listing exactly the manifest's requirements is an incomplete
+   install, removed and redone. A complete one is reused ("cached") unless `--force`.
+
+Installs of the same engine for other pins (another checkout's, or one from before a `git pull`
+moved a pin), and one in the directory an older schedspec used (`<cache>/<engine>-<version>`),
+live in other directories and are left alone: another environment may use them.
+Each is named with what its pins differ in and its size; `--prune` removes them.
 
 A per-engine lock file next to the directory serialises concurrent installers (two pytest
 workers, two shells). Exit codes: 0 installed or cached; 1 a pip install or the import check
@@ -39,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from integrations.manifest import EngineManifest, Package, cache_root
+from integrations.manifest import EngineManifest, Package, cache_root, stamped_requirements
 from spec.errors import ConfigError, SchedSpecError
 
 # engine name -> the module exporting its MANIFEST
@@ -115,27 +121,35 @@ def install(
     manifest: EngineManifest,
     *,
     force: bool = False,
+    prune: bool = False,
     python: str = sys.executable,
     out: Printer = print,
 ) -> InstallResult:
     """Install `manifest` into its directory (see the module docstring); reuse a complete one.
+    Then name each install of the engine for other pins, or remove it with `prune`.
 
     Raises `InstallFailed` when pip or the import check fails; the stamp is then not written.
     """
+    start = time.monotonic()
+    cached = _install(manifest, force=force, python=python, out=out)
+    seconds = time.monotonic() - start
+    for other in manifest.other_installs():
+        _report_other(manifest, other, prune=prune, out=out)
+    return InstallResult(manifest.engine, manifest.directory, cached, seconds)
+
+
+def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer) -> bool:
+    """Install `manifest` unless a complete install is there (and not `force`); True when it
+    was (cached)."""
     tag = f"[{manifest.engine}]"
     start = time.monotonic()
     directory = manifest.directory
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(directory.with_name(directory.name + ".lock")):
+    with _locked(_lock_of(directory)):
         if manifest.installed() and not force:
             out(f"{tag} cached: {directory}")
-            return InstallResult(manifest.engine, directory, True, time.monotonic() - start)
-        recorded = manifest.installed_requirements()
-        if recorded is not None and recorded != manifest.requirements:
-            out(
-                f"{tag} stale install ({_pin_changes(recorded, manifest.requirements)}); redoing it"
-            )
-        if directory.exists():  # an incomplete or stale install, or --force
+            return True
+        if directory.exists():  # an incomplete install, or --force
             shutil.rmtree(directory)
         staging = directory.with_name(directory.name + ".staging")
         if staging.exists():
@@ -172,7 +186,25 @@ def install(
             encoding="utf-8",
         )
     out(f"{tag} installed in {seconds:.1f}s")
-    return InstallResult(manifest.engine, directory, False, seconds)
+    return False
+
+
+def _report_other(manifest: EngineManifest, other: Path, *, prune: bool, out: Printer) -> None:
+    """One line on an install of the engine for other pins: what its pins differ in and its
+    size, and either that it was removed (`prune`) or how to remove it."""
+    tag = f"[{manifest.engine}]"
+    recorded = stamped_requirements(other) or ()
+    what = f"{other} ({_pin_changes(manifest.requirements, recorded)}, {_megabytes(other)} MB)"
+    if not prune:
+        out(
+            f"{tag} the cache also holds another install of {manifest.engine}: {what}; another "
+            "environment may use it (--prune removes it)"
+        )
+        return
+    with _locked(_lock_of(other)):
+        if other.exists():
+            shutil.rmtree(other)
+    out(f"{tag} pruned another install of {manifest.engine}: {what}")
 
 
 def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGINE_MODULES) -> int:
@@ -190,6 +222,12 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
     )
     parser.add_argument(
         "--force", action="store_true", help="reinstall even when a complete install exists"
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove the cache's installs of these engines for other pins (another checkout's, "
+        "or one from before the pins changed); without it they are only named",
     )
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
@@ -210,7 +248,7 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         return 2
     for manifest in manifests:
         try:
-            install(manifest, force=args.force)
+            install(manifest, force=args.force, prune=args.prune)
         except InstallFailed as exc:
             print(f"schedspec install-engines: {exc}", file=sys.stderr)
             return 1
@@ -240,13 +278,29 @@ def _unusable_cache(exc: OSError) -> str:
     )
 
 
-def _pin_changes(recorded: Sequence[str], wanted: Sequence[str]) -> str:
-    """What differs between the stamp's requirements and the manifest's, for one line."""
-    added = [r for r in wanted if r not in recorded]
-    gone = [r for r in recorded if r not in wanted]
-    parts = [f"now pins {', '.join(added)}"] if added else []
-    parts += [f"no longer {', '.join(gone)}"] if gone else []
-    return "; ".join(parts) or "same packages in another order"
+def _pin_changes(ours: Sequence[str], theirs: Sequence[str]) -> str:
+    """What another install's requirements have that the manifest's do not, and the reverse,
+    for one line."""
+    if tuple(ours) == tuple(theirs):  # named by an older schedspec, before pins named directories
+        return "the same pins, in an older schedspec's directory"
+    extra = [r for r in theirs if r not in ours]
+    lacking = [r for r in ours if r not in theirs]
+    parts = [f"it pins {', '.join(extra)}"] if extra else []
+    parts += [f"not {', '.join(lacking)}"] if lacking else []
+    return "; ".join(parts) or "the same packages in another order"
+
+
+def _megabytes(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+    return round(total / 1e6)
+
+
+def _lock_of(directory: Path) -> Path:
+    return directory.with_name(directory.name + ".lock")
 
 
 def _present(module_name: str) -> bool:

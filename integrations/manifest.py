@@ -2,8 +2,11 @@
 
 Each engine is installed with `pip install --no-deps --target DIR` (its wheel plus the minimal
 pure-Python packages it imports), never with a CUDA torch: the project's own torch 2.13.0 CPU
-build is used. Each engine gets its own directory, `<cache>/<engine>-<version>`, so engines with
-conflicting pins never share one; `activate` puts exactly that directory on `sys.path`.
+build is used. Each engine gets its own directory, `<cache>/<engine>-<version>-<pins>`, where
+`<pins>` is a digest of every requirement the manifest pins: engines with conflicting pins never
+share one, and neither do two checkouts (two environments) that pin one engine differently, so
+installing for one never undoes the other's install. `activate` puts exactly that directory on
+`sys.path`.
 
 The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 """
@@ -11,6 +14,7 @@ The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -22,13 +26,20 @@ from pathlib import Path
 from spec.errors import ConfigError
 
 INSTALL_COMMAND = "schedspec install-engines"
+STAMP = ".schedspec-installed"  # written last by the installer: an install is complete
 
 
 class EngineNotInstalled(ConfigError):
-    """A real engine was asked for but is not installed (or is stale); says the command."""
+    """A real engine was asked for but is not installed for the manifest's pins; says the
+    command, and names the installs for other pins the cache holds (`others`)."""
 
-    def __init__(self, engine: str, directory: Path, *, stale: bool = False) -> None:
-        state = "installed with other packages than it now pins" if stale else "not installed"
+    def __init__(self, engine: str, directory: Path, *, others: tuple[Path, ...] = ()) -> None:
+        self.others = others
+        state = (
+            f"installed only for other pins, in {', '.join(map(str, others))}"
+            if others
+            else "not installed"
+        )
         super().__init__(
             "impl",
             engine,
@@ -91,13 +102,18 @@ class EngineManifest:
     runs_on_torch: bool = False
 
     @property
+    def pins(self) -> str:
+        """A digest of `requirements` (10 hex digits): what names this install's directory."""
+        return hashlib.sha256("\n".join(self.requirements).encode()).hexdigest()[:10]
+
+    @property
     def directory(self) -> Path:
-        return cache_root() / f"{self.engine}-{self.version}"
+        return cache_root() / f"{self.engine}-{self.version}-{self.pins}"
 
     @property
     def stamp(self) -> Path:
         """Written last by the installer: its presence means the install completed."""
-        return self.directory / ".schedspec-installed"
+        return self.directory / STAMP
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -107,28 +123,38 @@ class EngineManifest:
     def installed(self) -> bool:
         """A complete install of exactly these packages: the stamp exists and lists them.
 
-        A stamp written for other packages (the manifest's pins changed since, say after a
-        `git pull`) or one that cannot be read is not this manifest's install.
+        A stamp that cannot be read, or that lists other packages, is not this manifest's
+        install (an interrupted install; a directory someone edited by hand).
         """
         return self.installed_requirements() == self.requirements
 
     def installed_requirements(self) -> tuple[str, ...] | None:
         """The requirements the stamp records; None without a readable stamp."""
+        return stamped_requirements(self.directory)
+
+    def other_installs(self) -> tuple[Path, ...]:
+        """The cache's complete installs of this engine for other pins, sorted: another
+        checkout's (which pins the engine differently), or one made before the pins changed
+        (after a `git pull`), or one of the layout before pins named the directory."""
         try:
-            recorded = json.loads(self.stamp.read_text(encoding="utf-8")).get("packages")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            return None
-        if not isinstance(recorded, list) or not all(isinstance(r, str) for r in recorded):
-            return None
-        return tuple(recorded)
+            entries = list(cache_root().iterdir())
+        except OSError:
+            return ()
+        return tuple(
+            sorted(
+                d
+                for d in entries
+                if d.name.startswith(f"{self.engine}-")
+                and d != self.directory
+                and stamped_engine(d) == self.engine
+            )
+        )
 
     def require(self) -> None:
         """Raise `EngineNotInstalled` naming the install command when the engine is not
-        installed, or was installed with other packages than the manifest now pins."""
+        installed for the manifest's pins (naming any install for other pins)."""
         if not self.installed():
-            raise EngineNotInstalled(
-                self.engine, self.directory, stale=self.installed_requirements() is not None
-            )
+            raise EngineNotInstalled(self.engine, self.directory, others=self.other_installs())
 
     def activate(self) -> None:
         """Make the engine importable in this process (idempotent); `require`s it first."""
@@ -158,6 +184,28 @@ class EngineManifest:
             importlib.import_module(self.import_check)
 
 
+def stamped_requirements(directory: Path) -> tuple[str, ...] | None:
+    """The requirements the stamp in `directory` lists; None without a readable stamp."""
+    recorded = _read_stamp(directory).get("packages")
+    if not isinstance(recorded, list) or not all(isinstance(r, str) for r in recorded):
+        return None
+    return tuple(recorded)
+
+
+def stamped_engine(directory: Path) -> str | None:
+    """The engine the stamp in `directory` names; None without a readable stamp."""
+    engine = _read_stamp(directory).get("engine")
+    return engine if isinstance(engine, str) and stamped_requirements(directory) else None
+
+
+def _read_stamp(directory: Path) -> dict[str, object]:
+    try:
+        recorded = json.loads((directory / STAMP).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def cache_root() -> Path:
     """The project's engine cache: $SCHEDSPEC_ENGINE_CACHE or ~/.cache/schedspec/engines.
 
@@ -170,9 +218,12 @@ def cache_root() -> Path:
 
 __all__ = [
     "INSTALL_COMMAND",
+    "STAMP",
     "EngineImportFailed",
     "EngineManifest",
     "EngineNotInstalled",
     "Package",
     "cache_root",
+    "stamped_engine",
+    "stamped_requirements",
 ]

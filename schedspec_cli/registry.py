@@ -211,7 +211,7 @@ NEEDS_TORCH = "needs torch: pip install 'schedspec[engine]'"
 def engine_status(builtin: Builtin) -> str:
     """'-' for the project's own; for a real engine 'installed' (or 'installed, needs torch'
     for one that runs on the environment's torch when there is none), 'not installed (run
-    ...)', 'stale: other pins (run ...)' (installed for other pins than the manifest's) or
+    ...)', 'other pins only (run ...)' (the cache holds it only for other pins) or
     'adapter not in this build'. Never imports the engine itself."""
     if not builtin.engine:
         if builtin.name == "engine" and not module_available("torch"):
@@ -228,8 +228,8 @@ def engine_status(builtin: Builtin) -> str:
         if manifest.runs_on_torch and not module_available("torch"):
             return f"installed, {NEEDS_TORCH}"
         return "installed"
-    if manifest.installed_requirements() is not None:
-        return f"stale: other pins (schedspec install-engines {builtin.engine})"
+    if manifest.other_installs():
+        return f"other pins only (schedspec install-engines {builtin.engine})"
     return f"not installed (schedspec install-engines {builtin.engine})"
 
 

@@ -159,20 +159,21 @@ def test_a_missing_or_stale_engine_is_named_before_anything_runs(
     capsys: pytest.CaptureFixture[str],
     stale: bool,
 ) -> None:
-    from integrations.vidur import MANIFEST
+    from integrations.manifest import STAMP
 
     monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path))
-    if stale:  # an install made for other pins: the checkout changed them since
-        MANIFEST.directory.mkdir(parents=True)
-        MANIFEST.stamp.write_text(json.dumps({"packages": ["vidur==0.0.1"]}))
-    state = "installed with other packages than it now pins" if stale else "not installed"
+    other = tmp_path / "vidur-0.0.1-0123456789"
+    if stale:  # an install made for other pins: another checkout's, or from before a pull
+        other.mkdir()
+        (other / STAMP).write_text(json.dumps({"engine": "vidur", "packages": ["vidur==0.0.1"]}))
+    state = f"installed only for other pins, in {other}" if stale else "not installed"
     assert main(["verify", "--impl", "real-vidur-vllm", "--examples", "1"]) == 2
     _, err = out_err(capsys)
     assert f"vidur is {state}" in err and "schedspec install-engines vidur" in err, err
     assert err.count("\n") == 1, err
     assert main(["list-impls"]) == 0
     row = next(line for line in out_err(capsys)[0].splitlines() if "real-vidur-vllm" in line)
-    assert ("stale: other pins" if stale else "not installed") in row, row
+    assert ("other pins only" if stale else "not installed") in row, row
 
 
 # ---------------------------------------------------------------------------- check-trace

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from integrations.manifest import EngineManifest
+from integrations.manifest import STAMP, EngineManifest
 from integrations.sglang import MANIFEST as SGLANG
 from integrations.vidur import MANIFEST as VIDUR
 from integrations.vllm import MANIFEST as VLLM
@@ -45,11 +45,11 @@ ENGINES = (
 def fake_install(cache: Path, manifest: EngineManifest, package: str) -> dict[str, str]:
     """A stamped install of `manifest` in `cache` whose `package` fails to import; the
     environment that points the engine cache there."""
-    directory = cache / f"{manifest.engine}-{manifest.version}"
+    directory = cache / manifest.directory.name  # the name does not depend on the cache root
     (directory / package).mkdir(parents=True)
     (directory / package / "__init__.py").write_text(f"import {MISSING}\n", encoding="utf-8")
     stamp = {"packages": list(manifest.requirements)}
-    (directory / ".schedspec-installed").write_text(json.dumps(stamp), encoding="utf-8")
+    (directory / STAMP).write_text(json.dumps(stamp), encoding="utf-8")
     return {**os.environ, "SCHEDSPEC_ENGINE_CACHE": str(cache)}
 
 

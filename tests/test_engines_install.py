@@ -8,6 +8,7 @@ unknown engines exit 2.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import types
 import zipfile
@@ -88,27 +89,72 @@ def test_install_writes_stamp_last_and_reuses_a_complete_install(cache: Path, wh
     assert not forced.cached and manifest.installed()
 
 
-def test_a_stale_install_is_refused_then_redone(cache: Path, wheels: Path) -> None:
+def test_an_install_for_other_pins_is_kept_beside_the_new_one_until_pruned(
+    cache: Path, wheels: Path
+) -> None:
+    """Two checkouts pinning one engine differently (or one before and after a `git pull`)
+    each get their own directory: installing for one never undoes the other's install. The
+    installer names the other install with what its pins differ in; `--prune` removes it."""
     old_wheel = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 1\n"})
-    install.install(fake_manifest(Package(str(old_wheel))), out=lambda _: None)
-    # the checkout now pins another release of the same package (same engine directory)
+    old = fake_manifest(Package(str(old_wheel)))
+    install.install(old, out=lambda _: None)
     newer = wheels / "newer"
     newer.mkdir()
     new_wheel = make_wheel(newer, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 2\n"}, "2.0")
     manifest = fake_manifest(Package(str(new_wheel)))
-    assert manifest.installed_requirements() == (str(old_wheel),)
-    assert not manifest.installed()
-    with pytest.raises(EngineNotInstalled, match="installed with other packages than it now pins"):
+    assert manifest.directory != old.directory and manifest.installed_requirements() is None
+    assert manifest.other_installs() == (old.directory,)
+    with pytest.raises(EngineNotInstalled, match=r"installed only for other pins, in .*fake-1\.0-"):
         manifest.activate()
     lines: list[str] = []
     result = install.install(manifest, out=lines.append)
-    assert not result.cached
-    stale = [line for line in lines if "stale install" in line]
-    assert stale and f"now pins {new_wheel}" in stale[0]
-    assert f"no longer {old_wheel}" in stale[0]
+    assert not result.cached and manifest.installed()
     assert (manifest.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 2\n"
-    assert manifest.installed()
-    assert install.install(manifest, out=lambda _: None).cached
+    assert old.installed(), "installing for new pins removed the other checkout's install"
+    assert (old.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
+    assert old.other_installs() == (manifest.directory,)
+    other = [line for line in lines if "another install of fake" in line]
+    assert len(other) == 1 and str(old.directory) in other[0] and "--prune" in other[0], lines
+    assert f"it pins {old_wheel}" in other[0] and f"not {new_wheel}" in other[0], other
+    pruned: list[str] = []
+    assert install.install(manifest, prune=True, out=pruned.append).cached
+    assert not old.directory.exists() and manifest.installed()
+    assert any("pruned another install of fake" in line for line in pruned), pruned
+    assert manifest.other_installs() == ()
+
+
+def test_an_install_in_an_older_schedspecs_directory_is_named_as_such(
+    cache: Path, wheels: Path
+) -> None:
+    """Before pins named the directories an install lived in `<cache>/<engine>-<version>`: it is
+    another install of the engine (an older schedspec's environment may use it), named so."""
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    install.install(manifest, out=lambda _: None)
+    shutil.copytree(manifest.directory, cache / "fake-1.0")
+    lines: list[str] = []
+    assert install.install(manifest, out=lines.append).cached
+    older = [line for line in lines if "another install of fake" in line]
+    assert len(older) == 1 and "the same pins, in an older schedspec's directory" in older[0]
+
+
+def test_installs_of_other_engines_and_unstamped_directories_are_not_other_pins(
+    cache: Path, wheels: Path
+) -> None:
+    """Only complete installs of the same engine count: an interrupted one (no stamp), another
+    engine whose name shares the prefix, and a stray file are never named or pruned."""
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    install.install(manifest, out=lambda _: None)
+    (cache / "fake-0.9-interrupted").mkdir()
+    (cache / "fake-0.9-file").write_text("")
+    cousin = EngineManifest(
+        engine="fake-cousin", version="1.0", packages=(Package(str(wa)),), import_check="fakepkg_a"
+    )
+    install.install(cousin, out=lambda _: None)
+    assert manifest.other_installs() == () and cousin.other_installs() == ()
+    install.install(manifest, prune=True, out=lambda _: None)
+    assert (cache / "fake-0.9-interrupted").is_dir() and cousin.installed()
 
 
 @pytest.mark.parametrize("stamp", ["", "not json", "[]", '{"packages": "fakepkg_a"}', "\xff"])
@@ -175,6 +221,13 @@ def test_main_exit_codes(
     assert "ready in" in capsys.readouterr().out
     assert install.main(["all"], modules=modules) == 0  # `all` skips absent adapter packages
     assert "cached" in capsys.readouterr().out
+    first = vars(fake_module)["MANIFEST"]
+    wb = make_wheel(wheels, "fakepkg_b", {"fakepkg_a/__init__.py": ""})
+    vars(fake_module)["MANIFEST"] = fake_manifest(Package(str(wb)))  # the pins moved
+    assert install.main(["fake"], modules=modules) == 0
+    assert "another install of fake" in capsys.readouterr().out and first.installed()
+    assert install.main(["fake", "--prune"], modules=modules) == 0
+    assert "pruned" in capsys.readouterr().out and not first.directory.exists()
 
     assert install.main(["nonsense"], modules=modules) == 2
     err = capsys.readouterr().err
@@ -224,12 +277,13 @@ def test_a_relative_cache_is_made_absolute_where_it_is_read(
     monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", "rel-cache")
     wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
     manifest = fake_manifest(Package(str(wa)))
-    assert manifest.directory == tmp_path / "rel-cache" / "fake-1.0"
+    assert manifest.directory == tmp_path / "rel-cache" / f"fake-1.0-{manifest.pins}"
     install.install(manifest, out=lambda _: None)
     monkeypatch.setenv("FAKE", "1")  # what activate sets: undone after the test
     before = list(sys.path)
     try:
         manifest.activate()
-        assert sys.path[0] == str(tmp_path / "rel-cache" / "fake-1.0")  # not "rel-cache/..."
+        assert sys.path[0] == str(manifest.directory)  # absolute: not "rel-cache/..."
+        assert manifest.directory.is_absolute()
     finally:
         sys.path[:] = before

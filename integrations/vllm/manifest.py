@@ -1,12 +1,13 @@
 """What vLLM 0.33.0 needs to import its v1 scheduler on a CPU-only machine.
 
-`pip install --no-deps --target <cache>/vllm-0.33.0` of the vLLM wheel (about 813 MB installed)
-plus the pure-Python (or self-contained binary) packages below, each with `--no-deps`: the list
-is exactly what `import vllm.v1.core.sched.scheduler` and building a `VllmConfig` from a local
-model directory asked for on top of what `pip install schedspec[engine]` installs (torch 2.13.0
-CPU with filelock, jinja2 and fsspec, numpy, pyyaml, safetensors, hypothesis, z3-solver): the
-installed-wheel test imports and runs the engine from such an environment. xgrammar must be
-installed with `--no-deps`: its dependencies pull a 5 GB CUDA torch.
+`pip install --no-deps --target <cache>/vllm-0.33.0-<pins>` of the vLLM wheel (about 813 MB
+installed) plus the pure-Python (or self-contained binary) packages below, each with
+`--no-deps`: the list is exactly what `import vllm.v1.core.sched.scheduler` and building a
+`VllmConfig` from a local model directory asked for on top of what `pip install
+schedspec[engine]` installs (torch 2.13.0 CPU with filelock, jinja2 and fsspec, numpy, pyyaml,
+safetensors, hypothesis, z3-solver): the installed-wheel test imports and runs the engine from
+such an environment. xgrammar must be installed with `--no-deps`: its dependencies pull a 5 GB
+CUDA torch.
 
 Pins: where vLLM 0.33.0's metadata pins or bounds a package that the registry holds, we follow
 it (transformers <5.21, fastapi <0.137 — newer fastapi imports opentelemetry —, xgrammar 0.2.8,
