@@ -9,15 +9,18 @@ inputs someone thought of; this draws the rest. A run is bad when it exits outsi
 prints "Traceback" on stderr; each bad argv is printed so it can be replayed as it is.
 
 Each run takes one command (`COMMANDS`, or `--commands`), reads its options from its own
-`--help` (so new flags are fuzzed as soon as they exist), and gives it one to three of them,
-spelled `--flag value` or `--flag=value`: half the time a plausible value for that flag (one of
-its choices, or a value of the kind its name suggests), else an edge value (0, -1, nan, an
-empty string, a huge number, a directory, a missing or an empty file, `module:attribute`, ...).
-A positional argument gets, half the time, a real input (a recorded dLLM or AR event log,
-a parity report: `recorded_inputs`), else an edge value. `verify` always gets an `--impl`
-(the main job takes a minute) and `verify` and `bench conformance` at most 3 examples unless
-the draw sets them. Every run happens in one scratch directory, in a subprocess limited to
-`--timeout` seconds; a run past it is counted, not failed (a long simulation is not a bug).
+`--help` (so new flags are fuzzed as soon as they exist), and gives it one to three of them
+(none to three to a command with a positional argument), spelled `--flag value` or
+`--flag=value`: half the time a plausible value for that flag (one of its choices, or a value of
+the kind its name suggests), else an edge value (0, -1, nan, an empty string, a huge number, a
+directory, a missing or an empty file, `module:attribute`, ...). A positional argument gets,
+half the time, a real input (a recorded dLLM or AR event log, a parity report:
+`recorded_inputs`), a third of those times damaged by one to three edits (`damage`: a field
+retyped or deleted, a line dropped or two swapped, the file cut short), else an edge value.
+`verify` always gets an `--impl` (the main job takes a minute) and `verify` and `bench
+conformance` at most 3 examples unless the draw sets them. Every run happens in one scratch
+directory, in a subprocess limited to `--timeout` seconds; a run past it is counted, not failed
+(a long simulation is not a bug).
 
 Prints a table per command (runs, exit statuses, timeouts, bad runs) and writes JSON with every
 bad argv. Exit status: 0 when no run was bad, 1 otherwise, 2 on a usage error. Not a test:
@@ -165,6 +168,58 @@ def recorded_inputs(workdir: Path) -> list[str]:
     return [str(workdir / n) for n in ("dllm.jsonl", "ar.jsonl", "parity.json")]
 
 
+ODD_VALUES: tuple[object, ...] = (
+    None,
+    True,
+    -1,
+    0,
+    2**70,
+    1.5,
+    float("inf"),
+    "",
+    "x",
+    [],
+    [1, "a"],
+    {},
+    {"a": 1},
+)
+
+
+def damage(text: str, rng: random.Random) -> str:
+    """`text` (JSON lines, or one JSON document) after one to three edits, each one of: a
+    field of a JSON object set to a value of another kind (`ODD_VALUES`) or deleted, a line
+    dropped, two lines swapped, or the text cut at a random character. What a log cut by a
+    crash, edited by hand or written by a buggy logger looks like to a reader."""
+    lines = text.splitlines()
+    for _ in range(rng.randint(1, 3)):
+        if not lines:
+            break
+        edit = rng.choice(("retype", "delete", "drop", "swap", "cut"))
+        i = rng.randrange(len(lines))
+        if edit in ("retype", "delete"):
+            try:
+                record = json.loads(lines[i])
+            except ValueError:
+                continue
+            if not isinstance(record, dict) or not record:
+                continue
+            key = rng.choice(sorted(record))
+            if edit == "retype":
+                record[key] = rng.choice(ODD_VALUES)
+            else:
+                del record[key]
+            lines[i] = json.dumps(record)
+        elif edit == "drop":
+            del lines[i]
+        elif edit == "swap":
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        else:
+            cut = "\n".join(lines)
+            lines = cut[: rng.randrange(len(cut) + 1)].splitlines()
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(slots=True)
 class Tally:
     runs: int = 0
@@ -185,6 +240,7 @@ class Fuzzer:
             (workdir / name).write_text(text, encoding="utf-8")
         self.places = {**{k: str(workdir / v) for k, v in files.items()}, "{DIR}": str(workdir)}
         self.inputs = recorded_inputs(workdir)  # what a positional argument gets half the time
+        self.damaged = 0  # damaged copies of them written so far
 
     def usage(self, command: str) -> Usage:
         if command not in self.usages:
@@ -203,6 +259,17 @@ class Fuzzer:
                     return self._place(self.rng.choice(values))
         return self._edge()
 
+    def _positional(self) -> str:
+        if self.rng.random() < 0.5:
+            return self._edge()
+        real = Path(self.rng.choice(self.inputs))
+        if self.rng.random() < 1 / 3:
+            self.damaged += 1
+            copy = self.workdir / f"damaged-{self.damaged}{real.suffix}"
+            copy.write_text(damage(real.read_text(encoding="utf-8"), self.rng), encoding="utf-8")
+            return str(copy)
+        return str(real)
+
     def _edge(self) -> str:
         return self._place(self.rng.choice(EDGE))
 
@@ -213,10 +280,10 @@ class Fuzzer:
         usage = self.usage(command)
         argv = command.split()
         for _ in range(usage.positionals):
-            real = self.rng.random() < 0.5
-            argv.append(self.rng.choice(self.inputs) if real else self._edge())
+            argv.append(self._positional())
+        fewest = 0 if usage.positionals else 1  # a positional alone reaches the checks
         for option in self.rng.sample(
-            usage.options, min(len(usage.options), self.rng.randint(1, 3))
+            usage.options, min(len(usage.options), self.rng.randint(fewest, 3))
         ):
             if not option.takes_value:
                 argv.append(option.flag)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import stat
 import sys
 from pathlib import Path
@@ -100,6 +101,27 @@ def test_the_recorded_inputs_get_past_the_readers(tmp_path: Path) -> None:
     assert cli_main(["check-trace", dllm]) == 0
     assert cli_main(["check-trace", ar]) == 0
     assert cli_main(["release-check", report, "--impl", "reference-dllm"]) == 1
+
+
+def test_damaged_logs_are_read_to_a_verdict_or_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`damage` changes a recorded log, and `check-trace` reads each damaged copy to a verdict
+    (exit 1) or an input error (exit 2, one line), never a traceback; across the seeds both
+    happen, so the copies reach past the reader into the checks."""
+    dllm, ar, _ = fuzz_cli.recorded_inputs(tmp_path)
+    capsys.readouterr()
+    exits = []
+    for seed in range(24):
+        original = Path((dllm, ar)[seed % 2]).read_text(encoding="utf-8")
+        damaged = fuzz_cli.damage(original, random.Random(seed))
+        assert damaged != original, seed
+        path = tmp_path / f"damaged-{seed}.jsonl"
+        path.write_text(damaged, encoding="utf-8")
+        exits.append(cli_main(["check-trace", str(path)]))
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") <= 1, (seed, err)
+    assert set(exits) <= {0, 1, 2} and {1, 2} <= set(exits), exits
 
 
 def test_a_missing_executable_is_a_usage_error(tmp_path: Path) -> None:
