@@ -16,15 +16,17 @@ the kind its name suggests), else an edge value (0, -1, nan, an empty string, a 
 directory, a missing or an empty file, `module:attribute`, ...). A positional argument gets,
 half the time, a real input (a recorded dLLM or AR event log, a parity report:
 `recorded_inputs`), a third of those times damaged by one to three edits (`damage`: a field
-retyped or deleted, a line dropped or two swapped, the file cut short), else an edge value.
-`verify` always gets an `--impl` (the main job takes a minute) and `verify` and `bench
-conformance` at most 3 examples unless the draw sets them. Every run happens in one scratch
-directory, in a subprocess limited to `--timeout` seconds; a run past it is counted, not failed
-(a long simulation is not a bug).
+retyped or deleted, a line dropped or two swapped, the file cut short), else an edge value. A
+third of the runs are plausible ones instead: two to four options, plausible values only,
+undamaged real inputs, so that options meet each other in the command's checks rather than the
+first edge value ending the run at its usage error. `verify` always gets an `--impl` (the main
+job takes a minute) and `verify` and `bench conformance` at most 3 examples unless the draw sets
+them. Every run happens in one scratch directory, in a subprocess limited to `--timeout`
+seconds; a run past it is counted, not failed (a long simulation is not a bug).
 
-Prints a table per command (runs, exit statuses, timeouts, bad runs) and writes JSON with every
-bad argv. Exit status: 0 when no run was bad, 1 otherwise, 2 on a usage error. Not a test:
-a run of a few hundred argvs takes minutes (docs/release.md records one).
+Prints a table per command (runs, plausible runs, exit statuses, timeouts, bad runs) and writes
+JSON with every bad argv. Exit status: 0 when no run was bad, 1 otherwise, 2 on a usage error.
+Not a test: a run of a few hundred argvs takes minutes (docs/release.md records one).
 """
 
 from __future__ import annotations
@@ -223,6 +225,7 @@ def damage(text: str, rng: random.Random) -> str:
 @dataclass(slots=True)
 class Tally:
     runs: int = 0
+    plausible: int = 0  # runs drawn with real inputs and plausible values only
     exits: Counter[int] = field(default_factory=Counter)
     timeouts: int = 0
     bad: list[dict[str, object]] = field(default_factory=list)
@@ -252,18 +255,26 @@ class Fuzzer:
 
     def value(self, option: Option) -> str:
         if self.rng.random() < 0.5:
-            if option.choices:
-                return self.rng.choice(option.choices)
-            for pattern, values in PLAUSIBLE:
-                if re.search(pattern, option.flag):
-                    return self._place(self.rng.choice(values))
+            plausible = self._plausible(option)
+            if plausible is not None:
+                return plausible
         return self._edge()
 
-    def _positional(self) -> str:
-        if self.rng.random() < 0.5:
+    def _plausible(self, option: Option) -> str | None:
+        """A plausible value for `option`: one of its choices, or of the values its name
+        suggests (`PLAUSIBLE`); None when its name suggests none."""
+        if option.choices:
+            return self.rng.choice(option.choices)
+        for pattern, values in PLAUSIBLE:
+            if re.search(pattern, option.flag):
+                return self._place(self.rng.choice(values))
+        return None
+
+    def _positional(self, *, plausible: bool = False) -> str:
+        if not plausible and self.rng.random() < 0.5:
             return self._edge()
         real = Path(self.rng.choice(self.inputs))
-        if self.rng.random() < 1 / 3:
+        if not plausible and self.rng.random() < 1 / 3:
             self.damaged += 1
             copy = self.workdir / f"damaged-{self.damaged}{real.suffix}"
             copy.write_text(damage(real.read_text(encoding="utf-8"), self.rng), encoding="utf-8")
@@ -276,21 +287,28 @@ class Fuzzer:
     def _place(self, value: str) -> str:
         return self.places.get(value, value)
 
-    def argv(self, command: str) -> list[str]:
+    def argv(self, command: str, *, plausible: bool = False) -> list[str]:
+        """One argv for `command`. A `plausible` one has only real inputs and plausible values
+        and two to four options (an option with no plausible value is left out), so the options
+        meet each other in the command's checks instead of the first edge value ending the
+        run at its usage error."""
         usage = self.usage(command)
         argv = command.split()
         for _ in range(usage.positionals):
-            argv.append(self._positional())
-        fewest = 0 if usage.positionals else 1  # a positional alone reaches the checks
+            argv.append(self._positional(plausible=plausible))
+        fewest, most = (2, 4) if plausible else (0 if usage.positionals else 1, 3)
         for option in self.rng.sample(
-            usage.options, min(len(usage.options), self.rng.randint(fewest, 3))
+            usage.options, min(len(usage.options), self.rng.randint(fewest, most))
         ):
+            value = self._plausible(option) if plausible else self.value(option)
             if not option.takes_value:
                 argv.append(option.flag)
+            elif value is None:
+                continue
             elif self.rng.random() < 0.3:
-                argv.append(f"{option.flag}={self.value(option)}")
+                argv.append(f"{option.flag}={value}")
             else:
-                argv += [option.flag, self.value(option)]
+                argv += [option.flag, value]
         named = {a.split("=")[0] for a in argv}
         if command == "verify" and "--impl" not in named:
             argv += ["--impl", "reference-dllm"]
@@ -316,9 +334,11 @@ class Fuzzer:
         tallies = {c: Tally() for c in commands}
         for _ in range(runs):
             command = self.rng.choice(commands)
-            argv = self.argv(command)
+            plausible = self.rng.random() < 1 / 3
+            argv = self.argv(command, plausible=plausible)
             tally = tallies[command]
             tally.runs += 1
+            tally.plausible += plausible
             res = self._run(argv)
             if res is None:
                 tally.timeouts += 1
@@ -352,11 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     schedspec = found
     with tempfile.TemporaryDirectory(prefix="fuzz-cli-") as tmp:
         tallies = Fuzzer(schedspec, Path(tmp), args.seed, args.timeout).fuzz(commands, args.runs)
-    print(f"{'command':<20} {'runs':>5} {'exit 0':>7} {'exit 1':>7} {'exit 2':>7} "
-          f"{'timeouts':>9} {'bad':>4}")  # fmt: skip
+    print(f"{'command':<20} {'runs':>5} {'plausible':>9} {'exit 0':>7} {'exit 1':>7} "
+          f"{'exit 2':>7} {'timeouts':>9} {'bad':>4}")  # fmt: skip
     for command, t in tallies.items():
-        print(f"{command:<20} {t.runs:>5} {t.exits[0]:>7} {t.exits[1]:>7} {t.exits[2]:>7} "
-              f"{t.timeouts:>9} {len(t.bad):>4}")  # fmt: skip
+        print(f"{command:<20} {t.runs:>5} {t.plausible:>9} {t.exits[0]:>7} {t.exits[1]:>7} "
+              f"{t.exits[2]:>7} {t.timeouts:>9} {len(t.bad):>4}")  # fmt: skip
     bad = [b for t in tallies.values() for b in t.bad]
     if args.json:
         payload = {
@@ -364,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "timeout_s": args.timeout,
             "commands": {
-                c: {"runs": t.runs, "exits": dict(t.exits), "timeouts": t.timeouts,
-                    "bad": t.bad}
+                c: {"runs": t.runs, "plausible": t.plausible, "exits": dict(t.exits),
+                    "timeouts": t.timeouts, "bad": t.bad}
                 for c, t in tallies.items()
             },
         }  # fmt: skip

@@ -85,6 +85,24 @@ def test_the_fuzzer_fails_on_a_command_that_crashes_and_names_its_argv(
     assert json.loads(out.read_text())["commands"]["calm"]["bad"] == []
 
 
+def test_a_plausible_argv_has_only_plausible_values_and_real_inputs(
+    fake_schedspec: Path, tmp_path: Path
+) -> None:
+    """A third of the runs draw plausible values only: `--plots` gets a directory name or a
+    file, `--count` (no plausible value: its name suggests none) is left out, and no edge
+    value appears; the other draws do use edge values."""
+    fuzzer = fuzz_cli.Fuzzer(str(fake_schedspec), tmp_path, 0, 10.0)
+    plausible_plots = {"plotsdir", str(tmp_path / "a-file.txt")}
+    for _ in range(30):
+        argv = fuzzer.argv("crashy", plausible=True)
+        assert "--count" not in argv and not any(a.startswith("--count=") for a in argv), argv
+        plots = [a.split("=", 1)[1] for a in argv if a.startswith("--plots=")]
+        plots += [argv[i + 1] for i, a in enumerate(argv) if a == "--plots"]
+        assert set(plots) <= plausible_plots, argv
+    edgy = [fuzzer.argv("crashy") for _ in range(30)]
+    assert any("--count" in a or any(x.startswith("--count=") for x in a) for a in edgy), edgy
+
+
 def test_a_short_run_on_the_real_command_line_passes(tmp_path: Path) -> None:
     out = tmp_path / "fuzz.json"
     argv = ["--runs", "4", "--seed", "1", "--commands", "list-impls,simulate sbs"]
