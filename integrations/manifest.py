@@ -100,6 +100,8 @@ class EngineManifest:
     # Imports torch, which its directory never holds: it runs on the environment's (the
     # project's engine extra), so without torch an install is there but cannot run.
     runs_on_torch: bool = False
+    # (built-in name, why): implementations of the engine this release does not ship
+    unavailable: tuple[tuple[str, str], ...] = ()
 
     @property
     def pins(self) -> str:
@@ -155,6 +157,13 @@ class EngineManifest:
         installed for the manifest's pins (naming any install for other pins)."""
         if not self.installed():
             raise EngineNotInstalled(self.engine, self.directory, others=self.other_installs())
+
+    def require_shipped(self, name: str) -> None:
+        """Raise a `ConfigError` naming why when the built-in implementation `name` is one
+        this release of the engine does not ship (`unavailable`)."""
+        for missing, why in self.unavailable:
+            if missing == name:
+                raise ConfigError("impl", name, why)
 
     def activate(self) -> None:
         """Make the engine importable in this process (idempotent); `require`s it first."""

@@ -128,11 +128,15 @@ def require_engine(engine: str) -> None:
     _manifest(engine).require()
 
 
-def load_engine(engine: str) -> None:
+def load_engine(engine: str, name: str) -> None:
     """What `require_engine` checks, then import the engine in this process: for a command that
-    runs it. An engine that is installed but lacks a module in this Python environment raises
-    `EngineImportFailed` (exit 2, naming the module and the fix) before any run starts."""
-    _manifest(engine).load()
+    runs its built-in implementation `name`. An engine that is installed but lacks a module in
+    this Python environment raises `EngineImportFailed`, and an implementation the installed
+    release does not ship a `ConfigError` saying why (exit 2 either way, one line) before any
+    run starts."""
+    manifest = _manifest(engine)
+    manifest.require_shipped(name)
+    manifest.load()
 
 
 def profile_summary(impl: Implementation) -> str:

@@ -211,7 +211,8 @@ NEEDS_TORCH = "needs torch: pip install 'schedspec[engine]'"
 def engine_status(builtin: Builtin) -> str:
     """'-' for the project's own; for a real engine 'installed' (or 'installed, needs torch'
     for one that runs on the environment's torch when there is none), 'not installed (run
-    ...)', 'other pins only (run ...)' (the cache holds it only for other pins) or
+    ...)', 'other pins only (run ...)' (the cache holds it only for other pins), 'not in
+    <engine> <version>' (a built-in the selected release does not ship) or
     'adapter not in this build'. Never imports the engine itself."""
     if not builtin.engine:
         if builtin.name == "engine" and not module_available("torch"):
@@ -224,6 +225,8 @@ def engine_status(builtin: Builtin) -> str:
         manifest: Any = load_object(f"{package}:MANIFEST", "impl")
     except ConfigError:
         return "adapter not in this build"
+    if any(missing == builtin.name for missing, _ in manifest.unavailable):
+        return f"not in {builtin.engine} {manifest.version}"
     if manifest.installed():
         if manifest.runs_on_torch and not module_available("torch"):
             return f"installed, {NEEDS_TORCH}"

@@ -61,7 +61,7 @@ def installed_twin(name: str, family: Family) -> Twin:
     twin = resolve_twin(name, family)
     builtin = BUILTINS.get(name)
     if builtin is not None and builtin.engine:
-        load_engine(builtin.engine)
+        load_engine(builtin.engine, name)
     return twin
 
 

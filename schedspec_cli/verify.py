@@ -197,7 +197,7 @@ def plan(args: argparse.Namespace) -> Plan:
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
-            load_engine(t.builtin.engine)
+            load_engine(t.builtin.engine, t.builtin.name)
     return Plan(targets, accepted, twin)
 
 

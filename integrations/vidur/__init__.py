@@ -8,6 +8,9 @@ ft`). Importing this package does not import Vidur: a factory activates `MANIFES
 then imports it. See `integrations.vidur.adapter` for what runs for real and every stub, and
 `integrations.vidur.fixes` for the candidate fixes of its findings (edits of Vidur's own files,
 which the tests run and `scripts/engine_fixes_diff.py vidur` prints as a patch).
+
+The release is 0.0.25 unless `SCHEDSPEC_VIDUR_VERSION` selects 0.0.26 (`manifest`), whose
+vLLM, Sarathi and Orca schedulers `build` constructs with its `CacheConfig`.
 """
 
 from __future__ import annotations
@@ -42,37 +45,51 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     from integrations.vidur import engine
     from integrations.vidur.adapter import VidurAdapter, _ConstantTime
 
+    MANIFEST.require_shipped(f"real-vidur-{kind}")
     vidur = engine.load()
-    replica_config = vidur.ReplicaConfig(
-        num_pipeline_stages=1,
-        tensor_parallel_size=1,
-        enable_sequence_pipeline_parallel=False,
-        block_size=config.block_size,
-    )
+    watermark = PROFILES[kind].policy.watermark_fraction
     generator = vidur.SyntheticRequestGeneratorConfig(
         length_generator_config=vidur.FixedRequestLengthGeneratorConfig(
             max_tokens=config.max_model_len
         )
     )
-    options: dict[str, Any] = {
-        "num_blocks": config.usable_blocks,
-        "batch_size_cap": config.max_num_seqs,
-        "watermark_blocks_fraction": PROFILES[kind].policy.watermark_fraction,
-    }
+    options: dict[str, Any] = {"batch_size_cap": config.max_num_seqs}
     if kind in ("vllm", "lightllm"):
         options["max_tokens_in_batch"] = config.max_num_batched_tokens
     if kind == "lightllm":
         options["max_waiting_iters"] = config.max_waiting_iters
     if kind == "sarathi":
         options["chunk_size"] = config.max_num_batched_tokens
-    scheduler = vidur.schedulers[kind](
-        replica_config,
-        vidur.scheduler_configs[kind](**options),
-        generator,
-        vidur.Replica(replica_config, generator),
-        1,
-        _ConstantTime(),
-    )
+    stage = dict(num_pipeline_stages=1, tensor_parallel_size=1)
+    if vidur.CacheConfig is None:  # 0.0.25: the pool is the scheduler's, the block the replica's
+        replica_config = vidur.ReplicaConfig(
+            **stage, enable_sequence_pipeline_parallel=False, block_size=config.block_size
+        )
+        options |= {"num_blocks": config.usable_blocks, "watermark_blocks_fraction": watermark}
+        scheduler = vidur.schedulers[kind](
+            replica_config,
+            vidur.scheduler_configs[kind](**options),
+            generator,
+            vidur.Replica(replica_config, generator),
+            1,
+            _ConstantTime(),
+        )
+    else:  # 0.0.26: both in a CacheConfig, passed beside the scheduler's own
+        replica_config = vidur.ReplicaConfig(**stage, enable_sequence_pipeline_parallel=False)
+        cache = vidur.CacheConfig(
+            block_size=config.block_size,
+            num_blocks=config.usable_blocks,
+            watermark_blocks_fraction=watermark,
+        )
+        scheduler = vidur.schedulers[kind](
+            replica_config,
+            vidur.scheduler_configs[kind](**options),
+            cache,
+            generator,
+            vidur.Replica(replica_config),
+            1,
+            _ConstantTime(),
+        )
     if kind == "ft" and not hasattr(scheduler, "_preempted_batches"):
         scheduler._preempted_batches = []  # vidur 0.0.25 never initialises it (see adapter)
     rules = PROFILES[kind].policy.rules_for(config)

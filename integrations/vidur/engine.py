@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from integrations.vidur.manifest import MANIFEST
+from integrations.vidur.manifest import KINDS_OF, MANIFEST, VIDUR_VERSION
 
 STUBBED_ROOTS: tuple[str, ...] = ("sklearn", "pandas", "fasteners", "huggingface_hub")
 
@@ -67,9 +67,11 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 class VidurClasses:
     """The real Vidur classes the adapter drives (untyped: Vidur ships no annotations)."""
 
-    schedulers: dict[str, Any]  # kind -> replica scheduler class
+    version: str
+    schedulers: dict[str, Any]  # kind -> replica scheduler class (the kinds it ships)
     scheduler_configs: dict[str, Any]  # kind -> its scheduler config dataclass
     ReplicaConfig: Any
+    CacheConfig: Any  # None before 0.0.26, where block size and pool size were elsewhere
     Replica: Any
     Request: Any
     SyntheticRequestGeneratorConfig: Any
@@ -111,23 +113,27 @@ def stubbed_imports() -> Iterator[None]:
 
 @functools.cache
 def load() -> VidurClasses:
-    """Activate the install and import Vidur (once per process) with the placeholder modules in
-    place: `EngineNotInstalled` when it is not installed, `EngineImportFailed` when it does not
-    import in this environment (a module it needs is missing here)."""
+    """Activate the install and import Vidur (once per process; the release
+    `SCHEDSPEC_VIDUR_VERSION` selects) with the placeholder modules in place:
+    `EngineNotInstalled` when it is not installed, `EngineImportFailed` when it does not import
+    in this environment (a module it needs is missing here)."""
     MANIFEST.activate()
     with MANIFEST.importing(), stubbed_imports():
         config = importlib.import_module("vidur.config")
         entities = importlib.import_module("vidur.entities")
+        kinds = {k: v for k, v in _MODULES.items() if k in KINDS_OF[VIDUR_VERSION]}
         schedulers = {
             kind: getattr(
                 importlib.import_module(f"vidur.scheduler.replica_scheduler.{module}"), cls
             )
-            for kind, (module, cls, _) in _MODULES.items()
+            for kind, (module, cls, _) in kinds.items()
         }
     return VidurClasses(
+        version=VIDUR_VERSION,
         schedulers=schedulers,
-        scheduler_configs={kind: getattr(config, c) for kind, (_, _, c) in _MODULES.items()},
+        scheduler_configs={kind: getattr(config, c) for kind, (_, _, c) in kinds.items()},
         ReplicaConfig=config.ReplicaConfig,
+        CacheConfig=getattr(config, "CacheConfig", None),
         Replica=entities.Replica,
         Request=entities.Request,
         SyntheticRequestGeneratorConfig=config.SyntheticRequestGeneratorConfig,

@@ -1,0 +1,163 @@
+"""Vidur's newest release, 0.0.26, selected with SCHEDSPEC_VIDUR_VERSION: the same adapter drives
+its vLLM, Sarathi and Orca replica schedulers (0.0.26 dropped LightLLM and FasterTransformer and
+moved the block size, pool size and watermark into a `CacheConfig`).
+
+One process imports one release (both are the package `vidur`), and the rest of the suite runs
+0.0.25 in its workers, so every check here runs in a subprocess with the variable set. The
+findings of 0.0.25 that concern these three schedulers reproduce on 0.0.26 with the same
+counterexamples as `tests/test_real_vidur.py`: vLLM restarts a decode that needs no block
+(`progress`), Orca floors max_model_len to whole blocks (`kv_covers_scheduled`), and
+`Request.restart` keeps the stage counters (Vidur's own AssertionError without the adapter's
+repair). Sarathi passes the suite as it is, as on 0.0.25.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from integrations.vidur.manifest import VERSION_VARIABLE, manifest_of
+
+ROOT = Path(__file__).resolve().parents[1]
+NEWEST = "0.0.26"
+SCHEDSPEC = str(Path(sys.executable).parent / "schedspec")
+
+# Runs in the subprocess: each counterexample of tests/test_real_vidur.py on the selected
+# release, printed as JSON (rule, whether the message names an AssertionError, preemptions).
+COUNTEREXAMPLES = """
+import json
+from integrations.vidur import REAL_VIDUR_ORCA, REAL_VIDUR_SARATHI, REAL_VIDUR_VLLM, build
+from integrations.vidur.engine import load
+from properties.ar.harness import ArHarness
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import SpecViolation
+
+
+def cfg(**kw):
+    return ArConfig(**{"reserve_null_block": False, "enable_chunked_prefill": False,
+                       "max_num_seqs": 2, **kw})
+
+
+def run(factory, policy, config, *requests):
+    h = ArHarness(factory, config, policy=policy)
+    try:
+        for r in requests:
+            h.guarded("submit", h.submit, r)
+        h.guarded("drain", h.drain, 50)
+    except SpecViolation as v:
+        return {"rule": str(v.rule), "assertion": "AssertionError" in str(v),
+                "preempted": sum(type(e).__name__ == "ArPreempted" for e in h.events)}
+    return None
+
+
+def sarathi(fix):
+    def make(config, sink):
+        adapter = build("sarathi", config, sink)
+        adapter.fix_restart = fix
+        return adapter
+    return make
+
+
+restart = cfg(block_size=1, num_blocks=5, max_num_batched_tokens=3, max_model_len=5,
+              enable_chunked_prefill=True)
+restart_requests = (ArRequest("r0", 1, 3), ArRequest("r1", 3, 2))
+print(json.dumps({
+    "loaded": load().version,
+    "vllm_decode_block": run(
+        REAL_VIDUR_VLLM.factory, REAL_VIDUR_VLLM.profile.policy,
+        cfg(block_size=2, num_blocks=2, max_num_batched_tokens=5, max_model_len=5,
+            max_num_seqs=1),
+        ArRequest("r0", 3, 2)),
+    "orca_reservation_floor": run(
+        REAL_VIDUR_ORCA.factory, REAL_VIDUR_ORCA.profile.policy,
+        cfg(block_size=4, num_blocks=2, max_num_batched_tokens=8, max_model_len=7),
+        ArRequest("r0", 6, 1)),
+    "restart_unrepaired": run(sarathi(False), REAL_VIDUR_SARATHI.profile.policy, restart,
+                              *restart_requests),
+    "restart_repaired": run(sarathi(True), REAL_VIDUR_SARATHI.profile.policy, restart,
+                            *restart_requests),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def newest_env() -> dict[str, str]:
+    """The environment that selects the newest release; skips (SCHEDSPEC_SKIP_ENGINES=1) or
+    fails naming the install command when it is not installed."""
+    manifest = manifest_of(NEWEST)
+    if not manifest.installed():
+        if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
+            pytest.skip(f"SCHEDSPEC_SKIP_ENGINES=1: Vidur {NEWEST} not installed, tests skipped")
+        pytest.fail(
+            f"Vidur {NEWEST} is not installed in {manifest.directory}: run "
+            f"`{VERSION_VARIABLE}={NEWEST} schedspec install-engines vidur`",
+            pytrace=False,
+        )
+    return {**os.environ, VERSION_VARIABLE: NEWEST}
+
+
+def schedspec(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDSPEC, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_the_findings_reproduce_on_the_newest_release(newest_env: dict[str, str]) -> None:
+    res = subprocess.run(
+        [sys.executable, "-c", COUNTEREXAMPLES],
+        cwd=ROOT,
+        env=newest_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    assert found["loaded"] == NEWEST
+    assert found["vllm_decode_block"]["rule"] == "progress", found
+    assert found["vllm_decode_block"]["preempted"] >= 1, found
+    assert found["orca_reservation_floor"]["rule"] == "kv_covers_scheduled", found
+    unrepaired = found["restart_unrepaired"]
+    assert unrepaired["rule"] == "implementation_error" and unrepaired["assertion"], found
+    assert found["restart_repaired"] is None, found
+
+
+def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:
+    res = schedspec(newest_env, "verify", "--impl", "real-vidur-sarathi", "--examples", "100")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "PASS" in res.stdout and "Traceback" not in res.stderr
+
+
+def test_orca_fails_the_suite_on_the_newest_release_with_its_finding(
+    newest_env: dict[str, str],
+) -> None:
+    res = schedspec(newest_env, "verify", "--impl", "real-vidur-orca", "--examples", "100")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "violation of [kv_covers_scheduled]" in res.stdout, res.stdout[-3000:]
+
+
+def test_a_scheduler_the_release_dropped_is_refused_in_one_line(
+    newest_env: dict[str, str],
+) -> None:
+    res = schedspec(newest_env, "verify", "--impl", "real-vidur-lightllm")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"Vidur {NEWEST} ships (vllm, sarathi, orca" in res.stderr, res.stderr
+    assert f"unset {VERSION_VARIABLE}" in res.stderr, res.stderr
+    listed = schedspec(newest_env, "list-impls")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("real-vidur-ft "))
+    assert f"not in vidur {NEWEST}" in row, row
+
+
+def test_an_unknown_release_is_a_usage_error(tmp_path: Path) -> None:
+    env = {**os.environ, VERSION_VARIABLE: "0.0.1"}
+    for argv in (("verify", "--impl", "real-vidur-vllm"), ("install-engines", "vidur")):
+        res = schedspec(env, *argv)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+        assert "0.0.25, 0.0.26" in res.stderr, res.stderr
