@@ -10,9 +10,10 @@ import pytest
 from integrations.manifest import EngineManifest
 
 
-def require_engine(manifest: EngineManifest, engine: str, name: str) -> None:
+def require_engine(manifest: EngineManifest, engine: str, name: str, *, command: str = "") -> None:
     """Skip or fail the calling test unless `manifest`'s engine is installed (`engine`: its
-    install-engines name; `name`: as people write it, e.g. "vLLM")."""
+    install-engines name; `name`: as people write it, e.g. "vLLM"; `command`: the install
+    command to name, when it is not `schedspec install-engines <engine>`)."""
     if manifest.installed():
         return
     label = f"{name} {manifest.version}"
@@ -20,6 +21,7 @@ def require_engine(manifest: EngineManifest, engine: str, name: str) -> None:
         pytest.skip(f"SCHEDSPEC_SKIP_ENGINES=1: {label} not installed, its tests skipped")
     pytest.fail(
         f"{label} is not installed in {manifest.directory}: run "
-        f"`schedspec install-engines {engine}` (or set SCHEDSPEC_SKIP_ENGINES=1 to skip)",
+        f"`{command or f'schedspec install-engines {engine}'}` (or set SCHEDSPEC_SKIP_ENGINES=1 "
+        "to skip)",
         pytrace=False,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from integrations.vidur.manifest import VERSION_VARIABLE, manifest_of
+from tests.engine_gate import require_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWEST = "0.0.26"
@@ -89,15 +90,8 @@ print(json.dumps({
 def newest_env() -> dict[str, str]:
     """The environment that selects the newest release; skips (SCHEDSPEC_SKIP_ENGINES=1) or
     fails naming the install command when it is not installed."""
-    manifest = manifest_of(NEWEST)
-    if not manifest.installed():
-        if os.environ.get("SCHEDSPEC_SKIP_ENGINES") == "1":
-            pytest.skip(f"SCHEDSPEC_SKIP_ENGINES=1: Vidur {NEWEST} not installed, tests skipped")
-        pytest.fail(
-            f"Vidur {NEWEST} is not installed in {manifest.directory}: run "
-            f"`{VERSION_VARIABLE}={NEWEST} schedspec install-engines vidur`",
-            pytrace=False,
-        )
+    command = f"{VERSION_VARIABLE}={NEWEST} schedspec install-engines vidur"
+    require_engine(manifest_of(NEWEST), "vidur", "Vidur", command=command)
     return {**os.environ, VERSION_VARIABLE: NEWEST}
 
 
