@@ -8,7 +8,8 @@ findings of 0.0.25 that concern these three schedulers reproduce on 0.0.26 with 
 counterexamples as `tests/test_real_vidur.py`: vLLM restarts a decode that needs no block
 (`progress`), Orca floors max_model_len to whole blocks (`kv_covers_scheduled`), and
 `Request.restart` keeps the stage counters (Vidur's own AssertionError without the adapter's
-repair). Sarathi passes the suite as it is, as on 0.0.25.
+repair). The fixes of the first two, renamed for 0.0.26 (`fixes.fixes_for`), make their
+counterexamples conform and apply as a patch. Sarathi passes the suite as it is, as on 0.0.25.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,10 +33,15 @@ SCHEDSPEC = str(Path(sys.executable).parent / "schedspec")
 # Runs in the subprocess: each counterexample of tests/test_real_vidur.py on the selected
 # release, printed as JSON (rule, whether the message names an AssertionError, preemptions).
 COUNTEREXAMPLES = """
-import json
+import json, tempfile
+from pathlib import Path
 from integrations.vidur import REAL_VIDUR_ORCA, REAL_VIDUR_SARATHI, REAL_VIDUR_VLLM, build
 from integrations.vidur.engine import load
+from integrations.vidur.fixes import VIDUR_FIXES, vidur_fixed
+from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
+from properties.verify import run_machine, verify_settings
+from tests.patch_check import git_apply_to_copies
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import SpecViolation
 
@@ -64,25 +71,49 @@ def sarathi(fix):
     return make
 
 
+def suite(impl):
+    machine = ar_conformance_machine(impl.factory, profile=impl.profile)
+    err, _ = run_machine(machine, verify_settings(60))
+    return None if err is None else str(err).splitlines()[0]
+
+
+def vllm():
+    return run(REAL_VIDUR_VLLM.factory, REAL_VIDUR_VLLM.profile.policy,
+               cfg(block_size=2, num_blocks=2, max_num_batched_tokens=5, max_model_len=5,
+                   max_num_seqs=1),
+               ArRequest("r0", 3, 2))
+
+
+def orca():
+    return run(REAL_VIDUR_ORCA.factory, REAL_VIDUR_ORCA.profile.policy,
+               cfg(block_size=4, num_blocks=2, max_num_batched_tokens=8, max_model_len=7),
+               ArRequest("r0", 6, 1))
+
+
 restart = cfg(block_size=1, num_blocks=5, max_num_batched_tokens=3, max_model_len=5,
               enable_chunked_prefill=True)
 restart_requests = (ArRequest("r0", 1, 3), ArRequest("r1", 3, 2))
-print(json.dumps({
+found = {
     "loaded": load().version,
-    "vllm_decode_block": run(
-        REAL_VIDUR_VLLM.factory, REAL_VIDUR_VLLM.profile.policy,
-        cfg(block_size=2, num_blocks=2, max_num_batched_tokens=5, max_model_len=5,
-            max_num_seqs=1),
-        ArRequest("r0", 3, 2)),
-    "orca_reservation_floor": run(
-        REAL_VIDUR_ORCA.factory, REAL_VIDUR_ORCA.profile.policy,
-        cfg(block_size=4, num_blocks=2, max_num_batched_tokens=8, max_model_len=7),
-        ArRequest("r0", 6, 1)),
+    "vllm_decode_block": vllm(),
+    "orca_reservation_floor": orca(),
     "restart_unrepaired": run(sarathi(False), REAL_VIDUR_SARATHI.profile.policy, restart,
                               *restart_requests),
     "restart_repaired": run(sarathi(True), REAL_VIDUR_SARATHI.profile.policy, restart,
                             *restart_requests),
-}))
+    "fixes": list(VIDUR_FIXES.names),
+}
+with vidur_fixed(["vllm-decode-block"]):
+    found["vllm_fixed"] = vllm()
+    found["vllm_fixed_suite"] = suite(REAL_VIDUR_VLLM)
+with vidur_fixed(["reservation-ceil"]):
+    found["orca_fixed"] = orca()
+    found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
+sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
+with tempfile.TemporaryDirectory() as tmp:
+    patched = git_apply_to_copies(Path(tmp), sources, VIDUR_FIXES.as_diff(VIDUR_FIXES.names))
+found["patch_applies"] = patched == {module: fixed for module, (_, fixed) in sources.items()}
+print(json.dumps(found))
 """
 
 
@@ -101,7 +132,9 @@ def schedspec(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[st
     )
 
 
-def test_the_findings_reproduce_on_the_newest_release(newest_env: dict[str, str]) -> None:
+@pytest.fixture(scope="module")
+def newest_found(newest_env: dict[str, str]) -> dict[str, object]:
+    """What `COUNTEREXAMPLES` found, run once on the newest release."""
     res = subprocess.run(
         [sys.executable, "-c", COUNTEREXAMPLES],
         cwd=ROOT,
@@ -111,7 +144,12 @@ def test_the_findings_reproduce_on_the_newest_release(newest_env: dict[str, str]
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    found = json.loads(res.stdout.strip().splitlines()[-1])
+    found: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, Any]) -> None:
+    found = newest_found
     assert found["loaded"] == NEWEST
     assert found["vllm_decode_block"]["rule"] == "progress", found
     assert found["vllm_decode_block"]["preempted"] >= 1, found
@@ -119,6 +157,20 @@ def test_the_findings_reproduce_on_the_newest_release(newest_env: dict[str, str]
     unrepaired = found["restart_unrepaired"]
     assert unrepaired["rule"] == "implementation_error" and unrepaired["assertion"], found
     assert found["restart_repaired"] is None, found
+
+
+def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
+    newest_found: dict[str, Any],
+) -> None:
+    """`reservation-ceil` and `vllm-decode-block`, with 0.0.26's names for the block and pool
+    sizes (`fixes_for`): each makes its counterexample conform and its scheduler pass 60
+    examples of the suite, and `scripts/engine_fixes_diff.py vidur` gives them as a patch
+    that `git apply` makes on copies of 0.0.26's files."""
+    found = newest_found
+    assert found["fixes"] == ["reservation-ceil", "vllm-decode-block"], found
+    assert found["vllm_fixed"] is None and found["vllm_fixed_suite"] is None, found
+    assert found["orca_fixed"] is None and found["orca_fixed_suite"] is None, found
+    assert found["patch_applies"] is True, found
 
 
 def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:

@@ -23,12 +23,19 @@ as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and 
 them for the duration of a block (`.applied`, here `vidur_fixed(names)`). `FIXES_OF[kind]`
 names the fixes a scheduler's findings need. Nothing of Vidur's is stored here but the
 passages a fix anchors on.
+
+On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
+`vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`): the other
+three fixes' schedulers are gone there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from integrations.patches import EngineFix, FixSet
 from integrations.vidur.engine import stubbed_imports
+from integrations.vidur.manifest import DEFAULT_VERSION, VIDUR_VERSION
 
 PACKAGE = "vidur.scheduler.replica_scheduler"
 BASE = f"{PACKAGE}.base_replica_scheduler"
@@ -146,20 +153,55 @@ def _load_vidur() -> object:
     return load()
 
 
-VIDUR_FIXES = FixSet(
-    engine="Vidur 0.0.25",
-    modules=(BASE, FT, LIGHTLLM, VLLM),
-    fixes=(
-        FT_FREE_ON_FINISH,
-        RESERVATION_CEIL,
-        LIGHTLLM_ADMIT_AT_PEAK,
-        LIGHTLLM_ONE_TOKEN_PEAK,
-        VLLM_DECODE_BLOCK,
-    ),
-    exclusive=(),
-    load=_load_vidur,
-    importing=stubbed_imports,
+# 0.0.26 reads the block size and the pool size from its CacheConfig: the same lines otherwise
+_CACHE_CONFIG_RENAMES = (
+    ("self._replica_config.block_size", "self._cache_config.block_size"),
+    ("self._config.num_blocks", "self._cache_config.num_blocks"),
 )
+
+
+def _for_cache_config(fix: EngineFix) -> EngineFix:
+    """`fix` with its anchors and edits renamed as 0.0.26 names the block and pool sizes."""
+
+    def renamed(text: str) -> str:
+        for old, new in _CACHE_CONFIG_RENAMES:
+            text = text.replace(old, new)
+        return text
+
+    edits = tuple((module, renamed(old), renamed(new)) for module, old, new in fix.edits)
+    return dataclasses.replace(fix, edits=edits)
+
+
+def fixes_for(version: str) -> FixSet:
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all five on 0.0.25; on 0.0.26, which
+    dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed."""
+    if version == DEFAULT_VERSION:
+        return FixSet(
+            engine=f"Vidur {version}",
+            modules=(BASE, FT, LIGHTLLM, VLLM),
+            fixes=(
+                FT_FREE_ON_FINISH,
+                RESERVATION_CEIL,
+                LIGHTLLM_ADMIT_AT_PEAK,
+                LIGHTLLM_ONE_TOKEN_PEAK,
+                VLLM_DECODE_BLOCK,
+            ),
+            exclusive=(),
+            load=_load_vidur,
+            importing=stubbed_imports,
+        )
+    return FixSet(
+        engine=f"Vidur {version}",
+        modules=(BASE, VLLM),
+        fixes=(_for_cache_config(RESERVATION_CEIL), _for_cache_config(VLLM_DECODE_BLOCK)),
+        exclusive=(),
+        load=_load_vidur,
+        importing=stubbed_imports,
+    )
+
+
+#: The fixes of the release this process runs (`SCHEDSPEC_VIDUR_VERSION`).
+VIDUR_FIXES = fixes_for(VIDUR_VERSION)
 
 #: The fixes each scheduler's findings need (Sarathi has none).
 FIXES_OF: dict[str, tuple[str, ...]] = {
@@ -182,5 +224,6 @@ __all__ = [
     "RESERVATION_CEIL",
     "VIDUR_FIXES",
     "VLLM_DECODE_BLOCK",
+    "fixes_for",
     "vidur_fixed",
 ]
