@@ -41,6 +41,7 @@ from integrations.vidur.fixes import VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import run_machine, verify_settings
+from reference.ar.vidur import VIDUR_ORCA
 from tests.patch_check import git_apply_to_copies
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import SpecViolation
@@ -71,8 +72,10 @@ def sarathi(fix):
     return make
 
 
-def suite(impl):
-    machine = ar_conformance_machine(impl.factory, profile=impl.profile)
+def suite(impl, twin=None):
+    machine = ar_conformance_machine(
+        impl.factory, profile=impl.profile, twin=twin.factory if twin else None,
+        twin_policy=twin.profile.policy if twin else None)
     err, _ = run_machine(machine, verify_settings(60))
     return None if err is None else str(err).splitlines()[0]
 
@@ -109,6 +112,7 @@ with vidur_fixed(["vllm-decode-block"]):
 with vidur_fixed(["reservation-ceil"]):
     found["orca_fixed"] = orca()
     found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
+    found["orca_fixed_twin"] = suite(REAL_VIDUR_ORCA, twin=VIDUR_ORCA)
 sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
 with tempfile.TemporaryDirectory() as tmp:
     patched = git_apply_to_copies(Path(tmp), sources, VIDUR_FIXES.as_diff(VIDUR_FIXES.names))
@@ -171,6 +175,13 @@ def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
     assert found["vllm_fixed"] is None and found["vllm_fixed_suite"] is None, found
     assert found["orca_fixed"] is None and found["orca_fixed_suite"] is None, found
     assert found["patch_applies"] is True, found
+
+
+def test_the_fixed_newest_orca_decides_as_the_reference(newest_found: dict[str, Any]) -> None:
+    """As on 0.0.25, the project's reference Orca (`vidur-orca`) makes the same decisions step
+    by step as the real class with its finding fixed, on 60 examples of the suite (rule
+    `twin_decisions`)."""
+    assert newest_found["orca_fixed_twin"] is None, newest_found
 
 
 def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:
