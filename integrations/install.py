@@ -130,17 +130,14 @@ def install(
 
     Raises `InstallFailed` when pip or the import check fails; the stamp is then not written.
     """
-    start = time.monotonic()
-    cached = _install(manifest, force=force, python=python, out=out)
-    seconds = time.monotonic() - start
+    result = _install(manifest, force=force, python=python, out=out)
     for other in manifest.other_installs():
         _report_other(manifest, other, prune=prune, out=out)
-    return InstallResult(manifest.engine, manifest.directory, cached, seconds)
+    return result
 
 
-def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer) -> bool:
-    """Install `manifest` unless a complete install is there (and not `force`); True when it
-    was (cached)."""
+def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer) -> InstallResult:
+    """Install `manifest` unless a complete install is there (and not `force`)."""
     tag = f"[{manifest.engine}]"
     start = time.monotonic()
     directory = manifest.directory
@@ -148,7 +145,7 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
     with _locked(_lock_of(directory)):
         if manifest.installed() and not force:
             out(f"{tag} cached: {directory}")
-            return True
+            return InstallResult(manifest.engine, directory, True, time.monotonic() - start)
         if directory.exists():  # an incomplete install, or --force
             shutil.rmtree(directory)
         staging = directory.with_name(directory.name + ".staging")
@@ -186,7 +183,7 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
             encoding="utf-8",
         )
     out(f"{tag} installed in {seconds:.1f}s")
-    return False
+    return InstallResult(manifest.engine, directory, False, seconds)
 
 
 def _report_other(manifest: EngineManifest, other: Path, *, prune: bool, out: Printer) -> None:

@@ -34,7 +34,6 @@ class EngineNotInstalled(ConfigError):
     command, and names the installs for other pins the cache holds (`others`)."""
 
     def __init__(self, engine: str, directory: Path, *, others: tuple[Path, ...] = ()) -> None:
-        self.others = others
         state = (
             f"installed only for other pins, in {', '.join(map(str, others))}"
             if others
@@ -158,12 +157,16 @@ class EngineManifest:
         if not self.installed():
             raise EngineNotInstalled(self.engine, self.directory, others=self.other_installs())
 
+    def why_unavailable(self, name: str) -> str | None:
+        """Why this release of the engine does not ship the built-in implementation `name`
+        (`unavailable`); None when it does."""
+        return dict(self.unavailable).get(name)
+
     def require_shipped(self, name: str) -> None:
-        """Raise a `ConfigError` naming why when the built-in implementation `name` is one
-        this release of the engine does not ship (`unavailable`)."""
-        for missing, why in self.unavailable:
-            if missing == name:
-                raise ConfigError("impl", name, why)
+        """Raise a `ConfigError` saying why when this release does not ship `name`."""
+        why = self.why_unavailable(name)
+        if why is not None:
+            raise ConfigError("impl", name, why)
 
     def activate(self) -> None:
         """Make the engine importable in this process (idempotent); `require`s it first."""
@@ -195,16 +198,21 @@ class EngineManifest:
 
 def stamped_requirements(directory: Path) -> tuple[str, ...] | None:
     """The requirements the stamp in `directory` lists; None without a readable stamp."""
-    recorded = _read_stamp(directory).get("packages")
-    if not isinstance(recorded, list) or not all(isinstance(r, str) for r in recorded):
-        return None
-    return tuple(recorded)
+    return _requirements_of(_read_stamp(directory))
 
 
 def stamped_engine(directory: Path) -> str | None:
     """The engine the stamp in `directory` names; None without a readable stamp."""
-    engine = _read_stamp(directory).get("engine")
-    return engine if isinstance(engine, str) and stamped_requirements(directory) else None
+    stamp = _read_stamp(directory)
+    engine = stamp.get("engine")
+    return engine if isinstance(engine, str) and _requirements_of(stamp) else None
+
+
+def _requirements_of(stamp: dict[str, object]) -> tuple[str, ...] | None:
+    recorded = stamp.get("packages")
+    if not isinstance(recorded, list) or not all(isinstance(r, str) for r in recorded):
+        return None
+    return tuple(recorded)
 
 
 def _read_stamp(directory: Path) -> dict[str, object]:

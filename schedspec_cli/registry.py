@@ -225,7 +225,7 @@ def engine_status(builtin: Builtin) -> str:
         manifest: Any = load_object(f"{package}:MANIFEST", "impl")
     except ConfigError:
         return "adapter not in this build"
-    if any(missing == builtin.name for missing, _ in manifest.unavailable):
+    if manifest.why_unavailable(builtin.name) is not None:
         return f"not in {builtin.engine} {manifest.version}"
     if manifest.installed():
         if manifest.runs_on_torch and not module_available("torch"):

@@ -60,36 +60,35 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         options["max_waiting_iters"] = config.max_waiting_iters
     if kind == "sarathi":
         options["chunk_size"] = config.max_num_batched_tokens
-    stage = dict(num_pipeline_stages=1, tensor_parallel_size=1)
+    stage: dict[str, Any] = {
+        "num_pipeline_stages": 1,
+        "tensor_parallel_size": 1,
+        "enable_sequence_pipeline_parallel": False,
+    }
     if vidur.CacheConfig is None:  # 0.0.25: the pool is the scheduler's, the block the replica's
-        replica_config = vidur.ReplicaConfig(
-            **stage, enable_sequence_pipeline_parallel=False, block_size=config.block_size
-        )
+        replica_config = vidur.ReplicaConfig(**stage, block_size=config.block_size)
         options |= {"num_blocks": config.usable_blocks, "watermark_blocks_fraction": watermark}
-        scheduler = vidur.schedulers[kind](
-            replica_config,
-            vidur.scheduler_configs[kind](**options),
-            generator,
-            vidur.Replica(replica_config, generator),
-            1,
-            _ConstantTime(),
-        )
+        cache: tuple[Any, ...] = ()
+        replica = vidur.Replica(replica_config, generator)
     else:  # 0.0.26: both in a CacheConfig, passed beside the scheduler's own
-        replica_config = vidur.ReplicaConfig(**stage, enable_sequence_pipeline_parallel=False)
-        cache = vidur.CacheConfig(
-            block_size=config.block_size,
-            num_blocks=config.usable_blocks,
-            watermark_blocks_fraction=watermark,
+        replica_config = vidur.ReplicaConfig(**stage)
+        cache = (
+            vidur.CacheConfig(
+                block_size=config.block_size,
+                num_blocks=config.usable_blocks,
+                watermark_blocks_fraction=watermark,
+            ),
         )
-        scheduler = vidur.schedulers[kind](
-            replica_config,
-            vidur.scheduler_configs[kind](**options),
-            cache,
-            generator,
-            vidur.Replica(replica_config),
-            1,
-            _ConstantTime(),
-        )
+        replica = vidur.Replica(replica_config)
+    scheduler = vidur.schedulers[kind](
+        replica_config,
+        vidur.scheduler_configs[kind](**options),
+        *cache,
+        generator,
+        replica,
+        1,
+        _ConstantTime(),
+    )
     if kind == "ft" and not hasattr(scheduler, "_preempted_batches"):
         scheduler._preempted_batches = []  # vidur 0.0.25 never initialises it (see adapter)
     rules = PROFILES[kind].policy.rules_for(config)
