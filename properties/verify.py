@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hypothesis.strategies import SearchStrategy
 
@@ -145,7 +146,46 @@ def run_machine(
     return None, buf.getvalue()
 
 
+NONDETERMINISTIC = "nondeterministic"
+
+
+def _first_violation(err: BaseException) -> SpecViolation | None:
+    """The first `SpecViolation` inside `err` (itself, its group's members, its causes)."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [err]
+    while pending:
+        e = pending.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, SpecViolation):
+            return e
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return None
+
+
+def _nondeterministic(err: Flaky) -> str:
+    """What a Hypothesis `Flaky` says of the implementation, with the violation first seen."""
+    first = _first_violation(err)
+    seen = f"\nfirst seen as: {first}" if first is not None else ""
+    return (
+        "the implementation is not deterministic: Hypothesis replayed the same program and it "
+        f"behaved differently ({type(err).__name__}: {str(err).splitlines()[0]}). Its decisions "
+        "depend on something besides the calls it was given, such as object addresses, time "
+        f"or a global random state, so no counterexample can be replayed.{seen}"
+    )
+
+
 def failure_from(err: BaseException, printed: str) -> Failure:
+    """The failure `err` reports: the rule a `SpecViolation` names; `nondeterministic` when
+    Hypothesis found the same program behaving differently on replay (a `Flaky`); a hang's
+    rule; else the exception's type name."""
+    if isinstance(err, Flaky):
+        notes = "\n".join(getattr(err, "__notes__", []))
+        program = "\n".join(line for line in (printed + "\n" + notes).splitlines() if line.strip())
+        return Failure(rule=NONDETERMINISTIC, message=_nondeterministic(err), program=program)
     if isinstance(err, CallDeadlineExceeded):
         # Hypothesis did not shrink or print it: the program is the machine's own record
         program = f"# the calls of the example that hung (not shrunk)\n{err.program}"
@@ -298,6 +338,7 @@ def verify_implementation(
 
 
 __all__ = [
+    "NONDETERMINISTIC",
     "ArTwin",
     "DllmTwin",
     "Failure",
