@@ -198,6 +198,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
             ("orca", "Orca"),
             ("lightllm", "LightLLM"),
             ("ft", "FasterTransformer"),
+            ("mnemosyne", "Mnemosyne (FCFS, fixed chunk)"),
         )
     ),
 )

@@ -45,11 +45,13 @@ from integrations.vidur import (
     MANIFEST,
     REAL_VIDUR_FT,
     REAL_VIDUR_LIGHTLLM,
+    REAL_VIDUR_MNEMOSYNE,
     REAL_VIDUR_ORCA,
     REAL_VIDUR_SARATHI,
     REAL_VIDUR_VLLM,
     build,
 )
+from integrations.vidur.adapter import VidurAdapter
 from integrations.vidur.fixes import FIXES_OF, VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
@@ -84,11 +86,14 @@ def harness(impl: ArImplementation, config: ArConfig) -> ArHarness:
     return ArHarness(impl.factory, config, policy=impl.profile.policy)
 
 
-def violation(h: ArHarness, *requests: ArRequest) -> SpecViolation | None:
-    """Submit `requests`, drain, and return the violation (None: the run conformed)."""
+def violation(h: ArHarness, *requests: ArRequest, steps: int = 0) -> SpecViolation | None:
+    """Submit `requests`, make `steps` steps one at a time (each followed by the between-steps
+    checks), drain, and return the violation (None: the run conformed)."""
     try:
         for r in requests:
             h.guarded("submit", h.submit, r)
+        for _ in range(steps):
+            h.guarded("step", h.step)
         h.guarded("drain", h.drain, 50)
     except SpecViolation as v:
         return v
@@ -351,7 +356,7 @@ def test_the_fixes_are_a_patch_of_vidurs_files(
     diff = capsys.readouterr().out
     assert diff == VIDUR_FIXES.as_diff(VIDUR_FIXES.names)
     sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
-    assert len(sources) == 4
+    assert len(sources) == 6
     patched = git_apply_to_copies(tmp_path, sources, diff)
     assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     ft = vidur.schedulers["ft"]
@@ -361,6 +366,85 @@ def test_the_fixes_are_a_patch_of_vidurs_files(
         assert edited is not original
         assert edited.__closure__ is not None and edited.__closure__[0].cell_contents is ft
     assert vars(ft)["on_batch_end"] is original
+
+
+def test_mnemosyne_crashes_at_the_end_of_every_prefill(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """vidur 0.0.25's Mnemosyne asserts that a request's prefill is incomplete whenever it
+    counts its processed tokens without sequence pipeline parallelism, which `on_batch_end`
+    does right after a prefill completes: Vidur's own AssertionError at the first prefill.
+    0.0.26 dropped the assertion; `mnemosyne-prefill-assert` drops it here."""
+    config = cfg(
+        block_size=2,
+        num_blocks=8,
+        max_num_batched_tokens=4,
+        max_model_len=8,
+        enable_chunked_prefill=True,
+    )
+    found = violation(harness(REAL_VIDUR_MNEMOSYNE, config), ArRequest("r0", 1, 2))
+    assert found is not None and found.rule == "implementation_error", found
+    assert "AssertionError" in str(found)
+    with vidur_fixed(["mnemosyne-prefill-assert"]):
+        h = harness(REAL_VIDUR_MNEMOSYNE, config)
+        assert violation(h, ArRequest("r0", 1, 2)) is None
+        assert h.outputs() == {"r0": 2}
+
+
+# two blocks of one token for r0's prompt, one for r1's; a chunk of 2 tokens per batch
+MNEMOSYNE_SKIP = cfg(
+    block_size=1,
+    num_blocks=3,
+    max_num_batched_tokens=2,
+    max_model_len=4,
+    enable_chunked_prefill=True,
+)
+
+
+def test_mnemosyne_keeps_the_blocks_of_a_request_it_skips(vidur: Any) -> None:
+    """Mnemosyne allocates a new request's whole prompt before it asks how many tokens the
+    batch has left for it; with none left it skips the request, which stays queued holding
+    the blocks (and a seat) without having computed anything."""
+    with vidur_fixed(["mnemosyne-prefill-assert"]):
+        h = harness(REAL_VIDUR_MNEMOSYNE, MNEMOSYNE_SKIP)
+        found = violation(h, ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1)
+    assert found is not None and found.rule == "waiting_holds_nothing", found
+    assert "waiting 'r1' holds blocks" in str(found)
+    with vidur_fixed(["mnemosyne-prefill-assert", "mnemosyne-skip-frees"]):
+        h = harness(REAL_VIDUR_MNEMOSYNE, MNEMOSYNE_SKIP)
+        assert violation(h, ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1) is None
+        assert h.outputs() == {"r0": 1, "r1": 1}
+
+
+def batch_order(scheduler: Any, requests: list[Any]) -> list[Any]:
+    """The requests of the KV-parallel batch Mnemosyne's own batch former makes of
+    `requests`, added in that order as decodes of the one KV-parallel group."""
+    tracker = scheduler._get_batch_formation_tracker()
+    for request in requests:
+        tracker.add_request(request, 1, 1, [0])
+    return list(tracker.get_batch().requests)
+
+
+def test_mnemosyne_orders_its_decodes_by_address(vidur: Any) -> None:
+    """A `KVParallelBatch` lists its requests as a set does (`list(set(...))`), in the order of
+    the objects' hashes, i.e. their addresses, not the order the scheduler added them; Mnemosyne
+    re-queues its decodes in that order (`on_batch_end`), so which decodes first and which is
+    preempted changes from run to run of the same program. Added in the reverse of their
+    creation, 64 requests come out in another order; `mnemosyne-batch-order` keeps it."""
+    config = cfg(
+        block_size=1,
+        num_blocks=8,
+        max_num_seqs=64,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+    )
+    adapter = build("mnemosyne", config, print)
+    assert isinstance(adapter, VidurAdapter)
+    scheduler = adapter.scheduler
+    requests = [vidur.Request(float(i), 2, 2) for i in range(64)][::-1]
+    assert batch_order(scheduler, requests) != requests
+    with vidur_fixed(["mnemosyne-batch-order"]):
+        assert batch_order(scheduler, requests) == requests
 
 
 # --------------------------------------------------------------------------- suites
@@ -378,7 +462,7 @@ def test_sarathi_passes_the_suite(vidur: Any) -> None:
     assert err is None, err
 
 
-@pytest.mark.parametrize("kind", ["vllm", "orca", "lightllm", "ft"])
+@pytest.mark.parametrize("kind", ["vllm", "orca", "lightllm", "ft", "mnemosyne"])
 def test_patched_schedulers_pass_the_suite(
     vidur: Any, patched: Callable[[str], None], kind: str
 ) -> None:
@@ -388,6 +472,7 @@ def test_patched_schedulers_pass_the_suite(
         "orca": REAL_VIDUR_ORCA,
         "lightllm": REAL_VIDUR_LIGHTLLM,
         "ft": REAL_VIDUR_FT,
+        "mnemosyne": REAL_VIDUR_MNEMOSYNE,
     }[kind]
     err = suite(impl, 50)
     assert err is None, err

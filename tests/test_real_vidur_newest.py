@@ -10,6 +10,8 @@ counterexamples as `tests/test_real_vidur.py`: vLLM restarts a decode that needs
 `Request.restart` keeps the stage counters (Vidur's own AssertionError without the adapter's
 repair). The fixes of the first two, renamed for 0.0.26 (`fixes.fixes_for`), make their
 counterexamples conform and apply as a patch. Sarathi passes the suite as it is, as on 0.0.25.
+Mnemosyne (FCFS, fixed chunk) keeps two of its three 0.0.25 findings (0.0.26 dropped the
+prefill assertion itself); their fixes make it pass.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ SCHEDSPEC = str(Path(sys.executable).parent / "schedspec")
 COUNTEREXAMPLES = """
 import json, tempfile
 from pathlib import Path
-from integrations.vidur import REAL_VIDUR_ORCA, REAL_VIDUR_SARATHI, REAL_VIDUR_VLLM, build
+from integrations.vidur import (
+    REAL_VIDUR_MNEMOSYNE, REAL_VIDUR_ORCA, REAL_VIDUR_SARATHI, REAL_VIDUR_VLLM, build)
 from integrations.vidur.engine import load
 from integrations.vidur.fixes import VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
@@ -52,11 +55,13 @@ def cfg(**kw):
                        "max_num_seqs": 2, **kw})
 
 
-def run(factory, policy, config, *requests):
+def run(factory, policy, config, *requests, steps=0):
     h = ArHarness(factory, config, policy=policy)
     try:
         for r in requests:
             h.guarded("submit", h.submit, r)
+        for _ in range(steps):
+            h.guarded("step", h.step)
         h.guarded("drain", h.drain, 50)
     except SpecViolation as v:
         return {"rule": str(v.rule), "assertion": "AssertionError" in str(v),
@@ -93,6 +98,23 @@ def orca():
                ArRequest("r0", 6, 1))
 
 
+def mnemosyne():
+    return run(REAL_VIDUR_MNEMOSYNE.factory, REAL_VIDUR_MNEMOSYNE.profile.policy,
+               cfg(block_size=1, num_blocks=3, max_num_batched_tokens=2, max_model_len=4,
+                   enable_chunked_prefill=True),
+               ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1)
+
+
+def in_order():
+    config = cfg(block_size=1, num_blocks=8, max_num_seqs=64, max_num_batched_tokens=64,
+                 enable_chunked_prefill=True)
+    tracker = build("mnemosyne", config, print).scheduler._get_batch_formation_tracker()
+    requests = [load().Request(float(i), 2, 2) for i in range(64)][::-1]
+    for request in requests:
+        tracker.add_request(request, 1, 1, [0])
+    return list(tracker.get_batch().requests) == requests
+
+
 restart = cfg(block_size=1, num_blocks=5, max_num_batched_tokens=3, max_model_len=5,
               enable_chunked_prefill=True)
 restart_requests = (ArRequest("r0", 1, 3), ArRequest("r1", 3, 2))
@@ -113,6 +135,14 @@ with vidur_fixed(["reservation-ceil"]):
     found["orca_fixed"] = orca()
     found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
     found["orca_fixed_twin"] = suite(REAL_VIDUR_ORCA, twin=VIDUR_ORCA)
+found["mnemosyne_skip"] = mnemosyne()
+found["mnemosyne_in_order"] = in_order()
+with vidur_fixed(["mnemosyne-skip-frees"]):
+    found["mnemosyne_skip_fixed"] = mnemosyne()
+with vidur_fixed(["mnemosyne-batch-order"]):
+    found["mnemosyne_in_order_fixed"] = in_order()
+with vidur_fixed(["mnemosyne-skip-frees", "mnemosyne-batch-order"]):
+    found["mnemosyne_fixed_suite"] = suite(REAL_VIDUR_MNEMOSYNE)
 sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
 with tempfile.TemporaryDirectory() as tmp:
     patched = git_apply_to_copies(Path(tmp), sources, VIDUR_FIXES.as_diff(VIDUR_FIXES.names))
@@ -171,10 +201,30 @@ def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
     examples of the suite, and `scripts/engine_fixes_diff.py vidur` gives them as a patch
     that `git apply` makes on copies of 0.0.26's files."""
     found = newest_found
-    assert found["fixes"] == ["reservation-ceil", "vllm-decode-block"], found
+    assert found["fixes"] == [
+        "reservation-ceil",
+        "vllm-decode-block",
+        "mnemosyne-skip-frees",
+        "mnemosyne-batch-order",
+    ], found
     assert found["vllm_fixed"] is None and found["vllm_fixed_suite"] is None, found
     assert found["orca_fixed"] is None and found["orca_fixed_suite"] is None, found
     assert found["patch_applies"] is True, found
+
+
+def test_mnemosyne_s_two_findings_reproduce_and_their_fixes_pass_on_the_newest_release(
+    newest_found: dict[str, Any],
+) -> None:
+    """0.0.26's Mnemosyne (FCFS, fixed chunk) as 0.0.25's less its prefill assertion, which
+    0.0.26 dropped: a request skipped for lack of tokens keeps the blocks just allocated to it
+    (`waiting_holds_nothing`), and a KV-parallel batch lists its requests in address order.
+    With both fixes it passes 60 examples of the suite under its declared profile."""
+    found = newest_found
+    assert found["mnemosyne_skip"]["rule"] == "waiting_holds_nothing", found
+    assert found["mnemosyne_skip_fixed"] is None, found
+    assert found["mnemosyne_in_order"] is False, found
+    assert found["mnemosyne_in_order_fixed"] is True, found
+    assert found["mnemosyne_fixed_suite"] is None, found
 
 
 def test_the_fixed_newest_orca_decides_as_the_reference(newest_found: dict[str, Any]) -> None:

@@ -1,16 +1,17 @@
-"""Vidur's five REAL replica schedulers (vLLM, Sarathi, Orca, LightLLM, FasterTransformer) under
-the AR spec, at a constant execution time.
+"""Vidur's REAL replica schedulers (vLLM, Sarathi, Orca, LightLLM, FasterTransformer and
+Mnemosyne FCFS with a fixed chunk) under the AR spec, at a constant execution time.
 
-`REAL_VIDUR_VLLM`, `REAL_VIDUR_SARATHI`, `REAL_VIDUR_ORCA`, `REAL_VIDUR_LIGHTLLM` and
-`REAL_VIDUR_FT` are `ArImplementation`s (built-in names `real-vidur-vllm|sarathi|orca|lightllm|
-ft`). Importing this package does not import Vidur: a factory activates `MANIFEST` (raising
-`EngineNotInstalled`, which names `schedspec install-engines vidur`, when it is missing) and
-then imports it. See `integrations.vidur.adapter` for what runs for real and every stub, and
+`REAL_VIDUR_VLLM`, `REAL_VIDUR_SARATHI`, `REAL_VIDUR_ORCA`, `REAL_VIDUR_LIGHTLLM`,
+`REAL_VIDUR_FT` and `REAL_VIDUR_MNEMOSYNE` are `ArImplementation`s (built-in names
+`real-vidur-vllm|sarathi|orca|lightllm|ft|mnemosyne`). Importing this package does not import
+Vidur: a factory activates `MANIFEST` (raising `EngineNotInstalled`, which names
+`schedspec install-engines vidur`, when it is missing) and then imports it. See
+`integrations.vidur.adapter` for what runs for real and every stub, and
 `integrations.vidur.fixes` for the candidate fixes of its findings (edits of Vidur's own files,
 which the tests run and `scripts/engine_fixes_diff.py vidur` prints as a patch).
 
 The release is 0.0.25 unless `SCHEDSPEC_VIDUR_VERSION` selects 0.0.26 (`manifest`), whose
-vLLM, Sarathi and Orca schedulers `build` constructs with its `CacheConfig`.
+vLLM, Sarathi, Orca and Mnemosyne schedulers `build` constructs with its `CacheConfig`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from spec.ar.config import ArConfig
 from spec.errors import ConfigError
 from spec.implementation import ArImplementation
 
-KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "lightllm", "ft")
+KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "lightllm", "ft", "mnemosyne")
 
 
 def check_config(kind: str, config: ArConfig) -> None:
@@ -58,7 +59,7 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         options["max_tokens_in_batch"] = config.max_num_batched_tokens
     if kind == "lightllm":
         options["max_waiting_iters"] = config.max_waiting_iters
-    if kind == "sarathi":
+    if kind in ("sarathi", "mnemosyne"):
         options["chunk_size"] = config.max_num_batched_tokens
     stage: dict[str, Any] = {
         "num_pipeline_stages": 1,
@@ -122,6 +123,7 @@ REAL_VIDUR_SARATHI = _implementation("sarathi", "Sarathi")
 REAL_VIDUR_ORCA = _implementation("orca", "Orca")
 REAL_VIDUR_LIGHTLLM = _implementation("lightllm", "LightLLM")
 REAL_VIDUR_FT = _implementation("ft", "FasterTransformer")
+REAL_VIDUR_MNEMOSYNE = _implementation("mnemosyne", "Mnemosyne FCFS fixed-chunk")
 
 
 __all__ = [
@@ -129,6 +131,7 @@ __all__ = [
     "MANIFEST",
     "REAL_VIDUR_FT",
     "REAL_VIDUR_LIGHTLLM",
+    "REAL_VIDUR_MNEMOSYNE",
     "REAL_VIDUR_ORCA",
     "REAL_VIDUR_SARATHI",
     "REAL_VIDUR_VLLM",

@@ -21,12 +21,12 @@ Stubs and private state the adapter touches, each with why:
   huggingface_hub while Vidur's modules are imported (never called);
 - `allocate` and `free` (public methods of `BaseReplicaScheduler`) are wrapped on the instance:
   each call goes through unchanged, then the adapter diffs `_allocation_map` (request id ->
-  block count, Vidur's only record of KV) against its own block names and emits
-  `ArBlocksAllocated` / `ArPreempted` / `ArBlocksFreed`. Vidur counts blocks and never names
-  them, so the adapter names them: ids 0..n-1 (1..n with the null block reserved: Vidur has no
-  null block, so it gets the usable blocks) from a FIFO free list. A removal inside
-  `on_schedule` of a request whose `num_restarts` grew is a preemption (Vidur's restart);
-  anything else is a free;
+  block count, Vidur's only record of KV; Mnemosyne's is `_req_block_counter`) against its own
+  block names and emits `ArBlocksAllocated` / `ArPreempted` / `ArBlocksFreed`. Vidur counts
+  blocks and never names them, so the adapter names them: ids 0..n-1 (1..n with the null block
+  reserved: Vidur has no null block, so it gets the usable blocks) from a FIFO free list. A
+  removal inside `on_schedule` of a request whose `num_restarts` grew is a preemption (Vidur's
+  restart); anything else is a free;
 - `_allocation_map` (read), `get_pending_requests()` (Vidur's `_request_queue`, read and, for
   an abort, edited), `_preempted_requests` and, for FasterTransformer, `_preempted_batches`
   (edited only by an abort): Vidur has no abort, so the adapter removes the request from
@@ -174,9 +174,7 @@ class VidurAdapter:
         if tracked is None or tracked.finished or tracked.aborted:
             raise UnknownRequest(request_id, len(self._waiting()) + len(self._running()))
         vreq = tracked.vidur
-        queue = self.scheduler.get_pending_requests()
-        if vreq in queue:
-            queue.remove(vreq)
+        self._remove_pending(vreq)
         pending = getattr(self.scheduler, "_preempted_requests", [])
         if vreq in pending:
             pending.remove(vreq)
@@ -194,9 +192,9 @@ class VidurAdapter:
             batches[:] = [b for b in batches if b not in done]
             for batch in done:
                 for r in batch.requests:
-                    if r.id in self.scheduler._allocation_map:
+                    if r.id in self._ledger():
                         self.scheduler.free(r.id)
-        if vreq.id in self.scheduler._allocation_map:
+        if vreq.id in self._ledger():
             self.scheduler.free(vreq.id)
         self._sync()
         tracked.aborted = True
@@ -212,7 +210,7 @@ class VidurAdapter:
         finally:
             self._in_schedule = False
         if batch is not None:
-            for vreq, n in zip(batch.requests, batch.num_q_tokens, strict=True):
+            for vreq, n in _scheduled(batch):
                 rid = self._by_vid[vreq.id].spec.request_id
                 if rid not in self._admitted:
                     self._admitted.append(rid)
@@ -273,15 +271,16 @@ class VidurAdapter:
                 self.sink(ArFinished(tracked.spec.request_id, _reason(tracked.spec)))
 
     def _waiting(self) -> list[str]:
-        return [self._by_vid[r.id].spec.request_id for r in self.scheduler.get_pending_requests()]
+        """Vidur's pending requests not admitted since their last restart. Mnemosyne keeps an
+        admitted request whose prefill is unfinished in a queue too (`_request_queue` in
+        0.0.25, `_partial_prefill_queue` in 0.0.26); it holds its blocks and runs."""
+        pending = (
+            self._by_vid[r.id].spec.request_id for r in self.scheduler.get_pending_requests()
+        )
+        return [rid for rid in pending if rid not in self._admitted]
 
     def _running(self) -> list[str]:
-        queued = {r.id for r in self.scheduler.get_pending_requests()}
-        return [
-            rid
-            for rid in self._admitted
-            if self._by_rid[rid].vidur.id not in queued and not self._by_rid[rid].vidur.completed
-        ]
+        return [rid for rid in self._admitted if not self._by_rid[rid].vidur.completed]
 
     @staticmethod
     def _computed(vreq: Any) -> int:
@@ -290,9 +289,27 @@ class VidurAdapter:
         processed: int = vreq.num_processed_tokens
         return processed - 1 if vreq.is_prefill_complete else processed
 
+    def _remove_pending(self, vreq: Any) -> None:
+        """Take an aborted request out of Vidur's queues: `_request_queue` (requests, or
+        (priority, request) pairs in the Mnemosyne schedulers) and Mnemosyne 0.0.26's
+        `_partial_prefill_queue`."""
+        for name in ("_request_queue", "_partial_prefill_queue"):
+            queue = getattr(self.scheduler, name, None)
+            if queue is not None:
+                queue[:] = [x for x in queue if _queued_request(x) is not vreq]
+
     # ------------------------------------------------------------------ KV diffing
-    def _allocate_wrapped(self, request_id: int, num_blocks: int) -> None:
-        self._allocate(request_id, num_blocks)
+    def _ledger(self) -> dict[int, int]:
+        """Vidur's only record of KV: request id -> block count. `_allocation_map` in every
+        scheduler but Mnemosyne's, which counts a request's blocks in `_req_block_counter`
+        (over its KV-parallel groups) and leaves `_allocation_map` empty."""
+        ledger: dict[int, int] = getattr(
+            self.scheduler, "_req_block_counter", self.scheduler._allocation_map
+        )
+        return ledger
+
+    def _allocate_wrapped(self, request_id: int, num_blocks: int, *group: int) -> None:
+        self._allocate(request_id, num_blocks, *group)
         self._sync()
 
     def _free_wrapped(self, *request_ids: int) -> None:
@@ -300,8 +317,8 @@ class VidurAdapter:
         self._sync()
 
     def _sync(self) -> None:
-        """Mirror `_allocation_map` in the adapter's block names, emitting what changed."""
-        counts: dict[int, int] = self.scheduler._allocation_map
+        """Mirror the ledger (`_ledger`) in the adapter's block names, emitting what changed."""
+        counts = self._ledger()
         for vid in [v for v in self._names if v not in counts]:
             self._release(vid, self._names[vid])
         for vid, count in counts.items():
@@ -333,6 +350,21 @@ class VidurAdapter:
             self.sink(ArPreempted(rid, tuple(gone)))
         elif gone:
             self.sink(ArBlocksFreed(rid, tuple(gone)))
+
+
+def _queued_request(entry: Any) -> Any:
+    """A queue entry's request: Mnemosyne queues (priority, request) pairs."""
+    return entry[1] if isinstance(entry, tuple) else entry
+
+
+def _scheduled(batch: Any) -> list[tuple[Any, int]]:
+    """(request, tokens) in the order the scheduler added them. A Mnemosyne batch is a
+    `KVParallelBatch`, whose own `requests` is a set's order; with one KV-parallel group its
+    one sub-batch keeps the scheduler's order."""
+    mapping = getattr(batch, "batch_mapping", None)
+    if mapping is not None:
+        (batch,) = mapping.values()
+    return list(zip(batch.requests, batch.num_q_tokens, strict=True))
 
 
 def _reset_stage_counters(vreq: Any) -> None:

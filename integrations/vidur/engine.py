@@ -92,6 +92,11 @@ _MODULES = {
         "FasterTransformerReplicaScheduler",
         "FasterTransformerSchedulerConfig",
     ),
+    "mnemosyne": (
+        "mnemosyne_fcfs_fixed_chunk_replica_scheduler",
+        "MnemosyneFCFSFixedChunkReplicaScheduler",
+        "MnemosyneFCFSFixedChunkSchedulerConfig",
+    ),
 }
 
 

@@ -17,6 +17,13 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 - `vllm-decode-block`: Vidur's vLLM scheduler demands one free block for every running request
   (`_can_allocate_request`); demand the block `_allocate_request` will take (one when the
   processed tokens outgrew the blocks held, else none).
+- `mnemosyne-prefill-assert` (0.0.25 only): Mnemosyne asserts a prefill is incomplete whenever
+  it counts processed tokens without sequence pipeline parallelism, which fails at the end of
+  every prefill; drop the assertion, as 0.0.26 did.
+- `mnemosyne-skip-frees`: Mnemosyne allocates a new request's whole prompt, then skips it when
+  the batch has no tokens left for it, leaving it queued with the blocks; free them then.
+- `mnemosyne-batch-order`: a `KVParallelBatch` lists its requests in a set's order (their
+  addresses), which Mnemosyne's decode queue inherits; keep the order they were added in.
 
 `VIDUR_FIXES` (an `integrations.patches.FixSet`) makes the edits (`.fixed_sources`), gives them
 as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and runs Vidur with
@@ -25,8 +32,8 @@ names the fixes a scheduler's findings need. Nothing of Vidur's is stored here b
 passages a fix anchors on.
 
 On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
-`vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`): the other
-three fixes' schedulers are gone there.
+`vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`), and the two
+Mnemosyne fixes its code still needs: the other three fixes' schedulers are gone there.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ BASE = f"{PACKAGE}.base_replica_scheduler"
 FT = f"{PACKAGE}.faster_transformer_replica_scheduler"
 LIGHTLLM = f"{PACKAGE}.lightllm_replica_scheduler"
 VLLM = f"{PACKAGE}.vllm_replica_scheduler"
+MNEMOSYNE = f"{PACKAGE}.mnemosyne_base_replica_scheduler"
+KV_PARALLEL_BATCH = "vidur.entities.kv_parallel_batch"
 
 FT_FREE_ON_FINISH = EngineFix(
     "ft-free-on-finish",
@@ -147,6 +156,65 @@ VLLM_DECODE_BLOCK = EngineFix(
 )
 
 
+MNEMOSYNE_SKIP_FREES = EngineFix(
+    "mnemosyne-skip-frees",
+    (
+        (
+            MNEMOSYNE,
+            "            if next_num_q_tokens == 0:\n",
+            "            if next_num_q_tokens == 0:\n"
+            "                if is_new_request:\n"
+            "                    # no tokens for it in this batch: it stays queued, so it\n"
+            "                    # must not keep the blocks just allocated to it\n"
+            "                    self.free(request.id)\n",
+        ),
+    ),
+    ((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._add_prefill_requests"),),
+    "Mnemosyne: a new request the batch has no tokens for gives back the blocks just taken",
+)
+
+
+MNEMOSYNE_PREFILL_ASSERT = EngineFix(
+    "mnemosyne-prefill-assert",
+    (
+        (
+            MNEMOSYNE,
+            "        else:\n"
+            "            assert not request.is_prefill_complete\n"
+            "            return request.num_processed_tokens\n",
+            "        else:\n"
+            "            # a request's prefill completes without sequence pipeline parallelism\n"
+            "            # too (on_batch_end reads its processed tokens then)\n"
+            "            return request.num_processed_tokens\n",
+        ),
+    ),
+    ((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._get_num_processed_tokens"),),
+    "Mnemosyne (0.0.25): drop the assertion that fails at the end of every prefill "
+    "(0.0.26 dropped it too)",
+)
+
+MNEMOSYNE_BATCH_ORDER = EngineFix(
+    "mnemosyne-batch-order",
+    (
+        (
+            KV_PARALLEL_BATCH,
+            "        self._requests = list(\n"
+            "            set(sum([x.requests for x in self._batch_mapping.values()], []))\n"
+            "        )\n",
+            "        # without duplicates, in the order the scheduler added them: a set's\n"
+            "        # order follows the objects' addresses, which differ from run to run\n"
+            "        self._requests = list(\n"
+            "            dict.fromkeys(\n"
+            "                sum([x.requests for x in self._batch_mapping.values()], [])\n"
+            "            )\n"
+            "        )\n",
+        ),
+    ),
+    ((KV_PARALLEL_BATCH, "KVParallelBatch.__init__"),),
+    "Mnemosyne: a KV-parallel batch keeps its requests in the order they were added",
+)
+
+
 def _load_vidur() -> object:
     from integrations.vidur.engine import load
 
@@ -173,18 +241,26 @@ def _for_cache_config(fix: EngineFix) -> EngineFix:
 
 
 def fixes_for(version: str) -> FixSet:
-    """The fixes of Vidur `version` (one of `KINDS_OF`): all five on 0.0.25; on 0.0.26, which
-    dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed."""
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all eight on 0.0.25; on 0.0.26, which
+    dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed, and
+    Mnemosyne's two (0.0.26 dropped the prefill assertion itself)."""
     if version == DEFAULT_VERSION:
         return FixSet(
             engine=f"Vidur {version}",
-            modules=(BASE, FT, LIGHTLLM, VLLM),
+            modules=(BASE, FT, LIGHTLLM, VLLM, MNEMOSYNE, KV_PARALLEL_BATCH),
             fixes=(
                 FT_FREE_ON_FINISH,
                 RESERVATION_CEIL,
                 LIGHTLLM_ADMIT_AT_PEAK,
                 LIGHTLLM_ONE_TOKEN_PEAK,
                 VLLM_DECODE_BLOCK,
+                MNEMOSYNE_PREFILL_ASSERT,
+                # 0.0.25 forms the prefills in `_get_next_batch` itself
+                dataclasses.replace(
+                    MNEMOSYNE_SKIP_FREES,
+                    methods=((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._get_next_batch"),),
+                ),
+                MNEMOSYNE_BATCH_ORDER,
             ),
             exclusive=(),
             load=_load_vidur,
@@ -192,8 +268,13 @@ def fixes_for(version: str) -> FixSet:
         )
     return FixSet(
         engine=f"Vidur {version}",
-        modules=(BASE, VLLM),
-        fixes=(_for_cache_config(RESERVATION_CEIL), _for_cache_config(VLLM_DECODE_BLOCK)),
+        modules=(BASE, VLLM, MNEMOSYNE, KV_PARALLEL_BATCH),
+        fixes=(
+            _for_cache_config(RESERVATION_CEIL),
+            _for_cache_config(VLLM_DECODE_BLOCK),
+            MNEMOSYNE_SKIP_FREES,
+            MNEMOSYNE_BATCH_ORDER,
+        ),
         exclusive=(),
         load=_load_vidur,
         importing=stubbed_imports,
@@ -210,6 +291,12 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
     "orca": (RESERVATION_CEIL.name,),
     "lightllm": (LIGHTLLM_ADMIT_AT_PEAK.name, LIGHTLLM_ONE_TOKEN_PEAK.name),
     "ft": (FT_FREE_ON_FINISH.name, RESERVATION_CEIL.name),
+    # the prefill assertion is 0.0.25's alone (0.0.26 dropped it itself)
+    "mnemosyne": tuple(
+        fix.name
+        for fix in (MNEMOSYNE_PREFILL_ASSERT, MNEMOSYNE_SKIP_FREES, MNEMOSYNE_BATCH_ORDER)
+        if fix.name in VIDUR_FIXES.names
+    ),
 }
 
 #: `with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`).
@@ -221,6 +308,9 @@ __all__ = [
     "FT_FREE_ON_FINISH",
     "LIGHTLLM_ADMIT_AT_PEAK",
     "LIGHTLLM_ONE_TOKEN_PEAK",
+    "MNEMOSYNE_BATCH_ORDER",
+    "MNEMOSYNE_PREFILL_ASSERT",
+    "MNEMOSYNE_SKIP_FREES",
     "RESERVATION_CEIL",
     "VIDUR_FIXES",
     "VLLM_DECODE_BLOCK",

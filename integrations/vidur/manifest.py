@@ -1,9 +1,10 @@
 """Vidur's pinned install: the `vidur` wheel alone, with --no-deps; which release is selected.
 
-vidur 0.0.25, the default, is the newest release on PyPI that still ships all five replica
+vidur 0.0.25, the default, is the newest release on PyPI that still ships all six replica
 schedulers this project checks. 0.0.26, the newest release, dropped LightLLM and
 FasterTransformer and moved the block size, pool size and watermark into a `CacheConfig`; its
-vLLM, Sarathi and Orca schedulers are checked by setting `SCHEDSPEC_VIDUR_VERSION=0.0.26`
+vLLM, Sarathi, Orca and Mnemosyne schedulers are checked by setting
+`SCHEDSPEC_VIDUR_VERSION=0.0.26`
 (for `install-engines` and for the command that runs them alike). One process imports one
 release (both are the package `vidur`), so the version is chosen per process, from the
 environment, when this module is imported. Each release installs into a directory of its own
@@ -24,10 +25,10 @@ from spec.errors import ConfigError
 
 DEFAULT_VERSION = "0.0.25"
 VERSION_VARIABLE = "SCHEDSPEC_VIDUR_VERSION"
-# release -> the replica schedulers it ships, of the five this project checks
+# release -> the replica schedulers it ships, of those this project checks
 KINDS_OF: dict[str, tuple[str, ...]] = {
-    "0.0.25": ("vllm", "sarathi", "orca", "lightllm", "ft"),
-    "0.0.26": ("vllm", "sarathi", "orca"),
+    "0.0.25": ("vllm", "sarathi", "orca", "lightllm", "ft", "mnemosyne"),
+    "0.0.26": ("vllm", "sarathi", "orca", "mnemosyne"),
 }
 
 

@@ -1,10 +1,11 @@
-"""The profiles of Vidur's five replica schedulers: what each supports and promises.
+"""The profiles of Vidur's replica schedulers checked here: what each supports and promises.
 
 Facts read from vidur 0.0.25 `vidur/scheduler/replica_scheduler/*.py` (file:line cited) and
 confirmed by running the classes:
 
-- all five are FCFS over one request queue (`_request_queue.pop(0)`) with no priorities, no
-  token threshold and no null block (the adapter names Vidur's counted blocks itself);
+- vLLM, Sarathi, Orca, LightLLM and FasterTransformer are FCFS over one request queue
+  (`_request_queue.pop(0)`) with no priorities, no token threshold and no null block (the
+  adapter names Vidur's counted blocks itself);
 - vLLM (`vllm_replica_scheduler.py`): never chunks a prompt (`_get_request_next_num_q_tokens`
   gives the whole prefill); a batch is prefill-only or decode-only (`if requests: return
   Batch` at :103 before the decode loop); budget `max_tokens_in_batch` (:85); a decode that
@@ -20,7 +21,14 @@ confirmed by running the classes:
   when no earlier batch has requests left (`_preempted_batches` first, :43): static batches;
 - LightLLM (`lightllm_replica_scheduler.py`): token-level KV (`assert block_size == 1`, :17),
   admission by peak memory (`_can_allocate_request`, :48-62), never preempts (it raises
-  "OOM handling not implemented yet", :160).
+  "OOM handling not implemented yet", :160);
+- Mnemosyne, FCFS with a fixed chunk (`mnemosyne_fcfs_fixed_chunk_replica_scheduler.py` on
+  `mnemosyne_base_replica_scheduler.py`, both releases): its queue holds (arrival, request)
+  pairs sorted by arrival; it forms decodes first (`_add_running_decodes`), restarting victims
+  from the tail of its decode queue `_preempted_requests` or the request itself
+  (`_ensure_can_append_slot`): `VictimOrder.LAST_DECODING`; then admits prefills in the same
+  batch (`admit_after_preemption`), allocating a request's whole prompt and skipping up to
+  `MAX_NUM_SKIPPED_REQUESTS` = 10 requests it cannot admit (`fcfs_lookahead`).
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ _SPACE = ArConfigSpace(
     stages=frozenset({1}),
 )
 WATERMARK_FRACTION = 0.01
+# mnemosyne_base_replica_scheduler.py: MAX_NUM_SKIPPED_REQUESTS
+MNEMOSYNE_LOOKAHEAD = 10
 
 VLLM = ArProfile(
     space=_SPACE,
@@ -69,12 +79,25 @@ LIGHTLLM = ArProfile(
     policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE)),
 )
 
+MNEMOSYNE = ArProfile(
+    space=dataclasses.replace(_SPACE, chunked_prefill=frozenset({True})),
+    policy=ArPolicy(
+        rules=ArRules(
+            victim=VictimOrder.LAST_DECODING,
+            admit_after_preemption=True,
+            fcfs_lookahead=MNEMOSYNE_LOOKAHEAD,
+        ),
+        watermark_fraction=WATERMARK_FRACTION,
+    ),
+)
+
 PROFILES: dict[str, ArProfile] = {
     "vllm": VLLM,
     "sarathi": SARATHI,
     "orca": ORCA,
     "lightllm": LIGHTLLM,
     "ft": FT,
+    "mnemosyne": MNEMOSYNE,
 }
 
 __all__ = ["FT", "LIGHTLLM", "ORCA", "PROFILES", "SARATHI", "VLLM", "WATERMARK_FRACTION"]

@@ -285,6 +285,11 @@ class VictimOrder(enum.Enum):
     # priority policy, `Scheduler.schedule`: the victim is `max(self.running, key=...)`; when it
     # is in `scheduled_running_reqs` it is removed there and its tokens given back).
     LOWEST_PRIORITY_ANY = "lowest_priority_any"
+    # the request that started decoding last (its prefill completed latest) among running
+    # requests whose prefill is complete, not scheduled in this step; one still in its prefill
+    # is never a victim (Vidur's Mnemosyne: `_ensure_can_append_slot` takes victims from the
+    # tail of its decode queue, `_preempted_requests`, else restarts the request itself)
+    LAST_DECODING = "last_decoding"
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +312,13 @@ class ArRules:
         allocates nothing to and admits no waiting request, and a running request is preempted
         only when the free blocks cannot hold one more token of some running request not yet
         scheduled in this step (rule `soft_preemption`).
+    fcfs_lookahead: FCFS with look-ahead (admission FCFS only; None: strict FCFS). A waiting
+        request may be admitted with at most this many waiting requests ahead of it, each of
+        which does not fit: its known tokens need more blocks than the pool had free above
+        the watermark when it was passed over. The waiting queue is then in arrival order (a
+        preempted request returns to its arrival place). Vidur's Mnemosyne schedulers skip up
+        to `MAX_NUM_SKIPPED_REQUESTS` = 10 requests and allocate a request's whole prompt when
+        they admit it.
     """
 
     admission: AdmissionOrder = AdmissionOrder.FCFS
@@ -318,6 +330,7 @@ class ArRules:
     token_floor: bool = False
     token_cap: int | None = None
     soft_preemption: bool = False
+    fcfs_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.admission, AdmissionOrder):
@@ -334,10 +347,16 @@ class ArRules:
             "soft_preemption",
         ):
             _flag(f"rules.{name}", getattr(self, name))
-        for name in ("max_wait_steps", "token_cap"):
+        for name in ("max_wait_steps", "token_cap", "fcfs_lookahead"):
             value = getattr(self, name)
             if value is not None:
                 _positive(f"rules.{name}", value, 1, MAX_SMALL)
+        if self.fcfs_lookahead is not None and self.admission is not AdmissionOrder.FCFS:
+            raise ConfigError(
+                "rules.fcfs_lookahead",
+                self.fcfs_lookahead,
+                f"None under admission {self.admission.value} (a look-ahead is FCFS's)",
+            )
 
 
 def rules_for(config: ArConfig) -> ArRules:

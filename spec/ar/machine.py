@@ -88,6 +88,9 @@ class _Req:
     cached_upto: int = 0  # its leading blocks registered in the cache
     stop_sampled: bool = False  # its end token is sampled, not scripted (`ArSubmitted`)
     output_step: int = -1  # the step in which it last produced an output token
+    # when it started decoding (its prefill completed), counted over the run; None while it
+    # is in its prefill (VictimOrder.LAST_DECODING)
+    decoding_since: int | None = None
 
     @property
     def known(self) -> int:
@@ -157,6 +160,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
         self._step = _Step()
         self._arrivals = 0
+        self._decode_entries = 0  # requests that have started decoding, over the run
         self._dirty: set[str] = set()  # requests touched since the last invariant check
         self._dirty_blocks: set[int] = set()
         self._dirty_pairs: set[tuple[str, int]] = set()  # (request, block) table changes
@@ -552,6 +556,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.phase = ArPhase(target)
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
+        if r.decoding_since is None and r.num_computed + n == r.known:
+            r.decoding_since = self._decode_entries
+            self._decode_entries += 1
         if cfg.enable_prefix_caching:
             self._register_cached(r, r.num_computed + n)
         self._touch(r)
@@ -638,7 +645,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     )
                 return
         if rules.admission is AdmissionOrder.FCFS:
-            if self._waiting[0] != r.request_id:
+            if rules.fcfs_lookahead is not None:
+                self._check_lookahead(r, e, rules.fcfs_lookahead)
+            elif self._waiting[0] != r.request_id:
                 raise self._fail(
                     ArRule.FCFS_ADMISSION,
                     f"admitted {r.request_id!r} while {self._waiting[0]!r} is ahead of it "
@@ -657,6 +666,30 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{best.request_id!r} has key {admission_key(rules, best)}",
                 e,
             )
+
+    def _check_lookahead(self, r: _Req, e: ArScheduled, limit: int) -> None:
+        """FCFS with look-ahead: at most `limit` waiting requests ahead of `r`, none of which
+        fits. Every block `r` holds came in this step and no block is freed between a request
+        passed over and `r`'s admission, so the pool had at least `free + len(r.blocks)` free
+        when each of them was passed over."""
+        ahead = [self._requests[q] for q in self._waiting[: self._waiting.index(r.request_id)]]
+        if len(ahead) > limit:
+            raise self._fail(
+                ArRule.FCFS_ADMISSION,
+                f"admitted {r.request_id!r} with {len(ahead)} waiting requests ahead of it "
+                f"({[q.request_id for q in ahead][:8]}); fcfs_lookahead={limit}",
+                e,
+            )
+        room = self.free_blocks + len(r.blocks) - self.watermark
+        for q in ahead:
+            need = self.config.blocks_for(q.known)
+            if need <= room:
+                raise self._fail(
+                    ArRule.FCFS_ADMISSION,
+                    f"admitted {r.request_id!r} past {q.request_id!r}, whose {q.known} known "
+                    f"tokens need {need} block(s) and fit the {room} free above the watermark",
+                    e,
+                )
 
     def _preempted(self, e: ArPreempted) -> None:
         rules, st = self.rules, self._step
@@ -683,6 +716,16 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         ]
         if rules.victim is VictimOrder.TAIL:
             expected = candidates[-1]
+        elif rules.victim is VictimOrder.LAST_DECODING:
+            decoding = [q for q in candidates if q.decoding_since is not None]
+            if not decoding:
+                raise self._fail(
+                    ArRule.PREEMPTION_VICTIM,
+                    f"preempted {r.request_id!r}, but no running request not scheduled in this "
+                    f"step has completed its prefill (the last_decoding victims)",
+                    e,
+                )
+            expected = max(decoding, key=lambda q: q.decoding_since or 0)
         else:
             expected = max(candidates, key=lambda q: (q.priority, q.arrival))
         if rules.soft_preemption:
@@ -719,8 +762,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r.cached_upto = 0
         r.phase = ArPhase.PREEMPTED
         r.wait_since = st.index
+        r.decoding_since = None
         self._running.remove(r.request_id)
-        self._waiting.insert(0, r.request_id)
+        if rules.fcfs_lookahead is None:
+            self._waiting.insert(0, r.request_id)
+        else:  # the look-ahead's queue is in arrival order
+            place = sum(1 for q in self._waiting if self._requests[q].arrival < r.arrival)
+            self._waiting.insert(place, r.request_id)
         st.preempted.append(r.request_id)
         self._touch(r)
 

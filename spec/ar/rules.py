@@ -128,7 +128,8 @@ _AR_RULES: dict[ArRule, str] = {
     "scheduled in this step: the tail of running, i.e. the latest admitted (FCFS), or the lowest "
     "priority then latest arrival (priority); or, where declared (vLLM 0.33's priority "
     "policy), the lowest priority among all running requests, a scheduled one then "
-    "unscheduled with its tokens returned to the budget.",
+    "unscheduled with its tokens returned to the budget; or, where declared (Vidur's "
+    "Mnemosyne), the one that started decoding last, never one still in its prefill.",
     ArRule.NO_ADMISSION_AFTER_PREEMPTION: "A step that preempted admits no waiting request (vLLM), "
     "unless the implementation declares otherwise.",
     ArRule.SOFT_PREEMPTION: "Under soft preemption (priority-soft) a waiting request never causes "
@@ -139,7 +140,9 @@ _AR_RULES: dict[ArRule, str] = {
     "lower-priority waiting requests (policy_admission).",
     # --- admission order
     ArRule.FCFS_ADMISSION: "A waiting request is admitted only from the head of the waiting queue "
-    "(submission order; preempted requests at the head).",
+    "(submission order; preempted requests at the head); with a declared look-ahead, past at "
+    "most that many requests, each too large for the free pool (the queue then in arrival "
+    "order).",
     ArRule.WAITING_ORDER: "The implementation's waiting queue has the spec's order (FCFS).",
     ArRule.POLICY_ADMISSION: "Under priority / SJF / SRPT / LAS, the admitted request minimises "
     "the policy key (ties: earliest arrival).",
