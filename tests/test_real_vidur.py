@@ -1,4 +1,5 @@
-"""Vidur's five REAL replica schedulers (vidur 0.0.25) under the AR spec.
+"""Vidur's REAL replica schedulers (vidur 0.0.25: the five of the issue and Mnemosyne FCFS with
+a fixed chunk) under the AR spec.
 
 Needs `schedspec install-engines vidur`; without it every engine test fails naming that
 command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped with that reason).
@@ -19,7 +20,10 @@ for the test; `scripts/engine_fixes_diff.py vidur` prints the edits as a patch):
   too few when max_model_len is not a multiple of the block size (kv_covers_scheduled);
 - vidur 0.0.25's `Request.restart()` keeps its pipeline-stage counters: the restarted request
   raises AssertionError at its next batch (implementation_error; the adapter repairs it by
-  default, see integrations/vidur/adapter.py).
+  default, see integrations/vidur/adapter.py);
+- Mnemosyne asserts at the end of every prefill (implementation_error), keeps the blocks of a
+  request it skips for lack of tokens (waiting_holds_nothing), and lists a KV-parallel
+  batch's requests in address order (its decode order and victims change from run to run).
 
 Then each scheduler passes the suite under its profile: Sarathi as it is, the others with
 their findings patched.
