@@ -396,6 +396,7 @@ def test_mnemosyne_crashes_at_the_end_of_every_prefill(
 
 
 # two blocks of one token for r0's prompt, one for r1's; a chunk of 2 tokens per batch
+MNEMOSYNE_SKIP_REQUESTS = (ArRequest("r0", 2, 1), ArRequest("r1", 1, 1))
 MNEMOSYNE_SKIP = cfg(
     block_size=1,
     num_blocks=3,
@@ -411,30 +412,19 @@ def test_mnemosyne_keeps_the_blocks_of_a_request_it_skips(vidur: Any) -> None:
     the blocks (and a seat) without having computed anything."""
     with vidur_fixed(["mnemosyne-prefill-assert"]):
         h = harness(REAL_VIDUR_MNEMOSYNE, MNEMOSYNE_SKIP)
-        found = violation(h, ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1)
+        found = violation(h, *MNEMOSYNE_SKIP_REQUESTS, steps=1)
     assert found is not None and found.rule == "waiting_holds_nothing", found
     assert "waiting 'r1' holds blocks" in str(found)
     with vidur_fixed(["mnemosyne-prefill-assert", "mnemosyne-skip-frees"]):
         h = harness(REAL_VIDUR_MNEMOSYNE, MNEMOSYNE_SKIP)
-        assert violation(h, ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1) is None
+        assert violation(h, *MNEMOSYNE_SKIP_REQUESTS, steps=1) is None
         assert h.outputs() == {"r0": 1, "r1": 1}
 
 
-def batch_order(scheduler: Any, requests: list[Any]) -> list[Any]:
-    """The requests of the KV-parallel batch Mnemosyne's own batch former makes of
-    `requests`, added in that order as decodes of the one KV-parallel group."""
-    tracker = scheduler._get_batch_formation_tracker()
-    for request in requests:
-        tracker.add_request(request, 1, 1, [0])
-    return list(tracker.get_batch().requests)
-
-
-def test_mnemosyne_orders_its_decodes_by_address(vidur: Any) -> None:
-    """A `KVParallelBatch` lists its requests as a set does (`list(set(...))`), in the order of
-    the objects' hashes, i.e. their addresses, not the order the scheduler added them; Mnemosyne
-    re-queues its decodes in that order (`on_batch_end`), so which decodes first and which is
-    preempted changes from run to run of the same program. Added in the reverse of their
-    creation, 64 requests come out in another order; `mnemosyne-batch-order` keeps it."""
+def batch_keeps_its_order(vidur: Any) -> bool:
+    """Whether the `KVParallelBatch` that Mnemosyne's own batch former makes of 64 requests,
+    added as decodes of its one KV-parallel group in the reverse of their creation, lists them
+    in the order they were added."""
     config = cfg(
         block_size=1,
         num_blocks=8,
@@ -444,11 +434,22 @@ def test_mnemosyne_orders_its_decodes_by_address(vidur: Any) -> None:
     )
     adapter = build("mnemosyne", config, print)
     assert isinstance(adapter, VidurAdapter)
-    scheduler = adapter.scheduler
+    tracker = adapter.scheduler._get_batch_formation_tracker()
     requests = [vidur.Request(float(i), 2, 2) for i in range(64)][::-1]
-    assert batch_order(scheduler, requests) != requests
+    for request in requests:
+        tracker.add_request(request, 1, 1, [0])
+    return list(tracker.get_batch().requests) == requests
+
+
+def test_mnemosyne_orders_its_decodes_by_address(vidur: Any) -> None:
+    """A `KVParallelBatch` lists its requests as a set does (`list(set(...))`), in the order of
+    the objects' hashes, i.e. their addresses, not the order the scheduler added them; Mnemosyne
+    re-queues its decodes in that order (`on_batch_end`), so which decodes first and which is
+    preempted changes from run to run of the same program. Added in the reverse of their
+    creation, 64 requests come out in another order; `mnemosyne-batch-order` keeps it."""
+    assert not batch_keeps_its_order(vidur)
     with vidur_fixed(["mnemosyne-batch-order"]):
-        assert batch_order(scheduler, requests) == requests
+        assert batch_keeps_its_order(vidur)
 
 
 # --------------------------------------------------------------------------- suites

@@ -46,27 +46,18 @@ from properties.ar.harness import ArHarness
 from properties.verify import run_machine, verify_settings
 from reference.ar.vidur import VIDUR_ORCA
 from tests.patch_check import git_apply_to_copies
-from spec.ar.config import ArConfig, ArRequest
-from spec.errors import SpecViolation
-
-
-def cfg(**kw):
-    return ArConfig(**{"reserve_null_block": False, "enable_chunked_prefill": False,
-                       "max_num_seqs": 2, **kw})
+from tests.test_real_vidur import (
+    MNEMOSYNE_SKIP, MNEMOSYNE_SKIP_REQUESTS, batch_keeps_its_order, cfg, violation)
+from spec.ar.config import ArRequest
 
 
 def run(factory, policy, config, *requests, steps=0):
     h = ArHarness(factory, config, policy=policy)
-    try:
-        for r in requests:
-            h.guarded("submit", h.submit, r)
-        for _ in range(steps):
-            h.guarded("step", h.step)
-        h.guarded("drain", h.drain, 50)
-    except SpecViolation as v:
-        return {"rule": str(v.rule), "assertion": "AssertionError" in str(v),
-                "preempted": sum(type(e).__name__ == "ArPreempted" for e in h.events)}
-    return None
+    v = violation(h, *requests, steps=steps)
+    if v is None:
+        return None
+    return {"rule": str(v.rule), "assertion": "AssertionError" in str(v),
+            "preempted": sum(type(e).__name__ == "ArPreempted" for e in h.events)}
 
 
 def sarathi(fix):
@@ -100,19 +91,7 @@ def orca():
 
 def mnemosyne():
     return run(REAL_VIDUR_MNEMOSYNE.factory, REAL_VIDUR_MNEMOSYNE.profile.policy,
-               cfg(block_size=1, num_blocks=3, max_num_batched_tokens=2, max_model_len=4,
-                   enable_chunked_prefill=True),
-               ArRequest("r0", 2, 1), ArRequest("r1", 1, 1), steps=1)
-
-
-def in_order():
-    config = cfg(block_size=1, num_blocks=8, max_num_seqs=64, max_num_batched_tokens=64,
-                 enable_chunked_prefill=True)
-    tracker = build("mnemosyne", config, print).scheduler._get_batch_formation_tracker()
-    requests = [load().Request(float(i), 2, 2) for i in range(64)][::-1]
-    for request in requests:
-        tracker.add_request(request, 1, 1, [0])
-    return list(tracker.get_batch().requests) == requests
+               MNEMOSYNE_SKIP, *MNEMOSYNE_SKIP_REQUESTS, steps=1)
 
 
 restart = cfg(block_size=1, num_blocks=5, max_num_batched_tokens=3, max_model_len=5,
@@ -136,11 +115,11 @@ with vidur_fixed(["reservation-ceil"]):
     found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
     found["orca_fixed_twin"] = suite(REAL_VIDUR_ORCA, twin=VIDUR_ORCA)
 found["mnemosyne_skip"] = mnemosyne()
-found["mnemosyne_in_order"] = in_order()
+found["mnemosyne_in_order"] = batch_keeps_its_order(load())
 with vidur_fixed(["mnemosyne-skip-frees"]):
     found["mnemosyne_skip_fixed"] = mnemosyne()
 with vidur_fixed(["mnemosyne-batch-order"]):
-    found["mnemosyne_in_order_fixed"] = in_order()
+    found["mnemosyne_in_order_fixed"] = batch_keeps_its_order(load())
 with vidur_fixed(["mnemosyne-skip-frees", "mnemosyne-batch-order"]):
     found["mnemosyne_fixed_suite"] = suite(REAL_VIDUR_MNEMOSYNE)
 sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
