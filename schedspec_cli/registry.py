@@ -164,6 +164,22 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "Vidur's FasterTransformer replica scheduler, re-implemented",
     ),
     _ar(
+        "vidur-mnemosyne",
+        (
+            "reference.ar.mnemosyne:VIDUR_MNEMOSYNE",
+            "reference.ar.mnemosyne:make_vidur_mnemosyne",
+        ),
+        "Vidur 0.0.26's Mnemosyne FCFS fixed-chunk replica scheduler, re-implemented",
+    ),
+    _ar(
+        "vidur-mnemosyne-one-queue",
+        (
+            "reference.ar.mnemosyne:VIDUR_MNEMOSYNE_ONE_QUEUE",
+            "reference.ar.mnemosyne:make_vidur_mnemosyne_one_queue",
+        ),
+        "Vidur 0.0.25's Mnemosyne FCFS fixed-chunk replica scheduler (one queue), re-implemented",
+    ),
+    _ar(
         "real-vllm",
         ("integrations.vllm:REAL_VLLM",),
         "vLLM 0.33.0's own v1 Scheduler (prefix caching off)",

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
+from reference.ar.mnemosyne import VidurMnemosyne
 from reference.ar.prefix_cache import PrefixCachingVllmV1
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VllmV1Scheduler
@@ -111,6 +112,32 @@ class VidurOneFreeBlock(VidurVllm):
                 return False
         self._grow_existing(req)
         return True
+
+
+class MnemosyneRestartsHead(VidurMnemosyne):
+    """Mnemosyne restarting the head of its decode queue (the request that started decoding
+    first) instead of the tail when a decode finds no free block."""
+
+    def _free_block_or_restart(self, req: ArReq) -> bool:
+        while self.pool.num_free == 0:
+            if not self.pending:
+                self._restart(req)
+                return False
+            self._restart(self.pending[0])
+        return True
+
+
+class MnemosyneUnboundedLookahead(VidurMnemosyne):
+    """Mnemosyne reading its whole queue for a request it can admit, past any number of
+    requests that do not fit (Vidur stops once it skipped MAX_NUM_SKIPPED_REQUESTS = 10)."""
+
+    def _add_prefills(self, queue: list[ArReq]) -> None:
+        skipped = 0
+        while len(queue) > skipped:
+            if self._prefill_chunk(queue[skipped]):
+                queue.pop(skipped)
+            else:
+                skipped += 1
 
 
 class VidurLightLlmStrict(VidurLightLlm):
@@ -379,6 +406,20 @@ AR_MUTANTS: dict[str, ArMutant] = {
                 )
             ),
             "Vidur's vLLM demands a free block it does not need: empty batch at exact fit",
+        ),
+        ArMutant(
+            "mnemosyne_restarts_head",
+            "preemption_victim",
+            _f(MnemosyneRestartsHead),
+            _tight().map(lambda c: c.replace(enable_chunked_prefill=True)),
+            "Vidur's Mnemosyne restarting the first request to start decoding, not the last",
+        ),
+        ArMutant(
+            "mnemosyne_unbounded_lookahead",
+            "fcfs_admission",
+            _f(MnemosyneUnboundedLookahead),
+            _tight().map(lambda c: c.replace(enable_chunked_prefill=True)),
+            "Vidur's Mnemosyne admitting past more than 9 requests that do not fit",
         ),
         ArMutant(
             "vidur_lightllm_strict",

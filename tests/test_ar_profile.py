@@ -115,9 +115,11 @@ def test_watermark() -> None:
         ArBlocksAllocated("a", (1, 2, 3, 4)),
         ArScheduled("a", 7),
     ]
-    # 9 usable blocks, 4 taken: 5 stay free
-    assert _rule(cfg, ArPolicy(watermark_fraction=0.6), events) == "admission_watermark"
-    assert _rule(cfg, ArPolicy(watermark_fraction=0.5), events) is None
+    # 9 usable blocks (the null block reserved), 4 taken: 5 stay free. The watermark is a
+    # fraction of the usable blocks: int(0.67 * 9) = 6 is broken, int(0.6 * 9) = 5 is kept
+    # (int(0.6 * 10) = 6 would count the null block, which Vidur's pool does not have)
+    assert _rule(cfg, ArPolicy(watermark_fraction=0.67), events) == "admission_watermark"
+    assert _rule(cfg, ArPolicy(watermark_fraction=0.6), events) is None
 
 
 @pytest.mark.parametrize(

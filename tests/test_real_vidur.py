@@ -59,13 +59,16 @@ from integrations.vidur.adapter import VidurAdapter
 from integrations.vidur.fixes import FIXES_OF, VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
+from reference.ar import vidur as reference_vidur
+from reference.ar.mnemosyne import VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.decisions import step_decisions
+from spec.ar.decisions import StepDecision, first_difference, step_decisions
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from spec.profile import ConfigOutsideProfile
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
+from tests.test_ar_mnemosyne import queue_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -452,6 +455,78 @@ def test_mnemosyne_orders_its_decodes_by_address(vidur: Any) -> None:
         assert batch_keeps_its_order(vidur)
 
 
+def mnemosyne_queue_order(real: list[StepDecision]) -> dict[str, object]:
+    """How the real Mnemosyne's decisions on `QUEUE_REQUESTS` compare with the two references:
+    step 2's tokens and whether each reference decides alike throughout."""
+    return {
+        "step2": [list(p) for p in real[2].scheduled],
+        "new": first_difference(real, queue_decisions(VIDUR_MNEMOSYNE)) is None,
+        "one": first_difference(real, queue_decisions(VIDUR_MNEMOSYNE_ONE_QUEUE)) is None,
+    }
+
+
+def test_mnemosyne_0025_reads_partial_prefills_among_the_waiting(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """0.0.25 puts a request between prefill chunks back in its one request queue, sorted by
+    arrival: in step 2 r1, which arrived first, takes the whole chunk before r2 finishes its
+    prefill, as `vidur-mnemosyne-one-queue` decides and `vidur-mnemosyne` (0.0.26's
+    partial-prefill queue, read first) does not."""
+    patched("mnemosyne")
+    found = mnemosyne_queue_order(queue_decisions(REAL_VIDUR_MNEMOSYNE))
+    assert found == {"step2": [["r1", 2]], "new": False, "one": True}, found
+
+
+# --------------------------------------------------------------------------- the watermark
+def test_the_watermark_is_a_fraction_of_the_usable_blocks(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """Vidur has no null block: the adapter hands it the usable blocks, and its watermark is
+    int(0.01 * those). With 100 blocks, the null block reserved, it is int(0.99) = 0, so a
+    request needing all 99 usable blocks is admitted. Until 2026-11-26 the spec took the
+    fraction of all 100 (watermark 1) and reported admission_watermark on Vidur's vLLM,
+    Sarathi and Mnemosyne."""
+    config = cfg(
+        block_size=1,
+        num_blocks=100,
+        reserve_null_block=True,
+        max_num_batched_tokens=128,
+        max_model_len=128,
+    )
+    assert REAL_VIDUR_VLLM.profile.policy.watermark_blocks(config) == 0
+    for kind, impl, chunked in (
+        ("vllm", REAL_VIDUR_VLLM, False),
+        ("mnemosyne", REAL_VIDUR_MNEMOSYNE, True),
+    ):
+        patched(kind)
+        c = config.replace(enable_chunked_prefill=chunked)
+        assert violation(harness(impl, c), ArRequest("a", 99, 1)) is None, kind
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sarathi", "mnemosyne"])
+def test_a_request_that_fits_only_below_the_watermark_waits_for_ever(
+    vidur: Any, patched: Callable[[str], None], kind: str
+) -> None:
+    """Open in Vidur: a request whose prompt needs more blocks than the pool less the watermark
+    (here all 100, watermark 1) is accepted, never admitted (`_can_allocate_request` /
+    `_can_allocate_blocks`) and never refused, so the replica idles with it queued and Vidur's
+    simulation ends without it. vLLM v0's block manager refused it (`AllocStatus.NEVER`: the
+    request can never be allocated). One request short of it (99 blocks) is served."""
+    patched(kind)
+    impl = {"vllm": REAL_VIDUR_VLLM, "sarathi": REAL_VIDUR_SARATHI}.get(kind, REAL_VIDUR_MNEMOSYNE)
+    config = cfg(
+        block_size=1,
+        num_blocks=100,
+        max_num_batched_tokens=128,
+        max_model_len=128,
+        enable_chunked_prefill=kind != "vllm",
+    )
+    found = violation(harness(impl, config), ArRequest("a", 100, 1))
+    assert found is not None and found.rule == "progress", found
+    assert "step 0 scheduled nothing with 0 running and 1 waiting" in str(found), found
+    assert violation(harness(impl, config), ArRequest("a", 99, 1)) is None
+
+
 # --------------------------------------------------------------------------- suites
 def test_ft_suite_fails_with_its_two_findings(vidur: Any) -> None:
     # as it is, the suite stops at one of FasterTransformer's two findings (the floored
@@ -541,30 +616,30 @@ def test_reference_is_decision_identical_to_the_patched_real_class(
 
 
 REAL_AND_REFERENCE = {
-    "vllm": (REAL_VIDUR_VLLM, "VIDUR_VLLM"),
-    "sarathi": (REAL_VIDUR_SARATHI, "VIDUR_SARATHI"),
-    "orca": (REAL_VIDUR_ORCA, "VIDUR_ORCA"),
-    "lightllm": (REAL_VIDUR_LIGHTLLM, "VIDUR_LIGHTLLM"),
-    "ft": (REAL_VIDUR_FT, "VIDUR_FT"),
+    "vllm": (REAL_VIDUR_VLLM, reference_vidur.VIDUR_VLLM),
+    "sarathi": (REAL_VIDUR_SARATHI, reference_vidur.VIDUR_SARATHI),
+    "orca": (REAL_VIDUR_ORCA, reference_vidur.VIDUR_ORCA),
+    "lightllm": (REAL_VIDUR_LIGHTLLM, reference_vidur.VIDUR_LIGHTLLM),
+    "ft": (REAL_VIDUR_FT, reference_vidur.VIDUR_FT),
+    # 0.0.25's Mnemosyne keeps requests between prefill chunks in its one request queue
+    "mnemosyne": (REAL_VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE),
 }
 
 
 def _real_with_its_twin(kind: str) -> tuple[ArImplementation, ArImplementation]:
-    from reference.ar import vidur as ref
-
-    real, name = REAL_AND_REFERENCE[kind]
-    twin: ArImplementation = getattr(ref, name)
-    return real, twin
+    return REAL_AND_REFERENCE[kind]
 
 
-@pytest.mark.parametrize("kind", ["orca", "lightllm", "ft"])
+@pytest.mark.parametrize("kind", ["orca", "lightllm", "ft", "mnemosyne"])
 def test_patched_real_classes_decide_as_the_reference_on_every_example(
     vidur: Any, patched: Callable[[str], None], kind: str
 ) -> None:
     """The decision identity above, on the suite's generated programs instead of 100 seeded
     bursts: every example of the AR suite on the patched real class ends by running its
-    operations through the reference (`vidur-<kind>`), which must decide alike step by step
-    (rule `twin_decisions`; `properties.ar.decisions`). 1,000 examples each passed once."""
+    operations through the reference (`vidur-<kind>`; for Mnemosyne on 0.0.25
+    `vidur-mnemosyne-one-queue`), which must decide alike step by step (rule
+    `twin_decisions`; `properties.ar.decisions`). 1,000 examples each passed once (Mnemosyne:
+    2,000, 2026-11-26)."""
     patched(kind)
     real, twin = _real_with_its_twin(kind)
     assert suite(real, 60, twin=twin) is None

@@ -11,7 +11,7 @@ counterexamples as `tests/test_real_vidur.py`: vLLM restarts a decode that needs
 repair). The fixes of the first two, renamed for 0.0.26 (`fixes.fixes_for`), make their
 counterexamples conform and apply as a patch. Sarathi passes the suite as it is, as on 0.0.25.
 Mnemosyne (FCFS, fixed chunk) keeps two of its three 0.0.25 findings (0.0.26 dropped the
-prefill assertion itself); their fixes make it pass.
+prefill assertion itself); their fixes make it pass, and then it decides as `vidur-mnemosyne`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,13 @@ from integrations.vidur.fixes import VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import run_machine, verify_settings
+from reference.ar.mnemosyne import VIDUR_MNEMOSYNE
 from reference.ar.vidur import VIDUR_ORCA
 from tests.patch_check import git_apply_to_copies
+from tests.test_ar_mnemosyne import queue_decisions
 from tests.test_real_vidur import (
-    MNEMOSYNE_SKIP, MNEMOSYNE_SKIP_REQUESTS, batch_keeps_its_order, cfg, violation)
+    MNEMOSYNE_SKIP, MNEMOSYNE_SKIP_REQUESTS, batch_keeps_its_order, cfg, mnemosyne_queue_order,
+    violation)
 from spec.ar.config import ArRequest
 
 
@@ -122,6 +125,8 @@ with vidur_fixed(["mnemosyne-batch-order"]):
     found["mnemosyne_in_order_fixed"] = batch_keeps_its_order(load())
 with vidur_fixed(["mnemosyne-skip-frees", "mnemosyne-batch-order"]):
     found["mnemosyne_fixed_suite"] = suite(REAL_VIDUR_MNEMOSYNE)
+    found["mnemosyne_fixed_twin"] = suite(REAL_VIDUR_MNEMOSYNE, twin=VIDUR_MNEMOSYNE)
+    found["mnemosyne_queue_order"] = mnemosyne_queue_order(queue_decisions(REAL_VIDUR_MNEMOSYNE))
 sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
 with tempfile.TemporaryDirectory() as tmp:
     patched = git_apply_to_copies(Path(tmp), sources, VIDUR_FIXES.as_diff(VIDUR_FIXES.names))
@@ -211,6 +216,19 @@ def test_the_fixed_newest_orca_decides_as_the_reference(newest_found: dict[str, 
     by step as the real class with its finding fixed, on 60 examples of the suite (rule
     `twin_decisions`)."""
     assert newest_found["orca_fixed_twin"] is None, newest_found
+
+
+def test_the_fixed_newest_mnemosyne_decides_as_the_reference(
+    newest_found: dict[str, Any],
+) -> None:
+    """0.0.26's Mnemosyne with its two fixes makes the decisions of `vidur-mnemosyne` step by
+    step on 60 examples of the suite (2,000 passed once, 2026-11-26), and on the program where
+    the releases differ it finishes r2's prefill before r1 takes the chunk's last token (its
+    partial-prefill queue is read first), unlike `vidur-mnemosyne-one-queue` (0.0.25)."""
+    found = newest_found
+    assert found["mnemosyne_fixed_twin"] is None, found
+    order = {"step2": [["r1", 1], ["r2", 1]], "new": True, "one": False}
+    assert found["mnemosyne_queue_order"] == order, found
 
 
 def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:

@@ -28,7 +28,8 @@ confirmed by running the classes:
   from the tail of its decode queue `_preempted_requests` or the request itself
   (`_ensure_can_append_slot`): `VictimOrder.LAST_DECODING`; then admits prefills in the same
   batch (`admit_after_preemption`), allocating a request's whole prompt and skipping up to
-  `MAX_NUM_SKIPPED_REQUESTS` = 10 requests it cannot admit (`fcfs_lookahead`).
+  `MAX_NUM_SKIPPED_REQUESTS` = 10 requests it cannot admit: the loop stops when it has
+  skipped 10, so it admits past at most 9 (`fcfs_lookahead=9`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ _SPACE = ArConfigSpace(
     stages=frozenset({1}),
 )
 WATERMARK_FRACTION = 0.01
-# mnemosyne_base_replica_scheduler.py: MAX_NUM_SKIPPED_REQUESTS
-MNEMOSYNE_LOOKAHEAD = 10
+# mnemosyne_base_replica_scheduler.py: `_add_prefill_requests` reads a request only while it
+# has skipped fewer than MAX_NUM_SKIPPED_REQUESTS = 10, so an admitted one has at most 9 ahead
+MNEMOSYNE_LOOKAHEAD = 9
 
 VLLM = ArProfile(
     space=_SPACE,

@@ -105,9 +105,15 @@ class VidurReplicaBase(ArSchedulerBase):
     # ------------------------------------------------------------------ step
     def step(self) -> None:
         super().step()
-        # on_batch_end: requests of the batch that did not complete wait for the next batch
-        self.pending.extend(r for r in self.batch if r in self.running)
+        for req in self.batch:
+            if req in self.running:
+                self._requeue(req)
         self.batch = []
+
+    def _requeue(self, req: ArReq) -> None:
+        """Vidur's `on_batch_end` for a request of the batch that did not complete: it waits
+        for the next batch (`_preempted_requests`), in batch order."""
+        self.pending.append(req)
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
@@ -379,7 +385,7 @@ def make_vidur_ft(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
 # --- declared implementations (profiles) -----------------------------------------------------
 # Vidur's replica schedulers are FCFS, have no long-prefill threshold and no prefix cache, and
 # step one pipeline stage at a time here (pipelines: reference.ar.stages).
-_VIDUR_SPACE = ArConfigSpace(
+VIDUR_SPACE = ArConfigSpace(
     policies=frozenset({Policy.FCFS}),
     chunked_prefill=frozenset({False}),
     prefix_caching=frozenset({False}),
@@ -388,7 +394,7 @@ _VIDUR_SPACE = ArConfigSpace(
 
 VIDUR_VLLM = ArImplementation(
     make_vidur_vllm,
-    ArProfile(space=_VIDUR_SPACE, policy=ArPolicy(rules=ArRules())),
+    ArProfile(space=VIDUR_SPACE, policy=ArPolicy(rules=ArRules())),
     "Vidur's vLLM replica scheduler: prefill-only batches of new requests, else decode batches; "
     "restarts the latest-arrived request when a decode needs a block (watermark 0)",
 )
@@ -396,7 +402,7 @@ VIDUR_VLLM = ArImplementation(
 VIDUR_SARATHI = ArImplementation(
     make_vidur_sarathi,
     ArProfile(
-        space=dataclasses.replace(_VIDUR_SPACE, chunked_prefill=frozenset({True})),
+        space=dataclasses.replace(VIDUR_SPACE, chunked_prefill=frozenset({True})),
         # Vidur's Sarathi restarts a victim to the head of the queue and admits from there in
         # the same batch (`SarathiReplicaScheduler._get_next_batch`)
         policy=ArPolicy(rules=ArRules(), admit_after_preemption=True),
@@ -407,7 +413,7 @@ VIDUR_SARATHI = ArImplementation(
 VIDUR_ORCA = ArImplementation(
     make_vidur_orca,
     ArProfile(
-        space=dataclasses.replace(_VIDUR_SPACE, pool_holds_max_model_len=True),
+        space=dataclasses.replace(VIDUR_SPACE, pool_holds_max_model_len=True),
         policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE, token_budget=False)),
     ),
     "Vidur's Orca replica scheduler: every running request each step, max_model_len reserved",
@@ -416,7 +422,7 @@ VIDUR_ORCA = ArImplementation(
 VIDUR_LIGHTLLM = ArImplementation(
     make_vidur_lightllm,
     ArProfile(
-        space=dataclasses.replace(_VIDUR_SPACE, block_sizes=frozenset({1})),
+        space=dataclasses.replace(VIDUR_SPACE, block_sizes=frozenset({1})),
         policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE)),
     ),
     "Vidur's LightLLM replica scheduler: token-level KV, peak-memory admission, no mixing",
@@ -425,7 +431,7 @@ VIDUR_LIGHTLLM = ArImplementation(
 VIDUR_FT = ArImplementation(
     make_vidur_ft,
     ArProfile(
-        space=dataclasses.replace(_VIDUR_SPACE, pool_holds_max_model_len=True),
+        space=dataclasses.replace(VIDUR_SPACE, pool_holds_max_model_len=True),
         policy=ArPolicy(
             rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
         ),

@@ -316,9 +316,9 @@ class ArRules:
         request may be admitted with at most this many waiting requests ahead of it, each of
         which does not fit: its known tokens need more blocks than the pool had free above
         the watermark when it was passed over. The waiting queue is then in arrival order (a
-        preempted request returns to its arrival place). Vidur's Mnemosyne schedulers skip up
-        to `MAX_NUM_SKIPPED_REQUESTS` = 10 requests and allocate a request's whole prompt when
-        they admit it.
+        preempted request returns to its arrival place). Vidur's Mnemosyne schedulers read at most
+        `MAX_NUM_SKIPPED_REQUESTS` = 10 requests they cannot admit, so they admit past at most
+        9 (look-ahead 9), and allocate a request's whole prompt when they admit it.
     """
 
     admission: AdmissionOrder = AdmissionOrder.FCFS

@@ -129,9 +129,10 @@ class ArPolicy:
         known sequence (prompt plus outputs so far, less cache hits) fit the free blocks, not
         just those for this step's chunk (vLLM 0.33's `scheduler_reserve_full_isl=True`, the
         default). Rule `full_sequence_admission`.
-    watermark_fraction: admission leaves at least int(watermark_fraction * num_blocks) blocks
-        free (Vidur's vLLM and Sarathi replica schedulers, `watermark_blocks_fraction`, in
-        `_can_allocate_request`). Rule `admission_watermark`.
+    watermark_fraction: admission leaves at least int(watermark_fraction * usable blocks)
+        blocks free (Vidur's vLLM, Sarathi and Mnemosyne replica schedulers,
+        `watermark_blocks_fraction`, in `_can_allocate_request` / `_can_allocate_blocks`; Vidur
+        has no null block, so its pool is the usable blocks). Rule `admission_watermark`.
     admit_after_preemption: overrides `rules.admit_after_preemption` (None: keep it). True
         lets a step that preempted still admit, including re-admitting the request it just
         preempted (Vidur's Sarathi: a restarted request goes back to the head of the queue and
@@ -179,8 +180,9 @@ class ArPolicy:
         return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
     def watermark_blocks(self, config: ArConfig) -> int:
-        """Blocks admission must leave free (Vidur: int(fraction * num_blocks))."""
-        return int(self.watermark_fraction * config.num_blocks)
+        """Blocks admission must leave free: int(fraction * usable blocks) (Vidur's
+        int(fraction * num_blocks) over its pool, which has no null block)."""
+        return int(self.watermark_fraction * config.usable_blocks)
 
 
 @dataclass(frozen=True, slots=True)
