@@ -19,7 +19,13 @@ from reference.ar.mnemosyne import (
 )
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import StepDecision, first_difference, step_decisions
-from spec.ar.events import ArBlocksAllocated, ArPreempted, ArScheduled, ArStepEnd
+from spec.ar.events import (
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+)
 from spec.errors import ConfigError
 from spec.implementation import ArImplementation
 
@@ -60,8 +66,14 @@ QUEUES = config(num_blocks=5, max_num_batched_tokens=2, max_num_seqs=2, max_mode
 QUEUE_REQUESTS = (ArRequest("r0", 3, 1), ArRequest("r1", 3, 2), ArRequest("r2", 2, 1))
 
 
+def decisions(
+    impl: ArImplementation, cfg: ArConfig, requests: tuple[ArRequest, ...]
+) -> list[StepDecision]:
+    return step_decisions(run(impl, cfg, *requests).events)
+
+
 def queue_decisions(impl: ArImplementation) -> list[StepDecision]:
-    return step_decisions(run(impl, QUEUES, *QUEUE_REQUESTS).events)
+    return decisions(impl, QUEUES, QUEUE_REQUESTS)
 
 
 def test_the_releases_order_a_partial_prefill_and_an_earlier_arrival_differently() -> None:
@@ -94,6 +106,30 @@ def test_a_decode_needing_no_block_restarts_when_none_is_free() -> None:
     after = h.events[restarts[0] + 1 : restarts[0] + 3]
     assert after == [ArBlocksAllocated("r1", (1, 2, 0)), ArScheduled("r1", 1)], after
     assert h.outputs() == {"r0": 1, "r1": 6}
+
+
+# Pool 100 (watermark int(0.01 * 100) = 1), chunk 10. r1 (71 blocks) is admitted in step 2
+# beside r0's last prefill chunk, leaving 4 blocks free; r0's decodes take them one a step, so
+# after r0's decode in step 6 none is free.
+WATERMARK = config(num_blocks=100, max_num_batched_tokens=10, max_num_seqs=2, max_model_len=100)
+WATERMARK_REQUESTS = (ArRequest("r0", 25, 9), ArRequest("r1", 71, 28))
+
+
+def test_a_request_between_chunks_continues_below_the_watermark() -> None:
+    """The watermark gates a new request's allocation only: Vidur's `_allocate_request` returns
+    at once for a request that holds its blocks, so r1's next chunk runs in step 6 with no
+    block free."""
+    events = run(VIDUR_MNEMOSYNE, WATERMARK, *WATERMARK_REQUESTS).events
+    steps = step_decisions(events)
+    assert steps[2].scheduled == (("r0", 5), ("r1", 5))
+    assert steps[6].scheduled == (("r0", 1), ("r1", 9))
+    held = 0  # blocks held when step 6 is formed: all 100
+    for e in events[: events.index(ArStepEnd(6))]:
+        if isinstance(e, ArBlocksAllocated):
+            held += len(e.blocks)
+        elif isinstance(e, ArBlocksFreed):
+            held -= len(e.blocks)
+    assert held == 100
 
 
 def lookahead_run(unfit: int) -> list[dict[str, int]]:

@@ -140,12 +140,14 @@ class VidurMnemosyne(VidurReplicaBase):
             return False
         if self._batch_full():
             return False
-        # a new request is allocated its whole prefill at once (less what it holds: nothing,
-        # unless a skip kept its blocks, as Vidur as released does)
-        need = self._blocks_needed(req, req.uncomputed) if is_new else 0
-        if self.pool.num_free - need < self.watermark:
-            return False
-        self._grow(req, need)
+        if is_new:
+            # allocated its whole prefill at once, above the watermark (less what it holds:
+            # nothing, unless a skip kept its blocks, as Vidur as released does); a request
+            # between chunks has its blocks, whatever is free (`_allocate_request`)
+            need = self._blocks_needed(req, req.uncomputed)
+            if self.pool.num_free - need < self.watermark:
+                return False
+            self._grow(req, need)
         n = max(0, min(req.uncomputed, self._chunk_left()))
         if n == 0:
             if is_new:  # no token for it in this batch: it stays queued, holding nothing

@@ -25,6 +25,8 @@ first shortens it: `ArRequest.final_output`); LightLLM's peak-memory admission c
   entirely done; blocks for max_model_len reserved per request. We free each request when it
   finishes; Vidur's published scheduler never frees early finishers (see the mutant catalogue).
 
+Mnemosyne (FCFS, fixed chunk) is `reference.ar.mnemosyne`, on `VidurReplicaBase`.
+
 Deviations, each deliberate: block counts use ceil (Vidur floors max_tokens / block_size, which
 under-reserves when max_model_len is not a multiple); LightLLM admits when the peak equals the
 pool (Vidur's strict `<` could never admit a request that fits exactly: a stall) and counts a
