@@ -139,14 +139,7 @@ def lookahead_run(unfit: int) -> list[dict[str, int]]:
     requests = [ArRequest("r0", 6, 3)]
     requests += [ArRequest(f"big{i}", 7, 1) for i in range(unfit)]
     requests.append(ArRequest("small", 2, 1))
-    h = run(VIDUR_MNEMOSYNE, cfg, *requests)
-    steps: list[dict[str, int]] = [{}]
-    for e in h.events:
-        if isinstance(e, ArScheduled):
-            steps[-1][e.request_id] = e.num_tokens
-        elif isinstance(e, ArStepEnd):
-            steps.append({})
-    return steps[:-1]
+    return [dict(s.scheduled) for s in decisions(VIDUR_MNEMOSYNE, cfg, tuple(requests))]
 
 
 def test_admission_passes_at_most_nine_requests_that_do_not_fit() -> None:

@@ -533,7 +533,7 @@ def test_a_request_that_fits_only_below_the_watermark_waits_for_ever(
     simulation ends without it. vLLM v0's block manager refused it (`AllocStatus.NEVER`: the
     request can never be allocated). One request short of it (99 blocks) is served."""
     patched(kind)
-    impl = {"vllm": REAL_VIDUR_VLLM, "sarathi": REAL_VIDUR_SARATHI}.get(kind, REAL_VIDUR_MNEMOSYNE)
+    impl = REAL_AND_REFERENCE[kind][0]
     config = cfg(
         block_size=1,
         num_blocks=100,
@@ -548,6 +548,18 @@ def test_a_request_that_fits_only_below_the_watermark_waits_for_ever(
 
 
 # --------------------------------------------------------------------------- suites
+# each real class with the project's re-implementation of it
+REAL_AND_REFERENCE = {
+    "vllm": (REAL_VIDUR_VLLM, reference_vidur.VIDUR_VLLM),
+    "sarathi": (REAL_VIDUR_SARATHI, reference_vidur.VIDUR_SARATHI),
+    "orca": (REAL_VIDUR_ORCA, reference_vidur.VIDUR_ORCA),
+    "lightllm": (REAL_VIDUR_LIGHTLLM, reference_vidur.VIDUR_LIGHTLLM),
+    "ft": (REAL_VIDUR_FT, reference_vidur.VIDUR_FT),
+    # 0.0.25's Mnemosyne keeps requests between prefill chunks in its one request queue
+    "mnemosyne": (REAL_VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE),
+}
+
+
 def test_ft_suite_fails_with_its_two_findings(vidur: Any) -> None:
     # as it is, the suite stops at one of FasterTransformer's two findings (the floored
     # reservation usually comes first); with that one set aside, at terminal_holds_nothing
@@ -567,14 +579,7 @@ def test_patched_schedulers_pass_the_suite(
     vidur: Any, patched: Callable[[str], None], kind: str
 ) -> None:
     patched(kind)
-    impl = {
-        "vllm": REAL_VIDUR_VLLM,
-        "orca": REAL_VIDUR_ORCA,
-        "lightllm": REAL_VIDUR_LIGHTLLM,
-        "ft": REAL_VIDUR_FT,
-        "mnemosyne": REAL_VIDUR_MNEMOSYNE,
-    }[kind]
-    err = suite(impl, 50)
+    err = suite(REAL_AND_REFERENCE[kind][0], 50)
     assert err is None, err
 
 
@@ -635,21 +640,6 @@ def test_reference_is_decision_identical_to_the_patched_real_class(
     assert compared == 100
 
 
-REAL_AND_REFERENCE = {
-    "vllm": (REAL_VIDUR_VLLM, reference_vidur.VIDUR_VLLM),
-    "sarathi": (REAL_VIDUR_SARATHI, reference_vidur.VIDUR_SARATHI),
-    "orca": (REAL_VIDUR_ORCA, reference_vidur.VIDUR_ORCA),
-    "lightllm": (REAL_VIDUR_LIGHTLLM, reference_vidur.VIDUR_LIGHTLLM),
-    "ft": (REAL_VIDUR_FT, reference_vidur.VIDUR_FT),
-    # 0.0.25's Mnemosyne keeps requests between prefill chunks in its one request queue
-    "mnemosyne": (REAL_VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE),
-}
-
-
-def _real_with_its_twin(kind: str) -> tuple[ArImplementation, ArImplementation]:
-    return REAL_AND_REFERENCE[kind]
-
-
 @pytest.mark.parametrize("kind", ["orca", "lightllm", "ft", "mnemosyne"])
 def test_patched_real_classes_decide_as_the_reference_on_every_example(
     vidur: Any, patched: Callable[[str], None], kind: str
@@ -661,7 +651,7 @@ def test_patched_real_classes_decide_as_the_reference_on_every_example(
     `twin_decisions`; `properties.ar.decisions`). 1,000 examples each passed once (Mnemosyne:
     2,000, 2026-11-26)."""
     patched(kind)
-    real, twin = _real_with_its_twin(kind)
+    real, twin = REAL_AND_REFERENCE[kind]
     assert suite(real, 60, twin=twin) is None
 
 
@@ -676,7 +666,7 @@ def test_vidurs_vllm_and_sarathi_differ_from_the_reference_on_purpose(
     recomputes the decode's whole context; shrunk, the same restart shows as a preemption the
     twin does not make)."""
     patched(kind)
-    real, twin = _real_with_its_twin(kind)
+    real, twin = REAL_AND_REFERENCE[kind]
     err = suite(real, 300, twin=twin, shrink=False)  # the first difference is enough here
     assert isinstance(err, SpecViolation) and err.rule == "twin_decisions", err
     assert re.match(r"\[twin_decisions\] step \d+: the implementation schedules ", str(err)), err
