@@ -22,6 +22,7 @@ OUTPUTS = [
     ("calibrate_dllm", "--bench-json"),
     ("probe_cold_cost", "--json"),
     ("probe_heavier_forward", "--json"),
+    ("probe_overlap", "--json"),
     ("profile_round", "--json"),
     ("sglang_vs_reference", "--json"),
     ("soak_engine", "--json"),
