@@ -149,6 +149,24 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "Vidur's Sarathi-Serve replica scheduler, re-implemented",
     ),
     _ar(
+        "vidur-vllm-released",
+        (
+            "reference.ar.vidur_released:VIDUR_VLLM_RELEASED",
+            "reference.ar.vidur_released:make_vidur_vllm_released",
+        ),
+        "Vidur's vLLM replica scheduler as its releases decide (summed prefill tokens, "
+        "watermark), re-implemented",
+    ),
+    _ar(
+        "vidur-sarathi-released",
+        (
+            "reference.ar.vidur_released:VIDUR_SARATHI_RELEASED",
+            "reference.ar.vidur_released:make_vidur_sarathi_released",
+        ),
+        "Vidur's Sarathi-Serve replica scheduler as its releases decide (one free block per "
+        "decode, Vidur's restart, watermark), re-implemented",
+    ),
+    _ar(
         "vidur-orca",
         ("reference.ar.vidur:VIDUR_ORCA", "reference.ar.vidur:make_vidur_orca"),
         "Vidur's Orca replica scheduler, re-implemented",

@@ -63,6 +63,7 @@ from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar import vidur as reference_vidur
 from reference.ar.mnemosyne import VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE
+from reference.ar.vidur_released import VIDUR_SARATHI_RELEASED, VIDUR_VLLM_RELEASED
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import StepDecision, first_difference, step_decisions
 from spec.errors import SpecViolation
@@ -558,6 +559,13 @@ REAL_AND_REFERENCE = {
     # 0.0.25's Mnemosyne keeps requests between prefill chunks in its one request queue
     "mnemosyne": (REAL_VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE),
 }
+# the re-implementation each fixed real class decides as, step by step: its reference, or,
+# where that deviates on purpose (vLLM, Sarathi), the one that decides as the releases do
+DECISION_TWIN = {
+    **{kind: reference for kind, (_, reference) in REAL_AND_REFERENCE.items()},
+    "vllm": VIDUR_VLLM_RELEASED,
+    "sarathi": VIDUR_SARATHI_RELEASED,
+}
 
 
 def test_ft_suite_fails_with_its_two_findings(vidur: Any) -> None:
@@ -640,19 +648,19 @@ def test_reference_is_decision_identical_to_the_patched_real_class(
     assert compared == 100
 
 
-@pytest.mark.parametrize("kind", ["orca", "lightllm", "ft", "mnemosyne"])
+@pytest.mark.parametrize("kind", ["vllm", "sarathi", "orca", "lightllm", "ft", "mnemosyne"])
 def test_patched_real_classes_decide_as_the_reference_on_every_example(
     vidur: Any, patched: Callable[[str], None], kind: str
 ) -> None:
     """The decision identity above, on the suite's generated programs instead of 100 seeded
     bursts: every example of the AR suite on the patched real class ends by running its
-    operations through the reference (`vidur-<kind>`; for Mnemosyne on 0.0.25
-    `vidur-mnemosyne-one-queue`), which must decide alike step by step (rule
-    `twin_decisions`; `properties.ar.decisions`). 1,000 examples each passed once (Mnemosyne:
-    2,000, 2026-11-26)."""
+    operations through its re-implementation (`DECISION_TWIN`: `vidur-<kind>`; for vLLM and
+    Sarathi `vidur-<kind>-released`; for Mnemosyne on 0.0.25 `vidur-mnemosyne-one-queue`),
+    which must decide alike step by step (rule `twin_decisions`; `properties.ar.decisions`).
+    1,000 examples each passed once (Mnemosyne, vLLM and Sarathi: 2,000, 2026-11-26)."""
     patched(kind)
-    real, twin = REAL_AND_REFERENCE[kind]
-    assert suite(real, 60, twin=twin) is None
+    real = REAL_AND_REFERENCE[kind][0]
+    assert suite(real, 60, twin=DECISION_TWIN[kind]) is None
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sarathi"])
@@ -664,7 +672,7 @@ def test_vidurs_vllm_and_sarathi_differ_from_the_reference_on_purpose(
     restarts a decode that needs no block when none is free, which the reference does not. The
     twin sees each, with its fixes applied, in the tokens scheduled (Sarathi's restart
     recomputes the decode's whole context; shrunk, the same restart shows as a preemption the
-    twin does not make)."""
+    twin does not make). `vidur-<kind>-released` makes neither deviation: the test above."""
     patched(kind)
     real, twin = REAL_AND_REFERENCE[kind]
     err = suite(real, 300, twin=twin, shrink=False)  # the first difference is enough here

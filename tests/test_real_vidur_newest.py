@@ -46,6 +46,7 @@ from properties.ar.harness import ArHarness
 from properties.verify import run_machine, verify_settings
 from reference.ar.mnemosyne import VIDUR_MNEMOSYNE
 from reference.ar.vidur import VIDUR_ORCA
+from reference.ar.vidur_released import VIDUR_SARATHI_RELEASED, VIDUR_VLLM_RELEASED
 from tests.patch_check import git_apply_to_copies
 from tests.test_ar_mnemosyne import queue_decisions
 from tests.test_real_vidur import (
@@ -113,6 +114,8 @@ found = {
 with vidur_fixed(["vllm-decode-block"]):
     found["vllm_fixed"] = vllm()
     found["vllm_fixed_suite"] = suite(REAL_VIDUR_VLLM)
+    found["vllm_fixed_twin"] = suite(REAL_VIDUR_VLLM, twin=VIDUR_VLLM_RELEASED)
+found["sarathi_twin"] = suite(REAL_VIDUR_SARATHI, twin=VIDUR_SARATHI_RELEASED)
 with vidur_fixed(["reservation-ceil"]):
     found["orca_fixed"] = orca()
     found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
@@ -229,6 +232,16 @@ def test_the_fixed_newest_mnemosyne_decides_as_the_reference(
     assert found["mnemosyne_fixed_twin"] is None, found
     order = {"step2": [["r1", 1], ["r2", 1]], "new": True, "one": False}
     assert found["mnemosyne_queue_order"] == order, found
+
+
+def test_the_newest_vllm_and_sarathi_decide_as_their_released_re_implementations(
+    newest_found: dict[str, Any],
+) -> None:
+    """As on 0.0.25: 0.0.26's vLLM with its finding fixed decides as `vidur-vllm-released`,
+    and its Sarathi as it is as `vidur-sarathi-released`, step by step on 60 examples of the
+    suite each (2,000 each passed once, 2026-11-26)."""
+    assert newest_found["vllm_fixed_twin"] is None, newest_found
+    assert newest_found["sarathi_twin"] is None, newest_found
 
 
 def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:

@@ -37,7 +37,7 @@ import dataclasses
 from collections import deque
 
 from reference.ar.base import ArReq
-from reference.ar.vidur import VIDUR_SPACE, VidurReplicaBase
+from reference.ar.vidur import VIDUR_SPACE, WATERMARK_FRACTION, VidurReplicaBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, VictimOrder
 from spec.ar.profile import ArPolicy, ArProfile
@@ -45,8 +45,6 @@ from spec.implementation import ArImplementation
 
 # mnemosyne_base_replica_scheduler.py
 MAX_NUM_SKIPPED_REQUESTS = 10
-# Vidur's default `watermark_blocks_fraction` (config.py), which the real class is built with
-WATERMARK_FRACTION = 0.01
 
 
 class VidurMnemosyne(VidurReplicaBase):
@@ -59,13 +57,12 @@ class VidurMnemosyne(VidurReplicaBase):
     name = "vidur-mnemosyne"
     chunked = True
     partial_prefills_first = True  # 0.0.26's separate partial-prefill queue, read first
+    watermark_fraction = WATERMARK_FRACTION
 
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         super().__init__(config, sink)
         self.partials: list[ArReq] = []
         self.completing: list[ArReq] = []  # this batch's requests whose prefill is complete
-        # Vidur's pool is the usable blocks (it has no null block)
-        self.watermark = int(WATERMARK_FRACTION * config.usable_blocks)
 
     @property
     def rules(self) -> ArRules:
@@ -112,16 +109,6 @@ class VidurMnemosyne(VidurReplicaBase):
             if self._free_block_or_restart(req):
                 self._grow_existing(req)
                 self._add(req, 1)
-
-    def _free_block_or_restart(self, req: ArReq) -> bool:
-        """Vidur's `_ensure_can_append_slot`: while no block is free, restart the last request
-        of the decode queue, or `req` itself when the queue is empty (False: `req` restarted)."""
-        while self.pool.num_free == 0:
-            if not self.pending:
-                self._restart(req)
-                return False
-            self._restart(self.pending[-1])
-        return True
 
     def _add_prefills(self, queue: list[ArReq]) -> None:
         """Vidur's `_add_prefill_requests` over `queue` (arrival order)."""

@@ -11,8 +11,8 @@ first shortens it: `ArRequest.final_output`); LightLLM's peak-memory admission c
 
 - `vidur-vllm`: a prefill-only batch of new requests in FCFS order (padded tokens
   len * max <= budget, blocks for the whole prefill, seat cap), or else a decode-only batch of
-  the running requests in arrival order; a decode needs one free block (Vidur's check), and
-  when none is free the latest-arrived remaining request is restarted (or the request itself).
+  the running requests in arrival order; when a decode needs a block and none is free, the
+  latest-arrived remaining request is restarted (or the request itself).
 - `vidur-sarathi`: decodes first (one token each, same victim rule), then chunks of running
   prefills, then new requests, all within the chunk size (the step's token budget); a restarted
   victim can be re-admitted in the same batch.
@@ -25,7 +25,9 @@ first shortens it: `ArRequest.final_output`); LightLLM's peak-memory admission c
   entirely done; blocks for max_model_len reserved per request. We free each request when it
   finishes; Vidur's published scheduler never frees early finishers (see the mutant catalogue).
 
-Mnemosyne (FCFS, fixed chunk) is `reference.ar.mnemosyne`, on `VidurReplicaBase`.
+Mnemosyne (FCFS, fixed chunk) is `reference.ar.mnemosyne`, on `VidurReplicaBase`; vLLM and
+Sarathi as Vidur's releases decide, without the deviations below that concern them, are
+`reference.ar.vidur_released`.
 
 Deviations, each deliberate: block counts use ceil (Vidur floors max_tokens / block_size, which
 under-reserves when max_model_len is not a multiple); LightLLM admits when the peak equals the
@@ -47,6 +49,10 @@ from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import ArImplementation
 
+# Vidur's default `watermark_blocks_fraction` (config.py), which its vLLM, Sarathi and
+# Mnemosyne schedulers leave free when they admit a new request
+WATERMARK_FRACTION = 0.01
+
 
 class VidurOutOfMemory(SchedSpecError, RuntimeError):
     """Vidur's LightLLM has no OOM handling; its admission rule makes this unreachable."""
@@ -58,6 +64,7 @@ class VidurReplicaBase(ArSchedulerBase):
 
     name = "vidur"
     chunked: bool | None = False  # what enable_chunked_prefill must be (None: either)
+    watermark_fraction = 0.0  # the project's deviation; Vidur's is WATERMARK_FRACTION
 
     def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
         self.pipelined = pipelined  # driven by reference.ar.stages.StageScheduler
@@ -65,6 +72,8 @@ class VidurReplicaBase(ArSchedulerBase):
         super().__init__(config, sink)
         self.pending: list[ArReq] = []
         self.batch: list[ArReq] = []
+        # Vidur's pool is the usable blocks (it has no null block)
+        self.watermark = int(self.watermark_fraction * config.usable_blocks)
 
     def _check_config(self, config: ArConfig) -> None:
         if config.policy is not Policy.FCFS:
@@ -134,6 +143,11 @@ class VidurReplicaBase(ArSchedulerBase):
         """Vidur allocates a new request's whole prefill at once."""
         return self.config.blocks_for(req.known)
 
+    def _fits_new(self, req: ArReq) -> bool:
+        """Vidur's `_can_allocate_request` for a new request: its blocks leave the watermark
+        free."""
+        return self.pool.num_free - self._new_blocks(req) >= self.watermark
+
     def _grow_existing(self, req: ArReq) -> None:
         """One more block when the known tokens outgrow the reservation (Vidur: 0 or 1)."""
         self._grow(req, self._blocks_needed(req, req.uncomputed))
@@ -158,6 +172,18 @@ class VidurReplicaBase(ArSchedulerBase):
         self._grow_existing(req)
         return True
 
+    def _free_block_or_restart(self, req: ArReq) -> bool:
+        """Vidur's one-free-block demand for a decode, needed or not (Sarathi's
+        `_can_allocate_request`, Mnemosyne's `_ensure_can_append_slot`): while no block is free,
+        restart the last remaining pending request, or `req` itself when none is left (False:
+        `req` restarted)."""
+        while self.pool.num_free == 0:
+            if not self.pending:
+                self._restart(req)
+                return False
+            self._restart(self.pending[-1])
+        return True
+
 
 class VidurVllm(VidurReplicaBase):
     name = "vidur-vllm"
@@ -168,9 +194,9 @@ class VidurVllm(VidurReplicaBase):
         while self.waiting:
             req = self.waiting[0]
             n = req.uncomputed
-            if self.pool.num_free < self._new_blocks(req):
+            if not self._fits_new(req):
                 break
-            if (len(tokens) + 1) * max([*tokens, n]) > cfg.max_num_batched_tokens:
+            if self._over_budget(tokens, n):
                 break
             if len(self.running) >= cfg.max_num_seqs or len(tokens) >= self.micro_batch_cap:
                 break
@@ -184,6 +210,11 @@ class VidurVllm(VidurReplicaBase):
             req = self.pending.pop(0)
             if self._decode_or_restart(req):
                 self._add(req, req.uncomputed)
+
+    def _over_budget(self, tokens: list[int], n: int) -> bool:
+        """A prefill of `n` tokens would take the batch past `max_num_batched_tokens`: every
+        request padded to the longest prompt (microsoft/vidur's main branch)."""
+        return (len(tokens) + 1) * max([*tokens, n]) > self.config.max_num_batched_tokens
 
 
 class VidurSarathi(VidurReplicaBase):
@@ -202,14 +233,14 @@ class VidurSarathi(VidurReplicaBase):
         running_prefills: list[ArReq] = []
         while self.pending and len(self.batch) < self.micro_batch_cap:
             req = self.pending.pop(0)
-            if not req.prefill_done:
+            if not self._prefill_complete(req):
                 running_prefills.append(req)
                 continue
             if self._decode_or_restart(req):
                 self._add(req, 1)
                 batch_tokens += 1
         for req in running_prefills:
-            n = max(0, min(req.uncomputed, chunk - batch_tokens))
+            n = max(0, min(self._prefill_left(req), chunk - batch_tokens))
             if n == 0:
                 skipped.append(req)
                 continue
@@ -220,14 +251,23 @@ class VidurSarathi(VidurReplicaBase):
             if len(self.running) >= cfg.max_num_seqs or len(self.batch) >= self.micro_batch_cap:
                 break
             req = self.waiting[0]
-            if self.pool.num_free < self._new_blocks(req):
+            if not self._fits_new(req):
                 break
-            n = min(req.uncomputed, chunk - batch_tokens)
+            n = min(self._prefill_left(req), chunk - batch_tokens)
             if n <= 0:
                 break
             self._admit_new(req, self._new_blocks(req))
             self._add(req, n)
             batch_tokens += n
+
+    def _prefill_complete(self, req: ArReq) -> bool:
+        """The request decodes (one token a batch) rather than taking a prefill chunk."""
+        return req.prefill_done
+
+    def _prefill_left(self, req: ArReq) -> int:
+        """Prefill tokens still to compute: every known token not computed (a restart folds
+        the outputs into the prefill)."""
+        return req.uncomputed
 
 
 class _MaxReservation(VidurReplicaBase):
