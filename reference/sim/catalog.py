@@ -4,7 +4,9 @@
 - `vidur-vllm`, `vidur-sarathi`, `vidur-orca`, `vidur-lightllm`, `vidur-ft`: the fast replicas
   (`fast_vllm.py`, `fast_vidur.py`), decision-identical to the `reference/ar/vidur.py` classes
   through `ArReplica` (tests/test_sim_fast.py).
-- `vidur-*-ref`: those reference classes through `ArReplica` (the slow path, for checks).
+- `vidur-*-ref`: those reference classes through `ArReplica` (the slow path, for checks);
+  `vidur-vllm-released-ref` and `vidur-sarathi-released-ref` the classes that decide as
+  Vidur's releases (`reference/ar/vidur_released.py`), the same way.
 - `vllm-v1`: the reference vLLM v1 scheduler through `ArReplica`.
 
 Every name is checked, and its configuration built, before any simulation starts.
@@ -27,6 +29,16 @@ _AR: dict[str, tuple[str, bool, int]] = {
     "vidur-orca-ref": ("reference.ar.vidur:make_vidur_orca", False, 16),
     "vidur-lightllm-ref": ("reference.ar.vidur:make_vidur_lightllm", False, 1),
     "vidur-ft-ref": ("reference.ar.vidur:make_vidur_ft", False, 16),
+    "vidur-vllm-released-ref": (
+        "reference.ar.vidur_released:make_vidur_vllm_released",
+        False,
+        16,
+    ),
+    "vidur-sarathi-released-ref": (
+        "reference.ar.vidur_released:make_vidur_sarathi_released",
+        True,
+        16,
+    ),
     "vllm-v1": ("reference.ar.vllm_v1:make_vllm_v1", True, 16),
 }
 VIDUR_SCHEDULERS = ("vidur-vllm", "vidur-sarathi", "vidur-orca", "vidur-lightllm", "vidur-ft")
