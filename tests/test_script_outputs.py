@@ -24,6 +24,7 @@ OUTPUTS = [
     ("probe_heavier_forward", "--json"),
     ("probe_overlap", "--json"),
     ("profile_round", "--json"),
+    ("repro_vidur_rules", "--json"),
     ("sglang_vs_reference", "--json"),
     ("soak_engine", "--json"),
     ("vidur_speed", "--json"),
