@@ -261,7 +261,10 @@ class VidurSarathi(VidurReplicaBase):
             batch_tokens += n
 
     def _prefill_complete(self, req: ArReq) -> bool:
-        """The request decodes (one token a batch) rather than taking a prefill chunk."""
+        """The request decodes (one token a batch) rather than taking a prefill chunk. Counted
+        from tokens, so a restarted request one token short of its recompute decodes that
+        token (its blocks already hold it; Vidur's flag would give it as the last chunk:
+        `vidur-sarathi-released`); `reference/sim/fast_vidur.py` counts alike."""
         return req.prefill_done
 
     def _prefill_left(self, req: ArReq) -> int:
