@@ -16,7 +16,8 @@ Both with a constant 50 ms batch time, 4096 KV blocks of 16 tokens (65,536 token
 Speed is requests per CPU second of this process (`time.process_time`), which a loaded machine
 disturbs far less than wall time (both simulators are single-threaded Python; wall time is
 reported too). "growth" is CPU-time growth over the smallest size divided by the size growth
-(1.0 = linear). "x Vidur" is Vidur's CPU seconds over ours on the same workload.
+(1.0 = linear). "x Vidur" is Vidur's CPU seconds over ours on the same workload (for
+`vidur-*-released`, Vidur 0.0.26's, the release it decides as).
 """
 
 from __future__ import annotations
@@ -69,21 +70,32 @@ def run(scheduler: str, replicas: int, n: int, kind: str = "bench") -> dict[str,
     }
 
 
-def read_vidur(paths: str | None) -> dict[tuple[str, int, int, str], dict[str, Any]]:
-    """Vidur's rows by (scheduler, replicas, requests, workload), from vidur_speed.py JSONs;
-    where several Vidur runs measured one point (0.0.26 and GitHub main), the fastest one (the
-    smallest ratio). Rows of GitHub main's FT with its block leak are left out (another
-    simulation: ten times the batches)."""
-    rows: dict[tuple[str, int, int, str], dict[str, Any]] = {}
+def read_vidur(paths: str | None) -> list[dict[str, Any]]:
+    """Vidur's rows from vidur_speed.py JSONs, less GitHub main's FT with its block leak
+    (another simulation: ten times the batches)."""
+    rows: list[dict[str, Any]] = []
     for path in (paths or "").split(","):
         if path:
-            for row in json.loads(Path(path).read_text()):
-                if row.get("ft_leak"):
-                    continue
-                key = (row["scheduler"], row["replicas"], row["requests"], row["workload"])
-                if key not in rows or row["cpu_s"] < rows[key]["cpu_s"]:
-                    rows[key] = row
+            rows += [row for row in json.loads(Path(path).read_text()) if not row.get("ft_leak")]
     return rows
+
+
+def vidur_baseline(
+    rows: list[dict[str, Any]], scheduler: str, replicas: int, requests: int, workload: str
+) -> dict[str, Any] | None:
+    """Vidur's run of the same point: where several Vidur versions measured it (0.0.26 and
+    GitHub main), the fastest one (the smallest ratio). A `vidur-*-released[-ref]` scheduler
+    decides as Vidur's releases, so it is compared with 0.0.26's run of `vidur-*` only."""
+    released = "-released" in scheduler
+    name = scheduler.split("-released")[0] if released else scheduler
+    same = [
+        row
+        for row in rows
+        if (row["scheduler"], row["replicas"], row["requests"], row["workload"])
+        == (name, replicas, requests, workload)
+        and (row["vidur"] == "0.0.26" or not released)
+    ]
+    return min(same, key=lambda row: row["cpu_s"]) if same else None
 
 
 HEADER = (
@@ -130,7 +142,7 @@ def main() -> None:
                 row = run(sched, r, n, args.workload)
                 first = first or row
                 row["growth"] = (row["cpu_s"] / first["cpu_s"]) / (n / first["requests"])
-                v = vidur.get((sched, r, n, args.workload))
+                v = vidur_baseline(vidur, sched, r, n, args.workload)
                 row["vidur_cpu_s"] = v["cpu_s"] if v else None
                 row["vidur_batches"] = v["batches"] if v else None
                 row["vidur"] = ("0.0.26" if v["vidur"] == "0.0.26" else "main") if v else None

@@ -48,3 +48,19 @@ def test_released_classes_give_vidur_0_0_26_s_batch_count(kind: str) -> None:
     assert released["batches"] == expected
     if kind == "vllm":
         assert bench.run("vidur-vllm-ref", 1, 2000, "simulate")["batches"] != expected
+
+
+def test_a_released_scheduler_is_compared_with_vidur_0_0_26_only() -> None:
+    """scripts/bench_sim_speed.py's baseline: the fastest Vidur run of the point, but for a
+    class that decides as Vidur's releases, 0.0.26's run of the scheduler it re-implements."""
+    baseline = load_script("bench_sim_speed").vidur_baseline
+    point = {"replicas": 1, "requests": 2000, "workload": "bench"}
+    rows = [
+        {"scheduler": "vidur-vllm", "vidur": "0.0.26", "cpu_s": 2.0, **point},
+        {"scheduler": "vidur-vllm", "vidur": "main", "cpu_s": 1.5, **point},
+    ]
+    assert baseline(rows, "vidur-vllm", 1, 2000, "bench")["vidur"] == "main"
+    for name in ("vidur-vllm-released", "vidur-vllm-released-ref"):
+        assert baseline(rows, name, 1, 2000, "bench")["vidur"] == "0.0.26"
+    assert baseline(rows, "vidur-sarathi-released", 1, 2000, "bench") is None
+    assert baseline(rows, "vidur-vllm", 8, 2000, "bench") is None

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.ar import vidur
+from reference.ar.vidur_released import make_vidur_vllm_released
 from reference.sim import workload as wl
 from reference.sim.cluster import ClusterResult, simulate_cluster
 from reference.sim.exec_model import Linear
@@ -28,7 +29,7 @@ from reference.sim.fast_vidur import (
     FastVidurOrca,
     FastVidurSarathi,
 )
-from reference.sim.fast_vllm import FastVidurVllm
+from reference.sim.fast_vllm import FastVidurVllm, FastVidurVllmReleased
 from reference.sim.replica import ArFactory, ArReplica, ReplicaScheduler
 from spec.ar.config import ArConfig
 
@@ -39,6 +40,7 @@ PAIRS: dict[str, tuple[ArFactory, FastClass]] = {
     "vidur-orca": (vidur.make_vidur_orca, FastVidurOrca),
     "vidur-lightllm": (vidur.make_vidur_lightllm, FastVidurLightLlm),
     "vidur-ft": (vidur.make_vidur_ft, FastVidurFt),
+    "vidur-vllm-released": (make_vidur_vllm_released, FastVidurVllmReleased),
 }
 
 MODEL = Linear(0.01, 1e-5, 2e-4, 1e-7)
@@ -155,8 +157,9 @@ def test_fixed_workload_decision_trace_is_held_byte_for_byte() -> None:
 
 
 def _fixed_config(scheduler: str) -> ArConfig:
-    """A small pool for the fixed workload (Sarathi's is tight enough to restart requests)."""
-    bs = 1 if scheduler == "vidur-lightllm" else 4
+    """A small pool for the fixed workload (Sarathi's is tight enough to restart requests; the
+    released vLLM's has blocks of 1, so that its watermark is a block)."""
+    bs = 1 if scheduler in ("vidur-lightllm", "vidur-vllm-released") else 4
     chunked = scheduler == "vidur-sarathi"
     return ArConfig(
         block_size=bs,
@@ -177,6 +180,7 @@ TRACE_SHA = {
     "vidur-orca": "5ed074542e9ba751ac11259e4df1cab6dba4ffb0479a155205e44a8e22edcba7",
     "vidur-lightllm": "e1122fd3f33423c9ece108482976970b88e3488e6a311d498737ba40507226de",
     "vidur-ft": "bb89dd99183589c9272f1928d8f12b6c36cf5e7d1874aa0dab6e5720028a2762",
+    "vidur-vllm-released": "085c2901122450fa65fea090735e6248e373a2d83de89b9202e776422966fbb9",
 }
 
 

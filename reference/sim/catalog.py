@@ -4,6 +4,8 @@
 - `vidur-vllm`, `vidur-sarathi`, `vidur-orca`, `vidur-lightllm`, `vidur-ft`: the fast replicas
   (`fast_vllm.py`, `fast_vidur.py`), decision-identical to the `reference/ar/vidur.py` classes
   through `ArReplica` (tests/test_sim_fast.py).
+- `vidur-vllm-released`: the fast replica that decides as Vidur's releases' vLLM
+  (`fast_vllm.FastVidurVllmReleased`, decision-identical to `vidur-vllm-released-ref`).
 - `vidur-*-ref`: those reference classes through `ArReplica` (the slow path, for checks);
   `vidur-vllm-released-ref` and `vidur-sarathi-released-ref` the classes that decide as
   Vidur's releases (`reference/ar/vidur_released.py`), the same way.
@@ -42,7 +44,9 @@ _AR: dict[str, tuple[str, bool, int]] = {
     "vllm-v1": ("reference.ar.vllm_v1:make_vllm_v1", True, 16),
 }
 VIDUR_SCHEDULERS = ("vidur-vllm", "vidur-sarathi", "vidur-orca", "vidur-lightllm", "vidur-ft")
-SCHEDULERS = ("simple", *VIDUR_SCHEDULERS, *_AR)
+# the fast replicas: Vidur's five as the references decide, and vLLM as Vidur's releases do
+FAST_SCHEDULERS = (*VIDUR_SCHEDULERS, "vidur-vllm-released")
+SCHEDULERS = ("simple", *FAST_SCHEDULERS, *_AR)
 
 
 def _fast_class(name: str) -> Callable[[ArConfig], ReplicaScheduler]:
@@ -54,6 +58,7 @@ def _fast_class(name: str) -> Callable[[ArConfig], ReplicaScheduler]:
         "vidur-orca": fast_vidur.FastVidurOrca,
         "vidur-lightllm": fast_vidur.FastVidurLightLlm,
         "vidur-ft": fast_vidur.FastVidurFt,
+        "vidur-vllm-released": fast_vllm.FastVidurVllmReleased,
     }
     return classes[name]
 
@@ -99,7 +104,7 @@ class ReplicaSpec:
                 return SimpleReplica(self.max_batch, self.kv_tokens, self.budget)
 
             maker = simple
-        elif self.scheduler in VIDUR_SCHEDULERS:
+        elif self.scheduler in FAST_SCHEDULERS:
             cls = _fast_class(self.scheduler)
             cfg = self.ar_config()
 

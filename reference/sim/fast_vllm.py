@@ -17,6 +17,10 @@ padded len x max <= the token budget, seat cap), or, if none was admitted, a dec
 every running request in arrival order; a request needing a block when none is free restarts the
 latest-arrived remaining request (or itself), which frees all its blocks and goes back to the head
 of the queue to prefill prompt + outputs so far.
+
+`FastVidurVllmReleased` decides as `reference.ar.vidur_released.VidurVllmReleased` (Vidur's
+releases): a prefill batch's tokens summed against the budget, and a new request admitted only
+when it leaves Vidur's watermark free.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from reference.ar.vidur import WATERMARK_FRACTION
 from reference.sim.errors import Unschedulable
 from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
@@ -47,11 +52,15 @@ class _Req:
 class FastVidurVllm(FastReplicaCore):
     """See the module doc. `ReplicaScheduler` protocol plus the decode-stretch extension."""
 
+    name = "vidur-vllm"
+    watermark_fraction = 0.0  # as the reference class's
+
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurVllm
 
         VidurVllm(config, lambda _e: None)  # the reference class validates the configuration
         super().__init__(config)
+        self.watermark = int(self.watermark_fraction * config.usable_blocks)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []  # by arrival
         self.keys: list[int] = []  # arrivals of `running`, for bisect
@@ -80,7 +89,7 @@ class FastVidurVllm(FastReplicaCore):
                 -1,
                 0,
                 self.kv_capacity,
-                f"resources: the vidur-vllm scheduler made no progress with "
+                f"resources: the {self.name} scheduler made no progress with "
                 f"{self.outstanding()} request(s) outstanding",
             )
         return plan
@@ -132,14 +141,14 @@ class FastVidurVllm(FastReplicaCore):
     def _prefill_batch(self) -> BatchPlan | None:
         cfg = self.config
         admitted: list[_Req] = []
-        longest = 0
+        longest = total = 0
         while self.waiting:
             r = self.waiting[0]
             n = r.prompt + r.outputs
             need = -(-n // self.bs)
-            if self.free < need:
+            if self.free - need < self.watermark:
                 break
-            if (len(admitted) + 1) * max(longest, n) > cfg.max_num_batched_tokens:
+            if self._over_budget(len(admitted), longest, total, n):
                 break
             if len(self.running) + len(admitted) >= cfg.max_num_seqs or len(admitted) >= self.cap:
                 break
@@ -147,6 +156,7 @@ class FastVidurVllm(FastReplicaCore):
             self.free -= need
             admitted.append(r)
             longest = max(longest, n)
+            total += n
         if not admitted:
             return None
         kv = self._kv()
@@ -170,6 +180,11 @@ class FastVidurVllm(FastReplicaCore):
                 self._join(r, n)
         self._result = (first, done, [])
         return BatchPlan(pre, 0, kv, pairs, len(admitted))
+
+    def _over_budget(self, count: int, longest: int, total: int, n: int) -> bool:
+        """Adding a prefill of `n` tokens to `count` admitted ones (the longest `longest`,
+        `total` in all) passes the budget: padded to the longest, as the reference."""
+        return (count + 1) * max(longest, n) > self.config.max_num_batched_tokens
 
     def _decode_batch(self) -> BatchPlan:
         """Every running request decodes, in arrival order, restarting victims on demand."""
@@ -214,7 +229,7 @@ class FastVidurVllm(FastReplicaCore):
         cfg = self.config
         n = self.waiting[0].prompt + self.waiting[0].outputs
         return (
-            self.free >= -(-n // self.bs)
+            self.free - -(-n // self.bs) >= self.watermark
             and n <= cfg.max_num_batched_tokens
             and len(self.running) < cfg.max_num_seqs
         )
@@ -255,3 +270,13 @@ class FastVidurVllm(FastReplicaCore):
         self.free -= blocks
         self.G += k
         return [], self._pop_finished(), []
+
+
+class FastVidurVllmReleased(FastVidurVllm):
+    """Vidur's releases' vLLM: summed prefill tokens, Vidur's watermark (see the module doc)."""
+
+    name = "vidur-vllm-released"
+    watermark_fraction = WATERMARK_FRACTION
+
+    def _over_budget(self, count: int, longest: int, total: int, n: int) -> bool:
+        return total + n > self.config.max_num_batched_tokens
