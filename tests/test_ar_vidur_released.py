@@ -14,7 +14,7 @@ from reference.ar.vidur import VIDUR_SARATHI, VIDUR_VLLM
 from reference.ar.vidur_released import VIDUR_SARATHI_RELEASED, VIDUR_VLLM_RELEASED
 from spec.ar.config import ArRequest
 from spec.ar.decisions import first_difference
-from spec.ar.events import ArPreempted, ArScheduled
+from spec.ar.events import ArBlocksAllocated, ArPreempted, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.test_ar_mnemosyne import RUN, config, decisions, run
@@ -87,7 +87,12 @@ def test_sarathi_released_restarts_a_decode_needing_no_block_when_none_is_free()
     reference = run(VIDUR_SARATHI, cfg, *requests)
     restarts = [i for i, e in enumerate(released.events) if isinstance(e, ArPreempted)]
     assert len(restarts) == 1, released.events
-    assert isinstance(released.events[restarts[0] + 2], ArScheduled), released.events
+    after = released.events[restarts[0] : restarts[0] + 3]
+    assert after == [
+        ArPreempted("r1", (1, 2, 0)),
+        ArBlocksAllocated("r1", (1, 2, 0)),  # blocks for its known tokens: the whole pool
+        ArScheduled("r1", 1),
+    ], after
     assert not any(isinstance(e, ArPreempted) for e in reference.events)
     assert released.outputs() == reference.outputs() == {"r0": 1, "r1": 6}
 
