@@ -4,8 +4,9 @@
 - `vidur-vllm`, `vidur-sarathi`, `vidur-orca`, `vidur-lightllm`, `vidur-ft`: the fast replicas
   (`fast_vllm.py`, `fast_vidur.py`), decision-identical to the `reference/ar/vidur.py` classes
   through `ArReplica` (tests/test_sim_fast.py).
-- `vidur-vllm-released`: the fast replica that decides as Vidur's releases' vLLM
-  (`fast_vllm.FastVidurVllmReleased`, decision-identical to `vidur-vllm-released-ref`).
+- `vidur-vllm-released`, `vidur-sarathi-released`: the fast replicas that decide as Vidur's
+  releases (`fast_vllm.FastVidurVllmReleased`, `fast_vidur.FastVidurSarathiReleased`),
+  decision-identical to `vidur-vllm-released-ref` and `vidur-sarathi-released-ref`.
 - `vidur-*-ref`: those reference classes through `ArReplica` (the slow path, for checks);
   `vidur-vllm-released-ref` and `vidur-sarathi-released-ref` the classes that decide as
   Vidur's releases (`reference/ar/vidur_released.py`), the same way.
@@ -44,8 +45,8 @@ _AR: dict[str, tuple[str, bool, int]] = {
     "vllm-v1": ("reference.ar.vllm_v1:make_vllm_v1", True, 16),
 }
 VIDUR_SCHEDULERS = ("vidur-vllm", "vidur-sarathi", "vidur-orca", "vidur-lightllm", "vidur-ft")
-# the fast replicas: Vidur's five as the references decide, and vLLM as Vidur's releases do
-FAST_SCHEDULERS = (*VIDUR_SCHEDULERS, "vidur-vllm-released")
+# the fast replicas: Vidur's five as the references decide, vLLM and Sarathi as its releases do
+FAST_SCHEDULERS = (*VIDUR_SCHEDULERS, "vidur-vllm-released", "vidur-sarathi-released")
 SCHEDULERS = ("simple", *FAST_SCHEDULERS, *_AR)
 
 
@@ -59,6 +60,7 @@ def _fast_class(name: str) -> Callable[[ArConfig], ReplicaScheduler]:
         "vidur-lightllm": fast_vidur.FastVidurLightLlm,
         "vidur-ft": fast_vidur.FastVidurFt,
         "vidur-vllm-released": fast_vllm.FastVidurVllmReleased,
+        "vidur-sarathi-released": fast_vidur.FastVidurSarathiReleased,
     }
     return classes[name]
 

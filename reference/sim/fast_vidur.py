@@ -14,6 +14,10 @@ its admissions and finishes, not O(running requests).
 - LightLLM (block size 1): a prefill-only batch when nothing runs, or after max_waiting_iters
   decode batches, when admission keeps the peak memory of all requests within the pool; else a
   decode batch of every running request (one more block each).
+
+Sarathi (`FastVidurSarathi`, which does restart requests) keeps per-request records instead;
+`FastVidurSarathiReleased` decides as `reference/ar/vidur_released.py`'s class (Vidur's
+releases).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from reference.ar.vidur import WATERMARK_FRACTION
 from reference.sim.errors import Unschedulable
 from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
@@ -350,6 +355,8 @@ class _SReq:
     blocks: int = 0
     running: bool = False
     seen: bool = False
+    prefill: int = 0  # Vidur's prefill tokens (FastVidurSarathiReleased: what a restart left)
+    prefill_complete: bool = False  # Vidur's flag (FastVidurSarathiReleased)
 
 
 class FastVidurSarathi(FastReplicaCore):
@@ -359,12 +366,14 @@ class FastVidurSarathi(FastReplicaCore):
     instead of list scans; one batch costs O(requests in it)."""
 
     name = "vidur-sarathi"
+    watermark_fraction = 0.0  # as the reference class's
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurSarathi
 
         VidurSarathi(config, lambda _e: None)  # validates the configuration
         super().__init__(config)
+        self.watermark = int(self.watermark_fraction * config.usable_blocks)
         self.waiting: deque[_SReq] = deque()
         self.order: list[_SReq] = []  # Vidur's list order: running requests between batches
         self.n_running = 0
@@ -373,7 +382,7 @@ class FastVidurSarathi(FastReplicaCore):
 
     def add(self, req: int, prefill: int, decode: int) -> None:
         self._validate(req, prefill, decode)
-        self.waiting.append(_SReq(req, self._arrivals, prefill, decode, prefill))
+        self.waiting.append(_SReq(req, self._arrivals, prefill, decode, prefill, prefill=prefill))
         self._arrivals += 1
 
     def outstanding(self) -> int:  # running requests are counted, not listed
@@ -397,11 +406,11 @@ class FastVidurSarathi(FastReplicaCore):
         while i < len(order) and len(decodes) < cap:
             r = order[i]
             i += 1
-            if r.outputs == 0 or r.computed < r.known - 1:
+            if not self._decodes_now(r):
                 prefills.append(r)
                 continue
             need = -(-(r.computed + 1) // bs) - r.blocks
-            while self.free < need:
+            while self.free < self._demanded(need):
                 if i < len(order):
                     self._restart(order.pop(), restarted)
                 else:
@@ -434,7 +443,7 @@ class FastVidurSarathi(FastReplicaCore):
         chunk = self.config.max_num_batched_tokens
         skipped: list[_SReq] = []
         for r in prefills:
-            n = max(0, min(r.known - r.computed, chunk - tokens))
+            n = max(0, min(self._prefill_left(r), chunk - tokens))
             if n == 0:
                 skipped.append(r)
                 continue
@@ -455,10 +464,10 @@ class FastVidurSarathi(FastReplicaCore):
             if self.n_running >= cfg.max_num_seqs or decodes + len(chunks) >= self.cap:
                 break
             r = self.waiting[0]
-            need = -(-r.known // self.bs)
-            if self.free < need:
+            need = self._new_blocks(r)
+            if self.free - need < self.watermark:
                 break
-            n = min(r.known - r.computed, chunk - tokens)
+            n = min(self._prefill_left(r), chunk - tokens)
             if n <= 0:
                 break
             self.waiting.popleft()
@@ -468,6 +477,30 @@ class FastVidurSarathi(FastReplicaCore):
             self.free -= need
             chunks.append((r, n))
             tokens += n
+
+    # ------------------------------------------------------------------ rules (released: below)
+    def _decodes_now(self, r: _SReq) -> bool:
+        """A running request decodes (one token) rather than taking a prefill chunk: counted
+        from tokens, as `VidurSarathi._prefill_complete`."""
+        return r.outputs > 0 and r.computed >= r.known - 1
+
+    def _demanded(self, need: int) -> int:
+        """Free blocks a decode needing `need` new ones must find, else it restarts a victim."""
+        return need
+
+    def _prefill_left(self, r: _SReq) -> int:
+        return r.known - r.computed
+
+    def _new_blocks(self, r: _SReq) -> int:
+        """Blocks a new (or restarted) request is allocated: all it knows."""
+        return -(-r.known // self.bs)
+
+    def _stretch_free(self) -> int:
+        """Free blocks a decode stretch may take without a restart in it."""
+        return self.free
+
+    def _batch_end(self, r: _SReq) -> None:
+        """A request of the batch that did not finish (Vidur's `on_batch_end`)."""
 
     def _finish(self, r: _SReq, done: list[int]) -> None:
         r.running = False
@@ -484,25 +517,39 @@ class FastVidurSarathi(FastReplicaCore):
         kv: int,
     ) -> BatchPlan:
         """Run the batch: decodes (one token each) then chunks; finished requests free their
-        blocks, the others go to the end of `order` in batch order."""
-        pre = pairs = 0
+        blocks, the others go to the end of `order` in batch order. The plan counts a token as
+        a decode by what it computes, as `ArReplica` does: the one token after all a request
+        knows but its last output (the released class's decodes of a restarted prompt are
+        prefill tokens, and the last token of a recompute is a decode)."""
+        pre = dec = pairs = 0
         first: list[int] = []
         done: list[int] = []
         order = self.order
         self.kv += len(decodes)
         for r in decodes:
+            if r.outputs > 0 and r.computed == r.known - 1:
+                dec += 1
+            else:
+                pre += 1
             c = r.computed + 1
             pairs += c
             r.computed = c
-            r.known += 1
-            r.outputs += 1
+            if c == r.known:  # always, but for the rest of a restarted prompt (released)
+                r.known += 1
+                r.outputs += 1
+                if r.outputs == 1:
+                    first.append(r.req)
             if r.outputs >= r.max_tokens:
                 self._finish(r, done)
             else:
+                self._batch_end(r)
                 order.append(r)
         for r, n in chunks:
             c = r.computed
-            pre += n
+            if n == 1 and r.outputs > 0 and c == r.known - 1:
+                dec += 1
+            else:
+                pre += n
             pairs += n * c + n * (n + 1) // 2
             if not r.seen:
                 r.seen = True
@@ -518,17 +565,18 @@ class FastVidurSarathi(FastReplicaCore):
             if r.outputs >= r.max_tokens:
                 self._finish(r, done)
             else:
+                self._batch_end(r)
                 order.append(r)
         if not decodes and not chunks and not restarted:
             raise Unschedulable(
                 -1,
                 0,
                 self.kv_capacity,
-                f"resources: the vidur-sarathi scheduler made no progress with "
+                f"resources: the {self.name} scheduler made no progress with "
                 f"{self.outstanding()} request(s) outstanding",
             )
         self._result = (first, done, restarted)
-        return BatchPlan(pre, len(decodes), kv, pairs, len(decodes) + len(chunks))
+        return BatchPlan(pre, dec, kv, pairs, len(decodes) + len(chunks))
 
     # ------------------------------------------------------------------ decode stretches
     def would_admit(self) -> bool:
@@ -540,14 +588,14 @@ class FastVidurSarathi(FastReplicaCore):
         return (
             n < self.config.max_num_seqs
             and len(self.order) < self.cap
-            and self.free >= -(-head.known // self.bs)
+            and self.free - self._new_blocks(head) >= self.watermark
             and self.config.max_num_batched_tokens - n > 0
         )
 
     def _stretch_demand(self, k: int) -> int:
         """Batches of the next k decode-only batches that need no restart. A request with `room`
         free slots in its blocks needs one at batches room, room + bs, ..."""
-        bs, free, order = self.bs, self.free, self.order
+        bs, free, order = self.bs, self._stretch_free(), self.order
         if len(order) * (k // bs + 1) <= free:  # even the worst case is paid for
             return k
         first = sorted(r.blocks * bs - r.computed for r in order)
@@ -569,7 +617,8 @@ class FastVidurSarathi(FastReplicaCore):
             return 0
         k = 1 << 62
         for r in self.order:
-            if r.outputs == 0 or r.computed < r.known - 1:  # still prefilling
+            # still prefilling (released: or computing its prompt's rest, as decodes)
+            if not self._decodes_now(r) or r.outputs == 0 or r.computed < r.known - 1:
                 return 0
             left = r.max_tokens - r.outputs
             if left < k:
@@ -604,3 +653,40 @@ class FastVidurSarathi(FastReplicaCore):
                 keep.append(r)
         self.order = keep
         return [], done, []
+
+
+class FastVidurSarathiReleased(FastVidurSarathi):
+    """Vidur's releases' Sarathi, decision-identical to
+    `reference.ar.vidur_released.VidurSarathiReleased`: Vidur's watermark; every decode
+    demands one free block; whether a request decodes is Vidur's flag, set when a batch brings
+    its computed tokens to its prefill; a restart makes the prefill what was processed, so a
+    request restarted mid-prompt decodes the rest of its prompt. A decode stretch keeps one
+    block free throughout (so no decode in it finds the pool dry)."""
+
+    name = "vidur-sarathi-released"
+    watermark_fraction = WATERMARK_FRACTION
+
+    def _decodes_now(self, r: _SReq) -> bool:
+        return r.prefill_complete
+
+    def _demanded(self, need: int) -> int:
+        return max(need, 1)
+
+    def _prefill_left(self, r: _SReq) -> int:
+        return r.prefill - r.computed
+
+    def _new_blocks(self, r: _SReq) -> int:
+        return -(-r.prefill // self.bs)
+
+    def _stretch_free(self) -> int:
+        return self.free - 1
+
+    def _batch_end(self, r: _SReq) -> None:
+        if r.computed >= r.prefill:
+            r.prefill_complete = True
+
+    def _restart(self, r: _SReq, restarted: list[int]) -> None:
+        # Vidur's processed tokens: one past the computed ones once the prefill completed
+        r.prefill = r.computed + (1 if r.prefill_complete else 0)
+        r.prefill_complete = False
+        super()._restart(r, restarted)
