@@ -17,6 +17,8 @@ so decodes run the pool dry and requests are restarted). Variants per scheduler:
   free);
 - `release, no watermark`: `vidur-*-released` with the watermark off (vLLM: summed prefill
   tokens; Sarathi: a free block demanded by every decode, Vidur's restart of a partial prefill);
+- Sarathi only, `block demand only, no watermark`: the same with `vidur-sarathi`'s restart (the
+  victim prefills all it knows again), so only the one-free-block demand remains;
 - `release`: `vidur-*-released` as it is, which decides as Vidur does.
 
 Prints, per variant, the mean over the seeds of output tokens per second, e2e p50 and p90,
@@ -47,9 +49,12 @@ REPLICAS = 4
 METRICS = ("tokens_per_s", "e2e_p50", "e2e_p90", "restarts", "batches")
 
 
-def _with_watermark(cls: type[VidurReplicaBase], fraction: float) -> type[VidurReplicaBase]:
-    """`cls` with its watermark fraction set (a class attribute of Vidur's replicas)."""
-    return type(f"{cls.__name__}Watermark{fraction:g}", (cls,), {"watermark_fraction": fraction})
+def _with_watermark(
+    cls: type[VidurReplicaBase], fraction: float, **rules: bool
+) -> type[VidurReplicaBase]:
+    """`cls` with its watermark fraction (and any other class-level rule) set."""
+    attrs: dict[str, object] = {"watermark_fraction": fraction, **rules}
+    return type(f"{cls.__name__}Watermark{fraction:g}", (cls,), attrs)
 
 
 def variants() -> dict[str, dict[str, tuple[type[VidurReplicaBase], bool]]]:
@@ -65,6 +70,15 @@ def variants() -> dict[str, dict[str, tuple[type[VidurReplicaBase], bool]]]:
             "release, no watermark": (_with_watermark(released, 0.0), chunked),
             "release": (released, chunked),
         }
+    # Sarathi's two rules apart: the one-free-block demand with the reference's restart
+    table["vidur-sarathi"] = {
+        **dict(list(table["vidur-sarathi"].items())[:3]),
+        "block demand only, no watermark": (
+            _with_watermark(VidurSarathiReleased, 0.0, restart_keeps_processed=False),
+            True,
+        ),
+        "release": table["vidur-sarathi"]["release"],
+    }
     return table
 
 
@@ -128,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         f"tokens, 32 seats, budget 2048 per replica; seeds {args.seeds}; means over the seeds"
     )
     print(
-        f"{'scheduler':<14} {'variant':<22} {'tok/s':>7} {'e2e p50':>8} {'p90':>7} "
+        f"{'scheduler':<14} {'variant':<32} {'tok/s':>7} {'e2e p50':>8} {'p90':>7} "
         f"{'restarts':>8} {'batches':>8}   over the release: tok/s  p50  restarts"
     )
     rows: list[dict[str, Any]] = []
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant, m in means.items():
             over = {k: m[k] / release[k] if release[k] else float("nan") for k in METRICS}
             print(
-                f"{name:<14} {variant:<22} {m['tokens_per_s']:>7.0f} {m['e2e_p50']:>8.3f} "
+                f"{name:<14} {variant:<32} {m['tokens_per_s']:>7.0f} {m['e2e_p50']:>8.3f} "
                 f"{m['e2e_p90']:>7.3f} {m['restarts']:>8.1f} {m['batches']:>8.0f}   "
                 f"{over['tokens_per_s']:>20.3f} {over['e2e_p50']:>4.2f} {over['restarts']:>9.2f}"
             )

@@ -138,3 +138,22 @@ def test_released_and_deviating_references_agree_where_no_deviation_applies() ->
         runs = [decisions(impl, cfg, requests) for impl in (released, deviating)]
         assert first_difference(runs[0], runs[1]) is None, runs
         assert len(runs[0]) >= 5  # several steps compared
+
+
+def test_sarathi_released_with_the_reference_restart_recomputes_the_whole_prompt() -> None:
+    """`restart_keeps_processed = False` (an ablation knob of scripts/repro_vidur_rules.py):
+    the restarted r3 prefills all 3 prompt tokens again, as `vidur-sarathi` does, so its
+    step 2 is the reference's; the one-free-block demand stays."""
+    from reference.ar.vidur_released import VidurSarathiReleased
+    from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+    from spec.ar.config import ArConfig
+
+    class ReferenceRestart(VidurSarathiReleased):
+        restart_keeps_processed = False
+
+    def make(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return ReferenceRestart(config, sink)
+
+    impl = ArImplementation(make, VIDUR_SARATHI_RELEASED.profile, "ablation")
+    steps = [d.scheduled for d in decisions(impl, RESTART, RESTART_REQUESTS)]
+    assert steps[2:] == [(("r2", 1),), (("r3", 2),), (("r3", 1),)]

@@ -22,10 +22,13 @@ def test_it_runs_every_variant_of_both_schedulers(
     data = json.loads(out.read_text())
     assert data["seeds"] == [1, 2] and data["kv_tokens"] == 2048
     variants = {"reference", "+ watermark", "release, no watermark", "release"}
-    for scheduler in ("vidur-vllm", "vidur-sarathi"):
+    for scheduler, extra in (
+        ("vidur-vllm", set()),
+        ("vidur-sarathi", {"block demand only, no watermark"}),
+    ):
         runs = [r for r in data["runs"] if r["scheduler"] == scheduler]
-        assert {r["variant"] for r in runs} == variants
-        assert len(runs) == 2 * len(variants)
+        assert {r["variant"] for r in runs} == variants | extra
+        assert len(runs) == 2 * len(variants | extra)
         assert all(r["completed"] == 40 and r["batches"] > 0 for r in runs)
     printed = capsys.readouterr().out
     assert "release, no watermark" in printed and "over the release" in printed
@@ -44,6 +47,9 @@ def test_the_release_variant_is_the_released_class_and_the_others_differ_only_in
         assert variants["release, no watermark"][0].watermark_fraction == 0.0
         assert issubclass(variants["+ watermark"][0], variants["reference"][0])
         assert issubclass(variants["release, no watermark"][0], variants["release"][0])
+    demand_only = table["vidur-sarathi"]["block demand only, no watermark"][0]
+    assert issubclass(demand_only, VidurSarathiReleased) and demand_only.watermark_fraction == 0
+    assert not demand_only.restart_keeps_processed
 
 
 @pytest.mark.parametrize(

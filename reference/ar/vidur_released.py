@@ -65,6 +65,9 @@ class VidurSarathiReleased(VidurSarathi):
 
     name = "vidur-sarathi-released"
     watermark_fraction = WATERMARK_FRACTION
+    # Vidur's restart; False: the victim prefills all it knows again, as `vidur-sarathi` (for
+    # telling the release's rules apart: scripts/repro_vidur_rules.py)
+    restart_keeps_processed = True
 
     def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
         super().__init__(config, sink, pipelined=pipelined)
@@ -96,7 +99,10 @@ class VidurSarathiReleased(VidurSarathi):
     def _restart(self, victim: ArReq) -> None:
         # Vidur's processed tokens: one past the computed ones once the prefill completed
         complete = victim.rid in self.prefill_completed
-        self.prefill_tokens[victim.rid] = victim.num_computed + (1 if complete else 0)
+        processed = victim.num_computed + (1 if complete else 0)
+        self.prefill_tokens[victim.rid] = (
+            processed if self.restart_keeps_processed else victim.known
+        )
         self.prefill_completed.discard(victim.rid)
         super()._restart(victim)
 
