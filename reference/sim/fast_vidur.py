@@ -518,9 +518,10 @@ class FastVidurSarathi(FastReplicaCore):
     ) -> BatchPlan:
         """Run the batch: decodes (one token each) then chunks; finished requests free their
         blocks, the others go to the end of `order` in batch order. The plan counts a token as
-        a decode by what it computes, as `ArReplica` does: the one token after all a request
-        knows but its last output (the released class's decodes of a restarted prompt are
-        prefill tokens, and the last token of a recompute is a decode)."""
+        a decode by what it computes, as `ArReplica` does: a lone token that computes the last
+        known token of a request with an output. (So the released class's decodes of a
+        restarted prompt's rest are prefill tokens, and a recompute's last lone token is a
+        decode.)"""
         pre = dec = pairs = 0
         first: list[int] = []
         done: list[int] = []
@@ -534,7 +535,7 @@ class FastVidurSarathi(FastReplicaCore):
             c = r.computed + 1
             pairs += c
             r.computed = c
-            if c == r.known:  # always, but for the rest of a restarted prompt (released)
+            if c == r.known:  # no output yet while it computes a restarted prompt's rest
                 r.known += 1
                 r.outputs += 1
                 if r.outputs == 1:
