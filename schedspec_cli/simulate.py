@@ -24,6 +24,7 @@ from schedspec_cli.args import Parser, UsageError, int_in, positive, refuse_igno
 from schedspec_cli.output import check_output_path, write_json
 from schedspec_cli.plots import require_matplotlib
 from schedspec_cli.progress import Progress
+from spec.errors import ConfigError
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -248,8 +249,9 @@ def build_parser() -> Parser:
     r.add_argument(
         "--scheduler",
         default="simple",
-        help="'simple' or an AR factory 'module:callable' (e.g. "
-        "reference.ar.vllm_v1:make_scheduler)",
+        help="'simple', a replica scheduler as `simulate sweep` names them (vidur-vllm, "
+        "vidur-sarathi-released, ...: see its --help), or an AR factory 'module:callable' "
+        "(e.g. reference.ar.vllm_v1:make_vllm_v1)",
     )
     r.add_argument(
         "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
@@ -761,7 +763,11 @@ def _sbs_outputs(args: argparse.Namespace, results: dict[str, Any]) -> None:
         _say(f"wrote plots to {args.plots}")
 
 
-def make_replicas(args: argparse.Namespace) -> list[Any]:
+def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
+    """The replicas `--scheduler` names: `SimpleReplica`, a scheduler of the simulator's
+    catalog (`reference.sim.catalog`, as `simulate sweep` builds them, with max_model_len the
+    workload's longest request), or an AR factory through `ArReplica`."""
+    from reference.sim.catalog import SCHEDULERS, ReplicaSpec
     from reference.sim.replica import ArReplica, SimpleReplica
 
     if args.scheduler == "simple":
@@ -769,12 +775,34 @@ def make_replicas(args: argparse.Namespace) -> list[Any]:
             SimpleReplica(args.max_batch, args.kv_tokens, args.max_prefill_tokens)
             for _ in range(args.replicas)
         ]
+    if args.scheduler in SCHEDULERS:
+        totals = workload.prefill + workload.decode
+        longest = int(totals.max()) if len(totals) else 1
+        spec = ReplicaSpec(
+            args.scheduler, args.kv_tokens, args.max_batch, args.max_prefill_tokens, longest
+        )
+        try:
+            make = spec.factory()  # validates the configuration
+        except ConfigError as err:
+            if err.field != "max_num_batched_tokens":
+                raise
+            # in the command's own terms: a whole prompt must fit one batch
+            raise SimConfigError(
+                "--max-prefill-tokens",
+                args.max_prefill_tokens,
+                f"at least {longest} (the workload's longest request) for {args.scheduler}, "
+                f"which does not chunk prefills; or a scheduler that does (vidur-sarathi)",
+            ) from None
+        return [make() for _ in range(args.replicas)]
     mod, _, attr = args.scheduler.partition(":")
     try:
         factory = getattr(importlib.import_module(mod), attr)
     except (ImportError, AttributeError, ValueError) as err:
         raise SimConfigError(
-            "scheduler", args.scheduler, f"'simple' or an importable 'module:factory' ({err})"
+            "scheduler",
+            args.scheduler,
+            f"'simple', one of {', '.join(SCHEDULERS[1:])}, or an importable "
+            f"'module:factory' ({err})",
         ) from None
     from spec.ar.config import ArConfig
 
@@ -792,7 +820,7 @@ def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim.cluster import simulate_cluster
 
     w = _workload(args)
-    reps = make_replicas(args)
+    reps = make_replicas(args, w)
     t0 = time.perf_counter()
     res = simulate_cluster(
         w,

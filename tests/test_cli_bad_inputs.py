@@ -532,6 +532,11 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
         (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
         (["simulate", "replicas", "--qps", "1e-320"], "a rate in [1e-06, 1e+09] per second"),
         (
+            ["simulate", "replicas", "--scheduler", "vidur-vllm", "--max-prefill-tokens", "512"],
+            "--max-prefill-tokens=512: at least 1271 (the workload's longest request)",
+        ),
+        (["simulate", "replicas", "--scheduler", "nope"], "vidur-sarathi-released, "),
+        (
             ["simulate", "dllm", "--calibration", str(CALIBRATION), "--seats", "2,4"],
             "--seats='2,4': not with --calibration",
         ),

@@ -64,3 +64,19 @@ def test_a_released_scheduler_is_compared_with_vidur_0_0_26_only() -> None:
         assert baseline(rows, name, 1, 2000, "bench")["vidur"] == "0.0.26"
     assert baseline(rows, "vidur-sarathi-released", 1, 2000, "bench") is None
     assert baseline(rows, "vidur-vllm", 8, 2000, "bench") is None
+
+
+@pytest.mark.parametrize("name", ["vidur-vllm", "vidur-sarathi-released", "vidur-orca-ref"])
+def test_simulate_replicas_runs_a_catalog_scheduler(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec simulate replicas --scheduler NAME` builds the catalog's replicas (Vidur's
+    schedulers refuse the chunking default of a bare AR factory's configuration), with
+    max_model_len the workload's longest request: every request completes."""
+    from schedspec_cli.main import main
+
+    out = tmp_path / "r.json"
+    argv = ["simulate", "replicas", "--scheduler", name, "--requests", "60", "--json", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["scheduler"] == name and data["completed"] == 60 and data["batches"] > 0
