@@ -71,14 +71,14 @@ def variants() -> dict[str, dict[str, tuple[type[VidurReplicaBase], bool]]]:
             "release": (released, chunked),
         }
     # Sarathi's two rules apart: the one-free-block demand with the reference's restart
-    table["vidur-sarathi"] = {
-        **dict(list(table["vidur-sarathi"].items())[:3]),
-        "block demand only, no watermark": (
-            _with_watermark(VidurSarathiReleased, 0.0, restart_keeps_processed=False),
-            True,
-        ),
-        "release": table["vidur-sarathi"]["release"],
-    }
+    # (listed before the release, which stays last)
+    sarathi = table["vidur-sarathi"]
+    release = sarathi.pop("release")
+    sarathi["block demand only, no watermark"] = (
+        _with_watermark(VidurSarathiReleased, 0.0, restart_keeps_processed=False),
+        True,
+    )
+    sarathi["release"] = release
     return table
 
 
