@@ -1,15 +1,13 @@
 """The project's re-implementation of Vidur's Mnemosyne FCFS fixed-chunk replica scheduler
-(`reference.ar.mnemosyne`): conformance under its declared profile, the decisions that set it
-apart, and bad configurations. Its decision identity with Vidur's real class is checked in
-tests/test_real_vidur.py (0.0.25) and tests/test_real_vidur_newest.py (0.0.26)."""
+(`reference.ar.mnemosyne`): the decisions that set it apart and bad configurations (its
+conformance under its declared profile is tests/test_ar_vidur.py's). Its decision identity
+with Vidur's real class is checked in tests/test_real_vidur.py (0.0.25) and
+tests/test_real_vidur_newest.py (0.0.26)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
 
-from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar.mnemosyne import (
     MAX_NUM_SKIPPED_REQUESTS,
@@ -29,10 +27,6 @@ from spec.ar.events import (
 from spec.errors import ConfigError
 from spec.implementation import ArImplementation
 
-RUN = settings(
-    max_examples=60, deadline=None, stateful_step_count=30, suppress_health_check=list(HealthCheck)
-)
-
 
 def config(**kw: object) -> ArConfig:
     base: dict[str, object] = {
@@ -51,12 +45,6 @@ def run(impl: ArImplementation, cfg: ArConfig, *requests: ArRequest) -> ArHarnes
         h.submit(r)
     h.drain(200)
     return h
-
-
-@pytest.mark.parametrize("impl", [VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE], ids=["new", "one"])
-def test_mnemosyne_conforms_under_its_profile(impl: ArImplementation) -> None:
-    machine = ar_conformance_machine(impl.factory, profile=impl.profile)
-    run_state_machine_as_test(machine, settings=RUN)
 
 
 # Pool 5, chunk 2, two seats. Step 0 admits r0 (3 blocks) for 2 tokens; r1 (3 blocks) does not

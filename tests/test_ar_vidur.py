@@ -8,7 +8,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
-from reference.ar import vidur
+from reference.ar import mnemosyne, vidur, vidur_released
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import (
     ArBlocksAllocated,
@@ -26,12 +26,17 @@ RUN = settings(
     max_examples=60, deadline=None, stateful_step_count=30, suppress_health_check=list(HealthCheck)
 )
 
+# every Vidur replica scheduler the project re-implements, by built-in name
 IMPLEMENTATIONS = {
     "vidur-vllm": vidur.VIDUR_VLLM,
     "vidur-sarathi": vidur.VIDUR_SARATHI,
     "vidur-orca": vidur.VIDUR_ORCA,
     "vidur-lightllm": vidur.VIDUR_LIGHTLLM,
     "vidur-ft": vidur.VIDUR_FT,
+    "vidur-mnemosyne": mnemosyne.VIDUR_MNEMOSYNE,
+    "vidur-mnemosyne-one-queue": mnemosyne.VIDUR_MNEMOSYNE_ONE_QUEUE,
+    "vidur-vllm-released": vidur_released.VIDUR_VLLM_RELEASED,
+    "vidur-sarathi-released": vidur_released.VIDUR_SARATHI_RELEASED,
 }
 
 
