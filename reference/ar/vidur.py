@@ -160,24 +160,23 @@ class VidurReplicaBase(ArSchedulerBase):
         self._preempt(victim)
 
     def _decode_or_restart(self, req: ArReq) -> bool:
-        """Vidur's `while not _can_allocate_request(request)` loop for a running request: while
-        the block it needs is not free, restart the latest remaining pending request (or
-        itself)."""
-        while self.pool.num_free < self._blocks_needed(req, req.uncomputed):
-            if self.pending:
-                self._restart(self.pending[-1])
-            else:
-                self._restart(req)
-                return False
+        """Vidur's `while not _can_allocate_request(request)` loop for a running request, as the
+        project decides it: only for the block it needs (False: `req` restarted)."""
+        if not self._free_or_restart(req, self._blocks_needed(req, req.uncomputed)):
+            return False
         self._grow_existing(req)
         return True
 
     def _free_block_or_restart(self, req: ArReq) -> bool:
         """Vidur's one-free-block demand for a decode, needed or not (Sarathi's
-        `_can_allocate_request`, Mnemosyne's `_ensure_can_append_slot`): while no block is free,
-        restart the last remaining pending request, or `req` itself when none is left (False:
-        `req` restarted)."""
-        while self.pool.num_free == 0:
+        `_can_allocate_request`, Mnemosyne's `_ensure_can_append_slot`; False: `req`
+        restarted)."""
+        return self._free_or_restart(req, 1)
+
+    def _free_or_restart(self, req: ArReq, blocks: int) -> bool:
+        """While fewer than `blocks` are free, restart the last remaining pending request, or
+        `req` itself when none is left (False: `req` restarted)."""
+        while self.pool.num_free < blocks:
             if not self.pending:
                 self._restart(req)
                 return False

@@ -22,8 +22,11 @@ class FastReplicaCore:
     waiting: Sized
     running: Sized
 
+    watermark_fraction = 0.0  # a new request leaves this share of the usable blocks free
+
     def __init__(self, config: ArConfig) -> None:
         self.config = config
+        self.watermark = int(self.watermark_fraction * config.usable_blocks)
         self.bs = config.block_size
         self.kv_capacity = config.usable_blocks * config.block_size
         self.free = config.usable_blocks

@@ -366,14 +366,12 @@ class FastVidurSarathi(FastReplicaCore):
     instead of list scans; one batch costs O(requests in it)."""
 
     name = "vidur-sarathi"
-    watermark_fraction = 0.0  # as the reference class's
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurSarathi
 
         VidurSarathi(config, lambda _e: None)  # validates the configuration
         super().__init__(config)
-        self.watermark = int(self.watermark_fraction * config.usable_blocks)
         self.waiting: deque[_SReq] = deque()
         self.order: list[_SReq] = []  # Vidur's list order: running requests between batches
         self.n_running = 0

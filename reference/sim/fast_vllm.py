@@ -53,14 +53,12 @@ class FastVidurVllm(FastReplicaCore):
     """See the module doc. `ReplicaScheduler` protocol plus the decode-stretch extension."""
 
     name = "vidur-vllm"
-    watermark_fraction = 0.0  # as the reference class's
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurVllm
 
         VidurVllm(config, lambda _e: None)  # the reference class validates the configuration
         super().__init__(config)
-        self.watermark = int(self.watermark_fraction * config.usable_blocks)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []  # by arrival
         self.keys: list[int] = []  # arrivals of `running`, for bisect
