@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -251,12 +252,32 @@ def run_interleaved(
 
 
 def device_name(dev: torch.device) -> str:
-    """The device as torch reports it, e.g. "cuda:0 (NVIDIA H200)" or "cpu (torch 2.13.0+cpu,
-    1 thread)"."""
+    """The device as torch reports it, e.g. "cuda:0 (NVIDIA H200)"; a CPU with its model, as
+    the OS names it, e.g. "cpu (AMD EPYC 7B13; torch 2.13.0+cpu, 1 thread)" — the figures of a
+    model this small move with the CPU, so a recorded run must say which one it was."""
     if dev.type == "cuda":
         return f"{dev} ({torch.cuda.get_device_name(dev)})"
     threads = torch.get_num_threads()
-    return f"{dev} (torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''})"
+    model = cpu_model()
+    named = f"{model}; " if model else ""
+    return (
+        f"{dev} ({named}torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''})"
+    )
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name: the first "model name" line of /proc/cpuinfo (or of `cpuinfo`,
+    its text), else `platform.processor()`; "" when neither names one."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name" and value.strip():
+            return " ".join(value.split())
+    return platform.processor().strip()
 
 
 @dataclass(slots=True)

@@ -342,6 +342,23 @@ def test_bench_main_json(
     assert "forward time alone" in printed and "share of the bounds" in printed
 
 
+def test_cpu_model_is_read_from_cpuinfo() -> None:
+    from gpu.bench import cpu_model
+
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core\n"
+    assert cpu_model(text + "processor\t: 1\nmodel name\t: other\n") == "AMD EPYC 7B13 64-Core"
+
+
+def test_a_cpu_device_name_names_the_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu.bench as bench
+
+    monkeypatch.setattr(bench, "cpu_model", lambda: "Test CPU 9000")
+    name = bench.device_name(torch.device("cpu"))
+    assert name.startswith("cpu (Test CPU 9000; torch ") and name.endswith(" 1 thread)")
+    monkeypatch.setattr(bench, "cpu_model", lambda: "")
+    assert bench.device_name(torch.device("cpu")).startswith("cpu (torch ")
+
+
 def test_share_of_the_forward_time_ratio_is_paired_per_repeat() -> None:
     """Per repeat, the wall-clock ratio over the forward-time ratio is FDFO's fraction of its
     time in forwards over sync's (the tokens cancel); the share is the median of that over
