@@ -4,21 +4,22 @@ engines.
 Each engine's `MANIFEST` (an `integrations.manifest.EngineManifest`, exported by
 `integrations.<engine>`, imported lazily so a missing engine package costs nothing) is installed
 into `MANIFEST.directory` (`<cache>/<engine>-<version>-<pins>`, `<pins>` a digest of its
-requirements):
+requirements and of the layout), the packages into its `site-packages/`:
 
 1. every package with `pip install --no-deps --target` (a package marked `deps=True` without
-   `--no-deps`), each into its own staging directory that is then merged into the engine
-   directory — so two packages sharing a namespace directory (`google/`, `bin/`) both land,
-   which a second plain `pip install --target` into the same directory would skip;
-2. `python -c "import <import_check>"` with the engine directory on PYTHONPATH and the
+   `--no-deps`), each into its own staging directory that is then merged into the engine's
+   `site-packages/` — so two packages sharing a namespace directory (`google/`, `bin/`) both
+   land, which a second plain `pip install --target` into the same directory would skip;
+2. `python -c "import <import_check>"` with that `site-packages/` on PYTHONPATH and the
    manifest's environment, with this interpreter (the project's venv, whose torch is used);
 3. the stamp (`.schedspec-installed`), written last, listing every requirement installed: a
    directory without a stamp listing exactly the manifest's requirements is an incomplete
    install, removed and redone. A complete one is reused ("cached") unless `--force`.
 
 Installs of the same engine for other pins (another checkout's, or one from before a `git pull`
-moved a pin), and one in the directory an older schedspec used (`<cache>/<engine>-<version>`),
-live in other directories and are left alone: another environment may use them.
+moved a pin), and one in a directory an older schedspec used (`<cache>/<engine>-<version>`, or
+the packages at the top of the directory, before `site-packages/`), live in other directories
+and are left alone: another environment may use them.
 Each is named with what its pins differ in and its size; `--prune` removes them.
 
 A per-engine lock file next to the directory serialises concurrent installers (two pytest
@@ -151,7 +152,7 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
         staging = directory.with_name(directory.name + ".staging")
         if staging.exists():
             shutil.rmtree(staging)
-        directory.mkdir()
+        manifest.site_packages.mkdir(parents=True)
         total = len(manifest.packages)
         out(f"{tag} installing {total} package(s) into {directory}")
         try:
@@ -159,7 +160,7 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
                 t0 = time.monotonic()
                 target = staging / str(i)
                 _pip_install(python, package, target, manifest.engine)
-                _merge(target, directory)
+                _merge(target, manifest.site_packages)
                 out(f"{tag} ({i}/{total}) {package.requirement} {time.monotonic() - t0:.1f}s")
         finally:
             if staging.exists():
@@ -345,7 +346,7 @@ def _import_check(python: str, manifest: EngineManifest) -> None:
     env = dict(os.environ)
     env.update(manifest.env)
     old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(manifest.directory) + (os.pathsep + old if old else "")
+    env["PYTHONPATH"] = str(manifest.site_packages) + (os.pathsep + old if old else "")
     res = subprocess.run(
         [python, "-c", f"import {manifest.import_check}"],
         capture_output=True,

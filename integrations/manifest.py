@@ -3,10 +3,19 @@
 Each engine is installed with `pip install --no-deps --target DIR` (its wheel plus the minimal
 pure-Python packages it imports), never with a CUDA torch: the project's own torch 2.13.0 CPU
 build is used. Each engine gets its own directory, `<cache>/<engine>-<version>-<pins>`, where
-`<pins>` is a digest of every requirement the manifest pins: engines with conflicting pins never
-share one, and neither do two checkouts (two environments) that pin one engine differently, so
-installing for one never undoes the other's install. `activate` puts exactly that directory on
-`sys.path`.
+`<pins>` is a digest of every requirement the manifest pins (and of the install's layout):
+engines with conflicting pins never share one, and neither do two checkouts (two environments)
+that pin one engine differently, so installing for one never undoes the other's install.
+
+The packages go into that directory's `site-packages/` (`EngineManifest.site_packages`), which
+`activate` puts on `sys.path`. The name says what the code is, third-party code, to the tools
+that tell it from the user's own by its path. Hypothesis is one: it mines constants from the
+source of every loaded module it takes for the user's (any path without `/site-packages/`
+outside the interpreter's own directories) to use in generated inputs. An engine installed
+elsewhere made the suite's generated programs depend on the engine's source (two Vidur
+releases got different programs from one seed) and made the first run of a process parse
+every loaded module of vLLM or SGLang (1,674 and 1,119 files; 9 s and 7.5 s on a 2-core
+machine before Hypothesis's cache of them in `.hypothesis/constants` is filled).
 
 The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 """
@@ -27,6 +36,8 @@ from spec.errors import ConfigError
 
 INSTALL_COMMAND = "schedspec install-engines"
 STAMP = ".schedspec-installed"  # written last by the installer: an install is complete
+# The packages' directory inside an install: named as third-party code is (module docstring).
+LAYOUT = "site-packages"
 
 
 class EngineNotInstalled(ConfigError):
@@ -104,12 +115,21 @@ class EngineManifest:
 
     @property
     def pins(self) -> str:
-        """A digest of `requirements` (10 hex digits): what names this install's directory."""
-        return hashlib.sha256("\n".join(self.requirements).encode()).hexdigest()[:10]
+        """A digest of `requirements` and of `LAYOUT` (10 hex digits): what names this
+        install's directory, so an install of an older layout is another directory."""
+        key = "\n".join((*self.requirements, f"layout: {LAYOUT}"))
+        return hashlib.sha256(key.encode()).hexdigest()[:10]
 
     @property
     def directory(self) -> Path:
+        """The install's own directory: its `site_packages`, its stamp, and what an adapter
+        keeps beside the packages (vLLM's weightless model directories and cache)."""
         return cache_root() / f"{self.engine}-{self.version}-{self.pins}"
+
+    @property
+    def site_packages(self) -> Path:
+        """Where the packages are installed: what `activate` puts on `sys.path`."""
+        return self.directory / LAYOUT
 
     @property
     def stamp(self) -> Path:
@@ -173,7 +193,7 @@ class EngineManifest:
         self.require()
         for key, value in self.env:
             os.environ.setdefault(key, value)
-        path = str(self.directory)
+        path = str(self.site_packages)
         if path not in sys.path:
             sys.path.insert(0, path)
 
@@ -235,6 +255,7 @@ def cache_root() -> Path:
 
 __all__ = [
     "INSTALL_COMMAND",
+    "LAYOUT",
     "STAMP",
     "EngineImportFailed",
     "EngineManifest",

@@ -6,8 +6,9 @@ half an engine left loaded.
 The engine cache is shared by every environment of the user, while the install's import check
 ran in the environment that installed it; a second environment may lack a module the first had.
 Each case fakes that: in a temporary cache, the manifest's stamp (so the engine counts as
-installed) beside the engine's top-level package, whose import fails with ModuleNotFoundError.
-Each runs in a fresh process, since the real engine may already be imported in this one.
+installed) and the engine's top-level package in the install's `site-packages/`, whose import
+fails with ModuleNotFoundError. Each runs in a fresh process, since the real engine may already
+be imported in this one.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def fake_install(cache: Path, manifest: EngineManifest, package: str) -> dict[st
     """A stamped install of `manifest` in `cache` whose `package` fails to import; the
     environment that points the engine cache there."""
     directory = cache / manifest.directory.name  # the name does not depend on the cache root
-    (directory / package).mkdir(parents=True)
-    (directory / package / "__init__.py").write_text(f"import {MISSING}\n", encoding="utf-8")
+    packages = directory / manifest.site_packages.name
+    (packages / package).mkdir(parents=True)
+    (packages / package / "__init__.py").write_text(f"import {MISSING}\n", encoding="utf-8")
     stamp = {"packages": list(manifest.requirements)}
     (directory / STAMP).write_text(json.dumps(stamp), encoding="utf-8")
     return {**os.environ, "SCHEDSPEC_ENGINE_CACHE": str(cache)}

@@ -8,7 +8,10 @@ unknown engines exit 2.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import subprocess
 import sys
 import types
 import zipfile
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from integrations import install
-from integrations.manifest import EngineManifest, EngineNotInstalled, Package
+from integrations.manifest import LAYOUT, STAMP, EngineManifest, EngineNotInstalled, Package
 
 
 def make_wheel(directory: Path, name: str, files: dict[str, str], version: str = "1.0") -> Path:
@@ -78,7 +81,7 @@ def test_install_writes_stamp_last_and_reuses_a_complete_install(cache: Path, wh
     first = install.install(manifest, out=lines.append)
     assert not first.cached
     assert manifest.installed()
-    assert (manifest.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
+    assert (manifest.site_packages / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
     assert any("import fakepkg_a ok" in line for line in lines)
     assert any("installed in" in line for line in lines)
     again: list[str] = []
@@ -109,9 +112,9 @@ def test_an_install_for_other_pins_is_kept_beside_the_new_one_until_pruned(
     lines: list[str] = []
     result = install.install(manifest, out=lines.append)
     assert not result.cached and manifest.installed()
-    assert (manifest.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 2\n"
+    assert (manifest.site_packages / "fakepkg_a" / "__init__.py").read_text() == "X = 2\n"
     assert old.installed(), "installing for new pins removed the other checkout's install"
-    assert (old.directory / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
+    assert (old.site_packages / "fakepkg_a" / "__init__.py").read_text() == "X = 1\n"
     assert old.other_installs() == (manifest.directory,)
     other = [line for line in lines if "another install of fake" in line]
     assert len(other) == 1 and str(old.directory) in other[0] and "--prune" in other[0], lines
@@ -136,6 +139,82 @@ def test_an_install_in_an_older_schedspecs_directory_is_named_as_such(
     assert install.install(manifest, out=lines.append).cached
     older = [line for line in lines if "another install of fake" in line]
     assert len(older) == 1 and "the same pins, in an older schedspec's directory" in older[0]
+
+
+def test_an_install_of_the_layout_before_site_packages_is_another_install(
+    cache: Path, wheels: Path
+) -> None:
+    """Before `site-packages/` the packages lay at the top of the install's directory, named by
+    a digest of the requirements alone. The layout is part of the digest now, so such an
+    install is another directory, never taken for this layout's (whose `sys.path` entry it
+    lacks): it is named as an older schedspec's, and the packages are installed anew."""
+    wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": ""})
+    manifest = fake_manifest(Package(str(wa)))
+    install.install(manifest, out=lambda _: None)
+    digest = hashlib.sha256("\n".join(manifest.requirements).encode()).hexdigest()[:10]
+    before = cache / f"fake-1.0-{digest}"
+    assert before != manifest.directory
+    shutil.copytree(manifest.site_packages, before)
+    shutil.copy(manifest.stamp, before / STAMP)
+    assert manifest.other_installs() == (before,)
+    lines: list[str] = []
+    assert install.install(manifest, out=lines.append).cached
+    older = [line for line in lines if "another install of fake" in line]
+    assert len(older) == 1 and "the same pins, in an older schedspec's directory" in older[0]
+
+
+CONSTANT_DRAWS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import fakeconst  # noqa: F401  (loaded, as an engine is while the suite runs)
+from hypothesis import given, settings, strategies as st
+seen = []
+@settings(derandomize=True, max_examples=300, database=None)
+@given(st.integers(0, 10**6))
+def draws(x):
+    seen.append(x)
+draws()
+print(seen)
+"""
+
+
+def _draws_beside(module_source: str, site: Path, work: Path) -> str:
+    """The integers a derandomized Hypothesis test draws in a fresh process in which the
+    module `fakeconst` (`module_source`, placed in `site`) is loaded."""
+    site.mkdir(parents=True)
+    (site / "fakeconst.py").write_text(module_source)
+    work.mkdir()
+    res = subprocess.run(
+        [sys.executable, "-c", CONSTANT_DRAWS, str(site)],
+        capture_output=True,
+        text=True,
+        cwd=work,  # Hypothesis's cache of mined constants (.hypothesis/) goes here
+        env={**os.environ, "PYTHONPATH": ""},
+        check=True,
+    )
+    return res.stdout
+
+
+def test_what_hypothesis_draws_does_not_depend_on_an_engines_source(tmp_path: Path) -> None:
+    """Hypothesis mines integer and string constants from the source of every loaded module it
+    takes for the user's own code, and draws them now and then: an engine installed where it
+    takes the engine for the user's code made the suite's programs depend on the engine's
+    source (two Vidur releases got different programs from one seed). Under the install's
+    `site-packages/` it is third-party code, as under a normal install: two modules that differ
+    only in their constants give the same draws there; elsewhere (the control) they do not."""
+    sources = [
+        f"VALUES = {tuple(range(start, start + 60 * 7919, 7919))}\n" for start in (100_003, 500_009)
+    ]
+    layout = [
+        _draws_beside(src, tmp_path / f"e{i}" / LAYOUT, tmp_path / f"w{i}")
+        for i, src in enumerate(sources)
+    ]
+    assert layout[0] == layout[1], "an engine's constants changed what Hypothesis draws"
+    plain = [
+        _draws_beside(src, tmp_path / f"p{i}" / "engine", tmp_path / f"v{i}")
+        for i, src in enumerate(sources)
+    ]
+    assert plain[0] != plain[1], "control: Hypothesis no longer mines the constants of local code"
 
 
 def test_installs_of_other_engines_and_unstamped_directories_are_not_other_pins(
@@ -186,7 +265,7 @@ def test_namespace_directories_of_two_packages_are_merged(cache: Path, wheels: P
     wb = make_wheel(wheels, "fakepkg_b", {"fakens/b.py": "B = 2\n"})
     manifest = fake_manifest(Package(str(wa)), Package(str(wb)), check="fakens.a, fakens.b")
     install.install(manifest, out=lambda _: None)
-    names = {p.name for p in (manifest.directory / "fakens").iterdir()} - {"__pycache__"}
+    names = {p.name for p in (manifest.site_packages / "fakens").iterdir()} - {"__pycache__"}
     assert names == {"a.py", "b.py"}
 
 
@@ -283,7 +362,7 @@ def test_a_relative_cache_is_made_absolute_where_it_is_read(
     before = list(sys.path)
     try:
         manifest.activate()
-        assert sys.path[0] == str(manifest.directory)  # absolute: not "rel-cache/..."
+        assert sys.path[0] == str(manifest.site_packages)  # absolute: not "rel-cache/..."
         assert manifest.directory.is_absolute()
     finally:
         sys.path[:] = before

@@ -1,7 +1,7 @@
 """Import Vidur's real replica scheduler classes, standing in for four unused imports.
 
 Imported only by the factories, never by `integrations.vidur` itself; `load` activates the
-install (puts its directory on sys.path) before it imports Vidur.
+install (puts its `site-packages/` on sys.path) before it imports Vidur.
 
 Stub (the only one): `vidur.scheduler.replica_scheduler.*` imports, through
 `vidur.execution_time_predictor` and `vidur.scheduler.global_scheduler`, the execution-time

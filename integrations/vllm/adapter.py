@@ -2,8 +2,9 @@
 `async_scheduling=True` it builds vLLM's `AsyncScheduler` for `integrations.vllm.engine_core`).
 
 Nothing in this module imports vLLM at import time: `RealVllmScheduler(config, sink)` first calls
-`MANIFEST.activate()` (the engine's own install directory on `sys.path`; `EngineNotInstalled`,
-exit 2, naming `schedspec install-engines vllm` when it is missing) and then imports vLLM.
+`MANIFEST.activate()` (the `site-packages/` of the engine's own install on `sys.path`;
+`EngineNotInstalled`, exit 2, naming `schedspec install-engines vllm` when it is missing) and
+then imports vLLM.
 
 What runs for real: `vllm.v1.core.sched.scheduler.Scheduler` built from a real `VllmConfig`
 (`SchedulerConfig`, `ModelConfig`, `CacheConfig`), its `KVCacheManager`, `BlockPool` (block 0 is
@@ -631,7 +632,7 @@ def engine_on_pythonpath() -> Iterator[None]:
     subprocess of this process sees the engine's packages."""
     old = os.environ.get("PYTHONPATH")
     with _environment(
-        "PYTHONPATH", os.pathsep.join([str(MANIFEST.directory), *([old] if old else [])])
+        "PYTHONPATH", os.pathsep.join([str(MANIFEST.site_packages), *([old] if old else [])])
     ):
         yield
 
