@@ -3,6 +3,16 @@
 dev     quick local runs (default)
 ci      the CI run: more examples, derandomized so a red CI replays identically
 release the pre-release run: many examples, no deadline
+
+Derandomized is not enough for "replays identically". Hypothesis mines the integer, float and
+string constants of every loaded module it takes for the user's own code and now and then
+draws one of them (`hypothesis.internal.conjecture.providers`): what a test generates then
+depends on which of those modules the process has loaded by the time it runs. That differs
+between a whole CI run (a worker has run other tests first, which imported scripts and
+commands lazily) and the one test replayed on its own, and between two CI runs (pytest-xdist
+hands tests to workers as they finish). So `load_profile` of a derandomized profile (ci)
+also stops Hypothesis from drawing mined constants (`draw_no_mined_constants`); dev and
+release keep them, for the variety.
 """
 
 from __future__ import annotations
@@ -34,4 +44,27 @@ def load_profile(name: str | None = None) -> str:
 
         raise ConfigError(PROFILE_ENV, chosen, f"one of {list(PROFILES)}")
     settings.load_profile(chosen)
+    if settings.get_profile(chosen).derandomize:
+        draw_no_mined_constants()
     return chosen
+
+
+def draw_no_mined_constants() -> bool:
+    """Stop Hypothesis from drawing the constants it mines from loaded modules (for the rest
+    of the process), so that a derandomized test generates the same inputs whatever else the
+    process has imported. True if it mined any to stop; False with a Hypothesis that mines none
+    (before 6.131) or keeps them elsewhere. Reaches into Hypothesis's internals, which the
+    project pins (constraints.txt); `tests/test_hypothesis_profiles.py` checks it still works."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:
+        return False
+    if not hasattr(providers, "_get_local_constants"):
+        return False
+    none = Constants()
+    providers._get_local_constants = lambda: none
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if cache is not None:  # constants already picked for some draws: forget them too
+        cache.cache.clear()
+    return True
