@@ -12,7 +12,9 @@ between a whole CI run (a worker has run other tests first, which imported scrip
 commands lazily) and the one test replayed on its own, and between two CI runs (pytest-xdist
 hands tests to workers as they finish). So `load_profile` of a derandomized profile (ci)
 also stops Hypothesis from drawing mined constants (`draw_no_mined_constants`); dev and
-release keep them, for the variety.
+release keep them, for the variety. (Where Hypothesis sees a CI environment, such as `CI` set,
+it loads its own derandomized profile first, from which these inherit: there every one of them
+is derandomized, and stops the mining.)
 """
 
 from __future__ import annotations

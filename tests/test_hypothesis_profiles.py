@@ -25,7 +25,8 @@ import sys
 from hypothesis import given, settings, strategies as st
 from properties.profiles import load_profile
 
-load_profile(sys.argv[1])
+if sys.argv[1] != "none":
+    load_profile(sys.argv[1])
 if sys.argv[2] == "yes":
     import extra_constants  # noqa: F401  (a project module some earlier test imported)
 
@@ -41,25 +42,40 @@ draws()
 print(seen)
 """
 
-# Constants no strategy would reach by itself: a pool this size is drawn from often enough in
-# 300 examples that a change of the pool changes the draws (the control below).
+# Constants no strategy would reach by itself, more than the few the modules this script loads
+# hold: about one draw in forty picks a mined constant, most often one of these. (Hypothesis
+# skips a module with 1,024 constants or more.)
 EXTRA = (
-    f"NUMBERS = {tuple(range(100_003, 100_003 + 60 * 7919, 7919))}\n"
-    f"WORDS = {tuple(f'w{i}xyz' for i in range(40))}\n"
+    f"NUMBERS = {tuple(range(100_003, 100_003 + 300 * 97, 97))}\n"
+    f"WORDS = {tuple(f'w{i}xyz' for i in range(300))}\n"
 )
 
+# Whether loading a profile stopped the mining: what `load_profile` promises for a
+# derandomized profile only. (Hypothesis loads its own derandomized ci profile when it sees a
+# CI environment, and the project's profiles inherit from it there: then all of them are.)
+STOPPED = """
+import sys
+from hypothesis import settings
+from hypothesis.internal.conjecture import providers
+from properties.profiles import load_profile
 
-def draws(tmp_path: Path, profile: str, extra: bool) -> str:
+mining = providers._get_local_constants
+load_profile(sys.argv[1])
+print(settings.default.derandomize, providers._get_local_constants is not mining)
+"""
+
+
+def run(script: str, tmp_path: Path, *argv: str) -> str:
     modules = tmp_path / "modules"
     if not modules.exists():
         modules.mkdir()
         (modules / "extra_constants.py").write_text(EXTRA)
-    work = tmp_path / f"work-{profile}-{extra}"
-    work.mkdir()
+    work = tmp_path / ("work-" + "-".join(argv))
+    work.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)])}
     env.pop("SCHEDSPEC_PROFILE", None)
     res = subprocess.run(
-        [sys.executable, "-c", DRAWS, profile, "yes" if extra else "no"],
+        [sys.executable, "-c", script, *argv],
         cwd=work,  # Hypothesis's cache of mined constants (.hypothesis/) goes here
         env=env,
         capture_output=True,
@@ -71,11 +87,20 @@ def draws(tmp_path: Path, profile: str, extra: bool) -> str:
 
 
 def test_ci_draws_the_same_inputs_whatever_the_process_imported(tmp_path: Path) -> None:
-    assert draws(tmp_path, "ci", extra=False) == draws(tmp_path, "ci", extra=True)
+    assert run(DRAWS, tmp_path, "ci", "no") == run(DRAWS, tmp_path, "ci", "yes")
 
 
-@pytest.mark.parametrize("profile", ["dev", "release"])
-def test_other_profiles_keep_drawing_mined_constants(tmp_path: Path, profile: str) -> None:
-    """The control: without `draw_no_mined_constants` the module's constants change what the
-    same derandomized test draws (dev and release keep them, for the variety)."""
-    assert draws(tmp_path, profile, extra=False) != draws(tmp_path, profile, extra=True)
+def test_without_the_profile_the_imported_constants_change_the_draws(tmp_path: Path) -> None:
+    """The control: Hypothesis left as it is draws some of the module's constants, so the same
+    derandomized test draws other inputs once the module is imported."""
+    assert run(DRAWS, tmp_path, "none", "no") != run(DRAWS, tmp_path, "none", "yes")
+
+
+@pytest.mark.parametrize("profile", ["dev", "ci", "release"])
+def test_a_profile_stops_the_mining_exactly_when_it_is_derandomized(
+    tmp_path: Path, profile: str
+) -> None:
+    derandomized, stopped = run(STOPPED, tmp_path, profile).split()
+    assert stopped == derandomized, (profile, derandomized, stopped)
+    if profile == "ci":
+        assert derandomized == "True"
