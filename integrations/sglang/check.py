@@ -1,7 +1,7 @@
 """Import check for the installer: SGLang's scheduler path imports with the stubs in place.
 
-`python -c "import integrations.sglang.check"` with the engine directory on PYTHONPATH (the
-installer runs it before writing the stamp, so it must not require the stamp).
+`python -c "import integrations.sglang.check"` with the engine's `site-packages/` on PYTHONPATH
+(the installer runs it before writing the stamp, so it must not require the stamp).
 """
 
 from __future__ import annotations
