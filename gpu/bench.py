@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -52,6 +51,7 @@ import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device, wait_for_device
+from gpu.host import cpu_model
 from gpu.model import BlockDiffusionLM
 from gpu.parity import engine_config
 from gpu.prompts import ASSETS, block_context, load_prompts
@@ -263,21 +263,6 @@ def device_name(dev: torch.device) -> str:
     return (
         f"{dev} ({named}torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''})"
     )
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name: the first "model name" line of /proc/cpuinfo (or of `cpuinfo`,
-    its text), else `platform.processor()`; "" when neither names one."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "model name" and value.strip():
-            return " ".join(value.split())
-    return platform.processor().strip()
 
 
 @dataclass(slots=True)

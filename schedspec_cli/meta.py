@@ -81,10 +81,18 @@ def run_metadata(*, with_device: bool = True) -> dict[str, Any]:
             "name": platform.node(),
             "system": f"{platform.system()} {platform.release()}",
             "machine": platform.machine(),
+            "cpu": _cpu_model(),
             "cpus": _cpus(),
         },
         "command": "schedspec " + " ".join(sys.argv[1:]),
     }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name ("" when the OS names none): figures move with the CPU."""
+    from gpu.host import cpu_model  # torch-free, but gpu is imported lazily (schedspec --help)
+
+    return cpu_model()
 
 
 def _cpus() -> int:
@@ -106,7 +114,8 @@ def markdown(meta: dict[str, Any]) -> str:
             f"- command: `{meta['command']}`",
             f"- versions: {versions}",
             f"- device: {meta['device']}",
-            f"- host: {host['name']} ({host['system']}, {host['machine']}, {host['cpus']} CPUs)",
+            f"- host: {host['name']} ({host['system']}, {host['machine']}, {host['cpus']} CPUs"
+            + (f", {host['cpu']})" if host.get("cpu") else ")"),
             "",
         ]
     )

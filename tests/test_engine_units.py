@@ -343,7 +343,7 @@ def test_bench_main_json(
 
 
 def test_cpu_model_is_read_from_cpuinfo() -> None:
-    from gpu.bench import cpu_model
+    from gpu.host import cpu_model
 
     text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core\n"
     assert cpu_model(text + "processor\t: 1\nmodel name\t: other\n") == "AMD EPYC 7B13 64-Core"

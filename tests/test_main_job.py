@@ -49,8 +49,12 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
     assert f"not run here: {len(not_run)} real engines" in report["steps"][1]["summary"]
     run = report["run"]  # when, on what commit, with which versions, on which device and host
     assert run["date"] and run["commit"] and run["device"] and run["host"]["name"]
+    assert "cpu" in run["host"]  # the model, or "" where the OS names none
     assert run["versions"]["hypothesis"] and run["versions"]["schedspec"]
-    assert "## Run" in (tmp_path / "report.md").read_text()
+    report_md = (tmp_path / "report.md").read_text()
+    assert "## Run" in report_md
+    if run["host"]["cpu"]:  # the host line names the CPU model the OS reports
+        assert f"CPUs, {run['host']['cpu']})" in report_md, report_md
     hol = report["steps"][3]["data"]
     assert hol["fdfo"]["forwards"] < hol["sync"]["forwards"]
     assert hol["fdfo"]["wasted_row_steps"] == 0 < hol["sync"]["wasted_row_steps"]
