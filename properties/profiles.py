@@ -51,22 +51,21 @@ def load_profile(name: str | None = None) -> str:
     return chosen
 
 
-def draw_no_mined_constants() -> bool:
+def draw_no_mined_constants() -> None:
     """Stop Hypothesis from drawing the constants it mines from loaded modules (for the rest
     of the process), so that a derandomized test generates the same inputs whatever else the
-    process has imported. True if it mined any to stop; False with a Hypothesis that mines none
-    (before 6.131) or keeps them elsewhere. Reaches into Hypothesis's internals, which the
-    project pins (constraints.txt); `tests/test_hypothesis_profiles.py` checks it still works."""
+    process has imported. Nothing to do on a Hypothesis that mines none (before 6.131).
+    Reaches into Hypothesis's internals, which the project pins (constraints.txt);
+    `tests/test_hypothesis_profiles.py` checks it still works."""
     try:
         from hypothesis.internal.conjecture import providers
         from hypothesis.internal.constants_ast import Constants
     except ImportError:
-        return False
+        return
     if not hasattr(providers, "_get_local_constants"):
-        return False
+        return
     none = Constants()
     providers._get_local_constants = lambda: none
     cache = getattr(providers, "CONSTANTS_CACHE", None)
     if cache is not None:  # constants already picked for some draws: forget them too
         cache.cache.clear()
-    return True

@@ -9,9 +9,7 @@ unknown engines exit 2.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
 import sys
 import types
 import zipfile
@@ -22,6 +20,7 @@ import pytest
 
 from integrations import install
 from integrations.manifest import LAYOUT, STAMP, EngineManifest, EngineNotInstalled, Package
+from tests.mined_constants import draws
 
 
 def make_wheel(directory: Path, name: str, files: dict[str, str], version: str = "1.0") -> Path:
@@ -163,36 +162,12 @@ def test_an_install_of_the_layout_before_site_packages_is_another_install(
     assert len(older) == 1 and "the same pins, in an older schedspec's directory" in older[0]
 
 
-CONSTANT_DRAWS = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import fakeconst  # noqa: F401  (loaded, as an engine is while the suite runs)
-from hypothesis import given, settings, strategies as st
-seen = []
-@settings(derandomize=True, max_examples=300, database=None)
-@given(st.integers(0, 10**6))
-def draws(x):
-    seen.append(x)
-draws()
-print(seen)
-"""
-
-
 def _draws_beside(module_source: str, site: Path, work: Path) -> str:
-    """The integers a derandomized Hypothesis test draws in a fresh process in which the
-    module `fakeconst` (`module_source`, placed in `site`) is loaded."""
+    """What a derandomized test draws in a fresh process that loaded the module `fakeconst`
+    (`module_source`, placed in `site`), as an engine is loaded while the suite runs."""
     site.mkdir(parents=True)
     (site / "fakeconst.py").write_text(module_source)
-    work.mkdir()
-    res = subprocess.run(
-        [sys.executable, "-c", CONSTANT_DRAWS, str(site)],
-        capture_output=True,
-        text=True,
-        cwd=work,  # Hypothesis's cache of mined constants (.hypothesis/) goes here
-        env={**os.environ, "PYTHONPATH": ""},
-        check=True,
-    )
-    return res.stdout
+    return draws(work, directory=site, module="fakeconst")
 
 
 def test_what_hypothesis_draws_does_not_depend_on_an_engines_source(tmp_path: Path) -> None:

@@ -5,42 +5,17 @@ Hypothesis mines constants from every loaded module it takes for the user's code
 them now and then, so without that a test's inputs depended on which project modules had been
 imported before it ran: in a whole CI run, after other tests had lazily imported scripts and
 commands, they differed from the same test run on its own. Each case runs in a fresh process
-(this one has loaded most of the project already, and its profile is loaded): it loads a
-profile, imports a module of constants or not, and prints what a derandomized test draws.
+(`tests.mined_constants`): it loads a profile, imports a module of constants or not, and
+prints what a derandomized test draws.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-DRAWS = """
-import sys
-from hypothesis import given, settings, strategies as st
-from properties.profiles import load_profile
-
-if sys.argv[1] != "none":
-    load_profile(sys.argv[1])
-if sys.argv[2] == "yes":
-    import extra_constants  # noqa: F401  (a project module some earlier test imported)
-
-
-@settings(derandomize=True, max_examples=300, database=None)
-@given(st.integers(0, 10**6), st.text(max_size=8))
-def draws(number, text):
-    seen.append((number, text))
-
-
-seen = []
-draws()
-print(seen)
-"""
+from tests.mined_constants import draws, run_fresh
 
 # Constants no strategy would reach by itself, more than the few the modules this script loads
 # hold: about one draw in forty picks a mined constant, most often one of these. (Hypothesis
@@ -65,42 +40,39 @@ print(settings.default.derandomize, providers._get_local_constants is not mining
 """
 
 
-def run(script: str, tmp_path: Path, *argv: str) -> str:
+def beside(tmp_path: Path, profile: str, imported: bool) -> str:
+    """What the shared derandomized test draws after loading `profile`, with the module of
+    `EXTRA` imported or not."""
     modules = tmp_path / "modules"
     if not modules.exists():
         modules.mkdir()
         (modules / "extra_constants.py").write_text(EXTRA)
-    work = tmp_path / ("work-" + "-".join(argv))
-    work.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)])}
-    env.pop("SCHEDSPEC_PROFILE", None)
-    res = subprocess.run(
-        [sys.executable, "-c", script, *argv],
-        cwd=work,  # Hypothesis's cache of mined constants (.hypothesis/) goes here
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+    module = "extra_constants" if imported else ""
+    return draws(
+        tmp_path / f"work-{profile}-{imported}", profile=profile, directory=modules, module=module
     )
-    assert res.returncode == 0, res.stderr[-2000:]
-    return res.stdout
+
+
+def stopped(tmp_path: Path, profile: str) -> list[str]:
+    """[whether `profile` is derandomized, whether loading it stopped the mining]."""
+    return run_fresh(STOPPED, tmp_path, profile).split()
 
 
 def test_ci_draws_the_same_inputs_whatever_the_process_imported(tmp_path: Path) -> None:
-    assert run(DRAWS, tmp_path, "ci", "no") == run(DRAWS, tmp_path, "ci", "yes")
+    assert beside(tmp_path, "ci", False) == beside(tmp_path, "ci", True)
 
 
 def test_without_the_profile_the_imported_constants_change_the_draws(tmp_path: Path) -> None:
     """The control: Hypothesis left as it is draws some of the module's constants, so the same
     derandomized test draws other inputs once the module is imported."""
-    assert run(DRAWS, tmp_path, "none", "no") != run(DRAWS, tmp_path, "none", "yes")
+    assert beside(tmp_path, "none", False) != beside(tmp_path, "none", True)
 
 
 @pytest.mark.parametrize("profile", ["dev", "ci", "release"])
 def test_a_profile_stops_the_mining_exactly_when_it_is_derandomized(
     tmp_path: Path, profile: str
 ) -> None:
-    derandomized, stopped = run(STOPPED, tmp_path, profile).split()
-    assert stopped == derandomized, (profile, derandomized, stopped)
+    derandomized, stops = stopped(tmp_path, profile)
+    assert stops == derandomized, (profile, derandomized, stops)
     if profile == "ci":
         assert derandomized == "True"
