@@ -14,7 +14,9 @@ hands tests to workers as they finish). So `load_profile` of a derandomized prof
 also stops Hypothesis from drawing mined constants (`draw_no_mined_constants`); dev and
 release keep them, for the variety. (Where Hypothesis sees a CI environment, such as `CI` set,
 it loads its own derandomized profile first, from which these inherit: there every one of them
-is derandomized, and stops the mining.)
+is derandomized, and stops the mining.) The command line's derandomized runs (`schedspec
+verify`, `bench conformance`) call it too, so that a command draws the same programs from a
+checkout, whose modules Hypothesis mines, and from the installed wheel, whose it does not.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from properties.profiles import draw_no_mined_constants
 from schedspec_cli import check_trace, prove, verify, version
 from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.impls import NotAnAdapter
@@ -133,6 +134,10 @@ def _dispatch(command: str) -> Callable[[list[str]], int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    # the same command draws the same programs, from a checkout or an installed wheel and
+    # whatever an adapter's module holds (Hypothesis mines constants only from modules outside
+    # site-packages)
+    draw_no_mined_constants()
     if args.impl:
         return verify.run(args)
     from schedspec_cli.engine_cmds import require_torch

@@ -16,6 +16,7 @@ line naming the `plots` extra.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -173,6 +174,26 @@ def test_guide_adapters_verify_from_the_users_directory(
         res = schedspec(installed, "verify", *args, "--examples", "20")
         assert res.returncode == 0, f"{args}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
         assert "PASS" in res.stdout
+
+
+def test_an_installed_verify_draws_the_programs_a_checkout_draws(
+    installed: tuple[Path, dict[str, str], Path], tmp_path: Path
+) -> None:
+    """The same command runs the same programs from the wheel as from a checkout. Hypothesis
+    mines constants from loaded modules outside `site-packages/`, which a checkout's are: until
+    the command line stopped drawing them, `verify --impl vidur-orca --examples 100` ran 120
+    examples from the wheel and 115 from a checkout (`tests/test_verify_draws.py`)."""
+    argv = ("verify", "--impl", "vidur-orca", "--examples", "100", "--json")
+    wheel = schedspec(installed, *argv, str(tmp_path / "wheel.json"))
+    assert wheel.returncode == 0, wheel.stdout[-2000:] + wheel.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SCHEDSPEC_PROFILE", None)
+    checkout = run([str(PY), "-m", "schedspec_cli.main", *argv, "checkout.json"], tmp_path, env)
+    assert checkout.returncode == 0, checkout.stdout[-2000:] + checkout.stderr[-2000:]
+    drawn = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("wheel", "checkout")]
+    assert [(r["examples"], r["steps"]) for r in drawn[:1]] == [
+        (r["examples"], r["steps"]) for r in drawn[1:]
+    ]
 
 
 def test_a_users_mypy_checks_the_guide_adapters_against_the_installed_wheel(

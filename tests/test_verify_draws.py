@@ -1,0 +1,70 @@
+"""`schedspec verify` draws the same programs for the same command, whatever constants the
+modules it loads hold (`schedspec_cli.main.cmd_verify` calls
+`properties.profiles.draw_no_mined_constants`).
+
+Hypothesis mines constants from every loaded module outside `site-packages/` and draws them now
+and then. Without the call, an adapter's own constants changed the programs a derandomized
+`verify` drew (an implementer who edited a constant and re-ran to see a finding go saw other
+programs), and so did the install: from a checkout every project module was mined, from the
+installed wheel none, so `verify --impl vidur-orca --examples 100` ran 115 examples from a
+checkout and 120 from the wheel (the wheel's side: `tests/test_install_wheel.py`). Mining
+nothing, `verify` no longer leaves Hypothesis's cache of mined constants, a `.hypothesis/`
+directory, where it ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.mined_constants import run_fresh
+
+# argv: "mining" to undo the command's call (the control) or "as-shipped", the adapter's
+# directory, then the command line.
+VERIFY = """
+import sys
+import schedspec_cli.main as command_line
+
+sys.path.insert(0, sys.argv[2])
+if sys.argv[1] == "mining":
+    command_line.draw_no_mined_constants = lambda: None
+sys.exit(command_line.main(sys.argv[3:]))
+"""
+
+# the same built-in, once plain and once beside constants in the range the suite draws from
+PLAIN = "from reference.ar.vidur import VIDUR_ORCA as ORCA\n"
+WITH_CONSTANTS = (
+    PLAIN
+    + f"NUMBERS = {tuple(range(5, 5 + 300 * 3, 3))}\n"
+    + f"WORDS = {tuple(f'w{i}' for i in range(300))}\n"
+)
+
+
+def drawn(tmp_path: Path, mode: str, source: str, name: str) -> tuple[int, int, bool]:
+    """(examples, steps, whether it left a `.hypothesis/` directory where it ran) of `verify
+    --impl NAME:ORCA --examples 100` in a fresh process, the adapter module `name` holding
+    `source`."""
+    adapters = tmp_path / "adapters"
+    adapters.mkdir(exist_ok=True)
+    (adapters / f"{name}.py").write_text(source, encoding="utf-8")
+    out = tmp_path / f"{mode}-{name}.json"
+    work = tmp_path / f"work-{mode}-{name}"
+    argv = ("verify", "--impl", f"{name}:ORCA", "--examples", "100", "--json", str(out))
+    run_fresh(VERIFY, work, mode, str(adapters), *argv)
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["passed"], result
+    return result["examples"], result["steps"], (work / ".hypothesis").exists()
+
+
+def test_an_adapters_constants_do_not_change_the_programs_verify_draws(tmp_path: Path) -> None:
+    plain = drawn(tmp_path, "as-shipped", PLAIN, "plain_orca")
+    assert drawn(tmp_path, "as-shipped", WITH_CONSTANTS, "const_orca") == plain
+    # nothing mined, so nothing cached: no `.hypothesis/` left in the user's directory
+    assert plain[2] is False
+
+
+def test_control_without_the_call_the_adapters_constants_reach_the_draws(tmp_path: Path) -> None:
+    plain = drawn(tmp_path, "mining", PLAIN, "plain_orca")
+    with_constants = drawn(tmp_path, "mining", WITH_CONSTANTS, "const_orca")
+    assert with_constants[:2] != plain[:2]
+    assert plain[2] is True  # Hypothesis's cache of what it mined
