@@ -1,6 +1,6 @@
-"""`schedspec verify` draws the same programs for the same command, whatever constants the
-modules it loads hold (`schedspec_cli.main.cmd_verify` calls
-`properties.profiles.draw_no_mined_constants`).
+"""`schedspec verify` and `bench conformance` draw the same programs for the same command,
+whatever constants the modules they load hold (`schedspec_cli.main.cmd_verify` and
+`schedspec_cli.bench_conformance.bench_main` call `properties.profiles.draw_no_mined_constants`).
 
 Hypothesis mines constants from every loaded module outside `site-packages/` and draws them now
 and then. Without the call, an adapter's own constants changed the programs a derandomized
@@ -17,31 +17,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.mined_constants import run_fresh
 
-# argv: "mining" to undo the command's call (the control) or "as-shipped", the adapter's
+# argv: "mining" to undo the commands' call (the control) or "as-shipped", the adapter's
 # directory, then the command line.
-VERIFY = """
+COMMAND = """
 import sys
+import schedspec_cli.bench_conformance as bench
 import schedspec_cli.main as command_line
 
 sys.path.insert(0, sys.argv[2])
 if sys.argv[1] == "mining":
-    command_line.draw_no_mined_constants = lambda: None
+    command_line.draw_no_mined_constants = bench.draw_no_mined_constants = lambda: None
 sys.exit(command_line.main(sys.argv[3:]))
 """
+COMMANDS = {"verify": ("verify",), "bench-conformance": ("bench", "conformance")}
 
-# the same built-in, once plain and once beside constants in the range the suite draws from
+# The same built-in, once plain and once beside every integer under 1,000: those in the range
+# a strategy draws from that the loaded project modules lack change its pool of constants. (A
+# sparser set can miss them all: 300 numbers 5, 8, 11, ... changed the programs with the
+# commands' own modules loaded, and not once `bench conformance`'s was loaded too. Hypothesis
+# skips a module of 1,024 constants or more.)
 PLAIN = "from reference.ar.vidur import VIDUR_ORCA as ORCA\n"
-WITH_CONSTANTS = (
-    PLAIN
-    + f"NUMBERS = {tuple(range(5, 5 + 300 * 3, 3))}\n"
-    + f"WORDS = {tuple(f'w{i}' for i in range(300))}\n"
-)
+WITH_CONSTANTS = PLAIN + f"NUMBERS = {tuple(range(1000))}\n"
 
 
-def drawn(tmp_path: Path, mode: str, source: str, name: str) -> tuple[int, int, bool]:
-    """(examples, steps, whether it left a `.hypothesis/` directory where it ran) of `verify
+def drawn(tmp_path: Path, command: str, mode: str, source: str, name: str) -> tuple[int, int, bool]:
+    """(examples, steps, whether it left a `.hypothesis/` directory where it ran) of `COMMAND
     --impl NAME:ORCA --examples 100` in a fresh process, the adapter module `name` holding
     `source`."""
     adapters = tmp_path / "adapters"
@@ -49,22 +53,29 @@ def drawn(tmp_path: Path, mode: str, source: str, name: str) -> tuple[int, int, 
     (adapters / f"{name}.py").write_text(source, encoding="utf-8")
     out = tmp_path / f"{mode}-{name}.json"
     work = tmp_path / f"work-{mode}-{name}"
-    argv = ("verify", "--impl", f"{name}:ORCA", "--examples", "100", "--json", str(out))
-    run_fresh(VERIFY, work, mode, str(adapters), *argv)
-    result = json.loads(out.read_text(encoding="utf-8"))
+    argv = ("--impl", f"{name}:ORCA", "--examples", "100", "--json", str(out))
+    run_fresh(COMMAND, work, mode, str(adapters), *COMMANDS[command], *argv)
+    payload = json.loads(out.read_text(encoding="utf-8"))
+    result = payload["rows"][0] if command == "bench-conformance" else payload
     assert result["passed"], result
     return result["examples"], result["steps"], (work / ".hypothesis").exists()
 
 
-def test_an_adapters_constants_do_not_change_the_programs_verify_draws(tmp_path: Path) -> None:
-    plain = drawn(tmp_path, "as-shipped", PLAIN, "plain_orca")
-    assert drawn(tmp_path, "as-shipped", WITH_CONSTANTS, "const_orca") == plain
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_adapters_constants_do_not_change_the_programs_drawn(
+    tmp_path: Path, command: str
+) -> None:
+    plain = drawn(tmp_path, command, "as-shipped", PLAIN, "plain_orca")
+    assert drawn(tmp_path, command, "as-shipped", WITH_CONSTANTS, "const_orca") == plain
     # nothing mined, so nothing cached: no `.hypothesis/` left in the user's directory
     assert plain[2] is False
 
 
-def test_control_without_the_call_the_adapters_constants_reach_the_draws(tmp_path: Path) -> None:
-    plain = drawn(tmp_path, "mining", PLAIN, "plain_orca")
-    with_constants = drawn(tmp_path, "mining", WITH_CONSTANTS, "const_orca")
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_control_without_the_call_the_adapters_constants_reach_the_draws(
+    tmp_path: Path, command: str
+) -> None:
+    plain = drawn(tmp_path, command, "mining", PLAIN, "plain_orca")
+    with_constants = drawn(tmp_path, command, "mining", WITH_CONSTANTS, "const_orca")
     assert with_constants[:2] != plain[:2]
     assert plain[2] is True  # Hypothesis's cache of what it mined
