@@ -24,9 +24,11 @@ Each is named with what its pins differ in and its size; `--prune` removes them.
 
 A per-engine lock file next to the directory serialises concurrent installers (two pytest
 workers, two shells). `--prune` leaves a pruned install's lock file: an installer may be
-waiting on it, and one that created a new file meanwhile would run beside it. Exit codes: 0 installed or cached; 1 a pip install or the import check
-failed (naming the package and pip's last line); 2 usage: an unknown engine, one whose
-adapter package is not part of this checkout, or an engine cache that cannot be written.
+waiting on it, and one that created a new file meanwhile would run beside it.
+
+Exit codes: 0 installed or cached; 1 a pip install or the import check failed (naming the
+package and pip's last line); 2 usage: an unknown engine, one whose adapter package is not part
+of this checkout, or an engine cache that cannot be written.
 """
 
 from __future__ import annotations
