@@ -6,10 +6,13 @@ in a second run with shrinking on, the number of actions in the shrunk program a
 reads. Each mutant is hunted once per seed (`--seeds`, default 0..4: Hypothesis's random
 generator forced to that seed, so figures repeat); the table shows the median and the worst
 over the seeds. Shrinking (about 20x the hunt) runs for the first seed only unless
-`--shrink-all-seeds`. Prints a table and writes JSON.
+`--shrink-all-seeds`. Each mutant runs under its own profile, as its catalogue test does. By
+default Hypothesis draws no constants mined from loaded modules, as under the ci profile and on
+the command line (`properties.profiles.draw_no_mined_constants`); `--mined-constants` draws
+them, as the dev and release profiles do outside CI. Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench_catch_time.py [--only NAME,...] [--seeds 0,1,2,3,4]
-        [--no-shrink | --shrink-all-seeds] [--json PATH]
+        [--no-shrink | --shrink-all-seeds] [--mined-constants] [--json PATH]
 
 Goal (issue "Checking power"): every mutant caught within 200 examples and 30 s on 2 cores,
 shrunk programs under 8 steps — here: in the worst seed.
@@ -35,6 +38,7 @@ sys.path.insert(0, str(ROOT))  # the catalogue lives in tests/
 from properties.ar.conformance import ar_conformance_machine  # noqa: E402
 from properties.conformance import conformance_machine  # noqa: E402
 from properties.conformance_base import StepCounter  # noqa: E402
+from properties.profiles import draw_no_mined_constants  # noqa: E402
 from properties.verify import failure_from, run_machine  # noqa: E402
 from schedspec_cli.output import output_file, write_json  # noqa: E402
 from tests.ar_mutants import AR_MUTANTS  # noqa: E402
@@ -157,8 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     shrinking.add_argument(
         "--shrink-all-seeds", action="store_true", help="shrink under every seed, not the first"
     )
+    parser.add_argument(
+        "--mined-constants",
+        action="store_true",
+        help="let Hypothesis draw constants it mines from loaded modules, as the dev and release "
+        "profiles do outside CI (default: none, as the ci profile and the command line)",
+    )
     parser.add_argument("--json", type=output_file, help="write the figures here")
     args = parser.parse_args(argv)
+    if not args.mined_constants:
+        draw_no_mined_constants()
     only = set(args.only.split(",")) if args.only else None
     try:
         seeds = [int(x) for x in args.seeds.split(",")]
@@ -176,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         if only is None or name in only:
 
             def build_dllm(c: StepCounter, m: Any = m) -> Any:
-                return conformance_machine(m.factory, configs=m.configs, counter=c)
+                return conformance_machine(
+                    m.factory, profile=m.profile, configs=m.configs, counter=c
+                )
 
             rows.append(catch("dllm", name, m.rule, build_dllm, seeds, shrink_seeds))
             _print_row(rows[-1])
@@ -207,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seeds": seeds,
                 "shrunk_seeds": sorted(seeds if shrink_seeds is None else shrink_seeds),
                 "max_examples": MAX_EXAMPLES,
+                "mined_constants": args.mined_constants,
                 "mutants": [asdict(r) for r in rows],
             },
         )
