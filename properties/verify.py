@@ -14,10 +14,11 @@ import contextlib
 import inspect
 import io
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
+import hypothesis.core
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
@@ -58,6 +59,7 @@ class VerifyResult:
     accepted: list[dict[str, Any]] = field(default_factory=list)
     stopped: str = ""
     twin: str = ""  # the decision twin every example was checked against ("" for none)
+    seed: int | None = None  # the seed the programs were drawn from (None: derandomized)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +84,7 @@ class VerifyResult:
             "accepted": self.accepted,
             "stopped": self.stopped,
             "twin": self.twin,
+            "seed": self.seed,
         }
 
 
@@ -129,6 +132,23 @@ def verify_settings(examples: int, seed_derandomize: bool = True) -> settings:
         print_blob=False,
         report_multiple_bugs=False,
     )
+
+
+@contextlib.contextmanager
+def forced_seed(seed: int | None) -> Iterator[None]:
+    """Inside, Hypothesis draws from a random generator seeded with `seed`, in a test whose
+    settings are not derandomized (what pytest's `--hypothesis-seed` does; `global_force_seed`
+    is the hook it sets). None changes nothing."""
+    if seed is None:
+        yield
+        return
+    core: Any = hypothesis.core  # `global_force_seed` is typed as always None
+    saved = core.global_force_seed
+    core.global_force_seed = seed
+    try:
+        yield
+    finally:
+        core.global_force_seed = saved
 
 
 def run_machine(
@@ -294,6 +314,7 @@ def verify_implementation(
     profile: str = "",
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
     twin: Twin | None = None,
+    seed: int | None = None,
 ) -> VerifyResult:
     """Check `implementation` (either family) with `examples` generated programs per run.
 
@@ -304,6 +325,8 @@ def verify_implementation(
     a call that takes longer is a `progress` failure and ends the run (`properties.deadline`).
     `twin` (of the implementation's family): every example ends by running its operations
     through this decision twin, which must decide exactly alike (rule `twin_decisions`).
+    `seed`: draw the programs from this seed instead of the derandomized run's fixed one (the
+    same seed draws the same programs).
     """
     from properties.campaign import run_campaign
 
@@ -318,9 +341,10 @@ def verify_implementation(
     )
     pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
     start = time.perf_counter()
-    with call_timeout_set(call_timeout):
+    run_settings = verify_settings(examples, seed_derandomize=seed is None)
+    with call_timeout_set(call_timeout), forced_seed(seed):
         campaign = run_campaign(
-            machine, verify_settings(examples), accepted=pairs, keep_going=keep_going, fatal=fatal
+            machine, run_settings, accepted=pairs, keep_going=keep_going, fatal=fatal
         )
     result = VerifyResult(
         name,
@@ -333,6 +357,7 @@ def verify_implementation(
         accepted=[a.to_json() for a in campaign.accepted],
         stopped=campaign.stopped,
         twin=twin.name if twin is not None else "",
+        seed=seed,
     )
     return result
 
@@ -345,6 +370,7 @@ __all__ = [
     "Twin",
     "VerifyResult",
     "failure_from",
+    "forced_seed",
     "machine_for",
     "run_machine",
     "verify_impl",

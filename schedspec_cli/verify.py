@@ -87,6 +87,13 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "implementation's)",
     )
     v.add_argument(
+        "--seed",
+        type=int_in(0, MAX_SEED),
+        metavar="N",
+        help="--impl runs: draw the programs from this seed instead of the fixed one a run "
+        "without it uses (the same seed draws the same programs: rerun with it to replay)",
+    )
+    v.add_argument(
         "--keep-going",
         action="store_true",
         help="a campaign: run on after a failure and report every distinct rule violated, each "
@@ -125,17 +132,20 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 # user gave can be told apart from one the run would ignore (`check_scope`).
 DEFAULT_PARITY: ParityPolicy = "always"
 MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
-_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin")
+_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin", "seed")
+MAX_SEED = 2**64 - 1
 
 
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
-    --keep-going, --accept, --json, --family, --mode, --parity and --twin shape --impl runs
+    --keep-going, --accept, --json, --family, --mode, --parity, --twin and --seed shape --impl
+    runs
     (--parity stays None when not given, so that `plan` can refuse it for AR implementations);
     --parity-prompts and --parity-tokens the main job's parity step."""
 
     def given(name: str) -> bool:
-        return getattr(args, name) not in (None, False, [])
+        value = getattr(args, name)  # `--seed 0` is given: compare by identity, not equality
+        return value is not None and value is not False and value != []
 
     if args.impl:
         refuse_ignored(
@@ -230,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
             profile=profile_summary(t.implementation),
             call_timeout=args.call_timeout,
             twin=p.twin,
+            seed=args.seed,
         )
         bar.done()
         results.append(res)
@@ -246,8 +257,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_table(results: list[VerifyResult]) -> str:
-    """One row per implementation; a `twin` column only when a decision twin was used."""
+    """One row per implementation; a `twin` column only when a decision twin was used, a
+    `seed` column only when `--seed` was given."""
     with_twin = any(r.twin for r in results)
+    with_seed = any(r.seed is not None for r in results)
     rows: list[tuple[object, ...]] = []
     for r in results:
         accepted = ", ".join(f"{a['rule']} ({a['hits']} hits)" for a in r.accepted)
@@ -261,9 +274,12 @@ def render_table(results: list[VerifyResult]) -> str:
             ", ".join(r.rules) or "-",
             accepted or "-",
         )
-        rows.append(row + ((r.twin or "-",) if with_twin else ()))
-    header = ("impl", "family", "result", "examples", "steps", "seconds", "rules violated")
-    return table(header + ("accepted",) + (("twin",) if with_twin else ()), rows)
+        row += (r.twin or "-",) if with_twin else ()
+        rows.append(row + ((r.seed,) if with_seed else ()))
+    header: tuple[str, ...] = ("impl", "family", "result", "examples", "steps", "seconds")
+    header += ("rules violated",)
+    header += ("accepted",) + (("twin",) if with_twin else ()) + (("seed",) if with_seed else ())
+    return table(header, rows)
 
 
 def to_json(results: list[VerifyResult]) -> dict[str, Any]:
@@ -297,6 +313,9 @@ def write_report(out: Path, results: list[VerifyResult], payload: dict[str, Any]
     twins = sorted({r.twin for r in results if r.twin})
     if twins:
         lines += ["", f"Decision twin (rule `twin_decisions`): {', '.join(twins)}"]
+    seeds = sorted({r.seed for r in results if r.seed is not None})
+    if seeds:
+        lines += ["", f"Programs drawn from seed {', '.join(map(str, seeds))} (`--seed`)"]
     lines.append("")
     lines.append(failures_markdown([r.to_json() for r in results]))
     lines.append(meta.markdown(payload["run"]))

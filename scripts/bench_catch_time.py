@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import hypothesis.core
 from hypothesis import HealthCheck, Phase, settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +38,7 @@ from properties.ar.conformance import ar_conformance_machine  # noqa: E402
 from properties.conformance import conformance_machine  # noqa: E402
 from properties.conformance_base import StepCounter  # noqa: E402
 from properties.profiles import draw_no_mined_constants  # noqa: E402
-from properties.verify import failure_from, run_machine  # noqa: E402
+from properties.verify import failure_from, forced_seed, run_machine  # noqa: E402
 from schedspec_cli.output import output_file, write_json  # noqa: E402
 from tests.ar_mutants import AR_MUTANTS  # noqa: E402
 from tests.mutants import MUTANTS  # noqa: E402
@@ -93,13 +92,8 @@ def _actions(program: str) -> int:
 
 def _seeded(seed: int, machine: Any, run_settings: settings) -> tuple[BaseException | None, str]:
     """Run with Hypothesis's random generator forced to `seed` (what `--hypothesis-seed` does)."""
-    core: Any = hypothesis.core  # `global_force_seed` is typed as always None
-    saved = core.global_force_seed
-    core.global_force_seed = seed
-    try:
+    with forced_seed(seed):
         return run_machine(machine, run_settings)
-    finally:
-        core.global_force_seed = saved
 
 
 def hunt(seed: int, expected: str, build: Callable[[StepCounter], Any], shrink: bool) -> Hunt:
