@@ -176,14 +176,16 @@ def test_guide_adapters_verify_from_the_users_directory(
         assert "PASS" in res.stdout
 
 
+@pytest.mark.parametrize("seed", [(), ("--seed", "5")], ids=["fixed", "seed-5"])
 def test_an_installed_verify_draws_the_programs_a_checkout_draws(
-    installed: tuple[Path, dict[str, str], Path], tmp_path: Path
+    installed: tuple[Path, dict[str, str], Path], tmp_path: Path, seed: tuple[str, ...]
 ) -> None:
-    """The same command runs the same programs from the wheel as from a checkout. Hypothesis
-    mines constants from loaded modules outside `site-packages/`, which a checkout's are: until
-    the command line stopped drawing them, `verify --impl vidur-orca --examples 100` ran 120
-    examples from the wheel and 115 from a checkout (`tests/test_verify_draws.py`)."""
-    argv = ("verify", "--impl", "vidur-orca", "--examples", "100", "--json")
+    """The same command runs the same programs from the wheel as from a checkout, with or
+    without `--seed`. Hypothesis mines constants from loaded modules outside `site-packages/`,
+    which a checkout's are: until the command line stopped drawing them, `verify --impl
+    vidur-orca --examples 100` ran 120 examples from the wheel and 115 from a checkout
+    (`tests/test_verify_draws.py`)."""
+    argv = ("verify", "--impl", "vidur-orca", "--examples", "100", *seed, "--json")
     wheel = schedspec(installed, *argv, str(tmp_path / "wheel.json"))
     assert wheel.returncode == 0, wheel.stdout[-2000:] + wheel.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -191,7 +193,7 @@ def test_an_installed_verify_draws_the_programs_a_checkout_draws(
     checkout = run([str(PY), "-m", "schedspec_cli.main", *argv, "checkout.json"], tmp_path, env)
     assert checkout.returncode == 0, checkout.stdout[-2000:] + checkout.stderr[-2000:]
     ran = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in ("wheel", "checkout")}
-    drawn = {n: (r["examples"], r["steps"]) for n, r in ran.items()}
+    drawn = {n: (r["examples"], r["steps"], r["seed"]) for n, r in ran.items()}
     assert drawn["wheel"] == drawn["checkout"], drawn
 
 
