@@ -139,9 +139,8 @@ MAX_SEED = 2**64 - 1
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
     --keep-going, --accept, --json, --family, --mode, --parity, --twin and --seed shape --impl
-    runs
-    (--parity stays None when not given, so that `plan` can refuse it for AR implementations);
-    --parity-prompts and --parity-tokens the main job's parity step."""
+    runs (--parity stays None when not given, so that `plan` can refuse it for AR
+    implementations); --parity-prompts and --parity-tokens the main job's parity step."""
 
     def given(name: str) -> bool:
         value = getattr(args, name)  # `--seed 0` is given: compare by identity, not equality
@@ -277,8 +276,8 @@ def render_table(results: list[VerifyResult]) -> str:
         row += (r.twin or "-",) if with_twin else ()
         rows.append(row + ((r.seed,) if with_seed else ()))
     header: tuple[str, ...] = ("impl", "family", "result", "examples", "steps", "seconds")
-    header += ("rules violated",)
-    header += ("accepted",) + (("twin",) if with_twin else ()) + (("seed",) if with_seed else ())
+    header += ("rules violated", "accepted")
+    header += (("twin",) if with_twin else ()) + (("seed",) if with_seed else ())
     return table(header, rows)
 
 
