@@ -17,6 +17,7 @@ from spec.errors import ConfigError
 MAX_EXAMPLES = 1_000_000
 MAX_COUNT = 1_000_000
 MAX_CALL_TIMEOUT_S = 86_400  # a day: any longer is a typo
+MAX_SEED = 2**64 - 1  # Hypothesis takes any integer; 64 bits is what a CI passes
 
 
 class UsageError(Exception):

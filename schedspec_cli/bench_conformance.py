@@ -4,7 +4,8 @@ A step is one rule execution (submit, abort, round, drain) including the spec re
 event it caused, the invariant checks and the snapshot comparison. With `--twin NAME` each
 implementation runs twice in the same process, without and then with that decision twin (the
 same derandomized programs, after an untimed warm-up of 20 programs), and the table gives the
-twin's cost as a ratio of the two times per step.
+twin's cost as a ratio of the two times per step. `--seed N` draws the programs `verify --seed N`
+draws.
 Prints a table and writes JSON; this is a script, not a timed test.
 """
 
@@ -16,8 +17,8 @@ from typing import Any
 
 from properties.conformance import ParityPolicy, StepCounter
 from properties.profiles import draw_no_mined_constants
-from properties.verify import Twin, machine_for, run_machine, verify_settings
-from schedspec_cli.args import MAX_EXAMPLES, Parser, positive
+from properties.verify import Twin, forced_seed, machine_for, run_machine, verify_settings
+from schedspec_cli.args import MAX_EXAMPLES, MAX_SEED, Parser, int_in, positive
 from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.twins import twin_for_targets
@@ -44,6 +45,12 @@ def bench_main(argv: list[str]) -> int:
         help="also run each implementation with this decision twin (as verify --twin) and "
         "report the twin's cost as a ratio of the two times",
     )
+    p.add_argument(
+        "--seed",
+        type=int_in(0, MAX_SEED),
+        metavar="N",
+        help="draw the programs from this seed, as verify --seed does (default: the fixed one)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
@@ -57,9 +64,9 @@ def bench_main(argv: list[str]) -> int:
         dllm = t.family is Family.DLLM
         policy: ParityPolicy = "always" if parity == "on" and dllm else "never"
         if twin:  # warm up (lazy imports, caches) so that neither timed run pays for it
-            _run(t.implementation, policy, None, min(args.examples, WARM_UP_EXAMPLES))
+            _run(t.implementation, policy, None, min(args.examples, WARM_UP_EXAMPLES), args.seed)
         for with_twin in (None, twin) if twin else (None,):
-            row = _run(t.implementation, policy, with_twin, args.examples)
+            row = _run(t.implementation, policy, with_twin, args.examples, args.seed)
             rows.append({"impl": t.name, **row, "parity_check": parity if dllm else "n/a"})
             if with_twin is not None:  # cost: time per step with the twin / without
                 alone = rows[-2]
@@ -76,7 +83,12 @@ def bench_main(argv: list[str]) -> int:
         headers += ("twin cost",)
         cells = [(*c, r.get("twin_cost", "-")) for c, r in zip(cells, rows, strict=True)]
     print(table(headers, cells))
-    payload = {"machine": platform.machine(), "python": platform.python_version(), "rows": rows}
+    payload = {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "seed": args.seed,
+        "rows": rows,
+    }
     write_json(args.json, payload)
     return 0 if all(r["passed"] for r in rows) else 1
 
@@ -86,12 +98,13 @@ _KEYS = ("impl", "twin", "examples", "steps", "seconds", "steps_per_s", "passed"
 
 
 def _run(
-    impl: Implementation, parity: ParityPolicy, twin: Twin | None, examples: int
+    impl: Implementation, parity: ParityPolicy, twin: Twin | None, examples: int, seed: int | None
 ) -> dict[str, Any]:
     counter = StepCounter()
     machine = machine_for(impl, parity=parity, counter=counter, twin=twin)
     start = time.perf_counter()
-    err, _ = run_machine(machine, verify_settings(examples))
+    with forced_seed(seed):
+        err, _ = run_machine(machine, verify_settings(examples, seed_derandomize=seed is None))
     seconds = time.perf_counter() - start
     return {
         "twin": twin.name if twin else "-",

@@ -16,7 +16,14 @@ from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.verify import Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
-from schedspec_cli.args import MAX_CALL_TIMEOUT_S, MAX_EXAMPLES, int_in, positive, refuse_ignored
+from schedspec_cli.args import (
+    MAX_CALL_TIMEOUT_S,
+    MAX_EXAMPLES,
+    MAX_SEED,
+    int_in,
+    positive,
+    refuse_ignored,
+)
 from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
@@ -133,7 +140,6 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 DEFAULT_PARITY: ParityPolicy = "always"
 MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
 _IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin", "seed")
-MAX_SEED = 2**64 - 1
 
 
 def check_scope(args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """`schedspec verify --impl ... --seed N`: the programs come from seed N instead of the fixed
 seed of a run without it, so a CI can explore other programs run after run and still replay
 each: the same seed draws the same programs and shrinks to the same counterexample. The seed is
-in the table, the JSON and report.md; without `--impl` it is refused, `--seed 0` included."""
+in the table, the JSON and report.md; without `--impl` it is refused, `--seed 0` included.
+`bench conformance --seed N` times the same programs."""
 
 from __future__ import annotations
 
@@ -86,3 +87,16 @@ def test_the_forced_seed_ends_with_the_run() -> None:
     with pytest.raises(RuntimeError), forced_seed(8):
         raise RuntimeError
     assert core.global_force_seed is before
+
+
+@pytest.mark.parametrize("seed", [(), ("--seed", "5")], ids=["fixed", "seed-5"])
+def test_bench_conformance_draws_what_verify_draws(tmp_path: Path, seed: tuple[str, ...]) -> None:
+    """`bench conformance --seed N` times the programs `verify --seed N` checks."""
+    argv = ("--impl", "vidur-orca", "--examples", "100", *seed)
+    _, checked = verify(tmp_path, "verify", *argv)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "conformance", *argv, "--json", str(out)]) == 0
+    timed = json.loads(out.read_text(encoding="utf-8"))
+    (row,) = timed["rows"]
+    assert (row["examples"], row["steps"]) == drawn(checked)
+    assert timed["seed"] == checked["seed"]
