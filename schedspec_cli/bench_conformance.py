@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 from properties.conformance import ParityPolicy, StepCounter
-from properties.profiles import draw_no_mined_constants
 from properties.verify import Twin, forced_seed, machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, MAX_SEED, Parser, int_in, positive
 from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
@@ -54,7 +53,6 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
-    draw_no_mined_constants()  # the programs verify draws (see schedspec_cli.main.cmd_verify)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)
     twin = twin_for_targets(args.twin, targets) if args.twin is not None else None

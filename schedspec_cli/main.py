@@ -134,10 +134,6 @@ def _dispatch(command: str) -> Callable[[list[str]], int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    # the same command draws the same programs, from a checkout or an installed wheel and
-    # whatever an adapter's module holds (Hypothesis mines constants only from modules outside
-    # site-packages)
-    draw_no_mined_constants()
     if args.impl:
         return verify.run(args)
     from schedspec_cli.engine_cmds import require_torch
@@ -217,6 +213,10 @@ def _reader_gone() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (0 pass, 1 violation, 2 usage/input error)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    # The commands that run Hypothesis (verify, bench conformance) draw the same programs for
+    # the same command, from a checkout or an installed wheel and whatever an adapter's module
+    # holds: Hypothesis mines constants only from modules outside site-packages.
+    draw_no_mined_constants()
     try:
         if args_list and (args_list[0] in PASS_THROUGH or args_list[0] == "bench"):
             return _dispatch(args_list[0])(args_list[1:])

@@ -1,6 +1,6 @@
 """`schedspec verify` and `bench conformance` draw the same programs for the same command,
-whatever constants the modules they load hold (`schedspec_cli.main.cmd_verify` and
-`schedspec_cli.bench_conformance.bench_main` call `properties.profiles.draw_no_mined_constants`).
+whatever constants the modules they load hold (`schedspec_cli.main.main` calls
+`properties.profiles.draw_no_mined_constants` before any command runs).
 
 Hypothesis mines constants from every loaded module outside `site-packages/` and draws them now
 and then. Without the call, an adapter's own constants changed the programs a derandomized
@@ -21,16 +21,15 @@ import pytest
 
 from tests.mined_constants import run_fresh
 
-# argv: "mining" to undo the commands' call (the control) or "as-shipped", the adapter's
+# argv: "mining" to undo the command line's call (the control) or "as-shipped", the adapter's
 # directory, then the command line.
 COMMAND = """
 import sys
-import schedspec_cli.bench_conformance as bench
 import schedspec_cli.main as command_line
 
 sys.path.insert(0, sys.argv[2])
 if sys.argv[1] == "mining":
-    command_line.draw_no_mined_constants = bench.draw_no_mined_constants = lambda: None
+    command_line.draw_no_mined_constants = lambda: None
 sys.exit(command_line.main(sys.argv[3:]))
 """
 COMMANDS = {"verify": ("verify",), "bench-conformance": ("bench", "conformance")}
