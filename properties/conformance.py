@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import Literal
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rule
+from hypothesis.stateful import (
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    multiple,
+    rule,
+)
 
 from properties.conformance_base import ConformanceBase, StepCounter
 from properties.decisions import DecisionTwin, twin_difference
@@ -99,7 +105,7 @@ def conformance_machine(
             max_new_tokens: int,
             ignore_eos: bool,
             stop_token_ids: tuple[int, ...],
-        ) -> object:
+        ) -> str | MultipleResults[str]:
             """Submit a request (rejected with a typed error if it cannot fit the config), some
             ignoring EOS (`RequestSpec.ignore_eos`) or with stop token ids when the profile
             says it takes them."""

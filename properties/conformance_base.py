@@ -29,7 +29,8 @@ example; the AR machine follows the same pattern):
    `self.build(lambda: ..., f"configure(config={config!r})")`;
 3. write the family's own rules (submit, round/step ...) whose bodies call harness operations
    through `self.run("what", operation, *args)`; new requests go to the `requests` bundle
-   (`target=ConformanceBase.requests`), ids from `self.new_id()`;
+   (`target=ConformanceBase.requests`, ids from `self.new_id()`): such a rule returns
+   `str | MultipleResults[str]`, the id, or `multiple()` when the submit was refused;
 4. implement `clock()` (rounds or steps the spec has seen end) and `ended()` (the round/step
    ends counted in the events), and optionally `teardown_checks()`.
 
@@ -64,8 +65,8 @@ class StepCounter:
     """Counts rule executions across examples (for progress and the steps/s benchmark)."""
 
     def __init__(self) -> None:
-        self.steps = 0
-        self.examples = 0
+        self.steps: int = 0
+        self.examples: int = 0
         self.on_example: Callable[[int, int], None] | None = None
 
 
@@ -77,12 +78,12 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     counter: ClassVar[StepCounter] = StepCounter()
     order_rule: ClassVar[str] = "round_order"  # broken when an ended round/step went unchecked
 
-    requests = Bundle("requests")
+    requests: Bundle[str] = Bundle("requests")  # ids of the requests submitted
 
     def __init__(self) -> None:
         super().__init__()
         self.h: H | None = None
-        self.next_id = 0
+        self.next_id: int = 0
         self.calls: list[str] = []  # this example's operations, for a hang's report
 
     # ------------------------------------------------------------------ hooks

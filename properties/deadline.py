@@ -48,7 +48,7 @@ class CallDeadlineExceeded(BaseException):
     def __init__(self, what: str, seconds: float) -> None:
         self.what = what
         self.seconds = seconds
-        self.program = ""  # filled in by the conformance machine: the calls made so far
+        self.program: str = ""  # filled in by the conformance machine: the calls made so far
         super().__init__(
             f"the implementation did not return from {what} within {seconds:g} s "
             f"(a hang: an endless loop or a wait that never ends; the deadline per call is "

@@ -82,8 +82,8 @@ class Harness(ReplayHarness[SpecMachine]):
 
     def __post_init__(self) -> None:
         self.profile.space.check(self.config)
-        self.spec = SpecMachine(self.config, self.profile.policy)
-        self.rounds = 0
+        self.spec: SpecMachine = SpecMachine(self.config, self.profile.policy)
+        self.rounds: int = 0
         self.violation: SpecViolation | None = None  # the first one raised, if any
         impl: Any = self.factory(self.config, self._sink)
         if not isinstance(impl, SchedulerAdapter):

@@ -21,36 +21,46 @@ EventSink = Callable[[Event], None]
 class SchedulerAdapter(Protocol):
     """A dLLM scheduler under test.
 
-    Contract:
-    - `submit` validates the request (raising a `spec.errors.RequestError` subclass and changing
-      nothing if invalid), queues it and emits `Submitted`.
-    - `abort` is called between rounds; it frees everything the request holds (emitting
-      `KvFreed` / `RowReleased`) and emits `Aborted`; an unknown or already finished id raises
-      `spec.errors.UnknownRequest` and changes nothing.
-    - `run_round` runs one scheduler round (admission, allocation, forwards and steps,
-      commits, releases) and ends by emitting `ControlReturned`. With nothing to do it still
-      ends the round.
-    - `drain` runs rounds until nothing is queued or running, raising
-      `spec.errors.SchedulerStalled` instead of looping forever.
-    - `snapshot` reads the implementation's own pools (see `Snapshot`).
-    - optionally (`ReportsOutputs`), `collect_outputs` returns what the implementation hands its
-      clients for the requests finished since the previous call; the harness compares it with
-      the spec after every round (rule `reported_output`). An adapter without it is not checked
-      on outputs (it keeps working unchanged).
+    Each method's docstring states its part of the contract. Optionally an adapter also
+    implements `ReportsOutputs`; one without it is not checked on outputs (it keeps working
+    unchanged).
     """
 
     @property
-    def config(self) -> DllmConfig: ...
+    def config(self) -> DllmConfig:
+        """The configuration the factory built this scheduler for (read, never changed)."""
+        ...
 
-    def submit(self, request: RequestSpec) -> None: ...
+    def submit(self, request: RequestSpec) -> None:
+        """Validate `request`, queue it and emit `Submitted`.
 
-    def abort(self, request_id: str) -> None: ...
+        An invalid request (empty prompt, a field out of range, too long for the context, too
+        large for the pool, a duplicate id) raises a `spec.errors.RequestError` subclass and
+        changes nothing, no event emitted.
+        """
+        ...
 
-    def run_round(self) -> None: ...
+    def abort(self, request_id: str) -> None:
+        """Between rounds: free everything the request holds (emitting `KvFreed` and
+        `RowReleased`) and emit `Aborted`. An unknown, finished or already aborted id raises
+        `spec.errors.UnknownRequest` and changes nothing."""
+        ...
 
-    def drain(self, max_rounds: int = 100_000) -> None: ...
+    def run_round(self) -> None:
+        """Run one scheduler round (admission, allocation, forwards and steps, commits,
+        releases), emitting each event as it happens, and end by emitting `ControlReturned`.
+        With nothing to do the round still ends."""
+        ...
 
-    def snapshot(self) -> Snapshot: ...
+    def drain(self, max_rounds: int = 100_000) -> None:
+        """Run rounds until nothing is queued or running; after `max_rounds` rounds with work
+        left raise `spec.errors.SchedulerStalled` instead of looping forever."""
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """The implementation's own view of its pools, read from its data structures (not
+        from the events it emitted): the suites compare it with the spec's state."""
+        ...
 
 
 @runtime_checkable
@@ -62,7 +72,11 @@ class ReportsOutputs(Protocol):
     forgets them, which also keeps its state bounded).
     """
 
-    def collect_outputs(self) -> Mapping[str, FinishedOutput]: ...
+    def collect_outputs(self) -> Mapping[str, FinishedOutput]:
+        """Request id -> `FinishedOutput` for each request finished since the previous call,
+        each exactly once; the harness compares them with the spec after every round (rule
+        `reported_output`)."""
+        ...
 
 
 class ImplementationFactory(Protocol):

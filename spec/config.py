@@ -30,6 +30,7 @@ class Mode(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | Mode) -> Mode:
+        """The mode named `value` (any case), or `value` itself; else a `ConfigError`."""
         if isinstance(value, Mode):
             return value
         if not isinstance(value, str):
@@ -195,6 +196,7 @@ class DllmConfig:
 
     @property
     def blocks_per_page(self) -> int:
+        """Diffusion blocks per KV page (the page size is a multiple of the block size)."""
         return self.page_size // self.block_size
 
     def replace(self, **changes: object) -> DllmConfig:

@@ -93,6 +93,8 @@ forward, or its end when it runs none).
 
 
 def render() -> str:
+    """docs/spec.md, generated from the spec's own tables (`python -m spec.docs`): lifecycles
+    with their diagrams, rules, invariants and the AR section."""
     parts = [_INTRO, "## Lifecycles\n"]
     for lc in LIFECYCLES:
         parts.append(f"### {lc.name}\n")

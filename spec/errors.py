@@ -30,6 +30,8 @@ class RequestError(SchedSpecError, ValueError):
 
 
 class EmptyPrompt(RequestError):
+    """The request's prompt has no token."""
+
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         super().__init__(f"request {request_id!r} has an empty prompt: give at least one token")
@@ -73,6 +75,8 @@ class RequestTooLarge(RequestError):
 
 
 class DuplicateRequest(RequestError):
+    """A request id that was already submitted (request ids must be unique)."""
+
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         super().__init__(
@@ -81,6 +85,8 @@ class DuplicateRequest(RequestError):
 
 
 class UnknownRequest(RequestError, KeyError):
+    """An abort named a request that is neither queued nor running."""
+
     def __init__(self, request_id: str, known: int = 0) -> None:
         self.request_id = request_id
         super().__init__(

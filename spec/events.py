@@ -19,6 +19,8 @@ from typing import ClassVar
 
 
 class FinishReason(enum.Enum):
+    """Why a dLLM request finished."""
+
     LENGTH = "length"  # generated >= max_new_tokens
     EOS = "eos"  # an end-of-sequence token was committed
     # one of the request's `stop_token_ids` was committed, or a stop condition the spec does
@@ -148,6 +150,9 @@ class BlockCommitted:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """The request finished for `reason`, right after the commit that ended it; it owns no
+    slot and no row from now on."""
+
     kind: ClassVar[str] = "finished"
     request_id: str
     reason: FinishReason
@@ -155,6 +160,9 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
+    """The client aborted the request between rounds; it owns no slot and no row from now
+    on."""
+
     kind: ClassVar[str] = "aborted"
     request_id: str
 

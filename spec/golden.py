@@ -31,7 +31,10 @@ class GoldenDecoder(Protocol):
     adapter's state (no events, no allocation) and must be deterministic.
     """
 
-    def golden_output(self, request: RequestSpec) -> FinishedOutput: ...
+    def golden_output(self, request: RequestSpec) -> FinishedOutput:
+        """`request` decoded alone under the adapter's configuration: its output and finish
+        reason, with no event and no change to the adapter's state."""
+        ...
 
 
 def golden_mismatch(

@@ -37,6 +37,8 @@ class Family(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | Family) -> Family:
+        """The family named `value` ('dllm' or 'ar'), or `value` itself; else a
+        `ConfigError`."""
         if isinstance(value, Family):
             return value
         for f in cls:
@@ -55,6 +57,7 @@ class DllmImplementation:
 
     @property
     def family(self) -> Family:
+        """`Family.DLLM`."""
         return Family.DLLM
 
 
@@ -68,6 +71,7 @@ class ArImplementation:
 
     @property
     def family(self) -> Family:
+        """`Family.AR`."""
         return Family.AR
 
 

@@ -52,6 +52,7 @@ def terminal_owns_nothing(s: AbstractState) -> str | None:
 
 
 def max_running(s: AbstractState) -> str | None:
+    """At most `max_running_requests` requests are admitted or running."""
     n = len(s.running)
     if n > s.config.max_running_requests:
         return f"{n} running > max_running_requests={s.config.max_running_requests}"

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 
 class RequestPhase(enum.Enum):
+    """Where a dLLM request is in its lifecycle (`REQUEST_LIFECYCLE`)."""
+
     QUEUED = "queued"  # submitted, waiting for admission (FCFS)
     ADMITTED = "admitted"  # in the running set with a request-pool row, between blocks
     RUNNING = "running"  # in the running set with block k in flight
@@ -20,6 +22,8 @@ class RequestPhase(enum.Enum):
 
 
 class BlockPhase(enum.Enum):
+    """Where a request's diffusion block is in its lifecycle (`BLOCK_LIFECYCLE`)."""
+
     MASKED = "masked"  # KV allocated, not stepped yet (initial content: prompt and/or masks)
     DENOISING = "denoising"  # stepped; masks remain
     COMPLETE = "complete"  # no masks left; awaiting the final forward that writes its KV
@@ -28,17 +32,23 @@ class BlockPhase(enum.Enum):
 
 
 class SlotPhase(enum.Enum):
+    """A KV slot: free, or owned by one (request, block)."""
+
     FREE = "free"
     OWNED = "owned"  # by (request, block)
 
 
 class RowPhase(enum.Enum):
+    """A request-pool row: free, or held by one request."""
+
     FREE = "free"
     HELD = "held"  # by one request, from admission to finish / abort
 
 
 @dataclass(frozen=True, slots=True)
 class Transition:
+    """One edge of a lifecycle: `trigger` takes `source` to `target` when `guard` holds."""
+
     source: str
     trigger: str
     target: str
@@ -47,6 +57,9 @@ class Transition:
 
 @dataclass(frozen=True, slots=True)
 class Lifecycle:
+    """A state machine in table form: its states, initial and terminal states, and
+    transitions (rendered in docs/spec.md; the spec machines look their moves up here)."""
+
     name: str
     states: tuple[str, ...]
     initial: str
@@ -61,6 +74,7 @@ class Lifecycle:
         return None
 
     def triggers_from(self, source: str) -> tuple[str, ...]:
+        """The triggers of every transition out of `source`, in table order."""
         return tuple(t.trigger for t in self.transitions if t.source == source)
 
 

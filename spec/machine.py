@@ -238,7 +238,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         is then no longer available (`outputs`, `check_outputs`)."""
         super().__init__()
         self.config = config
-        self.policy = policy if policy is not None else DllmPolicy()
+        self.policy: DllmPolicy = policy if policy is not None else DllmPolicy()
         self.retain_finished = retain_finished
         # waiting queue as an ordered set (O(1) head, removal and membership)
         self._queue: dict[str, None] = {}
@@ -300,10 +300,12 @@ class SpecMachine(MachineBase[Event, Rule]):
         )
 
     def render(self) -> str:
+        """The current state in words (shown in every violation)."""
         return render(self.state())
 
     @property
     def round_index(self) -> int:
+        """The round in progress (0 before the first `ControlReturned`)."""
         return self._round.index
 
     def is_idle(self) -> bool:
@@ -321,6 +323,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         return out
 
     def request_phase(self, request_id: str) -> RequestPhase | None:
+        """The request's phase, also after it ended; None for an id never submitted."""
         r = self._requests.get(request_id)
         return None if r is None else r.phase
 

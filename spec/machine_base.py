@@ -52,7 +52,7 @@ class MachineBase(Generic[EventT, RuleT]):
     violation_type: ClassVar[type[SpecViolation]] = SpecViolation
 
     def __init__(self) -> None:
-        self.events_applied = 0
+        self.events_applied: int = 0
 
     # ------------------------------------------------------------------ views
     def render(self) -> str:
@@ -83,6 +83,7 @@ class MachineBase(Generic[EventT, RuleT]):
         self.events_applied += 1
 
     def apply_all(self, events: Iterable[EventT]) -> None:
+        """`apply` each event in order; the first one not enabled raises its violation."""
         for e in events:
             self.apply(e)
 

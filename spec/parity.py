@@ -28,11 +28,14 @@ RELEASE_MIN_NEW_TOKENS = 128
 
 @dataclass(frozen=True, slots=True)
 class Mismatch:
+    """One request whose outputs differ between two runs (None: missing from that run)."""
+
     request_id: str
     expected: tuple[int, ...] | None
     actual: tuple[int, ...] | None
 
     def describe(self) -> str:
+        """One line: the request and where its outputs first differ, or which run lacks it."""
         if self.expected is None or self.actual is None:
             side = "expected run" if self.expected is None else "actual run"
             return f"{self.request_id}: missing from the {side}"
@@ -63,11 +66,14 @@ def encode_tokens(tokens: tuple[int, ...]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class LeakReport:
+    """What a drained implementation still holds: KV slots in use and request-pool rows."""
+
     leaked_slots: int
     held_rows: int
 
     @property
     def clean(self) -> bool:
+        """Nothing leaked."""
         return self.leaked_slots == 0 and self.held_rows == 0
 
 

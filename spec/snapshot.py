@@ -51,4 +51,5 @@ class Snapshot:
         return len(self.slot_owners)
 
     def held_rows(self) -> int:
+        """Rows held. After a drain every row must be free: any held is a leak."""
         return len(self.rows)

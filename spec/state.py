@@ -35,6 +35,9 @@ class BlockState:
 
 @dataclass(frozen=True, slots=True)
 class RequestState:
+    """One dLLM request as the spec sees it: prompt, limits and stop options, phase, row,
+    committed tokens and its current block."""
+
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
@@ -71,6 +74,9 @@ class RoundState:
 
 @dataclass(frozen=True, slots=True)
 class AbstractState:
+    """The dLLM spec's abstract state: the queue, every request, the owners of the KV slots
+    and of the rows, and the round in progress."""
+
     config: DllmConfig
     queue: tuple[str, ...]
     requests: Mapping[str, RequestState]
@@ -80,14 +86,18 @@ class AbstractState:
 
     @property
     def free_slots(self) -> frozenset[int]:
+        """KV slots no (request, block) owns."""
         return frozenset(range(self.config.kv_slots)) - frozenset(self.slot_owners)
 
     @property
     def running(self) -> frozenset[str]:
+        """Requests admitted or running (the running set)."""
         return frozenset(r.request_id for r in self.requests.values() if r.phase in ACTIVE_PHASES)
 
     @property
     def carrying(self) -> frozenset[str]:
+        """Running requests whose current block has been stepped and is not done yet (FDFO
+        carries it into the next round)."""
         return frozenset(
             r.request_id
             for r in self.requests.values()

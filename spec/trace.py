@@ -308,6 +308,8 @@ _FAST: dict[str, Callable[[dict[str, Any]], Event | None]] = {
 
 
 def write_events(events: Iterable[Event], out: TextIO) -> None:
+    """Write each event to `out` as one JSON line (`event_to_dict`), the format
+    `check-trace` reads."""
     for e in events:
         out.write(json.dumps(event_to_dict(e), separators=(",", ":")) + "\n")
 

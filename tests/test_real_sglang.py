@@ -24,7 +24,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, multiple, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    MultipleResults,
+    RuleBasedStateMachine,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
 
 from integrations.patches import FixDoesNotApply, FixSet, module_file
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
@@ -724,7 +730,7 @@ def _with_pool_share_submits(
 
     class WithPoolShareSubmits(base):  # type: ignore[misc]
         @rule(target=ConformanceBase.requests, data=st.data())
-        def submit_a_pool_share(self, data: st.DataObject) -> object:
+        def submit_a_pool_share(self, data: st.DataObject) -> str | MultipleResults[str]:
             cfg = self.harness.config
             b = cfg.block_size
             pages = data.draw(st.integers(1, max(1, cfg.kv_pages // 2)), label="pages")

@@ -45,7 +45,7 @@ class SglangDllmAdapter:
         self._config = config
         self._spec_id: dict[int, str] = {}
         self.engine: Engine = build(config, self._spec_id)
-        self.observer = SglangObserver(
+        self.observer: SglangObserver = SglangObserver(
             config, sink, self.engine.scheduler, lambda req: self._spec_id[id(req)]
         )
         self.observer.attach_worker(self.engine.worker, InstanceHooks())

@@ -53,6 +53,7 @@ from integrations.sglang.profile import SGLANG_DLLM_PROFILE
 from spec.config import DllmConfig, Mode
 from spec.errors import ConfigError
 from spec.events import ControlReturned, Event
+from spec.profile import DllmPolicy
 from spec.trace import config_to_dict, event_to_dict
 
 
@@ -139,13 +140,13 @@ class SglangEventLog:
                 "an event log does not describe (serve with --disable-overlap-schedule to log)",
             )
         self.scheduler = scheduler
-        self.config = dllm_config_of(scheduler)
-        self.policy = SGLANG_DLLM_PROFILE.policy
+        self.config: DllmConfig = dllm_config_of(scheduler)
+        self.policy: DllmPolicy = SGLANG_DLLM_PROFILE.policy
         self._write = write
         self._idle_written = False  # the last line is a round in which nothing ran
         self._ended: list[Any] = []  # requests SGLang reported aborted during the current call
         write(json.dumps(config_to_dict(self.config, self.policy)))
-        self.observer = SglangObserver(
+        self.observer: SglangObserver = SglangObserver(
             self.config,
             self._emit,
             scheduler,

@@ -43,6 +43,7 @@ uses). Nothing of SGLang's is stored here but the passages a fix anchors on.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 
 from integrations.patches import EngineFix, FixSet
 from integrations.sglang.engine import import_engine, quiet_stubbed_imports
@@ -385,8 +386,9 @@ def fix_as_diff(names: Iterable[str] = FIX_NAMES) -> str:
     return SGLANG_FIXES.as_diff(names)
 
 
-#: `with sglang_fixed(names):` runs SGLang with the named fixes (`FixSet.applied`).
-sglang_fixed = SGLANG_FIXES.applied
+def sglang_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
+    """`with sglang_fixed(names):` runs SGLang with the named fixes (`FixSet.applied`)."""
+    return SGLANG_FIXES.applied(names)
 
 
 __all__ = [

@@ -126,7 +126,7 @@ class SglangObserver:
         self.strict = strict
         self.keep_outputs = keep_outputs
         self.live: dict[str, Any] = {}  # spec id -> SGLang Req, submitted and not yet terminal
-        self.round_index = 0
+        self.round_index: int = 0
         self._admitted: dict[str, None] = {}  # live requests in the order they got a row
         self._carried: set[str] = set()  # requests whose block was carried into this round
         self._view = PoolView()

@@ -125,7 +125,7 @@ class VidurAdapter:
         self.scheduler = scheduler
         self._request_cls = request_cls
         self.fix_restart = fix_restart
-        self.stage = scheduler.get_replica_stage_scheduler(0)
+        self.stage: Any = scheduler.get_replica_stage_scheduler(0)  # Vidur's stage scheduler
         first = 1 if config.reserve_null_block else 0
         self._free_ids: deque[int] = deque(range(first, config.num_blocks))
         self._names: dict[int, list[int]] = {}  # Vidur request id -> the adapter's block ids
@@ -133,8 +133,8 @@ class VidurAdapter:
         self._by_rid: dict[str, _Tracked] = {}
         self._admitted: list[str] = []  # running, in admission order
         self._in_schedule = False
-        self.step_index = 0
-        self.time = 0.0
+        self.step_index: int = 0
+        self.time: float = 0.0  # simulated seconds
         self._allocate: Callable[..., None] = scheduler.allocate
         self._free: Callable[..., None] = scheduler.free
         scheduler.allocate = self._allocate_wrapped

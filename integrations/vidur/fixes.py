@@ -39,6 +39,8 @@ Mnemosyne fixes its code still needs: the other three fixes' schedulers are gone
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 
 from integrations.patches import EngineFix, FixSet
 from integrations.vidur.engine import stubbed_imports
@@ -299,8 +301,10 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: `with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`).
-vidur_fixed = VIDUR_FIXES.applied
+
+def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
+    """`with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`)."""
+    return VIDUR_FIXES.applied(names)
 
 
 __all__ = [

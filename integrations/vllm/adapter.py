@@ -103,7 +103,7 @@ TINY_LLAMA = {
 
 
 @dataclass(frozen=True, slots=True)
-class _Vllm:
+class VllmModules:
     """The vLLM modules the adapter uses (imported after activation)."""
 
     torch: ModuleType
@@ -119,7 +119,7 @@ class _Vllm:
     hashing: ModuleType
 
 
-_MODULES: _Vllm | None = None
+_MODULES: VllmModules | None = None
 
 
 def model_dir(*, diffusion: bool = False) -> Path:
@@ -138,7 +138,7 @@ def model_dir(*, diffusion: bool = False) -> Path:
     return path
 
 
-def load_vllm() -> _Vllm:
+def load_vllm() -> VllmModules:
     """Activate the engine install and import the vLLM modules (once per process)."""
     global _MODULES
     if _MODULES is not None:
@@ -147,7 +147,7 @@ def load_vllm() -> _Vllm:
     os.environ.setdefault("VLLM_CACHE_ROOT", str(MANIFEST.directory / "schedspec-vllm-cache"))
     imp = importlib.import_module
     with MANIFEST.importing():
-        _MODULES = _Vllm(
+        _MODULES = VllmModules(
             torch=imp("torch"),
             config=imp("vllm.config"),
             sampling=imp("vllm.sampling_params"),
@@ -194,6 +194,7 @@ class RealVllmScheduler:
     `max_concurrent_batches` is then what vLLM's engine core keeps in flight."""
 
     name = "real-vllm"
+    hasher: Any  # vLLM's request block hasher with prefix caching, else None (set by `_build`)
 
     def __init__(
         self,
@@ -221,14 +222,14 @@ class RealVllmScheduler:
         self._config = config
         self.async_scheduling = async_scheduling
         self.pipeline_parallel_size = pipeline_parallel_size
-        self.max_concurrent_batches = 1
+        self.max_concurrent_batches: int = 1
         self.sink = sink
-        self.v = load_vllm()
+        self.v: VllmModules = load_vllm()
         self.sched: Any = self._build(config)
         self.specs: dict[str, ArRequest] = {}
         self.arrival_of: dict[str, int] = {}
-        self.arrivals = 0
-        self.step_index = 0
+        self.arrivals: int = 0
+        self.step_index: int = 0
         self.ended: set[str] = set()
 
     # ------------------------------------------------------------------ construction
@@ -470,7 +471,7 @@ class RealVllmScheduler:
         return finish_reason_of(self.v, finish_reason)
 
 
-def finish_reason_of(v: _Vllm, finish_reason: Any) -> ArFinishReason:
+def finish_reason_of(v: VllmModules, finish_reason: Any) -> ArFinishReason:
     """vLLM's finish reason of a finished request as the spec's (stop or length)."""
     reasons = v.engine.FinishReason
     if finish_reason == reasons.STOP:
@@ -493,7 +494,7 @@ def vllm_config_error(err: ValueError) -> str:
 
 
 def build_scheduler(
-    v: _Vllm,
+    v: VllmModules,
     vllm_config: Any,
     scheduler_config: Any,
     cache_config: Any,
@@ -607,7 +608,7 @@ def victim_order(sched: Any, before: ArPoolView, policy: Policy) -> list[str]:
 _MODEL_CONFIGS: dict[tuple[int, bool], Any] = {}
 
 
-def tiny_model_config(v: _Vllm, max_model_len: int, *, diffusion: bool = False) -> Any:
+def tiny_model_config(v: VllmModules, max_model_len: int, *, diffusion: bool = False) -> Any:
     """The tiny Llama's `ModelConfig` for `max_model_len`, a diffusion model with `diffusion`
     (built once per pair: it reads config.json and validates; the scheduler only reads it)."""
     key = (max_model_len, diffusion)

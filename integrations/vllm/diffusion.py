@@ -70,6 +70,7 @@ from typing import Any
 from integrations.vllm.adapter import (
     OUTPUT_BASE,
     STOP_BASE,
+    VllmModules,
     block_tables,
     build_scheduler,
     load_vllm,
@@ -359,7 +360,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
                 "scheduling: vLLM's V2 model runner, which diffusion needs, runs it that way)",
             )
         self.serving = serving
-        self.v = load_vllm()
+        self.v: VllmModules = load_vllm()
         sched = _build(self.v, serving, async_scheduling)
         if mutate is not None:
             mutate(sched)
@@ -370,7 +371,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             num_blocks=serving.num_blocks,
             queue_size=serving.async_batch_queue if async_scheduling else 1,
         )
-        self.runner = _Runner(self)
+        self.runner: _Runner = _Runner(self)
         self.tolerate_short_canvases = tolerate_short_canvases
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
@@ -378,7 +379,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.latencies: dict[str, int] = {}
         self.wait_streak: dict[str, int] = {}
         # prefix caching's block hashes: vLLM's own, as its input processor attaches them
-        self.hasher = (
+        self.hasher: Any = (
             self.v.kv_utils.get_request_block_hasher(serving.block_size, self.v.hashing.sha256)
             if serving.enable_prefix_caching
             else None

@@ -131,7 +131,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         pipeline_parallel_size: int = 1,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
-        self.impl = RealVllmScheduler(
+        self.impl: RealVllmScheduler = RealVllmScheduler(
             config,
             lambda _event: None,
             space,

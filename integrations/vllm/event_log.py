@@ -89,8 +89,8 @@ class VllmEventLog:
                 "event log does not describe (serve with --no-async-scheduling to log)",
             )
         self.scheduler = scheduler
-        self.config = ar_config_of(scheduler)
-        self.policy = declared_policy(self.config)
+        self.config: ArConfig = ar_config_of(scheduler)
+        self.policy: ArPolicy = declared_policy(self.config)
         self._write = write
         self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching

@@ -22,7 +22,13 @@ from typing import ClassVar
 
 from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, multiple, rule
+from hypothesis.stateful import (
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    multiple,
+    rule,
+)
 
 from properties.ar.decisions import twin_difference
 from properties.ar.harness import ArHarness
@@ -120,7 +126,7 @@ def ar_conformance_machine(
             stop_after: int | None,
             priority: int,
             predicted_len: int | None,
-        ) -> object:
+        ) -> str | MultipleResults[str]:
             """Submit a request (rejected with a typed error if it cannot fit the config)."""
             req = self._request(
                 data, stop_after=stop_after, priority=priority, predicted_len=predicted_len

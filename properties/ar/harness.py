@@ -63,10 +63,10 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
     def __post_init__(self) -> None:
         self.violation: SpecViolation | None = None
         self.impl: ArSchedulerAdapter = self.factory(self.config, self._sink)
-        self.spec = ArSpecMachine(
+        self.spec: ArSpecMachine = ArSpecMachine(
             self.config, self.policy if self.policy is not None else self.impl.rules
         )
-        self.steps = 0
+        self.steps: int = 0
         self._ended_steps = 0
 
     def _sink(self, event: ArEvent) -> None:

@@ -23,6 +23,7 @@ from properties.symbolic.geometry import Geometry, SymConfig, policy_label
 from properties.symbolic.guard import Relaxation
 from properties.symbolic.mutant import SymbolicMutant
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS
+from properties.symbolic.params import Params
 from properties.symbolic.result import (
     DEFAULT_TIMEOUT_MS,
     Progress,
@@ -32,6 +33,7 @@ from properties.symbolic.result import (
     solver,
     timed,
 )
+from properties.symbolic.state import State
 from properties.symbolic.terms import Z
 from properties.symbolic.workloads import describe_ops, replay, workload_from_events
 from properties.workload import Workload
@@ -54,8 +56,8 @@ class Unrolling:
     ) -> None:
         self.enc = enc
         self.depth = depth
-        self.states = [enc.state(f"{prefix}s{j}") for j in range(depth + 1)]
-        self.params = [enc.params(f"{prefix}p{j}") for j in range(depth)]
+        self.states: list[State] = [enc.state(f"{prefix}s{j}") for j in range(depth + 1)]
+        self.params: list[Params] = [enc.params(f"{prefix}p{j}") for j in range(depth)]
         self.constraints: list[Z] = [enc.init(self.states[0])]
         for j in range(depth):
             relax = last_relax if j == depth - 1 else ()

@@ -39,8 +39,8 @@ class SymbolicStepper:
 
     def __init__(self, geom: Geometry) -> None:
         self.geom = geom
-        self.cfg = SymConfig.symbolic("cfg")
-        self.enc = Encoding(geom, self.cfg)
+        self.cfg: SymConfig = SymConfig.symbolic("cfg")
+        self.enc: Encoding = Encoding(geom, self.cfg)
         s, p = self.enc.state("s"), self.enc.params("p")
         inputs: dict[str, Z] = dict(s.items())
         inputs.update({f"p.{k}": t for k, t in p.items().items()})

@@ -37,13 +37,13 @@ class Encoding:
 
     def __init__(self, geom: Geometry, cfg: SymConfig | None = None) -> None:
         self.geom = geom
-        self.cfg = cfg if cfg is not None else SymConfig.symbolic()
-        self.N = geom.requests
-        self.R = geom.rows
-        self.S = geom.kv_slots  # slot variables: the largest pool of the geometry
-        self.B = geom.block_size
-        self.P = geom.page_size
-        self.pool = self.cfg.kv_pages * geom.page_size  # slots of this configuration's pool
+        self.cfg: SymConfig = cfg if cfg is not None else SymConfig.symbolic()
+        self.N: int = geom.requests
+        self.R: int = geom.rows
+        self.S: int = geom.kv_slots  # slot variables: the largest pool of the geometry
+        self.B: int = geom.block_size
+        self.P: int = geom.page_size
+        self.pool: Z = self.cfg.kv_pages * geom.page_size  # slots of this configuration's pool
         # the relation per relaxation, over template copies (see `relation.transition`)
         self.templates: dict[tuple[Relaxation, ...], tuple[State, Params, State, Z]] = {}
         self._prefix: dict[tuple[int, int], Z] = {}

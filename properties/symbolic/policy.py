@@ -185,7 +185,7 @@ class PolicyRun:
         self.inp = inp
         self.sync = sync
         n = inp.bounds.requests
-        self.horizon = horizon if horizon is not None else inp.bounds.horizon
+        self.horizon: int = horizon if horizon is not None else inp.bounds.horizon
         tag = name or ("sync" if sync else "fdfo")
         self.ticks: list[Tick] = []
         self.forwards: list[Forward] = []

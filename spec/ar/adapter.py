@@ -22,32 +22,43 @@ ArEventSink = Callable[[ArEvent], None]
 class ArSchedulerAdapter(Protocol):
     """An AR scheduler under test.
 
-    - `submit` validates (raising a `spec.errors.RequestError` and changing nothing if
-      invalid), queues the request and emits `ArSubmitted`.
-    - `abort` (between steps) frees what the request holds (`ArBlocksFreed`) and emits
-      `ArAborted`; an unknown or ended id raises `spec.errors.UnknownRequest`.
-    - `step` runs one scheduling step: scheduling phase, `ArStepEnd`, update phase. With nothing
-      to do it still ends the step.
-    - `drain` steps until nothing is waiting or running, raising
-      `spec.errors.SchedulerStalled` instead of looping forever.
-    - `snapshot` reads its own pools and queues; `rules` states the ordering it promises.
+    Each method's docstring states its part of the contract.
     """
 
     @property
-    def config(self) -> ArConfig: ...
+    def config(self) -> ArConfig:
+        """The configuration the factory built this scheduler for (read, never changed)."""
+        ...
 
     @property
-    def rules(self) -> ArRules: ...
+    def rules(self) -> ArRules:
+        """The ordering it promises (admission order, victim order, ...), checked by the
+        spec's ordering rules."""
+        ...
 
-    def submit(self, request: ArRequest) -> None: ...
+    def submit(self, request: ArRequest) -> None:
+        """Validate `request` (an invalid one raises a `spec.errors.RequestError` and changes
+        nothing), queue it and emit `ArSubmitted`."""
+        ...
 
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str) -> None:
+        """Between steps: free what the request holds (`ArBlocksFreed`) and emit `ArAborted`;
+        an unknown or ended id raises `spec.errors.UnknownRequest` and changes nothing."""
+        ...
 
-    def step(self) -> None: ...
+    def step(self) -> None:
+        """Run one scheduling step: the scheduling phase, `ArStepEnd`, the update phase. With
+        nothing to do the step still ends."""
+        ...
 
-    def drain(self, max_steps: int = 100_000) -> None: ...
+    def drain(self, max_steps: int = 100_000) -> None:
+        """Step until nothing is waiting or running; after `max_steps` steps with work left
+        raise `spec.errors.SchedulerStalled` instead of looping forever (`drain_steps`)."""
+        ...
 
-    def snapshot(self) -> ArSnapshot: ...
+    def snapshot(self) -> ArSnapshot:
+        """Its own pools and queues, read from its data structures (not from its events)."""
+        ...
 
 
 def drain_steps(
@@ -70,4 +81,7 @@ def drain_steps(
 
 
 class ArImplementationFactory(Protocol):
+    """Builds a fresh AR scheduler for `config` that reports its events to `sink`; it may
+    refuse a configuration it does not support with `spec.errors.ConfigError`."""
+
     def __call__(self, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter: ...

@@ -35,6 +35,8 @@ class Policy(enum.Enum):
 
     @classmethod
     def parse(cls, value: str | Policy) -> Policy:
+        """The policy named `value` (any case), or `value` itself; else a `ConfigError` listing
+        the valid names."""
         if isinstance(value, Policy):
             return value
         try:
@@ -160,10 +162,12 @@ class ArConfig:
 
     @property
     def null_block(self) -> int | None:
+        """Block 0 when the pool reserves a null block (vLLM), else None."""
         return 0 if self.reserve_null_block else None
 
     @property
     def max_blocks_per_request(self) -> int:
+        """Blocks that hold `max_model_len` tokens: the most one request can ever hold."""
         return -(-self.max_model_len // self.block_size)
 
     def blocks_for(self, tokens: int) -> int:
@@ -202,6 +206,7 @@ class ArRequest:
 
     @property
     def expected_output(self) -> int:
+        """The output length a scheduler may plan with: `predicted_len`, else `max_tokens`."""
         return self.max_tokens if self.predicted_len is None else self.predicted_len
 
     @property
@@ -268,6 +273,9 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
 
 
 class AdmissionOrder(enum.Enum):
+    """Which waiting request may be admitted next (`ArRules.admission`): the head of the queue
+    (FCFS), or the least key, ties to the earlier arrival."""
+
     FCFS = "fcfs"  # the head of the waiting queue
     PRIORITY = "priority"  # min (priority, arrival)
     SJF = "sjf"  # min (prompt + expected output, arrival)
@@ -276,6 +284,9 @@ class AdmissionOrder(enum.Enum):
 
 
 class VictimOrder(enum.Enum):
+    """Which running request may be preempted when a running request needs a block that is
+    not free (`ArRules.victim`)."""
+
     NONE = "none"  # never preempts
     TAIL = "tail"  # the tail of running: latest admitted, not scheduled this step (FCFS)
     # max (priority, arrival) among running requests not scheduled in this step

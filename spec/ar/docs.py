@@ -63,6 +63,7 @@ private to their request.
 
 
 def render_ar_section() -> str:
+    """The AR part of docs/spec.md: its lifecycles, rules and invariants, as Markdown."""
     parts = [_INTRO, "### AR lifecycles\n"]
     for lc in AR_LIFECYCLES:
         parts.append(f"#### {lc.name}\n")

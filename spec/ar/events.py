@@ -20,6 +20,8 @@ from typing import ClassVar
 
 
 class ArFinishReason(enum.Enum):
+    """Why an AR request finished."""
+
     LENGTH = "length"  # produced max_tokens output tokens
     STOP = "stop"  # sampled the end token
 
@@ -95,6 +97,9 @@ class ArPreempted:
 
 @dataclass(frozen=True, slots=True)
 class ArBlocksFreed:
+    """The request dropped its references to these KV blocks; a block left with no holder is
+    free again (with prefix caching: cached, its content still hittable)."""
+
     kind: ClassVar[str] = "ar_blocks_freed"
     request_id: str
     blocks: tuple[int, ...]
@@ -102,6 +107,8 @@ class ArBlocksFreed:
 
 @dataclass(frozen=True, slots=True)
 class ArFinished:
+    """The request finished for `reason`; it holds no block from now on."""
+
     kind: ClassVar[str] = "ar_finished"
     request_id: str
     reason: ArFinishReason
@@ -109,6 +116,8 @@ class ArFinished:
 
 @dataclass(frozen=True, slots=True)
 class ArAborted:
+    """The client aborted the request between steps; it holds no block from now on."""
+
     kind: ClassVar[str] = "ar_aborted"
     request_id: str
 

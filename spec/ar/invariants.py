@@ -49,6 +49,7 @@ def kv_exclusive(s: ArState) -> str | None:
 
 
 def null_block_reserved(s: ArState) -> str | None:
+    """The reserved null block (vLLM's block 0) is never held."""
     null = s.config.null_block
     if null is not None and null in s.block_holders:
         return f"the null block {null} is held by {sorted(s.block_holders[null])}"
@@ -56,6 +57,7 @@ def null_block_reserved(s: ArState) -> str | None:
 
 
 def terminal_holds_nothing(s: ArState) -> str | None:
+    """A finished or aborted request holds no block."""
     for rid, r in s.requests.items():
         if r.phase in AR_TERMINAL_PHASES and r.blocks:
             return f"{r.phase.value} request {rid!r} holds blocks {list(r.blocks)}"
@@ -79,12 +81,14 @@ def preempted_holds_nothing(s: ArState) -> str | None:
 
 
 def seat_cap(s: ArState) -> str | None:
+    """At most `max_num_seqs` requests run."""
     if len(s.running) > s.config.max_num_seqs:
         return f"{len(s.running)} running > max_num_seqs={s.config.max_num_seqs}"
     return None
 
 
 def kv_bounded(s: ArState) -> str | None:
+    """No request holds more blocks than `max_model_len` tokens need."""
     cap = s.config.max_blocks_per_request
     for rid, r in s.requests.items():
         if len(r.blocks) > cap:
@@ -93,6 +97,7 @@ def kv_bounded(s: ArState) -> str | None:
 
 
 def kv_covers_computed(s: ArState) -> str | None:
+    """A running request's blocks hold every token it has computed."""
     bs = s.config.block_size
     for rid in s.running:
         r = s.requests[rid]
@@ -105,6 +110,7 @@ def kv_covers_computed(s: ArState) -> str | None:
 
 
 def waiting_holds_nothing(s: ArState) -> str | None:
+    """Between steps a waiting or preempted request holds no block and no computed token."""
     for rid, r in s.requests.items():
         if r.phase in AR_QUEUED_PHASES and (r.blocks or r.num_computed):
             return (

@@ -14,6 +14,8 @@ from spec.lifecycles import Lifecycle, Transition
 
 
 class ArPhase(enum.Enum):
+    """Where an AR request is in its lifecycle (`AR_REQUEST_LIFECYCLE`)."""
+
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # preempted in the current step; waiting again from its end
@@ -22,6 +24,8 @@ class ArPhase(enum.Enum):
 
 
 class ArBlockPhase(enum.Enum):
+    """Where a KV block of the AR pool is in its lifecycle."""
+
     FREE = "free"
     CACHED = "cached"  # free (reference count 0) but still holding a cached prefix (hittable)
     HELD = "held"  # reference count >= 1 (several holders only through cache hits)

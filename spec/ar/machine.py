@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import ClassVar
 
 from spec.ar.config import (
     AdmissionOrder,
@@ -70,6 +71,9 @@ Token = int | tuple[str, int] | tuple[str, str, int]
 
 @dataclass(slots=True)
 class _Req:
+    """The machine's own mutable record of an active request (`ArRequestState` is its frozen
+    view)."""
+
     request_id: str
     arrival: int
     prompt_len: int
@@ -138,7 +142,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     """The executable specification of an autoregressive scheduler, driven by events (its
     skeleton, shared with the dLLM machine, is `spec.machine_base.MachineBase`)."""
 
-    lifecycle_rule = ArRule.LIFECYCLE
+    lifecycle_rule: ClassVar[str] = ArRule.LIFECYCLE
 
     def __init__(self, config: ArConfig, policy: ArPolicy | ArRules | None = None) -> None:
         """`policy`: the implementation's declared `ArPolicy` (its options are parameters of the
@@ -148,9 +152,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self.config = config
         if isinstance(policy, ArRules):
             policy = ArPolicy(rules=policy)
-        self.policy = policy if policy is not None else ArPolicy()
-        self.rules = self.policy.rules_for(config)
-        self.watermark = self.policy.watermark_blocks(config)
+        self.policy: ArPolicy = policy if policy is not None else ArPolicy()
+        self.rules: ArRules = self.policy.rules_for(config)
+        self.watermark: int = self.policy.watermark_blocks(config)  # blocks admission leaves free
         self._requests: dict[str, _Req] = {}  # active requests only
         self._ended: dict[str, tuple[ArPhase, int]] = {}  # retired: (phase, outputs)
         self._waiting: list[str] = []
@@ -203,17 +207,21 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         )
 
     def render(self) -> str:
+        """The current state in words (shown in every violation)."""
         return render(self.state())
 
     @property
     def step_index(self) -> int:
+        """The step in progress (0 before the first `ArStepEnd`)."""
         return self._step.index
 
     @property
     def free_blocks(self) -> int:
+        """Usable blocks no request references now."""
         return self.config.usable_blocks - len(self._holders)
 
     def is_idle(self) -> bool:
+        """No waiting and no running request."""
         return not self._waiting and not self._running
 
     def queue_sizes(self) -> tuple[int, int]:
@@ -221,6 +229,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         return len(self._waiting), len(self._running)
 
     def request_phase(self, request_id: str) -> ArPhase | None:
+        """The request's phase, also after it ended; None for an id never submitted."""
         r = self._requests.get(request_id)
         if r is not None:
             return r.phase

@@ -205,6 +205,7 @@ class ArProfile:
             )
 
     def accepted(self, rule: str) -> AcceptedDeviation | None:
+        """The deviation this profile accepts for `rule`, or None."""
         return next((d for d in self.deviations if d.rule == rule), None)
 
 

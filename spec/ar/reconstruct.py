@@ -65,6 +65,7 @@ class ArPoolView:
     cached: frozenset[int] = field(default_factory=frozenset)
 
     def table(self, request_id: str) -> tuple[int, ...]:
+        """The request's block table (empty when it holds nothing)."""
         return tuple(self.block_tables.get(request_id, ()))
 
     def holders(self) -> dict[int, frozenset[str]]:

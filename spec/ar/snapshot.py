@@ -42,4 +42,5 @@ class ArSnapshot:
         return {b: frozenset({r}) for b, r in self.block_owners.items()}
 
     def held_blocks(self) -> int:
+        """Blocks some request holds. After a drain every block must be free."""
         return len(self.holders())

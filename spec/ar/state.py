@@ -11,6 +11,9 @@ from spec.ar.lifecycles import ArPhase
 
 @dataclass(frozen=True, slots=True)
 class ArRequestState:
+    """One AR request as the spec sees it: its sizes, phase, computed and output tokens, the
+    blocks it holds, and the service and waiting it has had (for LAS and aging)."""
+
     request_id: str
     arrival: int  # submission order
     prompt_len: int
@@ -32,12 +35,15 @@ class ArRequestState:
 
     @property
     def job_len(self) -> int:
+        """Prompt plus known or predicted output: the job length SJF and SRPT order by."""
         out = self.max_tokens if self.predicted_len is None else self.predicted_len
         return self.prompt_len + out
 
 
 @dataclass(frozen=True, slots=True)
 class ArState:
+    """The AR spec's abstract state: requests, queues, block holders and the current step."""
+
     config: ArConfig
     rules: ArRules
     requests: Mapping[str, ArRequestState]
@@ -64,6 +70,7 @@ class ArState:
 
 
 def render(s: ArState) -> str:
+    """The state in words: the step, the pool, the queues and every request."""
     c = s.config
     lines = [
         f"step {s.step_index}: scheduled {dict(s.scheduled)} "

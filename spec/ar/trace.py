@@ -104,6 +104,8 @@ _SHAPES: dict[str, tuple[frozenset[str], tuple[tuple[str, bool], ...]]] = {
 
 
 def ar_event_from_dict(data: dict[str, Any], line_no: int = 0) -> ArEvent:
+    """The AR event a decoded JSON line describes; a `TraceFormatError` naming `line_no` when
+    its kind is unknown or a field is missing, extra or of the wrong type."""
     kind = data.get("kind")
     shape = _SHAPES.get(kind) if isinstance(kind, str) else None
     if shape is None or not isinstance(kind, str):
@@ -229,6 +231,8 @@ def write_ar_trace(
 
 @dataclass(frozen=True, slots=True)
 class ArTraceHeader:
+    """An AR trace's header line: the configuration, the declared policy and its line."""
+
     config: ArConfig
     policy: ArPolicy
     line_no: int
@@ -246,6 +250,7 @@ class ArTraceReader:
 
     def __init__(self, source: str | Path | Iterable[str]) -> None:
         self._fh: TextIO | None = None
+        self.path: str  # the file's path, or "<stream>"
         if isinstance(source, str | Path):
             self.path = str(source)
             try:

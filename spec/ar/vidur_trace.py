@@ -129,6 +129,7 @@ def parse_vidur_trace_lines(lines: Iterable[str], source: str | None = None) -> 
 
 
 def parse_vidur_trace_text(text: str, source: str | None = None) -> VidurTrace:
+    """`parse_vidur_trace_lines` on a whole trace held in a string."""
     return parse_vidur_trace_lines(text.splitlines(keepends=True), source)
 
 
