@@ -52,10 +52,10 @@ class PagedKvAllocator:
         self.num_pages = num_pages
         self.page_size = page_size
         self.block_size = block_size
-        self.num_slots = num_pages * page_size
+        self.num_slots: int = num_pages * page_size
         self.sink = sink
-        self.owner_req = torch.full((self.num_slots,), FREE, dtype=torch.int32)
-        self.owner_block = torch.full((self.num_slots,), FREE, dtype=torch.int32)
+        self.owner_req: torch.Tensor = torch.full((self.num_slots,), FREE, dtype=torch.int32)
+        self.owner_block: torch.Tensor = torch.full((self.num_slots,), FREE, dtype=torch.int32)
         # numpy views sharing the tensors' memory: the hot paths index through them (a CPU
         # tensor op costs microseconds, a numpy one a fraction), the tensors stay the state.
         self._req = self.owner_req.numpy()
@@ -64,7 +64,7 @@ class PagedKvAllocator:
         self._page_used: list[int] = [0] * num_pages
         self._names: dict[int, str] = {}
         self._next_handle = 0
-        self.reserved_pages = 0
+        self.reserved_pages: int = 0
         # The handle `free_all` last emptied, while nothing was allocated to it since: its
         # `unregister` needs no scan of the owner tensor.
         self._emptied: int | None = None

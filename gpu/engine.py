@@ -224,7 +224,7 @@ class DllmEngine:
             )
         self._config = config
         self.sink = sink
-        self.device = resolve_device(device)
+        self.device: torch.device = resolve_device(device)
         mc: ModelConfig = model.config
         if config.max_context > mc.max_context:
             raise ConfigError(
@@ -232,22 +232,26 @@ class DllmEngine:
                 config.max_context,
                 f"at most the model's max_context={mc.max_context}",
             )
-        self.model_config = mc
+        self.model_config: ModelConfig = mc
         self.model = model
         self.algorithm = algorithm
         # What golden_output decodes with: the algorithm as configured, so a code path that
         # swaps in another one (or other parameters) is measured against what was asked for.
         self.configured_algorithm = algorithm
-        self.tokens = TokenMap(config, mc.vocab_size, MASK_ID, EOS_ID)
-        self.mask_id = MASK_ID
-        self.allocator = PagedKvAllocator(
+        self.tokens: TokenMap = TokenMap(config, mc.vocab_size, MASK_ID, EOS_ID)
+        self.mask_id: int = MASK_ID
+        self.allocator: PagedKvAllocator = PagedKvAllocator(
             config.kv_pages, config.page_size, config.block_size, sink
         )
-        self.req_pool = ReqToTokenPool(config.req_pool_rows, config.max_context, self.device)
-        self.kv = PagedKvCache(
+        self.req_pool: ReqToTokenPool = ReqToTokenPool(
+            config.req_pool_rows, config.max_context, self.device
+        )
+        self.kv: PagedKvCache = PagedKvCache(
             mc.n_layers, mc.n_heads, mc.head_dim, config.kv_slots, kv_dtype, self.device
         )
-        self.runner = ModelRunner(model, self.kv, self.req_pool, MASK_ID, record_digests=record)
+        self.runner: ModelRunner = ModelRunner(
+            model, self.kv, self.req_pool, MASK_ID, record_digests=record
+        )
         self.record = record
         self.on_block = on_block
         self.waiting: deque[EngineRequest] = deque()
@@ -257,20 +261,22 @@ class DllmEngine:
         self._retired: deque[str] = deque()
         self._retired_set: set[str] = set()
         self.retired_id_window = retired_id_window
-        self.round_index = 0
+        self.round_index: int = 0
         self.outputs: dict[str, tuple[int, ...]] = {}  # untaken outputs, finishing order
         self.max_retained_outputs = max_retained_outputs
-        self.outputs_dropped = 0
+        self.outputs_dropped: int = 0
         self.forward_log: deque[ForwardRecord] = deque(maxlen=forward_log_cap)
-        self.forward_log_dropped = 0
-        self.step_seconds = 0.0  # wall time in the algorithm's step
-        self.kv_seconds = 0.0  # wall time allocating / freeing block KV and writing the table
-        self.rows_forwarded = 0  # sum over forwards of the rows (blocks) they ran
-        self.row_rounds = 0  # sum over rounds of the rows (running requests) in the round
-        self.blocks_allocated = 0  # block KV allocations (new blocks and re-allocated carries)
+        self.forward_log_dropped: int = 0
+        self.step_seconds: float = 0.0  # wall time in the algorithm's step
+        self.kv_seconds: float = (
+            0.0  # wall time allocating / freeing block KV and writing the table
+        )
+        self.rows_forwarded: int = 0  # sum over forwards of the rows (blocks) they ran
+        self.row_rounds: int = 0  # sum over rounds of the rows (running requests) in the round
+        self.blocks_allocated: int = 0  # block KV allocations (new blocks and re-allocated carries)
         # A block never needs more steps than this (LowConfidence: B + 1; JointThreshold:
         # B + max_post_edit_steps + 1); beyond it the engine stops instead of looping forever.
-        self.max_block_steps = 4 * config.block_size + 256
+        self.max_block_steps: int = 4 * config.block_size + 256
 
     @property
     def config(self) -> DllmConfig:

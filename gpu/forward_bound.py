@@ -113,10 +113,10 @@ class Replayer:
         cfg = model.config
         rows = max(len(layout) for layout in layouts)
         self.model = model
-        self.table = torch.arange(rows * max_context, dtype=torch.int32, device=device).view(
-            rows, max_context
-        )
-        self.kv = PagedKvCache(
+        self.table: torch.Tensor = torch.arange(
+            rows * max_context, dtype=torch.int32, device=device
+        ).view(rows, max_context)
+        self.kv: PagedKvCache = PagedKvCache(
             cfg.n_layers, cfg.n_heads, cfg.head_dim, rows * max_context, device=device
         )
         rng = random.Random(seed)

@@ -27,7 +27,7 @@ class PagedKvCache:
         self.head_dim = head_dim
         self.num_slots = num_slots
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device: torch.device = torch.device(device)
         shape = (num_slots, n_kv_heads, head_dim)
         # Zero-filled so an unwritten slot is recognisable in tests (never read by the model).
         self.k: list[torch.Tensor] = [

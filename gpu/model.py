@@ -55,7 +55,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight: nn.Parameter = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -66,13 +66,13 @@ class Attention(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.n_heads = config.n_heads
-        self.head_dim = config.head_dim
+        self.n_heads: int = config.n_heads
+        self.head_dim: int = config.head_dim
         d = config.d_model
-        self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, d, bias=False)
-        self.wv = nn.Linear(d, d, bias=False)
-        self.wo = nn.Linear(d, d, bias=False)
+        self.wq: nn.Linear = nn.Linear(d, d, bias=False)
+        self.wk: nn.Linear = nn.Linear(d, d, bias=False)
+        self.wv: nn.Linear = nn.Linear(d, d, bias=False)
+        self.wo: nn.Linear = nn.Linear(d, d, bias=False)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -113,9 +113,9 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
-        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
-        self.w_up = nn.Linear(d_model, d_ff, bias=False)
-        self.w_down = nn.Linear(d_ff, d_model, bias=False)
+        self.w_gate: nn.Linear = nn.Linear(d_model, d_ff, bias=False)
+        self.w_up: nn.Linear = nn.Linear(d_model, d_ff, bias=False)
+        self.w_down: nn.Linear = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.w_down(nn.functional.silu(self.w_gate(x)) * self.w_up(x))
@@ -165,10 +165,10 @@ def _fused_weight(module: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Te
 class TransformerBlock(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(config.d_model)
-        self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(config.d_model)
-        self.mlp = SwiGLU(config.d_model, config.d_ff)
+        self.attn_norm: RMSNorm = RMSNorm(config.d_model)
+        self.attn: Attention = Attention(config)
+        self.mlp_norm: RMSNorm = RMSNorm(config.d_model)
+        self.mlp: SwiGLU = SwiGLU(config.d_model, config.d_ff)
 
 
 class BlockDiffusionLM(nn.Module):
@@ -185,10 +185,12 @@ class BlockDiffusionLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.embed: nn.Embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers: nn.ModuleList = nn.ModuleList(
+            TransformerBlock(config) for _ in range(config.n_layers)
+        )
+        self.norm: RMSNorm = RMSNorm(config.d_model)
+        self.lm_head: nn.Linear = nn.Linear(config.d_model, config.vocab_size, bias=False)
         cos, sin = rope_tables(config.head_dim, config.max_context, config.rope_theta)
         # Derived from the config, so not part of the weights file.
         self.register_buffer("rope_cos", cos, persistent=False)

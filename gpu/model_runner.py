@@ -46,13 +46,13 @@ class ModelRunner:
         self.req_pool = req_pool
         self.mask_id = mask_id
         self.record_digests = record_digests
-        self.forwards = 0
-        self.forward_seconds = 0.0  # host wall time in forwards (on CUDA: until the digest)
-        self.attention_seconds = 0.0  # the part of it the model spent in attention
-        self.attention_groups = 0  # per forward its distinct context lengths, summed
+        self.forwards: int = 0
+        self.forward_seconds: float = 0.0  # host wall time in forwards (on CUDA: until the digest)
+        self.attention_seconds: float = 0.0  # the part of it the model spent in attention
+        self.attention_groups: int = 0  # per forward its distinct context lengths, summed
         self.last_digest: str | None = None
         self._last_plan: tuple[tuple[object, ...], BlockPlan] | None = None
-        self.plans_built = 0  # plans read from the table (the others were the last one again)
+        self.plans_built: int = 0  # plans read from the table (the others were the last one again)
 
     def plan(self, start_positions: list[int], rows: list[int], block_size: int) -> BlockPlan:
         """The batch layout for this round's forwards (host lists in, one read of the table):

@@ -30,15 +30,17 @@ class ReqToTokenPool:
     def __init__(self, rows: int, max_context: int, device: torch.device | str = "cpu") -> None:
         self.rows = rows
         self.max_context = max_context
-        self.device = torch.device(device)
-        self.req_to_token = torch.zeros((rows, max_context), dtype=torch.int32, device=self.device)
-        self.row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+        self.device: torch.device = torch.device(device)
+        self.req_to_token: torch.Tensor = torch.zeros(
+            (rows, max_context), dtype=torch.int32, device=self.device
+        )
+        self.row_owner: torch.Tensor = torch.full((rows,), FREE, dtype=torch.int32)
         self._owner_np = self.row_owner.numpy()  # the hot paths index through this view
         self._table_np = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self._free_rows: list[int] = list(range(rows))  # a heap
         # Bumped by every `write_blocks` that changes an entry: a batch plan read from the
         # table stays valid while the version does (the table is written only there).
-        self.version = 0
+        self.version: int = 0
 
     def has_free(self) -> bool:
         return bool(self._free_rows)

@@ -46,12 +46,12 @@ class TokenMap:
         self.vocab_size = vocab_size
         self.internal_mask = mask_id
         self.internal_eos = eos_id
-        self.spec_mask = config.mask_token_id
-        self.spec_eos = config.eos_token_id
+        self.spec_mask: int = config.mask_token_id
+        self.spec_eos: int | None = config.eos_token_id
         v = vocab_size
         native = 0 <= config.mask_token_id < v
         to_internal = list(range(v)) if native else [(t + SPECIAL_OFFSET) % v for t in range(v)]
-        self.native = native
+        self.native: bool = native
 
         def swap_to(spec_id: int, internal_id: int) -> None:
             j = to_internal.index(internal_id)
@@ -67,7 +67,7 @@ class TokenMap:
         for spec_id, internal in enumerate(to_internal):
             self._to_spec[internal] = spec_id
         # The tokenizer's MASK always reads back as the config's mask id.
-        self.hole = self._to_spec[mask_id]
+        self.hole: int = self._to_spec[mask_id]
         self._to_spec[mask_id] = config.mask_token_id
         self._to_spec_t = torch.tensor(self._to_spec, dtype=torch.int64)
 

@@ -122,15 +122,15 @@ class ReferenceDllmScheduler:
         self.oracle: DenoiseOracle = oracle or AlgorithmOracle.named(
             "LowConfidence", config.mask_token_id
         )
-        self.kv = PagedKvPool(config, sink)
-        self.rows = RequestPool(config.req_pool_rows)
+        self.kv: PagedKvPool = PagedKvPool(config, sink)
+        self.rows: RequestPool = RequestPool(config.req_pool_rows)
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []  # admission order
         self.seen: set[str] = set()
         self.id_memory = id_memory
         self._retired: deque[str] = deque()
-        self.reserved_pages = 0
-        self.round_index = 0
+        self.reserved_pages: int = 0
+        self.round_index: int = 0
         # outputs finished since the last `collect_outputs` (handed out, then forgotten: bounded)
         self.outputs: dict[str, FinishedOutput] = {}
 

@@ -233,8 +233,10 @@ class RecordedOracle:
     ) -> None:
         self.scripts = scripts
         self.mask_id = mask_id
-        self.stops = stops or {}  # request -> committed blocks at its recorded STOP
-        self.aborts = aborts or {}  # request -> committed blocks at its in-round abort
+        self.stops: dict[str, int] = stops or {}  # request -> committed blocks at its recorded STOP
+        self.aborts: dict[str, int] = (
+            aborts or {}
+        )  # request -> committed blocks at its in-round abort
 
     @classmethod
     def from_events(cls, events: Sequence[Event], config: DllmConfig) -> RecordedOracle:

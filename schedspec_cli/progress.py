@@ -11,7 +11,7 @@ class Progress:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.active = sys.stderr.isatty()
+        self.active: bool = sys.stderr.isatty()
         self._shown = False
 
     def update(self, text: str) -> None:

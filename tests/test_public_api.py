@@ -1,8 +1,8 @@
 """The public API reads the same in every type checker and in an editor's hover.
 
 `spec` (what an implementer imports) documents every public function, class, method and
-property; `spec`, `properties` and `integrations` declare the type of every public instance
-attribute, so pyright (`--verifytypes`) reads them as mypy does. The checker itself
+property; every package of ours declares the type of every public instance attribute, so
+pyright (`--verifytypes`) reads them as mypy does. The checker itself
 (`tests/public_api.py`) is shown to catch each gap on a seeded module.
 """
 
@@ -22,7 +22,9 @@ def test_every_public_symbol_of_spec_is_documented() -> None:
     assert not gaps, "\n".join(map(str, gaps))
 
 
-@pytest.mark.parametrize("package", ["spec", "properties", "integrations"])
+@pytest.mark.parametrize(
+    "package", ["spec", "properties", "integrations", "reference", "gpu", "schedspec_cli"]
+)
 def test_every_public_attribute_declares_its_type(package: str) -> None:
     gaps = package_gaps(ROOT / package, docstrings=False)
     assert not gaps, "\n".join(map(str, gaps))

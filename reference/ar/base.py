@@ -238,10 +238,10 @@ class ArSchedulerBase:
         self.waiting: deque[ArReq] = deque()
         self.running: list[ArReq] = []
         self.finished: dict[str, ArReq] = {}
-        self.num_finished = 0
+        self.num_finished: int = 0
         self.seen: set[str] = set()
-        self.step_index = 0
-        self.arrivals = 0
+        self.step_index: int = 0
+        self.arrivals: int = 0
         self.scheduled: dict[str, int] = {}  # this step: request id -> tokens
         self.step_preempted: list[ArReq] = []
 

@@ -31,11 +31,11 @@ class GlobalScheduler:
             raise ConfigError("routing", routing, f"one of {list(ROUTINGS)}")
         self.config = config
         self.routing = routing
-        self.rng = random.Random(seed)
+        self.rng: random.Random = random.Random(seed)
         self.replicas: list[ArSchedulerAdapter] = [
             replica_factory(config, sink_for(i)) for i in range(config.num_replicas)
         ]
-        self.next_rr = 0
+        self.next_rr: int = 0
         self.placement: dict[str, int] = {}
 
     def _pick(self) -> int:

@@ -76,12 +76,12 @@ class StageScheduler:
         self.sink = sink
         self.replica: VidurReplicaBase = cls(config, sink, pipelined=True)
         self.stages: list[MicroBatch | None] = [None] * config.num_stages
-        self.tick = 0
-        self.next_batch = 0
+        self.tick: int = 0
+        self.next_batch: int = 0
         self.aborting: set[str] = set()
         self.submitted: set[str] = set()
         self.aborted: set[str] = set()
-        self.peak_in_flight = 0  # most batches running at once (during a tick)
+        self.peak_in_flight: int = 0  # most batches running at once (during a tick)
 
     # ------------------------------------------------------------------ operations
     def submit(self, request: ArRequest) -> None:

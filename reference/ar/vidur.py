@@ -73,7 +73,7 @@ class VidurReplicaBase(ArSchedulerBase):
         self.pending: list[ArReq] = []
         self.batch: list[ArReq] = []
         # Vidur's pool is the usable blocks (it has no null block)
-        self.watermark = int(self.watermark_fraction * config.usable_blocks)
+        self.watermark: int = int(self.watermark_fraction * config.usable_blocks)
 
     def _check_config(self, config: ArConfig) -> None:
         if config.policy is not Policy.FCFS:
@@ -332,7 +332,7 @@ class VidurLightLlm(VidurReplicaBase):
 
     def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
         super().__init__(config, sink, pipelined=pipelined)
-        self.num_waiting_iters = 0
+        self.num_waiting_iters: int = 0
 
     def _check_config(self, config: ArConfig) -> None:
         if config.block_size != 1:

@@ -74,7 +74,7 @@ class RoundRobin:
 
     def __init__(self, num_replicas: int) -> None:
         self.num_replicas = num_replicas
-        self.next = 0
+        self.next: int = 0
 
     def pick(self, req: int) -> int:
         r = self.next
@@ -156,25 +156,25 @@ class ClusterSim:
         self.replicas = replicas
         self.model = model
         self.router = router
-        self.n = len(workload)
-        self.metrics = RequestMetrics.for_workload(workload)
+        self.n: int = len(workload)
+        self.metrics: RequestMetrics = RequestMetrics.for_workload(workload)
         # plain lists while running (numpy element access is slow), copied back at the end
         nan = math.nan
-        self.scheduled = [nan] * self.n
-        self.first_token = [nan] * self.n
-        self.completed = [nan] * self.n
-        self.restarts = [0] * self.n
+        self.scheduled: list[float] = [nan] * self.n
+        self.first_token: list[float] = [nan] * self.n
+        self.completed: list[float] = [nan] * self.n
+        self.restarts: list[int] = [0] * self.n
         self.arrivals: list[float] = workload.arrived_at.tolist()
         self.pre: list[int] = workload.prefill.tolist()
         self.dec: list[int] = workload.decode.tolist()
-        self.assign = [0] * self.n
-        self.state = [_ReplicaState() for _ in replicas]
-        self.fusable = [fuse and hasattr(rep, "decode_stretch") for rep in replicas]
+        self.assign: list[int] = [0] * self.n
+        self.state: list[_ReplicaState] = [_ReplicaState() for _ in replicas]
+        self.fusable: list[bool] = [fuse and hasattr(rep, "decode_stretch") for rep in replicas]
         self.heap: list[BatchEnd] = []
-        self.seq = 0
-        self.now = 0.0
+        self.seq: int = 0
+        self.now: float = 0.0
         self.to_start: list[int] = []  # idle replicas that got work at the current instant
-        self.num_batches = 0
+        self.num_batches: int = 0
         self.record_batches = record_batches
         self.batches: list[BatchRecord] = []
         if kv_sample_interval is None:
@@ -184,7 +184,9 @@ class ClusterSim:
         self.kv_samples: list[tuple[float, int, int]] = []
         self.times: list[float] | None = [] if record_events else None
         self.log: list[tuple[str, int, float]] | None = [] if record_events else None
-        self.decode_ends = getattr(model, "decode_ends", None)
+        self.decode_ends: Callable[[float, int, int, int], list[float]] | None = getattr(
+            model, "decode_ends", None
+        )
 
     def run(self, progress: Progress | None) -> ClusterResult:
         arrivals, heap, n = self.arrivals, self.heap, self.n

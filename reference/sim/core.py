@@ -19,7 +19,7 @@ class EventQueue:
     def __init__(self, record: bool = False) -> None:
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
-        self.now = 0.0
+        self.now: float = 0.0
         self.log: list[tuple[float, int]] | None = [] if record else None
 
     def __len__(self) -> int:

@@ -213,7 +213,7 @@ class DirectDriver:
         self, factory: ImplementationFactory, config: DllmConfig, check_spec: bool = False
     ) -> None:
         self.events: list[Event] = []
-        self.spec = SpecMachine(config) if check_spec else None
+        self.spec: SpecMachine | None = SpecMachine(config) if check_spec else None
         self.impl: SchedulerAdapter = factory(config, self._sink)
 
     def _sink(self, e: Event) -> None:

@@ -26,13 +26,13 @@ class FastReplicaCore:
 
     def __init__(self, config: ArConfig) -> None:
         self.config = config
-        self.watermark = int(self.watermark_fraction * config.usable_blocks)
-        self.bs = config.block_size
-        self.kv_capacity = config.usable_blocks * config.block_size
-        self.free = config.usable_blocks
-        self.cap = max(1, config.max_num_seqs // config.num_stages)
-        self.base_sum = 0
-        self.G = 0
+        self.watermark: int = int(self.watermark_fraction * config.usable_blocks)
+        self.bs: int = config.block_size
+        self.kv_capacity: int = config.usable_blocks * config.block_size
+        self.free: int = config.usable_blocks
+        self.cap: int = max(1, config.max_num_seqs // config.num_stages)
+        self.base_sum: int = 0
+        self.G: int = 0
         self._new: list[int] = []
         self._result: tuple[list[int], list[int], list[int]] = ([], [], [])
 

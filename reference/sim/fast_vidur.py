@@ -209,7 +209,7 @@ class FastVidurLightLlm(_DecodeCounter):
         from reference.ar.vidur import VidurLightLlm
 
         super().__init__(config, VidurLightLlm)
-        self.num_waiting_iters = 0
+        self.num_waiting_iters: int = 0
         self._open = False  # a stretch in flight was formed with nobody waiting
         self._keys: list[int] = []  # -(growth left + G) of `_by_growth`, ascending
         self._by_growth: list[_Req] = []  # running requests, largest growth left first
@@ -374,8 +374,8 @@ class FastVidurSarathi(FastReplicaCore):
         super().__init__(config)
         self.waiting: deque[_SReq] = deque()
         self.order: list[_SReq] = []  # Vidur's list order: running requests between batches
-        self.n_running = 0
-        self.kv = 0  # computed tokens of running requests
+        self.n_running: int = 0
+        self.kv: int = 0  # computed tokens of running requests
         self._arrivals = 0
 
     def add(self, req: int, prefill: int, decode: int) -> None:

@@ -62,7 +62,7 @@ class FastVidurVllm(FastReplicaCore):
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []  # by arrival
         self.keys: list[int] = []  # arrivals of `running`, for bisect
-        self.hist = [0] * config.block_size  # running requests by base % block_size
+        self.hist: list[int] = [0] * config.block_size  # running requests by base % block_size
         self.finishes: list[tuple[int, int, int]] = []  # heap (G, arrival, epoch)
         self.epoch: dict[int, int] = {}  # arrival -> finish epoch (stale heap entries differ)
         self.by_arrival: dict[int, _Req] = {}

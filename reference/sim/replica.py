@@ -88,10 +88,10 @@ class SimpleReplica:
         self.kv_capacity = kv_capacity
         self.max_prefill = max_prefill_tokens
         self.waiting: deque[tuple[int, int, int]] = deque()
-        self.n_decoding = 0
-        self.reserved = 0
-        self.kv = 0
-        self.it = 0
+        self.n_decoding: int = 0
+        self.reserved: int = 0
+        self.kv: int = 0
+        self.it: int = 0
         self.finish_at: dict[int, list[tuple[int, int, int]]] = {}
         self.finish_keys: list[int] = []  # heap of the iterations in finish_at
         self._new: list[tuple[int, int, int]] = []
@@ -216,13 +216,13 @@ class ArReplica:
 
     def __init__(self, factory: ArFactory, config: ArConfig) -> None:
         self.config = config
-        self.kv_capacity = config.usable_blocks * config.block_size
-        self.impl = factory(config, self._sink)
+        self.kv_capacity: int = config.usable_blocks * config.block_size
+        self.impl: object = factory(config, self._sink)
         self._step_events: list[ArEvent] = []
         self.prompt: dict[str, int] = {}
         self.computed: dict[str, int] = {}
         self.outputs: dict[str, int] = {}
-        self.blocks = 0
+        self.blocks: int = 0
         self._out = 0
         self._new: list[int] = []
         self._seen: set[str] = set()

@@ -105,30 +105,30 @@ class PrefillInstance:
     """`units` DP units that run prefill forwards in lock-step."""
 
     def __init__(self, units: int) -> None:
-        self.busy = False
+        self.busy: bool = False
         self.queues: list[deque[Pending]] = [deque() for _ in range(units)]  # immediate
         self.pinned: list[Pending | None] = [None] * units  # sbs: the cut request per unit
-        self.kv = [0] * units
+        self.kv: list[int] = [0] * units
         self.chunks: list[list[Chunk]] = [[] for _ in range(units)]
-        self.t_hat = 0.0  # EWMA of measured forward times
-        self.start = 0.0
-        self.rr = 0  # immediate: the next unit for an arrival
+        self.t_hat: float = 0.0  # EWMA of measured forward times
+        self.start: float = 0.0
+        self.rr: int = 0  # immediate: the next unit for an arrival
 
 
 class DecodeInstance:
     """`units` DP units that run decode steps in lock-step; requests join at step boundaries."""
 
     def __init__(self, units: int) -> None:
-        self.busy = False
-        self.n = [0] * units
-        self.kv = [0] * units  # reserved (prompt + output) per unit
-        self.kv_live = [0] * units  # tokens actually cached
+        self.busy: bool = False
+        self.n: list[int] = [0] * units
+        self.kv: list[int] = [0] * units  # reserved (prompt + output) per unit
+        self.kv_live: list[int] = [0] * units  # tokens actually cached
         self.joining: list[list[int]] = [[] for _ in range(units)]
         self.finish_at: list[dict[int, list[int]]] = [{} for _ in range(units)]
-        self.step = 0
+        self.step: int = 0
         self.waiting: deque[int] = deque()
-        self.rr = 0
-        self.start = 0.0
+        self.rr: int = 0
+        self.start: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +201,10 @@ class DecodeSide:
     def __init__(self, run: _Run, balanced: bool) -> None:
         self.run = run
         self.balanced = balanced
-        self.instances = [DecodeInstance(run.p.decode_units) for _ in range(run.p.decode_instances)]
-        self.rr = 0
+        self.instances: list[DecodeInstance] = [
+            DecodeInstance(run.p.decode_units) for _ in range(run.p.decode_instances)
+        ]
+        self.rr: int = 0
 
     def admit(self, rid: int, now: float) -> None:
         run = self.run
@@ -291,8 +293,10 @@ class PrefillDispatch:
         self.run = run
         self.decode = decode
         p = run.p
-        self.instances = [PrefillInstance(p.dp_units) for _ in range(p.prefill_instances)]
-        self.rr = 0
+        self.instances: list[PrefillInstance] = [
+            PrefillInstance(p.dp_units) for _ in range(p.prefill_instances)
+        ]
+        self.rr: int = 0
 
     def on_arrival(self, rid: int, now: float) -> None:  # pragma: no cover - subclasses
         raise NotImplementedError
@@ -405,8 +409,8 @@ class StaggeredDispatch(PrefillDispatch):
     def __init__(self, run: _Run, decode: DecodeSide) -> None:
         super().__init__(run, decode)
         self.buffer: deque[Pending] = deque()
-        self.last_dispatch = -float("inf")
-        self.timer_at = -1.0
+        self.last_dispatch: float = -float("inf")
+        self.timer_at: float = -1.0
 
     def interval(self) -> float:
         t_hat = sum(x.t_hat for x in self.instances) / len(self.instances)

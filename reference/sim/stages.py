@@ -62,10 +62,10 @@ class StagedReplica:
             raise SimConfigError("num_stages", num_stages, "an integer >= 1")
         self.num_stages = num_stages
         self.slots: list[ReplicaScheduler] = [make() for _ in range(num_stages)]
-        self.in_flight = [False] * num_stages
+        self.in_flight: list[bool] = [False] * num_stages
         self.stages: list[_InFlight | None] = [None] * num_stages
-        self.next_slot = 0  # round robin for adds
-        self.next_form = 0  # round robin for forming batches
+        self.next_slot: int = 0  # round robin for adds
+        self.next_form: int = 0  # round robin for forming batches
 
     def add(self, req: int, prefill: int, decode: int) -> None:
         self.slots[self.next_slot].add(req, prefill, decode)
@@ -104,17 +104,17 @@ class StagedSim:
     ) -> None:
         self.replicas = replicas
         self.model = model
-        self.n = len(workload)
-        self.metrics = RequestMetrics.for_workload(workload)
+        self.n: int = len(workload)
+        self.metrics: RequestMetrics = RequestMetrics.for_workload(workload)
         self.arrivals: list[float] = workload.arrived_at.tolist()
         self.pre: list[int] = workload.prefill.tolist()
         self.dec: list[int] = workload.decode.tolist()
         self.heap: list[StageEnd] = []
-        self.seq = 0
-        self.now = 0.0
+        self.seq: int = 0
+        self.now: float = 0.0
         self.slices: list[StageRecord] = []
-        self.num_batches = 0
-        self.assign = [0] * self.n
+        self.num_batches: int = 0
+        self.assign: list[int] = [0] * self.n
         self.to_form: list[int] = []
 
     def run(self) -> StagedResult:
