@@ -94,6 +94,7 @@ class Package:
 
     @property
     def requirement(self) -> str:
+        """The pip requirement: `name==version`, or the bare name when no version is pinned."""
         return f"{self.name}=={self.version}" if self.version else self.name
 
 

@@ -126,6 +126,7 @@ class FixSet:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The names of `fixes`, in their order."""
         return tuple(fix.name for fix in self.fixes)
 
     def resolve(self, names: Iterable[str]) -> tuple[EngineFix, ...]:

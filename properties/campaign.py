@@ -44,6 +44,7 @@ class Accepted:
     hits: int
 
     def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON object: `rule`, `reason`, `source` and `hits`."""
         return {"rule": self.rule, "reason": self.reason, "source": self.source, "hits": self.hits}
 
 
@@ -59,6 +60,7 @@ class CampaignResult:
 
     @property
     def passed(self) -> bool:
+        """No rule was violated (hits of accepted deviations do not count)."""
         return not self.failures
 
 

@@ -101,11 +101,13 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     # ------------------------------------------------------------------ helpers
     @property
     def harness(self) -> H:
+        """The harness `configure` built; RuntimeError before it ran."""
         if self.h is None:  # pragma: no cover - configure always runs first
             raise RuntimeError("the machine has no harness before configure")
         return self.h
 
     def new_id(self) -> str:
+        """A fresh request id for this example: `r0`, `r1`, ... in order."""
         rid = f"r{self.next_id}"
         self.next_id += 1
         return rid
@@ -168,6 +170,8 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     # ------------------------------------------------------------------ shared rules
     @rule(request=consumes(requests))
     def abort(self, request: str) -> None:
+        """Abort a submitted request (taken out of `requests`) through the harness: an active
+        one must end aborted, an ended one must be refused cleanly."""
         self.run("abort", self.harness.abort, request)
 
     @rule(request=requests)
@@ -177,6 +181,8 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
 
     @rule()
     def abort_unknown(self) -> None:
+        """Abort an id never submitted: it must be refused with `UnknownRequest`
+        (`known_request` otherwise)."""
         err = self.run("abort", self.harness.abort, "no-such-request")
         if err is None:
             raise self.harness._violate(
@@ -186,10 +192,13 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     @precondition(lambda self: self.h is not None and self.clock() % 3 == 2)
     @rule()
     def drain(self) -> None:
+        """Drain the implementation through the harness (when `clock() % 3 == 2`)."""
         self.run("drain", self.harness.drain)
 
     @invariant()
     def ends_are_checked(self) -> None:
+        """Every round/step end the implementation emitted was checked by the spec: `ended()`
+        equals `clock()`, else `order_rule` is broken."""
         if self.h is not None and self.ended() != self.clock():
             raise self.harness._violate(
                 self.order_rule,
@@ -198,6 +207,9 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             )
 
     def teardown(self) -> None:
+        """Unless configure never ran or a violation was already raised: the final drain and
+        `teardown_checks()` (an ignored rule's violation is counted, not raised), then the
+        example is counted and `counter.on_example` told."""
         # Hypothesis runs teardown after a failing step too: do not mask that failure.
         if self.h is None or self.h.violation is not None:
             return

@@ -74,10 +74,13 @@ def operations(events: Sequence[Event], *, aborts_in_round: bool = False) -> lis
 
 
 def admissions(events: Sequence[Event]) -> list[str]:
+    """The request ids of the `Admitted` events, in stream order."""
     return [e.request_id for e in events if isinstance(e, Admitted)]
 
 
 def forward_rounds(events: Sequence[Event]) -> Rounds:
+    """Per round (split at each `ControlReturned`), per `Forward`, its sorted (request id,
+    block index) rows; the last entry holds what came after the last `ControlReturned`."""
     return _by_round(events, _forward_rows)
 
 

@@ -147,6 +147,11 @@ class Harness(ReplayHarness[SpecMachine]):
             )
 
     def abort(self, request_id: str) -> UnknownRequest | None:
+        """Abort `request_id`; return the `UnknownRequest` if the implementation refused it.
+
+        A queued, admitted or running request must end aborted (`known_request` otherwise); any
+        other id must be refused with no event. The snapshot is checked after a successful abort.
+        """
         phase = self.spec.request_phase(request_id)
         return self._checked_abort(
             request_id,
@@ -156,6 +161,8 @@ class Harness(ReplayHarness[SpecMachine]):
         )
 
     def round(self) -> None:
+        """Run one round; it must end (`ControlReturned`, else `round_order`), then the snapshot,
+        the reported outputs and the golden outputs of the requests it finished are checked."""
         expected = self.spec.round_index
         self.impl.run_round()
         self._require_round_ended(expected)
@@ -172,6 +179,9 @@ class Harness(ReplayHarness[SpecMachine]):
             )
 
     def drain(self, max_rounds: int = 10_000) -> None:
+        """Drain the implementation (`max_rounds` passed on); then the spec must be idle
+        (`progress`), snapshot, outputs and golden outputs must match, and no KV slot or row may
+        still be held (`no_leak`)."""
         before = self.spec.round_index
         self.impl.drain(max_rounds)
         self.rounds += self.spec.round_index - before
@@ -224,13 +234,16 @@ class Harness(ReplayHarness[SpecMachine]):
                 )
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
+        """The spec's output of every finished request, by id (`SpecMachine.outputs`)."""
         return self.spec.outputs()
 
     def requests(self) -> dict[str, RequestSpec]:
+        """Every request the spec has seen submitted, by id, as its `Submitted` event gave it."""
         st = self.spec.state()
         return {rid: _request_spec(r) for rid, r in st.requests.items()}
 
     def ended_rounds(self) -> int:
+        """Rounds the implementation ended: the `ControlReturned` events it emitted."""
         return sum(1 for e in self.events if isinstance(e, ControlReturned))
 
 

@@ -109,4 +109,6 @@ def request_sizes(draw: st.DrawFn, config: DllmConfig) -> tuple[tuple[int, ...],
 
 
 def request_specs(config: DllmConfig, request_id: str) -> st.SearchStrategy[RequestSpec]:
+    """Requests with id `request_id` sized by `request_sizes` (sometimes too long for the
+    context), with the default flags."""
     return request_sizes(config).map(lambda pm: RequestSpec(request_id, pm[0], pm[1]))

@@ -4,7 +4,7 @@ The trace may start with a config header line (`{"kind": "config", ...}`); other
 is given by the caller. When both are given they must agree (the header is what the engine ran
 with; a different `config` is refused, never silently preferred). The same holds for the policy
 the engine follows on purpose: the header's `declared_policy`, or the caller's `policy` (an
-implementation profile's), or both when they agree; neither is the idealised spec.
+implementation profile's), or both when they agree; with neither, the idealised spec.
 
 Events are streamed and replayed in order with the incremental invariant check (cost per event
 ~ what it changed, so a log of any length checks in linear time and bounded memory); the first
@@ -28,6 +28,8 @@ from spec.trace import iter_trace, policy_to_dict
 
 @dataclass(frozen=True, slots=True)
 class TraceResult:
+    """The verdict on one dLLM trace: the first violation (if any), where, and the end state."""
+
     path: str
     events: int
     rounds: int
@@ -39,6 +41,7 @@ class TraceResult:
 
     @property
     def ok(self) -> bool:
+        """No violation (a log that ends with work left, `idle_at_end` False, is still ok)."""
         return self.violation is None
 
 

@@ -39,16 +39,23 @@ MachineBuilder = Callable[..., type[RuleBasedStateMachine]]
 
 @dataclass(frozen=True, slots=True)
 class Failure:
+    """One failed run: the rule it broke (or the exception's type name), the message and the
+    program that shows it."""
+
     rule: str
     message: str
     program: str  # the shrunk, copy-pasteable program
 
     def to_json(self) -> dict[str, str]:
+        """The fields as a JSON object: `rule`, `message` and `program`."""
         return asdict(self)
 
 
 @dataclass(slots=True)
 class VerifyResult:
+    """The outcome of verifying one implementation: the examples and steps run, the wall-clock
+    `seconds` they took, the failures, and the accepted deviations hit."""
+
     impl: str
     examples: int
     steps: int
@@ -63,6 +70,7 @@ class VerifyResult:
 
     @property
     def passed(self) -> bool:
+        """No failure (hits of accepted deviations do not count)."""
         return not self.failures
 
     @property
@@ -71,6 +79,8 @@ class VerifyResult:
         return [f.rule for f in self.failures]
 
     def to_json(self) -> dict[str, Any]:
+        """The result as a JSON object: every field, plus `passed` and `rules`; `seconds`
+        rounded to milliseconds."""
         return {
             "passed": self.passed,
             "impl": self.impl,

@@ -18,6 +18,8 @@ from spec.profile import DllmProfile
 
 @dataclass(frozen=True, slots=True)
 class Submit:
+    """The operation that submits `request`."""
+
     request: RequestSpec
 
     @classmethod
@@ -28,16 +30,22 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
+    """The operation that aborts `request_id`."""
+
     request_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
+    """The operation that runs one round."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class Drain:
+    """The operation that drains the implementation until it is idle."""
+
     pass
 
 
@@ -59,10 +67,21 @@ class OpDriver(Protocol):
     """What runs operations: a `Harness` (every event checked), or an implementation driven
     bare (`properties.decisions`)."""
 
-    def submit(self, request: RequestSpec) -> object: ...
-    def abort(self, request_id: str) -> object: ...
-    def round(self) -> None: ...
-    def drain(self) -> None: ...
+    def submit(self, request: RequestSpec) -> object:
+        """Submit `request` (a harness returns the typed error of a rejection)."""
+        ...
+
+    def abort(self, request_id: str) -> object:
+        """Abort `request_id` (a harness returns the typed error of a refusal)."""
+        ...
+
+    def round(self) -> None:
+        """Run one round."""
+        ...
+
+    def drain(self) -> None:
+        """Run rounds until the implementation is idle."""
+        ...
 
 
 def apply_ops(h: OpDriver, ops: Iterable[Op]) -> None:

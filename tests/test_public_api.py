@@ -1,7 +1,8 @@
 """The public API reads the same in every type checker and in an editor's hover.
 
-`spec` (what an implementer imports) documents every public function, class, method and
-property; every package of ours declares the type of every public instance attribute, so
+`spec`, `properties` and `integrations` (what an implementer imports, runs in pytest or
+hooks into a live engine) document every public function, class, method and property; every
+package of ours declares the type of every public instance attribute, so
 pyright (`--verifytypes`) reads them as mypy does. The checker itself
 (`tests/public_api.py`) is shown to catch each gap on a seeded module.
 """
@@ -17,8 +18,9 @@ from tests.public_api import Gap, gaps_in_sources, package_gaps
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_public_symbol_of_spec_is_documented() -> None:
-    gaps = package_gaps(ROOT / "spec", declarations=False)
+@pytest.mark.parametrize("package", ["spec", "properties", "integrations"])
+def test_every_public_symbol_is_documented(package: str) -> None:
+    gaps = package_gaps(ROOT / package, declarations=False)
     assert not gaps, "\n".join(map(str, gaps))
 
 

@@ -53,6 +53,7 @@ class SglangDllmAdapter:
 
     @property
     def config(self) -> DllmConfig:
+        """The `DllmConfig` the SGLang engine was assembled for (`build`)."""
         return self._config
 
     @property
@@ -62,6 +63,9 @@ class SglangDllmAdapter:
 
     # ------------------------------------------------------------------ API
     def submit(self, request: RequestSpec) -> None:
+        """`validate_request`, then `DuplicateRequest` for an id submitted before (both before any
+        change); else build SGLang's `Req` under `engine_request_id` and append it to
+        `waiting_queue` (as `handle_generate_request` does); the observer emits `Submitted`."""
         validate_request(self.config, request)
         rid = request.request_id
         if rid in self.seen:
@@ -80,6 +84,9 @@ class SglangDllmAdapter:
         self.observer.submitted(req)
 
     def abort(self, request_id: str) -> None:
+        """`UnknownRequest` for an id not live (SGLang would ignore it); else SGLang's
+        `abort_request` with its engine id, and the observer emits the frees read from SGLang's
+        pools, then `Aborted`."""
         req = self.live.get(request_id)
         if req is None:  # SGLang would ignore it silently; the spec requires a typed refusal
             raise UnknownRequest(request_id, len(self.live))
@@ -88,6 +95,10 @@ class SglangDllmAdapter:
         self.observer.aborted([req])
 
     def run_round(self) -> None:
+        """One round as SGLang's event loop runs it: `get_next_batch_to_run`, then for a batch the
+        worker (`run_worker`) and `process_batch_result_dllm`, then `last_batch`. The observer
+        emits the pool, `Forward`, `StepResult`, commit and finish events and ends with
+        `ControlReturned`."""
         s = self.engine.scheduler
         self.observer.begin_round()
         plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
@@ -102,6 +113,8 @@ class SglangDllmAdapter:
         self.observer.end_round()
 
     def drain(self, max_rounds: int = 100_000) -> None:
+        """Run rounds while a request is `live`; `SchedulerStalled` after `max_rounds` rounds with
+        some still live."""
         for _ in range(max_rounds):
             if not self.live:
                 return
@@ -110,9 +123,12 @@ class SglangDllmAdapter:
             raise SchedulerStalled(max_rounds, f"{len(self.live)} requests still live")
 
     def snapshot(self) -> Snapshot:
+        """SGLang's pools in the spec's ids, read by the observer (`SglangObserver.snapshot`)."""
         return self.observer.snapshot()
 
     def collect_outputs(self) -> Mapping[str, FinishedOutput]:
+        """The outputs of the requests finished since the previous call, each once, as the
+        observer took them from SGLang's `Req`s (`SglangObserver.collect_outputs`)."""
         return self.observer.collect_outputs()
 
     @staticmethod

@@ -182,6 +182,7 @@ class Engine:
 
     @property
     def page_size(self) -> int:
+        """Tokens per KV page (`config.page_size`; the allocator's and the scheduler's)."""
         return self.config.page_size
 
 

@@ -222,6 +222,8 @@ class SglangObserver:
         )
 
     def snapshot(self) -> Snapshot:
+        """The spec's `Snapshot` of SGLang's pools now (`read_view`, `free_slots`, `carrying`); a
+        slot no row references but the allocator has not freed stays with its last owner."""
         view = self.read_view()
         return Snapshot(
             free_slots=self.free_slots(),
@@ -232,6 +234,8 @@ class SglangObserver:
         )
 
     def collect_outputs(self) -> Mapping[str, FinishedOutput]:
+        """The output of each request `completed` saw finish since the previous call, each once
+        (always empty without `keep_outputs`)."""
         out, self._outputs = self._outputs, {}
         return out
 

@@ -143,13 +143,18 @@ class VidurAdapter:
     # ------------------------------------------------------------------ protocol
     @property
     def config(self) -> ArConfig:
+        """The `ArConfig` the replica scheduler was built for."""
         return self._config
 
     @property
     def rules(self) -> ArRules:
+        """The ordering rules the factory gave: the Vidur profile's `rules_for(config)`."""
         return self._rules
 
     def submit(self, request: ArRequest) -> None:
+        """`validate_ar_request`, then `DuplicateRequest` for an id submitted before (both before
+        any change); else `add_request` a Vidur `Request` (arrival time: its submission index;
+        decode tokens: its `final_output`) and emit `ArSubmitted` (without `prompt`)."""
         validate_ar_request(self._config, request)
         if request.request_id in self._by_rid:
             raise DuplicateRequest(request.request_id)
@@ -170,6 +175,11 @@ class VidurAdapter:
         )
 
     def abort(self, request_id: str) -> None:
+        """Vidur has no abort: take the request out of its pending queues, `_preempted_requests` and
+        FasterTransformer's `_preempted_batches` (a batch left with nothing to run dropped, its
+        requests' memory freed), call the real `free` if it holds KV (`ArBlocksFreed`), then
+        emit `ArAborted`. An unknown, finished or aborted id raises `UnknownRequest`, changing
+        nothing."""
         tracked = self._by_rid.get(request_id)
         if tracked is None or tracked.finished or tracked.aborted:
             raise UnknownRequest(request_id, len(self._waiting()) + len(self._running()))
@@ -203,6 +213,10 @@ class VidurAdapter:
         self.sink(ArAborted(request_id))
 
     def step(self) -> None:
+        """Vidur's `on_schedule` (`ArBlocksAllocated`, `ArPreempted` for a restart, `ArBlocksFreed`
+        emitted as the wrapped `allocate` / `free` run), `ArScheduled` per request of its batch,
+        `ArStepEnd`, then the batch through Vidur's stage and batch-end events (`BATCH_TIME` on the
+        clock), emitting frees and `ArFinished` (the reason `stop_after` implies)."""
         self._in_schedule = True
         try:
             batch = self.scheduler.on_schedule(self.time)
@@ -221,6 +235,8 @@ class VidurAdapter:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
+        """`drain_steps` over `step` and `is_idle`; `SchedulerStalled` names the waiting and running
+        counts."""
         drain_steps(
             self.step,
             self.is_idle,
@@ -229,9 +245,15 @@ class VidurAdapter:
         )
 
     def is_idle(self) -> bool:
+        """No request waiting (pending in Vidur, not admitted since its last restart) and none
+        running (admitted, not completed)."""
         return not self._waiting() and not self._running()
 
     def snapshot(self) -> ArSnapshot:
+        """Owners from the adapter's block names, which mirror Vidur's block counts (Vidur names no
+        block), every other block free; running: admitted requests not completed, in admission
+        order; waiting: Vidur's pending ones; computed: `num_processed_tokens`, less the token
+        sampled at the end of a complete prefill."""
         owners = {
             b: self._by_vid[vid].spec.request_id for vid, ids in self._names.items() for b in ids
         }

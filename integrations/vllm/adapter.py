@@ -290,13 +290,18 @@ class RealVllmScheduler:
     # ------------------------------------------------------------------ adapter API
     @property
     def config(self) -> ArConfig:
+        """The `ArConfig` vLLM's scheduler was built for."""
         return self._config
 
     @property
     def rules(self) -> ArRules:
+        """vLLM 0.33's ordering for the configured policy (`vllm_rules`)."""
         return vllm_rules(self._config)
 
     def submit(self, request: ArRequest) -> None:
+        """`validate_ar_request`, then `DuplicateRequest` for an id submitted before (both before
+        any change); else `add_request` a vLLM `Request` (its prompt, or one unshared token
+        repeated; its own stop token; arrival time: its submission index) and emit `ArSubmitted`."""
         _validate(self._config, request)
         rid = request.request_id
         if rid in self.specs:
@@ -338,6 +343,9 @@ class RealVllmScheduler:
         )
 
     def abort(self, request_id: str) -> None:
+        """vLLM's `finish_requests` with `FINISHED_ABORTED`, emitting the blocks it freed
+        (`release_events`) and `ArAborted`; an id never submitted or already ended raises
+        `UnknownRequest`, changing nothing."""
         if request_id not in self.specs or request_id in self.ended:
             raise UnknownRequest(request_id, len(self.sched.requests))
         before = self._view()
@@ -348,6 +356,10 @@ class RealVllmScheduler:
         self.sink(ArAborted(request_id))
 
     def step(self) -> None:
+        """`schedule()` with its scheduling-phase events derived from views around it
+        (`scheduling_events`), `ArStepEnd`, then `update_from_output()` on the fabricated model
+        output, emitting the blocks it freed and `ArFinished` with vLLM's reason. Under
+        `async_scheduling` it raises `ConfigError` (`integrations.vllm.engine_core` drives that)."""
         if self.async_scheduling:
             raise ConfigError(
                 "async_scheduling",
@@ -382,6 +394,8 @@ class RealVllmScheduler:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
+        """`drain_steps` over `step` and `is_idle`; `SchedulerStalled` names the waiting and running
+        counts vLLM reports."""
         drain_steps(self.step, self.is_idle, self._queue_counts, max_steps)
 
     def _queue_counts(self) -> tuple[int, int]:
@@ -389,10 +403,14 @@ class RealVllmScheduler:
         return int(waiting), int(running)
 
     def is_idle(self) -> bool:
+        """vLLM's `get_request_counts()` reports no running and no waiting request."""
         running, waiting = self.sched.get_request_counts()
         return bool(running == 0 and waiting == 0)
 
     def snapshot(self) -> ArSnapshot:
+        """Read from vLLM's scheduler: free blocks (its free queue, the null block left out), block
+        tables, the running and waiting queues in order, `num_computed_tokens`; with prefix caching,
+        holders, reference counts and cached blocks in place of single owners."""
         sched = self.sched
         pool = sched.kv_cache_manager.block_pool
         tables = self._tables()

@@ -93,15 +93,23 @@ class BatchQueueLoop(Generic[CountsT]):
 
     # ------------------------------------------------------------------ hooks
     def execute(self, out: Any) -> Any:
+        """Run the model on batch `out` as it is scheduled; the result is queued with `out` until
+        its output is applied. Subclasses implement it."""
         raise NotImplementedError
 
     def runner_output(self, executed: Any) -> Any:
+        """The model output `update_from_output()` gets for `executed` (what `execute` returned).
+        Subclasses implement it."""
         raise NotImplementedError
 
     def reason(self, finish_reason: Any) -> str:
+        """vLLM's finish reason as the loop records it (`check_content`'s "stop" / "length").
+        Subclasses implement it."""
         raise NotImplementedError
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
+        """Check request `rid`'s output `tokens` once the loop is drained (`play`), raising
+        `EngineCoreViolation`. Subclasses implement it."""
         raise NotImplementedError
 
     def before_schedule(self) -> None:
@@ -117,6 +125,8 @@ class BatchQueueLoop(Generic[CountsT]):
         """Called for each step of a finished request whose output arrives."""
 
     def check_pool(self, where: str) -> None:
+        """`pool_accounting` at `where` without prefix caching (`check_pool`); a subclass serving
+        with prefix caching overrides it."""
         check_pool(self.sched, False, where)
 
     # ------------------------------------------------------------------ decisions
@@ -265,12 +275,15 @@ class BatchQueueLoop(Generic[CountsT]):
         self.check_pool(f"after aborting {request_id!r}")
 
     def busy(self) -> bool:
+        """vLLM still has a request, or a batch is in flight."""
         return bool(self.sched.has_requests() or self.queue)
 
     #: `progress`: the loop must drain within this many engine steps.
     drain_limit = 10_000
 
     def drain(self) -> None:
+        """Engine steps until not `busy`; after `drain_limit` steps with work left raise
+        `EngineCoreViolation` (`progress`)."""
         max_engine_steps = self.drain_limit
         for _ in range(max_engine_steps):
             if not self.busy():

@@ -169,6 +169,7 @@ class DllmServing:
             )
 
     def blocks_for(self, tokens: int) -> int:
+        """The KV blocks `tokens` tokens take (rounded up)."""
         return -(-tokens // self.block_size)
 
     @property
@@ -456,17 +457,23 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
 
     # ------------------------------------------------------------------ the loop's hooks
     def execute(self, out: Any) -> Any:
+        """Count the batch's preemptions and run it on the fabricated runner: (the model output, the
+        canvases it leaves as `DraftTokenIds`)."""
         self.n.preemptions += len(out.preempted_req_ids or ())
         return self.runner.execute(out)
 
     def check_pool(self, where: str) -> None:
+        """`pool_accounting`, counting references when prefix caching is on."""
         check_pool(self.sched, self.serving.enable_prefix_caching, where)
 
     def before_schedule(self) -> None:
+        """Count cadence waits and record the running order (for `check_decisions`)."""
         self.count_cadence_waits()
         self.record_running()
 
     def after_schedule(self, out: Any) -> None:
+        """Check the call: `check_decisions`, `check_kv_covers`, `kv_writes`, `kv_bounded`, and
+        `pp_cadence` over the requests scheduled a canvas; count its tokens and canvas waits."""
         s = self.serving
         self.check_decisions(
             out,
@@ -495,9 +502,13 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             self.n.longest_canvas_wait = max(self.n.longest_canvas_wait, streak)
 
     def runner_output(self, executed: Any) -> Any:
+        """The model output of the executed batch (its canvases go to `after_output`)."""
         return executed[0]
 
     def after_output(self, out: Any, executed: Any) -> None:
+        """Synchronously, after a non-empty batch, hand the runner's canvases to
+        `update_draft_token_ids` (`EngineCore.post_step`); check `kv_bounded`; record the latency of
+        each request newly finished (not aborted)."""
         if not self.async_scheduling and out.total_num_scheduled_tokens > 0:
             # EngineCore.post_step: the runner's canvases become the requests' spec tokens
             drafts = executed[1]
@@ -508,9 +519,12 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
                 self.latencies[rid] = self.n.engine_steps - self.arrived_at[rid]
 
     def on_discarded(self, rid: str) -> None:
+        """Count the discarded step when the request is read-only (`discarded_read_only`)."""
         self.n.discarded_read_only += self.specs[rid].read_only
 
     def reason(self, finish_reason: Any) -> str:
+        """vLLM's `STOP` / `LENGTH` as "stop" / "length"; any other reason raises
+        `EngineCoreViolation` (`finish_reason`)."""
         reasons = self.v.engine.FinishReason
         if finish_reason == reasons.STOP:
             return "stop"
@@ -532,6 +546,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         return min(steps, cap)
 
     def width(self, spec: DllmRequest) -> int:
+        """`spec`'s canvas width: its `width` (`diffusion_canvas_length`), else the served one."""
         return spec.width if spec.width is not None else self.serving.canvas_length
 
     def token(self, rid: str, index: int) -> int:
@@ -614,6 +629,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
                 )
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
+        """`output_content` / `finish_reason` of `rid` (`check_content`), max_tokens capped by the
+        canvas for a read-only request (as vLLM caps it)."""
         spec = self.specs[rid]
         check_content(
             rid,

@@ -179,6 +179,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     # ------------------------------------------------------------------ the loop's hooks
     def before_schedule(self) -> None:
+        """Count cadence waits and running requests with an output in flight (`ahead`), record the
+        running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
         self.record_running()
         for req in self.sched.running:
@@ -189,6 +191,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         }
 
     def after_schedule(self, out: Any) -> None:
+        """Check the call's decisions (`check_decisions`, `check_kv_covers`) and `pp_cadence` over
+        the requests it decodes; count the requests newly waiting with stale output (`stale`)."""
         cfg = self.config
         self.check_decisions(
             out,
@@ -207,21 +211,29 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
 
     def execute(self, out: Any) -> Any:
+        """The adapter's fabricated model output for the batch (`RealVllmScheduler._fabricate`)."""
         return self.impl._fabricate(dict(out.num_scheduled_tokens))
 
     def runner_output(self, executed: Any) -> Any:
+        """What `execute` fabricated, unchanged."""
         return executed
 
     def reason(self, finish_reason: Any) -> str:
+        """vLLM's reason as the spec's value, "stop" or "length" (`finish_reason_of`; any other
+        raises `ConfigError`)."""
         return self.impl._reason(finish_reason).value
 
     def after_output(self, out: Any, executed: Any) -> None:
+        """Mark every finished or aborted request as ended in the adapter (`impl.ended`)."""
         self.impl.ended.update(self.reasons)
 
     def check_pool(self, where: str) -> None:
+        """`pool_accounting`, counting references when prefix caching is on."""
         check_pool(self.sched, self.config.enable_prefix_caching, where)
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
+        """`output_content` / `finish_reason` of `rid` against the adapter's token script
+        (`check_content`)."""
         spec = self.impl.specs[rid]
         check_content(
             rid,

@@ -68,6 +68,7 @@ class ProgramTally:
 
     @property
     def passed(self) -> int:
+        """Programs checked that broke no rule."""
         return self.programs - sum(len(seeds) for seeds in self.failures.values())
 
     def report(self, meaning: Mapping[str, str], width: int) -> list[str]:

@@ -66,11 +66,15 @@ def parse_vidur_trace(text: str) -> list[ArRequest]:
 
 
 def read_vidur_trace(path: str | Path) -> list[ArRequest]:
+    """Requests `r0, r1, ...` from a Vidur trace CSV file, in file order; a malformed row
+    raises `TraceRowError` naming the file and the line."""
     return _requests(read_vidur_trace_file(path))
 
 
 @dataclass(frozen=True, slots=True)
 class RequestMetrics:
+    """One finished request of a replayed trace: its times (on the trace's clock) and counts."""
+
     request_id: str
     arrived_at: float
     scheduled_at: float
@@ -81,6 +85,8 @@ class RequestMetrics:
     num_restarts: int
 
     def row(self) -> dict[str, object]:
+        """The request's row of the metrics CSV, keyed by `METRIC_COLUMNS` (times relative to
+        arrival; `request_pd_ratio` is prefill over decode tokens)."""
         return {
             "Request Id": self.request_id,
             "request_e2e_time": self.completed_at - self.arrived_at,
@@ -159,6 +165,8 @@ def replay_trace(
 
 
 def write_request_metrics(path: str | Path, metrics: Iterable[RequestMetrics]) -> None:
+    """Write `metrics` to `path` as a metrics CSV: the `METRIC_COLUMNS` header, one row each
+    (`RequestMetrics.row`); an existing file is overwritten."""
     with Path(path).open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(METRIC_COLUMNS))
         w.writeheader()

@@ -28,21 +28,29 @@ from spec.errors import RequestError, SpecViolation, UnknownRequest
 
 @dataclass(frozen=True, slots=True)
 class ArSubmit:
+    """The operation that submits `request`."""
+
     request: ArRequest
 
 
 @dataclass(frozen=True, slots=True)
 class ArAbort:
+    """The operation that aborts `request_id`."""
+
     request_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class ArStep:
+    """The operation that runs one step."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class ArDrain:
+    """The operation that drains the implementation, running at most `max_steps` steps."""
+
     max_steps: int
 
 
@@ -84,6 +92,12 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         return self._checked_submit(request, self.impl.submit)
 
     def abort(self, request_id: str) -> UnknownRequest | None:
+        """Abort `request_id`; return the `UnknownRequest` if the implementation refused it.
+
+        A waiting, preempted or running request must end aborted (`known_request` otherwise);
+        any other id must be refused with no event. The snapshot is checked after a successful
+        abort.
+        """
         self.ops.append(ArAbort(request_id))
         return self._checked_abort(
             request_id,
@@ -93,6 +107,8 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         )
 
     def step(self) -> None:
+        """Run one step; it must end (`ArStepEnd`, else `step_order`), then the snapshot is
+        checked."""
         expected = self.spec.step_index
         self.ops.append(ArStep())
         self.impl.step()
@@ -104,6 +120,9 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         self._check_snapshot()
 
     def drain(self, max_steps: int = 10_000) -> None:
+        """Drain the implementation (`max_steps` passed on); then the spec must be idle
+        (`progress`), the snapshot must match, and no block may still be held
+        (`block_conservation`)."""
         self.ops.append(ArDrain(max_steps))
         self.impl.drain(max_steps)
         if not self.spec.is_idle():
@@ -122,4 +141,5 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         return self._ended_steps
 
     def outputs(self) -> dict[str, int]:
+        """The number of output tokens of every finished request, by id (the spec's count)."""
         return self.spec.outputs()

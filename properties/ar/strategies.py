@@ -26,6 +26,10 @@ def ar_configs(
     prefix_caching: tuple[bool, ...] = (False,),
     null_block: tuple[bool, ...] = (False, True),
 ) -> ArConfig:
+    """An AR configuration: `max_model_len` 4..24, 1..`max_seqs` seats, a token budget of at
+    least the seat count (and `max_model_len` without chunked prefill) up to twice
+    `max_model_len`, a pool from one request's most blocks to about twice that (plus the null
+    block when reserved); every other option drawn from the choices given for it."""
     bs = draw(block_sizes if block_sizes is not None else st.sampled_from([1, 1, 2, 3, 4]))
     max_model_len = draw(st.integers(4, 24))
     chunk = draw(st.sampled_from(chunked))

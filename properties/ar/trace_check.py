@@ -41,6 +41,8 @@ _BETWEEN = (ArSubmitted, ArAborted, ArBlocksFreed, ArFinished, ArStepEnd)
 
 @dataclass(frozen=True, slots=True)
 class ArTraceResult:
+    """The verdict on one AR trace: the first violation (if any), where, and the end state."""
+
     path: str
     events: int
     steps: int
@@ -57,6 +59,7 @@ class ArTraceResult:
 
     @property
     def ok(self) -> bool:
+        """No violation (a log that ends with work left, `idle_at_end` False, is still ok)."""
         return self.violation is None
 
 

@@ -21,6 +21,8 @@ def sim_module(name: str) -> Any:
 
 
 def check_time_monotone(times: Sequence[float]) -> None:
+    """Raise SpecViolation('sim_time_monotone') at the first time earlier than the one before
+    it (equal times are allowed)."""
     for i in range(1, len(times)):
         if times[i] < times[i - 1]:
             raise SpecViolation(

@@ -66,6 +66,8 @@ class Unrolling:
             )
 
     def events(self, model: Z, config: DllmConfig) -> list[Event]:
+        """The `depth` events `model` assigns to the transitions, in order, decoded for `config`
+        (empty frees included: see `drop_noops`)."""
         dec = Decoder(self.enc.geom, config)
         return [dec.event(model, s, p) for s, p in zip(self.states, self.params, strict=False)]
 
@@ -132,6 +134,9 @@ def bmc_invariants(
 
 @dataclass
 class MutantCounterexample:
+    """A trace BMC found for one symbolic mutant (its last event allowed by the mutant only),
+    what `SpecMachine` made of it, and the workload for the matching reference mutant."""
+
     mutant: SymbolicMutant
     events: list[Event]  # the last one is the bad event
     state_before: str  # SpecMachine rendering before the bad event
@@ -142,6 +147,8 @@ class MutantCounterexample:
     notes: list[str] = field(default_factory=list)
 
     def render(self) -> str:
+        """The counterexample in lines: the mutant, its policy unless the default, the numbered
+        events, the spec state before the last one, the violation raised, and the workload."""
         lines = [f"mutant {self.mutant.name}: {self.mutant.description}"]
         if self.mutant.policy != DllmPolicy():
             lines.append(f"policy: {policy_label(self.mutant.policy)}")

@@ -63,6 +63,8 @@ PROMPT_TOKEN = 3
 
 @dataclass(frozen=True)
 class BoundaryWorkload:
+    """A workload Z3 synthesised to reach one edge, with the step counts that force it."""
+
     name: str
     description: str
     workload: Workload
@@ -77,6 +79,9 @@ class BoundaryWorkload:
 
 @dataclass(frozen=True)
 class _Edge:
+    """A boundary of the scheduler's state space to reach: a configuration, a request count
+    and horizon (with aborts or not), and the Z3 goal that holds when a run reaches it."""
+
     name: str
     description: str
     config: DllmConfig
@@ -240,6 +245,10 @@ def _request_constraints(inp: PolicyInputs, cfg: DllmConfig, pl: Sequence[Z], mn
 
 
 def synthesize(edge: _Edge, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> BoundaryWorkload | None:
+    """A workload whose FDFO model run reaches `edge` within its horizon (the first request
+    arriving at once, at most one abort), or None when there is none; raises `Unknown` when Z3
+    answers unknown (e.g. after `timeout_ms`). Per round, through the edge's round and the last
+    arrival: that round's aborts, its arrivals, then the round."""
     cfg = edge.config
     blocks = cfg.max_context // cfg.block_size
     bounds = PolicyBounds(
@@ -319,6 +328,8 @@ def _edge_round(m: Z, edge: _Edge, inp: PolicyInputs, run: PolicyRun) -> int:
 def boundary_workloads(
     *, timeout_ms: int = DEFAULT_TIMEOUT_MS, progress: Progress | None = None
 ) -> tuple[list[ProofResult], list[BoundaryWorkload]]:
+    """`synthesize` every edge of `EDGES`: per edge a "boundary/<name>" result ("proved" with
+    the witness, else "unknown": none within the bounds, or Z3 gave up), and the workloads."""
     results: list[ProofResult] = []
     found: list[BoundaryWorkload] = []
     for edge in EDGES:
@@ -353,6 +364,8 @@ def boundary_workloads(
 
 
 def describe(bw: BoundaryWorkload) -> str:
+    """One line: the workload's geometry, its operations, the forwards per block and the edge
+    round."""
     c = bw.workload.config
     return (
         f"config block={c.block_size} page={c.page_size} kv_slots={c.kv_slots} "

@@ -54,6 +54,9 @@ class Decoder:
     prompts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def event(self, model: Z, s: State, p: Params) -> Event:
+        """The concrete event `model` gives the step from state `s` with params `p` (its kind is
+        `p.kind`); call it for a trace's steps in order."""
+
         def num(x: Z) -> int:
             return model_int(model, x)
 

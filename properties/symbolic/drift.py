@@ -29,6 +29,8 @@ from spec.state import AbstractState
 
 @dataclass(frozen=True, slots=True)
 class SymVerdict:
+    """What the symbolic relation says of one concrete event: enabled or not, and the successor."""
+
     enabled: bool
     failed_rules: tuple[str, ...]  # rules whose guards are false (empty when enabled)
     successor: Values | None  # non-ghost successor values when enabled

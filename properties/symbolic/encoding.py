@@ -50,9 +50,11 @@ class Encoding:
 
     # ------------------------------------------------------------------ copies
     def state(self, name: str) -> State:
+        """A copy of the state in fresh variables named after `name` (`State.fresh`)."""
         return State.fresh(self.geom, name)
 
     def params(self, name: str) -> Params:
+        """A copy of the event parameters in fresh variables named after `name` (`Params.fresh`)."""
         return Params.fresh(self.geom, name)
 
     # ------------------------------------------------------------------ derived predicates

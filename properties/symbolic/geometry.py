@@ -47,13 +47,16 @@ class Geometry:
 
     @property
     def kv_slots(self) -> int:
+        """Slots of the largest pool: `page_size * kv_pages`."""
         return self.page_size * self.kv_pages
 
     @property
     def blocks_per_page(self) -> int:
+        """Blocks that fit in one page: `page_size // block_size`."""
         return self.page_size // self.block_size
 
     def label(self) -> str:
+        """The sizes in one line, e.g. `B=2 P=2 S<=4 N=2 R=2` (S: the largest pool's slots)."""
         return (
             f"B={self.block_size} P={self.page_size} S<={self.kv_slots} N={self.requests} "
             f"R={self.rows}"
@@ -92,6 +95,7 @@ class SymConfig:
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
+        """Fresh, unconstrained variables named `<prefix>.<field>` (see `constraints`)."""
         return cls(
             z3.Bool(f"{prefix}.sync"),
             z3.Bool(f"{prefix}.reuse"),

@@ -31,4 +31,5 @@ class Relaxation:
     replacement: Callable[[State, Params], Z] | None = None
 
     def matches(self, kind: str, g: Guard) -> bool:
+        """Whether this relaxation replaces guard `g` of events of `kind`."""
         return kind == self.kind and g.rule == self.rule and (not self.tag or g.tag == self.tag)

@@ -224,6 +224,8 @@ def _cti_encoding(geom: Geometry) -> tuple[Encoding, State, Params, State, Z]:
 
 @dataclass(frozen=True, slots=True)
 class CtiReport:
+    """What `analyse_cti` found for one invariant: inductive alone or not, and its CTIs in words."""
+
     invariant: str
     inductive_alone: bool
     detail: str

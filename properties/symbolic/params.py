@@ -114,6 +114,7 @@ class Params:
         return cls(freed=freed, **scalars, **rows)
 
     def is_kind(self, kind: str) -> Z:
+        """The condition that this event is of `kind` (a name in `codes.KIND`)."""
         return self.kind == KIND[kind]
 
     def items(self) -> dict[str, Z]:

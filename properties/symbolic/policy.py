@@ -36,6 +36,9 @@ WAIT, RUN, DONE, ABORTED = 0, 1, 2, 3
 
 @dataclass(frozen=True, slots=True)
 class PolicyBounds:
+    """The bounds of the policy model: requests, blocks per request, forwards per block, the
+    latest arrival tick and max_running."""
+
     requests: int = 4
     blocks: int = 2  # blocks per request, at most
     max_steps: int = 4  # forwards per block, at most
@@ -74,6 +77,10 @@ class PolicyInputs:
         self.max_running = z3.Int(f"{self.name}.m")
 
     def constraints(self, *, aborts: bool = False, kv: bool = False) -> Z:
+        """The inputs within `bounds`: `max_running` 1..max_running, 1..blocks blocks and
+        1..max_steps forwards per block, arrivals 0..max_arrival in index order; no aborts (-1)
+        unless `aborts` (then -1..horizon), no pages (0) unless `kv` (then left free, as is
+        `kv_pages`)."""
         b, n = self.bounds, self.bounds.requests
         parts = [self.max_running >= 1, self.max_running <= b.max_running]
         for i in range(n):
@@ -91,6 +98,7 @@ class PolicyInputs:
         return z3.And(parts)
 
     def step_count(self, i: int, k: Z) -> Z:
+        """T[i][k] for a symbolic block index `k` (a `k` out of range reads the last block's)."""
         out = self.steps[i][-1]
         for kk in range(len(self.steps[i]) - 2, -1, -1):
             out = z3.If(k == kk, self.steps[i][kk], out)
@@ -231,6 +239,7 @@ class PolicyRun:
         return z3.Sum([z3.If(self.finished(t, i), 0, 1) for t in range(self.horizon + 1)])
 
     def all_finished(self) -> Z:
+        """At the horizon every request has finished its last block or was aborted."""
         return z3.And(
             [
                 z3.Or(self.finished(self.horizon, i), self.ticks[self.horizon].st[i] == ABORTED)
@@ -239,10 +248,12 @@ class PolicyRun:
         )
 
     def wasted(self) -> Z:
+        """Row-steps wasted over the run: forwarded rows whose block was already done."""
         return count([w for f in self.forwards for w in f.waste])
 
 
 def fresh_tick(n: int, tag: str) -> Tick:
+    """A policy state of `n` requests in fresh, unconstrained variables named `<tag>.<field>[i]`."""
     return Tick(
         [z3.Int(f"{tag}.st[{i}]") for i in range(n)],
         [z3.Int(f"{tag}.blk[{i}]") for i in range(n)],
@@ -258,6 +269,7 @@ def progress(inp: PolicyInputs, x: Tick, i: int) -> Z:
 
 
 def total_steps(inp: PolicyInputs, i: int) -> Z:
+    """Forwards request i needs in all: the sum of T[i][k] over its `nb[i]` blocks."""
     return z3.Sum([z3.If(k < inp.nb[i], inp.steps[i][k], 0) for k in range(inp.bounds.blocks)])
 
 
@@ -292,4 +304,6 @@ def finished_at(inp: PolicyInputs, x: Tick, i: int) -> Z:
 
 
 def row_key(f: Forward, i: int) -> Sequence[Z]:
+    """Request i's row of forward `f` for comparison: (in the batch, block, steps left), the
+    last two -1 when it is not in the batch."""
     return (f.row[i], z3.If(f.row[i], f.blk[i], -1), z3.If(f.row[i], f.rem[i], -1))

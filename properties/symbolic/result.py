@@ -32,9 +32,11 @@ class ProofResult:
     detail: str
 
     def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON object: `name`, `status`, `seconds` and `detail`."""
         return asdict(self)
 
     def to_json_str(self) -> str:
+        """`to_json` as one line of JSON text."""
         return json.dumps(self.to_json())
 
 

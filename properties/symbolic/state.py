@@ -184,6 +184,7 @@ class State:
                     yield f"{f.name}[{i}]", t
 
     def terms(self) -> list[Z]:
+        """Every variable, ghosts included, in the fixed order of `items`."""
         return [t for _, t in self.items()]
 
     def equals(self, other: State, ghosts: bool = True) -> Z:

@@ -272,6 +272,9 @@ def _batch(n: int, bounds: PolicyBounds, name: str) -> tuple[PolicyInputs, Polic
 
 
 def sync_waste(bounds: PolicyBounds, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """The theorem "theorem/sync_waste": for n = 1..`bounds.requests`, a sync batch of n
+    one-block requests needing T_1..T_n forwards (each 1..`bounds.max_steps`) wastes exactly
+    Σ(max T − T_i) row-steps; else the result for the first n not proved."""
     total = 0.0
     for n in range(1, bounds.requests + 1):
         inp, run, hyps = _batch(n, bounds, f"batch{n}")
