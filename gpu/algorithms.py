@@ -106,6 +106,7 @@ class DllmAlgorithm(ABC):
         """Upper bound on forwards a sync run of one block can take (incl. the final one)."""
 
     def params(self) -> dict[str, float | int]:
+        """The algorithm's parameters by name, in `param_names` order (as `__repr__` shows)."""
         return {name: getattr(self, name) for name in self.param_names}
 
     def run(
@@ -162,6 +163,7 @@ class LowConfidence(DllmAlgorithm):
         return [bool(d) for d in done], masks
 
     def max_rounds(self, block_size: int) -> int:
+        """`block_size + 1`: at least one mask filled per forward, then the final forward."""
         return block_size + 1
 
 
@@ -196,6 +198,8 @@ class JointThreshold(DllmAlgorithm):
         self.penalty_lambda = penalty_lambda
 
     def init_step_state(self, block_tokens: torch.Tensor) -> JointState:
+        """A fresh `JointState` whose `prompt_mask` marks the non-mask positions of the block
+        [B] (one host read); those are never edited."""
         prompt = tuple(bool(t) for t in (block_tokens != self.mask_id).tolist())
         return JointState(post_edit_steps=0, finished=False, prompt_mask=prompt)
 
@@ -249,6 +253,8 @@ class JointThreshold(DllmAlgorithm):
         return [bool(d) for d in done], masks
 
     def max_rounds(self, block_size: int) -> int:
+        """`block_size + max_post_edit_steps + 1`: the mask-filling forwards, at most
+        `max_post_edit_steps` edits, then the forward that finishes the block."""
         return block_size + self.max_post_edit_steps + 1
 
 

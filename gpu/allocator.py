@@ -96,9 +96,11 @@ class PagedKvAllocator:
 
     # ------------------------------------------------------------------ reservation
     def can_reserve(self, pages: int) -> bool:
+        """Whether `pages` more pages fit in the reservation (at most `num_pages` in all)."""
         return self.reserved_pages + pages <= self.num_pages
 
     def reserve(self, pages: int) -> None:
+        """Promise `pages` pages to an admitted request; AllocatorError when they do not fit."""
         if not self.can_reserve(pages):
             raise AllocatorError(
                 f"reserving {pages} pages over {self.reserved_pages}/{self.num_pages} reserved"
@@ -106,6 +108,7 @@ class PagedKvAllocator:
         self.reserved_pages += pages
 
     def unreserve(self, pages: int) -> None:
+        """Return `pages` reserved pages; AllocatorError when fewer are reserved."""
         if pages > self.reserved_pages:
             raise AllocatorError(f"unreserving {pages} pages, only {self.reserved_pages} reserved")
         self.reserved_pages -= pages
@@ -227,9 +230,12 @@ class PagedKvAllocator:
 
     # ------------------------------------------------------------------ views
     def free_slot_set(self) -> frozenset[int]:
+        """The slots `owner_req` marks free (read from the tensor, for the snapshot)."""
         return frozenset(torch.nonzero(self.owner_req == FREE).flatten().tolist())
 
     def slot_owners(self) -> dict[int, tuple[str, int]]:
+        """Slot -> (request id, block index) for every owned slot, read from the owner tensors
+        (a forgotten handle shows as its placeholder name)."""
         used = torch.nonzero(self.owner_req != FREE).flatten()
         reqs = self.owner_req[used].tolist()
         blocks = self.owner_block[used].tolist()
@@ -239,9 +245,11 @@ class PagedKvAllocator:
         }
 
     def free_pages(self) -> int:
+        """How many pages are wholly free (the size of the free-page heap)."""
         return len(self._free_pages)
 
     def used_slots(self) -> int:
+        """How many slots `owner_req` marks owned."""
         return int((self.owner_req != FREE).sum())
 
     def check_consistency(self) -> None:

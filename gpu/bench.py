@@ -76,6 +76,8 @@ RATIOS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class BenchRun:
+    """One mode served to drain at one max-running value in one repeat: counts and seconds."""
+
     max_running: int
     mode: str
     tokens: int
@@ -84,7 +86,9 @@ class BenchRun:
     rounds: int
     forward_seconds: float
     step_seconds: float
-    cpu_seconds: float  # process CPU time of the drain (threads=1: time actually computing)
+    # CPU time of the drain: the process's (`run_once`), the calling thread's in its turns
+    # (`run_interleaved`); with one torch thread, time actually computing
+    cpu_seconds: float
     kv_seconds: float  # allocating / freeing block KV slots and writing the table
     row_forwards: int  # blocks run through the model, summed over forwards (the work done)
     attention_seconds: float = 0.0  # the part of forward_seconds spent in attention
@@ -96,10 +100,12 @@ class BenchRun:
 
     @property
     def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second, `seconds` (0.0 when `seconds` is 0)."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def tokens_per_cpu_s(self) -> float:
+        """Generated tokens per CPU second, `cpu_seconds` (0.0 when `cpu_seconds` is 0)."""
         return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
 
     @property
@@ -267,15 +273,19 @@ def device_name(dev: torch.device) -> str:
 
 @dataclass(slots=True)
 class BenchReport:
+    """Every `BenchRun` of a benchmark with its device and settings; medians and ratios."""
+
     device: str
     settings: dict[str, Any]
     runs: list[BenchRun]
     device_label: str = ""
 
     def of(self, max_running: int, mode: str) -> list[BenchRun]:
+        """The runs of `mode` at `max_running`, one per repeat, in the order they ran."""
         return [r for r in self.runs if r.max_running == max_running and r.mode == mode]
 
     def best(self, max_running: int, mode: str) -> BenchRun:
+        """The run of `mode` at `max_running` with the highest wall-clock throughput."""
         return max(self.of(max_running, mode), key=lambda r: r.tokens_per_s)
 
     def median_run(self, max_running: int, mode: str) -> BenchRun:
@@ -284,9 +294,11 @@ class BenchReport:
         return runs[(len(runs) - 1) // 2]
 
     def median_cpu(self, max_running: int, mode: str) -> float:
+        """The median over repeats of `tokens_per_cpu_s` of `mode` at `max_running`."""
         return statistics.median(r.tokens_per_cpu_s for r in self.of(max_running, mode))
 
     def max_running_values(self) -> list[int]:
+        """The distinct max-running values measured, ascending."""
         return sorted({r.max_running for r in self.runs})
 
     def ratios(self, clock: str = "wall") -> dict[str, dict[str, float]]:
@@ -352,6 +364,9 @@ class BenchReport:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The report as `--json` writes it (without `command` and `runs`, which `bench_main`
+        adds): per max-running value and mode the median run's figures, rounded, then the
+        ratios of every clock and `shares_of_bounds()`."""
         results = []
         for m in self.max_running_values():
             for mode in MODES:
@@ -445,6 +460,13 @@ def run_bench(
     interleave: bool = True,
     turn_ms: float = 50.0,
 ) -> BenchReport:
+    """Serve the `serving` workload in every mode at each of `max_running`, `repeats` times,
+    after a warm-up run; interleaved in turns of `turn_ms` ms (`run_interleaved`) or, with
+    `interleave=False`, one mode after another in a rotating order (`run_once`). `model`
+    None loads the shipped one onto `device`; `progress` prints a line per run.
+
+    Raises `ConfigError` for a non-positive count, `turn_ms` outside [0, 60000] or an unknown
+    `algorithm`, `DeviceUnavailable` for an unusable `device`."""
     dev = resolve_device(device)
     if algorithm not in ALGORITHMS:
         make_algorithm(algorithm)  # UnknownAlgorithm, listing the valid names
@@ -713,6 +735,10 @@ def _print_costs(report: dict[str, Any]) -> None:
 
 
 def bench_main(args: list[str]) -> int:
+    """`schedspec bench engine` (`args`: the flags after `engine`): the throughput benchmark,
+    or with `--forward-costs` / `--forward-bound` the model-only probes; prints the tables and
+    writes the report to `--json` when given. Returns 0; bad values raise `ConfigError`
+    (`schedspec_cli.engine_cmds.bench_engine` checks the flags before calling this)."""
     p = argparse.ArgumentParser(prog="schedspec bench engine", description=__doc__.split("\n")[0])
     p.add_argument("--max-running", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--requests", type=int, default=128)

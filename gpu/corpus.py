@@ -44,12 +44,15 @@ COUNT_START_MAX = 88  # numbers stay below 100: one- and two-digit counting
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """One corpus sample: its `kind` (one of `KINDS`), a prompt and the continuation after it."""
+
     kind: str
     prompt: str
     continuation: str
 
     @property
     def text(self) -> str:
+        """`prompt + continuation` (without the EOS that `token_ids` appends)."""
         return self.prompt + self.continuation
 
     def token_ids(self) -> list[int]:
@@ -58,6 +61,7 @@ class Sample:
 
 
 def is_heldout_count(start: int) -> bool:
+    """Whether counting from `start` is held out: two-digit starts ending in 7."""
     # Two-digit starts only: the nine one-digit starts are each a unique position pattern
     # (the 9 -> 10 width change at a fixed offset), so holding one out would test memory of
     # that one pattern rather than counting.
@@ -65,6 +69,7 @@ def is_heldout_count(start: int) -> bool:
 
 
 def is_heldout_fact(a: int, b: int) -> bool:
+    """Whether the fact with operands `a`, `b` (either op) is held out: `(31a + b) % 10 == 3`."""
     return (31 * a + b) % 10 == 3
 
 

@@ -141,15 +141,21 @@ def resolve_device(device: str | torch.device) -> torch.device:
 class StepAlgorithm(Protocol):
     """What the engine needs of a dLLM step algorithm (gpu.algorithms.DllmAlgorithm)."""
 
-    def init_step_state(self, block_tokens: torch.Tensor) -> object: ...
+    def init_step_state(self, block_tokens: torch.Tensor) -> object:
+        """The state a fresh block [B] starts with (the engine passes the host copy)."""
+        ...
 
-    def step(
-        self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
-    ) -> list[bool]: ...
+    def step(self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]) -> list[bool]:
+        """Update tokens [b, B] in place from logits [b, B, V]; return done per row (complete
+        when the step started). May replace entries of `states`."""
+        ...
 
     def step_counted(
         self, tokens: torch.Tensor, logits: torch.Tensor, states: list[object]
-    ) -> tuple[list[bool], list[int]]: ...
+    ) -> tuple[list[bool], list[int]]:
+        """As `step`, also returning the masks left per row, both from one device-to-host
+        copy: the only call the engine makes per forward."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +286,7 @@ class DllmEngine:
 
     @property
     def config(self) -> DllmConfig:
+        """The configuration given to the constructor (token ids, pool sizes, mode)."""
         return self._config
 
     # ------------------------------------------------------------------ API
@@ -322,6 +329,12 @@ class DllmEngine:
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
 
     def run_round(self) -> None:
+        """FCFS admission (a seat, a free row and the head's worst-case pages, reserved), a
+        block with KV slots for every running request, then under `torch.inference_mode` the
+        worker's forwards and steps over the whole batch and the commits, finishes and carries;
+        ends with `ControlReturned(round_index)` and advances `round_index`. Raises
+        `SchedulerStalled` when the round's forwards (sync, or FDFO with re-loop) reach
+        `max_block_steps` without the round ending."""
         self._admit()
         t0 = time.perf_counter()
         batch = self._prepare_batch()
@@ -335,6 +348,8 @@ class DllmEngine:
         self.round_index += 1
 
     def drain(self, max_rounds: int = 100_000) -> None:
+        """`run_round` until `is_idle`; `SchedulerStalled` (with the waiting and running
+        counts) when work is left after `max_rounds` rounds."""
         for _ in range(max_rounds):
             if self.is_idle():
                 return
@@ -345,6 +360,7 @@ class DllmEngine:
             )
 
     def is_idle(self) -> bool:
+        """True when no request is waiting or running."""
         return not self.waiting and not self.running
 
     def snapshot(self) -> Snapshot:

@@ -24,11 +24,14 @@ from gpu.weights import DEFAULT_ASSETS, load_model
 
 @dataclass(frozen=True, slots=True)
 class Accuracy:
+    """`correct` of `total` expected numbers generated exactly."""
+
     correct: int
     total: int
 
     @property
     def fraction(self) -> float:
+        """`correct / total` (0.0 when `total` is 0)."""
         return self.correct / self.total if self.total else 0.0
 
 
@@ -44,6 +47,8 @@ def counting_accuracy(
     block_size: int,
     algorithm: DllmAlgorithm,
 ) -> Accuracy:
+    """Per case, 32 new tokens `generate`d after the prompt, scored by `score_continuation`
+    against the case's expected numbers; summed over `cases`."""
     correct = total = 0
     for case in cases:
         out = generate(model, case.prompt, block_size, algorithm, max_new_tokens=32)

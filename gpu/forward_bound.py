@@ -159,6 +159,8 @@ def best_forward_seconds(replayers: list[Replayer], passes: int) -> list[list[fl
 
 @dataclass(frozen=True, slots=True)
 class BoundResult:
+    """`forward_bound` at one max-running value: each mode's work and summed best seconds."""
+
     max_running: int
     sync: ModeWork
     fdfo: ModeWork
@@ -172,14 +174,18 @@ class BoundResult:
         return (self.sync_seconds / self.sync.tokens) / (self.fdfo_seconds / self.fdfo.tokens)
 
     def rows_ratio(self) -> float:
+        """FDFO/sync from row-forwards per generated token (the benchmark's work ratio)."""
         return (self.sync.row_forwards / self.sync.tokens) / (
             self.fdfo.row_forwards / self.fdfo.tokens
         )
 
     def keys_ratio(self) -> float:
+        """FDFO/sync from attended context positions (`keys`) per generated token."""
         return (self.sync.keys / self.sync.tokens) / (self.fdfo.keys / self.fdfo.tokens)
 
     def to_json(self) -> dict[str, Any]:
+        """One entry of the `--forward-bound --json` report's `results`: each mode's counts
+        and best forward seconds, the passes and the three ratios (rounded)."""
         return {
             "max_running": self.max_running,
             "forwards": {"sync": self.sync.forwards, "fdfo": self.fdfo.forwards},

@@ -24,6 +24,8 @@ from spec.errors import EmptyPrompt, PromptTooLong
 
 @dataclass(frozen=True, slots=True)
 class Generation:
+    """What `generate` produced: text, token ids and the forwards of each output block."""
+
     text: str  # generated text, cut at EOS and max_new_tokens
     token_ids: tuple[int, ...]  # generated ids (EOS excluded)
     rounds_per_block: tuple[int, ...]  # forwards per output block, incl. the final one
@@ -36,6 +38,9 @@ def generate(
     algorithm: DllmAlgorithm,
     max_new_tokens: int = 64,
 ) -> Generation:
+    """Decode `prompt` alone with `algorithm` in sync mode, block by block (see the module
+    docstring), on the model's device. Raises `EmptyPrompt` for a prompt that encodes to no
+    ids, `PromptTooLong` when the first output block does not fit the model's `max_context`."""
     ids = TOKENIZER.encode(prompt)
     if not ids:
         raise EmptyPrompt("generate")

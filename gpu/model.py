@@ -52,12 +52,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim with a learned scale `weight` (init ones)."""
+
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight: nn.Parameter = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., dim] -> same shape: `x / sqrt(mean(x^2) + eps) * weight` over the last dim."""
         return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -111,6 +114,8 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    """The MLP: `w_down(silu(w_gate(x)) * w_up(x))`, no biases."""
+
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
         self.w_gate: nn.Linear = nn.Linear(d_model, d_ff, bias=False)
@@ -118,6 +123,7 @@ class SwiGLU(nn.Module):
         self.w_down: nn.Linear = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., d_model] -> [..., d_model] (hidden [..., d_ff])."""
         out: torch.Tensor = self.w_down(nn.functional.silu(self.w_gate(x)) * self.w_up(x))
         return out
 
@@ -163,6 +169,9 @@ def _fused_weight(module: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Te
 
 
 class TransformerBlock(nn.Module):
+    """One layer's modules: `attn_norm`, `attn`, `mlp_norm`, `mlp`. No `forward`: the paths of
+    `BlockDiffusionLM` run them (pre-norm attention, then pre-norm MLP, each with a residual)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attn_norm: RMSNorm = RMSNorm(config.d_model)
@@ -208,6 +217,7 @@ class BlockDiffusionLM(nn.Module):
                 nn.init.normal_(param, std=0.02)
 
     def transformer_blocks(self) -> list[TransformerBlock]:
+        """`layers` as a typed list, in order."""
         return [m for m in self.layers if isinstance(m, TransformerBlock)]
 
     def forward_masked(
@@ -519,4 +529,5 @@ def _host_ints(values: torch.Tensor | Sequence[int]) -> list[int]:
 
 
 def count_parameters(model: nn.Module) -> int:
+    """The number of scalar parameters of `model` (buffers, e.g. the RoPE tables, not counted)."""
     return sum(p.numel() for p in model.parameters())

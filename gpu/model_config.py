@@ -59,9 +59,11 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """`d_model // n_heads` (even, by the invariants)."""
         return self.d_model // self.n_heads
 
     def to_json(self) -> str:
+        """Every field as indented JSON with sorted keys, ending in a newline."""
         data = asdict(self)
         data["train_block_sizes"] = list(self.train_block_sizes)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -85,10 +87,14 @@ class ModelConfig:
         return cls(**values)
 
     def save(self, path: str | Path) -> None:
+        """Write `to_json()` to `path` (UTF-8), replacing any file there."""
         Path(path).write_text(self.to_json(), encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:
+        """Read a config `save` wrote. `ConfigError` for a file that is not a JSON object or
+        fails `from_dict`; `OSError` (incl. `InputTooLarge`) for one that cannot be read,
+        `UnicodeDecodeError` for one that is not UTF-8."""
         text = read_input_text(path)
         try:
             data = parse_json(text)

@@ -33,6 +33,10 @@ def logits_digest(logits: torch.Tensor) -> str:
 
 
 class ModelRunner:
+    """Runs `BlockDiffusionLM.forward_blocks` on the engine's KV pool and request-to-token
+    table; counts forwards and their time, and keeps the last forward's logits digest when
+    `record_digests` is on."""
+
     def __init__(
         self,
         model: BlockDiffusionLM,

@@ -142,6 +142,8 @@ def run_bs1(
 
 @dataclass(frozen=True, slots=True)
 class ParityCase:
+    """One prompt under one algorithm: the sync batch-size-1 output and how the runs agree."""
+
     algorithm: str
     index: int
     prompt: str
@@ -156,9 +158,11 @@ class ParityCase:
 
     @property
     def identical(self) -> bool:
+        """Every run's output and every batch-size-1 run's digests equal sync's."""
         return self.identical_outputs and self.identical_digests
 
     def to_json(self) -> dict[str, Any]:
+        """The case as the report's `cases` hold it, with `identical` spelled out."""
         return {
             "algorithm": self.algorithm,
             "index": self.index,
@@ -177,6 +181,8 @@ class ParityCase:
 
 @dataclass(slots=True)
 class ParityReport:
+    """A parity run: every case, the summary verdict, leaks, timings and numerics in force."""
+
     device: str
     identical: bool
     leaked_slots: int
@@ -189,9 +195,11 @@ class ParityReport:
 
     @property
     def golden(self) -> bool:
+        """At least one case, and every case's golden check ran and agreed (`golden is True`)."""
         return bool(self.cases) and all(c.golden is True for c in self.cases)
 
     def to_json(self) -> dict[str, Any]:
+        """The report as `--json` writes it and `schedspec release-check` reads it."""
         return {
             "impl": self.impl,
             "device": self.device,

@@ -25,6 +25,8 @@ from gpu.weights import DEFAULT_ASSETS, load_model
 
 @dataclass(frozen=True, slots=True)
 class RoundsReport:
+    """One algorithm's forwards per output block: overall and by corpus kind."""
+
     histogram: Counter[int]  # forwards per block -> number of blocks
     by_kind: dict[str, list[int]]  # corpus kind -> forwards of each of its blocks
 
@@ -32,6 +34,9 @@ class RoundsReport:
 def rounds_report(
     assets: Path, block_size: int, n_prompts: int, seed: int, max_new_tokens: int
 ) -> dict[str, RoundsReport]:
+    """Per registered algorithm (default parameters): the forwards each output block took
+    when `generate` continues `n_prompts` held-out samples (`make_samples(seed, ...)`) at
+    `block_size`, with the model loaded from `assets`."""
     model, _ = load_model(assets)
     samples = make_samples(seed, n_prompts, "heldout")
     out: dict[str, RoundsReport] = {}
@@ -47,6 +52,8 @@ def rounds_report(
 
 
 def render(reports: dict[str, RoundsReport], block_size: int) -> str:
+    """The reports as text: per algorithm the block count and mean, a bar per round count
+    (scaled to at most 60 characters) and the mean rounds by kind."""
     lines = [f"rounds per output block (block_size={block_size}, incl. the final forward)"]
     for name, report in reports.items():
         hist = report.histogram
@@ -65,6 +72,8 @@ def render(reports: dict[str, RoundsReport], block_size: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpu.report_rounds`: print `render`'s histograms; with `--json PATH` also
+    write them (per algorithm the histogram, block count and mean rounds by kind). Returns 0."""
     parser = argparse.ArgumentParser(prog="python -m gpu.report_rounds", description=__doc__)
     parser.add_argument("--json", type=Path, default=None, help="write the histograms here")
     parser.add_argument("--assets", type=Path, default=DEFAULT_ASSETS)

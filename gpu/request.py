@@ -47,6 +47,9 @@ class StreamChunk:
 
 @dataclass(slots=True, eq=False)
 class EngineRequest:
+    """The engine's record of one queued or running request: its handle, row, committed
+    blocks and current block (fresh tokens and state, or a `Carry`)."""
+
     spec: RequestSpec
     handle: int  # the allocator's owner id for this request
     prompt_ids: list[int]  # internal ids
@@ -66,12 +69,16 @@ class EngineRequest:
 
     @property
     def rid(self) -> str:
+        """The request id (`spec.request_id`)."""
         return self.spec.request_id
 
     @property
     def has_block(self) -> bool:
+        """Whether a current block is under way: freshly started or carried."""
         return self.fresh_tokens is not None or self.carry is not None
 
     @property
     def generated(self) -> list[int]:
+        """The committed spec ids past the prompt (a new list), not yet cut at EOS or
+        `max_new_tokens`: whole blocks are committed."""
         return self.committed_spec[len(self.spec.prompt) :]

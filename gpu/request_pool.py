@@ -43,6 +43,7 @@ class ReqToTokenPool:
         self.version: int = 0
 
     def has_free(self) -> bool:
+        """Whether a row is free for `acquire`."""
         return bool(self._free_rows)
 
     def acquire(self, handle: int) -> int:
@@ -54,6 +55,8 @@ class ReqToTokenPool:
         return row
 
     def release(self, row: int, handle: int) -> None:
+        """Free `row`, held by `handle` (`RequestPoolError` when another holds it or it is
+        free); its table entries are left as they are."""
         holder = int(self._owner_np[row])
         if holder != handle:
             raise RequestPoolError(f"row {row} is held by handle {holder}, not {handle}")
@@ -87,6 +90,7 @@ class ReqToTokenPool:
         )
 
     def slot_at(self, row: int, pos: int) -> int:
+        """The KV slot the table maps position `pos` of `row` to (a device read on CUDA)."""
         return int(self.req_to_token[row, pos])
 
     def held_rows(self) -> dict[int, int]:

@@ -83,10 +83,14 @@ class TokenMap:
                 )
 
     def to_internal(self, tokens: tuple[int, ...] | list[int]) -> list[int]:
+        """Spec ids -> model ids. No range check: pass ids `check_prompt` accepts."""
         return [self._to_internal[t] for t in tokens]
 
     def to_spec(self, tokens: list[int]) -> tuple[int, ...]:
+        """Model ids in [0, vocab_size) -> spec ids (the model's mask -> the config's mask)."""
         return tuple(self._to_spec[t] for t in tokens)
 
     def to_spec_tensor(self, tokens: torch.Tensor) -> torch.Tensor:
+        """As `to_spec` on an integer tensor, elementwise: int64 of the same shape, on its
+        device."""
         return self._to_spec_t.to(tokens.device)[tokens]

@@ -44,6 +44,8 @@ PAD_ALIGN = 16  # EOS-pad each sample to a multiple of the largest block size
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
+    """Optimisation, noise and seeds of one training run (see the module docstring)."""
+
     steps: int = 2000
     max_seconds: float = 3600.0  # wall-clock guard: stop early rather than run away
     long_fraction: float = 0.25  # batches of long samples (64..max_context tokens)
@@ -88,6 +90,7 @@ def encode_batch(samples: Sequence[Sample], seq_len: int) -> torch.Tensor:
 
 
 def padded_length(sample: Sample) -> int:
+    """The sample's tokens (EOS included) rounded up to a multiple of PAD_ALIGN."""
     return -(-len(sample.token_ids()) // PAD_ALIGN) * PAD_ALIGN
 
 
@@ -167,6 +170,8 @@ def diffusion_loss(
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of `step` (0-based): linear warm-up to `lr` over `warmup` steps, then
+    cosine decay to `lr * min_lr_ratio` at `steps`."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
@@ -176,6 +181,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TrainResult:
+    """What `train` returns: the model (in eval mode), per-step losses and the wall time."""
+
     model: BlockDiffusionLM
     losses: list[float]  # weighted objective per step
     steps_run: int  # == cfg.steps unless the wall-clock guard stopped the run
@@ -234,6 +241,9 @@ def _tail_mean(values: list[float], n: int = 50) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpu.train`: train `DEFAULT_MODEL` (sizes from the flags) and write the
+    weights, config and `train_log.json` to `--out`; prints the log (less its per-50-step
+    losses). Returns 0."""
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(prog="python -m gpu.train", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("gpu/assets"))

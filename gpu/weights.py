@@ -17,6 +17,8 @@ DEFAULT_ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def save_model(model: BlockDiffusionLM, config: ModelConfig, path_dir: str | Path) -> None:
+    """Write the state dict (CPU copies) as `model.safetensors` and `config` as
+    `model_config.json` in `path_dir`, created if missing; what `load_model` reads."""
     out = Path(path_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}

@@ -75,9 +75,13 @@ class StepAlgorithm(Protocol):
     """A dLLM step function over numpy arrays."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The algorithm's name, as `make_step_algorithm` takes it."""
+        ...
 
-    def init_step_state(self, tokens: IntArray) -> object: ...
+    def init_step_state(self, tokens: IntArray) -> object:
+        """The carried state of a block that starts with `tokens` (one row [B])."""
+        ...
 
     def step(
         self, tokens: IntArray, logits: FloatArray, states: Sequence[object]
@@ -95,11 +99,14 @@ class LowConfidence:
     name: str = "LowConfidence"
 
     def init_step_state(self, tokens: IntArray) -> object:
+        """None: LowConfidence is stateless."""
         return None  # stateless
 
     def step(
         self, tokens: IntArray, logits: FloatArray, states: Sequence[object]
     ) -> tuple[list[bool], list[object]]:
+        """Mask-to-token on every row (`mask_transfers`); done: the row had no mask when the step
+        started. The states come back unchanged."""
         masked = tokens == self.mask_id
         x, p = argmax_and_confidence(logits)
         tokens[...] = np.where(mask_transfers(masked, p, self.threshold), x, tokens)
@@ -129,11 +136,19 @@ class JointThreshold:
     name: str = "JointThreshold"
 
     def init_step_state(self, tokens: IntArray) -> object:
+        """A fresh `JointState` for a block starting with `tokens` (one row [B]): no edit step yet,
+        not finished, the positions not holding `mask_id` taken as prompt."""
         return JointState(0, False, tuple(bool(t != self.mask_id) for t in tokens))
 
     def step(
         self, tokens: IntArray, logits: FloatArray, states: Sequence[object]
     ) -> tuple[list[bool], list[object]]:
+        """Per unfinished row: mask-to-token while the block has masks; on a complete block,
+        token-to-token edits of its non-prompt positions whose argmax differs and whose score
+        `p - penalty_lambda * p(current token)` exceeds `edit_threshold`. A row finishes on the
+        first step of its complete block that edits nothing or follows `max_post_edit_steps` editing
+        steps; done: it has finished (a finished row stays unchanged). `TypeError` for a state not a
+        `JointState`."""
         joint: list[JointState] = []
         for state in states:
             if not isinstance(state, JointState):

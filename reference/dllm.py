@@ -136,10 +136,13 @@ class ReferenceDllmScheduler:
 
     @property
     def config(self) -> DllmConfig:
+        """The configuration it was built for."""
         return self._config
 
     # ------------------------------------------------------------------ API
     def submit(self, request: RequestSpec) -> None:
+        """`validate_request`, then `DuplicateRequest` for a remembered id (both before any change);
+        else queue it at the tail with its worst-case KV pages and emit `Submitted`."""
         shape = validate_request(self.config, request)
         if request.request_id in self.seen:
             raise DuplicateRequest(request.request_id)
@@ -148,6 +151,9 @@ class ReferenceDllmScheduler:
         self.sink(request.submitted())
 
     def abort(self, request_id: str) -> None:
+        """A waiting request just leaves the queue (it holds nothing); a running one first frees its
+        KV slots (`KvFreed`), its row (`RowReleased`) and its page reservation. Then `Aborted`; an
+        id neither waiting nor running raises `UnknownRequest`, changing nothing."""
         for req in self.waiting:
             if req.rid == request_id:
                 self.waiting.remove(req)
@@ -164,6 +170,9 @@ class ReferenceDllmScheduler:
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
 
     def run_round(self) -> None:
+        """One round (module docstring): released rows taken again, admission, a block for each
+        request of the batch, the worker, commits, finishes and carries; then `ControlReturned`,
+        also with nothing to run."""
         self._reacquire_rows()
         self._admit()
         batch = self._prepare_batch()
@@ -174,6 +183,8 @@ class ReferenceDllmScheduler:
         self.round_index += 1
 
     def drain(self, max_rounds: int = 100_000) -> None:
+        """Run rounds until `is_idle`; after `max_rounds` rounds with work left raise
+        `SchedulerStalled`."""
         for _ in range(max_rounds):
             if self.is_idle():
                 return
@@ -202,9 +213,12 @@ class ReferenceDllmScheduler:
         return golden_output(self.config, self.oracle, request)
 
     def is_idle(self) -> bool:
+        """Nothing waiting or running."""
         return not self.waiting and not self.running
 
     def snapshot(self) -> Snapshot:
+        """Read from the KV pool's slot owners, the request pool's rows and the running list;
+        carrying: the running requests whose unfinished block is carried to the next round."""
         return Snapshot(
             free_slots=self.kv.free_slots(),
             slot_owners=self.kv.slot_owners(),

@@ -23,6 +23,9 @@ class PoolExhausted(RuntimeError):
 
 
 class PagedKvPool:
+    """The paged KV slot pool (module docstring): `owner` per slot ((request id, block index) or
+    None) and the wholly free pages; allocations and frees are reported to `sink`."""
+
     def __init__(self, config: DllmConfig, sink: EventSink) -> None:
         self.config = config
         self.sink = sink
@@ -38,9 +41,11 @@ class PagedKvPool:
 
     # --- queries
     def free_slots(self) -> frozenset[int]:
+        """The slots no block owns."""
         return frozenset(i for i, o in enumerate(self.owner) if o is None)
 
     def slot_owners(self) -> dict[int, SlotOwner]:
+        """Slot -> (request id, block index) of every owned slot."""
         return {i: o for i, o in enumerate(self.owner) if o is not None}
 
     def slots_of(self, request_id: str) -> list[int]:
@@ -129,6 +134,7 @@ class RequestPool:
         self.holder: list[str | None] = [None] * rows
 
     def acquire(self, request_id: str) -> int | None:
+        """The lowest free row, now held by `request_id`; None when every row is held."""
         for i, h in enumerate(self.holder):
             if h is None:
                 self.holder[i] = request_id
@@ -136,10 +142,13 @@ class RequestPool:
         return None
 
     def release(self, row: int) -> None:
+        """Free `row`, whoever holds it."""
         self.holder[row] = None
 
     def has_free(self) -> bool:
+        """Whether some row is free."""
         return any(h is None for h in self.holder)
 
     def rows(self) -> dict[int, str]:
+        """Row -> request id of every held row."""
         return {i: h for i, h in enumerate(self.holder) if h is not None}

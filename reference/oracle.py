@@ -48,6 +48,8 @@ class OracleRow:
 
 @dataclass(frozen=True, slots=True)
 class OracleStep:
+    """What one row's forward→step gives: the block's new tokens, its new state, done."""
+
     tokens: tuple[int, ...]
     state: object
     done: bool
@@ -142,12 +144,17 @@ class AlgorithmOracle:
     def named(
         cls, name: str, mask_id: int, vocab: int = 16, seed: int = 0, **params: float
     ) -> AlgorithmOracle:
+        """An oracle over `make_step_algorithm(name, mask_id, **params)`; `ConfigError` for an
+        unknown algorithm or parameter."""
         return cls(make_step_algorithm(name, mask_id, **params), vocab, seed)
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        """The algorithm's `init_step_state` of a block starting with `row_tokens`."""
         return self.algorithm.init_step_state(np.array(row_tokens, dtype=np.int64))
 
     def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        """The algorithm's step over the batch, each row's logits `pseudo_logits` of its own
+        context, block index and tokens (never of the rest of the batch)."""
         if not rows:
             return []
         tokens: IntArray = np.array([r.tokens for r in rows], dtype=np.int64)
@@ -166,6 +173,8 @@ StepPattern = Callable[[str, int], int]  # (request id, block index) -> rounds t
 
 @dataclass(frozen=True, slots=True)
 class ScriptedState:
+    """ScriptedOracle's per-block state: the steps the block has taken."""
+
     steps_taken: int
 
 
@@ -182,9 +191,12 @@ class ScriptedOracle:
         self.vocab = vocab
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        """`ScriptedState(0)`: no step taken yet."""
         return ScriptedState(0)
 
     def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        """Per row: a block without masks is done, unchanged; otherwise it fills its leftmost
+        ceil(masks / steps left of `pattern`) masks (at least one) and is not done yet."""
         out: list[OracleStep] = []
         for r in rows:
             state = r.state
@@ -272,15 +284,20 @@ class RecordedOracle:
         return cls(scripts, config.mask_token_id, stops, aborts)
 
     def stops_after(self, request_id: str) -> int | None:
+        """Committed blocks at the request's recorded STOP (None: it did not stop)."""
         return self.stops.get(request_id)
 
     def aborts_after(self, request_id: str) -> int | None:
+        """Committed blocks at the request's recorded in-round abort (None: no such abort)."""
         return self.aborts.get(request_id)
 
     def init_state(self, row_tokens: tuple[int, ...]) -> object:
+        """0: the block has taken no step."""
         return 0
 
     def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
+        """Each row's next recorded step (class docstring); `RecordExhausted` for a block stepped
+        more often than the record covers."""
         out: list[OracleStep] = []
         for row in rows:
             key = (row.request_id, row.block_index)

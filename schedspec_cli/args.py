@@ -28,9 +28,12 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and exit 2 (via `UsageError`)."""
 
     def error(self, message: str) -> NoReturn:
+        """Raise `UsageError` with `prog: error: message` (the top level prints it, exits 2)."""
         raise UsageError(f"{self.prog}: error: {message}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        """Write `message` to stderr (when given) and raise `SystemExit(status)`, as argparse
+        does after `--help` or `--version`."""
         if message:
             sys.stderr.write(message)
         raise SystemExit(status)
@@ -80,10 +83,12 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
 
 
 def positive(high: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type: an integer in [1, high]."""
     return int_in(1, high)
 
 
 def non_empty_text(text: str) -> str:
+    """An argparse type: `text` unchanged unless it is blank or holds a NUL character."""
     if not text.strip() or "\x00" in text:
         raise argparse.ArgumentTypeError("must be a non-empty string")
     return text

@@ -25,6 +25,11 @@ from spec.implementation import Family, Implementation
 
 
 def bench_main(argv: list[str]) -> int:
+    """`schedspec bench conformance`: run the conformance machine for `--examples` programs
+    on each `--impl` (default `reference-dllm` and `reference-dllm-joint`), with `--twin` also
+    with that twin; print the steps-per-second table and write the rows to `--json` when given.
+    Returns 0 when every run passed, 1 when one failed; a bad flag, name or path raises
+    (`UsageError`, `ConfigError`: exit 2) before anything runs."""
     p = Parser(prog="schedspec bench conformance", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--impl",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported when a run needs them (start-up stays light)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add `check-trace`'s FILE argument and its flags to `p`."""
     p.add_argument("file", help="the event log, one JSON object per line; - reads standard input")
     p.add_argument(
         "--config",
@@ -79,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """The log's first non-blank line (`read_header`): a config header or, without one, the
+    family of the first event's kind or why the line is not JSON."""
+
     line: int
     data: dict[str, Any] | None  # None: no header line
     first_event: Family | None = None  # without a header: the family of the first event's kind
@@ -86,6 +90,8 @@ class Header:
 
     @property
     def family(self) -> Family | None:
+        """The family the first line names: a header's (`ar_config` is AR, else its `family`,
+        default dllm), else the first event's kind's; None when it names none."""
         if self.data is None:
             return self.first_event
         kind = str(self.data.get("kind", ""))
@@ -234,6 +240,7 @@ class Extras:
     twin: Twin | None
 
     def under(self) -> str:
+        """What the OK line adds: ` under the profile of NAME`, or "" without `--profile`."""
         return f" under the profile of {self.named.name}" if self.named is not None else ""
 
     def accepted(

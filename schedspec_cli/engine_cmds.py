@@ -32,6 +32,7 @@ ENGINE_EXTRA = "pip install 'schedspec[engine]' (torch==2.13.0 first: see README
 
 
 def require_torch(command: str) -> None:
+    """`ConfigError` naming `command` and the engine extra when torch cannot be imported."""
     if not module_available("torch"):
         raise ConfigError(command, "torch", f"torch installed: the engine extra, {ENGINE_EXTRA}")
 
@@ -43,6 +44,7 @@ def _device(text: str) -> str:
 
 
 def parity_parser() -> Parser:
+    """The parser of `schedspec parity` (each value typed and bounded; no cross-flag checks)."""
     p = Parser(
         prog="schedspec parity",
         description="batch parity (every mode at batch size 1 and --batch vs sync at batch size "
@@ -113,6 +115,11 @@ def check_shipped_parity(
 
 
 def parity(argv: list[str]) -> int:
+    """`schedspec parity`: with `--impl engine` (default), check the shipped set holds the
+    prompts and tokens asked for and hand `argv` to `gpu.parity:parity_main`; with another
+    implementation, refuse the engine-only flags and run `impl_parity_main`. Prints the cases,
+    writes `--json` when given; returns 0 when every case is identical, golden agrees and
+    nothing leaked, else 1. A bad flag, path or page size raises (exit 2) before any run."""
     ns = parity_parser().parse_args(argv)
     if ns.impl == "engine":
         if ns.run_timeout is not None:
@@ -146,6 +153,8 @@ def parity(argv: list[str]) -> int:
 
 
 def bench_engine_parser() -> Parser:
+    """The parser of `schedspec bench engine` (`--sequential`, `--forward-costs` and
+    `--forward-bound` exclude one another)."""
     p = Parser(prog="schedspec bench engine", description="tokens/s of sync vs FDFO on the engine")
     p.add_argument(
         "--max-running", type=positive(4096), nargs="+", default=[1, 4, 16], help="batch caps"
@@ -192,6 +201,10 @@ _FORWARD_COSTS_READS = frozenset({"forward_costs", "block_size", "threads", "jso
 
 
 def bench_engine(argv: list[str]) -> int:
+    """`schedspec bench engine`: refuse `--turn-ms` without interleaving and, with
+    `--forward-costs`, any flag it would ignore; check `--json` and the page size; then hand
+    `argv` to `gpu.bench:bench_main`, which prints the tables and writes `--json`. Returns its
+    status (0); a refused flag raises `ConfigError` (exit 2) before torch loads."""
     parser = bench_engine_parser()
     ns = parser.parse_args(argv)
     alone = [flag for flag in ("sequential", "forward_costs", "forward_bound") if getattr(ns, flag)]

@@ -56,6 +56,7 @@ class Resolved:
 
     @property
     def family(self) -> Family:
+        """The implementation's family (dLLM or AR)."""
         return self.implementation.family
 
 

@@ -43,6 +43,8 @@ ENGINES = ("vllm", "sglang", "vidur", "all")
 
 
 def cmd_list_impls(args: argparse.Namespace) -> int:
+    """`schedspec list-impls`: print a table of every built-in (family, profile, engine status,
+    target, description); a profile that cannot be loaded reads `unavailable (why)`. Returns 0."""
     from schedspec_cli.impls import profile_summary, resolve
     from schedspec_cli.registry import BUILTINS, engine_status
 
@@ -64,6 +66,9 @@ def cmd_list_impls(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
+    """`schedspec bench engine|conformance ...`: hand the rest of `argv` to that benchmark and
+    return its status; `-h`/`--help` prints the usage (0); a missing or unknown benchmark
+    raises `UsageError` (exit 2)."""
     if argv and argv[0] in ("-h", "--help"):
         print("usage: schedspec bench {engine,conformance} ... (each takes --help)")
         return 0
@@ -84,6 +89,9 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 def cmd_install_engines(argv: list[str]) -> int:
+    """`schedspec install-engines [NAME ...]`: refuse an unknown engine name (`UsageError`)
+    and a build without `integrations.install` (`ConfigError`), both exit 2; else run the
+    installer's `main(argv)` and return its status."""
     for name in (a for a in argv if not a.startswith("-")):  # the installer owns the flags
         if name not in ENGINES:
             raise UsageError(
@@ -134,6 +142,9 @@ def _dispatch(command: str) -> Callable[[list[str]], int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """`schedspec verify`: with `--impl`, `verify.run`; without, the main job, once the flags,
+    torch, Z3, matplotlib and the `--report` directory (default reports/verify) are checked.
+    Returns 0 pass, 1 a failure; a refused flag or a missing dependency raises (exit 2)."""
     if args.impl:
         return verify.run(args)
     from schedspec_cli.engine_cmds import require_torch
@@ -155,6 +166,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> Parser:
+    """The `schedspec` parser: a subcommand per command with its handler as `func`. The
+    pass-through commands (`PASS_THROUGH`, `bench`) are listed for `--help` only: `main`
+    dispatches them before this parser runs, and they parse their own arguments."""
     p = Parser(
         prog="schedspec",
         description=(__doc__ or "").split("\n\n")[0],

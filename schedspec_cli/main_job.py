@@ -45,6 +45,8 @@ from spec.implementation import Family
 
 @dataclass
 class StepOutcome:
+    """One step's verdict, wall seconds, one-line summary and data for report.json."""
+
     name: str
     passed: bool
     seconds: float
@@ -76,6 +78,7 @@ def all_builtins() -> dict[str, Builtin]:
 
 # --------------------------------------------------------------------------- steps
 def step_proofs() -> tuple[bool, str, dict[str, Any]]:
+    """Every Z3 proof at the default bound: passes when all are proved; data `proofs`."""
     proofs = importlib.import_module("properties.proofs")
     results = proofs.run_all_proofs(progress=None)
     bad = [r.name for r in results if r.status != "proved"]
@@ -88,6 +91,9 @@ def step_proofs() -> tuple[bool, str, dict[str, Any]]:
 def step_conformance(
     examples: int, call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S
 ) -> tuple[bool, str, dict[str, Any]]:
+    """The conformance suite on every built-in of `all_builtins` (the engine with a quarter of
+    `examples`, at least 10), with its `checked_against` twin when it declares one: passes when
+    all conform. Data: `results` per built-in, and `not_run` (the real engines' status)."""
     rows = []
     for name, builtin in all_builtins().items():
         if not builtin.default_verify:
@@ -129,6 +135,8 @@ def step_conformance(
 
 
 def step_parity(prompts: int, max_new_tokens: int) -> tuple[bool, str, dict[str, Any]]:
+    """`gpu.parity.run_parity` of both algorithms (CUDA when available, else CPU): passes when
+    every case is identical, golden agrees and nothing leaked; data: the parity report."""
     parity = importlib.import_module("gpu.parity")
     device = "cuda" if _cuda_available() else "cpu"
     report = parity.run_parity(device, ["LowConfidence", "JointThreshold"], prompts, max_new_tokens)
@@ -174,6 +182,8 @@ def head_of_line_workload() -> tuple[DllmConfig, list[RequestSpec], dict[str, in
 
 
 def run_head_of_line(mode: Mode) -> tuple[Timeline, DllmConfig]:
+    """`head_of_line_workload` drained by the reference scheduler with its scripted step
+    counts in `mode` (FDFO with in-place reuse): the timeline and the config it ran."""
     cfg, reqs, steps = head_of_line_workload()
     cfg = cfg.replace(mode=mode, in_place_reuse=mode is Mode.FDFO)
 
@@ -189,6 +199,8 @@ def run_head_of_line(mode: Mode) -> tuple[Timeline, DllmConfig]:
 
 
 def step_fdfo_vs_sync() -> tuple[bool, str, dict[str, Any]]:
+    """The head-of-line workload in sync and FDFO: passes when FDFO runs no more forwards and
+    its mean finish (in forwards) is no later; data: both modes' counts and the ratio."""
     sync, _ = run_head_of_line(Mode.SYNC)
     fdfo, _ = run_head_of_line(Mode.FDFO)
 
@@ -237,7 +249,10 @@ def step_engine_bench(requests: int = 32) -> tuple[bool, str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- report
-def write_plots(out: Path, parity_data: dict[str, Any] | None) -> list[str]:
+def write_plots(out: Path) -> list[str]:
+    """Write into `out` the head-of-line Gantt chart and KV occupancy (sync vs FDFO) and, when
+    `gpu/assets/rounds_report.json` exists, the rounds-per-block histogram; returns the file
+    names."""
     plots = importlib.import_module("schedspec_cli.plots")
     sync, cfg = run_head_of_line(Mode.SYNC)
     fdfo, _ = run_head_of_line(Mode.FDFO)
@@ -275,6 +290,7 @@ def _rounds_histograms() -> dict[str, dict[int, int]]:
 
 
 def render_markdown(steps: list[StepOutcome], plots: list[str], run: dict[str, Any]) -> str:
+    """report.md: the steps table, the plots, the conformance failures and the run metadata."""
     lines = [
         "# schedspec verify report",
         "",
@@ -300,6 +316,9 @@ def main_job(
     parity_tokens: int,
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
 ) -> int:
+    """The main job: run the five steps (a failing step never stops the others) and the plots,
+    print the summary table, and write report.json, report.md and the PNGs to `report_dir`
+    (created if missing). Returns 0 when every step passed, else 1 (naming the failed ones)."""
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps: list[StepOutcome] = []
@@ -319,7 +338,7 @@ def main_job(
         )
         steps.append(outcome)
     plot_files: list[str] = []
-    plot_step = _timed("plots", lambda: (True, "", {"files": write_plots(out, None)}))
+    plot_step = _timed("plots", lambda: (True, "", {"files": write_plots(out)}))
     if plot_step.passed:
         plot_files = plot_step.data["files"]
         plot_step.summary = ", ".join(plot_files)

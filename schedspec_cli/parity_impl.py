@@ -145,6 +145,8 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
+    """Print `run_impl_parity`'s report: a line per case (runs and golden verdicts, prompt,
+    and how it differs from the golden output), then the verdict with the leak counts."""
     cases = report["cases"]
     for c in cases:
         golden = {True: "same", False: "DIFF", None: "-"}[c["golden"]]

@@ -72,6 +72,8 @@ def gantt(timelines: Mapping[str, Timeline], path: Path, title: str) -> Path:
 
 
 def kv_occupancy(timelines: Mapping[str, Timeline], total_slots: int, path: Path) -> Path:
+    """A step line per run of the KV slots owned after each forward, with the pool size
+    `total_slots` dashed; saved as a PNG at `path`, which is returned."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for label, tl in timelines.items():
@@ -93,6 +95,8 @@ def kv_occupancy(timelines: Mapping[str, Timeline], total_slots: int, path: Path
 
 
 def rounds_histogram(hists: Mapping[str, Mapping[int, int]], path: Path, title: str) -> Path:
+    """Bars of blocks per rounds-per-block count (label -> rounds -> blocks), the labels side
+    by side; saved as a PNG at `path`, which is returned."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     width = 0.8 / max(1, len(hists))

@@ -15,12 +15,14 @@ class Progress:
         self._shown = False
 
     def update(self, text: str) -> None:
+        """Rewrite the line as `label: text` (text padded to 60); nothing when inactive."""
         if self.active:
             sys.stderr.write(f"\r{self.label}: {text:<60}")
             sys.stderr.flush()
             self._shown = True
 
     def done(self) -> None:
+        """End a shown line with a newline (nothing when none is shown)."""
         if self._shown:
             sys.stderr.write("\n")
             sys.stderr.flush()

@@ -14,6 +14,7 @@ MAX_BOUND = 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add `prove`'s flags (`--json`, `--bound`) to `p`."""
     p.add_argument("--json", metavar="PATH", help="write every proof result as JSON here")
     p.add_argument(
         "--bound",
@@ -31,6 +32,9 @@ def require_z3(command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`schedspec prove`: run every Z3 proof at `--bound`, print a table and write every
+    result to `--json` when given. Returns 0 when all are proved, else 1 (naming the others);
+    an unwritable `--json` or a missing Z3 raises `ConfigError` (exit 2) first."""
     check_output_path("--json", args.json)
     require_z3("prove")
     from properties.proofs import run_all_proofs

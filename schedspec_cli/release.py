@@ -164,6 +164,10 @@ def _case_identical(case: Mapping[str, Any]) -> bool:
 
 
 def release_check_main(argv: list[str]) -> int:
+    """`schedspec release-check PARITY.json [--impl NAME]`: print `release run OK` and return
+    0, or `NOT a release run` with every reason and return 1 (also for a report produced for
+    another implementation than `--impl`). A file that is not a parity report raises
+    `ConfigError`, a bad flag `UsageError` (exit 2)."""
     p = Parser(prog="schedspec release-check", description=__doc__.split("\n\n")[0])
     p.add_argument("parity_json", help="the JSON written by `schedspec parity --json`")
     p.add_argument(

@@ -328,6 +328,9 @@ def _ints(flag: str, text: str) -> list[int]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """`simulate sweep`: run the grid of (qps, scheduler, replicas, KV tokens) points on Ray
+    or in one process, a progress line per point; print the table, write `--csv` and `--plots`
+    when given, and return the JSON-ready results. A bad value raises `SimConfigError`."""
     from reference.sim import sweep as sw
 
     schedulers = [s.strip() for s in args.scheduler.split(",")]
@@ -456,6 +459,10 @@ def _dllm_flags(args: argparse.Namespace) -> None:
 
 
 def cmd_dllm(args: argparse.Namespace) -> dict[str, Any]:
+    """`simulate dllm`: sync vs FDFO (with and without in-place reuse) throughput over the seat
+    counts, from a step distribution or a `--calibration` table (then also printed against its
+    measurements); print the table, write `--plots` / `--trace` for one seat count (4 when
+    swept), and return the JSON-ready results. A flag the run would ignore is refused."""
     from reference.sim.dllm import DllmParams, sweep
 
     _dllm_flags(args)
@@ -687,6 +694,9 @@ def _plot_ratio(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
+    """`simulate sbs`: the gated-queueing mean waits (immediate vs staggered, against T/2 and
+    T/(2N)), then the workload under immediate dispatch and under SBS; print a line each,
+    write `--trace` / `--plots` when given, and return the JSON-ready results."""
     from reference.sim.queueing import simulate_gated
 
     workload = _workload(args)  # read first: a bad --trace-csv fails before anything prints
@@ -817,6 +827,9 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
 
 
 def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:
+    """`simulate replicas`: the workload on the replicas of `make_replicas` behind
+    `--global-scheduler`; print a summary line, write `--trace` / `--plots` when given, and
+    return the JSON-ready summary."""
     from reference.sim.cluster import simulate_cluster
 
     w = _workload(args)
@@ -884,6 +897,10 @@ def _replica_plots(scheduler: str, res: Any, d: Path) -> None:
 
 
 def simulate_main(argv: list[str]) -> int:
+    """`schedspec simulate dllm|sbs|replicas|sweep ...`: parse the flags, check the output paths
+    (and matplotlib for `--plots`) before anything runs, run the command and write its results
+    to `--json` when given. Returns 0; a bad flag raises `UsageError`, a bad value a
+    `SchedSpecError` (the caller prints either in one line, exit 2)."""
     args = build_parser().parse_args(argv)
     _check_outputs(args)
     cmd = {"dllm": cmd_dllm, "sbs": cmd_sbs, "replicas": cmd_replicas, "sweep": cmd_sweep}[
@@ -902,7 +919,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     plots = getattr(args, "plots", None)
     if plots is not None:
         require_matplotlib("--plots", plots)
-    for flag in ("json", "trace", "plots"):
+    for flag in ("json", "trace", "csv", "plots"):  # csv: `simulate sweep` only
         path = getattr(args, flag, None)
         if path is not None:
             check_output_path(f"--{flag}", path, directory=flag == "plots")

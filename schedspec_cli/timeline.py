@@ -24,6 +24,8 @@ from spec.events import (
 
 @dataclass(frozen=True, slots=True)
 class RequestSpan:
+    """One request on the timeline, each moment a count of forwards (None: it never came)."""
+
     request_id: str
     submitted_forward: int  # forwards executed before it was submitted
     first_forward: int | None
@@ -33,6 +35,8 @@ class RequestSpan:
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
+    """What `timeline` reads off an event log; time is the forward index."""
+
     forwards: int
     rounds: int
     spans: tuple[RequestSpan, ...]
@@ -45,6 +49,8 @@ class Timeline:
 
 
 def timeline(events: Sequence[Event]) -> Timeline:
+    """The `Timeline` of `events`, in one pass. An aborted request's `finished_forward` is when
+    it was aborted; `rounds_per_block` has output blocks only (those that began with masks)."""
     forwards = 0
     rounds = 0
     owned = 0
@@ -98,4 +104,5 @@ def timeline(events: Sequence[Event]) -> Timeline:
 
 
 def histogram(values: Sequence[int]) -> dict[int, int]:
+    """Value -> how often it occurs in `values`, in ascending order of value."""
     return dict(sorted(Counter(values).items()))

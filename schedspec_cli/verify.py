@@ -43,6 +43,8 @@ from spec.profile import AcceptedDeviation
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
+    """Add `verify`'s flags to `v`: those of `--impl` runs and of the main job (the defaults
+    of flags of one kind only are filled in later, by `check_scope`)."""
     v.add_argument(
         "--impl",
         action="append",
@@ -181,6 +183,8 @@ def check_scope(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """What `plan` checked and loaded: the implementations, accepted deviations and twin."""
+
     targets: tuple[Resolved, ...]
     accepted: tuple[AcceptedDeviation, ...]
     twin: Twin | None = None
@@ -217,6 +221,10 @@ def plan(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`schedspec verify --impl ...`: check every flag and load every implementation first,
+    then run the conformance suite on each; print the table and each failure with its program,
+    write `--json` and `--report` when given. Returns 0 when every implementation passed, else
+    1; a bad flag, path, accept file or implementation raises (exit 2) before any run."""
     check_scope(args)
     p = plan(args)
     parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity
@@ -288,6 +296,8 @@ def render_table(results: list[VerifyResult]) -> str:
 
 
 def to_json(results: list[VerifyResult]) -> dict[str, Any]:
+    """The `--json` payload: one result's JSON, or `passed` and `results` for several; with the
+    run's metadata (no device) under `run`."""
     payload: dict[str, Any]
     if len(results) == 1:
         payload = results[0].to_json()
@@ -301,6 +311,8 @@ def to_json(results: list[VerifyResult]) -> dict[str, Any]:
 
 
 def write_report(out: Path, results: list[VerifyResult], payload: dict[str, Any]) -> None:
+    """Write `payload` as report.json and report.md (a row per implementation, the twins and
+    seeds used, each failure, the run metadata) into `out`, created if missing."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "report.json", payload)
     lines = [

@@ -123,6 +123,24 @@ def test_out_of_range_counts_are_usage_errors_naming_the_flag(
     assert flag in err and "valid: 1.." in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--csv", "--json", "--plots"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_sweep_runs(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reference.sim import sweep
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("the sweep ran before its outputs were checked")
+
+    monkeypatch.setattr(sweep, "run_grid", must_not_run)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "out"  # under a file: can never be written
+    assert cli_main(["simulate", "sweep", "--backend", "local", flag, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "is a file" in err and "Traceback" not in err
+
+
 def test_impossible_configuration_is_named_before_work() -> None:
     # a pool smaller than one request: the replica configuration is rejected up front
     with pytest.raises(ConfigError):

@@ -41,6 +41,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
+        """Blocks on the free queue: what can be allocated now."""
         return len(self.free_queue)
 
     def allocate(self, rid: str, n: int) -> list[int]:
@@ -60,11 +61,14 @@ class BlockPool:
             self.free_queue.append(b)
 
     def free(self, rid: str, blocks: list[int]) -> None:
+        """Return `rid`'s `blocks` to the pool (`release`) and emit `ArBlocksFreed`;
+        nothing for an empty list."""
         if blocks:
             self.release(rid, blocks)
             self.sink(ArBlocksFreed(rid, tuple(blocks)))
 
     def holders(self) -> dict[int, frozenset[str]]:
+        """Block id -> its one holder, for every held block."""
         return {b: frozenset({r}) for b, r in self.owner.items()}
 
 
@@ -94,6 +98,8 @@ class CachingBlockPool(BlockPool):
                 del self.index[key]
 
     def allocate(self, rid: str, n: int) -> list[int]:
+        """Take `n` blocks from the head of the free queue for `rid` (caller checked they exist),
+        evicting their cached content, `rid` their only reference; emits `ArBlocksAllocated`."""
         assert n <= len(self.free_queue), "caller must check num_free first"
         blocks = [self.free_queue.popleft() for _ in range(n)]
         for b in blocks:
@@ -144,24 +150,32 @@ class CachingBlockPool(BlockPool):
             self.refs[b].add(rid)
 
     def register(self, b: int, key: ContentKey) -> None:
+        """Cache block `b` under content `key` (last in the key's cache order); a block already
+        cached keeps its key."""
         if b not in self.cache:
             self.cache[b] = key
             self.index.setdefault(key, {})[b] = None
 
     @property
     def owner(self) -> dict[int, str]:
+        """Block id -> one holder (the least request id) of every referenced block; derived from the
+        reference counts, which are the truth here."""
         return {b: min(h) for b, h in self.refs.items()}
 
     @owner.setter
     def owner(self, value: dict[int, str]) -> None:
+        """Ignored: `BlockPool.__init__` assigns it; the reference counts are the truth."""
         pass  # BlockPool.__init__ assigns it; the reference counts are the truth here
 
     def holders(self) -> dict[int, frozenset[str]]:
+        """Block id -> every request holding a reference to it."""
         return {b: frozenset(h) for b, h in self.refs.items()}
 
 
 @dataclass(slots=True, eq=False)  # identity: queues hold the objects themselves
 class ArReq:
+    """One AR request as the reference schedulers track it (compared by identity)."""
+
     spec: ArRequest
     arrival: int
     num_computed: int = 0
@@ -178,6 +192,7 @@ class ArReq:
 
     @property
     def rid(self) -> str:
+        """The request id."""
         return self.spec.request_id
 
     @property
@@ -187,6 +202,7 @@ class ArReq:
 
     @property
     def uncomputed(self) -> int:
+        """Known tokens not computed yet."""
         return self.known - self.num_computed
 
     def token(self, i: int) -> object:
@@ -207,9 +223,13 @@ class ArReq:
 
     @property
     def prefill_done(self) -> bool:
+        """It decodes: an output was sampled and at most its last known token is uncomputed (a
+        request restarted after sampling, one token short of its recompute, counts too)."""
         return self.num_computed >= self.known - 1 and self.num_output > 0
 
     def finish_reason(self) -> ArFinishReason | None:
+        """STOP once `stop_after` outputs were sampled, else LENGTH once `max_tokens` were; None
+        while neither."""
         s = self.spec
         if s.stop_after is not None and self.num_output >= s.stop_after:
             return ArFinishReason.STOP
@@ -247,14 +267,20 @@ class ArSchedulerBase:
 
     @property
     def config(self) -> ArConfig:
+        """The configuration it was built for."""
         return self._config
 
     @property
     def rules(self) -> ArRules:
+        """`rules_for(config)`: what a vLLM-v1-style scheduler promises under `config.policy`; a
+        subclass that decides otherwise overrides it."""
         return rules_for(self._config)
 
     # ------------------------------------------------------------------ adapter API
     def submit(self, request: ArRequest) -> None:
+        """`validate_ar_request`, then `DuplicateRequest` for an id submitted before, ever (both
+        before any change); else queue it (`_enqueue`) with the next arrival index and emit
+        `ArSubmitted`."""
         validate_ar_request(self.config, request)
         if request.request_id in self.seen:
             raise DuplicateRequest(request.request_id)
@@ -279,6 +305,8 @@ class ArSchedulerBase:
         self.waiting.append(req)
 
     def abort(self, request_id: str) -> None:
+        """Take the request out of `waiting` or `running`, free what it holds (`ArBlocksFreed`, if
+        any) and emit `ArAborted`; an id in neither raises `UnknownRequest`, changing nothing."""
         for req in list(self.waiting):
             if req.rid == request_id:
                 self.waiting.remove(req)
@@ -294,6 +322,9 @@ class ArSchedulerBase:
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
 
     def step(self) -> None:
+        """One step: `_schedule` (the subclass's scheduling phase), `_execute` (`ArStepEnd`, then
+        the scheduled tokens computed at constant batch time), `_update` (running requests at a
+        finish reason finish, freeing their blocks); then `step_index` advances."""
         self.scheduled = {}
         self.step_preempted = []
         self._schedule()
@@ -302,14 +333,21 @@ class ArSchedulerBase:
         self.step_index += 1
 
     def drain(self, max_steps: int = 100_000) -> None:
+        """`drain_steps` over `step` and `is_idle`: after `max_steps` steps with work left,
+        `SchedulerStalled` naming the waiting and running counts."""
         drain_steps(
             self.step, self.is_idle, lambda: (len(self.waiting), len(self.running)), max_steps
         )
 
     def is_idle(self) -> bool:
+        """Nothing waiting or running."""
         return not self.waiting and not self.running
 
     def snapshot(self) -> ArSnapshot:
+        """Read from the pool and the queues: free blocks are the free queue (with prefix caching,
+        cached blocks nobody references included); block owners, or with prefix caching block
+        holders, reference counts and cached blocks; computed tokens of running and waiting
+        requests."""
         computed = {r.rid: r.num_computed for r in self.running}
         computed.update({r.rid: r.num_computed for r in self.waiting})
         pool = self.pool

@@ -61,19 +61,24 @@ class GlobalScheduler:
         return i
 
     def abort(self, request_id: str) -> None:
+        """Abort on the replica the request was routed to; `UnknownRequest` for an id never routed
+        (the replica raises it for one that ended)."""
         i = self.placement.get(request_id)
         if i is None:
             raise UnknownRequest(request_id)
         self.replicas[i].abort(request_id)
 
     def step(self) -> None:
+        """Step every replica once, in replica order."""
         for r in self.replicas:
             r.step()
 
     def is_idle(self) -> bool:
+        """No replica has a request running or waiting (read from their snapshots)."""
         return all(not s.running and not s.waiting for s in (r.snapshot() for r in self.replicas))
 
     def drain(self, max_steps: int = 100_000) -> None:
+        """Step until idle; after `max_steps` steps with work left raise `SchedulerStalled`."""
         for _ in range(max_steps):
             if self.is_idle():
                 return

@@ -66,9 +66,12 @@ class VidurMnemosyne(VidurReplicaBase):
 
     @property
     def rules(self) -> ArRules:
+        """`MNEMOSYNE_RULES`: the last request to start decoding is the victim, a step that
+        restarted one may still admit, FCFS admission past at most 9 requests that do not fit."""
         return MNEMOSYNE_RULES
 
     def abort(self, request_id: str) -> None:
+        """As `VidurReplicaBase.abort`, and out of the partial-prefill queue too."""
         super().abort(request_id)
         self.partials = [r for r in self.partials if r.rid != request_id]
 
@@ -165,10 +168,14 @@ def _arrival(req: ArReq) -> int:
 
 
 def make_vidur_mnemosyne(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurMnemosyne` (vidur 0.0.26); `ConfigError` unless FCFS, one stage, chunked
+    prefill on, no long-prefill threshold and no prefix caching."""
     return VidurMnemosyne(config, sink)
 
 
 def make_vidur_mnemosyne_one_queue(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `MnemosyneOneQueue` (vidur 0.0.25); `ConfigError` unless FCFS, one stage, chunked
+    prefill on, no long-prefill threshold and no prefix caching."""
     return MnemosyneOneQueue(config, sink)
 
 

@@ -23,6 +23,9 @@ from spec.implementation import ArImplementation
 
 
 class PrefixCachingVllmV1(VllmV1Scheduler):
+    """`VllmV1Scheduler` plus prefix-cache hits at admission (module docstring); without
+    `enable_prefix_caching` in the config it finds no hit and decides as `VllmV1Scheduler`."""
+
     name = "vllm-v1-prefix"
 
     def _hit(self, req: ArReq) -> list[int]:

@@ -85,6 +85,8 @@ class StageScheduler:
 
     # ------------------------------------------------------------------ operations
     def submit(self, request: ArRequest) -> None:
+        """Submit to the replica scheduler (its validation and `ArSubmitted`); the id is recorded as
+        submitted for `check_pipeline`."""
         self.replica.submit(request)
         self.submitted.add(request.request_id)
 
@@ -105,6 +107,7 @@ class StageScheduler:
         return tuple(None if b is None else b.batch_id for b in self.stages)
 
     def is_idle(self) -> bool:
+        """The replica has nothing waiting or running and every stage is free."""
         return self.replica.is_idle() and all(b is None for b in self.stages)
 
     def step(self) -> None:
@@ -124,6 +127,8 @@ class StageScheduler:
         self.replica.step_index = self.tick
 
     def drain(self, max_ticks: int = 100_000) -> None:
+        """Tick until idle; after `max_ticks` ticks with work left raise `SchedulerStalled` naming
+        the stages' occupancy."""
         for _ in range(max_ticks):
             if self.is_idle():
                 return
@@ -223,6 +228,8 @@ class StageScheduler:
 def make_stage_scheduler(
     config: ArConfig, sink: ArEventSink, replica: str = "vidur-vllm"
 ) -> StageScheduler:
+    """Factory: a `StageScheduler` over the Vidur replica scheduler `replica` (a key of
+    `STAGE_REPLICAS`; `ConfigError` for another, or for a config that replica refuses)."""
     return StageScheduler(config, sink, replica)
 
 

@@ -105,6 +105,7 @@ class VidurReplicaBase(ArSchedulerBase):
 
     @property
     def rules(self) -> ArRules:
+        """`ArRules()`: FCFS admission, the tail as victim; subclasses that differ override it."""
         return ArRules()
 
     @property
@@ -115,6 +116,8 @@ class VidurReplicaBase(ArSchedulerBase):
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
+        """The base step, then Vidur's `on_batch_end`: each request of the batch still running waits
+        for a next batch (`_requeue`), and the batch empties."""
         super().step()
         for req in self.batch:
             if req in self.running:
@@ -127,6 +130,7 @@ class VidurReplicaBase(ArSchedulerBase):
         self.pending.append(req)
 
     def abort(self, request_id: str) -> None:
+        """As `ArSchedulerBase.abort`, and out of `pending` too."""
         super().abort(request_id)
         self.pending = [r for r in self.pending if r.rid != request_id]
 
@@ -185,6 +189,9 @@ class VidurReplicaBase(ArSchedulerBase):
 
 
 class VidurVllm(VidurReplicaBase):
+    """Vidur's vLLM replica scheduler (`vidur-vllm`, module docstring): prefill-only batches of new
+    requests, padded to the longest prompt, else decode batches in arrival order."""
+
     name = "vidur-vllm"
 
     def _schedule(self) -> None:
@@ -217,11 +224,16 @@ class VidurVllm(VidurReplicaBase):
 
 
 class VidurSarathi(VidurReplicaBase):
+    """Vidur's Sarathi-Serve replica scheduler (`vidur-sarathi`, module docstring): decodes, then
+    chunks of running prefills, then new requests, within the chunk size."""
+
     name = "vidur-sarathi"
     chunked = True
 
     @property
     def rules(self) -> ArRules:
+        """As `ArRules()`, but a step that restarted a victim may still admit (it can re-admit the
+        victim in the same batch)."""
         return ArRules(admit_after_preemption=True)
 
     def _schedule(self) -> None:
@@ -298,10 +310,14 @@ class _MaxReservation(VidurReplicaBase):
 
 
 class VidurOrca(_MaxReservation):
+    """Vidur's Orca replica scheduler (`vidur-orca`): every running request each step, plus new
+    requests while a seat and max_model_len worth of free blocks are left for each."""
+
     name = "vidur-orca"
 
     @property
     def rules(self) -> ArRules:
+        """No victim (it never preempts) and no token budget."""
         return ArRules(victim=VictimOrder.NONE, token_budget=False)
 
     def _schedule(self) -> None:
@@ -312,10 +328,14 @@ class VidurOrca(_MaxReservation):
 
 
 class VidurFasterTransformer(_MaxReservation):
+    """Vidur's FasterTransformer replica scheduler (`vidur-ft`): static batches, a new one only when
+    the previous one is done, max_model_len worth of blocks reserved per request."""
+
     name = "vidur-ft"
 
     @property
     def rules(self) -> ArRules:
+        """No victim, no token budget, static batches."""
         return ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
 
     def _schedule(self) -> None:
@@ -328,6 +348,10 @@ class VidurFasterTransformer(_MaxReservation):
 
 
 class VidurLightLlm(VidurReplicaBase):
+    """Vidur's LightLLM replica scheduler (`vidur-lightllm`, block size 1): peak-memory admission,
+    prefill and decode batches never mixed, a prefill batch tried again after `max_waiting_iters`
+    decode batches."""
+
     name = "vidur-lightllm"
 
     def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
@@ -347,6 +371,7 @@ class VidurLightLlm(VidurReplicaBase):
 
     @property
     def rules(self) -> ArRules:
+        """No victim: it never preempts."""
         return ArRules(victim=VictimOrder.NONE)
 
     def _tuple_tokens(self, req: ArReq, scheduled: bool) -> tuple[int, int]:
@@ -407,22 +432,32 @@ class VidurLightLlm(VidurReplicaBase):
 
 
 def make_vidur_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurVllm`; `ConfigError` unless FCFS, one stage, chunked prefill off, no
+    long-prefill threshold and no prefix caching."""
     return VidurVllm(config, sink)
 
 
 def make_vidur_sarathi(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurSarathi`; `ConfigError` unless FCFS, one stage, chunked prefill on, no
+    long-prefill threshold and no prefix caching."""
     return VidurSarathi(config, sink)
 
 
 def make_vidur_orca(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurOrca`; `ConfigError` unless FCFS, one stage, chunked prefill off, no
+    long-prefill threshold, no prefix caching and usable blocks for max_model_len tokens."""
     return VidurOrca(config, sink)
 
 
 def make_vidur_lightllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurLightLlm`; `ConfigError` unless block size 1, FCFS, one stage, chunked prefill
+    off, no long-prefill threshold and no prefix caching."""
     return VidurLightLlm(config, sink)
 
 
 def make_vidur_ft(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurFasterTransformer`; `ConfigError` unless FCFS, one stage, chunked prefill off,
+    no long-prefill threshold, no prefix caching and usable blocks for max_model_len tokens."""
     return VidurFasterTransformer(config, sink)
 
 

@@ -112,6 +112,7 @@ class VidurSarathiReleased(VidurSarathi):
         super()._requeue(req)
 
     def abort(self, request_id: str) -> None:
+        """As `VidurSarathi.abort`, and the request's prefill tokens and prefill flag forgotten."""
         super().abort(request_id)
         self._forget(request_id)
 
@@ -125,10 +126,12 @@ class VidurSarathiReleased(VidurSarathi):
 
 
 def make_vidur_vllm_released(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurVllmReleased`; `ConfigError` as `make_vidur_vllm`."""
     return VidurVllmReleased(config, sink)
 
 
 def make_vidur_sarathi_released(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `VidurSarathiReleased`; `ConfigError` as `make_vidur_sarathi`."""
     return VidurSarathiReleased(config, sink)
 
 

@@ -38,6 +38,7 @@ built-in) turns all three on and declares them in its profile.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from reference.ar.base import ArReq, ArSchedulerBase
@@ -60,6 +61,9 @@ VLLM_033 = VllmOptions(True, True, True)
 
 
 class VllmV1Scheduler(ArSchedulerBase):
+    """The reference vLLM-v1-style scheduler (`vllm-v1`, module docstring) under `config.policy`;
+    `options` switch on vLLM 0.33.0's choices (default all off: idealised)."""
+
     name = "vllm-v1"
     options = VllmOptions()
 
@@ -74,9 +78,11 @@ class VllmV1Scheduler(ArSchedulerBase):
 
     @property
     def rules(self) -> ArRules:
+        """`rules_for(config)`; under PRIORITY with `victim_among_all` the victim is chosen among
+        all running requests (`LOWEST_PRIORITY_ANY`)."""
         rules = super().rules
         if self._victim_any():
-            return ArRules(rules.admission, VictimOrder.LOWEST_PRIORITY_ANY)
+            return dataclasses.replace(rules, victim=VictimOrder.LOWEST_PRIORITY_ANY)
         return rules
 
     def _victim_any(self) -> bool:
