@@ -1,10 +1,10 @@
 """The public API reads the same in every type checker and in an editor's hover.
 
-`spec`, `properties` and `integrations` (what an implementer imports, runs in pytest or
-hooks into a live engine) document every public function, class, method and property; every
-package of ours declares the type of every public instance attribute, so
-pyright (`--verifytypes`) reads them as mypy does. The checker itself
-(`tests/public_api.py`) is shown to catch each gap on a seeded module.
+Every package of ours documents every public function, class, method and property (what an
+editor shows on hover: for `spec`'s adapter protocols, each method's part of the contract) and
+declares the type of every public instance attribute, so pyright (`--verifytypes`) reads them
+as mypy does. The checker itself (`tests/public_api.py`) is shown to catch each gap on a
+seeded module.
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from tests.public_api import Gap, gaps_in_sources, package_gaps
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("package", ["spec", "properties", "integrations"])
+PACKAGES = ["spec", "properties", "integrations", "reference", "gpu", "schedspec_cli"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_public_symbol_is_documented(package: str) -> None:
     gaps = package_gaps(ROOT / package, declarations=False)
     assert not gaps, "\n".join(map(str, gaps))
 
 
-@pytest.mark.parametrize(
-    "package", ["spec", "properties", "integrations", "reference", "gpu", "schedspec_cli"]
-)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_public_attribute_declares_its_type(package: str) -> None:
     gaps = package_gaps(ROOT / package, docstrings=False)
     assert not gaps, "\n".join(map(str, gaps))

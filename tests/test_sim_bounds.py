@@ -31,11 +31,12 @@ ONE = wl.Lengths(1, 1)
         (lambda: Table(((1.0, 1e-320),)), "seconds"),
         (lambda: simulate_gated(4, 1e308, "immediate", requests=4), "batch_time"),
         (lambda: simulate_gated(4, 0.1, "immediate", requests=4, qps=1e-320), "qps"),
+        (lambda: simulate_gated(4, 0.1, "immediate", requests=0), "requests"),
         (lambda: wl.poisson(4, 1e-320, ONE, ONE), "qps"),
         (lambda: wl.poisson(4, 1e308, ONE, ONE), "qps"),
     ],
 )
-def test_a_time_or_rate_out_of_bounds_is_a_typed_error(
+def test_a_time_rate_or_count_out_of_bounds_is_a_typed_error(
     build: Callable[[], object], field: str
 ) -> None:
     with pytest.raises(SimConfigError, match=f"invalid {field}="):

@@ -115,12 +115,20 @@ def _table(**changes: Any) -> str:
     ],
 )
 def test_bad_tables_are_named(tmp_path: Path, text: str, match: str) -> None:
+    """Each bad table is a `CalibrationError` naming the file and what is wrong with it."""
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(CalibrationError, match=match):
         Calibration.load(path)
     with pytest.raises(CalibrationError, match="cannot be read"):
         Calibration.load(tmp_path / "missing.json")
+
+
+def test_a_table_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'\xff\xfe{"schema": 4}')
+    with pytest.raises(CalibrationError, match=r"latin1\.json: not UTF-8 text \(byte 0\)"):
+        Calibration.load(path)
 
 
 @functools.cache

@@ -75,19 +75,23 @@ class UnitCapacity:
 
     @property
     def avail(self) -> int:
+        """Tokens it can take beyond its mandatory chunk this forward (A_u): `token_budget -
+        mandatory`, never below 0 (seats and KV are `pour`'s to check)."""
         return max(0, self.token_budget - self.mandatory)
 
 
 @dataclass(frozen=True, slots=True)
 class Pour:
     """chunks[u]: (request, tokens) started or continued on unit u this forward (new requests
-    only; the pinned continuation is the caller's). taken: requests fully or partly placed, in
-    FCFS order; the tokens a request did not get this forward stay pinned to its unit."""
+    only; the pinned continuation is the caller's); the tokens a request did not get this
+    forward stay pinned to its unit."""
 
     chunks: tuple[tuple[tuple[int, int], ...], ...]
     split: tuple[int, ...]  # the water-filling target per unit (last level computed)
 
     def loads(self, caps: Sequence[UnitCapacity]) -> list[int]:
+        """Each unit's tokens this forward: its mandatory chunk plus the chunks placed on it (`caps`
+        as given to `pour`, one per unit)."""
         return [
             c.mandatory + sum(t for _, t in ch) for c, ch in zip(caps, self.chunks, strict=True)
         ]

@@ -26,6 +26,7 @@ def seconds_text(positive: bool) -> str:
 
 
 def rate_text() -> str:
+    """What a valid rate is, for messages."""
     return f"a rate in [{MIN_RATE:g}, {MAX_RATE:g}] per second"
 
 
@@ -39,16 +40,20 @@ def in_seconds(value: float, positive: bool) -> bool:
 
 
 def check_seconds(field: str, value: float, positive: bool) -> None:
+    """Raise `SimConfigError` naming `field` unless `value` is a modelled time (`in_seconds`)."""
     if not in_seconds(value, positive):
         raise SimConfigError(field, value, seconds_text(positive))
 
 
 def in_rate(value: float) -> bool:
+    """Whether `value` is a modelled rate (per second): a finite number, not a bool, from `MIN_RATE`
+    to `MAX_RATE`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return math.isfinite(value) and MIN_RATE <= value <= MAX_RATE
 
 
 def check_rate(field: str, value: float) -> None:
+    """Raise `SimConfigError` naming `field` unless `value` is a modelled rate (`in_rate`)."""
     if not in_rate(value):
         raise SimConfigError(field, value, rate_text())

@@ -106,6 +106,8 @@ class CalibrationError(SimError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CalibrationRow:
+    """One (mode, max_running) row: the benchmark's counts and seconds, summed over repeats."""
+
     mode: str
     max_running: int
     forwards: int
@@ -119,17 +121,21 @@ class CalibrationRow:
 
     @property
     def seconds_per_forward(self) -> float:
+        """Mean seconds of one forward: `forward_seconds / forwards`."""
         return self.forward_seconds / self.forwards
 
     @property
     def rows_per_forward(self) -> float:
+        """Mean rows (running requests) per forward: `row_forwards / forwards`."""
         return self.row_forwards / self.forwards
 
     @property
     def seconds_per_round(self) -> float:
+        """Mean non-forward seconds per round: `max(0, seconds - forward_seconds) / rounds`."""
         return max(0.0, self.seconds - self.forward_seconds) / self.rounds
 
     def to_json(self) -> dict[str, Any]:
+        """The row as a table's JSON row, with the three derived figures; floats rounded."""
         return {
             "mode": self.mode,
             "max_running": self.max_running,
@@ -193,6 +199,9 @@ class CalibratedForward:
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
     ) -> float:
+        """Seconds interpolated at (prefill + decode tokens) / `block_size` rows (fractional rows
+        too), extrapolated from the end segments, never below 0; `kv_tokens` and `attn_pairs` are
+        not read."""
         rows = (prefill_tokens + decode_tokens) / self.block_size
         return max(0.0, _interp(list(self.points), rows))
 
@@ -213,10 +222,14 @@ class SharedTime:
     per_alloc: float
 
     def forward_model(self, block_size: int) -> CalibratedForward:
+        """The forward part as an `ExecModel`: per_forward + per_row * rows, a row being
+        `block_size` tokens."""
         one = self.per_forward + self.per_row
         return CalibratedForward(block_size, ((0.0, self.per_forward), (1.0, one)))
 
     def seconds(self, row: CalibrationRow) -> float:
+        """The model's total seconds for `row`'s five counts (what `fit_shared` fits to
+        `row.seconds`)."""
         return float(
             self.per_forward * row.forwards
             + self.per_row * row.row_forwards
@@ -293,6 +306,8 @@ _SUMMED = (
 
 @dataclass(frozen=True)
 class Calibration:
+    """A calibration table (the module doc's JSON); `load` reads and checks one."""
+
     device: str
     source: str
     block_size: int
@@ -323,9 +338,13 @@ class Calibration:
         return fit_shared(self.rows, self.path or self.source)
 
     def row(self, mode: str, max_running: int) -> CalibrationRow | None:
+        """The row of `mode` measured at `max_running`, None if there is none; `CalibrationError`
+        (from `of`) when the table has no row of `mode` at all."""
         return next((r for r in self.of(mode) if r.max_running == max_running), None)
 
     def of(self, mode: str) -> list[CalibrationRow]:
+        """Every row of `mode`, by max_running; `CalibrationError` naming the modes the table has
+        when there is none."""
         rows = sorted((r for r in self.rows if r.mode == mode), key=lambda r: r.max_running)
         if not rows:
             have = sorted({r.mode for r in self.rows})
@@ -335,17 +354,23 @@ class Calibration:
         return rows
 
     def forward_model(self, mode: str) -> CalibratedForward:
+        """The per-mode forward model of `mode`: its rows' seconds per forward interpolated in rows
+        per forward (`CalibratedForward`)."""
         pts = sorted({(r.rows_per_forward, r.seconds_per_forward) for r in self.of(mode)})
         return CalibratedForward(self.block_size, tuple(pts))
 
     def round_overhead(self, mode: str, max_running: int) -> float:
+        """The non-forward seconds per round of `mode` at `max_running`: its rows' figures
+        interpolated linearly in max_running (extrapolated from the end segments), never below 0."""
         pts = [(float(r.max_running), r.seconds_per_round) for r in self.of(mode)]
         return max(0.0, _interp(pts, float(max_running)))
 
     def seats(self) -> tuple[int, ...]:
+        """Every max_running value the rows measure, ascending."""
         return tuple(sorted({r.max_running for r in self.rows}))
 
     def to_json(self) -> dict[str, Any]:
+        """The table as JSON of schema `SCHEMA`, as `load` reads it (`path` is not written)."""
         return {
             "schema": SCHEMA,
             "device": self.device,
@@ -453,10 +478,15 @@ class Calibration:
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
+        """Read and check the table at `path`: an `OSError` reading it, text that is not JSON, an
+        old or another schema, a missing or malformed field, or a value out of range (block size,
+        counts, seconds, ratios, profiles) raises `CalibrationError` naming the file."""
         try:
             data = parse_json(read_input_text(path))
         except OSError as err:
             raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise CalibrationError(str(path), f"not UTF-8 text (byte {err.start})") from None
         except json.JSONDecodeError as err:
             raise CalibrationError(str(path), f"not JSON (line {err.lineno}: {err.msg})") from None
         if isinstance(data, dict) and data.get("schema") in OLD_SCHEMAS:

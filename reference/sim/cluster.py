@@ -39,6 +39,8 @@ EMPTY_PLAN = BatchPlan(0, 0, 0, 0, 0)
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
+    """One batch (or fused decode stretch) on one replica, [start, end) in simulated seconds."""
+
     replica: int
     start: float
     end: float
@@ -49,6 +51,8 @@ class BatchRecord:
 
 @dataclass
 class ClusterResult:
+    """One `simulate_cluster` run; `batches`, `event_times` and `log` are kept only on request."""
+
     metrics: RequestMetrics
     summary: Summary
     batches: list[BatchRecord] = field(default_factory=list)
@@ -64,6 +68,8 @@ Progress = Callable[[int, int], None]
 
 # ---------------------------------------------------------------------- global schedulers
 class Router(Protocol):
+    """A global scheduler: the replica of each request, picked at its arrival."""
+
     def pick(self, req: int) -> int:
         """The replica request `req` goes to (called once per request, in arrival order)."""
         ...
@@ -77,6 +83,7 @@ class RoundRobin:
         self.next: int = 0
 
     def pick(self, req: int) -> int:
+        """The next replica in turn (`req` is not read)."""
         r = self.next
         self.next = r + 1 if r + 1 < self.num_replicas else 0
         return r
@@ -91,6 +98,7 @@ class LeastOutstanding:
         self.replicas = replicas
 
     def pick(self, req: int) -> int:
+        """The replica with the fewest pending requests (`pending()`), the lowest index on ties."""
         counts = [rep.pending() for rep in self.replicas]
         return counts.index(min(counts))
 
@@ -103,12 +111,15 @@ class SeededRandom:
         self.choices: list[int] = rng.integers(0, num_replicas, size=num_requests).tolist()
 
     def pick(self, req: int) -> int:
+        """Request `req`'s replica, drawn for every request at construction."""
         return self.choices[req]
 
 
 def make_router(
     name: str, replicas: Sequence[ReplicaScheduler], num_requests: int, seed: int
 ) -> Router:
+    """The global scheduler `name` (one of `GLOBAL_SCHEDULERS`) over `replicas`; `num_requests` and
+    `seed` size and seed the random one's draws. Another name raises `SimConfigError`."""
     if name == "round_robin":
         return RoundRobin(len(replicas))
     if name == "lor":
@@ -189,6 +200,9 @@ class ClusterSim:
         )
 
     def run(self, progress: Progress | None) -> ClusterResult:
+        """Handle every arrival and batch end in order (module doc) and return the result;
+        `progress(arrivals handled, total)` is called about every 1% of the arrivals. A replica's
+        `Unschedulable` propagates; `TimeWentBackwards` is a simulator bug."""
         arrivals, heap, n = self.arrivals, self.heap, self.n
         report_every = max(1, n // 100)
         i = 0

@@ -92,6 +92,9 @@ class StepDist:
     def from_histogram(
         cls, hist: Mapping[int, float] | Mapping[str, float], source: str = "user"
     ) -> StepDist:
+        """From {forwards: count}; keys may be strings (as JSON has them). A key or count that
+        does not convert raises `ValueError` or `TypeError`, an invalid histogram
+        `SimConfigError`."""
         items = sorted((int(k), float(v)) for k, v in hist.items())
         return cls(tuple(k for k, _ in items), tuple(v for _, v in items), source)
 
@@ -111,6 +114,8 @@ class StepDist:
 
     @classmethod
     def uniform(cls, lo: int, hi: int) -> StepDist:
+        """Equal weight on every forward count from `lo` to `hi` (both included); `SimConfigError`
+        when `lo` < 2 or `hi` < `lo`."""
         return cls(
             tuple(range(lo, hi + 1)), tuple(1.0 for _ in range(lo, hi + 1)), f"uniform {lo}..{hi}"
         )
@@ -166,11 +171,13 @@ class StepDist:
 
     @property
     def probs(self) -> FloatArray:
+        """The weights normalised to sum to 1, in `values` order."""
         w: FloatArray = np.array(self.weights, dtype=np.float64)
         out: FloatArray = w / w.sum()
         return out
 
     def mean(self) -> float:
+        """E[F]: the mean forwards per block."""
         return float(np.dot(self.values, self.probs))
 
     def expected_max(self, k: int) -> float:
@@ -183,9 +190,11 @@ class StepDist:
         return total
 
     def ideal_ratio(self, k: int) -> float:
+        """The bound on FDFO / sync throughput at `k` seats: E[max of k draws] / E[F]."""
         return self.expected_max(k) / self.mean()
 
     def draw(self, rng: np.random.Generator, n: int) -> list[int]:
+        """`n` independent draws of forwards per block from `rng`."""
         return [int(v) for v in rng.choice(self.values, size=n, p=self.probs)]
 
     def clipped(self, block_size: int) -> StepDist:
@@ -201,9 +210,13 @@ class DllmDriver(Protocol):
 
     events: list[Event]
 
-    def submit(self, request: RequestSpec) -> object: ...
+    def submit(self, request: RequestSpec) -> object:
+        """Submit `request`; the simulator does not read the return value."""
+        ...
 
-    def round(self) -> None: ...
+    def round(self) -> None:
+        """Run one scheduler round, appending its events to `events`."""
+        ...
 
 
 class DirectDriver:
@@ -222,10 +235,14 @@ class DirectDriver:
             self.spec.apply(e)
 
     def submit(self, request: RequestSpec) -> object:
+        """Submit `request` to the implementation (a rejection's `RequestError` propagates); returns
+        None."""
         self.impl.submit(request)
         return None
 
     def round(self) -> None:
+        """Run one round of the implementation; its events land in `events` (applied to the spec too
+        when `check_spec`)."""
         self.impl.run_round()
 
 
@@ -234,6 +251,8 @@ DriverFactory = Callable[[ImplementationFactory, DllmConfig], DllmDriver]
 
 @dataclass(frozen=True)
 class DllmParams:
+    """One `simulate_dllm` run's settings: scheduler, workload, time model, costs (seconds)."""
+
     block_size: int = 8
     max_running: int = 4
     mode: Mode = Mode.FDFO
@@ -281,6 +300,9 @@ class DllmParams:
         ]
 
     def config(self) -> DllmConfig:
+        """The scheduler's `DllmConfig`: one KV page per block, `max_running` seats and pool rows,
+        KV pages for `max_running` requests of `max_blocks()` blocks; reuse and reloop only under
+        FDFO."""
         b = self.block_size
         ctx = self.max_blocks() * b
         pages = self.max_running * self.max_blocks()
@@ -297,6 +319,8 @@ class DllmParams:
         )
 
     def label(self) -> str:
+        """The run's mode name, as calibration tables name modes: 'sync', or 'fdfo' with '+reuse'
+        and '+reloop' as set."""
         if self.mode is Mode.SYNC:
             return "sync"
         return (
@@ -306,6 +330,8 @@ class DllmParams:
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
+    """One scheduler round: index, [start, end] in simulated seconds, forwards, row ids."""
+
     index: int
     start: float
     end: float
@@ -315,6 +341,8 @@ class RoundRecord:
 
 @dataclass
 class DllmResult:
+    """What `simulate_dllm` measured: simulated seconds, the priced counts, logs."""
+
     params: DllmParams
     makespan: float
     output_tokens: int
@@ -332,9 +360,12 @@ class DllmResult:
 
     @property
     def throughput(self) -> float:
+        """Output tokens per simulated second over the makespan (NaN for a makespan of 0)."""
         return self.output_tokens / self.makespan if self.makespan > 0 else math.nan
 
     def as_dict(self) -> dict[str, object]:
+        """The run's figures by name, JSON-ready; `mean_latency_s` is the mean completion - arrival
+        of the finished requests (None when none finished)."""
         lat = [self.completion[r] - self.arrival[r] for r in self.completion]
         return {
             "label": self.params.label(),

@@ -7,7 +7,8 @@ property of the model and the prompt, not of the batch (the engine's forwards ar
 batch-invariant: FDFO does the same row-forwards at every max_running), so a workload of
 profiles replays the engine's work exactly; the simulator only supplies the time.
 
-`ProfileWorkload.requests(n, order, rng)` builds n simulated requests from the profiles:
+`ProfileWorkload.requests(n, block_size, order, rng)` builds n simulated requests from the
+profiles:
 
 - "cycle": request i is profile i mod len(profiles) (the engine benchmark's own order: it cycles
   the prompt set), so the simulated work is the measured work;
@@ -58,9 +59,12 @@ class RequestProfile:
         return (prompt_blocks + len(self.forwards)) * block_size - self.prompt_len
 
     def total_blocks(self, block_size: int) -> int:
+        """Blocks the request spans at `block_size`: the prompt's whole blocks plus its output
+        blocks."""
         return self.prompt_len // block_size + len(self.forwards)
 
     def to_json(self) -> dict[str, Any]:
+        """The profile as a calibration table's `profiles` entry (`from_json` reads it back)."""
         return {
             "prompt_len": self.prompt_len,
             "forwards": list(self.forwards),
@@ -69,6 +73,8 @@ class RequestProfile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestProfile:
+        """A profile from its `to_json` form, unchecked (see `check`); a missing or malformed field
+        raises `KeyError`, `TypeError` or `ValueError`."""
         return cls(
             int(data["prompt_len"]), tuple(int(f) for f in data["forwards"]), int(data["tokens"])
         )
@@ -92,6 +98,8 @@ class ProfileWorkload:
     profiles: tuple[RequestProfile, ...]
 
     def check(self, block_size: int) -> None:
+        """Raise `SimConfigError` unless there is a profile and every one passes
+        `RequestProfile.check` at `block_size`."""
         if not self.profiles:
             raise SimConfigError("profiles", (), "at least one measured request")
         for p in self.profiles:
@@ -100,6 +108,9 @@ class ProfileWorkload:
     def requests(
         self, n: int, block_size: int, order: str = "cycle", rng: np.random.Generator | None = None
     ) -> list[SimRequest]:
+        """`n` simulated requests r0, r1, ...: 'cycle' takes profile i mod len(profiles), 'sample'
+        draws one whole profile per request from `rng` (a seed-0 generator if None); each one's
+        token budget spans exactly its measured blocks. Another `order` raises `SimConfigError`."""
         if order not in ORDERS:
             raise SimConfigError("profile_order", order, " or ".join(ORDERS))
         if order == "cycle":
@@ -118,6 +129,7 @@ class ProfileWorkload:
         return out
 
     def max_blocks(self, block_size: int) -> int:
+        """The most blocks any profile's request spans (`total_blocks`)."""
         return max(p.total_blocks(block_size) for p in self.profiles)
 
     def histogram(self) -> dict[int, int]:

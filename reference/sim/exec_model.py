@@ -29,9 +29,14 @@ from spec.json_text import parse_json
 
 
 class ExecModel(Protocol):
+    """How long one batch takes, in seconds (the arguments: see the module doc)."""
+
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
-    ) -> float: ...
+    ) -> float:
+        """Seconds of one batch of `prefill_tokens` and `decode_tokens` that reads `kv_tokens`
+        cached tokens and computes `attn_pairs` attention pairs (0: estimated, or not read)."""
+        ...
 
 
 def _nonneg(field: str, value: float) -> None:
@@ -51,6 +56,7 @@ class Constant:
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
     ) -> float:
+        """`seconds`, whatever the batch."""
         return self.seconds
 
     def decode_ends(self, t: float, nd: int, kv: int, k: int) -> list[float]:
@@ -76,6 +82,7 @@ class Linear:
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
     ) -> float:
+        """The class formula; `attn_pairs` is not read."""
         return (
             self.base
             + self.per_prefill_token * prefill_tokens
@@ -182,6 +189,8 @@ class Roofline:
             raise SimConfigError("fp8", True, f"{self.device.name} has no FP8 tensor cores")
 
     def weight_bytes(self, tokens: int) -> float:
+        """Weight bytes a batch of `tokens` touches: every parameter of a dense model; of an MoE,
+        `total_params` times the share touched (class doc; at least one token)."""
         m = self.model
         dense = m.active_params if m.total_params == m.active_params else 0.0
         if dense:
@@ -193,6 +202,8 @@ class Roofline:
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
     ) -> float:
+        """The roofline time (class doc); an empty batch costs `overhead` alone. `attn_pairs` 0 is
+        estimated as `kv_tokens` + P(P + 1)/2 for P prefill tokens."""
         m = self.model
         tokens = prefill_tokens + decode_tokens
         if tokens == 0:
@@ -241,6 +252,8 @@ class Table:
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
     ) -> float:
+        """The piecewise-linear time at prefill + decode tokens (class doc); `kv_tokens` and
+        `attn_pairs` are not read."""
         x = float(prefill_tokens + decode_tokens)
         pts = self.points
         if len(pts) == 1:

@@ -43,6 +43,8 @@ def _x(name: str, pid: int, tid: int, start: float, end: float, **args: object) 
 
 
 def trace_cluster(batches: Iterable[BatchRecord], limit: int = 200_000) -> Trace:
+    """A Chrome trace of the first `limit` batch records: one process per replica, one slice per
+    record (a fused decode stretch is one slice)."""
     ev: list[dict[str, Any]] = []
     seen: set[int] = set()
     for i, b in enumerate(batches):
@@ -94,6 +96,8 @@ def trace_stages(slices: Iterable[StageRecord], num_stages: int, limit: int = 20
 
 
 def trace_sbs(spans: Sequence[Span], prefill_instances: int, limit: int = 200_000) -> Trace:
+    """A Chrome trace of the first `limit` spans: one process per instance (the decode ones numbered
+    after the `prefill_instances` prefill ones), one track per DP unit."""
     ev: list[dict[str, Any]] = []
     seen: set[tuple[int, int]] = set()
     for i, s in enumerate(spans):
@@ -112,6 +116,8 @@ def trace_sbs(spans: Sequence[Span], prefill_instances: int, limit: int = 200_00
 
 
 def trace_dllm(results: Mapping[str, DllmResult]) -> Trace:
+    """A Chrome trace of dLLM runs: one process per run (named by its key), one slice per round with
+    its forwards and rows."""
     ev: list[dict[str, Any]] = []
     for pid, (label, r) in enumerate(results.items()):
         ev += _meta(pid, label, {0: "rounds"})
@@ -131,6 +137,7 @@ def trace_dllm(results: Mapping[str, DllmResult]) -> Trace:
 
 
 def write_trace(trace: Trace, path: Path) -> Path:
+    """Write `trace` as JSON to `path`, creating its directory; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(trace))
     return path
@@ -195,6 +202,8 @@ def kv_occupancy(
     path: Path,
     title: str = "KV occupancy",
 ) -> Path:
+    """Plot KV occupancy over simulated time to a PNG at `path` (directory created): a step line per
+    label's (time, KV tokens) samples, `capacity` dashed; returns `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for label, pts in series.items():

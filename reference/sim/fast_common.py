@@ -38,6 +38,8 @@ class FastReplicaCore:
 
     @property
     def newly_scheduled(self) -> list[int]:
+        """Requests the last `next_batch` scheduled for the first time (a restarted request is not
+        listed again)."""
         return self._new
 
     def _validate(self, req: int, prefill: int, decode: int) -> None:
@@ -50,14 +52,19 @@ class FastReplicaCore:
             ) from None
 
     def kv_used(self) -> int:
+        """KV tokens in allocated blocks: (usable - free blocks) * block size."""
         return (self.config.usable_blocks - self.free) * self.bs
 
     def outstanding(self) -> int:
+        """Requests queued or running."""
         return len(self.waiting) + len(self.running)
 
     def pending(self) -> int:
+        """Requests in `waiting` (restarted ones included), as LOR reads them."""
         return len(self.waiting)
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        """The ended batch's (first tokens, finished, restarted), decided by `next_batch`; reported
+        once."""
         r, self._result = self._result, ([], [], [])
         return r

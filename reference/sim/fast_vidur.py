@@ -152,6 +152,10 @@ class _DecodeCounter(FastReplicaCore):
 
 
 class FastVidurOrca(_DecodeCounter):
+    """Vidur's Orca: every running request decodes in every batch; waiting requests join in FCFS
+    order while there is a seat (stage cap, `max_num_seqs`) and room for a max_model_len
+    reservation (`max_blocks_per_request` blocks); no token budget."""
+
     name = "vidur-orca"
 
     def __init__(self, config: ArConfig) -> None:
@@ -160,6 +164,8 @@ class FastVidurOrca(_DecodeCounter):
         super().__init__(config, VidurOrca)
 
     def would_admit(self) -> bool:
+        """The next batch would admit the head of the queue: a seat under the stage cap and
+        `max_num_seqs`, and `max_blocks_per_request` blocks free."""
         n = len(self.running)
         return (
             bool(self.waiting)
@@ -184,6 +190,9 @@ class FastVidurOrca(_DecodeCounter):
 
 
 class FastVidurFt(FastVidurOrca):
+    """Vidur's FasterTransformer: static batches. A batch in flight decodes, less its finished
+    requests, until it is empty; only then are waiting requests admitted as Orca admits them."""
+
     name = "vidur-ft"
 
     def __init__(self, config: ArConfig) -> None:
@@ -192,6 +201,7 @@ class FastVidurFt(FastVidurOrca):
         _DecodeCounter.__init__(self, config, VidurFasterTransformer)
 
     def would_admit(self) -> bool:
+        """The next batch is an admission: nothing runs and requests wait."""
         return not self.running and bool(self.waiting)
 
     def _batch(self) -> BatchPlan:
@@ -240,6 +250,9 @@ class FastVidurLightLlm(_DecodeCounter):
         return min(k, self.free // n)
 
     def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        """`k` decode batches of a stretch ended: the waiting-iterations counter moves as k batches
+        one by one would move it (with nobody waiting, every max_waiting_iters-th one an empty
+        prefill attempt), every running request takes k blocks and requests finish."""
         w, m = self.num_waiting_iters, self.config.max_waiting_iters
         if self._open:  # nobody waited: every m-th batch an attempt found nothing, reset to 0
             w = (0 if w >= m else w) + k
@@ -379,11 +392,14 @@ class FastVidurSarathi(FastReplicaCore):
         self._arrivals = 0
 
     def add(self, req: int, prefill: int, decode: int) -> None:
+        """Queue `req` after validating it (`Unschedulable` if the spec refuses it for this
+        configuration)."""
         self._validate(req, prefill, decode)
         self.waiting.append(_SReq(req, self._arrivals, prefill, decode, prefill, prefill=prefill))
         self._arrivals += 1
 
     def outstanding(self) -> int:  # running requests are counted, not listed
+        """Requests queued plus those running (`n_running`)."""
         return len(self.waiting) + self.n_running
 
     def _restart(self, r: _SReq, restarted: list[int]) -> None:
@@ -423,6 +439,8 @@ class FastVidurSarathi(FastReplicaCore):
         return prefills
 
     def next_batch(self) -> BatchPlan | None:
+        """Vidur Sarathi's next batch (class doc); None with nothing queued or running.
+        `Unschedulable` when the batch would run and restart nothing."""
         if not self.waiting and not self.n_running:
             return None
         self._new = []
@@ -625,10 +643,14 @@ class FastVidurSarathi(FastReplicaCore):
         return self._stretch_demand(k)
 
     def next_batch_plan_decode(self) -> tuple[int, int]:
+        """(decoding requests, KV tokens) at the start of a stretch."""
         self._new = []
         return len(self.order), self.kv
 
     def end_decode(self, k: int) -> tuple[list[int], list[int], list[int]]:
+        """`k` decode batches of a stretch ended (k may stop short of it): every running request
+        computes and outputs k tokens, taking a block as each fills; finished ones free their
+        blocks."""
         bs = self.bs
         self.kv += len(self.order) * k
         done: list[int] = []

@@ -70,12 +70,17 @@ class FastVidurVllm(FastReplicaCore):
 
     # ------------------------------------------------------------------ protocol
     def add(self, req: int, prefill: int, decode: int) -> None:
+        """Queue `req` at the back after validating it (`Unschedulable` if the spec refuses it for
+        this configuration)."""
         self._validate(req, prefill, decode)
         r = _Req(req, self._arrivals, prefill, decode)
         self._arrivals += 1
         self.waiting.append(r)
 
     def next_batch(self) -> BatchPlan | None:
+        """The next batch by Vidur vLLM's rules (module doc): prefill-only if a waiting request is
+        admitted, else decode-only, restarting as needed; None with nothing queued or running.
+        `Unschedulable` when the batch would run and restart nothing."""
         if not self.waiting and not self.running:
             return None
         self._new = []

@@ -37,6 +37,7 @@ class RequestMetrics:
 
     @classmethod
     def for_workload(cls, w: Workload) -> RequestMetrics:
+        """Fresh metrics for `w`: its arrivals and lengths, NaN times, no restarts, replica -1."""
         n = len(w)
         return cls(
             w.arrived_at,
@@ -50,6 +51,8 @@ class RequestMetrics:
         )
 
     def columns(self) -> dict[str, FloatArray]:
+        """Vidur's per-request metrics (module doc) by name, as float arrays; NaN where a time is
+        missing."""
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(
                 self.decode > 1,
@@ -67,6 +70,8 @@ class RequestMetrics:
 
 @dataclass(frozen=True)
 class Stat:
+    """Mean, p50, p90, p99 and count of a metric's non-NaN values."""
+
     mean: float
     p50: float
     p90: float
@@ -75,6 +80,7 @@ class Stat:
 
     @classmethod
     def of(cls, values: FloatArray) -> Stat:
+        """Over the non-NaN `values`; every figure NaN and count 0 when there are none."""
         v = values[~np.isnan(values)]
         if len(v) == 0:
             return cls(NAN, NAN, NAN, NAN, 0)
@@ -82,6 +88,7 @@ class Stat:
         return cls(float(v.mean()), float(p50), float(p90), float(p99), len(v))
 
     def as_dict(self) -> dict[str, float]:
+        """The figures by name, NaN as None (JSON null)."""
         return {
             k: (None if isinstance(v, float) and math.isnan(v) else v)  # type: ignore[misc]
             for k, v in (
@@ -96,6 +103,8 @@ class Stat:
 
 @dataclass
 class Summary:
+    """A run's makespan (seconds), throughputs (per second) and a `Stat` per request metric."""
+
     num_requests: int
     completed: int
     aborted: int
@@ -105,6 +114,8 @@ class Summary:
     stats: dict[str, Stat] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
+        """The figures by name (`throughput_tokens` as `throughput_output_tokens_per_s`) and each
+        metric's `Stat.as_dict()`."""
         return {
             "num_requests": self.num_requests,
             "completed": self.completed,
@@ -117,6 +128,9 @@ class Summary:
 
 
 def summarize(m: RequestMetrics, aborted: int = 0) -> Summary:
+    """The `Summary` of `m`: makespan = last completion - first arrival (0 when nothing completed);
+    throughputs are completed requests and their decode tokens per second of it (a span of at
+    least 1e-12 s); `aborted` is passed through."""
     done = ~np.isnan(m.completed)
     n_done = int(done.sum())
     start = float(m.arrived.min()) if len(m.arrived) else 0.0

@@ -26,6 +26,8 @@ START, ARRIVE = 0, 1
 
 @dataclass(frozen=True, slots=True)
 class GatedResult:
+    """One `simulate_gated` run: the measured mean wait and the formula's (seconds)."""
+
     dp_units: int
     batch_time: float
     mode: str
@@ -42,10 +44,16 @@ def simulate_gated(
     qps: float | None = None,
     seed: int = 0,
 ) -> GatedResult:
+    """Simulate `requests` Poisson arrivals (rate `qps`, default 3N/T per second) at `dp_units`
+    gated units whose forwards take `batch_time`, under `mode` ('immediate' or 'staggered'); the
+    wait is arrival to the start of the forward that takes it. A bad mode, unit count, request
+    count, time or rate raises `SimConfigError`."""
     if mode not in ("immediate", "staggered"):
         raise SimConfigError("mode", mode, "'immediate' or 'staggered'")
     if dp_units < 1:
         raise SimConfigError("dp_units", dp_units, "an integer >= 1")
+    if requests < 1:
+        raise SimConfigError("requests", requests, "an integer >= 1")
     check_seconds("batch_time", batch_time, positive=True)
     if qps is not None:
         check_rate("qps", qps)

@@ -44,6 +44,9 @@ class BatchPlan(NamedTuple):
 
 
 class ReplicaScheduler(Protocol):
+    """What the cluster loop needs of a replica's scheduler (module doc); `kv_capacity` is its KV
+    pool in tokens."""
+
     kv_capacity: int
 
     def add(self, req: int, prefill: int, decode: int) -> None:
@@ -56,15 +59,21 @@ class ReplicaScheduler(Protocol):
         ...
 
     @property
-    def newly_scheduled(self) -> list[int]: ...
+    def newly_scheduled(self) -> list[int]:
+        """Requests the last `next_batch` scheduled for the first time."""
+        ...
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
         """The batch ended: (first tokens, finished, restarted) request numbers."""
         ...
 
-    def kv_used(self) -> int: ...
+    def kv_used(self) -> int:
+        """KV tokens in use now (sampled for the occupancy plot)."""
+        ...
 
-    def outstanding(self) -> int: ...
+    def outstanding(self) -> int:
+        """Requests added and not yet finished."""
+        ...
 
     def pending(self) -> int:
         """Requests queued and not running (Vidur's `num_pending_requests`, read by LOR)."""
@@ -99,15 +108,20 @@ class SimpleReplica:
 
     @property
     def newly_scheduled(self) -> list[int]:
+        """Requests the last `next_batch` admitted (each is admitted once)."""
         return [r for r, _, _ in self._new]
 
     def add(self, req: int, prefill: int, decode: int) -> None:
+        """Queue `req` (FCFS); `Unschedulable` if prefill + decode tokens exceed `kv_capacity`."""
         if prefill + decode > self.kv_capacity:
             raise Unschedulable(req, prefill + decode, self.kv_capacity, "KV tokens")
         self.waiting.append((req, prefill, decode))
         self._out += 1
 
     def next_batch(self) -> BatchPlan | None:
+        """Admit from the head of the queue while a seat, the KV reservation (prefill + decode
+        tokens) and the prefill budget allow (the first admitted prompt alone may exceed the
+        budget); every decoding request decodes too. None when nothing is admitted or decoding."""
         new = self._new = []
         ptoks = 0
         pairs = 0
@@ -130,6 +144,9 @@ class SimpleReplica:
         )
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        """The batch ended: admitted requests produced their first token (a one-token request
+        finishes there), each decoding request one more, and those reaching their last token
+        finish; nothing restarts."""
         it = self.it
         self.kv += self.n_decoding
         first: list[int] = []
@@ -197,12 +214,16 @@ class SimpleReplica:
         return self._finish(self.it - 1, [], [])
 
     def kv_used(self) -> int:
+        """KV tokens cached: the running requests' prompts and the tokens they decoded (at most
+        `reserved`)."""
         return self.kv
 
     def outstanding(self) -> int:
+        """Requests added and not yet finished."""
         return self._out
 
     def pending(self) -> int:
+        """Requests queued, not yet admitted."""
         return len(self.waiting)
 
 
@@ -233,9 +254,11 @@ class ArReplica:
 
     @property
     def newly_scheduled(self) -> list[int]:
+        """Requests the last `next_batch`'s step scheduled for the first time."""
         return self._new
 
     def add(self, req: int, prefill: int, decode: int) -> None:
+        """Submit `req` to the scheduler; a `RequestError` it raises becomes `Unschedulable`."""
         rid = str(req)
         try:
             self.impl.submit(ArRequest(rid, prefill, decode))  # type: ignore[attr-defined]
@@ -250,6 +273,11 @@ class ArReplica:
         self._out += 1
 
     def next_batch(self) -> BatchPlan | None:
+        """Run one `step()` and read the batch off its events: a lone token computing the last known
+        token of a request with an output is a decode, every other scheduled token prefill
+        (recomputation included); the step's first tokens, finishes and preemptions wait for
+        `end_batch`. None with nothing outstanding; `Unschedulable` when the step schedules,
+        finishes and preempts nothing."""
         if self._out == 0:
             return None
         self._step_events.clear()
@@ -306,16 +334,21 @@ class ArReplica:
         return BatchPlan(pre, dec, kv_before, pairs, seqs)
 
     def end_batch(self) -> tuple[list[int], list[int], list[int]]:
+        """The last step's (first tokens, finished, restarted), reported once."""
         r, self._result = self._result, ([], [], [])
         return r
 
     def kv_used(self) -> int:
+        """KV tokens in the blocks the scheduler holds (from its block events)."""
         return self.blocks * self.config.block_size
 
     def outstanding(self) -> int:
+        """Requests added and not finished (a finish counts from the `next_batch` whose step emitted
+        it)."""
         return self._out
 
     def pending(self) -> int:
+        """The scheduler's waiting requests: its `waiting` queue, else its snapshot's."""
         waiting = getattr(self.impl, "waiting", None)  # the reference classes' queue
         if waiting is not None:
             return len(waiting)

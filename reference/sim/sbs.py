@@ -31,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-import numpy as np
-
 from reference.sim.allocation import UnitCapacity, pick_decode_unit, pour
 from reference.sim.core import EventQueue
 from reference.sim.errors import SimConfigError, Unschedulable
@@ -45,6 +43,8 @@ POLICIES = ("immediate", "sbs")
 
 @dataclass(frozen=True)
 class SbsParams:
+    """A deployment (module doc), its time models (seconds) and policy; `record` keeps a trace."""
+
     policy: str = "sbs"
     prefill_instances: int = 2
     dp_units: int = 16
@@ -145,6 +145,8 @@ class Span:
 
 @dataclass
 class SbsResult:
+    """One `simulate_sbs` run; `spans` and `event_times` are empty unless `params.record`."""
+
     params: SbsParams
     metrics: RequestMetrics
     summary: Summary
@@ -155,6 +157,7 @@ class SbsResult:
     event_times: list[float]
 
     def as_dict(self) -> dict[str, object]:
+        """The policy, the prefill-side figures and the summary's figures by name, JSON-ready."""
         return {
             "policy": self.params.policy,
             "prefill_forwards": self.prefill_forwards,
@@ -165,6 +168,8 @@ class SbsResult:
 
 
 class EventKind(IntEnum):
+    """SBS event kinds; payload: request (ARRIVAL), instance (*_END), 0 (TIMER)."""
+
     ARRIVAL = 0
     PREFILL_END = 1
     DECODE_END = 2
@@ -207,6 +212,9 @@ class DecodeSide:
         self.rr: int = 0
 
     def admit(self, rid: int, now: float) -> None:
+        """Request `rid`'s prefill ended at `now`: a one-token request is complete; another goes to
+        the next decode instance (round robin), onto a unit or into its queue, and an idle
+        instance starts a step."""
         run = self.run
         if run.dec[rid] == 1:
             run.m.completed[rid] = now
@@ -245,6 +253,9 @@ class DecodeSide:
         return True
 
     def start(self, j: int, now: float) -> None:
+        """Instance `j` starts a step at `now`: joining requests run from it, and it takes
+        `decode_comm` plus the slowest unit's `decode_model` time (its running requests, its
+        cached KV). With nothing running the instance goes idle."""
         run, inst = self.run, self.instances[j]
         for u, joining in enumerate(inst.joining):
             for rid in joining:
@@ -270,6 +281,9 @@ class DecodeSide:
         run.events.push(now + run.p.decode_comm + max(times), EventKind.DECODE_END, j)
 
     def end(self, j: int, now: float) -> None:
+        """Instance `j`'s step ended at `now`: every running request cached one more token, those at
+        their last step complete and free their KV, queued requests are placed while they fit,
+        and the next step starts."""
         run, inst = self.run, self.instances[j]
         for u in range(len(inst.n)):
             inst.kv_live[u] += inst.n[u]
@@ -299,9 +313,12 @@ class PrefillDispatch:
         self.rr: int = 0
 
     def on_arrival(self, rid: int, now: float) -> None:  # pragma: no cover - subclasses
+        """Request `rid` arrived at `now`: route it as the policy does."""
         raise NotImplementedError
 
     def on_prefill_end(self, i: int, now: float) -> None:  # pragma: no cover - subclasses
+        """Instance `i`'s forward ended at `now`: hand on the finished prefills and go on as the
+        policy does."""
         raise NotImplementedError
 
     def on_timer(self, now: float) -> None:
@@ -356,6 +373,8 @@ class ImmediateDispatch(PrefillDispatch):
     robin); a free instance starts a forward whenever a unit has work."""
 
     def on_arrival(self, rid: int, now: float) -> None:
+        """Queue request `rid` on the next instance's next unit (both round robin); a free instance
+        starts a forward."""
         i = self.rr
         self.rr = (i + 1) % len(self.instances)
         inst = self.instances[i]
@@ -366,6 +385,7 @@ class ImmediateDispatch(PrefillDispatch):
             self.start(i, now)
 
     def on_prefill_end(self, i: int, now: float) -> None:
+        """End instance `i`'s forward and start its next one at once."""
         self.end(i, now)
         self.start(i, now)
 
@@ -413,18 +433,23 @@ class StaggeredDispatch(PrefillDispatch):
         self.timer_at: float = -1.0
 
     def interval(self) -> float:
+        """The dispatch interval (seconds): the instances' mean forward-time estimate divided by the
+        number of instances (an instance yet to run counts 0)."""
         t_hat = sum(x.t_hat for x in self.instances) / len(self.instances)
         return t_hat / len(self.instances)
 
     def on_arrival(self, rid: int, now: float) -> None:
+        """Buffer request `rid`, then dispatch what the interval allows."""
         self.buffer.append(Pending(rid, self.run.pre[rid]))
         self.dispatch(now)
 
     def on_prefill_end(self, i: int, now: float) -> None:
+        """End instance `i`'s forward, then dispatch what the interval allows."""
         self.end(i, now)
         self.dispatch(now)
 
     def on_timer(self, now: float) -> None:
+        """A timer fired at `now`: dispatch, unless the armed timer is later (this one is stale)."""
         if now >= self.timer_at:
             self.timer_at = -1.0
             self.dispatch(now)
@@ -525,15 +550,3 @@ def simulate_sbs(
         run.spans,
         [t for t, _ in run.events.log] if run.events.log is not None else [],
     )
-
-
-def compare(workload: Workload, base: SbsParams) -> dict[str, dict[str, object]]:
-    out: dict[str, dict[str, object]] = {}
-    for pol in POLICIES:
-        r = simulate_sbs(workload, SbsParams(**{**base.__dict__, "policy": pol}))
-        out[pol] = r.as_dict()
-    return out
-
-
-def percent(a: float, b: float) -> float:
-    return float(np.round(100.0 * (b / a - 1.0), 2))

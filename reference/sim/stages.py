@@ -68,18 +68,24 @@ class StagedReplica:
         self.next_form: int = 0  # round robin for forming batches
 
     def add(self, req: int, prefill: int, decode: int) -> None:
+        """Queue `req` at the next slot's scheduler (round robin); what it raises (`Unschedulable`)
+        propagates."""
         self.slots[self.next_slot].add(req, prefill, decode)
         self.next_slot = (self.next_slot + 1) % self.num_stages
 
     def outstanding(self) -> int:
+        """Requests added and not finished, over every slot."""
         return sum(s.outstanding() for s in self.slots)
 
     def pending(self) -> int:
+        """Requests queued and not running, over every slot."""
         return sum(s.pending() for s in self.slots)
 
 
 @dataclass
 class StagedResult:
+    """One `simulate_stages` run: metrics, summary, stage slices, batches and the largest S."""
+
     metrics: RequestMetrics
     summary: Summary
     slices: list[StageRecord] = field(default_factory=list)
@@ -118,6 +124,8 @@ class StagedSim:
         self.to_form: list[int] = []
 
     def run(self) -> StagedResult:
+        """Handle every arrival and stage end in order (module doc) and return the result. A
+        replica's `Unschedulable` propagates; `TimeWentBackwards` is a simulator bug."""
         arrivals, heap, n = self.arrivals, self.heap, self.n
         i = 0
         while i < n or heap:

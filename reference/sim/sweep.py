@@ -91,6 +91,7 @@ class SweepPoint:
     seed: int = 0
 
     def replica_spec(self) -> ReplicaSpec:
+        """The point's `ReplicaSpec` (`SimConfigError` for a bad scheduler or size)."""
         return ReplicaSpec(
             self.scheduler, self.kv_tokens, self.max_batch, self.budget, self.max_model_len
         )
@@ -133,6 +134,7 @@ class PointResult:
         return d
 
     def row(self) -> dict[str, Any]:
+        """The point's fields and figures in one flat dict: a row of the JSON and CSV outputs."""
         d: dict[str, Any] = asdict(self.point)
         d.update({k: v for k, v in asdict(self).items() if k != "point"})
         return d
@@ -289,25 +291,8 @@ def _run_ray(
 
 
 # ---------------------------------------------------------------------- outputs
-COLUMNS = (
-    "scheduler",
-    "replicas",
-    "kv_tokens",
-    "qps",
-    "completed",
-    "throughput_rps",
-    "throughput_tok_s",
-    "e2e_p50",
-    "e2e_p90",
-    "ttft_p50",
-    "ttft_p90",
-    "tpot_p50",
-    "restarts",
-    "wall_s",
-)
-
-
 def table(results: Sequence[PointResult]) -> str:
+    """The results as a fixed-width text table, one line per point (latencies in seconds)."""
     head = (
         f"{'scheduler':>15} {'rep':>3} {'kv tokens':>9} {'qps':>7} {'done':>6} {'req/s':>7} "
         f"{'tok/s':>8} {'e2e p50':>8} {'p90':>8} {'TTFT p50':>8} {'p90':>8} {'TPOT p50':>8} "
@@ -326,11 +311,14 @@ def table(results: Sequence[PointResult]) -> str:
 
 
 def write_json(results: Sequence[PointResult], path: Path) -> None:
+    """Write every result's `row()` to `path` as a JSON list, creating its directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([r.row() for r in results], indent=2))
 
 
 def write_csv(results: Sequence[PointResult], path: Path) -> None:
+    """Write every result's `row()` to `path` as CSV with a header, creating its directory;
+    `results` must not be empty (the header is the first row's keys)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [r.row() for r in results]
     with path.open("w", newline="") as f:

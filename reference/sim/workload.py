@@ -30,6 +30,8 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Workload:
+    """Requests as parallel arrays sorted by arrival (module doc), checked when built."""
+
     arrived_at: FloatArray
     prefill: IntArray
     decode: IntArray
@@ -50,12 +52,16 @@ class Workload:
 
     @property
     def total_tokens(self) -> IntArray:
+        """Prefill + decode tokens per request."""
         return self.prefill + self.decode
 
     def head(self, n: int) -> Workload:
+        """The first `n` requests."""
         return Workload(self.arrived_at[:n], self.prefill[:n], self.decode[:n])
 
     def to_csv(self, path: Path) -> None:
+        """Write a Vidur trace CSV (`TRACE_COLUMNS`; arrival times as `repr`, so `read_trace` reads
+        back the same arrays)."""
         with path.open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(TRACE_COLUMNS)
@@ -102,6 +108,8 @@ class Lengths:
         return cls(a, b)
 
     def draw(self, rng: np.random.Generator, n: int) -> IntArray:
+        """`n` lengths: all `low` when fixed (nothing drawn from `rng`), else uniform integers in
+        [low, high]."""
         if self.low == self.high:
             return np.full(n, self.low, dtype=np.int64)
         return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
