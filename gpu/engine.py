@@ -269,6 +269,7 @@ class DllmEngine:
         self.retired_id_window = retired_id_window
         self.round_index: int = 0
         self.outputs: dict[str, tuple[int, ...]] = {}  # untaken outputs, finishing order
+        self._reasons: dict[str, FinishReason] = {}  # their finish reasons, in step with it
         self.max_retained_outputs = max_retained_outputs
         self.outputs_dropped: int = 0
         self.forward_log: deque[ForwardRecord] = deque(maxlen=forward_log_cap)
@@ -613,19 +614,24 @@ class DllmEngine:
         self.running.remove(req)
         self.allocator.unregister(req.handle)
         req.output = output
-        self._retain_output(req.rid, output)
+        self._retain_output(req.rid, output, reason)
         self._retire(req.rid)
         self.sink(Finished(req.rid, reason))
 
-    def _retain_output(self, request_id: str, output: tuple[int, ...]) -> None:
-        """Keep the output until taken; past the cap the oldest untaken one is dropped."""
+    def _retain_output(
+        self, request_id: str, output: tuple[int, ...], reason: FinishReason
+    ) -> None:
+        """Keep the output and its reason until taken; past the cap the oldest untaken one is
+        dropped."""
         if self.max_retained_outputs == 0:
             self.outputs_dropped += 1
             return
         if len(self.outputs) >= self.max_retained_outputs:
-            del self.outputs[next(iter(self.outputs))]
+            oldest = next(iter(self.outputs))
+            del self.outputs[oldest], self._reasons[oldest]
             self.outputs_dropped += 1
         self.outputs[request_id] = output
+        self._reasons[request_id] = reason
 
     def _retire(self, request_id: str) -> None:
         """The request ended: it leaves the live ids and enters the duplicate-id window."""
@@ -656,16 +662,26 @@ class DllmEngine:
         """The finished request's output, handed over and forgotten. Raises `NoRetainedOutput`
         when it has none (not finished, aborted, taken or dropped)."""
         try:
-            return self.outputs.pop(request_id)
+            output = self.outputs.pop(request_id)
         except KeyError:
             raise NoRetainedOutput(
                 request_id, len(self.outputs), self.max_retained_outputs
             ) from None
+        del self._reasons[request_id]
+        return output
 
     def take_outputs(self) -> dict[str, tuple[int, ...]]:
         """Every retained output (finishing order), handed over and forgotten."""
-        taken, self.outputs = self.outputs, {}
+        taken, self.outputs, self._reasons = self.outputs, {}, {}
         return taken
+
+    def collect_outputs(self) -> dict[str, FinishedOutput]:
+        """`spec.adapter.ReportsOutputs`: every retained output with its finish reason
+        (finishing order), handed over and forgotten as `take_outputs` does. The suites call it
+        after every round, so what a client of the engine receives is checked against the spec
+        (rule `reported_output`), not only the events."""
+        reasons = self._reasons
+        return {rid: FinishedOutput(out, reasons[rid]) for rid, out in self.take_outputs().items()}
 
     def retained_sizes(self) -> dict[str, int]:
         """Entries held by each per-request or per-forward container (for the soak and the

@@ -21,7 +21,7 @@ from properties.verify import failure_from, run_machine
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
-from spec.events import RowReleased
+from spec.events import FinishReason, RowReleased
 
 torch.set_num_threads(1)
 
@@ -151,6 +151,15 @@ class FdfoDropsAlgorithmParams(DllmEngine):
             self.algorithm = _algorithm(type(self.algorithm).__name__)
 
 
+class HandsOverWholeBlocks(DllmEngine):
+    """The output handed to the client is every committed token, not cut at max_new_tokens or
+    after the EOS. The events are right (the spec's own output, golden and parity all read
+    them): only the output the engine reports (`collect_outputs`) shows it."""
+
+    def _finish(self, req: EngineRequest, reason: FinishReason, output: tuple[int, ...]) -> None:
+        super()._finish(req, reason, tuple(req.generated))
+
+
 def _factory(cls: type[DllmEngine], algorithm: str = "LowConfidence") -> object:
     params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
 
@@ -212,6 +221,11 @@ CASES = {
         _factory(FdfoDropsAlgorithmParams, "JointThreshold"),
         _fdfo().map(_busy),
         "golden_output",
+    ),
+    "hands_over_whole_blocks": (
+        _factory(HandsOverWholeBlocks),
+        dllm_configs().filter(lambda c: c.block_size > 1),
+        "reported_output",
     ),
 }
 JOINT = {"lost_algorithm_state", "fdfo_drops_algorithm_params"}
