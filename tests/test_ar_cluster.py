@@ -14,7 +14,7 @@ from reference.ar.vllm_v1 import make_vllm_v1
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent
 from spec.ar.machine import ArSpecMachine
-from spec.errors import ConfigError, RequestError
+from spec.errors import ConfigError, RequestError, SchedulerStalled, UnknownRequest
 
 
 def _cluster(cfg: ArConfig, routing: str, factory=make_vllm_v1, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -81,3 +81,17 @@ def test_every_replica_conforms(
     g.drain()
     assert all(spec.is_idle() for spec in specs)
     assert all(rep.snapshot().held_blocks() == 0 for rep in g.replicas)
+
+
+def test_a_stalled_drain_and_an_unknown_abort_name_the_counts_over_the_replicas() -> None:
+    cfg = ArConfig(num_replicas=2, num_blocks=9, max_model_len=16)
+    g, _ = _cluster(cfg, "round_robin")
+    for i in range(3):
+        g.submit(ArRequest(f"r{i}", 2, 4))
+    assert g.queue_sizes() == (3, 0)
+    with pytest.raises(UnknownRequest, match=r"'nope'.*\(3 are active\)"):
+        g.abort("nope")
+    with pytest.raises(SchedulerStalled, match=r"0 waiting and 3 running after 1 steps"):
+        g.drain(max_steps=1)
+    g.drain()
+    assert g.is_idle() and g.queue_sizes() == (0, 0)

@@ -9,9 +9,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.adapter import (
+    ArEventSink,
+    ArImplementationFactory,
+    ArSchedulerAdapter,
+    drain_steps,
+)
 from spec.ar.config import ArConfig, ArRequest
-from spec.errors import ConfigError, SchedulerStalled, UnknownRequest
+from spec.errors import ConfigError, UnknownRequest
 
 ROUTINGS = ("round_robin", "lor", "random")
 
@@ -65,8 +70,13 @@ class GlobalScheduler:
         (the replica raises it for one that ended)."""
         i = self.placement.get(request_id)
         if i is None:
-            raise UnknownRequest(request_id)
+            raise UnknownRequest(request_id, sum(self.queue_sizes()))
         self.replicas[i].abort(request_id)
+
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running) requests over every replica (read from their snapshots)."""
+        snaps = [r.snapshot() for r in self.replicas]
+        return sum(len(s.waiting) for s in snaps), sum(len(s.running) for s in snaps)
 
     def step(self) -> None:
         """Step every replica once, in replica order."""
@@ -75,13 +85,9 @@ class GlobalScheduler:
 
     def is_idle(self) -> bool:
         """No replica has a request running or waiting (read from their snapshots)."""
-        return all(not s.running and not s.waiting for s in (r.snapshot() for r in self.replicas))
+        return self.queue_sizes() == (0, 0)
 
     def drain(self, max_steps: int = 100_000) -> None:
-        """Step until idle; after `max_steps` steps with work left raise `SchedulerStalled`."""
-        for _ in range(max_steps):
-            if self.is_idle():
-                return
-            self.step()
-        if not self.is_idle():
-            raise SchedulerStalled(max_steps, "replicas still busy")
+        """Step until idle; after `max_steps` steps with work left raise `SchedulerStalled`
+        naming the waiting and running counts over the replicas (`drain_steps`)."""
+        drain_steps(self.step, self.is_idle, self.queue_sizes, max_steps)
