@@ -39,7 +39,8 @@ EMPTY_PLAN = BatchPlan(0, 0, 0, 0, 0)
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
-    """One batch (or fused decode stretch) on one replica, [start, end) in simulated seconds."""
+    """One batch on one replica, [start, end) in simulated seconds (a fused decode stretch is
+    recorded as the batches it stands for)."""
 
     replica: int
     start: float
@@ -225,6 +226,8 @@ class ClusterSim:
         m.first_token[:] = self.first_token
         m.completed[:] = self.completed
         m.restarts[:] = self.restarts
+        if any(self.fusable):  # a stretch's batches were recorded at its end: back in time order
+            self.batches.sort(key=lambda b: b.end)
         return ClusterResult(
             self.metrics,
             summarize(self.metrics),
@@ -349,7 +352,14 @@ class ClusterSim:
         st = self.state[r]
         if self.record_batches:
             p = st.plan
-            self.batches.append(BatchRecord(r, st.start, t, p.seqs, p.prefill, p.decode))
+            if end.iterations and st.stretch is not None:
+                # a fused stretch: one record per decode batch it stands for, as unfused
+                begin = st.start
+                for stop in st.stretch[: end.iterations]:
+                    self.batches.append(BatchRecord(r, begin, stop, p.seqs, p.prefill, p.decode))
+                    begin = stop
+            else:
+                self.batches.append(BatchRecord(r, st.start, t, p.seqs, p.prefill, p.decode))
         if t >= st.next_sample:
             self.kv_samples.append((t, r, rep.kv_used()))
             st.next_sample = t + self.kv_sample_interval

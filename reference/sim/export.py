@@ -44,7 +44,7 @@ def _x(name: str, pid: int, tid: int, start: float, end: float, **args: object) 
 
 def trace_cluster(batches: Iterable[BatchRecord], limit: int = 200_000) -> Trace:
     """A Chrome trace of the first `limit` batch records: one process per replica, one slice per
-    record (a fused decode stretch is one slice)."""
+    record (a fused decode stretch is recorded, and drawn, as the batches it stands for)."""
     ev: list[dict[str, Any]] = []
     seen: set[int] = set()
     for i, b in enumerate(batches):
