@@ -126,16 +126,19 @@ def check_profiles(cal: Calibration) -> None:
 
 
 def read_benches(files: list[str]) -> list[dict[str, Any]]:
-    """The --from-bench files, each checked to record the counts the table needs."""
+    """The --from-bench files, each checked to make a table alone (`Calibration.from_benches`:
+    the counts the table needs, in range), naming the file that cannot."""
     benches = []
     for f in files:
         try:
             bench = parse_json(read_input_text(f))
         except OSError as err:
             raise CalibrationError(f, f"cannot be read ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise CalibrationError(f, f"not UTF-8 text (byte {err.start})") from None
         except json.JSONDecodeError as err:
             raise CalibrationError(f, f"not JSON (line {err.lineno}: {err.msg})") from None
-        Calibration.check_bench(bench, f)
+        Calibration.from_benches([bench], f)
         benches.append(bench)
     return benches
 

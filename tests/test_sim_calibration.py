@@ -383,3 +383,44 @@ def test_a_benchmark_without_the_new_counts_is_refused(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "re-run" in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_a_benchmark_with_a_zero_count_is_refused_before_the_engine_runs(tmp_path: Path) -> None:
+    """Runs that count no forward (or take no time) cannot make a table: the library names the
+    row, and the script names the file in one line (exit status 2) before it serves a prompt
+    (it divided by zero writing the table, after profiling)."""
+    bad = _bench()
+    for run in bad["runs"]:
+        if run["mode"] == "sync":
+            run["forwards"] = run["rounds"] = 0
+    with pytest.raises(CalibrationError, match=r"zero\.json: row sync x\d+: counts >= 1"):
+        Calibration.from_bench(bad, "zero.json")
+    timeless = _bench()
+    timeless["runs"][0]["seconds"] = 0.0
+    with pytest.raises(CalibrationError, match="not an engine benchmark JSON"):
+        Calibration.from_bench(timeless, "timeless.json")
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps(bad))
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(b"\xff{}")
+    for given, says in ((path, "counts >= 1"), (latin, "not UTF-8 text")):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "calibrate_dllm.py"),
+                "--from-bench",
+                str(given),
+                "--device",
+                "no-such-device",  # serving a prompt would fail on it
+                "--out",
+                str(tmp_path / "cal.json"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(given) in lines[0] and says in lines[0], proc.stderr
+    assert not (tmp_path / "cal.json").exists()

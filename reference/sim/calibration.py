@@ -461,7 +461,7 @@ class Calibration:
             )
             names = [str(n) for n in benches[0].get("ratios", {})]
             median, spread = _paired_ratios(runs, names)
-            return cls(
+            cal = cls(
                 str(benches[0].get("device", "?")),
                 source,
                 int(s["block_size"]),
@@ -473,8 +473,10 @@ class Calibration:
                 sum(int(b["settings"].get("repeats", 1)) for b in benches),
                 spread,
             )
-        except (KeyError, TypeError, ValueError, IndexError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
             raise CalibrationError(source, f"not an engine benchmark JSON ({err!r})") from None
+        cal.check(source)
+        return cal
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -534,37 +536,43 @@ class Calibration:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CalibrationError(str(path), f"missing or bad field ({err!r})") from None
-        if cal.block_size < 1:
-            raise CalibrationError(str(path), f"block_size {cal.block_size}: must be >= 1")
-        if cal.max_new_tokens < 1 or cal.max_new_tokens % cal.block_size:
+        cal.check(str(path))
+        return cal
+
+    def check(self, source: str) -> None:
+        """Raise `CalibrationError` naming `source` unless every value is in range: block size,
+        max_new_tokens a positive multiple of it, requests and repeats, the profiles, each row's
+        mode, counts >= 1 and seconds, and the measured ratios and their ranges."""
+        if self.block_size < 1:
+            raise CalibrationError(source, f"block_size {self.block_size}: must be >= 1")
+        if self.max_new_tokens < 1 or self.max_new_tokens % self.block_size:
             raise CalibrationError(
-                str(path), "max_new_tokens must be a positive multiple of block_size"
+                source, "max_new_tokens must be a positive multiple of block_size"
             )
-        if cal.requests < 1 or cal.repeats < 1:
-            raise CalibrationError(str(path), "requests and repeats must be >= 1")
+        if self.requests < 1 or self.repeats < 1:
+            raise CalibrationError(source, "requests and repeats must be >= 1")
         try:
-            for prof in cal.profiles:
-                prof.check(cal.block_size)
+            for prof in self.profiles:
+                prof.check(self.block_size)
         except SimConfigError as err:
-            raise CalibrationError(str(path), f"profiles: {err}") from None
-        for r in rows:
+            raise CalibrationError(source, f"profiles: {err}") from None
+        for r in self.rows:
             if r.mode not in MODES:
-                raise CalibrationError(str(path), f"mode {r.mode!r}: one of {', '.join(MODES)}")
+                raise CalibrationError(source, f"mode {r.mode!r}: one of {', '.join(MODES)}")
             counts = (r.forwards, r.row_forwards, r.rounds, r.row_rounds, r.block_allocations)
             if min(*counts, r.max_running, r.tokens) < 1:
-                raise CalibrationError(str(path), f"row {r.mode} x{r.max_running}: counts >= 1")
+                raise CalibrationError(source, f"row {r.mode} x{r.max_running}: counts >= 1")
             if not (_positive(r.seconds) and 0 <= r.forward_seconds <= r.seconds):
                 raise CalibrationError(
-                    str(path),
+                    source,
                     f"row {r.mode} x{r.max_running}: seconds must be finite and > 0, "
                     "forward_seconds between 0 and seconds",
                 )
-        ratios = [x for v in cal.measured_ratios.values() for x in v.values()]
-        ratios += [x for v in cal.paired_range.values() for pair in v.values() for x in pair]
+        ratios = [x for v in self.measured_ratios.values() for x in v.values()]
+        ratios += [x for v in self.paired_range.values() for pair in v.values() for x in pair]
         if not all(_positive(x) for x in ratios):
             raise CalibrationError(
-                str(path), "measured_ratios and paired_range must be finite and > 0"
+                source, "measured_ratios and paired_range must be finite and > 0"
             )
-        if any(lo > hi for v in cal.paired_range.values() for lo, hi in v.values()):
-            raise CalibrationError(str(path), "paired_range: each range is [lowest, highest]")
-        return cal
+        if any(lo > hi for v in self.paired_range.values() for lo, hi in v.values()):
+            raise CalibrationError(source, "paired_range: each range is [lowest, highest]")
