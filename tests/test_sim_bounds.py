@@ -5,6 +5,7 @@ field, not a ratio of nan or a ZeroDivisionError."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from reference.sim import workload as wl
 from reference.sim.bounds import MAX_SECONDS, MIN_BATCH_SECONDS
 from reference.sim.dllm import DllmParams, StepDist, simulate_dllm
 from reference.sim.errors import SimConfigError
-from reference.sim.exec_model import Constant, Linear, Table
+from reference.sim.exec_model import Constant, Linear, Table, parse_model
 from reference.sim.queueing import simulate_gated
 
 ONE = wl.Lengths(1, 1)
@@ -59,3 +60,29 @@ def test_the_bounds_themselves_give_finite_results() -> None:
         )
         result = simulate_dllm(params, StepDist.parse("uniform:2-3"))
         assert 0 < result.throughput < float("inf"), (forward, overhead, result.throughput)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\xff{}", "a readable JSON file ('utf-8' codec"),
+        (b'{"points": [[1, 0.01]', "a readable JSON file ("),
+        (b'{"x": 1}', 'a table: {"points": [[tokens, seconds], ...]}'),
+        (b"[[1]]", "a table: "),
+        (b"[]", "at least one"),
+        (None, "a readable JSON file (No such file or directory)"),
+    ],
+)
+def test_a_bad_time_table_names_the_file_and_the_shape(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / "times.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SimConfigError) as err:
+        parse_model(f"table:{path}")
+    assert err.value.field == "exec_model" and str(path) in str(err.value)
+    assert says in str(err.value) and "models:" not in str(err.value)
+    good = tmp_path / "good.json"
+    good.write_text('{"points": [[1, 0.01], [100, 0.02]]}')
+    assert parse_model(f"table:{good}").batch_time(50, 0) == pytest.approx(0.01 + 0.01 * 49 / 99)

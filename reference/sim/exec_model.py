@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from reference.sim.bounds import check_seconds
-from reference.sim.errors import SimConfigError
+from reference.sim.errors import SimConfigError, reason_of
 from spec.input_file import read_input_text
 from spec.json_text import parse_json
 
@@ -217,6 +217,10 @@ class Roofline:
         return max(t_compute, t_memory) + self.overhead
 
 
+#: The shapes `Table.load` reads.
+TABLE_SHAPE = '{"points": [[tokens, seconds], ...]} or a bare list of [tokens, seconds] pairs'
+
+
 @dataclass(frozen=True)
 class Table:
     """Piecewise-linear in batch tokens (prefill + decode), calibrated from measured round times;
@@ -244,10 +248,23 @@ class Table:
 
     @classmethod
     def load(cls, path: Path) -> Table:
-        """JSON: {"points": [[tokens, seconds], ...]} or a bare list of pairs."""
-        data = parse_json(read_input_text(path))
-        raw = data["points"] if isinstance(data, dict) else data
-        return cls.from_measurements([(float(a), float(b)) for a, b in raw])
+        """JSON: {"points": [[tokens, seconds], ...]} or a bare list of pairs. A file that cannot
+        be read, is not UTF-8 JSON, has another shape or no point raises `SimConfigError`
+        (field `exec_model`) naming the file and the shape."""
+        where = f"table:{path}"
+        try:
+            data = parse_json(read_input_text(path))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            why = f"a readable JSON file ({reason_of(err)})"
+            raise SimConfigError("exec_model", where, why) from None
+        raw: Any = data.get("points") if isinstance(data, dict) else data
+        try:
+            pairs = [(float(a), float(b)) for a, b in raw]
+        except (TypeError, ValueError):
+            pairs = []
+        if not pairs:
+            raise SimConfigError("exec_model", where, f"a table: {TABLE_SHAPE}, at least one")
+        return cls.from_measurements(pairs)
 
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
@@ -291,6 +308,8 @@ def parse_model(text: str) -> ExecModel:
             return Roofline(MODELS[model], DEVICES[dev], parallel=int(par or 1))
         if kind == "table":
             return Table.load(Path(arg))
+    except SimConfigError:
+        raise
     except (ValueError, KeyError, TypeError, OSError) as err:
         raise SimConfigError(
             "exec_model", text, f"{err}; models: {sorted(MODELS)}, devices: {sorted(DEVICES)}"
