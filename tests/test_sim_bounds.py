@@ -86,3 +86,31 @@ def test_a_bad_time_table_names_the_file_and_the_shape(
     good = tmp_path / "good.json"
     good.write_text('{"points": [[1, 0.01], [100, 0.02]]}')
     assert parse_model(f"table:{good}").batch_time(50, 0) == pytest.approx(0.01 + 0.01 * 49 / 99)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("warp:1", "'const:SECONDS' or 'linear:"),
+        ("const:", "'const:SECONDS'"),
+        ("const:1,2", "'const:SECONDS'"),
+        ("linear:a", "'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]'"),
+        ("linear:0.1,0,0,0,0", "'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]'"),
+        ("roofline:foo@h100", "a model of ['deepseek-v3', 'llama2-7b', 'llama3-8b']"),
+        ("roofline:llama3-8b@tpu", "a device of ['a100', 'h100', 'h200', 'h800']"),
+        ("roofline:llama3-8b@h100x0", "PARALLEL an integer >= 1"),
+        ("roofline:llama3-8b@h100xq", "PARALLEL an integer >= 1"),
+    ],
+)
+def test_a_bad_time_model_says_what_its_kind_takes(text: str, says: str) -> None:
+    with pytest.raises(SimConfigError) as err:
+        parse_model(text)
+    assert err.value.field == "exec_model" and says in str(err.value), str(err.value)
+
+
+def test_each_kind_of_time_model_parses() -> None:
+    assert parse_model("const:0.02").batch_time(5, 5) == pytest.approx(0.02)
+    assert parse_model("linear:0.01,0.001,0.002").batch_time(2, 3) == pytest.approx(0.018)
+    one = parse_model("roofline:llama3-8b@h100").batch_time(512, 0)
+    two = parse_model("roofline:llama3-8b@h100x2").batch_time(512, 0)
+    assert 0 < two < one

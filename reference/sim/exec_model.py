@@ -292,31 +292,40 @@ class Table:
         return max(y, min(p[1] for p in pts))
 
 
+SYNTAX = {
+    "const": "'const:SECONDS'",
+    "linear": "'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]' (seconds)",
+    "roofline": "'roofline:MODEL@DEVICE[xPARALLEL]'",
+    "table": "'table:PATH.json'",
+}
+
+
 def parse_model(text: str) -> ExecModel:
     """CLI syntax: 'const:0.02', 'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]',
-    'roofline:MODEL@DEVICE[xPARALLEL]' (e.g. 'roofline:llama3-8b@h100'), 'table:PATH.json'."""
+    'roofline:MODEL@DEVICE[xPARALLEL]' (e.g. 'roofline:llama3-8b@h100'), 'table:PATH.json'.
+    Anything else raises `SimConfigError` saying what its kind takes (a model or device not
+    known: the known ones)."""
     kind, _, arg = text.partition(":")
+    if kind not in SYNTAX:
+        raise SimConfigError("exec_model", text, " or ".join(SYNTAX.values()))
+    if kind == "table":
+        return Table.load(Path(arg))
+    if kind == "roofline":
+        model, _, dev = arg.partition("@")
+        dev, _, par = dev.partition("x")
+        if model not in MODELS:
+            raise SimConfigError("exec_model", text, f"a model of {sorted(MODELS)}")
+        if dev not in DEVICES:
+            raise SimConfigError("exec_model", text, f"a device of {sorted(DEVICES)}")
+        if not (par or "1").isdigit() or int(par or 1) < 1:
+            raise SimConfigError("exec_model", text, f"{SYNTAX[kind]}, PARALLEL an integer >= 1")
+        return Roofline(MODELS[model], DEVICES[dev], parallel=int(par or 1))
     try:
-        if kind == "const":
-            return Constant(float(arg))
-        if kind == "linear":
-            vals = [float(v) for v in arg.split(",")]
-            return Linear(*vals)
-        if kind == "roofline":
-            model, _, dev = arg.partition("@")
-            dev, _, par = dev.partition("x")
-            return Roofline(MODELS[model], DEVICES[dev], parallel=int(par or 1))
-        if kind == "table":
-            return Table.load(Path(arg))
-    except SimConfigError:
-        raise
-    except (ValueError, KeyError, TypeError, OSError) as err:
-        raise SimConfigError(
-            "exec_model", text, f"{err}; models: {sorted(MODELS)}, devices: {sorted(DEVICES)}"
-        ) from None
-    raise SimConfigError(
-        "exec_model",
-        text,
-        "'const:S', 'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]', "
-        "'roofline:MODEL@DEVICE[xN]' or 'table:PATH.json'",
-    )
+        vals = [float(v) for v in arg.split(",")]
+    except ValueError:
+        vals = []
+    if kind == "const" and len(vals) == 1:
+        return Constant(vals[0])
+    if kind == "linear" and 1 <= len(vals) <= 4:
+        return Linear(*vals)
+    raise SimConfigError("exec_model", text, SYNTAX[kind])
