@@ -525,7 +525,7 @@ class DllmEngine:
             elif newly_done or not cfg.reloop:
                 return tokens, states, done, masks
         raise SchedulerStalled(
-            self.max_block_steps, f"round {self.round_index}: blocks did not finish"
+            self.max_block_steps, f"round {self.round_index}: blocks did not finish", "forwards"
         )
 
     def _record_forward(self, heads: list[tuple[str, int, bool]], done: list[bool]) -> None:

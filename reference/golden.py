@@ -53,6 +53,7 @@ def golden_output(
             raise SchedulerStalled(
                 max_block_steps(size),
                 f"golden decoding of {request.request_id!r}: block {block_index} never done",
+                "forwards",
             )
         committed.extend(tokens)
         block_index += 1

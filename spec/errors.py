@@ -99,11 +99,14 @@ class UnknownRequest(RequestError, KeyError):
 
 
 class SchedulerStalled(SchedSpecError, RuntimeError):
-    """A drain made no progress within its round bound (instead of hanging forever)."""
+    """A bounded loop made no progress within its bound, instead of hanging forever: a drain
+    that did not reach idle within `rounds` rounds (an AR drain: steps; a pipeline: ticks), or
+    a block that did not finish within as many forwards. `unit` names what was counted."""
 
-    def __init__(self, rounds: int, detail: str) -> None:
-        self.rounds = rounds
-        super().__init__(f"scheduler made no progress to idle within {rounds} rounds: {detail}")
+    def __init__(self, rounds: int, detail: str, unit: str = "rounds") -> None:
+        self.rounds = rounds  # the bound, counted in `unit`
+        self.unit = unit
+        super().__init__(f"scheduler made no progress within {rounds} {unit}: {detail}")
 
 
 class SpecViolation(SchedSpecError, AssertionError):

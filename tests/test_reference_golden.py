@@ -136,7 +136,7 @@ class _NeverDone:
 
 
 def test_golden_of_a_stalled_oracle_is_a_typed_error() -> None:
-    with pytest.raises(SchedulerStalled):
+    with pytest.raises(SchedulerStalled, match=r"within \d+ forwards: golden decoding of 'x'"):
         golden_output(_config(1, "sync"), _NeverDone(), RequestSpec("x", (1, 2), 2))
 
 

@@ -134,7 +134,7 @@ class StageScheduler:
                 return
             self.step()
         if not self.is_idle():
-            raise SchedulerStalled(max_ticks, f"pipeline busy: {self.occupancy()}")
+            raise SchedulerStalled(max_ticks, f"pipeline busy: {self.occupancy()}", "ticks")
 
     # ------------------------------------------------------------------ internals
     def _form(self) -> MicroBatch | None:

@@ -75,9 +75,7 @@ def drain_steps(
         step()
     if not is_idle():
         waiting, running = queues()
-        raise SchedulerStalled(
-            max_steps, f"{waiting} waiting and {running} running after {max_steps} steps"
-        )
+        raise SchedulerStalled(max_steps, f"{waiting} waiting and {running} running", "steps")
 
 
 class ArImplementationFactory(Protocol):
