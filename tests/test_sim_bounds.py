@@ -100,6 +100,7 @@ def test_a_bad_time_table_names_the_file_and_the_shape(
         ("roofline:llama3-8b@tpu", "a device of ['a100', 'h100', 'h200', 'h800']"),
         ("roofline:llama3-8b@h100x0", "PARALLEL an integer >= 1"),
         ("roofline:llama3-8b@h100xq", "PARALLEL an integer >= 1"),
+        ("roofline:llama3-8b@h100x²", "PARALLEL an integer >= 1"),
     ],
 )
 def test_a_bad_time_model_says_what_its_kind_takes(text: str, says: str) -> None:

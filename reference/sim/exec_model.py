@@ -317,9 +317,10 @@ def parse_model(text: str) -> ExecModel:
             raise SimConfigError("exec_model", text, f"a model of {sorted(MODELS)}")
         if dev not in DEVICES:
             raise SimConfigError("exec_model", text, f"a device of {sorted(DEVICES)}")
-        if not (par or "1").isdigit() or int(par or 1) < 1:
+        parallel = int(par) if par.isdecimal() else 0 if par else 1
+        if parallel < 1:
             raise SimConfigError("exec_model", text, f"{SYNTAX[kind]}, PARALLEL an integer >= 1")
-        return Roofline(MODELS[model], DEVICES[dev], parallel=int(par or 1))
+        return Roofline(MODELS[model], DEVICES[dev], parallel=parallel)
     try:
         vals = [float(v) for v in arg.split(",")]
     except ValueError:
