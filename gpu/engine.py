@@ -275,9 +275,8 @@ class DllmEngine:
         self.forward_log: deque[ForwardRecord] = deque(maxlen=forward_log_cap)
         self.forward_log_dropped: int = 0
         self.step_seconds: float = 0.0  # wall time in the algorithm's step
-        self.kv_seconds: float = (
-            0.0  # wall time allocating / freeing block KV and writing the table
-        )
+        # wall time allocating / freeing block KV and writing the table
+        self.kv_seconds: float = 0.0
         self.rows_forwarded: int = 0  # sum over forwards of the rows (blocks) they ran
         self.row_rounds: int = 0  # sum over rounds of the rows (running requests) in the round
         self.blocks_allocated: int = 0  # block KV allocations (new blocks and re-allocated carries)
