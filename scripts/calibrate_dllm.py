@@ -28,11 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reference.sim.calibration import Calibration, CalibrationError
+from reference.sim.calibration import Calibration, CalibrationError, read_json
 from reference.sim.dllm_profile import RequestProfile
 from schedspec_cli.output import output_file
-from spec.input_file import read_input_text
-from spec.json_text import parse_json
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -130,14 +128,7 @@ def read_benches(files: list[str]) -> list[dict[str, Any]]:
     the counts the table needs, in range), naming the file that cannot."""
     benches = []
     for f in files:
-        try:
-            bench = parse_json(read_input_text(f))
-        except OSError as err:
-            raise CalibrationError(f, f"cannot be read ({err.strerror})") from None
-        except UnicodeDecodeError as err:
-            raise CalibrationError(f, f"not UTF-8 text (byte {err.start})") from None
-        except json.JSONDecodeError as err:
-            raise CalibrationError(f, f"not JSON (line {err.lineno}: {err.msg})") from None
+        bench = read_json(f)
         Calibration.from_benches([bench], f)
         benches.append(bench)
     return benches

@@ -104,6 +104,19 @@ class CalibrationError(SimError, ValueError):
         super().__init__(f"calibration {path}: {detail}")
 
 
+def read_json(path: str | Path) -> Any:
+    """The JSON value in the file at `path` (a table or a benchmark). A file that cannot be read,
+    is not UTF-8 or not JSON raises `CalibrationError` naming it."""
+    try:
+        return parse_json(read_input_text(path))
+    except OSError as err:
+        raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise CalibrationError(str(path), f"not UTF-8 text (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise CalibrationError(str(path), f"not JSON (line {err.lineno}: {err.msg})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class CalibrationRow:
     """One (mode, max_running) row: the benchmark's counts and seconds, summed over repeats."""
@@ -483,14 +496,7 @@ class Calibration:
         """Read and check the table at `path`: an `OSError` reading it, text that is not JSON, an
         old or another schema, a missing or malformed field, or a value out of range (block size,
         counts, seconds, ratios, profiles) raises `CalibrationError` naming the file."""
-        try:
-            data = parse_json(read_input_text(path))
-        except OSError as err:
-            raise CalibrationError(str(path), f"cannot be read ({err.strerror})") from None
-        except UnicodeDecodeError as err:
-            raise CalibrationError(str(path), f"not UTF-8 text (byte {err.start})") from None
-        except json.JSONDecodeError as err:
-            raise CalibrationError(str(path), f"not JSON (line {err.lineno}: {err.msg})") from None
+        data = read_json(path)
         if isinstance(data, dict) and data.get("schema") in OLD_SCHEMAS:
             raise CalibrationError(
                 str(path),
