@@ -57,13 +57,27 @@ from gpu.parity import engine_config
 from gpu.prompts import ASSETS, block_context, load_prompts
 from gpu.tokenizer import TOKENIZER
 from spec.batch_parity import MODE_VARIANTS, ModeVariant
-from spec.config import DllmConfig, RequestSpec
+from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
 from spec.events import Event
 
-# The benchmark runs the parity run's four modes (one definition for both).
-BenchMode = ModeVariant
-MODES: tuple[ModeVariant, ...] = MODE_VARIANTS
+
+@dataclass(frozen=True, slots=True)
+class BenchMode(ModeVariant):
+    """A mode the benchmark serves: a parity variant, or with `rows_released` FDFO without
+    in-place reuse whose carried blocks also give back their request-pool rows between rounds
+    (`DllmEngine(rows_released_between_rounds=True)`)."""
+
+    rows_released: bool = False
+
+
+# The benchmark runs the parity run's four modes (one definition for both) ...
+MODES: tuple[BenchMode, ...] = tuple(
+    BenchMode(v.name, v.mode, v.in_place_reuse, v.reloop) for v in MODE_VARIANTS
+)
+# ... and, with `--rows-released`, SGLang's FDFO before in-place reuse (#27877): each round
+# freed an unfinished block's KV slots and its request-pool row, and allocated both again.
+ROWS_RELEASED = BenchMode("fdfo+rows-released", Mode.FDFO, False, False, rows_released=True)
 
 RATIOS: tuple[tuple[str, str], ...] = (
     ("fdfo", "sync"),
@@ -71,6 +85,12 @@ RATIOS: tuple[tuple[str, str], ...] = (
     ("fdfo+reuse+reloop", "sync"),
     ("fdfo+reuse", "fdfo"),
     ("fdfo+reuse+reloop", "fdfo+reuse"),
+)
+# With ROWS_RELEASED: its ratio over sync, and in-place reuse's gain over it (the gain SGLang
+# reported for #27877 is over that baseline).
+ROWS_RELEASED_RATIOS: tuple[tuple[str, str], ...] = (
+    ("fdfo+rows-released", "sync"),
+    ("fdfo+reuse", "fdfo+rows-released"),
 )
 
 
@@ -127,7 +147,7 @@ class BenchRun:
 
 
 def bench_config(
-    mode: BenchMode, max_running: int, block_size: int, page_size: int, max_context: int
+    mode: ModeVariant, max_running: int, block_size: int, page_size: int, max_context: int
 ) -> DllmConfig:
     """Room for every running request's worst case (admission is bounded by max_running)."""
     return engine_config(block_size, page_size, max_context, mode, max_running)
@@ -153,14 +173,14 @@ class Serving:
 
     def engine(
         self,
-        mode: BenchMode,
+        mode: ModeVariant,
         max_running: int,
         *,
         record: bool = False,
         forward_log_cap: int = FORWARD_LOG_CAP,
     ) -> DllmEngine:
-        """An engine of `mode` with `max_running` seats, events dropped, every request
-        submitted and no round run yet."""
+        """An engine of `mode` (a `BenchMode`'s `rows_released` included) with `max_running`
+        seats, events dropped, every request submitted and no round run yet."""
         config = bench_config(mode, max_running, self.block_size, self.page_size, self.max_context)
         engine = DllmEngine(
             config,
@@ -170,13 +190,14 @@ class Serving:
             device=self.device,
             record=record,
             forward_log_cap=forward_log_cap,
+            rows_released_between_rounds=isinstance(mode, BenchMode) and mode.rows_released,
         )
         for req in self.requests:
             engine.submit(req)
         return engine
 
 
-def run_once(serving: Serving, mode: BenchMode, max_running: int) -> BenchRun:
+def run_once(serving: Serving, mode: ModeVariant, max_running: int) -> BenchRun:
     """One mode served alone, start to drain."""
     device = serving.device
     engine = serving.engine(mode, max_running)
@@ -209,15 +230,18 @@ def run_once(serving: Serving, mode: BenchMode, max_running: int) -> BenchRun:
 
 
 def run_interleaved(
-    serving: Serving, max_running: int, turn_seconds: float = 0.05
+    serving: Serving,
+    max_running: int,
+    turn_seconds: float = 0.05,
+    modes: tuple[BenchMode, ...] = MODES,
 ) -> list[BenchRun]:
-    """All four modes at once, one engine each, taking turns; each mode is charged the time of
+    """All `modes` at once, one engine each, taking turns; each mode is charged the time of
     its own rounds, so a change in the machine's load hits every mode alike (paired ratios).
     A turn runs whole rounds until `turn_seconds` of the engine's wall time have passed (at
     least one round; 0: one round per turn), so every mode switches engines, and pays the
     cache refill that follows, equally often per second of its own time."""
     device = serving.device
-    engines = [serving.engine(mode, max_running) for mode in MODES]
+    engines = [serving.engine(mode, max_running) for mode in modes]
     wall = [0.0] * len(engines)
     cpu = [0.0] * len(engines)
     while not all(e.is_idle() for e in engines):
@@ -231,7 +255,7 @@ def run_interleaved(
             wall[i] += time.perf_counter() - t0
             cpu[i] += time.thread_time() - c0
     runs = []
-    for i, (mode, engine) in enumerate(zip(MODES, engines, strict=True)):
+    for i, (mode, engine) in enumerate(zip(modes, engines, strict=True)):
         snap = engine.snapshot()
         if snap.leaked_slots() or snap.held_rows():
             raise RuntimeError(f"bench run {mode.name} leaked {snap.leaked_slots()} slots")
@@ -279,6 +303,13 @@ class BenchReport:
     settings: dict[str, Any]
     runs: list[BenchRun]
     device_label: str = ""
+    modes: tuple[BenchMode, ...] = MODES
+
+    @property
+    def ratio_pairs(self) -> tuple[tuple[str, str], ...]:
+        """The (numerator, denominator) modes of every ratio: `RATIOS`, and with
+        `ROWS_RELEASED` among the modes `ROWS_RELEASED_RATIOS` too."""
+        return RATIOS + (ROWS_RELEASED_RATIOS if ROWS_RELEASED in self.modes else ())
 
     def of(self, max_running: int, mode: str) -> list[BenchRun]:
         """The runs of `mode` at `max_running`, one per repeat, in the order they ran."""
@@ -315,7 +346,7 @@ class BenchReport:
             "work": lambda r: r.tokens / r.row_forwards,
         }[clock]
         out: dict[str, dict[str, float]] = {}
-        for num, den in RATIOS:
+        for num, den in self.ratio_pairs:
             by_m: dict[str, float] = {}
             for m in self.max_running_values():
                 if clock == "work":
@@ -347,7 +378,7 @@ class BenchReport:
         ratios themselves."""
         wall, work = self.ratios("wall"), self.ratios("work")
         out: dict[str, dict[str, dict[str, float]]] = {}
-        for num, den in RATIOS:
+        for num, den in self.ratio_pairs:
             if den != "sync":
                 continue  # a bound is a bound on FDFO over sync
             name = f"{num}/{den}"
@@ -369,7 +400,7 @@ class BenchReport:
         ratios of every clock and `shares_of_bounds()`."""
         results = []
         for m in self.max_running_values():
-            for mode in MODES:
+            for mode in self.modes:
                 r = self.median_run(m, mode.name)
                 results.append(
                     {
@@ -459,11 +490,13 @@ def run_bench(
     progress: bool = False,
     interleave: bool = True,
     turn_ms: float = 50.0,
+    rows_released: bool = False,
 ) -> BenchReport:
-    """Serve the `serving` workload in every mode at each of `max_running`, `repeats` times,
-    after a warm-up run; interleaved in turns of `turn_ms` ms (`run_interleaved`) or, with
-    `interleave=False`, one mode after another in a rotating order (`run_once`). `model`
-    None loads the shipped one onto `device`; `progress` prints a line per run.
+    """Serve the `serving` workload in every mode (`MODES`, and `ROWS_RELEASED` with
+    `rows_released`) at each of `max_running`, `repeats` times, after a warm-up run;
+    interleaved in turns of `turn_ms` ms (`run_interleaved`) or, with `interleave=False`, one
+    mode after another in a rotating order (`run_once`). `model` None loads the shipped one
+    onto `device`; `progress` prints a line per run.
 
     Raises `ConfigError` for a non-positive count, `turn_ms` outside [0, 60000] or an unknown
     `algorithm`, `DeviceUnavailable` for an unusable `device`."""
@@ -481,23 +514,24 @@ def run_bench(
         model, requests=requests, max_new_tokens=max_new_tokens, block_size=block_size,
         page_size=page_size, algorithm=algorithm, device=dev,
     )  # fmt: skip
+    modes = MODES + ((ROWS_RELEASED,) if rows_released else ())
     # warm-up (allocator paths, kernels)
     run_once(replace(setup, requests=setup.requests[:4]), MODES[2], max(max_running))
     runs: list[BenchRun] = []
     for rep in range(repeats):
         for m in max_running:
             if interleave:
-                batch = run_interleaved(setup, m, turn_ms / 1000)
+                batch = run_interleaved(setup, m, turn_ms / 1000, modes)
             else:
                 # the modes of one max-running value run back to back, in a rotating order
                 batch = [
-                    run_once(setup, MODES[(k + rep) % len(MODES)], m) for k in range(len(MODES))
+                    run_once(setup, modes[(k + rep) % len(modes)], m) for k in range(len(modes))
                 ]
             for run in batch:
                 runs.append(replace(run, repeat=rep))
                 if progress:
                     print(
-                        f"  [{rep + 1}/{repeats}] max_running={m:<3} {run.mode:<18} "
+                        f"  [{rep + 1}/{repeats}] max_running={m:<3} {run.mode:<19} "
                         f"{run.tokens_per_s:9.1f} tok/s ({run.seconds:.2f}s)",
                         flush=True,
                     )
@@ -511,24 +545,25 @@ def run_bench(
         "threads": torch.get_num_threads(),
         "method": f"interleaved, turns of {turn_ms:g} ms" if interleave else "sequential runs",
         "turn_ms": turn_ms if interleave else None,
+        "rows_released": rows_released,
     }
-    return BenchReport(str(dev), settings, runs, device_name(dev))
+    return BenchReport(str(dev), settings, runs, device_name(dev), modes)
 
 
 def _print(report: BenchReport) -> None:
     print(f"device: {report.device_label or report.device}  (tok/s: generated tokens per second)")
     print(
-        f"{'max_running':>11}  {'mode':<18}{'tok/s':>8}{'best':>8}{'tok/cpu-s':>10}{'tokens':>7}"
+        f"{'max_running':>11}  {'mode':<19}{'tok/s':>8}{'best':>8}{'tok/cpu-s':>10}{'tokens':>7}"
         f"{'seconds':>8}{'fwd':>5}{'row-fwd':>8}{'model%':>7}{'step%':>6}{'kv%':>5}{'other%':>7}"
     )
     for m in report.max_running_values():
-        for mode in MODES:
+        for mode in report.modes:
             r = report.median_run(m, mode.name)
             fwd = 100 * r.forward_seconds / r.seconds
             step = 100 * r.step_seconds / r.seconds
             kv = 100 * r.kv_seconds / r.seconds
             print(
-                f"{m:>11}  {mode.name:<18}{r.tokens_per_s:>8.1f}"
+                f"{m:>11}  {mode.name:<19}{r.tokens_per_s:>8.1f}"
                 f"{report.best(m, mode.name).tokens_per_s:>8.1f}"
                 f"{report.median_cpu(m, mode.name):>10.1f}{r.tokens:>7}{r.seconds:>8.3f}"
                 f"{r.forwards:>5}{r.row_forwards:>8}{fwd:>6.0f}%{step:>5.0f}%{kv:>4.1f}%"
@@ -539,11 +574,11 @@ def _print(report: BenchReport) -> None:
         " attention calls per layer per forward"
     )
     for m in report.max_running_values():
-        for mode in MODES:
+        for mode in report.modes:
             run = report.median_run(m, mode.name)
             prof = run.profile_ms()
             print(
-                f"{m:>11}  {mode.name:<18}{prof['model']:>8.3f}{prof['attention']:>8.3f}"
+                f"{m:>11}  {mode.name:<19}{prof['model']:>8.3f}{prof['attention']:>8.3f}"
                 f"{prof['step']:>8.3f}{prof['scheduler']:>8.3f}   total {prof['total']:.3f}"
                 f"   attention calls {run.attention_calls_per_forward:.1f}"
             )
@@ -556,11 +591,11 @@ def _print(report: BenchReport) -> None:
     for clock, label in labels.items():
         print(f"\nratios ({label})")
         for name, by_m in report.ratios(clock).items():
-            print(f"  {name:<30}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
+            print(f"  {name:<37}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
     print("\nshare of the bounds (wall-clock ratio / work ratio, / forward-time ratio)")
     for name, shares in report.shares_of_bounds().items():
         print(
-            f"  {name:<30}"
+            f"  {name:<37}"
             + "  ".join(
                 f"@{m}: {100 * share['of_work']:.1f}% / {100 * share['of_forward_time']:.1f}%"
                 for m, share in shares.items()
@@ -757,6 +792,12 @@ def bench_main(args: list[str]) -> int:
         help="run the modes one after another instead of interleaving their rounds",
     )
     p.add_argument(
+        "--rows-released",
+        action="store_true",
+        help="also serve FDFO whose carried blocks give back their KV and request-pool rows "
+        "every round (SGLang's FDFO before in-place reuse), and print reuse's gain over it",
+    )
+    p.add_argument(
         "--forward-bound",
         action="store_true",
         help="replay sync's and FDFO's forwards without their schedulers and print the "
@@ -791,6 +832,7 @@ def bench_main(args: list[str]) -> int:
         progress=True,
         interleave=not ns.sequential,
         turn_ms=ns.turn_ms,
+        rows_released=ns.rows_released,
     )
     _print(report)
     if ns.json:

@@ -19,7 +19,8 @@ A round:
 4. completion: done blocks are committed (streamed to `on_block`), requests that reached
    max_new_tokens or EOS are finished and release their KV and row at once; unfinished FDFO
    blocks become carries (`incomplete_ids` + `algo_state`), and without in-place reuse their
-   KV slots are freed;
+   KV slots are freed (with `rows_released_between_rounds` their request-pool rows too, taken
+   again at the start of the next round, before admission: SGLang's FDFO before #27877);
 5. `ControlReturned`.
 
 Mode (sync / fdfo) and algorithm are independent. Every decision is reported to the sink as a
@@ -76,12 +77,13 @@ from spec.events import (
     FinishReason,
     Forward,
     ForwardRow,
+    RowAcquired,
     RowReleased,
     StepResult,
 )
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of, output_of
-from spec.profile import DllmProfile
+from spec.profile import DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
 
@@ -183,7 +185,12 @@ class DllmEngine:
     model: a `BlockDiffusionLM` (on `device`); algorithm: a step algorithm
     (`gpu.algorithms.make_algorithm`); device: "cpu", "cuda[:N]" or "auto"; kv_dtype: the KV
     pool's dtype; on_block: streaming callback, called with a `StreamChunk` for every committed
-    block (the way a server gets every output without retaining any).
+    block (the way a server gets every output without retaining any);
+    rows_released_between_rounds: under FDFO without in-place reuse a carried block gives back
+    its request-pool row with its KV, and the request takes the lowest free row again (its
+    committed blocks' table entries rewritten) at the start of the next round (the profile
+    option `spec.profile.DllmPolicy.rows_released_between_rounds`; `releases_rows` says whether
+    it acts under this config: never under sync or with reuse).
 
     Retained state, all bounded (memory does not grow with the number of requests served):
 
@@ -215,6 +222,7 @@ class DllmEngine:
         max_retained_outputs: int = MAX_RETAINED_OUTPUTS,
         retired_id_window: int = RETIRED_ID_WINDOW,
         on_block: OnBlock | None = None,
+        rows_released_between_rounds: bool = False,
     ) -> None:
         for name, cap in (
             ("forward_log_cap", forward_log_cap),
@@ -260,6 +268,11 @@ class DllmEngine:
         )
         self.record = record
         self.on_block = on_block
+        # SGLang's FDFO before #27877: a carried block gives back its row with its KV (only
+        # FDFO without in-place reuse has carried blocks whose KV goes back)
+        self.releases_rows: bool = (
+            rows_released_between_rounds and config.mode is Mode.FDFO and not config.in_place_reuse
+        )
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []  # admission order = batch order
         self._live: set[str] = set()  # ids queued or running
@@ -334,7 +347,12 @@ class DllmEngine:
         worker's forwards and steps over the whole batch and the commits, finishes and carries;
         ends with `ControlReturned(round_index)` and advances `round_index`. Raises
         `SchedulerStalled` when the round's forwards (sync, or FDFO with re-loop) reach
-        `max_block_steps` without the round ending."""
+        `max_block_steps` without the round ending. With rows released between rounds, the
+        running requests that gave their row back take one again first, before admission."""
+        if self.releases_rows:
+            t0 = time.perf_counter()
+            self._reacquire_rows()
+            self.kv_seconds += time.perf_counter() - t0
         self._admit()
         t0 = time.perf_counter()
         batch = self._prepare_batch()
@@ -374,6 +392,22 @@ class DllmEngine:
         )
 
     # ------------------------------------------------------------------ scheduler phase
+    def _reacquire_rows(self) -> None:
+        """Rows released between rounds: each running request without a row takes the lowest
+        free one (batch order) and gets its committed blocks' table entries back in it (the
+        carried block's come with its new KV in `_prepare_batch`); one that finds no free row
+        waits a round."""
+        b = self.config.block_size
+        writes: list[tuple[int, int, int]] = []
+        for req in self.running:
+            if req.row is None:
+                if not self.req_pool.has_free():
+                    break
+                req.row = self.req_pool.acquire(req.handle)
+                self.sink(RowAcquired(req.rid, req.row))
+                writes.extend((req.row, k * b, f) for k, f in enumerate(req.block_first_slots))
+        self.req_pool.write_blocks(writes, b)
+
     def _admit(self) -> None:
         """FCFS: admit the head while it fits; stop at the first that does not."""
         while self.waiting and len(self.running) < self.config.max_running_requests:
@@ -392,11 +426,13 @@ class DllmEngine:
         self._start_blocks([req for req in self.running if not req.has_block])
         writes: list[tuple[int, int, int]] = []
         for req in self.running:
-            if self._ensure_block_kv(req):
-                assert req.row is not None and req.block_first_slot is not None
+            if req.row is not None and self._ensure_block_kv(req):
+                assert req.block_first_slot is not None
                 pos = req.committed_blocks * self.config.block_size
                 writes.append((req.row, pos, req.block_first_slot))
         self.req_pool.write_blocks(writes, self.config.block_size)
+        if self.releases_rows:  # a request still without a row waits for one
+            return [req for req in self.running if req.row is not None]
         return list(self.running)
 
     def _ensure_block_kv(self, req: EngineRequest) -> bool:
@@ -592,6 +628,8 @@ class DllmEngine:
         req.fresh_state = None
         if not self.config.in_place_reuse:
             self._drop_block_kv(req)
+            if self.releases_rows:
+                self._release_row(req)
 
     def _drop_block_kv(self, req: EngineRequest) -> None:
         if req.block_first_slot is not None:
@@ -650,11 +688,14 @@ class DllmEngine:
         req.block_first_slots.clear()
         req.carry = None
         req.fresh_tokens = None
+        self._release_row(req)
+        self.allocator.unreserve(req.pages_needed)
+
+    def _release_row(self, req: EngineRequest) -> None:
         if req.row is not None:
             self.req_pool.release(req.row, req.handle)
             self.sink(RowReleased(req.rid, req.row))
             req.row = None
-        self.allocator.unreserve(req.pages_needed)
 
     # ------------------------------------------------------------------ outputs
     def take_output(self, request_id: str) -> tuple[int, ...]:
@@ -808,6 +849,34 @@ ENGINE_PROFILE = DllmProfile(ignore_eos=True, stop_token_ids=True)
 #: The conformance-suite engine as the registry's "engine" declares it.
 SMALL_ENGINE = DllmImplementation(
     make_small_engine, ENGINE_PROFILE, "the torch engine on CPU (shipped model, LowConfidence)"
+)
+
+
+#: SGLang's FDFO without in-place reuse before #27877: a carried block gives back its
+#: request-pool row with its KV, and takes one again in the next round.
+ROWS_RELEASED_POLICY = DllmPolicy(rows_released_between_rounds=True)
+
+
+def make_small_rows_released_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """As `make_small_engine`, and FDFO without in-place reuse gives a carried block's
+    request-pool row back with its KV at the end of every round, taking one again (the lowest
+    free, its committed blocks' table entries rewritten) in the next: SGLang's FDFO before
+    #27877 freed and re-allocated both. `record` on."""
+    return DllmEngine(
+        config,
+        sink,
+        model=_shipped_model("cpu"),
+        algorithm=_algorithm("LowConfidence"),
+        record=True,
+        rows_released_between_rounds=True,
+    )
+
+
+#: The rows-released engine as the registry's "engine-rows-released" declares it.
+SMALL_ENGINE_ROWS_RELEASED = DllmImplementation(
+    make_small_rows_released_engine,
+    DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True, stop_token_ids=True),
+    "the torch engine with rows released between rounds (FDFO without in-place reuse)",
 )
 
 

@@ -177,6 +177,12 @@ def bench_engine_parser() -> Parser:
         help="interleaved modes take turns of this many ms of their own time (0: one round; "
         "default 50)",
     )
+    p.add_argument(
+        "--rows-released",
+        action="store_true",
+        help="also serve FDFO whose carried blocks give back their KV and request-pool rows "
+        "every round (SGLang's FDFO before in-place reuse), and print reuse's gain over it",
+    )
     # what to measure: one of the throughput runs' method or the two model-only probes
     what = p.add_mutually_exclusive_group()
     what.add_argument("--sequential", action="store_true", help="run the modes one after another")
@@ -211,6 +217,13 @@ def bench_engine(argv: list[str]) -> int:
     if alone and ns.turn_ms is not None:
         flag = flag_of(alone[0])
         raise ConfigError("--turn-ms", ns.turn_ms, f"left out with {flag} (it interleaves nothing)")
+    if ns.forward_bound and ns.rows_released:
+        raise ConfigError(
+            "--rows-released",
+            True,
+            "left out with --forward-bound (releasing rows changes no forward: its forwards "
+            "are fdfo's)",
+        )
     if ns.forward_costs:
         refuse_ignored(
             ns,

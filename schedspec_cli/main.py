@@ -51,8 +51,8 @@ def cmd_list_impls(args: argparse.Namespace) -> int:
     rows = []
     for b in BUILTINS.values():
         status = engine_status(b)
-        if b.name == "engine":
-            profile = "idealised spec"  # a bare factory; loading it would import torch
+        if b.is_torch_engine:
+            profile = b.torch_profile  # loading its implementation would import torch
         elif status == "adapter not in this build":
             profile = "-"
         else:

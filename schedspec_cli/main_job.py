@@ -91,15 +91,16 @@ def step_proofs() -> tuple[bool, str, dict[str, Any]]:
 def step_conformance(
     examples: int, call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S
 ) -> tuple[bool, str, dict[str, Any]]:
-    """The conformance suite on every built-in of `all_builtins` (the engine with a quarter of
-    `examples`, at least 10), with its `checked_against` twin when it declares one: passes when
-    all conform. Data: `results` per built-in, and `not_run` (the real engines' status)."""
+    """The conformance suite on every built-in of `all_builtins` (the torch engine's with a
+    quarter of `examples`, at least 10), with its `checked_against` twin when it declares one:
+    passes when all conform. Data: `results` per built-in, and `not_run` (the real engines'
+    status)."""
     rows = []
     for name, builtin in all_builtins().items():
         if not builtin.default_verify:
             continue
         target = resolve_builtin(builtin)
-        n = examples if builtin.name != "engine" else max(10, examples // 4)
+        n = max(10, examples // 4) if builtin.is_torch_engine else examples
         twin = None
         if builtin.checked_against:
             twin = resolve_twin(builtin.checked_against, builtin.family)

@@ -33,6 +33,9 @@ class Builtin:
         serves as `verify --twin NAME` ("" when it has none).
     checked_against: the main job ends every example of this built-in with that twin, a
         `--twin` name ("" for none).
+    torch_profile: for the torch engine's built-ins (they need the engine extra, and the main
+        job gives them a quarter of its examples), the profile `list-impls` shows without
+        importing torch; "" for every other built-in.
     """
 
     name: str
@@ -44,6 +47,12 @@ class Builtin:
     default_verify: bool = True
     twin: str = ""
     checked_against: str = ""
+    torch_profile: str = ""
+
+    @property
+    def is_torch_engine(self) -> bool:
+        """Whether this is one of the torch engine's built-ins (`torch_profile` set)."""
+        return bool(self.torch_profile)
 
     @property
     def target(self) -> str:
@@ -124,6 +133,18 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
         "extra)",
         checked_against="reference-dllm",
+        torch_profile="idealised spec",
+    ),
+    _dllm(
+        "engine-rows-released",
+        (
+            "gpu.engine:SMALL_ENGINE_ROWS_RELEASED",
+            "gpu.engine:make_small_rows_released_engine",
+        ),
+        "the torch engine with rows released between rounds (FDFO without in-place reuse, as "
+        "SGLang before #27877)",
+        checked_against="reference-dllm-rows-released",
+        torch_profile="rows_released_between_rounds=True",
     ),
     _ar(
         "vllm-v1",
@@ -250,7 +271,7 @@ def engine_status(builtin: Builtin) -> str:
     <engine> <version>' (a built-in the selected release does not ship) or
     'adapter not in this build'. Never imports the engine itself."""
     if not builtin.engine:
-        if builtin.name == "engine" and not module_available("torch"):
+        if builtin.is_torch_engine and not module_available("torch"):
             return NEEDS_TORCH
         return "-"
     package = f"integrations.{builtin.engine}"

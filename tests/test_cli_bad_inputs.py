@@ -301,6 +301,8 @@ def cases() -> list[tuple[str, list[str]]]:
             ["bench", "engine", "--forward-costs", "--max-running", "1", "4", "16"],
         ),
         ("bench-engine-turn-ms-bound", ["bench", "engine", "--forward-bound", "--turn-ms", "50"]),
+        ("bench-engine-rows-bound", ["bench", "engine", "--forward-bound", "--rows-released"]),
+        ("bench-engine-rows-costs", ["bench", "engine", "--forward-costs", "--rows-released"]),
         ("bench-engine-requests", ["bench", "engine", "--requests", HUGE]),
         ("bench-engine-tokens-past-context", ["bench", "engine", "--max-new-tokens", "235"]),
         ("bench-engine-json-dir", ["bench", "engine", "--json", "{dir}"]),

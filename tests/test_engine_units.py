@@ -398,6 +398,32 @@ def test_bench_counts_row_rounds_and_block_allocations() -> None:
         assert run.forwards <= run.attention_groups <= run.row_forwards
 
 
+def test_bench_rows_released_serves_sglangs_baseline_beside_the_four_modes() -> None:
+    """`--rows-released` adds FDFO whose carried blocks give back their rows: the same work as
+    FDFO without reuse (every carried block re-allocated), reported with its ratio over sync
+    and reuse's gain over it; without the flag the report is the four modes'."""
+    import gpu.bench as bench
+
+    report = bench.run_bench(
+        [2], requests=4, max_new_tokens=8, repeats=2, model=tiny_model("cpu"), rows_released=True
+    )
+    assert [m.name for m in report.modes] == [*(m.name for m in bench.MODES), "fdfo+rows-released"]
+    runs = {r.mode: r for r in report.runs if r.repeat == 0}
+    same = ("tokens", "forwards", "row_forwards", "rounds", "row_rounds", "block_allocations")
+    work = {mode: tuple(getattr(runs[mode], f) for f in same) for mode in runs}
+    assert work["fdfo+rows-released"] == work["fdfo"]
+    ratios = report.ratios()
+    assert set(ratios) == {f"{n}/{d}" for n, d in bench.RATIOS + bench.ROWS_RELEASED_RATIOS}
+    assert "fdfo+rows-released/sync" in report.shares_of_bounds()
+    payload = report.to_json()
+    assert {r["mode"] for r in payload["results"]} == {m.name for m in report.modes}
+    assert payload["settings"]["rows_released"] is True
+    plain = bench.run_bench([2], requests=4, max_new_tokens=8, repeats=1, model=tiny_model("cpu"))
+    assert plain.modes == bench.MODES and set(plain.ratios()) == {
+        f"{n}/{d}" for n, d in bench.RATIOS
+    }
+
+
 def test_bench_turns_change_the_timing_only() -> None:
     """Interleaving in time slices or round by round changes when each engine runs, never what
     it does: the work of every mode is the same either way."""

@@ -37,7 +37,8 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
     assert {"reference-dllm", "engine", "vllm-v1"} <= {r["impl"] for r in conformance}
     twins = {r["impl"]: r["twin"] for r in conformance}
     assert twins["engine"] == "reference-dllm"  # the engine decides as the FCFS reference
-    assert {n for n, t in twins.items() if t} == {"engine"}
+    assert twins["engine-rows-released"] == "reference-dllm-rows-released"
+    assert {n for n, t in twins.items() if t} == {"engine", "engine-rows-released"}
     assert (
         "decisions checked against a twin: engine as reference-dllm"
         in report["steps"][1]["summary"]

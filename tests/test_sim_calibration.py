@@ -245,6 +245,23 @@ def test_paired_ratios_pool_several_benchmarks() -> None:
         Calibration.from_benches([bench, other], "mixed")
 
 
+def test_a_mode_the_time_model_has_not_is_left_out() -> None:
+    """A benchmark run with `--rows-released` serves a fifth mode; the calibration is the four
+    modes' as if it had not run (before, its rows failed the check: 'mode ... one of ...')."""
+    bench = _bench()
+    extra = copy.deepcopy(bench)
+    extra["runs"] += [
+        {**run, "mode": "fdfo+rows-released", "seconds": 2 * run["seconds"]}
+        for run in bench["runs"]
+        if run["mode"] == "fdfo"
+    ]
+    extra["ratios"]["fdfo+rows-released/sync"] = {"4": 1.5}
+    extra["ratios"]["fdfo+reuse/fdfo+rows-released"] = {"4": 1.1}
+    assert Calibration.from_bench(extra, "five modes") == Calibration.from_bench(
+        bench, "five modes"
+    )
+
+
 def _row(
     mode: str, k: int, counts: tuple[int, int, int, int, int], t: SharedTime
 ) -> CalibrationRow:

@@ -440,12 +440,19 @@ class Calibration:
         """From one or more engine benchmark JSONs of the same workload: every repeat's run
         summed per (mode, max_running); the measured ratios are the median over all repeats
         of the paired (same repeat) ratios, as the benchmark computes them. Every run must
-        record row_rounds and block_allocations (`check_bench`)."""
+        record row_rounds and block_allocations (`check_bench`). Only the modes of `MODES`
+        are calibrated: the runs and ratios of any other mode a benchmark served (`bench
+        engine --rows-released`) are left out."""
         for bench in benches:
             cls.check_bench(bench, source)
         try:
             s = benches[0]["settings"]
-            runs = [(i, run) for i, bench in enumerate(benches) for run in bench["runs"]]
+            runs = [
+                (i, run)
+                for i, bench in enumerate(benches)
+                for run in bench["runs"]
+                if run["mode"] in MODES
+            ]
             for bench in benches[1:]:
                 other = bench["settings"]
                 for f in ("block_size", "requests", "max_new_tokens", "algorithm"):
@@ -472,7 +479,11 @@ class Calibration:
                 )
                 for (m, k), a in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][0]))
             )
-            names = [str(n) for n in benches[0].get("ratios", {})]
+            names = [
+                str(n)
+                for n in benches[0].get("ratios", {})
+                if all(mode in MODES for mode in str(n).split("/"))
+            ]
             median, spread = _paired_ratios(runs, names)
             cal = cls(
                 str(benches[0].get("device", "?")),
