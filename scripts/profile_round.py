@@ -7,11 +7,13 @@
 Why: `schedspec bench engine` splits a forward's time into model, attention, step and
 "scheduler" (everything else). This script splits that "everything else" by the engine's own
 methods, to say which bookkeeping an FDFO round pays that sync pays once per lock-step round.
-Each mode serves the benchmark's workload (`gpu.bench.serving`: the shipped prompts cycled,
+Each mode (the benchmark's four, or `fdfo+rows-released`, `bench engine --rows-released`'s
+fifth) serves the benchmark's workload (`gpu.bench.serving`: the shipped prompts cycled,
 32 new tokens, block 8, page 16, LowConfidence) on the shipped model (on the CPU unless
 `--device` says otherwise), with the engine's phase methods wrapped in timers on that engine
 instance only (nothing global is patched):
 
+    row re-acquisition  `_reacquire_rows` (only `fdfo+rows-released`: rows taken back)
     admission        `_admit`
     block starts     `_start_blocks` (new blocks' tokens and algorithm states)
     KV + table       the rest of `_prepare_batch` (allocation, the table write)
@@ -52,6 +54,7 @@ import torch
 
 from gpu.bench import (
     MODES,
+    ROWS_RELEASED,
     BenchMode,
     Serving,
     device_name,
@@ -66,6 +69,7 @@ from schedspec_cli.output import output_file
 from spec.errors import SchedSpecError
 
 PHASES = (
+    "row re-acquisition",
     "admission",
     "block starts",
     "KV + table",
@@ -78,6 +82,9 @@ PHASES = (
     "completion rest",
     "round rest",
 )
+
+
+ALL_MODES = (*MODES, ROWS_RELEASED)
 
 
 class _Timers:
@@ -113,8 +120,8 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
     engine = setup.engine(mode, max_running)
     timers = _Timers(lambda: wait_for_device(setup.device))
     for name in (
-        "run_round", "_admit", "_prepare_batch", "_start_blocks", "_run_worker", "_plan_batch",
-        "_complete", "_commit", "_carry",
+        "run_round", "_reacquire_rows", "_admit", "_prepare_batch", "_start_blocks",
+        "_run_worker", "_plan_batch", "_complete", "_commit", "_carry",
     ):  # fmt: skip
         timers.wrap(engine, name)
     timers.wrap(engine.runner, "forward")
@@ -122,6 +129,7 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
     s = timers.seconds
     step = engine.step_seconds
     phases = {
+        "row re-acquisition": s["_reacquire_rows"],
         "admission": s["_admit"],
         "block starts": s["_start_blocks"],
         "KV + table": s["_prepare_batch"] - s["_start_blocks"],
@@ -133,6 +141,7 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
         "carries": s["_carry"],
         "completion rest": s["_complete"] - s["_commit"] - s["_carry"],
         "round rest": s["run_round"]
+        - s["_reacquire_rows"]
         - s["_admit"]
         - s["_prepare_batch"]
         - s["_run_worker"]
@@ -152,7 +161,7 @@ def profile_mode(setup: Serving, mode: BenchMode, max_running: int) -> dict[str,
 def profile(
     max_running: int, mode_names: list[str], repeats: int, requests: int, device: torch.device
 ) -> dict[str, dict[str, Any]]:
-    by_name = {m.name: m for m in MODES}
+    by_name = {m.name: m for m in ALL_MODES}
     model, _ = load_model(ASSETS, device)
     setup = serving(
         model, requests=requests, max_new_tokens=32, block_size=8, page_size=16,
@@ -210,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
-    valid = [m.name for m in MODES]
+    valid = [m.name for m in ALL_MODES]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in valid]
     if not modes or unknown:

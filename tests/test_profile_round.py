@@ -36,8 +36,23 @@ def test_phases_partition_the_round_and_counts_are_the_engines(
     assert sync["commits"] == fdfo["commits"] > 0  # the same blocks, committed once each
     assert sync["carries"] == 0 < fdfo["carries"]
     assert sync["ms_per_round"]["carries"] == 0.0
+    assert sync["ms_per_round"]["row re-acquisition"] == fdfo["ms_per_round"]["row re-acquisition"]
+    assert fdfo["ms_per_round"]["row re-acquisition"] == 0.0  # never called: rows are kept
     printed = capsys.readouterr().out
     assert "batch + events" in printed and "fdfo" in printed
+
+
+def test_the_rows_released_mode_is_profiled_with_its_reacquisitions(tmp_path: Path) -> None:
+    script = load_script("profile_round")
+    out = tmp_path / "profile.json"
+    args = ["--max-running", "4", "--requests", "6", "--repeats", "1", "--json", str(out)]
+    assert script.main([*args, "--modes", "fdfo,fdfo+rows-released"]) == 0
+    results = json.loads(out.read_text())["results"]
+    released, kept = results["fdfo+rows-released"], results["fdfo"]
+    assert released["ms_per_round"]["row re-acquisition"] > 0
+    assert sum(released["ms_per_round"].values()) == pytest.approx(released["round_ms"], rel=1e-3)
+    for count in ("rounds", "forwards", "commits", "carries"):
+        assert released[count] == kept[count]  # the same work, rows given back between rounds
 
 
 @pytest.mark.parametrize(
