@@ -834,12 +834,23 @@ def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
 
     A checking engine: `record` is on (the differential property reads `forward_log`).
     """
+    return _checking_engine(config, sink, _algorithm("LowConfidence"))
+
+
+def _checking_engine(
+    config: DllmConfig,
+    sink: EventSink,
+    algorithm: StepAlgorithm,
+    rows_released_between_rounds: bool = False,
+) -> DllmEngine:
+    """The shipped model on CPU with `record` on (what the conformance factories share)."""
     return DllmEngine(
         config,
         sink,
         model=_shipped_model("cpu"),
-        algorithm=_algorithm("LowConfidence"),
+        algorithm=algorithm,
         record=True,
+        rows_released_between_rounds=rows_released_between_rounds,
     )
 
 
@@ -862,13 +873,8 @@ def make_small_rows_released_engine(config: DllmConfig, sink: EventSink) -> Dllm
     request-pool row back with its KV at the end of every round, taking one again (the lowest
     free, its committed blocks' table entries rewritten) in the next: SGLang's FDFO before
     #27877 freed and re-allocated both. `record` on."""
-    return DllmEngine(
-        config,
-        sink,
-        model=_shipped_model("cpu"),
-        algorithm=_algorithm("LowConfidence"),
-        record=True,
-        rows_released_between_rounds=True,
+    return _checking_engine(
+        config, sink, _algorithm("LowConfidence"), rows_released_between_rounds=True
     )
 
 
@@ -883,13 +889,7 @@ SMALL_ENGINE_ROWS_RELEASED = DllmImplementation(
 def make_small_joint_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     """As `make_small_engine` with JointThreshold (max_post_edit_steps=4, like the reference's
     JointThreshold built-in): stateful, so it exercises the carried algo_state. `record` on."""
-    return DllmEngine(
-        config,
-        sink,
-        model=_shipped_model("cpu"),
-        algorithm=_algorithm("JointThreshold", max_post_edit_steps=4),
-        record=True,
-    )
+    return _checking_engine(config, sink, _algorithm("JointThreshold", max_post_edit_steps=4))
 
 
 def make_tiny_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:

@@ -8,7 +8,6 @@ the default engine's byte for byte."""
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from gpu.engine import (
@@ -25,6 +24,7 @@ from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import Admitted, Event, Forward, RowAcquired, RowReleased
+from tests.test_engine_conformance import SUITE
 from tests.test_engine_mutants import HUNT, _busy, _factory, _fdfo
 
 torch.set_num_threads(1)
@@ -54,18 +54,10 @@ class ReacquireForgetsTable(RowsReleased):
 
 
 def test_rows_released_engine_conforms_under_its_profile() -> None:
-    suite = settings(
-        max_examples=25,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        stateful_step_count=30,
-        suppress_health_check=list(HealthCheck),
-    )
     machine = conformance_machine(
         make_small_rows_released_engine, profile=PROFILE, configs=NO_REUSE
     )
-    run_state_machine_as_test(machine, settings=suite)
+    run_state_machine_as_test(machine, settings=SUITE)
 
 
 def test_the_default_profile_refuses_released_rows() -> None:
