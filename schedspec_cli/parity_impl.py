@@ -109,7 +109,9 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
                 _guarded(
                     resolved.name,
                     f"the {run_name} run",
-                    partial(run_variant, impl.factory, config, requests, run_name),
+                    partial(
+                        run_variant, impl.factory, config, requests, run_name, impl.profile.policy
+                    ),
                 )
             )
             seconds[run_name] = round(time.perf_counter() - start, 3)

@@ -20,6 +20,7 @@ from spec.errors import ConfigError
 from spec.events import Event, Finished
 from spec.golden import GoldenDecoder, golden_mismatch
 from spec.machine import SpecMachine
+from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput
 
 Factory = Callable[[DllmConfig, Callable[[Event], None]], SchedulerAdapter]
@@ -74,11 +75,16 @@ class VariantRun:
 
 
 def run_variant(
-    factory: Factory, config: DllmConfig, requests: Sequence[RequestSpec], name: str
+    factory: Factory,
+    config: DllmConfig,
+    requests: Sequence[RequestSpec],
+    name: str,
+    policy: DllmPolicy | None = None,
 ) -> VariantRun:
     """Submit every request to a fresh instance, drain, check its events and snapshot with a
-    `SpecMachine`; raises the `SpecViolation` of the first broken rule."""
-    machine = SpecMachine(config)
+    `SpecMachine` under `policy` (the implementation's declared options; None: the idealised
+    spec); raises the `SpecViolation` of the first broken rule."""
+    machine = SpecMachine(config, policy)
     reasons: dict[str, Finished] = {}
     widest = 0
 

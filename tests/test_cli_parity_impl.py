@@ -46,6 +46,17 @@ def test_reference_passes_with_golden_and_batch(
     assert "must run on CUDA" in refused and "produced for" not in refused
 
 
+def test_events_are_checked_under_the_implementations_declared_policy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An implementation that gives rows back between rounds, as its profile declares, is at
+    parity: its events are replayed under that policy, not the idealised spec (which refused
+    them: `[row_exclusive] 'p000' is running without a row`)."""
+    code, out, err = _run(["--impl", "reference-dllm-rows-released", *ARGS], capsys)
+    assert code == 0, out + err
+    assert "IDENTICAL, golden agrees" in out
+
+
 def test_a_stale_context_bug_fails_on_golden(capsys: pytest.CaptureFixture[str]) -> None:
     """Sync and FDFO are corrupted alike: parity holds, golden does not -> exit 1."""
     code, out, _ = _run(["--impl", "tests.mutants:StaleContext", *ARGS], capsys)
