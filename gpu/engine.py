@@ -81,6 +81,7 @@ from spec.events import (
     RowReleased,
     StepResult,
 )
+from spec.golden import GoldenTie
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of, output_of
 from spec.profile import DllmPolicy, DllmProfile
@@ -754,6 +755,15 @@ class DllmEngine:
         from gpu.golden import engine_golden
 
         return engine_golden(self, request)
+
+    def golden_near_tie(self, request: RequestSpec) -> GoldenTie | None:
+        """`spec.golden.ReportsGoldenTies`: where the golden decoding of `request` first took
+        a decision within float noise of flipping (`gpu.near_tie`), or None. The golden path
+        is dense and this engine's paged, so past such a decision the two may part without
+        either being wrong."""
+        from gpu.golden import engine_near_tie
+
+        return engine_near_tie(self, request)
 
 
 # ---------------------------------------------------------------------------- factories

@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpu.algorithms import DllmAlgorithm
+from gpu.algorithms import DllmAlgorithm, JointThreshold, LowConfidence
 from gpu.model import BlockDiffusionLM
+from gpu.near_tie import first_near_tie
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import ConfigError
 from spec.events import FinishReason
+from spec.golden import GoldenTie
 from spec.machine import finish_of
 from spec.snapshot import FinishedOutput
 
@@ -55,11 +57,15 @@ class GoldenDecode:
     finish_reason: why the request finished.
     forwards_per_block: forwards each block took (prompt-only blocks included, final forward
         included), in block order.
+    near_tie: where the decoding first took a decision within float noise of flipping
+        (`gpu.near_tie`), None when it took none. The engine's paged forward may break such a
+        tie the other way.
     """
 
     tokens: tuple[int, ...]
     finish_reason: FinishReason
     forwards_per_block: tuple[int, ...]
+    near_tie: GoldenTie | None = None
 
 
 def golden_decode(
@@ -79,17 +85,33 @@ def golden_decode(
     committed = torch.empty(0, dtype=torch.long, device=device)  # internal ids
     generated: list[int] = []  # config ids
     forwards: list[int] = []
+    ties: list[GoldenTie] = []  # the first near-tie, once found
     start = 0
     with torch.inference_mode():
         while True:
             ids = [prompt[p] if p < len(prompt) else MASK_ID for p in range(start, start + size)]
             block = torch.tensor([ids], dtype=torch.long, device=device)
             context = committed
+            # positions a JointThreshold edit may change: generated ones, once no mask is left
+            generated_at = torch.tensor([start + i >= len(prompt) for i in range(size)])
+            calls = [0]
 
-            def forward(rows: torch.Tensor, context: torch.Tensor = context) -> torch.Tensor:
+            def forward(
+                rows: torch.Tensor,
+                context: torch.Tensor = context,
+                index: int = start // size,
+                generated_at: torch.Tensor = generated_at,
+                calls: list[int] = calls,
+            ) -> torch.Tensor:
                 sequence = torch.cat((context[None], rows), dim=1)
                 logits = model.forward_dense(sequence, size)[:, context.shape[0] :]
                 logits[..., MASK_ID] = float("-inf")  # as the engine's model runner does
+                calls[0] += 1
+                if not ties:
+                    note = _near_tie(algorithm, logits[0], rows[0].cpu(), generated_at)
+                    if note:
+                        first = max(0, index * size - len(prompt))  # its first output token
+                        ties.append(GoldenTie(first, f"block {index}, forward {calls[0]}: {note}"))
                 return logits
 
             _, count = algorithm.run(forward, block, algorithm.init_states(block), "sync")
@@ -100,7 +122,21 @@ def golden_decode(
             start += size
             end = finish_of(config, request, generated)
             if end is not None:
-                return GoldenDecode(end[1], end[0], tuple(forwards))
+                return GoldenDecode(end[1], end[0], tuple(forwards), ties[0] if ties else None)
+
+
+def _near_tie(
+    algorithm: DllmAlgorithm, logits: torch.Tensor, rows: torch.Tensor, generated_at: torch.Tensor
+) -> str | None:
+    """The near-tie of one forward's decision (`gpu.near_tie`) as a clause, or None; only for
+    the algorithms whose decisions it knows (LowConfidence, JointThreshold)."""
+    if not isinstance(algorithm, LowConfidence | JointThreshold):
+        return None
+    masked = rows == MASK_ID
+    edits = isinstance(algorithm, JointThreshold) and not bool(masked.any())
+    editable = generated_at & ~masked if edits else torch.zeros_like(masked)
+    tie = first_near_tie(logits.cpu(), masked, editable, algorithm.threshold)
+    return None if tie is None else tie.describe()
 
 
 # Golden decodings per model, keyed by what they depend on (shrinking and the conformance
@@ -135,6 +171,16 @@ def cached_golden_decode(
     if len(cache) > CACHE_SIZE:
         cache.popitem(last=False)
     return result
+
+
+def engine_near_tie(engine: DllmEngine, request: RequestSpec) -> GoldenTie | None:
+    """`DllmEngine.golden_near_tie`: where the request's golden decoding (the one
+    `engine_golden` compares with, cached) first took a decision within float noise of
+    flipping, or None (also when the engine's algorithm has no golden decoding)."""
+    algorithm = engine.configured_algorithm
+    if not isinstance(algorithm, DllmAlgorithm):
+        return None
+    return cached_golden_decode(engine.model, algorithm, engine.config, request).near_tie
 
 
 def engine_golden(engine: DllmEngine, request: RequestSpec) -> FinishedOutput:

@@ -29,7 +29,7 @@ from spec.errors import (
     UnknownRequest,
 )
 from spec.events import ControlReturned, Event, Finished, Submitted
-from spec.golden import GoldenDecoder, golden_mismatch
+from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note
 from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine, finished_output
 from spec.parity import compare_outputs
@@ -224,8 +224,10 @@ class Harness(ReplayHarness[SpecMachine]):
             r = requests[event.request_id]
             request = _request_spec(r)
             actual = FinishedOutput(finished_output(self.config, r, event.reason), event.reason)
-            problem = golden_mismatch(request, actual, self.golden.golden_output(request))
+            golden = self.golden.golden_output(request)
+            problem = golden_mismatch(request, actual, golden)
             if problem is not None:
+                problem += golden_tie_note(self.golden, request, actual, golden)
                 raise self._violate(
                     "golden_output",
                     f"{problem} (mode={self.config.mode.value}, batch up to "

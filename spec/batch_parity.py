@@ -18,7 +18,7 @@ from spec.adapter import SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
 from spec.events import Event, Finished
-from spec.golden import GoldenDecoder, golden_mismatch
+from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note
 from spec.machine import SpecMachine
 from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput
@@ -156,6 +156,8 @@ def compare_variants(
                 agrees, detail = False, f"{rid!r} did not finish in the reference run"
             else:
                 detail = golden_mismatch(request, want, golden[rid]) or ""
+                if detail:
+                    detail += golden_tie_note(ref.adapter, request, want, golden[rid])
                 agrees = not detail
         verdicts.append(
             CaseVerdict(request, want, want is not None and not bad, bad, agrees, detail)

@@ -15,6 +15,7 @@ The harness checks every finished request against it after every round when the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from spec.config import RequestSpec
@@ -45,9 +46,7 @@ def golden_mismatch(
         return None
     rid = request.request_id
     if actual.tokens != golden.tokens:
-        pairs = zip(actual.tokens, golden.tokens, strict=False)
-        shorter = min(len(actual.tokens), len(golden.tokens))
-        first = next((i for i, (a, g) in enumerate(pairs) if a != g), shorter)
+        first = first_difference(actual, golden)
         return (
             f"{rid!r} output {list(actual.tokens)} ({actual.reason.value}) differs from its "
             f"golden output {list(golden.tokens)} ({golden.reason.value}) at token {first} "
@@ -56,4 +55,57 @@ def golden_mismatch(
     return (
         f"{rid!r} finished with {actual.reason.value}; decoded alone it finishes with "
         f"{golden.reason.value} (output {list(golden.tokens)})"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenTie:
+    """Where a golden decoding took a decision within float noise of flipping.
+
+    token: the first output token (index into the generated tokens) that decision can change:
+        the first generated position of its block; where: one line naming the block, the
+        forward and the two sides (e.g. "block 2, forward 8: at position 3 the logits of
+        tokens 11 and 4 lie 0.0e+00 apart, within the float noise 5.1e-05").
+    """
+
+    token: int
+    where: str
+
+
+@runtime_checkable
+class ReportsGoldenTies(Protocol):
+    """A `GoldenDecoder` that can tell where its golden decoding of a request took a decision
+    within float noise of flipping (two candidates, or a confidence and a threshold, closer
+    than the implementation's numerical tolerance between its golden and serving paths). Past
+    such a decision the two paths may part with neither wrong: a mismatch report then says so.
+    """
+
+    def golden_near_tie(self, request: RequestSpec) -> GoldenTie | None:
+        """The first such decision of the golden decoding of `request`, or None."""
+        ...
+
+
+def first_difference(actual: FinishedOutput, golden: FinishedOutput) -> int:
+    """The index of the first output token where `actual` and `golden` differ (the shorter
+    length when one is a prefix of the other, the length when only the reasons differ)."""
+    pairs = zip(actual.tokens, golden.tokens, strict=False)
+    shorter = min(len(actual.tokens), len(golden.tokens))
+    return next((i for i, (a, g) in enumerate(pairs) if a != g), shorter)
+
+
+def golden_tie_note(
+    adapter: object, request: RequestSpec, actual: FinishedOutput, golden: FinishedOutput
+) -> str:
+    """What to add to the report of `actual` differing from `golden`: '' unless `adapter`
+    reports golden ties and the golden decoding took one that can change a token at or before
+    the first difference; then '; ' and where, read as a possible cause."""
+    if not isinstance(adapter, ReportsGoldenTies):
+        return ""
+    tie = adapter.golden_near_tie(request)
+    if tie is None or tie.token > first_difference(actual, golden):
+        return ""
+    return (
+        f"; the golden decoding took a decision within float noise of flipping before it "
+        f"({tie.where}): the golden and serving paths may break such a tie apart, so this "
+        "difference can be float noise rather than a scheduling bug"
     )

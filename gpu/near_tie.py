@@ -1,0 +1,94 @@
+"""Float ties in a decoding decision: where two outcomes lie closer than float noise.
+
+The golden oracle (`gpu.golden`) decodes with the dense forward, the engine with the paged one.
+Both compute the same logits up to float re-association, within `tolerance(logits)` of each
+other (`tests/test_gpu_attention.py` holds them to it). A token decision is then the same on
+both paths unless two of its outcomes are closer than that noise: two candidate tokens' logits
+(the argmax), a confidence and a threshold (commit or not), or two masked positions'
+confidences (the single most confident one is committed when none clears the threshold). Such a
+decision is a *near-tie*: either outcome is a correct decoding, and a golden mismatch that
+follows one is float noise, not a scheduling bug. `first_near_tie` finds one in a forward's
+logits so a report can say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Dense and paged float32 logits agree to max(ABS, REL * max|logit|) (release.md's bound).
+ABS_TOLERANCE = 1e-5
+REL_TOLERANCE = 2e-6
+
+
+def tolerance(logits: torch.Tensor) -> float:
+    """The float noise bound of `logits` (finite entries): max(ABS, REL * max |logit|)."""
+    finite = logits[torch.isfinite(logits)]
+    biggest = float(finite.abs().max()) if finite.numel() else 0.0
+    return max(ABS_TOLERANCE, REL_TOLERANCE * biggest)
+
+
+@dataclass(frozen=True, slots=True)
+class NearTie:
+    """One decision within float noise of flipping.
+
+    position: the block position; kind: "argmax" (two tokens' logits), "threshold" (a
+    confidence and the commit threshold) or "fallback" (two masked positions' confidences,
+    the other being `other`); gap: how far apart the two sides are; bound: the noise bound
+    the gap lies within; tokens: the two candidate token ids (argmax) in the model's ids.
+    """
+
+    position: int
+    kind: str
+    gap: float
+    bound: float
+    tokens: tuple[int, int] | None = None
+    other: int | None = None
+
+    def describe(self) -> str:
+        """One clause: what lay how close, against which bound."""
+        if self.kind == "argmax" and self.tokens is not None:
+            what = f"the logits of tokens {self.tokens[0]} and {self.tokens[1]}"
+        elif self.kind == "fallback":
+            what = f"the confidences of positions {self.position} and {self.other}"
+        else:
+            what = "the confidence and the threshold"
+        return (
+            f"at position {self.position} {what} lie {self.gap:.1e} apart, within the float "
+            f"noise {self.bound:.1e}"
+        )
+
+
+def first_near_tie(
+    logits: torch.Tensor,
+    masked: torch.Tensor,
+    editable: torch.Tensor,
+    threshold: float,
+) -> NearTie | None:
+    """The first near-tie of one forward's decision, or None.
+
+    logits [B, V] as the step sees them (the mask token's logit -inf); masked [B]: positions
+    still masked (mask-to-token decides them); editable [B]: other positions whose token the
+    step may replace by its argmax (JointThreshold's edits); threshold: the commit threshold."""
+    z = logits.float()
+    bound = tolerance(z)
+    top = torch.topk(z, 2, dim=-1)
+    gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
+    probs = torch.softmax(z, dim=-1).max(dim=-1).values.tolist()
+    masked_at = [i for i, m in enumerate(masked.tolist()) if m]
+    for i, (m, e) in enumerate(zip(masked.tolist(), editable.tolist(), strict=True)):
+        if (m or e) and gaps[i] <= 2 * bound:
+            ids = top.indices[i].tolist()
+            return NearTie(i, "argmax", gaps[i], 2 * bound, (int(ids[0]), int(ids[1])))
+    for i in masked_at:
+        # a logit moved by the noise moves log p by at most twice the noise
+        if abs(probs[i] - threshold) <= 2 * bound * probs[i]:
+            return NearTie(i, "threshold", abs(probs[i] - threshold), 2 * bound * probs[i])
+    below = sorted((i for i in masked_at if probs[i] <= threshold), key=lambda i: -probs[i])
+    if len(below) == len(masked_at) and len(below) >= 2:
+        a, b = below[0], below[1]
+        gap, noise = probs[a] - probs[b], 2 * bound * (probs[a] + probs[b])
+        if gap <= noise:
+            return NearTie(min(a, b), "fallback", gap, noise, other=max(a, b))
+    return None
