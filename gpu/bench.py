@@ -2,7 +2,8 @@
 
     schedspec bench engine --max-running 1 4 16 [--requests 128] [--max-new-tokens 32]
         [--block-size 8] [--page-size 16] [--algorithm LowConfidence] [--repeats 5]
-        [--device cpu|cuda] [--threads N] [--turn-ms 50] [--sequential] [--json PATH]
+        [--device cpu|cuda] [--threads N] [--turn-ms 50] [--sequential] [--rows-released]
+        [--json PATH]
     schedspec bench engine --forward-costs [--json PATH]  (model cost by rows x context; round cost)
     schedspec bench engine --forward-bound [--max-running 4 16] [--repeats 5] [--json PATH]
         (FDFO/sync of forward time alone, step and scheduler left out, --repeats passes;
@@ -30,6 +31,11 @@ over repeats of the per-repeat (paired) ratios.
 the model work (row-forwards per generated token) and involve no timing at all; they count
 every row alike, though a row costs more the longer its context (`--forward-bound` times the
 forwards themselves).
+
+`--rows-released` adds a fifth mode, `fdfo+rows-released`: FDFO without in-place reuse whose
+carried blocks also give back their request-pool rows between rounds, as SGLang's FDFO did
+before in-place reuse (#27877), whose reported gain is over that baseline; the report then adds
+its ratio over sync and in-place reuse's gain over it.
 
 Per mode the time is also split into model forwards, the algorithm's steps and the rest
 (scheduler: admission, allocation, events, commits), so a missed target can be explained.

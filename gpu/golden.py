@@ -58,8 +58,8 @@ class GoldenDecode:
     forwards_per_block: forwards each block took (prompt-only blocks included, final forward
         included), in block order.
     near_tie: where the decoding first took a decision within float noise of flipping
-        (`gpu.near_tie`), None when it took none. The engine's paged forward may break such a
-        tie the other way.
+        (`gpu.near_tie`), None when it took none or was not asked to look (`find_ties`). The
+        engine's paged forward may break such a tie the other way.
     """
 
     tokens: tuple[int, ...]
@@ -73,9 +73,14 @@ def golden_decode(
     algorithm: DllmAlgorithm,
     config: DllmConfig,
     request: RequestSpec,
+    *,
+    find_ties: bool = False,
 ) -> GoldenDecode:
-    """Decode `request` alone (see the module docstring). Raises the engine's request errors
-    (`spec.errors.RequestError` subclasses) for a request the engine would refuse."""
+    """Decode `request` alone (see the module docstring). With `find_ties`, also look in every
+    forward for a decision within float noise of flipping and record the first
+    (`GoldenDecode.near_tie`; it costs a little per forward, so only a report asks). Raises
+    the engine's request errors (`spec.errors.RequestError` subclasses) for a request the
+    engine would refuse."""
     validate_request(config, request)
     tokens = TokenMap(config, model.config.vocab_size, MASK_ID, EOS_ID)
     tokens.check_prompt(request.request_id, request.prompt)
@@ -107,7 +112,7 @@ def golden_decode(
                 logits = model.forward_dense(sequence, size)[:, context.shape[0] :]
                 logits[..., MASK_ID] = float("-inf")  # as the engine's model runner does
                 calls[0] += 1
-                if not ties:
+                if find_ties and not ties:
                     note = _near_tie(algorithm, logits[0], rows[0].cpu(), generated_at)
                     if note:
                         first = max(0, index * size - len(prompt))  # its first output token
@@ -175,12 +180,13 @@ def cached_golden_decode(
 
 def engine_near_tie(engine: DllmEngine, request: RequestSpec) -> GoldenTie | None:
     """`DllmEngine.golden_near_tie`: where the request's golden decoding (the one
-    `engine_golden` compares with, cached) first took a decision within float noise of
-    flipping, or None (also when the engine's algorithm has no golden decoding)."""
+    `engine_golden` compares with) first took a decision within float noise of flipping, or
+    None (also when the engine's algorithm has no golden decoding). Decodes the request again,
+    looking for ties: a report asks only after a mismatch."""
     algorithm = engine.configured_algorithm
     if not isinstance(algorithm, DllmAlgorithm):
         return None
-    return cached_golden_decode(engine.model, algorithm, engine.config, request).near_tie
+    return golden_decode(engine.model, algorithm, engine.config, request, find_ties=True).near_tie
 
 
 def engine_golden(engine: DllmEngine, request: RequestSpec) -> FinishedOutput:

@@ -10,7 +10,10 @@ output and finish reason must equal its golden output at every batch size and in
 and FDFO alike (a stale context, wrong positions).
 
 The harness checks every finished request against it after every round when the adapter has
-`golden_output` (`GoldenDecoder`); an adapter without it is not checked this way.
+`golden_output` (`GoldenDecoder`); an adapter without it is not checked this way. An adapter
+whose golden path computes in other floats than its serving path (the engine: dense against
+paged) may also say where a golden decoding took a decision within float noise of flipping
+(`ReportsGoldenTies`); a mismatch report then names it (`golden_tie_note`).
 """
 
 from __future__ import annotations
