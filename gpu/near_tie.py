@@ -6,18 +6,20 @@ other (`tests/test_gpu_attention.py` holds them to it). A token decision is then
 both paths unless two of its outcomes are closer than that noise: two candidate tokens' logits
 (the argmax), a confidence and a threshold (commit or not), or two masked positions'
 confidences (the single most confident one is committed when none clears the threshold). Such a
-decision is a *near-tie*: either outcome is a correct decoding, and a golden mismatch that
-follows one is float noise, not a scheduling bug. `first_near_tie` finds one in a forward's
-logits so a report can say so.
+decision is a *near-tie*: either outcome is a correct decoding, so a golden mismatch that
+follows one can be float noise rather than a scheduling bug. `first_near_tie` finds one in a
+forward's logits so a report can say so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-# Dense and paged float32 logits agree to max(ABS, REL * max|logit|) (release.md's bound).
+# Dense and paged float32 logits agree to max(ABS, REL * max|logit|) (release.md's bound;
+# tests/test_gpu_attention.py holds the two paths to it).
 ABS_TOLERANCE = 1e-5
 REL_TOLERANCE = 2e-6
 
@@ -40,7 +42,7 @@ class NearTie:
     """
 
     position: int
-    kind: str
+    kind: Literal["argmax", "threshold", "fallback"]
     gap: float
     bound: float
     tokens: tuple[int, int] | None = None
