@@ -15,7 +15,7 @@ profile's policy; the profile's accepted deviations start in `ignored_rules`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -35,6 +35,9 @@ from spec.config import DllmConfig, RequestSpec
 from spec.profile import DllmProfile
 
 ParityPolicy = Literal["always", "bs1", "never"]
+
+# A burst is one more request than the largest running cap `dllm_configs` draws by default (4).
+_BURST_MAX = 5
 
 _DEFAULT_PROFILE = DllmProfile()
 
@@ -67,6 +70,21 @@ def conformance_machine(
         `twin_profile` (default: `profile`).
     """
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
+    prompt = prompts(20)
+    new_tokens = st.integers(1, 20)
+    # a quarter of the requests each, for an implementation that takes the option (nothing
+    # drawn otherwise, so the other suites' programs stay as they were)
+    ignore_eos = st.integers(0, 3).map(lambda n: n == 3) if profile.ignore_eos else st.just(False)
+    stop_ids = stop_token_id_sets() if profile.stop_token_ids else st.just(())
+    burst_fields: dict[str, st.SearchStrategy[Any]] = {
+        "prompt": prompt,
+        "max_new_tokens": new_tokens,
+    }
+    if profile.ignore_eos:
+        burst_fields["ignore_eos"] = ignore_eos
+    if profile.stop_token_ids:
+        burst_fields["stop_token_ids"] = stop_ids
+    burst_request = st.fixed_dictionaries(burst_fields)
     solo_cache: SoloCache = {}
     step_counter = counter or StepCounter()
 
@@ -90,14 +108,10 @@ def conformance_machine(
 
         @rule(
             target=ConformanceBase.requests,
-            prompt=prompts(20),
-            max_new_tokens=st.integers(1, 20),
-            # a quarter of them each, for an implementation that takes the option (nothing
-            # drawn otherwise, so the other suites' examples stay as they were)
-            ignore_eos=st.integers(0, 3).map(lambda n: n == 3)
-            if profile.ignore_eos
-            else st.just(False),
-            stop_token_ids=stop_token_id_sets() if profile.stop_token_ids else st.just(()),
+            prompt=prompt,
+            max_new_tokens=new_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stop_ids,
         )
         def submit(
             self,
@@ -115,6 +129,24 @@ def conformance_machine(
             )
             err = self.run("submit", self.harness.submit, request)
             return multiple() if err is not None else rid
+
+        @rule(
+            target=ConformanceBase.requests,
+            burst=st.lists(burst_request, min_size=2, max_size=_BURST_MAX),
+        )
+        def submit_burst(self, burst: list[dict[str, Any]]) -> MultipleResults[str]:
+            """Several requests (each drawn as `submit` draws one, as `RequestSpec` fields)
+            arrive before the next round: one admission sees a queue longer than the largest
+            running cap drawn, where an off-by-one cap or an out-of-order admission shows.
+            Single submits reach that only through several submit rules in a row, rarely. The
+            accepted ones join `requests`."""
+            accepted: list[str] = []
+            for fields in burst:
+                rid = self.new_id()
+                err = self.run("submit", self.harness.submit, RequestSpec(rid, **fields))
+                if err is None:
+                    accepted.append(rid)
+            return multiple(*accepted)
 
         @rule()
         def round(self) -> None:
