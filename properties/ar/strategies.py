@@ -104,8 +104,13 @@ def prompts(draw: st.DrawFn, prompt_len: int, family: int = 7) -> tuple[int, ...
 def request_sizes(draw: st.DrawFn, config: ArConfig) -> tuple[int, int]:
     """(prompt_len, max_tokens): valid most of the time, sometimes longer than max_model_len."""
     limit = config.max_model_len
-    # Long prompts half the time: two of them overflow a tight pool (preemption pressure).
-    prompt = draw(st.integers(1, limit - 1) | st.integers(max(1, limit // 2), limit - 1))
+    # Long prompts a third of the time: two of them overflow a tight pool (preemption
+    # pressure); short ones a third: several decode side by side until the pool runs out.
+    prompt = draw(
+        st.integers(1, limit - 1)
+        | st.integers(max(1, limit // 2), limit - 1)
+        | st.integers(1, max(1, limit // 4))
+    )
     room = limit - prompt
     max_tokens = draw(st.one_of(st.integers(1, room), st.integers(1, limit)))
     return prompt, max_tokens
