@@ -3,9 +3,9 @@
 `conformance_machine(factory, profile=...)` returns a Hypothesis `RuleBasedStateMachine` class
 (built on `properties.conformance_base.ConformanceBase`, which brings the abort rules, drain,
 teardown, step counting, implementation-error findings and `ignored_rules`) whose own rules
-configure, submit one request or a burst of them, and run a round, all through `Harness` (every event replayed into the
-spec, invariants after every event, snapshot, reported outputs and golden outputs after every
-round). At
+configure, submit one request or a burst of them, and run a round, all through `Harness`
+(every event replayed into the spec, invariants after every event, snapshot, reported outputs
+and golden outputs after every round). At
 teardown it drains, checks for leaks and checks parity against each request's solo sync
 output. A failure prints a shrunk, copy-pasteable program of `state.<rule>(...)` calls.
 
