@@ -91,11 +91,11 @@ def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 
 def stop_token_id_sets() -> st.SearchStrategy[tuple[int, ...]]:
-    """A request's `stop_token_ids`: none three times in four, else one or two distinct ids
-    other than the EOS (with 16 ids, a generated token is one of them one time in eight or
-    sixteen, so some requests stop early and some run to their end)."""
+    """A request's `stop_token_ids`: none half the time, else one or two distinct ids other
+    than the EOS (with 16 ids, a generated token is one of them one time in eight or sixteen,
+    so some requests stop early and some run to their end)."""
     ids = st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=2, unique=True).map(tuple)
-    return st.integers(0, 3).flatmap(lambda n: ids if n == 3 else st.just(()))
+    return st.integers(0, 1).flatmap(lambda n: ids if n == 1 else st.just(()))
 
 
 @st.composite
