@@ -13,6 +13,12 @@ from tests.mutants import MUTANTS
 from tests.script_module import load_script
 
 WITH_A_PROFILE = sorted(name for name, m in MUTANTS.items() if m.profile != DllmProfile())
+# A request that runs on past its stop token breaks whichever rule sees it first, by where the
+# token falls (docs/performance.md, catch time): still running after the round that met the
+# stop (its catalogue rule), or ended on time as `length` with the tokens after the stop (the
+# reported output, or the golden check when it finishes). Under the default profile no request
+# has a stop token id, so none of them fires.
+ALSO_CAUGHT_BY = {"ignores_stop_token_ids": frozenset({"reported_output", "golden_output"})}
 
 
 def test_the_benchmark_catches_the_mutants_that_need_a_profile_with_their_rule(
@@ -25,5 +31,8 @@ def test_the_benchmark_catches_the_mutants_that_need_a_profile_with_their_rule(
     code = bench.main(argv)
     rows = json.loads(out.read_text(encoding="utf-8"))["mutants"]
     caught = {r["mutant"]: r["rule"] for r in rows}
-    assert caught == {n: MUTANTS[n].rule for n in WITH_A_PROFILE}
-    assert code == 0
+    assert set(caught) == set(WITH_A_PROFILE)
+    for name, rule in caught.items():
+        assert rule == MUTANTS[name].rule or rule in ALSO_CAUGHT_BY.get(name, ()), (name, rule)
+    # the script's verdict: 0 only when every one was caught by its catalogue rule
+    assert code == (0 if all(caught[n] == MUTANTS[n].rule for n in caught) else 1)
