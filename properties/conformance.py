@@ -72,8 +72,8 @@ def conformance_machine(
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
     prompt = prompts(20)
     new_tokens = st.integers(1, 20)
-    # a quarter of the requests each, for an implementation that takes the option (nothing
-    # drawn otherwise, so the other suites' programs stay as they were)
+    # for an implementation that takes the option: ignore_eos on a quarter of the requests,
+    # stop token ids on half (`stop_token_id_sets`); nothing drawn otherwise
     ignore_eos = st.integers(0, 3).map(lambda n: n == 3) if profile.ignore_eos else st.just(False)
     stop_ids = stop_token_id_sets() if profile.stop_token_ids else st.just(())
     burst_fields: dict[str, st.SearchStrategy[Any]] = {
