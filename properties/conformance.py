@@ -84,6 +84,26 @@ def conformance_machine(
         burst_fields["ignore_eos"] = ignore_eos
     if profile.stop_token_ids:
         burst_fields["stop_token_ids"] = stop_ids
+    # under a priority-ordered queue, priorities 0-2 (ties common, so submission order still
+    # decides between some); drawn only then, so other programs print as before
+    priorities = st.integers(0, 2)
+    submit_rule = rule(
+        target=ConformanceBase.requests,
+        prompt=prompt,
+        max_new_tokens=new_tokens,
+        ignore_eos=ignore_eos,
+        stop_token_ids=stop_ids,
+    )
+    if profile.policy.priority_order:
+        burst_fields["priority"] = priorities
+        submit_rule = rule(
+            target=ConformanceBase.requests,
+            prompt=prompt,
+            max_new_tokens=new_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stop_ids,
+            priority=priorities,
+        )
     burst_request = st.fixed_dictionaries(burst_fields)
     solo_cache: SoloCache = {}
     step_counter = counter or StepCounter()
@@ -106,26 +126,26 @@ def conformance_machine(
         def ended(self) -> int:
             return self.harness.ended_rounds()
 
-        @rule(
-            target=ConformanceBase.requests,
-            prompt=prompt,
-            max_new_tokens=new_tokens,
-            ignore_eos=ignore_eos,
-            stop_token_ids=stop_ids,
-        )
+        @submit_rule
         def submit(
             self,
             prompt: tuple[int, ...],
             max_new_tokens: int,
             ignore_eos: bool,
             stop_token_ids: tuple[int, ...],
+            priority: int = 0,
         ) -> str | MultipleResults[str]:
             """Submit a request (rejected with a typed error if it cannot fit the config), some
             ignoring EOS (`RequestSpec.ignore_eos`) or with stop token ids when the profile
-            says it takes them."""
+            says it takes them, with a priority when its queue is in priority order."""
             rid = self.new_id()
             request = RequestSpec(
-                rid, prompt, max_new_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids
+                rid,
+                prompt,
+                max_new_tokens,
+                ignore_eos=ignore_eos,
+                stop_token_ids=stop_token_ids,
+                priority=priority,
             )
             err = self.run("submit", self.harness.submit, request)
             return multiple() if err is not None else rid

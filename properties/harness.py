@@ -117,9 +117,9 @@ class Harness(ReplayHarness[SpecMachine]):
 
     def _require_submitted_as_given(self, request: RequestSpec, events: list[Event]) -> None:
         """The `Submitted` event of an accepted request holds its prompt, max_new_tokens,
-        `ignore_eos` and `stop_token_ids` (in any order) as given, and claims `stop_sampled`
-        only for a request that has it (an implementation cannot stop on what it was never
-        given)."""
+        `ignore_eos`, `priority` and `stop_token_ids` (in any order) as given, and claims
+        `stop_sampled` only for a request that has it (an implementation cannot stop on what it
+        was never given)."""
         submitted = [e for e in events if isinstance(e, Submitted)]
         if len(submitted) != 1:
             raise self._violate(

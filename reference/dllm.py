@@ -13,7 +13,7 @@ A round:
    row at once), and — FDFO without reuse — free the KV of unfinished blocks;
 5. return control.
 
-Two policy options of `spec.profile.DllmPolicy` are implemented (the constructor's `policy`),
+Three policy options of `spec.profile.DllmPolicy` are implemented (the constructor's `policy`),
 each a built-in of its own:
 - `admission=PREFILL_FIRST` (SGLang's dLLM order): admission first takes requests whose first
   block is prompt-only (in queue order, while each fits), then FCFS from the head; a round's
@@ -21,7 +21,9 @@ each a built-in of its own:
   batch), else all of them (a decode batch); the others get no block this round;
 - `rows_released_between_rounds` (FDFO without in-place reuse): a request whose block is
   carried unfinished gives its row back with the block's KV, and takes a free row again at the
-  start of the next round, before admission; one that finds none waits a round.
+  start of the next round, before admission; one that finds none waits a round;
+- `priority_order`: the queue is kept by `RequestSpec.priority`, lower first, submission order
+  breaking ties; admission (FCFS or PREFILL_FIRST) reads it in that order.
 The reference is work-conserving whatever the policy says (the spec allows more than asked).
 
 Each step is a small method so the mutant catalogue (tests/mutants.py) can seed one bug by
@@ -142,13 +144,21 @@ class ReferenceDllmScheduler:
     # ------------------------------------------------------------------ API
     def submit(self, request: RequestSpec) -> None:
         """`validate_request`, then `DuplicateRequest` for a remembered id (both before any change);
-        else queue it at the tail with its worst-case KV pages and emit `Submitted`."""
+        else queue it with its worst-case KV pages and emit `Submitted`: at the tail, or under
+        `priority_order` behind every waiting request of a lower or equal priority."""
         shape = validate_request(self.config, request)
         if request.request_id in self.seen:
             raise DuplicateRequest(request.request_id)
         self.seen.add(request.request_id)
-        self.waiting.append(_Req(request, shape.pages))
+        self._enqueue(_Req(request, shape.pages))
         self.sink(request.submitted())
+
+    def _enqueue(self, req: _Req) -> None:
+        priority = req.spec.priority
+        at = len(self.waiting)
+        if self.policy.priority_order:
+            at = next((i for i, w in enumerate(self.waiting) if w.spec.priority > priority), at)
+        self.waiting.insert(at, req)
 
     def abort(self, request_id: str) -> None:
         """A waiting request just leaves the queue (it holds nothing); a running one first frees its
@@ -499,6 +509,7 @@ def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
 
 PREFILL_FIRST_POLICY = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST)
 ROWS_RELEASED_POLICY = DllmPolicy(rows_released_between_rounds=True)
+PRIORITY_POLICY = DllmPolicy(priority_order=True)
 
 
 def make_prefill_first_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
@@ -511,6 +522,12 @@ def make_rows_released_scheduler(config: DllmConfig, sink: EventSink) -> Referen
     """The reference with rows released between rounds (FDFO without in-place reuse: a carried
     block gives back its row with its KV, and takes a row again the next round)."""
     return ReferenceDllmScheduler(config, sink, policy=ROWS_RELEASED_POLICY)
+
+
+def make_priority_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    """The reference with the queue in priority order (lower `RequestSpec.priority` first,
+    submission order breaking ties)."""
+    return ReferenceDllmScheduler(config, sink, policy=PRIORITY_POLICY)
 
 
 def replaying_twin(
@@ -537,6 +554,7 @@ def replaying_twin(
 REFERENCE_TWIN = replaying_twin()
 PREFILL_FIRST_TWIN = replaying_twin(policy=PREFILL_FIRST_POLICY)
 ROWS_RELEASED_TWIN = replaying_twin(policy=ROWS_RELEASED_POLICY)
+PRIORITY_TWIN = replaying_twin(policy=PRIORITY_POLICY)
 
 
 # The built-ins declare themselves with their profiles (`schedspec verify --impl
@@ -571,4 +589,10 @@ REFERENCE_DLLM_ROWS_RELEASED = DllmImplementation(
     make_rows_released_scheduler,
     DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True, stop_token_ids=True),
     "the reference with rows released between rounds (FDFO without in-place reuse)",
+)
+# Every configuration; the queue is in priority order.
+REFERENCE_DLLM_PRIORITY = DllmImplementation(
+    make_priority_scheduler,
+    DllmProfile(policy=PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
+    "the reference with the queue in priority order (lower priority value first)",
 )

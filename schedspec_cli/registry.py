@@ -118,6 +118,12 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         twin="reference.dllm:ROWS_RELEASED_TWIN",
     ),
     _dllm(
+        "reference-dllm-priority",
+        ("reference.dllm:REFERENCE_DLLM_PRIORITY", "reference.dllm:make_priority_scheduler"),
+        "the reference with the queue in priority order (lower priority value first)",
+        twin="reference.dllm:PRIORITY_TWIN",
+    ),
+    _dllm(
         "sglang-dllm-order",
         (
             "reference.sglang_dllm:SGLANG_DLLM_ORDER",

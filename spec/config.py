@@ -219,7 +219,11 @@ class RequestSpec:
     `stop_sampled`: the request also stops on a condition the spec cannot evaluate (a stop
     string, say); its `Submitted` event says so and it may finish with reason STOP.
     `ignore_eos`: no token ends the request, neither the EOS nor a stop token id (it runs to
-    max_new_tokens, or a sampled STOP), and its output is not cut after one."""
+    max_new_tokens, or a sampled STOP), and its output is not cut after one.
+    `priority`: its place in the queue of an implementation whose policy orders by priority
+    (`DllmPolicy.priority_order`): a lower value is admitted first, submission order breaking
+    ties (vLLM's convention, and SGLang's with `--schedule-low-priority-values-first`). Any
+    integer; an implementation that admits in submission order ignores it."""
 
     request_id: str
     prompt: tuple[int, ...]
@@ -227,6 +231,7 @@ class RequestSpec:
     stop_sampled: bool = False
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    priority: int = 0
 
     def submitted(self) -> Submitted:
         """The `Submitted` event of this request, as an implementation that accepts it
@@ -238,6 +243,7 @@ class RequestSpec:
             stop_sampled=self.stop_sampled,
             ignore_eos=self.ignore_eos,
             stop_token_ids=tuple(self.stop_token_ids),
+            priority=self.priority,
         )
 
     @classmethod
@@ -251,6 +257,7 @@ class RequestSpec:
             stop_sampled=event.stop_sampled,
             ignore_eos=event.ignore_eos,
             stop_token_ids=tuple(event.stop_token_ids),
+            priority=event.priority,
         )
 
 
@@ -331,6 +338,8 @@ def validate_request(config: DllmConfig, request: RequestSpec) -> RequestShape:
         if not isinstance(value, bool):
             raise InvalidRequest(rid, flag, value, "must be true or false")
     validate_stop_token_ids(config, rid, request.stop_token_ids)
+    if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+        raise InvalidRequest(rid, "priority", request.priority, "must be an integer")
     shape = request_shape(config, len(request.prompt), request.max_new_tokens)
     if shape.total_tokens > config.max_context:
         raise PromptTooLong(rid, shape.total_tokens, config.max_context)

@@ -55,7 +55,9 @@ Modelling choices (stated so they can be argued with):
   prompt-only may be admitted past queued shorter prompts: rule `fcfs_admission`),
   `DllmPolicy.work_conserving` (rule `work_conserving`), `DllmPolicy.aborts_after_commit` (an
   engine's own abort inside a round, right after the request committed a block holding a
-  generated token: rule `scheduler_phase`), reserved pages/rows (outside the
+  generated token: rule `scheduler_phase`), `DllmPolicy.priority_order` (the queue is ordered
+  by `Submitted.priority`, lower first, submission order breaking ties, as SGLang's and vLLM's
+  priority scheduling: rule `fcfs_admission` reads that order), reserved pages/rows (outside the
   spec's pool: the adapter reports engine id - reserved). Strategies draw configurations only
   inside `DllmConfigSpace`.
 - Work conservation counts the running requests' worst-case footprints (what they may still

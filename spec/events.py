@@ -30,7 +30,8 @@ class FinishReason(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """A request entered the waiting queue (FCFS position = submission order).
+    """A request entered the waiting queue (at the tail; under `DllmPolicy.priority_order`
+    behind every queued request of a lower or equal `priority`).
 
     `stop_token_ids`: token ids other than the EOS that end the request as the EOS does, with
     reason STOP: it finishes right after the block that commits the first of them (within
@@ -40,8 +41,10 @@ class Submitted:
     right after any round in which it committed a block holding a generated token.
     `ignore_eos`: the engine ends the request on no token (SGLang's `ignore_eos` sampling
     parameter, which turns off its stop token ids too), so it runs to max_new_tokens (or a
-    sampled STOP) and its output keeps every EOS it generated. Each is written only when set
-    (most logs have no such request)."""
+    sampled STOP) and its output keeps every EOS it generated. `priority`: the request's
+    priority as submitted (`RequestSpec.priority`: lower first); it orders the queue only under
+    `DllmPolicy.priority_order`. Each is written only when set (most logs have no such
+    request)."""
 
     kind: ClassVar[str] = "submitted"
     request_id: str
@@ -50,6 +53,7 @@ class Submitted:
     stop_sampled: bool = False
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,7 @@ class _Request:
     last_commit_round: int | None = None  # the round of its latest BlockCommitted
     ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
     stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
+    priority: int = 0  # its queue order under `DllmPolicy.priority_order` (`Submitted.priority`)
 
 
 @dataclass(slots=True)
@@ -297,6 +298,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             last_commit_round=r.last_commit_round,
             ignore_eos=r.ignore_eos,
             stop_token_ids=r.stop_token_ids,
+            priority=r.priority,
         )
 
     def render(self) -> str:
@@ -355,6 +357,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     tuple(e.prompt),
                     e.max_new_tokens,
                     stop_token_ids=tuple(e.stop_token_ids),
+                    priority=e.priority,
                 ),
             )
         except RequestError as err:
@@ -366,9 +369,26 @@ class SpecMachine(MachineBase[Event, Rule]):
             stop_sampled=e.stop_sampled,
             ignore_eos=e.ignore_eos,
             stop_token_ids=tuple(e.stop_token_ids),
+            priority=e.priority,
         )
-        self._queue[e.request_id] = None
+        self._enqueue(e.request_id, e.priority)
         self._dirty[e.request_id] = None
+
+    def _enqueue(self, request_id: str, priority: int) -> None:
+        """Queue a submitted request at the tail; under `DllmPolicy.priority_order` behind every
+        queued request of a lower or equal priority instead (submission order breaks ties)."""
+        tail = next(reversed(self._queue), None)
+        if (
+            not self.policy.priority_order
+            or tail is None
+            or self._requests[tail].priority <= priority
+        ):
+            self._queue[request_id] = None
+            return
+        ordered = list(self._queue)
+        at = next(i for i, rid in enumerate(ordered) if self._requests[rid].priority > priority)
+        ordered.insert(at, request_id)
+        self._queue = dict.fromkeys(ordered)
 
     def _aborted(self, e: Aborted) -> None:
         r = self._requests.get(e.request_id)
@@ -483,6 +503,9 @@ class SpecMachine(MachineBase[Event, Rule]):
                 if self.policy.admission is DllmAdmission.PREFILL_FIRST
                 else ""
             )
+            if self.policy.priority_order:
+                order = ", ".join(f"{rid}={self._requests[rid].priority}" for rid in ahead)
+                why += f"; the queue is in priority order, lower first (priorities {order})"
             raise self._fail(
                 Rule.FCFS_ADMISSION,
                 f"admitted {e.request_id!r} while {head!r} is ahead of it (queue {ahead}"

@@ -195,6 +195,12 @@ class DllmPolicy:
         0.5.23: `Req.to_finish`, set by a grammar failure or an invalid stop regex, takes
         effect in `update_finish_state` after the request's next commit). Off: aborts happen
         between rounds (the idealised spec).
+    priority_order: the queue is ordered by `Submitted.priority`, lower first, submission order
+        breaking ties: admission (FCFS, or PREFILL_FIRST within each kind) follows that order
+        instead of submission order (SGLang 0.5.23 `--enable-priority-scheduling` with
+        `--schedule-low-priority-values-first`: `SchedulePolicy._sort_by_priority_and_fcfs`;
+        vLLM's priority policy). The property suites then give requests priorities. Off: the
+        queue is in submission order and priorities are ignored (the idealised spec).
     """
 
     admission: DllmAdmission = DllmAdmission.FCFS
@@ -203,6 +209,7 @@ class DllmPolicy:
     work_conserving: bool = True
     rows_released_between_rounds: bool = False
     aborts_after_commit: bool = False
+    priority_order: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reserved_kv_pages", "reserved_rows"):

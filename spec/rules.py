@@ -61,14 +61,16 @@ _RULES: dict[Rule, str] = {
     Rule.UNIQUE_SUBMISSION: "A request id is submitted at most once.",
     Rule.VALID_REQUEST: "Only requests that pass validation (non-empty prompt, fits the context "
     "and the pool) are accepted; an accepted request's `Submitted` event carries it as given "
-    "(prompt, max_new_tokens, ignore_eos and stop_token_ids; stop_sampled only for a request "
-    "that has it).",
+    "(prompt, max_new_tokens, ignore_eos, stop_token_ids and priority; stop_sampled only for a "
+    "request that has it).",
     Rule.KNOWN_REQUEST: "Events refer to requests that were submitted and are not finished or "
     "aborted.",
     Rule.LIFECYCLE: "Every phase change follows the lifecycle tables (request, block, slot, row).",
     Rule.FCFS_ADMISSION: "Requests are admitted in submission order: only the head of the queue "
     "(under DllmPolicy.admission = PREFILL_FIRST, a request whose first block is prompt-only may "
-    "also pass queued requests whose first block is not; each kind stays in submission order).",
+    "also pass queued requests whose first block is not; each kind stays in submission order). "
+    "Under DllmPolicy.priority_order the queue is ordered by priority, lower first, submission "
+    "order breaking ties, and 'submission order' above reads 'that order'.",
     Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
     Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
     "of a round, before its first forward (aborts are requested between rounds). With "

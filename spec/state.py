@@ -50,6 +50,7 @@ class RequestState:
     last_commit_round: int | None = None  # the round of its latest commit (None: none yet)
     ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
     stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
+    priority: int = 0  # as submitted (`Submitted.priority`; orders the queue only by policy)
 
     @property
     def generated(self) -> tuple[int, ...]:
@@ -121,6 +122,13 @@ def _ranges(values: frozenset[int] | set[int]) -> str:
     return ",".join(out) if out else "-"
 
 
+def _queue_priorities(state: AbstractState) -> str:
+    """The queued requests' priorities, when any is set (they order the queue under
+    `DllmPolicy.priority_order`)."""
+    priorities = [state.requests[rid].priority for rid in state.queue]
+    return f" priorities {priorities}" if any(priorities) else ""
+
+
 def render(state: AbstractState) -> str:
     """A readable, multi-line rendering of the abstract state (used in violations)."""
     c = state.config
@@ -130,7 +138,7 @@ def render(state: AbstractState) -> str:
         f"reuse={c.in_place_reuse} reloop={c.reloop}",
         f"round {state.round.index}: forwards={state.round.forwards} "
         f"batch={list(state.round.batch)} pending_steps={list(state.round.pending_steps)}",
-        f"queue: {list(state.queue)}",
+        f"queue: {list(state.queue)}" + _queue_priorities(state),
         f"free slots ({len(state.free_slots)}): {_ranges(state.free_slots)}",
     ]
     by_owner: dict[SlotOwner, set[int]] = {}
@@ -155,5 +163,6 @@ def render(state: AbstractState) -> str:
             + (" stop_sampled" if r.stop_sampled else "")
             + (" ignore_eos" if r.ignore_eos else "")
             + (f" stop_token_ids={list(r.stop_token_ids)}" if r.stop_token_ids else "")
+            + (f" priority={r.priority}" if r.priority else "")
         )
     return "\n".join(lines)

@@ -74,11 +74,13 @@ _INT_FIELDS = frozenset(
         "max_new_tokens",
         "num_tokens",
         "masked",
+        "priority",
     }
 )
 _INT_LIST_FIELDS = frozenset({"prompt", "slots", "tokens", "stop_token_ids"})
 _OPTIONAL_FLAGS = frozenset({"stop_sampled", "ignore_eos"})
-_OPTIONAL_FIELDS = _OPTIONAL_FLAGS | {"stop_token_ids"}  # written only when set (non-empty)
+# written only when set (non-empty, non-zero)
+_OPTIONAL_FIELDS = _OPTIONAL_FLAGS | {"stop_token_ids", "priority"}
 _BOOL_FIELDS = frozenset({"reused"}) | _OPTIONAL_FLAGS
 
 
@@ -102,8 +104,8 @@ def _check_type(kind: str, name: str, value: Any, line_no: int) -> None:
 
 
 # Per kind, its required fields (the fast path decodes exactly these) and all of its fields:
-# an optional one (`Submitted.stop_sampled`, `.ignore_eos`, `.stop_token_ids`) is written only
-# when set.
+# an optional one (`Submitted.stop_sampled`, `.ignore_eos`, `.stop_token_ids`, `.priority`) is
+# written only when set.
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING)
     for cls in EVENT_BY_KIND.values()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from properties.strategies import EOS, dllm_configs
 from reference.dllm import (
     PREFILL_FIRST_POLICY,
+    PRIORITY_POLICY,
     ROWS_RELEASED_POLICY,
     ReferenceDllmScheduler,
     _Req,
@@ -419,6 +420,20 @@ class ReleasesRowUnderReuse(ReferenceDllmScheduler):
             self._release_row(req)
 
 
+class PriorityValuesInverted(ReferenceDllmScheduler):
+    """Under a priority-ordered queue, higher priority values go first: SGLang's default
+    convention (`schedule_low_priority_values_first` off) where the profile declares the lower
+    value first (vLLM's, and SGLang's with the flag), a mix-up of porting one to the other."""
+
+    def _enqueue(self, req: _Req) -> None:
+        priority = req.spec.priority
+        at = next(
+            (i for i, w in enumerate(self.waiting) if w.spec.priority < priority),
+            len(self.waiting),
+        )
+        self.waiting.insert(at, req)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -706,6 +721,14 @@ MUTANTS: dict[str, Mutant] = {
             "rows released between rounds under in-place reuse too: a running request ends the "
             "round without a row while its block keeps its KV",
             DllmProfile(policy=ROWS_RELEASED_POLICY),
+        ),
+        Mutant(
+            "priority_values_inverted",
+            "fcfs_admission",
+            _f(PriorityValuesInverted, policy=PRIORITY_POLICY),
+            _tight_pool(),
+            "under a priority-ordered queue the higher priority value is admitted first",
+            DllmProfile(policy=PRIORITY_POLICY),
         ),
     )
 }

@@ -13,6 +13,7 @@ from properties.conformance import conformance_machine
 from properties.verify import verify_settings as _verify_settings
 from reference.dllm import (
     REFERENCE_DLLM_PREFILL_FIRST,
+    REFERENCE_DLLM_PRIORITY,
     REFERENCE_DLLM_ROWS_RELEASED,
     make_joint_threshold_scheduler,
     make_scheduler,
@@ -34,12 +35,18 @@ def test_reference_conforms(factory) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "impl",
-    [REFERENCE_DLLM_PREFILL_FIRST, REFERENCE_DLLM_ROWS_RELEASED, SGLANG_DLLM_ORDER],
-    ids=["prefill-first", "rows-released", "sglang-order"],
+    [
+        REFERENCE_DLLM_PREFILL_FIRST,
+        REFERENCE_DLLM_ROWS_RELEASED,
+        REFERENCE_DLLM_PRIORITY,
+        SGLANG_DLLM_ORDER,
+    ],
+    ids=["prefill-first", "rows-released", "priority", "sglang-order"],
 )
 def test_reference_conforms_under_its_policy(impl: DllmImplementation) -> None:
     """The reference's policy variants pass the suite under their own profiles (the spec
-    machine takes the profile's policy, so PREFILL_FIRST and row release are checked)."""
+    machine takes the profile's policy, so PREFILL_FIRST, row release and priority order are
+    checked)."""
     machine = conformance_machine(impl.factory, profile=impl.profile)
     run_state_machine_as_test(machine, settings=settings())
 

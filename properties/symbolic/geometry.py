@@ -10,7 +10,9 @@ Of `DllmPolicy`, the encoding takes the four fields that change which events the
 `work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds` and
 `aborts_after_commit`.
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
-guard reads them.
+guard reads them. `priority_order` is not encoded: the encoding's requests carry no priority
+and its queue is in submission order, so `config_values` refuses a policy with it (the Python
+spec alone checks priority order: tests/test_spec_priority.py).
 """
 
 from __future__ import annotations
@@ -190,6 +192,10 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
     """The values of the `SymConfig` fields, by field name, for a concrete configuration and
     policy (default: the idealised spec's `DllmPolicy()`)."""
     policy = DllmPolicy() if policy is None else policy
+    if policy.priority_order:
+        raise ConfigError(
+            "policy.priority_order", True, "false: the Z3 encoding's queue is submission order"
+        )
     return {
         "sync": config.mode is Mode.SYNC,
         "reuse": config.in_place_reuse,
