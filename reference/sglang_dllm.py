@@ -16,9 +16,18 @@ Everything else is the reference's: worst-case KV reservation at admission, the 
 first), whole blocks, in-place reuse. With the five candidate fixes of
 `integrations.sglang.fixes`, SGLang makes exactly these decisions on every generated program
 that `scripts/sglang_vs_reference.py` ran (docs/engines.md); this module is that claim as code.
+
+Under priority scheduling (`sglang-dllm-order-priority`) the queue is in priority order, lower
+first (`DllmPolicy.priority_order`), and the window is its head, recomputed every round. That
+is the order SGLang means to follow, not the one 0.5.23 follows: its window is sticky (a
+request `_fetch_waiting_reqs` moved into the dLLM manager stays there, admitted or not, and is
+never sorted again), so a later arrival of a higher priority waits behind it. The candidate
+fix `priority-window` (`integrations.sglang.fixes`) makes SGLang decide as this twin does.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from reference.dllm import ReferenceDllmScheduler, replaying_twin
 from spec.adapter import EventSink
@@ -58,10 +67,36 @@ SGLANG_DLLM_ORDER = DllmImplementation(
     "re-implemented on the reference",
 )
 
+#: The same under priority scheduling: the queue in priority order, lower first.
+SGLANG_ORDER_PRIORITY_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, priority_order=True)
+
+
+def make_sglang_order_priority_scheduler(
+    config: DllmConfig, sink: EventSink
+) -> SglangOrderScheduler:
+    """Factory for `schedspec verify --impl sglang-dllm-order-priority`."""
+    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_PRIORITY_POLICY)
+
+
+#: SGLang's decision twin under priority scheduling (`verify --twin sglang-dllm-order-priority`).
+SGLANG_ORDER_PRIORITY_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_PRIORITY_POLICY)
+
+SGLANG_DLLM_ORDER_PRIORITY = DllmImplementation(
+    make_sglang_order_priority_scheduler,
+    DllmProfile(policy=SGLANG_ORDER_PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
+    "SGLang 0.5.23's dLLM admission order under priority scheduling (the queue in priority "
+    "order, lower first; its window the head of that order every round), re-implemented on "
+    "the reference",
+)
+
 __all__ = [
     "SGLANG_DLLM_ORDER",
+    "SGLANG_DLLM_ORDER_PRIORITY",
     "SGLANG_ORDER_POLICY",
+    "SGLANG_ORDER_PRIORITY_POLICY",
+    "SGLANG_ORDER_PRIORITY_TWIN",
     "SGLANG_ORDER_TWIN",
     "SglangOrderScheduler",
+    "make_sglang_order_priority_scheduler",
     "make_sglang_order_scheduler",
 ]

@@ -134,6 +134,15 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         twin="reference.sglang_dllm:SGLANG_ORDER_TWIN",
     ),
     _dllm(
+        "sglang-dllm-order-priority",
+        (
+            "reference.sglang_dllm:SGLANG_DLLM_ORDER_PRIORITY",
+            "reference.sglang_dllm:make_sglang_order_priority_scheduler",
+        ),
+        "sglang-dllm-order under priority scheduling (the queue in priority order, lower first)",
+        twin="reference.sglang_dllm:SGLANG_ORDER_PRIORITY_TWIN",
+    ),
+    _dllm(
         "engine",
         ("gpu.engine:SMALL_ENGINE", "gpu.engine:make_small_engine"),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
@@ -242,6 +251,13 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "real-sglang-dllm",
         ("integrations.sglang:REAL_SGLANG_DLLM",),
         "SGLang 0.5.23's dLLM scheduler path with its real memory pools",
+        engine="sglang",
+        default_verify=False,
+    ),
+    _dllm(
+        "real-sglang-dllm-priority",
+        ("integrations.sglang:REAL_SGLANG_DLLM_PRIORITY",),
+        "SGLang 0.5.23's dLLM scheduler path under priority scheduling (lower values first)",
         engine="sglang",
         default_verify=False,
     ),

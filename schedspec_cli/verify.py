@@ -90,7 +90,8 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         help="end every example by running its operations through this decision twin, which "
         "must decide exactly alike (rule twin_decisions). dLLM: a built-in with a twin "
         "(reference-dllm, reference-dllm-prefill-first, reference-dllm-rows-released, "
-        "sglang-dllm-order; it replays the run's step outcomes) or module:attribute naming a "
+        "reference-dllm-priority, sglang-dllm-order, sglang-dllm-order-priority; it replays the "
+        "run's step outcomes) or module:attribute naming a "
         "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
         "an ArImplementation (checked under its profile) or a bare factory (under the "
         "implementation's)",

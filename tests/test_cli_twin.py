@@ -82,6 +82,7 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
         "reference-dllm-rows-released": ROWS_RELEASED_TWIN,
         "reference-dllm-priority": PRIORITY_TWIN,
         "sglang-dllm-order": SGLANG_ORDER_TWIN,
+        "sglang-dllm-order-priority": SGLANG_ORDER_PRIORITY_TWIN,
     }
     assert twin_names(Family.DLLM) == sorted(expected)
     for name, twin in expected.items():
@@ -128,3 +129,13 @@ def test_an_ar_twin_given_as_a_bare_factory_is_checked_under_the_implementations
     builtin = resolve_twin("vllm-v1", Family.AR)
     assert isinstance(builtin, ArTwin) and builtin.policy is not None
     assert builtin.policy.lone_request_threshold_exempt
+
+
+def test_verify_help_names_every_builtin_dllm_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    """`verify --help` lists the dLLM built-ins that declare a twin by hand: it names them all."""
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", "--help"])
+    assert exited.value.code == 0
+    text = "".join(capsys.readouterr().out.split())  # argparse may wrap inside a name
+    for name in twin_names(Family.DLLM):
+        assert f"{name}," in text or f"{name};" in text, name

@@ -9,9 +9,9 @@ script prints as a patch: `integrations.sglang.fixes`. See docs/engines.md, "SGL
 
 from __future__ import annotations
 
-from integrations.sglang.adapter import make_sglang_dllm
+from integrations.sglang.adapter import make_sglang_dllm, make_sglang_dllm_priority
 from integrations.sglang.manifest import MANIFEST
-from integrations.sglang.profile import SGLANG_DLLM_PROFILE
+from integrations.sglang.profile import SGLANG_DLLM_PRIORITY_PROFILE, SGLANG_DLLM_PROFILE
 from spec.implementation import DllmImplementation
 
 REAL_SGLANG_DLLM = DllmImplementation(
@@ -21,4 +21,19 @@ REAL_SGLANG_DLLM = DllmImplementation(
     "DllmAlgorithm.run with a scripted step, process_batch_result_dllm, abort_request) on CPU",
 )
 
-__all__ = ["MANIFEST", "REAL_SGLANG_DLLM", "SGLANG_DLLM_PROFILE", "make_sglang_dllm"]
+REAL_SGLANG_DLLM_PRIORITY = DllmImplementation(
+    make_sglang_dllm_priority,
+    SGLANG_DLLM_PRIORITY_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path under priority scheduling "
+    "(--enable-priority-scheduling, lower values first), on CPU",
+)
+
+__all__ = [
+    "MANIFEST",
+    "REAL_SGLANG_DLLM",
+    "REAL_SGLANG_DLLM_PRIORITY",
+    "SGLANG_DLLM_PRIORITY_PROFILE",
+    "SGLANG_DLLM_PROFILE",
+    "make_sglang_dllm",
+    "make_sglang_dllm_priority",
+]

@@ -16,6 +16,11 @@ Where SGLang's contract differs from the spec's, the adapter makes the spec's ho
   writes tokens in 0..16, so this never fires. Were it to, its `FINISH_MATCHED_STR` is written
   as a stop, which the spec refuses for a request without a sampled stop (`finish_condition`);
   an abort inside the round is reported as an implementation error (`UnnamedFinish`).
+
+Each SGLang `Req` carries its `RequestSpec.priority` (SGLang's `Req.priority`). SGLang reads it
+only under priority scheduling: `make_sglang_dllm_priority` (`real-sglang-dllm-priority`)
+builds the engine with `--enable-priority-scheduling` and lower values first, the spec's
+convention (`integrations.sglang.engine`, "Priority scheduling").
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from integrations.instance_hooks import InstanceHooks
-from integrations.sglang.engine import Engine, build, new_request, run_worker
+from integrations.sglang.engine import Engine, build, new_request, queue_request, run_worker
 from integrations.sglang.observer import SglangObserver
 from spec.adapter import EventSink
 from spec.config import DllmConfig, RequestSpec, validate_request
@@ -39,12 +44,13 @@ def engine_request_id(request_id: str) -> str:
 
 
 class SglangDllmAdapter:
-    """Implements `spec.adapter.SchedulerAdapter` (and `ReportsOutputs`) over SGLang 0.5.23."""
+    """Implements `spec.adapter.SchedulerAdapter` (and `ReportsOutputs`) over SGLang 0.5.23;
+    with `priority`, SGLang schedules by priority (lower values first)."""
 
-    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+    def __init__(self, config: DllmConfig, sink: EventSink, *, priority: bool = False) -> None:
         self._config = config
         self._spec_id: dict[int, str] = {}
-        self.engine: Engine = build(config, self._spec_id)
+        self.engine: Engine = build(config, self._spec_id, priority=priority)
         self.observer: SglangObserver = SglangObserver(
             config, sink, self.engine.scheduler, lambda req: self._spec_id[id(req)]
         )
@@ -64,8 +70,9 @@ class SglangDllmAdapter:
     # ------------------------------------------------------------------ API
     def submit(self, request: RequestSpec) -> None:
         """`validate_request`, then `DuplicateRequest` for an id submitted before (both before any
-        change); else build SGLang's `Req` under `engine_request_id` and append it to
-        `waiting_queue` (as `handle_generate_request` does); the observer emits `Submitted`."""
+        change); else build SGLang's `Req` under `engine_request_id`, with the request's
+        priority, and queue it (`queue_request`: as `handle_generate_request` does); the
+        observer emits `Submitted`."""
         validate_request(self.config, request)
         rid = request.request_id
         if rid in self.seen:
@@ -77,10 +84,11 @@ class SglangDllmAdapter:
             request.max_new_tokens,
             ignore_eos=request.ignore_eos,
             stop_token_ids=tuple(request.stop_token_ids),
+            priority=request.priority,
         )
         self.seen.add(rid)
         self._spec_id[id(req)] = rid
-        self.engine.scheduler.waiting_queue.append(req)
+        queue_request(self.engine, req)
         self.observer.submitted(req)
 
     def abort(self, request_id: str) -> None:
@@ -143,4 +151,15 @@ def make_sglang_dllm(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
     return SglangDllmAdapter(config, sink)
 
 
-__all__ = ["SglangDllmAdapter", "engine_request_id", "make_sglang_dllm"]
+def make_sglang_dllm_priority(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
+    """Factory: the same path under priority scheduling (`--enable-priority-scheduling
+    --schedule-low-priority-values-first`; priority preemption off)."""
+    return SglangDllmAdapter(config, sink, priority=True)
+
+
+__all__ = [
+    "SglangDllmAdapter",
+    "engine_request_id",
+    "make_sglang_dllm",
+    "make_sglang_dllm_priority",
+]

@@ -31,7 +31,19 @@ What is stubbed, and why (each is plumbing, never a scheduling decision):
   max_running_requests published per build, exactly as `Scheduler.__init__` does
   (managers/scheduler.py:1237);
 - requests are built as `Req` objects and appended to `waiting_queue` (what
-  `handle_generate_request` does after tokenisation, which is not on the path).
+  `handle_generate_request` does after tokenisation, which is not on the path), each stamped
+  with an increasing `wait_queue_entry_time` (1, 2, ...: `_add_request_to_queue` stamps the
+  wall clock, which two quick submissions can share; the counter keeps ties in submission
+  order).
+
+Priority scheduling (`build(..., priority=True)`, `--enable-priority-scheduling` with
+`--schedule-low-priority-values-first`): `enable_priority_scheduling` is set and the policy is
+`SchedulePolicy("fcfs", tree, False, True, True)`, so `calc_priority` sorts `waiting_queue` by
+(priority, wait_queue_entry_time) every round, lower values first
+(managers/schedule_policy.py `_sort_by_priority_and_fcfs`). Priority preemption stays off: on
+the dLLM path it could never act, since `PrefillAdder.preempt_to_schedule` only preempts
+requests of `running_batch`, which the dLLM path leaves empty (its running requests live in the
+`DllmManager`).
 """
 
 from __future__ import annotations
@@ -179,6 +191,7 @@ class Engine:
     tree_cache: Any
     sg_config: Any
     spec_id: dict[int, str]  # id(Req) -> the spec's request id
+    queued: int = 0  # requests queued so far (`queue_request`: their entry times)
 
     @property
     def page_size(self) -> int:
@@ -186,8 +199,9 @@ class Engine:
         return self.config.page_size
 
 
-def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
-    """Assemble SGLang's scheduler path for `config` (see the module docstring)."""
+def build(config: DllmConfig, spec_id: dict[int, str], *, priority: bool = False) -> Engine:
+    """Assemble SGLang's scheduler path for `config` (see the module docstring); with
+    `priority`, under priority scheduling, lower priority values first."""
     m = import_engine()
     torch = m["torch"]
     b, p = config.block_size, config.page_size
@@ -239,7 +253,9 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
     s._pending_chunked_abort_req = None
     s.running_batch = m["ScheduleBatch"](reqs=[], batch_is_full=False)
     s.last_batch = None
-    s.policy = m["SchedulePolicy"]("fcfs", tree, False, False, False)
+    # (policy, tree, enable_hierarchical_cache, enable_priority_scheduling,
+    #  schedule_low_priority_values_first)
+    s.policy = m["SchedulePolicy"]("fcfs", tree, False, priority, priority)
     s.new_token_ratio_tracker = m["NewTokenRatioTracker"].from_config()
     s.max_prefill_tokens = 1 << 30
     s.chunked_prefill_size = None
@@ -260,13 +276,14 @@ def build(config: DllmConfig, spec_id: dict[int, str]) -> Engine:
         "enable_hierarchical_cache",
         "enable_hisparse",
         "enable_priority_preemption",
-        "enable_priority_scheduling",
         "enable_unified_cache_external_linker",
         "enable_lmcache",
         "require_mlp_sync",
         "enable_continuous_input_polling",
     ):
         setattr(s, flag, False)
+    s.enable_priority_scheduling = priority
+    s.schedule_low_priority_values_first = priority
     for name in (
         "scheduler_stage_metrics",
         "output_streamer",
@@ -335,12 +352,15 @@ def new_request(
     stop: tuple[str, ...] = (),
     stop_token_ids: tuple[int, ...] = (),
     ignore_eos: bool = False,
+    priority: int | None = None,
     tokenizer: Any = None,
 ) -> Any:
     """A greedy SGLang `Req` for `engine`, as `handle_generate_request` builds one after
-    tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it.
-    `stop`, `stop_token_ids` and `ignore_eos` are the request's `SamplingParams` of those
-    names; stop strings are matched on text, so they need a `tokenizer`."""
+    tokenisation (EOS the model config's, vocabulary unbounded); the caller queues it
+    (`queue_request`). `stop`, `stop_token_ids` and `ignore_eos` are the request's
+    `SamplingParams` of those names; stop strings are matched on text, so they need a
+    `tokenizer`. `priority` is the `Req`'s own (its scheduling priority, read only under
+    priority scheduling)."""
     m = import_engine()
     params = m["SamplingParams"](
         max_new_tokens=max_new_tokens,
@@ -358,9 +378,20 @@ def new_request(
         dllm_config=engine.sg_config,
         vocab_size=1 << 30,
         eos_token_ids=engine.scheduler.model_config.hf_eos_token_id,
+        priority=priority,
     )
     req.tokenizer = tokenizer
     return req
+
+
+def queue_request(engine: Engine, req: Any) -> None:
+    """Append `req` to the scheduler's `waiting_queue` and stamp its `wait_queue_entry_time`
+    as `Scheduler._add_request_to_queue` does, with the count of requests queued so far
+    (1, 2, ...) in place of the wall clock: priority scheduling breaks ties by that time, and
+    the count keeps them in submission order."""
+    engine.queued += 1
+    engine.scheduler.waiting_queue.append(req)
+    req.time_stats.set_wait_queue_entry_time(float(engine.queued))
 
 
 def run_worker(engine: Engine, batch: Any) -> Any:
@@ -375,4 +406,12 @@ def run_worker(engine: Engine, batch: Any) -> Any:
     return engine.worker._forward_batch_generation_dllm(forward_batch, batch)
 
 
-__all__ = ["Engine", "build", "import_engine", "new_request", "run_worker", "scripted_token"]
+__all__ = [
+    "Engine",
+    "build",
+    "import_engine",
+    "new_request",
+    "queue_request",
+    "run_worker",
+    "scripted_token",
+]

@@ -3,10 +3,11 @@
 `SglangEventLog(scheduler, write)` attaches to a dLLM `Scheduler` that something else drives
 (SGLang's own `event_loop_normal`, a test's loop) and writes, through `write`, one JSON line
 per event of `spec.events`: first the header (`spec.trace.config_to_dict`: the scheduler's
-effective configuration and the policy SGLang declares, `SGLANG_DLLM_PROFILE.policy`), then
-what each call decided. `schedspec check-trace LOG` then checks the log under SGLang's declared
-policy, and `--twin sglang-dllm-order` compares its admissions and forwards with that
-re-implementation's on the log's own operations.
+effective configuration and the policy SGLang declares, `SGLANG_DLLM_PROFILE.policy`, with
+`priority_order` under priority scheduling), then what each call decided. `schedspec
+check-trace LOG` then checks the log under SGLang's declared policy, and `--twin
+sglang-dllm-order` (`sglang-dllm-order-priority` under priority scheduling) compares its
+admissions and forwards with that re-implementation's on the log's own operations.
 
 It wraps, on the instances only (nothing of SGLang's classes changes), four methods of the
 scheduler and two of its worker (`scheduler.tp_worker` unless `worker=` is given), and derives
@@ -35,6 +36,12 @@ describe: a request that SGLang ends inside the round for a reason the spec has 
 (an abort: `to_finish`, an invalid stop regex) is written as `Aborted` after its frees, where
 the spec's aborts happen between rounds (`check-trace` reports `scheduler_phase`).
 
+Priority scheduling (`--enable-priority-scheduling`): SGLang then sorts its waiting queue by
+priority before every round, and the header declares `priority_order` on top of SGLang's
+policy. The spec's order is lower values first; a scheduler that serves higher values first
+(SGLang's default, without `--schedule-low-priority-values-first`) has each request's priority
+written negated on `Submitted`, so the order the log describes is the one SGLang follows.
+
 Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
 which an event log does not describe; attaching to one is a `ConfigError` naming
 `enable_overlap` (serve with `--disable-overlap-schedule` to log). Each forward and step reads
@@ -43,6 +50,7 @@ the batch's `input_ids` to the host once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -126,6 +134,24 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
         ) from None
 
 
+def declared_policy(scheduler: Any) -> DllmPolicy:
+    """The policy a log of `scheduler` declares: SGLang's (`SGLANG_DLLM_PROFILE.policy`), with
+    `priority_order` when it schedules by priority (`enable_priority_scheduling`)."""
+    policy = SGLANG_DLLM_PROFILE.policy
+    if bool(getattr(scheduler, "enable_priority_scheduling", False)):
+        return dataclasses.replace(policy, priority_order=True)
+    return policy
+
+
+def priority_sign(scheduler: Any) -> int:
+    """1 when `scheduler` serves lower priority values first (the spec's order) or ignores
+    priorities; -1 when it schedules by priority, higher values first (then the log negates
+    them)."""
+    if not bool(getattr(scheduler, "enable_priority_scheduling", False)):
+        return 1
+    return 1 if bool(getattr(scheduler, "schedule_low_priority_values_first", False)) else -1
+
+
 class SglangEventLog:
     """Writes the decisions of one live SGLang dLLM scheduler as an event log (see the module)."""
 
@@ -141,7 +167,7 @@ class SglangEventLog:
             )
         self.scheduler = scheduler
         self.config: DllmConfig = dllm_config_of(scheduler)
-        self.policy: DllmPolicy = SGLANG_DLLM_PROFILE.policy
+        self.policy: DllmPolicy = declared_policy(scheduler)
         self._write = write
         self._idle_written = False  # the last line is a round in which nothing ran
         self._ended: list[Any] = []  # requests SGLang reported aborted during the current call
@@ -153,6 +179,7 @@ class SglangEventLog:
             lambda req: str(req.rid),
             strict=False,
             keep_outputs=False,
+            priority_sign=priority_sign(scheduler),
         )
         self._hooks = InstanceHooks()
         self.observer.attach_worker(scheduler.tp_worker if worker is None else worker, self._hooks)
@@ -220,4 +247,10 @@ class SglangEventLog:
         self._write(json.dumps(event_to_dict(event), separators=(",", ":")))
 
 
-__all__ = ["SglangEventLog", "dllm_config_of", "eos_token_of"]
+__all__ = [
+    "SglangEventLog",
+    "declared_policy",
+    "dllm_config_of",
+    "eos_token_of",
+    "priority_sign",
+]

@@ -30,7 +30,15 @@ offers every decode request and is refuted by the suite (a shorter prompt passes
 block); and `cap-fallback-budget`, a fix of the ragged row's symptom
 (`_get_dllm_remain_tokens` keeping its block-size cap when its budget is used up).
 
-`SGLANG_FIXES` holds all seven (an `integrations.patches.FixSet`): `.fixed_sources(names)`
+And one for priority scheduling, which the five leave as it is:
+
+- `priority-window` (a fetched request keeps its place against a higher-priority arrival):
+  under `--enable-priority-scheduling`, the requests the dLLM manager holds without a row
+  (fetched by `_fetch_waiting_reqs`, never admitted) go back to the waiting queue before
+  `calc_priority` sorts it, so they are sorted again with later arrivals and the window is the
+  head of the priority order every round. Under FCFS nothing changes.
+
+`SGLANG_FIXES` holds all eight (an `integrations.patches.FixSet`): `.fixed_sources(names)`
 makes the chosen fixes' edits to the installed files' text (`FixDoesNotApply` if a place they
 edit is missing), `.as_diff(names)` gives them as one patch (`scripts/engine_fixes_diff.py
 sglang` prints it), and `.applied(names)`, here `sglang_fixed(names)`, runs the edited files,
@@ -301,6 +309,32 @@ _CAP = (
     ),
 )
 
+# ---------------------------------------------------------------- priority-window
+_PRIORITY_WINDOW = (
+    (
+        MIXIN,
+        "        running_bs = len(running_batch.reqs)\n"
+        "        self.policy.calc_priority(self.waiting_queue)\n",
+        "        running_bs = len(running_batch.reqs)\n"
+        "        if self.enable_priority_scheduling:\n"
+        "            # Requests fetched but never admitted are sorted again with later\n"
+        "            # arrivals: a higher-priority arrival takes their place in the window.\n"
+        "            self.waiting_queue.extend(self.dllm_manager.pop_unadmitted_reqs())\n"
+        "        self.policy.calc_priority(self.waiting_queue)\n",
+    ),
+    (
+        MIXIN,
+        "    def filter_finished_reqs(self) -> None:\n",
+        "    def pop_unadmitted_reqs(self) -> List[Req]:\n"
+        '        """Remove and return the waiting requests that hold no row (never admitted)."""\n'
+        "        unadmitted = [req for req in self.waiting_queue if not req.kv.holds_kv]\n"
+        "        self.waiting_queue = [req for req in self.waiting_queue if req.kv.holds_kv]\n"
+        "        return unadmitted\n"
+        "\n"
+        "    def filter_finished_reqs(self) -> None:\n",
+    ),
+)
+
 _INCOMING = (MIXIN, "SchedulerDllmMixin.process_dllm_incoming_reqs")
 _BATCHES = (MIXIN, "SchedulerDllmMixin._process_dllm_batches")
 
@@ -357,6 +391,17 @@ CAP_FALLBACK_BUDGET = EngineFix(
     "the ragged rows' symptom: _get_dllm_remain_tokens keeps its block-size cap",
 )
 
+PRIORITY_WINDOW = EngineFix(
+    "priority-window",
+    _PRIORITY_WINDOW,
+    (
+        (MIXIN, "SchedulerDllmMixin.get_new_batch_dllm"),
+        (MIXIN, "DllmManager.pop_unadmitted_reqs"),
+    ),
+    "priority inversion: under priority scheduling, requests fetched but never admitted are "
+    "sorted again with later arrivals every round",
+)
+
 #: The five fixes that, together, let the suite run with no pool headroom, in the order their
 #: edits are made.
 FIXES = (
@@ -369,11 +414,11 @@ FIXES = (
 FIX_NAMES = tuple(fix.name for fix in FIXES)
 
 
-#: Every fix: the five, then the refuted fallback and the symptom fix.
+#: Every fix: the five, then the refuted fallback, the symptom fix and the priority fix.
 SGLANG_FIXES = FixSet(
     engine="SGLang 0.5.23",
     modules=MODULES,
-    fixes=(*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET),
+    fixes=(*FIXES, DECODE_FALLBACK_ANY_ORDER, CAP_FALLBACK_BUDGET, PRIORITY_WINDOW),
     exclusive=(frozenset({DECODE_FALLBACK.name, DECODE_FALLBACK_ANY_ORDER.name}),),
     load=import_engine,
     importing=quiet_stubbed_imports,
@@ -397,6 +442,7 @@ __all__ = [
     "DECODE_FALLBACK_ANY_ORDER",
     "FIXES",
     "FIX_NAMES",
+    "PRIORITY_WINDOW",
     "REFUSED_STAYS_INCOMING",
     "RESERVE_FUTURE_BLOCKS",
     "SGLANG_FIXES",

@@ -107,6 +107,8 @@ class SglangObserver:
     error); without, it is logged as `Aborted` (a live log must not stop the server). With
     `keep_outputs` the outputs of finished requests are kept for `collect_outputs`; a live log
     passes False (nothing collects them, and a server's memory must not grow with them).
+    `priority_sign` -1 writes each request's priority negated (`priority`), for a scheduler
+    that serves higher priority values first: the spec's order is lower first.
     """
 
     def __init__(
@@ -118,8 +120,10 @@ class SglangObserver:
         *,
         strict: bool = True,
         keep_outputs: bool = True,
+        priority_sign: int = 1,
     ) -> None:
         self.config = config
+        self.priority_sign = priority_sign
         self.sink = sink
         self.scheduler = scheduler
         self.request_id = request_id
@@ -254,8 +258,16 @@ class SglangObserver:
                 stop_sampled=has_sampled_stop(req),
                 ignore_eos=bool(params.ignore_eos),
                 stop_token_ids=stop_token_ids(req, self.config),
+                priority=self.priority(req),
             )
         )
+
+    def priority(self, req: Any) -> int:
+        """`req`'s priority as the spec reads it (`Submitted.priority`, lower first): SGLang's
+        `Req.priority` (0 when it has none), negated when `priority_sign` is -1 (a scheduler
+        that serves higher values first)."""
+        value = getattr(req, "priority", None)
+        return 0 if value is None else self.priority_sign * int(value)
 
     def begin_round(self) -> None:
         """Before `get_next_batch_to_run`: note which blocks are carried into the round."""

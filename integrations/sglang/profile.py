@@ -38,9 +38,16 @@ block truncated by staging, inside it (tests/test_real_sglang.py,
 `whole-staged-blocks`). The suite's own requests rarely reach that.
 
 No accepted deviation: every SGLang choice the suite meets is a declared option above.
+
+Under priority scheduling (`--enable-priority-scheduling --schedule-low-priority-values-first`,
+`real-sglang-dllm-priority`) SGLang sorts its waiting queue by (priority, entry time) before
+every round (managers/schedule_policy.py `_sort_by_priority_and_fcfs`): the same profile with
+`priority_order` (`SGLANG_DLLM_PRIORITY_PROFILE`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from spec.profile import (
     DllmAdmission,
@@ -68,4 +75,9 @@ SGLANG_DLLM_PROFILE = DllmProfile(
     stop_token_ids=True,  # `SamplingParams.stop_token_ids`, likewise
 )
 
-__all__ = ["SGLANG_DLLM_PROFILE"]
+SGLANG_DLLM_PRIORITY_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    policy=dataclasses.replace(SGLANG_DLLM_PROFILE.policy, priority_order=True),
+)
+
+__all__ = ["SGLANG_DLLM_PRIORITY_PROFILE", "SGLANG_DLLM_PROFILE"]
