@@ -446,6 +446,11 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._dirty = dict.fromkeys(self._requests)
         self._dirty_rows = set(self._rows)
         self._dirty_blocks = {owner for owner in self._owner.values()}
+        if self.policy.priority_order:  # the queue's order derives from the priorities
+            position = {rid: i for i, rid in enumerate(self._requests)}
+            self._queue = dict.fromkeys(
+                sorted(self._queue, key=lambda rid: (self._requests[rid].priority, position[rid]))
+            )
 
     def _pages(self, r: _Request) -> int:
         return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages

@@ -168,13 +168,13 @@ def test_check_trace_follows_a_declared_priority_order(
     assert "[fcfs_admission]" in capsys.readouterr().out
 
 
-def test_the_z3_encoding_refuses_a_priority_order_it_does_not_model() -> None:
-    from properties.symbolic.geometry import config_values
-    from spec.errors import ConfigError
+def test_the_z3_encoding_takes_the_priority_order_as_a_policy_field() -> None:
+    from properties.symbolic.geometry import config_values, policy_label
 
-    with pytest.raises(ConfigError, match=r"policy\.priority_order=True: false: the Z3 encoding"):
-        config_values(SMALL_SYNC, PRIORITY_POLICY)
-    assert config_values(SMALL_SYNC, DllmPolicy())["prefill_first"] is False
+    assert config_values(SMALL_SYNC, PRIORITY_POLICY)["priority_order"] is True
+    assert config_values(SMALL_SYNC, DllmPolicy())["priority_order"] is False
+    assert "priority_order=True" in policy_label(PRIORITY_POLICY)
+    assert "priority_order" not in policy_label(DllmPolicy())
 
 
 def test_the_suite_draws_priorities_only_under_priority_order_and_the_program_replays() -> None:

@@ -98,6 +98,7 @@ def policies(draw: st.DrawFn) -> DllmPolicy:
         work_conserving=draw(st.booleans()),
         rows_released_between_rounds=draw(st.booleans()),
         aborts_after_commit=draw(st.booleans()),
+        priority_order=draw(st.booleans()),
     )
 
 
@@ -145,13 +146,18 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
                 stop_sampled=stop,
                 ignore_eos=n % 2 == 1,
                 stop_token_ids=STOP_IDS if n in (1, 2) else (),
+                # drawn only under a priority order (the other walks draw as before)
+                priority=rng.randrange(3) if m.policy.priority_order else 0,
             )
         )
     free_rows = [r for r in range(c.req_pool_rows) if r not in s.rows]
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
-        if m.policy.admission is DllmAdmission.PREFILL_FIRST and len(s.queue) > 1:
-            # a request whose first block is prompt-only may pass those whose first block is not
+        if len(s.queue) > 1 and (
+            m.policy.admission is DllmAdmission.PREFILL_FIRST or m.policy.priority_order
+        ):
+            # a request whose first block is prompt-only may pass those whose first block is
+            # not; under a priority order, one that is not the head must not pass it
             out.append(Admitted(rng.choice(s.queue[1:]), rng.choice(free_rows)))
     owners = s.slot_owners
     for r in s.requests.values():
@@ -421,7 +427,7 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     if _past_ignored_stop_token(m, e):
         STATS[f"accept {e.kind} past an ignored stop token id"] += 1
     _count_policy_cases(m, e)
-    after = encoded(trial.state(), stepper.geom)
+    after = encoded(trial.state(), stepper.geom, m.policy.priority_order)
     assert verdict.successor is not None
     diff = {k: (verdict.successor[k], v) for k, v in after.items() if verdict.successor[k] != v}
     assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
@@ -497,6 +503,9 @@ def _count_policy_cases(m: SpecMachine, e: Event) -> None:
     s = m.state()
     if isinstance(e, Admitted) and s.queue and s.queue[0] != e.request_id:
         STATS["accept an admission past the head"] += 1
+    queued = [rid for rid, r in s.requests.items() if r.phase is RequestPhase.QUEUED]
+    if isinstance(e, Admitted) and queued and queued[0] != e.request_id:
+        STATS["accept an admission ahead of an earlier submission"] += 1
     if isinstance(e, ControlReturned) and any(
         r.row is None for r in s.requests.values() if r.phase in ACTIVE_PHASES
     ):
@@ -515,7 +524,7 @@ def _check_invariants(m: SpecMachine) -> None:
     stepper = stepper_for(m.config)
     try:
         st_ = m.state()
-        sym = stepper.invariants(st_)
+        sym = stepper.invariants(st_, m.policy)
     except NotEncodable:
         return
     for name, pred in INVARIANTS.items():
@@ -578,10 +587,12 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
     elif choice == 9 and reqs:
         r = rng.choice(reqs)
         x = rng.random()
-        if x < 0.35:
+        if x < 0.3:
             r.stop_sampled = not r.stop_sampled
-        elif x < 0.5:
+        elif x < 0.4:
             r.ignore_eos = not r.ignore_eos
+        elif x < 0.5:  # reindex keeps a priority-ordered queue in order
+            r.priority = rng.randrange(3)
         else:  # no later round than the current one (the encoding cannot hold that)
             idx = m._round.index
             r.last_commit_round = rng.choice([None, max(0, idx - 1), idx])
@@ -943,8 +954,29 @@ def test_the_walks_abort_in_a_round_both_ways(mode: Mode) -> None:
             Mode.FDFO,
             ("accept row_acquired", "accept a round end with a row released"),
         ),
+        (
+            DllmPolicy(priority_order=True),
+            Mode.SYNC,
+            (
+                "reject fcfs_admission",
+                "reject work_conserving",
+                "accept an admission ahead of an earlier submission",
+            ),
+        ),
+        (
+            DllmPolicy(admission=DllmAdmission.PREFILL_FIRST, priority_order=True),
+            Mode.FDFO,
+            ("reject fcfs_admission", "accept an admission ahead of an earlier submission"),
+        ),
     ],
-    ids=["work-conserving", "holding-back", "prefill-first", "rows-released"],
+    ids=[
+        "work-conserving",
+        "holding-back",
+        "prefill-first",
+        "rows-released",
+        "priority-order",
+        "prefill-first-priority",
+    ],
 )
 def test_the_walks_reach_each_policy_rule_both_ways(
     policy: DllmPolicy, mode: Mode, expected: tuple[str, ...]

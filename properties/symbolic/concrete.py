@@ -102,6 +102,7 @@ def _request_values(
         "ignore_eos": r.ignore_eos,
         "stop_token_committed": due is FinishReason.STOP,
         "has_stop_token_ids": bool(r.stop_token_ids),
+        "priority": r.priority,
         "committed_this_round": last == state.round.index,
         "in_batch": in_batch,
         "step_pending": bool(pending),
@@ -109,17 +110,20 @@ def _request_values(
     }
 
 
-def encode_state(state: AbstractState, geom: Geometry) -> Values:
-    """The symbolic values of a spec state (ghosts included). Raises `NotEncodable` when the
-    state lies outside the encoding."""
+def encode_state(state: AbstractState, geom: Geometry, priority_order: bool = False) -> Values:
+    """The symbolic values of a spec state (ghosts included), its queue in the order of a
+    machine with or without `DllmPolicy.priority_order`. Raises `NotEncodable` when the state
+    lies outside the encoding."""
     _check_geometry(state.config, geom)
     order = list(state.requests)
     if len(order) > geom.requests:
         raise NotEncodable(f"{len(order)} requests > {geom.requests}")
     index = {rid: i for i, rid in enumerate(order)}
     queued = [rid for rid in order if state.requests[rid].phase is RequestPhase.QUEUED]
+    if priority_order:  # stable: submission order breaks ties
+        queued.sort(key=lambda rid: state.requests[rid].priority)
     if list(state.queue) != queued:
-        # the encoding's queue is "the queued requests in submission order"
+        # the encoding's queue is "the queued requests in submission order", or by priority
         raise NotEncodable(f"queue {list(state.queue)} is not the queued requests {queued}")
     rnd = state.round
     pending_of: set[str] = set()
@@ -207,6 +211,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "stop_sampled": False,
         "ignore_eos": False,
         "has_stop_token_ids": False,
+        "priority": 0,
         "tokens_valid": True,
         "block_has_eos": False,
         "block_has_stop_token": False,
@@ -238,6 +243,9 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         except RequestError as err:  # the encoding keeps only whether it lists any
             raise NotEncodable(f"stop token ids: {err}") from None
         out["has_stop_token_ids"] = bool(event.stop_token_ids)
+        if not isinstance(event.priority, int) or isinstance(event.priority, bool):
+            raise NotEncodable("priority is not an int")
+        out["priority"] = event.priority
         out["prompt_len"], out["max_new_tokens"] = pl, mn
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(

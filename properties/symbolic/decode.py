@@ -78,6 +78,7 @@ class Decoder:
                 stop_sampled=flag(p.stop_sampled),
                 ignore_eos=flag(p.ignore_eos),
                 stop_token_ids=(STOP_ID_TOKEN,) if flag(p.has_stop_token_ids) else (),
+                priority=num(p.priority),
             )
         if kind == "admitted":
             return Admitted(rid, num(p.row))
@@ -170,6 +171,7 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
             f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
             f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
             f"stop_token={ev(s.stop_token_committed[i])}/{ev(s.has_stop_token_ids[i])} "
+            f"priority={ev(s.priority[i])} "
             f"stop_sampled={ev(s.stop_sampled[i])} ignore_eos={ev(s.ignore_eos[i])} "
             f"committed_this_round={ev(s.committed_this_round[i])} "
             f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"

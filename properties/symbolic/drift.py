@@ -77,7 +77,8 @@ class SymbolicStepper:
         """Enabledness and successor of `event` in `state` under `policy` (default
         `DllmPolicy()`), per the symbolic relation. Raises `NotEncodable` if the state or event
         lies outside the encoding."""
-        values = encode_state(state, self.geom)
+        ordered = policy is not None and policy.priority_order
+        values = encode_state(state, self.geom, ordered)
         params = encode_event(state, self.geom, event)
         out = self._kind_fns[event.kind](self._inputs(state.config, policy, values, params))
         if not out["__ok"]:
@@ -89,10 +90,11 @@ class SymbolicStepper:
         succ: Values = {k: x for k, x in out.items() if not k.startswith("__")}
         return SymVerdict(True, (), succ)
 
-    def invariants(self, state: AbstractState) -> dict[str, bool]:
-        """The symbolic invariants evaluated on `state`."""
-        values = encode_state(state, self.geom)
-        out = self._inv_fn(self._inputs(state.config, None, values, None))
+    def invariants(self, state: AbstractState, policy: DllmPolicy | None = None) -> dict[str, bool]:
+        """The symbolic invariants evaluated on `state` (a machine's under `policy`)."""
+        ordered = policy is not None and policy.priority_order
+        values = encode_state(state, self.geom, ordered)
+        out = self._inv_fn(self._inputs(state.config, policy, values, None))
         return {k: bool(x) for k, x in out.items()}
 
 
@@ -117,8 +119,7 @@ def stepper_for(
     return _STEPPERS[geom]
 
 
-def encoded(state: AbstractState, geom: Geometry) -> Values:
+def encoded(state: AbstractState, geom: Geometry, priority_order: bool = False) -> Values:
     """The state's non-ghost encoded values (what the drift guard compares)."""
-    return {
-        k: v for k, v in encode_state(state, geom).items() if k.split("[")[0] not in GHOST_FIELDS
-    }
+    values = encode_state(state, geom, priority_order)
+    return {k: v for k, v in values.items() if k.split("[")[0] not in GHOST_FIELDS}

@@ -156,21 +156,31 @@ class Encoding:
         carried = z3.Or(s.block_phase[i] == DENOISING, s.block_phase[i] == COMPLETE)
         return z3.And(cfg.rows_released, z3.Not(cfg.sync), z3.Not(cfg.reuse), carried)
 
+    def ahead(self, s: State, j: int, i: int) -> Z:
+        """Request j comes before request i in the queue (`SpecMachine._enqueue`): j < i, the
+        indices following submission order, or under `priority_order` a lower priority, the
+        index breaking ties."""
+        by_index = z3.BoolVal(j < i)
+        by_priority = z3.Or(
+            s.priority[j] < s.priority[i], z3.And(s.priority[j] == s.priority[i], by_index)
+        )
+        return z3.If(self.cfg.priority_order, by_priority, by_index)
+
     def work_conserved(self, s: State) -> Z:
         """`SpecMachine._check_work_conserving` passes: the policy does not ask for it, or the
         round admitted a request, or nothing is queued, or every seat or every row is taken,
-        or the head of the queue (the lowest queued index) does not fit the pages the active
-        requests' worst-case footprints leave."""
+        or the head of the queue (the queued request no other queued one is `ahead` of) does
+        not fit the pages the active requests' worst-case footprints leave."""
         cfg, n = self.cfg, self.N
         queued = [s.phase[j] == QUEUED for j in range(n)]
         rows_held = count([h != -1 for h in s.row_holder])
         claimed = self.reserved_pages(s)
-        # the head is queued j with nothing queued before it; it fits the unclaimed pages
+        # the head is queued j with nothing queued ahead of it; it fits the unclaimed pages
         fits = z3.Or(
             [
                 z3.And(
                     queued[j],
-                    *[z3.Not(q) for q in queued[:j]],
+                    *[z3.Not(z3.And(queued[k], self.ahead(s, k, j))) for k in range(n) if k != j],
                     claimed + s.reserved_pages[j] <= cfg.kv_pages,
                 )
                 for j in range(n)

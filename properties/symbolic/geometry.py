@@ -6,13 +6,11 @@ the relation takes as parameters, as z3 terms: one query over `SymConfig.symboli
 every mode, every such policy and every pool size up to K pages at once;
 `SymConfig.concrete(config, policy)` pins one configuration and policy.
 
-Of `DllmPolicy`, the encoding takes the four fields that change which events the spec allows:
-`work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds` and
-`aborts_after_commit`.
+Of `DllmPolicy`, the encoding takes the five fields that change which events the spec allows:
+`work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds`,
+`aborts_after_commit` and `priority_order` (the queue by priority, then submission).
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
-guard reads them. `priority_order` is not encoded: the encoding's requests carry no priority
-and its queue is in submission order, so `config_values` refuses a policy with it (the Python
-spec alone checks priority order: tests/test_spec_priority.py).
+guard reads them.
 """
 
 from __future__ import annotations
@@ -94,6 +92,7 @@ class SymConfig:
     prefill_first: Z  # DllmPolicy.admission is PREFILL_FIRST
     rows_released: Z  # DllmPolicy.rows_released_between_rounds
     aborts_after_commit: Z  # DllmPolicy.aborts_after_commit
+    priority_order: Z  # DllmPolicy.priority_order
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -111,6 +110,7 @@ class SymConfig:
             z3.Bool(f"{prefix}.prefill_first"),
             z3.Bool(f"{prefix}.rows_released"),
             z3.Bool(f"{prefix}.aborts_after_commit"),
+            z3.Bool(f"{prefix}.priority_order"),
         )
 
     @classmethod
@@ -176,6 +176,7 @@ class SymConfig:
             work_conserving=bool(model_value(model, self.work_conserving)),
             rows_released_between_rounds=bool(model_value(model, self.rows_released)),
             aborts_after_commit=bool(model_value(model, self.aborts_after_commit)),
+            priority_order=bool(model_value(model, self.priority_order)),
         )
 
 
@@ -185,6 +186,7 @@ def policy_label(policy: DllmPolicy) -> str:
         f"admission={policy.admission.value} work_conserving={policy.work_conserving} "
         f"rows_released_between_rounds={policy.rows_released_between_rounds} "
         f"aborts_after_commit={policy.aborts_after_commit}"
+        + (" priority_order=True" if policy.priority_order else "")
     )
 
 
@@ -192,10 +194,6 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
     """The values of the `SymConfig` fields, by field name, for a concrete configuration and
     policy (default: the idealised spec's `DllmPolicy()`)."""
     policy = DllmPolicy() if policy is None else policy
-    if policy.priority_order:
-        raise ConfigError(
-            "policy.priority_order", True, "false: the Z3 encoding's queue is submission order"
-        )
     return {
         "sync": config.mode is Mode.SYNC,
         "reuse": config.in_place_reuse,
@@ -209,4 +207,5 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
         "prefill_first": policy.admission is DllmAdmission.PREFILL_FIRST,
         "rows_released": policy.rows_released_between_rounds,
         "aborts_after_commit": policy.aborts_after_commit,
+        "priority_order": policy.priority_order,
     }

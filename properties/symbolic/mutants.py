@@ -181,6 +181,26 @@ def _prefill_passes_prefill(enc: Encoding, s: State, p: Params) -> Z:
     )
 
 
+def _passes_a_lower_priority_value(enc: Encoding, s: State, p: Params) -> Z:
+    """The admitted request was submitted before a queued request of a lower priority value,
+    which the queue puts ahead of it: an admission by submission order under a priority
+    order."""
+    return z3.Or(
+        [
+            z3.And(
+                p.request == i,
+                z3.Or(
+                    [
+                        z3.And(s.phase[j] == QUEUED, s.priority[j] < s.priority[i])
+                        for j in range(i + 1, enc.N)
+                    ]
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
 def _running_without_row(enc: Encoding, s: State, p: Params) -> Z:
     """A running request ends the round holding no row."""
     return z3.Or([z3.And(s.phase[i] == RUNNING, s.row[i] == -1) for i in range(enc.N)])
@@ -405,6 +425,20 @@ _POOL_AND_POLICY_MUTANTS: tuple[SymbolicMutant, ...] = (
         requests=1,
         depths=(8, 10),
         policy=DllmPolicy(rows_released_between_rounds=True),
+    ),
+    SymbolicMutant(
+        "admits_by_submission_under_priority",
+        "under a priority order a request is admitted ahead of a later one of a lower priority "
+        "value",
+        "fcfs_admission",
+        dllm_config(),
+        "admitted",
+        (Relaxation("admitted", "fcfs_admission"),),
+        ("fcfs_admission", ""),
+        extra=_passes_a_lower_priority_value,
+        reference=("priority_values_inverted",),
+        depths=(3, 4, 6),
+        policy=DllmPolicy(priority_order=True),
     ),
 )
 

@@ -13,8 +13,8 @@ follow `spec.events`; per-request forward rows are indexed by request:
                           row_num_tokens[i], row_masked[i] are that `ForwardRow`'s fields
   accept_length, masks_remaining    StepResult
   reason                  Finished (`codes.REASON`)
-  prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos, has_stop_token_ids
-                          Submitted (a prompt is its length plus a validity bit; stop token ids
+  prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos, has_stop_token_ids,
+  priority                Submitted (a prompt is its length plus a validity bit; stop token ids
                           are whether it lists any); reserved_pages is the ghost
                           ceil((pl + mn) / P)
   tokens_valid, block_has_eos, block_has_stop_token, stop_token_first
@@ -52,6 +52,7 @@ _SCALARS = (
     ("stop_sampled", True),
     ("ignore_eos", True),
     ("has_stop_token_ids", True),
+    ("priority", False),
     ("tokens_valid", True),
     ("block_has_eos", True),
     ("block_has_stop_token", True),
@@ -86,6 +87,7 @@ class Params:
     stop_sampled: Z
     ignore_eos: Z
     has_stop_token_ids: Z
+    priority: Z
     tokens_valid: Z
     block_has_eos: Z
     block_has_stop_token: Z

@@ -20,6 +20,8 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   ignore_eos[i]         no token ends it (`RequestState.ignore_eos`): eos_committed[i] and
                         stop_token_committed[i] stay false
   has_stop_token_ids[i]  it lists stop token ids (`RequestState.stop_token_ids` is not empty)
+  priority[i]           its priority as submitted (`RequestState.priority`); under
+                        `priority_order` the queue is by (priority, index)
   committed_this_round[i]  it committed a block in this round
                         (`RequestState.last_commit_round` = `RoundState.index`)
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
@@ -89,6 +91,7 @@ FIELDS: tuple[Field, ...] = (
     Field("ignore_eos", Scope.REQUEST, True, False),
     Field("stop_token_committed", Scope.REQUEST, True, False),
     Field("has_stop_token_ids", Scope.REQUEST, True, False),
+    Field("priority", Scope.REQUEST, False, 0),
     Field("committed_this_round", Scope.REQUEST, True, False),
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
@@ -137,6 +140,7 @@ class State:
     ignore_eos: Terms
     stop_token_committed: Terms
     has_stop_token_ids: Terms
+    priority: Terms
     committed_this_round: Terms
     in_batch: Terms
     step_pending: Terms

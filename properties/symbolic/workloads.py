@@ -43,6 +43,7 @@ def describe_ops(w: Workload) -> str:
                 (", stop_sampled" if r.stop_sampled else "")
                 + (", ignore_eos" if r.ignore_eos else "")
                 + (f", stop_token_ids={list(r.stop_token_ids)}" if r.stop_token_ids else "")
+                + (f", priority={r.priority}" if r.priority else "")
             )
             parts.append(
                 f"submit({r.request_id}, prompt_len={len(r.prompt)}, "

@@ -23,9 +23,10 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     lifecycle          phase[r] = queued (and the request table has `admitted` from it)
     scheduler_phase    round_forwards = 0
-    fcfs_admission     every queued j < r may be passed: prefill_first ∧ block 0 of r is
-                       prompt-only ∧ block 0 of j is not (indices follow submission order;
-                       without PREFILL_FIRST: no j < r is queued)
+    fcfs_admission     every queued j ahead of r may be passed: prefill_first ∧ block 0 of r
+                       is prompt-only ∧ block 0 of j is not (`Encoding.ahead`: j < r, indices
+                       following submission order, or under priority_order (priority[j], j)
+                       < (priority[r], r); without PREFILL_FIRST: none is queued)
     max_running        |active| < max_running
     row_exclusive      p.row < rows ∧ row_holder[p.row] = -1"""
     return [
@@ -49,14 +50,15 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                 lambda i: z3.And(
                     [
                         z3.Implies(
-                            s.phase[j] == QUEUED,
+                            z3.And(s.phase[j] == QUEUED, enc.ahead(s, j, i)),
                             z3.And(
                                 enc.cfg.prefill_first,
                                 enc.prefill_block(s, i, z3.IntVal(0)),
                                 z3.Not(enc.prefill_block(s, j, z3.IntVal(0))),
                             ),
                         )
-                        for j in range(i)
+                        for j in range(enc.N)
+                        if j != i
                     ]
                 ),
             ),

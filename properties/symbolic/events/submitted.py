@@ -50,8 +50,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
     stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; has_stop_token_ids'[r] =
-    p.has_stop_token_ids; row'[r] = -1; committed_blocks'[r] = 0; eos_committed'[r] =
-    stop_token_committed'[r] = committed_this_round'[r] = false; no current block."""
+    p.has_stop_token_ids; priority'[r] = p.priority; row'[r] = -1; committed_blocks'[r] = 0;
+    eos_committed'[r] = stop_token_committed'[r] = committed_this_round'[r] = false; no current
+    block."""
     return s.replace(
         phase=at_request(enc, p, s.phase, lambda i: QUEUED),
         prompt_len=at_request(enc, p, s.prompt_len, lambda i: p.prompt_len),
@@ -63,6 +64,7 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         stop_sampled=at_request(enc, p, s.stop_sampled, lambda i: p.stop_sampled),
         ignore_eos=at_request(enc, p, s.ignore_eos, lambda i: p.ignore_eos),
         has_stop_token_ids=at_request(enc, p, s.has_stop_token_ids, lambda i: p.has_stop_token_ids),
+        priority=at_request(enc, p, s.priority, lambda i: p.priority),
         stop_token_committed=at_request(
             enc, p, s.stop_token_committed, lambda i: z3.BoolVal(False)
         ),
