@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import MultipleResults
+from hypothesis.stateful import MultipleResults, RuleBasedStateMachine
 
 from properties.conformance import conformance_machine
-from properties.verify import failure_from, run_machine
+from properties.verify import Failure, failure_from, run_machine
 from reference.dllm import make_scheduler
 from spec import DllmConfig, Mode
 from spec.errors import SpecViolation
@@ -56,14 +57,23 @@ def test_a_shrunk_burst_replays_as_printed() -> None:
     """The off-by-one running cap shrinks to one burst (the configuration fixed, so that the
     shrink works on the program alone); the printed program, run as it is, breaks
     `max_running` again."""
-    mutant = MUTANTS["admits_beyond_max_running"]
-    machine = conformance_machine(mutant.factory, profile=mutant.profile, configs=st.just(CONFIG))
-    err, printed = run_machine(machine, SHRINK)
-    assert err is not None
-    failure = failure_from(err, printed)
+    failure, machine = caught("admits_beyond_max_running", CONFIG)
     assert failure.rule == "max_running"
     assert "state.submit_burst(burst=[" in failure.program, failure.program
     assert replay_printed(failure.program, machine).rule == "max_running"
+
+
+def caught(
+    name: str, config: DllmConfig, how: settings = SHRINK
+) -> tuple[Failure, type[RuleBasedStateMachine]]:
+    """The failure the suite reports on mutant `name` of the catalogue, its configuration fixed
+    to `config` (so that a shrink works on the program alone), and the machine it ran; the
+    test fails if the suite catches nothing."""
+    mutant = MUTANTS[name]
+    machine = conformance_machine(mutant.factory, profile=mutant.profile, configs=st.just(config))
+    err, printed = run_machine(machine, how)
+    assert err is not None, f"the suite did not catch {name!r}"
+    return failure_from(err, printed), machine
 
 
 def replay_printed(program: str, machine: type) -> SpecViolation:

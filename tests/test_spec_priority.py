@@ -180,26 +180,15 @@ def test_the_z3_encoding_takes_the_priority_order_as_a_policy_field() -> None:
 def test_the_suite_draws_priorities_only_under_priority_order_and_the_program_replays() -> None:
     """The inverted-priority mutant shrinks to a program that submits priorities and, run as
     printed, breaks `fcfs_admission` again; the plain reference's programs carry none."""
-    from hypothesis import strategies as st
-
-    from properties.conformance import conformance_machine
-    from properties.verify import failure_from, run_machine
-    from tests.mutants import MUTANTS
-    from tests.test_conformance_burst import replay_printed
-    from tests.test_mutants import HUNT, SHRINK
+    from tests.test_conformance_burst import caught, replay_printed
+    from tests.test_mutants import HUNT
 
     config = SMALL_SYNC.replace(max_running_requests=1, req_pool_rows=1)
-    mutant = MUTANTS["priority_values_inverted"]
-    machine = conformance_machine(mutant.factory, profile=mutant.profile, configs=st.just(config))
-    err, printed = run_machine(machine, SHRINK)
-    assert err is not None
-    failure = failure_from(err, printed)
+    failure, machine = caught("priority_values_inverted", config)
     assert failure.rule == "fcfs_admission"
     assert "'priority': " in failure.program or "priority=" in failure.program, failure.program
     assert replay_printed(failure.program, machine).rule == "fcfs_admission"
     # the FCFS reference under the idealised profile: a failure it is made to show (an
     # unfreed finish) prints no priority
-    unfreed = MUTANTS["no_free_on_finish"]
-    plain = conformance_machine(unfreed.factory, profile=unfreed.profile, configs=st.just(config))
-    err, printed = run_machine(plain, HUNT)
-    assert err is not None and "priority" not in failure_from(err, printed).program
+    plain, _ = caught("no_free_on_finish", config, HUNT)
+    assert "priority" not in plain.program
