@@ -15,6 +15,7 @@ profile's policy; the profile's accepted deviations start in `ignored_rules`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from hypothesis import strategies as st
@@ -86,8 +87,8 @@ def conformance_machine(
         burst_fields["stop_token_ids"] = stop_ids
     # under a priority-ordered queue, priorities 0-2 (ties common, so submission order still
     # decides between some); drawn only then, so other programs print as before
-    priorities = st.integers(0, 2)
-    submit_rule = rule(
+    submit_rule = functools.partial(
+        rule,
         target=ConformanceBase.requests,
         prompt=prompt,
         max_new_tokens=new_tokens,
@@ -95,15 +96,8 @@ def conformance_machine(
         stop_token_ids=stop_ids,
     )
     if profile.policy.priority_order:
-        burst_fields["priority"] = priorities
-        submit_rule = rule(
-            target=ConformanceBase.requests,
-            prompt=prompt,
-            max_new_tokens=new_tokens,
-            ignore_eos=ignore_eos,
-            stop_token_ids=stop_ids,
-            priority=priorities,
-        )
+        burst_fields["priority"] = st.integers(0, 2)
+        submit_rule = functools.partial(submit_rule, priority=burst_fields["priority"])
     burst_request = st.fixed_dictionaries(burst_fields)
     solo_cache: SoloCache = {}
     step_counter = counter or StepCounter()
@@ -126,7 +120,7 @@ def conformance_machine(
         def ended(self) -> int:
             return self.harness.ended_rounds()
 
-        @submit_rule
+        @submit_rule()
         def submit(
             self,
             prompt: tuple[int, ...],
