@@ -13,7 +13,7 @@ A round:
    row at once), and — FDFO without reuse — free the KV of unfinished blocks;
 5. return control.
 
-Three policy options of `spec.profile.DllmPolicy` are implemented (the constructor's `policy`),
+Four policy options of `spec.profile.DllmPolicy` are implemented (the constructor's `policy`),
 each a built-in of its own:
 - `admission=PREFILL_FIRST` (SGLang's dLLM order): admission first takes requests whose first
   block is prompt-only (in queue order, while each fits), then FCFS from the head; a round's
@@ -23,7 +23,9 @@ each a built-in of its own:
   carried unfinished gives its row back with the block's KV, and takes a free row again at the
   start of the next round, before admission; one that finds none waits a round;
 - `priority_order`: the queue is kept by `RequestSpec.priority`, lower first, submission order
-  breaking ties; admission (FCFS or PREFILL_FIRST) reads it in that order.
+  breaking ties; admission (FCFS or PREFILL_FIRST) reads it in that order;
+- `longest_output_first`: likewise by `max_new_tokens`, the longest first (after the priority
+  when both are on).
 The reference is work-conserving whatever the policy says (the spec allows more than asked).
 
 Each step is a small method so the mutant catalogue (tests/mutants.py) can seed one bug by
@@ -145,7 +147,8 @@ class ReferenceDllmScheduler:
     def submit(self, request: RequestSpec) -> None:
         """`validate_request`, then `DuplicateRequest` for a remembered id (both before any change);
         else queue it with its worst-case KV pages and emit `Submitted`: at the tail, or under
-        `priority_order` behind every waiting request of a lower or equal priority."""
+        an ordered queue (`priority_order`, `longest_output_first`) behind every waiting request
+        whose `DllmPolicy.queue_key` is not greater."""
         shape = validate_request(self.config, request)
         if request.request_id in self.seen:
             raise DuplicateRequest(request.request_id)
@@ -154,11 +157,14 @@ class ReferenceDllmScheduler:
         self.sink(request.submitted())
 
     def _enqueue(self, req: _Req) -> None:
-        priority = req.spec.priority
+        key = self._queue_key(req)
         at = len(self.waiting)
-        if self.policy.priority_order:
-            at = next((i for i, w in enumerate(self.waiting) if w.spec.priority > priority), at)
+        if self.policy.orders_queue:
+            at = next((i for i, w in enumerate(self.waiting) if self._queue_key(w) > key), at)
         self.waiting.insert(at, req)
+
+    def _queue_key(self, req: _Req) -> tuple[int, int]:
+        return self.policy.queue_key(req.spec.priority, req.spec.max_new_tokens)
 
     def abort(self, request_id: str) -> None:
         """A waiting request just leaves the queue (it holds nothing); a running one first frees its
@@ -510,6 +516,7 @@ def make_scripted_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
 PREFILL_FIRST_POLICY = DllmPolicy(admission=DllmAdmission.PREFILL_FIRST)
 ROWS_RELEASED_POLICY = DllmPolicy(rows_released_between_rounds=True)
 PRIORITY_POLICY = DllmPolicy(priority_order=True)
+LONGEST_OUTPUT_FIRST_POLICY = DllmPolicy(longest_output_first=True)
 
 
 def make_prefill_first_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
@@ -528,6 +535,14 @@ def make_priority_scheduler(config: DllmConfig, sink: EventSink) -> ReferenceDll
     """The reference with the queue in priority order (lower `RequestSpec.priority` first,
     submission order breaking ties)."""
     return ReferenceDllmScheduler(config, sink, policy=PRIORITY_POLICY)
+
+
+def make_longest_output_first_scheduler(
+    config: DllmConfig, sink: EventSink
+) -> ReferenceDllmScheduler:
+    """The reference with the queue by `max_new_tokens`, longest first (submission order breaking
+    ties): SGLang's `--schedule-policy lof`."""
+    return ReferenceDllmScheduler(config, sink, policy=LONGEST_OUTPUT_FIRST_POLICY)
 
 
 def replaying_twin(
@@ -555,6 +570,7 @@ REFERENCE_TWIN = replaying_twin()
 PREFILL_FIRST_TWIN = replaying_twin(policy=PREFILL_FIRST_POLICY)
 ROWS_RELEASED_TWIN = replaying_twin(policy=ROWS_RELEASED_POLICY)
 PRIORITY_TWIN = replaying_twin(policy=PRIORITY_POLICY)
+LONGEST_OUTPUT_FIRST_TWIN = replaying_twin(policy=LONGEST_OUTPUT_FIRST_POLICY)
 
 
 # The built-ins declare themselves with their profiles (`schedspec verify --impl
@@ -595,4 +611,10 @@ REFERENCE_DLLM_PRIORITY = DllmImplementation(
     make_priority_scheduler,
     DllmProfile(policy=PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
     "the reference with the queue in priority order (lower priority value first)",
+)
+# Every configuration; the queue is by max_new_tokens, longest first.
+REFERENCE_DLLM_LONGEST_OUTPUT_FIRST = DllmImplementation(
+    make_longest_output_first_scheduler,
+    DllmProfile(policy=LONGEST_OUTPUT_FIRST_POLICY, ignore_eos=True, stop_token_ids=True),
+    "the reference with the queue by max_new_tokens, longest first (SGLang's lof)",
 )

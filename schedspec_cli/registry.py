@@ -124,6 +124,15 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         twin="reference.dllm:PRIORITY_TWIN",
     ),
     _dllm(
+        "reference-dllm-lof",
+        (
+            "reference.dllm:REFERENCE_DLLM_LONGEST_OUTPUT_FIRST",
+            "reference.dllm:make_longest_output_first_scheduler",
+        ),
+        "the reference with the queue by max_new_tokens, longest first (SGLang's lof)",
+        twin="reference.dllm:LONGEST_OUTPUT_FIRST_TWIN",
+    ),
+    _dllm(
         "sglang-dllm-order",
         (
             "reference.sglang_dllm:SGLANG_DLLM_ORDER",

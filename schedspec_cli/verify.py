@@ -36,7 +36,7 @@ from schedspec_cli.impls import (
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
-from schedspec_cli.twins import twin_for_targets
+from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation
@@ -89,8 +89,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         metavar="NAME|MODULE:ATTR",
         help="end every example by running its operations through this decision twin, which "
         "must decide exactly alike (rule twin_decisions). dLLM: a built-in with a twin "
-        "(reference-dllm, reference-dllm-prefill-first, reference-dllm-rows-released, "
-        "reference-dllm-priority, sglang-dllm-order, sglang-dllm-order-priority; it replays the "
+        f"({', '.join(twin_names(Family.DLLM))}; it replays the "
         "run's step outcomes) or module:attribute naming a "
         "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
         "an ArImplementation (checked under its profile) or a bare factory (under the "

@@ -57,9 +57,11 @@ Modelling choices (stated so they can be argued with):
   engine's own abort inside a round, right after the request committed a block holding a
   generated token: rule `scheduler_phase`), `DllmPolicy.priority_order` (the queue is ordered
   by `Submitted.priority`, lower first, submission order breaking ties, as SGLang's and vLLM's
-  priority scheduling: rule `fcfs_admission` reads that order), reserved pages/rows (outside the
-  spec's pool: the adapter reports engine id - reserved). Strategies draw configurations only
-  inside `DllmConfigSpace`.
+  priority scheduling: rule `fcfs_admission` reads that order), `DllmPolicy.longest_output_first`
+  (the queue is ordered by `max_new_tokens`, longest first, after the priority when both are on,
+  as SGLang's `--schedule-policy lof`: rule `fcfs_admission` reads that order), reserved
+  pages/rows (outside the spec's pool: the adapter reports engine id - reserved). Strategies
+  draw configurations only inside `DllmConfigSpace`.
 - Work conservation counts the running requests' worst-case footprints (what they may still
   claim), so a scheduler that reserves a request's whole footprint at admission conforms.
 - An implementation raising `SchedulerStalled` from drain breaks `progress`; any other exception

@@ -30,8 +30,9 @@ class FinishReason(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """A request entered the waiting queue (at the tail; under `DllmPolicy.priority_order`
-    behind every queued request of a lower or equal `priority`).
+    """A request entered the waiting queue (at the tail; under an ordered queue,
+    `DllmPolicy.priority_order` or `longest_output_first`, behind every queued request that is
+    not after it in that order: `DllmPolicy.queue_key`).
 
     `stop_token_ids`: token ids other than the EOS that end the request as the EOS does, with
     reason STOP: it finishes right after the block that commits the first of them (within

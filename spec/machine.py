@@ -371,22 +371,24 @@ class SpecMachine(MachineBase[Event, Rule]):
             stop_token_ids=tuple(e.stop_token_ids),
             priority=e.priority,
         )
-        self._enqueue(e.request_id, e.priority)
+        self._enqueue(e.request_id)
         self._dirty[e.request_id] = None
 
-    def _enqueue(self, request_id: str, priority: int) -> None:
-        """Queue a submitted request at the tail; under `DllmPolicy.priority_order` behind every
-        queued request of a lower or equal priority instead (submission order breaks ties)."""
+    def _queue_key(self, request_id: str) -> tuple[int, int]:
+        r = self._requests[request_id]
+        return self.policy.queue_key(r.priority, r.max_new_tokens)
+
+    def _enqueue(self, request_id: str) -> None:
+        """Queue a submitted request at the tail; under an ordered queue
+        (`DllmPolicy.queue_key`) behind every queued request whose key is not greater than its
+        own instead (submission order breaks ties)."""
         tail = next(reversed(self._queue), None)
-        if (
-            not self.policy.priority_order
-            or tail is None
-            or self._requests[tail].priority <= priority
-        ):
+        key = self._queue_key(request_id)
+        if not self.policy.orders_queue or tail is None or self._queue_key(tail) <= key:
             self._queue[request_id] = None
             return
         ordered = list(self._queue)
-        at = next(i for i, rid in enumerate(ordered) if self._requests[rid].priority > priority)
+        at = next(i for i, rid in enumerate(ordered) if self._queue_key(rid) > key)
         ordered.insert(at, request_id)
         self._queue = dict.fromkeys(ordered)
 
@@ -446,10 +448,10 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._dirty = dict.fromkeys(self._requests)
         self._dirty_rows = set(self._rows)
         self._dirty_blocks = {owner for owner in self._owner.values()}
-        if self.policy.priority_order:  # the queue's order derives from the priorities
+        if self.policy.orders_queue:  # the queue's order derives from the requests' keys
             position = {rid: i for i, rid in enumerate(self._requests)}
             self._queue = dict.fromkeys(
-                sorted(self._queue, key=lambda rid: (self._requests[rid].priority, position[rid]))
+                sorted(self._queue, key=lambda rid: (self._queue_key(rid), position[rid]))
             )
 
     def _pages(self, r: _Request) -> int:
@@ -469,6 +471,24 @@ class SpecMachine(MachineBase[Event, Rule]):
             del blocks[block]
         if not blocks:
             del self._blocks[rid]
+
+    def _queue_keys(self, request_ids: list[str]) -> str:
+        """What orders these queued requests, for a violation: `r1: priority 0, r0: priority 1`,
+        `r1: max_new_tokens 9`, or both (`r1: priority 0 max_new_tokens 9`)."""
+
+        def key(rid: str) -> str:
+            r = self._requests[rid]
+            parts = [
+                *([f"priority {r.priority}"] if self.policy.priority_order else []),
+                *(
+                    [f"max_new_tokens {r.max_new_tokens}"]
+                    if self.policy.longest_output_first
+                    else []
+                ),
+            ]
+            return f"{rid}: {' '.join(parts)}"
+
+        return ", ".join(key(rid) for rid in request_ids)
 
     def _queue_head(self) -> str | None:
         return next(iter(self._queue), None)
@@ -508,9 +528,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 if self.policy.admission is DllmAdmission.PREFILL_FIRST
                 else ""
             )
-            if self.policy.priority_order:
-                order = ", ".join(f"{rid}={self._requests[rid].priority}" for rid in ahead)
-                why += f"; the queue is in priority order, lower first (priorities {order})"
+            if self.policy.orders_queue:
+                why += f"; {self.policy.describe_queue_order()} ({self._queue_keys(ahead)})"
             raise self._fail(
                 Rule.FCFS_ADMISSION,
                 f"admitted {e.request_id!r} while {head!r} is ahead of it (queue {ahead}"

@@ -201,6 +201,11 @@ class DllmPolicy:
         `--schedule-low-priority-values-first`: `SchedulePolicy._sort_by_priority_and_fcfs`;
         vLLM's priority policy). The property suites then give requests priorities. Off: the
         queue is in submission order and priorities are ignored (the idealised spec).
+    longest_output_first: the queue is ordered by `max_new_tokens`, the longest first, after
+        the priority when `priority_order` is on too, submission order breaking ties; admission
+        reads that order as it reads `priority_order`'s (SGLang 0.5.23 `--schedule-policy lof`:
+        `SchedulePolicy._sort_by_longest_output`, a stable sort before every round, its dLLM
+        path included). Off: `max_new_tokens` does not order the queue (the idealised spec).
     """
 
     admission: DllmAdmission = DllmAdmission.FCFS
@@ -210,12 +215,36 @@ class DllmPolicy:
     rows_released_between_rounds: bool = False
     aborts_after_commit: bool = False
     priority_order: bool = False
+    longest_output_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reserved_kv_pages", "reserved_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ProfileError(f"policy.{name}", value, "an integer >= 0")
+
+    @property
+    def orders_queue(self) -> bool:
+        """Whether the queue has an order of its own (`priority_order` or
+        `longest_output_first`) rather than submission order."""
+        return self.priority_order or self.longest_output_first
+
+    def queue_key(self, priority: int, max_new_tokens: int) -> tuple[int, int]:
+        """A queued request's place in the queue: a request with a smaller key is ahead, and
+        submission order breaks ties. Under neither ordering option every key is equal (the
+        queue is in submission order)."""
+        return (
+            priority if self.priority_order else 0,
+            -max_new_tokens if self.longest_output_first else 0,
+        )
+
+    def describe_queue_order(self) -> str:
+        """The queue's order in words, for a violation (empty in submission order)."""
+        keys = [
+            *(["priority, lower first"] if self.priority_order else []),
+            *(["max_new_tokens, longest first"] if self.longest_output_first else []),
+        ]
+        return f"the queue is ordered by {', then '.join(keys)}" if keys else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,8 +69,10 @@ _RULES: dict[Rule, str] = {
     Rule.FCFS_ADMISSION: "Requests are admitted in submission order: only the head of the queue "
     "(under DllmPolicy.admission = PREFILL_FIRST, a request whose first block is prompt-only may "
     "also pass queued requests whose first block is not; each kind stays in submission order). "
-    "Under DllmPolicy.priority_order the queue is ordered by priority, lower first, submission "
-    "order breaking ties, and 'submission order' above reads 'that order'.",
+    "Under DllmPolicy.priority_order the queue is ordered by priority, lower first, and under "
+    "DllmPolicy.longest_output_first by max_new_tokens, longest first (after the priority when "
+    "both are on); submission order breaks ties, and 'submission order' above reads 'that "
+    "order'.",
     Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
     Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
     "of a round, before its first forward (aborts are requested between rounds). With "

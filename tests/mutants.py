@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from properties.strategies import EOS, dllm_configs
 from reference.dllm import (
+    LONGEST_OUTPUT_FIRST_POLICY,
     PREFILL_FIRST_POLICY,
     PRIORITY_POLICY,
     ROWS_RELEASED_POLICY,
@@ -434,6 +435,15 @@ class PriorityValuesInverted(ReferenceDllmScheduler):
         self.waiting.insert(at, req)
 
 
+class ShortestOutputFirst(ReferenceDllmScheduler):
+    """Under longest-output-first the shortest output goes first: the sort key's sign dropped
+    (`max_new_tokens` where SGLang sorts by `-max_new_tokens`)."""
+
+    def _queue_key(self, req: _Req) -> tuple[int, int]:
+        priority, negated_length = self.policy.queue_key(req.spec.priority, req.spec.max_new_tokens)
+        return priority, -negated_length
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -729,6 +739,14 @@ MUTANTS: dict[str, Mutant] = {
             _tight_pool(),
             "under a priority-ordered queue the higher priority value is admitted first",
             DllmProfile(policy=PRIORITY_POLICY),
+        ),
+        Mutant(
+            "shortest_output_first",
+            "fcfs_admission",
+            _f(ShortestOutputFirst, policy=LONGEST_OUTPUT_FIRST_POLICY),
+            _tight_pool(),
+            "under a longest-output-first queue the shortest output is admitted first",
+            DllmProfile(policy=LONGEST_OUTPUT_FIRST_POLICY),
         ),
     )
 }

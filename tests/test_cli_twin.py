@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from properties.verify import ArTwin, DllmTwin
-from reference.dllm import PREFILL_FIRST_TWIN, PRIORITY_TWIN, REFERENCE_TWIN, ROWS_RELEASED_TWIN
+from reference.dllm import (
+    LONGEST_OUTPUT_FIRST_TWIN,
+    PREFILL_FIRST_TWIN,
+    PRIORITY_TWIN,
+    REFERENCE_TWIN,
+    ROWS_RELEASED_TWIN,
+)
 from reference.sglang_dllm import SGLANG_ORDER_PRIORITY_TWIN, SGLANG_ORDER_TWIN
 from schedspec_cli.main import main
 from schedspec_cli.registry import BUILTINS
@@ -81,6 +87,7 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
         "reference-dllm-prefill-first": PREFILL_FIRST_TWIN,
         "reference-dllm-rows-released": ROWS_RELEASED_TWIN,
         "reference-dllm-priority": PRIORITY_TWIN,
+        "reference-dllm-lof": LONGEST_OUTPUT_FIRST_TWIN,
         "sglang-dllm-order": SGLANG_ORDER_TWIN,
         "sglang-dllm-order-priority": SGLANG_ORDER_PRIORITY_TWIN,
     }

@@ -138,7 +138,7 @@ def test_finding_a_fetched_request_keeps_its_place_against_a_higher_priority_arr
     v = info.value
     assert v.rule == "fcfs_admission", v
     assert "admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])" in str(v), v
-    assert "priorities c=0, d=1" in str(v), v
+    assert "(c: priority 0, d: priority 1)" in str(v), v
     with sglang_fixed(WINDOW):
         h = _inversion(Harness(REAL_SGLANG_DLLM_PRIORITY.factory, config, profile=PROFILE))
     assert _admitted(h.events) == ["p", "c", "d"]

@@ -67,7 +67,7 @@ def test_admitting_past_a_lower_priority_value_breaks_fcfs_admission() -> None:
     message = str(info.value)
     assert "[fcfs_admission]" in message
     assert "admitted 'r0' while 'r1' is ahead of it" in message
-    assert "the queue is in priority order, lower first (priorities r1=0, r0=1)" in message
+    assert "ordered by priority, lower first (r1: priority 0, r0: priority 1)" in message
 
 
 def test_the_head_by_priority_is_admitted_then_submission_order_decides_ties() -> None:

@@ -99,6 +99,7 @@ def policies(draw: st.DrawFn) -> DllmPolicy:
         rows_released_between_rounds=draw(st.booleans()),
         aborts_after_commit=draw(st.booleans()),
         priority_order=draw(st.booleans()),
+        longest_output_first=draw(st.booleans()),
     )
 
 
@@ -154,10 +155,11 @@ def _good_events(m: SpecMachine, rng: random.Random) -> list[Event]:
     if s.queue and rnd.forwards == 0 and free_rows:
         out.append(Admitted(s.queue[0], rng.choice(free_rows)))
         if len(s.queue) > 1 and (
-            m.policy.admission is DllmAdmission.PREFILL_FIRST or m.policy.priority_order
+            m.policy.admission is DllmAdmission.PREFILL_FIRST or m.policy.orders_queue
         ):
             # a request whose first block is prompt-only may pass those whose first block is
-            # not; under a priority order, one that is not the head must not pass it
+            # not; under a priority order or longest-output-first, one that is not the head
+            # must not pass it
             out.append(Admitted(rng.choice(s.queue[1:]), rng.choice(free_rows)))
     owners = s.slot_owners
     for r in s.requests.values():
@@ -415,6 +417,8 @@ def _compare(m: SpecMachine, e: Event) -> bool:
                 STATS[f"reject {e.reason.value} past an ignored EOS"] += 1
             if _at_stop_token(m, e) and isinstance(e, Finished) and rule == "finish_condition":
                 STATS[f"reject {e.reason.value} at a stop token id"] += 1
+            if rule == "fcfs_admission" and _passes_a_later_longer_output(m, e):
+                STATS["refuse fcfs_admission past a later, longer output"] += 1
         return False
     STATS["both accept"] += 1
     if stop:
@@ -427,7 +431,7 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     if _past_ignored_stop_token(m, e):
         STATS[f"accept {e.kind} past an ignored stop token id"] += 1
     _count_policy_cases(m, e)
-    after = encoded(trial.state(), stepper.geom, m.policy.priority_order)
+    after = encoded(trial.state(), stepper.geom, m.policy)
     assert verdict.successor is not None
     diff = {k: (verdict.successor[k], v) for k, v in after.items() if verdict.successor[k] != v}
     assert not diff, f"successor differs on {e!r} (field: (Z3, SpecMachine)): {diff}\n{m.render()}"
@@ -498,6 +502,41 @@ def _past_ignored_stop_token(m: SpecMachine, e: Event) -> bool:
     )
 
 
+def _output_order(m: SpecMachine, e: Event) -> tuple[list[bool], list[bool]] | None:
+    """When `e` admits a queued request r: for each request queued ahead of r, and for each
+    queued behind it, whether it was submitted after r with a longer output (`max_new_tokens`)
+    and whether it was submitted before r with a shorter one."""
+    s = m.state()
+    if not isinstance(e, Admitted) or e.request_id not in s.queue:
+        return None
+    queue, submitted = list(s.queue), list(s.requests)
+    at, r = queue.index(e.request_id), s.requests[e.request_id]
+
+    def later_longer(j: str) -> bool:
+        later = submitted.index(j) > submitted.index(r.request_id)
+        return later and s.requests[j].max_new_tokens > r.max_new_tokens
+
+    def earlier_shorter(j: str) -> bool:
+        earlier = submitted.index(j) < submitted.index(r.request_id)
+        return earlier and s.requests[j].max_new_tokens < r.max_new_tokens
+
+    return [later_longer(j) for j in queue[:at]], [earlier_shorter(j) for j in queue[at + 1 :]]
+
+
+def _passes_a_later_longer_output(m: SpecMachine, e: Event) -> bool:
+    """`e` admits a request the queue holds behind one submitted after it with a longer output:
+    only `longest_output_first` puts that one ahead."""
+    order = _output_order(m, e)
+    return order is not None and any(order[0])
+
+
+def _ahead_of_an_earlier_shorter_output(m: SpecMachine, e: Event) -> bool:
+    """`e` admits a request the queue holds ahead of one submitted before it with a shorter
+    output: only `longest_output_first` puts it there."""
+    order = _output_order(m, e)
+    return order is not None and any(order[1])
+
+
 def _count_policy_cases(m: SpecMachine, e: Event) -> None:
     """Count accepted events that only a non-default policy allows."""
     s = m.state()
@@ -506,6 +545,8 @@ def _count_policy_cases(m: SpecMachine, e: Event) -> None:
     queued = [rid for rid, r in s.requests.items() if r.phase is RequestPhase.QUEUED]
     if isinstance(e, Admitted) and queued and queued[0] != e.request_id:
         STATS["accept an admission ahead of an earlier submission"] += 1
+    if _ahead_of_an_earlier_shorter_output(m, e):
+        STATS["accept an admission ahead of an earlier, shorter output"] += 1
     if isinstance(e, ControlReturned) and any(
         r.row is None for r in s.requests.values() if r.phase in ACTIVE_PHASES
     ):
@@ -591,8 +632,10 @@ def _perturb(m: SpecMachine, rng: random.Random) -> None:
             r.stop_sampled = not r.stop_sampled
         elif x < 0.4:
             r.ignore_eos = not r.ignore_eos
-        elif x < 0.5:  # reindex keeps a priority-ordered queue in order
+        elif x < 0.5:  # reindex keeps an ordered queue in order
             r.priority = rng.randrange(3)
+            if m.policy.longest_output_first:  # a draw only then (the other walks as before)
+                r.max_new_tokens = rng.randint(1, 2 * c.block_size)
         else:  # no later round than the current one (the encoding cannot hold that)
             idx = m._round.index
             r.last_commit_round = rng.choice([None, max(0, idx - 1), idx])
@@ -968,6 +1011,25 @@ def test_the_walks_abort_in_a_round_both_ways(mode: Mode) -> None:
             Mode.FDFO,
             ("reject fcfs_admission", "accept an admission ahead of an earlier submission"),
         ),
+        (
+            DllmPolicy(longest_output_first=True),
+            Mode.SYNC,
+            (
+                "reject fcfs_admission",
+                "reject work_conserving",
+                "refuse fcfs_admission past a later, longer output",
+                "accept an admission ahead of an earlier, shorter output",
+            ),
+        ),
+        (
+            DllmPolicy(admission=DllmAdmission.PREFILL_FIRST, longest_output_first=True),
+            Mode.FDFO,
+            (
+                "reject fcfs_admission",
+                "refuse fcfs_admission past a later, longer output",
+                "accept an admission ahead of an earlier, shorter output",
+            ),
+        ),
     ],
     ids=[
         "work-conserving",
@@ -976,6 +1038,8 @@ def test_the_walks_abort_in_a_round_both_ways(mode: Mode) -> None:
         "rows-released",
         "priority-order",
         "prefill-first-priority",
+        "longest-output-first",
+        "prefill-first-longest-output-first",
     ],
 )
 def test_the_walks_reach_each_policy_rule_both_ways(

@@ -31,6 +31,7 @@ from spec.events import (
 )
 from spec.lifecycles import RequestPhase
 from spec.machine import finish_condition
+from spec.profile import DllmPolicy
 from spec.state import TERMINAL_PHASES, AbstractState, RequestState
 
 
@@ -110,9 +111,10 @@ def _request_values(
     }
 
 
-def encode_state(state: AbstractState, geom: Geometry, priority_order: bool = False) -> Values:
+def encode_state(state: AbstractState, geom: Geometry, policy: DllmPolicy | None = None) -> Values:
     """The symbolic values of a spec state (ghosts included), its queue in the order of a
-    machine with or without `DllmPolicy.priority_order`. Raises `NotEncodable` when the state
+    machine under `policy` (default `DllmPolicy()`: submission order; `DllmPolicy.queue_key`
+    under `priority_order` or `longest_output_first`). Raises `NotEncodable` when the state
     lies outside the encoding."""
     _check_geometry(state.config, geom)
     order = list(state.requests)
@@ -120,10 +122,13 @@ def encode_state(state: AbstractState, geom: Geometry, priority_order: bool = Fa
         raise NotEncodable(f"{len(order)} requests > {geom.requests}")
     index = {rid: i for i, rid in enumerate(order)}
     queued = [rid for rid in order if state.requests[rid].phase is RequestPhase.QUEUED]
-    if priority_order:  # stable: submission order breaks ties
-        queued.sort(key=lambda rid: state.requests[rid].priority)
+    if policy is not None and policy.orders_queue:  # stable: submission order breaks ties
+        requests = state.requests
+        queued.sort(
+            key=lambda rid: policy.queue_key(requests[rid].priority, requests[rid].max_new_tokens)
+        )
     if list(state.queue) != queued:
-        # the encoding's queue is "the queued requests in submission order", or by priority
+        # the encoding's queue is "the queued requests in submission order", or by queue key
         raise NotEncodable(f"queue {list(state.queue)} is not the queued requests {queued}")
     rnd = state.round
     pending_of: set[str] = set()

@@ -77,8 +77,7 @@ class SymbolicStepper:
         """Enabledness and successor of `event` in `state` under `policy` (default
         `DllmPolicy()`), per the symbolic relation. Raises `NotEncodable` if the state or event
         lies outside the encoding."""
-        ordered = policy is not None and policy.priority_order
-        values = encode_state(state, self.geom, ordered)
+        values = encode_state(state, self.geom, policy)
         params = encode_event(state, self.geom, event)
         out = self._kind_fns[event.kind](self._inputs(state.config, policy, values, params))
         if not out["__ok"]:
@@ -92,8 +91,7 @@ class SymbolicStepper:
 
     def invariants(self, state: AbstractState, policy: DllmPolicy | None = None) -> dict[str, bool]:
         """The symbolic invariants evaluated on `state` (a machine's under `policy`)."""
-        ordered = policy is not None and policy.priority_order
-        values = encode_state(state, self.geom, ordered)
+        values = encode_state(state, self.geom, policy)
         out = self._inv_fn(self._inputs(state.config, policy, values, None))
         return {k: bool(x) for k, x in out.items()}
 
@@ -119,7 +117,8 @@ def stepper_for(
     return _STEPPERS[geom]
 
 
-def encoded(state: AbstractState, geom: Geometry, priority_order: bool = False) -> Values:
-    """The state's non-ghost encoded values (what the drift guard compares)."""
-    values = encode_state(state, geom, priority_order)
+def encoded(state: AbstractState, geom: Geometry, policy: DllmPolicy | None = None) -> Values:
+    """The state's non-ghost encoded values (what the drift guard compares), its queue in the
+    order of a machine under `policy`."""
+    values = encode_state(state, geom, policy)
     return {k: v for k, v in values.items() if k.split("[")[0] not in GHOST_FIELDS}

@@ -157,14 +157,18 @@ class Encoding:
         return z3.And(cfg.rows_released, z3.Not(cfg.sync), z3.Not(cfg.reuse), carried)
 
     def ahead(self, s: State, j: int, i: int) -> Z:
-        """Request j comes before request i in the queue (`SpecMachine._enqueue`): j < i, the
-        indices following submission order, or under `priority_order` a lower priority, the
-        index breaking ties."""
+        """Request j comes before request i in the queue (`SpecMachine._enqueue`): (priority[j]
+        under `priority_order`, -max_new_tokens[j] under `longest_output_first`, j) is less than
+        the same of i, lexicographically (`DllmPolicy.queue_key`, the index breaking ties; the
+        indices follow submission order). Under neither option: j < i."""
         by_index = z3.BoolVal(j < i)
-        by_priority = z3.Or(
-            s.priority[j] < s.priority[i], z3.And(s.priority[j] == s.priority[i], by_index)
+        mn = s.max_new_tokens
+        longer, same = mn[j] > mn[i], mn[j] == mn[i]
+        by_length = z3.If(
+            self.cfg.longest_output_first, z3.Or(longer, z3.And(same, by_index)), by_index
         )
-        return z3.If(self.cfg.priority_order, by_priority, by_index)
+        lower, tied = s.priority[j] < s.priority[i], s.priority[j] == s.priority[i]
+        return z3.If(self.cfg.priority_order, z3.Or(lower, z3.And(tied, by_length)), by_length)
 
     def work_conserved(self, s: State) -> Z:
         """`SpecMachine._check_work_conserving` passes: the policy does not ask for it, or the

@@ -6,9 +6,11 @@ the relation takes as parameters, as z3 terms: one query over `SymConfig.symboli
 every mode, every such policy and every pool size up to K pages at once;
 `SymConfig.concrete(config, policy)` pins one configuration and policy.
 
-Of `DllmPolicy`, the encoding takes the five fields that change which events the spec allows:
+Of `DllmPolicy`, the encoding takes the six fields that change which events the spec allows:
 `work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds`,
-`aborts_after_commit` and `priority_order` (the queue by priority, then submission).
+`aborts_after_commit`, `priority_order` (the queue by priority) and `longest_output_first`
+(the queue by `max_new_tokens`, longest first, after the priority), submission order breaking
+ties.
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
 guard reads them.
 """
@@ -93,6 +95,7 @@ class SymConfig:
     rows_released: Z  # DllmPolicy.rows_released_between_rounds
     aborts_after_commit: Z  # DllmPolicy.aborts_after_commit
     priority_order: Z  # DllmPolicy.priority_order
+    longest_output_first: Z  # DllmPolicy.longest_output_first
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -111,6 +114,7 @@ class SymConfig:
             z3.Bool(f"{prefix}.rows_released"),
             z3.Bool(f"{prefix}.aborts_after_commit"),
             z3.Bool(f"{prefix}.priority_order"),
+            z3.Bool(f"{prefix}.longest_output_first"),
         )
 
     @classmethod
@@ -177,6 +181,7 @@ class SymConfig:
             rows_released_between_rounds=bool(model_value(model, self.rows_released)),
             aborts_after_commit=bool(model_value(model, self.aborts_after_commit)),
             priority_order=bool(model_value(model, self.priority_order)),
+            longest_output_first=bool(model_value(model, self.longest_output_first)),
         )
 
 
@@ -187,6 +192,7 @@ def policy_label(policy: DllmPolicy) -> str:
         f"rows_released_between_rounds={policy.rows_released_between_rounds} "
         f"aborts_after_commit={policy.aborts_after_commit}"
         + (" priority_order=True" if policy.priority_order else "")
+        + (" longest_output_first=True" if policy.longest_output_first else "")
     )
 
 
@@ -208,4 +214,5 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
         "rows_released": policy.rows_released_between_rounds,
         "aborts_after_commit": policy.aborts_after_commit,
         "priority_order": policy.priority_order,
+        "longest_output_first": policy.longest_output_first,
     }

@@ -201,6 +201,26 @@ def _passes_a_lower_priority_value(enc: Encoding, s: State, p: Params) -> Z:
     )
 
 
+def _passes_a_longer_output(enc: Encoding, s: State, p: Params) -> Z:
+    """The admitted request was submitted before a queued request of a longer output (more
+    `max_new_tokens`), which the queue puts ahead of it: an admission by submission order
+    under longest-output-first."""
+    return z3.Or(
+        [
+            z3.And(
+                p.request == i,
+                z3.Or(
+                    [
+                        z3.And(s.phase[j] == QUEUED, s.max_new_tokens[j] > s.max_new_tokens[i])
+                        for j in range(i + 1, enc.N)
+                    ]
+                ),
+            )
+            for i in range(enc.N)
+        ]
+    )
+
+
 def _running_without_row(enc: Encoding, s: State, p: Params) -> Z:
     """A running request ends the round holding no row."""
     return z3.Or([z3.And(s.phase[i] == RUNNING, s.row[i] == -1) for i in range(enc.N)])
@@ -439,6 +459,20 @@ _POOL_AND_POLICY_MUTANTS: tuple[SymbolicMutant, ...] = (
         reference=("priority_values_inverted",),
         depths=(3, 4, 6),
         policy=DllmPolicy(priority_order=True),
+    ),
+    SymbolicMutant(
+        "admits_by_submission_under_longest_output_first",
+        "under longest-output-first a request is admitted ahead of a later one with a longer "
+        "output",
+        "fcfs_admission",
+        dllm_config(),
+        "admitted",
+        (Relaxation("admitted", "fcfs_admission"),),
+        ("fcfs_admission", ""),
+        extra=_passes_a_longer_output,
+        reference=("shortest_output_first",),
+        depths=(3, 4, 6),
+        policy=DllmPolicy(longest_output_first=True),
     ),
 )
 

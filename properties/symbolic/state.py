@@ -6,7 +6,8 @@ where a spec field is a structure, the encoding keeps what the guards need:
 per request i (`RequestState`, in submission order; index i is request "r<i>"):
   phase[i]              request phase code (`codes.REQ`; 0 = not submitted yet)
   prompt_len[i]         len(prompt)
-  max_new_tokens[i]     max_new_tokens
+  max_new_tokens[i]     max_new_tokens; under `longest_output_first` the queue is by
+                        (-max_new_tokens, index), after the priority under both options
   reserved_pages[i]     ghost: worst-case KV pages ceil((prompt_len + max_new_tokens) / P)
   row[i]                request-pool row, -1 = none
   committed_blocks[i]   committed blocks (= the index of the current block)
@@ -21,7 +22,7 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
                         stop_token_committed[i] stay false
   has_stop_token_ids[i]  it lists stop token ids (`RequestState.stop_token_ids` is not empty)
   priority[i]           its priority as submitted (`RequestState.priority`); under
-                        `priority_order` the queue is by (priority, index)
+                        `priority_order` the queue is by (priority, index) (`Encoding.ahead`)
   committed_this_round[i]  it committed a block in this round
                         (`RequestState.last_commit_round` = `RoundState.index`)
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)

@@ -25,8 +25,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     scheduler_phase    round_forwards = 0
     fcfs_admission     every queued j ahead of r may be passed: prefill_first ∧ block 0 of r
                        is prompt-only ∧ block 0 of j is not (`Encoding.ahead`: j < r, indices
-                       following submission order, or under priority_order (priority[j], j)
-                       < (priority[r], r); without PREFILL_FIRST: none is queued)
+                       following submission order, or lexicographically (priority[j] under
+                       priority_order, -max_new_tokens[j] under longest_output_first, j) <
+                       (the same of r); without PREFILL_FIRST: none is queued)
     max_running        |active| < max_running
     row_exclusive      p.row < rows ∧ row_holder[p.row] = -1"""
     return [
