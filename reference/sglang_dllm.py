@@ -23,6 +23,13 @@ is the order SGLang means to follow, not the one 0.5.23 follows: its window is s
 request `_fetch_waiting_reqs` moved into the dLLM manager stays there, admitted or not, and is
 never sorted again), so a later arrival of a higher priority waits behind it. The candidate
 fix `priority-window` (`integrations.sglang.fixes`) makes SGLang decide as this twin does.
+
+Under `--schedule-policy lof` (`sglang-dllm-order-lof`) the queue is by `max_new_tokens`,
+longest first, submission order breaking ties (`DllmPolicy.longest_output_first`), and the
+window is again its head every round; with priority scheduling too
+(`sglang-dllm-order-priority-lof`) by priority, then `max_new_tokens`. SGLang 0.5.23's window
+is just as sticky under these orders, and `priority-window` covers them as well (it re-sorts
+the window under any order `calc_priority` applies).
 """
 
 from __future__ import annotations
@@ -89,14 +96,69 @@ SGLANG_DLLM_ORDER_PRIORITY = DllmImplementation(
     "the reference",
 )
 
+#: The same under `--schedule-policy lof`: the queue by max_new_tokens, longest first.
+SGLANG_ORDER_LOF_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, longest_output_first=True)
+
+
+def make_sglang_order_lof_scheduler(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:
+    """Factory for `schedspec verify --impl sglang-dllm-order-lof`."""
+    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_LOF_POLICY)
+
+
+#: SGLang's decision twin under `--schedule-policy lof` (`verify --twin sglang-dllm-order-lof`).
+SGLANG_ORDER_LOF_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_LOF_POLICY)
+
+SGLANG_DLLM_ORDER_LOF = DllmImplementation(
+    make_sglang_order_lof_scheduler,
+    DllmProfile(policy=SGLANG_ORDER_LOF_POLICY, ignore_eos=True, stop_token_ids=True),
+    "SGLang 0.5.23's dLLM admission order under --schedule-policy lof (the queue by "
+    "max_new_tokens, longest first; its window the head of that order every round), "
+    "re-implemented on the reference",
+)
+
+#: Both: the queue by priority, lower first, then by max_new_tokens, longest first.
+SGLANG_ORDER_PRIORITY_LOF_POLICY = dataclasses.replace(
+    SGLANG_ORDER_POLICY, priority_order=True, longest_output_first=True
+)
+
+
+def make_sglang_order_priority_lof_scheduler(
+    config: DllmConfig, sink: EventSink
+) -> SglangOrderScheduler:
+    """Factory for `schedspec verify --impl sglang-dllm-order-priority-lof`."""
+    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_PRIORITY_LOF_POLICY)
+
+
+#: SGLang's decision twin under lof with priority scheduling
+#: (`verify --twin sglang-dllm-order-priority-lof`).
+SGLANG_ORDER_PRIORITY_LOF_TWIN = replaying_twin(
+    SglangOrderScheduler, SGLANG_ORDER_PRIORITY_LOF_POLICY
+)
+
+SGLANG_DLLM_ORDER_PRIORITY_LOF = DllmImplementation(
+    make_sglang_order_priority_lof_scheduler,
+    DllmProfile(policy=SGLANG_ORDER_PRIORITY_LOF_POLICY, ignore_eos=True, stop_token_ids=True),
+    "SGLang 0.5.23's dLLM admission order under --schedule-policy lof with priority "
+    "scheduling (the queue by priority, lower first, then by max_new_tokens, longest first), "
+    "re-implemented on the reference",
+)
+
 __all__ = [
     "SGLANG_DLLM_ORDER",
+    "SGLANG_DLLM_ORDER_LOF",
     "SGLANG_DLLM_ORDER_PRIORITY",
+    "SGLANG_DLLM_ORDER_PRIORITY_LOF",
+    "SGLANG_ORDER_LOF_POLICY",
+    "SGLANG_ORDER_LOF_TWIN",
     "SGLANG_ORDER_POLICY",
+    "SGLANG_ORDER_PRIORITY_LOF_POLICY",
+    "SGLANG_ORDER_PRIORITY_LOF_TWIN",
     "SGLANG_ORDER_PRIORITY_POLICY",
     "SGLANG_ORDER_PRIORITY_TWIN",
     "SGLANG_ORDER_TWIN",
     "SglangOrderScheduler",
+    "make_sglang_order_lof_scheduler",
+    "make_sglang_order_priority_lof_scheduler",
     "make_sglang_order_priority_scheduler",
     "make_sglang_order_scheduler",
 ]

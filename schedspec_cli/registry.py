@@ -152,6 +152,26 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         twin="reference.sglang_dllm:SGLANG_ORDER_PRIORITY_TWIN",
     ),
     _dllm(
+        "sglang-dllm-order-lof",
+        (
+            "reference.sglang_dllm:SGLANG_DLLM_ORDER_LOF",
+            "reference.sglang_dllm:make_sglang_order_lof_scheduler",
+        ),
+        "sglang-dllm-order under --schedule-policy lof (the queue by max_new_tokens, longest "
+        "first)",
+        twin="reference.sglang_dllm:SGLANG_ORDER_LOF_TWIN",
+    ),
+    _dllm(
+        "sglang-dllm-order-priority-lof",
+        (
+            "reference.sglang_dllm:SGLANG_DLLM_ORDER_PRIORITY_LOF",
+            "reference.sglang_dllm:make_sglang_order_priority_lof_scheduler",
+        ),
+        "sglang-dllm-order under lof with priority scheduling (the queue by priority, lower "
+        "first, then max_new_tokens, longest first)",
+        twin="reference.sglang_dllm:SGLANG_ORDER_PRIORITY_LOF_TWIN",
+    ),
+    _dllm(
         "engine",
         ("gpu.engine:SMALL_ENGINE", "gpu.engine:make_small_engine"),
         "the torch engine: trained block-diffusion model, paged KV tensors (needs the engine "
@@ -267,6 +287,21 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "real-sglang-dllm-priority",
         ("integrations.sglang:REAL_SGLANG_DLLM_PRIORITY",),
         "SGLang 0.5.23's dLLM scheduler path under priority scheduling (lower values first)",
+        engine="sglang",
+        default_verify=False,
+    ),
+    _dllm(
+        "real-sglang-dllm-lof",
+        ("integrations.sglang:REAL_SGLANG_DLLM_LOF",),
+        "SGLang 0.5.23's dLLM scheduler path under --schedule-policy lof (longest output first)",
+        engine="sglang",
+        default_verify=False,
+    ),
+    _dllm(
+        "real-sglang-dllm-priority-lof",
+        ("integrations.sglang:REAL_SGLANG_DLLM_PRIORITY_LOF",),
+        "SGLang 0.5.23's dLLM scheduler path under lof with priority scheduling (lower values "
+        "first, then the longest output)",
         engine="sglang",
         default_verify=False,
     ),

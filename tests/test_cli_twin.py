@@ -20,7 +20,12 @@ from reference.dllm import (
     REFERENCE_TWIN,
     ROWS_RELEASED_TWIN,
 )
-from reference.sglang_dllm import SGLANG_ORDER_PRIORITY_TWIN, SGLANG_ORDER_TWIN
+from reference.sglang_dllm import (
+    SGLANG_ORDER_LOF_TWIN,
+    SGLANG_ORDER_PRIORITY_LOF_TWIN,
+    SGLANG_ORDER_PRIORITY_TWIN,
+    SGLANG_ORDER_TWIN,
+)
 from schedspec_cli.main import main
 from schedspec_cli.registry import BUILTINS
 from schedspec_cli.twins import resolve_twin, twin_names
@@ -90,6 +95,8 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
         "reference-dllm-lof": LONGEST_OUTPUT_FIRST_TWIN,
         "sglang-dllm-order": SGLANG_ORDER_TWIN,
         "sglang-dllm-order-priority": SGLANG_ORDER_PRIORITY_TWIN,
+        "sglang-dllm-order-lof": SGLANG_ORDER_LOF_TWIN,
+        "sglang-dllm-order-priority-lof": SGLANG_ORDER_PRIORITY_LOF_TWIN,
     }
     assert twin_names(Family.DLLM) == sorted(expected)
     for name, twin in expected.items():

@@ -9,9 +9,19 @@ script prints as a patch: `integrations.sglang.fixes`. See docs/engines.md, "SGL
 
 from __future__ import annotations
 
-from integrations.sglang.adapter import make_sglang_dllm, make_sglang_dllm_priority
+from integrations.sglang.adapter import (
+    make_sglang_dllm,
+    make_sglang_dllm_lof,
+    make_sglang_dllm_priority,
+    make_sglang_dllm_priority_lof,
+)
 from integrations.sglang.manifest import MANIFEST
-from integrations.sglang.profile import SGLANG_DLLM_PRIORITY_PROFILE, SGLANG_DLLM_PROFILE
+from integrations.sglang.profile import (
+    SGLANG_DLLM_LOF_PROFILE,
+    SGLANG_DLLM_PRIORITY_LOF_PROFILE,
+    SGLANG_DLLM_PRIORITY_PROFILE,
+    SGLANG_DLLM_PROFILE,
+)
 from spec.implementation import DllmImplementation
 
 REAL_SGLANG_DLLM = DllmImplementation(
@@ -28,12 +38,32 @@ REAL_SGLANG_DLLM_PRIORITY = DllmImplementation(
     "(--enable-priority-scheduling, lower values first), on CPU",
 )
 
+REAL_SGLANG_DLLM_LOF = DllmImplementation(
+    make_sglang_dllm_lof,
+    SGLANG_DLLM_LOF_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path under --schedule-policy lof (the longest "
+    "max_new_tokens first), on CPU",
+)
+
+REAL_SGLANG_DLLM_PRIORITY_LOF = DllmImplementation(
+    make_sglang_dllm_priority_lof,
+    SGLANG_DLLM_PRIORITY_LOF_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path under --schedule-policy lof with priority "
+    "scheduling (by priority, lower values first, then the longest max_new_tokens), on CPU",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_SGLANG_DLLM",
+    "REAL_SGLANG_DLLM_LOF",
     "REAL_SGLANG_DLLM_PRIORITY",
+    "REAL_SGLANG_DLLM_PRIORITY_LOF",
+    "SGLANG_DLLM_LOF_PROFILE",
+    "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_PROFILE",
     "SGLANG_DLLM_PROFILE",
     "make_sglang_dllm",
+    "make_sglang_dllm_lof",
     "make_sglang_dllm_priority",
+    "make_sglang_dllm_priority_lof",
 ]

@@ -20,7 +20,10 @@ Where SGLang's contract differs from the spec's, the adapter makes the spec's ho
 Each SGLang `Req` carries its `RequestSpec.priority` (SGLang's `Req.priority`). SGLang reads it
 only under priority scheduling: `make_sglang_dllm_priority` (`real-sglang-dllm-priority`)
 builds the engine with `--enable-priority-scheduling` and lower values first, the spec's
-convention (`integrations.sglang.engine`, "Priority scheduling").
+convention (`integrations.sglang.engine`, "Priority scheduling"). `make_sglang_dllm_lof`
+(`real-sglang-dllm-lof`) builds it with `--schedule-policy lof`, which orders the waiting queue
+by the `Req`'s `max_new_tokens`, longest first, and `make_sglang_dllm_priority_lof`
+(`real-sglang-dllm-priority-lof`) with both.
 """
 
 from __future__ import annotations
@@ -45,12 +48,15 @@ def engine_request_id(request_id: str) -> str:
 
 class SglangDllmAdapter:
     """Implements `spec.adapter.SchedulerAdapter` (and `ReportsOutputs`) over SGLang 0.5.23;
-    with `priority`, SGLang schedules by priority (lower values first)."""
+    with `priority`, SGLang schedules by priority (lower values first); with `lof`, under
+    `--schedule-policy lof` (the longest output first)."""
 
-    def __init__(self, config: DllmConfig, sink: EventSink, *, priority: bool = False) -> None:
+    def __init__(
+        self, config: DllmConfig, sink: EventSink, *, priority: bool = False, lof: bool = False
+    ) -> None:
         self._config = config
         self._spec_id: dict[int, str] = {}
-        self.engine: Engine = build(config, self._spec_id, priority=priority)
+        self.engine: Engine = build(config, self._spec_id, priority=priority, lof=lof)
         self.observer: SglangObserver = SglangObserver(
             config, sink, self.engine.scheduler, lambda req: self._spec_id[id(req)]
         )
@@ -157,9 +163,24 @@ def make_sglang_dllm_priority(config: DllmConfig, sink: EventSink) -> SglangDllm
     return SglangDllmAdapter(config, sink, priority=True)
 
 
+def make_sglang_dllm_lof(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
+    """Factory: the same path under `--schedule-policy lof` (the waiting queue by
+    `max_new_tokens`, longest first)."""
+    return SglangDllmAdapter(config, sink, lof=True)
+
+
+def make_sglang_dllm_priority_lof(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
+    """Factory: both, `--schedule-policy lof --enable-priority-scheduling
+    --schedule-low-priority-values-first` (the waiting queue by priority, then by
+    `max_new_tokens`, longest first)."""
+    return SglangDllmAdapter(config, sink, priority=True, lof=True)
+
+
 __all__ = [
     "SglangDllmAdapter",
     "engine_request_id",
     "make_sglang_dllm",
+    "make_sglang_dllm_lof",
     "make_sglang_dllm_priority",
+    "make_sglang_dllm_priority_lof",
 ]

@@ -44,6 +44,13 @@ Priority scheduling (`build(..., priority=True)`, `--enable-priority-scheduling`
 the dLLM path it could never act, since `PrefillAdder.preempt_to_schedule` only preempts
 requests of `running_batch`, which the dLLM path leaves empty (its running requests live in the
 `DllmManager`).
+
+Longest output first (`build(..., lof=True)`, `--schedule-policy lof`): the policy is
+`SchedulePolicy("lof", tree, False, priority, priority)` (`_validate_and_adjust_policy` takes
+it as `CacheAgnosticPolicy.LOF` whatever the tree cache), so `calc_priority` sorts
+`waiting_queue` by `-max_new_tokens` every round, after the priority under priority scheduling
+(managers/schedule_policy.py `_sort_by_longest_output`). That sort is stable and the queue only
+grows at its tail, so ties stay in submission order.
 """
 
 from __future__ import annotations
@@ -199,9 +206,12 @@ class Engine:
         return self.config.page_size
 
 
-def build(config: DllmConfig, spec_id: dict[int, str], *, priority: bool = False) -> Engine:
+def build(
+    config: DllmConfig, spec_id: dict[int, str], *, priority: bool = False, lof: bool = False
+) -> Engine:
     """Assemble SGLang's scheduler path for `config` (see the module docstring); with
-    `priority`, under priority scheduling, lower priority values first."""
+    `priority`, under priority scheduling, lower priority values first; with `lof`, under
+    `--schedule-policy lof` (longest output first)."""
     m = import_engine()
     torch = m["torch"]
     b, p = config.block_size, config.page_size
@@ -255,7 +265,7 @@ def build(config: DllmConfig, spec_id: dict[int, str], *, priority: bool = False
     s.last_batch = None
     # (policy, tree, enable_hierarchical_cache, enable_priority_scheduling,
     #  schedule_low_priority_values_first)
-    s.policy = m["SchedulePolicy"]("fcfs", tree, False, priority, priority)
+    s.policy = m["SchedulePolicy"]("lof" if lof else "fcfs", tree, False, priority, priority)
     s.new_token_ratio_tracker = m["NewTokenRatioTracker"].from_config()
     s.max_prefill_tokens = 1 << 30
     s.chunked_prefill_size = None

@@ -4,10 +4,11 @@
 (SGLang's own `event_loop_normal`, a test's loop) and writes, through `write`, one JSON line
 per event of `spec.events`: first the header (`spec.trace.config_to_dict`: the scheduler's
 effective configuration and the policy SGLang declares, `SGLANG_DLLM_PROFILE.policy`, with
-`priority_order` under priority scheduling), then what each call decided. `schedspec
-check-trace LOG` then checks the log under SGLang's declared policy, and `--twin
-sglang-dllm-order` (`sglang-dllm-order-priority` under priority scheduling) compares its
-admissions and forwards with that re-implementation's on the log's own operations.
+`priority_order` under priority scheduling and `longest_output_first` under `--schedule-policy
+lof`), then what each call decided. `schedspec check-trace LOG` then checks the log under
+SGLang's declared policy, and `--twin sglang-dllm-order` (`sglang-dllm-order-priority` under
+priority scheduling, `sglang-dllm-order-lof` under lof) compares its admissions and forwards
+with that re-implementation's on the log's own operations.
 
 It wraps, on the instances only (nothing of SGLang's classes changes), four methods of the
 scheduler and two of its worker (`scheduler.tp_worker` unless `worker=` is given), and derives
@@ -41,6 +42,14 @@ priority before every round, and the header declares `priority_order` on top of 
 policy. The spec's order is lower values first; a scheduler that serves higher values first
 (SGLang's default, without `--schedule-low-priority-values-first`) has each request's priority
 written negated on `Submitted`, so the order the log describes is the one SGLang follows.
+
+Longest output first (`--schedule-policy lof`): SGLang sorts its waiting queue by
+`max_new_tokens`, longest first, before every round (after the priority under priority
+scheduling), and the header declares `longest_output_first` (`sglang-dllm-order-lof`, or
+`sglang-dllm-order-priority-lof` with both, is then its twin). A cache-aware policy is FCFS
+on the dLLM path (the radix cache is off), and so is routing-key (it sorts only against a
+running batch, which the dLLM path does not pass), priority scheduling included; attaching to
+a scheduler under `--schedule-policy random` is a `ConfigError` (no log describes a shuffle).
 
 Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
 which an event log does not describe; attaching to one is a `ConfigError` naming
@@ -134,20 +143,57 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
         ) from None
 
 
+def schedule_policy_of(scheduler: Any) -> str:
+    """The order `scheduler`'s `SchedulePolicy` gives its waiting queue on the dLLM path:
+    "fcfs" (a cache-aware policy is FCFS too, the radix cache being off for dLLM:
+    `_validate_and_adjust_policy`), "lof", or "routing-key" (which sorts nothing there:
+    `get_new_batch_dllm` passes `calc_priority` no running batch). "random" shuffles the queue,
+    an order no log describes: a `ConfigError` naming the policies that can be logged."""
+    policy = getattr(getattr(scheduler, "policy", None), "policy", None)
+    value = str(getattr(policy, "value", "fcfs"))
+    if value not in ("fcfs", "lof", "routing-key"):
+        raise ConfigError(
+            "schedule_policy",
+            value,
+            "fcfs or lof (or a policy that is FCFS on the dLLM path: a cache-aware one with the "
+            "radix cache off, or routing-key); a random order is not a scheduling policy an "
+            "event log can be checked against",
+        )
+    return value
+
+
+def longest_output_first(scheduler: Any) -> bool:
+    """Whether `scheduler` orders its waiting queue by the longest output first: its
+    `SchedulePolicy`'s policy is `CacheAgnosticPolicy.LOF` (`--schedule-policy lof`)."""
+    return schedule_policy_of(scheduler) == "lof"
+
+
+def schedules_by_priority(scheduler: Any) -> bool:
+    """Whether `calc_priority` sorts `scheduler`'s waiting queue by priority: priority
+    scheduling is on and its policy is FCFS or LOF (the two that read the priority:
+    `_sort_by_priority_and_fcfs`, `_sort_by_longest_output`)."""
+    return bool(getattr(scheduler, "enable_priority_scheduling", False)) and (
+        schedule_policy_of(scheduler) in ("fcfs", "lof")
+    )
+
+
 def declared_policy(scheduler: Any) -> DllmPolicy:
     """The policy a log of `scheduler` declares: SGLang's (`SGLANG_DLLM_PROFILE.policy`), with
-    `priority_order` when it schedules by priority (`enable_priority_scheduling`)."""
-    policy = SGLANG_DLLM_PROFILE.policy
-    if bool(getattr(scheduler, "enable_priority_scheduling", False)):
-        return dataclasses.replace(policy, priority_order=True)
-    return policy
+    `priority_order` when it sorts by priority (`schedules_by_priority`) and
+    `longest_output_first` under `--schedule-policy lof`. A `ConfigError` for a policy no log
+    describes (`schedule_policy_of`)."""
+    return dataclasses.replace(
+        SGLANG_DLLM_PROFILE.policy,
+        priority_order=schedules_by_priority(scheduler),
+        longest_output_first=longest_output_first(scheduler),
+    )
 
 
 def priority_sign(scheduler: Any) -> int:
     """1 when `scheduler` serves lower priority values first (the spec's order) or ignores
     priorities; -1 when it schedules by priority, higher values first (then the log negates
     them)."""
-    if not bool(getattr(scheduler, "enable_priority_scheduling", False)):
+    if not schedules_by_priority(scheduler):
         return 1
     return 1 if bool(getattr(scheduler, "schedule_low_priority_values_first", False)) else -1
 
@@ -252,5 +298,8 @@ __all__ = [
     "declared_policy",
     "dllm_config_of",
     "eos_token_of",
+    "longest_output_first",
     "priority_sign",
+    "schedule_policy_of",
+    "schedules_by_priority",
 ]

@@ -30,13 +30,17 @@ offers every decode request and is refuted by the suite (a shorter prompt passes
 block); and `cap-fallback-budget`, a fix of the ragged row's symptom
 (`_get_dllm_remain_tokens` keeping its block-size cap when its budget is used up).
 
-And one for priority scheduling, which the five leave as it is:
+And one for an ordered queue (priority scheduling, `--schedule-policy lof`), which the five
+leave as it is:
 
-- `priority-window` (a fetched request keeps its place against a higher-priority arrival):
-  under `--enable-priority-scheduling`, the requests the dLLM manager holds without a row
-  (fetched by `_fetch_waiting_reqs`, never admitted) go back to the waiting queue before
-  `calc_priority` sorts it, so they are sorted again with later arrivals and the window is the
-  head of the priority order every round. Under FCFS nothing changes.
+- `priority-window` (a fetched request keeps its place against a later arrival sorted ahead of
+  it: a higher priority, or under lof a longer output): whenever `calc_priority` orders the
+  queue (`--enable-priority-scheduling`, or a schedule policy other than FCFS), the requests
+  the dLLM manager holds without a row (fetched by `_fetch_waiting_reqs`, never admitted) go
+  back to the head of the waiting queue before `calc_priority` sorts it, so they are sorted
+  again with later arrivals and the window is the head of the queue's order every round (at
+  the head, where they were: lof's stable sort then keeps ties in arrival order; the priority
+  sort breaks ties by entry time anyway). Under FCFS nothing changes.
 
 `SGLANG_FIXES` holds all eight (an `integrations.patches.FixSet`): `.fixed_sources(names)`
 makes the chosen fixes' edits to the installed files' text (`FixDoesNotApply` if a place they
@@ -316,10 +320,12 @@ _PRIORITY_WINDOW = (
         "        running_bs = len(running_batch.reqs)\n"
         "        self.policy.calc_priority(self.waiting_queue)\n",
         "        running_bs = len(running_batch.reqs)\n"
-        "        if self.enable_priority_scheduling:\n"
-        "            # Requests fetched but never admitted are sorted again with later\n"
-        "            # arrivals: a higher-priority arrival takes their place in the window.\n"
-        "            self.waiting_queue.extend(self.dllm_manager.pop_unadmitted_reqs())\n"
+        '        if self.enable_priority_scheduling or self.policy.policy.value != "fcfs":\n'
+        "            # The queue has an order of its own (priority, lof, ...): requests\n"
+        "            # fetched but never admitted are sorted again with later arrivals, which\n"
+        "            # may take their place in the window. They go back to the head, where\n"
+        "            # they were, so a stable sort keeps ties in arrival order.\n"
+        "            self.waiting_queue[:0] = self.dllm_manager.pop_unadmitted_reqs()\n"
         "        self.policy.calc_priority(self.waiting_queue)\n",
     ),
     (
@@ -398,8 +404,8 @@ PRIORITY_WINDOW = EngineFix(
         (MIXIN, "SchedulerDllmMixin.get_new_batch_dllm"),
         (MIXIN, "DllmManager.pop_unadmitted_reqs"),
     ),
-    "priority inversion: under priority scheduling, requests fetched but never admitted are "
-    "sorted again with later arrivals every round",
+    "priority inversion: under priority scheduling or lof (any order calc_priority applies), "
+    "requests fetched but never admitted are sorted again with later arrivals every round",
 )
 
 #: The five fixes that, together, let the suite run with no pool headroom, in the order their

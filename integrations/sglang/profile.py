@@ -43,6 +43,12 @@ Under priority scheduling (`--enable-priority-scheduling --schedule-low-priority
 `real-sglang-dllm-priority`) SGLang sorts its waiting queue by (priority, entry time) before
 every round (managers/schedule_policy.py `_sort_by_priority_and_fcfs`): the same profile with
 `priority_order` (`SGLANG_DLLM_PRIORITY_PROFILE`).
+
+Under `--schedule-policy lof` (`real-sglang-dllm-lof`) SGLang sorts it by `max_new_tokens`,
+longest first, a stable sort before every round (`_sort_by_longest_output`): the same profile
+with `longest_output_first` (`SGLANG_DLLM_LOF_PROFILE`); with priority scheduling too
+(`real-sglang-dllm-priority-lof`) by (priority, -max_new_tokens), with both options
+(`SGLANG_DLLM_PRIORITY_LOF_PROFILE`).
 """
 
 from __future__ import annotations
@@ -80,4 +86,21 @@ SGLANG_DLLM_PRIORITY_PROFILE = dataclasses.replace(
     policy=dataclasses.replace(SGLANG_DLLM_PROFILE.policy, priority_order=True),
 )
 
-__all__ = ["SGLANG_DLLM_PRIORITY_PROFILE", "SGLANG_DLLM_PROFILE"]
+SGLANG_DLLM_LOF_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    policy=dataclasses.replace(SGLANG_DLLM_PROFILE.policy, longest_output_first=True),
+)
+
+SGLANG_DLLM_PRIORITY_LOF_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    policy=dataclasses.replace(
+        SGLANG_DLLM_PROFILE.policy, priority_order=True, longest_output_first=True
+    ),
+)
+
+__all__ = [
+    "SGLANG_DLLM_LOF_PROFILE",
+    "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
+    "SGLANG_DLLM_PRIORITY_PROFILE",
+    "SGLANG_DLLM_PROFILE",
+]
