@@ -28,10 +28,10 @@ from spec.errors import (
     SpecViolation,
     UnknownRequest,
 )
-from spec.events import ControlReturned, Event, Finished, Submitted
-from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note
+from spec.events import ControlReturned, Event, Finished, FinishReason, Submitted
+from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note, sampled_stop_mismatch
 from spec.lifecycles import RequestPhase
-from spec.machine import SpecMachine, finished_output
+from spec.machine import SpecMachine, finished_output, stop_output_lengths
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
 from spec.snapshot import FinishedOutput
@@ -225,7 +225,11 @@ class Harness(ReplayHarness[SpecMachine]):
             request = _request_spec(r)
             actual = FinishedOutput(finished_output(self.config, r, event.reason), event.reason)
             golden = self.golden.golden_output(request)
-            problem = golden_mismatch(request, actual, golden)
+            if event.reason is FinishReason.STOP and r.stop_sampled:  # cut somewhere in its block
+                lengths = stop_output_lengths(self.config, r)
+                problem = sampled_stop_mismatch(request, actual, lengths, golden)
+            else:
+                problem = golden_mismatch(request, actual, golden)
             if problem is not None:
                 problem += golden_tie_note(self.golden, request, actual, golden)
                 raise self._violate(

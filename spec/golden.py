@@ -61,6 +61,28 @@ def golden_mismatch(
     )
 
 
+def sampled_stop_mismatch(
+    request: RequestSpec, longest: FinishedOutput, lengths: range, golden: FinishedOutput
+) -> str | None:
+    """`golden_mismatch` for a request with `stop_sampled` that finished with STOP, whose output
+    is one of `longest.tokens`' prefixes of `lengths` (`spec.machine.stop_output_lengths`): the
+    engine found a stop in its last block that the spec cannot see, or a stop token id there
+    (which the golden decoding, seeing no sampled stop, finds too). None when the golden
+    output agrees with `longest` on their common prefix and does not end before that block;
+    else a one-line account."""
+    tokens, want = longest.tokens, golden.tokens
+    shorter = min(len(tokens), len(want))
+    if tokens[:shorter] == want[:shorter] and len(want) >= lengths.start:
+        return None
+    first = first_difference(longest, golden)
+    return (
+        f"{request.request_id!r} stopped (a stop the spec cannot see) with output {list(tokens)} "
+        f"cut to {lengths.start}..{lengths.stop - 1} tokens, but its golden output is "
+        f"{list(want)} ({golden.reason.value}): they part at token {first} (prompt "
+        f"{list(request.prompt)}, max_new_tokens={request.max_new_tokens})"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GoldenTie:
     """Where a golden decoding took a decision within float noise of flipping.

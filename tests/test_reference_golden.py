@@ -20,7 +20,7 @@ from reference.oracle import AlgorithmOracle
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import PromptTooLong, SchedulerStalled, SpecViolation
-from spec.events import FinishReason
+from spec.events import Finished, FinishReason
 from spec.golden import GoldenDecoder
 from spec.snapshot import FinishedOutput
 
@@ -171,3 +171,50 @@ def test_harness_skips_golden_when_told() -> None:
     h.round()
     h.drain()
     assert h.outputs()["a"]
+
+
+def test_a_request_with_a_sampled_stop_that_stops_on_its_stop_token_matches_its_golden() -> None:
+    """A request that may stop on what the spec cannot see (`stop_sampled`) and stops on its
+    stop token id instead: the spec allows any cut inside its last block, and the golden
+    decoding, which samples no stop either, stops at the token. Found when a Z3 counterexample
+    handed the reference such a request (`r0`: its last block [4, 6], stop token 4); the golden
+    check compared the longest cut [11, 4, 6] with the golden [11, 4]."""
+    from properties.symbolic.workloads import dllm_config
+    from properties.workload import Submit, Workload, run_workload
+
+    sampled = RequestSpec("r0", (1, 1, 1), 5, stop_sampled=True, stop_token_ids=(4,))
+    w = Workload(
+        dllm_config(max_running_requests=1), (Submit(sampled), Submit(RequestSpec("r1", (1,), 4)))
+    )
+    harness = run_workload(ReferenceDllmScheduler, w, parity=False)
+    reasons = {e.request_id: e.reason for e in harness.events if isinstance(e, Finished)}
+    assert reasons["r0"] is FinishReason.STOP
+    golden = ReferenceDllmScheduler(w.config, lambda e: None).golden_output(sampled)
+    assert golden.tokens == (11, 4), golden
+
+
+def test_a_sampled_stop_whose_tokens_part_from_the_golden_is_a_golden_output_violation() -> None:
+    from spec.golden import sampled_stop_mismatch
+
+    request = RequestSpec("r0", (1,), 5, stop_sampled=True)
+    longest = FinishedOutput((11, 4, 6), FinishReason.STOP)
+    assert (
+        sampled_stop_mismatch(
+            request, longest, range(2, 4), FinishedOutput((11, 4), FinishReason.STOP)
+        )
+        is None
+    )
+    assert (
+        sampled_stop_mismatch(
+            request, longest, range(2, 4), FinishedOutput((11, 4, 6, 2, 3), FinishReason.LENGTH)
+        )
+        is None
+    )
+    parted = sampled_stop_mismatch(
+        request, longest, range(2, 4), FinishedOutput((11, 5, 6), FinishReason.LENGTH)
+    )
+    assert parted is not None and "they part at token 1" in parted
+    early = sampled_stop_mismatch(
+        request, longest, range(2, 4), FinishedOutput((11,), FinishReason.STOP)
+    )
+    assert early is not None and "cut to 2..3 tokens" in early  # the golden ended a block earlier
