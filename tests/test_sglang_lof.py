@@ -44,36 +44,18 @@ from reference.sglang_dllm import (
     SGLANG_ORDER_LOF_TWIN,
     SGLANG_ORDER_PRIORITY_LOF_TWIN,
 )
-from spec.config import DllmConfig, Mode, RequestSpec
+from spec.config import RequestSpec
 from spec.errors import SpecViolation
-from spec.events import Admitted, ControlReturned, Event
+from spec.events import ControlReturned, Event
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
     _roomy_configs,
     _run_suite,
     sglang_installed,  # noqa: F401
 )
+from tests.test_sglang_priority import _admitted, _config  # the same small configuration
 
 PROFILE = REAL_SGLANG_DLLM_LOF.profile
 WINDOW = ["priority-window"]
-
-
-def _config(**changes: Any) -> DllmConfig:
-    """Two seats and rows, block = page = 2, a roomy pool (inside the declared space)."""
-    base = DllmConfig(
-        block_size=2,
-        page_size=2,
-        kv_pages=16,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=4,
-        mode=Mode.SYNC,
-        in_place_reuse=False,
-    )
-    return base.replace(**changes)
-
-
-def _admitted(events: list[Event]) -> list[str]:
-    return [e.request_id for e in events if isinstance(e, Admitted)]
 
 
 # ---------------------------------------------------------------------------------- basics

@@ -9,18 +9,17 @@ option the spec's queue is that order, and `fcfs_admission` reads it; without it
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from reference.dllm import LONGEST_OUTPUT_FIRST_POLICY, ReferenceDllmScheduler
-from schedspec_cli.main import main
 from spec import Admitted, RequestSpec, SpecMachine, SpecViolation, Submitted
 from spec.events import Event
 from spec.profile import DllmAdmission, DllmPolicy
-from spec.trace import TraceFormatError, config_to_dict, event_to_dict, policy_from_dict
+from spec.trace import TraceFormatError, config_to_dict, policy_from_dict
 from tests.event_runs import SMALL_SYNC
+from tests.test_spec_priority import assert_check_trace_follows_the_declared_order
 
 LOF = LONGEST_OUTPUT_FIRST_POLICY
 PRIORITY_THEN_LOF = DllmPolicy(priority_order=True, longest_output_first=True)
@@ -135,27 +134,13 @@ def test_the_reference_admits_longest_output_first() -> None:
             m2.apply(e)
 
 
-def _log(folder: Path, events: list[Event], policy: DllmPolicy | None) -> Path:
-    path = folder / "log.jsonl"
-    header = config_to_dict(ONE_SEAT, policy)
-    lines = [json.dumps(header), *(json.dumps(event_to_dict(e)) for e in events)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def test_check_trace_follows_a_declared_longest_output_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     events = reference_run(LOF, ("short", 2), ("long", 6))
-    declared = _log(tmp_path, events, LOF)
-    assert main(["check-trace", str(declared)]) == 0
-    assert main(["check-trace", str(declared), "--twin", "reference-dllm-lof"]) == 0
-    capsys.readouterr()
-    assert main(["check-trace", str(declared), "--twin", "reference-dllm"]) == 1  # FCFS twin
-    assert "twin_decisions" in capsys.readouterr().out
-    undeclared = _log(tmp_path, events, None)
-    assert main(["check-trace", str(undeclared)]) == 1
-    assert "[fcfs_admission]" in capsys.readouterr().out
+    assert_check_trace_follows_the_declared_order(
+        tmp_path, capsys, events, LOF, "reference-dllm-lof"
+    )
 
 
 def test_the_shortest_first_mutant_shrinks_to_a_program_that_replays() -> None:

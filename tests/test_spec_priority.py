@@ -148,6 +148,27 @@ def _log(folder: Path, events: list[Event], policy: DllmPolicy | None) -> Path:
     return path
 
 
+def assert_check_trace_follows_the_declared_order(
+    folder: Path,
+    capsys: pytest.CaptureFixture[str],
+    events: list[Event],
+    policy: DllmPolicy,
+    twin: str,
+) -> None:
+    """`events`, a one-seat run under `policy` that admits out of submission order: declared,
+    `check-trace` passes it alone and against `twin` (the reference under `policy`) and fails it
+    against the FCFS twin; undeclared, it fails `fcfs_admission`."""
+    declared = _log(folder, events, policy)
+    assert main(["check-trace", str(declared)]) == 0
+    assert main(["check-trace", str(declared), "--twin", twin]) == 0
+    capsys.readouterr()
+    assert main(["check-trace", str(declared), "--twin", "reference-dllm"]) == 1  # FCFS twin
+    assert "twin_decisions" in capsys.readouterr().out
+    undeclared = _log(folder, events, None)
+    assert main(["check-trace", str(undeclared)]) == 1
+    assert "[fcfs_admission]" in capsys.readouterr().out
+
+
 def test_check_trace_follows_a_declared_priority_order(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -157,15 +178,9 @@ def test_check_trace_follows_a_declared_priority_order(
     scheduler.submit(RequestSpec("late-low", (3, 4), 2, priority=1))
     scheduler.submit(RequestSpec("high", (3, 4), 2))
     scheduler.drain()
-    declared = _log(tmp_path, events, PRIORITY_POLICY)
-    assert main(["check-trace", str(declared)]) == 0
-    assert main(["check-trace", str(declared), "--twin", "reference-dllm-priority"]) == 0
-    capsys.readouterr()
-    assert main(["check-trace", str(declared), "--twin", "reference-dllm"]) == 1  # FCFS twin
-    assert "twin_decisions" in capsys.readouterr().out
-    undeclared = _log(tmp_path, events, None)
-    assert main(["check-trace", str(undeclared)]) == 1
-    assert "[fcfs_admission]" in capsys.readouterr().out
+    assert_check_trace_follows_the_declared_order(
+        tmp_path, capsys, events, PRIORITY_POLICY, "reference-dllm-priority"
+    )
 
 
 def test_the_z3_encoding_takes_the_priority_order_as_a_policy_field() -> None:
