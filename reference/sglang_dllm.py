@@ -35,10 +35,13 @@ the window under any order `calc_priority` applies).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from reference.dllm import ReferenceDllmScheduler, replaying_twin
-from spec.adapter import EventSink
+from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig
+from spec.events import Event
 from spec.implementation import DllmImplementation
 from spec.profile import DllmAdmission, DllmPolicy, DllmProfile
 
@@ -58,39 +61,47 @@ class SglangOrderScheduler(ReferenceDllmScheduler):
         self._admit_fcfs()
 
 
-def make_sglang_order_scheduler(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:
-    """Factory for `schedspec verify --impl sglang-dllm-order`."""
-    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_POLICY)
+class SglangOrderVariant(NamedTuple):
+    """SGLang's admission order under one policy, as the built-ins need it: the factory
+    (`schedspec verify --impl`), the decision twin replaying a run's step outcomes
+    (`conformance_machine(..., twin=...)`, `verify --twin`; rule `twin_decisions`) and the
+    implementation with its profile."""
+
+    factory: Callable[[DllmConfig, EventSink], SglangOrderScheduler]
+    twin: Callable[[Sequence[Event], DllmConfig], ImplementationFactory]
+    implementation: DllmImplementation
 
 
-#: SGLang's decision twin: for one run of SGLang, its admission order replaying that run's step
-#: outcomes (`conformance_machine(..., twin=SGLANG_ORDER_TWIN)`; rule `twin_decisions`).
-SGLANG_ORDER_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_POLICY)
+def sglang_order_variant(policy: DllmPolicy, description: str) -> SglangOrderVariant:
+    """`SglangOrderScheduler` under `policy` (one of SGLang's orders), its twin and its built-in
+    (it takes requests with `ignore_eos` and `stop_token_ids`, as SGLang does)."""
 
-SGLANG_DLLM_ORDER = DllmImplementation(
-    make_sglang_order_scheduler,
-    DllmProfile(policy=SGLANG_ORDER_POLICY, ignore_eos=True, stop_token_ids=True),
+    def factory(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:
+        return SglangOrderScheduler(config, sink, policy=policy)
+
+    profile = DllmProfile(policy=policy, ignore_eos=True, stop_token_ids=True)
+    return SglangOrderVariant(
+        factory,
+        replaying_twin(SglangOrderScheduler, policy),
+        DllmImplementation(factory, profile, description),
+    )
+
+
+# `schedspec verify --impl sglang-dllm-order` and `--twin sglang-dllm-order`: FCFS
+make_sglang_order_scheduler, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER = sglang_order_variant(
+    SGLANG_ORDER_POLICY,
     "SGLang 0.5.23's dLLM admission order (PREFILL_FIRST in its window, phase-separated), "
     "re-implemented on the reference",
 )
 
 #: The same under priority scheduling: the queue in priority order, lower first.
 SGLANG_ORDER_PRIORITY_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, priority_order=True)
-
-
-def make_sglang_order_priority_scheduler(
-    config: DllmConfig, sink: EventSink
-) -> SglangOrderScheduler:
-    """Factory for `schedspec verify --impl sglang-dllm-order-priority`."""
-    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_PRIORITY_POLICY)
-
-
-#: SGLang's decision twin under priority scheduling (`verify --twin sglang-dllm-order-priority`).
-SGLANG_ORDER_PRIORITY_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_PRIORITY_POLICY)
-
-SGLANG_DLLM_ORDER_PRIORITY = DllmImplementation(
+(
     make_sglang_order_priority_scheduler,
-    DllmProfile(policy=SGLANG_ORDER_PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
+    SGLANG_ORDER_PRIORITY_TWIN,
+    SGLANG_DLLM_ORDER_PRIORITY,
+) = sglang_order_variant(
+    SGLANG_ORDER_PRIORITY_POLICY,
     "SGLang 0.5.23's dLLM admission order under priority scheduling (the queue in priority "
     "order, lower first; its window the head of that order every round), re-implemented on "
     "the reference",
@@ -98,46 +109,25 @@ SGLANG_DLLM_ORDER_PRIORITY = DllmImplementation(
 
 #: The same under `--schedule-policy lof`: the queue by max_new_tokens, longest first.
 SGLANG_ORDER_LOF_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, longest_output_first=True)
-
-
-def make_sglang_order_lof_scheduler(config: DllmConfig, sink: EventSink) -> SglangOrderScheduler:
-    """Factory for `schedspec verify --impl sglang-dllm-order-lof`."""
-    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_LOF_POLICY)
-
-
-#: SGLang's decision twin under `--schedule-policy lof` (`verify --twin sglang-dllm-order-lof`).
-SGLANG_ORDER_LOF_TWIN = replaying_twin(SglangOrderScheduler, SGLANG_ORDER_LOF_POLICY)
-
-SGLANG_DLLM_ORDER_LOF = DllmImplementation(
-    make_sglang_order_lof_scheduler,
-    DllmProfile(policy=SGLANG_ORDER_LOF_POLICY, ignore_eos=True, stop_token_ids=True),
-    "SGLang 0.5.23's dLLM admission order under --schedule-policy lof (the queue by "
-    "max_new_tokens, longest first; its window the head of that order every round), "
-    "re-implemented on the reference",
+make_sglang_order_lof_scheduler, SGLANG_ORDER_LOF_TWIN, SGLANG_DLLM_ORDER_LOF = (
+    sglang_order_variant(
+        SGLANG_ORDER_LOF_POLICY,
+        "SGLang 0.5.23's dLLM admission order under --schedule-policy lof (the queue by "
+        "max_new_tokens, longest first; its window the head of that order every round), "
+        "re-implemented on the reference",
+    )
 )
 
 #: Both: the queue by priority, lower first, then by max_new_tokens, longest first.
 SGLANG_ORDER_PRIORITY_LOF_POLICY = dataclasses.replace(
     SGLANG_ORDER_POLICY, priority_order=True, longest_output_first=True
 )
-
-
-def make_sglang_order_priority_lof_scheduler(
-    config: DllmConfig, sink: EventSink
-) -> SglangOrderScheduler:
-    """Factory for `schedspec verify --impl sglang-dllm-order-priority-lof`."""
-    return SglangOrderScheduler(config, sink, policy=SGLANG_ORDER_PRIORITY_LOF_POLICY)
-
-
-#: SGLang's decision twin under lof with priority scheduling
-#: (`verify --twin sglang-dllm-order-priority-lof`).
-SGLANG_ORDER_PRIORITY_LOF_TWIN = replaying_twin(
-    SglangOrderScheduler, SGLANG_ORDER_PRIORITY_LOF_POLICY
-)
-
-SGLANG_DLLM_ORDER_PRIORITY_LOF = DllmImplementation(
+(
     make_sglang_order_priority_lof_scheduler,
-    DllmProfile(policy=SGLANG_ORDER_PRIORITY_LOF_POLICY, ignore_eos=True, stop_token_ids=True),
+    SGLANG_ORDER_PRIORITY_LOF_TWIN,
+    SGLANG_DLLM_ORDER_PRIORITY_LOF,
+) = sglang_order_variant(
+    SGLANG_ORDER_PRIORITY_LOF_POLICY,
     "SGLang 0.5.23's dLLM admission order under --schedule-policy lof with priority "
     "scheduling (the queue by priority, lower first, then by max_new_tokens, longest first), "
     "re-implemented on the reference",
@@ -157,8 +147,10 @@ __all__ = [
     "SGLANG_ORDER_PRIORITY_TWIN",
     "SGLANG_ORDER_TWIN",
     "SglangOrderScheduler",
+    "SglangOrderVariant",
     "make_sglang_order_lof_scheduler",
     "make_sglang_order_priority_lof_scheduler",
     "make_sglang_order_priority_scheduler",
     "make_sglang_order_scheduler",
+    "sglang_order_variant",
 ]
