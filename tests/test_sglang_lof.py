@@ -45,14 +45,17 @@ from reference.sglang_dllm import (
     SGLANG_ORDER_PRIORITY_LOF_TWIN,
 )
 from spec.config import RequestSpec
-from spec.errors import SpecViolation
 from spec.events import ControlReturned, Event
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
     _roomy_configs,
     _run_suite,
     sglang_installed,  # noqa: F401
 )
-from tests.test_sglang_priority import _admitted, _config  # the same small configuration
+from tests.test_sglang_priority import (  # the same small configuration and finding check
+    _admitted,
+    _config,
+    assert_the_window_keeps_d_and_the_fix_decides_as_the_twin,
+)
 
 PROFILE = REAL_SGLANG_DLLM_LOF.profile
 WINDOW = ["priority-window"]
@@ -151,19 +154,13 @@ def test_finding_a_fetched_request_keeps_its_place_against_a_longer_output_arriv
     fix `priority-window` sorts the fetched but never admitted requests again with later
     arrivals under any order `calc_priority` applies; then `c` gets the seat and SGLang
     decides as its twin `sglang-dllm-order-lof`."""
-    config = _config()
-    assert PROFILE.space.outside(config) is None  # inside the declared space
-    with pytest.raises(SpecViolation) as info:
-        _inversion(Harness(REAL_SGLANG_DLLM_LOF.factory, config, profile=PROFILE))
-    v = info.value
-    assert v.rule == "fcfs_admission", v
-    assert "admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])" in str(v), v
-    assert "(c: max_new_tokens 2, d: max_new_tokens 1)" in str(v), v
-    with sglang_fixed(WINDOW):
-        h = _inversion(Harness(REAL_SGLANG_DLLM_LOF.factory, config, profile=PROFILE))
-    assert _admitted(h.events) == ["p", "c", "d"]
-    twin_profile = SGLANG_DLLM_ORDER_LOF.profile
-    assert twin_difference(h.events, config, SGLANG_ORDER_LOF_TWIN, twin_profile) is None
+    assert_the_window_keeps_d_and_the_fix_decides_as_the_twin(
+        _inversion,
+        REAL_SGLANG_DLLM_LOF,
+        SGLANG_ORDER_LOF_TWIN,
+        SGLANG_DLLM_ORDER_LOF.profile,
+        "(c: max_new_tokens 2, d: max_new_tokens 1)",
+    )
 
 
 def test_the_fix_keeps_ties_in_submission_order() -> None:
@@ -184,17 +181,13 @@ def test_the_fix_keeps_ties_in_submission_order() -> None:
 def test_the_finding_holds_with_priority_scheduling_too_and_the_fix_covers_it() -> None:
     """With priority scheduling as well (all priorities equal), the same inversion, and the
     same fix: then SGLang decides as `sglang-dllm-order-priority-lof`."""
-    impl = REAL_SGLANG_DLLM_PRIORITY_LOF
-    config = _config()
-    with pytest.raises(SpecViolation) as info:
-        _inversion(Harness(impl.factory, config, profile=impl.profile))
-    assert info.value.rule == "fcfs_admission", info.value
-    assert "(c: priority 0 max_new_tokens 2, d: priority 0 max_new_tokens 1)" in str(info.value)
-    with sglang_fixed(WINDOW):
-        h = _inversion(Harness(impl.factory, config, profile=impl.profile))
-    assert _admitted(h.events) == ["p", "c", "d"]
-    twin_profile = SGLANG_DLLM_ORDER_PRIORITY_LOF.profile
-    assert twin_difference(h.events, config, SGLANG_ORDER_PRIORITY_LOF_TWIN, twin_profile) is None
+    assert_the_window_keeps_d_and_the_fix_decides_as_the_twin(
+        _inversion,
+        REAL_SGLANG_DLLM_PRIORITY_LOF,
+        SGLANG_ORDER_PRIORITY_LOF_TWIN,
+        SGLANG_DLLM_ORDER_PRIORITY_LOF.profile,
+        "(c: priority 0 max_new_tokens 2, d: priority 0 max_new_tokens 1)",
+    )
 
 
 def test_the_suite_passes_under_lof_with_the_fix_and_decides_as_its_twin() -> None:

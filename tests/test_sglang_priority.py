@@ -36,13 +36,14 @@ from integrations.sglang.event_log import SglangEventLog
 from integrations.sglang.event_loop import serve
 from integrations.sglang.fixes import FIX_NAMES, SGLANG_FIXES, sglang_fixed
 from properties.conformance import conformance_machine
-from properties.decisions import twin_difference
+from properties.decisions import DecisionTwin, twin_difference
 from properties.harness import Harness
 from properties.trace_check import check_trace
 from reference.sglang_dllm import SGLANG_DLLM_ORDER_PRIORITY, SGLANG_ORDER_PRIORITY_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SchedSpecError, SpecViolation
 from spec.events import Admitted, ControlReturned, Event, Submitted
+from spec.implementation import DllmImplementation
 from spec.profile import DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
@@ -131,19 +132,38 @@ def test_finding_a_fetched_request_keeps_its_place_against_a_higher_priority_arr
     is full: `p` and `d`) and `d` takes the last seat. The fix `priority-window` sorts the
     fetched but never admitted requests again with later arrivals; then `c` gets the seat and
     SGLang decides as its twin `sglang-dllm-order-priority`."""
+    assert_the_window_keeps_d_and_the_fix_decides_as_the_twin(
+        _inversion,
+        REAL_SGLANG_DLLM_PRIORITY,
+        SGLANG_ORDER_PRIORITY_TWIN,
+        SGLANG_DLLM_ORDER_PRIORITY.profile,
+        "(c: priority 0, d: priority 1)",
+    )
+
+
+def assert_the_window_keeps_d_and_the_fix_decides_as_the_twin(
+    inversion: Callable[[Harness], Harness],
+    impl: DllmImplementation,
+    twin: DecisionTwin,
+    twin_profile: DllmProfile,
+    keys: str,
+) -> None:
+    """The sticky-window finding under one queue order: `inversion` (`p` and `d` fetched,
+    then `c`, ordered ahead of `d`) run on `impl` in `_config()`, inside its declared space,
+    breaks `fcfs_admission` with `d` admitted while `c` heads the queue, the message naming
+    both requests' `keys`; with `priority-window` it admits `p, c, d` and decides as `twin`."""
     config = _config()
-    assert PROFILE.space.outside(config) is None  # inside the declared space
+    assert impl.profile.space.outside(config) is None  # inside the declared space
     with pytest.raises(SpecViolation) as info:
-        _inversion(Harness(REAL_SGLANG_DLLM_PRIORITY.factory, config, profile=PROFILE))
+        inversion(Harness(impl.factory, config, profile=impl.profile))
     v = info.value
     assert v.rule == "fcfs_admission", v
     assert "admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])" in str(v), v
-    assert "(c: priority 0, d: priority 1)" in str(v), v
+    assert keys in str(v), v
     with sglang_fixed(WINDOW):
-        h = _inversion(Harness(REAL_SGLANG_DLLM_PRIORITY.factory, config, profile=PROFILE))
+        h = inversion(Harness(impl.factory, config, profile=impl.profile))
     assert _admitted(h.events) == ["p", "c", "d"]
-    twin_profile = SGLANG_DLLM_ORDER_PRIORITY.profile
-    assert twin_difference(h.events, config, SGLANG_ORDER_PRIORITY_TWIN, twin_profile) is None
+    assert twin_difference(h.events, config, twin, twin_profile) is None
 
 
 def test_the_suite_passes_under_priority_with_the_fix_and_decides_as_its_twin() -> None:
