@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from properties.proofs import DEFAULT_BOUND, ProofResult, failed, run_all_proofs
-from properties.symbolic.bmc import MutantCounterexample, mutant_results
+from properties.symbolic.bmc import (
+    MutantCounterexample,
+    find_mutant_counterexample,
+    mutant_results,
+)
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS
+from properties.symbolic.result import IsolatedSolver, check
 from properties.symbolic.workloads import replay
 from properties.workload import run_workload
 from reference.dllm import ReferenceDllmScheduler
@@ -132,6 +137,42 @@ def test_mutant_counterexample_replays(
         with pytest.raises(SpecViolation) as info:
             run_workload(MUTANTS[ref].factory, cex.workload, parity=False, profile=profile)
         assert info.value.rule == MUTANTS[ref].rule == cex.mutant.rule, info.value
+
+
+def test_a_counterexample_does_not_depend_on_what_was_solved_before(
+    counterexamples: dict[str, MutantCounterexample],
+) -> None:
+    """The same query gives the same model whatever the process solved before (each query is
+    solved in a z3 context of its own): a mutant's trace found again after another mutant's
+    search is the first one, and the one the module's search found after other tests' queries.
+    In z3's shared context the second search found another trace."""
+    by_name = {m.name: m for m in SYMBOLIC_MUTANTS}
+    first = find_mutant_counterexample(by_name["double_free"])
+    find_mutant_counterexample(by_name["admits_beyond_max_running"])
+    again = find_mutant_counterexample(by_name["double_free"])
+    assert first is not None and again is not None
+    assert again.events == first.events
+    assert counterexamples["double_free"].events == first.events
+
+
+def test_the_isolated_solver_reads_main_context_terms() -> None:
+    """`IsolatedSolver` takes main-context terms and Python booleans, checks under
+    assumptions, and evaluates main-context terms in its model; a model before a check is a
+    clear error."""
+    import z3
+
+    x, y = z3.Ints("iso.x iso.y")
+    sol = IsolatedSolver(1_000)
+    with pytest.raises(RuntimeError, match="before check"):
+        sol.model()
+    sol.add(x + y == 5, x > 3, True)
+    assert not check(sol, y > 1)
+    assert check(sol)
+    model = sol.model()
+    assert model.eval(x).as_long() == 5 - model.eval(y).as_long()
+    assert model.eval(x * 2, model_completion=True).eq(z3.IntVal(2 * model.eval(x).as_long()))
+    sol.add(False)
+    assert not check(sol)
 
 
 def test_induction_and_bmc_use_the_same_relation() -> None:
