@@ -191,7 +191,12 @@ class DllmEngine:
     its request-pool row with its KV, and the request takes the lowest free row again (its
     committed blocks' table entries rewritten) at the start of the next round (the profile
     option `spec.profile.DllmPolicy.rows_released_between_rounds`; `releases_rows` says whether
-    it acts under this config: never under sync or with reuse).
+    it acts under this config: never under sync or with reuse); priority_order and
+    longest_output_first: the waiting queue in `spec.profile.DllmPolicy.queue_key` order
+    (lower priority value first; the longer `max_new_tokens` first; both: priority, then
+    length), submission order breaking ties, where the default is submission order (SGLang's
+    `--enable-priority-scheduling` and `--schedule-policy lof`; the profile options of the same
+    names). Admission stays head-of-line in either order: the head is admitted while it fits.
 
     Retained state, all bounded (memory does not grow with the number of requests served):
 
@@ -224,6 +229,8 @@ class DllmEngine:
         retired_id_window: int = RETIRED_ID_WINDOW,
         on_block: OnBlock | None = None,
         rows_released_between_rounds: bool = False,
+        priority_order: bool = False,
+        longest_output_first: bool = False,
     ) -> None:
         for name, cap in (
             ("forward_log_cap", forward_log_cap),
@@ -274,6 +281,10 @@ class DllmEngine:
         self.releases_rows: bool = (
             rows_released_between_rounds and config.mode is Mode.FDFO and not config.in_place_reuse
         )
+        # the order `_enqueue` keeps the waiting queue in (its other fields are not used)
+        self.queue_order: DllmPolicy = DllmPolicy(
+            priority_order=priority_order, longest_output_first=longest_output_first
+        )
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []  # admission order = batch order
         self._live: set[str] = set()  # ids queued or running
@@ -313,7 +324,7 @@ class DllmEngine:
         self.tokens.check_prompt(request.request_id, request.prompt)
         handle = self.allocator.register(request.request_id)
         self._live.add(request.request_id)
-        self.waiting.append(
+        self._enqueue(
             EngineRequest(
                 spec=request,
                 handle=handle,
@@ -322,6 +333,22 @@ class DllmEngine:
             )
         )
         self.sink(request.submitted())
+
+    def _enqueue(self, req: EngineRequest) -> None:
+        """Queue `req` at the tail; under an ordered queue (`queue_order`) behind every
+        waiting request whose key is not greater than its own instead (a stable insertion:
+        what re-sorting the whole queue before every round, as SGLang does, gives)."""
+        if not self.queue_order.orders_queue:
+            self.waiting.append(req)
+            return
+        key = self._queue_key(req)
+        at = len(self.waiting)
+        while at and self._queue_key(self.waiting[at - 1]) > key:
+            at -= 1
+        self.waiting.insert(at, req)
+
+    def _queue_key(self, req: EngineRequest) -> tuple[int, int]:
+        return self.queue_order.queue_key(req.spec.priority, req.spec.max_new_tokens)
 
     def abort(self, request_id: str) -> None:
         """Between rounds: free everything the request holds, then report `Aborted`."""
@@ -410,7 +437,8 @@ class DllmEngine:
         self.req_pool.write_blocks(writes, b)
 
     def _admit(self) -> None:
-        """FCFS: admit the head while it fits; stop at the first that does not."""
+        """Head of line: admit the head of the waiting queue while it fits; stop at the first
+        that does not (FCFS, or the queue's order)."""
         while self.waiting and len(self.running) < self.config.max_running_requests:
             head = self.waiting[0]
             if not self.req_pool.has_free() or not self.allocator.can_reserve(head.pages_needed):
@@ -851,9 +879,13 @@ def _checking_engine(
     config: DllmConfig,
     sink: EventSink,
     algorithm: StepAlgorithm,
+    *,
     rows_released_between_rounds: bool = False,
+    priority_order: bool = False,
+    longest_output_first: bool = False,
 ) -> DllmEngine:
-    """The shipped model on CPU with `record` on (what the conformance factories share)."""
+    """The shipped model on CPU with `record` on (what the conformance factories share), with
+    the engine's policy options as given."""
     return DllmEngine(
         config,
         sink,
@@ -861,6 +893,8 @@ def _checking_engine(
         algorithm=algorithm,
         record=True,
         rows_released_between_rounds=rows_released_between_rounds,
+        priority_order=priority_order,
+        longest_output_first=longest_output_first,
     )
 
 
@@ -893,6 +927,39 @@ SMALL_ENGINE_ROWS_RELEASED = DllmImplementation(
     make_small_rows_released_engine,
     DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True, stop_token_ids=True),
     "the torch engine with rows released between rounds (FDFO without in-place reuse)",
+)
+
+
+#: SGLang's orders of the waiting queue: `--enable-priority-scheduling` (lower value first)
+#: and `--schedule-policy lof` (the longer `max_new_tokens` first).
+PRIORITY_POLICY = DllmPolicy(priority_order=True)
+LONGEST_OUTPUT_FIRST_POLICY = DllmPolicy(longest_output_first=True)
+
+
+def make_small_priority_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """As `make_small_engine`, the waiting queue by priority, lower value first (submission
+    order breaking ties). `record` on."""
+    return _checking_engine(config, sink, _algorithm("LowConfidence"), priority_order=True)
+
+
+def make_small_lof_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
+    """As `make_small_engine`, the waiting queue by `max_new_tokens`, longest first
+    (submission order breaking ties), as SGLang's `--schedule-policy lof`. `record` on."""
+    return _checking_engine(config, sink, _algorithm("LowConfidence"), longest_output_first=True)
+
+
+#: The priority-ordered engine as the registry's "engine-priority" declares it.
+SMALL_ENGINE_PRIORITY = DllmImplementation(
+    make_small_priority_engine,
+    DllmProfile(policy=PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
+    "the torch engine with the waiting queue by priority (lower value first)",
+)
+
+#: The longest-output-first engine as the registry's "engine-lof" declares it.
+SMALL_ENGINE_LOF = DllmImplementation(
+    make_small_lof_engine,
+    DllmProfile(policy=LONGEST_OUTPUT_FIRST_POLICY, ignore_eos=True, stop_token_ids=True),
+    "the torch engine with the waiting queue by max_new_tokens, longest first (SGLang's lof)",
 )
 
 

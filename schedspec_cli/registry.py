@@ -190,6 +190,22 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         checked_against="reference-dllm-rows-released",
         torch_profile="rows_released_between_rounds=True",
     ),
+    _dllm(
+        "engine-priority",
+        ("gpu.engine:SMALL_ENGINE_PRIORITY", "gpu.engine:make_small_priority_engine"),
+        "the torch engine with the waiting queue by priority, lower value first (SGLang's "
+        "--enable-priority-scheduling)",
+        checked_against="reference-dllm-priority",
+        torch_profile="priority_order=True",
+    ),
+    _dllm(
+        "engine-lof",
+        ("gpu.engine:SMALL_ENGINE_LOF", "gpu.engine:make_small_lof_engine"),
+        "the torch engine with the waiting queue by max_new_tokens, longest first (SGLang's "
+        "--schedule-policy lof)",
+        checked_against="reference-dllm-lof",
+        torch_profile="longest_output_first=True",
+    ),
     _ar(
         "vllm-v1",
         ("reference.ar.vllm_v1:VLLM_V1", "reference.ar.vllm_v1:make_vllm_v1"),

@@ -38,7 +38,14 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
     twins = {r["impl"]: r["twin"] for r in conformance}
     assert twins["engine"] == "reference-dllm"  # the engine decides as the FCFS reference
     assert twins["engine-rows-released"] == "reference-dllm-rows-released"
-    assert {n for n, t in twins.items() if t} == {"engine", "engine-rows-released"}
+    assert twins["engine-priority"] == "reference-dllm-priority"
+    assert twins["engine-lof"] == "reference-dllm-lof"
+    assert {n for n, t in twins.items() if t} == {
+        "engine",
+        "engine-rows-released",
+        "engine-priority",
+        "engine-lof",
+    }
     assert (
         "decisions checked against a twin: engine as reference-dllm"
         in report["steps"][1]["summary"]
