@@ -67,6 +67,7 @@ def _serve(
 
 
 def _both_orders(config: DllmConfig, sink: object) -> DllmEngine:
+    """The engine with both options (no built-in has them; `submit` reads `queue_order`)."""
     engine = make_small_engine(config, sink)  # type: ignore[arg-type]
     engine.queue_order = DllmPolicy(priority_order=True, longest_output_first=True)
     return engine
