@@ -239,6 +239,13 @@ class DllmEngine:
         ):
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise ConfigError(name, cap, "an integer >= 0")
+        for name, flag in (
+            ("rows_released_between_rounds", rows_released_between_rounds),
+            ("priority_order", priority_order),
+            ("longest_output_first", longest_output_first),
+        ):
+            if not isinstance(flag, bool):  # a truthy string would switch a policy on silently
+                raise ConfigError(name, flag, "a bool (True or False)")
         # K/V are activations: an integer pool would truncate them to garbage without an error
         if not isinstance(kv_dtype, torch.dtype) or not kv_dtype.is_floating_point:
             raise ConfigError(

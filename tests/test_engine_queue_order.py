@@ -23,7 +23,7 @@ from properties.conformance import conformance_machine
 from properties.harness import Harness
 from properties.verify import failure_from, run_machine
 from spec.config import DllmConfig, Mode, RequestSpec
-from spec.errors import SpecViolation
+from spec.errors import ConfigError, SpecViolation
 from spec.events import Admitted, Event
 from spec.profile import DllmPolicy, DllmProfile
 from tests.test_engine_conformance import SUITE
@@ -187,3 +187,17 @@ def test_the_options_are_off_by_default() -> None:
     assert not engine.queue_order.orders_queue
     assert make_small_lof_engine(CONFIG, lambda e: None).queue_order.longest_output_first
     assert make_small_priority_engine(CONFIG, lambda e: None).queue_order.priority_order
+
+
+@pytest.mark.parametrize("option", ["priority_order", "longest_output_first"])
+def test_an_option_that_is_not_a_boolean_is_a_config_error(option: str) -> None:
+    """A truthy string would otherwise switch the order on without a word."""
+    plain = make_small_engine(CONFIG, lambda e: None)
+    with pytest.raises(ConfigError, match=rf"{option}='yes': a bool \(True or False\)"):
+        DllmEngine(
+            CONFIG,
+            lambda e: None,
+            model=plain.model,
+            algorithm=plain.algorithm,
+            **{option: "yes"},  # type: ignore[arg-type]
+        )
