@@ -44,7 +44,7 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -908,6 +908,13 @@ def _checking_engine(
 #: The engine's profile: the idealised spec, and it takes requests that ignore EOS.
 ENGINE_PROFILE = DllmProfile(ignore_eos=True, stop_token_ids=True)
 
+
+def _engine_profile(policy: DllmPolicy) -> DllmProfile:
+    """The engine's profile with a policy option declared (everything else as
+    `ENGINE_PROFILE`)."""
+    return replace(ENGINE_PROFILE, policy=policy)
+
+
 #: The conformance-suite engine as the registry's "engine" declares it.
 SMALL_ENGINE = DllmImplementation(
     make_small_engine, ENGINE_PROFILE, "the torch engine on CPU (shipped model, LowConfidence)"
@@ -932,7 +939,7 @@ def make_small_rows_released_engine(config: DllmConfig, sink: EventSink) -> Dllm
 #: The rows-released engine as the registry's "engine-rows-released" declares it.
 SMALL_ENGINE_ROWS_RELEASED = DllmImplementation(
     make_small_rows_released_engine,
-    DllmProfile(policy=ROWS_RELEASED_POLICY, ignore_eos=True, stop_token_ids=True),
+    _engine_profile(ROWS_RELEASED_POLICY),
     "the torch engine with rows released between rounds (FDFO without in-place reuse)",
 )
 
@@ -958,14 +965,14 @@ def make_small_lof_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
 #: The priority-ordered engine as the registry's "engine-priority" declares it.
 SMALL_ENGINE_PRIORITY = DllmImplementation(
     make_small_priority_engine,
-    DllmProfile(policy=PRIORITY_POLICY, ignore_eos=True, stop_token_ids=True),
+    _engine_profile(PRIORITY_POLICY),
     "the torch engine with the waiting queue by priority (lower value first)",
 )
 
 #: The longest-output-first engine as the registry's "engine-lof" declares it.
 SMALL_ENGINE_LOF = DllmImplementation(
     make_small_lof_engine,
-    DllmProfile(policy=LONGEST_OUTPUT_FIRST_POLICY, ignore_eos=True, stop_token_ids=True),
+    _engine_profile(LONGEST_OUTPUT_FIRST_POLICY),
     "the torch engine with the waiting queue by max_new_tokens, longest first (SGLang's lof)",
 )
 
