@@ -472,6 +472,21 @@ def _f(
     return factory
 
 
+def _under_policy(
+    name: str,
+    rule: str,
+    cls: type[ReferenceDllmScheduler],
+    policy: DllmPolicy,
+    configs: st.SearchStrategy[DllmConfig],
+    description: str,
+) -> Mutant:
+    """A mutant of the reference under `policy`, checked under that policy's profile (what the
+    correct scheduler under the same policy follows)."""
+    return Mutant(
+        name, rule, _f(cls, policy=policy), configs, description, DllmProfile(policy=policy)
+    )
+
+
 def _eager(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
     oracle = _EagerDoneOracle(
         AlgorithmOracle.named("LowConfidence", config.mask_token_id), config.mask_token_id
@@ -699,54 +714,54 @@ MUTANTS: dict[str, Mutant] = {
             dllm_configs(),
             "a block is reported done when its last mask is filled, before the final-KV forward",
         ),
-        Mutant(
+        _under_policy(
             "mixes_prefill_and_decode",
             "prefill_first",
-            _f(MixesPrefillAndDecode, policy=PREFILL_FIRST_POLICY),
+            MixesPrefillAndDecode,
+            PREFILL_FIRST_POLICY,
             dllm_configs(),
             "under PREFILL_FIRST a batch feeds prompt-only blocks and blocks with masks together",
-            DllmProfile(policy=PREFILL_FIRST_POLICY),
         ),
-        Mutant(
+        _under_policy(
             "decodes_first",
             "prefill_first",
-            _f(DecodesFirst, policy=PREFILL_FIRST_POLICY),
+            DecodesFirst,
+            PREFILL_FIRST_POLICY,
             dllm_configs(),
             "under PREFILL_FIRST the decode batch runs while allocated prompt blocks wait",
-            DllmProfile(policy=PREFILL_FIRST_POLICY),
         ),
-        Mutant(
+        _under_policy(
             "admits_last_prefill_first",
             "fcfs_admission",
-            _f(AdmitsLastPrefillFirst, policy=PREFILL_FIRST_POLICY),
+            AdmitsLastPrefillFirst,
+            PREFILL_FIRST_POLICY,
             dllm_configs(),
             "under PREFILL_FIRST the latest prefill request is admitted ahead of earlier ones",
-            DllmProfile(policy=PREFILL_FIRST_POLICY),
         ),
-        Mutant(
+        _under_policy(
             "releases_row_under_reuse",
             "row_exclusive",
-            _f(ReleasesRowUnderReuse, policy=ROWS_RELEASED_POLICY),
+            ReleasesRowUnderReuse,
+            ROWS_RELEASED_POLICY,
             _fdfo_reuse(),
             "rows released between rounds under in-place reuse too: a running request ends the "
             "round without a row while its block keeps its KV",
-            DllmProfile(policy=ROWS_RELEASED_POLICY),
         ),
-        Mutant(
+        _under_policy(
             "priority_values_inverted",
             "fcfs_admission",
-            _f(PriorityValuesInverted, policy=PRIORITY_POLICY),
+            PriorityValuesInverted,
+            PRIORITY_POLICY,
             _tight_pool(),
             "under a priority-ordered queue the higher priority value is admitted first",
-            DllmProfile(policy=PRIORITY_POLICY),
         ),
-        Mutant(
+        _under_policy(
             "shortest_output_first",
             "fcfs_admission",
-            _f(ShortestOutputFirst, policy=LONGEST_OUTPUT_FIRST_POLICY),
+            ShortestOutputFirst,
+            LONGEST_OUTPUT_FIRST_POLICY,
             _tight_pool(),
             "under a longest-output-first queue the shortest output is admitted first",
-            DllmProfile(policy=LONGEST_OUTPUT_FIRST_POLICY),
         ),
     )
 }

@@ -675,12 +675,16 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
         _compare(m, e)
 
 
-@settings(
+# The random walks' settings: derandomized (CI replays the same walks), 100 walks each.
+_WALKS = settings(
     max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
+
+
+@_WALKS
 @given(
     config=configs(),
     policy=policies(),
@@ -694,12 +698,7 @@ def test_relation_agrees_with_spec_machine_on_reached_states(
     _walk(m, rng, steps)
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@_WALKS
 @given(
     config=configs(),
     policy=policies(),
