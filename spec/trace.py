@@ -273,39 +273,33 @@ def _fast_step_result(data: dict[str, Any]) -> Event | None:
     return None
 
 
-def _fast_kv_allocated(data: dict[str, Any]) -> Event | None:
-    if len(data) != 4:
-        return None
-    try:
-        rid, block, slots = data["request_id"], data["block_index"], data["slots"]
-    except KeyError:
-        return None
-    if type(rid) is str and type(block) is int and type(slots) is list:
-        ints = _fast_ints(slots)
-        if ints is not _BAD:
-            return KvAllocated(rid, block, ints)
-    return None
+def _fast_block_ints(
+    cls: type[KvAllocated] | type[BlockCommitted], field: str
+) -> Callable[[dict[str, Any]], Event | None]:
+    """The decoder of a block's event that carries one list of ints (`field`): an allocation's
+    slots, a commit's tokens."""
 
+    def decode(data: dict[str, Any]) -> Event | None:
+        if len(data) != 4:
+            return None
+        try:
+            rid, block, values = data["request_id"], data["block_index"], data[field]
+        except KeyError:
+            return None
+        if type(rid) is str and type(block) is int and type(values) is list:
+            ints = _fast_ints(values)
+            if ints is not _BAD:
+                return cls(rid, block, ints)
+        return None
 
-def _fast_block_committed(data: dict[str, Any]) -> Event | None:
-    if len(data) != 4:
-        return None
-    try:
-        rid, block, tokens = data["request_id"], data["block_index"], data["tokens"]
-    except KeyError:
-        return None
-    if type(rid) is str and type(block) is int and type(tokens) is list:
-        ints = _fast_ints(tokens)
-        if ints is not _BAD:
-            return BlockCommitted(rid, block, ints)
-    return None
+    return decode
 
 
 _FAST: dict[str, Callable[[dict[str, Any]], Event | None]] = {
     **{kind: _fast_decoder(cls) for kind, cls in EVENT_BY_KIND.items()},
     StepResult.kind: _fast_step_result,
-    KvAllocated.kind: _fast_kv_allocated,
-    BlockCommitted.kind: _fast_block_committed,
+    KvAllocated.kind: _fast_block_ints(KvAllocated, "slots"),
+    BlockCommitted.kind: _fast_block_ints(BlockCommitted, "tokens"),
 }
 
 
