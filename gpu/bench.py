@@ -26,7 +26,9 @@ paid that refill on every forward while sync paid it once per several forwards â
 server running one engine never pays. With time slices every mode switches equally often per
 second of its own time, so the refill is the same small share for all. The whole measurement
 is repeated `--repeats` times; the table shows the median run, and the ratios are the median
-over repeats of the per-repeat (paired) ratios.
+over repeats of the per-repeat (paired) ratios. With more than one repeat each timed ratio is
+printed with the lowest and highest of its per-repeat ratios (`ratio_ranges` in the JSON), so a
+goal read on the median shows how firmly it is met or missed.
 "cpu" ratios use the thread's CPU time (meaningful with `--threads 1`); "work" ratios compare
 the model work (row-forwards per generated token) and involve no timing at all; they count
 every row alike, though a row costs more the longer its context (`--forward-bound` times the
@@ -345,12 +347,7 @@ class BenchReport:
         repeats of the paired ratio (both modes measured back to back in the same repeat, so
         slow drifts of the machine's load cancel); "work": the inverse ratio of row-forwards per
         token, the model work each mode needed (no timing)."""
-        rate: Callable[[BenchRun], float] = {
-            "wall": lambda r: r.tokens_per_s,
-            "cpu": lambda r: r.tokens_per_cpu_s,
-            "forward": lambda r: r.tokens / r.forward_seconds,
-            "work": lambda r: r.tokens / r.row_forwards,
-        }[clock]
+        rate = _RATES[clock]
         out: dict[str, dict[str, float]] = {}
         for num, den in self.ratio_pairs:
             by_m: dict[str, float] = {}
@@ -358,19 +355,33 @@ class BenchReport:
                 if clock == "work":
                     x = rate(self.of(m, num)[0]) / rate(self.of(m, den)[0])
                 else:
-                    x = self._paired_median(m, num, den, lambda a, b: rate(a) / rate(b))
+                    x = statistics.median(self._paired(m, num, den, _rate_ratio(rate)))
                 by_m[str(m)] = round(x, 3)
             out[f"{num}/{den}"] = by_m
         return out
 
-    def _paired_median(
+    def ratio_ranges(self, clock: str = "wall") -> dict[str, dict[str, tuple[float, float]]]:
+        """The lowest and highest paired ratio over the repeats, per ratio and max-running
+        value, for a timed clock ("wall", "cpu" or "forward"): how far a single repeat strays
+        from the median `ratios(clock)` reports, i.e. how firmly a goal is met or missed."""
+        if clock == "work":
+            raise ValueError("the work ratio is counted, not timed: it has no spread")
+        rate = _RATES[clock]
+        out: dict[str, dict[str, tuple[float, float]]] = {}
+        for num, den in self.ratio_pairs:
+            by_m: dict[str, tuple[float, float]] = {}
+            for m in self.max_running_values():
+                xs = self._paired(m, num, den, _rate_ratio(rate))
+                by_m[str(m)] = (round(min(xs), 3), round(max(xs), 3))
+            out[f"{num}/{den}"] = by_m
+        return out
+
+    def _paired(
         self, max_running: int, num: str, den: str, pair: Callable[[BenchRun, BenchRun], float]
-    ) -> float:
-        """The median over repeats of `pair(num's run, den's run of the same repeat)`."""
+    ) -> list[float]:
+        """`pair(num's run, den's run of the same repeat)` for every repeat both ran."""
         dens = {r.repeat: r for r in self.of(max_running, den)}
-        return statistics.median(
-            pair(r, dens[r.repeat]) for r in self.of(max_running, num) if r.repeat in dens
-        )
+        return [pair(r, dens[r.repeat]) for r in self.of(max_running, num) if r.repeat in dens]
 
     def shares_of_bounds(self) -> dict[str, dict[str, dict[str, float]]]:
         """How close each FDFO variant comes to what its work allows, per max-running value.
@@ -390,8 +401,10 @@ class BenchReport:
             name = f"{num}/{den}"
             by_m: dict[str, dict[str, float]] = {}
             for m in self.max_running_values():
-                in_forward = self._paired_median(
-                    m, num, den, lambda a, b: _forward_fraction(a) / _forward_fraction(b)
+                in_forward = statistics.median(
+                    self._paired(
+                        m, num, den, lambda a, b: _forward_fraction(a) / _forward_fraction(b)
+                    )
                 )
                 by_m[str(m)] = {
                     "of_work": round(wall[name][str(m)] / work[name][str(m)], 3),
@@ -444,8 +457,24 @@ class BenchReport:
             "ratios_cpu": self.ratios("cpu"),
             "ratios_work": self.ratios("work"),
             "ratios_forward": self.ratios("forward"),
+            "ratio_ranges": {clock: self.ratio_ranges(clock) for clock in _RANGED_CLOCKS},
             "shares_of_bounds": self.shares_of_bounds(),
         }
+
+
+# tokens per second by each clock's reading of a run; "work" counts row-forwards, no timing
+_RATES: dict[str, Callable[[BenchRun], float]] = {
+    "wall": lambda r: r.tokens_per_s,
+    "cpu": lambda r: r.tokens_per_cpu_s,
+    "forward": lambda r: r.tokens / r.forward_seconds,
+    "work": lambda r: r.tokens / r.row_forwards,
+}
+_RANGED_CLOCKS = ("wall", "cpu", "forward")
+
+
+def _rate_ratio(rate: Callable[[BenchRun], float]) -> Callable[[BenchRun, BenchRun], float]:
+    """The ratio of two runs' rates by one clock."""
+    return lambda a, b: rate(a) / rate(b)
 
 
 def _forward_fraction(run: BenchRun) -> float:
@@ -594,10 +623,18 @@ def _print(report: BenchReport) -> None:
         "forward": "median paired, forward time alone",
         "work": "model work: row-forwards per token",
     }
+    repeats = len(report.of(report.runs[0].max_running, report.runs[0].mode))
     for clock, label in labels.items():
-        print(f"\nratios ({label})")
+        ranged = clock in _RANGED_CLOCKS and repeats > 1
+        print(f"\nratios ({label}{'; [lowest-highest repeat]' if ranged else ''})")
+        ranges = report.ratio_ranges(clock) if ranged else {}
         for name, by_m in report.ratios(clock).items():
-            print(f"  {name:<37}" + "  ".join(f"@{m}: {v:.2f}x" for m, v in by_m.items()))
+            cells = []
+            for seats, v in by_m.items():
+                lo, hi = ranges[name][seats] if ranged else (0.0, 0.0)
+                spread = f" [{lo:.2f}-{hi:.2f}]" if ranged else ""
+                cells.append(f"@{seats}: {v:.2f}x{spread}")
+            print(f"  {name:<37}" + "  ".join(cells))
     print("\nshare of the bounds (wall-clock ratio / work ratio, / forward-time ratio)")
     for name, shares in report.shares_of_bounds().items():
         print(

@@ -4,6 +4,7 @@ the streaming callback and the bench entry point."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -338,8 +339,16 @@ def test_bench_main_json(
             wall = data["ratios"][name][m]
             assert share["of_work"] == round(wall / data["ratios_work"][name][m], 3)
             assert share["of_forward_time"] > 0
+    # one repeat: every range is that repeat's ratio, and the table prints no range
+    for clock in ("wall", "cpu", "forward"):
+        for by_m in data["ratio_ranges"][clock].values():
+            for lo, hi in by_m.values():
+                assert lo == hi
+    assert set(data["ratio_ranges"]["wall"]["fdfo/sync"]) == {"1", "2"}
+    assert data["ratio_ranges"]["wall"]["fdfo/sync"]["2"][0] == data["ratios"]["fdfo/sync"]["2"]
     printed = capsys.readouterr().out
     assert "forward time alone" in printed and "share of the bounds" in printed
+    assert "lowest-highest repeat" not in printed
 
 
 def test_cpu_model_is_read_from_cpuinfo() -> None:
@@ -378,6 +387,43 @@ def test_share_of_the_forward_time_ratio_is_paired_per_repeat() -> None:
         assert len(per_repeat) == 3
         share = report.shares_of_bounds()[f"{num}/sync"]["2"]["of_forward_time"]
         assert share == pytest.approx(statistics.median(per_repeat), abs=6e-4)
+
+
+def test_ratio_ranges_are_the_lowest_and_highest_paired_repeat(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each range is the lowest and highest ratio of an FDFO run to the sync run of its own
+    repeat (not of the other repeats), so it holds the median the ratios report; the table
+    prints it beside the median; the counted work ratio has none."""
+    import statistics
+
+    import gpu.bench as bench
+
+    report = bench.run_bench([2], requests=3, max_new_tokens=8, repeats=3, model=tiny_model("cpu"))
+    rates: dict[str, Callable[[bench.BenchRun], float]] = {
+        "wall": lambda r: r.tokens_per_s,
+        "cpu": lambda r: r.tokens_per_cpu_s,
+        "forward": lambda r: r.tokens / r.forward_seconds,
+    }
+    for clock, rate in rates.items():
+        ranges, medians = report.ratio_ranges(clock), report.ratios(clock)
+        for num, den in bench.RATIOS:
+            dens = {r.repeat: r for r in report.of(2, den)}
+            paired = [rate(r) / rate(dens[r.repeat]) for r in report.of(2, num)]
+            assert len(paired) == 3
+            lo, hi = ranges[f"{num}/{den}"]["2"]
+            assert lo == round(min(paired), 3) and hi == round(max(paired), 3)
+            assert lo <= medians[f"{num}/{den}"]["2"] <= hi
+            assert medians[f"{num}/{den}"]["2"] == round(statistics.median(paired), 3)
+    with pytest.raises(ValueError, match="counted, not timed"):
+        report.ratio_ranges("work")
+    bench._print(report)
+    printed = capsys.readouterr().out
+    lo, hi = report.ratio_ranges("wall")["fdfo/sync"]["2"]
+    line = next(x for x in printed.splitlines() if x.strip().startswith("fdfo/sync"))
+    assert f"[{lo:.2f}-{hi:.2f}]" in line
+    assert "ratios (median paired, wall clock; [lowest-highest repeat])" in printed
+    assert "ratios (model work: row-forwards per token)" in printed
 
 
 def test_bench_counts_row_rounds_and_block_allocations() -> None:
