@@ -45,8 +45,18 @@ def output_file(text: str) -> Path:
     """An argparse type for a script's output flag: a file path `check_output_path` accepts,
     checked when the arguments are parsed (before a long run, not when its results are
     written); the writer creates missing parent directories."""
+    return _checked_path(text, directory=False)
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type for a script's output directory, checked as `output_file` checks a
+    file (an existing file, or a path under one, is refused); the run creates it."""
+    return _checked_path(text, directory=True)
+
+
+def _checked_path(text: str, *, directory: bool) -> Path:
     try:
-        check_output_path("path", text)
+        check_output_path("path", text, directory=directory)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {err.valid}") from None
     return Path(text)
@@ -70,4 +80,4 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-__all__ = ["check_output_path", "output_file", "table", "write_json"]
+__all__ = ["check_output_path", "output_dir", "output_file", "table", "write_json"]

@@ -34,6 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The checkout itself, not an installed copy: a lent machine may have no `.venv` (see above).
+sys.path.insert(0, str(ROOT))
+from schedspec_cli.output import output_dir  # noqa: E402
+
 SCHEDSPEC = (sys.executable, "-m", "schedspec_cli.main")
 # every step's expected time, under a lent machine's 600 s per command
 DEFAULT_BUDGET_S = 540.0
@@ -201,7 +205,12 @@ def _print(results: Sequence[StepResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     names = [s.name for s in STEPS]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/device-run")))
+    ap.add_argument(
+        "--out",
+        type=output_dir,
+        default=os.environ.get("OUT", "out/device-run"),
+        help="directory for the logs, JSON and summary.json (default: $OUT, else out/device-run)",
+    )
     ap.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for all steps"
     )
@@ -222,11 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"--out: cannot create {out} ({exc.strerror})", file=sys.stderr)
-        return 2
+    out.mkdir(parents=True, exist_ok=True)  # checked when the flags were parsed
     results = run_steps(steps, out, args.device, args.budget_s)
     _print(results)
     summary = {

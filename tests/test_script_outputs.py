@@ -33,6 +33,8 @@ OUTPUTS = [
     ("vllm_differential", "--json"),
     ("vllm_whole_canvas_cost", "--json"),
 ]
+# (script, output flag) of the scripts whose output is a directory
+OUTPUT_DIRS = [("device_run", "--out")]
 
 
 def test_the_list_covers_every_script_that_writes() -> None:
@@ -43,7 +45,7 @@ def test_the_list_covers_every_script_that_writes() -> None:
         for flag in ('"--json"', '"--out"', '"--bench-json"', '"--csv"'):
             if f"add_argument({flag}" in text.replace("\n", "").replace(" ", ""):
                 writers.add((path.stem, flag.strip('"')))
-    assert writers == set(OUTPUTS)
+    assert writers == set(OUTPUTS) | set(OUTPUT_DIRS)
 
 
 @pytest.mark.parametrize(("script", "flag"), OUTPUTS, ids=[f"{s}{f}" for s, f in OUTPUTS])
@@ -53,6 +55,28 @@ def test_an_unwritable_output_is_refused_before_any_work(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for target, why in ((tmp_path, "this is a directory"), (blocker / "x.json", "is a file")):
+        res = subprocess.run(
+            [sys.executable, str(SCRIPTS / f"{script}.py"), flag, str(target)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and len(lines) >= 1, res.stderr
+        assert f"argument {flag}:" in lines[-1] and why in lines[-1], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.parametrize(("script", "flag"), OUTPUT_DIRS, ids=[f"{s}{f}" for s, f in OUTPUT_DIRS])
+def test_an_unwritable_output_directory_is_refused_before_any_work(
+    script: str, flag: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for target, why in ((blocker, "this is an existing file"), (blocker / "run", "is a file")):
         res = subprocess.run(
             [sys.executable, str(SCRIPTS / f"{script}.py"), flag, str(target)],
             capture_output=True,
