@@ -77,6 +77,19 @@ def _schedspec(*args: str) -> tuple[str, ...]:
     return (*SCHEDSPEC, *args)
 
 
+def _bench(name: str, flags: tuple[str, ...], expected_s: float) -> Step:
+    """`bench engine` on the device at 4 and 16 seats with `flags`, its JSON named after the
+    step."""
+    return Step(
+        name,
+        _schedspec(
+            "bench", "engine", "--device", "{device}", "--max-running", "4", "16", *flags,
+            "--json", f"{{out}}/engine-{name}.json",
+        ),
+        expected_s,
+    )  # fmt: skip
+
+
 # Most important first: a budget that runs out drops the tail. Expected seconds: the H200 runs
 # of docs/release.md (the rows-released benches: the plain bench's time plus a fifth mode).
 STEPS: tuple[Step, ...] = (
@@ -95,23 +108,8 @@ STEPS: tuple[Step, ...] = (
          "tests/test_engine_units.py", "-k", "device"),
         10,
     ),
-    Step(
-        "bench-rows",
-        _schedspec(
-            "bench", "engine", "--device", "{device}", "--max-running", "4", "16",
-            "--repeats", "3", "--rows-released", "--json", "{out}/engine-bench-rows.json",
-        ),
-        60,
-    ),
-    Step(
-        "bench-rows-128",
-        _schedspec(
-            "bench", "engine", "--device", "{device}", "--max-running", "4", "16",
-            "--max-new-tokens", "128", "--repeats", "3", "--rows-released",
-            "--json", "{out}/engine-bench-rows-128.json",
-        ),
-        95,
-    ),
+    _bench("bench-rows", ("--repeats", "3", "--rows-released"), 60),
+    _bench("bench-rows-128", ("--max-new-tokens", "128", "--repeats", "3", "--rows-released"), 95),
     Step(
         "forward-bound",
         _schedspec(
