@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The checkout itself, not an installed copy: a lent machine may have no `.venv` (see above).
 sys.path.insert(0, str(ROOT))
 from schedspec_cli.output import output_dir  # noqa: E402
+from spec.errors import ConfigError  # noqa: E402
 
 SCHEDSPEC = (sys.executable, "-m", "schedspec_cli.main")
 # every step's expected time, under a lent machine's 600 s per command
@@ -178,19 +179,12 @@ def run_steps(
     return results
 
 
-def _device_problem(device: str) -> str | None:
-    """Why `device` cannot serve, or None (a CPU always can)."""
-    if device == "cpu":
-        return None
-    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
-        return f"--device: {device!r} is not a device (valid: cuda, cuda:N, cpu)"
-    import torch
+def _usable_device(device: str) -> str:
+    """The device as the steps are given it, checked by the engine's own `resolve_device`
+    (raises its `DeviceUnavailable`); imported here, so a dry run needs no torch."""
+    from gpu.engine import resolve_device
 
-    if not torch.cuda.is_available():
-        return (
-            "--device: CUDA is not available on this machine; run it where it is, or --device cpu"
-        )
-    return None
+    return str(resolve_device(device))
 
 
 def _print(results: Sequence[StepResult]) -> None:
@@ -225,15 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         for s in steps:
             print(f"{s.name:<16}{s.expected_s:>6.0f} s  {' '.join(s.argv(out, args.device))}")
         return 0
-    problem = _device_problem(args.device)
-    if problem is not None:
-        print(problem, file=sys.stderr)
+    try:
+        device = _usable_device(args.device)
+    except ConfigError as err:
+        print(f"--device: {err}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)  # checked when the flags were parsed
-    results = run_steps(steps, out, args.device, args.budget_s)
+    results = run_steps(steps, out, device, args.budget_s)
     _print(results)
     summary = {
-        "device": args.device,
+        "device": device,
         "budget_s": args.budget_s,
         "steps": [asdict(r) for r in results],
     }

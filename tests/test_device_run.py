@@ -109,7 +109,7 @@ def test_a_run_writes_its_summary_and_fails_when_a_step_fails(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--device", "tpu"], "'tpu' is not a device"),
+        (["--device", "tpu"], "invalid device='tpu'"),
         (["--budget-s", "0"], "--budget-s: a positive number"),
     ],
 )
