@@ -36,6 +36,7 @@ from schedspec_cli.impls import (
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
+from schedspec_cli.torch_threads import DEFAULT_VERIFY_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.errors import ConfigError
 from spec.implementation import Family
@@ -124,6 +125,15 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         f"[progress] (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
     )
     v.add_argument(
+        "--threads",
+        type=int_in(0, 4096),
+        metavar="N",
+        help="--impl runs: torch's intra-op threads while checking (default "
+        f"{DEFAULT_VERIFY_THREADS}: conformance programs are a few small blocks, and more "
+        "threads per process oversubscribe a shared machine's cores, which can slow a drain "
+        "past --call-timeout; 0: torch's own default)",
+    )
+    v.add_argument(
         "--parity-prompts",
         type=positive(1000),
         help="main job: prompts of the parity step "
@@ -141,13 +151,13 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 # user gave can be told apart from one the run would ignore (`check_scope`).
 DEFAULT_PARITY: ParityPolicy = "always"
 MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
-_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin", "seed")
+_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin", "seed", "threads")
 
 
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
-    --keep-going, --accept, --json, --family, --mode, --parity, --twin and --seed shape --impl
-    runs (--parity stays None when not given, so that `plan` can refuse it for AR
+    --keep-going, --accept, --json, --family, --mode, --parity, --twin, --seed and --threads
+    shape --impl runs (--parity stays None when not given, so that `plan` can refuse it for AR
     implementations); --parity-prompts and --parity-tokens the main job's parity step."""
 
     def given(name: str) -> bool:
@@ -227,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
     1; a bad flag, path, accept file or implementation raises (exit 2) before any run."""
     check_scope(args)
     p = plan(args)
+    # after the implementations are loaded: an engine's torch is imported by now
+    pin_torch_threads(DEFAULT_VERIFY_THREADS if args.threads is None else args.threads)
     parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity
     configs = None
     if args.mode:

@@ -1,0 +1,33 @@
+"""How many intra-op threads torch uses while `verify` checks an implementation.
+
+Conformance programs run batches of a few small blocks, where a second torch thread gains
+nothing. On a shared machine it costs a great deal: torch's default is one thread per core in
+every process, and several checking processes at once oversubscribe the cores. Measured on a
+2-core machine (docs/implementers.md, section 8): two `verify --impl engine-lof` runs at once
+with torch's default both failed `[progress]`, a drain past the 60 s call deadline, where the
+whole run takes 9 s alone; with one thread each, both passed in 9 s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DEFAULT_VERIFY_THREADS = 1
+"""`verify --impl`'s default: one intra-op thread per checking process."""
+
+
+def pin_torch_threads(threads: int) -> None:
+    """Run torch on `threads` intra-op threads from now on (0: leave torch's own default).
+
+    Never imports torch, so a run of an implementation without it stays torch-free: when an
+    implementation has loaded torch already this sets it directly; otherwise it sets
+    `OMP_NUM_THREADS`, which torch reads when an implementation imports it later (and which
+    processes started from here inherit)."""
+    if threads <= 0:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
