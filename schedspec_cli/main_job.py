@@ -37,6 +37,7 @@ from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress, log
 from schedspec_cli.registry import BUILTINS, Builtin, engine_status
 from schedspec_cli.timeline import Timeline, timeline
+from schedspec_cli.torch_threads import DEFAULT_VERIFY_THREADS, torch_threads_while
 from schedspec_cli.twins import resolve_twin
 from schedspec_cli.verify import failures_markdown
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -105,16 +106,18 @@ def step_conformance(
         if builtin.checked_against:
             twin = resolve_twin(builtin.checked_against, builtin.family)
         bar = Progress(f"conformance {name}")
-        res = verify_implementation(
-            name,
-            target.implementation,
-            n,
-            parity="never" if builtin.family is Family.AR else builtin.parity,
-            progress=bar.examples(n),
-            profile=profile_summary(target.implementation),
-            call_timeout=call_timeout,
-            twin=twin,
-        )
+        # one torch thread while checking, as `verify --impl` (schedspec_cli.torch_threads)
+        with torch_threads_while(DEFAULT_VERIFY_THREADS):
+            res = verify_implementation(
+                name,
+                target.implementation,
+                n,
+                parity="never" if builtin.family is Family.AR else builtin.parity,
+                progress=bar.examples(n),
+                profile=profile_summary(target.implementation),
+                call_timeout=call_timeout,
+                twin=twin,
+            )
         bar.done()
         _log(
             f"conformance {name}: {'PASS' if res.passed else 'FAIL'} "

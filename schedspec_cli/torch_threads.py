@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 DEFAULT_VERIFY_THREADS = 1
 """`verify --impl`'s default: one intra-op thread per checking process."""
@@ -31,3 +33,20 @@ def pin_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
     else:
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+@contextmanager
+def torch_threads_while(threads: int) -> Iterator[None]:
+    """Inside the block torch runs on `threads` intra-op threads when it is loaded already
+    (0, or torch not loaded: nothing changes); after it, on as many as before. For one step of
+    a longer job (the main job's conformance step) whose other steps keep their own count."""
+    torch = sys.modules.get("torch")
+    if threads <= 0 or torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,24 @@ def test_a_bad_threads_flag_is_a_usage_error(
     assert main(["verify", *argv]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
+
+
+def test_the_main_jobs_conformance_checks_on_one_thread_and_gives_the_count_back(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from properties.verify import VerifyResult, verify_implementation
+    from schedspec_cli import main_job
+
+    seen: dict[str, int] = {}
+    real = verify_implementation  # what main_job calls
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> VerifyResult:
+        seen[name] = torch.get_num_threads()
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(main_job, "verify_implementation", counting)
+    passed, summary, _ = main_job.step_conformance(4)
+    assert passed, summary
+    assert seen and set(seen.values()) == {1}, seen
+    assert "engine" in seen
+    assert torch.get_num_threads() == 2  # the parity and bench steps keep their own count
