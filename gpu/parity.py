@@ -192,6 +192,7 @@ class ParityReport:
     impl: str = "engine"
     batch_sizes: tuple[int, ...] = (1,)  # the widest forward of each batch-size setting run
     numerics: dict[str, str] = field(default_factory=dict)  # batch-invariant settings in force
+    threads: int = 0  # torch's intra-op threads during the run (host-side work on CUDA)
 
     @property
     def golden(self) -> bool:
@@ -210,6 +211,7 @@ class ParityReport:
             "cases": [c.to_json() for c in self.cases],
             "leaked_rows": self.leaked_rows,
             "numerics": dict(self.numerics),
+            "threads": self.threads,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
 
@@ -400,7 +402,9 @@ def run_parity(
         for i, t in enumerate(texts)
     ]
     base = bs1_config(block_size, page_size, max_context, REFERENCE)
-    report = ParityReport(device=str(dev), identical=True, leaked_slots=0)
+    report = ParityReport(
+        device=str(dev), identical=True, leaked_slots=0, threads=torch.get_num_threads()
+    )
     with batch_invariant_numerics() as numerics:
         report.numerics = numerics
         for name in algorithms:
@@ -465,7 +469,10 @@ def parity_main(args: list[str]) -> int:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--impl", default="engine", help="only 'engine' here (the CLI routes others)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ns = p.parse_args(args)
+    if ns.threads > 0:
+        torch.set_num_threads(ns.threads)
     algorithms = list(ALGORITHMS) if ns.algorithm == "all" else [ns.algorithm]
     report = run_parity(
         ns.device,

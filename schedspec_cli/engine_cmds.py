@@ -22,6 +22,7 @@ from schedspec_cli.args import (
 )
 from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.output import check_output_path
+from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from spec.errors import ConfigError
 
 ALGORITHMS = ("LowConfidence", "JointThreshold")
@@ -82,6 +83,15 @@ def parity_parser() -> Parser:
     p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     p.add_argument(
+        "--threads",
+        type=int_in(0, 4096),
+        default=DEFAULT_CHECK_THREADS,
+        metavar="N",
+        help=f"torch's intra-op threads (default {DEFAULT_CHECK_THREADS}: the runs are batches "
+        "of a few small blocks, and more threads per process oversubscribe a shared machine's "
+        "cores; 0: torch's own default)",
+    )
+    p.add_argument(
         "--run-timeout",
         type=int_in(0, MAX_CALL_TIMEOUT_S),
         default=None,
@@ -129,6 +139,7 @@ def parity(argv: list[str]) -> int:
         check_shipped_parity(
             "--prompts", ns.prompts, "--max-new-tokens", ns.max_new_tokens, ns.block_size
         )
+        pin_torch_threads(ns.threads)  # before torch loads, when it has not yet
         return _run_engine_command(ns, argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
@@ -149,7 +160,7 @@ def parity(argv: list[str]) -> int:
         ns.prompts = IMPL_PARITY_PROMPTS
     from schedspec_cli.parity_impl import impl_parity_main
 
-    return impl_parity_main(ns)
+    return impl_parity_main(ns)  # pins --threads once the implementation is loaded
 
 
 def bench_engine_parser() -> Parser:

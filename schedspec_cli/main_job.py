@@ -37,7 +37,7 @@ from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress, log
 from schedspec_cli.registry import BUILTINS, Builtin, engine_status
 from schedspec_cli.timeline import Timeline, timeline
-from schedspec_cli.torch_threads import DEFAULT_VERIFY_THREADS, torch_threads_while
+from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, torch_threads_while
 from schedspec_cli.twins import resolve_twin
 from schedspec_cli.verify import failures_markdown
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -107,7 +107,7 @@ def step_conformance(
             twin = resolve_twin(builtin.checked_against, builtin.family)
         bar = Progress(f"conformance {name}")
         # one torch thread while checking, as `verify --impl` (schedspec_cli.torch_threads)
-        with torch_threads_while(DEFAULT_VERIFY_THREADS):
+        with torch_threads_while(DEFAULT_CHECK_THREADS):
             res = verify_implementation(
                 name,
                 target.implementation,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
 from schedspec_cli.impls import resolve
+from schedspec_cli.torch_threads import pin_torch_threads, torch_threads_now
 from spec.batch_parity import (
     MODE_VARIANTS,
     VariantRun,
@@ -88,6 +89,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
     impl = resolved.implementation
     if not isinstance(impl, DllmImplementation):
         raise ConfigError("impl", name, "a dLLM implementation (parity compares block outputs)")
+    pin_torch_threads(ns.threads)  # after loading: an engine's torch is imported by now
     requests = parity_prompts(ns.prompts, ns.max_new_tokens)
     context = context_for(requests, ns.block_size, ns.page_size)
     base = DllmConfig(
@@ -141,6 +143,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         "batch_sizes": [1, max(r.widest_forward for r in runs if r.batch == ns.batch)],
         "leaked_slots": sum(r.leaked_slots for r in runs),
         "leaked_rows": sum(r.leaked_rows for r in runs),
+        "threads": torch_threads_now(),
         "cases": cases,
         "seconds": seconds,
     }

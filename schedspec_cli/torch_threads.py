@@ -1,11 +1,13 @@
-"""How many intra-op threads torch uses while `verify` checks an implementation.
+"""How many intra-op threads torch uses while `verify` or `parity` checks an implementation.
 
-Conformance programs run batches of a few small blocks, where a second torch thread gains
-nothing. On a shared machine it costs a great deal: torch's default is one thread per core in
-every process, and several checking processes at once oversubscribe the cores. Measured on a
-2-core machine (docs/implementers.md, section 8): two `verify --impl engine-lof` runs at once
-with torch's default both failed `[progress]`, a drain past the 60 s call deadline, where the
-whole run takes 9 s alone; with one thread each, both passed in 9 s.
+Conformance programs and parity runs are batches of a few small blocks, where a second torch
+thread gains little. On a shared machine it costs a great deal: torch's default is one thread
+per core in every process, and several checking processes at once oversubscribe the cores.
+Measured on a 2-core machine (docs/implementers.md, section 8): two `verify --impl engine-lof`
+runs at once with torch's default both failed `[progress]`, a drain past the 60 s call
+deadline, where the whole run takes 9 s alone; with one thread each, both passed in 9 s. Two
+128-token `parity` runs of the shipped engine at once took 137 s with torch's default and 28 s
+with one thread each, as long as one run alone with either count.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-DEFAULT_VERIFY_THREADS = 1
-"""`verify --impl`'s default: one intra-op thread per checking process."""
+DEFAULT_CHECK_THREADS = 1
+"""The default of `verify --impl` and `parity`: one intra-op thread per checking process."""
 
 
 def pin_torch_threads(threads: int) -> None:
@@ -50,3 +52,10 @@ def torch_threads_while(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def torch_threads_now() -> int | None:
+    """torch's intra-op thread count, for a report; None when no implementation loaded torch
+    (never imports it)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())

@@ -36,7 +36,7 @@ from schedspec_cli.impls import (
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
-from schedspec_cli.torch_threads import DEFAULT_VERIFY_THREADS, pin_torch_threads
+from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.errors import ConfigError
 from spec.implementation import Family
@@ -129,7 +129,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         type=int_in(0, 4096),
         metavar="N",
         help="--impl runs: torch's intra-op threads while checking (default "
-        f"{DEFAULT_VERIFY_THREADS}: conformance programs are a few small blocks, and more "
+        f"{DEFAULT_CHECK_THREADS}: conformance programs are a few small blocks, and more "
         "threads per process oversubscribe a shared machine's cores, which can slow a drain "
         "past --call-timeout; 0: torch's own default)",
     )
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     check_scope(args)
     p = plan(args)
     # after the implementations are loaded: an engine's torch is imported by now
-    pin_torch_threads(DEFAULT_VERIFY_THREADS if args.threads is None else args.threads)
+    pin_torch_threads(DEFAULT_CHECK_THREADS if args.threads is None else args.threads)
     parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity
     configs = None
     if args.mode:

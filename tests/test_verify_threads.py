@@ -1,13 +1,16 @@
-"""`schedspec verify --impl ... --threads N`: torch's intra-op threads while checking.
+"""`schedspec verify --impl ... --threads N` and `schedspec parity --threads N`: torch's
+intra-op threads while checking.
 
 By default a checking process runs torch on one thread, since two verify runs of the torch
 engine at once on a 2-core machine, each with torch's default thread per core, both failed
-`[progress]` with a drain past the call deadline (docs/implementers.md, section 8). The flag
-sets another count, 0 leaves torch's own; a run that does not load torch never imports it and
-leaves the count to `OMP_NUM_THREADS` for an implementation that imports torch later."""
+`[progress]` with a drain past the call deadline, and two parity runs at once took 2.8 times as
+long (docs/implementers.md, section 8). The flag sets another count, 0 leaves torch's own; a
+run that does not load torch never imports it and leaves the count to `OMP_NUM_THREADS` for an
+implementation that imports torch later. Parity reports record the count."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,13 +58,13 @@ def test_zero_leaves_torchs_own_count(
     capsys.readouterr()
 
 
-def _run_without_torch(*flags: str) -> list[str]:
+def _run_without_torch(*argv: str) -> list[str]:
     """A plain-Python implementation's run in a fresh interpreter: its exit code, the
     OMP_NUM_THREADS it leaves and whether torch got imported."""
     code = (
         "import os, sys\n"
         "from schedspec_cli.main import main\n"
-        f"rc = main(['verify', '--impl', 'reference-dllm', '--examples', '2', *{list(flags)!r}])\n"
+        f"rc = main({list(argv)!r})\n"
         "print(rc, os.environ.get('OMP_NUM_THREADS'), 'torch' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
@@ -73,23 +76,77 @@ def _run_without_torch(*flags: str) -> list[str]:
     return done.stdout.splitlines()[-1].split()
 
 
-def test_a_run_without_torch_never_imports_it() -> None:
-    assert _run_without_torch() == ["0", "1", "False"]
-    assert _run_without_torch("--threads", "0") == ["0", "None", "False"]
+VERIFY_REFERENCE = ("verify", "--impl", "reference-dllm", "--examples", "2")
+PARITY_REFERENCE = ("parity", "--impl", "reference-dllm", "--prompts", "2")
+
+
+@pytest.mark.parametrize("argv", [VERIFY_REFERENCE, PARITY_REFERENCE], ids=["verify", "parity"])
+def test_a_run_without_torch_never_imports_it(argv: tuple[str, ...]) -> None:
+    assert _run_without_torch(*argv) == ["0", "1", "False"]
+    assert _run_without_torch(*argv, "--threads", "0") == ["0", "None", "False"]
+
+
+# a small parity run of each torch path: the shipped engine (gpu.parity) and a built-in engine
+# under the CLI's own parity (schedspec_cli.parity_impl)
+PARITY_RUNS = {
+    "shipped": ["--prompts", "1", "--algorithm", "LowConfidence", "--max-new-tokens", "8"],
+    "engine-lof": ["--impl", "engine-lof", "--prompts", "2", "--max-new-tokens", "8"],
+}
+
+
+def _parity(run: str, flags: list[str], json_path: Path) -> dict[str, Any]:
+    """The JSON report of a small parity run; every run in it identical to sync at batch size
+    1 (the seeded prompt p000's golden may differ by a float tie, docs/engine.md)."""
+    assert main(["parity", *PARITY_RUNS[run], *flags, "--json", str(json_path)]) in (0, 1)
+    report: dict[str, Any] = json.loads(json_path.read_text(encoding="utf-8"))
+    assert report["identical"] and report["leaked_slots"] == report["leaked_rows"] == 0
+    return report
+
+
+@pytest.mark.parametrize("run", sorted(PARITY_RUNS))
+@pytest.mark.parametrize(("flags", "threads"), [([], 1), (["--threads", "3"], 3)])
+def test_a_parity_run_sets_torchs_threads_and_reports_them(
+    two_threads: None,
+    run: str,
+    flags: list[str],
+    threads: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _parity(run, flags, tmp_path / "p.json")["threads"] == threads
+    assert torch.get_num_threads() == threads
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("run", sorted(PARITY_RUNS))
+def test_a_parity_run_with_zero_leaves_torchs_own_count(
+    two_threads: None,
+    run: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert _parity(run, ["--threads", "0"], tmp_path / "p.json")["threads"] == 2
+    assert torch.get_num_threads() == 2
+    assert "OMP_NUM_THREADS" not in os.environ
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--threads", "2"], "invalid --threads=2: only with --impl NAME"),
-        (["--impl", "engine", "--threads", "-1"], "-1 is out of range (valid: 0..4096)"),
-        (["--impl", "engine", "--threads", "two"], "'two' is not an integer"),
+        (["verify", "--threads", "2"], "invalid --threads=2: only with --impl NAME"),
+        (["verify", "--impl", "engine", "--threads", "-1"], "-1 is out of range (valid: 0..4096)"),
+        (["verify", "--impl", "engine", "--threads", "two"], "'two' is not an integer"),
+        (["parity", "--threads", "-1"], "-1 is out of range (valid: 0..4096)"),
+        (["parity", "--impl", "engine-lof", "--threads", "1.5"], "'1.5' is not an integer"),
     ],
 )
 def test_a_bad_threads_flag_is_a_usage_error(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["verify", *argv]) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
 
