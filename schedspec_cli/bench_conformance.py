@@ -5,7 +5,8 @@ event it caused, the invariant checks and the snapshot comparison. With `--twin 
 implementation runs twice in the same process, without and then with that decision twin (the
 same derandomized programs, after an untimed warm-up of 20 programs), and the table gives the
 twin's cost as a ratio of the two times per step. `--seed N` draws the programs `verify --seed N`
-draws.
+draws. torch runs on `--threads` intra-op threads (one by default, as `verify --impl` checks;
+the JSON records the count, null when nothing loaded torch).
 Prints a table and writes JSON; this is a script, not a timed test.
 """
 
@@ -20,6 +21,11 @@ from properties.verify import Twin, forced_seed, machine_for, run_machine, verif
 from schedspec_cli.args import MAX_EXAMPLES, MAX_SEED, Parser, int_in, positive
 from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
+from schedspec_cli.torch_threads import (
+    DEFAULT_CHECK_THREADS,
+    pin_torch_threads,
+    torch_threads_now,
+)
 from schedspec_cli.twins import twin_for_targets
 from spec.implementation import Family, Implementation
 
@@ -55,11 +61,20 @@ def bench_main(argv: list[str]) -> int:
         metavar="N",
         help="draw the programs from this seed, as verify --seed does (default: the fixed one)",
     )
+    p.add_argument(
+        "--threads",
+        type=int_in(0, 4096),
+        default=DEFAULT_CHECK_THREADS,
+        metavar="N",
+        help=f"torch's intra-op threads (default {DEFAULT_CHECK_THREADS}, as verify --impl "
+        "checks; 0: torch's own default)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)
+    pin_torch_threads(args.threads)  # after loading: an engine's torch is imported by now
     twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
     parity = args.parity or "on"
     rows = []
@@ -90,6 +105,7 @@ def bench_main(argv: list[str]) -> int:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "seed": args.seed,
+        "threads": torch_threads_now(),
         "rows": rows,
     }
     write_json(args.json, payload)
