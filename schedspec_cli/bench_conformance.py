@@ -22,7 +22,7 @@ from schedspec_cli.args import MAX_EXAMPLES, MAX_SEED, Parser, int_in, positive
 from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.torch_threads import (
-    DEFAULT_CHECK_THREADS,
+    add_threads_argument,
     pin_torch_threads,
     torch_threads_now,
 )
@@ -61,14 +61,7 @@ def bench_main(argv: list[str]) -> int:
         metavar="N",
         help="draw the programs from this seed, as verify --seed does (default: the fixed one)",
     )
-    p.add_argument(
-        "--threads",
-        type=int_in(0, 4096),
-        default=DEFAULT_CHECK_THREADS,
-        metavar="N",
-        help=f"torch's intra-op threads (default {DEFAULT_CHECK_THREADS}, as verify --impl "
-        "checks; 0: torch's own default)",
-    )
+    add_threads_argument(p, ", as verify --impl checks")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     args = p.parse_args(argv)
     check_output_path("--json", args.json)

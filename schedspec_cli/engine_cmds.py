@@ -22,7 +22,7 @@ from schedspec_cli.args import (
 )
 from schedspec_cli.loader import load_object, module_available
 from schedspec_cli.output import check_output_path
-from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
+from schedspec_cli.torch_threads import add_threads_argument, pin_torch_threads
 from spec.errors import ConfigError
 
 ALGORITHMS = ("LowConfidence", "JointThreshold")
@@ -82,14 +82,10 @@ def parity_parser() -> Parser:
     p.add_argument("--block-size", type=positive(4096), default=8, help="tokens per block")
     p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    p.add_argument(
-        "--threads",
-        type=int_in(0, 4096),
-        default=DEFAULT_CHECK_THREADS,
-        metavar="N",
-        help=f"torch's intra-op threads (default {DEFAULT_CHECK_THREADS}: the runs are batches "
-        "of a few small blocks, and more threads per process oversubscribe a shared machine's "
-        "cores; 0: torch's own default)",
+    add_threads_argument(
+        p,
+        ": the runs are batches of a few small blocks, and more threads per process "
+        "oversubscribe a shared machine's cores",
     )
     p.add_argument(
         "--run-timeout",

@@ -12,13 +12,30 @@ with one thread each, as long as one run alone with either count.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from schedspec_cli.args import int_in
+
 DEFAULT_CHECK_THREADS = 1
-"""The default of `verify --impl` and `parity`: one intra-op thread per checking process."""
+"""The default of `verify --impl`, `parity` and `bench conformance`: one intra-op thread per
+checking process."""
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, why: str) -> None:
+    """`--threads N` (0..4096, default `DEFAULT_CHECK_THREADS`) on `parser`; `why` ends the
+    default's help text."""
+    parser.add_argument(
+        "--threads",
+        type=int_in(0, 4096),
+        default=DEFAULT_CHECK_THREADS,
+        metavar="N",
+        help=f"torch's intra-op threads (default {DEFAULT_CHECK_THREADS}{why}; 0: torch's own "
+        "default)",
+    )
 
 
 def pin_torch_threads(threads: int) -> None:
