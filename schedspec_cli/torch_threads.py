@@ -1,4 +1,5 @@
-"""How many intra-op threads torch uses while `verify` or `parity` checks an implementation.
+"""How many intra-op threads torch uses while `verify`, `parity` or `bench conformance` checks an
+implementation.
 
 Conformance programs and parity runs are batches of a few small blocks, where a second torch
 thread gains little. On a shared machine it costs a great deal: torch's default is one thread
