@@ -1,12 +1,14 @@
 """Print candidate fixes for an engine's findings as one unified diff of the installed engine's
 files: SGLang 0.5.23's dLLM path (`integrations.sglang.fixes`), Vidur 0.0.25's replica
-schedulers (`integrations.vidur.fixes`) or vLLM 0.33.0's diffusion schedulers
-(`integrations.vllm.fixes`).
+schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
+(`integrations.vllm.fixes`) or vLLM 0.33.0's prefix caching under priority scheduling
+(`vllm-prefix`: `integrations.vllm.preempted_cache_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
     .venv/bin/python scripts/engine_fixes_diff.py vidur > vidur-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm --fix whole-canvas > whole-canvas.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-prefix > uncache-preempted.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -14,10 +16,11 @@ run with no pool headroom; Vidur and vLLM: every finding's fix); `--fix NAME` (r
 picks fixes by name, and `--list` lists them, one line each. The diff is made from the
 installed files when run; `git apply -p1` applies it in the engine's checkout of the same
 version (SGLang: its `python/` directory). The tests that run these very edits are in
-`tests/test_real_sglang.py`, `tests/test_real_vidur.py` and `tests/test_real_vllm_dllm.py`
+`tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
+`tests/test_real_vllm_preempted_cache.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
-Needs `schedspec install-engines sglang` (or `vidur`, `vllm`).
+Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix` needs `vllm`).
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
 from integrations.sglang.fixes import SGLANG_FIXES
 from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
+from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 
 #: engine -> (its fixes, the fixes printed without --fix)
 ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "sglang": (SGLANG_FIXES, SGLANG_DEFAULT),
     "vidur": (VIDUR_FIXES, VIDUR_FIXES.names),
     "vllm": (VLLM_DLLM_FIXES, VLLM_DLLM_FIXES.names),
+    "vllm-prefix": (PREEMPTED_CACHE_FIXES, PREEMPTED_CACHE_FIXES.names),
 }
 
 

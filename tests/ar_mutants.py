@@ -17,7 +17,7 @@ from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
 from reference.ar.prefix_cache import PrefixCachingVllmV1
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
-from reference.ar.vllm_v1 import VllmV1Scheduler
+from reference.ar.vllm_v1 import VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
@@ -304,6 +304,18 @@ class HitBeyondCache(PrefixCachingVllmV1):
         return hit
 
 
+class KeepsUnwrittenCached(PrefixCachingVllmV1):
+    """vLLM 0.33.0 (docs/engines.md): under priority the victim is chosen among all running
+    requests, and one preempted in the step that scheduled it keeps that step's blocks in the
+    prefix cache, though no forward writes their KV."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VllmOptions(victim_among_all=True))
+
+    def _uncache_unwritten(self, victim: ArReq) -> None:
+        pass
+
+
 def _caching() -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
         lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
@@ -342,6 +354,27 @@ def _policy(policy: Policy, **changes: int) -> st.SearchStrategy[ArConfig]:
     """Roomy pools, one or two seats, chunked prefill: the policy's order decides admission."""
     return ar_configs(policies=(policy,), chunked=(True,), max_seqs=2).map(
         lambda c: c.replace(**changes)
+    )
+
+
+def _unwritten() -> st.SearchStrategy[ArConfig]:
+    """Priority, prefix caching, one-token blocks (every scheduled token fills a block), small
+    prefill chunks beside a decode (a lower-priority prefill is scheduled first, then a decode
+    finds no block) and a pool of one request's worst case (max_model_len 8: 7 blocks)."""
+    return ar_configs(
+        policies=(Policy.PRIORITY,),
+        chunked=(True,),
+        block_sizes=st.just(1),
+        max_seqs=2,
+        prefix_caching=(True,),
+    ).map(
+        lambda c: c.replace(
+            max_num_seqs=2,
+            max_num_batched_tokens=3,
+            long_prefill_token_threshold=2,
+            max_model_len=8,
+            num_blocks=7 + (1 if c.reserve_null_block else 0),
+        )
     )
 
 
@@ -496,6 +529,14 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(HitBeyondCache),
             _caching(),
             "prefix caching: a cache hit claims one block more than is cached",
+        ),
+        ArMutant(
+            "keeps_unwritten_cached",
+            "snapshot_matches",
+            _f(KeepsUnwrittenCached),
+            _unwritten(),
+            "prefix caching, priority: a request preempted in the step that scheduled it "
+            "keeps that step's unwritten blocks cached (vLLM 0.33.0)",
         ),
         ArMutant(
             "soft_evicts",

@@ -224,6 +224,7 @@ def test_importing_the_engines_fixes_imports_no_engine() -> None:
     code = (
         "import sys\n"
         "import integrations.sglang.fixes, integrations.vidur.fixes, integrations.vllm.fixes\n"
+        "import integrations.vllm.preempted_cache_fix\n"
         "engines = ('sglang', 'vidur', 'vllm', 'torch')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in engines]\n"
         "assert not bad, bad[:5]\n"

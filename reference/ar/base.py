@@ -149,6 +149,10 @@ class CachingBlockPool(BlockPool):
                 self.refs[b] = set()
             self.refs[b].add(rid)
 
+    def uncache(self, b: int) -> None:
+        """Forget what block `b` caches (a content that will never be written)."""
+        self._evict(b)
+
     def register(self, b: int, key: ContentKey) -> None:
         """Cache block `b` under content `key` (last in the key's cache order); a block already
         cached keeps its key."""

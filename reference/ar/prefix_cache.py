@@ -89,5 +89,7 @@ VLLM_V1_PREFIX = ArImplementation(
     ),
     "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "
     "blocks; cache hits at admission; vLLM's eviction order) and vLLM 0.33.0's options; "
-    "decision-identical to vLLM 0.33.0 with prefix caching on (verify --twin)",
+    "decision-identical to vLLM 0.33.0 with prefix caching on (verify --twin), but with the "
+    "candidate fix of a vLLM finding (a request preempted in the step that scheduled it leaves "
+    "nothing of that step cached)",
 )

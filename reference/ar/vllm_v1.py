@@ -28,10 +28,11 @@ in tests/test_real_vllm.py):
 - `lone_request_threshold_exempt`: with one request in the scheduler (running + waiting) the
   long-prefill threshold is off for the step (nobody to starve);
 - `victim_among_all`: under priority the victim is the lowest priority (then latest arrival)
-  among *all* running requests; one scheduled earlier in the step is unscheduled and its tokens
-  return to the budget. Without it the victim is chosen among unscheduled requests only, so a
-  high-priority request can preempt itself while a lower-priority one scheduled before it keeps
-  running (a priority inversion).
+  among *all* running requests; one scheduled earlier in the step is unscheduled, its tokens
+  return to the budget and (prefix caching) what its scheduling cached is uncached: no forward
+  writes it (vLLM 0.33.0 keeps it cached, a finding in docs/engines.md). Without it the victim
+  is chosen among unscheduled requests only, so a high-priority request can preempt itself
+  while a lower-priority one scheduled before it keeps running (a priority inversion).
 `make_vllm_v1` is the idealised scheduler (every option off); `VLLM_V1` (the `vllm-v1`
 built-in) turns all three on and declares them in its profile.
 """
@@ -41,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from reference.ar.base import ArReq, ArSchedulerBase
+from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
@@ -148,10 +149,23 @@ class VllmV1Scheduler(ArSchedulerBase):
                 self._grow(req, need)
                 return n
             victim = self._pick_victim(req, index)
-            self._restored += self.scheduled.pop(victim.rid, 0)  # unscheduled (victim_among_all)
+            unscheduled = self.scheduled.pop(victim.rid, 0)  # victim_among_all
+            self._restored += unscheduled
+            if unscheduled:
+                self._uncache_unwritten(victim)
             self._preempt(victim)
             if victim is req:
                 return 0
+
+    def _uncache_unwritten(self, victim: ArReq) -> None:
+        """A victim scheduled in this step: the blocks its scheduling cached, from its first
+        uncomputed token on, are never written (it leaves the batch), so they leave the prefix
+        cache. vLLM 0.33.0 keeps them cached (a finding, docs/engines.md); this is its
+        candidate fix, `uncache-preempted`."""
+        pool = self.pool
+        if isinstance(pool, CachingBlockPool):
+            for b in victim.blocks[victim.num_computed // self.config.block_size :]:
+                pool.uncache(b)
 
     def _pick_victim(self, req: ArReq, index: int) -> ArReq:
         """Among running requests not scheduled in this step (those from `index` on)."""

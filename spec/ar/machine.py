@@ -16,7 +16,9 @@ are scheduled becomes cached under its content: the request's tokens up to the b
 (prompt token ids when the request carries them, else tokens private to the request; output
 tokens are always private to the request). A cache hit takes references to cached blocks whose
 content is the request's own prefix. A free cached block stays cached until it is allocated
-afresh (implicit eviction) or evicted (`ArCacheEvicted`).
+afresh (implicit eviction) or evicted (`ArCacheEvicted`). A request preempted in the step that
+scheduled it (victim order `LOWEST_PRIORITY_ANY`) loses what that scheduling cached: the
+forward never writes it.
 
 Cost: every event costs time proportional to what it changes (its blocks, the running set and,
 for the policy orders, the waiting queue), and `check_invariants` checks only the requests and
@@ -162,6 +164,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._holders: dict[int, set[str]] = {}  # referenced blocks -> holders
         self._cache: dict[int, int] = {}  # cached blocks -> content key
         self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
+        # blocks uncached because their content was never computed -> why (for the messages)
+        self._unwritten: dict[int, str] = {}
         self._step = _Step()
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
@@ -309,8 +313,26 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         full = min(upto_tokens, r.known) // self.config.block_size
         for k in range(r.cached_upto, min(full, len(r.blocks))):
             self._cache[r.blocks[k]] = self._key(r, k)
+            self._unwritten.pop(r.blocks[k], None)
             self._dirty_blocks.add(r.blocks[k])
         r.cached_upto = max(r.cached_upto, min(full, len(r.blocks)))
+
+    def _uncache_unwritten(self, r: _Req) -> None:
+        """`r` was scheduled in this step and preempted in it: the blocks its scheduling
+        cached (from its first uncomputed token on) hold content no forward writes."""
+        bs, index = self.config.block_size, self._step.index
+        for k in range(r.num_computed // bs, r.cached_upto):
+            b = r.blocks[k]
+            if self._cache.get(b) == self._key(r, k):
+                del self._cache[b]
+                tokens = f"token {k}" if bs == 1 else f"tokens {k * bs}..{(k + 1) * bs - 1}"
+                self._unwritten[b] = (
+                    f"prefix block {k} of {r.request_id!r} ({tokens}), cached when "
+                    f"{r.request_id!r} was scheduled in step {index} and never computed: "
+                    "it was preempted in that step"
+                )
+                self._dirty_blocks.add(b)
+        r.cached_upto = min(r.cached_upto, r.num_computed // bs)
 
     def _drop_refs(self, r: _Req, blocks: Iterable[int]) -> None:
         for b in blocks:
@@ -419,10 +441,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         for k, b in enumerate(e.blocks):
             key = self._cache.get(b)
             if key is None:
+                why = f": {self._unwritten[b]}" if b in self._unwritten else ""
                 raise self._fail(
                     ArRule.CACHE_HIT_CACHED,
                     f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
-                    f"is not cached (cached: {sorted(self._cache)})",
+                    f"is not cached (cached: {sorted(self._cache)}){why}",
                     e,
                 )
             if key != self._key(r, k):
@@ -490,6 +513,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         for b in e.blocks:
             self._holders[b] = {r.request_id}
             self._cache.pop(b, None)  # a fresh allocation evicts what the block cached
+            self._unwritten.pop(b, None)
             r.blocks.append(b)
             self._dirty_blocks.add(b)
             self._dirty_pairs.add((r.request_id, b))
@@ -764,8 +788,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         self._drop_refs(r, e.freed)
         # LOWEST_PRIORITY_ANY: a victim scheduled in this step is unscheduled, its tokens
-        # returned to the budget.
-        st.scheduled.pop(r.request_id, None)
+        # returned to the budget, and what that scheduling cached is uncached: the forward
+        # never writes it.
+        if st.scheduled.pop(r.request_id, None) is not None:
+            self._uncache_unwritten(r)
         r.blocks.clear()
         r.num_computed = 0
         r.cached_upto = 0
@@ -1067,9 +1093,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             }
             problems.append(f"block holders differ (block: implementation, spec): {diff}")
         if snap.cached_blocks is not None and snap.cached_blocks != set(self._cache):
+            unwritten = [
+                f"block {b}: {self._unwritten[b]}"
+                for b in sorted(snap.cached_blocks - set(self._cache))
+                if b in self._unwritten
+            ]
             problems.append(
                 f"cached blocks differ: implementation {sorted(snap.cached_blocks)}, spec "
-                f"{sorted(self._cache)}"
+                f"{sorted(self._cache)}" + (f" ({'; '.join(unwritten)})" if unwritten else "")
             )
         if set(snap.running) != set(self._running) or len(snap.running) != len(self._running):
             problems.append(

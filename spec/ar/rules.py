@@ -108,7 +108,8 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.CACHE_HIT_ENABLED: "Cache hits happen only with prefix caching on.",
     ArRule.CACHE_HIT_CACHED: "A cache hit takes cached blocks whose content is the request's own "
     "prefix, block i holding its tokens up to (i + 1) * block_size: it never claims a block "
-    "that is not cached, or that caches other content.",
+    "that is not cached, or that caches other content. What a request's scheduling cached is "
+    "uncached if it is preempted in that same step: its forward never writes it.",
     ArRule.CACHE_HIT_BOUNDED: "A cache hit covers at most the request's known tokens less one (the "
     "last token is always computed, to sample from).",
     ArRule.EVICT_UNREFERENCED_ONLY: "Only cached blocks that no request references are evicted.",

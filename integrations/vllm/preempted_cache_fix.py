@@ -1,0 +1,132 @@
+"""A candidate fix for a finding in vLLM 0.33.0's prefix caching under priority scheduling,
+applied to one built scheduler so that the AR checks can validate it.
+
+The finding (docs/engines.md, "A request preempted in the step that scheduled it"):
+`KVCacheManager.allocate_slots` registers the blocks of the tokens it schedules in the prefix
+cache at once, before the forward pass writes their KV. Under the priority policy
+`Scheduler.schedule` may then preempt a request it already scheduled in the same call (the
+lowest-priority running request, when a later one cannot get a block). The victim's tokens are
+taken out of the step, so their KV is never written, but the blocks keep their hashes when
+they are freed. A later request with that prefix (the victim itself, when it resumes) gets
+them as a cache hit and attends to whatever KV the blocks held before.
+
+The fix: where `schedule()` takes an already scheduled victim out of the step, it first evicts
+from the prefix cache the victim's blocks from its first uncomputed token on (the ones this
+step's `allocate_slots` registered; `BlockPool.evict_blocks`, vLLM's own public method, which
+leaves the blocks themselves to `_preempt_request` to free). The blocks below
+`num_computed_tokens` hold KV computed in earlier steps and stay cached. Written for the
+adapter's single full-attention group, whose block size is the scheduler's; a hybrid model's
+groups would each need their own block size.
+
+As elsewhere (`integrations.vllm.whole_canvas_fix`), the fix is an edit of vLLM's own
+`vllm/v1/core/sched/scheduler.py` (`PREEMPTED_CACHE_FIXES`): `fix_as_diff()` prints it as a
+patch, and `apply_preempted_cache_fix(sched)` gives one built scheduler the edited
+`Scheduler.schedule` through a subclass of its class. `FixDoesNotApply` if vLLM's file no
+longer has the statement the fix edits. `REAL_VLLM_PREFIX_FIXED` is `real-vllm-prefix` with the
+fix, for `schedspec verify --impl integrations.vllm.preempted_cache_fix:REAL_VLLM_PREFIX_FIXED`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.vllm import REAL_VLLM_PREFIX_PROFILE
+from integrations.vllm.adapter import RealVllmScheduler, load_vllm, make_real_vllm_prefix
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig
+from spec.implementation import ArImplementation
+
+MODULE = "vllm.v1.core.sched.scheduler"
+PREEMPTED_CACHE = "uncache-preempted"
+
+#: Where the priority branch takes a victim scheduled earlier in this call out of the step.
+_UNSCHEDULE = (
+    "                        if preempted_req in scheduled_running_reqs:\n"
+    "                            preempted_req_id = preempted_req.request_id\n"
+    "                            scheduled_running_reqs.remove(preempted_req)\n"
+)
+_EVICT_UNWRITTEN = (
+    "                            # Its KV for this step's tokens is never written: drop the\n"
+    "                            # prefix-cache entries allocate_slots made for them.\n"
+    "                            first_unwritten = (\n"
+    "                                preempted_req.num_computed_tokens // self.block_size\n"
+    "                            )\n"
+    "                            self.kv_cache_manager.block_pool.evict_blocks(\n"
+    "                                {\n"
+    "                                    block.block_id\n"
+    "                                    for group in self.kv_cache_manager.get_blocks(\n"
+    "                                        preempted_req_id\n"
+    "                                    ).blocks\n"
+    "                                    for block in group[first_unwritten:]\n"
+    "                                }\n"
+    "                            )\n"
+)
+
+PREEMPTED_CACHE_FIX = EngineFix(
+    PREEMPTED_CACHE,
+    ((MODULE, _UNSCHEDULE, _UNSCHEDULE + _EVICT_UNWRITTEN),),
+    ((MODULE, "Scheduler.schedule"),),
+    "a request preempted in the step that scheduled it leaves its unwritten blocks in the "
+    "prefix cache: evict them before it is freed",
+)
+PREEMPTED_CACHE_FIXES = FixSet(
+    engine="vLLM 0.33.0",
+    modules=(MODULE,),
+    fixes=(PREEMPTED_CACHE_FIX,),
+    exclusive=(),
+    load=load_vllm,
+    importing=contextlib.nullcontext,
+)
+
+
+@functools.cache
+def fixed_schedule() -> Any:
+    """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals; compiled
+    once per process."""
+    return PREEMPTED_CACHE_FIXES.fixed_methods([PREEMPTED_CACHE])[(MODULE, "Scheduler.schedule")]
+
+
+def fix_as_diff() -> str:
+    """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
+    (paths relative to the package's parent, as `git apply -p1` in a vLLM checkout wants),
+    made from that file when called: nothing of vLLM's is stored here."""
+    return PREEMPTED_CACHE_FIXES.as_diff([PREEMPTED_CACHE])
+
+
+def apply_preempted_cache_fix(sched: Any) -> None:
+    """Give `sched` (a built vLLM `Scheduler`) the fixed `Scheduler.schedule`, through a
+    subclass of its class: no other scheduler changes."""
+    cls = type(sched)
+    sched.__class__ = type(cls.__name__, (cls,), {"schedule": fixed_schedule()})
+
+
+def make_real_vllm_prefix_fixed(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: `real-vllm-prefix` (vLLM 0.33.0's v1 Scheduler, prefix caching on) with the
+    fix applied to its scheduler."""
+    adapter = make_real_vllm_prefix(config, sink)
+    apply_preempted_cache_fix(adapter.sched)
+    return adapter
+
+
+REAL_VLLM_PREFIX_FIXED = ArImplementation(
+    make_real_vllm_prefix_fixed,
+    REAL_VLLM_PREFIX_PROFILE,
+    "vLLM 0.33.0's real v1 Scheduler with prefix caching on and the candidate fix "
+    f"{PREEMPTED_CACHE!r} applied to it",
+)
+
+
+__all__ = [
+    "PREEMPTED_CACHE",
+    "PREEMPTED_CACHE_FIX",
+    "PREEMPTED_CACHE_FIXES",
+    "REAL_VLLM_PREFIX_FIXED",
+    "FixDoesNotApply",
+    "apply_preempted_cache_fix",
+    "fix_as_diff",
+    "fixed_schedule",
+    "make_real_vllm_prefix_fixed",
+]

@@ -1,0 +1,268 @@
+"""A vLLM 0.33.0 finding: under the priority policy, a request preempted in the step that
+scheduled it leaves the blocks of that step's tokens in the prefix cache, although their KV is
+never written; a later request with that prefix (the victim itself, resuming) gets them as a
+cache hit. Also the candidate fix (`integrations.vllm.preempted_cache_fix`) and the seed-53
+counterexample of `verify --impl real-vllm-prefix` (docs/real-vllm-prefix-s53-failure.txt),
+which is this finding.
+
+The program (block size 1, 8 usable blocks, budget 3, long-prefill threshold 2, priority;
+steps numbered from 0): A (priority 1, 7 prompt tokens) prefills 3 tokens, then 2 with B
+(priority 0, 1 token) beside it. In step 2 vLLM schedules A's last 2 prompt tokens first
+(blocks 7 and 8, both hashed at once), then B needs a block for its next token, none is free,
+and the lowest-priority victim is A, already scheduled: A leaves the step with its KV for
+tokens 5 and 6 unwritten. B takes block 8 (its hash goes); block 7 keeps A's hash for token 5.
+When A resumes, vLLM hands it 6 cached tokens, block 7 among them, and computes only token 6.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX, REAL_VLLM_PREFIX_PROFILE
+from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix
+from integrations.vllm.preempted_cache_fix import (
+    REAL_VLLM_PREFIX_FIXED,
+    apply_preempted_cache_fix,
+    fix_as_diff,
+)
+from properties.ar.conformance import ar_conformance_machine
+from properties.ar.harness import ArHarness
+from properties.verify import machine_for
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.ar.events import ArCacheHit, ArEvent, ArScheduled
+from spec.errors import SpecViolation
+from spec.implementation import ArImplementation
+from tests.engine_gate import require_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTEREXAMPLE = ROOT / "docs" / "real-vllm-prefix-s53-failure.txt"
+
+CONFIG = ArConfig(
+    block_size=1,
+    num_blocks=9,
+    reserve_null_block=True,
+    max_num_batched_tokens=3,
+    max_num_seqs=2,
+    max_model_len=16,
+    long_prefill_token_threshold=2,
+    enable_chunked_prefill=True,
+    policy=Policy.PRIORITY,
+    enable_prefix_caching=True,
+)
+FIXED = REAL_VLLM_PREFIX_FIXED
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _program(impl: ArImplementation, *, stepwise: bool) -> SpecViolation | None:
+    """A, then B a step later, then steps until both are done; the first violation, if any.
+    `stepwise`: one `step()` at a time, the snapshot compared after each; else one `drain()`,
+    which compares it only at the end."""
+    h = ArHarness(impl.factory, CONFIG, policy=impl.profile.policy)
+    try:
+        assert h.submit(ArRequest("A", 7, 1, arrival_time=0.0, priority=1)) is None
+        h.step()
+        assert h.submit(ArRequest("B", 1, 2, arrival_time=1.0, priority=0)) is None
+        if stepwise:
+            for _ in range(6):
+                h.step()
+        h.drain(max_steps=20)
+    except SpecViolation as err:
+        return err
+    return None
+
+
+def test_finding_a_request_preempted_in_the_step_that_scheduled_it_stays_cached() -> None:
+    """As released, the step that preempts A ends with block 7 cached by vLLM and by nobody
+    in the spec (the snapshot after that step); left to run, A resumes with a cache hit on
+    block 7, whose content was never computed."""
+    err = _program(REAL_VLLM_PREFIX, stepwise=True)
+    assert err is not None
+    assert err.rule == "snapshot_matches"
+    assert "cached blocks differ: implementation [1, 2, 3, 4, 5, 6, 7, 8], spec " in str(err)
+    assert "[1, 2, 3, 4, 5, 6, 8]" in str(err)
+    err = _program(REAL_VLLM_PREFIX, stepwise=False)
+    assert err is not None
+    assert err.rule == "cache_hit_cached"
+    assert "'A' claims block 7 as its prefix block 5, but block 7 is not cached" in str(err)
+
+
+def _scheduled(events: list[ArEvent], rid: str) -> list[int]:
+    return [e.num_tokens for e in events if isinstance(e, ArScheduled) and e.request_id == rid]
+
+
+def _cached(adapter: RealVllmScheduler) -> dict[int, bytes]:
+    """vLLM's cached blocks now: block id -> its hash (the request's block hash + group id)."""
+    pool = adapter.sched.kv_cache_manager.block_pool
+    return {b.block_id: bytes(b.block_hash) for b in pool.blocks if b.block_hash is not None}
+
+
+@dataclasses.dataclass
+class _Run:
+    """The program on a bare adapter: its events; for steps 1 to 3 (from 0) vLLM's own
+    `SchedulerOutput` and its cached blocks after the step; A's `Request` (kept: vLLM drops a
+    finished request)."""
+
+    events: list[ArEvent]
+    outputs: list[Any]
+    cached: list[dict[int, bytes]]
+    a: Any
+
+
+def _a_and_b(fixed: bool) -> _Run:
+    events: list[ArEvent] = []
+    adapter = make_real_vllm_prefix(CONFIG, events.append)
+    if fixed:
+        apply_preempted_cache_fix(adapter.sched)
+    adapter.submit(ArRequest("A", 7, 1, arrival_time=0.0, priority=1))
+    adapter.step()
+    run = _Run(events, [], [], adapter.sched.requests["A"])
+    adapter.submit(ArRequest("B", 1, 2, arrival_time=1.0, priority=0))
+    schedule = adapter.sched.schedule
+
+    def recording() -> Any:
+        run.outputs.append(schedule())
+        return run.outputs[-1]
+
+    adapter.sched.schedule = recording
+    for _ in range(3):
+        adapter.step()
+        run.cached.append(_cached(adapter))
+    return run
+
+
+def test_finding_the_resumed_request_reads_kv_that_was_never_written() -> None:
+    """vLLM's own objects, no spec: in the step that preempts A, A's tokens are not in the
+    batch, yet block 7 carries A's hash for token 5 afterwards; when A resumes, vLLM counts 6
+    of its 7 tokens as cached (block 7 among them) and computes only the last."""
+    run = _a_and_b(fixed=False)
+    preempting, resuming = run.outputs[1], run.outputs[2]
+    assert "A" in preempting.preempted_req_ids
+    assert "A" not in preempting.num_scheduled_tokens  # its KV for tokens 5, 6: never written
+    assert run.cached[1][7].startswith(bytes(run.a.block_hashes[5]))  # A's token 5 (+ group)
+    assert dict(resuming.num_scheduled_tokens) == {"A": 1}
+    assert _scheduled(run.events, "A") == [3, 2, 1]
+    hits = [e for e in run.events if isinstance(e, ArCacheHit) and e.request_id == "A"]
+    assert hits == [ArCacheHit("A", (1, 2, 3, 4, 5, 7))]
+
+
+def test_fixed_by_evicting_the_unwritten_blocks() -> None:
+    """With the fix, block 7 leaves the prefix cache when A is taken out of the step: A
+    resumes with the 5 tokens it computed and computes tokens 5 and 6 again."""
+    run = _a_and_b(fixed=True)
+    assert "A" in run.outputs[1].preempted_req_ids
+    assert 7 not in run.cached[1]  # evicted with A's preemption
+    assert dict(run.outputs[2].num_scheduled_tokens) == {"A": 2}
+    hits = [e for e in run.events if isinstance(e, ArCacheHit) and e.request_id == "A"]
+    assert hits == [ArCacheHit("A", (1, 2, 3, 4, 5))]
+    assert _scheduled(run.events, "A") == [3, 2, 2]
+    assert run.cached[2][7].startswith(bytes(run.a.block_hashes[5]))  # written this time
+    assert _program(FIXED, stepwise=True) is None
+    assert _program(FIXED, stepwise=False) is None
+
+
+def _recorded_program(text: str) -> tuple[ArConfig, list[tuple[int, list[object]]]]:
+    """The configuration and the `submit_arrivals` calls (n, the draws) of a printed program
+    whose rules are `configure` and `submit_arrivals` only."""
+    found = re.search(r"state\.configure\(config=(ArConfig\(.*?\))\)\n", text, re.S)
+    assert found is not None
+    call = ast.parse(found.group(1), mode="eval").body
+    assert isinstance(call, ast.Call)
+    fields: dict[str, Any] = {}
+    for kw in call.keywords:
+        assert kw.arg is not None
+        if isinstance(kw.value, ast.Attribute):  # Policy.PRIORITY
+            fields[kw.arg] = Policy[kw.value.attr]
+        else:
+            fields[kw.arg] = ast.literal_eval(kw.value)
+    calls: list[tuple[int, list[object]]] = []
+    draws: list[object] = []
+    for line in text.splitlines():
+        if m := re.match(r"Draw \d+ \(\w+\): (.*)", line):
+            draws.append(ast.literal_eval(m.group(1)))
+        elif m := re.match(r"state\.submit_arrivals\(data=data\(\.\.\.\), n=(\d+)\)", line):
+            calls.append((int(m.group(1)), draws))
+            draws = []
+        else:
+            assert not line.startswith("state.") or line.split("(")[0] in (
+                "state.configure",
+                "state.ends_are_checked",
+                "state.teardown",
+            ), line
+    return ArConfig(**fields), calls
+
+
+class _Recorded:
+    """Stands in for Hypothesis's `data`: hands out the recorded draws in order."""
+
+    def __init__(self, draws: list[object]) -> None:
+        self.draws = list(draws)
+
+    def draw(self, strategy: object, label: object = None) -> object:
+        return self.draws.pop(0)
+
+
+def _replay(impl: ArImplementation) -> SpecViolation | None:
+    config, calls = _recorded_program(COUNTEREXAMPLE.read_text())
+    machine: Any = machine_for(impl)()
+    machine.configure(config=config)
+    try:
+        for n, draws in calls:
+            data = _Recorded(draws)
+            machine.submit_arrivals(data=data, n=n)
+            assert data.draws == []
+            machine.ends_are_checked()
+        machine.teardown()
+    except SpecViolation as err:
+        return err
+    return None
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
+def test_the_seed_53_counterexample_is_this_finding() -> None:
+    """The program `verify --impl real-vllm-prefix --seed 53` printed replays, in a fresh
+    harness, to the violation it reported; with the fix it passes."""
+    err = _replay(REAL_VLLM_PREFIX)
+    assert err is not None
+    assert err.rule == "cache_hit_cached"
+    assert "'r18' claims block 8 as its prefix block 5, but block 8 caches other content" in str(
+        err
+    )
+    assert _replay(FIXED) is None
+
+
+def test_the_fixed_scheduler_passes_the_prefix_suite() -> None:
+    """The fix breaks nothing the suite checks (both policies, prefix caching on)."""
+    machine = ar_conformance_machine(FIXED.factory, profile=REAL_VLLM_PREFIX_PROFILE)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=40,
+            deadline=None,
+            stateful_step_count=30,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+def test_the_fix_is_an_edit_of_vllms_scheduler() -> None:
+    """The fix prints as a patch of vLLM's own `scheduler.py`: one hunk, in the priority
+    branch that takes an already scheduled victim out of the step."""
+    diff = fix_as_diff()
+    assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
+    assert diff.count("@@ ") == 1
+    assert "+                            self.kv_cache_manager.block_pool.evict_blocks(" in diff
+    assert " scheduled_running_reqs.remove(preempted_req)" in diff
