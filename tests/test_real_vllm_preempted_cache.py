@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX, REAL_VLLM_PREFIX_PROFILE
-from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix
+from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix, vllm_rules
 from integrations.vllm.preempted_cache_fix import (
     REAL_VLLM_PREFIX_FIXED,
     apply_preempted_cache_fix,
@@ -39,7 +39,7 @@ from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import machine_for
 from spec.ar.config import ArConfig, ArRequest, Policy
-from spec.ar.events import ArCacheHit, ArEvent, ArScheduled
+from spec.ar.events import ArBlocksAllocated, ArCacheHit, ArEvent, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
@@ -71,7 +71,8 @@ def _program(impl: ArImplementation, *, stepwise: bool) -> SpecViolation | None:
     """A, then B a step later, then steps until both are done; the first violation, if any.
     `stepwise`: one `step()` at a time, the snapshot compared after each; else one `drain()`,
     which compares it only at the end."""
-    h = ArHarness(impl.factory, CONFIG, policy=impl.profile.policy)
+    policy = dataclasses.replace(impl.profile.policy, rules=vllm_rules(CONFIG))
+    h = ArHarness(impl.factory, CONFIG, policy=policy)
     try:
         assert h.submit(ArRequest("A", 7, 1, arrival_time=0.0, priority=1)) is None
         h.step()
@@ -88,16 +89,22 @@ def _program(impl: ArImplementation, *, stepwise: bool) -> SpecViolation | None:
 def test_finding_a_request_preempted_in_the_step_that_scheduled_it_stays_cached() -> None:
     """As released, the step that preempts A ends with block 7 cached by vLLM and by nobody
     in the spec (the snapshot after that step); left to run, A resumes with a cache hit on
-    block 7, whose content was never computed."""
+    block 7, whose content was never computed. The adapter tells A's scheduling in step 2 from
+    the hash it left on block 7 (`integrations.vllm.unscheduled`), so both messages say so."""
     err = _program(REAL_VLLM_PREFIX, stepwise=True)
     assert err is not None
     assert err.rule == "snapshot_matches"
     assert "cached blocks differ: implementation [1, 2, 3, 4, 5, 6, 7, 8], spec " in str(err)
-    assert "[1, 2, 3, 4, 5, 6, 8]" in str(err)
+    why = (
+        "prefix block 5 of 'A' (token 5), cached when 'A' was scheduled in step 2 and never "
+        "computed: it was preempted in that step"
+    )
+    assert f"[1, 2, 3, 4, 5, 6, 8] (block 7: {why})" in str(err)
     err = _program(REAL_VLLM_PREFIX, stepwise=False)
     assert err is not None
     assert err.rule == "cache_hit_cached"
     assert "'A' claims block 7 as its prefix block 5, but block 7 is not cached" in str(err)
+    assert why in str(err)
 
 
 def _scheduled(events: list[ArEvent], rid: str) -> list[int]:
@@ -154,7 +161,9 @@ def test_finding_the_resumed_request_reads_kv_that_was_never_written() -> None:
     assert "A" not in preempting.num_scheduled_tokens  # its KV for tokens 5, 6: never written
     assert run.cached[1][7].startswith(bytes(run.a.block_hashes[5]))  # A's token 5 (+ group)
     assert dict(resuming.num_scheduled_tokens) == {"A": 1}
-    assert _scheduled(run.events, "A") == [3, 2, 1]
+    # step 2: vLLM scheduled 2 tokens; the hash left on block 7 shows the first of them
+    assert _scheduled(run.events, "A") == [3, 2, 1, 1]
+    assert ArBlocksAllocated("A", (7,)) in run.events
     hits = [e for e in run.events if isinstance(e, ArCacheHit) and e.request_id == "A"]
     assert hits == [ArCacheHit("A", (1, 2, 3, 4, 5, 7))]
 
@@ -238,8 +247,10 @@ def test_the_seed_53_counterexample_is_this_finding() -> None:
     err = _replay(REAL_VLLM_PREFIX)
     assert err is not None
     assert err.rule == "cache_hit_cached"
-    assert "'r18' claims block 8 as its prefix block 5, but block 8 caches other content" in str(
-        err
+    assert "'r18' claims block 8 as its prefix block 5, but block 8 is not cached" in str(err)
+    assert (
+        "prefix block 5 of 'r18' (token 5), cached when 'r18' was scheduled in step 27 and never "
+        "computed: it was preempted in that step" in str(err)
     )
     assert _replay(FIXED) is None
 

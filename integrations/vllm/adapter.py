@@ -33,14 +33,16 @@ reconstruction): `scheduler.running`, `scheduler.waiting` (and `kv_holding_waiti
 empty without a KV connector), `scheduler.requests[rid].num_computed_tokens`,
 `kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks` (block tables),
 `kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()`,
-`block_pool.blocks[i].ref_cnt` / `.block_hash` (prefix caching). No private method of vLLM is
-called or wrapped.
+`block_pool.blocks[i].ref_cnt` / `.block_hash` and `requests[rid].block_hashes` (prefix
+caching). No private method of vLLM is called or wrapped.
 
 Events: vLLM emits none. Each `step()` takes a view of the pools before and after
 `schedule()` and derives the scheduling-phase events with `spec.ar.reconstruct.
 scheduling_events` (preemptions first — valid for FCFS's tail victim and for vLLM's
-priority victim among all running requests —, then allocations and scheduled tokens in running
-order, cache hits for admitted requests); then `ArStepEnd`; then views around
+priority victim among all running requests; a victim vLLM had scheduled earlier in the same
+call, told from the hash it left (`integrations.vllm.unscheduled`), is scheduled right before
+its preemption —, then allocations and scheduled tokens in running order, cache hits for
+admitted requests); then `ArStepEnd`; then views around
 `update_from_output()` give `ArBlocksFreed` (`release_events`) and the adapter adds `ArFinished`
 with vLLM's own finish reason. `abort` does the same around `finish_requests`.
 """
@@ -60,6 +62,7 @@ from typing import Any
 
 from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE
 from integrations.vllm.manifest import MANIFEST
+from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
 from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
 from spec.ar.config import validate_ar_request as _validate
@@ -369,9 +372,24 @@ class RealVllmScheduler:
             )
         sched = self.sched
         before = self._view()
+        hashes = block_hashes(sched) if self._config.enable_prefix_caching else {}
         out = sched.schedule()
         scheduled: dict[str, int] = dict(out.num_scheduled_tokens)
         after = self._view(scheduled)
+        unscheduled = (
+            unscheduled_victims(
+                sched.requests,
+                out.preempted_req_ids or (),
+                before,
+                after,
+                hashes,
+                block_hashes(sched),
+                self._config.block_size,
+                self.v.kv_utils.get_block_hash,
+            )
+            if self._config.enable_prefix_caching
+            else {}
+        )
         self._emit(
             scheduling_events(
                 before,
@@ -379,6 +397,7 @@ class RealVllmScheduler:
                 scheduled,
                 self._config.block_size,
                 preempted_order=self._victim_order(before),
+                unscheduled=unscheduled,
             )
         )
         self.sink(ArStepEnd(self.step_index))

@@ -26,7 +26,10 @@ in docs/schedulers.md.
    `ArCacheEvicted` for cached blocks dropped otherwise than by reallocation. An engine that
    emits no events derives all of them from pool views before and after `schedule()`
    (`spec.ar.reconstruct.scheduling_events`): every preemption first (tail first, or the
-   engine's order), then the running requests in running order, then the admitted ones.
+   engine's order; a victim the engine had scheduled in the same call, when the adapter can
+   tell, scheduled right before its preemption), then the running requests in running order,
+   then the admitted ones. A request preempted in the step that scheduled it loses what that
+   scheduling cached: no forward writes it.
 3. **Model execution**: `ArStepEnd(step_index)`: every scheduled request computes its tokens; a
    request that caught up with its known tokens samples one output token.
 4. **Update phase** (the engine's `update_from_output()`): `ArBlocksFreed`, then `ArFinished`

@@ -10,7 +10,9 @@ step (the order the spec checks; see docs/schedulers.md):
            every preemption before any scheduling is valid for the victim rules TAIL (FCFS)
            and LOWEST_PRIORITY_ANY (vLLM 0.33's priority policy): the engine's victim is then
            also the spec's victim. Under LOWEST_PRIORITY (among requests not yet scheduled)
-           an engine must report its events itself, in order;
+           an engine must report its events itself, in order. A victim the engine had
+           scheduled earlier in the same call (`unscheduled`, when the adapter can tell) gets
+           its ArBlocksAllocated and ArScheduled right before its ArPreempted;
         2. for every request still running, in running order: ArBlocksAllocated (the blocks
            appended to its table), then ArScheduled (its tokens this step);
         3. for every admitted request, in running order: ArCacheHit (the leading blocks its
@@ -83,10 +85,16 @@ def scheduling_events(
     scheduled: Mapping[str, int],
     block_size: int,
     preempted_order: Sequence[str] | None = None,
+    unscheduled: Mapping[str, tuple[tuple[int, ...], int]] | None = None,
 ) -> list[ArEvent]:
     """The scheduling-phase events that take `before` to `after` (see the module docstring).
 
     `scheduled`: the engine's tokens per request this step (vLLM: `num_scheduled_tokens`).
+    `unscheduled`: victims the engine had scheduled in this step before it preempted them
+        (LOWEST_PRIORITY_ANY), as request id -> (the blocks that scheduling allocated, its
+        tokens), when the adapter can tell (the views cannot: the blocks are gone again). Each
+        gets `ArBlocksAllocated` and `ArScheduled` right before its `ArPreempted`, which frees
+        those blocks too.
     Raises `ReconstructionError` when a scheduled request is unknown to `after`, or an admitted
     request's computed tokens are not whole cached blocks of its table.
     """
@@ -105,8 +113,16 @@ def scheduling_events(
         victims.sort(key=lambda rid: rank.get(rid, len(rank)))
     else:
         victims.reverse()  # the tail of running first
+    taken = unscheduled or {}
     for rid in victims:
-        events.append(ArPreempted(rid, before.table(rid)))
+        freed = before.table(rid)
+        if rid in taken:
+            blocks, n = taken[rid]
+            if blocks:
+                events.append(ArBlocksAllocated(rid, blocks))
+            events.append(ArScheduled(rid, n))
+            freed += blocks
+        events.append(ArPreempted(rid, freed))
     preempted = set(victims)
     allocated: set[int] = set()
     for rid in after.running:
