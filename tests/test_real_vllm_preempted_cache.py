@@ -43,22 +43,11 @@ from spec.ar.events import ArBlocksAllocated, ArCacheHit, ArEvent, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
+from tests.same_step_preemption import CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTEREXAMPLE = ROOT / "docs" / "real-vllm-prefix-s53-failure.txt"
 
-CONFIG = ArConfig(
-    block_size=1,
-    num_blocks=9,
-    reserve_null_block=True,
-    max_num_batched_tokens=3,
-    max_num_seqs=2,
-    max_model_len=16,
-    long_prefill_token_threshold=2,
-    enable_chunked_prefill=True,
-    policy=Policy.PRIORITY,
-    enable_prefix_caching=True,
-)
 FIXED = REAL_VLLM_PREFIX_FIXED
 
 

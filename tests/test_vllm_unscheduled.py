@@ -5,10 +5,11 @@ stand-ins with `block_hashes`, hashes are bytes, the group id a 4-byte suffix as
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from integrations.vllm.unscheduled import unscheduled_victims
-from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.config import ArRules, VictimOrder
 from spec.ar.events import (
     ArBlocksAllocated,
     ArPreempted,
@@ -18,6 +19,7 @@ from spec.ar.events import (
 )
 from spec.ar.machine import ArSpecMachine
 from spec.ar.reconstruct import ArPoolView, scheduling_events
+from tests.same_step_preemption import CONFIG
 
 GROUP = b"\x00\x00\x00\x00"
 
@@ -99,17 +101,8 @@ def test_the_events_schedule_the_victim_right_before_its_preemption() -> None:
     """`scheduling_events` puts the victim's allocation and tokens right before its
     preemption, which frees those blocks too; the spec (vLLM's victim rule) accepts the step
     and uncaches block 7, whose content no forward writes."""
-    config = ArConfig(
-        block_size=1,
-        num_blocks=9,
-        reserve_null_block=True,
-        max_num_batched_tokens=3,
-        max_num_seqs=2,
-        max_model_len=16,
-        long_prefill_token_threshold=3,  # vLLM exempts a lone request; the spec here does not
-        policy=Policy.PRIORITY,
-        enable_prefix_caching=True,
-    )
+    # vLLM exempts a lone request from the threshold; the spec here does not
+    config = dataclasses.replace(CONFIG, long_prefill_token_threshold=3)
     events = scheduling_events(BEFORE, AFTER, {"B": 1}, 1, unscheduled={"A": ((7,), 1)})
     assert events == [
         ArBlocksAllocated("A", (7,)),
