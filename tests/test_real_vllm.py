@@ -55,6 +55,7 @@ from tests.vllm_seeded_bugs import (
     extra_seat,
     lifo_admission,
     preemption_in_flight_raises,
+    stale_hash_on_reuse,
     stop_reported_as_length,
     under_allocate,
 )
@@ -427,6 +428,7 @@ SEEDED_BUGS = [
     (abort_in_flight_leaks, "pool_accounting", "after aborting"),
     (stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
     (preemption_in_flight_raises, "implementation_error", "AssertionError"),
+    (stale_hash_on_reuse, "cache_hit_written", "starts from the prefix cache with block"),
 ]
 
 

@@ -29,6 +29,7 @@ from hypothesis import settings
 
 from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX, REAL_VLLM_PREFIX_PROFILE
 from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix, vllm_rules
+from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, EngineCoreViolation
 from integrations.vllm.preempted_cache_fix import (
     REAL_VLLM_PREFIX_FIXED,
     apply_preempted_cache_fix,
@@ -270,6 +271,34 @@ def test_the_fixed_scheduler_passes_the_prefix_suite(narrowed: bool) -> None:
         _machine(FIXED, narrowed=narrowed), settings(HUNT, max_examples=200 if narrowed else 40)
     )
     assert err is None, printed
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_engine_core_loop_catches_it_and_passes_the_fix(async_scheduling: bool) -> None:
+    """vLLM's engine-core loop (asynchronous scheduling is vLLM's default) has no spec to
+    follow; its `cache_hit_written` check (every cache hit lands on blocks a scheduled batch
+    wrote with that content) fails the same program as released, in both loops, and passes it
+    with the fix."""
+    program = CoreProgram(
+        CONFIG,
+        (
+            (ArRequest("A", 7, 1, arrival_time=0.0, priority=1),),
+            (ArRequest("B", 1, 2, arrival_time=1.0, priority=0),),
+        ),
+        ((), ()),
+    )
+    loop = EngineCoreLoop(CONFIG, async_scheduling=async_scheduling)
+    with pytest.raises(EngineCoreViolation) as caught:
+        loop.run(program)
+    assert caught.value.rule == "cache_hit_written"
+    assert (
+        "'A' starts from the prefix cache with block 7 as its block 5, but no batch wrote it"
+        in caught.value.detail
+    )
+    fixed = EngineCoreLoop(
+        CONFIG, async_scheduling=async_scheduling, mutate=apply_preempted_cache_fix
+    )
+    assert fixed.run(program).reasons == {"A": "length", "B": "length"}
 
 
 def test_the_fix_is_an_edit_of_vllms_scheduler() -> None:

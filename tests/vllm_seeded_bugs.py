@@ -75,3 +75,22 @@ def abort_in_flight_leaks(sched: Any) -> None:
         original(request)
 
     sched._free_blocks = free
+
+
+def stale_hash_on_reuse(sched: Any) -> None:
+    """Seeded bug (prefix caching): a cached block handed out again stays findable under the
+    hash of what it held, so a later request with that prefix hits KV another request has
+    overwritten since."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool.get_new_blocks
+
+    def get_new_blocks(num_blocks: int) -> Any:
+        free = pool.free_block_queue.get_all_free_blocks()[:num_blocks]
+        held = [(b, b.block_hash) for b in free if b.block_hash is not None]
+        blocks = original(num_blocks)
+        for block, block_hash in held:
+            if block in blocks:
+                pool.cached_block_hash_to_block.insert(block_hash, block)
+        return blocks
+
+    pool.get_new_blocks = get_new_blocks

@@ -22,6 +22,8 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
 - pool (`pool_accounting`), after every `schedule()`, `update_from_output()` and abort: each
   non-null block is free or held, not both; without prefix caching held by at most one request;
   with it, its reference count is the number of requests holding it;
+- cache (`cache_hit_written`, prefix caching, `integrations.vllm.cache_writes`): every cache
+  hit lands on blocks a scheduled batch wrote with the hitting request's own content;
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
 - vLLM raising is `implementation_error`;
@@ -53,6 +55,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler
+from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import (
     ABORTED,
     ASYNC_BATCH_QUEUE,
@@ -73,6 +76,7 @@ RULES = (
     "output_content",
     "finish_reason",
     *SCHEDULE_RULES,
+    "cache_hit_written",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -149,6 +153,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
+        self.writes = CacheWrites(config.block_size) if config.enable_prefix_caching else None
 
         self._stale_before: set[str] = set()
 
@@ -201,6 +206,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out, cfg.block_size)
+        if self.writes is not None:
+            self.writes.after_schedule(self.sched, out, self.n.schedules)
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)

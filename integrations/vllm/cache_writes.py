@@ -1,0 +1,80 @@
+"""`cache_hit_written` for vLLM's engine-core loop: every prefix-cache hit lands on blocks that a
+scheduled batch wrote with that very content.
+
+The AR conformance suite checks what the prefix cache claims against the spec step by step;
+the engine-core loop (`integrations.vllm.engine_core`, asynchronous scheduling with batches in
+flight) has no spec to follow, so this records writes instead. A batch writes the KV of the
+tokens it schedules: the block a batch completes (the block of its last token in it, full)
+holds the content of that request's block k. A request scheduled with computed tokens it did
+not compute in an earlier batch, a new one or one resumed after preemption, got them from the
+prefix cache; each such block must hold, as written, the request's own block k: the same
+block hash (the writer's block hash read when the check runs: under asynchronous scheduling a
+block's last token may still be a placeholder when its batch is scheduled). The current
+batch's writes count (its forward writes the KV before attention reads it). A block written by
+no batch, or with other content, breaks the rule: vLLM 0.33.0 does that under the priority
+policy when it preempts a request it already scheduled in the same call (docs/engines.md).
+
+Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
+`scheduled_cached_reqs`), the block tables and `Request.block_hashes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from integrations.vllm.adapter import block_tables
+from integrations.vllm.core_loop import EngineCoreViolation
+
+
+class CacheWrites:
+    """What each block holds as written: block id -> (the writing `Request`, its block index)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.written: dict[int, tuple[Any, int]] = {}
+
+    def after_schedule(self, sched: Any, out: Any, schedule_index: int) -> None:
+        """Record the blocks `out`'s batch completes, then check the cache hits it takes
+        (`EngineCoreViolation("cache_hit_written", ...)`)."""
+        bs = self.block_size
+        starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
+        tables = block_tables(sched)
+        for rid, n in out.num_scheduled_tokens.items():
+            table, start = tables.get(rid, ()), starts[rid]
+            for k in range(start // bs, (start + n) // bs):
+                if k < len(table):
+                    self.written[table[k]] = (sched.requests[rid], k)
+        for rid in sorted(hitting):
+            req, start = sched.requests[rid], starts[rid]
+            table = tables.get(rid, ())
+            for k in range(start // bs):
+                self._check(rid, req, k, table[k], schedule_index)
+
+    def _check(self, rid: str, req: Any, k: int, block: int, schedule_index: int) -> None:
+        writer = self.written.get(block)
+        if writer is not None:
+            wreq, wk = writer
+            if wreq is req and wk == k:
+                return
+            if (
+                wk < len(wreq.block_hashes)
+                and k < len(req.block_hashes)
+                and bytes(wreq.block_hashes[wk]) == bytes(req.block_hashes[k])
+            ):
+                return
+        what = (
+            "no batch wrote it"
+            if writer is None
+            else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
+        )
+        raise EngineCoreViolation(
+            "cache_hit_written",
+            f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "
+            f"as its block {k}, but {what}",
+        )
+
+
+__all__ = ["CacheWrites"]
