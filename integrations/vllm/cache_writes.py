@@ -30,7 +30,7 @@ class CacheWrites:
     """What each block holds as written: block id -> (the writing `Request`, its block index)."""
 
     def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
+        self.block_size: int = block_size
         self.written: dict[int, tuple[Any, int]] = {}
 
     def after_schedule(self, sched: Any, out: Any, schedule_index: int) -> None:

@@ -153,7 +153,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
-        self.writes = CacheWrites(config.block_size) if config.enable_prefix_caching else None
+        self.writes: CacheWrites | None = (
+            CacheWrites(config.block_size) if config.enable_prefix_caching else None
+        )
 
         self._stale_before: set[str] = set()
 
