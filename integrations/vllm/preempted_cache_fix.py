@@ -14,9 +14,11 @@ The fix: where `schedule()` takes an already scheduled victim out of the step, i
 from the prefix cache the victim's blocks from its first uncomputed token on (the ones this
 step's `allocate_slots` registered; `BlockPool.evict_blocks`, vLLM's own public method, which
 leaves the blocks themselves to `_preempt_request` to free). The blocks below
-`num_computed_tokens` hold KV computed in earlier steps and stay cached. Written for the
-adapter's single full-attention group, whose block size is the scheduler's; a hybrid model's
-groups would each need their own block size.
+`num_computed_tokens` hold KV computed in earlier steps and stay cached. Each KV cache group
+is cut at its own block size (`KVCacheCoordinator.group_block_sizes`): the scheduler's block
+size is a multiple of every group's, so an index over it would evict a smaller-block group's
+written blocks too (tests/test_real_vllm_preempted_cache_hybrid.py). Checked on full-attention
+groups; Mamba "align" groups, which keep one state block per checkpoint, are not.
 
 As elsewhere (`integrations.vllm.whole_canvas_fix`), the fix is an edit of vLLM's own
 `vllm/v1/core/sched/scheduler.py` (`PREEMPTED_CACHE_FIXES`): `fix_as_diff()` prints it as a
@@ -50,17 +52,20 @@ _UNSCHEDULE = (
 )
 _EVICT_UNWRITTEN = (
     "                            # Its KV for this step's tokens is never written: drop the\n"
-    "                            # prefix-cache entries allocate_slots made for them.\n"
-    "                            first_unwritten = (\n"
-    "                                preempted_req.num_computed_tokens // self.block_size\n"
+    "                            # prefix-cache entries allocate_slots made for them, in\n"
+    "                            # each KV cache group from its first uncomputed block on.\n"
+    "                            computed = preempted_req.num_computed_tokens\n"
+    "                            kv_blocks = self.kv_cache_manager.get_blocks(\n"
+    "                                preempted_req_id\n"
+    "                            ).blocks\n"
+    "                            block_sizes = (\n"
+    "                                self.kv_cache_manager.coordinator.group_block_sizes\n"
     "                            )\n"
     "                            self.kv_cache_manager.block_pool.evict_blocks(\n"
     "                                {\n"
     "                                    block.block_id\n"
-    "                                    for group in self.kv_cache_manager.get_blocks(\n"
-    "                                        preempted_req_id\n"
-    "                                    ).blocks\n"
-    "                                    for block in group[first_unwritten:]\n"
+    "                                    for group, size in zip(kv_blocks, block_sizes)\n"
+    "                                    for block in group[computed // size :]\n"
     "                                }\n"
     "                            )\n"
 )
