@@ -1,14 +1,19 @@
 """vLLM 0.33.0's asynchronous scheduling (its default), checked over generated programs.
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
-        [--json FILE]
+        [--programs-from {random,same-step}] [--fix uncache-preempted] [--json FILE]
 
-Runs each program (`integrations.vllm.engine_core.core_program(seed)`, seeds 0..N-1) through
-vLLM's engine-core loop twice, synchronous (the control) and asynchronous (`AsyncScheduler`,
-a batch queue of two), with the checks of `integrations.vllm.engine_core`; prints the failures
-(rule and first seeds) and how often the asynchronous paths were taken. `--pipeline-parallel P`
-runs the asynchronous loop with P pipeline stages (vLLM's V2 model runner, a batch queue of
-P + 1). Exit 1 if a program failed. Needs `schedspec install-engines vllm`.
+Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
+control) and asynchronous (`AsyncScheduler`, a batch queue of two), each loop on its own, with
+the checks of `integrations.vllm.engine_core`; prints the failures (rule, loop and first seeds)
+and how often the asynchronous paths were taken. The programs are
+`integrations.vllm.engine_core.core_program(seed)` (`random`, the whole of vLLM's space) or
+`integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where
+a request is preempted in the step that scheduled it). `--fix uncache-preempted` applies that
+candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
+`--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
+runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
+`schedspec install-engines vllm`.
 """
 
 from __future__ import annotations
@@ -16,23 +21,36 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
-    check_both,
+    CoreProgram,
+    CoreRun,
     core_program,
+    run_loop,
 )
+from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE, apply_preempted_cache_fix
 from integrations.vllm.program_tally import (
     ProgramTally,
     add_program_arguments,
     parse_program_arguments,
 )
+from integrations.vllm.same_step_programs import same_step_program
 from schedspec_cli.output import output_file, write_json
+
+#: Where the programs come from (`--programs-from`).
+GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
+    "random": core_program,
+    "same-step": same_step_program,
+}
+#: Candidate fixes `--fix` can apply to the scheduler of both loops.
+FIXES: dict[str, Callable[[Any], None]] = {PREEMPTED_CACHE: apply_preempted_cache_fix}
 
 COUNTS = (
     "engine_steps",
@@ -54,9 +72,35 @@ MEANING = {
 }
 
 
+def _one_loop(
+    program: CoreProgram,
+    fix: Callable[[Any], None] | None,
+    pipeline_parallel_size: int,
+    async_scheduling: bool,
+) -> CoreRun:
+    return run_loop(
+        program,
+        async_scheduling=async_scheduling,
+        fix=fix,
+        pipeline_parallel_size=pipeline_parallel_size,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_async_check.py")
     add_program_arguments(parser, 3000)
+    parser.add_argument(
+        "--programs-from",
+        choices=sorted(GENERATORS),
+        default="random",
+        help="the program generator (default random: the whole of vLLM's space)",
+    )
+    parser.add_argument(
+        "--fix",
+        choices=sorted(FIXES),
+        default=None,
+        help="apply this candidate fix to the scheduler of both loops",
+    )
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
@@ -64,17 +108,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     tally = ProgramTally(COUNTS)
     prefix = 0
+    generate = GENERATORS[args.programs_from]
+    fix = FIXES[args.fix] if args.fix else None
     for seed in range(args.programs):
-        program = core_program(seed)
+        program = generate(seed)
         prefix += program.config.enable_prefix_caching
-        tally.check(
-            seed, partial(check_both, program, pipeline_parallel_size=args.pipeline_parallel)
-        )
+        tally.check_each(seed, partial(_one_loop, program, fix, args.pipeline_parallel))
     elapsed = time.perf_counter() - start
     p = args.pipeline_parallel
+    fixed = f"; fix {args.fix}" if args.fix else ""
     print(
-        f"{args.programs} programs ({prefix} with prefix caching; async with {p} pipeline "
-        f"stage{'s' if p > 1 else ''}), {tally.passed} pass both loops"
+        f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
+        f"with {p} pipeline stage{'s' if p > 1 else ''}{fixed}), {tally.passed} pass both loops"
     )
     print("\n".join(tally.report(MEANING, 50)))
     print(f"({elapsed:.1f} s)")
@@ -83,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json,
             {
                 "programs": args.programs,
+                "programs_from": args.programs_from,
+                "fix": args.fix,
                 "prefix_caching_programs": prefix,
                 **tally.json_fields(),
                 "seconds": elapsed,

@@ -29,12 +29,19 @@ from hypothesis import settings
 
 from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX, REAL_VLLM_PREFIX_PROFILE
 from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix, vllm_rules
-from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, EngineCoreViolation
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    EngineCoreLoop,
+    EngineCoreViolation,
+    check_both,
+    run_loop,
+)
 from integrations.vllm.preempted_cache_fix import (
     REAL_VLLM_PREFIX_FIXED,
     apply_preempted_cache_fix,
     fix_as_diff,
 )
+from integrations.vllm.same_step_programs import same_step_program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import machine_for, run_machine
@@ -43,6 +50,7 @@ from spec.ar.events import ArBlocksAllocated, ArCacheHit, ArEvent, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.ar_mutants import AR_MUTANTS
+from tests.engine_core_programs import passing_runs
 from tests.engine_gate import require_engine
 from tests.same_step_preemption import CONFIG
 from tests.test_ar_mutants import HUNT
@@ -299,6 +307,46 @@ def test_the_engine_core_loop_catches_it_and_passes_the_fix(async_scheduling: bo
         CONFIG, async_scheduling=async_scheduling, mutate=apply_preempted_cache_fix
     )
     assert fixed.run(program).reasons == {"A": "length", "B": "length"}
+
+
+#: Narrowed engine-core programs run per test: 100 take about a second a loop.
+NARROWED_PROGRAMS = 100
+
+
+def _loop_failures(async_scheduling: bool) -> dict[int, EngineCoreViolation]:
+    failures = {}
+    for seed in range(NARROWED_PROGRAMS):
+        try:
+            run_loop(same_step_program(seed), async_scheduling=async_scheduling)
+        except EngineCoreViolation as err:
+            failures[seed] = err
+    return failures
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_narrowed_engine_core_programs_reach_the_finding(async_scheduling: bool) -> None:
+    """Random engine-core programs narrowed to the finding's shape
+    (`integrations.vllm.same_step_programs`) reach it on their own in either loop: some of
+    them break `cache_hit_written` as vLLM is released, each naming a request that starts from
+    a block no batch wrote, and no other rule breaks."""
+    failures = _loop_failures(async_scheduling)
+    mode = "async" if async_scheduling else "sync"
+    assert failures, f"none of {NARROWED_PROGRAMS} narrowed programs reached the finding"
+    for seed, err in failures.items():
+        assert err.rule == "cache_hit_written", (seed, str(err))
+        assert err.detail.startswith(f"{mode} loop: "), err.detail
+        assert "starts from the prefix cache with block" in err.detail, err.detail
+        assert "but no batch wrote it" in err.detail, err.detail
+
+
+def test_narrowed_engine_core_programs_pass_with_the_fix() -> None:
+    """The same narrowed programs with the fix applied to the scheduler of both loops: every
+    one passes every rule, in both loops."""
+    passing_runs(
+        NARROWED_PROGRAMS,
+        lambda seed: check_both(same_step_program(seed), fix=apply_preempted_cache_fix),
+        "with the fix: ",
+    )
 
 
 def test_the_fix_is_an_edit_of_vllms_scheduler() -> None:

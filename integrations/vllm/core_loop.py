@@ -320,17 +320,20 @@ class BatchQueueLoop(Generic[CountsT]):
 RunT = TypeVar("RunT")
 
 
+def run_named(async_scheduling: bool, run: Callable[[bool], RunT]) -> RunT:
+    """`run(async_scheduling)`; a violation is raised again with the loop named
+    (`"[rule] async loop: ..."`)."""
+    try:
+        return run(async_scheduling)
+    except EngineCoreViolation as err:
+        mode = "async" if async_scheduling else "sync"
+        raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
+
+
 def run_both(run: Callable[[bool], RunT]) -> tuple[RunT, RunT]:
-    """`run(async_scheduling)` for the synchronous loop, then the asynchronous one; a violation
-    is raised again with the loop named (`"[rule] async loop: ..."`)."""
-    runs = []
-    for async_scheduling in (False, True):
-        try:
-            runs.append(run(async_scheduling))
-        except EngineCoreViolation as err:
-            mode = "async" if async_scheduling else "sync"
-            raise EngineCoreViolation(err.rule, f"{mode} loop: {err.detail}") from err
-    return runs[0], runs[1]
+    """`run(async_scheduling)` for the synchronous loop, then the asynchronous one, each
+    `run_named`: the first violation stops both."""
+    return run_named(False, run), run_named(True, run)
 
 
 def check_program_steps(kind: str, arrivals: Sequence[object], aborts: Sequence[object]) -> None:
@@ -450,4 +453,5 @@ __all__ = [
     "check_pool",
     "check_program_steps",
     "run_both",
+    "run_named",
 ]

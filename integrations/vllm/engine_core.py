@@ -52,6 +52,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler
@@ -67,6 +68,7 @@ from integrations.vllm.core_loop import (
     check_pool,
     check_program_steps,
     run_both,
+    run_named,
 )
 from integrations.vllm.differential import program as decision_program
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -279,29 +281,77 @@ def core_program(seed: int) -> CoreProgram:
     return CoreProgram(config, tuple(batches), tuple(aborts))
 
 
+def _loop(
+    program: CoreProgram,
+    async_scheduling: bool,
+    *,
+    mutate: Callable[[Any], None] | None,
+    fix: Callable[[Any], None] | None,
+    pipeline_parallel_size: int,
+) -> CoreRun:
+    """One loop over `program`, checked: `fix` applied to its scheduler in either loop,
+    `mutate` and the pipeline stages in the asynchronous one only (the synchronous loop is the
+    control)."""
+    seeded = mutate if async_scheduling else None
+
+    def patch(sched: Any) -> None:
+        for change in (fix, seeded):
+            if change is not None:
+                change(sched)
+
+    loop = EngineCoreLoop(
+        program.config,
+        async_scheduling=async_scheduling,
+        mutate=patch,
+        pipeline_parallel_size=pipeline_parallel_size if async_scheduling else 1,
+    )
+    return loop.run(program)
+
+
+def run_loop(
+    program: CoreProgram,
+    *,
+    async_scheduling: bool,
+    mutate: Callable[[Any], None] | None = None,
+    fix: Callable[[Any], None] | None = None,
+    pipeline_parallel_size: int = 1,
+) -> CoreRun:
+    """Run `program` through one loop, as `check_both` runs it; raise `EngineCoreViolation`
+    naming the loop on the first rule broken. For checks that want each loop's verdict even
+    when the other fails."""
+    return run_named(
+        async_scheduling,
+        partial(
+            _loop,
+            program,
+            mutate=mutate,
+            fix=fix,
+            pipeline_parallel_size=pipeline_parallel_size,
+        ),
+    )
+
+
 def check_both(
     program: CoreProgram,
     mutate: Callable[[Any], None] | None = None,
     *,
+    fix: Callable[[Any], None] | None = None,
     pipeline_parallel_size: int = 1,
 ) -> tuple[CoreRun, CoreRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
-    the async one, which runs `pipeline_parallel_size` stages), each checked; raise
-    `EngineCoreViolation` naming the loop on the first rule broken. The synchronous loop is the
-    control: the same checks on vLLM's default-off path."""
-
-    def run(async_scheduling: bool) -> CoreRun:
-        seeded = mutate if async_scheduling else None
-        stages = pipeline_parallel_size if async_scheduling else 1
-        loop = EngineCoreLoop(
-            program.config,
-            async_scheduling=async_scheduling,
-            mutate=seeded,
-            pipeline_parallel_size=stages,
+    the async one, which runs `pipeline_parallel_size` stages; `fix`, a candidate fix such as
+    `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, applied to both), each
+    checked; raise `EngineCoreViolation` naming the loop on the first rule broken. The
+    synchronous loop is the control: the same checks on vLLM's default-off path."""
+    return run_both(
+        partial(
+            _loop,
+            program,
+            mutate=mutate,
+            fix=fix,
+            pipeline_parallel_size=pipeline_parallel_size,
         )
-        return loop.run(program)
-
-    return run_both(run)
+    )
 
 
 __all__ = [
@@ -314,4 +364,5 @@ __all__ = [
     "EngineCoreViolation",
     "check_both",
     "core_program",
+    "run_loop",
 ]

@@ -44,7 +44,8 @@ def parse_program_arguments(
 
 @dataclass
 class ProgramTally:
-    """Fed one program at a time (`check`); `keys` are the run counts summed per loop."""
+    """Fed one program at a time (`check` or `check_each`); `keys` are the run counts summed per
+    loop."""
 
     keys: tuple[str, ...]
     failures: dict[str, list[int]] = field(default_factory=dict)
@@ -55,21 +56,44 @@ class ProgramTally:
     programs: int = 0
 
     def check(self, seed: int, run_both: Callable[[], tuple[Any, Any]]) -> None:
-        """Run program `seed` through both loops (`run_both`) and record what it did."""
+        """Run program `seed` through both loops (`run_both`, which stops at the first
+        violation) and record what it did; a failure is recorded under its rule."""
         self.programs += 1
         try:
             runs = run_both()
         except EngineCoreViolation as err:
-            self.failures.setdefault(err.rule, []).append(seed)
-            self.first.setdefault(err.rule, err.detail)
+            self._fail(err.rule, seed, err.detail)
             return
         for mode, run in zip(MODES, runs, strict=True):
             self.totals[mode].update({k: getattr(run, k) for k in self.keys})
 
+    def check_each(self, seed: int, run: Callable[[bool], Any]) -> None:
+        """Run program `seed` through each loop on its own (`run(async_scheduling)`), so that
+        a failure of the synchronous loop does not hide the asynchronous loop's verdict. A
+        failure is recorded under "rule, mode loop"; the counts are added only when both
+        loops pass, as `check` adds them."""
+        self.programs += 1
+        runs = []
+        for mode in MODES:
+            try:
+                runs.append(run(mode == "async"))
+            except EngineCoreViolation as err:
+                self._fail(f"{err.rule}, {mode} loop", seed, err.detail)
+        if len(runs) == len(MODES):
+            for mode, done in zip(MODES, runs, strict=True):
+                self.totals[mode].update({k: getattr(done, k) for k in self.keys})
+
+    def _fail(self, label: str, seed: int, detail: str) -> None:
+        self.failures.setdefault(label, []).append(seed)
+        self.first.setdefault(label, detail)
+
     @property
     def passed(self) -> int:
-        """Programs checked that broke no rule."""
-        return self.programs - sum(len(seeds) for seeds in self.failures.values())
+        """Programs checked that broke no rule in either loop."""
+        failed: set[int] = set()
+        for seeds in self.failures.values():
+            failed.update(seeds)
+        return self.programs - len(failed)
 
     def report(self, meaning: Mapping[str, str], width: int) -> list[str]:
         """The table of path counts (one line per key, `meaning` its label) and one line per
