@@ -1,22 +1,32 @@
-"""The candidate fix `uncache-preempted` (`integrations.vllm.preempted_cache_fix`) on a hybrid
-KV cache: vLLM 0.33.0's scheduler over two full-attention groups sharing one pool, of 1-token
-and 2-token blocks. vLLM's scheduler block size is a multiple of every group's (here 2), so a
-group's block index is the token index over *that group's* block size: the fix evicts, in each
-group, the victim's blocks from its first uncomputed token on, and keeps the ones written in
+"""The candidate fix `uncache-preempted` (`integrations.vllm.preempted_cache_fix`) on hybrid KV
+caches: vLLM 0.33.0's scheduler over two KV cache groups sharing one pool.
+
+vLLM's scheduler block size is a multiple of every group's, and a group's block index is the
+token index over *that group's* block size, so the fix cuts each group at its own block size:
+it evicts the victim's blocks from its first uncomputed token on and keeps the ones written in
 earlier steps.
 
-The program (priority, prefix caching, a pool of 12 blocks, budget 3, long-prefill threshold 2,
-two seats): A (priority 1, a 6-token prompt) prefills 3 tokens, then 2 beside B (priority 0, 1
-prompt token). In the third step vLLM schedules A's token 5 first: in the 1-token group it
-fills A's block 5, in the 2-token group it completes A's block 2 (tokens 4 and 5), and both
-are hashed; then B finds no block and the victim is A, already scheduled. A's KV for token 5
-is never written. Earlier tokens' blocks hold KV written in steps 0 and 1.
+Two layouts:
+
+- `full-1+full-2`: full-attention groups of 1-token and 2-token blocks, scheduler block 2; a
+  pool of 12 blocks, budget 3, long-prefill threshold 2, two seats. A (priority 1, a 6-token
+  prompt) prefills 3 tokens, then 2 beside B (priority 0, 1 prompt token). In the third step
+  vLLM schedules A's token 5 first: it fills A's block 5 of the 1-token group and completes
+  its block 2 of the 2-token group (tokens 4 and 5), both hashed at once; then B finds no
+  block and the victim is A, already scheduled, with 5 tokens computed.
+- `full+mamba-align`: a full-attention group and a Mamba group in "align" mode (one state
+  block per 4-token checkpoint, the earlier ones null), blocks of 4; a pool of 9 blocks,
+  budget 8, three seats. A (priority 1, a 16-token prompt) prefills 8 tokens, then 4 beside B
+  (priority 0, 4 tokens); the next call schedules A's last 4 prompt tokens first, registering
+  the attention block and the Mamba checkpoint of tokens 12-15, then preempts A (12 tokens
+  computed) for B. This is the shape vLLM issue #57580 reports for Mamba checkpoints.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,22 +38,84 @@ from integrations.vllm.preempted_cache_fix import apply_preempted_cache_fix
 from spec.ar.config import ArConfig, ArRequest, Policy
 from tests.engine_gate import require_engine
 
-#: The two groups' block sizes, and the scheduler's (their least common multiple).
-GROUP_BLOCK_SIZES = (1, 2)
-SCHEDULER_BLOCK_SIZE = 2
 
-CONFIG = ArConfig(
-    block_size=1,  # the hash block size: the adapter hashes prompts per token
-    num_blocks=12,
-    reserve_null_block=True,
-    max_num_batched_tokens=3,
-    max_num_seqs=2,
-    max_model_len=16,
-    long_prefill_token_threshold=2,
-    enable_chunked_prefill=True,
-    policy=Policy.PRIORITY,
-    enable_prefix_caching=True,
-)
+def _full(v: Any, size: int, index: int) -> Any:
+    """A full-attention group's spec (distinct head sizes, so vLLM keeps the groups apart)."""
+    return v.kv_iface.FullAttentionSpec(
+        block_size=size, num_kv_heads=1, head_size=1 + index, dtype=v.torch.float32
+    )
+
+
+def _mamba_align(v: Any, size: int, index: int) -> Any:
+    """A Mamba group's spec in "align" mode (the mode vLLM's prefix caching needs)."""
+    return v.kv_iface.MambaSpec(
+        block_size=size, shapes=((1 + index,),), dtypes=(v.torch.float32,), mamba_cache_mode="align"
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A hybrid KV cache and the program that preempts A in the call that scheduled it."""
+
+    groups: tuple[tuple[Callable[[Any, int, int], Any], int], ...]  # (spec, block size)
+    scheduler_block_size: int
+    config: ArConfig  # block_size: the hash block size (the adapter hashes prompts by it)
+    a: ArRequest
+    b: ArRequest
+    computed: int  # A's tokens computed when it is preempted
+    written: int  # blocks of those tokens A holds then (null blocks left out)
+    stale_group: int  # a group where, as released, an unwritten block stays cached, unheld
+
+    @property
+    def mamba(self) -> bool:
+        return any(spec is _mamba_align for spec, _ in self.groups)
+
+
+def _config(**fields: Any) -> ArConfig:
+    base = ArConfig(
+        block_size=1,
+        num_blocks=12,
+        reserve_null_block=True,
+        max_num_batched_tokens=3,
+        max_num_seqs=2,
+        max_model_len=16,
+        long_prefill_token_threshold=2,
+        enable_chunked_prefill=True,
+        policy=Policy.PRIORITY,
+        enable_prefix_caching=True,
+    )
+    return base.replace(**fields)
+
+
+LAYOUTS = {
+    "full-1+full-2": Layout(
+        groups=((_full, 1), (_full, 2)),
+        scheduler_block_size=2,
+        config=_config(),
+        a=ArRequest("A", 6, 1, arrival_time=0.0, priority=1, prompt=tuple(range(100, 106))),
+        b=ArRequest("B", 1, 2, arrival_time=1.0, priority=0),
+        computed=5,
+        written=5 + 2,  # five 1-token blocks, two 2-token blocks
+        stale_group=1,  # the 2-token block of tokens 4-5 (B takes the 1-token one)
+    ),
+    "full+mamba-align": Layout(
+        groups=((_full, 4), (_mamba_align, 4)),
+        scheduler_block_size=4,
+        config=_config(
+            block_size=4,
+            num_blocks=9,
+            max_num_batched_tokens=8,
+            max_num_seqs=3,
+            max_model_len=64,
+            long_prefill_token_threshold=0,
+        ),
+        a=ArRequest("A", 16, 2, arrival_time=0.0, priority=1, prompt=tuple(range(100, 116))),
+        b=ArRequest("B", 4, 2, arrival_time=1.0, priority=0),
+        computed=12,
+        written=3 + 1,  # three attention blocks; the Mamba state after token 12
+        stale_group=1,  # the Mamba checkpoint after token 16 (B takes the attention block)
+    ),
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -51,127 +123,130 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def _hybrid_scheduler(
-    v: Any,
-    vllm_config: Any,
-    scheduler_config: Any,
-    cache_config: Any,
-    *,
-    num_blocks: int,
-    async_scheduling: bool,
-) -> Any:
+def _builder(layout: Layout) -> Callable[..., Any]:
     """`integrations.vllm.adapter.build_scheduler`'s stand-in: vLLM's own scheduler class over
-    one pool shared by a full-attention group per entry of `GROUP_BLOCK_SIZES` (distinct head
-    sizes, so vLLM keeps them apart)."""
-    groups = [
-        v.kv_iface.KVCacheGroupSpec(
-            [f"layer{i}"],
-            v.kv_iface.FullAttentionSpec(
-                block_size=size, num_kv_heads=1, head_size=1 + i, dtype=v.torch.float32
-            ),
+    one pool shared by `layout`'s groups."""
+
+    def build(
+        v: Any,
+        vllm_config: Any,
+        scheduler_config: Any,
+        cache_config: Any,
+        *,
+        num_blocks: int,
+        async_scheduling: bool,
+    ) -> Any:
+        if layout.mamba:
+            cache_config.mamba_cache_mode = "align"
+        groups = [
+            v.kv_iface.KVCacheGroupSpec([f"layer{i}"], spec(v, size, i))
+            for i, (spec, size) in enumerate(layout.groups)
+        ]
+        kv_cache_config = v.kv_iface.KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
-        for i, size in enumerate(GROUP_BLOCK_SIZES)
-    ]
-    kv_cache_config = v.kv_iface.KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
-    )
-    cache_config.num_gpu_blocks = num_blocks
-    return scheduler_config.get_scheduler_cls()(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-        block_size=SCHEDULER_BLOCK_SIZE,
-        hash_block_size=CONFIG.block_size,
-        log_stats=False,
-    )
+        cache_config.num_gpu_blocks = num_blocks
+        return scheduler_config.get_scheduler_cls()(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
+            block_size=layout.scheduler_block_size,
+            hash_block_size=layout.config.block_size,
+            log_stats=False,
+        )
+
+    return build
 
 
 @dataclass(frozen=True)
 class _Preemption:
-    """A's blocks when vLLM preempts it in the step that scheduled it: per group those
-    holding KV written in earlier steps and those of this step's tokens; and the blocks
-    cached and held right after that `schedule()` call."""
+    """A's blocks when vLLM preempts it in the call that scheduled it: those holding KV written
+    in earlier steps and those of this call's tokens, each group cut at its own block size
+    (null blocks left out); and the blocks cached and held right after that call."""
 
     computed: int
     written: frozenset[int]
-    unwritten: frozenset[int]
+    unwritten: tuple[frozenset[int], ...]  # per group
     cached_after: frozenset[int]
     held_after: frozenset[int]
 
 
-def _preempt_a(monkeypatch: pytest.MonkeyPatch, *, fixed: bool) -> _Preemption:
-    monkeypatch.setattr(vllm_adapter, "build_scheduler", _hybrid_scheduler)
-    adapter = vllm_adapter.RealVllmScheduler(CONFIG, lambda _event: None, vllm_adapter.SPACE_PREFIX)
+def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) -> _Preemption:
+    monkeypatch.setattr(vllm_adapter, "build_scheduler", _builder(layout))
+    adapter = vllm_adapter.RealVllmScheduler(
+        layout.config, lambda _event: None, vllm_adapter.SPACE_PREFIX
+    )
     sched = adapter.sched
-    assert sched.kv_cache_manager.coordinator.group_block_sizes == GROUP_BLOCK_SIZES
+    sizes = tuple(size for _, size in layout.groups)
+    assert sched.kv_cache_manager.coordinator.group_block_sizes == sizes
+    assert sched.need_mamba_block_aligned_split == layout.mamba
     if fixed:
         apply_preempted_cache_fix(sched)
-    seen: list[tuple[int, frozenset[int], frozenset[int]]] = []
+    seen: list[tuple[int, frozenset[int], tuple[frozenset[int], ...]]] = []
     preempt = sched._preempt_request
 
     def recording(request: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM calls this after the fix's eviction: `seen` is what the victim holds then
         computed = request.num_computed_tokens
         written: set[int] = set()
-        unwritten: set[int] = set()
+        unwritten: list[frozenset[int]] = []
         groups = sched.kv_cache_manager.get_blocks(request.request_id).blocks
-        for group, size in zip(groups, GROUP_BLOCK_SIZES, strict=True):
+        for group, size in zip(groups, sizes, strict=True):
             cut = computed // size
-            written.update(b.block_id for b in group[:cut])
-            unwritten.update(b.block_id for b in group[cut:])
-        seen.append((computed, frozenset(written), frozenset(unwritten)))
+            written.update(b.block_id for b in group[:cut] if not b.is_null)
+            unwritten.append(frozenset(b.block_id for b in group[cut:] if not b.is_null))
+        seen.append((computed, frozenset(written), tuple(unwritten)))
         return preempt(request, *args, **kwargs)
 
     sched._preempt_request = recording
-
-    def step() -> None:
-        out = sched.schedule()
-        sched.update_from_output(out, adapter._fabricate(dict(out.num_scheduled_tokens)))
-
-    shared = tuple(range(100, 106))
-    adapter.submit(ArRequest("A", 6, 1, arrival_time=0.0, priority=1, prompt=shared))
-    step()
-    adapter.submit(ArRequest("B", 1, 2, arrival_time=1.0, priority=0))
-    step()
+    adapter.submit(layout.a)
     out = sched.schedule()
+    sched.update_from_output(out, adapter._fabricate(dict(out.num_scheduled_tokens)))
+    adapter.submit(layout.b)
+    for _ in range(6):
+        out = sched.schedule()
+        if out.preempted_req_ids:
+            break
+        sched.update_from_output(out, adapter._fabricate(dict(out.num_scheduled_tokens)))
     assert out.preempted_req_ids == {"A"} and "A" not in out.num_scheduled_tokens
     assert len(seen) == 1, seen
     computed, written, unwritten = seen[0]
-    pool = sched.kv_cache_manager.block_pool
-    held = {
-        b.block_id
-        for rid in sched.requests
-        for g in sched.kv_cache_manager.get_blocks(rid).blocks
-        for b in g
-    }
+    manager = sched.kv_cache_manager
+    held = {b.block_id for rid in sched.requests for g in manager.get_blocks(rid).blocks for b in g}
     return _Preemption(
         computed,
         written,
         unwritten,
-        frozenset(b.block_id for b in pool.blocks if b.block_hash is not None),
+        frozenset(b.block_id for b in manager.block_pool.blocks if b.block_hash is not None),
         frozenset(held),
     )
 
 
-def test_finding_on_a_hybrid_cache_an_unwritten_block_stays_cached(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_finding_on_a_hybrid_cache_unwritten_blocks_stay_cached(
+    monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
-    """As released: after the call, a block of A's token 5 (unwritten), held by nobody, still
-    carries its hash, so a later request with A's prefix can hit it."""
-    run = _preempt_a(monkeypatch, fixed=False)
-    assert run.computed == 5
-    assert (run.unwritten - run.held_after) & run.cached_after
+    """As released: after the call, a block of A's unwritten tokens that nobody holds still
+    carries its hash, so a later request with A's prefix can hit it; in `full+mamba-align` it
+    is the Mamba checkpoint after token 16, a state never computed."""
+    case = LAYOUTS[layout]
+    run = _preempt_a(monkeypatch, case, fixed=False)
+    assert run.computed == case.computed
+    assert (run.unwritten[case.stale_group] - run.held_after) & run.cached_after
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_fix_evicts_per_group_and_keeps_what_was_written(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
-    """With the fix, no block of A's token 5 that nobody holds is cached after the call, and
-    every block of A's tokens 0-4 that nobody else took stays cached: in the 1-token group
-    that is blocks 0-4, which an index taken over the scheduler's block size (5 // 2 = 2)
-    would have evicted from block 2 on."""
-    run = _preempt_a(monkeypatch, fixed=True)
-    assert run.computed == 5
-    assert not (run.unwritten - run.held_after) & run.cached_after
+    """With the fix, no block of A's unwritten tokens that nobody holds is cached after the
+    call, and every block of its computed tokens that nobody else took stays cached. In the
+    1-token group of `full-1+full-2` that is blocks 0-4, which a cut taken over the
+    scheduler's block size (5 // 2 = 2) would have evicted from block 2 on."""
+    run = _preempt_a(monkeypatch, LAYOUTS[layout], fixed=True)
+    assert run.computed == LAYOUTS[layout].computed
+    for unwritten in run.unwritten:
+        assert not (unwritten - run.held_after) & run.cached_after
     kept = run.written - run.held_after
-    assert len(kept) == len(run.written) == 5 + 2  # 5 one-token blocks, 2 two-token blocks
+    assert len(kept) == len(run.written) == LAYOUTS[layout].written
     assert kept <= run.cached_after, sorted(kept - run.cached_after)
