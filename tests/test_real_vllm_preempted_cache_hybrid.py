@@ -160,13 +160,15 @@ def _builder(layout: Layout) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class _Preemption:
-    """A's blocks when vLLM preempts it in the call that scheduled it: those holding KV written
-    in earlier steps and those of this call's tokens, each group cut at its own block size
-    (null blocks left out); and the blocks cached and held right after that call."""
+    """A's blocks when vLLM preempts it in the call that scheduled it (after the fix's
+    eviction, before A is freed): those holding KV written in earlier steps and those of this
+    call's tokens, each group cut at its own block size (null blocks left out), and which of
+    them are cached then; and the blocks cached and held right after that call."""
 
     computed: int
     written: frozenset[int]
     unwritten: tuple[frozenset[int], ...]  # per group
+    cached_at_preemption: frozenset[int]
     cached_after: frozenset[int]
     held_after: frozenset[int]
 
@@ -182,7 +184,7 @@ def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) 
     assert sched.need_mamba_block_aligned_split == layout.mamba
     if fixed:
         apply_preempted_cache_fix(sched)
-    seen: list[tuple[int, frozenset[int], tuple[frozenset[int], ...]]] = []
+    seen: list[tuple[int, frozenset[int], tuple[frozenset[int], ...], frozenset[int]]] = []
     preempt = sched._preempt_request
 
     def recording(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -190,12 +192,14 @@ def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) 
         computed = request.num_computed_tokens
         written: set[int] = set()
         unwritten: list[frozenset[int]] = []
+        cached: set[int] = set()
         groups = sched.kv_cache_manager.get_blocks(request.request_id).blocks
         for group, size in zip(groups, sizes, strict=True):
             cut = computed // size
             written.update(b.block_id for b in group[:cut] if not b.is_null)
             unwritten.append(frozenset(b.block_id for b in group[cut:] if not b.is_null))
-        seen.append((computed, frozenset(written), tuple(unwritten)))
+            cached.update(b.block_id for b in group if b.block_hash is not None)
+        seen.append((computed, frozenset(written), tuple(unwritten), frozenset(cached)))
         return preempt(request, *args, **kwargs)
 
     sched._preempt_request = recording
@@ -210,13 +214,14 @@ def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) 
         sched.update_from_output(out, adapter._fabricate(dict(out.num_scheduled_tokens)))
     assert out.preempted_req_ids == {"A"} and "A" not in out.num_scheduled_tokens
     assert len(seen) == 1, seen
-    computed, written, unwritten = seen[0]
+    computed, written, unwritten, cached = seen[0]
     manager = sched.kv_cache_manager
     held = {b.block_id for rid in sched.requests for g in manager.get_blocks(rid).blocks for b in g}
     return _Preemption(
         computed,
         written,
         unwritten,
+        cached,
         frozenset(b.block_id for b in manager.block_pool.blocks if b.block_hash is not None),
         frozenset(held),
     )
@@ -226,12 +231,14 @@ def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) 
 def test_finding_on_a_hybrid_cache_unwritten_blocks_stay_cached(
     monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
-    """As released: after the call, a block of A's unwritten tokens that nobody holds still
-    carries its hash, so a later request with A's prefix can hit it; in `full+mamba-align` it
-    is the Mamba checkpoint after token 16, a state never computed."""
+    """As released: A is freed with blocks of its unwritten tokens cached, and after the call
+    one that nobody holds still carries its hash, so a later request with A's prefix can hit
+    it; in `full+mamba-align` it is the Mamba checkpoint after token 16, a state never
+    computed."""
     case = LAYOUTS[layout]
     run = _preempt_a(monkeypatch, case, fixed=False)
     assert run.computed == case.computed
+    assert run.unwritten[case.stale_group] & run.cached_at_preemption
     assert (run.unwritten[case.stale_group] - run.held_after) & run.cached_after
 
 
@@ -239,12 +246,16 @@ def test_finding_on_a_hybrid_cache_unwritten_blocks_stay_cached(
 def test_the_fix_evicts_per_group_and_keeps_what_was_written(
     monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
-    """With the fix, no block of A's unwritten tokens that nobody holds is cached after the
-    call, and every block of its computed tokens that nobody else took stays cached. In the
-    1-token group of `full-1+full-2` that is blocks 0-4, which a cut taken over the
-    scheduler's block size (5 // 2 = 2) would have evicted from block 2 on."""
+    """With the fix, A is freed with no block of its unwritten tokens cached and every block
+    of its computed tokens cached; after the call no unwritten block that nobody holds is
+    cached, and every written one that nobody else took still is. In the 1-token group of
+    `full-1+full-2` the written blocks are blocks 0-4, which a cut taken over the scheduler's
+    block size (5 // 2 = 2) would have evicted from block 2 on."""
     run = _preempt_a(monkeypatch, LAYOUTS[layout], fixed=True)
     assert run.computed == LAYOUTS[layout].computed
+    for unwritten in run.unwritten:
+        assert not unwritten & run.cached_at_preemption
+    assert run.written <= run.cached_at_preemption, sorted(run.written - run.cached_at_preemption)
     for unwritten in run.unwritten:
         assert not (unwritten - run.held_after) & run.cached_after
     kept = run.written - run.held_after
