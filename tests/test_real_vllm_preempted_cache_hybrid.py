@@ -35,8 +35,9 @@ import pytest
 from integrations.vllm import MANIFEST
 from integrations.vllm import adapter as vllm_adapter
 from integrations.vllm.preempted_cache_fix import apply_preempted_cache_fix
-from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.ar.config import ArConfig, ArRequest
 from tests.engine_gate import require_engine
+from tests.same_step_preemption import CONFIG as SAME_STEP_CONFIG
 
 
 def _full(v: Any, size: int, index: int) -> Any:
@@ -72,26 +73,15 @@ class Layout:
 
 
 def _config(**fields: Any) -> ArConfig:
-    base = ArConfig(
-        block_size=1,
-        num_blocks=12,
-        reserve_null_block=True,
-        max_num_batched_tokens=3,
-        max_num_seqs=2,
-        max_model_len=16,
-        long_prefill_token_threshold=2,
-        enable_chunked_prefill=True,
-        policy=Policy.PRIORITY,
-        enable_prefix_caching=True,
-    )
-    return base.replace(**fields)
+    """The same-step program's configuration (tests/same_step_preemption.py) with `fields`."""
+    return SAME_STEP_CONFIG.replace(**fields)
 
 
 LAYOUTS = {
     "full-1+full-2": Layout(
         groups=((_full, 1), (_full, 2)),
         scheduler_block_size=2,
-        config=_config(),
+        config=_config(num_blocks=12),
         a=ArRequest("A", 6, 1, arrival_time=0.0, priority=1, prompt=tuple(range(100, 106))),
         b=ArRequest("B", 1, 2, arrival_time=1.0, priority=0),
         computed=5,
@@ -118,41 +108,33 @@ LAYOUTS = {
 }
 
 
+#: The adapter's scheduler builder, before a test replaces it with `_builder`'s.
+BUILD_SCHEDULER = vllm_adapter.build_scheduler
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
 def _builder(layout: Layout) -> Callable[..., Any]:
-    """`integrations.vllm.adapter.build_scheduler`'s stand-in: vLLM's own scheduler class over
-    one pool shared by `layout`'s groups."""
+    """`integrations.vllm.adapter.build_scheduler` over `layout`'s groups sharing one pool (the
+    adapter builds the rest as always)."""
 
-    def build(
-        v: Any,
-        vllm_config: Any,
-        scheduler_config: Any,
-        cache_config: Any,
-        *,
-        num_blocks: int,
-        async_scheduling: bool,
-    ) -> Any:
+    def build(v: Any, *args: Any, **kwargs: Any) -> Any:
+        cache_config = args[2]
         if layout.mamba:
             cache_config.mamba_cache_mode = "align"
         groups = [
             v.kv_iface.KVCacheGroupSpec([f"layer{i}"], spec(v, size, i))
             for i, (spec, size) in enumerate(layout.groups)
         ]
-        kv_cache_config = v.kv_iface.KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
-        )
-        cache_config.num_gpu_blocks = num_blocks
-        return scheduler_config.get_scheduler_cls()(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-            block_size=layout.scheduler_block_size,
-            hash_block_size=layout.config.block_size,
-            log_stats=False,
+        return BUILD_SCHEDULER(
+            v,
+            *args,
+            kv_cache_groups=groups,
+            scheduler_block_size=layout.scheduler_block_size,
+            **kwargs,
         )
 
     return build

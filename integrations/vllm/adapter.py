@@ -54,7 +54,7 @@ import importlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -538,10 +538,17 @@ def build_scheduler(
     *,
     num_blocks: int,
     async_scheduling: bool,
+    kv_cache_groups: Sequence[Any] | None = None,
+    scheduler_block_size: int | None = None,
 ) -> Any:
     """vLLM's own choice of scheduler class for `vllm_config` (`AsyncScheduler` or a diffusion
     scheduler as its config says), over a KV pool of `num_blocks` blocks in one full-attention
     group (one KV head of size 1: no tensors are allocated; the scheduler never touches them).
+
+    `kv_cache_groups` (vLLM `KVCacheGroupSpec`s sharing the pool) replaces that group, for a
+    hybrid cache; `scheduler_block_size` is then vLLM's scheduling granularity, a multiple of
+    every group's block size (default: `cache_config.block_size`, which stays the hash block
+    size).
 
     vLLM's CPU platform turns async scheduling off ("not required on CPU",
     `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on. The
@@ -550,20 +557,21 @@ def build_scheduler(
     if async_scheduling:
         scheduler_config.async_scheduling = True
     block_size = cache_config.block_size
-    spec = v.kv_iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
-    )
+    if kv_cache_groups is None:
+        spec = v.kv_iface.FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+        )
+        kv_cache_groups = [v.kv_iface.KVCacheGroupSpec(["layer"], spec)]
     kv_cache_config = v.kv_iface.KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[v.kv_iface.KVCacheGroupSpec(["layer"], spec)],
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(kv_cache_groups)
     )
     cache_config.num_gpu_blocks = num_blocks
     return scheduler_config.get_scheduler_cls()(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-        block_size=block_size,
+        block_size=scheduler_block_size or block_size,
+        hash_block_size=block_size,
         log_stats=False,
     )
 

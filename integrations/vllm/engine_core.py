@@ -308,6 +308,18 @@ def _loop(
     return loop.run(program)
 
 
+def _loops(
+    program: CoreProgram,
+    mutate: Callable[[Any], None] | None,
+    fix: Callable[[Any], None] | None,
+    pipeline_parallel_size: int,
+) -> Callable[[bool], CoreRun]:
+    """`program` through the loop `async_scheduling` names (`_loop`)."""
+    return partial(
+        _loop, program, mutate=mutate, fix=fix, pipeline_parallel_size=pipeline_parallel_size
+    )
+
+
 def run_loop(
     program: CoreProgram,
     *,
@@ -319,16 +331,7 @@ def run_loop(
     """Run `program` through one loop, as `check_both` runs it; raise `EngineCoreViolation`
     naming the loop on the first rule broken. For checks that want each loop's verdict even
     when the other fails."""
-    return run_named(
-        async_scheduling,
-        partial(
-            _loop,
-            program,
-            mutate=mutate,
-            fix=fix,
-            pipeline_parallel_size=pipeline_parallel_size,
-        ),
-    )
+    return run_named(async_scheduling, _loops(program, mutate, fix, pipeline_parallel_size))
 
 
 def check_both(
@@ -343,15 +346,7 @@ def check_both(
     `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, applied to both), each
     checked; raise `EngineCoreViolation` naming the loop on the first rule broken. The
     synchronous loop is the control: the same checks on vLLM's default-off path."""
-    return run_both(
-        partial(
-            _loop,
-            program,
-            mutate=mutate,
-            fix=fix,
-            pipeline_parallel_size=pipeline_parallel_size,
-        )
-    )
+    return run_both(_loops(program, mutate, fix, pipeline_parallel_size))
 
 
 __all__ = [
