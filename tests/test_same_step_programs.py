@@ -29,7 +29,8 @@ def test_every_request_is_valid_for_its_program() -> None:
 
 def test_a_long_less_urgent_request_comes_first_then_short_more_urgent_ones() -> None:
     """The shape the finding needs: the first request's prompt is within 3 tokens of the
-    model length, every later one has 1 or 2 prompt tokens, and urgency never falls."""
+    model length, every later one has 1 or 2 prompt tokens, and urgency never falls. Aborts
+    name only requests that arrived at an earlier step."""
     for seed in SEEDS:
         program = same_step_program(seed)
         requests = [r for batch in program.arrivals for r in batch]
@@ -39,7 +40,19 @@ def test_a_long_less_urgent_request_comes_first_then_short_more_urgent_ones() ->
         assert all(r.prompt_len <= 2 for r in later), seed
         priorities = [r.priority for r in requests]
         assert priorities == sorted(priorities, reverse=True), seed
-        assert all(aborts == () for aborts in program.aborts), seed
+        for step, aborts in enumerate(program.aborts):
+            earlier = {r.request_id for batch in program.arrivals[:step] for r in batch}
+            assert set(aborts) <= earlier, (seed, step, aborts)
+
+
+def test_some_requests_stop_early_and_some_are_aborted() -> None:
+    """Stop tokens and aborts are drawn (so the loops' paths for them are taken), each a
+    minority of the requests."""
+    requests = [r for seed in SEEDS for batch in same_step_program(seed).arrivals for r in batch]
+    stopping = sum(r.stop_after is not None for r in requests) / len(requests)
+    aborted = sum(len(a) for seed in SEEDS for a in same_step_program(seed).aborts)
+    assert 0.2 < stopping < 0.4
+    assert 0 < aborted < len(requests) / 4
 
 
 def test_most_prompts_share_one_prefix() -> None:
