@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from tests.ar_mutants import AR_MUTANTS
 from tests.engine_core_programs import passing_runs
 from tests.engine_gate import require_engine
 from tests.same_step_preemption import CONFIG
+from tests.script_module import load_script
 from tests.test_ar_mutants import HUNT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -347,6 +349,29 @@ def test_narrowed_engine_core_programs_pass_with_the_fix() -> None:
         lambda seed: check_both(same_step_program(seed), fix=apply_preempted_cache_fix),
         "with the fix: ",
     )
+
+
+def test_the_async_check_script_reports_each_loop_and_takes_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`scripts/vllm_async_check.py --programs-from same-step`: program 1 fails in each loop
+    as released, reported per loop (exit 1); with `--fix uncache-preempted` every program
+    passes (exit 0). The JSON says which programs and which fix."""
+    script = load_script("vllm_async_check")
+    released, fixed = tmp_path / "released.json", tmp_path / "fixed.json"
+    argv = ["--programs", "3", "--programs-from", "same-step"]
+    assert script.main([*argv, "--json", str(released)]) == 1
+    out = capsys.readouterr().out
+    assert "3 same-step programs" in out and "2 pass both loops" in out, out
+    for mode in ("sync", "async"):
+        assert f"FAIL [cache_hit_written, {mode} loop] 1 programs, first seeds [1]" in out, out
+    data = json.loads(released.read_text())
+    assert data["programs_from"] == "same-step" and data["fix"] is None
+    assert data["failures"]["cache_hit_written, async loop"]["seeds"] == [1]
+    assert script.main([*argv, "--fix", "uncache-preempted", "--json", str(fixed)]) == 0
+    assert "fix uncache-preempted), 3 pass both loops" in capsys.readouterr().out
+    data = json.loads(fixed.read_text())
+    assert data["fix"] == "uncache-preempted" and data["failures"] == {}
 
 
 def test_the_fix_is_an_edit_of_vllms_scheduler() -> None:
