@@ -6,7 +6,7 @@ token index over *that group's* block size, so the fix cuts each group at its ow
 it evicts the victim's blocks from its first uncomputed token on and keeps the ones written in
 earlier steps.
 
-Two layouts:
+Three layouts:
 
 - `full-1+full-2`: full-attention groups of 1-token and 2-token blocks, scheduler block 2; a
   pool of 12 blocks, budget 3, long-prefill threshold 2, two seats. A (priority 1, a 6-token
@@ -14,6 +14,10 @@ Two layouts:
   vLLM schedules A's token 5 first: it fills A's block 5 of the 1-token group and completes
   its block 2 of the 2-token group (tokens 4 and 5), both hashed at once; then B finds no
   block and the victim is A, already scheduled, with 5 tokens computed.
+- `full+sliding-window`: a full-attention group beside a sliding-window one (a window of 3
+  tokens; vLLM nulls the blocks that fall out of it), blocks of 1, the same program with a
+  7-token prompt and 15 blocks: A is preempted with 5 tokens computed and tokens 5 and 6
+  scheduled, their blocks hashed in both groups;
 - `full+mamba-align`: a full-attention group and a Mamba group in "align" mode (one state
   block per 4-token checkpoint, the earlier ones null), blocks of 4; a pool of 9 blocks,
   budget 8, three seats. A (priority 1, a 16-token prompt) prefills 8 tokens, then 4 beside B
@@ -44,6 +48,17 @@ def _full(v: Any, size: int, index: int) -> Any:
     """A full-attention group's spec (distinct head sizes, so vLLM keeps the groups apart)."""
     return v.kv_iface.FullAttentionSpec(
         block_size=size, num_kv_heads=1, head_size=1 + index, dtype=v.torch.float32
+    )
+
+
+def _sliding_window(v: Any, size: int, index: int) -> Any:
+    """A sliding-window attention group's spec (a window of 3 tokens)."""
+    return v.kv_iface.SlidingWindowSpec(
+        block_size=size,
+        num_kv_heads=1,
+        head_size=1 + index,
+        dtype=v.torch.float32,
+        sliding_window=3,
     )
 
 
@@ -87,6 +102,16 @@ LAYOUTS = {
         computed=5,
         written=5 + 2,  # five 1-token blocks, two 2-token blocks
         stale_group=1,  # the 2-token block of tokens 4-5 (B takes the 1-token one)
+    ),
+    "full+sliding-window": Layout(
+        groups=((_full, 1), (_sliding_window, 1)),
+        scheduler_block_size=1,
+        config=_config(num_blocks=15),
+        a=ArRequest("A", 7, 1, arrival_time=0.0, priority=1, prompt=tuple(range(100, 107))),
+        b=ArRequest("B", 1, 2, arrival_time=1.0, priority=0),
+        computed=5,
+        written=5 + 2,  # five full-attention blocks; the window's blocks of tokens 3 and 4
+        stale_group=1,  # the window's block of token 5 (the full-attention one's stays too)
     ),
     "full+mamba-align": Layout(
         groups=((_full, 4), (_mamba_align, 4)),

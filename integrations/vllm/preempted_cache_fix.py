@@ -17,10 +17,11 @@ leaves the blocks themselves to `_preempt_request` to free). The blocks below
 `num_computed_tokens` hold KV computed in earlier steps and stay cached. Each KV cache group
 is cut at its own block size (`KVCacheCoordinator.group_block_sizes`): the scheduler's block
 size is a multiple of every group's, so an index over it would evict a smaller-block group's
-written blocks too. Checked on two hybrid caches (tests/test_real_vllm_preempted_cache_hybrid.py):
-full-attention groups of two block sizes, and a full-attention group beside a Mamba group in
-"align" mode, whose never-computed checkpoint it evicts while the state of the computed tokens
-stays cached.
+written blocks too. Checked on three hybrid caches
+(tests/test_real_vllm_preempted_cache_hybrid.py): full-attention groups of two block sizes, a
+full-attention group beside a sliding-window one, and one beside a Mamba group in "align"
+mode, whose never-computed checkpoint it evicts while the state of the computed tokens stays
+cached.
 
 As elsewhere (`integrations.vllm.whole_canvas_fix`), the fix is an edit of vLLM's own
 `vllm/v1/core/sched/scheduler.py` (`PREEMPTED_CACHE_FIXES`): `fix_as_diff()` prints it as a
