@@ -35,6 +35,7 @@ from integrations.vllm.engine_core import (
     EngineCoreLoop,
     EngineCoreViolation,
     check_both,
+    core_program,
     run_loop,
 )
 from integrations.vllm.preempted_cache_fix import (
@@ -51,16 +52,18 @@ from spec.ar.events import ArBlocksAllocated, ArCacheHit, ArEvent, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.ar_mutants import AR_MUTANTS
-from tests.engine_core_programs import passing_runs
+from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 from tests.same_step_preemption import CONFIG
 from tests.script_module import load_script
 from tests.test_ar_mutants import HUNT
+from tests.vllm_seeded_bugs import stale_hash_on_reuse
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTEREXAMPLE = ROOT / "docs" / "real-vllm-prefix-s53-failure.txt"
 
 FIXED = REAL_VLLM_PREFIX_FIXED
+RULE = "cache_hit_written"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -302,9 +305,10 @@ def test_the_engine_core_loop_catches_it_and_passes_the_fix(async_scheduling: bo
         loop.run(program)
     assert caught.value.rule == "cache_hit_written"
     assert (
-        "'A' starts from the prefix cache with block 7 as its block 5, but no batch wrote it"
-        in caught.value.detail
-    )
+        "'A' starts from the prefix cache with block 7 as its block 5, but no batch wrote it "
+        "(schedule 3 hashed it as block 5 of 'A', scheduling its tokens, and preempted 'A' in "
+        "the same call: those tokens never ran)" in caught.value.detail
+    ), caught.value.detail
     fixed = EngineCoreLoop(
         CONFIG, async_scheduling=async_scheduling, mutate=apply_preempted_cache_fix
     )
@@ -330,7 +334,8 @@ def test_narrowed_engine_core_programs_reach_the_finding(async_scheduling: bool)
     """Random engine-core programs narrowed to the finding's shape
     (`integrations.vllm.same_step_programs`) reach it on their own in either loop: some of
     them break `cache_hit_written` as vLLM is released, each naming a request that starts from
-    a block no batch wrote, and no other rule breaks."""
+    a block hashed for a request preempted in the call that scheduled it (no batch wrote the
+    block since, or only another request's content), and no other rule breaks."""
     failures = _loop_failures(async_scheduling)
     mode = "async" if async_scheduling else "sync"
     assert failures, f"none of {NARROWED_PROGRAMS} narrowed programs reached the finding"
@@ -338,7 +343,11 @@ def test_narrowed_engine_core_programs_reach_the_finding(async_scheduling: bool)
         assert err.rule == "cache_hit_written", (seed, str(err))
         assert err.detail.startswith(f"{mode} loop: "), err.detail
         assert "starts from the prefix cache with block" in err.detail, err.detail
-        assert "but no batch wrote it" in err.detail, err.detail
+        assert re.search(
+            r"\(schedule \d+ hashed it as block \d+ of '(r\d+)', scheduling its tokens, and "
+            r"preempted '\1' in the same call: those tokens never ran\)$",
+            err.detail,
+        ), err.detail
 
 
 def test_narrowed_engine_core_programs_pass_with_the_fix() -> None:
@@ -349,6 +358,18 @@ def test_narrowed_engine_core_programs_pass_with_the_fix() -> None:
         lambda seed: check_both(same_step_program(seed), fix=apply_preempted_cache_fix),
         "with the fix: ",
     )
+
+
+def test_the_preemption_reason_is_given_only_where_a_victim_was_hashed() -> None:
+    """A stale hit of another cause (the seeded bug `stale_hash_on_reuse`: a reused block
+    stays findable under its old hash) fails `cache_hit_written` without the same-call
+    preemption reason."""
+    seen = first_violations(
+        20, lambda seed: check_both(core_program(seed), stale_hash_on_reuse), until=RULE
+    )
+    assert RULE in seen, seen
+    assert "starts from the prefix cache with block" in seen[RULE], seen[RULE]
+    assert "hashed it as block" not in seen[RULE], seen[RULE]
 
 
 def test_the_async_check_script_reports_each_loop_and_takes_the_fix(

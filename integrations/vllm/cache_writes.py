@@ -14,8 +14,14 @@ batch's writes count (its forward writes the KV before attention reads it). A bl
 no batch, or with other content, breaks the rule: vLLM 0.33.0 does that under the priority
 policy when it preempts a request it already scheduled in the same call (docs/engines.md).
 
+When the block no batch wrote got its hash in a `schedule()` call that also preempted the
+request it was hashed for (its tokens scheduled, then taken out of the step), the message says
+so: `before_schedule` keeps the pool's block hashes, and `after_schedule` notes the blocks whose
+hash changed in the call to a block hash of one of its victims, until a batch writes them.
+
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
-`scheduled_cached_reqs`), the block tables and `Request.block_hashes`.
+`scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
+`Request.block_hashes`.
 """
 
 from __future__ import annotations
@@ -24,18 +30,29 @@ from typing import Any
 
 from integrations.vllm.adapter import block_tables
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.unscheduled import block_hashes
 
 
 class CacheWrites:
-    """What each block holds as written: block id -> (the writing `Request`, its block index)."""
+    """What each block holds as written: block id -> (the writing `Request`, its block index);
+    and the blocks a call hashed for a request it preempted, not written since: block id ->
+    (request id, its block index, the schedule index of that call)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size: int = block_size
         self.written: dict[int, tuple[Any, int]] = {}
+        self.hashed_for_victims: dict[int, tuple[str, int, int]] = {}
+        self._hashes_before: dict[int, bytes] = {}
+
+    def before_schedule(self, sched: Any) -> None:
+        """Keep the pool's block hashes as they stand before the call."""
+        self._hashes_before = block_hashes(sched)
 
     def after_schedule(self, sched: Any, out: Any, schedule_index: int) -> None:
-        """Record the blocks `out`'s batch completes, then check the cache hits it takes
-        (`EngineCoreViolation("cache_hit_written", ...)`)."""
+        """Note the blocks the call hashed for its victims, record the blocks `out`'s batch
+        completes, then check the cache hits it takes (`EngineCoreViolation("cache_hit_written",
+        ...)`)."""
+        self._note_hashed_for_victims(sched, out, schedule_index)
         bs = self.block_size
         starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
@@ -47,11 +64,26 @@ class CacheWrites:
             for k in range(start // bs, (start + n) // bs):
                 if k < len(table):
                     self.written[table[k]] = (sched.requests[rid], k)
+                    self.hashed_for_victims.pop(table[k], None)
         for rid in sorted(hitting):
             req, start = sched.requests[rid], starts[rid]
             table = tables.get(rid, ())
             for k in range(start // bs):
                 self._check(rid, req, k, table[k], schedule_index)
+
+    def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
+        victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
+        if not victims:
+            return
+        for block, key in block_hashes(sched).items():
+            if self._hashes_before.get(block) == key:
+                continue
+            for req in victims:
+                index = next(
+                    (k for k, h in enumerate(req.block_hashes) if key.startswith(bytes(h))), None
+                )
+                if index is not None:
+                    self.hashed_for_victims[block] = (req.request_id, index, schedule_index)
 
     def _check(self, rid: str, req: Any, k: int, block: int, schedule_index: int) -> None:
         writer = self.written.get(block)
@@ -70,6 +102,13 @@ class CacheWrites:
             if writer is None
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
+        victim = self.hashed_for_victims.get(block)
+        if victim is not None:  # hashed for a victim after the last write, if any
+            vid, vk, call = victim
+            what += (
+                f" (schedule {call} hashed it as block {vk} of {vid!r}, scheduling its tokens, "
+                f"and preempted {vid!r} in the same call: those tokens never ran)"
+            )
         raise EngineCoreViolation(
             "cache_hit_written",
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "

@@ -192,6 +192,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
         self.record_running()
+        if self.writes is not None:
+            self.writes.before_schedule(self.sched)
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
