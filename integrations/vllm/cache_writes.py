@@ -36,12 +36,12 @@ from integrations.vllm.unscheduled import block_hashes
 class CacheWrites:
     """What each block holds as written: block id -> (the writing `Request`, its block index);
     and the blocks a call hashed for a request it preempted, not written since: block id ->
-    (request id, its block index, the schedule index of that call)."""
+    (request id, its block index, the schedule index of that call, that block hash)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size: int = block_size
         self.written: dict[int, tuple[Any, int]] = {}
-        self.hashed_for_victims: dict[int, tuple[str, int, int]] = {}
+        self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
 
     def before_schedule(self, sched: Any) -> None:
@@ -79,11 +79,30 @@ class CacheWrites:
             if self._hashes_before.get(block) == key:
                 continue
             for req in victims:
-                index = next(
-                    (k for k, h in enumerate(req.block_hashes) if key.startswith(bytes(h))), None
-                )
-                if index is not None:
-                    self.hashed_for_victims[block] = (req.request_id, index, schedule_index)
+                own = [(k, bytes(h)) for k, h in enumerate(req.block_hashes)]
+                found = next(((k, h) for k, h in own if key.startswith(h)), None)
+                if found is not None:
+                    index, block_hash = found
+                    self.hashed_for_victims[block] = (
+                        req.request_id,
+                        index,
+                        schedule_index,
+                        block_hash,
+                    )
+
+    def _victim_reason(self, block: int, req: Any, k: int) -> str:
+        """Why, when the block was hashed for a victim after its last write and the hit found
+        it under that very hash; else ""."""
+        victim = self.hashed_for_victims.get(block)
+        if victim is None or k >= len(req.block_hashes):
+            return ""
+        vid, vk, call, block_hash = victim
+        if bytes(req.block_hashes[k]) != block_hash:
+            return ""
+        return (
+            f" (schedule {call} hashed it as block {vk} of {vid!r}, scheduling its tokens, "
+            f"and preempted {vid!r} in the same call: those tokens never ran)"
+        )
 
     def _check(self, rid: str, req: Any, k: int, block: int, schedule_index: int) -> None:
         writer = self.written.get(block)
@@ -102,13 +121,7 @@ class CacheWrites:
             if writer is None
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
-        victim = self.hashed_for_victims.get(block)
-        if victim is not None:  # hashed for a victim after the last write, if any
-            vid, vk, call = victim
-            what += (
-                f" (schedule {call} hashed it as block {vk} of {vid!r}, scheduling its tokens, "
-                f"and preempted {vid!r} in the same call: those tokens never ran)"
-            )
+        what += self._victim_reason(block, req, k)
         raise EngineCoreViolation(
             "cache_hit_written",
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "
