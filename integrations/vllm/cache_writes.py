@@ -17,7 +17,8 @@ policy when it preempts a request it already scheduled in the same call (docs/en
 When the block no batch wrote got its hash in a `schedule()` call that also preempted the
 request it was hashed for (its tokens scheduled, then taken out of the step), the message says
 so: `before_schedule` keeps the pool's block hashes, and `after_schedule` notes the blocks whose
-hash changed in the call to a block hash of one of its victims, until a batch writes them.
+hash changed in the call to a block hash of one of its victims, until a batch writes them;
+the reason is given when a hit finds such a block under that very hash.
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
