@@ -146,8 +146,9 @@ def _builder(layout: Layout) -> Callable[..., Any]:
     """`integrations.vllm.adapter.build_scheduler` over `layout`'s groups sharing one pool (the
     adapter builds the rest as always)."""
 
-    def build(v: Any, *args: Any, **kwargs: Any) -> Any:
-        cache_config = args[2]
+    def build(
+        v: Any, vllm_config: Any, scheduler_config: Any, cache_config: Any, **kwargs: Any
+    ) -> Any:
         if layout.mamba:
             cache_config.mamba_cache_mode = "align"
         groups = [
@@ -156,7 +157,9 @@ def _builder(layout: Layout) -> Callable[..., Any]:
         ]
         return BUILD_SCHEDULER(
             v,
-            *args,
+            vllm_config,
+            scheduler_config,
+            cache_config,
             kv_cache_groups=groups,
             scheduler_block_size=layout.scheduler_block_size,
             **kwargs,

@@ -76,20 +76,15 @@ class CacheWrites:
         victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
         if not victims:
             return
+        own = [(r.request_id, k, bytes(h)) for r in victims for k, h in enumerate(r.block_hashes)]
         for block, key in block_hashes(sched).items():
             if self._hashes_before.get(block) == key:
                 continue
-            for req in victims:
-                own = [(k, bytes(h)) for k, h in enumerate(req.block_hashes)]
-                found = next(((k, h) for k, h in own if key.startswith(h)), None)
-                if found is not None:
-                    index, block_hash = found
-                    self.hashed_for_victims[block] = (
-                        req.request_id,
-                        index,
-                        schedule_index,
-                        block_hash,
-                    )
+            # a prefix-cache key is the block hash followed by the group id
+            found = next(((rid, k, h) for rid, k, h in own if key.startswith(h)), None)
+            if found is not None:
+                rid, index, block_hash = found
+                self.hashed_for_victims[block] = (rid, index, schedule_index, block_hash)
 
     def _victim_reason(self, block: int, req: Any, k: int) -> str:
         """Why, when the block was hashed for a victim after its last write and the hit found
