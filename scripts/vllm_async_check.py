@@ -1,7 +1,8 @@
 """vLLM 0.33.0's asynchronous scheduling (its default), checked over generated programs.
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
-        [--programs-from {random,same-step}] [--fix uncache-preempted] [--json FILE]
+        [--programs-from {random,same-step}] [--speculative-tokens K]
+        [--fix {uncache-preempted,pad-what-fits}] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
 control) and asynchronous (`AsyncScheduler`, a batch queue of two), each loop on its own, with
@@ -11,6 +12,9 @@ and how often the asynchronous paths were taken. The programs are
 `integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where
 a request is preempted in the step that scheduled it). `--fix uncache-preempted` applies that
 candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
+`--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
+(`integrations.vllm.speculative`); `--fix pad-what-fits` applies the fix of its finding
+(`integrations.vllm.spec_pad_fix`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -42,6 +46,7 @@ from integrations.vllm.program_tally import (
     parse_program_arguments,
 )
 from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.spec_pad_fix import SPEC_PAD, apply_spec_pad_fix
 from schedspec_cli.output import output_file, write_json
 
 #: Where the programs come from (`--programs-from`).
@@ -50,7 +55,10 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "same-step": same_step_program,
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops.
-FIXES: dict[str, Callable[[Any], None]] = {PREEMPTED_CACHE: apply_preempted_cache_fix}
+FIXES: dict[str, Callable[[Any], None]] = {
+    PREEMPTED_CACHE: apply_preempted_cache_fix,
+    SPEC_PAD: apply_spec_pad_fix,
+}
 
 COUNTS = (
     "engine_steps",
@@ -60,6 +68,8 @@ COUNTS = (
     "aborts_in_flight",
     "discarded",
     "cadence_waits",
+    "drafts_scheduled",
+    "drafts_accepted",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -69,6 +79,8 @@ MEANING = {
     "aborts_in_flight": "aborts with a step in flight",
     "discarded": "steps of a request that had finished",
     "cadence_waits": "requests held back for the pipeline cadence",
+    "drafts_scheduled": "draft tokens scheduled (speculative decoding)",
+    "drafts_accepted": "draft tokens accepted",
 }
 
 
@@ -76,6 +88,7 @@ def _one_loop(
     program: CoreProgram,
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
+    speculative_tokens: int,
     async_scheduling: bool,
 ) -> CoreRun:
     return run_loop(
@@ -83,6 +96,7 @@ def _one_loop(
         async_scheduling=async_scheduling,
         fix=fix,
         pipeline_parallel_size=pipeline_parallel_size,
+        speculative_tokens=speculative_tokens,
     )
 
 
@@ -102,9 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="apply this candidate fix to the scheduler of both loops",
     )
     parser.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="serve both loops with speculative decoding, up to K drafts a step (default 0)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
+    if args.speculative_tokens < 0:
+        parser.error("--speculative-tokens: must be >= 0")
     start = time.perf_counter()
     tally = ProgramTally(COUNTS)
     prefix = 0
@@ -113,13 +136,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for seed in range(args.programs):
         program = generate(seed)
         prefix += program.config.enable_prefix_caching
-        tally.check_each(seed, partial(_one_loop, program, fix, args.pipeline_parallel))
+        tally.check_each(
+            seed,
+            partial(_one_loop, program, fix, args.pipeline_parallel, args.speculative_tokens),
+        )
     elapsed = time.perf_counter() - start
     p = args.pipeline_parallel
     fixed = f"; fix {args.fix}" if args.fix else ""
+    k = args.speculative_tokens
+    drafts = f"; up to {k} drafts a step" if k else ""
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
-        f"with {p} pipeline stage{'s' if p > 1 else ''}{fixed}), {tally.passed} pass both loops"
+        f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
+        "both loops"
     )
     print("\n".join(tally.report(MEANING, 50)))
     print(f"({elapsed:.1f} s)")
@@ -135,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": elapsed,
                 "async_batch_queue": ASYNC_BATCH_QUEUE if p == 1 else p + 1,
                 "pipeline_parallel_size": p,
+                "speculative_tokens": k,
             },
         )
     return 1 if tally.failures else 0

@@ -451,10 +451,16 @@ def test_async_checks_catch_each_seeded_bug(
 
 def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     """Each rule of the AR engine-core loop is failed by at least one seeded bug: a row of
-    SEEDED_BUGS, or (`pp_cadence`) its own test."""
-    covered = {rule for _, rule, _ in SEEDED_BUGS} | {"pp_cadence"}
+    SEEDED_BUGS, or its own test (`pp_cadence` below; `decode_position` and `draft_rows`,
+    which need speculative decoding, in tests/test_real_vllm_speculative.py)."""
+    from tests import test_real_vllm_speculative as speculative
+
+    covered = {rule for _, rule, _ in SEEDED_BUGS}
+    covered |= {"pp_cadence", "decode_position", "draft_rows"}
     assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
     assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
+    assert callable(speculative.test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts)
+    assert callable(speculative.test_the_checks_catch_a_draft_without_a_row)
 
 
 def test_a_core_program_needs_one_abort_tuple_per_step() -> None:

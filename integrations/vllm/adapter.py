@@ -194,7 +194,12 @@ class RealVllmScheduler:
     describe, so `step()` then refuses and `integrations.vllm.engine_core` drives it.
     `pipeline_parallel_size` > 1 (async only) builds it with that many pipeline stages and
     vLLM's V2 model runner, the one that runs pipeline parallelism with async scheduling;
-    `max_concurrent_batches` is then what vLLM's engine core keeps in flight."""
+    `max_concurrent_batches` is then what vLLM's engine core keeps in flight.
+    `speculative_tokens` = k > 0 configures speculative decoding with up to k drafts a step
+    (vLLM's `ngram` method, which needs no draft model; with async scheduling vLLM serves it
+    only with its V2 model runner, which is then used): a step may then sample several tokens
+    of a request, which the AR step contract does not describe either, so `step()` refuses and
+    `integrations.vllm.engine_core` drives it with `integrations.vllm.speculative`'s model."""
 
     name = "real-vllm"
     hasher: Any  # vLLM's request block hasher with prefix caching, else None (set by `_build`)
@@ -207,6 +212,7 @@ class RealVllmScheduler:
         *,
         async_scheduling: bool = False,
         pipeline_parallel_size: int = 1,
+        speculative_tokens: int = 0,
     ) -> None:
         space.check(config)
         if (
@@ -222,9 +228,18 @@ class RealVllmScheduler:
                 "1 without async scheduling (pipeline stages are checked in the asynchronous "
                 "engine-core loop, with vLLM's V2 model runner)",
             )
+        if (
+            isinstance(speculative_tokens, bool)
+            or not isinstance(speculative_tokens, int)
+            or speculative_tokens < 0
+        ):
+            raise ConfigError(
+                "speculative_tokens", speculative_tokens, "an integer >= 0 (0: no drafts)"
+            )
         self._config = config
         self.async_scheduling = async_scheduling
         self.pipeline_parallel_size = pipeline_parallel_size
+        self.speculative_tokens = speculative_tokens
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()
@@ -237,8 +252,11 @@ class RealVllmScheduler:
 
     # ------------------------------------------------------------------ construction
     def _build(self, config: ArConfig) -> Any:
-        staged = self.pipeline_parallel_size > 1
-        with v2_model_runner() if staged else contextlib.nullcontext():
+        # vLLM runs pipeline stages, and ngram drafts, under async scheduling only with V2
+        v2 = self.pipeline_parallel_size > 1 or (
+            self.async_scheduling and self.speculative_tokens > 0
+        )
+        with v2_model_runner() if v2 else contextlib.nullcontext():
             return self._build_scheduler(config)
 
     def _build_scheduler(self, config: ArConfig) -> Any:
@@ -268,6 +286,7 @@ class RealVllmScheduler:
                 parallel_config=cfg.ParallelConfig(
                     pipeline_parallel_size=self.pipeline_parallel_size
                 ),
+                speculative_config=self._speculative_config(),
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
             raise ConfigError(
@@ -281,7 +300,7 @@ class RealVllmScheduler:
             num_blocks=config.num_blocks,
             async_scheduling=self.async_scheduling,
         )
-        _check_effective(sched, config, self.async_scheduling)
+        _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
@@ -289,6 +308,16 @@ class RealVllmScheduler:
             else None
         )
         return sched
+
+    def _speculative_config(self) -> Any:
+        """vLLM's `SpeculativeConfig` for `speculative_tokens` drafts (method `ngram`: prompt
+        lookup, no draft model to load), or None."""
+        k = self.speculative_tokens
+        if k == 0:
+            return None
+        return self.v.config.SpeculativeConfig(
+            method="ngram", num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=k
+        )
 
     # ------------------------------------------------------------------ adapter API
     @property
@@ -362,12 +391,20 @@ class RealVllmScheduler:
         """`schedule()` with its scheduling-phase events derived from views around it
         (`scheduling_events`), `ArStepEnd`, then `update_from_output()` on the fabricated model
         output, emitting the blocks it freed and `ArFinished` with vLLM's reason. Under
-        `async_scheduling` it raises `ConfigError` (`integrations.vllm.engine_core` drives that)."""
+        `async_scheduling` or with `speculative_tokens` it raises `ConfigError`
+        (`integrations.vllm.engine_core` drives those)."""
         if self.async_scheduling:
             raise ConfigError(
                 "async_scheduling",
                 True,
                 "False for step() (an async scheduler runs a step ahead of the model: drive it "
+                "with integrations.vllm.engine_core)",
+            )
+        if self.speculative_tokens:
+            raise ConfigError(
+                "speculative_tokens",
+                self.speculative_tokens,
+                "0 for step() (a speculative step samples several tokens of a request: drive it "
                 "with integrations.vllm.engine_core)",
             )
         sched = self.sched
@@ -683,7 +720,9 @@ def engine_on_pythonpath() -> Iterator[None]:
         yield
 
 
-def _check_effective(sched: Any, config: ArConfig, async_scheduling: bool) -> None:
+def _check_effective(
+    sched: Any, config: ArConfig, async_scheduling: bool, speculative_tokens: int = 0
+) -> None:
     """vLLM may adjust a setting while building its config (a platform default): refuse to
     check a scheduler whose effective settings are not the ones asked for."""
     sc = sched.scheduler_config
@@ -704,6 +743,12 @@ def _check_effective(sched: Any, config: ArConfig, async_scheduling: bool) -> No
             "async_scheduling",
             async_scheduling,
             f"a value vLLM keeps (it made it {effective_async})",
+        )
+    if sched.num_spec_tokens != speculative_tokens:
+        raise ConfigError(
+            "speculative_tokens",
+            speculative_tokens,
+            f"a value vLLM keeps (it made it {sched.num_spec_tokens})",
         )
 
 

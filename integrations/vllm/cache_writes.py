@@ -14,6 +14,10 @@ batch's writes count (its forward writes the KV before attention reads it). A bl
 no batch, or with other content, breaks the rule: vLLM 0.33.0 does that under the priority
 policy when it preempts a request it already scheduled in the same call (docs/engines.md).
 
+With speculative decoding a batch writes a rejected draft's KV too, which is wrong; the loop
+then passes what each request's step wrote correctly (`valid`: first position and count, from
+`integrations.vllm.speculative`), and only blocks those positions complete count as written.
+
 When the block no batch wrote got its hash in a `schedule()` call that also preempted the
 request it was hashed for (its tokens scheduled, then taken out of the step), the message says
 so: `before_schedule` keeps the pool's block hashes, and `after_schedule` notes the blocks whose
@@ -27,6 +31,7 @@ Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from integrations.vllm.adapter import block_tables
@@ -49,10 +54,17 @@ class CacheWrites:
         """Keep the pool's block hashes as they stand before the call."""
         self._hashes_before = block_hashes(sched)
 
-    def after_schedule(self, sched: Any, out: Any, schedule_index: int) -> None:
+    def after_schedule(
+        self,
+        sched: Any,
+        out: Any,
+        schedule_index: int,
+        valid: Mapping[str, tuple[int, int]] | None = None,
+    ) -> None:
         """Note the blocks the call hashed for its victims, record the blocks `out`'s batch
-        completes, then check the cache hits it takes (`EngineCoreViolation("cache_hit_written",
-        ...)`)."""
+        completes (each request's scheduled tokens from its computed ones, or the positions
+        `valid` names for it: first position and count written with its true tokens), then
+        check the cache hits it takes (`EngineCoreViolation("cache_hit_written", ...)`)."""
         self._note_hashed_for_victims(sched, out, schedule_index)
         bs = self.block_size
         starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
@@ -62,6 +74,8 @@ class CacheWrites:
         tables = block_tables(sched)
         for rid, n in out.num_scheduled_tokens.items():
             table, start = tables.get(rid, ()), starts[rid]
+            if valid is not None and rid in valid:
+                start, n = valid[rid]
             for k in range(start // bs, (start + n) // bs):
                 if k < len(table):
                     self.written[table[k]] = (sched.requests[rid], k)

@@ -14,6 +14,7 @@ drains); vLLM raising is `implementation_error`.
 
 from __future__ import annotations
 
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -396,8 +397,20 @@ def call_vllm(what: str, call: Callable[[], Any]) -> Any:
         return call()
     except Exception as err:
         raise EngineCoreViolation(
-            "implementation_error", f"vLLM raised in {what}: {type(err).__name__}: {err}"
+            "implementation_error", f"vLLM raised in {what}: {_raised(err)}"
         ) from err
+
+
+def _raised(err: BaseException) -> str:
+    """`Type: text`; for a bare `assert` (no text) the failing statement and where it is."""
+    if str(err) or not isinstance(err, AssertionError):
+        return f"{type(err).__name__}: {err}"
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "AssertionError"
+    last = frames[-1]
+    where = last.filename.split("site-packages/")[-1]
+    return f"AssertionError at {where}:{last.lineno} ({(last.line or '').strip()})"
 
 
 def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:

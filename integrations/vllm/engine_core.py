@@ -41,6 +41,15 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   p + 1 batches in flight) two decode steps of one request are at least p schedules apart
   (`pp_cadence`, vLLM's `next_decode_eligible_step`).
 
+With `speculative_tokens` = k > 0 both loops serve speculative decoding (vLLM's `ngram`
+method; async with its V2 model runner): the model is `integrations.vllm.speculative`'s, which
+verifies up to k drafts a step and samples 1 to k + 1 tokens, and the synchronous loop hands
+its drafts to the scheduler after each output (`update_draft_token_ids`, `EngineCore.post_step`).
+The rules are the same; `output_content` then also says that vLLM's rollback of rejected drafts
+and its stop checks over several tokens a step lose, repeat and reorder nothing, and
+`cache_hit_written` counts only the positions a batch wrote with the request's true tokens (a
+rejected draft's KV is wrong).
+
 `check_both(program)` runs a program through the synchronous loop (the control) and the
 asynchronous one. The content rule fixes every output and reason, so it also says that both
 loops produce the same. Depends on `spec` and the adapter; vLLM is imported when the first
@@ -50,6 +59,7 @@ loop is built.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -64,6 +74,7 @@ from integrations.vllm.core_loop import (
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
+    call_vllm,
     check_content,
     check_pool,
     check_program_steps,
@@ -71,6 +82,7 @@ from integrations.vllm.core_loop import (
     run_named,
 )
 from integrations.vllm.differential import program as decision_program
+from integrations.vllm.speculative import SpeculativeModel
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import RequestError
 
@@ -78,6 +90,8 @@ RULES = (
     "output_content",
     "finish_reason",
     *SCHEDULE_RULES,
+    "draft_rows",
+    "decode_position",
     "cache_hit_written",
     "pool_accounting",
     "no_leak",
@@ -113,6 +127,9 @@ class CoreRun:
     aborts_in_flight: int  # aborts of a request with a step in flight
     discarded: int  # scheduled steps of a request that had finished when their output came
     cadence_waits: int  # running requests held back for the pipeline cadence, per schedule
+    drafts_scheduled: int = 0  # draft tokens scheduled for verification (speculative decoding)
+    drafts_accepted: int = 0  # of those, accepted
+    draft_steps: int = 0  # decode steps that verified at least one draft
 
 
 @dataclass
@@ -126,7 +143,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     fabricated by the adapter. `mutate`, if given, is applied to the scheduler once built
     (seeded bugs). With `pipeline_parallel_size` = p > 1 (async only) vLLM's scheduler runs p
     pipeline stages with its V2 model runner, the loop keeps vLLM's `max_concurrent_batches`
-    (p + 1) batches in flight, and `pp_cadence` binds."""
+    (p + 1) batches in flight, and `pp_cadence` binds. With `speculative_tokens` = k > 0 vLLM
+    schedules up to k drafts a decode step and `integrations.vllm.speculative.SpeculativeModel`
+    (its draws seeded by `draft_seed`) runs the batches."""
 
     def __init__(
         self,
@@ -135,6 +154,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         async_scheduling: bool,
         mutate: Callable[[Any], None] | None = None,
         pipeline_parallel_size: int = 1,
+        speculative_tokens: int = 0,
+        draft_seed: int = 0,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -143,6 +164,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             space,
             async_scheduling=async_scheduling,
             pipeline_parallel_size=pipeline_parallel_size,
+            speculative_tokens=speculative_tokens,
         )
         if mutate is not None:
             mutate(self.impl.sched)
@@ -158,6 +180,21 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.writes: CacheWrites | None = (
             CacheWrites(config.block_size) if config.enable_prefix_caching else None
         )
+        outputs = self.impl.v.outputs
+        self.model: SpeculativeModel | None = (
+            SpeculativeModel(
+                self.impl.sched,
+                speculative_tokens,
+                seed=draft_seed,
+                token=self.impl._token,
+                new_output=outputs.ModelRunnerOutput,
+                new_drafts=outputs.DraftTokenIds,
+                async_scheduling=async_scheduling,
+            )
+            if speculative_tokens
+            else None
+        )
+        self._valid: dict[str, tuple[int, int]] | None = None
 
         self._stale_before: set[str] = set()
 
@@ -180,10 +217,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     def run(self, program: CoreProgram) -> CoreRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did."""
         self.play(program.arrivals, program.aborts, self.submit, self.abort)
+        drafts = asdict(self.model.counts) if self.model is not None else {}
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
             **asdict(self.n),
+            **drafts,
         )
 
     # ------------------------------------------------------------------ the loop's hooks
@@ -213,7 +252,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.check_kv_covers(out, cfg.block_size)
         if self.writes is not None:
-            self.writes.after_schedule(self.sched, out, self.n.schedules)
+            self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)
@@ -224,8 +263,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
 
     def execute(self, out: Any) -> Any:
-        """The adapter's fabricated model output for the batch (`RealVllmScheduler._fabricate`)."""
-        return self.impl._fabricate(dict(out.num_scheduled_tokens))
+        """The adapter's fabricated model output for the batch (`RealVllmScheduler._fabricate`),
+        or with speculative decoding the speculative model's (which also says what the batch
+        wrote correctly, for `cache_hit_written`)."""
+        if self.model is None:
+            return self.impl._fabricate(dict(out.num_scheduled_tokens))
+        output, self._valid = self.model.execute(out)
+        return output
 
     def runner_output(self, executed: Any) -> Any:
         """What `execute` fabricated, unchanged."""
@@ -237,8 +281,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         return self.impl._reason(finish_reason).value
 
     def after_output(self, out: Any, executed: Any) -> None:
-        """Mark every finished or aborted request as ended in the adapter (`impl.ended`)."""
+        """Mark every finished or aborted request as ended in the adapter (`impl.ended`); in the
+        synchronous loop with speculative decoding hand the drafts proposed after the batch to
+        the scheduler (`EngineCore.post_step`; under async scheduling the model runner keeps
+        them)."""
         self.impl.ended.update(self.reasons)
+        if self.model is not None and not self.async_scheduling:
+            drafts = self.model.drafts(out)
+            call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
 
     def check_pool(self, where: str) -> None:
         """`pool_accounting`, counting references when prefix caching is on."""
@@ -290,10 +340,11 @@ def _loop(
     mutate: Callable[[Any], None] | None,
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
+    speculative_tokens: int = 0,
 ) -> CoreRun:
-    """One loop over `program`, checked: `fix` applied to its scheduler in either loop,
+    """One loop over `program`, checked: `fix` and `speculative_tokens` applied in either loop,
     `mutate` and the pipeline stages in the asynchronous one only (the synchronous loop is the
-    control)."""
+    control). The speculative model's draws are seeded by the program's text."""
     seeded = mutate if async_scheduling else None
 
     def patch(sched: Any) -> None:
@@ -306,6 +357,9 @@ def _loop(
         async_scheduling=async_scheduling,
         mutate=patch,
         pipeline_parallel_size=pipeline_parallel_size if async_scheduling else 1,
+        speculative_tokens=speculative_tokens,
+        # each program its own draws (one seed for all would reject every first draft alike)
+        draft_seed=zlib.crc32(repr(program).encode()),
     )
     return loop.run(program)
 
@@ -315,10 +369,16 @@ def _loops(
     mutate: Callable[[Any], None] | None,
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
+    speculative_tokens: int,
 ) -> Callable[[bool], CoreRun]:
     """`program` through the loop `async_scheduling` names (`_loop`)."""
     return partial(
-        _loop, program, mutate=mutate, fix=fix, pipeline_parallel_size=pipeline_parallel_size
+        _loop,
+        program,
+        mutate=mutate,
+        fix=fix,
+        pipeline_parallel_size=pipeline_parallel_size,
+        speculative_tokens=speculative_tokens,
     )
 
 
@@ -329,11 +389,13 @@ def run_loop(
     mutate: Callable[[Any], None] | None = None,
     fix: Callable[[Any], None] | None = None,
     pipeline_parallel_size: int = 1,
+    speculative_tokens: int = 0,
 ) -> CoreRun:
     """Run `program` through one loop, as `check_both` runs it; raise `EngineCoreViolation`
     naming the loop on the first rule broken. For checks that want each loop's verdict even
     when the other fails."""
-    return run_named(async_scheduling, _loops(program, mutate, fix, pipeline_parallel_size))
+    loops = _loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens)
+    return run_named(async_scheduling, loops)
 
 
 def check_both(
@@ -342,13 +404,15 @@ def check_both(
     *,
     fix: Callable[[Any], None] | None = None,
     pipeline_parallel_size: int = 1,
+    speculative_tokens: int = 0,
 ) -> tuple[CoreRun, CoreRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
     the async one, which runs `pipeline_parallel_size` stages; `fix`, a candidate fix such as
-    `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, applied to both), each
-    checked; raise `EngineCoreViolation` naming the loop on the first rule broken. The
-    synchronous loop is the control: the same checks on vLLM's default-off path."""
-    return run_both(_loops(program, mutate, fix, pipeline_parallel_size))
+    `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, and `speculative_tokens`
+    applied to both), each checked; raise `EngineCoreViolation` naming the loop on the first
+    rule broken. The synchronous loop is the control: the same checks on vLLM's default-off
+    path."""
+    return run_both(_loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens))
 
 
 __all__ = [

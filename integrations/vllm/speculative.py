@@ -1,0 +1,198 @@
+"""A fabricated speculative-decoding model for vLLM's engine-core loop: drafts, verification and
+what each batch really wrote.
+
+With speculative decoding a decode step of a request schedules its last sampled token and up
+to k draft tokens; the model verifies them and samples the accepted drafts plus one token of
+its own, so a step yields 1 to k + 1 tokens and vLLM rolls its counts back by the drafts
+rejected (`Scheduler.update_from_output`: `num_computed_tokens` and, under async scheduling,
+`num_output_placeholders` lose `num_rejected`).
+
+`SpeculativeModel` is the model runner's part, as a real one keeps it:
+
+- **Its own count of each request's output** (`produced`): the tokens its executed steps
+  sampled. vLLM's asynchronous scheduler plans a step before the previous step's drafts are
+  verified, assuming them all accepted (placeholders); the model runner corrects positions
+  itself. So the model numbers its samples from its own count, reset from the scheduler's
+  tokens when a request starts or resumes (nothing of it is then in flight: a resumed
+  request's stale output has drained or is dropped).
+- **Drafts.** Synchronously the engine core hands the drafts proposed after a step to the
+  scheduler (`EngineCore.post_step` -> `update_draft_token_ids`); `drafts()` proposes up to k
+  for each request of the batch, each the request's true next token with probability
+  `DRAFT_RIGHT`, else a token of no request's. Verification then accepts the longest prefix of
+  the drafts vLLM scheduled that are the true tokens, so a draft vLLM mislaid would show as a
+  wrong acceptance count. Asynchronously the scheduler sees only placeholders (the V2 model
+  runner keeps its drafts), and the number accepted is drawn the same way.
+- **Rows** (`draft_rows`): a step verifies each draft in a query row of its own after the
+  request's last token, so a request scheduled n tokens carries at most n - 1 drafts.
+- **Positions** (`decode_position`, synchronous loop): a synchronous model runner takes a
+  step's positions from the scheduler's `num_computed_tokens`, so a decode must start at the
+  position of the request's last sampled token, the rejected drafts rolled back; under async
+  scheduling the scheduler's count is optimistic by design and the runner corrects it.
+- **What a batch wrote correctly** (`valid`): per request, the first position its step wrote
+  and how many positions from there hold the request's true tokens: the last sampled token and
+  the accepted drafts of a decode (its rejected drafts' KV is wrong until rewritten), all the
+  scheduled tokens of a prefill chunk. `integrations.vllm.cache_writes` records only those, so
+  a prefix-cache hit on a block holding a rejected draft breaks `cache_hit_written`.
+
+Everything is deterministic: the draws come from a `random.Random` seeded per loop and taken
+in execution order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from integrations.vllm.core_loop import EngineCoreViolation
+
+#: The probability that a draft is the request's true next token.
+DRAFT_RIGHT = 0.6
+#: Wrong drafts: WRONG_DRAFT + n, never a token of a request (`integrations.vllm.adapter`'s
+#: prompts, outputs and stop tokens lie below 2**40 + 2**32 * requests; this lies above).
+WRONG_DRAFT = 1 << 60
+
+
+@dataclass
+class DraftCounts:
+    """How the drafts went over a loop."""
+
+    drafts_scheduled: int = 0  # draft tokens vLLM scheduled for verification
+    drafts_accepted: int = 0  # of those, accepted
+    draft_steps: int = 0  # decode steps that verified at least one draft
+
+
+class SpeculativeModel:
+    """The model runner of a speculative engine core over scheduler `sched` (`execute`,
+    `drafts`); `token(rid, i)` is request `rid`'s true output number i (1-based), `new_output`
+    builds vLLM's `ModelRunnerOutput` and `new_drafts` its `DraftTokenIds`."""
+
+    def __init__(
+        self,
+        sched: Any,
+        k: int,
+        *,
+        seed: int,
+        token: Callable[[str, int], int],
+        new_output: Callable[..., Any],
+        new_drafts: Callable[[list[str], list[list[int]]], Any],
+        async_scheduling: bool,
+    ) -> None:
+        self.sched = sched
+        self.k = k
+        self.rnd: random.Random = random.Random(seed)
+        self.token = token
+        self.new_output = new_output
+        self.new_drafts = new_drafts
+        self.async_scheduling = async_scheduling
+        self.produced: dict[str, int] = {}
+        self.decoding: set[str] = set()  # requests past their (re)started prefill
+        self.counts: DraftCounts = DraftCounts()
+        self._wrong = 0
+
+    def execute(self, out: Any) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """Run batch `out` as it is scheduled: its `ModelRunnerOutput` and, per request, the
+        positions it wrote correctly (first position, count)."""
+        sched = self.sched
+        restarted = [d.req_id for d in out.scheduled_new_reqs]
+        restarted += out.scheduled_cached_reqs.resumed_req_ids
+        for rid in restarted:
+            self.produced[rid] = len(sched.requests[rid].output_token_ids)
+            self.decoding.discard(rid)
+        starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        valid: dict[str, tuple[int, int]] = {}
+        for rid in ids:
+            req = sched.requests[rid]
+            n = out.num_scheduled_tokens[rid]
+            if req.is_prefill_chunk:
+                _check_rows(rid, n, out.scheduled_spec_decode_tokens.get(rid, ()))
+                sampled.append([])
+                valid[rid] = (starts[rid], n)
+                continue
+            drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
+            base = self.produced[rid]
+            if rid in self.decoding:
+                # a decode writes the last sampled token (output `base`) and its drafts
+                position = req.num_prompt_tokens + base - 1
+                if not self.async_scheduling and starts[rid] != position:
+                    raise EngineCoreViolation(
+                        "decode_position",
+                        f"{rid!r} is scheduled a decode from position {starts[rid]}, but its "
+                        f"last sampled token (output {base}) lies at position {position}",
+                    )
+                _check_rows(rid, n, drafts)
+                accepted = self._accepted(rid, base, drafts)
+                valid[rid] = (position, 1 + accepted)
+            else:
+                _check_rows(rid, n, drafts)
+                # The step that ends a (re)started prefill: its tokens are the request's own,
+                # and any draft slots are vLLM's padding (no draft was proposed yet): rejected.
+                accepted = 0
+                self.decoding.add(rid)
+                valid[rid] = (starts[rid], n - len(drafts))
+            sampled.append([self.token(rid, base + 1 + j) for j in range(accepted + 1)])
+            self.produced[rid] = base + accepted + 1
+            if drafts:
+                self.counts.draft_steps += 1
+                self.counts.drafts_scheduled += len(drafts)
+                self.counts.drafts_accepted += accepted
+        output = self.new_output(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+        return output, valid
+
+    def _accepted(self, rid: str, base: int, drafts: list[int]) -> int:
+        """How many of `drafts` (for outputs base + 1, ...) the model accepts: the longest
+        prefix of true tokens (synchronous), or as many draws as come out right in a row
+        (asynchronous: the drafts are placeholders)."""
+        accepted = 0
+        for j, draft in enumerate(drafts):
+            if self.async_scheduling:
+                right = self.rnd.random() < DRAFT_RIGHT
+            else:
+                right = draft == self.token(rid, base + 1 + j)
+            if not right:
+                break
+            accepted += 1
+        return accepted
+
+    def drafts(self, out: Any) -> Any:
+        """The drafts proposed after batch `out` (synchronous loop, `EngineCore.post_step`): for
+        each request it sampled for, still live, 0 to k drafts for its next outputs."""
+        ids: list[str] = []
+        proposals: list[list[int]] = []
+        for rid in out.num_scheduled_tokens:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished() or req.is_prefill_chunk:
+                continue
+            base = self.produced[rid]
+            proposal: list[int] = []
+            for j in range(self.rnd.randint(0, self.k)):
+                if self.rnd.random() < DRAFT_RIGHT:
+                    proposal.append(self.token(rid, base + 1 + j))
+                else:
+                    self._wrong += 1
+                    proposal.append(WRONG_DRAFT + self._wrong)
+            ids.append(rid)
+            proposals.append(proposal)
+        return self.new_drafts(ids, proposals)
+
+
+def _check_rows(rid: str, n: int, drafts: Sequence[int]) -> None:
+    """`draft_rows`: a request scheduled `n` tokens carries at most n - 1 drafts."""
+    if len(drafts) > n - 1:
+        raise EngineCoreViolation(
+            "draft_rows",
+            f"{rid!r} is scheduled {n} token(s) with {len(drafts)} drafts: each draft needs a "
+            f"row of its own after the request's last token (at most {n - 1})",
+        )
+
+
+__all__ = ["DRAFT_RIGHT", "WRONG_DRAFT", "DraftCounts", "SpeculativeModel"]
