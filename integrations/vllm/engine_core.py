@@ -45,10 +45,12 @@ With `speculative_tokens` = k > 0 both loops serve speculative decoding (vLLM's 
 method; async with its V2 model runner): the model is `integrations.vllm.speculative`'s, which
 verifies up to k drafts a step and samples 1 to k + 1 tokens, and the synchronous loop hands
 its drafts to the scheduler after each output (`update_draft_token_ids`, `EngineCore.post_step`).
-The rules are the same; `output_content` then also says that vLLM's rollback of rejected drafts
-and its stop checks over several tokens a step lose, repeat and reorder nothing, and
-`cache_hit_written` counts only the positions a batch wrote with the request's true tokens (a
-rejected draft's KV is wrong).
+Two rules are added: `draft_rows` (a request scheduled n tokens carries at most n - 1 drafts)
+and, synchronously, `decode_position` (a decode starts at the request's last sampled token).
+`output_content` then also says that vLLM's rollback of rejected drafts and its stop checks
+over several tokens a step lose, repeat and reorder nothing, and `cache_hit_written` counts
+only the positions a batch wrote with the request's true tokens (a rejected draft's KV is
+wrong).
 
 `check_both(program)` runs a program through the synchronous loop (the control) and the
 asynchronous one. The content rule fixes every output and reason, so it also says that both

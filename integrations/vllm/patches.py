@@ -4,8 +4,22 @@ fix edits, the fix as a patch of that file, and the scripts that print it)."""
 
 from __future__ import annotations
 
-from integrations.patches import FixDoesNotApply, module_text, print_patch, unified_patch
+import contextlib
+import functools
+from typing import Any
+
+from integrations.patches import (
+    EngineFix,
+    FixDoesNotApply,
+    FixSet,
+    module_text,
+    print_patch,
+    unified_patch,
+)
 from integrations.vllm.adapter import load_vllm
+
+#: The module of vLLM's `Scheduler` (`vllm/v1/core/sched/scheduler.py`).
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
 
 def installed_text(module: str) -> str:
@@ -15,4 +29,48 @@ def installed_text(module: str) -> str:
     return module_text(module)
 
 
-__all__ = ["FixDoesNotApply", "installed_text", "print_patch", "unified_patch"]
+class ScheduleFix:
+    """One candidate fix of vLLM 0.33.0's `Scheduler.schedule`, an edit of its `scheduler.py`
+    (`fix`), given to one built scheduler at a time: `fixes` is its `FixSet` (what
+    `scripts/engine_fixes_diff.py` prints), `schedule()` the fixed method (compiled once, on
+    first use), `as_diff()` the patch, `apply(sched)` gives `sched` the fixed method through a
+    subclass of its class (no other scheduler changes)."""
+
+    def __init__(self, fix: EngineFix) -> None:
+        self.fix = fix
+        self.fixes: FixSet = FixSet(
+            engine="vLLM 0.33.0",
+            modules=(SCHEDULER_MODULE,),
+            fixes=(fix,),
+            exclusive=(),
+            load=load_vllm,
+            importing=contextlib.nullcontext,
+        )
+
+    @functools.cached_property
+    def _schedule(self) -> Any:
+        return self.fixes.fixed_methods([self.fix.name])[(SCHEDULER_MODULE, "Scheduler.schedule")]
+
+    def schedule(self) -> Any:
+        """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals."""
+        return self._schedule
+
+    def as_diff(self) -> str:
+        """The fix as a unified diff of the installed vLLM's `scheduler.py` (paths as `git
+        apply -p1` in a vLLM checkout wants), made from that file when called."""
+        return self.fixes.as_diff([self.fix.name])
+
+    def apply(self, sched: Any) -> None:
+        """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed `schedule`."""
+        cls = type(sched)
+        sched.__class__ = type(cls.__name__, (cls,), {"schedule": self.schedule()})
+
+
+__all__ = [
+    "SCHEDULER_MODULE",
+    "FixDoesNotApply",
+    "ScheduleFix",
+    "installed_text",
+    "print_patch",
+    "unified_patch",
+]

@@ -33,18 +33,17 @@ fix, for `schedspec verify --impl integrations.vllm.preempted_cache_fix:REAL_VLL
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from typing import Any
 
-from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm import REAL_VLLM_PREFIX_PROFILE
-from integrations.vllm.adapter import RealVllmScheduler, load_vllm, make_real_vllm_prefix
+from integrations.vllm.adapter import RealVllmScheduler, make_real_vllm_prefix
+from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
+from integrations.vllm.patches import ScheduleFix
 from spec.ar.adapter import ArEventSink
 from spec.ar.config import ArConfig
 from spec.implementation import ArImplementation
 
-MODULE = "vllm.v1.core.sched.scheduler"
 PREEMPTED_CACHE = "uncache-preempted"
 
 #: Where the priority branch takes a victim scheduled earlier in this call out of the step.
@@ -80,35 +79,26 @@ PREEMPTED_CACHE_FIX = EngineFix(
     "a request preempted in the step that scheduled it leaves its unwritten blocks in the "
     "prefix cache: evict them before it is freed",
 )
-PREEMPTED_CACHE_FIXES = FixSet(
-    engine="vLLM 0.33.0",
-    modules=(MODULE,),
-    fixes=(PREEMPTED_CACHE_FIX,),
-    exclusive=(),
-    load=load_vllm,
-    importing=contextlib.nullcontext,
-)
+PREEMPTED_CACHE_SCHEDULE = ScheduleFix(PREEMPTED_CACHE_FIX)
+PREEMPTED_CACHE_FIXES = PREEMPTED_CACHE_SCHEDULE.fixes
 
 
-@functools.cache
 def fixed_schedule() -> Any:
-    """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals; compiled
-    once per process."""
-    return PREEMPTED_CACHE_FIXES.fixed_methods([PREEMPTED_CACHE])[(MODULE, "Scheduler.schedule")]
+    """vLLM's `Scheduler.schedule` with the fix made (compiled once per process)."""
+    return PREEMPTED_CACHE_SCHEDULE.schedule()
 
 
 def fix_as_diff() -> str:
     """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
     (paths relative to the package's parent, as `git apply -p1` in a vLLM checkout wants),
     made from that file when called: nothing of vLLM's is stored here."""
-    return PREEMPTED_CACHE_FIXES.as_diff([PREEMPTED_CACHE])
+    return PREEMPTED_CACHE_SCHEDULE.as_diff()
 
 
 def apply_preempted_cache_fix(sched: Any) -> None:
     """Give `sched` (a built vLLM `Scheduler`) the fixed `Scheduler.schedule`, through a
     subclass of its class: no other scheduler changes."""
-    cls = type(sched)
-    sched.__class__ = type(cls.__name__, (cls,), {"schedule": fixed_schedule()})
+    PREEMPTED_CACHE_SCHEDULE.apply(sched)
 
 
 def make_real_vllm_prefix_fixed(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
@@ -131,6 +121,7 @@ __all__ = [
     "PREEMPTED_CACHE",
     "PREEMPTED_CACHE_FIX",
     "PREEMPTED_CACHE_FIXES",
+    "PREEMPTED_CACHE_SCHEDULE",
     "REAL_VLLM_PREFIX_FIXED",
     "FixDoesNotApply",
     "apply_preempted_cache_fix",

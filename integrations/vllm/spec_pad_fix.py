@@ -28,14 +28,10 @@ the fix edits.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from typing import Any
+from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
+from integrations.vllm.patches import ScheduleFix
 
-from integrations.patches import EngineFix, FixDoesNotApply, FixSet
-from integrations.vllm.adapter import load_vllm
-
-MODULE = "vllm.v1.core.sched.scheduler"
 SPEC_PAD = "pad-what-fits"
 
 #: The condition under which a new decode request is padded to 1 + k tokens.
@@ -75,42 +71,20 @@ SPEC_PAD_FIX = EngineFix(
     "schedule that whole (a smaller long-prefill threshold crashes schedule(), a smaller "
     "budget never admits it)",
 )
-SPEC_PAD_FIXES = FixSet(
-    engine="vLLM 0.33.0",
-    modules=(MODULE,),
-    fixes=(SPEC_PAD_FIX,),
-    exclusive=(),
-    load=load_vllm,
-    importing=contextlib.nullcontext,
-)
-
-
-@functools.cache
-def fixed_schedule() -> Any:
-    """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals; compiled
-    once per process."""
-    return SPEC_PAD_FIXES.fixed_methods([SPEC_PAD])[(MODULE, "Scheduler.schedule")]
-
-
-def fix_as_diff() -> str:
-    """The fix as a unified diff of the installed vLLM's `vllm/v1/core/sched/scheduler.py`
-    (paths as `git apply -p1` in a vLLM checkout wants), made from that file when called."""
-    return SPEC_PAD_FIXES.as_diff([SPEC_PAD])
-
-
-def apply_spec_pad_fix(sched: Any) -> None:
-    """Give `sched` (a built vLLM `Scheduler` or `AsyncScheduler`) the fixed
-    `Scheduler.schedule`, through a subclass of its class: no other scheduler changes."""
-    cls = type(sched)
-    sched.__class__ = type(cls.__name__, (cls,), {"schedule": fixed_schedule()})
+SPEC_PAD_SCHEDULE = ScheduleFix(SPEC_PAD_FIX)
+SPEC_PAD_FIXES = SPEC_PAD_SCHEDULE.fixes
+#: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
+apply_spec_pad_fix = SPEC_PAD_SCHEDULE.apply
+#: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
+fix_as_diff = SPEC_PAD_SCHEDULE.as_diff
 
 
 __all__ = [
     "SPEC_PAD",
     "SPEC_PAD_FIX",
     "SPEC_PAD_FIXES",
+    "SPEC_PAD_SCHEDULE",
     "FixDoesNotApply",
     "apply_spec_pad_fix",
     "fix_as_diff",
-    "fixed_schedule",
 ]
