@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
         [--programs-from {random,same-step}] [--speculative-tokens K]
-        [--fix {uncache-preempted,pad-what-fits}] [--json FILE]
+        [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
 control) and asynchronous (`AsyncScheduler`, a batch queue of two), each loop on its own, with
@@ -14,7 +14,8 @@ a request is preempted in the step that scheduled it). `--fix uncache-preempted`
 candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`); `--fix pad-what-fits` applies the fix of its finding
-(`integrations.vllm.spec_pad_fix`).
+(`integrations.vllm.spec_pad_fix`). `--fix` may be given twice: both fixes are then made in
+one `Scheduler.schedule`.
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -39,14 +40,15 @@ from integrations.vllm.engine_core import (
     core_program,
     run_loop,
 )
-from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE, apply_preempted_cache_fix
+from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.program_tally import (
     ProgramTally,
     add_program_arguments,
     parse_program_arguments,
 )
 from integrations.vllm.same_step_programs import same_step_program
-from integrations.vllm.spec_pad_fix import SPEC_PAD, apply_spec_pad_fix
+from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
 from schedspec_cli.output import output_file, write_json
 
 #: Where the programs come from (`--programs-from`).
@@ -54,11 +56,8 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "random": core_program,
     "same-step": same_step_program,
 }
-#: Candidate fixes `--fix` can apply to the scheduler of both loops.
-FIXES: dict[str, Callable[[Any], None]] = {
-    PREEMPTED_CACHE: apply_preempted_cache_fix,
-    SPEC_PAD: apply_spec_pad_fix,
-}
+#: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
+FIXES = {fix.name: fix for fix in (PREEMPTED_CACHE_FIX, SPEC_PAD_FIX)}
 
 COUNTS = (
     "engine_steps",
@@ -112,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fix",
         choices=sorted(FIXES),
+        action="append",
         default=None,
-        help="apply this candidate fix to the scheduler of both loops",
+        help="apply this candidate fix to the scheduler of both loops (repeatable)",
     )
     parser.add_argument(
         "--speculative-tokens",
@@ -132,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tally = ProgramTally(COUNTS)
     prefix = 0
     generate = GENERATORS[args.programs_from]
-    fix = FIXES[args.fix] if args.fix else None
+    names = sorted(set(args.fix or ()))
+    fix = ScheduleFix(*(FIXES[n] for n in names)).apply if names else None
     for seed in range(args.programs):
         program = generate(seed)
         prefix += program.config.enable_prefix_caching
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     elapsed = time.perf_counter() - start
     p = args.pipeline_parallel
-    fixed = f"; fix {args.fix}" if args.fix else ""
+    fixed = f"; fix {' + '.join(names)}" if names else ""
     k = args.speculative_tokens
     drafts = f"; up to {k} drafts a step" if k else ""
     print(
@@ -158,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "programs": args.programs,
                 "programs_from": args.programs_from,
-                "fix": args.fix,
+                "fix": " + ".join(names) or None,
                 "prefix_caching_programs": prefix,
                 **tally.json_fields(),
                 "seconds": elapsed,

@@ -29,7 +29,10 @@ from integrations.vllm.engine_core import (
     core_program,
     run_loop,
 )
-from integrations.vllm.spec_pad_fix import apply_spec_pad_fix, fix_as_diff
+from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
+from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX, apply_spec_pad_fix, fix_as_diff
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -269,6 +272,20 @@ def test_the_fix_is_an_edit_of_vllms_scheduler() -> None:
     assert "+                            and not 0 < long_prefill_token_threshold < padded" in diff
 
 
+@LOOPS
+def test_the_two_schedule_fixes_compose(async_scheduling: bool) -> None:
+    """`uncache-preempted` and `pad-what-fits` edit different statements of `schedule`; made
+    together (one patch, two hunks) they pass same-step programs that fail one finding each
+    with two drafts: program 1 (`cache_hit_written`) and program 58 (the padding assert)."""
+    both = ScheduleFix(PREEMPTED_CACHE_FIX, SPEC_PAD_FIX)
+    assert both.as_diff().count("@@ ") == 2
+    for seed, rule in ((1, "cache_hit_written"), (58, "implementation_error")):
+        program = same_step_program(seed)
+        err = _violation(program, async_scheduling)
+        assert err.rule == rule, err
+        run_loop(program, async_scheduling=async_scheduling, speculative_tokens=2, fix=both.apply)
+
+
 def test_the_async_check_script_takes_drafts_and_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -286,6 +303,10 @@ def test_the_async_check_script_takes_drafts_and_the_fix(
     assert "173 pass both loops" in capsys.readouterr().out
     data = json.loads(out_json.read_text())
     assert data["speculative_tokens"] == 3 and data["failures"] == {}
+    both = ["--fix", "uncache-preempted", "--fix", "pad-what-fits", "--json", str(out_json)]
+    assert script.main(["--programs", "3", "--programs-from", "same-step", *both]) == 0
+    assert "fix pad-what-fits + uncache-preempted), 3 pass" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["fix"] == "pad-what-fits + uncache-preempted"
     assert (
         data["counts"]["sync"]["drafts_scheduled"] > data["counts"]["sync"]["drafts_accepted"] > 0
     )

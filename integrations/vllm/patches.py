@@ -30,18 +30,21 @@ def installed_text(module: str) -> str:
 
 
 class ScheduleFix:
-    """One candidate fix of vLLM 0.33.0's `Scheduler.schedule`, an edit of its `scheduler.py`
-    (`fix`), given to one built scheduler at a time: `fixes` is its `FixSet` (what
-    `scripts/engine_fixes_diff.py` prints), `schedule()` the fixed method (compiled once, on
-    first use), `as_diff()` the patch, `apply(sched)` gives `sched` the fixed method through a
-    subclass of its class (no other scheduler changes)."""
+    """Candidate fixes of vLLM 0.33.0's `Scheduler.schedule`, edits of its `scheduler.py`
+    (`fixes`, made in the order given), given to one built scheduler at a time: `fix_set` is
+    their `FixSet` (what `scripts/engine_fixes_diff.py` prints), `schedule()` the fixed method
+    (compiled once, on first use), `as_diff()` the patch, `apply(sched)` gives `sched` the
+    fixed method through a subclass of its class (no other scheduler changes). Two fixes that
+    edit different statements of `schedule` compose: `ScheduleFix(a, b)`."""
 
-    def __init__(self, fix: EngineFix) -> None:
-        self.fix = fix
-        self.fixes: FixSet = FixSet(
+    def __init__(self, *fixes: EngineFix) -> None:
+        if not fixes:
+            raise ValueError("ScheduleFix needs at least one fix")
+        self.names: tuple[str, ...] = tuple(f.name for f in fixes)
+        self.fix_set: FixSet = FixSet(
             engine="vLLM 0.33.0",
             modules=(SCHEDULER_MODULE,),
-            fixes=(fix,),
+            fixes=fixes,
             exclusive=(),
             load=load_vllm,
             importing=contextlib.nullcontext,
@@ -49,16 +52,17 @@ class ScheduleFix:
 
     @functools.cached_property
     def _schedule(self) -> Any:
-        return self.fixes.fixed_methods([self.fix.name])[(SCHEDULER_MODULE, "Scheduler.schedule")]
+        methods = self.fix_set.fixed_methods(self.names)
+        return methods[(SCHEDULER_MODULE, "Scheduler.schedule")]
 
     def schedule(self) -> Any:
-        """vLLM's `Scheduler.schedule` with the fix made, reading vLLM's module globals."""
+        """vLLM's `Scheduler.schedule` with the fixes made, reading vLLM's module globals."""
         return self._schedule
 
     def as_diff(self) -> str:
-        """The fix as a unified diff of the installed vLLM's `scheduler.py` (paths as `git
+        """The fixes as a unified diff of the installed vLLM's `scheduler.py` (paths as `git
         apply -p1` in a vLLM checkout wants), made from that file when called."""
-        return self.fixes.as_diff([self.fix.name])
+        return self.fix_set.as_diff(self.names)
 
     def apply(self, sched: Any) -> None:
         """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed `schedule`."""

@@ -80,7 +80,7 @@ PREEMPTED_CACHE_FIX = EngineFix(
     "prefix cache: evict them before it is freed",
 )
 PREEMPTED_CACHE_SCHEDULE = ScheduleFix(PREEMPTED_CACHE_FIX)
-PREEMPTED_CACHE_FIXES = PREEMPTED_CACHE_SCHEDULE.fixes
+PREEMPTED_CACHE_FIXES = PREEMPTED_CACHE_SCHEDULE.fix_set
 
 
 def fixed_schedule() -> Any:

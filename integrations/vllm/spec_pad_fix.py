@@ -72,7 +72,7 @@ SPEC_PAD_FIX = EngineFix(
     "budget never admits it)",
 )
 SPEC_PAD_SCHEDULE = ScheduleFix(SPEC_PAD_FIX)
-SPEC_PAD_FIXES = SPEC_PAD_SCHEDULE.fixes
+SPEC_PAD_FIXES = SPEC_PAD_SCHEDULE.fix_set
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
 apply_spec_pad_fix = SPEC_PAD_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
