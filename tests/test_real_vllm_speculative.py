@@ -25,6 +25,7 @@ from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE_PREFIX, RealVllmScheduler
 from integrations.vllm.engine_core import (
     CoreProgram,
+    EngineCoreLoop,
     EngineCoreViolation,
     core_program,
     run_loop,
@@ -112,6 +113,39 @@ def test_the_fix_serves_both_programs(program: CoreProgram, async_scheduling: bo
     assert len(run.outputs["r0"]) == 10 and len(run.outputs["r1"]) == 2
     assert run.reasons == {"r0": "length", "r1": "length"}
     assert run.drafts_scheduled > 0
+
+
+@LOOPS
+def test_a_new_decodes_padding_is_never_accepted(async_scheduling: bool) -> None:
+    """With room for it (threshold 0, budget 8) r1's full hit is padded with two draft
+    placeholders. No draft was proposed for them, so the model rejects both and samples one
+    token, whatever its draws (ten seeds): accepting padding would count unwritten positions as
+    computed."""
+    padded = _program(budget=8, threshold=0, gap=2)
+    seen = 0
+    for draft_seed in range(10):
+        loop = EngineCoreLoop(
+            padded.config,
+            async_scheduling=async_scheduling,
+            speculative_tokens=2,
+            draft_seed=draft_seed,
+        )
+        assert loop.model is not None
+        execute = loop.model.execute
+
+        def watched(out: Any, execute: Any = execute) -> Any:
+            output, valid = execute(out)
+            for data in out.scheduled_new_reqs:
+                if out.scheduled_spec_decode_tokens.get(data.req_id):
+                    nonlocal seen
+                    seen += 1
+                    index = output.req_id_to_index[data.req_id]
+                    assert len(output.sampled_token_ids[index]) == 1
+            return output, valid
+
+        loop.model.execute = watched  # type: ignore[method-assign]
+        loop.run(padded)
+    assert seen == 10
 
 
 @pytest.mark.parametrize("k", [1, 3])
