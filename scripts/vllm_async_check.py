@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
         [--programs-from {random,same-step}] [--speculative-tokens K]
+        [--speculative-method {ngram,eagle,draft_model}]
         [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -13,8 +14,11 @@ and how often the asynchronous paths were taken. The programs are
 a request is preempted in the step that scheduled it). `--fix uncache-preempted` applies that
 candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
-(`integrations.vllm.speculative`); `--fix pad-what-fits` applies the fix of its finding
-(`integrations.vllm.spec_pad_fix`). `--fix` may be given twice: both fixes are then made in
+(`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
+`draft_model` reserve lookahead slots and let the async loop skip drafting; vLLM refuses a
+budget no larger than the lookahead, and such programs are reported as refused);
+`--fix pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`).
+`--fix` may be given twice: both fixes are then made in
 one `Scheduler.schedule`.
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
@@ -33,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.vllm.adapter import SPECULATIVE_METHODS
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -88,6 +93,7 @@ def _one_loop(
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
     speculative_tokens: int,
+    speculative_method: str,
     async_scheduling: bool,
 ) -> CoreRun:
     return run_loop(
@@ -96,6 +102,7 @@ def _one_loop(
         fix=fix,
         pipeline_parallel_size=pipeline_parallel_size,
         speculative_tokens=speculative_tokens,
+        speculative_method=speculative_method,
     )
 
 
@@ -123,6 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="serve both loops with speculative decoding, up to K drafts a step (default 0)",
     )
     parser.add_argument(
+        "--speculative-method",
+        choices=SPECULATIVE_METHODS,
+        default="ngram",
+        help="how drafts are made (default ngram; eagle and draft_model reserve lookahead slots)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -139,13 +152,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefix += program.config.enable_prefix_caching
         tally.check_each(
             seed,
-            partial(_one_loop, program, fix, args.pipeline_parallel, args.speculative_tokens),
+            partial(
+                _one_loop,
+                program,
+                fix,
+                args.pipeline_parallel,
+                args.speculative_tokens,
+                args.speculative_method,
+            ),
         )
     elapsed = time.perf_counter() - start
     p = args.pipeline_parallel
     fixed = f"; fix {' + '.join(names)}" if names else ""
     k = args.speculative_tokens
-    drafts = f"; up to {k} drafts a step" if k else ""
+    method = "" if args.speculative_method == "ngram" else f" by {args.speculative_method}"
+    drafts = f"; up to {k} drafts a step{method}" if k else ""
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -166,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "async_batch_queue": ASYNC_BATCH_QUEUE if p == 1 else p + 1,
                 "pipeline_parallel_size": p,
                 "speculative_tokens": k,
+                "speculative_method": args.speculative_method,
             },
         )
     return 1 if tally.failures else 0

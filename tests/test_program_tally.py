@@ -72,3 +72,23 @@ def test_run_named_names_the_loop() -> None:
     with pytest.raises(EngineCoreViolation) as caught:
         run_named(True, _loop(frozenset({"async"}), 1))
     assert str(caught.value) == "[rule_x] async loop: async detail"
+
+
+def test_check_each_records_a_refused_configuration_apart() -> None:
+    """A program whose configuration vLLM refuses (`ConfigError`) is neither passed nor
+    failed: its seed and the first refusal are reported, and in the JSON."""
+    from spec.errors import ConfigError
+
+    def refused(async_scheduling: bool) -> _Run:
+        raise ConfigError("num_blocks", 2, ">= 3 (vLLM's start-up)")
+
+    tally = ProgramTally(("steps",))
+    tally.check_each(0, _loop(frozenset(), steps=5))
+    tally.check_each(1, refused)
+    assert tally.programs == 2 and tally.passed == 1 and tally.failures == {}
+    assert tally.refused == [1]
+    assert tally.report({"steps": "steps"}, 10)[-1].startswith(
+        "refused by vLLM: 1 programs, first seeds [1]: invalid num_blocks=2"
+    )
+    assert tally.json_fields()["refused"] == [1]
+    assert tally.totals["sync"]["steps"] == 5

@@ -451,16 +451,17 @@ def test_async_checks_catch_each_seeded_bug(
 
 def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     """Each rule of the AR engine-core loop is failed by at least one seeded bug: a row of
-    SEEDED_BUGS, or its own test (`pp_cadence` below; `decode_position` and `draft_rows`,
-    which need speculative decoding, in tests/test_real_vllm_speculative.py)."""
+    SEEDED_BUGS, or its own test (`pp_cadence` below; `decode_position`, `draft_rows` and
+    `drafts_skipped`, which need speculative decoding, in tests/test_real_vllm_speculative.py)."""
     from tests import test_real_vllm_speculative as speculative
 
     covered = {rule for _, rule, _ in SEEDED_BUGS}
-    covered |= {"pp_cadence", "decode_position", "draft_rows"}
+    covered |= {"pp_cadence", "decode_position", "draft_rows", "drafts_skipped"}
     assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
     assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
     assert callable(speculative.test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts)
     assert callable(speculative.test_the_checks_catch_a_draft_without_a_row)
+    assert callable(speculative.test_the_checks_catch_drafts_verified_after_a_skipped_step)
 
 
 def test_a_core_program_needs_one_abort_tuple_per_step() -> None:

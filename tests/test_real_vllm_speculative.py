@@ -285,6 +285,85 @@ def test_without_asserts_the_padding_schedules_drafts_without_rows() -> None:
         )
 
 
+@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+def test_drafters_with_lookahead_pass_random_programs(method: str) -> None:
+    """With a drafter of its own (lookahead slots; async: the V2 runner, which may skip
+    drafting) 40 random programs pass every rule in both loops, or are refused as vLLM's
+    start-up refuses them (a budget no larger than the lookahead, a pool below one
+    max_model_len sequence); drafts are verified and some accepted."""
+    passed = accepted = 0
+    for seed in range(40):
+        try:
+            runs = [
+                run_loop(
+                    core_program(seed),
+                    async_scheduling=a,
+                    speculative_tokens=3,
+                    speculative_method=method,
+                    fix=apply_spec_pad_fix,
+                )
+                for a in (False, True)
+            ]
+        except ConfigError as err:
+            assert "vLLM" in str(err), err
+            continue
+        passed += 1
+        accepted += sum(run.drafts_accepted for run in runs)
+    assert passed >= 30 and accepted > 0, (passed, accepted)
+
+
+@LOOPS
+def test_a_draft_models_slot_counts_against_the_padding(async_scheduling: bool) -> None:
+    """`draft_model` keeps a draft slot per request out of the budget: with budget 4 and three
+    drafts the padded size 4 never fits the 3 tokens left, so r1 waits for ever as released,
+    and is served with the fix (which counts that slot)."""
+    program = _program(budget=4, threshold=0, gap=4)
+    kw: dict[str, Any] = {"speculative_tokens": 3, "speculative_method": "draft_model"}
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(program, async_scheduling=async_scheduling, **kw)
+    assert caught.value.rule == "progress" and "0 running, 1 waiting" in caught.value.detail
+    run = run_loop(program, async_scheduling=async_scheduling, fix=apply_spec_pad_fix, **kw)
+    assert len(run.outputs["r1"]) == 2
+    run_loop(program, async_scheduling=async_scheduling, speculative_tokens=3)  # ngram: fits
+
+
+def _skip_always(sched: Any) -> None:
+    """Seeded bug: every step tells the runner to skip drafting."""
+    schedule = sched.schedule
+
+    def skipping(*args: Any) -> Any:
+        out = schedule(*args)
+        out.skip_drafts = True
+        return out
+
+    sched.schedule = skipping
+
+
+def test_the_checks_catch_drafts_verified_after_a_skipped_step() -> None:
+    """`drafts_skipped` fails when vLLM skips drafting for a request that decodes next."""
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            core_program(0),
+            async_scheduling=True,
+            speculative_tokens=3,
+            speculative_method="eagle",
+            fix=_skip_always,
+        )
+    assert caught.value.rule == "drafts_skipped"
+    assert "right after a step vLLM marked skip_drafts" in caught.value.detail
+
+
+def test_a_drafter_with_lookahead_needs_a_pool_for_one_sequence() -> None:
+    """vLLM's start-up refuses a KV cache below one max_model_len sequence; with lookahead
+    slots the adapter does too (a `ConfigError` naming the smallest valid pool)."""
+    config = ArConfig(block_size=4, num_blocks=2, max_num_batched_tokens=5, max_model_len=5)
+    with pytest.raises(ConfigError, match=r"num_blocks=2.*>= 3 with a drafter's lookahead"):
+        RealVllmScheduler(config, lambda _e: None, speculative_tokens=3, speculative_method="eagle")
+    RealVllmScheduler(config, lambda _e: None, speculative_tokens=3)  # ngram: no lookahead
+    with pytest.raises(ConfigError, match="one of ngram, eagle, draft_model"):
+        RealVllmScheduler(config, lambda _e: None, speculative_tokens=3, speculative_method="x")
+
+
 def test_the_adapter_refuses_step_and_a_bad_draft_count() -> None:
     """`step()` refuses a speculative scheduler (the AR step contract samples one token);
     a negative or non-integer `speculative_tokens` is a `ConfigError` naming valid values."""

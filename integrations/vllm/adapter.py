@@ -170,6 +170,9 @@ def load_vllm() -> VllmModules:
     return _MODULES
 
 
+#: The speculative-decoding methods the adapter configures (`RealVllmScheduler`).
+SPECULATIVE_METHODS = ("ngram", "eagle", "draft_model")
+
 #: What the adapter can run (the profiles' spaces): vLLM's two scheduling policies; block 0 is
 #: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`).
 SPACE = REAL_VLLM_PROFILE.space
@@ -196,8 +199,10 @@ class RealVllmScheduler:
     vLLM's V2 model runner, the one that runs pipeline parallelism with async scheduling;
     `max_concurrent_batches` is then what vLLM's engine core keeps in flight.
     `speculative_tokens` = k > 0 configures speculative decoding with up to k drafts a step
-    (vLLM's `ngram` method, which needs no draft model; with async scheduling vLLM serves it
-    only with its V2 model runner, which is then used): a step may then sample several tokens
+    by `speculative_method` (`SPECULATIVE_METHODS`: `ngram`, which needs no draft model, or
+    `eagle` / `draft_model`, drafters with a forward pass of their own, here the same weightless
+    tiny Llama, which reserve lookahead slots; with async scheduling vLLM serves these only
+    with its V2 model runner, which is then used): a step may then sample several tokens
     of a request, which the AR step contract does not describe either, so `step()` refuses and
     `integrations.vllm.engine_core` drives it with `integrations.vllm.speculative`'s model."""
 
@@ -213,6 +218,7 @@ class RealVllmScheduler:
         async_scheduling: bool = False,
         pipeline_parallel_size: int = 1,
         speculative_tokens: int = 0,
+        speculative_method: str = "ngram",
     ) -> None:
         space.check(config)
         if (
@@ -236,10 +242,15 @@ class RealVllmScheduler:
             raise ConfigError(
                 "speculative_tokens", speculative_tokens, "an integer >= 0 (0: no drafts)"
             )
+        if speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                "speculative_method", speculative_method, f"one of {', '.join(SPECULATIVE_METHODS)}"
+            )
         self._config = config
         self.async_scheduling = async_scheduling
         self.pipeline_parallel_size = pipeline_parallel_size
         self.speculative_tokens = speculative_tokens
+        self.speculative_method = speculative_method
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()
@@ -286,7 +297,7 @@ class RealVllmScheduler:
                 parallel_config=cfg.ParallelConfig(
                     pipeline_parallel_size=self.pipeline_parallel_size
                 ),
-                speculative_config=self._speculative_config(),
+                speculative_config=self._speculative_config(model_config),
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
             raise ConfigError(
@@ -301,6 +312,7 @@ class RealVllmScheduler:
             async_scheduling=self.async_scheduling,
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
+        _check_lookahead_pool(sched, config)
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
@@ -309,15 +321,26 @@ class RealVllmScheduler:
         )
         return sched
 
-    def _speculative_config(self) -> Any:
-        """vLLM's `SpeculativeConfig` for `speculative_tokens` drafts (method `ngram`: prompt
-        lookup, no draft model to load), or None."""
-        k = self.speculative_tokens
+    def _speculative_config(self, model_config: Any) -> Any:
+        """vLLM's `SpeculativeConfig` for `speculative_tokens` drafts by `speculative_method`
+        (`ngram`: prompt lookup; `eagle`, `draft_model`: the weightless tiny Llama as the draft
+        model, read like the target's config, nothing loaded), or None."""
+        k, method = self.speculative_tokens, self.speculative_method
         if k == 0:
             return None
-        return self.v.config.SpeculativeConfig(
-            method="ngram", num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=k
-        )
+        spec = self.v.config.SpeculativeConfig
+        if method == "ngram":
+            return spec(
+                method="ngram", num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=k
+            )
+        with engine_on_pythonpath():
+            return spec(
+                method=method,
+                model=str(model_dir()),
+                num_speculative_tokens=k,
+                target_model_config=model_config,
+                target_parallel_config=self.v.config.ParallelConfig(),
+            )
 
     # ------------------------------------------------------------------ adapter API
     @property
@@ -752,6 +775,24 @@ def _check_effective(
         )
 
 
+def _check_lookahead_pool(sched: Any, config: ArConfig) -> None:
+    """With a drafter's lookahead slots, refuse a pool that cannot hold one `max_model_len`
+    sequence, as vLLM's start-up does (`_check_enough_kv_cache_memory`: "To serve at least
+    one request with the model's max seq len"). The adapter builds the scheduler past that
+    check; without lookahead a smaller pool is harmless (every request still fits it), but
+    lookahead slots (capped at `max_model_len`) can make a fitting request unadmittable."""
+    if sched.num_lookahead_tokens == 0:
+        return
+    needed = -(-config.max_model_len // config.block_size) + 1  # and the null block
+    if config.num_blocks < needed:
+        raise ConfigError(
+            "num_blocks",
+            config.num_blocks,
+            f">= {needed} with a drafter's lookahead (vLLM refuses at start-up a KV cache that "
+            f"cannot hold one max_model_len={config.max_model_len} sequence)",
+        )
+
+
 def make_real_vllm(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
     """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching off."""
     return RealVllmScheduler(config, sink, SPACE)
@@ -766,6 +807,7 @@ __all__ = [
     "OUTPUT_BASE",
     "SPACE",
     "SPACE_PREFIX",
+    "SPECULATIVE_METHODS",
     "STOP_BASE",
     "RealVllmScheduler",
     "block_tables",

@@ -41,12 +41,16 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   p + 1 batches in flight) two decode steps of one request are at least p schedules apart
   (`pp_cadence`, vLLM's `next_decode_eligible_step`).
 
-With `speculative_tokens` = k > 0 both loops serve speculative decoding (vLLM's `ngram`
-method; async with its V2 model runner): the model is `integrations.vllm.speculative`'s, which
-verifies up to k drafts a step and samples 1 to k + 1 tokens, and the synchronous loop hands
-its drafts to the scheduler after each output (`update_draft_token_ids`, `EngineCore.post_step`).
-Two rules are added: `draft_rows` (a request scheduled n tokens carries at most n - 1 drafts)
-and, synchronously, `decode_position` (a decode starts at the request's last sampled token).
+With `speculative_tokens` = k > 0 both loops serve speculative decoding (`speculative_method`:
+vLLM's `ngram`, or `eagle` / `draft_model` with lookahead slots; async with its V2 model
+runner, which may skip drafting in a step whose drafts are sure to go unused): the model is
+`integrations.vllm.speculative`'s, which verifies up to k drafts a step and samples 1 to k + 1
+tokens, and the synchronous loop hands its drafts to the scheduler after each output
+(`update_draft_token_ids`, `EngineCore.post_step`).
+Three rules are added: `draft_rows` (a request scheduled n tokens carries at most n - 1
+drafts), `drafts_skipped` (no request of a step vLLM marked `skip_drafts` verifies drafts in its
+next decode) and, synchronously, `decode_position` (a decode starts at the request's last
+sampled token).
 `output_content` then also says that vLLM's rollback of rejected drafts and its stop checks
 over several tokens a step lose, repeat and reorder nothing, and `cache_hit_written` counts
 only the positions a batch wrote with the request's true tokens (a rejected draft's KV is
@@ -93,6 +97,7 @@ RULES = (
     "finish_reason",
     *SCHEDULE_RULES,
     "draft_rows",
+    "drafts_skipped",
     "decode_position",
     "cache_hit_written",
     "pool_accounting",
@@ -157,6 +162,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         mutate: Callable[[Any], None] | None = None,
         pipeline_parallel_size: int = 1,
         speculative_tokens: int = 0,
+        speculative_method: str = "ngram",
         draft_seed: int = 0,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
@@ -167,6 +173,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             async_scheduling=async_scheduling,
             pipeline_parallel_size=pipeline_parallel_size,
             speculative_tokens=speculative_tokens,
+            speculative_method=speculative_method,
         )
         if mutate is not None:
             mutate(self.impl.sched)
@@ -343,6 +350,7 @@ def _loop(
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
     speculative_tokens: int = 0,
+    speculative_method: str = "ngram",
 ) -> CoreRun:
     """One loop over `program`, checked: `fix` and `speculative_tokens` applied in either loop,
     `mutate` and the pipeline stages in the asynchronous one only (the synchronous loop is the
@@ -360,6 +368,7 @@ def _loop(
         mutate=patch,
         pipeline_parallel_size=pipeline_parallel_size if async_scheduling else 1,
         speculative_tokens=speculative_tokens,
+        speculative_method=speculative_method,
         # each program its own draws (one seed for all would reject every first draft alike)
         draft_seed=zlib.crc32(repr(program).encode()),
     )
@@ -372,6 +381,7 @@ def _loops(
     fix: Callable[[Any], None] | None,
     pipeline_parallel_size: int,
     speculative_tokens: int,
+    speculative_method: str,
 ) -> Callable[[bool], CoreRun]:
     """`program` through the loop `async_scheduling` names (`_loop`)."""
     return partial(
@@ -381,6 +391,7 @@ def _loops(
         fix=fix,
         pipeline_parallel_size=pipeline_parallel_size,
         speculative_tokens=speculative_tokens,
+        speculative_method=speculative_method,
     )
 
 
@@ -392,11 +403,14 @@ def run_loop(
     fix: Callable[[Any], None] | None = None,
     pipeline_parallel_size: int = 1,
     speculative_tokens: int = 0,
+    speculative_method: str = "ngram",
 ) -> CoreRun:
     """Run `program` through one loop, as `check_both` runs it; raise `EngineCoreViolation`
     naming the loop on the first rule broken. For checks that want each loop's verdict even
     when the other fails."""
-    loops = _loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens)
+    loops = _loops(
+        program, mutate, fix, pipeline_parallel_size, speculative_tokens, speculative_method
+    )
     return run_named(async_scheduling, loops)
 
 
@@ -407,14 +421,17 @@ def check_both(
     fix: Callable[[Any], None] | None = None,
     pipeline_parallel_size: int = 1,
     speculative_tokens: int = 0,
+    speculative_method: str = "ngram",
 ) -> tuple[CoreRun, CoreRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
     the async one, which runs `pipeline_parallel_size` stages; `fix`, a candidate fix such as
     `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, and `speculative_tokens`
-    applied to both), each checked; raise `EngineCoreViolation` naming the loop on the first
-    rule broken. The synchronous loop is the control: the same checks on vLLM's default-off
-    path."""
-    return run_both(_loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens))
+    drafts by `speculative_method` applied to both), each checked; raise `EngineCoreViolation`
+    naming the loop on the first rule broken. The synchronous loop is the control: the same
+    checks on vLLM's default-off path."""
+    return run_both(
+        _loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens, speculative_method)
+    )
 
 
 __all__ = [

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from spec.errors import ConfigError
 
 MODES = ("sync", "async")
 
@@ -54,6 +55,8 @@ class ProgramTally:
         default_factory=lambda: {mode: Counter() for mode in MODES}
     )
     programs: int = 0
+    refused: list[int] = field(default_factory=list)  # seeds whose configuration vLLM refused
+    refusal: str = ""  # the first refusal's message
 
     def check(self, seed: int, run_both: Callable[[], tuple[Any, Any]]) -> None:
         """Run program `seed` through both loops (`run_both`, which stops at the first
@@ -71,7 +74,9 @@ class ProgramTally:
         """Run program `seed` through each loop on its own (`run(async_scheduling)`), so that
         a failure of the synchronous loop does not hide the asynchronous loop's verdict. A
         failure is recorded under "rule, mode loop"; the counts are added only when both
-        loops pass, as `check` adds them."""
+        loops pass, as `check` adds them. A program whose configuration vLLM refuses to build
+        (`ConfigError`, e.g. a budget no larger than a drafter's lookahead) is recorded as
+        refused, neither passed nor failed."""
         self.programs += 1
         runs = []
         for mode in MODES:
@@ -79,6 +84,10 @@ class ProgramTally:
                 runs.append(run(mode == "async"))
             except EngineCoreViolation as err:
                 self._fail(f"{err.rule}, {mode} loop", seed, err.detail)
+            except ConfigError as err:
+                self.refused.append(seed)
+                self.refusal = self.refusal or str(err)
+                return
         if len(runs) == len(MODES):
             for mode, done in zip(MODES, runs, strict=True):
                 self.totals[mode].update({k: getattr(done, k) for k in self.keys})
@@ -89,8 +98,8 @@ class ProgramTally:
 
     @property
     def passed(self) -> int:
-        """Programs checked that broke no rule in either loop."""
-        failed: set[int] = set()
+        """Programs checked that broke no rule in either loop (refused ones not counted)."""
+        failed: set[int] = set(self.refused)
         for seeds in self.failures.values():
             failed.update(seeds)
         return self.programs - len(failed)
@@ -106,13 +115,20 @@ class ProgramTally:
             lines.append(
                 f"FAIL [{rule}] {len(seeds)} programs, first seeds {seeds[:5]}: {self.first[rule]}"
             )
+        if self.refused:
+            lines.append(
+                f"refused by vLLM: {len(self.refused)} programs, first seeds "
+                f"{self.refused[:5]}: {self.refusal}"
+            )
         return lines
 
     def json_fields(self) -> dict[str, object]:
-        """`failures` (per rule: seeds and first message) and `counts` (per loop)."""
+        """`failures` (per rule: seeds and first message), `counts` (per loop) and `refused`
+        (the seeds whose configuration vLLM refused)."""
         return {
             "failures": {r: {"seeds": s, "first": self.first[r]} for r, s in self.failures.items()},
             "counts": {mode: dict(c) for mode, c in self.totals.items()},
+            "refused": list(self.refused),
         }
 
 

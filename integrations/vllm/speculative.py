@@ -22,6 +22,10 @@ rejected (`Scheduler.update_from_output`: `num_computed_tokens` and, under async
   the drafts vLLM scheduled that are the true tokens, so a draft vLLM mislaid would show as a
   wrong acceptance count. Asynchronously the scheduler sees only placeholders (the V2 model
   runner keeps its drafts), and the number accepted is drawn the same way.
+- **Skipped drafting** (`drafts_skipped`). vLLM marks a step `skip_drafts` when the drafts
+  proposed after it are sure to go unused by every request in it (`Scheduler._drafts_unused`;
+  V2 model runner, drafters with a forward pass of their own); the runner then proposes none.
+  So no request of that step may verify drafts in its next decode.
 - **Rows** (`draft_rows`): a step verifies each draft in a query row of its own after the
   request's last token, so a request scheduled n tokens carries at most n - 1 drafts.
 - **Positions** (`decode_position`, synchronous loop): a synchronous model runner takes a
@@ -88,6 +92,7 @@ class SpeculativeModel:
         self.async_scheduling = async_scheduling
         self.produced: dict[str, int] = {}
         self.decoding: set[str] = set()  # requests past their (re)started prefill
+        self.unproposed: set[str] = set()  # requests whose last step skipped drafting
         self.counts: DraftCounts = DraftCounts()
         self._wrong = 0
 
@@ -116,6 +121,13 @@ class SpeculativeModel:
                 continue
             drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
             base = self.produced[rid]
+            if rid in self.decoding and rid in self.unproposed and drafts:
+                raise EngineCoreViolation(
+                    "drafts_skipped",
+                    f"{rid!r} verifies {len(drafts)} drafts right after a step vLLM marked "
+                    "skip_drafts, after which no drafts were proposed (that step's requests "
+                    "were to be sure not to use them)",
+                )
             if rid in self.decoding:
                 # a decode writes the last sampled token (output `base`) and its drafts
                 position = req.num_prompt_tokens + base - 1
@@ -141,6 +153,9 @@ class SpeculativeModel:
                 self.counts.draft_steps += 1
                 self.counts.drafts_scheduled += len(drafts)
                 self.counts.drafts_accepted += accepted
+        # A V2 model runner proposes no drafts after a step vLLM marks `skip_drafts`.
+        skipped = set(ids) if getattr(out, "skip_drafts", False) else set()
+        self.unproposed = (self.unproposed - set(ids)) | skipped
         output = self.new_output(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
@@ -171,6 +186,10 @@ class SpeculativeModel:
         for rid in out.num_scheduled_tokens:
             req = self.sched.requests.get(rid)
             if req is None or req.is_finished() or req.is_prefill_chunk:
+                continue
+            if rid in self.unproposed:
+                ids.append(rid)
+                proposals.append([])
                 continue
             base = self.produced[rid]
             proposal: list[int] = []
