@@ -201,8 +201,8 @@ class RealVllmScheduler:
     `speculative_tokens` = k > 0 configures speculative decoding with up to k drafts a step
     by `speculative_method` (`SPECULATIVE_METHODS`: `ngram`, which needs no draft model, or
     `eagle` / `draft_model`, drafters with a forward pass of their own, here the same weightless
-    tiny Llama, which reserve lookahead slots; with async scheduling vLLM serves these only
-    with its V2 model runner, which is then used): a step may then sample several tokens
+    tiny Llama, which reserve lookahead slots; with async scheduling vLLM serves ngram only
+    with its V2 model runner, which is then used for every method): a step may sample several tokens
     of a request, which the AR step contract does not describe either, so `step()` refuses and
     `integrations.vllm.engine_core` drives it with `integrations.vllm.speculative`'s model."""
 
