@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
         [--programs-from {random,same-step}] [--speculative-tokens K]
-        [--speculative-method {ngram,eagle,draft_model}]
+        [--speculative-method {ngram,eagle,draft_model}] [--structured-output [--keyed-drafts]]
         [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -20,6 +20,11 @@ budget no larger than the lookahead, and such programs are reported as refused);
 `--fix pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`).
 `--fix` may be given twice: both fixes are then made in
 one `Scheduler.schedule`.
+`--structured-output` gives every other request of both loops structured output
+(`integrations.vllm.structured`: its grammar admits the request's own tokens; the model runner
+checks each bitmask row it samples under, `grammar_mask`, and the drafts vLLM schedules for
+such a request, `draft_grammar`); `--keyed-drafts` makes the runner hand back every request's
+latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's hand-off).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -33,7 +38,6 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,6 +46,7 @@ from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
     CoreRun,
+    LoopOptions,
     core_program,
     run_loop,
 )
@@ -74,6 +79,10 @@ COUNTS = (
     "cadence_waits",
     "drafts_scheduled",
     "drafts_accepted",
+    "guided_drafts_scheduled",
+    "guided_drafts_accepted",
+    "deferred",
+    "guided_rows",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -85,25 +94,15 @@ MEANING = {
     "cadence_waits": "requests held back for the pipeline cadence",
     "drafts_scheduled": "draft tokens scheduled (speculative decoding)",
     "drafts_accepted": "draft tokens accepted",
+    "guided_drafts_scheduled": "of the drafts scheduled, structured requests'",
+    "guided_drafts_accepted": "of the drafts accepted, structured requests'",
+    "deferred": "batches sampled after the previous output",
+    "guided_rows": "structured requests' tokens sampled under a checked row",
 }
 
 
-def _one_loop(
-    program: CoreProgram,
-    fix: Callable[[Any], None] | None,
-    pipeline_parallel_size: int,
-    speculative_tokens: int,
-    speculative_method: str,
-    async_scheduling: bool,
-) -> CoreRun:
-    return run_loop(
-        program,
-        async_scheduling=async_scheduling,
-        fix=fix,
-        pipeline_parallel_size=pipeline_parallel_size,
-        speculative_tokens=speculative_tokens,
-        speculative_method=speculative_method,
-    )
+def _one_loop(program: CoreProgram, options: LoopOptions, async_scheduling: bool) -> CoreRun:
+    return run_loop(program, async_scheduling=async_scheduling, options=options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,6 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how drafts are made (default ngram; eagle and draft_model reserve lookahead slots)",
     )
     parser.add_argument(
+        "--structured-output",
+        action="store_true",
+        help="give every other request structured output (a grammar of its own tokens)",
+    )
+    parser.add_argument(
+        "--keyed-drafts",
+        action="store_true",
+        help="with --structured-output and drafts: the model runner hands back every "
+        "request's latest drafts for a deferred batch, not the last batch's (vLLM PR #56802)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -146,27 +156,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix = 0
     generate = GENERATORS[args.programs_from]
     names = sorted(set(args.fix or ()))
-    fix = ScheduleFix(*(FIXES[n] for n in names)).apply if names else None
+    options = LoopOptions(
+        fix=ScheduleFix(*(FIXES[n] for n in names)).apply if names else None,
+        pipeline_parallel_size=args.pipeline_parallel,
+        speculative_tokens=args.speculative_tokens,
+        speculative_method=args.speculative_method,
+        structured_output=args.structured_output,
+        keyed_drafts=args.keyed_drafts,
+    )
     for seed in range(args.programs):
         program = generate(seed)
         prefix += program.config.enable_prefix_caching
-        tally.check_each(
-            seed,
-            partial(
-                _one_loop,
-                program,
-                fix,
-                args.pipeline_parallel,
-                args.speculative_tokens,
-                args.speculative_method,
-            ),
-        )
+        tally.check_each(seed, partial(_one_loop, program, options))
     elapsed = time.perf_counter() - start
     p = args.pipeline_parallel
     fixed = f"; fix {' + '.join(names)}" if names else ""
     k = args.speculative_tokens
     method = "" if args.speculative_method == "ngram" else f" by {args.speculative_method}"
     drafts = f"; up to {k} drafts a step{method}" if k else ""
+    drafts += "; structured output" if args.structured_output else ""
+    drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -188,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pipeline_parallel_size": p,
                 "speculative_tokens": k,
                 "speculative_method": args.speculative_method,
+                "structured_output": args.structured_output,
+                "keyed_drafts": args.keyed_drafts,
             },
         )
     return 1 if tally.failures else 0

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,13 @@ from integrations.vllm import (
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.differential import decisions, first_difference, program
 from integrations.vllm.engine_core import RULES as CORE_RULES
-from integrations.vllm.engine_core import CoreProgram, CoreRun, check_both, core_program
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    CoreRun,
+    LoopOptions,
+    check_both,
+    core_program,
+)
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar.vllm_v1 import VLLM_V1, make_vllm_v1
@@ -327,7 +334,7 @@ def test_async_loop_with_pipeline_stages_passes_and_keeps_the_cadence() -> None:
     for stages, programs in ((2, PROGRAMS), (3, max(1, PROGRAMS // 3))):
 
         def run(seed: int, p: int = stages) -> tuple[CoreRun, CoreRun]:
-            return check_both(core_program(seed), pipeline_parallel_size=p)
+            return check_both(core_program(seed), LoopOptions(pipeline_parallel_size=p))
 
         runs = passing_runs(programs, run, f"{stages} stages: ")
         assert sum(run.cadence_waits for _, run in runs) > 0, stages
@@ -358,7 +365,10 @@ def test_the_cadence_check_catches_a_scheduler_without_it() -> None:
         sched.decode_stagger = 1
 
     seen = first_violations(
-        PROGRAMS, lambda seed: check_both(core_program(seed), no_cadence, pipeline_parallel_size=2)
+        PROGRAMS,
+        lambda seed: check_both(
+            core_program(seed), LoopOptions(mutate=no_cadence, pipeline_parallel_size=2)
+        ),
     )
     assert set(seen) == {"pp_cadence"}, seen
     assert "fewer than pipeline_parallel_size=2 apart" in seen["pp_cadence"], seen
@@ -380,12 +390,11 @@ def test_stale_output_marking_matters_only_with_pipeline_stages() -> None:
     queue of two (that output always lands before the next `schedule()`), so no program fails;
     with 2 pipeline stages the request is resumed while it is still in flight and resamples a
     position: `output_content` fails."""
-    passing_runs(PROGRAMS, lambda seed: check_both(core_program(seed), _stale_output_not_marked))
+    unmarked = LoopOptions(mutate=_stale_output_not_marked)
+    passing_runs(PROGRAMS, lambda seed: check_both(core_program(seed), unmarked))
     seen = first_violations(
         PROGRAMS,
-        lambda seed: check_both(
-            core_program(seed), _stale_output_not_marked, pipeline_parallel_size=2
-        ),
+        lambda seed: check_both(core_program(seed), replace(unmarked, pipeline_parallel_size=2)),
     )
     assert set(seen) == {"output_content"}, seen
     assert "they first differ at output" in seen["output_content"], seen
@@ -443,7 +452,9 @@ def test_async_checks_catch_each_seeded_bug(
     """Each rule of the engine-core loop has teeth: a seeded bug in vLLM's async path fails
     it with a message that names the loop and what went wrong."""
     seen = first_violations(
-        PROGRAMS, lambda seed: check_both(core_program(seed), mutant), until=rule
+        PROGRAMS,
+        lambda seed: check_both(core_program(seed), LoopOptions(mutate=mutant)),
+        until=rule,
     )
     assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
     assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
@@ -452,11 +463,15 @@ def test_async_checks_catch_each_seeded_bug(
 def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     """Each rule of the AR engine-core loop is failed by at least one seeded bug: a row of
     SEEDED_BUGS, or its own test (`pp_cadence` below; `decode_position`, `draft_rows` and
-    `drafts_skipped`, which need speculative decoding, in tests/test_real_vllm_speculative.py)."""
+    `drafts_skipped`, which need speculative decoding, in tests/test_real_vllm_speculative.py;
+    `grammar_mask` and `draft_grammar`, which need structured output, in
+    tests/test_real_vllm_structured.py)."""
     from tests import test_real_vllm_speculative as speculative
+    from tests import test_real_vllm_structured as structured
 
     covered = {rule for _, rule, _ in SEEDED_BUGS}
     covered |= {"pp_cadence", "decode_position", "draft_rows", "drafts_skipped"}
+    covered |= {bug[1] for bug in structured.SEEDED_BUGS}
     assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
     assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
     assert callable(speculative.test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts)

@@ -34,6 +34,7 @@ from integrations.vllm.engine_core import (
     CoreProgram,
     EngineCoreLoop,
     EngineCoreViolation,
+    LoopOptions,
     check_both,
     core_program,
     run_loop,
@@ -355,7 +356,9 @@ def test_narrowed_engine_core_programs_pass_with_the_fix() -> None:
     one passes every rule, in both loops."""
     passing_runs(
         NARROWED_PROGRAMS,
-        lambda seed: check_both(same_step_program(seed), fix=apply_preempted_cache_fix),
+        lambda seed: check_both(
+            same_step_program(seed), LoopOptions(fix=apply_preempted_cache_fix)
+        ),
         "with the fix: ",
     )
 
@@ -365,7 +368,9 @@ def test_the_preemption_reason_is_given_only_where_a_victim_was_hashed() -> None
     stays findable under its old hash) fails `cache_hit_written` without the same-call
     preemption reason."""
     seen = first_violations(
-        20, lambda seed: check_both(core_program(seed), stale_hash_on_reuse), until=RULE
+        20,
+        lambda seed: check_both(core_program(seed), LoopOptions(mutate=stale_hash_on_reuse)),
+        until=RULE,
     )
     assert RULE in seen, seen
     assert "starts from the prefix cache with block" in seen[RULE], seen[RULE]

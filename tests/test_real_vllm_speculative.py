@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from integrations.vllm.engine_core import (
     CoreProgram,
     EngineCoreLoop,
     EngineCoreViolation,
+    LoopOptions,
     core_program,
     run_loop,
 )
@@ -79,7 +81,11 @@ BUDGET = _program(budget=2, threshold=0, gap=4)
 
 def _violation(program: CoreProgram, async_scheduling: bool, **kw: Any) -> EngineCoreViolation:
     with pytest.raises(EngineCoreViolation) as caught:
-        run_loop(program, async_scheduling=async_scheduling, speculative_tokens=2, **kw)
+        run_loop(
+            program,
+            async_scheduling=async_scheduling,
+            options=LoopOptions(speculative_tokens=2, **kw),
+        )
     return caught.value
 
 
@@ -108,7 +114,9 @@ def test_finding_a_budget_below_the_padding_never_admits_the_request(
 def test_the_fix_serves_both_programs(program: CoreProgram, async_scheduling: bool) -> None:
     """With `pad-what-fits` both programs drain with every output right (the loop's checks)."""
     run = run_loop(
-        program, async_scheduling=async_scheduling, speculative_tokens=2, fix=apply_spec_pad_fix
+        program,
+        async_scheduling=async_scheduling,
+        options=LoopOptions(speculative_tokens=2, fix=apply_spec_pad_fix),
     )
     assert len(run.outputs["r0"]) == 10 and len(run.outputs["r1"]) == 2
     assert run.reasons == {"r0": "length", "r1": "length"}
@@ -133,8 +141,8 @@ def test_a_new_decodes_padding_is_never_accepted(async_scheduling: bool) -> None
         assert loop.model is not None
         execute = loop.model.execute
 
-        def watched(out: Any, execute: Any = execute) -> Any:
-            output, valid = execute(out)
+        def watched(out: Any, rows: Any = None, execute: Any = execute) -> Any:
+            output, valid = execute(out, rows)
             for data in out.scheduled_new_reqs:
                 if out.scheduled_spec_decode_tokens.get(data.req_id):
                     nonlocal seen
@@ -159,8 +167,7 @@ def test_random_programs_with_drafts_pass_with_the_fix(k: int) -> None:
             run = run_loop(
                 core_program(seed),
                 async_scheduling=async_scheduling,
-                speculative_tokens=k,
-                fix=apply_spec_pad_fix,
+                options=LoopOptions(speculative_tokens=k, fix=apply_spec_pad_fix),
             )
             scheduled += run.drafts_scheduled
             accepted += run.drafts_accepted
@@ -183,12 +190,16 @@ def test_random_programs_reach_the_finding(
     `scripts/vllm_async_check.py --speculative-tokens K`), and pass with the fix."""
     program = core_program(seed)
     with pytest.raises(EngineCoreViolation) as caught:
-        run_loop(program, async_scheduling=async_scheduling, speculative_tokens=k)
+        run_loop(
+            program, async_scheduling=async_scheduling, options=LoopOptions(speculative_tokens=k)
+        )
     assert caught.value.rule == rule
     if rule == "implementation_error":
         assert PAD_ASSERT in caught.value.detail
     run_loop(
-        program, async_scheduling=async_scheduling, speculative_tokens=k, fix=apply_spec_pad_fix
+        program,
+        async_scheduling=async_scheduling,
+        options=LoopOptions(speculative_tokens=k, fix=apply_spec_pad_fix),
     )
 
 
@@ -224,8 +235,7 @@ def test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts() -> None:
                 run_loop(
                     core_program(seed),
                     async_scheduling=async_scheduling,
-                    speculative_tokens=2,
-                    fix=_keep_rejected,
+                    options=LoopOptions(speculative_tokens=2, fix=_keep_rejected),
                 )
             except EngineCoreViolation as err:
                 seen[async_scheduling].setdefault(err.rule, err.detail)
@@ -266,10 +276,11 @@ def test_without_asserts_the_padding_schedules_drafts_without_rows() -> None:
     token with two draft placeholders, and `draft_rows` fails in both loops instead."""
     code = (
         "from tests.test_real_vllm_speculative import THRESHOLD\n"
-        "from integrations.vllm.engine_core import EngineCoreViolation, run_loop\n"
+        "from integrations.vllm.engine_core import EngineCoreViolation, LoopOptions, run_loop\n"
         "for a in (False, True):\n"
         "    try:\n"
-        "        run_loop(THRESHOLD, async_scheduling=a, speculative_tokens=2)\n"
+        "        drafts = LoopOptions(speculative_tokens=2)\n"
+        "        run_loop(THRESHOLD, async_scheduling=a, options=drafts)\n"
         "    except EngineCoreViolation as err:\n"
         "        print(err)\n"
     )
@@ -298,9 +309,9 @@ def test_drafters_with_lookahead_pass_random_programs(method: str) -> None:
                 run_loop(
                     core_program(seed),
                     async_scheduling=a,
-                    speculative_tokens=3,
-                    speculative_method=method,
-                    fix=apply_spec_pad_fix,
+                    options=LoopOptions(
+                        speculative_tokens=3, speculative_method=method, fix=apply_spec_pad_fix
+                    ),
                 )
                 for a in (False, True)
             ]
@@ -318,13 +329,15 @@ def test_a_draft_models_slot_counts_against_the_padding(async_scheduling: bool) 
     drafts the padded size 4 never fits the 3 tokens left, so r1 waits for ever as released,
     and is served with the fix (which counts that slot)."""
     program = _program(budget=4, threshold=0, gap=4)
-    kw: dict[str, Any] = {"speculative_tokens": 3, "speculative_method": "draft_model"}
+    released = LoopOptions(speculative_tokens=3, speculative_method="draft_model")
     with pytest.raises(EngineCoreViolation) as caught:
-        run_loop(program, async_scheduling=async_scheduling, **kw)
+        run_loop(program, async_scheduling=async_scheduling, options=released)
     assert caught.value.rule == "progress" and "0 running, 1 waiting" in caught.value.detail
-    run = run_loop(program, async_scheduling=async_scheduling, fix=apply_spec_pad_fix, **kw)
+    fixed = replace(released, fix=apply_spec_pad_fix)
+    run = run_loop(program, async_scheduling=async_scheduling, options=fixed)
     assert len(run.outputs["r1"]) == 2
-    run_loop(program, async_scheduling=async_scheduling, speculative_tokens=3)  # ngram: fits
+    ngram = LoopOptions(speculative_tokens=3)  # fits
+    run_loop(program, async_scheduling=async_scheduling, options=ngram)
 
 
 def _skip_always(sched: Any) -> None:
@@ -345,9 +358,7 @@ def test_the_checks_catch_drafts_verified_after_a_skipped_step() -> None:
         run_loop(
             core_program(0),
             async_scheduling=True,
-            speculative_tokens=3,
-            speculative_method="eagle",
-            fix=_skip_always,
+            options=LoopOptions(speculative_tokens=3, speculative_method="eagle", fix=_skip_always),
         )
     assert caught.value.rule == "drafts_skipped"
     assert "right after a step vLLM marked skip_drafts" in caught.value.detail
@@ -396,7 +407,11 @@ def test_the_two_schedule_fixes_compose(async_scheduling: bool) -> None:
         program = same_step_program(seed)
         err = _violation(program, async_scheduling)
         assert err.rule == rule, err
-        run_loop(program, async_scheduling=async_scheduling, speculative_tokens=2, fix=both.apply)
+        run_loop(
+            program,
+            async_scheduling=async_scheduling,
+            options=LoopOptions(speculative_tokens=2, fix=both.apply),
+        )
 
 
 def test_the_async_check_script_takes_drafts_and_the_fix(

@@ -26,7 +26,8 @@ Stubs and substitutes (every one):
 - the KV cache layout: a `KVCacheConfig` with one full-attention group (`FullAttentionSpec`,
   one KV head of size 1, float32) and `num_blocks` blocks; no tensors are allocated (the
   scheduler never touches them).
-- `StructuredOutputManager(vllm_config)`: the real one (no request uses structured output).
+- `StructuredOutputManager(vllm_config)`: the real one; no request uses structured output
+  unless `structured_output` is on, and then with `integrations.vllm.structured`'s grammar.
 
 Read, not called (attributes of the real objects, for the snapshot and the event
 reconstruction): `scheduler.running`, `scheduler.waiting` (and `kv_holding_waiting`, always
@@ -60,7 +61,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE
+from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE, structured
 from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
 from spec.ar.adapter import ArEventSink, drain_steps
@@ -204,7 +205,11 @@ class RealVllmScheduler:
     tiny Llama, which reserve lookahead slots; with async scheduling vLLM serves ngram only
     with its V2 model runner, which is then used for every method): a step may sample several tokens
     of a request, which the AR step contract does not describe either, so `step()` refuses and
-    `integrations.vllm.engine_core` drives it with `integrations.vllm.speculative`'s model."""
+    `integrations.vllm.engine_core` drives it with `integrations.vllm.speculative`'s model.
+    `structured_output=True` gives every other request (even submission index) structured
+    output under `integrations.vllm.structured`'s grammar (its own tokens, in order); the
+    bitmask then constrains the model, which `step()` does not model, so it refuses and
+    `integrations.vllm.engine_core` drives it."""
 
     name = "real-vllm"
     hasher: Any  # vLLM's request block hasher with prefix caching, else None (set by `_build`)
@@ -219,6 +224,7 @@ class RealVllmScheduler:
         pipeline_parallel_size: int = 1,
         speculative_tokens: int = 0,
         speculative_method: str = "ngram",
+        structured_output: bool = False,
     ) -> None:
         space.check(config)
         if (
@@ -251,6 +257,7 @@ class RealVllmScheduler:
         self.pipeline_parallel_size = pipeline_parallel_size
         self.speculative_tokens = speculative_tokens
         self.speculative_method = speculative_method
+        self.structured_output: bool = structured_output
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()
@@ -313,6 +320,8 @@ class RealVllmScheduler:
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         _check_lookahead_pool(sched, config)
+        if self.structured_output:
+            structured.install(sched, v.torch)
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
@@ -366,10 +375,16 @@ class RealVllmScheduler:
             if request.prompt is not None
             else [UNSHARED_BASE + self.arrivals] * request.prompt_len
         )
+        guided = self.structured_output and self.arrivals % 2 == 0
         params = self.v.sampling.SamplingParams(
             max_tokens=request.max_tokens,
             stop_token_ids=[STOP_BASE + self.arrivals],
             ignore_eos=True,
+            structured_outputs=(
+                structured.grammar_params(self.v, output_script(request, self.arrivals))
+                if guided
+                else None
+            ),
         )
         req = self.v.request.Request(
             request_id=rid,
@@ -383,6 +398,8 @@ class RealVllmScheduler:
         self.specs[rid] = request
         self.arrival_of[rid] = self.arrivals
         self.arrivals += 1
+        if guided:  # as `EngineCore.add_request` does before the scheduler sees it
+            self.sched.structured_output_manager.grammar_init(req)
         self.sched.add_request(req)
         s = request
         self.sink(
@@ -429,6 +446,13 @@ class RealVllmScheduler:
                 self.speculative_tokens,
                 "0 for step() (a speculative step samples several tokens of a request: drive it "
                 "with integrations.vllm.engine_core)",
+            )
+        if self.structured_output:
+            raise ConfigError(
+                "structured_output",
+                True,
+                "False for step() (a grammar bitmask constrains the model: drive it with "
+                "integrations.vllm.engine_core)",
             )
         sched = self.sched
         before = self._view()
@@ -548,9 +572,12 @@ class RealVllmScheduler:
         ids = list(scheduled)
         sampled: list[list[int]] = []
         for rid in ids:
-            req = reqs[rid]
+            req = reqs.get(rid)  # None: finished before a deferred batch is sampled; unused
+            if req is None or req.is_prefill_chunk:
+                sampled.append([])
+                continue
             index = req.num_output_tokens + max(req.num_output_placeholders, 1)
-            sampled.append([] if req.is_prefill_chunk else [self._token(rid, index)])
+            sampled.append([self._token(rid, index)])
         return self.v.outputs.ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
@@ -559,13 +586,26 @@ class RealVllmScheduler:
 
     def _token(self, rid: str, index: int) -> int:
         """Output token number `index` (1-based) of request `rid`."""
-        spec, a = self.specs[rid], self.arrival_of[rid]
-        if spec.stop_after is not None and index == spec.stop_after:
-            return STOP_BASE + a
-        return OUTPUT_BASE + a * (1 << 32) + index
+        return output_token(self.specs[rid], self.arrival_of[rid], index)
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         return finish_reason_of(self.v, finish_reason)
+
+
+def output_token(request: ArRequest, arrival: int, index: int) -> int:
+    """Output token number `index` (1-based) of `request`, submitted `arrival`-th: its stop
+    token at `stop_after`, else one fixed by the arrival and the index."""
+    if request.stop_after is not None and index == request.stop_after:
+        return STOP_BASE + arrival
+    return OUTPUT_BASE + arrival * (1 << 32) + index
+
+
+def output_script(request: ArRequest, arrival: int) -> list[int]:
+    """`request`'s whole output, tokens 1..end (end: its stop index, else `max_tokens`)."""
+    end = request.max_tokens
+    if request.stop_after is not None:
+        end = min(end, request.stop_after)
+    return [output_token(request, arrival, i) for i in range(1, end + 1)]
 
 
 def finish_reason_of(v: VllmModules, finish_reason: Any) -> ArFinishReason:

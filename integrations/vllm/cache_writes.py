@@ -67,24 +67,42 @@ class CacheWrites:
         check the cache hits it takes (`EngineCoreViolation("cache_hit_written", ...)`)."""
         self._note_hashed_for_victims(sched, out, schedule_index)
         bs = self.block_size
-        starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        starts = batch_starts(out)
         cached = out.scheduled_cached_reqs
-        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
         tables = block_tables(sched)
-        for rid, n in out.num_scheduled_tokens.items():
-            table, start = tables.get(rid, ()), starts[rid]
-            if valid is not None and rid in valid:
-                start, n = valid[rid]
-            for k in range(start // bs, (start + n) // bs):
-                if k < len(table):
-                    self.written[table[k]] = (sched.requests[rid], k)
-                    self.hashed_for_victims.pop(table[k], None)
+        self.record(sched, out, tables, valid)
         for rid in sorted(hitting):
             req, start = sched.requests[rid], starts[rid]
             table = tables.get(rid, ())
             for k in range(start // bs):
                 self._check(rid, req, k, table[k], schedule_index)
+
+    def record(
+        self,
+        sched: Any,
+        out: Any,
+        tables: Mapping[str, tuple[int, ...]],
+        valid: Mapping[str, tuple[int, int]] | None = None,
+    ) -> None:
+        """Record the blocks `out`'s batch completes, over the block `tables` as they stood when
+        it was scheduled: each request's scheduled tokens from its computed ones, or the
+        positions `valid` names for it. `after_schedule` calls it; a loop that samples a batch
+        later (deferred) calls it again once the batch's accepted drafts are known (recording a
+        block again is harmless: no batch ran in between)."""
+        bs = self.block_size
+        starts = batch_starts(out)
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests.get(rid)
+            if req is None:  # finished and freed before a deferred batch was sampled
+                continue
+            table, start = tables.get(rid, ()), starts[rid]
+            if valid is not None and rid in valid:
+                start, n = valid[rid]
+            for k in range(start // bs, (start + n) // bs):
+                if k < len(table):
+                    self.written[table[k]] = (req, k)
+                    self.hashed_for_victims.pop(table[k], None)
 
     def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
         victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
@@ -139,4 +157,12 @@ class CacheWrites:
         )
 
 
-__all__ = ["CacheWrites"]
+def batch_starts(out: Any) -> dict[str, int]:
+    """Each scheduled request's computed tokens before batch `out`."""
+    starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    return starts
+
+
+__all__ = ["CacheWrites", "batch_starts"]

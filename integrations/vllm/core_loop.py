@@ -2,7 +2,9 @@
 
 `EngineCore.step` (synchronous) and `EngineCore.step_with_batch_queue` (asynchronous, a batch
 queue of two; `vllm/v1/engine/core.py`) in one `engine_step()`: schedule a batch while the
-queue has room, else apply the oldest batch's output. `BatchQueueLoop` is that loop; a subclass
+queue has room, else apply the oldest batch's output; a batch whose sampling must wait for that
+output (`defers`: structured output under async scheduling) is scheduled, the oldest output
+applied, and then the batch is sampled and queued. `BatchQueueLoop` is that loop; a subclass
 says how the (fabricated) model runs a batch and what else it checks: `EngineCoreLoop`
 (`integrations.vllm.engine_core`, autoregressive) and `DllmCoreLoop`
 (`integrations.vllm.diffusion`, diffusion LLMs).
@@ -117,7 +119,19 @@ class BatchQueueLoop(Generic[CountsT]):
         """Called before each `schedule()`."""
 
     def after_schedule(self, out: Any) -> None:
-        """Called after each `schedule()` and its execution (the batch is queued)."""
+        """Called after each `schedule()` and its execution (the batch is queued), or, for a
+        batch whose sampling is deferred, after its forward pass."""
+
+    def defers(self, out: Any) -> bool:
+        """Whether batch `out`'s sampling waits until the oldest batch's output is applied
+        (vLLM: an async batch with a structured-output request whose previous output is still
+        in flight, `pending_structured_output_tokens`). Default: never."""
+        return False
+
+    def execute_deferred(self, out: Any) -> Any:
+        """Sample deferred batch `out` once the oldest batch's output is applied (what
+        `execute` returns). Subclasses that defer implement it."""
+        raise NotImplementedError
 
     def after_output(self, out: Any, executed: Any) -> None:
         """Called after each `update_from_output()` (`EngineCore.post_step`'s place)."""
@@ -237,16 +251,27 @@ class BatchQueueLoop(Generic[CountsT]):
         once while it still has room), else apply the oldest batch's output."""
         sched = self.sched
         self.n.engine_steps += 1
+        deferred = None
         if sched.has_requests():
             self.before_schedule()
             out = call_vllm("schedule", sched.schedule)
             self.n.schedules += 1
             self.check_pool(f"after schedule() {self.n.schedules}")
-            self.queue.appendleft((out, self.execute(out)))
-            self.after_schedule(out)
-            room = len(self.queue) < self.queue_size
-            if room and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
-                return
+            if out.total_num_scheduled_tokens > 0 and self.defers(out):
+                deferred = out
+                self.after_schedule(out)
+                if not self.queue:  # vLLM would pop an empty batch queue
+                    raise EngineCoreViolation(
+                        "implementation_error",
+                        f"schedule {self.n.schedules} deferred sampling for a previous output, "
+                        "but no batch is in flight",
+                    )
+            else:
+                self.queue.appendleft((out, self.execute(out)))
+                self.after_schedule(out)
+                room = len(self.queue) < self.queue_size
+                if room and (out.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                    return
         elif not self.queue:
             return
         out, executed = self.queue.pop()
@@ -265,6 +290,8 @@ class BatchQueueLoop(Generic[CountsT]):
                     self.reasons[o.request_id] = self.reason(o.finish_reason)
         self.after_output(out, executed)
         self.check_pool(f"after update_from_output() of schedule {self.n.schedules}")
+        if deferred is not None:
+            self.queue.appendleft((deferred, self.execute_deferred(deferred)))
 
     def finish(self, request_id: str, finish: Callable[[], Any]) -> None:
         """Abort `request_id` with `finish` (the scheduler's abort), counting it when a step of

@@ -56,8 +56,17 @@ over several tokens a step lose, repeat and reorder nothing, and `cache_hit_writ
 only the positions a batch wrote with the request's true tokens (a rejected draft's KV is
 wrong).
 
-`check_both(program)` runs a program through the synchronous loop (the control) and the
-asynchronous one. The content rule fixes every output and reason, so it also says that both
+With `structured_output` every other request has a grammar (`integrations.vllm.structured`):
+the loop computes its bitmask where the engine core does (after `schedule()`, or, for a batch
+vLLM defers because such a request's output is in flight, after that output is applied, its
+drafts first checked against the grammar), and two rules are added: `grammar_mask` (every
+token such a request samples is sampled under the row of its grammar as it stands,
+`integrations.vllm.grammar_rows`) and `draft_grammar` (the drafts vLLM schedules for it are
+ones its grammar admits).
+
+`check_both(program, options)` runs a program through the synchronous loop (the control) and
+the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
+structured output). The content rule fixes every output and reason, so it also says that both
 loops produce the same. Depends on `spec` and the adapter; vLLM is imported when the first
 loop is built.
 """
@@ -71,7 +80,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
-from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler
+from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler, block_tables
 from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import (
     ABORTED,
@@ -88,7 +97,9 @@ from integrations.vllm.core_loop import (
     run_named,
 )
 from integrations.vllm.differential import program as decision_program
+from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.speculative import SpeculativeModel
+from integrations.vllm.structured import script_end
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import RequestError
 
@@ -99,6 +110,8 @@ RULES = (
     "draft_rows",
     "drafts_skipped",
     "decode_position",
+    "grammar_mask",
+    "draft_grammar",
     "cache_hit_written",
     "pool_accounting",
     "no_leak",
@@ -137,12 +150,18 @@ class CoreRun:
     drafts_scheduled: int = 0  # draft tokens scheduled for verification (speculative decoding)
     drafts_accepted: int = 0  # of those, accepted
     draft_steps: int = 0  # decode steps that verified at least one draft
+    guided_drafts_scheduled: int = 0  # of drafts_scheduled, those of structured-output requests
+    guided_drafts_accepted: int = 0  # of those, accepted
+    deferred: int = 0  # batches sampled only after the previous output (structured output)
+    guided_rows: int = 0  # sampled tokens of structured-output requests whose row was checked
 
 
 @dataclass
 class _Counts(LoopCounts):
     ahead: int = 0
     stale: int = 0
+    deferred: int = 0
+    guided_rows: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -163,6 +182,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         pipeline_parallel_size: int = 1,
         speculative_tokens: int = 0,
         speculative_method: str = "ngram",
+        structured_output: bool = False,
+        keyed_drafts: bool = False,
         draft_seed: int = 0,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
@@ -174,6 +195,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             pipeline_parallel_size=pipeline_parallel_size,
             speculative_tokens=speculative_tokens,
             speculative_method=speculative_method,
+            structured_output=structured_output,
         )
         if mutate is not None:
             mutate(self.impl.sched)
@@ -199,11 +221,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 new_output=outputs.ModelRunnerOutput,
                 new_drafts=outputs.DraftTokenIds,
                 async_scheduling=async_scheduling,
+                explicit_drafts=structured_output,
+                keyed_drafts=keyed_drafts,
             )
             if speculative_tokens
             else None
         )
+        self.structured: bool = structured_output
         self._valid: dict[str, tuple[int, int]] | None = None
+        self._deferred_tables: dict[str, tuple[int, ...]] = {}
 
         self._stale_before: set[str] = set()
 
@@ -272,21 +298,75 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
 
     def execute(self, out: Any) -> Any:
+        """Sample the batch as it is scheduled (`sample`), under its grammar bitmask when
+        structured output is on (`get_grammar_bitmask`, as `EngineCore.step` and
+        `step_with_batch_queue` call it right after scheduling)."""
+        grammar = self._grammar(out) if self.structured else None
+        return self.sample(out, grammar)
+
+    def defers(self, out: Any) -> bool:
+        """vLLM's `pending_structured_output_tokens` (async: a structured-output request of the
+        batch has an output in flight, so its grammar is not yet where the batch samples).
+        Keeps what the batch writes whatever it accepts, and the block tables, for
+        `cache_hit_written`."""
+        if not (self.async_scheduling and out.pending_structured_output_tokens):
+            return False
+        self.n.deferred += 1
+        self._valid = self.model.certain(out) if self.model is not None else None
+        if self.writes is not None:
+            self._deferred_tables = block_tables(self.sched)
+        return True
+
+    def execute_deferred(self, out: Any) -> Any:
+        """A deferred batch, once the previous output is applied, as `step_with_batch_queue`
+        finishes it: with speculative decoding the scheduler checks the runner's drafts against
+        the grammar (`update_draft_token_ids_in_output` with `take_draft_token_ids`); then the
+        bitmask, and sampling. The accepted drafts' positions are then recorded as written."""
+        model = self.model
+        if model is not None:
+            drafts = model.take_drafts()
+            call_vllm(
+                "update_draft_token_ids_in_output",
+                lambda: self.sched.update_draft_token_ids_in_output(drafts, out),
+            )
+        output = self.sample(out, self._grammar(out))
+        if self.writes is not None and model is not None:
+            self.writes.record(self.sched, out, self._deferred_tables, self._valid)
+        return output
+
+    def sample(self, out: Any, grammar: Any) -> Any:
         """The adapter's fabricated model output for the batch (`RealVllmScheduler._fabricate`),
         or with speculative decoding the speculative model's (which also says what the batch
-        wrote correctly, for `cache_hit_written`)."""
-        if self.model is None:
-            return self.impl._fabricate(dict(out.num_scheduled_tokens))
-        output, self._valid = self.model.execute(out)
+        wrote correctly, for `cache_hit_written`); each structured-output request's token checked
+        against its row of `grammar` (`grammar_mask`)."""
+        rows = GrammarRows(grammar)
+        if self.model is not None:
+            output, self._valid = self.model.execute(out, rows)
+        else:
+            requests = self.sched.requests
+            for rid in out.num_scheduled_tokens:
+                req = requests.get(rid)  # None: finished by the output applied before (deferred)
+                if req is not None and req.use_structured_output and not req.is_prefill_chunk:
+                    index = req.num_output_tokens + max(req.num_output_placeholders, 1)
+                    rows.check(rid, index, 1, script_end(req))
+            output = self.impl._fabricate(dict(out.num_scheduled_tokens))
+        self.n.guided_rows += rows.checked
         return output
+
+    def _grammar(self, out: Any) -> Any:
+        """vLLM's `GrammarOutput` for batch `out` (None: no structured request samples)."""
+        return call_vllm("get_grammar_bitmask", lambda: self.sched.get_grammar_bitmask(out))
 
     def runner_output(self, executed: Any) -> Any:
         """What `execute` fabricated, unchanged."""
         return executed
 
     def reason(self, finish_reason: Any) -> str:
-        """vLLM's reason as the spec's value, "stop" or "length" (`finish_reason_of`; any other
-        raises `ConfigError`)."""
+        """vLLM's reason as the spec's value, "stop" or "length" (`finish_reason_of`), or
+        "error" (vLLM ends a request whose grammar rejects a sampled token so; `finish_reason`
+        then fails); any other raises `ConfigError`."""
+        if finish_reason == self.impl.v.engine.FinishReason.ERROR:
+            return "error"
         return self.impl._reason(finish_reason).value
 
     def after_output(self, out: Any, executed: Any) -> None:
@@ -342,96 +422,68 @@ def core_program(seed: int) -> CoreProgram:
     return CoreProgram(config, tuple(batches), tuple(aborts))
 
 
-def _loop(
-    program: CoreProgram,
-    async_scheduling: bool,
-    *,
-    mutate: Callable[[Any], None] | None,
-    fix: Callable[[Any], None] | None,
-    pipeline_parallel_size: int,
-    speculative_tokens: int = 0,
-    speculative_method: str = "ngram",
-) -> CoreRun:
-    """One loop over `program`, checked: `fix` and `speculative_tokens` applied in either loop,
-    `mutate` and the pipeline stages in the asynchronous one only (the synchronous loop is the
-    control). The speculative model's draws are seeded by the program's text."""
-    seeded = mutate if async_scheduling else None
+@dataclass(frozen=True, slots=True)
+class LoopOptions:
+    """How `run_loop` and `check_both` run a program, beyond the program itself.
 
-    def patch(sched: Any) -> None:
-        for change in (fix, seeded):
-            if change is not None:
-                change(sched)
+    `mutate` (a seeded bug) and `pipeline_parallel_size` apply to the asynchronous loop only
+    (the synchronous loop is the control); `fix` (a candidate fix such as
+    `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`), `speculative_tokens`
+    drafts by `speculative_method`, and `structured_output` (every other request guided by
+    `integrations.vllm.structured`'s grammar) apply to both. `keyed_drafts` makes the
+    asynchronous loop's model runner hand back every request's latest drafts for a deferred
+    batch rather than the last batch's (`SpeculativeModel.take_drafts`)."""
 
-    loop = EngineCoreLoop(
-        program.config,
-        async_scheduling=async_scheduling,
-        mutate=patch,
-        pipeline_parallel_size=pipeline_parallel_size if async_scheduling else 1,
-        speculative_tokens=speculative_tokens,
-        speculative_method=speculative_method,
-        # each program its own draws (one seed for all would reject every first draft alike)
-        draft_seed=zlib.crc32(repr(program).encode()),
-    )
-    return loop.run(program)
+    mutate: Callable[[Any], None] | None = None
+    fix: Callable[[Any], None] | None = None
+    pipeline_parallel_size: int = 1
+    speculative_tokens: int = 0
+    speculative_method: str = "ngram"
+    structured_output: bool = False
+    keyed_drafts: bool = False
 
+    def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
+        """One loop over `program`, checked. The speculative model's draws are seeded by the
+        program's text."""
+        seeded = self.mutate if async_scheduling else None
+        fix = self.fix
 
-def _loops(
-    program: CoreProgram,
-    mutate: Callable[[Any], None] | None,
-    fix: Callable[[Any], None] | None,
-    pipeline_parallel_size: int,
-    speculative_tokens: int,
-    speculative_method: str,
-) -> Callable[[bool], CoreRun]:
-    """`program` through the loop `async_scheduling` names (`_loop`)."""
-    return partial(
-        _loop,
-        program,
-        mutate=mutate,
-        fix=fix,
-        pipeline_parallel_size=pipeline_parallel_size,
-        speculative_tokens=speculative_tokens,
-        speculative_method=speculative_method,
-    )
+        def patch(sched: Any) -> None:
+            for change in (fix, seeded):
+                if change is not None:
+                    change(sched)
+
+        loop = EngineCoreLoop(
+            program.config,
+            async_scheduling=async_scheduling,
+            mutate=patch,
+            pipeline_parallel_size=self.pipeline_parallel_size if async_scheduling else 1,
+            speculative_tokens=self.speculative_tokens,
+            speculative_method=self.speculative_method,
+            structured_output=self.structured_output,
+            keyed_drafts=self.keyed_drafts,
+            # each program its own draws (one seed for all would reject every first draft alike)
+            draft_seed=zlib.crc32(repr(program).encode()),
+        )
+        return loop.run(program)
 
 
 def run_loop(
-    program: CoreProgram,
-    *,
-    async_scheduling: bool,
-    mutate: Callable[[Any], None] | None = None,
-    fix: Callable[[Any], None] | None = None,
-    pipeline_parallel_size: int = 1,
-    speculative_tokens: int = 0,
-    speculative_method: str = "ngram",
+    program: CoreProgram, *, async_scheduling: bool, options: LoopOptions = LoopOptions()
 ) -> CoreRun:
     """Run `program` through one loop, as `check_both` runs it; raise `EngineCoreViolation`
     naming the loop on the first rule broken. For checks that want each loop's verdict even
     when the other fails."""
-    loops = _loops(
-        program, mutate, fix, pipeline_parallel_size, speculative_tokens, speculative_method
-    )
-    return run_named(async_scheduling, loops)
+    return run_named(async_scheduling, partial(options.loop, program))
 
 
 def check_both(
-    program: CoreProgram,
-    mutate: Callable[[Any], None] | None = None,
-    *,
-    fix: Callable[[Any], None] | None = None,
-    pipeline_parallel_size: int = 1,
-    speculative_tokens: int = 0,
-    speculative_method: str = "ngram",
+    program: CoreProgram, options: LoopOptions = LoopOptions()
 ) -> tuple[CoreRun, CoreRun]:
-    """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
-    the async one, which runs `pipeline_parallel_size` stages; `fix`, a candidate fix such as
-    `integrations.vllm.preempted_cache_fix.apply_preempted_cache_fix`, and `speculative_tokens`
-    drafts by `speculative_method` applied to both), each checked; raise `EngineCoreViolation`
-    naming the loop on the first rule broken. The synchronous loop is the control: the same
-    checks on vLLM's default-off path."""
-    return run_both(
-        _loops(program, mutate, fix, pipeline_parallel_size, speculative_tokens, speculative_method)
-    )
+    """Run `program` through the synchronous loop and the asynchronous one, each checked, as
+    `options` says; raise `EngineCoreViolation` naming the loop on the first rule broken. The
+    synchronous loop is the control: the same checks on vLLM's default-off path."""
+    return run_both(partial(options.loop, program))
 
 
 __all__ = [
@@ -442,6 +494,7 @@ __all__ = [
     "CoreRun",
     "EngineCoreLoop",
     "EngineCoreViolation",
+    "LoopOptions",
     "check_both",
     "core_program",
     "run_loop",

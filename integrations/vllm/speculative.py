@@ -38,6 +38,16 @@ rejected (`Scheduler.update_from_output`: `num_computed_tokens` and, under async
   scheduled tokens of a prefill chunk. `integrations.vllm.cache_writes` records only those, so
   a prefix-cache hit on a block holding a rejected draft breaks `cache_hit_written`.
 
+- **Structured output** (`integrations.vllm.structured`, `explicit_drafts` under async
+  scheduling). A structured-output request samples each token under its bitmask row
+  (`integrations.vllm.grammar_rows`: `grammar_mask`) and accepts at most the drafts vLLM
+  checked against its grammar (`num_acceptable_drafts`). Asynchronously vLLM checks them only
+  for a batch whose sampling it defers, with the drafts the runner hands back
+  (`take_drafts`), so the runner keeps real drafts then: after each step it proposes k for
+  every request that sampled (none after a `skip_drafts` step), verifies its own, and
+  `take_drafts` returns those of the last batch it sampled (-1s when that batch had no
+  structured-output request, as vLLM's V2 runner copies them back only then).
+
 Everything is deterministic: the draws come from a `random.Random` seeded per loop and taken
 in execution order.
 """
@@ -49,7 +59,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.grammar_rows import GrammarRows
+from integrations.vllm.structured import script_end
 
 #: The probability that a draft is the request's true next token.
 DRAFT_RIGHT = 0.6
@@ -65,6 +78,8 @@ class DraftCounts:
     drafts_scheduled: int = 0  # draft tokens vLLM scheduled for verification
     drafts_accepted: int = 0  # of those, accepted
     draft_steps: int = 0  # decode steps that verified at least one draft
+    guided_drafts_scheduled: int = 0  # of drafts_scheduled, those of structured-output requests
+    guided_drafts_accepted: int = 0  # of those, accepted
 
 
 class SpeculativeModel:
@@ -82,6 +97,8 @@ class SpeculativeModel:
         new_output: Callable[..., Any],
         new_drafts: Callable[[list[str], list[list[int]]], Any],
         async_scheduling: bool,
+        explicit_drafts: bool = False,
+        keyed_drafts: bool = False,
     ) -> None:
         self.sched = sched
         self.k = k
@@ -95,25 +112,57 @@ class SpeculativeModel:
         self.unproposed: set[str] = set()  # requests whose last step skipped drafting
         self.counts: DraftCounts = DraftCounts()
         self._wrong = 0
+        self.explicit: bool = explicit_drafts and async_scheduling
+        self.keyed: bool = keyed_drafts
+        self.proposed: dict[str, list[int]] = {}  # explicit: each request's drafts, kept
+        self.last_batch: tuple[list[str], bool] = ([], False)  # ids, any structured request
 
-    def execute(self, out: Any) -> tuple[Any, dict[str, tuple[int, int]]]:
-        """Run batch `out` as it is scheduled: its `ModelRunnerOutput` and, per request, the
-        positions it wrote correctly (first position, count)."""
+    def restart(self, out: Any) -> None:
+        """Reset the count of every request batch `out` starts or resumes (nothing of it in
+        flight) from the scheduler's tokens."""
         sched = self.sched
         restarted = [d.req_id for d in out.scheduled_new_reqs]
         restarted += out.scheduled_cached_reqs.resumed_req_ids
         for rid in restarted:
             self.produced[rid] = len(sched.requests[rid].output_token_ids)
             self.decoding.discard(rid)
-        starts = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+            self.proposed.pop(rid, None)
+
+    def certain(self, out: Any) -> dict[str, tuple[int, int]]:
+        """Per request of batch `out`, the positions it writes correctly whatever the model
+        accepts (first position, count): a decode's last sampled token, a prefill chunk's
+        scheduled tokens. For a batch sampled later than its forward pass (deferred)."""
+        restarted = {d.req_id for d in out.scheduled_new_reqs}
+        restarted |= set(out.scheduled_cached_reqs.resumed_req_ids)
+        starts = batch_starts(out)
+        certain: dict[str, tuple[int, int]] = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.sched.requests[rid]
+            drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            if rid in self.decoding and rid not in restarted:
+                certain[rid] = (req.num_prompt_tokens + self.produced[rid] - 1, 1)
+            else:
+                certain[rid] = (starts[rid], n - drafts)
+        return certain
+
+    def execute(
+        self, out: Any, rows: GrammarRows | None = None
+    ) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """Run batch `out` as it is sampled, under its grammar `rows` (structured output): its
+        `ModelRunnerOutput` and, per request, the positions it wrote correctly (first position,
+        count)."""
+        sched = self.sched
+        self.restart(out)
+        starts = batch_starts(out)
         ids = list(out.num_scheduled_tokens)
         sampled: list[list[int]] = []
         valid: dict[str, tuple[int, int]] = {}
         for rid in ids:
-            req = sched.requests[rid]
+            req = sched.requests.get(rid)
             n = out.num_scheduled_tokens[rid]
+            if req is None:  # finished before this deferred batch is sampled: output unused
+                sampled.append([])
+                continue
             if req.is_prefill_chunk:
                 _check_rows(rid, n, out.scheduled_spec_decode_tokens.get(rid, ()))
                 sampled.append([])
@@ -128,6 +177,8 @@ class SpeculativeModel:
                     "skip_drafts, after which no drafts were proposed (that step's requests "
                     "were to be sure not to use them)",
                 )
+            if req.use_structured_output:
+                self._check_grammar_drafts(rid, base, drafts)
             if rid in self.decoding:
                 # a decode writes the last sampled token (output `base`) and its drafts
                 position = req.num_prompt_tokens + base - 1
@@ -139,6 +190,8 @@ class SpeculativeModel:
                     )
                 _check_rows(rid, n, drafts)
                 accepted = self._accepted(rid, base, drafts)
+                if req.use_structured_output and rows is not None:
+                    accepted = rows.limit(rid, accepted)
                 valid[rid] = (position, 1 + accepted)
             else:
                 _check_rows(rid, n, drafts)
@@ -147,15 +200,22 @@ class SpeculativeModel:
                 accepted = 0
                 self.decoding.add(rid)
                 valid[rid] = (starts[rid], n - len(drafts))
+            if req.use_structured_output:
+                (rows or GrammarRows(None)).check(rid, base + 1, accepted + 1, script_end(req))
             sampled.append([self.token(rid, base + 1 + j) for j in range(accepted + 1)])
             self.produced[rid] = base + accepted + 1
             if drafts:
                 self.counts.draft_steps += 1
                 self.counts.drafts_scheduled += len(drafts)
                 self.counts.drafts_accepted += accepted
+                if req.use_structured_output:
+                    self.counts.guided_drafts_scheduled += len(drafts)
+                    self.counts.guided_drafts_accepted += accepted
         # A V2 model runner proposes no drafts after a step vLLM marks `skip_drafts`.
         skipped = set(ids) if getattr(out, "skip_drafts", False) else set()
         self.unproposed = (self.unproposed - set(ids)) | skipped
+        if self.explicit:
+            self._propose(ids, skipped)
         output = self.new_output(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
@@ -163,13 +223,68 @@ class SpeculativeModel:
         )
         return output, valid
 
+    def _check_grammar_drafts(self, rid: str, base: int, drafts: list[int]) -> None:
+        """`draft_grammar`: the drafts vLLM schedules for a structured-output request, up to
+        the first -1 (a draft it found invalid, or a placeholder it never checked), are ones
+        its grammar admits: with `integrations.vllm.structured`'s grammar, its true next
+        tokens."""
+        for j, draft in enumerate(drafts):
+            if draft == -1:
+                return
+            if draft != self.token(rid, base + 1 + j):
+                raise EngineCoreViolation(
+                    "draft_grammar",
+                    f"{rid!r} is scheduled draft {j + 1} for output {base + 1 + j}, which its "
+                    "grammar does not admit (vLLM checks drafts against the grammar before "
+                    "scheduling them, and marks those it rejects -1)",
+                )
+
+    def _propose(self, ids: list[str], skipped: set[str]) -> None:
+        """Explicit drafts: after a step, k drafts for each request of it that sampled (none
+        after a `skip_drafts` step), for its next outputs."""
+        structured = False
+        for rid in ids:
+            req = self.sched.requests.get(rid)
+            if req is None:
+                continue
+            structured = structured or req.use_structured_output
+            if req.is_prefill_chunk or rid in skipped:
+                self.proposed[rid] = []
+                continue
+            base = self.produced[rid]
+            self.proposed[rid] = [self._draft(rid, base + 1 + j) for j in range(self.k)]
+        self.last_batch = (ids, structured)
+
+    def take_drafts(self) -> Any:
+        """The drafts the runner hands the engine core for a deferred batch
+        (`take_draft_token_ids`): those of the last batch it sampled, per request; all -1 when
+        that batch had no structured-output request (vLLM's V2 runner copies drafts back for
+        grammar checks only then). With `keyed_drafts`, every request's latest drafts
+        instead (a hand-off that names its requests, as vLLM PR #56802 proposes)."""
+        if self.keyed:
+            live = [r for r in self.proposed if r in self.sched.requests]
+            return self.new_drafts(live, [list(self.proposed[r]) for r in live])
+        ids, structured = self.last_batch
+        drafts = [list(self.proposed.get(rid, [])) if structured else [-1] * self.k for rid in ids]
+        return self.new_drafts(list(ids), drafts)
+
+    def _draft(self, rid: str, index: int) -> int:
+        """A draft for output `index` of `rid`: its true token with probability DRAFT_RIGHT."""
+        if self.rnd.random() < DRAFT_RIGHT:
+            return self.token(rid, index)
+        self._wrong += 1
+        return WRONG_DRAFT + self._wrong
+
     def _accepted(self, rid: str, base: int, drafts: list[int]) -> int:
         """How many of `drafts` (for outputs base + 1, ...) the model accepts: the longest
-        prefix of true tokens (synchronous), or as many draws as come out right in a row
-        (asynchronous: the drafts are placeholders)."""
+        prefix of true tokens (synchronous; asynchronous with explicit drafts, its own, as many
+        as vLLM scheduled), or as many draws as come out right in a row (asynchronous: the
+        drafts are placeholders)."""
+        if self.explicit:
+            drafts = self.proposed.get(rid, [])[: len(drafts)]
         accepted = 0
         for j, draft in enumerate(drafts):
-            if self.async_scheduling:
+            if self.async_scheduling and not self.explicit:
                 right = self.rnd.random() < DRAFT_RIGHT
             else:
                 right = draft == self.token(rid, base + 1 + j)
@@ -192,13 +307,8 @@ class SpeculativeModel:
                 proposals.append([])
                 continue
             base = self.produced[rid]
-            proposal: list[int] = []
-            for j in range(self.rnd.randint(0, self.k)):
-                if self.rnd.random() < DRAFT_RIGHT:
-                    proposal.append(self.token(rid, base + 1 + j))
-                else:
-                    self._wrong += 1
-                    proposal.append(WRONG_DRAFT + self._wrong)
+            count = self.rnd.randint(0, self.k)
+            proposal = [self._draft(rid, base + 1 + j) for j in range(count)]
             ids.append(rid)
             proposals.append(proposal)
         return self.new_drafts(ids, proposals)

@@ -1,0 +1,157 @@
+"""Structured output (guided decoding) in vLLM's engine-core loop: a grammar backend whose
+grammars admit exactly each request's own tokens, and the model runner's bitmask check.
+
+vLLM 0.33.0 constrains a structured-output request's sampling with a token bitmask per sampled
+position, which its scheduler computes from the request's grammar (`Scheduler.
+get_grammar_bitmask` -> `StructuredOutputManager.grammar_bitmask`). The grammar must then stand
+where the request's output stands: after every token it has sampled, and, for a draft row,
+after the drafts before it. Under async scheduling a step is planned while the request's
+previous output is still in flight, so the engine core defers sampling a batch with such a
+request until that output is applied (`pending_structured_output_tokens`,
+`EngineCore.step_with_batch_queue`); with speculative decoding the scheduler also checks the
+drafts against the grammar (`update_draft_token_ids`, or `update_draft_token_ids_in_output`
+for a deferred batch) and masks the rows after the last valid one.
+
+The grammar here (`ScriptGrammar`, compiled by `ScriptBackend` from the request's token script
+given as its grammar text) admits exactly the request's own output tokens 1..end in order, end
+its stop index or `max_tokens`, and nothing after. A bitmask row is a set of token classes
+over the model's vocabulary (`GRAMMAR_VOCAB`): the fabricated tokens of
+`integrations.vllm.adapter` lie far outside it, so output number i belongs to class
+`i mod GRAMMAR_VOCAB`, and the row of a grammar that has accepted n tokens allows class
+`(n + 1) mod GRAMMAR_VOCAB` alone. vLLM only fills, copies and moves rows (and fills the
+unconstrained ones with all ones), so this keeps its bookkeeping whole while making a row
+computed from the wrong grammar state visible: rule `grammar_mask`
+(`integrations.vllm.grammar_rows`), checked by the model runner for every token it samples for
+such a request. A grammar that rejects a
+sampled token makes vLLM finish the request with an error, which `finish_reason` reports.
+
+Depends on vLLM's scheduler only through duck typing (vLLM checks the grammar and backend
+classes only for type checkers); torch is vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: vLLM's backend name for this grammar (`StructuredOutputsParams._backend`).
+BACKEND = "schedspec-script"
+#: Token classes a bitmask row covers: the tiny model's vocabulary size.
+GRAMMAR_VOCAB = 128
+_WORDS = GRAMMAR_VOCAB // 32
+
+
+def token_class(index: int) -> int:
+    """The bitmask class of output number `index` (1-based)."""
+    return index % GRAMMAR_VOCAB
+
+
+class ScriptGrammar:
+    """vLLM's `StructuredOutputGrammar` contract over one token script: after n accepted tokens
+    it admits `script[n]` alone, and nothing once the script is done (terminated)."""
+
+    def __init__(self, script: Sequence[int]) -> None:
+        self.script: tuple[int, ...] = tuple(script)
+        self.accepted: int = 0
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        """Advance over `tokens` while each is the next of the script; False at the first that
+        is not (the ones before it stay accepted, as xgrammar's matcher keeps them)."""
+        for token in tokens:
+            if self.is_terminated() or token != self.script[self.accepted]:
+                return False
+            self.accepted += 1
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        """The longest prefix of `tokens` the grammar admits from here, not advancing."""
+        rest = self.script[self.accepted :]
+        n = 0
+        while n < len(tokens) and n < len(rest) and tokens[n] == rest[n]:
+            n += 1
+        return list(tokens[:n])
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        if not 0 <= num_tokens <= self.accepted:
+            raise ValueError(f"rollback of {num_tokens} tokens after {self.accepted} accepted")
+        self.accepted -= num_tokens
+
+    def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+        """Row `batch_index` of `bitmask` (int32, `_WORDS` words): the class of the next output
+        alone (vLLM fills a terminated grammar's row itself)."""
+        row = bitmask[batch_index]
+        row.fill_(0)
+        cls = token_class(self.accepted + 1)
+        row[cls // 32] = _signed(1 << (cls % 32))
+
+    def is_terminated(self) -> bool:
+        """The script is done."""
+        return self.accepted >= len(self.script)
+
+    def reset(self) -> None:
+        """Back to no token accepted."""
+        self.accepted = 0
+
+
+class ScriptBackend:
+    """vLLM's `StructuredOutputBackend` contract for `ScriptGrammar`: the grammar text is the
+    request's token script, comma-separated; bitmasks are int32 tensors of `_WORDS` words."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+
+    def compile_grammar(
+        self, request_type: Any, grammar_spec: str, stop_token_ids: Any = None
+    ) -> ScriptGrammar:
+        """The grammar of script `grammar_spec` ("t1,t2,...")."""
+        return ScriptGrammar([int(t) for t in grammar_spec.split(",") if t])
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
+        """`max_num_seqs` rows, all allowed."""
+        return self.torch.full((max_num_seqs, _WORDS), -1, dtype=self.torch.int32)
+
+    def destroy(self) -> None:
+        """Nothing to release."""
+
+
+def install(sched: Any, torch: Any) -> None:
+    """Make `sched`'s structured-output manager compile with `ScriptBackend`, synchronously
+    (as vLLM does under the `external_launcher` executor): the grammar is ready when
+    `grammar_init` returns, so no thread decides when a request may be scheduled."""
+    manager = sched.structured_output_manager
+    manager.backend = ScriptBackend(torch)
+    manager.backend_name = BACKEND
+    manager._use_async_grammar_compilation = False
+
+
+def grammar_params(v: Any, script: Sequence[int]) -> Any:
+    """vLLM's `StructuredOutputsParams` for a request whose grammar is `script`."""
+    params = v.sampling.StructuredOutputsParams(grammar=",".join(str(t) for t in script))
+    params._backend = BACKEND
+    return params
+
+
+def script_end(request: Any) -> int:
+    """The number of tokens vLLM request `request`'s `ScriptGrammar` admits (its last output)."""
+    grammar = request.structured_output_request.grammar
+    if not isinstance(grammar, ScriptGrammar):
+        raise TypeError(f"{request.request_id!r} has no ScriptGrammar (got {grammar!r})")
+    return len(grammar.script)
+
+
+def _signed(word: int) -> int:
+    """`word` (0..2**32 - 1) as the int32 it is stored as."""
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+__all__ = [
+    "BACKEND",
+    "GRAMMAR_VOCAB",
+    "ScriptBackend",
+    "ScriptGrammar",
+    "grammar_params",
+    "install",
+    "script_end",
+    "token_class",
+]

@@ -1,0 +1,285 @@
+"""vLLM 0.33.0's engine-core loop with structured output (`integrations.vllm.structured`,
+`integrations.vllm.grammar_rows`): every bitmask row a structured-output request samples under
+stands where its grammar stands (`grammar_mask`), and the drafts vLLM schedules for it are ones
+its grammar admits (`draft_grammar`), synchronously and asynchronously, with drafts and
+pipeline stages; each rule with seeded bugs that fail it.
+
+And what it shows of vLLM with pipeline stages: a structured-output request's drafts are never
+accepted. The engine core checks a deferred batch's drafts against the grammar with the drafts
+the model runner hands back, which are those of the last batch it sampled; the pipeline cadence
+keeps a request out of consecutive batches, so its drafts stay unchecked placeholders and vLLM's
+V2 runner rejects them all (vLLM issue #54437, fix proposed in PR #56802; the runner that hands
+back every request's latest drafts, `keyed_drafts`, accepts them as without a grammar).
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import SPACE, RealVllmScheduler
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    CoreRun,
+    EngineCoreViolation,
+    LoopOptions,
+    check_both,
+    core_program,
+    run_loop,
+)
+from integrations.vllm.grammar_rows import GrammarRows, allowed_classes
+from integrations.vllm.spec_pad_fix import apply_spec_pad_fix
+from integrations.vllm.structured import (
+    GRAMMAR_VOCAB,
+    ScriptBackend,
+    ScriptGrammar,
+    token_class,
+)
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations, passing_runs
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+
+PROGRAMS = 150
+GUIDED = LoopOptions(structured_output=True)
+DRAFTS = replace(GUIDED, speculative_tokens=2, fix=apply_spec_pad_fix)
+STAGES = replace(DRAFTS, pipeline_parallel_size=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+# ---------------------------------------------------------------- the grammar
+def test_the_script_grammar_admits_its_tokens_in_order_and_rolls_back() -> None:
+    grammar = ScriptGrammar([7, 8, 9])
+    assert grammar.validate_tokens([7, 8, 5, 9]) == [7, 8] and grammar.accepted == 0
+    assert grammar.accept_tokens("r", [7, 8])
+    assert not grammar.accept_tokens("r", [4]) and grammar.accepted == 2
+    grammar.rollback(1)
+    assert grammar.accepted == 1 and grammar.validate_tokens([8, 9, 10]) == [8, 9]
+    assert grammar.accept_tokens("r", [8, 9]) and grammar.is_terminated()
+    assert not grammar.accept_tokens("r", [10]) and grammar.validate_tokens([10]) == []
+    with pytest.raises(ValueError, match="rollback of 4 tokens after 3 accepted"):
+        grammar.rollback(4)
+    grammar.reset()
+    assert grammar.accepted == 0 and not grammar.is_terminated()
+
+
+@pytest.mark.parametrize("accepted", [0, 30, 31, 62, GRAMMAR_VOCAB - 2, GRAMMAR_VOCAB - 1])
+def test_a_row_allows_the_next_outputs_class_alone(accepted: int) -> None:
+    """Every class round-trips through the int32 words, the sign bit's included."""
+    backend = ScriptBackend(torch)
+    bitmask = backend.allocate_token_bitmask(2)
+    assert allowed_classes(bitmask[1].numpy()) == list(range(GRAMMAR_VOCAB))
+    grammar = backend.compile_grammar(None, ",".join(str(t) for t in range(1, accepted + 3)))
+    grammar.accepted = accepted
+    grammar.fill_bitmask(bitmask, 1)
+    assert allowed_classes(bitmask[1].numpy()) == [token_class(accepted + 1)]
+    assert allowed_classes(bitmask[0].numpy()) == list(range(GRAMMAR_VOCAB))
+
+
+def test_grammar_rows_name_a_stale_row_and_let_rows_past_the_end_be() -> None:
+    """A row of the grammar one output behind fails `grammar_mask` with both states named; a
+    row for a token past the grammar's end (vLLM drops that token) may allow anything."""
+    bitmask = ScriptBackend(torch).allocate_token_bitmask(2)
+    grammar = ScriptGrammar(list(range(10)))
+    grammar.accepted = 4
+    grammar.fill_bitmask(bitmask, 0)  # the row for output 5; row 1 stays unconstrained
+    output = type("GrammarOutput", (), {})()
+    output.structured_output_request_ids = ["r"]
+    output.grammar_bitmask = bitmask.numpy()
+    output.num_acceptable_drafts = [1]
+    rows = GrammarRows(output)
+    rows.check("r", 5, 1, end=10)
+    with pytest.raises(EngineCoreViolation) as caught:
+        rows.check("r", 6, 1, end=10)
+    assert caught.value.rule == "grammar_mask"
+    assert "output 6 under bitmask row 0, which allows class 5" in caught.value.detail
+    with pytest.raises(EngineCoreViolation, match=r"allows every token \(unconstrained\)"):
+        rows.check("r", 5, 2, end=10)
+    rows.check("r", 5, 2, end=5)  # output 6 lies past the end
+    assert rows.checked == 3 and rows.limit("r", 2) == 1 and rows.limit("other", 2) == 2
+    with pytest.raises(EngineCoreViolation, match="with no bitmask row"):
+        GrammarRows(None).check("r", 1, 1, end=3)
+
+
+# ---------------------------------------------------------------- the loops
+def test_a_guided_request_defers_its_batch_and_both_loops_agree() -> None:
+    """r0 is guided (even submission index), r1 not. Asynchronously each decode of r0 is
+    planned with its previous output in flight, so the engine core applies that output before
+    sampling (deferred batches); every token r0 samples is checked against its row."""
+    config = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=12)
+    program = CoreProgram(
+        config, ((ArRequest("r0", 3, 6), ArRequest("r1", 2, 5, stop_after=3)),), ((),)
+    )
+    sync, run = check_both(program, GUIDED)
+    assert sync.outputs == run.outputs and len(run.outputs["r0"]) == 6
+    assert run.reasons == {"r0": "length", "r1": "stop"}
+    assert sync.deferred == 0 and run.deferred >= 4
+    assert sync.guided_rows == run.guided_rows == 6
+
+
+@pytest.mark.parametrize(
+    "options",
+    [GUIDED, DRAFTS, replace(DRAFTS, speculative_method="eagle", speculative_tokens=3), STAGES],
+    ids=["plain", "drafts", "eagle", "stages"],
+)
+def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
+    options: LoopOptions,
+) -> None:
+    """Programs over vLLM's whole space, every other request guided: both loops pass every
+    rule, the grammar ones included, and the checks did check (rows, deferred batches)."""
+
+    def run(seed: int) -> tuple[CoreRun, CoreRun] | None:
+        try:
+            return check_both(core_program(seed), options)
+        except ConfigError:  # a budget no larger than eagle's lookahead: vLLM refuses it
+            return None
+
+    runs = [r for r in passing_runs(PROGRAMS, run) if r is not None]
+    assert len(runs) > PROGRAMS // 2
+    assert sum(s.guided_rows for s, _ in runs) > 1000
+    assert sum(a.guided_rows for _, a in runs) > 1000
+    assert sum(a.deferred for _, a in runs) > 100
+    if options.speculative_tokens:
+        assert sum(s.guided_drafts_accepted for s, _ in runs) > 100
+
+
+def test_step_refuses_structured_output() -> None:
+    impl = RealVllmScheduler(ArConfig(), lambda _event: None, SPACE, structured_output=True)
+    with pytest.raises(ConfigError, match="False for step"):
+        impl.step()
+
+
+# ---------------------------------------------------------------- the finding
+def test_finding_with_pipeline_stages_guided_drafts_are_never_accepted() -> None:
+    """With 2 pipeline stages the async loop schedules thousands of drafts for guided requests
+    and accepts none (unguided ones: about half), while every rule holds; with one stage, or
+    with the runner handing back every request's latest drafts, guided drafts fare as the
+    others do. vLLM issue #54437 (open); PR #56802 proposes the keyed hand-off."""
+    released = _async_totals(STAGES)
+    assert released["guided_drafts_scheduled"] > 1000
+    assert released["guided_drafts_accepted"] == 0
+    unguided = released["drafts_accepted"] / (
+        released["drafts_scheduled"] - released["guided_drafts_scheduled"]
+    )
+    assert unguided > 0.3
+    for options in (DRAFTS, replace(STAGES, keyed_drafts=True)):
+        totals = _async_totals(options)
+        guided = totals["guided_drafts_accepted"] / totals["guided_drafts_scheduled"]
+        assert guided > 0.3, (options, totals)
+
+
+def _async_totals(options: LoopOptions) -> dict[str, int]:
+    keys = [
+        "drafts_scheduled",
+        "drafts_accepted",
+        "guided_drafts_scheduled",
+        "guided_drafts_accepted",
+    ]
+    totals = dict.fromkeys(keys, 0)
+    for seed in range(PROGRAMS):
+        run = run_loop(core_program(seed), async_scheduling=True, options=options)
+        for key in keys:
+            totals[key] += getattr(run, key)
+    return totals
+
+
+# ---------------------------------------------------------------- seeded bugs
+def _never_deferred(sched: Any) -> None:
+    """Seeded bug: the scheduler never asks to defer sampling for an output in flight."""
+    update = sched._update_after_schedule
+
+    def updated(out: Any) -> None:
+        update(out)
+        out.pending_structured_output_tokens = False
+
+    sched._update_after_schedule = updated
+
+
+def _grammar_never_advanced(sched: Any) -> None:
+    """Seeded bug: sampled tokens are never fed to the grammar."""
+    sched.structured_output_manager.accept_tokens = lambda request, tokens: True
+
+
+def _fails_open(sched: Any) -> None:
+    """Seeded bug: unchecked draft placeholders count as acceptable (the rows after them are
+    unconstrained): vLLM issue #54437 as reported, before its fail-closed half."""
+    bitmask = sched.get_grammar_bitmask
+
+    def fill(out: Any) -> Any:
+        grammar = bitmask(out)
+        if grammar is not None:
+            spec = out.scheduled_spec_decode_tokens
+            grammar.num_acceptable_drafts = [
+                len(spec.get(rid, ())) for rid in grammar.structured_output_request_ids
+            ]
+        return grammar
+
+    sched.get_grammar_bitmask = fill
+
+
+def _drafts_unchecked(sched: Any) -> None:
+    """Seeded bug: drafts are not checked against the grammar before they are scheduled."""
+    sched.structured_output_manager.validate_tokens = lambda request, tokens: list(tokens)
+
+
+#: (seeded bug, rule, words of the message, options): each fails its rule in the async loop.
+SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str, LoopOptions], ...] = (
+    (_never_deferred, "grammar_mask", "which allows class", GUIDED),
+    (_grammar_never_advanced, "grammar_mask", "which allows class", GUIDED),
+    (_fails_open, "grammar_mask", "which allows every token (unconstrained)", STAGES),
+    (_drafts_unchecked, "draft_grammar", "which its grammar does not admit", DRAFTS),
+)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "rule", "words", "options"),
+    SEEDED_BUGS,
+    ids=[bug.__name__.strip("_") for bug, _, _, _ in SEEDED_BUGS],
+)
+def test_the_grammar_checks_catch_each_seeded_bug(
+    mutant: Callable[[Any], None], rule: str, words: str, options: LoopOptions
+) -> None:
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(core_program(seed), replace(options, mutate=mutant)),
+        until=rule,
+    )
+    assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
+    assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
+
+
+# ---------------------------------------------------------------- the script
+def test_the_async_check_script_reproduces_the_finding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--structured-output` with drafts and 2 stages: all pass (exit 0), no guided draft is
+    accepted asynchronously; with `--keyed-drafts` they are."""
+    script = load_script("vllm_async_check")
+    out_json = tmp_path / "structured.json"
+    argv = ["--programs", "40", "--structured-output", "--speculative-tokens", "2"]
+    argv += ["--pipeline-parallel", "2", "--fix", "pad-what-fits", "--json", str(out_json)]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "structured output" in out and "40 pass both loops" in out, out
+    released = json.loads(out_json.read_text())
+    assert released["structured_output"] is True and released["keyed_drafts"] is False
+    counts = released["counts"]["async"]
+    assert counts["guided_drafts_scheduled"] > 0 and counts["guided_drafts_accepted"] == 0
+    assert script.main([*argv, "--keyed-drafts"]) == 0
+    assert "(drafts handed back by request)" in capsys.readouterr().out
+    keyed = json.loads(out_json.read_text())["counts"]["async"]
+    assert keyed["guided_drafts_accepted"] > 0 and keyed["guided_rows"] > 0
