@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
         [--programs-from {random,same-step}] [--speculative-tokens K]
-        [--speculative-method {ngram,eagle,draft_model}] [--structured-output [--keyed-drafts]]
+        [--speculative-method {ngram,eagle,draft_model}]
+        [--structured-output [--keyed-drafts] [--late-grammars]]
         [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -24,7 +25,9 @@ one `Scheduler.schedule`.
 (`integrations.vllm.structured`: its grammar admits the request's own tokens; the model runner
 checks each bitmask row it samples under, `grammar_mask`, and the drafts vLLM schedules for
 such a request, `draft_grammar`); `--keyed-drafts` makes the runner hand back every request's
-latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's hand-off).
+latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's hand-off);
+`--late-grammars` compiles each grammar 0-3 engine steps after submission, and one in six not
+at all (`integrations.vllm.structured.LateGrammars`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -83,6 +86,8 @@ COUNTS = (
     "guided_drafts_accepted",
     "deferred",
     "guided_rows",
+    "grammar_waits",
+    "grammar_errors",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -98,6 +103,8 @@ MEANING = {
     "guided_drafts_accepted": "of the drafts accepted, structured requests'",
     "deferred": "batches sampled after the previous output",
     "guided_rows": "structured requests' tokens sampled under a checked row",
+    "grammar_waits": "requests left waiting for their grammar, per schedule",
+    "grammar_errors": "requests ended with an error (grammar does not compile)",
 }
 
 
@@ -146,6 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "request's latest drafts for a deferred batch, not the last batch's (vLLM PR #56802)",
     )
     parser.add_argument(
+        "--late-grammars",
+        action="store_true",
+        help="with --structured-output: each grammar compiles 0-3 engine steps after "
+        "submission, and one in six not at all (the request must end with an error)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -163,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speculative_method=args.speculative_method,
         structured_output=args.structured_output,
         keyed_drafts=args.keyed_drafts,
+        late_grammars=args.late_grammars,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -176,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts = f"; up to {k} drafts a step{method}" if k else ""
     drafts += "; structured output" if args.structured_output else ""
     drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
+    drafts += " (grammars compiled late)" if args.late_grammars else ""
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -199,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "speculative_method": args.speculative_method,
                 "structured_output": args.structured_output,
                 "keyed_drafts": args.keyed_drafts,
+                "late_grammars": args.late_grammars,
             },
         )
     return 1 if tally.failures else 0

@@ -25,11 +25,12 @@ from typing import Any
 import pytest
 import torch
 
-from integrations.vllm import MANIFEST
+from integrations.vllm import MANIFEST, core_loop
 from integrations.vllm.adapter import SPACE, RealVllmScheduler
 from integrations.vllm.engine_core import (
     CoreProgram,
     CoreRun,
+    EngineCoreLoop,
     EngineCoreViolation,
     LoopOptions,
     check_both,
@@ -54,6 +55,7 @@ PROGRAMS = 150
 GUIDED = LoopOptions(structured_output=True)
 DRAFTS = replace(GUIDED, speculative_tokens=2, fix=apply_spec_pad_fix)
 STAGES = replace(DRAFTS, pipeline_parallel_size=2)
+LOOPS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -133,8 +135,14 @@ def test_a_guided_request_defers_its_batch_and_both_loops_agree() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [GUIDED, DRAFTS, replace(DRAFTS, speculative_method="eagle", speculative_tokens=3), STAGES],
-    ids=["plain", "drafts", "eagle", "stages"],
+    [
+        GUIDED,
+        DRAFTS,
+        replace(DRAFTS, speculative_method="eagle", speculative_tokens=3),
+        STAGES,
+        replace(STAGES, late_grammars=True),
+    ],
+    ids=["plain", "drafts", "eagle", "stages", "late"],
 )
 def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
     options: LoopOptions,
@@ -155,12 +163,87 @@ def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
     assert sum(a.deferred for _, a in runs) > 100
     if options.speculative_tokens:
         assert sum(s.guided_drafts_accepted for s, _ in runs) > 100
+    if options.late_grammars:
+        assert sum(a.grammar_waits for _, a in runs) > 100
+        assert sum(s.grammar_errors for s, _ in runs) > 10
 
 
 def test_step_refuses_structured_output() -> None:
     impl = RealVllmScheduler(ArConfig(), lambda _event: None, SPACE, structured_output=True)
     with pytest.raises(ConfigError, match="False for step"):
         impl.step()
+
+
+# ---------------------------------------------------------------- grammars compiled late
+LATE = CoreProgram(
+    ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=12),
+    ((ArRequest("r0", 3, 4), ArRequest("r1", 2, 3)),),
+    ((),),
+)
+
+
+def _late_run(async_scheduling: bool, delay: int, fails: bool) -> CoreRun:
+    """`LATE` with r0 (guided) compiling `delay` engine steps late, or failing to."""
+    loop = EngineCoreLoop(
+        LATE.config, async_scheduling=async_scheduling, structured_output=True, late_grammars=True
+    )
+    assert loop.late is not None
+    loop.late.draw = lambda rid: (delay, fails)
+    return loop.run(LATE)
+
+
+@LOOPS
+def test_a_request_waiting_for_its_grammar_is_passed_and_served_later(
+    async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM skips r0 while its grammar compiles and admits r1 behind it; r0 is served once
+    the grammar is ready. `admission_order` lets a request waiting for its grammar be passed;
+    without that allowance the rule fails on exactly this."""
+    run = _late_run(async_scheduling, delay=3, fails=False)
+    assert run.reasons == {"r0": "length", "r1": "length"} and len(run.outputs["r0"]) == 4
+    assert run.grammar_waits >= 2 and run.guided_rows == 4
+    monkeypatch.setattr(core_loop, "waiting_for_grammar", lambda request: False)
+    with pytest.raises(EngineCoreViolation) as caught:
+        _late_run(async_scheduling, delay=3, fails=False)
+    assert caught.value.rule == "admission_order"
+    assert "admitted 'r1' for the first time while ['r0']" in caught.value.detail
+
+
+@LOOPS
+def test_a_grammar_that_does_not_compile_ends_its_request_with_an_error(
+    async_scheduling: bool,
+) -> None:
+    run = _late_run(async_scheduling, delay=1, fails=True)
+    assert run.reasons == {"r0": "error", "r1": "length"}
+    assert run.outputs["r0"] == () and run.grammar_errors == 1
+
+
+def _compile_errors_dropped(sched: Any) -> None:
+    """Seeded bug: the scheduler forgets the requests whose grammar failed to compile."""
+    update = sched.update_from_output
+
+    def updated(out: Any, model_output: Any) -> Any:
+        sched.grammar_compile_error_reqs.clear()
+        return update(out, model_output)
+
+    sched.update_from_output = updated
+
+
+def test_the_checks_catch_a_compile_error_never_reported() -> None:
+    """The request waits for ever: `progress` fails."""
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: check_both(
+            core_program(seed), replace(GUIDED, late_grammars=True, mutate=_compile_errors_dropped)
+        ),
+    )
+    assert set(seen) == {"progress"}, seen
+    assert "async loop: not drained after" in seen["progress"]
+
+
+def test_late_grammars_need_structured_output() -> None:
+    with pytest.raises(ConfigError, match="False without structured_output"):
+        EngineCoreLoop(ArConfig(), async_scheduling=False, late_grammars=True)
 
 
 # ---------------------------------------------------------------- the finding

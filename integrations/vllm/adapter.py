@@ -55,7 +55,7 @@ import importlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -258,6 +258,9 @@ class RealVllmScheduler:
         self.speculative_tokens = speculative_tokens
         self.speculative_method = speculative_method
         self.structured_output: bool = structured_output
+        #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
+        #: synchronous here); `integrations.vllm.engine_core` sets it to compile later.
+        self.compile_grammar: Callable[[Any], None] | None = None
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()
@@ -399,7 +402,7 @@ class RealVllmScheduler:
         self.arrival_of[rid] = self.arrivals
         self.arrivals += 1
         if guided:  # as `EngineCore.add_request` does before the scheduler sees it
-            self.sched.structured_output_manager.grammar_init(req)
+            (self.compile_grammar or self.sched.structured_output_manager.grammar_init)(req)
         self.sched.add_request(req)
         s = request
         self.sink(

@@ -165,7 +165,8 @@ class BatchQueueLoop(Generic[CountsT]):
         (priority, arrival) under priority: vLLM admits nothing after a preemption in the same
         call, so the queue only shrank), `admission_order` (a request scheduled for the first
         time passes no waiting, never-scheduled request before it in the policy's order; a
-        resumed request may be skipped while its stale output drains, a fresh one never)."""
+        resumed request may be skipped while its stale output drains, a fresh one never; one
+        waiting for its grammar to compile may be passed, as vLLM skips it by design)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -193,7 +194,12 @@ class BatchQueueLoop(Generic[CountsT]):
                 )
         admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
         waiting = [*self.sched.kv_holding_waiting, *self.sched.waiting]
-        fresh = [r.request_id for r in waiting if r.request_id not in self.ever_scheduled]
+        # vLLM skips a request whose grammar is still compiling, by design: it may be passed
+        fresh = [
+            r.request_id
+            for r in waiting
+            if r.request_id not in self.ever_scheduled and not waiting_for_grammar(r)
+        ]
         for rid in admitted:
             key = self.queue_key(rid, priority)
             passed = [w for w in fresh if self.queue_key(w, priority) < key]
@@ -346,6 +352,11 @@ class BatchQueueLoop(Generic[CountsT]):
 
 
 RunT = TypeVar("RunT")
+
+
+def waiting_for_grammar(request: Any) -> bool:
+    """vLLM request `request` waits for its structured-output grammar to compile."""
+    return bool(request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR")
 
 
 def run_named(async_scheduling: bool, run: Callable[[bool], RunT]) -> RunT:

@@ -95,13 +95,14 @@ from integrations.vllm.core_loop import (
     check_program_steps,
     run_both,
     run_named,
+    waiting_for_grammar,
 )
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.speculative import SpeculativeModel
-from integrations.vllm.structured import script_end
+from integrations.vllm.structured import LateGrammars, script_end
 from spec.ar.config import ArConfig, ArRequest, Policy
-from spec.errors import RequestError
+from spec.errors import ConfigError, RequestError
 
 RULES = (
     "output_content",
@@ -154,6 +155,8 @@ class CoreRun:
     guided_drafts_accepted: int = 0  # of those, accepted
     deferred: int = 0  # batches sampled only after the previous output (structured output)
     guided_rows: int = 0  # sampled tokens of structured-output requests whose row was checked
+    grammar_waits: int = 0  # requests left waiting for their grammar, per schedule
+    grammar_errors: int = 0  # requests ended with an error as their grammar does not compile
 
 
 @dataclass
@@ -162,6 +165,8 @@ class _Counts(LoopCounts):
     stale: int = 0
     deferred: int = 0
     guided_rows: int = 0
+    grammar_waits: int = 0
+    grammar_errors: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -184,6 +189,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         speculative_method: str = "ngram",
         structured_output: bool = False,
         keyed_drafts: bool = False,
+        late_grammars: bool = False,
         draft_seed: int = 0,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
@@ -228,6 +234,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             else None
         )
         self.structured: bool = structured_output
+        if late_grammars and not structured_output:
+            raise ConfigError(
+                "late_grammars", True, "False without structured_output (no request has a grammar)"
+            )
+        self.late: LateGrammars | None = None
+        if late_grammars:
+            late = LateGrammars(self.sched, draft_seed)
+            self.late = late
+            self.impl.compile_grammar = lambda req: late.submit(req, self.n.engine_steps)
         self._valid: dict[str, tuple[int, int]] | None = None
         self._deferred_tables: dict[str, tuple[int, ...]] = {}
 
@@ -265,6 +280,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Count cadence waits and running requests with an output in flight (`ahead`), record the
         running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
+        if self.late is not None:
+            self.late.complete(self.n.engine_steps)
         self.record_running()
         if self.writes is not None:
             self.writes.before_schedule(self.sched)
@@ -286,6 +303,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out, cfg.block_size)
+        self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
         if self.writes is not None:
             self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
         requests = self.sched.requests
@@ -387,6 +405,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
         (`check_content`)."""
         spec = self.impl.specs[rid]
+        if self.late is not None and rid in self.late.failed:
+            reason = self.reasons.get(rid)
+            if tokens or reason not in ("error", ABORTED):
+                raise EngineCoreViolation(
+                    "finish_reason",
+                    f"{rid!r}, whose grammar does not compile, finished with {reason} and "
+                    f"{len(tokens)} tokens; expected an error and none",
+                )
+            self.n.grammar_errors += reason == "error"
+            return
         check_content(
             rid,
             tokens,
@@ -432,7 +460,9 @@ class LoopOptions:
     drafts by `speculative_method`, and `structured_output` (every other request guided by
     `integrations.vllm.structured`'s grammar) apply to both. `keyed_drafts` makes the
     asynchronous loop's model runner hand back every request's latest drafts for a deferred
-    batch rather than the last batch's (`SpeculativeModel.take_drafts`)."""
+    batch rather than the last batch's (`SpeculativeModel.take_drafts`); `late_grammars`
+    compiles each grammar some engine steps after submission, and one in six not at all
+    (`integrations.vllm.structured.LateGrammars`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -441,6 +471,7 @@ class LoopOptions:
     speculative_method: str = "ngram"
     structured_output: bool = False
     keyed_drafts: bool = False
+    late_grammars: bool = False
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -462,6 +493,7 @@ class LoopOptions:
             speculative_method=self.speculative_method,
             structured_output=self.structured_output,
             keyed_drafts=self.keyed_drafts,
+            late_grammars=self.late_grammars,
             # each program its own draws (one seed for all would reject every first draft alike)
             draft_seed=zlib.crc32(repr(program).encode()),
         )

@@ -26,12 +26,17 @@ such a request. A grammar that rejects a
 sampled token makes vLLM finish the request with an error, which `finish_reason` reports.
 
 Depends on vLLM's scheduler only through duck typing (vLLM checks the grammar and backend
-classes only for type checkers); torch is vLLM's.
+classes only for type checkers); torch is vLLM's. vLLM has no public way to plug a backend in,
+so `install` sets the manager's `backend` and `backend_name`, and its private
+`_use_async_grammar_compilation` (no thread pool: compilation is synchronous, or completed by
+the loop at a drawn step, `LateGrammars`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 #: vLLM's backend name for this grammar (`StructuredOutputsParams._backend`).
@@ -132,6 +137,55 @@ def grammar_params(v: Any, script: Sequence[int]) -> Any:
     return params
 
 
+class LateGrammars:
+    """Grammars that compile some engine steps after submission, or fail to: vLLM compiles a
+    grammar in a thread pool and the scheduler skips the request while the future is pending
+    (`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`), and finishes it with an error when compilation
+    raised. Here the future is completed by the loop (`complete`) at a step drawn per request
+    (0..`MAX_DELAY` engine steps after submission), so both loops of a program see the same
+    timing; one request in `FAIL_ONE_IN` (drawn) gets a grammar that does not compile."""
+
+    MAX_DELAY = 3
+    FAIL_ONE_IN = 6
+
+    def __init__(self, sched: Any, seed: int) -> None:
+        self.sched = sched
+        self.rnd: random.Random = random.Random(seed)
+        self.pending: list[tuple[int, Any, Future[Any], bool]] = []
+        self.failed: set[str] = set()  # requests whose grammar does not compile
+        #: request id -> (engine steps until its grammar is ready, whether it fails); drawn
+        #: by default, replaceable (tests script the timing)
+        self.draw: Callable[[str], tuple[int, bool]] = self._drawn
+
+    def _drawn(self, request_id: str) -> tuple[int, bool]:
+        fails = self.rnd.randrange(self.FAIL_ONE_IN) == 0
+        return self.rnd.randint(0, self.MAX_DELAY), fails
+
+    def submit(self, request: Any, now: int) -> None:
+        """Give `request` a pending grammar (vLLM's `grammar_init` under its thread pool)."""
+        future: Future[Any] = Future()
+        request.structured_output_request.grammar = future
+        delay, fails = self.draw(request.request_id)
+        self.pending.append((now + delay, request, future, fails))
+        if fails:
+            self.failed.add(request.request_id)
+
+    def complete(self, now: int) -> None:
+        """Complete every future due by engine step `now`: the compiled grammar, or the error
+        a grammar that does not compile raises."""
+        due = [entry for entry in self.pending if entry[0] <= now]
+        self.pending = [entry for entry in self.pending if entry[0] > now]
+        backend = self.sched.structured_output_manager.backend
+        for _, request, future, fails in due:
+            if fails:
+                future.set_exception(
+                    ValueError(f"the grammar of {request.request_id!r} does not compile")
+                )
+            else:
+                key = request.structured_output_request.structured_output_key
+                future.set_result(backend.compile_grammar(*key))
+
+
 def script_end(request: Any) -> int:
     """The number of tokens vLLM request `request`'s `ScriptGrammar` admits (its last output)."""
     grammar = request.structured_output_request.grammar
@@ -148,6 +202,7 @@ def _signed(word: int) -> int:
 __all__ = [
     "BACKEND",
     "GRAMMAR_VOCAB",
+    "LateGrammars",
     "ScriptBackend",
     "ScriptGrammar",
     "grammar_params",
