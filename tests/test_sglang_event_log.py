@@ -297,6 +297,10 @@ def test_a_live_log_refuses_what_it_cannot_describe_and_detaches() -> None:
     with pytest.raises(ConfigError, match="enable_overlap"):
         SglangEventLog(s, print, worker=engine.worker)
     s.enable_overlap = False
+    s.tree_cache.disable = False  # SGLang's default for dLLM: the spec models no prefix cache
+    with pytest.raises(ConfigError, match="radix_cache.*--disable-radix-cache"):
+        SglangEventLog(s, print, worker=engine.worker)
+    s.tree_cache.disable = True
     s.model_config.hf_eos_token_id = None
     s.dllm_config = None
     with pytest.raises(ConfigError, match="dllm"):

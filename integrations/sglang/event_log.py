@@ -47,13 +47,18 @@ Longest output first (`--schedule-policy lof`): SGLang sorts its waiting queue b
 `max_new_tokens`, longest first, before every round (after the priority under priority
 scheduling), and the header declares `longest_output_first` (`sglang-dllm-order-lof`, or
 `sglang-dllm-order-priority-lof` with both, is then its twin). A cache-aware policy is FCFS
-on the dLLM path (the radix cache is off), and so is routing-key (it sorts only against a
-running batch, which the dLLM path does not pass), priority scheduling included; attaching to
-a scheduler under `--schedule-policy random` is a `ConfigError` (no log describes a shuffle).
+on the dLLM path with the radix cache off (which a log requires, below), and so is routing-key
+(it sorts only against a running batch, which the dLLM path does not pass), priority
+scheduling included; attaching to a scheduler under `--schedule-policy random` is a
+`ConfigError` (no log describes a shuffle).
 
 Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
 which an event log does not describe; attaching to one is a `ConfigError` naming
-`enable_overlap` (serve with `--disable-overlap-schedule` to log). Each forward and step reads
+`enable_overlap` (serve with `--disable-overlap-schedule` to log). Without the radix cache
+only: SGLang 0.5.23 serves dLLMs with its block-level radix cache on by default (SGLang PR
+#18724), which keeps a finished request's blocks cached and shares prompt prefixes; the dLLM
+spec models no prefix cache yet, so attaching to such a scheduler is a `ConfigError` naming
+`radix_cache` (serve with `--disable-radix-cache` to log). Each forward and step reads
 the batch's `input_ids` to the host once.
 """
 
@@ -145,7 +150,7 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
 
 def schedule_policy_of(scheduler: Any) -> str:
     """The order `scheduler`'s `SchedulePolicy` gives its waiting queue on the dLLM path:
-    "fcfs" (a cache-aware policy is FCFS too, the radix cache being off for dLLM:
+    "fcfs" (a cache-aware policy is FCFS too with the radix cache off, which a log requires:
     `_validate_and_adjust_policy`), "lof", or "routing-key" (which sorts nothing there:
     `get_new_batch_dllm` passes `calc_priority` no running batch). "random" shuffles the queue,
     an order no log describes: a `ConfigError` naming the policies that can be logged."""
@@ -210,6 +215,14 @@ class SglangEventLog:
                 True,
                 "False: the overlap scheduler plans a batch while the previous one runs, which "
                 "an event log does not describe (serve with --disable-overlap-schedule to log)",
+            )
+        if not bool(getattr(getattr(scheduler, "tree_cache", None), "disable", True)):
+            raise ConfigError(
+                "radix_cache",
+                "enabled",
+                "disabled: the radix cache (SGLang's default for dLLM since its PR #18724) keeps "
+                "a finished request's blocks and shares prefixes, which the dLLM spec does not "
+                "model yet (serve with --disable-radix-cache to log)",
             )
         self.scheduler = scheduler
         self.config: DllmConfig = dllm_config_of(scheduler)
