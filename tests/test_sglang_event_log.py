@@ -298,7 +298,7 @@ def test_a_live_log_refuses_what_it_cannot_describe_and_detaches() -> None:
         SglangEventLog(s, print, worker=engine.worker)
     s.enable_overlap = False
     s.tree_cache.disable = False  # SGLang's default for dLLM: the spec models no prefix cache
-    with pytest.raises(ConfigError, match="radix_cache.*--disable-radix-cache"):
+    with pytest.raises(ConfigError, match=r"radix_cache.*--disable-radix-cache"):
         SglangEventLog(s, print, worker=engine.worker)
     s.tree_cache.disable = True
     s.model_config.hf_eos_token_id = None
