@@ -208,11 +208,18 @@ class Engine:
 
 
 def build(
-    config: DllmConfig, spec_id: dict[int, str], *, priority: bool = False, lof: bool = False
+    config: DllmConfig,
+    spec_id: dict[int, str],
+    *,
+    priority: bool = False,
+    lof: bool = False,
+    radix_cache: bool = False,
 ) -> Engine:
     """Assemble SGLang's scheduler path for `config` (see the module docstring); with
     `priority`, under priority scheduling, lower priority values first; with `lof`, under
-    `--schedule-policy lof` (longest output first)."""
+    `--schedule-policy lof` (longest output first); with `radix_cache`, its block-level radix
+    cache on (SGLang's default for dLLM, which the dLLM spec does not model:
+    `integrations.sglang.radix_check` checks that path)."""
     m = import_engine()
     torch = m["torch"]
     b, p = config.block_size, config.page_size
@@ -240,7 +247,10 @@ def build(
             need_sort=True,
         )
     params = m["CacheInitParams"](
-        disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=allocator, page_size=p
+        disable=not radix_cache,
+        req_to_token_pool=rtp,
+        token_to_kv_pool_allocator=allocator,
+        page_size=p,
     )
     params.tree_components = (m["ComponentType"].FULL,)
     tree = m["UnifiedRadixCache"](params)

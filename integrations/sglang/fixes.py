@@ -180,14 +180,18 @@ _RESERVE = (
         MIXIN,
         "    def process_dllm_incoming_reqs(\n",
         "    def _dllm_kv_free_after_reservations(self: Scheduler) -> int:\n"
-        '        """Free KV less what the requests holding a row can still claim."""\n'
+        '        """Free KV (evictable cache included) less what the requests holding a\n'
+        '        row can still claim."""\n'
         "        block_size = self.dllm_config.block_size\n"
         "        claimed = sum(\n"
         "            dllm_claim_tokens(req, block_size) - req.kv.kv_allocated_len\n"
         "            for req in self.dllm_manager.waiting_queue\n"
         "            if req.kv.req_pool_idx is not None\n"
         "        )\n"
-        "        return self.token_to_kv_pool_allocator.available_size() - claimed\n"
+        "        # cached blocks the radix cache can evict are free to an allocation\n"
+        "        free = self.token_to_kv_pool_allocator.available_size()\n"
+        "        free += self.tree_cache.full_evictable_size()\n"
+        "        return free - claimed\n"
         "\n"
         "    def process_dllm_incoming_reqs(\n",
     ),

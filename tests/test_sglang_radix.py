@@ -1,0 +1,169 @@
+"""SGLang 0.5.23's dLLM path with its block-level radix cache on (SGLang's default for dLLM,
+which the dLLM spec does not model), checked by outcome (`integrations.sglang.radix_check`).
+
+What it shows: cache hits land on blocks written whole, with the request's own tokens, by one
+forward; the only failures of released SGLang are its known ragged-row crash (fixed by
+`whole-staged-blocks`); and our `reserve-future-blocks` fix had to count the cache's evictable
+blocks as free, which it did not (it stalled programs with the cache on).
+
+Needs SGLang installed (`schedspec install-engines sglang`); skipped with
+SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.sglang import MANIFEST
+from integrations.sglang.engine import Engine
+from integrations.sglang.fixes import FIX_NAMES, sglang_fixed
+from integrations.sglang.radix_check import (
+    RadixCounts,
+    RadixProgram,
+    RadixRequest,
+    RadixViolation,
+    check_program,
+    expected_output,
+    radix_program,
+)
+from spec.config import DllmConfig, Mode
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+
+PROGRAMS = 120
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sglang_installed() -> None:
+    require_engine(MANIFEST, "sglang", "SGLang")
+
+
+def _runs(
+    mutate: Callable[[Engine], None] | None = None,
+    *,
+    radix_cache: bool = True,
+    until: str | None = None,
+) -> tuple[list[RadixCounts], dict[str, tuple[int, str]]]:
+    """Programs 0..PROGRAMS-1: the passing runs' counts and each rule's first failure (seed,
+    message), stopping once rule `until` has failed."""
+    runs: list[RadixCounts] = []
+    failures: dict[str, tuple[int, str]] = {}
+    for seed in range(PROGRAMS):
+        try:
+            runs.append(check_program(radix_program(seed), mutate, radix_cache=radix_cache))
+        except RadixViolation as err:
+            failures.setdefault(err.rule, (seed, str(err)))
+            if err.rule == until:
+                break
+    return runs, failures
+
+
+def test_a_continuation_hits_the_blocks_its_predecessor_denoised() -> None:
+    """r1's prompt is r0's prompt and output: admitted after r0 finished, it takes r0's whole
+    blocks from the cache, prompt and denoised output alike, and every one is clean."""
+    config = DllmConfig(
+        block_size=4, page_size=4, kv_pages=24, req_pool_rows=2, max_running_requests=2,
+        max_context=40, mode=Mode.FDFO, mask_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    r0 = RadixRequest("r0", tuple(range(1, 9)), 8)
+    r1 = RadixRequest("r1", r0.prompt + expected_output(r0, 0), 4)
+    program = RadixProgram(config, ((r0,), *((),) * 12, (r1,)))
+    counts = check_program(program)
+    # all 4 of r1's prompt blocks: r0's 2 prompt blocks and the 2 it denoised (SGLang bounds a
+    # match by the committed tokens, and r1's fill adds a mask block after them)
+    assert counts.hits == 1 and counts.hit_blocks == 4
+
+
+def test_generated_programs_with_the_five_fixes_pass_with_the_cache_on_and_off() -> None:
+    """With the five SGLang fixes every program passes, with the cache on and off; with it on
+    they take hundreds of blocks from the cache and the tree evicts."""
+    with sglang_fixed(FIX_NAMES):
+        on, failed_on = _runs()
+        off, failed_off = _runs(radix_cache=False)
+    assert failed_on == {} and failed_off == {}
+    assert sum(c.hits for c in on) > 200 and sum(c.hit_blocks for c in on) > 500
+    assert sum(c.evictions for c in on) > 10
+    assert sum(c.hits for c in off) == 0
+
+
+def test_released_sglang_fails_only_its_known_ragged_row_crash() -> None:
+    """Released, a few programs crash on a batch row that is not a whole block (the known
+    finding `whole-staged-blocks` fixes); with that fix alone, every program passes."""
+    _, failures = _runs()
+    assert set(failures) <= {"implementation_error"}, failures
+    if failures:
+        assert "is invalid for input of size" in failures["implementation_error"][1]
+    with sglang_fixed(["whole-staged-blocks"]):
+        _, fixed = _runs()
+    assert fixed == {}
+
+
+def _no_evictable_cache(engine: Engine) -> None:
+    """Our reserve-future-blocks as first written: it counted only the allocator's free slots,
+    not the cached blocks the tree would evict for an allocation."""
+    engine.tree_cache.full_evictable_size = lambda: 0
+
+
+def _done_before_the_last_forward(engine: Engine) -> None:
+    """Seeded bug: the algorithm reports a block done as soon as its last mask is filled, so
+    the block's KV is last written with a mask in it (SGLang reports done only after a forward
+    over the whole block)."""
+    algorithm = engine.worker.dllm_algorithm
+    step = algorithm.step
+
+    def early(forward_batch: Any, logits: Any, states: Any) -> list[bool]:
+        step(forward_batch, logits, states)
+        b, mask = algorithm.block_size, algorithm.mask_id
+        ids = forward_batch.input_ids.view(forward_batch.batch_size, b)
+        return [bool((ids[i] != mask).all()) for i in range(forward_batch.batch_size)]
+
+    algorithm.step = early
+
+
+def _never_unlocked(engine: Engine) -> None:
+    """Seeded bug: a finished request never releases its lock on the cached prefix."""
+    engine.tree_cache.dec_lock_ref = lambda *args, **kwargs: None
+
+
+#: (seeded bug, rule, words of the first message)
+SEEDED_BUGS: tuple[tuple[Callable[[Engine], None], str, str], ...] = (
+    (_no_evictable_cache, "progress", "still live"),
+    (_done_before_the_last_forward, "cache_hit_clean", "from the cache, last written with"),
+    (_never_unlocked, "no_leak", "slots still locked in the tree"),
+)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "rule", "words"),
+    SEEDED_BUGS,
+    ids=[bug.__name__.strip("_") for bug, _, _ in SEEDED_BUGS],
+)
+def test_the_checks_catch_each_seeded_bug(
+    mutant: Callable[[Engine], None], rule: str, words: str
+) -> None:
+    with sglang_fixed(FIX_NAMES):
+        _, failures = _runs(mutant, until=rule)
+    assert rule in failures, failures
+    assert words in failures[rule][1], failures[rule]
+
+
+def test_the_script_reports_the_cache_and_its_failures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = load_script("sglang_radix_check")
+    out = tmp_path / "radix.json"
+    assert script.main(["--programs", "40", "--all-fixes", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "40 programs (radix cache on; fixes " in printed and "40 pass" in printed
+    data = json.loads(out.read_text())
+    assert data["radix_cache"] is True and data["failures"] == {} and data["counts"]["hits"] > 0
+    assert script.main(["--programs", "40", "--cache-off"]) in (0, 1)
+    assert "(radix cache off)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        script.main(["--programs", "0"])
+    assert refused.value.code == 2
