@@ -87,8 +87,30 @@ def test_generated_programs_with_the_five_fixes_pass_with_the_cache_on_and_off()
         off, failed_off = _runs(radix_cache=False)
     assert failed_on == {} and failed_off == {}
     assert sum(c.hits for c in on) > 200 and sum(c.hit_blocks for c in on) > 500
-    assert sum(c.evictions for c in on) > 10
+    assert sum(c.evictions for c in on) > 10 and sum(c.aborts for c in on) > 30
     assert sum(c.hits for c in off) == 0
+
+
+def test_an_aborted_request_that_shares_a_prefix_leaves_the_cache_whole() -> None:
+    """r1 continues r0 and is aborted while it runs on r0's cached blocks: its lock on them is
+    released (`no_leak`), its output so far is its own, and r2, with the same prompt, still
+    hits them."""
+    config = DllmConfig(
+        block_size=4, page_size=4, kv_pages=24, req_pool_rows=2, max_running_requests=2,
+        max_context=40, mode=Mode.FDFO, mask_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    r0 = RadixRequest("r0", tuple(range(1, 9)), 8)
+    r1 = RadixRequest("r1", r0.prompt + expected_output(r0, 0), 16)
+    r2 = RadixRequest("r2", r1.prompt, 4)
+    arrivals = ((r0,), *((),) * 12, (r1,), (), (), (r2,))
+    aborts = ((), *((),) * 12, (), (), ("r1",), ())
+    counts = check_program(RadixProgram(config, arrivals, aborts))
+    assert counts.aborts == 1 and counts.hits == 2 and counts.hit_blocks == 8
+
+
+def test_a_radix_program_needs_one_abort_tuple_per_round() -> None:
+    with pytest.raises(ValueError, match="2 rounds of arrivals but 1 of aborts"):
+        RadixProgram(DllmConfig(), ((), ()), ((),))
 
 
 def test_released_sglang_fails_only_its_known_ragged_row_crash() -> None:

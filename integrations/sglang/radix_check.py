@@ -33,9 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from integrations.sglang.adapter import engine_request_id
 from integrations.sglang.engine import (
     Engine,
     build,
+    import_engine,
     new_request,
     queue_request,
     run_worker,
@@ -74,11 +76,19 @@ class RadixRequest:
 
 @dataclass(frozen=True, slots=True)
 class RadixProgram:
-    """A configuration and, per round, the requests that arrive before it (then the loop
-    drains)."""
+    """A configuration and, per round, the ids aborted and then the requests that arrive before
+    it (then the loop drains). `aborts` is empty, or one tuple per round."""
 
     config: DllmConfig
     arrivals: tuple[tuple[RadixRequest, ...], ...]
+    aborts: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.aborts and len(self.aborts) != len(self.arrivals):
+            raise ValueError(
+                f"RadixProgram: {len(self.arrivals)} rounds of arrivals but {len(self.aborts)} "
+                "of aborts; give one tuple of aborts per round, or none"
+            )
 
 
 @dataclass
@@ -87,6 +97,7 @@ class RadixCounts:
 
     rounds: int = 0
     forwards: int = 0
+    aborts: int = 0  # live requests aborted
     hits: int = 0  # admissions that took at least one block from the cache
     hit_blocks: int = 0  # blocks taken from the cache, over those admissions
     evictions: int = 0  # rounds after which the tree held fewer slots than before
@@ -116,6 +127,7 @@ class RadixLoop:
     requests: dict[str, RadixRequest] = field(default_factory=dict)
     reqs: dict[str, Any] = field(default_factory=dict)  # request id -> SGLang Req
     admitted: set[str] = field(default_factory=set)
+    aborted: set[str] = field(default_factory=set)
     _spec_id: dict[int, str] = field(default_factory=dict)
     _batch: Any = None
 
@@ -138,7 +150,8 @@ class RadixLoop:
     # ------------------------------------------------------------------ driving
     def submit(self, request: RadixRequest) -> None:
         """Queue `request` as `handle_generate_request` does."""
-        req = new_request(self.engine, request.request_id, request.prompt, request.max_new_tokens)
+        rid = engine_request_id(request.request_id)
+        req = new_request(self.engine, rid, request.prompt, request.max_new_tokens)
         self._spec_id[id(req)] = request.request_id
         self.requests[request.request_id] = request
         self.reqs[request.request_id] = req
@@ -164,13 +177,41 @@ class RadixLoop:
             self.counts.evictions += 1
         self._check_pool(f"after round {self.counts.rounds}")
 
+    def abort(self, request_id: str) -> None:
+        """Abort `request_id` as SGLang's `abort_request` does (by its engine id, which no other
+        id starts with); nothing for one finished or never submitted."""
+        if request_id not in self.live():
+            return
+        self.counts.aborts += 1
+        self.aborted.add(request_id)
+        s = self.engine.scheduler
+        abort = import_engine()["AbortReq"](rid=engine_request_id(request_id))
+        _call("abort_request", lambda: s.abort_request(abort))
+        self._check_pool(f"after aborting {request_id!r}")
+
     def live(self) -> list[str]:
-        """Requests submitted and not finished."""
-        return [rid for rid, req in self.reqs.items() if not req.finished()]
+        """Requests submitted and not finished: an aborted one while SGLang still holds it
+        somewhere (its queues, the dLLM manager's, the running batch)."""
+        s = self.engine.scheduler
+        manager = s.dllm_manager
+        present = {
+            id(r)
+            for queue in (s.waiting_queue, manager.waiting_queue, manager.staging_queue)
+            for r in queue
+        }
+        present |= {id(r) for r in s.running_batch.reqs}
+        return [
+            rid
+            for rid, req in self.reqs.items()
+            if not req.finished() and (rid not in self.aborted or id(req) in present)
+        ]
 
     def run(self, program: RadixProgram, *, max_rounds: int = 5_000) -> RadixCounts:
-        """Each round's arrivals, then the round; then drain; the end checks."""
-        for arrivals in program.arrivals:
+        """Each round's aborts and arrivals, then the round; then drain; the end checks."""
+        aborts = program.aborts or tuple(() for _ in program.arrivals)
+        for arrivals, ended in zip(program.arrivals, aborts, strict=True):
+            for rid in ended:
+                self.abort(rid)
             for request in arrivals:
                 self.submit(request)
             self.round()
@@ -278,13 +319,16 @@ class RadixLoop:
             raise RadixViolation("no_leak", "drained, but " + "; ".join(problems))
 
     def _check_outputs(self) -> None:
-        """`output_content`: each request's output is its scripted tokens."""
+        """`output_content`: each request's output is its scripted tokens (an aborted one's, a
+        prefix of them)."""
         mask = self.config.mask_token_id
         for rid, request in self.requests.items():
             req = self.reqs[rid]
             n = req.finished_len if req.finished_len is not None else len(req.output_ids)
             got = tuple(int(t) for t in req.output_ids[:n])
             want = expected_output(request, mask)
+            if rid in self.aborted:
+                want = want[: len(got)]
             if got != want:
                 at = next(
                     (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
@@ -314,7 +358,8 @@ def _call(what: str, call: Callable[[], Any]) -> Any:
 def radix_program(seed: int) -> RadixProgram:
     """A random program where the cache matters: a few shared prompt stems, and requests that
     continue an earlier request's output (its prompt plus some of its scripted tokens, so they
-    hit blocks written by denoising); FDFO or sync. The pool holds every running request's
+    hit blocks written by denoising); FDFO or sync; aborts of earlier requests before some
+    rounds. The pool holds every running request's
     whole context (so SGLang's known KV-pressure findings stay out of the way) plus a little:
     the tree's cached blocks fill the rest and are evicted on demand; rows >= seats."""
     rnd = random.Random(seed)
@@ -355,7 +400,15 @@ def radix_program(seed: int) -> RadixProgram:
             step = []
             arrivals.extend(() for _ in range(rnd.randint(0, 6)))
     arrivals.append(tuple(step))
-    return RadixProgram(config, tuple(arrivals))
+    # aborts of earlier requests before some rounds, drawn apart (the rest of the program is
+    # the same with or without them)
+    cut = random.Random(seed * 7919 + 3)
+    seen: list[str] = []
+    aborts: list[tuple[str, ...]] = []
+    for batch in arrivals:
+        aborts.append(tuple(rid for rid in seen if cut.random() < 0.03))
+        seen.extend(r.request_id for r in batch)
+    return RadixProgram(config, tuple(arrivals), tuple(aborts))
 
 
 def _fitting(config: DllmConfig, prompt_len: int, rnd: random.Random) -> int:
