@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = "off" if args.cache_off else "on"
     fixed = f"; fixes {' + '.join(names)}" if names else ""
     print(f"{args.programs} programs (radix cache {cache}{fixed}), {passed} pass")
-    for key in ("rounds", "forwards", "aborts", "hits", "hit_blocks", "evictions"):
+    for key in ("rounds", "forwards", "aborts", "stops", "hits", "hit_blocks", "evictions"):
         print(f"  {key:<10} {totals[key]:>8}")
     for rule, seeds in failures.items():
         print(f"FAIL [{rule}] {len(seeds)} programs, first seeds {seeds[:5]}: {first[rule]}")

@@ -67,11 +67,13 @@ class RadixViolation(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RadixRequest:
-    """A request: its prompt and how many tokens it generates (no EOS)."""
+    """A request: its prompt, how many tokens it generates at most (no EOS), and the token ids
+    that stop it (SGLang's `stop_token_ids`: the first one generated ends it, kept)."""
 
     request_id: str
     prompt: tuple[int, ...]
     max_new_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +100,22 @@ class RadixCounts:
     rounds: int = 0
     forwards: int = 0
     aborts: int = 0  # live requests aborted
+    stops: int = 0  # requests that ended at a stop token before max_new_tokens
     hits: int = 0  # admissions that took at least one block from the cache
     hit_blocks: int = 0  # blocks taken from the cache, over those admissions
     evictions: int = 0  # rounds after which the tree held fewer slots than before
 
 
 def expected_output(request: RadixRequest, mask: int) -> tuple[int, ...]:
-    """The scripted output of `request`: its token at each generated position."""
+    """The scripted output of `request`: its token at each generated position, up to and with
+    the first of its stop tokens."""
     n = len(request.prompt)
-    return tuple(
-        scripted_token(request.request_id, n + i, mask) for i in range(request.max_new_tokens)
-    )
+    out: list[int] = []
+    for i in range(request.max_new_tokens):
+        out.append(scripted_token(request.request_id, n + i, mask))
+        if out[-1] in request.stop_token_ids:
+            break
+    return tuple(out)
 
 
 @dataclass
@@ -151,7 +158,13 @@ class RadixLoop:
     def submit(self, request: RadixRequest) -> None:
         """Queue `request` as `handle_generate_request` does."""
         rid = engine_request_id(request.request_id)
-        req = new_request(self.engine, rid, request.prompt, request.max_new_tokens)
+        req = new_request(
+            self.engine,
+            rid,
+            request.prompt,
+            request.max_new_tokens,
+            stop_token_ids=request.stop_token_ids,
+        )
         self._spec_id[id(req)] = request.request_id
         self.requests[request.request_id] = request
         self.reqs[request.request_id] = req
@@ -327,6 +340,7 @@ class RadixLoop:
             n = req.finished_len if req.finished_len is not None else len(req.output_ids)
             got = tuple(int(t) for t in req.output_ids[:n])
             want = expected_output(request, mask)
+            self.counts.stops += rid not in self.aborted and len(want) < request.max_new_tokens
             if rid in self.aborted:
                 want = want[: len(got)]
             if got != want:
@@ -359,7 +373,7 @@ def radix_program(seed: int) -> RadixProgram:
     """A random program where the cache matters: a few shared prompt stems, and requests that
     continue an earlier request's output (its prompt plus some of its scripted tokens, so they
     hit blocks written by denoising); FDFO or sync; aborts of earlier requests before some
-    rounds. The pool holds every running request's
+    rounds; a stop token for some requests. The pool holds every running request's
     whole context (so SGLang's known KV-pressure findings stay out of the way) plus a little:
     the tree's cached blocks fill the rest and are evicted on demand; rows >= seats."""
     rnd = random.Random(seed)
@@ -391,6 +405,17 @@ def radix_program(seed: int) -> RadixProgram:
             prompt = stem + tuple(rnd.randint(1, 50) for _ in range(rnd.randint(0, b)))
         prompt = prompt[: max_context - 3 * b]
         made.append(RadixRequest(f"r{i}", prompt, _fitting(config, len(prompt), rnd)))
+    # a stop token for some: one of the request's own scripted tokens, drawn apart
+    stopper = random.Random(seed * 7919 + 5)
+    for i, request in enumerate(made):
+        if stopper.random() < 0.3:
+            at = stopper.randrange(request.max_new_tokens)
+            stop = scripted_token(
+                request.request_id, len(request.prompt) + at, config.mask_token_id
+            )
+            made[i] = RadixRequest(
+                request.request_id, request.prompt, request.max_new_tokens, (stop,)
+            )
     arrivals: list[tuple[RadixRequest, ...]] = []
     step: list[RadixRequest] = []
     for request in made:
