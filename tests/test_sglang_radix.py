@@ -36,6 +36,13 @@ from tests.engine_gate import require_engine
 from tests.script_module import load_script
 
 PROGRAMS = 120
+#: Two seats, a pool of 24 blocks of 4; r0 (8 prompt tokens, 8 new) is the request others
+#: continue.
+SMALL = DllmConfig(
+    block_size=4, page_size=4, kv_pages=24, req_pool_rows=2, max_running_requests=2,
+    max_context=40, mode=Mode.FDFO, mask_token_id=0, eos_token_id=None,
+)  # fmt: skip
+R0 = RadixRequest("r0", tuple(range(1, 9)), 8)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -66,13 +73,8 @@ def _runs(
 def test_a_continuation_hits_the_blocks_its_predecessor_denoised() -> None:
     """r1's prompt is r0's prompt and output: admitted after r0 finished, it takes r0's whole
     blocks from the cache, prompt and denoised output alike, and every one is clean."""
-    config = DllmConfig(
-        block_size=4, page_size=4, kv_pages=24, req_pool_rows=2, max_running_requests=2,
-        max_context=40, mode=Mode.FDFO, mask_token_id=0, eos_token_id=None,
-    )  # fmt: skip
-    r0 = RadixRequest("r0", tuple(range(1, 9)), 8)
-    r1 = RadixRequest("r1", r0.prompt + expected_output(r0, 0), 4)
-    program = RadixProgram(config, ((r0,), *((),) * 12, (r1,)))
+    r1 = RadixRequest("r1", R0.prompt + expected_output(R0, 0), 4)
+    program = RadixProgram(SMALL, ((R0,), *((),) * 12, (r1,)))
     counts = check_program(program)
     # all 4 of r1's prompt blocks: r0's 2 prompt blocks and the 2 it denoised (SGLang bounds a
     # match by the committed tokens, and r1's fill adds a mask block after them)
@@ -95,16 +97,11 @@ def test_an_aborted_request_that_shares_a_prefix_leaves_the_cache_whole() -> Non
     """r1 continues r0 and is aborted while it runs on r0's cached blocks: its lock on them is
     released (`no_leak`), its output so far is its own, and r2, with the same prompt, still
     hits them."""
-    config = DllmConfig(
-        block_size=4, page_size=4, kv_pages=24, req_pool_rows=2, max_running_requests=2,
-        max_context=40, mode=Mode.FDFO, mask_token_id=0, eos_token_id=None,
-    )  # fmt: skip
-    r0 = RadixRequest("r0", tuple(range(1, 9)), 8)
-    r1 = RadixRequest("r1", r0.prompt + expected_output(r0, 0), 16)
+    r1 = RadixRequest("r1", R0.prompt + expected_output(R0, 0), 16)
     r2 = RadixRequest("r2", r1.prompt, 4)
-    arrivals = ((r0,), *((),) * 12, (r1,), (), (), (r2,))
+    arrivals = ((R0,), *((),) * 12, (r1,), (), (), (r2,))
     aborts = ((), *((),) * 12, (), (), ("r1",), ())
-    counts = check_program(RadixProgram(config, arrivals, aborts))
+    counts = check_program(RadixProgram(SMALL, arrivals, aborts))
     assert counts.aborts == 1 and counts.hits == 2 and counts.hit_blocks == 8
 
 
