@@ -25,6 +25,7 @@ OUTPUTS = [
     ("probe_overlap", "--json"),
     ("profile_round", "--json"),
     ("repro_vidur_rules", "--json"),
+    ("sglang_radix_check", "--json"),
     ("sglang_vs_reference", "--json"),
     ("soak_engine", "--json"),
     ("vidur_speed", "--json"),
