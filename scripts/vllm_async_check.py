@@ -3,7 +3,7 @@
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
         [--programs-from {random,same-step}] [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
-        [--structured-output [--keyed-drafts] [--late-grammars]]
+        [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -27,7 +27,9 @@ checks each bitmask row it samples under, `grammar_mask`, and the drafts vLLM sc
 such a request, `draft_grammar`); `--keyed-drafts` makes the runner hand back every request's
 latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's hand-off);
 `--late-grammars` compiles each grammar 0-3 engine steps after submission, and one in six not
-at all (`integrations.vllm.structured.LateGrammars`).
+at all (`integrations.vllm.structured.LateGrammars`); `--reasoning` gives each guided request
+1-3 reasoning tokens and a reasoning end before its guided content, with a reasoning parser
+that holds the grammar back until then (`integrations.vllm.structured.reasoner_class`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -86,6 +88,7 @@ COUNTS = (
     "guided_drafts_accepted",
     "deferred",
     "guided_rows",
+    "reasoning_rows",
     "grammar_waits",
     "grammar_errors",
 )
@@ -103,6 +106,7 @@ MEANING = {
     "guided_drafts_accepted": "of the drafts accepted, structured requests'",
     "deferred": "batches sampled after the previous output",
     "guided_rows": "structured requests' tokens sampled under a checked row",
+    "reasoning_rows": "of those, reasoning tokens (row unconstrained)",
     "grammar_waits": "requests left waiting for their grammar, per schedule",
     "grammar_errors": "requests ended with an error (grammar does not compile)",
 }
@@ -159,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "submission, and one in six not at all (the request must end with an error)",
     )
     parser.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="with --structured-output: each guided request reasons 1-3 tokens and ends its "
+        "reasoning before its guided content (a reasoning parser holds the grammar back)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -177,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         structured_output=args.structured_output,
         keyed_drafts=args.keyed_drafts,
         late_grammars=args.late_grammars,
+        reasoning=args.reasoning,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -191,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts += "; structured output" if args.structured_output else ""
     drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
     drafts += " (grammars compiled late)" if args.late_grammars else ""
+    drafts += " (after reasoning)" if args.reasoning else ""
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -215,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "structured_output": args.structured_output,
                 "keyed_drafts": args.keyed_drafts,
                 "late_grammars": args.late_grammars,
+                "reasoning": args.reasoning,
             },
         )
     return 1 if tally.failures else 0

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from integrations.vllm import MANIFEST, core_loop
-from integrations.vllm.adapter import SPACE, RealVllmScheduler
+from integrations.vllm.adapter import SPACE, RealVllmScheduler, load_vllm
 from integrations.vllm.engine_core import (
     CoreProgram,
     CoreRun,
@@ -85,7 +85,7 @@ def test_a_row_allows_the_next_outputs_class_alone(accepted: int) -> None:
     backend = ScriptBackend(torch)
     bitmask = backend.allocate_token_bitmask(2)
     assert allowed_classes(bitmask[1].numpy()) == list(range(GRAMMAR_VOCAB))
-    grammar = backend.compile_grammar(None, ",".join(str(t) for t in range(1, accepted + 3)))
+    grammar = backend.compile_grammar(None, "1:" + ",".join(str(t) for t in range(1, accepted + 3)))
     grammar.accepted = accepted
     grammar.fill_bitmask(bitmask, 1)
     assert allowed_classes(bitmask[1].numpy()) == [token_class(accepted + 1)]
@@ -104,17 +104,17 @@ def test_grammar_rows_name_a_stale_row_and_let_rows_past_the_end_be() -> None:
     output.grammar_bitmask = bitmask.numpy()
     output.num_acceptable_drafts = [1]
     rows = GrammarRows(output)
-    rows.check("r", 5, 1, end=10)
+    rows.check("r", 5, 1, (1, 10))
     with pytest.raises(EngineCoreViolation) as caught:
-        rows.check("r", 6, 1, end=10)
+        rows.check("r", 6, 1, (1, 10))
     assert caught.value.rule == "grammar_mask"
     assert "output 6 under bitmask row 0, which allows class 5" in caught.value.detail
     with pytest.raises(EngineCoreViolation, match=r"allows every token \(unconstrained\)"):
-        rows.check("r", 5, 2, end=10)
-    rows.check("r", 5, 2, end=5)  # output 6 lies past the end
+        rows.check("r", 5, 2, (1, 10))
+    rows.check("r", 5, 2, (1, 5))  # output 6 lies past the end
     assert rows.checked == 3 and rows.limit("r", 2) == 1 and rows.limit("other", 2) == 2
     with pytest.raises(EngineCoreViolation, match="with no bitmask row"):
-        GrammarRows(None).check("r", 1, 1, end=3)
+        GrammarRows(None).check("r", 1, 1, (1, 3))
 
 
 # ---------------------------------------------------------------- the loops
@@ -141,8 +141,9 @@ def test_a_guided_request_defers_its_batch_and_both_loops_agree() -> None:
         replace(DRAFTS, speculative_method="eagle", speculative_tokens=3),
         STAGES,
         replace(STAGES, late_grammars=True),
+        replace(DRAFTS, reasoning=True),
     ],
-    ids=["plain", "drafts", "eagle", "stages", "late"],
+    ids=["plain", "drafts", "eagle", "stages", "late", "reasoning"],
 )
 def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
     options: LoopOptions,
@@ -163,6 +164,9 @@ def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
     assert sum(a.deferred for _, a in runs) > 100
     if options.speculative_tokens:
         assert sum(s.guided_drafts_accepted for s, _ in runs) > 100
+    if options.reasoning:
+        assert sum(a.reasoning_rows for _, a in runs) > 200
+        assert sum(a.guided_rows - a.reasoning_rows for _, a in runs) > 200
     if options.late_grammars:
         assert sum(a.grammar_waits for _, a in runs) > 100
         assert sum(s.grammar_errors for s, _ in runs) > 10
@@ -314,6 +318,13 @@ def _fails_open(sched: Any) -> None:
     sched.get_grammar_bitmask = fill
 
 
+def _reasoning_ignored(sched: Any) -> None:
+    """Seeded bug: the grammar constrains a request from its first output, reasoning or not."""
+    from_start = load_vllm().structured.ConstraintBounds(0, 0)
+    manager = sched.structured_output_manager
+    manager._get_constraint_bounds = lambda request, spec_tokens, *args, **kw: from_start
+
+
 def _drafts_unchecked(sched: Any) -> None:
     """Seeded bug: drafts are not checked against the grammar before they are scheduled."""
     sched.structured_output_manager.validate_tokens = lambda request, tokens: list(tokens)
@@ -325,6 +336,12 @@ SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str, LoopOptions], ...] = (
     (_grammar_never_advanced, "grammar_mask", "which allows class", GUIDED),
     (_fails_open, "grammar_mask", "which allows every token (unconstrained)", STAGES),
     (_drafts_unchecked, "draft_grammar", "which its grammar does not admit", DRAFTS),
+    (
+        _reasoning_ignored,
+        "grammar_mask",
+        "still reasoning (its grammar starts at output",
+        replace(GUIDED, reasoning=True),
+    ),
 )
 
 

@@ -225,6 +225,7 @@ class RealVllmScheduler:
         speculative_tokens: int = 0,
         speculative_method: str = "ngram",
         structured_output: bool = False,
+        reasoning: bool = False,
     ) -> None:
         space.check(config)
         if (
@@ -258,6 +259,13 @@ class RealVllmScheduler:
         self.speculative_tokens = speculative_tokens
         self.speculative_method = speculative_method
         self.structured_output: bool = structured_output
+        if reasoning and not structured_output:
+            raise ConfigError(
+                "reasoning", True, "False without structured_output (no request has a grammar)"
+            )
+        self.reasoning: bool = reasoning
+        #: guided request id -> the output index of its reasoning end (reasoning on)
+        self.reasoning_end_at: dict[str, int] = {}
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
         #: synchronous here); `integrations.vllm.engine_core` sets it to compile later.
         self.compile_grammar: Callable[[Any], None] | None = None
@@ -325,6 +333,8 @@ class RealVllmScheduler:
         _check_lookahead_pool(sched, config)
         if self.structured_output:
             structured.install(sched, v.torch)
+        if self.reasoning:
+            structured.install_reasoner(sched, importlib.import_module("vllm.reasoning"))
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
@@ -379,14 +389,15 @@ class RealVllmScheduler:
             else [UNSHARED_BASE + self.arrivals] * request.prompt_len
         )
         guided = self.structured_output and self.arrivals % 2 == 0
+        # with reasoning: 1-3 reasoning tokens, then the end token, then the guided content
+        end_at = 2 + (self.arrivals // 2) % 3 if guided and self.reasoning else None
+        first, script = guided_script(request, self.arrivals, end_at)
         params = self.v.sampling.SamplingParams(
             max_tokens=request.max_tokens,
             stop_token_ids=[STOP_BASE + self.arrivals],
             ignore_eos=True,
             structured_outputs=(
-                structured.grammar_params(self.v, output_script(request, self.arrivals))
-                if guided
-                else None
+                structured.grammar_params(self.v, script, first) if guided else None
             ),
         )
         req = self.v.request.Request(
@@ -400,6 +411,8 @@ class RealVllmScheduler:
         )
         self.specs[rid] = request
         self.arrival_of[rid] = self.arrivals
+        if end_at is not None:
+            self.reasoning_end_at[rid] = end_at
         self.arrivals += 1
         if guided:  # as `EngineCore.add_request` does before the scheduler sees it
             (self.compile_grammar or self.sched.structured_output_manager.grammar_init)(req)
@@ -589,26 +602,38 @@ class RealVllmScheduler:
 
     def _token(self, rid: str, index: int) -> int:
         """Output token number `index` (1-based) of request `rid`."""
-        return output_token(self.specs[rid], self.arrival_of[rid], index)
+        return output_token(
+            self.specs[rid], self.arrival_of[rid], index, self.reasoning_end_at.get(rid)
+        )
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         return finish_reason_of(self.v, finish_reason)
 
 
-def output_token(request: ArRequest, arrival: int, index: int) -> int:
+def output_token(
+    request: ArRequest, arrival: int, index: int, reasoning_end_at: int | None = None
+) -> int:
     """Output token number `index` (1-based) of `request`, submitted `arrival`-th: its stop
-    token at `stop_after`, else one fixed by the arrival and the index."""
+    token at `stop_after`, else the reasoning end token at `reasoning_end_at`, else one fixed
+    by the arrival and the index."""
     if request.stop_after is not None and index == request.stop_after:
         return STOP_BASE + arrival
+    if index == reasoning_end_at:
+        return structured.REASONING_END
     return OUTPUT_BASE + arrival * (1 << 32) + index
 
 
-def output_script(request: ArRequest, arrival: int) -> list[int]:
-    """`request`'s whole output, tokens 1..end (end: its stop index, else `max_tokens`)."""
+def guided_script(
+    request: ArRequest, arrival: int, reasoning_end_at: int | None = None
+) -> tuple[int, list[int]]:
+    """The outputs `request`'s grammar admits, as (number of the first, tokens): all of them,
+    1..end (end: its stop index, else `max_tokens`), or those after its reasoning end."""
     end = request.max_tokens
     if request.stop_after is not None:
         end = min(end, request.stop_after)
-    return [output_token(request, arrival, i) for i in range(1, end + 1)]
+    first = 1 if reasoning_end_at is None else reasoning_end_at + 1
+    tokens = [output_token(request, arrival, i, reasoning_end_at) for i in range(first, end + 1)]
+    return first, tokens
 
 
 def finish_reason_of(v: VllmModules, finish_reason: Any) -> ArFinishReason:

@@ -100,7 +100,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.speculative import SpeculativeModel
-from integrations.vllm.structured import LateGrammars, script_end
+from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
 
@@ -155,6 +155,7 @@ class CoreRun:
     guided_drafts_accepted: int = 0  # of those, accepted
     deferred: int = 0  # batches sampled only after the previous output (structured output)
     guided_rows: int = 0  # sampled tokens of structured-output requests whose row was checked
+    reasoning_rows: int = 0  # of those, reasoning tokens (their rows unconstrained)
     grammar_waits: int = 0  # requests left waiting for their grammar, per schedule
     grammar_errors: int = 0  # requests ended with an error as their grammar does not compile
 
@@ -165,6 +166,7 @@ class _Counts(LoopCounts):
     stale: int = 0
     deferred: int = 0
     guided_rows: int = 0
+    reasoning_rows: int = 0
     grammar_waits: int = 0
     grammar_errors: int = 0
 
@@ -190,6 +192,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         structured_output: bool = False,
         keyed_drafts: bool = False,
         late_grammars: bool = False,
+        reasoning: bool = False,
         draft_seed: int = 0,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
@@ -202,6 +205,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             speculative_tokens=speculative_tokens,
             speculative_method=speculative_method,
             structured_output=structured_output,
+            reasoning=reasoning,
         )
         if mutate is not None:
             mutate(self.impl.sched)
@@ -366,9 +370,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 req = requests.get(rid)  # None: finished by the output applied before (deferred)
                 if req is not None and req.use_structured_output and not req.is_prefill_chunk:
                     index = req.num_output_tokens + max(req.num_output_placeholders, 1)
-                    rows.check(rid, index, 1, script_end(req))
+                    rows.check(rid, index, 1, script_span(req))
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
         self.n.guided_rows += rows.checked
+        self.n.reasoning_rows += rows.reasoning
         return output
 
     def _grammar(self, out: Any) -> Any:
@@ -462,7 +467,8 @@ class LoopOptions:
     asynchronous loop's model runner hand back every request's latest drafts for a deferred
     batch rather than the last batch's (`SpeculativeModel.take_drafts`); `late_grammars`
     compiles each grammar some engine steps after submission, and one in six not at all
-    (`integrations.vllm.structured.LateGrammars`)."""
+    (`integrations.vllm.structured.LateGrammars`); `reasoning` gives every guided request 1-3
+    reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -472,6 +478,7 @@ class LoopOptions:
     structured_output: bool = False
     keyed_drafts: bool = False
     late_grammars: bool = False
+    reasoning: bool = False
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -494,6 +501,7 @@ class LoopOptions:
             structured_output=self.structured_output,
             keyed_drafts=self.keyed_drafts,
             late_grammars=self.late_grammars,
+            reasoning=self.reasoning,
             # each program its own draws (one seed for all would reject every first draft alike)
             draft_seed=zlib.crc32(repr(program).encode()),
         )

@@ -36,6 +36,7 @@ class GrammarRows:
         self.rows: dict[str, Any] = {}
         self.acceptable: dict[str, int] = {}
         self.checked: int = 0  # rows `check` found right
+        self.reasoning: int = 0  # of those, rows of a reasoning output (unconstrained)
         if grammar_output is None:
             return
         ids = list(grammar_output.structured_output_request_ids)
@@ -50,12 +51,15 @@ class GrammarRows:
         """How many of `drafts` the request may accept: all without a grammar."""
         return min(drafts, self.acceptable.get(rid, drafts))
 
-    def check(self, rid: str, first: int, count: int, end: int) -> None:
+    def check(self, rid: str, first: int, count: int, span: tuple[int, int]) -> None:
         """`grammar_mask`: request `rid` (structured) samples outputs first..first + count - 1
-        from its rows 0..count - 1; each row up to output `end` (its grammar's last token) must
-        allow the class of that output alone, as its grammar stands after the outputs before
-        it. Past `end` the grammar is done and vLLM drops what is sampled (a bonus token past
-        `max_tokens` or the stop token), so those rows may allow anything."""
+        from its rows 0..count - 1; its grammar constrains outputs `span` = (start, end). Each
+        row for an output in the span must allow the class of that output alone, as the grammar
+        stands after the outputs before it; a row for an output before the span (reasoning,
+        which vLLM leaves unconstrained) must allow every token. Past `end` the grammar is done
+        and vLLM drops what is sampled (a bonus token past `max_tokens` or the stop token), so
+        those rows may allow anything."""
+        start, end = span
         count = min(count, end - first + 1)
         if count <= 0:
             return
@@ -74,13 +78,24 @@ class GrammarRows:
                     f"{rid!r} samples output {index} at row {j} of its {len(rows)} bitmask rows",
                 )
             allowed = allowed_classes(rows[j])
+            if index < start:
+                if len(allowed) != GRAMMAR_VOCAB:
+                    raise EngineCoreViolation(
+                        "grammar_mask",
+                        f"{rid!r} samples output {index}, still reasoning (its grammar starts "
+                        f"at output {start}), under bitmask row {j}, which allows "
+                        f"{_describe(allowed)}; a reasoning row allows every token",
+                    )
+                self.checked += 1
+                self.reasoning += 1
+                continue
             want = token_class(index)
             if allowed != [want]:
                 raise EngineCoreViolation(
                     "grammar_mask",
                     f"{rid!r} samples output {index} under bitmask row {j}, which allows "
-                    f"{_describe(allowed)}; its grammar after {index - 1} outputs allows class "
-                    f"{want} alone{_state_of(allowed)}",
+                    f"{_describe(allowed)}; its grammar after {index - start} outputs allows "
+                    f"class {want} alone{_state_of(allowed)}",
                 )
             self.checked += 1
 
@@ -94,11 +109,10 @@ def _describe(allowed: list[int]) -> str:
 
 
 def _state_of(allowed: list[int]) -> str:
-    """Which grammar state a one-class row belongs to (the outputs it had accepted)."""
+    """Which output a one-class row is the row of."""
     if len(allowed) != 1:
         return ""
-    before = (allowed[0] - 1) % GRAMMAR_VOCAB
-    return f" (the row of the grammar after {before} outputs, mod {GRAMMAR_VOCAB})"
+    return f" (the row for output {allowed[0]}, mod {GRAMMAR_VOCAB})"
 
 
 __all__ = ["GrammarRows", "allowed_classes"]

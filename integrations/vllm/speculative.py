@@ -62,7 +62,7 @@ from typing import Any
 from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.grammar_rows import GrammarRows
-from integrations.vllm.structured import script_end
+from integrations.vllm.structured import REASONING_END, script_span
 
 #: The probability that a draft is the request's true next token.
 DRAFT_RIGHT = 0.6
@@ -178,7 +178,7 @@ class SpeculativeModel:
                     "were to be sure not to use them)",
                 )
             if req.use_structured_output:
-                self._check_grammar_drafts(rid, base, drafts)
+                self._check_grammar_drafts(rid, base, drafts, script_span(req)[0])
             if rid in self.decoding:
                 # a decode writes the last sampled token (output `base`) and its drafts
                 position = req.num_prompt_tokens + base - 1
@@ -201,7 +201,7 @@ class SpeculativeModel:
                 self.decoding.add(rid)
                 valid[rid] = (starts[rid], n - len(drafts))
             if req.use_structured_output:
-                (rows or GrammarRows(None)).check(rid, base + 1, accepted + 1, script_end(req))
+                (rows or GrammarRows(None)).check(rid, base + 1, accepted + 1, script_span(req))
             sampled.append([self.token(rid, base + 1 + j) for j in range(accepted + 1)])
             self.produced[rid] = base + accepted + 1
             if drafts:
@@ -223,14 +223,19 @@ class SpeculativeModel:
         )
         return output, valid
 
-    def _check_grammar_drafts(self, rid: str, base: int, drafts: list[int]) -> None:
+    def _check_grammar_drafts(self, rid: str, base: int, drafts: list[int], start: int) -> None:
         """`draft_grammar`: the drafts vLLM schedules for a structured-output request, up to
         the first -1 (a draft it found invalid, or a placeholder it never checked), are ones
-        its grammar admits: with `integrations.vllm.structured`'s grammar, its true next
-        tokens."""
+        its grammar admits once its reasoning has ended (grammar from output `start` on; by
+        the outputs so far, or by a reasoning end among the drafts): with
+        `integrations.vllm.structured`'s grammar, its true next tokens."""
+        ended = start == 1 or base >= start - 1
         for j, draft in enumerate(drafts):
             if draft == -1:
                 return
+            if not ended:
+                ended = draft == REASONING_END
+                continue
             if draft != self.token(rid, base + 1 + j):
                 raise EngineCoreViolation(
                     "draft_grammar",

@@ -53,10 +53,13 @@ def token_class(index: int) -> int:
 
 class ScriptGrammar:
     """vLLM's `StructuredOutputGrammar` contract over one token script: after n accepted tokens
-    it admits `script[n]` alone, and nothing once the script is done (terminated)."""
+    it admits `script[n]` alone, and nothing once the script is done (terminated). The script
+    is the request's outputs `first`, `first` + 1, ... (`first` > 1 after a reasoning part,
+    which the grammar does not see)."""
 
-    def __init__(self, script: Sequence[int]) -> None:
+    def __init__(self, script: Sequence[int], first: int = 1) -> None:
         self.script: tuple[int, ...] = tuple(script)
+        self.first: int = first
         self.accepted: int = 0
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
@@ -87,7 +90,7 @@ class ScriptGrammar:
         alone (vLLM fills a terminated grammar's row itself)."""
         row = bitmask[batch_index]
         row.fill_(0)
-        cls = token_class(self.accepted + 1)
+        cls = token_class(self.first + self.accepted)
         row[cls // 32] = _signed(1 << (cls % 32))
 
     def is_terminated(self) -> bool:
@@ -101,7 +104,8 @@ class ScriptGrammar:
 
 class ScriptBackend:
     """vLLM's `StructuredOutputBackend` contract for `ScriptGrammar`: the grammar text is the
-    request's token script, comma-separated; bitmasks are int32 tensors of `_WORDS` words."""
+    output index of the script's first token and the script, "first:t1,t2,..."; bitmasks are
+    int32 tensors of `_WORDS` words."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -109,8 +113,9 @@ class ScriptBackend:
     def compile_grammar(
         self, request_type: Any, grammar_spec: str, stop_token_ids: Any = None
     ) -> ScriptGrammar:
-        """The grammar of script `grammar_spec` ("t1,t2,...")."""
-        return ScriptGrammar([int(t) for t in grammar_spec.split(",") if t])
+        """The grammar of `grammar_spec` ("first:t1,t2,...")."""
+        first, _, script = grammar_spec.partition(":")
+        return ScriptGrammar([int(t) for t in script.split(",") if t], int(first))
 
     def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
         """`max_num_seqs` rows, all allowed."""
@@ -130,9 +135,11 @@ def install(sched: Any, torch: Any) -> None:
     manager._use_async_grammar_compilation = False
 
 
-def grammar_params(v: Any, script: Sequence[int]) -> Any:
-    """vLLM's `StructuredOutputsParams` for a request whose grammar is `script`."""
-    params = v.sampling.StructuredOutputsParams(grammar=",".join(str(t) for t in script))
+def grammar_params(v: Any, script: Sequence[int], first: int = 1) -> Any:
+    """vLLM's `StructuredOutputsParams` for a request whose grammar is `script`, its outputs
+    from number `first` on."""
+    text = f"{first}:" + ",".join(str(t) for t in script)
+    params = v.sampling.StructuredOutputsParams(grammar=text)
     params._backend = BACKEND
     return params
 
@@ -186,12 +193,52 @@ class LateGrammars:
                 future.set_result(backend.compile_grammar(*key))
 
 
-def script_end(request: Any) -> int:
-    """The number of tokens vLLM request `request`'s `ScriptGrammar` admits (its last output)."""
+def script_span(request: Any) -> tuple[int, int]:
+    """The outputs vLLM request `request`'s `ScriptGrammar` constrains: (first, last)."""
     grammar = request.structured_output_request.grammar
     if not isinstance(grammar, ScriptGrammar):
         raise TypeError(f"{request.request_id!r} has no ScriptGrammar (got {grammar!r})")
-    return len(grammar.script)
+    return grammar.first, grammar.first + len(grammar.script) - 1
+
+
+#: The token that ends a guided request's reasoning (`ScriptReasoner`), when reasoning is on:
+#: above every token of `integrations.vllm.adapter` and below the speculative model's wrong
+#: drafts.
+REASONING_END = 1 << 50
+
+
+def reasoner_class(base: Any) -> Any:
+    """A vLLM `ReasoningParser` (subclass of `base`) whose reasoning ends with the token
+    `REASONING_END`, as a parser such as DeepSeek-R1's ends it with `</think>`: no tokenizer
+    needed."""
+
+    class ScriptReasoner(base):  # type: ignore[misc]
+        def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+            return REASONING_END in input_ids
+
+        def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Any) -> bool:
+            return REASONING_END in list(delta_ids)
+
+        def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+            ids = list(input_ids)
+            return ids[ids.index(REASONING_END) + 1 :] if REASONING_END in ids else []
+
+        def extract_reasoning(self, model_output: str, request: Any) -> Any:
+            return None, model_output
+
+        def extract_reasoning_streaming(self, *args: Any, **kwargs: Any) -> Any:
+            return None
+
+    return ScriptReasoner
+
+
+def install_reasoner(sched: Any, v_reasoning: Any) -> None:
+    """Make `sched`'s structured-output manager hold back a guided request's grammar until its
+    reasoning ends (`ScriptReasoner`; vLLM sets `reasoner_cls` from `--reasoning-parser`, and
+    builds each request's parser with the tokenizer, which this one does not use)."""
+    manager = sched.structured_output_manager
+    manager.reasoner_cls = reasoner_class(v_reasoning.ReasoningParser)
+    manager.tokenizer = None
 
 
 def _signed(word: int) -> int:
@@ -202,11 +249,14 @@ def _signed(word: int) -> int:
 __all__ = [
     "BACKEND",
     "GRAMMAR_VOCAB",
+    "REASONING_END",
     "LateGrammars",
     "ScriptBackend",
     "ScriptGrammar",
     "grammar_params",
     "install",
-    "script_end",
+    "install_reasoner",
+    "reasoner_class",
+    "script_span",
     "token_class",
 ]
