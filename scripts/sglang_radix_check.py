@@ -2,14 +2,15 @@
 generated programs.
 
     .venv/bin/python scripts/sglang_radix_check.py --programs 300 [--fix NAME ...] [--all-fixes]
-        [--cache-off] [--json FILE]
+        [--cache-off] [--pressure] [--json FILE]
 
 Runs each program (seeds 0..N-1, `integrations.sglang.radix_check.radix_program`) through
 SGLang's real scheduler and worker with the block-level radix cache on, and checks by outcome
 (`integrations.sglang.radix_check`: output content, clean cache hits, pool accounting, no leak,
 progress); prints the failures (rule, first seeds and message) and how often the cache was hit.
 `--fix` applies SGLang fixes of `integrations.sglang.fixes` (repeatable; `--all-fixes`: the
-five); `--cache-off` runs the same programs with the cache disabled (the control). Exit 1 if a
+five); `--cache-off` runs the same programs with the cache disabled (the control);
+`--pressure` shrinks the pool below what every running request can claim. Exit 1 if a
 program failed. Needs `schedspec install-engines sglang`.
 """
 
@@ -46,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cache-off", action="store_true", help="run with the radix cache disabled (the control)"
     )
     parser.add_argument(
+        "--pressure",
+        action="store_true",
+        help="a pool between one request's context and every running request's (KV pressure)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -60,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sglang_fixed(names) if names else contextlib.nullcontext():
         for seed in range(args.programs):
             try:
-                counts = check_program(radix_program(seed), radix_cache=not args.cache_off)
+                program = radix_program(seed, pressure=args.pressure)
+                counts = check_program(program, radix_cache=not args.cache_off)
             except RadixViolation as err:
                 failures.setdefault(err.rule, []).append(seed)
                 first.setdefault(err.rule, err.detail)
@@ -70,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed = args.programs - sum(map(len, failures.values()))
     cache = "off" if args.cache_off else "on"
     fixed = f"; fixes {' + '.join(names)}" if names else ""
+    fixed += "; KV pressure" if args.pressure else ""
     print(f"{args.programs} programs (radix cache {cache}{fixed}), {passed} pass")
     for key in ("rounds", "forwards", "aborts", "stops", "hits", "hit_blocks", "evictions"):
         print(f"  {key:<10} {totals[key]:>8}")
@@ -82,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "programs": args.programs,
                 "radix_cache": not args.cache_off,
+                "pressure": args.pressure,
                 "fixes": names,
                 "passed": passed,
                 "failures": {r: {"seeds": s, "first": first[r]} for r, s in failures.items()},

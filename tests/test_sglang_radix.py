@@ -110,6 +110,16 @@ def test_a_radix_program_needs_one_abort_tuple_per_round() -> None:
         RadixProgram(DllmConfig(), ((), ()), ((),))
 
 
+def test_under_kv_pressure_the_five_fixes_pass_with_the_cache_on() -> None:
+    """With a pool below what every running request can claim the tree evicts often, and the
+    five fixes (ours, the reserve fix counting evictable blocks) keep every program passing."""
+    runs: list[RadixCounts] = []
+    with sglang_fixed(FIX_NAMES):
+        for seed in range(PROGRAMS):
+            runs.append(check_program(radix_program(seed, pressure=True)))
+    assert sum(c.evictions for c in runs) > 30 and sum(c.hits for c in runs) > 200
+
+
 def test_released_sglang_fails_only_its_known_ragged_row_crash() -> None:
     """Released, a few programs crash on a batch row that is not a whole block (the known
     finding `whole-staged-blocks` fixes); with that fix alone, every program passes."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from integrations.sglang.adapter import engine_request_id
@@ -369,11 +369,13 @@ def _call(what: str, call: Callable[[], Any]) -> Any:
         ) from err
 
 
-def radix_program(seed: int) -> RadixProgram:
+def radix_program(seed: int, *, pressure: bool = False) -> RadixProgram:
     """A random program where the cache matters: a few shared prompt stems, and requests that
     continue an earlier request's output (its prompt plus some of its scripted tokens, so they
     hit blocks written by denoising); FDFO or sync; aborts of earlier requests before some
-    rounds; a stop token for some requests. The pool holds every running request's
+    rounds; a stop token for some requests. With `pressure` the pool is redrawn between one
+    request's whole context and every running request's (SGLang's known KV-pressure findings
+    then bind, unless fixed). The pool holds every running request's
     whole context (so SGLang's known KV-pressure findings stay out of the way) plus a little:
     the tree's cached blocks fill the rest and are evicted on demand; rows >= seats."""
     rnd = random.Random(seed)
@@ -433,6 +435,10 @@ def radix_program(seed: int) -> RadixProgram:
     for batch in arrivals:
         aborts.append(tuple(rid for rid in seen if cut.random() < 0.03))
         seen.extend(r.request_id for r in batch)
+    if pressure:
+        per = max_context // b + 1
+        squeeze = random.Random(seed + 99)
+        config = replace(config, kv_pages=squeeze.randint(per, max(per, seats * per)))
     return RadixProgram(config, tuple(arrivals), tuple(aborts))
 
 
