@@ -120,6 +120,24 @@ def test_under_kv_pressure_the_five_fixes_pass_with_the_cache_on() -> None:
     assert sum(c.evictions for c in runs) > 30 and sum(c.hits for c in runs) > 200
 
 
+def test_under_kv_pressure_released_sglang_corrupts_the_cache() -> None:
+    """Seed 104 under pressure: r4, refused earlier, keeps its prefix match without a lock; the
+    allocation for it evicts those pages and it reinserts them as it finishes, so the tree
+    holds pages the allocator has free (`pool_accounting`). The refused-request fix, which
+    restores what `init_next_round_input` changed, removes it (alone it stalls this program,
+    as it does without the other four); the five fixes serve it."""
+    program = radix_program(104, pressure=True)
+    with pytest.raises(RadixViolation) as caught:
+        check_program(program)
+    assert caught.value.rule == "pool_accounting"
+    assert "the tree holds slots [10, 11, 12, 13] that are free" in caught.value.detail
+    with sglang_fixed(["refused-stays-incoming"]), pytest.raises(RadixViolation) as alone:
+        check_program(program)
+    assert alone.value.rule == "progress"
+    with sglang_fixed(FIX_NAMES):
+        check_program(program)
+
+
 def test_released_sglang_fails_only_its_known_ragged_row_crash() -> None:
     """Released, a few programs crash on a batch row that is not a whole block (the known
     finding `whole-staged-blocks` fixes); with that fix alone, every program passes."""
