@@ -362,6 +362,20 @@ def test_the_grammar_checks_catch_each_seeded_bug(
     assert seen[rule].startswith(f"[{rule}] async loop: ") and words in seen[rule], seen[rule]
 
 
+def test_a_runner_that_ignores_the_acceptable_drafts_fails_open_with_one_stage() -> None:
+    """vLLM's V1 model runner never reads `num_acceptable_drafts` (what `_fails_open` seeds):
+    even with one stage a guided request's drafts can go unchecked, and such a runner samples
+    a guided token from an unconstrained row."""
+    seen = first_violations(
+        400,
+        lambda seed: run_loop(
+            core_program(seed), async_scheduling=True, options=replace(DRAFTS, mutate=_fails_open)
+        ),
+        until="grammar_mask",
+    )
+    assert "which allows every token (unconstrained)" in seen["grammar_mask"], seen
+
+
 # ---------------------------------------------------------------- the script
 def test_the_async_check_script_reproduces_the_finding(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
