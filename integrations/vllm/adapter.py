@@ -592,8 +592,7 @@ class RealVllmScheduler:
             if req is None or req.is_prefill_chunk:
                 sampled.append([])
                 continue
-            index = req.num_output_tokens + max(req.num_output_placeholders, 1)
-            sampled.append([self._token(rid, index)])
+            sampled.append([self._token(rid, next_output_index(req))])
         return self.v.outputs.ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
@@ -608,6 +607,13 @@ class RealVllmScheduler:
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         return finish_reason_of(self.v, finish_reason)
+
+
+def next_output_index(req: Any) -> int:
+    """The number (1-based) of the output vLLM request `req` samples in the batch just
+    scheduled: after its outputs, and under async scheduling after those still in flight
+    (`num_output_placeholders`, this step's included; synchronously there are none)."""
+    return int(req.num_output_tokens + max(req.num_output_placeholders, 1))
 
 
 def output_token(

@@ -80,7 +80,13 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
-from integrations.vllm.adapter import SPACE, SPACE_PREFIX, RealVllmScheduler, block_tables
+from integrations.vllm.adapter import (
+    SPACE,
+    SPACE_PREFIX,
+    RealVllmScheduler,
+    block_tables,
+    next_output_index,
+)
 from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import (
     ABORTED,
@@ -369,8 +375,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             for rid in out.num_scheduled_tokens:
                 req = requests.get(rid)  # None: finished by the output applied before (deferred)
                 if req is not None and req.use_structured_output and not req.is_prefill_chunk:
-                    index = req.num_output_tokens + max(req.num_output_placeholders, 1)
-                    rows.check(rid, index, 1, script_span(req))
+                    rows.check(rid, next_output_index(req), 1, script_span(req))
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
         self.n.guided_rows += rows.checked
         self.n.reasoning_rows += rows.reasoning
