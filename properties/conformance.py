@@ -54,6 +54,7 @@ def conformance_machine(
     golden: bool = True,
     twin: DecisionTwin | None = None,
     twin_profile: DllmProfile | None = None,
+    prompt_strategy: st.SearchStrategy[tuple[int, ...]] | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s implementation against the spec.
 
@@ -69,9 +70,11 @@ def conformance_machine(
         the example's operations run through it and must admit and forward exactly as the
         implementation did (rule `twin_decisions`); it is checked against the spec under
         `twin_profile` (default: `profile`).
+    prompt_strategy: the prompts drawn (default `prompts(20)`; `shared_stem_prompts(20)` for
+        an implementation with a prefix cache, so that requests share prefixes).
     """
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
-    prompt = prompts(20)
+    prompt = prompts(20) if prompt_strategy is None else prompt_strategy
     new_tokens = st.integers(1, 20)
     # for an implementation that takes the option: ignore_eos on a quarter of the requests,
     # stop token ids on half (`stop_token_id_sets`); nothing drawn otherwise

@@ -90,6 +90,21 @@ def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
     return (st.lists(tokens, min_size=1, max_size=max_len) | short).map(tuple)
 
 
+def shared_stem_prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Prompts that often share a prefix, for a prefix cache to hit: two times in three one of
+    two fixed stems of 8 tokens (they share their first 4) cut to a random length and followed
+    by a random tail, else a prompt of `prompts(max_len)`; at most `max_len` tokens."""
+    stems = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 10, 11, 12))
+    tokens = st.integers(0, VOCAB - 1)
+    stemmed = st.builds(
+        lambda stem, cut, tail: (stem[:cut] + tuple(tail))[:max_len] or stem[:1],
+        st.sampled_from(stems),
+        st.integers(1, 8),
+        st.lists(tokens, max_size=max(0, max_len - 1)),
+    )
+    return st.one_of(stemmed, stemmed, prompts(max_len))
+
+
 def stop_token_id_sets() -> st.SearchStrategy[tuple[int, ...]]:
     """A request's `stop_token_ids`: none half the time, else one or two distinct ids other
     than the EOS (with 16 ids, a generated token is one of them one time in eight or sixteen,

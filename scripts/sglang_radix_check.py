@@ -2,12 +2,14 @@
 generated programs.
 
     .venv/bin/python scripts/sglang_radix_check.py --programs 300 [--fix NAME ...] [--all-fixes]
-        [--cache-off] [--pressure] [--json FILE]
+        [--cache-off] [--pressure] [--no-spec] [--json FILE]
 
 Runs each program (seeds 0..N-1, `integrations.sglang.radix_check.radix_program`) through
 SGLang's real scheduler and worker with the block-level radix cache on, and checks by outcome
 (`integrations.sglang.radix_check`: output content, clean cache hits, pool accounting, no leak,
-progress); prints the failures (rule, first seeds and message) and how often the cache was hit.
+progress) and, unless `--no-spec`, the run's event log (`SglangEventLog`) against the dLLM
+spec with its prefix cache (`spec:<rule>`); prints the failures (rule, first seeds and
+message), how often the cache was hit and the log's cache events.
 `--fix` applies SGLang fixes of `integrations.sglang.fixes` (repeatable; `--all-fixes`: the
 five); `--cache-off` runs the same programs with the cache disabled (the control);
 `--pressure` shrinks the pool below what every running request can claim. Exit 1 if a
@@ -31,6 +33,19 @@ from integrations.sglang.fixes import FIX_NAMES, SGLANG_FIXES, sglang_fixed
 from integrations.sglang.radix_check import RadixViolation, check_program, radix_program
 from schedspec_cli.output import output_file, write_json
 
+COUNTS = (
+    "rounds",
+    "forwards",
+    "aborts",
+    "stops",
+    "hits",
+    "hit_blocks",
+    "evictions",
+    "log_cached",
+    "log_hits",
+    "log_evicted",
+)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/sglang_radix_check.py")
@@ -52,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a pool between one request's context and every running request's (KV pressure)",
     )
     parser.add_argument(
+        "--no-spec",
+        action="store_true",
+        help="check by outcome only (no event log, no spec)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -67,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in range(args.programs):
             try:
                 program = radix_program(seed, pressure=args.pressure)
-                counts = check_program(program, radix_cache=not args.cache_off)
+                counts = check_program(
+                    program, radix_cache=not args.cache_off, spec=not args.no_spec
+                )
             except RadixViolation as err:
                 failures.setdefault(err.rule, []).append(seed)
                 first.setdefault(err.rule, err.detail)
@@ -78,9 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = "off" if args.cache_off else "on"
     fixed = f"; fixes {' + '.join(names)}" if names else ""
     fixed += "; KV pressure" if args.pressure else ""
+    fixed += "; by outcome only" if args.no_spec else "; event logs checked by the spec"
     print(f"{args.programs} programs (radix cache {cache}{fixed}), {passed} pass")
-    for key in ("rounds", "forwards", "aborts", "stops", "hits", "hit_blocks", "evictions"):
-        print(f"  {key:<10} {totals[key]:>8}")
+    for key in COUNTS:
+        print(f"  {key:<12} {totals[key]:>8}")
     for rule, seeds in failures.items():
         print(f"FAIL [{rule}] {len(seeds)} programs, first seeds {seeds[:5]}: {first[rule]}")
     print(f"({elapsed:.1f} s)")
@@ -91,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs": args.programs,
                 "radix_cache": not args.cache_off,
                 "pressure": args.pressure,
+                "spec": not args.no_spec,
                 "fixes": names,
                 "passed": passed,
                 "failures": {r: {"seeds": s, "first": first[r]} for r, s in failures.items()},

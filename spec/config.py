@@ -96,6 +96,12 @@ class DllmConfig:
     Token conventions:
         mask_token_id: the id of the mask token in block contents.
         eos_token_id: the end-of-sequence id; None disables EOS finishing.
+    Prefix cache:
+        prefix_cache: committed blocks may be kept in a cache keyed by content (a request's
+            tokens from position 0 through the block's end) and read by requests whose tokens
+            start the same (SGLang's radix cache, on for dLLMs unless `--disable-radix-cache`;
+            events `KvCached`, `CacheHit`, `CacheReleased`, `CacheEvicted`). Cached slots are
+            neither free nor owned by a request; an unread cached block may be evicted.
     """
 
     block_size: int = 4
@@ -109,6 +115,7 @@ class DllmConfig:
     reloop: bool = False
     mask_token_id: int = -1
     eos_token_id: int | None = None
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "page_size", "req_pool_rows"):
@@ -133,7 +140,7 @@ class DllmConfig:
             )
         if not isinstance(self.mode, Mode):
             object.__setattr__(self, "mode", Mode.parse(self.mode))
-        for name in ("in_place_reuse", "reloop"):
+        for name in ("in_place_reuse", "reloop", "prefix_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "must be True or False")
         if self.mode is Mode.SYNC and self.in_place_reuse:
@@ -204,9 +211,14 @@ class DllmConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def solo_sync(self) -> DllmConfig:
-        """The batch-size-1 synchronous configuration that defines a request's parity output."""
+        """The batch-size-1 synchronous configuration that defines a request's parity output
+        (without a prefix cache: a hit reads KV the request would compute itself)."""
         return self.replace(
-            mode=Mode.SYNC, max_running_requests=1, in_place_reuse=False, reloop=False
+            mode=Mode.SYNC,
+            max_running_requests=1,
+            in_place_reuse=False,
+            reloop=False,
+            prefix_cache=False,
         )
 
 

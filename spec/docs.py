@@ -66,6 +66,18 @@ Modelling choices (stated so they can be argued with):
   claim), so a scheduler that reserves a request's whole footprint at admission conforms.
 - An implementation raising `SchedulerStalled` from drain breaks `progress`; any other exception
   that the contract does not allow breaks `implementation_error` (a finding, not a crash).
+- With `DllmConfig.prefix_cache` (SGLang's radix cache) a committed block's KV can outlive its
+  request: `KvCached` hands a block a request owns whole to the cache, keyed by the request's
+  tokens from position 0 through the block's end (its KV depends on every token before it and
+  on the whole block), and the request keeps reading it. `CacheHit` makes a request read a
+  cached block with exactly its own key: its next block (which is then committed without a
+  forward, and must lie wholly inside its prompt) or a committed block whose own copy it then
+  frees (SGLang's insert of a block the tree already holds). `CacheReleased` ends a read;
+  `CacheEvicted` frees whole blocks no request reads. Cached slots are neither free nor owned,
+  so an allocation must not take them before their eviction. Under PREFILL_FIRST the first
+  block a request computes after cache hits in its round counts as prefill (SGLang classifies
+  an incoming request by its prompt length, before the match). The Z3 layer does not encode
+  the cache (every cache event is disabled there, as without the option).
 
 ## Event order within a round
 
@@ -85,6 +97,13 @@ views taken before and after each call) must report them in this order:
    `RowReleased`, `Finished`; FDFO without reuse: `KvFreed` of each unfinished block. In an
    engine step: while it processes the step's results — take a pool view before each
    `Finished` and before `ControlReturned` and `reconstruct` the frees.
+
+With a prefix cache, `CacheHit` for a request's next blocks comes after its `Admitted` and
+before its `KvAllocated` (scheduler phase); `KvCached`, a swap's `CacheHit`, `CacheReleased` and
+`CacheEvicted` are not tied to a phase (an engine caches, dedupes and evicts as it
+allocates and as it processes results), a request's reads released before its `Finished` /
+`Aborted`. `spec.reconstruct` derives them from views that
+also carry the cache's slots (`PoolView.cached`) and each block's reads (`PoolView.reads`).
 5. **End.** `ControlReturned(round_index)`: control is back with the scheduler.
 
 Rules tied to the order: admissions, allocations and row acquisitions after the first forward

@@ -9,6 +9,11 @@ A scheduler round is the run of events up to and including `ControlReturned`:
     end               ControlReturned
 
 `Submitted` and `Aborted` (with the frees it causes) happen between rounds.
+
+With a prefix cache (`DllmConfig.prefix_cache`, SGLang's radix cache) four more kinds say what
+moves between requests and the cache: `KvCached` (a committed block's slots enter the cache),
+`CacheHit` (a request reads a cached block as one of its own), `CacheReleased` (it stops
+reading it) and `CacheEvicted` (unread cached blocks go back to the free pool).
 """
 
 from __future__ import annotations
@@ -104,6 +109,53 @@ class KvFreed:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCached:
+    """Prefix cache: the request's committed block `block_index`, whose `slots` it owned, now
+    belongs to the cache, keyed by the request's tokens from position 0 through the block's
+    end; the request keeps reading it (a reference, dropped with `CacheReleased`)."""
+
+    kind: ClassVar[str] = "kv_cached"
+    request_id: str
+    block_index: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """Prefix cache: the request reads the cached block in `slots` (block_size of them, in
+    position order) as its block `block_index`; the cached content is its own tokens through
+    that block. A hit on its next block (`block_index` = blocks committed, before the round's
+    first forward, the block wholly inside the prompt) commits that block without a forward;
+    a hit on a block it already committed swaps its own copy for the cached one (it then frees
+    its own slots: SGLang's insert of a block the tree already holds)."""
+
+    kind: ClassVar[str] = "cache_hit"
+    request_id: str
+    block_index: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReleased:
+    """Prefix cache: the request stopped reading the cached block in `slots` (its block
+    `block_index`); the block stays cached."""
+
+    kind: ClassVar[str] = "cache_released"
+    request_id: str
+    block_index: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvicted:
+    """Prefix cache: the cached blocks in `slots` (whole blocks, none read by a request) left
+    the cache; their slots are free."""
+
+    kind: ClassVar[str] = "cache_evicted"
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardRow:
     """One row of a forward: a whole block of one request.
 
@@ -193,6 +245,10 @@ Event = (
     | Finished
     | Aborted
     | ControlReturned
+    | KvCached
+    | CacheHit
+    | CacheReleased
+    | CacheEvicted
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -208,6 +264,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Finished,
     Aborted,
     ControlReturned,
+    KvCached,
+    CacheHit,
+    CacheReleased,
+    CacheEvicted,
 )
 
 EVENT_BY_KIND: dict[str, type[Event]] = {t.kind: t for t in EVENT_TYPES}

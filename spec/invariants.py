@@ -23,10 +23,15 @@ Invariant = Callable[[AbstractState], str | None]
 
 
 def no_leak(s: AbstractState) -> str | None:
-    """free + owned = total; every owned slot belongs to a live block of an active request."""
+    """free + owned + cached = total; every owned slot belongs to a live block of an active
+    request."""
     total = s.config.kv_slots
-    if len(s.free_slots) + len(s.slot_owners) != total:
-        return f"free {len(s.free_slots)} + owned {len(s.slot_owners)} != total {total}"
+    cached = s.cached_slots
+    if len(s.free_slots) + len(s.slot_owners) + len(cached) != total:
+        return (
+            f"free {len(s.free_slots)} + owned {len(s.slot_owners)} + cached {len(cached)} "
+            f"!= total {total}"
+        )
     for slot, (rid, block) in s.slot_owners.items():
         if not 0 <= slot < total:
             return f"slot {slot} outside the pool"
@@ -40,7 +45,7 @@ def no_leak(s: AbstractState) -> str | None:
 
 
 def terminal_owns_nothing(s: AbstractState) -> str | None:
-    """Finished or aborted requests own no slot and no row."""
+    """Finished or aborted requests own no slot, hold no row and read no cached block."""
     owners = {rid for rid, _ in s.slot_owners.values()}
     for rid, r in s.requests.items():
         if r.phase in TERMINAL_PHASES:
@@ -48,6 +53,8 @@ def terminal_owns_nothing(s: AbstractState) -> str | None:
                 return f"{r.phase.value} request {rid!r} owns KV slots"
             if r.row is not None or rid in s.rows.values():
                 return f"{r.phase.value} request {rid!r} holds a row"
+            if r.cache_reads or any(reader[0] == rid for c in s.cache for reader in c.readers):
+                return f"{r.phase.value} request {rid!r} reads cached blocks"
     return None
 
 

@@ -25,12 +25,16 @@ from spec.events import (
     Aborted,
     Admitted,
     BlockCommitted,
+    CacheEvicted,
+    CacheHit,
+    CacheReleased,
     ControlReturned,
     Event,
     Finished,
     FinishReason,
     Forward,
     KvAllocated,
+    KvCached,
     KvFreed,
     RowAcquired,
     RowReleased,
@@ -48,6 +52,7 @@ from spec.lifecycles import (
     RequestPhase,
 )
 from spec.machine_base import MachineBase
+from spec.prefix_cache import CacheEntry, CacheRefused, PrefixCache, first_difference
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.rules import Rule
 from spec.snapshot import FinishedOutput, Snapshot
@@ -90,6 +95,8 @@ class _Request:
     ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
     stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
     priority: int = 0  # its queue order under `DllmPolicy.priority_order` (`Submitted.priority`)
+    reads: dict[int, CacheEntry] = field(default_factory=dict)  # block -> cached block it reads
+    hit_round: int | None = None  # the round of its latest hit on its next block
 
 
 @dataclass(slots=True)
@@ -246,6 +253,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, SlotOwner] = {}
         self._rows: dict[int, str] = {}
+        self._cache = PrefixCache()  # empty unless config.prefix_cache
         # Indexes kept in step with the tables above, so every guard and the incremental
         # invariant check cost what an event touches, not the size of the whole state.
         self._running: dict[str, _Request] = {}  # active (admitted or running), admission order
@@ -268,6 +276,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             requests=reqs,
             slot_owners=dict(self._owner),
             rows=dict(self._rows),
+            cache=self._cache.blocks(),
             round=RoundState(
                 index=rnd.index,
                 forwards=rnd.forwards,
@@ -299,6 +308,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             ignore_eos=r.ignore_eos,
             stop_token_ids=r.stop_token_ids,
             priority=r.priority,
+            cache_reads={k: entry.slots for k, entry in r.reads.items()},
         )
 
     def render(self) -> str:
@@ -510,6 +520,13 @@ class SpecMachine(MachineBase[Event, Rule]):
                 f"request {r.request_id!r} ends still holding request-pool row {r.row}",
                 e,
             )
+        if r.reads:
+            raise self._fail(
+                Rule.TERMINAL_OWNS_NOTHING,
+                f"request {r.request_id!r} ends still reading cached blocks {sorted(r.reads)} "
+                f"(release them first: CacheReleased)",
+                e,
+            )
 
     # --- scheduler phase ------------------------------------------------------
     def _admitted(self, e: Admitted) -> None:
@@ -622,7 +639,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.KV_EXCLUSIVE, f"slots {bad} outside the pool [0, {cfg.kv_slots})", e
             )
-        taken = {s: self._owner[s] for s in e.slots if s in self._owner}
+        taken: dict[int, object] = {s: self._owner[s] for s in e.slots if s in self._owner}
+        taken.update({s: "prefix cache" for s in e.slots if self._cache.holds(s)})
         if taken or len(set(e.slots)) != len(e.slots):
             raise self._fail(
                 Rule.KV_EXCLUSIVE, f"slots already owned (slot: owner) {taken or 'duplicated'}", e
@@ -670,16 +688,23 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         if offset == 0:
             page = slots[0] // p
-            users = {self._owner[s] for s in range(page * p, page * p + p) if s in self._owner}
+            users = sorted(
+                {str(self._owner[s]) for s in range(page * p, page * p + p) if s in self._owner}
+            )
+            if any(self._cache.holds(s) for s in range(page * p, page * p + p)):
+                users.append("prefix cache")
             if users:
                 raise self._fail(
                     Rule.PAGE_ALIGNMENT,
                     f"block {e.block_index} starts page {page}, which is not wholly free "
-                    f"(owners {sorted(users)})",
+                    f"(owners {', '.join(users)})",
                     e,
                 )
         else:
             prev = self._owner.get(slots[0] - 1)
+            read = r.reads.get(e.block_index - 1)
+            if read is not None and slots[0] - 1 in read.slots:
+                return  # it continues the page of the cached block it reads as its previous
             if prev != (r.request_id, e.block_index - 1):
                 raise self._fail(
                     Rule.PAGE_ALIGNMENT,
@@ -797,7 +822,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         by_block = self._blocks.get(r.request_id, {})
         for k in range(r.committed_blocks):
             held = len(by_block.get(k, ()))
-            if held != b:
+            if held != b and k not in r.reads:
                 raise self._fail(
                     Rule.COMMITTED_PREFIX_KEPT,
                     f"committed block {k} of {r.request_id!r} holds {held} of its "
@@ -913,7 +938,7 @@ class SpecMachine(MachineBase[Event, Rule]):
         for s in e.slots:
             owner = self._owner.get(s)
             if owner is None or owner[0] != e.request_id:
-                what = "free" if owner is None else f"owned by {owner}"
+                what = self._slot_in_words(s)
                 raise self._fail(
                     Rule.FREE_OWNED_ONLY,
                     f"{e.request_id!r} freed slot {s}, which is {what} (double free or foreign)",
@@ -1144,9 +1169,17 @@ class SpecMachine(MachineBase[Event, Rule]):
         """A block that holds only prompt tokens (fed once, to write the prompt's KV)."""
         return (block_index + 1) * self.config.block_size <= len(r.prompt)
 
+    def _prefill_kind(self, r: _Request, block_index: int) -> bool:
+        """A row of the prefill batch under PREFILL_FIRST: a prompt-only block, or the first
+        block computed after cache hits in this round (SGLang classifies an incoming request
+        by its prompt length, before the cache match that may cover the whole prompt)."""
+        return self._is_prefill_block(r, block_index) or (
+            r.hit_round == self._round.index and block_index == r.committed_blocks
+        )
+
     def _check_prefill_first(self, e: Forward) -> None:
         kinds = {
-            self._is_prefill_block(self._requests[row.request_id], row.block_index)
+            self._prefill_kind(self._requests[row.request_id], row.block_index)
             for row in e.rows
             if row.request_id in self._requests
         }
@@ -1167,7 +1200,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 and cur is not None
                 and cur.phase is BlockPhase.MASKED
                 and cur.slots is not None
-                and self._is_prefill_block(r, cur.index)
+                and self._prefill_kind(r, cur.index)
             ):
                 raise self._fail(
                     Rule.PREFILL_FIRST,
@@ -1175,6 +1208,144 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"waits; under PREFILL_FIRST the prefill batch goes first",
                     e,
                 )
+
+    # --- prefix cache ---------------------------------------------------------------
+    def _slot_in_words(self, slot: int) -> str:
+        """What `slot` is now, for a message: free, owned by (request, block), or cached."""
+        owner = self._owner.get(slot)
+        if owner is not None:
+            return f"owned by {owner}"
+        entry = self._cache.entry_of(slot)
+        if entry is not None:
+            return f"held by the prefix cache (block {list(entry.slots)})"
+        return "free"
+
+    def _require_cache(self, e: Event) -> None:
+        if not self.config.prefix_cache:
+            raise self._fail(
+                Rule.PREFIX_CACHE_ON,
+                f"a {e.kind} event, but the configuration has no prefix cache (set "
+                f"prefix_cache=True for an engine that caches blocks, as SGLang's radix cache)",
+                e,
+            )
+
+    def _kv_cached(self, e: KvCached) -> None:
+        self._require_cache(e)
+        r = self._active(e.request_id, e)
+        k, rid = e.block_index, r.request_id
+        if not 0 <= k < r.committed_blocks:
+            raise self._fail(
+                Rule.CACHE_COMMITTED_ONLY,
+                f"{rid!r} caches block {k}, which it has not committed ({r.committed_blocks} "
+                f"committed): only a committed block's KV is final",
+                e,
+            )
+        if k in r.reads:
+            raise self._fail(
+                Rule.CACHE_COMMITTED_ONLY,
+                f"{rid!r} caches block {k}, which it already reads from cached slots "
+                f"{list(r.reads[k].slots)}",
+                e,
+            )
+        owned = self._blocks.get(rid, {}).get(k, set())
+        if tuple(e.slots) != tuple(sorted(owned)):
+            raise self._fail(
+                Rule.CACHE_COMMITTED_ONLY,
+                f"{rid!r} caches slots {list(e.slots)} as block {k} but owns "
+                f"{sorted(owned) or 'none'} for it (a block enters the cache whole, in position "
+                f"order)",
+                e,
+            )
+        for slot in e.slots:
+            self._disown(slot)
+        key = tuple(r.tokens[: (k + 1) * self.config.block_size])
+        r.reads[k] = self._cache.insert(tuple(e.slots), key, (rid, k))
+        self._dirty[rid] = None
+
+    def _cache_hit(self, e: CacheHit) -> None:
+        self._require_cache(e)
+        r = self._active(e.request_id, e)
+        b, k, rid = self.config.block_size, e.block_index, r.request_id
+        nxt = k == r.committed_blocks
+        if nxt:
+            if self._round.forwards:
+                raise self._fail(
+                    Rule.SCHEDULER_PHASE, "a cache hit after the round's first forward", e
+                )
+            if r.row is None:
+                raise self._fail(Rule.ROW_EXCLUSIVE, f"{rid!r} reads the cache without a row", e)
+            if r.current is not None:
+                raise self._fail(
+                    Rule.CACHE_HIT_CONTENT,
+                    f"{rid!r} hits block {k}, its current block ({r.current.phase.value}): a "
+                    f"block being denoised is not read from the cache",
+                    e,
+                )
+            if (k + 1) * b > len(r.prompt):
+                raise self._fail(
+                    Rule.CACHE_HIT_CONTENT,
+                    f"{rid!r} hits block {k}, which is not wholly inside its prompt of "
+                    f"{len(r.prompt)} tokens (its other tokens are not known before they are "
+                    f"generated)",
+                    e,
+                )
+            want = r.prompt[: (k + 1) * b]
+        elif 0 <= k < r.committed_blocks:
+            if k in r.reads:
+                raise self._fail(
+                    Rule.CACHE_HIT_CONTENT,
+                    f"{rid!r} hits block {k}, which it already reads from cached slots "
+                    f"{list(r.reads[k].slots)}",
+                    e,
+                )
+            want = tuple(r.tokens[: (k + 1) * b])
+        else:
+            raise self._fail(
+                Rule.CACHE_HIT_CONTENT,
+                f"{rid!r} hits block {k}, past its next block {r.committed_blocks}",
+                e,
+            )
+        try:
+            entry = self._cache.lookup(tuple(e.slots), self._slot_in_words)
+        except CacheRefused as refused:
+            raise self._fail(refused.rule, refused.detail, e) from None
+        if entry.key != want:
+            raise self._fail(
+                Rule.CACHE_HIT_CONTENT,
+                f"{rid!r} hits cached block {list(entry.slots)} as its block {k}, but the "
+                f"cached content is not its own: {first_difference(entry.key, want)}",
+                e,
+            )
+        entry.readers[(rid, k)] = None
+        r.reads[k] = entry
+        if nxt:  # the block is committed without a forward: its KV is the cache's
+            r.tokens.extend(want[k * b :])
+            r.committed_blocks += 1
+            r.hit_round = self._round.index
+        self._dirty[rid] = None
+
+    def _cache_released(self, e: CacheReleased) -> None:
+        self._require_cache(e)
+        r = self._active(e.request_id, e)
+        entry = r.reads.get(e.block_index)
+        if entry is None or entry.slots != tuple(e.slots):
+            reads = "no cached block" if entry is None else f"cached slots {list(entry.slots)}"
+            raise self._fail(
+                Rule.FREE_OWNED_ONLY,
+                f"{r.request_id!r} releases cached slots {list(e.slots)} as its block "
+                f"{e.block_index}, but reads {reads} for it",
+                e,
+            )
+        del entry.readers[(r.request_id, e.block_index)]
+        del r.reads[e.block_index]
+        self._dirty[r.request_id] = None
+
+    def _cache_evicted(self, e: CacheEvicted) -> None:
+        self._require_cache(e)
+        try:
+            self._cache.evict(e.slots, self._slot_in_words)
+        except CacheRefused as refused:
+            raise self._fail(refused.rule, refused.detail, e) from None
 
     # ------------------------------------------------------------------ checks
     def check_snapshot(self, snap: Snapshot) -> None:
@@ -1200,6 +1371,12 @@ class SpecMachine(MachineBase[Event, Rule]):
             problems.append(
                 f"running set differs: implementation {sorted(snap.running)}, "
                 f"spec {sorted(st.running)}"
+            )
+        if snap.cached_slots is not None and snap.cached_slots != st.cached_slots:
+            problems.append(
+                f"cached slots differ: implementation also caches "
+                f"{sorted(snap.cached_slots - st.cached_slots)}, lacks "
+                f"{sorted(st.cached_slots - snap.cached_slots)}"
             )
         if snap.carrying != st.carrying:
             problems.append(
@@ -1349,6 +1526,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 r.phase is _FINISHED or r.phase is _ABORTED or self._rows.get(row) != rid
             ):
                 return False  # terminal_owns_nothing, row_exclusive
+            if r.reads and (r.phase is _FINISHED or r.phase is _ABORTED):
+                return False  # terminal_owns_nothing
             if cur is not None:
                 if rid not in running:
                     return False  # carriers_iff_unfinished
@@ -1406,6 +1585,10 @@ class SpecMachine(MachineBase[Event, Rule]):
                 if r.row is not None:
                     return Rule.TERMINAL_OWNS_NOTHING, (
                         f"{r.phase.value} request {r.request_id!r} holds a row"
+                    )
+                if r.reads:
+                    return Rule.TERMINAL_OWNS_NOTHING, (
+                        f"{r.phase.value} request {r.request_id!r} reads cached blocks"
                     )
         for row in rows:
             holder = self._requests.get(self._rows.get(row, ""))
@@ -1491,6 +1674,10 @@ SpecMachine.handlers = MappingProxyType(
         Finished: SpecMachine._finished,
         Aborted: SpecMachine._aborted,
         ControlReturned: SpecMachine._control_returned,
+        KvCached: SpecMachine._kv_cached,
+        CacheHit: SpecMachine._cache_hit,
+        CacheReleased: SpecMachine._cache_released,
+        CacheEvicted: SpecMachine._cache_evicted,
     }
 )
 

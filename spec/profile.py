@@ -81,6 +81,8 @@ class DllmConfigSpace:
         worst case (a mask block, max_new_tokens and a page per request) and below such a pool
         it stalls, runs out of memory or truncates blocks — findings checked on their own,
         and SGLang patched with their fixes passes with no headroom (docs/engines.md).
+    prefix_cache: the `DllmConfig.prefix_cache` values it runs ({False}: no prefix cache;
+        SGLang 0.5.23's radix cache: {False, True}).
     """
 
     modes: frozenset[Mode] = frozenset(Mode)
@@ -90,6 +92,7 @@ class DllmConfigSpace:
     reloop: frozenset[bool] = frozenset({False, True})
     rows_equal_max_running: bool = False
     kv_headroom_pages: int | None = None
+    prefix_cache: frozenset[bool] = frozenset({False})
 
     def __post_init__(self) -> None:
         if self.kv_headroom_pages is not None and (
@@ -100,7 +103,11 @@ class DllmConfigSpace:
             raise ProfileError("space.kv_headroom_pages", self.kv_headroom_pages, "None or >= 0")
         if not self.modes:
             raise ProfileError("space.modes", "{}", "at least one of sync, fdfo")
-        for name, values in (("in_place_reuse", self.in_place_reuse), ("reloop", self.reloop)):
+        for name, values in (
+            ("in_place_reuse", self.in_place_reuse),
+            ("reloop", self.reloop),
+            ("prefix_cache", self.prefix_cache),
+        ):
             if not values:
                 raise ProfileError(f"space.{name}", "{}", "a non-empty subset of {False, True}")
         if self.page_multiples is not None and (
@@ -145,6 +152,8 @@ class DllmConfigSpace:
             return ("in_place_reuse", config.in_place_reuse, _names(map(str, self.in_place_reuse)))
         if fdfo and config.reloop not in self.reloop:
             return ("reloop", config.reloop, _names(map(str, self.reloop)))
+        if config.prefix_cache not in self.prefix_cache:
+            return ("prefix_cache", config.prefix_cache, _names(map(str, self.prefix_cache)))
         if self.rows_equal_max_running and config.req_pool_rows != config.max_running_requests:
             return (
                 "req_pool_rows",

@@ -29,6 +29,10 @@ class Rule(StrEnum):
     FREE_OWNED_ONLY = "free_owned_only"
     COMMITTED_PREFIX_KEPT = "committed_prefix_kept"
     TERMINAL_OWNS_NOTHING = "terminal_owns_nothing"
+    PREFIX_CACHE_ON = "prefix_cache_on"
+    CACHE_COMMITTED_ONLY = "cache_committed_only"
+    CACHE_HIT_CONTENT = "cache_hit_content"
+    EVICT_UNREAD_ONLY = "evict_unread_only"
     FORWARD_READY = "forward_ready"
     WHOLE_BLOCK_ROWS = "whole_block_rows"
     CARRIER_CONTINUITY = "carrier_continuity"
@@ -82,20 +86,33 @@ _RULES: dict[Rule, str] = {
     Rule.ROW_EXCLUSIVE: "A request-pool row is held by at most one request, and a running request "
     "holds exactly one row from admission until it finishes or is aborted.",
     # --- KV slots and pages
-    Rule.NO_LEAK: "Every KV slot is either free or owned by exactly one (request, block): "
-    "free + owned = total, no slot has two owners.",
-    Rule.KV_EXCLUSIVE: "Allocated slots were free.",
+    Rule.NO_LEAK: "Every KV slot is either free, owned by exactly one (request, block), or held "
+    "by the prefix cache: free + owned + cached = total, no slot has two owners.",
+    Rule.KV_EXCLUSIVE: "Allocated slots were free (neither owned nor held by the prefix cache).",
     Rule.WHOLE_BLOCK_ALLOC: "A block is allocated exactly block_size slots, for the request's next "
     "uncommitted block, before the round's first forward.",
     Rule.PAGE_ALIGNMENT: "A block's slots are contiguous inside one page at the offset of its "
     "position; a block that starts a page takes a wholly free page, any other block continues "
     "the page of the request's previous block (pages are never shared between requests).",
-    Rule.FREE_OWNED_ONLY: "Only slots owned by the request are freed, each once (no double free).",
+    Rule.FREE_OWNED_ONLY: "Only slots owned by the request are freed, each once (no double free); "
+    "a request releases only a cached block it reads, as the block it reads it for.",
     Rule.COMMITTED_PREFIX_KEPT: "An active request keeps the KV of every committed block (it is "
-    "the "
-    "prefix later blocks attend to).",
+    "the prefix later blocks attend to): it owns the block's slots, or reads the block from the "
+    "prefix cache.",
     Rule.TERMINAL_OWNS_NOTHING: "A finished or aborted request owns no KV slot and no row "
-    "(including a retained, unfinished FDFO block).",
+    "(including a retained, unfinished FDFO block), and reads no cached block.",
+    # --- prefix cache
+    Rule.PREFIX_CACHE_ON: "Cache events (`KvCached`, `CacheHit`, `CacheReleased`, "
+    "`CacheEvicted`) happen only with `DllmConfig.prefix_cache` on.",
+    Rule.CACHE_COMMITTED_ONLY: "Only a block an active request has committed and owns whole "
+    "enters the prefix cache (its KV was written by the final-KV forward over the whole block); "
+    "its key is the request's tokens from position 0 through the block's end.",
+    Rule.CACHE_HIT_CONTENT: "A cache hit reads one whole cached block whose key is exactly the "
+    "request's own tokens from position 0 through that block: either its next block (before "
+    "the round's first forward, with no current block, the block wholly inside its prompt) or "
+    "a block it has committed and does not read already.",
+    Rule.EVICT_UNREAD_ONLY: "Only whole cached blocks that no request reads leave the prefix "
+    "cache; their slots become free.",
     # --- forwards and steps
     Rule.FORWARD_READY: "A forward row is the request's current block, the request holds a row and "
     "the block holds its slots.",
@@ -146,7 +163,9 @@ _RULES: dict[Rule, str] = {
     "`Scheduler.get_next_batch_to_run`): a forward is prefill-only (rows feeding prompt-only "
     "blocks) or decode-only, and no decode forward runs while a running request has an allocated "
     "prompt block waiting (prefill goes first); admission is FCFS within each kind (rule "
-    "fcfs_admission).",
+    "fcfs_admission). With a prefix cache, the first block a request computes after cache hits "
+    "in the same round counts as a prefill row (SGLang classifies an incoming request by its "
+    "prompt length, before the cache match that may cover the whole prompt).",
     Rule.ROUND_ORDER: "Rounds are numbered 0, 1, 2, ... in order.",
     Rule.CARRIERS_IFF_UNFINISHED: "A request carries incomplete_ids (and algorithm state) exactly "
     "while its current block is unfinished.",

@@ -38,6 +38,8 @@ class Snapshot:
     running: requests in its running set.
     carrying: requests whose incomplete_ids are non-empty (an unfinished block carried to the
         next round).
+    cached_slots: with a prefix cache, the slots it holds (neither free nor owned by a
+        request); None where the implementation does not say (not compared).
     """
 
     free_slots: frozenset[int]
@@ -45,6 +47,7 @@ class Snapshot:
     rows: Mapping[int, str]
     running: frozenset[str]
     carrying: frozenset[str] = field(default_factory=frozenset)
+    cached_slots: frozenset[int] | None = None
 
     def leaked_slots(self) -> int:
         """Slots in use. After a drain every slot must be free: any in use is a leak."""

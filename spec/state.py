@@ -51,6 +51,9 @@ class RequestState:
     ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
     stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
     priority: int = 0  # as submitted (`Submitted.priority`; orders the queue only by policy)
+    # prefix cache: block index -> the cached slots it reads that block from (`CacheHit`,
+    # `KvCached`); those blocks' KV is the cache's, not the request's
+    cache_reads: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def generated(self) -> tuple[int, ...]:
@@ -74,6 +77,17 @@ class RoundState:
 
 
 @dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """A block in the prefix cache (`DllmConfig.prefix_cache`): its slots (position order),
+    its content key (the tokens from position 0 through the block's end) and the (request,
+    block index) pairs that read it."""
+
+    slots: tuple[int, ...]
+    key: tuple[int, ...]
+    readers: frozenset[SlotOwner]
+
+
+@dataclass(frozen=True, slots=True)
 class AbstractState:
     """The dLLM spec's abstract state: the queue, every request, the owners of the KV slots
     and of the rows, and the round in progress."""
@@ -84,11 +98,19 @@ class AbstractState:
     slot_owners: Mapping[int, SlotOwner]
     rows: Mapping[int, str]
     round: RoundState
+    cache: tuple[CachedBlock, ...] = ()  # the prefix cache's blocks (empty without one)
+
+    @property
+    def cached_slots(self) -> frozenset[int]:
+        """KV slots the prefix cache holds."""
+        return frozenset(s for block in self.cache for s in block.slots)
 
     @property
     def free_slots(self) -> frozenset[int]:
-        """KV slots no (request, block) owns."""
-        return frozenset(range(self.config.kv_slots)) - frozenset(self.slot_owners)
+        """KV slots no (request, block) owns and the prefix cache does not hold."""
+        return (
+            frozenset(range(self.config.kv_slots)) - frozenset(self.slot_owners) - self.cached_slots
+        )
 
     @property
     def running(self) -> frozenset[str]:
@@ -129,6 +151,15 @@ def _queue_priorities(state: AbstractState) -> str:
     return f" priorities {priorities}" if any(priorities) else ""
 
 
+def _cache_text(cache: tuple[CachedBlock, ...]) -> str:
+    """The cached blocks: slots, key length and readers (`4-5 key=6 read by r1:b1`)."""
+    parts = []
+    for block in sorted(cache, key=lambda c: c.slots):
+        readers = ",".join(f"{rid}:b{k}" for rid, k in sorted(block.readers)) or "none"
+        parts.append(f"{_ranges(set(block.slots))} key={len(block.key)} read by {readers}")
+    return "; ".join(parts) or "-"
+
+
 def render(state: AbstractState) -> str:
     """A readable, multi-line rendering of the abstract state (used in violations)."""
     c = state.config
@@ -141,6 +172,8 @@ def render(state: AbstractState) -> str:
         f"queue: {list(state.queue)}" + _queue_priorities(state),
         f"free slots ({len(state.free_slots)}): {_ranges(state.free_slots)}",
     ]
+    if c.prefix_cache:
+        lines.append(f"cache ({len(state.cache)} blocks): " + _cache_text(state.cache))
     by_owner: dict[SlotOwner, set[int]] = {}
     for slot, owner in state.slot_owners.items():
         by_owner.setdefault(owner, set()).add(slot)
@@ -164,5 +197,12 @@ def render(state: AbstractState) -> str:
             + (" ignore_eos" if r.ignore_eos else "")
             + (f" stop_token_ids={list(r.stop_token_ids)}" if r.stop_token_ids else "")
             + (f" priority={r.priority}" if r.priority else "")
+            + (
+                " reads=["
+                + " ".join(f"b{k}:{_ranges(set(v))}" for k, v in sorted(r.cache_reads.items()))
+                + "]"
+                if r.cache_reads
+                else ""
+            )
         )
     return "\n".join(lines)

@@ -316,6 +316,8 @@ def config_to_dict(config: DllmConfig, policy: DllmPolicy | None = None) -> dict
     out: dict[str, Any] = {"kind": "config"}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if f.name == "prefix_cache" and not value:
+            continue  # written only when on: headers without a cache read as before
         out[f.name] = value.value if isinstance(value, Mode) else value
     if policy is not None and policy != DllmPolicy():
         out[DECLARED_POLICY] = policy_to_dict(policy)

@@ -41,12 +41,12 @@ from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
 from properties.decisions import twin_difference
 from properties.harness import Harness
-from properties.strategies import EOS
+from properties.strategies import EOS, shared_stem_prompts
 from reference.sglang_dllm import SGLANG_DLLM_ORDER, SGLANG_ORDER_TWIN
-from spec.adapter import EventSink
+from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
-from spec.events import Event, Finished, FinishReason, Forward
+from spec.events import CacheEvicted, CacheHit, Event, Finished, FinishReason, Forward, KvCached
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
@@ -219,12 +219,15 @@ def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
     )
 
 
-def _run_suite(machine: type[RuleBasedStateMachine], examples: int | None = None) -> None:
+def _run_suite(
+    machine: type[RuleBasedStateMachine], examples: int | None = None, *, shrink: bool = True
+) -> None:
     """Run a suite machine for `examples` examples (default SCHEDSPEC_SGLANG_EXAMPLES, 40).
     With `examples` given (a test that must find a seeded bug) the run is derandomized, so it
     replays the same programs under every profile, and it shrinks the failure but skips
     Hypothesis's explain phase (which re-runs the shrunk example under coverage, most of the
-    cost)."""
+    cost). Without `shrink` the first failure is reported as found (a program whose examples
+    build many engines can take minutes to shrink)."""
     chosen = settings(
         max_examples=examples or int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
         stateful_step_count=20,
@@ -234,7 +237,12 @@ def _run_suite(machine: type[RuleBasedStateMachine], examples: int | None = None
     )
     if examples:
         hunting = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
-        chosen = settings(chosen, derandomize=True, phases=hunting)
+        chosen = settings(
+            chosen,
+            derandomize=True,
+            phases=hunting if shrink else hunting[:-1],
+            report_multiple_bugs=shrink,
+        )
     run_state_machine_as_test(machine, settings=chosen)
 
 
@@ -269,6 +277,72 @@ def test_the_suite_sees_sglang_end_requests_at_the_eos_a_stop_token_id_and_their
     )
     _run_suite(machine, examples=60)
     assert all(reasons[reason] > 0 for reason in FinishReason), reasons
+
+
+def _radix_cache_machine(factory: ImplementationFactory, name: str) -> type[RuleBasedStateMachine]:
+    """The dLLM suite under SGLang's profile with the radix cache on: roomy pools, prompts that
+    share stems (`shared_stem_prompts`), outputs checked for parity."""
+    return conformance_machine(
+        factory,
+        profile=PROFILE,
+        configs=_roomy_configs().map(lambda config: config.replace(prefix_cache=True)),
+        parity="always",
+        prompt_strategy=shared_stem_prompts(20),
+        name=name,
+    )
+
+
+def test_with_the_radix_cache_on_sglang_passes_the_dllm_suite() -> None:
+    """SGLang's default for dLLMs, the radix cache on (`prefix_cache` in its declared space):
+    with requests that share prompt stems (`shared_stem_prompts`), SGLang as released passes
+    the dLLM suite with the spec's prefix cache, its snapshots comparing the tree's slots with
+    the spec's cached blocks after every round; within 40 derandomized examples blocks enter
+    the cache, requests read them, and the tree evicts."""
+    seen: Counter[str] = Counter()
+
+    def counting(config: DllmConfig, sink: EventSink) -> Any:
+        def counted(event: Event) -> None:
+            if isinstance(event, KvCached | CacheHit | CacheEvicted):
+                seen[event.kind] += 1
+            sink(event)
+
+        return REAL_SGLANG_DLLM.factory(config, counted)
+
+    _run_suite(_radix_cache_machine(counting, "RadixCache"), examples=40)
+    assert seen["kv_cached"] > 100 and seen["cache_hit"] > 20 and seen["cache_evicted"] > 0, seen
+
+
+def _rows_kept_on_a_duplicate_insert(config: DllmConfig, sink: EventSink) -> Any:
+    """Seeded bug: when a request checkpoints a block the tree already holds, the tree frees
+    the request's own copy but the request's row keeps pointing at it (SGLang rewrites the row
+    to the tree's copy: `checkpoint_into_tree`)."""
+    adapter = SglangDllmAdapter(config, sink)
+    tree = adapter.engine.tree_cache
+    checkpoint = tree.checkpoint_into_tree
+
+    def row_kept(req: Any, *, up_to: int, **kwargs: Any) -> None:
+        table, row = tree.req_to_token_pool.req_to_token, req.kv.req_pool_idx
+        before = table[row, :up_to].clone()
+        checkpoint(req, up_to=up_to, **kwargs)
+        if req.kv.req_pool_idx is not None:
+            table[row, :up_to] = before
+
+    tree.checkpoint_into_tree = row_kept
+    return adapter
+
+
+def test_the_radix_cache_suite_catches_a_row_left_on_a_freed_copy() -> None:
+    """The suite above has teeth: SGLang seeded with that bug fails it, the violation naming
+    the rule and the state (the first failing program, unshrunk: shrinking SGLang programs
+    takes minutes)."""
+    machine = _radix_cache_machine(_rows_kept_on_a_duplicate_insert, "RadixCacheSeeded")
+    with pytest.raises(SpecViolation) as caught:
+        _run_suite(machine, examples=400, shrink=False)
+    # the freed copy is KV the request's committed block no longer holds (derandomized, the
+    # first program that breaks it fails `committed_prefix_kept`)
+    rules = {"committed_prefix_kept", "forward_ready", "snapshot_matches", "kv_exclusive"}
+    assert caught.value.rule in rules, caught.value
+    assert "state:" in str(caught.value) and "cache (" in str(caught.value), caught.value
 
 
 def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:

@@ -32,7 +32,16 @@ from properties.trace_check import check_trace
 from reference.sglang_dllm import SGLANG_ORDER_TWIN
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError
-from spec.events import Aborted, Event, Finished, FinishReason, Submitted
+from spec.events import (
+    Aborted,
+    CacheHit,
+    CacheReleased,
+    Event,
+    Finished,
+    FinishReason,
+    KvCached,
+    Submitted,
+)
 from spec.machine import SpecMachine
 from spec.snapshot import FinishedOutput
 from spec.trace import event_to_dict
@@ -155,12 +164,14 @@ def serve_logged(
     max_iterations: int = 2_000,
     stops: dict[str, Stops] | None = None,
     served: dict[str, Any] | None = None,
+    radix_cache: bool = False,
 ) -> list[str]:
     """The lines `SglangEventLog` writes while SGLang's own loop serves `program` (`stops`:
-    requests' own stop conditions; `served` receives each request's SGLang `Req`)."""
+    requests' own stop conditions; `served` receives each request's SGLang `Req`; with
+    `radix_cache`, SGLang's default for dLLMs, its block-level radix cache on)."""
     served = {} if served is None else served
     spec_id: dict[int, str] = {}
-    engine = build(program.config, spec_id)
+    engine = build(program.config, spec_id, radix_cache=radix_cache)
     if mutate is not None:
         mutate(engine)
     lines: list[str] = []
@@ -235,6 +246,31 @@ def test_the_logged_config_is_the_schedulers_own() -> None:
     config = served_program(3).config
     engine = build(config, {})
     assert dllm_config_of(engine.scheduler) == config
+    cached = build(config, {}, radix_cache=True)  # SGLang's default: no --disable-radix-cache
+    assert dllm_config_of(cached.scheduler) == config.replace(prefix_cache=True)
+
+
+def test_served_with_the_radix_cache_on_the_log_records_the_cache_and_conforms() -> None:
+    """SGLang's default for dLLMs, the radix cache on: r0's committed blocks enter the cache
+    as it runs, r1 (r0's prompt and two more tokens, arriving later) reads them instead of
+    computing them, both stop reading them as they finish, and the log conforms to the spec
+    with its prefix cache, under the header's declared policy."""
+    config = DllmConfig(
+        block_size=2, page_size=2, kv_pages=24, req_pool_rows=2, max_running_requests=2,
+        max_context=24, mode=Mode.FDFO, in_place_reuse=True,
+    )  # fmt: skip
+    r0 = RequestSpec("r0", (3, 1, 4, 1, 5, 9), 4)
+    r1 = RequestSpec("r1", (*r0.prompt, 2, 6), 2)
+    ticks = (Tick(submits=(r0,)), *(Tick(),) * 12, Tick(submits=(r1,)))
+    lines = serve_logged(Program(config, ticks), radix_cache=True)
+    assert json.loads(lines[0])["prefix_cache"] is True
+    kept = _checked(lines)
+    hits = [e for e in kept if isinstance(e, CacheHit)]
+    assert [(e.request_id, e.block_index) for e in hits] == [("r1", 0), ("r1", 1), ("r1", 2)]
+    cached = {(e.request_id, e.block_index) for e in kept if isinstance(e, KvCached)}
+    assert {("r0", 0), ("r0", 1), ("r0", 2)} <= cached
+    released = {e.request_id for e in kept if isinstance(e, CacheReleased)}
+    assert released == {"r0", "r1"}
 
 
 def test_an_abort_by_prefix_is_logged_for_every_request_it_ends(tmp_path: Path) -> None:
@@ -297,9 +333,12 @@ def test_a_live_log_refuses_what_it_cannot_describe_and_detaches() -> None:
     with pytest.raises(ConfigError, match="enable_overlap"):
         SglangEventLog(s, print, worker=engine.worker)
     s.enable_overlap = False
-    s.tree_cache.disable = False  # SGLang's default for dLLM: the spec models no prefix cache
-    with pytest.raises(ConfigError, match=r"radix_cache.*--disable-radix-cache"):
+    s.tree_cache.disable = False  # SGLang's default: logged, unless the policy reads the tree
+    own_policy = s.policy.policy
+    s.policy.policy = import_engine()["CacheAwarePolicy"]("lpm")
+    with pytest.raises(ConfigError, match=r"schedule_policy.*radix cache's contents"):
         SglangEventLog(s, print, worker=engine.worker)
+    s.policy.policy = own_policy
     s.tree_cache.disable = True
     s.model_config.hf_eos_token_id = None
     s.dllm_config = None

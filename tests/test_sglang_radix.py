@@ -1,10 +1,14 @@
-"""SGLang 0.5.23's dLLM path with its block-level radix cache on (SGLang's default for dLLM,
-which the dLLM spec does not model), checked by outcome (`integrations.sglang.radix_check`).
+"""SGLang 0.5.23's dLLM path with its block-level radix cache on (SGLang's default for dLLM),
+checked by outcome and by the dLLM spec with its prefix cache, on the event log an
+`SglangEventLog` writes of the run (`integrations.sglang.radix_check`).
 
 What it shows: cache hits land on blocks written whole, with the request's own tokens, by one
-forward; the only failures of released SGLang are its known ragged-row crash (fixed by
-`whole-staged-blocks`); and our `reserve-future-blocks` fix had to count the cache's evictable
-blocks as free, which it did not (it stalled programs with the cache on).
+forward, and the log of every run conforms to the spec's prefix cache (blocks cached, read,
+released and evicted) with the five fixes; the only failures of released SGLang are known
+findings (the ragged-row crash, the idle round of the worst-case estimate, and under KV
+pressure the refused request's state); our `reserve-future-blocks` fix had to count the
+cache's evictable blocks as free, which it did not (it stalled programs with the cache on);
+and a tree that never locks a hit's prefix evicts blocks a request still reads.
 
 Needs SGLang installed (`schedspec install-engines sglang`); skipped with
 SCHEDSPEC_SKIP_ENGINES=1.
@@ -55,14 +59,17 @@ def _runs(
     *,
     radix_cache: bool = True,
     until: str | None = None,
+    spec: bool = True,
+    pressure: bool = False,
 ) -> tuple[list[RadixCounts], dict[str, tuple[int, str]]]:
     """Programs 0..PROGRAMS-1: the passing runs' counts and each rule's first failure (seed,
     message), stopping once rule `until` has failed."""
     runs: list[RadixCounts] = []
     failures: dict[str, tuple[int, str]] = {}
     for seed in range(PROGRAMS):
+        program = radix_program(seed, pressure=pressure)
         try:
-            runs.append(check_program(radix_program(seed), mutate, radix_cache=radix_cache))
+            runs.append(check_program(program, mutate, radix_cache=radix_cache, spec=spec))
         except RadixViolation as err:
             failures.setdefault(err.rule, (seed, str(err)))
             if err.rule == until:
@@ -82,15 +89,20 @@ def test_a_continuation_hits_the_blocks_its_predecessor_denoised() -> None:
 
 
 def test_generated_programs_with_the_five_fixes_pass_with_the_cache_on_and_off() -> None:
-    """With the five SGLang fixes every program passes, with the cache on and off; with it on
-    they take hundreds of blocks from the cache and the tree evicts."""
+    """With the five SGLang fixes every program passes, by outcome and by the spec on its
+    event log, with the cache on and off; with it on they take hundreds of blocks from the
+    cache, the log's cache events among them, and the tree evicts."""
     with sglang_fixed(FIX_NAMES):
         on, failed_on = _runs()
         off, failed_off = _runs(radix_cache=False)
     assert failed_on == {} and failed_off == {}
     assert sum(c.hits for c in on) > 200 and sum(c.hit_blocks for c in on) > 500
     assert sum(c.evictions for c in on) > 10 and sum(c.aborts for c in on) > 30
-    assert sum(c.hits for c in off) == 0
+    # every hit block is a `CacheHit` of the log (and SGLang's own copies swapped for cached
+    # ones besides); every committed block a `KvCached`
+    assert sum(c.log_hits for c in on) >= sum(c.hit_blocks for c in on)
+    assert sum(c.log_cached for c in on) > 1000 and sum(c.log_evicted for c in on) > 10
+    assert sum(c.hits + c.log_hits + c.log_cached for c in off) == 0
 
 
 def test_an_aborted_request_that_shares_a_prefix_leaves_the_cache_whole() -> None:
@@ -113,11 +125,11 @@ def test_a_radix_program_needs_one_abort_tuple_per_round() -> None:
 def test_under_kv_pressure_the_five_fixes_pass_with_the_cache_on() -> None:
     """With a pool below what every running request can claim the tree evicts often, and the
     five fixes (ours, the reserve fix counting evictable blocks) keep every program passing."""
-    runs: list[RadixCounts] = []
     with sglang_fixed(FIX_NAMES):
-        for seed in range(PROGRAMS):
-            runs.append(check_program(radix_program(seed, pressure=True)))
+        runs, failures = _runs(pressure=True)
+    assert failures == {}
     assert sum(c.evictions for c in runs) > 30 and sum(c.hits for c in runs) > 200
+    assert sum(c.log_evicted for c in runs) > 100
 
 
 def test_under_kv_pressure_released_sglang_corrupts_the_cache() -> None:
@@ -128,24 +140,38 @@ def test_under_kv_pressure_released_sglang_corrupts_the_cache() -> None:
     as it does without the other four); the five fixes serve it."""
     program = radix_program(104, pressure=True)
     with pytest.raises(RadixViolation) as caught:
-        check_program(program)
+        check_program(program, spec=False)
     assert caught.value.rule == "pool_accounting"
     assert "the tree holds slots [10, 11, 12, 13] that are free" in caught.value.detail
-    with sglang_fixed(["refused-stays-incoming"]), pytest.raises(RadixViolation) as alone:
+    # the spec sees the refused request's state first: r0 keeps its row and its cache hits
+    # while no forward runs for it
+    with pytest.raises(RadixViolation) as by_spec:
         check_program(program)
+    assert by_spec.value.rule == "spec:progress"
+    assert "a round with 1 running requests ran no forward" in by_spec.value.detail
+    with sglang_fixed(["refused-stays-incoming"]), pytest.raises(RadixViolation) as alone:
+        check_program(program, spec=False)
     assert alone.value.rule == "progress"
     with sglang_fixed(FIX_NAMES):
         check_program(program)
 
 
-def test_released_sglang_fails_only_its_known_ragged_row_crash() -> None:
+def test_released_sglang_fails_only_known_findings() -> None:
     """Released, a few programs crash on a batch row that is not a whole block (the known
-    finding `whole-staged-blocks` fixes); with that fix alone, every program passes."""
-    _, failures = _runs()
+    finding `whole-staged-blocks` fixes): by outcome, that is all, and with that fix alone
+    every program passes. The spec also sees the known idle round of SGLang's worst-case
+    estimate (`worst-case-estimate`); with the two fixes every log conforms."""
+    _, failures = _runs(spec=False)
     assert set(failures) <= {"implementation_error"}, failures
     if failures:
         assert "is invalid for input of size" in failures["implementation_error"][1]
+    _, by_spec = _runs()
+    assert set(by_spec) <= {"implementation_error", "spec:progress", "spec:whole_block_alloc"}
+    assert "idle system with 1 queued requests admitted none" in by_spec["spec:progress"][1]
     with sglang_fixed(["whole-staged-blocks"]):
+        _, fixed = _runs(spec=False)
+    assert fixed == {}
+    with sglang_fixed(["whole-staged-blocks", "worst-case-estimate"]):
         _, fixed = _runs()
     assert fixed == {}
 
@@ -177,6 +203,12 @@ def _never_unlocked(engine: Engine) -> None:
     engine.tree_cache.dec_lock_ref = lambda *args, **kwargs: None
 
 
+def _prefix_never_locked(engine: Engine) -> None:
+    """Seeded bug: the tree never locks the node a request's prefix ends on (a hit's, or what
+    it cached), so under KV pressure it evicts blocks a running request still reads."""
+    engine.tree_cache.lock = lambda *args, **kwargs: None
+
+
 #: (seeded bug, rule, words of the first message)
 SEEDED_BUGS: tuple[tuple[Callable[[Engine], None], str, str], ...] = (
     (_no_evictable_cache, "progress", "still live"),
@@ -194,9 +226,37 @@ def test_the_checks_catch_each_seeded_bug(
     mutant: Callable[[Engine], None], rule: str, words: str
 ) -> None:
     with sglang_fixed(FIX_NAMES):
-        _, failures = _runs(mutant, until=rule)
+        _, failures = _runs(mutant, until=rule, spec=False)
     assert rule in failures, failures
     assert words in failures[rule][1], failures[rule]
+
+
+#: (seeded bug, KV pressure, the spec's rule, words of the first message)
+SPEC_SEEDED_BUGS: tuple[tuple[Callable[[Engine], None], bool, str, str], ...] = (
+    (_prefix_never_locked, True, "spec:evict_unread_only", "still reads"),
+    (
+        _done_before_the_last_forward,
+        False,
+        "spec:final_forward_before_commit",
+        "the final-KV forward has not run",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "pressure", "rule", "words"),
+    SPEC_SEEDED_BUGS,
+    ids=[bug.__name__.strip("_") for bug, _, _, _ in SPEC_SEEDED_BUGS],
+)
+def test_the_spec_on_the_event_log_catches_each_seeded_bug(
+    mutant: Callable[[Engine], None], pressure: bool, rule: str, words: str
+) -> None:
+    """The same bugs seen through the event log alone, as `schedspec check-trace` sees a
+    server's: the first violation names the rule, the line and the state."""
+    with sglang_fixed(FIX_NAMES):
+        _, failures = _runs(mutant, until=rule, pressure=pressure)
+    assert rule in failures, failures
+    assert words in failures[rule][1] and "line " in failures[rule][1], failures[rule]
 
 
 def test_the_script_reports_the_cache_and_its_failures(
@@ -207,8 +267,10 @@ def test_the_script_reports_the_cache_and_its_failures(
     assert script.main(["--programs", "40", "--all-fixes", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "40 programs (radix cache on; fixes " in printed and "40 pass" in printed
+    assert "event logs checked by the spec" in printed and "log_hits" in printed
     data = json.loads(out.read_text())
     assert data["radix_cache"] is True and data["failures"] == {} and data["counts"]["hits"] > 0
+    assert data["spec"] is True and data["counts"]["log_hits"] >= data["counts"]["hit_blocks"]
     assert script.main(["--programs", "40", "--all-fixes", "--cache-off", "--json", str(out)]) == 0
     assert "(radix cache off; fixes " in capsys.readouterr().out
     off = json.loads(out.read_text())

@@ -15,8 +15,12 @@ from spec.adapter import EventSink
 from spec.config import DllmConfig, RequestSpec
 from spec.events import (
     Admitted,
+    CacheEvicted,
+    CacheHit,
+    CacheReleased,
     Event,
     KvAllocated,
+    KvCached,
     KvFreed,
     RowAcquired,
     RowReleased,
@@ -142,3 +146,73 @@ def make_snapshot_only(config: DllmConfig, sink: EventSink) -> SnapshotOnlyAdapt
 def test_snapshot_only_adapter_passes_the_suite() -> None:
     machine = conformance_machine(make_snapshot_only)
     run_state_machine_as_test(machine, settings=settings(max_examples=60, deadline=None))
+
+
+# --- with a prefix cache: the cache's slots and each block's reads are part of the view -----
+
+
+def test_a_committed_block_checkpointed_into_the_cache_is_kv_cached() -> None:
+    before = PoolView(slots={0: ("a", 0), 1: ("a", 0)}, rows={0: "a"}, running=("a",))
+    after = PoolView(
+        rows={0: "a"}, running=("a",), cached=frozenset({0, 1}), reads={("a", 0): (0, 1)}
+    )
+    assert reconstruct(before, after) == [KvCached("a", 0, (0, 1))]
+
+
+def test_a_finishing_request_caches_releases_and_frees_in_that_order() -> None:
+    before = PoolView(
+        slots={0: ("a", 0), 1: ("a", 0), 4: ("a", 2), 5: ("a", 2)},
+        rows={0: "a"},
+        running=("a",),
+        cached=frozenset({2, 3}),
+        reads={("a", 1): (2, 3)},
+    )
+    after = PoolView(cached=frozenset({0, 1, 2, 3}))
+    assert release_events(before, after) == [
+        KvCached("a", 0, (0, 1)),
+        KvFreed("a", (4, 5)),
+        CacheReleased("a", 0, (0, 1)),
+        CacheReleased("a", 1, (2, 3)),
+        RowReleased("a", 0),
+    ]
+
+
+def test_a_new_request_reads_cached_blocks_before_its_allocation() -> None:
+    before = PoolView(cached=frozenset({0, 1, 2, 3}))
+    table = {"b": [0, 1, 2, 3, 6, 7]}
+    after = PoolView.from_token_table(table, B, {1: "b"}, ("b",), cached=frozenset({0, 1, 2, 3}))
+    assert after.reads == {("b", 0): (0, 1), ("b", 1): (2, 3)}
+    assert reconstruct(before, after) == [
+        Admitted("b", 1),
+        CacheHit("b", 0, (0, 1)),
+        CacheHit("b", 1, (2, 3)),
+        KvAllocated("b", 2, (6, 7)),
+    ]
+
+
+def test_a_duplicate_insert_is_a_swap_then_a_free_of_the_own_copy() -> None:
+    before = PoolView(
+        slots={6: ("b", 0), 7: ("b", 0)}, rows={1: "b"}, running=("b",), cached=frozenset({0, 1})
+    )
+    after = PoolView(
+        rows={1: "b"}, running=("b",), cached=frozenset({0, 1}), reads={("b", 0): (0, 1)}
+    )
+    assert reconstruct(before, after) == [CacheHit("b", 0, (0, 1)), KvFreed("b", (6, 7))]
+
+
+def test_eviction_frees_the_slots_and_one_under_a_reader_is_not_a_release() -> None:
+    cached = PoolView(cached=frozenset({0, 1, 2, 3}))
+    assert release_events(cached, PoolView(cached=frozenset({2, 3}))) == [CacheEvicted((0, 1))]
+    # b still reads block 0 from slots 0-1 in its row, but the tree evicted them (and they now
+    # read as b's own): the log says evicted, which the spec refuses (evict_unread_only)
+    reading = PoolView(
+        rows={1: "b"}, running=("b",), cached=frozenset({0, 1}), reads={("b", 0): (0, 1)}
+    )
+    evicted = PoolView(slots={0: ("b", 0), 1: ("b", 0)}, rows={1: "b"}, running=("b",))
+    assert release_events(reading, evicted) == [CacheEvicted((0, 1))]
+
+
+def test_without_reserved_shifts_the_cache_and_the_reads() -> None:
+    view = PoolView(cached=frozenset({4, 5}), reads={("a", 0): (4, 5)})
+    shifted = without_reserved(view, slots=4)
+    assert shifted.cached == frozenset({0, 1}) and shifted.reads == {("a", 0): (0, 1)}

@@ -139,10 +139,11 @@ CASES: dict[str, tuple[list[Event], DllmConfig]] = {
     ),
 }
 
-MACHINE, PROFILE, BASE = (
+MACHINE, PROFILE, BASE, CACHE = (
     "tests.test_spec_machine",
     "tests.test_spec_profile",
     "tests.test_spec_base",
+    "tests.test_spec_prefix_cache",
 )
 # rule -> (module, test) elsewhere that breaks it by hand (the test's source names the rule)
 ELSEWHERE: dict[str, tuple[str, str]] = {
@@ -168,6 +169,13 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
         "test_without_a_golden_decoder_batch_parity_catches_a_mode_bug",
     ),
     "implementation_error": (BASE, "test_unexpected_exception_is_an_implementation_error_finding"),
+    "prefix_cache_on": (CACHE, "test_cache_events_need_a_cache_prefix_cache_on"),
+    "cache_committed_only": (
+        CACHE,
+        "test_only_a_committed_block_owned_whole_is_cached_cache_committed_only",
+    ),
+    "cache_hit_content": (CACHE, "test_a_hit_reads_only_its_own_content_cache_hit_content"),
+    "evict_unread_only": (CACHE, "test_only_unread_whole_blocks_are_evicted_evict_unread_only"),
     "twin_decisions": (
         "tests.test_decisions",
         "test_a_twin_of_another_policy_fails_the_suite_by_twin_decisions",

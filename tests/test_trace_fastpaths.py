@@ -34,6 +34,7 @@ from spec.trace import (
     event_to_dict,
 )
 from tests.mutants import MUTANTS
+from tests.test_spec_prefix_cache import WHOLE_RUN
 
 LINES = [
     '{"a":1}\n',
@@ -98,7 +99,7 @@ def _reference_events() -> list[Event]:
                 h.abort(f"r{i}")
         h.drain()
         events.extend(h.events)
-    return events
+    return events + WHOLE_RUN  # the prefix cache's kinds (the reference scheduler has none)
 
 
 EVENTS = _reference_events()

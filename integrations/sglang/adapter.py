@@ -24,6 +24,10 @@ convention (`integrations.sglang.engine`, "Priority scheduling"). `make_sglang_d
 (`real-sglang-dllm-lof`) builds it with `--schedule-policy lof`, which orders the waiting queue
 by the `Req`'s `max_new_tokens`, longest first, and `make_sglang_dllm_priority_lof`
 (`real-sglang-dllm-priority-lof`) with both.
+
+A configuration with `prefix_cache` builds SGLang with its block-level radix cache on (its
+default for dLLMs, SGLang PR #18724); the observer then reads the tree's slots and the log
+says what is cached, read, released and evicted (`spec.events.KvCached` and the others).
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ class SglangDllmAdapter:
     ) -> None:
         self._config = config
         self._spec_id: dict[int, str] = {}
-        self.engine: Engine = build(config, self._spec_id, priority=priority, lof=lof)
+        self.engine: Engine = build(
+            config, self._spec_id, priority=priority, lof=lof, radix_cache=config.prefix_cache
+        )
         self.observer: SglangObserver = SglangObserver(
             config, sink, self.engine.scheduler, lambda req: self._spec_id[id(req)]
         )

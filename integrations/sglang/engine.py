@@ -83,6 +83,7 @@ _ENGINE_NAMES: dict[str, tuple[str, str | None]] = {
     "FINISH_ABORT": ("sglang.srt.managers.schedule_batch", "FINISH_ABORT"),
     "ScheduleBatch": ("sglang.srt.managers.schedule_batch", "ScheduleBatch"),
     "SchedulePolicy": ("sglang.srt.managers.schedule_policy", "SchedulePolicy"),
+    "CacheAwarePolicy": ("sglang.srt.managers.schedule_policy", "CacheAwarePolicy"),
     "Scheduler": ("sglang.srt.managers.scheduler", "Scheduler"),
     "NewTokenRatioTracker": (
         "sglang.srt.managers.scheduler_components.new_token_ratio_tracker",

@@ -47,19 +47,19 @@ Longest output first (`--schedule-policy lof`): SGLang sorts its waiting queue b
 `max_new_tokens`, longest first, before every round (after the priority under priority
 scheduling), and the header declares `longest_output_first` (`sglang-dllm-order-lof`, or
 `sglang-dllm-order-priority-lof` with both, is then its twin). A cache-aware policy is FCFS
-on the dLLM path with the radix cache off (which a log requires, below), and so is routing-key
+on the dLLM path with the radix cache off (with it on, a `ConfigError`), and so is routing-key
 (it sorts only against a running batch, which the dLLM path does not pass), priority
 scheduling included; attaching to a scheduler under `--schedule-policy random` is a
 `ConfigError` (no log describes a shuffle).
 
 Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
 which an event log does not describe; attaching to one is a `ConfigError` naming
-`enable_overlap` (serve with `--disable-overlap-schedule` to log). Without the radix cache
-only: SGLang 0.5.23 serves dLLMs with its block-level radix cache on by default (SGLang PR
-#18724), which keeps a finished request's blocks cached and shares prompt prefixes; the dLLM
-spec models no prefix cache yet, so attaching to such a scheduler is a `ConfigError` naming
-`radix_cache` (serve with `--disable-radix-cache` to log). Each forward and step reads
-the batch's `input_ids` to the host once.
+`enable_overlap` (serve with `--disable-overlap-schedule` to log). With the radix cache on
+(SGLang 0.5.23's default for dLLMs, PR #18724) the header declares `prefix_cache` and the log
+carries the cache's events (`KvCached`, `CacheHit`, `CacheReleased`, `CacheEvicted`), derived
+from the tree's slots by the observer; a cache-aware policy then orders the queue by the
+tree's contents, which no log describes (a `ConfigError`). Each forward and step reads the
+batch's `input_ids` to the host once.
 """
 
 from __future__ import annotations
@@ -112,6 +112,12 @@ def eos_token_of(
     return min(found)
 
 
+def radix_cache_on(scheduler: Any) -> bool:
+    """Whether `scheduler` keeps committed blocks in its radix cache (SGLang's default for
+    dLLMs since its PR #18724; off with `--disable-radix-cache`)."""
+    return not bool(getattr(getattr(scheduler, "tree_cache", None), "disable", True))
+
+
 def dllm_config_of(scheduler: Any) -> DllmConfig:
     """A SGLang dLLM scheduler's effective settings as a `DllmConfig` (a ConfigError when the
     scheduler is not a dLLM one or the spec has no such configuration)."""
@@ -131,6 +137,7 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
             max_running_requests=int(sg.max_running_requests),
             max_context=int(scheduler.model_config.context_len),
             mode=Mode.FDFO if fdfo else Mode.SYNC,
+            prefix_cache=radix_cache_on(scheduler),
             in_place_reuse=fdfo,  # unconditional under FDFO (mem_cache/allocation.py:387)
             reloop=False,  # one forward and one step per FDFO round (dllm/algorithm/base.py)
             mask_token_id=int(sg.mask_id),
@@ -150,10 +157,12 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
 
 def schedule_policy_of(scheduler: Any) -> str:
     """The order `scheduler`'s `SchedulePolicy` gives its waiting queue on the dLLM path:
-    "fcfs" (a cache-aware policy is FCFS too with the radix cache off, which a log requires:
+    "fcfs" (a cache-aware policy is FCFS too with the radix cache off:
     `_validate_and_adjust_policy`), "lof", or "routing-key" (which sorts nothing there:
     `get_new_batch_dllm` passes `calc_priority` no running batch). "random" shuffles the queue,
-    an order no log describes: a `ConfigError` naming the policies that can be logged."""
+    and a cache-aware policy with the radix cache on (`lpm`, `dfs-weight`, `hrrn`,
+    `shortest-prefill-first`) sorts it by what the tree holds: orders no log describes, a
+    `ConfigError` naming the policies that can be logged."""
     policy = getattr(getattr(scheduler, "policy", None), "policy", None)
     value = str(getattr(policy, "value", "fcfs"))
     if value not in ("fcfs", "lof", "routing-key"):
@@ -161,8 +170,8 @@ def schedule_policy_of(scheduler: Any) -> str:
             "schedule_policy",
             value,
             "fcfs or lof (or a policy that is FCFS on the dLLM path: a cache-aware one with the "
-            "radix cache off, or routing-key); a random order is not a scheduling policy an "
-            "event log can be checked against",
+            "radix cache off, or routing-key); a random order, or one by the radix cache's "
+            "contents, is not a scheduling policy an event log can be checked against",
         )
     return value
 
@@ -215,14 +224,6 @@ class SglangEventLog:
                 True,
                 "False: the overlap scheduler plans a batch while the previous one runs, which "
                 "an event log does not describe (serve with --disable-overlap-schedule to log)",
-            )
-        if not bool(getattr(getattr(scheduler, "tree_cache", None), "disable", True)):
-            raise ConfigError(
-                "radix_cache",
-                "enabled",
-                "disabled: the radix cache (SGLang's default for dLLM since its PR #18724) keeps "
-                "a finished request's blocks and shares prefixes, which the dLLM spec does not "
-                "model yet (serve with --disable-radix-cache to log)",
             )
         self.scheduler = scheduler
         self.config: DllmConfig = dllm_config_of(scheduler)

@@ -20,6 +20,11 @@ this one derivation:
   `process_batch_result_dllm` (a row without `dllm_incomplete_ids` committed its block;
   `req.finished()`).
 
+With the radix cache on (`DllmConfig.prefix_cache`, SGLang's default for dLLMs), a view also
+reads the tree's slots (`all_values_flatten`): a row position whose slot the tree holds is a
+read of a cached block, not an owned slot, and `spec.reconstruct` derives `KvCached`,
+`CacheHit`, `CacheReleased` and `CacheEvicted` from two views.
+
 Ids (`DllmPolicy.reserved_kv_pages = 1`, `reserved_rows = 1`): SGLang keeps KV page 0 and
 request-pool row 0 for padding, so spec slot = engine slot - page_size and spec row = engine
 row - 1; the spec's pool is the rest.
@@ -180,29 +185,46 @@ class SglangObserver:
                 free.add(int(page) * p + off - p)
         return frozenset(s for s in free if 0 <= s < self.config.kv_slots)
 
+    def cached_slots(self) -> frozenset[int]:
+        """The spec's slots SGLang's radix tree holds (none with the cache disabled)."""
+        if not self.config.prefix_cache:
+            return frozenset()
+        tree = self.scheduler.tree_cache
+        if getattr(tree, "disable", True):
+            return frozenset()
+        p = self.config.page_size
+        return frozenset(int(v) - p for v in tree.all_values_flatten().tolist())
+
     def read_view(self) -> PoolView:
         """SGLang's pools now, in spec ids. A slot that no row references any more but that the
-        allocator has not freed stays with its last owner: a leak shows up as KV the request
-        still owns (terminal_owns_nothing), not as a silent gap."""
+        allocator has not freed (nor the tree holds) stays with its last owner: a leak shows up
+        as KV the request still owns (terminal_owns_nothing), not as a silent gap."""
         p = self.config.page_size
         b = self.config.block_size
         table = self.scheduler.req_to_token_pool.req_to_token
+        cached = self.cached_slots()
         slots: dict[int, SlotOwner] = {}
+        reads: dict[SlotOwner, list[int]] = {}
         rows: dict[int, str] = {}
         for row, req in self._engine_rows().items():
             rid = self.request_id(req)
             rows[row - 1] = rid
             n = int(req.kv.kv_allocated_len)
             for pos, slot in enumerate(table[row, :n].tolist()):
-                slots[int(slot) - p] = (rid, pos // b)
+                spec_slot = int(slot) - p
+                if spec_slot in cached:
+                    reads.setdefault((rid, pos // b), []).append(spec_slot)
+                else:
+                    slots[spec_slot] = (rid, pos // b)
         free = self.free_slots()
         for slot, owner in self._owners.items():
-            if slot not in slots and slot not in free:
+            if slot not in slots and slot not in free and slot not in cached:
                 slots[slot] = owner
         self._owners = dict(slots)
         held = set(rows.values())
         running = tuple(r for r in self._admitted if r in held)
-        return PoolView(slots, rows, running)
+        frozen_reads = {owner: tuple(read) for owner, read in reads.items()}
+        return PoolView(slots, rows, running, cached, frozen_reads)
 
     def _sync_pools(self, *, acquire: bool) -> None:
         """Emit the pool events from the previous view to SGLang's pools now."""
@@ -235,6 +257,7 @@ class SglangObserver:
             rows=dict(view.rows),
             running=frozenset(view.running),
             carrying=self.carrying(),
+            cached_slots=view.cached if self.config.prefix_cache else None,
         )
 
     def collect_outputs(self) -> Mapping[str, FinishedOutput]:

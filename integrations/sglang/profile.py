@@ -13,6 +13,12 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   (`ReqToTokenPool(size=max_num_reqs)`); with fewer rows SGLang stalls (a finding, see
   docs/engines.md), so the profile does not claim that space (the candidate fixes of
   `integrations.sglang.fixes` lift this restriction and the KV headroom);
+- the radix cache on or off (`prefix_cache={False, True}`): SGLang 0.5.23 serves dLLMs with
+  its block-level radix cache unless `--disable-radix-cache` (PR #18724); committed blocks are
+  checkpointed into the tree after every block (`finish_dllm_forward` ->
+  `stash_chunked_request` -> `checkpoint_kv_cache`), a new request's match is bounded to whole
+  committed blocks (`Req._compute_max_prefix_len`), and the tree evicts unlocked leaves for an
+  allocation;
 - reserved KV page 0 and request-pool row 0 (padding for CUDA-graph batches,
   mem_cache/memory_pool.py:400 and the allocators' `clear`);
 - admission PREFILL_FIRST: `_process_dllm_batches` tries the prefill batch first and falls back
@@ -69,6 +75,7 @@ SGLANG_DLLM_PROFILE = DllmProfile(
         reloop=frozenset({False}),
         rows_equal_max_running=True,
         kv_headroom_pages=4,  # its admission estimate exceeds the spec's worst case: findings
+        prefix_cache=frozenset({False, True}),  # the radix cache, on by default (PR #18724)
     ),
     policy=DllmPolicy(
         admission=DllmAdmission.PREFILL_FIRST,

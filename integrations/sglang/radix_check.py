@@ -19,7 +19,12 @@ the same scripted step) and checks what must hold whatever the cache does:
   live request's row or by the tree;
 - `no_leak`, once drained: no request row is held, nothing in the tree is locked, and every
   usable slot is free or evictable in the tree;
-- `progress`: the loop drains within a bound; SGLang raising is `implementation_error`.
+- `progress`: the loop drains within a bound; SGLang raising is `implementation_error`;
+- `spec:<rule>` (with `spec`, the default): the run's event log, written by `SglangEventLog`
+  attached as on a server, breaks that rule of the dLLM spec with its prefix cache
+  (`DllmConfig.prefix_cache`: `KvCached`, `CacheHit`, `CacheReleased`, `CacheEvicted`). The log
+  is checked up to where the run stopped, and its violation is reported before an outcome
+  rule's (it is the earlier symptom).
 
 Writes are read where the worker runs a batch: each forward writes the KV of its input ids at
 the batch's `out_cache_loc`. Depends on `integrations.sglang.engine` (SGLang imported there).
@@ -43,8 +48,13 @@ from integrations.sglang.engine import (
     run_worker,
     scripted_token,
 )
+from integrations.sglang.event_log import SglangEventLog
 from spec.config import DllmConfig, Mode, RequestSpec, validate_request
-from spec.errors import RequestError
+from spec.errors import RequestError, SpecViolation
+from spec.events import CacheEvicted, CacheHit, KvCached
+from spec.machine import SpecMachine
+from spec.profile import DllmPolicy
+from spec.trace import iter_trace
 
 RULES = (
     "output_content",
@@ -53,6 +63,7 @@ RULES = (
     "no_leak",
     "progress",
     "implementation_error",
+    "spec:<rule>",
 )
 
 
@@ -104,6 +115,9 @@ class RadixCounts:
     hits: int = 0  # admissions that took at least one block from the cache
     hit_blocks: int = 0  # blocks taken from the cache, over those admissions
     evictions: int = 0  # rounds after which the tree held fewer slots than before
+    log_cached: int = 0  # the event log's `KvCached` events (blocks that entered the cache)
+    log_hits: int = 0  # its `CacheHit` events (blocks read from the cache)
+    log_evicted: int = 0  # its `CacheEvicted` events
 
 
 def expected_output(request: RadixRequest, mask: int) -> tuple[int, ...]:
@@ -123,11 +137,14 @@ class RadixLoop:
     """SGLang's dLLM scheduler and worker with the radix cache on, driven round by round as its
     event loop does (`get_next_batch_to_run`, the worker, `process_batch_result_dllm`), with
     the checks of the module. `mutate`, if given, is applied to the engine once built (seeded
-    bugs)."""
+    bugs). With `spec`, an `SglangEventLog` writes the run's events to `log` (attached after
+    `mutate`, as on a server whose code has the bug)."""
 
     config: DllmConfig
     mutate: Callable[[Engine], None] | None = None
     radix_cache: bool = True
+    spec: bool = True
+    log: list[str] = field(default_factory=list)
     engine: Engine = field(init=False)
     counts: RadixCounts = field(default_factory=RadixCounts)
     written: dict[int, tuple[int, int]] = field(default_factory=dict)  # slot -> (token, forward)
@@ -153,6 +170,8 @@ class RadixLoop:
         runner.forward = recorded
         if self.mutate is not None:
             self.mutate(self.engine)
+        if self.spec:
+            SglangEventLog(self.engine.scheduler, self.log.append, worker=self.engine.worker)
 
     # ------------------------------------------------------------------ driving
     def submit(self, request: RadixRequest) -> None:
@@ -459,10 +478,49 @@ def check_program(
     mutate: Callable[[Engine], None] | None = None,
     *,
     radix_cache: bool = True,
+    spec: bool = True,
 ) -> RadixCounts:
     """Run `program` through a fresh `RadixLoop` (with the cache off: the control), raising
-    `RadixViolation` on a broken rule."""
-    return RadixLoop(program.config, mutate, radix_cache).run(program)
+    `RadixViolation` on a broken rule; with `spec`, its event log is checked against the dLLM
+    spec too (`spec:<rule>`, reported first: see the module)."""
+    loop = RadixLoop(program.config, mutate, radix_cache, spec)
+    try:
+        counts = loop.run(program)
+    except RadixViolation:
+        if spec:
+            check_log(loop.log, loop.counts)
+        raise
+    if spec:
+        check_log(loop.log, counts)
+    return counts
+
+
+def check_log(lines: list[str], counts: RadixCounts) -> None:
+    """Replay an `SglangEventLog`'s lines into a `SpecMachine` under the configuration and
+    policy its header declares (as `schedspec check-trace` does), counting its cache events
+    into `counts`; a `RadixViolation` `spec:<rule>` at the first violation."""
+    config: DllmConfig | None = None
+    policy: DllmPolicy | None = None
+    machine: SpecMachine | None = None
+    for line, item in iter_trace(lines):
+        if isinstance(item, DllmConfig):
+            config = item
+            continue
+        if isinstance(item, DllmPolicy):
+            policy = item
+            continue
+        if machine is None:
+            if config is None:
+                raise ValueError("the event log has no config header (SglangEventLog writes one)")
+            machine = SpecMachine(config, policy, retain_finished=False)
+        try:
+            machine.apply(item)
+            machine.check_changed()
+        except SpecViolation as violation:
+            raise RadixViolation(f"spec:{violation.rule}", f"line {line}: {violation}") from None
+        counts.log_cached += isinstance(item, KvCached)
+        counts.log_hits += isinstance(item, CacheHit)
+        counts.log_evicted += isinstance(item, CacheEvicted)
 
 
 __all__ = [
@@ -472,6 +530,7 @@ __all__ = [
     "RadixProgram",
     "RadixRequest",
     "RadixViolation",
+    "check_log",
     "check_program",
     "expected_output",
     "radix_program",

@@ -17,12 +17,16 @@ from spec.events import (
     Aborted,
     Admitted,
     BlockCommitted,
+    CacheEvicted,
+    CacheHit,
+    CacheReleased,
     ControlReturned,
     Event,
     Finished,
     FinishReason,
     Forward,
     KvAllocated,
+    KvCached,
     KvFreed,
     RowAcquired,
     RowReleased,
@@ -53,6 +57,8 @@ def _check_geometry(cfg: DllmConfig, geom: Geometry) -> None:
         raise NotEncodable(f"config {cfg} does not match geometry {geom}")
     if cfg.req_pool_rows > geom.rows or cfg.max_running_requests > geom.running:
         raise NotEncodable("rows or max_running beyond the geometry")
+    if cfg.prefix_cache:
+        raise NotEncodable("the encoding has no prefix cache (prefix_cache=True)")
 
 
 def _first_slot(slots: tuple[int, ...], geom: Geometry, what: str) -> int:
@@ -307,6 +313,8 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         out["request"] = idx(event.request_id)
     elif isinstance(event, ControlReturned):
         out["round_index"] = event.round_index
+    elif isinstance(event, KvCached | CacheHit | CacheReleased | CacheEvicted):
+        pass  # the kind alone: without a prefix cache every cache event is disabled
     else:  # pragma: no cover - every event type is handled above
         raise NotEncodable(f"unknown event {event!r}")
     return out

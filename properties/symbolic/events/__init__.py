@@ -19,10 +19,14 @@ from properties.symbolic.events import (
     aborted,
     admitted,
     block_committed,
+    cache_evicted,
+    cache_hit,
+    cache_released,
     control_returned,
     finished,
     forward,
     kv_allocated,
+    kv_cached,
     kv_freed,
     row_acquired,
     row_released,
@@ -63,6 +67,10 @@ _MODULES = (
     finished,
     aborted,
     control_returned,
+    kv_cached,
+    cache_hit,
+    cache_released,
+    cache_evicted,
 )
 _BY_KIND = {m.__name__.rsplit(".", 1)[1]: m for m in _MODULES}
 

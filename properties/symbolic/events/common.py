@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import z3
 
 from properties.symbolic.codes import NONE_BLOCK
+from properties.symbolic.guard import Guard
 from properties.symbolic.params import Params
 from properties.symbolic.state import State, Terms
 from properties.symbolic.terms import Z
@@ -35,3 +36,9 @@ def without_current_block(enc: Encoding, s: State, p: Params) -> dict[str, Any]:
         "masks": at_request(enc, p, s.masks, lambda i: -1),
         "alloc_round": at_request(enc, p, s.alloc_round, lambda i: -1),
     }
+
+
+def no_prefix_cache() -> list[Guard]:
+    """The guards of every prefix-cache event kind: never enabled, labelled with the rule
+    `SpecMachine` names for a cache event without a cache (the encoding has no cache)."""
+    return [Guard("prefix_cache_on", z3.BoolVal(False))]
