@@ -30,7 +30,12 @@ from hypothesis.stateful import (
 from properties.conformance_base import ConformanceBase, StepCounter
 from properties.decisions import DecisionTwin, twin_difference
 from properties.harness import Harness, SoloCache, check_parity
-from properties.strategies import dllm_configs, prompts, stop_token_id_sets
+from properties.strategies import (
+    dllm_configs,
+    prompts,
+    shared_stem_prompts,
+    stop_token_id_sets,
+)
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
 from spec.profile import DllmProfile
@@ -70,11 +75,15 @@ def conformance_machine(
         the example's operations run through it and must admit and forward exactly as the
         implementation did (rule `twin_decisions`); it is checked against the spec under
         `twin_profile` (default: `profile`).
-    prompt_strategy: the prompts drawn (default `prompts(20)`; `shared_stem_prompts(20)` for
-        an implementation with a prefix cache, so that requests share prefixes).
+    prompt_strategy: the prompts drawn (default `prompts(20)`, or `shared_stem_prompts(20)` for
+        an implementation whose space has only `prefix_cache=True`, so that requests share
+        prefixes).
     """
     config_strategy = configs if configs is not None else dllm_configs(space=profile.space)
-    prompt = prompts(20) if prompt_strategy is None else prompt_strategy
+    if prompt_strategy is None:  # a cache-only implementation gets prompts that share stems
+        cache_only = profile.space.prefix_cache == frozenset({True})
+        prompt_strategy = shared_stem_prompts(20) if cache_only else prompts(20)
+    prompt = prompt_strategy
     new_tokens = st.integers(1, 20)
     # for an implementation that takes the option: ignore_eos on a quarter of the requests,
     # stop token ids on half (`stop_token_id_sets`); nothing drawn otherwise

@@ -32,7 +32,8 @@ def dllm_configs(
 ) -> DllmConfig:
     """Configurations inside `space` (an implementation's declared space; default: all).
 
-    Block sizes up to `max_block` and page multiples up to 3 unless the space names others.
+    Block sizes up to `max_block` and page multiples up to 3 unless the space names others;
+    `prefix_cache` on only when the space has nothing else.
     """
     if space.block_sizes is None:
         block = draw(st.integers(1, max_block))
@@ -79,6 +80,9 @@ def dllm_configs(
         reloop=fdfo and _switch(draw, space.reloop),
         mask_token_id=-1,
         eos_token_id=draw(st.sampled_from([None, EOS])),
+        # on only for a space that runs nothing else (a cache-only implementation); a space
+        # with both leaves it off unless a suite passes its own configurations
+        prefix_cache=space.prefix_cache == frozenset({True}),
     )
 
 

@@ -133,6 +133,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         twin="reference.dllm:LONGEST_OUTPUT_FIRST_TWIN",
     ),
     _dllm(
+        "reference-dllm-cached",
+        (
+            "reference.prefix_cache:REFERENCE_DLLM_CACHED",
+            "reference.prefix_cache:make_caching_scheduler",
+        ),
+        "the reference with a prefix cache (SGLang's radix cache): blocks cached, read, evicted",
+    ),
+    _dllm(
         "sglang-dllm-order",
         (
             "reference.sglang_dllm:SGLANG_DLLM_ORDER",

@@ -10,6 +10,7 @@ suite itself is unchanged.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from reference.dllm import (
 )
 from reference.kv_pool import PagedKvPool, RequestPool
 from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
+from reference.prefix_cache import CACHED_PROFILE, CachingKvPool, CachingReferenceScheduler
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import FinishReason, KvAllocated
@@ -444,6 +446,90 @@ class ShortestOutputFirst(ReferenceDllmScheduler):
         return priority, -negated_length
 
 
+# --- the prefix cache (reference.prefix_cache) ---------------------------------------------
+
+
+class CachesBeforeCommit(CachingReferenceScheduler):
+    """Caches a done block while it is committed, before the commit is reported (an engine
+    that inserts into its tree from the step's results)."""
+
+    def _commit(self, req: _Req) -> None:
+        k = req.committed_blocks
+        self.kv.cache(req.rid, k, self._key([*req.committed, *(req.block_tokens or ())], k))
+        ReferenceDllmScheduler._commit(self, req)
+
+
+class KeysBlocksAlone(CachingReferenceScheduler):
+    """Keys a cached block by its own tokens and position, not by the whole prefix before it
+    (the reason vLLM chains each block's hash to its parent's)."""
+
+    def _key(self, tokens: list[int] | tuple[int, ...], block_index: int) -> tuple[int, ...]:
+        b = self.config.block_size
+        return (block_index, *tokens[block_index * b : (block_index + 1) * b])
+
+
+class _EvictsReadBlocks(CachingKvPool):
+    def _victim(self) -> tuple[int, ...]:
+        return min((b.last_used, key) for key, b in self.cached.items())[1]  # read or not
+
+
+class EvictsReadBlocks(CachingReferenceScheduler):
+    """Evicts the least recently used cached block whether or not a request reads it (a tree
+    that forgets a hit's lock)."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        super().__init__(config, sink)
+        self.kv = _EvictsReadBlocks(config, sink)
+
+
+class NeverReleasesReads(CachingReferenceScheduler):
+    """Finishes and aborts without releasing the request's cached blocks (a lock never
+    dropped)."""
+
+    def _release(self, req: _Req) -> None:
+        ReferenceDllmScheduler._release(self, req)
+
+
+class _ReusesCachedPages(CachingKvPool):
+    def _evict(self, key: tuple[int, ...]) -> None:
+        page = self.cached[key].slots[0] // self.config.page_size
+        self.free_pages.add(page)  # handed out while the cache still holds it
+        heapq.heappush(self._page_heap, page)
+
+
+class AllocatesCachedPages(CachingReferenceScheduler):
+    """Hands out the page of an unread cached block without evicting it (SGLang's refused
+    request, whose stale match the tree still held, got its evicted pages back)."""
+
+    def __init__(self, config: DllmConfig, sink: EventSink) -> None:
+        super().__init__(config, sink)
+        self.kv = _ReusesCachedPages(config, sink)
+
+
+def _cached(cls: type[CachingReferenceScheduler]) -> ImplementationFactory:
+    def factory(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+        if not config.prefix_cache:  # the parity check's solo runs: the plain reference
+            return ReferenceDllmScheduler(config, sink)
+        return cls(config, sink)
+
+    factory.__name__ = f"make_{cls.__name__}"
+    return factory
+
+
+def _cache_mutant(
+    name: str, rule: str, cls: type[CachingReferenceScheduler], description: str
+) -> Mutant:
+    """A mutant of the caching reference, checked under its profile (prompts sharing stems)."""
+    return Mutant(
+        name,
+        rule,
+        _cached(cls),
+        dllm_configs(space=CACHED_PROFILE.space),
+        description,
+        CACHED_PROFILE,
+    )
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -762,6 +848,37 @@ MUTANTS: dict[str, Mutant] = {
             LONGEST_OUTPUT_FIRST_POLICY,
             _tight_pool(),
             "under a longest-output-first queue the shortest output is admitted first",
+        ),
+        _cache_mutant(
+            "caches_before_commit",
+            "cache_committed_only",
+            CachesBeforeCommit,
+            "a done block enters the prefix cache before its commit is reported",
+        ),
+        _cache_mutant(
+            "keys_blocks_alone",
+            "cache_hit_content",
+            KeysBlocksAlone,
+            "cached blocks are keyed by their own tokens, not the whole prefix: a request reads "
+            "KV computed after another prefix",
+        ),
+        _cache_mutant(
+            "evicts_read_blocks",
+            "evict_unread_only",
+            EvictsReadBlocks,
+            "eviction takes the least recently used cached block, read or not",
+        ),
+        _cache_mutant(
+            "never_releases_reads",
+            "terminal_owns_nothing",
+            NeverReleasesReads,
+            "a request ends still reading its cached blocks",
+        ),
+        _cache_mutant(
+            "allocates_cached_pages",
+            "kv_exclusive",
+            AllocatesCachedPages,
+            "an allocation takes the page of a cached block the cache still holds",
         ),
     )
 }

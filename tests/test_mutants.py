@@ -100,11 +100,14 @@ def test_reference_itself_passes_the_same_hunt() -> None:
     assert err is None, failure_from(err, printed).message
 
 
-@pytest.mark.parametrize("name", ["double_free", "sync_returns_early", "ragged_row"])
+@pytest.mark.parametrize(
+    "name", ["double_free", "sync_returns_early", "ragged_row", "keys_blocks_alone"]
+)
 def test_counterexamples_are_shrunk(name: str) -> None:
     """With shrinking on, the printed program is short: configure, a submit or two, a round."""
     mutant = MUTANTS[name]
-    err, printed = run_machine(conformance_machine(mutant.factory, configs=mutant.configs), SHRINK)
+    machine = conformance_machine(mutant.factory, profile=mutant.profile, configs=mutant.configs)
+    err, printed = run_machine(machine, SHRINK)
     assert err is not None
     failure = failure_from(err, printed)
     assert failure.rule == mutant.rule
