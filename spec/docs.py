@@ -69,7 +69,9 @@ Modelling choices (stated so they can be argued with):
 - With `DllmConfig.prefix_cache` (SGLang's radix cache) a committed block's KV can outlive its
   request: `KvCached` hands a block a request owns whole to the cache, keyed by the request's
   tokens from position 0 through the block's end (its KV depends on every token before it and
-  on the whole block), and the request keeps reading it. `CacheHit` makes a request read a
+  on the whole block; the spec holds the key as the block's index, its tokens and a SHA-256
+  chained over the blocks before it, a fixed size per block), and the request keeps reading
+  it. `CacheHit` makes a request read a
   cached block with exactly its own key: its next block (which is then committed without a
   forward, and must lie wholly inside its prompt) or a committed block whose own copy it then
   frees (SGLang's insert of a block the tree already holds). `CacheReleased` ends a read;

@@ -52,7 +52,7 @@ from spec.lifecycles import (
     RequestPhase,
 )
 from spec.machine_base import MachineBase
-from spec.prefix_cache import CacheEntry, CacheRefused, PrefixCache, first_difference
+from spec.prefix_cache import ROOT, BlockKey, CacheEntry, CacheRefused, PrefixCache, chain
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.rules import Rule
 from spec.snapshot import FinishedOutput, Snapshot
@@ -97,6 +97,8 @@ class _Request:
     priority: int = 0  # its queue order under `DllmPolicy.priority_order` (`Submitted.priority`)
     reads: dict[int, CacheEntry] = field(default_factory=dict)  # block -> cached block it reads
     hit_round: int | None = None  # the round of its latest hit on its next block
+    # with a prefix cache: the chained digest of each committed block (`spec.prefix_cache`)
+    digests: list[bytes] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -445,6 +447,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             self._claimed_pages -= self._pages(r)
         if not self.retain_finished and (phase is _FINISHED or phase is _ABORTED):
             r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
+            r.digests = []
 
     def reindex(self) -> None:
         """Rebuild the derived indexes (active requests, per-request blocks, claimed pages)
@@ -640,7 +643,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 Rule.KV_EXCLUSIVE, f"slots {bad} outside the pool [0, {cfg.kv_slots})", e
             )
         taken: dict[int, object] = {s: self._owner[s] for s in e.slots if s in self._owner}
-        taken.update({s: "prefix cache" for s in e.slots if self._cache.holds(s)})
+        if self._cache:  # cached slots are taken too (an empty cache: nothing to look up)
+            taken.update({s: "prefix cache" for s in e.slots if self._cache.holds(s)})
         if taken or len(set(e.slots)) != len(e.slots):
             raise self._fail(
                 Rule.KV_EXCLUSIVE, f"slots already owned (slot: owner) {taken or 'duplicated'}", e
@@ -691,7 +695,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             users = sorted(
                 {str(self._owner[s]) for s in range(page * p, page * p + p) if s in self._owner}
             )
-            if any(self._cache.holds(s) for s in range(page * p, page * p + p)):
+            if self._cache and any(self._cache.holds(s) for s in range(page * p, page * p + p)):
                 users.append("prefix cache")
             if users:
                 raise self._fail(
@@ -923,6 +927,8 @@ class SpecMachine(MachineBase[Event, Rule]):
         if target is None:  # pragma: no cover - RUNNING always allows it
             raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
+        if cfg.prefix_cache:
+            r.digests.append(chain(r.digests[-1] if r.digests else ROOT, e.tokens))
         r.committed_blocks += 1
         r.last_commit_round = self._round.index
         r.current = None
@@ -1220,6 +1226,11 @@ class SpecMachine(MachineBase[Event, Rule]):
             return f"held by the prefix cache (block {list(entry.slots)})"
         return "free"
 
+    def _block_key(self, r: _Request, k: int) -> BlockKey:
+        """The content key of committed block `k` of `r`."""
+        b = self.config.block_size
+        return BlockKey(k, tuple(r.tokens[k * b : (k + 1) * b]), r.digests[k])
+
     def _require_cache(self, e: Event) -> None:
         if not self.config.prefix_cache:
             raise self._fail(
@@ -1258,8 +1269,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         for slot in e.slots:
             self._disown(slot)
-        key = tuple(r.tokens[: (k + 1) * self.config.block_size])
-        r.reads[k] = self._cache.insert(tuple(e.slots), key, (rid, k))
+        r.reads[k] = self._cache.insert(tuple(e.slots), self._block_key(r, k), (rid, k))
         self._dirty[rid] = None
 
     def _cache_hit(self, e: CacheHit) -> None:
@@ -1289,7 +1299,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"generated)",
                     e,
                 )
-            want = r.prompt[: (k + 1) * b]
+            block = tuple(r.prompt[k * b : (k + 1) * b])
+            want = BlockKey(k, block, chain(r.digests[-1] if r.digests else ROOT, block))
         elif 0 <= k < r.committed_blocks:
             if k in r.reads:
                 raise self._fail(
@@ -1298,7 +1309,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                     f"{list(r.reads[k].slots)}",
                     e,
                 )
-            want = tuple(r.tokens[: (k + 1) * b])
+            want = self._block_key(r, k)
         else:
             raise self._fail(
                 Rule.CACHE_HIT_CONTENT,
@@ -1313,13 +1324,14 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.CACHE_HIT_CONTENT,
                 f"{rid!r} hits cached block {list(entry.slots)} as its block {k}, but the "
-                f"cached content is not its own: {first_difference(entry.key, want)}",
+                f"cached content is not its own: {entry.key.difference(want)}",
                 e,
             )
         entry.readers[(rid, k)] = None
         r.reads[k] = entry
         if nxt:  # the block is committed without a forward: its KV is the cache's
-            r.tokens.extend(want[k * b :])
+            r.tokens.extend(want.tokens)
+            r.digests.append(want.digest)
             r.committed_blocks += 1
             r.hit_round = self._round.index
         self._dirty[rid] = None

@@ -4,8 +4,11 @@ content key, and which (request, block) pairs read each cached block.
 A cached block is whole (block_size slots, position order) and keyed by content: the tokens
 from position 0 through the block's end of the request that cached it. Its KV depends on that
 whole prefix (every block attends to the blocks before it, and bidirectionally within itself),
-so a hit is sound only on an identical key. Cached slots are neither free nor owned by a
-request; a block no request reads may be evicted, and its slots are free again.
+so a hit is sound only on an identical key. A key is held as a `BlockKey`: the block's index,
+its own tokens, and a SHA-256 chained over every block up to it (`chain`), so the spec keeps
+a fixed amount per cached block however long the context, and still tells where two keys
+differ: the block's own tokens, or the prefix before it. Cached slots are neither free nor
+owned by a request; a block no request reads may be evicted, and its slots are free again.
 
 `PrefixCache` keeps the tables and refuses what would break them with `CacheRefused(rule,
 detail)`; `SpecMachine` turns that into a `SpecViolation` naming the event and the state.
@@ -13,11 +16,45 @@ detail)`; `SpecMachine` turns that into a `SpecViolation` naming the event and t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from spec.rules import Rule
 from spec.state import CachedBlock, SlotOwner
+
+ROOT = b""  # the chain's start: the empty prefix
+
+
+def chain(previous: bytes, block: Sequence[int]) -> bytes:
+    """The digest of a prefix that ends with `block`, given the digest of the prefix before it
+    (`ROOT` for block 0): SHA-256 over the previous digest and the block's token ids."""
+    digest = hashlib.sha256(previous)
+    digest.update(",".join(map(str, block)).encode())
+    return digest.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    """A block's content key: its index, its own tokens, and the chained digest of every
+    token from position 0 through its end (equal digests: equal prefixes)."""
+
+    block_index: int
+    tokens: tuple[int, ...]
+    digest: bytes
+
+    def difference(self, wanted: BlockKey) -> str:
+        """Where this (cached) key and a request's part, in words."""
+        if self.block_index != wanted.block_index:
+            return f"it was cached as block {self.block_index}, not block {wanted.block_index}"
+        for i, (a, b) in enumerate(zip(self.tokens, wanted.tokens, strict=True)):
+            if a != b:
+                at = self.block_index * len(self.tokens) + i
+                return f"position {at} holds {a} in the cache and {b} in the request"
+        return (
+            f"block {self.block_index} holds the same tokens {list(self.tokens)}, but the "
+            f"tokens before it differ"
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -26,12 +63,15 @@ class CacheEntry:
     they started reading)."""
 
     slots: tuple[int, ...]
-    key: tuple[int, ...]
+    key: BlockKey
     readers: dict[SlotOwner, None]
 
     def frozen(self) -> CachedBlock:
         """The block as the abstract state shows it."""
-        return CachedBlock(self.slots, self.key, frozenset(self.readers))
+        key = self.key
+        return CachedBlock(
+            self.slots, key.block_index, key.tokens, key.digest.hex(), frozenset(self.readers)
+        )
 
 
 class CacheRefused(Exception):
@@ -70,7 +110,7 @@ class PrefixCache:
         """Every cached block, frozen (`AbstractState.cache`)."""
         return tuple(entry.frozen() for entry in self.entries())
 
-    def insert(self, slots: tuple[int, ...], key: tuple[int, ...], reader: SlotOwner) -> CacheEntry:
+    def insert(self, slots: tuple[int, ...], key: BlockKey, reader: SlotOwner) -> CacheEntry:
         """Cache a block the caller checked is committed and owned whole by `reader`, which
         keeps reading it."""
         entry = CacheEntry(tuple(slots), key, {reader: None})
@@ -130,12 +170,4 @@ class PrefixCache:
                 del self._by_slot[slot]
 
 
-def first_difference(cached: tuple[int, ...], wanted: tuple[int, ...]) -> str:
-    """Where a cached key and a request's tokens part, in words."""
-    if len(cached) != len(wanted):
-        return f"the cached key has {len(cached)} tokens, the block ends at {len(wanted)}"
-    at = next(i for i, (a, b) in enumerate(zip(cached, wanted, strict=True)) if a != b)
-    return f"position {at} holds {cached[at]} in the cache and {wanted[at]} in the request"
-
-
-__all__ = ["CacheEntry", "CacheRefused", "PrefixCache", "first_difference"]
+__all__ = ["ROOT", "BlockKey", "CacheEntry", "CacheRefused", "PrefixCache", "chain"]

@@ -78,12 +78,15 @@ class RoundState:
 
 @dataclass(frozen=True, slots=True)
 class CachedBlock:
-    """A block in the prefix cache (`DllmConfig.prefix_cache`): its slots (position order),
-    its content key (the tokens from position 0 through the block's end) and the (request,
-    block index) pairs that read it."""
+    """A block in the prefix cache (`DllmConfig.prefix_cache`): its slots (position order), its
+    content key (its block index, its own tokens, and the hex SHA-256 chained over every token
+    from position 0 through its end: `spec.prefix_cache.chain`) and the (request, block
+    index) pairs that read it."""
 
     slots: tuple[int, ...]
-    key: tuple[int, ...]
+    block_index: int
+    tokens: tuple[int, ...]
+    digest: str
     readers: frozenset[SlotOwner]
 
 
@@ -152,11 +155,15 @@ def _queue_priorities(state: AbstractState) -> str:
 
 
 def _cache_text(cache: tuple[CachedBlock, ...]) -> str:
-    """The cached blocks: slots, key length and readers (`4-5 key=6 read by r1:b1`)."""
+    """The cached blocks: slots, block index and tokens, readers (`4-5 b1 [3, 4] read by
+    r1:b1`)."""
     parts = []
     for block in sorted(cache, key=lambda c: c.slots):
         readers = ",".join(f"{rid}:b{k}" for rid, k in sorted(block.readers)) or "none"
-        parts.append(f"{_ranges(set(block.slots))} key={len(block.key)} read by {readers}")
+        parts.append(
+            f"{_ranges(set(block.slots))} b{block.block_index} {list(block.tokens)} read by "
+            f"{readers}"
+        )
     return "; ".join(parts) or "-"
 
 

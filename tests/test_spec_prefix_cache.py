@@ -36,6 +36,7 @@ from spec import (
     StepResult,
     Submitted,
 )
+from spec.prefix_cache import ROOT, chain
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.trace import config_to_dict, read_trace, write_events
 
@@ -142,13 +143,16 @@ def test_the_state_shows_the_cache_and_who_reads_it() -> None:
     machine = replay([*CACHE_R0, *FINISH_R0, *HIT_R1[:5]])
     state = machine.state()
     assert state.cached_slots == frozenset({0, 1, 2, 3})
-    assert [(c.slots, c.key) for c in state.cache] == [((0, 1), (1, 2)), ((2, 3), (1, 2, 3, 4))]
+    keys = [(c.slots, c.block_index, c.tokens) for c in state.cache]
+    assert keys == [((0, 1), 0, (1, 2)), ((2, 3), 1, (3, 4))]
+    # the key's digest is chained over the whole prefix, block by block
+    assert state.cache[1].digest == chain(chain(ROOT, (1, 2)), (3, 4)).hex()
     assert state.cache[1].readers == frozenset({("r1", 1)})
     assert state.requests["r1"].cache_reads == {0: (0, 1), 1: (2, 3)}
     assert state.requests["r1"].committed_blocks == 2  # the hits committed the prompt blocks
     assert state.free_slots == frozenset(range(6, 16))
     text = machine.render()
-    assert "cache (2 blocks): 0-1 key=2 read by r1:b0; 2-3 key=4 read by r1:b1" in text
+    assert "cache (2 blocks): 0-1 b0 [1, 2] read by r1:b0; 2-3 b1 [3, 4] read by r1:b1" in text
     assert "reads=[b0:0-1 b1:2-3]" in text
     machine.check_invariants()
     with pytest.raises(SpecViolation, match="cached slots differ") as caught:
@@ -232,6 +236,19 @@ def test_a_hit_reads_only_its_own_content_cache_hit_content() -> None:
         [*short, CacheHit("r1", 0, (0, 1)), CacheHit("r1", 1, (2, 3))], "cache_hit_content"
     )
     assert "not wholly inside its prompt" in text
+    # the block's own tokens agree, the prefix before it does not (a swap after a commit)
+    same_block: list[Event] = [
+        *CACHE_R0,
+        *FINISH_R0,
+        Submitted("r1", (9, 9, 3, 4), 2),
+        Admitted("r1", 0),
+        *prompt_block("r1", 0, (4, 5), (9, 9))[:4],
+        ControlReturned(4),
+        *prompt_block("r1", 1, (6, 7), (3, 4))[:4],
+        CacheHit("r1", 1, (2, 3)),
+    ]
+    text = fires(same_block, "cache_hit_content")
+    assert "block 1 holds the same tokens [3, 4], but the tokens before it differ" in text
     # slots that are not one cached block
     text = fires([*other, CacheHit("r1", 0, (1, 2))], "cache_hit_content")
     assert "are not one cached block" in text
