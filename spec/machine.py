@@ -79,6 +79,13 @@ class _Block:
     masks: int | None = None
 
 
+# Shared, never written: most requests read nothing from a cache, and a retired one holds
+# nothing, so neither keeps a dict or a list of its own (`_reads_of`, `_digests_of` copy them
+# on the first write).
+_NO_READS: dict[int, CacheEntry] = {}
+_NO_DIGESTS: list[bytes] = []
+
+
 @dataclass(slots=True)
 class _Request:
     request_id: str
@@ -95,10 +102,11 @@ class _Request:
     ignore_eos: bool = False  # no token ends it (`Submitted.ignore_eos`)
     stop_token_ids: tuple[int, ...] = ()  # they end it with STOP (`Submitted.stop_token_ids`)
     priority: int = 0  # its queue order under `DllmPolicy.priority_order` (`Submitted.priority`)
-    reads: dict[int, CacheEntry] = field(default_factory=dict)  # block -> cached block it reads
+    # block -> the cached block it reads; `_NO_READS` until its first read (copy on write)
+    reads: dict[int, CacheEntry] = field(default_factory=lambda: _NO_READS)
     hit_round: int | None = None  # the round of its latest hit on its next block
     # with a prefix cache: the chained digest of each committed block (`spec.prefix_cache`)
-    digests: list[bytes] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=lambda: _NO_DIGESTS)
 
 
 @dataclass(slots=True)
@@ -114,6 +122,20 @@ class _Round:
 
 _FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
 _ADMITTED, _RUNNING = RequestPhase.ADMITTED, RequestPhase.RUNNING
+
+
+def _reads_of(r: _Request) -> dict[int, CacheEntry]:
+    """`r.reads`, made its own before the first write."""
+    if r.reads is _NO_READS:
+        r.reads = {}
+    return r.reads
+
+
+def _digests_of(r: _Request) -> list[bytes]:
+    """`r.digests`, made its own before the first write."""
+    if r.digests is _NO_DIGESTS:
+        r.digests = []
+    return r.digests
 
 
 PhaseT = TypeVar("PhaseT", RequestPhase, BlockPhase)
@@ -447,7 +469,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             self._claimed_pages -= self._pages(r)
         if not self.retain_finished and (phase is _FINISHED or phase is _ABORTED):
             r.prompt, r.tokens = (), []  # retired: only the id and the phase are needed
-            r.digests = []
+            r.reads, r.digests = _NO_READS, _NO_DIGESTS
 
     def reindex(self) -> None:
         """Rebuild the derived indexes (active requests, per-request blocks, claimed pages)
@@ -928,7 +950,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(Rule.LIFECYCLE, f"{r.phase.value} cannot commit", e)
         r.tokens.extend(e.tokens)
         if cfg.prefix_cache:
-            r.digests.append(chain(r.digests[-1] if r.digests else ROOT, e.tokens))
+            _digests_of(r).append(chain(r.digests[-1] if r.digests else ROOT, e.tokens))
         r.committed_blocks += 1
         r.last_commit_round = self._round.index
         r.current = None
@@ -1269,7 +1291,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         for slot in e.slots:
             self._disown(slot)
-        r.reads[k] = self._cache.insert(tuple(e.slots), self._block_key(r, k), (rid, k))
+        _reads_of(r)[k] = self._cache.insert(tuple(e.slots), self._block_key(r, k), (rid, k))
         self._dirty[rid] = None
 
     def _cache_hit(self, e: CacheHit) -> None:
@@ -1328,10 +1350,10 @@ class SpecMachine(MachineBase[Event, Rule]):
                 e,
             )
         entry.readers[(rid, k)] = None
-        r.reads[k] = entry
+        _reads_of(r)[k] = entry
         if nxt:  # the block is committed without a forward: its KV is the cache's
             r.tokens.extend(want.tokens)
-            r.digests.append(want.digest)
+            _digests_of(r).append(want.digest)
             r.committed_blocks += 1
             r.hit_round = self._round.index
         self._dirty[rid] = None
