@@ -852,6 +852,33 @@ def test_suite_passes_below_the_headroom_with_every_fix() -> None:
         _run_suite(_every_fix_machine())
 
 
+def test_with_every_fix_sglang_passes_below_the_headroom_with_the_radix_cache_on() -> None:
+    """The same space with the radix cache on (its cached blocks filling the pool, evicted on
+    demand) and prompts that share stems: with the five fixes SGLang passes 150 derandomized
+    examples, reading blocks from the cache and evicting. No decision twin here: a hit changes
+    what SGLang's adder charges, which `reference.sglang_dllm` does not model."""
+    seen: Counter[str] = Counter()
+
+    def counting(config: DllmConfig, sink: EventSink) -> Any:
+        def counted(event: Event) -> None:
+            if isinstance(event, CacheHit | CacheEvicted):
+                seen[event.kind] += 1
+            sink(event)
+
+        return REAL_SGLANG_DLLM.factory(config, counted)
+
+    space = dataclasses.replace(EVERY_FIX_SPACE.space, prefix_cache=frozenset({True}))
+    machine = conformance_machine(
+        counting,
+        profile=dataclasses.replace(EVERY_FIX_SPACE, space=space),
+        parity="always",
+        name="EveryFixRadixCache",
+    )
+    with sglang_fixed(EVERY_FIX):
+        _run_suite(_with_pool_share_submits(machine), examples=150, shrink=False)
+    assert seen["cache_hit"] > 50 and seen["cache_evicted"] > 100, seen
+
+
 def _tight_pools() -> st.SearchStrategy[DllmConfig]:
     """Two or three seats and rows over a pool of three to five pages of one block each: where
     a page more or less charged per admission decides who is admitted."""
