@@ -8,8 +8,9 @@ What runs for real (SGLang's own code, unmodified):
   (mem_cache/allocation.py:374), `finish_dllm_forward` / `stash_chunked_request`;
 - the pools: `ReqToTokenPool` (row 0 reserved for padding), `PagedTokenToKVPoolAllocator`
   (page_size > 1) or `TokenToKVPoolAllocator` (page_size 1) on device `cpu` (page 0 reserved),
-  and `UnifiedRadixCache` with the radix cache disabled (SGLang 0.5.23 turns it on for dLLM by
-  default since its PR #18724; the dLLM spec models no prefix cache yet);
+  and `UnifiedRadixCache`, disabled unless `build(..., radix_cache=True)` (SGLang 0.5.23
+  turns it on for dLLM by default since its PR #18724; a configuration with
+  `DllmConfig.prefix_cache` asks for it);
 - `TpModelWorker._forward_batch_generation_dllm` (managers/tp_worker.py:593) and the base
   `DllmAlgorithm.run` (dllm/algorithm/base.py: `_run_sync` / `_run_fdfo`) with a scripted
   `step` (`ScriptedStep`) in place of a model's logits;

@@ -1,12 +1,14 @@
-"""SGLang 0.5.23's dLLM path with its block-level radix cache on, checked by outcome.
+"""SGLang 0.5.23's dLLM path with its block-level radix cache on, checked by outcome and by the
+dLLM spec on its event log.
 
 SGLang serves dLLMs with the radix cache on by default since its PR #18724: whole committed
 blocks of a finished (or running) request stay in the tree, and a later request whose prompt
 starts with the same tokens reuses their KV (`Req.init_next_round_input` -> `match_kv_cache`,
 bounded to whole committed blocks: "Appended masks and a partial prompt/output block are not
-reusable KV"). The dLLM spec models no prefix cache, so the conformance adapter builds the cache
-disabled; `RadixLoop` runs SGLang's real path with it on (`engine.build(radix_cache=True)`,
-the same scripted step) and checks what must hold whatever the cache does:
+reusable KV"). `RadixLoop` runs SGLang's real path with it on (`engine.build(radix_cache=True)`,
+the same scripted step) over programs whose requests share prompts and continue each other's
+outputs, and checks what must hold whatever the cache does (the conformance suite checks the
+same path under the spec's prefix cache, with generated requests):
 
 - `output_content`: every finished request's output is exactly its scripted tokens (the script
   fixes a token per request and position), the length `max_new_tokens`;
