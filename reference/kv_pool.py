@@ -106,9 +106,13 @@ class PagedKvPool:
             if page not in self.free_pages and all(
                 o is None for o in self.owner[page * p : page * p + p]
             ):
-                self.free_pages.add(page)
-                heapq.heappush(self._page_heap, page)
+                self.page_freed(page)
         self.sink(KvFreed(request_id, tuple(sorted(slots))))
+
+    def page_freed(self, page: int) -> None:
+        """`page` is wholly free again: allocations may take it."""
+        self.free_pages.add(page)
+        heapq.heappush(self._page_heap, page)
 
     def _forget_freed(self, blocks: set[SlotOwner]) -> None:
         """Drop these blocks' groups that hold no slot of theirs any more (so the index holds

@@ -24,11 +24,10 @@ SGLang classifies an incoming request before its match).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 from reference.dllm import ReferenceDllmScheduler, _Req
-from reference.kv_pool import PagedKvPool, PoolExhausted
+from reference.kv_pool import PagedKvPool, PoolExhausted, SlotOwner
 from spec.adapter import EventSink
 from spec.config import DllmConfig
 from spec.errors import ConfigError
@@ -37,12 +36,11 @@ from spec.implementation import DllmImplementation
 from spec.profile import DllmConfigSpace, DllmPolicy, DllmProfile
 from spec.snapshot import Snapshot
 
-SlotOwner = tuple[str, int]
-
 
 @dataclass(slots=True)
-class CachedBlock:
-    """A cached block: its slots, who reads it, and when it was last read or cached."""
+class CachedPage:
+    """A cached block, one page: its slots, who reads it, and when it was last read or cached
+    (the spec's own view of a cached block is `spec.state.CachedBlock`)."""
 
     slots: tuple[int, ...]
     readers: set[SlotOwner] = field(default_factory=set)
@@ -54,7 +52,7 @@ class CachingKvPool(PagedKvPool):
 
     def __init__(self, config: DllmConfig, sink: EventSink) -> None:
         super().__init__(config, sink)
-        self.cached: dict[tuple[int, ...], CachedBlock] = {}  # key -> block
+        self.cached: dict[tuple[int, ...], CachedPage] = {}  # key -> block
         self.cached_slots: set[int] = set()
         self.reads: dict[str, dict[int, tuple[int, ...]]] = {}  # request -> block -> key
         self._clock = 0  # counts cache uses, for least-recently-used eviction
@@ -76,7 +74,7 @@ class CachingKvPool(PagedKvPool):
             self.owner[slot] = None
             self.cached_slots.add(slot)
         self._forget_freed({(request_id, block_index)})
-        self.cached[key] = CachedBlock(own)
+        self.cached[key] = CachedPage(own)
         self.sink(KvCached(request_id, block_index, own))
         self._read(request_id, block_index, key, self.cached[key], announce=False)
 
@@ -93,7 +91,7 @@ class CachingKvPool(PagedKvPool):
         request_id: str,
         block_index: int,
         key: tuple[int, ...],
-        block: CachedBlock,
+        block: CachedPage,
         *,
         announce: bool = True,
     ) -> None:
@@ -132,9 +130,7 @@ class CachingKvPool(PagedKvPool):
         block = self.cached.pop(key)
         for slot in block.slots:
             self.cached_slots.discard(slot)
-        page = block.slots[0] // self.config.page_size
-        self.free_pages.add(page)
-        heapq.heappush(self._page_heap, page)
+        self.page_freed(block.slots[0] // self.config.page_size)
         self.sink(CacheEvicted(block.slots))
 
 
@@ -236,7 +232,7 @@ REFERENCE_DLLM_CACHED = DllmImplementation(
 __all__ = [
     "CACHED_PROFILE",
     "REFERENCE_DLLM_CACHED",
-    "CachedBlock",
+    "CachedPage",
     "CachingKvPool",
     "CachingReferenceScheduler",
     "make_caching_scheduler",

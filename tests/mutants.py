@@ -10,7 +10,6 @@ suite itself is unchanged.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -492,9 +491,8 @@ class NeverReleasesReads(CachingReferenceScheduler):
 
 class _ReusesCachedPages(CachingKvPool):
     def _evict(self, key: tuple[int, ...]) -> None:
-        page = self.cached[key].slots[0] // self.config.page_size
-        self.free_pages.add(page)  # handed out while the cache still holds it
-        heapq.heappush(self._page_heap, page)
+        # handed out while the cache still holds it
+        self.page_freed(self.cached[key].slots[0] // self.config.page_size)
 
 
 class AllocatesCachedPages(CachingReferenceScheduler):
