@@ -329,6 +329,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         engine="sglang",
         default_verify=False,
     ),
+    _dllm(
+        "real-sglang-dllm-lpm",
+        ("integrations.sglang:REAL_SGLANG_DLLM_LPM",),
+        "SGLang 0.5.23's dLLM scheduler path under --schedule-policy lpm (with the radix cache "
+        "on, the longest cached prefix first: a free queue order)",
+        engine="sglang",
+        default_verify=False,
+    ),
     *(
         _ar(
             f"real-vidur-{short}",

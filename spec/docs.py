@@ -59,7 +59,10 @@ Modelling choices (stated so they can be argued with):
   by `Submitted.priority`, lower first, submission order breaking ties, as SGLang's and vLLM's
   priority scheduling: rule `fcfs_admission` reads that order), `DllmPolicy.longest_output_first`
   (the queue is ordered by `max_new_tokens`, longest first, after the priority when both are on,
-  as SGLang's `--schedule-policy lof`: rule `fcfs_admission` reads that order), reserved
+  as SGLang's `--schedule-policy lof`: rule `fcfs_admission` reads that order),
+  `DllmPolicy.free_queue_order` (the engine orders its queue in a way the spec does not model,
+  as SGLang's cache-aware policies with the radix cache on: any queued request may be admitted,
+  and `work_conserving` asks for an admission only when every queued request fits), reserved
   pages/rows (outside the spec's pool: the adapter reports engine id - reserved). Strategies
   draw configurations only inside `DllmConfigSpace`.
 - Work conservation counts the running requests' worst-case footprints (what they may still

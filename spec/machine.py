@@ -562,7 +562,11 @@ class SpecMachine(MachineBase[Event, Rule]):
         if self._round.forwards:
             raise self._fail(Rule.SCHEDULER_PHASE, "admission after the round's first forward", e)
         head = self._queue_head()
-        if head != e.request_id and not self._passes_only_decode_requests(r):
+        if (
+            head != e.request_id
+            and not self.policy.free_queue_order
+            and not self._passes_only_decode_requests(r)
+        ):
             ahead = list(self._queue)[:8]
             why = (
                 "; under PREFILL_FIRST only a request whose first block is prompt-only may pass, "
@@ -1173,7 +1177,9 @@ class SpecMachine(MachineBase[Event, Rule]):
     # --- policy rules -------------------------------------------------------------
     def _check_work_conserving(self, e: Event) -> None:
         """At the end of the scheduler phase: a round that admitted nothing must not leave a
-        seat, a row and the head's worst-case pages idle (see Rule.WORK_CONSERVING)."""
+        seat, a row and the head's worst-case pages idle (see Rule.WORK_CONSERVING). Under
+        `DllmPolicy.free_queue_order` any queued request may be the engine's head, so only
+        the largest queued request's pages are asked for (every queued request fits)."""
         if not self.policy.work_conserving or self._round.admitted or not self._queue:
             return
         cfg = self.config
@@ -1181,17 +1187,29 @@ class SpecMachine(MachineBase[Event, Rule]):
         if len(active) >= cfg.max_running_requests or len(self._rows) >= cfg.req_pool_rows:
             return
         claimed = self._claimed_pages
-        head = self._requests[next(iter(self._queue))]
-        need = request_shape(cfg, len(head.prompt), head.max_new_tokens).pages
+        head, need = self._work_conserving_candidate()
         if claimed + need <= cfg.kv_pages:
+            every = "every queued request fits, " if self.policy.free_queue_order else ""
             raise self._fail(
                 Rule.WORK_CONSERVING,
-                f"the round admitted nothing although {head.request_id!r} fits: "
+                f"the round admitted nothing although {every}{head.request_id!r} fits: "
                 f"{len(active)}/{cfg.max_running_requests} running, "
                 f"{cfg.req_pool_rows - len(self._rows)} free rows, {cfg.kv_pages - claimed} "
                 f"unclaimed pages >= {need} needed",
                 e,
             )
+
+    def _work_conserving_candidate(self) -> tuple[_Request, int]:
+        """The queued request `work_conserving` asks to fit, with its worst-case pages: the
+        queue's head, or under a free order the first of those needing the most pages."""
+
+        def pages(rid: str) -> int:
+            r = self._requests[rid]
+            return request_shape(self.config, len(r.prompt), r.max_new_tokens).pages
+
+        queued = list(self._queue) if self.policy.free_queue_order else [self._queue_head()]
+        rid = max((q for q in queued if q is not None), key=pages)
+        return self._requests[rid], pages(rid)
 
     def _is_prefill_block(self, r: _Request, block_index: int) -> bool:
         """A block that holds only prompt tokens (fed once, to write the prompt's KV)."""

@@ -215,6 +215,16 @@ class DllmPolicy:
         reads that order as it reads `priority_order`'s (SGLang 0.5.23 `--schedule-policy lof`:
         `SchedulePolicy._sort_by_longest_output`, a stable sort before every round, its dLLM
         path included). Off: `max_new_tokens` does not order the queue (the idealised spec).
+    free_queue_order: the queue is in an order of the engine's own that the spec does not
+        model, so admission may take any queued request (`fcfs_admission` then only asks that
+        it be queued) and `work_conserving` asks for an admission only when every queued
+        request would fit, whichever the engine puts first (SGLang 0.5.23 with its radix
+        cache on and a cache-aware `--schedule-policy`: `lpm`, `dfs-weight`, `hrrn` or
+        `shortest-prefill-first` sort the waiting queue by what the tree holds before every
+        round, `lpm` deprioritising requests that share a prefix with one ahead of them;
+        `--schedule-policy random` shuffles it). Every other rule binds as before. It
+        excludes `priority_order` and `longest_output_first`, which define the order. Off: the
+        queue's order is checked (the idealised spec).
     """
 
     admission: DllmAdmission = DllmAdmission.FCFS
@@ -225,12 +235,20 @@ class DllmPolicy:
     aborts_after_commit: bool = False
     priority_order: bool = False
     longest_output_first: bool = False
+    free_queue_order: bool = False
 
     def __post_init__(self) -> None:
         for name in ("reserved_kv_pages", "reserved_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ProfileError(f"policy.{name}", value, "an integer >= 0")
+        if self.free_queue_order and self.orders_queue:
+            raise ProfileError(
+                "policy.free_queue_order",
+                True,
+                "False while priority_order or longest_output_first is on (those define the "
+                "queue's order; a free order has none to check)",
+            )
 
     @property
     def orders_queue(self) -> bool:
@@ -248,7 +266,8 @@ class DllmPolicy:
         )
 
     def describe_queue_order(self) -> str:
-        """The queue's order in words, for a violation (empty in submission order)."""
+        """The queue's order in words, for a violation (empty in submission order or a free
+        order)."""
         keys = [
             *(["priority, lower first"] if self.priority_order else []),
             *(["max_new_tokens, longest first"] if self.longest_output_first else []),

@@ -130,12 +130,19 @@ def release_events(before: PoolView, after: PoolView) -> list[Event]:
     events: list[Event] = []
     read_before = dict(before.reads)
     lost: dict[str, list[int]] = {}
-    for owner, slots in _owned_blocks(before).items():
-        if after.slots.get(slots[0]) == owner:
-            continue  # still owned (blocks are owned and freed whole)
+    gone = {
+        owner: slots
+        for owner, slots in _owned_blocks(before).items()
+        if after.slots.get(slots[0]) != owner  # blocks are owned and freed whole
+    }
+    # Every block cached in the interval first: another request's duplicate insert may swap
+    # onto one of them, whatever the order the view lists the owners in.
+    for owner, slots in gone.items():
         if after.cached.issuperset(slots):
             events.append(KvCached(owner[0], owner[1], slots))
             read_before[owner] = slots  # it reads what it cached
+    for owner, slots in gone.items():
+        if after.cached.issuperset(slots):
             continue
         swapped = after.reads.get(owner)
         if swapped is not None and read_before.get(owner) != swapped:

@@ -76,7 +76,8 @@ _RULES: dict[Rule, str] = {
     "Under DllmPolicy.priority_order the queue is ordered by priority, lower first, and under "
     "DllmPolicy.longest_output_first by max_new_tokens, longest first (after the priority when "
     "both are on); submission order breaks ties, and 'submission order' above reads 'that "
-    "order'.",
+    "order'. Under DllmPolicy.free_queue_order (an engine's own order, e.g. by its prefix "
+    "cache's contents) any queued request may be admitted.",
     Rule.MAX_RUNNING: "At most max_running_requests requests are in the running set.",
     Rule.SCHEDULER_PHASE: "Admissions, KV allocations and aborts happen in the scheduler phase "
     "of a round, before its first forward (aborts are requested between rounds). With "
@@ -158,7 +159,8 @@ _RULES: dict[Rule, str] = {
     "the queue head fits: if running < max_running_requests, a row is free and the pages not "
     "claimed by the running requests' worst-case footprints cover the head's, the round admits. "
     "Parameterised by DllmPolicy.work_conserving (off for an engine that deliberately holds "
-    "back).",
+    "back). Under DllmPolicy.free_queue_order the head is unknown, so the round must admit "
+    "when every queued request fits (the largest one's footprint is covered).",
     Rule.PREFILL_FIRST: "With DllmPolicy.admission = PREFILL_FIRST (SGLang 0.5.23 dLLM, "
     "`Scheduler.get_next_batch_to_run`): a forward is prefill-only (rows feeding prompt-only "
     "blocks) or decode-only, and no decode forward runs while a running request has an allocated "

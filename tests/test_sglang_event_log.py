@@ -25,7 +25,12 @@ import pytest
 from integrations.sglang import SGLANG_DLLM_PROFILE, observer
 from integrations.sglang.adapter import SglangDllmAdapter
 from integrations.sglang.engine import Engine, build, import_engine, new_request, scripted_token
-from integrations.sglang.event_log import SglangEventLog, dllm_config_of, eos_token_of
+from integrations.sglang.event_log import (
+    SglangEventLog,
+    declared_policy,
+    dllm_config_of,
+    eos_token_of,
+)
 from integrations.sglang.event_loop import serve
 from properties.decisions import twin_difference
 from properties.trace_check import check_trace
@@ -165,13 +170,17 @@ def serve_logged(
     stops: dict[str, Stops] | None = None,
     served: dict[str, Any] | None = None,
     radix_cache: bool = False,
+    schedule_policy: str | None = None,
 ) -> list[str]:
     """The lines `SglangEventLog` writes while SGLang's own loop serves `program` (`stops`:
     requests' own stop conditions; `served` receives each request's SGLang `Req`; with
-    `radix_cache`, SGLang's default for dLLMs, its block-level radix cache on)."""
+    `radix_cache`, SGLang's default for dLLMs, its block-level radix cache on; with
+    `schedule_policy`, under that `--schedule-policy`)."""
     served = {} if served is None else served
     spec_id: dict[int, str] = {}
-    engine = build(program.config, spec_id, radix_cache=radix_cache)
+    engine = build(
+        program.config, spec_id, radix_cache=radix_cache, schedule_policy=schedule_policy
+    )
     if mutate is not None:
         mutate(engine)
     lines: list[str] = []
@@ -333,10 +342,12 @@ def test_a_live_log_refuses_what_it_cannot_describe_and_detaches() -> None:
     with pytest.raises(ConfigError, match="enable_overlap"):
         SglangEventLog(s, print, worker=engine.worker)
     s.enable_overlap = False
-    s.tree_cache.disable = False  # SGLang's default: logged, unless the policy reads the tree
+    s.tree_cache.disable = False  # SGLang's default: logged, a cache-aware order as free
     own_policy = s.policy.policy
     s.policy.policy = import_engine()["CacheAwarePolicy"]("lpm")
-    with pytest.raises(ConfigError, match=r"schedule_policy.*radix cache's contents"):
+    assert declared_policy(s).free_queue_order
+    s.policy.policy = types.SimpleNamespace(value="priority")  # no such policy in 0.5.23
+    with pytest.raises(ConfigError, match=r"schedule_policy='priority': one of fcfs, lof"):
         SglangEventLog(s, print, worker=engine.worker)
     s.policy.policy = own_policy
     s.tree_cache.disable = True

@@ -19,8 +19,6 @@ import dataclasses
 import json
 from typing import Any
 
-import pytest
-
 from integrations.sglang import (
     REAL_SGLANG_DLLM,
     REAL_SGLANG_DLLM_LOF,
@@ -64,19 +62,21 @@ WINDOW = ["priority-window"]
 # ---------------------------------------------------------------------------------- basics
 def test_a_log_declares_only_the_order_calc_priority_applies_on_the_dllm_path() -> None:
     """Under routing-key `calc_priority` sorts nothing on the dLLM path (no running batch is
-    passed), priority scheduling included, so the log declares FCFS; a random order is refused
-    in one line, naming what can be logged."""
+    passed), priority scheduling included, so the log declares FCFS; a random order is declared
+    free (`free_queue_order`), and priority scheduling, which reads only fcfs and lof, is off."""
     from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy
-
-    from spec.errors import ConfigError
 
     s = SglangDllmAdapter(_config(), lambda e: None, priority=True).engine.scheduler
     assert declared_policy(s).priority_order
     s.policy.policy = CacheAgnosticPolicy.ROUTING_KEY
     assert declared_policy(s) == SGLANG_DLLM_PROFILE.policy
     s.policy.policy = CacheAgnosticPolicy.RANDOM
-    with pytest.raises(ConfigError, match=r"schedule_policy.*'random'.*fcfs or lof"):
-        SglangEventLog(s, lambda line: None)
+    assert declared_policy(s) == dataclasses.replace(
+        SGLANG_DLLM_PROFILE.policy, free_queue_order=True
+    )
+    adapter = SglangDllmAdapter(_config(), lambda e: None, schedule_policy="random")
+    log = SglangEventLog(adapter.engine.scheduler, lambda line: None, worker=adapter.engine.worker)
+    assert log.policy.free_queue_order
 
 
 def test_the_lof_variants_declare_sglangs_profile_with_longest_output_first() -> None:

@@ -200,6 +200,29 @@ def test_a_duplicate_insert_is_a_swap_then_a_free_of_the_own_copy() -> None:
     assert reconstruct(before, after) == [CacheHit("b", 0, (0, 1)), KvFreed("b", (6, 7))]
 
 
+def test_a_swap_onto_a_block_cached_in_the_same_interval_comes_after_its_caching() -> None:
+    """Two requests committed the same block; the tree took c's copy (slots 4-5) and b's
+    duplicate insert swapped onto it. Whatever order the view lists the owners in (b's row is
+    read first here, as SGLang's rows are when a free queue order seats b in row 0), the
+    caching comes first: the spec refuses a read of slots nothing cached yet."""
+    before = PoolView(
+        slots={6: ("b", 0), 7: ("b", 0), 4: ("c", 0), 5: ("c", 0)},
+        rows={0: "b", 1: "c"},
+        running=("c", "b"),
+    )
+    after = PoolView(
+        rows={0: "b", 1: "c"},
+        running=("c", "b"),
+        cached=frozenset({4, 5}),
+        reads={("b", 0): (4, 5), ("c", 0): (4, 5)},
+    )
+    assert reconstruct(before, after) == [
+        KvCached("c", 0, (4, 5)),
+        CacheHit("b", 0, (4, 5)),
+        KvFreed("b", (6, 7)),
+    ]
+
+
 def test_eviction_frees_the_slots_and_one_under_a_reader_is_not_a_release() -> None:
     cached = PoolView(cached=frozenset({0, 1, 2, 3}))
     assert release_events(cached, PoolView(cached=frozenset({2, 3}))) == [CacheEvicted((0, 1))]

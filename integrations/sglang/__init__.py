@@ -12,11 +12,13 @@ from __future__ import annotations
 from integrations.sglang.adapter import (
     make_sglang_dllm,
     make_sglang_dllm_lof,
+    make_sglang_dllm_lpm,
     make_sglang_dllm_priority,
     make_sglang_dllm_priority_lof,
 )
 from integrations.sglang.manifest import MANIFEST
 from integrations.sglang.profile import (
+    SGLANG_DLLM_FREE_ORDER_PROFILE,
     SGLANG_DLLM_LOF_PROFILE,
     SGLANG_DLLM_PRIORITY_LOF_PROFILE,
     SGLANG_DLLM_PRIORITY_PROFILE,
@@ -52,18 +54,28 @@ REAL_SGLANG_DLLM_PRIORITY_LOF = DllmImplementation(
     "scheduling (by priority, lower values first, then the longest max_new_tokens), on CPU",
 )
 
+REAL_SGLANG_DLLM_LPM = DllmImplementation(
+    make_sglang_dllm_lpm,
+    SGLANG_DLLM_FREE_ORDER_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path under --schedule-policy lpm (with the radix cache "
+    "on, the longest cached prefix first: an order the profile declares free), on CPU",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_SGLANG_DLLM",
     "REAL_SGLANG_DLLM_LOF",
+    "REAL_SGLANG_DLLM_LPM",
     "REAL_SGLANG_DLLM_PRIORITY",
     "REAL_SGLANG_DLLM_PRIORITY_LOF",
+    "SGLANG_DLLM_FREE_ORDER_PROFILE",
     "SGLANG_DLLM_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_PROFILE",
     "SGLANG_DLLM_PROFILE",
     "make_sglang_dllm",
     "make_sglang_dllm_lof",
+    "make_sglang_dllm_lpm",
     "make_sglang_dllm_priority",
     "make_sglang_dllm_priority_lof",
 ]

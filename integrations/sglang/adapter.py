@@ -23,7 +23,9 @@ builds the engine with `--enable-priority-scheduling` and lower values first, th
 convention (`integrations.sglang.engine`, "Priority scheduling"). `make_sglang_dllm_lof`
 (`real-sglang-dllm-lof`) builds it with `--schedule-policy lof`, which orders the waiting queue
 by the `Req`'s `max_new_tokens`, longest first, and `make_sglang_dllm_priority_lof`
-(`real-sglang-dllm-priority-lof`) with both.
+(`real-sglang-dllm-priority-lof`) with both. `make_sglang_dllm_lpm` (`real-sglang-dllm-lpm`)
+builds it with `--schedule-policy lpm`, which with the radix cache on orders the queue by what
+the tree holds: an order the profile declares free (`DllmPolicy.free_queue_order`).
 
 A configuration with `prefix_cache` builds SGLang with its block-level radix cache on (its
 default for dLLMs, SGLang PR #18724); the observer then reads the tree's slots and the log
@@ -53,15 +55,27 @@ def engine_request_id(request_id: str) -> str:
 class SglangDllmAdapter:
     """Implements `spec.adapter.SchedulerAdapter` (and `ReportsOutputs`) over SGLang 0.5.23;
     with `priority`, SGLang schedules by priority (lower values first); with `lof`, under
-    `--schedule-policy lof` (the longest output first)."""
+    `--schedule-policy lof` (the longest output first); with `schedule_policy`, under that
+    `--schedule-policy` (`engine.SCHEDULE_POLICIES`)."""
 
     def __init__(
-        self, config: DllmConfig, sink: EventSink, *, priority: bool = False, lof: bool = False
+        self,
+        config: DllmConfig,
+        sink: EventSink,
+        *,
+        priority: bool = False,
+        lof: bool = False,
+        schedule_policy: str | None = None,
     ) -> None:
         self._config = config
         self._spec_id: dict[int, str] = {}
         self.engine: Engine = build(
-            config, self._spec_id, priority=priority, lof=lof, radix_cache=config.prefix_cache
+            config,
+            self._spec_id,
+            priority=priority,
+            lof=lof,
+            radix_cache=config.prefix_cache,
+            schedule_policy=schedule_policy,
         )
         self.observer: SglangObserver = SglangObserver(
             config, sink, self.engine.scheduler, lambda req: self._spec_id[id(req)]
@@ -182,11 +196,19 @@ def make_sglang_dllm_priority_lof(config: DllmConfig, sink: EventSink) -> Sglang
     return SglangDllmAdapter(config, sink, priority=True, lof=True)
 
 
+def make_sglang_dllm_lpm(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
+    """Factory: the same path under `--schedule-policy lpm` (with the radix cache on, the
+    waiting queue by the longest cached prefix first, requests sharing a short prefix with one
+    ahead of them pushed back; FCFS with it off)."""
+    return SglangDllmAdapter(config, sink, schedule_policy="lpm")
+
+
 __all__ = [
     "SglangDllmAdapter",
     "engine_request_id",
     "make_sglang_dllm",
     "make_sglang_dllm_lof",
+    "make_sglang_dllm_lpm",
     "make_sglang_dllm_priority",
     "make_sglang_dllm_priority_lof",
 ]

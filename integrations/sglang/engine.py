@@ -53,6 +53,12 @@ it as `CacheAgnosticPolicy.LOF` whatever the tree cache), so `calc_priority` sor
 `waiting_queue` by `-max_new_tokens` every round, after the priority under priority scheduling
 (managers/schedule_policy.py `_sort_by_longest_output`). That sort is stable and the queue only
 grows at its tail, so ties stay in submission order.
+
+Any other `--schedule-policy` (`build(..., schedule_policy=...)`): `lpm`, `dfs-weight`, `hrrn`
+and `shortest-prefill-first` sort `waiting_queue` by what the radix tree holds
+(`_compute_prefix_matches` matches every waiting request first; with the tree off the first
+three are FCFS, `_validate_and_adjust_policy`), and `random` shuffles it. No event log can
+check such an order, so their profile declares it free (`DllmPolicy.free_queue_order`).
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from typing import Any
 from integrations.sglang import stubs
 from integrations.sglang.manifest import MANIFEST
 from spec.config import DllmConfig, Mode
+from spec.errors import ConfigError
 
 _modules: dict[str, Any] = {}
 
@@ -171,6 +178,19 @@ class _Passthrough:
         return lambda *args, **kwargs: args[0] if args else None
 
 
+#: SGLang 0.5.23's `--schedule-policy` choices (arg_groups/fields/schedule.py) that `build`
+#: takes; `priority` is the one it leaves out (a deprecated alias of priority scheduling).
+SCHEDULE_POLICIES = (
+    "fcfs",
+    "lof",
+    "lpm",
+    "dfs-weight",
+    "hrrn",
+    "shortest-prefill-first",
+    "random",
+    "routing-key",
+)
+
 SCRIPTED_VOCAB = 16
 """The scripted step writes ids 0..15: the ids the property suites draw prompts, the EOS (15)
 and stop token ids (0..14) from, so a generated token is the EOS one time in sixteen and a
@@ -216,12 +236,35 @@ def build(
     priority: bool = False,
     lof: bool = False,
     radix_cache: bool = False,
+    schedule_policy: str | None = None,
 ) -> Engine:
     """Assemble SGLang's scheduler path for `config` (see the module docstring); with
     `priority`, under priority scheduling, lower priority values first; with `lof`, under
     `--schedule-policy lof` (longest output first); with `radix_cache`, its block-level radix
-    cache on (SGLang's default for dLLM, which the dLLM spec does not model:
-    `integrations.sglang.radix_check` checks that path)."""
+    cache on (SGLang's default for dLLM); with `schedule_policy`, under that
+    `--schedule-policy` instead (one of `SCHEDULE_POLICIES`; priority scheduling takes only
+    `fcfs` or `lof`, as SGLang's own argument check says). A `ConfigError` otherwise."""
+    policy_name = schedule_policy if schedule_policy is not None else ("lof" if lof else "fcfs")
+    if policy_name not in SCHEDULE_POLICIES or (lof and policy_name != "lof"):
+        raise ConfigError(
+            "schedule_policy",
+            policy_name if not lof else f"{policy_name} with lof",
+            f"one of {', '.join(SCHEDULE_POLICIES)} (lof=True means lof)",
+        )
+    if priority and policy_name not in ("fcfs", "lof"):
+        raise ConfigError(
+            "schedule_policy",
+            policy_name,
+            "fcfs or lof under priority scheduling (SGLang: 'To use priority scheduling, "
+            "schedule_policy must be 'fcfs' or 'lof'')",
+        )
+    if policy_name == "shortest-prefill-first" and not radix_cache:
+        raise ConfigError(
+            "schedule_policy",
+            policy_name,
+            "a policy other than shortest-prefill-first with the radix cache off (SGLang: "
+            "'Experimental shortest-prefill-first requires prefix caching')",
+        )
     m = import_engine()
     torch = m["torch"]
     b, p = config.block_size, config.page_size
@@ -278,7 +321,7 @@ def build(
     s.last_batch = None
     # (policy, tree, enable_hierarchical_cache, enable_priority_scheduling,
     #  schedule_low_priority_values_first)
-    s.policy = m["SchedulePolicy"]("lof" if lof else "fcfs", tree, False, priority, priority)
+    s.policy = m["SchedulePolicy"](policy_name, tree, False, priority, priority)
     s.new_token_ratio_tracker = m["NewTokenRatioTracker"].from_config()
     s.max_prefill_tokens = 1 << 30
     s.chunked_prefill_size = None

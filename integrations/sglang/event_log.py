@@ -47,19 +47,22 @@ Longest output first (`--schedule-policy lof`): SGLang sorts its waiting queue b
 `max_new_tokens`, longest first, before every round (after the priority under priority
 scheduling), and the header declares `longest_output_first` (`sglang-dllm-order-lof`, or
 `sglang-dllm-order-priority-lof` with both, is then its twin). A cache-aware policy is FCFS
-on the dLLM path with the radix cache off (with it on, a `ConfigError`), and so is routing-key
-(it sorts only against a running batch, which the dLLM path does not pass), priority
-scheduling included; attaching to a scheduler under `--schedule-policy random` is a
-`ConfigError` (no log describes a shuffle).
+on the dLLM path with the radix cache off, and so is routing-key (it sorts only against a
+running batch, which the dLLM path does not pass), priority scheduling included.
+
+Orders of SGLang's own: with the radix cache on, a cache-aware policy (`lpm`, `dfs-weight`,
+`hrrn`, `shortest-prefill-first`) sorts the waiting queue by the tree's contents before every
+round, and `random` shuffles it with the cache on or off. The header then declares
+`free_queue_order`: `check-trace` lets any queued request in and checks everything else as
+before (no twin: none re-implements those orders).
 
 Synchronous scheduling only: the overlap scheduler plans a batch while the previous one runs,
 which an event log does not describe; attaching to one is a `ConfigError` naming
 `enable_overlap` (serve with `--disable-overlap-schedule` to log). With the radix cache on
 (SGLang 0.5.23's default for dLLMs, PR #18724) the header declares `prefix_cache` and the log
 carries the cache's events (`KvCached`, `CacheHit`, `CacheReleased`, `CacheEvicted`), derived
-from the tree's slots by the observer; a cache-aware policy then orders the queue by the
-tree's contents, which no log describes (a `ConfigError`). Each forward and step reads the
-batch's `input_ids` to the host once.
+from the tree's slots by the observer. Each forward and step reads the batch's `input_ids` to
+the host once.
 """
 
 from __future__ import annotations
@@ -155,25 +158,34 @@ def dllm_config_of(scheduler: Any) -> DllmConfig:
         ) from None
 
 
+#: `--schedule-policy` values whose order the log declares free: by the radix tree's contents
+#: (a cache-aware policy, which `SchedulePolicy` keeps only with the tree on) or a shuffle.
+FREE_ORDER_POLICIES = ("lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "random")
+
+
 def schedule_policy_of(scheduler: Any) -> str:
     """The order `scheduler`'s `SchedulePolicy` gives its waiting queue on the dLLM path:
     "fcfs" (a cache-aware policy is FCFS too with the radix cache off:
-    `_validate_and_adjust_policy`), "lof", or "routing-key" (which sorts nothing there:
-    `get_new_batch_dllm` passes `calc_priority` no running batch). "random" shuffles the queue,
-    and a cache-aware policy with the radix cache on (`lpm`, `dfs-weight`, `hrrn`,
-    `shortest-prefill-first`) sorts it by what the tree holds: orders no log describes, a
+    `_validate_and_adjust_policy`), "lof", "routing-key" (which sorts nothing there:
+    `get_new_batch_dllm` passes `calc_priority` no running batch), or one of
+    `FREE_ORDER_POLICIES` (the tree's contents, or a shuffle). Anything else is a
     `ConfigError` naming the policies that can be logged."""
     policy = getattr(getattr(scheduler, "policy", None), "policy", None)
     value = str(getattr(policy, "value", "fcfs"))
-    if value not in ("fcfs", "lof", "routing-key"):
+    if value not in ("fcfs", "lof", "routing-key", *FREE_ORDER_POLICIES):
         raise ConfigError(
             "schedule_policy",
             value,
-            "fcfs or lof (or a policy that is FCFS on the dLLM path: a cache-aware one with the "
-            "radix cache off, or routing-key); a random order, or one by the radix cache's "
-            "contents, is not a scheduling policy an event log can be checked against",
+            f"one of fcfs, lof, routing-key, {', '.join(FREE_ORDER_POLICIES)} (SGLang "
+            "0.5.23's policies on the dLLM path)",
         )
     return value
+
+
+def free_queue_order(scheduler: Any) -> bool:
+    """Whether `scheduler` orders its waiting queue in a way of its own that the log declares
+    free (`DllmPolicy.free_queue_order`): its policy is one of `FREE_ORDER_POLICIES`."""
+    return schedule_policy_of(scheduler) in FREE_ORDER_POLICIES
 
 
 def longest_output_first(scheduler: Any) -> bool:
@@ -194,12 +206,14 @@ def schedules_by_priority(scheduler: Any) -> bool:
 def declared_policy(scheduler: Any) -> DllmPolicy:
     """The policy a log of `scheduler` declares: SGLang's (`SGLANG_DLLM_PROFILE.policy`), with
     `priority_order` when it sorts by priority (`schedules_by_priority`) and
-    `longest_output_first` under `--schedule-policy lof`. A `ConfigError` for a policy no log
-    describes (`schedule_policy_of`)."""
+    `longest_output_first` under `--schedule-policy lof`, and `free_queue_order` under an
+    order of SGLang's own (`free_queue_order`). A `ConfigError` for a policy no log describes
+    (`schedule_policy_of`)."""
     return dataclasses.replace(
         SGLANG_DLLM_PROFILE.policy,
         priority_order=schedules_by_priority(scheduler),
         longest_output_first=longest_output_first(scheduler),
+        free_queue_order=free_queue_order(scheduler),
     )
 
 
@@ -312,6 +326,7 @@ __all__ = [
     "declared_policy",
     "dllm_config_of",
     "eos_token_of",
+    "free_queue_order",
     "longest_output_first",
     "priority_sign",
     "schedule_policy_of",

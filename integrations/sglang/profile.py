@@ -55,6 +55,14 @@ longest first, a stable sort before every round (`_sort_by_longest_output`): the
 with `longest_output_first` (`SGLANG_DLLM_LOF_PROFILE`); with priority scheduling too
 (`real-sglang-dllm-priority-lof`) by (priority, -max_new_tokens), with both options
 (`SGLANG_DLLM_PRIORITY_LOF_PROFILE`).
+
+Under `--schedule-policy lpm` (`real-sglang-dllm-lpm`) with the radix cache on, SGLang sorts
+the queue by the length of each request's cached prefix, longest first, before every round,
+pushing back a request whose short match another queued request shares
+(`_sort_by_longest_prefix`, `_compute_prefix_matches`); with the cache off it is FCFS. The
+spec does not model that order: the same profile with `free_queue_order`
+(`SGLANG_DLLM_FREE_ORDER_PROFILE`), which also fits `dfs-weight`, `hrrn`,
+`shortest-prefill-first` and `random`.
 """
 
 from __future__ import annotations
@@ -105,7 +113,13 @@ SGLANG_DLLM_PRIORITY_LOF_PROFILE = dataclasses.replace(
     ),
 )
 
+SGLANG_DLLM_FREE_ORDER_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    policy=dataclasses.replace(SGLANG_DLLM_PROFILE.policy, free_queue_order=True),
+)
+
 __all__ = [
+    "SGLANG_DLLM_FREE_ORDER_PROFILE",
     "SGLANG_DLLM_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_PROFILE",

@@ -174,7 +174,8 @@ class Encoding:
         """`SpecMachine._check_work_conserving` passes: the policy does not ask for it, or the
         round admitted a request, or nothing is queued, or every seat or every row is taken,
         or the head of the queue (the queued request no other queued one is `ahead` of) does
-        not fit the pages the active requests' worst-case footprints leave."""
+        not fit the pages the active requests' worst-case footprints leave; under
+        `free_queue_order`, some queued request does not fit them."""
         cfg, n = self.cfg, self.N
         queued = [s.phase[j] == QUEUED for j in range(n)]
         rows_held = count([h != -1 for h in s.row_holder])
@@ -190,12 +191,19 @@ class Encoding:
                 for j in range(n)
             ]
         )
+        every_fits = z3.And(
+            z3.Or(queued),
+            *[
+                z3.Implies(queued[j], claimed + s.reserved_pages[j] <= cfg.kv_pages)
+                for j in range(n)
+            ],
+        )
         idle = z3.And(
             cfg.work_conserving,
             z3.Not(s.round_admitted),
             self.n_active(s) < cfg.max_running,
             rows_held < cfg.rows,
-            fits,
+            z3.If(cfg.free_queue_order, every_fits, fits),
         )
         return z3.Not(idle)
 

@@ -6,11 +6,11 @@ the relation takes as parameters, as z3 terms: one query over `SymConfig.symboli
 every mode, every such policy and every pool size up to K pages at once;
 `SymConfig.concrete(config, policy)` pins one configuration and policy.
 
-Of `DllmPolicy`, the encoding takes the six fields that change which events the spec allows:
+Of `DllmPolicy`, the encoding takes the seven fields that change which events the spec allows:
 `work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds`,
-`aborts_after_commit`, `priority_order` (the queue by priority) and `longest_output_first`
+`aborts_after_commit`, `priority_order` (the queue by priority), `longest_output_first`
 (the queue by `max_new_tokens`, longest first, after the priority), submission order breaking
-ties.
+ties, and `free_queue_order` (no order is checked).
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
 guard reads them.
 """
@@ -96,6 +96,7 @@ class SymConfig:
     aborts_after_commit: Z  # DllmPolicy.aborts_after_commit
     priority_order: Z  # DllmPolicy.priority_order
     longest_output_first: Z  # DllmPolicy.longest_output_first
+    free_queue_order: Z  # DllmPolicy.free_queue_order
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -115,6 +116,7 @@ class SymConfig:
             z3.Bool(f"{prefix}.aborts_after_commit"),
             z3.Bool(f"{prefix}.priority_order"),
             z3.Bool(f"{prefix}.longest_output_first"),
+            z3.Bool(f"{prefix}.free_queue_order"),
         )
 
     @classmethod
@@ -135,7 +137,8 @@ class SymConfig:
     def constraints(self, geom: Geometry) -> Z:
         """What `DllmConfig` validation accepts, within the geometry's bounds:
         1 <= max_running <= running, 1 <= rows <= R, B | max_context >= B,
-        1 <= kv_pages <= K, sync ⇒ ¬reuse ∧ ¬reloop."""
+        1 <= kv_pages <= K, sync ⇒ ¬reuse ∧ ¬reloop, free_queue_order ⇒ ¬priority_order ∧
+        ¬longest_output_first."""
         b = geom.block_size
         return z3.And(
             self.max_running >= 1,
@@ -147,6 +150,10 @@ class SymConfig:
             self.kv_pages >= 1,
             self.kv_pages <= geom.kv_pages,
             z3.Implies(self.sync, z3.And(z3.Not(self.reuse), z3.Not(self.reloop))),
+            z3.Implies(
+                self.free_queue_order,
+                z3.And(z3.Not(self.priority_order), z3.Not(self.longest_output_first)),
+            ),
         )
 
     def decode(self, model: Z, geom: Geometry) -> DllmConfig:
@@ -182,6 +189,7 @@ class SymConfig:
             aborts_after_commit=bool(model_value(model, self.aborts_after_commit)),
             priority_order=bool(model_value(model, self.priority_order)),
             longest_output_first=bool(model_value(model, self.longest_output_first)),
+            free_queue_order=bool(model_value(model, self.free_queue_order)),
         )
 
 
@@ -193,6 +201,7 @@ def policy_label(policy: DllmPolicy) -> str:
         f"aborts_after_commit={policy.aborts_after_commit}"
         + (" priority_order=True" if policy.priority_order else "")
         + (" longest_output_first=True" if policy.longest_output_first else "")
+        + (" free_queue_order=True" if policy.free_queue_order else "")
     )
 
 
@@ -215,4 +224,5 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
         "aborts_after_commit": policy.aborts_after_commit,
         "priority_order": policy.priority_order,
         "longest_output_first": policy.longest_output_first,
+        "free_queue_order": policy.free_queue_order,
     }

@@ -474,6 +474,18 @@ _POOL_AND_POLICY_MUTANTS: tuple[SymbolicMutant, ...] = (
         depths=(3, 4, 6),
         policy=DllmPolicy(longest_output_first=True),
     ),
+    SymbolicMutant(
+        "idles_with_every_queued_request_fitting_under_free_order",
+        "under a free queue order a round admits nothing while a seat, a row and every queued "
+        "request's worst-case pages are free",
+        "work_conserving",
+        dllm_config(),
+        "forward",
+        (Relaxation("forward", "work_conserving"),),
+        ("work_conserving", ""),
+        depths=(8, 10, 12),
+        policy=DllmPolicy(free_queue_order=True),
+    ),
 )
 
 SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = _POOL_AND_POLICY_MUTANTS + FINISH_MUTANTS

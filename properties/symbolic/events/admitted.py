@@ -23,7 +23,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     lifecycle          phase[r] = queued (and the request table has `admitted` from it)
     scheduler_phase    round_forwards = 0
-    fcfs_admission     every queued j ahead of r may be passed: prefill_first ∧ block 0 of r
+    fcfs_admission     free_queue_order, or every queued j ahead of r may be passed:
+                       prefill_first ∧ block 0 of r
                        is prompt-only ∧ block 0 of j is not (`Encoding.ahead`: j < r, indices
                        following submission order, or lexicographically (priority[j] under
                        priority_order, -max_new_tokens[j] under longest_output_first, j) <
@@ -48,19 +49,22 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             for_request(
                 enc,
                 p,
-                lambda i: z3.And(
-                    [
-                        z3.Implies(
-                            z3.And(s.phase[j] == QUEUED, enc.ahead(s, j, i)),
-                            z3.And(
-                                enc.cfg.prefill_first,
-                                enc.prefill_block(s, i, z3.IntVal(0)),
-                                z3.Not(enc.prefill_block(s, j, z3.IntVal(0))),
-                            ),
-                        )
-                        for j in range(enc.N)
-                        if j != i
-                    ]
+                lambda i: z3.Or(
+                    enc.cfg.free_queue_order,
+                    z3.And(
+                        [
+                            z3.Implies(
+                                z3.And(s.phase[j] == QUEUED, enc.ahead(s, j, i)),
+                                z3.And(
+                                    enc.cfg.prefill_first,
+                                    enc.prefill_block(s, i, z3.IntVal(0)),
+                                    z3.Not(enc.prefill_block(s, j, z3.IntVal(0))),
+                                ),
+                            )
+                            for j in range(enc.N)
+                            if j != i
+                        ]
+                    ),
                 ),
             ),
         ),
