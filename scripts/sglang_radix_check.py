@@ -2,7 +2,7 @@
 generated programs.
 
     .venv/bin/python scripts/sglang_radix_check.py --programs 300 [--fix NAME ...] [--all-fixes]
-        [--cache-off] [--pressure] [--no-spec] [--json FILE]
+        [--cache-off] [--pressure] [--no-spec] [--schedule-policy NAME] [--json FILE]
 
 Runs each program (seeds 0..N-1, `integrations.sglang.radix_check.radix_program`) through
 SGLang's real scheduler and worker with the block-level radix cache on, and checks by outcome
@@ -12,8 +12,11 @@ spec with its prefix cache (`spec:<rule>`); prints the failures (rule, first see
 message), how often the cache was hit and the log's cache events.
 `--fix` applies SGLang fixes of `integrations.sglang.fixes` (repeatable; `--all-fixes`: the
 five); `--cache-off` runs the same programs with the cache disabled (the control);
-`--pressure` shrinks the pool below what every running request can claim. Exit 1 if a
-program failed. Needs `schedspec install-engines sglang`.
+`--pressure` shrinks the pool below what every running request can claim;
+`--schedule-policy` serves under that SGLang policy (default fcfs; `lpm` and the other
+cache-aware ones, and `random`, are logged with a free queue order; `random`'s shuffle is
+seeded with each program's seed). Exit 1 if a program failed. Needs
+`schedspec install-engines sglang`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import random
 import sys
 import time
 from collections import Counter
@@ -29,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.sglang.engine import SCHEDULE_POLICIES
 from integrations.sglang.fixes import FIX_NAMES, SGLANG_FIXES, sglang_fixed
 from integrations.sglang.radix_check import RadixViolation, check_program, radix_program
 from schedspec_cli.output import output_file, write_json
@@ -72,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="check by outcome only (no event log, no spec)",
     )
     parser.add_argument(
+        "--schedule-policy",
+        choices=SCHEDULE_POLICIES,
+        default="fcfs",
+        help="SGLang's --schedule-policy to serve under (default fcfs)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parser.parse_args(argv)
@@ -85,10 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     totals: Counter[str] = Counter()
     with sglang_fixed(names) if names else contextlib.nullcontext():
         for seed in range(args.programs):
+            random.seed(seed)  # `random`'s shuffle draws from Python's global generator
             try:
                 program = radix_program(seed, pressure=args.pressure)
                 counts = check_program(
-                    program, radix_cache=not args.cache_off, spec=not args.no_spec
+                    program,
+                    radix_cache=not args.cache_off,
+                    spec=not args.no_spec,
+                    schedule_policy=args.schedule_policy,
                 )
             except RadixViolation as err:
                 failures.setdefault(err.rule, []).append(seed)
@@ -100,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = "off" if args.cache_off else "on"
     fixed = f"; fixes {' + '.join(names)}" if names else ""
     fixed += "; KV pressure" if args.pressure else ""
+    fixed += f"; --schedule-policy {args.schedule_policy}"
     fixed += "; by outcome only" if args.no_spec else "; event logs checked by the spec"
     print(f"{args.programs} programs (radix cache {cache}{fixed}), {passed} pass")
     for key in COUNTS:
@@ -114,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs": args.programs,
                 "radix_cache": not args.cache_off,
                 "pressure": args.pressure,
+                "schedule_policy": args.schedule_policy,
                 "spec": not args.no_spec,
                 "fixes": names,
                 "passed": passed,

@@ -278,3 +278,20 @@ def test_the_script_reports_the_cache_and_its_failures(
     with pytest.raises(SystemExit) as refused:
         script.main(["--programs", "0"])
     assert refused.value.code == 2
+
+
+@pytest.mark.parametrize("policy", ["lpm", "random"])
+def test_under_sglangs_own_orders_the_five_fixes_pass_under_kv_pressure(
+    policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Served under `--schedule-policy lpm` (the longest cached prefix first) or `random`
+    (seeded with each program's seed), the logs declare a free queue order, and with the five
+    fixes every program passes under KV pressure, by outcome and by the spec."""
+    script = load_script("sglang_radix_check")
+    out = tmp_path / "radix.json"
+    argv = ["--programs", "40", "--all-fixes", "--pressure", "--schedule-policy", policy]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    assert f"--schedule-policy {policy}; event logs checked" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["schedule_policy"] == policy and data["failures"] == {}
+    assert data["counts"]["log_hits"] > 50 and data["counts"]["log_evicted"] > 10, data

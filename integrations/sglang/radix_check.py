@@ -146,6 +146,7 @@ class RadixLoop:
     mutate: Callable[[Engine], None] | None = None
     radix_cache: bool = True
     spec: bool = True
+    schedule_policy: str | None = None  # SGLang's `--schedule-policy` (None: fcfs)
     log: list[str] = field(default_factory=list)
     engine: Engine = field(init=False)
     counts: RadixCounts = field(default_factory=RadixCounts)
@@ -158,7 +159,12 @@ class RadixLoop:
     _batch: Any = None
 
     def __post_init__(self) -> None:
-        self.engine = build(self.config, self._spec_id, radix_cache=self.radix_cache)
+        self.engine = build(
+            self.config,
+            self._spec_id,
+            radix_cache=self.radix_cache,
+            schedule_policy=self.schedule_policy,
+        )
         runner = self.engine.worker._model_runner
         forward = runner.forward
 
@@ -481,11 +487,13 @@ def check_program(
     *,
     radix_cache: bool = True,
     spec: bool = True,
+    schedule_policy: str | None = None,
 ) -> RadixCounts:
-    """Run `program` through a fresh `RadixLoop` (with the cache off: the control), raising
-    `RadixViolation` on a broken rule; with `spec`, its event log is checked against the dLLM
-    spec too (`spec:<rule>`, reported first: see the module)."""
-    loop = RadixLoop(program.config, mutate, radix_cache, spec)
+    """Run `program` through a fresh `RadixLoop` (with the cache off: the control; with
+    `schedule_policy`, under that `--schedule-policy`, whose order a log declares free when
+    it is SGLang's own), raising `RadixViolation` on a broken rule; with `spec`, its event log
+    is checked against the dLLM spec too (`spec:<rule>`, reported first: see the module)."""
+    loop = RadixLoop(program.config, mutate, radix_cache, spec, schedule_policy)
     try:
         counts = loop.run(program)
     except RadixViolation:
