@@ -18,6 +18,11 @@ contiguous and lies whole inside one page, and pages are never shared between re
 
 Every allocation and free is reported through the sink as `KvAllocated` / `KvFreed` at the
 moment it changes the tensors.
+
+With a prefix cache (`gpu.prefix_cache`) a block can leave its request for the cache
+(`to_cache`): its slots are then marked `CACHED` in both owner tensors, neither free nor owned,
+and its page stays used until the cache evicts it (`evict_cached`). The cache reports those
+changes itself (`KvCached`, `CacheEvicted`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from spec.errors import ConfigError, SchedSpecError
 from spec.events import KvAllocated, KvFreed
 
 FREE = -1
+CACHED = -2  # held by the prefix cache: neither free nor owned by a request
 
 
 class AllocatorError(SchedSpecError, RuntimeError):
@@ -228,6 +234,48 @@ class PagedKvAllocator:
                 heapq.heappush(self._free_pages, page)
         self.sink(KvFreed(self._names[handle], tuple(sorted(slots))))
 
+    # ------------------------------------------------------------------ prefix cache
+    def to_cache(self, handle: int, first_slot: int) -> None:
+        """One whole block of `handle`, given its first slot, leaves it for the prefix cache:
+        its slots become `CACHED` and its page stays used. No event (the cache reports
+        `KvCached`)."""
+        end = self._owned_block(handle, first_slot)
+        self._req[first_slot:end] = CACHED
+        self._blk[first_slot:end] = CACHED
+
+    def evict_cached(self, first_slot: int) -> None:
+        """A cached block, given its first slot, leaves the cache: its slots are free, and so
+        is its page once nothing else uses it. No event (the cache reports `CacheEvicted`)."""
+        b = self.block_size
+        end = first_slot + b
+        if first_slot % b or self._req[first_slot:end].tolist().count(CACHED) != b:
+            raise AllocatorError(f"slots {first_slot}..{end - 1} are not one cached block")
+        self._req[first_slot:end] = FREE
+        self._blk[first_slot:end] = FREE
+        page = first_slot // self.page_size
+        self._page_used[page] -= b
+        if self._page_used[page] == 0:
+            heapq.heappush(self._free_pages, page)
+
+    def cached_slot_set(self) -> frozenset[int]:
+        """The slots `owner_req` marks `CACHED` (read from the tensor, for the snapshot)."""
+        return frozenset(torch.nonzero(self.owner_req == CACHED).flatten().tolist())
+
+    def _owned_block(self, handle: int, first_slot: int) -> int:
+        """The end of the whole block of `handle` starting at `first_slot`; AllocatorError if
+        it is not one."""
+        b = self.block_size
+        end = first_slot + b
+        if (
+            first_slot < 0
+            or first_slot % b
+            or self._req[first_slot:end].tolist().count(handle) != b
+        ):
+            raise AllocatorError(
+                f"slots {first_slot}..{end - 1} are not a block of {self._names.get(handle)!r}"
+            )
+        return end
+
     # ------------------------------------------------------------------ views
     def free_slot_set(self) -> frozenset[int]:
         """The slots `owner_req` marks free (read from the tensor, for the snapshot)."""
@@ -236,7 +284,7 @@ class PagedKvAllocator:
     def slot_owners(self) -> dict[int, tuple[str, int]]:
         """Slot -> (request id, block index) for every owned slot, read from the owner tensors
         (a forgotten handle shows as its placeholder name)."""
-        used = torch.nonzero(self.owner_req != FREE).flatten()
+        used = torch.nonzero(self.owner_req >= 0).flatten()  # not free, not cached
         reqs = self.owner_req[used].tolist()
         blocks = self.owner_block[used].tolist()
         return {
@@ -249,8 +297,8 @@ class PagedKvAllocator:
         return len(self._free_pages)
 
     def used_slots(self) -> int:
-        """How many slots `owner_req` marks owned."""
-        return int((self.owner_req != FREE).sum())
+        """How many slots `owner_req` marks owned by a request (cached ones not counted)."""
+        return int((self.owner_req >= 0).sum())
 
     def check_consistency(self) -> None:
         """Raise AllocatorError if the page heap, page counts and owner tensors disagree."""

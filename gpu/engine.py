@@ -7,6 +7,8 @@ Structure (SGLang's dLLM path in miniature):
       PagedKvAllocator       gpu/allocator.py: per-slot owner tensors, free-page heap, reservation
       ModelRunner            gpu/model_runner.py: BlockDiffusionLM.forward_blocks on PagedKvCache
       algorithm              gpu/algorithms.py: LowConfidence / JointThreshold `step`
+      BlockCache             gpu/prefix_cache.py: committed blocks kept for later prompts
+                             (only with `DllmConfig.prefix_cache`)
 
 A round:
 1. admission: while a seat (max_running_requests), a free row and the head's worst-case pages
@@ -22,6 +24,10 @@ A round:
    KV slots are freed (with `rows_released_between_rounds` their request-pool rows too, taken
    again at the start of the next round, before admission: SGLang's FDFO before #27877);
 5. `ControlReturned`.
+
+With a prefix cache an admitted request first reads its cached whole prompt blocks (1), an
+allocation that finds no free page evicts an unread cached block (2), and every commit hands
+its block to the cache (4); a finished or aborted request stops reading (`gpu.prefix_cache`).
 
 Mode (sync / fdfo) and algorithm are independent. Every decision is reported to the sink as a
 `spec.events` event, in the order the spec describes; `snapshot()` reads the allocator's owner
@@ -55,6 +61,7 @@ from gpu.kv_cache import PagedKvCache
 from gpu.model import BlockDiffusionLM, BlockPlan
 from gpu.model_config import ModelConfig
 from gpu.model_runner import ModelRunner
+from gpu.prefix_cache import BlockCache
 from gpu.request import Carry, EngineRequest, StreamChunk
 from gpu.request_pool import ReqToTokenPool
 from gpu.token_map import TokenMap
@@ -84,7 +91,8 @@ from spec.events import (
 from spec.golden import GoldenTie
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of, output_of
-from spec.profile import DllmPolicy, DllmProfile
+from spec.prefix_cache import ROOT, chain
+from spec.profile import DllmConfigSpace, DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
 
@@ -197,6 +205,8 @@ class DllmEngine:
     length), submission order breaking ties, where the default is submission order (SGLang's
     `--enable-priority-scheduling` and `--schedule-policy lof`; the profile options of the same
     names). Admission stays head-of-line in either order: the head is admitted while it fits.
+    With `config.prefix_cache` (page_size must equal block_size) committed blocks are kept in
+    `prefix_cache` (`gpu.prefix_cache.BlockCache`) for later requests with the same prefix.
 
     Retained state, all bounded (memory does not grow with the number of requests served):
 
@@ -271,6 +281,17 @@ class DllmEngine:
         self.mask_id: int = MASK_ID
         self.allocator: PagedKvAllocator = PagedKvAllocator(
             config.kv_pages, config.page_size, config.block_size, sink
+        )
+        if config.prefix_cache and config.page_size != config.block_size:
+            raise ConfigError(
+                "page_size",
+                config.page_size,
+                f"equal to block_size={config.block_size} with prefix_cache on (the engine "
+                "caches whole pages of one block each, as SGLang's dLLM path)",
+            )
+        # committed blocks kept for later requests with the same prefix (`gpu.prefix_cache`)
+        self.prefix_cache: BlockCache | None = (
+            BlockCache(self.allocator, sink) if config.prefix_cache else None
         )
         self.req_pool: ReqToTokenPool = ReqToTokenPool(
             config.req_pool_rows, config.max_context, self.device
@@ -424,6 +445,7 @@ class DllmEngine:
             rows={row: self.allocator.name(h) for row, h in self.req_pool.held_rows().items()},
             running=frozenset(r.rid for r in self.running),
             carrying=frozenset(r.rid for r in self.running if r.carry is not None),
+            cached_slots=None if self.prefix_cache is None else self.allocator.cached_slot_set(),
         )
 
     # ------------------------------------------------------------------ scheduler phase
@@ -455,6 +477,30 @@ class DllmEngine:
             head.row = self.req_pool.acquire(head.handle)
             self.running.append(head)
             self.sink(Admitted(head.rid, head.row))
+            if self.prefix_cache is not None:
+                self._read_cached_prompt(head, self.prefix_cache)
+
+    def _read_cached_prompt(self, req: EngineRequest, cache: BlockCache) -> None:
+        """A newly admitted request reads the longest run of its whole prompt blocks the
+        cache holds (`CacheHit` each) and commits them without a forward; their table entries
+        point at the cached slots."""
+        b = self.config.block_size
+        prompt = req.spec.prompt
+        assert req.row is not None  # just admitted
+        writes: list[tuple[int, int, int]] = []
+        while (req.committed_blocks + 1) * b <= len(prompt):
+            k = req.committed_blocks
+            block = prompt[k * b : (k + 1) * b]
+            digest = chain(req.digests[-1] if req.digests else ROOT, block)
+            first = cache.hit(req.rid, k, digest)
+            if first is None:
+                break
+            req.committed_spec.extend(block)
+            req.committed_blocks += 1
+            req.block_first_slots.append(first)
+            req.digests.append(digest)
+            writes.append((req.row, k * b, first))
+        self.req_pool.write_blocks(writes, b)
 
     def _prepare_batch(self) -> list[EngineRequest]:
         """Give every running request a block that holds KV slots; record new slots in the
@@ -503,6 +549,8 @@ class DllmEngine:
             req.fresh_state = self.algorithm.init_step_state(host_tokens)
 
     def _allocate_block_kv(self, req: EngineRequest) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.make_room()  # evicts an unread cached block if no page is free
         prev_last = (
             req.block_first_slots[-1] + self.config.block_size - 1
             if req.block_first_slots
@@ -649,12 +697,29 @@ class DllmEngine:
         req.fresh_tokens = None
         req.fresh_state = None
         req.carry = None
+        if self.prefix_cache is not None:
+            self._cache_committed(req, k, spec_tokens, self.prefix_cache)
         reason = self._finish_reason(req)
         if reason is not None:
             self._finish(req, reason, self._output_of(req))
         if self.on_block is not None:
             output = self._output_of(req)
             self.on_block(StreamChunk(req.rid, k, spec_tokens, output[before:], reason))
+
+    def _cache_committed(
+        self, req: EngineRequest, k: int, tokens: tuple[int, ...], cache: BlockCache
+    ) -> None:
+        """The block just committed enters the cache (or, a duplicate, is read from the
+        cached copy: the table entry moves there and the request's own copy is freed)."""
+        digest = chain(req.digests[-1] if req.digests else ROOT, tokens)
+        req.digests.append(digest)
+        own = req.block_first_slots[-1]
+        first = cache.insert(req.rid, req.handle, k, own, digest)
+        if first != own:
+            req.block_first_slots[-1] = first
+            if req.row is not None:
+                b = self.config.block_size
+                self.req_pool.write_blocks([(req.row, k * b, first)], b)
 
     def _carry(self, req: EngineRequest, incomplete_ids: torch.Tensor, algo_state: object) -> None:
         """FDFO: the unfinished block and its algorithm state travel to the next round; without
@@ -718,8 +783,12 @@ class DllmEngine:
 
     def _release(self, req: EngineRequest) -> None:
         """Free every KV slot the allocator records for the request (committed blocks and a
-        retained in-progress block) and its row; give back its page reservation."""
+        retained in-progress block), stop reading its cached blocks, free its row; give back
+        its page reservation."""
         self.allocator.free_all(req.handle)
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(req.rid)
+            req.digests.clear()
         req.block_first_slot = None
         req.block_first_slots.clear()
         req.carry = None
@@ -974,6 +1043,23 @@ SMALL_ENGINE_LOF = DllmImplementation(
     make_small_lof_engine,
     _engine_profile(LONGEST_OUTPUT_FIRST_POLICY),
     "the torch engine with the waiting queue by max_new_tokens, longest first (SGLang's lof)",
+)
+
+
+#: The engine with its prefix cache (`gpu.prefix_cache`): whole pages of one block each,
+#: always with the cache (the suites then draw prompts that share stems).
+CACHED_ENGINE_PROFILE = replace(
+    ENGINE_PROFILE,
+    space=DllmConfigSpace(page_multiples=frozenset({1}), prefix_cache=frozenset({True})),
+)
+
+#: The caching engine as the registry's "engine-cached" declares it: `make_small_engine`,
+#: whose configurations carry `prefix_cache` (the parity check's solo runs have none).
+SMALL_ENGINE_CACHED = DllmImplementation(
+    make_small_engine,
+    CACHED_ENGINE_PROFILE,
+    "the torch engine with a prefix cache (committed blocks kept, read, evicted: SGLang's "
+    "radix cache for dLLMs)",
 )
 
 

@@ -58,6 +58,8 @@ class EngineRequest:
     committed_blocks: int = 0
     committed_spec: list[int] = field(default_factory=list)  # spec ids, prompt included
     block_first_slots: list[int] = field(default_factory=list)  # per committed block
+    # with a prefix cache: the chained digest of each committed block's prefix
+    digests: list[bytes] = field(default_factory=list)
     # the current block (None between blocks)
     block_first_slot: int | None = None  # its KV slots, when it holds them
     block_alloc_round: int = -1

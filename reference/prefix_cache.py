@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference.dllm import ReferenceDllmScheduler, _Req
+from reference.dllm import ReferenceDllmScheduler, _Req, replaying_twin
 from reference.kv_pool import PagedKvPool, PoolExhausted, SlotOwner
+from reference.oracle import DenoiseOracle
 from spec.adapter import EventSink
 from spec.config import DllmConfig
 from spec.errors import ConfigError
@@ -138,7 +139,12 @@ class CachingReferenceScheduler(ReferenceDllmScheduler):
     """The reference scheduler with the prefix cache of `CachingKvPool` (module docstring)."""
 
     def __init__(
-        self, config: DllmConfig, sink: EventSink, *, policy: DllmPolicy | None = None
+        self,
+        config: DllmConfig,
+        sink: EventSink,
+        oracle: DenoiseOracle | None = None,
+        *,
+        policy: DllmPolicy | None = None,
     ) -> None:
         if not config.prefix_cache:
             raise ConfigError(
@@ -151,7 +157,7 @@ class CachingReferenceScheduler(ReferenceDllmScheduler):
                 f"equal to block_size={config.block_size}: the caching reference caches whole "
                 f"pages, one block each (as SGLang's dLLM path)",
             )
-        super().__init__(config, sink, policy=policy)
+        super().__init__(config, sink, oracle, policy=policy)
         self.kv: CachingKvPool = CachingKvPool(config, sink)
         self._hit_round: dict[str, int] = {}  # request -> the round of its admission hits
 
@@ -223,6 +229,10 @@ CACHED_PROFILE = DllmProfile(
 """Whole pages of one block each, always with the cache (the strategies then draw prompts that
 share stems: `properties.conformance.conformance_machine`)."""
 
+#: The caching reference's decision twin (`verify --impl engine-cached --twin
+#: reference-dllm-cached`): it replays a run's step outcomes, so only decisions can differ.
+CACHED_TWIN = replaying_twin(CachingReferenceScheduler)
+
 REFERENCE_DLLM_CACHED = DllmImplementation(
     make_caching_scheduler,
     CACHED_PROFILE,
@@ -231,6 +241,7 @@ REFERENCE_DLLM_CACHED = DllmImplementation(
 
 __all__ = [
     "CACHED_PROFILE",
+    "CACHED_TWIN",
     "REFERENCE_DLLM_CACHED",
     "CachedPage",
     "CachingKvPool",

@@ -98,6 +98,8 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         max_context=context,
         mask_token_id=MASK,
         eos_token_id=EOS,
+        # an implementation that always runs with a prefix cache (`engine-cached`) keeps it on
+        prefix_cache=False not in impl.profile.space.prefix_cache,
     )
     runs: list[VariantRun] = []
     seconds: dict[str, float] = {}
@@ -137,6 +139,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
     return {
         "impl": resolved.name,
         "device": "cpu",
+        "prefix_cache": base.prefix_cache,
         "identical": all(c["identical"] for c in cases),
         "golden": golden is not None and all(c["golden"] is True for c in cases),
         "golden_checked": golden is not None,

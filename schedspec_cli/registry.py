@@ -139,6 +139,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
             "reference.prefix_cache:make_caching_scheduler",
         ),
         "the reference with a prefix cache (SGLang's radix cache): blocks cached, read, evicted",
+        twin="reference.prefix_cache:CACHED_TWIN",
     ),
     _dllm(
         "sglang-dllm-order",
@@ -205,6 +206,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "--enable-priority-scheduling)",
         checked_against="reference-dllm-priority",
         torch_profile="priority_order=True",
+    ),
+    _dllm(
+        "engine-cached",
+        ("gpu.engine:SMALL_ENGINE_CACHED", "gpu.engine:make_small_engine"),
+        "the torch engine with a prefix cache (SGLang's radix cache for dLLMs: committed "
+        "blocks kept, read by later prompts, evicted least recently used)",
+        checked_against="reference-dllm-cached",
+        torch_profile="prefix_cache=True",
     ),
     _dllm(
         "engine-lof",

@@ -20,6 +20,7 @@ from reference.dllm import (
     REFERENCE_TWIN,
     ROWS_RELEASED_TWIN,
 )
+from reference.prefix_cache import CACHED_TWIN
 from reference.sglang_dllm import (
     SGLANG_ORDER_LOF_TWIN,
     SGLANG_ORDER_PRIORITY_LOF_TWIN,
@@ -93,6 +94,7 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
         "reference-dllm-rows-released": ROWS_RELEASED_TWIN,
         "reference-dllm-priority": PRIORITY_TWIN,
         "reference-dllm-lof": LONGEST_OUTPUT_FIRST_TWIN,
+        "reference-dllm-cached": CACHED_TWIN,
         "sglang-dllm-order": SGLANG_ORDER_TWIN,
         "sglang-dllm-order-priority": SGLANG_ORDER_PRIORITY_TWIN,
         "sglang-dllm-order-lof": SGLANG_ORDER_LOF_TWIN,

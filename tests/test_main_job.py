@@ -40,11 +40,13 @@ def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None: 
     assert twins["engine-rows-released"] == "reference-dllm-rows-released"
     assert twins["engine-priority"] == "reference-dllm-priority"
     assert twins["engine-lof"] == "reference-dllm-lof"
+    assert twins["engine-cached"] == "reference-dllm-cached"
     assert {n for n, t in twins.items() if t} == {
         "engine",
         "engine-rows-released",
         "engine-priority",
         "engine-lof",
+        "engine-cached",
     }
     assert (
         "decisions checked against a twin: engine as reference-dllm"

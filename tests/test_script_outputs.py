@@ -15,6 +15,7 @@ SCRIPTS = ROOT / "scripts"
 OUTPUTS = [
     ("bench_ar_replay", "--json"),
     ("bench_catch_time", "--json"),
+    ("bench_prefix_cache", "--json"),
     ("bench_sim_speed", "--json"),
     ("bench_trace_check", "--json"),
     ("fuzz_cli", "--json"),
