@@ -840,6 +840,10 @@ class DllmEngine:
             "forward_log": len(self.forward_log),
             "allocator_handles": self.allocator.live_handles(),
             "held_rows": len(self.req_pool.held_rows()),
+            # the prefix cache (0 without one): its blocks live in the pool's pages, and only
+            # running requests read them
+            "cached_blocks": 0 if self.prefix_cache is None else len(self.prefix_cache.blocks),
+            "cache_readers": 0 if self.prefix_cache is None else len(self.prefix_cache.reads),
         }
 
     # ------------------------------------------------------------------ helpers

@@ -100,6 +100,8 @@ def test_container_sizes_do_not_grow_with_the_number_of_requests() -> None:
         "forward_log": CAPS["forward_log_cap"],
         "allocator_handles": 6,
         "held_rows": CONFIG.req_pool_rows,
+        "cached_blocks": 0,  # no prefix cache here
+        "cache_readers": 0,
     }
     for key, limit in bound.items():
         assert peak_3n[key] <= limit and peak_n[key] <= limit, (key, peak_n, peak_3n)
@@ -107,6 +109,35 @@ def test_container_sizes_do_not_grow_with_the_number_of_requests() -> None:
     assert large.outputs_dropped == fin_3n - CAPS["max_retained_outputs"]
     assert large.forward_log_dropped == large.runner.forwards - CAPS["forward_log_cap"]
     assert large.forward_log_dropped > small.forward_log_dropped
+
+
+def test_a_prefix_cache_stays_within_the_pool_and_is_read_only_by_running_requests() -> None:
+    """With the prefix cache on, the cached blocks never outnumber the pool's pages, only
+    running requests read them, and the cache's containers end no larger after 3N requests
+    than the pool allows; every other container behaves as without the cache."""
+    cached = CONFIG.replace(prefix_cache=True)
+
+    def engine() -> DllmEngine:
+        return DllmEngine(
+            cached,
+            lambda e: None,
+            model=tiny_model("cpu"),
+            algorithm=make_algorithm("LowConfidence", {}),
+            forward_log_cap=CAPS["forward_log_cap"],
+            max_retained_outputs=CAPS["max_retained_outputs"],
+            retired_id_window=CAPS["retired_id_window"],
+        )
+
+    small, large = engine(), engine()
+    peak_n, _, _ = _serve(small, 24)
+    peak_3n, _, _ = _serve(large, 72)
+    for peak in (peak_n, peak_3n):
+        assert 0 < peak["cached_blocks"] <= cached.kv_pages, peak
+        assert peak["cache_readers"] <= cached.max_running_requests, peak
+    for end in (small.retained_sizes(), large.retained_sizes()):
+        assert end["cache_readers"] == 0 and end["running"] == 0, end
+    assert large.prefix_cache is not None and large.prefix_cache.reads == {}
+    large.allocator.check_consistency()
 
 
 def test_forward_log_is_opt_in() -> None:

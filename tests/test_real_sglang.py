@@ -279,12 +279,14 @@ def test_the_suite_sees_sglang_end_requests_at_the_eos_a_stop_token_id_and_their
     assert all(reasons[reason] > 0 for reason in FinishReason), reasons
 
 
-def _radix_cache_machine(factory: ImplementationFactory, name: str) -> type[RuleBasedStateMachine]:
-    """The dLLM suite under SGLang's profile with the radix cache on: roomy pools, prompts that
-    share stems (`shared_stem_prompts`), outputs checked for parity."""
+def radix_cache_machine(
+    factory: ImplementationFactory, name: str, profile: DllmProfile = PROFILE
+) -> type[RuleBasedStateMachine]:
+    """The dLLM suite under SGLang's profile (or `profile`) with the radix cache on: roomy
+    pools, prompts that share stems (`shared_stem_prompts`), outputs checked for parity."""
     return conformance_machine(
         factory,
-        profile=PROFILE,
+        profile=profile,
         configs=_roomy_configs().map(lambda config: config.replace(prefix_cache=True)),
         parity="always",
         prompt_strategy=shared_stem_prompts(20),
@@ -308,7 +310,7 @@ def test_with_the_radix_cache_on_sglang_passes_the_dllm_suite() -> None:
 
         return REAL_SGLANG_DLLM.factory(config, counted)
 
-    _run_suite(_radix_cache_machine(counting, "RadixCache"), examples=40)
+    _run_suite(radix_cache_machine(counting, "RadixCache"), examples=40)
     assert seen["kv_cached"] > 100 and seen["cache_hit"] > 20 and seen["cache_evicted"] > 0, seen
 
 
@@ -335,7 +337,7 @@ def test_the_radix_cache_suite_catches_a_row_left_on_a_freed_copy() -> None:
     """The suite above has teeth: SGLang seeded with that bug fails it, the violation naming
     the rule and the state (the first failing program, unshrunk: shrinking SGLang programs
     takes minutes)."""
-    machine = _radix_cache_machine(_rows_kept_on_a_duplicate_insert, "RadixCacheSeeded")
+    machine = radix_cache_machine(_rows_kept_on_a_duplicate_insert, "RadixCacheSeeded")
     with pytest.raises(SpecViolation) as caught:
         _run_suite(machine, examples=400, shrink=False)
     # the freed copy is KV the request's committed block no longer holds (derandomized, the

@@ -32,8 +32,6 @@ from integrations.sglang import (
 from integrations.sglang.adapter import SglangDllmAdapter
 from integrations.sglang.engine import build
 from integrations.sglang.event_log import FREE_ORDER_POLICIES, declared_policy
-from properties.conformance import conformance_machine
-from properties.strategies import shared_stem_prompts
 from properties.trace_check import check_trace
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -41,8 +39,8 @@ from spec.errors import ConfigError, SpecViolation
 from spec.events import Admitted, CacheHit, Event, Submitted
 from spec.machine import SpecMachine
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
-    _roomy_configs,
     _run_suite,
+    radix_cache_machine,
     sglang_installed,  # noqa: F401
 )
 from tests.test_sglang_event_log import Program, Tick, serve_logged
@@ -127,17 +125,6 @@ def test_the_engine_refuses_a_policy_sglang_would_refuse() -> None:
         build(ONE_SEAT, {}, schedule_policy="priority")
 
 
-def _lpm_suite(factory: Any, profile: Any, name: str) -> Any:
-    return conformance_machine(
-        factory,
-        profile=profile,
-        configs=_roomy_configs().map(lambda config: config.replace(prefix_cache=True)),
-        parity="always",
-        prompt_strategy=shared_stem_prompts(20),
-        name=name,
-    )
-
-
 def test_lpm_passes_the_dllm_suite_with_the_radix_cache_on() -> None:
     """Under its profile SGLang with lpm passes 40 derandomized examples of the dLLM suite with
     prompts sharing stems, snapshots comparing the tree with the spec's cache every round; in
@@ -159,14 +146,14 @@ def test_lpm_passes_the_dllm_suite_with_the_radix_cache_on() -> None:
 
         return REAL_SGLANG_DLLM_LPM.factory(config, counted)
 
-    _run_suite(_lpm_suite(counting, SGLANG_DLLM_FREE_ORDER_PROFILE, "Lpm"), examples=40)
+    _run_suite(radix_cache_machine(counting, "Lpm", SGLANG_DLLM_FREE_ORDER_PROFILE), examples=40)
     assert seen["passed an earlier arrival"] > 0 and seen["cache_hit"] > 0, seen
 
 
 def test_under_sglangs_fcfs_profile_the_same_suite_refuses_lpm_by_name() -> None:
     """The option is what lets lpm pass: under SGLang's FCFS profile the same suite fails it
     on `fcfs_admission` (derandomized, unshrunk: shrinking SGLang programs takes minutes)."""
-    machine = _lpm_suite(REAL_SGLANG_DLLM_LPM.factory, SGLANG_DLLM_PROFILE, "LpmUnderFcfs")
+    machine = radix_cache_machine(REAL_SGLANG_DLLM_LPM.factory, "LpmUnderFcfs", SGLANG_DLLM_PROFILE)
     with pytest.raises(SpecViolation) as caught:
         _run_suite(machine, examples=200, shrink=False)
     assert caught.value.rule == "fcfs_admission", caught.value
