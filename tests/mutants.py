@@ -33,6 +33,9 @@ from spec.machine import finish_of
 from spec.profile import DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput
 
+#: An order of the engine's own (SGLang's lpm): any queued request may be admitted.
+FREE_ORDER_POLICY = DllmPolicy(free_queue_order=True)
+
 
 class NoFreeOnFinish(ReferenceDllmScheduler):
     """Finishing releases the row but forgets the KV slots."""
@@ -838,6 +841,19 @@ MUTANTS: dict[str, Mutant] = {
             PRIORITY_POLICY,
             _tight_pool(),
             "under a priority-ordered queue the higher priority value is admitted first",
+        ),
+        _under_policy(
+            "idles_under_free_order",
+            "work_conserving",
+            AdmitsOnlyWhenIdle,
+            FREE_ORDER_POLICY,
+            dllm_configs().map(
+                lambda c: c.replace(
+                    max_running_requests=4, req_pool_rows=4, kv_pages=4 * c.kv_pages
+                )
+            ),
+            "under a free queue order no admission while anything runs, though a seat, a row "
+            "and every queued request's pages are free",
         ),
         _under_policy(
             "shortest_output_first",
