@@ -2,7 +2,7 @@
 
 .venv/bin/python scripts/soak_engine.py [--requests 10000] [--model tiny|shipped]
     [--abort-rate 0.1] [--seed 1] [--record] [--forward-log-cap N] [--device cpu|cuda[:N]]
-    [--json PATH]
+    [--prefix-cache] [--json PATH]
 
 The loop keeps 16 requests queued or running, runs one round at a time, takes the finished
 outputs after every round (as a server streams them out) and aborts about `--abort-rate` of the
@@ -17,6 +17,9 @@ On CUDA each row also reports the memory torch holds allocated on the device
 a growing column. At every row the KV slots in use and the rows held are read from the engine;
 once every request has finished or been aborted both must be 0. Exit 1 when they are not (a
 leak), 2 on a bad flag or an unusable device, 0 otherwise.
+
+With `--prefix-cache` the engine keeps committed blocks (`gpu.prefix_cache`): the table adds the
+cached blocks, which must stay within the pool, and at the end no request may still read one.
 """
 
 from __future__ import annotations
@@ -110,12 +113,13 @@ def soak(
     forward_log_cap: int,
     every: int,
     device: torch.device,
+    config: DllmConfig = CONFIG,
 ) -> tuple[list[Checkpoint], dict[str, int]]:
     torch.set_num_threads(1)
     model = tiny_model(str(device)) if model_name == "tiny" else _shipped_model(str(device))
     sink = CountingSink()
     engine = DllmEngine(
-        CONFIG,
+        config,
         sink,
         model=model,
         algorithm=make_algorithm("LowConfidence", {}),
@@ -205,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", action="store_true", help="keep the (capped) forward log")
     p.add_argument("--forward-log-cap", default=str(FORWARD_LOG_CAP))
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument(
+        "--prefix-cache", action="store_true", help="keep committed blocks (gpu.prefix_cache)"
+    )
     p.add_argument("--json", type=output_file, default=None, help="write the checkpoints here")
     ns = p.parse_args(argv)
     requests = _positive("--requests", ns.requests, 1)
@@ -222,17 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     except SchedSpecError as exc:
         return _usage(f"--device: {exc}")
 
-    checkpoints, totals = soak(requests, ns.model, abort_rate, seed, ns.record, cap, every, device)
+    config = CONFIG.replace(prefix_cache=ns.prefix_cache)
+    checkpoints, totals = soak(
+        requests, ns.model, abort_rate, seed, ns.record, cap, every, device, config
+    )
     print(
         f"soak: {requests} requests, model {ns.model}, abort rate {abort_rate}, seed {seed}, "
         f"record {ns.record}; {IN_FLIGHT} in flight, max_running "
-        f"{CONFIG.max_running_requests}, block {CONFIG.block_size}, FDFO + reuse; "
-        f"device {device_name(device)}"
+        f"{CONFIG.max_running_requests}, block {CONFIG.block_size}, FDFO + reuse"
+        f"{', prefix cache' if ns.prefix_cache else ''}; device {device_name(device)}"
     )
     print(
         f"{'done':>6} {'finished':>8} {'aborted':>7} {'rounds':>7} {'RSS MiB':>8} {'dev MiB':>8} "
         f"{'s':>7} {'outputs':>7} {'fwd log':>7} {'retired':>7} {'live':>5} {'handles':>7} "
-        f"{'slots':>5} {'rows':>4}"
+        f"{'slots':>5} {'rows':>4} {'cached':>6}"
     )
     for c in checkpoints:
         s = c.sizes
@@ -241,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{c.requests_done:>6} {c.finished:>8} {c.aborted:>7} {c.rounds:>7} "
             f"{c.rss_kib / 1024:>8.1f} {dev:>8} {c.seconds:>7.1f} {s['outputs']:>7} "
             f"{s['forward_log']:>7} {s['retired_ids']:>7} {s['live_ids']:>5} "
-            f"{s['allocator_handles']:>7} {c.used_slots:>5} {s['held_rows']:>4}"
+            f"{s['allocator_handles']:>7} {c.used_slots:>5} {s['held_rows']:>4} "
+            f"{s['cached_blocks']:>6}"
         )
     first = checkpoints[1] if len(checkpoints) > 1 else checkpoints[0]
     last = checkpoints[-1]
@@ -252,10 +263,17 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v}" for k, v in totals.items())
     )
     last_sizes = last.sizes
-    leaked = last.used_slots or last_sizes["held_rows"] or last_sizes["allocator_handles"]
+    leaked = (
+        last.used_slots
+        or last_sizes["held_rows"]
+        or last_sizes["allocator_handles"]
+        or last_sizes["cache_readers"]
+        or any(c.sizes["cached_blocks"] > config.kv_pages for c in checkpoints)
+    )
     print(
         f"LEAK at the end: {last.used_slots} KV slots in use, {last_sizes['held_rows']} rows "
-        f"held, {last_sizes['allocator_handles']} allocator handles live"
+        f"held, {last_sizes['allocator_handles']} allocator handles live, "
+        f"{last_sizes['cache_readers']} requests reading the cache"
         if leaked
         else "every request ended: no KV slot in use, no row held, no allocator handle live"
     )
@@ -271,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             "device": device_name(device),
             "leaked": bool(leaked),
             "in_flight": IN_FLIGHT,
-            "config": {k: str(v) for k, v in asdict(CONFIG).items()},
+            "prefix_cache": ns.prefix_cache,
+            "config": {k: str(v) for k, v in asdict(config).items()},
             "totals": totals,
             "checkpoints": [asdict(c) for c in checkpoints],
         }

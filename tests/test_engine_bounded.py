@@ -207,6 +207,30 @@ def test_the_soak_ends_with_nothing_held_and_exits_1_on_a_leak(
     assert "LEAK at the end:" in capsys.readouterr().out
 
 
+def test_the_soak_with_the_prefix_cache_ends_with_no_reader_and_exits_1_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--prefix-cache`: the cache fills with committed blocks (never beyond the pool) and no
+    request reads one at the end (exit 0); an engine whose requests never stop reading is
+    reported (exit 1)."""
+    from gpu.prefix_cache import BlockCache
+
+    soak = load_script("soak_engine")
+    out = tmp_path / "soak.json"
+    assert (
+        soak.main(["--requests", "40", "--every", "20", "--prefix-cache", "--json", str(out)]) == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["prefix_cache"] is True and report["leaked"] is False
+    sizes = [c["sizes"] for c in report["checkpoints"]]
+    assert max(s["cached_blocks"] for s in sizes) > 0 and sizes[-1]["cache_readers"] == 0
+    capsys.readouterr()
+
+    monkeypatch.setattr(BlockCache, "release", lambda self, rid: None)
+    assert soak.main(["--requests", "6", "--abort-rate", "0", "--prefix-cache"]) == 1
+    assert "requests reading the cache" in capsys.readouterr().out
+
+
 def test_the_soak_refuses_an_unusable_device_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
