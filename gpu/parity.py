@@ -16,8 +16,15 @@ The run sets batch-invariant numerics (`batch_invariant_numerics`): deterministi
 no TF32, no reduced-precision reductions, the math SDPA backend (on every device; on CPU they
 change nothing that the tests would see).
 
+With `--prefix-cache` every engine keeps committed blocks for later prompts
+(`gpu.prefix_cache`; pages of one block: `--page-size` equal to `--block-size`) and every
+prompt is served twice, as two cases, so the second copy reads the whole prompt blocks the first
+committed (or, admitted beside it, shares its blocks through duplicate commits); the golden
+decoding has no cache, so a case passes only if reading cached KV changed nothing.
+
     schedspec parity --device cpu|cuda --algorithm LowConfidence|JointThreshold|all \\
-        --prompts N --max-new-tokens M [--batch B] [--block-size B] [--page-size P] [--json PATH]
+        --prompts N --max-new-tokens M [--batch B] [--block-size B] [--page-size P]
+        [--prefix-cache] [--json PATH]
 """
 
 from __future__ import annotations
@@ -193,6 +200,8 @@ class ParityReport:
     batch_sizes: tuple[int, ...] = (1,)  # the widest forward of each batch-size setting run
     numerics: dict[str, str] = field(default_factory=dict)  # batch-invariant settings in force
     threads: int = 0  # torch's intra-op threads during the run (host-side work on CUDA)
+    prefix_cache: bool = False  # every engine kept committed blocks for later prompts
+    cache_hits: int = 0  # prompt blocks the runs read from their caches instead of computing
 
     @property
     def golden(self) -> bool:
@@ -212,6 +221,8 @@ class ParityReport:
             "leaked_rows": self.leaked_rows,
             "numerics": dict(self.numerics),
             "threads": self.threads,
+            "prefix_cache": self.prefix_cache,
+            "cache_hits": self.cache_hits,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
 
@@ -337,6 +348,9 @@ def run_algorithm(
             report.seconds[f"{algorithm}/{name}"] = time.perf_counter() - start
             report.leaked_slots += run.leaked_slots
             report.leaked_rows += run.leaked_rows
+            engine = run.adapter
+            if isinstance(engine, DllmEngine) and engine.prefix_cache is not None:
+                report.cache_hits += engine.prefix_cache.hits
             runs.append(run)
     report.batch_sizes = (1, max(r.widest_forward for r in runs if r.batch == batch))
     golden = golden_outputs(runs[0].adapter, requests)
@@ -376,9 +390,18 @@ def run_parity(
     page_size: int = 16,
     model: BlockDiffusionLM | None = None,
     batch: int = 4,
+    prefix_cache: bool = False,
 ) -> ParityReport:
     """Run the parity check on the first `prompts` distinct shipped prompts (None: all of
-    them); `model` defaults to the shipped weights on `device`."""
+    them); `model` defaults to the shipped weights on `device`; with `prefix_cache`, every
+    engine keeps committed blocks (page_size must equal block_size)."""
+    if prefix_cache and page_size != block_size:
+        raise ConfigError(
+            "page_size",
+            page_size,
+            f"equal to --block-size ({block_size}) with --prefix-cache (the engine caches "
+            "pages of one block)",
+        )
     dev = resolve_device(device)
     for name in algorithms:
         if name not in ALGORITHMS:
@@ -386,6 +409,8 @@ def run_parity(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 2:
         raise ConfigError("batch", batch, "an integer >= 2 (batch size 1 always runs)")
     texts = parity_cases(prompts)
+    if prefix_cache:  # each prompt twice: the second copy reads what the first one cached
+        texts = [t for t in texts for _ in range(2)]
     if model is None:
         from gpu.weights import load_model
 
@@ -401,9 +426,15 @@ def run_parity(
         RequestSpec(f"p{i:03d}", tuple(TOKENIZER.encode(t)), max_new_tokens)
         for i, t in enumerate(texts)
     ]
-    base = bs1_config(block_size, page_size, max_context, REFERENCE)
+    base = bs1_config(block_size, page_size, max_context, REFERENCE).replace(
+        prefix_cache=prefix_cache
+    )
     report = ParityReport(
-        device=str(dev), identical=True, leaked_slots=0, threads=torch.get_num_threads()
+        device=str(dev),
+        identical=True,
+        leaked_slots=0,
+        threads=torch.get_num_threads(),
+        prefix_cache=prefix_cache,
     )
     with batch_invariant_numerics() as numerics:
         report.numerics = numerics
@@ -446,6 +477,11 @@ def _print_table(report: ParityReport) -> None:
         f"mode at batch sizes {', '.join(map(str, report.batch_sizes))} vs sync at batch size "
         f"1; logits digests at batch size 1); leaked slots {report.leaked_slots}, held rows "
         f"{report.leaked_rows}"
+        + (
+            f"; prefix cache on, {report.cache_hits} prompt blocks read from it"
+            if report.prefix_cache
+            else ""
+        )
     )
 
 
@@ -467,6 +503,12 @@ def parity_main(args: list[str]) -> int:
     p.add_argument("--batch", type=int, default=4, help="the batch size > 1 (default 4)")
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="every engine keeps committed blocks for later prompts (needs --page-size equal "
+        "to --block-size)",
+    )
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--impl", default="engine", help="only 'engine' here (the CLI routes others)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
@@ -482,6 +524,7 @@ def parity_main(args: list[str]) -> int:
         ns.block_size,
         ns.page_size,
         batch=ns.batch,
+        prefix_cache=ns.prefix_cache,
     )
     _print_table(report)
     if ns.json:

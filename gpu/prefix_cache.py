@@ -55,6 +55,7 @@ class BlockCache:
         self.block_size: int = allocator.block_size
         self.blocks: dict[bytes, CachedBlock] = {}  # prefix digest -> cached block
         self.reads: dict[str, dict[int, bytes]] = {}  # request -> block index -> digest
+        self.hits: int = 0  # prompt blocks read at admission instead of computed
         self._clock = 0
 
     def _slots(self, first_slot: int) -> tuple[int, ...]:
@@ -92,6 +93,7 @@ class BlockCache:
         if cached is None:
             return None
         self._read(rid, block_index, digest, cached)
+        self.hits += 1
         self.sink(CacheHit(rid, block_index, self._slots(cached.first_slot)))
         return cached.first_slot
 

@@ -81,6 +81,13 @@ def parity_parser() -> Parser:
     )
     p.add_argument("--block-size", type=positive(4096), default=8, help="tokens per block")
     p.add_argument("--page-size", type=positive(65536), default=16, help="tokens per KV page")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="--impl engine: every engine keeps committed blocks for later prompts (needs "
+        "--page-size equal to --block-size); another implementation's profile says whether it "
+        "caches",
+    )
     p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     add_threads_argument(
         p,
@@ -135,12 +142,26 @@ def parity(argv: list[str]) -> int:
         check_shipped_parity(
             "--prompts", ns.prompts, "--max-new-tokens", ns.max_new_tokens, ns.block_size
         )
+        if ns.prefix_cache and ns.page_size != ns.block_size:
+            raise ConfigError(
+                "--page-size",
+                ns.page_size,
+                f"equal to --block-size ({ns.block_size}) with --prefix-cache (the engine "
+                "caches pages of one block)",
+            )
         pin_torch_threads(ns.threads)  # before torch loads, when it has not yet
         return _run_engine_command(ns, argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
     if ns.page_size % ns.block_size:
         raise ConfigError(
             "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
+        )
+    if ns.prefix_cache:
+        raise ConfigError(
+            "--prefix-cache",
+            True,
+            f"left out with --impl {ns.impl} (its profile says whether it keeps a prefix "
+            "cache: engine-cached always does)",
         )
     for flag, value, default in (
         ("--device", ns.device, "cpu"),

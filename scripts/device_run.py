@@ -5,9 +5,10 @@
 
 A session lent a GPU machine has a few minutes of it, start-up included, so the checks that
 docs/release.md lists run here as one prepared command: the release gate's parity on every
-shipped prompt and its `release-check`, the device unit tests, the benchmark with SGLang's
-rows-released baseline on both workloads, the forward-time bound, the conformance suite with
-the engine serving on the device, and the soak. Each step is the command release.md names,
+shipped prompt and its `release-check`, the device unit tests, the gate's parity with the
+engine's prefix cache on, the benchmark with SGLang's rows-released baseline on both
+workloads, the forward-time bound, the conformance suite with the engine serving on the
+device, and the soak. Each step is the command release.md names,
 `schedspec` run as `python -m schedspec_cli.main` with the checkout on `PYTHONPATH` (a device
 machine may have no package registry to build the `.venv` from, as in the recorded H200 runs).
 
@@ -108,6 +109,15 @@ STEPS: tuple[Step, ...] = (
         (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/test_engine_units.py", "-k", "device"),
         10,
+    ),
+    Step(
+        "parity-cached",
+        _schedspec(
+            "parity", "--device", "{device}", "--algorithm", "all", "--prompts", "4",
+            "--max-new-tokens", "128", "--block-size", "8", "--page-size", "8",
+            "--prefix-cache", "--json", "{out}/parity-cached.json",
+        ),
+        30,
     ),
     _bench("bench-rows", ("--repeats", "3", "--rows-released"), 60),
     _bench("bench-rows-128", ("--max-new-tokens", "128", "--repeats", "3", "--rows-released"), 95),

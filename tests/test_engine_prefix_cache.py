@@ -315,3 +315,26 @@ def test_the_engine_decides_as_the_caching_reference_and_its_twin_has_teeth(
         run_state_machine_as_test(checked(), settings=_suite(300, shrink=False))
     assert caught.value.rule == "twin_decisions", caught.value
     assert "its twin forwards" in str(caught.value), caught.value
+
+
+def test_the_shipped_gate_runs_with_the_prefix_cache_and_refuses_what_it_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec parity --prefix-cache` (the shipped model and prompts): every prompt twice,
+    the second copy reading the first's cached prompt blocks, every case identical to sync at
+    batch size 1 and to the golden decoding without a cache. A page of two blocks, or the flag
+    with another implementation, is refused in one line (exit 2)."""
+    from schedspec_cli.main import main
+
+    out = tmp_path / "gate.json"
+    flags = ["--algorithm", "LowConfidence", "--prompts", "2", "--max-new-tokens", "8"]
+    argv = ["parity", *flags, "--block-size", "8", "--page-size", "8", "--prefix-cache"]
+    assert main([*argv, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["prefix_cache"] is True and report["cache_hits"] > 0, report
+    assert len(report["cases"]) == 4 and report["identical"] and report["golden"]
+    assert "prompt blocks read from it" in capsys.readouterr().out
+    assert main(["parity", *flags, "--prefix-cache"]) == 2  # pages of 16, blocks of 8
+    assert "equal to --block-size (8) with --prefix-cache" in capsys.readouterr().err
+    assert main(["parity", "--impl", "reference-dllm", "--prefix-cache"]) == 2
+    assert "its profile says whether it keeps a prefix cache" in capsys.readouterr().err
