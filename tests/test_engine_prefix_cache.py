@@ -338,3 +338,38 @@ def test_the_shipped_gate_runs_with_the_prefix_cache_and_refuses_what_it_cannot(
     assert "equal to --block-size (8) with --prefix-cache" in capsys.readouterr().err
     assert main(["parity", "--impl", "reference-dllm", "--prefix-cache"]) == 2
     assert "its profile says whether it keeps a prefix cache" in capsys.readouterr().err
+
+
+def _write_log(path: Path, config: DllmConfig, events: list[Event]) -> Path:
+    from spec.trace import config_to_dict, event_to_dict
+
+    lines = [json.dumps(config_to_dict(config)), *(json.dumps(event_to_dict(e)) for e in events)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_check_trace_compares_a_cached_log_with_the_caching_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An engine's cached log: `check-trace --twin reference-dllm-cached` passes it (exit 0);
+    the non-caching reference cannot run its configuration (exit 2, one line); the log of an
+    engine that never reads its cache at admission conforms but decides otherwise (exit 1,
+    `twin_decisions`)."""
+    from schedspec_cli.main import main
+
+    requests = [[RequestSpec(f"r{i}", (*STEM, i), 6)] for i in range(4)]
+    _, events, _ = _serve(CACHED, requests)
+    assert any(isinstance(e, CacheHit) for e in events)
+    log = _write_log(tmp_path / "cached.jsonl", CACHED, events)
+    assert main(["check-trace", str(log), "--twin", "reference-dllm-cached"]) == 0
+    assert "decides alike" in capsys.readouterr().out
+    assert main(["check-trace", str(log), "--twin", "reference-dllm"]) == 2
+    assert "prefix_cache=True" in capsys.readouterr().err
+
+    monkeypatch.setattr(DllmEngine, "_read_cached_prompt", lambda self, req, cache: None)
+    _, lazy, _ = _serve(CACHED, requests)
+    lazy_log = _write_log(tmp_path / "lazy.jsonl", CACHED, lazy)
+    assert main(["check-trace", str(lazy_log)]) == 0  # the spec allows not reading the cache
+    capsys.readouterr()
+    assert main(["check-trace", str(lazy_log), "--twin", "reference-dllm-cached"]) == 1
+    assert "twin_decisions" in capsys.readouterr().out
