@@ -2,7 +2,7 @@
 
 .venv/bin/python scripts/soak_engine.py [--requests 10000] [--model tiny|shipped]
     [--abort-rate 0.1] [--seed 1] [--record] [--forward-log-cap N] [--device cpu|cuda[:N]]
-    [--prefix-cache] [--json PATH]
+    [--prefix-cache] [--stems K] [--json PATH]
 
 The loop keeps 16 requests queued or running, runs one round at a time, takes the finished
 outputs after every round (as a server streams them out) and aborts about `--abort-rate` of the
@@ -20,6 +20,8 @@ leak), 2 on a bad flag or an unusable device, 0 otherwise.
 
 With `--prefix-cache` the engine keeps committed blocks (`gpu.prefix_cache`): the table adds the
 cached blocks, which must stay within the pool, and at the end no request may still read one.
+With `--stems K` every prompt starts with one of K fixed whole blocks (seeded), so later
+requests read what earlier ones cached; the totals count the blocks read.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def soak(
     every: int,
     device: torch.device,
     config: DllmConfig = CONFIG,
+    stems: int = 0,
 ) -> tuple[list[Checkpoint], dict[str, int]]:
     torch.set_num_threads(1)
     model = tiny_model(str(device)) if model_name == "tiny" else _shipped_model(str(device))
@@ -142,6 +145,8 @@ def soak(
         )
 
     rng = random.Random(seed)
+    # whole-block stems a prompt may start with (drawn first, so the rest of the run is seeded)
+    stem_blocks = [tuple(rng.randrange(15) for _ in range(config.block_size)) for _ in range(stems)]
     abort_at: dict[str, int] = {}  # request id -> round at which to abort it (if still live)
     live: set[str] = set()
     submitted = finished = aborted = tokens = 0
@@ -151,7 +156,8 @@ def soak(
     while submitted < requests or live:
         while submitted < requests and len(live) < IN_FLIGHT:
             rid = f"req-{submitted}"
-            prompt = tuple(rng.randrange(15) for _ in range(rng.randint(1, 6)))
+            tail = tuple(rng.randrange(15) for _ in range(rng.randint(1, 6)))
+            prompt = (*rng.choice(stem_blocks), *tail) if stem_blocks else tail
             engine.submit(RequestSpec(rid, prompt, rng.randint(2, 8)))
             live.add(rid)
             if rng.random() < abort_rate:
@@ -180,6 +186,7 @@ def soak(
         "forwards": engine.runner.forwards,
         "outputs_dropped": engine.outputs_dropped,
         "forward_log_dropped": engine.forward_log_dropped,
+        "cache_hits": 0 if engine.prefix_cache is None else engine.prefix_cache.hits,
     }
     return checkpoints, totals
 
@@ -212,12 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--prefix-cache", action="store_true", help="keep committed blocks (gpu.prefix_cache)"
     )
+    p.add_argument(
+        "--stems", default="0", help="prompts start with one of this many fixed blocks (>= 0)"
+    )
     p.add_argument("--json", type=output_file, default=None, help="write the checkpoints here")
     ns = p.parse_args(argv)
     requests = _positive("--requests", ns.requests, 1)
     every = _positive("--every", ns.every, 1)
     seed = _positive("--seed", ns.seed, 0)
     cap = _positive("--forward-log-cap", ns.forward_log_cap, 0)
+    stems = _positive("--stems", ns.stems, 0)
     try:
         abort_rate = float(ns.abort_rate)
     except ValueError:
@@ -231,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = CONFIG.replace(prefix_cache=ns.prefix_cache)
     checkpoints, totals = soak(
-        requests, ns.model, abort_rate, seed, ns.record, cap, every, device, config
+        requests, ns.model, abort_rate, seed, ns.record, cap, every, device, config, stems
     )
     print(
         f"soak: {requests} requests, model {ns.model}, abort rate {abort_rate}, seed {seed}, "
@@ -290,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             "leaked": bool(leaked),
             "in_flight": IN_FLIGHT,
             "prefix_cache": ns.prefix_cache,
+            "stems": stems,
             "config": {k: str(v) for k, v in asdict(config).items()},
             "totals": totals,
             "checkpoints": [asdict(c) for c in checkpoints],

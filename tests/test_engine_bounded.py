@@ -210,18 +210,19 @@ def test_the_soak_ends_with_nothing_held_and_exits_1_on_a_leak(
 def test_the_soak_with_the_prefix_cache_ends_with_no_reader_and_exits_1_on_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--prefix-cache`: the cache fills with committed blocks (never beyond the pool) and no
+    """`--prefix-cache --stems 2`: prompts start with one of two blocks, so requests read what
+    earlier ones cached; the cache fills with committed blocks (never beyond the pool) and no
     request reads one at the end (exit 0); an engine whose requests never stop reading is
     reported (exit 1)."""
     from gpu.prefix_cache import BlockCache
 
     soak = load_script("soak_engine")
     out = tmp_path / "soak.json"
-    assert (
-        soak.main(["--requests", "40", "--every", "20", "--prefix-cache", "--json", str(out)]) == 0
-    )
+    argv = ["--requests", "40", "--every", "20", "--prefix-cache", "--stems", "2"]
+    assert soak.main([*argv, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["prefix_cache"] is True and report["leaked"] is False
+    assert report["stems"] == 2 and report["totals"]["cache_hits"] > 10, report["totals"]
     sizes = [c["sizes"] for c in report["checkpoints"]]
     assert max(s["cached_blocks"] for s in sizes) > 0 and sizes[-1]["cache_readers"] == 0
     capsys.readouterr()
