@@ -394,14 +394,8 @@ def run_parity(
 ) -> ParityReport:
     """Run the parity check on the first `prompts` distinct shipped prompts (None: all of
     them); `model` defaults to the shipped weights on `device`; with `prefix_cache`, every
-    engine keeps committed blocks (page_size must equal block_size)."""
-    if prefix_cache and page_size != block_size:
-        raise ConfigError(
-            "page_size",
-            page_size,
-            f"equal to --block-size ({block_size}) with --prefix-cache (the engine caches "
-            "pages of one block)",
-        )
+    engine keeps committed blocks (page_size must equal block_size: the engine's
+    `ConfigError` otherwise)."""
     dev = resolve_device(device)
     for name in algorithms:
         if name not in ALGORITHMS:
