@@ -91,7 +91,6 @@ from spec.events import (
 from spec.golden import GoldenTie
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of, output_of
-from spec.prefix_cache import ROOT, chain
 from spec.profile import DllmConfigSpace, DllmPolicy, DllmProfile
 from spec.snapshot import FinishedOutput, Snapshot
 
@@ -491,7 +490,7 @@ class DllmEngine:
         while (req.committed_blocks + 1) * b <= len(prompt):
             k = req.committed_blocks
             block = prompt[k * b : (k + 1) * b]
-            digest = chain(req.digests[-1] if req.digests else ROOT, block)
+            digest = req.next_digest(block)
             first = cache.hit(req.rid, k, digest)
             if first is None:
                 break
@@ -711,7 +710,7 @@ class DllmEngine:
     ) -> None:
         """The block just committed enters the cache (or, a duplicate, is read from the
         cached copy: the table entry moves there and the request's own copy is freed)."""
-        digest = chain(req.digests[-1] if req.digests else ROOT, tokens)
+        digest = req.next_digest(tokens)
         req.digests.append(digest)
         own = req.block_first_slots[-1]
         first = cache.insert(req.rid, req.handle, k, own, digest)

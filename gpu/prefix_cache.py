@@ -20,6 +20,10 @@ block_size`, what the engine asks for when `DllmConfig.prefix_cache` is on).
 - `make_room`, before an allocation: with no free page, the least recently used block no
   request reads leaves the cache (`CacheEvicted`).
 
+It is written apart from the caching reference (`reference.prefix_cache`) on purpose: that
+reference is the decision twin this cache is checked against (`engine-cached`), so sharing code
+with it would let a common mistake pass unseen.
+
 The engine reserves each request's worst-case pages at admission as if nothing hit, and a
 request's owned and read blocks together never exceed them; so when a running request needs a
 page and none is free, some cached page is unread, and `make_room` always finds one.

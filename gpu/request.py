@@ -9,12 +9,14 @@ next round allocates the block afresh.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from spec.config import RequestSpec
 from spec.events import FinishReason
+from spec.prefix_cache import ROOT, chain
 
 
 @dataclass(slots=True)
@@ -78,6 +80,11 @@ class EngineRequest:
     def has_block(self) -> bool:
         """Whether a current block is under way: freshly started or carried."""
         return self.fresh_tokens is not None or self.carry is not None
+
+    def next_digest(self, block: Sequence[int]) -> bytes:
+        """The prefix digest of the next block (its tokens `block`, spec ids), chained onto
+        the last committed block's (`spec.prefix_cache.chain`)."""
+        return chain(self.digests[-1] if self.digests else ROOT, block)
 
     @property
     def generated(self) -> list[int]:

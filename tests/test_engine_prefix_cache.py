@@ -246,9 +246,9 @@ def test_the_suite_catches_blocks_keyed_by_their_own_tokens(
     """Seeded bug: the engine keys a block by its own tokens, not its prefix, so a prompt
     whose block 1 equals a cached block 1 of another prefix reads KV computed over the wrong
     prefix: `cache_hit_content`."""
-    import gpu.engine
+    import gpu.request
 
-    monkeypatch.setattr(gpu.engine, "chain", lambda previous, block: chain(ROOT, block))
+    monkeypatch.setattr(gpu.request, "chain", lambda previous, block: chain(ROOT, block))
     machine = conformance_machine(
         make_small_engine, profile=SMALL_ENGINE_CACHED.profile, parity="always"
     )
