@@ -19,6 +19,8 @@ from properties.symbolic.result import IsolatedSolver, check
 from properties.symbolic.workloads import replay
 from properties.workload import run_workload
 from reference.dllm import ReferenceDllmScheduler
+from reference.prefix_cache import CACHED_PROFILE, CachingReferenceScheduler
+from spec.adapter import ImplementationFactory
 from spec.errors import SpecViolation
 from spec.invariants import INVARIANTS
 from spec.profile import DllmProfile
@@ -125,10 +127,14 @@ def test_mutant_counterexample_replays(
     # is rejected with the mutant's rule
     _, violation = replay(cex.mutant.config, cex.events, cex.mutant.policy)
     assert violation is not None and violation.rule == cex.mutant.rule, violation
-    # the workload is legal: the correct reference, under the mutant's policy, runs it cleanly
+    # the workload is legal: the correct reference (the caching one with a prefix cache),
+    # under the mutant's policy, runs it cleanly
     policy = cex.mutant.policy
     profile = DllmProfile(policy=policy)
-    correct = functools.partial(ReferenceDllmScheduler, policy=policy)
+    correct: ImplementationFactory = functools.partial(ReferenceDllmScheduler, policy=policy)
+    if cex.mutant.config.prefix_cache:
+        assert policy == CACHED_PROFILE.policy, "the caching reference runs the default policy"
+        profile, correct = CACHED_PROFILE, CachingReferenceScheduler
     run_workload(correct, cex.workload, parity=False, profile=profile)
     # and the matching reference mutant fails it with the same rule
     for ref in cex.mutant.reference:

@@ -39,7 +39,7 @@ from properties.symbolic.workloads import describe_ops, replay, workload_from_ev
 from properties.workload import Workload
 from spec.config import DllmConfig
 from spec.errors import SpecViolation
-from spec.events import Event, KvFreed
+from spec.events import CacheEvicted, Event, KvFreed
 from spec.profile import DllmPolicy
 
 
@@ -73,8 +73,9 @@ class Unrolling:
 
 
 def drop_noops(events: Iterable[Event]) -> list[Event]:
-    """Empty frees are stutter steps (they let a trace be shorter than the unrolling)."""
-    return [e for e in events if not (isinstance(e, KvFreed) and not e.slots)]
+    """Empty frees and evictions are stutter steps (they let a trace be shorter than the
+    unrolling)."""
+    return [e for e in events if not (isinstance(e, KvFreed | CacheEvicted) and not e.slots)]
 
 
 # ---------------------------------------------------------------------------- invariants

@@ -3,11 +3,19 @@
 Request indices follow `state.requests`' order (`SpecMachine.state()` lists requests in
 submission order), so request i is the i-th submitted request. Ghost fields get the values the
 proofs assume (`reserved_pages` its definition, `freed_by` -1).
+
+A prompt's content is kept as far as the prefix cache can tell (`prompt_family`): a prompt
+that starts with whole blocks of one token `STEM_TOKEN + f` has that many stem blocks of
+family f. With the cache on, a state whose requests share prefixes in another way (or share
+generated blocks) lies outside the encoding, and so does a cached block that no request's
+committed tokens or prompt reproduce.
 """
 
 from __future__ import annotations
 
-from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ
+from collections.abc import Sequence
+
+from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ, STEM_TOKEN
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.state import FIELDS, Scope
 from properties.symbolic.terms import Values
@@ -35,6 +43,7 @@ from spec.events import (
 )
 from spec.lifecycles import RequestPhase
 from spec.machine import finish_condition
+from spec.prefix_cache import ROOT, chain
 from spec.profile import DllmPolicy
 from spec.state import TERMINAL_PHASES, AbstractState, RequestState
 
@@ -57,8 +66,91 @@ def _check_geometry(cfg: DllmConfig, geom: Geometry) -> None:
         raise NotEncodable(f"config {cfg} does not match geometry {geom}")
     if cfg.req_pool_rows > geom.rows or cfg.max_running_requests > geom.running:
         raise NotEncodable("rows or max_running beyond the geometry")
-    if cfg.prefix_cache:
-        raise NotEncodable("the encoding has no prefix cache (prefix_cache=True)")
+    if cfg.prefix_cache and not geom.prefix_cache:
+        raise NotEncodable(f"prefix_cache=True outside a geometry with the cache ({geom.label()})")
+
+
+def prompt_family(prompt: Sequence[object], block_size: int) -> tuple[int, int]:
+    """(family, shared_blocks) of a prompt: f and n when its first n >= 1 whole blocks all
+    hold the token `STEM_TOKEN + f` (f >= 0) and its block n does not; (-1, 0) otherwise."""
+    first = prompt[0] if prompt else None
+    if not isinstance(first, int) or isinstance(first, bool) or first < STEM_TOKEN:
+        return -1, 0
+    n = 0
+    while (n + 1) * block_size <= len(prompt) and all(
+        x == first for x in prompt[n * block_size : (n + 1) * block_size]
+    ):
+        n += 1
+    return (first - STEM_TOKEN, n) if n else (-1, 0)
+
+
+def _family(prompt: Sequence[object], geom: Geometry) -> tuple[int, int]:
+    """`prompt_family`, within the encoding's families (`NotEncodable` otherwise); (-1, 0)
+    in a geometry without the cache, where a prompt's content does not matter."""
+    if not geom.prefix_cache:
+        return -1, 0
+    family, shared = prompt_family(prompt, geom.block_size)
+    if family >= geom.requests:
+        raise NotEncodable(f"prompt family {family} >= {geom.requests} (the requests)")
+    return family, shared
+
+
+def _known_digests(r: RequestState, block_size: int) -> list[str]:
+    """The chained content digests (hex) of the whole blocks of `r` known so far: its committed
+    tokens, then its prompt past them."""
+    known = list(r.tokens) + list(r.prompt[len(r.tokens) :])
+    out, digest = [], ROOT
+    for k in range(len(known) // block_size):
+        digest = chain(digest, known[k * block_size : (k + 1) * block_size])
+        out.append(digest.hex())
+    return out
+
+
+def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Values:
+    """cached, cache_origin, cache_block and read_by of a state with the prefix cache; checks
+    that `prompt_family` tells every shared prefix (`NotEncodable` otherwise)."""
+    b, n = geom.block_size, geom.requests
+    index = {rid: i for i, rid in enumerate(order)}
+    digests = [_known_digests(state.requests[rid], b) for rid in order]
+    families = [_family(state.requests[rid].prompt, geom) for rid in order]
+    for i in range(len(order)):
+        for j in range(i + 1, len(order)):
+            same = 0
+            while same < min(len(digests[i]), len(digests[j])) and (
+                digests[i][same] == digests[j][same]
+            ):
+                same += 1
+            (fi, si), (fj, sj) = families[i], families[j]
+            told = min(si, sj) if fi == fj != -1 else 0
+            if same != told:
+                raise NotEncodable(
+                    f"{order[i]!r} and {order[j]!r} share {same} blocks; their prompts' stems "
+                    f"tell {told}"
+                )
+    out: Values = {}
+    for t in range(geom.kv_slots):
+        out[f"cached[{t}]"] = False
+        out[f"cache_origin[{t}]"] = -1
+        out[f"cache_block[{t}]"] = 0
+        for i in range(n):
+            out[f"read_by[{t * n + i}]"] = False
+    for block in state.cache:
+        first = _first_slot(tuple(block.slots), geom, "cached block")
+        k = block.block_index
+        origin = next(
+            (i for i, d in enumerate(digests) if len(d) > k and d[k] == block.digest), None
+        )
+        if origin is None or first % geom.page_size or first + b > geom.kv_slots:
+            raise NotEncodable(f"cached block {list(block.slots)} is not encodable")
+        for t in block.slots:
+            out[f"cached[{t}]"] = True
+            out[f"cache_origin[{t}]"] = origin
+            out[f"cache_block[{t}]"] = k
+            for rid, kk in block.readers:
+                if rid not in index or kk != k:
+                    raise NotEncodable(f"reader {(rid, kk)} of cached block {k}")
+                out[f"read_by[{t * n + index[rid]}]"] = True
+    return out
 
 
 def _first_slot(slots: tuple[int, ...], geom: Geometry, what: str) -> int:
@@ -93,6 +185,7 @@ def _request_values(
     due = finish_condition(state.config, r)
     pending = [m for (rid, _), m in state.round.pending_masks.items() if rid == r.request_id]
     pl, mn = len(r.prompt), r.max_new_tokens
+    family, shared = _family(r.prompt, geom)
     return {
         "phase": REQ[r.phase.value],
         "prompt_len": pl,
@@ -114,6 +207,8 @@ def _request_values(
         "in_batch": in_batch,
         "step_pending": bool(pending),
         "pending_masks": pending[0] if pending else 0,
+        "family": family,
+        "shared_blocks": shared,
     }
 
 
@@ -179,6 +274,15 @@ def encode_state(state: AbstractState, geom: Geometry, policy: DllmPolicy | None
         out[f"owner_request[{t}]"] = -1 if o is None else index[o[0]]
         out[f"owner_block[{t}]"] = 0 if o is None else o[1]
         out[f"freed_by[{t}]"] = -1
+    if state.config.prefix_cache:
+        out.update(_cache_values(state, geom, order))
+    else:
+        for t in range(geom.kv_slots):
+            out[f"cached[{t}]"] = False
+            out[f"cache_origin[{t}]"] = -1
+            out[f"cache_block[{t}]"] = 0
+            for i in range(geom.requests):
+                out[f"read_by[{t * geom.requests + i}]"] = False
     out["round_index"] = rnd.index
     out["round_forwards"] = rnd.forwards
     out["newly_done_in_last_forward"] = rnd.newly_done_in_last_forward
@@ -223,6 +327,8 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "ignore_eos": False,
         "has_stop_token_ids": False,
         "priority": 0,
+        "family": -1,
+        "shared_blocks": 0,
         "tokens_valid": True,
         "block_has_eos": False,
         "block_has_stop_token": False,
@@ -257,6 +363,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         if not isinstance(event.priority, int) or isinstance(event.priority, bool):
             raise NotEncodable("priority is not an int")
         out["priority"] = event.priority
+        out["family"], out["shared_blocks"] = _family(event.prompt, geom)
         out["prompt_len"], out["max_new_tokens"] = pl, mn
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(
@@ -313,8 +420,17 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         out["request"] = idx(event.request_id)
     elif isinstance(event, ControlReturned):
         out["round_index"] = event.round_index
-    elif isinstance(event, KvCached | CacheHit | CacheReleased | CacheEvicted):
-        pass  # the kind alone: without a prefix cache every cache event is disabled
+    elif isinstance(event, KvCached | CacheHit | CacheReleased):
+        out["request"] = idx(event.request_id)
+        out["block_index"] = event.block_index
+        out["first_slot"] = _first_slot(tuple(event.slots), geom, event.kind)
+    elif isinstance(event, CacheEvicted):
+        if len(set(event.slots)) != len(event.slots):
+            raise NotEncodable("duplicate slots in one eviction")
+        for t in event.slots:
+            if not 0 <= t < geom.kv_slots:
+                raise NotEncodable(f"evicted slot {t} outside the pool")
+            out[f"freed[{t}]"] = True
     else:  # pragma: no cover - every event type is handled above
         raise NotEncodable(f"unknown event {event!r}")
     return out

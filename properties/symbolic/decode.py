@@ -12,7 +12,9 @@ from properties.symbolic.codes import (
     PROMPT_TOKEN,
     REASON_OF,
     REQ_NAME,
+    STEM_TOKEN,
     STOP_ID_TOKEN,
+    TAIL_TOKEN,
 )
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.params import Params
@@ -23,12 +25,16 @@ from spec.events import (
     Aborted,
     Admitted,
     BlockCommitted,
+    CacheEvicted,
+    CacheHit,
+    CacheReleased,
     ControlReturned,
     Event,
     Finished,
     Forward,
     ForwardRow,
     KvAllocated,
+    KvCached,
     KvFreed,
     RowAcquired,
     RowReleased,
@@ -70,6 +76,12 @@ class Decoder:
         if kind == "submitted":
             tok = PROMPT_TOKEN if flag(p.prompt_valid) else self.config.mask_token_id
             prompt = (tok,) * num(p.prompt_len)
+            if self.config.prefix_cache and flag(p.prompt_valid):
+                # the stem of its family, then its own tokens (`concrete.prompt_family`)
+                stem = num(p.shared_blocks) * b
+                prompt = (STEM_TOKEN + num(p.family),) * stem + (TAIL_TOKEN + i,) * (
+                    num(p.prompt_len) - stem
+                )
             self.prompts[i] = prompt
             return Submitted(
                 rid,
@@ -122,6 +134,16 @@ class Decoder:
             return Aborted(rid)
         if kind == "control_returned":
             return ControlReturned(num(p.round_index))
+        if kind in ("kv_cached", "cache_hit", "cache_released"):
+            start = num(p.first_slot)
+            slots, k = tuple(range(start, start + b)), num(p.block_index)
+            if kind == "kv_cached":
+                return KvCached(rid, k, slots)
+            if kind == "cache_hit":
+                return CacheHit(rid, k, slots)
+            return CacheReleased(rid, k, slots)
+        if kind == "cache_evicted":
+            return CacheEvicted(tuple(t for t in range(self.geom.kv_slots) if flag(p.freed[t])))
         raise ValueError(kind)  # pragma: no cover
 
     def _block_tokens(self, i: int, blk: int, max_new: int, enders: list[int]) -> list[int]:
@@ -137,8 +159,8 @@ class Decoder:
                 toks.append(prompt[pos])
             elif enders and pos < len(prompt) + max_new:
                 toks.append(enders.pop(0))
-            else:
-                toks.append(FILLER_TOKEN)
+            else:  # with the cache, a generated block is the request's own
+                toks.append(FILLER_TOKEN + (TAIL_TOKEN + i if self.config.prefix_cache else 0))
         return toks
 
 
@@ -158,7 +180,9 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
         o = int(ev(s.owner_request[t]))
         if o != -1:
             owners.setdefault(o, []).append(t)
-    free = [t for t in range(geom.kv_slots) if int(ev(s.owner_request[t])) == -1]
+    free = [
+        t for t in range(geom.kv_slots) if int(ev(s.owner_request[t])) == -1 and not ev(s.cached[t])
+    ]
     lines.append(f"free slots ({len(free)}): {free}")
     for i in range(geom.requests):
         ph = REQ_NAME.get(int(ev(s.phase[i])), "?")
@@ -171,11 +195,22 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
             f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
             f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
             f"stop_token={ev(s.stop_token_committed[i])}/{ev(s.has_stop_token_ids[i])} "
-            f"priority={ev(s.priority[i])} "
+            f"priority={ev(s.priority[i])} family={ev(s.family[i])}/{ev(s.shared_blocks[i])} "
             f"stop_sampled={ev(s.stop_sampled[i])} ignore_eos={ev(s.ignore_eos[i])} "
             f"committed_this_round={ev(s.committed_this_round[i])} "
             f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"
             f"{ev(s.pending_masks[i])} owns=[{own}]"
         )
     lines.append(f"rows: {[ev(h) for h in s.row_holder]}")
+    cached = [t for t in range(geom.kv_slots) if ev(s.cached[t])]
+    if cached:
+        n = geom.requests
+        lines.append(
+            "cached: "
+            + " ".join(
+                f"{t}:r{ev(s.cache_origin[t])}/b{ev(s.cache_block[t])}"
+                f"[read by {[i for i in range(n) if ev(s.read_by[t * n + i])]}]"
+                for t in cached
+            )
+        )
     return "\n".join(lines)

@@ -78,6 +78,55 @@ class Encoding:
         """∃t: owner_request[t] = i."""
         return z3.Or([s.owner_request[t] == i for t in range(self.S)])
 
+    def free(self, s: State, t: int) -> Z:
+        """Slot t is free: no request owns it and the prefix cache does not hold it."""
+        return z3.And(s.owner_request[t] == -1, z3.Not(s.cached[t]))
+
+    def read_by(self, s: State, t: int, i: int) -> Z:
+        """Request i reads the cached block holding slot t (`State.read_by[t * N + i]`)."""
+        return s.read_by[t * self.N + i]
+
+    def reads_block(self, s: State, i: int, blk: Z) -> Z:
+        """Request i reads its block `blk` from the cache:
+        ∃t: read_by(t, i) ∧ cached[t] ∧ cache_block[t] = blk."""
+        return z3.Or(
+            [
+                z3.And(self.read_by(s, t, i), s.cached[t], s.cache_block[t] == blk)
+                for t in range(self.S)
+            ]
+        )
+
+    def reads_any(self, s: State, i: int) -> Z:
+        """Request i reads some cached block: ∃t: read_by(t, i)."""
+        return z3.Or([self.read_by(s, t, i) for t in range(self.S)])
+
+    def same_key(self, s: State, j: Z, i: int, blk: Z) -> Z:
+        """Block `blk` of request j and block `blk` of request i have one content key: j = i,
+        or both share a stem (family[j] = family[i] != -1) longer than `blk` blocks
+        (blk < shared_blocks of both)."""
+        alts = []
+        for x in range(self.N):
+            same = (
+                z3.BoolVal(True)
+                if x == i
+                else z3.And(
+                    s.family[x] == s.family[i],
+                    s.family[i] != -1,
+                    blk < s.shared_blocks[x],
+                    blk < s.shared_blocks[i],
+                )
+            )
+            alts.append(z3.And(j == x, same))
+        return z3.Or(alts)
+
+    def key_origin(self, s: State, i: int, blk: Z) -> Z:
+        """The canonical request of the content key of block `blk` of request i: the lowest
+        index j with same_key(j, i, blk) (i itself at the latest)."""
+        origin: Z = z3.IntVal(i)
+        for j in reversed(range(i)):
+            origin = z3.If(self.same_key(s, z3.IntVal(j), i, blk), j, origin)
+        return origin
+
     def in_block(self, start: Z, t: int) -> Z:
         """start <= t < start + B."""
         return z3.And(start <= t, t < start + self.B)
@@ -122,15 +171,16 @@ class Encoding:
         return z3.If(y > 0, y, 0)
 
     def prefix_kept(self, s: State, i: int) -> Z:
-        """Every committed block k < committed_blocks[i] owns exactly B slots
-        (`SpecMachine._check_prefix`)."""
+        """Every committed block k < committed_blocks[i] owns exactly B slots, or request i
+        reads it from the prefix cache (`SpecMachine._check_prefix`)."""
         key = (s.committed_blocks[i].get_id(), i)
         if key not in self._prefix:
             cap = self.S // self.B
             parts = [s.committed_blocks[i] <= cap]
             for k in range(cap):
                 n = count([self.owns(s, t, i, k) for t in range(self.S)])
-                parts.append(z3.Implies(k < s.committed_blocks[i], n == self.B))
+                held = z3.Or(n == self.B, self.reads_block(s, i, k))
+                parts.append(z3.Implies(k < s.committed_blocks[i], held))
             self._prefix[key] = z3.And(parts)
         return self._prefix[key]
 

@@ -10,7 +10,8 @@ Of `DllmPolicy`, the encoding takes the seven fields that change which events th
 `work_conserving`, `admission` (FCFS or PREFILL_FIRST), `rows_released_between_rounds`,
 `aborts_after_commit`, `priority_order` (the queue by priority), `longest_output_first`
 (the queue by `max_new_tokens`, longest first, after the priority), submission order breaking
-ties, and `free_queue_order` (no order is checked).
+ties, and `free_queue_order` (no order is checked). `DllmConfig.prefix_cache` is a field too,
+on only in a geometry that has the cache (`Geometry.prefix_cache`: pages of one block).
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
 guard reads them.
 """
@@ -38,6 +39,9 @@ class Geometry:
     requests: int = 4  # request indices 0..requests-1 (ids "r0", "r1", ...)
     rows: int = 4  # request-pool rows represented; req_pool_rows <= rows
     running: int = 4  # max_running_requests <= running
+    # configurations with `DllmConfig.prefix_cache` on are in the encoding's space; pages of
+    # one block only (every cached block is then one whole page)
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -46,6 +50,13 @@ class Geometry:
             raise ConfigError("page_size", self.page_size, f"a multiple of {self.block_size}")
         if self.kv_pages < 1:
             raise ConfigError("kv_pages", self.kv_pages, ">= 1")
+        if self.prefix_cache and self.page_size != self.block_size:
+            raise ConfigError(
+                "page_size",
+                self.page_size,
+                f"equal to block_size={self.block_size} in a geometry with the prefix cache "
+                f"(the encoding keeps one cached block per page)",
+            )
 
     @property
     def kv_slots(self) -> int:
@@ -58,10 +69,11 @@ class Geometry:
         return self.page_size // self.block_size
 
     def label(self) -> str:
-        """The sizes in one line, e.g. `B=2 P=2 S<=4 N=2 R=2` (S: the largest pool's slots)."""
+        """The sizes in one line, e.g. `B=2 P=2 S<=4 N=2 R=2` (S: the largest pool's slots;
+        ` cache` when the prefix cache is in the space)."""
         return (
             f"B={self.block_size} P={self.page_size} S<={self.kv_slots} N={self.requests} "
-            f"R={self.rows}"
+            f"R={self.rows}" + (" cache" if self.prefix_cache else "")
         )
 
     @classmethod
@@ -74,6 +86,7 @@ class Geometry:
             requests,
             max(config.req_pool_rows, 1),
             max(config.max_running_requests, 1),
+            config.prefix_cache,
         )
 
 
@@ -97,6 +110,7 @@ class SymConfig:
     priority_order: Z  # DllmPolicy.priority_order
     longest_output_first: Z  # DllmPolicy.longest_output_first
     free_queue_order: Z  # DllmPolicy.free_queue_order
+    prefix_cache: Z  # DllmConfig.prefix_cache
 
     @classmethod
     def symbolic(cls, prefix: str = "cfg") -> SymConfig:
@@ -117,6 +131,7 @@ class SymConfig:
             z3.Bool(f"{prefix}.priority_order"),
             z3.Bool(f"{prefix}.longest_output_first"),
             z3.Bool(f"{prefix}.free_queue_order"),
+            z3.Bool(f"{prefix}.prefix_cache"),
         )
 
     @classmethod
@@ -138,7 +153,8 @@ class SymConfig:
         """What `DllmConfig` validation accepts, within the geometry's bounds:
         1 <= max_running <= running, 1 <= rows <= R, B | max_context >= B,
         1 <= kv_pages <= K, sync ⇒ ¬reuse ∧ ¬reloop, free_queue_order ⇒ ¬priority_order ∧
-        ¬longest_output_first."""
+        ¬longest_output_first, prefix_cache ⇒ the geometry has the cache ∧ ¬prefill_first (the
+        encoding leaves PREFILL_FIRST's cache-hit prefill rows to `SpecMachine`)."""
         b = geom.block_size
         return z3.And(
             self.max_running >= 1,
@@ -153,6 +169,10 @@ class SymConfig:
             z3.Implies(
                 self.free_queue_order,
                 z3.And(z3.Not(self.priority_order), z3.Not(self.longest_output_first)),
+            ),
+            z3.Implies(
+                self.prefix_cache,
+                z3.And(z3.BoolVal(geom.prefix_cache), z3.Not(self.prefill_first)),
             ),
         )
 
@@ -174,6 +194,7 @@ class SymConfig:
             reloop=bool(model_value(model, self.reloop)),
             mask_token_id=-1,
             eos_token_id=EOS_TOKEN if model_value(model, self.eos) else None,
+            prefix_cache=bool(model_value(model, self.prefix_cache)),
         )
 
     def decode_policy(self, model: Z) -> DllmPolicy:
@@ -225,4 +246,5 @@ def config_values(config: DllmConfig, policy: DllmPolicy | None = None) -> Value
         "priority_order": policy.priority_order,
         "longest_output_first": policy.longest_output_first,
         "free_queue_order": policy.free_queue_order,
+        "prefix_cache": config.prefix_cache,
     }

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def no_leak(enc: Encoding, s: State) -> Z:
     """Every owned slot t is inside the pool and its owner (i, k) is a live block of a
     submitted request: k < committed_blocks[i], or i has a current block and
-    k = committed_blocks[i]."""
+    k = committed_blocks[i]; a cached slot is inside the pool and owned by no request (free +
+    owned + cached = total)."""
     parts = []
     for t in range(enc.S):
         o = s.owner_request[t]
@@ -43,11 +44,13 @@ def no_leak(enc: Encoding, s: State) -> Z:
             ]
         )
         parts.append(z3.Implies(o != -1, z3.And(t < enc.pool, live)))
+        parts.append(z3.Implies(s.cached[t], z3.And(t < enc.pool, o == -1)))
     return z3.And(parts)
 
 
 def terminal_owns_nothing(enc: Encoding, s: State) -> Z:
-    """terminal(i) ⇒ i owns no slot ∧ row[i] = -1 ∧ no row_holder is i."""
+    """terminal(i) ⇒ i owns no slot ∧ row[i] = -1 ∧ no row_holder is i ∧ i reads no cached
+    block."""
     return z3.And(
         [
             z3.Implies(
@@ -56,6 +59,7 @@ def terminal_owns_nothing(enc: Encoding, s: State) -> Z:
                     z3.Not(enc.owns_any(s, i)),
                     s.row[i] == -1,
                     z3.And([h != i for h in s.row_holder]),
+                    z3.Not(enc.reads_any(s, i)),
                 ),
             )
             for i in range(enc.N)

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 def domain(enc: Encoding, s: State) -> Z:
     """Value ranges of the representation and a valid configuration: phase and block_phase
-    are codes, -1 <= row < R, block_start, masks, alloc_round >= -1, row holders and slot
-    owners are -1 or request indices, the round counters are >= 0."""
+    are codes, -1 <= row < R, block_start, masks, alloc_round >= -1, row holders, slot
+    owners and cache origins are -1 or request indices, family >= -1, shared_blocks >= 0,
+    the round counters are >= 0."""
     parts = [enc.cfg.constraints(enc.geom)]
     for i in range(enc.N):
         parts += [
@@ -45,6 +46,8 @@ def domain(enc: Encoding, s: State) -> Z:
             s.block_start[i] >= -1,
             s.masks[i] >= -1,
             s.alloc_round[i] >= -1,
+            s.family[i] >= -1,
+            s.shared_blocks[i] >= 0,
         ]
     parts += [z3.And(h >= -1, h < enc.N) for h in s.row_holder]
     for t in range(enc.S):
@@ -53,6 +56,8 @@ def domain(enc: Encoding, s: State) -> Z:
             s.owner_request[t] < enc.N,
             s.freed_by[t] >= -1,
             s.freed_by[t] < enc.N,
+            s.cache_origin[t] >= -1,
+            s.cache_origin[t] < enc.N,
         ]
     parts += [s.round_index >= 0, s.round_forwards >= 0, s.round_committed >= 0]
     return z3.And(parts)
@@ -168,6 +173,16 @@ def block_runs(enc: Encoding, s: State) -> Z:
     return z3.And(parts)
 
 
+def cache_off_holds_nothing(enc: Encoding, s: State) -> Z:
+    """Without a prefix cache no slot is cached and no request reads one; with it, only a
+    cached slot is read: ¬cfg.prefix_cache ⇒ ∀t: ¬cached[t]; read_by(t, i) ⇒ cached[t]."""
+    reads = [
+        z3.Implies(enc.read_by(s, t, i), s.cached[t]) for t in range(enc.S) for i in range(enc.N)
+    ]
+    off = z3.Implies(z3.Not(enc.cfg.prefix_cache), z3.And([z3.Not(c) for c in s.cached]))
+    return z3.And(off, *reads)
+
+
 Lemma = Callable[["Encoding", State], Z]
 
 LEMMAS: Mapping[str, Lemma] = MappingProxyType(
@@ -180,6 +195,7 @@ LEMMAS: Mapping[str, Lemma] = MappingProxyType(
         "pending_rows_are_running": pending_rows_are_running,
         "current_block_allocated": current_block_allocated,
         "block_runs": block_runs,
+        "cache_off_holds_nothing": cache_off_holds_nothing,
     }
 )
 

@@ -1,13 +1,15 @@
 """The seeded symbolic mutants (`SYMBOLIC_MUTANTS`, each a `mutant.SymbolicMutant`): those of
 the pool, admission and round rules here, those of the finish and abort rules in
-`finish_mutants`. `bmc.find_mutant_counterexample` searches a trace for each; the matching
-reference mutants of the seeded-bug catalogue (`tests/mutants.py`) are named in `reference`.
+`finish_mutants`, those of the prefix cache in `cache_mutants`.
+`bmc.find_mutant_counterexample` searches a trace for each; the matching reference mutants
+of the seeded-bug catalogue (`tests/mutants.py`) are named in `reference`.
 """
 
 from __future__ import annotations
 
 import z3
 
+from properties.symbolic.cache_mutants import CACHE_MUTANTS
 from properties.symbolic.codes import (
     ADMITTED,
     COMPLETE,
@@ -488,6 +490,8 @@ _POOL_AND_POLICY_MUTANTS: tuple[SymbolicMutant, ...] = (
     ),
 )
 
-SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = _POOL_AND_POLICY_MUTANTS + FINISH_MUTANTS
+SYMBOLIC_MUTANTS: tuple[SymbolicMutant, ...] = (
+    _POOL_AND_POLICY_MUTANTS + FINISH_MUTANTS + CACHE_MUTANTS
+)
 
 __all__ = ["SYMBOLIC_MUTANTS"]

@@ -6,17 +6,22 @@ follow `spec.events`; per-request forward rows are indexed by request:
   kind                    the event kind's code (`codes.KIND`)
   request                 request index (every per-request event)
   row                     request-pool row (Admitted, RowAcquired, RowReleased)
-  block_index             KvAllocated, StepResult, BlockCommitted
-  first_slot              KvAllocated: the first allocated slot (slots are contiguous)
-  freed[t]                KvFreed: slot t is in the freed set
+  block_index             KvAllocated, StepResult, BlockCommitted, KvCached, CacheHit,
+                          CacheReleased
+  first_slot              KvAllocated, KvCached, CacheHit, CacheReleased: the first slot (slots
+                          are contiguous)
+  freed[t]                KvFreed, CacheEvicted: slot t is in the freed (evicted) set
   forwarded[i]            Forward: request i has a row; row_block_index[i], row_reused[i],
                           row_num_tokens[i], row_masked[i] are that `ForwardRow`'s fields
   accept_length, masks_remaining    StepResult
   reason                  Finished (`codes.REASON`)
   prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos, has_stop_token_ids,
-  priority                Submitted (a prompt is its length plus a validity bit; stop token ids
-                          are whether it lists any); reserved_pages is the ghost
-                          ceil((pl + mn) / P)
+  priority, family, shared_blocks
+                          Submitted (a prompt is its length plus a validity bit, and its content
+                          as far as the prefix cache can tell: `state`'s family and
+                          shared_blocks, constants -1 and 0 in a geometry without the cache;
+                          stop token ids are whether it lists any);
+                          reserved_pages is the ghost ceil((pl + mn) / P)
   tokens_valid, block_has_eos, block_has_stop_token, stop_token_first
                           BlockCommitted: the tokens keep the prompt and hold no mask; the
                           block holds an EOS, one of the request's stop token ids, within
@@ -53,6 +58,8 @@ _SCALARS = (
     ("ignore_eos", True),
     ("has_stop_token_ids", True),
     ("priority", False),
+    ("family", False),
+    ("shared_blocks", False),
     ("tokens_valid", True),
     ("block_has_eos", True),
     ("block_has_stop_token", True),
@@ -88,6 +95,8 @@ class Params:
     ignore_eos: Z
     has_stop_token_ids: Z
     priority: Z
+    family: Z
+    shared_blocks: Z
     tokens_valid: Z
     block_has_eos: Z
     block_has_stop_token: Z
@@ -108,6 +117,8 @@ class Params:
             return z3.Bool(label) if is_bool else z3.Int(label)
 
         scalars = {f: var(f"{name}.{f}", b) for f, b in _SCALARS}
+        if not geom.prefix_cache:  # a prompt's content matters only to the cache
+            scalars["family"], scalars["shared_blocks"] = z3.IntVal(-1), z3.IntVal(0)
         freed = tuple(z3.Bool(f"{name}.freed[{t}]") for t in range(geom.kv_slots))
         rows = {
             f: tuple(var(f"{name}.{f}[{i}]", b) for i in range(geom.requests))

@@ -21,10 +21,13 @@ from properties.symbolic.guard import Guard, Relaxation
 from properties.symbolic.params import Params
 from properties.symbolic.state import FIELDS, Scope, State
 from properties.symbolic.terms import Z, select
-from spec.events import Submitted
+from spec.events import CacheEvicted, CacheHit, CacheReleased, KvCached, Submitted
 
 if TYPE_CHECKING:
     from properties.symbolic.encoding import Encoding
+
+
+CACHE_KINDS = frozenset(t.kind for t in (KvCached, CacheHit, CacheReleased, CacheEvicted))
 
 
 def well_formed(enc: Encoding, s: State, p: Params) -> Z:
@@ -36,7 +39,10 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
     block_has_eos ⇒ an EOS is configured and the block [k*B, k*B+B), k = committed_blocks,
     overlaps the generated positions [prompt_len, prompt_len + max_new_tokens);
     block_has_stop_token ⇒ the request lists stop token ids and the block overlaps them too;
-    stop_token_first ⇒ block_has_stop_token ∧ block_has_eos (the order matters only then)."""
+    stop_token_first ⇒ block_has_stop_token ∧ block_has_eos (the order matters only then);
+    0 <= shared_blocks, shared_blocks * B <= prompt_len, -1 <= family < N and family = -1
+    exactly when shared_blocks = 0 (a prompt's stem is whole prompt blocks; N families are as
+    many as N requests can have)."""
     n = enc.N
     committed = select(s.committed_blocks, p.request)
     prompt_len = select(s.prompt_len, p.request)
@@ -70,6 +76,11 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
         z3.Implies(p.block_has_eos, eos_possible),
         z3.Implies(p.block_has_stop_token, stop_possible),
         z3.Implies(p.stop_token_first, z3.And(p.block_has_stop_token, p.block_has_eos)),
+        p.shared_blocks >= 0,
+        p.shared_blocks * enc.B <= p.prompt_len,
+        p.family >= -1,
+        p.family < n,
+        (p.family == -1) == (p.shared_blocks == 0),
     )
 
 
@@ -80,8 +91,14 @@ def guards(enc: Encoding, s: State, p: Params) -> dict[str, list[Guard]]:
 
 def next_state(enc: Encoding, s: State, p: Params) -> State:
     """The successor terms: x' = If(kind = k1, x_k1, If(kind = k2, x_k2, ... x)) over the kinds
-    k1, k2, ... whose effect changes x (later kinds outermost)."""
-    after = {kind: e.effect(enc, s, p) for kind, e in EVENTS.items()}
+    k1, k2, ... whose effect changes x (later kinds outermost). In a geometry without the
+    prefix cache its event kinds are never enabled (`prefix_cache_on`), so their effects are
+    left out: smaller terms for every other query."""
+    after = {
+        kind: e.effect(enc, s, p)
+        for kind, e in EVENTS.items()
+        if enc.geom.prefix_cache or kind not in CACHE_KINDS
+    }
     changes: dict[str, Any] = {}
     for f in FIELDS:
         old = getattr(s, f.name)

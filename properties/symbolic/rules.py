@@ -31,13 +31,6 @@ NOT_ENCODED: Mapping[str, str] = MappingProxyType(
         "encoded (checked by the conformance harness when a twin is declared)",
         "implementation_error": "about exceptions an implementation raises; no implementation "
         "is encoded (checked by the conformance harness)",
-        "cache_committed_only": "about the prefix cache, which the encoding does not have "
-        "(every cache event is disabled there: prefix_cache_on); checked by SpecMachine on "
-        "hand-written and SGLang radix-cache traces",
-        "cache_hit_content": "about the prefix cache and token content, which the encoding does "
-        "not have; checked by SpecMachine on hand-written and SGLang radix-cache traces",
-        "evict_unread_only": "about the prefix cache, which the encoding does not have; checked "
-        "by SpecMachine on hand-written and SGLang radix-cache traces",
     }
 )
 

@@ -28,11 +28,24 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
   step_pending[i]       its row of the latest forward awaits a step (`RoundState.pending_steps`)
   pending_masks[i]      that row's input mask count (`RoundState.pending_masks`; 0 if none)
+  family[i], shared_blocks[i]  its prompt's content, as far as the prefix cache can tell:
+                        its first shared_blocks[i] whole blocks are the stem of prompt family
+                        family[i] (-1 when it shares none); the content key of its block k
+                        equals that of request j's block k exactly when i = j, or both are of
+                        one family and k < shared_blocks of both (`Encoding.same_key`).
+                        Every other block (generated tokens included) is its own
 per request-pool row r:   row_holder[r]  request index, -1 = free (`AbstractState.rows`)
 per KV slot t (`AbstractState.slot_owners`):
   owner_request[t]      request index, -1 = free
   owner_block[t]        block index (0 when free)
   freed_by[t]           ghost: the request that last freed the slot, -1 = never
+  cached[t]             the prefix cache holds it (`AbstractState.cache`; then unowned)
+  cache_origin[t], cache_block[t]  a cached slot's content key: block cache_block[t] of
+                        request cache_origin[t], the lowest request whose block has that key
+                        (`Encoding.key_origin`; -1 and 0 when not cached)
+per (slot t, request i), index t * N + i:
+  read_by[t * N + i]    request i reads the cached block holding t (`RequestState.cache_reads`;
+                        as its block cache_block[t], the only index whose key can match)
 per round (`RoundState`): round_index, round_forwards, round_committed,
   newly_done_in_last_forward, round_admitted (`RoundState.admitted` > 0: the round admitted a
   request, which is what rule work_conserving asks)
@@ -61,6 +74,7 @@ class Scope(Enum):
     REQUEST = "request"
     ROW = "row"
     SLOT = "slot"
+    SLOT_REQUEST = "slot x request"
     ROUND = "round"  # one (a scalar)
 
 
@@ -74,6 +88,9 @@ class Field:
     is_bool: bool
     initial: int | bool
     ghost: bool = False
+    # the prefix cache's: a constant (its initial value) in a geometry without the cache, so
+    # the queries of the other geometries carry no variable of it
+    cache: bool = False
 
 
 FIELDS: tuple[Field, ...] = (
@@ -97,10 +114,16 @@ FIELDS: tuple[Field, ...] = (
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
     Field("pending_masks", Scope.REQUEST, False, 0),
+    Field("family", Scope.REQUEST, False, -1, cache=True),
+    Field("shared_blocks", Scope.REQUEST, False, 0, cache=True),
     Field("row_holder", Scope.ROW, False, -1),
     Field("owner_request", Scope.SLOT, False, -1),
     Field("owner_block", Scope.SLOT, False, 0),
     Field("freed_by", Scope.SLOT, False, -1, ghost=True),
+    Field("cached", Scope.SLOT, True, False, cache=True),
+    Field("cache_origin", Scope.SLOT, False, -1, cache=True),
+    Field("cache_block", Scope.SLOT, False, 0, cache=True),
+    Field("read_by", Scope.SLOT_REQUEST, True, False, cache=True),
     Field("round_index", Scope.ROUND, False, 0),
     Field("round_forwards", Scope.ROUND, False, 0),
     Field("newly_done_in_last_forward", Scope.ROUND, True, False),
@@ -117,6 +140,7 @@ def copies(geom: Geometry, scope: Scope) -> int:
         Scope.REQUEST: geom.requests,
         Scope.ROW: geom.rows,
         Scope.SLOT: geom.kv_slots,
+        Scope.SLOT_REQUEST: geom.kv_slots * geom.requests,
         Scope.ROUND: 0,
     }[scope]
 
@@ -146,10 +170,16 @@ class State:
     in_batch: Terms
     step_pending: Terms
     pending_masks: Terms
+    family: Terms
+    shared_blocks: Terms
     row_holder: Terms
     owner_request: Terms
     owner_block: Terms
     freed_by: Terms
+    cached: Terms
+    cache_origin: Terms
+    cache_block: Terms
+    read_by: Terms
     round_index: Z
     round_forwards: Z
     newly_done_in_last_forward: Z
@@ -158,9 +188,12 @@ class State:
 
     @classmethod
     def fresh(cls, geom: Geometry, name: str) -> State:
-        """A copy of fresh variables named `<name>.<field>[<i>]` (`<name>.<field>` for scalars)."""
+        """A copy of fresh variables named `<name>.<field>[<i>]` (`<name>.<field>` for scalars;
+        the cache's fields are constants in a geometry without the cache)."""
 
         def var(label: str, f: Field) -> Z:
+            if f.cache and not geom.prefix_cache:
+                return z3.BoolVal(bool(f.initial)) if f.is_bool else z3.IntVal(int(f.initial))
             return z3.Bool(label) if f.is_bool else z3.Int(label)
 
         values: dict[str, Any] = {}
@@ -204,7 +237,7 @@ class State:
             return z3.Not(t) if f.initial is False else t == f.initial
 
         parts: list[Z] = []
-        for scope in (Scope.REQUEST, Scope.ROW, Scope.SLOT):
+        for scope in (Scope.REQUEST, Scope.ROW, Scope.SLOT, Scope.SLOT_REQUEST):
             group = [f for f in FIELDS if f.scope is scope]
             for i in range(copies(self.geom, scope)):
                 parts += [at_initial(f, getattr(self, f.name)[i]) for f in group]

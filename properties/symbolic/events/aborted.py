@@ -27,7 +27,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     scheduler_phase             round_forwards = 0 ∨
                                 (aborts_after_commit ∧ committed_generated_this_round(r))
     terminal_owns_nothing/slots r owns no slot
-    terminal_owns_nothing/row   row[r] = -1"""
+    terminal_owns_nothing/row   row[r] = -1
+    terminal_owns_nothing/reads r reads no cached block"""
     return [
         Guard(
             "known_request",
@@ -54,6 +55,11 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             "slots",
         ),
         Guard("terminal_owns_nothing", for_request(enc, p, lambda i: s.row[i] == -1), "row"),
+        Guard(
+            "terminal_owns_nothing",
+            for_request(enc, p, lambda i: z3.Not(enc.reads_any(s, i))),
+            "reads",
+        ),
     ]
 
 

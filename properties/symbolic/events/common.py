@@ -38,7 +38,7 @@ def without_current_block(enc: Encoding, s: State, p: Params) -> dict[str, Any]:
     }
 
 
-def no_prefix_cache() -> list[Guard]:
-    """The guards of every prefix-cache event kind: never enabled, labelled with the rule
-    `SpecMachine` names for a cache event without a cache (the encoding has no cache)."""
-    return [Guard("prefix_cache_on", z3.BoolVal(False))]
+def prefix_cache_on(enc: Encoding) -> Guard:
+    """The first guard of every prefix-cache event kind: the configuration has the cache
+    (rule prefix_cache_on): cfg.prefix_cache, in a geometry with the cache (false without)."""
+    return Guard("prefix_cache_on", z3.And(enc.cfg.prefix_cache, enc.geom.prefix_cache))

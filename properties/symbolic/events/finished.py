@@ -33,7 +33,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                                   ∧ (reason = eos ⇒ eos_committed[r])
                                   ∧ (reason = length ⇒ generated_len(r) >= max_new_tokens[r])
     terminal_owns_nothing/slots r owns no slot
-    terminal_owns_nothing/row   row[r] = -1"""
+    terminal_owns_nothing/row   row[r] = -1
+    terminal_owns_nothing/reads r reads no cached block"""
     return [
         Guard("known_request", for_request(enc, p, lambda i: enc.active(s, i))),
         Guard(
@@ -71,6 +72,11 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             "slots",
         ),
         Guard("terminal_owns_nothing", for_request(enc, p, lambda i: s.row[i] == -1), "row"),
+        Guard(
+            "terminal_owns_nothing",
+            for_request(enc, p, lambda i: z3.Not(enc.reads_any(s, i))),
+            "reads",
+        ),
     ]
 
 

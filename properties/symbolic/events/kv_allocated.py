@@ -26,7 +26,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     scheduler_phase           round_forwards = 0
     row_exclusive             row[r] != -1
     whole_block_alloc         k = committed_blocks[r]
-    kv_exclusive              0 <= a ∧ a + B <= pool ∧ every slot of [a, a+B) is free
+    kv_exclusive              0 <= a ∧ a + B <= pool ∧ every slot of [a, a+B) is free (not
+                              owned, not cached)
     page_alignment/aligned    a mod P = offset(k) ∧ (offset(k) = 0 ⇒ [a, a+P) is free)
     page_alignment/continues  offset(k) != 0 ⇒ a >= 1 ∧ slot a-1 is owned by (r, k-1)
     whole_block_alloc/holds   a current block holds no slots (block_start[r] = -1)
@@ -34,11 +35,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     lifecycle                 a current block, or the request table has `kv_allocated`"""
     b, k, a = enc.B, p.block_index, p.first_slot
     off = enc.page_offset(k)
-    free_block = z3.And(
-        [z3.Implies(enc.in_block(a, t), s.owner_request[t] == -1) for t in range(enc.S)]
-    )
+    free_block = z3.And([z3.Implies(enc.in_block(a, t), enc.free(s, t)) for t in range(enc.S)])
     free_page = z3.And(
-        [z3.Implies(z3.And(a <= t, t < a + enc.P), s.owner_request[t] == -1) for t in range(enc.S)]
+        [z3.Implies(z3.And(a <= t, t < a + enc.P), enc.free(s, t)) for t in range(enc.S)]
     )
     return [
         Guard("known_request", for_request(enc, p, lambda i: enc.active(s, i))),

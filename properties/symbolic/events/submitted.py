@@ -50,7 +50,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
     stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; has_stop_token_ids'[r] =
-    p.has_stop_token_ids; priority'[r] = p.priority; row'[r] = -1; committed_blocks'[r] = 0;
+    p.has_stop_token_ids; priority'[r] = p.priority; family'[r] = p.family; shared_blocks'[r] =
+    p.shared_blocks; row'[r] = -1; committed_blocks'[r] = 0;
     eos_committed'[r] = stop_token_committed'[r] = committed_this_round'[r] = false; no current
     block."""
     return s.replace(
@@ -65,6 +66,8 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         ignore_eos=at_request(enc, p, s.ignore_eos, lambda i: p.ignore_eos),
         has_stop_token_ids=at_request(enc, p, s.has_stop_token_ids, lambda i: p.has_stop_token_ids),
         priority=at_request(enc, p, s.priority, lambda i: p.priority),
+        family=at_request(enc, p, s.family, lambda i: p.family),
+        shared_blocks=at_request(enc, p, s.shared_blocks, lambda i: p.shared_blocks),
         stop_token_committed=at_request(
             enc, p, s.stop_token_committed, lambda i: z3.BoolVal(False)
         ),

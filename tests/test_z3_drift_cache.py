@@ -1,0 +1,376 @@
+"""Drift guard for the prefix cache: the Z3 relation and `SpecMachine.apply` agree on walks
+with `DllmConfig.prefix_cache` on (pages of one block, the encoding's cache geometry).
+
+The walks reuse the scheduler-like proposals of `test_z3_drift` and add the cache's: a
+request caches a committed block it owns (or, wrongly, its current one or one it reads), hits
+cached blocks as its next block or as a committed duplicate (with the right content and the
+wrong), releases what it reads (or the wrong block), and cached blocks are evicted (read or
+unread, whole or in part). Prompts are built from family stems (`STEM_TOKEN + f` for whole
+blocks, then the request's own tokens), the shape `concrete.prompt_family` reads back, so the
+requests of one family share their stems' cached blocks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from properties.symbolic.codes import STEM_TOKEN, TAIL_TOKEN
+from properties.symbolic.concrete import NotEncodable, encode_state, prompt_family
+from properties.symbolic.drift import stepper_for
+from properties.symbolic.geometry import Geometry
+from spec.config import DllmConfig, Mode
+from spec.events import (
+    BlockCommitted,
+    CacheEvicted,
+    CacheHit,
+    CacheReleased,
+    Event,
+    Finished,
+    KvCached,
+    RowReleased,
+    Submitted,
+)
+from spec.machine import SpecMachine, finish_condition
+from spec.profile import DllmAdmission, DllmPolicy
+from spec.state import ACTIVE_PHASES, AbstractState
+from tests import test_z3_drift as drift
+
+CACHE_GEOMETRIES = ((1, 8), (2, 4), (3, 3))  # (block = page size, pages)
+KEEP = {drift.EOS, drift.STOP_TOKEN, *drift.STOP_IDS}  # tokens that end requests
+
+
+@st.composite
+def cache_configs(draw: st.DrawFn) -> DllmConfig:
+    b, k = draw(st.sampled_from(CACHE_GEOMETRIES))
+    mode = draw(st.sampled_from([Mode.SYNC, Mode.FDFO]))
+    fdfo = mode is Mode.FDFO
+    return DllmConfig(
+        block_size=b,
+        page_size=b,
+        kv_pages=k,
+        req_pool_rows=draw(st.integers(1, 4)),
+        max_running_requests=draw(st.integers(1, 4)),
+        max_context=b * draw(st.integers(2, k)),
+        mode=mode,
+        in_place_reuse=fdfo and draw(st.booleans()),
+        reloop=fdfo and draw(st.booleans()),
+        eos_token_id=draw(st.sampled_from([None, drift.EOS])),
+        prefix_cache=True,
+    )
+
+
+@st.composite
+def cache_policies(draw: st.DrawFn) -> DllmPolicy:
+    """The walks' policies less PREFILL_FIRST, whose cache-hit prefill rows the encoding
+    leaves to `SpecMachine` (`SymConfig.constraints`)."""
+    policy = draw(drift.policies())
+    if policy.admission is DllmAdmission.PREFILL_FIRST:
+        return DllmPolicy(
+            work_conserving=policy.work_conserving,
+            rows_released_between_rounds=policy.rows_released_between_rounds,
+            aborts_after_commit=policy.aborts_after_commit,
+        )
+    return policy
+
+
+def _family_prompt(index: int, length: int, b: int, rng: random.Random) -> tuple[int, ...]:
+    """A prompt of `length` tokens: whole stem blocks (mostly of family 0, else 1), then its
+    own tokens."""
+    whole = length // b
+    stem = rng.randint(1, whole) * b if whole and rng.random() < 0.8 else 0
+    if stem and rng.random() < 0.3:
+        stem = whole * b  # the whole prompt's blocks are the stem's
+    family = 0 if rng.random() < 0.8 else 1
+    return (STEM_TOKEN + family,) * stem + (TAIL_TOKEN + index,) * (length - stem)
+
+
+def _own_tokens(
+    index: int, tokens: tuple[int, ...], prompt_len: int, start: int
+) -> tuple[int, ...]:
+    """A committed block's generated tokens made the request's own (so no two requests'
+    generated blocks share a key), keeping the ones that end requests."""
+    out = []
+    for j, tok in enumerate(tokens):
+        gen = start + j >= prompt_len
+        out.append(tok if not gen or tok in KEEP else 20 + 10 * index + tok % 10)
+    return tuple(out)
+
+
+def _cache_events(m: SpecMachine, rng: random.Random) -> list[Event]:
+    """Cache events a caching scheduler could emit now, and some it must not."""
+    s = m.state()
+    b = m.config.block_size
+    out: list[Event] = []
+    owners = s.slot_owners
+    for r in s.requests.values():
+        if r.phase not in ACTIVE_PHASES:
+            continue
+        rid = r.request_id
+        owned_blocks: dict[int, tuple[int, ...]] = {}
+        for t, (o, k) in sorted(owners.items()):
+            if o == rid:
+                owned_blocks[k] = (*owned_blocks.get(k, ()), t)
+        for k, slots in owned_blocks.items():
+            # a committed block: cache it; the current one: wrongly, now and then
+            if k < r.committed_blocks or rng.random() < 0.1:
+                out.append(KvCached(rid, k, slots))
+        ending = finish_condition(m.config, r) is not None
+        for k, slots in r.cache_reads.items():
+            # mostly when it may end: an active request needs what it reads (a release
+            # before then is refused at its next forward, on committed_prefix_kept)
+            if ending or rng.random() < 0.05:
+                out.append(CacheReleased(rid, k, slots))
+            if rng.random() < 0.1:
+                out.append(KvCached(rid, k, slots))  # a block it reads: wrongly
+                out.append(CacheReleased(rid, k + 1, slots))
+        for block in s.cache:
+            k = block.block_index
+            nxt = (
+                k == r.committed_blocks
+                and r.current is None
+                and r.row is not None
+                and not s.round.forwards
+            )
+            duplicate = k < r.committed_blocks and k in owned_blocks
+            # its next block or a duplicate it owns: the content decides; others now and then
+            if nxt or duplicate or rng.random() < 0.1:
+                out.append(CacheHit(rid, k, block.slots))
+    pressed = len(s.free_slots) < 2 * b  # an engine evicts when it runs out of pages
+    for block in s.cache:
+        if (not block.readers and (pressed or rng.random() < 0.05)) or rng.random() < 0.05:
+            out.append(CacheEvicted(block.slots))
+        if rng.random() < 0.1 and len(block.slots) > 1:
+            out.append(CacheEvicted(block.slots[1:]))
+    if len(s.cache) > 1 and rng.random() < 0.2:
+        two = rng.sample(list(s.cache), 2)
+        out.append(CacheEvicted(tuple(sorted(two[0].slots + two[1].slots))))
+    return out
+
+
+def _proposals(m: SpecMachine, rng: random.Random) -> list[Event]:
+    """`test_z3_drift`'s proposals with family prompts and own generated tokens, and the
+    cache's."""
+    s = m.state()
+    b = m.config.block_size
+    out: list[Event] = []
+    policy = m.policy
+    for e in drift._good_events(m, rng):
+        r = s.requests.get(getattr(e, "request_id", ""))
+        if (
+            isinstance(e, RowReleased)
+            and r is not None
+            and finish_condition(m.config, r) is None
+            and not (policy.rows_released_between_rounds or policy.aborts_after_commit)
+            and rng.random() < 0.9
+        ):
+            # `test_z3_drift` gives a row back on its way to an abort after a commit; a
+            # request that caches its blocks owns no KV to free first, so that way (refused
+            # without those options) would end most walks' requests stuck without a row
+            continue
+        if isinstance(e, Submitted):
+            index = len(s.requests)
+            prompt = _family_prompt(index, len(e.prompt), b, rng)
+            e = Submitted(
+                e.request_id,
+                prompt,
+                e.max_new_tokens,
+                stop_sampled=e.stop_sampled,
+                ignore_eos=e.ignore_eos,
+                stop_token_ids=e.stop_token_ids,
+                priority=e.priority,
+            )
+        elif isinstance(e, BlockCommitted) and e.request_id in s.requests:
+            index = list(s.requests).index(e.request_id)
+            prompt_len = len(s.requests[e.request_id].prompt)
+            toks = _own_tokens(index, e.tokens, prompt_len, e.block_index * b)
+            e = BlockCommitted(e.request_id, e.block_index, toks)
+        out.append(e)
+    return out + _cache_events(m, rng)
+
+
+STATS: Counter[str] = Counter()
+
+
+def _compare(m: SpecMachine, e: Event) -> bool:
+    """`test_z3_drift._compare`, counting the cache's cases."""
+    s = m.state()
+    r = s.requests.get(getattr(e, "request_id", ""))
+    before = Counter(drift.STATS)
+    applied = drift._compare(m, e)
+    rejected = drift.STATS["both reject"] > before["both reject"]
+    same = [k[len("same rule ") :] for k in drift.STATS - before if k.startswith("same rule ")]
+    if applied:
+        STATS[f"accept {e.kind}"] += 1
+        if isinstance(e, CacheHit) and r is not None:
+            nxt = e.block_index == r.committed_blocks
+            STATS["accept cache_hit " + ("next" if nxt else "dup")] += 1
+    elif rejected:
+        for rule in same:
+            STATS[f"reject {e.kind} on {rule}"] += 1
+        if isinstance(e, Finished) and r is not None and r.cache_reads and same:
+            STATS[f"reject finished while reading on {same[0]}"] += 1
+    return applied
+
+
+WEIGHT = {**drift.WEIGHT, "cache_hit": 6.0, "kv_cached": 2.0, "cache_released": 1.5}
+
+
+def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
+    for _ in range(steps):
+        drift._check_invariants(m)
+        good = _proposals(m, rng)
+        x = rng.random()
+        if good and x < 0.85:
+            e = rng.choices(good, weights=[WEIGHT.get(e.kind, 1.0) for e in good])[0]
+        elif good and x < 0.95:
+            e = drift._mutate(rng.choice(good), m, rng)
+        else:
+            e = drift._random_event(m, rng)
+        _compare(m, e)
+
+
+@drift._WALKS
+@given(
+    config=cache_configs(),
+    policy=cache_policies(),
+    rng=st.randoms(use_true_random=False),
+    steps=st.integers(30, 120),
+)
+def test_relation_agrees_with_spec_machine_on_cache_walks(
+    config: DllmConfig, policy: DllmPolicy, rng: random.Random, steps: int
+) -> None:
+    _walk(SpecMachine(config, policy), rng, steps)
+
+
+def test_the_cache_walks_reach_every_cache_rule_both_ways() -> None:
+    """Every cache event kind is accepted and refused on each of its rules by both sides, and
+    a hit is accepted both as a next block and as a committed duplicate."""
+    STATS.clear()
+    rng = random.Random(7)
+    for seed in range(40):
+        config = DllmConfig(
+            block_size=(1, 2)[seed % 2],
+            page_size=(1, 2)[seed % 2],
+            kv_pages=(8, 4)[seed % 2],
+            req_pool_rows=2,
+            max_running_requests=1 + seed % 4 // 2,  # one at a time: later ones hit the cache
+            max_context=8,
+            mode=(Mode.FDFO, Mode.SYNC)[seed % 3 == 0],
+            in_place_reuse=seed % 3 == 1,
+            prefix_cache=True,
+        )
+        _walk(SpecMachine(config), random.Random(rng.random()), 150)
+    wanted = [
+        "accept kv_cached",
+        "accept cache_hit next",
+        "accept cache_hit dup",
+        "accept cache_released",
+        "accept cache_evicted",
+        "reject kv_cached on cache_committed_only",
+        "reject cache_hit on cache_hit_content",
+        "reject cache_released on free_owned_only",
+        "reject cache_evicted on evict_unread_only",
+        "reject kv_allocated on kv_exclusive",
+        "reject finished while reading on terminal_owns_nothing",
+    ]
+    missing = [w for w in wanted if not STATS[w]]
+    assert not missing, f"never reached: {missing}; reached: {dict(STATS)}"
+
+
+# ---------------------------------------------------------------------------- the content model
+
+
+def test_prompt_family_reads_whole_stem_blocks() -> None:
+    stem = STEM_TOKEN + 3
+    assert prompt_family((stem,) * 4 + (51,), 2) == (3, 2)
+    assert prompt_family((stem,) * 3 + (51,), 2) == (3, 1)  # block 1 holds a tail token
+    assert prompt_family((stem,), 2) == (-1, 0)  # no whole block
+    assert prompt_family((51, stem, stem), 1) == (-1, 0)
+    assert prompt_family((), 2) == (-1, 0)
+
+
+def _served(config: DllmConfig, prompts: list[tuple[int, ...]]) -> AbstractState:
+    m = SpecMachine(config)
+    for i, prompt in enumerate(prompts):
+        m.apply(Submitted(f"r{i}", prompt, 1))
+    return m.state()
+
+
+def test_a_shared_prefix_the_stems_do_not_tell_is_not_encodable() -> None:
+    """With the cache on, two prompts that share a block their stems do not tell would let
+    the spec hit what the encoding refuses: such a state is outside the encoding."""
+    config = DllmConfig(block_size=2, page_size=2, kv_pages=4, max_context=8, prefix_cache=True)
+    geom = Geometry(2, 2, 4, prefix_cache=True)
+    stem = STEM_TOKEN
+    encode_state(_served(config, [(stem, stem, 51), (stem, stem, 52)]), geom)  # told: 1 block
+    with pytest.raises(NotEncodable, match="share 1 blocks; their prompts' stems tell 0"):
+        encode_state(_served(config, [(7, 7, 51), (7, 7, 52)]), geom)
+    # without the cache the content is not read
+    plain = DllmConfig(block_size=2, page_size=2, kv_pages=4, max_context=8)
+    encode_state(_served(plain, [(7, 7, 51), (7, 7, 52)]), Geometry(2, 2, 4))
+
+
+def test_a_cache_config_outside_the_cache_geometry_is_not_encodable() -> None:
+    config = DllmConfig(block_size=2, page_size=4, kv_pages=2, max_context=8, prefix_cache=True)
+    with pytest.raises(NotEncodable, match="prefix_cache=True outside a geometry"):
+        stepper_for(config).verdict(SpecMachine(config).state(), Submitted("r0", (1,), 1))
+
+
+# ---------------------------------------------------------------------------- teeth
+
+
+@pytest.mark.parametrize(
+    ("module", "tag", "kind"),
+    [
+        ("cache_evicted", "unread", "cache_evicted"),
+        ("cache_hit", "key", "cache_hit"),
+        ("kv_cached", "read", "kv_cached"),
+    ],
+)
+def test_the_cache_walks_catch_a_dropped_cache_guard(
+    module: str, tag: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drop one cache guard from the relation: the walks find an event SpecMachine refuses and
+    the relation accepts, and say which."""
+    import importlib
+
+    from properties.symbolic import drift as drift_module
+    from properties.symbolic.encoding import Encoding
+    from properties.symbolic.events import EVENTS, EventEncoding
+    from properties.symbolic.guard import Guard
+    from properties.symbolic.params import Params
+    from properties.symbolic.state import State
+
+    events = importlib.import_module(f"properties.symbolic.events.{module}")
+    original = events.guards
+
+    def weaker(enc: Encoding, s: State, p: Params) -> list[Guard]:
+        return [g for g in original(enc, s, p) if g.tag != tag]
+
+    patched = dict(EVENTS)
+    patched[kind] = EventEncoding(kind, weaker, EVENTS[kind].effect)
+    monkeypatch.setattr("properties.symbolic.relation.EVENTS", patched)
+    monkeypatch.setattr(drift_module, "_STEPPERS", {})
+    rng = random.Random(3)
+    with pytest.raises(AssertionError, match=f"enabledness differs on {type_name(kind)}"):
+        for seed in range(60):
+            config = DllmConfig(
+                block_size=1,
+                page_size=1,
+                kv_pages=8,
+                req_pool_rows=2,
+                max_running_requests=2,
+                max_context=8,
+                prefix_cache=True,
+            )
+            _walk(SpecMachine(config), random.Random(rng.random() + seed), 150)
+
+
+def type_name(kind: str) -> str:
+    """The event class name of a kind (`cache_hit` -> `CacheHit`)."""
+    return "".join(part.capitalize() for part in kind.split("_"))
