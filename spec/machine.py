@@ -333,6 +333,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             stop_token_ids=r.stop_token_ids,
             priority=r.priority,
             cache_reads={k: entry.slots for k, entry in r.reads.items()},
+            hit_round=r.hit_round,
         )
 
     def render(self) -> str:

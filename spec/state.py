@@ -54,6 +54,7 @@ class RequestState:
     # prefix cache: block index -> the cached slots it reads that block from (`CacheHit`,
     # `KvCached`); those blocks' KV is the cache's, not the request's
     cache_reads: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    hit_round: int | None = None  # the round of its latest cache hit on its next block
 
     @property
     def generated(self) -> tuple[int, ...]:

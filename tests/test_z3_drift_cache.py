@@ -8,6 +8,10 @@ wrong), releases what it reads (or the wrong block), and cached blocks are evict
 unread, whole or in part). Prompts are built from family stems (`STEM_TOKEN + f` for whole
 blocks, then the request's own tokens), the shape `concrete.prompt_family` reads back, so the
 requests of one family share their stems' cached blocks.
+
+Under PREFILL_FIRST the block a request computes right after a cache hit in the same round is
+a prefill row (SGLang sorts the request by its prompt length before the match); the walks
+seldom reach it, so a fixed scenario compares it both ways.
 """
 
 from __future__ import annotations
@@ -25,14 +29,20 @@ from properties.symbolic.drift import stepper_for
 from properties.symbolic.geometry import Geometry
 from spec.config import DllmConfig, Mode
 from spec.events import (
+    Admitted,
     BlockCommitted,
     CacheEvicted,
     CacheHit,
     CacheReleased,
+    ControlReturned,
     Event,
     Finished,
+    Forward,
+    ForwardRow,
+    KvAllocated,
     KvCached,
     RowReleased,
+    StepResult,
     Submitted,
 )
 from spec.machine import SpecMachine, finish_condition
@@ -62,20 +72,6 @@ def cache_configs(draw: st.DrawFn) -> DllmConfig:
         eos_token_id=draw(st.sampled_from([None, drift.EOS])),
         prefix_cache=True,
     )
-
-
-@st.composite
-def cache_policies(draw: st.DrawFn) -> DllmPolicy:
-    """The walks' policies less PREFILL_FIRST, whose cache-hit prefill rows the encoding
-    leaves to `SpecMachine` (`SymConfig.constraints`)."""
-    policy = draw(drift.policies())
-    if policy.admission is DllmAdmission.PREFILL_FIRST:
-        return DllmPolicy(
-            work_conserving=policy.work_conserving,
-            rows_released_between_rounds=policy.rows_released_between_rounds,
-            aborts_after_commit=policy.aborts_after_commit,
-        )
-    return policy
 
 
 def _family_prompt(index: int, length: int, b: int, rng: random.Random) -> tuple[int, ...]:
@@ -196,6 +192,11 @@ def _proposals(m: SpecMachine, rng: random.Random) -> list[Event]:
 STATS: Counter[str] = Counter()
 
 
+def same_rules(before: Counter[str]) -> list[str]:
+    """The rules both sides refused on since `before` (a copy of `test_z3_drift.STATS`)."""
+    return [k[len("same rule ") :] for k in drift.STATS - before if k.startswith("same rule ")]
+
+
 def _compare(m: SpecMachine, e: Event) -> bool:
     """`test_z3_drift._compare`, counting the cache's cases."""
     s = m.state()
@@ -203,7 +204,7 @@ def _compare(m: SpecMachine, e: Event) -> bool:
     before = Counter(drift.STATS)
     applied = drift._compare(m, e)
     rejected = drift.STATS["both reject"] > before["both reject"]
-    same = [k[len("same rule ") :] for k in drift.STATS - before if k.startswith("same rule ")]
+    same = same_rules(before)
     if applied:
         STATS[f"accept {e.kind}"] += 1
         if isinstance(e, CacheHit) and r is not None:
@@ -237,7 +238,7 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
 @drift._WALKS
 @given(
     config=cache_configs(),
-    policy=cache_policies(),
+    policy=drift.policies(),
     rng=st.randoms(use_true_random=False),
     steps=st.integers(30, 120),
 )
@@ -374,3 +375,65 @@ def test_the_cache_walks_catch_a_dropped_cache_guard(
 def type_name(kind: str) -> str:
     """The event class name of a kind (`cache_hit` -> `CacheHit`)."""
     return "".join(part.capitalize() for part in kind.split("_"))
+
+
+# ---------------------------------------------------------------------------- PREFILL_FIRST
+
+
+def _after_a_hit() -> SpecMachine:
+    """Under PREFILL_FIRST: r0 cached its prompt block and waits with a decode block; r1, of
+    the same prompt, read that block from the cache in this round and waits with the block
+    after it, which holds no prompt token but counts as a prefill row."""
+    config = DllmConfig(
+        block_size=1,
+        page_size=1,
+        kv_pages=8,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=8,
+        in_place_reuse=False,
+        prefix_cache=True,
+    )
+    m = SpecMachine(config, DllmPolicy(admission=DllmAdmission.PREFILL_FIRST))
+    stem = (STEM_TOKEN,)
+    for e in (
+        Submitted("r0", stem, 2),
+        Admitted("r0", 0),
+        KvAllocated("r0", 0, (0,)),
+        Forward((ForwardRow("r0", 0, False, 1, 0),)),
+        StepResult("r0", 0, 1, 0),
+        BlockCommitted("r0", 0, stem),
+        KvCached("r0", 0, (0,)),
+        ControlReturned(0),
+        Submitted("r1", stem, 2),
+        Admitted("r1", 1),
+        CacheHit("r1", 0, (0,)),
+        KvAllocated("r1", 1, (1,)),
+        KvAllocated("r0", 1, (2,)),
+    ):
+        m.apply(e)
+    return m
+
+
+_R0, _R1 = ForwardRow("r0", 1, False, 1, 1), ForwardRow("r1", 1, False, 1, 1)
+
+
+def test_a_block_after_a_hit_is_a_prefill_row_both_ways() -> None:
+    m = _after_a_hit()
+    assert drift._compare(m.copy(), Forward((_R1,)))  # the prefill batch first
+    for rows in ((_R0, _R1), (_R0,)):  # mixed; a decode batch while r1's block waits
+        before = Counter(drift.STATS)
+        assert not drift._compare(m.copy(), Forward(rows))
+        assert "prefill_first" in same_rules(before), rows
+
+
+def test_the_drift_guard_catches_a_prefill_kind_blind_to_hits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from properties.symbolic import drift as drift_module
+    from properties.symbolic.encoding import Encoding
+
+    monkeypatch.setattr(Encoding, "prefill_kind", Encoding.prefill_block)
+    monkeypatch.setattr(drift_module, "_STEPPERS", {})
+    with pytest.raises(AssertionError, match="enabledness differs on Forward"):
+        drift._compare(_after_a_hit(), Forward((_R0,)))  # decode while r1's block waits

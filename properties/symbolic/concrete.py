@@ -207,6 +207,7 @@ def _request_values(
         "in_batch": in_batch,
         "step_pending": bool(pending),
         "pending_masks": pending[0] if pending else 0,
+        "hit_this_round": r.hit_round == state.round.index and geom.prefix_cache,
         "family": family,
         "shared_blocks": shared,
     }

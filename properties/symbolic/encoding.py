@@ -198,6 +198,13 @@ class Encoding:
         (`SpecMachine._is_prefill_block`)."""
         return (blk + 1) * self.B <= s.prompt_len[i]
 
+    def prefill_kind(self, s: State, i: int, blk: Z) -> Z:
+        """Under PREFILL_FIRST, a row of request i feeding block `blk` is a prefill row: a
+        prompt-only block, or the block it computes right after a cache hit in this round
+        (`SpecMachine._prefill_kind`: hit_this_round[i] ∧ blk = committed_blocks[i])."""
+        after_hit = z3.And(s.hit_this_round[i], blk == s.committed_blocks[i])
+        return z3.Or(self.prefill_block(s, i, blk), after_hit)
+
     def may_lack_row(self, s: State, i: int) -> Z:
         """Between rounds, request i may hold no row (`SpecMachine._may_lack_row`): rows are
         released between rounds, FDFO without in-place reuse, and its current block is carried

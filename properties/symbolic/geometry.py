@@ -153,8 +153,7 @@ class SymConfig:
         """What `DllmConfig` validation accepts, within the geometry's bounds:
         1 <= max_running <= running, 1 <= rows <= R, B | max_context >= B,
         1 <= kv_pages <= K, sync ⇒ ¬reuse ∧ ¬reloop, free_queue_order ⇒ ¬priority_order ∧
-        ¬longest_output_first, prefix_cache ⇒ the geometry has the cache ∧ ¬prefill_first (the
-        encoding leaves PREFILL_FIRST's cache-hit prefill rows to `SpecMachine`)."""
+        ¬longest_output_first, prefix_cache ⇒ the geometry has the cache."""
         b = geom.block_size
         return z3.And(
             self.max_running >= 1,
@@ -170,10 +169,7 @@ class SymConfig:
                 self.free_queue_order,
                 z3.And(z3.Not(self.priority_order), z3.Not(self.longest_output_first)),
             ),
-            z3.Implies(
-                self.prefix_cache,
-                z3.And(z3.BoolVal(geom.prefix_cache), z3.Not(self.prefill_first)),
-            ),
+            z3.Implies(self.prefix_cache, z3.BoolVal(geom.prefix_cache)),
         )
 
     def decode(self, model: Z, geom: Geometry) -> DllmConfig:

@@ -34,6 +34,9 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
                         equals that of request j's block k exactly when i = j, or both are of
                         one family and k < shared_blocks of both (`Encoding.same_key`).
                         Every other block (generated tokens included) is its own
+  hit_this_round[i]     it read its next block from the cache in this round
+                        (`RequestState.hit_round` = `RoundState.index`): under PREFILL_FIRST
+                        the block it computes next is a prefill row
 per request-pool row r:   row_holder[r]  request index, -1 = free (`AbstractState.rows`)
 per KV slot t (`AbstractState.slot_owners`):
   owner_request[t]      request index, -1 = free
@@ -116,6 +119,7 @@ FIELDS: tuple[Field, ...] = (
     Field("pending_masks", Scope.REQUEST, False, 0),
     Field("family", Scope.REQUEST, False, -1, cache=True),
     Field("shared_blocks", Scope.REQUEST, False, 0, cache=True),
+    Field("hit_this_round", Scope.REQUEST, True, False, cache=True),
     Field("row_holder", Scope.ROW, False, -1),
     Field("owner_request", Scope.SLOT, False, -1),
     Field("owner_block", Scope.SLOT, False, 0),
@@ -172,6 +176,7 @@ class State:
     pending_masks: Terms
     family: Terms
     shared_blocks: Terms
+    hit_this_round: Terms
     row_holder: Terms
     owner_request: Terms
     owner_block: Terms

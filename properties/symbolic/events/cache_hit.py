@@ -94,21 +94,18 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 
 
 def effect(enc: Encoding, s: State, p: Params) -> State:
-    """read_by'(t, r) for t ∈ [a, a+B); committed_blocks'[r] = k + 1 when k was its next block
-    (the block is committed without a forward)."""
+    """read_by'(t, r) for t ∈ [a, a+B); committed_blocks'[r] = k + 1 and hit_this_round'[r]
+    when k was its next block (the block is committed without a forward)."""
     ins = [enc.in_block(p.first_slot, t) for t in range(enc.S)]
+    nxt = [z3.And(p.request == i, p.block_index == s.committed_blocks[i]) for i in range(enc.N)]
     return s.replace(
+        hit_this_round=tuple(z3.Or(nxt[i], s.hit_this_round[i]) for i in range(enc.N)),
         read_by=tuple(
             z3.Or(z3.And(ins[t], p.request == i), enc.read_by(s, t, i))
             for t in range(enc.S)
             for i in range(enc.N)
         ),
         committed_blocks=tuple(
-            z3.If(
-                z3.And(p.request == i, p.block_index == s.committed_blocks[i]),
-                s.committed_blocks[i] + 1,
-                s.committed_blocks[i],
-            )
-            for i in range(enc.N)
+            z3.If(nxt[i], s.committed_blocks[i] + 1, s.committed_blocks[i]) for i in range(enc.N)
         ),
     )

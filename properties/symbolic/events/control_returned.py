@@ -76,7 +76,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """round_index' = round_index + 1; round_forwards' = round_committed' = 0;
     newly_done_in_last_forward' = round_admitted' = false; in_batch' = step_pending' =
-    committed_this_round' = false; pending_masks' = 0."""
+    committed_this_round' = hit_this_round' = false; pending_masks' = 0."""
     n = enc.N
     return s.replace(
         round_index=s.round_index + 1,
@@ -87,5 +87,6 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         in_batch=tuple(z3.BoolVal(False) for _ in range(n)),
         step_pending=tuple(z3.BoolVal(False) for _ in range(n)),
         committed_this_round=tuple(z3.BoolVal(False) for _ in range(n)),
+        hit_this_round=tuple(z3.BoolVal(False) for _ in range(n)),
         pending_masks=tuple(z3.IntVal(0) for _ in range(n)),
     )

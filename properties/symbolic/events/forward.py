@@ -25,9 +25,11 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     forward_policy/again        round_forwards > 0 ⇒ (sync ? some row of R is not done
                                                         : reloop ∧ ¬newly_done_in_last_forward)
     work_conserving             round_forwards = 0 ⇒ work_conserved
-    prefill_first/mixed         prefill_first ⇒ the rows' blocks are all prompt-only or all not
-    prefill_first/waiting       prefill_first ∧ no row's block is prompt-only ⇒ no active
-                                request outside R has a masked, allocated prompt-only block
+    prefill_first/mixed         prefill_first ⇒ the rows are all prefill rows or all not
+                                (`prefill_kind`: a prompt-only block, or the block after a
+                                cache hit in this round)
+    prefill_first/waiting       prefill_first ∧ no row is a prefill row ⇒ no active request
+                                outside R has a masked, allocated block of the prefill kind
     and for every row i ∈ R:
     known_request               active(i)
     forward_ready/row           row[i] != -1
@@ -41,11 +43,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     n, b, cfg = enc.N, enc.B, enc.cfg
     rows = p.forwarded
     all_done = z3.And([z3.Implies(rows[i], s.block_phase[i] == DONE) for i in range(n)])
-    prefill_rows = [
-        z3.And(rows[i], enc.prefill_block(s, i, p.row_block_index[i])) for i in range(n)
-    ]
+    prefill_rows = [z3.And(rows[i], enc.prefill_kind(s, i, p.row_block_index[i])) for i in range(n)]
     decode_rows = [
-        z3.And(rows[i], z3.Not(enc.prefill_block(s, i, p.row_block_index[i]))) for i in range(n)
+        z3.And(rows[i], z3.Not(enc.prefill_kind(s, i, p.row_block_index[i]))) for i in range(n)
     ]
     prompt_waits = [
         z3.And(
@@ -53,7 +53,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
             z3.Not(rows[i]),
             s.block_phase[i] == MASKED,
             s.block_start[i] != -1,
-            enc.prefill_block(s, i, s.committed_blocks[i]),
+            enc.prefill_kind(s, i, s.committed_blocks[i]),
         )
         for i in range(n)
     ]

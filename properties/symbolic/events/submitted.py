@@ -51,7 +51,7 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
     stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; has_stop_token_ids'[r] =
     p.has_stop_token_ids; priority'[r] = p.priority; family'[r] = p.family; shared_blocks'[r] =
-    p.shared_blocks; row'[r] = -1; committed_blocks'[r] = 0;
+    p.shared_blocks; hit_this_round'[r] = false; row'[r] = -1; committed_blocks'[r] = 0;
     eos_committed'[r] = stop_token_committed'[r] = committed_this_round'[r] = false; no current
     block."""
     return s.replace(
@@ -68,6 +68,7 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         priority=at_request(enc, p, s.priority, lambda i: p.priority),
         family=at_request(enc, p, s.family, lambda i: p.family),
         shared_blocks=at_request(enc, p, s.shared_blocks, lambda i: p.shared_blocks),
+        hit_this_round=at_request(enc, p, s.hit_this_round, lambda i: z3.BoolVal(False)),
         stop_token_committed=at_request(
             enc, p, s.stop_token_committed, lambda i: z3.BoolVal(False)
         ),
