@@ -14,7 +14,7 @@ from properties.symbolic.induction import DEFAULT_GEOMETRIES, prove_invariants
 from properties.symbolic.params import Params
 from properties.symbolic.state import State
 
-CACHE_GEOMETRY = Geometry(1, 1, 8, prefix_cache=True)  # not a default one: another size
+CACHE_GEOMETRY = Geometry(1, 1, 8, prefix_cache=True)  # not the default one: pages of a block
 
 
 def test_the_default_sizes_include_a_cache_geometry() -> None:

@@ -1,6 +1,6 @@
-"""The seeded symbolic mutants of the prefix cache (`DllmConfig.prefix_cache`, pages of one
-block): each is one of the caching reference's seeded bugs in tests/mutants.py (same name), as
-a relaxed guard of the relation plus what the bug looks like on the bad step.
+"""The seeded symbolic mutants of the prefix cache (`DllmConfig.prefix_cache`): each is one
+of the caching reference's seeded bugs in tests/mutants.py (same name), as a relaxed guard of
+the relation plus what the bug looks like on the bad step.
 
 Two of those reference mutants also fail Z3's trace when it is run as a workload
 (`reference`). The other three need what a short trace lacks: pool pressure (eviction of a read

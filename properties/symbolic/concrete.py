@@ -140,7 +140,7 @@ def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Val
         origin = next(
             (i for i, d in enumerate(digests) if len(d) > k and d[k] == block.digest), None
         )
-        if origin is None or first % geom.page_size or first + b > geom.kv_slots:
+        if origin is None or first % b or first + b > geom.kv_slots:
             raise NotEncodable(f"cached block {list(block.slots)} is not encodable")
         for t in block.slots:
             out[f"cached[{t}]"] = True

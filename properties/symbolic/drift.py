@@ -103,8 +103,7 @@ def stepper_for(
     config: DllmConfig, requests: int = 4, rows: int = 4, running: int = 4, slots: int = 16
 ) -> SymbolicStepper:
     """A (cached) stepper whose geometry covers `config` (one per block and page size: every
-    pool of up to `slots` slots shares it; with the prefix cache when `config` has it and
-    pages of one block, the only cache geometry)."""
+    pool of up to `slots` slots shares it; with the prefix cache when `config` has it)."""
     geom = Geometry(
         config.block_size,
         config.page_size,
@@ -112,7 +111,7 @@ def stepper_for(
         requests,
         max(rows, config.req_pool_rows),
         max(running, config.max_running_requests),
-        config.prefix_cache and config.page_size == config.block_size,
+        config.prefix_cache,
     )
     if geom not in _STEPPERS:
         _STEPPERS[geom] = SymbolicStepper(geom)

@@ -11,7 +11,7 @@ Of `DllmPolicy`, the encoding takes the seven fields that change which events th
 `aborts_after_commit`, `priority_order` (the queue by priority), `longest_output_first`
 (the queue by `max_new_tokens`, longest first, after the priority), submission order breaking
 ties, and `free_queue_order` (no order is checked). `DllmConfig.prefix_cache` is a field too,
-on only in a geometry that has the cache (`Geometry.prefix_cache`: pages of one block).
+on only in a geometry that has the cache (`Geometry.prefix_cache`).
 The reserved pages and rows lie outside the spec's pools (an adapter's id mapping), so no
 guard reads them.
 """
@@ -39,8 +39,7 @@ class Geometry:
     requests: int = 4  # request indices 0..requests-1 (ids "r0", "r1", ...)
     rows: int = 4  # request-pool rows represented; req_pool_rows <= rows
     running: int = 4  # max_running_requests <= running
-    # configurations with `DllmConfig.prefix_cache` on are in the encoding's space; pages of
-    # one block only (every cached block is then one whole page)
+    # configurations with `DllmConfig.prefix_cache` on are in the encoding's space
     prefix_cache: bool = False
 
     def __post_init__(self) -> None:
@@ -50,13 +49,6 @@ class Geometry:
             raise ConfigError("page_size", self.page_size, f"a multiple of {self.block_size}")
         if self.kv_pages < 1:
             raise ConfigError("kv_pages", self.kv_pages, ">= 1")
-        if self.prefix_cache and self.page_size != self.block_size:
-            raise ConfigError(
-                "page_size",
-                self.page_size,
-                f"equal to block_size={self.block_size} in a geometry with the prefix cache "
-                f"(the encoding keeps one cached block per page)",
-            )
 
     @property
     def kv_slots(self) -> int:

@@ -47,13 +47,13 @@ from spec.config import DllmConfig
 from spec.profile import DllmPolicy
 
 # Block sizes 1..4, page sizes one or two blocks, up to 16 KV slots, 4 requests, 4 rows; one
-# geometry with the prefix cache (pages of one block, the cache's geometry).
+# geometry with the prefix cache.
 DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(2, 4, 4),  # 16 slots, 2 blocks per page
     Geometry(1, 1, 8),  # 8 slots, a block per page
     Geometry(3, 6, 2),  # 12 slots, 2 blocks per page
     Geometry(4, 8, 2),  # 16 slots, 2 blocks per page
-    Geometry(2, 2, 4, prefix_cache=True),  # 8 slots, a block per page, the prefix cache
+    Geometry(2, 4, 2, prefix_cache=True),  # 8 slots, 2 blocks per page, the prefix cache
 )
 # small enough for readable counterexamples to induction and a BMC over them
 CTI_GEOMETRY = Geometry(1, 2, 2, requests=2, rows=2, running=2)

@@ -20,14 +20,14 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     prefix_cache_on           cfg.prefix_cache ∧ the geometry has the cache
     evict_unread_only/cached  every t ∈ E is cached
-    evict_unread_only/whole   t ∈ E, u cached in t's page (one cached block) ⇒ u ∈ E
+    evict_unread_only/whole   t ∈ E, u cached in t's block (t div B = u div B) ⇒ u ∈ E
     evict_unread_only/unread  no request reads a t ∈ E"""
     e = p.freed
     whole = [
         z3.Implies(z3.And(e[t], s.cached[u]), e[u])
         for t in range(enc.S)
         for u in range(enc.S)
-        if u != t and u // enc.P == t // enc.P
+        if u != t and u // enc.B == t // enc.B
     ]
     unread = [
         z3.Implies(e[t], z3.Not(enc.read_by(s, t, i))) for t in range(enc.S) for i in range(enc.N)

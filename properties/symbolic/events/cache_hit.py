@@ -28,8 +28,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     cache_hit_content/current  nxt(r) ⇒ r has no current block
     cache_hit_content/prompt   nxt(r) ⇒ (k + 1) * B <= prompt_len[r]
     cache_hit_content/index    ¬nxt(r) ⇒ 0 <= k < committed_blocks[r] ∧ ¬reads_block(r, k)
-    cache_hit_content/block    0 <= a ∧ a + B <= pool ∧ a mod P = 0 ∧ every t ∈ [a, a+B) is cached
-                               (a whole cached block: one page)
+    cache_hit_content/block    0 <= a ∧ a + B <= pool ∧ a mod B = 0 ∧ every t ∈ [a, a+B) is
+                               cached (a whole cached block: blocks lie at multiples of B)
     cache_hit_content/key      every t ∈ [a, a+B): cache_block[t] = k ∧
                                same_key(cache_origin[t], r, k)"""
     k, a = p.block_index, p.first_slot
@@ -70,7 +70,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
         ),
         Guard(
             "cache_hit_content",
-            z3.And(a >= 0, a + enc.B <= enc.pool, a % enc.P == 0, *block),
+            z3.And(a >= 0, a + enc.B <= enc.pool, a % enc.B == 0, *block),
             "block",
         ),
         Guard(

@@ -21,7 +21,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     """One labelled guard per line (rule  formula):
     prefix_cache_on    cfg.prefix_cache ∧ the geometry has the cache
     known_request      active(r)
-    free_owned_only    0 <= a ∧ a + B <= pool ∧ a mod P = 0 ∧ every t ∈ [a, a+B) is cached,
+    free_owned_only    0 <= a ∧ a + B <= pool ∧ a mod B = 0 ∧ every t ∈ [a, a+B) is cached,
                        read by r, with cache_block[t] = k"""
     k, a = p.block_index, p.first_slot
     return [
@@ -35,7 +35,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                 lambda i: z3.And(
                     a >= 0,
                     a + enc.B <= enc.pool,
-                    a % enc.P == 0,
+                    a % enc.B == 0,
                     *[
                         z3.Implies(
                             enc.in_block(a, t),

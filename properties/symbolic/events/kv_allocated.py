@@ -29,7 +29,8 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     kv_exclusive              0 <= a ∧ a + B <= pool ∧ every slot of [a, a+B) is free (not
                               owned, not cached)
     page_alignment/aligned    a mod P = offset(k) ∧ (offset(k) = 0 ⇒ [a, a+P) is free)
-    page_alignment/continues  offset(k) != 0 ⇒ a >= 1 ∧ slot a-1 is owned by (r, k-1)
+    page_alignment/continues  offset(k) != 0 ⇒ a >= 1 ∧ slot a-1 is owned by (r, k-1), or is
+                              in the cached block r reads as its block k-1
     whole_block_alloc/holds   a current block holds no slots (block_start[r] = -1)
     reuse_keeps_slots         a current block ⇒ ¬reuse
     lifecycle                 a current block, or the request table has `kv_allocated`"""
@@ -60,7 +61,20 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                     z3.And(
                         a >= 1,
                         z3.And(
-                            [z3.Implies(a - 1 == t, enc.owns(s, t, i, k - 1)) for t in range(enc.S)]
+                            [
+                                z3.Implies(
+                                    a - 1 == t,
+                                    z3.Or(
+                                        enc.owns(s, t, i, k - 1),
+                                        z3.And(
+                                            s.cached[t],
+                                            enc.read_by(s, t, i),
+                                            s.cache_block[t] == k - 1,
+                                        ),
+                                    ),
+                                )
+                                for t in range(enc.S)
+                            ]
                         ),
                     ),
                 ),
