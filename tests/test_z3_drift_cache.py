@@ -16,6 +16,7 @@ seldom reach it, so a fixed scenario compares it both ways.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -52,6 +53,15 @@ from tests import test_z3_drift as drift
 
 CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2))  # (B, P, pages)
 KEEP = {drift.EOS, drift.STOP_TOKEN, *drift.STOP_IDS}  # tokens that end requests
+SMALL = DllmConfig(  # one-slot blocks and pages, 8 of them, two requests at a time
+    block_size=1,
+    page_size=1,
+    kv_pages=8,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=8,
+    prefix_cache=True,
+)
 
 
 @st.composite
@@ -407,16 +417,7 @@ def test_the_cache_walks_catch_a_dropped_cache_guard(
     rng = random.Random(3)
     with pytest.raises(AssertionError, match=f"enabledness differs on {type_name(kind)}"):
         for seed in range(60):
-            config = DllmConfig(
-                block_size=1,
-                page_size=1,
-                kv_pages=8,
-                req_pool_rows=2,
-                max_running_requests=2,
-                max_context=8,
-                prefix_cache=True,
-            )
-            _walk(SpecMachine(config), random.Random(rng.random() + seed), 150)
+            _walk(SpecMachine(SMALL), random.Random(rng.random() + seed), 150)
 
 
 def type_name(kind: str) -> str:
@@ -431,16 +432,7 @@ def _after_a_hit() -> SpecMachine:
     """Under PREFILL_FIRST: r0 cached its prompt block and waits with a decode block; r1, of
     the same prompt, read that block from the cache in this round and waits with the block
     after it, which holds no prompt token but counts as a prefill row."""
-    config = DllmConfig(
-        block_size=1,
-        page_size=1,
-        kv_pages=8,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=8,
-        in_place_reuse=False,
-        prefix_cache=True,
-    )
+    config = dataclasses.replace(SMALL, in_place_reuse=False)
     m = SpecMachine(config, DllmPolicy(admission=DllmAdmission.PREFILL_FIRST))
     stem = (STEM_TOKEN,)
     for e in (
