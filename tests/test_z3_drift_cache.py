@@ -5,9 +5,9 @@ The walks reuse the scheduler-like proposals of `test_z3_drift` and add the cach
 request caches a committed block it owns (or, wrongly, its current one or one it reads), hits
 cached blocks as its next block or as a committed duplicate (with the right content and the
 wrong), releases what it reads (or the wrong block), and cached blocks are evicted (read or
-unread, whole or in part). Prompts are built from family stems (`STEM_TOKEN + f` for whole
-blocks, then the request's own tokens), the shape `concrete.prompt_family` reads back, so the
-requests of one family share their stems' cached blocks.
+unread, whole or in part). Prompts are built as a tree: a request mostly starts with whole
+blocks of an earlier request's prompt, then holds tokens of its own, so requests share cached
+blocks along a prefix tree (`concrete.shared_prompt_blocks` counts them back).
 
 Under PREFILL_FIRST the block a request computes right after a cache hit in the same round is
 a prefill row (SGLang sorts the request by its prompt length before the match); the walks
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties.symbolic.codes import STEM_TOKEN, TAIL_TOKEN
-from properties.symbolic.concrete import NotEncodable, encode_state, prompt_family
+from properties.symbolic.codes import TAIL_TOKEN
+from properties.symbolic.concrete import NotEncodable, encode_state, shared_prompt_blocks
 from properties.symbolic.drift import stepper_for
 from properties.symbolic.geometry import Geometry
 from spec.config import DllmConfig, Mode
@@ -84,15 +84,19 @@ def cache_configs(draw: st.DrawFn) -> DllmConfig:
     )
 
 
-def _family_prompt(index: int, length: int, b: int, rng: random.Random) -> tuple[int, ...]:
-    """A prompt of `length` tokens: whole stem blocks (mostly of family 0, else 1), then its
-    own tokens."""
-    whole = length // b
-    stem = rng.randint(1, whole) * b if whole and rng.random() < 0.8 else 0
-    if stem and rng.random() < 0.3:
-        stem = whole * b  # the whole prompt's blocks are the stem's
-    family = 0 if rng.random() < 0.8 else 1
-    return (STEM_TOKEN + family,) * stem + (TAIL_TOKEN + index,) * (length - stem)
+def _tree_prompt(
+    index: int, length: int, earlier: list[tuple[int, ...]], b: int, rng: random.Random
+) -> tuple[int, ...]:
+    """A prompt of `length` tokens: mostly the first whole blocks of an earlier prompt (as
+    many as both have, now and then; else some), then tokens of its own."""
+    donors = [p for p in earlier if len(p) >= b and length >= b]
+    shared = 0
+    if donors and rng.random() < 0.8:
+        donor = rng.choice(donors)
+        most = min(len(donor), length) // b
+        shared = most if rng.random() < 0.3 else rng.randint(1, most)
+        return donor[: shared * b] + (TAIL_TOKEN + index,) * (length - shared * b)
+    return (TAIL_TOKEN + index,) * length
 
 
 def _own_tokens(
@@ -177,7 +181,7 @@ def _cache_events(m: SpecMachine, rng: random.Random) -> list[Event]:
 
 
 def _proposals(m: SpecMachine, rng: random.Random) -> list[Event]:
-    """`test_z3_drift`'s proposals with family prompts and own generated tokens, and the
+    """`test_z3_drift`'s proposals with tree prompts and own generated tokens, and the
     cache's."""
     s = m.state()
     b = m.config.block_size
@@ -198,7 +202,8 @@ def _proposals(m: SpecMachine, rng: random.Random) -> list[Event]:
             continue
         if isinstance(e, Submitted):
             index = len(s.requests)
-            prompt = _family_prompt(index, len(e.prompt), b, rng)
+            earlier = [r.prompt for r in s.requests.values()]
+            prompt = _tree_prompt(index, len(e.prompt), earlier, b, rng)
             e = Submitted(
                 e.request_id,
                 prompt,
@@ -342,13 +347,12 @@ def test_the_cache_walks_reach_every_cache_rule_both_ways() -> None:
 # ---------------------------------------------------------------------------- the content model
 
 
-def test_prompt_family_reads_whole_stem_blocks() -> None:
-    stem = STEM_TOKEN + 3
-    assert prompt_family((stem,) * 4 + (51,), 2) == (3, 2)
-    assert prompt_family((stem,) * 3 + (51,), 2) == (3, 1)  # block 1 holds a tail token
-    assert prompt_family((stem,), 2) == (-1, 0)  # no whole block
-    assert prompt_family((51, stem, stem), 1) == (-1, 0)
-    assert prompt_family((), 2) == (-1, 0)
+def test_shared_prompt_blocks_counts_the_whole_blocks_alike() -> None:
+    assert shared_prompt_blocks((1, 2, 3, 4, 5), (1, 2, 3, 4, 6), 2) == 2
+    assert shared_prompt_blocks((1, 2, 3, 4, 5), (1, 2, 3, 9), 2) == 1
+    assert shared_prompt_blocks((1, 2, 3), (1, 2), 2) == 1
+    assert shared_prompt_blocks((1,), (1,), 2) == 0  # no whole block
+    assert shared_prompt_blocks((), (1, 2), 2) == 0
 
 
 def _served(config: DllmConfig, prompts: list[tuple[int, ...]]) -> AbstractState:
@@ -358,17 +362,39 @@ def _served(config: DllmConfig, prompts: list[tuple[int, ...]]) -> AbstractState
     return m.state()
 
 
-def test_a_shared_prefix_the_stems_do_not_tell_is_not_encodable() -> None:
-    """With the cache on, two prompts that share a block their stems do not tell would let
-    the spec hit what the encoding refuses: such a state is outside the encoding."""
+def test_any_tree_of_prompts_is_encoded_as_it_is() -> None:
+    """Two branches, each shared by two requests (no single stem tells it): r0 and r2 share
+    two blocks, r1 and r3 two, the branches one."""
+    config = DllmConfig(block_size=1, page_size=1, kv_pages=8, max_context=8, prefix_cache=True)
+    prompts: list[tuple[int, ...]] = [(1, 2, 3), (1, 5, 6), (1, 2, 7), (1, 5, 8)]
+    values = encode_state(_served(config, prompts), Geometry(1, 1, 8, prefix_cache=True))
+    shared = [[values[f"shared_prefix[{i * 4 + j}]"] for j in range(4)] for i in range(4)]
+    assert shared == [[0, 1, 2, 1], [1, 0, 1, 2], [2, 1, 0, 1], [1, 2, 1, 0]]
+
+
+def test_a_shared_generated_block_is_not_encodable() -> None:
+    """Two requests of one prompt that commit the same first generated token share a block the
+    encoding keeps as each one's own: the state is refused, not compared."""
     config = DllmConfig(block_size=2, page_size=2, kv_pages=4, max_context=8, prefix_cache=True)
     geom = Geometry(2, 2, 4, prefix_cache=True)
-    stem = STEM_TOKEN
-    encode_state(_served(config, [(stem, stem, 51), (stem, stem, 52)]), geom)  # told: 1 block
-    with pytest.raises(NotEncodable, match="share 1 blocks; their prompts' stems tell 0"):
-        encode_state(_served(config, [(7, 7, 51), (7, 7, 52)]), geom)
+    m = SpecMachine(config)
+    events: list[Event] = [Submitted("r0", (7,), 1), Submitted("r1", (7,), 1)]
+    events += [Admitted("r0", 0), Admitted("r1", 1)]
+    events += [KvAllocated("r0", 0, (0, 1)), KvAllocated("r1", 0, (2, 3))]
+    events += [Forward((ForwardRow("r0", 0, False, 2, 1), ForwardRow("r1", 0, False, 2, 1)))]
+    events += [StepResult("r0", 0, 0, 0), StepResult("r1", 0, 0, 0), ControlReturned(0)]
+    events += [Forward((ForwardRow("r0", 0, True, 2, 0), ForwardRow("r1", 0, True, 2, 0)))]
+    events += [StepResult("r0", 0, 2, 0), StepResult("r1", 0, 2, 0)]
+    for e in events:
+        m.apply(e)
+    encode_state(m.state(), geom)
+    m.apply(BlockCommitted("r0", 0, (7, 9)))
+    encode_state(m.state(), geom)
+    m.apply(BlockCommitted("r1", 0, (7, 9)))
+    with pytest.raises(NotEncodable, match="share 1 blocks, 0 of them whole prompt blocks"):
+        encode_state(m.state(), geom)
     # without the cache the content is not read
-    plain = DllmConfig(block_size=2, page_size=2, kv_pages=4, max_context=8)
+    plain = dataclasses.replace(config, prefix_cache=False)
     encode_state(_served(plain, [(7, 7, 51), (7, 7, 52)]), Geometry(2, 2, 4))
 
 
@@ -434,7 +460,7 @@ def _after_a_hit() -> SpecMachine:
     after it, which holds no prompt token but counts as a prefill row."""
     config = dataclasses.replace(SMALL, in_place_reuse=False)
     m = SpecMachine(config, DllmPolicy(admission=DllmAdmission.PREFILL_FIRST))
-    stem = (STEM_TOKEN,)
+    stem = (TAIL_TOKEN,)
     for e in (
         Submitted("r0", stem, 2),
         Admitted("r0", 0),

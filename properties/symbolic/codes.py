@@ -48,5 +48,4 @@ PROMPT_TOKEN = 1  # every prompt position of a decoded request
 FILLER_TOKEN = 2  # generated positions of a decoded block
 EOS_TOKEN = 15  # the EOS id of decoded configurations (properties.strategies.EOS)
 STOP_ID_TOKEN = 4  # the one stop token id of a decoded request that lists any
-STEM_TOKEN = 100  # prompt family f's stem is STEM_TOKEN + f at every position (prefix cache)
-TAIL_TOKEN = 50  # the prompt positions past the stem of decoded request i hold TAIL_TOKEN + i
+TAIL_TOKEN = 50  # with the prefix cache, the unshared prompt positions of decoded request i

@@ -4,18 +4,17 @@ Request indices follow `state.requests`' order (`SpecMachine.state()` lists requ
 submission order), so request i is the i-th submitted request. Ghost fields get the values the
 proofs assume (`reserved_pages` its definition, `freed_by` -1).
 
-A prompt's content is kept as far as the prefix cache can tell (`prompt_family`): a prompt
-that starts with whole blocks of one token `STEM_TOKEN + f` has that many stem blocks of
-family f. With the cache on, a state whose requests share prefixes in another way (or share
-generated blocks) lies outside the encoding, and so does a cached block that no request's
-committed tokens or prompt reproduce.
+A prompt's content is kept as far as the prefix cache can tell: the whole prompt blocks each
+two prompts start with alike (`shared_prompt_blocks`). With the cache on, a state in which two
+requests share a block past those (a generated block) lies outside the encoding, and so does a
+cached block that no request's committed tokens or prompt reproduce.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ, STEM_TOKEN
+from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.state import FIELDS, Scope
 from properties.symbolic.terms import Values
@@ -70,29 +69,14 @@ def _check_geometry(cfg: DllmConfig, geom: Geometry) -> None:
         raise NotEncodable(f"prefix_cache=True outside a geometry with the cache ({geom.label()})")
 
 
-def prompt_family(prompt: Sequence[object], block_size: int) -> tuple[int, int]:
-    """(family, shared_blocks) of a prompt: f and n when its first n >= 1 whole blocks all
-    hold the token `STEM_TOKEN + f` (f >= 0) and its block n does not; (-1, 0) otherwise."""
-    first = prompt[0] if prompt else None
-    if not isinstance(first, int) or isinstance(first, bool) or first < STEM_TOKEN:
-        return -1, 0
+def shared_prompt_blocks(first: Sequence[object], second: Sequence[object], block: int) -> int:
+    """The whole prompt blocks two prompts start with alike (`State.shared_prefix`)."""
     n = 0
-    while (n + 1) * block_size <= len(prompt) and all(
-        x == first for x in prompt[n * block_size : (n + 1) * block_size]
-    ):
+    while (n + 1) * block <= min(len(first), len(second)) and list(
+        first[n * block : (n + 1) * block]
+    ) == list(second[n * block : (n + 1) * block]):
         n += 1
-    return (first - STEM_TOKEN, n) if n else (-1, 0)
-
-
-def _family(prompt: Sequence[object], geom: Geometry) -> tuple[int, int]:
-    """`prompt_family`, within the encoding's families (`NotEncodable` otherwise); (-1, 0)
-    in a geometry without the cache, where a prompt's content does not matter."""
-    if not geom.prefix_cache:
-        return -1, 0
-    family, shared = prompt_family(prompt, geom.block_size)
-    if family >= geom.requests:
-        raise NotEncodable(f"prompt family {family} >= {geom.requests} (the requests)")
-    return family, shared
+    return n
 
 
 def _known_digests(r: RequestState, block_size: int) -> list[str]:
@@ -107,12 +91,14 @@ def _known_digests(r: RequestState, block_size: int) -> list[str]:
 
 
 def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Values:
-    """cached, cache_origin, cache_block and read_by of a state with the prefix cache; checks
-    that `prompt_family` tells every shared prefix (`NotEncodable` otherwise)."""
+    """cached, cache_origin, cache_block, read_by and shared_prefix of a state with the prefix
+    cache; checks that no two requests share a block past their prompts' shared whole blocks
+    (a generated block: `NotEncodable`)."""
     b, n = geom.block_size, geom.requests
     index = {rid: i for i, rid in enumerate(order)}
     digests = [_known_digests(state.requests[rid], b) for rid in order]
-    families = [_family(state.requests[rid].prompt, geom) for rid in order]
+    prompts = [state.requests[rid].prompt for rid in order]
+    out: Values = {f"shared_prefix[{k}]": 0 for k in range(n * n)}
     for i in range(len(order)):
         for j in range(i + 1, len(order)):
             same = 0
@@ -120,14 +106,13 @@ def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Val
                 digests[i][same] == digests[j][same]
             ):
                 same += 1
-            (fi, si), (fj, sj) = families[i], families[j]
-            told = min(si, sj) if fi == fj != -1 else 0
+            told = shared_prompt_blocks(prompts[i], prompts[j], b)
             if same != told:
                 raise NotEncodable(
-                    f"{order[i]!r} and {order[j]!r} share {same} blocks; their prompts' stems "
-                    f"tell {told}"
+                    f"{order[i]!r} and {order[j]!r} share {same} blocks, {told} of them whole "
+                    f"prompt blocks"
                 )
-    out: Values = {}
+            out[f"shared_prefix[{i * n + j}]"] = out[f"shared_prefix[{j * n + i}]"] = told
     for t in range(geom.kv_slots):
         out[f"cached[{t}]"] = False
         out[f"cache_origin[{t}]"] = -1
@@ -185,7 +170,6 @@ def _request_values(
     due = finish_condition(state.config, r)
     pending = [m for (rid, _), m in state.round.pending_masks.items() if rid == r.request_id]
     pl, mn = len(r.prompt), r.max_new_tokens
-    family, shared = _family(r.prompt, geom)
     return {
         "phase": REQ[r.phase.value],
         "prompt_len": pl,
@@ -208,8 +192,6 @@ def _request_values(
         "step_pending": bool(pending),
         "pending_masks": pending[0] if pending else 0,
         "hit_this_round": r.hit_round == state.round.index and geom.prefix_cache,
-        "family": family,
-        "shared_blocks": shared,
     }
 
 
@@ -284,6 +266,8 @@ def encode_state(state: AbstractState, geom: Geometry, policy: DllmPolicy | None
             out[f"cache_block[{t}]"] = 0
             for i in range(geom.requests):
                 out[f"read_by[{t * geom.requests + i}]"] = False
+        for k in range(geom.requests * geom.requests):
+            out[f"shared_prefix[{k}]"] = 0
     out["round_index"] = rnd.index
     out["round_forwards"] = rnd.forwards
     out["newly_done_in_last_forward"] = rnd.newly_done_in_last_forward
@@ -328,8 +312,6 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         "ignore_eos": False,
         "has_stop_token_ids": False,
         "priority": 0,
-        "family": -1,
-        "shared_blocks": 0,
         "tokens_valid": True,
         "block_has_eos": False,
         "block_has_stop_token": False,
@@ -344,6 +326,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         out[f"row_reused[{i}]"] = False
         out[f"row_num_tokens[{i}]"] = 0
         out[f"row_masked[{i}]"] = 0
+        out[f"shared_with[{i}]"] = 0
 
     if isinstance(event, Submitted):
         out["request"] = idx(event.request_id)
@@ -364,7 +347,13 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         if not isinstance(event.priority, int) or isinstance(event.priority, bool):
             raise NotEncodable("priority is not an int")
         out["priority"] = event.priority
-        out["family"], out["shared_blocks"] = _family(event.prompt, geom)
+        if geom.prefix_cache:  # the whole blocks it shares with each earlier request
+            me = out["request"]
+            for j, rid in enumerate(order[: int(me)]):
+                shared = shared_prompt_blocks(
+                    event.prompt, state.requests[rid].prompt, geom.block_size
+                )
+                out[f"shared_with[{j}]"] = shared
         out["prompt_len"], out["max_new_tokens"] = pl, mn
         out["reserved_pages"] = -(-(pl + mn) // geom.page_size)
         out["prompt_valid"] = all(

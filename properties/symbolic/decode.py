@@ -12,7 +12,6 @@ from properties.symbolic.codes import (
     PROMPT_TOKEN,
     REASON_OF,
     REQ_NAME,
-    STEM_TOKEN,
     STOP_ID_TOKEN,
     TAIL_TOKEN,
 )
@@ -77,11 +76,7 @@ class Decoder:
             tok = PROMPT_TOKEN if flag(p.prompt_valid) else self.config.mask_token_id
             prompt = (tok,) * num(p.prompt_len)
             if self.config.prefix_cache and flag(p.prompt_valid):
-                # the stem of its family, then its own tokens (`concrete.prompt_family`)
-                stem = num(p.shared_blocks) * b
-                prompt = (STEM_TOKEN + num(p.family),) * stem + (TAIL_TOKEN + i,) * (
-                    num(p.prompt_len) - stem
-                )
+                prompt = self._shared_prompt(i, num(p.prompt_len), [num(x) for x in p.shared_with])
             self.prompts[i] = prompt
             return Submitted(
                 rid,
@@ -146,6 +141,19 @@ class Decoder:
             return CacheEvicted(tuple(t for t in range(self.geom.kv_slots) if flag(p.freed[t])))
         raise ValueError(kind)  # pragma: no cover
 
+    def _shared_prompt(self, i: int, length: int, shared_with: list[int]) -> tuple[int, ...]:
+        """Request i's prompt with the cache on: each whole block it shares with an earlier
+        request (`shared_with[j]` blocks with request j) copied from that request's prompt, its
+        own token `TAIL_TOKEN + i` everywhere else (the shared prefixes form a tree, so any
+        request it shares a block with has the same one)."""
+        b = self.geom.block_size
+        out: list[int] = []
+        for k in range(length // b + 1):
+            donor = next((j for j, n in enumerate(shared_with) if j < i and n > k), None)
+            part = self.prompts[donor][k * b : (k + 1) * b] if donor is not None else ()
+            out += part or (TAIL_TOKEN + i,) * b
+        return tuple(out[:length])
+
     def _block_tokens(self, i: int, blk: int, max_new: int, enders: list[int]) -> list[int]:
         """Block `blk` of request i: the prompt at prompt positions, the `enders` (an EOS, a
         stop token id, in order) at the first generated positions (as many as fit within
@@ -195,7 +203,7 @@ def render_values(model: Z, s: State, geom: Geometry) -> str:
             f"start={ev(s.block_start[i])} masks={ev(s.masks[i])} "
             f"alloc_round={ev(s.alloc_round[i])}] eos={ev(s.eos_committed[i])} "
             f"stop_token={ev(s.stop_token_committed[i])}/{ev(s.has_stop_token_ids[i])} "
-            f"priority={ev(s.priority[i])} family={ev(s.family[i])}/{ev(s.shared_blocks[i])} "
+            f"priority={ev(s.priority[i])} "
             f"stop_sampled={ev(s.stop_sampled[i])} ignore_eos={ev(s.ignore_eos[i])} "
             f"committed_this_round={ev(s.committed_this_round[i])} "
             f"batch={ev(s.in_batch[i])} pending={ev(s.step_pending[i])}/"

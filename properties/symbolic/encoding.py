@@ -102,20 +102,11 @@ class Encoding:
 
     def same_key(self, s: State, j: Z, i: int, blk: Z) -> Z:
         """Block `blk` of request j and block `blk` of request i have one content key: j = i,
-        or both share a stem (family[j] = family[i] != -1) longer than `blk` blocks
-        (blk < shared_blocks of both)."""
+        or their prompts start with more than `blk` whole blocks alike
+        (blk < shared_prefix(j, i))."""
         alts = []
         for x in range(self.N):
-            same = (
-                z3.BoolVal(True)
-                if x == i
-                else z3.And(
-                    s.family[x] == s.family[i],
-                    s.family[i] != -1,
-                    blk < s.shared_blocks[x],
-                    blk < s.shared_blocks[i],
-                )
-            )
+            same = z3.BoolVal(True) if x == i else blk < s.shared_prefix[x * self.N + i]
             alts.append(z3.And(j == x, same))
         return z3.Or(alts)
 

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 def domain(enc: Encoding, s: State) -> Z:
     """Value ranges of the representation and a valid configuration: phase and block_phase
     are codes, -1 <= row < R, block_start, masks, alloc_round >= -1, row holders, slot
-    owners and cache origins are -1 or request indices, family >= -1, shared_blocks >= 0,
-    the round counters are >= 0."""
+    owners and cache origins are -1 or request indices, shared prefixes are >= 0, the round
+    counters are >= 0."""
     parts = [enc.cfg.constraints(enc.geom)]
     for i in range(enc.N):
         parts += [
@@ -46,8 +46,6 @@ def domain(enc: Encoding, s: State) -> Z:
             s.block_start[i] >= -1,
             s.masks[i] >= -1,
             s.alloc_round[i] >= -1,
-            s.family[i] >= -1,
-            s.shared_blocks[i] >= 0,
         ]
     parts += [z3.And(h >= -1, h < enc.N) for h in s.row_holder]
     for t in range(enc.S):
@@ -59,6 +57,7 @@ def domain(enc: Encoding, s: State) -> Z:
             s.cache_origin[t] >= -1,
             s.cache_origin[t] < enc.N,
         ]
+    parts += [x >= 0 for x in s.shared_prefix]
     parts += [s.round_index >= 0, s.round_forwards >= 0, s.round_committed >= 0]
     return z3.And(parts)
 

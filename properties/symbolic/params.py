@@ -16,11 +16,12 @@ follow `spec.events`; per-request forward rows are indexed by request:
   accept_length, masks_remaining    StepResult
   reason                  Finished (`codes.REASON`)
   prompt_len, max_new_tokens, prompt_valid, stop_sampled, ignore_eos, has_stop_token_ids,
-  priority, family, shared_blocks
+  priority, shared_with[j]
                           Submitted (a prompt is its length plus a validity bit, and its content
-                          as far as the prefix cache can tell: `state`'s family and
-                          shared_blocks, constants -1 and 0 in a geometry without the cache;
-                          stop token ids are whether it lists any);
+                          as far as the prefix cache can tell: the whole prompt blocks it
+                          starts with alike request j's, `state`'s shared_prefix; constants 0
+                          in a geometry without the cache; stop token ids are whether it lists
+                          any);
                           reserved_pages is the ghost ceil((pl + mn) / P)
   tokens_valid, block_has_eos, block_has_stop_token, stop_token_first
                           BlockCommitted: the tokens keep the prompt and hold no mask; the
@@ -58,8 +59,6 @@ _SCALARS = (
     ("ignore_eos", True),
     ("has_stop_token_ids", True),
     ("priority", False),
-    ("family", False),
-    ("shared_blocks", False),
     ("tokens_valid", True),
     ("block_has_eos", True),
     ("block_has_stop_token", True),
@@ -72,6 +71,7 @@ _ROW_FIELDS = (
     ("row_reused", True),
     ("row_num_tokens", False),
     ("row_masked", False),
+    ("shared_with", False),
 )
 
 
@@ -95,8 +95,6 @@ class Params:
     ignore_eos: Z
     has_stop_token_ids: Z
     priority: Z
-    family: Z
-    shared_blocks: Z
     tokens_valid: Z
     block_has_eos: Z
     block_has_stop_token: Z
@@ -108,6 +106,7 @@ class Params:
     row_reused: Terms
     row_num_tokens: Terms
     row_masked: Terms
+    shared_with: Terms
 
     @classmethod
     def fresh(cls, geom: Geometry, name: str) -> Params:
@@ -117,13 +116,13 @@ class Params:
             return z3.Bool(label) if is_bool else z3.Int(label)
 
         scalars = {f: var(f"{name}.{f}", b) for f, b in _SCALARS}
-        if not geom.prefix_cache:  # a prompt's content matters only to the cache
-            scalars["family"], scalars["shared_blocks"] = z3.IntVal(-1), z3.IntVal(0)
         freed = tuple(z3.Bool(f"{name}.freed[{t}]") for t in range(geom.kv_slots))
         rows = {
             f: tuple(var(f"{name}.{f}[{i}]", b) for i in range(geom.requests))
             for f, b in _ROW_FIELDS
         }
+        if not geom.prefix_cache:  # a prompt's content matters only to the cache
+            rows["shared_with"] = tuple(z3.IntVal(0) for _ in range(geom.requests))
         return cls(freed=freed, **scalars, **rows)
 
     def is_kind(self, kind: str) -> Z:

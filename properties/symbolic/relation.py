@@ -40,9 +40,11 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
     overlaps the generated positions [prompt_len, prompt_len + max_new_tokens);
     block_has_stop_token ⇒ the request lists stop token ids and the block overlaps them too;
     stop_token_first ⇒ block_has_stop_token ∧ block_has_eos (the order matters only then);
-    0 <= shared_blocks, shared_blocks * B <= prompt_len, -1 <= family < N and family = -1
-    exactly when shared_blocks = 0 (a prompt's stem is whole prompt blocks; N families are as
-    many as N requests can have)."""
+    Submitted of request i: 0 <= shared_with[j], shared_with[j] * B <= prompt_len and
+    shared_with[j] * B <= prompt_len[j] for j < i (whole blocks of both prompts),
+    shared_with[j] = 0 for j >= i, and the shared prefixes are those of a tree of prompts:
+    shared_with[k] >= min(shared_with[j], shared_prefix(j, k)) and
+    shared_prefix(j, k) >= min(shared_with[j], shared_with[k]) for j, k < i."""
     n = enc.N
     committed = select(s.committed_blocks, p.request)
     prompt_len = select(s.prompt_len, p.request)
@@ -76,12 +78,31 @@ def well_formed(enc: Encoding, s: State, p: Params) -> Z:
         z3.Implies(p.block_has_eos, eos_possible),
         z3.Implies(p.block_has_stop_token, stop_possible),
         z3.Implies(p.stop_token_first, z3.And(p.block_has_stop_token, p.block_has_eos)),
-        p.shared_blocks >= 0,
-        p.shared_blocks * enc.B <= p.prompt_len,
-        p.family >= -1,
-        p.family < n,
-        (p.family == -1) == (p.shared_blocks == 0),
+        z3.Implies(p.is_kind(Submitted.kind), _a_tree_of_prompts(enc, s, p)),
     )
+
+
+def _a_tree_of_prompts(enc: Encoding, s: State, p: Params) -> Z:
+    """The `Submitted` part of `well_formed` on `shared_with` (see there); true in a geometry
+    without the cache, where it is the constant 0."""
+    if not enc.geom.prefix_cache:
+        return z3.BoolVal(True)
+    n, sw = enc.N, p.shared_with
+    parts = []
+    for i in range(n):
+        mine = []
+        for j in range(n):
+            if j >= i:
+                mine.append(sw[j] == 0)
+                continue
+            mine += [sw[j] >= 0, sw[j] * enc.B <= p.prompt_len, sw[j] * enc.B <= s.prompt_len[j]]
+            for k in range(j):
+                theirs = s.shared_prefix[j * n + k]
+                mine.append(sw[k] >= z3.If(sw[j] < theirs, sw[j], theirs))
+                mine.append(sw[j] >= z3.If(sw[k] < theirs, sw[k], theirs))
+                mine.append(theirs >= z3.If(sw[j] < sw[k], sw[j], sw[k]))
+        parts.append(z3.Implies(p.request == i, z3.And(mine)))
+    return z3.And(parts)
 
 
 def guards(enc: Encoding, s: State, p: Params) -> dict[str, list[Guard]]:

@@ -28,12 +28,6 @@ per request i (`RequestState`, in submission order; index i is request "r<i>"):
   in_batch[i]           a row of this round's forwards (`RoundState.batch`)
   step_pending[i]       its row of the latest forward awaits a step (`RoundState.pending_steps`)
   pending_masks[i]      that row's input mask count (`RoundState.pending_masks`; 0 if none)
-  family[i], shared_blocks[i]  its prompt's content, as far as the prefix cache can tell:
-                        its first shared_blocks[i] whole blocks are the stem of prompt family
-                        family[i] (-1 when it shares none); the content key of its block k
-                        equals that of request j's block k exactly when i = j, or both are of
-                        one family and k < shared_blocks of both (`Encoding.same_key`).
-                        Every other block (generated tokens included) is its own
   hit_this_round[i]     it read its next block from the cache in this round
                         (`RequestState.hit_round` = `RoundState.index`): under PREFILL_FIRST
                         the block it computes next is a prefill row
@@ -46,6 +40,11 @@ per KV slot t (`AbstractState.slot_owners`):
   cache_origin[t], cache_block[t]  a cached slot's content key: block cache_block[t] of
                         request cache_origin[t], the lowest request whose block has that key
                         (`Encoding.key_origin`; -1 and 0 when not cached)
+per (request i, request j), index i * N + j (i != j):
+  shared_prefix[i * N + j]  whole prompt blocks that the prompts of i and j start with alike
+                        (their prompts' content, as far as the prefix cache can tell): the
+                        content key of block k of i equals that of block k of j exactly when
+                        k < shared_prefix (`Encoding.same_key`); a generated block is its own
 per (slot t, request i), index t * N + i:
   read_by[t * N + i]    request i reads the cached block holding t (`RequestState.cache_reads`;
                         as its block cache_block[t], the only index whose key can match)
@@ -78,6 +77,7 @@ class Scope(Enum):
     ROW = "row"
     SLOT = "slot"
     SLOT_REQUEST = "slot x request"
+    REQUEST_PAIR = "request x request"
     ROUND = "round"  # one (a scalar)
 
 
@@ -117,8 +117,6 @@ FIELDS: tuple[Field, ...] = (
     Field("in_batch", Scope.REQUEST, True, False),
     Field("step_pending", Scope.REQUEST, True, False),
     Field("pending_masks", Scope.REQUEST, False, 0),
-    Field("family", Scope.REQUEST, False, -1, cache=True),
-    Field("shared_blocks", Scope.REQUEST, False, 0, cache=True),
     Field("hit_this_round", Scope.REQUEST, True, False, cache=True),
     Field("row_holder", Scope.ROW, False, -1),
     Field("owner_request", Scope.SLOT, False, -1),
@@ -128,6 +126,7 @@ FIELDS: tuple[Field, ...] = (
     Field("cache_origin", Scope.SLOT, False, -1, cache=True),
     Field("cache_block", Scope.SLOT, False, 0, cache=True),
     Field("read_by", Scope.SLOT_REQUEST, True, False, cache=True),
+    Field("shared_prefix", Scope.REQUEST_PAIR, False, 0, cache=True),
     Field("round_index", Scope.ROUND, False, 0),
     Field("round_forwards", Scope.ROUND, False, 0),
     Field("newly_done_in_last_forward", Scope.ROUND, True, False),
@@ -145,6 +144,7 @@ def copies(geom: Geometry, scope: Scope) -> int:
         Scope.ROW: geom.rows,
         Scope.SLOT: geom.kv_slots,
         Scope.SLOT_REQUEST: geom.kv_slots * geom.requests,
+        Scope.REQUEST_PAIR: geom.requests * geom.requests,
         Scope.ROUND: 0,
     }[scope]
 
@@ -174,8 +174,6 @@ class State:
     in_batch: Terms
     step_pending: Terms
     pending_masks: Terms
-    family: Terms
-    shared_blocks: Terms
     hit_this_round: Terms
     row_holder: Terms
     owner_request: Terms
@@ -185,6 +183,7 @@ class State:
     cache_origin: Terms
     cache_block: Terms
     read_by: Terms
+    shared_prefix: Terms
     round_index: Z
     round_forwards: Z
     newly_done_in_last_forward: Z
@@ -242,7 +241,13 @@ class State:
             return z3.Not(t) if f.initial is False else t == f.initial
 
         parts: list[Z] = []
-        for scope in (Scope.REQUEST, Scope.ROW, Scope.SLOT, Scope.SLOT_REQUEST):
+        for scope in (
+            Scope.REQUEST,
+            Scope.ROW,
+            Scope.SLOT,
+            Scope.SLOT_REQUEST,
+            Scope.REQUEST_PAIR,
+        ):
             group = [f for f in FIELDS if f.scope is scope]
             for i in range(copies(self.geom, scope)):
                 parts += [at_initial(f, getattr(self, f.name)[i]) for f in group]

@@ -50,8 +50,9 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
 def effect(enc: Encoding, s: State, p: Params) -> State:
     """phase'[r] = queued; prompt_len', max_new_tokens', reserved_pages' [r] from p;
     stop_sampled'[r] = p.stop_sampled; ignore_eos'[r] = p.ignore_eos; has_stop_token_ids'[r] =
-    p.has_stop_token_ids; priority'[r] = p.priority; family'[r] = p.family; shared_blocks'[r] =
-    p.shared_blocks; hit_this_round'[r] = false; row'[r] = -1; committed_blocks'[r] = 0;
+    p.has_stop_token_ids; priority'[r] = p.priority; shared_prefix'(r, j) =
+    shared_prefix'(j, r) = p.shared_with[j] for j != r; hit_this_round'[r] = false;
+    row'[r] = -1; committed_blocks'[r] = 0;
     eos_committed'[r] = stop_token_committed'[r] = committed_this_round'[r] = false; no current
     block."""
     return s.replace(
@@ -66,8 +67,16 @@ def effect(enc: Encoding, s: State, p: Params) -> State:
         ignore_eos=at_request(enc, p, s.ignore_eos, lambda i: p.ignore_eos),
         has_stop_token_ids=at_request(enc, p, s.has_stop_token_ids, lambda i: p.has_stop_token_ids),
         priority=at_request(enc, p, s.priority, lambda i: p.priority),
-        family=at_request(enc, p, s.family, lambda i: p.family),
-        shared_blocks=at_request(enc, p, s.shared_blocks, lambda i: p.shared_blocks),
+        shared_prefix=tuple(
+            z3.If(p.request == i, p.shared_with[j], z3.If(p.request == j, p.shared_with[i], x))
+            if i != j
+            else x
+            for (i, j), x in zip(
+                ((i, j) for i in range(enc.N) for j in range(enc.N)),
+                s.shared_prefix,
+                strict=True,
+            )
+        ),
         hit_this_round=at_request(enc, p, s.hit_this_round, lambda i: z3.BoolVal(False)),
         stop_token_committed=at_request(
             enc, p, s.stop_token_committed, lambda i: z3.BoolVal(False)
