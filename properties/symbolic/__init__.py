@@ -12,7 +12,8 @@ Shaped like the spec machine it encodes (see docs/proofs.md, "Where is what"):
 - concrete <-> symbolic: `concrete` (spec state and events to values), `decode` (models to
   spec events and readable states);
 - the proofs: `induction` (Inv ∧ T ⇒ Inv', Ivy-style lemmas, counterexamples to induction),
-  `bmc` (bounded model checking, mutant traces), `mutants` (the seeded symbolic mutants),
+  `bmc` (bounded model checking, mutant traces), `mutants` (the seeded symbolic mutants;
+  `finish_mutants` and `cache_mutants` hold those of the finish rules and the prefix cache),
   `policy` and `theorems` (forward-granularity policy model and its theorems), `boundary`
   (Z3-synthesised boundary workloads), `workloads` (configs, workloads and replay shared by
   the searches), `result` (`ProofResult`, solver settings);
