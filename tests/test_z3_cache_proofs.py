@@ -1,13 +1,14 @@
-"""The inductive proofs cover the prefix cache: in the cache geometry every named invariant
-and lemma is inductive with the cache's four event kinds enabled, and breaking the cache's
-encoding breaks the proof with a counterexample to induction naming the event kind."""
+"""The inductive proofs cover the prefix cache: in a cache geometry every named invariant and
+lemma is inductive with the cache's four event kinds enabled, and breaking the cache's
+encoding (an effect, the eviction's unread guard, the hit's index guard) breaks the proof with
+a counterexample to induction naming the event kind."""
 
 from __future__ import annotations
 
 import pytest
 
 from properties.symbolic.encoding import Encoding
-from properties.symbolic.events import EVENTS, EventEncoding, cache_evicted, kv_cached
+from properties.symbolic.events import EVENTS, EventEncoding, cache_evicted, cache_hit, kv_cached
 from properties.symbolic.geometry import Geometry
 from properties.symbolic.guard import Guard
 from properties.symbolic.induction import DEFAULT_GEOMETRIES, prove_invariants
@@ -39,6 +40,11 @@ def _evicts_read_blocks(enc: Encoding, s: State, p: Params) -> list[Guard]:
     return [g for g in cache_evicted.guards(enc, s, p) if g.tag != "unread"]
 
 
+def _hits_any_index(enc: Encoding, s: State, p: Params) -> list[Guard]:
+    """CacheHit without its index guard (a block past its next one, or one it reads)."""
+    return [g for g in cache_hit.guards(enc, s, p) if g.tag != "index"]
+
+
 @pytest.mark.parametrize(
     ("kind", "broken", "failing"),
     [
@@ -51,6 +57,11 @@ def _evicts_read_blocks(enc: Encoding, s: State, p: Params) -> list[Guard]:
             "cache_evicted",
             EventEncoding("cache_evicted", _evicts_read_blocks, cache_evicted.effect),
             "lemma/cache_off_holds_nothing",
+        ),
+        (
+            "cache_hit",
+            EventEncoding("cache_hit", _hits_any_index, cache_hit.effect),
+            "lemma/cache_reads_are_committed_once",
         ),
     ],
 )

@@ -63,7 +63,8 @@ def domain(enc: Encoding, s: State) -> Z:
 
 
 def unsubmitted_is_blank(enc: Encoding, s: State) -> Z:
-    """A request not yet submitted has no block, row, pending step, slot or row holder."""
+    """A request not yet submitted has no block, row, pending step, slot, row holder or cached
+    block it reads."""
     return z3.And(
         [
             z3.Implies(
@@ -74,6 +75,7 @@ def unsubmitted_is_blank(enc: Encoding, s: State) -> Z:
                     z3.Not(s.step_pending[i]),
                     z3.Not(enc.owns_any(s, i)),
                     z3.And([h != i for h in s.row_holder]),
+                    z3.Not(enc.reads_any(s, i)),
                 ),
             )
             for i in range(enc.N)
@@ -82,7 +84,7 @@ def unsubmitted_is_blank(enc: Encoding, s: State) -> Z:
 
 
 def queued_holds_nothing(enc: Encoding, s: State) -> Z:
-    """A queued request has no block, row, pending step or slot."""
+    """A queued request has no block, row, pending step, slot or cached block it reads."""
     return z3.And(
         [
             z3.Implies(
@@ -92,6 +94,7 @@ def queued_holds_nothing(enc: Encoding, s: State) -> Z:
                     s.row[i] == -1,
                     z3.Not(s.step_pending[i]),
                     z3.Not(enc.owns_any(s, i)),
+                    z3.Not(enc.reads_any(s, i)),
                 ),
             )
             for i in range(enc.N)
@@ -182,6 +185,23 @@ def cache_off_holds_nothing(enc: Encoding, s: State) -> Z:
     return z3.And(off, *reads)
 
 
+def cache_reads_are_committed_once(enc: Encoding, s: State) -> Z:
+    """A request reads a cached block only as a block it has committed, and each such block
+    once: read_by(t, i) ∧ cached[t] ⇒ cache_block[t] < committed_blocks[i], and two slots it
+    reads as one block index lie in one block (t div B = u div B)."""
+    parts = []
+    for i in range(enc.N):
+        for t in range(enc.S):
+            reads_t = z3.And(enc.read_by(s, t, i), s.cached[t])
+            parts.append(z3.Implies(reads_t, s.cache_block[t] < s.committed_blocks[i]))
+            for u in range(t + 1, enc.S):
+                if u // enc.B == t // enc.B:
+                    continue
+                both = z3.And(reads_t, enc.read_by(s, u, i), s.cached[u])
+                parts.append(z3.Implies(both, s.cache_block[t] != s.cache_block[u]))
+    return z3.And(parts)
+
+
 Lemma = Callable[["Encoding", State], Z]
 
 LEMMAS: Mapping[str, Lemma] = MappingProxyType(
@@ -195,6 +215,7 @@ LEMMAS: Mapping[str, Lemma] = MappingProxyType(
         "current_block_allocated": current_block_allocated,
         "block_runs": block_runs,
         "cache_off_holds_nothing": cache_off_holds_nothing,
+        "cache_reads_are_committed_once": cache_reads_are_committed_once,
     }
 )
 
