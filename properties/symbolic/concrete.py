@@ -372,12 +372,7 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         out["first_slot"] = sl[0]
     elif isinstance(event, KvFreed):
         out["request"] = idx(event.request_id)
-        if len(set(event.slots)) != len(event.slots):
-            raise NotEncodable("duplicate slots in one free")
-        for t in event.slots:
-            if not 0 <= t < geom.kv_slots:
-                raise NotEncodable(f"freed slot {t} outside the pool")
-            out[f"freed[{t}]"] = True
+        out.update(_slot_set(event.slots, geom, "freed"))
     elif isinstance(event, Forward):
         seen = set()
         for row in event.rows:
@@ -415,15 +410,21 @@ def encode_event(state: AbstractState, geom: Geometry, event: Event) -> Values:
         out["block_index"] = event.block_index
         out["first_slot"] = _first_slot(tuple(event.slots), geom, event.kind)
     elif isinstance(event, CacheEvicted):
-        if len(set(event.slots)) != len(event.slots):
-            raise NotEncodable("duplicate slots in one eviction")
-        for t in event.slots:
-            if not 0 <= t < geom.kv_slots:
-                raise NotEncodable(f"evicted slot {t} outside the pool")
-            out[f"freed[{t}]"] = True
+        out.update(_slot_set(event.slots, geom, "evicted"))
     else:  # pragma: no cover - every event type is handled above
         raise NotEncodable(f"unknown event {event!r}")
     return out
+
+
+def _slot_set(slots: tuple[int, ...], geom: Geometry, what: str) -> Values:
+    """The `freed[t]` parameters of a freed (or evicted) slot set; `NotEncodable` for a slot
+    named twice or outside the slot variables."""
+    if len(set(slots)) != len(slots):
+        raise NotEncodable(f"duplicate slots in one {what} set")
+    for t in slots:
+        if not 0 <= t < geom.kv_slots:
+            raise NotEncodable(f"{what} slot {t} outside the pool")
+    return {f"freed[{t}]": True for t in slots}
 
 
 def _committed_tokens(
