@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from properties.symbolic.codes import BLK, KIND, NONE_BLOCK, REASON, REQ
 from properties.symbolic.geometry import Geometry
-from properties.symbolic.state import FIELDS, Scope
+from properties.symbolic.state import FIELDS, Scope, copies
 from properties.symbolic.terms import Values
 from spec.config import DllmConfig, validate_stop_token_ids
 from spec.errors import RequestError
@@ -90,15 +90,26 @@ def _known_digests(r: RequestState, block_size: int) -> list[str]:
     return out
 
 
+def _empty_cache(geom: Geometry) -> Values:
+    """The cache's per-slot and per-pair fields at their initial values: nothing cached, read
+    or shared."""
+    return {
+        f"{f.name}[{i}]": f.initial
+        for f in FIELDS
+        if f.cache and f.scope is not Scope.REQUEST
+        for i in range(copies(geom, f.scope))
+    }
+
+
 def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Values:
     """cached, cache_origin, cache_block, read_by and shared_prefix of a state with the prefix
-    cache; checks that no two requests share a block past their prompts' shared whole blocks
-    (a generated block: `NotEncodable`)."""
+    cache, where they differ from `_empty_cache`; checks that no two requests share a block
+    past their prompts' shared whole blocks (a generated block: `NotEncodable`)."""
     b, n = geom.block_size, geom.requests
     index = {rid: i for i, rid in enumerate(order)}
     digests = [_known_digests(state.requests[rid], b) for rid in order]
     prompts = [state.requests[rid].prompt for rid in order]
-    out: Values = {f"shared_prefix[{k}]": 0 for k in range(n * n)}
+    out: Values = {}
     for i in range(len(order)):
         for j in range(i + 1, len(order)):
             same = 0
@@ -113,12 +124,6 @@ def _cache_values(state: AbstractState, geom: Geometry, order: list[str]) -> Val
                     f"prompt blocks"
                 )
             out[f"shared_prefix[{i * n + j}]"] = out[f"shared_prefix[{j * n + i}]"] = told
-    for t in range(geom.kv_slots):
-        out[f"cached[{t}]"] = False
-        out[f"cache_origin[{t}]"] = -1
-        out[f"cache_block[{t}]"] = 0
-        for i in range(n):
-            out[f"read_by[{t * n + i}]"] = False
     for block in state.cache:
         first = _first_slot(tuple(block.slots), geom, "cached block")
         k = block.block_index
@@ -257,17 +262,9 @@ def encode_state(state: AbstractState, geom: Geometry, policy: DllmPolicy | None
         out[f"owner_request[{t}]"] = -1 if o is None else index[o[0]]
         out[f"owner_block[{t}]"] = 0 if o is None else o[1]
         out[f"freed_by[{t}]"] = -1
+    out.update(_empty_cache(geom))
     if state.config.prefix_cache:
         out.update(_cache_values(state, geom, order))
-    else:
-        for t in range(geom.kv_slots):
-            out[f"cached[{t}]"] = False
-            out[f"cache_origin[{t}]"] = -1
-            out[f"cache_block[{t}]"] = 0
-            for i in range(geom.requests):
-                out[f"read_by[{t * geom.requests + i}]"] = False
-        for k in range(geom.requests * geom.requests):
-            out[f"shared_prefix[{k}]"] = 0
     out["round_index"] = rnd.index
     out["round_forwards"] = rnd.forwards
     out["newly_done_in_last_forward"] = rnd.newly_done_in_last_forward
