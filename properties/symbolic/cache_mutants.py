@@ -2,10 +2,14 @@
 of the caching reference's seeded bugs in tests/mutants.py (same name), as a relaxed guard of
 the relation plus what the bug looks like on the bad step.
 
-Two of those reference mutants also fail Z3's trace when it is run as a workload
-(`reference`). The other three need what a short trace lacks: pool pressure (eviction of a read
-block, a cached page handed out) or two prefixes that differ before a block whose own tokens
-agree (keys_blocks_alone)."""
+Three of those reference mutants also fail Z3's trace when it is run as a workload
+(`reference`). `allocates_cached_pages` does because its bad step is constrained to what the
+caching reference does wrong: the page it hands out is an unread cached block, at a moment when
+the pool has no free slot (only then does the reference reach for a cached page). The other two
+need traces too long for a quick search: the caching reference evicts a read block only when a
+third request brings pool pressure after a second has refreshed a newer block
+(evicts_read_blocks), and it keys a block alone only on a duplicate commit, after both requests
+have computed two blocks each (keys_blocks_alone: about 20 events, 50 to 90 s of search)."""
 
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from properties.symbolic.workloads import dllm_config
 from spec.config import DllmConfig
 
 
-def _cache_config(block: int) -> DllmConfig:
-    """A small caching configuration: pages of one block, 2 pages, 2 rows, 2 running."""
+def _cache_config(block: int, *, pages: int = 2) -> DllmConfig:
+    """A small caching configuration: pages of one block, 2 pages unless `pages` says, 2 rows,
+    2 running."""
     return dllm_config(
-        block_size=block, page_size=block, kv_pages=2, max_context=4 * block, prefix_cache=True
+        block_size=block, page_size=block, kv_pages=pages, max_context=4 * block, prefix_cache=True
     )
 
 
@@ -55,18 +60,24 @@ def _same_index_only(enc: Encoding, s: State, p: Params) -> Z:
     )
 
 
-def _onto_a_cached_page(enc: Encoding, s: State, p: Params) -> Z:
-    """ReusesCachedPages: the block gets a whole page that no request owns, and the cache
-    still holds it (the pool forgot to evict it first)."""
+def _onto_an_unread_cached_page(enc: Encoding, s: State, p: Params) -> Z:
+    """AllocatesCachedPages: with no free slot left in the pool, the block gets a whole page
+    that no request owns or reads, and the cache still holds it (the pool picked it to evict
+    and forgot to evict it)."""
     a = p.first_slot
+    unread = [z3.Not(enc.read_by(s, t, i)) for t in range(enc.S) for i in range(enc.N)]
     return z3.And(
         a >= 0,
         a + enc.B <= enc.pool,
         a % enc.P == 0,
         *[
-            z3.Implies(enc.in_block(a, t), z3.And(s.owner_request[t] == -1, s.cached[t]))
+            z3.Implies(
+                enc.in_block(a, t),
+                z3.And(s.owner_request[t] == -1, s.cached[t], *unread[t * enc.N : (t + 1) * enc.N]),
+            )
             for t in range(enc.S)
         ],
+        *[z3.Implies(t < enc.pool, z3.Not(enc.free(s, t))) for t in range(enc.S)],
     )
 
 
@@ -123,15 +134,16 @@ CACHE_MUTANTS: tuple[SymbolicMutant, ...] = (
         "allocates_cached_pages",
         "an allocation takes the page of a cached block the cache still holds",
         "kv_exclusive",
-        _cache_config(1),
+        # one page of one block: the second request's first block finds the first's cached
+        _cache_config(2, pages=1),
         "kv_allocated",
         (
             Relaxation("kv_allocated", "kv_exclusive"),
             Relaxation("kv_allocated", "page_alignment", "aligned"),
         ),
         ("kv_exclusive", ""),
-        extra=_onto_a_cached_page,
-        requests=1,
-        depths=(8, 10, 12),
+        extra=_onto_an_unread_cached_page,
+        reference=("allocates_cached_pages",),
+        depths=(18, 20),
     ),
 )
