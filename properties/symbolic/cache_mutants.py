@@ -6,10 +6,10 @@ Three of those reference mutants also fail Z3's trace when it is run as a worklo
 (`reference`). `allocates_cached_pages` does because its bad step is constrained to what the
 caching reference does wrong: the page it hands out is an unread cached block, at a moment when
 the pool has no free slot (only then does the reference reach for a cached page). The other two
-need traces too long for a quick search: the caching reference evicts a read block only when a
-third request brings pool pressure after a second has refreshed a newer block
-(evicts_read_blocks), and it keys a block alone only on a duplicate commit, after both requests
-have computed two blocks each (keys_blocks_alone: about 20 events, 50 to 90 s of search)."""
+need traces too long for a quick search (docs/proofs.md has the trials): the caching reference
+evicts a read block only when a third request brings pool pressure after a second has
+refreshed a newer block (evicts_read_blocks), and it keys a block alone only on a duplicate
+commit, after both requests have computed two blocks each (keys_blocks_alone)."""
 
 from __future__ import annotations
 
