@@ -70,8 +70,16 @@ STATS: Counter[str] = Counter()
 
 
 @st.composite
-def configs(draw: st.DrawFn) -> DllmConfig:
-    b, p, k = draw(st.sampled_from(GEOMETRIES))
+def configs(
+    draw: st.DrawFn,
+    geometries: tuple[tuple[int, int, int], ...] = GEOMETRIES,
+    *,
+    min_context_blocks: int = 1,
+    prefix_cache: bool = False,
+) -> DllmConfig:
+    """A configuration of one of `geometries` (block, page, pages), with a context of at
+    least `min_context_blocks` blocks."""
+    b, p, k = draw(st.sampled_from(geometries))
     mode = draw(st.sampled_from([Mode.SYNC, Mode.FDFO]))
     fdfo = mode is Mode.FDFO
     return DllmConfig(
@@ -80,11 +88,12 @@ def configs(draw: st.DrawFn) -> DllmConfig:
         kv_pages=k,
         req_pool_rows=draw(st.integers(1, 4)),
         max_running_requests=draw(st.integers(1, 4)),
-        max_context=b * draw(st.integers(1, (p * k) // b)),
+        max_context=b * draw(st.integers(min_context_blocks, (p * k) // b)),
         mode=mode,
         in_place_reuse=fdfo and draw(st.booleans()),
         reloop=fdfo and draw(st.booleans()),
         eos_token_id=draw(st.sampled_from([None, EOS])),
+        prefix_cache=prefix_cache,
     )
 
 

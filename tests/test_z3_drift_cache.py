@@ -64,26 +64,6 @@ SMALL = DllmConfig(  # one-slot blocks and pages, 8 of them, two requests at a t
 )
 
 
-@st.composite
-def cache_configs(draw: st.DrawFn) -> DllmConfig:
-    b, page, k = draw(st.sampled_from(CACHE_GEOMETRIES))
-    mode = draw(st.sampled_from([Mode.SYNC, Mode.FDFO]))
-    fdfo = mode is Mode.FDFO
-    return DllmConfig(
-        block_size=b,
-        page_size=page,
-        kv_pages=k,
-        req_pool_rows=draw(st.integers(1, 4)),
-        max_running_requests=draw(st.integers(1, 4)),
-        max_context=b * draw(st.integers(2, page * k // b)),
-        mode=mode,
-        in_place_reuse=fdfo and draw(st.booleans()),
-        reloop=fdfo and draw(st.booleans()),
-        eos_token_id=draw(st.sampled_from([None, drift.EOS])),
-        prefix_cache=True,
-    )
-
-
 def _tree_prompt(
     index: int, length: int, earlier: list[tuple[int, ...]], b: int, rng: random.Random
 ) -> tuple[int, ...]:
@@ -296,7 +276,7 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
 
 @drift._WALKS
 @given(
-    config=cache_configs(),
+    config=drift.configs(CACHE_GEOMETRIES, min_context_blocks=2, prefix_cache=True),
     policy=drift.policies(),
     rng=st.randoms(use_true_random=False),
     steps=st.integers(30, 120),
