@@ -4,7 +4,9 @@
         [--programs-from {random,same-step}] [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
-        [--fix {uncache-preempted,pad-what-fits} ...] [--json FILE]
+        [--kv-connector {recompute,fail}]
+        [--fix {uncache-preempted,pad-what-fits,drop-stale-reservation,requeue-failed-load} ...]
+        [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
 control) and asynchronous (`AsyncScheduler`, a batch queue of two), each loop on its own, with
@@ -30,6 +32,12 @@ latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's
 at all (`integrations.vllm.structured.LateGrammars`); `--reasoning` gives each guided request
 1-3 reasoning tokens and a reasoning end before its guided content, with a reasoning parser
 that holds the grammar back until then (`integrations.vllm.structured.reasoner_class`).
+`--kv-connector POLICY` serves both loops with a KV connector (`integrations.vllm.kv_connector`:
+a remote store holding none, half or all of each prompt, loaded asynchronously, every other
+request's KV sent when it finishes, one load in three failing as a whole or in one block)
+under vLLM's `kv_load_failure_policy` POLICY; `--fix drop-stale-reservation` and
+`--fix requeue-failed-load` apply the fixes of its two findings
+(`integrations.vllm.kv_load_fixes`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -46,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations.vllm.adapter import SPECULATIVE_METHODS
+from integrations.vllm.adapter import KV_FAILURE_POLICIES, SPECULATIVE_METHODS
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -55,6 +63,7 @@ from integrations.vllm.engine_core import (
     core_program,
     run_loop,
 )
+from integrations.vllm.kv_load_fixes import DROP_STALE_RESERVATION_FIX, REQUEUE_FAILED_LOAD_FIX
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.program_tally import (
@@ -72,7 +81,15 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "same-step": same_step_program,
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
-FIXES = {fix.name: fix for fix in (PREEMPTED_CACHE_FIX, SPEC_PAD_FIX)}
+FIXES = {
+    fix.name: fix
+    for fix in (
+        PREEMPTED_CACHE_FIX,
+        SPEC_PAD_FIX,
+        DROP_STALE_RESERVATION_FIX,
+        REQUEUE_FAILED_LOAD_FIX,
+    )
+}
 
 COUNTS = (
     "engine_steps",
@@ -91,6 +108,12 @@ COUNTS = (
     "reasoning_rows",
     "grammar_waits",
     "grammar_errors",
+    "loads",
+    "loads_failed",
+    "blocks_invalid",
+    "sends",
+    "aborted_loading",
+    "load_errors",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -109,6 +132,12 @@ MEANING = {
     "reasoning_rows": "of those, reasoning tokens (row unconstrained)",
     "grammar_waits": "requests left waiting for their grammar, per schedule",
     "grammar_errors": "requests ended with an error (grammar does not compile)",
+    "loads": "KV loads from the remote store (KV connector)",
+    "loads_failed": "of those, failed as a whole",
+    "blocks_invalid": "of those, failed in one block",
+    "sends": "finished requests whose KV was sent",
+    "aborted_loading": "aborts of a request whose KV load was in flight",
+    "load_errors": "requests ended with an error after a failed load",
 }
 
 
@@ -169,6 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reasoning before its guided content (a reasoning parser holds the grammar back)",
     )
     parser.add_argument(
+        "--kv-connector",
+        choices=KV_FAILURE_POLICIES,
+        default=None,
+        metavar="POLICY",
+        help="serve both loops with a KV connector (asynchronous loads from a remote store, "
+        "sends of finished requests' KV) under this kv_load_failure_policy: recompute or fail",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -188,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keyed_drafts=args.keyed_drafts,
         late_grammars=args.late_grammars,
         reasoning=args.reasoning,
+        kv_connector=args.kv_connector,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -203,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
     drafts += " (grammars compiled late)" if args.late_grammars else ""
     drafts += " (after reasoning)" if args.reasoning else ""
+    if args.kv_connector:
+        drafts += f"; a KV connector (failed loads: {args.kv_connector})"
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -228,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "keyed_drafts": args.keyed_drafts,
                 "late_grammars": args.late_grammars,
                 "reasoning": args.reasoning,
+                "kv_connector": args.kv_connector,
             },
         )
     return 1 if tally.failures else 0

@@ -224,7 +224,8 @@ def test_importing_the_engines_fixes_imports_no_engine() -> None:
     code = (
         "import sys\n"
         "import integrations.sglang.fixes, integrations.vidur.fixes, integrations.vllm.fixes\n"
-        "import integrations.vllm.preempted_cache_fix\n"
+        "import integrations.vllm.preempted_cache_fix, integrations.vllm.kv_load_fixes\n"
+        "import integrations.vllm.kv_connector\n"
         "engines = ('sglang', 'vidur', 'vllm', 'torch')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in engines]\n"
         "assert not bad, bad[:5]\n"

@@ -226,6 +226,7 @@ class RealVllmScheduler:
         speculative_method: str = "ngram",
         structured_output: bool = False,
         reasoning: bool = False,
+        kv_connector: str | None = None,
     ) -> None:
         space.check(config)
         if (
@@ -264,6 +265,13 @@ class RealVllmScheduler:
                 "reasoning", True, "False without structured_output (no request has a grammar)"
             )
         self.reasoning: bool = reasoning
+        if kv_connector is not None and kv_connector not in KV_FAILURE_POLICIES:
+            raise ConfigError(
+                "kv_connector",
+                kv_connector,
+                f"None or a load failure policy: {', '.join(KV_FAILURE_POLICIES)}",
+            )
+        self.kv_connector: str | None = kv_connector
         #: guided request id -> the output index of its reasoning end (reasoning on)
         self.reasoning_end_at: dict[str, int] = {}
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
@@ -316,6 +324,11 @@ class RealVllmScheduler:
                     pipeline_parallel_size=self.pipeline_parallel_size
                 ),
                 speculative_config=self._speculative_config(model_config),
+                kv_transfer_config=(
+                    _kv_transfer_config(cfg, self.kv_connector)
+                    if self.kv_connector is not None
+                    else None
+                ),
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
             raise ConfigError(
@@ -662,6 +675,25 @@ def vllm_config_error(err: ValueError) -> str:
         if line.startswith("Value error,"):
             return line.removeprefix("Value error,").split(" [type=")[0].strip()[:200]
     return (lines[1] if len(lines) > 1 else lines[0] if lines else type(err).__name__)[:200]
+
+
+#: vLLM's `kv_load_failure_policy` values: retry a failed KV load by recomputing, or end the
+#: request with an error (vLLM's default).
+KV_FAILURE_POLICIES = ("recompute", "fail")
+#: Where vLLM's `KVConnectorFactory` finds the connector `kv_connector=` configures.
+KV_CONNECTOR_MODULE = "integrations.vllm.kv_connector"
+KV_CONNECTOR_NAME = "SchedspecKvConnector"
+
+
+def _kv_transfer_config(cfg: Any, policy: str) -> Any:
+    """vLLM's `KVTransferConfig` for `integrations.vllm.kv_connector`'s connector, in both
+    roles (it loads and sends), with `kv_load_failure_policy` `policy`."""
+    return cfg.KVTransferConfig(
+        kv_connector=KV_CONNECTOR_NAME,
+        kv_connector_module_path=KV_CONNECTOR_MODULE,
+        kv_role="kv_both",
+        kv_load_failure_policy=policy,
+    )
 
 
 def build_scheduler(

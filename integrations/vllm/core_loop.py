@@ -166,7 +166,9 @@ class BatchQueueLoop(Generic[CountsT]):
         call, so the queue only shrank), `admission_order` (a request scheduled for the first
         time passes no waiting, never-scheduled request before it in the policy's order; a
         resumed request may be skipped while its stale output drains, a fresh one never; one
-        waiting for its grammar to compile may be passed, as vLLM skips it by design)."""
+        waiting for its grammar to compile, or for its KV to load through a KV connector, may
+        be passed, as vLLM skips it by design; a request given blocks to load its KV into is
+        admitted in that call, since vLLM then serves it before the waiting queue)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -192,13 +194,22 @@ class BatchQueueLoop(Generic[CountsT]):
                     f"{where} preempted {sorted(preempted)} of running {before}; the "
                     f"{order} {len(preempted)} are {sorted(expected)}",
                 )
-        admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
         waiting = [*self.sched.kv_holding_waiting, *self.sched.waiting]
-        # vLLM skips a request whose grammar is still compiling, by design: it may be passed
+        admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
+        # a request given blocks to load its KV into (KV connector) is admitted then
+        admitted += [
+            r.request_id
+            for r in waiting
+            if waiting_for_remote_kv(r) and r.request_id not in self.ever_scheduled
+        ]
+        # vLLM skips a request whose grammar is still compiling, or whose KV is still loading
+        # from a KV connector, by design: it may be passed
         fresh = [
             r.request_id
             for r in waiting
-            if r.request_id not in self.ever_scheduled and not waiting_for_grammar(r)
+            if r.request_id not in self.ever_scheduled
+            and not waiting_for_grammar(r)
+            and not waiting_for_remote_kv(r)
         ]
         for rid in admitted:
             key = self.queue_key(rid, priority)
@@ -359,6 +370,11 @@ def waiting_for_grammar(request: Any) -> bool:
     return bool(request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR")
 
 
+def waiting_for_remote_kv(request: Any) -> bool:
+    """vLLM request `request` waits for its KV to load through a KV connector."""
+    return bool(request.status.name == "WAITING_FOR_REMOTE_KVS")
+
+
 def run_named(async_scheduling: bool, run: Callable[[bool], RunT]) -> RunT:
     """`run(async_scheduling)`; a violation is raised again with the loop named
     (`"[rule] async loop: ..."`)."""
@@ -453,13 +469,19 @@ def _raised(err: BaseException) -> str:
 
 def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
     """`pool_accounting` of a vLLM scheduler: every non-null block free or held, not both; one
-    holder each without prefix caching; with it, reference count = holders."""
+    holder each without prefix caching; with it, reference count = holders. A block whose free
+    vLLM defers until a step in flight is done (`deferred_frees`: a KV connector's consumer
+    under async scheduling) is held by that free."""
     pool = sched.kv_cache_manager.block_pool
     free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null}
     holders: dict[int, list[str]] = {}
     for rid, table in block_tables(sched).items():
         for b in table:
             holders.setdefault(b, []).append(rid)
+    for fence, blocks in getattr(sched, "deferred_frees", ()):
+        for block in blocks:
+            if not block.is_null:
+                holders.setdefault(block.block_id, []).append(f"a free deferred to step {fence}")
     for b, rids in sorted(holders.items()):
         if b in free:
             raise EngineCoreViolation(
@@ -505,4 +527,5 @@ __all__ = [
     "check_program_steps",
     "run_both",
     "run_named",
+    "waiting_for_remote_kv",
 ]

@@ -64,6 +64,15 @@ token such a request samples is sampled under the row of its grammar as it stand
 `integrations.vllm.grammar_rows`) and `draft_grammar` (the drafts vLLM schedules for it are
 ones its grammar admits).
 
+With `kv_connector` = a failure policy (`recompute` or `fail`, vLLM's
+`kv_load_failure_policy`) both loops serve a KV connector, `integrations.vllm.kv_connector`'s:
+vLLM loads its class, the loop runs its worker (asynchronous loads that may fail, sends of
+finished requests' KV), and two rules are added: `transfer_blocks_held` (a transfer's blocks
+are not free, and a load's are its request's alone, until the transfer is reported) and
+`load_before_compute` (no request is scheduled while its load is in flight);
+`cache_hit_written` then also counts what a load wrote, so a request that starts from KV that
+never arrived fails it, and a transfer never reported fails `progress`.
+
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
 structured output). The content rule fixes every output and reason, so it also says that both
@@ -105,6 +114,7 @@ from integrations.vllm.core_loop import (
 )
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
+from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -120,6 +130,8 @@ RULES = (
     "grammar_mask",
     "draft_grammar",
     "cache_hit_written",
+    "load_before_compute",
+    "transfer_blocks_held",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -164,6 +176,12 @@ class CoreRun:
     reasoning_rows: int = 0  # of those, reasoning tokens (their rows unconstrained)
     grammar_waits: int = 0  # requests left waiting for their grammar, per schedule
     grammar_errors: int = 0  # requests ended with an error as their grammar does not compile
+    loads: int = 0  # KV loads from the remote store (KV connector)
+    loads_failed: int = 0  # of those, failed as a whole
+    blocks_invalid: int = 0  # of those, failed in one block
+    sends: int = 0  # finished requests whose KV was sent
+    aborted_loading: int = 0  # aborts of a request whose KV load was in flight
+    load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
 
 
 @dataclass
@@ -175,6 +193,8 @@ class _Counts(LoopCounts):
     reasoning_rows: int = 0
     grammar_waits: int = 0
     grammar_errors: int = 0
+    aborted_loading: int = 0
+    load_errors: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -184,7 +204,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     pipeline stages with its V2 model runner, the loop keeps vLLM's `max_concurrent_batches`
     (p + 1) batches in flight, and `pp_cadence` binds. With `speculative_tokens` = k > 0 vLLM
     schedules up to k drafts a decode step and `integrations.vllm.speculative.SpeculativeModel`
-    (its draws seeded by `draft_seed`) runs the batches."""
+    (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure
+    policy) vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker
+    are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`)."""
 
     def __init__(
         self,
@@ -200,6 +222,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         late_grammars: bool = False,
         reasoning: bool = False,
         draft_seed: int = 0,
+        kv_connector: str | None = None,
+        remote_kv: RemoteKv | None = None,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -212,7 +236,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             speculative_method=speculative_method,
             structured_output=structured_output,
             reasoning=reasoning,
+            kv_connector=kv_connector,
         )
+        #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
+        self.remote: RemoteKv | None = None
+        if kv_connector is not None:
+            self.remote = remote_kv or RemoteKv(draft_seed, config.block_size)
+            self.impl.sched.connector.remote = self.remote
         if mutate is not None:
             mutate(self.impl.sched)
         super().__init__(
@@ -224,8 +254,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
+        # a KV load's blocks are read as a prefix-cache hit's: checked the same way
         self.writes: CacheWrites | None = (
-            CacheWrites(config.block_size) if config.enable_prefix_caching else None
+            CacheWrites(config.block_size)
+            if config.enable_prefix_caching or kv_connector is not None
+            else None
         )
         outputs = self.impl.v.outputs
         self.model: SpeculativeModel | None = (
@@ -272,17 +305,26 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Abort a live request (one already finished or never submitted: nothing)."""
         if request_id not in self.outputs or request_id in self.reasons:
             return
+        if self.remote is not None and ("load", request_id) in self.remote.in_flight:
+            self.n.aborted_loading += 1
         self.finish(request_id, lambda: self.impl.abort(request_id))
 
     def run(self, program: CoreProgram) -> CoreRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did."""
         self.play(program.arrivals, program.aborts, self.submit, self.abort)
-        drafts = asdict(self.model.counts) if self.model is not None else {}
+        counts: dict[str, int] = {}
+        if self.model is not None:
+            counts.update(asdict(self.model.counts))
+        if self.remote is not None:
+            self.remote.check_done()
+            transfers = asdict(self.remote.counts)
+            del transfers["aborted_loading"]  # the loop counts those (`abort`)
+            counts.update(transfers)
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
             **asdict(self.n),
-            **drafts,
+            **counts,
         )
 
     # ------------------------------------------------------------------ the loop's hooks
@@ -313,6 +355,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out, cfg.block_size)
+        if self.remote is not None:
+            self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
         if self.writes is not None:
             self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
@@ -330,7 +374,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         structured output is on (`get_grammar_bitmask`, as `EngineCore.step` and
         `step_with_batch_queue` call it right after scheduling)."""
         grammar = self._grammar(out) if self.structured else None
-        return self.sample(out, grammar)
+        return self.transfer(out, self.sample(out, grammar))
 
     def defers(self, out: Any) -> bool:
         """vLLM's `pending_structured_output_tokens` (async: a structured-output request of the
@@ -357,7 +401,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "update_draft_token_ids_in_output",
                 lambda: self.sched.update_draft_token_ids_in_output(drafts, out),
             )
-        output = self.sample(out, self._grammar(out))
+        output = self.transfer(out, self.sample(out, self._grammar(out)))
         if self.writes is not None and model is not None:
             self.writes.record(self.sched, out, self._deferred_tables, self._valid)
         return output
@@ -379,6 +423,22 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
         self.n.guided_rows += rows.checked
         self.n.reasoning_rows += rows.reasoning
+        return output
+
+    def transfer(self, out: Any, output: Any) -> Any:
+        """With a KV connector, the worker's side of batch `out` (`RemoteKv.execute`): start its
+        transfers, report those due in `output` (`kv_connector_output`), and record the blocks
+        each reported load wrote, for `cache_hit_written`. Returns `output`."""
+        if self.remote is None:
+            return output
+        meta = out.kv_connector_metadata
+        reported, loaded = self.remote.execute(meta, self.impl.v.outputs)
+        output.kv_connector_output = reported
+        if self.writes is not None:
+            for t in loaded:
+                for k, block in enumerate(t.blocks, start=t.first):
+                    if block >= 0:
+                        self.writes.written[block] = (t.request, k)
         return output
 
     def _grammar(self, out: Any) -> Any:
@@ -408,8 +468,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
 
     def check_pool(self, where: str) -> None:
-        """`pool_accounting`, counting references when prefix caching is on."""
+        """`pool_accounting`, counting references when prefix caching is on; with a KV
+        connector also `transfer_blocks_held`."""
         check_pool(self.sched, self.config.enable_prefix_caching, where)
+        if self.remote is not None:
+            pool = self.sched.kv_cache_manager.block_pool
+            free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
+            self.remote.check_held(free, block_tables(self.sched), where)
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
@@ -425,10 +490,20 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 )
             self.n.grammar_errors += reason == "error"
             return
+        reason = self.reasons.get(rid)
+        if (
+            reason == "error"
+            and self.remote is not None
+            and self.impl.kv_connector == "fail"
+            and rid in self.remote.failed
+        ):
+            # vLLM's default policy ends a request whose load failed, with what it had
+            self.n.load_errors += 1
+            reason = ABORTED
         check_content(
             rid,
             tokens,
-            self.reasons.get(rid),
+            reason,
             max_tokens=spec.max_tokens,
             stop_after=spec.stop_after,
             token=lambda i: self.impl._token(rid, i),
@@ -473,7 +548,9 @@ class LoopOptions:
     batch rather than the last batch's (`SpeculativeModel.take_drafts`); `late_grammars`
     compiles each grammar some engine steps after submission, and one in six not at all
     (`integrations.vllm.structured.LateGrammars`); `reasoning` gives every guided request 1-3
-    reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`)."""
+    reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`);
+    `kv_connector` (a `kv_load_failure_policy`) serves both loops with
+    `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -484,6 +561,7 @@ class LoopOptions:
     keyed_drafts: bool = False
     late_grammars: bool = False
     reasoning: bool = False
+    kv_connector: str | None = None
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -509,6 +587,7 @@ class LoopOptions:
             reasoning=self.reasoning,
             # each program its own draws (one seed for all would reject every first draft alike)
             draft_seed=zlib.crc32(repr(program).encode()),
+            kv_connector=self.kv_connector,
         )
         return loop.run(program)
 

@@ -30,12 +30,13 @@ def installed_text(module: str) -> str:
 
 
 class ScheduleFix:
-    """Candidate fixes of vLLM 0.33.0's `Scheduler.schedule`, edits of its `scheduler.py`
-    (`fixes`, made in the order given), given to one built scheduler at a time: `fix_set` is
-    their `FixSet` (what `scripts/engine_fixes_diff.py` prints), `schedule()` the fixed method
-    (compiled once, on first use), `as_diff()` the patch, `apply(sched)` gives `sched` the
-    fixed method through a subclass of its class (no other scheduler changes). Two fixes that
-    edit different statements of `schedule` compose: `ScheduleFix(a, b)`."""
+    """Candidate fixes of vLLM 0.33.0's `Scheduler` (most of them of `schedule`), edits of its
+    `scheduler.py` (`fixes`, made in the order given), given to one built scheduler at a time:
+    `fix_set` is their `FixSet` (what `scripts/engine_fixes_diff.py` prints), `methods()` the
+    fixed `Scheduler` methods the fixes declare, by name (compiled once, on first use),
+    `schedule()` the fixed `schedule`, `as_diff()` the patch, `apply(sched)` gives `sched` the
+    fixed methods through a subclass of its class (no other scheduler changes). Two fixes that
+    edit different statements compose: `ScheduleFix(a, b)`."""
 
     def __init__(self, *fixes: EngineFix) -> None:
         if not fixes:
@@ -51,13 +52,22 @@ class ScheduleFix:
         )
 
     @functools.cached_property
-    def _schedule(self) -> Any:
+    def _methods(self) -> dict[str, Any]:
         methods = self.fix_set.fixed_methods(self.names)
-        return methods[(SCHEDULER_MODULE, "Scheduler.schedule")]
+        prefix = "Scheduler."
+        return {
+            dotted.removeprefix(prefix): method
+            for (module, dotted), method in methods.items()
+            if module == SCHEDULER_MODULE and dotted.startswith(prefix)
+        }
+
+    def methods(self) -> dict[str, Any]:
+        """The fixed `Scheduler` methods by name, reading vLLM's module globals."""
+        return dict(self._methods)
 
     def schedule(self) -> Any:
         """vLLM's `Scheduler.schedule` with the fixes made, reading vLLM's module globals."""
-        return self._schedule
+        return self._methods["schedule"]
 
     def as_diff(self) -> str:
         """The fixes as a unified diff of the installed vLLM's `scheduler.py` (paths as `git
@@ -65,9 +75,9 @@ class ScheduleFix:
         return self.fix_set.as_diff(self.names)
 
     def apply(self, sched: Any) -> None:
-        """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed `schedule`."""
+        """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed methods."""
         cls = type(sched)
-        sched.__class__ = type(cls.__name__, (cls,), {"schedule": self.schedule()})
+        sched.__class__ = type(cls.__name__, (cls,), self.methods())
 
 
 __all__ = [

@@ -1,0 +1,327 @@
+"""A KV connector for vLLM 0.33.0's scheduler, and the remote KV store and worker behind it.
+
+vLLM's scheduler serves disaggregated prefill and KV offloading through a KV connector
+(`vllm.distributed.kv_transfer.kv_connector.v1.base.KVConnectorBase_V1`): its scheduler side
+says how many of a waiting request's tokens a remote store holds (`get_num_new_matched_tokens`),
+learns the blocks allocated to load them into (`update_state_after_alloc`), hands the worker
+each step's transfers (`build_connector_meta`) and, when a request finishes, may keep its blocks
+while they are sent (`request_finished` returning True); the worker reports, in a later
+step's `ModelRunnerOutput.kv_connector_output`, the loads done (`finished_recving`), those that
+failed (`failed_recving`, or `invalid_block_ids` for single blocks) and the sends done
+(`finished_sending`). Meanwhile the scheduler parks a loading request in
+`WAITING_FOR_REMOTE_KVS`, frees an aborted one's blocks only once its load is reported, and
+frees a sent one's only once its send is.
+
+`SchedspecKvConnector` is a real connector class, loaded by vLLM's own `KVConnectorFactory`
+from `kv_connector_module_path` (this module); every decision it makes is `RemoteKv`'s:
+
+- the store holds, for each request, none, half or all of its prompt (a hash of the request id
+  and the store's seed), and offers what lies beyond the request's computed tokens, loaded
+  asynchronously (a P/D decode instance, or an offloading store, read again after a preemption);
+- every other request is a producer: when it finishes (not aborted) its blocks are sent, and
+  vLLM must keep them until the send is reported;
+- the worker starts a step's transfers when the step's batch runs (`execute`) and reports each
+  0 to 2 batches later; a load fails with probability 1/6 as a whole (`failed_recving`) and
+  1/6 in one block (`invalid_block_ids`).
+
+What `RemoteKv` checks (`integrations.vllm.engine_core` calls it): `transfer_blocks_held`
+(while a transfer is in flight its blocks are not free, and a load's are held by its request
+alone), `load_before_compute` (a request is scheduled no tokens while its load is in flight)
+and, once drained, `progress` (every transfer was reported). It also says which blocks a load
+wrote, for `cache_hit_written`. Depends on `spec` and the adapter's helpers; vLLM is imported
+only when vLLM asks this module for the connector class.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from integrations.vllm.adapter import KV_CONNECTOR_NAME
+from integrations.vllm.core_loop import EngineCoreViolation
+
+
+@dataclass
+class Transfer:
+    """One load into, or send from, request `rid`'s blocks `blocks` (`first`: the index of
+    the first in the request's block table); `started` and `due` are the batches (counted by
+    `RemoteKv.execute`) in which the worker starts it and reports it."""
+
+    kind: str  # "load" or "send"
+    rid: str
+    request: Any  # vLLM's Request
+    blocks: tuple[int, ...]
+    first: int
+    started: int | None = None
+    due: int | None = None
+
+
+@dataclass
+class TransferCounts:
+    """How often the connector's paths were taken."""
+
+    loads: int = 0
+    loads_failed: int = 0  # the whole load failed (failed_recving)
+    blocks_invalid: int = 0  # one block of the load failed (invalid_block_ids)
+    sends: int = 0
+    aborted_loading: int = 0  # aborts of a request whose load was in flight
+
+
+@dataclass
+class _Metadata:
+    """What `build_connector_meta` hands the worker: the transfers started since the last
+    step."""
+
+    transfers: list[Transfer] = field(default_factory=list)
+
+
+class RemoteKv:
+    """The remote KV store and the connector's worker, seeded by `seed`."""
+
+    def __init__(self, seed: int, block_size: int) -> None:
+        self.seed = seed
+        self.block_size = block_size
+        self.rng = random.Random(seed)
+        self.pending: list[Transfer] = []  # registered, not yet handed to the worker
+        self.in_flight: dict[tuple[str, str], Transfer] = {}  # (kind, rid) -> transfer
+        self.batches = 0
+        self.failed: set[str] = set()  # requests with a failed load
+        self.counts = TransferCounts()
+        self._local: dict[str, int] = {}  # request -> its computed tokens when last matched
+
+    # ------------------------------------------------------------ what the store holds
+    def _hash(self, rid: str, salt: str) -> int:
+        return zlib.crc32(f"{self.seed}:{salt}:{rid}".encode())
+
+    def remote_tokens(self, request: Any) -> int:
+        """How many of `request`'s prompt tokens the store holds: none, half or all; never a
+        one-token prompt whole (see `matched`)."""
+        share = self._hash(request.request_id, "load") % 3
+        prompt = request.num_prompt_tokens
+        return 0 if prompt == 1 else (prompt * share) // 2
+
+    def produces(self, rid: str) -> bool:
+        """Whether request `rid`'s KV is sent when it finishes (every other request)."""
+        return self._hash(rid, "send") % 2 == 0
+
+    # ------------------------------------------------------------ the scheduler side
+    def matched(self, request: Any, num_computed_tokens: int) -> int:
+        """`get_num_new_matched_tokens`: the remote tokens beyond the computed ones (vLLM's
+        local prefix-cache hit included), offered again at every lookup (after a preemption or
+        a failed load), as vLLM's offloading connector does. A hit of a whole prompt makes vLLM
+        recompute its last token; for a one-token prompt that leaves nothing computed, so vLLM
+        looks it up again and loads it again, for ever. A store of whole blocks never holds a
+        one-token prompt at the block sizes engines use, so this store does not either."""
+        self._local[request.request_id] = num_computed_tokens
+        return max(0, self.remote_tokens(request) - num_computed_tokens)
+
+    def allocated(self, request: Any, block_ids: Iterable[int], num_external: int) -> None:
+        """`update_state_after_alloc`: load `num_external` tokens after the request's computed
+        ones into its blocks."""
+        if num_external <= 0:
+            return
+        bs = self.block_size
+        start = self._local.get(request.request_id, 0)
+        table = tuple(block_ids)
+        first, end = start // bs, -(-(start + num_external) // bs)
+        self._register(Transfer("load", request.request_id, request, table[first:end], first))
+        self.counts.loads += 1
+
+    def finished(self, request: Any, block_ids: Iterable[int]) -> bool:
+        """`request_finished`: send a producer's computed blocks if it finished by stopping or
+        at its length (not aborted, nor ended with an error), as vLLM's connectors send or store
+        only what a request computed; True (vLLM keeps the blocks until the send is reported)
+        if there is anything to send."""
+        blocks = tuple(block_ids)
+        if not blocks or not self.produces(request.request_id):
+            return False
+        if request.status.name not in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
+            return False
+        self._register(Transfer("send", request.request_id, request, blocks, 0))
+        self.counts.sends += 1
+        return True
+
+    def _register(self, transfer: Transfer) -> None:
+        key = (transfer.kind, transfer.rid)
+        if key in self.in_flight:
+            raise EngineCoreViolation(
+                "implementation_error",
+                f"a second {transfer.kind} of {transfer.rid!r} while one is in flight",
+            )
+        self.in_flight[key] = transfer
+        self.pending.append(transfer)
+
+    def metadata(self) -> _Metadata:
+        """`build_connector_meta`: the transfers registered since the last call."""
+        meta = _Metadata(self.pending)
+        self.pending = []
+        return meta
+
+    # ------------------------------------------------------------ the worker
+    def execute(self, meta: Any, outputs: Any) -> tuple[Any, list[Transfer]]:
+        """Run one batch's worker side: start `meta`'s transfers, then report those due
+        (vLLM's `KVConnectorOutput` from `outputs`, or None), and return the loads reported
+        with the blocks each wrote (a failed block as -1, a failed load not at all), for
+        `cache_hit_written`."""
+        self.batches += 1
+        now = self.batches
+        for t in getattr(meta, "transfers", ()):
+            t.started, t.due = now, now + self.delay(t)
+        recving: set[str] = set()
+        failed: set[str] = set()
+        invalid: set[int] = set()
+        sending: set[str] = set()
+        loaded: list[Transfer] = []
+        for key, t in list(self.in_flight.items()):
+            if t.due is None or t.due > now:
+                continue
+            del self.in_flight[key]
+            if t.kind == "send":
+                sending.add(t.rid)
+                continue
+            recving.add(t.rid)
+            outcome = self.outcome(t)
+            if outcome == "failed":
+                failed.add(t.rid)
+                self.failed.add(t.rid)
+                self.counts.loads_failed += 1
+            elif isinstance(outcome, int):
+                bad = t.blocks[outcome]
+                invalid.add(bad)
+                self.failed.add(t.rid)
+                self.counts.blocks_invalid += 1
+                written = tuple(b if b != bad else -1 for b in t.blocks)
+                loaded.append(Transfer("load", t.rid, t.request, written, t.first))
+            else:
+                loaded.append(t)
+        if not (recving or sending):
+            return None, loaded
+        output = outputs.KVConnectorOutput(
+            finished_sending=sending or None,
+            finished_recving=recving or None,
+            invalid_block_ids=invalid,
+            failed_recving=failed,
+        )
+        return output, loaded
+
+    def delay(self, transfer: Transfer) -> int:
+        """In how many batches after the one that starts it `transfer` is reported: 0 to 2."""
+        return self.rng.randrange(3)
+
+    def outcome(self, load: Transfer) -> str | int:
+        """How `load` ends: "ok", "failed" (as a whole, 1 in 6) or the index in `load.blocks`
+        of the one block that failed (1 in 6)."""
+        draw = self.rng.randrange(6)
+        if draw == 0:
+            return "failed"
+        if draw == 1 and load.blocks:
+            return self.rng.randrange(len(load.blocks))
+        return "ok"
+
+    # ------------------------------------------------------------ checks
+    def check_scheduled(self, scheduled: Iterable[str], where: str) -> None:
+        """`load_before_compute`: no request with a load in flight is scheduled."""
+        for rid in scheduled:
+            if ("load", rid) in self.in_flight:
+                raise EngineCoreViolation(
+                    "load_before_compute",
+                    f"{where} scheduled {rid!r}, whose KV load is still in flight",
+                )
+
+    def check_held(self, free: set[int], tables: Mapping[str, tuple[int, ...]], where: str) -> None:
+        """`transfer_blocks_held`: no block of a transfer in flight is free; a load's blocks
+        are held by its request alone."""
+        holders: dict[int, list[str]] = {}
+        for rid, table in tables.items():
+            for b in table:
+                holders.setdefault(b, []).append(rid)
+        for t in self.in_flight.values():
+            for b in t.blocks:
+                state = "unstarted" if t.started is None else "in flight"
+                if b in free:
+                    raise EngineCoreViolation(
+                        "transfer_blocks_held",
+                        f"{where}: block {b} is free, but the {t.kind} of {t.rid!r} "
+                        f"({state}) still uses it",
+                    )
+                others = [r for r in holders.get(b, ()) if r != t.rid]
+                if t.kind == "load" and others:
+                    raise EngineCoreViolation(
+                        "transfer_blocks_held",
+                        f"{where}: block {b} is held by {others}, but the load of {t.rid!r} "
+                        f"({state}) is writing it",
+                    )
+
+    def check_done(self) -> None:
+        """`progress` once drained: every transfer was reported."""
+        if self.in_flight:
+            left = sorted(f"{kind} of {rid!r}" for kind, rid in self.in_flight)
+            raise EngineCoreViolation(
+                "progress", f"drained, but transfers were never reported: {', '.join(left)}"
+            )
+
+
+def _connector_class() -> type:
+    """`SchedspecKvConnector`, a subclass of vLLM's `KVConnectorBase_V1` (imported now)."""
+    base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
+
+    class Metadata(base.KVConnectorMetadata):  # type: ignore[misc, name-defined]
+        def __init__(self, meta: _Metadata) -> None:
+            self.transfers = meta.transfers
+
+    class SchedspecKvConnector(base.KVConnectorBase_V1):  # type: ignore[misc, name-defined]
+        """The scheduler side of a KV connector whose every decision is `remote`'s (set by the
+        loop once vLLM has built it). The worker-side methods are never called: the loop runs
+        the worker (`RemoteKv.execute`)."""
+
+        remote: RemoteKv
+
+        def get_num_new_matched_tokens(
+            self, request: Any, num_computed_tokens: int
+        ) -> tuple[int, bool]:
+            n = self.remote.matched(request, num_computed_tokens)
+            return n, n > 0
+
+        def update_state_after_alloc(
+            self, request: Any, blocks: Any, num_external_tokens: int
+        ) -> None:
+            self.remote.allocated(request, blocks.get_block_ids()[0], num_external_tokens)
+
+        def build_connector_meta(self, scheduler_output: Any) -> Any:
+            return Metadata(self.remote.metadata())
+
+        def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+            return self.remote.finished(request, block_ids), None
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            raise NotImplementedError("the loop runs the worker side")
+
+        def wait_for_layer_load(self, layer_name: str) -> None:
+            raise NotImplementedError("the loop runs the worker side")
+
+        def save_kv_layer(
+            self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+        ) -> None:
+            raise NotImplementedError("the loop runs the worker side")
+
+        def wait_for_save(self) -> None:
+            raise NotImplementedError("the loop runs the worker side")
+
+    return SchedspecKvConnector
+
+
+def __getattr__(name: str) -> Any:
+    """vLLM's factory reads `SchedspecKvConnector` here; it is built on first read, so that
+    importing this module does not import vLLM."""
+    if name == KV_CONNECTOR_NAME:
+        cls = _connector_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["RemoteKv", "Transfer", "TransferCounts"]

@@ -1,0 +1,113 @@
+"""Candidate fixes for two findings in vLLM 0.33.0's KV connector path, where a request's KV
+load fails as a whole under `kv_load_failure_policy="recompute"`, applied to one built
+scheduler so that the engine-core checks can validate them.
+
+The findings (docs/engines.md, "KV connectors: loads, sends and failures"): an asynchronous KV
+load reserves the blocks its request still needs (`Scheduler._inflight_prefills`, summed by
+`_inflight_prefill_reserved_blocks`), and `schedule()` admits another asynchronous load only
+into the free blocks left after every such reservation. When a load fails as a whole,
+`_update_waiting_for_remote_kv` frees the request's blocks and promotes it to waiting, but
+
+- leaves it in `_inflight_prefills`, reserving the blocks it no longer holds: a connector that
+  offers the hit again (vLLM's offloading connector looks every request up afresh) makes its
+  retry an asynchronous load too, whose admission subtracts that stale reservation (all its
+  blocks) from the free blocks, so it needs its prompt's blocks twice, and every other
+  asynchronous load is admitted only beside it; if that is more than the pool has free, no
+  such load is ever admitted (`drop-stale-reservation` takes it out of `_inflight_prefills`
+  when its blocks are freed);
+- leaves it at the head of the queue of requests holding KV (`kv_holding_waiting`, served
+  first, which it no longer belongs to): when its retry does not fit beside the other loads'
+  reservations the waiting loop stops there, so the loads behind it, done, are never promoted
+  and never free their blocks (`requeue-failed-load` moves it to the waiting queue).
+
+Either way, with nothing running the engine steps for ever. Each fix is an edit of its own
+statement of vLLM's `vllm/v1/core/sched/scheduler.py` (`_update_waiting_for_remote_kv` and
+`schedule`), so they compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints both as a patch,
+`apply_kv_load_fixes(sched)` gives one built scheduler the edited methods through a subclass
+of its class (`apply_drop_stale_reservation_fix`: the first alone). `FixDoesNotApply` if
+vLLM's file no longer has a statement a fix edits.
+"""
+
+from __future__ import annotations
+
+from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
+from integrations.vllm.patches import ScheduleFix
+
+DROP_STALE_RESERVATION = "drop-stale-reservation"
+
+#: What a load that failed as a whole does with a request that has no valid token left.
+_FREED = (
+    "                # No valid computed tokens, release allocated blocks.\n"
+    "                # There may be a local cache hit on retry.\n"
+    "                # (Freed blocks are re-recorded for zeroing when\n"
+    "                # reallocated, so the skipped blocks need no handling.)\n"
+    "                self.kv_cache_manager.free(request)\n"
+)
+_FREED_AND_UNRESERVED = _FREED + (
+    "                # It holds no blocks and loads nothing now: its in-flight\n"
+    "                # reservation is stale (a retry that loads again reserves anew).\n"
+    "                self._inflight_prefills.discard(request)\n"
+)
+
+DROP_STALE_RESERVATION_FIX = EngineFix(
+    DROP_STALE_RESERVATION,
+    ((MODULE, _FREED, _FREED_AND_UNRESERVED),),
+    ((MODULE, "Scheduler._update_waiting_for_remote_kv"),),
+    "a request whose KV load failed as a whole and freed its blocks gives up its in-flight "
+    "reservation, which it kept: its own retry and every other asynchronous load were admitted "
+    "only beside it, and one that did not fit never got in (the engine hung)",
+)
+
+REQUEUE_FAILED_LOAD = "requeue-failed-load"
+
+#: Where the waiting loop promotes a request whose load is done.
+_PROMOTED = (
+    "                ready_to_schedule = self._handle_blocked_waiting_request(request)\n"
+    "                if not ready_to_schedule:\n"
+    "                    skip_request(request_queue)\n"
+    "                    continue\n"
+)
+_PROMOTED_OR_REQUEUED = _PROMOTED + (
+    "                if (\n"
+    "                    request_queue is self.kv_holding_waiting\n"
+    "                    and not self._holds_kv_blocks(request)\n"
+    "                ):\n"
+    "                    # Its load failed and freed its blocks: it queues as waiting\n"
+    "                    # again, not ahead of the loads that hold theirs.\n"
+    "                    skip_request(request_queue)\n"
+    "                    continue\n"
+)
+
+REQUEUE_FAILED_LOAD_FIX = EngineFix(
+    REQUEUE_FAILED_LOAD,
+    ((MODULE, _PROMOTED, _PROMOTED_OR_REQUEUED),),
+    ((MODULE, "Scheduler.schedule"),),
+    "a request whose KV load failed and freed its blocks queues as waiting again instead of "
+    "heading the queue of requests holding KV, where a retry that does not fit kept every "
+    "finished load behind it from being promoted (the engine hung)",
+)
+
+#: Both fixes, each an edit of its own statement (they compose).
+KV_LOAD_SCHEDULE = ScheduleFix(DROP_STALE_RESERVATION_FIX, REQUEUE_FAILED_LOAD_FIX)
+KV_LOAD_FIXES = KV_LOAD_SCHEDULE.fix_set
+#: Give one built `Scheduler` or `AsyncScheduler` both fixes.
+apply_kv_load_fixes = KV_LOAD_SCHEDULE.apply
+#: Give one built scheduler `drop-stale-reservation` alone.
+apply_drop_stale_reservation_fix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
+#: Both fixes as a unified diff of the installed vLLM's `scheduler.py`.
+fix_as_diff = KV_LOAD_SCHEDULE.as_diff
+
+
+__all__ = [
+    "DROP_STALE_RESERVATION",
+    "DROP_STALE_RESERVATION_FIX",
+    "KV_LOAD_FIXES",
+    "KV_LOAD_SCHEDULE",
+    "REQUEUE_FAILED_LOAD",
+    "REQUEUE_FAILED_LOAD_FIX",
+    "FixDoesNotApply",
+    "apply_drop_stale_reservation_fix",
+    "apply_kv_load_fixes",
+    "fix_as_diff",
+]
