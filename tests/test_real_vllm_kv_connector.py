@@ -65,7 +65,7 @@ class _OneFailedLoad(RemoteKv):
 
     def __init__(self, *, reoffer: bool, block_size: int) -> None:
         super().__init__(0, block_size)
-        self.reoffer = reoffer
+        self.reoffer: bool = reoffer
 
     def remote_tokens(self, request: Any) -> int:
         return int(request.num_prompt_tokens) if request.request_id == "r0" else 0
@@ -181,7 +181,7 @@ class _WholePrompts(RemoteKv):
 
     def __init__(self, *, hit: bool) -> None:
         super().__init__(0, 1)
-        self.hit = hit
+        self.hit: bool = hit
 
     def remote_tokens(self, request: Any) -> int:
         return int(request.num_prompt_tokens) if self.hit else 0

@@ -83,14 +83,14 @@ class RemoteKv:
     """The remote KV store and the connector's worker, seeded by `seed`."""
 
     def __init__(self, seed: int, block_size: int) -> None:
-        self.seed = seed
-        self.block_size = block_size
-        self.rng = random.Random(seed)
+        self.seed: int = seed
+        self.block_size: int = block_size
+        self.rng: random.Random = random.Random(seed)
         self.pending: list[Transfer] = []  # registered, not yet handed to the worker
         self.in_flight: dict[tuple[str, str], Transfer] = {}  # (kind, rid) -> transfer
-        self.batches = 0
+        self.batches: int = 0  # batches the worker ran
         self.failed: set[str] = set()  # requests with a failed load
-        self.counts = TransferCounts()
+        self.counts: TransferCounts = TransferCounts()
         self._local: dict[str, int] = {}  # request -> its computed tokens when last matched
 
     # ------------------------------------------------------------ what the store holds
