@@ -5,7 +5,8 @@
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail}]
-        [--fix {uncache-preempted,pad-what-fits,drop-stale-reservation,requeue-failed-load} ...]
+        [--fix {uncache-preempted,pad-what-fits,drop-stale-reservation,requeue-failed-load,
+                evict-failed-blocks,every-sharer-recomputes} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -33,11 +34,12 @@ at all (`integrations.vllm.structured.LateGrammars`); `--reasoning` gives each g
 1-3 reasoning tokens and a reasoning end before its guided content, with a reasoning parser
 that holds the grammar back until then (`integrations.vllm.structured.reasoner_class`).
 `--kv-connector POLICY` serves both loops with a KV connector (`integrations.vllm.kv_connector`:
-a remote store holding none, half or all of each prompt, loaded asynchronously, every other
-request's KV sent when it finishes, one load in three failing as a whole or in one block)
-under vLLM's `kv_load_failure_policy` POLICY; `--fix drop-stale-reservation` and
-`--fix requeue-failed-load` apply the fixes of its two findings
-(`integrations.vllm.kv_load_fixes`).
+a remote store holding none, half or all of each prompt, loaded between steps or, for one
+request in three, in the forward of the step that schedules it, every other request's KV sent
+when it finishes, one load in three failing as a whole or in one block) under vLLM's
+`kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads, and
+`--fix drop-stale-reservation`, `requeue-failed-load`, `evict-failed-blocks` and
+`every-sharer-recomputes` apply the fixes of its findings (`integrations.vllm.kv_load_fixes`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -63,7 +65,7 @@ from integrations.vllm.engine_core import (
     core_program,
     run_loop,
 )
-from integrations.vllm.kv_load_fixes import DROP_STALE_RESERVATION_FIX, REQUEUE_FAILED_LOAD_FIX
+from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.program_tally import (
@@ -82,13 +84,7 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
 FIXES = {
-    fix.name: fix
-    for fix in (
-        PREEMPTED_CACHE_FIX,
-        SPEC_PAD_FIX,
-        DROP_STALE_RESERVATION_FIX,
-        REQUEUE_FAILED_LOAD_FIX,
-    )
+    fix.name: fix for fix in (PREEMPTED_CACHE_FIX, SPEC_PAD_FIX, *KV_LOAD_SCHEDULE.fix_set.fixes)
 }
 
 COUNTS = (
@@ -109,6 +105,7 @@ COUNTS = (
     "grammar_waits",
     "grammar_errors",
     "loads",
+    "sync_loads",
     "loads_failed",
     "blocks_invalid",
     "sends",
@@ -133,6 +130,7 @@ MEANING = {
     "grammar_waits": "requests left waiting for their grammar, per schedule",
     "grammar_errors": "requests ended with an error (grammar does not compile)",
     "loads": "KV loads from the remote store (KV connector)",
+    "sync_loads": "of those, synchronous (in the step's forward)",
     "loads_failed": "of those, failed as a whole",
     "blocks_invalid": "of those, failed in one block",
     "sends": "finished requests whose KV was sent",
@@ -206,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sends of finished requests' KV) under this kv_load_failure_policy: recompute or fail",
     )
     parser.add_argument(
+        "--kv-async-loads-only",
+        action="store_true",
+        help="with --kv-connector: every load asynchronous (by default one request in three "
+        "loads synchronously, in the forward of the step that schedules it)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -226,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         late_grammars=args.late_grammars,
         reasoning=args.reasoning,
         kv_connector=args.kv_connector,
+        kv_sync_loads=not args.kv_async_loads_only,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -242,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts += " (grammars compiled late)" if args.late_grammars else ""
     drafts += " (after reasoning)" if args.reasoning else ""
     if args.kv_connector:
-        drafts += f"; a KV connector (failed loads: {args.kv_connector})"
+        loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
+        drafts += f"; a KV connector ({loads}, failed loads: {args.kv_connector})"
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -269,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "late_grammars": args.late_grammars,
                 "reasoning": args.reasoning,
                 "kv_connector": args.kv_connector,
+                "kv_async_loads_only": args.kv_async_loads_only,
             },
         )
     return 1 if tally.failures else 0

@@ -465,8 +465,8 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     SEEDED_BUGS, or its own test (`pp_cadence` below; `decode_position`, `draft_rows` and
     `drafts_skipped`, which need speculative decoding, in tests/test_real_vllm_speculative.py;
     `grammar_mask` and `draft_grammar`, which need structured output, in
-    tests/test_real_vllm_structured.py; `load_before_compute` and `transfer_blocks_held`, which
-    need a KV connector, in tests/test_real_vllm_kv_connector.py)."""
+    tests/test_real_vllm_structured.py; `load_before_compute`, `transfer_blocks_held` and
+    `kv_written`, which need a KV connector, in tests/test_real_vllm_kv_connector.py)."""
     from tests import test_real_vllm_kv_connector as kv_connector
     from tests import test_real_vllm_speculative as speculative
     from tests import test_real_vllm_structured as structured

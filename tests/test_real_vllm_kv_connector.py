@@ -1,9 +1,12 @@
 """vLLM 0.33.0's KV connector path in its engine-core loop (`integrations.vllm.kv_connector`:
 a real connector class that vLLM's own factory loads, a remote store and its worker), the
-checks it adds, and its findings: a request whose KV load failed counts its own reservation
-against itself when it loads again, and heads the queue of requests holding KV when it no
-longer holds any, stranding the finished loads behind it; with drafts, a load that fills the
-pool is never admitted.
+checks it adds, and its findings under `kv_load_failure_policy="recompute"`: a request whose
+KV load failed counts its own reservation against itself when it loads again, and heads the
+queue of requests holding KV when it no longer holds any, stranding the finished loads behind
+it; blocks computed over a failed block stay in the prefix cache; a second holder of a failed
+block reads it before it is recomputed; with drafts, a load that fills the pool is never
+admitted. And one known upstream: under async scheduling a failed synchronous load leaves
+the request's output placeholders counted (vLLM issue #45138).
 
 The first finding's program: one request r0, a 10-token prompt all in the remote store, a pool of 19
 usable blocks of one token; r0's first load fails as a whole, under
@@ -26,7 +29,7 @@ from typing import Any
 import pytest
 
 from integrations.vllm import MANIFEST
-from integrations.vllm.adapter import KV_FAILURE_POLICIES, SPACE, RealVllmScheduler
+from integrations.vllm.adapter import SPACE, RealVllmScheduler
 from integrations.vllm.engine_core import (
     RULES,
     CoreProgram,
@@ -38,10 +41,12 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.kv_connector import RemoteKv, Transfer
 from integrations.vllm.kv_load_fixes import (
+    KV_LOAD_FIXES,
     apply_drop_stale_reservation_fix,
     apply_kv_load_fixes,
     fix_as_diff,
 )
+from integrations.vllm.patches import ScheduleFix
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -64,7 +69,7 @@ class _OneFailedLoad(RemoteKv):
     without it, once (a P/D decode instance's remote prefill)."""
 
     def __init__(self, *, reoffer: bool, block_size: int) -> None:
-        super().__init__(0, block_size)
+        super().__init__(0, block_size, sync_loads=False)
         self.reoffer: bool = reoffer
 
     def remote_tokens(self, request: Any) -> int:
@@ -180,7 +185,7 @@ class _WholePrompts(RemoteKv):
     is sent."""
 
     def __init__(self, *, hit: bool) -> None:
-        super().__init__(0, 1)
+        super().__init__(0, 1, sync_loads=False)
         self.hit: bool = hit
 
     def remote_tokens(self, request: Any) -> int:
@@ -235,30 +240,49 @@ def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
-    """Two hunks of vLLM's `scheduler.py`: the promotion of a request whose load is done, and
-    what a load that failed as a whole leaves of its request."""
+    """Five hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load is
+    done, what a load that failed as a whole leaves of its request, a failed block's sharers,
+    and two evictions."""
     diff = fix_as_diff()
     assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
-    assert diff.count("@@ ") == 2
+    assert diff.count("@@ ") == 5
+    assert KV_LOAD_FIXES.names == (
+        "drop-stale-reservation",
+        "requeue-failed-load",
+        "evict-failed-blocks",
+        "every-sharer-recomputes",
+    )
     assert "+                self._inflight_prefills.discard(request)" in diff
     assert "+                    and not self._holds_kv_blocks(request)" in diff
 
 
-@LOOPS
-@pytest.mark.parametrize("policy", KV_FAILURE_POLICIES)
-def test_connector_programs_pass_with_the_fixes(async_scheduling: bool, policy: str) -> None:
-    """Forty random programs with the connector pass every check with the two fixes made, and
-    take its paths: loads that fail as a whole and in one block, sends, aborts during a
-    load."""
-    totals = dict.fromkeys(("loads", "loads_failed", "blocks_invalid", "sends"), 0)
-    totals["aborted_loading"] = totals["load_errors"] = 0
-    options = LoopOptions(kv_connector=policy, fix=apply_kv_load_fixes)
+@pytest.mark.parametrize(
+    ("async_scheduling", "policy", "sync_loads"),
+    [
+        (False, "recompute", True),
+        (False, "fail", True),
+        (True, "recompute", False),
+        (True, "fail", True),
+    ],
+    ids=["sync-recompute", "sync-fail", "async-recompute-async-loads", "async-fail"],
+)
+def test_connector_programs_pass_with_the_fixes(
+    async_scheduling: bool, policy: str, sync_loads: bool
+) -> None:
+    """Forty random programs with the connector pass every check with the fixes made, and take
+    its paths: synchronous and asynchronous loads, loads that fail as a whole and in one block,
+    sends, aborts during a load. (Async scheduling with synchronous loads under the recompute
+    policy meets vLLM issue #45138: below.)"""
+    names = ("loads", "sync_loads", "loads_failed", "blocks_invalid", "sends", "aborted_loading")
+    totals = dict.fromkeys((*names, "load_errors"), 0)
+    options = LoopOptions(kv_connector=policy, kv_sync_loads=sync_loads, fix=apply_kv_load_fixes)
     for seed in PROGRAMS:
         run = run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
         for name in totals:
             totals[name] += getattr(run, name)
-    assert all(totals[n] > 0 for n in ("loads", "loads_failed", "blocks_invalid", "sends")), totals
-    assert totals["aborted_loading"] > 0, totals
+    expected = [n for n in names if n != "sync_loads" or sync_loads]
+    assert all(totals[n] > 0 for n in expected), totals
+    assert (totals["sync_loads"] > 0) == sync_loads, totals
     assert (totals["load_errors"] > 0) == (policy == "fail"), totals
 
 
@@ -290,18 +314,39 @@ def _ignores_failed_loads(sched: Any) -> None:
     sched._handle_failed_recving = lambda _ids: set()
 
 
+def _keeps_running_on_failed_blocks(sched: Any) -> None:
+    """Seeded bug: a running request whose synchronous load failed in a block carries on as if
+    it had not."""
+    update = sched._update_requests_with_invalid_blocks
+
+    def patched(
+        requests: Any, invalid: set[int], scheduled: dict[str, int], evict_blocks: bool = True
+    ) -> Any:
+        if evict_blocks:  # the running requests' (synchronous loads')
+            return set(), 0, set()
+        return update(requests, invalid, scheduled, evict_blocks)
+
+    sched._update_requests_with_invalid_blocks = patched
+
+
 #: Each connector rule's seeded bug: (bug, the rule that catches it, what its message says).
 SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str], ...] = (
     (_frees_sending_blocks, "transfer_blocks_held", "is free, but the send of"),
     (_promotes_before_load, "load_before_compute", "whose KV load is still in flight"),
-    (_ignores_failed_loads, "cache_hit_written", "but no batch wrote it"),
+    (_ignores_failed_loads, "cache_hit_written", "starts from the prefix cache with block"),
+    (_keeps_running_on_failed_blocks, "kv_written", "running, reads block"),
 )
 
 
 @pytest.mark.parametrize(
     ("mutant", "rule", "says"),
     SEEDED_BUGS,
-    ids=["frees_sending_blocks", "promotes_before_load", "ignores_failed_loads"],
+    ids=[
+        "frees_sending_blocks",
+        "promotes_before_load",
+        "ignores_failed_loads",
+        "keeps_running_on_failed_blocks",
+    ],
 )
 def test_each_connector_rule_catches_its_seeded_bug(
     mutant: Callable[[Any], None], rule: str, says: str
@@ -326,11 +371,11 @@ def test_each_connector_rule_catches_its_seeded_bug(
 
 @LOOPS
 def test_finding_a_failed_load_heads_the_loads_and_strands_them(async_scheduling: bool) -> None:
-    """Program 959 (FCFS, prefix caching), with `drop-stale-reservation` made: r4's load
-    failed and freed its blocks, yet r4 still heads `kv_holding_waiting`; its retry does not
-    fit beside the reservations of r7 and r8, whose loads are done, and the waiting loop stops
-    at r4, so they are never promoted (`progress`). With `requeue-failed-load` too, it
-    passes."""
+    """Program 959 (FCFS, prefix caching; asynchronous loads only), with
+    `drop-stale-reservation` made: r4's load failed and freed its blocks, yet r4 still heads
+    `kv_holding_waiting`; its retry does not fit beside the reservations of r7 and r8, whose
+    loads are done, and the waiting loop stops at r4, so they are never promoted (`progress`).
+    With `requeue-failed-load` too, it passes."""
     program = core_program(959)
     loop = EngineCoreLoop(
         program.config,
@@ -338,6 +383,7 @@ def test_finding_a_failed_load_heads_the_loads_and_strands_them(async_scheduling
         kv_connector="recompute",
         mutate=apply_drop_stale_reservation_fix,
         draft_seed=_draft_seed(program),
+        kv_sync_loads=False,
     )
     with pytest.raises(EngineCoreViolation) as caught:
         loop.run(program)
@@ -348,8 +394,78 @@ def test_finding_a_failed_load_heads_the_loads_and_strands_them(async_scheduling
     assert not sched.kv_cache_manager.get_block_ids(head.request_id)[0]
     assert behind and all(r.status.name == "WAITING_FOR_REMOTE_KVS" for r in behind)
     assert all(r.request_id in sched.finished_recving_kv_req_ids for r in behind)
-    options = LoopOptions(kv_connector="recompute", fix=apply_kv_load_fixes)
+    options = LoopOptions(kv_connector="recompute", kv_sync_loads=False, fix=apply_kv_load_fixes)
     run_loop(program, async_scheduling=async_scheduling, options=options)
+
+
+def _fixes(*names: str) -> Callable[[Any], None]:
+    """The named fixes of `integrations.vllm.kv_load_fixes`, made together."""
+    return ScheduleFix(*(f for f in KV_LOAD_FIXES.fixes if f.name in names)).apply
+
+
+#: The two fixes of the hangs above.
+RESERVATION_FIXES = ("drop-stale-reservation", "requeue-failed-load")
+
+
+def _violation(seed: int, async_scheduling: bool, fix: Callable[[Any], None]) -> Any:
+    """The violation program `seed` (recompute policy) raises with `fix` made, or None."""
+    options = LoopOptions(kv_connector="recompute", fix=fix)
+    try:
+        run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
+    except EngineCoreViolation as err:
+        return err
+    return None
+
+
+def test_finding_blocks_computed_over_a_failed_block_stay_cached() -> None:
+    """Program 367, synchronous loop, the reservation fixes made: r10's synchronous load fails
+    in its first block; vLLM truncates r10 and recomputes, but under the recompute policy it
+    evicts neither the failed block nor the blocks that step computed over it; r10 is preempted
+    before it recomputes them, and on resuming hits its block 10, computed over the failed
+    block (`cache_hit_written`). With `evict-failed-blocks` too it passes."""
+    err = _violation(367, False, _fixes(*RESERVATION_FIXES))
+    assert err is not None and err.rule == "cache_hit_written", err
+    assert "'r10' starts from the prefix cache with block 30 as its block 10" in err.detail
+    assert _violation(367, False, _fixes(*RESERVATION_FIXES, "evict-failed-blocks")) is None
+
+
+def test_finding_a_failed_block_whose_loader_is_gone_stays_cached() -> None:
+    """Program 1048, asynchronous loop, vLLM's default policy `fail`: r0's synchronous load
+    into block 1 fails, and r0 is aborted before vLLM learns it; with no request left to fail,
+    vLLM evicts nothing, and r2 hits block 1 (`cache_hit_written`). With
+    `evict-failed-blocks` it passes."""
+    options = LoopOptions(kv_connector="fail")
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(core_program(1048), async_scheduling=True, options=options)
+    assert caught.value.rule == "cache_hit_written", caught.value
+    assert "'r2' starts from the prefix cache with block 1 as its block 0" in caught.value.detail
+    fixed = LoopOptions(kv_connector="fail", fix=_fixes("evict-failed-blocks"))
+    run_loop(core_program(1048), async_scheduling=True, options=fixed)
+
+
+def test_finding_a_second_holder_of_a_failed_block_reads_it() -> None:
+    """Program 657, asynchronous loop, three fixes made: r3's synchronous load into block 5
+    fails; before vLLM learns it, r7 and r8 hit block 5 from the prefix cache. vLLM makes the
+    first, r7, recompute it and lets r8 keep it as computed ("can still consider this block as
+    computed when rescheduled"); r8 runs on in the next step, reading block 5 before r7 has
+    recomputed it (`kv_written`). With `every-sharer-recomputes` too it passes."""
+    three = (*RESERVATION_FIXES, "evict-failed-blocks")
+    err = _violation(657, True, _fixes(*three))
+    assert err is not None and err.rule == "kv_written", err
+    assert "'r8', running, reads block 5 as its block 0" in err.detail, err.detail
+    assert _violation(657, True, _fixes(*three, "every-sharer-recomputes")) is None
+
+
+def test_known_upstream_a_failed_synchronous_load_under_async_scheduling() -> None:
+    """Program 1, every fix made: r1's synchronous load fails in its first block while its next
+    step is already scheduled. vLLM truncates r1 to recompute, but its output placeholders stay
+    counted (vLLM issue #45138, open), so its recomputation schedules past its tokens and its
+    first output is lost: output 2 comes first (`output_content`). The synchronous loop
+    passes."""
+    err = _violation(1, True, apply_kv_load_fixes)
+    assert err is not None and err.rule == "output_content", err
+    assert "'r1' produced 3 tokens, expected 3" in err.detail and "got its output 2" in err.detail
+    assert _violation(1, False, apply_kv_load_fixes) is None
 
 
 def _draft_seed(program: CoreProgram) -> int:
@@ -357,17 +473,17 @@ def _draft_seed(program: CoreProgram) -> int:
     return zlib.crc32(repr(program).encode())
 
 
-def test_the_async_check_script_takes_the_connector_and_the_fix(
+def test_the_async_check_script_takes_the_connector_and_the_fixes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--kv-connector recompute`: some of 30 programs hang (`progress`, exit 1); with
-    `--fix drop-stale-reservation --fix requeue-failed-load` all 30 pass, and the JSON says which
-    connector ran."""
+    """`--kv-connector recompute --kv-async-loads-only`: some of 30 programs hang (`progress`,
+    exit 1); with the two reservation fixes all 30 pass, and the JSON says which connector
+    ran; with every load kind under vLLM's default policy, `fail`, all 30 pass."""
     script = load_script("vllm_async_check")
-    argv = ["--programs", "30", "--kv-connector", "recompute"]
+    argv = ["--programs", "30", "--kv-connector", "recompute", "--kv-async-loads-only"]
     assert script.main(argv) == 1
     out = capsys.readouterr().out
-    assert "a KV connector (failed loads: recompute)" in out, out
+    assert "a KV connector (asynchronous loads, failed loads: recompute)" in out, out
     assert "FAIL [progress, sync loop]" in out and "FAIL [progress, async loop]" in out, out
     out_json = tmp_path / "kv.json"
     fixes = ["--fix", "drop-stale-reservation", "--fix", "requeue-failed-load"]
@@ -375,11 +491,15 @@ def test_the_async_check_script_takes_the_connector_and_the_fix(
     assert "30 pass both loops" in capsys.readouterr().out
     data = json.loads(out_json.read_text())
     assert data["kv_connector"] == "recompute" and data["failures"] == {}
+    assert data["kv_async_loads_only"] is True
+    assert script.main(["--programs", "30", "--kv-connector", "fail"]) == 0
+    out = capsys.readouterr().out
+    assert "a KV connector (all loads, failed loads: fail)" in out and "30 pass" in out, out
 
 
 def test_the_connector_rules_are_the_loops_rules() -> None:
     """The rules the connector adds are listed with the loop's (`RULES`)."""
-    assert {"load_before_compute", "transfer_blocks_held"} <= set(RULES)
+    assert {"load_before_compute", "transfer_blocks_held", "kv_written"} <= set(RULES)
 
 
 def test_an_unknown_failure_policy_is_refused() -> None:

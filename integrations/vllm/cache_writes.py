@@ -24,6 +24,11 @@ so: `before_schedule` keeps the pool's block hashes, and `after_schedule` notes 
 hash changed in the call to a block hash of one of its victims, until a batch writes them;
 the reason is given when a hit finds such a block under that very hash.
 
+With a KV connector (`every_read`) the same record checks every scheduled request, not only a
+hit: its blocks below its computed tokens must hold, as written by a batch or a load, its own
+content (`kv_written`); a load's blocks are recorded by the loop (`written`), and `forget`
+drops what a failed load, or a step computed over it, left wrong.
+
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
 `Request.block_hashes`.
@@ -31,7 +36,7 @@ Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from integrations.vllm.adapter import block_tables
@@ -44,8 +49,11 @@ class CacheWrites:
     and the blocks a call hashed for a request it preempted, not written since: block id ->
     (request id, its block index, the schedule index of that call, that block hash)."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, *, every_read: bool = False) -> None:
         self.block_size: int = block_size
+        #: Also check every scheduled request's computed blocks, not only a hit's (`kv_written`;
+        #: with a KV connector, whose loads may fail under a running request).
+        self.every_read: bool = every_read
         self.written: dict[int, tuple[Any, int]] = {}
         self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
@@ -72,11 +80,12 @@ class CacheWrites:
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
         tables = block_tables(sched)
         self.record(sched, out, tables, valid)
-        for rid in sorted(hitting):
+        reading = set(out.num_scheduled_tokens) if self.every_read else hitting
+        for rid in sorted(reading):
             req, start = sched.requests[rid], starts[rid]
             table = tables.get(rid, ())
             for k in range(start // bs):
-                self._check(rid, req, k, table[k], schedule_index)
+                self._check(rid, req, k, table[k], schedule_index, rid in hitting)
 
     def record(
         self,
@@ -132,7 +141,15 @@ class CacheWrites:
             f"and preempted {vid!r} in the same call: those tokens never ran)"
         )
 
-    def _check(self, rid: str, req: Any, k: int, block: int, schedule_index: int) -> None:
+    def forget(self, blocks: Iterable[int]) -> None:
+        """`blocks` no longer hold what was recorded (a KV load into them failed, or a batch
+        computed them over such a block)."""
+        for block in blocks:
+            self.written.pop(block, None)
+
+    def _check(
+        self, rid: str, req: Any, k: int, block: int, schedule_index: int, hit: bool = True
+    ) -> None:
         writer = self.written.get(block)
         if writer is not None:
             wreq, wk = writer
@@ -150,6 +167,12 @@ class CacheWrites:
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
         what += self._victim_reason(block, req, k)
+        if not hit:
+            raise EngineCoreViolation(
+                "kv_written",
+                f"schedule {schedule_index}: {rid!r}, running, reads block {block} as its block "
+                f"{k}, but {what.replace('no batch wrote it', 'no batch or load wrote it')}",
+            )
         raise EngineCoreViolation(
             "cache_hit_written",
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "

@@ -67,11 +67,13 @@ ones its grammar admits).
 With `kv_connector` = a failure policy (`recompute` or `fail`, vLLM's
 `kv_load_failure_policy`) both loops serve a KV connector, `integrations.vllm.kv_connector`'s:
 vLLM loads its class, the loop runs its worker (asynchronous loads that may fail, sends of
-finished requests' KV), and two rules are added: `transfer_blocks_held` (a transfer's blocks
-are not free, and a load's are its request's alone, until the transfer is reported) and
-`load_before_compute` (no request is scheduled while its load is in flight);
-`cache_hit_written` then also counts what a load wrote, so a request that starts from KV that
-never arrived fails it, and a transfer never reported fails `progress`.
+finished requests' KV), and three rules are added: `transfer_blocks_held` (a transfer's blocks
+are not free, and an asynchronous load's are its request's alone, until the transfer is
+reported), `load_before_compute` (no request is scheduled while its asynchronous load is in
+flight) and `kv_written` (every scheduled request reads, below its computed tokens, only blocks
+a batch or a load wrote with its content: a load that failed, or a step computed over a failed
+block, writes nothing valid); `cache_hit_written` then also counts what a load wrote, and a
+transfer never reported fails `progress`.
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -130,6 +132,7 @@ RULES = (
     "grammar_mask",
     "draft_grammar",
     "cache_hit_written",
+    "kv_written",
     "load_before_compute",
     "transfer_blocks_held",
     "pool_accounting",
@@ -177,6 +180,7 @@ class CoreRun:
     grammar_waits: int = 0  # requests left waiting for their grammar, per schedule
     grammar_errors: int = 0  # requests ended with an error as their grammar does not compile
     loads: int = 0  # KV loads from the remote store (KV connector)
+    sync_loads: int = 0  # of those, done in the forward of the batch that scheduled them
     loads_failed: int = 0  # of those, failed as a whole
     blocks_invalid: int = 0  # of those, failed in one block
     sends: int = 0  # finished requests whose KV was sent
@@ -206,7 +210,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     schedules up to k drafts a decode step and `integrations.vllm.speculative.SpeculativeModel`
     (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure
     policy) vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker
-    are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`)."""
+    are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads
+    unless `kv_sync_loads` is False)."""
 
     def __init__(
         self,
@@ -224,6 +229,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         draft_seed: int = 0,
         kv_connector: str | None = None,
         remote_kv: RemoteKv | None = None,
+        kv_sync_loads: bool = True,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -241,7 +247,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
-            self.remote = remote_kv or RemoteKv(draft_seed, config.block_size)
+            self.remote = remote_kv or RemoteKv(
+                draft_seed, config.block_size, sync_loads=kv_sync_loads
+            )
             self.impl.sched.connector.remote = self.remote
         if mutate is not None:
             mutate(self.impl.sched)
@@ -254,9 +262,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
-        # a KV load's blocks are read as a prefix-cache hit's: checked the same way
+        # a KV load's blocks are read as a prefix-cache hit's: checked the same way, and, as a
+        # load may fail under a running request, every read (`kv_written`); not with drafts,
+        # as a step is then scheduled past drafts not yet verified, which vLLM rolls back
+        every_read = kv_connector is not None and speculative_tokens == 0
         self.writes: CacheWrites | None = (
-            CacheWrites(config.block_size)
+            CacheWrites(config.block_size, every_read=every_read)
             if config.enable_prefix_caching or kv_connector is not None
             else None
         )
@@ -287,6 +298,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.late = late
             self.impl.compile_grammar = lambda req: late.submit(req, self.n.engine_steps)
         self._valid: dict[str, tuple[int, int]] | None = None
+        #: per batch output (its id): the synchronous loads it ran that failed in a block
+        self._failed_sync: dict[int, list[Any]] = {}
         self._deferred_tables: dict[str, tuple[int, ...]] = {}
 
         self._stale_before: set[str] = set()
@@ -359,6 +372,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
         if self.writes is not None:
+            if self.remote is not None:
+                # a synchronous load writes its blocks in this batch's forward, before attention
+                # reads them (a batch sampled later, deferred, too)
+                for t in getattr(out.kv_connector_metadata, "transfers", ()):
+                    if t.sync:
+                        self._record_load(t, failed_too=True)
             self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
@@ -436,17 +455,35 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         output.kv_connector_output = reported
         if self.writes is not None:
             for t in loaded:
-                for k, block in enumerate(t.blocks, start=t.first):
-                    if block >= 0:
-                        self.writes.written[block] = (t.request, k)
+                # the batch reads a synchronous load's blocks before vLLM can know that one
+                # failed: they count as written until its output is applied
+                self._record_load(t, failed_too=t.sync)
+            failed_sync = [t for t in loaded if t.sync and t.bad is not None]
+            if failed_sync:
+                self._failed_sync[id(output)] = failed_sync
         return output
+
+    def _record_load(self, load: Any, *, failed_too: bool) -> None:
+        """Record `load`'s blocks as written with its request's content, its failed block
+        (`load.bad`) only if `failed_too`."""
+        assert self.writes is not None
+        for index, block in enumerate(load.blocks):
+            if failed_too or index != load.bad:
+                self.writes.written[block] = (load.request, load.first + index)
 
     def _grammar(self, out: Any) -> Any:
         """vLLM's `GrammarOutput` for batch `out` (None: no structured request samples)."""
         return call_vllm("get_grammar_bitmask", lambda: self.sched.get_grammar_bitmask(out))
 
     def runner_output(self, executed: Any) -> Any:
-        """What `execute` fabricated, unchanged."""
+        """What `execute` fabricated, unchanged. With a KV connector, every request that holds
+        a block the output reports failed, as vLLM applies it, lost KV (under the "fail"
+        policy vLLM ends each with an error)."""
+        reported = getattr(executed, "kv_connector_output", None)
+        if self.remote is not None and reported is not None and reported.invalid_block_ids:
+            for rid, table in block_tables(self.sched).items():
+                if reported.invalid_block_ids.intersection(table):
+                    self.remote.failed.add(rid)
         return executed
 
     def reason(self, finish_reason: Any) -> str:
@@ -463,6 +500,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         the scheduler (`EngineCore.post_step`; under async scheduling the model runner keeps
         them)."""
         self.impl.ended.update(self.reasons)
+        if self.writes is not None:
+            tables = block_tables(self.sched)
+            for t in self._failed_sync.pop(id(executed), ()):
+                # the failed block, and what the batch computed over it, hold nothing valid
+                assert t.bad is not None
+                table = tables.get(t.rid, ())
+                self.writes.forget((*t.blocks[t.bad :], *table[t.first + t.bad :]))
         if self.model is not None and not self.async_scheduling:
             drafts = self.model.drafts(out)
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
@@ -550,7 +594,8 @@ class LoopOptions:
     (`integrations.vllm.structured.LateGrammars`); `reasoning` gives every guided request 1-3
     reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`);
     `kv_connector` (a `kv_load_failure_policy`) serves both loops with
-    `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program."""
+    `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
+    (`kv_sync_loads=False`: every load asynchronous)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -562,6 +607,7 @@ class LoopOptions:
     late_grammars: bool = False
     reasoning: bool = False
     kv_connector: str | None = None
+    kv_sync_loads: bool = True
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -588,6 +634,7 @@ class LoopOptions:
             # each program its own draws (one seed for all would reject every first draft alike)
             draft_seed=zlib.crc32(repr(program).encode()),
             kv_connector=self.kv_connector,
+            kv_sync_loads=self.kv_sync_loads,
         )
         return loop.run(program)
 

@@ -16,20 +16,24 @@ frees a sent one's only once its send is.
 from `kv_connector_module_path` (this module); every decision it makes is `RemoteKv`'s:
 
 - the store holds, for each request, none, half or all of its prompt (a hash of the request id
-  and the store's seed), and offers what lies beyond the request's computed tokens, loaded
-  asynchronously (a P/D decode instance, or an offloading store, read again after a preemption);
+  and the store's seed), and offers what lies beyond the request's computed tokens at every
+  lookup (an offloading store, read again after a preemption or a failed load); two requests in
+  three load it asynchronously, between steps, and one in three synchronously, in the forward of
+  the step that schedules it (whose hit then leaves a token to compute);
 - every other request is a producer: when it finishes (not aborted) its blocks are sent, and
   vLLM must keep them until the send is reported;
 - the worker starts a step's transfers when the step's batch runs (`execute`) and reports each
-  0 to 2 batches later; a load fails with probability 1/6 as a whole (`failed_recving`) and
-  1/6 in one block (`invalid_block_ids`).
+  asynchronous one 0 to 2 batches later; a load fails with probability 1/6 as a whole
+  (`failed_recving`; a synchronous one in its first block) and 1/6 in one block
+  (`invalid_block_ids`).
 
 What `RemoteKv` checks (`integrations.vllm.engine_core` calls it): `transfer_blocks_held`
-(while a transfer is in flight its blocks are not free, and a load's are held by its request
-alone), `load_before_compute` (a request is scheduled no tokens while its load is in flight)
-and, once drained, `progress` (every transfer was reported). It also says which blocks a load
-wrote, for `cache_hit_written`. Depends on `spec` and the adapter's helpers; vLLM is imported
-only when vLLM asks this module for the connector class.
+(while a transfer is in flight its blocks are not free, and an asynchronous load's are held by
+its request alone), `load_before_compute` (a request is scheduled no tokens while its
+asynchronous load is in flight) and, once drained, `progress` (every transfer was reported).
+It also says which blocks a load wrote, for `cache_hit_written` and `kv_written`.
+Depends on `spec` and the adapter's helpers; vLLM is imported only when vLLM asks this module
+for the connector class.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class Transfer:
     first: int
     started: int | None = None
     due: int | None = None
+    sync: bool = False  # a load done in the forward of the batch that schedules it
+    bad: int | None = None  # once reported: the index in `blocks` of the block that failed
 
 
 @dataclass
@@ -65,6 +71,7 @@ class TransferCounts:
     """How often the connector's paths were taken."""
 
     loads: int = 0
+    sync_loads: int = 0  # of those, done in the forward of the batch that scheduled them
     loads_failed: int = 0  # the whole load failed (failed_recving)
     blocks_invalid: int = 0  # one block of the load failed (invalid_block_ids)
     sends: int = 0
@@ -82,8 +89,11 @@ class _Metadata:
 class RemoteKv:
     """The remote KV store and the connector's worker, seeded by `seed`."""
 
-    def __init__(self, seed: int, block_size: int) -> None:
+    def __init__(self, seed: int, block_size: int, *, sync_loads: bool = True) -> None:
         self.seed: int = seed
+        #: Whether one request in three loads its hit synchronously (else every load is
+        #: asynchronous).
+        self.sync_loads: bool = sync_loads
         self.block_size: int = block_size
         self.rng: random.Random = random.Random(seed)
         self.pending: list[Transfer] = []  # registered, not yet handed to the worker
@@ -104,6 +114,12 @@ class RemoteKv:
         prompt = request.num_prompt_tokens
         return 0 if prompt == 1 else (prompt * share) // 2
 
+    def loads_async(self, request: Any) -> bool:
+        """Whether `request`'s hit is loaded between steps (two requests in three, or all
+        without `sync_loads`) or in the forward of the batch that schedules it (a synchronous
+        load)."""
+        return not self.sync_loads or self._hash(request.request_id, "sync") % 3 != 0
+
     def produces(self, rid: str) -> bool:
         """Whether request `rid`'s KV is sent when it finishes (every other request)."""
         return self._hash(rid, "send") % 2 == 0
@@ -117,7 +133,12 @@ class RemoteKv:
         looks it up again and loads it again, for ever. A store of whole blocks never holds a
         one-token prompt at the block sizes engines use, so this store does not either."""
         self._local[request.request_id] = num_computed_tokens
-        return max(0, self.remote_tokens(request) - num_computed_tokens)
+        remote = self.remote_tokens(request)
+        if not self.loads_async(request):
+            # a synchronous hit leaves a token to compute (vLLM asserts one; its offloading
+            # connector loads a whole-prompt hit asynchronously instead)
+            remote = min(remote, request.num_tokens - 1)
+        return max(0, remote - num_computed_tokens)
 
     def allocated(self, request: Any, block_ids: Iterable[int], num_external: int) -> None:
         """`update_state_after_alloc`: load `num_external` tokens after the request's computed
@@ -128,8 +149,11 @@ class RemoteKv:
         start = self._local.get(request.request_id, 0)
         table = tuple(block_ids)
         first, end = start // bs, -(-(start + num_external) // bs)
-        self._register(Transfer("load", request.request_id, request, table[first:end], first))
+        sync = not self.loads_async(request)
+        load = Transfer("load", request.request_id, request, table[first:end], first, sync=sync)
+        self._register(load)
         self.counts.loads += 1
+        self.counts.sync_loads += sync
 
     def finished(self, request: Any, block_ids: Iterable[int]) -> bool:
         """`request_finished`: send a producer's computed blocks if it finished by stopping or
@@ -163,14 +187,16 @@ class RemoteKv:
 
     # ------------------------------------------------------------ the worker
     def execute(self, meta: Any, outputs: Any) -> tuple[Any, list[Transfer]]:
-        """Run one batch's worker side: start `meta`'s transfers, then report those due
-        (vLLM's `KVConnectorOutput` from `outputs`, or None), and return the loads reported
-        with the blocks each wrote (a failed block as -1, a failed load not at all), for
-        `cache_hit_written`."""
+        """Run one batch's worker side: start `meta`'s transfers (a synchronous load is done
+        in this batch), then report those due (vLLM's `KVConnectorOutput` from `outputs`, or
+        None: `finished_recving` and `failed_recving` for asynchronous loads, the failed block
+        of either kind in `invalid_block_ids`, `finished_sending`), and return the loads done,
+        a load that failed in one block with its index as `bad` (a load that failed as a whole
+        not at all), for `cache_hit_written`."""
         self.batches += 1
         now = self.batches
         for t in getattr(meta, "transfers", ()):
-            t.started, t.due = now, now + self.delay(t)
+            t.started, t.due = now, now if t.sync else now + self.delay(t)
         recving: set[str] = set()
         failed: set[str] = set()
         invalid: set[int] = set()
@@ -183,22 +209,26 @@ class RemoteKv:
             if t.kind == "send":
                 sending.add(t.rid)
                 continue
-            recving.add(t.rid)
             outcome = self.outcome(t)
+            if t.sync:
+                # a synchronous load reports only its failed blocks (a whole failure: its first)
+                if outcome == "failed":
+                    outcome = 0
+            else:
+                recving.add(t.rid)
             if outcome == "failed":
                 failed.add(t.rid)
                 self.failed.add(t.rid)
                 self.counts.loads_failed += 1
             elif isinstance(outcome, int):
-                bad = t.blocks[outcome]
-                invalid.add(bad)
+                invalid.add(t.blocks[outcome])
                 self.failed.add(t.rid)
                 self.counts.blocks_invalid += 1
-                written = tuple(b if b != bad else -1 for b in t.blocks)
-                loaded.append(Transfer("load", t.rid, t.request, written, t.first))
+                t.bad = outcome
+                loaded.append(t)
             else:
                 loaded.append(t)
-        if not (recving or sending):
+        if not (recving or sending or invalid):
             return None, loaded
         output = outputs.KVConnectorOutput(
             finished_sending=sending or None,
@@ -224,17 +254,19 @@ class RemoteKv:
 
     # ------------------------------------------------------------ checks
     def check_scheduled(self, scheduled: Iterable[str], where: str) -> None:
-        """`load_before_compute`: no request with a load in flight is scheduled."""
+        """`load_before_compute`: no request with an asynchronous load in flight is
+        scheduled (a synchronous load is done in the forward of the batch that schedules it)."""
         for rid in scheduled:
-            if ("load", rid) in self.in_flight:
+            load = self.in_flight.get(("load", rid))
+            if load is not None and not load.sync:
                 raise EngineCoreViolation(
                     "load_before_compute",
                     f"{where} scheduled {rid!r}, whose KV load is still in flight",
                 )
 
     def check_held(self, free: set[int], tables: Mapping[str, tuple[int, ...]], where: str) -> None:
-        """`transfer_blocks_held`: no block of a transfer in flight is free; a load's blocks
-        are held by its request alone."""
+        """`transfer_blocks_held`: no block of a transfer in flight is free; an asynchronous
+        load's blocks are held by its request alone."""
         holders: dict[int, list[str]] = {}
         for rid, table in tables.items():
             for b in table:
@@ -249,7 +281,9 @@ class RemoteKv:
                         f"({state}) still uses it",
                     )
                 others = [r for r in holders.get(b, ()) if r != t.rid]
-                if t.kind == "load" and others:
+                # a synchronous load's blocks may be shared in its own step (vLLM caches them
+                # at once; the load is done before attention reads them)
+                if t.kind == "load" and not t.sync and others:
                     raise EngineCoreViolation(
                         "transfer_blocks_held",
                         f"{where}: block {b} is held by {others}, but the load of {t.rid!r} "
@@ -284,7 +318,7 @@ def _connector_class() -> type:
             self, request: Any, num_computed_tokens: int
         ) -> tuple[int, bool]:
             n = self.remote.matched(request, num_computed_tokens)
-            return n, n > 0
+            return n, n > 0 and self.remote.loads_async(request)
 
         def update_state_after_alloc(
             self, request: Any, blocks: Any, num_external_tokens: int

@@ -1,28 +1,38 @@
-"""Candidate fixes for two findings in vLLM 0.33.0's KV connector path, where a request's KV
-load fails as a whole under `kv_load_failure_policy="recompute"`, applied to one built
-scheduler so that the engine-core checks can validate them.
+"""Candidate fixes for four findings in vLLM 0.33.0's KV connector path, where a request's KV
+load fails, applied to one built scheduler so that the engine-core checks can validate them.
 
-The findings (docs/engines.md, "KV connectors: loads, sends and failures"): an asynchronous KV
+The findings (docs/engines.md, "KV connectors: loads, sends and failures"). An asynchronous KV
 load reserves the blocks its request still needs (`Scheduler._inflight_prefills`, summed by
 `_inflight_prefill_reserved_blocks`), and `schedule()` admits another asynchronous load only
-into the free blocks left after every such reservation. When a load fails as a whole,
-`_update_waiting_for_remote_kv` frees the request's blocks and promotes it to waiting, but
+into the free blocks left after every such reservation. When such a load fails as a whole
+under `kv_load_failure_policy="recompute"`, `_update_waiting_for_remote_kv` frees the
+request's blocks and promotes it to waiting, but
 
-- leaves it in `_inflight_prefills`, reserving the blocks it no longer holds: a connector that
-  offers the hit again (vLLM's offloading connector looks every request up afresh) makes its
-  retry an asynchronous load too, whose admission subtracts that stale reservation (all its
-  blocks) from the free blocks, so it needs its prompt's blocks twice, and every other
-  asynchronous load is admitted only beside it; if that is more than the pool has free, no
-  such load is ever admitted (`drop-stale-reservation` takes it out of `_inflight_prefills`
-  when its blocks are freed);
-- leaves it at the head of the queue of requests holding KV (`kv_holding_waiting`, served
-  first, which it no longer belongs to): when its retry does not fit beside the other loads'
-  reservations the waiting loop stops there, so the loads behind it, done, are never promoted
-  and never free their blocks (`requeue-failed-load` moves it to the waiting queue).
+1. leaves it in `_inflight_prefills`, reserving the blocks it no longer holds: a connector that
+   offers the hit again (vLLM's offloading connector looks every request up afresh) makes its
+   retry an asynchronous load too, whose admission subtracts that stale reservation (all its
+   blocks) from the free blocks, so it needs its prompt's blocks twice, and every other
+   asynchronous load is admitted only beside it; if that is more than the pool has free, no
+   such load is ever admitted (`drop-stale-reservation` takes it out of `_inflight_prefills`
+   when its blocks are freed);
+2. leaves it at the head of the queue of requests holding KV (`kv_holding_waiting`, served
+   first, which it no longer belongs to): when its retry does not fit beside the other loads'
+   reservations the waiting loop stops there, so the loads behind it, done, are never promoted
+   and never free their blocks (`requeue-failed-load` moves it to the waiting queue).
 
-Either way, with nothing running the engine steps for ever. Each fix is an edit of its own
-statement of vLLM's `vllm/v1/core/sched/scheduler.py` (`_update_waiting_for_remote_kv` and
-`schedule`), so they compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints both as a patch,
+Either way, with nothing running the engine steps for ever. When a synchronous load fails in a
+block (`invalid_block_ids`, `_handle_invalid_blocks`),
+
+3. the step that loaded it has computed the request's next blocks over it, and vLLM evicts
+   neither from the prefix cache under the recompute policy, nor, under either, a failed block
+   no running request holds (its loader aborted): a later hit reads them
+   (`evict-failed-blocks` evicts both, under either policy);
+4. of the requests holding the failed block (it was cached at once, and hit before the failure
+   was known), only the first recomputes it; the others keep it as computed and read it before
+   it is recomputed (`every-sharer-recomputes` makes each recompute from it).
+
+Each fix is an edit of its own statements of vLLM's `vllm/v1/core/sched/scheduler.py`, so they
+compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all four as a patch,
 `apply_kv_load_fixes(sched)` gives one built scheduler the edited methods through a subclass
 of its class (`apply_drop_stale_reservation_fix`: the first alone). `FixDoesNotApply` if
 vLLM's file no longer has a statement a fix edits.
@@ -88,20 +98,88 @@ REQUEUE_FAILED_LOAD_FIX = EngineFix(
     "finished load behind it from being promoted (the engine hung)",
 )
 
-#: Both fixes, each an edit of its own statement (they compose).
-KV_LOAD_SCHEDULE = ScheduleFix(DROP_STALE_RESERVATION_FIX, REQUEUE_FAILED_LOAD_FIX)
+EVICT_FAILED_BLOCKS = "evict-failed-blocks"
+
+_FAIL_POLICY = "        should_fail = not self.recompute_kv_load_failures\n"
+_FAIL_POLICY_AND_EVICT = _FAIL_POLICY + (
+    "        # A failed block holds nothing valid, whoever holds it now (the request\n"
+    "        # that loaded it may be gone): no prefix-cache hit may read it.\n"
+    "        self.kv_cache_manager.evict_blocks(invalid_block_ids)\n"
+)
+_EVICT_UNDER_FAIL = (
+    "        # evict invalid blocks and downstream dependent blocks from cache\n"
+    "        # only when not using recompute policy (where blocks will be recomputed\n"
+    "        # and reused by other requests sharing them)\n"
+    "        if sync_blocks_to_evict and not self.recompute_kv_load_failures:\n"
+)
+_EVICT_ALWAYS = (
+    "        # evict invalid blocks and downstream dependent blocks from cache, under\n"
+    "        # either policy: a hit may read them before anything recomputes them\n"
+    "        if sync_blocks_to_evict:\n"
+)
+
+EVICT_FAILED_BLOCKS_FIX = EngineFix(
+    EVICT_FAILED_BLOCKS,
+    (
+        (MODULE, _FAIL_POLICY, _FAIL_POLICY_AND_EVICT),
+        (MODULE, _EVICT_UNDER_FAIL, _EVICT_ALWAYS),
+    ),
+    ((MODULE, "Scheduler._handle_invalid_blocks"),),
+    "blocks whose KV load failed, and the blocks a step computed over them, leave the prefix "
+    "cache under the recompute policy too (they stayed, and a later hit read KV computed over "
+    "a failed block)",
+)
+
+EVERY_SHARER_RECOMPUTES = "every-sharer-recomputes"
+
+_SHARED_INVALID = (
+    "                if block_id in marked_invalid_block_ids:\n"
+    "                    # This invalid block is shared with a previous request\n"
+    "                    # and was already marked for recomputation.\n"
+    "                    # This means this request can still consider this block\n"
+    "                    # as computed when rescheduled.\n"
+    "                    # Currently this only applies to sync loading; Async\n"
+    "                    # loading does not yet support block sharing\n"
+    "                    continue\n"
+    "\n"
+)
+_SHARED_INVALID_RECOMPUTED = (
+    "                # A request sharing a failed block recomputes from it too: the\n"
+    "                # request that marked it may run later than this one, or never.\n"
+    "\n"
+)
+
+EVERY_SHARER_RECOMPUTES_FIX = EngineFix(
+    EVERY_SHARER_RECOMPUTES,
+    ((MODULE, _SHARED_INVALID, _SHARED_INVALID_RECOMPUTED),),
+    ((MODULE, "Scheduler._update_requests_with_invalid_blocks"),),
+    "every request holding a block whose KV load failed recomputes from it (a second holder "
+    "kept it as computed, relying on the first to recompute it, and read it before that)",
+)
+
+#: The fixes, each an edit of its own statements (they compose).
+KV_LOAD_SCHEDULE = ScheduleFix(
+    DROP_STALE_RESERVATION_FIX,
+    REQUEUE_FAILED_LOAD_FIX,
+    EVICT_FAILED_BLOCKS_FIX,
+    EVERY_SHARER_RECOMPUTES_FIX,
+)
 KV_LOAD_FIXES = KV_LOAD_SCHEDULE.fix_set
-#: Give one built `Scheduler` or `AsyncScheduler` both fixes.
+#: Give one built `Scheduler` or `AsyncScheduler` all four fixes.
 apply_kv_load_fixes = KV_LOAD_SCHEDULE.apply
 #: Give one built scheduler `drop-stale-reservation` alone.
 apply_drop_stale_reservation_fix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
-#: Both fixes as a unified diff of the installed vLLM's `scheduler.py`.
+#: The fixes as a unified diff of the installed vLLM's `scheduler.py`.
 fix_as_diff = KV_LOAD_SCHEDULE.as_diff
 
 
 __all__ = [
     "DROP_STALE_RESERVATION",
     "DROP_STALE_RESERVATION_FIX",
+    "EVERY_SHARER_RECOMPUTES",
+    "EVERY_SHARER_RECOMPUTES_FIX",
+    "EVICT_FAILED_BLOCKS",
+    "EVICT_FAILED_BLOCKS_FIX",
     "KV_LOAD_FIXES",
     "KV_LOAD_SCHEDULE",
     "REQUEUE_FAILED_LOAD",
