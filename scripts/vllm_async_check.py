@@ -6,7 +6,7 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail}]
         [--fix {uncache-preempted,pad-what-fits,drop-stale-reservation,requeue-failed-load,
-                evict-failed-blocks,every-sharer-recomputes} ...]
+                evict-failed-blocks,every-sharer-recomputes,stale-after-failed-load} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -38,8 +38,9 @@ a remote store holding none, half or all of each prompt, loaded between steps or
 request in three, in the forward of the step that schedules it, every other request's KV sent
 when it finishes, one load in three failing as a whole or in one block) under vLLM's
 `kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads, and
-`--fix drop-stale-reservation`, `requeue-failed-load`, `evict-failed-blocks` and
-`every-sharer-recomputes` apply the fixes of its findings (`integrations.vllm.kv_load_fixes`).
+`--fix drop-stale-reservation`, `requeue-failed-load`, `evict-failed-blocks`,
+`every-sharer-recomputes` and `stale-after-failed-load` apply the fixes of its findings
+(`integrations.vllm.kv_load_fixes`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.

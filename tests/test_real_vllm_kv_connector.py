@@ -240,17 +240,18 @@ def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
-    """Five hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load is
-    done, what a load that failed as a whole leaves of its request, a failed block's sharers,
-    and two evictions."""
+    """Six hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load is
+    done, what a load that failed as a whole leaves of its request, a failed block's sharers
+    and a truncated request's steps in flight, and two evictions."""
     diff = fix_as_diff()
     assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
-    assert diff.count("@@ ") == 5
+    assert diff.count("@@ ") == 6
     assert KV_LOAD_FIXES.names == (
         "drop-stale-reservation",
         "requeue-failed-load",
         "evict-failed-blocks",
         "every-sharer-recomputes",
+        "stale-after-failed-load",
     )
     assert "+                self._inflight_prefills.discard(request)" in diff
     assert "+                    and not self._holds_kv_blocks(request)" in diff
@@ -261,18 +262,24 @@ def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
     [
         (False, "recompute", True),
         (False, "fail", True),
+        (True, "recompute", True),
         (True, "recompute", False),
         (True, "fail", True),
     ],
-    ids=["sync-recompute", "sync-fail", "async-recompute-async-loads", "async-fail"],
+    ids=[
+        "sync-recompute",
+        "sync-fail",
+        "async-recompute",
+        "async-recompute-async-loads",
+        "async-fail",
+    ],
 )
 def test_connector_programs_pass_with_the_fixes(
     async_scheduling: bool, policy: str, sync_loads: bool
 ) -> None:
     """Forty random programs with the connector pass every check with the fixes made, and take
     its paths: synchronous and asynchronous loads, loads that fail as a whole and in one block,
-    sends, aborts during a load. (Async scheduling with synchronous loads under the recompute
-    policy meets vLLM issue #45138: below.)"""
+    sends, aborts during a load."""
     names = ("loads", "sync_loads", "loads_failed", "blocks_invalid", "sends", "aborted_loading")
     totals = dict.fromkeys((*names, "load_errors"), 0)
     options = LoopOptions(kv_connector=policy, kv_sync_loads=sync_loads, fix=apply_kv_load_fixes)
@@ -457,15 +464,17 @@ def test_finding_a_second_holder_of_a_failed_block_reads_it() -> None:
 
 
 def test_known_upstream_a_failed_synchronous_load_under_async_scheduling() -> None:
-    """Program 1, every fix made: r1's synchronous load fails in its first block while its next
-    step is already scheduled. vLLM truncates r1 to recompute, but its output placeholders stay
-    counted (vLLM issue #45138, open), so its recomputation schedules past its tokens and its
-    first output is lost: output 2 comes first (`output_content`). The synchronous loop
-    passes."""
-    err = _violation(1, True, apply_kv_load_fixes)
+    """Program 1, the four fixes above made: r1's synchronous load fails in its first block
+    while its next step is already scheduled. vLLM truncates r1 to recompute, but its output
+    placeholders stay counted (vLLM issue #45138, open), so its recomputation schedules past
+    its tokens and its first output is lost: output 2 comes first (`output_content`). The
+    synchronous loop passes; with `stale-after-failed-load` too, so does this one."""
+    four = (*RESERVATION_FIXES, "evict-failed-blocks", "every-sharer-recomputes")
+    err = _violation(1, True, _fixes(*four))
     assert err is not None and err.rule == "output_content", err
     assert "'r1' produced 3 tokens, expected 3" in err.detail and "got its output 2" in err.detail
-    assert _violation(1, False, apply_kv_load_fixes) is None
+    assert _violation(1, False, _fixes(*four)) is None
+    assert _violation(1, True, apply_kv_load_fixes) is None
 
 
 def _draft_seed(program: CoreProgram) -> int:

@@ -1,4 +1,4 @@
-"""Candidate fixes for four findings in vLLM 0.33.0's KV connector path, where a request's KV
+"""Candidate fixes for five findings in vLLM 0.33.0's KV connector path, where a request's KV
 load fails, applied to one built scheduler so that the engine-core checks can validate them.
 
 The findings (docs/engines.md, "KV connectors: loads, sends and failures"). An asynchronous KV
@@ -29,10 +29,14 @@ block (`invalid_block_ids`, `_handle_invalid_blocks`),
    (`evict-failed-blocks` evicts both, under either policy);
 4. of the requests holding the failed block (it was cached at once, and hit before the failure
    was known), only the first recomputes it; the others keep it as computed and read it before
-   it is recomputed (`every-sharer-recomputes` makes each recompute from it).
+   it is recomputed (`every-sharer-recomputes` makes each recompute from it);
+5. under async scheduling, a running request truncated to recompute keeps its output
+   placeholders counted, so its recomputation schedules past its tokens: output tokens are
+   lost, or it hangs (vLLM issue #45138; `stale-after-failed-load` drops the output of its
+   steps in flight, as a preemption does).
 
 Each fix is an edit of its own statements of vLLM's `vllm/v1/core/sched/scheduler.py`, so they
-compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all four as a patch,
+compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all five as a patch,
 `apply_kv_load_fixes(sched)` gives one built scheduler the edited methods through a subclass
 of its class (`apply_drop_stale_reservation_fix`: the first alone). `FixDoesNotApply` if
 vLLM's file no longer has a statement a fix edits.
@@ -157,15 +161,40 @@ EVERY_SHARER_RECOMPUTES_FIX = EngineFix(
     "kept it as computed, relying on the first to recompute it, and read it before that)",
 )
 
+STALE_AFTER_FAILED_LOAD = "stale-after-failed-load"
+
+_TRUNCATED = (
+    "                # Truncate the computed tokens at the first failed block\n"
+    "                request.num_computed_tokens = idx * self.block_size\n"
+)
+_TRUNCATED_AND_STALE = _TRUNCATED + (
+    "                if request.num_output_placeholders:\n"
+    "                    # Async scheduling: the steps in flight ran over the failed\n"
+    "                    # block; their output is dropped, and no longer counted.\n"
+    "                    request.num_output_placeholders = 0\n"
+    "                    request.num_stale_output_tokens = request.num_in_flight_tokens\n"
+    "                    request.drop_stale_output = True\n"
+)
+
+STALE_AFTER_FAILED_LOAD_FIX = EngineFix(
+    STALE_AFTER_FAILED_LOAD,
+    ((MODULE, _TRUNCATED, _TRUNCATED_AND_STALE),),
+    ((MODULE, "Scheduler._update_requests_with_invalid_blocks"),),
+    "under async scheduling, a request truncated by a failed KV load drops the output of its "
+    "steps in flight, as a preempted request does (its placeholders stayed counted, so its "
+    "recomputation lost output tokens or hung: vLLM issue #45138)",
+)
+
 #: The fixes, each an edit of its own statements (they compose).
 KV_LOAD_SCHEDULE = ScheduleFix(
     DROP_STALE_RESERVATION_FIX,
     REQUEUE_FAILED_LOAD_FIX,
     EVICT_FAILED_BLOCKS_FIX,
     EVERY_SHARER_RECOMPUTES_FIX,
+    STALE_AFTER_FAILED_LOAD_FIX,
 )
 KV_LOAD_FIXES = KV_LOAD_SCHEDULE.fix_set
-#: Give one built `Scheduler` or `AsyncScheduler` all four fixes.
+#: Give one built `Scheduler` or `AsyncScheduler` all five fixes.
 apply_kv_load_fixes = KV_LOAD_SCHEDULE.apply
 #: Give one built scheduler `drop-stale-reservation` alone.
 apply_drop_stale_reservation_fix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
@@ -184,6 +213,8 @@ __all__ = [
     "KV_LOAD_SCHEDULE",
     "REQUEUE_FAILED_LOAD",
     "REQUEUE_FAILED_LOAD_FIX",
+    "STALE_AFTER_FAILED_LOAD",
+    "STALE_AFTER_FAILED_LOAD_FIX",
     "FixDoesNotApply",
     "apply_drop_stale_reservation_fix",
     "apply_kv_load_fixes",
