@@ -21,7 +21,6 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from integrations.vllm.engine_core import (
     EngineCoreViolation,
     LoopOptions,
     core_program,
+    program_seed,
     run_loop,
 )
 from integrations.vllm.kv_connector import RemoteKv, Transfer
@@ -389,7 +389,7 @@ def test_finding_a_failed_load_heads_the_loads_and_strands_them(async_scheduling
         async_scheduling=async_scheduling,
         kv_connector="recompute",
         mutate=apply_drop_stale_reservation_fix,
-        draft_seed=_draft_seed(program),
+        draft_seed=program_seed(program),
         kv_sync_loads=False,
     )
     with pytest.raises(EngineCoreViolation) as caught:
@@ -475,11 +475,6 @@ def test_known_upstream_a_failed_synchronous_load_under_async_scheduling() -> No
     assert "'r1' produced 3 tokens, expected 3" in err.detail and "got its output 2" in err.detail
     assert _violation(1, False, _fixes(*four)) is None
     assert _violation(1, True, apply_kv_load_fixes) is None
-
-
-def _draft_seed(program: CoreProgram) -> int:
-    """The seed `LoopOptions.loop` gives a program's loop (its remote store's draws)."""
-    return zlib.crc32(repr(program).encode())
 
 
 def test_the_async_check_script_takes_the_connector_and_the_fixes(

@@ -579,6 +579,12 @@ def core_program(seed: int) -> CoreProgram:
     return CoreProgram(config, tuple(batches), tuple(aborts))
 
 
+def program_seed(program: CoreProgram) -> int:
+    """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
+    of its text, so each program draws its own and the same every run."""
+    return zlib.crc32(repr(program).encode())
+
+
 @dataclass(frozen=True, slots=True)
 class LoopOptions:
     """How `run_loop` and `check_both` run a program, beyond the program itself.
@@ -632,7 +638,7 @@ class LoopOptions:
             late_grammars=self.late_grammars,
             reasoning=self.reasoning,
             # each program its own draws (one seed for all would reject every first draft alike)
-            draft_seed=zlib.crc32(repr(program).encode()),
+            draft_seed=program_seed(program),
             kv_connector=self.kv_connector,
             kv_sync_loads=self.kv_sync_loads,
         )
@@ -668,5 +674,6 @@ __all__ = [
     "LoopOptions",
     "check_both",
     "core_program",
+    "program_seed",
     "run_loop",
 ]
