@@ -37,10 +37,11 @@ that holds the grammar back until then (`integrations.vllm.structured.reasoner_c
 a remote store holding none, half or all of each prompt, loaded between steps or, for one
 request in three, in the forward of the step that schedules it, every other request's KV sent
 when it finishes, one load in three failing as a whole or in one block) under vLLM's
-`kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads, and
-`--fix drop-stale-reservation`, `requeue-failed-load`, `evict-failed-blocks`,
-`every-sharer-recomputes` and `stale-after-failed-load` apply the fixes of its findings
-(`integrations.vllm.kv_load_fixes`).
+`kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads,
+`--kv-pending-lookups` has the store answer one request in four "ask again later" at its first
+one or two lookups, and `--fix drop-stale-reservation`, `requeue-failed-load`,
+`evict-failed-blocks`, `every-sharer-recomputes`, `stale-after-failed-load` and
+`evict-ended-loader-blocks` apply the fixes of its findings (`integrations.vllm.kv_load_fixes`).
 `--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
 runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -112,6 +113,7 @@ COUNTS = (
     "sends",
     "aborted_loading",
     "load_errors",
+    "lookups_put_off",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -137,6 +139,7 @@ MEANING = {
     "sends": "finished requests whose KV was sent",
     "aborted_loading": "aborts of a request whose KV load was in flight",
     "load_errors": "requests ended with an error after a failed load",
+    "lookups_put_off": 'connector lookups answered "ask again later"',
 }
 
 
@@ -211,6 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loads synchronously, in the forward of the step that schedules it)",
     )
     parser.add_argument(
+        "--kv-pending-lookups",
+        action="store_true",
+        help='with --kv-connector: one request in four is first answered "ask again later" '
+        "(None) at one or two lookups, as vLLM's offloading connector answers while its lookup "
+        "job runs",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
@@ -232,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reasoning=args.reasoning,
         kv_connector=args.kv_connector,
         kv_sync_loads=not args.kv_async_loads_only,
+        kv_pending_lookups=args.kv_pending_lookups,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -249,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts += " (after reasoning)" if args.reasoning else ""
     if args.kv_connector:
         loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
-        drafts += f"; a KV connector ({loads}, failed loads: {args.kv_connector})"
+        later = ", lookups put off" if args.kv_pending_lookups else ""
+        drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
         f"with {p} pipeline stage{'s' if p > 1 else ''}{drafts}{fixed}), {tally.passed} pass "
@@ -277,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "reasoning": args.reasoning,
                 "kv_connector": args.kv_connector,
                 "kv_async_loads_only": args.kv_async_loads_only,
+                "kv_pending_lookups": args.kv_pending_lookups,
             },
         )
     return 1 if tally.failures else 0

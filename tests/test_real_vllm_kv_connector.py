@@ -3,8 +3,9 @@ a real connector class that vLLM's own factory loads, a remote store and its wor
 checks it adds, and its findings under `kv_load_failure_policy="recompute"`: a request whose
 KV load failed counts its own reservation against itself when it loads again, and heads the
 queue of requests holding KV when it no longer holds any, stranding the finished loads behind
-it; blocks computed over a failed block stay in the prefix cache; a second holder of a failed
-block reads it before it is recomputed; with drafts, a load that fills the pool is never
+it; blocks computed over a failed block stay in the prefix cache, even with the first fix of
+that when the request that loaded it has ended; a second holder of a failed block reads it
+before it is recomputed; with drafts, a load that fills the pool is never
 admitted. And one known upstream: under async scheduling a failed synchronous load leaves
 the request's output placeholders counted (vLLM issue #45138).
 
@@ -29,6 +30,7 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE, RealVllmScheduler
+from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.engine_core import (
     RULES,
     CoreProgram,
@@ -240,21 +242,27 @@ def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
-    """Six hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load is
-    done, what a load that failed as a whole leaves of its request, a failed block's sharers
-    and a truncated request's steps in flight, and two evictions."""
+    """Eight hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load
+    is done, what a load that failed as a whole leaves of its request, a failed block's
+    sharers and a truncated request's steps in flight, two evictions, and the step's output
+    handed to the handler of failed blocks, which evicts by it."""
     diff = fix_as_diff()
     assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
-    assert diff.count("@@ ") == 6
+    assert diff.count("@@ ") == 8
     assert KV_LOAD_FIXES.names == (
         "drop-stale-reservation",
         "requeue-failed-load",
         "evict-failed-blocks",
         "every-sharer-recomputes",
         "stale-after-failed-load",
+        "evict-ended-loader-blocks",
     )
     assert "+                self._inflight_prefills.discard(request)" in diff
     assert "+                    and not self._holds_kv_blocks(request)" in diff
+    assert (
+        "+                        self.kv_cache_manager.evict_blocks(set(req_block_ids[idx:]))"
+        in diff
+    )
 
 
 @pytest.mark.parametrize(
@@ -450,6 +458,79 @@ def test_finding_a_failed_block_whose_loader_is_gone_stays_cached() -> None:
     run_loop(core_program(1048), async_scheduling=True, options=fixed)
 
 
+def test_finding_blocks_computed_over_a_failed_block_outlive_their_loader() -> None:
+    """Program 9972, asynchronous loop with two pipeline stages, every other fix made: r2's
+    synchronous load into blocks 10 and 11 fails in block 10, and its step computes blocks 12
+    and 13 over it; r2 is aborted before vLLM learns of the failure, so vLLM finds no request
+    holding block 10 and `evict-failed-blocks` evicts block 10 alone. r3 recomputes r2's first
+    block elsewhere, which makes r2's chain reachable again: r4 hits block 11 (loaded: valid)
+    and block 12, computed over the failed block (`cache_hit_written`). With
+    `evict-ended-loader-blocks`, which evicts by the failed step's own block ids, it passes."""
+    others = tuple(n for n in KV_LOAD_FIXES.names if n != "evict-ended-loader-blocks")
+
+    def run(fix: Callable[[Any], None]) -> None:
+        options = LoopOptions(kv_connector="recompute", fix=fix, pipeline_parallel_size=2)
+        run_loop(core_program(9972), async_scheduling=True, options=options)
+
+    with pytest.raises(EngineCoreViolation) as caught:
+        run(_fixes(*others))
+    assert caught.value.rule == "cache_hit_written", caught.value
+    assert "'r4' starts from the prefix cache with block 12 as its block 2" in caught.value.detail
+    run(apply_kv_load_fixes)
+
+
+def test_finding_the_loader_gone_under_the_default_policy() -> None:
+    """The same finding under vLLM's default policy, `fail`, with one pipeline stage: program
+    1890 with put-off lookups (block size 2), asynchronous loop. r1's synchronous load into
+    block 3 fails, its step computes block 4 over it, and r1 is aborted before vLLM learns of
+    the failure. vLLM fails r2, which hit block 3 in the meantime, and evicts r2's blocks from
+    block 3 on, but not block 4, which only r1 held; r4 computes r1's first block again (block
+    5), and r6 hits block 5 and then block 4. `evict-failed-blocks` (the failed block, whoever
+    holds it) is not enough; with `evict-ended-loader-blocks` too it passes."""
+
+    def run(fix: Callable[[Any], None] | None) -> None:
+        options = LoopOptions(kv_connector="fail", kv_pending_lookups=True, fix=fix)
+        run_loop(core_program(1890), async_scheduling=True, options=options)
+
+    for fix in (None, _fixes("evict-failed-blocks")):
+        with pytest.raises(EngineCoreViolation) as caught:
+            run(fix)
+        assert caught.value.rule == "cache_hit_written", caught.value
+        assert "'r6' starts from the prefix cache with block 4 as its block 1" in (
+            caught.value.detail
+        )
+    run(_fixes("evict-failed-blocks", "evict-ended-loader-blocks"))
+
+
+class _Req:
+    """A request as `CacheWrites` reads it: an id and its block hashes."""
+
+    def __init__(self, rid: str) -> None:
+        self.request_id: str = rid
+        self.block_hashes: list[bytes] = []
+
+
+def test_a_failed_load_forgets_its_failed_block_and_what_was_computed_over_it() -> None:
+    """The check's record after a synchronous load fails: the failed block and the blocks the
+    loader's batches wrote past the load hold nothing valid, found by writer, so the loader may
+    have ended; the load's other blocks (the store wrote them), the blocks before it, and a
+    block another request has written since keep their writes."""
+    loader, other = _Req("r2"), _Req("r3")
+    writes = CacheWrites(1, every_read=True)
+    # blocks 8, 9: loader's computed prefix; 10, 11: its load (fails in 10); 12, 13: computed
+    # over it in the loading step, 13 then rewritten by another request
+    for k, block in enumerate((8, 9, 10, 11, 12, 13)):
+        writes.written[block] = (loader, k)
+    writes.written[13] = (other, 0)
+    writes.forget_failed_load(loader, 10, after=4)
+    assert {b: (w[0].request_id, w[1]) for b, w in writes.written.items()} == {
+        8: ("r2", 0),
+        9: ("r2", 1),
+        11: ("r2", 3),
+        13: ("r3", 0),
+    }
+
+
 def test_finding_a_second_holder_of_a_failed_block_reads_it() -> None:
     """Program 657, asynchronous loop, three fixes made: r3's synchronous load into block 5
     fails; before vLLM learns it, r7 and r8 hit block 5 from the prefix cache. vLLM makes the
@@ -482,7 +563,8 @@ def test_the_async_check_script_takes_the_connector_and_the_fixes(
 ) -> None:
     """`--kv-connector recompute --kv-async-loads-only`: some of 30 programs hang (`progress`,
     exit 1); with the two reservation fixes all 30 pass, and the JSON says which connector
-    ran; with every load kind under vLLM's default policy, `fail`, all 30 pass."""
+    ran; with every load kind under vLLM's default policy, `fail`, all 30 pass, and with
+    `--kv-pending-lookups` too, which puts lookups off and says so."""
     script = load_script("vllm_async_check")
     argv = ["--programs", "30", "--kv-connector", "recompute", "--kv-async-loads-only"]
     assert script.main(argv) == 1
@@ -499,6 +581,12 @@ def test_the_async_check_script_takes_the_connector_and_the_fixes(
     assert script.main(["--programs", "30", "--kv-connector", "fail"]) == 0
     out = capsys.readouterr().out
     assert "a KV connector (all loads, failed loads: fail)" in out and "30 pass" in out, out
+    pending = ["--programs", "30", "--kv-connector", "fail", "--kv-pending-lookups"]
+    assert script.main([*pending, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "a KV connector (all loads, lookups put off, failed loads: fail)" in out, out
+    data = json.loads(out_json.read_text())
+    assert data["kv_pending_lookups"] is True and data["counts"]["sync"]["lookups_put_off"] > 0
 
 
 def test_the_connector_rules_are_the_loops_rules() -> None:
@@ -515,3 +603,58 @@ def test_an_unknown_failure_policy_is_refused() -> None:
     adapter = RealVllmScheduler(config, lambda _e: None, SPACE, kv_connector="fail")
     assert type(adapter.sched.connector).__name__ == "SchedspecKvConnector"
     assert adapter.sched.recompute_kv_load_failures is False
+
+
+class _Named:
+    """A request as `RemoteKv.lookup` reads it."""
+
+    def __init__(self, rid: str, prompt: int) -> None:
+        self.request_id: str = rid
+        self.num_prompt_tokens: int = prompt
+        self.num_tokens: int = prompt
+
+
+def test_a_put_off_lookup_is_answered_after_one_or_two_asks() -> None:
+    """With `pending_lookups`, the store answers one request in four "ask again later" (None)
+    at its first one or two lookups, then what it holds; without, never."""
+    store = RemoteKv(0, 1, sync_loads=False, pending_lookups=True)
+    rids = [f"r{i}" for i in range(200)]
+    put_off = {rid: store.lookups_put_off(rid) for rid in rids}
+    assert {1, 2} <= set(put_off.values()) <= {0, 1, 2}
+    assert 30 <= sum(1 for n in put_off.values() if n) <= 70  # about a quarter
+    rid = next(r for r, n in put_off.items() if n == 2)
+    request = _Named(rid, 8)
+    answers = [store.lookup(request, 0) for _ in range(3)]
+    assert answers[:2] == [None, None] and answers[2] == store.matched(request, 0)
+    assert rid not in store.asked_later and store.counts.lookups_put_off == 2
+    plain = RemoteKv(0, 1, sync_loads=False)
+    assert all(plain.lookups_put_off(r) == 0 for r in rids)
+
+
+@LOOPS
+def test_a_request_put_off_by_the_connector_may_be_passed(async_scheduling: bool) -> None:
+    """vLLM skips a request its connector says to ask about again later, so later requests
+    may be admitted before it, by design: with put-off lookups the forty programs pass every
+    check with the fixes, and put lookups off; without the check's exemption
+    (`lookup_put_off`), `admission_order` reports such a pass."""
+    options = LoopOptions(
+        kv_connector="recompute", kv_pending_lookups=True, fix=apply_kv_load_fixes
+    )
+    put_off = 0
+    for seed in PROGRAMS:
+        run = run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
+        put_off += run.lookups_put_off
+    assert put_off > 0
+
+    def no_exemption(self: EngineCoreLoop, rid: str) -> bool:
+        return False
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EngineCoreLoop, "lookup_put_off", no_exemption)
+        caught = []
+        for seed in PROGRAMS:
+            try:
+                run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
+            except EngineCoreViolation as err:
+                caught.append(err)
+    assert caught and all(err.rule == "admission_order" for err in caught), caught

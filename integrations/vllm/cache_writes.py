@@ -26,8 +26,9 @@ the reason is given when a hit finds such a block under that very hash.
 
 With a KV connector (`every_read`) the same record checks every scheduled request, not only a
 hit: its blocks below its computed tokens must hold, as written by a batch or a load, its own
-content (`kv_written`); a load's blocks are recorded by the loop (`written`), and `forget`
-drops what a failed load, or a step computed over it, left wrong.
+content (`kv_written`); a load's blocks are recorded by the loop (`written`), and
+`forget_failed_load` drops what a failed synchronous load, and its request's steps computed
+over it, left wrong.
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
@@ -146,6 +147,17 @@ class CacheWrites:
         computed them over such a block)."""
         for block in blocks:
             self.written.pop(block, None)
+
+    def forget_failed_load(self, loader: Any, failed: int, *, after: int) -> None:
+        """A synchronous load of `loader` (vLLM's `Request`) failed in block `failed`: forget
+        it, and every block still recorded as written by `loader` at block index `after` or
+        beyond (the first block past the load: its batches computed those over the failed
+        block). Found by writer, not by block table, so it holds when the loader has ended
+        before its failure is reported; a block another request wrote since keeps that write.
+        The load's blocks before and after the failed one keep theirs (the store wrote them)."""
+        if self.written.get(failed, (loader, 0))[0] is loader:
+            self.written.pop(failed, None)
+        self.forget(b for b, (req, k) in list(self.written.items()) if req is loader and k >= after)
 
     def _check(
         self, rid: str, req: Any, k: int, block: int, schedule_index: int, hit: bool = True

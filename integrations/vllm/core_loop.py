@@ -144,6 +144,11 @@ class BatchQueueLoop(Generic[CountsT]):
         with prefix caching overrides it."""
         check_pool(self.sched, False, where)
 
+    def lookup_put_off(self, rid: str) -> bool:
+        """Whether a KV connector told vLLM to ask again later about request `rid` (vLLM then
+        skips it in that `schedule()` call, by design). Default: never."""
+        return False
+
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
         """Before `schedule()`: the running queue's order, for `check_decisions`."""
@@ -166,8 +171,9 @@ class BatchQueueLoop(Generic[CountsT]):
         call, so the queue only shrank), `admission_order` (a request scheduled for the first
         time passes no waiting, never-scheduled request before it in the policy's order; a
         resumed request may be skipped while its stale output drains, a fresh one never; one
-        waiting for its grammar to compile, or for its KV to load through a KV connector, may
-        be passed, as vLLM skips it by design; a request given blocks to load its KV into is
+        waiting for its grammar to compile, or for its KV to load through a KV connector, or
+        whose connector lookup was put off (`lookup_put_off`), may be passed, as vLLM skips
+        it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
@@ -202,14 +208,16 @@ class BatchQueueLoop(Generic[CountsT]):
             for r in waiting
             if waiting_for_remote_kv(r) and r.request_id not in self.ever_scheduled
         ]
-        # vLLM skips a request whose grammar is still compiling, or whose KV is still loading
-        # from a KV connector, by design: it may be passed
+        # vLLM skips a request whose grammar is still compiling, whose KV is still loading
+        # from a KV connector, or whose connector said "ask again later", by design: it may
+        # be passed
         fresh = [
             r.request_id
             for r in waiting
             if r.request_id not in self.ever_scheduled
             and not waiting_for_grammar(r)
             and not waiting_for_remote_kv(r)
+            and not self.lookup_put_off(r.request_id)
         ]
         for rid in admitted:
             key = self.queue_key(rid, priority)

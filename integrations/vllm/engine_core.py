@@ -186,6 +186,7 @@ class CoreRun:
     sends: int = 0  # finished requests whose KV was sent
     aborted_loading: int = 0  # aborts of a request whose KV load was in flight
     load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
+    lookups_put_off: int = 0  # connector lookups answered "ask again later"
 
 
 @dataclass
@@ -211,7 +212,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure
     policy) vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker
     are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads
-    unless `kv_sync_loads` is False)."""
+    unless `kv_sync_loads` is False, and lookups answered "ask again later" if
+    `kv_pending_lookups`)."""
 
     def __init__(
         self,
@@ -230,6 +232,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_connector: str | None = None,
         remote_kv: RemoteKv | None = None,
         kv_sync_loads: bool = True,
+        kv_pending_lookups: bool = False,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -248,7 +251,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
             self.remote = remote_kv or RemoteKv(
-                draft_seed, config.block_size, sync_loads=kv_sync_loads
+                draft_seed,
+                config.block_size,
+                sync_loads=kv_sync_loads,
+                pending_lookups=kv_pending_lookups,
             )
             self.impl.sched.connector.remote = self.remote
         if mutate is not None:
@@ -501,15 +507,20 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         them)."""
         self.impl.ended.update(self.reasons)
         if self.writes is not None:
-            tables = block_tables(self.sched)
             for t in self._failed_sync.pop(id(executed), ()):
-                # the failed block, and what the batch computed over it, hold nothing valid
+                # the failed block, and what the loader's batches computed over it, hold
+                # nothing valid; the load's other blocks do (the store wrote them)
                 assert t.bad is not None
-                table = tables.get(t.rid, ())
-                self.writes.forget((*t.blocks[t.bad :], *table[t.first + t.bad :]))
+                self.writes.forget_failed_load(
+                    t.request, t.blocks[t.bad], after=t.first + len(t.blocks)
+                )
         if self.model is not None and not self.async_scheduling:
             drafts = self.model.drafts(out)
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
+
+    def lookup_put_off(self, rid: str) -> bool:
+        """Whether the connector's latest lookup of `rid` said "ask again later"."""
+        return self.remote is not None and rid in self.remote.asked_later
 
     def check_pool(self, where: str) -> None:
         """`pool_accounting`, counting references when prefix caching is on; with a KV
@@ -601,7 +612,8 @@ class LoopOptions:
     reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`);
     `kv_connector` (a `kv_load_failure_policy`) serves both loops with
     `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
-    (`kv_sync_loads=False`: every load asynchronous)."""
+    (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
+    first told "ask again later")."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -614,6 +626,7 @@ class LoopOptions:
     reasoning: bool = False
     kv_connector: str | None = None
     kv_sync_loads: bool = True
+    kv_pending_lookups: bool = False
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -641,6 +654,7 @@ class LoopOptions:
             draft_seed=program_seed(program),
             kv_connector=self.kv_connector,
             kv_sync_loads=self.kv_sync_loads,
+            kv_pending_lookups=self.kv_pending_lookups,
         )
         return loop.run(program)
 

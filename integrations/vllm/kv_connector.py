@@ -20,6 +20,9 @@ from `kv_connector_module_path` (this module); every decision it makes is `Remot
   lookup (an offloading store, read again after a preemption or a failed load); two requests in
   three load it asynchronously, between steps, and one in three synchronously, in the forward of
   the step that schedules it (whose hit then leaves a token to compute);
+- with `pending_lookups`, one request in four has its first one or two lookups answered
+  "ask again later" (`None`), as the offloading connector answers while its lookup job runs:
+  vLLM skips such a request in that `schedule()` call, so later ones may pass it;
 - every other request is a producer: when it finishes (not aborted) its blocks are sent, and
   vLLM must keep them until the send is reported;
 - the worker starts a step's transfers when the step's batch runs (`execute`) and reports each
@@ -76,6 +79,7 @@ class TransferCounts:
     blocks_invalid: int = 0  # one block of the load failed (invalid_block_ids)
     sends: int = 0
     aborted_loading: int = 0  # aborts of a request whose load was in flight
+    lookups_put_off: int = 0  # lookups answered "ask again later" (None)
 
 
 @dataclass
@@ -89,11 +93,19 @@ class _Metadata:
 class RemoteKv:
     """The remote KV store and the connector's worker, seeded by `seed`."""
 
-    def __init__(self, seed: int, block_size: int, *, sync_loads: bool = True) -> None:
+    def __init__(
+        self, seed: int, block_size: int, *, sync_loads: bool = True, pending_lookups: bool = False
+    ) -> None:
         self.seed: int = seed
         #: Whether one request in three loads its hit synchronously (else every load is
         #: asynchronous).
         self.sync_loads: bool = sync_loads
+        #: Whether one request in four has its first one or two lookups answered "ask again
+        #: later" (`None`), as vLLM's offloading connector answers while its lookup job runs.
+        self.pending_lookups: bool = pending_lookups
+        #: The requests whose latest lookup was answered "ask again later" (vLLM skips them).
+        self.asked_later: set[str] = set()
+        self._lookups_left: dict[str, int] = {}  # request -> lookups still to answer None
         self.block_size: int = block_size
         self.rng: random.Random = random.Random(seed)
         self.pending: list[Transfer] = []  # registered, not yet handed to the worker
@@ -124,7 +136,28 @@ class RemoteKv:
         """Whether request `rid`'s KV is sent when it finishes (every other request)."""
         return self._hash(rid, "send") % 2 == 0
 
+    def lookups_put_off(self, rid: str) -> int:
+        """How many of request `rid`'s first lookups are answered "ask again later": one or
+        two for one request in four with `pending_lookups`, else none."""
+        draw = self._hash(rid, "pending")
+        if not self.pending_lookups or draw % 4:
+            return 0
+        return 1 + (draw >> 2) % 2
+
     # ------------------------------------------------------------ the scheduler side
+    def lookup(self, request: Any, num_computed_tokens: int) -> int | None:
+        """`get_num_new_matched_tokens`'s count: None ("ask again later") for the first
+        `lookups_put_off` lookups of the request, then `matched`."""
+        rid = request.request_id
+        left = self._lookups_left.setdefault(rid, self.lookups_put_off(rid))
+        if left:
+            self._lookups_left[rid] = left - 1
+            self.asked_later.add(rid)
+            self.counts.lookups_put_off += 1
+            return None
+        self.asked_later.discard(rid)
+        return self.matched(request, num_computed_tokens)
+
     def matched(self, request: Any, num_computed_tokens: int) -> int:
         """`get_num_new_matched_tokens`: the remote tokens beyond the computed ones (vLLM's
         local prefix-cache hit included), offered again at every lookup (after a preemption or
@@ -316,8 +349,10 @@ def _connector_class() -> type:
 
         def get_num_new_matched_tokens(
             self, request: Any, num_computed_tokens: int
-        ) -> tuple[int, bool]:
-            n = self.remote.matched(request, num_computed_tokens)
+        ) -> tuple[int | None, bool]:
+            n = self.remote.lookup(request, num_computed_tokens)
+            if n is None:
+                return None, False
             return n, n > 0 and self.remote.loads_async(request)
 
         def update_state_after_alloc(

@@ -1,4 +1,4 @@
-"""Candidate fixes for five findings in vLLM 0.33.0's KV connector path, where a request's KV
+"""Candidate fixes for six findings in vLLM 0.33.0's KV connector path, where a request's KV
 load fails, applied to one built scheduler so that the engine-core checks can validate them.
 
 The findings (docs/engines.md, "KV connectors: loads, sends and failures"). An asynchronous KV
@@ -33,10 +33,16 @@ block (`invalid_block_ids`, `_handle_invalid_blocks`),
 5. under async scheduling, a running request truncated to recompute keeps its output
    placeholders counted, so its recomputation schedules past its tokens: output tokens are
    lost, or it hangs (vLLM issue #45138; `stale-after-failed-load` drops the output of its
-   steps in flight, as a preemption does).
+   steps in flight, as a preemption does);
+6. vLLM finds the blocks computed over a failed block only in the block tables of running
+   requests: when the request that loaded it is no longer running (aborted or preempted
+   before the failure is reported), they stay cached even with `evict-failed-blocks`, and once
+   its first blocks are computed again elsewhere a hit reaches them
+   (`evict-ended-loader-blocks` hands the failed step's `SchedulerOutput` to
+   `_handle_invalid_blocks`, which evicts them by that step's own block ids).
 
 Each fix is an edit of its own statements of vLLM's `vllm/v1/core/sched/scheduler.py`, so they
-compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all five as a patch,
+compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all six as a patch,
 `apply_kv_load_fixes(sched)` gives one built scheduler the edited methods through a subclass
 of its class (`apply_drop_stale_reservation_fix`: the first alone). `FixDoesNotApply` if
 vLLM's file no longer has a statement a fix edits.
@@ -185,6 +191,79 @@ STALE_AFTER_FAILED_LOAD_FIX = EngineFix(
     "recomputation lost output tokens or hung: vLLM issue #45138)",
 )
 
+EVICT_ENDED_LOADER_BLOCKS = "evict-ended-loader-blocks"
+
+_HANDLED = (
+    "                self._handle_invalid_blocks(\n"
+    "                    kv_connector_output.invalid_block_ids,\n"
+    "                    num_scheduled_tokens,\n"
+    "                )\n"
+)
+_HANDLED_WITH_OUTPUT = (
+    "                self._handle_invalid_blocks(\n"
+    "                    kv_connector_output.invalid_block_ids,\n"
+    "                    num_scheduled_tokens,\n"
+    "                    scheduler_output,\n"
+    "                )\n"
+)
+_HANDLER = (
+    "    def _handle_invalid_blocks(\n"
+    "        self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]\n"
+    "    ) -> set[str]:\n"
+)
+_HANDLER_WITH_OUTPUT = (
+    "    def _handle_invalid_blocks(\n"
+    "        self,\n"
+    "        invalid_block_ids: set[int],\n"
+    "        num_scheduled_tokens: dict[str, int],\n"
+    "        scheduler_output: SchedulerOutput | None = None,\n"
+    "    ) -> set[str]:\n"
+)
+_ASYNC_LOADS = "        # handle async KV loads (not cached yet, evict_blocks=False)\n"
+_ENDED_LOADERS_AND_ASYNC_LOADS = (
+    "        # A request that loaded in this step and is no longer running (ended or\n"
+    "        # preempted since) is not scanned below, but the blocks the step\n"
+    "        # computed over its failed block are cached: evict them by the step's\n"
+    "        # own block ids.\n"
+    "        if scheduler_output is not None:\n"
+    "            running_ids = {req.request_id for req in self.running}\n"
+    "            cached = scheduler_output.scheduled_cached_reqs\n"
+    "            stepped = [\n"
+    "                (new_req.req_id, new_req.block_ids)\n"
+    "                for new_req in scheduler_output.scheduled_new_reqs\n"
+    "            ]\n"
+    "            stepped += [\n"
+    "                (req_id, block_ids)\n"
+    "                for req_id, block_ids in zip(cached.req_ids, cached.new_block_ids)\n"
+    "                if req_id in cached.resumed_req_ids and block_ids is not None\n"
+    "            ]\n"
+    "            for req_id, (req_block_ids,) in stepped:\n"
+    "                if req_id in running_ids:\n"
+    "                    continue\n"
+    "                for idx, block_id in enumerate(req_block_ids):\n"
+    "                    if block_id in invalid_block_ids:\n"
+    "                        self.kv_cache_manager.evict_blocks(set(req_block_ids[idx:]))\n"
+    "                        break\n"
+    "\n"
+) + _ASYNC_LOADS
+
+EVICT_ENDED_LOADER_BLOCKS_FIX = EngineFix(
+    EVICT_ENDED_LOADER_BLOCKS,
+    (
+        (MODULE, _HANDLED, _HANDLED_WITH_OUTPUT),
+        (MODULE, _HANDLER, _HANDLER_WITH_OUTPUT),
+        (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS),
+    ),
+    (
+        (MODULE, "Scheduler.update_from_output"),
+        (MODULE, "Scheduler._handle_invalid_blocks"),
+    ),
+    "the blocks a step computed over a block whose synchronous KV load failed leave the prefix "
+    "cache when the request that loaded it is no longer running (aborted or preempted before "
+    "the failure was reported): vLLM found them only in running requests' block tables, and a "
+    "later hit read them",
+)
+
 #: The fixes, each an edit of its own statements (they compose).
 KV_LOAD_SCHEDULE = ScheduleFix(
     DROP_STALE_RESERVATION_FIX,
@@ -192,9 +271,10 @@ KV_LOAD_SCHEDULE = ScheduleFix(
     EVICT_FAILED_BLOCKS_FIX,
     EVERY_SHARER_RECOMPUTES_FIX,
     STALE_AFTER_FAILED_LOAD_FIX,
+    EVICT_ENDED_LOADER_BLOCKS_FIX,
 )
 KV_LOAD_FIXES = KV_LOAD_SCHEDULE.fix_set
-#: Give one built `Scheduler` or `AsyncScheduler` all five fixes.
+#: Give one built `Scheduler` or `AsyncScheduler` all six fixes.
 apply_kv_load_fixes = KV_LOAD_SCHEDULE.apply
 #: Give one built scheduler `drop-stale-reservation` alone.
 apply_drop_stale_reservation_fix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
@@ -207,6 +287,8 @@ __all__ = [
     "DROP_STALE_RESERVATION_FIX",
     "EVERY_SHARER_RECOMPUTES",
     "EVERY_SHARER_RECOMPUTES_FIX",
+    "EVICT_ENDED_LOADER_BLOCKS",
+    "EVICT_ENDED_LOADER_BLOCKS_FIX",
     "EVICT_FAILED_BLOCKS",
     "EVICT_FAILED_BLOCKS_FIX",
     "KV_LOAD_FIXES",
