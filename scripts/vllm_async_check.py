@@ -58,7 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations.vllm.adapter import KV_FAILURE_POLICIES, SPECULATIVE_METHODS
+from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -214,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loads synchronously, in the forward of the step that schedules it)",
     )
     parser.add_argument(
+        "--kv-role",
+        choices=KV_ROLES,
+        default="kv_both",
+        help="with --kv-connector: the connector's role (default kv_both: it loads and sends; "
+        "kv_producer: it only sends, a P/D prefill instance, and vLLM frees a preempted "
+        "request's blocks with its steps in flight)",
+    )
+    parser.add_argument(
         "--kv-pending-lookups",
         action="store_true",
         help='with --kv-connector: one request in four is first answered "ask again later" '
@@ -243,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_connector=args.kv_connector,
         kv_sync_loads=not args.kv_async_loads_only,
         kv_pending_lookups=args.kv_pending_lookups,
+        kv_role=args.kv_role,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -260,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafts += " (after reasoning)" if args.reasoning else ""
     if args.kv_connector:
         loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
+        loads = "sends only" if args.kv_role == "kv_producer" else loads
         later = ", lookups put off" if args.kv_pending_lookups else ""
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     print(
@@ -290,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_connector": args.kv_connector,
                 "kv_async_loads_only": args.kv_async_loads_only,
                 "kv_pending_lookups": args.kv_pending_lookups,
+                "kv_role": args.kv_role,
             },
         )
     return 1 if tally.failures else 0

@@ -384,6 +384,58 @@ def test_each_connector_rule_catches_its_seeded_bug(
     pytest.fail(f"no program of {PROGRAMS} caught the seeded bug {mutant.__name__}")
 
 
+def _drops_no_stale_output(sched: Any) -> None:
+    """Seeded bug: a request preempted with a step in flight keeps that step's output, even
+    when the connector must deliver its KV (`requires_kv_delivery` off)."""
+    sched.requires_kv_delivery = False
+
+
+#: The producer role's seeded bug: (bug, the rule that catches it, what its message says).
+PRODUCER_SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str], ...] = (
+    (_drops_no_stale_output, "kv_delivered", "its KV is to be sent, but the connector was"),
+)
+
+
+def test_a_producer_only_connector_frees_with_steps_in_flight_and_delivers() -> None:
+    """With `kv_role="kv_producer"` (a P/D prefill instance: it only sends) vLLM does not defer
+    frees, so under async scheduling it preempts requests with a step in flight, and, as the
+    connector must deliver their KV, drops that step's output (`requires_kv_delivery`): the
+    forty programs pass every check in both loops, with such preemptions, sends, and no load.
+    In both roles vLLM sets `requires_kv_delivery` (our connector produces)."""
+    options = LoopOptions(kv_connector="recompute", kv_role="kv_producer")
+    stale = sends = loads = 0
+    for seed in PROGRAMS:
+        for async_scheduling in (False, True):
+            run = run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
+            stale += run.stale
+            sends += run.sends
+            loads += run.loads
+    assert stale > 0 and sends > 0 and loads == 0, (stale, sends, loads)
+    for role in ("kv_both", "kv_producer"):
+        adapter = RealVllmScheduler(
+            _lone(4).config, lambda _e: None, SPACE, kv_connector="fail", kv_role=role
+        )
+        assert adapter.sched.requires_kv_delivery is True
+
+
+@pytest.mark.parametrize(("mutant", "rule", "says"), PRODUCER_SEEDED_BUGS, ids=["stale_output"])
+def test_the_delivery_rule_catches_its_seeded_bug(
+    mutant: Callable[[Any], None], rule: str, says: str
+) -> None:
+    """The first of the forty producer programs that fails with the seeded bug fails
+    `kv_delivered` in the asynchronous loop, naming the request and its prompt: its blocks
+    were freed at the preemption, and the step in flight finished it."""
+    options = LoopOptions(kv_connector="recompute", kv_role="kv_producer", mutate=mutant)
+    for seed in PROGRAMS:
+        try:
+            run_loop(core_program(seed), async_scheduling=True, options=options)
+        except EngineCoreViolation as err:
+            assert err.rule == rule, err
+            assert says in err.detail and "-token prompt" in err.detail, err.detail
+            return
+    pytest.fail(f"no program of {PROGRAMS} caught the seeded bug {mutant.__name__}")
+
+
 @LOOPS
 def test_finding_a_failed_load_heads_the_loads_and_strands_them(async_scheduling: bool) -> None:
     """Program 959 (FCFS, prefix caching; asynchronous loads only), with
@@ -564,7 +616,8 @@ def test_the_async_check_script_takes_the_connector_and_the_fixes(
     """`--kv-connector recompute --kv-async-loads-only`: some of 30 programs hang (`progress`,
     exit 1); with the two reservation fixes all 30 pass, and the JSON says which connector
     ran; with every load kind under vLLM's default policy, `fail`, all 30 pass, and with
-    `--kv-pending-lookups` too, which puts lookups off and says so."""
+    `--kv-pending-lookups` too, which puts lookups off and says so, and with `--kv-role
+    kv_producer`, which only sends and preempts with steps in flight."""
     script = load_script("vllm_async_check")
     argv = ["--programs", "30", "--kv-connector", "recompute", "--kv-async-loads-only"]
     assert script.main(argv) == 1
@@ -587,19 +640,28 @@ def test_the_async_check_script_takes_the_connector_and_the_fixes(
     assert "a KV connector (all loads, lookups put off, failed loads: fail)" in out, out
     data = json.loads(out_json.read_text())
     assert data["kv_pending_lookups"] is True and data["counts"]["sync"]["lookups_put_off"] > 0
+    producer = ["--programs", "30", "--kv-connector", "fail", "--kv-role", "kv_producer"]
+    assert script.main([*producer, "--json", str(out_json)]) == 0
+    assert "a KV connector (sends only, failed loads: fail)" in capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert data["kv_role"] == "kv_producer" and data["counts"]["async"]["stale"] > 0
 
 
 def test_the_connector_rules_are_the_loops_rules() -> None:
     """The rules the connector adds are listed with the loop's (`RULES`)."""
-    assert {"load_before_compute", "transfer_blocks_held", "kv_written"} <= set(RULES)
+    assert {"load_before_compute", "transfer_blocks_held", "kv_written", "kv_delivered"} <= set(
+        RULES
+    )
 
 
 def test_an_unknown_failure_policy_is_refused() -> None:
-    """`kv_connector` is None or one of vLLM's failure policies; anything else is a
-    `ConfigError` naming them."""
+    """`kv_connector` is None or one of vLLM's failure policies, `kv_role` one of the roles
+    checked; anything else is a `ConfigError` naming them."""
     config = _lone(4).config
     with pytest.raises(ConfigError, match="recompute, fail"):
         RealVllmScheduler(config, lambda _e: None, SPACE, kv_connector="retry")
+    with pytest.raises(ConfigError, match="kv_both, kv_producer"):
+        RealVllmScheduler(config, lambda _e: None, SPACE, kv_connector="fail", kv_role="both")
     adapter = RealVllmScheduler(config, lambda _e: None, SPACE, kv_connector="fail")
     assert type(adapter.sched.connector).__name__ == "SchedspecKvConnector"
     assert adapter.sched.recompute_kv_load_failures is False

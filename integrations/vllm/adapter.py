@@ -227,6 +227,7 @@ class RealVllmScheduler:
         structured_output: bool = False,
         reasoning: bool = False,
         kv_connector: str | None = None,
+        kv_role: str = "kv_both",
     ) -> None:
         space.check(config)
         if (
@@ -272,6 +273,10 @@ class RealVllmScheduler:
                 f"None or a load failure policy: {', '.join(KV_FAILURE_POLICIES)}",
             )
         self.kv_connector: str | None = kv_connector
+        if kv_role not in KV_ROLES:
+            raise ConfigError("kv_role", kv_role, f"one of {', '.join(KV_ROLES)}")
+        #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
+        self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end (reasoning on)
         self.reasoning_end_at: dict[str, int] = {}
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
@@ -325,7 +330,7 @@ class RealVllmScheduler:
                 ),
                 speculative_config=self._speculative_config(model_config),
                 kv_transfer_config=(
-                    _kv_transfer_config(cfg, self.kv_connector)
+                    _kv_transfer_config(cfg, self.kv_connector, self.kv_role)
                     if self.kv_connector is not None
                     else None
                 ),
@@ -680,18 +685,21 @@ def vllm_config_error(err: ValueError) -> str:
 #: vLLM's `kv_load_failure_policy` values: retry a failed KV load by recomputing, or end the
 #: request with an error (vLLM's default).
 KV_FAILURE_POLICIES = ("recompute", "fail")
+#: The connector roles checked: loading and sending, or sending only (a P/D prefill instance,
+#: whose scheduler then frees a request's blocks at once with steps in flight).
+KV_ROLES = ("kv_both", "kv_producer")
 #: Where vLLM's `KVConnectorFactory` finds the connector `kv_connector=` configures.
 KV_CONNECTOR_MODULE = "integrations.vllm.kv_connector"
 KV_CONNECTOR_NAME = "SchedspecKvConnector"
 
 
-def _kv_transfer_config(cfg: Any, policy: str) -> Any:
-    """vLLM's `KVTransferConfig` for `integrations.vllm.kv_connector`'s connector, in both
-    roles (it loads and sends), with `kv_load_failure_policy` `policy`."""
+def _kv_transfer_config(cfg: Any, policy: str, role: str) -> Any:
+    """vLLM's `KVTransferConfig` for `integrations.vllm.kv_connector`'s connector in `role`
+    (`KV_ROLES`), with `kv_load_failure_policy` `policy`."""
     return cfg.KVTransferConfig(
         kv_connector=KV_CONNECTOR_NAME,
         kv_connector_module_path=KV_CONNECTOR_MODULE,
-        kv_role="kv_both",
+        kv_role=role,
         kv_load_failure_policy=policy,
     )
 

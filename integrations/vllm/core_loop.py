@@ -454,9 +454,12 @@ def _describe(got: int, token: Callable[[int], int], max_tokens: int) -> str:
 
 def call_vllm(what: str, call: Callable[[], Any]) -> Any:
     """`call()`; vLLM raising is a finding (`implementation_error`), reported with its type and
-    text."""
+    text. A check that runs inside the call (a KV connector's, which vLLM calls) raises its
+    own violation, which passes through."""
     try:
         return call()
+    except EngineCoreViolation:
+        raise
     except Exception as err:
         raise EngineCoreViolation(
             "implementation_error", f"vLLM raised in {what}: {_raised(err)}"

@@ -67,13 +67,17 @@ ones its grammar admits).
 With `kv_connector` = a failure policy (`recompute` or `fail`, vLLM's
 `kv_load_failure_policy`) both loops serve a KV connector, `integrations.vllm.kv_connector`'s:
 vLLM loads its class, the loop runs its worker (asynchronous loads that may fail, sends of
-finished requests' KV), and three rules are added: `transfer_blocks_held` (a transfer's blocks
+finished requests' KV), and four rules are added: `transfer_blocks_held` (a transfer's blocks
 are not free, and an asynchronous load's are its request's alone, until the transfer is
 reported), `load_before_compute` (no request is scheduled while its asynchronous load is in
 flight) and `kv_written` (every scheduled request reads, below its computed tokens, only blocks
 a batch or a load wrote with its content: a load that failed, or a step computed over a failed
-block, writes nothing valid); `cache_hit_written` then also counts what a load wrote, and a
-transfer never reported fails `progress`.
+block, writes nothing valid) and `kv_delivered` (a request whose KV is sent when it stops or
+reaches its length hands the connector blocks covering its prompt: with `kv_role="kv_producer"`
+vLLM frees a preempted request's blocks with its steps in flight, and must not let their output
+finish it); `cache_hit_written` then also counts what a load wrote, and a transfer never
+reported fails `progress`. `kv_pending_lookups` has the connector put some lookups off ("ask
+again later"), which vLLM skips by design.
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -135,6 +139,7 @@ RULES = (
     "kv_written",
     "load_before_compute",
     "transfer_blocks_held",
+    "kv_delivered",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -212,8 +217,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure
     policy) vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker
     are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads
-    unless `kv_sync_loads` is False, and lookups answered "ask again later" if
-    `kv_pending_lookups`)."""
+    unless `kv_sync_loads` is False, lookups answered "ask again later" if
+    `kv_pending_lookups`, and nothing to load if `kv_role` is "kv_producer": the connector only
+    sends)."""
 
     def __init__(
         self,
@@ -233,6 +239,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         remote_kv: RemoteKv | None = None,
         kv_sync_loads: bool = True,
         kv_pending_lookups: bool = False,
+        kv_role: str = "kv_both",
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -246,6 +253,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             structured_output=structured_output,
             reasoning=reasoning,
             kv_connector=kv_connector,
+            kv_role=kv_role,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -255,6 +263,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 config.block_size,
                 sync_loads=kv_sync_loads,
                 pending_lookups=kv_pending_lookups,
+                loads=kv_role != "kv_producer",
             )
             self.impl.sched.connector.remote = self.remote
         if mutate is not None:
@@ -613,7 +622,7 @@ class LoopOptions:
     `kv_connector` (a `kv_load_failure_policy`) serves both loops with
     `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
     (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
-    first told "ask again later")."""
+    first told "ask again later"; `kv_role="kv_producer"`: the connector only sends)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -627,6 +636,7 @@ class LoopOptions:
     kv_connector: str | None = None
     kv_sync_loads: bool = True
     kv_pending_lookups: bool = False
+    kv_role: str = "kv_both"
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -655,6 +665,7 @@ class LoopOptions:
             kv_connector=self.kv_connector,
             kv_sync_loads=self.kv_sync_loads,
             kv_pending_lookups=self.kv_pending_lookups,
+            kv_role=self.kv_role,
         )
         return loop.run(program)
 

@@ -30,10 +30,14 @@ from `kv_connector_module_path` (this module); every decision it makes is `Remot
   (`failed_recving`; a synchronous one in its first block) and 1/6 in one block
   (`invalid_block_ids`).
 
+Without `loads` (vLLM's `kv_role="kv_producer"`, a P/D prefill instance) the store holds
+nothing and the connector only sends.
+
 What `RemoteKv` checks (`integrations.vllm.engine_core` calls it): `transfer_blocks_held`
 (while a transfer is in flight its blocks are not free, and an asynchronous load's are held by
 its request alone), `load_before_compute` (a request is scheduled no tokens while its
-asynchronous load is in flight) and, once drained, `progress` (every transfer was reported).
+asynchronous load is in flight), `kv_delivered` (a request whose KV is sent is handed over with
+blocks covering its prompt) and, once drained, `progress` (every transfer was reported).
 It also says which blocks a load wrote, for `cache_hit_written` and `kv_written`.
 Depends on `spec` and the adapter's helpers; vLLM is imported only when vLLM asks this module
 for the connector class.
@@ -94,9 +98,18 @@ class RemoteKv:
     """The remote KV store and the connector's worker, seeded by `seed`."""
 
     def __init__(
-        self, seed: int, block_size: int, *, sync_loads: bool = True, pending_lookups: bool = False
+        self,
+        seed: int,
+        block_size: int,
+        *,
+        sync_loads: bool = True,
+        pending_lookups: bool = False,
+        loads: bool = True,
     ) -> None:
         self.seed: int = seed
+        #: Whether the store holds anything to load (False: a producer-only connector, a P/D
+        #: prefill instance, which only sends).
+        self.loads: bool = loads
         #: Whether one request in three loads its hit synchronously (else every load is
         #: asynchronous).
         self.sync_loads: bool = sync_loads
@@ -121,10 +134,10 @@ class RemoteKv:
 
     def remote_tokens(self, request: Any) -> int:
         """How many of `request`'s prompt tokens the store holds: none, half or all; never a
-        one-token prompt whole (see `matched`)."""
+        one-token prompt whole (see `matched`); none without `loads`."""
         share = self._hash(request.request_id, "load") % 3
         prompt = request.num_prompt_tokens
-        return 0 if prompt == 1 else (prompt * share) // 2
+        return 0 if prompt == 1 or not self.loads else (prompt * share) // 2
 
     def loads_async(self, request: Any) -> bool:
         """Whether `request`'s hit is loaded between steps (two requests in three, or all
@@ -194,9 +207,12 @@ class RemoteKv:
         only what a request computed; True (vLLM keeps the blocks until the send is reported)
         if there is anything to send."""
         blocks = tuple(block_ids)
-        if not blocks or not self.produces(request.request_id):
+        if not self.produces(request.request_id):
             return False
         if request.status.name not in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
+            return False
+        self.check_delivered(request, blocks)
+        if not blocks:
             return False
         self._register(Transfer("send", request.request_id, request, blocks, 0))
         self.counts.sends += 1
@@ -322,6 +338,21 @@ class RemoteKv:
                         f"{where}: block {b} is held by {others}, but the load of {t.rid!r} "
                         f"({state}) is writing it",
                     )
+
+    def check_delivered(self, request: Any, blocks: tuple[int, ...]) -> None:
+        """`kv_delivered`: a producer's request that finished by stopping or at its length is
+        handed to the connector with blocks covering at least its prompt (what a P/D decode
+        instance needs from it). vLLM keeps that so by recomputing a request preempted with a
+        step in flight rather than letting that step's output finish it with its blocks freed
+        (`requires_kv_delivery`)."""
+        covered = len(blocks) * self.block_size
+        if covered < request.num_prompt_tokens:
+            raise EngineCoreViolation(
+                "kv_delivered",
+                f"{request.request_id!r} finished ({request.status.name}) and its KV is to be "
+                f"sent, but the connector was handed {len(blocks)} blocks of {self.block_size} "
+                f"for its {request.num_prompt_tokens}-token prompt",
+            )
 
     def check_done(self) -> None:
         """`progress` once drained: every transfer was reported."""
