@@ -73,13 +73,16 @@ Edit = tuple[str, str, str]  # (module, text there exactly once, what takes its 
 class EngineFix:
     """One candidate fix, as edits of an engine's own files: the edits, in order, the methods
     of the engine's classes it changes or adds, as (module, "Class.method") — what
-    `FixSet.applied` puts in place — and one line saying what it fixes and how (what a fix
-    list prints)."""
+    `FixSet.applied` puts in place — one line saying what it fixes and how (what a fix list
+    prints), and the attributes its edit of an `__init__` adds (`state`)."""
 
     name: str
     edits: tuple[Edit, ...]
     methods: tuple[tuple[str, str], ...]
     summary: str = ""
+    #: What the fix's edit of an `__init__` gives a new object, as (attribute, factory), for
+    #: a caller that gives the fix to an object already built (`ScheduleFix.apply` sets them).
+    state: tuple[tuple[str, Callable[[], Any]], ...] = ()
 
 
 def module_file(module: str) -> str:

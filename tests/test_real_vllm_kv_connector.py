@@ -242,13 +242,19 @@ def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
-    """Eight hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load
+    """Ten hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load
     is done, what a load that failed as a whole leaves of its request, a failed block's
     sharers and a truncated request's steps in flight, two evictions, and the step's output
-    handed to the handler of failed blocks, which evicts by it."""
+    handed to the handler of failed blocks, which evicts by it, with the state (set up in
+    `__init__`, which `apply` sets on a built scheduler) and the method that evict an ended
+    loader's later steps."""
     diff = fix_as_diff()
     assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
-    assert diff.count("@@ ") == 8
+    assert diff.count("@@ ") == 10
+    assert "+        self._failed_ended_loaders: dict[str, int] = {}" in diff
+    sched = RealVllmScheduler(_lone(4).config, lambda _e: None, SPACE).sched
+    apply_kv_load_fixes(sched)
+    assert sched._failed_ended_loaders == {}
     assert KV_LOAD_FIXES.names == (
         "drop-stale-reservation",
         "requeue-failed-load",
@@ -552,6 +558,81 @@ def test_finding_the_loader_gone_under_the_default_policy() -> None:
             caught.value.detail
         )
     run(_fixes("evict-failed-blocks", "evict-ended-loader-blocks"))
+
+
+class _FirstBlocksFail(RemoteKv):
+    """r0's first two prompt tokens are in the store, loaded synchronously; the load fails in
+    its first block; nothing else is held or sent."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+
+    def remote_tokens(self, request: Any) -> int:
+        return 2 if request.request_id == "r0" else 0
+
+    def loads_async(self, request: Any) -> bool:
+        return False
+
+    def produces(self, rid: str) -> bool:
+        return False
+
+    def outcome(self, load: Transfer) -> str | int:
+        return 0
+
+
+def _chunked_loader_aborted(fix: Callable[[Any], None]) -> None:
+    """r0, a 12-token prompt computed 4 tokens a step after its failing load, with two
+    pipeline stages, aborted at step 2 (its first two steps in flight); r1 and r2, the same
+    prompt, arrive later. Asynchronous loop, recompute policy, `fix` made."""
+    prompt = tuple(range(100, 112))
+    config = ArConfig(
+        block_size=1,
+        num_blocks=60,
+        max_num_batched_tokens=4,
+        max_num_seqs=4,
+        max_model_len=40,
+        long_prefill_token_threshold=0,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+    )
+    arrivals: list[tuple[ArRequest, ...]] = [()] * 20
+    arrivals[0] = (ArRequest("r0", 12, 2, prompt=prompt),)
+    arrivals[8] = (ArRequest("r1", 12, 2, prompt=prompt),)
+    arrivals[19] = (ArRequest("r2", 12, 2, prompt=prompt),)
+    aborts: list[tuple[str, ...]] = [()] * 20
+    aborts[2] = ("r0",)
+    loop = EngineCoreLoop(
+        config,
+        async_scheduling=True,
+        kv_connector="recompute",
+        remote_kv=_FirstBlocksFail(),
+        mutate=fix,
+        pipeline_parallel_size=2,
+    )
+    loop.run(CoreProgram(config, tuple(arrivals), tuple(aborts)))
+
+
+def test_the_ended_loader_fix_covers_its_later_steps_in_flight() -> None:
+    """The loader's steps after the failing one, scheduled before its failure was reported,
+    computed over the failed block too. Without `evict-ended-loader-blocks`, r2 hits a block
+    of the loading step (block 3, r0's block 2); with it, but without its eviction of the later
+    steps' blocks (`_evict_failed_ended_loaders` made a no-op), r2 hits a block of r0's next
+    step (block 7, r0's block 6); with the whole fix it passes."""
+    five = _fixes(*(n for n in KV_LOAD_FIXES.names if n != "evict-ended-loader-blocks"))
+
+    def first_step_only(sched: Any) -> None:
+        apply_kv_load_fixes(sched)
+        sched._evict_failed_ended_loaders = lambda scheduler_output: None
+
+    for fix, block in (
+        (five, "block 3 as its block 2"),
+        (first_step_only, "block 7 as its block 6"),
+    ):
+        with pytest.raises(EngineCoreViolation) as caught:
+            _chunked_loader_aborted(fix)
+        assert caught.value.rule == "cache_hit_written", caught.value
+        assert f"'r2' starts from the prefix cache with {block}" in caught.value.detail
+    _chunked_loader_aborted(apply_kv_load_fixes)
 
 
 class _Req:

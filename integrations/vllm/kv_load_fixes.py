@@ -35,11 +35,12 @@ block (`invalid_block_ids`, `_handle_invalid_blocks`),
    lost, or it hangs (vLLM issue #45138; `stale-after-failed-load` drops the output of its
    steps in flight, as a preemption does);
 6. vLLM finds the blocks computed over a failed block only in the block tables of running
-   requests: when the request that loaded it is no longer running (aborted or preempted
+   requests: when the request that loaded it is no longer running (aborted
    before the failure is reported), they stay cached even with `evict-failed-blocks`, and once
    its first blocks are computed again elsewhere a hit reaches them
    (`evict-ended-loader-blocks` hands the failed step's `SchedulerOutput` to
-   `_handle_invalid_blocks`, which evicts them by that step's own block ids).
+   `_handle_invalid_blocks`, which evicts them by that step's own block ids, and those of the
+   request's later steps in flight as their outputs arrive).
 
 Each fix is an edit of its own statements of vLLM's `vllm/v1/core/sched/scheduler.py`, so they
 compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all six as a patch,
@@ -221,10 +222,10 @@ _HANDLER_WITH_OUTPUT = (
 )
 _ASYNC_LOADS = "        # handle async KV loads (not cached yet, evict_blocks=False)\n"
 _ENDED_LOADERS_AND_ASYNC_LOADS = (
-    "        # A request that loaded in this step and is no longer running (ended or\n"
-    "        # preempted since) is not scanned below, but the blocks the step\n"
-    "        # computed over its failed block are cached: evict them by the step's\n"
-    "        # own block ids.\n"
+    "        # A request that loaded in this step and is no longer running (ended\n"
+    "        # since) is not scanned below, but the blocks the step computed over its\n"
+    "        # failed block are cached: evict them by the step's own block ids, and\n"
+    "        # those of its later steps in flight as their outputs arrive.\n"
     "        if scheduler_output is not None:\n"
     "            running_ids = {req.request_id for req in self.running}\n"
     "            cached = scheduler_output.scheduled_cached_reqs\n"
@@ -243,25 +244,73 @@ _ENDED_LOADERS_AND_ASYNC_LOADS = (
     "                for idx, block_id in enumerate(req_block_ids):\n"
     "                    if block_id in invalid_block_ids:\n"
     "                        self.kv_cache_manager.evict_blocks(set(req_block_ids[idx:]))\n"
+    "                        if self.sched_step_seq > self.processed_step_seq:\n"
+    "                            self._failed_ended_loaders[req_id] = self.sched_step_seq\n"
     "                        break\n"
     "\n"
 ) + _ASYNC_LOADS
 
+#: Where `__init__` sets up the connector's state.
+_DELIVERY = "        self.requires_kv_delivery = False\n"
+_DELIVERY_AND_ENDED_LOADERS = _DELIVERY + (
+    "        # Request id -> the last step scheduled when a synchronous KV load of it was\n"
+    "        # found failed after it ended: its steps still in flight computed over the\n"
+    "        # failed block, so the blocks they got are evicted as their outputs arrive.\n"
+    "        self._failed_ended_loaders: dict[str, int] = {}\n"
+)
+
+#: Where `update_from_output` learns that the step's GPU writes are done.
+_PROCESSED = (
+    "            self.processed_step_seq += 1\n"
+    "            self._drain_deferred_frees()\n"
+    "            self._drain_deferred_loads()\n"
+)
+_PROCESSED_AND_EVICTED = _PROCESSED + (
+    "        if self._failed_ended_loaders:\n"
+    "            self._evict_failed_ended_loaders(scheduler_output)\n"
+)
+
+#: A method added before `_handle_invalid_blocks`.
+_HANDLER_DEF = "    def _handle_invalid_blocks(\n"
+_EVICTER_AND_HANDLER_DEF = (
+    "    def _evict_failed_ended_loaders(self, scheduler_output: SchedulerOutput) -> None:\n"
+    '        """Evict the blocks this step got for requests whose synchronous KV load\n'
+    "        failed after they ended (`_failed_ended_loaders`): it computed them over the\n"
+    "        failed block. Forget those whose steps are all processed.\n"
+    '        """\n'
+    "        cached = scheduler_output.scheduled_cached_reqs\n"
+    "        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):\n"
+    "            if req_id in self._failed_ended_loaders and new_block_ids is not None:\n"
+    "                for group_block_ids in new_block_ids:\n"
+    "                    self.kv_cache_manager.evict_blocks(set(group_block_ids))\n"
+    "        self._failed_ended_loaders = {\n"
+    "            req_id: seq\n"
+    "            for req_id, seq in self._failed_ended_loaders.items()\n"
+    "            if seq > self.processed_step_seq\n"
+    "        }\n"
+    "\n"
+) + _HANDLER_DEF
+
 EVICT_ENDED_LOADER_BLOCKS_FIX = EngineFix(
     EVICT_ENDED_LOADER_BLOCKS,
     (
+        (MODULE, _DELIVERY, _DELIVERY_AND_ENDED_LOADERS),
+        (MODULE, _PROCESSED, _PROCESSED_AND_EVICTED),
         (MODULE, _HANDLED, _HANDLED_WITH_OUTPUT),
         (MODULE, _HANDLER, _HANDLER_WITH_OUTPUT),
+        (MODULE, _HANDLER_DEF, _EVICTER_AND_HANDLER_DEF),
         (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS),
     ),
     (
         (MODULE, "Scheduler.update_from_output"),
+        (MODULE, "Scheduler._evict_failed_ended_loaders"),
         (MODULE, "Scheduler._handle_invalid_blocks"),
     ),
-    "the blocks a step computed over a block whose synchronous KV load failed leave the prefix "
-    "cache when the request that loaded it is no longer running (aborted or preempted before "
-    "the failure was reported): vLLM found them only in running requests' block tables, and a "
-    "later hit read them",
+    "the blocks a step computed over a block whose synchronous KV load failed, and those its "
+    "later steps in flight computed, leave the prefix cache when the request that loaded it is "
+    "no longer running (aborted before the failure was reported): vLLM found them only in "
+    "running requests' block tables, and a later hit read them",
+    state=(("_failed_ended_loaders", dict),),
 )
 
 #: The fixes, each an edit of its own statements (they compose).

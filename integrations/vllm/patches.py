@@ -75,9 +75,13 @@ class ScheduleFix:
         return self.fix_set.as_diff(self.names)
 
     def apply(self, sched: Any) -> None:
-        """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed methods."""
+        """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed methods, and the
+        attributes the fixes' `__init__` edits would have given it (`EngineFix.state`)."""
         cls = type(sched)
         sched.__class__ = type(cls.__name__, (cls,), self.methods())
+        for fix in self.fix_set.fixes:
+            for attribute, factory in fix.state:
+                setattr(sched, attribute, factory())
 
 
 __all__ = [
