@@ -209,7 +209,9 @@ class RealVllmScheduler:
     `structured_output=True` gives every other request (even submission index) structured
     output under `integrations.vllm.structured`'s grammar (its own tokens, in order); the
     bitmask then constrains the model, which `step()` does not model, so it refuses and
-    `integrations.vllm.engine_core` drives it."""
+    `integrations.vllm.engine_core` drives it. `kv_connector` (a `kv_load_failure_policy`,
+    `KV_FAILURE_POLICIES`) configures `integrations.vllm.kv_connector`'s connector in
+    `kv_role` (`KV_ROLES`), whose worker side `integrations.vllm.engine_core` runs."""
 
     name = "real-vllm"
     hasher: Any  # vLLM's request block hasher with prefix caching, else None (set by `_build`)
