@@ -49,6 +49,8 @@ from integrations.vllm.kv_load_fixes import (
     fix_as_diff,
 )
 from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
+from integrations.vllm.speculative import SpeculativeModel
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -633,6 +635,30 @@ def test_the_ended_loader_fix_covers_its_later_steps_in_flight() -> None:
         assert caught.value.rule == "cache_hit_written", caught.value
         assert f"'r2' starts from the prefix cache with {block}" in caught.value.detail
     _chunked_loader_aborted(apply_kv_load_fixes)
+
+
+#: The six fixes and `pad-what-fits` (speculative decoding), as one edit of vLLM's file.
+DRAFTS_FIXED = ScheduleFix(*KV_LOAD_FIXES.fixes, SPEC_PAD_FIX).apply
+
+
+@LOOPS
+def test_drafts_with_a_failed_synchronous_load_pass_with_the_fixes(async_scheduling: bool) -> None:
+    """Program 1 with 2 drafts a step and every load kind: r1's synchronous load fails in its
+    first block, so vLLM truncates r1 in place (recompute policy) and drops what its step
+    sampled. The speculative model follows (`SpeculativeModel.truncated`): with the fixes both
+    loops pass, drafts and a failed block included. Without that, the check itself fails the
+    program: the synchronous loop reads r1's recomputation as a decode (`decode_position`),
+    the asynchronous one counts the dropped output (`output_content`)."""
+    options = LoopOptions(kv_connector="recompute", speculative_tokens=2, fix=DRAFTS_FIXED)
+    run = run_loop(core_program(1), async_scheduling=async_scheduling, options=options)
+    assert run.blocks_invalid > 0 and run.drafts_scheduled > 0, run
+    rule = "output_content" if async_scheduling else "decode_position"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SpeculativeModel, "truncated", lambda self: None)
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(core_program(1), async_scheduling=async_scheduling, options=options)
+    assert caught.value.rule == rule, caught.value
+    assert "'r1'" in caught.value.detail, caught.value.detail
 
 
 class _Req:

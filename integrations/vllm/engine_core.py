@@ -523,6 +523,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 self.writes.forget_failed_load(
                     t.request, t.blocks[t.bad], after=t.first + len(t.blocks)
                 )
+        if self.model is not None and self.remote is not None:
+            self.model.truncated()
         if self.model is not None and not self.async_scheduling:
             drafts = self.model.drafts(out)
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))

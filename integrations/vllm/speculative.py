@@ -128,6 +128,23 @@ class SpeculativeModel:
             self.decoding.discard(rid)
             self.proposed.pop(rid, None)
 
+    def truncated(self) -> None:
+        """After an output is applied: a request whose computed tokens vLLM cut back below its
+        last kept output (a KV load that failed under it, recompute policy) recomputes in
+        place. vLLM dropped what the failing step sampled (and, async, its steps in flight:
+        `stale-after-failed-load`), so its count is the scheduler's again, and its next step
+        that samples ends a prefill, not a decode."""
+        for rid in list(self.decoding):
+            req = self.sched.requests.get(rid)
+            if req is None:
+                continue
+            kept = len(req.output_token_ids)
+            if req.num_computed_tokens < req.num_prompt_tokens + kept - 1 or (
+                not self.async_scheduling and kept < self.produced[rid]
+            ):
+                self.produced[rid] = kept
+                self.decoding.discard(rid)
+
     def certain(self, out: Any) -> dict[str, tuple[int, int]]:
         """Per request of batch `out`, the positions it writes correctly whatever the model
         accepts (first position, count): a decode's last sampled token, a prefill chunk's
