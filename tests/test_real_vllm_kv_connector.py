@@ -662,11 +662,14 @@ def test_drafts_with_a_failed_synchronous_load_pass_with_the_fixes(async_schedul
 
 
 class _Req:
-    """A request as `CacheWrites` reads it: an id and its block hashes."""
+    """A request as `CacheWrites` and `RemoteKv.lookup` read it: an id, its block hashes, and
+    a prompt of `prompt` tokens with nothing generated."""
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, prompt: int = 0) -> None:
         self.request_id: str = rid
         self.block_hashes: list[bytes] = []
+        self.num_prompt_tokens: int = prompt
+        self.num_tokens: int = prompt
 
 
 def test_a_failed_load_forgets_its_failed_block_and_what_was_computed_over_it() -> None:
@@ -774,15 +777,6 @@ def test_an_unknown_failure_policy_is_refused() -> None:
     assert adapter.sched.recompute_kv_load_failures is False
 
 
-class _Named:
-    """A request as `RemoteKv.lookup` reads it."""
-
-    def __init__(self, rid: str, prompt: int) -> None:
-        self.request_id: str = rid
-        self.num_prompt_tokens: int = prompt
-        self.num_tokens: int = prompt
-
-
 def test_a_put_off_lookup_is_answered_after_one_or_two_asks() -> None:
     """With `pending_lookups`, the store answers one request in four "ask again later" (None)
     at its first one or two lookups, then what it holds; without, never."""
@@ -792,7 +786,7 @@ def test_a_put_off_lookup_is_answered_after_one_or_two_asks() -> None:
     assert {1, 2} <= set(put_off.values()) <= {0, 1, 2}
     assert 30 <= sum(1 for n in put_off.values() if n) <= 70  # about a quarter
     rid = next(r for r, n in put_off.items() if n == 2)
-    request = _Named(rid, 8)
+    request = _Req(rid, 8)
     answers = [store.lookup(request, 0) for _ in range(3)]
     assert answers[:2] == [None, None] and answers[2] == store.matched(request, 0)
     assert rid not in store.asked_later and store.counts.lookups_put_off == 2
