@@ -3,8 +3,9 @@ files: SGLang 0.5.23's dLLM path (`integrations.sglang.fixes`), Vidur 0.0.25's r
 schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`integrations.vllm.fixes`) or vLLM 0.33.0's prefix caching under priority scheduling
 (`vllm-prefix`: `integrations.vllm.preempted_cache_fix`), vLLM 0.33.0's speculative decoding
-(`vllm-spec`: `integrations.vllm.spec_pad_fix`) or vLLM 0.33.0's KV connector path
-(`vllm-kv`: `integrations.vllm.kv_load_fixes`).
+(`vllm-spec`: `integrations.vllm.spec_pad_fix`), vLLM 0.33.0's KV connector path
+(`vllm-kv`: `integrations.vllm.kv_load_fixes`) or its draft margin with speculative decoding
+(`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -13,6 +14,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-prefix > uncache-preempted.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-spec > pad-what-fits.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-kv > kv-load-fixes.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-draft-margin > cap-draft-margin.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -22,11 +24,11 @@ installed files when run; `git apply -p1` applies it in the engine's checkout of
 version (SGLang: its `python/` directory). The tests that run these very edits are in
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
-`tests/test_real_vllm_kv_connector.py`
+`tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
-Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec` and
-`vllm-kv` need `vllm`).
+Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
+`vllm-kv` and `vllm-draft-margin` need `vllm`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from integrations.patches import FixSet, print_patch
 from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
 from integrations.sglang.fixes import SGLANG_FIXES
 from integrations.vidur.fixes import VIDUR_FIXES
+from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
@@ -54,6 +57,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-prefix": (PREEMPTED_CACHE_FIXES, PREEMPTED_CACHE_FIXES.names),
     "vllm-spec": (SPEC_PAD_FIXES, SPEC_PAD_FIXES.names),
     "vllm-kv": (KV_LOAD_FIXES, KV_LOAD_FIXES.names),
+    "vllm-draft-margin": (DRAFT_MARGIN_FIXES, DRAFT_MARGIN_FIXES.names),
 }
 
 

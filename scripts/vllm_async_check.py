@@ -5,8 +5,9 @@
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail}]
-        [--fix {uncache-preempted,pad-what-fits,drop-stale-reservation,requeue-failed-load,
-                evict-failed-blocks,every-sharer-recomputes,stale-after-failed-load} ...]
+        [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
+                requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
+                stale-after-failed-load,evict-ended-loader-blocks} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -21,8 +22,10 @@ candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
 `draft_model` reserve lookahead slots and let the async loop skip drafting; vLLM refuses a
 budget no larger than the lookahead, and such programs are reported as refused);
-`--fix pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`).
-`--fix` may be given twice: both fixes are then made in
+`--fix pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`), and
+with a KV connector `--fix cap-draft-margin` that of the draft margin an asynchronous load is
+admitted with (`integrations.vllm.draft_margin_fix`).
+`--fix` may be repeated: the fixes are then made in
 one `Scheduler.schedule`.
 `--structured-output` gives every other request of both loops structured output
 (`integrations.vllm.structured`: its grammar admits the request's own tokens; the model runner
@@ -59,6 +62,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
+from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -86,7 +90,13 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
 FIXES = {
-    fix.name: fix for fix in (PREEMPTED_CACHE_FIX, SPEC_PAD_FIX, *KV_LOAD_SCHEDULE.fix_set.fixes)
+    fix.name: fix
+    for fix in (
+        PREEMPTED_CACHE_FIX,
+        SPEC_PAD_FIX,
+        DRAFT_MARGIN_FIX,
+        *KV_LOAD_SCHEDULE.fix_set.fixes,
+    )
 }
 
 COUNTS = (
