@@ -5,9 +5,11 @@ KV load failed counts its own reservation against itself when it loads again, an
 queue of requests holding KV when it no longer holds any, stranding the finished loads behind
 it; blocks computed over a failed block stay in the prefix cache, even with the first fix of
 that when the request that loaded it has ended; a second holder of a failed block reads it
-before it is recomputed; with drafts, a load that fills the pool is never
-admitted. And one known upstream: under async scheduling a failed synchronous load leaves
-the request's output placeholders counted (vLLM issue #45138).
+before it is recomputed. (With drafts, a load that fills the pool is never admitted:
+tests/test_real_vllm_draft_margin.py.) And one known upstream: under async scheduling a
+failed synchronous load leaves the request's output placeholders counted (vLLM issue #45138),
+which, with drafts and a producer's request finished by that stale output, also hands the
+connector less than its prompt's KV (`kv_delivered`).
 
 The first finding's program: one request r0, a 10-token prompt all in the remote store, a pool of 19
 usable blocks of one token; r0's first load fails as a whole, under
@@ -28,9 +30,11 @@ from typing import Any
 
 import pytest
 
+from integrations.patches import EngineFix
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE, RealVllmScheduler
 from integrations.vllm.cache_writes import CacheWrites
+from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import (
     RULES,
     CoreProgram,
@@ -44,6 +48,7 @@ from integrations.vllm.engine_core import (
 from integrations.vllm.kv_connector import RemoteKv, Transfer
 from integrations.vllm.kv_load_fixes import (
     KV_LOAD_FIXES,
+    STALE_AFTER_FAILED_LOAD_FIX,
     apply_drop_stale_reservation_fix,
     apply_kv_load_fixes,
     fix_as_diff,
@@ -182,65 +187,6 @@ def test_the_drop_stale_reservation_fix_lets_the_retry_in(async_scheduling: bool
     run = loop.run(_lone(10))
     assert len(run.outputs["r0"]) == 3 and run.reasons["r0"] == "length"
     assert (run.loads, run.loads_failed) == (2, 1)
-
-
-class _WholePrompts(RemoteKv):
-    """Every prompt is in the store (`hit`) or none is; every load succeeds at once, nothing
-    is sent."""
-
-    def __init__(self, *, hit: bool) -> None:
-        super().__init__(0, 1, sync_loads=False)
-        self.hit: bool = hit
-
-    def remote_tokens(self, request: Any) -> int:
-        return int(request.num_prompt_tokens) if self.hit else 0
-
-    def produces(self, rid: str) -> bool:
-        return False
-
-    def delay(self, transfer: Transfer) -> int:
-        return 0
-
-    def outcome(self, load: Transfer) -> str | int:
-        return "ok"
-
-
-@LOOPS
-def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
-    async_scheduling: bool,
-) -> None:
-    """With 2 drafts a step, an asynchronous load is admitted only if its blocks and one
-    decode step's draft blocks (3, `_spec_decode_step_blocks`) fit in the free pool, a margin
-    not capped at `max_model_len`: r0 (4-token prompt all in the store, 2 new) in 6 usable
-    blocks, the least vLLM accepts for `max_model_len` 6, needs 7 and waits for ever
-    (`progress`). It needs 6 at most: without the hit it runs, and so it does with 7 blocks."""
-
-    def run(num_blocks: int, hit: bool) -> Any:
-        config = ArConfig(
-            block_size=1,
-            num_blocks=num_blocks,
-            max_num_batched_tokens=12,
-            max_num_seqs=2,
-            max_model_len=6,
-            long_prefill_token_threshold=0,
-            enable_chunked_prefill=True,
-        )
-        program = CoreProgram(config, ((ArRequest("r0", 4, 2),),), ((),))
-        loop = EngineCoreLoop(
-            config,
-            async_scheduling=async_scheduling,
-            kv_connector="recompute",
-            remote_kv=_WholePrompts(hit=hit),
-            speculative_tokens=2,
-        )
-        return loop.run(program)
-
-    with pytest.raises(EngineCoreViolation) as caught:
-        run(7, hit=True)
-    assert caught.value.rule == "progress", caught.value
-    assert "0 running, 1 waiting" in caught.value.detail, caught.value.detail
-    assert run(7, hit=False).reasons["r0"] == "length"
-    assert run(8, hit=True).loads == 1
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
@@ -637,8 +583,10 @@ def test_the_ended_loader_fix_covers_its_later_steps_in_flight() -> None:
     _chunked_loader_aborted(apply_kv_load_fixes)
 
 
-#: The six fixes and `pad-what-fits` (speculative decoding), as one edit of vLLM's file.
-DRAFTS_FIXED = ScheduleFix(*KV_LOAD_FIXES.fixes, SPEC_PAD_FIX).apply
+#: The six fixes, `pad-what-fits` and `cap-draft-margin` (speculative decoding), as one edit
+#: of vLLM's file.
+DRAFTS_FIXES = (*KV_LOAD_FIXES.fixes, SPEC_PAD_FIX, DRAFT_MARGIN_FIX)
+DRAFTS_FIXED = ScheduleFix(*DRAFTS_FIXES).apply
 
 
 @LOOPS
@@ -648,17 +596,89 @@ def test_drafts_with_a_failed_synchronous_load_pass_with_the_fixes(async_schedul
     sampled. The speculative model follows (`SpeculativeModel.truncated`): with the fixes both
     loops pass, drafts and a failed block included. Without that, the check itself fails the
     program: the synchronous loop reads r1's recomputation as a decode (`decode_position`),
-    the asynchronous one counts the dropped output (`output_content`)."""
+    the asynchronous one records its recomputation's writes at a decode's positions, so its
+    first block reads as written by nothing (`kv_written`; before that rule ran with drafts,
+    `output_content` caught the dropped output counted)."""
     options = LoopOptions(kv_connector="recompute", speculative_tokens=2, fix=DRAFTS_FIXED)
     run = run_loop(core_program(1), async_scheduling=async_scheduling, options=options)
     assert run.blocks_invalid > 0 and run.drafts_scheduled > 0, run
-    rule = "output_content" if async_scheduling else "decode_position"
+    rule = "kv_written" if async_scheduling else "decode_position"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SpeculativeModel, "truncated", lambda self: None)
         with pytest.raises(EngineCoreViolation) as caught:
             run_loop(core_program(1), async_scheduling=async_scheduling, options=options)
     assert caught.value.rule == rule, caught.value
     assert "'r1'" in caught.value.detail, caught.value.detail
+
+
+def test_a_deferred_batch_truncated_under_drops_its_output_with_structured_output() -> None:
+    """Program 3 with 2 drafts a step, structured output and every load kind, every fix,
+    asynchronous loop: r0's synchronous load fails when its next step is already scheduled,
+    and, r0 being guided, vLLM defers sampling that step until the failing step's output is
+    applied. By then `stale-after-failed-load` has marked the step's output to be dropped, so
+    the speculative model samples nothing for it (`execute(deferred=True)`) and r0's
+    recomputation ends a prefill: the program passes. Counted as a decode instead, the
+    recomputation would sample output 2 under the row for output 1 (`grammar_mask`, the
+    check's false alarm)."""
+    options = LoopOptions(
+        kv_connector="recompute", speculative_tokens=2, structured_output=True, fix=DRAFTS_FIXED
+    )
+    run = run_loop(core_program(3), async_scheduling=True, options=options)
+    assert run.blocks_invalid > 0 and run.deferred > 0, run
+    execute = SpeculativeModel.execute
+
+    def undeferred(self: SpeculativeModel, out: Any, rows: Any = None, **_: bool) -> Any:
+        return execute(self, out, rows)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SpeculativeModel, "execute", undeferred)
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(core_program(3), async_scheduling=True, options=options)
+    assert caught.value.rule == "grammar_mask", caught.value
+    assert "'r0' samples output 2 under bitmask row 0" in caught.value.detail
+
+
+def test_a_deferred_batch_may_start_a_request_failed_since() -> None:
+    """Program 494 under `fail`, 2 drafts a step, structured output, every fix, asynchronous
+    loop: a deferred batch starts r2, whose load vLLM fails (ending it with an error) before
+    the batch is sampled; the speculative model skips the request it no longer finds, as it
+    skips one finished meanwhile (it once raised `KeyError` there)."""
+    options = LoopOptions(
+        kv_connector="fail", speculative_tokens=2, structured_output=True, fix=DRAFTS_FIXED
+    )
+    run = run_loop(core_program(494), async_scheduling=True, options=options)
+    assert run.reasons["r2"] == "error" and run.deferred > 0, run
+
+
+def test_with_drafts_running_reads_are_checked_below_verified_tokens() -> None:
+    """`kv_written` with drafts checks a running request's reads below its verified tokens
+    (`CacheWrites.verified_reads`). Program 1679, asynchronous loop, every fix but
+    `every-sharer-recomputes`: r5, a second holder of a failed block, reads it (the finding
+    above, with drafts); with that fix too it passes. Below the tokens of its steps in flight
+    the check would be wrong: program 1 with every fix then fails `kv_written` on r0, reading
+    a block of its own in-flight drafts' positions, which vLLM rolls back if they are
+    rejected."""
+    others = tuple(f for f in DRAFTS_FIXES if f.name != "every-sharer-recomputes")
+    options = LoopOptions(
+        kv_connector="recompute", speculative_tokens=2, fix=ScheduleFix(*others).apply
+    )
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(core_program(1679), async_scheduling=True, options=options)
+    assert caught.value.rule == "kv_written", caught.value
+    assert "'r5', running, reads block 8 as its block 1" in caught.value.detail
+    fixed = LoopOptions(kv_connector="recompute", speculative_tokens=2, fix=DRAFTS_FIXED)
+    run_loop(core_program(1679), async_scheduling=True, options=fixed)
+    init = CacheWrites.__init__
+
+    def unverified(self: CacheWrites, block_size: int, **flags: bool) -> None:
+        init(self, block_size, **{**flags, "verified_reads": False})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CacheWrites, "__init__", unverified)
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(core_program(1), async_scheduling=True, options=fixed)
+    assert caught.value.rule == "kv_written", caught.value
+    assert "'r0', running, reads block 6 as its block 5" in caught.value.detail
 
 
 class _Req:
@@ -718,6 +738,30 @@ def test_known_upstream_a_failed_synchronous_load_under_async_scheduling() -> No
     assert "'r1' produced 3 tokens, expected 3" in err.detail and "got its output 2" in err.detail
     assert _violation(1, False, _fixes(*four)) is None
     assert _violation(1, True, apply_kv_load_fixes) is None
+
+
+def test_known_upstream_with_drafts_a_stale_output_sends_less_than_the_prompt() -> None:
+    """The same upstream bug seen by the producer's delivery (`kv_delivered`): program 386,
+    2 drafts a step, `pad-what-fits` alone, asynchronous loop. r4's synchronous load fails in
+    its first block when the step that ends its 9-token prompt is already scheduled; vLLM
+    truncates r4 to recompute, but that step's output still counts (#45138), and it finishes
+    r4 at its length while the recomputation has computed 5 tokens: the connector is handed 2
+    blocks of 4 to send. The synchronous loop passes; with `stale-after-failed-load` too, so
+    does this one."""
+
+    def run(async_scheduling: bool, *fixes: EngineFix) -> None:
+        options = LoopOptions(
+            kv_connector="recompute", speculative_tokens=2, fix=ScheduleFix(*fixes).apply
+        )
+        run_loop(core_program(386), async_scheduling=async_scheduling, options=options)
+
+    with pytest.raises(EngineCoreViolation) as caught:
+        run(True, SPEC_PAD_FIX)
+    assert caught.value.rule == "kv_delivered", caught.value
+    assert "'r4' finished (FINISHED_LENGTH_CAPPED)" in caught.value.detail
+    assert "handed 2 blocks of 4 for its 9-token prompt" in caught.value.detail
+    run(False, SPEC_PAD_FIX)
+    run(True, STALE_AFTER_FAILED_LOAD_FIX, SPEC_PAD_FIX)
 
 
 def test_the_async_check_script_takes_the_connector_and_the_fixes(

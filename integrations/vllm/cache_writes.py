@@ -28,7 +28,9 @@ With a KV connector (`every_read`) the same record checks every scheduled reques
 hit: its blocks below its computed tokens must hold, as written by a batch or a load, its own
 content (`kv_written`); a load's blocks are recorded by the loop (`written`), and
 `forget_failed_load` drops what a failed synchronous load, and its request's steps computed
-over it, left wrong.
+over it, left wrong. With drafts (`verified_reads`), a running request's blocks are checked
+below its verified tokens only: under asynchronous scheduling a step is scheduled past the
+drafts of its steps in flight, and where vLLM rejects them it drops what read their KV.
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
@@ -50,11 +52,17 @@ class CacheWrites:
     and the blocks a call hashed for a request it preempted, not written since: block id ->
     (request id, its block index, the schedule index of that call, that block hash)."""
 
-    def __init__(self, block_size: int, *, every_read: bool = False) -> None:
+    def __init__(
+        self, block_size: int, *, every_read: bool = False, verified_reads: bool = False
+    ) -> None:
         self.block_size: int = block_size
         #: Also check every scheduled request's computed blocks, not only a hit's (`kv_written`;
         #: with a KV connector, whose loads may fail under a running request).
         self.every_read: bool = every_read
+        #: With drafts: check a running request's reads only below its verified tokens (those
+        #: of its processed steps), as a step is scheduled past drafts still in flight, whose
+        #: KV is wrong where vLLM later rejects them (it then drops what read them).
+        self.verified_reads: bool = verified_reads
         self.written: dict[int, tuple[Any, int]] = {}
         self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
@@ -85,6 +93,9 @@ class CacheWrites:
         for rid in sorted(reading):
             req, start = sched.requests[rid], starts[rid]
             table = tables.get(rid, ())
+            if self.verified_reads and rid not in hitting:
+                # vLLM has counted this step's tokens, and those of its steps in flight
+                start = min(start, req.num_computed_tokens - req.num_in_flight_tokens)
             for k in range(start // bs):
                 self._check(rid, req, k, table[k], schedule_index, rid in hitting)
 

@@ -70,14 +70,14 @@ vLLM loads its class, the loop runs its worker (asynchronous loads that may fail
 finished requests' KV), and four rules are added: `transfer_blocks_held` (a transfer's blocks
 are not free, and an asynchronous load's are its request's alone, until the transfer is
 reported), `load_before_compute` (no request is scheduled while its asynchronous load is in
-flight) and `kv_written` (every scheduled request reads, below its computed tokens, only blocks
-a batch or a load wrote with its content: a load that failed, or a step computed over a failed
-block, writes nothing valid) and `kv_delivered` (a request whose KV is sent when it stops or
-reaches its length hands the connector blocks covering its prompt: with `kv_role="kv_producer"`
-vLLM frees a preempted request's blocks with its steps in flight, and must not let their output
-finish it); `cache_hit_written` then also counts what a load wrote, and a transfer never
-reported fails `progress`. `kv_pending_lookups` has the connector put some lookups off ("ask
-again later"), which vLLM skips by design.
+flight) and `kv_written` (every scheduled request reads, below its computed tokens, with drafts
+its verified ones, only blocks a batch or a load wrote with its content: a load that failed, or
+a step computed over a failed block, writes nothing valid) and `kv_delivered` (a request whose
+KV is sent when it stops or reaches its length hands the connector blocks covering its prompt:
+with `kv_role="kv_producer"` vLLM frees a preempted request's blocks with its steps in flight,
+and must not let their output finish it); `cache_hit_written` then also counts what a load
+wrote, and a transfer never reported fails `progress`. `kv_pending_lookups` has the connector
+put some lookups off ("ask again later"), which vLLM skips by design.
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -278,11 +278,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.config = config
         self.stages = pipeline_parallel_size
         # a KV load's blocks are read as a prefix-cache hit's: checked the same way, and, as a
-        # load may fail under a running request, every read (`kv_written`); not with drafts,
-        # as a step is then scheduled past drafts not yet verified, which vLLM rolls back
-        every_read = kv_connector is not None and speculative_tokens == 0
+        # load may fail under a running request, every read (`kv_written`); with drafts only
+        # below verified tokens, as a step is scheduled past drafts that vLLM may roll back
         self.writes: CacheWrites | None = (
-            CacheWrites(config.block_size, every_read=every_read)
+            CacheWrites(
+                config.block_size,
+                every_read=kv_connector is not None,
+                verified_reads=speculative_tokens > 0,
+            )
             if config.enable_prefix_caching or kv_connector is not None
             else None
         )
@@ -435,19 +438,20 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "update_draft_token_ids_in_output",
                 lambda: self.sched.update_draft_token_ids_in_output(drafts, out),
             )
-        output = self.transfer(out, self.sample(out, self._grammar(out)))
+        output = self.transfer(out, self.sample(out, self._grammar(out), deferred=True))
         if self.writes is not None and model is not None:
             self.writes.record(self.sched, out, self._deferred_tables, self._valid)
         return output
 
-    def sample(self, out: Any, grammar: Any) -> Any:
+    def sample(self, out: Any, grammar: Any, *, deferred: bool = False) -> Any:
         """The adapter's fabricated model output for the batch (`RealVllmScheduler._fabricate`),
         or with speculative decoding the speculative model's (which also says what the batch
-        wrote correctly, for `cache_hit_written`); each structured-output request's token checked
-        against its row of `grammar` (`grammar_mask`)."""
+        wrote correctly, for `cache_hit_written`; `deferred`: sampled once the output before it
+        is applied); each structured-output request's token checked against its row of
+        `grammar` (`grammar_mask`)."""
         rows = GrammarRows(grammar)
         if self.model is not None:
-            output, self._valid = self.model.execute(out, rows)
+            output, self._valid = self.model.execute(out, rows, deferred=deferred)
         else:
             requests = self.sched.requests
             for rid in out.num_scheduled_tokens:

@@ -124,7 +124,10 @@ class SpeculativeModel:
         restarted = [d.req_id for d in out.scheduled_new_reqs]
         restarted += out.scheduled_cached_reqs.resumed_req_ids
         for rid in restarted:
-            self.produced[rid] = len(sched.requests[rid].output_token_ids)
+            req = sched.requests.get(rid)
+            if req is None:  # ended before this deferred batch is sampled (a failed KV load)
+                continue
+            self.produced[rid] = len(req.output_token_ids)
             self.decoding.discard(rid)
             self.proposed.pop(rid, None)
 
@@ -163,11 +166,14 @@ class SpeculativeModel:
         return certain
 
     def execute(
-        self, out: Any, rows: GrammarRows | None = None
+        self, out: Any, rows: GrammarRows | None = None, *, deferred: bool = False
     ) -> tuple[Any, dict[str, tuple[int, int]]]:
         """Run batch `out` as it is sampled, under its grammar `rows` (structured output): its
         `ModelRunnerOutput` and, per request, the positions it wrote correctly (first position,
-        count)."""
+        count). A `deferred` batch is sampled once the output before it is applied: it is then
+        the oldest in flight, so a request with stale output still to drop in vLLM's drop mode
+        (truncated by a failed KV load since the batch was scheduled) drops this batch's: the
+        model samples nothing for it and counts nothing written."""
         sched = self.sched
         self.restart(out)
         starts = batch_starts(out)
@@ -179,6 +185,10 @@ class SpeculativeModel:
             n = out.num_scheduled_tokens[rid]
             if req is None:  # finished before this deferred batch is sampled: output unused
                 sampled.append([])
+                continue
+            if deferred and req.num_stale_output_tokens > 0 and req.drop_stale_output:
+                sampled.append([])
+                valid[rid] = (starts[rid], 0)
                 continue
             if req.is_prefill_chunk:
                 _check_rows(rid, n, out.scheduled_spec_decode_tokens.get(rid, ()))
