@@ -10,8 +10,8 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -58,52 +58,60 @@ class _WholePrompts(RemoteKv):
         return "ok"
 
 
-def _lone_run(
-    request: ArRequest,
-    *,
-    block_size: int,
-    num_blocks: int,
-    max_model_len: int,
-    async_scheduling: bool,
-    hit: bool = True,
-    fix: Callable[[Any], None] | None = None,
-) -> CoreRun:
-    """`request` alone, 2 drafts a step, in `num_blocks` - 1 usable blocks, its prompt in
-    the store (`hit`) or not; the loop's checks raise `EngineCoreViolation`."""
-    config = ArConfig(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_batched_tokens=12,
-        max_num_seqs=2,
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=0,
-        enable_chunked_prefill=True,
-    )
-    loop = EngineCoreLoop(
-        config,
-        async_scheduling=async_scheduling,
-        kv_connector="recompute",
-        remote_kv=_WholePrompts(hit=hit, block_size=block_size),
-        speculative_tokens=2,
-        mutate=fix,
-    )
-    return loop.run(CoreProgram(config, ((request,),), ((),)))
+@dataclass(frozen=True)
+class _FillingLoad:
+    """A request alone, its prompt all in the store, in a pool of `num_blocks` - 1 usable
+    blocks of `block_size` tokens that holds it whole, where the released margin asks for a
+    block more."""
+
+    request: ArRequest
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+
+    def run(
+        self,
+        *,
+        async_scheduling: bool,
+        extra_blocks: int = 0,
+        hit: bool = True,
+        fix: Callable[[Any], None] | None = None,
+    ) -> CoreRun:
+        """The loop over the request, 2 drafts a step, with `extra_blocks` more blocks and
+        its prompt in the store (`hit`) or not; the loop's checks raise
+        `EngineCoreViolation`."""
+        config = ArConfig(
+            block_size=self.block_size,
+            num_blocks=self.num_blocks + extra_blocks,
+            max_num_batched_tokens=12,
+            max_num_seqs=2,
+            max_model_len=self.max_model_len,
+            long_prefill_token_threshold=0,
+            enable_chunked_prefill=True,
+        )
+        loop = EngineCoreLoop(
+            config,
+            async_scheduling=async_scheduling,
+            kv_connector="recompute",
+            remote_kv=_WholePrompts(hit=hit, block_size=self.block_size),
+            speculative_tokens=2,
+            mutate=fix,
+        )
+        return loop.run(CoreProgram(config, ((self.request,),), ((),)))
 
 
-#: (request, block size, blocks, max_model_len): pools that hold the request whole, where
-#: the released margin asks for a block more.
 FILLING_LOADS = pytest.mark.parametrize(
-    ("request_", "block_size", "num_blocks", "max_model_len"),
+    "load",
     [
         # the margin (3 one-token blocks) is not capped at max_model_len: 4 + 3 > 6
-        (ArRequest("r0", 4, 2), 1, 7, 6),
+        _FillingLoad(ArRequest("r0", 4, 2), 1, 7, 6),
         # nor at the request's own need: it samples its one token in its prefill, and never
         # decodes (program 69 of the random programs)
-        (ArRequest("r0", 4, 1), 4, 2, 5),
+        _FillingLoad(ArRequest("r0", 4, 1), 4, 2, 5),
         # nor at where schedule() stops a decode's inputs: one below max_model_len, so its
         # first decode (from position 2, one token and a draft) stays in the first block
         # (program 126)
-        (ArRequest("r0", 2, 2), 4, 2, 5),
+        _FillingLoad(ArRequest("r0", 2, 2), 4, 2, 5),
     ],
     ids=["past-max-model-len", "one-new-token", "inputs-stop-short"],
 )
@@ -112,53 +120,31 @@ FILLING_LOADS = pytest.mark.parametrize(
 @LOOPS
 @FILLING_LOADS
 def test_finding_with_drafts_a_remote_hit_that_fills_the_pool_never_loads(
-    async_scheduling: bool,
-    request_: ArRequest,
-    block_size: int,
-    num_blocks: int,
-    max_model_len: int,
+    async_scheduling: bool, load: _FillingLoad
 ) -> None:
     """With 2 drafts a step, an asynchronous load is admitted only if its blocks and one
     decode step's draft blocks (`_spec_decode_step_blocks`) fit in the free pool. In a pool
     that holds the request whole, the request whose prompt is all in the store waits for ever
     (`progress`, nothing running); the same request without the hit runs, and so does the hit
     with one block more."""
-    run = functools.partial(
-        _lone_run,
-        request_,
-        block_size=block_size,
-        max_model_len=max_model_len,
-        async_scheduling=async_scheduling,
-    )
     with pytest.raises(EngineCoreViolation) as caught:
-        run(num_blocks=num_blocks)
+        load.run(async_scheduling=async_scheduling)
     assert caught.value.rule == "progress", caught.value
     assert "0 running, 1 waiting" in caught.value.detail, caught.value.detail
-    unhit = run(num_blocks=num_blocks, hit=False)
+    unhit = load.run(async_scheduling=async_scheduling, hit=False)
     assert unhit.reasons["r0"] == "length" and unhit.loads == 0
-    assert run(num_blocks=num_blocks + 1).loads == 1
+    assert load.run(async_scheduling=async_scheduling, extra_blocks=1).loads == 1
 
 
 @LOOPS
 @FILLING_LOADS
 def test_the_capped_margin_admits_the_load_that_fills_the_pool(
-    async_scheduling: bool,
-    request_: ArRequest,
-    block_size: int,
-    num_blocks: int,
-    max_model_len: int,
+    async_scheduling: bool, load: _FillingLoad
 ) -> None:
     """With `cap-draft-margin` each of those loads is admitted in the pool that holds its
     request whole, and the request runs to its length under the loop's checks (its drafts
     included)."""
-    done = _lone_run(
-        request_,
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_model_len=max_model_len,
-        async_scheduling=async_scheduling,
-        fix=apply_draft_margin_fix,
-    )
+    done = load.run(async_scheduling=async_scheduling, fix=apply_draft_margin_fix)
     assert done.loads == 1 and done.reasons["r0"] == "length", done
 
 
