@@ -4,7 +4,7 @@
         [--programs-from {random,same-step}] [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
-        [--kv-connector {recompute,fail}]
+        [--kv-connector {recompute,fail} [--kv-store {draws,offload}]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -41,12 +41,14 @@ a remote store holding none, half or all of each prompt, loaded between steps or
 request in three, in the forward of the step that schedules it, every other request's KV sent
 when it finishes, one load in three failing as a whole or in one block) under vLLM's
 `kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads,
-`--kv-pending-lookups` has the store answer one request in four "ask again later" at its first
-one or two lookups, and `--fix drop-stale-reservation`, `requeue-failed-load`,
-`evict-failed-blocks`, `every-sharer-recomputes`, `stale-after-failed-load` and
-`evict-ended-loader-blocks` apply the fixes of its findings (`integrations.vllm.kv_load_fixes`).
-`--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
-runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
+`--kv-store offload` serves a content-addressed store instead
+(`integrations.vllm.offload_store`: what finished requests stored, lookups put off while a hit
+block is being stored or loaded). `--kv-pending-lookups` has the store answer one request in
+four "ask again later" at its first one or two lookups, and `--fix drop-stale-reservation`,
+`requeue-failed-load`, `evict-failed-blocks`, `every-sharer-recomputes`,
+`stale-after-failed-load` and `evict-ended-loader-blocks` apply the fixes of its findings
+(`integrations.vllm.kv_load_fixes`). `--pipeline-parallel P` runs the asynchronous loop with P
+pipeline stages (vLLM's V2 model runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -65,6 +67,7 @@ from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
+    KV_STORES,
     CoreProgram,
     CoreRun,
     LoopOptions,
@@ -239,11 +242,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "job runs",
     )
     parser.add_argument(
+        "--kv-store",
+        choices=KV_STORES,
+        default="draws",
+        help="with --kv-connector: the store (default draws: each request's hit and put-off "
+        "lookups drawn; offload: what finished requests stored, by block hash, lookups put off "
+        "while a hit block is being stored or loaded, as vLLM's offloading connector; prefix-"
+        "caching programs only hit)",
+    )
+    parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
     if args.speculative_tokens < 0:
         parser.error("--speculative-tokens: must be >= 0")
+    if args.kv_store == "offload" and (args.kv_pending_lookups or args.kv_role != "kv_both"):
+        parser.error(
+            "--kv-store offload puts lookups off itself and loads what it stored: not with "
+            "--kv-pending-lookups or --kv-role kv_producer"
+        )
     start = time.perf_counter()
     tally = ProgramTally(COUNTS)
     prefix = 0
@@ -262,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_sync_loads=not args.kv_async_loads_only,
         kv_pending_lookups=args.kv_pending_lookups,
         kv_role=args.kv_role,
+        kv_store=args.kv_store,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -281,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
         loads = "sends only" if args.kv_role == "kv_producer" else loads
         later = ", lookups put off" if args.kv_pending_lookups else ""
+        later += ", an offload store" if args.kv_store == "offload" else ""
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
@@ -311,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_async_loads_only": args.kv_async_loads_only,
                 "kv_pending_lookups": args.kv_pending_lookups,
                 "kv_role": args.kv_role,
+                "kv_store": args.kv_store,
             },
         )
     return 1 if tally.failures else 0

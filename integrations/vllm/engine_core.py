@@ -121,6 +121,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
+from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -219,7 +220,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads
     unless `kv_sync_loads` is False, lookups answered "ask again later" if
     `kv_pending_lookups`, and nothing to load if `kv_role` is "kv_producer": the connector only
-    sends)."""
+    sends; with `kv_store="offload"` an `integrations.vllm.offload_store.OffloadStore`, which
+    holds what finished requests stored and puts lookups off while its own jobs run)."""
 
     def __init__(
         self,
@@ -240,6 +242,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_sync_loads: bool = True,
         kv_pending_lookups: bool = False,
         kv_role: str = "kv_both",
+        kv_store: str = "draws",
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -258,7 +261,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
-            self.remote = remote_kv or RemoteKv(
+            self.remote = remote_kv or _store(
+                kv_store,
                 draft_seed,
                 config.block_size,
                 sync_loads=kv_sync_loads,
@@ -605,6 +609,38 @@ def core_program(seed: int) -> CoreProgram:
     return CoreProgram(config, tuple(batches), tuple(aborts))
 
 
+#: The connector's stores (`kv_store`): `RemoteKv`'s draws, or a content-addressed store of
+#: what finished requests stored (`OffloadStore`).
+KV_STORES = ("draws", "offload")
+
+
+def _store(
+    kind: str,
+    seed: int,
+    block_size: int,
+    *,
+    sync_loads: bool,
+    pending_lookups: bool,
+    loads: bool,
+) -> RemoteKv:
+    """The store `kind` names (`KV_STORES`); `ConfigError` for another, or for an offload
+    store with put-off lookups drawn or nothing to load (it decides its own, and loads)."""
+    if kind == "draws":
+        return RemoteKv(
+            seed, block_size, sync_loads=sync_loads, pending_lookups=pending_lookups, loads=loads
+        )
+    if kind != "offload":
+        raise ConfigError("kv_store", kind, f"one of {', '.join(KV_STORES)}")
+    if pending_lookups or not loads:
+        raise ConfigError(
+            "kv_store",
+            kind,
+            "draws with kv_pending_lookups or kv_role='kv_producer' (the offload store puts "
+            "lookups off itself and loads what it stored)",
+        )
+    return OffloadStore(seed, block_size, sync_loads=sync_loads)
+
+
 def program_seed(program: CoreProgram) -> int:
     """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
     of its text, so each program draws its own and the same every run."""
@@ -643,6 +679,7 @@ class LoopOptions:
     kv_sync_loads: bool = True
     kv_pending_lookups: bool = False
     kv_role: str = "kv_both"
+    kv_store: str = "draws"
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -672,6 +709,7 @@ class LoopOptions:
             kv_sync_loads=self.kv_sync_loads,
             kv_pending_lookups=self.kv_pending_lookups,
             kv_role=self.kv_role,
+            kv_store=self.kv_store,
         )
         return loop.run(program)
 
@@ -697,6 +735,7 @@ def check_both(
 __all__ = [
     "ABORTED",
     "ASYNC_BATCH_QUEUE",
+    "KV_STORES",
     "RULES",
     "CoreProgram",
     "CoreRun",
