@@ -821,6 +821,16 @@ def test_an_unknown_failure_policy_is_refused() -> None:
     assert adapter.sched.recompute_kv_load_failures is False
 
 
+def test_with_a_connector_every_request_is_hashed() -> None:
+    """vLLM's engine core gives requests a block hasher when prefix caching is on or a KV
+    connector is configured (connectors read block hashes); so does the adapter."""
+    config = _lone(4).config
+    assert not config.enable_prefix_caching
+    assert RealVllmScheduler(config, lambda _e: None, SPACE).hasher is None
+    adapter = RealVllmScheduler(config, lambda _e: None, SPACE, kv_connector="recompute")
+    assert adapter.hasher is not None
+
+
 def test_a_put_off_lookup_is_answered_after_one_or_two_asks() -> None:
     """With `pending_lookups`, the store answers one request in four "ask again later" (None)
     at its first one or two lookups, then what it holds; without, never."""

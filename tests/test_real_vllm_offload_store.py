@@ -94,7 +94,7 @@ def _vllm() -> None:
 
 @pytest.mark.usefixtures("_vllm")
 def test_connector_programs_over_the_offload_store_pass_with_the_fixes() -> None:
-    """The first 60 programs, those with prefix caching (vLLM hashes blocks only then), in
+    """The first 60 programs, those with prefix caching (only they share prompts), in
     both loops over the offload store, every fix made: they pass, and vLLM loads what earlier
     requests stored and is told to ask again later."""
     totals = {"loads": 0, "lookups_put_off": 0, "sends": 0}

@@ -214,7 +214,9 @@ class RealVllmScheduler:
     `kv_role` (`KV_ROLES`), whose worker side `integrations.vllm.engine_core` runs."""
 
     name = "real-vllm"
-    hasher: Any  # vLLM's request block hasher with prefix caching, else None (set by `_build`)
+    #: vLLM's request block hasher with prefix caching or a KV connector (as `EngineCore`
+    #: sets one), else None (set by `_build`)
+    hasher: Any
 
     def __init__(
         self,
@@ -358,7 +360,7 @@ class RealVllmScheduler:
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
-            if config.enable_prefix_caching
+            if config.enable_prefix_caching or self.kv_connector is not None
             else None
         )
         return sched

@@ -5,7 +5,7 @@ finished requests stored, by block hash, and its "ask again later" follows from 
 `OffloadStore` is a `RemoteKv` (`integrations.vllm.kv_connector`) whose contents are the full
 blocks that finished requests' sends stored (every request that stops or reaches its length
 stores its computed blocks, as the offloading connector offloads them), keyed by vLLM's block
-hashes (so prefix caching must be on: vLLM hashes blocks only then, in this loop):
+hashes (which vLLM computes for every request when a connector is configured):
 
 - a lookup hits the longest run of the request's leading full prompt blocks the store holds or
   is storing;
@@ -16,7 +16,8 @@ hashes (so prefix caching must be on: vLLM hashes blocks only then, in this loop
 - a store's job ends when vLLM is told its send finished; a load's when its load is reported.
 
 Loads still fail as `RemoteKv` draws them (as a whole, or in one block), synchronously for one
-request in three. Without prefix caching no block is hashed and the store never hits.
+request in three. Only requests that share a prompt prefix hit: in the generated programs,
+those with prefix caching.
 """
 
 from __future__ import annotations
