@@ -1,10 +1,10 @@
 """vLLM 0.33.0's asynchronous scheduling (its default), checked over generated programs.
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
-        [--programs-from {random,same-step}] [--speculative-tokens K]
+        [--programs-from {random,same-step,shared-prompts}] [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
-        [--kv-connector {recompute,fail} [--kv-store {draws,offload}]]
+        [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -16,7 +16,10 @@ the checks of `integrations.vllm.engine_core`; prints the failures (rule, loop a
 and how often the asynchronous paths were taken. The programs are
 `integrations.vllm.engine_core.core_program(seed)` (`random`, the whole of vLLM's space) or
 `integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where
-a request is preempted in the step that scheduled it). `--fix uncache-preempted` applies that
+a request is preempted in the step that scheduled it) or
+`integrations.vllm.shared_prompt_programs.shared_prompt_program(seed)` (`shared-prompts`: the
+random programs with half the prompts of every program, not only the prefix-caching ones,
+prefixes of one shared prompt, so the offload store is hit). `--fix uncache-preempted` applies that
 candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
@@ -43,8 +46,10 @@ when it finishes, one load in three failing as a whole or in one block) under vL
 `kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads,
 `--kv-store offload` serves a content-addressed store instead
 (`integrations.vllm.offload_store`: what finished requests stored, lookups put off while a hit
-block is being stored or loaded). `--kv-pending-lookups` has the store answer one request in
-four "ask again later" at its first one or two lookups, and `--fix drop-stale-reservation`,
+block is being stored or loaded; `--kv-store-blocks N` bounds it at N blocks, evicting the
+least recently used that no load pins, and refusing a store that still does not fit).
+`--kv-pending-lookups` has the store answer one request in four "ask again later" at its first
+one or two lookups, and `--fix drop-stale-reservation`,
 `requeue-failed-load`, `evict-failed-blocks`, `every-sharer-recomputes`,
 `stale-after-failed-load` and `evict-ended-loader-blocks` apply the fixes of its findings
 (`integrations.vllm.kv_load_fixes`). `--pipeline-parallel P` runs the asynchronous loop with P
@@ -83,6 +88,7 @@ from integrations.vllm.program_tally import (
     parse_program_arguments,
 )
 from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
 from schedspec_cli.output import output_file, write_json
 
@@ -90,6 +96,7 @@ from schedspec_cli.output import output_file, write_json
 GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "random": core_program,
     "same-step": same_step_program,
+    "shared-prompts": shared_prompt_program,
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
 FIXES = {
@@ -127,6 +134,8 @@ COUNTS = (
     "aborted_loading",
     "load_errors",
     "lookups_put_off",
+    "stores_refused",
+    "blocks_evicted",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -153,6 +162,8 @@ MEANING = {
     "aborted_loading": "aborts of a request whose KV load was in flight",
     "load_errors": "requests ended with an error after a failed load",
     "lookups_put_off": 'connector lookups answered "ask again later"',
+    "stores_refused": "stores the offload store had no room for",
+    "blocks_evicted": "blocks the offload store evicted to make room",
 }
 
 
@@ -167,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--programs-from",
         choices=sorted(GENERATORS),
         default="random",
-        help="the program generator (default random: the whole of vLLM's space)",
+        help="the program generator (default random: the whole of vLLM's space; shared-prompts: "
+        "the same with prompts shared in every program, for --kv-store offload)",
     )
     parser.add_argument(
         "--fix",
@@ -248,7 +260,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --kv-connector: the store (default draws: each request's hit and put-off "
         "lookups drawn; offload: what finished requests stored, by block hash, lookups put off "
         "while a hit block is being stored or loaded, as vLLM's offloading connector; prefix-"
-        "caching programs only hit)",
+        "caching programs only hit, unless --programs-from shared-prompts)",
+    )
+    parser.add_argument(
+        "--kv-store-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --kv-store offload: the store holds at most N blocks, evicting the least "
+        "recently used that no load pins (default: unbounded)",
     )
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the figures to this file"
@@ -261,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--kv-store offload puts lookups off itself and loads what it stored: not with "
             "--kv-pending-lookups or --kv-role kv_producer"
         )
+    if args.kv_store_blocks is not None and (
+        args.kv_store_blocks < 1 or args.kv_store != "offload"
+    ):
+        parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
     start = time.perf_counter()
     tally = ProgramTally(COUNTS)
     prefix = 0
@@ -280,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_pending_lookups=args.kv_pending_lookups,
         kv_role=args.kv_role,
         kv_store=args.kv_store,
+        kv_store_blocks=args.kv_store_blocks,
     )
     for seed in range(args.programs):
         program = generate(seed)
@@ -300,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads = "sends only" if args.kv_role == "kv_producer" else loads
         later = ", lookups put off" if args.kv_pending_lookups else ""
         later += ", an offload store" if args.kv_store == "offload" else ""
+        blocks = args.kv_store_blocks
+        later += f" of {blocks} block{'s' if blocks > 1 else ''}" if blocks else ""
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     print(
         f"{args.programs} {args.programs_from} programs ({prefix} with prefix caching; async "
@@ -331,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_pending_lookups": args.kv_pending_lookups,
                 "kv_role": args.kv_role,
                 "kv_store": args.kv_store,
+                "kv_store_blocks": args.kv_store_blocks,
             },
         )
     return 1 if tally.failures else 0

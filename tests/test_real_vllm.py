@@ -61,6 +61,7 @@ from tests.vllm_seeded_bugs import (
     budget_raised,
     extra_seat,
     lifo_admission,
+    new_blocks_not_announced,
     preemption_in_flight_raises,
     stale_hash_on_reuse,
     stop_reported_as_length,
@@ -438,6 +439,7 @@ SEEDED_BUGS = [
     (stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
     (preemption_in_flight_raises, "implementation_error", "AssertionError"),
     (stale_hash_on_reuse, "cache_hit_written", "starts from the prefix cache with block"),
+    (new_blocks_not_announced, "runner_tables", "but its outputs gave the runner"),
 ]
 
 

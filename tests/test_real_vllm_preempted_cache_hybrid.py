@@ -39,6 +39,7 @@ import pytest
 from integrations.vllm import MANIFEST
 from integrations.vllm import adapter as vllm_adapter
 from integrations.vllm.preempted_cache_fix import apply_preempted_cache_fix
+from integrations.vllm.runner_tables import RunnerTables
 from spec.ar.config import ArConfig, ArRequest
 from tests.engine_gate import require_engine
 from tests.same_step_preemption import CONFIG as SAME_STEP_CONFIG
@@ -271,3 +272,39 @@ def test_the_fix_evicts_per_group_and_keeps_what_was_written(
     kept = run.written - run.held_after
     assert len(kept) == len(run.written) == LAYOUTS[layout].written
     assert kept <= run.cached_after, sorted(kept - run.cached_after)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_runner_tables_match_on_a_hybrid_cache(
+    monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """`runner_tables` over two groups: A and B, run to the end as released (A preempted and
+    resumed), hand the model runner, through the scheduler outputs alone, each group's table
+    the scheduler holds at every call. In `full+sliding-window` the scheduler nulls the
+    blocks that left the window, and in `full+mamba-align` the checkpoints before the latest,
+    while the runner keeps their ids: the check passes over those positions, and they occur
+    (never with two full-attention groups)."""
+    case = LAYOUTS[layout]
+    monkeypatch.setattr(vllm_adapter, "build_scheduler", _builder(case))
+    adapter = vllm_adapter.RealVllmScheduler(
+        case.config, lambda _event: None, vllm_adapter.SPACE_PREFIX
+    )
+    sched = adapter.sched
+    runner = RunnerTables()
+    nulled = 0
+    adapter.submit(case.a)
+    for step in range(40):
+        if step == 1:
+            adapter.submit(case.b)
+        if not sched.has_requests():
+            break
+        out = sched.schedule()
+        assert runner.apply(out) is None
+        assert runner.mismatch(sched, out) is None, step
+        for rid in out.num_scheduled_tokens:
+            groups = sched.kv_cache_manager.get_blocks(rid).blocks
+            for held, ids in zip(groups, runner.tables[rid], strict=True):
+                nulled += sum(b.is_null and i != b.block_id for b, i in zip(held, ids, strict=True))
+        sched.update_from_output(out, adapter._fabricate(dict(out.num_scheduled_tokens)))
+    assert not sched.has_requests()
+    assert (nulled > 0) == (layout != "full-1+full-2"), nulled

@@ -94,3 +94,19 @@ def stale_hash_on_reuse(sched: Any) -> None:
         return blocks
 
     pool.get_new_blocks = get_new_blocks
+
+
+def new_blocks_not_announced(sched: Any) -> None:
+    """Seeded bug: a running request's newly allocated blocks are left out of the scheduler
+    output (`new_block_ids` None), so the model runner never learns of them."""
+    original = sched._make_cached_request_data
+
+    def cached_request_data(*args: Any, **kwargs: Any) -> Any:
+        data = original(*args, **kwargs)
+        data.new_block_ids = [
+            ids if rid in data.resumed_req_ids else None
+            for rid, ids in zip(data.req_ids, data.new_block_ids, strict=True)
+        ]
+        return data
+
+    sched._make_cached_request_data = cached_request_data

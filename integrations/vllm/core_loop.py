@@ -10,8 +10,10 @@ says how the (fabricated) model runs a batch and what else it checks: `EngineCor
 (`integrations.vllm.diffusion`, diffusion LLMs).
 
 Checked by every loop: `pool_accounting` after every `schedule()`, `update_from_output()` and
-abort; `no_leak` and every request's output (`check_content`) once drained; `progress` (the loop
-drains); vLLM raising is `implementation_error`.
+abort; `runner_tables` after every `schedule()` (the model runner's block tables, rebuilt from
+the outputs alone, are the scheduler's: `integrations.vllm.runner_tables`); `no_leak` and every
+request's output (`check_content`) once drained; `progress` (the loop drains); vLLM raising is
+`implementation_error`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from integrations.vllm.adapter import block_tables
+from integrations.vllm.runner_tables import RunnerTables
 
 #: The engine core's batch queue: 2 with async scheduling (`max_concurrent_batches`), else 1.
 ASYNC_BATCH_QUEUE = 2
@@ -36,6 +39,7 @@ SCHEDULE_RULES = (
     "preemption_victim",
     "kv_covers_scheduled",
     "pp_cadence",
+    "runner_tables",
 )
 
 
@@ -93,6 +97,8 @@ class BatchQueueLoop(Generic[CountsT]):
         self.last_decode: dict[str, int] = {}
         self.ever_scheduled: set[str] = set()
         self.running_before: list[str] = []
+        #: The model runner's block tables, built from the outputs alone (`runner_tables`).
+        self.runner_tables = RunnerTables()
 
     # ------------------------------------------------------------------ hooks
     def execute(self, out: Any) -> Any:
@@ -246,6 +252,13 @@ class BatchQueueLoop(Generic[CountsT]):
                     f"scheduled but holds {held} blocks of {block_size}",
                 )
 
+    def check_runner_tables(self, out: Any) -> None:
+        """`runner_tables`: the model runner, handed `out`, holds for every request it
+        schedules the block table the scheduler holds (`integrations.vllm.runner_tables`)."""
+        problem = self.runner_tables.apply(out) or self.runner_tables.mismatch(self.sched, out)
+        if problem is not None:
+            raise EngineCoreViolation("runner_tables", f"schedule {self.n.schedules}: {problem}")
+
     # ------------------------------------------------------------------ pipeline cadence
     def count_cadence_waits(self) -> None:
         """Before `schedule()`: count the running requests it will hold back for the pipeline
@@ -282,6 +295,7 @@ class BatchQueueLoop(Generic[CountsT]):
             out = call_vllm("schedule", sched.schedule)
             self.n.schedules += 1
             self.check_pool(f"after schedule() {self.n.schedules}")
+            self.check_runner_tables(out)
             if out.total_num_scheduled_tokens > 0 and self.defers(out):
                 deferred = out
                 self.after_schedule(out)

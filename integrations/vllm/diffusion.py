@@ -29,10 +29,11 @@ and fixes each output token by request and output index. Checked, whatever the t
   canvas was truncated near max_model_len"), and only after the request's prefill;
 - `kv_bounded`: denoising never grows a request's KV: it holds at most its tokens (prompt and
   accepted outputs) plus one canvas per batch in flight, in whole blocks;
-- `token_budget`, `seat_cap`, `admission_order`, `preemption_victim`, `kv_covers_scheduled`:
-  the decisions of each `schedule()` call and the KV they need, as
-  `integrations.vllm.core_loop.BatchQueueLoop.check_decisions` / `check_kv_covers` state them
-  (vLLM's diffusion path schedules FCFS);
+- `token_budget`, `seat_cap`, `admission_order`, `preemption_victim`, `kv_covers_scheduled`,
+  `runner_tables`: the decisions of each `schedule()` call, the KV they need and the block
+  tables the model runner is handed, as `integrations.vllm.core_loop.BatchQueueLoop`'s
+  `check_decisions` / `check_kv_covers` / `check_runner_tables` state them (vLLM's diffusion
+  path schedules FCFS);
 - `pp_cadence`: with `pipeline_parallel_size` = p, two canvas steps of one request are at least
   p schedules apart (vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
   match worker-side sampled-tokens broadcast slot ring cadence");

@@ -36,7 +36,9 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   one call are the last k of the running queue as it stood before it under FCFS, the k with
   the largest (priority, arrival) under priority; vLLM admits nothing after a preemption in
   the same call), `kv_covers_scheduled` (every request it scheduled holds blocks for all its
-  computed tokens, in-flight ones included);
+  computed tokens, in-flight ones included), `runner_tables` (the model runner's block table of
+  every request it scheduled, rebuilt from the scheduler outputs alone, is the scheduler's:
+  `integrations.vllm.runner_tables`);
 - with pipeline stages (`pipeline_parallel_size` = p, async only: vLLM's V2 model runner,
   p + 1 batches in flight) two decode steps of one request are at least p schedules apart
   (`pp_cadence`, vLLM's `next_decode_eligible_step`).
@@ -193,6 +195,8 @@ class CoreRun:
     aborted_loading: int = 0  # aborts of a request whose KV load was in flight
     load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
     lookups_put_off: int = 0  # connector lookups answered "ask again later"
+    stores_refused: int = 0  # sends the offload store had no room for
+    blocks_evicted: int = 0  # blocks the offload store evicted to make room
 
 
 @dataclass
@@ -221,7 +225,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     unless `kv_sync_loads` is False, lookups answered "ask again later" if
     `kv_pending_lookups`, and nothing to load if `kv_role` is "kv_producer": the connector only
     sends; with `kv_store="offload"` an `integrations.vllm.offload_store.OffloadStore`, which
-    holds what finished requests stored and puts lookups off while its own jobs run)."""
+    holds what finished requests stored and puts lookups off while its own jobs run, and with
+    `kv_store_blocks` holds at most that many blocks, evicting the least recently used)."""
 
     def __init__(
         self,
@@ -243,6 +248,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_pending_lookups: bool = False,
         kv_role: str = "kv_both",
         kv_store: str = "draws",
+        kv_store_blocks: int | None = None,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -268,6 +274,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 sync_loads=kv_sync_loads,
                 pending_lookups=kv_pending_lookups,
                 loads=kv_role != "kv_producer",
+                blocks=kv_store_blocks,
             )
             self.impl.sched.connector.remote = self.remote
         if mutate is not None:
@@ -584,6 +591,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
 
 
+#: Token i of the prompt that `core_program`'s shared prompts are prefixes of.
+SHARED_PROMPT_BASE = 100
+
+
 def core_program(seed: int) -> CoreProgram:
     """A random program inside vLLM's space: `integrations.vllm.differential.program`'s
     configuration and arrivals, plus aborts of earlier requests before some steps. For a third
@@ -593,7 +604,7 @@ def core_program(seed: int) -> CoreProgram:
     prefix = rnd.random() < 1 / 3
     if prefix:
         config = replace(config, enable_prefix_caching=True)
-    shared = tuple(range(100, 100 + config.max_model_len))
+    shared = tuple(range(SHARED_PROMPT_BASE, SHARED_PROMPT_BASE + config.max_model_len))
     seen: list[str] = []
     batches: list[tuple[ArRequest, ...]] = []
     aborts: list[tuple[str, ...]] = []
@@ -622,9 +633,18 @@ def _store(
     sync_loads: bool,
     pending_lookups: bool,
     loads: bool,
+    blocks: int | None = None,
 ) -> RemoteKv:
-    """The store `kind` names (`KV_STORES`); `ConfigError` for another, or for an offload
-    store with put-off lookups drawn or nothing to load (it decides its own, and loads)."""
+    """The store `kind` names (`KV_STORES`), an offload store holding at most `blocks` blocks
+    (None: unbounded); `ConfigError` for another kind, for an offload store with put-off
+    lookups drawn or nothing to load (it decides its own, and loads), or for a capacity of
+    the draws (they hold no blocks)."""
+    if kind == "draws" and blocks is not None:
+        raise ConfigError(
+            "kv_store_blocks",
+            blocks,
+            "None with kv_store='draws' (a capacity is the offload store's)",
+        )
     if kind == "draws":
         return RemoteKv(
             seed, block_size, sync_loads=sync_loads, pending_lookups=pending_lookups, loads=loads
@@ -638,7 +658,7 @@ def _store(
             "draws with kv_pending_lookups or kv_role='kv_producer' (the offload store puts "
             "lookups off itself and loads what it stored)",
         )
-    return OffloadStore(seed, block_size, sync_loads=sync_loads)
+    return OffloadStore(seed, block_size, sync_loads=sync_loads, capacity=blocks)
 
 
 def program_seed(program: CoreProgram) -> int:
@@ -664,7 +684,9 @@ class LoopOptions:
     `kv_connector` (a `kv_load_failure_policy`) serves both loops with
     `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
     (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
-    first told "ask again later"; `kv_role="kv_producer"`: the connector only sends)."""
+    first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
+    `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
+    if given)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -680,6 +702,7 @@ class LoopOptions:
     kv_pending_lookups: bool = False
     kv_role: str = "kv_both"
     kv_store: str = "draws"
+    kv_store_blocks: int | None = None
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's draws are seeded by the
@@ -710,6 +733,7 @@ class LoopOptions:
             kv_pending_lookups=self.kv_pending_lookups,
             kv_role=self.kv_role,
             kv_store=self.kv_store,
+            kv_store_blocks=self.kv_store_blocks,
         )
         return loop.run(program)
 
@@ -737,6 +761,7 @@ __all__ = [
     "ASYNC_BATCH_QUEUE",
     "KV_STORES",
     "RULES",
+    "SHARED_PROMPT_BASE",
     "CoreProgram",
     "CoreRun",
     "EngineCoreLoop",

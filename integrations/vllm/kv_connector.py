@@ -84,6 +84,8 @@ class TransferCounts:
     sends: int = 0
     aborted_loading: int = 0  # aborts of a request whose load was in flight
     lookups_put_off: int = 0  # lookups answered "ask again later" (None)
+    stores_refused: int = 0  # sends a store with no room for them refused (offload store)
+    blocks_evicted: int = 0  # blocks a store evicted to make room (offload store)
 
 
 @dataclass
