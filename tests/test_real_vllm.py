@@ -60,6 +60,7 @@ from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
     budget_raised,
     extra_seat,
+    finished_not_reported,
     lifo_admission,
     new_blocks_not_announced,
     preemption_in_flight_raises,
@@ -440,6 +441,7 @@ SEEDED_BUGS = [
     (preemption_in_flight_raises, "implementation_error", "AssertionError"),
     (stale_hash_on_reuse, "cache_hit_written", "starts from the prefix cache with block"),
     (new_blocks_not_announced, "runner_tables", "but its outputs gave the runner"),
+    (finished_not_reported, "runner_tables", "freed without reporting them finished"),
 ]
 
 

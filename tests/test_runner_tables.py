@@ -92,3 +92,19 @@ def test_outputs_the_runner_could_not_apply_are_named() -> None:
     assert RunnerTables().mismatch(_scheduler({"z": [[3]]}), unknown) == (
         "'z' is scheduled, but no output gave the runner its block table"
     )
+
+
+def test_a_request_vllm_freed_unreported_is_an_orphan() -> None:
+    """The runner holds a and b; vLLM still has a, and reports b finished in its next output:
+    nothing is wrong. Once b is neither vLLM's nor reported, the runner would hold it for
+    ever."""
+    runner = RunnerTables()
+    assert runner.apply(_output(new={"a": [[1]], "b": [[2]]})) is None
+    vllm = SimpleNamespace(requests={"a": object()}, finished_req_ids={"b"})
+    assert runner.orphans(vllm) is None
+    vllm.finished_req_ids = set()
+    assert runner.orphans(vllm) == (
+        "the model runner still holds ['b'], which vLLM freed without reporting them finished"
+    )
+    assert runner.apply(_output(finished=frozenset({"b"}))) is None
+    assert runner.orphans(vllm) is None

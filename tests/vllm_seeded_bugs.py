@@ -110,3 +110,17 @@ def new_blocks_not_announced(sched: Any) -> None:
         return data
 
     sched._make_cached_request_data = cached_request_data
+
+
+def finished_not_reported(sched: Any) -> None:
+    """Seeded bug: a request that stops or reaches its length is freed without its id going
+    into `finished_req_ids`, so no output tells the model runner it ended."""
+    original = sched._free_request
+
+    def free(request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(request, *args, **kwargs)
+        if request.status.name in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"):
+            sched.finished_req_ids.discard(request.request_id)
+        return result
+
+    sched._free_request = free

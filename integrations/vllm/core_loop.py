@@ -254,8 +254,12 @@ class BatchQueueLoop(Generic[CountsT]):
 
     def check_runner_tables(self, out: Any) -> None:
         """`runner_tables`: the model runner, handed `out`, holds for every request it
-        schedules the block table the scheduler holds (`integrations.vllm.runner_tables`)."""
-        problem = self.runner_tables.apply(out) or self.runner_tables.mismatch(self.sched, out)
+        schedules the block table the scheduler holds, and holds no request vLLM freed without
+        reporting it (`integrations.vllm.runner_tables`)."""
+        tables = self.runner_tables
+        problem = (
+            tables.apply(out) or tables.mismatch(self.sched, out) or tables.orphans(self.sched)
+        )
         if problem is not None:
             raise EngineCoreViolation("runner_tables", f"schedule {self.n.schedules}: {problem}")
 
@@ -380,6 +384,9 @@ class BatchQueueLoop(Generic[CountsT]):
             self.engine_step()
         self.drain()
         check_drained(self.sched, self.num_blocks)
+        orphans = self.runner_tables.orphans(self.sched)
+        if orphans is not None:
+            raise EngineCoreViolation("runner_tables", f"drained, but {orphans}")
         for rid, tokens in self.outputs.items():
             self.check_request(rid, tokens)
 

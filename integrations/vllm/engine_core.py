@@ -686,7 +686,9 @@ class LoopOptions:
     (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
     first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
-    if given)."""
+    if given). The speculative model and the connector's store draw from `draw_seed`, by default
+    a hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
+    original program's while it changes the program."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -703,10 +705,11 @@ class LoopOptions:
     kv_role: str = "kv_both"
     kv_store: str = "draws"
     kv_store_blocks: int | None = None
+    draw_seed: int | None = None
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
-        """One loop over `program`, checked. The speculative model's draws are seeded by the
-        program's text."""
+        """One loop over `program`, checked. The speculative model's and the store's draws are
+        seeded by `draw_seed`, else by the program's text."""
         seeded = self.mutate if async_scheduling else None
         fix = self.fix
 
@@ -727,7 +730,7 @@ class LoopOptions:
             late_grammars=self.late_grammars,
             reasoning=self.reasoning,
             # each program its own draws (one seed for all would reject every first draft alike)
-            draft_seed=program_seed(program),
+            draft_seed=program_seed(program) if self.draw_seed is None else self.draw_seed,
             kv_connector=self.kv_connector,
             kv_sync_loads=self.kv_sync_loads,
             kv_pending_lookups=self.kv_pending_lookups,

@@ -22,7 +22,10 @@ request the call scheduled, the runner's table is the scheduler's
 same length and the same block at every position where the scheduler's is not the null block
 (a sliding-window group replaces blocks that left its window with the null block in the
 scheduler only, and neither side reads them again). If it did not hold, the step would write or
-read KV in blocks its request does not hold.
+read KV in blocks its request does not hold. And no request the runner holds has left vLLM
+unreported: each is still vLLM's, or its end is in the scheduler's `finished_req_ids` for the
+next output (`orphans`, checked after every `schedule()` and once drained); else the runner
+would keep its state, and its blocks' ids, for ever.
 """
 
 from __future__ import annotations
@@ -71,6 +74,16 @@ class RunnerTables:
             for ids, more in zip(table, new_ids, strict=True):
                 ids.extend(more)
         return None
+
+    def orphans(self, sched: Any) -> str | None:
+        """The requests the runner holds that scheduler `sched` neither has nor reports
+        finished in its next output, or None."""
+        gone = sorted(set(self.tables) - set(sched.requests) - set(sched.finished_req_ids))
+        if not gone:
+            return None
+        return (
+            f"the model runner still holds {gone}, which vLLM freed without reporting them finished"
+        )
 
     def mismatch(self, sched: Any, out: Any) -> str | None:
         """How the runner's table of a request `out` schedules differs from the one the

@@ -1,0 +1,202 @@
+"""The options of the engine-core check scripts that say how a program runs: where programs
+come from, the candidate fixes, speculative decoding, structured output and the KV connector.
+
+`scripts/vllm_async_check.py` (a sweep over generated programs) and `scripts/vllm_shrink.py`
+(one failing program, shrunk) take the same options, so a failure a sweep reports is shrunk
+under the very options it was found with. `add_loop_arguments` adds them to a parser,
+`loop_options` checks them (a usage error, exit 2, for a combination that makes no sense) and
+builds the `LoopOptions`, and `describe` says them in words.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
+from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
+from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
+from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
+from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
+from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
+
+#: Where the programs come from (`--programs-from`).
+GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
+    "random": core_program,
+    "same-step": same_step_program,
+    "shared-prompts": shared_prompt_program,
+}
+#: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
+FIXES = {
+    fix.name: fix
+    for fix in (
+        PREEMPTED_CACHE_FIX,
+        SPEC_PAD_FIX,
+        DRAFT_MARGIN_FIX,
+        *KV_LOAD_SCHEDULE.fix_set.fixes,
+    )
+}
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--programs-from`, `--fix` (repeatable), the speculative, structured-output and KV
+    connector options."""
+    parser.add_argument(
+        "--programs-from",
+        choices=sorted(GENERATORS),
+        default="random",
+        help="the program generator (default random: the whole of vLLM's space; shared-prompts: "
+        "the same with prompts shared in every program, for --kv-store offload)",
+    )
+    parser.add_argument(
+        "--fix",
+        choices=sorted(FIXES),
+        action="append",
+        default=None,
+        help="apply this candidate fix to the scheduler of both loops (repeatable)",
+    )
+    parser.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="serve both loops with speculative decoding, up to K drafts a step (default 0)",
+    )
+    parser.add_argument(
+        "--speculative-method",
+        choices=SPECULATIVE_METHODS,
+        default="ngram",
+        help="how drafts are made (default ngram; eagle and draft_model reserve lookahead slots)",
+    )
+    parser.add_argument(
+        "--structured-output",
+        action="store_true",
+        help="give every other request structured output (a grammar of its own tokens)",
+    )
+    parser.add_argument(
+        "--keyed-drafts",
+        action="store_true",
+        help="with --structured-output and drafts: the model runner hands back every "
+        "request's latest drafts for a deferred batch, not the last batch's (vLLM PR #56802)",
+    )
+    parser.add_argument(
+        "--late-grammars",
+        action="store_true",
+        help="with --structured-output: each grammar compiles 0-3 engine steps after "
+        "submission, and one in six not at all (the request must end with an error)",
+    )
+    parser.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="with --structured-output: each guided request reasons 1-3 tokens and ends its "
+        "reasoning before its guided content (a reasoning parser holds the grammar back)",
+    )
+    parser.add_argument(
+        "--kv-connector",
+        choices=KV_FAILURE_POLICIES,
+        default=None,
+        metavar="POLICY",
+        help="serve both loops with a KV connector (asynchronous loads from a remote store, "
+        "sends of finished requests' KV) under this kv_load_failure_policy: recompute or fail",
+    )
+    parser.add_argument(
+        "--kv-async-loads-only",
+        action="store_true",
+        help="with --kv-connector: every load asynchronous (by default one request in three "
+        "loads synchronously, in the forward of the step that schedules it)",
+    )
+    parser.add_argument(
+        "--kv-role",
+        choices=KV_ROLES,
+        default="kv_both",
+        help="with --kv-connector: the connector's role (default kv_both: it loads and sends; "
+        "kv_producer: it only sends, a P/D prefill instance, and vLLM frees a preempted "
+        "request's blocks with its steps in flight)",
+    )
+    parser.add_argument(
+        "--kv-pending-lookups",
+        action="store_true",
+        help='with --kv-connector: one request in four is first answered "ask again later" '
+        "(None) at one or two lookups, as vLLM's offloading connector answers while its lookup "
+        "job runs",
+    )
+    parser.add_argument(
+        "--kv-store",
+        choices=KV_STORES,
+        default="draws",
+        help="with --kv-connector: the store (default draws: each request's hit and put-off "
+        "lookups drawn; offload: what finished requests stored, by block hash, lookups put off "
+        "while a hit block is being stored or loaded, as vLLM's offloading connector; prefix-"
+        "caching programs only hit, unless --programs-from shared-prompts)",
+    )
+    parser.add_argument(
+        "--kv-store-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --kv-store offload: the store holds at most N blocks, evicting the least "
+        "recently used that no load pins (default: unbounded)",
+    )
+
+
+def loop_options(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[LoopOptions, list[str]]:
+    """The `LoopOptions` `args` ask for, and the names of the fixes made (sorted; made in one
+    `Scheduler.schedule`); `parser.error` (exit 2) for options that do not go together."""
+    if args.speculative_tokens < 0:
+        parser.error("--speculative-tokens: must be >= 0")
+    if args.kv_store == "offload" and (args.kv_pending_lookups or args.kv_role != "kv_both"):
+        parser.error(
+            "--kv-store offload puts lookups off itself and loads what it stored: not with "
+            "--kv-pending-lookups or --kv-role kv_producer"
+        )
+    if args.kv_store_blocks is not None and (
+        args.kv_store_blocks < 1 or args.kv_store != "offload"
+    ):
+        parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
+    names = sorted(set(args.fix or ()))
+    options = LoopOptions(
+        fix=ScheduleFix(*(FIXES[n] for n in names)).apply if names else None,
+        pipeline_parallel_size=args.pipeline_parallel,
+        speculative_tokens=args.speculative_tokens,
+        speculative_method=args.speculative_method,
+        structured_output=args.structured_output,
+        keyed_drafts=args.keyed_drafts,
+        late_grammars=args.late_grammars,
+        reasoning=args.reasoning,
+        kv_connector=args.kv_connector,
+        kv_sync_loads=not args.kv_async_loads_only,
+        kv_pending_lookups=args.kv_pending_lookups,
+        kv_role=args.kv_role,
+        kv_store=args.kv_store,
+        kv_store_blocks=args.kv_store_blocks,
+    )
+    return options, names
+
+
+def describe(args: argparse.Namespace) -> str:
+    """The speculative, structured-output and KV connector options of `args` in words, each
+    after "; " (empty if none is set)."""
+    k = args.speculative_tokens
+    method = "" if args.speculative_method == "ngram" else f" by {args.speculative_method}"
+    drafts = f"; up to {k} drafts a step{method}" if k else ""
+    drafts += "; structured output" if args.structured_output else ""
+    drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
+    drafts += " (grammars compiled late)" if args.late_grammars else ""
+    drafts += " (after reasoning)" if args.reasoning else ""
+    if args.kv_connector:
+        loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
+        loads = "sends only" if args.kv_role == "kv_producer" else loads
+        later = ", lookups put off" if args.kv_pending_lookups else ""
+        later += ", an offload store" if args.kv_store == "offload" else ""
+        blocks = args.kv_store_blocks
+        later += f" of {blocks} block{'s' if blocks > 1 else ''}" if blocks else ""
+        drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
+    return drafts
+
+
+__all__ = ["FIXES", "GENERATORS", "add_loop_arguments", "describe", "loop_options"]

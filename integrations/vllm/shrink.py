@@ -1,0 +1,283 @@
+"""Shrinking a failing engine-core program to a small one that fails the same way.
+
+A generated program that breaks a rule (`integrations.vllm.engine_core.core_program(seed)`, and
+the narrowed generators) has a dozen requests, aborts and a configuration drawn at random; what
+an upstream report needs is the few of them that matter. `shrink(program, fails)` removes and
+reduces, greedily, while `fails` still holds of the result:
+
+1. whole requests (an aborted request's aborts go with it), then single aborts, then steps with
+   no arrival and no abort;
+2. each request's sizes: `max_tokens` and `prompt_len` to 1, else down by one (a shared prompt
+   is cut with it), its stop token, priority and shared prompt dropped;
+3. the configuration: seats, the token budget, the long-prefill threshold, the pool and the
+   model length down by one, prefix caching and chunked prefill off (a change that makes the
+   configuration or a request invalid is skipped).
+
+It starts again from the first kind after every change it keeps, and stops when no change is
+kept (the result is then 1-minimal for these changes) or after `budget` runs.
+
+The connector's store and the speculative model draw from a hash of the program's text
+(`engine_core.program_seed`); a candidate would draw anew, and a failure that needs one draw (a
+load that fails) would seldom survive a change. `fails_like(options, async_scheduling, rule,
+draw_seed)` holds the draws at `draw_seed` (give the original program's `program_seed`): the
+program, run in one loop with `options` and those draws, breaks `rule` there (a configuration
+vLLM refuses does not fail). The smaller program then reproduces with `LoopOptions(...,
+draw_seed=...)`; the store's per-request draws hash the request ids, which a change never
+renames. The failure kept is the same rule in the same loop, not always the same interleaving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
+from spec.ar.config import ArRequest, validate_ar_request
+from spec.errors import ConfigError, RequestError
+
+#: Runs `shrink` makes at most, by default.
+SHRINK_BUDGET = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """The smallest program found, the runs it took, and whether the budget ran out first."""
+
+    program: CoreProgram
+    runs: int
+    exhausted: bool
+
+
+def fails_like(
+    options: LoopOptions, async_scheduling: bool, rule: str, draw_seed: int | None = None
+) -> Callable[[CoreProgram], EngineCoreViolation | None]:
+    """A `fails` for `shrink`: the violation of `rule` a program's run in the one loop raises,
+    with `options` and draws seeded by `draw_seed` (None: the program's own), else None
+    (another rule, a pass, or a configuration vLLM refuses)."""
+    held = replace(options, draw_seed=draw_seed) if draw_seed is not None else options
+
+    def fails(program: CoreProgram) -> EngineCoreViolation | None:
+        try:
+            run_loop(program, async_scheduling=async_scheduling, options=held)
+        except EngineCoreViolation as err:
+            return err if err.rule == rule else None
+        except (ConfigError, RequestError):
+            return None
+        return None
+
+    return fails
+
+
+def lifted_by(
+    fails: Callable[[CoreProgram], EngineCoreViolation | None],
+    fixed: LoopOptions,
+    async_scheduling: bool,
+    draw_seed: int | None = None,
+) -> Callable[[CoreProgram], EngineCoreViolation | None]:
+    """`fails`, kept only where the same program passes the one loop with `fixed` (the same
+    options with a finding's fix made, draws seeded by `draw_seed`): a shrink under it keeps
+    the failure that fix lifts, and cannot drift to another bug that breaks the same rule."""
+    held = replace(fixed, draw_seed=draw_seed) if draw_seed is not None else fixed
+
+    def still(program: CoreProgram) -> EngineCoreViolation | None:
+        err = fails(program)
+        if err is None:
+            return None
+        try:
+            run_loop(program, async_scheduling=async_scheduling, options=held)
+        except (EngineCoreViolation, ConfigError, RequestError):
+            return None
+        return err
+
+    return still
+
+
+def shrink(
+    program: CoreProgram,
+    fails: Callable[[CoreProgram], object],
+    *,
+    budget: int = SHRINK_BUDGET,
+) -> Shrunk:
+    """The smallest program reached from `program` by the changes above, each kept only if
+    `fails` (truthy) holds of its result. `program` itself must fail (`ValueError` if not)."""
+    if not fails(program):
+        raise ValueError("the program to shrink does not fail")
+    runs = 1
+    current = program
+    changed = True
+    while changed:
+        changed = False
+        for candidate in reductions(current):
+            if runs >= budget:
+                return Shrunk(current, runs, exhausted=True)
+            runs += 1
+            if fails(candidate):
+                current, changed = candidate, True
+                break
+    return Shrunk(current, runs, exhausted=False)
+
+
+def size(program: CoreProgram) -> tuple[int, int, int]:
+    """Requests, aborts and tokens (prompt and output, at most) of `program`."""
+    requests = [r for batch in program.arrivals for r in batch]
+    tokens = sum(r.prompt_len + r.max_tokens for r in requests)
+    return len(requests), sum(len(a) for a in program.aborts), tokens
+
+
+def program_source(program: CoreProgram) -> str:
+    """`program` as Python that builds it (`CoreProgram` from `integrations.vllm.engine_core`,
+    `ArConfig`, `ArRequest` and `Policy` from `spec.ar.config`): the configuration's sizes and
+    each other field that differs from its default, a request's id and sizes by position."""
+    lines = [f"CoreProgram(\n    {_fields(program.config, always=_CONFIG_SIZES)},\n    arrivals=("]
+    for batch in program.arrivals:
+        requests = "".join(f"{_request(r)}, " for r in batch)
+        lines.append(f"        ({requests.rstrip()}),")
+    lines.append("    ),")
+    lines.append(f"    aborts={program.aborts!r},")
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def _request(r: ArRequest) -> str:
+    rest = _fields(r, skip=("request_id", "prompt_len", "max_tokens"))[len("ArRequest(") : -1]
+    head = f"ArRequest({r.request_id!r}, {r.prompt_len}, {r.max_tokens}"
+    return f"{head}, {rest})" if rest else f"{head})"
+
+
+#: The configuration's sizes, printed even where they are the defaults.
+_CONFIG_SIZES = (
+    "block_size",
+    "num_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+)
+
+
+def _fields(value: object, skip: tuple[str, ...] = (), always: tuple[str, ...] = ()) -> str:
+    """`Type(name=value, ...)` with the fields in `always` and those that differ from their
+    defaults, but those in `skip`."""
+    shown = []
+    for f in dataclasses.fields(value):  # type: ignore[arg-type]
+        v = getattr(value, f.name)
+        default = f.default is not dataclasses.MISSING and v == f.default
+        if f.name in skip or (default and f.name not in always):
+            continue
+        shown.append(f"{f.name}={_literal(v)}")
+    return f"{type(value).__name__}({', '.join(shown)})"
+
+
+def _literal(value: object) -> str:
+    """Python for `value`: an enum member by name, a run of consecutive token ids as a range."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if (
+        isinstance(value, tuple)
+        and len(value) > 2
+        and value == tuple(range(value[0], value[-1] + 1))
+    ):
+        return f"tuple(range({value[0]}, {value[-1] + 1}))"
+    return repr(value)
+
+
+def reductions(program: CoreProgram) -> Iterator[CoreProgram]:
+    """Every one-change reduction of `program`, in the order `shrink` tries them, valid ones
+    only."""
+    for candidate in (*_removals(program), *_request_reductions(program), *_config(program)):
+        if _valid(candidate):
+            yield candidate
+
+
+def _removals(program: CoreProgram) -> Iterator[CoreProgram]:
+    ids = [r.request_id for batch in program.arrivals for r in batch]
+    for rid in ids:
+        yield CoreProgram(
+            program.config,
+            tuple(tuple(r for r in batch if r.request_id != rid) for batch in program.arrivals),
+            tuple(tuple(a for a in step if a != rid) for step in program.aborts),
+        )
+    for step, aborted in enumerate(program.aborts):
+        for rid in aborted:
+            aborts = list(program.aborts)
+            aborts[step] = tuple(a for a in aborted if a != rid)
+            yield replace(program, aborts=tuple(aborts))
+    for step in range(len(program.arrivals)):
+        if len(program.arrivals) > 1 and not program.arrivals[step] and not program.aborts[step]:
+            yield CoreProgram(
+                program.config,
+                program.arrivals[:step] + program.arrivals[step + 1 :],
+                program.aborts[:step] + program.aborts[step + 1 :],
+            )
+
+
+def _request_reductions(program: CoreProgram) -> Iterator[CoreProgram]:
+    for step, batch in enumerate(program.arrivals):
+        for index, request in enumerate(batch):
+            for smaller in _smaller_requests(request):
+                arrivals = list(program.arrivals)
+                arrivals[step] = (*batch[:index], smaller, *batch[index + 1 :])
+                yield replace(program, arrivals=tuple(arrivals))
+
+
+def _smaller_requests(r: ArRequest) -> Iterator[ArRequest]:
+    for tokens in sorted({1, r.max_tokens - 1}):
+        if 1 <= tokens < r.max_tokens:
+            stop = r.stop_after if r.stop_after is None or r.stop_after <= tokens else None
+            yield replace(r, max_tokens=tokens, stop_after=stop)
+    for length in sorted({1, r.prompt_len - 1}):
+        if 1 <= length < r.prompt_len:
+            prompt = None if r.prompt is None else r.prompt[:length]
+            yield replace(r, prompt_len=length, prompt=prompt)
+    if r.stop_after is not None:
+        yield replace(r, stop_after=None)
+    if r.priority:
+        yield replace(r, priority=0)
+    if r.prompt is not None:
+        yield replace(r, prompt=None)
+
+
+def _config(program: CoreProgram) -> Iterator[CoreProgram]:
+    c = program.config
+    lowered = {
+        "max_num_seqs": c.max_num_seqs - 1,
+        "max_num_batched_tokens": c.max_num_batched_tokens - 1,
+        "long_prefill_token_threshold": 0 if c.long_prefill_token_threshold else -1,
+        "num_blocks": c.num_blocks - 1,
+        "max_model_len": c.max_model_len - 1,
+        "enable_prefix_caching": False if c.enable_prefix_caching else None,
+        "enable_chunked_prefill": False if c.enable_chunked_prefill else None,
+    }
+    for name, value in lowered.items():
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value < 0):
+            continue
+        try:
+            yield replace(program, config=c.replace(**{name: value}))
+        except ConfigError:
+            continue
+
+
+def _valid(program: CoreProgram) -> bool:
+    """Every request of `program` fits its configuration (vLLM would refuse it otherwise, and
+    the loop would drop it silently)."""
+    try:
+        for batch in program.arrivals:
+            for request in batch:
+                validate_ar_request(program.config, request)
+    except (ConfigError, RequestError):
+        return False
+    return any(program.arrivals)
+
+
+__all__ = [
+    "SHRINK_BUDGET",
+    "Shrunk",
+    "fails_like",
+    "lifted_by",
+    "program_source",
+    "reductions",
+    "shrink",
+    "size",
+]
