@@ -13,9 +13,10 @@ sizes and the configuration while that loop still breaks that rule, at most `--b
 (default 3000), the store's and the drafts' draws held at the original program's
 (`draw_seed`). Prints the program's size before and after, the smaller program's violation,
 and the smaller program as Python (`CoreProgram(...)`, which `run_loop` takes with
-`LoopOptions(..., draw_seed=...)`, the seed printed with it). With `--lifted-by FIX` a smaller
-program is kept only if it also passes that loop with FIX made: the shrink keeps the finding
-FIX lifts, not another bug that breaks the same rule.
+`LoopOptions(..., draw_seed=...)`, the seed printed with it; `--json` writes it with the
+other `LoopOptions` fields and the fixes' names). With `--lifted-by FIX` a smaller program is
+kept only if it also passes that loop with FIX made: the shrink keeps the finding FIX lifts,
+not another bug that breaks the same rule.
 
 Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
 1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
@@ -27,7 +28,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -150,6 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs_from": args.programs_from,
                 "fix": " + ".join(names) or None,
                 "lifted_by": " + ".join(lifting) or None,
+                "options": {
+                    f.name: getattr(options, f.name)
+                    for f in fields(options)
+                    if f.name not in ("mutate", "fix", "draw_seed")
+                },
                 "loop": loop,
                 "rule": first.rule,
                 "first": first.detail,
