@@ -12,8 +12,9 @@
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
 control) and asynchronous (`AsyncScheduler`, a batch queue of two), each loop on its own, with
-the checks of `integrations.vllm.engine_core`; prints the failures (rule, loop and first seeds)
-and how often the asynchronous paths were taken. The programs are
+the checks of `integrations.vllm.engine_core`; prints the failures (rule, loop and first seeds),
+for each the `scripts/vllm_shrink.py` command that shrinks its first program under the same
+options, and how often the asynchronous paths were taken. The programs are
 `integrations.vllm.engine_core.core_program(seed)` (`random`, the whole of vLLM's space) or
 `integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where
 a request is preempted in the step that scheduled it) or
@@ -150,6 +151,33 @@ def _one_loop(program: CoreProgram, options: LoopOptions, async_scheduling: bool
     return run_loop(program, async_scheduling=async_scheduling, options=options)
 
 
+def _shrink_commands(failures: dict[str, list[int]], argv: Sequence[str] | None) -> list[str]:
+    """For each rule broken ("rule, mode loop"), the `scripts/vllm_shrink.py` command that
+    shrinks its first failing program under the same options."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for arg in given:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--programs", "--json"):
+            skip = True
+            continue
+        if not arg.startswith(("--programs=", "--json=")):
+            kept.append(arg)
+    options = " ".join(kept)
+    lines = []
+    for label, seeds in sorted(failures.items()):
+        rule, loop = label.split(", ")
+        mode = loop.split()[0]
+        lines.append(
+            f"shrink [{label}]: .venv/bin/python scripts/vllm_shrink.py --seed {seeds[0]} "
+            f"--loop {mode} --rule {rule}" + (f" {options}" if options else "")
+        )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_async_check.py")
     add_program_arguments(parser, 3000)
@@ -177,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "both loops"
     )
     print("\n".join(tally.report(MEANING, 50)))
+    print("\n".join(_shrink_commands(tally.failures, argv)))
     print(f"({elapsed:.1f} s)")
     if args.json:
         write_json(

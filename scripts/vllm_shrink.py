@@ -3,7 +3,7 @@
     .venv/bin/python scripts/vllm_shrink.py --seed N [--loop {sync,async}] [--rule RULE]
         [--budget RUNS] [--pipeline-parallel P] [--programs-from {random,same-step,shared-prompts}]
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
-        [--kv-connector {recompute,fail} ...] [--lifted-by FIX ...] [--json FILE]
+        [--kv-connector {recompute,fail} ...] [--lifted-by FIX ...] [--trace] [--json FILE]
 
 Takes program N as `scripts/vllm_async_check.py` generates it and runs it, with the same
 options (`integrations.vllm.loop_arguments`), in the synchronous loop and then the
@@ -16,7 +16,9 @@ and the smaller program as Python (`CoreProgram(...)`, which `run_loop` takes wi
 `LoopOptions(..., draw_seed=...)`, the seed printed with it; `--json` writes it with the
 other `LoopOptions` fields and the fixes' names). With `--lifted-by FIX` a smaller program is
 kept only if it also passes that loop with FIX made: the shrink keeps the finding FIX lifts,
-not another bug that breaks the same rule.
+not another bug that breaks the same rule. `--trace` also prints the smaller program's run, one
+line per submission, abort, `schedule()` call, applied output and connector event, up to the
+violation (`integrations.vllm.trace`).
 
 Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
 1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
@@ -45,6 +47,7 @@ from integrations.vllm.shrink import (
     shrink,
     size,
 )
+from integrations.vllm.trace import compact
 from schedspec_cli.output import output_file, write_json
 from spec.errors import ConfigError
 
@@ -92,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FIX",
         help="keep only smaller programs that pass with this fix made too (repeatable): the "
         "shrink keeps the finding that fix lifts",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also print the smaller program's run, one line per event, up to the violation",
     )
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the result to this file"
@@ -143,6 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = program_source(result.program)
     print(f"with the original program's draws, LoopOptions(..., draw_seed={draws}):")
     print(source)
+    trace: list[str] = []
+    if args.trace:
+        traced = replace(options, draw_seed=draws, trace=trace)
+        try:
+            run_loop(result.program, async_scheduling=loop == "async", options=traced)
+        except EngineCoreViolation as err:
+            trace.append(f"violation: [{err.rule}] {err.detail}")
+        print(f"its run in the {loop} loop:")
+        trace = compact(trace)
+        print("\n".join(f"  {line}" for line in trace))
     if args.json:
         write_json(
             args.json,
@@ -154,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "options": {
                     f.name: getattr(options, f.name)
                     for f in fields(options)
-                    if f.name not in ("mutate", "fix", "draw_seed")
+                    if f.name not in ("mutate", "fix", "draw_seed", "trace")
                 },
                 "loop": loop,
                 "rule": first.rule,
@@ -166,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "size_after": dict(zip(SIZES, size(result.program), strict=True)),
                 "program": source,
                 "draw_seed": draws,
+                "trace": trace if args.trace else None,
                 "seconds": elapsed,
             },
         )

@@ -381,8 +381,9 @@ def test_the_async_check_script_reports_each_loop_and_takes_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`scripts/vllm_async_check.py --programs-from same-step`: program 1 fails in each loop
-    as released, reported per loop (exit 1); with `--fix uncache-preempted` every program
-    passes (exit 0). The JSON says which programs and which fix."""
+    as released, reported per loop (exit 1), each with the command that shrinks it under the
+    same options; with `--fix uncache-preempted` every program passes (exit 0). The JSON says
+    which programs and which fix."""
     script = load_script("vllm_async_check")
     released, fixed = tmp_path / "released.json", tmp_path / "fixed.json"
     argv = ["--programs", "3", "--programs-from", "same-step"]
@@ -391,6 +392,11 @@ def test_the_async_check_script_reports_each_loop_and_takes_the_fix(
     assert "3 same-step programs" in out and "2 pass both loops" in out, out
     for mode in ("sync", "async"):
         assert f"FAIL [cache_hit_written, {mode} loop] 1 programs, first seeds [1]" in out, out
+        shrink = (
+            f"shrink [cache_hit_written, {mode} loop]: .venv/bin/python scripts/vllm_shrink.py "
+            f"--seed 1 --loop {mode} --rule cache_hit_written --programs-from same-step"
+        )
+        assert shrink in out.splitlines(), out
     data = json.loads(released.read_text())
     assert data["programs_from"] == "same-step" and data["fix"] is None
     assert data["failures"]["cache_hit_written, async loop"]["seeds"] == [1]

@@ -9,6 +9,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,35 @@ def test_the_script_refuses_bad_arguments(
         script.main(argv)
     assert leaving.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("scripts/vllm_shrink.py:")
+
+
+def test_a_trace_changes_no_verdict_and_says_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """With a trace kept, the first 20 programs over the offload store run exactly as without
+    one in both loops; `--trace` prints the shrunk program's run, its submissions, calls,
+    outputs and connector events, ending at the violation."""
+    options = LoopOptions(kv_connector="recompute", kv_store="offload")
+    for seed in range(20):
+        program = core_program(seed)
+        for async_scheduling in (False, True):
+            results = []
+            traces: tuple[list[str] | None, ...] = (None, [])
+            for trace in traces:
+                try:
+                    ran = run_loop(
+                        program,
+                        async_scheduling=async_scheduling,
+                        options=replace(options, trace=trace),
+                    )
+                    results.append(repr(ran))
+                except EngineCoreViolation as err:
+                    results.append(str(err))
+            assert results[0] == results[1], seed
+    script = load_script("vllm_shrink")
+    argv = ["--seed", "132", "--kv-connector", "recompute", "--kv-store", "offload", "--trace"]
+    assert script.main([*argv, "--lifted-by", "evict-failed-blocks"]) == 1
+    printed = capsys.readouterr().out
+    run = printed[printed.index("its run in the sync loop:") :].splitlines()[1:]
+    assert run[0].startswith("  step 0: submit r0: ")
+    assert any("connector: synchronous load of" in line for line in run)
+    assert any("reported failed in block" in line for line in run)
+    assert run[-1].startswith("  violation: [cache_hit_written] sync loop: ")

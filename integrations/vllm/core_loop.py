@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from integrations.vllm.adapter import block_tables
 from integrations.vllm.runner_tables import RunnerTables
+from integrations.vllm.trace import output_line, schedule_line
 
 #: The engine core's batch queue: 2 with async scheduling (`max_concurrent_batches`), else 1.
 ASYNC_BATCH_QUEUE = 2
@@ -99,6 +100,14 @@ class BatchQueueLoop(Generic[CountsT]):
         self.running_before: list[str] = []
         #: The model runner's block tables, built from the outputs alone (`runner_tables`).
         self.runner_tables = RunnerTables()
+        #: With a list, one line per event (`note`, `integrations.vllm.trace`).
+        self.trace: list[str] | None = None
+        self._schedule_of: dict[int, int] = {}  # id of a queued output -> its schedule number
+
+    def note(self, line: str) -> None:
+        """Append `line` to the trace, if one is kept, with the engine step it happened in."""
+        if self.trace is not None:
+            self.trace.append(f"step {self.n.engine_steps}: {line}")
 
     # ------------------------------------------------------------------ hooks
     def execute(self, out: Any) -> Any:
@@ -298,6 +307,9 @@ class BatchQueueLoop(Generic[CountsT]):
             self.before_schedule()
             out = call_vllm("schedule", sched.schedule)
             self.n.schedules += 1
+            if self.trace is not None:
+                self._schedule_of[id(out)] = self.n.schedules
+                self.note(f"schedule {self.n.schedules}: {schedule_line(out)}")
             self.check_pool(f"after schedule() {self.n.schedules}")
             self.check_runner_tables(out)
             if out.total_num_scheduled_tokens > 0 and self.defers(out):
@@ -326,6 +338,9 @@ class BatchQueueLoop(Generic[CountsT]):
         engine_outputs = call_vllm(
             "update_from_output", lambda: sched.update_from_output(out, model_output)
         )
+        if self.trace is not None:
+            number = self._schedule_of.pop(id(out), 0)
+            self.note(f"output of schedule {number}: {output_line(engine_outputs)}")
         for per_client in engine_outputs.values():
             for o in per_client.outputs:
                 self.outputs[o.request_id].extend(int(t) for t in o.new_token_ids)
@@ -341,6 +356,7 @@ class BatchQueueLoop(Generic[CountsT]):
         it is in flight, and check the pool."""
         if any(request_id in o.num_scheduled_tokens for o, _ in self.queue):
             self.n.aborts_in_flight += 1
+        self.note(f"abort {request_id}")
         call_vllm("abort", finish)
         self.reasons[request_id] = ABORTED
         self.check_pool(f"after aborting {request_id!r}")

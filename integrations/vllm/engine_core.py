@@ -226,7 +226,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     `kv_pending_lookups`, and nothing to load if `kv_role` is "kv_producer": the connector only
     sends; with `kv_store="offload"` an `integrations.vllm.offload_store.OffloadStore`, which
     holds what finished requests stored and puts lookups off while its own jobs run, and with
-    `kv_store_blocks` holds at most that many blocks, evicting the least recently used)."""
+    `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
+    `trace` (a list) the loop and the store append a line per event to it."""
 
     def __init__(
         self,
@@ -249,6 +250,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_role: str = "kv_both",
         kv_store: str = "draws",
         kv_store_blocks: int | None = None,
+        trace: list[str] | None = None,
     ) -> None:
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
@@ -288,6 +290,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.config = config
         self.stages = pipeline_parallel_size
+        self.trace = trace
+        if trace is not None and self.remote is not None:
+            self.remote.log = self.note
         # a KV load's blocks are read as a prefix-cache hit's: checked the same way, and, as a
         # load may fail under a running request, every read (`kv_written`); with drafts only
         # below verified tokens, as a step is scheduled past drafts that vLLM may roll back
@@ -341,6 +346,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         except RequestError:
             return False
         self.outputs[request.request_id] = []
+        if self.trace is not None:
+            shared = ", a shared prompt" if request.prompt is not None else ""
+            stop = f", stops at output {request.stop_after}" if request.stop_after else ""
+            self.note(
+                f"submit {request.request_id}: {request.prompt_len} prompt tokens{shared}, up "
+                f"to {request.max_tokens} output{stop}"
+            )
         return True
 
     def abort(self, request_id: str) -> None:
@@ -688,7 +700,8 @@ class LoopOptions:
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
     if given). The speculative model and the connector's store draw from `draw_seed`, by default
     a hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
-    original program's while it changes the program."""
+    original program's while it changes the program. With `trace` (a list) the loop appends a
+    line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -706,6 +719,7 @@ class LoopOptions:
     kv_store: str = "draws"
     kv_store_blocks: int | None = None
     draw_seed: int | None = None
+    trace: list[str] | None = None
 
     def loop(self, program: CoreProgram, async_scheduling: bool) -> CoreRun:
         """One loop over `program`, checked. The speculative model's and the store's draws are
@@ -737,6 +751,7 @@ class LoopOptions:
             kv_role=self.kv_role,
             kv_store=self.kv_store,
             kv_store_blocks=self.kv_store_blocks,
+            trace=self.trace,
         )
         return loop.run(program)
 

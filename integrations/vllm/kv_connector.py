@@ -48,7 +48,7 @@ from __future__ import annotations
 import importlib
 import random
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,15 @@ class RemoteKv:
         self.failed: set[str] = set()  # requests with a failed load
         self.counts: TransferCounts = TransferCounts()
         self._local: dict[str, int] = {}  # request -> its computed tokens when last matched
+        #: Where the store says what it does, a line per event (None: nowhere; the loop's
+        #: trace, `integrations.vllm.trace`).
+        self.log: Callable[[str], None] | None = None
+        self._told: dict[str, tuple[int, int]] = {}  # request -> the lookup last logged
+
+    def say(self, line: str) -> None:
+        """`line` to `log`, if set."""
+        if self.log is not None:
+            self.log(line)
 
     # ------------------------------------------------------------ what the store holds
     def _hash(self, rid: str, salt: str) -> int:
@@ -169,6 +178,7 @@ class RemoteKv:
             self._lookups_left[rid] = left - 1
             self.asked_later.add(rid)
             self.counts.lookups_put_off += 1
+            self.say(f"connector: lookup of {rid} answered ask again later")
             return None
         self.asked_later.discard(rid)
         return self.matched(request, num_computed_tokens)
@@ -180,13 +190,18 @@ class RemoteKv:
         recompute its last token; for a one-token prompt that leaves nothing computed, so vLLM
         looks it up again and loads it again, for ever. A store of whole blocks never holds a
         one-token prompt at the block sizes engines use, so this store does not either."""
-        self._local[request.request_id] = num_computed_tokens
+        rid = request.request_id
+        self._local[rid] = num_computed_tokens
         remote = self.remote_tokens(request)
         if not self.loads_async(request):
             # a synchronous hit leaves a token to compute (vLLM asserts one; its offloading
             # connector loads a whole-prompt hit asynchronously instead)
             remote = min(remote, request.num_tokens - 1)
-        return max(0, remote - num_computed_tokens)
+        hit = max(0, remote - num_computed_tokens)
+        if self._told.get(rid) != (num_computed_tokens, hit):
+            self._told[rid] = (num_computed_tokens, hit)
+            self.say(f"connector: lookup of {rid} hits {hit} tokens past its {num_computed_tokens}")
+        return hit
 
     def allocated(self, request: Any, block_ids: Iterable[int], num_external: int) -> None:
         """`update_state_after_alloc`: load `num_external` tokens after the request's computed
@@ -202,6 +217,11 @@ class RemoteKv:
         self._register(load)
         self.counts.loads += 1
         self.counts.sync_loads += sync
+        kind = "synchronous" if sync else "asynchronous"
+        self.say(
+            f"connector: {kind} load of {request.request_id}'s tokens {start}.."
+            f"{start + num_external - 1} into blocks {list(load.blocks)}"
+        )
 
     def finished(self, request: Any, block_ids: Iterable[int]) -> bool:
         """`request_finished`: send a producer's computed blocks if it finished by stopping or
@@ -218,6 +238,7 @@ class RemoteKv:
             return False
         self._register(Transfer("send", request.request_id, request, blocks, 0))
         self.counts.sends += 1
+        self.say(f"connector: send of {request.request_id}'s blocks {list(blocks)}")
         return True
 
     def _register(self, transfer: Transfer) -> None:
@@ -259,6 +280,7 @@ class RemoteKv:
             del self.in_flight[key]
             if t.kind == "send":
                 sending.add(t.rid)
+                self.say(f"connector: send of {t.rid} reported done")
                 continue
             outcome = self.outcome(t)
             if t.sync:
@@ -271,14 +293,17 @@ class RemoteKv:
                 failed.add(t.rid)
                 self.failed.add(t.rid)
                 self.counts.loads_failed += 1
+                self.say(f"connector: load of {t.rid} reported failed as a whole")
             elif isinstance(outcome, int):
                 invalid.add(t.blocks[outcome])
                 self.failed.add(t.rid)
                 self.counts.blocks_invalid += 1
                 t.bad = outcome
                 loaded.append(t)
+                self.say(f"connector: load of {t.rid} reported failed in block {t.blocks[outcome]}")
             else:
                 loaded.append(t)
+                self.say(f"connector: load of {t.rid} reported done")
         if not (recving or sending or invalid):
             return None, loaded
         output = outputs.KVConnectorOutput(

@@ -127,8 +127,10 @@ class OffloadStore(RemoteKv):
         beyond = self._run(request, storing)[num_computed_tokens // self.block_size :]
         if any(h in storing for h in beyond):
             self.put_off_storing += 1
+            self.say(f"store: lookup of {rid} put off, a block of its hit is being stored")
         elif any(h in loading for h in beyond):
             self.put_off_loading += 1
+            self.say(f"store: lookup of {rid} put off, a block of its hit is being loaded")
         else:
             self.asked_later.discard(rid)
             return self.matched(request, num_computed_tokens)
@@ -162,6 +164,7 @@ class OffloadStore(RemoteKv):
             return False
         if not self._make_room(len(new), protected=set(offered), storing=len(storing)):
             self.counts.stores_refused += 1
+            self.say(f"store: no room for {request.request_id}'s {len(new)} new blocks")
             return False
         self._register(Transfer("send", request.request_id, request, blocks, 0))
         self.storing[request.request_id] = new
@@ -184,6 +187,7 @@ class OffloadStore(RemoteKv):
         for key in victims:
             del self.stored[key]
         self.counts.blocks_evicted += len(victims)
+        self.say(f"store: evicted {len(victims)} least recently used blocks")
         return True
 
     # ------------------------------------------------------------ the worker

@@ -1,0 +1,83 @@
+"""One line per event of an engine-core loop, for reading a (shrunk) counterexample.
+
+`BatchQueueLoop` with a `trace` list (`LoopOptions(trace=[])`) appends a line for every
+submission, abort, `schedule()` call and applied output, and the KV connector's store one for
+every lookup put off, load, send and report (`RemoteKv.log`). These functions say a vLLM
+`SchedulerOutput` and a batch's `EngineCoreOutputs` in one line each.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_EMPTY = re.compile(r"step (\d+): schedule (\d+): nothing$")
+_NO_TOKEN = re.compile(r"step (\d+): output of schedule (\d+): no token$")
+
+
+def schedule_line(out: Any) -> str:
+    """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts),
+    then the requests preempted in the call and those reported ended since the last one."""
+    new = {r.req_id for r in out.scheduled_new_reqs}
+    resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
+    drafts = out.scheduled_spec_decode_tokens or {}
+    parts = []
+    for rid, tokens in out.num_scheduled_tokens.items():
+        tag = " (new)" if rid in new else " (resumed)" if rid in resumed else ""
+        k = len(drafts.get(rid, ()))
+        parts.append(f"{rid} {tokens} token{'s' if tokens != 1 else ''}{tag}")
+        if k:
+            parts[-1] += f" with {k} draft{'s' if k != 1 else ''}"
+    line = ", ".join(parts) or "nothing"
+    if out.preempted_req_ids:
+        line += f"; preempted {sorted(out.preempted_req_ids)}"
+    if out.finished_req_ids:
+        line += f"; ended since the last call {sorted(out.finished_req_ids)}"
+    return line
+
+
+def output_line(engine_outputs: Any) -> str:
+    """What applying a batch's output gave each request: tokens, and a finish reason."""
+    parts = []
+    for per_client in engine_outputs.values():
+        for o in per_client.outputs:
+            n = len(o.new_token_ids)
+            part = f"{o.request_id} +{n} token{'s' if n != 1 else ''}"
+            if o.finish_reason is not None:
+                part += f", finished ({o.finish_reason.name.lower()})"
+            parts.append(part)
+    return ", ".join(parts) or "no token"
+
+
+def compact(trace: list[str]) -> list[str]:
+    """`trace` with each run of idle engine steps (a schedule of nothing and its output: a
+    hang's steps) said in one line."""
+    lines: list[str] = []
+    empty: set[str] = set()  # the schedules of nothing
+    run: list[int] = []  # the engine steps of the idle run being gathered
+    for line in trace:
+        nothing = _EMPTY.match(line)
+        no_token = _NO_TOKEN.match(line)
+        if nothing:
+            empty.add(nothing.group(2))
+        idle = nothing or (no_token if no_token and no_token.group(2) in empty else None)
+        if idle:
+            run.append(int(idle.group(1)))
+            continue
+        if run:
+            lines.append(_idle(run))
+            run = []
+        lines.append(line)
+    if run:
+        lines.append(_idle(run))
+    return lines
+
+
+def _idle(steps: list[int]) -> str:
+    first, last = steps[0], steps[-1]
+    if first == last:
+        return f"step {first}: schedule() scheduled nothing"
+    return f"steps {first}..{last}: schedule() scheduled nothing"
+
+
+__all__ = ["compact", "output_line", "schedule_line"]
