@@ -39,6 +39,7 @@ from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import RULES, program_seed, run_loop
 from integrations.vllm.loop_arguments import FIXES, GENERATORS, add_loop_arguments, loop_options
 from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink import (
     SHRINK_BUDGET,
     fails_like,
@@ -79,13 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="RUNS",
         help=f"loop runs at most (default {SHRINK_BUDGET})",
     )
-    parser.add_argument(
-        "--pipeline-parallel",
-        type=int,
-        default=1,
-        metavar="P",
-        help="pipeline stages of the asynchronous loop (default 1)",
-    )
+    add_pipeline_argument(parser)
     add_loop_arguments(parser)
     parser.add_argument(
         "--lifted-by",

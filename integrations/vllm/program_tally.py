@@ -22,6 +22,11 @@ def add_program_arguments(parser: argparse.ArgumentParser, default_programs: int
     parser.add_argument(
         "--programs", type=int, default=default_programs, help="generated programs (seeds)"
     )
+    add_pipeline_argument(parser)
+
+
+def add_pipeline_argument(parser: argparse.ArgumentParser) -> None:
+    """`--pipeline-parallel`: pipeline stages of the asynchronous loop (default 1)."""
     parser.add_argument(
         "--pipeline-parallel",
         type=int,
@@ -132,4 +137,10 @@ class ProgramTally:
         }
 
 
-__all__ = ["MODES", "ProgramTally", "add_program_arguments", "parse_program_arguments"]
+__all__ = [
+    "MODES",
+    "ProgramTally",
+    "add_pipeline_argument",
+    "add_program_arguments",
+    "parse_program_arguments",
+]
