@@ -61,7 +61,9 @@ def _sizes(counts: tuple[int, int, int]) -> str:
     return f"{requests} requests, {aborts} aborts, {tokens} tokens"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's arguments: the program, the loop and rule, the budget, the loop options
+    of `scripts/vllm_async_check.py`, `--lifted-by`, `--trace` and `--json`."""
     parser = argparse.ArgumentParser(prog="scripts/vllm_shrink.py")
     parser.add_argument("--seed", type=int, required=True, help="the program to shrink")
     parser.add_argument(
@@ -99,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the result to this file"
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.seed < 0 or args.budget < 1 or args.pipeline_parallel < 1:
         parser.error("--seed must be >= 0, --budget and --pipeline-parallel >= 1")

@@ -1,0 +1,236 @@
+"""Render docs/upstream-reports.md: one report per vLLM finding, ready to file upstream, from the
+shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json --trace`).
+
+    python3 scripts/upstream_reports.py [--check]
+
+Each report gives the finding in a sentence, what its candidate fix changes (the fix's own
+summary), the rule its shrunk program breaks and the message, the command that shrinks it
+again, the program, its run, and the command that prints the fix as a patch. Without
+`--check` it writes the file; with `--check` it writes nothing and exits 1 if the file is not
+what it would write (a shrunk program re-recorded, a title changed), 0 if it is. Exit 2 if a
+shrunk program has no title here. Needs no engine: the fixes' summaries are read from
+`integrations.vllm`, which imports vLLM only when a fix is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from integrations.vllm.loop_arguments import FIXES
+
+ROOT = Path(__file__).resolve().parent.parent
+SHRUNK = ROOT / "docs" / "shrunk"
+REPORTS = ROOT / "docs" / "upstream-reports.md"
+
+#: Per shrunk program (file stem): the report's title, the `scripts/engine_fixes_diff.py`
+#: target that prints its fix, and the issue it belongs to upstream if one is known.
+TITLES: dict[str, tuple[str, str, str | None]] = {
+    "vllm-prefix-preempted": (
+        "Prefix caching under the priority policy: a request preempted in the step that "
+        "scheduled it leaves that step's blocks cached, their KV never written",
+        "vllm-prefix",
+        None,
+    ),
+    "vllm-spec-pad": (
+        "Speculative decoding: a new decode padded to 1 + k tokens trips an assert in "
+        "schedule() under a long-prefill threshold below 1 + k",
+        "vllm-spec",
+        None,
+    ),
+    "vllm-kv-stale-reservation": (
+        "KV connector, recompute policy: a request whose load failed keeps the reservation of "
+        "blocks it no longer holds, and the engine hangs",
+        "vllm-kv",
+        None,
+    ),
+    "vllm-kv-failed-load-heads": (
+        "KV connector, recompute policy: a failed load keeps heading the requests holding KV "
+        "and strands the finished loads behind it",
+        "vllm-kv",
+        None,
+    ),
+    "vllm-kv-failed-blocks-cached": (
+        "KV connector: blocks computed over a block whose synchronous load failed stay in the "
+        "prefix cache under the recompute policy",
+        "vllm-kv",
+        None,
+    ),
+    "vllm-kv-second-holder": (
+        "KV connector, recompute policy: a second holder of a failed block reads it before it "
+        "is recomputed",
+        "vllm-kv",
+        None,
+    ),
+    "vllm-kv-loader-gone": (
+        "KV connector: the blocks a step computed over a failed block stay cached once the "
+        "request that loaded it is gone",
+        "vllm-kv",
+        None,
+    ),
+    "vllm-kv-45138": (
+        "KV connector under async scheduling: a failed synchronous load leaves the request's "
+        "output placeholders counted",
+        "vllm-kv",
+        "#45138",
+    ),
+    "vllm-kv-draft-margin": (
+        "KV connector with speculative decoding: an asynchronous load's draft margin is capped "
+        "neither at max_model_len nor at what the request needs, so it never loads",
+        "vllm-draft-margin",
+        None,
+    ),
+}
+
+#: `LoopOptions` fields and the `scripts/vllm_shrink.py` flag that sets each (a bool: the flag
+#: alone; kv_sync_loads: its flag when False).
+FLAGS = {
+    "pipeline_parallel_size": "--pipeline-parallel",
+    "speculative_tokens": "--speculative-tokens",
+    "speculative_method": "--speculative-method",
+    "structured_output": "--structured-output",
+    "keyed_drafts": "--keyed-drafts",
+    "late_grammars": "--late-grammars",
+    "reasoning": "--reasoning",
+    "kv_connector": "--kv-connector",
+    "kv_sync_loads": "--kv-async-loads-only",
+    "kv_pending_lookups": "--kv-pending-lookups",
+    "kv_role": "--kv-role",
+    "kv_store": "--kv-store",
+    "kv_store_blocks": "--kv-store-blocks",
+}
+DEFAULTS: dict[str, object] = {
+    "pipeline_parallel_size": 1,
+    "speculative_tokens": 0,
+    "speculative_method": "ngram",
+    "structured_output": False,
+    "keyed_drafts": False,
+    "late_grammars": False,
+    "reasoning": False,
+    "kv_connector": None,
+    "kv_sync_loads": True,
+    "kv_pending_lookups": False,
+    "kv_role": "kv_both",
+    "kv_store": "draws",
+    "kv_store_blocks": None,
+}
+
+
+def shrink_arguments(record: dict[str, Any]) -> list[str]:
+    """The `scripts/vllm_shrink.py` arguments that shrink `record`'s program again."""
+    args = ["--seed", str(record["seed"]), "--loop", record["loop"]]
+    if record["programs_from"] != "random":
+        args += ["--programs-from", record["programs_from"]]
+    for name, value in record["options"].items():
+        if value == DEFAULTS[name]:
+            continue
+        flag = FLAGS[name]
+        args += [flag] if isinstance(value, bool) else [flag, str(value)]
+    for fix in (record["fix"] or "").split(" + "):
+        if fix:
+            args += ["--fix", fix]
+    for fix in record["lifted_by"].split(" + "):
+        args += ["--lifted-by", fix]
+    return args
+
+
+def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
+    title, target, known = TITLES[stem]
+    lifted = record["lifted_by"].split(" + ")
+    before, after = record["size_before"], record["size_after"]
+    loop = (
+        "synchronous engine-core loop (`EngineCore.step`)"
+        if record["loop"] == "sync"
+        else "asynchronous engine-core loop (`EngineCore.step_with_batch_queue`)"
+    )
+    lines = [f"## {number}. {title}", ""]
+    if known:
+        lines += [f"Known upstream as vLLM issue {known}: this is a smaller reproduction.", ""]
+    for fix in lifted:
+        lines += [f"The candidate fix, `{fix}`: {FIXES[fix].summary}.", ""]
+    lines += [
+        f"- vLLM 0.33.0, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} over a "
+        "fabricated model.",
+        f"- Broken: `{record['rule']}`: {record['shrunk']}",
+        f"- Shrunk from program {record['seed']} ({before['requests']} requests, "
+        f"{before['aborts']} aborts) to {after['requests']} requests and {after['aborts']} "
+        f"aborts, {after['tokens']} prompt and output tokens, its draws (the connector's store, "
+        f"the drafts) seeded by {record['draw_seed']}.",
+        "",
+        "Reproduce (schedspec), and print the fix as a patch of vLLM's files:",
+        "",
+        "```text",
+        ".venv/bin/python scripts/vllm_shrink.py " + " ".join(shrink_arguments(record)),
+        f".venv/bin/python scripts/engine_fixes_diff.py {target}"
+        + "".join(f" --fix {fix}" for fix in lifted),
+        "```",
+        "",
+        "The program:",
+        "",
+        "```python",
+        record["program"],
+        "```",
+        "",
+    ]
+    if record.get("trace"):
+        lines += ["Its run, up to the violation:", "", "```text", *record["trace"], "```", ""]
+    return lines
+
+
+def render() -> str:
+    """docs/upstream-reports.md as it should be; `KeyError` naming a shrunk program that has
+    no title."""
+    records = {path.stem: json.loads(path.read_text()) for path in sorted(SHRUNK.glob("*.json"))}
+    missing = sorted(set(records) - set(TITLES))
+    if missing:
+        raise KeyError(f"no title for the shrunk programs {missing}")
+    lines = [
+        "# Reports for upstream",
+        "",
+        "One report per finding in vLLM 0.33.0's scheduler, each with the smallest program "
+        "that reproduces it (docs/shrunk/, `scripts/vllm_shrink.py`), ready to file. Not filed "
+        "from here: this machine reaches only package registries. Written by "
+        "`scripts/upstream_reports.py` from docs/shrunk/; `tests/test_upstream_reports.py` "
+        "keeps this file in step with them, and `tests/test_real_vllm_shrunk_programs.py` "
+        "keeps every program breaking its rule until its fix is made. Block ids in a message "
+        "or a run can differ between processes (Python's string hashing orders some of vLLM's "
+        "sets); the rule and the loop do not. The findings, their validation and their cost: "
+        "[engines.md](engines.md).",
+        "",
+    ]
+    for number, stem in enumerate((s for s in TITLES if s in records), start=1):
+        lines += _report(number, stem, records[stem])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/upstream_reports.py")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the file is stale; write nothing"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = render()
+    except KeyError as err:
+        print(f"scripts/upstream_reports.py: {err.args[0]}", file=sys.stderr)
+        return 2
+    if args.check:
+        current = REPORTS.read_text() if REPORTS.exists() else ""
+        if current != text:
+            print(f"{REPORTS.relative_to(ROOT)} is stale: run scripts/upstream_reports.py")
+            return 1
+        print(f"{REPORTS.relative_to(ROOT)} is up to date")
+        return 0
+    REPORTS.write_text(text)
+    print(f"wrote {REPORTS.relative_to(ROOT)} ({text.count(chr(10) + '## ')} reports)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

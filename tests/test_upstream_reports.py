@@ -1,0 +1,54 @@
+"""docs/upstream-reports.md (`scripts/upstream_reports.py`), without vLLM: the file is what the
+script renders from docs/shrunk/, every shrunk program has a report, and each report's shrink
+command asks `scripts/vllm_shrink.py` for the very options, fixes and loop its program was
+recorded with."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+
+from integrations.vllm.loop_arguments import loop_options
+from tests.script_module import load_script
+
+reports = load_script("upstream_reports")
+
+
+def test_the_reports_are_in_step_with_the_shrunk_programs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert reports.main(["--check"]) == 0, capsys.readouterr().out
+    text = reports.REPORTS.read_text()
+    for path in sorted(reports.SHRUNK.glob("*.json")):
+        record = json.loads(path.read_text())
+        assert record["program"] in text, path.stem
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in reports.SHRUNK.glob("*.json")))
+def test_a_reports_shrink_command_asks_for_the_recorded_options(stem: str) -> None:
+    record = json.loads((reports.SHRUNK / f"{stem}.json").read_text())
+    shrink = load_script("vllm_shrink")
+    parser = shrink.build_parser()
+    args = parser.parse_args(reports.shrink_arguments(record))
+    options, names = loop_options(args, parser)
+    recorded = {f.name: getattr(options, f.name) for f in fields(options)}
+    assert {k: recorded[k] for k in record["options"]} == record["options"]
+    assert " + ".join(names) == (record["fix"] or "")
+    assert args.seed == record["seed"] and args.loop == record["loop"]
+    assert " + ".join(sorted(args.lifted_by)) == record["lifted_by"]
+    assert args.programs_from == record["programs_from"]
+
+
+def test_a_shrunk_program_without_a_title_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2, one line naming it; and a stale file is exit 1 under --check."""
+    titles = dict(reports.TITLES)
+    titles.pop("vllm-spec-pad")
+    monkeypatch.setattr(reports, "TITLES", titles)
+    assert reports.main(["--check"]) == 2
+    assert "no title for the shrunk programs ['vllm-spec-pad']" in capsys.readouterr().err
+    monkeypatch.setattr(reports, "TITLES", {**reports.TITLES, "vllm-spec-pad": ("x", "y", None)})
+    assert reports.main(["--check"]) == 1
