@@ -171,9 +171,10 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
         + "".join(f" --fix {fix}" for fix in lifted),
         "```",
         "",
-        "The program:",
+        "The program (Python: `CoreProgram` from `integrations.vllm.engine_core`, `ArConfig`, "
+        "`ArRequest` and `Policy` from `spec.ar.config`):",
         "",
-        "```python",
+        "```text",
         record["program"],
         "```",
         "",
