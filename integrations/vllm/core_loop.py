@@ -99,7 +99,7 @@ class BatchQueueLoop(Generic[CountsT]):
         self.ever_scheduled: set[str] = set()
         self.running_before: list[str] = []
         #: The model runner's block tables, built from the outputs alone (`runner_tables`).
-        self.runner_tables = RunnerTables()
+        self.runner_tables: RunnerTables = RunnerTables()
         #: With a list, one line per event (`note`, `integrations.vllm.trace`).
         self.trace: list[str] | None = None
         self._schedule_of: dict[int, int] = {}  # id of a queued output -> its schedule number
