@@ -194,8 +194,10 @@ def render() -> str:
     lines = [
         "# Reports for upstream",
         "",
-        "One report per finding in vLLM 0.33.0's scheduler, each with the smallest program "
-        "that reproduces it (docs/shrunk/, `scripts/vllm_shrink.py`), ready to file. Not filed "
+        "One report per finding in vLLM 0.33.0's scheduler on its autoregressive engine-core "
+        "paths (the diffusion schedulers' two findings are in engines.md, not shrunk yet), "
+        "each with the smallest program that reproduces it (docs/shrunk/, "
+        "`scripts/vllm_shrink.py`), ready to file. Not filed "
         "from here: this machine reaches only package registries. Written by "
         "`scripts/upstream_reports.py` from docs/shrunk/; `tests/test_upstream_reports.py` "
         "keeps this file in step with them, and `tests/test_real_vllm_shrunk_programs.py` "
