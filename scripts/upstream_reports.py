@@ -1,5 +1,7 @@
 """Render docs/upstream-reports.md: one report per vLLM finding, ready to file upstream, from the
-shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json --trace`).
+shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json --trace` for the autoregressive
+engine-core loop's findings, `scripts/vllm_dllm_shrink.py --json --trace` for the diffusion
+loop's: their records say `"path": "diffusion"`).
 
     python3 scripts/upstream_reports.py [--check]
 
@@ -23,6 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.vllm.dllm_arguments import fix_flags, space_flags
+from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.loop_arguments import FIXES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +90,24 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-draft-margin",
         None,
     ),
+    "vllm-dllm-whole-canvas": (
+        "Diffusion LLMs: a token budget shared by the running requests cuts a request's canvas, "
+        "which the runner expects cut only at max_model_len",
+        "vllm",
+        None,
+    ),
+    "vllm-dllm-model-len": (
+        "Diffusion LLMs under async scheduling: near max_model_len a canvas is cut early, the "
+        "cap counting a canvas in flight that its denoise step rolls back",
+        "vllm",
+        None,
+    ),
+}
+#: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
+#: path's.
+SUMMARIES = {
+    **{name: fix.summary for name, fix in FIXES.items()},
+    **{fix.name: fix.summary for fix in VLLM_DLLM_FIXES.fixes},
 }
 
 #: `LoopOptions` fields and the `scripts/vllm_shrink.py` flag that sets each (a bool: the flag
@@ -123,7 +145,10 @@ DEFAULTS: dict[str, object] = {
 
 
 def shrink_arguments(record: dict[str, Any]) -> list[str]:
-    """The `scripts/vllm_shrink.py` arguments that shrink `record`'s program again."""
+    """The `scripts/vllm_shrink.py` arguments that shrink `record`'s program again (for a
+    diffusion record, `dllm_shrink_arguments`'s)."""
+    if record.get("path") == "diffusion":
+        return dllm_shrink_arguments(record)
     args = ["--seed", str(record["seed"]), "--loop", record["loop"]]
     if record["programs_from"] != "random":
         args += ["--programs-from", record["programs_from"]]
@@ -140,39 +165,86 @@ def shrink_arguments(record: dict[str, Any]) -> list[str]:
     return args
 
 
-def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
-    title, target, known = TITLES[stem]
-    lifted = record["lifted_by"].split(" + ")
-    before, after = record["size_before"], record["size_after"]
+def dllm_shrink_arguments(record: dict[str, Any]) -> list[str]:
+    """The `scripts/vllm_dllm_shrink.py` arguments that shrink a diffusion record's program
+    again."""
+    args = ["--seed", str(record["seed"]), "--loop", record["loop"]]
+    if record["pipeline_parallel_size"] != 1:
+        args += ["--pipeline-parallel", str(record["pipeline_parallel_size"])]
+    args += space_flags(record["space"])
+    args += fix_flags([fix for fix in (record["fix"] or "").split(" + ") if fix])
+    for fix in record["lifted_by"].split(" + "):
+        args += ["--lifted-by", fix]
+    return args
+
+
+def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
+    """What a report says of its record's kind: the scheduler run, how the program was shrunk,
+    the shrink script, and what the program's source names."""
+    diffusion = record.get("path") == "diffusion"
+    if diffusion:
+        loop = (
+            "synchronous `DiffusionScheduler`"
+            if record["loop"] == "sync"
+            else ("asynchronous `DiffusionAsyncScheduler`")
+        )
+        run = (
+            f"- vLLM 0.33.0, its {loop} (`vllm/v1/core/sched/diffusion_scheduler.py` over "
+            "`scheduler.py`), driven by the engine-core loop over a fabricated denoising model."
+        )
+        draws = "; the fabricated runner draws nothing, so it runs as printed."
+        names = (
+            "`DllmProgram`, `DllmServing` and `DllmRequest` from `integrations.vllm.diffusion`, "
+            "run by `run_dllm`"
+        )
+        return run, draws, "scripts/vllm_dllm_shrink.py", names
     loop = (
         "synchronous engine-core loop (`EngineCore.step`)"
         if record["loop"] == "sync"
         else "asynchronous engine-core loop (`EngineCore.step_with_batch_queue`)"
     )
+    run = (
+        f"- vLLM 0.33.0, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} over a "
+        "fabricated model."
+    )
+    draws = f", its draws (the connector's store, the drafts) seeded by {record['draw_seed']}."
+    names = (
+        "`CoreProgram` from `integrations.vllm.engine_core`, `ArConfig`, `ArRequest` and "
+        "`Policy` from `spec.ar.config`"
+    )
+    return run, draws, "scripts/vllm_shrink.py", names
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' * (n != 1)}"
+
+
+def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
+    title, target, known = TITLES[stem]
+    lifted = record["lifted_by"].split(" + ")
+    before, after = record["size_before"], record["size_after"]
+    run, draws, script, names = _how(record)
     lines = [f"## {number}. {title}", ""]
     if known:
         lines += [f"Known upstream as vLLM issue {known}: this is a smaller reproduction.", ""]
     for fix in lifted:
-        lines += [f"The candidate fix, `{fix}`: {FIXES[fix].summary}.", ""]
+        lines += [f"The candidate fix, `{fix}`: {SUMMARIES[fix]}.", ""]
     lines += [
-        f"- vLLM 0.33.0, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} over a "
-        "fabricated model.",
+        run,
         f"- Broken: `{record['rule']}`: {record['shrunk']}",
-        f"- Shrunk from program {record['seed']} ({before['requests']} requests, "
-        f"{before['aborts']} aborts) to {after['requests']} requests and {after['aborts']} "
-        f"aborts, {after['tokens']} prompt and output tokens, its draws (the connector's store, "
-        f"the drafts) seeded by {record['draw_seed']}.",
+        f"- Shrunk from program {record['seed']} ({_count(before['requests'], 'request')}, "
+        f"{_count(before['aborts'], 'abort')}) to {_count(after['requests'], 'request')} and "
+        f"{_count(after['aborts'], 'abort')}, {after['tokens']} prompt and output tokens{draws}",
         "",
         "Reproduce (schedspec), and print the fix as a patch of vLLM's files:",
         "",
         "```text",
-        ".venv/bin/python scripts/vllm_shrink.py " + " ".join(shrink_arguments(record)),
+        f".venv/bin/python {script} " + " ".join(shrink_arguments(record)),
         f".venv/bin/python scripts/engine_fixes_diff.py {target}"
         + "".join(f" --fix {fix}" for fix in lifted),
         "```",
         "",
-        "The program (Python: `CoreProgram` from `integrations.vllm.engine_core`, `ArConfig`, "
-        "`ArRequest` and `Policy` from `spec.ar.config`):",
+        f"The program (Python: {names}):",
         "",
         "```text",
         record["program"],
@@ -194,10 +266,10 @@ def render() -> str:
     lines = [
         "# Reports for upstream",
         "",
-        "One report per finding in vLLM 0.33.0's scheduler on its autoregressive engine-core "
-        "paths (the diffusion schedulers' two findings are in engines.md, not shrunk yet), "
-        "each with the smallest program that reproduces it (docs/shrunk/, "
-        "`scripts/vllm_shrink.py`), ready to file. Not filed "
+        "One report per finding in vLLM 0.33.0's scheduler that breaks a rule, on its "
+        "autoregressive engine-core paths and its diffusion path, each with the smallest "
+        "program that reproduces it (docs/shrunk/, `scripts/vllm_shrink.py` and "
+        "`scripts/vllm_dllm_shrink.py`), ready to file. Not filed "
         "from here: this machine reaches only package registries. Written by "
         "`scripts/upstream_reports.py` from docs/shrunk/; `tests/test_upstream_reports.py` "
         "keeps this file in step with them, and `tests/test_real_vllm_shrunk_programs.py` "

@@ -86,6 +86,7 @@ from integrations.vllm.program_tally import (
     ProgramTally,
     add_program_arguments,
     parse_program_arguments,
+    shrink_commands,
 )
 from schedspec_cli.output import output_file, write_json
 
@@ -151,33 +152,6 @@ def _one_loop(program: CoreProgram, options: LoopOptions, async_scheduling: bool
     return run_loop(program, async_scheduling=async_scheduling, options=options)
 
 
-def _shrink_commands(failures: dict[str, list[int]], argv: Sequence[str] | None) -> list[str]:
-    """For each rule broken ("rule, mode loop"), the `scripts/vllm_shrink.py` command that
-    shrinks its first failing program under the same options."""
-    given = list(sys.argv[1:] if argv is None else argv)
-    kept: list[str] = []
-    skip = False
-    for arg in given:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--programs", "--json"):
-            skip = True
-            continue
-        if not arg.startswith(("--programs=", "--json=")):
-            kept.append(arg)
-    options = " ".join(kept)
-    lines = []
-    for label, seeds in sorted(failures.items()):
-        rule, loop = label.split(", ")
-        mode = loop.split()[0]
-        lines.append(
-            f"shrink [{label}]: .venv/bin/python scripts/vllm_shrink.py --seed {seeds[0]} "
-            f"--loop {mode} --rule {rule}" + (f" {options}" if options else "")
-        )
-    return lines
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm_async_check.py")
     add_program_arguments(parser, 3000)
@@ -205,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "both loops"
     )
     print("\n".join(tally.report(MEANING, 50)))
-    print("\n".join(_shrink_commands(tally.failures, argv)))
+    print("\n".join(shrink_commands("scripts/vllm_shrink.py", tally.failures, argv)))
     print(f"({elapsed:.1f} s)")
     if args.json:
         write_json(

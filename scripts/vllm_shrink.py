@@ -35,69 +35,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import RULES, program_seed, run_loop
 from integrations.vllm.loop_arguments import FIXES, GENERATORS, add_loop_arguments, loop_options
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.program_tally import add_pipeline_argument
-from integrations.vllm.shrink import (
-    SHRINK_BUDGET,
-    fails_like,
-    lifted_by,
-    program_source,
-    shrink,
-    size,
+from integrations.vllm.shrink import fails_like, lifted_by, program_source, shrink
+from integrations.vllm.shrink_cli import (
+    add_shrink_arguments,
+    check_shrink_arguments,
+    first_failure,
+    report,
+    traced_run,
 )
-from integrations.vllm.trace import compact
 from schedspec_cli.output import output_file, write_json
 from spec.errors import ConfigError
-
-#: What `integrations.vllm.shrink.size` counts.
-SIZES = ("requests", "aborts", "tokens")
-
-
-def _sizes(counts: tuple[int, int, int]) -> str:
-    requests, aborts, tokens = counts
-    return f"{requests} requests, {aborts} aborts, {tokens} tokens"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's arguments: the program, the loop and rule, the budget, the loop options
     of `scripts/vllm_async_check.py`, `--lifted-by`, `--trace` and `--json`."""
     parser = argparse.ArgumentParser(prog="scripts/vllm_shrink.py")
-    parser.add_argument("--seed", type=int, required=True, help="the program to shrink")
-    parser.add_argument(
-        "--loop",
-        choices=("sync", "async"),
-        default=None,
-        help="the loop to shrink in (default: the first, sync then async, that fails)",
-    )
-    parser.add_argument(
-        "--rule", choices=RULES, default=None, help="the rule to keep broken (default: the first)"
-    )
-    parser.add_argument(
-        "--budget",
-        type=int,
-        default=SHRINK_BUDGET,
-        metavar="RUNS",
-        help=f"loop runs at most (default {SHRINK_BUDGET})",
-    )
+    add_shrink_arguments(parser, RULES, sorted(FIXES))
     add_pipeline_argument(parser)
     add_loop_arguments(parser)
-    parser.add_argument(
-        "--lifted-by",
-        choices=sorted(FIXES),
-        action="append",
-        default=None,
-        metavar="FIX",
-        help="keep only smaller programs that pass with this fix made too (repeatable): the "
-        "shrink keeps the finding that fix lifts",
-    )
-    parser.add_argument(
-        "--trace",
-        action="store_true",
-        help="also print the smaller program's run, one line per event, up to the violation",
-    )
     parser.add_argument(
         "--json", type=output_file, default=None, help="also write the result to this file"
     )
@@ -107,24 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.seed < 0 or args.budget < 1 or args.pipeline_parallel < 1:
-        parser.error("--seed must be >= 0, --budget and --pipeline-parallel >= 1")
+    check_shrink_arguments(args, parser)
     options, names = loop_options(args, parser)
     program = GENERATORS[args.programs_from](args.seed)
     name = f"program {args.seed} ({args.programs_from}"
     name += f"; fix {' + '.join(names)})" if names else ")"
     start = time.perf_counter()
-    found: tuple[str, EngineCoreViolation] | None = None
-    for loop in (args.loop,) if args.loop else ("sync", "async"):
-        try:
-            run_loop(program, async_scheduling=loop == "async", options=options)
-        except EngineCoreViolation as err:
-            if args.rule is None or err.rule == args.rule:
-                found = (loop, err)
-                break
-        except ConfigError as err:
-            print(f"{name}: vLLM refuses its configuration: {err}")
-            return 0
+    try:
+        found = first_failure(
+            lambda a: run_loop(program, async_scheduling=a, options=options), args.loop, args.rule
+        )
+    except ConfigError as err:
+        print(f"{name}: vLLM refuses its configuration: {err}")
+        return 0
     if found is None:
         wanted = f" [{args.rule}]" if args.rule else " any rule"
         print(f"{name} breaks{wanted} in neither loop run: nothing to shrink")
@@ -144,25 +99,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     smaller = fails(result.program)
     assert smaller is not None  # shrink keeps only programs that fail
     elapsed = time.perf_counter() - start
-    budget = " (the budget ran out)" if result.exhausted else ""
-    print(
-        f"shrunk in {result.runs} runs{budget}, {elapsed:.1f} s: {_sizes(size(program))} -> "
-        f"{_sizes(size(result.program))}"
+    trace = (
+        traced_run(
+            lambda lines: run_loop(
+                result.program,
+                async_scheduling=loop == "async",
+                options=replace(options, draw_seed=draws, trace=lines),
+            )
+        )
+        if args.trace
+        else None
     )
-    print(f"[{smaller.rule}] {smaller.detail}")
-    source = program_source(result.program)
-    print(f"with the original program's draws, LoopOptions(..., draw_seed={draws}):")
-    print(source)
-    trace: list[str] = []
-    if args.trace:
-        traced = replace(options, draw_seed=draws, trace=trace)
-        try:
-            run_loop(result.program, async_scheduling=loop == "async", options=traced)
-        except EngineCoreViolation as err:
-            trace.append(f"violation: [{err.rule}] {err.detail}")
-        print(f"its run in the {loop} loop:")
-        trace = compact(trace)
-        print("\n".join(f"  {line}" for line in trace))
+    record = report(
+        program=program,
+        result=result,
+        smaller=smaller,
+        source=program_source(result.program),
+        elapsed=elapsed,
+        loop=loop,
+        reproduce=f"with the original program's draws, LoopOptions(..., draw_seed={draws}):",
+        trace=trace,
+    )
     if args.json:
         write_json(
             args.json,
@@ -176,18 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for f in fields(options)
                     if f.name not in ("mutate", "fix", "draw_seed", "trace")
                 },
-                "loop": loop,
                 "rule": first.rule,
                 "first": first.detail,
-                "shrunk": smaller.detail,
-                "runs": result.runs,
-                "exhausted": result.exhausted,
-                "size_before": dict(zip(SIZES, size(program), strict=True)),
-                "size_after": dict(zip(SIZES, size(result.program), strict=True)),
-                "program": source,
                 "draw_seed": draws,
-                "trace": trace if args.trace else None,
-                "seconds": elapsed,
+                **record,
             },
         )
     return 1

@@ -1,6 +1,7 @@
-"""The shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json`), one per finding of
-vLLM in docs/engines.md: each, run as recorded (its loop, options, fixes and draw seed), breaks
-its rule in its loop, and passes once the fix it was shrunk under
+"""The shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json`, and
+`scripts/vllm_dllm_shrink.py --json` for the diffusion path's), one per finding of vLLM in
+docs/engines.md that breaks a rule: each, run as recorded (its loop, options, fixes and draw
+seed), breaks its rule in its loop, and passes once the fix it was shrunk under
 (`--lifted-by`) is made too. They are the smallest reproductions of the findings, for upstream
 reports; this keeps them reproducing. (The message's block ids may differ from the recorded
 one: Python's per-process string hashing orders some of vLLM's sets. The rule and the loop do
@@ -19,6 +20,8 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.diffusion import DllmProgram, DllmRequest, DllmServing
+from integrations.vllm.dllm_shrink import run_dllm_named
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
 from integrations.vllm.loop_arguments import FIXES
 from integrations.vllm.patches import ScheduleFix
@@ -28,6 +31,7 @@ from tests.engine_gate import require_engine
 SHRUNK = sorted((Path(__file__).resolve().parents[1] / "docs" / "shrunk").glob("*.json"))
 #: What a recorded program's source names.
 NAMES = {"CoreProgram": CoreProgram, "ArConfig": ArConfig, "ArRequest": ArRequest, "Policy": Policy}
+DLLM_NAMES = {"DllmProgram": DllmProgram, "DllmServing": DllmServing, "DllmRequest": DllmRequest}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -42,14 +46,18 @@ def _options(record: dict[str, Any], *more: str) -> LoopOptions:
 
 
 def test_there_is_a_shrunk_program_per_finding() -> None:
-    assert len(SHRUNK) >= 9, SHRUNK
+    assert len(SHRUNK) >= 11, SHRUNK
     lifted = {json.loads(path.read_text())["lifted_by"] for path in SHRUNK}
-    assert {"uncache-preempted", "pad-what-fits", "cap-draft-margin"} <= lifted, lifted
+    wanted = {"uncache-preempted", "pad-what-fits", "cap-draft-margin"}
+    assert wanted | {"whole-canvas", "model-len-hold"} <= lifted, lifted
 
 
 @pytest.mark.parametrize("path", SHRUNK, ids=lambda p: p.stem)
 def test_a_shrunk_program_breaks_its_rule_until_its_fix_is_made(path: Path) -> None:
     record = json.loads(path.read_text())
+    if record.get("path") == "diffusion":
+        _diffusion_record_breaks_its_rule_until_its_fix_is_made(record)
+        return
     program = eval(record["program"], dict(NAMES))
     assert isinstance(program, CoreProgram)
     async_scheduling = record["loop"] == "async"
@@ -59,3 +67,15 @@ def test_a_shrunk_program_breaks_its_rule_until_its_fix_is_made(path: Path) -> N
     assert caught.value.detail.startswith(f"{record['loop']} loop: ")
     fixed = _options(record, *record["lifted_by"].split(" + "))
     run_loop(program, async_scheduling=async_scheduling, options=fixed)
+
+
+def _diffusion_record_breaks_its_rule_until_its_fix_is_made(record: dict[str, Any]) -> None:
+    program = eval(record["program"], dict(DLLM_NAMES))
+    assert isinstance(program, DllmProgram)
+    async_scheduling = record["loop"] == "async"
+    fixes = [n for n in (record["fix"] or "").split(" + ") if n]
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_dllm_named(program, async_scheduling, fixes)
+    assert caught.value.rule == record["rule"], caught.value
+    assert caught.value.detail.startswith(f"{record['loop']} loop: ")
+    run_dllm_named(program, async_scheduling, [*fixes, *record["lifted_by"].split(" + ")])

@@ -32,6 +32,7 @@ OUTPUTS = [
     ("vidur_speed", "--json"),
     ("vllm_async_check", "--json"),
     ("vllm_dllm_check", "--json"),
+    ("vllm_dllm_shrink", "--json"),
     ("vllm_shrink", "--json"),
     ("vllm_differential", "--json"),
     ("vllm_whole_canvas_cost", "--json"),

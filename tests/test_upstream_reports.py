@@ -1,7 +1,7 @@
 """docs/upstream-reports.md (`scripts/upstream_reports.py`), without vLLM: the file is what the
 script renders from docs/shrunk/, every shrunk program has a report, and each report's shrink
-command asks `scripts/vllm_shrink.py` for the very options, fixes and loop its program was
-recorded with."""
+command asks `scripts/vllm_shrink.py` (`scripts/vllm_dllm_shrink.py` for the diffusion path's)
+for the very options, fixes and loop its program was recorded with."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import fields
 
 import pytest
 
+from integrations.vllm.dllm_arguments import fix_names, space
 from integrations.vllm.loop_arguments import loop_options
 from tests.script_module import load_script
 
@@ -29,6 +30,17 @@ def test_the_reports_are_in_step_with_the_shrunk_programs(
 @pytest.mark.parametrize("stem", sorted(p.stem for p in reports.SHRUNK.glob("*.json")))
 def test_a_reports_shrink_command_asks_for_the_recorded_options(stem: str) -> None:
     record = json.loads((reports.SHRUNK / f"{stem}.json").read_text())
+    if record.get("path") == "diffusion":
+        dllm = load_script("vllm_dllm_shrink").build_parser()
+        args = dllm.parse_args(reports.shrink_arguments(record))
+        assert (
+            space(args) == record["space"]
+            and args.pipeline_parallel == record["pipeline_parallel_size"]
+        )
+        assert " + ".join(fix_names(args)) == (record["fix"] or "")
+        assert args.seed == record["seed"] and args.loop == record["loop"]
+        assert " + ".join(sorted(args.lifted_by)) == record["lifted_by"]
+        return
     shrink = load_script("vllm_shrink")
     parser = shrink.build_parser()
     args = parser.parse_args(reports.shrink_arguments(record))

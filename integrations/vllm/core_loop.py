@@ -102,6 +102,8 @@ class BatchQueueLoop(Generic[CountsT]):
         self.runner_tables: RunnerTables = RunnerTables()
         #: With a list, one line per event (`note`, `integrations.vllm.trace`).
         self.trace: list[str] | None = None
+        #: Whether a trace says a request's spec tokens as a diffusion canvas (not drafts).
+        self.canvas_trace: bool = False
         self._schedule_of: dict[int, int] = {}  # id of a queued output -> its schedule number
 
     def note(self, line: str) -> None:
@@ -309,7 +311,8 @@ class BatchQueueLoop(Generic[CountsT]):
             self.n.schedules += 1
             if self.trace is not None:
                 self._schedule_of[id(out)] = self.n.schedules
-                self.note(f"schedule {self.n.schedules}: {schedule_line(out)}")
+                line = schedule_line(out, canvas=self.canvas_trace)
+                self.note(f"schedule {self.n.schedules}: {line}")
             self.check_pool(f"after schedule() {self.n.schedules}")
             self.check_runner_tables(out)
             if out.total_num_scheduled_tokens > 0 and self.defers(out):

@@ -374,6 +374,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             queue_size=serving.async_batch_queue if async_scheduling else 1,
         )
         self.runner: _Runner = _Runner(self)
+        self.canvas_trace = True
         self.tolerate_short_canvases = tolerate_short_canvases
         self.specs: dict[str, DllmRequest] = {}
         self.arrival_of: dict[str, int] = {}
@@ -435,6 +436,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.arrived_at[rid] = self.n.engine_steps
         self.outputs[rid] = []
         self.sched.add_request(req)
+        if self.trace is not None:
+            self.note(f"submit {rid}: {_describe(request)}")
 
     def abort(self, request_id: str) -> None:
         """Abort a live request (`EngineCore.abort_requests`); an unknown id is refused, one
@@ -644,6 +647,33 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             stop_after=spec.stop_after,
             token=lambda i: self.token(rid, i),
         )
+
+
+def _describe(r: DllmRequest) -> str:
+    """A request in a trace line: its sizes and the diffusion options it sets."""
+    parts = [f"{r.prompt_len} prompt tokens", f"up to {r.max_tokens} output"]
+    parts.append(f"canvases converge after {', '.join(map(str, r.converge_after))} steps")
+    if r.stop_after is not None:
+        parts.append(f"stops at output {r.stop_after}")
+    if r.width is not None:
+        parts.append(f"canvas {r.width} wide")
+    if r.read_only:
+        parts.append("read-only")
+    if r.max_steps is not None:
+        parts.append(f"at most {r.max_steps} denoise steps")
+    if r.shared_prompt:
+        parts.append("a shared prompt")
+    if r.priority:
+        parts.append(f"priority {r.priority}")
+    return ", ".join(parts)
+
+
+def validate_dllm_request(serving: DllmServing, request: DllmRequest) -> None:
+    """Raise the `RequestError` `DllmCoreLoop.submit` would for `request` under `serving`
+    before it asks vLLM (a bad field, longer than max_model_len, or more KV than the pool
+    holds); vLLM's own check of the diffusion options runs only in `submit`."""
+    _validate(serving, request)
+    _check_fits(serving, request)
 
 
 def _validate(serving: DllmServing, request: DllmRequest) -> None:
@@ -868,10 +898,27 @@ def check_both(
     def run(async_scheduling: bool) -> DllmRun:
         stages = pipeline_parallel_size if async_scheduling else 1
         serving = replace(program.serving, pipeline_parallel_size=stages)
-        loop = DllmCoreLoop(serving, async_scheduling=async_scheduling, mutate=mutate)
-        return loop.run(replace(program, serving=serving))
+        return run_dllm(
+            replace(program, serving=serving), async_scheduling=async_scheduling, mutate=mutate
+        )
 
     return run_both(run)
+
+
+def run_dllm(
+    program: DllmProgram,
+    *,
+    async_scheduling: bool,
+    mutate: Callable[[Any], None] | None = None,
+    trace: list[str] | None = None,
+) -> DllmRun:
+    """`program` through one loop, served as its `serving` says (pipeline stages included,
+    asynchronous only), `mutate` applied to the scheduler, checked; raises the first
+    `EngineCoreViolation`. With `trace` (a list) the loop appends a line per event to it
+    (`integrations.vllm.trace`)."""
+    loop = DllmCoreLoop(program.serving, async_scheduling=async_scheduling, mutate=mutate)
+    loop.trace = trace
+    return loop.run(program)
 
 
 __all__ = [
@@ -885,4 +932,6 @@ __all__ = [
     "DllmServing",
     "check_both",
     "dllm_program",
+    "run_dllm",
+    "validate_dllm_request",
 ]

@@ -5,6 +5,7 @@ the programs that passed both."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,37 @@ def parse_program_arguments(
     if args.pipeline_parallel < 1:
         parser.error("--pipeline-parallel: must be >= 1")
     return args
+
+
+def shrink_commands(
+    script: str, failures: Mapping[str, list[int]], argv: Sequence[str] | None
+) -> list[str]:
+    """For each rule broken (a tally's failure label: "rule, mode loop", or the rule alone
+    when the loops ran as one), the `script` command that shrinks its first failing program
+    under the check's own options (`argv`, or the process's, less `--programs` and `--json`),
+    in that loop if the label names one."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for arg in given:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--programs", "--json"):
+            skip = True
+            continue
+        if not arg.startswith(("--programs=", "--json=")):
+            kept.append(arg)
+    options = " ".join(kept)
+    lines = []
+    for label, seeds in sorted(failures.items()):
+        rule, _, loop = label.partition(", ")
+        where = f" --loop {loop.split()[0]}" if loop else ""
+        lines.append(
+            f"shrink [{label}]: .venv/bin/python {script} --seed {seeds[0]}{where} "
+            f"--rule {rule}" + (f" {options}" if options else "")
+        )
+    return lines
 
 
 @dataclass
@@ -143,4 +175,5 @@ __all__ = [
     "add_pipeline_argument",
     "add_program_arguments",
     "parse_program_arguments",
+    "shrink_commands",
 ]

@@ -28,13 +28,13 @@ renames. The failure kept is the same rule in the same loop, not always the same
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
+from integrations.vllm.source_text import dataclass_source, program_text
 from spec.ar.config import ArRequest, validate_ar_request
 from spec.errors import ConfigError, RequestError
 
@@ -42,11 +42,33 @@ from spec.errors import ConfigError, RequestError
 SHRINK_BUDGET = 3000
 
 
+class Stepped(Protocol):
+    """A program of steps: per engine step, the requests that arrive (each with a
+    `request_id`) and the ids aborted before it. `CoreProgram` and the diffusion loop's
+    `DllmProgram` are both; `step_removals` and `greedy_shrink` serve both."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass: `replace` makes candidates
+
+    @property
+    def arrivals(self) -> tuple[tuple[Any, ...], ...]:
+        """Per step, the requests that arrive (each with `request_id`, `prompt_len` and
+        `max_tokens`)."""
+        ...
+
+    @property
+    def aborts(self) -> tuple[tuple[str, ...], ...]:
+        """Per step, the ids of the requests aborted before it."""
+        ...
+
+
+ProgramT = TypeVar("ProgramT", bound=Stepped)
+
+
 @dataclass(frozen=True, slots=True)
-class Shrunk:
+class Shrunk(Generic[ProgramT]):
     """The smallest program found, the runs it took, and whether the budget ran out first."""
 
-    program: CoreProgram
+    program: ProgramT
     runs: int
     exhausted: bool
 
@@ -100,9 +122,23 @@ def shrink(
     fails: Callable[[CoreProgram], object],
     *,
     budget: int = SHRINK_BUDGET,
-) -> Shrunk:
+) -> Shrunk[CoreProgram]:
     """The smallest program reached from `program` by the changes above, each kept only if
     `fails` (truthy) holds of its result. `program` itself must fail (`ValueError` if not)."""
+    return greedy_shrink(program, fails, reductions, budget=budget)
+
+
+def greedy_shrink(
+    program: ProgramT,
+    fails: Callable[[ProgramT], object],
+    reduce: Callable[[ProgramT], Iterable[ProgramT]],
+    *,
+    budget: int = SHRINK_BUDGET,
+) -> Shrunk[ProgramT]:
+    """The shrinking loop, for any kind of program: try `reduce(current)`'s candidates in
+    order, keep the first that `fails`, start again from it; stop when none is kept (the result
+    is then 1-minimal for `reduce`) or after `budget` runs of `fails`. `ValueError` if
+    `program` itself does not fail."""
     if not fails(program):
         raise ValueError("the program to shrink does not fail")
     runs = 1
@@ -110,7 +146,7 @@ def shrink(
     changed = True
     while changed:
         changed = False
-        for candidate in reductions(current):
+        for candidate in reduce(current):
             if runs >= budget:
                 return Shrunk(current, runs, exhausted=True)
             runs += 1
@@ -120,8 +156,8 @@ def shrink(
     return Shrunk(current, runs, exhausted=False)
 
 
-def size(program: CoreProgram) -> tuple[int, int, int]:
-    """Requests, aborts and tokens (prompt and output, at most) of `program`."""
+def size(program: Stepped) -> tuple[int, int, int]:
+    """Requests, aborts and tokens (prompt and output, at most) of `program` (either kind)."""
     requests = [r for batch in program.arrivals for r in batch]
     tokens = sum(r.prompt_len + r.max_tokens for r in requests)
     return len(requests), sum(len(a) for a in program.aborts), tokens
@@ -131,20 +167,7 @@ def program_source(program: CoreProgram) -> str:
     """`program` as Python that builds it (`CoreProgram` from `integrations.vllm.engine_core`,
     `ArConfig`, `ArRequest` and `Policy` from `spec.ar.config`): the configuration's sizes and
     each other field that differs from its default, a request's id and sizes by position."""
-    lines = [f"CoreProgram(\n    {_fields(program.config, always=_CONFIG_SIZES)},\n    arrivals=("]
-    for batch in program.arrivals:
-        requests = "".join(f"{_request(r)}, " for r in batch)
-        lines.append(f"        ({requests.rstrip()}),")
-    lines.append("    ),")
-    lines.append(f"    aborts={program.aborts!r},")
-    lines.append(")")
-    return "\n".join(lines)
-
-
-def _request(r: ArRequest) -> str:
-    rest = _fields(r, skip=("request_id", "prompt_len", "max_tokens"))[len("ArRequest(") : -1]
-    head = f"ArRequest({r.request_id!r}, {r.prompt_len}, {r.max_tokens}"
-    return f"{head}, {rest})" if rest else f"{head})"
+    return program_text(program, dataclass_source(program.config, always=_CONFIG_SIZES))
 
 
 #: The configuration's sizes, printed even where they are the defaults.
@@ -157,47 +180,29 @@ _CONFIG_SIZES = (
 )
 
 
-def _fields(value: object, skip: tuple[str, ...] = (), always: tuple[str, ...] = ()) -> str:
-    """`Type(name=value, ...)` with the fields in `always` and those that differ from their
-    defaults, but those in `skip`."""
-    shown = []
-    for f in dataclasses.fields(value):  # type: ignore[arg-type]
-        v = getattr(value, f.name)
-        default = f.default is not dataclasses.MISSING and v == f.default
-        if f.name in skip or (default and f.name not in always):
-            continue
-        shown.append(f"{f.name}={_literal(v)}")
-    return f"{type(value).__name__}({', '.join(shown)})"
-
-
-def _literal(value: object) -> str:
-    """Python for `value`: an enum member by name, a run of consecutive token ids as a range."""
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
-    if (
-        isinstance(value, tuple)
-        and len(value) > 2
-        and value == tuple(range(value[0], value[-1] + 1))
-    ):
-        return f"tuple(range({value[0]}, {value[-1] + 1}))"
-    return repr(value)
-
-
 def reductions(program: CoreProgram) -> Iterator[CoreProgram]:
     """Every one-change reduction of `program`, in the order `shrink` tries them, valid ones
     only."""
-    for candidate in (*_removals(program), *_request_reductions(program), *_config(program)):
+    for candidate in (
+        *step_removals(program),
+        *request_reductions(program, _smaller_requests),
+        *_config(program),
+    ):
         if _valid(candidate):
             yield candidate
 
 
-def _removals(program: CoreProgram) -> Iterator[CoreProgram]:
+def step_removals(program: ProgramT) -> Iterator[ProgramT]:
+    """`program` less one request (its aborts go with it), less one abort, or less one step
+    with neither an arrival nor an abort, in that order."""
     ids = [r.request_id for batch in program.arrivals for r in batch]
     for rid in ids:
-        yield CoreProgram(
-            program.config,
-            tuple(tuple(r for r in batch if r.request_id != rid) for batch in program.arrivals),
-            tuple(tuple(a for a in step if a != rid) for step in program.aborts),
+        yield replace(
+            program,
+            arrivals=tuple(
+                tuple(r for r in batch if r.request_id != rid) for batch in program.arrivals
+            ),
+            aborts=tuple(tuple(a for a in step if a != rid) for step in program.aborts),
         )
     for step, aborted in enumerate(program.aborts):
         for rid in aborted:
@@ -206,31 +211,38 @@ def _removals(program: CoreProgram) -> Iterator[CoreProgram]:
             yield replace(program, aborts=tuple(aborts))
     for step in range(len(program.arrivals)):
         if len(program.arrivals) > 1 and not program.arrivals[step] and not program.aborts[step]:
-            yield CoreProgram(
-                program.config,
-                program.arrivals[:step] + program.arrivals[step + 1 :],
-                program.aborts[:step] + program.aborts[step + 1 :],
+            yield replace(
+                program,
+                arrivals=program.arrivals[:step] + program.arrivals[step + 1 :],
+                aborts=program.aborts[:step] + program.aborts[step + 1 :],
             )
 
 
-def _request_reductions(program: CoreProgram) -> Iterator[CoreProgram]:
+def request_reductions(
+    program: ProgramT, smaller: Callable[[Any], Iterable[Any]]
+) -> Iterator[ProgramT]:
+    """`program` with one request replaced by one of `smaller(request)`, request by request."""
     for step, batch in enumerate(program.arrivals):
         for index, request in enumerate(batch):
-            for smaller in _smaller_requests(request):
+            for reduced in smaller(request):
                 arrivals = list(program.arrivals)
-                arrivals[step] = (*batch[:index], smaller, *batch[index + 1 :])
+                arrivals[step] = (*batch[:index], reduced, *batch[index + 1 :])
                 yield replace(program, arrivals=tuple(arrivals))
 
 
+def lower(value: int) -> list[int]:
+    """The values a size `value` is lowered to, in order: 1, then one less (each >= 1 and
+    below `value`)."""
+    return [n for n in sorted({1, value - 1}) if 1 <= n < value]
+
+
 def _smaller_requests(r: ArRequest) -> Iterator[ArRequest]:
-    for tokens in sorted({1, r.max_tokens - 1}):
-        if 1 <= tokens < r.max_tokens:
-            stop = r.stop_after if r.stop_after is None or r.stop_after <= tokens else None
-            yield replace(r, max_tokens=tokens, stop_after=stop)
-    for length in sorted({1, r.prompt_len - 1}):
-        if 1 <= length < r.prompt_len:
-            prompt = None if r.prompt is None else r.prompt[:length]
-            yield replace(r, prompt_len=length, prompt=prompt)
+    for tokens in lower(r.max_tokens):
+        stop = r.stop_after if r.stop_after is None or r.stop_after <= tokens else None
+        yield replace(r, max_tokens=tokens, stop_after=stop)
+    for length in lower(r.prompt_len):
+        prompt = None if r.prompt is None else r.prompt[:length]
+        yield replace(r, prompt_len=length, prompt=prompt)
     if r.stop_after is not None:
         yield replace(r, stop_after=None)
     if r.priority:
@@ -274,10 +286,15 @@ def _valid(program: CoreProgram) -> bool:
 __all__ = [
     "SHRINK_BUDGET",
     "Shrunk",
+    "Stepped",
     "fails_like",
+    "greedy_shrink",
     "lifted_by",
+    "lower",
     "program_source",
     "reductions",
+    "request_reductions",
     "shrink",
     "size",
+    "step_removals",
 ]

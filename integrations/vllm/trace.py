@@ -15,9 +15,10 @@ _EMPTY = re.compile(r"step (\d+): schedule (\d+): nothing$")
 _NO_TOKEN = re.compile(r"step (\d+): output of schedule (\d+): no token$")
 
 
-def schedule_line(out: Any) -> str:
-    """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts),
-    then the requests preempted in the call and those reported ended since the last one."""
+def schedule_line(out: Any, *, canvas: bool = False) -> str:
+    """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts, or
+    with `canvas` a diffusion canvas, which rides the drafts' field), then the requests
+    preempted in the call and those reported ended since the last one."""
     new = {r.req_id for r in out.scheduled_new_reqs}
     resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
     drafts = out.scheduled_spec_decode_tokens or {}
@@ -27,7 +28,7 @@ def schedule_line(out: Any) -> str:
         k = len(drafts.get(rid, ()))
         parts.append(f"{rid} {tokens} token{'s' if tokens != 1 else ''}{tag}")
         if k:
-            parts[-1] += f" with {k} draft{'s' if k != 1 else ''}"
+            parts[-1] += f" with a canvas of {k}" if canvas else f" with {k} draft{'s' * (k != 1)}"
     line = ", ".join(parts) or "nothing"
     if out.preempted_req_ids:
         line += f"; preempted {sorted(out.preempted_req_ids)}"

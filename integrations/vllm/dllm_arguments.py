@@ -1,0 +1,129 @@
+"""The options of the diffusion check scripts that say how a program is drawn and which candidate
+fixes vLLM runs with.
+
+`scripts/vllm_dllm_check.py` (a sweep over generated programs) and `scripts/vllm_dllm_shrink.py`
+(one failing program, shrunk) take the same options, so a failure a sweep reports is shrunk
+under the very options it was found with. `add_dllm_arguments` adds them to a parser,
+`dllm_generator` draws program `seed` as they say, `fix_names` gives the fixes by name
+(`integrations.vllm.fixes.DLLM_FIX_ORDER`), and `describe_space` / `describe_fixes` say them in
+words.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+
+from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
+from integrations.vllm.diffusion import DllmProgram, dllm_program
+from integrations.vllm.whole_canvas_fix import WHOLE_CANVAS
+
+#: (flag, fix name, the fix in words, help), in `DLLM_FIX_ORDER`'s order.
+FIX_FLAGS = (
+    (
+        "--read-only-hold-fix",
+        READ_ONLY_HOLD,
+        "the read-only hold fix",
+        "a read-only request is held once its step cap is scheduled",
+    ),
+    (
+        "--model-len-hold-fix",
+        MODEL_LEN_HOLD,
+        "the model-len hold fix",
+        "near max_model_len a request waits for its canvas step in flight",
+    ),
+    (
+        "--whole-canvas-fix",
+        WHOLE_CANVAS,
+        "the whole-canvas fix",
+        "a canvas is scheduled whole or not at all",
+    ),
+)
+#: (flag, `dllm_program` keyword, help): where the programs are drawn.
+SPACE_FLAGS = (
+    (
+        "--budget-binds",
+        "budget_binds",
+        "draw a token budget that binds (below every seat's canvas)",
+    ),
+    ("--reach-model-len", "reach_model_len", "draw requests that may run into max_model_len"),
+    (
+        "--prefix-caching",
+        "prefix_caching",
+        "prefix caching on, half the prompts prefixes of one shared prompt",
+    ),
+    ("--priority", "priority_policy", "vLLM's priority policy, each request a priority in 0..2"),
+)
+
+
+def _attr(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The program space's flags and one flag per candidate fix."""
+    for flag, _, help_text in SPACE_FLAGS:
+        parser.add_argument(flag, action="store_true", help=help_text)
+    for flag, _, _, help_text in FIX_FLAGS:
+        parser.add_argument(
+            flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
+        )
+
+
+def space(args: argparse.Namespace) -> dict[str, bool]:
+    """The `dllm_program` keywords the flags set."""
+    return {keyword: bool(getattr(args, _attr(flag))) for flag, keyword, _ in SPACE_FLAGS}
+
+
+def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
+    """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`)."""
+    return partial(dllm_program, **space(args))
+
+
+def fix_names(args: argparse.Namespace) -> list[str]:
+    """The fixes the flags ask for, by name, in the order they are made."""
+    return [name for flag, name, _, _ in FIX_FLAGS if getattr(args, _attr(flag))]
+
+
+def space_flags(drawn: dict[str, bool]) -> list[str]:
+    """The flags that draw programs as `drawn` (`space`'s keywords) says."""
+    return [flag for flag, keyword, _ in SPACE_FLAGS if drawn.get(keyword)]
+
+
+def fix_flags(names: list[str]) -> list[str]:
+    """The flags that make the named fixes."""
+    return [flag for flag, name, _, _ in FIX_FLAGS if name in names]
+
+
+def describe_space(args: argparse.Namespace) -> str:
+    """Where the programs are drawn, in words."""
+    text = "token budget binds" if args.budget_binds else "token budget never binds"
+    if args.reach_model_len:
+        text += ", requests may reach max_model_len"
+    return text
+
+
+def describe_fixes(args: argparse.Namespace) -> str:
+    """What vLLM runs with, in words: its fixes, prefix caching, the policy."""
+    named = " and ".join(words for flag, _, words, _ in FIX_FLAGS if getattr(args, _attr(flag)))
+    text = f"vLLM with {named}" if named else "vLLM as released"
+    if args.prefix_caching:
+        text += ", prefix caching on"
+    if args.priority:
+        text += ", priority policy"
+    return text
+
+
+__all__ = [
+    "FIX_FLAGS",
+    "SPACE_FLAGS",
+    "add_dllm_arguments",
+    "describe_fixes",
+    "describe_space",
+    "dllm_generator",
+    "fix_flags",
+    "fix_names",
+    "space",
+    "space_flags",
+]

@@ -1,0 +1,146 @@
+"""What the two shrink scripts share: `scripts/vllm_shrink.py` (the autoregressive engine-core
+loop's programs) and `scripts/vllm_dllm_shrink.py` (the diffusion loop's) take a program by seed,
+find the rule it breaks, shrink it, and print and record the result the same way.
+
+`add_shrink_arguments` adds the options both take (`--seed`, `--loop`, `--rule`, `--budget`,
+`--lifted-by`, `--trace`; each script adds its `--json` itself, with the CLI's output check),
+`first_failure` finds the loop and rule to keep broken, `report` prints the shrunk program and
+its run and returns the JSON record both write.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.shrink import SHRINK_BUDGET, Shrunk, Stepped, size
+from integrations.vllm.trace import compact
+
+#: What `integrations.vllm.shrink.size` counts.
+SIZES = ("requests", "aborts", "tokens")
+
+
+def sizes_text(program: Stepped) -> str:
+    """The program's size in words."""
+    requests, aborts, tokens = size(program)
+    return f"{requests} requests, {aborts} aborts, {tokens} tokens"
+
+
+def add_shrink_arguments(
+    parser: argparse.ArgumentParser, rules: Sequence[str], fixes: Sequence[str]
+) -> None:
+    """`--seed` (required), `--loop`, `--rule` (one of `rules`), `--budget`, `--lifted-by` (one
+    of `fixes`, repeatable) and `--trace`."""
+    parser.add_argument("--seed", type=int, required=True, help="the program to shrink")
+    parser.add_argument(
+        "--loop",
+        choices=("sync", "async"),
+        default=None,
+        help="the loop to shrink in (default: the first, sync then async, that fails)",
+    )
+    parser.add_argument(
+        "--rule", choices=rules, default=None, help="the rule to keep broken (default: the first)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=SHRINK_BUDGET,
+        metavar="RUNS",
+        help=f"loop runs at most (default {SHRINK_BUDGET})",
+    )
+    parser.add_argument(
+        "--lifted-by",
+        choices=sorted(fixes),
+        action="append",
+        default=None,
+        metavar="FIX",
+        help="keep only smaller programs that pass with this fix made too (repeatable): the "
+        "shrink keeps the finding that fix lifts",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also print the smaller program's run, one line per event, up to the violation",
+    )
+
+
+def check_shrink_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A usage error (exit 2, one line) for a seed below 0, or a budget or stage count below 1."""
+    if args.seed < 0 or args.budget < 1 or args.pipeline_parallel < 1:
+        parser.error("--seed must be >= 0, --budget and --pipeline-parallel >= 1")
+
+
+def first_failure(
+    run: Callable[[bool], object], loop: str | None, rule: str | None
+) -> tuple[str, EngineCoreViolation] | None:
+    """The first loop (`loop`, else sync then async) in which `run(async_scheduling)` breaks
+    `rule` (else any rule), with the violation; None if none does. A `ConfigError` (a
+    configuration vLLM refuses) propagates."""
+    for mode in (loop,) if loop else ("sync", "async"):
+        try:
+            run(mode == "async")
+        except EngineCoreViolation as err:
+            if rule is None or err.rule == rule:
+                return mode, err
+    return None
+
+
+def traced_run(run: Callable[[list[str]], object]) -> list[str]:
+    """The lines `run(trace)` appends to its trace, idle runs folded, ending at the violation."""
+    trace: list[str] = []
+    try:
+        run(trace)
+    except EngineCoreViolation as err:
+        trace.append(f"violation: [{err.rule}] {err.detail}")
+    return compact(trace)
+
+
+def report(
+    *,
+    program: Stepped,
+    result: Shrunk[Any],
+    smaller: EngineCoreViolation,
+    source: str,
+    elapsed: float,
+    loop: str,
+    reproduce: str,
+    trace: list[str] | None,
+) -> dict[str, object]:
+    """Print the shrink's outcome: its runs and sizes, the smaller program's violation, how to
+    run it (`reproduce`, a line), its source and, if traced, its run in `loop`. Returns the
+    fields of the JSON record both scripts write about it."""
+    budget = " (the budget ran out)" if result.exhausted else ""
+    print(
+        f"shrunk in {result.runs} runs{budget}, {elapsed:.1f} s: {sizes_text(program)} -> "
+        f"{sizes_text(result.program)}"
+    )
+    print(f"[{smaller.rule}] {smaller.detail}")
+    print(reproduce)
+    print(source)
+    if trace is not None:
+        print(f"its run in the {loop} loop:")
+        print("\n".join(f"  {line}" for line in trace))
+    return {
+        "loop": loop,
+        "shrunk": smaller.detail,
+        "runs": result.runs,
+        "exhausted": result.exhausted,
+        "size_before": dict(zip(SIZES, size(program), strict=True)),
+        "size_after": dict(zip(SIZES, size(result.program), strict=True)),
+        "program": source,
+        "trace": trace,
+        "seconds": elapsed,
+    }
+
+
+__all__ = [
+    "SIZES",
+    "add_shrink_arguments",
+    "check_shrink_arguments",
+    "first_failure",
+    "report",
+    "sizes_text",
+    "traced_run",
+]
