@@ -126,6 +126,9 @@ FLAGS = {
     "kv_role": "--kv-role",
     "kv_store": "--kv-store",
     "kv_store_blocks": "--kv-store-blocks",
+    "offload_chunks": "--offload-chunks",
+    "offload_outputs": "--offload-outputs",
+    "offload_sync_loads": "--offload-sync-loads",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -141,6 +144,9 @@ DEFAULTS: dict[str, object] = {
     "kv_role": "kv_both",
     "kv_store": "draws",
     "kv_store_blocks": None,
+    "offload_chunks": None,
+    "offload_outputs": False,
+    "offload_sync_loads": False,
 }
 
 

@@ -5,6 +5,7 @@
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
+        [--offload-chunks N [--offload-outputs] [--offload-sync-loads]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -54,7 +55,12 @@ one or two lookups, and `--fix drop-stale-reservation`,
 `requeue-failed-load`, `evict-failed-blocks`, `every-sharer-recomputes`,
 `stale-after-failed-load` and `evict-ended-loader-blocks` apply the fixes of its findings
 (`integrations.vllm.kv_load_fixes`). `--pipeline-parallel P` runs the asynchronous loop with P
-pipeline stages (vLLM's V2 model runner, a batch queue of P + 1). Exit 1 if a program failed. Needs
+pipeline stages (vLLM's V2 model runner, a batch queue of P + 1). `--offload-chunks N` serves
+vLLM's own `OffloadingConnector` instead of a fabricated connector: its scheduler side and CPU
+manager over N CPU chunks, its worker fabricated (`integrations.vllm.offloading_worker`: stores
+deferred a step, flushes waited for, jobs done 0 to 2 steps later, what each block and chunk
+holds moved with them); `--offload-outputs` offloads generated tokens' blocks too and
+`--offload-sync-loads` lets hits load synchronously. Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -117,6 +123,12 @@ COUNTS = (
     "lookups_put_off",
     "stores_refused",
     "blocks_evicted",
+    "offload_stores",
+    "offload_stored_blocks",
+    "offload_flushes",
+    "offload_loads",
+    "offload_sync_loads",
+    "offload_loaded_blocks",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -145,6 +157,12 @@ MEANING = {
     "lookups_put_off": 'connector lookups answered "ask again later"',
     "stores_refused": "stores the offload store had no room for",
     "blocks_evicted": "blocks the offload store evicted to make room",
+    "offload_stores": "store jobs of vLLM's OffloadingConnector",
+    "offload_stored_blocks": "GPU blocks those jobs read",
+    "offload_flushes": "of those jobs, flushed before a forward",
+    "offload_loads": "load jobs of vLLM's OffloadingConnector",
+    "offload_sync_loads": "of those, synchronous",
+    "offload_loaded_blocks": "GPU blocks those jobs wrote",
 }
 
 
@@ -205,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_role": args.kv_role,
                 "kv_store": args.kv_store,
                 "kv_store_blocks": args.kv_store_blocks,
+                "offload_chunks": args.offload_chunks,
+                "offload_outputs": args.offload_outputs,
+                "offload_sync_loads": args.offload_sync_loads,
             },
         )
     return 1 if tally.failures else 0

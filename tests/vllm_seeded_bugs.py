@@ -124,3 +124,31 @@ def finished_not_reported(sched: Any) -> None:
         return result
 
     sched._free_request = free
+
+
+def offload_flush_dropped(sched: Any) -> None:
+    """Seeded bug (vLLM's offloading connector): no store job is ever flushed, so a store whose
+    source blocks were reallocated runs on beside the forward that overwrites them."""
+    connector = sched.connector.connector_scheduler
+    original = connector._build_connector_meta
+
+    def build(scheduler_output: Any) -> Any:
+        meta = original(scheduler_output)
+        meta.jobs_to_flush = set()
+        return meta
+
+    connector._build_connector_meta = build
+
+
+def offload_load_off_by_one(sched: Any) -> None:
+    """Seeded bug (vLLM's offloading connector): every load reads the CPU chunk after the one
+    its key was stored in."""
+    manager = sched.connector.connector_scheduler.manager
+    original = manager.prepare_load
+
+    def prepare_load(keys: Any, req_context: Any) -> Any:
+        spec = original(keys, req_context)
+        spec.block_ids = (spec.block_ids + 1) % manager._num_chunks
+        return spec
+
+    manager.prepare_load = prepare_load

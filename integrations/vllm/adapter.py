@@ -54,6 +54,7 @@ import contextlib
 import importlib
 import json
 import logging
+import mmap
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ class RealVllmScheduler:
         reasoning: bool = False,
         kv_connector: str | None = None,
         kv_role: str = "kv_both",
+        offloading: OffloadingOptions | None = None,
     ) -> None:
         space.check(config)
         if (
@@ -277,6 +279,15 @@ class RealVllmScheduler:
                 f"None or a load failure policy: {', '.join(KV_FAILURE_POLICIES)}",
             )
         self.kv_connector: str | None = kv_connector
+        if offloading is not None and kv_connector is not None:
+            raise ConfigError(
+                "offloading",
+                offloading,
+                "None with kv_connector (vLLM serves one connector: its own offloading one, or "
+                "schedspec's)",
+            )
+        #: vLLM's own `OffloadingConnector` with a CPU store of `offloading.chunks` chunks.
+        self.offloading: OffloadingOptions | None = offloading
         if kv_role not in KV_ROLES:
             raise ConfigError("kv_role", kv_role, f"one of {', '.join(KV_ROLES)}")
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
@@ -336,6 +347,8 @@ class RealVllmScheduler:
                 kv_transfer_config=(
                     _kv_transfer_config(cfg, self.kv_connector, self.kv_role)
                     if self.kv_connector is not None
+                    else _offloading_config(cfg, self.offloading, config.block_size)
+                    if self.offloading is not None
                     else None
                 ),
             )
@@ -352,6 +365,8 @@ class RealVllmScheduler:
             async_scheduling=self.async_scheduling,
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
+        if self.offloading is not None:
+            _check_offloading(sched, self.offloading)
         _check_lookahead_pool(sched, config)
         if self.structured_output:
             structured.install(sched, v.torch)
@@ -360,7 +375,9 @@ class RealVllmScheduler:
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
         self.hasher = (
             v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
-            if config.enable_prefix_caching or self.kv_connector is not None
+            if config.enable_prefix_caching
+            or self.kv_connector is not None
+            or self.offloading is not None
             else None
         )
         return sched
@@ -708,6 +725,60 @@ def _kv_transfer_config(cfg: Any, policy: str, role: str) -> Any:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class OffloadingOptions:
+    """vLLM's own KV offloading (`OffloadingConnector` with its `CPUOffloadingSpec`, the CPU
+    manager's LRU policy): `chunks` CPU chunks of one GPU block each (vLLM sizes the store by
+    `cpu_bytes_to_use`; this sets the bytes that make `chunks`), `outputs` also offloads the
+    blocks of generated tokens (vLLM's `offload_prompt_only` False; by default only prompt
+    blocks), `sync_loads` lets a hit load in the forward of the step that schedules it (a
+    `sync_load_budget_bytes` large enough for any hit; by default every load is
+    asynchronous)."""
+
+    chunks: int
+    outputs: bool = False
+    sync_loads: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
+            raise ConfigError("offloading.chunks", self.chunks, "an integer >= 1 (CPU chunks)")
+
+
+#: The bytes one CPU chunk of the fabricated model takes: K and V, one head of size 1, float32
+#: (vLLM rounds a chunk up to the page size, `CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT`).
+_KV_BYTES_PER_TOKEN = 2 * 4
+
+
+def _offloading_config(cfg: Any, options: OffloadingOptions, block_size: int) -> Any:
+    """vLLM's `KVTransferConfig` for its `OffloadingConnector` over a CPU store of
+    `options.chunks` chunks."""
+    page = mmap.PAGESIZE
+    chunk_bytes = -(-(_KV_BYTES_PER_TOKEN * block_size) // page) * page
+    return cfg.KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "cpu_bytes_to_use": options.chunks * chunk_bytes,
+            "offload_prompt_only": not options.outputs,
+            "sync_load_budget_bytes": (1 << 40) if options.sync_loads else 0,
+        },
+    )
+
+
+def _check_offloading(sched: Any, options: OffloadingOptions) -> None:
+    """The built scheduler serves vLLM's offloading connector with the CPU chunks asked for."""
+    connector = getattr(sched, "connector", None)
+    manager = getattr(getattr(connector, "connector_scheduler", None), "manager", None)
+    chunks = getattr(manager, "_num_chunks", None)
+    if type(connector).__name__ != "OffloadingConnector" or chunks != options.chunks:
+        raise ConfigError(
+            "offloading",
+            options,
+            f"a configuration vLLM serves with its OffloadingConnector and {options.chunks} CPU "
+            f"chunks (it built {type(connector).__name__} with {chunks})",
+        )
+
+
 def build_scheduler(
     v: VllmModules,
     vllm_config: Any,
@@ -927,6 +998,7 @@ __all__ = [
     "SPACE_PREFIX",
     "SPECULATIVE_METHODS",
     "STOP_BASE",
+    "OffloadingOptions",
     "RealVllmScheduler",
     "block_tables",
     "build_scheduler",

@@ -100,6 +100,7 @@ from typing import Any
 from integrations.vllm.adapter import (
     SPACE,
     SPACE_PREFIX,
+    OffloadingOptions,
     RealVllmScheduler,
     block_tables,
     next_output_index,
@@ -124,6 +125,7 @@ from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.offload_store import OffloadStore
+from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -143,6 +145,8 @@ RULES = (
     "load_before_compute",
     "transfer_blocks_held",
     "kv_delivered",
+    "store_content",
+    "load_content",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -197,6 +201,12 @@ class CoreRun:
     lookups_put_off: int = 0  # connector lookups answered "ask again later"
     stores_refused: int = 0  # sends the offload store had no room for
     blocks_evicted: int = 0  # blocks the offload store evicted to make room
+    offload_stores: int = 0  # store jobs of vLLM's offloading connector
+    offload_stored_blocks: int = 0  # GPU blocks those jobs read
+    offload_flushes: int = 0  # of those jobs, flushed (waited for before a forward)
+    offload_loads: int = 0  # load jobs of vLLM's offloading connector
+    offload_sync_loads: int = 0  # of those, synchronous
+    offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
 
 
 @dataclass
@@ -250,8 +260,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_role: str = "kv_both",
         kv_store: str = "draws",
         kv_store_blocks: int | None = None,
+        offloading: OffloadingOptions | None = None,
         trace: list[str] | None = None,
     ) -> None:
+        if offloading is not None and structured_output:
+            raise ConfigError(
+                "offloading",
+                offloading,
+                "None with structured_output (a batch sampled late is not modelled with "
+                "offloading's per-step transfers)",
+            )
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
             config,
@@ -265,6 +283,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             reasoning=reasoning,
             kv_connector=kv_connector,
             kv_role=kv_role,
+            offloading=offloading,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -299,12 +318,26 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.writes: CacheWrites | None = (
             CacheWrites(
                 config.block_size,
-                every_read=kv_connector is not None,
+                every_read=kv_connector is not None or offloading is not None,
                 verified_reads=speculative_tokens > 0,
             )
-            if config.enable_prefix_caching or kv_connector is not None
+            if config.enable_prefix_caching or kv_connector is not None or offloading is not None
             else None
         )
+        #: vLLM's own offloading connector's worker, fabricated (`offloading`).
+        self.offload: OffloadingWorker | None = None
+        if offloading is not None:
+            assert self.writes is not None
+            self.offload = OffloadingWorker(
+                self.writes,
+                self.impl.sched.connector.connector_scheduler,
+                draft_seed,
+                self.impl.v.outputs,
+                log=self.note if trace is not None else None,
+            )
+            self._watch_lookups(self.impl.sched.connector)
+        #: The requests the offloading connector put off in the current `schedule()` call.
+        self._put_off: set[str] = set()
         outputs = self.impl.v.outputs
         self.model: SpeculativeModel | None = (
             SpeculativeModel(
@@ -369,6 +402,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         counts: dict[str, int] = {}
         if self.model is not None:
             counts.update(asdict(self.model.counts))
+        if self.offload is not None:
+            self.offload.check_done()
+            counts.update(asdict(self.offload.counts))
         if self.remote is not None:
             self.remote.check_done()
             transfers = asdict(self.remote.counts)
@@ -386,6 +422,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Count cadence waits and running requests with an output in flight (`ahead`), record the
         running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
+        self._put_off.clear()
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
         self.record_running()
@@ -420,6 +457,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                     if t.sync:
                         self._record_load(t, failed_too=True)
             self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
+        if self.offload is not None:
+            # the worker's transfers done after this batch's forward, reported in its output
+            batch, output = self.queue[0]
+            assert batch is out
+            output.kv_connector_output = self.offload.after_forward(out.kv_connector_metadata)
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)
@@ -490,6 +532,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """With a KV connector, the worker's side of batch `out` (`RemoteKv.execute`): start its
         transfers, report those due in `output` (`kv_connector_output`), and record the blocks
         each reported load wrote, for `cache_hit_written`. Returns `output`."""
+        if self.offload is not None:
+            self.offload.before_forward(out.kv_connector_metadata)
+            return output
         if self.remote is None:
             return output
         meta = out.kv_connector_metadata
@@ -558,7 +603,22 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def lookup_put_off(self, rid: str) -> bool:
         """Whether the connector's latest lookup of `rid` said "ask again later"."""
+        if self.offload is not None:
+            return rid in self._put_off
         return self.remote is not None and rid in self.remote.asked_later
+
+    def _watch_lookups(self, connector: Any) -> None:
+        """Note each request vLLM's offloading connector answers "ask again later" (`None`:
+        a transfer of its still runs, or a hit is still being stored), which vLLM skips."""
+        lookup = connector.get_num_new_matched_tokens
+
+        def watched(request: Any, *args: Any, **kwargs: Any) -> Any:
+            hit, is_async = lookup(request, *args, **kwargs)
+            if hit is None:
+                self._put_off.add(request.request_id)
+            return hit, is_async
+
+        connector.get_num_new_matched_tokens = watched
 
     def check_pool(self, where: str) -> None:
         """`pool_accounting`, counting references when prefix caching is on; with a KV
@@ -698,7 +758,11 @@ class LoopOptions:
     (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
     first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
-    if given). The speculative model and the connector's store draw from `draw_seed`, by default
+    if given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a
+    CPU store of that many chunks (`offload_outputs`: generated tokens' blocks too;
+    `offload_sync_loads`: hits may load synchronously), its worker
+    `integrations.vllm.offloading_worker`'s. The speculative model and the connector's store
+    draw from `draw_seed`, by default
     a hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
     original program's while it changes the program. With `trace` (a list) the loop appends a
     line per event to it (`integrations.vllm.trace`)."""
@@ -718,6 +782,9 @@ class LoopOptions:
     kv_role: str = "kv_both"
     kv_store: str = "draws"
     kv_store_blocks: int | None = None
+    offload_chunks: int | None = None
+    offload_outputs: bool = False
+    offload_sync_loads: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -751,9 +818,27 @@ class LoopOptions:
             kv_role=self.kv_role,
             kv_store=self.kv_store,
             kv_store_blocks=self.kv_store_blocks,
+            offloading=self.offloading,
             trace=self.trace,
         )
         return loop.run(program)
+
+    @property
+    def offloading(self) -> OffloadingOptions | None:
+        """vLLM's own offloading connector as `offload_chunks` (None: not served),
+        `offload_outputs` and `offload_sync_loads` say."""
+        if self.offload_chunks is None:
+            if self.offload_outputs or self.offload_sync_loads:
+                raise ConfigError(
+                    "offload_chunks",
+                    None,
+                    "an int >= 1 with offload_outputs or offload_sync_loads (they are options "
+                    "of vLLM's offloading connector)",
+                )
+            return None
+        return OffloadingOptions(
+            self.offload_chunks, outputs=self.offload_outputs, sync_loads=self.offload_sync_loads
+        )
 
 
 def run_loop(

@@ -140,6 +140,27 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --kv-store offload: the store holds at most N blocks, evicting the least "
         "recently used that no load pins (default: unbounded)",
     )
+    parser.add_argument(
+        "--offload-chunks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve both loops with vLLM's own OffloadingConnector over a CPU store of N chunks "
+        "(its scheduler side and CPU manager run; its worker is fabricated, moving what the "
+        "blocks hold); not with --kv-connector",
+    )
+    parser.add_argument(
+        "--offload-outputs",
+        action="store_true",
+        help="with --offload-chunks: offload generated tokens' blocks too (vLLM's "
+        "offload_prompt_only False)",
+    )
+    parser.add_argument(
+        "--offload-sync-loads",
+        action="store_true",
+        help="with --offload-chunks: a hit may load in the forward of the step that schedules "
+        "it (a sync_load_budget_bytes for any hit)",
+    )
 
 
 def loop_options(
@@ -158,6 +179,12 @@ def loop_options(
         args.kv_store_blocks < 1 or args.kv_store != "offload"
     ):
         parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
+    if args.offload_chunks is not None and (args.offload_chunks < 1 or args.kv_connector):
+        parser.error("--offload-chunks: an int >= 1, not with --kv-connector")
+    if args.offload_chunks is None and (args.offload_outputs or args.offload_sync_loads):
+        parser.error("--offload-outputs and --offload-sync-loads need --offload-chunks")
+    if args.offload_chunks is not None and args.structured_output:
+        parser.error("--offload-chunks: not with --structured-output")
     names = sorted(set(args.fix or ()))
     options = LoopOptions(
         fix=ScheduleFix(*(FIXES[n] for n in names)).apply if names else None,
@@ -174,6 +201,9 @@ def loop_options(
         kv_role=args.kv_role,
         kv_store=args.kv_store,
         kv_store_blocks=args.kv_store_blocks,
+        offload_chunks=args.offload_chunks,
+        offload_outputs=args.offload_outputs,
+        offload_sync_loads=args.offload_sync_loads,
     )
     return options, names
 
@@ -196,6 +226,10 @@ def describe(args: argparse.Namespace) -> str:
         blocks = args.kv_store_blocks
         later += f" of {blocks} block{'s' if blocks > 1 else ''}" if blocks else ""
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
+    if args.offload_chunks:
+        what = "prompt and output blocks" if args.offload_outputs else "prompt blocks"
+        sync = ", synchronous loads" if args.offload_sync_loads else ""
+        drafts += f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks, {what}{sync})"
     return drafts
 
 

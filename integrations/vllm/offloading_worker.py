@@ -1,0 +1,240 @@
+"""The worker side of vLLM's own KV offloading connector, fabricated, with the contents of the GPU
+blocks and CPU chunks it moves: so that vLLM's real `OffloadingConnector` scheduler side and its
+CPU manager (`vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`,
+`vllm/v1/kv_offload/cpu/manager.py`) run in the engine-core loop and what they decide is checked
+by what the KV ends up holding.
+
+vLLM's worker (`offloading/worker.py`) does, per engine step, in this order; so does
+`OffloadingWorker`:
+
+1. `handle_preemptions`: the step's `jobs_to_flush` (store jobs whose source blocks the step
+   reallocated, or of a request it preempted) are submitted with the stores deferred from the
+   previous step, and waited for, before the forward;
+2. `start_kv_transfers`: the rest of the deferred stores are submitted, and the step's loads; a
+   synchronous load is waited for (its request runs in this very forward);
+3. the forward writes the KV of the step's tokens (the loop records it, `CacheWrites`);
+4. `prepare_store_kv`: the step's store jobs are deferred to the start of the next step;
+5. `get_finished`: every job done is reported by id (`OffloadingWorkerMetadata`), and a
+   request whose asynchronous load is done in `finished_recving`; the report is every worker's,
+   aggregated (one per pipeline stage), as the engine core hands it to the scheduler.
+
+A submitted job is done 0 to 2 steps later (a hash of its id and the seed); a flushed or
+synchronous one at once. A store reads its source blocks when it is done (a transfer runs
+beside the forwards until then: a block written meanwhile is read as written), and a load
+writes its destination blocks when it is done. So vLLM's fences are what keeps the KV right:
+
+- `store_content`: when a store reads a source block, the block holds the KV of one of the keys
+  the job stores (a block that was freed, reallocated and written before the store read it, and
+  not flushed, fails);
+- `load_content`: a load reads only chunks a finished store filled, each with the KV of one of
+  the keys the job loads;
+- and the loop's `kv_written` / `cache_hit_written`: every block a request reads holds its own
+  KV, a loaded block's being what the chunk held;
+- `progress`: once drained, no job is left unreported.
+
+Needs nothing of vLLM but the metadata classes it is handed; the loop builds the reports with
+`vllm.v1.outputs.KVConnectorOutput` and the connector's `OffloadingWorkerMetadata`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from integrations.vllm.cache_writes import CacheWrites
+from integrations.vllm.core_loop import EngineCoreViolation
+
+#: A job is done at most this many steps after it is submitted.
+MAX_DELAY = 2
+
+
+@dataclass
+class OffloadingCounts:
+    """How often the offloading paths were taken."""
+
+    offload_stores: int = 0  # store jobs vLLM issued
+    offload_stored_blocks: int = 0  # GPU blocks those jobs read
+    offload_flushes: int = 0  # store jobs vLLM flushed (waited for before a forward)
+    offload_loads: int = 0  # load jobs vLLM issued
+    offload_sync_loads: int = 0  # of those, synchronous
+    offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
+
+
+@dataclass
+class _Job:
+    """A job the worker holds: vLLM's `TransferJob`, whether it loads, and when it is done."""
+
+    job_id: int
+    job: Any
+    load: bool
+    due: int | None = None  # the step whose `get_finished` reports it (None: not submitted)
+
+
+@dataclass
+class OffloadingWorker:
+    """The fabricated worker over `writes` (what each GPU block holds, by the loop's record),
+    `connector` (vLLM's `OffloadingConnectorScheduler`, read for a job's keys) and `seed` (the
+    jobs' delays). `chunks`: what each CPU chunk holds, as `writes` says a block does."""
+
+    writes: CacheWrites
+    connector: Any
+    seed: int
+    outputs: Any  # vllm.v1.outputs
+    log: Callable[[str], None] | None = None
+    chunks: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    counts: OffloadingCounts = field(default_factory=OffloadingCounts)
+    _deferred: list[_Job] = field(default_factory=list)
+    _in_flight: dict[int, _Job] = field(default_factory=dict)
+    _done: list[_Job] = field(default_factory=list)
+    _step: int = 0
+
+    def say(self, line: str) -> None:
+        """A line for the loop's trace, if it keeps one."""
+        if self.log is not None:
+            self.log(f"offload: {line}")
+
+    # ------------------------------------------------------------ one step
+    def before_forward(self, meta: Any) -> None:
+        """Steps 1 and 2 for the batch whose connector metadata is `meta`."""
+        self._step += 1
+        if meta is None:
+            return
+        flush = set(meta.jobs_to_flush or ())
+        for job_id in sorted(flush):
+            job = meta.store_jobs.pop(job_id, None)
+            if job is not None:
+                self._deferred.append(_Job(job_id, job, load=False))
+        self._submit(self._deferred)
+        self._deferred = []
+        if flush:
+            self.counts.offload_flushes += len(flush)
+            self.say(f"flush jobs {sorted(flush)}")
+            for job_id in sorted(flush):
+                held = self._in_flight.pop(job_id, None)
+                if held is not None:
+                    self._complete(held)
+        loads = [_Job(i, j, load=True) for i, j in sorted(meta.load_jobs.items())]
+        self._submit(loads)
+        for held in loads:
+            self.counts.offload_loads += 1
+            if held.job.sync:
+                self.counts.offload_sync_loads += 1
+                self._complete(self._in_flight.pop(held.job_id))
+
+    def after_forward(self, meta: Any) -> Any:
+        """Steps 4 and 5: defer the step's stores, finish the jobs due; the step's
+        `KVConnectorOutput`."""
+        if meta is not None:
+            for job_id, job in sorted(meta.store_jobs.items()):
+                self._deferred.append(_Job(job_id, job, load=False))
+                self.counts.offload_stores += 1
+                self.say(
+                    f"store job {job_id} of {job.req_id}: blocks "
+                    f"{_ids(job.src_spec)} -> chunks {_ids(job.dst_spec)} (from the next step)"
+                )
+        for job_id, held in sorted(self._in_flight.items()):
+            if held.due is not None and held.due <= self._step:
+                del self._in_flight[job_id]
+                self._complete(held)
+        done, self._done = self._done, []
+        if not done:
+            return None
+        common = importlib.import_module(
+            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
+        )
+        # the output the engine gets is every worker's, aggregated (vLLM's KVOutputAggregator):
+        # a job counts once per worker (a pipeline stage is a worker of its own)
+        workers = self.connector.config.num_workers
+        report = common.OffloadingWorkerMetadata(
+            completed_jobs={held.job_id: workers for held in done}
+        )
+        recving = {h.job.req_id for h in done if h.load and not h.job.sync}
+        return self.outputs.KVConnectorOutput(
+            finished_recving=recving or None, kv_connector_worker_meta=report
+        )
+
+    def check_done(self) -> None:
+        """`progress`: once drained, no job is in flight, deferred or unreported."""
+        left = sorted(self._in_flight) + [h.job_id for h in self._deferred + self._done]
+        if left:
+            raise EngineCoreViolation(
+                "progress", f"drained with offloading jobs {sorted(left)} never reported done"
+            )
+
+    # ------------------------------------------------------------ jobs
+    def _submit(self, jobs: Iterable[_Job]) -> None:
+        for held in jobs:
+            delay = zlib.crc32(f"{self.seed}/{held.job_id}".encode()) % (MAX_DELAY + 1)
+            held.due = self._step + delay
+            self._in_flight[held.job_id] = held
+            kind = "load" if held.load else "store"
+            sync = " (synchronous)" if held.load and held.job.sync else ""
+            self.say(f"{kind} job {held.job_id} of {held.job.req_id} submitted{sync}")
+
+    def _complete(self, held: _Job) -> None:
+        """Do the job's transfer now: a store reads its blocks into its chunks, a load writes
+        its chunks into its blocks."""
+        keys = self._key_hashes(held.job_id)
+        src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
+        if held.load:
+            for chunk, block in zip(src, dst, strict=True):
+                content = self.chunks.get(chunk)
+                if content is None or self._hash(content) not in keys:
+                    what = (
+                        "no finished store filled it"
+                        if content is None
+                        else "it holds "
+                        + (f"block {content[1]} of {content[0].request_id!r}, not a key of the job")
+                    )
+                    raise EngineCoreViolation(
+                        "load_content",
+                        f"load job {held.job_id} of {held.job.req_id!r} reads chunk {chunk} into "
+                        f"block {block}, but {what}",
+                    )
+                self.writes.written[block] = content
+            self.counts.offload_loaded_blocks += len(dst)
+        else:
+            for block, chunk in zip(src, dst, strict=True):
+                content = self.writes.written.get(block)
+                if content is None or self._hash(content) not in keys:
+                    what = (
+                        "no batch or load wrote it"
+                        if content is None
+                        else f"it holds block {content[1]} of {content[0].request_id!r}"
+                    )
+                    raise EngineCoreViolation(
+                        "store_content",
+                        f"store job {held.job_id} of {held.job.req_id!r} reads block {block} "
+                        f"into chunk {chunk}, but {what}, not the KV of a key it stores",
+                    )
+                self.chunks[chunk] = content
+            self.counts.offload_stored_blocks += len(src)
+        self._done.append(held)
+        self.say(f"{'load' if held.load else 'store'} job {held.job_id} done")
+
+    def _key_hashes(self, job_id: int) -> set[bytes]:
+        """The block hashes of the keys job `job_id` moves, as the connector recorded them."""
+        status = self.connector._jobs.get(job_id)
+        if status is None:
+            raise EngineCoreViolation(
+                "implementation_error", f"the connector has no record of job {job_id}"
+            )
+        base = importlib.import_module("vllm.v1.kv_offload.base")
+        return {bytes(base.get_offload_block_hash(key)) for key in status.keys}
+
+    @staticmethod
+    def _hash(content: tuple[Any, int]) -> bytes | None:
+        request, index = content
+        hashes = request.block_hashes
+        return bytes(hashes[index]) if index < len(hashes) else None
+
+
+def _ids(spec: Any) -> list[int]:
+    """A load/store spec's block (GPU) or chunk (CPU) ids."""
+    return [int(i) for i in spec.block_ids]
+
+
+__all__ = ["MAX_DELAY", "OffloadingCounts", "OffloadingWorker"]

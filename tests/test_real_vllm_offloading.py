@@ -1,0 +1,262 @@
+"""vLLM's own KV offloading connector in the engine-core loop (`LoopOptions(offload_chunks=N)`):
+its real `OffloadingConnector` scheduler side and CPU manager over N CPU chunks, the worker
+fabricated (`integrations.vllm.offloading_worker`), what each GPU block and CPU chunk holds
+moved with the transfers and checked (`store_content`, `load_content`, `kv_written`).
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import SPACE_PREFIX, OffloadingOptions, RealVllmScheduler
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, LoopOptions, run_loop
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+from tests.vllm_seeded_bugs import offload_flush_dropped, offload_load_off_by_one
+
+#: Generated programs each test runs through both loops.
+PROGRAMS = 24
+OFFLOADING = LoopOptions(offload_chunks=16, offload_outputs=True)
+CONFIG = ArConfig(
+    block_size=4,
+    num_blocks=16,
+    max_num_batched_tokens=16,
+    max_num_seqs=2,
+    max_model_len=16,
+    enable_prefix_caching=True,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _one_token_finding(program: CoreProgram, err: EngineCoreViolation) -> bool:
+    """The finding below: a never-drained loop, blocks of one token, and a one-token prompt
+    that other requests share (so its one block is offloaded and hit)."""
+    shared = [r for batch in program.arrivals for r in batch if r.prompt is not None]
+    return (
+        err.rule == "progress"
+        and program.config.block_size == 1
+        and any(r.prompt_len == 1 for r in shared)
+    )
+
+
+def test_vllm_serves_its_own_offloading_connector_with_the_chunks_asked() -> None:
+    sched = RealVllmScheduler(
+        CONFIG, lambda _event: None, SPACE_PREFIX, offloading=OffloadingOptions(8, outputs=True)
+    ).sched
+    connector = sched.connector
+    assert type(connector).__name__ == "OffloadingConnector"
+    assert connector.connector_scheduler.manager._num_chunks == 8
+    assert not connector.connector_scheduler.config.offload_prompt_only
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: OffloadingOptions(0), "offloading.chunks"),
+        (lambda: LoopOptions(offload_outputs=True).offloading, "offload_chunks"),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG,
+                lambda _event: None,
+                SPACE_PREFIX,
+                kv_connector="recompute",
+                offloading=OffloadingOptions(4),
+            ),
+            "offloading",
+        ),
+        (
+            lambda: EngineCoreLoop(
+                CONFIG,
+                async_scheduling=False,
+                structured_output=True,
+                offloading=OffloadingOptions(4),
+            ),
+            "offloading",
+        ),
+    ],
+    ids=["no-chunks", "options-without-chunks", "two-connectors", "structured-output"],
+)
+def test_bad_offloading_options_are_typed_errors(build: Callable[[], Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build()
+    assert err.value.field == field, err.value
+
+
+def test_generated_programs_pass_and_take_every_offloading_path() -> None:
+    """Shared-prompt programs through both loops with vLLM's connector offloading prompts and
+    outputs to 16 CPU chunks: vLLM stores, flushes stores whose blocks it reallocates, and
+    loads hits back, and every block read holds its request's own KV. The one failure
+    allowed is the one-token finding below."""
+    totals: Counter[str] = Counter()
+    passed = 0
+    for seed in range(PROGRAMS):
+        program = shared_prompt_program(seed)
+        for async_scheduling in (False, True):
+            try:
+                run = run_loop(program, async_scheduling=async_scheduling, options=OFFLOADING)
+            except EngineCoreViolation as err:
+                assert _one_token_finding(program, err), f"seed {seed}: {err}"
+                continue
+            passed += 1
+            for key in ("offload_stores", "offload_flushes", "offload_loads"):
+                totals[key] += getattr(run, key)
+            totals["offload_loaded_blocks"] += run.offload_loaded_blocks
+    assert passed >= 2 * PROGRAMS - 4, passed
+    assert all(totals[k] > 0 for k in ("offload_stores", "offload_flushes", "offload_loads"))
+
+
+def test_synchronous_loads_pass_and_are_taken() -> None:
+    totals: Counter[str] = Counter()
+    options = LoopOptions(offload_chunks=16, offload_sync_loads=True)
+    for seed in range(PROGRAMS // 2):
+        program = shared_prompt_program(seed)
+        for async_scheduling in (False, True):
+            try:
+                run = run_loop(program, async_scheduling=async_scheduling, options=options)
+            except EngineCoreViolation as err:
+                assert _one_token_finding(program, err), f"seed {seed}: {err}"
+                continue
+            totals["offload_sync_loads"] += run.offload_sync_loads
+    assert totals["offload_sync_loads"] > 0, totals
+
+
+def test_pipeline_stages_pass_with_every_workers_report() -> None:
+    """With 2 pipeline stages vLLM's connector counts a job done once each of its 2 workers
+    reported it (`num_workers`); the worker's report is the aggregate the engine hands over.
+    Programs then drain as with one stage (a report counted once would leave every stored
+    request's jobs pending, and the requests sharing its prompt put off for ever)."""
+    options = LoopOptions(offload_chunks=16, offload_outputs=True, pipeline_parallel_size=2)
+    stores = 0
+    for seed in range(PROGRAMS // 3):
+        program = shared_prompt_program(seed)
+        try:
+            stores += run_loop(program, async_scheduling=True, options=options).offload_stores
+        except EngineCoreViolation as err:
+            assert _one_token_finding(program, err), f"seed {seed}: {err}"
+    assert stores > 0
+
+
+#: (seeded bug, the rule it fails, words of the message): tests/test_real_vllm.py counts these
+#: rules as covered.
+SEEDED_BUGS = [
+    (offload_flush_dropped, "store_content", "not the KV of a key it stores"),
+    (offload_load_off_by_one, "load_content", "not a key of the job"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "rule", "words"),
+    SEEDED_BUGS,
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_checks_catch_each_seeded_bug(mutant: Callable[[Any], None], rule: str, words: str) -> None:
+    """Each offloading rule has teeth: with no flush, a store reads a block a later request
+    was given and wrote; with loads one chunk off, a load reads another key's KV. Both in the
+    first shared-prompt programs, with a message that says which job, block and chunk."""
+    options = LoopOptions(offload_chunks=16, offload_outputs=True, mutate=mutant)
+    seen: list[str] = []
+    for seed in range(PROGRAMS):
+        try:
+            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
+        except EngineCoreViolation as err:
+            seen.append(str(err))
+            if err.rule == rule:
+                assert words in err.detail and "job" in err.detail, err
+                return
+    pytest.fail(f"no program failed [{rule}]; failures seen: {seen}")
+
+
+def _one_token_program(block_size: int) -> CoreProgram:
+    """r0, a one-token prompt, finishes and its block is offloaded; r1, the same prompt, comes
+    three steps later and hits it."""
+    config = ArConfig(
+        block_size=block_size,
+        num_blocks=8,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        max_model_len=4,
+    )
+    first, later = ArRequest("r0", 1, 1, prompt=(100,)), ArRequest("r1", 1, 1, prompt=(100,))
+    return CoreProgram(config, ((first,), (), (), (), (later,)), ((),) * 5)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_finding_a_one_token_prompt_offloaded_at_block_size_1_loads_for_ever(
+    async_scheduling: bool,
+) -> None:
+    """Finding: with blocks of one token, r1's one-token prompt hits r0's offloaded block
+    whole. vLLM loads it asynchronously, then recomputes the last token of a whole-prompt hit
+    (`num_computed_tokens = num_tokens - 1`), which leaves nothing computed; the next
+    `schedule()` looks r1 up afresh and loads it again, for ever. With blocks of 2 the one
+    token is no full block, nothing is offloaded, and the program drains."""
+    trace: list[str] = []
+    options = LoopOptions(offload_chunks=4, trace=trace)
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(_one_token_program(1), async_scheduling=async_scheduling, options=options)
+    assert err.value.rule == "progress" and "1 waiting" in err.value.detail
+    loads = [line for line in trace if "load job" in line and "of r1 submitted" in line]
+    assert len(loads) > 100, loads[:3]
+    run = run_loop(
+        _one_token_program(2),
+        async_scheduling=async_scheduling,
+        options=LoopOptions(offload_chunks=4),
+    )
+    assert run.reasons == {"r0": "length", "r1": "length"} and run.offload_loads == 0
+
+
+def test_a_trace_says_the_transfers_and_changes_no_verdict() -> None:
+    for seed in range(6):
+        program = shared_prompt_program(seed)
+        for async_scheduling in (False, True):
+            results = []
+            traces: tuple[list[str] | None, ...] = (None, [])
+            for trace in traces:
+                options = LoopOptions(offload_chunks=16, offload_outputs=True, trace=trace)
+                try:
+                    results.append(
+                        repr(run_loop(program, async_scheduling=async_scheduling, options=options))
+                    )
+                except EngineCoreViolation as err:
+                    results.append(str(err))
+            assert results[0] == results[1], seed
+    lines: list[str] = []
+    options = LoopOptions(offload_chunks=16, offload_outputs=True, trace=lines)
+    run_loop(shared_prompt_program(1), async_scheduling=True, options=options)
+    assert any(line.split(": ", 1)[1].startswith("offload: store job") for line in lines), lines
+    assert any("done" in line for line in lines if "offload:" in line), lines
+
+
+def test_the_check_script_runs_vllms_offloading_and_refuses_bad_combinations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = load_script("vllm_async_check")
+    argv = ["--programs", "3", "--programs-from", "shared-prompts", "--offload-chunks", "16"]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "vLLM's OffloadingConnector (16 CPU chunks, prompt blocks)" in out, out
+    assert "store jobs of vLLM's OffloadingConnector" in out, out
+    for bad in (
+        ["--offload-chunks", "0"],
+        ["--offload-chunks", "4", "--kv-connector", "recompute"],
+        ["--offload-outputs"],
+        ["--offload-chunks", "4", "--structured-output"],
+    ):
+        with pytest.raises(SystemExit) as leaving:
+            script.main(["--programs", "1", *bad])
+        assert leaving.value.code == 2, bad
+        assert "offload" in capsys.readouterr().err.splitlines()[-1], bad
