@@ -4,8 +4,9 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`integrations.vllm.fixes`) or vLLM 0.33.0's prefix caching under priority scheduling
 (`vllm-prefix`: `integrations.vllm.preempted_cache_fix`), vLLM 0.33.0's speculative decoding
 (`vllm-spec`: `integrations.vllm.spec_pad_fix`), vLLM 0.33.0's KV connector path
-(`vllm-kv`: `integrations.vllm.kv_load_fixes`) or its draft margin with speculative decoding
-(`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`).
+(`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
+(`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
+(`vllm-offloading`: `integrations.vllm.offload_hit_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -15,6 +16,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-spec > pad-what-fits.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-kv > kv-load-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-draft-margin > cap-draft-margin.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > no-pointless-hit.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -24,11 +26,12 @@ installed files when run; `git apply -p1` applies it in the engine's checkout of
 version (SGLang: its `python/` directory). The tests that run these very edits are in
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
-`tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`
+`tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`,
+`tests/test_real_vllm_offloading.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
-`vllm-kv` and `vllm-draft-margin` need `vllm`).
+`vllm-kv`, `vllm-draft-margin` and `vllm-offloading` need `vllm`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
+from integrations.vllm.offload_hit_fix import OFFLOAD_HIT_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
 
@@ -58,6 +62,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-spec": (SPEC_PAD_FIXES, SPEC_PAD_FIXES.names),
     "vllm-kv": (KV_LOAD_FIXES, KV_LOAD_FIXES.names),
     "vllm-draft-margin": (DRAFT_MARGIN_FIXES, DRAFT_MARGIN_FIXES.names),
+    "vllm-offloading": (OFFLOAD_HIT_FIXES, OFFLOAD_HIT_FIXES.names),
 }
 
 

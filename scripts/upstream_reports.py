@@ -90,6 +90,12 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-draft-margin",
         None,
     ),
+    "vllm-offloading-one-token": (
+        "KV offloading connector, blocks of one token: a one-token prompt another request "
+        "offloaded is loaded, rolled back to nothing computed, and loaded again, for ever",
+        "vllm-offloading",
+        None,
+    ),
     "vllm-dllm-whole-canvas": (
         "Diffusion LLMs: a token budget shared by the running requests cuts a request's canvas, "
         "which the runner expects cut only at max_model_len",
@@ -213,6 +219,12 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         f"- vLLM 0.33.0, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} over a "
         "fabricated model."
     )
+    if record["options"].get("offload_chunks"):
+        run = run.removesuffix(".") + (
+            ", serving vLLM's own `OffloadingConnector` (its scheduler side, "
+            "`distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`, and CPU "
+            f"manager over {record['options']['offload_chunks']} chunks; the worker fabricated)."
+        )
     draws = f", its draws (the connector's store, the drafts) seeded by {record['draw_seed']}."
     names = (
         "`CoreProgram` from `integrations.vllm.engine_core`, `ArConfig`, `ArRequest` and "

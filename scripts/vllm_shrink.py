@@ -36,8 +36,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.engine_core import RULES, program_seed, run_loop
-from integrations.vllm.loop_arguments import FIXES, GENERATORS, add_loop_arguments, loop_options
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.loop_arguments import (
+    FIXES,
+    GENERATORS,
+    add_loop_arguments,
+    loop_options,
+    make_fixes,
+)
 from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink import fails_like, lifted_by, program_source, shrink
 from integrations.vllm.shrink_cli import (
@@ -90,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fails = fails_like(options, loop == "async", first.rule, draws)
     lifting = sorted(set(args.lifted_by or ()) - set(names))
     if lifting:
-        fixed = replace(options, fix=ScheduleFix(*(FIXES[n] for n in names + lifting)).apply)
+        fixed = replace(options, fix=make_fixes(names + lifting))
         fails = lifted_by(fails, fixed, loop == "async", draws)
         if not fails(program):
             print(f"{name} still breaks a rule with {' + '.join(lifting)}: nothing to shrink")

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from integrations.patches import FixDoesNotApply
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE_PREFIX, OffloadingOptions, RealVllmScheduler
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, LoopOptions, run_loop
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_hit_fix import OFFLOAD_HIT_FIXES, apply_offload_hit_fix
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import offload_flush_dropped, offload_load_off_by_one
 
@@ -260,3 +265,56 @@ def test_the_check_script_runs_vllms_offloading_and_refuses_bad_combinations(
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
         assert "offload" in capsys.readouterr().err.splitlines()[-1], bad
+
+
+# ---------------------------------------------------------------- the finding's fix
+def test_the_fix_drains_the_findings_program() -> None:
+    """With `no-pointless-hit` the connector offers r1 no hit (the rollback of its one token
+    would leave nothing loaded), so r1 is computed locally: both loops drain, nothing loads."""
+    options = LoopOptions(offload_chunks=4, fix=make_fixes(["no-pointless-hit"]))
+    for async_scheduling in (False, True):
+        run = run_loop(_one_token_program(1), async_scheduling=async_scheduling, options=options)
+        assert run.reasons == {"r0": "length", "r1": "length"}, run.reasons
+        assert run.offload_stores == 1 and run.offload_loads == 0, run
+
+
+def test_the_fix_holds_wherever_it_runs_and_changes_nothing_else() -> None:
+    """With the fix every shared-prompt program passes both loops, also with synchronous
+    loads; where no program has a one-token shared prompt at blocks of one token, the runs
+    are those of vLLM as released, path counts included."""
+    fixed = make_fixes(["no-pointless-hit"])
+    compared = 0
+    for sync_loads in (False, True):
+        released = LoopOptions(
+            offload_chunks=16, offload_outputs=True, offload_sync_loads=sync_loads
+        )
+        with_fix = LoopOptions(
+            offload_chunks=16, offload_outputs=True, offload_sync_loads=sync_loads, fix=fixed
+        )
+        for seed in range(PROGRAMS):
+            program = shared_prompt_program(seed)
+            for async_scheduling in (False, True):
+                run = run_loop(program, async_scheduling=async_scheduling, options=with_fix)
+                if program.config.block_size > 1:
+                    as_released = run_loop(
+                        program, async_scheduling=async_scheduling, options=released
+                    )
+                    assert run == as_released, seed
+                    compared += 1
+    assert compared > PROGRAMS, compared
+
+
+def test_the_fix_is_one_patch_of_vllms_file_and_refuses_another_connector(
+    tmp_path: Path,
+) -> None:
+    """`scripts/engine_fixes_diff.py vllm-offloading` prints the edit the tests run: applied
+    with `git apply -p1` to a copy of vLLM's file, it gives the very text they run. A scheduler
+    without vLLM's offloading connector is refused, with a message naming it."""
+    names = OFFLOAD_HIT_FIXES.names
+    sources = OFFLOAD_HIT_FIXES.fixed_sources(names)
+    patched = git_apply_to_copies(tmp_path, sources, OFFLOAD_HIT_FIXES.as_diff(names))
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "num_hit_tokens = 0" in next(iter(patched.values()))
+    plain = RealVllmScheduler(CONFIG, lambda _event: None, SPACE_PREFIX).sched
+    with pytest.raises(FixDoesNotApply, match="edits vLLM's offloading connector"):
+        apply_offload_hit_fix(plain)

@@ -23,8 +23,7 @@ from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import DllmProgram, DllmRequest, DllmServing
 from integrations.vllm.dllm_shrink import run_dllm_named
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
-from integrations.vllm.loop_arguments import FIXES
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.loop_arguments import make_fixes
 from spec.ar.config import ArConfig, ArRequest, Policy
 from tests.engine_gate import require_engine
 
@@ -41,7 +40,7 @@ def _vllm_installed() -> None:
 
 def _options(record: dict[str, Any], *more: str) -> LoopOptions:
     names = [n for n in (record["fix"] or "").split(" + ") if n] + list(more)
-    fix = ScheduleFix(*(FIXES[n] for n in names)).apply if names else None
+    fix = make_fixes(names)
     return LoopOptions(**record["options"], fix=fix, draw_seed=record["draw_seed"])
 
 

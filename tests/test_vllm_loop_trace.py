@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from integrations.vllm.trace import compact, output_line, schedule_line
+from integrations.vllm.trace import compact, elide, output_line, schedule_line
 
 
 def _schedule(
@@ -79,3 +79,19 @@ def test_idle_steps_are_said_once_and_a_prefill_chunks_output_is_kept() -> None:
         "step 5: abort r0",
         "step 6: schedule() scheduled nothing",
     ]
+
+
+def test_a_diffusion_canvas_is_said_as_a_canvas() -> None:
+    out = _schedule({"r0": 4, "r1": 1}, drafts={"r0": [3, 3, 3, 3]}, new=("r1",))
+    assert schedule_line(out, canvas=True) == "r0 4 tokens with a canvas of 4, r1 1 token (new)"
+    assert schedule_line(out) == "r0 4 tokens with 4 drafts, r1 1 token (new)"
+
+
+def test_a_long_run_keeps_its_head_and_tail() -> None:
+    """A hang's run (here 200 lines) keeps its first 60 and last 20 lines, the rest said in
+    one line; a short one is kept whole."""
+    lines = [f"step {i}: offload: load job {i} of r1 submitted" for i in range(200)]
+    kept = elide(lines)
+    assert kept[:60] == lines[:60] and kept[-20:] == lines[-20:]
+    assert kept[60] == "... 120 lines left out ..." and len(kept) == 81
+    assert elide(lines[:81]) == lines[:81]

@@ -11,12 +11,14 @@ builds the `LoopOptions`, and `describe` says them in words.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
+from integrations.vllm.offload_hit_fix import OFFLOAD_HIT, OFFLOAD_HIT_FIX, apply_offload_hit_fix
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.same_step_programs import same_step_program
@@ -29,7 +31,8 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "same-step": same_step_program,
     "shared-prompts": shared_prompt_program,
 }
-#: Candidate fixes `--fix` can apply to the scheduler of both loops (edits of `schedule`).
+#: Candidate fixes `--fix` can apply to the scheduler of both loops: edits of `Scheduler`
+#: (made together, `ScheduleFix`) and of vLLM's offloading connector (`CONNECTOR_FIXES`).
 FIXES = {
     fix.name: fix
     for fix in (
@@ -37,8 +40,32 @@ FIXES = {
         SPEC_PAD_FIX,
         DRAFT_MARGIN_FIX,
         *KV_LOAD_SCHEDULE.fix_set.fixes,
+        OFFLOAD_HIT_FIX,
     )
 }
+#: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
+#: scheduler's connector gets each.
+CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {OFFLOAD_HIT: apply_offload_hit_fix}
+
+
+def make_fixes(names: Iterable[str]) -> Callable[[Any], None] | None:
+    """What `LoopOptions(fix=...)` takes to make the named fixes of `FIXES` on one built
+    scheduler (its `Scheduler` edits in one `ScheduleFix`, then its connector's); None for
+    none."""
+    chosen = sorted(set(names))
+    if not chosen:
+        return None
+    schedule = [FIXES[n] for n in chosen if n not in CONNECTOR_FIXES]
+    connector = [CONNECTOR_FIXES[n] for n in chosen if n in CONNECTOR_FIXES]
+    edit = ScheduleFix(*schedule).apply if schedule else None
+
+    def fix(sched: Any) -> None:
+        if edit is not None:
+            edit(sched)
+        for change in connector:
+            change(sched)
+
+    return fix
 
 
 def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,7 +214,7 @@ def loop_options(
         parser.error("--offload-chunks: not with --structured-output")
     names = sorted(set(args.fix or ()))
     options = LoopOptions(
-        fix=ScheduleFix(*(FIXES[n] for n in names)).apply if names else None,
+        fix=make_fixes(names),
         pipeline_parallel_size=args.pipeline_parallel,
         speculative_tokens=args.speculative_tokens,
         speculative_method=args.speculative_method,
@@ -233,4 +260,12 @@ def describe(args: argparse.Namespace) -> str:
     return drafts
 
 
-__all__ = ["FIXES", "GENERATORS", "add_loop_arguments", "describe", "loop_options"]
+__all__ = [
+    "CONNECTOR_FIXES",
+    "FIXES",
+    "GENERATORS",
+    "add_loop_arguments",
+    "describe",
+    "loop_options",
+    "make_fixes",
+]

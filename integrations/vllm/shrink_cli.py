@@ -16,7 +16,7 @@ from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.shrink import SHRINK_BUDGET, Shrunk, Stepped, size
-from integrations.vllm.trace import compact
+from integrations.vllm.trace import compact, elide
 
 #: What `integrations.vllm.shrink.size` counts.
 SIZES = ("requests", "aborts", "tokens")
@@ -88,13 +88,14 @@ def first_failure(
 
 
 def traced_run(run: Callable[[list[str]], object]) -> list[str]:
-    """The lines `run(trace)` appends to its trace, idle runs folded, ending at the violation."""
+    """The lines `run(trace)` appends to its trace, idle runs folded, ending at the violation;
+    a run longer than 80 lines (a hang) keeps its first 60 and its last 20 (`elide`)."""
     trace: list[str] = []
     try:
         run(trace)
     except EngineCoreViolation as err:
         trace.append(f"violation: [{err.rule}] {err.detail}")
-    return compact(trace)
+    return elide(compact(trace))
 
 
 def report(

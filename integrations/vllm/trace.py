@@ -74,6 +74,15 @@ def compact(trace: list[str]) -> list[str]:
     return lines
 
 
+def elide(lines: list[str], head: int = 60, tail: int = 20) -> list[str]:
+    """`lines` with all but the first `head` and the last `tail` said in one line (a hang's
+    run, whose repeating events `compact` cannot fold, would fill a report)."""
+    if len(lines) <= head + tail + 1:
+        return list(lines)
+    left = len(lines) - head - tail
+    return [*lines[:head], f"... {left} lines left out ...", *lines[-tail:]]
+
+
 def _idle(steps: list[int]) -> str:
     first, last = steps[0], steps[-1]
     if first == last:
