@@ -53,12 +53,12 @@ from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink_cli import (
     add_shrink_arguments,
     check_shrink_arguments,
-    first_failure,
+    lifted,
     report,
+    shrink_target,
     traced_run,
 )
 from schedspec_cli.output import output_file, write_json
-from spec.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,29 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replace(drawn, serving=replace(drawn.serving, pipeline_parallel_size=p))
 
     start = time.perf_counter()
-    try:
-        found = first_failure(
-            lambda a: run_dllm_named(served(a), a, names),
-            args.loop,
-            args.rule,
-        )
-    except ConfigError as err:
-        print(f"{name}: vLLM refuses its configuration: {err}")
-        return 0
+    found = shrink_target(name, lambda a: run_dllm_named(served(a), a, names), args.loop, args.rule)
     if found is None:
-        wanted = f" [{args.rule}]" if args.rule else " any rule"
-        print(f"{name} breaks{wanted} in neither loop run: nothing to shrink")
         return 0
     loop, first = found
     async_scheduling = loop == "async"
     program = served(async_scheduling)
-    print(f"{name}: [{first.rule}] {first.detail}")
     fails = dllm_fails_like(async_scheduling, first.rule, names)
     lifting = sorted(set(args.lifted_by or ()) - set(names))
     if lifting:
         fails = dllm_lifted_by(fails, async_scheduling, names + lifting)
-        if not fails(program):
-            print(f"{name} still breaks a rule with {' + '.join(lifting)}: nothing to shrink")
+        if not lifted(name, fails, program, lifting):
             return 0
     result = shrink_dllm(program, fails, budget=args.budget)
     smaller = fails(result.program)

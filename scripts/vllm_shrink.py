@@ -48,12 +48,12 @@ from integrations.vllm.shrink import fails_like, lifted_by, program_source, shri
 from integrations.vllm.shrink_cli import (
     add_shrink_arguments,
     check_shrink_arguments,
-    first_failure,
+    lifted,
     report,
+    shrink_target,
     traced_run,
 )
 from schedspec_cli.output import output_file, write_json
-from spec.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,27 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"program {args.seed} ({args.programs_from}"
     name += f"; fix {' + '.join(names)})" if names else ")"
     start = time.perf_counter()
-    try:
-        found = first_failure(
-            lambda a: run_loop(program, async_scheduling=a, options=options), args.loop, args.rule
-        )
-    except ConfigError as err:
-        print(f"{name}: vLLM refuses its configuration: {err}")
-        return 0
+    found = shrink_target(
+        name, lambda a: run_loop(program, async_scheduling=a, options=options), args.loop, args.rule
+    )
     if found is None:
-        wanted = f" [{args.rule}]" if args.rule else " any rule"
-        print(f"{name} breaks{wanted} in neither loop run: nothing to shrink")
         return 0
     loop, first = found
-    print(f"{name}: [{first.rule}] {first.detail}")
     draws = program_seed(program)
     fails = fails_like(options, loop == "async", first.rule, draws)
     lifting = sorted(set(args.lifted_by or ()) - set(names))
     if lifting:
         fixed = replace(options, fix=make_fixes(names + lifting))
         fails = lifted_by(fails, fixed, loop == "async", draws)
-        if not fails(program):
-            print(f"{name} still breaks a rule with {' + '.join(lifting)}: nothing to shrink")
+        if not lifted(name, fails, program, lifting):
             return 0
     result = shrink(program, fails, budget=args.budget)
     smaller = fails(result.program)

@@ -17,6 +17,7 @@ from typing import Any
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.shrink import SHRINK_BUDGET, Shrunk, Stepped, size
 from integrations.vllm.trace import compact, elide
+from spec.errors import ConfigError
 
 #: What `integrations.vllm.shrink.size` counts.
 SIZES = ("requests", "aborts", "tokens")
@@ -87,6 +88,34 @@ def first_failure(
     return None
 
 
+def shrink_target(
+    name: str, run: Callable[[bool], object], loop: str | None, rule: str | None
+) -> tuple[str, EngineCoreViolation] | None:
+    """`first_failure`, said: the loop and violation to shrink, printed after `name` (the
+    program); None, with the reason printed, when there is nothing to shrink (no rule broken,
+    or a configuration vLLM refuses)."""
+    try:
+        found = first_failure(run, loop, rule)
+    except ConfigError as err:
+        print(f"{name}: vLLM refuses its configuration: {err}")
+        return None
+    if found is None:
+        wanted = f" [{rule}]" if rule else " any rule"
+        print(f"{name} breaks{wanted} in neither loop run: nothing to shrink")
+        return None
+    print(f"{name}: [{found[1].rule}] {found[1].detail}")
+    return found
+
+
+def lifted(name: str, fails: Callable[[Any], object], program: Any, lifting: list[str]) -> bool:
+    """Whether `program` fails as `fails` (already kept to the fixes `lifting`) says; if not,
+    print that it still breaks a rule with them: nothing to shrink."""
+    if fails(program):
+        return True
+    print(f"{name} still breaks a rule with {' + '.join(lifting)}: nothing to shrink")
+    return False
+
+
 def traced_run(run: Callable[[list[str]], object]) -> list[str]:
     """The lines `run(trace)` appends to its trace, idle runs folded, ending at the violation;
     a run longer than 80 lines (a hang) keeps its first 60 and its last 20 (`elide`)."""
@@ -141,7 +170,9 @@ __all__ = [
     "add_shrink_arguments",
     "check_shrink_arguments",
     "first_failure",
+    "lifted",
     "report",
+    "shrink_target",
     "sizes_text",
     "traced_run",
 ]
