@@ -135,6 +135,7 @@ FLAGS = {
     "offload_chunks": "--offload-chunks",
     "offload_outputs": "--offload-outputs",
     "offload_sync_loads": "--offload-sync-loads",
+    "offload_blocks_per_chunk": "--offload-blocks-per-chunk",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -153,6 +154,7 @@ DEFAULTS: dict[str, object] = {
     "offload_chunks": None,
     "offload_outputs": False,
     "offload_sync_loads": False,
+    "offload_blocks_per_chunk": 1,
 }
 
 

@@ -5,7 +5,8 @@
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
-        [--offload-chunks N [--offload-outputs] [--offload-sync-loads]]
+        [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
+         [--offload-blocks-per-chunk B]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -60,7 +61,8 @@ vLLM's own `OffloadingConnector` instead of a fabricated connector: its schedule
 manager over N CPU chunks, its worker fabricated (`integrations.vllm.offloading_worker`: stores
 deferred a step, flushes waited for, jobs done 0 to 2 steps later, what each block and chunk
 holds moved with them); `--offload-outputs` offloads generated tokens' blocks too and
-`--offload-sync-loads` lets hits load synchronously. Exit 1 if a program failed. Needs
+`--offload-sync-loads` lets hits load synchronously, `--offload-blocks-per-chunk B` makes a CPU
+chunk hold B GPU blocks. Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -129,6 +131,7 @@ COUNTS = (
     "offload_loads",
     "offload_sync_loads",
     "offload_loaded_blocks",
+    "offload_mid_chunk_loads",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -163,6 +166,7 @@ MEANING = {
     "offload_loads": "load jobs of vLLM's OffloadingConnector",
     "offload_sync_loads": "of those, synchronous",
     "offload_loaded_blocks": "GPU blocks those jobs wrote",
+    "offload_mid_chunk_loads": "of the loads, those starting inside a chunk",
 }
 
 
@@ -226,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "offload_chunks": args.offload_chunks,
                 "offload_outputs": args.offload_outputs,
                 "offload_sync_loads": args.offload_sync_loads,
+                "offload_blocks_per_chunk": args.offload_blocks_per_chunk,
             },
         )
     return 1 if tally.failures else 0

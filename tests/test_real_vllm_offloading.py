@@ -28,7 +28,11 @@ from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
-from tests.vllm_seeded_bugs import offload_flush_dropped, offload_load_off_by_one
+from tests.vllm_seeded_bugs import (
+    offload_flush_dropped,
+    offload_load_from_chunk_start,
+    offload_load_off_by_one,
+)
 
 #: Generated programs each test runs through both loops.
 PROGRAMS = 24
@@ -184,6 +188,49 @@ def test_checks_catch_each_seeded_bug(mutant: Callable[[Any], None], rule: str, 
                 assert words in err.detail and "job" in err.detail, err
                 return
     pytest.fail(f"no program failed [{rule}]; failures seen: {seen}")
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [2, 3])
+def test_chunks_of_several_blocks_pass_and_loads_start_inside_them(blocks_per_chunk: int) -> None:
+    """With CPU chunks of 2 or 3 GPU blocks (vLLM's `blocks_per_chunk`: a chunk stored whole,
+    keyed by its last block) every shared-prompt program passes both loops with the fix, and
+    some loads start inside a chunk (the request computed its first blocks itself), where the
+    load's `block_indices` says which block of the chunk comes first."""
+    options = LoopOptions(
+        offload_chunks=8,
+        offload_outputs=True,
+        offload_blocks_per_chunk=blocks_per_chunk,
+        fix=make_fixes(["no-pointless-hit"]),
+    )
+    totals: Counter[str] = Counter()
+    for seed in range(300):  # loads that start inside a chunk are rare: 8 of 393 at 2 blocks
+        program = shared_prompt_program(seed)
+        for async_scheduling in (False, True):
+            run = run_loop(program, async_scheduling=async_scheduling, options=options)
+            totals["stores"] += run.offload_stores
+            totals["mid"] += run.offload_mid_chunk_loads
+    assert totals["stores"] > 0 and totals["mid"] > 0, totals
+
+
+def test_a_load_told_to_start_at_its_chunks_first_block_is_caught() -> None:
+    """The chunk offset has teeth: a seeded bug that reports every load as starting at a
+    chunk's first block makes a load that starts inside one write each block with another
+    block's KV, which the request then reads (`cache_hit_written` or `kv_written`)."""
+    options = LoopOptions(
+        offload_chunks=8,
+        offload_outputs=True,
+        offload_blocks_per_chunk=2,
+        fix=make_fixes(["no-pointless-hit"]),
+        mutate=offload_load_from_chunk_start,
+    )
+    for seed in range(5 * PROGRAMS):
+        try:
+            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
+        except EngineCoreViolation as err:
+            assert err.rule in ("cache_hit_written", "kv_written"), err
+            assert "wrote block" in err.detail, err
+            return
+    pytest.fail("no program caught the load told to start at its chunk's first block")
 
 
 def _one_token_program(block_size: int) -> CoreProgram:

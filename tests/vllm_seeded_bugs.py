@@ -140,6 +140,25 @@ def offload_flush_dropped(sched: Any) -> None:
     connector._build_connector_meta = build
 
 
+def offload_load_from_chunk_start(sched: Any) -> None:
+    """Seeded bug (vLLM's offloading connector, chunks of several blocks): a load's
+    `block_indices` says it starts at a chunk's first block even where the request computed
+    that chunk's first blocks itself, so a load that starts inside a chunk writes each block
+    with its neighbour's KV."""
+    connector = sched.connector.connector_scheduler
+    original = connector.update_state_after_alloc
+    per = connector.config.blocks_per_chunk
+
+    def update_state_after_alloc(request: Any, blocks: Any, num_external_tokens: int) -> Any:
+        result = original(request, blocks, num_external_tokens)
+        for job in connector._current_batch_load_jobs.values():
+            spec = job.dst_spec
+            spec.block_indices = [i - i % per for i in spec.block_indices]
+        return result
+
+    connector.update_state_after_alloc = update_state_after_alloc
+
+
 def offload_load_off_by_one(sched: Any) -> None:
     """Seeded bug (vLLM's offloading connector): every load reads the CPU chunk after the one
     its key was stored in."""

@@ -728,7 +728,8 @@ def _kv_transfer_config(cfg: Any, policy: str, role: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class OffloadingOptions:
     """vLLM's own KV offloading (`OffloadingConnector` with its `CPUOffloadingSpec`, the CPU
-    manager's LRU policy): `chunks` CPU chunks of one GPU block each (vLLM sizes the store by
+    manager's LRU policy): `chunks` CPU chunks of `blocks_per_chunk` GPU blocks each (vLLM's
+    `blocks_per_chunk`; a chunk is stored whole and keyed by its last block; vLLM sizes the store by
     `cpu_bytes_to_use`; this sets the bytes that make `chunks`), `outputs` also offloads the
     blocks of generated tokens (vLLM's `offload_prompt_only` False; by default only prompt
     blocks), `sync_loads` lets a hit load in the forward of the step that schedules it (a
@@ -738,10 +739,13 @@ class OffloadingOptions:
     chunks: int
     outputs: bool = False
     sync_loads: bool = False
+    blocks_per_chunk: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
-            raise ConfigError("offloading.chunks", self.chunks, "an integer >= 1 (CPU chunks)")
+        for name in ("chunks", "blocks_per_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"offloading.{name}", value, "an integer >= 1")
 
 
 #: The bytes one CPU chunk of the fabricated model takes: K and V, one head of size 1, float32
@@ -753,7 +757,7 @@ def _offloading_config(cfg: Any, options: OffloadingOptions, block_size: int) ->
     """vLLM's `KVTransferConfig` for its `OffloadingConnector` over a CPU store of
     `options.chunks` chunks."""
     page = mmap.PAGESIZE
-    chunk_bytes = -(-(_KV_BYTES_PER_TOKEN * block_size) // page) * page
+    chunk_bytes = -(-(_KV_BYTES_PER_TOKEN * block_size * options.blocks_per_chunk) // page) * page
     return cfg.KVTransferConfig(
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
@@ -761,6 +765,7 @@ def _offloading_config(cfg: Any, options: OffloadingOptions, block_size: int) ->
             "cpu_bytes_to_use": options.chunks * chunk_bytes,
             "offload_prompt_only": not options.outputs,
             "sync_load_budget_bytes": (1 << 40) if options.sync_loads else 0,
+            "blocks_per_chunk": options.blocks_per_chunk,
         },
     )
 

@@ -207,6 +207,7 @@ class CoreRun:
     offload_loads: int = 0  # load jobs of vLLM's offloading connector
     offload_sync_loads: int = 0  # of those, synchronous
     offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
+    offload_mid_chunk_loads: int = 0  # of those loads, those starting inside a CPU chunk
 
 
 @dataclass
@@ -760,7 +761,8 @@ class LoopOptions:
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
     if given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a
     CPU store of that many chunks (`offload_outputs`: generated tokens' blocks too;
-    `offload_sync_loads`: hits may load synchronously), its worker
+    `offload_sync_loads`: hits may load synchronously; `offload_blocks_per_chunk`: GPU blocks
+    a CPU chunk holds), its worker
     `integrations.vllm.offloading_worker`'s. The speculative model and the connector's store
     draw from `draw_seed`, by default
     a hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
@@ -785,6 +787,7 @@ class LoopOptions:
     offload_chunks: int | None = None
     offload_outputs: bool = False
     offload_sync_loads: bool = False
+    offload_blocks_per_chunk: int = 1
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -828,16 +831,23 @@ class LoopOptions:
         """vLLM's own offloading connector as `offload_chunks` (None: not served),
         `offload_outputs` and `offload_sync_loads` say."""
         if self.offload_chunks is None:
-            if self.offload_outputs or self.offload_sync_loads:
+            if (
+                self.offload_outputs
+                or self.offload_sync_loads
+                or self.offload_blocks_per_chunk != 1
+            ):
                 raise ConfigError(
                     "offload_chunks",
                     None,
-                    "an int >= 1 with offload_outputs or offload_sync_loads (they are options "
-                    "of vLLM's offloading connector)",
+                    "an int >= 1 with offload_outputs, offload_sync_loads or "
+                    "offload_blocks_per_chunk (they are options of vLLM's offloading connector)",
                 )
             return None
         return OffloadingOptions(
-            self.offload_chunks, outputs=self.offload_outputs, sync_loads=self.offload_sync_loads
+            self.offload_chunks,
+            outputs=self.offload_outputs,
+            sync_loads=self.offload_sync_loads,
+            blocks_per_chunk=self.offload_blocks_per_chunk,
         )
 
 

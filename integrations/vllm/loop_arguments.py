@@ -183,6 +183,14 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "offload_prompt_only False)",
     )
     parser.add_argument(
+        "--offload-blocks-per-chunk",
+        type=int,
+        default=1,
+        metavar="B",
+        help="with --offload-chunks: GPU blocks a CPU chunk holds (vLLM's blocks_per_chunk; "
+        "default 1)",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -208,8 +216,15 @@ def loop_options(
         parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
     if args.offload_chunks is not None and (args.offload_chunks < 1 or args.kv_connector):
         parser.error("--offload-chunks: an int >= 1, not with --kv-connector")
-    if args.offload_chunks is None and (args.offload_outputs or args.offload_sync_loads):
-        parser.error("--offload-outputs and --offload-sync-loads need --offload-chunks")
+    if args.offload_chunks is None and (
+        args.offload_outputs or args.offload_sync_loads or args.offload_blocks_per_chunk != 1
+    ):
+        parser.error(
+            "--offload-outputs, --offload-sync-loads and --offload-blocks-per-chunk need "
+            "--offload-chunks"
+        )
+    if args.offload_blocks_per_chunk < 1:
+        parser.error("--offload-blocks-per-chunk: an int >= 1")
     if args.offload_chunks is not None and args.structured_output:
         parser.error("--offload-chunks: not with --structured-output")
     names = sorted(set(args.fix or ()))
@@ -231,6 +246,7 @@ def loop_options(
         offload_chunks=args.offload_chunks,
         offload_outputs=args.offload_outputs,
         offload_sync_loads=args.offload_sync_loads,
+        offload_blocks_per_chunk=args.offload_blocks_per_chunk,
     )
     return options, names
 
@@ -256,7 +272,11 @@ def describe(args: argparse.Namespace) -> str:
     if args.offload_chunks:
         what = "prompt and output blocks" if args.offload_outputs else "prompt blocks"
         sync = ", synchronous loads" if args.offload_sync_loads else ""
-        drafts += f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks, {what}{sync})"
+        per = args.offload_blocks_per_chunk
+        size = f" of {per} blocks" if per > 1 else ""
+        drafts += (
+            f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks{size}, {what}{sync})"
+        )
     return drafts
 
 

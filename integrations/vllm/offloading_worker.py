@@ -61,6 +61,7 @@ class OffloadingCounts:
     offload_loads: int = 0  # load jobs vLLM issued
     offload_sync_loads: int = 0  # of those, synchronous
     offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
+    offload_mid_chunk_loads: int = 0  # of the loads, those starting inside a chunk
 
 
 @dataclass
@@ -76,15 +77,16 @@ class _Job:
 @dataclass
 class OffloadingWorker:
     """The fabricated worker over `writes` (what each GPU block holds, by the loop's record),
-    `connector` (vLLM's `OffloadingConnectorScheduler`, read for a job's keys) and `seed` (the
-    jobs' delays). `chunks`: what each CPU chunk holds, as `writes` says a block does."""
+    `connector` (vLLM's `OffloadingConnectorScheduler`, read for a job's keys and its blocks
+    per chunk) and `seed` (the jobs' delays). `chunks`: what each CPU chunk holds, block by
+    block, as `writes` says a block does."""
 
     writes: CacheWrites
     connector: Any
     seed: int
     outputs: Any  # vllm.v1.outputs
     log: Callable[[str], None] | None = None
-    chunks: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    chunks: dict[int, tuple[tuple[Any, int], ...]] = field(default_factory=dict)
     counts: OffloadingCounts = field(default_factory=OffloadingCounts)
     _deferred: list[_Job] = field(default_factory=list)
     _in_flight: dict[int, _Job] = field(default_factory=dict)
@@ -177,43 +179,69 @@ class OffloadingWorker:
     def _complete(self, held: _Job) -> None:
         """Do the job's transfer now: a store reads its blocks into its chunks, a load writes
         its chunks into its blocks."""
-        keys = self._key_hashes(held.job_id)
-        src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
         if held.load:
-            for chunk, block in zip(src, dst, strict=True):
-                content = self.chunks.get(chunk)
-                if content is None or self._hash(content) not in keys:
-                    what = (
-                        "no finished store filled it"
-                        if content is None
-                        else "it holds "
-                        + (f"block {content[1]} of {content[0].request_id!r}, not a key of the job")
-                    )
-                    raise EngineCoreViolation(
-                        "load_content",
-                        f"load job {held.job_id} of {held.job.req_id!r} reads chunk {chunk} into "
-                        f"block {block}, but {what}",
-                    )
-                self.writes.written[block] = content
-            self.counts.offload_loaded_blocks += len(dst)
+            self._load(held)
         else:
-            for block, chunk in zip(src, dst, strict=True):
-                content = self.writes.written.get(block)
-                if content is None or self._hash(content) not in keys:
-                    what = (
-                        "no batch or load wrote it"
-                        if content is None
-                        else f"it holds block {content[1]} of {content[0].request_id!r}"
-                    )
-                    raise EngineCoreViolation(
-                        "store_content",
-                        f"store job {held.job_id} of {held.job.req_id!r} reads block {block} "
-                        f"into chunk {chunk}, but {what}, not the KV of a key it stores",
-                    )
-                self.chunks[chunk] = content
-            self.counts.offload_stored_blocks += len(src)
+            self._store(held)
         self._done.append(held)
         self.say(f"{'load' if held.load else 'store'} job {held.job_id} done")
+
+    def _store(self, held: _Job) -> None:
+        """A chunk holds `per` consecutive blocks; each stored chunk's blocks come in order
+        (the connector skips no block of a full-attention chunk)."""
+        keys, per = self._key_hashes(held.job_id), self._blocks_per_chunk
+        src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
+        if len(src) != per * len(dst):
+            raise EngineCoreViolation(
+                "store_content",
+                f"store job {held.job_id} of {held.job.req_id!r} reads {len(src)} blocks into "
+                f"{len(dst)} chunks of {per} blocks",
+            )
+        for i, chunk in enumerate(dst):
+            blocks = src[i * per : (i + 1) * per]
+            contents = [self.writes.written.get(block) for block in blocks]
+            wrong = _chunk_fault(contents, keys)
+            if wrong is not None:
+                j, what = wrong
+                raise EngineCoreViolation(
+                    "store_content",
+                    f"store job {held.job_id} of {held.job.req_id!r} reads block {blocks[j]} "
+                    f"into chunk {chunk}, but {what}",
+                )
+            self.chunks[chunk] = tuple(c for c in contents if c is not None)
+        self.counts.offload_stored_blocks += len(src)
+
+    def _load(self, held: _Job) -> None:
+        """The blocks a load writes are the request's blocks from `block_indices[0]` on; when
+        that is inside a chunk, the load starts at that block of the first chunk."""
+        keys, per = self._key_hashes(held.job_id), self._blocks_per_chunk
+        src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
+        offset = int(held.job.dst_spec.block_indices[0]) % per
+        self.counts.offload_mid_chunk_loads += offset > 0
+        for chunk in src:
+            held_there = self.chunks.get(chunk)
+            what = (
+                "no finished store filled it"
+                if held_there is None
+                else None
+                if _hash(held_there[-1]) in keys
+                else f"it holds block {held_there[-1][1]} of {held_there[-1][0].request_id!r} "
+                "last, not a key of the job"
+            )
+            if what is not None:
+                raise EngineCoreViolation(
+                    "load_content",
+                    f"load job {held.job_id} of {held.job.req_id!r} reads chunk {chunk}, but "
+                    f"{what}",
+                )
+        for j, block in enumerate(dst):
+            chunk = src[(offset + j) // per]
+            self.writes.written[block] = self.chunks[chunk][(offset + j) % per]
+        self.counts.offload_loaded_blocks += len(dst)
+
+    @property
+    def _blocks_per_chunk(self) -> int:
+        return int(self.connector.config.blocks_per_chunk)
 
     def _key_hashes(self, job_id: int) -> set[bytes]:
         """The block hashes of the keys job `job_id` moves, as the connector recorded them."""
@@ -225,11 +253,37 @@ class OffloadingWorker:
         base = importlib.import_module("vllm.v1.kv_offload.base")
         return {bytes(base.get_offload_block_hash(key)) for key in status.keys}
 
-    @staticmethod
-    def _hash(content: tuple[Any, int]) -> bytes | None:
-        request, index = content
-        hashes = request.block_hashes
-        return bytes(hashes[index]) if index < len(hashes) else None
+
+def _hash(content: tuple[Any, int]) -> bytes | None:
+    """The block hash of block `index` of `request` (`content`), None past its hashed blocks."""
+    request, index = content
+    hashes = request.block_hashes
+    return bytes(hashes[index]) if index < len(hashes) else None
+
+
+def _chunk_fault(
+    contents: list[tuple[Any, int] | None], keys: set[bytes]
+) -> tuple[int, str] | None:
+    """Why a chunk read from blocks holding `contents` is not the KV of one of `keys` (the
+    position of the first wrong block and what it holds), or None. A key is the block hash of
+    its chunk's last block, and block hashes chain, so the last block's content must have one
+    of `keys` as hash and each block before it the hash of the same request's block before."""
+    last = contents[-1]
+    if last is None or _hash(last) not in keys:
+        j = len(contents) - 1
+        return j, _what(last, "not the KV of a key it stores")
+    request, index = last
+    for j, content in enumerate(contents):
+        want = index - (len(contents) - 1 - j)
+        if content is None or want < 0 or _hash(content) != bytes(request.block_hashes[want]):
+            return j, _what(content, f"not block {want} of {request.request_id!r}, as its key says")
+    return None
+
+
+def _what(content: tuple[Any, int] | None, after: str) -> str:
+    if content is None:
+        return f"no batch or load wrote it, {after}"
+    return f"it holds block {content[1]} of {content[0].request_id!r}, {after}"
 
 
 def _ids(spec: Any) -> list[int]:
