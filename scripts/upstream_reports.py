@@ -136,6 +136,7 @@ FLAGS = {
     "offload_outputs": "--offload-outputs",
     "offload_sync_loads": "--offload-sync-loads",
     "offload_blocks_per_chunk": "--offload-blocks-per-chunk",
+    "cache_resets": "--cache-resets",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -155,6 +156,7 @@ DEFAULTS: dict[str, object] = {
     "offload_outputs": False,
     "offload_sync_loads": False,
     "offload_blocks_per_chunk": 1,
+    "cache_resets": False,
 }
 
 

@@ -6,7 +6,7 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
-         [--offload-blocks-per-chunk B]]
+         [--offload-blocks-per-chunk B]] [--cache-resets]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -18,30 +18,28 @@ the checks of `integrations.vllm.engine_core`; prints the failures (rule, loop a
 for each the `scripts/vllm_shrink.py` command that shrinks its first program under the same
 options, and how often the asynchronous paths were taken. The programs are
 `integrations.vllm.engine_core.core_program(seed)` (`random`, the whole of vLLM's space) or
-`integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where
-a request is preempted in the step that scheduled it) or
+`integrations.vllm.same_step_programs.same_step_program(seed)` (`same-step`, narrowed to where a
+request is preempted in the step that scheduled it) or
 `integrations.vllm.shared_prompt_programs.shared_prompt_program(seed)` (`shared-prompts`: the
 random programs with half the prompts of every program, not only the prefix-caching ones,
-prefixes of one shared prompt, so the offload store is hit). `--fix uncache-preempted` applies that
-candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
+prefixes of one shared prompt, so the offload store is hit). `--fix uncache-preempted` applies
+that candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
 `draft_model` reserve lookahead slots and let the async loop skip drafting; vLLM refuses a
-budget no larger than the lookahead, and such programs are reported as refused);
-`--fix pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`), and
-with a KV connector `--fix cap-draft-margin` that of the draft margin an asynchronous load is
-admitted with (`integrations.vllm.draft_margin_fix`).
-`--fix` may be repeated: the fixes are then made in
-one `Scheduler.schedule`.
-`--structured-output` gives every other request of both loops structured output
-(`integrations.vllm.structured`: its grammar admits the request's own tokens; the model runner
-checks each bitmask row it samples under, `grammar_mask`, and the drafts vLLM schedules for
-such a request, `draft_grammar`); `--keyed-drafts` makes the runner hand back every request's
-latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's hand-off);
-`--late-grammars` compiles each grammar 0-3 engine steps after submission, and one in six not
-at all (`integrations.vllm.structured.LateGrammars`); `--reasoning` gives each guided request
-1-3 reasoning tokens and a reasoning end before its guided content, with a reasoning parser
-that holds the grammar back until then (`integrations.vllm.structured.reasoner_class`).
+budget no larger than the lookahead, and such programs are reported as refused); `--fix
+pad-what-fits` applies the fix of its finding (`integrations.vllm.spec_pad_fix`), and with a KV
+connector `--fix cap-draft-margin` that of the draft margin an asynchronous load is admitted
+with (`integrations.vllm.draft_margin_fix`). `--fix` may be repeated: the fixes are then made in
+one `Scheduler.schedule`. `--structured-output` gives every other request of both loops
+structured output (`integrations.vllm.structured`: its grammar admits the request's own tokens;
+the model runner checks each bitmask row it samples under, `grammar_mask`, and the drafts vLLM
+schedules for such a request, `draft_grammar`); `--keyed-drafts` makes the runner hand back
+every request's latest drafts for a deferred batch instead of the last batch's (vLLM PR #56802's
+hand-off); `--late-grammars` compiles each grammar 0-3 engine steps after submission, and one in
+six not at all (`integrations.vllm.structured.LateGrammars`); `--reasoning` gives each guided
+request 1-3 reasoning tokens and a reasoning end before its guided content, with a reasoning
+parser that holds the grammar back until then (`integrations.vllm.structured.reasoner_class`).
 `--kv-connector POLICY` serves both loops with a KV connector (`integrations.vllm.kv_connector`:
 a remote store holding none, half or all of each prompt, loaded between steps or, for one
 request in three, in the forward of the step that schedules it, every other request's KV sent
@@ -49,20 +47,21 @@ when it finishes, one load in three failing as a whole or in one block) under vL
 `kv_load_failure_policy` POLICY; `--kv-async-loads-only` leaves out the synchronous loads,
 `--kv-store offload` serves a content-addressed store instead
 (`integrations.vllm.offload_store`: what finished requests stored, lookups put off while a hit
-block is being stored or loaded; `--kv-store-blocks N` bounds it at N blocks, evicting the
-least recently used that no load pins, and refusing a store that still does not fit).
+block is being stored or loaded; `--kv-store-blocks N` bounds it at N blocks, evicting the least
+recently used that no load pins, and refusing a store that still does not fit).
 `--kv-pending-lookups` has the store answer one request in four "ask again later" at its first
-one or two lookups, and `--fix drop-stale-reservation`,
-`requeue-failed-load`, `evict-failed-blocks`, `every-sharer-recomputes`,
-`stale-after-failed-load` and `evict-ended-loader-blocks` apply the fixes of its findings
-(`integrations.vllm.kv_load_fixes`). `--pipeline-parallel P` runs the asynchronous loop with P
-pipeline stages (vLLM's V2 model runner, a batch queue of P + 1). `--offload-chunks N` serves
-vLLM's own `OffloadingConnector` instead of a fabricated connector: its scheduler side and CPU
-manager over N CPU chunks, its worker fabricated (`integrations.vllm.offloading_worker`: stores
-deferred a step, flushes waited for, jobs done 0 to 2 steps later, what each block and chunk
-holds moved with them); `--offload-outputs` offloads generated tokens' blocks too and
-`--offload-sync-loads` lets hits load synchronously, `--offload-blocks-per-chunk B` makes a CPU
-chunk hold B GPU blocks. Exit 1 if a program failed. Needs
+one or two lookups, and `--fix drop-stale-reservation`, `requeue-failed-load`,
+`evict-failed-blocks`, `every-sharer-recomputes`, `stale-after-failed-load` and
+`evict-ended-loader-blocks` apply the fixes of its findings (`integrations.vllm.kv_load_fixes`).
+`--pipeline-parallel P` runs the asynchronous loop with P pipeline stages (vLLM's V2 model
+runner, a batch queue of P + 1). `--offload-chunks N` serves vLLM's own `OffloadingConnector`
+instead of a fabricated connector: its scheduler side and CPU manager over N CPU chunks, its
+worker fabricated (`integrations.vllm.offloading_worker`: stores deferred a step, flushes waited
+for, jobs done 0 to 2 steps later, what each block and chunk holds moved with them);
+`--offload-outputs` offloads generated tokens' blocks too and `--offload-sync-loads` lets hits
+load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU blocks.
+`--cache-resets` resets the prefix cache and the connector's cache before one engine step in 16
+(vLLM's `reset_prefix_cache(reset_connector=True)`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -132,6 +131,8 @@ COUNTS = (
     "offload_sync_loads",
     "offload_loaded_blocks",
     "offload_mid_chunk_loads",
+    "cache_resets",
+    "cache_resets_done",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -167,6 +168,8 @@ MEANING = {
     "offload_sync_loads": "of those, synchronous",
     "offload_loaded_blocks": "GPU blocks those jobs wrote",
     "offload_mid_chunk_loads": "of the loads, those starting inside a chunk",
+    "cache_resets": "prefix-cache and connector resets",
+    "cache_resets_done": "of those, done by vLLM (no KV in use)",
 }
 
 
@@ -231,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "offload_outputs": args.offload_outputs,
                 "offload_sync_loads": args.offload_sync_loads,
                 "offload_blocks_per_chunk": args.offload_blocks_per_chunk,
+                "cache_resets": args.cache_resets,
             },
         )
     return 1 if tally.failures else 0

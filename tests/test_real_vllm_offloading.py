@@ -32,6 +32,7 @@ from tests.vllm_seeded_bugs import (
     offload_flush_dropped,
     offload_load_from_chunk_start,
     offload_load_off_by_one,
+    offload_reset_without_flush,
 )
 
 #: Generated programs each test runs through both loops.
@@ -233,6 +234,56 @@ def test_a_load_told_to_start_at_its_chunks_first_block_is_caught() -> None:
     pytest.fail("no program caught the load told to start at its chunk's first block")
 
 
+def test_cache_resets_between_steps_pass_and_are_fenced() -> None:
+    """With the prefix cache and the connector's cache reset before one engine step in 16
+    (requests running, stores and loads in flight), every shared-prompt program passes both
+    loops with the fix: the reset flushes the jobs in flight before new stores can take the
+    chunks it freed. Resets happen, and some are done by the prefix cache too."""
+    options = LoopOptions(
+        offload_chunks=16,
+        offload_outputs=True,
+        cache_resets=True,
+        fix=make_fixes(["no-pointless-hit"]),
+    )
+    totals: Counter[str] = Counter()
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = run_loop(
+                shared_prompt_program(seed), async_scheduling=async_scheduling, options=options
+            )
+            totals["resets"] += run.cache_resets
+            totals["done"] += run.cache_resets_done
+            totals["flushes"] += run.offload_flushes
+    assert totals["resets"] > 0 and totals["done"] > 0 and totals["flushes"] > 0, totals
+
+
+def test_a_reset_that_drops_its_jobs_unflushed_is_caught() -> None:
+    """The fence has teeth: a seeded bug whose reset drops the jobs in flight without
+    flushing them lets a store from before the reset write a chunk the reset freed, read by
+    `store_content` or `load_content`."""
+    options = LoopOptions(
+        offload_chunks=16,
+        offload_outputs=True,
+        cache_resets=True,
+        fix=make_fixes(["no-pointless-hit"]),
+        mutate=offload_reset_without_flush,
+    )
+    for seed in range(2 * PROGRAMS):
+        try:
+            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
+        except EngineCoreViolation as err:
+            assert err.rule in ("store_content", "load_content"), err
+            assert "chunk" in err.detail, err
+            return
+    pytest.fail("no program caught the reset that drops its jobs unflushed")
+
+
+def test_cache_resets_are_refused_with_schedspecs_connector() -> None:
+    with pytest.raises(ConfigError) as err:
+        EngineCoreLoop(CONFIG, async_scheduling=False, kv_connector="recompute", cache_resets=True)
+    assert err.value.field == "cache_resets"
+
+
 def _one_token_program(block_size: int) -> CoreProgram:
     """r0, a one-token prompt, finishes and its block is offloaded; r1, the same prompt, comes
     three steps later and hits it."""
@@ -307,11 +358,14 @@ def test_the_check_script_runs_vllms_offloading_and_refuses_bad_combinations(
         ["--offload-chunks", "4", "--kv-connector", "recompute"],
         ["--offload-outputs"],
         ["--offload-chunks", "4", "--structured-output"],
+        ["--offload-blocks-per-chunk", "2"],
+        ["--cache-resets", "--kv-connector", "recompute"],
     ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
-        assert "offload" in capsys.readouterr().err.splitlines()[-1], bad
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert "offload" in last or "--cache-resets" in last, bad
 
 
 # ---------------------------------------------------------------- the finding's fix

@@ -171,3 +171,17 @@ def offload_load_off_by_one(sched: Any) -> None:
         return spec
 
     manager.prepare_load = prepare_load
+
+
+def offload_reset_without_flush(sched: Any) -> None:
+    """Seeded bug (vLLM's offloading connector): a cache reset drops the jobs in flight
+    without flushing them, so a store from before the reset writes a chunk the reset freed
+    for new keys."""
+    connector = sched.connector.connector_scheduler
+    original = connector._reset_cache
+
+    def reset() -> None:
+        original()
+        connector._current_batch_jobs_to_flush.clear()
+
+    connector._reset_cache = reset

@@ -208,6 +208,8 @@ class CoreRun:
     offload_sync_loads: int = 0  # of those, synchronous
     offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
     offload_mid_chunk_loads: int = 0  # of those loads, those starting inside a CPU chunk
+    cache_resets: int = 0  # prefix-cache and connector resets between engine steps
+    cache_resets_done: int = 0  # of those, the ones vLLM reported done (no KV in use)
 
 
 @dataclass
@@ -221,6 +223,8 @@ class _Counts(LoopCounts):
     grammar_errors: int = 0
     aborted_loading: int = 0
     load_errors: int = 0
+    cache_resets: int = 0
+    cache_resets_done: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -262,6 +266,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_store: str = "draws",
         kv_store_blocks: int | None = None,
         offloading: OffloadingOptions | None = None,
+        cache_resets: bool = False,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -271,6 +276,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "None with structured_output (a batch sampled late is not modelled with "
                 "offloading's per-step transfers)",
             )
+        if cache_resets and kv_connector is not None:
+            raise ConfigError(
+                "cache_resets",
+                cache_resets,
+                "False with kv_connector (schedspec's connectors keep no cache to reset; "
+                "vLLM's offloading connector does)",
+            )
+        #: Reset the prefix cache and the connector's before one engine step in 16.
+        self.cache_resets: bool = cache_resets
+        self._reset_seed = draft_seed
         space = SPACE_PREFIX if config.enable_prefix_caching else SPACE
         self.impl: RealVllmScheduler = RealVllmScheduler(
             config,
@@ -424,6 +439,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
         self._put_off.clear()
+        self._maybe_reset()
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
         self.record_running()
@@ -602,6 +618,22 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             drafts = self.model.drafts(out)
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
 
+    def _maybe_reset(self) -> None:
+        """With `cache_resets`, before one engine step in 16 (a hash of the seed and the step)
+        reset the prefix cache and the connector's cache, as vLLM's `reset_prefix_cache(
+        reset_connector=True)` does after a weight update: between steps, with requests
+        running and transfers in flight. vLLM resets the prefix cache only when no KV is in
+        use; the connector's it resets anyway."""
+        step = self.n.engine_steps
+        if not self.cache_resets or zlib.crc32(f"{self._reset_seed}/reset/{step}".encode()) % 16:
+            return
+        done = call_vllm(
+            "reset_prefix_cache", lambda: self.sched.reset_prefix_cache(reset_connector=True)
+        )
+        self.n.cache_resets += 1
+        self.n.cache_resets_done += bool(done)
+        self.note(f"reset the prefix cache and the connector's ({'done' if done else 'not done'})")
+
     def lookup_put_off(self, rid: str) -> bool:
         """Whether the connector's latest lookup of `rid` said "ask again later"."""
         if self.offload is not None:
@@ -758,15 +790,15 @@ class LoopOptions:
     `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
     (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
     first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
-    `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks
-    if given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a
-    CPU store of that many chunks (`offload_outputs`: generated tokens' blocks too;
-    `offload_sync_loads`: hits may load synchronously; `offload_blocks_per_chunk`: GPU blocks
-    a CPU chunk holds), its worker
-    `integrations.vllm.offloading_worker`'s. The speculative model and the connector's store
-    draw from `draw_seed`, by default
-    a hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
-    original program's while it changes the program. With `trace` (a list) the loop appends a
+    `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks if
+    given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a CPU
+    store of that many chunks (`offload_outputs`: generated tokens' blocks too;
+    `offload_sync_loads`: hits may load synchronously; `offload_blocks_per_chunk`: GPU blocks a
+    CPU chunk holds), its worker `integrations.vllm.offloading_worker`'s; `cache_resets` resets
+    the prefix cache and the connector's before one engine step in 16, as a weight update does.
+    The speculative model and the connector's store draw from `draw_seed`, by default a hash of
+    the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the original
+    program's while it changes the program. With `trace` (a list) the loop appends a
     line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
@@ -788,6 +820,7 @@ class LoopOptions:
     offload_outputs: bool = False
     offload_sync_loads: bool = False
     offload_blocks_per_chunk: int = 1
+    cache_resets: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -822,6 +855,7 @@ class LoopOptions:
             kv_store=self.kv_store,
             kv_store_blocks=self.kv_store_blocks,
             offloading=self.offloading,
+            cache_resets=self.cache_resets,
             trace=self.trace,
         )
         return loop.run(program)

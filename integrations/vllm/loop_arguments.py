@@ -191,6 +191,13 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "default 1)",
     )
     parser.add_argument(
+        "--cache-resets",
+        action="store_true",
+        help="reset the prefix cache and the connector's cache before one engine step in 16, "
+        "with requests running and transfers in flight, as vLLM's reset_prefix_cache("
+        "reset_connector=True) after a weight update; not with --kv-connector",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -223,6 +230,8 @@ def loop_options(
             "--offload-outputs, --offload-sync-loads and --offload-blocks-per-chunk need "
             "--offload-chunks"
         )
+    if args.cache_resets and args.kv_connector:
+        parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
         parser.error("--offload-blocks-per-chunk: an int >= 1")
     if args.offload_chunks is not None and args.structured_output:
@@ -247,6 +256,7 @@ def loop_options(
         offload_outputs=args.offload_outputs,
         offload_sync_loads=args.offload_sync_loads,
         offload_blocks_per_chunk=args.offload_blocks_per_chunk,
+        cache_resets=args.cache_resets,
     )
     return options, names
 
@@ -277,6 +287,8 @@ def describe(args: argparse.Namespace) -> str:
         drafts += (
             f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks{size}, {what}{sync})"
         )
+    if args.cache_resets:
+        drafts += "; cache resets"
     return drafts
 
 

@@ -71,6 +71,7 @@ class _Job:
     job_id: int
     job: Any
     load: bool
+    keys: frozenset[bytes]  # the block hashes of the keys it moves, as the connector said
     due: int | None = None  # the step whose `get_finished` reports it (None: not submitted)
 
 
@@ -108,7 +109,7 @@ class OffloadingWorker:
         for job_id in sorted(flush):
             job = meta.store_jobs.pop(job_id, None)
             if job is not None:
-                self._deferred.append(_Job(job_id, job, load=False))
+                self._deferred.append(self._job(job_id, job, load=False))
         self._submit(self._deferred)
         self._deferred = []
         if flush:
@@ -118,7 +119,7 @@ class OffloadingWorker:
                 held = self._in_flight.pop(job_id, None)
                 if held is not None:
                     self._complete(held)
-        loads = [_Job(i, j, load=True) for i, j in sorted(meta.load_jobs.items())]
+        loads = [self._job(i, j, load=True) for i, j in sorted(meta.load_jobs.items())]
         self._submit(loads)
         for held in loads:
             self.counts.offload_loads += 1
@@ -131,7 +132,7 @@ class OffloadingWorker:
         `KVConnectorOutput`."""
         if meta is not None:
             for job_id, job in sorted(meta.store_jobs.items()):
-                self._deferred.append(_Job(job_id, job, load=False))
+                self._deferred.append(self._job(job_id, job, load=False))
                 self.counts.offload_stores += 1
                 self.say(
                     f"store job {job_id} of {job.req_id}: blocks "
@@ -189,7 +190,7 @@ class OffloadingWorker:
     def _store(self, held: _Job) -> None:
         """A chunk holds `per` consecutive blocks; each stored chunk's blocks come in order
         (the connector skips no block of a full-attention chunk)."""
-        keys, per = self._key_hashes(held.job_id), self._blocks_per_chunk
+        keys, per = held.keys, self._blocks_per_chunk
         src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
         if len(src) != per * len(dst):
             raise EngineCoreViolation(
@@ -214,7 +215,7 @@ class OffloadingWorker:
     def _load(self, held: _Job) -> None:
         """The blocks a load writes are the request's blocks from `block_indices[0]` on; when
         that is inside a chunk, the load starts at that block of the first chunk."""
-        keys, per = self._key_hashes(held.job_id), self._blocks_per_chunk
+        keys, per = held.keys, self._blocks_per_chunk
         src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
         offset = int(held.job.dst_spec.block_indices[0]) % per
         self.counts.offload_mid_chunk_loads += offset > 0
@@ -243,7 +244,12 @@ class OffloadingWorker:
     def _blocks_per_chunk(self) -> int:
         return int(self.connector.config.blocks_per_chunk)
 
-    def _key_hashes(self, job_id: int) -> set[bytes]:
+    def _job(self, job_id: int, job: Any, *, load: bool) -> _Job:
+        """Job `job_id` as the worker holds it, with its keys read now: a cache reset drops
+        the connector's record of the jobs in flight, which the worker still runs."""
+        return _Job(job_id, job, load, self._key_hashes(job_id))
+
+    def _key_hashes(self, job_id: int) -> frozenset[bytes]:
         """The block hashes of the keys job `job_id` moves, as the connector recorded them."""
         status = self.connector._jobs.get(job_id)
         if status is None:
@@ -251,7 +257,7 @@ class OffloadingWorker:
                 "implementation_error", f"the connector has no record of job {job_id}"
             )
         base = importlib.import_module("vllm.v1.kv_offload.base")
-        return {bytes(base.get_offload_block_hash(key)) for key in status.keys}
+        return frozenset(bytes(base.get_offload_block_hash(key)) for key in status.keys)
 
 
 def _hash(content: tuple[Any, int]) -> bytes | None:
@@ -262,7 +268,7 @@ def _hash(content: tuple[Any, int]) -> bytes | None:
 
 
 def _chunk_fault(
-    contents: list[tuple[Any, int] | None], keys: set[bytes]
+    contents: list[tuple[Any, int] | None], keys: frozenset[bytes]
 ) -> tuple[int, str] | None:
     """Why a chunk read from blocks holding `contents` is not the KV of one of `keys` (the
     position of the first wrong block and what it holds), or None. A key is the block hash of
