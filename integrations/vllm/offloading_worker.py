@@ -80,13 +80,18 @@ class OffloadingWorker:
     """The fabricated worker over `writes` (what each GPU block holds, by the loop's record),
     `connector` (vLLM's `OffloadingConnectorScheduler`, read for a job's keys and its blocks
     per chunk) and `seed` (the jobs' delays). `chunks`: what each CPU chunk holds, block by
-    block, as `writes` says a block does."""
+    block, as `writes` says a block does. `worker_meta` builds the report of the jobs done
+    (job id -> workers; default vLLM's `OffloadingWorkerMetadata`) and `key_hash` reads an
+    offload key's block hash (default vLLM's `get_offload_block_hash`): a test gives stand-ins
+    to run the worker without vLLM."""
 
     writes: CacheWrites
     connector: Any
     seed: int
     outputs: Any  # vllm.v1.outputs
     log: Callable[[str], None] | None = None
+    worker_meta: Callable[[dict[int, int]], Any] | None = None
+    key_hash: Callable[[Any], bytes] | None = None
     chunks: dict[int, tuple[tuple[Any, int], ...]] = field(default_factory=dict)
     counts: OffloadingCounts = field(default_factory=OffloadingCounts)
     _deferred: list[_Job] = field(default_factory=list)
@@ -103,11 +108,9 @@ class OffloadingWorker:
     def before_forward(self, meta: Any) -> None:
         """Steps 1 and 2 for the batch whose connector metadata is `meta`."""
         self._step += 1
-        if meta is None:
-            return
-        flush = set(meta.jobs_to_flush or ())
+        flush = set(meta.jobs_to_flush or ()) if meta is not None else set()
         for job_id in sorted(flush):
-            job = meta.store_jobs.pop(job_id, None)
+            job = meta.store_jobs.pop(job_id, None) if meta is not None else None
             if job is not None:
                 self._deferred.append(self._job(job_id, job, load=False))
         self._submit(self._deferred)
@@ -119,6 +122,8 @@ class OffloadingWorker:
                 held = self._in_flight.pop(job_id, None)
                 if held is not None:
                     self._complete(held)
+        if meta is None:
+            return
         loads = [self._job(i, j, load=True) for i, j in sorted(meta.load_jobs.items())]
         self._submit(loads)
         for held in loads:
@@ -145,15 +150,10 @@ class OffloadingWorker:
         done, self._done = self._done, []
         if not done:
             return None
-        common = importlib.import_module(
-            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
-        )
         # the output the engine gets is every worker's, aggregated (vLLM's KVOutputAggregator):
         # a job counts once per worker (a pipeline stage is a worker of its own)
-        workers = self.connector.config.num_workers
-        report = common.OffloadingWorkerMetadata(
-            completed_jobs={held.job_id: workers for held in done}
-        )
+        workers = int(self.connector.config.num_workers)
+        report = (self.worker_meta or _vllm_worker_meta)({h.job_id: workers for h in done})
         recving = {h.job.req_id for h in done if h.load and not h.job.sync}
         return self.outputs.KVConnectorOutput(
             finished_recving=recving or None, kv_connector_worker_meta=report
@@ -256,8 +256,21 @@ class OffloadingWorker:
             raise EngineCoreViolation(
                 "implementation_error", f"the connector has no record of job {job_id}"
             )
-        base = importlib.import_module("vllm.v1.kv_offload.base")
-        return frozenset(bytes(base.get_offload_block_hash(key)) for key in status.keys)
+        key_hash = self.key_hash or _vllm_key_hash
+        return frozenset(bytes(key_hash(key)) for key in status.keys)
+
+
+def _vllm_worker_meta(completed_jobs: dict[int, int]) -> Any:
+    """vLLM's `OffloadingWorkerMetadata` reporting `completed_jobs`."""
+    common = importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
+    )
+    return common.OffloadingWorkerMetadata(completed_jobs=completed_jobs)
+
+
+def _vllm_key_hash(key: Any) -> bytes:
+    """The block hash of vLLM offload key `key`."""
+    return bytes(importlib.import_module("vllm.v1.kv_offload.base").get_offload_block_hash(key))
 
 
 def _hash(content: tuple[Any, int]) -> bytes | None:
