@@ -352,8 +352,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 log=self.note if trace is not None else None,
             )
             self._watch_lookups(self.impl.sched.connector)
-        #: The requests the offloading connector put off in the current `schedule()` call.
+        #: The requests the offloading connector put off in the current `schedule()` call, and
+        #: how many lookups it put off in all.
         self._put_off: set[str] = set()
+        self._lookups_put_off = 0
         outputs = self.impl.v.outputs
         self.model: SpeculativeModel | None = (
             SpeculativeModel(
@@ -421,6 +423,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.offload is not None:
             self.offload.check_done()
             counts.update(asdict(self.offload.counts))
+            counts["lookups_put_off"] = self._lookups_put_off
         if self.remote is not None:
             self.remote.check_done()
             transfers = asdict(self.remote.counts)
@@ -649,6 +652,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             hit, is_async = lookup(request, *args, **kwargs)
             if hit is None:
                 self._put_off.add(request.request_id)
+                self._lookups_put_off += 1
             return hit, is_async
 
         connector.get_num_new_matched_tokens = watched
