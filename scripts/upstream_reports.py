@@ -288,8 +288,9 @@ def render() -> str:
     lines = [
         "# Reports for upstream",
         "",
-        "One report per finding in vLLM 0.33.0's scheduler that breaks a rule, on its "
-        "autoregressive engine-core paths and its diffusion path, each with the smallest "
+        "One report per finding in vLLM 0.33.0's scheduler (and its own KV offloading "
+        "connector) that breaks a rule, on its autoregressive engine-core paths and its "
+        "diffusion path, each with the smallest "
         "program that reproduces it (docs/shrunk/, `scripts/vllm_shrink.py` and "
         "`scripts/vllm_dllm_shrink.py`), ready to file. Not filed "
         "from here: this machine reaches only package registries. Written by "

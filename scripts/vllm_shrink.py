@@ -3,7 +3,8 @@
     .venv/bin/python scripts/vllm_shrink.py --seed N [--loop {sync,async}] [--rule RULE]
         [--budget RUNS] [--pipeline-parallel P] [--programs-from {random,same-step,shared-prompts}]
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
-        [--kv-connector {recompute,fail} ...] [--lifted-by FIX ...] [--trace] [--json FILE]
+        [--kv-connector {recompute,fail} ...] [--offload-chunks N ...] [--cache-resets]
+        [--lifted-by FIX ...] [--trace] [--json FILE]
 
 Takes program N as `scripts/vllm_async_check.py` generates it and runs it, with the same
 options (`integrations.vllm.loop_arguments`), in the synchronous loop and then the
