@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
 from integrations.vllm.dllm_arguments import (
-    FIX_FLAGS,
     add_dllm_arguments,
     describe_fixes,
     describe_space,
     dllm_generator,
+    fix_fields,
     fix_names,
 )
 from integrations.vllm.fixes import dllm_mutation
@@ -75,8 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_program_arguments(parser, argv)
     start = time.perf_counter()
     tally = ProgramTally(tuple(MEANING))
-    fixes = fix_names(args)
-    mutate = dllm_mutation(fixes)
+    mutate = dllm_mutation(fix_names(args))
     generate = dllm_generator(args)
     requests = 0
     for seed in range(args.programs):
@@ -107,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": elapsed,
                 "end_margin_canvases": 0 if args.reach_model_len else END_MARGIN_CANVASES,
                 "budget_binds": args.budget_binds,
-                **{flag[2:].replace("-", "_"): name in fixes for flag, name, _, _ in FIX_FLAGS},
+                **fix_fields(args),
                 "pipeline_parallel_size": args.pipeline_parallel,
                 "prefix_caching": args.prefix_caching,
                 "priority_policy": args.priority,

@@ -9,7 +9,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,13 @@ from integrations.patches import FixDoesNotApply
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE_PREFIX, OffloadingOptions, RealVllmScheduler
 from integrations.vllm.core_loop import EngineCoreViolation
-from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, LoopOptions, run_loop
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    CoreRun,
+    EngineCoreLoop,
+    LoopOptions,
+    run_loop,
+)
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT_FIXES, apply_offload_hit_fix
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
@@ -51,6 +57,20 @@ CONFIG = ArConfig(
 @pytest.fixture(autouse=True, scope="module")
 def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _passing_runs(
+    options: LoopOptions, programs: int, loops: tuple[bool, ...] = (False, True)
+) -> Iterator[CoreRun]:
+    """The runs of the first `programs` shared-prompt programs through `loops` (async or not)
+    that pass; each one that fails must be the one-token finding below."""
+    for seed in range(programs):
+        program = shared_prompt_program(seed)
+        for async_scheduling in loops:
+            try:
+                yield run_loop(program, async_scheduling=async_scheduling, options=options)
+            except EngineCoreViolation as err:
+                assert _one_token_finding(program, err), f"seed {seed}: {err}"
 
 
 def _first_violation(options: LoopOptions, programs: int) -> EngineCoreViolation:
@@ -125,18 +145,10 @@ def test_generated_programs_pass_and_take_every_offloading_path() -> None:
     allowed is the one-token finding below."""
     totals: Counter[str] = Counter()
     passed = 0
-    for seed in range(PROGRAMS):
-        program = shared_prompt_program(seed)
-        for async_scheduling in (False, True):
-            try:
-                run = run_loop(program, async_scheduling=async_scheduling, options=OFFLOADING)
-            except EngineCoreViolation as err:
-                assert _one_token_finding(program, err), f"seed {seed}: {err}"
-                continue
-            passed += 1
-            for key in ("offload_stores", "offload_flushes", "offload_loads", "lookups_put_off"):
-                totals[key] += getattr(run, key)
-            totals["offload_loaded_blocks"] += run.offload_loaded_blocks
+    for run in _passing_runs(OFFLOADING, PROGRAMS):
+        passed += 1
+        for key in ("offload_stores", "offload_flushes", "offload_loads", "lookups_put_off"):
+            totals[key] += getattr(run, key)
     assert passed >= 2 * PROGRAMS - 4, passed
     # lookups put off ("ask again later": a hit still being stored, a transfer in flight)
     # are taken too, and vLLM's skipping them passes `admission_order`
@@ -145,18 +157,9 @@ def test_generated_programs_pass_and_take_every_offloading_path() -> None:
 
 
 def test_synchronous_loads_pass_and_are_taken() -> None:
-    totals: Counter[str] = Counter()
     options = LoopOptions(offload_chunks=16, offload_sync_loads=True)
-    for seed in range(PROGRAMS // 2):
-        program = shared_prompt_program(seed)
-        for async_scheduling in (False, True):
-            try:
-                run = run_loop(program, async_scheduling=async_scheduling, options=options)
-            except EngineCoreViolation as err:
-                assert _one_token_finding(program, err), f"seed {seed}: {err}"
-                continue
-            totals["offload_sync_loads"] += run.offload_sync_loads
-    assert totals["offload_sync_loads"] > 0, totals
+    sync_loads = sum(run.offload_sync_loads for run in _passing_runs(options, PROGRAMS // 2))
+    assert sync_loads > 0
 
 
 def test_pipeline_stages_pass_with_every_workers_report() -> None:
@@ -165,14 +168,8 @@ def test_pipeline_stages_pass_with_every_workers_report() -> None:
     Programs then drain as with one stage (a report counted once would leave every stored
     request's jobs pending, and the requests sharing its prompt put off for ever)."""
     options = LoopOptions(offload_chunks=16, offload_outputs=True, pipeline_parallel_size=2)
-    stores = 0
-    for seed in range(PROGRAMS // 3):
-        program = shared_prompt_program(seed)
-        try:
-            stores += run_loop(program, async_scheduling=True, options=options).offload_stores
-        except EngineCoreViolation as err:
-            assert _one_token_finding(program, err), f"seed {seed}: {err}"
-    assert stores > 0
+    runs = _passing_runs(options, PROGRAMS // 3, loops=(True,))
+    assert sum(run.offload_stores for run in runs) > 0
 
 
 #: (seeded bug, the rule it fails, words of the message): tests/test_real_vllm.py counts these

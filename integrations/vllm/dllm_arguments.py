@@ -86,6 +86,11 @@ def fix_names(args: argparse.Namespace) -> list[str]:
     return [name for flag, name, _, _ in FIX_FLAGS if getattr(args, _attr(flag))]
 
 
+def fix_fields(args: argparse.Namespace) -> dict[str, bool]:
+    """Each fix flag's attribute and whether it is set (what a sweep's JSON records)."""
+    return {_attr(flag): bool(getattr(args, _attr(flag))) for flag, _, _, _ in FIX_FLAGS}
+
+
 def space_flags(drawn: dict[str, bool]) -> list[str]:
     """The flags that draw programs as `drawn` (`space`'s keywords) says."""
     return [flag for flag, keyword, _ in SPACE_FLAGS if drawn.get(keyword)]
@@ -122,6 +127,7 @@ __all__ = [
     "describe_fixes",
     "describe_space",
     "dllm_generator",
+    "fix_fields",
     "fix_flags",
     "fix_names",
     "space",

@@ -39,8 +39,10 @@ from integrations.vllm.fixes import dllm_mutation
 from integrations.vllm.shrink import (
     SHRINK_BUDGET,
     Shrunk,
+    breaking,
     greedy_shrink,
     lower,
+    passing_too,
     request_reductions,
     step_removals,
 )
@@ -69,17 +71,7 @@ def dllm_fails_like(
     """A `fails` for `shrink_dllm`: the violation of `rule` a program's run in the one loop
     raises with the named fixes made, else None (another rule, a pass, or a configuration or
     request vLLM refuses)."""
-
-    def fails(program: DllmProgram) -> EngineCoreViolation | None:
-        try:
-            run_dllm_named(program, async_scheduling, fixes)
-        except EngineCoreViolation as err:
-            return err if err.rule == rule else None
-        except (ConfigError, RequestError):
-            return None
-        return None
-
-    return fails
+    return breaking(lambda program: run_dllm_named(program, async_scheduling, fixes), rule)
 
 
 def dllm_lifted_by(
@@ -90,18 +82,7 @@ def dllm_lifted_by(
     """`fails`, kept only where the same program passes the one loop with the named `fixes`
     made (those `fails` makes and the finding's): a shrink under it keeps the failure those
     fixes lift."""
-
-    def still(program: DllmProgram) -> EngineCoreViolation | None:
-        err = fails(program)
-        if err is None:
-            return None
-        try:
-            run_dllm_named(program, async_scheduling, fixes)
-        except (EngineCoreViolation, ConfigError, RequestError):
-            return None
-        return err
-
-    return still
+    return passing_too(fails, lambda program: run_dllm_named(program, async_scheduling, fixes))
 
 
 def shrink_dllm(

@@ -62,6 +62,8 @@ class Stepped(Protocol):
 
 
 ProgramT = TypeVar("ProgramT", bound=Stepped)
+#: A program of any kind a run takes (`breaking`, `passing_too`).
+RunT = TypeVar("RunT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +82,9 @@ def fails_like(
     with `options` and draws seeded by `draw_seed` (None: the program's own), else None
     (another rule, a pass, or a configuration vLLM refuses)."""
     held = replace(options, draw_seed=draw_seed) if draw_seed is not None else options
-
-    def fails(program: CoreProgram) -> EngineCoreViolation | None:
-        try:
-            run_loop(program, async_scheduling=async_scheduling, options=held)
-        except EngineCoreViolation as err:
-            return err if err.rule == rule else None
-        except (ConfigError, RequestError):
-            return None
-        return None
-
-    return fails
+    return breaking(
+        lambda program: run_loop(program, async_scheduling=async_scheduling, options=held), rule
+    )
 
 
 def lifted_by(
@@ -103,13 +97,41 @@ def lifted_by(
     options with a finding's fix made, draws seeded by `draw_seed`): a shrink under it keeps
     the failure that fix lifts, and cannot drift to another bug that breaks the same rule."""
     held = replace(fixed, draw_seed=draw_seed) if draw_seed is not None else fixed
+    return passing_too(
+        fails, lambda program: run_loop(program, async_scheduling=async_scheduling, options=held)
+    )
 
-    def still(program: CoreProgram) -> EngineCoreViolation | None:
+
+def breaking(
+    run: Callable[[RunT], object], rule: str
+) -> Callable[[RunT], EngineCoreViolation | None]:
+    """A `fails` for any kind of program: the violation of `rule` that `run(program)` raises,
+    else None (another rule, a pass, or a configuration or request vLLM refuses)."""
+
+    def fails(program: RunT) -> EngineCoreViolation | None:
+        try:
+            run(program)
+        except EngineCoreViolation as err:
+            return err if err.rule == rule else None
+        except (ConfigError, RequestError):
+            return None
+        return None
+
+    return fails
+
+
+def passing_too(
+    fails: Callable[[RunT], EngineCoreViolation | None], fixed: Callable[[RunT], object]
+) -> Callable[[RunT], EngineCoreViolation | None]:
+    """`fails`, kept only where `fixed(program)` (the same run with a finding's fix made)
+    breaks no rule and is not refused: a shrink under it keeps the failure that fix lifts."""
+
+    def still(program: RunT) -> EngineCoreViolation | None:
         err = fails(program)
         if err is None:
             return None
         try:
-            run_loop(program, async_scheduling=async_scheduling, options=held)
+            fixed(program)
         except (EngineCoreViolation, ConfigError, RequestError):
             return None
         return err
@@ -287,10 +309,12 @@ __all__ = [
     "SHRINK_BUDGET",
     "Shrunk",
     "Stepped",
+    "breaking",
     "fails_like",
     "greedy_shrink",
     "lifted_by",
     "lower",
+    "passing_too",
     "program_source",
     "reductions",
     "request_reductions",
