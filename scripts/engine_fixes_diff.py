@@ -6,7 +6,8 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`vllm-spec`: `integrations.vllm.spec_pad_fix`), vLLM 0.33.0's KV connector path
 (`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
-(`vllm-offloading`: `integrations.vllm.offload_hit_fix`).
+(`vllm-offloading`: `integrations.vllm.offload_hit_fix` and, on hybrid KV caches,
+`integrations.vllm.offload_window_fixes`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -16,7 +17,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-spec > pad-what-fits.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-kv > kv-load-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-draft-margin > cap-draft-margin.patch
-    .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > no-pointless-hit.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > offloading-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -49,7 +50,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
-from integrations.vllm.offload_hit_fix import OFFLOAD_HIT_FIXES
+from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
 
@@ -62,7 +63,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-spec": (SPEC_PAD_FIXES, SPEC_PAD_FIXES.names),
     "vllm-kv": (KV_LOAD_FIXES, KV_LOAD_FIXES.names),
     "vllm-draft-margin": (DRAFT_MARGIN_FIXES, DRAFT_MARGIN_FIXES.names),
-    "vllm-offloading": (OFFLOAD_HIT_FIXES, OFFLOAD_HIT_FIXES.names),
+    "vllm-offloading": (OFFLOADING_FIXES, OFFLOADING_FIXES.names),
 }
 
 

@@ -96,6 +96,19 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-offloading-reset-window": (
+        "KV offloading connector, hybrid cache: after a cache reset a running request is "
+        "re-offloaded from chunk 0 over sliding-window blocks the window freed and the pool "
+        "gave to another group",
+        "vllm-offloading",
+        None,
+    ),
+    "vllm-offloading-window-part": (
+        "KV offloading connector, hybrid cache, chunks of several blocks: a sliding-window chunk "
+        "stored in part is keyed as a whole, and a later hit ending at it loads the part left out",
+        "vllm-offloading",
+        None,
+    ),
     "vllm-dllm-whole-canvas": (
         "Diffusion LLMs: a token budget shared by the running requests cuts a request's canvas, "
         "which the runner expects cut only at max_model_len",
@@ -137,6 +150,7 @@ FLAGS = {
     "offload_sync_loads": "--offload-sync-loads",
     "offload_blocks_per_chunk": "--offload-blocks-per-chunk",
     "cache_resets": "--cache-resets",
+    "sliding_window": "--sliding-window",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -157,6 +171,7 @@ DEFAULTS: dict[str, object] = {
     "offload_sync_loads": False,
     "offload_blocks_per_chunk": 1,
     "cache_resets": False,
+    "sliding_window": None,
 }
 
 
@@ -228,6 +243,14 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
             ", serving vLLM's own `OffloadingConnector` (its scheduler side, "
             "`distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`, and CPU "
             f"manager over {record['options']['offload_chunks']} chunks; the worker fabricated)."
+        )
+    window = record["options"].get("sliding_window")
+    if window:
+        per = record["options"].get("offload_blocks_per_chunk", 1)
+        chunks = f", CPU chunks of {per} blocks" if per > 1 else ""
+        run = run.removesuffix(".") + (
+            f", over a hybrid KV cache: a full-attention group and a sliding-window group of "
+            f"{window} tokens sharing one pool{chunks}."
         )
     draws = f", its draws (the connector's store, the drafts) seeded by {record['draw_seed']}."
     names = (

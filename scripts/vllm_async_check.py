@@ -6,7 +6,7 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
-         [--offload-blocks-per-chunk B]] [--cache-resets]
+         [--offload-blocks-per-chunk B]] [--cache-resets] [--sliding-window W]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks} ...]
@@ -61,7 +61,10 @@ for, jobs done 0 to 2 steps later, what each block and chunk holds moved with th
 `--offload-outputs` offloads generated tokens' blocks too and `--offload-sync-loads` lets hits
 load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU blocks.
 `--cache-resets` resets the prefix cache and the connector's cache before one engine step in 16
-(vLLM's `reset_prefix_cache(reset_connector=True)`). Exit 1 if a program failed. Needs
+(vLLM's `reset_prefix_cache(reset_connector=True)`). `--sliding-window W` serves both loops a
+hybrid KV cache: a sliding-window group of W tokens beside the full-attention one, each with the
+pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
+connector stores and loads both groups' blocks). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -131,6 +134,9 @@ COUNTS = (
     "offload_sync_loads",
     "offload_loaded_blocks",
     "offload_mid_chunk_loads",
+    "offload_window_stored_blocks",
+    "offload_window_loaded_blocks",
+    "offload_unstored_loads",
     "cache_resets",
     "cache_resets_done",
 )
@@ -168,6 +174,9 @@ MEANING = {
     "offload_sync_loads": "of those, synchronous",
     "offload_loaded_blocks": "GPU blocks those jobs wrote",
     "offload_mid_chunk_loads": "of the loads, those starting inside a chunk",
+    "offload_window_stored_blocks": "of the blocks stored, the sliding window's",
+    "offload_window_loaded_blocks": "of the blocks loaded, the sliding window's",
+    "offload_unstored_loads": "of those, from a part of a chunk its store left out",
     "cache_resets": "prefix-cache and connector resets",
     "cache_resets_done": "of those, done by vLLM (no KV in use)",
 }
@@ -235,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "offload_sync_loads": args.offload_sync_loads,
                 "offload_blocks_per_chunk": args.offload_blocks_per_chunk,
                 "cache_resets": args.cache_resets,
+                "sliding_window": args.sliding_window,
             },
         )
     return 1 if tally.failures else 0

@@ -66,7 +66,7 @@ class _Harness:
             seed,
             _OUTPUTS,
             worker_meta=lambda done: SimpleNamespace(completed_jobs=done),
-            key_hash=lambda key: key,
+            key_parts=lambda key: (key, 0),
         )
         self.reports: list[dict[int, int]] = []
         self.recving: list[set[str]] = []
@@ -108,7 +108,7 @@ def test_a_store_is_deferred_a_step_read_when_done_and_reported_once_per_worker(
             h.step()
         assert h.reported(7) == [1 + delay], (delay, h.reports)
         assert h.reports[1 + delay][7] == 2
-        assert h.worker.chunks[0] == ((A, 1),)
+        assert h.worker.chunks[0] == (0, ((A, 1),))
         h.worker.check_done()
 
 
@@ -125,7 +125,7 @@ def test_a_flushed_store_is_done_before_the_forward_that_overwrites_its_block() 
         flush = {7} if flushed else None
         if flushed:
             h.step(_meta(flush=flush), forward={3: (B, 0)})
-            assert h.worker.chunks[0] == ((A, 1),) and h.reported(7) == [1]
+            assert h.worker.chunks[0] == (0, ((A, 1),)) and h.reported(7) == [1]
             continue
         with pytest.raises(EngineCoreViolation) as err:
             h.step(_meta(flush=flush), forward={3: (B, 0)})

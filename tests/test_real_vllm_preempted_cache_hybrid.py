@@ -152,6 +152,7 @@ def _builder(layout: Layout) -> Callable[..., Any]:
     ) -> Any:
         if layout.mamba:
             cache_config.mamba_cache_mode = "align"
+        kwargs.pop("kv_cache_groups")  # the adapter's one group (no sliding_window given)
         groups = [
             v.kv_iface.KVCacheGroupSpec([f"layer{i}"], spec(v, size, i))
             for i, (spec, size) in enumerate(layout.groups)

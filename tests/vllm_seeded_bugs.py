@@ -185,3 +185,68 @@ def offload_reset_without_flush(sched: Any) -> None:
         connector._current_batch_jobs_to_flush.clear()
 
     connector._reset_cache = reset
+
+
+def _window_manager(sched: Any) -> Any:
+    """The sliding-window group's manager of a hybrid cache (`LoopOptions(sliding_window=W)`)."""
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    return next(m for m in managers if hasattr(m, "sliding_window"))
+
+
+def window_freed_early(sched: Any) -> None:
+    """Seeded bug: a sliding window frees its blocks one block too early, one its attention
+    still reads among them."""
+    manager = _window_manager(sched)
+    original = manager.get_num_skipped_tokens
+    block_size = int(manager.block_size)
+
+    def skipped(num_computed_tokens: int) -> int:
+        return int(original(num_computed_tokens)) + block_size
+
+    manager.get_num_skipped_tokens = skipped
+
+
+def window_freed_but_held(sched: Any) -> None:
+    """Seeded bug: a sliding window frees the blocks that left it but keeps them in the
+    request's table (not replaced by the null block)."""
+    manager = _window_manager(sched)
+
+    def remove(request_id: str, first_block: int, last_block: int) -> None:
+        blocks = manager.req_to_blocks.get(request_id, [])
+        freed = [b for b in blocks[first_block:last_block] if not b.is_null and b.ref_cnt > 0]
+        if freed:
+            manager.block_pool.free_blocks(freed)
+
+    manager._remove_blocks_in_range = remove
+
+
+def cross_group_hit(sched: Any) -> None:
+    """Seeded bug: a prefix-cache lookup ignores the KV cache group, so every group's hit is
+    the block the first group cached (its layers' KV, not theirs)."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool.get_cached_block
+
+    def lookup(block_hash: Any, kv_cache_group_ids: list[int]) -> Any:
+        found = original(block_hash, [0])
+        return None if found is None else found * len(kv_cache_group_ids)
+
+    pool.get_cached_block = lookup
+
+
+def offload_groups_swapped(sched: Any) -> None:
+    """Seeded bug (vLLM's offloading connector, a hybrid cache): a store's GPU spec lists its
+    groups' block counts and first indices in the wrong order, so the worker copies a
+    sliding window's blocks as full-attention KV and the other way round."""
+    connector = sched.connector.connector_scheduler
+    original = connector._build_connector_meta
+
+    def build(scheduler_output: Any) -> Any:
+        meta = original(scheduler_output)
+        for job in meta.store_jobs.values():
+            spec = job.src_spec
+            if len(set(spec.group_sizes)) > 1:
+                spec.group_sizes = list(reversed(spec.group_sizes))
+                spec.block_indices = list(reversed(spec.block_indices))
+        return meta
+
+    connector._build_connector_meta = build

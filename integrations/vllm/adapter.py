@@ -234,6 +234,7 @@ class RealVllmScheduler:
         kv_connector: str | None = None,
         kv_role: str = "kv_both",
         offloading: OffloadingOptions | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         space.check(config)
         if (
@@ -290,6 +291,17 @@ class RealVllmScheduler:
         self.offloading: OffloadingOptions | None = offloading
         if kv_role not in KV_ROLES:
             raise ConfigError("kv_role", kv_role, f"one of {', '.join(KV_ROLES)}")
+        check_sliding_window(sliding_window)
+        if sliding_window is not None and kv_connector is not None:
+            raise ConfigError(
+                "sliding_window",
+                sliding_window,
+                "None with kv_connector (schedspec's connectors move one KV cache group; vLLM's "
+                "own offloading connector moves every group)",
+            )
+        #: A sliding-window KV cache group of this many tokens beside the full-attention one
+        #: (a hybrid cache, `hybrid_groups`), or None: one full-attention group.
+        self.sliding_window: int | None = sliding_window
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end (reasoning on)
@@ -356,13 +368,15 @@ class RealVllmScheduler:
             raise ConfigError(
                 "config", config, f"a configuration vLLM accepts ({vllm_config_error(err)})"
             ) from None
+        window = self.sliding_window
         sched = build_scheduler(
             v,
             vllm_config,
             scheduler_config,
             cache_config,
-            num_blocks=config.num_blocks,
+            num_blocks=config.num_blocks if window is None else hybrid_pool(config.num_blocks),
             async_scheduling=self.async_scheduling,
+            kv_cache_groups=None if window is None else hybrid_groups(v, config.block_size, window),
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         if self.offloading is not None:
@@ -494,6 +508,13 @@ class RealVllmScheduler:
                 True,
                 "False for step() (an async scheduler runs a step ahead of the model: drive it "
                 "with integrations.vllm.engine_core)",
+            )
+        if self.sliding_window is not None:
+            raise ConfigError(
+                "sliding_window",
+                self.sliding_window,
+                "None for step() (the AR spec's pool is one KV cache group: drive a hybrid "
+                "cache with integrations.vllm.engine_core)",
             )
         if self.speculative_tokens:
             raise ConfigError(
@@ -854,6 +875,72 @@ def _environment(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
+def check_sliding_window(sliding_window: object) -> None:
+    """`ConfigError` unless `sliding_window` is None or a window of at least one token."""
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool)
+        or not isinstance(sliding_window, int)
+        or sliding_window < 1
+    ):
+        raise ConfigError(
+            "sliding_window", sliding_window, "None or an integer >= 1 (tokens in the window)"
+        )
+
+
+def hybrid_groups(v: VllmModules, block_size: int, sliding_window: int) -> list[Any]:
+    """A hybrid KV cache's groups, as a model with full-attention and sliding-window layers
+    gets them (Gemma, Mistral): group 0 full attention, group 1 a sliding window of
+    `sliding_window` tokens, both in blocks of `block_size` (distinct head sizes, so vLLM keeps
+    the groups apart). vLLM puts the null block where a sliding-window block left the window."""
+    dtype = v.torch.float32
+    full = v.kv_iface.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=dtype
+    )
+    window = v.kv_iface.SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=2,
+        dtype=dtype,
+        sliding_window=sliding_window,
+    )
+    return [
+        v.kv_iface.KVCacheGroupSpec(["full_attention"], full),
+        v.kv_iface.KVCacheGroupSpec(["sliding_window"], window),
+    ]
+
+
+def hybrid_pool(num_blocks: int) -> int:
+    """The pool of a two-group hybrid cache for a program that names `num_blocks` (the null
+    block included): that many usable blocks for each group, so that every request the
+    program's configuration admits fits, as it does in one group."""
+    return 2 * (num_blocks - 1) + 1
+
+
+def kv_groups(sched: Any) -> int:
+    """How many KV cache groups a vLLM scheduler's pool serves."""
+    return len(sched.kv_cache_manager.coordinator.single_type_managers)
+
+
+def window_tokens(sched: Any, group: int) -> int | None:
+    """The sliding window, in tokens, of KV cache group `group` of a vLLM scheduler; None for
+    a group whose attention reads every earlier token."""
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[group]
+    window = getattr(manager, "sliding_window", None)
+    return None if window is None else int(window)
+
+
+def group_tables(sched: Any, group: int) -> dict[str, tuple[int | None, ...]]:
+    """Each request's blocks in KV cache group `group`, position by position: None where it
+    holds the null block (a sliding-window group's blocks that left the window); requests
+    holding none are absent."""
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[group]
+    return {
+        rid: tuple(None if b.is_null else b.block_id for b in blocks)
+        for rid, blocks in manager.req_to_blocks.items()
+        if blocks
+    }
+
+
 def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
     """Each request's KV blocks in a vLLM scheduler (its one full-attention group), the null
     block left out; requests holding none are absent."""
@@ -1008,8 +1095,13 @@ __all__ = [
     "block_tables",
     "build_scheduler",
     "cached_blocks",
+    "check_sliding_window",
     "engine_on_pythonpath",
     "finish_reason_of",
+    "group_tables",
+    "hybrid_groups",
+    "hybrid_pool",
+    "kv_groups",
     "load_vllm",
     "make_real_vllm",
     "make_real_vllm_prefix",
@@ -1021,4 +1113,5 @@ __all__ = [
     "vllm_config_error",
     "vllm_rules",
     "waiting_requests",
+    "window_tokens",
 ]

@@ -32,6 +32,11 @@ over it, left wrong. With drafts (`verified_reads`), a running request's blocks 
 below its verified tokens only: under asynchronous scheduling a step is scheduled past the
 drafts of its steps in flight, and where vLLM rejects them it drops what read their KV.
 
+On a hybrid cache (several KV cache groups sharing the pool, `integrations.vllm.adapter.
+hybrid_groups`) each group's blocks are recorded and checked by that group's table: a block
+holds what the group that wrote it last wrote there (a full-attention layer's KV is not a
+sliding-window layer's), and a sliding window's null blocks are neither written nor read.
+
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
 `Request.block_hashes`.
@@ -42,15 +47,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from integrations.vllm.adapter import block_tables
+from integrations.vllm.adapter import group_tables, kv_groups
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.unscheduled import block_hashes
 
+#: Each KV cache group's block tables, group by group: request id -> its block ids position by
+#: position, None where it holds the null block (`integrations.vllm.adapter.group_tables`).
+GroupTables = tuple[dict[str, tuple[int | None, ...]], ...]
+
+
+def all_group_tables(sched: Any) -> GroupTables:
+    """Every KV cache group's block tables of a vLLM scheduler, as they stand now."""
+    return tuple(group_tables(sched, group) for group in range(kv_groups(sched)))
+
 
 class CacheWrites:
-    """What each block holds as written: block id -> (the writing `Request`, its block index);
-    and the blocks a call hashed for a request it preempted, not written since: block id ->
-    (request id, its block index, the schedule index of that call, that block hash)."""
+    """What each block holds as written: block id -> (the writing `Request`, its block index),
+    and the KV cache group that wrote it when not group 0 (`content`, `put`); and the blocks a
+    call hashed for a request it preempted, not written since: block id -> (request id, its
+    block index, the schedule index of that call, that block hash)."""
 
     def __init__(
         self, block_size: int, *, every_read: bool = False, verified_reads: bool = False
@@ -64,8 +79,26 @@ class CacheWrites:
         #: KV is wrong where vLLM later rejects them (it then drops what read them).
         self.verified_reads: bool = verified_reads
         self.written: dict[int, tuple[Any, int]] = {}
+        #: block id -> the KV cache group that wrote it, for groups other than 0
+        self.written_in: dict[int, int] = {}
         self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
+
+    def content(self, block: int, group: int = 0) -> tuple[Any, int] | None:
+        """What `block` holds as KV cache group `group` wrote it, or None (no batch or load
+        wrote it, or another group did since)."""
+        if self.written_in.get(block, 0) != group:
+            return None
+        return self.written.get(block)
+
+    def put(self, block: int, content: tuple[Any, int], group: int = 0) -> None:
+        """`block` now holds `content` (a request and its block index), as group `group`
+        wrote it."""
+        self.written[block] = content
+        if group:
+            self.written_in[block] = group
+        else:
+            self.written_in.pop(block, None)
 
     def before_schedule(self, sched: Any) -> None:
         """Keep the pool's block hashes as they stand before the call."""
@@ -87,43 +120,49 @@ class CacheWrites:
         starts = batch_starts(out)
         cached = out.scheduled_cached_reqs
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
-        tables = block_tables(sched)
+        tables = all_group_tables(sched)
         self.record(sched, out, tables, valid)
         reading = set(out.num_scheduled_tokens) if self.every_read else hitting
         for rid in sorted(reading):
             req, start = sched.requests[rid], starts[rid]
-            table = tables.get(rid, ())
             if self.verified_reads and rid not in hitting:
                 # vLLM has counted this step's tokens, and those of its steps in flight
                 start = min(start, req.num_computed_tokens - req.num_in_flight_tokens)
-            for k in range(start // bs):
-                self._check(rid, req, k, table[k], schedule_index, rid in hitting)
+            for group, group_table in enumerate(tables):
+                table = group_table.get(rid, ())
+                for k in range(min(start // bs, len(table))):
+                    block = table[k]
+                    if block is not None:
+                        self._check(rid, req, k, block, schedule_index, rid in hitting, group)
 
     def record(
         self,
         sched: Any,
         out: Any,
-        tables: Mapping[str, tuple[int, ...]],
+        tables: GroupTables,
         valid: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
-        """Record the blocks `out`'s batch completes, over the block `tables` as they stood when
-        it was scheduled: each request's scheduled tokens from its computed ones, or the
-        positions `valid` names for it. `after_schedule` calls it; a loop that samples a batch
-        later (deferred) calls it again once the batch's accepted drafts are known (recording a
-        block again is harmless: no batch ran in between)."""
+        """Record the blocks `out`'s batch completes, over every group's block `tables` as
+        they stood when it was scheduled: each request's scheduled tokens from its computed
+        ones, or the positions `valid` names for it. `after_schedule` calls it; a loop that
+        samples a batch later (deferred) calls it again once the batch's accepted drafts are
+        known (recording a block again is harmless: no batch ran in between)."""
         bs = self.block_size
         starts = batch_starts(out)
         for rid, n in out.num_scheduled_tokens.items():
             req = sched.requests.get(rid)
             if req is None:  # finished and freed before a deferred batch was sampled
                 continue
-            table, start = tables.get(rid, ()), starts[rid]
+            start = starts[rid]
             if valid is not None and rid in valid:
                 start, n = valid[rid]
-            for k in range(start // bs, (start + n) // bs):
-                if k < len(table):
-                    self.written[table[k]] = (req, k)
-                    self.hashed_for_victims.pop(table[k], None)
+            for group, group_table in enumerate(tables):
+                table = group_table.get(rid, ())
+                for k in range(start // bs, min((start + n) // bs, len(table))):
+                    block = table[k]
+                    if block is not None:
+                        self.put(block, (req, k), group)
+                        self.hashed_for_victims.pop(block, None)
 
     def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
         victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
@@ -158,6 +197,7 @@ class CacheWrites:
         computed them over such a block)."""
         for block in blocks:
             self.written.pop(block, None)
+            self.written_in.pop(block, None)
 
     def forget_failed_load(self, loader: Any, failed: int, *, after: int) -> None:
         """A synchronous load of `loader` (vLLM's `Request`) failed in block `failed`: forget
@@ -167,13 +207,20 @@ class CacheWrites:
         before its failure is reported; a block another request wrote since keeps that write.
         The load's blocks before and after the failed one keep theirs (the store wrote them)."""
         if self.written.get(failed, (loader, 0))[0] is loader:
-            self.written.pop(failed, None)
+            self.forget([failed])
         self.forget(b for b, (req, k) in list(self.written.items()) if req is loader and k >= after)
 
     def _check(
-        self, rid: str, req: Any, k: int, block: int, schedule_index: int, hit: bool = True
+        self,
+        rid: str,
+        req: Any,
+        k: int,
+        block: int,
+        schedule_index: int,
+        hit: bool = True,
+        group: int = 0,
     ) -> None:
-        writer = self.written.get(block)
+        writer = self.content(block, group)
         if writer is not None:
             wreq, wk = writer
             if wreq is req and wk == k:
@@ -184,12 +231,17 @@ class CacheWrites:
                 and bytes(wreq.block_hashes[wk]) == bytes(req.block_hashes[k])
             ):
                 return
+        other = self.written_in.get(block, 0) if block in self.written else group
         what = (
-            "no batch wrote it"
+            f"KV cache group {other} wrote it last, not group {group}"
+            if other != group
+            else "no batch wrote it"
             if writer is None
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
         what += self._victim_reason(block, req, k)
+        if group and other == group:
+            what += f" (in KV cache group {group})"
         if not hit:
             raise EngineCoreViolation(
                 "kv_written",
@@ -211,4 +263,4 @@ def batch_starts(out: Any) -> dict[str, int]:
     return starts
 
 
-__all__ = ["CacheWrites", "batch_starts"]
+__all__ = ["CacheWrites", "GroupTables", "all_group_tables", "batch_starts"]

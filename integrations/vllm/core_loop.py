@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from integrations.vllm.adapter import block_tables
+from integrations.vllm.adapter import group_tables, kv_groups, window_tokens
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
 
@@ -82,13 +82,11 @@ class BatchQueueLoop(Generic[CountsT]):
         counts: CountsT,
         *,
         async_scheduling: bool,
-        num_blocks: int,
         queue_size: int | None = None,
     ) -> None:
         self.sched = sched
         self.n = counts
         self.async_scheduling = async_scheduling
-        self.num_blocks = num_blocks
         if queue_size is None:
             queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
         self.queue_size = queue_size
@@ -251,17 +249,36 @@ class BatchQueueLoop(Generic[CountsT]):
     def check_kv_covers(self, out: Any, block_size: int) -> None:
         """`kv_covers_scheduled`: after `schedule()`, every request it scheduled holds blocks
         for all its computed tokens, this call's and those in flight included
-        (`num_computed_tokens`, which `schedule()` has advanced)."""
-        tables = block_tables(self.sched)
-        for rid in out.num_scheduled_tokens:
-            computed = self.sched.requests[rid].num_computed_tokens
-            held = len(tables.get(rid, ()))
-            if held * block_size < computed:
-                raise EngineCoreViolation(
-                    "kv_covers_scheduled",
-                    f"schedule {self.n.schedules}: {rid!r} has {computed} tokens computed or "
-                    f"scheduled but holds {held} blocks of {block_size}",
-                )
+        (`num_computed_tokens`, which `schedule()` has advanced), in every KV cache group. A
+        sliding-window group of W tokens may hold the null block for a block that left its
+        window, but not for one its attention still reads: the blocks of the W - 1 tokens
+        before the first token the call schedules, and those after it, are real blocks."""
+        for group in range(kv_groups(self.sched)):
+            tables = group_tables(self.sched, group)
+            window = window_tokens(self.sched, group)
+            where = f" in KV cache group {group}" if group else ""
+            for rid, scheduled in out.num_scheduled_tokens.items():
+                computed = self.sched.requests[rid].num_computed_tokens
+                table = tables.get(rid, ())
+                if len(table) * block_size < computed:
+                    raise EngineCoreViolation(
+                        "kv_covers_scheduled",
+                        f"schedule {self.n.schedules}: {rid!r} has {computed} tokens computed or "
+                        f"scheduled but holds {len(table)} blocks of {block_size}{where}",
+                    )
+                if window is None:
+                    continue
+                start = computed - scheduled
+                first = max(0, start - window + 1) // block_size
+                nulls = [k for k in range(first, -(-computed // block_size)) if table[k] is None]
+                if nulls:
+                    raise EngineCoreViolation(
+                        "kv_covers_scheduled",
+                        f"schedule {self.n.schedules}: {rid!r} is scheduled from token {start} "
+                        f"with a window of {window} tokens, but holds the null block as its "
+                        f"block {nulls[0]}{where} (its window reads tokens from "
+                        f"{max(0, start - window + 1)} on)",
+                    )
 
     def check_runner_tables(self, out: Any) -> None:
         """`runner_tables`: the model runner, handed `out`, holds for every request it
@@ -402,7 +419,7 @@ class BatchQueueLoop(Generic[CountsT]):
                 submit(req)
             self.engine_step()
         self.drain()
-        check_drained(self.sched, self.num_blocks)
+        check_drained(self.sched)
         orphans = self.runner_tables.orphans(self.sched)
         if orphans is not None:
             raise EngineCoreViolation("runner_tables", f"drained, but {orphans}")
@@ -522,13 +539,18 @@ def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
     """`pool_accounting` of a vLLM scheduler: every non-null block free or held, not both; one
     holder each without prefix caching; with it, reference count = holders. A block whose free
     vLLM defers until a step in flight is done (`deferred_frees`: a KV connector's consumer
-    under async scheduling) is held by that free."""
+    under async scheduling) is held by that free. A holder is a request in one KV cache
+    group; a hybrid cache's groups share the pool."""
     pool = sched.kv_cache_manager.block_pool
     free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null}
     holders: dict[int, list[str]] = {}
-    for rid, table in block_tables(sched).items():
-        for b in table:
-            holders.setdefault(b, []).append(rid)
+    groups = kv_groups(sched)
+    for group in range(groups):
+        for rid, table in group_tables(sched, group).items():
+            holder = f"{rid} (group {group})" if groups > 1 else rid
+            for b in table:
+                if b is not None:
+                    holders.setdefault(b, []).append(holder)
     for fence, blocks in getattr(sched, "deferred_frees", ()):
         for block in blocks:
             if not block.is_null:
@@ -550,13 +572,13 @@ def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
             )
 
 
-def check_drained(sched: Any, num_blocks: int) -> None:
-    """`no_leak` of a drained vLLM scheduler: no request left, every usable block free (block 0
-    is vLLM's null block)."""
+def check_drained(sched: Any) -> None:
+    """`no_leak` of a drained vLLM scheduler: no request left, every usable block of its pool
+    free (block 0 is vLLM's null block)."""
     left = sorted(sched.requests)
     if left:
         raise EngineCoreViolation("no_leak", f"drained, but vLLM still holds requests {left}")
-    usable = num_blocks - 1
+    usable = len(sched.kv_cache_manager.block_pool.blocks) - 1
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     if free != usable:
         raise EngineCoreViolation(

@@ -370,7 +370,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             sched,
             _Counts(),
             async_scheduling=async_scheduling,
-            num_blocks=serving.num_blocks,
             queue_size=serving.async_batch_queue if async_scheduling else 1,
         )
         self.runner: _Runner = _Runner(self)

@@ -105,7 +105,7 @@ from integrations.vllm.adapter import (
     block_tables,
     next_output_index,
 )
-from integrations.vllm.cache_writes import CacheWrites
+from integrations.vllm.cache_writes import CacheWrites, GroupTables, all_group_tables
 from integrations.vllm.core_loop import (
     ABORTED,
     ASYNC_BATCH_QUEUE,
@@ -208,6 +208,9 @@ class CoreRun:
     offload_sync_loads: int = 0  # of those, synchronous
     offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
     offload_mid_chunk_loads: int = 0  # of those loads, those starting inside a CPU chunk
+    offload_window_stored_blocks: int = 0  # of the blocks stored, a sliding window group's
+    offload_window_loaded_blocks: int = 0  # of the blocks loaded, a sliding window group's
+    offload_unstored_loads: int = 0  # of those, blocks of a chunk their store left out
     cache_resets: int = 0  # prefix-cache and connector resets between engine steps
     cache_resets_done: int = 0  # of those, the ones vLLM reported done (no KV in use)
 
@@ -242,7 +245,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     sends; with `kv_store="offload"` an `integrations.vllm.offload_store.OffloadStore`, which
     holds what finished requests stored and puts lookups off while its own jobs run, and with
     `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
-    `trace` (a list) the loop and the store append a line per event to it."""
+    `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
+    full-attention one, each group's blocks checked by its own table. With `trace` (a list)
+    the loop and the store append a line per event to it."""
 
     def __init__(
         self,
@@ -267,6 +272,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_store_blocks: int | None = None,
         offloading: OffloadingOptions | None = None,
         cache_resets: bool = False,
+        sliding_window: int | None = None,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -300,6 +306,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             kv_connector=kv_connector,
             kv_role=kv_role,
             offloading=offloading,
+            sliding_window=sliding_window,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -320,7 +327,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.impl.sched,
             _Counts(),
             async_scheduling=async_scheduling,
-            num_blocks=config.num_blocks,
             queue_size=self.impl.max_concurrent_batches,
         )
         self.config = config
@@ -331,13 +337,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         # a KV load's blocks are read as a prefix-cache hit's: checked the same way, and, as a
         # load may fail under a running request, every read (`kv_written`); with drafts only
         # below verified tokens, as a step is scheduled past drafts that vLLM may roll back
+        # a hybrid cache's reads too: a sliding window frees the blocks that leave it, and
+        # must keep those it still reads
+        every_read = kv_connector is not None or offloading is not None or bool(sliding_window)
         self.writes: CacheWrites | None = (
             CacheWrites(
                 config.block_size,
-                every_read=kv_connector is not None or offloading is not None,
+                every_read=every_read,
                 verified_reads=speculative_tokens > 0,
             )
-            if config.enable_prefix_caching or kv_connector is not None or offloading is not None
+            if config.enable_prefix_caching or every_read
             else None
         )
         #: vLLM's own offloading connector's worker, fabricated (`offloading`).
@@ -385,7 +394,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self._valid: dict[str, tuple[int, int]] | None = None
         #: per batch output (its id): the synchronous loads it ran that failed in a block
         self._failed_sync: dict[int, list[Any]] = {}
-        self._deferred_tables: dict[str, tuple[int, ...]] = {}
+        self._deferred_tables: GroupTables = ()
 
         self._stale_before: set[str] = set()
 
@@ -508,7 +517,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.n.deferred += 1
         self._valid = self.model.certain(out) if self.model is not None else None
         if self.writes is not None:
-            self._deferred_tables = block_tables(self.sched)
+            self._deferred_tables = all_group_tables(self.sched)
         return True
 
     def execute_deferred(self, out: Any) -> Any:
@@ -576,7 +585,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         assert self.writes is not None
         for index, block in enumerate(load.blocks):
             if failed_too or index != load.bad:
-                self.writes.written[block] = (load.request, load.first + index)
+                self.writes.put(block, (load.request, load.first + index))
 
     def _grammar(self, out: Any) -> Any:
         """vLLM's `GrammarOutput` for batch `out` (None: no structured request samples)."""
@@ -800,10 +809,13 @@ class LoopOptions:
     `offload_sync_loads`: hits may load synchronously; `offload_blocks_per_chunk`: GPU blocks a
     CPU chunk holds), its worker `integrations.vllm.offloading_worker`'s; `cache_resets` resets
     the prefix cache and the connector's before one engine step in 16, as a weight update does.
-    The speculative model and the connector's store draw from `draw_seed`, by default a hash of
-    the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the original
-    program's while it changes the program. With `trace` (a list) the loop appends a
-    line per event to it (`integrations.vllm.trace`)."""
+    `sliding_window` serves both loops a hybrid KV cache: a sliding-window group of that many
+    tokens beside the full-attention one (`integrations.vllm.adapter.hybrid_groups`), each with
+    the pool the program names (`hybrid_pool`). The speculative model and the connector's
+    store draw from `draw_seed`, by default a hash of the program's text (`program_seed`);
+    `integrations.vllm.shrink` holds it at the original program's while it changes the
+    program. With `trace` (a list) the loop appends a line per event to it
+    (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -825,6 +837,7 @@ class LoopOptions:
     offload_sync_loads: bool = False
     offload_blocks_per_chunk: int = 1
     cache_resets: bool = False
+    sliding_window: int | None = None
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -860,6 +873,7 @@ class LoopOptions:
             kv_store_blocks=self.kv_store_blocks,
             offloading=self.offloading,
             cache_resets=self.cache_resets,
+            sliding_window=self.sliding_window,
             trace=self.trace,
         )
         return loop.run(program)

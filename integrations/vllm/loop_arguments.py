@@ -19,6 +19,14 @@ from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT, OFFLOAD_HIT_FIX, apply_offload_hit_fix
+from integrations.vllm.offload_window_fixes import (
+    FORGET_STALE_WINDOW,
+    FORGET_STALE_WINDOW_FIX,
+    WHOLE_WINDOW_CHUNKS,
+    WHOLE_WINDOW_CHUNKS_FIX,
+    apply_forget_stale_window,
+    apply_whole_window_chunks,
+)
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.same_step_programs import same_step_program
@@ -41,11 +49,17 @@ FIXES = {
         DRAFT_MARGIN_FIX,
         *KV_LOAD_SCHEDULE.fix_set.fixes,
         OFFLOAD_HIT_FIX,
+        FORGET_STALE_WINDOW_FIX,
+        WHOLE_WINDOW_CHUNKS_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
 #: scheduler's connector gets each.
-CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {OFFLOAD_HIT: apply_offload_hit_fix}
+CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
+    OFFLOAD_HIT: apply_offload_hit_fix,
+    FORGET_STALE_WINDOW: apply_forget_stale_window,
+    WHOLE_WINDOW_CHUNKS: apply_whole_window_chunks,
+}
 
 
 def make_fixes(names: Iterable[str]) -> Callable[[Any], None] | None:
@@ -198,6 +212,14 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "reset_connector=True) after a weight update; not with --kv-connector",
     )
     parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="serve both loops a hybrid KV cache: a sliding-window group of W tokens beside the "
+        "full-attention one, each with the pool the program names; not with --kv-connector",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -236,6 +258,8 @@ def loop_options(
         parser.error("--offload-blocks-per-chunk: an int >= 1")
     if args.offload_chunks is not None and args.structured_output:
         parser.error("--offload-chunks: not with --structured-output")
+    if args.sliding_window is not None and (args.sliding_window < 1 or args.kv_connector):
+        parser.error("--sliding-window: an int >= 1, not with --kv-connector")
     names = sorted(set(args.fix or ()))
     options = LoopOptions(
         fix=make_fixes(names),
@@ -257,6 +281,7 @@ def loop_options(
         offload_sync_loads=args.offload_sync_loads,
         offload_blocks_per_chunk=args.offload_blocks_per_chunk,
         cache_resets=args.cache_resets,
+        sliding_window=args.sliding_window,
     )
     return options, names
 
@@ -289,6 +314,8 @@ def describe(args: argparse.Namespace) -> str:
         )
     if args.cache_resets:
         drafts += "; cache resets"
+    if args.sliding_window is not None:
+        drafts += f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens)"
     return drafts
 
 

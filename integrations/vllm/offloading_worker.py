@@ -32,6 +32,11 @@ writes its destination blocks when it is done. So vLLM's fences are what keeps t
   KV, a loaded block's being what the chunk held;
 - `progress`: once drained, no job is left unreported.
 
+On a hybrid cache (`LoopOptions(sliding_window=W)`) a job moves every KV cache group's blocks,
+group after group (its GPU spec's `group_sizes`), and an offload key names its group: a chunk
+holds one group's KV, and the rules above hold group by group (a block read as another group
+last wrote it fails `store_content`; a chunk another group's store filled fails `load_content`).
+
 Needs nothing of vLLM but the metadata classes it is handed; the loop builds the reports with
 `vllm.v1.outputs.KVConnectorOutput` and the connector's `OffloadingWorkerMetadata`.
 """
@@ -62,6 +67,9 @@ class OffloadingCounts:
     offload_sync_loads: int = 0  # of those, synchronous
     offload_loaded_blocks: int = 0  # GPU blocks those jobs wrote
     offload_mid_chunk_loads: int = 0  # of the loads, those starting inside a chunk
+    offload_window_stored_blocks: int = 0  # of the blocks stored, a sliding window's
+    offload_window_loaded_blocks: int = 0  # of the blocks loaded, a sliding window's
+    offload_unstored_loads: int = 0  # of those, blocks of a chunk their store left out
 
 
 @dataclass
@@ -71,7 +79,7 @@ class _Job:
     job_id: int
     job: Any
     load: bool
-    keys: frozenset[bytes]  # the block hashes of the keys it moves, as the connector said
+    keys: frozenset[tuple[bytes, int]]  # (block hash, KV cache group) of each key it moves
     due: int | None = None  # the step whose `get_finished` reports it (None: not submitted)
 
 
@@ -79,11 +87,12 @@ class _Job:
 class OffloadingWorker:
     """The fabricated worker over `writes` (what each GPU block holds, by the loop's record),
     `connector` (vLLM's `OffloadingConnectorScheduler`, read for a job's keys and its blocks
-    per chunk) and `seed` (the jobs' delays). `chunks`: what each CPU chunk holds, block by
-    block, as `writes` says a block does. `worker_meta` builds the report of the jobs done
-    (job id -> workers; default vLLM's `OffloadingWorkerMetadata`) and `key_hash` reads an
-    offload key's block hash (default vLLM's `get_offload_block_hash`): a test gives stand-ins
-    to run the worker without vLLM."""
+    per chunk) and `seed` (the jobs' delays). `chunks`: what each CPU chunk holds, the KV
+    cache group that stored it and its blocks' contents, as `writes` says a block does.
+    `worker_meta` builds the report of the jobs done (job id -> workers; default vLLM's
+    `OffloadingWorkerMetadata`) and `key_parts` reads an offload key's block hash and group
+    (default vLLM's `get_offload_block_hash` and `get_offload_group_idx`): a test gives
+    stand-ins to run the worker without vLLM."""
 
     writes: CacheWrites
     connector: Any
@@ -91,8 +100,8 @@ class OffloadingWorker:
     outputs: Any  # vllm.v1.outputs
     log: Callable[[str], None] | None = None
     worker_meta: Callable[[dict[int, int]], Any] | None = None
-    key_hash: Callable[[Any], bytes] | None = None
-    chunks: dict[int, tuple[tuple[Any, int], ...]] = field(default_factory=dict)
+    key_parts: Callable[[Any], tuple[bytes, int]] | None = None
+    chunks: dict[int, tuple[int, tuple[tuple[Any, int] | None, ...]]] = field(default_factory=dict)
     counts: OffloadingCounts = field(default_factory=OffloadingCounts)
     _deferred: list[_Job] = field(default_factory=list)
     _in_flight: dict[int, _Job] = field(default_factory=dict)
@@ -188,57 +197,106 @@ class OffloadingWorker:
         self.say(f"{'load' if held.load else 'store'} job {held.job_id} done")
 
     def _store(self, held: _Job) -> None:
-        """A chunk holds `per` consecutive blocks; each stored chunk's blocks come in order
-        (the connector skips no block of a full-attention chunk)."""
-        keys, per = held.keys, self._blocks_per_chunk
+        """A chunk holds `per` consecutive blocks of one group. Each group's blocks fill its
+        chunks in order from the position its `block_indices` entry gives in the first one:
+        a full-attention group's chunks are whole; a sliding window's first chunk may start
+        past blocks that left the window (the null block, not stored)."""
+        per = self._blocks_per_chunk
         src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
-        if len(src) != per * len(dst):
+        sizes = _group_sizes(held.job.src_spec, len(src))
+        offsets = _offsets(held.job.src_spec, sizes, per)
+        pairs = zip(offsets, sizes, strict=True)
+        spans = [-(-(offset + size) // per) if size else 0 for offset, size in pairs]
+        if sum(spans) != len(dst) or (len(sizes) == 1 and len(src) != per * len(dst)):
             raise EngineCoreViolation(
                 "store_content",
-                f"store job {held.job_id} of {held.job.req_id!r} reads {len(src)} blocks into "
-                f"{len(dst)} chunks of {per} blocks",
+                f"store job {held.job_id} of {held.job.req_id!r} reads {len(src)} blocks "
+                f"(groups of {sizes}) into {len(dst)} chunks of {per} blocks",
             )
-        for i, chunk in enumerate(dst):
-            blocks = src[i * per : (i + 1) * per]
-            contents = [self.writes.written.get(block) for block in blocks]
-            wrong = _chunk_fault(contents, keys)
-            if wrong is not None:
-                j, what = wrong
-                raise EngineCoreViolation(
-                    "store_content",
-                    f"store job {held.job_id} of {held.job.req_id!r} reads block {blocks[j]} "
-                    f"into chunk {chunk}, but {what}",
-                )
-            self.chunks[chunk] = tuple(c for c in contents if c is not None)
+        first_block, first_chunk = 0, 0
+        for group, (size, offset, span) in enumerate(zip(sizes, offsets, spans, strict=True)):
+            keys = frozenset(h for h, g in held.keys if g == group)
+            blocks = src[first_block : first_block + size]
+            slots: list[list[tuple[Any, int] | None]] = [[None] * per for _ in range(span)]
+            for j, block in enumerate(blocks):
+                slots[(offset + j) // per][(offset + j) % per] = self.writes.content(block, group)
+            for i, chunk in enumerate(dst[first_chunk : first_chunk + span]):
+                lo = offset if i == 0 else 0
+                hi = min(per, offset + size - i * per)
+                contents = slots[i][lo:hi]
+                wrong = _chunk_fault(contents, keys)
+                if wrong is not None:
+                    j, what = wrong
+                    block = blocks[i * per + lo + j - offset]
+                    if contents[j] is None and block in self.writes.written:
+                        other = self.writes.written_in.get(block, 0)
+                        what = what.replace(
+                            "no batch or load wrote it",
+                            f"KV cache group {other} wrote it last, not group {group}",
+                        )
+                    raise EngineCoreViolation(
+                        "store_content",
+                        f"store job {held.job_id} of {held.job.req_id!r} reads block "
+                        f"{block}{_in(group)} into chunk {chunk}, but {what}",
+                    )
+                self.chunks[chunk] = (group, tuple(slots[i]))
+            first_block += size
+            first_chunk += span
         self.counts.offload_stored_blocks += len(src)
+        self.counts.offload_window_stored_blocks += sum(sizes[1:])
 
     def _load(self, held: _Job) -> None:
-        """The blocks a load writes are the request's blocks from `block_indices[0]` on; when
-        that is inside a chunk, the load starts at that block of the first chunk."""
-        keys, per = held.keys, self._blocks_per_chunk
+        """The blocks a load writes are, group by group, the request's blocks from that
+        group's `block_indices` entry on; when that is inside a chunk, the group's load starts
+        at that block of its first chunk."""
+        per = self._blocks_per_chunk
         src, dst = _ids(held.job.src_spec), _ids(held.job.dst_spec)
-        offset = int(held.job.dst_spec.block_indices[0]) % per
-        self.counts.offload_mid_chunk_loads += offset > 0
-        for chunk in src:
-            held_there = self.chunks.get(chunk)
-            what = (
-                "no finished store filled it"
-                if held_there is None
-                else None
-                if _hash(held_there[-1]) in keys
-                else f"it holds block {held_there[-1][1]} of {held_there[-1][0].request_id!r} "
-                "last, not a key of the job"
-            )
-            if what is not None:
-                raise EngineCoreViolation(
-                    "load_content",
-                    f"load job {held.job_id} of {held.job.req_id!r} reads chunk {chunk}, but "
-                    f"{what}",
-                )
-        for j, block in enumerate(dst):
-            chunk = src[(offset + j) // per]
-            self.writes.written[block] = self.chunks[chunk][(offset + j) % per]
+        spec = held.job.dst_spec
+        sizes = _group_sizes(spec, len(dst))
+        offsets = _offsets(spec, sizes, per)
+        first_block, first_chunk = 0, 0
+        for group, (size, offset) in enumerate(zip(sizes, offsets, strict=True)):
+            if size == 0:
+                continue
+            self.counts.offload_mid_chunk_loads += offset > 0
+            chunks = src[first_chunk : first_chunk + -(-(offset + size) // per)]
+            keys = frozenset(h for h, g in held.keys if g == group)
+            for chunk in chunks:
+                what = self._chunk_not_loadable(chunk, group, keys)
+                if what is not None:
+                    raise EngineCoreViolation(
+                        "load_content",
+                        f"load job {held.job_id} of {held.job.req_id!r} reads chunk "
+                        f"{chunk}{_in(group)}, but {what}",
+                    )
+            for j, block in enumerate(dst[first_block : first_block + size]):
+                chunk = chunks[(offset + j) // per]
+                content = self.chunks[chunk][1][(offset + j) % per]
+                if content is None:
+                    # the store left this part of the chunk out (a block that had left the
+                    # window): the block gets whatever the chunk held there, which is wrong
+                    # only if the request reads it (`kv_written`)
+                    self.writes.forget([block])
+                    self.counts.offload_unstored_loads += 1
+                    continue
+                self.writes.put(block, content, group)
+            first_block += size
+            first_chunk += len(chunks)
         self.counts.offload_loaded_blocks += len(dst)
+        self.counts.offload_window_loaded_blocks += sum(sizes[1:])
+
+    def _chunk_not_loadable(self, chunk: int, group: int, keys: frozenset[bytes]) -> str | None:
+        """Why a load of `group`'s `keys` may not read `chunk`, or None."""
+        held_there = self.chunks.get(chunk)
+        if held_there is None:
+            return "no finished store filled it"
+        stored_by, slots = held_there
+        if stored_by != group:
+            return f"a store of KV cache group {stored_by} filled it"
+        last = next(c for c in reversed(slots) if c is not None)
+        if _hash(last) in keys:
+            return None
+        return f"it holds block {last[1]} of {last[0].request_id!r} last, not a key of the job"
 
     @property
     def _blocks_per_chunk(self) -> int:
@@ -249,15 +307,16 @@ class OffloadingWorker:
         the connector's record of the jobs in flight, which the worker still runs."""
         return _Job(job_id, job, load, self._key_hashes(job_id))
 
-    def _key_hashes(self, job_id: int) -> frozenset[bytes]:
-        """The block hashes of the keys job `job_id` moves, as the connector recorded them."""
+    def _key_hashes(self, job_id: int) -> frozenset[tuple[bytes, int]]:
+        """The (block hash, group) of the keys job `job_id` moves, as the connector recorded
+        them."""
         status = self.connector._jobs.get(job_id)
         if status is None:
             raise EngineCoreViolation(
                 "implementation_error", f"the connector has no record of job {job_id}"
             )
-        key_hash = self.key_hash or _vllm_key_hash
-        return frozenset(bytes(key_hash(key)) for key in status.keys)
+        key_parts = self.key_parts or _vllm_key_parts
+        return frozenset(key_parts(key) for key in status.keys)
 
 
 def _vllm_worker_meta(completed_jobs: dict[int, int]) -> Any:
@@ -268,9 +327,30 @@ def _vllm_worker_meta(completed_jobs: dict[int, int]) -> Any:
     return common.OffloadingWorkerMetadata(completed_jobs=completed_jobs)
 
 
-def _vllm_key_hash(key: Any) -> bytes:
-    """The block hash of vLLM offload key `key`."""
-    return bytes(importlib.import_module("vllm.v1.kv_offload.base").get_offload_block_hash(key))
+def _vllm_key_parts(key: Any) -> tuple[bytes, int]:
+    """The block hash and KV cache group of vLLM offload key `key`."""
+    base = importlib.import_module("vllm.v1.kv_offload.base")
+    return bytes(base.get_offload_block_hash(key)), int(base.get_offload_group_idx(key))
+
+
+def _group_sizes(spec: Any, blocks: int) -> list[int]:
+    """A GPU spec's blocks per KV cache group (one group when it names none)."""
+    sizes = getattr(spec, "group_sizes", None)
+    return [blocks] if sizes is None else [int(n) for n in sizes]
+
+
+def _offsets(spec: Any, sizes: list[int], per: int) -> list[int]:
+    """Where each group's first block sits in its first chunk (`block_indices`; 0 for a
+    spec without them, or a group that moves no block)."""
+    indices = getattr(spec, "block_indices", None)
+    if indices is None:
+        return [0] * len(sizes)
+    return [int(i) % per if n else 0 for i, n in zip(indices, sizes, strict=True)]
+
+
+def _in(group: int) -> str:
+    """Words naming a KV cache group other than the first, for a message."""
+    return f" of KV cache group {group}" if group else ""
 
 
 def _hash(content: tuple[Any, int]) -> bytes | None:

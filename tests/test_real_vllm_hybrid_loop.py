@@ -1,0 +1,433 @@
+"""vLLM 0.33.0's engine-core loop over a hybrid KV cache (`LoopOptions(sliding_window=W)`): a
+full-attention group beside a sliding-window group of W tokens sharing one pool, vLLM's own
+`HybridKVCacheCoordinator` deciding, with and without vLLM's own offloading connector.
+
+Each rule reads every group's table: `pool_accounting` counts holders in every group,
+`kv_covers_scheduled` also says a sliding window keeps the blocks its attention still reads,
+and the content record (`cache_hit_written`, `kv_written`, `store_content`, `load_content`)
+knows which group wrote a block. Seeded bugs show each has teeth on the hybrid cache.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.patches import FixDoesNotApply
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import (
+    SPACE_PREFIX,
+    RealVllmScheduler,
+    group_tables,
+    hybrid_pool,
+    kv_groups,
+    window_tokens,
+)
+from integrations.vllm.cache_writes import CacheWrites
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, LoopOptions, run_loop
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_window_fixes import (
+    OFFLOADING_FIXES,
+    apply_forget_stale_window,
+    apply_whole_window_chunks,
+)
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
+from tests.script_module import load_script
+from tests.vllm_seeded_bugs import (
+    cross_group_hit,
+    offload_groups_swapped,
+    window_freed_but_held,
+    window_freed_early,
+)
+
+#: Generated programs a test runs through both loops.
+PROGRAMS = 40
+CONFIG = ArConfig(
+    block_size=2,
+    num_blocks=12,
+    max_num_batched_tokens=8,
+    max_num_seqs=2,
+    max_model_len=16,
+    enable_prefix_caching=True,
+)
+#: vLLM's offloading connector over the hybrid cache, with the fix of its one-token finding.
+OFFLOADING = LoopOptions(
+    sliding_window=3, offload_chunks=16, offload_outputs=True, fix=make_fixes(["no-pointless-hit"])
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _totals(options: LoopOptions, programs: int = PROGRAMS) -> Counter[str]:
+    """The counts of the first `programs` shared-prompt programs through both loops; each
+    must pass."""
+    totals: Counter[str] = Counter()
+    for seed in range(programs):
+        for async_scheduling in (False, True):
+            run = run_loop(
+                shared_prompt_program(seed), async_scheduling=async_scheduling, options=options
+            )
+            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
+    return totals
+
+
+def test_vllm_builds_two_groups_over_a_pool_for_each() -> None:
+    sched = RealVllmScheduler(CONFIG, lambda _event: None, SPACE_PREFIX, sliding_window=3).sched
+    assert kv_groups(sched) == 2
+    assert [window_tokens(sched, g) for g in (0, 1)] == [None, 3]
+    assert len(sched.kv_cache_manager.block_pool.blocks) == hybrid_pool(12) == 23
+    assert type(sched.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+
+
+def test_the_window_drops_blocks_it_no_longer_reads() -> None:
+    """A request decoding past its window holds the null block in the sliding-window group
+    where its first blocks were, and real blocks for every token in the full-attention
+    group."""
+    loop = EngineCoreLoop(CONFIG, async_scheduling=False, sliding_window=2)
+    program = shared_prompt_program(0)
+    request = program.arrivals[0][0]
+    loop.submit(request)
+    for _ in range(4):
+        loop.engine_step()
+    rid = request.request_id
+    full, window = group_tables(loop.sched, 0)[rid], group_tables(loop.sched, 1)[rid]
+    computed = loop.sched.requests[rid].num_computed_tokens
+    assert computed > 2 * CONFIG.block_size, computed
+    assert None not in full and window[0] is None, (full, window)
+    assert len(full) == len(window)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_generated_programs_pass_on_a_hybrid_cache(window: int) -> None:
+    """Shared-prompt programs, a third with prefix caching, pass both loops with windows
+    smaller and larger than a block; requests hit the cache and some are preempted."""
+    totals = _totals(LoopOptions(sliding_window=window))
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 2])
+def test_vllms_offloading_moves_both_groups_and_passes(blocks_per_chunk: int) -> None:
+    """vLLM's offloading connector stores and loads blocks of both groups (a chunk holds one
+    group's), and every program passes both loops with the fix of its one-token finding.
+    With chunks of 2 blocks a sliding window's first chunk may start past a block that left
+    the window."""
+    options = replace(OFFLOADING, offload_blocks_per_chunk=blocks_per_chunk)
+    totals = _totals(options)
+    assert totals["offload_window_stored_blocks"] > 0, totals
+    assert totals["offload_stored_blocks"] > totals["offload_window_stored_blocks"], totals
+    assert totals["offload_window_loaded_blocks"] > 0, totals
+
+
+#: (seeded bug, offloading on, the rule it fails, words of the message)
+SEEDED_BUGS: list[tuple[Callable[[Any], None], bool, str, str]] = [
+    (window_freed_early, False, "kv_covers_scheduled", "holds the null block as its block"),
+    (window_freed_but_held, False, "pool_accounting", "is free and held by"),
+    (cross_group_hit, False, "cache_hit_written", "KV cache group 0 wrote it last, not group 1"),
+    (offload_groups_swapped, True, "store_content", "wrote it last, not group"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "offloading", "rule", "words"),
+    SEEDED_BUGS,
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_checks_catch_each_seeded_bug_on_a_hybrid_cache(
+    mutant: Callable[[Any], None], offloading: bool, rule: str, words: str
+) -> None:
+    """Each per-group check has teeth: a window that frees a block it still reads; one that
+    frees blocks it keeps in the table; a prefix-cache lookup that hands the sliding window
+    the full-attention group's block; an offloading store whose spec lists the groups in the
+    wrong order. Each is caught in the first shared-prompt programs, the message naming the
+    group."""
+    base = OFFLOADING if offloading else LoopOptions(sliding_window=3)
+    options = replace(base, mutate=mutant)
+    seen: list[str] = []
+    for seed in range(PROGRAMS):
+        try:
+            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
+        except EngineCoreViolation as err:
+            seen.append(str(err))
+            if err.rule == rule:
+                assert words in err.detail and "group" in err.detail, err
+                return
+    pytest.fail(f"no program failed [{rule}]; failures seen: {seen}")
+
+
+def test_the_cross_group_lookup_passes_on_one_group() -> None:
+    """Ignoring the group is harmless with one group: the programs that catch it on a hybrid
+    cache pass (what catches it there is the per-group content record, not another rule)."""
+    options = LoopOptions(mutate=cross_group_hit)
+    for seed in range(PROGRAMS // 4):
+        for async_scheduling in (False, True):
+            run_loop(
+                shared_prompt_program(seed), async_scheduling=async_scheduling, options=options
+            )
+
+
+def test_the_content_record_tells_the_groups_apart() -> None:
+    """A block holds what the group that wrote it last wrote: another group's read of it
+    finds nothing."""
+    writes = CacheWrites(2)
+    request = object()
+    writes.put(7, (request, 0), 1)
+    assert writes.content(7, 1) == (request, 0) and writes.content(7) is None
+    writes.put(7, (request, 3))
+    assert writes.content(7) == (request, 3) and writes.content(7, 1) is None
+    writes.forget([7])
+    assert writes.content(7) is None and not writes.written_in
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=0),
+            "an integer >= 1",
+        ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=True),
+            "an integer >= 1",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2, kv_connector="recompute"
+            ),
+            "None with kv_connector",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2
+            ).step(),
+            "drive a hybrid cache with integrations.vllm.engine_core",
+        ),
+    ],
+)
+def test_bad_hybrid_options_are_typed_errors(build: Callable[[], Any], words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build()
+    assert err.value.field == "sliding_window" and words in str(err.value), err.value
+
+
+def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = load_script("vllm_async_check")
+    argv = ["--programs", "3", "--programs-from", "shared-prompts", "--sliding-window", "3"]
+    assert script.main([*argv, "--offload-chunks", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "a hybrid KV cache (a sliding window of 3 tokens)" in out, out
+    assert "of the blocks stored, the sliding window's" in out, out
+    for bad in (["--sliding-window", "0"], ["--sliding-window", "2", "--kv-connector", "fail"]):
+        with pytest.raises(SystemExit) as leaving:
+            script.main(["--programs", "1", *bad])
+        assert leaving.value.code == 2, bad
+        assert "--sliding-window" in capsys.readouterr().err.splitlines()[-1], bad
+
+
+# ---------------------------------------------------------------- findings, and their fixes
+def _reset_program() -> CoreProgram:
+    """The first finding's shrunk program (docs/shrunk/vllm-offloading-reset-window.json): one
+    request of 3 prompt tokens and 7 outputs, blocks of 2, one token a step; the draw seed
+    puts a cache reset at engine step 10."""
+    config = ArConfig(
+        block_size=2, num_blocks=6, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=10
+    )
+    return CoreProgram(config, ((), (ArRequest("r3", 3, 7),)), ((), ()))
+
+
+RESET_OPTIONS = LoopOptions(
+    sliding_window=3, offload_chunks=8, offload_outputs=True, cache_resets=True, draw_seed=4303629
+)
+
+
+def test_finding_a_cache_reset_re_stores_window_blocks_the_window_freed() -> None:
+    """Finding: r3 decodes past its window of 3 tokens, whose first blocks the scheduler frees
+    and hands to the full-attention group for later tokens. The connector keeps r3's window
+    block ids and clears stale ones only at positions it has not stored yet. The cache reset
+    at step 10 sends r3 back to chunk 0, and the store reads the window's old block 2, now
+    holding full-attention KV, under r3's key. With `forget-stale-window` the reset clears the
+    stored positions' ids and the program passes; without the reset it passes as released."""
+    fixes = ["no-pointless-hit"]
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(
+            _reset_program(),
+            async_scheduling=False,
+            options=replace(RESET_OPTIONS, fix=make_fixes(fixes)),
+        )
+    assert err.value.rule == "store_content", err.value
+    assert "of KV cache group 1" in err.value.detail, err.value
+    assert "KV cache group 0 wrote it last, not group 1" in err.value.detail, err.value
+    fixed = replace(RESET_OPTIONS, fix=make_fixes([*fixes, "forget-stale-window"]))
+    no_reset = replace(RESET_OPTIONS, fix=make_fixes(fixes), cache_resets=False)
+    for options in (fixed, no_reset):
+        for async_scheduling in (False, True):
+            run = run_loop(_reset_program(), async_scheduling=async_scheduling, options=options)
+            assert run.reasons == {"r3": "length"} and run.offload_stores > 0, run
+
+
+def _shorter_prompt_program() -> CoreProgram:
+    """The second finding's shrunk program (docs/shrunk/vllm-offloading-window-part.json): r9's
+    4-token prompt is a prefix of r7's 10 tokens; r3 and r6 share nothing; blocks of one
+    token."""
+    config = ArConfig(
+        block_size=1, num_blocks=13, max_num_batched_tokens=10, max_num_seqs=2, max_model_len=11
+    )
+    shared = tuple(range(100, 110))
+    arrivals = (
+        (ArRequest("r3", 6, 1),),
+        (ArRequest("r6", 1, 2),),
+        (ArRequest("r7", 10, 1, prompt=shared), ArRequest("r9", 4, 1, prompt=shared[:4])),
+    )
+    return CoreProgram(config, arrivals, ((),) * 3)
+
+
+def _whole_prompt_program() -> CoreProgram:
+    """The same finding through a whole-prompt hit: r2 and r9 share a 6-token prompt, r5
+    extends it by one token; blocks of one token, no chunked prefill."""
+    config = ArConfig(
+        block_size=1,
+        num_blocks=8,
+        max_num_batched_tokens=8,
+        max_num_seqs=1,
+        max_model_len=8,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=True,
+    )
+    shared = tuple(range(100, 107))
+    arrivals = (
+        (ArRequest("r2", 6, 1, prompt=shared[:6]),),
+        (ArRequest("r5", 7, 1, prompt=shared),),
+        (ArRequest("r7", 1, 1),),
+        (ArRequest("r9", 6, 1, prompt=shared[:6]),),
+    )
+    return CoreProgram(config, arrivals, ((),) * 4)
+
+
+#: (program, its options as released with the one-token fix, the loop that breaks)
+PART_PROGRAMS = [
+    (
+        _shorter_prompt_program(),
+        LoopOptions(
+            sliding_window=8,
+            offload_chunks=8,
+            offload_blocks_per_chunk=3,
+            offload_outputs=True,
+            draw_seed=1563501665,
+        ),
+        False,
+    ),
+    (
+        _whole_prompt_program(),
+        LoopOptions(
+            sliding_window=3,
+            offload_chunks=8,
+            offload_blocks_per_chunk=3,
+            offload_outputs=True,
+            draw_seed=3765766993,
+        ),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "options", "async_scheduling"), PART_PROGRAMS, ids=["shorter", "whole-prompt"]
+)
+def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
+    program: CoreProgram, options: LoopOptions, async_scheduling: bool
+) -> None:
+    """Finding: with chunks of 3 one-token blocks, a request stores a sliding-window chunk in
+    part: the blocks of it that left its window, or that the store mask did not ask for, are
+    the null block and are left out, but the chunk is keyed as a whole. A later request hits
+    it and reads the part left out: r9, whose 4-token prompt ends inside r7's (a window of 8
+    reads tokens 0-2, r7 stored only token 2 of that chunk); or r9, whose hit covers its whole
+    6-token prompt, so token 5 is recomputed and its window of 3 reads token 3, which r5 left
+    out. With `whole-window-chunks` no window chunk holding the null block is stored, and both
+    pass; with chunks of one block no chunk is stored in part, and both pass as released."""
+    fixes = ["no-pointless-hit"]
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(
+            program,
+            async_scheduling=async_scheduling,
+            options=replace(options, fix=make_fixes(fixes)),
+        )
+    assert err.value.rule == "cache_hit_written", err.value
+    assert "'r9' starts from the prefix cache" in err.value.detail, err.value
+    assert "no batch wrote it (in KV cache group 1)" in err.value.detail, err.value
+    fixed = replace(options, fix=make_fixes([*fixes, "whole-window-chunks"]))
+    one_block = replace(options, fix=make_fixes(fixes), offload_blocks_per_chunk=1)
+    for checked in (fixed, one_block):
+        for loop in (False, True):
+            run = run_loop(program, async_scheduling=loop, options=checked)
+            assert set(run.reasons.values()) == {"length"}, run
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 3])
+def test_with_the_fixes_resets_and_chunks_of_several_blocks_pass(blocks_per_chunk: int) -> None:
+    """With the three offloading fixes, programs with cache resets, synchronous loads and
+    chunks of one or three blocks pass both loops over the hybrid cache, windows of 3 and 8."""
+    fixes = ["no-pointless-hit", "forget-stale-window", "whole-window-chunks"]
+    options = LoopOptions(
+        sliding_window=3 if blocks_per_chunk == 1 else 8,
+        offload_chunks=8,
+        offload_outputs=True,
+        offload_sync_loads=True,
+        offload_blocks_per_chunk=blocks_per_chunk,
+        cache_resets=True,
+        fix=make_fixes(fixes),
+    )
+    totals = _totals(options)
+    assert totals["cache_resets"] > 0 and totals["offload_window_loaded_blocks"] > 0, totals
+
+
+def test_the_window_fixes_change_nothing_where_their_findings_cannot_occur() -> None:
+    """Without cache resets `forget-stale-window` changes no run, and without a sliding window
+    neither fix does: the runs, path counts included, are vLLM's as released."""
+    base = LoopOptions(offload_chunks=8, offload_outputs=True, offload_blocks_per_chunk=2)
+    cases = [
+        (replace(base, sliding_window=3), ["forget-stale-window"]),
+        (base, ["forget-stale-window", "whole-window-chunks"]),
+    ]
+    for options, names in cases:
+        released = replace(options, fix=make_fixes(["no-pointless-hit"]))
+        fixed = replace(options, fix=make_fixes(["no-pointless-hit", *names]))
+        for seed in range(PROGRAMS // 2):
+            program = shared_prompt_program(seed)
+            for async_scheduling in (False, True):
+                assert run_loop(program, async_scheduling=async_scheduling, options=fixed) == (
+                    run_loop(program, async_scheduling=async_scheduling, options=released)
+                ), (seed, names)
+
+
+def test_the_fixes_are_one_patch_of_vllms_file_and_refuse_another_connector(
+    tmp_path: Path,
+) -> None:
+    """`scripts/engine_fixes_diff.py vllm-offloading` prints the three edits the tests run:
+    applied with `git apply -p1` to a copy of vLLM's file, they give the very text the tests
+    run. A scheduler without vLLM's offloading connector is refused, naming it."""
+    names = OFFLOADING_FIXES.names
+    sources = OFFLOADING_FIXES.fixed_sources(names)
+    patched = git_apply_to_copies(tmp_path, sources, OFFLOADING_FIXES.as_diff(names))
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    text = next(iter(patched.values()))
+    assert "group_state.block_ids[j] = 0" in text and "window\n" in text
+    plain = RealVllmScheduler(CONFIG, lambda _event: None, SPACE_PREFIX).sched
+    for apply in (apply_forget_stale_window, apply_whole_window_chunks):
+        with pytest.raises(FixDoesNotApply, match="edits vLLM's offloading connector"):
+            apply(plain)
