@@ -9,7 +9,8 @@
          [--offload-blocks-per-chunk B]] [--cache-resets] [--sliding-window W]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
-                stale-after-failed-load,evict-ended-loader-blocks} ...]
+                stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
+                forget-stale-window,whole-window-chunks} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -64,7 +65,9 @@ load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU 
 (vLLM's `reset_prefix_cache(reset_connector=True)`). `--sliding-window W` serves both loops a
 hybrid KV cache: a sliding-window group of W tokens beside the full-attention one, each with the
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
-connector stores and loads both groups' blocks). Exit 1 if a program failed. Needs
+connector stores and loads both groups' blocks; `--fix forget-stale-window` and `--fix
+whole-window-chunks` apply the fixes of its two findings there,
+`integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 

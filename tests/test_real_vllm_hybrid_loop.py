@@ -42,6 +42,7 @@ from integrations.vllm.offload_window_fixes import (
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
@@ -157,16 +158,13 @@ def test_checks_catch_each_seeded_bug_on_a_hybrid_cache(
     group."""
     base = OFFLOADING if offloading else LoopOptions(sliding_window=3)
     options = replace(base, mutate=mutant)
-    seen: list[str] = []
-    for seed in range(PROGRAMS):
-        try:
-            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
-        except EngineCoreViolation as err:
-            seen.append(str(err))
-            if err.rule == rule:
-                assert words in err.detail and "group" in err.detail, err
-                return
-    pytest.fail(f"no program failed [{rule}]; failures seen: {seen}")
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(shared_prompt_program(seed), async_scheduling=True, options=options),
+        until=rule,
+    )
+    assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
+    assert words in seen[rule] and "group" in seen[rule], seen[rule]
 
 
 def test_the_cross_group_lookup_passes_on_one_group() -> None:

@@ -31,6 +31,7 @@ from integrations.vllm.offload_hit_fix import OFFLOAD_HIT_FIXES, apply_offload_h
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
@@ -190,16 +191,13 @@ def test_checks_catch_each_seeded_bug(mutant: Callable[[Any], None], rule: str, 
     was given and wrote; with loads one chunk off, a load reads another key's KV. Both in the
     first shared-prompt programs, with a message that says which job, block and chunk."""
     options = LoopOptions(offload_chunks=16, offload_outputs=True, mutate=mutant)
-    seen: list[str] = []
-    for seed in range(PROGRAMS):
-        try:
-            run_loop(shared_prompt_program(seed), async_scheduling=True, options=options)
-        except EngineCoreViolation as err:
-            seen.append(str(err))
-            if err.rule == rule:
-                assert words in err.detail and "job" in err.detail, err
-                return
-    pytest.fail(f"no program failed [{rule}]; failures seen: {seen}")
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(shared_prompt_program(seed), async_scheduling=True, options=options),
+        until=rule,
+    )
+    assert rule in seen, f"no program failed [{rule}]; failures seen: {seen}"
+    assert words in seen[rule] and "job" in seen[rule], seen[rule]
 
 
 @pytest.mark.parametrize("blocks_per_chunk", [2, 3])

@@ -72,18 +72,23 @@ def _fixed_method() -> Any:
 
 def apply_offload_hit_fix(sched: Any) -> None:
     """Give the offloading connector of `sched` (a built scheduler serving vLLM's
-    `OffloadingConnector`) the fixed `get_num_new_matched_tokens`, through a subclass of its
-    class; `FixDoesNotApply` for a scheduler without that connector."""
+    `OffloadingConnector`) the fixed `get_num_new_matched_tokens`; `FixDoesNotApply` for a
+    scheduler without that connector."""
+    give_connector_method(sched, OFFLOAD_HIT, "get_num_new_matched_tokens", _fixed_method())
+
+
+def give_connector_method(sched: Any, fix: str, name: str, method: Any) -> None:
+    """Give the offloading connector of `sched` `method` as its method `name` (as fix `fix`
+    edits it), through a subclass of its class; `FixDoesNotApply` for a scheduler without vLLM's
+    offloading connector."""
     connector = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
     if type(connector).__name__ != "OffloadingConnectorScheduler":
         raise FixDoesNotApply(
-            f"{OFFLOAD_HIT} edits vLLM's offloading connector; this scheduler serves "
+            f"{fix} edits vLLM's offloading connector; this scheduler serves "
             f"{type(getattr(sched, 'connector', None)).__name__}"
         )
     cls = type(connector)
-    connector.__class__ = type(
-        cls.__name__, (cls,), {"get_num_new_matched_tokens": _fixed_method()}
-    )
+    connector.__class__ = type(cls.__name__, (cls,), {name: method})
 
 
 __all__ = [
@@ -91,4 +96,5 @@ __all__ = [
     "OFFLOAD_HIT_FIX",
     "OFFLOAD_HIT_FIXES",
     "apply_offload_hit_fix",
+    "give_connector_method",
 ]

@@ -35,9 +35,9 @@ import contextlib
 import functools
 from typing import Any
 
-from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.patches import EngineFix, FixSet
 from integrations.vllm.adapter import load_vllm
-from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX
+from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX, give_connector_method
 
 FORGET_STALE_WINDOW = "forget-stale-window"
 WHOLE_WINDOW_CHUNKS = "whole-window-chunks"
@@ -114,17 +114,9 @@ def _fixed_method(name: str, method: str) -> Any:
 
 
 def _apply(sched: Any, name: str, method: str) -> None:
-    """Give the offloading connector of `sched` the method as fix `name` edits it, through a
-    subclass of its class."""
-    connector = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
-    if type(connector).__name__ != "OffloadingConnectorScheduler":
-        raise FixDoesNotApply(
-            f"{name} edits vLLM's offloading connector; this scheduler serves "
-            f"{type(getattr(sched, 'connector', None)).__name__}"
-        )
-    cls = type(connector)
+    """Give the offloading connector of `sched` the method as fix `name` edits it."""
     attribute = method.split(".")[1]
-    connector.__class__ = type(cls.__name__, (cls,), {attribute: _fixed_method(name, method)})
+    give_connector_method(sched, name, attribute, _fixed_method(name, method))
 
 
 def apply_forget_stale_window(sched: Any) -> None:
