@@ -6,7 +6,9 @@ What it must do, as vLLM's worker does: a store is deferred to the next step and
 is done; a flushed store is done before the forward of the step that flushes it; a synchronous
 load writes its blocks before the forward and is not in `finished_recving`, an asynchronous one
 is; every job done is reported once, counted once per worker; and what it reads or writes is
-checked (`store_content`, `load_content`, `progress`).
+checked (`store_content`, `load_content`, `progress`). On a hybrid cache a job moves each KV
+cache group's blocks into chunks of that group, a sliding window's first chunk possibly in part,
+and a block read as another group wrote it fails.
 """
 
 from __future__ import annotations
@@ -183,3 +185,86 @@ def test_a_job_left_in_flight_fails_progress() -> None:
     with pytest.raises(EngineCoreViolation) as err:
         h.worker.check_done()
     assert err.value.rule == "progress" and "[7]" in err.value.detail
+
+
+# ---------------------------------------------------------------- a hybrid cache's two groups
+C = _Req("c", [b"c0", b"c1", b"c2"])
+
+
+def _groups(ids: list[int], sizes: list[int], firsts: list[int]) -> Any:
+    """A GPU spec moving `sizes[g]` blocks of group g, its first at block index `firsts[g]`."""
+    return SimpleNamespace(block_ids=ids, group_sizes=sizes, block_indices=firsts)
+
+
+def _hybrid_harness() -> _Harness:
+    """Chunks of 3 blocks; keys are (block hash, group) pairs, read as they are."""
+    h = _Harness(_seed_with_delay(1, 0))
+    h.connector.config.blocks_per_chunk = 3
+    h.worker.key_parts = lambda key: key
+    for block, k in ((1, 0), (2, 1), (3, 2)):
+        h.writes.put(block, (C, k))  # full attention: tokens 0-2
+    for block, k in ((6, 1), (7, 2)):
+        h.writes.put(block, (C, k), 1)  # the window: token 0 left it
+    return h
+
+
+def _store_both_groups(h: _Harness) -> None:
+    h.connector._jobs[1] = SimpleNamespace(keys={(b"c2", 0), (b"c2", 1)})
+    store = SimpleNamespace(
+        req_id="c",
+        src_spec=_groups([1, 2, 3, 6, 7], [3, 2], [0, 1]),
+        dst_spec=_spec([0, 1]),
+        sync=False,
+    )
+    h.step(_meta(store={1: store}))
+    h.step()
+
+
+def test_a_store_moves_each_groups_blocks_into_its_own_chunks() -> None:
+    """Group 0's three blocks fill chunk 0; the window's two, starting at block index 1, fill
+    chunk 1 from its second block on: the first is left out, and the worker knows it."""
+    h = _hybrid_harness()
+    _store_both_groups(h)
+    assert h.reported(1) == [1]
+    assert h.worker.chunks[0] == (0, ((C, 0), (C, 1), (C, 2)))
+    assert h.worker.chunks[1] == (1, (None, (C, 1), (C, 2)))
+    assert h.worker.counts.offload_window_stored_blocks == 2
+
+
+def test_a_store_reading_a_block_another_group_wrote_last_is_caught() -> None:
+    h = _hybrid_harness()
+    h.writes.put(7, (C, 2))  # the full-attention group took block 7 and wrote it
+    with pytest.raises(EngineCoreViolation) as err:
+        _store_both_groups(h)
+    assert err.value.rule == "store_content"
+    assert "block 7 of KV cache group 1" in err.value.detail, err.value
+    assert "KV cache group 0 wrote it last, not group 1" in err.value.detail, err.value
+
+
+def test_a_load_of_a_part_its_store_left_out_writes_nothing_valid() -> None:
+    """A load of the window's chunk from block index 0 writes blocks 10-12: block 10 from the
+    part the store left out holds nothing valid (a read of it fails `kv_written`), blocks 11
+    and 12 the window's KV of tokens 1 and 2, as group 1 wrote it."""
+    h = _hybrid_harness()
+    _store_both_groups(h)
+    h.connector._jobs[2] = SimpleNamespace(keys={(b"c2", 1)})
+    load = SimpleNamespace(
+        req_id="d", src_spec=_spec([1]), dst_spec=_groups([10, 11, 12], [0, 3], [0, 0]), sync=True
+    )
+    h.step(_meta(load={2: load}))
+    assert h.writes.content(10, 1) is None and h.worker.counts.offload_unstored_loads == 1
+    assert [h.writes.content(b, 1) for b in (11, 12)] == [(C, 1), (C, 2)]
+    assert h.writes.content(11) is None  # not the full-attention group's KV
+
+
+def test_a_load_of_a_chunk_another_group_stored_is_caught() -> None:
+    h = _hybrid_harness()
+    _store_both_groups(h)
+    h.connector._jobs[2] = SimpleNamespace(keys={(b"c2", 1)})
+    load = SimpleNamespace(
+        req_id="d", src_spec=_spec([0]), dst_spec=_groups([10, 11, 12], [0, 3], [0, 0]), sync=True
+    )
+    with pytest.raises(EngineCoreViolation) as err:
+        h.step(_meta(load={2: load}))
+    assert err.value.rule == "load_content"
+    assert "a store of KV cache group 0 filled it" in err.value.detail, err.value
