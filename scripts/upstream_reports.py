@@ -151,6 +151,7 @@ FLAGS = {
     "offload_blocks_per_chunk": "--offload-blocks-per-chunk",
     "cache_resets": "--cache-resets",
     "sliding_window": "--sliding-window",
+    "retention_interval": "--retention-interval",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -172,6 +173,7 @@ DEFAULTS: dict[str, object] = {
     "offload_blocks_per_chunk": 1,
     "cache_resets": False,
     "sliding_window": None,
+    "retention_interval": 0,
 }
 
 
@@ -187,7 +189,8 @@ def shrink_arguments(record: dict[str, Any]) -> list[str]:
         if value == DEFAULTS[name]:
             continue
         flag = FLAGS[name]
-        args += [flag] if isinstance(value, bool) else [flag, str(value)]
+        shown = "dense" if name == "retention_interval" and value is None else str(value)
+        args += [flag] if isinstance(value, bool) else [flag, shown]
     for fix in (record["fix"] or "").split(" + "):
         if fix:
             args += ["--fix", fix]

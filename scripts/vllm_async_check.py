@@ -6,7 +6,8 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
-         [--offload-blocks-per-chunk B]] [--cache-resets] [--sliding-window W]
+         [--offload-blocks-per-chunk B]] [--cache-resets]
+        [--sliding-window W [--retention-interval N|dense]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
@@ -65,7 +66,8 @@ load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU 
 (vLLM's `reset_prefix_cache(reset_connector=True)`). `--sliding-window W` serves both loops a
 hybrid KV cache: a sliding-window group of W tokens beside the full-attention one, each with the
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
-connector stores and loads both groups' blocks; `--fix forget-stale-window` and `--fix
+connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
+`prefix_cache_retention_interval`; `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -248,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "offload_blocks_per_chunk": args.offload_blocks_per_chunk,
                 "cache_resets": args.cache_resets,
                 "sliding_window": args.sliding_window,
+                "retention_interval": args.retention_interval,
             },
         )
     return 1 if tally.failures else 0

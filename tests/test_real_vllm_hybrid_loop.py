@@ -24,6 +24,7 @@ from integrations.patches import FixDoesNotApply
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import (
     SPACE_PREFIX,
+    OffloadingOptions,
     RealVllmScheduler,
     group_tables,
     hybrid_pool,
@@ -222,6 +223,33 @@ def test_bad_hybrid_options_are_typed_errors(build: Callable[[], Any], words: st
     assert err.value.field == "sliding_window" and words in str(err.value), err.value
 
 
+@pytest.mark.parametrize(
+    ("window", "interval", "offloading"),
+    [
+        (None, None, None),
+        (3, -4, None),
+        (3, 3, None),
+        (3, 4, OffloadingOptions(8, blocks_per_chunk=3)),
+    ],
+)
+def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
+    window: int | None, interval: int | None, offloading: OffloadingOptions | None
+) -> None:
+    """Only with a sliding window, and a multiple of the block (with offloading, of a CPU
+    chunk): the message says what would be valid."""
+    with pytest.raises(ConfigError) as err:
+        RealVllmScheduler(
+            replace(CONFIG, block_size=2),
+            lambda _event: None,
+            SPACE_PREFIX,
+            sliding_window=window,
+            retention_interval=interval,
+            offloading=offloading,
+        )
+    assert err.value.field == "retention_interval", err.value
+    assert "with a sliding window" in err.value.valid, err.value
+
+
 def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -231,11 +259,17 @@ def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
     out = capsys.readouterr().out
     assert "a hybrid KV cache (a sliding window of 3 tokens)" in out, out
     assert "of the blocks stored, the sliding window's" in out, out
-    for bad in (["--sliding-window", "0"], ["--sliding-window", "2", "--kv-connector", "fail"]):
+    for bad in (
+        ["--sliding-window", "0"],
+        ["--sliding-window", "2", "--kv-connector", "fail"],
+        ["--retention-interval", "dense"],
+        ["--sliding-window", "2", "--retention-interval", "sparse"],
+    ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
-        assert "--sliding-window" in capsys.readouterr().err.splitlines()[-1], bad
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert "--sliding-window" in last or "--retention-interval" in last, bad
 
 
 # ---------------------------------------------------------------- findings, and their fixes
@@ -317,7 +351,22 @@ def _whole_prompt_program() -> CoreProgram:
     return CoreProgram(config, arrivals, ((),) * 4)
 
 
-#: (program, its options as released with the one-token fix, the loop that breaks)
+def _dense_program() -> CoreProgram:
+    """The same finding under dense retention: r4 (8 prompt tokens, 6 outputs) in blocks of 4,
+    r8 taking a block the window freed."""
+    config = ArConfig(
+        block_size=4,
+        num_blocks=5,
+        max_num_batched_tokens=14,
+        max_num_seqs=2,
+        max_model_len=14,
+        enable_chunked_prefill=False,
+    )
+    return CoreProgram(config, ((ArRequest("r4", 8, 6),), (ArRequest("r8", 1, 1),)), ((), ()))
+
+
+#: (program, its options as released with the one-token fix, the loop that breaks, the rule
+#: and words of the message)
 PART_PROGRAMS = [
     (
         _shorter_prompt_program(),
@@ -329,6 +378,8 @@ PART_PROGRAMS = [
             draw_seed=1563501665,
         ),
         False,
+        "cache_hit_written",
+        "'r9' starts from the prefix cache",
     ),
     (
         _whole_prompt_program(),
@@ -340,24 +391,45 @@ PART_PROGRAMS = [
             draw_seed=3765766993,
         ),
         True,
+        "cache_hit_written",
+        "'r9' starts from the prefix cache",
+    ),
+    (
+        _dense_program(),
+        LoopOptions(
+            sliding_window=3,
+            retention_interval=None,
+            offload_chunks=8,
+            offload_blocks_per_chunk=3,
+            offload_outputs=True,
+            draw_seed=3434232409,
+        ),
+        True,
+        "store_content",
+        "not block 1 of 'r4', as its key says",
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("program", "options", "async_scheduling"), PART_PROGRAMS, ids=["shorter", "whole-prompt"]
+    ("program", "options", "async_scheduling", "rule", "words"),
+    PART_PROGRAMS,
+    ids=["shorter", "whole-prompt", "dense"],
 )
 def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
-    program: CoreProgram, options: LoopOptions, async_scheduling: bool
+    program: CoreProgram, options: LoopOptions, async_scheduling: bool, rule: str, words: str
 ) -> None:
-    """Finding: with chunks of 3 one-token blocks, a request stores a sliding-window chunk in
-    part: the blocks of it that left its window, or that the store mask did not ask for, are
-    the null block and are left out, but the chunk is keyed as a whole. A later request hits
-    it and reads the part left out: r9, whose 4-token prompt ends inside r7's (a window of 8
-    reads tokens 0-2, r7 stored only token 2 of that chunk); or r9, whose hit covers its whole
+    """Finding: with chunks of 3 blocks, a request stores a sliding-window chunk in part: the
+    blocks of it that left its window, or that the store mask did not ask for, are the null
+    block and are left out, but the chunk is keyed as a whole. A later request hits it and
+    reads the part left out: r9, whose 4-token prompt ends inside r7's (a window of 8 reads
+    tokens 0-2, r7 stored only token 2 of that chunk); or r9, whose hit covers its whole
     6-token prompt, so token 5 is recomputed and its window of 3 reads token 3, which r5 left
-    out. With `whole-window-chunks` no window chunk holding the null block is stored, and both
-    pass; with chunks of one block no chunk is stored in part, and both pass as released."""
+    out. Under dense retention (`prefix_cache_retention_interval=None`) the null block left out
+    can be in the middle of the chunk, and the blocks after it land one slot early: r4's chunk
+    holds its window block 0 where block 1 belongs. With `whole-window-chunks` no window chunk
+    holding the null block is stored, and all three pass; with chunks of one block no chunk is
+    stored in part, and they pass as released."""
     fixes = ["no-pointless-hit"]
     with pytest.raises(EngineCoreViolation) as err:
         run_loop(
@@ -365,9 +437,8 @@ def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
             async_scheduling=async_scheduling,
             options=replace(options, fix=make_fixes(fixes)),
         )
-    assert err.value.rule == "cache_hit_written", err.value
-    assert "'r9' starts from the prefix cache" in err.value.detail, err.value
-    assert "no batch wrote it (in KV cache group 1)" in err.value.detail, err.value
+    assert err.value.rule == rule, err.value
+    assert words in err.value.detail and "KV cache group 1" in err.value.detail, err.value
     fixed = replace(options, fix=make_fixes([*fixes, "whole-window-chunks"]))
     one_block = replace(options, fix=make_fixes(fixes), offload_blocks_per_chunk=1)
     for checked in (fixed, one_block):

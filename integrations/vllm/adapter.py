@@ -235,6 +235,7 @@ class RealVllmScheduler:
         kv_role: str = "kv_both",
         offloading: OffloadingOptions | None = None,
         sliding_window: int | None = None,
+        retention_interval: int | None = 0,
     ) -> None:
         space.check(config)
         if (
@@ -302,6 +303,9 @@ class RealVllmScheduler:
         #: A sliding-window KV cache group of this many tokens beside the full-attention one
         #: (a hybrid cache, `hybrid_groups`), or None: one full-attention group.
         self.sliding_window: int | None = sliding_window
+        check_retention_interval(retention_interval, sliding_window, config.block_size, offloading)
+        #: vLLM's `prefix_cache_retention_interval` (its default 0; None: dense).
+        self.retention_interval: int | None = retention_interval
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end (reasoning on)
@@ -347,6 +351,7 @@ class RealVllmScheduler:
             cache_config = cfg.CacheConfig(
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
+                prefix_cache_retention_interval=self.retention_interval,
             )
             vllm_config = cfg.VllmConfig(
                 scheduler_config=scheduler_config,
@@ -887,6 +892,35 @@ def check_sliding_window(sliding_window: object) -> None:
         )
 
 
+def check_retention_interval(
+    retention_interval: object,
+    sliding_window: int | None,
+    block_size: int,
+    offloading: OffloadingOptions | None,
+) -> None:
+    """`ConfigError` unless `retention_interval` is one vLLM serves here: 0 (its default: only
+    the replay boundary and shared-prefix junctions are kept), None (dense) or a positive
+    multiple of the block size (with offloading, of a CPU chunk's tokens); other than 0 only
+    with a sliding window (it applies to sliding-window and Mamba groups alone)."""
+    if retention_interval == 0 and not isinstance(retention_interval, bool):
+        return
+    unit = block_size * (offloading.blocks_per_chunk if offloading is not None else 1)
+    valid = (
+        f"0 (vLLM's default), None (dense) or a positive multiple of {unit} (the "
+        f"{'CPU chunk' if offloading is not None else 'block'} size in tokens), with a "
+        "sliding window"
+    )
+    if retention_interval is not None and (
+        isinstance(retention_interval, bool)
+        or not isinstance(retention_interval, int)
+        or retention_interval < 0
+        or retention_interval % unit
+    ):
+        raise ConfigError("retention_interval", retention_interval, valid)
+    if sliding_window is None:
+        raise ConfigError("retention_interval", retention_interval, valid)
+
+
 def hybrid_groups(v: VllmModules, block_size: int, sliding_window: int) -> list[Any]:
     """A hybrid KV cache's groups, as a model with full-attention and sliding-window layers
     gets them (Gemma, Mistral): group 0 full attention, group 1 a sliding window of
@@ -1095,6 +1129,7 @@ __all__ = [
     "block_tables",
     "build_scheduler",
     "cached_blocks",
+    "check_retention_interval",
     "check_sliding_window",
     "engine_on_pythonpath",
     "finish_reason_of",

@@ -273,6 +273,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         offloading: OffloadingOptions | None = None,
         cache_resets: bool = False,
         sliding_window: int | None = None,
+        retention_interval: int | None = 0,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -307,6 +308,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             kv_role=kv_role,
             offloading=offloading,
             sliding_window=sliding_window,
+            retention_interval=retention_interval,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -811,10 +813,11 @@ class LoopOptions:
     the prefix cache and the connector's before one engine step in 16, as a weight update does.
     `sliding_window` serves both loops a hybrid KV cache: a sliding-window group of that many
     tokens beside the full-attention one (`integrations.vllm.adapter.hybrid_groups`), each with
-    the pool the program names (`hybrid_pool`). The speculative model and the connector's
-    store draw from `draw_seed`, by default a hash of the program's text (`program_seed`);
-    `integrations.vllm.shrink` holds it at the original program's while it changes the
-    program. With `trace` (a list) the loop appends a line per event to it
+    the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
+    `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense). The speculative
+    model and the connector's store draw from `draw_seed`, by default a hash of the program's
+    text (`program_seed`); `integrations.vllm.shrink` holds it at the original program's while
+    it changes the program. With `trace` (a list) the loop appends a line per event to it
     (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
@@ -838,6 +841,7 @@ class LoopOptions:
     offload_blocks_per_chunk: int = 1
     cache_resets: bool = False
     sliding_window: int | None = None
+    retention_interval: int | None = 0
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -874,6 +878,7 @@ class LoopOptions:
             offloading=self.offloading,
             cache_resets=self.cache_resets,
             sliding_window=self.sliding_window,
+            retention_interval=self.retention_interval,
             trace=self.trace,
         )
         return loop.run(program)

@@ -62,6 +62,19 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
 }
 
 
+def retention_interval(text: str) -> int | None:
+    """`--retention-interval`'s value: "dense" (None) or an integer >= 0."""
+    if text == "dense":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: 'dense' or an integer >= 0")
+    return value
+
+
 def make_fixes(names: Iterable[str]) -> Callable[[Any], None] | None:
     """What `LoopOptions(fix=...)` takes to make the named fixes of `FIXES` on one built
     scheduler (its `Scheduler` edits in one `ScheduleFix`, then its connector's); None for
@@ -220,6 +233,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "full-attention one, each with the pool the program names; not with --kv-connector",
     )
     parser.add_argument(
+        "--retention-interval",
+        type=retention_interval,
+        default=0,
+        metavar="N|dense",
+        help="with --sliding-window: vLLM's prefix_cache_retention_interval, which blocks of the "
+        "window are kept for hits (default 0, vLLM's: the replay boundary and shared-prefix "
+        "junctions only; dense: every block; N: also every N tokens)",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -260,6 +282,8 @@ def loop_options(
         parser.error("--offload-chunks: not with --structured-output")
     if args.sliding_window is not None and (args.sliding_window < 1 or args.kv_connector):
         parser.error("--sliding-window: an int >= 1, not with --kv-connector")
+    if args.retention_interval != 0 and args.sliding_window is None:
+        parser.error("--retention-interval: only with --sliding-window")
     names = sorted(set(args.fix or ()))
     options = LoopOptions(
         fix=make_fixes(names),
@@ -282,6 +306,7 @@ def loop_options(
         offload_blocks_per_chunk=args.offload_blocks_per_chunk,
         cache_resets=args.cache_resets,
         sliding_window=args.sliding_window,
+        retention_interval=args.retention_interval,
     )
     return options, names
 
@@ -315,7 +340,11 @@ def describe(args: argparse.Namespace) -> str:
     if args.cache_resets:
         drafts += "; cache resets"
     if args.sliding_window is not None:
-        drafts += f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens)"
+        kept = args.retention_interval
+        retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
+        drafts += (
+            f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens{retention})"
+        )
     return drafts
 
 
@@ -327,4 +356,5 @@ __all__ = [
     "describe",
     "loop_options",
     "make_fixes",
+    "retention_interval",
 ]
