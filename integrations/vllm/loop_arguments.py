@@ -285,6 +285,12 @@ def loop_options(
     if args.retention_interval != 0 and args.sliding_window is None:
         parser.error("--retention-interval: only with --sliding-window")
     names = sorted(set(args.fix or ()))
+    connector_fixes = [n for n in names if n in CONNECTOR_FIXES]
+    if connector_fixes and args.offload_chunks is None:
+        parser.error(
+            f"--fix {' '.join(connector_fixes)}: edits vLLM's offloading connector, needs "
+            "--offload-chunks"
+        )
     options = LoopOptions(
         fix=make_fixes(names),
         pipeline_parallel_size=args.pipeline_parallel,
