@@ -975,14 +975,22 @@ def group_tables(sched: Any, group: int) -> dict[str, tuple[int | None, ...]]:
     }
 
 
+#: Each KV cache group's block tables, group by group: request id -> its block ids position by
+#: position, None where it holds the null block (`group_tables`).
+GroupTables = tuple[dict[str, tuple[int | None, ...]], ...]
+
+
+def all_group_tables(sched: Any) -> GroupTables:
+    """Every KV cache group's block tables of a vLLM scheduler, as they stand now."""
+    return tuple(group_tables(sched, group) for group in range(kv_groups(sched)))
+
+
 def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
-    """Each request's KV blocks in a vLLM scheduler (its one full-attention group), the null
+    """Each request's KV blocks in a vLLM scheduler (its first, full-attention group), the null
     block left out; requests holding none are absent."""
-    manager = sched.kv_cache_manager.coordinator.single_type_managers[0]
     return {
-        rid: tuple(b.block_id for b in blocks if not b.is_null)
-        for rid, blocks in manager.req_to_blocks.items()
-        if blocks
+        rid: tuple(b for b in table if b is not None)
+        for rid, table in group_tables(sched, 0).items()
     }
 
 
@@ -1124,8 +1132,10 @@ __all__ = [
     "SPACE_PREFIX",
     "SPECULATIVE_METHODS",
     "STOP_BASE",
+    "GroupTables",
     "OffloadingOptions",
     "RealVllmScheduler",
+    "all_group_tables",
     "block_tables",
     "build_scheduler",
     "cached_blocks",

@@ -47,18 +47,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from integrations.vllm.adapter import group_tables, kv_groups
+from integrations.vllm.adapter import GroupTables, all_group_tables
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.unscheduled import block_hashes
-
-#: Each KV cache group's block tables, group by group: request id -> its block ids position by
-#: position, None where it holds the null block (`integrations.vllm.adapter.group_tables`).
-GroupTables = tuple[dict[str, tuple[int | None, ...]], ...]
-
-
-def all_group_tables(sched: Any) -> GroupTables:
-    """Every KV cache group's block tables of a vLLM scheduler, as they stand now."""
-    return tuple(group_tables(sched, group) for group in range(kv_groups(sched)))
 
 
 class CacheWrites:
@@ -90,6 +81,13 @@ class CacheWrites:
         if self.written_in.get(block, 0) != group:
             return None
         return self.written.get(block)
+
+    def overwritten_by(self, block: int, group: int) -> int | None:
+        """The KV cache group that wrote `block` last when that is not `group`, else None."""
+        if block not in self.written:
+            return None
+        last = self.written_in.get(block, 0)
+        return None if last == group else last
 
     def put(self, block: int, content: tuple[Any, int], group: int = 0) -> None:
         """`block` now holds `content` (a request and its block index), as group `group`
@@ -231,16 +229,16 @@ class CacheWrites:
                 and bytes(wreq.block_hashes[wk]) == bytes(req.block_hashes[k])
             ):
                 return
-        other = self.written_in.get(block, 0) if block in self.written else group
+        other = self.overwritten_by(block, group)
         what = (
             f"KV cache group {other} wrote it last, not group {group}"
-            if other != group
+            if other is not None
             else "no batch wrote it"
             if writer is None
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
         what += self._victim_reason(block, req, k)
-        if group and other == group:
+        if group and other is None:
             what += f" (in KV cache group {group})"
         if not hit:
             raise EngineCoreViolation(
@@ -263,4 +261,4 @@ def batch_starts(out: Any) -> dict[str, int]:
     return starts
 
 
-__all__ = ["CacheWrites", "GroupTables", "all_group_tables", "batch_starts"]
+__all__ = ["CacheWrites", "batch_starts"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from integrations.vllm.adapter import group_tables, kv_groups, window_tokens
+from integrations.vllm.adapter import all_group_tables, window_tokens
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
 
@@ -253,8 +253,7 @@ class BatchQueueLoop(Generic[CountsT]):
         sliding-window group of W tokens may hold the null block for a block that left its
         window, but not for one its attention still reads: the blocks of the W - 1 tokens
         before the first token the call schedules, and those after it, are real blocks."""
-        for group in range(kv_groups(self.sched)):
-            tables = group_tables(self.sched, group)
+        for group, tables in enumerate(all_group_tables(self.sched)):
             window = window_tokens(self.sched, group)
             where = f" in KV cache group {group}" if group else ""
             for rid, scheduled in out.num_scheduled_tokens.items():
@@ -544,10 +543,10 @@ def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
     pool = sched.kv_cache_manager.block_pool
     free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null}
     holders: dict[int, list[str]] = {}
-    groups = kv_groups(sched)
-    for group in range(groups):
-        for rid, table in group_tables(sched, group).items():
-            holder = f"{rid} (group {group})" if groups > 1 else rid
+    groups = all_group_tables(sched)
+    for group, tables in enumerate(groups):
+        for rid, table in tables.items():
+            holder = f"{rid} (group {group})" if len(groups) > 1 else rid
             for b in table:
                 if b is not None:
                     holders.setdefault(b, []).append(holder)

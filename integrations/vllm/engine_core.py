@@ -100,12 +100,14 @@ from typing import Any
 from integrations.vllm.adapter import (
     SPACE,
     SPACE_PREFIX,
+    GroupTables,
     OffloadingOptions,
     RealVllmScheduler,
+    all_group_tables,
     block_tables,
     next_output_index,
 )
-from integrations.vllm.cache_writes import CacheWrites, GroupTables, all_group_tables
+from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import (
     ABORTED,
     ASYNC_BATCH_QUEUE,

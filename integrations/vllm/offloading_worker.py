@@ -228,8 +228,8 @@ class OffloadingWorker:
                 if wrong is not None:
                     j, what = wrong
                     block = blocks[i * per + lo + j - offset]
-                    if contents[j] is None and block in self.writes.written:
-                        other = self.writes.written_in.get(block, 0)
+                    other = self.writes.overwritten_by(block, group)
+                    if other is not None:
                         what = what.replace(
                             "no batch or load wrote it",
                             f"KV cache group {other} wrote it last, not group {group}",
