@@ -152,6 +152,7 @@ FLAGS = {
     "cache_resets": "--cache-resets",
     "sliding_window": "--sliding-window",
     "retention_interval": "--retention-interval",
+    "window_block_scale": "--window-block-scale",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -174,6 +175,7 @@ DEFAULTS: dict[str, object] = {
     "cache_resets": False,
     "sliding_window": None,
     "retention_interval": 0,
+    "window_block_scale": 1,
 }
 
 

@@ -7,7 +7,7 @@
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
-        [--sliding-window W [--retention-interval N|dense]]
+        [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
@@ -67,7 +67,8 @@ load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU 
 hybrid KV cache: a sliding-window group of W tokens beside the full-attention one, each with the
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
 connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
-`prefix_cache_retention_interval`; `--fix forget-stale-window` and `--fix
+`prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
+the program's block size; `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -251,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cache_resets": args.cache_resets,
                 "sliding_window": args.sliding_window,
                 "retention_interval": args.retention_interval,
+                "window_block_scale": args.window_block_scale,
             },
         )
     return 1 if tally.failures else 0

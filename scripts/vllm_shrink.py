@@ -4,7 +4,7 @@
         [--budget RUNS] [--pipeline-parallel P] [--programs-from {random,same-step,shared-prompts}]
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
         [--kv-connector {recompute,fail} ...] [--offload-chunks N ...] [--cache-resets]
-        [--sliding-window W [--retention-interval N|dense]]
+        [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
         [--lifted-by FIX ...] [--trace] [--json FILE]
 
 Takes program N as `scripts/vllm_async_check.py` generates it and runs it, with the same

@@ -26,6 +26,7 @@ from integrations.vllm.adapter import (
     SPACE_PREFIX,
     OffloadingOptions,
     RealVllmScheduler,
+    group_block_sizes,
     group_tables,
     hybrid_pool,
     kv_groups,
@@ -41,7 +42,7 @@ from integrations.vllm.offload_window_fixes import (
     apply_whole_window_chunks,
 )
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
-from spec.ar.config import ArConfig, ArRequest
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
@@ -50,6 +51,7 @@ from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     cross_group_hit,
     offload_groups_swapped,
+    window_blocks_counted_in_hash_blocks,
     window_freed_but_held,
     window_freed_early,
 )
@@ -138,7 +140,7 @@ def test_vllms_offloading_moves_both_groups_and_passes(blocks_per_chunk: int) ->
 #: (seeded bug, offloading on, the rule it fails, words of the message)
 SEEDED_BUGS: list[tuple[Callable[[Any], None], bool, str, str]] = [
     (window_freed_early, False, "kv_covers_scheduled", "holds the null block as its block"),
-    (window_freed_but_held, False, "pool_accounting", "is free and held by"),
+    (window_freed_but_held, False, "pool_accounting", " (group 1)"),
     (cross_group_hit, False, "cache_hit_written", "KV cache group 0 wrote it last, not group 1"),
     (offload_groups_swapped, True, "store_content", "wrote it last, not group"),
 ]
@@ -179,6 +181,71 @@ def test_the_cross_group_lookup_passes_on_one_group() -> None:
             )
 
 
+# ---------------------------------------------------------------- groups of two block sizes
+def test_vllm_schedules_by_the_larger_block_and_hashes_by_the_smaller() -> None:
+    """A window group of blocks 3 times the program's: vLLM resolves the scheduler block size
+    to their least common multiple and the hash block size to their greatest common divisor,
+    as its engine core does, and its coordinator aligns hits to the larger block."""
+    sched = RealVllmScheduler(
+        CONFIG, lambda _event: None, SPACE_PREFIX, sliding_window=3, window_block_scale=3
+    ).sched
+    assert group_block_sizes(sched) == (2, 6)
+    assert (sched.block_size, sched.hash_block_size) == (6, 2)
+    assert sched.kv_cache_manager.coordinator.scheduler_block_size == 6
+
+
+@pytest.mark.parametrize("scale", [2, 3])
+def test_generated_programs_pass_with_window_blocks_larger_than_the_full_attention_ones(
+    scale: int,
+) -> None:
+    """Shared-prompt programs pass both loops with the window's blocks `scale` times the
+    program's (each group's table read in its own blocks; a hit's window block is checked
+    against the request's block hash of its last hash block), with and without vLLM's
+    offloading connector (a window chunk then holds `scale` times the tokens)."""
+    totals = _totals(LoopOptions(sliding_window=3, window_block_scale=scale))
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+    offloaded = _totals(replace(OFFLOADING, window_block_scale=scale), PROGRAMS // 2)
+    assert offloaded["offload_window_stored_blocks"] > 0, offloaded
+    assert offloaded["offload_window_loaded_blocks"] > 0, offloaded
+
+
+def test_a_window_freeing_by_hash_blocks_is_caught_only_where_its_blocks_are_larger() -> None:
+    """Seeded bug: the window counts the blocks that left it in hash blocks. With window
+    blocks twice the program's it frees blocks its attention still reads, which
+    `kv_covers_scheduled` catches reading the window group's table in its own blocks; with
+    blocks of one size the bug changes nothing, and the same programs pass."""
+    larger = LoopOptions(
+        sliding_window=3, window_block_scale=2, mutate=window_blocks_counted_in_hash_blocks
+    )
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(shared_prompt_program(seed), async_scheduling=True, options=larger),
+        until="kv_covers_scheduled",
+    )
+    assert "kv_covers_scheduled" in seen, seen
+    assert "holds the null block as its block" in seen["kv_covers_scheduled"], seen
+    assert "in KV cache group 1" in seen["kv_covers_scheduled"], seen
+    same = replace(larger, window_block_scale=1)
+    for seed in range(PROGRAMS // 4):
+        run_loop(shared_prompt_program(seed), async_scheduling=True, options=same)
+
+
+def test_the_content_record_hashes_a_larger_block_by_its_last_hash_block() -> None:
+    """With hash blocks of 2 tokens and a group of 6-token blocks, a request's block k in that
+    group carries its block hash 3k + 2; a block past its hashed tokens has none."""
+
+    class Request:
+        def __init__(self) -> None:
+            self.block_hashes = [bytes([i]) for i in range(7)]
+
+    writes = CacheWrites(2, group_block_sizes=(2, 6))
+    request = Request()
+    assert writes.block_hash((request, 1)) == bytes([1])
+    assert writes.block_hash((request, 0), 1) == bytes([2])
+    assert writes.block_hash((request, 1), 1) == bytes([5])
+    assert writes.block_hash((request, 2), 1) is None
+
+
 def test_the_content_record_tells_the_groups_apart() -> None:
     """A block holds what the group that wrote it last wrote: another group's read of it
     finds nothing."""
@@ -215,28 +282,45 @@ def test_the_content_record_tells_the_groups_apart() -> None:
             ).step(),
             "drive a hybrid cache with integrations.vllm.engine_core",
         ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, window_block_scale=2),
+            "with a sliding window an integer >= 1",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2, window_block_scale=0
+            ),
+            "the window group's blocks are that many times the block size",
+        ),
     ],
 )
 def test_bad_hybrid_options_are_typed_errors(build: Callable[[], Any], words: str) -> None:
     with pytest.raises(ConfigError) as err:
         build()
-    assert err.value.field == "sliding_window" and words in str(err.value), err.value
+    assert err.value.field in ("sliding_window", "window_block_scale"), err.value
+    assert words in str(err.value), err.value
 
 
 @pytest.mark.parametrize(
-    ("window", "interval", "offloading"),
+    ("window", "interval", "offloading", "scale"),
     [
-        (None, None, None),
-        (3, -4, None),
-        (3, 3, None),
-        (3, 4, OffloadingOptions(8, blocks_per_chunk=3)),
+        (None, None, None, 1),
+        (3, -4, None, 1),
+        (3, 3, None, 1),
+        (3, 4, OffloadingOptions(8, blocks_per_chunk=3), 1),
+        (3, 2, None, 2),
+        (3, 8, OffloadingOptions(8, blocks_per_chunk=2), 3),
     ],
 )
 def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
-    window: int | None, interval: int | None, offloading: OffloadingOptions | None
+    window: int | None,
+    interval: int | None,
+    offloading: OffloadingOptions | None,
+    scale: int,
 ) -> None:
-    """Only with a sliding window, and a multiple of the block (with offloading, of a CPU
-    chunk): the message says what would be valid."""
+    """Only with a sliding window, and a multiple of the window's block (vLLM's scheduler
+    block size; with offloading, of a window CPU chunk): the message says what would be
+    valid."""
     with pytest.raises(ConfigError) as err:
         RealVllmScheduler(
             replace(CONFIG, block_size=2),
@@ -245,6 +329,7 @@ def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
             sliding_window=window,
             retention_interval=interval,
             offloading=offloading,
+            window_block_scale=scale,
         )
     assert err.value.field == "retention_interval", err.value
     assert "with a sliding window" in err.value.valid, err.value
@@ -265,12 +350,15 @@ def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
         ["--retention-interval", "dense"],
         ["--sliding-window", "2", "--retention-interval", "sparse"],
         ["--sliding-window", "2", "--fix", "whole-window-chunks"],
+        ["--window-block-scale", "2"],
+        ["--sliding-window", "2", "--window-block-scale", "0"],
     ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
         last = capsys.readouterr().err.splitlines()[-1]
-        assert any(flag in last for flag in ("--sliding-window", "--retention", "--fix")), bad
+        flags = ("--sliding-window", "--retention", "--fix", "--window-block-scale")
+        assert any(flag in last for flag in flags), bad
 
 
 # ---------------------------------------------------------------- findings, and their fixes
@@ -314,6 +402,59 @@ def test_finding_a_cache_reset_re_stores_window_blocks_the_window_freed() -> Non
             assert run.reasons == {"r3": "length"} and run.offload_stores > 0, run
 
 
+def _reset_twice_program() -> CoreProgram:
+    """Finding 1 with window blocks twice the program's: four requests, blocks of 2, no
+    chunked prefill (shrunk from 15 requests, 5 aborts, 272 tokens in 700 runs)."""
+    config = ArConfig(
+        block_size=2,
+        num_blocks=10,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        max_model_len=16,
+        enable_chunked_prefill=False,
+    )
+    arrivals = (
+        (ArRequest("r0", 1, 6),),
+        (ArRequest("r3", 1, 1),),
+        (ArRequest("r4", 2, 11),),
+        (ArRequest("r14", 8, 8),),
+    )
+    return CoreProgram(config, arrivals, ((),) * 4)
+
+
+def test_finding_a_cache_reset_can_store_one_block_twice_and_vllm_raises() -> None:
+    """Finding 1, a third way: r4's window frees its block 3 (window block 0) and the pool
+    hands it back to r4 as its window block 2. The connector keeps id 3 at both positions
+    (the first already stored, so never zeroed), and the re-store after the reset lists block
+    3 twice in one job: when the job is done the connector takes it out of block 3's pending
+    jobs twice, and `update_from_output` raises KeyError (an engine core would die). Under
+    async scheduling, 1 of 2,000 shared-prompt programs with window blocks twice the
+    program's and resets; `forget-stale-window` lifts it, `whole-window-chunks` does not."""
+    options = LoopOptions(
+        sliding_window=3,
+        window_block_scale=2,
+        offload_chunks=8,
+        offload_outputs=True,
+        cache_resets=True,
+        draw_seed=4136049911,
+    )
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(
+            _reset_twice_program(),
+            async_scheduling=True,
+            options=replace(options, fix=make_fixes(["no-pointless-hit"])),
+        )
+    assert err.value.rule == "implementation_error", err.value
+    assert "update_from_output: KeyError" in err.value.detail, err.value
+    unfixed = replace(options, fix=make_fixes(["no-pointless-hit", "whole-window-chunks"]))
+    with pytest.raises(EngineCoreViolation):
+        run_loop(_reset_twice_program(), async_scheduling=True, options=unfixed)
+    fixed = replace(options, fix=make_fixes(["no-pointless-hit", "forget-stale-window"]))
+    for async_scheduling in (False, True):
+        run = run_loop(_reset_twice_program(), async_scheduling=async_scheduling, options=fixed)
+        assert set(run.reasons.values()) == {"length"}, run
+
+
 def _shorter_prompt_program() -> CoreProgram:
     """The second finding's shrunk program (docs/shrunk/vllm-offloading-window-part.json): r9's
     4-token prompt is a prefix of r7's 10 tokens; r3 and r6 share nothing; blocks of one
@@ -330,26 +471,24 @@ def _shorter_prompt_program() -> CoreProgram:
     return CoreProgram(config, arrivals, ((),) * 3)
 
 
-def _whole_prompt_program() -> CoreProgram:
-    """The same finding through a whole-prompt hit: r2 and r9 share a 6-token prompt, r5
-    extends it by one token; blocks of one token, no chunked prefill."""
+def _mid_chunk_program() -> CoreProgram:
+    """The same finding in the store itself, under vLLM's default retention: r7's 13-token
+    prompt extends r3's 5 tokens; blocks of 4, one seat, 3 tokens a step."""
     config = ArConfig(
-        block_size=1,
-        num_blocks=8,
-        max_num_batched_tokens=8,
+        block_size=4,
+        num_blocks=5,
+        max_num_batched_tokens=3,
         max_num_seqs=1,
-        max_model_len=8,
-        enable_chunked_prefill=False,
+        max_model_len=14,
+        policy=Policy.PRIORITY,
         enable_prefix_caching=True,
     )
-    shared = tuple(range(100, 107))
+    shared = tuple(range(100, 113))
     arrivals = (
-        (ArRequest("r2", 6, 1, prompt=shared[:6]),),
-        (ArRequest("r5", 7, 1, prompt=shared),),
-        (ArRequest("r7", 1, 1),),
-        (ArRequest("r9", 6, 1, prompt=shared[:6]),),
+        (ArRequest("r3", 5, 1, prompt=shared[:5]),),
+        (ArRequest("r7", 13, 1, prompt=shared),),
     )
-    return CoreProgram(config, arrivals, ((),) * 4)
+    return CoreProgram(config, arrivals, ((), ()))
 
 
 def _dense_program() -> CoreProgram:
@@ -383,17 +522,18 @@ PART_PROGRAMS = [
         "'r9' starts from the prefix cache",
     ),
     (
-        _whole_prompt_program(),
+        _mid_chunk_program(),
         LoopOptions(
             sliding_window=3,
             offload_chunks=8,
             offload_blocks_per_chunk=3,
+            offload_sync_loads=True,
             offload_outputs=True,
-            draw_seed=3765766993,
+            draw_seed=2260532251,
         ),
-        True,
-        "cache_hit_written",
-        "'r9' starts from the prefix cache",
+        False,
+        "store_content",
+        "not block 1 of 'r7', as its key says",
     ),
     (
         _dense_program(),
@@ -415,7 +555,7 @@ PART_PROGRAMS = [
 @pytest.mark.parametrize(
     ("program", "options", "async_scheduling", "rule", "words"),
     PART_PROGRAMS,
-    ids=["shorter", "whole-prompt", "dense"],
+    ids=["shorter", "mid-chunk", "dense"],
 )
 def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
     program: CoreProgram, options: LoopOptions, async_scheduling: bool, rule: str, words: str
@@ -424,13 +564,16 @@ def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
     blocks of it that left its window, or that the store mask did not ask for, are the null
     block and are left out, but the chunk is keyed as a whole. A later request hits it and
     reads the part left out: r9, whose 4-token prompt ends inside r7's (a window of 8 reads
-    tokens 0-2, r7 stored only token 2 of that chunk); or r9, whose hit covers its whole
-    6-token prompt, so token 5 is recomputed and its window of 3 reads token 3, which r5 left
-    out. Under dense retention (`prefix_cache_retention_interval=None`) the null block left out
-    can be in the middle of the chunk, and the blocks after it land one slot early: r4's chunk
-    holds its window block 0 where block 1 belongs. With `whole-window-chunks` no window chunk
-    holding the null block is stored, and all three pass; with chunks of one block no chunk is
-    stored in part, and they pass as released."""
+    tokens 0-2, r7 stored only token 2 of that chunk). The null block left out can also be in
+    the middle of the chunk, and the blocks after it then land one slot early (vLLM's worker
+    fills a chunk's slots one after the other): the connector zeroes a window block id only
+    when the pool reallocates the block, so r7's window block 0, a hit on r3's block that
+    stays cached once freed, keeps its id while block 1, freed and reallocated, is zeroed, and
+    r7's block 2 is stored where block 1 belongs (under vLLM's default retention); and under
+    dense retention (`prefix_cache_retention_interval=None`) r4's chunk holds its window block
+    0 where block 1 belongs. With `whole-window-chunks` no window chunk holding the null block
+    is stored, and all three pass; with chunks of one block no chunk is stored in part, and
+    they pass as released."""
     fixes = ["no-pointless-hit"]
     with pytest.raises(EngineCoreViolation) as err:
         run_loop(

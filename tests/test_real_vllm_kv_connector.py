@@ -670,7 +670,7 @@ def test_with_drafts_running_reads_are_checked_below_verified_tokens() -> None:
     run_loop(core_program(1679), async_scheduling=True, options=fixed)
     init = CacheWrites.__init__
 
-    def unverified(self: CacheWrites, block_size: int, **flags: bool) -> None:
+    def unverified(self: CacheWrites, block_size: int, **flags: Any) -> None:
         init(self, block_size, **{**flags, "verified_reads": False})
 
     with pytest.MonkeyPatch.context() as patch:

@@ -16,10 +16,12 @@ Three layouts:
   block and the victim is A, already scheduled, with 5 tokens computed.
 - `full+sliding-window`: a full-attention group beside a sliding-window one (a window of 3
   tokens; vLLM nulls the blocks that fall out of it), blocks of 1, the same program with a
-  7-token prompt and 15 blocks: A is preempted with 5 tokens computed and tokens 5 and 6
-  scheduled, their blocks hashed in both groups;
+  7-token prompt and 15 blocks, under dense retention (`prefix_cache_retention_interval=None`:
+  under vLLM's default 0 the window's interior blocks are not cached at all): A is preempted
+  with 5 tokens computed and tokens 5 and 6 scheduled, their blocks hashed in both groups;
 - `full+mamba-align`: a full-attention group and a Mamba group in "align" mode (one state
-  block per 4-token checkpoint, the earlier ones null), blocks of 4; a pool of 9 blocks,
+  block per 4-token checkpoint, the earlier ones null), blocks of 4, dense retention as
+  above; a pool of 9 blocks,
   budget 8, three seats. A (priority 1, a 16-token prompt) prefills 8 tokens, then 4 beside B
   (priority 0, 4 tokens); the next call schedules A's last 4 prompt tokens first, registering
   the attention block and the Mamba checkpoint of tokens 12-15, then preempts A (12 tokens
@@ -75,13 +77,17 @@ class Layout:
     """A hybrid KV cache and the program that preempts A in the call that scheduled it."""
 
     groups: tuple[tuple[Callable[[Any, int, int], Any], int], ...]  # (spec, block size)
-    scheduler_block_size: int
+    scheduler_block_size: int  # vLLM's resolution: the least common multiple of the groups'
     config: ArConfig  # block_size: the hash block size (the adapter hashes prompts by it)
     a: ArRequest
     b: ArRequest
     computed: int  # A's tokens computed when it is preempted
     written: int  # blocks of those tokens A holds then (null blocks left out)
     stale_group: int  # a group where, as released, an unwritten block stays cached, unheld
+    #: vLLM's `prefix_cache_retention_interval`: None (dense) where a sliding window's or a
+    #: Mamba group's interior blocks must be cached for the shape to show; under vLLM's
+    #: default 0 they are not (only the replay boundary is kept)
+    retention_interval: int | None = 0
 
     @property
     def mamba(self) -> bool:
@@ -113,6 +119,7 @@ LAYOUTS = {
         computed=5,
         written=5 + 2,  # five full-attention blocks; the window's blocks of tokens 3 and 4
         stale_group=1,  # the window's block of token 5 (the full-attention one's stays too)
+        retention_interval=None,
     ),
     "full+mamba-align": Layout(
         groups=((_full, 4), (_mamba_align, 4)),
@@ -130,6 +137,7 @@ LAYOUTS = {
         computed=12,
         written=3 + 1,  # three attention blocks; the Mamba state after token 12
         stale_group=1,  # the Mamba checkpoint after token 16 (B takes the attention block)
+        retention_interval=None,
     ),
 }
 
@@ -152,6 +160,7 @@ def _builder(layout: Layout) -> Callable[..., Any]:
     ) -> Any:
         if layout.mamba:
             cache_config.mamba_cache_mode = "align"
+        cache_config.prefix_cache_retention_interval = layout.retention_interval
         kwargs.pop("kv_cache_groups")  # the adapter's one group (no sliding_window given)
         groups = [
             v.kv_iface.KVCacheGroupSpec([f"layer{i}"], spec(v, size, i))
@@ -163,7 +172,6 @@ def _builder(layout: Layout) -> Callable[..., Any]:
             scheduler_config,
             cache_config,
             kv_cache_groups=groups,
-            scheduler_block_size=layout.scheduler_block_size,
             **kwargs,
         )
 
@@ -193,6 +201,7 @@ def _preempt_a(monkeypatch: pytest.MonkeyPatch, layout: Layout, *, fixed: bool) 
     sched = adapter.sched
     sizes = tuple(size for _, size in layout.groups)
     assert sched.kv_cache_manager.coordinator.group_block_sizes == sizes
+    assert sched.block_size == layout.scheduler_block_size  # as vLLM's engine core resolves it
     assert sched.need_mamba_block_aligned_split == layout.mamba
     if fixed:
         apply_preempted_cache_fix(sched)

@@ -206,6 +206,27 @@ def window_freed_early(sched: Any) -> None:
     manager.get_num_skipped_tokens = skipped
 
 
+def window_blocks_counted_in_hash_blocks(sched: Any) -> None:
+    """Seeded bug (a window group of larger blocks, `LoopOptions(window_block_scale=K)`): the
+    window counts the blocks that left it in hash blocks (the groups' greatest common
+    divisor), not in its own, so it frees K times as many, some its attention still reads.
+    Harmless where the groups' blocks are of one size."""
+    manager = _window_manager(sched)
+    hash_block_size = int(sched.hash_block_size)
+
+    def remove(
+        request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        skipped = int(manager.get_num_skipped_tokens(processed_computed_tokens))
+        if skipped > 0:
+            blocks = manager.req_to_blocks[request_id]
+            manager._remove_blocks_in_range(
+                request_id, 0, min(skipped // hash_block_size, len(blocks))
+            )
+
+    manager.remove_skipped_blocks = remove
+
+
 def window_freed_but_held(sched: Any) -> None:
     """Seeded bug: a sliding window frees the blocks that left it but keeps them in the
     request's table (not replaced by the null block)."""

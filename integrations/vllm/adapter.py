@@ -236,6 +236,7 @@ class RealVllmScheduler:
         offloading: OffloadingOptions | None = None,
         sliding_window: int | None = None,
         retention_interval: int | None = 0,
+        window_block_scale: int = 1,
     ) -> None:
         space.check(config)
         if (
@@ -303,7 +304,15 @@ class RealVllmScheduler:
         #: A sliding-window KV cache group of this many tokens beside the full-attention one
         #: (a hybrid cache, `hybrid_groups`), or None: one full-attention group.
         self.sliding_window: int | None = sliding_window
-        check_retention_interval(retention_interval, sliding_window, config.block_size, offloading)
+        check_window_block_scale(window_block_scale, sliding_window)
+        #: The sliding-window group's blocks are this many times the program's block size.
+        self.window_block_scale: int = window_block_scale
+        check_retention_interval(
+            retention_interval,
+            sliding_window,
+            config.block_size * window_block_scale,
+            offloading,
+        )
         #: vLLM's `prefix_cache_retention_interval` (its default 0; None: dense).
         self.retention_interval: int | None = retention_interval
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
@@ -381,7 +390,9 @@ class RealVllmScheduler:
             cache_config,
             num_blocks=config.num_blocks if window is None else hybrid_pool(config.num_blocks),
             async_scheduling=self.async_scheduling,
-            kv_cache_groups=None if window is None else hybrid_groups(v, config.block_size, window),
+            kv_cache_groups=None
+            if window is None
+            else hybrid_groups(v, config.block_size, window, self.window_block_scale),
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         if self.offloading is not None:
@@ -819,16 +830,16 @@ def build_scheduler(
     num_blocks: int,
     async_scheduling: bool,
     kv_cache_groups: Sequence[Any] | None = None,
-    scheduler_block_size: int | None = None,
 ) -> Any:
     """vLLM's own choice of scheduler class for `vllm_config` (`AsyncScheduler` or a diffusion
     scheduler as its config says), over a KV pool of `num_blocks` blocks in one full-attention
     group (one KV head of size 1: no tensors are allocated; the scheduler never touches them).
 
     `kv_cache_groups` (vLLM `KVCacheGroupSpec`s sharing the pool) replaces that group, for a
-    hybrid cache; `scheduler_block_size` is then vLLM's scheduling granularity, a multiple of
-    every group's block size (default: `cache_config.block_size`, which stays the hash block
-    size).
+    hybrid cache. The KV cache configuration is completed as vLLM's engine core completes it:
+    the retention interval from `cache_config`, and the scheduler block size (for groups of
+    several block sizes, their least common multiple), the hash block size (their greatest
+    common divisor) and the hit alignment by vLLM's own resolvers.
 
     vLLM's CPU platform turns async scheduling off ("not required on CPU",
     `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on. The
@@ -843,15 +854,28 @@ def build_scheduler(
         )
         kv_cache_groups = [v.kv_iface.KVCacheGroupSpec(["layer"], spec)]
     kv_cache_config = v.kv_iface.KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(kv_cache_groups)
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=list(kv_cache_groups),
+        # as vLLM's KV cache planning copies it (`get_kv_cache_config_from_groups`): the
+        # coordinator reads it here, the offloading connector from `cache_config`
+        prefix_cache_retention_interval=cache_config.prefix_cache_retention_interval,
+    )
+    # the block sizes and hit alignment as vLLM's engine core resolves them (`EngineCore`)
+    scheduler_block_size, hash_block_size = v.kv_utils.resolve_kv_cache_block_sizes(
+        kv_cache_config, vllm_config
+    )
+    kv_cache_config.hash_block_size = hash_block_size
+    kv_cache_config.cache_hit_alignment_tokens = v.kv_utils.resolve_cache_hit_alignment_tokens(
+        kv_cache_config, vllm_config, scheduler_block_size, hash_block_size
     )
     cache_config.num_gpu_blocks = num_blocks
     return scheduler_config.get_scheduler_cls()(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=v.structured.StructuredOutputManager(vllm_config),
-        block_size=scheduler_block_size or block_size,
-        hash_block_size=block_size,
+        block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
         log_stats=False,
     )
 
@@ -900,8 +924,10 @@ def check_retention_interval(
 ) -> None:
     """`ConfigError` unless `retention_interval` is one vLLM serves here: 0 (its default: only
     the replay boundary and shared-prefix junctions are kept), None (dense) or a positive
-    multiple of the block size (with offloading, of a CPU chunk's tokens); other than 0 only
-    with a sliding window (it applies to sliding-window and Mamba groups alone)."""
+    multiple of `block_size`, the sliding-window group's (vLLM's scheduler block size, the
+    least common multiple of the groups'; with offloading, of a window CPU chunk's tokens);
+    other than 0 only with a sliding window (it applies to sliding-window and Mamba groups
+    alone)."""
     if retention_interval == 0 and not isinstance(retention_interval, bool):
         return
     unit = block_size * (offloading.blocks_per_chunk if offloading is not None else 1)
@@ -921,19 +947,50 @@ def check_retention_interval(
         raise ConfigError("retention_interval", retention_interval, valid)
 
 
-def hybrid_groups(v: VllmModules, block_size: int, sliding_window: int) -> list[Any]:
+def check_window_block_scale(window_block_scale: object, sliding_window: int | None) -> None:
+    """`ConfigError` unless `window_block_scale` is 1, or an integer above 1 with a sliding
+    window. A multiple of the program's block size keeps it the groups' greatest common
+    divisor, vLLM's hash block size, by which the adapter's request block hasher hashes."""
+    if window_block_scale == 1 and not isinstance(window_block_scale, bool):
+        return
+    if (
+        sliding_window is None
+        or isinstance(window_block_scale, bool)
+        or not isinstance(window_block_scale, int)
+        or window_block_scale < 1
+    ):
+        raise ConfigError(
+            "window_block_scale",
+            window_block_scale,
+            "1, or with a sliding window an integer >= 1 (the window group's blocks are that "
+            "many times the block size)",
+        )
+
+
+def hybrid_groups(
+    v: VllmModules, block_size: int, sliding_window: int, window_block_scale: int = 1
+) -> list[Any]:
     """A hybrid KV cache's groups, as a model with full-attention and sliding-window layers
-    gets them (Gemma, Mistral): group 0 full attention, group 1 a sliding window of
-    `sliding_window` tokens, both in blocks of `block_size` (distinct head sizes, so vLLM keeps
-    the groups apart). vLLM puts the null block where a sliding-window block left the window."""
+    gets them (Gemma, Mistral): group 0 full attention in blocks of `block_size`, group 1 a
+    sliding window of `sliding_window` tokens in blocks of `window_block_scale` x `block_size`
+    tokens; distinct head sizes, so vLLM keeps the groups apart. vLLM puts the null
+    block where a sliding-window block left the window.
+
+    In a real engine the groups' blocks are pages of one size, so where a window layer's KV
+    per token is smaller (fewer KV heads), vLLM gives its group larger blocks
+    (`unify_kv_cache_spec_page_size`): a window block of k = `window_block_scale` > 1 times
+    `block_size` tokens is such a group, its head size 1 beside the full-attention group's k
+    (pages of one size). vLLM then schedules and caches by the groups' least common
+    multiple and hashes by their greatest common divisor."""
     dtype = v.torch.float32
+    scale = window_block_scale
     full = v.kv_iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=dtype
+        block_size=block_size, num_kv_heads=1, head_size=1 if scale == 1 else scale, dtype=dtype
     )
     window = v.kv_iface.SlidingWindowSpec(
-        block_size=block_size,
+        block_size=block_size * scale,
         num_kv_heads=1,
-        head_size=2,
+        head_size=2 if scale == 1 else 1,
         dtype=dtype,
         sliding_window=sliding_window,
     )
@@ -953,6 +1010,11 @@ def hybrid_pool(num_blocks: int) -> int:
 def kv_groups(sched: Any) -> int:
     """How many KV cache groups a vLLM scheduler's pool serves."""
     return len(sched.kv_cache_manager.coordinator.single_type_managers)
+
+
+def group_block_sizes(sched: Any) -> tuple[int, ...]:
+    """Each KV cache group's block size in tokens, group by group, of a vLLM scheduler."""
+    return tuple(int(m.block_size) for m in sched.kv_cache_manager.coordinator.single_type_managers)
 
 
 def window_tokens(sched: Any, group: int) -> int | None:
@@ -1141,8 +1203,10 @@ __all__ = [
     "cached_blocks",
     "check_retention_interval",
     "check_sliding_window",
+    "check_window_block_scale",
     "engine_on_pythonpath",
     "finish_reason_of",
+    "group_block_sizes",
     "group_tables",
     "hybrid_groups",
     "hybrid_pool",

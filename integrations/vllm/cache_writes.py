@@ -33,9 +33,12 @@ below its verified tokens only: under asynchronous scheduling a step is schedule
 drafts of its steps in flight, and where vLLM rejects them it drops what read their KV.
 
 On a hybrid cache (several KV cache groups sharing the pool, `integrations.vllm.adapter.
-hybrid_groups`) each group's blocks are recorded and checked by that group's table: a block
-holds what the group that wrote it last wrote there (a full-attention layer's KV is not a
-sliding-window layer's), and a sliding window's null blocks are neither written nor read.
+hybrid_groups`) each group's blocks are recorded and checked by that group's table, in blocks
+of that group's size: a block holds what the group that wrote it last wrote there (a
+full-attention layer's KV is not a sliding-window layer's), and a sliding window's null blocks
+are neither written nor read. A group's block k of a request, in blocks of s hash blocks
+(`Request.block_hashes` are by the groups' greatest common divisor), has the request's block
+hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content.
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
@@ -59,9 +62,18 @@ class CacheWrites:
     block index, the schedule index of that call, that block hash)."""
 
     def __init__(
-        self, block_size: int, *, every_read: bool = False, verified_reads: bool = False
+        self,
+        block_size: int,
+        *,
+        every_read: bool = False,
+        verified_reads: bool = False,
+        group_block_sizes: tuple[int, ...] = (),
     ) -> None:
+        #: The hash block size: `Request.block_hashes` are of blocks of this many tokens.
         self.block_size: int = block_size
+        #: Each KV cache group's block size, a multiple of `block_size` (a group not named:
+        #: `block_size`).
+        self.group_block_sizes: tuple[int, ...] = group_block_sizes
         #: Also check every scheduled request's computed blocks, not only a hit's (`kv_written`;
         #: with a KV connector, whose loads may fail under a running request).
         self.every_read: bool = every_read
@@ -74,6 +86,19 @@ class CacheWrites:
         self.written_in: dict[int, int] = {}
         self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
+
+    def group_block_size(self, group: int) -> int:
+        """KV cache group `group`'s block size in tokens."""
+        sizes = self.group_block_sizes
+        return sizes[group] if group < len(sizes) else self.block_size
+
+    def block_hash(self, content: tuple[Any, int], group: int = 0) -> bytes | None:
+        """The block hash of `content` (a request and its block index in group `group`): that
+        of the request's last hash block in it; None past its hashed blocks."""
+        request, index = content
+        last = (index + 1) * (self.group_block_size(group) // self.block_size) - 1
+        hashes = request.block_hashes
+        return bytes(hashes[last]) if last < len(hashes) else None
 
     def content(self, block: int, group: int = 0) -> tuple[Any, int] | None:
         """What `block` holds as KV cache group `group` wrote it, or None (no batch or load
@@ -114,7 +139,6 @@ class CacheWrites:
         `valid` names for it: first position and count written with its true tokens), then
         check the cache hits it takes (`EngineCoreViolation("cache_hit_written", ...)`)."""
         self._note_hashed_for_victims(sched, out, schedule_index)
-        bs = self.block_size
         starts = batch_starts(out)
         cached = out.scheduled_cached_reqs
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
@@ -128,7 +152,7 @@ class CacheWrites:
                 start = min(start, req.num_computed_tokens - req.num_in_flight_tokens)
             for group, group_table in enumerate(tables):
                 table = group_table.get(rid, ())
-                for k in range(min(start // bs, len(table))):
+                for k in range(min(start // self.group_block_size(group), len(table))):
                     block = table[k]
                     if block is not None:
                         self._check(rid, req, k, block, schedule_index, rid in hitting, group)
@@ -145,7 +169,6 @@ class CacheWrites:
         ones, or the positions `valid` names for it. `after_schedule` calls it; a loop that
         samples a batch later (deferred) calls it again once the batch's accepted drafts are
         known (recording a block again is harmless: no batch ran in between)."""
-        bs = self.block_size
         starts = batch_starts(out)
         for rid, n in out.num_scheduled_tokens.items():
             req = sched.requests.get(rid)
@@ -156,6 +179,7 @@ class CacheWrites:
                 start, n = valid[rid]
             for group, group_table in enumerate(tables):
                 table = group_table.get(rid, ())
+                bs = self.group_block_size(group)
                 for k in range(start // bs, min((start + n) // bs, len(table))):
                     block = table[k]
                     if block is not None:
@@ -176,15 +200,16 @@ class CacheWrites:
                 rid, index, block_hash = found
                 self.hashed_for_victims[block] = (rid, index, schedule_index, block_hash)
 
-    def _victim_reason(self, block: int, req: Any, k: int) -> str:
+    def _victim_reason(self, block: int, req: Any, k: int, group: int) -> str:
         """Why, when the block was hashed for a victim after its last write and the hit found
         it under that very hash; else ""."""
         victim = self.hashed_for_victims.get(block)
-        if victim is None or k >= len(req.block_hashes):
+        if victim is None:
             return ""
         vid, vk, call, block_hash = victim
-        if bytes(req.block_hashes[k]) != block_hash:
+        if self.block_hash((req, k), group) != block_hash:
             return ""
+        vk = (vk + 1) // (self.group_block_size(group) // self.block_size) - 1  # group's index
         return (
             f" (schedule {call} hashed it as block {vk} of {vid!r}, scheduling its tokens, "
             f"and preempted {vid!r} in the same call: those tokens never ran)"
@@ -223,11 +248,8 @@ class CacheWrites:
             wreq, wk = writer
             if wreq is req and wk == k:
                 return
-            if (
-                wk < len(wreq.block_hashes)
-                and k < len(req.block_hashes)
-                and bytes(wreq.block_hashes[wk]) == bytes(req.block_hashes[k])
-            ):
+            written_hash = self.block_hash(writer, group)
+            if written_hash is not None and written_hash == self.block_hash((req, k), group):
                 return
         other = self.overwritten_by(block, group)
         what = (
@@ -237,7 +259,7 @@ class CacheWrites:
             if writer is None
             else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
         )
-        what += self._victim_reason(block, req, k)
+        what += self._victim_reason(block, req, k, group)
         if group and other is None:
             what += f" (in KV cache group {group})"
         if not hit:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from integrations.vllm.adapter import all_group_tables, window_tokens
+from integrations.vllm.adapter import all_group_tables, group_block_sizes, window_tokens
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
 
@@ -246,15 +246,18 @@ class BatchQueueLoop(Generic[CountsT]):
                 )
         self.ever_scheduled.update(admitted)
 
-    def check_kv_covers(self, out: Any, block_size: int) -> None:
+    def check_kv_covers(self, out: Any) -> None:
         """`kv_covers_scheduled`: after `schedule()`, every request it scheduled holds blocks
         for all its computed tokens, this call's and those in flight included
-        (`num_computed_tokens`, which `schedule()` has advanced), in every KV cache group. A
-        sliding-window group of W tokens may hold the null block for a block that left its
-        window, but not for one its attention still reads: the blocks of the W - 1 tokens
-        before the first token the call schedules, and those after it, are real blocks."""
+        (`num_computed_tokens`, which `schedule()` has advanced), in every KV cache group, each
+        in blocks of its own size. A sliding-window group of W tokens may hold the null block
+        for a block that left its window, but not for one its attention still reads: the
+        blocks of the W - 1 tokens before the first token the call schedules, and those after
+        it, are real blocks."""
+        sizes = group_block_sizes(self.sched)
         for group, tables in enumerate(all_group_tables(self.sched)):
             window = window_tokens(self.sched, group)
+            block_size = sizes[group]
             where = f" in KV cache group {group}" if group else ""
             for rid, scheduled in out.num_scheduled_tokens.items():
                 computed = self.sched.requests[rid].num_computed_tokens

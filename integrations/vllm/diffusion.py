@@ -484,7 +484,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             max_num_seqs=s.max_num_seqs,
             priority=s.policy == "priority",
         )
-        self.check_kv_covers(out, s.block_size)
+        self.check_kv_covers(out)
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)

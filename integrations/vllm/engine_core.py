@@ -105,6 +105,7 @@ from integrations.vllm.adapter import (
     RealVllmScheduler,
     all_group_tables,
     block_tables,
+    group_block_sizes,
     next_output_index,
 )
 from integrations.vllm.cache_writes import CacheWrites
@@ -248,7 +249,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     holds what finished requests stored and puts lookups off while its own jobs run, and with
     `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
     `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
-    full-attention one, each group's blocks checked by its own table. With `trace` (a list)
+    full-attention one, in blocks of `window_block_scale` times the program's, each group's blocks
+    checked by its own table. With `trace` (a list)
     the loop and the store append a line per event to it."""
 
     def __init__(
@@ -276,6 +278,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         cache_resets: bool = False,
         sliding_window: int | None = None,
         retention_interval: int | None = 0,
+        window_block_scale: int = 1,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -311,6 +314,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             offloading=offloading,
             sliding_window=sliding_window,
             retention_interval=retention_interval,
+            window_block_scale=window_block_scale,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -349,6 +353,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 config.block_size,
                 every_read=every_read,
                 verified_reads=speculative_tokens > 0,
+                group_block_sizes=group_block_sizes(self.impl.sched),
             )
             if config.enable_prefix_caching or every_read
             else None
@@ -478,7 +483,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             max_num_seqs=cfg.max_num_seqs,
             priority=cfg.policy is Policy.PRIORITY,
         )
-        self.check_kv_covers(out, cfg.block_size)
+        self.check_kv_covers(out)
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
@@ -816,7 +821,9 @@ class LoopOptions:
     `sliding_window` serves both loops a hybrid KV cache: a sliding-window group of that many
     tokens beside the full-attention one (`integrations.vllm.adapter.hybrid_groups`), each with
     the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
-    `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense). The speculative
+    `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense), and
+    `window_block_scale` the window group's blocks, that many times the program's block size.
+    The speculative
     model and the connector's store draw from `draw_seed`, by default a hash of the program's
     text (`program_seed`); `integrations.vllm.shrink` holds it at the original program's while
     it changes the program. With `trace` (a list) the loop appends a line per event to it
@@ -844,6 +851,7 @@ class LoopOptions:
     cache_resets: bool = False
     sliding_window: int | None = None
     retention_interval: int | None = 0
+    window_block_scale: int = 1
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -881,6 +889,7 @@ class LoopOptions:
             cache_resets=self.cache_resets,
             sliding_window=self.sliding_window,
             retention_interval=self.retention_interval,
+            window_block_scale=self.window_block_scale,
             trace=self.trace,
         )
         return loop.run(program)

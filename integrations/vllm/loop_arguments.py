@@ -242,6 +242,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "junctions only; dense: every block; N: also every N tokens)",
     )
     parser.add_argument(
+        "--window-block-scale",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --sliding-window: the window group's blocks hold K times the program's block "
+        "size (a window layer with less KV per token gets larger blocks of the same page size; "
+        "vLLM then schedules by the larger and hashes by the program's)",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -284,6 +293,10 @@ def loop_options(
         parser.error("--sliding-window: an int >= 1, not with --kv-connector")
     if args.retention_interval != 0 and args.sliding_window is None:
         parser.error("--retention-interval: only with --sliding-window")
+    if args.window_block_scale != 1 and (
+        args.window_block_scale < 1 or args.sliding_window is None
+    ):
+        parser.error("--window-block-scale: an int >= 1, with --sliding-window")
     names = sorted(set(args.fix or ()))
     connector_fixes = [n for n in names if n in CONNECTOR_FIXES]
     if connector_fixes and args.offload_chunks is None:
@@ -313,6 +326,7 @@ def loop_options(
         cache_resets=args.cache_resets,
         sliding_window=args.sliding_window,
         retention_interval=args.retention_interval,
+        window_block_scale=args.window_block_scale,
     )
     return options, names
 
@@ -348,8 +362,11 @@ def describe(args: argparse.Namespace) -> str:
     if args.sliding_window is not None:
         kept = args.retention_interval
         retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
+        scale = args.window_block_scale
+        blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
         drafts += (
-            f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens{retention})"
+            f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens{blocks}"
+            f"{retention})"
         )
     return drafts
 

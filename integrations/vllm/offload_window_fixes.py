@@ -16,10 +16,12 @@ cache with a sliding-window group (docs/engines.md, "Hybrid KV caches").
    several blocks, a sliding-window chunk may be stored in part: the store copies its blocks
    that are not the null block, whether they left the window or the store mask
    (`_reachable_store_block_mask`) did not ask for them, under the key of the whole chunk. A
-   later hit ending at that chunk (a request whose shorter prompt shares it, or one whose hit
-   covers its whole prompt, recomputed from its last token) reads the window's blocks before
-   it, the missing part included: the load fills them from the part of the chunk the store left
-   out, and the request reads it. The fix: a sliding-window chunk holding the null block is not
+   later hit ending at that chunk (a request whose shorter prompt shares it) reads the
+   window's blocks before it, the missing part included: the load fills them from the part of
+   the chunk the store left out, and the request reads it. Where the null block is in the
+   middle of the chunk (the connector zeroes a window block id only when the pool reallocates
+   the block), vLLM's worker, filling the chunk's slots one after the other, stores the blocks
+   after it one slot early. The fix: a sliding-window chunk holding the null block is not
    stored (as one with a null block the mask asks for already is not).
 
 Each is an edit of vLLM's own `offloading/scheduler.py`: `scripts/engine_fixes_diff.py
@@ -72,8 +74,8 @@ _SKIPPED_IF_REACHABLE = (
 _SKIPPED_IF_WINDOW = (
     "                    # A reachable null block would leave part of the chunk unwritten;\n"
     "                    # so would any in a sliding-window chunk, which a hit ending at it\n"
-    "                    # (a shorter prompt sharing it, a whole-prompt hit recomputing its\n"
-    "                    # last token) reads whole.\n"
+    "                    # (a shorter prompt sharing it) reads whole; and one in its middle\n"
+    "                    # would shift the blocks after it by a slot.\n"
     "                    chunk_start = abs_chunk_idx * blocks_per_chunk\n"
     "                    window = group_config.sliding_window_size_in_chunks is not None\n"
     "                    if any(\n"

@@ -224,7 +224,7 @@ class OffloadingWorker:
                 lo = offset if i == 0 else 0
                 hi = min(per, offset + size - i * per)
                 contents = slots[i][lo:hi]
-                wrong = _chunk_fault(contents, keys)
+                wrong = _chunk_fault(contents, keys, self._hasher(group))
                 if wrong is not None:
                     j, what = wrong
                     block = blocks[i * per + lo + j - offset]
@@ -294,9 +294,13 @@ class OffloadingWorker:
         if stored_by != group:
             return f"a store of KV cache group {stored_by} filled it"
         last = next(c for c in reversed(slots) if c is not None)
-        if _hash(last) in keys:
+        if self.writes.block_hash(last, group) in keys:
             return None
         return f"it holds block {last[1]} of {last[0].request_id!r} last, not a key of the job"
+
+    def _hasher(self, group: int) -> Callable[[tuple[Any, int]], bytes | None]:
+        """The block hash of a block's content (a request, its block index) in `group`."""
+        return lambda content: self.writes.block_hash(content, group)
 
     @property
     def _blocks_per_chunk(self) -> int:
@@ -353,28 +357,29 @@ def _in(group: int) -> str:
     return f" of KV cache group {group}" if group else ""
 
 
-def _hash(content: tuple[Any, int]) -> bytes | None:
-    """The block hash of block `index` of `request` (`content`), None past its hashed blocks."""
-    request, index = content
-    hashes = request.block_hashes
-    return bytes(hashes[index]) if index < len(hashes) else None
-
-
 def _chunk_fault(
-    contents: list[tuple[Any, int] | None], keys: frozenset[bytes]
+    contents: list[tuple[Any, int] | None],
+    keys: frozenset[bytes],
+    block_hash: Callable[[tuple[Any, int]], bytes | None],
 ) -> tuple[int, str] | None:
     """Why a chunk read from blocks holding `contents` is not the KV of one of `keys` (the
     position of the first wrong block and what it holds), or None. A key is the block hash of
-    its chunk's last block, and block hashes chain, so the last block's content must have one
-    of `keys` as hash and each block before it the hash of the same request's block before."""
+    its chunk's last block (`block_hash` of its content), and block hashes chain, so the last
+    block's content must have one of `keys` as hash and each block before it the hash of the
+    same request's block before."""
     last = contents[-1]
-    if last is None or _hash(last) not in keys:
+    if last is None or block_hash(last) not in keys:
         j = len(contents) - 1
         return j, _what(last, "not the KV of a key it stores")
     request, index = last
     for j, content in enumerate(contents):
         want = index - (len(contents) - 1 - j)
-        if content is None or want < 0 or _hash(content) != bytes(request.block_hashes[want]):
+        if (
+            content is None
+            or want < 0
+            or block_hash(content) is None
+            or block_hash(content) != block_hash((request, want))
+        ):
             return j, _what(content, f"not block {want} of {request.request_id!r}, as its key says")
     return None
 
