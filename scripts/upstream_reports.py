@@ -103,6 +103,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-offloading-reset-twice": (
+        "KV offloading connector, hybrid cache: after a cache reset a re-offload lists one GPU "
+        "block twice (a stale sliding-window id and the same block reallocated to the "
+        "request), and update_from_output raises KeyError",
+        "vllm-offloading",
+        None,
+    ),
     "vllm-offloading-window-part": (
         "KV offloading connector, hybrid cache, chunks of several blocks: a sliding-window chunk "
         "stored in part is keyed as a whole, and a later hit ending at it loads the part left out",
@@ -253,9 +260,11 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
     if window:
         per = record["options"].get("offload_blocks_per_chunk", 1)
         chunks = f", CPU chunks of {per} blocks" if per > 1 else ""
+        scale = record["options"].get("window_block_scale", 1)
+        blocks = f" in blocks {scale} times the full-attention group's" if scale > 1 else ""
         run = run.removesuffix(".") + (
             f", over a hybrid KV cache: a full-attention group and a sliding-window group of "
-            f"{window} tokens sharing one pool{chunks}."
+            f"{window} tokens{blocks} sharing one pool{chunks}."
         )
     draws = f", its draws (the connector's store, the drafts) seeded by {record['draw_seed']}."
     names = (
