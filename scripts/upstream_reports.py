@@ -160,6 +160,7 @@ FLAGS = {
     "sliding_window": "--sliding-window",
     "retention_interval": "--retention-interval",
     "window_block_scale": "--window-block-scale",
+    "mamba": "--mamba",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -183,6 +184,7 @@ DEFAULTS: dict[str, object] = {
     "sliding_window": None,
     "retention_interval": 0,
     "window_block_scale": 1,
+    "mamba": False,
 }
 
 

@@ -8,6 +8,7 @@
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
         [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
+        [--mamba [--retention-interval N|dense]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
@@ -68,7 +69,8 @@ hybrid KV cache: a sliding-window group of W tokens beside the full-attention on
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
 connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
 `prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
-the program's block size; `--fix forget-stale-window` and `--fix
+the program's block size; `--mamba` serves a Mamba group beside full attention instead of a
+window (vLLM's align mode with prefix caching, none without); `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -253,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sliding_window": args.sliding_window,
                 "retention_interval": args.retention_interval,
                 "window_block_scale": args.window_block_scale,
+                "mamba": args.mamba,
             },
         )
     return 1 if tally.failures else 0

@@ -227,6 +227,28 @@ def window_blocks_counted_in_hash_blocks(sched: Any) -> None:
     manager.remove_skipped_blocks = remove
 
 
+def mamba_state_freed_early(sched: Any) -> None:
+    """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): when a request
+    moves its state to a new block, the manager frees the block holding the state so far at
+    once, in the very step whose worker copies the state out of it, not a step later."""
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    manager = next(m for m in managers if getattr(m, "mamba_cache_mode", None) == "align")
+    original = manager.allocate_new_blocks
+
+    def allocate(request_id: str, *args: Any, **kwargs: Any) -> Any:
+        new = original(request_id, *args, **kwargs)
+        last = manager.last_state_block_idx.get(request_id)
+        blocks = manager.req_to_blocks.get(request_id, [])
+        # a cached checkpoint stays for later hits: only a private state block is freed
+        private = last is not None and last < len(blocks) - 1 and blocks[last].block_hash is None
+        if new and private and last is not None and not blocks[last].is_null:
+            manager.block_pool.free_blocks([blocks[last]])
+            blocks[last] = manager._null_block
+        return new
+
+    manager.allocate_new_blocks = allocate
+
+
 def window_freed_but_held(sched: Any) -> None:
     """Seeded bug: a sliding window frees the blocks that left it but keeps them in the
     request's table (not replaced by the null block)."""

@@ -237,6 +237,7 @@ class RealVllmScheduler:
         sliding_window: int | None = None,
         retention_interval: int | None = 0,
         window_block_scale: int = 1,
+        mamba: bool = False,
     ) -> None:
         space.check(config)
         if (
@@ -307,9 +308,18 @@ class RealVllmScheduler:
         check_window_block_scale(window_block_scale, sliding_window)
         #: The sliding-window group's blocks are this many times the program's block size.
         self.window_block_scale: int = window_block_scale
+        check_mamba(
+            mamba,
+            sliding_window=sliding_window,
+            kv_connector=kv_connector,
+            offloading=offloading,
+            speculative_tokens=speculative_tokens,
+        )
+        #: A Mamba group beside the full-attention one (`mamba_groups`) instead of a window.
+        self.mamba: bool = mamba
         check_retention_interval(
             retention_interval,
-            sliding_window,
+            sliding_window is not None or mamba,
             config.block_size * window_block_scale,
             offloading,
         )
@@ -383,16 +393,21 @@ class RealVllmScheduler:
                 "config", config, f"a configuration vLLM accepts ({vllm_config_error(err)})"
             ) from None
         window = self.sliding_window
+        groups = (
+            hybrid_groups(v, config.block_size, window, self.window_block_scale)
+            if window is not None
+            else mamba_groups(v, config, cache_config)
+            if self.mamba
+            else None
+        )
         sched = build_scheduler(
             v,
             vllm_config,
             scheduler_config,
             cache_config,
-            num_blocks=config.num_blocks if window is None else hybrid_pool(config.num_blocks),
+            num_blocks=config.num_blocks if groups is None else hybrid_pool(config.num_blocks),
             async_scheduling=self.async_scheduling,
-            kv_cache_groups=None
-            if window is None
-            else hybrid_groups(v, config.block_size, window, self.window_block_scale),
+            kv_cache_groups=groups,
         )
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         if self.offloading is not None:
@@ -525,10 +540,15 @@ class RealVllmScheduler:
                 "False for step() (an async scheduler runs a step ahead of the model: drive it "
                 "with integrations.vllm.engine_core)",
             )
-        if self.sliding_window is not None:
+        if self.sliding_window is not None or self.mamba:
+            field, value = (
+                ("sliding_window", self.sliding_window)
+                if self.sliding_window is not None
+                else ("mamba", True)
+            )
             raise ConfigError(
-                "sliding_window",
-                self.sliding_window,
+                field,
+                value,
                 "None for step() (the AR spec's pool is one KV cache group: drive a hybrid "
                 "cache with integrations.vllm.engine_core)",
             )
@@ -918,7 +938,7 @@ def check_sliding_window(sliding_window: object) -> None:
 
 def check_retention_interval(
     retention_interval: object,
-    sliding_window: int | None,
+    hybrid: bool,
     block_size: int,
     offloading: OffloadingOptions | None,
 ) -> None:
@@ -926,15 +946,15 @@ def check_retention_interval(
     the replay boundary and shared-prefix junctions are kept), None (dense) or a positive
     multiple of `block_size`, the sliding-window group's (vLLM's scheduler block size, the
     least common multiple of the groups'; with offloading, of a window CPU chunk's tokens);
-    other than 0 only with a sliding window (it applies to sliding-window and Mamba groups
-    alone)."""
+    other than 0 only with a `hybrid` cache, a sliding-window or Mamba group (it applies to
+    those groups alone)."""
     if retention_interval == 0 and not isinstance(retention_interval, bool):
         return
     unit = block_size * (offloading.blocks_per_chunk if offloading is not None else 1)
     valid = (
         f"0 (vLLM's default), None (dense) or a positive multiple of {unit} (the "
         f"{'CPU chunk' if offloading is not None else 'block'} size in tokens), with a "
-        "sliding window"
+        "sliding window or a Mamba group"
     )
     if retention_interval is not None and (
         isinstance(retention_interval, bool)
@@ -943,7 +963,7 @@ def check_retention_interval(
         or retention_interval % unit
     ):
         raise ConfigError("retention_interval", retention_interval, valid)
-    if sliding_window is None:
+    if not hybrid:
         raise ConfigError("retention_interval", retention_interval, valid)
 
 
@@ -998,6 +1018,76 @@ def hybrid_groups(
         v.kv_iface.KVCacheGroupSpec(["full_attention"], full),
         v.kv_iface.KVCacheGroupSpec(["sliding_window"], window),
     ]
+
+
+def check_mamba(
+    mamba: object,
+    *,
+    sliding_window: int | None,
+    kv_connector: str | None,
+    offloading: OffloadingOptions | None,
+    speculative_tokens: int,
+) -> None:
+    """`ConfigError` unless `mamba` is False, or True without what the loop does not model
+    beside a Mamba group: a sliding window (one hybrid kind at a time), a KV connector or
+    vLLM's offloading connector (a Mamba state's partial tails are handed over by copy-on-
+    write), drafts (speculative state blocks, relocated in place)."""
+    if mamba is False:
+        return
+    valid = (
+        "False, or True without sliding_window, kv_connector, offloading or speculative_tokens "
+        "(a Mamba group beside full attention, no drafts, no connector)"
+    )
+    if mamba is not True or (
+        sliding_window is not None
+        or kv_connector is not None
+        or offloading is not None
+        or speculative_tokens
+    ):
+        raise ConfigError("mamba", mamba, valid)
+
+
+def mamba_groups(v: VllmModules, config: ArConfig, cache_config: Any) -> list[Any]:
+    """A hybrid KV cache's groups as a model with attention and Mamba (state-space) layers gets
+    them (Jamba, Nemotron-H, Qwen3-Next), as vLLM's `MambaModelConfig.verify_and_update_config`
+    sets them up: group 0 full attention in blocks of `config.block_size`; group 1 a Mamba
+    group whose blocks hold a layer's recurrent state. With prefix caching it runs in vLLM's
+    "align" mode, its blocks of the same size (a state checkpoint per block, the earlier ones
+    the null block or freed, prefill split at block boundaries), and vLLM asserts chunked
+    prefill (`ConfigError` without); without, in "none" mode, one block of `max_model_len`
+    tokens per request holding its state, updated in place. Sets
+    `cache_config.mamba_cache_mode` to match."""
+    align = bool(cache_config.enable_prefix_caching)
+    if align and not config.enable_chunked_prefill:
+        raise ConfigError(
+            "mamba",
+            True,
+            "a program with chunked prefill where prefix caching is on (vLLM asserts "
+            "'Chunked prefill is required for Mamba prefix caching')",
+        )
+    mode = "align" if align else "none"
+    cache_config.mamba_cache_mode = mode
+    full = v.kv_iface.FullAttentionSpec(
+        block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+    )
+    state = v.kv_iface.MambaSpec(
+        block_size=config.block_size if align else config.max_model_len,
+        shapes=((2,),),
+        dtypes=(v.torch.float32,),
+        mamba_cache_mode=mode,
+    )
+    return [
+        v.kv_iface.KVCacheGroupSpec(["full_attention"], full),
+        v.kv_iface.KVCacheGroupSpec(["mamba"], state),
+    ]
+
+
+def mamba_mode(sched: Any, group: int) -> str | None:
+    """KV cache group `group`'s Mamba cache mode ("align" or "none") of a vLLM scheduler; None
+    for a group that is not Mamba."""
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[group]
+    mode = getattr(manager, "mamba_cache_mode", None)
+    return None if mode is None else str(mode)
 
 
 def hybrid_pool(num_blocks: int) -> int:
@@ -1201,6 +1291,7 @@ __all__ = [
     "block_tables",
     "build_scheduler",
     "cached_blocks",
+    "check_mamba",
     "check_retention_interval",
     "check_sliding_window",
     "check_window_block_scale",
@@ -1214,6 +1305,8 @@ __all__ = [
     "load_vllm",
     "make_real_vllm",
     "make_real_vllm_prefix",
+    "mamba_groups",
+    "mamba_mode",
     "model_dir",
     "pool_view",
     "tiny_model_config",

@@ -24,7 +24,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from integrations.vllm.adapter import all_group_tables, group_block_sizes, window_tokens
+from integrations.vllm.adapter import (
+    all_group_tables,
+    group_block_sizes,
+    mamba_mode,
+    window_tokens,
+)
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
 
@@ -253,12 +258,17 @@ class BatchQueueLoop(Generic[CountsT]):
         in blocks of its own size. A sliding-window group of W tokens may hold the null block
         for a block that left its window, but not for one its attention still reads: the
         blocks of the W - 1 tokens before the first token the call schedules, and those after
-        it, are real blocks."""
+        it, are real blocks. A Mamba group (`check_state_blocks`) holds the state its step
+        reads and the one it writes instead."""
         sizes = group_block_sizes(self.sched)
         for group, tables in enumerate(all_group_tables(self.sched)):
             window = window_tokens(self.sched, group)
             block_size = sizes[group]
             where = f" in KV cache group {group}" if group else ""
+            mode = mamba_mode(self.sched, group)
+            if mode is not None:
+                self.check_state_blocks(out, tables, block_size, mode, where)
+                continue
             for rid, scheduled in out.num_scheduled_tokens.items():
                 computed = self.sched.requests[rid].num_computed_tokens
                 table = tables.get(rid, ())
@@ -280,6 +290,39 @@ class BatchQueueLoop(Generic[CountsT]):
                         f"with a window of {window} tokens, but holds the null block as its "
                         f"block {nulls[0]}{where} (its window reads tokens from "
                         f"{max(0, start - window + 1)} on)",
+                    )
+
+    def check_state_blocks(
+        self,
+        out: Any,
+        tables: dict[str, tuple[int | None, ...]],
+        block_size: int,
+        mode: str,
+        where: str,
+    ) -> None:
+        """`kv_covers_scheduled` in a Mamba group: a step of a request scheduled from token s to
+        token e reads the state after s and leaves the state after e. In "align" mode vLLM's
+        worker copies the state from the block of token s - 1 into the block of token e - 1
+        before the forward, which updates it there (`preprocess_mamba`): both are real
+        blocks. In "none" mode the state lives in the request's first block, updated in
+        place: a real block."""
+        for rid, scheduled in out.num_scheduled_tokens.items():
+            end = self.sched.requests[rid].num_computed_tokens
+            start = end - scheduled
+            table = tables.get(rid, ())
+            wanted = (
+                {0}
+                if mode != "align"
+                else {(end - 1) // block_size} | ({(start - 1) // block_size} if start else set())
+            )
+            for k in sorted(wanted):
+                if k >= len(table) or table[k] is None:
+                    held = "holds no block" if k >= len(table) else "holds the null block"
+                    raise EngineCoreViolation(
+                        "kv_covers_scheduled",
+                        f"schedule {self.n.schedules}: {rid!r} is scheduled from token {start} "
+                        f"to {end} but {held} as its block {k}{where}, a Mamba state block its "
+                        f"step reads or writes ({mode} mode)",
                     )
 
     def check_runner_tables(self, out: Any) -> None:

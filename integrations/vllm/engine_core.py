@@ -250,8 +250,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
     `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
     full-attention one, in blocks of `window_block_scale` times the program's, each group's blocks
-    checked by its own table. With `trace` (a list)
-    the loop and the store append a line per event to it."""
+    checked by its own table; with `mamba` a Mamba group instead (`integrations.vllm.adapter.
+    mamba_groups`). With `trace` (a list) the loop and the store append a line per event to
+    it."""
 
     def __init__(
         self,
@@ -279,6 +280,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         sliding_window: int | None = None,
         retention_interval: int | None = 0,
         window_block_scale: int = 1,
+        mamba: bool = False,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -315,6 +317,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             sliding_window=sliding_window,
             retention_interval=retention_interval,
             window_block_scale=window_block_scale,
+            mamba=mamba,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -347,7 +350,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         # below verified tokens, as a step is scheduled past drafts that vLLM may roll back
         # a hybrid cache's reads too: a sliding window frees the blocks that leave it, and
         # must keep those it still reads
-        every_read = kv_connector is not None or offloading is not None or bool(sliding_window)
+        every_read = (
+            kv_connector is not None or offloading is not None or bool(sliding_window) or mamba
+        )
         self.writes: CacheWrites | None = (
             CacheWrites(
                 config.block_size,
@@ -823,7 +828,8 @@ class LoopOptions:
     the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
     `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense), and
     `window_block_scale` the window group's blocks, that many times the program's block size.
-    The speculative
+    `mamba` serves a Mamba group beside the full-attention one instead of a window. The
+    speculative
     model and the connector's store draw from `draw_seed`, by default a hash of the program's
     text (`program_seed`); `integrations.vllm.shrink` holds it at the original program's while
     it changes the program. With `trace` (a list) the loop appends a line per event to it
@@ -852,6 +858,7 @@ class LoopOptions:
     sliding_window: int | None = None
     retention_interval: int | None = 0
     window_block_scale: int = 1
+    mamba: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -890,6 +897,7 @@ class LoopOptions:
             sliding_window=self.sliding_window,
             retention_interval=self.retention_interval,
             window_block_scale=self.window_block_scale,
+            mamba=self.mamba,
             trace=self.trace,
         )
         return loop.run(program)

@@ -251,6 +251,13 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "vLLM then schedules by the larger and hashes by the program's)",
     )
     parser.add_argument(
+        "--mamba",
+        action="store_true",
+        help="serve both loops a hybrid KV cache with a Mamba group beside the full-attention "
+        "one (vLLM's align mode with prefix caching, none without); not with --sliding-window, "
+        "a connector or drafts",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -291,8 +298,18 @@ def loop_options(
         parser.error("--offload-chunks: not with --structured-output")
     if args.sliding_window is not None and (args.sliding_window < 1 or args.kv_connector):
         parser.error("--sliding-window: an int >= 1, not with --kv-connector")
-    if args.retention_interval != 0 and args.sliding_window is None:
-        parser.error("--retention-interval: only with --sliding-window")
+    if args.retention_interval != 0 and args.sliding_window is None and not args.mamba:
+        parser.error("--retention-interval: only with --sliding-window or --mamba")
+    if args.mamba and (
+        args.sliding_window is not None
+        or args.kv_connector
+        or args.offload_chunks is not None
+        or args.speculative_tokens
+    ):
+        parser.error(
+            "--mamba: not with --sliding-window, --kv-connector, --offload-chunks or "
+            "--speculative-tokens"
+        )
     if args.window_block_scale != 1 and (
         args.window_block_scale < 1 or args.sliding_window is None
     ):
@@ -327,6 +344,7 @@ def loop_options(
         sliding_window=args.sliding_window,
         retention_interval=args.retention_interval,
         window_block_scale=args.window_block_scale,
+        mamba=args.mamba,
     )
     return options, names
 
@@ -359,9 +377,11 @@ def describe(args: argparse.Namespace) -> str:
         )
     if args.cache_resets:
         drafts += "; cache resets"
+    kept = args.retention_interval
+    retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
+    if args.mamba:
+        drafts += f"; a hybrid KV cache (a Mamba group beside full attention{retention})"
     if args.sliding_window is not None:
-        kept = args.retention_interval
-        retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
         scale = args.window_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
         drafts += (

@@ -1,0 +1,189 @@
+"""vLLM 0.33.0's engine-core loop over a hybrid KV cache with a Mamba group
+(`LoopOptions(mamba=True)`): a full-attention group beside a Mamba (state-space) group sharing
+one pool, as vLLM sets one up for Jamba, Nemotron-H or Qwen3-Next, its own
+`HybridKVCacheCoordinator` and `MambaManager` deciding.
+
+With prefix caching the Mamba group runs in vLLM's "align" mode: a state checkpoint per block,
+the earlier ones the null block or freed, prefill split at block boundaries; without, in "none"
+mode: one block of `max_model_len` tokens per request, its state updated in place. Every rule
+reads both groups' tables; `kv_covers_scheduled` says what a Mamba step needs: the block its
+state is copied from and the one it is written to are real blocks. A seeded bug shows that has
+teeth.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import (
+    SPACE,
+    SPACE_PREFIX,
+    OffloadingOptions,
+    RealVllmScheduler,
+    group_block_sizes,
+    kv_groups,
+    mamba_mode,
+)
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreRun, LoopOptions, run_loop
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
+from tests.vllm_seeded_bugs import mamba_state_freed_early
+
+MAMBA = LoopOptions(mamba=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _run(seed: int, async_scheduling: bool, options: LoopOptions = MAMBA) -> CoreRun | None:
+    """Shared-prompt program `seed` through one loop, or None where vLLM refuses its
+    configuration with a Mamba group (prefix caching without chunked prefill)."""
+    try:
+        return run_loop(
+            shared_prompt_program(seed), async_scheduling=async_scheduling, options=options
+        )
+    except EngineCoreViolation:
+        raise
+    except ConfigError as err:
+        assert err.field == "mamba", err
+        return None
+
+
+def test_vllm_builds_a_mamba_group_in_align_mode_with_prefix_caching() -> None:
+    """Align mode, blocks of the program's size, prefill split at block boundaries."""
+    sched = RealVllmScheduler(CONFIG, lambda _event: None, SPACE_PREFIX, mamba=True).sched
+    assert kv_groups(sched) == 2
+    assert [mamba_mode(sched, g) for g in (0, 1)] == [None, "align"]
+    assert group_block_sizes(sched) == (2, 2)
+    assert sched.need_mamba_block_aligned_split
+
+
+def test_vllm_builds_one_state_block_per_request_without_prefix_caching() -> None:
+    """None mode: a Mamba block of `max_model_len` tokens, the request's whole state."""
+    config = replace(CONFIG, enable_prefix_caching=False)
+    sched = RealVllmScheduler(config, lambda _event: None, SPACE, mamba=True).sched
+    assert mamba_mode(sched, 1) == "none"
+    assert group_block_sizes(sched) == (2, 16)
+
+
+def test_generated_programs_pass_with_a_mamba_group() -> None:
+    """Shared-prompt programs pass both loops; some run in align mode with prefix caching and
+    some in none mode, and some are preempted with a step in flight."""
+    totals: Counter[str] = Counter()
+    modes: Counter[bool] = Counter()
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = _run(seed, async_scheduling)
+            if run is None:
+                continue
+            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
+            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
+    assert modes[True] > 0 and modes[False] > 0, modes
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+
+
+def test_a_state_block_freed_before_its_copy_is_caught() -> None:
+    """Seeded bug: the manager frees the block holding a request's state so far in the step
+    whose worker copies the state out of it. `kv_covers_scheduled` catches it in the Mamba
+    group, naming the block the step reads."""
+    options = replace(MAMBA, mutate=mamba_state_freed_early)
+
+    def run(seed: int) -> CoreRun | None:
+        program = shared_prompt_program(seed)
+        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
+            return None  # none mode (no checkpoint to move), or refused
+        return run_loop(program, async_scheduling=True, options=options)
+
+    seen = first_violations(PROGRAMS, run, until="kv_covers_scheduled")
+    assert "kv_covers_scheduled" in seen, seen
+    words = ("holds the null block as its block", "in KV cache group 1", "(align mode)")
+    assert all(w in seen["kv_covers_scheduled"] for w in words), seen
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3
+            ),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, kv_connector="recompute"
+            ),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, offloading=OffloadingOptions(8)
+            ),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, speculative_tokens=2
+            ),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                replace(CONFIG, enable_chunked_prefill=False, max_num_batched_tokens=16),
+                lambda _e: None,
+                SPACE_PREFIX,
+                mamba=True,
+            ),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True).step(),
+            "mamba",
+        ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, retention_interval=4),
+            "retention_interval",
+        ),
+    ],
+)
+def test_bad_mamba_options_are_typed_errors(build: Callable[[], Any], field: str) -> None:
+    """Combinations the loop does not model, vLLM's own assert (prefix caching without chunked
+    prefill), `step()` and a retention interval without a sliding-window or Mamba group: each
+    a typed error saying what would be valid."""
+    with pytest.raises(ConfigError) as err:
+        build()
+    assert err.value.field == field and err.value.valid, err.value
+
+
+def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = load_script("vllm_async_check")
+    argv = ["--programs", "3", "--programs-from", "shared-prompts", "--mamba"]
+    assert script.main([*argv, "--retention-interval", "dense"]) == 0
+    out = capsys.readouterr().out
+    assert "a hybrid KV cache (a Mamba group beside full attention, dense)" in out, out
+    for bad in (
+        ["--mamba", "--sliding-window", "3"],
+        ["--mamba", "--offload-chunks", "8"],
+        ["--mamba", "--speculative-tokens", "2"],
+    ):
+        with pytest.raises(SystemExit) as leaving:
+            script.main(["--programs", "1", *bad])
+        assert leaving.value.code == 2, bad
+        assert "--mamba" in capsys.readouterr().err.splitlines()[-1], bad
