@@ -40,7 +40,7 @@ from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
-from tests.vllm_seeded_bugs import mamba_state_freed_early
+from tests.vllm_seeded_bugs import mamba_checkpoint_one_block_early, mamba_state_freed_early
 
 MAMBA = LoopOptions(mamba=True)
 
@@ -113,6 +113,25 @@ def test_a_state_block_freed_before_its_copy_is_caught() -> None:
     assert "kv_covers_scheduled" in seen, seen
     words = ("holds the null block as its block", "in KV cache group 1", "(align mode)")
     assert all(w in seen["kv_covers_scheduled"] for w in words), seen
+
+
+def test_a_hit_on_the_checkpoint_one_block_short_is_caught_by_its_content() -> None:
+    """Seeded bug: a hit ending at block i hands the Mamba group the checkpoint of block
+    i - 1. The content record knows that block holds the state after one block fewer (its
+    writer's block i - 1), and `cache_hit_written` catches it in the Mamba group: Mamba
+    checkpoints are hit in these programs, and checked."""
+    options = replace(MAMBA, mutate=mamba_checkpoint_one_block_early)
+
+    def run(seed: int) -> CoreRun | None:
+        program = shared_prompt_program(seed)
+        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
+            return None
+        return run_loop(program, async_scheduling=True, options=options)
+
+    seen = first_violations(PROGRAMS, run, until="cache_hit_written")
+    assert "cache_hit_written" in seen, seen
+    message = seen["cache_hit_written"]
+    assert "starts from the prefix cache" in message and "(in KV cache group 1)" in message, seen
 
 
 @pytest.mark.parametrize(

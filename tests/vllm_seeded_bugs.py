@@ -249,6 +249,41 @@ def mamba_state_freed_early(sched: Any) -> None:
     manager.allocate_new_blocks = allocate
 
 
+def mamba_checkpoint_one_block_early(sched: Any) -> None:
+    """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): a prefix-cache hit
+    ending at block i hands the Mamba group the checkpoint cached for block i - 1 (the state
+    one block short of the hit) where vLLM finds one."""
+    coordinator = sched.kv_cache_manager.coordinator
+    for index, group in enumerate(coordinator.attention_groups):
+        if type(group.spec).__name__ != "MambaSpec":
+            continue
+        base = group.manager_cls
+
+        class OneBlockEarly(base):  # type: ignore[misc, valid-type]
+            @classmethod
+            def find_longest_cache_hit(
+                cls,
+                block_hashes: Any,
+                max_length: int,
+                kv_cache_group_ids: list[int],
+                block_pool: Any,
+                **kwargs: Any,
+            ) -> Any:
+                blocks, length = super().find_longest_cache_hit(
+                    block_hashes, max_length, kv_cache_group_ids, block_pool, **kwargs
+                )
+                last = length // int(kwargs["kv_cache_spec"].block_size) - 1
+                if last < 1:
+                    return blocks, length
+                earlier = block_pool.get_cached_block(block_hashes[last - 1], kv_cache_group_ids)
+                if earlier is not None:
+                    for computed, block in zip(blocks, earlier, strict=True):
+                        computed[last] = block
+                return blocks, length
+
+        coordinator.attention_groups[index] = group._replace(manager_cls=OneBlockEarly)
+
+
 def window_freed_but_held(sched: Any) -> None:
     """Seeded bug: a sliding window frees the blocks that left it but keeps them in the
     request's table (not replaced by the null block)."""
