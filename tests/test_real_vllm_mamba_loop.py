@@ -7,8 +7,10 @@ With prefix caching the Mamba group runs in vLLM's "align" mode: a state checkpo
 the earlier ones the null block or freed, prefill split at block boundaries; without, in "none"
 mode: one block of `max_model_len` tokens per request, its state updated in place. Every rule
 reads both groups' tables; `kv_covers_scheduled` says what a Mamba step needs: the block its
-state is copied from and the one it is written to are real blocks. A seeded bug shows that has
-teeth.
+state is copied from and the one it is written to are real blocks; `kv_written` that a running
+request's step finds its own state after exactly its computed tokens there, and
+`cache_hit_written` that a hit's checkpoint holds the state its block hash says. Seeded bugs
+show the first and the last have teeth in the loop; the second is shown without vLLM.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,12 +29,14 @@ from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import (
     SPACE,
     SPACE_PREFIX,
+    GroupTables,
     OffloadingOptions,
     RealVllmScheduler,
     group_block_sizes,
     kv_groups,
     mamba_mode,
 )
+from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreRun, LoopOptions, run_loop
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
@@ -206,3 +211,48 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
         assert "--mamba" in capsys.readouterr().err.splitlines()[-1], bad
+
+
+def test_a_running_step_must_find_its_own_state_after_its_computed_tokens() -> None:
+    """The Mamba state record without vLLM: a's step from token 0 to 5 leaves its state after
+    5 tokens in the block of token 4; a step of a from token 5 finds it there. A step from
+    token 6 (a token skipped), or b reading that block as its own, is `kv_written`, naming
+    what the block holds; a step that starts a hit is checked as a checkpoint instead."""
+
+    @dataclass
+    class Request:
+        request_id: str
+        block_hashes: list[bytes] = field(default_factory=list)
+
+    a, b = Request("a"), Request("b")
+    sched = SimpleNamespace(requests={"a": a, "b": b})
+    writes = CacheWrites(2, group_block_sizes=(2, 2), state_groups=frozenset({1}))
+    tables: GroupTables = ({}, {"a": (None, None, 7), "b": (None, None, 7)})
+
+    def step(rid: str, start: int, n: int) -> Any:
+        return SimpleNamespace(num_scheduled_tokens={rid: n}), {rid: start}
+
+    out, starts = step("a", 0, 5)
+    writes.check_states(sched, out, tables, starts, set(), 1)
+    writes.record(
+        sched,
+        SimpleNamespace(**vars(out), scheduled_new_reqs=[], scheduled_cached_reqs=_cached(starts)),
+        tables,
+    )
+    assert writes.states[7] == (a, 5)
+    out, starts = step("a", 5, 1)
+    writes.check_states(sched, out, tables, starts, set(), 2)
+    for rid, start in (("a", 6), ("b", 5)):
+        out, starts = step(rid, start, 1)
+        with pytest.raises(EngineCoreViolation) as err:
+            writes.check_states(sched, out, tables, starts, set(), 3)
+        assert err.value.rule == "kv_written", err.value
+        assert "it holds the state of 'a' after 5 tokens" in err.value.detail, err.value
+    writes.check_states(sched, out, tables, starts, {"b"}, 3)  # a hit: not a running read
+
+
+def _cached(starts: dict[str, int]) -> Any:
+    """A `scheduled_cached_reqs` naming `starts`' requests with their computed tokens."""
+    return SimpleNamespace(
+        req_ids=list(starts), num_computed_tokens=list(starts.values()), resumed_req_ids=[]
+    )

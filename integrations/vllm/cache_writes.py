@@ -40,6 +40,13 @@ are neither written nor read. A group's block k of a request, in blocks of s has
 (`Request.block_hashes` are by the groups' greatest common divisor), has the request's block
 hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content.
 
+A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's worker
+(`preprocess_mamba`) runs a request's step from token s to token e by copying the state out of
+the block of token s - 1 into the block of token e - 1 and updating it there, so that block
+then holds the state after e tokens (`states`), a checkpoint once e ends the block (recorded as
+above). A running request's step must find the state after exactly s of its own tokens in the
+block of token s - 1 (`kv_written`); a hit's is the checkpoint, checked as above.
+
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
 `Request.block_hashes`.
@@ -68,12 +75,18 @@ class CacheWrites:
         every_read: bool = False,
         verified_reads: bool = False,
         group_block_sizes: tuple[int, ...] = (),
+        state_groups: frozenset[int] = frozenset(),
     ) -> None:
         #: The hash block size: `Request.block_hashes` are of blocks of this many tokens.
         self.block_size: int = block_size
         #: Each KV cache group's block size, a multiple of `block_size` (a group not named:
         #: `block_size`).
         self.group_block_sizes: tuple[int, ...] = group_block_sizes
+        #: The KV cache groups whose blocks hold a Mamba state (`integrations.vllm.adapter.
+        #: mamba_mode`), and what each such block holds: block id -> (the request, the tokens
+        #: its state has taken in).
+        self.state_groups: frozenset[int] = state_groups
+        self.states: dict[int, tuple[Any, int]] = {}
         #: Also check every scheduled request's computed blocks, not only a hit's (`kv_written`;
         #: with a KV connector, whose loads may fail under a running request).
         self.every_read: bool = every_read
@@ -118,6 +131,8 @@ class CacheWrites:
         """`block` now holds `content` (a request and its block index), as group `group`
         wrote it."""
         self.written[block] = content
+        if group not in self.state_groups:
+            self.states.pop(block, None)
         if group:
             self.written_in[block] = group
         else:
@@ -143,6 +158,8 @@ class CacheWrites:
         cached = out.scheduled_cached_reqs
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
         tables = all_group_tables(sched)
+        # a Mamba step reads its state before its forward writes the next one
+        self.check_states(sched, out, tables, starts, hitting, schedule_index)
         self.record(sched, out, tables, valid)
         reading = set(out.num_scheduled_tokens) if self.every_read else hitting
         for rid in sorted(reading):
@@ -156,6 +173,45 @@ class CacheWrites:
                     block = table[k]
                     if block is not None:
                         self._check(rid, req, k, block, schedule_index, rid in hitting, group)
+
+    def check_states(
+        self,
+        sched: Any,
+        out: Any,
+        tables: GroupTables,
+        starts: Mapping[str, int],
+        hitting: set[str],
+        schedule_index: int,
+    ) -> None:
+        """`kv_written` in a Mamba group: a running request scheduled from token s > 0 finds,
+        in the block of token s - 1, its own state after exactly s tokens (a hit's block is a
+        checkpoint, checked by its block hash with the other reads)."""
+        for group in sorted(self.state_groups):
+            bs = self.group_block_size(group)
+            for rid in out.num_scheduled_tokens:
+                start = starts[rid]
+                table = tables[group].get(rid, ())
+                if rid in hitting or start == 0 or (start - 1) // bs >= len(table):
+                    continue
+                k = (start - 1) // bs
+                block = table[k]
+                if block is None:
+                    continue  # `kv_covers_scheduled` says so
+                held = self.states.get(block)
+                req = sched.requests[rid]
+                if held is not None and held[0] is req and held[1] == start:
+                    continue
+                what = (
+                    "no batch left a state there"
+                    if held is None
+                    else f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
+                )
+                raise EngineCoreViolation(
+                    "kv_written",
+                    f"schedule {schedule_index}: {rid!r}, running, reads its Mamba state after "
+                    f"{start} tokens from block {block} (its block {k} in KV cache group "
+                    f"{group}), but {what}",
+                )
 
     def record(
         self,
@@ -185,6 +241,11 @@ class CacheWrites:
                     if block is not None:
                         self.put(block, (req, k), group)
                         self.hashed_for_victims.pop(block, None)
+                last = (start + n - 1) // bs
+                if group in self.state_groups and n and last < len(table):
+                    block = table[last]
+                    if block is not None:
+                        self.states[block] = (req, start + n)
 
     def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
         victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
@@ -221,6 +282,7 @@ class CacheWrites:
         for block in blocks:
             self.written.pop(block, None)
             self.written_in.pop(block, None)
+            self.states.pop(block, None)
 
     def forget_failed_load(self, loader: Any, failed: int, *, after: int) -> None:
         """A synchronous load of `loader` (vLLM's `Request`) failed in block `failed`: forget

@@ -106,6 +106,8 @@ from integrations.vllm.adapter import (
     all_group_tables,
     block_tables,
     group_block_sizes,
+    kv_groups,
+    mamba_mode,
     next_output_index,
 )
 from integrations.vllm.cache_writes import CacheWrites
@@ -359,6 +361,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 every_read=every_read,
                 verified_reads=speculative_tokens > 0,
                 group_block_sizes=group_block_sizes(self.impl.sched),
+                state_groups=frozenset(
+                    g for g in range(kv_groups(self.impl.sched)) if mamba_mode(self.impl.sched, g)
+                ),
             )
             if config.enable_prefix_caching or every_read
             else None
