@@ -161,6 +161,7 @@ FLAGS = {
     "retention_interval": "--retention-interval",
     "window_block_scale": "--window-block-scale",
     "mamba": "--mamba",
+    "mamba_block_scale": "--mamba-block-scale",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -185,6 +186,7 @@ DEFAULTS: dict[str, object] = {
     "retention_interval": 0,
     "window_block_scale": 1,
     "mamba": False,
+    "mamba_block_scale": 1,
 }
 
 

@@ -8,7 +8,7 @@
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
         [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
-        [--mamba [--retention-interval N|dense]]
+        [--mamba [--retention-interval N|dense] [--mamba-block-scale K]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
@@ -256,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "retention_interval": args.retention_interval,
                 "window_block_scale": args.window_block_scale,
                 "mamba": args.mamba,
+                "mamba_block_scale": args.mamba_block_scale,
             },
         )
     return 1 if tally.failures else 0

@@ -45,7 +45,11 @@ from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
-from tests.vllm_seeded_bugs import mamba_checkpoint_one_block_early, mamba_state_freed_early
+from tests.vllm_seeded_bugs import (
+    mamba_checkpoint_one_block_early,
+    mamba_copy_dropped,
+    mamba_state_freed_early,
+)
 
 MAMBA = LoopOptions(mamba=True)
 
@@ -139,6 +143,60 @@ def test_a_hit_on_the_checkpoint_one_block_short_is_caught_by_its_content() -> N
     assert "starts from the prefix cache" in message and "(in KV cache group 1)" in message, seen
 
 
+# ---------------------------------------------------------------- Mamba blocks of K hash blocks
+def test_vllm_hashes_by_the_attention_block_when_mamba_blocks_are_larger() -> None:
+    """Mamba blocks twice the program's (vLLM's `mamba_block_size`): vLLM schedules by the
+    Mamba block and hashes by the attention block, so a hit may end inside a Mamba block."""
+    sched = RealVllmScheduler(
+        CONFIG, lambda _event: None, SPACE_PREFIX, mamba=True, mamba_block_scale=2
+    ).sched
+    assert group_block_sizes(sched) == (2, 4)
+    assert (sched.block_size, sched.hash_block_size) == (4, 2)
+
+
+def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Mamba blocks twice the program's, programs pass both loops, vLLM hands the worker
+    block copies, and hits ending inside a Mamba block read a partial state, each checked."""
+    partial: list[int] = []
+    copies: list[int] = []
+    check, apply = CacheWrites._check_partial_state, CacheWrites.apply_copies
+
+    def counting_check(self: CacheWrites, *args: Any) -> None:
+        partial.append(1)
+        check(self, *args)
+
+    def counting_apply(self: CacheWrites, done: Any) -> None:
+        copies.extend(1 for _ in done)
+        apply(self, done)
+
+    monkeypatch.setattr(CacheWrites, "_check_partial_state", counting_check)
+    monkeypatch.setattr(CacheWrites, "apply_copies", counting_apply)
+    options = replace(MAMBA, mamba_block_scale=2)
+    for seed in range(PROGRAMS * 2):
+        for async_scheduling in (False, True):
+            _run(seed, async_scheduling, options)
+    assert partial and copies, (len(partial), len(copies))
+
+
+def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
+    """Seeded bug: the scheduler output leaves out the block copies it owes the worker. A
+    request running on from its prompt's end has its cache entry moved to another block, which
+    the copy would have filled; a later hit ending inside that Mamba block finds no state
+    there (`cache_hit_written`)."""
+    options = replace(MAMBA, mamba_block_scale=2, mutate=mamba_copy_dropped)
+
+    def run(seed: int) -> CoreRun | None:
+        program = shared_prompt_program(seed)
+        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
+            return None
+        return run_loop(program, async_scheduling=True, options=options)
+
+    seen = first_violations(PROGRAMS * 2, run, until="cache_hit_written")
+    assert "cache_hit_written" in seen, seen
+    words = ("inside its block", "no batch or copy left a state there")
+    assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
 @pytest.mark.parametrize(
     ("build", "field"),
     [
@@ -183,12 +241,33 @@ def test_a_hit_on_the_checkpoint_one_block_short_is_caught_by_its_content() -> N
             lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, retention_interval=4),
             "retention_interval",
         ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba_block_scale=2),
+            "mamba_block_scale",
+        ),
+        (  # none mode: vLLM's scheduler block is the Mamba block of max_model_len tokens
+            lambda: RealVllmScheduler(
+                replace(CONFIG, enable_prefix_caching=False),
+                lambda _e: None,
+                SPACE,
+                mamba=True,
+                retention_interval=4,
+            ),
+            "config",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, mamba_block_scale=0
+            ),
+            "mamba_block_scale",
+        ),
     ],
 )
 def test_bad_mamba_options_are_typed_errors(build: Callable[[], Any], field: str) -> None:
     """Combinations the loop does not model, vLLM's own assert (prefix caching without chunked
-    prefill), `step()` and a retention interval without a sliding-window or Mamba group: each
-    a typed error saying what would be valid."""
+    prefill) and its coordinator's refusal (a retention interval not a multiple of its
+    scheduler block), `step()` and a retention interval without a sliding-window or Mamba
+    group: each a typed error saying what would be valid."""
     with pytest.raises(ConfigError) as err:
         build()
     assert err.value.field == field and err.value.valid, err.value
@@ -206,6 +285,7 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
         ["--mamba", "--sliding-window", "3"],
         ["--mamba", "--offload-chunks", "8"],
         ["--mamba", "--speculative-tokens", "2"],
+        ["--mamba-block-scale", "2"],
     ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])
@@ -217,17 +297,20 @@ def test_a_running_step_must_find_its_own_state_after_its_computed_tokens() -> N
     """The Mamba state record without vLLM: a's step from token 0 to 5 leaves its state after
     5 tokens in the block of token 4; a step of a from token 5 finds it there. A step from
     token 6 (a token skipped), or b reading that block as its own, is `kv_written`, naming
-    what the block holds; a step that starts a hit is checked as a checkpoint instead."""
+    what the block holds. A hit ending inside that block (at token 5, past two hash blocks of
+    2) reads the partial state: it passes for c, whose first hash blocks are a's, and is
+    `cache_hit_written` for b, whose are not."""
 
     @dataclass
     class Request:
         request_id: str
         block_hashes: list[bytes] = field(default_factory=list)
 
-    a, b = Request("a"), Request("b")
-    sched = SimpleNamespace(requests={"a": a, "b": b})
+    a, b = Request("a", [b"x", b"y"]), Request("b", [b"x", b"z"])
+    c = Request("c", [b"x", b"y"])
+    sched = SimpleNamespace(requests={"a": a, "b": b, "c": c})
     writes = CacheWrites(2, group_block_sizes=(2, 2), state_groups=frozenset({1}))
-    tables: GroupTables = ({}, {"a": (None, None, 7), "b": (None, None, 7)})
+    tables: GroupTables = ({}, {rid: (None, None, 7) for rid in "abc"})
 
     def step(rid: str, start: int, n: int) -> Any:
         return SimpleNamespace(num_scheduled_tokens={rid: n}), {rid: start}
@@ -248,7 +331,13 @@ def test_a_running_step_must_find_its_own_state_after_its_computed_tokens() -> N
             writes.check_states(sched, out, tables, starts, set(), 3)
         assert err.value.rule == "kv_written", err.value
         assert "it holds the state of 'a' after 5 tokens" in err.value.detail, err.value
-    writes.check_states(sched, out, tables, starts, {"b"}, 3)  # a hit: not a running read
+    out, starts = step("c", 5, 1)
+    writes.check_states(sched, out, tables, starts, {"c"}, 4)
+    out, starts = step("b", 5, 1)
+    with pytest.raises(EngineCoreViolation) as err:
+        writes.check_states(sched, out, tables, starts, {"b"}, 4)
+    assert err.value.rule == "cache_hit_written", err.value
+    assert "not the state after its first 5 tokens" in err.value.detail, err.value
 
 
 def _cached(starts: dict[str, int]) -> Any:

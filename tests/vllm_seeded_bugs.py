@@ -249,6 +249,21 @@ def mamba_state_freed_early(sched: Any) -> None:
     manager.allocate_new_blocks = allocate
 
 
+def mamba_copy_dropped(sched: Any) -> None:
+    """Seeded bug (a Mamba group of larger blocks, `LoopOptions(mamba=True,
+    mamba_block_scale=K)`): the scheduler output leaves out the block copies the step owes
+    the worker, so a prompt-end state whose cache entry moved to another block as its request
+    ran on is never copied there."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        out.kv_cache_block_copies = None
+        return out
+
+    sched.schedule = schedule
+
+
 def mamba_checkpoint_one_block_early(sched: Any) -> None:
     """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): a prefix-cache hit
     ending at block i hands the Mamba group the checkpoint cached for block i - 1 (the state

@@ -238,6 +238,7 @@ class RealVllmScheduler:
         retention_interval: int | None = 0,
         window_block_scale: int = 1,
         mamba: bool = False,
+        mamba_block_scale: int = 1,
     ) -> None:
         space.check(config)
         if (
@@ -314,13 +315,17 @@ class RealVllmScheduler:
             kv_connector=kv_connector,
             offloading=offloading,
             speculative_tokens=speculative_tokens,
+            block_scale=mamba_block_scale,
         )
         #: A Mamba group beside the full-attention one (`mamba_groups`) instead of a window.
         self.mamba: bool = mamba
+        #: The Mamba group's blocks in align mode, this many times the program's block size.
+        self.mamba_block_scale: int = mamba_block_scale
         check_retention_interval(
             retention_interval,
             sliding_window is not None or mamba,
-            config.block_size * window_block_scale,
+            # vLLM's scheduler block size: the larger group block
+            config.block_size * max(window_block_scale, mamba_block_scale if mamba else 1),
             offloading,
         )
         #: vLLM's `prefix_cache_retention_interval` (its default 0; None: dense).
@@ -396,19 +401,24 @@ class RealVllmScheduler:
         groups = (
             hybrid_groups(v, config.block_size, window, self.window_block_scale)
             if window is not None
-            else mamba_groups(v, config, cache_config)
+            else mamba_groups(v, config, cache_config, self.mamba_block_scale)
             if self.mamba
             else None
         )
-        sched = build_scheduler(
-            v,
-            vllm_config,
-            scheduler_config,
-            cache_config,
-            num_blocks=config.num_blocks if groups is None else hybrid_pool(config.num_blocks),
-            async_scheduling=self.async_scheduling,
-            kv_cache_groups=groups,
-        )
+        try:
+            sched = build_scheduler(
+                v,
+                vllm_config,
+                scheduler_config,
+                cache_config,
+                num_blocks=config.num_blocks if groups is None else hybrid_pool(config.num_blocks),
+                async_scheduling=self.async_scheduling,
+                kv_cache_groups=groups,
+            )
+        except ValueError as err:  # vLLM's KV cache coordinator validates its configuration
+            raise ConfigError(
+                "config", config, f"a KV cache configuration vLLM accepts ({err})"
+            ) from None
         _check_effective(sched, config, self.async_scheduling, self.speculative_tokens)
         if self.offloading is not None:
             _check_offloading(sched, self.offloading)
@@ -1027,11 +1037,26 @@ def check_mamba(
     kv_connector: str | None,
     offloading: OffloadingOptions | None,
     speculative_tokens: int,
+    block_scale: object = 1,
 ) -> None:
     """`ConfigError` unless `mamba` is False, or True without what the loop does not model
     beside a Mamba group: a sliding window (one hybrid kind at a time), a KV connector or
-    vLLM's offloading connector (a Mamba state's partial tails are handed over by copy-on-
-    write), drafts (speculative state blocks, relocated in place)."""
+    vLLM's offloading connector (it hands a Mamba state's partial tails over), drafts
+    (speculative state blocks, relocated in place); and unless `block_scale` is 1, or with a
+    Mamba group an integer >= 1."""
+    one = block_scale == 1 and not isinstance(block_scale, bool)
+    if not one and (
+        mamba is not True
+        or isinstance(block_scale, bool)
+        or not isinstance(block_scale, int)
+        or block_scale < 1
+    ):
+        raise ConfigError(
+            "mamba_block_scale",
+            block_scale,
+            "1, or with a Mamba group an integer >= 1 (its blocks are that many times the "
+            "block size)",
+        )
     if mamba is False:
         return
     valid = (
@@ -1047,15 +1072,20 @@ def check_mamba(
         raise ConfigError("mamba", mamba, valid)
 
 
-def mamba_groups(v: VllmModules, config: ArConfig, cache_config: Any) -> list[Any]:
+def mamba_groups(
+    v: VllmModules, config: ArConfig, cache_config: Any, block_scale: int = 1
+) -> list[Any]:
     """A hybrid KV cache's groups as a model with attention and Mamba (state-space) layers gets
     them (Jamba, Nemotron-H, Qwen3-Next), as vLLM's `MambaModelConfig.verify_and_update_config`
     sets them up: group 0 full attention in blocks of `config.block_size`; group 1 a Mamba
     group whose blocks hold a layer's recurrent state. With prefix caching it runs in vLLM's
-    "align" mode, its blocks of the same size (a state checkpoint per block, the earlier ones
-    the null block or freed, prefill split at block boundaries), and vLLM asserts chunked
-    prefill (`ConfigError` without); without, in "none" mode, one block of `max_model_len`
-    tokens per request holding its state, updated in place. Sets
+    "align" mode, its blocks `block_scale` times the size (vLLM's `mamba_block_size`; a state
+    checkpoint per block, the earlier ones the null block or freed, prefill split at block
+    boundaries), and vLLM asserts chunked prefill (`ConfigError` without). With larger Mamba
+    blocks vLLM hashes by the attention block, so a hit may end inside a Mamba block: it then
+    reads a partial state, which vLLM keeps for a prompt's end and hands over by
+    copy-on-write (`kv_cache_block_copies`). Without prefix caching, "none" mode: one block of
+    `max_model_len` tokens per request holding its state, updated in place. Sets
     `cache_config.mamba_cache_mode` to match."""
     align = bool(cache_config.enable_prefix_caching)
     if align and not config.enable_chunked_prefill:
@@ -1071,7 +1101,7 @@ def mamba_groups(v: VllmModules, config: ArConfig, cache_config: Any) -> list[An
         block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
     )
     state = v.kv_iface.MambaSpec(
-        block_size=config.block_size if align else config.max_model_len,
+        block_size=config.block_size * block_scale if align else config.max_model_len,
         shapes=((2,),),
         dtypes=(v.torch.float32,),
         mamba_cache_mode=mode,

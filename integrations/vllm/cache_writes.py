@@ -45,7 +45,12 @@ A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's
 the block of token s - 1 into the block of token e - 1 and updating it there, so that block
 then holds the state after e tokens (`states`), a checkpoint once e ends the block (recorded as
 above). A running request's step must find the state after exactly s of its own tokens in the
-block of token s - 1 (`kv_written`); a hit's is the checkpoint, checked as above.
+block of token s - 1 (`kv_written`); a hit's is the checkpoint, checked as above, or, where
+the Mamba block is larger than the hash block and the hit ends inside it, a partial state: the
+state after exactly s tokens of a request with the same first s tokens (`cache_hit_written`).
+vLLM keeps such a state for a prompt's end and, when its request runs on, moves the cache
+entry to another block and has the worker copy it there before the forward
+(`kv_cache_block_copies`, `apply_copies`).
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
@@ -55,11 +60,13 @@ Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from integrations.vllm.adapter import GroupTables, all_group_tables
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.unscheduled import block_hashes
+
+V = TypeVar("V")
 
 
 class CacheWrites:
@@ -158,7 +165,9 @@ class CacheWrites:
         cached = out.scheduled_cached_reqs
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
         tables = all_group_tables(sched)
-        # a Mamba step reads its state before its forward writes the next one
+        # the worker copies blocks before the forward; a Mamba step reads its state before
+        # its forward writes the next one
+        self.apply_copies(getattr(out, "kv_cache_block_copies", None) or ())
         self.check_states(sched, out, tables, starts, hitting, schedule_index)
         self.record(sched, out, tables, valid)
         reading = set(out.num_scheduled_tokens) if self.every_read else hitting
@@ -174,6 +183,15 @@ class CacheWrites:
                     if block is not None:
                         self._check(rid, req, k, block, schedule_index, rid in hitting, group)
 
+    def apply_copies(self, copies: Iterable[Any]) -> None:
+        """The worker's block copies before a forward (vLLM's `KVCacheBlockCopy`: each
+        destination block then holds what its source held)."""
+        for copy in copies:
+            src, dst = int(copy.src_block_id), int(copy.dst_block_id)
+            _copy_entry(self.written, src, dst)
+            _copy_entry(self.written_in, src, dst)
+            _copy_entry(self.states, src, dst)
+
     def check_states(
         self,
         sched: Any,
@@ -184,14 +202,23 @@ class CacheWrites:
         schedule_index: int,
     ) -> None:
         """`kv_written` in a Mamba group: a running request scheduled from token s > 0 finds,
-        in the block of token s - 1, its own state after exactly s tokens (a hit's block is a
-        checkpoint, checked by its block hash with the other reads)."""
+        in the block of token s - 1, its own state after exactly s tokens. A hit ending at a
+        Mamba block's end reads a checkpoint, checked by its block hash with the other reads;
+        one ending inside a Mamba block reads a partial state, which must be the state after
+        exactly s tokens of a request whose first s tokens are the hit's
+        (`cache_hit_written`)."""
         for group in sorted(self.state_groups):
             bs = self.group_block_size(group)
             for rid in out.num_scheduled_tokens:
                 start = starts[rid]
                 table = tables[group].get(rid, ())
-                if rid in hitting or start == 0 or (start - 1) // bs >= len(table):
+                if start == 0 or (start - 1) // bs >= len(table):
+                    continue
+                if rid in hitting:
+                    if start % bs:
+                        self._check_partial_state(
+                            sched, rid, start, table, bs, group, schedule_index
+                        )
                     continue
                 k = (start - 1) // bs
                 block = table[k]
@@ -212,6 +239,44 @@ class CacheWrites:
                     f"{start} tokens from block {block} (its block {k} in KV cache group "
                     f"{group}), but {what}",
                 )
+
+    def _check_partial_state(
+        self,
+        sched: Any,
+        rid: str,
+        start: int,
+        table: tuple[int | None, ...],
+        bs: int,
+        group: int,
+        schedule_index: int,
+    ) -> None:
+        """A hit of `rid` ending at token `start`, inside its Mamba block (s - 1) // bs: that
+        block holds the state after exactly `start` tokens of a request sharing them."""
+        k = (start - 1) // bs
+        block = table[k]
+        if block is None:
+            return  # `kv_covers_scheduled` says so
+        req = sched.requests[rid]
+        held = self.states.get(block)
+        if held is not None and held[1] == start:
+            writer = held[0]
+            last = start // self.block_size - 1
+            if writer is req or (
+                last < min(len(writer.block_hashes), len(req.block_hashes))
+                and bytes(writer.block_hashes[last]) == bytes(req.block_hashes[last])
+            ):
+                return
+        what = (
+            "no batch or copy left a state there"
+            if held is None
+            else f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
+        )
+        raise EngineCoreViolation(
+            "cache_hit_written",
+            f"schedule {schedule_index}: {rid!r} starts from the prefix cache at token {start}, "
+            f"inside its block {k} (block {block} of KV cache group {group}), but {what}, not "
+            f"the state after its first {start} tokens",
+        )
 
     def record(
         self,
@@ -335,6 +400,14 @@ class CacheWrites:
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "
             f"as its block {k}, but {what}",
         )
+
+
+def _copy_entry(record: dict[int, V], src: int, dst: int) -> None:
+    """`record`'s entry for block `dst` becomes block `src`'s (none where `src` has none)."""
+    if src in record:
+        record[dst] = record[src]
+    else:
+        record.pop(dst, None)
 
 
 def batch_starts(out: Any) -> dict[str, int]:

@@ -283,6 +283,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         retention_interval: int | None = 0,
         window_block_scale: int = 1,
         mamba: bool = False,
+        mamba_block_scale: int = 1,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -320,6 +321,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             retention_interval=retention_interval,
             window_block_scale=window_block_scale,
             mamba=mamba,
+            mamba_block_scale=mamba_block_scale,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -833,8 +835,8 @@ class LoopOptions:
     the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
     `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense), and
     `window_block_scale` the window group's blocks, that many times the program's block size.
-    `mamba` serves a Mamba group beside the full-attention one instead of a window. The
-    speculative
+    `mamba` serves a Mamba group beside the full-attention one instead of a window, its blocks
+    `mamba_block_scale` times the program's with prefix caching. The speculative
     model and the connector's store draw from `draw_seed`, by default a hash of the program's
     text (`program_seed`); `integrations.vllm.shrink` holds it at the original program's while
     it changes the program. With `trace` (a list) the loop appends a line per event to it
@@ -864,6 +866,7 @@ class LoopOptions:
     retention_interval: int | None = 0
     window_block_scale: int = 1
     mamba: bool = False
+    mamba_block_scale: int = 1
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -903,6 +906,7 @@ class LoopOptions:
             retention_interval=self.retention_interval,
             window_block_scale=self.window_block_scale,
             mamba=self.mamba,
+            mamba_block_scale=self.mamba_block_scale,
             trace=self.trace,
         )
         return loop.run(program)

@@ -258,6 +258,14 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "a connector or drafts",
     )
     parser.add_argument(
+        "--mamba-block-scale",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --mamba: its blocks hold K times the program's block size with prefix "
+        "caching (vLLM's mamba_block_size; a hit may then end inside a Mamba block)",
+    )
+    parser.add_argument(
         "--offload-sync-loads",
         action="store_true",
         help="with --offload-chunks: a hit may load in the forward of the step that schedules "
@@ -310,6 +318,8 @@ def loop_options(
             "--mamba: not with --sliding-window, --kv-connector, --offload-chunks or "
             "--speculative-tokens"
         )
+    if args.mamba_block_scale != 1 and (args.mamba_block_scale < 1 or not args.mamba):
+        parser.error("--mamba-block-scale: an int >= 1, with --mamba")
     if args.window_block_scale != 1 and (
         args.window_block_scale < 1 or args.sliding_window is None
     ):
@@ -345,6 +355,7 @@ def loop_options(
         retention_interval=args.retention_interval,
         window_block_scale=args.window_block_scale,
         mamba=args.mamba,
+        mamba_block_scale=args.mamba_block_scale,
     )
     return options, names
 
@@ -380,7 +391,9 @@ def describe(args: argparse.Namespace) -> str:
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
-        drafts += f"; a hybrid KV cache (a Mamba group beside full attention{retention})"
+        scale = args.mamba_block_scale
+        blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
+        drafts += f"; a hybrid KV cache (a Mamba group{blocks} beside full attention{retention})"
     if args.sliding_window is not None:
         scale = args.window_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
