@@ -73,6 +73,20 @@ def _run(seed: int, async_scheduling: bool, options: LoopOptions = MAMBA) -> Cor
         return None
 
 
+def _align_mode_run(options: LoopOptions) -> Callable[[int], CoreRun | None]:
+    """Shared-prompt program `seed` through the async loop under `options`, where its Mamba
+    group runs in align mode (prefix caching, chunked prefill); else None (none mode, with no
+    checkpoint to move, or refused)."""
+
+    def run(seed: int) -> CoreRun | None:
+        program = shared_prompt_program(seed)
+        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
+            return None
+        return run_loop(program, async_scheduling=True, options=options)
+
+    return run
+
+
 def test_vllm_builds_a_mamba_group_in_align_mode_with_prefix_caching() -> None:
     """Align mode, blocks of the program's size, prefill split at block boundaries."""
     sched = RealVllmScheduler(CONFIG, lambda _event: None, SPACE_PREFIX, mamba=True).sched
@@ -112,13 +126,7 @@ def test_a_state_block_freed_before_its_copy_is_caught() -> None:
     group, naming the block the step reads."""
     options = replace(MAMBA, mutate=mamba_state_freed_early)
 
-    def run(seed: int) -> CoreRun | None:
-        program = shared_prompt_program(seed)
-        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
-            return None  # none mode (no checkpoint to move), or refused
-        return run_loop(program, async_scheduling=True, options=options)
-
-    seen = first_violations(PROGRAMS, run, until="kv_covers_scheduled")
+    seen = first_violations(PROGRAMS, _align_mode_run(options), until="kv_covers_scheduled")
     assert "kv_covers_scheduled" in seen, seen
     words = ("holds the null block as its block", "in KV cache group 1", "(align mode)")
     assert all(w in seen["kv_covers_scheduled"] for w in words), seen
@@ -131,13 +139,7 @@ def test_a_hit_on_the_checkpoint_one_block_short_is_caught_by_its_content() -> N
     checkpoints are hit in these programs, and checked."""
     options = replace(MAMBA, mutate=mamba_checkpoint_one_block_early)
 
-    def run(seed: int) -> CoreRun | None:
-        program = shared_prompt_program(seed)
-        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
-            return None
-        return run_loop(program, async_scheduling=True, options=options)
-
-    seen = first_violations(PROGRAMS, run, until="cache_hit_written")
+    seen = first_violations(PROGRAMS, _align_mode_run(options), until="cache_hit_written")
     assert "cache_hit_written" in seen, seen
     message = seen["cache_hit_written"]
     assert "starts from the prefix cache" in message and "(in KV cache group 1)" in message, seen
@@ -185,13 +187,7 @@ def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
     there (`cache_hit_written`)."""
     options = replace(MAMBA, mamba_block_scale=2, mutate=mamba_copy_dropped)
 
-    def run(seed: int) -> CoreRun | None:
-        program = shared_prompt_program(seed)
-        if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
-            return None
-        return run_loop(program, async_scheduling=True, options=options)
-
-    seen = first_violations(PROGRAMS * 2, run, until="cache_hit_written")
+    seen = first_violations(PROGRAMS * 2, _align_mode_run(options), until="cache_hit_written")
     assert "cache_hit_written" in seen, seen
     words = ("inside its block", "no batch or copy left a state there")
     assert all(w in seen["cache_hit_written"] for w in words), seen
