@@ -104,9 +104,26 @@ def test_vllm_builds_one_state_block_per_request_without_prefix_caching() -> Non
     assert group_block_sizes(sched) == (2, 16)
 
 
-def test_generated_programs_pass_with_a_mamba_group() -> None:
+def test_generated_programs_pass_with_a_mamba_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Shared-prompt programs pass both loops; some run in align mode with prefix caching and
-    some in none mode, and some are preempted with a step in flight."""
+    some in none mode, some are preempted with a step in flight, and running requests' steps
+    read their Mamba state (each such read checked)."""
+    reads: list[int] = []
+    check = CacheWrites.check_states
+
+    def counting(
+        self: CacheWrites,
+        sched: Any,
+        out: Any,
+        tables: GroupTables,
+        starts: dict[str, int],
+        hitting: set[str],
+        schedule_index: int,
+    ) -> None:
+        reads.extend(1 for rid in out.num_scheduled_tokens if rid not in hitting and starts[rid])
+        check(self, sched, out, tables, starts, hitting, schedule_index)
+
+    monkeypatch.setattr(CacheWrites, "check_states", counting)
     totals: Counter[str] = Counter()
     modes: Counter[bool] = Counter()
     for seed in range(PROGRAMS):
@@ -118,6 +135,7 @@ def test_generated_programs_pass_with_a_mamba_group() -> None:
             totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
     assert modes[True] > 0 and modes[False] > 0, modes
     assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+    assert reads, "no running request read its Mamba state"
 
 
 def test_a_state_block_freed_before_its_copy_is_caught() -> None:
