@@ -981,20 +981,22 @@ def check_window_block_scale(window_block_scale: object, sliding_window: int | N
     """`ConfigError` unless `window_block_scale` is 1, or an integer above 1 with a sliding
     window. A multiple of the program's block size keeps it the groups' greatest common
     divisor, vLLM's hash block size, by which the adapter's request block hasher hashes."""
-    if window_block_scale == 1 and not isinstance(window_block_scale, bool):
+    _check_block_scale(
+        "window_block_scale",
+        window_block_scale,
+        sliding_window is not None,
+        "1, or with a sliding window an integer >= 1 (the window group's blocks are that many "
+        "times the block size)",
+    )
+
+
+def _check_block_scale(field: str, scale: object, group_served: bool, valid: str) -> None:
+    """`ConfigError(field, scale, valid)` unless `scale` is 1, or an integer >= 1 where the
+    group it sizes is served (`group_served`)."""
+    if scale == 1 and not isinstance(scale, bool):
         return
-    if (
-        sliding_window is None
-        or isinstance(window_block_scale, bool)
-        or not isinstance(window_block_scale, int)
-        or window_block_scale < 1
-    ):
-        raise ConfigError(
-            "window_block_scale",
-            window_block_scale,
-            "1, or with a sliding window an integer >= 1 (the window group's blocks are that "
-            "many times the block size)",
-        )
+    if not group_served or isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ConfigError(field, scale, valid)
 
 
 def hybrid_groups(
@@ -1044,19 +1046,12 @@ def check_mamba(
     vLLM's offloading connector (it hands a Mamba state's partial tails over), drafts
     (speculative state blocks, relocated in place); and unless `block_scale` is 1, or with a
     Mamba group an integer >= 1."""
-    one = block_scale == 1 and not isinstance(block_scale, bool)
-    if not one and (
-        mamba is not True
-        or isinstance(block_scale, bool)
-        or not isinstance(block_scale, int)
-        or block_scale < 1
-    ):
-        raise ConfigError(
-            "mamba_block_scale",
-            block_scale,
-            "1, or with a Mamba group an integer >= 1 (its blocks are that many times the "
-            "block size)",
-        )
+    _check_block_scale(
+        "mamba_block_scale",
+        block_scale,
+        mamba is True,
+        "1, or with a Mamba group an integer >= 1 (its blocks are that many times the block size)",
+    )
     if mamba is False:
         return
     valid = (
