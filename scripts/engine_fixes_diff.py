@@ -7,7 +7,8 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
 (`vllm-offloading`: `integrations.vllm.offload_hit_fix` and, on hybrid KV caches,
-`integrations.vllm.offload_window_fixes`).
+`integrations.vllm.offload_window_fixes`) or its Mamba prefix caching
+(`vllm-mamba`: `integrations.vllm.mamba_split_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -18,6 +19,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-kv > kv-load-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-draft-margin > cap-draft-margin.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > offloading-fixes.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-mamba > stop-mid-block-chunks.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -28,11 +30,11 @@ version (SGLang: its `python/` directory). The tests that run these very edits a
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
 `tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`,
-`tests/test_real_vllm_offloading.py`
+`tests/test_real_vllm_offloading.py`, `tests/test_real_vllm_mamba_loop.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
-`vllm-kv`, `vllm-draft-margin` and `vllm-offloading` need `vllm`).
+`vllm-kv`, `vllm-draft-margin`, `vllm-offloading` and `vllm-mamba` need `vllm`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
+from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
@@ -64,6 +67,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-kv": (KV_LOAD_FIXES, KV_LOAD_FIXES.names),
     "vllm-draft-margin": (DRAFT_MARGIN_FIXES, DRAFT_MARGIN_FIXES.names),
     "vllm-offloading": (OFFLOADING_FIXES, OFFLOADING_FIXES.names),
+    "vllm-mamba": (MAMBA_SPLIT_FIXES, MAMBA_SPLIT_FIXES.names),
 }
 
 

@@ -110,6 +110,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-mamba-mid-block-hit": (
+        "Mamba prefix caching, hashes finer than the Mamba block, layers that export prefill "
+        "checkpoints: a chunk starting inside a Mamba block runs past its end, and the block, "
+        "holding the state short of its end, is cached as the full block",
+        "vllm-mamba",
+        None,
+    ),
     "vllm-offloading-window-part": (
         "KV offloading connector, hybrid cache, chunks of several blocks: a sliding-window chunk "
         "stored in part is keyed as a whole, and a later hit ending at it loads the part left out",
@@ -162,6 +169,7 @@ FLAGS = {
     "window_block_scale": "--window-block-scale",
     "mamba": "--mamba",
     "mamba_block_scale": "--mamba-block-scale",
+    "mamba_checkpoint_alignment": "--mamba-checkpoint-alignment",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -187,6 +195,7 @@ DEFAULTS: dict[str, object] = {
     "window_block_scale": 1,
     "mamba": False,
     "mamba_block_scale": 1,
+    "mamba_checkpoint_alignment": None,
 }
 
 

@@ -8,11 +8,12 @@
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
         [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
-        [--mamba [--retention-interval N|dense] [--mamba-block-scale K]]
+        [--mamba [--retention-interval N|dense] [--mamba-block-scale K]
+         [--mamba-checkpoint-alignment A]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
-                forget-stale-window,whole-window-chunks} ...]
+                forget-stale-window,whole-window-chunks,stop-mid-block-chunks} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -70,7 +71,9 @@ pool the program names, every rule reading both groups' tables (with `--offload-
 connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
 `prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
 the program's block size; `--mamba` serves a Mamba group beside full attention instead of a
-window (vLLM's align mode with prefix caching, none without); `--fix forget-stale-window` and `--fix
+window (vLLM's align mode with prefix caching, none without; `--mamba-block-scale K`: blocks K
+times the program's, hashed by the program's; `--mamba-checkpoint-alignment A`: its layers
+export internal prefill checkpoints, as Mamba2's do); `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -257,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "window_block_scale": args.window_block_scale,
                 "mamba": args.mamba,
                 "mamba_block_scale": args.mamba_block_scale,
+                "mamba_checkpoint_alignment": args.mamba_checkpoint_alignment,
             },
         )
     return 1 if tally.failures else 0

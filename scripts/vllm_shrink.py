@@ -5,7 +5,7 @@
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
         [--kv-connector {recompute,fail} ...] [--offload-chunks N ...] [--cache-resets]
         [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
-        [--mamba [--mamba-block-scale K]]
+        [--mamba [--mamba-block-scale K] [--mamba-checkpoint-alignment A]]
         [--lifted-by FIX ...] [--trace] [--json FILE]
 
 Takes program N as `scripts/vllm_async_check.py` generates it and runs it, with the same

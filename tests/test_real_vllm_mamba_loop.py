@@ -10,16 +10,21 @@ reads both groups' tables; `kv_covers_scheduled` says what a Mamba step needs: t
 state is copied from and the one it is written to are real blocks; `kv_written` that a running
 request's step finds its own state after exactly its computed tokens there, and
 `cache_hit_written` that a hit's checkpoint holds the state its block hash says. Seeded bugs
-show the first and the last have teeth in the loop; the second is shown without vLLM.
+show the first and the last have teeth in the loop; the second is shown without vLLM. Also:
+Mamba blocks larger than the hash block (`mamba_block_scale`), layers that export prefill
+checkpoints (`mamba_checkpoint_alignment`, with a finding of vLLM's and its candidate fix),
+and a sliding window beside the Mamba group (three groups).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,21 +39,28 @@ from integrations.vllm.adapter import (
     RealVllmScheduler,
     group_block_sizes,
     kv_groups,
+    mamba_checkpoint,
     mamba_mode,
+    window_tokens,
 )
 from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import EngineCoreViolation
-from integrations.vllm.engine_core import CoreRun, LoopOptions, run_loop
+from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
+from integrations.vllm.mamba_split_fix import apply_mamba_split_fix
+from integrations.vllm.mamba_split_fix import fix_as_diff as mamba_split_diff
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
 from tests.vllm_seeded_bugs import (
+    mamba_checkpoint_keyed_one_column_late,
     mamba_checkpoint_one_block_early,
     mamba_copy_dropped,
     mamba_state_freed_early,
+    window_freed_early,
 )
 
 MAMBA = LoopOptions(mamba=True)
@@ -159,19 +171,25 @@ def test_a_hit_on_the_checkpoint_one_block_short_is_caught_by_its_content() -> N
 
     seen = first_violations(PROGRAMS, _align_mode_run(options), until="cache_hit_written")
     assert "cache_hit_written" in seen, seen
-    message = seen["cache_hit_written"]
-    assert "starts from the prefix cache" in message and "(in KV cache group 1)" in message, seen
+    words = ("starts from the prefix cache", "at the end of its block", "of KV cache group 1")
+    assert all(w in seen["cache_hit_written"] for w in words), seen
+    assert "it holds the state of" in seen["cache_hit_written"], seen  # a state, a block short
 
 
 # ---------------------------------------------------------------- Mamba blocks of K hash blocks
-def test_vllm_hashes_by_the_attention_block_when_mamba_blocks_are_larger() -> None:
-    """Mamba blocks twice the program's (vLLM's `mamba_block_size`): vLLM schedules by the
-    Mamba block and hashes by the attention block, so a hit may end inside a Mamba block."""
-    sched = RealVllmScheduler(
+def test_vllm_hashes_finer_than_its_blocks_with_a_block_scale() -> None:
+    """Blocks twice the program's in both groups, as vLLM's platform keeps the Mamba block the
+    attention block (`mamba_block_size = block_size`), and prefix-cache keys every program
+    block (`prefix_match_unit`): vLLM schedules by the block and hashes by the program's, so a
+    hit may end inside a Mamba block, and splits prefill at the Mamba block."""
+    impl = RealVllmScheduler(
         CONFIG, lambda _event: None, SPACE_PREFIX, mamba=True, mamba_block_scale=2
-    ).sched
-    assert group_block_sizes(sched) == (2, 4)
+    )
+    sched = impl.sched
+    assert group_block_sizes(sched) == (4, 4)
     assert (sched.block_size, sched.hash_block_size) == (4, 2)
+    assert sched.cache_config.block_size == sched.cache_config.mamba_block_size == 4
+    assert sched.mamba_partial_cache_hit
 
 
 def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,17 +197,19 @@ def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPat
     block copies, and hits ending inside a Mamba block read a partial state, each checked."""
     partial: list[int] = []
     copies: list[int] = []
-    check, apply = CacheWrites._check_partial_state, CacheWrites.apply_copies
+    check, apply = CacheWrites._check_hit_state, CacheWrites.apply_copies
 
-    def counting_check(self: CacheWrites, *args: Any) -> None:
-        partial.append(1)
-        check(self, *args)
+    def counting_check(
+        self: CacheWrites, sched: Any, rid: str, start: int, table: Any, bs: int, *args: Any
+    ) -> None:
+        partial.extend([1] if start % bs else [])
+        check(self, sched, rid, start, table, bs, *args)
 
     def counting_apply(self: CacheWrites, done: Any) -> None:
         copies.extend(1 for _ in done)
         apply(self, done)
 
-    monkeypatch.setattr(CacheWrites, "_check_partial_state", counting_check)
+    monkeypatch.setattr(CacheWrites, "_check_hit_state", counting_check)
     monkeypatch.setattr(CacheWrites, "apply_copies", counting_apply)
     options = replace(MAMBA, mamba_block_scale=2)
     for seed in range(PROGRAMS * 2):
@@ -201,22 +221,199 @@ def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPat
 def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
     """Seeded bug: the scheduler output leaves out the block copies it owes the worker. A
     request running on from its prompt's end has its cache entry moved to another block, which
-    the copy would have filled; a later hit ending inside that Mamba block finds no state
-    there (`cache_hit_written`)."""
+    the copy would have filled; a later hit ending inside that Mamba block finds another
+    state there, or none (`cache_hit_written`)."""
     options = replace(MAMBA, mamba_block_scale=2, mutate=mamba_copy_dropped)
 
     seen = first_violations(PROGRAMS * 2, _align_mode_run(options), until="cache_hit_written")
     assert "cache_hit_written" in seen, seen
-    words = ("inside its block", "no batch or copy left a state there")
+    # the copy's destination holds what it held before, if anything: not this state
+    words = ("inside its block", "not the state after its first")
     assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
+# ------------------------------------------------------------ internal prefill checkpoints
+CHECKPOINTS = replace(MAMBA, mamba_checkpoint_alignment=1)  # as vLLM's Mamba2 layers declare
+SHRUNK_FINDING = "docs/shrunk/vllm-mamba-mid-block-hit.json"
+
+
+def test_vllm_reserves_prefill_checkpoint_blocks_for_layers_that_export_them() -> None:
+    """With a checkpoint alignment the Mamba group declares a prefill checkpoint block, and the
+    worker's rule exports the state at the prompt's last reusable hash block boundary into
+    the column before the step's last: a prompt of 6 tokens in blocks of 2, run in one step,
+    leaves the state after 4 tokens (one token short of the last is held back for the
+    logits) in column 1."""
+    sched = RealVllmScheduler(
+        CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, mamba_checkpoint_alignment=1
+    ).sched
+    assert sched.mamba_has_prefill_checkpoint_blocks
+    assert mamba_checkpoint(sched, 1, 6, 6) == (4, 1)
+    assert mamba_checkpoint(sched, 1, 6, 1) == (0, -1)  # a decode step exports none
+    plain = RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True).sched
+    assert mamba_checkpoint(plain, 1, 6, 6) == (0, -1)
+
+
+def test_prefill_checkpoints_are_written_hit_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programs pass both loops with checkpoint-exporting layers; the record keeps each
+    checkpoint the worker writes into a real block, and hits read such checkpoints, each
+    checked against the state after exactly the hit's tokens."""
+    exported: dict[int, int] = {}
+    hits: list[int] = []
+    record, check = CacheWrites._record_states, CacheWrites._check_hit_state
+
+    def recording(self: CacheWrites, req: Any, start: int, n: int, table: Any, group: int) -> None:
+        record(self, req, start, n, table, group)
+        assert self.state_checkpoint is not None
+        tokens, column = self.state_checkpoint(group, start + n, n)
+        if tokens and 0 <= column < len(table) and table[column] is not None:
+            exported[table[column]] = tokens
+        exported.pop(table[(start + n - 1) // self.group_block_size(group)] or -1, None)
+
+    def checking(
+        self: CacheWrites, sched: Any, rid: str, start: int, table: Any, bs: int, *args: Any
+    ) -> None:
+        block = table[(start - 1) // bs]
+        hits.extend([1] if block is not None and exported.get(block) == start else [])
+        check(self, sched, rid, start, table, bs, *args)
+
+    monkeypatch.setattr(CacheWrites, "_record_states", recording)
+    monkeypatch.setattr(CacheWrites, "_check_hit_state", checking)
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            _run(seed, async_scheduling, CHECKPOINTS)
+    assert exported and hits, (len(exported), len(hits))
+
+
+def test_a_checkpoint_keyed_on_the_wrong_block_is_caught() -> None:
+    """Seeded bug: the manager keys the block of the step's last token, not the one the
+    worker exported the checkpoint into, under the checkpoint's block hash. A later hit on
+    it reads the state after the whole step (`cache_hit_written`)."""
+    options = replace(CHECKPOINTS, mutate=mamba_checkpoint_keyed_one_column_late)
+
+    seen = first_violations(PROGRAMS, _align_mode_run(options), until="cache_hit_written")
+    assert "cache_hit_written" in seen, seen
+    words = ("starts from the prefix cache", "it holds the state of", "not the state after")
+    assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
+#: The finding's shrunk program (docs/shrunk/vllm-mamba-mid-block-hit.json, from shared-prompt
+#: program 51): Mamba blocks of 2 tokens hashed every token.
+FINE_HIT_PROGRAM = eval(
+    json.loads((Path(__file__).resolve().parents[1] / SHRUNK_FINDING).read_text())["program"],
+    {"CoreProgram": CoreProgram, "ArConfig": ArConfig, "ArRequest": ArRequest, "Policy": Policy},
+)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_finding_a_copied_partial_hit_is_cached_as_the_full_block_it_never_became(
+    async_scheduling: bool,
+) -> None:
+    """vLLM 0.33.0, Mamba blocks larger than the hash block, layers that export prefill
+    checkpoints (Mamba2's): r10 hits r2's checkpoint after 3 tokens, inside its Mamba block 1,
+    and vLLM copies it into a private block (copy-on-write). As the backend saves the next
+    checkpoint itself, vLLM does not stop r10's chunk at the block's end: the step runs from 3
+    to 7, so its state after 7 lands in block 3 and block 1 keeps the state after 3. vLLM
+    still caches block 1 as a full block, under the hash of 4 tokens, and r16's hit of 4
+    tokens reads the state after 3 (`cache_hit_written`): its output would skip a token.
+    Without the checkpoints vLLM stops the chunk at 4 and the program passes, as it does with
+    the Mamba block the hash block, and with the candidate fix `stop-mid-block-chunks`, which
+    stops it there with them too."""
+    options = replace(CHECKPOINTS, mamba_block_scale=2)
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(FINE_HIT_PROGRAM, async_scheduling=async_scheduling, options=options)
+    assert err.value.rule == "cache_hit_written", err.value
+    words = ("'r16' starts from the prefix cache at token 4", "after 3 tokens")
+    assert all(w in err.value.detail for w in words), err.value
+    for passing in (
+        replace(options, mamba_checkpoint_alignment=None),
+        CHECKPOINTS,
+        replace(options, fix=apply_mamba_split_fix),
+    ):
+        run_loop(FINE_HIT_PROGRAM, async_scheduling=async_scheduling, options=passing)
+
+
+def test_the_mid_block_fix_is_a_patch_of_vllms_scheduler() -> None:
+    """The fix prints as a diff of vLLM's `scheduler.py` that drops the exemption, and
+    generated programs with fine-grained hits and checkpoints pass with it."""
+    diff = mamba_split_diff()
+    assert "-            if start % block_size != 0 and not use_internal_checkpoint" in diff
+    assert "+            if start % block_size != 0\n" in diff
+    options = replace(CHECKPOINTS, mamba_block_scale=2, fix=apply_mamba_split_fix)
+    for seed in range(PROGRAMS):
+        _run(seed, True, options)
+
+
+# ------------------------------------------------- a sliding window and a Mamba group together
+WINDOW_AND_MAMBA = replace(MAMBA, sliding_window=3)
+
+
+def test_vllm_builds_three_groups_for_a_window_and_a_mamba_group() -> None:
+    """Attention, sliding-window and Mamba layers in one model (Samba, Phi-4-mini-flash):
+    three KV cache groups sharing one pool, the pool three groups' worth."""
+    impl = RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3)
+    sched = impl.sched
+    assert kv_groups(sched) == 3
+    assert [mamba_mode(sched, g) for g in range(3)] == [None, None, "align"]
+    assert [window_tokens(sched, g) for g in range(3)] == [None, 3, None]
+    assert sched.kv_cache_manager.block_pool.num_gpu_blocks == 3 * (CONFIG.num_blocks - 1) + 1
+
+
+def test_generated_programs_pass_with_a_window_and_a_mamba_group() -> None:
+    """Shared-prompt programs pass both loops over the three groups, with prefix caching and
+    without, preemptions with a step in flight among them."""
+    totals: Counter[str] = Counter()
+    modes: Counter[bool] = Counter()
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = _run(seed, async_scheduling, WINDOW_AND_MAMBA)
+            if run is None:
+                continue
+            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
+            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
+    assert modes[True] > 0 and modes[False] > 0, modes
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+
+
+@pytest.mark.parametrize(
+    ("bug", "words"),
+    [
+        (window_freed_early, ("holds the null block as its block", "in KV cache group 1")),
+        (mamba_state_freed_early, ("in KV cache group 2", "a Mamba state block")),
+    ],
+    ids=["window", "mamba"],
+)
+def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple[str, ...]) -> None:
+    """A seeded bug in the window's manager, or in the Mamba group's, is caught in its own
+    group of the three (`kv_covers_scheduled`)."""
+    options = replace(WINDOW_AND_MAMBA, mutate=bug)
+
+    seen = first_violations(PROGRAMS, _align_mode_run(options), until="kv_covers_scheduled")
+    assert "kv_covers_scheduled" in seen, seen
+    assert all(w in seen["kv_covers_scheduled"] for w in words), seen
 
 
 @pytest.mark.parametrize(
     ("build", "field"),
     [
+        (  # beside a window, blocks of one size
+            lambda: RealVllmScheduler(
+                CONFIG,
+                lambda _e: None,
+                SPACE_PREFIX,
+                mamba=True,
+                sliding_window=3,
+                mamba_block_scale=2,
+            ),
+            "mamba",
+        ),
         (
             lambda: RealVllmScheduler(
-                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3
+                CONFIG,
+                lambda _e: None,
+                SPACE_PREFIX,
+                mamba=True,
+                sliding_window=3,
+                window_block_scale=2,
             ),
             "mamba",
         ),
@@ -275,6 +472,18 @@ def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
             ),
             "mamba_block_scale",
         ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba_checkpoint_alignment=1
+            ),
+            "mamba_checkpoint_alignment",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, mamba_checkpoint_alignment=0
+            ),
+            "mamba_checkpoint_alignment",
+        ),
     ],
 )
 def test_bad_mamba_options_are_typed_errors(build: Callable[[], Any], field: str) -> None:
@@ -296,10 +505,12 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
     out = capsys.readouterr().out
     assert "a hybrid KV cache (a Mamba group beside full attention, dense)" in out, out
     for bad in (
-        ["--mamba", "--sliding-window", "3"],
+        ["--mamba", "--sliding-window", "3", "--mamba-block-scale", "2"],
         ["--mamba", "--offload-chunks", "8"],
         ["--mamba", "--speculative-tokens", "2"],
         ["--mamba-block-scale", "2"],
+        ["--mamba-checkpoint-alignment", "1"],
+        ["--mamba", "--mamba-checkpoint-alignment", "0"],
     ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])

@@ -227,12 +227,17 @@ def window_blocks_counted_in_hash_blocks(sched: Any) -> None:
     manager.remove_skipped_blocks = remove
 
 
+def _align_mamba_manager(sched: Any) -> Any:
+    """The scheduler's Mamba manager in align mode (the group a Mamba seeded bug edits)."""
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    return next(m for m in managers if getattr(m, "mamba_cache_mode", None) == "align")
+
+
 def mamba_state_freed_early(sched: Any) -> None:
     """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): when a request
     moves its state to a new block, the manager frees the block holding the state so far at
     once, in the very step whose worker copies the state out of it, not a step later."""
-    managers = sched.kv_cache_manager.coordinator.single_type_managers
-    manager = next(m for m in managers if getattr(m, "mamba_cache_mode", None) == "align")
+    manager = _align_mamba_manager(sched)
     original = manager.allocate_new_blocks
 
     def allocate(request_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -343,3 +348,22 @@ def offload_groups_swapped(sched: Any) -> None:
         return meta
 
     connector._build_connector_meta = build
+
+
+def mamba_checkpoint_keyed_one_column_late(sched: Any) -> None:
+    """Seeded bug (a Mamba group whose layers export prefill checkpoints, `LoopOptions(
+    mamba=True, mamba_checkpoint_alignment=A)`): the manager keys the block after the one the
+    worker exports the checkpoint into, the block of the step's last token, under the
+    checkpoint's block hash, so a hit there reads the state after the whole step."""
+    manager = _align_mamba_manager(sched)
+    original = manager.get_num_blocks_to_allocate
+
+    def allocate(request_id: str, *args: Any, **kwargs: Any) -> Any:
+        blocks = original(request_id, *args, **kwargs)
+        checkpoint = manager._checkpoints.get(request_id)
+        if checkpoint is not None:
+            position, column = checkpoint
+            manager._checkpoints[request_id] = (position, column + 1)
+        return blocks
+
+    manager.get_num_blocks_to_allocate = allocate

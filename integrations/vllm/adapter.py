@@ -239,6 +239,7 @@ class RealVllmScheduler:
         window_block_scale: int = 1,
         mamba: bool = False,
         mamba_block_scale: int = 1,
+        mamba_checkpoint_alignment: int | None = None,
     ) -> None:
         space.check(config)
         if (
@@ -316,11 +317,17 @@ class RealVllmScheduler:
             offloading=offloading,
             speculative_tokens=speculative_tokens,
             block_scale=mamba_block_scale,
+            checkpoint_alignment=mamba_checkpoint_alignment,
+            window_block_scale=window_block_scale,
         )
-        #: A Mamba group beside the full-attention one (`mamba_groups`) instead of a window.
+        #: A Mamba group beside the full-attention one (`mamba_groups`), and beside the window
+        #: when there is one.
         self.mamba: bool = mamba
         #: The Mamba group's blocks in align mode, this many times the program's block size.
         self.mamba_block_scale: int = mamba_block_scale
+        #: Its layers export internal prefill checkpoints on this token grid (Mamba2's 1), or
+        #: None: they export none (`mamba_groups`).
+        self.mamba_checkpoint_alignment: int | None = mamba_checkpoint_alignment
         check_retention_interval(
             retention_interval,
             sliding_window is not None or mamba,
@@ -401,17 +408,30 @@ class RealVllmScheduler:
         groups = (
             hybrid_groups(v, config.block_size, window, self.window_block_scale)
             if window is not None
-            else mamba_groups(v, config, cache_config, self.mamba_block_scale)
-            if self.mamba
             else None
         )
+        if self.mamba:
+            state_groups = mamba_groups(
+                v,
+                config,
+                cache_config,
+                self.mamba_block_scale,
+                checkpoint_alignment=self.mamba_checkpoint_alignment,
+            )
+            # a model with all three kinds of layer (Samba, Phi-4-mini-flash): one attention
+            # group, the window's, the Mamba group
+            groups = state_groups if groups is None else [*groups, state_groups[1]]
         try:
             sched = build_scheduler(
                 v,
                 vllm_config,
                 scheduler_config,
                 cache_config,
-                num_blocks=config.num_blocks if groups is None else hybrid_pool(config.num_blocks),
+                num_blocks=(
+                    config.num_blocks
+                    if groups is None
+                    else hybrid_pool(config.num_blocks, len(groups))
+                ),
                 async_scheduling=self.async_scheduling,
                 kv_cache_groups=groups,
             )
@@ -1040,48 +1060,82 @@ def check_mamba(
     offloading: OffloadingOptions | None,
     speculative_tokens: int,
     block_scale: object = 1,
+    checkpoint_alignment: object = None,
+    window_block_scale: object = 1,
 ) -> None:
     """`ConfigError` unless `mamba` is False, or True without what the loop does not model
-    beside a Mamba group: a sliding window (one hybrid kind at a time), a KV connector or
-    vLLM's offloading connector (it hands a Mamba state's partial tails over), drafts
-    (speculative state blocks, relocated in place); and unless `block_scale` is 1, or with a
-    Mamba group an integer >= 1."""
+    beside a Mamba group: a KV connector or vLLM's offloading connector (it hands a Mamba
+    state's partial tails over), drafts (speculative state blocks, relocated in place), and,
+    beside a sliding window, blocks of more than one size; unless `block_scale` is 1, or with a
+    Mamba group an integer >= 1; and unless `checkpoint_alignment` is None, or with a Mamba
+    group an integer >= 1."""
     _check_block_scale(
         "mamba_block_scale",
         block_scale,
         mamba is True,
         "1, or with a Mamba group an integer >= 1 (its blocks are that many times the block size)",
     )
+    if checkpoint_alignment is not None and (
+        mamba is not True
+        or isinstance(checkpoint_alignment, bool)
+        or not isinstance(checkpoint_alignment, int)
+        or checkpoint_alignment < 1
+    ):
+        raise ConfigError(
+            "mamba_checkpoint_alignment",
+            checkpoint_alignment,
+            "None, or with a Mamba group an integer >= 1 (the token grid its layers export "
+            "prefill checkpoints on: Mamba2's 1, a gated-delta-net layer's Mamba block size)",
+        )
     if mamba is False:
         return
     valid = (
-        "False, or True without sliding_window, kv_connector, offloading or speculative_tokens "
-        "(a Mamba group beside full attention, no drafts, no connector)"
+        "False, or True without kv_connector, offloading or speculative_tokens (a Mamba group "
+        "beside full attention, and a sliding window if given, no drafts, no connector), and "
+        "beside a sliding window with mamba_block_scale and window_block_scale 1 (blocks of "
+        "one size)"
     )
     if mamba is not True or (
-        sliding_window is not None
-        or kv_connector is not None
+        kv_connector is not None
         or offloading is not None
         or speculative_tokens
+        or (sliding_window is not None and (block_scale != 1 or window_block_scale != 1))
     ):
         raise ConfigError("mamba", mamba, valid)
 
 
 def mamba_groups(
-    v: VllmModules, config: ArConfig, cache_config: Any, block_scale: int = 1
+    v: VllmModules,
+    config: ArConfig,
+    cache_config: Any,
+    block_scale: int = 1,
+    *,
+    checkpoint_alignment: int | None = None,
 ) -> list[Any]:
     """A hybrid KV cache's groups as a model with attention and Mamba (state-space) layers gets
     them (Jamba, Nemotron-H, Qwen3-Next), as vLLM's `MambaModelConfig.verify_and_update_config`
     sets them up: group 0 full attention in blocks of `config.block_size`; group 1 a Mamba
     group whose blocks hold a layer's recurrent state. With prefix caching it runs in vLLM's
-    "align" mode, its blocks `block_scale` times the size (vLLM's `mamba_block_size`; a state
-    checkpoint per block, the earlier ones the null block or freed, prefill split at block
-    boundaries), and vLLM asserts chunked prefill (`ConfigError` without). With larger Mamba
-    blocks vLLM hashes by the attention block, so a hit may end inside a Mamba block: it then
-    reads a partial state, which vLLM keeps for a prompt's end and hands over by
-    copy-on-write (`kv_cache_block_copies`). Without prefix caching, "none" mode: one block of
+    "align" mode, its blocks of the attention group's size (vLLM's platform sets
+    `mamba_block_size` to `block_size`; a state checkpoint per block, the earlier ones the
+    null block or freed, prefill split at block boundaries), and vLLM asserts chunked prefill
+    (`ConfigError` without). Without prefix caching, "none" mode: one block of
     `max_model_len` tokens per request holding its state, updated in place. Sets
-    `cache_config.mamba_cache_mode` to match."""
+    `cache_config.mamba_cache_mode` to match.
+
+    With `block_scale` = k > 1 (prefix caching) both groups' blocks are k times
+    `config.block_size` (`cache_config.block_size`, as vLLM's engine core sets it to the
+    groups' block size) and prefix-cache keys are computed every `config.block_size` tokens
+    (`cache_config.prefix_match_unit`, vLLM's fine-grained hits): a hit may end inside a
+    Mamba block and read a partial state, which vLLM keeps for a prompt's end and hands over
+    by copy-on-write (`kv_cache_block_copies`).
+
+    With `checkpoint_alignment` the Mamba layers also export internal prefill checkpoints, as
+    vLLM's Mamba2 (alignment 1) and gated-delta-net layers (their Mamba block size) declare
+    (`num_prefill_checkpoint_blocks=1`): in align mode a prompt step that crosses a hash block
+    boundary reserves the block before its last and has the worker write there the state at
+    the last hash block boundary it may reuse (`mamba_checkpoint`), which vLLM then caches
+    under that boundary's block hash, so a later request with the same prompt hits it."""
     align = bool(cache_config.enable_prefix_caching)
     if align and not config.enable_chunked_prefill:
         raise ConfigError(
@@ -1092,14 +1146,21 @@ def mamba_groups(
         )
     mode = "align" if align else "none"
     cache_config.mamba_cache_mode = mode
+    block_size = config.block_size * block_scale if align else config.block_size
+    if block_size != config.block_size:
+        cache_config.block_size = block_size
+        cache_config.prefix_match_unit = config.block_size
+    cache_config.mamba_block_size = block_size if align else config.max_model_len
     full = v.kv_iface.FullAttentionSpec(
-        block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32
     )
     state = v.kv_iface.MambaSpec(
-        block_size=config.block_size * block_scale if align else config.max_model_len,
+        block_size=cache_config.mamba_block_size,
         shapes=((2,),),
         dtypes=(v.torch.float32,),
         mamba_cache_mode=mode,
+        num_prefill_checkpoint_blocks=int(checkpoint_alignment is not None),
+        prefill_checkpoint_alignment=checkpoint_alignment,
     )
     return [
         v.kv_iface.KVCacheGroupSpec(["full_attention"], full),
@@ -1115,11 +1176,41 @@ def mamba_mode(sched: Any, group: int) -> str | None:
     return None if mode is None else str(mode)
 
 
-def hybrid_pool(num_blocks: int) -> int:
-    """The pool of a two-group hybrid cache for a program that names `num_blocks` (the null
-    block included): that many usable blocks for each group, so that every request the
-    program's configuration admits fits, as it does in one group."""
-    return 2 * (num_blocks - 1) + 1
+def mamba_checkpoint(sched: Any, group: int, seq_len: int, query_len: int) -> tuple[int, int]:
+    """Where vLLM's worker exports an internal prefill checkpoint for a row of KV cache group
+    `group` that computes tokens `seq_len - query_len` to `seq_len`: (the tokens the state has
+    taken in, its block-table column), or (0, -1) where it exports none (a group without
+    checkpoint blocks, or not in align mode, or a row the rule declines). The worker's own
+    rule, vLLM's `compute_mamba_prefill_checkpoints`, which its scheduler follows in lockstep
+    (no drafts, so no EAGLE block drop and no lookahead tokens)."""
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[group]
+    spec = manager.kv_cache_spec
+    if (
+        getattr(manager, "mamba_cache_mode", None) != "align"
+        or not getattr(spec, "num_prefill_checkpoint_blocks", 0)
+        or query_len <= 0
+    ):
+        return 0, -1
+    worker = importlib.import_module("vllm.model_executor.layers.mamba.checkpoint")
+    offsets, cols = worker.compute_mamba_prefill_checkpoints(
+        [seq_len],
+        [query_len],
+        hash_block_size=int(manager.block_pool.hash_block_size),
+        mamba_block_size=int(spec.block_size),
+        checkpoint_alignment=spec.prefill_checkpoint_alignment,
+        drop_eagle_block=False,
+        cache_hit_alignment_tokens=int(manager.cache_hit_alignment_tokens),
+    )
+    if not offsets[0]:
+        return 0, -1
+    return seq_len - query_len + int(offsets[0]), int(cols[0])
+
+
+def hybrid_pool(num_blocks: int, groups: int = 2) -> int:
+    """The pool of a hybrid cache of `groups` KV cache groups for a program that names
+    `num_blocks` (the null block included): that many usable blocks for each group, so that
+    every request the program's configuration admits fits, as it does in one group."""
+    return groups * (num_blocks - 1) + 1
 
 
 def kv_groups(sched: Any) -> int:
@@ -1330,6 +1421,7 @@ __all__ = [
     "load_vllm",
     "make_real_vllm",
     "make_real_vllm_prefix",
+    "mamba_checkpoint",
     "mamba_groups",
     "mamba_mode",
     "model_dir",

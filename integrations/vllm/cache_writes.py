@@ -43,14 +43,16 @@ hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal
 A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's worker
 (`preprocess_mamba`) runs a request's step from token s to token e by copying the state out of
 the block of token s - 1 into the block of token e - 1 and updating it there, so that block
-then holds the state after e tokens (`states`), a checkpoint once e ends the block (recorded as
-above). A running request's step must find the state after exactly s of its own tokens in the
-block of token s - 1 (`kv_written`); a hit's is the checkpoint, checked as above, or, where
-the Mamba block is larger than the hash block and the hit ends inside it, a partial state: the
-state after exactly s tokens of a request with the same first s tokens (`cache_hit_written`).
-vLLM keeps such a state for a prompt's end and, when its request runs on, moves the cache
-entry to another block and has the worker copy it there before the forward
-(`kv_cache_block_copies`, `apply_copies`).
+then holds the state after e tokens (`states`); nothing else of the step lands in the group.
+Where the layers export internal prefill checkpoints (`state_checkpoint`, the worker's rule)
+the step also writes the state after the checkpoint's tokens into the block-table column the
+rule names. A running request's step must find the state after exactly s of its own tokens in
+the block of token s - 1 (`kv_written`); a hit ending at token s must find there the state
+after exactly s tokens of a request with the same first s tokens (`cache_hit_written`): a
+checkpoint at a block's end, or, where the Mamba block is larger than the hash block and the
+hit ends inside it, a partial state. vLLM keeps such a state for a prompt's end and, when its
+request runs on, moves the cache entry to another block and has the worker copy it there
+before the forward (`kv_cache_block_copies`, `apply_copies`).
 
 Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 `scheduled_cached_reqs`, `preempted_req_ids`), the block tables, the pool's block hashes and
@@ -59,7 +61,7 @@ Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from integrations.vllm.adapter import GroupTables, all_group_tables
@@ -83,6 +85,7 @@ class CacheWrites:
         verified_reads: bool = False,
         group_block_sizes: tuple[int, ...] = (),
         state_groups: frozenset[int] = frozenset(),
+        state_checkpoint: Callable[[int, int, int], tuple[int, int]] | None = None,
     ) -> None:
         #: The hash block size: `Request.block_hashes` are of blocks of this many tokens.
         self.block_size: int = block_size
@@ -94,6 +97,11 @@ class CacheWrites:
         #: its state has taken in).
         self.state_groups: frozenset[int] = state_groups
         self.states: dict[int, tuple[Any, int]] = {}
+        #: The worker's internal prefill checkpoint rule: (group, the row's tokens after its
+        #: step, the tokens it schedules) -> (the tokens the exported state has taken in, its
+        #: block-table column), or (0, -1) for none (`integrations.vllm.adapter.
+        #: mamba_checkpoint`); None: no layer exports one.
+        self.state_checkpoint: Callable[[int, int, int], tuple[int, int]] | None = state_checkpoint
         #: Also check every scheduled request's computed blocks, not only a hit's (`kv_written`;
         #: with a KV connector, whose loads may fail under a running request).
         self.every_read: bool = every_read
@@ -177,6 +185,8 @@ class CacheWrites:
                 # vLLM has counted this step's tokens, and those of its steps in flight
                 start = min(start, req.num_computed_tokens - req.num_in_flight_tokens)
             for group, group_table in enumerate(tables):
+                if group in self.state_groups:
+                    continue  # `check_states`: a Mamba step reads one state
                 table = group_table.get(rid, ())
                 for k in range(min(start // self.group_block_size(group), len(table))):
                     block = table[k]
@@ -202,11 +212,10 @@ class CacheWrites:
         schedule_index: int,
     ) -> None:
         """`kv_written` in a Mamba group: a running request scheduled from token s > 0 finds,
-        in the block of token s - 1, its own state after exactly s tokens. A hit ending at a
-        Mamba block's end reads a checkpoint, checked by its block hash with the other reads;
-        one ending inside a Mamba block reads a partial state, which must be the state after
-        exactly s tokens of a request whose first s tokens are the hit's
-        (`cache_hit_written`)."""
+        in the block of token s - 1, its own state after exactly s tokens. A hit ending at
+        token s finds there the state after exactly s tokens of a request whose first s tokens
+        are the hit's (`cache_hit_written`): a checkpoint at a Mamba block's end, or a partial
+        state inside a larger Mamba block."""
         for group in sorted(self.state_groups):
             bs = self.group_block_size(group)
             for rid in out.num_scheduled_tokens:
@@ -215,10 +224,7 @@ class CacheWrites:
                 if start == 0 or (start - 1) // bs >= len(table):
                     continue
                 if rid in hitting:
-                    if start % bs:
-                        self._check_partial_state(
-                            sched, rid, start, table, bs, group, schedule_index
-                        )
+                    self._check_hit_state(sched, rid, start, table, bs, group, schedule_index)
                     continue
                 k = (start - 1) // bs
                 block = table[k]
@@ -228,19 +234,14 @@ class CacheWrites:
                 req = sched.requests[rid]
                 if held is not None and held[0] is req and held[1] == start:
                     continue
-                what = (
-                    "no batch left a state there"
-                    if held is None
-                    else f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
-                )
                 raise EngineCoreViolation(
                     "kv_written",
                     f"schedule {schedule_index}: {rid!r}, running, reads its Mamba state after "
                     f"{start} tokens from block {block} (its block {k} in KV cache group "
-                    f"{group}), but {what}",
+                    f"{group}), but {_held(held, 'no batch left a state there')}",
                 )
 
-    def _check_partial_state(
+    def _check_hit_state(
         self,
         sched: Any,
         rid: str,
@@ -250,7 +251,7 @@ class CacheWrites:
         group: int,
         schedule_index: int,
     ) -> None:
-        """A hit of `rid` ending at token `start`, inside its Mamba block (s - 1) // bs: that
+        """A hit of `rid` ending at token `start` reads its Mamba block (start - 1) // bs: that
         block holds the state after exactly `start` tokens of a request sharing them."""
         k = (start - 1) // bs
         block = table[k]
@@ -266,16 +267,13 @@ class CacheWrites:
                 and bytes(writer.block_hashes[last]) == bytes(req.block_hashes[last])
             ):
                 return
-        what = (
-            "no batch or copy left a state there"
-            if held is None
-            else f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
-        )
+        where = "inside" if start % bs else "at the end of"
         raise EngineCoreViolation(
             "cache_hit_written",
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache at token {start}, "
-            f"inside its block {k} (block {block} of KV cache group {group}), but {what}, not "
-            f"the state after its first {start} tokens",
+            f"{where} its block {k} (block {block} of KV cache group {group}), but "
+            f"{_held(held, 'no batch or copy left a state there')}, not the state after its "
+            f"first {start} tokens",
         )
 
     def record(
@@ -300,17 +298,39 @@ class CacheWrites:
                 start, n = valid[rid]
             for group, group_table in enumerate(tables):
                 table = group_table.get(rid, ())
+                if group in self.state_groups:
+                    self._record_states(req, start, n, table, group)
+                    continue
                 bs = self.group_block_size(group)
                 for k in range(start // bs, min((start + n) // bs, len(table))):
                     block = table[k]
                     if block is not None:
                         self.put(block, (req, k), group)
                         self.hashed_for_victims.pop(block, None)
-                last = (start + n - 1) // bs
-                if group in self.state_groups and n and last < len(table):
-                    block = table[last]
-                    if block is not None:
-                        self.states[block] = (req, start + n)
+
+    def _record_states(
+        self, req: Any, start: int, n: int, table: tuple[int | None, ...], group: int
+    ) -> None:
+        """A Mamba step of `req` from token `start` over `n` tokens: the state after
+        `start + n` tokens in the block of its last token, and an internal prefill checkpoint
+        where the worker's rule exports one (`state_checkpoint`)."""
+        if not n:
+            return
+        end = start + n
+        written = [((end - 1) // self.group_block_size(group), end)]
+        if self.state_checkpoint is not None:
+            tokens, column = self.state_checkpoint(group, end, n)
+            if tokens:
+                written.append((column, tokens))
+        for k, tokens in written:
+            block = table[k] if 0 <= k < len(table) else None
+            if block is None:
+                continue  # the worker skips the null block; `kv_covers_scheduled` says so
+            self.states[block] = (req, tokens)
+            # what a per-token record held there is gone
+            self.written.pop(block, None)
+            self.written_in.pop(block, None)
+            self.hashed_for_victims.pop(block, None)
 
     def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
         victims = [sched.requests[r] for r in out.preempted_req_ids or () if r in sched.requests]
@@ -400,6 +420,13 @@ class CacheWrites:
             f"schedule {schedule_index}: {rid!r} starts from the prefix cache with block {block} "
             f"as its block {k}, but {what}",
         )
+
+
+def _held(held: tuple[Any, int] | None, nothing: str) -> str:
+    """What a Mamba block holds, in words (`nothing` where no state was left there)."""
+    if held is None:
+        return nothing
+    return f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
 
 
 def _copy_entry(record: dict[int, V], src: int, dst: int) -> None:

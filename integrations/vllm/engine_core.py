@@ -107,6 +107,7 @@ from integrations.vllm.adapter import (
     block_tables,
     group_block_sizes,
     kv_groups,
+    mamba_checkpoint,
     mamba_mode,
     next_output_index,
 )
@@ -252,7 +253,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
     `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
     full-attention one, in blocks of `window_block_scale` times the program's, each group's blocks
-    checked by its own table; with `mamba` a Mamba group instead (`integrations.vllm.adapter.
+    checked by its own table; with `mamba` a Mamba group too (`integrations.vllm.adapter.
     mamba_groups`). With `trace` (a list) the loop and the store append a line per event to
     it."""
 
@@ -284,6 +285,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         window_block_scale: int = 1,
         mamba: bool = False,
         mamba_block_scale: int = 1,
+        mamba_checkpoint_alignment: int | None = None,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -322,6 +324,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             window_block_scale=window_block_scale,
             mamba=mamba,
             mamba_block_scale=mamba_block_scale,
+            mamba_checkpoint_alignment=mamba_checkpoint_alignment,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -366,6 +369,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 state_groups=frozenset(
                     g for g in range(kv_groups(self.impl.sched)) if mamba_mode(self.impl.sched, g)
                 ),
+                state_checkpoint=partial(mamba_checkpoint, self.impl.sched),
             )
             if config.enable_prefix_caching or every_read
             else None
@@ -835,12 +839,13 @@ class LoopOptions:
     the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
     `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense), and
     `window_block_scale` the window group's blocks, that many times the program's block size.
-    `mamba` serves a Mamba group beside the full-attention one instead of a window, its blocks
-    `mamba_block_scale` times the program's with prefix caching. The speculative
-    model and the connector's store draw from `draw_seed`, by default a hash of the program's
-    text (`program_seed`); `integrations.vllm.shrink` holds it at the original program's while
-    it changes the program. With `trace` (a list) the loop appends a line per event to it
-    (`integrations.vllm.trace`)."""
+    `mamba` serves a Mamba group beside the full-attention one (and the window, if any), the
+    blocks `mamba_block_scale` times the program's with prefix caching, its layers exporting
+    internal prefill checkpoints on a grid of `mamba_checkpoint_alignment` tokens (None:
+    none). The speculative model and the connector's store draw from `draw_seed`, by default a
+    hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
+    original program's while it changes the program. With `trace` (a list) the loop appends a
+    line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -867,6 +872,7 @@ class LoopOptions:
     window_block_scale: int = 1
     mamba: bool = False
     mamba_block_scale: int = 1
+    mamba_checkpoint_alignment: int | None = None
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -907,6 +913,7 @@ class LoopOptions:
             window_block_scale=self.window_block_scale,
             mamba=self.mamba,
             mamba_block_scale=self.mamba_block_scale,
+            mamba_checkpoint_alignment=self.mamba_checkpoint_alignment,
             trace=self.trace,
         )
         return loop.run(program)

@@ -18,6 +18,7 @@ from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
+from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT, OFFLOAD_HIT_FIX, apply_offload_hit_fix
 from integrations.vllm.offload_window_fixes import (
     FORGET_STALE_WINDOW,
@@ -51,6 +52,7 @@ FIXES = {
         OFFLOAD_HIT_FIX,
         FORGET_STALE_WINDOW_FIX,
         WHOLE_WINDOW_CHUNKS_FIX,
+        MAMBA_SPLIT_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -254,8 +256,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "--mamba",
         action="store_true",
         help="serve both loops a hybrid KV cache with a Mamba group beside the full-attention "
-        "one (vLLM's align mode with prefix caching, none without); not with --sliding-window, "
-        "a connector or drafts",
+        "one, and beside the window with --sliding-window (vLLM's align mode with prefix "
+        "caching, none without); not with a connector or drafts",
     )
     parser.add_argument(
         "--mamba-block-scale",
@@ -264,6 +266,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="with --mamba: its blocks hold K times the program's block size with prefix "
         "caching (vLLM's mamba_block_size; a hit may then end inside a Mamba block)",
+    )
+    parser.add_argument(
+        "--mamba-checkpoint-alignment",
+        type=int,
+        default=None,
+        metavar="A",
+        help="with --mamba: its layers export internal prefill checkpoints on a grid of A "
+        "tokens (Mamba2's 1, a gated-delta-net layer's Mamba block size), so a prompt's last "
+        "reusable state is cached and hit",
     )
     parser.add_argument(
         "--offload-sync-loads",
@@ -309,17 +320,23 @@ def loop_options(
     if args.retention_interval != 0 and args.sliding_window is None and not args.mamba:
         parser.error("--retention-interval: only with --sliding-window or --mamba")
     if args.mamba and (
-        args.sliding_window is not None
-        or args.kv_connector
-        or args.offload_chunks is not None
-        or args.speculative_tokens
+        args.kv_connector or args.offload_chunks is not None or args.speculative_tokens
+    ):
+        parser.error("--mamba: not with --kv-connector, --offload-chunks or --speculative-tokens")
+    if (
+        args.mamba
+        and args.sliding_window is not None
+        and (args.mamba_block_scale != 1 or args.window_block_scale != 1)
     ):
         parser.error(
-            "--mamba: not with --sliding-window, --kv-connector, --offload-chunks or "
-            "--speculative-tokens"
+            "--mamba with --sliding-window: not with --mamba-block-scale or --window-block-scale "
+            "(blocks of one size)"
         )
     if args.mamba_block_scale != 1 and (args.mamba_block_scale < 1 or not args.mamba):
         parser.error("--mamba-block-scale: an int >= 1, with --mamba")
+    alignment = args.mamba_checkpoint_alignment
+    if alignment is not None and (alignment < 1 or not args.mamba):
+        parser.error("--mamba-checkpoint-alignment: an int >= 1, with --mamba")
     if args.window_block_scale != 1 and (
         args.window_block_scale < 1 or args.sliding_window is None
     ):
@@ -356,6 +373,7 @@ def loop_options(
         window_block_scale=args.window_block_scale,
         mamba=args.mamba,
         mamba_block_scale=args.mamba_block_scale,
+        mamba_checkpoint_alignment=args.mamba_checkpoint_alignment,
     )
     return options, names
 
@@ -393,15 +411,27 @@ def describe(args: argparse.Namespace) -> str:
     if args.mamba:
         scale = args.mamba_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
-        drafts += f"; a hybrid KV cache (a Mamba group{blocks} beside full attention{retention})"
-    if args.sliding_window is not None:
+        alignment = args.mamba_checkpoint_alignment
+        if alignment is not None:
+            blocks += f", prefill checkpoints on a grid of {alignment}"
+        window = args.sliding_window
+        beside = "" if window is None else f" and a sliding window of {_tokens(window)}"
+        drafts += (
+            f"; a hybrid KV cache (a Mamba group{blocks}{beside} beside full attention{retention})"
+        )
+    elif args.sliding_window is not None:
         scale = args.window_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
         drafts += (
-            f"; a hybrid KV cache (a sliding window of {args.sliding_window} tokens{blocks}"
+            f"; a hybrid KV cache (a sliding window of {_tokens(args.sliding_window)}{blocks}"
             f"{retention})"
         )
     return drafts
+
+
+def _tokens(count: int) -> str:
+    """`count` tokens, in words ("1 token", "3 tokens")."""
+    return f"{count} token{'' if count == 1 else 's'}"
 
 
 __all__ = [
