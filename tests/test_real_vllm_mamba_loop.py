@@ -504,6 +504,11 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
     assert script.main([*argv, "--retention-interval", "dense"]) == 0
     out = capsys.readouterr().out
     assert "a hybrid KV cache (a Mamba group beside full attention, dense)" in out, out
+    both = ["--sliding-window", "3", "--mamba-checkpoint-alignment", "1"]
+    assert script.main([*argv, *both]) == 0
+    out = capsys.readouterr().out
+    words = "(a Mamba group, with prefill checkpoints on a grid of 1, and a sliding window of 3"
+    assert words in out, out
     for bad in (
         ["--mamba", "--sliding-window", "3", "--mamba-block-scale", "2"],
         ["--mamba", "--offload-chunks", "8"],

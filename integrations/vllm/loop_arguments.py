@@ -410,15 +410,16 @@ def describe(args: argparse.Namespace) -> str:
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
         scale = args.mamba_block_scale
-        blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
+        group = "a Mamba group" + ("" if scale == 1 else f" in blocks {scale} times the block size")
         alignment = args.mamba_checkpoint_alignment
-        if alignment is not None:
-            blocks += f", prefill checkpoints on a grid of {alignment}"
         window = args.sliding_window
-        beside = "" if window is None else f" and a sliding window of {_tokens(window)}"
-        drafts += (
-            f"; a hybrid KV cache (a Mamba group{blocks}{beside} beside full attention{retention})"
-        )
+        if alignment is not None:
+            group += f", with prefill checkpoints on a grid of {alignment}"
+        if window is not None:
+            group += f", and a sliding window of {_tokens(window)}"
+        if alignment is not None or window is not None:
+            group += ","
+        drafts += f"; a hybrid KV cache ({group} beside full attention{retention})"
     elif args.sliding_window is not None:
         scale = args.window_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
