@@ -349,23 +349,32 @@ WINDOW_AND_MAMBA = replace(MAMBA, sliding_window=3)
 
 def test_vllm_builds_three_groups_for_a_window_and_a_mamba_group() -> None:
     """Attention, sliding-window and Mamba layers in one model (Samba, Phi-4-mini-flash):
-    three KV cache groups sharing one pool, the pool three groups' worth."""
+    three KV cache groups sharing one pool, the pool three groups' worth; the window's blocks
+    may be larger, the Mamba block stays the attention block."""
     impl = RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3)
     sched = impl.sched
     assert kv_groups(sched) == 3
     assert [mamba_mode(sched, g) for g in range(3)] == [None, None, "align"]
     assert [window_tokens(sched, g) for g in range(3)] == [None, 3, None]
     assert sched.kv_cache_manager.block_pool.num_gpu_blocks == 3 * (CONFIG.num_blocks - 1) + 1
+    larger = RealVllmScheduler(
+        CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3, window_block_scale=2
+    ).sched
+    assert group_block_sizes(larger) == (2, 4, 2)
+    assert (larger.block_size, larger.hash_block_size) == (4, 2)
 
 
-def test_generated_programs_pass_with_a_window_and_a_mamba_group() -> None:
+@pytest.mark.parametrize("window_block_scale", [1, 2])
+def test_generated_programs_pass_with_a_window_and_a_mamba_group(window_block_scale: int) -> None:
     """Shared-prompt programs pass both loops over the three groups, with prefix caching and
-    without, preemptions with a step in flight among them."""
+    without, preemptions with a step in flight among them; also with the window's blocks twice
+    the others' (a window layer of less KV per token)."""
+    options = replace(WINDOW_AND_MAMBA, window_block_scale=window_block_scale)
     totals: Counter[str] = Counter()
     modes: Counter[bool] = Counter()
     for seed in range(PROGRAMS):
         for async_scheduling in (False, True):
-            run = _run(seed, async_scheduling, WINDOW_AND_MAMBA)
+            run = _run(seed, async_scheduling, options)
             if run is None:
                 continue
             modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
@@ -395,7 +404,7 @@ def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (  # beside a window, blocks of one size
+        (  # beside a window, Mamba blocks of the attention block
             lambda: RealVllmScheduler(
                 CONFIG,
                 lambda _e: None,
@@ -403,17 +412,6 @@ def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple
                 mamba=True,
                 sliding_window=3,
                 mamba_block_scale=2,
-            ),
-            "mamba",
-        ),
-        (
-            lambda: RealVllmScheduler(
-                CONFIG,
-                lambda _e: None,
-                SPACE_PREFIX,
-                mamba=True,
-                sliding_window=3,
-                window_block_scale=2,
             ),
             "mamba",
         ),

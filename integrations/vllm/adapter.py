@@ -318,7 +318,6 @@ class RealVllmScheduler:
             speculative_tokens=speculative_tokens,
             block_scale=mamba_block_scale,
             checkpoint_alignment=mamba_checkpoint_alignment,
-            window_block_scale=window_block_scale,
         )
         #: A Mamba group beside the full-attention one (`mamba_groups`), and beside the window
         #: when there is one.
@@ -1061,14 +1060,13 @@ def check_mamba(
     speculative_tokens: int,
     block_scale: object = 1,
     checkpoint_alignment: object = None,
-    window_block_scale: object = 1,
 ) -> None:
     """`ConfigError` unless `mamba` is False, or True without what the loop does not model
     beside a Mamba group: a KV connector or vLLM's offloading connector (it hands a Mamba
     state's partial tails over), drafts (speculative state blocks, relocated in place), and,
-    beside a sliding window, blocks of more than one size; unless `block_scale` is 1, or with a
-    Mamba group an integer >= 1; and unless `checkpoint_alignment` is None, or with a Mamba
-    group an integer >= 1."""
+    beside a sliding window, Mamba blocks larger than the attention block (the window's may be
+    larger, `window_block_scale`); unless `block_scale` is 1, or with a Mamba group an integer
+    >= 1; and unless `checkpoint_alignment` is None, or with a Mamba group an integer >= 1."""
     _check_block_scale(
         "mamba_block_scale",
         block_scale,
@@ -1092,14 +1090,14 @@ def check_mamba(
     valid = (
         "False, or True without kv_connector, offloading or speculative_tokens (a Mamba group "
         "beside full attention, and a sliding window if given, no drafts, no connector), and "
-        "beside a sliding window with mamba_block_scale and window_block_scale 1 (blocks of "
-        "one size)"
+        "beside a sliding window with mamba_block_scale 1 (the window's blocks may be larger: "
+        "window_block_scale)"
     )
     if mamba is not True or (
         kv_connector is not None
         or offloading is not None
         or speculative_tokens
-        or (sliding_window is not None and (block_scale != 1 or window_block_scale != 1))
+        or (sliding_window is not None and block_scale != 1)
     ):
         raise ConfigError("mamba", mamba, valid)
 

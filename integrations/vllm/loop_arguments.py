@@ -323,15 +323,8 @@ def loop_options(
         args.kv_connector or args.offload_chunks is not None or args.speculative_tokens
     ):
         parser.error("--mamba: not with --kv-connector, --offload-chunks or --speculative-tokens")
-    if (
-        args.mamba
-        and args.sliding_window is not None
-        and (args.mamba_block_scale != 1 or args.window_block_scale != 1)
-    ):
-        parser.error(
-            "--mamba with --sliding-window: not with --mamba-block-scale or --window-block-scale "
-            "(blocks of one size)"
-        )
+    if args.mamba and args.sliding_window is not None and args.mamba_block_scale != 1:
+        parser.error("--mamba with --sliding-window: not with --mamba-block-scale")
     if args.mamba_block_scale != 1 and (args.mamba_block_scale < 1 or not args.mamba):
         parser.error("--mamba-block-scale: an int >= 1, with --mamba")
     alignment = args.mamba_checkpoint_alignment
@@ -416,7 +409,9 @@ def describe(args: argparse.Namespace) -> str:
         if alignment is not None:
             group += f", with prefill checkpoints on a grid of {alignment}"
         if window is not None:
-            group += f", and a sliding window of {_tokens(window)}"
+            wscale = args.window_block_scale
+            wblocks = "" if wscale == 1 else f" in blocks {wscale} times the block size"
+            group += f", and a sliding window of {_tokens(window)}{wblocks}"
         if alignment is not None or window is not None:
             group += ","
         drafts += f"; a hybrid KV cache ({group} beside full attention{retention})"
