@@ -85,6 +85,23 @@ def _run(seed: int, async_scheduling: bool, options: LoopOptions = MAMBA) -> Cor
         return None
 
 
+def _passes_in_both_modes(options: LoopOptions) -> None:
+    """The first `PROGRAMS` shared-prompt programs pass both loops under `options` (or are
+    refused as vLLM refuses them), some with prefix caching (align mode) and some without
+    (none mode), and some are preempted with a step in flight."""
+    totals: Counter[str] = Counter()
+    modes: Counter[bool] = Counter()
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = _run(seed, async_scheduling, options)
+            if run is None:
+                continue
+            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
+            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
+    assert modes[True] > 0 and modes[False] > 0, modes
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+
+
 def _align_mode_run(options: LoopOptions) -> Callable[[int], CoreRun | None]:
     """Shared-prompt program `seed` through the async loop under `options`, where its Mamba
     group runs in align mode (prefix caching, chunked prefill); else None (none mode, with no
@@ -136,17 +153,7 @@ def test_generated_programs_pass_with_a_mamba_group(monkeypatch: pytest.MonkeyPa
         check(self, sched, out, tables, starts, hitting, schedule_index)
 
     monkeypatch.setattr(CacheWrites, "check_states", counting)
-    totals: Counter[str] = Counter()
-    modes: Counter[bool] = Counter()
-    for seed in range(PROGRAMS):
-        for async_scheduling in (False, True):
-            run = _run(seed, async_scheduling)
-            if run is None:
-                continue
-            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
-            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
-    assert modes[True] > 0 and modes[False] > 0, modes
-    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+    _passes_in_both_modes(MAMBA)
     assert reads, "no running request read its Mamba state"
 
 
@@ -369,18 +376,7 @@ def test_generated_programs_pass_with_a_window_and_a_mamba_group(window_block_sc
     """Shared-prompt programs pass both loops over the three groups, with prefix caching and
     without, preemptions with a step in flight among them; also with the window's blocks twice
     the others' (a window layer of less KV per token)."""
-    options = replace(WINDOW_AND_MAMBA, window_block_scale=window_block_scale)
-    totals: Counter[str] = Counter()
-    modes: Counter[bool] = Counter()
-    for seed in range(PROGRAMS):
-        for async_scheduling in (False, True):
-            run = _run(seed, async_scheduling, options)
-            if run is None:
-                continue
-            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
-            totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
-    assert modes[True] > 0 and modes[False] > 0, modes
-    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+    _passes_in_both_modes(replace(WINDOW_AND_MAMBA, window_block_scale=window_block_scale))
 
 
 @pytest.mark.parametrize(
