@@ -1144,8 +1144,9 @@ def mamba_groups(
         )
     mode = "align" if align else "none"
     cache_config.mamba_cache_mode = mode
-    block_size = config.block_size * block_scale if align else config.block_size
-    if block_size != config.block_size:
+    scale = block_scale if align else 1  # none mode has no prefix cache to hash finer
+    block_size = config.block_size * scale
+    if scale > 1:
         cache_config.block_size = block_size
         cache_config.prefix_match_unit = config.block_size
     cache_config.mamba_block_size = block_size if align else config.max_model_len

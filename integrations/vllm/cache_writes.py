@@ -325,11 +325,11 @@ class CacheWrites:
         for k, tokens in written:
             block = table[k] if 0 <= k < len(table) else None
             if block is None:
-                continue  # the worker skips the null block; `kv_covers_scheduled` says so
+                # the worker writes no state into the null block: a checkpoint column vLLM
+                # did not reserve, or a state block `kv_covers_scheduled` reports
+                continue
+            self.forget([block])  # what any earlier write left there is gone
             self.states[block] = (req, tokens)
-            # what a per-token record held there is gone
-            self.written.pop(block, None)
-            self.written_in.pop(block, None)
             self.hashed_for_victims.pop(block, None)
 
     def _note_hashed_for_victims(self, sched: Any, out: Any, schedule_index: int) -> None:
