@@ -1,6 +1,7 @@
 """The Z3 proof suite behind `schedspec prove`.
 
-`run_all_proofs()` runs, in order:
+`run_all_proofs()` runs, in order (`run_proofs()` runs the same and also keeps the mutants'
+counterexamples):
 
 1. `inductive/<invariant>`: every named invariant of `spec.invariants.INVARIANTS` is inductive
    (Inv ∧ Trans ⇒ Inv') over the event-level encoding for several concrete sizes and every
@@ -20,8 +21,9 @@ Every result must be "proved"; "counterexample" and "unknown" are failures (see 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from properties.symbolic.bmc import bmc_invariants, mutant_results
+from properties.symbolic.bmc import MutantCounterexample, bmc_invariants, mutant_results
 from properties.symbolic.boundary import boundary_workloads
 from properties.symbolic.induction import DEFAULT_GEOMETRIES, prove_invariants
 from properties.symbolic.policy import PolicyBounds
@@ -30,7 +32,24 @@ from properties.symbolic.theorems import policy_theorems, reuse_theorem
 
 DEFAULT_BOUND = 6
 
-__all__ = ["DEFAULT_BOUND", "ProofResult", "Status", "failed", "run_all_proofs"]
+__all__ = [
+    "DEFAULT_BOUND",
+    "ProofResult",
+    "ProofRun",
+    "Status",
+    "failed",
+    "run_all_proofs",
+    "run_proofs",
+]
+
+
+@dataclass(frozen=True)
+class ProofRun:
+    """One run of every proof: the results in `run_all_proofs` order, and the trace BMC found
+    for each symbolic mutant it caught (by mutant name)."""
+
+    results: tuple[ProofResult, ...]
+    counterexamples: dict[str, MutantCounterexample]
 
 
 def policy_bounds(bound: int) -> PolicyBounds:
@@ -48,13 +67,24 @@ def run_all_proofs(
     """Run every proof; `bound` is the BMC depth (events) and the policy theorems' bound on
     forwards per block and arrival ticks (default 6). Sizes of the inductive proofs are fixed
     (`properties.symbolic.induction.DEFAULT_GEOMETRIES`)."""
+    return list(run_proofs(progress, bound, timeout_ms=timeout_ms).results)
+
+
+def run_proofs(
+    progress: Callable[[str], None] | None = None,
+    bound: int | None = None,
+    *,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> ProofRun:
+    """`run_all_proofs`, keeping the mutants' counterexamples (each replays through
+    SpecMachine and the matching reference mutants) beside the results."""
     k = DEFAULT_BOUND if bound is None else bound
     if k < 1:
         raise ValueError(f"bound must be >= 1, got {k}")
     results: list[ProofResult] = []
     results += prove_invariants(DEFAULT_GEOMETRIES, timeout_ms=timeout_ms, progress=progress)
     results += bmc_invariants(k, timeout_ms=timeout_ms, progress=progress)
-    mutants, _ = mutant_results(timeout_ms=timeout_ms, progress=progress)
+    mutants, found = mutant_results(timeout_ms=timeout_ms, progress=progress)
     results += mutants
     results += policy_theorems(policy_bounds(k), timeout_ms=timeout_ms, progress=progress)
     reuse = reuse_theorem(timeout_ms=timeout_ms)
@@ -63,7 +93,7 @@ def run_all_proofs(
     results.append(reuse)
     boundary, _ = boundary_workloads(timeout_ms=timeout_ms, progress=progress)
     results += boundary
-    return results
+    return ProofRun(tuple(results), {c.mutant.name: c for c in found})
 
 
 def failed(results: list[ProofResult]) -> list[ProofResult]:

@@ -33,6 +33,10 @@ from schedspec_cli.registry import BUILTINS
 from tests.engine_gate import require_engine
 from tests.test_docs_examples import guide_files
 
+# one worker under run-tests' --dist loadgroup: the wheel is built and installed (`installed`)
+# once, not once per worker
+pytestmark = pytest.mark.xdist_group("install-wheel")
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = Path(sys.executable)
 SKIP = shutil.ignore_patterns(

@@ -9,19 +9,37 @@ from pathlib import Path
 
 import pytest
 
+import properties.proofs
+from properties.proofs import ProofResult
 from schedspec_cli import main_job as mj
 from schedspec_cli.registry import BUILTINS, Builtin
 from spec.implementation import Family
+from tests.proof_run import Z3_PROOFS_GROUP, default_proof_run
 
 
+def _the_shared_proof_run(progress: object = None) -> list[ProofResult]:
+    """The main job's call, answered by this process's one run of every proof (the same
+    call at the same defaults; `test_z3_proofs` checks that run)."""
+    assert progress is None, "the main job runs the proofs without a progress line"
+    return list(default_proof_run().results)
+
+
+# in the proofs' xdist group: the worker that solves them for test_z3_proofs answers here too
+@pytest.mark.xdist_group(Z3_PROOFS_GROUP)
 @pytest.mark.timeout(3600)  # a hang guard: the whole main job, slower on a loaded machine
-def test_main_job_passes_and_writes_the_report(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_main_job_passes_and_writes_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(properties.proofs, "run_all_proofs", _the_shared_proof_run)
     code = mj.main_job(str(tmp_path), examples=5, parity_prompts=1, parity_tokens=8)
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0, out
     assert report["passed"] is True
     names = [s["name"] for s in report["steps"]]
+    proofs = report["steps"][0]["data"]["proofs"]
+    assert len(proofs) == len(default_proof_run().results) > 0
+    assert all(p["status"] == "proved" for p in proofs)
     assert names == [
         "z3 proofs",
         "conformance",

@@ -28,6 +28,10 @@ import pytest
 from integrations.vidur.manifest import DEFAULT_VERSION, VERSION_VARIABLE, manifest_of
 from tests.engine_gate import require_engine
 
+# one worker under run-tests' --dist loadgroup: the newest release's counterexamples
+# (`newest_found`) are found once, not once per worker
+pytestmark = pytest.mark.xdist_group("vidur-newest")
+
 ROOT = Path(__file__).resolve().parents[1]
 NEWEST = "0.0.26"
 SCHEDSPEC = str(Path(sys.executable).parent / "schedspec")

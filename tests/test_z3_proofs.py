@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from properties.proofs import DEFAULT_BOUND, ProofResult, failed, run_all_proofs
-from properties.symbolic.bmc import (
-    MutantCounterexample,
-    find_mutant_counterexample,
-    mutant_results,
-)
+from properties.proofs import DEFAULT_BOUND, ProofResult, failed
+from properties.symbolic.bmc import MutantCounterexample, find_mutant_counterexample
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS
 from properties.symbolic.result import IsolatedSolver, check
 from properties.symbolic.workloads import replay
@@ -25,21 +21,28 @@ from spec.errors import SpecViolation
 from spec.invariants import INVARIANTS
 from spec.profile import DllmProfile
 from tests.mutants import MUTANTS
+from tests.proof_run import Z3_PROOFS_GROUP, default_proof_run
 
-_SUITE: dict[str, object] = {}
+pytestmark = pytest.mark.xdist_group(Z3_PROOFS_GROUP)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def suite() -> list[ProofResult]:
-    if "results" not in _SUITE:
-        _SUITE["results"] = run_all_proofs()
-    return _SUITE["results"]  # type: ignore[return-value]
+    return list(default_proof_run().results)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def counterexamples() -> dict[str, MutantCounterexample]:
-    _, found = mutant_results()
-    return {c.mutant.name: c for c in found}
+    return default_proof_run().counterexamples
+
+
+def test_the_module_runs_in_its_xdist_group(request: pytest.FixtureRequest) -> None:
+    """Under `--dist loadgroup` (run-tests) pytest-xdist names the group in each grouped
+    test's node id and sends the group to one worker; where pytest ignores that name (pytest
+    9.2 with pytest-xdist 3.8) the group splits and each worker solves the proofs again."""
+    if not request.config.getoption("loadgroup", default=False):
+        pytest.skip("not run by a pytest-xdist worker under --dist loadgroup")
+    assert request.node.nodeid.endswith(f"@{Z3_PROOFS_GROUP}"), request.node.nodeid
 
 
 def test_every_proof_holds(suite: list[ProofResult]) -> None:
