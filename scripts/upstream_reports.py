@@ -170,6 +170,7 @@ FLAGS = {
     "mamba": "--mamba",
     "mamba_block_scale": "--mamba-block-scale",
     "mamba_checkpoint_alignment": "--mamba-checkpoint-alignment",
+    "full_block_scale": "--full-block-scale",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -196,6 +197,7 @@ DEFAULTS: dict[str, object] = {
     "mamba": False,
     "mamba_block_scale": 1,
     "mamba_checkpoint_alignment": None,
+    "full_block_scale": 1,
 }
 
 
@@ -275,6 +277,10 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         chunks = f", CPU chunks of {per} blocks" if per > 1 else ""
         scale = record["options"].get("window_block_scale", 1)
         blocks = f" in blocks {scale} times the full-attention group's" if scale > 1 else ""
+        full = record["options"].get("full_block_scale", 1)
+        blocks += (
+            f", the full-attention group's blocks {full} times the window's" if full > 1 else ""
+        )
         run = run.removesuffix(".") + (
             f", over a hybrid KV cache: a full-attention group and a sliding-window group of "
             f"{window} tokens{blocks} sharing one pool{chunks}."

@@ -7,7 +7,8 @@
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
-        [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
+        [--sliding-window W [--retention-interval N|dense]
+         [--window-block-scale K | --full-block-scale K]]
         [--mamba [--retention-interval N|dense] [--mamba-block-scale K]
          [--mamba-checkpoint-alignment A]]
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
@@ -70,10 +71,11 @@ hybrid KV cache: a sliding-window group of W tokens beside the full-attention on
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
 connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
 `prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
-the program's block size; `--mamba` serves a Mamba group beside full attention instead of a
-window (vLLM's align mode with prefix caching, none without; `--mamba-block-scale K`: blocks K
-times the program's, hashed by the program's; `--mamba-checkpoint-alignment A`: its layers
-export internal prefill checkpoints, as Mamba2's do); `--fix forget-stale-window` and `--fix
+the program's block size, `--full-block-scale K` the full-attention group; `--mamba` serves a
+Mamba group beside full attention instead of a window (vLLM's align mode with prefix caching,
+none without; `--mamba-block-scale K`: blocks K times the program's, hashed by the program's;
+`--mamba-checkpoint-alignment A`: its layers export internal prefill checkpoints, as Mamba2's
+do); `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
@@ -261,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "mamba": args.mamba,
                 "mamba_block_scale": args.mamba_block_scale,
                 "mamba_checkpoint_alignment": args.mamba_checkpoint_alignment,
+                "full_block_scale": args.full_block_scale,
             },
         )
     return 1 if tally.failures else 0

@@ -4,7 +4,8 @@
         [--budget RUNS] [--pipeline-parallel P] [--programs-from {random,same-step,shared-prompts}]
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
         [--kv-connector {recompute,fail} ...] [--offload-chunks N ...] [--cache-resets]
-        [--sliding-window W [--retention-interval N|dense] [--window-block-scale K]]
+        [--sliding-window W [--retention-interval N|dense]
+         [--window-block-scale K | --full-block-scale K]]
         [--mamba [--mamba-block-scale K] [--mamba-checkpoint-alignment A]]
         [--lifted-by FIX ...] [--trace] [--json FILE]
 

@@ -146,21 +146,23 @@ SEEDED_BUGS: list[tuple[Callable[[Any], None], bool, str, str]] = [
 ]
 
 
+@pytest.mark.parametrize("full_block_scale", [1, 2], ids=["blocks-of-one-size", "full-larger"])
 @pytest.mark.parametrize(
     ("mutant", "offloading", "rule", "words"),
     SEEDED_BUGS,
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_checks_catch_each_seeded_bug_on_a_hybrid_cache(
-    mutant: Callable[[Any], None], offloading: bool, rule: str, words: str
+    mutant: Callable[[Any], None], offloading: bool, rule: str, words: str, full_block_scale: int
 ) -> None:
     """Each per-group check has teeth: a window that frees a block it still reads; one that
     frees blocks it keeps in the table; a prefix-cache lookup that hands the sliding window
     the full-attention group's block; an offloading store whose spec lists the groups in the
     wrong order. Each is caught in the first shared-prompt programs, the message naming the
-    group."""
+    group, with the groups' blocks of one size and with the full-attention group's twice the
+    window's."""
     base = OFFLOADING if offloading else LoopOptions(sliding_window=3)
-    options = replace(base, mutate=mutant)
+    options = replace(base, mutate=mutant, full_block_scale=full_block_scale)
     seen = first_violations(
         PROGRAMS,
         lambda seed: run_loop(shared_prompt_program(seed), async_scheduling=True, options=options),
@@ -206,6 +208,43 @@ def test_generated_programs_pass_with_window_blocks_larger_than_the_full_attenti
     assert totals["schedules"] > 0 and totals["stale"] > 0, totals
     offloaded = _totals(replace(OFFLOADING, window_block_scale=scale), PROGRAMS // 2)
     assert offloaded["offload_window_stored_blocks"] > 0, offloaded
+    assert offloaded["offload_window_loaded_blocks"] > 0, offloaded
+
+
+def test_vllm_schedules_by_the_full_attention_block_where_it_is_the_larger() -> None:
+    """Full-attention layers with less KV per token get the larger blocks: vLLM schedules by
+    them and hashes by the window's; pages are of one size. Without a Mamba group vLLM keeps
+    hits on the scheduler block (no hits inside a block, so no copy-on-write), though its
+    full-attention manager registers a prompt's tail inside a block for lookups that would
+    take one."""
+    sched = RealVllmScheduler(
+        CONFIG, lambda _event: None, SPACE_PREFIX, sliding_window=3, full_block_scale=3
+    ).sched
+    assert group_block_sizes(sched) == (6, 2)
+    assert (sched.block_size, sched.hash_block_size) == (6, 2)
+    coordinator = sched.kv_cache_manager.coordinator
+    assert coordinator.scheduler_block_size == 6 and not coordinator.enable_partial_hash_hits
+    pages = {m.kv_cache_spec.page_size_bytes for m in coordinator.single_type_managers}
+    assert len(pages) == 1, pages
+
+
+@pytest.mark.parametrize("scale", [2, 3])
+def test_generated_programs_pass_with_full_attention_blocks_larger_than_the_windows(
+    scale: int,
+) -> None:
+    """Shared-prompt programs pass both loops with the full-attention group's blocks `scale`
+    times the window's (the program's), with and without vLLM's offloading connector (a
+    full-attention chunk then holds `scale` times the tokens of a window chunk); requests
+    hit the cache and some are preempted. A load needs a hit on the scheduler block: with
+    blocks of 6 tokens these programs load rarely (5 load jobs in 300), so loads are
+    counted with blocks of 4."""
+    totals = _totals(LoopOptions(sliding_window=3, full_block_scale=scale))
+    assert totals["schedules"] > 0 and totals["stale"] > 0, totals
+    offloaded = _totals(replace(OFFLOADING, full_block_scale=scale), PROGRAMS // 2)
+    assert offloaded["offload_window_stored_blocks"] > 0, offloaded
+    if scale > 2:
+        return
+    assert offloaded["offload_stored_blocks"] > offloaded["offload_window_stored_blocks"]
     assert offloaded["offload_window_loaded_blocks"] > 0, offloaded
 
 
@@ -292,12 +331,45 @@ def test_the_content_record_tells_the_groups_apart() -> None:
             ),
             "the window group's blocks are that many times the block size",
         ),
+        (
+            lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, full_block_scale=2),
+            "with a sliding window of window_block_scale 1",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG,
+                lambda _e: None,
+                SPACE_PREFIX,
+                sliding_window=2,
+                window_block_scale=2,
+                full_block_scale=2,
+            ),
+            "with a sliding window of window_block_scale 1 and no Mamba group",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2, full_block_scale=True
+            ),
+            "the full-attention group's blocks are that many times the block size",
+        ),
+        (
+            lambda: RealVllmScheduler(
+                CONFIG,
+                lambda _e: None,
+                SPACE_PREFIX,
+                sliding_window=2,
+                mamba=True,
+                full_block_scale=2,
+            ),
+            "and no Mamba group an integer >= 1",
+        ),
     ],
 )
 def test_bad_hybrid_options_are_typed_errors(build: Callable[[], Any], words: str) -> None:
     with pytest.raises(ConfigError) as err:
         build()
-    assert err.value.field in ("sliding_window", "window_block_scale"), err.value
+    fields = ("sliding_window", "window_block_scale", "full_block_scale")
+    assert err.value.field in fields, err.value
     assert words in str(err.value), err.value
 
 
@@ -310,6 +382,8 @@ def test_bad_hybrid_options_are_typed_errors(build: Callable[[], Any], words: st
         (3, 4, OffloadingOptions(8, blocks_per_chunk=3), 1),
         (3, 2, None, 2),
         (3, 8, OffloadingOptions(8, blocks_per_chunk=2), 3),
+        (3, 2, None, -2),
+        (3, 4, None, -3),
     ],
 )
 def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
@@ -318,8 +392,9 @@ def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
     offloading: OffloadingOptions | None,
     scale: int,
 ) -> None:
-    """Only with a sliding window, and a multiple of the window's block (vLLM's scheduler
-    block size; with offloading, of a window CPU chunk): the message says what would be
+    """Only with a sliding window, and a multiple of vLLM's scheduler block size, the larger
+    group's block (`scale` below 0: the full-attention group's blocks are -`scale` times the
+    window's; with offloading, of a window CPU chunk): the message says what would be
     valid."""
     with pytest.raises(ConfigError) as err:
         RealVllmScheduler(
@@ -329,7 +404,8 @@ def test_a_retention_interval_vllm_would_refuse_is_a_typed_error(
             sliding_window=window,
             retention_interval=interval,
             offloading=offloading,
-            window_block_scale=scale,
+            window_block_scale=max(scale, 1),
+            full_block_scale=max(-scale, 1),
         )
     assert err.value.field == "retention_interval", err.value
     assert "with a sliding window" in err.value.valid, err.value
@@ -344,6 +420,10 @@ def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
     out = capsys.readouterr().out
     assert "a hybrid KV cache (a sliding window of 3 tokens)" in out, out
     assert "of the blocks stored, the sliding window's" in out, out
+    assert script.main([*argv, "--full-block-scale", "2"]) == 0
+    out = capsys.readouterr().out
+    words = "a sliding window of 3 tokens, full attention in blocks 2 times the block size"
+    assert words in out, out
     for bad in (
         ["--sliding-window", "0"],
         ["--sliding-window", "2", "--kv-connector", "fail"],
@@ -352,12 +432,15 @@ def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
         ["--sliding-window", "2", "--fix", "whole-window-chunks"],
         ["--window-block-scale", "2"],
         ["--sliding-window", "2", "--window-block-scale", "0"],
+        ["--full-block-scale", "2"],
+        ["--sliding-window", "2", "--window-block-scale", "2", "--full-block-scale", "2"],
+        ["--sliding-window", "2", "--mamba", "--full-block-scale", "2"],
     ):
         with pytest.raises(SystemExit) as leaving:
             script.main(["--programs", "1", *bad])
         assert leaving.value.code == 2, bad
         last = capsys.readouterr().err.splitlines()[-1]
-        flags = ("--sliding-window", "--retention", "--fix", "--window-block-scale")
+        flags = ("--sliding-window", "--retention", "--fix", "--window-block-scale", "--full-block")
         assert any(flag in last for flag in flags), bad
 
 

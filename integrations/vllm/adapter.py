@@ -240,6 +240,7 @@ class RealVllmScheduler:
         mamba: bool = False,
         mamba_block_scale: int = 1,
         mamba_checkpoint_alignment: int | None = None,
+        full_block_scale: int = 1,
     ) -> None:
         space.check(config)
         if (
@@ -310,6 +311,10 @@ class RealVllmScheduler:
         check_window_block_scale(window_block_scale, sliding_window)
         #: The sliding-window group's blocks are this many times the program's block size.
         self.window_block_scale: int = window_block_scale
+        check_full_block_scale(full_block_scale, sliding_window, window_block_scale, mamba)
+        #: Beside a window, the full-attention group's blocks are this many times the
+        #: program's block size.
+        self.full_block_scale: int = full_block_scale
         check_mamba(
             mamba,
             sliding_window=sliding_window,
@@ -331,7 +336,8 @@ class RealVllmScheduler:
             retention_interval,
             sliding_window is not None or mamba,
             # vLLM's scheduler block size: the larger group block
-            config.block_size * max(window_block_scale, mamba_block_scale if mamba else 1),
+            config.block_size
+            * max(window_block_scale, full_block_scale, mamba_block_scale if mamba else 1),
             offloading,
         )
         #: vLLM's `prefix_cache_retention_interval` (its default 0; None: dense).
@@ -405,7 +411,9 @@ class RealVllmScheduler:
             ) from None
         window = self.sliding_window
         groups = (
-            hybrid_groups(v, config.block_size, window, self.window_block_scale)
+            hybrid_groups(
+                v, config.block_size, window, self.window_block_scale, self.full_block_scale
+            )
             if window is not None
             else None
         )
@@ -1018,30 +1026,56 @@ def _check_block_scale(field: str, scale: object, group_served: bool, valid: str
         raise ConfigError(field, scale, valid)
 
 
+def check_full_block_scale(
+    full_block_scale: object, sliding_window: int | None, window_block_scale: int, mamba: bool
+) -> None:
+    """`ConfigError` unless `full_block_scale` is 1, or an integer above 1 beside a sliding
+    window whose blocks are the program's (`window_block_scale` 1) and no Mamba group (whose
+    block vLLM's platform keeps equal to the attention block, one size for both)."""
+    _check_block_scale(
+        "full_block_scale",
+        full_block_scale,
+        sliding_window is not None and window_block_scale == 1 and not mamba,
+        "1, or with a sliding window of window_block_scale 1 and no Mamba group an integer "
+        ">= 1 (the full-attention group's blocks are that many times the block size)",
+    )
+
+
 def hybrid_groups(
-    v: VllmModules, block_size: int, sliding_window: int, window_block_scale: int = 1
+    v: VllmModules,
+    block_size: int,
+    sliding_window: int,
+    window_block_scale: int = 1,
+    full_block_scale: int = 1,
 ) -> list[Any]:
     """A hybrid KV cache's groups, as a model with full-attention and sliding-window layers
-    gets them (Gemma, Mistral): group 0 full attention in blocks of `block_size`, group 1 a
-    sliding window of `sliding_window` tokens in blocks of `window_block_scale` x `block_size`
-    tokens; distinct head sizes, so vLLM keeps the groups apart. vLLM puts the null
-    block where a sliding-window block left the window.
+    gets them (Gemma, Mistral): group 0 full attention in blocks of `full_block_scale` x
+    `block_size` tokens, group 1 a sliding window of `sliding_window` tokens in blocks of
+    `window_block_scale` x `block_size` tokens (at most one scale above 1); distinct head
+    sizes, so vLLM keeps the groups apart. vLLM puts the null block where a sliding-window
+    block left the window.
 
-    In a real engine the groups' blocks are pages of one size, so where a window layer's KV
-    per token is smaller (fewer KV heads), vLLM gives its group larger blocks
-    (`unify_kv_cache_spec_page_size`): a window block of k = `window_block_scale` > 1 times
-    `block_size` tokens is such a group, its head size 1 beside the full-attention group's k
-    (pages of one size). vLLM then schedules and caches by the groups' least common
-    multiple and hashes by their greatest common divisor."""
+    In a real engine the groups' blocks are pages of one size, so where one group's KV per
+    token is smaller (fewer KV heads), vLLM gives that group larger blocks
+    (`unify_kv_cache_spec_page_size`): a block of k > 1 times `block_size` tokens is such a
+    group, its head size 1 beside the other group's k (pages of one size). vLLM then
+    schedules and caches by the groups' least common multiple and hashes by their greatest
+    common divisor."""
     dtype = v.torch.float32
-    scale = window_block_scale
+    if window_block_scale == full_block_scale == 1:
+        full_heads, window_heads = 1, 2
+    else:  # the group of larger blocks has the smaller head: pages of one size
+        full_heads, window_heads = window_block_scale, full_block_scale
     full = v.kv_iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1 if scale == 1 else scale, dtype=dtype
+        block_size=block_size * full_block_scale,
+        num_kv_heads=1,
+        head_size=full_heads,
+        dtype=dtype,
     )
     window = v.kv_iface.SlidingWindowSpec(
-        block_size=block_size * scale,
+        block_size=block_size * window_block_scale,
         num_kv_heads=1,
-        head_size=2 if scale == 1 else 1,
+        head_size=window_heads,
         dtype=dtype,
         sliding_window=sliding_window,
     )
@@ -1406,6 +1440,7 @@ __all__ = [
     "block_tables",
     "build_scheduler",
     "cached_blocks",
+    "check_full_block_scale",
     "check_mamba",
     "check_retention_interval",
     "check_sliding_window",

@@ -252,8 +252,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     holds what finished requests stored and puts lookups off while its own jobs run, and with
     `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
     `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
-    full-attention one, in blocks of `window_block_scale` times the program's, each group's blocks
-    checked by its own table; with `mamba` a Mamba group too (`integrations.vllm.adapter.
+    full-attention one, in blocks of `window_block_scale` times the program's (or the
+    full-attention group's blocks `full_block_scale` times), each group's blocks checked by
+    its own table; with `mamba` a Mamba group too (`integrations.vllm.adapter.
     mamba_groups`). With `trace` (a list) the loop and the store append a line per event to
     it."""
 
@@ -286,6 +287,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         mamba: bool = False,
         mamba_block_scale: int = 1,
         mamba_checkpoint_alignment: int | None = None,
+        full_block_scale: int = 1,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -325,6 +327,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             mamba=mamba,
             mamba_block_scale=mamba_block_scale,
             mamba_checkpoint_alignment=mamba_checkpoint_alignment,
+            full_block_scale=full_block_scale,
         )
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
@@ -838,7 +841,8 @@ class LoopOptions:
     tokens beside the full-attention one (`integrations.vllm.adapter.hybrid_groups`), each with
     the pool the program names (`hybrid_pool`); `retention_interval` is vLLM's
     `prefix_cache_retention_interval` for it (0, vLLM's default; None: dense), and
-    `window_block_scale` the window group's blocks, that many times the program's block size.
+    `window_block_scale` the window group's blocks, that many times the program's block size
+    (`full_block_scale` the full-attention group's, beside a window of the program's blocks).
     `mamba` serves a Mamba group beside the full-attention one (and the window, if any), the
     blocks `mamba_block_scale` times the program's with prefix caching, its layers exporting
     internal prefill checkpoints on a grid of `mamba_checkpoint_alignment` tokens (None:
@@ -873,6 +877,7 @@ class LoopOptions:
     mamba: bool = False
     mamba_block_scale: int = 1
     mamba_checkpoint_alignment: int | None = None
+    full_block_scale: int = 1
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -914,6 +919,7 @@ class LoopOptions:
             mamba=self.mamba,
             mamba_block_scale=self.mamba_block_scale,
             mamba_checkpoint_alignment=self.mamba_checkpoint_alignment,
+            full_block_scale=self.full_block_scale,
             trace=self.trace,
         )
         return loop.run(program)

@@ -253,6 +253,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "vLLM then schedules by the larger and hashes by the program's)",
     )
     parser.add_argument(
+        "--full-block-scale",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --sliding-window: the full-attention group's blocks hold K times the "
+        "program's block size, the window's the program's (full-attention layers with less KV "
+        "per token); not with --window-block-scale or --mamba",
+    )
+    parser.add_argument(
         "--mamba",
         action="store_true",
         help="serve both loops a hybrid KV cache with a Mamba group beside the full-attention "
@@ -334,6 +343,16 @@ def loop_options(
         args.window_block_scale < 1 or args.sliding_window is None
     ):
         parser.error("--window-block-scale: an int >= 1, with --sliding-window")
+    if args.full_block_scale != 1 and (
+        args.full_block_scale < 1
+        or args.sliding_window is None
+        or args.window_block_scale != 1
+        or args.mamba
+    ):
+        parser.error(
+            "--full-block-scale: an int >= 1, with --sliding-window, not with "
+            "--window-block-scale or --mamba"
+        )
     names = sorted(set(args.fix or ()))
     connector_fixes = [n for n in names if n in CONNECTOR_FIXES]
     if connector_fixes and args.offload_chunks is None:
@@ -367,6 +386,7 @@ def loop_options(
         mamba=args.mamba,
         mamba_block_scale=args.mamba_block_scale,
         mamba_checkpoint_alignment=args.mamba_checkpoint_alignment,
+        full_block_scale=args.full_block_scale,
     )
     return options, names
 
@@ -418,6 +438,9 @@ def describe(args: argparse.Namespace) -> str:
     elif args.sliding_window is not None:
         scale = args.window_block_scale
         blocks = "" if scale == 1 else f" in blocks {scale} times the block size"
+        full = args.full_block_scale
+        if full != 1:
+            blocks += f", full attention in blocks {full} times the block size"
         drafts += (
             f"; a hybrid KV cache (a sliding window of {_tokens(args.sliding_window)}{blocks}"
             f"{retention})"
