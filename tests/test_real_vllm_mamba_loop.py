@@ -56,6 +56,7 @@ from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
 from tests.vllm_seeded_bugs import (
+    attention_copy_dropped,
     mamba_checkpoint_keyed_one_column_late,
     mamba_checkpoint_one_block_early,
     mamba_copy_dropped,
@@ -201,10 +202,13 @@ def test_vllm_hashes_finer_than_its_blocks_with_a_block_scale() -> None:
 
 def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """With Mamba blocks twice the program's, programs pass both loops, vLLM hands the worker
-    block copies, and hits ending inside a Mamba block read a partial state, each checked."""
+    block copies, and hits ending inside a Mamba block read a partial state, each checked;
+    so are the full-attention group's blocks such hits end inside (copy-on-write there too)."""
     partial: list[int] = []
     copies: list[int] = []
+    attention: list[int] = []
     check, apply = CacheWrites._check_hit_state, CacheWrites.apply_copies
+    check_attention = CacheWrites._check_partial_hit
 
     def counting_check(
         self: CacheWrites, sched: Any, rid: str, start: int, table: Any, bs: int, *args: Any
@@ -212,17 +216,22 @@ def test_partial_hits_and_their_copies_are_checked(monkeypatch: pytest.MonkeyPat
         partial.extend([1] if start % bs else [])
         check(self, sched, rid, start, table, bs, *args)
 
+    def counting_attention(self: CacheWrites, *args: Any) -> None:
+        attention.append(1)
+        check_attention(self, *args)
+
     def counting_apply(self: CacheWrites, done: Any) -> None:
         copies.extend(1 for _ in done)
         apply(self, done)
 
     monkeypatch.setattr(CacheWrites, "_check_hit_state", counting_check)
     monkeypatch.setattr(CacheWrites, "apply_copies", counting_apply)
+    monkeypatch.setattr(CacheWrites, "_check_partial_hit", counting_attention)
     options = replace(MAMBA, mamba_block_scale=2)
     for seed in range(PROGRAMS * 2):
         for async_scheduling in (False, True):
             _run(seed, async_scheduling, options)
-    assert partial and copies, (len(partial), len(copies))
+    assert partial and copies and attention, (len(partial), len(copies), len(attention))
 
 
 def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
@@ -237,6 +246,68 @@ def test_block_copies_left_out_of_the_scheduler_output_are_caught() -> None:
     # the copy's destination holds what it held before, if anything: not this state
     words = ("inside its block", "not the state after its first")
     assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
+def test_attention_copies_left_out_are_caught_inside_the_block() -> None:
+    """Seeded bug: the scheduler output leaves out the full-attention group's block copies and
+    keeps the Mamba group's. A hit ending inside an attention block gets its private block
+    without the shared block's first tokens; the check of that block, before the batch
+    writes the rest of it, catches it (`cache_hit_written`). Checking only the whole blocks
+    below a hit, as the record did before, the same programs pass."""
+    options = replace(MAMBA, mamba_block_scale=2, mutate=attention_copy_dropped)
+    seen = first_violations(PROGRAMS * 3, _align_mode_run(options), until="cache_hit_written")
+    assert "cache_hit_written" in seen, seen
+    words = ("inside its block", "of KV cache group 0", "no batch or copy wrote its first tokens")
+    assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
+def _hashed(rid: str, hashes: bytes) -> Any:
+    """A stand-in for vLLM's `Request`: an id and one block hash per hash block."""
+    return SimpleNamespace(request_id=rid, block_hashes=[bytes([h]) for h in hashes])
+
+
+@pytest.mark.parametrize(
+    ("written", "words"),
+    [
+        (None, "no batch or copy wrote its first tokens there"),
+        (("partial", "r1", 1, 5), "wrote block 1 of 'r1' up to token 5 there"),
+        (("full", "r2", 1, 8), "wrote block 1 of 'r2' there"),
+        (("partial", "r3", 0, 3), "wrote block 0 of 'r3' up to token 3 there"),
+    ],
+    ids=["nothing", "too-short", "other-tokens", "other-block"],
+)
+def test_a_hit_inside_an_attention_block_reads_what_the_block_holds(
+    written: tuple[str, str, int, int] | None, words: str
+) -> None:
+    """Hash blocks of 1 token, attention blocks of 4: a hit ending at token 6 reads block 1's
+    first 2 tokens. A write of them by a request sharing them passes (partial up to token 6
+    or beyond, or completed, or copied from such a block); nothing written, a write that
+    stops short, another prefix ('r2' shares 5 tokens), or another block index fails with
+    what the block holds."""
+    hit = _hashed("r0", bytes(range(8)))
+    sharer = _hashed("r9", bytes([0, 1, 2, 3, 4, 5, 9, 9]))
+    writes = CacheWrites(1, group_block_sizes=(4,))
+    writes._put_partial(5, sharer, 1, 6, 0)
+    writes.apply_copies([SimpleNamespace(src_block_id=5, dst_block_id=6)])
+    writes._check_partial_hit("r0", hit, 6, 6, 0, 0)  # copied from a sharer's partial write
+    writes.put(7, (sharer, 1))
+    writes._check_partial_hit("r0", hit, 6, 7, 0, 0)  # a sharer's completed block
+    others = {
+        "r1": _hashed("r1", bytes([0, 1, 2, 3, 4, 5, 9, 9])),
+        "r2": _hashed("r2", bytes([0, 1, 2, 3, 4, 8, 8, 8])),
+        "r3": _hashed("r3", bytes(range(8))),
+    }
+    if written is not None:
+        kind, rid, k, end = written
+        if kind == "full":
+            writes.put(8, (others[rid], k))
+        else:
+            writes._put_partial(8, others[rid], k, end, 0)
+    with pytest.raises(EngineCoreViolation) as err:
+        writes._check_partial_hit("r0", hit, 6, 8, 4, 0)
+    assert err.value.rule == "cache_hit_written", err.value
+    assert "'r0' starts from the prefix cache at token 6, inside its block 1" in str(err.value)
+    assert words in str(err.value), err.value
 
 
 # ------------------------------------------------------------ internal prefill checkpoints

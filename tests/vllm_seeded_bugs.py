@@ -269,6 +269,25 @@ def mamba_copy_dropped(sched: Any) -> None:
     sched.schedule = schedule
 
 
+def attention_copy_dropped(sched: Any) -> None:
+    """Seeded bug (Mamba blocks larger than the hash block, `LoopOptions(mamba=True,
+    mamba_block_scale=K)`, where hits may end inside a block): the scheduler output leaves out
+    the full-attention group's block copies, keeping the Mamba group's, so a hit ending inside
+    an attention block gets a private block that never receives the shared block's first
+    tokens (copy-on-write without the copy)."""
+    attention = sched.kv_cache_manager.coordinator.single_type_managers[0]
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        held = {b.block_id for blocks in attention.req_to_blocks.values() for b in blocks}
+        kept = [c for c in out.kv_cache_block_copies or () if int(c.dst_block_id) not in held]
+        out.kv_cache_block_copies = kept or None
+        return out
+
+    sched.schedule = schedule
+
+
 def mamba_checkpoint_one_block_early(sched: Any) -> None:
     """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): a prefix-cache hit
     ending at block i hands the Mamba group the checkpoint cached for block i - 1 (the state

@@ -39,6 +39,12 @@ full-attention layer's KV is not a sliding-window layer's), and a sliding window
 are neither written nor read. A group's block k of a request, in blocks of s hash blocks
 (`Request.block_hashes` are by the groups' greatest common divisor), has the request's block
 hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content.
+A batch that writes into such a block without completing it leaves a partial write
+(`partial`: the request, its block index, the tokens its prefix reaches there). Where vLLM
+looks hits up finer than a group's blocks (a Mamba group's blocks larger than the hash block:
+`supports_fine_grained_hash_lookup`), a hit may end at token s inside an attention block: that
+block, the private copy vLLM hands the hit (copy-on-write, `kv_cache_block_copies`), must hold
+the first s tokens of a request sharing them, as a completed write or a partial one reaching s.
 
 A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's worker
 (`preprocess_mamba`) runs a request's step from token s to token e by copying the state out of
@@ -112,6 +118,9 @@ class CacheWrites:
         self.written: dict[int, tuple[Any, int]] = {}
         #: block id -> the KV cache group that wrote it, for groups other than 0
         self.written_in: dict[int, int] = {}
+        #: An attention block a batch wrote without completing it: block id -> (the request,
+        #: its block index, the request's tokens the block holds through, its KV cache group).
+        self.partial: dict[int, tuple[Any, int, int, int]] = {}
         self.hashed_for_victims: dict[int, tuple[str, int, int, bytes]] = {}
         self._hashes_before: dict[int, bytes] = {}
 
@@ -146,6 +155,7 @@ class CacheWrites:
         """`block` now holds `content` (a request and its block index), as group `group`
         wrote it."""
         self.written[block] = content
+        self.partial.pop(block, None)
         if group not in self.state_groups:
             self.states.pop(block, None)
         if group:
@@ -177,6 +187,9 @@ class CacheWrites:
         # its forward writes the next one
         self.apply_copies(getattr(out, "kv_cache_block_copies", None) or ())
         self.check_states(sched, out, tables, starts, hitting, schedule_index)
+        # a hit ending inside a block reads what the block held before this batch: the batch
+        # writes the rest of that block
+        self.check_partial_hits(sched, tables, starts, hitting, schedule_index)
         self.record(sched, out, tables, valid)
         reading = set(out.num_scheduled_tokens) if self.every_read else hitting
         for rid in sorted(reading):
@@ -188,7 +201,8 @@ class CacheWrites:
                 if group in self.state_groups:
                     continue  # `check_states`: a Mamba step reads one state
                 table = group_table.get(rid, ())
-                for k in range(min(start // self.group_block_size(group), len(table))):
+                bs = self.group_block_size(group)
+                for k in range(min(start // bs, len(table))):
                     block = table[k]
                     if block is not None:
                         self._check(rid, req, k, block, schedule_index, rid in hitting, group)
@@ -201,6 +215,7 @@ class CacheWrites:
             _copy_entry(self.written, src, dst)
             _copy_entry(self.written_in, src, dst)
             _copy_entry(self.states, src, dst)
+            _copy_entry(self.partial, src, dst)
 
     def check_states(
         self,
@@ -283,8 +298,9 @@ class CacheWrites:
         tables: GroupTables,
         valid: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
-        """Record the blocks `out`'s batch completes, over every group's block `tables` as
-        they stood when it was scheduled: each request's scheduled tokens from its computed
+        """Record the blocks `out`'s batch completes, and the attention block it writes
+        without completing (`partial`), over every group's block `tables` as they stood when
+        it was scheduled: each request's scheduled tokens from its computed
         ones, or the positions `valid` names for it. `after_schedule` calls it; a loop that
         samples a batch later (deferred) calls it again once the batch's accepted drafts are
         known (recording a block again is harmless: no batch ran in between)."""
@@ -302,11 +318,15 @@ class CacheWrites:
                     self._record_states(req, start, n, table, group)
                     continue
                 bs = self.group_block_size(group)
-                for k in range(start // bs, min((start + n) // bs, len(table))):
+                end = start + n
+                for k in range(start // bs, min(end // bs, len(table))):
                     block = table[k]
                     if block is not None:
                         self.put(block, (req, k), group)
                         self.hashed_for_victims.pop(block, None)
+                k = end // bs
+                if n and end % bs and k < len(table) and table[k] is not None:
+                    self._put_partial(table[k], req, k, end, group)
 
     def _record_states(
         self, req: Any, start: int, n: int, table: tuple[int | None, ...], group: int
@@ -361,6 +381,77 @@ class CacheWrites:
             f"and preempted {vid!r} in the same call: those tokens never ran)"
         )
 
+    def _put_partial(self, block: int, req: Any, k: int, end: int, group: int) -> None:
+        """A batch wrote `req`'s tokens up to token `end` into `block`, its block `k` in
+        `group`, without completing it: what the block held completed is gone."""
+        self.written.pop(block, None)
+        self.written_in.pop(block, None)
+        self.states.pop(block, None)
+        self.partial[block] = (req, k, end, group)
+        self.hashed_for_victims.pop(block, None)
+
+    def check_partial_hits(
+        self,
+        sched: Any,
+        tables: GroupTables,
+        starts: Mapping[str, int],
+        hitting: set[str],
+        schedule_index: int,
+    ) -> None:
+        """`cache_hit_written` for each hit ending inside an attention block of its
+        (`_check_partial_hit`), before the batch writes the rest of that block."""
+        for rid in sorted(hitting):
+            start = starts[rid]
+            for group, group_table in enumerate(tables):
+                table = group_table.get(rid, ())
+                k = start // self.group_block_size(group)
+                if group in self.state_groups or not start % self.group_block_size(group):
+                    continue
+                block = table[k] if k < len(table) else None
+                if block is not None:
+                    req = sched.requests[rid]
+                    self._check_partial_hit(rid, req, start, block, schedule_index, group)
+
+    def _check_partial_hit(
+        self, rid: str, req: Any, start: int, block: int, schedule_index: int, group: int
+    ) -> None:
+        """A hit of `rid` ending at token `start` inside its attention block k (vLLM's
+        fine-grained lookups) reads that block's first tokens: the block holds the first
+        `start` tokens of a request sharing them, completed or written partly up to `start`.
+        A hit ending inside a hash block is not compared (no block hash names it)."""
+        k = start // self.group_block_size(group)
+        if start % self.block_size:
+            return
+        full = self.content(block, group)
+        partial = self.partial.get(block)
+        if full is not None:
+            writer, wk, reaches = full[0], full[1], start
+        elif partial is not None and partial[3] == group:
+            writer, wk, reaches, _ = partial
+        else:
+            writer = None
+        if writer is not None and wk == k and reaches >= start:
+            last = start // self.block_size - 1
+            if writer is req or (
+                last < min(len(writer.block_hashes), len(req.block_hashes))
+                and bytes(writer.block_hashes[last]) == bytes(req.block_hashes[last])
+            ):
+                return
+        other = self.overwritten_by(block, group)
+        if other is not None and full is None:
+            what = f"KV cache group {other} wrote it last, not group {group}"
+        elif writer is None:
+            what = "no batch or copy wrote its first tokens there"
+        else:
+            held = "" if full is not None else f"up to token {reaches} "
+            what = f"a batch wrote block {wk} of {writer.request_id!r} {held}there"
+        raise EngineCoreViolation(
+            "cache_hit_written",
+            f"schedule {schedule_index}: {rid!r} starts from the prefix cache at token {start}, "
+            f"inside its block {k} (block {block} of KV cache group {group}), but {what}, not "
+            f"its first {start} tokens",
+        )
+
     def forget(self, blocks: Iterable[int]) -> None:
         """`blocks` no longer hold what was recorded (a KV load into them failed, or a batch
         computed them over such a block)."""
@@ -368,6 +459,7 @@ class CacheWrites:
             self.written.pop(block, None)
             self.written_in.pop(block, None)
             self.states.pop(block, None)
+            self.partial.pop(block, None)
 
     def forget_failed_load(self, loader: Any, failed: int, *, after: int) -> None:
         """A synchronous load of `loader` (vLLM's `Request`) failed in block `failed`: forget
