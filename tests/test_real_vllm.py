@@ -64,6 +64,7 @@ from tests.vllm_seeded_bugs import (
     lifo_admission,
     new_blocks_not_announced,
     preemption_in_flight_raises,
+    reused_block_keeps_its_key,
     stale_hash_on_reuse,
     stop_reported_as_length,
     under_allocate,
@@ -440,6 +441,7 @@ SEEDED_BUGS = [
     (stop_reported_as_length, "finish_reason", "finished with length, expected stop"),
     (preemption_in_flight_raises, "implementation_error", "AssertionError"),
     (stale_hash_on_reuse, "cache_hit_written", "starts from the prefix cache with block"),
+    (reused_block_keeps_its_key, "cache_hit_written", "under a prefix-cache key, with other"),
     (new_blocks_not_announced, "runner_tables", "but its outputs gave the runner"),
     (finished_not_reported, "runner_tables", "freed without reporting them finished"),
 ]

@@ -310,6 +310,58 @@ def test_a_hit_inside_an_attention_block_reads_what_the_block_holds(
     assert words in str(err.value), err.value
 
 
+def _tokens(rid: str, tokens: list[int]) -> Any:
+    """A stand-in for vLLM's `Request` in hash blocks of 1 token: its tokens, and a block
+    hash per token that names the prefix through it (hashes chain)."""
+    hashes = [bytes(str(tokens[: i + 1]), "ascii") for i in range(len(tokens))]
+    return SimpleNamespace(request_id=rid, all_token_ids=tokens, block_hashes=hashes)
+
+
+@pytest.mark.parametrize(
+    ("hit_tokens", "key_of", "fails"),
+    [
+        ([1, 2, 3, 4, 5, 9], "writer", True),
+        ([1, 2, 3, 4, 5, 6], "writer", False),
+        ([1, 2, 3, 4, 5, 6], None, False),
+        ([1, 2, 3, 4, 5, 6], "writer-prefix", False),
+    ],
+    ids=["other-tokens", "same-tokens", "no-key", "key-of-other-content"],
+)
+def test_a_write_over_a_cached_blocks_tokens_is_caught(
+    hit_tokens: list[int], key_of: str | None, fails: bool
+) -> None:
+    """Hash blocks of 1 token, attention blocks of 4: 'r1' completed its block 1 (tokens 4 to
+    7) in block 8, which the prefix cache holds under the key of that content. 'r0' writing
+    its tokens 5 and 6 there (a hit ending inside the block, shared instead of copied) breaks
+    `cache_hit_written` where its tokens differ from 'r1's: a later hit on the key would read
+    them. The same tokens (the same KV), no key on the block, or a key that names other
+    content (vLLM keys a block for a step's tokens before the step writes them) pass."""
+    writer = _tokens("r1", [1, 2, 3, 4, 5, 6, 7, 8])
+    hit = _tokens("r0", [*hit_tokens, 7, 8])
+    writes = CacheWrites(1, group_block_sizes=(4,))
+    writes.put(8, (writer, 1))
+    key = {
+        "writer": writer.block_hashes[7] + b"\x00",
+        "writer-prefix": writer.block_hashes[5] + b"\x00",
+        None: None,
+    }[key_of]
+    blocks = {8: SimpleNamespace(block_hash=key)}
+    sched = SimpleNamespace(
+        kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(blocks=blocks))
+    )
+    table = (3, 8)
+    if not fails:
+        writes._check_overwrite(sched, hit, 5, 7, table, 0)
+        return
+    with pytest.raises(EngineCoreViolation) as err:
+        writes._check_overwrite(sched, hit, 5, 7, table, 0)
+    assert err.value.rule == "cache_hit_written", err.value
+    words = "'r0' writes its tokens 5 to 6 into block 8 (its block 1 in KV cache group 0), which "
+    assert words + "holds block 1 of 'r1' under a prefix-cache key, with other tokens" in str(
+        err.value
+    ), err.value
+
+
 # ------------------------------------------------------------ internal prefill checkpoints
 CHECKPOINTS = replace(MAMBA, mamba_checkpoint_alignment=1)  # as vLLM's Mamba2 layers declare
 SHRUNK_FINDING = "docs/shrunk/vllm-mamba-mid-block-hit.json"

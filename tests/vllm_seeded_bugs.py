@@ -96,6 +96,28 @@ def stale_hash_on_reuse(sched: Any) -> None:
     pool.get_new_blocks = get_new_blocks
 
 
+def reused_block_keeps_its_key(sched: Any) -> None:
+    """Seeded bug (prefix caching): a cached block handed out again keeps its prefix-cache key
+    (on the block and in the lookup), so the new owner writes its tokens over content a later
+    hit on that key would read. Unlike `stale_hash_on_reuse` the block itself still names the
+    key, which vLLM's own assertion trips over when the new owner caches the block in the
+    same step."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool.get_new_blocks
+
+    def get_new_blocks(num_blocks: int) -> Any:
+        free = pool.free_block_queue.get_all_free_blocks()[:num_blocks]
+        held = [(b, b.block_hash, b.block_hash_num_tokens) for b in free if b.block_hash]
+        blocks = original(num_blocks)
+        for block, key, num_tokens in held:
+            if block in blocks:
+                block.set_block_hash(key, num_tokens)
+                pool.cached_block_hash_to_block.insert(key, block)
+        return blocks
+
+    pool.get_new_blocks = get_new_blocks
+
+
 def new_blocks_not_announced(sched: Any) -> None:
     """Seeded bug: a running request's newly allocated blocks are left out of the scheduler
     output (`new_block_ids` None), so the model runner never learns of them."""

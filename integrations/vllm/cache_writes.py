@@ -45,6 +45,9 @@ looks hits up finer than a group's blocks (a Mamba group's blocks larger than th
 `supports_fine_grained_hash_lookup`), a hit may end at token s inside an attention block: that
 block, the private copy vLLM hands the hit (copy-on-write, `kv_cache_block_copies`), must hold
 the first s tokens of a request sharing them, as a completed write or a partial one reaching s.
+The rule is also checked at the write (`_check_overwrite`): a batch writes no block that holds
+another request's completed block under that content's prefix-cache key, unless its tokens up
+to there are that request's, since a later hit on the key would read what it wrote.
 
 A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's worker
 (`preprocess_mamba`) runs a request's step from token s to token e by copying the state out of
@@ -319,6 +322,7 @@ class CacheWrites:
                     continue
                 bs = self.group_block_size(group)
                 end = start + n
+                self._check_overwrite(sched, req, start, end, table, group)
                 for k in range(start // bs, min(end // bs, len(table))):
                     block = table[k]
                     if block is not None:
@@ -327,6 +331,49 @@ class CacheWrites:
                 k = end // bs
                 if n and end % bs and k < len(table) and table[k] is not None:
                     self._put_partial(table[k], req, k, end, group)
+
+    def _check_overwrite(
+        self,
+        sched: Any,
+        req: Any,
+        start: int,
+        end: int,
+        table: tuple[int | None, ...],
+        group: int,
+    ) -> None:
+        """`cache_hit_written` at the write: a batch writing `req`'s tokens `start` to `end`
+        writes no block that a batch completed with another request's block and the prefix
+        cache holds under a key, unless its tokens up to there are that request's (the same
+        KV). Such a block is shared content: vLLM hands a hit ending inside it a private copy
+        (copy-on-write), and a later hit on its key would read what this write left."""
+        bs = self.group_block_size(group)
+        for k in range(start // bs, min(-(-end // bs), len(table))):
+            block = table[k]
+            held = None if block is None else self.content(block, group)
+            if block is None or held is None:
+                continue
+            writer, wk = held
+            key = sched.kv_cache_manager.block_pool.blocks[block].block_hash
+            written_hash = self.block_hash(held, group)
+            # a key of the block's recorded content (vLLM also keys a block for the tokens a
+            # step is about to write into it, before the write)
+            if writer is req or key is None or written_hash is None:
+                continue
+            if not bytes(key).startswith(written_hash):
+                continue
+            reach = min(end, (k + 1) * bs)
+            mine, theirs = req.all_token_ids, writer.all_token_ids
+            known = min(reach, len(mine), len(theirs))
+            if wk == k and list(mine[:known]) == list(theirs[:known]):
+                continue
+            first = max(start, k * bs)
+            raise EngineCoreViolation(
+                "cache_hit_written",
+                f"{req.request_id!r} writes its tokens {first} to {reach - 1} into block {block} "
+                f"(its block {k} in KV cache group {group}), which holds block {wk} of "
+                f"{writer.request_id!r} under a prefix-cache key, with other tokens: a later "
+                "hit on that key reads them",
+            )
 
     def _record_states(
         self, req: Any, start: int, n: int, table: tuple[int | None, ...], group: int
