@@ -23,7 +23,9 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   non-null block is free or held, not both; without prefix caching held by at most one request;
   with it, its reference count is the number of requests holding it;
 - cache (`cache_hit_written`, prefix caching, `integrations.vllm.cache_writes`): every cache
-  hit lands on blocks a scheduled batch wrote with the hitting request's own content;
+  hit lands on blocks a scheduled batch wrote with the hitting request's own content (a hit
+  ending inside a block, on that block's first tokens), and no batch writes other tokens over
+  a block the prefix cache holds under its content's key;
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
 - vLLM raising is `implementation_error`;
