@@ -431,9 +431,7 @@ class CacheWrites:
     def _put_partial(self, block: int, req: Any, k: int, end: int, group: int) -> None:
         """A batch wrote `req`'s tokens up to token `end` into `block`, its block `k` in
         `group`, without completing it: what the block held completed is gone."""
-        self.written.pop(block, None)
-        self.written_in.pop(block, None)
-        self.states.pop(block, None)
+        self.forget([block])
         self.partial[block] = (req, k, end, group)
         self.hashed_for_victims.pop(block, None)
 
@@ -450,10 +448,10 @@ class CacheWrites:
         for rid in sorted(hitting):
             start = starts[rid]
             for group, group_table in enumerate(tables):
-                table = group_table.get(rid, ())
-                k = start // self.group_block_size(group)
-                if group in self.state_groups or not start % self.group_block_size(group):
+                bs = self.group_block_size(group)
+                if group in self.state_groups or not start % bs:
                     continue
+                table, k = group_table.get(rid, ()), start // bs
                 block = table[k] if k < len(table) else None
                 if block is not None:
                     req = sched.requests[rid]
