@@ -1,7 +1,8 @@
 """vLLM 0.33.0's asynchronous scheduling (its default), checked over generated programs.
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
-        [--programs-from {random,same-step,shared-prompts}] [--speculative-tokens K]
+        [--programs-from {branching-prompts,random,same-step,shared-prompts}]
+        [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
@@ -27,7 +28,11 @@ options, and how often the asynchronous paths were taken. The programs are
 request is preempted in the step that scheduled it) or
 `integrations.vllm.shared_prompt_programs.shared_prompt_program(seed)` (`shared-prompts`: the
 random programs with half the prompts of every program, not only the prefix-caching ones,
-prefixes of one shared prompt, so the offload store is hit). `--fix uncache-preempted` applies
+prefixes of one shared prompt, so the offload store is hit) or
+`integrations.vllm.branching_prompt_programs.branching_prompt_program(seed)`
+(`branching-prompts`: the random programs with three prompts in four a start of the shared
+prompt or of an earlier request's prompt and outputs, then tokens of their own, so a hit may be
+followed by tokens other than those the cached block holds). `--fix uncache-preempted` applies
 that candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and

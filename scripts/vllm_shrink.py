@@ -1,7 +1,8 @@
 """Shrink one failing engine-core program of vLLM 0.33.0 to a small one that fails the same way.
 
     .venv/bin/python scripts/vllm_shrink.py --seed N [--loop {sync,async}] [--rule RULE]
-        [--budget RUNS] [--pipeline-parallel P] [--programs-from {random,same-step,shared-prompts}]
+        [--budget RUNS] [--pipeline-parallel P]
+        [--programs-from {branching-prompts,random,same-step,shared-prompts}]
         [--fix NAME ...] [--speculative-tokens K ...] [--structured-output ...]
         [--kv-connector {recompute,fail} ...] [--offload-chunks N ...] [--cache-resets]
         [--sliding-window W [--retention-interval N|dense]

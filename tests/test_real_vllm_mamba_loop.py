@@ -43,6 +43,7 @@ from integrations.vllm.adapter import (
     mamba_mode,
     window_tokens,
 )
+from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
@@ -56,6 +57,7 @@ from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_hybrid_loop import CONFIG, PROGRAMS  # blocks of 2, prefix caching
 from tests.vllm_seeded_bugs import (
+    attention_block_shared,
     attention_copy_dropped,
     mamba_checkpoint_keyed_one_column_late,
     mamba_checkpoint_one_block_early,
@@ -72,13 +74,16 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def _run(seed: int, async_scheduling: bool, options: LoopOptions = MAMBA) -> CoreRun | None:
-    """Shared-prompt program `seed` through one loop, or None where vLLM refuses its
-    configuration with a Mamba group (prefix caching without chunked prefill)."""
+def _run(
+    seed: int,
+    async_scheduling: bool,
+    options: LoopOptions = MAMBA,
+    programs: Callable[[int], CoreProgram] = shared_prompt_program,
+) -> CoreRun | None:
+    """Program `seed` of `programs` (shared prompts) through one loop, or None where vLLM
+    refuses its configuration with a Mamba group (prefix caching without chunked prefill)."""
     try:
-        return run_loop(
-            shared_prompt_program(seed), async_scheduling=async_scheduling, options=options
-        )
+        return run_loop(programs(seed), async_scheduling=async_scheduling, options=options)
     except EngineCoreViolation:
         raise
     except ConfigError as err:
@@ -86,30 +91,34 @@ def _run(seed: int, async_scheduling: bool, options: LoopOptions = MAMBA) -> Cor
         return None
 
 
-def _passes_in_both_modes(options: LoopOptions) -> None:
-    """The first `PROGRAMS` shared-prompt programs pass both loops under `options` (or are
-    refused as vLLM refuses them), some with prefix caching (align mode) and some without
-    (none mode), and some are preempted with a step in flight."""
+def _passes_in_both_modes(
+    options: LoopOptions, programs: Callable[[int], CoreProgram] = shared_prompt_program
+) -> None:
+    """The first `PROGRAMS` programs of `programs` (shared prompts) pass both loops under
+    `options` (or are refused as vLLM refuses them), some with prefix caching (align mode) and
+    some without (none mode), and some are preempted with a step in flight."""
     totals: Counter[str] = Counter()
     modes: Counter[bool] = Counter()
     for seed in range(PROGRAMS):
         for async_scheduling in (False, True):
-            run = _run(seed, async_scheduling, options)
+            run = _run(seed, async_scheduling, options, programs)
             if run is None:
                 continue
-            modes[shared_prompt_program(seed).config.enable_prefix_caching] += 1
+            modes[programs(seed).config.enable_prefix_caching] += 1
             totals.update({k: v for k, v in asdict(run).items() if isinstance(v, int)})
     assert modes[True] > 0 and modes[False] > 0, modes
     assert totals["schedules"] > 0 and totals["stale"] > 0, totals
 
 
-def _align_mode_run(options: LoopOptions) -> Callable[[int], CoreRun | None]:
-    """Shared-prompt program `seed` through the async loop under `options`, where its Mamba
-    group runs in align mode (prefix caching, chunked prefill); else None (none mode, with no
-    checkpoint to move, or refused)."""
+def _align_mode_run(
+    options: LoopOptions, programs: Callable[[int], CoreProgram] = shared_prompt_program
+) -> Callable[[int], CoreRun | None]:
+    """Program `seed` of `programs` (shared prompts) through the async loop under `options`,
+    where its Mamba group runs in align mode (prefix caching, chunked prefill); else None (none
+    mode, with no checkpoint to move, or refused)."""
 
     def run(seed: int) -> CoreRun | None:
-        program = shared_prompt_program(seed)
+        program = programs(seed)
         if not (program.config.enable_prefix_caching and program.config.enable_chunked_prefill):
             return None
         return run_loop(program, async_scheduling=True, options=options)
@@ -258,6 +267,30 @@ def test_attention_copies_left_out_are_caught_inside_the_block() -> None:
     seen = first_violations(PROGRAMS * 3, _align_mode_run(options), until="cache_hit_written")
     assert "cache_hit_written" in seen, seen
     words = ("inside its block", "of KV cache group 0", "no batch or copy wrote its first tokens")
+    assert all(w in seen["cache_hit_written"] for w in words), seen
+
+
+@pytest.mark.parametrize("mamba_block_scale", [1, 2])
+def test_branching_prompts_pass(mamba_block_scale: int) -> None:
+    """Prompts that share a start and then differ (`branching_prompt_program`) pass both
+    loops, with Mamba blocks of the hash block and twice it: where a hit ends inside a block,
+    vLLM copies it before the request writes its own tokens."""
+    _passes_in_both_modes(
+        replace(MAMBA, mamba_block_scale=mamba_block_scale), branching_prompt_program
+    )
+
+
+def test_a_block_shared_instead_of_copied_is_caught_where_prompts_branch() -> None:
+    """Seeded bug: a hit ending inside a full-attention block takes the cached block itself,
+    not a private copy, and the request writes its next tokens into it. Where prompts only
+    extend a shared prompt those are the tokens the block holds, the same KV; where they
+    branch off inside the block (`branching_prompt_program`) the request overwrites another
+    request's cached tokens, and the write is caught (`cache_hit_written`)."""
+    options = replace(MAMBA, mamba_block_scale=2, mutate=attention_block_shared)
+    run = _align_mode_run(options, branching_prompt_program)
+    seen = first_violations(PROGRAMS * 3, run, until="cache_hit_written")
+    assert "cache_hit_written" in seen, seen
+    words = ("writes its tokens", "under a prefix-cache key", "with other tokens")
     assert all(w in seen["cache_hit_written"] for w in words), seen
 
 
@@ -626,6 +659,9 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
     out = capsys.readouterr().out
     words = "(a Mamba group, with prefill checkpoints on a grid of 1, and a sliding window of 3"
     assert words in out, out
+    branching = ["--programs", "3", "--programs-from", "branching-prompts", "--mamba"]
+    assert script.main([*branching, "--mamba-block-scale", "2"]) == 0
+    assert "3 branching-prompts programs" in capsys.readouterr().out
     for bad in (
         ["--mamba", "--sliding-window", "3", "--mamba-block-scale", "2"],
         ["--mamba", "--offload-chunks", "8"],

@@ -310,6 +310,15 @@ def attention_copy_dropped(sched: Any) -> None:
     sched.schedule = schedule
 
 
+def attention_block_shared(sched: Any) -> None:
+    """Seeded bug (Mamba blocks larger than the hash block, `LoopOptions(mamba=True,
+    mamba_block_scale=K)`, where hits may end inside a block): the full-attention group never
+    sees a hit end inside its block, so a request whose hit does so takes the cached block
+    itself, not a private copy (no copy-on-write), and writes its next tokens into it."""
+    attention = sched.kv_cache_manager.coordinator.single_type_managers[0]
+    attention._has_partial_local_hit = lambda blocks, computed_tokens: False
+
+
 def mamba_checkpoint_one_block_early(sched: Any) -> None:
     """Seeded bug (a Mamba group in align mode, `LoopOptions(mamba=True)`): a prefix-cache hit
     ending at block i hands the Mamba group the checkpoint cached for block i - 1 (the state

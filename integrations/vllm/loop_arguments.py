@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
+from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
@@ -36,6 +37,7 @@ from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
 
 #: Where the programs come from (`--programs-from`).
 GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
+    "branching-prompts": branching_prompt_program,
     "random": core_program,
     "same-step": same_step_program,
     "shared-prompts": shared_prompt_program,
@@ -105,7 +107,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(GENERATORS),
         default="random",
         help="the program generator (default random: the whole of vLLM's space; shared-prompts: "
-        "the same with prompts shared in every program, for --kv-store offload)",
+        "the same with prompts shared in every program, for --kv-store offload; "
+        "branching-prompts: prompts that share a start and then differ)",
     )
     parser.add_argument(
         "--fix",
