@@ -77,8 +77,9 @@ pool the program names, every rule reading both groups' tables (with `--offload-
 connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
 `prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
 the program's block size, `--full-block-scale K` the full-attention group; `--mamba` serves a
-Mamba group beside full attention instead of a window (vLLM's align mode with prefix caching,
-none without; `--mamba-block-scale K`: blocks K times the program's, hashed by the program's;
+Mamba group beside full attention, and beside the window if one is given (vLLM's align mode
+with prefix caching, none without; `--mamba-block-scale K`: every group's blocks K times the
+program's, hashed by the program's;
 `--mamba-checkpoint-alignment A`: its layers export internal prefill checkpoints, as Mamba2's
 do); `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,

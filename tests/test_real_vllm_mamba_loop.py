@@ -527,12 +527,38 @@ def test_vllm_builds_three_groups_for_a_window_and_a_mamba_group() -> None:
     assert (larger.block_size, larger.hash_block_size) == (4, 2)
 
 
-@pytest.mark.parametrize("window_block_scale", [1, 2])
-def test_generated_programs_pass_with_a_window_and_a_mamba_group(window_block_scale: int) -> None:
+def test_mamba_blocks_of_two_hash_blocks_beside_a_window_scale_every_group() -> None:
+    """Mamba blocks twice the program's beside a window: vLLM's platform raises every attention
+    layer's block to the Mamba block, the window's too, and hashes by the program's block. Its
+    sliding-window manager looks hits up by whole blocks only, so vLLM turns fine-grained hits
+    off for the whole cache: hits end on a block of 4, never inside one."""
+    sched = RealVllmScheduler(
+        CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, sliding_window=3, mamba_block_scale=2
+    ).sched
+    assert group_block_sizes(sched) == (4, 4, 4)
+    assert [window_tokens(sched, g) for g in range(3)] == [None, 3, None]
+    assert (sched.block_size, sched.hash_block_size) == (4, 2)
+    assert not sched.mamba_partial_cache_hit
+    assert sched.kv_cache_manager.coordinator._cache_hit_alignment_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("window_block_scale", "mamba_block_scale"), [(1, 1), (2, 1), (1, 2)], ids=str
+)
+def test_generated_programs_pass_with_a_window_and_a_mamba_group(
+    window_block_scale: int, mamba_block_scale: int
+) -> None:
     """Shared-prompt programs pass both loops over the three groups, with prefix caching and
     without, preemptions with a step in flight among them; also with the window's blocks twice
-    the others' (a window layer of less KV per token)."""
-    _passes_in_both_modes(replace(WINDOW_AND_MAMBA, window_block_scale=window_block_scale))
+    the others' (a window layer of less KV per token), and with every group's blocks twice
+    the hash block (Mamba blocks of two hash blocks)."""
+    _passes_in_both_modes(
+        replace(
+            WINDOW_AND_MAMBA,
+            window_block_scale=window_block_scale,
+            mamba_block_scale=mamba_block_scale,
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -543,10 +569,14 @@ def test_generated_programs_pass_with_a_window_and_a_mamba_group(window_block_sc
     ],
     ids=["window", "mamba"],
 )
-def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("mamba_block_scale", [1, 2])
+def test_each_group_of_three_is_checked(
+    bug: Callable[[Any], None], words: tuple[str, ...], mamba_block_scale: int
+) -> None:
     """A seeded bug in the window's manager, or in the Mamba group's, is caught in its own
-    group of the three (`kv_covers_scheduled`)."""
-    options = replace(WINDOW_AND_MAMBA, mutate=bug)
+    group of the three (`kv_covers_scheduled`), with every group's blocks the hash block or
+    twice it."""
+    options = replace(WINDOW_AND_MAMBA, mamba_block_scale=mamba_block_scale, mutate=bug)
 
     seen = first_violations(PROGRAMS, _align_mode_run(options), until="kv_covers_scheduled")
     assert "kv_covers_scheduled" in seen, seen
@@ -556,17 +586,6 @@ def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (  # beside a window, Mamba blocks of the attention block
-            lambda: RealVllmScheduler(
-                CONFIG,
-                lambda _e: None,
-                SPACE_PREFIX,
-                mamba=True,
-                sliding_window=3,
-                mamba_block_scale=2,
-            ),
-            "mamba",
-        ),
         (
             lambda: RealVllmScheduler(
                 CONFIG, lambda _e: None, SPACE_PREFIX, mamba=True, kv_connector="recompute"
@@ -605,6 +624,18 @@ def test_each_group_of_three_is_checked(bug: Callable[[Any], None], words: tuple
         (
             lambda: RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, mamba_block_scale=2),
             "mamba_block_scale",
+        ),
+        (  # one group of larger blocks at a time: the window's, or every group's
+            lambda: RealVllmScheduler(
+                CONFIG,
+                lambda _e: None,
+                SPACE_PREFIX,
+                mamba=True,
+                sliding_window=3,
+                window_block_scale=2,
+                mamba_block_scale=2,
+            ),
+            "mamba",
         ),
         (  # none mode: vLLM's scheduler block is the Mamba block of max_model_len tokens
             lambda: RealVllmScheduler(
@@ -663,7 +694,15 @@ def test_the_check_script_serves_a_mamba_group_and_refuses_bad_combinations(
     assert script.main([*branching, "--mamba-block-scale", "2"]) == 0
     assert "3 branching-prompts programs" in capsys.readouterr().out
     for bad in (
-        ["--mamba", "--sliding-window", "3", "--mamba-block-scale", "2"],
+        [
+            "--mamba",
+            "--sliding-window",
+            "3",
+            "--window-block-scale",
+            "2",
+            "--mamba-block-scale",
+            "2",
+        ],
         ["--mamba", "--offload-chunks", "8"],
         ["--mamba", "--speculative-tokens", "2"],
         ["--mamba-block-scale", "2"],

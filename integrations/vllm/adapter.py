@@ -318,6 +318,7 @@ class RealVllmScheduler:
         check_mamba(
             mamba,
             sliding_window=sliding_window,
+            window_block_scale=window_block_scale,
             kv_connector=kv_connector,
             offloading=offloading,
             speculative_tokens=speculative_tokens,
@@ -410,9 +411,14 @@ class RealVllmScheduler:
                 "config", config, f"a configuration vLLM accepts ({vllm_config_error(err)})"
             ) from None
         window = self.sliding_window
+        # Mamba blocks of k hash blocks beside a window (align mode): vLLM's platform raises
+        # the block size of every attention layer, the window's too, to the Mamba block
+        attention_block = config.block_size * (
+            self.mamba_block_scale if self.mamba and config.enable_prefix_caching else 1
+        )
         groups = (
             hybrid_groups(
-                v, config.block_size, window, self.window_block_scale, self.full_block_scale
+                v, attention_block, window, self.window_block_scale, self.full_block_scale
             )
             if window is not None
             else None
@@ -1092,15 +1098,17 @@ def check_mamba(
     kv_connector: str | None,
     offloading: OffloadingOptions | None,
     speculative_tokens: int,
+    window_block_scale: int = 1,
     block_scale: object = 1,
     checkpoint_alignment: object = None,
 ) -> None:
     """`ConfigError` unless `mamba` is False, or True without what the loop does not model
     beside a Mamba group: a KV connector or vLLM's offloading connector (it hands a Mamba
     state's partial tails over), drafts (speculative state blocks, relocated in place), and,
-    beside a sliding window, Mamba blocks larger than the attention block (the window's may be
-    larger, `window_block_scale`); unless `block_scale` is 1, or with a Mamba group an integer
-    >= 1; and unless `checkpoint_alignment` is None, or with a Mamba group an integer >= 1."""
+    beside a sliding window, both the window's blocks larger (`window_block_scale`) and the
+    Mamba blocks (`block_scale`, which scales every attention group's blocks with them);
+    unless `block_scale` is 1, or with a Mamba group an integer >= 1; and unless
+    `checkpoint_alignment` is None, or with a Mamba group an integer >= 1."""
     _check_block_scale(
         "mamba_block_scale",
         block_scale,
@@ -1124,14 +1132,15 @@ def check_mamba(
     valid = (
         "False, or True without kv_connector, offloading or speculative_tokens (a Mamba group "
         "beside full attention, and a sliding window if given, no drafts, no connector), and "
-        "beside a sliding window with mamba_block_scale 1 (the window's blocks may be larger: "
-        "window_block_scale)"
+        "beside a sliding window with mamba_block_scale 1 or window_block_scale 1 (the "
+        "window's blocks larger than the others, or every group's blocks mamba_block_scale "
+        "times the block size)"
     )
     if mamba is not True or (
         kv_connector is not None
         or offloading is not None
         or speculative_tokens
-        or (sliding_window is not None and block_scale != 1)
+        or (sliding_window is not None and block_scale != 1 and window_block_scale != 1)
     ):
         raise ConfigError("mamba", mamba, valid)
 

@@ -846,7 +846,8 @@ class LoopOptions:
     `window_block_scale` the window group's blocks, that many times the program's block size
     (`full_block_scale` the full-attention group's, beside a window of the program's blocks).
     `mamba` serves a Mamba group beside the full-attention one (and the window, if any), the
-    blocks `mamba_block_scale` times the program's with prefix caching, its layers exporting
+    blocks `mamba_block_scale` times the program's with prefix caching (every attention
+    group's too, as vLLM's platform sizes them), its layers exporting
     internal prefill checkpoints on a grid of `mamba_checkpoint_alignment` tokens (None:
     none). The speculative model and the connector's store draw from `draw_seed`, by default a
     hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the

@@ -277,7 +277,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="K",
         help="with --mamba: its blocks hold K times the program's block size with prefix "
-        "caching (vLLM's mamba_block_size; a hit may then end inside a Mamba block)",
+        "caching, as do the attention groups' (vLLM's mamba_block_size; a hit may then end "
+        "inside a block, unless a --sliding-window group turns such hits off)",
     )
     parser.add_argument(
         "--mamba-checkpoint-alignment",
@@ -335,8 +336,8 @@ def loop_options(
         args.kv_connector or args.offload_chunks is not None or args.speculative_tokens
     ):
         parser.error("--mamba: not with --kv-connector, --offload-chunks or --speculative-tokens")
-    if args.mamba and args.sliding_window is not None and args.mamba_block_scale != 1:
-        parser.error("--mamba with --sliding-window: not with --mamba-block-scale")
+    if args.mamba_block_scale != 1 and args.window_block_scale != 1:
+        parser.error("--mamba-block-scale: not with --window-block-scale")
     if args.mamba_block_scale != 1 and (args.mamba_block_scale < 1 or not args.mamba):
         parser.error("--mamba-block-scale: an int >= 1, with --mamba")
     alignment = args.mamba_checkpoint_alignment
