@@ -3,12 +3,15 @@ all of them must pass, or the first violations of a seeded bug are collected."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TypeVar
 
 import pytest
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, core_program
+from spec.ar.config import validate_ar_request
 
 RunT = TypeVar("RunT")
 
@@ -45,3 +48,26 @@ def first_violations(
             if until is None or until in seen:
                 break
     return seen
+
+
+def assert_requests_valid(generate: Callable[[int], CoreProgram], seeds: Iterable[int]) -> None:
+    """Every request of `generate(seed)` is valid for its program's configuration."""
+    for seed in seeds:
+        program = generate(seed)
+        for batch in program.arrivals:
+            for request in batch:
+                validate_ar_request(program.config, request)
+
+
+def assert_only_prompts_differ(
+    generate: Callable[[int], CoreProgram], seeds: Iterable[int]
+) -> None:
+    """`generate(seed)` is `core_program(seed)` but for its requests' prompts: the same
+    configuration, aborts, and every request's other fields."""
+    for seed in seeds:
+        drawn, changed = core_program(seed), generate(seed)
+        assert changed.config == drawn.config and changed.aborts == drawn.aborts, seed
+        for before, after in zip(drawn.arrivals, changed.arrivals, strict=True):
+            assert [replace(r, prompt=None) for r in before] == [
+                replace(r, prompt=None) for r in after
+            ], seed

@@ -5,12 +5,11 @@ outputs) and then go on with tokens no other request has."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from integrations.vllm.adapter import output_token
 from integrations.vllm.branching_prompt_programs import BRANCH_BASE, branching_prompt_program
-from integrations.vllm.engine_core import SHARED_PROMPT_BASE, core_program
-from spec.ar.config import ArRequest, validate_ar_request
+from integrations.vllm.engine_core import SHARED_PROMPT_BASE
+from spec.ar.config import ArRequest
+from tests.engine_core_programs import assert_only_prompts_differ, assert_requests_valid
 
 SEEDS = range(300)
 
@@ -23,22 +22,12 @@ def _submitted(seed: int) -> list[ArRequest]:
 def test_only_prompts_differ_from_the_random_program() -> None:
     """The configuration, aborts and every request but its prompt are `core_program(seed)`'s,
     and a program is the same on every call (its draws are seeded)."""
-    for seed in SEEDS:
-        drawn, branching = core_program(seed), branching_prompt_program(seed)
-        assert branching == branching_prompt_program(seed), seed
-        assert branching.config == drawn.config and branching.aborts == drawn.aborts, seed
-        for before, after in zip(drawn.arrivals, branching.arrivals, strict=True):
-            assert [replace(r, prompt=None) for r in before] == [
-                replace(r, prompt=None) for r in after
-            ], seed
+    assert_only_prompts_differ(branching_prompt_program, SEEDS)
+    assert all(branching_prompt_program(seed) == branching_prompt_program(seed) for seed in SEEDS)
 
 
 def test_every_request_is_valid_for_its_program() -> None:
-    for seed in SEEDS:
-        program = branching_prompt_program(seed)
-        for batch in program.arrivals:
-            for request in batch:
-                validate_ar_request(program.config, request)
+    assert_requests_valid(branching_prompt_program, SEEDS)
 
 
 def _own_start(request: ArRequest, arrival: int) -> int:

@@ -5,7 +5,8 @@ drops a refused request silently, so an invalid one would only thin the program)
 from __future__ import annotations
 
 from integrations.vllm.same_step_programs import same_step_program
-from spec.ar.config import Policy, validate_ar_request
+from spec.ar.config import Policy
+from tests.engine_core_programs import assert_requests_valid
 
 SEEDS = range(500)
 
@@ -20,11 +21,7 @@ def test_every_program_is_priority_with_prefix_caching_and_chunked_prefill() -> 
 
 
 def test_every_request_is_valid_for_its_program() -> None:
-    for seed in SEEDS:
-        program = same_step_program(seed)
-        for batch in program.arrivals:
-            for request in batch:
-                validate_ar_request(program.config, request)
+    assert_requests_valid(same_step_program, SEEDS)
 
 
 def test_a_long_less_urgent_request_comes_first_then_short_more_urgent_ones() -> None:

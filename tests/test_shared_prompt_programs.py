@@ -5,11 +5,11 @@ programs without prefix caching share prompts too."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from integrations.vllm.engine_core import SHARED_PROMPT_BASE, CoreProgram, core_program
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
-from spec.ar.config import ArRequest, validate_ar_request
+from spec.ar.config import ArRequest
+from tests.engine_core_programs import assert_only_prompts_differ, assert_requests_valid
 
 SEEDS = range(300)
 
@@ -17,23 +17,14 @@ SEEDS = range(300)
 def test_only_prompts_differ_from_the_random_program() -> None:
     """The configuration, aborts and every request but its prompt are `core_program(seed)`'s;
     a prefix-caching program is that program unchanged."""
+    assert_only_prompts_differ(shared_prompt_program, SEEDS)
     for seed in SEEDS:
-        drawn, shared = core_program(seed), shared_prompt_program(seed)
-        assert shared.config == drawn.config and shared.aborts == drawn.aborts, seed
-        if drawn.config.enable_prefix_caching:
-            assert shared == drawn, seed
-        for before, after in zip(drawn.arrivals, shared.arrivals, strict=True):
-            assert [replace(r, prompt=None) for r in before] == [
-                replace(r, prompt=None) for r in after
-            ], seed
+        if core_program(seed).config.enable_prefix_caching:
+            assert shared_prompt_program(seed) == core_program(seed), seed
 
 
 def test_every_request_is_valid_for_its_program() -> None:
-    for seed in SEEDS:
-        program = shared_prompt_program(seed)
-        for batch in program.arrivals:
-            for request in batch:
-                validate_ar_request(program.config, request)
+    assert_requests_valid(shared_prompt_program, SEEDS)
 
 
 def _unprefixed_requests(generate: Callable[[int], CoreProgram]) -> list[ArRequest]:
