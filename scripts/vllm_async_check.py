@@ -7,7 +7,7 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
-         [--offload-blocks-per-chunk B]] [--cache-resets]
+         [--offload-blocks-per-chunk B]] [--cache-resets] [--kv-events [--kv-report-full]]
         [--sliding-window W [--retention-interval N|dense]
          [--window-block-scale K | --full-block-scale K]]
         [--mamba [--retention-interval N|dense] [--mamba-block-scale K]
@@ -83,7 +83,11 @@ program's, hashed by the program's;
 `--mamba-checkpoint-alignment A`: its layers export internal prefill checkpoints, as Mamba2's
 do); `--fix forget-stale-window` and `--fix
 whole-window-chunks` apply the fixes of its two findings there,
-`integrations.vllm.offload_window_fixes`). Exit 1 if a program failed. Needs
+`integrations.vllm.offload_window_fixes`). `--kv-events` turns vLLM's KV cache events on in both
+loops and reads them as a KV-aware router does, copies counted (`integrations.vllm.kv_events`):
+after every `update_from_output` the keys they leave cached must be the prefix cache's
+(`kv_events`); `--kv-report-full` has every request ask for them in vLLM's "full" report mode.
+Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
 
@@ -158,6 +162,11 @@ COUNTS = (
     "offload_unstored_loads",
     "cache_resets",
     "cache_resets_done",
+    "events_stored",
+    "events_removed",
+    "events_cleared",
+    "events_sparse_stores",
+    "events_other_media",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -198,6 +207,11 @@ MEANING = {
     "offload_unstored_loads": "of those, from a part of a chunk its store left out",
     "cache_resets": "prefix-cache and connector resets",
     "cache_resets_done": "of those, done by vLLM (no KV in use)",
+    "events_stored": "keys KV cache events announced stored",
+    "events_removed": "keys they announced removed",
+    "events_cleared": "AllBlocksCleared events",
+    "events_sparse_stores": "stores whose tokens are not one block per key",
+    "events_other_media": "events of the offloading connector's CPU tier",
 }
 
 
@@ -270,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "mamba_block_scale": args.mamba_block_scale,
                 "mamba_checkpoint_alignment": args.mamba_checkpoint_alignment,
                 "full_block_scale": args.full_block_scale,
+                "kv_events": args.kv_events,
+                "kv_report_full": args.kv_report_full,
             },
         )
     return 1 if tally.failures else 0

@@ -417,3 +417,35 @@ def mamba_checkpoint_keyed_one_column_late(sched: Any) -> None:
         return blocks
 
     manager.get_num_blocks_to_allocate = allocate
+
+
+def removal_not_announced(sched: Any) -> None:
+    """Seeded bug (KV cache events on, `LoopOptions(kv_events=True)`): the block pool evicts a
+    cached block without queueing its `BlockRemoved` event, so a router keeps the key."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool._maybe_evict_cached_block
+
+    def evict(block: Any) -> Any:
+        queued = len(pool.kv_event_queue)
+        evicted = original(block)
+        del pool.kv_event_queue[queued:]
+        return evicted
+
+    pool._maybe_evict_cached_block = evict
+
+
+def later_stores_not_announced(sched: Any) -> None:
+    """Seeded bug (KV cache events on): the block pool announces only the first blocks a
+    request caches; a `BlockStored` for blocks cached after others of the request is never
+    queued, so a router never learns those keys."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool.cache_full_blocks
+
+    def cache(request: Any, blocks: Any, num_cached_blocks: int, *args: Any, **kw: Any) -> Any:
+        queued = len(pool.kv_event_queue)
+        result = original(request, blocks, num_cached_blocks, *args, **kw)
+        if num_cached_blocks > 0:
+            del pool.kv_event_queue[queued:]
+        return result
+
+    pool.cache_full_blocks = cache

@@ -87,6 +87,9 @@ from spec.errors import ConfigError, DuplicateRequest, UnknownRequest
 # output number i of the request with arrival index a is OUTPUT_BASE + a * 2**32 + i, and its
 # end token (its only `stop_token_ids` entry) STOP_BASE + a.
 UNSHARED_BASE = 1_000_000
+#: vLLM's per-request `kv_cache_report_mode`s: announce the blocks a request caches
+#: ("incremental", the default), or those its prefix-cache hit reuses too ("full").
+KV_REPORT_MODES = ("incremental", "full")
 STOP_BASE = 1 << 39
 OUTPUT_BASE = 1 << 40
 
@@ -241,6 +244,8 @@ class RealVllmScheduler:
         mamba_block_scale: int = 1,
         mamba_checkpoint_alignment: int | None = None,
         full_block_scale: int = 1,
+        kv_events: bool = False,
+        kv_report_mode: str = "incremental",
     ) -> None:
         space.check(config)
         if (
@@ -343,6 +348,22 @@ class RealVllmScheduler:
         )
         #: vLLM's `prefix_cache_retention_interval` (its default 0; None: dense).
         self.retention_interval: int | None = retention_interval
+        #: vLLM's block pool queues KV cache events and its scheduler publishes them
+        #: (`KVEventsConfig(enable_kv_cache_events=True)`, the null publisher until replaced).
+        if not isinstance(kv_events, bool):
+            raise ConfigError("kv_events", kv_events, "True or False")
+        self.kv_events: bool = kv_events
+        if kv_report_mode not in KV_REPORT_MODES or (
+            kv_report_mode != "incremental" and not kv_events
+        ):
+            raise ConfigError(
+                "kv_report_mode",
+                kv_report_mode,
+                "'incremental', or with kv_events 'full' (every request's sampling params ask "
+                "vLLM to announce the blocks its prefix-cache hit reuses too)",
+            )
+        #: Each request's `kv_cache_report_mode` (its sampling params' `extra_args`).
+        self.kv_report_mode: str = kv_report_mode
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end (reasoning on)
@@ -398,6 +419,11 @@ class RealVllmScheduler:
                     pipeline_parallel_size=self.pipeline_parallel_size
                 ),
                 speculative_config=self._speculative_config(model_config),
+                kv_events_config=(
+                    cfg.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+                    if self.kv_events
+                    else None
+                ),
                 kv_transfer_config=(
                     _kv_transfer_config(cfg, self.kv_connector, self.kv_role)
                     if self.kv_connector is not None
@@ -525,6 +551,11 @@ class RealVllmScheduler:
             ignore_eos=True,
             structured_outputs=(
                 structured.grammar_params(self.v, script, first) if guided else None
+            ),
+            extra_args=(
+                {"kv_cache_report_mode": self.kv_report_mode}
+                if self.kv_report_mode != "incremental"
+                else None
             ),
         )
         req = self.v.request.Request(

@@ -132,6 +132,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
+from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.speculative import SpeculativeModel
@@ -150,6 +151,7 @@ RULES = (
     "draft_grammar",
     "cache_hit_written",
     "kv_written",
+    "kv_events",
     "load_before_compute",
     "transfer_blocks_held",
     "kv_delivered",
@@ -221,6 +223,11 @@ class CoreRun:
     offload_unstored_loads: int = 0  # of those, blocks of a chunk their store left out
     cache_resets: int = 0  # prefix-cache and connector resets between engine steps
     cache_resets_done: int = 0  # of those, the ones vLLM reported done (no KV in use)
+    events_stored: int = 0  # keys KV cache events announced stored (GPU tier)
+    events_removed: int = 0  # keys they announced removed
+    events_cleared: int = 0  # AllBlocksCleared events
+    events_sparse_stores: int = 0  # BlockStored events whose tokens are not one block per key
+    events_other_media: int = 0  # events of another tier (the offloading connector's CPU store)
 
 
 @dataclass
@@ -290,6 +297,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         mamba_block_scale: int = 1,
         mamba_checkpoint_alignment: int | None = None,
         full_block_scale: int = 1,
+        kv_events: bool = False,
+        kv_report_mode: str = "incremental",
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -330,7 +339,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             mamba_block_scale=mamba_block_scale,
             mamba_checkpoint_alignment=mamba_checkpoint_alignment,
             full_block_scale=full_block_scale,
+            kv_events=kv_events,
+            kv_report_mode=kv_report_mode,
         )
+        #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
+        #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
+        self.events: KvEventView | None = None
+        if kv_events:
+            self.events = KvEventView()
+            self.impl.sched.kv_event_publisher = self.events
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
@@ -468,6 +485,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             transfers = asdict(self.remote.counts)
             del transfers["aborted_loading"]  # the loop counts those (`abort`)
             counts.update(transfers)
+        if self.events is not None:
+            view = self.events
+            counts.update(
+                events_stored=view.stored,
+                events_removed=view.removed,
+                events_cleared=view.cleared,
+                events_sparse_stores=view.sparse_stores,
+                events_other_media=view.other_media,
+            )
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
@@ -646,6 +672,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         the scheduler (`EngineCore.post_step`; under async scheduling the model runner keeps
         them)."""
         self.impl.ended.update(self.reasons)
+        if self.events is not None:
+            # vLLM published this step's events at the end of `update_from_output`
+            check_kv_events(
+                self.events,
+                self.sched,
+                self.impl.v.kv_utils,
+                f"after update_from_output() of schedule {self.n.schedules}",
+            )
         if self.writes is not None:
             for t in self._failed_sync.pop(id(executed), ()):
                 # the failed block, and what the loader's batches computed over it, hold
@@ -881,6 +915,8 @@ class LoopOptions:
     mamba_block_scale: int = 1
     mamba_checkpoint_alignment: int | None = None
     full_block_scale: int = 1
+    kv_events: bool = False
+    kv_report_mode: str = "incremental"
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -923,6 +959,8 @@ class LoopOptions:
             mamba_block_scale=self.mamba_block_scale,
             mamba_checkpoint_alignment=self.mamba_checkpoint_alignment,
             full_block_scale=self.full_block_scale,
+            kv_events=self.kv_events,
+            kv_report_mode=self.kv_report_mode,
             trace=self.trace,
         )
         return loop.run(program)

@@ -230,6 +230,18 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "reset_connector=True) after a weight update; not with --kv-connector",
     )
     parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="turn vLLM's KV cache events on and check them as a router reads them: after "
+        "each update_from_output the keys they leave cached are the prefix cache's",
+    )
+    parser.add_argument(
+        "--kv-report-full",
+        action="store_true",
+        help="with --kv-events: every request asks vLLM to announce the blocks its "
+        "prefix-cache hit reuses too (kv_cache_report_mode 'full')",
+    )
+    parser.add_argument(
         "--sliding-window",
         type=int,
         default=None,
@@ -322,6 +334,8 @@ def loop_options(
             "--offload-outputs, --offload-sync-loads and --offload-blocks-per-chunk need "
             "--offload-chunks"
         )
+    if args.kv_report_full and not args.kv_events:
+        parser.error("--kv-report-full: only with --kv-events")
     if args.cache_resets and args.kv_connector:
         parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
@@ -391,6 +405,8 @@ def loop_options(
         mamba_block_scale=args.mamba_block_scale,
         mamba_checkpoint_alignment=args.mamba_checkpoint_alignment,
         full_block_scale=args.full_block_scale,
+        kv_events=args.kv_events,
+        kv_report_mode="full" if args.kv_report_full else "incremental",
     )
     return options, names
 
@@ -423,6 +439,9 @@ def describe(args: argparse.Namespace) -> str:
         )
     if args.cache_resets:
         drafts += "; cache resets"
+    if args.kv_events:
+        full = ", hits reported in full" if args.kv_report_full else ""
+        drafts += f"; KV cache events checked{full}"
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:

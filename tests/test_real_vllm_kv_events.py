@@ -1,0 +1,238 @@
+"""vLLM 0.33.0's KV cache events, checked as a KV-aware router reads them
+(`LoopOptions(kv_events=True)`, `integrations.vllm.kv_events`): after every
+`update_from_output`, the keys the published events leave cached, copies counted, are exactly
+the keys of the prefix cache. Released vLLM passes over branching prompts, one group or
+hybrid; two seeded bugs (an eviction not announced, stores not announced) fail the rule with
+messages naming the key; programs do hold one key in two blocks at once, which is why the
+reader counts copies; and the "full" report mode, which announces a hit as a store, leaves a
+counting reader one copy too many (known upstream). The reader itself is checked without
+vLLM.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1
+(the reader's own tests run without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import SPACE_PREFIX, RealVllmScheduler
+from integrations.vllm.branching_prompt_programs import branching_prompt_program
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
+from integrations.vllm.kv_events import KvEventView, check_kv_events
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+from tests.test_real_vllm_hybrid_loop import CONFIG
+from tests.vllm_seeded_bugs import later_stores_not_announced, removal_not_announced
+
+PROGRAMS = 60
+EVENTS = LoopOptions(kv_events=True)
+
+
+def _vllm() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _run(seed: int, async_scheduling: bool, options: LoopOptions) -> CoreRun | None:
+    """Branching-prompt program `seed` with prefix caching through one loop (None without)."""
+    program = branching_prompt_program(seed)
+    if not program.config.enable_prefix_caching:
+        return None
+    try:
+        return run_loop(program, async_scheduling=async_scheduling, options=options)
+    except ConfigError as err:  # a Mamba group needs chunked prefill with prefix caching
+        assert err.field == "mamba", err
+        return None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        EVENTS,
+        replace(EVENTS, sliding_window=3),
+        replace(EVENTS, mamba=True, mamba_block_scale=2),
+        replace(EVENTS, cache_resets=True),
+    ],
+    ids=["one-group", "window", "mamba", "cache-resets"],
+)
+def test_released_vllm_announces_its_prefix_cache_exactly(options: LoopOptions) -> None:
+    """The first branching programs with prefix caching pass both loops with the events on,
+    blocks announced stored and removed (and, with cache resets, cleared)."""
+    _vllm()
+    runs = [
+        run
+        for seed in range(PROGRAMS)
+        for async_scheduling in (False, True)
+        if (run := _run(seed, async_scheduling, options)) is not None
+    ]
+    assert runs
+    assert sum(r.events_stored for r in runs) and sum(r.events_removed for r in runs)
+    if options.cache_resets:
+        assert sum(r.events_cleared for r in runs)
+
+
+def test_one_key_is_held_by_two_blocks_so_the_reader_counts_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM caches a block without looking for an identical one (its block tables are
+    append-only), so one key is held by two blocks at times, each stored and removed on its
+    own: a reader that dropped a key at its first removal would lose a key still cached. The
+    programs reach that, and pass with copies counted."""
+    _vllm()
+    both: list[int] = []
+
+    def counting(view: KvEventView, sched: Any, kv_utils: Any, where: str) -> None:
+        both.extend(1 for n in view.copies.values() if n > 1)
+        check_kv_events(view, sched, kv_utils, where)
+
+    monkeypatch.setattr("integrations.vllm.engine_core.check_kv_events", counting)
+    for seed in range(PROGRAMS):
+        _run(seed, True, EVENTS)
+    assert both
+
+
+#: (seeded bug, the rule it fails, words of the message).
+SEEDED_BUGS: list[tuple[Callable[[Any], None], str, tuple[str, ...]]] = [
+    (removal_not_announced, "kv_events", ("leave", "cached that the prefix cache no longer holds")),
+    (later_stores_not_announced, "kv_events", ("the prefix cache holds", "do not leave cached")),
+]
+
+
+@pytest.mark.parametrize(("bug", "rule", "words"), SEEDED_BUGS, ids=["removal", "store"])
+def test_events_that_miss_a_change_are_caught(
+    bug: Callable[[Any], None], rule: str, words: tuple[str, ...]
+) -> None:
+    """Seeded bugs: an eviction whose `BlockRemoved` is never queued (a router keeps the key),
+    and stores announced only for a request's first blocks (a router never learns the rest).
+    Each fails `kv_events`, naming the key's group and its tokens or blocks."""
+    _vllm()
+    options = replace(EVENTS, mutate=bug)
+    seen = first_violations(PROGRAMS, lambda seed: _run(seed, True, options), until=rule)
+    assert rule in seen, seen
+    assert all(w in seen[rule] for w in words), seen
+    assert "of KV cache group 0" in seen[rule], seen
+
+
+#: `scripts/vllm_shrink.py --seed 8 --loop sync --rule kv_events --programs-from
+#: branching-prompts --kv-events --kv-report-full`: r3 (more urgent) preempts r1, which resumes
+#: from its own cached blocks.
+RESUMED_FROM_ITS_OWN_BLOCKS = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=16,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        max_model_len=11,
+        policy=Policy.PRIORITY,
+        enable_prefix_caching=True,
+    ),
+    arrivals=((ArRequest("r1", 7, 2, priority=3),), (ArRequest("r3", 8, 3),)),
+    aborts=((), ()),
+)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_known_upstream_full_report_mode_announces_a_hit_as_a_store(
+    async_scheduling: bool,
+) -> None:
+    """vLLM 0.33.0, `kv_cache_report_mode="full"`: a request that hits the prefix cache gets a
+    `BlockStored` for each block its hit reuses (`emit_cached_block_events`), the same event a
+    newly cached copy gets (open: vLLM PR #51699 proposes telling them apart). A reader that
+    counts copies, as routers must since vLLM announces each copy of a key, then counts one
+    copy too many: when the one block holding the key is evicted, the key stays cached for the
+    router. Here r1, preempted by r3, resumes from its own blocks, and one of them is later
+    evicted (`kv_events`). With the default "incremental" mode the program passes."""
+    _vllm()
+    options = replace(EVENTS, kv_report_mode="full")
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(RESUMED_FROM_ITS_OWN_BLOCKS, async_scheduling=async_scheduling, options=options)
+    assert err.value.rule == "kv_events", err.value
+    assert "no longer holds" in err.value.detail and "1 copy(ies) left" in err.value.detail
+    run_loop(RESUMED_FROM_ITS_OWN_BLOCKS, async_scheduling=async_scheduling, options=EVENTS)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [({"kv_events": "yes"}, "kv_events"), ({"kv_report_mode": "full"}, "kv_report_mode")],
+)
+def test_bad_event_options_are_typed_errors(fields: dict[str, Any], field: str) -> None:
+    """`kv_events` not a bool; a report mode other than the default without events on."""
+    _vllm()
+    with pytest.raises(ConfigError) as err:
+        RealVllmScheduler(CONFIG, lambda _e: None, SPACE_PREFIX, **fields)
+    assert err.value.field == field and err.value.valid, err.value
+
+
+def test_the_check_script_checks_the_events(capsys: pytest.CaptureFixture[str]) -> None:
+    _vllm()
+    script = load_script("vllm_async_check")
+    argv = ["--programs", "8", "--programs-from", "branching-prompts", "--kv-events"]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "KV cache events checked" in out and "keys KV cache events announced stored" in out
+    with pytest.raises(SystemExit) as leaving:
+        script.main(["--programs", "1", "--kv-report-full"])
+    assert leaving.value.code == 2
+    assert "--kv-report-full: only with --kv-events" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the reader, without vLLM
+def _event(kind: str, **fields: Any) -> Any:
+    """An event whose class is named as vLLM's `kind` (the reader reads the name)."""
+    event = type(kind, (), {})()
+    for name, value in fields.items():
+        setattr(event, name, value)
+    return event
+
+
+def _fake_sched(held: dict[tuple[int, int], list[int]]) -> tuple[Any, Any]:
+    """A scheduler whose pool caches `held` ((key, group) -> block ids), and kv_utils whose
+    full keys are those pairs."""
+    cache = {
+        key: {b: SimpleNamespace(block_id=b) for b in blocks}
+        if len(blocks) > 1
+        else SimpleNamespace(block_id=blocks[0])
+        for key, blocks in held.items()
+    }
+    pool = SimpleNamespace(cached_block_hash_to_block=SimpleNamespace(_cache=cache))
+    sched = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool))
+    kv_utils = SimpleNamespace(
+        maybe_convert_block_hash=lambda h: h,
+        get_block_hash=lambda k: k[0],
+        get_group_id=lambda k: k[1],
+    )
+    return sched, kv_utils
+
+
+def test_the_reader_counts_copies_and_compares_both_ways() -> None:
+    """Two stores of key 7 and one removal leave it cached; a reset clears all; a CPU-tier
+    event is counted, not applied; a store whose tokens span a skipped block is counted as
+    sparse. The check passes on the same keys and names a key missing either way."""
+    view = KvEventView()
+    store = {"token_ids": [1, 2], "block_size": 2, "group_idx": 0, "medium": "GPU"}
+    view.apply(_event("BlockStored", block_hashes=[7], **store))
+    view.apply(_event("BlockStored", block_hashes=[7], **store))
+    view.apply(_event("BlockRemoved", block_hashes=[7], group_idx=0, medium="GPU"))
+    view.apply(_event("BlockStored", block_hashes=[9], **{**store, "medium": "CPU"}))
+    view.apply(_event("BlockStored", block_hashes=[8], **{**store, "token_ids": [1, 2, 3, 4]}))
+    assert view.cached() == {(7, 0), (8, 0)}
+    assert (view.stored, view.removed, view.other_media, view.sparse_stores) == (3, 1, 1, 1)
+    check_kv_events(view, *_fake_sched({(7, 0): [3, 5], (8, 0): [4]}), "here")
+    with pytest.raises(EngineCoreViolation) as gone:
+        check_kv_events(view, *_fake_sched({(7, 0): [3]}), "here")
+    assert "no longer holds" in gone.value.detail and "[1, 2, 3, 4]" in gone.value.detail
+    with pytest.raises(EngineCoreViolation) as unseen:
+        check_kv_events(view, *_fake_sched({(7, 0): [3], (8, 0): [4], (6, 1): [2]}), "here")
+    assert "of KV cache group 1, in block(s) [2]" in unseen.value.detail, unseen.value
+    view.apply(_event("AllBlocksCleared"))
+    assert view.cached() == set() and view.cleared == 1
