@@ -6,8 +6,9 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`vllm-spec`: `integrations.vllm.spec_pad_fix`), vLLM 0.33.0's KV connector path
 (`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
-(`vllm-offloading`: `integrations.vllm.offload_hit_fix` and, on hybrid KV caches,
-`integrations.vllm.offload_window_fixes`) or its Mamba prefix caching
+(`vllm-offloading`: `integrations.vllm.offload_hit_fix`, on hybrid KV caches
+`integrations.vllm.offload_window_fixes`, and with KV cache events
+`integrations.vllm.offload_events_fix`) or its Mamba prefix caching
 (`vllm-mamba`: `integrations.vllm.mamba_split_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch

@@ -110,6 +110,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-offloading-reset-events": (
+        "KV offloading connector with KV cache events: a connector reset made while the prefix "
+        "cache's own reset fails empties the CPU tier without an event, and a router keeps "
+        "counting on CPU-tier hits that are gone",
+        "vllm-offloading",
+        None,
+    ),
     "vllm-mamba-mid-block-hit": (
         "Mamba prefix caching, hashes finer than the Mamba block, layers that export prefill "
         "checkpoints: a chunk starting inside a Mamba block runs past its end, and the block, "
@@ -144,7 +151,7 @@ SUMMARIES = {
 }
 
 #: `LoopOptions` fields and the `scripts/vllm_shrink.py` flag that sets each (a bool: the flag
-#: alone; kv_sync_loads: its flag when False).
+#: alone; kv_sync_loads: its flag when False; kv_report_mode: its flag when "full").
 FLAGS = {
     "pipeline_parallel_size": "--pipeline-parallel",
     "speculative_tokens": "--speculative-tokens",
@@ -171,6 +178,8 @@ FLAGS = {
     "mamba_block_scale": "--mamba-block-scale",
     "mamba_checkpoint_alignment": "--mamba-checkpoint-alignment",
     "full_block_scale": "--full-block-scale",
+    "kv_events": "--kv-events",
+    "kv_report_mode": "--kv-report-full",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -198,6 +207,8 @@ DEFAULTS: dict[str, object] = {
     "mamba_block_scale": 1,
     "mamba_checkpoint_alignment": None,
     "full_block_scale": 1,
+    "kv_events": False,
+    "kv_report_mode": "incremental",
 }
 
 
@@ -214,7 +225,9 @@ def shrink_arguments(record: dict[str, Any]) -> list[str]:
             continue
         flag = FLAGS[name]
         shown = "dense" if name == "retention_interval" and value is None else str(value)
-        args += [flag] if isinstance(value, bool) else [flag, shown]
+        # a bool, and the one report mode besides the default ("full"), are the flag alone
+        alone = isinstance(value, bool) or name == "kv_report_mode"
+        args += [flag] if alone else [flag, shown]
     for fix in (record["fix"] or "").split(" + "):
         if fix:
             args += ["--fix", fix]

@@ -15,7 +15,8 @@
         [--fix {uncache-preempted,pad-what-fits,cap-draft-margin,drop-stale-reservation,
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
-                forget-stale-window,whole-window-chunks,stop-mid-block-chunks} ...]
+                forget-stale-window,whole-window-chunks,announce-cpu-reset,
+                stop-mid-block-chunks} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the

@@ -27,6 +27,9 @@ from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
 from integrations.vllm.kv_events import KvEventView, check_kv_events
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
@@ -215,9 +218,10 @@ def _fake_sched(held: dict[tuple[int, int], list[int]]) -> tuple[Any, Any]:
 
 
 def test_the_reader_counts_copies_and_compares_both_ways() -> None:
-    """Two stores of key 7 and one removal leave it cached; a reset clears all; a CPU-tier
-    event is counted, not applied; a store whose tokens span a skipped block is counted as
-    sparse. The check passes on the same keys and names a key missing either way."""
+    """Two stores of key 7 and one removal leave it cached; a removal of a key with no copy
+    is ignored; a reset clears all; a CPU-tier event counts in the CPU tier's view; a store
+    whose tokens span a skipped block is counted as sparse. The check passes on the same keys
+    and names a key missing either way."""
     view = KvEventView()
     store = {"token_ids": [1, 2], "block_size": 2, "group_idx": 0, "medium": "GPU"}
     view.apply(_event("BlockStored", block_hashes=[7], **store))
@@ -225,8 +229,10 @@ def test_the_reader_counts_copies_and_compares_both_ways() -> None:
     view.apply(_event("BlockRemoved", block_hashes=[7], group_idx=0, medium="GPU"))
     view.apply(_event("BlockStored", block_hashes=[9], **{**store, "medium": "CPU"}))
     view.apply(_event("BlockStored", block_hashes=[8], **{**store, "token_ids": [1, 2, 3, 4]}))
-    assert view.cached() == {(7, 0), (8, 0)}
-    assert (view.stored, view.removed, view.other_media, view.sparse_stores) == (3, 1, 1, 1)
+    view.apply(_event("BlockRemoved", block_hashes=[5], group_idx=0, medium="GPU"))
+    assert view.cached() == {(7, 0), (8, 0)} and view.copies[(5, 0)] == 0  # unknown: ignored
+    assert view.cpu_copies == {(9, 0): 1}
+    assert (view.stored, view.removed, view.other_media, view.sparse_stores) == (3, 2, 1, 1)
     check_kv_events(view, *_fake_sched({(7, 0): [3, 5], (8, 0): [4]}), "here")
     with pytest.raises(EngineCoreViolation) as gone:
         check_kv_events(view, *_fake_sched({(7, 0): [3]}), "here")
@@ -235,4 +241,62 @@ def test_the_reader_counts_copies_and_compares_both_ways() -> None:
         check_kv_events(view, *_fake_sched({(7, 0): [3], (8, 0): [4], (6, 1): [2]}), "here")
     assert "of KV cache group 1, in block(s) [2]" in unseen.value.detail, unseen.value
     view.apply(_event("AllBlocksCleared"))
-    assert view.cached() == set() and view.cleared == 1
+    assert view.cached() == set() and not view.cpu_copies and view.cleared == 1
+
+
+# ------------------------------------------------ the CPU tier of vLLM's offloading connector
+#: docs/shrunk/vllm-offloading-reset-events.json: one request, its blocks offloaded chunk by
+#: chunk, and a reset while it runs (the connector's draws seeded as recorded).
+ONE_REQUEST_OFFLOADED = CoreProgram(
+    ArConfig(block_size=2, num_blocks=4, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=7),
+    arrivals=((ArRequest("r0", 1, 6),),),
+    aborts=((),),
+)
+OFFLOADED = replace(
+    EVENTS,
+    offload_chunks=16,
+    offload_outputs=True,
+    cache_resets=True,
+    fix=make_fixes(["no-pointless-hit"]),
+    draw_seed=2896518988,
+)
+
+
+def test_finding_a_connector_reset_empties_the_cpu_tier_without_an_event() -> None:
+    """vLLM 0.33.0, its offloading connector, KV cache events on: a reset with r0 running
+    (`reset_prefix_cache(reset_connector=True)`, as after a weight update) fails for the prefix
+    cache, KV being in use, and resets the connector anyway. Its CPU manager drops the chunk
+    whose store it announced and queues no event (an eviction queues one), and no
+    `AllBlocksCleared` comes either: a router keeps the CPU-tier key (`kv_events`). With the
+    candidate fix `announce-cpu-reset` the reset announces the removal of every chunk
+    announced stored, and the program passes."""
+    _vllm()
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(ONE_REQUEST_OFFLOADED, async_scheduling=False, options=OFFLOADED)
+    assert err.value.rule == "kv_events", err.value
+    words = ("leave cached in the CPU tier keys", "offloading connector no longer holds")
+    assert all(w in err.value.detail for w in words), err.value
+    fixed = replace(OFFLOADED, fix=make_fixes(["no-pointless-hit", "announce-cpu-reset"]))
+    run_loop(ONE_REQUEST_OFFLOADED, async_scheduling=False, options=fixed)
+
+
+def test_the_reset_fix_is_a_patch_of_the_cpu_manager_and_passes_generated_programs() -> None:
+    """The fix prints as a diff of vLLM's `kv_offload/cpu/manager.py`; the CPU-tier keys are
+    checked in generated programs (stores and removals announced), and with resets the
+    programs pass with the fix."""
+    _vllm()
+    diff = OFFLOADING_FIXES.as_diff(["announce-cpu-reset"])
+    assert "+++ b/vllm/v1/kv_offload/cpu/manager.py" in diff
+    assert (
+        "+            # Every stored chunk goes: announce its removal, as an eviction does." in diff
+    )
+    fixed = replace(OFFLOADED, fix=make_fixes(["no-pointless-hit", "announce-cpu-reset"]))
+    cpu_events = 0
+    for seed in range(12):
+        for async_scheduling in (False, True):
+            program = shared_prompt_program(seed)
+            options = replace(fixed, draw_seed=None)
+            cpu_events += run_loop(
+                program, async_scheduling=async_scheduling, options=options
+            ).events_other_media
+    assert cpu_events

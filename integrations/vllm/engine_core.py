@@ -346,7 +346,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
         self.events: KvEventView | None = None
         if kv_events:
-            self.events = KvEventView()
+            self.events = KvEventView(log=self.note if trace is not None else None)
             self.impl.sched.kv_event_publisher = self.events
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None

@@ -17,9 +17,11 @@ stays cached until as many removals as stores arrived. `KvEventView` is such a r
 in for the publisher; `check_kv_events` is the rule `kv_events`: after each
 `update_from_output` (when vLLM publishes), the keys of the view with a copy left are exactly
 the keys of the block pool's cache, group by group (`(key, KV cache group)`, as `BlockStored`
-and `BlockRemoved` carry `group_idx`). Events of another medium (vLLM's offloading connector
-announces the CPU tier's stores and removals through the same publisher) describe that tier,
-not the GPU pool, and are counted only.
+and `BlockRemoved` carry `group_idx`). vLLM's offloading connector announces its CPU tier's
+stores and removals through the same publisher (medium "CPU", a chunk's key): the view counts
+those apart, and they must leave cached exactly the chunks the connector's manager holds
+stored. `AllBlocksCleared` names no medium, and clears both. A removal of a key with no copy is
+ignored, as the routers' filters pass unknown removals through.
 
 Not a rule here: a `BlockStored`'s `token_ids` span every block of its range while its
 `block_hashes` leave out the blocks it skips (a sliding window's or Mamba group's null blocks),
@@ -29,8 +31,9 @@ counts such events). The view pairs keys with nothing but their count.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,9 @@ from integrations.vllm.core_loop import EngineCoreViolation
 
 #: vLLM's medium name for the GPU block pool's events (`vllm.distributed.kv_events.MEDIUM_GPU`).
 GPU_MEDIUM = "GPU"
+
+#: The medium of the CPU tier of vLLM's offloading connector (`MEDIUM_CPU`).
+CPU_MEDIUM = "CPU"
 
 #: A cached block's key as the events carry it: (its external block hash, KV cache group).
 EventKey = tuple[Hashable, int | None]
@@ -51,46 +57,84 @@ class KvEventView:
     publisher's."""
 
     copies: Counter[EventKey] = field(default_factory=Counter)
+    #: The same for the CPU tier of vLLM's offloading connector (medium "CPU").
+    cpu_copies: Counter[EventKey] = field(default_factory=Counter)
     #: The token ids of the store event that last announced each key (for messages).
     tokens: dict[EventKey, tuple[int, ...]] = field(default_factory=dict)
     stored: int = 0  # keys announced stored
     removed: int = 0  # keys announced removed
     cleared: int = 0  # AllBlocksCleared events
     sparse_stores: int = 0  # stores whose token_ids are not one block per key (#44451)
-    other_media: int = 0  # events of another tier (the offloading connector's CPU store)
+    other_media: int = 0  # events of another tier (the offloading connector's CPU tier)
+
+    #: With a callable, one line per published batch (a loop's trace).
+    log: Callable[[str], None] | None = None
 
     def publish(self, batch: Any) -> None:
         """Apply a `KVEventBatch` (vLLM's `EventPublisher.publish`)."""
         for event in batch.events:
             self.apply(event)
+        if self.log is not None:
+            self.log(f"KV events: {describe(batch.events)}")
 
     def apply(self, event: Any) -> None:
         """Apply one KV cache event."""
         kind = type(event).__name__
         if kind == "AllBlocksCleared":
+            # it names no medium: routers drop the engine's keys of every tier
             self.copies.clear()
+            self.cpu_copies.clear()
             self.cleared += 1
             return
-        if getattr(event, "medium", GPU_MEDIUM) not in (GPU_MEDIUM, None):
+        medium = getattr(event, "medium", GPU_MEDIUM)
+        if medium == CPU_MEDIUM:
+            self.other_media += 1
+            _count(self.cpu_copies, kind, event)
+            return
+        if medium not in (GPU_MEDIUM, None):
             self.other_media += 1
             return
-        group = event.group_idx
         if kind == "BlockStored":
             tokens = tuple(event.token_ids)
             if len(tokens) != len(event.block_hashes) * event.block_size:
                 self.sparse_stores += 1
             for key in event.block_hashes:
-                self.copies[(key, group)] += 1
-                self.tokens[(key, group)] = tokens
-                self.stored += 1
+                self.tokens[(key, event.group_idx)] = tokens
+            self.stored += len(event.block_hashes)
         elif kind == "BlockRemoved":
-            for key in event.block_hashes:
-                self.copies[(key, group)] -= 1
-                self.removed += 1
+            self.removed += len(event.block_hashes)
+        _count(self.copies, kind, event)
 
     def cached(self) -> set[EventKey]:
         """The keys with a copy left: what a router takes as cached."""
         return {key for key, n in self.copies.items() if n > 0}
+
+
+def describe(events: Sequence[Any]) -> str:
+    """`events` in words: per kind and medium the keys named ("BlockStored GPU 2 keys;
+    BlockRemoved CPU 1 key; AllBlocksCleared")."""
+    keys: Counter[str] = Counter()
+    for event in events:
+        kind = type(event).__name__
+        medium = getattr(event, "medium", None)
+        keys[kind if medium is None else f"{kind} {medium}"] += len(
+            getattr(event, "block_hashes", ())
+        )
+    return "; ".join(
+        where if where == "AllBlocksCleared" else f"{where} {n} key{'s' * (n != 1)}"
+        for where, n in keys.items()
+    )
+
+
+def _count(copies: Counter[EventKey], kind: str, event: Any) -> None:
+    """A store adds a copy of each key it names, a removal takes one; a removal of a key with
+    no copy is ignored, as the routers' filters pass unknown removals through."""
+    for key in event.block_hashes:
+        full = (key, event.group_idx)
+        if kind == "BlockStored":
+            copies[full] += 1
+        elif kind == "BlockRemoved" and copies[full] > 0:
+            copies[full] -= 1
 
 
 def pool_keys(sched: Any, kv_utils: Any) -> dict[EventKey, list[int]]:
@@ -132,6 +176,56 @@ def check_kv_events(view: KvEventView, sched: Any, kv_utils: Any, where: str) ->
             f"leave cached; the first, of KV cache group {key[1]}, in block(s) {held[key]}, has "
             f"{view.copies[key]} copy(ies) by the events: a router misses those hits",
         )
+    offloaded = offloaded_keys(sched, kv_utils)
+    if offloaded is None:
+        return
+    in_cpu = {key for key, n in view.cpu_copies.items() if n > 0}
+    for extra, what in (
+        (
+            in_cpu - offloaded,
+            "leave cached in the CPU tier keys that vLLM's offloading "
+            "connector no longer holds: a router counts on CPU-tier hits that are gone",
+        ),
+        (
+            offloaded - in_cpu,
+            "do not leave cached in the CPU tier keys that vLLM's offloading "
+            "connector holds: a router misses those hits",
+        ),
+    ):
+        if extra:
+            key = sorted(extra, key=repr)[0]
+            raise EngineCoreViolation(
+                "kv_events",
+                f"{where}: the KV events {what} ({len(extra)}; the first of KV cache group "
+                f"{key[1]})",
+            )
 
 
-__all__ = ["GPU_MEDIUM", "EventKey", "KvEventView", "check_kv_events", "pool_keys"]
+def offloaded_keys(sched: Any, kv_utils: Any) -> set[EventKey] | None:
+    """The keys of the chunks vLLM's offloading connector holds stored in its CPU tier (a store
+    completed), as its events name them, or None where the scheduler serves no such connector
+    or its manager keeps them in a structure this does not read (a policy other than LRU)."""
+    connector = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
+    chunks = getattr(getattr(getattr(connector, "manager", None), "_policy", None), "chunks", None)
+    if not isinstance(chunks, dict):
+        return None
+    base = importlib.import_module("vllm.v1.kv_offload.base")
+    return {
+        (
+            kv_utils.maybe_convert_block_hash(base.get_offload_block_hash(key)),
+            base.get_offload_group_idx(key),
+        )
+        for key, chunk in chunks.items()
+        if chunk.is_ready
+    }
+
+
+__all__ = [
+    "CPU_MEDIUM",
+    "GPU_MEDIUM",
+    "EventKey",
+    "KvEventView",
+    "check_kv_events",
+    "offloaded_keys",
+    "pool_keys",
+]

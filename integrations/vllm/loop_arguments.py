@@ -20,6 +20,11 @@ from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
+from integrations.vllm.offload_events_fix import (
+    ANNOUNCE_CPU_RESET,
+    ANNOUNCE_CPU_RESET_FIX,
+    apply_announce_cpu_reset,
+)
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT, OFFLOAD_HIT_FIX, apply_offload_hit_fix
 from integrations.vllm.offload_window_fixes import (
     FORGET_STALE_WINDOW,
@@ -54,6 +59,7 @@ FIXES = {
         OFFLOAD_HIT_FIX,
         FORGET_STALE_WINDOW_FIX,
         WHOLE_WINDOW_CHUNKS_FIX,
+        ANNOUNCE_CPU_RESET_FIX,
         MAMBA_SPLIT_FIX,
     )
 }
@@ -63,6 +69,7 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
     OFFLOAD_HIT: apply_offload_hit_fix,
     FORGET_STALE_WINDOW: apply_forget_stale_window,
     WHOLE_WINDOW_CHUNKS: apply_whole_window_chunks,
+    ANNOUNCE_CPU_RESET: apply_announce_cpu_reset,
 }
 
 

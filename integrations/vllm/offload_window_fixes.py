@@ -39,6 +39,7 @@ from typing import Any
 
 from integrations.patches import EngineFix, FixSet
 from integrations.vllm.adapter import load_vllm
+from integrations.vllm.offload_events_fix import ANNOUNCE_CPU_RESET_FIX, MANAGER_MODULE
 from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX, give_connector_method
 
 FORGET_STALE_WINDOW = "forget-stale-window"
@@ -99,11 +100,17 @@ WHOLE_WINDOW_CHUNKS_FIX = EngineFix(
     "a sliding-window chunk stored in part (null blocks left out) is keyed, and hit, as a "
     "whole, and the load reads the part left out: store no window chunk holding a null block",
 )
-#: vLLM's offloading connector's candidate fixes (this module's and `no-pointless-hit`).
+#: vLLM's offloading connector's candidate fixes (this module's, `no-pointless-hit`, and
+#: `announce-cpu-reset` in its CPU manager).
 OFFLOADING_FIXES = FixSet(
     engine="vLLM 0.33.0",
-    modules=(MODULE,),
-    fixes=(OFFLOAD_HIT_FIX, FORGET_STALE_WINDOW_FIX, WHOLE_WINDOW_CHUNKS_FIX),
+    modules=(MODULE, MANAGER_MODULE),
+    fixes=(
+        OFFLOAD_HIT_FIX,
+        FORGET_STALE_WINDOW_FIX,
+        WHOLE_WINDOW_CHUNKS_FIX,
+        ANNOUNCE_CPU_RESET_FIX,
+    ),
     exclusive=(),
     load=load_vllm,
     importing=contextlib.nullcontext,
