@@ -3,7 +3,7 @@ over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
         [--reach-model-len] [--whole-canvas-fix] [--read-only-hold-fix] [--model-len-hold-fix]
-        [--pipeline-parallel P] [--prefix-caching] [--priority] [--json FILE]
+        [--pipeline-parallel P] [--prefix-caching] [--priority] [--kv-events] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
@@ -18,7 +18,9 @@ the candidate fix of `integrations.vllm.whole_canvas_fix`, `--read-only-hold-fix
 fixes together, the holds first); `--pipeline-parallel P` runs the asynchronous loop with P
 pipeline stages (a batch queue of P + 1); `--prefix-caching` serves with prefix caching on and
 half the prompts prefixes of one shared prompt; `--priority` serves under vLLM's priority
-policy, each request a priority in 0..2. Exit 1 if a program failed.
+policy, each request a priority in 0..2; `--kv-events` serves with vLLM's KV cache events on,
+read as a router reads them (copies counted) and checked after every `update_from_output`
+(`kv_events`, `integrations.vllm.kv_events`). Exit 1 if a program failed.
 Needs `schedspec install-engines vllm`.
 """
 
@@ -62,6 +64,8 @@ MEANING = {
     "aborts_in_flight": "aborts with a step in flight",
     "discarded": "steps of a request that had finished",
     "discarded_read_only": "  of them, of a read-only request",
+    "events_stored": "keys KV cache events announced stored",
+    "events_removed": "keys they announced removed",
 }
 
 
@@ -110,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pipeline_parallel_size": args.pipeline_parallel,
                 "prefix_caching": args.prefix_caching,
                 "priority_policy": args.priority,
+                "kv_events": args.kv_events,
             },
         )
     return 1 if tally.failures else 0

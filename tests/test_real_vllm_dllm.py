@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from tests.vllm_seeded_bugs import (
     lifo_admission,
     new_blocks_not_announced,
     preemption_in_flight_raises,
+    removal_not_announced,
     stop_reported_as_length,
     under_allocate,
 )
@@ -356,7 +358,32 @@ OWN_TESTS = {
     "pp_cadence": "test_the_pipeline_cadence_check_catches_a_scheduler_without_it",
     "preemption_victim": "test_the_victim_check_catches_a_priority_scheduler_preempting_fcfs",
     "kv_writes": "test_the_kv_writes_check_catches_a_canvas_in_a_shared_block",
+    "kv_events": "test_the_kv_events_check_reads_the_diffusion_path_too",
 }
+
+
+def _with_events(seed: int) -> DllmProgram:
+    """Program `seed` with prefix caching, served with KV cache events on."""
+    program = dllm_program(seed, prefix_caching=True)
+    return replace(program, serving=replace(program.serving, kv_events=True))
+
+
+def _run_with_events(seed: int, *, async_scheduling: bool) -> DllmRun:
+    """`_with_events(seed)` through one loop, with an eviction that queues no `BlockRemoved`."""
+    return _run(_with_events(seed), async_scheduling=async_scheduling, mutate=removal_not_announced)
+
+
+def test_the_kv_events_check_reads_the_diffusion_path_too() -> None:
+    """With KV cache events on (`DllmServing(kv_events=True)`), diffusion programs with prefix
+    caching pass both loops, blocks announced stored and removed; an eviction whose
+    `BlockRemoved` is never queued (seeded bug) fails `kv_events` in either loop."""
+    runs = [run for seed in range(PROGRAMS) for run in check_both(_with_events(seed))]
+    assert sum(r.events_stored for r in runs) and sum(r.events_removed for r in runs)
+    for async_scheduling in (False, True):
+        run = partial(_run_with_events, async_scheduling=async_scheduling)
+        seen = first_violations(PROGRAMS, run, until="kv_events")
+        assert "kv_events" in seen, seen
+        assert "cached that the prefix cache no longer holds" in seen["kv_events"], seen
 
 
 def test_every_rule_has_a_seeded_bug() -> None:
@@ -818,6 +845,8 @@ def test_bad_serving_configurations_are_typed_errors() -> None:
         _serving(pipeline_parallel_size=0)
     with pytest.raises(ConfigError, match="'fcfs' or 'priority'"):
         _serving(policy="lifo")
+    with pytest.raises(ConfigError, match="kv_events"):
+        _serving(kv_events="yes")
     with pytest.raises(ConfigError, match="1 in the synchronous loop"):
         DllmCoreLoop(_serving(pipeline_parallel_size=2), async_scheduling=False)
     with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):

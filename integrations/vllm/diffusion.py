@@ -91,6 +91,7 @@ from integrations.vllm.core_loop import (
     check_program_steps,
     run_both,
 )
+from integrations.vllm.kv_events import KvEventView, check_kv_events
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -107,6 +108,7 @@ RULES = (
     "kv_bounded",
     *SCHEDULE_RULES,
     "kv_writes",
+    "kv_events",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -126,9 +128,10 @@ class DllmServing:
     `max_denoising_steps`), its KV cache (`block_size` tokens a block, `num_blocks` blocks, block
     0 the null block), its scheduler limits, and its pipeline-parallel stages (vLLM's
     `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one), and
-    whether prefix caching is on (vLLM's default for a decoder; off unless asked here), and the
-    scheduling policy (`fcfs`, vLLM's default, or `priority`). Chunked prefill is on (vLLM's
-    default)."""
+    whether prefix caching is on (vLLM's default for a decoder; off unless asked here), the
+    scheduling policy (`fcfs`, vLLM's default, or `priority`), and whether vLLM publishes KV
+    cache events (`kv_events`: the loop then reads them as a router does and checks them,
+    `integrations.vllm.kv_events`). Chunked prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -140,6 +143,7 @@ class DllmServing:
     pipeline_parallel_size: int = 1
     enable_prefix_caching: bool = False
     policy: str = "fcfs"
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -156,6 +160,8 @@ class DllmServing:
                 raise ConfigError(name, value, "an integer >= 1")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError("enable_prefix_caching", self.enable_prefix_caching, "True or False")
+        if not isinstance(self.kv_events, bool):
+            raise ConfigError("kv_events", self.kv_events, "True or False")
         if self.policy not in ("fcfs", "priority"):
             raise ConfigError("policy", self.policy, "'fcfs' or 'priority' (vLLM's policies)")
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
@@ -245,6 +251,8 @@ class DllmRun:
     #: engine steps from each request's arrival to the step whose output finished it (requests
     #: that finished; aborted ones are left out)
     latencies: dict[str, int] = field(default_factory=dict)
+    events_stored: int = 0  # keys KV cache events announced stored (`kv_events`)
+    events_removed: int = 0  # keys they announced removed
 
 
 @dataclass
@@ -364,6 +372,11 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.serving = serving
         self.v: VllmModules = load_vllm()
         sched = _build(self.v, serving, async_scheduling)
+        #: A router's view of the KV cache events vLLM publishes (`serving.kv_events`).
+        self.events: KvEventView | None = None
+        if serving.kv_events:
+            self.events = KvEventView()
+            sched.kv_event_publisher = self.events
         if mutate is not None:
             mutate(sched)
         super().__init__(
@@ -451,10 +464,13 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
     def run(self, program: DllmProgram) -> DllmRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did."""
         self.play(program.arrivals, program.aborts, self.submit, self.abort)
+        view = self.events
         return DllmRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
             latencies=dict(self.latencies),
+            events_stored=view.stored if view is not None else 0,
+            events_removed=view.removed if view is not None else 0,
             **asdict(self.n),
         )
 
@@ -516,7 +532,10 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             # EngineCore.post_step: the runner's canvases become the requests' spec tokens
             drafts = executed[1]
             call_vllm("update_draft_token_ids", lambda: self.sched.update_draft_token_ids(drafts))
-        self.check_kv(f"after update_from_output() of schedule {self.n.schedules}")
+        where = f"after update_from_output() of schedule {self.n.schedules}"
+        self.check_kv(where)
+        if self.events is not None:
+            check_kv_events(self.events, self.sched, self.v.kv_utils, where)
         for rid, reason in self.reasons.items():
             if reason != ABORTED and rid not in self.latencies:
                 self.latencies[rid] = self.n.engine_steps - self.arrived_at[rid]
@@ -745,6 +764,11 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                     canvas_length=serving.canvas_length,
                     max_denoising_steps=serving.max_denoising_steps,
                 ),
+                kv_events_config=(
+                    cfg.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+                    if serving.kv_events
+                    else None
+                ),
             )
         except ValueError as err:  # pydantic's ValidationError is a ValueError
             raise ConfigError(
@@ -888,15 +912,17 @@ def check_both(
     mutate: Callable[[Any], None] | None = None,
     *,
     pipeline_parallel_size: int = 1,
+    kv_events: bool = False,
 ) -> tuple[DllmRun, DllmRun]:
     """Run `program` through the synchronous loop and the asynchronous one (`mutate` applied to
     both), each checked; raise `EngineCoreViolation` naming the loop on the first rule broken.
     The asynchronous loop runs `pipeline_parallel_size` stages; the synchronous one, the
-    control, one."""
+    control, one. With `kv_events` both publish KV cache events, checked (`kv_events`)."""
 
     def run(async_scheduling: bool) -> DllmRun:
         stages = pipeline_parallel_size if async_scheduling else 1
-        serving = replace(program.serving, pipeline_parallel_size=stages)
+        events = kv_events or program.serving.kv_events
+        serving = replace(program.serving, pipeline_parallel_size=stages, kv_events=events)
         return run_dllm(
             replace(program, serving=serving), async_scheduling=async_scheduling, mutate=mutate
         )

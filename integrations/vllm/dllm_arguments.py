@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
@@ -62,9 +63,15 @@ def _attr(flag: str) -> str:
 
 
 def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
-    """The program space's flags and one flag per candidate fix."""
+    """The program space's flags, `--kv-events`, and one flag per candidate fix."""
     for flag, _, help_text in SPACE_FLAGS:
         parser.add_argument(flag, action="store_true", help=help_text)
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="serve with vLLM's KV cache events on, read as a router reads them and checked "
+        "after each update_from_output (kv_events)",
+    )
     for flag, _, _, help_text in FIX_FLAGS:
         parser.add_argument(
             flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
@@ -77,8 +84,17 @@ def space(args: argparse.Namespace) -> dict[str, bool]:
 
 
 def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
-    """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`)."""
-    return partial(dllm_program, **space(args))
+    """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`), served with
+    KV cache events on with `--kv-events`."""
+    draw: Callable[[int], DllmProgram] = partial(dllm_program, **space(args))
+    if not args.kv_events:
+        return draw
+
+    def with_events(seed: int) -> DllmProgram:
+        program = draw(seed)
+        return replace(program, serving=replace(program.serving, kv_events=True))
+
+    return with_events
 
 
 def fix_names(args: argparse.Namespace) -> list[str]:
@@ -117,6 +133,8 @@ def describe_fixes(args: argparse.Namespace) -> str:
         text += ", prefix caching on"
     if args.priority:
         text += ", priority policy"
+    if args.kv_events:
+        text += ", KV cache events checked"
     return text
 
 
