@@ -277,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "offload_outputs": args.offload_outputs,
                 "offload_sync_loads": args.offload_sync_loads,
                 "offload_blocks_per_chunk": args.offload_blocks_per_chunk,
+                "offload_self_describing_events": args.offload_self_describing_events,
                 "cache_resets": args.cache_resets,
                 "sliding_window": args.sliding_window,
                 "retention_interval": args.retention_interval,

@@ -714,9 +714,9 @@ def test_the_window_fixes_change_nothing_where_their_findings_cannot_occur() -> 
 def test_the_fixes_are_one_patch_of_vllms_file_and_refuse_another_connector(
     tmp_path: Path,
 ) -> None:
-    """`scripts/engine_fixes_diff.py vllm-offloading` prints the three edits the tests run:
-    applied with `git apply -p1` to a copy of vLLM's file, they give the very text the tests
-    run. A scheduler without vLLM's offloading connector is refused, naming it."""
+    """`scripts/engine_fixes_diff.py vllm-offloading` prints the edits the tests run: applied
+    with `git apply -p1` to copies of vLLM's files, they give the very text the tests run. A
+    scheduler without vLLM's offloading connector is refused, naming it."""
     names = OFFLOADING_FIXES.names
     sources = OFFLOADING_FIXES.fixed_sources(names)
     patched = git_apply_to_copies(tmp_path, sources, OFFLOADING_FIXES.as_diff(names))

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 
 from integrations.vllm import MANIFEST
-from integrations.vllm.adapter import SPACE_PREFIX, RealVllmScheduler
+from integrations.vllm.adapter import SPACE_PREFIX, OffloadingOptions, RealVllmScheduler
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_events_fix import MANAGER_MODULE
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -187,6 +188,10 @@ def test_the_check_script_checks_the_events(capsys: pytest.CaptureFixture[str]) 
         script.main(["--programs", "1", "--kv-report-full"])
     assert leaving.value.code == 2
     assert "--kv-report-full: only with --kv-events" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as leaving:
+        script.main(["--programs", "1", "--kv-events", "--offload-self-describing-events"])
+    assert leaving.value.code == 2
+    assert "only with --offload-chunks and --kv-events" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the reader, without vLLM
@@ -300,3 +305,60 @@ def test_the_reset_fix_is_a_patch_of_the_cpu_manager_and_passes_generated_progra
                 program, async_scheduling=async_scheduling, options=options
             ).events_other_media
     assert cpu_events
+
+
+SELF_DESCRIBING = replace(
+    EVENTS,
+    offload_chunks=8,
+    offload_blocks_per_chunk=2,
+    offload_outputs=True,
+    offload_self_describing_events=True,
+    cache_resets=True,
+)
+
+
+def _manager_part_only(sched: Any) -> None:
+    """`no-pointless-hit`, and of `announce-cpu-reset` only its edit of the CPU manager: the
+    reset's removals are queued, but the connector drops their payloads before it translates
+    them."""
+    make_fixes(["no-pointless-hit"])(sched)  # type: ignore[misc]
+    methods = OFFLOADING_FIXES.fixed_methods(("announce-cpu-reset",))
+    edited = {m.split(".", 1)[1]: f for (where, m), f in methods.items() if where == MANAGER_MODULE}
+    manager = sched.connector.connector_scheduler.manager
+    manager.__class__ = type(type(manager).__name__, (type(manager),), edited)
+    manager._announced_keys = {}
+
+
+def test_with_self_describing_events_the_reset_is_translated_before_its_payloads_go() -> None:
+    """With `self_describing_kv_events` the connector announces a chunk by its blocks' keys,
+    from a payload it keeps per chunk and drops at a reset. As released, the reset leaves those
+    keys cached for a router (the finding); with the whole fix the programs pass; with only its
+    edit of the manager, the reset's removals are translated after the payloads are dropped,
+    name the chunk's own key, and the blocks' keys stay cached (`kv_events` again)."""
+    _vllm()
+    released = replace(SELF_DESCRIBING, fix=make_fixes(["no-pointless-hit"]))
+    fixed = replace(SELF_DESCRIBING, fix=make_fixes(["no-pointless-hit", "announce-cpu-reset"]))
+    half = replace(SELF_DESCRIBING, fix=_manager_part_only)
+    for options in (released, half):
+        seen = first_violations(
+            PROGRAMS,
+            lambda seed, o=options: run_loop(  # type: ignore[misc]
+                shared_prompt_program(seed), async_scheduling=True, options=o
+            ),
+            until="kv_events",
+        )
+        assert "kv_events" in seen and "in the CPU tier" in seen["kv_events"], seen
+    for seed in range(PROGRAMS // 3):
+        run_loop(shared_prompt_program(seed), async_scheduling=True, options=fixed)
+
+
+def test_offloading_options_are_typed_errors() -> None:
+    """Self-describing events without the offloading connector, or not a bool."""
+    _vllm()
+    with pytest.raises(ConfigError) as err:
+        options = replace(EVENTS, offload_self_describing_events=True)
+        run_loop(ONE_REQUEST_OFFLOADED, async_scheduling=False, options=options)
+    assert err.value.field == "offload_chunks", err.value
+    with pytest.raises(ConfigError) as err:
+        OffloadingOptions(8, self_describing_events="yes")  # type: ignore[arg-type]
+    assert err.value.field == "offloading.self_describing_events", err.value

@@ -865,18 +865,25 @@ class OffloadingOptions:
     blocks of generated tokens (vLLM's `offload_prompt_only` False; by default only prompt
     blocks), `sync_loads` lets a hit load in the forward of the step that schedules it (a
     `sync_load_budget_bytes` large enough for any hit; by default every load is
-    asynchronous)."""
+    asynchronous), `self_describing_events` has it announce a stored chunk by the per-block
+    keys of its blocks, with their tokens (vLLM's `self_describing_kv_events`; inert unless KV
+    cache events are on; by default a chunk is announced by its own key alone)."""
 
     chunks: int
     outputs: bool = False
     sync_loads: bool = False
     blocks_per_chunk: int = 1
+    self_describing_events: bool = False
 
     def __post_init__(self) -> None:
         for name in ("chunks", "blocks_per_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"offloading.{name}", value, "an integer >= 1")
+        if not isinstance(self.self_describing_events, bool):
+            raise ConfigError(
+                "offloading.self_describing_events", self.self_describing_events, "True or False"
+            )
 
 
 #: The bytes one CPU chunk of the fabricated model takes: K and V, one head of size 1, float32
@@ -897,6 +904,7 @@ def _offloading_config(cfg: Any, options: OffloadingOptions, block_size: int) ->
             "offload_prompt_only": not options.outputs,
             "sync_load_budget_bytes": (1 << 40) if options.sync_loads else 0,
             "blocks_per_chunk": options.blocks_per_chunk,
+            "self_describing_kv_events": options.self_describing_events,
         },
     )
 

@@ -907,6 +907,7 @@ class LoopOptions:
     offload_outputs: bool = False
     offload_sync_loads: bool = False
     offload_blocks_per_chunk: int = 1
+    offload_self_describing_events: bool = False
     cache_resets: bool = False
     sliding_window: int | None = None
     retention_interval: int | None = 0
@@ -974,12 +975,14 @@ class LoopOptions:
                 self.offload_outputs
                 or self.offload_sync_loads
                 or self.offload_blocks_per_chunk != 1
+                or self.offload_self_describing_events
             ):
                 raise ConfigError(
                     "offload_chunks",
                     None,
-                    "an int >= 1 with offload_outputs, offload_sync_loads or "
-                    "offload_blocks_per_chunk (they are options of vLLM's offloading connector)",
+                    "an int >= 1 with offload_outputs, offload_sync_loads, "
+                    "offload_blocks_per_chunk or offload_self_describing_events (they are "
+                    "options of vLLM's offloading connector)",
                 )
             return None
         return OffloadingOptions(
@@ -987,6 +990,7 @@ class LoopOptions:
             outputs=self.offload_outputs,
             sync_loads=self.offload_sync_loads,
             blocks_per_chunk=self.offload_blocks_per_chunk,
+            self_describing_events=self.offload_self_describing_events,
         )
 
 

@@ -203,21 +203,34 @@ def check_kv_events(view: KvEventView, sched: Any, kv_utils: Any, where: str) ->
 
 def offloaded_keys(sched: Any, kv_utils: Any) -> set[EventKey] | None:
     """The keys of the chunks vLLM's offloading connector holds stored in its CPU tier (a store
-    completed), as its events name them, or None where the scheduler serves no such connector
-    or its manager keeps them in a structure this does not read (a policy other than LRU)."""
+    completed), as its events name them (a chunk's own key; with self-describing events, the
+    per-block keys its connector recorded for it), or None where the scheduler serves no such
+    connector or its manager keeps them in a structure this does not read (a policy other
+    than LRU)."""
     connector = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
     chunks = getattr(getattr(getattr(connector, "manager", None), "_policy", None), "chunks", None)
     if not isinstance(chunks, dict):
         return None
     base = importlib.import_module("vllm.v1.kv_offload.base")
-    return {
-        (
-            kv_utils.maybe_convert_block_hash(base.get_offload_block_hash(key)),
-            base.get_offload_group_idx(key),
+    tracker: Any = getattr(connector, "_events_tracker", None)
+    payloads = (
+        tracker._pending_event_metadata
+        if getattr(tracker, "self_describing_enabled", False)
+        else {}
+    )
+    keys: set[EventKey] = set()
+    for key, chunk in chunks.items():
+        if not chunk.is_ready:
+            continue
+        group = base.get_offload_group_idx(key)
+        payload = payloads.get(key)
+        # self-describing: the per-block keys the connector recorded for the chunk when it
+        # stored it; else (or for a chunk it recorded nothing for) the chunk's own key
+        hashes = (
+            payload.block_hashes if payload is not None else (base.get_offload_block_hash(key),)
         )
-        for key, chunk in chunks.items()
-        if chunk.is_ready
-    }
+        keys.update((kv_utils.maybe_convert_block_hash(h), group) for h in hashes)
+    return keys
 
 
 __all__ = [

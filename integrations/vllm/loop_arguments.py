@@ -32,6 +32,7 @@ from integrations.vllm.offload_window_fixes import (
     WHOLE_WINDOW_CHUNKS,
     WHOLE_WINDOW_CHUNKS_FIX,
     apply_forget_stale_window,
+    apply_offloading_fixes,
     apply_whole_window_chunks,
 )
 from integrations.vllm.patches import ScheduleFix
@@ -64,7 +65,8 @@ FIXES = {
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
-#: scheduler's connector gets each.
+#: scheduler's connector gets each on its own (`make_fixes` makes the chosen ones together,
+#: `apply_offloading_fixes`).
 CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
     OFFLOAD_HIT: apply_offload_hit_fix,
     FORGET_STALE_WINDOW: apply_forget_stale_window,
@@ -94,14 +96,14 @@ def make_fixes(names: Iterable[str]) -> Callable[[Any], None] | None:
     if not chosen:
         return None
     schedule = [FIXES[n] for n in chosen if n not in CONNECTOR_FIXES]
-    connector = [CONNECTOR_FIXES[n] for n in chosen if n in CONNECTOR_FIXES]
+    connector = [n for n in chosen if n in CONNECTOR_FIXES]
     edit = ScheduleFix(*schedule).apply if schedule else None
 
     def fix(sched: Any) -> None:
         if edit is not None:
             edit(sched)
-        for change in connector:
-            change(sched)
+        # made together: two of them may edit one method of the connector
+        apply_offloading_fixes(sched, connector)
 
     return fix
 
@@ -243,6 +245,12 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "each update_from_output the keys they leave cached are the prefix cache's",
     )
     parser.add_argument(
+        "--offload-self-describing-events",
+        action="store_true",
+        help="with --offload-chunks and --kv-events: the connector announces a stored chunk by "
+        "its blocks' keys (vLLM's self_describing_kv_events)",
+    )
+    parser.add_argument(
         "--kv-report-full",
         action="store_true",
         help="with --kv-events: every request asks vLLM to announce the blocks its "
@@ -343,6 +351,8 @@ def loop_options(
         )
     if args.kv_report_full and not args.kv_events:
         parser.error("--kv-report-full: only with --kv-events")
+    if args.offload_self_describing_events and not (args.kv_events and args.offload_chunks):
+        parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
     if args.cache_resets and args.kv_connector:
         parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
@@ -404,6 +414,7 @@ def loop_options(
         offload_outputs=args.offload_outputs,
         offload_sync_loads=args.offload_sync_loads,
         offload_blocks_per_chunk=args.offload_blocks_per_chunk,
+        offload_self_describing_events=args.offload_self_describing_events,
         cache_resets=args.cache_resets,
         sliding_window=args.sliding_window,
         retention_interval=args.retention_interval,
@@ -441,6 +452,8 @@ def describe(args: argparse.Namespace) -> str:
         sync = ", synchronous loads" if args.offload_sync_loads else ""
         per = args.offload_blocks_per_chunk
         size = f" of {per} blocks" if per > 1 else ""
+        if args.offload_self_describing_events:
+            size += ", self-describing events"
         drafts += (
             f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks{size}, {what}{sync})"
         )

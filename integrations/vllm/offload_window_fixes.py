@@ -35,12 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterable
 from typing import Any
 
-from integrations.patches import EngineFix, FixSet
+from integrations.patches import EngineFix, FixDoesNotApply, FixSet
 from integrations.vllm.adapter import load_vllm
-from integrations.vllm.offload_events_fix import ANNOUNCE_CPU_RESET_FIX, MANAGER_MODULE
-from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX, give_connector_method
+from integrations.vllm.offload_events_fix import (
+    ANNOUNCE_CPU_RESET,
+    ANNOUNCE_CPU_RESET_FIX,
+    MANAGER_MODULE,
+    check_cpu_manager,
+    start_announcing,
+)
+from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX
 
 FORGET_STALE_WINDOW = "forget-stale-window"
 WHOLE_WINDOW_CHUNKS = "whole-window-chunks"
@@ -118,26 +125,49 @@ OFFLOADING_FIXES = FixSet(
 
 
 @functools.cache
-def _fixed_method(name: str, method: str) -> Any:
-    return OFFLOADING_FIXES.fixed_methods((name,))[(MODULE, method)]
+def _fixed_methods(names: tuple[str, ...]) -> dict[tuple[str, str], Any]:
+    return OFFLOADING_FIXES.fixed_methods(names)
 
 
-def _apply(sched: Any, name: str, method: str) -> None:
-    """Give the offloading connector of `sched` the method as fix `name` edits it."""
-    attribute = method.split(".")[1]
-    give_connector_method(sched, name, attribute, _fixed_method(name, method))
+def apply_offloading_fixes(sched: Any, names: Iterable[str]) -> None:
+    """The named fixes of `OFFLOADING_FIXES` on the offloading connector of `sched` (a built
+    scheduler serving vLLM's `OffloadingConnector`), their edits made together, so that two
+    fixes of one method (`forget-stale-window` and `announce-cpu-reset` both edit
+    `_reset_cache`) compose: its scheduler side and its CPU manager each get the edited methods
+    through a subclass of their class. `FixDoesNotApply` for a scheduler without that
+    connector (or, for `announce-cpu-reset`, without its CPU manager)."""
+    chosen = tuple(sorted(set(names)))
+    if not chosen:
+        return
+    connector: Any = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
+    if type(connector).__name__ != "OffloadingConnectorScheduler":
+        raise FixDoesNotApply(
+            f"{', '.join(chosen)} {'edits' if len(chosen) == 1 else 'edit'} vLLM's offloading "
+            "connector; this scheduler serves "
+            f"{type(getattr(sched, 'connector', None)).__name__}"
+        )
+    if ANNOUNCE_CPU_RESET in chosen:
+        check_cpu_manager(connector)
+    methods = _fixed_methods(chosen)
+    for module, holder in ((MODULE, connector), (MANAGER_MODULE, connector.manager)):
+        own = {m.split(".", 1)[1]: f for (where, m), f in methods.items() if where == module}
+        if own:
+            cls = type(holder)
+            holder.__class__ = type(cls.__name__, (cls,), own)
+    if ANNOUNCE_CPU_RESET in chosen:
+        start_announcing(connector)
 
 
 def apply_forget_stale_window(sched: Any) -> None:
     """`forget-stale-window` on the offloading connector of `sched` (a built scheduler serving
     vLLM's `OffloadingConnector`); `FixDoesNotApply` for another."""
-    _apply(sched, FORGET_STALE_WINDOW, _RESET)
+    apply_offloading_fixes(sched, [FORGET_STALE_WINDOW])
 
 
 def apply_whole_window_chunks(sched: Any) -> None:
     """`whole-window-chunks` on the offloading connector of `sched`; `FixDoesNotApply` for a
     scheduler without it."""
-    _apply(sched, WHOLE_WINDOW_CHUNKS, _STORE)
+    apply_offloading_fixes(sched, [WHOLE_WINDOW_CHUNKS])
 
 
 __all__ = [
@@ -147,5 +177,6 @@ __all__ = [
     "WHOLE_WINDOW_CHUNKS",
     "WHOLE_WINDOW_CHUNKS_FIX",
     "apply_forget_stale_window",
+    "apply_offloading_fixes",
     "apply_whole_window_chunks",
 ]
