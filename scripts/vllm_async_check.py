@@ -7,7 +7,8 @@
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
         [--kv-connector {recompute,fail} [--kv-store {draws,offload} [--kv-store-blocks N]]]
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
-         [--offload-blocks-per-chunk B]] [--cache-resets] [--kv-events [--kv-report-full]]
+         [--offload-blocks-per-chunk B]] [--cache-resets]
+        [--kv-events [--kv-report-full] [--offload-self-describing-events]]
         [--sliding-window W [--retention-interval N|dense]
          [--window-block-scale K | --full-block-scale K]]
         [--mamba [--retention-interval N|dense] [--mamba-block-scale K]
@@ -87,7 +88,10 @@ whole-window-chunks` apply the fixes of its two findings there,
 `integrations.vllm.offload_window_fixes`). `--kv-events` turns vLLM's KV cache events on in both
 loops and reads them as a KV-aware router does, copies counted (`integrations.vllm.kv_events`):
 after every `update_from_output` the keys they leave cached must be the prefix cache's
-(`kv_events`); `--kv-report-full` has every request ask for them in vLLM's "full" report mode.
+(`kv_events`), and, with `--offload-chunks`, the CPU-tier keys they leave cached must be the
+chunks the connector's CPU manager holds; `--kv-report-full` has every request ask for them in
+vLLM's "full" report mode; `--offload-self-describing-events` has the connector announce a
+chunk by its blocks' keys (vLLM's `self_describing_kv_events`).
 Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
