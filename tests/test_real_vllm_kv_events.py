@@ -362,3 +362,21 @@ def test_offloading_options_are_typed_errors() -> None:
     with pytest.raises(ConfigError) as err:
         OffloadingOptions(8, self_describing_events="yes")  # type: ignore[arg-type]
     assert err.value.field == "offloading.self_describing_events", err.value
+
+
+def test_finding_a_chunk_evicted_and_stored_again_is_announced_without_its_blocks() -> None:
+    """vLLM 0.33.0, its offloading connector with `self_describing_kv_events`, no reset
+    (program 403, synchronous loop): a CPU chunk is evicted and a store of the same chunk is
+    scheduled before the eviction's events are translated. The connector's event tracker
+    records the store's payload under the chunk's key, and the eviction's removal then takes
+    that payload's residency and drops it at the end of the batch; when the store completes,
+    the chunk is announced by its own key alone, with no tokens, so a reader of blocks' keys
+    never learns them again (`kv_events`: the manager holds the chunk, the events do not leave
+    its blocks' keys cached). Diagnosed with the connector's own records; no candidate fix
+    yet (docs/engines.md, "KV cache events")."""
+    _vllm()
+    options = replace(SELF_DESCRIBING, cache_resets=False, fix=make_fixes(["no-pointless-hit"]))
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(shared_prompt_program(403), async_scheduling=False, options=options)
+    assert err.value.rule == "kv_events", err.value
+    assert "do not leave cached in the CPU tier keys" in err.value.detail, err.value
