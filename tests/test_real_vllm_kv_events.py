@@ -29,6 +29,7 @@ from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_events_fix import MANAGER_MODULE
+from integrations.vllm.offload_hit_fix import give_methods
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -325,7 +326,7 @@ def _manager_part_only(sched: Any) -> None:
     methods = OFFLOADING_FIXES.fixed_methods(("announce-cpu-reset",))
     edited = {m.split(".", 1)[1]: f for (where, m), f in methods.items() if where == MANAGER_MODULE}
     manager = sched.connector.connector_scheduler.manager
-    manager.__class__ = type(type(manager).__name__, (type(manager),), edited)
+    give_methods(manager, edited)
     manager._announced_keys = {}
 
 

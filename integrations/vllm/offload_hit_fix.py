@@ -77,18 +77,29 @@ def apply_offload_hit_fix(sched: Any) -> None:
     give_connector_method(sched, OFFLOAD_HIT, "get_num_new_matched_tokens", _fixed_method())
 
 
-def give_connector_method(sched: Any, fix: str, name: str, method: Any) -> None:
-    """Give the offloading connector of `sched` `method` as its method `name` (as fix `fix`
-    edits it), through a subclass of its class; `FixDoesNotApply` for a scheduler without vLLM's
-    offloading connector."""
+def offloading_connector(sched: Any, fixes: str) -> Any:
+    """The scheduler side of vLLM's offloading connector that `sched` serves;
+    `FixDoesNotApply` for a scheduler without it, naming `fixes` ("no-pointless-hit edits")."""
     connector = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
     if type(connector).__name__ != "OffloadingConnectorScheduler":
         raise FixDoesNotApply(
-            f"{fix} edits vLLM's offloading connector; this scheduler serves "
+            f"{fixes} vLLM's offloading connector; this scheduler serves "
             f"{type(getattr(sched, 'connector', None)).__name__}"
         )
-    cls = type(connector)
-    connector.__class__ = type(cls.__name__, (cls,), {name: method})
+    return connector
+
+
+def give_methods(holder: Any, methods: dict[str, Any]) -> None:
+    """Give the object `holder` `methods` (name -> function) through a subclass of its class,
+    as edited methods replace the class's own for that one object."""
+    cls = type(holder)
+    holder.__class__ = type(cls.__name__, (cls,), methods)
+
+
+def give_connector_method(sched: Any, fix: str, name: str, method: Any) -> None:
+    """Give the offloading connector of `sched` `method` as its method `name` (as fix `fix`
+    edits it); `FixDoesNotApply` for a scheduler without vLLM's offloading connector."""
+    give_methods(offloading_connector(sched, f"{fix} edits"), {name: method})
 
 
 __all__ = [
@@ -97,4 +108,6 @@ __all__ = [
     "OFFLOAD_HIT_FIXES",
     "apply_offload_hit_fix",
     "give_connector_method",
+    "give_methods",
+    "offloading_connector",
 ]

@@ -38,7 +38,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from integrations.patches import EngineFix, FixDoesNotApply, FixSet
+from integrations.patches import EngineFix, FixSet
 from integrations.vllm.adapter import load_vllm
 from integrations.vllm.offload_events_fix import (
     ANNOUNCE_CPU_RESET,
@@ -47,7 +47,12 @@ from integrations.vllm.offload_events_fix import (
     check_cpu_manager,
     start_announcing,
 )
-from integrations.vllm.offload_hit_fix import MODULE, OFFLOAD_HIT_FIX
+from integrations.vllm.offload_hit_fix import (
+    MODULE,
+    OFFLOAD_HIT_FIX,
+    give_methods,
+    offloading_connector,
+)
 
 FORGET_STALE_WINDOW = "forget-stale-window"
 WHOLE_WINDOW_CHUNKS = "whole-window-chunks"
@@ -139,21 +144,15 @@ def apply_offloading_fixes(sched: Any, names: Iterable[str]) -> None:
     chosen = tuple(sorted(set(names)))
     if not chosen:
         return
-    connector: Any = getattr(getattr(sched, "connector", None), "connector_scheduler", None)
-    if type(connector).__name__ != "OffloadingConnectorScheduler":
-        raise FixDoesNotApply(
-            f"{', '.join(chosen)} {'edits' if len(chosen) == 1 else 'edit'} vLLM's offloading "
-            "connector; this scheduler serves "
-            f"{type(getattr(sched, 'connector', None)).__name__}"
-        )
+    verb = "edits" if len(chosen) == 1 else "edit"
+    connector = offloading_connector(sched, f"{', '.join(chosen)} {verb}")
     if ANNOUNCE_CPU_RESET in chosen:
         check_cpu_manager(connector)
     methods = _fixed_methods(chosen)
     for module, holder in ((MODULE, connector), (MANAGER_MODULE, connector.manager)):
         own = {m.split(".", 1)[1]: f for (where, m), f in methods.items() if where == module}
         if own:
-            cls = type(holder)
-            holder.__class__ = type(cls.__name__, (cls,), own)
+            give_methods(holder, own)
     if ANNOUNCE_CPU_RESET in chosen:
         start_announcing(connector)
 
