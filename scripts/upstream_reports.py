@@ -142,6 +142,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm",
         None,
     ),
+    "vllm-offloading-restore-events": (
+        "KV offloading connector with self-describing KV cache events: a CPU chunk evicted and "
+        "stored again before the eviction's events are translated loses its payload, and its "
+        "store is announced without its blocks",
+        "vllm-offloading",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

@@ -17,7 +17,7 @@
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
                 forget-stale-window,whole-window-chunks,announce-cpu-reset,
-                stop-mid-block-chunks} ...]
+                count-recorded-stores,stop-mid-block-chunks} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -172,6 +172,8 @@ COUNTS = (
     "events_cleared",
     "events_sparse_stores",
     "events_other_media",
+    "events_orphan_stores",
+    "events_cpu_orphan_stores",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -217,6 +219,8 @@ MEANING = {
     "events_cleared": "AllBlocksCleared events",
     "events_sparse_stores": "stores whose tokens are not one block per key",
     "events_other_media": "events of the offloading connector's CPU tier",
+    "events_orphan_stores": "stores whose parent key no copy holds (a radix router skips them)",
+    "events_cpu_orphan_stores": "the same, in the CPU tier",
 }
 
 

@@ -72,7 +72,10 @@ def _run(seed: int, async_scheduling: bool, options: LoopOptions) -> CoreRun | N
 )
 def test_released_vllm_announces_its_prefix_cache_exactly(options: LoopOptions) -> None:
     """The first branching programs with prefix caching pass both loops with the events on,
-    blocks announced stored and removed (and, with cache resets, cleared)."""
+    blocks announced stored and removed (and, with cache resets, cleared). With full attention
+    alone every store's parent key is cached when it arrives (a radix-tree router files each
+    under its parent); a sliding window's or Mamba group's store follows blocks it skipped,
+    so its parent is one no event stored."""
     _vllm()
     runs = [
         run
@@ -84,6 +87,8 @@ def test_released_vllm_announces_its_prefix_cache_exactly(options: LoopOptions) 
     assert sum(r.events_stored for r in runs) and sum(r.events_removed for r in runs)
     if options.cache_resets:
         assert sum(r.events_cleared for r in runs)
+    orphans = sum(r.events_orphan_stores for r in runs)
+    assert (orphans > 0) == (options.sliding_window is not None or options.mamba), orphans
 
 
 def test_one_key_is_held_by_two_blocks_so_the_reader_counts_copies(
@@ -250,6 +255,27 @@ def test_the_reader_counts_copies_and_compares_both_ways() -> None:
     assert view.cached() == set() and not view.cpu_copies and view.cleared == 1
 
 
+def test_the_reader_counts_stores_whose_parent_it_does_not_hold() -> None:
+    """A store naming a parent key counts as an orphan (a radix-tree router skips it) unless
+    the parent has a copy in its tier and group when it arrives: no parent, a parent stored
+    before, one of another group, one removed, and the CPU tier counted apart."""
+    view = KvEventView()
+    store = {"token_ids": [1, 2], "block_size": 2, "group_idx": 0, "medium": "GPU"}
+    view.apply(_event("BlockStored", block_hashes=[1], parent_block_hash=None, **store))
+    view.apply(_event("BlockStored", block_hashes=[2], parent_block_hash=1, **store))
+    assert view.orphan_stores == 0
+    view.apply(
+        _event("BlockStored", block_hashes=[3], parent_block_hash=1, **{**store, "group_idx": 1})
+    )
+    view.apply(_event("BlockRemoved", block_hashes=[2], group_idx=0, medium="GPU"))
+    view.apply(_event("BlockStored", block_hashes=[4], parent_block_hash=2, **store))
+    assert view.orphan_stores == 2
+    cpu = {**store, "medium": "CPU"}
+    view.apply(_event("BlockStored", block_hashes=[5], parent_block_hash=1, **cpu))
+    view.apply(_event("BlockStored", block_hashes=[6], parent_block_hash=5, **cpu))
+    assert (view.orphan_stores, view.cpu_orphan_stores) == (2, 1)
+
+
 # ------------------------------------------------ the CPU tier of vLLM's offloading connector
 #: docs/shrunk/vllm-offloading-reset-events.json: one request, its blocks offloaded chunk by
 #: chunk, and a reset while it runs (the connector's draws seeded as recorded).
@@ -365,19 +391,77 @@ def test_offloading_options_are_typed_errors() -> None:
     assert err.value.field == "offloading.self_describing_events", err.value
 
 
+#: docs/shrunk/vllm-offloading-restore-events.json (program 403, shrunk): a CPU chunk evicted
+#: and stored again before the eviction's events are translated (the draws seeded as recorded).
+RESTORED_AFTER_EVICTION = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=28,
+        max_num_batched_tokens=18,
+        max_num_seqs=3,
+        max_model_len=21,
+        policy=Policy.PRIORITY,
+    ),
+    arrivals=(
+        (ArRequest("r0", 1, 4),),
+        (),
+        (),
+        (ArRequest("r6", 2, 3, prompt=(100, 101)),),
+        (),
+        (ArRequest("r8", 6, 15, prompt=tuple(range(100, 106))), ArRequest("r9", 2, 1)),
+        (),
+        (
+            ArRequest("r11", 11, 3, priority=2, prompt=tuple(range(100, 111))),
+            ArRequest("r12", 7, 9, prompt=tuple(range(100, 107))),
+        ),
+    ),
+    aborts=((), (), (), (), (), (), (), ()),
+)
+
+
 def test_finding_a_chunk_evicted_and_stored_again_is_announced_without_its_blocks() -> None:
     """vLLM 0.33.0, its offloading connector with `self_describing_kv_events`, no reset
-    (program 403, synchronous loop): a CPU chunk is evicted and a store of the same chunk is
-    scheduled before the eviction's events are translated. The connector's event tracker
-    records the store's payload under the chunk's key, and the eviction's removal then takes
-    that payload's residency and drops it at the end of the batch; when the store completes,
-    the chunk is announced by its own key alone, with no tokens, so a reader of blocks' keys
-    never learns them again (`kv_events`: the manager holds the chunk, the events do not leave
-    its blocks' keys cached). Diagnosed with the connector's own records; no candidate fix
-    yet (docs/engines.md, "KV cache events")."""
+    (program 403, shrunk to six requests; synchronous loop): a CPU chunk is evicted and a
+    store of the same chunk is scheduled before the eviction's events are translated. The
+    connector's event tracker records the store's payload under the chunk's key, and the
+    eviction's removal then takes that payload's one residency and drops it at the end of the
+    batch; when the store completes, the chunk is announced by its own key alone, with no
+    tokens, so a reader of blocks' keys never learns them again (`kv_events`: the manager holds
+    the chunk, the events do not leave its blocks' keys cached). With the candidate fix
+    `count-recorded-stores` (the tracker counts the stores it recorded, and only the last
+    one's removal takes the residency) the program passes, and so does the unshrunk program
+    403 (docs/engines.md, "KV cache events")."""
     _vllm()
-    options = replace(SELF_DESCRIBING, cache_resets=False, fix=make_fixes(["no-pointless-hit"]))
+    options = replace(
+        SELF_DESCRIBING,
+        cache_resets=False,
+        fix=make_fixes(["no-pointless-hit"]),
+        draw_seed=877813787,
+    )
     with pytest.raises(EngineCoreViolation) as err:
-        run_loop(shared_prompt_program(403), async_scheduling=False, options=options)
+        run_loop(RESTORED_AFTER_EVICTION, async_scheduling=False, options=options)
     assert err.value.rule == "kv_events", err.value
     assert "do not leave cached in the CPU tier keys" in err.value.detail, err.value
+    fixed = replace(options, fix=make_fixes(["no-pointless-hit", "count-recorded-stores"]))
+    run_loop(RESTORED_AFTER_EVICTION, async_scheduling=False, options=fixed)
+    run_loop(
+        shared_prompt_program(403),
+        async_scheduling=False,
+        options=replace(fixed, draw_seed=None),
+    )
+
+
+def test_the_store_count_fix_is_a_patch_of_the_event_tracker_and_composes() -> None:
+    """`count-recorded-stores` prints as a diff of vLLM's `offloading/events.py` alone, and
+    made with `announce-cpu-reset` (whose edit of the connector drains the tracker at a reset)
+    the self-describing programs with resets pass in both loops."""
+    _vllm()
+    diff = OFFLOADING_FIXES.as_diff(["count-recorded-stores"])
+    assert "+++ b/vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py" in diff
+    assert "cpu/manager.py" not in diff and "offloading/scheduler.py" not in diff
+    assert "+        self._primary_stores.clear()" in diff
+    fixes = ["no-pointless-hit", "announce-cpu-reset", "count-recorded-stores"]
+    fixed = replace(SELF_DESCRIBING, fix=make_fixes(fixes))
+    for seed in range(PROGRAMS // 6):
+        for async_scheduling in (False, True):
+            run_loop(shared_prompt_program(seed), async_scheduling=async_scheduling, options=fixed)

@@ -228,6 +228,8 @@ class CoreRun:
     events_cleared: int = 0  # AllBlocksCleared events
     events_sparse_stores: int = 0  # BlockStored events whose tokens are not one block per key
     events_other_media: int = 0  # events of another tier (the offloading connector's CPU store)
+    events_orphan_stores: int = 0  # GPU stores whose parent key the events left uncached
+    events_cpu_orphan_stores: int = 0  # the same, of the offloading connector's CPU tier
 
 
 @dataclass
@@ -493,6 +495,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 events_cleared=view.cleared,
                 events_sparse_stores=view.sparse_stores,
                 events_other_media=view.other_media,
+                events_orphan_stores=view.orphan_stores,
+                events_cpu_orphan_stores=view.cpu_orphan_stores,
             )
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},

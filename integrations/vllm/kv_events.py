@@ -66,6 +66,11 @@ class KvEventView:
     cleared: int = 0  # AllBlocksCleared events
     sparse_stores: int = 0  # stores whose token_ids are not one block per key (#44451)
     other_media: int = 0  # events of another tier (the offloading connector's CPU tier)
+    #: Stores whose `parent_block_hash` has no copy in the view when they arrive (GPU tier;
+    #: `cpu_orphan_stores`, the CPU tier's): a radix-tree router, which hangs a store under
+    #: its parent (Dynamo's `RadixTree.apply_event`), skips them.
+    orphan_stores: int = 0
+    cpu_orphan_stores: int = 0
 
     #: With a callable, one line per published batch (a loop's trace).
     log: Callable[[str], None] | None = None
@@ -89,12 +94,14 @@ class KvEventView:
         medium = getattr(event, "medium", GPU_MEDIUM)
         if medium == CPU_MEDIUM:
             self.other_media += 1
+            self.cpu_orphan_stores += _orphan(self.cpu_copies, kind, event)
             _count(self.cpu_copies, kind, event)
             return
         if medium not in (GPU_MEDIUM, None):
             self.other_media += 1
             return
         if kind == "BlockStored":
+            self.orphan_stores += _orphan(self.copies, kind, event)
             tokens = tuple(event.token_ids)
             if len(tokens) != len(event.block_hashes) * event.block_size:
                 self.sparse_stores += 1
@@ -124,6 +131,15 @@ def describe(events: Sequence[Any]) -> str:
         where if where == "AllBlocksCleared" else f"{where} {n} key{'s' * (n != 1)}"
         for where, n in keys.items()
     )
+
+
+def _orphan(copies: Counter[EventKey], kind: str, event: Any) -> int:
+    """1 for a store naming a parent key (`parent_block_hash`, in its group) with no copy in
+    `copies`, else 0."""
+    parent = getattr(event, "parent_block_hash", None)
+    if kind != "BlockStored" or parent is None:
+        return 0
+    return int(copies[(parent, event.group_idx)] <= 0)
 
 
 def _count(copies: Counter[EventKey], kind: str, event: Any) -> None:

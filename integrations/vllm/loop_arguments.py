@@ -26,6 +26,11 @@ from integrations.vllm.offload_events_fix import (
     apply_announce_cpu_reset,
 )
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT, OFFLOAD_HIT_FIX, apply_offload_hit_fix
+from integrations.vllm.offload_restore_fix import (
+    COUNT_RECORDED_STORES,
+    COUNT_RECORDED_STORES_FIX,
+    apply_count_recorded_stores,
+)
 from integrations.vllm.offload_window_fixes import (
     FORGET_STALE_WINDOW,
     FORGET_STALE_WINDOW_FIX,
@@ -61,6 +66,7 @@ FIXES = {
         FORGET_STALE_WINDOW_FIX,
         WHOLE_WINDOW_CHUNKS_FIX,
         ANNOUNCE_CPU_RESET_FIX,
+        COUNT_RECORDED_STORES_FIX,
         MAMBA_SPLIT_FIX,
     )
 }
@@ -72,6 +78,7 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
     FORGET_STALE_WINDOW: apply_forget_stale_window,
     WHOLE_WINDOW_CHUNKS: apply_whole_window_chunks,
     ANNOUNCE_CPU_RESET: apply_announce_cpu_reset,
+    COUNT_RECORDED_STORES: apply_count_recorded_stores,
 }
 
 

@@ -53,6 +53,13 @@ from integrations.vllm.offload_hit_fix import (
     give_methods,
     offloading_connector,
 )
+from integrations.vllm.offload_restore_fix import (
+    COUNT_RECORDED_STORES,
+    COUNT_RECORDED_STORES_FIX,
+    EVENTS_MODULE,
+    events_tracker,
+    start_counting,
+)
 
 FORGET_STALE_WINDOW = "forget-stale-window"
 WHOLE_WINDOW_CHUNKS = "whole-window-chunks"
@@ -112,16 +119,17 @@ WHOLE_WINDOW_CHUNKS_FIX = EngineFix(
     "a sliding-window chunk stored in part (null blocks left out) is keyed, and hit, as a "
     "whole, and the load reads the part left out: store no window chunk holding a null block",
 )
-#: vLLM's offloading connector's candidate fixes (this module's, `no-pointless-hit`, and
-#: `announce-cpu-reset` in its CPU manager).
+#: vLLM's offloading connector's candidate fixes (this module's, `no-pointless-hit`,
+#: `announce-cpu-reset` in its CPU manager and `count-recorded-stores` in its event tracker).
 OFFLOADING_FIXES = FixSet(
     engine="vLLM 0.33.0",
-    modules=(MODULE, MANAGER_MODULE),
+    modules=(MODULE, MANAGER_MODULE, EVENTS_MODULE),
     fixes=(
         OFFLOAD_HIT_FIX,
         FORGET_STALE_WINDOW_FIX,
         WHOLE_WINDOW_CHUNKS_FIX,
         ANNOUNCE_CPU_RESET_FIX,
+        COUNT_RECORDED_STORES_FIX,
     ),
     exclusive=(),
     load=load_vllm,
@@ -138,9 +146,9 @@ def apply_offloading_fixes(sched: Any, names: Iterable[str]) -> None:
     """The named fixes of `OFFLOADING_FIXES` on the offloading connector of `sched` (a built
     scheduler serving vLLM's `OffloadingConnector`), their edits made together, so that two
     fixes of one method (`forget-stale-window` and `announce-cpu-reset` both edit
-    `_reset_cache`) compose: its scheduler side and its CPU manager each get the edited methods
-    through a subclass of their class. `FixDoesNotApply` for a scheduler without that
-    connector (or, for `announce-cpu-reset`, without its CPU manager)."""
+    `_reset_cache`) compose: its scheduler side, its CPU manager and its event tracker each get
+    the edited methods through a subclass of their class. `FixDoesNotApply` for a scheduler
+    without that connector (or, for `announce-cpu-reset`, without its CPU manager)."""
     chosen = tuple(sorted(set(names)))
     if not chosen:
         return
@@ -149,12 +157,19 @@ def apply_offloading_fixes(sched: Any, names: Iterable[str]) -> None:
     if ANNOUNCE_CPU_RESET in chosen:
         check_cpu_manager(connector)
     methods = _fixed_methods(chosen)
-    for module, holder in ((MODULE, connector), (MANAGER_MODULE, connector.manager)):
+    holders = (
+        (MODULE, connector),
+        (MANAGER_MODULE, connector.manager),
+        (EVENTS_MODULE, events_tracker(connector)),
+    )
+    for module, holder in holders:
         own = {m.split(".", 1)[1]: f for (where, m), f in methods.items() if where == module}
         if own:
             give_methods(holder, own)
     if ANNOUNCE_CPU_RESET in chosen:
         start_announcing(connector)
+    if COUNT_RECORDED_STORES in chosen:
+        start_counting(events_tracker(connector))
 
 
 def apply_forget_stale_window(sched: Any) -> None:
