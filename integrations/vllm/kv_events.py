@@ -26,7 +26,10 @@ ignored, as the routers' filters pass unknown removals through.
 Not a rule here: a `BlockStored`'s `token_ids` span every block of its range while its
 `block_hashes` leave out the blocks it skips (a sliding window's or Mamba group's null blocks),
 so a reader cannot pair a key with its tokens (known: vLLM issue #44451; `sparse_stores`
-counts such events). The view pairs keys with nothing but their count.
+counts such events). The view pairs keys with nothing but their count. Nor is a store whose
+`parent_block_hash` has no copy when it arrives (`orphan_stores`, `cpu_orphan_stores`): a
+radix-tree router skips it, but vLLM skips the null blocks of a window or Mamba group, and
+its offloading connector announces a job's chunks in no set order (key order is "free" there).
 """
 
 from __future__ import annotations
