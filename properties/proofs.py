@@ -16,11 +16,12 @@ counterexamples):
 5. `boundary/<name>`: Z3-synthesised boundary workloads ("proved" = a witness exists).
 
 Every result must be "proved"; "counterexample" and "unknown" are failures (see `failed`).
+`families` (names of `FAMILIES`) runs some of them alone, in the same order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from properties.symbolic.bmc import MutantCounterexample, bmc_invariants, mutant_results
@@ -31,9 +32,18 @@ from properties.symbolic.result import DEFAULT_TIMEOUT_MS, ProofResult, Status
 from properties.symbolic.theorems import policy_theorems, reuse_theorem
 
 DEFAULT_BOUND = 6
+#: The proofs by family, in the order they run: each family's results and what it proves.
+FAMILIES = {
+    "inductive": "inductive/ and lemma/: the invariants and their lemmas are inductive",
+    "bmc": "bmc/: no invariant breaks within the bound, from the initial state",
+    "mutants": "mutant/: BMC catches each seeded bug, and its trace replays",
+    "theorems": "theorem/: the policy theorems (FDFO vs sync) and in-place reuse",
+    "boundary": "boundary/: Z3-synthesised boundary workloads exist",
+}
 
 __all__ = [
     "DEFAULT_BOUND",
+    "FAMILIES",
     "ProofResult",
     "ProofRun",
     "Status",
@@ -63,11 +73,14 @@ def run_all_proofs(
     bound: int | None = None,
     *,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    families: Collection[str] | None = None,
 ) -> list[ProofResult]:
-    """Run every proof; `bound` is the BMC depth (events) and the policy theorems' bound on
-    forwards per block and arrival ticks (default 6). Sizes of the inductive proofs are fixed
+    """Run every proof (or those of `families`, names of `FAMILIES`); `bound` is the BMC depth
+    (events) and the policy theorems' bound on forwards per block and arrival ticks (default
+    6). Sizes of the inductive proofs are fixed
     (`properties.symbolic.induction.DEFAULT_GEOMETRIES`)."""
-    return list(run_proofs(progress, bound, timeout_ms=timeout_ms).results)
+    run = run_proofs(progress, bound, timeout_ms=timeout_ms, families=families)
+    return list(run.results)
 
 
 def run_proofs(
@@ -75,24 +88,36 @@ def run_proofs(
     bound: int | None = None,
     *,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    families: Collection[str] | None = None,
 ) -> ProofRun:
     """`run_all_proofs`, keeping the mutants' counterexamples (each replays through
-    SpecMachine and the matching reference mutants) beside the results."""
+    SpecMachine and the matching reference mutants) beside the results. A `ValueError` for a
+    bound below 1 or a family not in `FAMILIES`."""
     k = DEFAULT_BOUND if bound is None else bound
     if k < 1:
         raise ValueError(f"bound must be >= 1, got {k}")
+    chosen = set(FAMILIES) if families is None else set(families)
+    unknown = sorted(chosen - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown proof family {unknown[0]!r} (valid: {', '.join(FAMILIES)})")
     results: list[ProofResult] = []
-    results += prove_invariants(DEFAULT_GEOMETRIES, timeout_ms=timeout_ms, progress=progress)
-    results += bmc_invariants(k, timeout_ms=timeout_ms, progress=progress)
-    mutants, found = mutant_results(timeout_ms=timeout_ms, progress=progress)
-    results += mutants
-    results += policy_theorems(policy_bounds(k), timeout_ms=timeout_ms, progress=progress)
-    reuse = reuse_theorem(timeout_ms=timeout_ms)
-    if progress:
-        progress(f"{reuse.name}: {reuse.status} ({reuse.seconds:.2f}s)")
-    results.append(reuse)
-    boundary, _ = boundary_workloads(timeout_ms=timeout_ms, progress=progress)
-    results += boundary
+    found: list[MutantCounterexample] = []
+    if "inductive" in chosen:
+        results += prove_invariants(DEFAULT_GEOMETRIES, timeout_ms=timeout_ms, progress=progress)
+    if "bmc" in chosen:
+        results += bmc_invariants(k, timeout_ms=timeout_ms, progress=progress)
+    if "mutants" in chosen:
+        mutants, found = mutant_results(timeout_ms=timeout_ms, progress=progress)
+        results += mutants
+    if "theorems" in chosen:
+        results += policy_theorems(policy_bounds(k), timeout_ms=timeout_ms, progress=progress)
+        reuse = reuse_theorem(timeout_ms=timeout_ms)
+        if progress:
+            progress(f"{reuse.name}: {reuse.status} ({reuse.seconds:.2f}s)")
+        results.append(reuse)
+    if "boundary" in chosen:
+        boundary, _ = boundary_workloads(timeout_ms=timeout_ms, progress=progress)
+        results += boundary
     return ProofRun(tuple(results), {c.mutant.name: c for c in found})
 
 

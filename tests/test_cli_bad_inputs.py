@@ -269,6 +269,7 @@ def cases() -> list[tuple[str, list[str]]]:
     for value in ("0", "-1", HUGE, "x"):
         c.append((f"prove-bound-{value[:4]}", ["prove", "--bound", value]))
     c.append(("prove-json-dir", ["prove", "--json", "{dir}"]))
+    c.append(("prove-family", ["prove", "--family", "proofs"]))
     # parity (checked before torch or the model loads)
     c += [
         ("parity-device", ["parity", "--device", "cudaXYZ-fake"]),

@@ -32,7 +32,7 @@ NOT_RUN = {
     "./schedspec verify": "the main job; run by tests/test_main_job.py with smaller settings",
     # a minute of solving that CI would do twice: tests/test_z3_proofs.py checks the same
     # run (`run_all_proofs` at the default bound) and tests/test_install_wheel.py runs
-    # `schedspec prove --bound 2` from the wheel
+    # `schedspec prove --bound 2` from the wheel (every family but the mutants')
     "./schedspec prove": "every Z3 proof, checked in-process by tests/test_z3_proofs.py",
     # multi-minute measurements whose recorded output is in docs/engine.md; the same code paths
     # run in tests/test_engine_conformance.py and tests/test_engine_units.py on small inputs
@@ -55,6 +55,9 @@ NOT_RUN = {
     "--json out/parity-cpu-128-full.json": "a minute or more (31 prompts x 128 tokens x 8 "
     "engines x 2 algorithms)",
     "./schedspec verify --impl real-vllm --examples 500": "several minutes (real vLLM)",
+    # every built-in at 200 examples: half a minute to a minute of CI; tests/test_cli_twin.py,
+    # test_cli_verify_seed.py and test_verify_threads.py run `bench conformance` on less
+    "./schedspec bench conformance --examples 200": "a benchmark of every built-in",
     "./schedspec verify --impl real-vllm-prefix --examples 500": "several minutes (real vLLM)",
 }
 

@@ -34,6 +34,9 @@ from integrations.vllm import MANIFEST as VLLM
 from tests.engine_gate import require_engine
 from tests.test_install_wheel import ROOT, install_wheel, run
 
+# one worker builds the environment for the module's tests (each worker would build its own)
+pytestmark = pytest.mark.xdist_group("install-wheel-engine")
+
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 ENGINE_EXTRA = ("torch==2.13.0", *PYPROJECT["project"]["optional-dependencies"]["engine"])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from properties.proofs import DEFAULT_BOUND, ProofResult, failed
+from properties.proofs import DEFAULT_BOUND, FAMILIES, ProofResult, failed, run_proofs
 from properties.symbolic.bmc import MutantCounterexample, find_mutant_counterexample
 from properties.symbolic.mutants import SYMBOLIC_MUTANTS
 from properties.symbolic.result import IsolatedSolver, check
@@ -16,6 +16,7 @@ from properties.symbolic.workloads import replay
 from properties.workload import run_workload
 from reference.dllm import ReferenceDllmScheduler
 from reference.prefix_cache import CACHED_PROFILE, CachingReferenceScheduler
+from schedspec_cli.prove import FAMILY_NAMES
 from spec.adapter import ImplementationFactory
 from spec.errors import SpecViolation
 from spec.invariants import INVARIANTS
@@ -84,6 +85,31 @@ def test_results_serialise(suite: list[ProofResult]) -> None:
 
 def test_default_bound() -> None:
     assert DEFAULT_BOUND >= 4
+
+
+#: Each family's results, by the prefix of their names.
+FAMILY_PREFIXES = {
+    "inductive": ("inductive/", "lemma/"),
+    "bmc": ("bmc/",),
+    "mutants": ("mutant/",),
+    "theorems": ("theorem/",),
+    "boundary": ("boundary/",),
+}
+
+
+def test_the_families_split_the_suite_and_one_runs_alone(suite: list[ProofResult]) -> None:
+    """Every proof belongs to one family; `families` runs the chosen ones alone, the same
+    proofs in the same order as in the whole run; the command line knows the same names; an
+    unknown family is a `ValueError` naming the valid ones."""
+    assert tuple(FAMILIES) == tuple(FAMILY_PREFIXES) == FAMILY_NAMES
+    for result in suite:
+        owners = [f for f, prefixes in FAMILY_PREFIXES.items() if result.name.startswith(prefixes)]
+        assert len(owners) == 1, (result.name, owners)
+    alone = run_proofs(bound=2, families=["boundary", "bmc"]).results
+    expected = [r.name for r in suite if r.name.startswith(("bmc/", "boundary/"))]
+    assert [r.name for r in alone] == expected and not failed(list(alone))
+    with pytest.raises(ValueError, match="unknown proof family 'proofs' \\(valid: inductive"):
+        run_proofs(families=["proofs"])
 
 
 def test_every_symbolic_mutant_is_caught(suite: list[ProofResult]) -> None:
