@@ -188,6 +188,8 @@ FLAGS = {
     "full_block_scale": "--full-block-scale",
     "kv_events": "--kv-events",
     "kv_report_mode": "--kv-report-full",
+    "loras": "--loras",
+    "max_loras": "--max-loras",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -218,6 +220,8 @@ DEFAULTS: dict[str, object] = {
     "full_block_scale": 1,
     "kv_events": False,
     "kv_report_mode": "incremental",
+    "loras": 0,
+    "max_loras": 1,
 }
 
 

@@ -174,6 +174,7 @@ COUNTS = (
     "events_other_media",
     "events_orphan_stores",
     "events_cpu_orphan_stores",
+    "adapter_waits",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -221,6 +222,7 @@ MEANING = {
     "events_other_media": "events of the offloading connector's CPU tier",
     "events_orphan_stores": "stores whose parent key no copy holds (a radix router skips them)",
     "events_cpu_orphan_stores": "the same, in the CPU tier",
+    "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
 }
 
 

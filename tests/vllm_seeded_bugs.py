@@ -3,6 +3,7 @@ in a built scheduler's instance, to show the shared schedule() checks have teeth
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -449,3 +450,38 @@ def later_stores_not_announced(sched: Any) -> None:
         return result
 
     pool.cache_full_blocks = cache
+
+
+def adapters_past_max_loras(sched: Any) -> None:
+    """Seeded bug: the scheduler admits requests whatever LoRA adapters run already (it reads a
+    `max_loras` far above the configured one)."""
+    sched.lora_config = SimpleNamespace(max_loras=1_000_000)
+
+
+def adapters_never_admitted(sched: Any) -> None:
+    """Seeded bug: a request with a LoRA adapter waits while no adapter runs (the scheduler
+    reads `max_loras` as 0), and the base model's requests pass it."""
+    sched.lora_config = SimpleNamespace(max_loras=0)
+
+
+def adapter_not_hashed(sched: Any) -> None:
+    """Seeded bug: block hashes leave the request's LoRA adapter out, so equal tokens under
+    two adapters share prefix-cache blocks (vLLM puts the adapter's name and path in them)."""
+    add = sched.add_request
+
+    def add_without_adapter(request: Any) -> None:
+        hasher = request._block_hasher
+
+        def hash_without_adapter(req: Any) -> Any:
+            adapter, req.lora_request = req.lora_request, None
+            try:
+                return hasher(req)
+            finally:
+                req.lora_request = adapter
+
+        request._block_hasher = hash_without_adapter
+        request.block_hashes = []
+        request.update_block_hashes()
+        add(request)
+
+    sched.add_request = add_without_adapter

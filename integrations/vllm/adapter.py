@@ -125,6 +125,7 @@ class VllmModules:
     structured: ModuleType
     engine: ModuleType
     hashing: ModuleType
+    lora: ModuleType
 
 
 _MODULES: VllmModules | None = None
@@ -167,6 +168,7 @@ def load_vllm() -> VllmModules:
             structured=imp("vllm.v1.structured_output"),
             engine=imp("vllm.v1.engine"),
             hashing=imp("vllm.utils.hashing"),
+            lora=imp("vllm.lora.request"),
         )
     # Prefix caching's block hashes: vLLM's own sha256 (its default `prefix_caching_hash_algo`).
     _MODULES.kv_utils.init_none_hash(_MODULES.hashing.sha256)
@@ -182,6 +184,29 @@ SPECULATIVE_METHODS = ("ngram", "eagle", "draft_model")
 #: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`).
 SPACE = REAL_VLLM_PROFILE.space
 SPACE_PREFIX = REAL_VLLM_PREFIX_PROFILE.space
+
+
+def check_loras(loras: int, max_loras: int) -> None:
+    """`ConfigError` unless `loras` is an int >= 0 and `max_loras` an int >= 1, and 1 where no
+    adapter is served."""
+    if isinstance(loras, bool) or not isinstance(loras, int) or loras < 0:
+        raise ConfigError("loras", loras, "an integer >= 0 (LoRA adapters served; 0: none)")
+    if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
+        raise ConfigError("max_loras", max_loras, "an integer >= 1")
+    if max_loras != 1 and not loras:
+        raise ConfigError("max_loras", max_loras, "1 where no LoRA adapter is served (loras=0)")
+
+
+def lora_of(arrival: int, loras: int) -> int:
+    """The LoRA adapter of the request submitted `arrival`-th when `loras` adapters are served:
+    arrival mod (loras + 1), 0 being the base model (no adapter)."""
+    return arrival % (loras + 1) if loras else 0
+
+
+def adapter_of(request: Any) -> int:
+    """A vLLM `Request`'s LoRA adapter id (0: the base model)."""
+    lora = request.lora_request
+    return int(lora.lora_int_id) if lora is not None else 0
 
 
 def vllm_rules(config: ArConfig) -> ArRules:
@@ -246,6 +271,8 @@ class RealVllmScheduler:
         full_block_scale: int = 1,
         kv_events: bool = False,
         kv_report_mode: str = "incremental",
+        loras: int = 0,
+        max_loras: int = 1,
     ) -> None:
         space.check(config)
         if (
@@ -364,6 +391,12 @@ class RealVllmScheduler:
             )
         #: Each request's `kv_cache_report_mode` (its sampling params' `extra_args`).
         self.kv_report_mode: str = kv_report_mode
+        check_loras(loras, max_loras)
+        #: LoRA adapters served (`lora_of`: request i runs adapter i mod (loras + 1), 0 being
+        #: the base model), at most `max_loras` of them among the running requests (vLLM's
+        #: `LoRAConfig`; no LoRA config at 0).
+        self.loras: int = loras
+        self.max_loras: int = max_loras
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end (reasoning on)
@@ -419,6 +452,11 @@ class RealVllmScheduler:
                     pipeline_parallel_size=self.pipeline_parallel_size
                 ),
                 speculative_config=self._speculative_config(model_config),
+                lora_config=(
+                    cfg.LoRAConfig(max_loras=self.max_loras, max_lora_rank=8)
+                    if self.loras
+                    else None
+                ),
                 kv_events_config=(
                     cfg.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                     if self.kv_events
@@ -558,6 +596,7 @@ class RealVllmScheduler:
                 else None
             ),
         )
+        adapter = lora_of(self.arrivals, self.loras)
         req = self.v.request.Request(
             request_id=rid,
             prompt_token_ids=prompt,
@@ -566,6 +605,11 @@ class RealVllmScheduler:
             arrival_time=float(self.arrivals),  # arrival order = submission order
             priority=request.priority,
             block_hasher=self.hasher,
+            lora_request=(
+                self.v.lora.LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}")
+                if adapter
+                else None
+            ),
         )
         self.specs[rid] = request
         self.arrival_of[rid] = self.arrivals
@@ -1484,11 +1528,13 @@ __all__ = [
     "GroupTables",
     "OffloadingOptions",
     "RealVllmScheduler",
+    "adapter_of",
     "all_group_tables",
     "block_tables",
     "build_scheduler",
     "cached_blocks",
     "check_full_block_scale",
+    "check_loras",
     "check_mamba",
     "check_retention_interval",
     "check_sliding_window",
@@ -1501,6 +1547,7 @@ __all__ = [
     "hybrid_pool",
     "kv_groups",
     "load_vllm",
+    "lora_of",
     "make_real_vllm",
     "make_real_vllm_prefix",
     "mamba_checkpoint",

@@ -73,7 +73,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from integrations.vllm.adapter import GroupTables, all_group_tables
+from integrations.vllm.adapter import GroupTables, adapter_of, all_group_tables
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.unscheduled import block_hashes
 
@@ -528,20 +528,28 @@ class CacheWrites:
         group: int = 0,
     ) -> None:
         writer = self.content(block, group)
+        adapters = ""
         if writer is not None:
             wreq, wk = writer
             if wreq is req and wk == k:
                 return
             written_hash = self.block_hash(writer, group)
             if written_hash is not None and written_hash == self.block_hash((req, k), group):
-                return
+                # KV is the model's with the request's LoRA adapter: equal tokens under
+                # another adapter are other KV, whatever the block hashes say
+                if adapter_of(wreq) == adapter_of(req):
+                    return
+                adapters = (
+                    f" under LoRA adapter {adapter_of(wreq)}, while {rid!r} runs adapter "
+                    f"{adapter_of(req)} (0: the base model): the same block hash"
+                )
         other = self.overwritten_by(block, group)
         what = (
             f"KV cache group {other} wrote it last, not group {group}"
             if other is not None
             else "no batch wrote it"
             if writer is None
-            else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there"
+            else f"a batch wrote block {writer[1]} of {writer[0].request_id!r} there{adapters}"
         )
         what += self._victim_reason(block, req, k, group)
         if group and other is None:

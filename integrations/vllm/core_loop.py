@@ -169,6 +169,12 @@ class BatchQueueLoop(Generic[CountsT]):
         skips it in that `schedule()` call, by design). Default: never."""
         return False
 
+    def waits_for_adapter(self, request: Any) -> bool:
+        """Whether waiting `request` needs a LoRA adapter that the running requests' adapters,
+        as many as `max_loras` allows, leave no room for (vLLM then skips it, by design).
+        Default: never."""
+        return False
+
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
         """Before `schedule()`: the running queue's order, for `check_decisions`."""
@@ -192,8 +198,9 @@ class BatchQueueLoop(Generic[CountsT]):
         time passes no waiting, never-scheduled request before it in the policy's order; a
         resumed request may be skipped while its stale output drains, a fresh one never; one
         waiting for its grammar to compile, or for its KV to load through a KV connector, or
-        whose connector lookup was put off (`lookup_put_off`), may be passed, as vLLM skips
-        it by design; a request given blocks to load its KV into is
+        whose connector lookup was put off (`lookup_put_off`), or whose LoRA adapter finds
+        no room among the running requests' (`waits_for_adapter`), may be passed, as vLLM
+        skips it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
@@ -238,6 +245,7 @@ class BatchQueueLoop(Generic[CountsT]):
             and not waiting_for_grammar(r)
             and not waiting_for_remote_kv(r)
             and not self.lookup_put_off(r.request_id)
+            and not self.waits_for_adapter(r)
         ]
         for rid in admitted:
             key = self.queue_key(rid, priority)

@@ -105,6 +105,7 @@ from integrations.vllm.adapter import (
     GroupTables,
     OffloadingOptions,
     RealVllmScheduler,
+    adapter_of,
     all_group_tables,
     block_tables,
     group_block_sizes,
@@ -152,6 +153,7 @@ RULES = (
     "cache_hit_written",
     "kv_written",
     "kv_events",
+    "max_loras",
     "load_before_compute",
     "transfer_blocks_held",
     "kv_delivered",
@@ -230,6 +232,7 @@ class CoreRun:
     events_other_media: int = 0  # events of another tier (the offloading connector's CPU store)
     events_orphan_stores: int = 0  # GPU stores whose parent key the events left uncached
     events_cpu_orphan_stores: int = 0  # the same, of the offloading connector's CPU tier
+    adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
 
 
 @dataclass
@@ -245,6 +248,7 @@ class _Counts(LoopCounts):
     load_errors: int = 0
     cache_resets: int = 0
     cache_resets_done: int = 0
+    adapter_waits: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -301,6 +305,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         full_block_scale: int = 1,
         kv_events: bool = False,
         kv_report_mode: str = "incremental",
+        loras: int = 0,
+        max_loras: int = 1,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -343,6 +349,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             full_block_scale=full_block_scale,
             kv_events=kv_events,
             kv_report_mode=kv_report_mode,
+            loras=loras,
+            max_loras=max_loras,
         )
         #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
@@ -535,6 +543,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out)
+        if self.impl.loras:
+            self.check_adapters(out)
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
@@ -713,6 +723,32 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.n.cache_resets += 1
         self.n.cache_resets_done += bool(done)
         self.note(f"reset the prefix cache and the connector's ({'done' if done else 'not done'})")
+
+    def waits_for_adapter(self, request: Any) -> bool:
+        """Whether `request` needs a LoRA adapter none of the running requests runs while they
+        run `max_loras` adapters already."""
+        adapter = adapter_of(request)
+        if not adapter:
+            return False
+        running = {adapter_of(r) for r in self.sched.running} - {0}
+        return adapter not in running and len(running) >= self.impl.max_loras
+
+    def check_adapters(self, out: Any) -> None:
+        """`max_loras`: after `schedule()` the running requests, and those it scheduled, run at
+        most `max_loras` LoRA adapters (the model runner holds that many at once)."""
+        requests = self.sched.requests
+        for what, reqs in (
+            ("running", list(self.sched.running)),
+            ("scheduled", [requests[rid] for rid in out.num_scheduled_tokens]),
+        ):
+            adapters = sorted({adapter_of(r) for r in reqs} - {0})
+            if len(adapters) > self.impl.max_loras:
+                raise EngineCoreViolation(
+                    "max_loras",
+                    f"schedule {self.n.schedules}: the requests {what} run LoRA adapters "
+                    f"{adapters}; max_loras={self.impl.max_loras}",
+                )
+        self.n.adapter_waits += sum(map(self.waits_for_adapter, self.impl._waiting()))
 
     def lookup_put_off(self, rid: str) -> bool:
         """Whether the connector's latest lookup of `rid` said "ask again later"."""
@@ -922,6 +958,8 @@ class LoopOptions:
     full_block_scale: int = 1
     kv_events: bool = False
     kv_report_mode: str = "incremental"
+    loras: int = 0
+    max_loras: int = 1
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -966,6 +1004,8 @@ class LoopOptions:
             full_block_scale=self.full_block_scale,
             kv_events=self.kv_events,
             kv_report_mode=self.kv_report_mode,
+            loras=self.loras,
+            max_loras=self.max_loras,
             trace=self.trace,
         )
         return loop.run(program)

@@ -264,6 +264,22 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix-cache hit reuses too (kv_cache_report_mode 'full')",
     )
     parser.add_argument(
+        "--loras",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve N LoRA adapters: request i runs adapter i mod (N + 1), 0 being the base "
+        "model (default 0: no LoRA)",
+    )
+    parser.add_argument(
+        "--max-loras",
+        type=int,
+        default=1,
+        metavar="M",
+        help="with --loras: at most M adapters among the running requests (vLLM's max_loras; "
+        "default 1)",
+    )
+    parser.add_argument(
         "--sliding-window",
         type=int,
         default=None,
@@ -360,6 +376,10 @@ def loop_options(
         parser.error("--kv-report-full: only with --kv-events")
     if args.offload_self_describing_events and not (args.kv_events and args.offload_chunks):
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
+    if args.loras < 0:
+        parser.error("--loras: an int >= 0")
+    if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):
+        parser.error("--max-loras: an int >= 1, with --loras")
     if args.cache_resets and args.kv_connector:
         parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
@@ -432,6 +452,8 @@ def loop_options(
         full_block_scale=args.full_block_scale,
         kv_events=args.kv_events,
         kv_report_mode="full" if args.kv_report_full else "incremental",
+        loras=args.loras,
+        max_loras=args.max_loras,
     )
     return options, names
 
@@ -469,6 +491,8 @@ def describe(args: argparse.Namespace) -> str:
     if args.kv_events:
         full = ", hits reported in full" if args.kv_report_full else ""
         drafts += f"; KV cache events checked{full}"
+    if args.loras:
+        drafts += f"; {args.loras} LoRA adapters, at most {args.max_loras} running"
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
