@@ -190,6 +190,7 @@ FLAGS = {
     "kv_report_mode": "--kv-report-full",
     "loras": "--loras",
     "max_loras": "--max-loras",
+    "pauses": "--pauses",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -222,6 +223,7 @@ DEFAULTS: dict[str, object] = {
     "kv_report_mode": "incremental",
     "loras": 0,
     "max_loras": 1,
+    "pauses": None,
 }
 
 

@@ -175,6 +175,8 @@ COUNTS = (
     "events_orphan_stores",
     "events_cpu_orphan_stores",
     "adapter_waits",
+    "pauses",
+    "pause_preempted",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -223,6 +225,8 @@ MEANING = {
     "events_orphan_stores": "stores whose parent key no copy holds (a radix router skips them)",
     "events_cpu_orphan_stores": "the same, in the CPU tier",
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
+    "pauses": "generation paused",
+    "pause_preempted": "running requests a pause's cache reset preempted",
 }
 
 

@@ -476,11 +476,13 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     tests/test_real_vllm_kv_connector.py; `store_content` and `load_content`, which need
     vLLM's offloading connector, in tests/test_real_vllm_offloading.py; `kv_events`, which
     needs KV cache events on, in tests/test_real_vllm_kv_events.py; `max_loras`, which needs
-    LoRA adapters, in tests/test_real_vllm_lora.py)."""
+    LoRA adapters, in tests/test_real_vllm_lora.py; `pause`, which needs pauses, in
+    tests/test_real_vllm_pauses.py)."""
     from tests import test_real_vllm_kv_connector as kv_connector
     from tests import test_real_vllm_kv_events as kv_events
     from tests import test_real_vllm_lora as lora
     from tests import test_real_vllm_offloading as offloading
+    from tests import test_real_vllm_pauses as pauses
     from tests import test_real_vllm_speculative as speculative
     from tests import test_real_vllm_structured as structured
 
@@ -492,6 +494,8 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {bug[1] for bug in offloading.SEEDED_BUGS}
     covered |= {bug[1] for bug in kv_events.SEEDED_BUGS}
     covered |= {bug[1] for bug in lora.SEEDED_BUGS}
+    assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts
+    covered.add("pause")
     assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
     assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
     assert callable(speculative.test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts)

@@ -485,3 +485,19 @@ def adapter_not_hashed(sched: Any) -> None:
         add(request)
 
     sched.add_request = add_without_adapter
+
+
+def pause_ignored(sched: Any) -> None:
+    """Seeded bug: the scheduler ignores a pause (`set_pause_state` changes nothing)."""
+    sched.set_pause_state = lambda state: None
+
+
+def keep_pause_runs_the_running(sched: Any) -> None:
+    """Seeded bug: a pause that keeps requests ("keep", `PAUSED_ALL`) is taken as one that
+    drains them (`PAUSED_NEW`): the running requests go on being scheduled."""
+    set_state = sched.set_pause_state
+
+    def set_pause_state(state: Any) -> None:
+        set_state(type(state).PAUSED_NEW if state.name == "PAUSED_ALL" else state)
+
+    sched.set_pause_state = set_pause_state

@@ -98,9 +98,15 @@ class BatchQueueLoop(Generic[CountsT]):
         self.queue: deque[tuple[Any, Any]] = deque()
         self.outputs: dict[str, list[int]] = {}
         self.reasons: dict[str, str] = {}
+        #: Request id -> the schedule of its latest decode step still in flight.
         self.last_decode: dict[str, int] = {}
+        #: Each batch in flight (by `id`) -> its schedule number.
+        self._schedule_number: dict[int, int] = {}
         self.ever_scheduled: set[str] = set()
         self.running_before: list[str] = []
+        #: Requests preempted between `schedule()` calls (a cache reset that preempts the
+        #: running requests): the next call's output reports them, not as its own victims.
+        self.preempted_between: set[str] = set()
         #: The model runner's block tables, built from the outputs alone (`runner_tables`).
         self.runner_tables: RunnerTables = RunnerTables()
         #: With a list, one line per event (`note`, `integrations.vllm.trace`).
@@ -215,7 +221,8 @@ class BatchQueueLoop(Generic[CountsT]):
                 f"{where} left {len(self.sched.running)} requests running; "
                 f"max_num_seqs={max_num_seqs}",
             )
-        preempted = set(out.preempted_req_ids or ())
+        preempted = set(out.preempted_req_ids or ()) - self.preempted_between
+        self.preempted_between = set()
         if preempted:
             before = self.running_before
             ordered = sorted(before, key=lambda r: self.queue_key(r, True)) if priority else before
@@ -354,9 +361,12 @@ class BatchQueueLoop(Generic[CountsT]):
 
     def check_cadence(self, decoded: Iterable[str], stages: int) -> None:
         """`pp_cadence`: two decode steps of one request (`decoded`: the requests batch
-        `self.n.schedules` decodes) are at least `stages` schedules apart. vLLM:
-        "V2+PP+async: enforce `pp_size` steps between same-req decodes to match worker-side
-        sampled-tokens broadcast slot ring cadence"."""
+        `self.n.schedules` decodes) are at least `stages` schedules apart while the first is
+        in flight. vLLM: "V2+PP+async: enforce `pp_size` steps between same-req decodes to
+        match worker-side sampled-tokens broadcast slot ring cadence". Once the first step's
+        output is applied the pipeline holds no step of the request (a pause drains it, and
+        a cache reset then preempts the request to recompute at once): `last_decode` forgets
+        it then."""
         now = self.n.schedules
         for rid in decoded:
             last = self.last_decode.get(rid)
@@ -379,6 +389,7 @@ class BatchQueueLoop(Generic[CountsT]):
             self.before_schedule()
             out = call_vllm("schedule", sched.schedule)
             self.n.schedules += 1
+            self._schedule_number[id(out)] = self.n.schedules
             if self.trace is not None:
                 self._schedule_of[id(out)] = self.n.schedules
                 line = schedule_line(out, canvas=self.canvas_trace)
@@ -403,7 +414,10 @@ class BatchQueueLoop(Generic[CountsT]):
         elif not self.queue:
             return
         out, executed = self.queue.pop()
+        landed = self._schedule_number.pop(id(out), None)
         for rid in out.num_scheduled_tokens:
+            if self.last_decode.get(rid) == landed:
+                del self.last_decode[rid]  # its step is out of the pipeline
             if rid in self.reasons:
                 self.n.discarded += 1
                 self.on_discarded(rid)

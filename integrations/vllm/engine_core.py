@@ -136,6 +136,7 @@ from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
+from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -154,6 +155,7 @@ RULES = (
     "kv_written",
     "kv_events",
     "max_loras",
+    "pause",
     "load_before_compute",
     "transfer_blocks_held",
     "kv_delivered",
@@ -233,6 +235,8 @@ class CoreRun:
     events_orphan_stores: int = 0  # GPU stores whose parent key the events left uncached
     events_cpu_orphan_stores: int = 0  # the same, of the offloading connector's CPU tier
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
+    pauses: int = 0  # generation paused (`pauses`)
+    pause_preempted: int = 0  # running requests a pause's cache reset preempted
 
 
 @dataclass
@@ -307,6 +311,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         kv_report_mode: str = "incremental",
         loras: int = 0,
         max_loras: int = 1,
+        pauses: str | None = None,
         trace: list[str] | None = None,
     ) -> None:
         if offloading is not None and structured_output:
@@ -322,6 +327,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 cache_resets,
                 "False with kv_connector (schedspec's connectors keep no cache to reset; "
                 "vLLM's offloading connector does)",
+            )
+        check_pause_mode(pauses)
+        if pauses is not None and (kv_connector is not None or offloading is not None):
+            raise ConfigError(
+                "pauses",
+                pauses,
+                "None with a KV connector (a pause's cache reset with a load in flight is what "
+                "vLLM says it does not support yet; not modelled)",
             )
         #: Reset the prefix cache and the connector's before one engine step in 16.
         self.cache_resets: bool = cache_resets
@@ -454,6 +467,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self._deferred_tables: GroupTables = ()
 
         self._stale_before: set[str] = set()
+        #: Pauses generation before one engine step in 16, in vLLM's mode `pauses`.
+        self.pause: PauseDriver | None = (
+            PauseDriver(self.sched, pauses, draft_seed, note=self.note, abort=self.abort)
+            if pauses is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ driving
     def submit(self, request: ArRequest) -> bool:
@@ -495,6 +514,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             transfers = asdict(self.remote.counts)
             del transfers["aborted_loading"]  # the loop counts those (`abort`)
             counts.update(transfers)
+        if self.pause is not None:
+            counts.update(pauses=self.pause.pauses, pause_preempted=self.pause.preempted)
         if self.events is not None:
             view = self.events
             counts.update(
@@ -513,6 +534,18 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             **counts,
         )
 
+    def engine_step(self) -> None:
+        """Pause or resume generation first (`pauses`), then one engine-core step."""
+        if self.pause is not None:
+            live = [rid for rid in self.outputs if rid not in self.reasons]
+            self.preempted_between |= self.pause.step(self.n.engine_steps, live, bool(self.queue))
+        super().engine_step()
+
+    def busy(self) -> bool:
+        """vLLM still has a request counted unfinished, a batch is in flight, or generation is
+        paused (its requests left waiting for the resume)."""
+        return super().busy() or (self.pause is not None and self.pause.paused is not None)
+
     # ------------------------------------------------------------------ the loop's hooks
     def before_schedule(self) -> None:
         """Count cadence waits and running requests with an output in flight (`ahead`), record the
@@ -523,6 +556,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
         self.record_running()
+        if self.pause is not None:
+            self.pause.before_schedule()
         if self.writes is not None:
             self.writes.before_schedule(self.sched)
         for req in self.sched.running:
@@ -543,6 +578,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out)
+        if self.pause is not None:
+            self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if self.impl.loras:
             self.check_adapters(out)
         if self.remote is not None:
@@ -960,6 +997,7 @@ class LoopOptions:
     kv_report_mode: str = "incremental"
     loras: int = 0
     max_loras: int = 1
+    pauses: str | None = None
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1006,6 +1044,7 @@ class LoopOptions:
             kv_report_mode=self.kv_report_mode,
             loras=self.loras,
             max_loras=self.max_loras,
+            pauses=self.pauses,
             trace=self.trace,
         )
         return loop.run(program)

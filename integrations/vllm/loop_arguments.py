@@ -264,6 +264,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix-cache hit reuses too (kv_cache_report_mode 'full')",
     )
     parser.add_argument(
+        "--pauses",
+        choices=("keep", "wait", "abort"),
+        default=None,
+        metavar="MODE",
+        help="pause generation before one engine step in 16, as vLLM's pause_scheduler(MODE) "
+        "does around a weight update (keep, wait or abort), clear the caches when idle and "
+        "resume; not with --kv-connector or --offload-chunks",
+    )
+    parser.add_argument(
         "--loras",
         type=int,
         default=0,
@@ -376,6 +385,8 @@ def loop_options(
         parser.error("--kv-report-full: only with --kv-events")
     if args.offload_self_describing_events and not (args.kv_events and args.offload_chunks):
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
+    if args.pauses is not None and (args.kv_connector or args.offload_chunks is not None):
+        parser.error("--pauses: not with --kv-connector or --offload-chunks")
     if args.loras < 0:
         parser.error("--loras: an int >= 0")
     if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):
@@ -454,6 +465,7 @@ def loop_options(
         kv_report_mode="full" if args.kv_report_full else "incremental",
         loras=args.loras,
         max_loras=args.max_loras,
+        pauses=args.pauses,
     )
     return options, names
 
@@ -493,6 +505,8 @@ def describe(args: argparse.Namespace) -> str:
         drafts += f"; KV cache events checked{full}"
     if args.loras:
         drafts += f"; {args.loras} LoRA adapters, at most {args.max_loras} running"
+    if args.pauses:
+        drafts += f"; generation paused (mode {args.pauses})"
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
