@@ -270,7 +270,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODE",
         help="pause generation before one engine step in 16, as vLLM's pause_scheduler(MODE) "
         "does around a weight update (keep, wait or abort), clear the caches when idle and "
-        "resume; not with --kv-connector or --offload-chunks",
+        "resume; not with --kv-connector",
     )
     parser.add_argument(
         "--loras",
@@ -385,8 +385,8 @@ def loop_options(
         parser.error("--kv-report-full: only with --kv-events")
     if args.offload_self_describing_events and not (args.kv_events and args.offload_chunks):
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
-    if args.pauses is not None and (args.kv_connector or args.offload_chunks is not None):
-        parser.error("--pauses: not with --kv-connector or --offload-chunks")
+    if args.pauses is not None and args.kv_connector:
+        parser.error("--pauses: not with --kv-connector")
     if args.loras < 0:
         parser.error("--loras: an int >= 0")
     if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):
