@@ -10,7 +10,9 @@ The rule `pause`: under `PAUSED_ALL` a `schedule()` call schedules nothing; unde
 only requests that were running, or held KV, before it. Every other rule holds across pauses:
 outputs whole and in order after the reset's preemption (their steps in flight dropped as
 stale), the pool, the runner's tables. Released vLLM passes in each mode; two seeded bugs (a
-pause ignored, a "keep" pause taken as "wait") fail `pause`.
+pause ignored, a "keep" pause taken as "wait") fail `pause`. With vLLM's offloading connector
+a "keep" pause clears the caches with a CPU load in flight and vLLM raises, a case it names
+unsupported (reproduced as a known limitation); "wait" and "abort" pass.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """

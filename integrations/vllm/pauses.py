@@ -18,7 +18,9 @@ if it still fails. `resume_scheduler` sets `UNPAUSED`; requests added meanwhile 
 program's draw seed and the step) with a live request it pauses in its mode; once the engine is
 idle it clears the caches and resumes. `check_schedule` is the rule `pause`: under `PAUSED_ALL`
 a `schedule()` call schedules nothing; under `PAUSED_NEW` it schedules only requests that were
-running, or held KV, before it.
+running, or held KV, before it. With vLLM's offloading connector a "keep" pause can clear the
+caches while a CPU load is in flight, and vLLM's reset raises ("not supported yet"): the loop
+reports that as vLLM raising (docs/engines.md, "Pausing generation").
 """
 
 from __future__ import annotations
