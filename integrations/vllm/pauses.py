@@ -56,17 +56,19 @@ class PauseDriver:
         abort: Callable[[str], None],
     ) -> None:
         check_pause_mode(mode)
-        self.sched = sched
-        self.mode = mode
-        self.seed = seed
-        self.note = note
-        self.abort = abort
-        self.states = sched.pause_state.__class__  # vLLM's PauseState
+        self.sched: Any = sched
+        self.mode: str = mode
+        self.seed: int = seed
+        self.note: Callable[[str], None] = note
+        self.abort: Callable[[str], None] = abort
+        #: vLLM's `PauseState` enum.
+        self.states: Any = sched.pause_state.__class__
         #: The pause state this driver set (None: not paused), independent of what the
         #: scheduler says it is in.
         self.paused: Any = None
-        self.pauses = 0  # pauses made
-        self.preempted = 0  # running requests the caches' reset preempted
+        #: Pauses made, and the running requests the caches' resets preempted.
+        self.pauses: int = 0
+        self.preempted: int = 0
         self._may_run: set[str] = set()
 
     def step(self, step: int, live: Iterable[str], in_flight: bool) -> set[str]:
