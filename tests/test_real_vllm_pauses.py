@@ -98,7 +98,11 @@ def test_pauses_are_refused_with_schedspecs_connector_or_an_unknown_mode(
     """A typed error for an unknown mode and for a pause beside schedspec's KV connector (its
     store keeps no cache to clear); the sweep's usage error says the same."""
     _vllm()
-    for fields in ({"pauses": "sleep"}, {"pauses": "keep", "kv_connector": "recompute"}):
+    refused: list[dict[str, Any]] = [
+        {"pauses": "sleep"},
+        {"pauses": "keep", "kv_connector": "recompute"},
+    ]
+    for fields in refused:
         with pytest.raises(ConfigError) as err:
             run_loop(core_program(0), async_scheduling=False, options=LoopOptions(**fields))
         assert err.value.field == "pauses", err.value
