@@ -83,6 +83,14 @@ and must not let their output finish it); `cache_hit_written` then also counts w
 wrote, and a transfer never reported fails `progress`. `kv_pending_lookups` has the connector
 put some lookups off ("ask again later"), which vLLM skips by design.
 
+With `loras` = N the requests run LoRA adapters in turn (`integrations.vllm.adapter.lora_of`)
+and `max_loras` is added: the running requests, and those a call schedules, run at most
+`max_loras` adapters; a request whose adapter finds no room may be passed (`admission_order`),
+and a hit reads only KV its own adapter wrote (`cache_hit_written`). With `pauses` = a mode of
+vLLM's `pause_scheduler` the loop pauses generation now and then, clears the caches when idle
+and resumes (`integrations.vllm.pauses`), and `pause` is added: a paused scheduler schedules
+nothing ("keep") or only what ran or held KV before ("wait", "abort").
+
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
 structured output). The content rule fixes every output and reason, so it also says that both
