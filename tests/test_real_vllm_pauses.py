@@ -27,10 +27,11 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
-from integrations.vllm.engine_core import LoopOptions, core_program, run_loop
+from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
@@ -118,21 +119,37 @@ OFFLOADED = LoopOptions(
 )
 
 
-def test_known_limitation_a_keep_pause_clears_the_caches_with_a_cpu_load_in_flight() -> None:
-    """vLLM's offloading connector and a "keep" pause (`PAUSED_ALL`): the scheduler then counts
-    no request unfinished, so the pause completes once no batch is in flight, even while a
-    request's KV is loading from the CPU tier, and `_finish_pause`'s reset
-    (`reset_running_requests=True`) finds that request's blocks in use and raises: "Failed to
-    reset KV cache even when all the running requests are preempted ... requests waiting for
-    remote KV transfer, which is not supported yet". vLLM names the case unsupported; the
-    pause reaches it (shared-prompt program 11, synchronous loop). "wait" and "abort" pauses
-    wait for the load (`PAUSED_NEW` counts the requests holding KV) and pass."""
+#: The limitation's program, shrunk from shared-prompt program 11 (545 runs): r1 runs and its
+#: block is offloaded; r4, the same 2-token prompt, hits it in the CPU tier.
+CPU_HIT_WAITS = CoreProgram(
+    ArConfig(block_size=2, num_blocks=2, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=3),
+    arrivals=(
+        (ArRequest("r1", 2, 1, prompt=(100, 101)),),
+        (ArRequest("r4", 2, 1, prompt=(100, 101)),),
+    ),
+    aborts=((), ()),
+)
+
+
+def test_known_limitation_a_keep_pause_clears_the_caches_while_a_cpu_hit_waits() -> None:
+    """vLLM's offloading connector and a "keep" pause (`PAUSED_ALL`): a request whose prefix is
+    in the CPU tier holds the blocks its KV loads into until it is scheduled, and a "keep"
+    pause schedules nothing and counts no request unfinished, so the pause completes with r4
+    holding them (its load submitted before the pause, done during it). `_finish_pause`'s
+    reset (`reset_running_requests=True`) preempts the running requests only, finds r4's
+    blocks in use and raises: "Failed to reset KV cache even when all the running requests
+    are preempted ... requests waiting for remote KV transfer, which is not supported yet".
+    vLLM names the case unsupported; the pause reaches it. "wait" and "abort" pauses count
+    the requests holding KV as unfinished (`PAUSED_NEW`) and pass."""
     _vllm()
-    keep = replace(OFFLOADED, pauses="keep")
+    keep = replace(OFFLOADED, pauses="keep", draw_seed=3945307025)
     with pytest.raises(EngineCoreViolation) as err:
-        run_loop(shared_prompt_program(11), async_scheduling=False, options=keep)
+        run_loop(CPU_HIT_WAITS, async_scheduling=False, options=keep)
     assert err.value.rule == "implementation_error", err.value
     assert "reset_prefix_cache" in err.value.detail and "not supported" in err.value.detail
+    run_loop(
+        CPU_HIT_WAITS, async_scheduling=False, options=replace(OFFLOADED, draw_seed=3945307025)
+    )
     for mode in ("wait", "abort"):
         for seed in range(PROGRAMS // 4):
             program = shared_prompt_program(seed)
