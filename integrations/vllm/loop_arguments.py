@@ -41,6 +41,7 @@ from integrations.vllm.offload_window_fixes import (
     apply_whole_window_chunks,
 )
 from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.same_step_programs import same_step_program
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
@@ -265,7 +266,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pauses",
-        choices=("keep", "wait", "abort"),
+        choices=PAUSE_MODES,
         default=None,
         metavar="MODE",
         help="pause generation before one engine step in 16, as vLLM's pause_scheduler(MODE) "
