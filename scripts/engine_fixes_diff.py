@@ -8,8 +8,9 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
 (`vllm-offloading`: `integrations.vllm.offload_hit_fix`, on hybrid KV caches
 `integrations.vllm.offload_window_fixes`, and with KV cache events
-`integrations.vllm.offload_events_fix`) or its Mamba prefix caching
-(`vllm-mamba`: `integrations.vllm.mamba_split_fix`).
+`integrations.vllm.offload_events_fix`), its Mamba prefix caching
+(`vllm-mamba`: `integrations.vllm.mamba_split_fix`) or its cache reset after a pause
+(`vllm-pause`: `integrations.vllm.reset_holders_fix`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -21,6 +22,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-draft-margin > cap-draft-margin.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > offloading-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mamba > stop-mid-block-chunks.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-pause > reset-loaded-holders.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -31,11 +33,13 @@ version (SGLang: its `python/` directory). The tests that run these very edits a
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
 `tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`,
-`tests/test_real_vllm_offloading.py`, `tests/test_real_vllm_mamba_loop.py`
+`tests/test_real_vllm_offloading.py`, `tests/test_real_vllm_mamba_loop.py`,
+`tests/test_real_vllm_pauses.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
-`vllm-kv`, `vllm-draft-margin`, `vllm-offloading` and `vllm-mamba` need `vllm`).
+`vllm-kv`, `vllm-draft-margin`, `vllm-offloading`, `vllm-mamba` and `vllm-pause` need
+`vllm`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
 
 #: engine -> (its fixes, the fixes printed without --fix)
@@ -69,6 +74,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-draft-margin": (DRAFT_MARGIN_FIXES, DRAFT_MARGIN_FIXES.names),
     "vllm-offloading": (OFFLOADING_FIXES, OFFLOADING_FIXES.names),
     "vllm-mamba": (MAMBA_SPLIT_FIXES, MAMBA_SPLIT_FIXES.names),
+    "vllm-pause": (RESET_HOLDERS_FIXES, RESET_HOLDERS_FIXES.names),
 }
 
 

@@ -149,6 +149,12 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-pause-keep-loaded-holder": (
+        'Pausing generation in mode "keep" with the KV offloading connector: the caches\' '
+        "reset raises while a waiting request holds the blocks a CPU-tier load wrote into",
+        "vllm-pause",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -312,6 +318,13 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         run = run.removesuffix(".") + (
             f", over a hybrid KV cache: a full-attention group and a sliding-window group of "
             f"{window} tokens{blocks} sharing one pool{chunks}."
+        )
+    pauses = record["options"].get("pauses")
+    if pauses:
+        run = run.removesuffix(".") + (
+            f", generation paused in mode {pauses!r} before one engine step in 16 and the "
+            "caches cleared before it resumes, as `EngineCore.pause_scheduler` and "
+            "`_finish_pause` do."
         )
     draws = f", its draws (the connector's store, the drafts) seeded by {record['draw_seed']}."
     names = (

@@ -177,6 +177,7 @@ COUNTS = (
     "adapter_waits",
     "pauses",
     "pause_preempted",
+    "pause_taken_back",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -227,6 +228,7 @@ MEANING = {
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
+    "pause_taken_back": "waiting requests holding loaded KV it took back (reset-loaded-holders)",
 }
 
 

@@ -11,8 +11,10 @@ only requests that were running, or held KV, before it. Every other rule holds a
 outputs whole and in order after the reset's preemption (their steps in flight dropped as
 stale), the pool, the runner's tables. Released vLLM passes in each mode; two seeded bugs (a
 pause ignored, a "keep" pause taken as "wait") fail `pause`. With vLLM's offloading connector
-a "keep" pause clears the caches with a CPU load in flight and vLLM raises, a case it names
-unsupported (reproduced as a known limitation); "wait" and "abort" pass.
+a "keep" pause clears the caches while a request holds the blocks a CPU-tier load wrote into,
+and vLLM raises, a case it names unsupported (reproduced as a known limitation); "wait" and
+"abort" pass, and so does "keep" with the candidate fix `reset-loaded-holders`
+(`integrations.vllm.reset_holders_fix`), which has the reset take those blocks back.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +33,13 @@ from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.pauses import PAUSE_MODES
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS, RESET_HOLDERS_FIXES
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import keep_pause_runs_the_running, pause_ignored
 
@@ -140,7 +145,8 @@ def test_known_limitation_a_keep_pause_clears_the_caches_while_a_cpu_hit_waits()
     blocks in use and raises: "Failed to reset KV cache even when all the running requests
     are preempted ... requests waiting for remote KV transfer, which is not supported yet".
     vLLM names the case unsupported; the pause reaches it. "wait" and "abort" pauses count
-    the requests holding KV as unfinished (`PAUSED_NEW`) and pass."""
+    the requests holding KV as unfinished (`PAUSED_NEW`) and pass. With the candidate fix
+    `reset-loaded-holders` the reset takes r4's blocks back, and the program passes."""
     _vllm()
     keep = replace(OFFLOADED, pauses="keep", draw_seed=3945307025)
     with pytest.raises(EngineCoreViolation) as err:
@@ -154,3 +160,46 @@ def test_known_limitation_a_keep_pause_clears_the_caches_while_a_cpu_hit_waits()
         for seed in range(PROGRAMS // 4):
             program = shared_prompt_program(seed)
             run_loop(program, async_scheduling=False, options=replace(OFFLOADED, pauses=mode))
+    fixed = replace(keep, fix=make_fixes(["no-pointless-hit", RESET_HOLDERS]))
+    run = run_loop(CPU_HIT_WAITS, async_scheduling=False, options=fixed)
+    assert (run.pauses, run.pause_taken_back) == (1, 1), run
+    assert run.reasons == {"r1": "length", "r4": "length"}, run.reasons
+
+
+def test_with_the_candidate_fix_a_keep_pause_takes_back_the_loaded_blocks() -> None:
+    """`reset-loaded-holders` over the first shared-prompt programs with a "keep" pause and
+    the offloading connector: every one passes both loops, in some of them the reset takes a
+    waiting request's loaded blocks back (and released vLLM raises on one at least), and
+    without the connector the fix takes nothing back."""
+    _vllm()
+    fixed = replace(OFFLOADED, pauses="keep", fix=make_fixes(["no-pointless-hit", RESET_HOLDERS]))
+    released = replace(OFFLOADED, pauses="keep")
+    taken_back = raised = 0
+    for seed in range(PROGRAMS):
+        program = shared_prompt_program(seed)
+        for async_scheduling in (False, True):
+            run = run_loop(program, async_scheduling=async_scheduling, options=fixed)
+            taken_back += run.pause_taken_back
+            if run.pause_taken_back:
+                try:
+                    run_loop(program, async_scheduling=async_scheduling, options=released)
+                except EngineCoreViolation as err:
+                    assert "not supported" in err.detail, err
+                    raised += 1
+    assert taken_back > 0 and raised > 0, (taken_back, raised)
+    plain = LoopOptions(pauses="keep", fix=make_fixes([RESET_HOLDERS]))
+    for seed in range(PROGRAMS // 4):
+        run = run_loop(core_program(seed), async_scheduling=True, options=plain)
+        assert run.pause_taken_back == 0, seed
+
+
+def test_the_reset_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -> None:
+    """`scripts/engine_fixes_diff.py vllm-pause` prints the edit the tests run: applied with
+    `git apply -p1` to a copy of vLLM's `scheduler.py`, it gives the very text they run, which
+    frees the blocks of the waiting requests it takes back."""
+    _vllm()
+    names = RESET_HOLDERS_FIXES.names
+    sources = RESET_HOLDERS_FIXES.fixed_sources(names)
+    patched = git_apply_to_copies(tmp_path, sources, RESET_HOLDERS_FIXES.as_diff(names))
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "for request in list(self.kv_holding_waiting):" in next(iter(patched.values()))

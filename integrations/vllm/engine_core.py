@@ -245,6 +245,7 @@ class CoreRun:
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
+    pause_taken_back: int = 0  # waiting requests holding loaded KV whose blocks it took back
 
 
 @dataclass
@@ -523,7 +524,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             del transfers["aborted_loading"]  # the loop counts those (`abort`)
             counts.update(transfers)
         if self.pause is not None:
-            counts.update(pauses=self.pause.pauses, pause_preempted=self.pause.preempted)
+            counts.update(
+                pauses=self.pause.pauses,
+                pause_preempted=self.pause.preempted,
+                pause_taken_back=self.pause.taken_back,
+            )
         if self.events is not None:
             view = self.events
             counts.update(

@@ -43,6 +43,7 @@ from integrations.vllm.offload_window_fixes import (
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIX
 from integrations.vllm.same_step_programs import same_step_program
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
@@ -69,6 +70,7 @@ FIXES = {
         ANNOUNCE_CPU_RESET_FIX,
         COUNT_RECORDED_STORES_FIX,
         MAMBA_SPLIT_FIX,
+        RESET_HOLDERS_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built

@@ -19,8 +19,10 @@ program's draw seed and the step) with a live request it pauses in its mode; onc
 idle it clears the caches and resumes. `check_schedule` is the rule `pause`: under `PAUSED_ALL`
 a `schedule()` call schedules nothing; under `PAUSED_NEW` it schedules only requests that were
 running, or held KV, before it. With vLLM's offloading connector a "keep" pause can clear the
-caches while a CPU load is in flight, and vLLM's reset raises ("not supported yet"): the loop
-reports that as vLLM raising (docs/engines.md, "Pausing generation").
+caches while a waiting request holds the blocks a CPU-tier load wrote into, and vLLM's reset
+raises ("not supported yet"): the loop reports that as vLLM raising (docs/engines.md, "Pausing
+generation"). The candidate fix `reset-loaded-holders` (`integrations.vllm.reset_holders_fix`)
+has the reset take those blocks back; `taken_back` counts the requests it took them from.
 """
 
 from __future__ import annotations
@@ -66,9 +68,12 @@ class PauseDriver:
         #: The pause state this driver set (None: not paused), independent of what the
         #: scheduler says it is in.
         self.paused: Any = None
-        #: Pauses made, and the running requests the caches' resets preempted.
+        #: Pauses made, the running requests the caches' resets preempted, and the waiting
+        #: requests holding KV whose blocks they took back (none in released vLLM: the
+        #: candidate fix `reset-loaded-holders`).
         self.pauses: int = 0
         self.preempted: int = 0
+        self.taken_back: int = 0
         self._may_run: set[str] = set()
 
     def step(self, step: int, live: Iterable[str], in_flight: bool) -> set[str]:
@@ -91,6 +96,7 @@ class PauseDriver:
         if self.sched.has_requests() or in_flight:
             return set()
         running = {r.request_id for r in self.sched.running}
+        holding = {r.request_id for r in self.sched.kv_holding_waiting}
         call_vllm(
             "reset_prefix_cache",
             lambda: self.sched.reset_prefix_cache(
@@ -98,6 +104,7 @@ class PauseDriver:
             ),
         )
         self.preempted += len(running)
+        self.taken_back += len(holding - {r.request_id for r in self.sched.kv_holding_waiting})
         self.sched.set_pause_state(self.states.UNPAUSED)
         self.paused = None
         self.note(f"caches cleared ({sorted(running)} preempted), resume")

@@ -1,0 +1,105 @@
+"""A candidate fix for a limitation of vLLM 0.33.0 that a "keep" pause reaches: the caches'
+reset with `reset_running_requests=True` fails while a waiting request holds blocks that a KV
+connector loaded into. Applied to one built scheduler so that the engine-core checks can
+validate it.
+
+The limitation (docs/engines.md, "Pausing generation"): with the offloading connector, a
+request whose prefix is in the CPU tier holds the GPU blocks its KV loads into until it is
+scheduled (`kv_holding_waiting`). A "keep" pause (`PAUSED_ALL`) schedules nothing and counts no
+request unfinished, so it completes with that request still holding its blocks.
+`_finish_pause`'s `reset_prefix_cache(reset_running_requests=True)` preempts the running
+requests only, finds those blocks in use, and raises ("... requests waiting for remote KV
+transfer, which is not supported yet"): `pause_generation(mode="keep")` with its default
+`clear_cache=True` fails a weight update.
+
+The fix: where the reset preempts the running requests, it also takes back the blocks of every
+waiting request that holds KV whose load is done (a load reported finished and not yet
+promoted, or promoted and not yet scheduled: status `WAITING` or `PREEMPTED` with tokens
+computed). Such KV predates the reset (a weight update makes
+it stale, as it does the running requests' KV), so the request goes back to the waiting queue
+with nothing computed and looks its prefix up again, as a preempted request does. A load still
+in flight writes into its blocks, and a streaming session waiting for its next input
+(`WAITING_FOR_STREAMING_REQ`) keeps its state: those blocks stay held and the reset still
+raises, as released vLLM does. With the offloading connector a pause never reaches its reset
+with a load in flight: the engine keeps stepping while the connector has a job unreported
+(`has_pending_push_work`), as the engine-core loop does, so every load is done by then.
+
+It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`RESET_HOLDERS_FIXES`):
+`fix_as_diff()` prints it as a patch, and `apply_reset_holders_fix(sched)` gives one built
+scheduler the edited `Scheduler.reset_prefix_cache` through a subclass of its class.
+`FixDoesNotApply` if vLLM's file no longer has the statement the fix edits.
+"""
+
+from __future__ import annotations
+
+from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
+from integrations.vllm.patches import ScheduleFix
+
+RESET_HOLDERS = "reset-loaded-holders"
+
+#: The end of the running requests' preemption in `reset_prefix_cache`, and the reset after it.
+_PREEMPTED_ALL_RUNNING = (
+    "            self.prev_step_scheduled_req_ids.clear()\n"
+    "\n"
+    "        reset_successful = self.kv_cache_manager.reset_prefix_cache()\n"
+)
+_TAKE_BACK_LOADED_HOLDERS = (
+    "            self.prev_step_scheduled_req_ids.clear()\n"
+    "\n"
+    "            # Waiting requests holding KV (a connector's load done, promoted or\n"
+    "            # not) hold blocks too, and that KV predates the reset: take the blocks\n"
+    "            # back, so they look their prefix up again. A load still in flight\n"
+    "            # writes into its blocks, and a streaming session waits for its input:\n"
+    "            # those keep theirs.\n"
+    "            for request in list(self.kv_holding_waiting):\n"
+    "                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:\n"
+    "                    if request.request_id not in self.finished_recving_kv_req_ids:\n"
+    "                        continue\n"
+    "                elif request.status not in (\n"
+    "                    RequestStatus.WAITING,\n"
+    "                    RequestStatus.PREEMPTED,\n"
+    "                ):\n"
+    "                    continue\n"
+    "                self.kv_holding_waiting.remove_request(request)\n"
+    "                self.deferred_waiting.discard(request)\n"
+    "                self.finished_recving_kv_req_ids.discard(request.request_id)\n"
+    "                self.failed_recving_kv_req_ids.discard(request.request_id)\n"
+    "                self._free_request_blocks(request)\n"
+    "                request.num_computed_tokens = 0\n"
+    "                request.status = (\n"
+    "                    RequestStatus.PREEMPTED\n"
+    "                    if request.num_preemptions\n"
+    "                    else RequestStatus.WAITING\n"
+    "                )\n"
+    "                self._enqueue_waiting_request(request)\n"
+    "\n"
+    "        reset_successful = self.kv_cache_manager.reset_prefix_cache()\n"
+)
+
+RESET_HOLDERS_FIX = EngineFix(
+    RESET_HOLDERS,
+    ((MODULE, _PREEMPTED_ALL_RUNNING, _TAKE_BACK_LOADED_HOLDERS),),
+    ((MODULE, "Scheduler.reset_prefix_cache"),),
+    "a cache reset that preempts the running requests fails while a waiting request holds "
+    "blocks a connector loaded into (a 'keep' pause with a CPU-tier hit): take back the "
+    "blocks of waiting requests whose load is done",
+)
+RESET_HOLDERS_SCHEDULE = ScheduleFix(RESET_HOLDERS_FIX)
+RESET_HOLDERS_FIXES = RESET_HOLDERS_SCHEDULE.fix_set
+
+#: Give one built `Scheduler` or `AsyncScheduler` the fixed `reset_prefix_cache`
+#: (`ScheduleFix.apply`).
+apply_reset_holders_fix = RESET_HOLDERS_SCHEDULE.apply
+#: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
+fix_as_diff = RESET_HOLDERS_SCHEDULE.as_diff
+
+__all__ = [
+    "RESET_HOLDERS",
+    "RESET_HOLDERS_FIX",
+    "RESET_HOLDERS_FIXES",
+    "RESET_HOLDERS_SCHEDULE",
+    "FixDoesNotApply",
+    "apply_reset_holders_fix",
+    "fix_as_diff",
+]
