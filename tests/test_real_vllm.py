@@ -477,8 +477,10 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     vLLM's offloading connector, in tests/test_real_vllm_offloading.py; `kv_events`, which
     needs KV cache events on, in tests/test_real_vllm_kv_events.py; `max_loras`, which needs
     LoRA adapters, in tests/test_real_vllm_lora.py; `pause`, which needs pauses, in
-    tests/test_real_vllm_pauses.py)."""
+    tests/test_real_vllm_pauses.py; `kv_event_content`, which needs KV cache events on, in
+    tests/test_real_vllm_kv_event_content.py)."""
     from tests import test_real_vllm_kv_connector as kv_connector
+    from tests import test_real_vllm_kv_event_content as kv_event_content
     from tests import test_real_vllm_kv_events as kv_events
     from tests import test_real_vllm_lora as lora
     from tests import test_real_vllm_offloading as offloading
@@ -493,6 +495,7 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {bug[1] for bug in kv_connector.PRODUCER_SEEDED_BUGS}
     covered |= {bug[1] for bug in offloading.SEEDED_BUGS}
     covered |= {bug[1] for bug in kv_events.SEEDED_BUGS}
+    covered |= {bug[1] for bug in kv_event_content.SEEDED_BUGS}
     covered |= {bug[1] for bug in lora.SEEDED_BUGS}
     assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts
     covered.add("pause")

@@ -3,6 +3,7 @@ in a built scheduler's instance, to show the shared schedule() checks have teeth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -450,6 +451,51 @@ def later_stores_not_announced(sched: Any) -> None:
         return result
 
     pool.cache_full_blocks = cache
+
+
+def _edit_stores(sched: Any, edit: Callable[[Any, Any, dict[str, Any]], None]) -> None:
+    """Have the block pool's every `BlockStored` edited by `edit(event, request, kwargs)` (the
+    arguments of `_build_block_stored_event`) before it is queued."""
+    pool = sched.kv_cache_manager.block_pool
+    original = pool._build_block_stored_event
+
+    def build(request: Any, **kwargs: Any) -> Any:
+        event = original(request, **kwargs)
+        edit(event, request, kwargs)
+        return event
+
+    pool._build_block_stored_event = build
+
+
+def stores_name_no_adapter(sched: Any) -> None:
+    """Seeded bug (KV cache events on, LoRA adapters): the block pool announces a store with no
+    LoRA fields, as if the base model wrote it."""
+
+    def edit(event: Any, _request: Any, _kwargs: dict[str, Any]) -> None:
+        event.lora_id = event.lora_name = None
+
+    _edit_stores(sched, edit)
+
+
+def stored_tokens_one_late(sched: Any) -> None:
+    """Seeded bug (KV cache events on): a store's token ids are read one token late (the range
+    of its blocks shifted by one, as an off-by-one slice would)."""
+
+    def edit(event: Any, request: Any, kwargs: dict[str, Any]) -> None:
+        start, end = kwargs["start_token_idx"], kwargs["end_token_idx"]
+        event.token_ids = request.all_token_ids[start + 1 : end + 1]
+
+    _edit_stores(sched, edit)
+
+
+def stores_unchained(sched: Any) -> None:
+    """Seeded bug (KV cache events on): every store names no parent, as if each started a
+    prompt."""
+
+    def edit(event: Any, _request: Any, _kwargs: dict[str, Any]) -> None:
+        event.parent_block_hash = None
+
+    _edit_stores(sched, edit)
 
 
 def adapters_past_max_loras(sched: Any) -> None:

@@ -409,6 +409,9 @@ class RealVllmScheduler:
         self.v: VllmModules = load_vllm()
         self.sched: Any = self._build(config)
         self.specs: dict[str, ArRequest] = {}
+        #: Every vLLM `Request` given to the scheduler, by id, kept after it ends (what a
+        #: reader of the KV events resolves a block key against).
+        self.submitted: dict[str, Any] = {}
         self.arrival_of: dict[str, int] = {}
         self.arrivals: int = 0
         self.step_index: int = 0
@@ -612,6 +615,7 @@ class RealVllmScheduler:
             ),
         )
         self.specs[rid] = request
+        self.submitted[rid] = req
         self.arrival_of[rid] = self.arrivals
         if end_at is not None:
             self.reasoning_end_at[rid] = end_at

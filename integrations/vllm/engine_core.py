@@ -89,7 +89,11 @@ and `max_loras` is added: the running requests, and those a call schedules, run 
 and a hit reads only KV its own adapter wrote (`cache_hit_written`). With `pauses` = a mode of
 vLLM's `pause_scheduler` the loop pauses generation now and then, clears the caches when idle
 and resumes (`integrations.vllm.pauses`), and `pause` is added: a paused scheduler schedules
-nothing ("keep") or only what ran or held KV before ("wait", "abort").
+nothing ("keep") or only what ran or held KV before ("wait", "abort"). With `kv_events` vLLM's
+KV cache events are read as a router reads them and two rules are added: `kv_events` (the keys
+they leave cached are the prefix cache's, `integrations.vllm.kv_events`) and
+`kv_event_content` (each store names its blocks' tokens, parent key, adapter and extra keys,
+`integrations.vllm.kv_event_content`).
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -141,6 +145,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
+from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
@@ -162,6 +167,7 @@ RULES = (
     "cache_hit_written",
     "kv_written",
     "kv_events",
+    "kv_event_content",
     "max_loras",
     "pause",
     "load_before_compute",
@@ -242,6 +248,8 @@ class CoreRun:
     events_other_media: int = 0  # events of another tier (the offloading connector's CPU store)
     events_orphan_stores: int = 0  # GPU stores whose parent key the events left uncached
     events_cpu_orphan_stores: int = 0  # the same, of the offloading connector's CPU tier
+    events_keys_described: int = 0  # keys of stores whose content was checked, both tiers
+    events_without_extra_keys: int = 0  # stores with no extra_keys where their blocks have some
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
@@ -377,9 +385,18 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
         self.events: KvEventView | None = None
+        #: What each store event says of its blocks, checked (`kv_event_content`).
+        self.event_content: EventContent | None = None
         if kv_events:
             self.events = KvEventView(log=self.note if trace is not None else None)
             self.impl.sched.kv_event_publisher = self.events
+            kv_utils = self.impl.v.kv_utils
+            origins = KeyOrigins(
+                self.impl.submitted,
+                int(self.impl.sched.kv_cache_manager.block_pool.hash_block_size),
+                kv_utils.maybe_convert_block_hash,
+            )
+            self.event_content = EventContent(origins, vllm_extra_keys(kv_utils))
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
@@ -539,6 +556,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 events_other_media=view.other_media,
                 events_orphan_stores=view.orphan_stores,
                 events_cpu_orphan_stores=view.cpu_orphan_stores,
+            )
+        if self.event_content is not None:
+            counts.update(
+                events_keys_described=self.event_content.checked,
+                events_without_extra_keys=self.event_content.stores_without_extra_keys,
             )
         return CoreRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
@@ -738,12 +760,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.impl.ended.update(self.reasons)
         if self.events is not None:
             # vLLM published this step's events at the end of `update_from_output`
-            check_kv_events(
-                self.events,
-                self.sched,
-                self.impl.v.kv_utils,
-                f"after update_from_output() of schedule {self.n.schedules}",
-            )
+            where = f"after update_from_output() of schedule {self.n.schedules}"
+            stores = self.events.take_stores()
+            if self.event_content is not None:
+                for event, medium in stores:
+                    self.event_content.check_store(event, medium, where)
+            check_kv_events(self.events, self.sched, self.impl.v.kv_utils, where)
         if self.writes is not None:
             for t in self._failed_sync.pop(id(executed), ()):
                 # the failed block, and what the loader's batches computed over it, hold

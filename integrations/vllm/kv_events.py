@@ -30,6 +30,8 @@ counts such events). The view pairs keys with nothing but their count. Nor is a 
 `parent_block_hash` has no copy when it arrives (`orphan_stores`, `cpu_orphan_stores`): a
 radix-tree router skips it, but vLLM skips the null blocks of a window or Mamba group, and
 its offloading connector announces a job's chunks in no set order (key order is "free" there).
+What each store says of its blocks (tokens, parent, adapter, extra keys) is the rule
+`kv_event_content` (`integrations.vllm.kv_event_content`), fed by `take_stores`.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ class KvEventView:
     orphan_stores: int = 0
     cpu_orphan_stores: int = 0
 
+    #: The stores of either tier that arrived since `take_stores` last ran, with their medium
+    #: (what `integrations.vllm.kv_event_content` reads).
+    stores: list[tuple[Any, str]] = field(default_factory=list)
+
     #: With a callable, one line per published batch (a loop's trace).
     log: Callable[[str], None] | None = None
 
@@ -95,6 +101,8 @@ class KvEventView:
             self.cleared += 1
             return
         medium = getattr(event, "medium", GPU_MEDIUM)
+        if kind == "BlockStored" and medium in (GPU_MEDIUM, CPU_MEDIUM, None):
+            self.stores.append((event, medium or GPU_MEDIUM))
         if medium == CPU_MEDIUM:
             self.other_media += 1
             self.cpu_orphan_stores += _orphan(self.cpu_copies, kind, event)
@@ -114,6 +122,11 @@ class KvEventView:
         elif kind == "BlockRemoved":
             self.removed += len(event.block_hashes)
         _count(self.copies, kind, event)
+
+    def take_stores(self) -> list[tuple[Any, str]]:
+        """The stores that arrived since the last call, with their medium, in order."""
+        stores, self.stores = self.stores, []
+        return stores
 
     def cached(self) -> set[EventKey]:
         """The keys with a copy left: what a router takes as cached."""
