@@ -66,6 +66,7 @@ MEANING = {
     "discarded_read_only": "  of them, of a read-only request",
     "events_stored": "keys KV cache events announced stored",
     "events_removed": "keys they announced removed",
+    "events_keys_described": "keys of stores checked against their blocks' content",
 }
 
 

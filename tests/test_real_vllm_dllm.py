@@ -63,6 +63,7 @@ from tests.vllm_seeded_bugs import (
     preemption_in_flight_raises,
     removal_not_announced,
     stop_reported_as_length,
+    stores_unchained,
     under_allocate,
 )
 
@@ -359,6 +360,7 @@ OWN_TESTS = {
     "preemption_victim": "test_the_victim_check_catches_a_priority_scheduler_preempting_fcfs",
     "kv_writes": "test_the_kv_writes_check_catches_a_canvas_in_a_shared_block",
     "kv_events": "test_the_kv_events_check_reads_the_diffusion_path_too",
+    "kv_event_content": "test_the_event_content_check_reads_the_diffusion_path_too",
 }
 
 
@@ -384,6 +386,24 @@ def test_the_kv_events_check_reads_the_diffusion_path_too() -> None:
         seen = first_violations(PROGRAMS, run, until="kv_events")
         assert "kv_events" in seen, seen
         assert "cached that the prefix cache no longer holds" in seen["kv_events"], seen
+
+
+def _run_unchained(seed: int, *, async_scheduling: bool) -> DllmRun:
+    """`_with_events(seed)` through one loop, its stores naming no parent."""
+    return _run(_with_events(seed), async_scheduling=async_scheduling, mutate=stores_unchained)
+
+
+def test_the_event_content_check_reads_the_diffusion_path_too() -> None:
+    """With KV cache events on, every key the diffusion path stores is checked against its
+    block (`kv_event_content`); stores that name no parent (seeded bug) fail the rule in
+    either loop."""
+    runs = [run for seed in range(PROGRAMS // 2) for run in check_both(_with_events(seed))]
+    described = sum(r.events_keys_described for r in runs)
+    assert described and described == sum(r.events_stored for r in runs), described
+    for async_scheduling in (False, True):
+        run = partial(_run_unchained, async_scheduling=async_scheduling)
+        seen = first_violations(PROGRAMS, run, until="kv_event_content")
+        assert "follows parent_block_hash None" in seen.get("kv_event_content", ""), seen
 
 
 def test_every_rule_has_a_seeded_bug() -> None:

@@ -91,6 +91,7 @@ from integrations.vllm.core_loop import (
     check_program_steps,
     run_both,
 )
+from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from spec.errors import (
     ConfigError,
@@ -109,6 +110,7 @@ RULES = (
     *SCHEDULE_RULES,
     "kv_writes",
     "kv_events",
+    "kv_event_content",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -253,6 +255,7 @@ class DllmRun:
     latencies: dict[str, int] = field(default_factory=dict)
     events_stored: int = 0  # keys KV cache events announced stored (`kv_events`)
     events_removed: int = 0  # keys they announced removed
+    events_keys_described: int = 0  # keys of stores checked against their blocks' content
 
 
 @dataclass
@@ -374,9 +377,19 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         sched = _build(self.v, serving, async_scheduling)
         #: A router's view of the KV cache events vLLM publishes (`serving.kv_events`).
         self.events: KvEventView | None = None
+        #: Every vLLM `Request` given to the scheduler, by id, kept after it ends, and what each
+        #: store event says of its blocks, checked against them (`kv_event_content`).
+        self.submitted: dict[str, Any] = {}
+        self.event_content: EventContent | None = None
         if serving.kv_events:
             self.events = KvEventView()
             sched.kv_event_publisher = self.events
+            origins = KeyOrigins(
+                self.submitted,
+                int(sched.kv_cache_manager.block_pool.hash_block_size),
+                self.v.kv_utils.maybe_convert_block_hash,
+            )
+            self.event_content = EventContent(origins, vllm_extra_keys(self.v.kv_utils))
         if mutate is not None:
             mutate(sched)
         super().__init__(
@@ -444,6 +457,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             block_hasher=self.hasher,
         )
         self.specs[rid] = request
+        self.submitted[rid] = req
         self.arrival_of[rid] = arrival
         self.arrived_at[rid] = self.n.engine_steps
         self.outputs[rid] = []
@@ -471,6 +485,9 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             latencies=dict(self.latencies),
             events_stored=view.stored if view is not None else 0,
             events_removed=view.removed if view is not None else 0,
+            events_keys_described=(
+                self.event_content.checked if self.event_content is not None else 0
+            ),
             **asdict(self.n),
         )
 
@@ -535,6 +552,10 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         where = f"after update_from_output() of schedule {self.n.schedules}"
         self.check_kv(where)
         if self.events is not None:
+            stores = self.events.take_stores()
+            if self.event_content is not None:
+                for event, medium in stores:
+                    self.event_content.check_store(event, medium, where)
             check_kv_events(self.events, self.sched, self.v.kv_utils, where)
         for rid, reason in self.reasons.items():
             if reason != ABORTED and rid not in self.latencies:
