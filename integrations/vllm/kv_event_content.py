@@ -22,6 +22,9 @@ equal block hashes mean equal tokens under an equal adapter, as vLLM chains them
 - where the store carries `extra_keys`, entry i is what vLLM publishes for that block
   (`to_event_extra_keys` of its `generate_block_hash_extra_keys`: the LoRA name here).
 
+Both engine-core loops check it after every `update_from_output`: the autoregressive one
+(`integrations.vllm.engine_core`) and the diffusion one (`integrations.vllm.diffusion`).
+
 A store that carries no `extra_keys` while its blocks have some (a LoRA adapter's) is counted,
 not a rule (`stores_without_extra_keys`): the field is optional, and the LoRA fields say the
 same.
