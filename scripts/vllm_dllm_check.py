@@ -3,7 +3,8 @@ over generated programs.
 
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
         [--reach-model-len] [--whole-canvas-fix] [--read-only-hold-fix] [--model-len-hold-fix]
-        [--pipeline-parallel P] [--prefix-caching] [--priority] [--kv-events] [--json FILE]
+        [--pipeline-parallel P] [--prefix-caching] [--priority] [--kv-events]
+        [--loras N [--max-loras M]] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
@@ -20,7 +21,10 @@ pipeline stages (a batch queue of P + 1); `--prefix-caching` serves with prefix 
 half the prompts prefixes of one shared prompt; `--priority` serves under vLLM's priority
 policy, each request a priority in 0..2; `--kv-events` serves with vLLM's KV cache events on,
 read as a router reads them (copies counted) and checked after every `update_from_output`
-(`kv_events`, `integrations.vllm.kv_events`). Exit 1 if a program failed.
+(`kv_events`, `integrations.vllm.kv_events`; and what each store says of its blocks,
+`kv_event_content`); `--loras N` serves N LoRA adapters, at most `--max-loras M` (default 1)
+at once, and checks `max_loras` (`integrations.vllm.lora_rules`). Exit 1 if a program failed
+(exit 2, one line, for `--max-loras` without `--loras`).
 Needs `schedspec install-engines vllm`.
 """
 
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
+    check_dllm_arguments,
     describe_fixes,
     describe_space,
     dllm_generator,
@@ -67,6 +72,7 @@ MEANING = {
     "events_stored": "keys KV cache events announced stored",
     "events_removed": "keys they announced removed",
     "events_keys_described": "keys of stores checked against their blocks' content",
+    "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
 }
 
 
@@ -78,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
+    check_dllm_arguments(parser, args)
     start = time.perf_counter()
     tally = ProgramTally(tuple(MEANING))
     mutate = dllm_mutation(fix_names(args))
@@ -116,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "prefix_caching": args.prefix_caching,
                 "priority_policy": args.priority,
                 "kv_events": args.kv_events,
+                "loras": args.loras,
+                "max_loras": args.max_loras,
             },
         )
     return 1 if tally.failures else 0

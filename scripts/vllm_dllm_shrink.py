@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.vllm.diffusion import RULES, DllmProgram
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
+    check_dllm_arguments,
     dllm_generator,
     fix_names,
     space,
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_dllm_arguments(parser, args)
     check_shrink_arguments(args, parser)
     if args.loop == "sync" and args.pipeline_parallel > 1:
         parser.error("--pipeline-parallel > 1 runs the async loop only; drop --loop sync")

@@ -56,6 +56,7 @@ from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
+    adapters_past_max_loras,
     budget_raised,
     extra_seat,
     lifo_admission,
@@ -361,6 +362,7 @@ OWN_TESTS = {
     "kv_writes": "test_the_kv_writes_check_catches_a_canvas_in_a_shared_block",
     "kv_events": "test_the_kv_events_check_reads_the_diffusion_path_too",
     "kv_event_content": "test_the_event_content_check_reads_the_diffusion_path_too",
+    "max_loras": "test_lora_adapters_on_the_diffusion_path",
 }
 
 
@@ -404,6 +406,33 @@ def test_the_event_content_check_reads_the_diffusion_path_too() -> None:
         run = partial(_run_unchained, async_scheduling=async_scheduling)
         seen = first_violations(PROGRAMS, run, until="kv_event_content")
         assert "follows parent_block_hash None" in seen.get("kv_event_content", ""), seen
+
+
+def _with_loras(seed: int) -> DllmProgram:
+    """`_with_events(seed)` serving two LoRA adapters, one at a time."""
+    program = _with_events(seed)
+    return replace(program, serving=replace(program.serving, loras=2))
+
+
+def _run_past_max_loras(seed: int, *, async_scheduling: bool) -> DllmRun:
+    """`_with_loras(seed)` through one loop, its scheduler blind to `max_loras`."""
+    return _run(
+        _with_loras(seed), async_scheduling=async_scheduling, mutate=adapters_past_max_loras
+    )
+
+
+def test_lora_adapters_on_the_diffusion_path() -> None:
+    """With two LoRA adapters and `max_loras=1` (`DllmServing(loras=2)`) diffusion programs
+    pass both loops: requests wait for room for their adapter, and may be passed for it
+    (`admission_order`), every store names its writer's adapter (`kv_event_content`). A
+    scheduler that reads a `max_loras` far above the configured one (seeded bug) fails
+    `max_loras` in either loop."""
+    runs = [run for seed in range(PROGRAMS // 2) for run in check_both(_with_loras(seed))]
+    assert sum(r.adapter_waits for r in runs) and sum(r.events_keys_described for r in runs)
+    for async_scheduling in (False, True):
+        run = partial(_run_past_max_loras, async_scheduling=async_scheduling)
+        seen = first_violations(PROGRAMS, run, until="max_loras")
+        assert "max_loras=1" in seen.get("max_loras", ""), seen
 
 
 def test_every_rule_has_a_seeded_bug() -> None:
@@ -867,6 +896,10 @@ def test_bad_serving_configurations_are_typed_errors() -> None:
         _serving(policy="lifo")
     with pytest.raises(ConfigError, match="kv_events"):
         _serving(kv_events="yes")
+    with pytest.raises(ConfigError, match="invalid loras=-1"):
+        _serving(loras=-1)
+    with pytest.raises(ConfigError, match=r"max_loras=2: 1 where no LoRA adapter is served"):
+        _serving(max_loras=2)
     with pytest.raises(ConfigError, match="1 in the synchronous loop"):
         DllmCoreLoop(_serving(pipeline_parallel_size=2), async_scheduling=False)
     with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):

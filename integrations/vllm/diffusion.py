@@ -57,6 +57,12 @@ prefix_caching=True)` shares prompt prefixes) requests hit blocks other requests
 `policy="priority"` serves under vLLM's priority policy (`dllm_program(...,
 priority_policy=True)`): `admission_order` and `preemption_victim` follow (priority, arrival).
 
+With `kv_events` vLLM's KV cache events are read as a router reads them: `kv_events` (the keys
+they leave cached are the prefix cache's) and `kv_event_content` (each store names its blocks'
+tokens, parent key and adapter). With `loras` = N the requests run LoRA adapters in turn and
+`max_loras` is checked (`integrations.vllm.lora_rules`): a request whose adapter finds no room
+may be passed (`admission_order`).
+
 Structured output and seeded or pinned canvases are off.
 """
 
@@ -74,7 +80,9 @@ from integrations.vllm.adapter import (
     VllmModules,
     block_tables,
     build_scheduler,
+    check_loras,
     load_vllm,
+    lora_of,
     tiny_model_config,
     v2_model_runner,
     vllm_config_error,
@@ -93,6 +101,7 @@ from integrations.vllm.core_loop import (
 )
 from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
 from integrations.vllm.kv_events import KvEventView, check_kv_events
+from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -111,6 +120,7 @@ RULES = (
     "kv_writes",
     "kv_events",
     "kv_event_content",
+    "max_loras",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -131,9 +141,11 @@ class DllmServing:
     0 the null block), its scheduler limits, and its pipeline-parallel stages (vLLM's
     `ParallelConfig.pipeline_parallel_size`; only the asynchronous loop runs more than one), and
     whether prefix caching is on (vLLM's default for a decoder; off unless asked here), the
-    scheduling policy (`fcfs`, vLLM's default, or `priority`), and whether vLLM publishes KV
+    scheduling policy (`fcfs`, vLLM's default, or `priority`), whether vLLM publishes KV
     cache events (`kv_events`: the loop then reads them as a router does and checks them,
-    `integrations.vllm.kv_events`). Chunked prefill is on (vLLM's default)."""
+    `integrations.vllm.kv_events`), and the LoRA adapters served (`loras`: request i runs
+    adapter i mod (loras + 1), 0 the base model, `integrations.vllm.adapter.lora_of`; at most
+    `max_loras` at once, vLLM's `LoRAConfig`). Chunked prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -146,8 +158,11 @@ class DllmServing:
     enable_prefix_caching: bool = False
     policy: str = "fcfs"
     kv_events: bool = False
+    loras: int = 0
+    max_loras: int = 1
 
     def __post_init__(self) -> None:
+        check_loras(self.loras, self.max_loras)
         for name in (
             "canvas_length",
             "max_denoising_steps",
@@ -256,6 +271,7 @@ class DllmRun:
     events_stored: int = 0  # keys KV cache events announced stored (`kv_events`)
     events_removed: int = 0  # keys they announced removed
     events_keys_described: int = 0  # keys of stores checked against their blocks' content
+    adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
 
 
 @dataclass
@@ -270,6 +286,7 @@ class _Counts(LoopCounts):
     scheduled_tokens: int = 0
     canvas_waits: int = 0
     longest_canvas_wait: int = 0
+    adapter_waits: int = 0
 
 
 @dataclass
@@ -455,6 +472,11 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             arrival_time=float(arrival),
             priority=request.priority,
             block_hasher=self.hasher,
+            lora_request=(
+                self.v.lora.LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}")
+                if (adapter := lora_of(arrival, self.serving.loras))
+                else None
+            ),
         )
         self.specs[rid] = request
         self.submitted[rid] = req
@@ -518,11 +540,24 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             priority=s.policy == "priority",
         )
         self.check_kv_covers(out)
+        if s.loras:
+            check_adapter_limit(self.sched, out, s.max_loras, f"schedule {self.n.schedules}")
+            self.n.adapter_waits += sum(
+                waits_for_adapter(self.sched, r, s.max_loras) for r in self._waiting_requests()
+            )
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)
         self.n.scheduled_tokens += out.total_num_scheduled_tokens
         self.count_waits(out)
+
+    def waits_for_adapter(self, request: Any) -> bool:
+        """Whether `request` needs a LoRA adapter that the running requests' leave no room
+        for (`lora_rules.waits_for_adapter`): `admission_order` lets it be passed."""
+        return waits_for_adapter(self.sched, request, self.serving.max_loras)
+
+    def _waiting_requests(self) -> list[Any]:
+        return [*self.sched.kv_holding_waiting, *self.sched.waiting]
 
     def count_waits(self, out: Any) -> None:
         """`canvas_waits` / `longest_canvas_wait`: running requests past their prefill (as the
@@ -788,6 +823,11 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 kv_events_config=(
                     cfg.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                     if serving.kv_events
+                    else None
+                ),
+                lora_config=(
+                    cfg.LoRAConfig(max_loras=serving.max_loras, max_lora_rank=8)
+                    if serving.loras
                     else None
                 ),
             )

@@ -15,6 +15,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
 from integrations.vllm.diffusion import DllmProgram, dllm_program
@@ -72,10 +73,44 @@ def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve with vLLM's KV cache events on, read as a router reads them and checked "
         "after each update_from_output (kv_events)",
     )
+    parser.add_argument(
+        "--loras",
+        type=_count(0),
+        default=0,
+        metavar="N",
+        help="serve N LoRA adapters (request i runs adapter i mod (N + 1), 0 the base model) and "
+        "check max_loras (default 0: none)",
+    )
+    parser.add_argument(
+        "--max-loras",
+        type=_count(1),
+        default=1,
+        metavar="M",
+        help="with --loras: at most M adapters at once (vLLM's max_loras; default 1)",
+    )
     for flag, _, _, help_text in FIX_FLAGS:
         parser.add_argument(
             flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
         )
+
+
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: an integer >= {least}")
+        return value
+
+    return parse
+
+
+def check_dllm_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit 2, one line) for `--max-loras` without `--loras`."""
+    if args.max_loras != 1 and not args.loras:
+        parser.error("--max-loras: only with --loras")
 
 
 def space(args: argparse.Namespace) -> dict[str, bool]:
@@ -85,16 +120,19 @@ def space(args: argparse.Namespace) -> dict[str, bool]:
 
 def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
     """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`), served with
-    KV cache events on with `--kv-events`."""
+    KV cache events on with `--kv-events` and LoRA adapters with `--loras`."""
     draw: Callable[[int], DllmProgram] = partial(dllm_program, **space(args))
-    if not args.kv_events:
+    serving: dict[str, Any] = {"kv_events": True} if args.kv_events else {}
+    if args.loras:
+        serving.update(loras=args.loras, max_loras=args.max_loras)
+    if not serving:
         return draw
 
-    def with_events(seed: int) -> DllmProgram:
+    def served(seed: int) -> DllmProgram:
         program = draw(seed)
-        return replace(program, serving=replace(program.serving, kv_events=True))
+        return replace(program, serving=replace(program.serving, **serving))
 
-    return with_events
+    return served
 
 
 def fix_names(args: argparse.Namespace) -> list[str]:
@@ -135,6 +173,8 @@ def describe_fixes(args: argparse.Namespace) -> str:
         text += ", priority policy"
     if args.kv_events:
         text += ", KV cache events checked"
+    if args.loras:
+        text += f", {args.loras} LoRA adapters, at most {args.max_loras} running"
     return text
 
 
@@ -142,6 +182,7 @@ __all__ = [
     "FIX_FLAGS",
     "SPACE_FLAGS",
     "add_dllm_arguments",
+    "check_dllm_arguments",
     "describe_fixes",
     "describe_space",
     "dllm_generator",

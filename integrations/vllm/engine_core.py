@@ -117,7 +117,6 @@ from integrations.vllm.adapter import (
     GroupTables,
     OffloadingOptions,
     RealVllmScheduler,
-    adapter_of,
     all_group_tables,
     block_tables,
     group_block_sizes,
@@ -147,6 +146,7 @@ from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
 from integrations.vllm.kv_events import KvEventView, check_kv_events
+from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
@@ -798,28 +798,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def waits_for_adapter(self, request: Any) -> bool:
         """Whether `request` needs a LoRA adapter none of the running requests runs while they
-        run `max_loras` adapters already."""
-        adapter = adapter_of(request)
-        if not adapter:
-            return False
-        running = {adapter_of(r) for r in self.sched.running} - {0}
-        return adapter not in running and len(running) >= self.impl.max_loras
+        run `max_loras` adapters already (`lora_rules.waits_for_adapter`)."""
+        return waits_for_adapter(self.sched, request, self.impl.max_loras)
 
     def check_adapters(self, out: Any) -> None:
-        """`max_loras`: after `schedule()` the running requests, and those it scheduled, run at
-        most `max_loras` LoRA adapters (the model runner holds that many at once)."""
-        requests = self.sched.requests
-        for what, reqs in (
-            ("running", list(self.sched.running)),
-            ("scheduled", [requests[rid] for rid in out.num_scheduled_tokens]),
-        ):
-            adapters = sorted({adapter_of(r) for r in reqs} - {0})
-            if len(adapters) > self.impl.max_loras:
-                raise EngineCoreViolation(
-                    "max_loras",
-                    f"schedule {self.n.schedules}: the requests {what} run LoRA adapters "
-                    f"{adapters}; max_loras={self.impl.max_loras}",
-                )
+        """`max_loras` (`lora_rules.check_adapter_limit`); count the requests waiting for room
+        for their adapter."""
+        check_adapter_limit(self.sched, out, self.impl.max_loras, f"schedule {self.n.schedules}")
         self.n.adapter_waits += sum(map(self.waits_for_adapter, self.impl._waiting()))
 
     def lookup_put_off(self, rid: str) -> bool:
