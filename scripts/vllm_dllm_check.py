@@ -4,7 +4,7 @@ over generated programs.
     .venv/bin/python scripts/vllm_dllm_check.py --programs 2000 [--budget-binds]
         [--reach-model-len] [--whole-canvas-fix] [--read-only-hold-fix] [--model-len-hold-fix]
         [--pipeline-parallel P] [--prefix-caching] [--priority] [--kv-events]
-        [--loras N [--max-loras M]] [--json FILE]
+        [--loras N [--max-loras M]] [--pauses keep|wait|abort] [--json FILE]
 
 Runs each program (`integrations.vllm.diffusion.dllm_program(seed)`, seeds 0..N-1) through
 vLLM's engine-core loop twice, synchronous and asynchronous (a batch queue of two), with the
@@ -23,7 +23,9 @@ policy, each request a priority in 0..2; `--kv-events` serves with vLLM's KV cac
 read as a router reads them (copies counted) and checked after every `update_from_output`
 (`kv_events`, `integrations.vllm.kv_events`; and what each store says of its blocks,
 `kv_event_content`); `--loras N` serves N LoRA adapters, at most `--max-loras M` (default 1)
-at once, and checks `max_loras` (`integrations.vllm.lora_rules`). Exit 1 if a program failed
+at once, and checks `max_loras` (`integrations.vllm.lora_rules`); `--pauses MODE` pauses
+generation now and then as RL trainers do around a weight update, clears the caches once idle
+and resumes, and checks `pause` (`integrations.vllm.pauses`). Exit 1 if a program failed
 (exit 2, one line, for `--max-loras` without `--loras`).
 Needs `schedspec install-engines vllm`.
 """
@@ -73,6 +75,8 @@ MEANING = {
     "events_removed": "keys they announced removed",
     "events_keys_described": "keys of stores checked against their blocks' content",
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
+    "pauses": "generation paused",
+    "pause_preempted": "running requests a pause's cache reset preempted",
 }
 
 
@@ -125,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_events": args.kv_events,
                 "loras": args.loras,
                 "max_loras": args.max_loras,
+                "pauses": args.pauses,
             },
         )
     return 1 if tally.failures else 0

@@ -42,6 +42,7 @@ from integrations.vllm.diffusion import (
 )
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.patches import print_patch
+from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
@@ -59,8 +60,10 @@ from tests.vllm_seeded_bugs import (
     adapters_past_max_loras,
     budget_raised,
     extra_seat,
+    keep_pause_runs_the_running,
     lifo_admission,
     new_blocks_not_announced,
+    pause_ignored,
     preemption_in_flight_raises,
     removal_not_announced,
     stop_reported_as_length,
@@ -363,6 +366,7 @@ OWN_TESTS = {
     "kv_events": "test_the_kv_events_check_reads_the_diffusion_path_too",
     "kv_event_content": "test_the_event_content_check_reads_the_diffusion_path_too",
     "max_loras": "test_lora_adapters_on_the_diffusion_path",
+    "pause": "test_pauses_on_the_diffusion_path",
 }
 
 
@@ -433,6 +437,38 @@ def test_lora_adapters_on_the_diffusion_path() -> None:
         run = partial(_run_past_max_loras, async_scheduling=async_scheduling)
         seen = first_violations(PROGRAMS, run, until="max_loras")
         assert "max_loras=1" in seen.get("max_loras", ""), seen
+
+
+@pytest.mark.parametrize("mode", PAUSE_MODES)
+def test_pauses_on_the_diffusion_path(mode: str) -> None:
+    """Generation paused now and then (`DllmServing(pauses=MODE)`), the caches cleared once
+    idle, then resumed: programs pass both loops in each mode, and in mode "keep" the reset
+    preempts running requests, whose canvases in flight are dropped as stale and whose output
+    is still whole. Seeded bugs fail `pause` in either loop: a pause ignored ("wait"), and a
+    "keep" pause taken as "wait"."""
+    paused: list[DllmRun] = []
+    for seed in range(PROGRAMS // 3):
+        program = dllm_program(seed)
+        program = replace(program, serving=replace(program.serving, pauses=mode))
+        paused.extend(check_both(program))
+    assert sum(r.pauses for r in paused)
+    assert (sum(r.pause_preempted for r in paused) > 0) == (mode == "keep")
+    bug = {"wait": pause_ignored, "keep": keep_pause_runs_the_running}.get(mode)
+    if bug is None:
+        return
+    for async_scheduling in (False, True):
+        run = partial(_run_paused, mode=mode, bug=bug, async_scheduling=async_scheduling)
+        seen = first_violations(PROGRAMS, run, until="pause")
+        assert f"paused in mode {mode!r}" in seen.get("pause", ""), seen
+
+
+def _run_paused(
+    seed: int, *, mode: str, bug: Callable[[Any], None], async_scheduling: bool
+) -> DllmRun:
+    """Program `seed` paused in `mode`, through one loop, with seeded bug `bug`."""
+    program = dllm_program(seed)
+    program = replace(program, serving=replace(program.serving, pauses=mode))
+    return _run(program, async_scheduling=async_scheduling, mutate=bug)
 
 
 def test_every_rule_has_a_seeded_bug() -> None:
@@ -900,6 +936,8 @@ def test_bad_serving_configurations_are_typed_errors() -> None:
         _serving(loras=-1)
     with pytest.raises(ConfigError, match=r"max_loras=2: 1 where no LoRA adapter is served"):
         _serving(max_loras=2)
+    with pytest.raises(ConfigError, match="invalid pauses='sleep'"):
+        _serving(pauses="sleep")
     with pytest.raises(ConfigError, match="1 in the synchronous loop"):
         DllmCoreLoop(_serving(pipeline_parallel_size=2), async_scheduling=False)
     with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):

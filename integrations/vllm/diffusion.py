@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -102,6 +103,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
+from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -121,6 +123,7 @@ RULES = (
     "kv_events",
     "kv_event_content",
     "max_loras",
+    "pause",
     "pool_accounting",
     "no_leak",
     "progress",
@@ -145,7 +148,9 @@ class DllmServing:
     cache events (`kv_events`: the loop then reads them as a router does and checks them,
     `integrations.vllm.kv_events`), and the LoRA adapters served (`loras`: request i runs
     adapter i mod (loras + 1), 0 the base model, `integrations.vllm.adapter.lora_of`; at most
-    `max_loras` at once, vLLM's `LoRAConfig`). Chunked prefill is on (vLLM's default)."""
+    `max_loras` at once, vLLM's `LoRAConfig`), and whether generation is paused now and then,
+    as RL trainers pause it around a weight update (`pauses`: a mode of vLLM's
+    `pause_scheduler`, `integrations.vllm.pauses`). Chunked prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -160,9 +165,11 @@ class DllmServing:
     kv_events: bool = False
     loras: int = 0
     max_loras: int = 1
+    pauses: str | None = None
 
     def __post_init__(self) -> None:
         check_loras(self.loras, self.max_loras)
+        check_pause_mode(self.pauses)
         for name in (
             "canvas_length",
             "max_denoising_steps",
@@ -272,6 +279,8 @@ class DllmRun:
     events_removed: int = 0  # keys they announced removed
     events_keys_described: int = 0  # keys of stores checked against their blocks' content
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
+    pauses: int = 0  # generation paused (`pauses`)
+    pause_preempted: int = 0  # running requests a pause's cache reset preempted
 
 
 @dataclass
@@ -397,6 +406,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         #: Every vLLM `Request` given to the scheduler, by id, kept after it ends, and what each
         #: store event says of its blocks, checked against them (`kv_event_content`).
         self.submitted: dict[str, Any] = {}
+        #: Pauses generation (`serving.pauses`), made for each program `run` plays.
+        self.pause: PauseDriver | None = None
         self.event_content: EventContent | None = None
         if serving.kv_events:
             self.events = KvEventView()
@@ -498,9 +509,16 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.finish(request_id, lambda: self.sched.finish_requests([request_id], status))
 
     def run(self, program: DllmProgram) -> DllmRun:
-        """The program (`BatchQueueLoop.play`), checked; what the loop did."""
+        """The program (`BatchQueueLoop.play`), checked; what the loop did. With `pauses`,
+        generation is paused before one engine step in 16 (a hash of the program and the
+        step)."""
+        if self.serving.pauses is not None:
+            seed = zlib.crc32(repr(program.arrivals).encode())
+            self.pause = PauseDriver(
+                self.sched, self.serving.pauses, seed, note=self.note, abort=self.abort
+            )
         self.play(program.arrivals, program.aborts, self.submit, self.abort)
-        view = self.events
+        view, pause = self.events, self.pause
         return DllmRun(
             {rid: tuple(t) for rid, t in self.outputs.items()},
             dict(self.reasons),
@@ -510,8 +528,25 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             events_keys_described=(
                 self.event_content.checked if self.event_content is not None else 0
             ),
+            pauses=pause.pauses if pause is not None else 0,
+            pause_preempted=pause.preempted if pause is not None else 0,
             **asdict(self.n),
         )
+
+    def engine_step(self) -> None:
+        """Pause or resume generation first (`pauses`), then one engine-core step."""
+        if self.pause is not None:
+            live = [rid for rid in self.outputs if rid not in self.reasons]
+            outputs = sum(map(len, self.outputs.values()))
+            self.preempted_between |= self.pause.step(
+                self.n.engine_steps, live, bool(self.queue), outputs
+            )
+        super().engine_step()
+
+    def busy(self) -> bool:
+        """vLLM still has a request counted unfinished, a batch is in flight, or generation is
+        paused (its requests left waiting for the resume)."""
+        return super().busy() or (self.pause is not None and self.pause.paused is not None)
 
     # ------------------------------------------------------------------ the loop's hooks
     def execute(self, out: Any) -> Any:
@@ -528,6 +563,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         """Count cadence waits and record the running order (for `check_decisions`)."""
         self.count_cadence_waits()
         self.record_running()
+        if self.pause is not None:
+            self.pause.before_schedule()
 
     def after_schedule(self, out: Any) -> None:
         """Check the call: `check_decisions`, `check_kv_covers`, `kv_writes`, `kv_bounded`, and
@@ -540,6 +577,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             priority=s.policy == "priority",
         )
         self.check_kv_covers(out)
+        if self.pause is not None:
+            self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if s.loras:
             check_adapter_limit(self.sched, out, s.max_loras, f"schedule {self.n.schedules}")
             self.n.adapter_waits += sum(

@@ -19,6 +19,7 @@ from typing import Any
 
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
 from integrations.vllm.diffusion import DllmProgram, dllm_program
+from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.whole_canvas_fix import WHOLE_CANVAS
 
 #: (flag, fix name, the fix in words, help), in `DLLM_FIX_ORDER`'s order.
@@ -88,6 +89,15 @@ def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="M",
         help="with --loras: at most M adapters at once (vLLM's max_loras; default 1)",
     )
+    parser.add_argument(
+        "--pauses",
+        choices=PAUSE_MODES,
+        default=None,
+        metavar="MODE",
+        help="pause generation before one engine step in 16 in this mode of vLLM's "
+        f"pause_scheduler ({', '.join(PAUSE_MODES)}), clear the caches once idle and resume "
+        "(pause)",
+    )
     for flag, _, _, help_text in FIX_FLAGS:
         parser.add_argument(
             flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
@@ -120,11 +130,14 @@ def space(args: argparse.Namespace) -> dict[str, bool]:
 
 def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
     """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`), served with
-    KV cache events on with `--kv-events` and LoRA adapters with `--loras`."""
+    KV cache events on with `--kv-events`, LoRA adapters with `--loras`, pauses with
+    `--pauses`."""
     draw: Callable[[int], DllmProgram] = partial(dllm_program, **space(args))
     serving: dict[str, Any] = {"kv_events": True} if args.kv_events else {}
     if args.loras:
         serving.update(loras=args.loras, max_loras=args.max_loras)
+    if args.pauses is not None:
+        serving["pauses"] = args.pauses
     if not serving:
         return draw
 
@@ -175,6 +188,8 @@ def describe_fixes(args: argparse.Namespace) -> str:
         text += ", KV cache events checked"
     if args.loras:
         text += f", {args.loras} LoRA adapters, at most {args.max_loras} running"
+    if args.pauses is not None:
+        text += f", generation paused (mode {args.pauses})"
     return text
 
 

@@ -573,7 +573,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Pause or resume generation first (`pauses`), then one engine-core step."""
         if self.pause is not None:
             live = [rid for rid in self.outputs if rid not in self.reasons]
-            self.preempted_between |= self.pause.step(self.n.engine_steps, live, bool(self.queue))
+            outputs = sum(map(len, self.outputs.values()))
+            self.preempted_between |= self.pause.step(
+                self.n.engine_steps, live, bool(self.queue), outputs
+            )
         super().engine_step()
 
     def busy(self) -> bool:

@@ -15,8 +15,12 @@ running request (its output in flight dropped as stale) so that the reset succee
 if it still fails. `resume_scheduler` sets `UNPAUSED`; requests added meanwhile were queued.
 
 `PauseDriver` does that between engine steps: before one engine step in 16 (a hash of the
-program's draw seed and the step) with a live request it pauses in its mode; once the engine is
-idle it clears the caches and resumes. `check_schedule` is the rule `pause`: under `PAUSED_ALL`
+program's draw seed and the step) with a live request, and an output token produced since the
+last resume, it pauses in its mode; once the engine is idle it clears the caches and resumes.
+(Without the output since the last resume, a request whose recompute after a "keep" pause takes
+longer than the gap to the next one would be preempted for ever; a trainer pauses once per
+weight update, far apart.) Both engine-core loops drive it: the autoregressive one and the
+diffusion one (`DllmServing(pauses=MODE)`). `check_schedule` is the rule `pause`: under `PAUSED_ALL`
 a `schedule()` call schedules nothing; under `PAUSED_NEW` it schedules only requests that were
 running, or held KV, before it. With vLLM's offloading connector a "keep" pause can clear the
 caches while a waiting request holds the blocks a CPU-tier load wrote into, and vLLM's reset
@@ -75,15 +79,27 @@ class PauseDriver:
         self.preempted: int = 0
         self.taken_back: int = 0
         self._may_run: set[str] = set()
+        #: Output tokens produced when generation last resumed (-1: never paused).
+        self._outputs_at_resume: int = -1
 
-    def step(self, step: int, live: Iterable[str], in_flight: bool) -> set[str]:
-        """Before engine step `step`: pause (in one step in 16, with a request of `live` left),
-        or, paused and with no work left (nothing counted unfinished, no batch `in_flight`),
-        clear the caches and resume. Returns the requests the caches' reset preempted (the
-        next `schedule()` call reports them)."""
+    def step(self, step: int, live: Iterable[str], in_flight: bool, outputs: int) -> set[str]:
+        """Before engine step `step`: pause (in one step in 16, with a request of `live` left,
+        and an output token produced since the last resume: `outputs` counts them all), or,
+        paused and with no work left (nothing counted unfinished, no batch `in_flight`), clear
+        the caches and resume. Returns the requests the caches' reset preempted (the next
+        `schedule()` call reports them).
+
+        The output since the last resume keeps the program draining: a "keep" pause preempts
+        every running request, and one whose recompute takes longer than the gap between two
+        pauses would otherwise be preempted for ever (a trainer pauses once per weight update,
+        far apart)."""
         if self.paused is None:
             requests = list(live)
-            if not requests or zlib.crc32(f"{self.seed}/pause/{step}".encode()) % 16:
+            if (
+                not requests
+                or outputs <= self._outputs_at_resume
+                or zlib.crc32(f"{self.seed}/pause/{step}".encode()) % 16
+            ):
                 return set()
             if self.mode == "abort":
                 for rid in requests:
@@ -107,6 +123,7 @@ class PauseDriver:
         self.taken_back += len(holding - {r.request_id for r in self.sched.kv_holding_waiting})
         self.sched.set_pause_state(self.states.UNPAUSED)
         self.paused = None
+        self._outputs_at_resume = outputs
         self.note(f"caches cleared ({sorted(running)} preempted), resume")
         return running
 
