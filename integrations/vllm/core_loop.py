@@ -22,7 +22,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from integrations.vllm.adapter import (
     all_group_tables,
@@ -72,6 +72,28 @@ class LoopCounts:
 CountsT = TypeVar("CountsT", bound=LoopCounts)
 
 
+class PauseHook(Protocol):
+    """What pauses generation between engine steps (`integrations.vllm.pauses.PauseDriver`):
+    `step` before each, `paused` while it holds the engine, and the counts it keeps."""
+
+    paused: Any
+    pauses: int
+    preempted: int
+    taken_back: int
+
+    def step(self, step: int, live: Iterable[str], in_flight: bool, outputs: int) -> set[str]:
+        """Pause or resume before engine step `step`; the requests a reset preempted."""
+        ...
+
+    def before_schedule(self) -> None:
+        """Note what a `schedule()` call may schedule while paused."""
+        ...
+
+    def check_schedule(self, out: Any, where: str) -> None:
+        """`pause`: what the call scheduled while paused."""
+        ...
+
+
 class BatchQueueLoop(Generic[CountsT]):
     """The engine core over `sched`: `engine_step()` is one call of `step_with_batch_queue`
     (async: a batch queue of 2, or `queue_size`, vLLM's `max_concurrent_batches`) or of `step`
@@ -107,6 +129,8 @@ class BatchQueueLoop(Generic[CountsT]):
         #: Requests preempted between `schedule()` calls (a cache reset that preempts the
         #: running requests): the next call's output reports them, not as its own victims.
         self.preempted_between: set[str] = set()
+        #: Pauses generation between engine steps (`integrations.vllm.pauses`), if set.
+        self.pause: PauseHook | None = None
         #: The model runner's block tables, built from the outputs alone (`runner_tables`).
         self.runner_tables: RunnerTables = RunnerTables()
         #: With a list, one line per event (`note`, `integrations.vllm.trace`).
@@ -383,6 +407,12 @@ class BatchQueueLoop(Generic[CountsT]):
         """One engine-core step: schedule a batch if the queue has room (and, async, return at
         once while it still has room), else apply the oldest batch's output."""
         sched = self.sched
+        if self.pause is not None:  # pause or resume generation first
+            live = [rid for rid in self.outputs if rid not in self.reasons]
+            outputs = sum(map(len, self.outputs.values()))
+            self.preempted_between |= self.pause.step(
+                self.n.engine_steps, live, bool(self.queue), outputs
+            )
         self.n.engine_steps += 1
         deferred = None
         if sched.has_requests():
@@ -449,8 +479,10 @@ class BatchQueueLoop(Generic[CountsT]):
         self.check_pool(f"after aborting {request_id!r}")
 
     def busy(self) -> bool:
-        """vLLM still has a request, or a batch is in flight."""
-        return bool(self.sched.has_requests() or self.queue)
+        """vLLM still has a request counted unfinished, a batch is in flight, or generation is
+        paused (its requests left waiting for the resume)."""
+        paused = self.pause is not None and self.pause.paused is not None
+        return bool(self.sched.has_requests() or self.queue) or paused
 
     #: `progress`: the loop must drain within this many engine steps.
     drain_limit = 10_000

@@ -406,8 +406,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         #: Every vLLM `Request` given to the scheduler, by id, kept after it ends, and what each
         #: store event says of its blocks, checked against them (`kv_event_content`).
         self.submitted: dict[str, Any] = {}
-        #: Pauses generation (`serving.pauses`), made for each program `run` plays.
-        self.pause: PauseDriver | None = None
         self.event_content: EventContent | None = None
         if serving.kv_events:
             self.events = KvEventView()
@@ -532,21 +530,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             pause_preempted=pause.preempted if pause is not None else 0,
             **asdict(self.n),
         )
-
-    def engine_step(self) -> None:
-        """Pause or resume generation first (`pauses`), then one engine-core step."""
-        if self.pause is not None:
-            live = [rid for rid in self.outputs if rid not in self.reasons]
-            outputs = sum(map(len, self.outputs.values()))
-            self.preempted_between |= self.pause.step(
-                self.n.engine_steps, live, bool(self.queue), outputs
-            )
-        super().engine_step()
-
-    def busy(self) -> bool:
-        """vLLM still has a request counted unfinished, a batch is in flight, or generation is
-        paused (its requests left waiting for the resume)."""
-        return super().busy() or (self.pause is not None and self.pause.paused is not None)
 
     # ------------------------------------------------------------------ the loop's hooks
     def execute(self, out: Any) -> Any:

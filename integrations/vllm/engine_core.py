@@ -494,7 +494,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
         self._stale_before: set[str] = set()
         #: Pauses generation before one engine step in 16, in vLLM's mode `pauses`.
-        self.pause: PauseDriver | None = (
+        self.pause = (
             PauseDriver(self.sched, pauses, draft_seed, note=self.note, abort=self.abort)
             if pauses is not None
             else None
@@ -568,21 +568,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             **asdict(self.n),
             **counts,
         )
-
-    def engine_step(self) -> None:
-        """Pause or resume generation first (`pauses`), then one engine-core step."""
-        if self.pause is not None:
-            live = [rid for rid in self.outputs if rid not in self.reasons]
-            outputs = sum(map(len, self.outputs.values()))
-            self.preempted_between |= self.pause.step(
-                self.n.engine_steps, live, bool(self.queue), outputs
-            )
-        super().engine_step()
-
-    def busy(self) -> bool:
-        """vLLM still has a request counted unfinished, a batch is in flight, or generation is
-        paused (its requests left waiting for the resume)."""
-        return super().busy() or (self.pause is not None and self.pause.paused is not None)
 
     # ------------------------------------------------------------------ the loop's hooks
     def before_schedule(self) -> None:
