@@ -273,10 +273,34 @@ def test_the_checks_catch_a_draft_without_a_row(async_scheduling: bool) -> None:
     assert "drafts: each draft needs a row of its own" in err.detail, err
 
 
+#: Compiles vLLM's two scheduler modules as `python -O` does (asserts gone) when a fresh
+#: interpreter imports them; every other module loads as usual, from its cached bytecode (a
+#: whole `python -O` run compiles all of vLLM and torch from source first: 35 s or more).
+_SCHEDULERS_AS_UNDER_O = """
+import importlib.machinery, sys
+OPTIMIZED = {"vllm.v1.core.sched.scheduler", "vllm.v1.core.sched.async_scheduler"}
+class Optimized(importlib.machinery.SourceFileLoader):
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return compile(self.get_data(path), path, "exec", dont_inherit=True, optimize=1)
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in OPTIMIZED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = Optimized(name, spec.origin)
+        return spec
+sys.meta_path.insert(0, Finder)
+"""
+
+
 def test_without_asserts_the_padding_schedules_drafts_without_rows() -> None:
     """Under `python -O` vLLM's assert is gone: the threshold program then schedules r1 one
-    token with two draft placeholders, and `draft_rows` fails in both loops instead."""
-    code = (
+    token with two draft placeholders, and `draft_rows` fails in both loops instead. (A fresh
+    interpreter compiles vLLM's scheduler modules as `-O` does; without that the program raises
+    the assert, `test_finding_a_threshold_below_the_padding_crashes_schedule`.)"""
+    code = _SCHEDULERS_AS_UNDER_O + (
         "from tests.test_real_vllm_speculative import THRESHOLD\n"
         "from integrations.vllm.engine_core import EngineCoreViolation, LoopOptions, run_loop\n"
         "for a in (False, True):\n"
@@ -287,7 +311,7 @@ def test_without_asserts_the_padding_schedules_drafts_without_rows() -> None:
         "        print(err)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
