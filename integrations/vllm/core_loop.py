@@ -258,7 +258,7 @@ class BatchQueueLoop(Generic[CountsT]):
                     f"{where} preempted {sorted(preempted)} of running {before}; the "
                     f"{order} {len(preempted)} are {sorted(expected)}",
                 )
-        waiting = [*self.sched.kv_holding_waiting, *self.sched.waiting]
+        waiting = self.waiting_requests()
         admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
         # a request given blocks to load its KV into (KV connector) is admitted then
         admitted += [
@@ -477,6 +477,10 @@ class BatchQueueLoop(Generic[CountsT]):
         call_vllm("abort", finish)
         self.reasons[request_id] = ABORTED
         self.check_pool(f"after aborting {request_id!r}")
+
+    def waiting_requests(self) -> list[Any]:
+        """The scheduler's waiting requests, those holding KV first (as vLLM admits them)."""
+        return [*self.sched.kv_holding_waiting, *self.sched.waiting]
 
     def busy(self) -> bool:
         """vLLM still has a request counted unfinished, a batch is in flight, or generation is

@@ -100,7 +100,7 @@ from integrations.vllm.core_loop import (
     check_program_steps,
     run_both,
 )
-from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
+from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
@@ -410,12 +410,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         if serving.kv_events:
             self.events = KvEventView()
             sched.kv_event_publisher = self.events
-            origins = KeyOrigins(
-                self.submitted,
-                int(sched.kv_cache_manager.block_pool.hash_block_size),
-                self.v.kv_utils.maybe_convert_block_hash,
-            )
-            self.event_content = EventContent(origins, vllm_extra_keys(self.v.kv_utils))
+            self.event_content = EventContent.for_scheduler(sched, self.v.kv_utils, self.submitted)
         if mutate is not None:
             mutate(sched)
         super().__init__(
@@ -564,9 +559,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if s.loras:
             check_adapter_limit(self.sched, out, s.max_loras, f"schedule {self.n.schedules}")
-            self.n.adapter_waits += sum(
-                waits_for_adapter(self.sched, r, s.max_loras) for r in self._waiting_requests()
-            )
+            self.n.adapter_waits += sum(map(self.waits_for_adapter, self.waiting_requests()))
         self.check_writes(out)
         self.check_kv(f"after schedule() {self.n.schedules}")
         self.check_cadence(out.scheduled_spec_decode_tokens, self.serving.pipeline_parallel_size)
@@ -577,9 +570,6 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         """Whether `request` needs a LoRA adapter that the running requests' leave no room
         for (`lora_rules.waits_for_adapter`): `admission_order` lets it be passed."""
         return waits_for_adapter(self.sched, request, self.serving.max_loras)
-
-    def _waiting_requests(self) -> list[Any]:
-        return [*self.sched.kv_holding_waiting, *self.sched.waiting]
 
     def count_waits(self, out: Any) -> None:
         """`canvas_waits` / `longest_canvas_wait`: running requests past their prefill (as the
@@ -611,8 +601,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         if self.events is not None:
             stores = self.events.take_stores()
             if self.event_content is not None:
-                for event, medium in stores:
-                    self.event_content.check_store(event, medium, where)
+                self.event_content.check_stores(stores, where)
             check_kv_events(self.events, self.sched, self.v.kv_utils, where)
         for rid, reason in self.reasons.items():
             if reason != ABORTED and rid not in self.latencies:

@@ -144,7 +144,7 @@ from integrations.vllm.core_loop import (
 from integrations.vllm.differential import program as decision_program
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
-from integrations.vllm.kv_event_content import EventContent, KeyOrigins, vllm_extra_keys
+from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.offload_store import OffloadStore
@@ -390,13 +390,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if kv_events:
             self.events = KvEventView(log=self.note if trace is not None else None)
             self.impl.sched.kv_event_publisher = self.events
-            kv_utils = self.impl.v.kv_utils
-            origins = KeyOrigins(
-                self.impl.submitted,
-                int(self.impl.sched.kv_cache_manager.block_pool.hash_block_size),
-                kv_utils.maybe_convert_block_hash,
+            self.event_content = EventContent.for_scheduler(
+                self.impl.sched, self.impl.v.kv_utils, self.impl.submitted
             )
-            self.event_content = EventContent(origins, vllm_extra_keys(kv_utils))
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
@@ -751,8 +747,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             where = f"after update_from_output() of schedule {self.n.schedules}"
             stores = self.events.take_stores()
             if self.event_content is not None:
-                for event, medium in stores:
-                    self.event_content.check_store(event, medium, where)
+                self.event_content.check_stores(stores, where)
             check_kv_events(self.events, self.sched, self.impl.v.kv_utils, where)
         if self.writes is not None:
             for t in self._failed_sync.pop(id(executed), ()):

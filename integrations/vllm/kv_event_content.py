@@ -32,7 +32,7 @@ same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
@@ -92,6 +92,22 @@ class EventContent:
         self.extra_keys_of: Callable[[Any, int, int], Any] = extra_keys_of
         self.checked: int = 0  # keys of stores checked
         self.stores_without_extra_keys: int = 0  # stores with extra keys due, carrying none
+
+    @classmethod
+    def for_scheduler(cls, sched: Any, kv_utils: Any, requests: Mapping[str, Any]) -> EventContent:
+        """The checker of vLLM scheduler `sched`'s stores against `requests` (every `Request`
+        it was given, by id, kept after it ends; `kv_utils`: vLLM's `kv_cache_utils`)."""
+        origins = KeyOrigins(
+            requests,
+            int(sched.kv_cache_manager.block_pool.hash_block_size),
+            kv_utils.maybe_convert_block_hash,
+        )
+        return cls(origins, vllm_extra_keys(kv_utils))
+
+    def check_stores(self, stores: Iterable[tuple[Any, str]], where: str) -> None:
+        """`check_store` for each (store, medium) of `stores`, in order."""
+        for event, medium in stores:
+            self.check_store(event, medium, where)
 
     def check_store(self, event: Any, medium: str, where: str) -> None:
         """`EngineCoreViolation("kv_event_content", ...)` for the first key of `event` (a
