@@ -61,6 +61,9 @@ from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIXES
+from integrations.vllm.session_length_fix import SESSION_LENGTH_FIXES
+from integrations.vllm.session_stall_fix import SESSION_STALL_FIXES
+from integrations.vllm.session_state_fix import SESSION_STATE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
 
 #: engine -> (its fixes, the fixes printed without --fix)
@@ -75,6 +78,9 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-offloading": (OFFLOADING_FIXES, OFFLOADING_FIXES.names),
     "vllm-mamba": (MAMBA_SPLIT_FIXES, MAMBA_SPLIT_FIXES.names),
     "vllm-pause": (RESET_HOLDERS_FIXES, RESET_HOLDERS_FIXES.names),
+    "vllm-session": (SESSION_STALL_FIXES, SESSION_STALL_FIXES.names),
+    "vllm-session-length": (SESSION_LENGTH_FIXES, SESSION_LENGTH_FIXES.names),
+    "vllm-session-state": (SESSION_STATE_FIXES, SESSION_STATE_FIXES.names),
 }
 
 

@@ -155,6 +155,31 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-pause",
         None,
     ),
+    "vllm-session-stall": (
+        "Streaming-input sessions: resumed sessions holding the KV pool, each with its input "
+        "and no room for it, wait for each other for good while no request runs",
+        "vllm-session",
+        None,
+    ),
+    "vllm-session-length": (
+        "Streaming-input sessions: each input is checked against max_model_len on its own, "
+        "and a session is resumed with a prompt that leaves no room for an output",
+        "vllm-session-length",
+        None,
+    ),
+    "vllm-pause-session-between-turns": (
+        "Pausing generation (any mode) with a streaming-input session between turns: the "
+        "caches' reset raises, the session holding the KV of its kept tokens",
+        "vllm-pause",
+        None,
+    ),
+    "vllm-session-mamba-state": (
+        "Streaming-input sessions on a hybrid (Mamba) model under async scheduling: a turn's "
+        "dropped step in flight has already advanced the session's Mamba state, which the "
+        "next turn resumes from",
+        "vllm-session-state",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -331,6 +356,8 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         "`CoreProgram` from `integrations.vllm.engine_core`, `ArConfig`, `ArRequest` and "
         "`Policy` from `spec.ar.config`"
     )
+    if "SessionInput(" in record["program"]:
+        names += ", `SessionInput` from `integrations.vllm.sessions`"
     return run, draws, "scripts/vllm_shrink.py", names
 
 

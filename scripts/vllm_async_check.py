@@ -1,7 +1,8 @@
 """vLLM 0.33.0's asynchronous scheduling (its default), checked over generated programs.
 
     .venv/bin/python scripts/vllm_async_check.py --programs 3000 [--pipeline-parallel P]
-        [--programs-from {branching-prompts,random,same-step,shared-prompts}]
+        [--programs-from {branching-prompts,random,same-step,sessions,sessions-past-context,
+                          shared-prompts}]
         [--speculative-tokens K]
         [--speculative-method {ngram,eagle,draft_model}]
         [--structured-output [--keyed-drafts] [--late-grammars] [--reasoning]]
@@ -17,7 +18,9 @@
                 requeue-failed-load,evict-failed-blocks,every-sharer-recomputes,
                 stale-after-failed-load,evict-ended-loader-blocks,no-pointless-hit,
                 forget-stale-window,whole-window-chunks,announce-cpu-reset,
-                count-recorded-stores,stop-mid-block-chunks} ...]
+                count-recorded-stores,stop-mid-block-chunks,reset-loaded-holders,
+                drop-stalled-session-kv,end-session-at-model-len,
+                recompute-session-state} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -34,7 +37,12 @@ prefixes of one shared prompt, so the offload store is hit) or
 `integrations.vllm.branching_prompt_programs.branching_prompt_program(seed)`
 (`branching-prompts`: the random programs with three prompts in four a start of the shared
 prompt or of an earlier request's prompt and outputs, then tokens of their own, so a hit may be
-followed by tokens other than those the cached block holds). `--fix uncache-preempted` applies
+followed by tokens other than those the cached block holds) or
+`integrations.vllm.sessions.session_program(seed)` (`sessions`: the random programs with every
+other request a streaming-input session given one or two later inputs and closed;
+`sessions-past-context` lets a session's prompt grow past `max_model_len`; `--fix
+drop-stalled-session-kv`, `end-session-at-model-len` and `recompute-session-state` are the
+candidate fixes of their findings). `--fix uncache-preempted` applies
 that candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
@@ -180,6 +188,12 @@ COUNTS = (
     "pauses",
     "pause_preempted",
     "pause_taken_back",
+    "sessions",
+    "session_inputs",
+    "session_inputs_queued",
+    "sessions_closed_waiting",
+    "session_turns_on_kept_kv",
+    "session_kv_dropped",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -232,7 +246,13 @@ MEANING = {
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
-    "pause_taken_back": "waiting requests holding loaded KV it took back (reset-loaded-holders)",
+    "pause_taken_back": "waiting requests holding KV (loaded; sessions') it took back",
+    "sessions": "streaming-input sessions",
+    "session_inputs": "later inputs vLLM made turns of",
+    "session_inputs_queued": "of those, sent while the session's turn ran",
+    "sessions_closed_waiting": "sessions closed while waiting for input",
+    "session_turns_on_kept_kv": "turns resumed on the session's kept KV",
+    "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
 }
 
 

@@ -24,12 +24,19 @@ from integrations.vllm.diffusion import DllmProgram, DllmRequest, DllmServing
 from integrations.vllm.dllm_shrink import run_dllm_named
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
 from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.sessions import SessionInput
 from spec.ar.config import ArConfig, ArRequest, Policy
 from tests.engine_gate import require_engine
 
 SHRUNK = sorted((Path(__file__).resolve().parents[1] / "docs" / "shrunk").glob("*.json"))
 #: What a recorded program's source names.
-NAMES = {"CoreProgram": CoreProgram, "ArConfig": ArConfig, "ArRequest": ArRequest, "Policy": Policy}
+NAMES = {
+    "CoreProgram": CoreProgram,
+    "ArConfig": ArConfig,
+    "ArRequest": ArRequest,
+    "Policy": Policy,
+    "SessionInput": SessionInput,
+}
 DLLM_NAMES = {"DllmProgram": DllmProgram, "DllmServing": DllmServing, "DllmRequest": DllmRequest}
 
 

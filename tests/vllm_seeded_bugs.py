@@ -547,3 +547,32 @@ def keep_pause_runs_the_running(sched: Any) -> None:
         set_state(type(state).PAUSED_NEW if state.name == "PAUSED_ALL" else state)
 
     sched.set_pause_state = set_pause_state
+
+
+def session_keeps_its_last_token(sched: Any) -> None:
+    """Seeded bug: a streaming-input session's next input keeps the turn's last sampled token,
+    which vLLM never fed to the model, in the session's prompt."""
+    apply = sched._update_request_as_session
+
+    def update(session: Any, next_input: Any) -> None:
+        last = session._all_token_ids[-1]
+        keep_end = session.num_tokens - 1
+        apply(session, next_input)
+        session._all_token_ids.insert(keep_end, last)
+        session.prompt_token_ids.insert(keep_end, last)
+        session.num_prompt_tokens += 1
+
+    sched._update_request_as_session = update
+
+
+def session_drops_its_kv(sched: Any) -> None:
+    """Seeded bug: a streaming-input session's next input frees the KV of its kept tokens and
+    recomputes them."""
+    apply = sched._update_request_as_session
+
+    def update(session: Any, next_input: Any) -> None:
+        apply(session, next_input)
+        sched.kv_cache_manager.free(session)
+        session.num_computed_tokens = 0
+
+    sched._update_request_as_session = update

@@ -92,6 +92,8 @@ UNSHARED_BASE = 1_000_000
 KV_REPORT_MODES = ("incremental", "full")
 STOP_BASE = 1 << 39
 OUTPUT_BASE = 1 << 40
+#: A later turn's output tokens: turn t > 1 adds (t - 1) << TURN_SHIFT (indices stay below).
+TURN_SHIFT = 24
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -413,6 +415,9 @@ class RealVllmScheduler:
         #: reader of the KV events resolves a block key against).
         self.submitted: dict[str, Any] = {}
         self.arrival_of: dict[str, int] = {}
+        #: A streaming-input session's turn (1-based; `integrations.vllm.sessions` counts the
+        #: inputs vLLM applied), which the model's output tokens depend on; 1 for any other.
+        self.turn_of: dict[str, int] = {}
         self.arrivals: int = 0
         self.step_index: int = 0
         self.ended: set[str] = set()
@@ -569,10 +574,11 @@ class RealVllmScheduler:
         """vLLM 0.33's ordering for the configured policy (`vllm_rules`)."""
         return vllm_rules(self._config)
 
-    def submit(self, request: ArRequest) -> None:
+    def submit(self, request: ArRequest, *, resumable: bool = False) -> None:
         """`validate_ar_request`, then `DuplicateRequest` for an id submitted before (both before
         any change); else `add_request` a vLLM `Request` (its prompt, or one unshared token
-        repeated; its own stop token; arrival time: its submission index) and emit `ArSubmitted`."""
+        repeated; its own stop token; arrival time: its submission index; `resumable`: a
+        streaming-input session, `integrations.vllm.sessions`) and emit `ArSubmitted`."""
         _validate(self._config, request)
         rid = request.request_id
         if rid in self.specs:
@@ -613,6 +619,7 @@ class RealVllmScheduler:
                 if adapter
                 else None
             ),
+            resumable=resumable,
         )
         self.specs[rid] = request
         self.submitted[rid] = req
@@ -818,9 +825,13 @@ class RealVllmScheduler:
         )
 
     def _token(self, rid: str, index: int) -> int:
-        """Output token number `index` (1-based) of request `rid`."""
+        """Output token number `index` (1-based) of request `rid` in its current turn."""
         return output_token(
-            self.specs[rid], self.arrival_of[rid], index, self.reasoning_end_at.get(rid)
+            self.specs[rid],
+            self.arrival_of[rid],
+            index,
+            self.reasoning_end_at.get(rid),
+            turn=self.turn_of.get(rid, 1),
         )
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
@@ -835,11 +846,19 @@ def next_output_index(req: Any) -> int:
 
 
 def output_token(
-    request: ArRequest, arrival: int, index: int, reasoning_end_at: int | None = None
+    request: ArRequest,
+    arrival: int,
+    index: int,
+    reasoning_end_at: int | None = None,
+    *,
+    turn: int = 1,
 ) -> int:
-    """Output token number `index` (1-based) of `request`, submitted `arrival`-th: its stop
-    token at `stop_after`, else the reasoning end token at `reasoning_end_at`, else one fixed
-    by the arrival and the index."""
+    """Output token number `index` (1-based) of `request`, submitted `arrival`-th: in its first
+    turn its stop token at `stop_after`, else the reasoning end token at `reasoning_end_at`,
+    else one fixed by the arrival and the index; in a later turn of a streaming-input session
+    (`turn` > 1, no stop token) one fixed by the arrival, the turn and the index."""
+    if turn > 1:
+        return OUTPUT_BASE + arrival * (1 << 32) + (turn - 1) * (1 << TURN_SHIFT) + index
     if request.stop_after is not None and index == request.stop_after:
         return STOP_BASE + arrival
     if index == reasoning_end_at:

@@ -70,7 +70,7 @@ Reads vLLM's `SchedulerOutput` (`num_scheduled_tokens`, `scheduled_new_reqs`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 from integrations.vllm.adapter import GroupTables, adapter_of, all_group_tables
@@ -176,15 +176,20 @@ class CacheWrites:
         out: Any,
         schedule_index: int,
         valid: Mapping[str, tuple[int, int]] | None = None,
+        own_kv: Collection[str] = (),
     ) -> None:
         """Note the blocks the call hashed for its victims, record the blocks `out`'s batch
         completes (each request's scheduled tokens from its computed ones, or the positions
         `valid` names for it: first position and count written with its true tokens), then
-        check the cache hits it takes (`EngineCoreViolation("cache_hit_written", ...)`)."""
+        check the cache hits it takes (`EngineCoreViolation("cache_hit_written", ...)`).
+        `own_kv`: requests scheduled as new that resume on KV they kept (streaming-input
+        sessions), not on a hit: what they read is checked as a running request's
+        (`kv_written`)."""
         self._note_hashed_for_victims(sched, out, schedule_index)
         starts = batch_starts(out)
         cached = out.scheduled_cached_reqs
         hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
+        hitting -= set(own_kv)
         tables = all_group_tables(sched)
         # the worker copies blocks before the forward; a Mamba step reads its state before
         # its forward writes the next one
@@ -194,7 +199,8 @@ class CacheWrites:
         # writes the rest of that block
         self.check_partial_hits(sched, tables, starts, hitting, schedule_index)
         self.record(sched, out, tables, valid)
-        reading = set(out.num_scheduled_tokens) if self.every_read else hitting
+        scheduled = set(out.num_scheduled_tokens)
+        reading = scheduled if self.every_read else hitting | (set(own_kv) & scheduled)
         for rid in sorted(reading):
             req, start = sched.requests[rid], starts[rid]
             if self.verified_reads and rid not in hitting:

@@ -462,11 +462,15 @@ class BatchQueueLoop(Generic[CountsT]):
             for o in per_client.outputs:
                 self.outputs[o.request_id].extend(int(t) for t in o.new_token_ids)
                 if o.finish_reason is not None:
-                    self.reasons[o.request_id] = self.reason(o.finish_reason)
+                    self.finished(o.request_id, self.reason(o.finish_reason))
         self.after_output(out, executed)
         self.check_pool(f"after update_from_output() of schedule {self.n.schedules}")
         if deferred is not None:
             self.queue.appendleft((deferred, self.execute_deferred(deferred)))
+
+    def finished(self, rid: str, reason: str) -> None:
+        """vLLM reported `rid` finished with `reason` (as `reason` maps it): it has ended."""
+        self.reasons[rid] = reason
 
     def finish(self, request_id: str, finish: Callable[[], Any]) -> None:
         """Abort `request_id` with `finish` (the scheduler's abort), counting it when a step of
@@ -503,8 +507,12 @@ class BatchQueueLoop(Generic[CountsT]):
         raise EngineCoreViolation(
             "progress",
             f"not drained after {max_engine_steps} engine steps: {running} running, "
-            f"{waiting} waiting, {len(self.queue)} batches in flight",
+            f"{waiting} waiting, {len(self.queue)} batches in flight{self.stall_detail()}",
         )
+
+    def stall_detail(self) -> str:
+        """What `progress`'s message adds about the requests left (nothing by default)."""
+        return ""
 
     def play(
         self,
@@ -512,15 +520,25 @@ class BatchQueueLoop(Generic[CountsT]):
         aborts: Sequence[Sequence[str]],
         submit: Callable[[Any], object],
         abort: Callable[[str], None],
+        *,
+        inputs: Sequence[Sequence[Any]] = (),
+        send: Callable[[Any], None] | None = None,
+        before_drain: Callable[[], None] | None = None,
     ) -> None:
-        """Per engine step its aborts, then its arrivals, then the step; then drain, and check
-        the end state and every request's output."""
-        for step_aborts, step_arrivals in zip(aborts, arrivals, strict=True):
+        """Per engine step its aborts, then its arrivals, then its `inputs` (each given to
+        `send`), then the step; then `before_drain`, drain, and check the end state and every
+        request's output."""
+        for index, (step_aborts, step_arrivals) in enumerate(zip(aborts, arrivals, strict=True)):
             for rid in step_aborts:
                 abort(rid)
             for req in step_arrivals:
                 submit(req)
+            if inputs and send is not None:
+                for item in inputs[index]:
+                    send(item)
             self.engine_step()
+        if before_drain is not None:
+            before_drain()
         self.drain()
         check_drained(self.sched)
         orphans = self.runner_tables.orphans(self.sched)

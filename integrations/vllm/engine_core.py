@@ -125,7 +125,7 @@ from integrations.vllm.adapter import (
     mamba_mode,
     next_output_index,
 )
-from integrations.vllm.cache_writes import CacheWrites
+from integrations.vllm.cache_writes import CacheWrites, batch_starts
 from integrations.vllm.core_loop import (
     ABORTED,
     ASYNC_BATCH_QUEUE,
@@ -150,6 +150,7 @@ from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
+from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -170,6 +171,9 @@ RULES = (
     "kv_event_content",
     "max_loras",
     "pause",
+    "session_prompt",
+    "session_length",
+    "session_kv_kept",
     "load_before_compute",
     "transfer_blocks_held",
     "kv_delivered",
@@ -185,14 +189,22 @@ RULES = (
 @dataclass(frozen=True, slots=True)
 class CoreProgram:
     """A configuration and, per engine step, the requests that arrive and the ids aborted
-    before it (then the loop drains)."""
+    before it (then the loop drains); with `inputs` (one tuple per step, or none at all) the
+    later inputs and closes of streaming-input sessions sent after the step's arrivals
+    (`integrations.vllm.sessions`): a request named there is submitted as a session."""
 
     config: ArConfig
     arrivals: tuple[tuple[ArRequest, ...], ...]
     aborts: tuple[tuple[str, ...], ...]
+    inputs: tuple[tuple[SessionInput, ...], ...] = ()
 
     def __post_init__(self) -> None:
         check_program_steps("CoreProgram", self.arrivals, self.aborts)
+        if self.inputs and len(self.inputs) != len(self.arrivals):
+            raise ValueError(
+                f"CoreProgram: {len(self.arrivals)} steps of arrivals but {len(self.inputs)} "
+                "of session inputs; give one tuple per step (empty for none), or none at all"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +266,12 @@ class CoreRun:
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
     pause_taken_back: int = 0  # waiting requests holding loaded KV whose blocks it took back
+    sessions: int = 0  # streaming-input sessions (`integrations.vllm.sessions`)
+    session_inputs: int = 0  # later inputs vLLM made turns of
+    session_inputs_queued: int = 0  # of those, sent while the session's turn ran
+    sessions_closed_waiting: int = 0  # sessions closed while they waited for input
+    session_turns_on_kept_kv: int = 0  # turns resumed on the session's kept KV
+    session_kv_dropped: int = 0  # resumed sessions whose kept KV was dropped before they ran
 
 
 @dataclass
@@ -408,6 +426,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.impl.sched.connector.remote = self.remote
         if mutate is not None:
             mutate(self.impl.sched)
+        #: Streaming-input sessions: their inputs sent and their turns checked (the watch
+        #: wraps what a seeded bug or a fix made of vLLM's scheduler).
+        self.sessions: SessionLedger = SessionLedger(
+            self.impl, config.max_model_len, self.impl._token
+        )
+        self.sessions.watch(self.impl.sched)
+        self._session_ids: frozenset[str] = frozenset()
         super().__init__(
             self.impl.sched,
             _Counts(),
@@ -498,11 +523,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     # ------------------------------------------------------------------ driving
     def submit(self, request: ArRequest) -> bool:
-        """Add a request; False if it is refused as invalid (both loops refuse alike)."""
+        """Add a request (a session if the program sends it inputs); False if it is refused as
+        invalid (both loops refuse alike)."""
+        session = request.request_id in self._session_ids
         try:
-            self.impl.submit(request)
+            self.impl.submit(request, resumable=session)
         except RequestError:
             return False
+        if session:
+            self.sessions.open(request)
         self.outputs[request.request_id] = []
         if self.trace is not None:
             shared = ", a shared prompt" if request.prompt is not None else ""
@@ -521,10 +550,85 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.n.aborted_loading += 1
         self.finish(request_id, lambda: self.impl.abort(request_id))
 
+    def send_input(self, item: SessionInput) -> None:
+        """Send session input `item` (`SessionLedger.send`; nothing for a session that ended or
+        was never submitted); a close that ends a session waiting for input ends it here."""
+        rid = item.request_id
+        if rid not in self.sessions.sessions or rid in self.reasons:
+            return
+        if not self.sessions.send(item):
+            return
+        what = (
+            "close"
+            if item.closes
+            else f"{_count(item.prompt_len, 'token')} in, up to {item.max_tokens} out"
+        )
+        self.note(f"session {rid}: {what}")
+        req = self.sched.requests.get(rid)
+        if req is None or req.is_finished():
+            ended = self.sessions.sessions[rid].reasons
+            self.reasons[rid] = ended[-1] if ended else ABORTED
+        self.check_pool(f"after session input to {rid!r}")
+
+    def close_sessions(self) -> None:
+        """Close every session the program left open: its input stream ends with the program
+        (a session never closed would wait for input, holding its seat and KV, for good)."""
+        for rid, session in self.sessions.sessions.items():
+            if not session.closed:
+                self.send_input(SessionInput(rid, 0))
+
+    def stall_detail(self) -> str:
+        """The waiting sessions that hold KV, each with its computed tokens and those it still
+        has to compute, and the free blocks (`progress`)."""
+        held = [
+            f"{r.request_id} ({r.num_computed_tokens} tokens' KV kept, "
+            f"{r.num_tokens - r.num_computed_tokens} to compute)"
+            for r in self.waiting_requests()
+            if r.request_id in self.sessions.sessions and r.num_computed_tokens
+        ]
+        if not held:
+            return ""
+        free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return (
+            f"; sessions waiting with KV: {', '.join(held)}; {free} blocks free, and no request "
+            "runs to free more"
+        )
+
+    def finished(self, rid: str, reason: str) -> None:
+        """A session's turn ended (`SessionLedger.turn_ended`): the request ends only if vLLM
+        ended it (closed), else it waits for input. Any other request ends."""
+        if rid in self.sessions.sessions:
+            self.sessions.turn_ended(rid, reason)
+            req = self.sched.requests.get(rid)
+            if req is not None and not req.is_finished():
+                # vLLM drops the ended turn's step in flight (`drop_stale_output`) and may
+                # start the next turn at once: its first step waits for no output (`pp_cadence`)
+                self.last_decode.pop(rid, None)
+                return
+        self.reasons[rid] = reason
+
     def run(self, program: CoreProgram) -> CoreRun:
-        """The program (`BatchQueueLoop.play`), checked; what the loop did."""
-        self.play(program.arrivals, program.aborts, self.submit, self.abort)
-        counts: dict[str, int] = {}
+        """The program (`BatchQueueLoop.play`), checked; what the loop did. `ConfigError` for
+        sessions beside structured output or schedspec's KV connector (the grammars' scripts
+        and the connector's draws do not follow a session's turns)."""
+        self._session_ids = sessions_of(program.inputs)
+        if self._session_ids and (self.impl.structured_output or self.remote is not None):
+            raise ConfigError(
+                "inputs",
+                f"{len(self._session_ids)} sessions",
+                "none with structured output or schedspec's KV connector (their models do not "
+                "follow a session's turns); vLLM's offloading connector serves them",
+            )
+        self.play(
+            program.arrivals,
+            program.aborts,
+            self.submit,
+            self.abort,
+            inputs=program.inputs,
+            send=self.send_input,
+            before_drain=self.close_sessions,
+        )
+        counts: dict[str, int] = dict(self.sessions.counts)
         if self.model is not None:
             counts.update(asdict(self.model.counts))
         if self.offload is not None:
@@ -575,6 +679,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
         self.record_running()
+        if self.sessions.sessions:
+            self.sessions.before_schedule()
         if self.pause is not None:
             self.pause.before_schedule()
         if self.writes is not None:
@@ -590,6 +696,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Check the call's decisions (`check_decisions`, `check_kv_covers`) and `pp_cadence` over
         the requests it decodes; count the requests newly waiting with stale output (`stale`)."""
         cfg = self.config
+        own_kv = self.sessions.resuming()  # before `scheduled` marks them resumed
         self.check_decisions(
             out,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -597,6 +704,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out)
+        if self.sessions.sessions:
+            self.sessions.scheduled(batch_starts(out), f"schedule {self.n.schedules}")
         if self.pause is not None:
             self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if self.impl.loras:
@@ -611,7 +720,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 for t in getattr(out.kv_connector_metadata, "transfers", ()):
                     if t.sync:
                         self._record_load(t, failed_too=True)
-            self.writes.after_schedule(self.sched, out, self.n.schedules, self._valid)
+            self.writes.after_schedule(
+                self.sched, out, self.n.schedules, self._valid, own_kv=own_kv
+            )
         if self.offload is not None:
             # the worker's transfers done after this batch's forward, reported in its output
             batch, output = self.queue[0]
@@ -821,7 +932,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
-        (`check_content`)."""
+        (`check_content`), a session's turn by turn (`SessionLedger.check`)."""
+        if rid in self.sessions.sessions:
+            self.sessions.check(rid, list(tokens), self.reasons.get(rid))
+            return
         spec = self.impl.specs[rid]
         if self.late is not None and rid in self.late.failed:
             reason = self.reasons.get(rid)
@@ -851,6 +965,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             stop_after=spec.stop_after,
             token=lambda i: self.impl._token(rid, i),
         )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' * (n != 1)}"
 
 
 #: Token i of the prompt that `core_program`'s shared prompts are prefixes of.
@@ -925,8 +1043,12 @@ def _store(
 
 def program_seed(program: CoreProgram) -> int:
     """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
-    of its text, so each program draws its own and the same every run."""
-    return zlib.crc32(repr(program).encode())
+    of its text, so each program draws its own and the same every run (a program without
+    session inputs hashes as it did before `inputs` existed)."""
+    text = repr(program)
+    if not program.inputs:
+        text = text.replace(", inputs=()", "")
+    return zlib.crc32(text.encode())
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,10 @@ _PLACEHOLDER_BLOCK_SIZE = 0
 class KeyOrigins:
     """Where each external block key comes from: the first request of `requests` (every vLLM
     `Request` the engine was given, by id, kept after it ends) whose block hashes include it,
-    and the number of tokens up to the end of that hash block. Indexes new hashes on a miss
-    (a request's block hashes only grow); `hash_block_size` is the tokens per block hash,
-    `convert` vLLM's `maybe_convert_block_hash`."""
+    and the number of tokens up to the end of that hash block. Indexes new hashes on a miss (a
+    request's block hashes grow, or, when a streaming-input session's next input replaces its
+    last sampled token, are cut back and grow again); `hash_block_size` is the tokens per
+    block hash, `convert` vLLM's `maybe_convert_block_hash`."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class KeyOrigins:
         self.hash_block_size: int = hash_block_size
         self.convert: Callable[[Any], Hashable] = convert
         self._origin: dict[Hashable, tuple[Any, int]] = {}
-        self._indexed: dict[str, int] = {}
+        self._indexed: dict[str, list[Any]] = {}  # each request's hashes as last indexed
 
     def find(self, key: Hashable) -> tuple[Any, int] | None:
         """(request, tokens up to the key's block's end), or None for a key no request has."""
@@ -76,11 +77,16 @@ class KeyOrigins:
     def _index(self) -> None:
         for rid, request in self.requests.items():
             hashes = request.block_hashes
-            for j in range(self._indexed.get(rid, 0), len(hashes)):
+            seen = self._indexed.setdefault(rid, [])
+            same = next(
+                (j for j, (a, b) in enumerate(zip(seen, hashes, strict=False)) if a != b),
+                min(len(seen), len(hashes)),
+            )
+            for j in range(same, len(hashes)):
                 self._origin.setdefault(
                     self.convert(hashes[j]), (request, (j + 1) * self.hash_block_size)
                 )
-            self._indexed[rid] = len(hashes)
+            seen[same:] = hashes[same:]
 
 
 class EventContent:

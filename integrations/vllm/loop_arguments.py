@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
@@ -45,6 +46,10 @@ from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIX
 from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.session_length_fix import SESSION_LENGTH_FIX
+from integrations.vllm.session_stall_fix import SESSION_STALL_FIX
+from integrations.vllm.session_state_fix import SESSION_STATE_FIX
+from integrations.vllm.sessions import session_program
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
 
@@ -53,6 +58,8 @@ GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
     "branching-prompts": branching_prompt_program,
     "random": core_program,
     "same-step": same_step_program,
+    "sessions": session_program,
+    "sessions-past-context": partial(session_program, past_context=True),
     "shared-prompts": shared_prompt_program,
 }
 #: Candidate fixes `--fix` can apply to the scheduler of both loops: edits of `Scheduler`
@@ -71,6 +78,9 @@ FIXES = {
         COUNT_RECORDED_STORES_FIX,
         MAMBA_SPLIT_FIX,
         RESET_HOLDERS_FIX,
+        SESSION_STALL_FIX,
+        SESSION_LENGTH_FIX,
+        SESSION_STATE_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -390,6 +400,13 @@ def loop_options(
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
     if args.pauses is not None and args.kv_connector:
         parser.error("--pauses: not with --kv-connector")
+    if getattr(args, "programs_from", "").startswith("sessions") and (
+        args.kv_connector is not None or args.structured_output
+    ):
+        parser.error(
+            f"--programs-from {args.programs_from}: not with --kv-connector or "
+            "--structured-output (their models do not follow a session's turns)"
+        )
     if args.loras < 0:
         parser.error("--loras: an int >= 0")
     if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):

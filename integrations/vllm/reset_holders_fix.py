@@ -15,13 +15,14 @@ transfer, which is not supported yet"): `pause_generation(mode="keep")` with its
 The fix: where the reset preempts the running requests, it also takes back the blocks of every
 waiting request that holds KV whose load is done (a load reported finished and not yet
 promoted, or promoted and not yet scheduled: status `WAITING` or `PREEMPTED` with tokens
-computed). Such KV predates the reset (a weight update makes
-it stale, as it does the running requests' KV), so the request goes back to the waiting queue
-with nothing computed and looks its prefix up again, as a preempted request does. A load still
-in flight writes into its blocks, and a streaming session waiting for its next input
-(`WAITING_FOR_STREAMING_REQ`) keeps its state: those blocks stay held and the reset still
-raises, as released vLLM does. With the offloading connector a pause never reaches its reset
-with a load in flight: the engine keeps stepping while the connector has a job unreported
+computed), and of every streaming-input session between turns (`WAITING_FOR_STREAMING_REQ`,
+which reaches the same raise with no connector at all, in any pause mode). Such KV predates
+the reset (a weight update makes it stale, as it does the running requests' KV), so the
+request goes back to the waiting queue with nothing computed and looks its prefix up again, as
+a preempted request does; a session keeps waiting for its input and recomputes when it comes.
+A load still in flight writes into its blocks: those stay held and the reset still raises, as
+released vLLM does. With the offloading connector a pause never reaches its reset with a load
+in flight: the engine keeps stepping while the connector has a job unreported
 (`has_pending_push_work`), as the engine-core loop does, so every load is done by then.
 
 It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`RESET_HOLDERS_FIXES`):
@@ -48,15 +49,18 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "            self.prev_step_scheduled_req_ids.clear()\n"
     "\n"
     "            # Waiting requests holding KV (a connector's load done, promoted or\n"
-    "            # not) hold blocks too, and that KV predates the reset: take the blocks\n"
-    "            # back, so they look their prefix up again. A load still in flight\n"
-    "            # writes into its blocks, and a streaming session waits for its input:\n"
-    "            # those keep theirs.\n"
+    "            # not; a streaming session between turns) hold blocks too, and that KV\n"
+    "            # predates the reset: take the blocks back, so they look their prefix\n"
+    "            # up again (a session when its next input comes). A load still in\n"
+    "            # flight writes into its blocks: those keep theirs.\n"
     "            for request in list(self.kv_holding_waiting):\n"
+    "                streaming = (\n"
+    "                    request.status == RequestStatus.WAITING_FOR_STREAMING_REQ\n"
+    "                )\n"
     "                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:\n"
     "                    if request.request_id not in self.finished_recving_kv_req_ids:\n"
     "                        continue\n"
-    "                elif request.status not in (\n"
+    "                elif not streaming and request.status not in (\n"
     "                    RequestStatus.WAITING,\n"
     "                    RequestStatus.PREEMPTED,\n"
     "                ):\n"
@@ -67,11 +71,12 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "                self.failed_recving_kv_req_ids.discard(request.request_id)\n"
     "                self._free_request_blocks(request)\n"
     "                request.num_computed_tokens = 0\n"
-    "                request.status = (\n"
-    "                    RequestStatus.PREEMPTED\n"
-    "                    if request.num_preemptions\n"
-    "                    else RequestStatus.WAITING\n"
-    "                )\n"
+    "                if not streaming:\n"
+    "                    request.status = (\n"
+    "                        RequestStatus.PREEMPTED\n"
+    "                        if request.num_preemptions\n"
+    "                        else RequestStatus.WAITING\n"
+    "                    )\n"
     "                self._enqueue_waiting_request(request)\n"
     "\n"
     "        reset_successful = self.kv_cache_manager.reset_prefix_cache()\n"
@@ -82,8 +87,9 @@ RESET_HOLDERS_FIX = EngineFix(
     ((MODULE, _PREEMPTED_ALL_RUNNING, _TAKE_BACK_LOADED_HOLDERS),),
     ((MODULE, "Scheduler.reset_prefix_cache"),),
     "a cache reset that preempts the running requests fails while a waiting request holds "
-    "blocks a connector loaded into (a 'keep' pause with a CPU-tier hit): take back the "
-    "blocks of waiting requests whose load is done",
+    "blocks a connector loaded into (a 'keep' pause with a CPU-tier hit) or a streaming "
+    "session waits for input: take back the blocks of waiting requests whose load is done "
+    "and of sessions between turns",
 )
 RESET_HOLDERS_SCHEDULE = ScheduleFix(RESET_HOLDERS_FIX)
 RESET_HOLDERS_FIXES = RESET_HOLDERS_SCHEDULE.fix_set

@@ -208,6 +208,7 @@ def reductions(program: CoreProgram) -> Iterator[CoreProgram]:
     for candidate in (
         *step_removals(program),
         *request_reductions(program, _smaller_requests),
+        *input_reductions(program),
         *_config(program),
     ):
         if _valid(candidate):
@@ -215,29 +216,62 @@ def reductions(program: CoreProgram) -> Iterator[CoreProgram]:
 
 
 def step_removals(program: ProgramT) -> Iterator[ProgramT]:
-    """`program` less one request (its aborts go with it), less one abort, or less one step
-    with neither an arrival nor an abort, in that order."""
+    """`program` less one request (its aborts and session inputs go with it), less one abort,
+    less one session input, or less one step with neither an arrival, an abort nor an input,
+    in that order."""
+    inputs: tuple[tuple[Any, ...], ...] = getattr(program, "inputs", ())
     ids = [r.request_id for batch in program.arrivals for r in batch]
     for rid in ids:
-        yield replace(
-            program,
-            arrivals=tuple(
+        without = {
+            "arrivals": tuple(
                 tuple(r for r in batch if r.request_id != rid) for batch in program.arrivals
             ),
-            aborts=tuple(tuple(a for a in step if a != rid) for step in program.aborts),
-        )
+            "aborts": tuple(tuple(a for a in step if a != rid) for step in program.aborts),
+        }
+        if inputs:
+            without["inputs"] = tuple(
+                tuple(i for i in step if i.request_id != rid) for step in inputs
+            )
+        yield replace(program, **without)
     for step, aborted in enumerate(program.aborts):
         for rid in aborted:
             aborts = list(program.aborts)
             aborts[step] = tuple(a for a in aborted if a != rid)
             yield replace(program, aborts=tuple(aborts))
+    for step, sent in enumerate(inputs):
+        for index in range(len(sent)):
+            fewer = list(inputs)
+            fewer[step] = sent[:index] + sent[index + 1 :]
+            yield replace(program, inputs=tuple(fewer))
     for step in range(len(program.arrivals)):
-        if len(program.arrivals) > 1 and not program.arrivals[step] and not program.aborts[step]:
-            yield replace(
-                program,
-                arrivals=program.arrivals[:step] + program.arrivals[step + 1 :],
-                aborts=program.aborts[:step] + program.aborts[step + 1 :],
-            )
+        if (
+            len(program.arrivals) > 1
+            and not program.arrivals[step]
+            and not program.aborts[step]
+            and not (inputs and inputs[step])
+        ):
+            shorter = {
+                "arrivals": program.arrivals[:step] + program.arrivals[step + 1 :],
+                "aborts": program.aborts[:step] + program.aborts[step + 1 :],
+            }
+            if inputs:
+                shorter["inputs"] = inputs[:step] + inputs[step + 1 :]
+            yield replace(program, **shorter)
+
+
+def input_reductions(program: CoreProgram) -> Iterator[CoreProgram]:
+    """`program` with one session input's `prompt_len` or `max_tokens` lowered (`lower`)."""
+    for step, sent in enumerate(program.inputs):
+        for index, item in enumerate(sent):
+            if item.closes:
+                continue
+            for smaller in (
+                *(replace(item, prompt_len=n) for n in lower(item.prompt_len)),
+                *(replace(item, max_tokens=n) for n in lower(item.max_tokens)),
+            ):
+                inputs = list(program.inputs)
+                inputs[step] = (*sent[:index], smaller, *sent[index + 1 :])
+                yield replace(program, inputs=tuple(inputs))
 
 
 def request_reductions(

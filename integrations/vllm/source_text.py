@@ -39,14 +39,22 @@ def literal_source(value: object) -> str:
 
 
 def program_text(program: Any, settings: str) -> str:
-    """A program of steps (`arrivals`, `aborts`) as `Type(settings, arrivals=(...),
-    aborts=...)`, one line per step of arrivals (`request_text`)."""
+    """A program of steps (`arrivals`, `aborts`, and `inputs` where it has some) as
+    `Type(settings, arrivals=(...), aborts=..., inputs=(...))`, one line per step of arrivals
+    and of inputs (`request_text`)."""
     lines = [f"{type(program).__name__}(\n    {settings},\n    arrivals=("]
     for batch in program.arrivals:
         requests = "".join(f"{request_text(r)}, " for r in batch)
         lines.append(f"        ({requests.rstrip()}),")
     lines.append("    ),")
     lines.append(f"    aborts={program.aborts!r},")
+    inputs = getattr(program, "inputs", ())
+    if inputs:  # streaming-input sessions' later inputs, one line per step
+        lines.append("    inputs=(")
+        for step in inputs:
+            items = "".join(f"{request_text(item)}, " for item in step)
+            lines.append(f"        ({items.rstrip()}),")
+        lines.append("    ),")
     lines.append(")")
     return "\n".join(lines)
 

@@ -1,0 +1,291 @@
+"""Streaming-input sessions on vLLM 0.33.0's engine-core loop (`integrations.vllm.sessions`;
+`--programs-from sessions`): one request id fed several inputs, its KV kept between turns.
+
+Released vLLM serves them with every rule holding but three findings: resumed sessions holding
+the KV pool, each with input and no room for it, stall for good while no request runs
+(`progress`; the candidate fix `drop-stalled-session-kv` lifts it); a session's inputs are
+checked against `max_model_len` one by one, so a session is resumed with a prompt that leaves
+no room for an output (`session_length`; then scheduled past its blocks, or never scheduled
+again; the candidate fix `end-session-at-model-len` lifts it); and on a hybrid model under
+async scheduling a turn's dropped step in flight has already advanced the session's Mamba
+state, which the next turn resumes from (`kv_written`; the candidate fix
+`recompute-session-state` lifts it). The rules of sessions have seeded bugs: a next input that
+keeps the turn's last sampled token (`session_prompt`) and one that frees the kept KV
+(`session_kv_kept`).
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.patches import FixSet
+from integrations.vllm import MANIFEST
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS
+from integrations.vllm.session_length_fix import SESSION_LENGTH, SESSION_LENGTH_FIXES
+from integrations.vllm.session_stall_fix import SESSION_STALL, SESSION_STALL_FIXES
+from integrations.vllm.session_state_fix import SESSION_STATE, SESSION_STATE_FIXES
+from integrations.vllm.sessions import SessionInput, SessionLedger, session_program
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
+from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
+from tests.vllm_seeded_bugs import session_drops_its_kv, session_keeps_its_last_token
+
+PROGRAMS = 40
+RELEASED = LoopOptions()
+STALL_FIXED = LoopOptions(fix=make_fixes([SESSION_STALL]))
+
+
+@pytest.fixture(autouse=True)
+def _vllm() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _both(program: CoreProgram, options: LoopOptions = RELEASED) -> list[CoreRun]:
+    return [run_loop(program, async_scheduling=a, options=options) for a in (False, True)]
+
+
+def test_sessions_take_turns_on_their_kept_kv_and_pass_with_the_stall_fix() -> None:
+    """With the stall fix the first programs pass both loops, and every path of a session is
+    taken: inputs applied at once and queued behind a running turn, closes of waiting
+    sessions, turns resumed on kept KV."""
+    totals: dict[str, int] = {}
+    for seed in range(PROGRAMS):
+        for run in _both(session_program(seed), STALL_FIXED):
+            for name in ("session_inputs", "session_inputs_queued", "sessions_closed_waiting"):
+                totals[name] = totals.get(name, 0) + getattr(run, name)
+            totals["kept"] = totals.get("kept", 0) + run.session_turns_on_kept_kv
+    assert all(totals.values()), totals
+    assert totals["session_inputs_queued"] < totals["session_inputs"], totals
+
+
+def test_a_sessions_outputs_are_its_turns_in_turn() -> None:
+    """One session, three turns: its outputs are each turn's own tokens (the model's tokens
+    depend on the turn), its turns end by length, and its prompt grows by the kept outputs."""
+    program = CoreProgram(
+        ArConfig(block_size=4, num_blocks=17, max_num_batched_tokens=16, max_model_len=32),
+        arrivals=((ArRequest("a", 5, 3),), *(((),) * 11)),
+        aborts=((),) * 12,
+        inputs=(
+            (),
+            (SessionInput("a", 3, 2),),
+            *(((),) * 5),
+            (SessionInput("a", 2, 1),),
+            *(((),) * 3),
+            (SessionInput("a", 0),),
+        ),
+    )
+    for run in _both(program):
+        assert len(run.outputs["a"]) == 3 + 2 + 1, run.outputs
+        assert len(set(run.outputs["a"])) == 6  # no turn repeats another's tokens
+        assert run.reasons == {"a": "length"}
+        assert run.session_inputs == 2 and run.session_turns_on_kept_kv == 2
+
+
+#: The stall's shrunk program (docs/shrunk/vllm-session-stall.json, from program 51): r14 and
+#: r16 are resumed holding 17 of the 21 blocks; r14 heads the queue and needs 5 of the 4 free.
+STALL = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=22,
+        max_num_batched_tokens=2,
+        max_num_seqs=2,
+        max_model_len=20,
+        policy=Policy.PRIORITY,
+        enable_prefix_caching=True,
+    ),
+    arrivals=((ArRequest("r14", 11, 2),), (), (ArRequest("r16", 5, 1),), ()),
+    aborts=((), (), (), ()),
+    inputs=((), (SessionInput("r14", 5, 1),), (), (SessionInput("r16", 1, 1),)),
+)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_finding_resumed_sessions_holding_the_pool_stall_for_good(async_scheduling: bool) -> None:
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(STALL, async_scheduling=async_scheduling)
+    assert caught.value.rule == "progress", caught.value
+    assert "sessions waiting with KV: r14 (12 tokens' KV kept, 5 to compute)" in str(caught.value)
+    assert "4 blocks free, and no request runs to free more" in str(caught.value)
+    run = run_loop(STALL, async_scheduling=async_scheduling, options=STALL_FIXED)
+    assert run.session_kv_dropped >= 1
+    assert run.reasons == {"r14": "length", "r16": "length"}
+
+
+def test_released_vllm_fails_session_programs_only_by_the_stall() -> None:
+    """Without the fix, every failure over the first programs is the stall."""
+    rules: dict[str, str] = {}
+    for seed in range(60):
+        for async_scheduling in (False, True):
+            try:
+                run_loop(session_program(seed), async_scheduling=async_scheduling)
+            except EngineCoreViolation as err:
+                rules.setdefault(err.rule, str(err))
+    assert set(rules) == {"progress"}, rules
+    assert "sessions waiting with KV" in rules["progress"], rules
+
+
+#: A session of 20 prompt tokens and 6 outputs given 10 more tokens: 35 tokens, over
+#: max_model_len 32, though each of its inputs is within it.
+PAST_CONTEXT = CoreProgram(
+    ArConfig(block_size=4, num_blocks=17, max_num_batched_tokens=16, max_model_len=32),
+    arrivals=((ArRequest("a", 20, 6),), *(((),) * 10)),
+    aborts=((),) * 11,
+    inputs=(*(((),) * 10), (SessionInput("a", 10, 4),)),
+)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_finding_a_session_is_resumed_past_max_model_len(
+    async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`session_length` fails at the input; with the rule lifted, vLLM schedules the session
+    past the blocks `allocate_slots` gives it (capped at max_model_len); the candidate fix
+    ends the session (length capped) instead."""
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(PAST_CONTEXT, async_scheduling=async_scheduling)
+    assert caught.value.rule == "session_length", caught.value
+    assert "holds 35 tokens, leaving no room for an output under max_model_len 32" in str(
+        caught.value
+    )
+    fixed = LoopOptions(fix=make_fixes([SESSION_LENGTH]))
+    run = run_loop(PAST_CONTEXT, async_scheduling=async_scheduling, options=fixed)
+    assert run.reasons == {"a": "length"} and len(run.outputs["a"]) == 6
+    assert run.session_inputs == 0
+    with monkeypatch.context() as patched:
+        patched.setattr(SessionLedger, "prompt_limit", lambda self: 10**9)
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(PAST_CONTEXT, async_scheduling=async_scheduling)
+    assert caught.value.rule == "kv_covers_scheduled", caught.value
+    assert "'a' has 35 tokens computed or scheduled but holds 8 blocks of 4" in str(caught.value)
+
+
+def test_with_both_fixes_sessions_past_the_context_pass() -> None:
+    options = LoopOptions(fix=make_fixes([SESSION_STALL, SESSION_LENGTH]))
+    inputs = 0
+    for seed in range(PROGRAMS):
+        inputs += sum(r.session_inputs for r in _both(session_program(seed, True), options))
+    assert inputs > 0
+
+
+@pytest.mark.parametrize(
+    ("fixes", "words"),
+    [
+        (SESSION_STALL_FIXES, "request_queue.remove_request(request)"),
+        (SESSION_LENGTH_FIXES, "RequestStatus.FINISHED_LENGTH_CAPPED"),
+        (SESSION_STATE_FIXES, "if self.has_mamba_layers and request.num_in_flight_tokens"),
+    ],
+    ids=[SESSION_STALL, SESSION_LENGTH, SESSION_STATE],
+)
+def test_each_fix_is_one_patch_of_vllms_scheduler(
+    tmp_path: Path, fixes: FixSet, words: str
+) -> None:
+    """`scripts/engine_fixes_diff.py vllm-session` / `vllm-session-length` print the edit the
+    tests run: applied with `git apply -p1` to a copy of vLLM's `scheduler.py`, it gives the
+    very text they run."""
+    sources = fixes.fixed_sources(fixes.names)
+    patched = git_apply_to_copies(tmp_path, sources, fixes.as_diff(fixes.names))
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert words in next(iter(patched.values()))
+
+
+#: The Mamba finding's shrunk program (docs/shrunk/vllm-session-mamba-state.json, from
+#: program 0 with --mamba): r7 stops at its second output while its third step is in flight.
+MAMBA_STATE = CoreProgram(
+    ArConfig(block_size=2, num_blocks=3, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=4),
+    arrivals=((ArRequest("r7", 1, 3, stop_after=2),), ()),
+    aborts=((), ()),
+    inputs=((), (SessionInput("r7", 1, 1),)),
+)
+
+
+def test_finding_on_a_hybrid_model_the_dropped_step_has_advanced_the_mamba_state() -> None:
+    """Async only: the turn's step in flight, dropped, has already advanced the session's Mamba
+    state, which the next turn resumes from; the synchronous loop has no step in flight. The
+    candidate fix recomputes such a session."""
+    hybrid = LoopOptions(mamba=True)
+    sync = run_loop(MAMBA_STATE, async_scheduling=False, options=hybrid)
+    assert sync.session_turns_on_kept_kv == 1
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(MAMBA_STATE, async_scheduling=True, options=hybrid)
+    assert caught.value.rule == "kv_written", caught.value
+    assert "reads its Mamba state after 2 tokens" in str(caught.value)
+    assert "it holds the state of 'r7' after 3 tokens" in str(caught.value)
+    fixed = LoopOptions(mamba=True, fix=make_fixes([SESSION_STATE]))
+    run = run_loop(MAMBA_STATE, async_scheduling=True, options=fixed)
+    assert run.session_turns_on_kept_kv == 0 and run.session_inputs == 1
+    assert run.outputs == sync.outputs
+
+
+#: A session between turns when generation pauses (docs/shrunk/
+#: vllm-pause-session-between-turns.json, from program 0 with --pauses wait): one turn, then
+#: a pause at engine step 9 (the driver's draw) and the caches' reset.
+PAUSED_BETWEEN_TURNS = CoreProgram(
+    ArConfig(block_size=2, num_blocks=2, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=2),
+    arrivals=((ArRequest("r7", 1, 1),), *(((),) * 11)),
+    aborts=((),) * 12,
+    inputs=(*(((),) * 11), (SessionInput("r7", 0),)),
+)
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait"])
+def test_a_pause_resets_the_caches_while_a_session_waits_for_input(mode: str) -> None:
+    """vLLM's `_finish_pause` reset raises while a session between turns holds its kept KV
+    ("... not supported yet"), whether the pause keeps or drains requests (one that aborts
+    them ends the session first); the candidate fix `reset-loaded-holders` takes the session's
+    blocks back too, and the session ends as it would have."""
+    draws = 2724153858  # the recorded program's draw seed: the pause at step 9
+    for async_scheduling in (False, True):
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(
+                PAUSED_BETWEEN_TURNS,
+                async_scheduling=async_scheduling,
+                options=LoopOptions(pauses=mode, draw_seed=draws),
+            )
+        assert caught.value.rule == "implementation_error", caught.value
+        assert "Failed to reset KV cache" in str(caught.value)
+        fixed = LoopOptions(pauses=mode, fix=make_fixes([RESET_HOLDERS]), draw_seed=draws)
+        run = run_loop(PAUSED_BETWEEN_TURNS, async_scheduling=async_scheduling, options=fixed)
+        assert run.pause_taken_back == 1 and run.reasons == {"r7": "length"}
+
+
+#: (seeded bug, rule, words of the message).
+SEEDED_BUGS: list[tuple[Callable[[Any], None], str, tuple[str, ...]]] = [
+    (session_keeps_its_last_token, "session_prompt", ("prompt has", "outputs")),
+    (session_drops_its_kv, "session_kv_kept", ("changed its computed tokens from",)),
+]
+
+
+@pytest.mark.parametrize(
+    ("bug", "rule", "words"), SEEDED_BUGS, ids=[bug.__name__ for bug, _, _ in SEEDED_BUGS]
+)
+def test_the_session_rules_catch_each_seeded_bug(
+    bug: Callable[[Any], None], rule: str, words: tuple[str, ...]
+) -> None:
+    options = LoopOptions(mutate=bug, fix=make_fixes([SESSION_STALL]))
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(session_program(seed), async_scheduling=True, options=options),
+        until=rule,
+    )
+    assert rule in seen, seen
+    assert seen[rule].startswith(f"[{rule}] async loop: ")
+    assert all(w in seen[rule] for w in words), seen[rule]
+
+
+def test_a_session_input_is_a_typed_error_when_malformed() -> None:
+    with pytest.raises(ConfigError) as err:
+        SessionInput("a", 3, 0)
+    assert "prompt_len >= 1 with max_tokens >= 1" in str(err.value)
+    with pytest.raises(ValueError, match="2 of session inputs"):
+        CoreProgram(ArConfig(), arrivals=((),), aborts=((),), inputs=((), ()))
