@@ -39,6 +39,7 @@ from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
+from tests.script_module import load_script
 from tests.vllm_seeded_bugs import session_drops_its_kv, session_keeps_its_last_token
 
 PROGRAMS = 40
@@ -289,3 +290,20 @@ def test_a_session_input_is_a_typed_error_when_malformed() -> None:
     assert "prompt_len >= 1 with max_tokens >= 1" in str(err.value)
     with pytest.raises(ValueError, match="2 of session inputs"):
         CoreProgram(ArConfig(), arrivals=((),), aborts=((),), inputs=((), ()))
+
+
+def test_sessions_beside_structured_output_or_schedspecs_connector_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A typed error from the loop, and the sweep's usage error (exit 2, one line)."""
+    for options in (LoopOptions(structured_output=True), LoopOptions(kv_connector="recompute")):
+        with pytest.raises(ConfigError) as err:
+            run_loop(session_program(1), async_scheduling=False, options=options)
+        assert err.value.field == "inputs", err.value
+    script = load_script("vllm_async_check")
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--programs", "1", "--programs-from", "sessions", "--structured-output"])
+    assert exit_.value.code == 2
+    assert "--programs-from sessions: not with --kv-connector or --structured-output" in (
+        capsys.readouterr().err
+    )

@@ -586,6 +586,15 @@ def check_program_steps(kind: str, arrivals: Sequence[object], aborts: Sequence[
         )
 
 
+def first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
+    """The first index at which `got` and `want` differ (the shorter one's length if it is a
+    prefix of the other; both lengths if they are equal)."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+        min(len(got), len(want)),
+    )
+
+
 def check_content(
     rid: str,
     tokens: Sequence[int],
@@ -605,10 +614,7 @@ def check_content(
     if reason == ABORTED:
         expected = expected[: len(tokens)]
     if list(tokens) != expected:
-        at = next(
-            (i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b),
-            min(len(tokens), len(expected)),
-        )
+        at = first_difference(tokens, expected)
         got = "missing" if at >= len(tokens) else _describe(tokens[at], token, max_tokens)
         raise EngineCoreViolation(
             "output_content",
@@ -719,6 +725,7 @@ __all__ = [
     "check_drained",
     "check_pool",
     "check_program_steps",
+    "first_difference",
     "run_both",
     "run_named",
     "waiting_for_remote_kv",

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
-from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.core_loop import EngineCoreViolation, first_difference
 
 #: A placeholder store (no tokens, `block_size` 0), as the offloading connector announces a
 #: CPU chunk without self-describing events.
@@ -78,10 +78,7 @@ class KeyOrigins:
         for rid, request in self.requests.items():
             hashes = request.block_hashes
             seen = self._indexed.setdefault(rid, [])
-            same = next(
-                (j for j, (a, b) in enumerate(zip(seen, hashes, strict=False)) if a != b),
-                min(len(seen), len(hashes)),
-            )
+            same = first_difference(seen, hashes)
             for j in range(same, len(hashes)):
                 self._origin.setdefault(
                     self.convert(hashes[j]), (request, (j + 1) * self.hash_block_size)

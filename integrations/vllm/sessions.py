@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from integrations.vllm.core_loop import ABORTED, EngineCoreViolation
+from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
 
@@ -84,7 +84,6 @@ class _Session:
     """The checker's account of one session: its turns' prompts and limits, as sent."""
 
     arrival: int
-    first: ArRequest
     prompt: list[int]  # the current turn's prompt, as it must be
     turn: int = 1
     max_tokens: int = 0  # the current turn's
@@ -101,8 +100,9 @@ class SessionLedger:
     """The sessions of one loop: sends their inputs through vLLM's `add_request`, follows the
     turns vLLM applies (`watch`), and checks each session's turns against what was sent.
 
-    `token(rid, arrival, turn, index)` is the model's output token, `request_of(rid)` the
-    vLLM `Request` of a live session (None once it ended), `max_model_len` vLLM's."""
+    `impl` is the adapter (`integrations.vllm.adapter.RealVllmScheduler`) whose scheduler
+    serves the sessions, `max_model_len` its configuration's, and `token(rid, index)` the
+    model's output token number `index` of request `rid` in its current turn."""
 
     def __init__(
         self,
@@ -127,7 +127,6 @@ class SessionLedger:
         req = self.impl.submitted[rid]
         self.sessions[rid] = _Session(
             arrival=self.impl.arrival_of[rid],
-            first=request,
             prompt=list(req.prompt_token_ids),
             max_tokens=request.max_tokens,
             stop_after=request.stop_after,
@@ -208,10 +207,7 @@ class SessionLedger:
         self.inputs_applied += 1
         got = list(req.prompt_token_ids)
         if got != session.prompt or list(req.all_token_ids) != session.prompt:
-            at = next(
-                (i for i, (a, b) in enumerate(zip(got, session.prompt, strict=False)) if a != b),
-                min(len(got), len(session.prompt)),
-            )
+            at = first_difference(got, session.prompt)
             raise EngineCoreViolation(
                 "session_prompt",
                 f"after {where} the session's prompt has {len(got)} tokens, expected "
@@ -303,10 +299,7 @@ class SessionLedger:
             expected = expected[: len(tokens)]
             reasons = reasons[: len(session.reasons)]
         if tokens != expected:
-            at = next(
-                (i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b),
-                min(len(tokens), len(expected)),
-            )
+            at = first_difference(tokens, expected)
             raise EngineCoreViolation(
                 "output_content",
                 f"session {rid!r} ({session.turn} turns) produced {len(tokens)} tokens, "
