@@ -34,7 +34,8 @@ SHRUNK = ROOT / "docs" / "shrunk"
 REPORTS = ROOT / "docs" / "upstream-reports.md"
 
 #: Per shrunk program (file stem): the report's title, the `scripts/engine_fixes_diff.py`
-#: target that prints its fix, and the issue it belongs to upstream if one is known.
+#: target that prints its fix, and the issue it belongs to upstream if one is known ("#N" for
+#: an issue, else the words to name it by).
 TITLES: dict[str, tuple[str, str, str | None]] = {
     "vllm-prefix-preempted": (
         "Prefix caching under the priority policy: a request preempted in the step that "
@@ -159,13 +160,14 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "Streaming-input sessions: resumed sessions holding the KV pool, each with its input "
         "and no room for it, wait for each other for good while no request runs",
         "vllm-session",
-        None,
+        "PR #49439 (open; it reclaims the KV of another waiting session instead, reported to "
+        "the workers as a preemption)",
     ),
     "vllm-session-length": (
         "Streaming-input sessions: each input is checked against max_model_len on its own, "
         "and a session is resumed with a prompt that leaves no room for an output",
         "vllm-session-length",
-        None,
+        "issue #42489 (closed as stale) and PR #42502 (open; the same edit)",
     ),
     "vllm-pause-session-between-turns": (
         "Pausing generation (any mode) with a streaming-input session between turns: the "
@@ -372,7 +374,8 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
     run, draws, script, names = _how(record)
     lines = [f"## {number}. {title}", ""]
     if known:
-        lines += [f"Known upstream as vLLM issue {known}: this is a smaller reproduction.", ""]
+        what = f"issue {known}" if known.startswith("#") else known
+        lines += [f"Known upstream as vLLM {what}: this is a smaller reproduction.", ""]
     for fix in lifted:
         lines += [f"The candidate fix, `{fix}`: {SUMMARIES[fix]}.", ""]
     lines += [

@@ -581,7 +581,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """The waiting sessions that hold KV, each with its computed tokens and those it still
         has to compute, and the free blocks (`progress`)."""
         held = [
-            f"{r.request_id} ({r.num_computed_tokens} tokens' KV kept, "
+            f"{r.request_id} ({_count(r.num_computed_tokens, 'token')}' KV kept, "
             f"{r.num_tokens - r.num_computed_tokens} to compute)"
             for r in self.waiting_requests()
             if r.request_id in self.sessions.sessions and r.num_computed_tokens
