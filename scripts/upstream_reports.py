@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.vllm.dllm_arguments import fix_flags, space_flags
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.loop_arguments import FIXES
+from integrations.vllm.trace import counted
 
 ROOT = Path(__file__).resolve().parent.parent
 SHRUNK = ROOT / "docs" / "shrunk"
@@ -363,10 +364,6 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
     return run, draws, "scripts/vllm_shrink.py", names
 
 
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'s' * (n != 1)}"
-
-
 def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
     title, target, known = TITLES[stem]
     lifted = record["lifted_by"].split(" + ")
@@ -381,9 +378,9 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
     lines += [
         run,
         f"- Broken: `{record['rule']}`: {record['shrunk']}",
-        f"- Shrunk from program {record['seed']} ({_count(before['requests'], 'request')}, "
-        f"{_count(before['aborts'], 'abort')}) to {_count(after['requests'], 'request')} and "
-        f"{_count(after['aborts'], 'abort')}, {after['tokens']} prompt and output tokens{draws}",
+        f"- Shrunk from program {record['seed']} ({counted(before['requests'], 'request')}, "
+        f"{counted(before['aborts'], 'abort')}) to {counted(after['requests'], 'request')} and "
+        f"{counted(after['aborts'], 'abort')}, {after['tokens']} prompt and output tokens{draws}",
         "",
         "Reproduce (schedspec), and print the fix as a patch of vLLM's files:",
         "",

@@ -153,6 +153,7 @@ from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
+from integrations.vllm.trace import counted
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
 
@@ -561,7 +562,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         what = (
             "close"
             if item.closes
-            else f"{_count(item.prompt_len, 'token')} in, up to {item.max_tokens} out"
+            else f"{counted(item.prompt_len, 'token')} in, up to {item.max_tokens} out"
         )
         self.note(f"session {rid}: {what}")
         req = self.sched.requests.get(rid)
@@ -581,7 +582,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """The waiting sessions that hold KV, each with its computed tokens and those it still
         has to compute, and the free blocks (`progress`)."""
         held = [
-            f"{r.request_id} ({_count(r.num_computed_tokens, 'token')}' KV kept, "
+            f"{r.request_id} ({counted(r.num_computed_tokens, 'token')}' KV kept, "
             f"{r.num_tokens - r.num_computed_tokens} to compute)"
             for r in self.waiting_requests()
             if r.request_id in self.sessions.sessions and r.num_computed_tokens
@@ -965,10 +966,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             stop_after=spec.stop_after,
             token=lambda i: self.impl._token(rid, i),
         )
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'s' * (n != 1)}"
 
 
 #: Token i of the prompt that `core_program`'s shared prompts are prefixes of.

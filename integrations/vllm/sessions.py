@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
+from integrations.vllm.trace import counted
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
 
@@ -217,7 +218,7 @@ class SessionLedger:
         if len(got) > self.prompt_limit():
             raise EngineCoreViolation(
                 "session_length",
-                f"after {where} ({item.prompt_len} token{'s' * (item.prompt_len != 1)}) the "
+                f"after {where} ({counted(item.prompt_len, 'token')}) the "
                 "session's prompt holds "
                 f"{len(got)} tokens, leaving no room for an output under max_model_len "
                 f"{self.max_model_len}: vLLM's InputProcessor refuses any prompt of "
@@ -258,7 +259,9 @@ class SessionLedger:
             if session.kept is None:
                 continue
             req = self.impl.sched.requests.get(rid)
-            if req is None or req.num_computed_tokens == 0:
+            if req is None:  # ended (aborted) before it ran again
+                session.kept = None
+            elif req.num_computed_tokens == 0:
                 session.kept = None
                 self.dropped += 1
 
@@ -280,8 +283,8 @@ class SessionLedger:
             if kept and start != kept:
                 raise EngineCoreViolation(
                     "session_kv_kept",
-                    f"{where}: {rid!r}, resumed for turn {session.turn} with {kept} tokens' KV "
-                    f"kept, is scheduled from token {start}",
+                    f"{where}: {rid!r}, resumed for turn {session.turn} with "
+                    f"{counted(kept, 'token')}' KV kept, is scheduled from token {start}",
                 )
             self.resumed_with_kv += bool(kept)
 

@@ -15,6 +15,11 @@ _EMPTY = re.compile(r"step (\d+): schedule (\d+): nothing$")
 _NO_TOKEN = re.compile(r"step (\d+): output of schedule (\d+): no token$")
 
 
+def counted(n: int, thing: str) -> str:
+    """`n` and `thing`, plural unless `n` is 1 ("1 token", "3 tokens")."""
+    return f"{n} {thing}{'s' * (n != 1)}"
+
+
 def schedule_line(out: Any, *, canvas: bool = False) -> str:
     """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts, or
     with `canvas` a diffusion canvas, which rides the drafts' field), then the requests
@@ -90,4 +95,4 @@ def _idle(steps: list[int]) -> str:
     return f"steps {first}..{last}: schedule() scheduled nothing"
 
 
-__all__ = ["compact", "output_line", "schedule_line"]
+__all__ = ["compact", "counted", "output_line", "schedule_line"]
