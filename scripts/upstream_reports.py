@@ -161,8 +161,8 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "Streaming-input sessions: resumed sessions holding the KV pool, each with its input "
         "and no room for it, wait for each other for good while no request runs",
         "vllm-session",
-        "PR #49439 (open; it reclaims the KV of another waiting session instead, reported to "
-        "the workers as a preemption)",
+        "PR #49439 (open; it too reclaims a waiting session's KV, in victim order, and reports "
+        "it to the workers as a preemption)",
     ),
     "vllm-session-length": (
         "Streaming-input sessions: each input is checked against max_model_len on its own, "

@@ -19,19 +19,26 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from integrations.patches import FixSet
+from integrations.patches import EngineFix, FixSet
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
 from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
+from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS
 from integrations.vllm.session_length_fix import SESSION_LENGTH, SESSION_LENGTH_FIXES
-from integrations.vllm.session_stall_fix import SESSION_STALL, SESSION_STALL_FIXES
+from integrations.vllm.session_stall_fix import (
+    SESSION_STALL,
+    SESSION_STALL_FIX,
+    SESSION_STALL_FIXES,
+)
 from integrations.vllm.session_state_fix import SESSION_STATE, SESSION_STATE_FIXES
 from integrations.vllm.sessions import SessionInput, SessionLedger, session_program
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -123,6 +130,89 @@ def test_finding_resumed_sessions_holding_the_pool_stall_for_good(async_scheduli
     assert run.reasons == {"r14": "length", "r16": "length"}
 
 
+#: With vLLM's offloading connector (program 630, `--offload-chunks 8 --offload-outputs`,
+#: shrunk): r6, a session on its first turn, heads the queue holding the block a CPU-tier load
+#: wrote (r2's 2 prompt tokens) and needs 3 of the 2 free; r8, resumed, holds its kept token's.
+OFFLOADED_STALL = CoreProgram(
+    ArConfig(block_size=2, num_blocks=5, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=8),
+    arrivals=(
+        (ArRequest("r2", 2, 1, prompt=(100, 101)),),
+        (),
+        (ArRequest("r6", 7, 1, prompt=tuple(range(100, 107))),),
+        (ArRequest("r8", 1, 1),),
+        (),
+    ),
+    aborts=((),) * 5,
+    inputs=((), (), (), (), (SessionInput("r6", 0), SessionInput("r8", 1, 1))),
+)
+
+
+def test_with_the_offloading_connector_the_stall_fix_drops_the_last_session_waiting() -> None:
+    """The stall with a loaded request at the head: released vLLM stalls (sync loop); the fix
+    drops the last session waiting with KV, r8, told as a preemption, and both loops pass, the
+    connector's load and stores checked as for any request."""
+    offloading = LoopOptions(offload_chunks=8, offload_outputs=True, fix=make_fixes([OFFLOAD_HIT]))
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(OFFLOADED_STALL, async_scheduling=False, options=offloading)
+    assert caught.value.rule == "progress", caught.value
+    assert (
+        "sessions waiting with KV: r6 (2 tokens' KV kept, 5 to compute), r8 (1 token's KV kept, "
+        "1 to compute); 2 blocks free" in str(caught.value)
+    )
+    fixed = replace(offloading, fix=make_fixes([SESSION_STALL, OFFLOAD_HIT]))
+    sync, async_ = _both(OFFLOADED_STALL, fixed)
+    assert sync.session_kv_dropped == 1 and sync.offload_loads == 1
+    for run in (sync, async_):
+        assert run.reasons == {"r2": "length", "r6": "length", "r8": "length"}
+
+
+def _stall_fix_variant(name: str, old: str, new: str) -> Callable[[Any], None]:
+    """The stall fix with `old` in its edit made `new`: a seeded bug of how it tells the drop."""
+    module, before, after = SESSION_STALL_FIX.edits[0]
+    assert old in after
+    variant = EngineFix(
+        name, ((module, before, after.replace(old, new)),), SESSION_STALL_FIX.methods
+    )
+    return ScheduleFix(variant).apply
+
+
+def test_preemption_victim_holds_a_drop_told_as_a_preemption_to_the_dropped_session() -> None:
+    """The fix tells its drop as a preemption: `preemption_victim` accepts a reported request
+    that was not running only if it waited holding KV and was left without; a fix that reports
+    the request that found no room (which keeps its KV) instead fails it."""
+    told = "self.reset_preempted_req_ids.add(session.request_id)"
+    wrong = _stall_fix_variant(
+        "reports-the-wrong-request", told, told.replace("session", "request")
+    )
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(STALL, async_scheduling=False, options=LoopOptions(fix=wrong))
+    assert caught.value.rule == "preemption_victim", caught.value
+    assert "preempted 'r14', which was not running []" in str(caught.value)
+    assert "kept its KV or was scheduled" in str(caught.value)
+
+
+def test_a_drop_not_told_as_a_preemption_lets_a_store_job_read_another_requests_kv() -> None:
+    """Why the fix tells its drop: untold, vLLM's offloading connector keeps the dropped
+    session's store job, which reads blocks the pool has given to another request by then
+    (`store_content`, session program 146 with the offloading connector); told, it passes."""
+    told = "self.reset_preempted_req_ids.add(session.request_id)"
+    untold = _stall_fix_variant("drops-untold", told, "pass")
+    hit_fix = make_fixes([OFFLOAD_HIT])
+    assert hit_fix is not None
+
+    def untold_and_hit_fix(sched: Any) -> None:
+        untold(sched)
+        hit_fix(sched)
+
+    options = LoopOptions(offload_chunks=8, offload_outputs=True, fix=untold_and_hit_fix)
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(146), async_scheduling=False, options=options)
+    assert caught.value.rule == "store_content", caught.value
+    assert "not the KV of a key it stores" in str(caught.value)
+    fixed = replace(options, fix=make_fixes([SESSION_STALL, OFFLOAD_HIT]))
+    assert run_loop(session_program(146), async_scheduling=False, options=fixed).session_kv_dropped
+
+
 def test_released_vllm_fails_session_programs_only_by_the_stall() -> None:
     """Without the fix, every failure over the first programs is the stall."""
     rules: dict[str, str] = {}
@@ -182,7 +272,7 @@ def test_with_both_fixes_sessions_past_the_context_pass() -> None:
 @pytest.mark.parametrize(
     ("fixes", "words"),
     [
-        (SESSION_STALL_FIXES, "request_queue.remove_request(request)"),
+        (SESSION_STALL_FIXES, "self.reset_preempted_req_ids.add(session.request_id)"),
         (SESSION_LENGTH_FIXES, "RequestStatus.FINISHED_LENGTH_CAPPED"),
         (SESSION_STATE_FIXES, "if self.has_mamba_layers and request.num_in_flight_tokens"),
     ],

@@ -126,6 +126,8 @@ class BatchQueueLoop(Generic[CountsT]):
         self._schedule_number: dict[int, int] = {}
         self.ever_scheduled: set[str] = set()
         self.running_before: list[str] = []
+        #: Waiting requests that held computed KV before `schedule()` (`record_running`).
+        self.holding_before: set[str] = set()
         #: Requests preempted between `schedule()` calls (a cache reset that preempts the
         #: running requests): the next call's output reports them, not as its own victims.
         self.preempted_between: set[str] = set()
@@ -207,8 +209,12 @@ class BatchQueueLoop(Generic[CountsT]):
 
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
-        """Before `schedule()`: the running queue's order, for `check_decisions`."""
+        """Before `schedule()`: the running queue's order and the waiting requests holding
+        computed KV, for `check_decisions`."""
         self.running_before = [r.request_id for r in self.sched.running]
+        self.holding_before = {
+            r.request_id for r in self.waiting_requests() if r.num_computed_tokens > 0
+        }
 
     def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
         """vLLM's queue order, smaller first: arrival under FCFS, (priority, arrival) under
@@ -247,6 +253,8 @@ class BatchQueueLoop(Generic[CountsT]):
             )
         preempted = set(out.preempted_req_ids or ()) - self.preempted_between
         self.preempted_between = set()
+        self.check_waiting_drops(out, preempted - set(self.running_before), where)
+        preempted &= set(self.running_before)
         if preempted:
             before = self.running_before
             ordered = sorted(before, key=lambda r: self.queue_key(r, True)) if priority else before
@@ -289,6 +297,28 @@ class BatchQueueLoop(Generic[CountsT]):
                     f"(never scheduled, earlier in the {policy} order) still wait",
                 )
         self.ever_scheduled.update(admitted)
+
+    def check_waiting_drops(self, out: Any, dropped: set[str], where: str) -> None:
+        """`preemption_victim` of the requests a call reports preempted that were not running
+        before it: each must have waited holding computed KV (a streaming session's kept KV)
+        and hold none after the call, unscheduled. That is a waiting request's KV dropped and
+        told to the workers and the KV connector as a preemption is (the candidate fix
+        `drop-stalled-session-kv`); released vLLM reports only running requests."""
+        for rid in sorted(dropped):
+            req = self.sched.requests.get(rid)
+            kept = req is not None and req.num_computed_tokens > 0
+            if rid not in self.holding_before or kept or rid in out.num_scheduled_tokens:
+                raise EngineCoreViolation(
+                    "preemption_victim",
+                    f"{where} preempted {rid!r}, which was not running "
+                    f"{list(self.running_before)}"
+                    + (
+                        " and held no computed KV waiting"
+                        if rid not in self.holding_before
+                        else ", and kept its KV or was scheduled: a waiting request's drop "
+                        "frees its KV and leaves it waiting"
+                    ),
+                )
 
     def check_kv_covers(self, out: Any) -> None:
         """`kv_covers_scheduled`: after `schedule()`, every request it scheduled holds blocks

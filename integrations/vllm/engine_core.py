@@ -153,7 +153,7 @@ from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars, script_span
-from integrations.vllm.trace import counted
+from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
 
@@ -582,7 +582,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """The waiting sessions that hold KV, each with its computed tokens and those it still
         has to compute, and the free blocks (`progress`)."""
         held = [
-            f"{r.request_id} ({counted(r.num_computed_tokens, 'token')}' KV kept, "
+            f"{r.request_id} ({counted_of(r.num_computed_tokens, 'token')} KV kept, "
             f"{r.num_tokens - r.num_computed_tokens} to compute)"
             for r in self.waiting_requests()
             if r.request_id in self.sessions.sessions and r.num_computed_tokens

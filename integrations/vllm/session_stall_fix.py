@@ -9,17 +9,19 @@ does not have, `schedule()` leaves it waiting (`allocate_slots` returns None) an
 vLLM frees blocks by finishing or preempting running requests only. With no request running and
 the pool held by sessions that each wait for room (or by those and sessions waiting for input),
 no call ever frees a block: the engine steps on, scheduling nothing, while every such session
-has its input and nothing of theirs runs. Two sessions of 13 and 12 kept tokens in a pool of 26
-blocks of one token, each given a few more tokens, are enough (`docs/shrunk/
-vllm-session-stall.json`).
+has its input and nothing of theirs runs. Two sessions holding 17 of 21 one-token blocks, the
+first needing 5 more of the 4 free, are enough (`docs/shrunk/vllm-session-stall.json`).
 
-The fix: where the waiting loop finds no room for a resumed session that holds KV and no
-request runs, it drops that session's KV as a preemption would (its blocks freed, deferred
-while a step in flight may write them; nothing computed; back to the waiting queue without
-KV), so the others can run; the session recomputes its tokens (or hits the prefix cache) once
-it fits. A session waiting for input keeps its KV, as released vLLM keeps it. Not with a KV
-connector: there the drop would have to be told to the connector as a preemption is (a store
-job may still read those blocks), which the fix does not do; with one the stall stays.
+The fix: where the waiting loop finds no room for a request and no request runs, it drops the
+KV of the last session in the queue that waits with KV (the victim a preemption would pick;
+the request itself if it is the only one; with a KV connector the request may be one whose
+KV a load wrote, waiting for room a session holds) as a preemption would: its blocks freed
+(deferred while a step in flight may write them), nothing computed, no prefill in flight,
+back to the waiting queue without KV, and its id in the next output's `preempted_req_ids`, so
+that the workers forget its state and a KV connector flushes the store jobs that may still
+read those blocks, as for any preemption. The next call retries the request; the session
+recomputes its tokens (or hits a cache) once it fits. A session waiting for input keeps its
+KV, as released vLLM keeps it.
 
 It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`SESSION_STALL_FIXES`):
 `fix_as_diff()` prints it as a patch, and `apply_session_stall_fix(sched)` gives one built
@@ -54,21 +56,35 @@ _NO_ROOM_DROPS_A_STALLED_SESSION = (
     "                    # manager\n"
     "                    if request.has_encoder_inputs:\n"
     "                        self.encoder_cache_manager.free(request)\n"
-    "                    # A resumed streaming session holds its kept tokens' KV. With\n"
-    "                    # no request running nothing else frees blocks, and sessions\n"
-    "                    # holding the pool would wait for each other for good: drop\n"
-    "                    # this one's KV, as a preemption would, so the others can run.\n"
-    "                    if (\n"
-    "                        not self.running\n"
-    "                        and self.connector is None\n"
-    "                        and request.resumable\n"
-    "                        and request.num_computed_tokens > 0\n"
-    "                    ):\n"
-    "                        request_queue.remove_request(request)\n"
-    "                        self.deferred_waiting.discard(request)\n"
-    "                        self._free_request_blocks(request)\n"
-    "                        request.num_computed_tokens = 0\n"
-    "                        self._enqueue_waiting_request(request)\n"
+    "                    # A streaming session waiting to resume holds its KV. With no\n"
+    "                    # request running nothing else frees blocks, and requests\n"
+    "                    # waiting with KV would wait for each other for good: drop\n"
+    "                    # the KV of the last such session in the queue (the victim a\n"
+    "                    # preemption would pick; this one if it is the only one), as a\n"
+    "                    # preemption would, so the others can run.\n"
+    "                    stalled = [\n"
+    "                        r\n"
+    "                        for r in reversed(list(self.kv_holding_waiting))\n"
+    "                        if r.resumable\n"
+    "                        and r.status == RequestStatus.WAITING\n"
+    "                        and r.num_computed_tokens > 0\n"
+    "                    ]\n"
+    "                    if not self.running and stalled:\n"
+    "                        session = stalled[0]\n"
+    "                        self.kv_holding_waiting.remove_request(session)\n"
+    "                        self.deferred_waiting.discard(session)\n"
+    "                        if self.aux_output_connector is not None:\n"
+    "                            self.aux_output_connector.request_finished(session)\n"
+    "                        self._free_request_blocks(session)\n"
+    "                        self.encoder_cache_manager.free(session)\n"
+    "                        self._pending_encoder_input_ids.pop(session.request_id, None)\n"
+    "                        # else its prefill, counted in flight, reserves blocks\n"
+    "                        self._inflight_prefills.discard(session)\n"
+    "                        session.num_computed_tokens = 0\n"
+    "                        self._enqueue_waiting_request(session)\n"
+    "                        # Tell the workers and the KV connector, as a preemption\n"
+    "                        # is told: a store job may still read those blocks.\n"
+    "                        self.reset_preempted_req_ids.add(session.request_id)\n"
     "                    break\n"
 )
 
@@ -77,8 +93,8 @@ SESSION_STALL_FIX = EngineFix(
     ((MODULE, _NO_ROOM, _NO_ROOM_DROPS_A_STALLED_SESSION),),
     ((MODULE, "Scheduler.schedule"),),
     "streaming-input sessions holding the KV pool, each with input and no room for it, wait "
-    "for each other for good: with no request running, drop the KV of a resumed session that "
-    "finds no room",
+    "for each other for good: when a request finds no room and no request runs, the last "
+    "session waiting with KV gives it up, told as a preemption",
 )
 SESSION_STALL_SCHEDULE = ScheduleFix(SESSION_STALL_FIX)
 SESSION_STALL_FIXES = SESSION_STALL_SCHEDULE.fix_set

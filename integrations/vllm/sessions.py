@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
-from integrations.vllm.trace import counted
+from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
 
@@ -284,7 +284,7 @@ class SessionLedger:
                 raise EngineCoreViolation(
                     "session_kv_kept",
                     f"{where}: {rid!r}, resumed for turn {session.turn} with "
-                    f"{counted(kept, 'token')}' KV kept, is scheduled from token {start}",
+                    f"{counted_of(kept, 'token')} KV kept, is scheduled from token {start}",
                 )
             self.resumed_with_kv += bool(kept)
 

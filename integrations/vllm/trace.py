@@ -20,6 +20,11 @@ def counted(n: int, thing: str) -> str:
     return f"{n} {thing}{'s' * (n != 1)}"
 
 
+def counted_of(n: int, thing: str) -> str:
+    """`counted` as a possessive ("1 token's", "3 tokens'")."""
+    return counted(n, thing) + ("'s" if n == 1 else "'")
+
+
 def schedule_line(out: Any, *, canvas: bool = False) -> str:
     """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts, or
     with `canvas` a diffusion canvas, which rides the drafts' field), then the requests
@@ -95,4 +100,4 @@ def _idle(steps: list[int]) -> str:
     return f"steps {first}..{last}: schedule() scheduled nothing"
 
 
-__all__ = ["compact", "counted", "output_line", "schedule_line"]
+__all__ = ["compact", "counted", "counted_of", "output_line", "schedule_line"]
