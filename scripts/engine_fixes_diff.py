@@ -61,6 +61,7 @@ from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIXES
+from integrations.vllm.session_grammar_fix import SESSION_GRAMMAR_FIXES
 from integrations.vllm.session_length_fix import SESSION_LENGTH_FIXES
 from integrations.vllm.session_stall_fix import SESSION_STALL_FIXES
 from integrations.vllm.session_state_fix import SESSION_STATE_FIXES
@@ -80,6 +81,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-pause": (RESET_HOLDERS_FIXES, RESET_HOLDERS_FIXES.names),
     "vllm-session": (SESSION_STALL_FIXES, SESSION_STALL_FIXES.names),
     "vllm-session-length": (SESSION_LENGTH_FIXES, SESSION_LENGTH_FIXES.names),
+    "vllm-session-grammar": (SESSION_GRAMMAR_FIXES, SESSION_GRAMMAR_FIXES.names),
     "vllm-session-state": (SESSION_STATE_FIXES, SESSION_STATE_FIXES.names),
 }
 

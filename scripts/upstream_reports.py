@@ -183,6 +183,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-session-state",
         None,
     ),
+    "vllm-session-grammar": (
+        "Streaming-input sessions with structured output: a later input's grammar is dropped "
+        "(StreamingUpdate does not carry it) and the session keeps its first input's, done "
+        "after the first turn, so the later turn samples unconstrained",
+        "vllm-session-grammar",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

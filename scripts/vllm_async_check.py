@@ -20,7 +20,7 @@
                 forget-stale-window,whole-window-chunks,announce-cpu-reset,
                 count-recorded-stores,stop-mid-block-chunks,reset-loaded-holders,
                 drop-stalled-session-kv,end-session-at-model-len,
-                recompute-session-state} ...]
+                recompute-session-state,own-grammar-per-input} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -41,9 +41,10 @@ followed by tokens other than those the cached block holds) or
 `integrations.vllm.sessions.session_program(seed)` (`sessions`: the random programs with every
 other request a streaming-input session given one or two later inputs and closed;
 `sessions-past-context` lets a session's prompt grow past `max_model_len`; `--fix
-drop-stalled-session-kv`, `end-session-at-model-len` and `recompute-session-state` are the
-candidate fixes of their findings). `--fix uncache-preempted` applies
-that candidate fix (`integrations.vllm.preempted_cache_fix`) to the scheduler of both loops.
+drop-stalled-session-kv`, `end-session-at-model-len`, `recompute-session-state` and
+`own-grammar-per-input` are the candidate fixes of their findings). `--fix
+uncache-preempted` applies that candidate fix (`integrations.vllm.preempted_cache_fix`) to the
+scheduler of both loops.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
 `draft_model` reserve lookahead slots and let the async loop skip drafting; vLLM refuses a

@@ -1,15 +1,17 @@
 """Streaming-input sessions on vLLM 0.33.0's engine-core loop (`integrations.vllm.sessions`;
 `--programs-from sessions`): one request id fed several inputs, its KV kept between turns.
 
-Released vLLM serves them with every rule holding but three findings: resumed sessions holding
+Released vLLM serves them with every rule holding but four findings: resumed sessions holding
 the KV pool, each with input and no room for it, stall for good while no request runs
 (`progress`; the candidate fix `drop-stalled-session-kv` lifts it); a session's inputs are
 checked against `max_model_len` one by one, so a session is resumed with a prompt that leaves
 no room for an output (`session_length`; then scheduled past its blocks, or never scheduled
-again; the candidate fix `end-session-at-model-len` lifts it); and on a hybrid model under
-async scheduling a turn's dropped step in flight has already advanced the session's Mamba
-state, which the next turn resumes from (`kv_written`; the candidate fix
-`recompute-session-state` lifts it). The rules of sessions have seeded bugs: a next input that
+again; the candidate fix `end-session-at-model-len` lifts it); on a hybrid model under async
+scheduling a turn's dropped step in flight has already advanced the session's Mamba state,
+which the next turn resumes from (`kv_written`; the candidate fix `recompute-session-state`
+lifts it); and with structured output a later input's grammar is dropped and the session
+keeps its first input's, done after the first turn (`grammar_mask`; the candidate fix
+`own-grammar-per-input` lifts it). The rules of sessions have seeded bugs: a next input that
 keeps the turn's last sampled token (`session_prompt`) and one that frees the kept KV
 (`session_kv_kept`).
 
@@ -33,6 +35,7 @@ from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS
+from integrations.vllm.session_grammar_fix import SESSION_GRAMMAR, SESSION_GRAMMAR_FIXES
 from integrations.vllm.session_length_fix import SESSION_LENGTH, SESSION_LENGTH_FIXES
 from integrations.vllm.session_stall_fix import (
     SESSION_STALL,
@@ -275,8 +278,9 @@ def test_with_both_fixes_sessions_past_the_context_pass() -> None:
         (SESSION_STALL_FIXES, "self.reset_preempted_req_ids.add(session.request_id)"),
         (SESSION_LENGTH_FIXES, "RequestStatus.FINISHED_LENGTH_CAPPED"),
         (SESSION_STATE_FIXES, "if self.has_mamba_layers and request.num_in_flight_tokens"),
+        (SESSION_GRAMMAR_FIXES, "update.structured_output_request = request.structured_output"),
     ],
-    ids=[SESSION_STALL, SESSION_LENGTH, SESSION_STATE],
+    ids=[SESSION_STALL, SESSION_LENGTH, SESSION_STATE, SESSION_GRAMMAR],
 )
 def test_each_fix_is_one_patch_of_vllms_scheduler(
     tmp_path: Path, fixes: FixSet, words: str
@@ -382,18 +386,66 @@ def test_a_session_input_is_a_typed_error_when_malformed() -> None:
         CoreProgram(ArConfig(), arrivals=((),), aborts=((),), inputs=((), ()))
 
 
-def test_sessions_beside_structured_output_or_schedspecs_connector_are_refused(
+def test_sessions_beside_schedspecs_connector_reasoning_or_late_grammars_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A typed error from the loop, and the sweep's usage error (exit 2, one line)."""
-    for options in (LoopOptions(structured_output=True), LoopOptions(kv_connector="recompute")):
+    for options in (
+        LoopOptions(kv_connector="recompute"),
+        LoopOptions(structured_output=True, reasoning=True),
+        LoopOptions(structured_output=True, late_grammars=True),
+    ):
         with pytest.raises(ConfigError) as err:
             run_loop(session_program(1), async_scheduling=False, options=options)
         assert err.value.field == "inputs", err.value
     script = load_script("vllm_async_check")
     with pytest.raises(SystemExit) as exit_:
-        script.main(["--programs", "1", "--programs-from", "sessions", "--structured-output"])
+        script.main(
+            ["--programs", "1", "--programs-from", "sessions", "--kv-connector", "recompute"]
+        )
     assert exit_.value.code == 2
-    assert "--programs-from sessions: not with --kv-connector or --structured-output" in (
+    assert "--programs-from sessions: not with --kv-connector, --reasoning or --late-grammars" in (
         capsys.readouterr().err
     )
+
+
+#: A guided session (the first request submitted is guided): one output, then one input that
+#: asks for a grammar of its own turn's output.
+GUIDED_SESSION = CoreProgram(
+    ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=8, max_model_len=16),
+    arrivals=((ArRequest("a", 2, 1),), *(((),) * 5)),
+    aborts=((),) * 6,
+    inputs=((), (), (SessionInput("a", 1, 2),), (), (SessionInput("a", 0),), ()),
+)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_finding_a_guided_sessions_later_turn_keeps_its_first_inputs_grammar(
+    async_scheduling: bool,
+) -> None:
+    """`EngineCore` compiles each input's grammar, but `StreamingUpdate` carries the prompt,
+    `max_tokens` and sampling params alone: the session keeps its first input's grammar, done
+    after turn 1, so turn 2 samples unconstrained (`grammar_mask`)."""
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            GUIDED_SESSION,
+            async_scheduling=async_scheduling,
+            options=LoopOptions(structured_output=True),
+        )
+    assert caught.value.rule == "grammar_mask", caught.value
+    assert (
+        "'a' samples output 1 under bitmask row 0, which allows every token (unconstrained)"
+        in str(caught.value)
+    )
+    assert "in turn 2 of its session" in str(caught.value)
+    # without the later input the session's one turn is guided as any request's
+    single = replace(GUIDED_SESSION, inputs=((),) * 4 + ((SessionInput("a", 0),),) + ((),))
+    run = run_loop(
+        single, async_scheduling=async_scheduling, options=LoopOptions(structured_output=True)
+    )
+    assert run.guided_rows >= 1 and run.reasons == {"a": "length"}
+    # with each input's own grammar the later turn is guided too, and the session drains
+    fixed = LoopOptions(structured_output=True, fix=make_fixes([SESSION_GRAMMAR]))
+    both = run_loop(GUIDED_SESSION, async_scheduling=async_scheduling, options=fixed)
+    assert both.guided_rows == run.guided_rows + 2, (both.guided_rows, run.guided_rows)
+    assert both.reasons == {"a": "length"} and len(both.outputs["a"]) == 1 + 2

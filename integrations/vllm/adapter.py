@@ -858,12 +858,18 @@ def output_token(
     else one fixed by the arrival and the index; in a later turn of a streaming-input session
     (`turn` > 1, no stop token) one fixed by the arrival, the turn and the index."""
     if turn > 1:
-        return OUTPUT_BASE + arrival * (1 << 32) + (turn - 1) * (1 << TURN_SHIFT) + index
+        return session_output_token(arrival, turn, index)
     if request.stop_after is not None and index == request.stop_after:
         return STOP_BASE + arrival
     if index == reasoning_end_at:
         return structured.REASONING_END
     return OUTPUT_BASE + arrival * (1 << 32) + index
+
+
+def session_output_token(arrival: int, turn: int, index: int) -> int:
+    """Output token number `index` (1-based) of turn `turn` > 1 of the streaming-input session
+    submitted `arrival`-th (`output_token` of a later turn)."""
+    return OUTPUT_BASE + arrival * (1 << 32) + (turn - 1) * (1 << TURN_SHIFT) + index
 
 
 def guided_script(

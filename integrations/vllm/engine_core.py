@@ -495,6 +495,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 async_scheduling=async_scheduling,
                 explicit_drafts=structured_output,
                 keyed_drafts=keyed_drafts,
+                turn_of=self.impl.turn_of,
             )
             if speculative_tokens
             else None
@@ -610,15 +611,19 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def run(self, program: CoreProgram) -> CoreRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did. `ConfigError` for
-        sessions beside structured output or schedspec's KV connector (the grammars' scripts
-        and the connector's draws do not follow a session's turns)."""
+        sessions beside schedspec's KV connector, reasoning or grammars that compile late (the
+        connector's draws, the reasoning script and a grammar that fails do not follow a
+        session's turns)."""
         self._session_ids = sessions_of(program.inputs)
-        if self._session_ids and (self.impl.structured_output or self.remote is not None):
+        if self._session_ids and (
+            self.remote is not None or self.impl.reasoning or self.late is not None
+        ):
             raise ConfigError(
                 "inputs",
                 f"{len(self._session_ids)} sessions",
-                "none with structured output or schedspec's KV connector (their models do not "
-                "follow a session's turns); vLLM's offloading connector serves them",
+                "none with schedspec's KV connector, reasoning or late grammars (their models "
+                "do not follow a session's turns); vLLM's offloading connector and structured "
+                "output serve them",
             )
         self.play(
             program.arrivals,
@@ -789,7 +794,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             for rid in out.num_scheduled_tokens:
                 req = requests.get(rid)  # None: finished by the output applied before (deferred)
                 if req is not None and req.use_structured_output and not req.is_prefill_chunk:
-                    rows.check(rid, next_output_index(req), 1, script_span(req))
+                    turn = self.impl.turn_of.get(rid, 1)
+                    rows.check(rid, next_output_index(req), 1, script_span(req), turn)
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
         self.n.guided_rows += rows.checked
         self.n.reasoning_rows += rows.reasoning

@@ -51,14 +51,15 @@ class GrammarRows:
         """How many of `drafts` the request may accept: all without a grammar."""
         return min(drafts, self.acceptable.get(rid, drafts))
 
-    def check(self, rid: str, first: int, count: int, span: tuple[int, int]) -> None:
+    def check(self, rid: str, first: int, count: int, span: tuple[int, int], turn: int = 1) -> None:
         """`grammar_mask`: request `rid` (structured) samples outputs first..first + count - 1
         from its rows 0..count - 1; its grammar constrains outputs `span` = (start, end). Each
         row for an output in the span must allow the class of that output alone, as the grammar
         stands after the outputs before it; a row for an output before the span (reasoning,
         which vLLM leaves unconstrained) must allow every token. Past `end` the grammar is done
         and vLLM drops what is sampled (a bonus token past `max_tokens` or the stop token), so
-        those rows may allow anything."""
+        those rows may allow anything. `turn` > 1: a streaming-input session's later turn,
+        whose input asked for a grammar of that turn's outputs (named in the message)."""
         start, end = span
         count = min(count, end - first + 1)
         if count <= 0:
@@ -94,7 +95,8 @@ class GrammarRows:
                 raise EngineCoreViolation(
                     "grammar_mask",
                     f"{rid!r} samples output {index} under bitmask row {j}, which allows "
-                    f"{_describe(allowed)}; its grammar after {index - start} outputs allows "
+                    f"{_describe(allowed)}; its grammar after {index - start} outputs"
+                    f"{f' in turn {turn} of its session' if turn > 1 else ''} allows "
                     f"class {want} alone{_state_of(allowed)}",
                 )
             self.checked += 1

@@ -46,6 +46,7 @@ from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIX
 from integrations.vllm.same_step_programs import same_step_program
+from integrations.vllm.session_grammar_fix import SESSION_GRAMMAR_FIX
 from integrations.vllm.session_length_fix import SESSION_LENGTH_FIX
 from integrations.vllm.session_stall_fix import SESSION_STALL_FIX
 from integrations.vllm.session_state_fix import SESSION_STATE_FIX
@@ -81,6 +82,7 @@ FIXES = {
         SESSION_STALL_FIX,
         SESSION_LENGTH_FIX,
         SESSION_STATE_FIX,
+        SESSION_GRAMMAR_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -401,11 +403,11 @@ def loop_options(
     if args.pauses is not None and args.kv_connector:
         parser.error("--pauses: not with --kv-connector")
     if getattr(args, "programs_from", "").startswith("sessions") and (
-        args.kv_connector is not None or args.structured_output
+        args.kv_connector or args.reasoning or args.late_grammars
     ):
         parser.error(
-            f"--programs-from {args.programs_from}: not with --kv-connector or "
-            "--structured-output (their models do not follow a session's turns)"
+            f"--programs-from {args.programs_from}: not with --kv-connector, --reasoning or "
+            "--late-grammars (their models do not follow a session's turns)"
         )
     if args.loras < 0:
         parser.error("--loras: an int >= 0")

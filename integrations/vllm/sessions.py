@@ -38,7 +38,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from integrations.vllm.adapter import session_output_token
 from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
+from integrations.vllm.structured import grammar_params
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
@@ -143,7 +145,16 @@ class SessionLedger:
             return False
         turn = session.turn + len(session.pending) + 1
         tokens = input_tokens(session.arrival, turn, item.prompt_len) if item.prompt_len else [0]
-        params = v.sampling.SamplingParams(max_tokens=max(item.max_tokens, 1), ignore_eos=True)
+        # a guided session's input asks for a grammar of its own turn's outputs
+        guided = not item.closes and self.impl.submitted[item.request_id].use_structured_output
+        script = [
+            session_output_token(session.arrival, turn, i) for i in range(1, item.max_tokens + 1)
+        ]
+        params = v.sampling.SamplingParams(
+            max_tokens=max(item.max_tokens, 1),
+            ignore_eos=True,
+            structured_outputs=grammar_params(v, script) if guided else None,
+        )
         request = v.request.Request(
             request_id=item.request_id,
             prompt_token_ids=tokens,
@@ -160,6 +171,8 @@ class SessionLedger:
         if not item.closes:
             session.pending.append(item)
             self.inputs_queued += not waiting
+        if guided:  # as `EngineCore.add_request` compiles it before the scheduler sees it
+            self.impl.sched.structured_output_manager.grammar_init(request)
         self.impl.sched.add_request(request)
         if item.closes and waiting:
             self.closed_waiting += 1

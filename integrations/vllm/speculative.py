@@ -55,7 +55,7 @@ in execution order.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,8 +99,11 @@ class SpeculativeModel:
         async_scheduling: bool,
         explicit_drafts: bool = False,
         keyed_drafts: bool = False,
+        turn_of: Mapping[str, int] | None = None,
     ) -> None:
         self.sched = sched
+        #: A streaming-input session's current turn, by request id (`grammar_mask` names it).
+        self.turn_of: Mapping[str, int] = turn_of if turn_of is not None else {}
         self.k = k
         self.rnd: random.Random = random.Random(seed)
         self.token = token
@@ -228,7 +231,9 @@ class SpeculativeModel:
                 self.decoding.add(rid)
                 valid[rid] = (starts[rid], n - len(drafts))
             if req.use_structured_output:
-                (rows or GrammarRows(None)).check(rid, base + 1, accepted + 1, script_span(req))
+                (rows or GrammarRows(None)).check(
+                    rid, base + 1, accepted + 1, script_span(req), self.turn_of.get(rid, 1)
+                )
             sampled.append([self.token(rid, base + 1 + j) for j in range(accepted + 1)])
             self.produced[rid] = base + accepted + 1
             if drafts:

@@ -1,0 +1,89 @@
+"""A candidate fix for vLLM 0.33.0's streaming-input sessions with structured output: a later
+input's grammar is dropped. Applied to one built scheduler so that the engine-core checks can
+validate it.
+
+The finding (docs/engines.md, "Streaming-input sessions"): `EngineCore` compiles the grammar of
+every request it is given (`grammar_init`), a session's later input too, but the scheduler
+turns that input into a `StreamingUpdate`, which carries its prompt, `max_tokens`, arrival and
+sampling params alone. `_update_request_as_session` takes the new sampling params and keeps
+the session's `structured_output_request`: the first input's grammar, which has accepted the
+whole first turn (the last sampled token too, which the session then discards). Once that
+grammar is done vLLM fills no bitmask row for it, so the later turn samples unconstrained, and
+its first token is refused by the finished grammar (`accept_tokens`), which ends the session
+with an error; a first turn cut by `max_tokens` leaves the grammar mid-way, constraining the
+later turn by where the first stopped.
+
+The fix gives each input its own grammar: `add_request` puts the input's compiled
+`structured_output_request` on its `StreamingUpdate`, and `_update_request_as_session` installs
+it (none if the input asks for none), the session waiting for it as a new request does
+(`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`) while it still compiles.
+
+It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`SESSION_GRAMMAR_FIXES`):
+`fix_as_diff()` prints it as a patch, and `apply_session_grammar_fix(sched)` gives one built
+scheduler the edited methods through a subclass of its class. `FixDoesNotApply` if vLLM's
+file no longer has the statements the fix edits.
+"""
+
+from __future__ import annotations
+
+from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
+from integrations.vllm.patches import ScheduleFix
+
+SESSION_GRAMMAR = "own-grammar-per-input"
+
+#: `add_request`: a later input of a session becomes a `StreamingUpdate`.
+_UPDATE = "            update = StreamingUpdate.from_request(request)\n"
+_UPDATE_WITH_ITS_GRAMMAR = (
+    "            update = StreamingUpdate.from_request(request)\n"
+    "            if update is not None:\n"
+    "                # The input's own grammar, compiled for it, goes with it.\n"
+    "                update.structured_output_request = request.structured_output_request\n"
+)
+#: `_update_request_as_session`: the input's sampling params replace the session's.
+_TAKE_PARAMS = "        session.sampling_params = update.sampling_params\n"
+_TAKE_PARAMS_AND_GRAMMAR = (
+    "        session.sampling_params = update.sampling_params\n"
+    "        # Each input's own grammar constrains its turn (none if it asks for none).\n"
+    "        session.structured_output_request = getattr(\n"
+    '            update, "structured_output_request", None\n'
+    "        )\n"
+)
+#: `_update_request_as_session`: the session waits to be scheduled.
+_WAITS = "        session.status = RequestStatus.WAITING\n"
+_WAITS_FOR_ITS_GRAMMAR = (
+    "        session.status = RequestStatus.WAITING\n"
+    "        grammar = session.structured_output_request\n"
+    "        if grammar is not None and grammar.grammar is None:\n"
+    "            # still compiling: wait for it, as a new request does\n"
+    "            session.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR\n"
+)
+
+SESSION_GRAMMAR_FIX = EngineFix(
+    SESSION_GRAMMAR,
+    (
+        (MODULE, _UPDATE, _UPDATE_WITH_ITS_GRAMMAR),
+        (MODULE, _TAKE_PARAMS, _TAKE_PARAMS_AND_GRAMMAR),
+        (MODULE, _WAITS, _WAITS_FOR_ITS_GRAMMAR),
+    ),
+    ((MODULE, "Scheduler.add_request"), (MODULE, "Scheduler._update_request_as_session")),
+    "a streaming-input session keeps its first input's grammar, done after the first turn, "
+    "and drops each later input's: give each input its own grammar",
+)
+SESSION_GRAMMAR_SCHEDULE = ScheduleFix(SESSION_GRAMMAR_FIX)
+SESSION_GRAMMAR_FIXES = SESSION_GRAMMAR_SCHEDULE.fix_set
+
+#: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
+apply_session_grammar_fix = SESSION_GRAMMAR_SCHEDULE.apply
+#: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
+fix_as_diff = SESSION_GRAMMAR_SCHEDULE.as_diff
+
+__all__ = [
+    "SESSION_GRAMMAR",
+    "SESSION_GRAMMAR_FIX",
+    "SESSION_GRAMMAR_FIXES",
+    "SESSION_GRAMMAR_SCHEDULE",
+    "FixDoesNotApply",
+    "apply_session_grammar_fix",
+    "fix_as_diff",
+]
