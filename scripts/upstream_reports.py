@@ -188,7 +188,7 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "(StreamingUpdate does not carry it) and the session keeps its first input's, done "
         "after the first turn, so the later turn samples unconstrained",
         "vllm-session-grammar",
-        None,
+        "PR #57685 (open; the same edit)",
     ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
