@@ -195,6 +195,7 @@ COUNTS = (
     "sessions_closed_waiting",
     "session_turns_on_kept_kv",
     "session_kv_dropped",
+    "session_inputs_awaiting_grammar",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -254,6 +255,7 @@ MEANING = {
     "sessions_closed_waiting": "sessions closed while waiting for input",
     "session_turns_on_kept_kv": "turns resumed on the session's kept KV",
     "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
+    "session_inputs_awaiting_grammar": "inputs applied before their grammar compiled",
 }
 
 

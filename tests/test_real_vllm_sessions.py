@@ -30,12 +30,22 @@ import pytest
 from integrations.patches import EngineFix, FixSet
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
-from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    CoreRun,
+    EngineCoreLoop,
+    LoopOptions,
+    run_loop,
+)
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS
-from integrations.vllm.session_grammar_fix import SESSION_GRAMMAR, SESSION_GRAMMAR_FIXES
+from integrations.vllm.session_grammar_fix import (
+    SESSION_GRAMMAR,
+    SESSION_GRAMMAR_FIX,
+    SESSION_GRAMMAR_FIXES,
+)
 from integrations.vllm.session_length_fix import SESSION_LENGTH, SESSION_LENGTH_FIXES
 from integrations.vllm.session_stall_fix import (
     SESSION_STALL,
@@ -44,6 +54,7 @@ from integrations.vllm.session_stall_fix import (
 )
 from integrations.vllm.session_state_fix import SESSION_STATE, SESSION_STATE_FIXES
 from integrations.vllm.sessions import SessionInput, SessionLedger, session_program
+from integrations.vllm.spec_pad_fix import SPEC_PAD
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
@@ -386,14 +397,114 @@ def test_a_session_input_is_a_typed_error_when_malformed() -> None:
         CoreProgram(ArConfig(), arrivals=((),), aborts=((),), inputs=((), ()))
 
 
-def test_sessions_beside_schedspecs_connector_reasoning_or_late_grammars_are_refused(
+def _late_guided_session(async_scheduling: bool, fix: Callable[[Any], None]) -> CoreRun:
+    """`GUIDED_SESSION` with every grammar compiling 3 engine steps late, under `fix`."""
+    loop = EngineCoreLoop(
+        GUIDED_SESSION.config,
+        async_scheduling=async_scheduling,
+        mutate=fix,
+        structured_output=True,
+        late_grammars=True,
+    )
+    assert loop.late is not None
+    loop.late.draw = lambda rid: (3, False)
+    return loop.run(GUIDED_SESSION)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_grammar_fix_waits_for_an_inputs_grammar_still_compiling(
+    async_scheduling: bool,
+) -> None:
+    """The input arrives while the session waits for input, so the fix applies it at once,
+    its grammar 3 steps from compiled: the session waits for it as a new request does, and
+    both turns are guided. A variant that installs the grammar without waiting for it has
+    vLLM schedule the turn with no grammar yet, and its bitmask raises (the synchronous loop;
+    the asynchronous one applies the input a step later, and the grammar is ready by then)."""
+    fixed = make_fixes([SESSION_GRAMMAR])
+    assert fixed is not None
+    run = _late_guided_session(async_scheduling, fixed)
+    assert run.session_inputs_awaiting_grammar == 1 and run.grammar_waits >= 1
+    assert run.reasons == {"a": "length"} and len(run.outputs["a"]) == 3
+    _, before, after = SESSION_GRAMMAR_FIX.edits[2]
+    no_wait = EngineFix(
+        "installs-without-waiting",
+        (*SESSION_GRAMMAR_FIX.edits[:2], (SESSION_GRAMMAR_FIX.edits[2][0], before, before)),
+        SESSION_GRAMMAR_FIX.methods,
+    )
+    assert after != before
+    if async_scheduling:
+        return
+    with pytest.raises(EngineCoreViolation) as caught:
+        _late_guided_session(async_scheduling, ScheduleFix(no_wait).apply)
+    assert caught.value.rule == "implementation_error", caught.value
+    assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
+
+
+def test_the_grammar_fix_gives_no_row_to_a_session_whose_next_grammar_compiles() -> None:
+    """Under async scheduling a batch scheduled for the turn that ended may be sampled after
+    the next input was applied, its grammar still compiling (session program 347 with late
+    grammars): the fix's `get_grammar_bitmask` gives that session no row (the batch's output
+    is dropped); a variant without that edit has vLLM's bitmask raise on the pending grammar."""
+    options = LoopOptions(
+        structured_output=True,
+        late_grammars=True,
+        fix=make_fixes([SESSION_STALL, SESSION_GRAMMAR]),
+    )
+    run = run_loop(session_program(347), async_scheduling=True, options=options)
+    assert run.session_inputs_awaiting_grammar >= 1
+    without_rows_edit = EngineFix(
+        "no-rows-edit", SESSION_GRAMMAR_FIX.edits[:3], SESSION_GRAMMAR_FIX.methods[:2]
+    )
+    stall_fix = make_fixes([SESSION_STALL])
+    assert stall_fix is not None
+
+    def variant(sched: Any) -> None:
+        stall_fix(sched)
+        ScheduleFix(without_rows_edit).apply(sched)
+
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(347), async_scheduling=True, options=replace(options, fix=variant))
+    assert caught.value.rule == "implementation_error", caught.value
+    assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
+
+
+def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compiles() -> None:
+    """With drafts, the step of the turn that ended may hand back drafts after the next input
+    was applied (session program 55, synchronous loop): the fix drops them rather than check
+    them against a grammar still compiling; a variant without that edit has vLLM's
+    `update_draft_token_ids` raise."""
+    options = LoopOptions(
+        structured_output=True,
+        late_grammars=True,
+        speculative_tokens=2,
+        fix=make_fixes([SESSION_STALL, SESSION_GRAMMAR, SPEC_PAD]),
+    )
+    run = run_loop(session_program(55), async_scheduling=False, options=options)
+    assert run.session_inputs_awaiting_grammar >= 1
+    edits = SESSION_GRAMMAR_FIX.edits
+    without_drafts_edit = EngineFix(
+        "no-drafts-edit", (*edits[:4], edits[5]), SESSION_GRAMMAR_FIX.methods
+    )
+    others = make_fixes([SESSION_STALL, SPEC_PAD])
+    assert others is not None
+
+    def variant(sched: Any) -> None:
+        others(sched)
+        ScheduleFix(without_drafts_edit).apply(sched)
+
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(55), async_scheduling=False, options=replace(options, fix=variant))
+    assert caught.value.rule == "implementation_error", caught.value
+    assert "vLLM raised in update_draft_token_ids" in str(caught.value)
+
+
+def test_sessions_beside_schedspecs_connector_or_reasoning_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A typed error from the loop, and the sweep's usage error (exit 2, one line)."""
     for options in (
         LoopOptions(kv_connector="recompute"),
         LoopOptions(structured_output=True, reasoning=True),
-        LoopOptions(structured_output=True, late_grammars=True),
     ):
         with pytest.raises(ConfigError) as err:
             run_loop(session_program(1), async_scheduling=False, options=options)
@@ -404,7 +515,7 @@ def test_sessions_beside_schedspecs_connector_reasoning_or_late_grammars_are_ref
             ["--programs", "1", "--programs-from", "sessions", "--kv-connector", "recompute"]
         )
     assert exit_.value.code == 2
-    assert "--programs-from sessions: not with --kv-connector, --reasoning or --late-grammars" in (
+    assert "--programs-from sessions: not with --kv-connector or --reasoning" in (
         capsys.readouterr().err
     )
 

@@ -152,7 +152,7 @@ from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
-from integrations.vllm.structured import LateGrammars, script_span
+from integrations.vllm.structured import LateGrammars, samples_under_grammar, script_span
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
@@ -273,6 +273,7 @@ class CoreRun:
     sessions_closed_waiting: int = 0  # sessions closed while they waited for input
     session_turns_on_kept_kv: int = 0  # turns resumed on the session's kept KV
     session_kv_dropped: int = 0  # resumed sessions whose kept KV was dropped before they ran
+    session_inputs_awaiting_grammar: int = 0  # inputs applied before their grammar compiled
 
 
 @dataclass
@@ -510,6 +511,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             late = LateGrammars(self.sched, draft_seed)
             self.late = late
             self.impl.compile_grammar = lambda req: late.submit(req, self.n.engine_steps)
+            self.sessions.compile_grammar = lambda req: late.submit(
+                req, self.n.engine_steps, may_fail=False
+            )
         self._valid: dict[str, tuple[int, int]] | None = None
         #: per batch output (its id): the synchronous loads it ran that failed in a block
         self._failed_sync: dict[int, list[Any]] = {}
@@ -611,19 +615,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def run(self, program: CoreProgram) -> CoreRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did. `ConfigError` for
-        sessions beside schedspec's KV connector, reasoning or grammars that compile late (the
-        connector's draws, the reasoning script and a grammar that fails do not follow a
-        session's turns)."""
+        sessions beside schedspec's KV connector or reasoning (the connector's draws and the
+        reasoning script do not follow a session's turns)."""
         self._session_ids = sessions_of(program.inputs)
-        if self._session_ids and (
-            self.remote is not None or self.impl.reasoning or self.late is not None
-        ):
+        if self._session_ids and (self.remote is not None or self.impl.reasoning):
             raise ConfigError(
                 "inputs",
                 f"{len(self._session_ids)} sessions",
-                "none with schedspec's KV connector, reasoning or late grammars (their models "
-                "do not follow a session's turns); vLLM's offloading connector and structured "
-                "output serve them",
+                "none with schedspec's KV connector or reasoning (their models do not follow a "
+                "session's turns); vLLM's offloading connector and structured output serve them",
             )
         self.play(
             program.arrivals,
@@ -793,7 +793,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             requests = self.sched.requests
             for rid in out.num_scheduled_tokens:
                 req = requests.get(rid)  # None: finished by the output applied before (deferred)
-                if req is not None and req.use_structured_output and not req.is_prefill_chunk:
+                if req is not None and samples_under_grammar(req):
                     turn = self.impl.turn_of.get(rid, 1)
                     rows.check(rid, next_output_index(req), 1, script_span(req), turn)
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
@@ -939,11 +939,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
-        (`check_content`), a session's turn by turn (`SessionLedger.check`)."""
-        if rid in self.sessions.sessions:
-            self.sessions.check(rid, list(tokens), self.reasons.get(rid))
-            return
-        spec = self.impl.specs[rid]
+        (`check_content`), a session's turn by turn (`SessionLedger.check`); one whose grammar
+        does not compile (`LateGrammars`), a session's first included, ends with an error and
+        no token."""
         if self.late is not None and rid in self.late.failed:
             reason = self.reasons.get(rid)
             if tokens or reason not in ("error", ABORTED):
@@ -954,6 +952,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 )
             self.n.grammar_errors += reason == "error"
             return
+        if rid in self.sessions.sessions:
+            self.sessions.check(rid, list(tokens), self.reasons.get(rid))
+            return
+        spec = self.impl.specs[rid]
         reason = self.reasons.get(rid)
         if (
             reason == "error"

@@ -403,11 +403,11 @@ def loop_options(
     if args.pauses is not None and args.kv_connector:
         parser.error("--pauses: not with --kv-connector")
     if getattr(args, "programs_from", "").startswith("sessions") and (
-        args.kv_connector or args.reasoning or args.late_grammars
+        args.kv_connector or args.reasoning
     ):
         parser.error(
-            f"--programs-from {args.programs_from}: not with --kv-connector, --reasoning or "
-            "--late-grammars (their models do not follow a session's turns)"
+            f"--programs-from {args.programs_from}: not with --kv-connector or --reasoning "
+            "(their models do not follow a session's turns)"
         )
     if args.loras < 0:
         parser.error("--loras: an int >= 0")

@@ -16,7 +16,10 @@ later turn by where the first stopped.
 The fix gives each input its own grammar: `add_request` puts the input's compiled
 `structured_output_request` on its `StreamingUpdate`, and `_update_request_as_session` installs
 it (none if the input asks for none), the session waiting for it as a new request does
-(`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`) while it still compiles.
+(`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`) while it still compiles; `get_grammar_bitmask` gives
+such a session no row, and the draft updates drop its drafts rather than check them (a batch
+scheduled for the turn that ended, its output dropped, may be sampled and draft after the
+input is applied, and a grammar still compiling can do neither).
 
 It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`SESSION_GRAMMAR_FIXES`):
 `fix_as_diff()` prints it as a patch, and `apply_session_grammar_fix(sched)` gives one built
@@ -58,6 +61,41 @@ _WAITS_FOR_ITS_GRAMMAR = (
     "            # still compiling: wait for it, as a new request does\n"
     "            session.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR\n"
 )
+#: `get_grammar_bitmask`: the structured requests a batch samples, in row order.
+_ROWS = "            and (req.use_structured_output and not req.is_prefill_chunk)\n"
+_ROWS_BUT_OF_A_GRAMMAR_COMPILING = (
+    "            and (req.use_structured_output and not req.is_prefill_chunk)\n"
+    "            # A session waiting for its next input's grammar: the batch was\n"
+    "            # scheduled for the turn that ended, whose output is dropped.\n"
+    "            and req.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR\n"
+)
+#: `update_draft_token_ids`: a request's new drafts, checked against its grammar.
+_DRAFTS = "            # Add newly generated spec token ids to the request.\n"
+_DRAFTS_BUT_OF_A_GRAMMAR_COMPILING = (
+    "            if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:\n"
+    "                # A session waiting for its next input's grammar: drafts of the\n"
+    "                # turn that ended.\n"
+    "                request.spec_token_ids = []\n"
+    "                continue\n"
+    "            # Add newly generated spec token ids to the request.\n"
+)
+#: `update_draft_token_ids_in_output`: a deferred batch's drafts, checked against the grammar.
+_DRAFTS_IN_OUTPUT = (
+    "            # Filter out spec tokens which do not adhere to the grammar.\n"
+    "            spec_token_ids = self.structured_output_manager.validate_tokens(\n"
+    "                request, spec_token_ids\n"
+    "            )\n"
+)
+_DRAFTS_IN_OUTPUT_BUT_OF_A_GRAMMAR_COMPILING = (
+    "            # Filter out spec tokens which do not adhere to the grammar (all of a\n"
+    "            # session waiting for its next input's grammar: the turn that ended's).\n"
+    "            if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:\n"
+    "                spec_token_ids = []\n"
+    "            else:\n"
+    "                spec_token_ids = self.structured_output_manager.validate_tokens(\n"
+    "                    request, spec_token_ids\n"
+    "                )\n"
+)
 
 SESSION_GRAMMAR_FIX = EngineFix(
     SESSION_GRAMMAR,
@@ -65,8 +103,17 @@ SESSION_GRAMMAR_FIX = EngineFix(
         (MODULE, _UPDATE, _UPDATE_WITH_ITS_GRAMMAR),
         (MODULE, _TAKE_PARAMS, _TAKE_PARAMS_AND_GRAMMAR),
         (MODULE, _WAITS, _WAITS_FOR_ITS_GRAMMAR),
+        (MODULE, _ROWS, _ROWS_BUT_OF_A_GRAMMAR_COMPILING),
+        (MODULE, _DRAFTS, _DRAFTS_BUT_OF_A_GRAMMAR_COMPILING),
+        (MODULE, _DRAFTS_IN_OUTPUT, _DRAFTS_IN_OUTPUT_BUT_OF_A_GRAMMAR_COMPILING),
     ),
-    ((MODULE, "Scheduler.add_request"), (MODULE, "Scheduler._update_request_as_session")),
+    (
+        (MODULE, "Scheduler.add_request"),
+        (MODULE, "Scheduler._update_request_as_session"),
+        (MODULE, "Scheduler.get_grammar_bitmask"),
+        (MODULE, "Scheduler.update_draft_token_ids"),
+        (MODULE, "Scheduler.update_draft_token_ids_in_output"),
+    ),
     "a streaming-input session keeps its first input's grammar, done after the first turn, "
     "and drops each later input's: give each input its own grammar",
 )

@@ -122,6 +122,10 @@ class SessionLedger:
         self.closed_waiting: int = 0  # sessions closed while they waited for input
         self.resumed_with_kv: int = 0  # turns resumed on the session's kept KV
         self.dropped: int = 0  # resumed sessions whose kept KV vLLM dropped before they ran
+        self.awaiting_grammar: int = 0  # inputs applied with their grammar still compiling
+        #: Compiles a later input's grammar before vLLM sees the input, as `EngineCore` does
+        #: (None: vLLM's `grammar_init`, at once; the loop's late grammars set their own).
+        self.compile_grammar: Callable[[Any], None] | None = None
 
     # ------------------------------------------------------------------ sending
     def open(self, request: ArRequest) -> None:
@@ -172,7 +176,9 @@ class SessionLedger:
             session.pending.append(item)
             self.inputs_queued += not waiting
         if guided:  # as `EngineCore.add_request` compiles it before the scheduler sees it
-            self.impl.sched.structured_output_manager.grammar_init(request)
+            (self.compile_grammar or self.impl.sched.structured_output_manager.grammar_init)(
+                request
+            )
         self.impl.sched.add_request(request)
         if item.closes and waiting:
             self.closed_waiting += 1
@@ -219,6 +225,8 @@ class SessionLedger:
         ]
         session.max_tokens, session.stop_after = item.max_tokens, None
         self.inputs_applied += 1
+        blocked = self.impl.v.request.RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        self.awaiting_grammar += req.status == blocked
         got = list(req.prompt_token_ids)
         if got != session.prompt or list(req.all_token_ids) != session.prompt:
             at = first_difference(got, session.prompt)
@@ -337,6 +345,7 @@ class SessionLedger:
             "sessions_closed_waiting": self.closed_waiting,
             "session_turns_on_kept_kv": self.resumed_with_kv,
             "session_kv_dropped": self.dropped,
+            "session_inputs_awaiting_grammar": self.awaiting_grammar,
         }
 
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from integrations.vllm.cache_writes import batch_starts
-from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.core_loop import EngineCoreViolation, waiting_for_grammar
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.structured import REASONING_END, script_span
 
@@ -230,7 +230,7 @@ class SpeculativeModel:
                 accepted = 0
                 self.decoding.add(rid)
                 valid[rid] = (starts[rid], n - len(drafts))
-            if req.use_structured_output:
+            if req.use_structured_output and not waiting_for_grammar(req):
                 (rows or GrammarRows(None)).check(
                     rid, base + 1, accepted + 1, script_span(req), self.turn_of.get(rid, 1)
                 )

@@ -168,11 +168,14 @@ class LateGrammars:
         fails = self.rnd.randrange(self.FAIL_ONE_IN) == 0
         return self.rnd.randint(0, self.MAX_DELAY), fails
 
-    def submit(self, request: Any, now: int) -> None:
-        """Give `request` a pending grammar (vLLM's `grammar_init` under its thread pool)."""
+    def submit(self, request: Any, now: int, may_fail: bool = True) -> None:
+        """Give `request` a pending grammar (vLLM's `grammar_init` under its thread pool); one
+        that compiles late but never fails unless `may_fail` (a session's later input: the
+        session's checks take a failed grammar to end it before its first turn)."""
         future: Future[Any] = Future()
         request.structured_output_request.grammar = future
         delay, fails = self.draw(request.request_id)
+        fails = fails and may_fail
         self.pending.append((now + delay, request, future, fails))
         if fails:
             self.failed.add(request.request_id)
@@ -191,6 +194,18 @@ class LateGrammars:
             else:
                 key = request.structured_output_request.structured_output_key
                 future.set_result(backend.compile_grammar(*key))
+
+
+def samples_under_grammar(request: Any) -> bool:
+    """Whether a batch's token of vLLM request `request` is sampled under a bitmask row of its
+    grammar: a structured request past its prefill, unless it is a session waiting for its next
+    input's grammar to compile (the batch then ran for the turn that ended, its output
+    dropped; with the candidate fix `own-grammar-per-input` vLLM gives it no row)."""
+    return bool(
+        request.use_structured_output
+        and not request.is_prefill_chunk
+        and request.status.name != "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+    )
 
 
 def script_span(request: Any) -> tuple[int, int]:
@@ -257,6 +272,7 @@ __all__ = [
     "install",
     "install_reasoner",
     "reasoner_class",
+    "samples_under_grammar",
     "script_span",
     "token_class",
 ]
