@@ -440,6 +440,30 @@ def test_the_grammar_fix_waits_for_an_inputs_grammar_still_compiling(
     assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
 
 
+def _partial_grammar_fix(
+    edits: tuple[Any, ...], methods: tuple[tuple[str, str], ...], others: list[str]
+) -> Callable[[Any], None]:
+    """The fixes `others`, then the sessions' grammar fix with `edits` alone (a variant that
+    lacks one of its edits)."""
+    before = make_fixes(others)
+    assert before is not None
+    partial = ScheduleFix(EngineFix("partial-grammar-fix", edits, methods)).apply
+
+    def fix(sched: Any) -> None:
+        before(sched)
+        partial(sched)
+
+    return fix
+
+
+def _vllm_raises_in(method: str, seed: int, async_scheduling: bool, options: LoopOptions) -> None:
+    """Session program `seed` under `options` makes vLLM raise in `method`."""
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(seed), async_scheduling=async_scheduling, options=options)
+    assert caught.value.rule == "implementation_error", caught.value
+    assert f"vLLM raised in {method}" in str(caught.value)
+
+
 def test_the_grammar_fix_gives_no_row_to_a_session_whose_next_grammar_compiles() -> None:
     """Under async scheduling a batch scheduled for the turn that ended may be sampled after
     the next input was applied, its grammar still compiling (session program 347 with late
@@ -452,20 +476,9 @@ def test_the_grammar_fix_gives_no_row_to_a_session_whose_next_grammar_compiles()
     )
     run = run_loop(session_program(347), async_scheduling=True, options=options)
     assert run.session_inputs_awaiting_grammar >= 1
-    without_rows_edit = EngineFix(
-        "no-rows-edit", SESSION_GRAMMAR_FIX.edits[:3], SESSION_GRAMMAR_FIX.methods[:2]
-    )
-    stall_fix = make_fixes([SESSION_STALL])
-    assert stall_fix is not None
-
-    def variant(sched: Any) -> None:
-        stall_fix(sched)
-        ScheduleFix(without_rows_edit).apply(sched)
-
-    with pytest.raises(EngineCoreViolation) as caught:
-        run_loop(session_program(347), async_scheduling=True, options=replace(options, fix=variant))
-    assert caught.value.rule == "implementation_error", caught.value
-    assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
+    fix = SESSION_GRAMMAR_FIX
+    variant = _partial_grammar_fix(fix.edits[:3], fix.methods[:2], [SESSION_STALL])
+    _vllm_raises_in("get_grammar_bitmask", 347, True, replace(options, fix=variant))
 
 
 def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compiles() -> None:
@@ -481,21 +494,10 @@ def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compil
     )
     run = run_loop(session_program(55), async_scheduling=False, options=options)
     assert run.session_inputs_awaiting_grammar >= 1
-    edits = SESSION_GRAMMAR_FIX.edits
-    without_drafts_edit = EngineFix(
-        "no-drafts-edit", (*edits[:4], edits[5]), SESSION_GRAMMAR_FIX.methods
-    )
-    others = make_fixes([SESSION_STALL, SPEC_PAD])
-    assert others is not None
-
-    def variant(sched: Any) -> None:
-        others(sched)
-        ScheduleFix(without_drafts_edit).apply(sched)
-
-    with pytest.raises(EngineCoreViolation) as caught:
-        run_loop(session_program(55), async_scheduling=False, options=replace(options, fix=variant))
-    assert caught.value.rule == "implementation_error", caught.value
-    assert "vLLM raised in update_draft_token_ids" in str(caught.value)
+    fix = SESSION_GRAMMAR_FIX
+    edits = (*fix.edits[:4], fix.edits[5])
+    variant = _partial_grammar_fix(edits, fix.methods, [SESSION_STALL, SPEC_PAD])
+    _vllm_raises_in("update_draft_token_ids", 55, False, replace(options, fix=variant))
 
 
 def test_sessions_beside_schedspecs_connector_or_reasoning_are_refused(
