@@ -152,7 +152,7 @@ from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
-from integrations.vllm.structured import LateGrammars, samples_under_grammar, script_span
+from integrations.vllm.structured import LateGrammars, script_span
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
@@ -793,7 +793,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             requests = self.sched.requests
             for rid in out.num_scheduled_tokens:
                 req = requests.get(rid)  # None: finished by the output applied before (deferred)
-                if req is not None and samples_under_grammar(req):
+                # a session waiting for its next input's grammar ran this batch for the
+                # turn that ended (its output dropped): no row (`own-grammar-per-input`)
+                if (
+                    req is not None
+                    and req.use_structured_output
+                    and not req.is_prefill_chunk
+                    and not waiting_for_grammar(req)
+                ):
                     turn = self.impl.turn_of.get(rid, 1)
                     rows.check(rid, next_output_index(req), 1, script_span(req), turn)
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))

@@ -196,18 +196,6 @@ class LateGrammars:
                 future.set_result(backend.compile_grammar(*key))
 
 
-def samples_under_grammar(request: Any) -> bool:
-    """Whether a batch's token of vLLM request `request` is sampled under a bitmask row of its
-    grammar: a structured request past its prefill, unless it is a session waiting for its next
-    input's grammar to compile (the batch then ran for the turn that ended, its output
-    dropped; with the candidate fix `own-grammar-per-input` vLLM gives it no row)."""
-    return bool(
-        request.use_structured_output
-        and not request.is_prefill_chunk
-        and request.status.name != "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
-    )
-
-
 def script_span(request: Any) -> tuple[int, int]:
     """The outputs vLLM request `request`'s `ScriptGrammar` constrains: (first, last)."""
     grammar = request.structured_output_request.grammar
@@ -272,7 +260,6 @@ __all__ = [
     "install",
     "install_reasoner",
     "reasoner_class",
-    "samples_under_grammar",
     "script_span",
     "token_class",
 ]
