@@ -57,8 +57,10 @@ class Builtin:
     @property
     def target(self) -> str:
         """The import string that resolves here (the first that does, else the first)."""
-        if len(self.targets) == 1:
-            return self.targets[0]  # nothing to choose: do not import (torch, an engine)
+        if len(self.targets) == 1 or self.is_torch_engine:
+            # nothing to choose, or the torch engine's module (its first target resolves
+            # wherever torch imports): do not import torch or an engine to name it
+            return self.targets[0]
         for t in self.targets:
             module, attr = split_target(t)
             if module_available(module) and _has_attr(module, attr):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,19 @@ def test_list_impls_shows_every_builtin_with_family_and_status(
         assert f" {builtin.family.value} " in line, line
         if builtin.engine:
             assert "installed" in line or "not in this build" in line, line
+
+
+def test_list_impls_imports_neither_torch_nor_an_engine() -> None:
+    """Naming the torch engine's built-ins' targets used to import `gpu.engine`, and so torch:
+    `list-impls` took 3 s instead of half of one."""
+    code = (
+        "import sys; from schedspec_cli.main import main; main(['list-impls']); "
+        "print(sorted(m for m in ('torch', 'vllm', 'sglang', 'vidur') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-1] == "[]", res.stdout[-2000:]
+    assert any(line.startswith("engine ") for line in res.stdout.splitlines())
 
 
 # ---------------------------------------------------------------------------- both families

@@ -140,8 +140,9 @@ def test_installed_commands_run_outside_the_repo(
     assert listing.returncode == 0, listing.stderr
     for name in BUILTINS:
         assert any(line.startswith(name + " ") for line in listing.stdout.splitlines()), name
-    # every family but the seeded mutants' (tests/test_z3_proofs.py runs them all)
-    families = ("inductive", "bmc", "theorems", "boundary")
+    # the installed package's Z3 path, on the families that solve in seconds: the inductive
+    # ones (about 20 s of solving) and the seeded mutants' run in tests/test_z3_proofs.py
+    families = ("bmc", "theorems", "boundary")
     prove = schedspec(installed, "prove", "--bound", "2", *(f"--family={f}" for f in families))
     assert prove.returncode == 0, prove.stdout[-2000:] + prove.stderr[-2000:]
     assert "proved" in prove.stdout

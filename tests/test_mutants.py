@@ -101,7 +101,7 @@ def test_reference_itself_passes_the_same_hunt() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["double_free", "sync_returns_early", "ragged_row", "keys_blocks_alone"]
+    "name", ["double_free", "sync_returns_early", "ragged_row", "caches_before_commit"]
 )
 def test_counterexamples_are_shrunk(name: str) -> None:
     """With shrinking on, the printed program is short: configure, a submit or two, a round."""

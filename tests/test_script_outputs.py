@@ -3,11 +3,14 @@ minutes must not end in a traceback because its `--json` (or `--out`) names a di
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -56,19 +59,54 @@ def test_the_list_covers_every_script_that_writes() -> None:
 CASES = [(s, f, False) for s, f in OUTPUTS] + [(s, f, True) for s, f in OUTPUT_DIRS]
 
 
-@pytest.mark.parametrize(("script", "flag", "directory"), CASES, ids=[s + f for s, f, _ in CASES])
-def test_an_unwritable_output_is_refused_before_any_work(
-    script: str, flag: str, directory: bool, tmp_path: Path
-) -> None:
-    """A file output refuses a directory, a directory output an existing file; both refuse a
-    path under a file. Exit 2, one line naming the flag and why, nothing created."""
+def _targets(tmp_path: Path, directory: bool) -> list[tuple[Path, str]]:
+    """The paths an output flag must refuse, each with the reason its message gives."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     if directory:
-        targets = [(blocker, "this is an existing file"), (blocker / "run", "is a file")]
-    else:
-        targets = [(tmp_path, "this is a directory"), (blocker / "x.json", "is a file")]
-    for target, why in targets:
+        return [(blocker, "this is an existing file"), (blocker / "run", "is a file")]
+    return [(tmp_path, "this is a directory"), (blocker / "x.json", "is a file")]
+
+
+def _check_refusal(code: object, stderr: str, flag: str, why: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert code == 2, stderr
+    assert "Traceback" not in stderr and len(lines) >= 1, stderr
+    assert f"argument {flag}:" in lines[-1] and why in lines[-1], stderr
+
+
+@pytest.mark.parametrize(("script", "flag", "directory"), CASES, ids=[s + f for s, f, _ in CASES])
+def test_an_unwritable_output_is_refused_before_any_work(
+    script: str,
+    flag: str,
+    directory: bool,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file output refuses a directory, a directory output an existing file; both refuse a
+    path under a file. Exit 2, one line naming the flag and why, nothing created.
+
+    In this process (`main` called as `python scripts/NAME.py` calls it): a subprocess of a
+    script that imports torch spends about 2 s of CPU importing it before its arguments are
+    parsed, twice per flag. The test below runs one script as the command line does."""
+    module = load_script(script)
+    for target, why in _targets(tmp_path, directory):
+        argv = [flag, str(target)]
+        monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+        takes_argv = bool(inspect.signature(module.main).parameters)
+        with pytest.raises(SystemExit) as exited:
+            module.main(argv) if takes_argv else module.main()
+        _check_refusal(exited.value.code, capsys.readouterr().err, flag, why)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.parametrize(("script", "flag"), [("soak_engine", "--json"), ("device_run", "--out")])
+def test_the_command_line_refuses_an_unwritable_output_before_any_work(
+    script: str, flag: str, tmp_path: Path
+) -> None:
+    """The same refusal from `python scripts/NAME.py`, as a user runs it."""
+    for target, why in _targets(tmp_path, directory=(script, flag) in OUTPUT_DIRS):
         res = subprocess.run(
             [sys.executable, str(SCRIPTS / f"{script}.py"), flag, str(target)],
             capture_output=True,
@@ -77,8 +115,5 @@ def test_an_unwritable_output_is_refused_before_any_work(
             timeout=120,
             check=False,
         )
-        lines = res.stderr.strip().splitlines()
-        assert res.returncode == 2, res.stdout + res.stderr
-        assert "Traceback" not in res.stderr and len(lines) >= 1, res.stderr
-        assert f"argument {flag}:" in lines[-1] and why in lines[-1], res.stderr
+        _check_refusal(res.returncode, res.stderr, flag, why)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

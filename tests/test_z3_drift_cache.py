@@ -51,6 +51,10 @@ from spec.profile import DllmAdmission, DllmPolicy
 from spec.state import ACTIVE_PHASES, AbstractState
 from tests import test_z3_drift as drift
 
+# one worker runs the module: its walks share the Z3 relations compiled per geometry, about
+# 10 s of a worker's time that a second worker would spend again
+pytestmark = pytest.mark.xdist_group("z3-drift-cache")
+
 CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2))  # (B, P, pages)
 KEEP = {drift.EOS, drift.STOP_TOKEN, *drift.STOP_IDS}  # tokens that end requests
 SMALL = DllmConfig(  # one-slot blocks and pages, 8 of them, two requests at a time
@@ -290,22 +294,6 @@ def test_relation_agrees_with_spec_machine_on_cache_walks(
 def test_the_cache_walks_reach_every_cache_rule_both_ways() -> None:
     """Every cache event kind is accepted and refused on each of its rules by both sides, and
     a hit is accepted both as a next block and as a committed duplicate."""
-    STATS.clear()
-    rng = random.Random(7)
-    for seed in range(40):
-        b, page, pages = CACHE_GEOMETRIES[seed % len(CACHE_GEOMETRIES)]
-        config = DllmConfig(
-            block_size=b,
-            page_size=page,
-            kv_pages=pages,
-            req_pool_rows=2,
-            max_running_requests=1 + seed % 4 // 2,  # one at a time: later ones hit the cache
-            max_context=b * (min(8, page * pages) // b),
-            mode=(Mode.FDFO, Mode.SYNC)[seed % 3 == 0],
-            in_place_reuse=seed % 3 == 1,
-            prefix_cache=True,
-        )
-        _walk(SpecMachine(config), random.Random(rng.random()), 150)
     wanted = [
         "accept kv_cached",
         "accept cache_hit next",
@@ -320,6 +308,24 @@ def test_the_cache_walks_reach_every_cache_rule_both_ways() -> None:
         "accept kv_allocated after a read block",
         "reject finished while reading on terminal_owns_nothing",
     ]
+    STATS.clear()
+    rng = random.Random(7)
+    for seed in range(40):
+        if all(STATS[w] for w in wanted):
+            break  # every case reached (8 walks do it); the walks after add nothing checked
+        b, page, pages = CACHE_GEOMETRIES[seed % len(CACHE_GEOMETRIES)]
+        config = DllmConfig(
+            block_size=b,
+            page_size=page,
+            kv_pages=pages,
+            req_pool_rows=2,
+            max_running_requests=1 + seed % 4 // 2,  # one at a time: later ones hit the cache
+            max_context=b * (min(8, page * pages) // b),
+            mode=(Mode.FDFO, Mode.SYNC)[seed % 3 == 0],
+            in_place_reuse=seed % 3 == 1,
+            prefix_cache=True,
+        )
+        _walk(SpecMachine(config), random.Random(rng.random()), 150)
     missing = [w for w in wanted if not STATS[w]]
     assert not missing, f"never reached: {missing}; reached: {dict(STATS)}"
 
