@@ -45,7 +45,7 @@ def test_the_same_seed_replays_the_same_counterexample(
 
 
 def test_other_seeds_draw_other_programs(tmp_path: Path) -> None:
-    argv = ("--impl", "vidur-orca", "--examples", "100")
+    argv = ("--impl", "vidur-orca", "--examples", "25")
     runs = {"fixed": verify(tmp_path, "fixed", *argv)[1]}
     for seed in ("0", "1", "2"):
         runs[seed] = verify(tmp_path, seed, *argv, "--seed", seed)[1]
