@@ -32,7 +32,7 @@ NOT_RUN = {
     "./schedspec verify": "the main job; run by tests/test_main_job.py with smaller settings",
     # a minute of solving that CI would do twice: tests/test_z3_proofs.py checks the same
     # run (`run_all_proofs` at the default bound) and tests/test_install_wheel.py runs
-    # `schedspec prove --bound 2` from the wheel (every family but the mutants')
+    # `schedspec prove --bound 2` from the wheel (the bmc, theorems and boundary families)
     "./schedspec prove": "every Z3 proof, checked in-process by tests/test_z3_proofs.py",
     # multi-minute measurements whose recorded output is in docs/engine.md; the same code paths
     # run in tests/test_engine_conformance.py and tests/test_engine_units.py on small inputs
