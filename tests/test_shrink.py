@@ -37,6 +37,30 @@ def test_a_program_shrinks_to_what_the_failure_needs() -> None:
     assert shrunk_any > 10
 
 
+def _odd_with_a_long_prompt(program: CoreProgram) -> bool:
+    """A stand-in failure that needs the requests' parity: an odd number of requests, one of
+    them with a prompt of 5 tokens or more. No single removal keeps it failing."""
+    requests = [r for batch in program.arrivals for r in batch]
+    return len(requests) % 2 == 1 and any(r.prompt_len >= 5 for r in requests)
+
+
+def test_a_failure_that_needs_the_parity_shrinks_two_requests_at_a_time() -> None:
+    """Three or more requests shrink to the one with the long prompt, removed two at a time;
+    without the pairs the shrinker stopped at three (or more)."""
+    shrunk_any = 0
+    for seed in range(40):
+        program = core_program(seed)
+        count = sum(len(batch) for batch in program.arrivals)
+        if count < 3 or not _odd_with_a_long_prompt(program):
+            continue
+        small = shrink(program, _odd_with_a_long_prompt).program
+        requests = [r for batch in small.arrivals for r in batch]
+        assert [r.prompt_len for r in requests] == [5], seed
+        assert not any(_odd_with_a_long_prompt(c) for c in reductions(small)), seed
+        shrunk_any += 1
+    assert shrunk_any > 5
+
+
 def test_every_candidate_is_a_valid_program() -> None:
     """A reduction that would make a request too long for the configuration, or the
     configuration invalid, is never offered."""

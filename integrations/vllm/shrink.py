@@ -6,7 +6,7 @@ an upstream report needs is the few of them that matter. `shrink(program, fails)
 reduces, greedily, while `fails` still holds of the result:
 
 1. whole requests (an aborted request's aborts go with it), then single aborts, then steps with
-   no arrival and no abort;
+   no arrival and no abort (and, last of all changes, two whole requests at once);
 2. each request's sizes: `max_tokens` and `prompt_len` to 1, else down by one (a shared prompt
    is cut with it), its stop token, priority and shared prompt dropped;
 3. the configuration: seats, the token budget, the long-prefill threshold, the pool and the
@@ -14,7 +14,8 @@ reduces, greedily, while `fails` still holds of the result:
    configuration or a request invalid is skipped).
 
 It starts again from the first kind after every change it keeps, and stops when no change is
-kept (the result is then 1-minimal for these changes) or after `budget` runs.
+kept (the result is then 1-minimal for these changes, and no pair of its requests can go) or
+after `budget` runs.
 
 The connector's store and the speculative model draw from a hash of the program's text
 (`engine_core.program_seed`); a candidate would draw anew, and a failure that needs one draw (a
@@ -210,6 +211,7 @@ def reductions(program: CoreProgram) -> Iterator[CoreProgram]:
         *request_reductions(program, _smaller_requests),
         *input_reductions(program),
         *_config(program),
+        *pair_removals(program),
     ):
         if _valid(candidate):
             yield candidate
@@ -257,6 +259,30 @@ def step_removals(program: ProgramT) -> Iterator[ProgramT]:
             if inputs:
                 shorter["inputs"] = inputs[:step] + inputs[step + 1 :]
             yield replace(program, **shorter)
+
+
+def pair_removals(program: ProgramT) -> Iterator[ProgramT]:
+    """`program` less two requests at once (their aborts and session inputs go with them),
+    pair by pair in arrival order. Tried last, so only where no single change is kept: a
+    failure that needs the requests' parity (every other request guided, say) survives no
+    single removal and may survive a pair's."""
+    inputs: tuple[tuple[Any, ...], ...] = getattr(program, "inputs", ())
+    ids = [r.request_id for batch in program.arrivals for r in batch]
+    for i, first in enumerate(ids):
+        for second in ids[i + 1 :]:
+            pair = {first, second}
+            without = {
+                "arrivals": tuple(
+                    tuple(r for r in batch if r.request_id not in pair)
+                    for batch in program.arrivals
+                ),
+                "aborts": tuple(tuple(a for a in step if a not in pair) for step in program.aborts),
+            }
+            if inputs:
+                without["inputs"] = tuple(
+                    tuple(x for x in step if x.request_id not in pair) for step in inputs
+                )
+            yield replace(program, **without)
 
 
 def input_reductions(program: CoreProgram) -> Iterator[CoreProgram]:
