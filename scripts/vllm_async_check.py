@@ -196,6 +196,7 @@ COUNTS = (
     "session_turns_on_kept_kv",
     "session_kv_dropped",
     "session_inputs_awaiting_grammar",
+    "session_grammar_errors",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -256,6 +257,7 @@ MEANING = {
     "session_turns_on_kept_kv": "turns resumed on the session's kept KV",
     "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
     "session_inputs_awaiting_grammar": "inputs applied before their grammar compiled",
+    "session_grammar_errors": "sessions a later input's failed grammar ended with an error",
 }
 
 

@@ -440,6 +440,71 @@ def test_the_grammar_fix_waits_for_an_inputs_grammar_still_compiling(
     assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
 
 
+#: A guided session whose later input arrives while its first turn (4 outputs) runs: the input
+#: waits in vLLM's streaming queue until the turn ends.
+QUEUED_INPUT_SESSION = CoreProgram(
+    ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=8, max_model_len=16),
+    arrivals=((ArRequest("a", 2, 4),), *(((),) * 7)),
+    aborts=((),) * 8,
+    inputs=((), (SessionInput("a", 1, 2),), (), (), (), (), (SessionInput("a", 0),), ()),
+)
+
+
+def _failing_input_grammar(
+    program: CoreProgram, async_scheduling: bool, fix: Callable[[Any], None]
+) -> CoreRun:
+    """`program` with the first grammar compiling at once and the later input's failing to
+    compile 2 engine steps after it is sent, under `fix`."""
+    loop = EngineCoreLoop(
+        program.config,
+        async_scheduling=async_scheduling,
+        mutate=fix,
+        structured_output=True,
+        late_grammars=True,
+    )
+    assert loop.late is not None
+    draws = iter([(0, False), (2, True)])
+    loop.late.draw = lambda rid: next(draws)
+    return loop.run(program)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_later_inputs_grammar_that_does_not_compile_ends_the_session_with_an_error(
+    async_scheduling: bool,
+) -> None:
+    """With the fix, a session whose later input's grammar does not compile ends with an
+    error after its earlier turns' outputs, as vLLM ends a new request whose grammar fails:
+    whether the input was applied while its grammar compiled (`GUIDED_SESSION`) or queued
+    behind the running turn until after it failed (`QUEUED_INPUT_SESSION`). A variant of the
+    fix that waits only for a grammar still compiling schedules the queued session with the
+    compile error as its grammar, and vLLM's bitmask raises."""
+    fixed = make_fixes([SESSION_GRAMMAR])
+    assert fixed is not None
+    for program, outputs, awaiting in ((GUIDED_SESSION, 1, 1), (QUEUED_INPUT_SESSION, 4, 0)):
+        run = _failing_input_grammar(program, async_scheduling, fixed)
+        assert run.reasons == {"a": "error"} and len(run.outputs["a"]) == outputs, run.reasons
+        assert run.session_grammar_errors == 1
+        assert run.session_inputs_awaiting_grammar == awaiting
+    edit, before, after = SESSION_GRAMMAR_FIX.edits[2]
+    waits = "        if session.structured_output_request is not None:\n"
+    assert waits in after
+    while_compiling = after.replace(
+        waits,
+        "        grammar = session.structured_output_request\n"
+        "        if grammar is not None and grammar.grammar is None:\n",
+    )
+    edits = (*SESSION_GRAMMAR_FIX.edits[:2], (edit, before, while_compiling))
+    variant = EngineFix(
+        "waits-only-while-compiling",
+        (*edits, *SESSION_GRAMMAR_FIX.edits[3:]),
+        SESSION_GRAMMAR_FIX.methods,
+    )
+    with pytest.raises(EngineCoreViolation) as caught:
+        _failing_input_grammar(QUEUED_INPUT_SESSION, async_scheduling, ScheduleFix(variant).apply)
+    assert caught.value.rule == "implementation_error", caught.value
+    assert "vLLM raised in get_grammar_bitmask" in str(caught.value)
+
+
 def _partial_grammar_fix(
     edits: tuple[Any, ...], methods: tuple[tuple[str, str], ...], others: list[str]
 ) -> Callable[[Any], None]:

@@ -405,7 +405,7 @@ class RealVllmScheduler:
         self.reasoning_end_at: dict[str, int] = {}
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
         #: synchronous here); `integrations.vllm.engine_core` sets it to compile later.
-        self.compile_grammar: Callable[[Any], None] | None = None
+        self.compile_grammar: Callable[[Any], object] | None = None
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()

@@ -274,6 +274,7 @@ class CoreRun:
     session_turns_on_kept_kv: int = 0  # turns resumed on the session's kept KV
     session_kv_dropped: int = 0  # resumed sessions whose kept KV was dropped before they ran
     session_inputs_awaiting_grammar: int = 0  # inputs applied before their grammar compiled
+    session_grammar_errors: int = 0  # sessions a later input's failed grammar ended
 
 
 @dataclass
@@ -512,7 +513,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.late = late
             self.impl.compile_grammar = lambda req: late.submit(req, self.n.engine_steps)
             self.sessions.compile_grammar = lambda req: late.submit(
-                req, self.n.engine_steps, may_fail=False
+                req, self.n.engine_steps, session_input=True
             )
         self._valid: dict[str, tuple[int, int]] | None = None
         #: per batch output (its id): the synchronous loads it ran that failed in a block

@@ -16,7 +16,10 @@ later turn by where the first stopped.
 The fix gives each input its own grammar: `add_request` puts the input's compiled
 `structured_output_request` on its `StreamingUpdate`, and `_update_request_as_session` installs
 it (none if the input asks for none), the session waiting for it as a new request does
-(`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`) while it still compiles; `get_grammar_bitmask` gives
+(`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`): the scheduler promotes it once the grammar compiled
+and ends it with an error if it did not (waiting only while the grammar still compiles would
+schedule a session whose input was applied after its grammar failed with the compile error as
+its grammar, and `get_grammar_bitmask` raises); `get_grammar_bitmask` gives
 such a session no row, and the draft updates drop its drafts rather than check them (a batch
 scheduled for the turn that ended, its output dropped, may be sampled and draft after the
 input is applied, and a grammar still compiling can do neither).
@@ -56,9 +59,9 @@ _TAKE_PARAMS_AND_GRAMMAR = (
 _WAITS = "        session.status = RequestStatus.WAITING\n"
 _WAITS_FOR_ITS_GRAMMAR = (
     "        session.status = RequestStatus.WAITING\n"
-    "        grammar = session.structured_output_request\n"
-    "        if grammar is not None and grammar.grammar is None:\n"
-    "            # still compiling: wait for it, as a new request does\n"
+    "        if session.structured_output_request is not None:\n"
+    "            # wait for its grammar as a new request does: promoted once it compiled,\n"
+    "            # ended with an error if it did not compile\n"
     "            session.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR\n"
 )
 #: `get_grammar_bitmask`: the structured requests a batch samples, in row order.

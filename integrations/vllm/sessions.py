@@ -97,6 +97,7 @@ class _Session:
     reasons: list[str] = field(default_factory=list)  # the reasons vLLM ended turns with
     closed: bool = False
     kept: int | None = None  # computed tokens at the latest input, until its first schedule
+    failing_turns: set[int] = field(default_factory=set)  # turns whose grammar fails
 
 
 class SessionLedger:
@@ -123,9 +124,11 @@ class SessionLedger:
         self.resumed_with_kv: int = 0  # turns resumed on the session's kept KV
         self.dropped: int = 0  # resumed sessions whose kept KV vLLM dropped before they ran
         self.awaiting_grammar: int = 0  # inputs applied with their grammar still compiling
-        #: Compiles a later input's grammar before vLLM sees the input, as `EngineCore` does
-        #: (None: vLLM's `grammar_init`, at once; the loop's late grammars set their own).
-        self.compile_grammar: Callable[[Any], None] | None = None
+        #: Compiles a later input's grammar before vLLM sees the input, as `EngineCore` does,
+        #: and says whether it will fail to (None: vLLM's `grammar_init`, at once, never
+        #: failing; the loop's late grammars set their own).
+        self.compile_grammar: Callable[[Any], object] | None = None
+        self.grammar_errors: int = 0  # sessions ended by a later input's failed grammar
 
     # ------------------------------------------------------------------ sending
     def open(self, request: ArRequest) -> None:
@@ -176,9 +179,11 @@ class SessionLedger:
             session.pending.append(item)
             self.inputs_queued += not waiting
         if guided:  # as `EngineCore.add_request` compiles it before the scheduler sees it
-            (self.compile_grammar or self.impl.sched.structured_output_manager.grammar_init)(
-                request
+            compile_grammar = (
+                self.compile_grammar or self.impl.sched.structured_output_manager.grammar_init
             )
+            if compile_grammar(request):  # it will not compile: the turn ends the session
+                session.failing_turns.add(turn)
         self.impl.sched.add_request(request)
         if item.closes and waiting:
             self.closed_waiting += 1
@@ -225,8 +230,8 @@ class SessionLedger:
         ]
         session.max_tokens, session.stop_after = item.max_tokens, None
         self.inputs_applied += 1
-        blocked = self.impl.v.request.RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-        self.awaiting_grammar += req.status == blocked
+        grammar = req.structured_output_request
+        self.awaiting_grammar += grammar is not None and not grammar.is_grammar_ready
         got = list(req.prompt_token_ids)
         if got != session.prompt or list(req.all_token_ids) != session.prompt:
             at = first_difference(got, session.prompt)
@@ -319,6 +324,11 @@ class SessionLedger:
         k = self.turn_length(session)
         expected = [*session.expected, *(self._token(rid, i) for i in range(1, k + 1))]
         reasons = [*session.expected_reasons, self.turn_reason(session)]
+        if session.turn in session.failing_turns:
+            # its input's grammar did not compile: vLLM ends the session with an error and
+            # no token of this turn, as it ends a new request whose grammar fails
+            expected, reasons = list(session.expected), [*session.expected_reasons, "error"]
+            self.grammar_errors += reason == "error"
         if reason == ABORTED:
             expected = expected[: len(tokens)]
             reasons = reasons[: len(session.reasons)]
@@ -346,6 +356,7 @@ class SessionLedger:
             "session_turns_on_kept_kv": self.resumed_with_kv,
             "session_kv_dropped": self.dropped,
             "session_inputs_awaiting_grammar": self.awaiting_grammar,
+            "session_grammar_errors": self.grammar_errors,
         }
 
 

@@ -168,17 +168,19 @@ class LateGrammars:
         fails = self.rnd.randrange(self.FAIL_ONE_IN) == 0
         return self.rnd.randint(0, self.MAX_DELAY), fails
 
-    def submit(self, request: Any, now: int, may_fail: bool = True) -> None:
-        """Give `request` a pending grammar (vLLM's `grammar_init` under its thread pool); one
-        that compiles late but never fails unless `may_fail` (a session's later input: the
-        session's checks take a failed grammar to end it before its first turn)."""
+    def submit(self, request: Any, now: int, *, session_input: bool = False) -> bool:
+        """Give `request` a pending grammar (vLLM's `grammar_init` under its thread pool);
+        whether it will fail to compile. A request whose grammar fails is noted in `failed`
+        (it ends with an error and no token), but not a session's later input: the session's
+        ledger expects that turn to end the session with an error after the earlier turns'
+        outputs (`SessionLedger.send`)."""
         future: Future[Any] = Future()
         request.structured_output_request.grammar = future
         delay, fails = self.draw(request.request_id)
-        fails = fails and may_fail
         self.pending.append((now + delay, request, future, fails))
-        if fails:
+        if fails and not session_input:
             self.failed.add(request.request_id)
+        return fails
 
     def complete(self, now: int) -> None:
         """Complete every future due by engine step `now`: the compiled grammar, or the error
