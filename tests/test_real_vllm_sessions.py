@@ -397,18 +397,30 @@ def test_a_session_input_is_a_typed_error_when_malformed() -> None:
         CoreProgram(ArConfig(), arrivals=((),), aborts=((),), inputs=((), ()))
 
 
-def _late_guided_session(async_scheduling: bool, fix: Callable[[Any], None]) -> CoreRun:
-    """`GUIDED_SESSION` with every grammar compiling 3 engine steps late, under `fix`."""
+def _with_late_grammars(
+    program: CoreProgram,
+    async_scheduling: bool,
+    fix: Callable[[Any], None],
+    draws: list[tuple[int, bool]],
+) -> CoreRun:
+    """`program` under `fix` with late grammars whose timing is scripted: the grammars, in the
+    order they are compiled, take `draws` (engine steps until compiled, whether they fail)."""
     loop = EngineCoreLoop(
-        GUIDED_SESSION.config,
+        program.config,
         async_scheduling=async_scheduling,
         mutate=fix,
         structured_output=True,
         late_grammars=True,
     )
     assert loop.late is not None
-    loop.late.draw = lambda rid: (3, False)
-    return loop.run(GUIDED_SESSION)
+    scripted = iter(draws)
+    loop.late.draw = lambda rid: next(scripted)
+    return loop.run(program)
+
+
+def _late_guided_session(async_scheduling: bool, fix: Callable[[Any], None]) -> CoreRun:
+    """`GUIDED_SESSION` with both grammars compiling 3 engine steps late, under `fix`."""
+    return _with_late_grammars(GUIDED_SESSION, async_scheduling, fix, [(3, False)] * 2)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -455,17 +467,7 @@ def _failing_input_grammar(
 ) -> CoreRun:
     """`program` with the first grammar compiling at once and the later input's failing to
     compile 2 engine steps after it is sent, under `fix`."""
-    loop = EngineCoreLoop(
-        program.config,
-        async_scheduling=async_scheduling,
-        mutate=fix,
-        structured_output=True,
-        late_grammars=True,
-    )
-    assert loop.late is not None
-    draws = iter([(0, False), (2, True)])
-    loop.late.draw = lambda rid: next(draws)
-    return loop.run(program)
+    return _with_late_grammars(program, async_scheduling, fix, [(0, False), (2, True)])
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
