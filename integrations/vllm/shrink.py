@@ -224,17 +224,7 @@ def step_removals(program: ProgramT) -> Iterator[ProgramT]:
     inputs: tuple[tuple[Any, ...], ...] = getattr(program, "inputs", ())
     ids = [r.request_id for batch in program.arrivals for r in batch]
     for rid in ids:
-        without = {
-            "arrivals": tuple(
-                tuple(r for r in batch if r.request_id != rid) for batch in program.arrivals
-            ),
-            "aborts": tuple(tuple(a for a in step if a != rid) for step in program.aborts),
-        }
-        if inputs:
-            without["inputs"] = tuple(
-                tuple(i for i in step if i.request_id != rid) for step in inputs
-            )
-        yield replace(program, **without)
+        yield _without_requests(program, {rid})
     for step, aborted in enumerate(program.aborts):
         for rid in aborted:
             aborts = list(program.aborts)
@@ -266,23 +256,27 @@ def pair_removals(program: ProgramT) -> Iterator[ProgramT]:
     pair by pair in arrival order. Tried last, so only where no single change is kept: a
     failure that needs the requests' parity (every other request guided, say) survives no
     single removal and may survive a pair's."""
-    inputs: tuple[tuple[Any, ...], ...] = getattr(program, "inputs", ())
     ids = [r.request_id for batch in program.arrivals for r in batch]
     for i, first in enumerate(ids):
         for second in ids[i + 1 :]:
-            pair = {first, second}
-            without = {
-                "arrivals": tuple(
-                    tuple(r for r in batch if r.request_id not in pair)
-                    for batch in program.arrivals
-                ),
-                "aborts": tuple(tuple(a for a in step if a not in pair) for step in program.aborts),
-            }
-            if inputs:
-                without["inputs"] = tuple(
-                    tuple(x for x in step if x.request_id not in pair) for step in inputs
-                )
-            yield replace(program, **without)
+            yield _without_requests(program, {first, second})
+
+
+def _without_requests(program: ProgramT, gone: set[str]) -> ProgramT:
+    """`program` less the requests `gone`, with their aborts and session inputs; every step
+    kept (an emptied one is removed by its own reduction)."""
+    without: dict[str, Any] = {
+        "arrivals": tuple(
+            tuple(r for r in batch if r.request_id not in gone) for batch in program.arrivals
+        ),
+        "aborts": tuple(tuple(a for a in step if a not in gone) for step in program.aborts),
+    }
+    inputs: tuple[tuple[Any, ...], ...] = getattr(program, "inputs", ())
+    if inputs:
+        without["inputs"] = tuple(
+            tuple(x for x in step if x.request_id not in gone) for step in inputs
+        )
+    return replace(program, **without)
 
 
 def input_reductions(program: CoreProgram) -> Iterator[CoreProgram]:
