@@ -67,6 +67,31 @@ def test_a_program_shrinks_to_what_the_failure_needs() -> None:
     assert shrunk > 10, shrunk
 
 
+def _odd_with_a_wide_canvas(program: DllmProgram) -> bool:
+    """A stand-in failure that needs the requests' parity: an odd number of requests, one of
+    them with a canvas 3 or wider. No single removal keeps it failing."""
+    requests = [r for batch in program.arrivals for r in batch]
+    widths = [r.width or program.serving.canvas_length for r in requests]
+    return len(requests) % 2 == 1 and any(w >= 3 for w in widths)
+
+
+def test_a_failure_that_needs_the_parity_shrinks_two_requests_at_a_time() -> None:
+    """Three or more requests shrink to one, removed two at a time; without the pairs the
+    shrinker stops at three or more."""
+    shrunk = 0
+    for seed in range(60):
+        program = dllm_program(seed)
+        if sum(map(len, program.arrivals)) < 3 or not _odd_with_a_wide_canvas(program):
+            continue
+        # a budget past the default: every request's sizes shrink before the pairs go
+        result = shrink_dllm(program, _odd_with_a_wide_canvas, budget=50_000)
+        small = result.program
+        assert not result.exhausted and sum(map(len, small.arrivals)) == 1, seed
+        assert not any(_odd_with_a_wide_canvas(c) for c in dllm_reductions(small)), seed
+        shrunk += 1
+    assert shrunk > 5, shrunk
+
+
 def test_every_candidate_is_a_valid_program() -> None:
     """A reduction that would make a request too long, too large for the pool or wider than
     the served canvas, or the serving invalid, is never offered; every kind is offered."""

@@ -13,7 +13,10 @@ reductions.
 3. the serving configuration: the canvas, the denoise-step cap, seats, the token budget, the
    pool and the model length down by one, the block size halved, prefix caching off and the
    FCFS policy (a change that makes the configuration or a request invalid is skipped; the
-   pipeline stages are the loop's, and stay).
+   pipeline stages are the loop's, and stay);
+4. last, only where no single change is kept, two requests at once
+   (`integrations.vllm.shrink.pair_removals`): a failure that needs the requests' parity
+   survives no single removal.
 
 The fabricated diffusion runner draws nothing (each request's script is in the program), so,
 unlike the autoregressive loop's store, no draw needs holding: a smaller program reproduces as
@@ -42,6 +45,7 @@ from integrations.vllm.shrink import (
     breaking,
     greedy_shrink,
     lower,
+    pair_removals,
     passing_too,
     request_reductions,
     step_removals,
@@ -110,6 +114,7 @@ def dllm_reductions(program: DllmProgram) -> Iterator[DllmProgram]:
         *step_removals(program),
         *request_reductions(program, _smaller_requests),
         *_serving(program),
+        *pair_removals(program),
     ):
         if _valid(candidate):
             yield candidate
