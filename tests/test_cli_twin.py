@@ -58,7 +58,8 @@ def test_a_twin_of_another_policy_fails_the_run_by_twin_decisions(
     decisions. Without --twin the same run passes (the suite alone cannot tell policies apart
     here: both are inside the idealised spec)."""
     out = tmp_path / "v.json"
-    argv = ["verify", "--impl", "reference-dllm", "--examples", "100", "--mode", "sync"]
+    # found within 5 examples; the control without --twin runs every one of them
+    argv = ["verify", "--impl", "reference-dllm", "--examples", "30", "--mode", "sync"]
     assert main([*argv, "--twin", "reference-dllm-prefill-first", "--json", str(out)]) == 1
     data = json.loads(out.read_text())
     assert data["rules"] == ["twin_decisions"], data["rules"]
@@ -127,7 +128,7 @@ def test_bench_conformance_measures_the_twins_cost_in_one_run(
     assert rows[1]["twin_cost"] > 0 and "twin_cost" not in rows[0]
     assert "twin cost" in capsys.readouterr().out
     # a twin of another policy fails the benchmark run (exit 1): the rows say which
-    argv = ["bench", "conformance", "--impl", "vllm-v1", "--examples", "100"]
+    argv = ["bench", "conformance", "--impl", "vllm-v1", "--examples", "50"]  # fails from 20
     assert main([*argv, "--twin", "reference.ar.vllm_v1:make_vllm_v1"]) == 1
 
 
