@@ -81,12 +81,12 @@ def test_a_failure_that_needs_the_parity_shrinks_two_requests_at_a_time() -> Non
     shrunk = 0
     for seed in range(60):
         program = dllm_program(seed)
-        if sum(map(len, program.arrivals)) < 3 or not _odd_with_a_wide_canvas(program):
+        if size(program)[0] < 3 or not _odd_with_a_wide_canvas(program):
             continue
         # a budget past the default: every request's sizes shrink before the pairs go
         result = shrink_dllm(program, _odd_with_a_wide_canvas, budget=50_000)
         small = result.program
-        assert not result.exhausted and sum(map(len, small.arrivals)) == 1, seed
+        assert not result.exhausted and size(small)[0] == 1, seed
         assert not any(_odd_with_a_wide_canvas(c) for c in dllm_reductions(small)), seed
         shrunk += 1
     assert shrunk > 5, shrunk

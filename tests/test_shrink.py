@@ -50,8 +50,7 @@ def test_a_failure_that_needs_the_parity_shrinks_two_requests_at_a_time() -> Non
     shrunk_any = 0
     for seed in range(40):
         program = core_program(seed)
-        count = sum(len(batch) for batch in program.arrivals)
-        if count < 3 or not _odd_with_a_long_prompt(program):
+        if size(program)[0] < 3 or not _odd_with_a_long_prompt(program):
             continue
         small = shrink(program, _odd_with_a_long_prompt).program
         requests = [r for batch in small.arrivals for r in batch]
