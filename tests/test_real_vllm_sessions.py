@@ -11,9 +11,11 @@ scheduling a turn's dropped step in flight has already advanced the session's Ma
 which the next turn resumes from (`kv_written`; the candidate fix `recompute-session-state`
 lifts it); and with structured output a later input's grammar is dropped and the session
 keeps its first input's, done after the first turn (`grammar_mask`; the candidate fix
-`own-grammar-per-input` lifts it). The rules of sessions have seeded bugs: a next input that
-keeps the turn's last sampled token (`session_prompt`) and one that frees the kept KV
-(`session_kv_kept`).
+`own-grammar-per-input` lifts it; with a reasoning parser each later turn reasons again or
+skips reasoning as its input says). The rules of sessions have seeded bugs: a next input that
+keeps the turn's last sampled token (`session_prompt`), one that frees the kept KV
+(`session_kv_kept`) and one that carries the earlier grammar's reasoning end over to the next
+input's (`grammar_mask`).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -53,15 +55,26 @@ from integrations.vllm.session_stall_fix import (
     SESSION_STALL_FIXES,
 )
 from integrations.vllm.session_state_fix import SESSION_STATE, SESSION_STATE_FIXES
-from integrations.vllm.sessions import SessionInput, SessionLedger, session_program
+from integrations.vllm.sessions import (
+    SessionInput,
+    SessionLedger,
+    input_tokens,
+    session_program,
+    turn_reasoning_end,
+)
 from integrations.vllm.spec_pad_fix import SPEC_PAD
+from integrations.vllm.structured import REASONING_END, REASONING_START
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
-from tests.vllm_seeded_bugs import session_drops_its_kv, session_keeps_its_last_token
+from tests.vllm_seeded_bugs import (
+    session_drops_its_kv,
+    session_keeps_its_last_token,
+    session_keeps_its_reasoning_end,
+)
 
 PROGRAMS = 40
 RELEASED = LoopOptions()
@@ -567,24 +580,25 @@ def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compil
     _vllm_raises_in("update_draft_token_ids", 55, False, replace(options, fix=variant))
 
 
-def test_sessions_beside_schedspecs_connector_or_reasoning_are_refused(
+def test_sessions_beside_schedspecs_connector_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A typed error from the loop, and the sweep's usage error (exit 2, one line)."""
-    for options in (
-        LoopOptions(kv_connector="recompute"),
-        LoopOptions(structured_output=True, reasoning=True),
-    ):
-        with pytest.raises(ConfigError) as err:
-            run_loop(session_program(1), async_scheduling=False, options=options)
-        assert err.value.field == "inputs", err.value
+    with pytest.raises(ConfigError) as err:
+        run_loop(
+            session_program(1),
+            async_scheduling=False,
+            options=LoopOptions(kv_connector="recompute"),
+        )
+    assert err.value.field == "inputs", err.value
+    assert "none with schedspec's KV connector" in str(err.value)
     script = load_script("vllm_async_check")
     with pytest.raises(SystemExit) as exit_:
         script.main(
             ["--programs", "1", "--programs-from", "sessions", "--kv-connector", "recompute"]
         )
     assert exit_.value.code == 2
-    assert "--programs-from sessions: not with --kv-connector or --reasoning" in (
+    assert "--programs-from sessions: not with --kv-connector (its model" in (
         capsys.readouterr().err
     )
 
@@ -629,3 +643,94 @@ def test_finding_a_guided_sessions_later_turn_keeps_its_first_inputs_grammar(
     both = run_loop(GUIDED_SESSION, async_scheduling=async_scheduling, options=fixed)
     assert both.guided_rows == run.guided_rows + 2, (both.guided_rows, run.guided_rows)
     assert both.reasons == {"a": "length"} and len(both.outputs["a"]) == 1 + 2
+
+
+#: A guided session with reasoning on (submitted first, so guided): turn 1 reasons one token
+#: and ends its reasoning at output 2 of 3; turn 2's input opens a reasoning part
+#: (`REASONING_START`) and the turn reasons two tokens, its end at output 3 of 4; turn 3's
+#: input holds an empty part (`REASONING_START`, `REASONING_END`), and the turn is guided from
+#: its first output.
+REASONING_SESSION = CoreProgram(
+    ArConfig(block_size=4, num_blocks=12, max_num_batched_tokens=8, max_model_len=32),
+    arrivals=((ArRequest("a", 2, 3),), *(((),) * 9)),
+    aborts=((),) * 10,
+    inputs=(
+        (),
+        (),
+        (SessionInput("a", 2, 4),),
+        (),
+        (SessionInput("a", 2, 2),),
+        *(((),) * 3),
+        (SessionInput("a", 0),),
+        (),
+    ),
+)
+REASONING = LoopOptions(structured_output=True, reasoning=True)
+
+
+def test_a_later_turns_input_opens_or_skips_its_reasoning_part() -> None:
+    """With reasoning on, every other later turn of a guided session reasons (1-3 tokens), and
+    its input ends as a thinking model's chat template opens the turn: with the start token,
+    or with an empty part when the turn skips reasoning (as far as the input's length
+    allows); without reasoning an input carries no marks."""
+    assert [turn_reasoning_end(0, t) for t in range(2, 8)] == [3, None, 4, None, 2, None]
+    assert [turn_reasoning_end(1, t) for t in range(2, 6)] == [None, 4, None, 2]
+    plain = input_tokens(0, 2, 3)
+    assert REASONING_START not in plain and REASONING_END not in plain
+    assert input_tokens(0, 2, 3, True) == [*plain[:2], REASONING_START]
+    assert input_tokens(0, 2, 3, False) == [plain[0], REASONING_START, REASONING_END]
+    assert input_tokens(0, 2, 1, True) == [REASONING_START]
+    assert input_tokens(0, 2, 1, False) == [REASONING_END]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_guided_sessions_later_turns_reason_again_with_the_grammar_fix(
+    async_scheduling: bool,
+) -> None:
+    """With each input's own grammar a later turn whose input opens a reasoning part reasons
+    again (vLLM's parser reads the prompt from its end: a start after the last end), its rows
+    unconstrained up to its reasoning end and guided after it, and a turn whose input skips
+    reasoning is guided from its first output. Released vLLM keeps the first input's grammar,
+    and the later turn's first content token is refused: the session ends with an error."""
+    fixed = replace(REASONING, fix=make_fixes([SESSION_GRAMMAR]))
+    run = run_loop(REASONING_SESSION, async_scheduling=async_scheduling, options=fixed)
+    outputs = run.outputs["a"]
+    assert len(outputs) == 3 + 4 + 2 and run.reasons == {"a": "length"}
+    # the reasoning ends: turn 1's second output, turn 2's third; turn 3 has none
+    assert [i for i, t in enumerate(outputs) if t == REASONING_END] == [1, 3 + 2]
+    # every output sampled under a checked row: 2 + 3 reasoning rows (the end's included), 3
+    # of them in turn 2, and 1 + 1 + 2 guided ones
+    assert (run.guided_rows, run.reasoning_rows, run.session_reasoning_rows) == (9, 5, 3)
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(REASONING_SESSION, async_scheduling=async_scheduling, options=REASONING)
+    assert caught.value.rule in {"output_content", "finish_reason"}, caught.value
+    assert "session 'a'" in str(caught.value)
+
+
+def test_a_grammar_that_keeps_the_earlier_turns_reasoning_end_is_caught() -> None:
+    """Seeded bug `session_keeps_its_reasoning_end` (the grammar fix applied, the earlier
+    grammar's latch carried over): turn 2 reasons again but is constrained from its first
+    output (`grammar_mask`), in the directed program and within the first session programs."""
+    options = replace(
+        REASONING,
+        fix=make_fixes([SESSION_STALL, SESSION_GRAMMAR]),
+        mutate=session_keeps_its_reasoning_end,
+    )
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(REASONING_SESSION, async_scheduling=True, options=options)
+    assert caught.value.rule == "grammar_mask", caught.value
+    assert (
+        "'a' samples output 1, still reasoning (its grammar starts at output 4), under bitmask "
+        "row 0, which allows class 4; a reasoning row allows every token"
+    ) in str(caught.value)
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(session_program(seed), async_scheduling=True, options=options),
+        until="grammar_mask",
+    )
+    assert "grammar_mask" in seen, seen
+    assert "still reasoning" in seen["grammar_mask"], seen
+    # the fix alone passes the same programs
+    control = replace(options, mutate=None)
+    for seed in range(PROGRAMS):
+        run_loop(session_program(seed), async_scheduling=True, options=control)

@@ -565,6 +565,23 @@ def session_keeps_its_last_token(sched: Any) -> None:
     sched._update_request_as_session = update
 
 
+def session_keeps_its_reasoning_end(sched: Any) -> None:
+    """Seeded bug: a streaming-input session's next input takes its own grammar (the
+    `own-grammar-per-input` fix applied) but carries over the earlier grammar's latch that
+    reasoning has ended, so a later turn that reasons again is constrained from its first
+    output."""
+    apply = sched._update_request_as_session
+
+    def update(session: Any, next_input: Any) -> None:
+        earlier = session.structured_output_request
+        apply(session, next_input)
+        grammar = session.structured_output_request
+        if earlier is not None and grammar is not None:
+            grammar.reasoning_ended = earlier.reasoning_ended
+
+    sched._update_request_as_session = update
+
+
 def session_drops_its_kv(sched: Any) -> None:
     """Seeded bug: a streaming-input session's next input frees the KV of its kept tokens and
     recomputes them."""

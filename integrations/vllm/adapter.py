@@ -401,7 +401,8 @@ class RealVllmScheduler:
         self.max_loras: int = max_loras
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
-        #: guided request id -> the output index of its reasoning end (reasoning on)
+        #: guided request id -> the output index of its reasoning end in its current turn
+        #: (reasoning on; `integrations.vllm.sessions` sets a later turn's)
         self.reasoning_end_at: dict[str, int] = {}
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
         #: synchronous here); `integrations.vllm.engine_core` sets it to compile later.
@@ -853,12 +854,12 @@ def output_token(
     *,
     turn: int = 1,
 ) -> int:
-    """Output token number `index` (1-based) of `request`, submitted `arrival`-th: in its first
-    turn its stop token at `stop_after`, else the reasoning end token at `reasoning_end_at`,
-    else one fixed by the arrival and the index; in a later turn of a streaming-input session
-    (`turn` > 1, no stop token) one fixed by the arrival, the turn and the index."""
+    """Output token number `index` (1-based) of `request`, submitted `arrival`-th, in turn
+    `turn` (a streaming-input session's; 1 for any request): in its first turn its stop token
+    at `stop_after`, else the reasoning end token at `reasoning_end_at` (the turn's), else one
+    fixed by the arrival and the index; in a later turn (no stop token) `session_output_token`."""
     if turn > 1:
-        return session_output_token(arrival, turn, index)
+        return session_output_token(arrival, turn, index, reasoning_end_at)
     if request.stop_after is not None and index == request.stop_after:
         return STOP_BASE + arrival
     if index == reasoning_end_at:
@@ -866,9 +867,14 @@ def output_token(
     return OUTPUT_BASE + arrival * (1 << 32) + index
 
 
-def session_output_token(arrival: int, turn: int, index: int) -> int:
+def session_output_token(
+    arrival: int, turn: int, index: int, reasoning_end_at: int | None = None
+) -> int:
     """Output token number `index` (1-based) of turn `turn` > 1 of the streaming-input session
-    submitted `arrival`-th (`output_token` of a later turn)."""
+    submitted `arrival`-th: the reasoning end token at `reasoning_end_at` (a turn that
+    reasons), else one fixed by the arrival, the turn and the index."""
+    if index == reasoning_end_at:
+        return structured.REASONING_END
     return OUTPUT_BASE + arrival * (1 << 32) + (turn - 1) * (1 << TURN_SHIFT) + index
 
 

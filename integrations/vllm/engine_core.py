@@ -152,7 +152,7 @@ from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.speculative import SpeculativeModel
-from integrations.vllm.structured import LateGrammars, script_span
+from integrations.vllm.structured import LateGrammars
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError, RequestError
@@ -230,6 +230,7 @@ class CoreRun:
     deferred: int = 0  # batches sampled only after the previous output (structured output)
     guided_rows: int = 0  # sampled tokens of structured-output requests whose row was checked
     reasoning_rows: int = 0  # of those, reasoning tokens (their rows unconstrained)
+    session_reasoning_rows: int = 0  # of those, in a streaming-input session's later turn
     grammar_waits: int = 0  # requests left waiting for their grammar, per schedule
     grammar_errors: int = 0  # requests ended with an error as their grammar does not compile
     loads: int = 0  # KV loads from the remote store (KV connector)
@@ -284,6 +285,7 @@ class _Counts(LoopCounts):
     deferred: int = 0
     guided_rows: int = 0
     reasoning_rows: int = 0
+    session_reasoning_rows: int = 0
     grammar_waits: int = 0
     grammar_errors: int = 0
     aborted_loading: int = 0
@@ -498,6 +500,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 explicit_drafts=structured_output,
                 keyed_drafts=keyed_drafts,
                 turn_of=self.impl.turn_of,
+                grammar_span=self.sessions.grammar_span,
             )
             if speculative_tokens
             else None
@@ -616,15 +619,15 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def run(self, program: CoreProgram) -> CoreRun:
         """The program (`BatchQueueLoop.play`), checked; what the loop did. `ConfigError` for
-        sessions beside schedspec's KV connector or reasoning (the connector's draws and the
-        reasoning script do not follow a session's turns)."""
+        sessions beside schedspec's KV connector (its draws do not follow a session's
+        turns)."""
         self._session_ids = sessions_of(program.inputs)
-        if self._session_ids and (self.remote is not None or self.impl.reasoning):
+        if self._session_ids and self.remote is not None:
             raise ConfigError(
                 "inputs",
                 f"{len(self._session_ids)} sessions",
-                "none with schedspec's KV connector or reasoning (their models do not follow a "
-                "session's turns); vLLM's offloading connector and structured output serve them",
+                "none with schedspec's KV connector (its model does not follow a session's "
+                "turns); vLLM's offloading connector, structured output and reasoning serve them",
             )
         self.play(
             program.arrivals,
@@ -803,10 +806,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                     and not waiting_for_grammar(req)
                 ):
                     turn = self.impl.turn_of.get(rid, 1)
-                    rows.check(rid, next_output_index(req), 1, script_span(req), turn)
+                    span = self.sessions.grammar_span(req)
+                    rows.check(rid, next_output_index(req), 1, span, turn)
             output = self.impl._fabricate(dict(out.num_scheduled_tokens))
         self.n.guided_rows += rows.checked
         self.n.reasoning_rows += rows.reasoning
+        self.n.session_reasoning_rows += rows.later_reasoning
         return output
 
     def transfer(self, out: Any, output: Any) -> Any:

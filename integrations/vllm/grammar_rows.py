@@ -37,6 +37,7 @@ class GrammarRows:
         self.acceptable: dict[str, int] = {}
         self.checked: int = 0  # rows `check` found right
         self.reasoning: int = 0  # of those, rows of a reasoning output (unconstrained)
+        self.later_reasoning: int = 0  # of those, in a streaming-input session's later turn
         if grammar_output is None:
             return
         ids = list(grammar_output.structured_output_request_ids)
@@ -89,6 +90,7 @@ class GrammarRows:
                     )
                 self.checked += 1
                 self.reasoning += 1
+                self.later_reasoning += turn > 1
                 continue
             want = token_class(index)
             if allowed != [want]:

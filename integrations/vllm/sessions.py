@@ -26,8 +26,11 @@ watching `_update_request_as_session`, checks three rules:
 
 `output_content` and `finish_reason` then hold turn by turn: a session's outputs are each
 turn's own tokens in turn (the model's tokens depend on the turn, `adapter.output_token`) and a
-turn ends with the reason its length implies. vLLM refuses resumable requests for diffusion
-models, so only the AR loop serves sessions.
+turn ends with the reason its length implies. A guided session's later input asks for a
+grammar of its own turn's content (`grammar_span` holds the turn's rows to it); with a
+reasoning parser every other later turn reasons again, its input opening a reasoning part,
+and the others skip it (`turn_reasoning_end`, `input_tokens`). vLLM refuses resumable
+requests for diffusion models, so only the AR loop serves sessions.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 from integrations.vllm.adapter import session_output_token
 from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
-from integrations.vllm.structured import grammar_params
+from integrations.vllm.structured import (
+    REASONING_END,
+    REASONING_START,
+    grammar_params,
+    script_span,
+)
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
@@ -76,10 +84,27 @@ class SessionInput:
         return self.prompt_len == 0
 
 
-def input_tokens(arrival: int, turn: int, length: int) -> list[int]:
-    """The tokens of the input that starts turn `turn` of the session submitted `arrival`-th."""
+def input_tokens(arrival: int, turn: int, length: int, reasons: bool | None = None) -> list[int]:
+    """The tokens of the input that starts turn `turn` of the session submitted `arrival`-th.
+    `reasons` (a guided session's turn, with reasoning on): the input ends as a thinking
+    model's chat template ends an assistant turn's opening, with `REASONING_START` if the turn
+    reasons and with an empty part (`REASONING_START`, `REASONING_END`) if not, as far as its
+    length allows (one token: the last of those)."""
     base = SESSION_INPUT_BASE + (arrival << 20) + (turn << 10)
-    return [base + i for i in range(length)]
+    tokens = [base + i for i in range(length)]
+    if reasons is None:
+        return tokens
+    marks = [REASONING_START] if reasons else [REASONING_START, REASONING_END]
+    cut = min(length, len(marks))
+    return tokens[: length - cut] + marks[len(marks) - cut :]
+
+
+def turn_reasoning_end(arrival: int, turn: int) -> int | None:
+    """With reasoning on, where turn `turn` > 1 of the guided session submitted `arrival`-th
+    ends its reasoning (the output index of `REASONING_END`: 1-3 reasoning tokens before it),
+    or None for a turn that skips reasoning: every other turn reasons."""
+    key = arrival + turn
+    return 2 + (key // 2) % 3 if key % 2 == 0 else None
 
 
 @dataclass
@@ -98,6 +123,18 @@ class _Session:
     closed: bool = False
     kept: int | None = None  # computed tokens at the latest input, until its first schedule
     failing_turns: set[int] = field(default_factory=set)  # turns whose grammar fails
+    #: with reasoning on, a guided session's later turns -> their reasoning end (None: the
+    #: turn skips reasoning); `turn_reasoning_end`
+    reasoning_ends: dict[int, int | None] = field(default_factory=dict)
+    #: a guided session's later turns -> the outputs their input's grammar constrains
+    #: (first, last), as sent
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def reasons_in(self, turn: int) -> bool | None:
+        """Whether later turn `turn` reasons (None: its input carries no reasoning marks)."""
+        if turn not in self.reasoning_ends:
+            return None
+        return self.reasoning_ends[turn] is not None
 
 
 class SessionLedger:
@@ -151,16 +188,28 @@ class SessionLedger:
         if session.closed or item.request_id not in self.impl.sched.requests:
             return False
         turn = session.turn + len(session.pending) + 1
-        tokens = input_tokens(session.arrival, turn, item.prompt_len) if item.prompt_len else [0]
-        # a guided session's input asks for a grammar of its own turn's outputs
+        # a guided session's input asks for a grammar of its own turn's outputs (after its
+        # reasoning, with reasoning on)
         guided = not item.closes and self.impl.submitted[item.request_id].use_structured_output
+        if guided and self.impl.reasoning:
+            session.reasoning_ends[turn] = turn_reasoning_end(session.arrival, turn)
+        end_at = session.reasoning_ends.get(turn)
+        tokens = (
+            input_tokens(session.arrival, turn, item.prompt_len, session.reasons_in(turn))
+            if item.prompt_len
+            else [0]
+        )
+        first = 1 if end_at is None else end_at + 1
+        if guided:
+            session.spans[turn] = (first, item.max_tokens)
         script = [
-            session_output_token(session.arrival, turn, i) for i in range(1, item.max_tokens + 1)
+            session_output_token(session.arrival, turn, i, end_at)
+            for i in range(first, item.max_tokens + 1)
         ]
         params = v.sampling.SamplingParams(
             max_tokens=max(item.max_tokens, 1),
             ignore_eos=True,
-            structured_outputs=grammar_params(v, script) if guided else None,
+            structured_outputs=grammar_params(v, script, first) if guided else None,
         )
         request = v.request.Request(
             request_id=item.request_id,
@@ -188,6 +237,16 @@ class SessionLedger:
         if item.closes and waiting:
             self.closed_waiting += 1
         return True
+
+    def grammar_span(self, req: Any) -> tuple[int, int]:
+        """The outputs the grammar of vLLM request `req`'s current turn constrains, (first,
+        last): a session's later turn's as its input asked for them (what was sent, not the
+        grammar vLLM holds, which may be another turn's), else its own grammar's
+        (`script_span`)."""
+        session = self.sessions.get(req.request_id)
+        if session is not None and session.turn > 1:
+            return session.spans[session.turn]
+        return script_span(req)
 
     # ------------------------------------------------------------------ watching vLLM
     def watch(self, sched: Any) -> None:
@@ -223,10 +282,17 @@ class SessionLedger:
         session.expected_reasons.append(self.turn_reason(session))
         session.turn += 1
         self.impl.turn_of[rid] = session.turn
+        end_at = session.reasoning_ends.get(session.turn)
+        if end_at is None:
+            self.impl.reasoning_end_at.pop(rid, None)
+        else:
+            self.impl.reasoning_end_at[rid] = end_at
         session.prompt = [
             *session.prompt,
             *outputs[:-1],
-            *input_tokens(session.arrival, session.turn, item.prompt_len),
+            *input_tokens(
+                session.arrival, session.turn, item.prompt_len, session.reasons_in(session.turn)
+            ),
         ]
         session.max_tokens, session.stop_after = item.max_tokens, None
         self.inputs_applied += 1

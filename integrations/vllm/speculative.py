@@ -100,10 +100,13 @@ class SpeculativeModel:
         explicit_drafts: bool = False,
         keyed_drafts: bool = False,
         turn_of: Mapping[str, int] | None = None,
+        grammar_span: Callable[[Any], tuple[int, int]] = script_span,
     ) -> None:
         self.sched = sched
         #: A streaming-input session's current turn, by request id (`grammar_mask` names it).
         self.turn_of: Mapping[str, int] = turn_of if turn_of is not None else {}
+        #: The outputs a structured request's grammar constrains in its current turn.
+        self.grammar_span = grammar_span
         self.k = k
         self.rnd: random.Random = random.Random(seed)
         self.token = token
@@ -208,7 +211,7 @@ class SpeculativeModel:
                     "were to be sure not to use them)",
                 )
             if req.use_structured_output:
-                self._check_grammar_drafts(rid, base, drafts, script_span(req)[0])
+                self._check_grammar_drafts(rid, base, drafts, self.grammar_span(req)[0])
             if rid in self.decoding:
                 # a decode writes the last sampled token (output `base`) and its drafts
                 position = req.num_prompt_tokens + base - 1
@@ -232,7 +235,7 @@ class SpeculativeModel:
                 valid[rid] = (starts[rid], n - len(drafts))
             if req.use_structured_output and not waiting_for_grammar(req):
                 (rows or GrammarRows(None)).check(
-                    rid, base + 1, accepted + 1, script_span(req), self.turn_of.get(rid, 1)
+                    rid, base + 1, accepted + 1, self.grammar_span(req), self.turn_of.get(rid, 1)
                 )
             sampled.append([self.token(rid, base + 1 + j) for j in range(accepted + 1)])
             self.produced[rid] = base + accepted + 1

@@ -210,16 +210,27 @@ def script_span(request: Any) -> tuple[int, int]:
 #: above every token of `integrations.vllm.adapter` and below the speculative model's wrong
 #: drafts.
 REASONING_END = 1 << 50
+#: The token that opens a reasoning part (`<think>`): a later input of a guided session ends
+#: with it when its turn reasons, and with it and `REASONING_END` when the turn does not (as a
+#: thinking model's chat template opens each assistant turn, with an empty part to skip it).
+REASONING_START = REASONING_END + 1
 
 
 def reasoner_class(base: Any) -> Any:
-    """A vLLM `ReasoningParser` (subclass of `base`) whose reasoning ends with the token
-    `REASONING_END`, as a parser such as DeepSeek-R1's ends it with `</think>`: no tokenizer
-    needed."""
+    """A vLLM `ReasoningParser` (subclass of `base`) whose reasoning opens with the token
+    `REASONING_START` and ends with `REASONING_END`, as DeepSeek-R1's parser reads `<think>`
+    and `</think>`: no tokenizer needed. A prompt has ended its reasoning when, read from its
+    end, an end comes before any start (vLLM's `BaseThinkingReasoningParser`), so a session's
+    later turn that opens a part reasons again."""
 
     class ScriptReasoner(base):  # type: ignore[misc]
         def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-            return REASONING_END in input_ids
+            for token in reversed(input_ids):
+                if token == REASONING_START:
+                    return False
+                if token == REASONING_END:
+                    return True
+            return False
 
         def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Any) -> bool:
             return REASONING_END in list(delta_ids)
@@ -255,6 +266,7 @@ __all__ = [
     "BACKEND",
     "GRAMMAR_VOCAB",
     "REASONING_END",
+    "REASONING_START",
     "LateGrammars",
     "ScriptBackend",
     "ScriptGrammar",
