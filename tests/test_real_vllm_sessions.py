@@ -22,7 +22,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from integrations.vllm.engine_core import (
     LoopOptions,
     run_loop,
 )
-from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.loop_arguments import FIXES, make_fixes
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS
@@ -69,7 +69,6 @@ from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
-from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     session_drops_its_kv,
     session_keeps_its_last_token,
@@ -193,14 +192,17 @@ def test_with_the_offloading_connector_the_stall_fix_drops_the_last_session_wait
         assert run.reasons == {"r2": "length", "r6": "length", "r8": "length"}
 
 
-def _stall_fix_variant(name: str, old: str, new: str) -> Callable[[Any], None]:
-    """The stall fix with `old` in its edit made `new`: a seeded bug of how it tells the drop."""
+def _stall_fix_variant(
+    name: str, old: str, new: str, others: Iterable[str] = ()
+) -> Callable[[Any], None]:
+    """The stall fix with `old` in its edit made `new` (a seeded bug of how it tells the drop,
+    or its first version), made with the fixes `others`."""
     module, before, after = SESSION_STALL_FIX.edits[0]
-    assert old in after
+    assert after.count(old) == 1
     variant = EngineFix(
         name, ((module, before, after.replace(old, new)),), SESSION_STALL_FIX.methods
     )
-    return ScheduleFix(variant).apply
+    return ScheduleFix(variant, *(FIXES[n] for n in others)).apply
 
 
 def test_preemption_victim_holds_a_drop_told_as_a_preemption_to_the_dropped_session() -> None:
@@ -580,27 +582,62 @@ def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compil
     _vllm_raises_in("update_draft_token_ids", 55, False, replace(options, fix=variant))
 
 
-def test_sessions_beside_schedspecs_connector_are_refused(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """A typed error from the loop, and the sweep's usage error (exit 2, one line)."""
-    with pytest.raises(ConfigError) as err:
-        run_loop(
-            session_program(1),
-            async_scheduling=False,
-            options=LoopOptions(kv_connector="recompute"),
-        )
-    assert err.value.field == "inputs", err.value
-    assert "none with schedspec's KV connector" in str(err.value)
-    script = load_script("vllm_async_check")
-    with pytest.raises(SystemExit) as exit_:
-        script.main(
-            ["--programs", "1", "--programs-from", "sessions", "--kv-connector", "recompute"]
-        )
-    assert exit_.value.code == 2
-    assert "--programs-from sessions: not with --kv-connector (its model" in (
-        capsys.readouterr().err
+#: The candidate fixes of schedspec's KV connector's findings (`--kv-connector`), with the
+#: sessions' stall fix.
+CONNECTOR_FIXED = [
+    SESSION_STALL,
+    "drop-stale-reservation",
+    "requeue-failed-load",
+    "evict-failed-blocks",
+    "every-sharer-recomputes",
+    "stale-after-failed-load",
+    "evict-ended-loader-blocks",
+]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_sessions_take_turns_beside_schedspecs_kv_connector(policy: str) -> None:
+    """With the connector's fixes the first session programs pass both loops beside
+    schedspec's KV connector: a session loads its first turn's hit, loads again when its kept
+    KV was dropped (a later turn, its whole prompt looked up afresh), and sends its KV when it
+    ends; under "fail" a session a failed load ends is checked as an aborted one (its turns so
+    far, the error ending none of them)."""
+    options = LoopOptions(kv_connector=policy, fix=make_fixes(CONNECTOR_FIXED))
+    totals = {"loads": 0, "session_loads": 0, "session_sends": 0, "load_errors": 0}
+    for seed in range(2 * PROGRAMS):
+        for run in _both(session_program(seed), options):
+            for name in totals:
+                totals[name] += getattr(run, name)
+    assert totals["loads"] > totals["session_loads"] > 0, totals
+    assert totals["session_sends"] > 0, totals
+    assert (totals["load_errors"] > 0) == (policy == "fail"), totals
+
+
+def test_the_stall_fix_drops_a_session_waiting_for_its_next_grammar() -> None:
+    """Beside schedspec's KV connector a request whose load finished heads the queue of
+    requests holding KV and finds no room; behind it waits a guided session whose next input
+    was applied (`own-grammar-per-input`: it waits for its grammar until the loop reaches it),
+    holding the rest of the pool (session program 524, sync). The stall fix's first version,
+    which dropped only sessions already promoted to WAITING, took none, and the engine stepped
+    on scheduling nothing; the fix drops that session too."""
+    fixes = [*CONNECTOR_FIXED, SESSION_GRAMMAR]
+    options = LoopOptions(kv_connector="recompute", structured_output=True, fix=make_fixes(fixes))
+    run = run_loop(session_program(524), async_scheduling=False, options=options)
+    assert run.session_kv_dropped >= 1, run
+    promoted_only = _stall_fix_variant(
+        "drops-promoted-sessions-only",
+        " " * 28 + "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n",
+        "",
+        [n for n in fixes if n != SESSION_STALL],
     )
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            session_program(524),
+            async_scheduling=False,
+            options=replace(options, fix=promoted_only),
+        )
+    assert caught.value.rule == "progress", caught.value
+    assert "0 running" in str(caught.value) and "0 blocks free" in str(caught.value)
 
 
 #: A guided session (the first request submitted is guided): one output, then one input that

@@ -238,6 +238,8 @@ class CoreRun:
     loads_failed: int = 0  # of those, failed as a whole
     blocks_invalid: int = 0  # of those, failed in one block
     sends: int = 0  # finished requests whose KV was sent
+    session_loads: int = 0  # KV loads into a streaming-input session's later turn
+    session_sends: int = 0  # sends of a session's KV after more than one turn
     aborted_loading: int = 0  # aborts of a request whose KV load was in flight
     load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
     lookups_put_off: int = 0  # connector lookups answered "ask again later"
@@ -429,6 +431,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 blocks=kv_store_blocks,
             )
             self.impl.sched.connector.remote = self.remote
+            self.remote.turn_of = self.impl.turn_of
         if mutate is not None:
             mutate(self.impl.sched)
         #: Streaming-input sessions: their inputs sent and their turns checked (the watch
@@ -618,17 +621,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.reasons[rid] = reason
 
     def run(self, program: CoreProgram) -> CoreRun:
-        """The program (`BatchQueueLoop.play`), checked; what the loop did. `ConfigError` for
-        sessions beside schedspec's KV connector (its draws do not follow a session's
-        turns)."""
+        """The program (`BatchQueueLoop.play`), checked; what the loop did."""
         self._session_ids = sessions_of(program.inputs)
-        if self._session_ids and self.remote is not None:
-            raise ConfigError(
-                "inputs",
-                f"{len(self._session_ids)} sessions",
-                "none with schedspec's KV connector (its model does not follow a session's "
-                "turns); vLLM's offloading connector, structured output and reasoning serve them",
-            )
         self.play(
             program.arrivals,
             program.aborts,
@@ -965,10 +959,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 )
             self.n.grammar_errors += reason == "error"
             return
-        if rid in self.sessions.sessions:
-            self.sessions.check(rid, list(tokens), self.reasons.get(rid))
-            return
-        spec = self.impl.specs[rid]
         reason = self.reasons.get(rid)
         if (
             reason == "error"
@@ -976,9 +966,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             and self.impl.kv_connector == "fail"
             and rid in self.remote.failed
         ):
-            # vLLM's default policy ends a request whose load failed, with what it had
+            # vLLM's default policy ends a request whose load failed, with what it had (a
+            # session: its turns so far, the error ending none of them)
             self.n.load_errors += 1
             reason = ABORTED
+            if rid in self.sessions.sessions:
+                self.sessions.ended_by_failed_load(rid)
+        if rid in self.sessions.sessions:
+            self.sessions.check(rid, list(tokens), reason)
+            return
+        spec = self.impl.specs[rid]
         check_content(
             rid,
             tokens,

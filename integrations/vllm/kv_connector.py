@@ -82,6 +82,8 @@ class TransferCounts:
     loads_failed: int = 0  # the whole load failed (failed_recving)
     blocks_invalid: int = 0  # one block of the load failed (invalid_block_ids)
     sends: int = 0
+    session_loads: int = 0  # loads into a streaming-input session's later turn
+    session_sends: int = 0  # sends of a session that took more than one turn
     aborted_loading: int = 0  # aborts of a request whose load was in flight
     lookups_put_off: int = 0  # lookups answered "ask again later" (None)
     stores_refused: int = 0  # sends a store with no room for them refused (offload store)
@@ -133,6 +135,8 @@ class RemoteKv:
         #: trace, `integrations.vllm.trace`).
         self.log: Callable[[str], None] | None = None
         self._told: dict[str, tuple[int, int]] = {}  # request -> the lookup last logged
+        #: A streaming-input session's current turn, by request id (the loop's; counted only).
+        self.turn_of: Mapping[str, int] = {}
 
     def say(self, line: str) -> None:
         """`line` to `log`, if set."""
@@ -217,6 +221,7 @@ class RemoteKv:
         self._register(load)
         self.counts.loads += 1
         self.counts.sync_loads += sync
+        self.counts.session_loads += self.turn_of.get(request.request_id, 1) > 1
         kind = "synchronous" if sync else "asynchronous"
         self.say(
             f"connector: {kind} load of {request.request_id}'s tokens {start}.."
@@ -238,6 +243,7 @@ class RemoteKv:
             return False
         self._register(Transfer("send", request.request_id, request, blocks, 0))
         self.counts.sends += 1
+        self.counts.session_sends += self.turn_of.get(request.request_id, 1) > 1
         self.say(f"connector: send of {request.request_id}'s blocks {list(blocks)}")
         return True
 

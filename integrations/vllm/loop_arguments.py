@@ -402,11 +402,6 @@ def loop_options(
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
     if args.pauses is not None and args.kv_connector:
         parser.error("--pauses: not with --kv-connector")
-    if getattr(args, "programs_from", "").startswith("sessions") and args.kv_connector:
-        parser.error(
-            f"--programs-from {args.programs_from}: not with --kv-connector "
-            "(its model does not follow a session's turns)"
-        )
     if args.loras < 0:
         parser.error("--loras: an int >= 0")
     if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):

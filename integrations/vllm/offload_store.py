@@ -169,6 +169,7 @@ class OffloadStore(RemoteKv):
         self._register(Transfer("send", request.request_id, request, blocks, 0))
         self.storing[request.request_id] = new
         self.counts.sends += 1
+        self.counts.session_sends += self.turn_of.get(request.request_id, 1) > 1
         return True
 
     def _make_room(self, needed: int, *, protected: set[bytes], storing: int) -> bool:

@@ -265,6 +265,13 @@ class SessionLedger:
         of a session that goes on, or on its last); compared once the loop is drained."""
         self.sessions[rid].reasons.append(reason)
 
+    def ended_by_failed_load(self, rid: str) -> None:
+        """Session `rid` was ended with an error after a failed KV load (a connector's "fail"
+        policy): that error ends no turn, and the session is checked as an aborted one."""
+        reasons = self.sessions[rid].reasons
+        if reasons and reasons[-1] == "error":
+            reasons.pop()
+
     def applied(self, req: Any, computed: int) -> None:
         """vLLM applied session `req`'s next input: `session_prompt`, `session_length` and the
         first half of `session_kv_kept` (`computed`: its computed tokens before)."""
