@@ -7,8 +7,9 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
 (`vllm-offloading`: `integrations.vllm.offload_hit_fix`, on hybrid KV caches
-`integrations.vllm.offload_window_fixes`, and with KV cache events
-`integrations.vllm.offload_events_fix`), its Mamba prefix caching
+`integrations.vllm.offload_window_fixes`, with KV cache events
+`integrations.vllm.offload_events_fix`, and beside sessions with structured output
+`integrations.vllm.offload_error_store_fix`), its Mamba prefix caching
 (`vllm-mamba`: `integrations.vllm.mamba_split_fix`) or its cache reset after a pause
 (`vllm-pause`: `integrations.vllm.reset_holders_fix`).
 

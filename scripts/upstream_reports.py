@@ -190,6 +190,14 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-session-grammar",
         "PR #57685 (open; the same edit)",
     ),
+    "vllm-offloading-error-store": (
+        "The KV offloading connector beside streaming-input sessions with structured output, "
+        "once each input has its own grammar: a session whose next input's grammar fails ends "
+        "with an error before the input is computed, and the connector stores the input's "
+        "unwritten block under its keys",
+        "vllm-offloading",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

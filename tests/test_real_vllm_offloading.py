@@ -121,17 +121,8 @@ def test_vllm_serves_its_own_offloading_connector_with_the_chunks_asked() -> Non
             ),
             "offloading",
         ),
-        (
-            lambda: EngineCoreLoop(
-                CONFIG,
-                async_scheduling=False,
-                structured_output=True,
-                offloading=OffloadingOptions(4),
-            ),
-            "offloading",
-        ),
     ],
-    ids=["no-chunks", "options-without-chunks", "two-connectors", "structured-output"],
+    ids=["no-chunks", "options-without-chunks", "two-connectors"],
 )
 def test_bad_offloading_options_are_typed_errors(build: Callable[[], Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -171,6 +162,20 @@ def test_pipeline_stages_pass_with_every_workers_report() -> None:
     options = LoopOptions(offload_chunks=16, offload_outputs=True, pipeline_parallel_size=2)
     runs = _passing_runs(options, PROGRAMS // 3, loops=(True,))
     assert sum(run.offload_stores for run in runs) > 0
+
+
+def test_guided_batches_sampled_late_carry_the_workers_report() -> None:
+    """With structured output the asynchronous loop defers sampling a batch whose guided
+    request still has an output in flight; vLLM runs its forward at once (`execute_model`, the
+    worker's loads and stores with it) and hands the worker's report over with its output
+    once sampled. Programs pass as without a grammar, and deferred batches carry reports."""
+    options = LoopOptions(offload_chunks=16, offload_outputs=True, structured_output=True)
+    totals: Counter[str] = Counter()
+    keys = ("deferred", "offload_deferred_reports", "offload_loads", "guided_rows")
+    for run in _passing_runs(options, PROGRAMS, loops=(True,)):
+        for key in keys:
+            totals[key] += getattr(run, key)
+    assert all(totals[k] > 0 for k in keys), totals
 
 
 #: (seeded bug, the rule it fails, words of the message): tests/test_real_vllm.py counts these
@@ -350,11 +355,13 @@ def test_the_check_script_runs_vllms_offloading_and_refuses_bad_combinations(
     out = capsys.readouterr().out
     assert "vLLM's OffloadingConnector (16 CPU chunks, prompt blocks)" in out, out
     assert "store jobs of vLLM's OffloadingConnector" in out, out
+    # with structured output too (its deferred batches' reports counted)
+    assert script.main([*argv, "--structured-output"]) == 0
+    assert "deferred batches whose output carried the worker's report" in (capsys.readouterr().out)
     for bad in (
         ["--offload-chunks", "0"],
         ["--offload-chunks", "4", "--kv-connector", "recompute"],
         ["--offload-outputs"],
-        ["--offload-chunks", "4", "--structured-output"],
         ["--offload-blocks-per-chunk", "2"],
         ["--cache-resets", "--kv-connector", "recompute"],
     ):

@@ -40,6 +40,7 @@ from integrations.vllm.engine_core import (
     run_loop,
 )
 from integrations.vllm.loop_arguments import FIXES, make_fixes
+from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS
@@ -771,3 +772,31 @@ def test_a_grammar_that_keeps_the_earlier_turns_reasoning_end_is_caught() -> Non
     control = replace(options, mutate=None)
     for seed in range(PROGRAMS):
         run_loop(session_program(seed), async_scheduling=True, options=control)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_finding_a_session_ended_by_its_next_grammar_has_uncomputed_blocks_offloaded(
+    async_scheduling: bool,
+) -> None:
+    """With each input its own grammar (`own-grammar-per-input`), a session whose next input
+    was applied and whose grammar then fails ends with an error before the input's tokens are
+    computed. vLLM's offloading connector stores a finished request's blocks up to the commit
+    point of a request that computed its prompt (unless it was aborted), so it stores the
+    input's block, which no batch wrote (`store_content`; session program 16 with late
+    grammars). The candidate fix `store-computed-on-error` stores what such a request
+    computed, as for an abort, and the program passes."""
+    fixes = [SESSION_STALL, SESSION_GRAMMAR, OFFLOAD_HIT]
+    options = LoopOptions(
+        offload_chunks=8,
+        offload_outputs=True,
+        structured_output=True,
+        late_grammars=True,
+        fix=make_fixes(fixes),
+    )
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(16), async_scheduling=async_scheduling, options=options)
+    assert caught.value.rule == "store_content", caught.value
+    assert "but no batch or load wrote it" in str(caught.value)
+    fixed = replace(options, fix=make_fixes([*fixes, STORE_COMPUTED_ON_ERROR]))
+    run = run_loop(session_program(16), async_scheduling=async_scheduling, options=fixed)
+    assert run.session_grammar_errors >= 1 and run.offload_stores >= 1, run

@@ -255,6 +255,7 @@ class CoreRun:
     offload_window_stored_blocks: int = 0  # of the blocks stored, a sliding window group's
     offload_window_loaded_blocks: int = 0  # of the blocks loaded, a sliding window group's
     offload_unstored_loads: int = 0  # of those, blocks of a chunk their store left out
+    offload_deferred_reports: int = 0  # deferred batches whose output carried a worker report
     cache_resets: int = 0  # prefix-cache and connector resets between engine steps
     cache_resets_done: int = 0  # of those, the ones vLLM reported done (no KV in use)
     events_stored: int = 0  # keys KV cache events announced stored (GPU tier)
@@ -295,6 +296,7 @@ class _Counts(LoopCounts):
     cache_resets: int = 0
     cache_resets_done: int = 0
     adapter_waits: int = 0
+    offload_deferred_reports: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -356,13 +358,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         pauses: str | None = None,
         trace: list[str] | None = None,
     ) -> None:
-        if offloading is not None and structured_output:
-            raise ConfigError(
-                "offloading",
-                offloading,
-                "None with structured_output (a batch sampled late is not modelled with "
-                "offloading's per-step transfers)",
-            )
         if cache_resets and kv_connector is not None:
             raise ConfigError(
                 "cache_resets",
@@ -524,6 +519,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self._valid: dict[str, tuple[int, int]] | None = None
         #: per batch output (its id): the synchronous loads it ran that failed in a block
         self._failed_sync: dict[int, list[Any]] = {}
+        #: per deferred batch (its id) with vLLM's offloading connector: the worker's report
+        #: of its forward, which rides with its output once sampled
+        self._forward_reports: dict[int, Any] = {}
         self._deferred_tables: GroupTables = ()
 
         self._stale_before: set[str] = set()
@@ -717,6 +715,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
+        # a deferred batch (sampled once the output before it is applied) runs its forward now,
+        # as vLLM's `execute_model` does: the offloading worker's loads land before its reads
+        forward_now = self.offload is not None and not (self.queue and self.queue[0][0] is out)
+        if self.offload is not None and forward_now:
+            self.offload.before_forward(out.kv_connector_metadata)
         if self.writes is not None:
             if self.remote is not None:
                 # a synchronous load writes its blocks in this batch's forward, before attention
@@ -729,9 +732,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             )
         if self.offload is not None:
             # the worker's transfers done after this batch's forward, reported in its output
-            batch, output = self.queue[0]
-            assert batch is out
-            output.kv_connector_output = self.offload.after_forward(out.kv_connector_metadata)
+            # (a deferred batch's once it is sampled: vLLM keeps the report until then)
+            report = self.offload.after_forward(out.kv_connector_metadata)
+            if forward_now:
+                self._forward_reports[id(out)] = report
+                self.n.offload_deferred_reports += report is not None
+            else:
+                self.queue[0][1].kv_connector_output = report
         requests = self.sched.requests
         decoded = (rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk)
         self.check_cadence(decoded, self.stages)
@@ -813,7 +820,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         transfers, report those due in `output` (`kv_connector_output`), and record the blocks
         each reported load wrote, for `cache_hit_written`. Returns `output`."""
         if self.offload is not None:
-            self.offload.before_forward(out.kv_connector_metadata)
+            if id(out) in self._forward_reports:  # deferred: its forward ran when scheduled
+                output.kv_connector_output = self._forward_reports.pop(id(out))
+            else:
+                self.offload.before_forward(out.kv_connector_metadata)
             return output
         if self.remote is None:
             return output

@@ -21,6 +21,10 @@ from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
+from integrations.vllm.offload_error_store_fix import (
+    STORE_COMPUTED_ON_ERROR,
+    STORE_COMPUTED_ON_ERROR_FIX,
+)
 from integrations.vllm.offload_events_fix import (
     ANNOUNCE_CPU_RESET,
     ANNOUNCE_CPU_RESET_FIX,
@@ -39,6 +43,7 @@ from integrations.vllm.offload_window_fixes import (
     WHOLE_WINDOW_CHUNKS_FIX,
     apply_forget_stale_window,
     apply_offloading_fixes,
+    apply_store_computed_on_error,
     apply_whole_window_chunks,
 )
 from integrations.vllm.patches import ScheduleFix
@@ -77,6 +82,7 @@ FIXES = {
         WHOLE_WINDOW_CHUNKS_FIX,
         ANNOUNCE_CPU_RESET_FIX,
         COUNT_RECORDED_STORES_FIX,
+        STORE_COMPUTED_ON_ERROR_FIX,
         MAMBA_SPLIT_FIX,
         RESET_HOLDERS_FIX,
         SESSION_STALL_FIX,
@@ -94,6 +100,7 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
     WHOLE_WINDOW_CHUNKS: apply_whole_window_chunks,
     ANNOUNCE_CPU_RESET: apply_announce_cpu_reset,
     COUNT_RECORDED_STORES: apply_count_recorded_stores,
+    STORE_COMPUTED_ON_ERROR: apply_store_computed_on_error,
 }
 
 
@@ -410,8 +417,6 @@ def loop_options(
         parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
         parser.error("--offload-blocks-per-chunk: an int >= 1")
-    if args.offload_chunks is not None and args.structured_output:
-        parser.error("--offload-chunks: not with --structured-output")
     if args.sliding_window is not None and (args.sliding_window < 1 or args.kv_connector):
         parser.error("--sliding-window: an int >= 1, not with --kv-connector")
     if args.retention_interval != 0 and args.sliding_window is None and not args.mamba:

@@ -40,6 +40,10 @@ from typing import Any
 
 from integrations.patches import EngineFix, FixSet
 from integrations.vllm.adapter import load_vllm
+from integrations.vllm.offload_error_store_fix import (
+    STORE_COMPUTED_ON_ERROR,
+    STORE_COMPUTED_ON_ERROR_FIX,
+)
 from integrations.vllm.offload_events_fix import (
     ANNOUNCE_CPU_RESET,
     ANNOUNCE_CPU_RESET_FIX,
@@ -120,7 +124,8 @@ WHOLE_WINDOW_CHUNKS_FIX = EngineFix(
     "whole, and the load reads the part left out: store no window chunk holding a null block",
 )
 #: vLLM's offloading connector's candidate fixes (this module's, `no-pointless-hit`,
-#: `announce-cpu-reset` in its CPU manager and `count-recorded-stores` in its event tracker).
+#: `store-computed-on-error`, `announce-cpu-reset` in its CPU manager and
+#: `count-recorded-stores` in its event tracker).
 OFFLOADING_FIXES = FixSet(
     engine="vLLM 0.33.0",
     modules=(MODULE, MANAGER_MODULE, EVENTS_MODULE),
@@ -130,6 +135,7 @@ OFFLOADING_FIXES = FixSet(
         WHOLE_WINDOW_CHUNKS_FIX,
         ANNOUNCE_CPU_RESET_FIX,
         COUNT_RECORDED_STORES_FIX,
+        STORE_COMPUTED_ON_ERROR_FIX,
     ),
     exclusive=(),
     load=load_vllm,
@@ -178,6 +184,12 @@ def apply_forget_stale_window(sched: Any) -> None:
     apply_offloading_fixes(sched, [FORGET_STALE_WINDOW])
 
 
+def apply_store_computed_on_error(sched: Any) -> None:
+    """`store-computed-on-error` on the offloading connector of `sched`; `FixDoesNotApply` for
+    a scheduler without it."""
+    apply_offloading_fixes(sched, [STORE_COMPUTED_ON_ERROR])
+
+
 def apply_whole_window_chunks(sched: Any) -> None:
     """`whole-window-chunks` on the offloading connector of `sched`; `FixDoesNotApply` for a
     scheduler without it."""
@@ -192,5 +204,6 @@ __all__ = [
     "WHOLE_WINDOW_CHUNKS_FIX",
     "apply_forget_stale_window",
     "apply_offloading_fixes",
+    "apply_store_computed_on_error",
     "apply_whole_window_chunks",
 ]
