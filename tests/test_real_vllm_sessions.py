@@ -39,6 +39,7 @@ from integrations.vllm.engine_core import (
     LoopOptions,
     run_loop,
 )
+from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import FIXES, make_fixes
 from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
@@ -585,15 +586,7 @@ def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compil
 
 #: The candidate fixes of schedspec's KV connector's findings (`--kv-connector`), with the
 #: sessions' stall fix.
-CONNECTOR_FIXED = [
-    SESSION_STALL,
-    "drop-stale-reservation",
-    "requeue-failed-load",
-    "evict-failed-blocks",
-    "every-sharer-recomputes",
-    "stale-after-failed-load",
-    "evict-ended-loader-blocks",
-]
+CONNECTOR_FIXED = [SESSION_STALL, *KV_LOAD_FIXES.names]
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
