@@ -366,13 +366,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "vLLM's offloading connector does)",
             )
         check_pause_mode(pauses)
-        if pauses is not None and kv_connector is not None:
-            raise ConfigError(
-                "pauses",
-                pauses,
-                "None with schedspec's KV connector (its store keeps no cache to clear; vLLM's "
-                "offloading connector does)",
-            )
         #: Reset the prefix cache and the connector's before one engine step in 16.
         self.cache_resets: bool = cache_resets
         self._reset_seed = draft_seed

@@ -407,8 +407,6 @@ def loop_options(
         parser.error("--kv-report-full: only with --kv-events")
     if args.offload_self_describing_events and not (args.kv_events and args.offload_chunks):
         parser.error("--offload-self-describing-events: only with --offload-chunks and --kv-events")
-    if args.pauses is not None and args.kv_connector:
-        parser.error("--pauses: not with --kv-connector")
     if args.loras < 0:
         parser.error("--loras: an int >= 0")
     if args.max_loras < 1 or (args.max_loras != 1 and not args.loras):

@@ -20,6 +20,8 @@ which reaches the same raise with no connector at all, in any pause mode). Such 
 the reset (a weight update makes it stale, as it does the running requests' KV), so the
 request goes back to the waiting queue with nothing computed and looks its prefix up again, as
 a preempted request does; a session keeps waiting for its input and recomputes when it comes.
+The request's prefill counted in flight (`_inflight_prefills`, which a reported load leaves it
+in) is forgotten too, or its reservation keeps it waiting for good.
 A load still in flight writes into its blocks: those stay held and the reset still raises, as
 released vLLM does. With the offloading connector a pause never reaches its reset with a load
 in flight: the engine keeps stepping while the connector has a job unreported
@@ -70,6 +72,8 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "                self.finished_recving_kv_req_ids.discard(request.request_id)\n"
     "                self.failed_recving_kv_req_ids.discard(request.request_id)\n"
     "                self._free_request_blocks(request)\n"
+    "                # else its prefill, counted in flight, keeps reserving blocks\n"
+    "                self._inflight_prefills.discard(request)\n"
     "                request.num_computed_tokens = 0\n"
     "                if not streaming:\n"
     "                    request.status = (\n"
