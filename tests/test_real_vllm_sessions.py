@@ -44,7 +44,7 @@ from integrations.vllm.loop_arguments import FIXES, make_fixes
 from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
-from integrations.vllm.reset_holders_fix import RESET_HOLDERS
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS, RESET_HOLDERS_FIX
 from integrations.vllm.session_grammar_fix import (
     SESSION_GRAMMAR,
     SESSION_GRAMMAR_FIX,
@@ -793,3 +793,40 @@ def test_finding_a_session_ended_by_its_next_grammar_has_uncomputed_blocks_offlo
     fixed = replace(options, fix=make_fixes([*fixes, STORE_COMPUTED_ON_ERROR]))
     run = run_loop(session_program(16), async_scheduling=async_scheduling, options=fixed)
     assert run.session_grammar_errors >= 1 and run.offload_stores >= 1, run
+
+
+def test_the_reset_fix_takes_back_a_session_waiting_for_its_next_grammar() -> None:
+    """With each input its own grammar, a session whose next input was applied waits for that
+    grammar holding its kept KV; a "keep" pause's cache reset then finds its blocks in use
+    (session program 0 with vLLM's offloading connector and structured output). The reset fix
+    takes those blocks back as it does a session's between turns, keeping its status; its
+    version that took back sessions between turns only left the reset raising."""
+    fixes = [SESSION_STALL, SESSION_GRAMMAR, OFFLOAD_HIT, RESET_HOLDERS]
+    options = LoopOptions(
+        offload_chunks=8,
+        offload_outputs=True,
+        structured_output=True,
+        pauses="keep",
+        fix=make_fixes(fixes),
+    )
+    run = run_loop(session_program(0), async_scheduling=False, options=options)
+    assert run.pause_taken_back >= 1, run
+    module, before, after = RESET_HOLDERS_FIX.edits[0]
+    grammar = " " * 20 + "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n"
+    assert after.count(grammar) == 1
+    between_turns_only = EngineFix(
+        RESET_HOLDERS, ((module, before, after.replace(grammar, "")),), RESET_HOLDERS_FIX.methods
+    )
+    others = [FIXES[n] for n in (SESSION_STALL, SESSION_GRAMMAR)]
+    schedule = ScheduleFix(between_turns_only, *others).apply
+    hit_fix = make_fixes([OFFLOAD_HIT])
+    assert hit_fix is not None
+
+    def variant(sched: Any) -> None:
+        schedule(sched)
+        hit_fix(sched)
+
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(session_program(0), async_scheduling=False, options=replace(options, fix=variant))
+    assert caught.value.rule == "implementation_error", caught.value
+    assert "vLLM raised in reset_prefix_cache" in str(caught.value)

@@ -16,7 +16,9 @@ The fix: where the reset preempts the running requests, it also takes back the b
 waiting request that holds KV whose load is done (a load reported finished and not yet
 promoted, or promoted and not yet scheduled: status `WAITING` or `PREEMPTED` with tokens
 computed), and of every streaming-input session between turns (`WAITING_FOR_STREAMING_REQ`,
-which reaches the same raise with no connector at all, in any pause mode). Such KV predates
+which reaches the same raise with no connector at all, in any pause mode) or waiting for its
+next input's grammar (`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`, with `own-grammar-per-input`;
+both keep their status). Such KV predates
 the reset (a weight update makes it stale, as it does the running requests' KV), so the
 request goes back to the waiting queue with nothing computed and looks its prefix up again, as
 a preempted request does; a session keeps waiting for its input and recomputes when it comes.
@@ -56,13 +58,16 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "            # up again (a session when its next input comes). A load still in\n"
     "            # flight writes into its blocks: those keep theirs.\n"
     "            for request in list(self.kv_holding_waiting):\n"
-    "                streaming = (\n"
-    "                    request.status == RequestStatus.WAITING_FOR_STREAMING_REQ\n"
+    "                # a session between turns, or waiting for its next input's grammar,\n"
+    "                # keeps its status\n"
+    "                keeps_status = request.status in (\n"
+    "                    RequestStatus.WAITING_FOR_STREAMING_REQ,\n"
+    "                    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n"
     "                )\n"
     "                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:\n"
     "                    if request.request_id not in self.finished_recving_kv_req_ids:\n"
     "                        continue\n"
-    "                elif not streaming and request.status not in (\n"
+    "                elif not keeps_status and request.status not in (\n"
     "                    RequestStatus.WAITING,\n"
     "                    RequestStatus.PREEMPTED,\n"
     "                ):\n"
@@ -75,7 +80,7 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "                # else its prefill, counted in flight, keeps reserving blocks\n"
     "                self._inflight_prefills.discard(request)\n"
     "                request.num_computed_tokens = 0\n"
-    "                if not streaming:\n"
+    "                if not keeps_status:\n"
     "                    request.status = (\n"
     "                        RequestStatus.PREEMPTED\n"
     "                        if request.num_preemptions\n"
