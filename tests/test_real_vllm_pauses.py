@@ -119,7 +119,7 @@ def test_an_unknown_pause_mode_is_refused(capsys: pytest.CaptureFixture[str]) ->
 
 
 #: The candidate fixes of schedspec's KV connector's findings (`--kv-connector`).
-CONNECTOR_FIXES = list(KV_LOAD_FIXES.names)
+KV_FIXES = list(KV_LOAD_FIXES.names)
 #: vLLM's named limitation: a cache reset with a connector's load still in flight.
 LOAD_IN_FLIGHT = "waiting for remote KV transfer, which is not supported yet"
 
@@ -132,7 +132,7 @@ def test_pauses_beside_schedspecs_kv_connector(mode: str) -> None:
     blocks, so `reset-loaded-holders` leaves them held and the reset raises), and only it."""
     _vllm()
     options = LoopOptions(
-        kv_connector="recompute", pauses=mode, fix=make_fixes([*CONNECTOR_FIXES, RESET_HOLDERS])
+        kv_connector="recompute", pauses=mode, fix=make_fixes([*KV_FIXES, RESET_HOLDERS])
     )
     pauses = 0
     for seed in range(PROGRAMS):
@@ -171,7 +171,7 @@ def test_the_reset_fix_forgets_the_prefill_in_flight_of_a_request_it_takes_back(
     drop that count too, as the stall fix does. Its first version did not: r5 waited for good
     with 3 blocks free (`progress`)."""
     _vllm()
-    fixes = [*CONNECTOR_FIXES, RESET_HOLDERS]
+    fixes = [*KV_FIXES, RESET_HOLDERS]
     options = LoopOptions(
         kv_connector="recompute", pauses="keep", fix=make_fixes(fixes), draw_seed=3177777003
     )
@@ -186,7 +186,7 @@ def test_the_reset_fix_forgets_the_prefill_in_flight_of_a_request_it_takes_back(
     first = EngineFix(
         RESET_HOLDERS, ((module, before, after.replace(forgets, "")),), RESET_HOLDERS_FIX.methods
     )
-    variant = ScheduleFix(first, *(FIXES[n] for n in CONNECTOR_FIXES)).apply
+    variant = ScheduleFix(first, *(FIXES[n] for n in KV_FIXES)).apply
     with pytest.raises(EngineCoreViolation) as caught:
         run_loop(
             FAILED_LOAD_BEFORE_PAUSE, async_scheduling=True, options=replace(options, fix=variant)

@@ -40,9 +40,10 @@ from integrations.vllm.engine_core import (
     run_loop,
 )
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
-from integrations.vllm.loop_arguments import FIXES, make_fixes
+from integrations.vllm.loop_arguments import CONNECTOR_FIXES, FIXES, make_fixes
 from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
+from integrations.vllm.offload_window_fixes import apply_offloading_fixes
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS, RESET_HOLDERS_FIX
 from integrations.vllm.session_grammar_fix import (
@@ -194,17 +195,24 @@ def test_with_the_offloading_connector_the_stall_fix_drops_the_last_session_wait
         assert run.reasons == {"r2": "length", "r6": "length", "r8": "length"}
 
 
-def _stall_fix_variant(
-    name: str, old: str, new: str, others: Iterable[str] = ()
+def _fix_variant(
+    fix: EngineFix, name: str, old: str, new: str, others: Iterable[str] = ()
 ) -> Callable[[Any], None]:
-    """The stall fix with `old` in its edit made `new` (a seeded bug of how it tells the drop,
-    or its first version), made with the fixes `others`."""
-    module, before, after = SESSION_STALL_FIX.edits[0]
+    """`fix` (a `Scheduler` fix of one edit) with `old` in its edit made `new` (a seeded bug,
+    or the fix's first version), made with the fixes `others` as `make_fixes` makes them:
+    the `Scheduler` ones together, then vLLM's offloading connector's."""
+    module, before, after = fix.edits[0]
     assert after.count(old) == 1
-    variant = EngineFix(
-        name, ((module, before, after.replace(old, new)),), SESSION_STALL_FIX.methods
-    )
-    return ScheduleFix(variant, *(FIXES[n] for n in others)).apply
+    variant = EngineFix(name, ((module, before, after.replace(old, new)),), fix.methods)
+    schedule = [FIXES[n] for n in others if n not in CONNECTOR_FIXES]
+    connector = [n for n in others if n in CONNECTOR_FIXES]
+    edit = ScheduleFix(variant, *schedule).apply
+
+    def apply(sched: Any) -> None:
+        edit(sched)
+        apply_offloading_fixes(sched, connector)
+
+    return apply
 
 
 def test_preemption_victim_holds_a_drop_told_as_a_preemption_to_the_dropped_session() -> None:
@@ -212,8 +220,8 @@ def test_preemption_victim_holds_a_drop_told_as_a_preemption_to_the_dropped_sess
     that was not running only if it waited holding KV and was left without; a fix that reports
     the request that found no room (which keeps its KV) instead fails it."""
     told = "self.reset_preempted_req_ids.add(session.request_id)"
-    wrong = _stall_fix_variant(
-        "reports-the-wrong-request", told, told.replace("session", "request")
+    wrong = _fix_variant(
+        SESSION_STALL_FIX, "reports-the-wrong-request", told, told.replace("session", "request")
     )
     with pytest.raises(EngineCoreViolation) as caught:
         run_loop(STALL, async_scheduling=False, options=LoopOptions(fix=wrong))
@@ -227,15 +235,8 @@ def test_a_drop_not_told_as_a_preemption_lets_a_store_job_read_another_requests_
     session's store job, which reads blocks the pool has given to another request by then
     (`store_content`, session program 146 with the offloading connector); told, it passes."""
     told = "self.reset_preempted_req_ids.add(session.request_id)"
-    untold = _stall_fix_variant("drops-untold", told, "pass")
-    hit_fix = make_fixes([OFFLOAD_HIT])
-    assert hit_fix is not None
-
-    def untold_and_hit_fix(sched: Any) -> None:
-        untold(sched)
-        hit_fix(sched)
-
-    options = LoopOptions(offload_chunks=8, offload_outputs=True, fix=untold_and_hit_fix)
+    untold = _fix_variant(SESSION_STALL_FIX, "drops-untold", told, "pass", [OFFLOAD_HIT])
+    options = LoopOptions(offload_chunks=8, offload_outputs=True, fix=untold)
     with pytest.raises(EngineCoreViolation) as caught:
         run_loop(session_program(146), async_scheduling=False, options=options)
     assert caught.value.rule == "store_content", caught.value
@@ -618,7 +619,8 @@ def test_the_stall_fix_drops_a_session_waiting_for_its_next_grammar() -> None:
     options = LoopOptions(kv_connector="recompute", structured_output=True, fix=make_fixes(fixes))
     run = run_loop(session_program(524), async_scheduling=False, options=options)
     assert run.session_kv_dropped >= 1, run
-    promoted_only = _stall_fix_variant(
+    promoted_only = _fix_variant(
+        SESSION_STALL_FIX,
         "drops-promoted-sessions-only",
         " " * 28 + "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n",
         "",
@@ -811,21 +813,13 @@ def test_the_reset_fix_takes_back_a_session_waiting_for_its_next_grammar() -> No
     )
     run = run_loop(session_program(0), async_scheduling=False, options=options)
     assert run.pause_taken_back >= 1, run
-    module, before, after = RESET_HOLDERS_FIX.edits[0]
-    grammar = " " * 20 + "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n"
-    assert after.count(grammar) == 1
-    between_turns_only = EngineFix(
-        RESET_HOLDERS, ((module, before, after.replace(grammar, "")),), RESET_HOLDERS_FIX.methods
+    variant = _fix_variant(
+        RESET_HOLDERS_FIX,
+        "takes-back-sessions-between-turns-only",
+        " " * 20 + "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,\n",
+        "",
+        [SESSION_STALL, SESSION_GRAMMAR, OFFLOAD_HIT],
     )
-    others = [FIXES[n] for n in (SESSION_STALL, SESSION_GRAMMAR)]
-    schedule = ScheduleFix(between_turns_only, *others).apply
-    hit_fix = make_fixes([OFFLOAD_HIT])
-    assert hit_fix is not None
-
-    def variant(sched: Any) -> None:
-        schedule(sched)
-        hit_fix(sched)
-
     with pytest.raises(EngineCoreViolation) as caught:
         run_loop(session_program(0), async_scheduling=False, options=replace(options, fix=variant))
     assert caught.value.rule == "implementation_error", caught.value
