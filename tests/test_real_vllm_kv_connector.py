@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from integrations.patches import EngineFix
-from integrations.vllm import MANIFEST
+from integrations.vllm import MANIFEST, cache_writes
 from integrations.vllm.adapter import SPACE, RealVllmScheduler
 from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
@@ -627,7 +628,7 @@ def test_a_deferred_batch_truncated_under_drops_its_output_with_structured_outpu
     assert run.blocks_invalid > 0 and run.deferred > 0, run
     execute = SpeculativeModel.execute
 
-    def undeferred(self: SpeculativeModel, out: Any, rows: Any = None, **_: bool) -> Any:
+    def undeferred(self: SpeculativeModel, out: Any, rows: Any = None, **_: Any) -> Any:
         return execute(self, out, rows)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -724,6 +725,93 @@ def test_finding_a_second_holder_of_a_failed_block_reads_it() -> None:
     assert err is not None and err.rule == "kv_written", err
     assert "'r8', running, reads block 5 as its block 0" in err.detail, err.detail
     assert _violation(657, True, _fixes(*three, "every-sharer-recomputes")) is None
+
+
+#: The shrunk program of a sharer's recompute (session program 561 with `--pauses wait`,
+#: shrunk to four plain requests): r8 loads its 16-token prefix synchronously into blocks
+#: [2, 1, 3, 4] while r9, sharing its first 5 tokens, hits block 2 in the same step.
+SHARER_REWRITE = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=7,
+        max_num_batched_tokens=9,
+        max_num_seqs=2,
+        max_model_len=18,
+        enable_prefix_caching=True,
+    ),
+    (
+        (ArRequest("r4", 2, 1),),
+        (),
+        (
+            ArRequest("r7", 2, 1),
+            ArRequest("r8", 17, 1, prompt=tuple(range(100, 117))),
+            ArRequest("r9", 5, 1, prompt=tuple(range(100, 105))),
+        ),
+    ),
+    ((), (), ()),
+)
+
+
+def test_a_sharer_recomputing_into_a_shared_block_writes_back_the_same_kv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`SHARER_REWRITE`, synchronous loop, every connector fix made: r8's load fails in block
+    2; r8 recomputes the block in full, and `every-sharer-recomputes` sets r9 back to token 0,
+    so the next batch has r9 write its token 0 into block 2 while r8 reads it. r9 writes the KV
+    already there (same tokens, positions and adapter), so the block still holds r8's block 0
+    and the program passes. Recording that partial write as erasing the block (the check's
+    first rule) reports `kv_written` for r8."""
+    options = LoopOptions(
+        kv_connector="recompute",
+        fix=ScheduleFix(*KV_LOAD_FIXES.fixes).apply,
+        draw_seed=2590970495,
+    )
+    same_kv, kept = cache_writes._same_kv, []
+
+    def counting(held: Any, req: Any, k: int, end: int) -> bool:
+        kept.append(same_kv(held, req, k, end))
+        return kept[-1]
+
+    monkeypatch.setattr(cache_writes, "_same_kv", counting)
+    run_loop(SHARER_REWRITE, async_scheduling=False, options=options)
+    assert any(kept), kept  # the rewrite happened and kept the block's content
+    monkeypatch.setattr(cache_writes, "_same_kv", lambda *args: False)
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(SHARER_REWRITE, async_scheduling=False, options=options)
+    assert caught.value.rule == "kv_written", caught.value
+    assert "'r8', running, reads block 2 as its block 0" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("tokens", "adapter", "index", "kept"),
+    [
+        ([5, 6, 7], 0, 1, True),
+        ([5, 6, 9], 0, 1, False),
+        ([5, 6, 7], 1, 1, False),
+        ([5, 6, 7], 0, 0, False),
+        ([5, 6], 0, 1, False),
+    ],
+    ids=["same-kv", "other-token", "other-adapter", "other-block", "token-in-flight"],
+)
+def test_a_partial_write_erases_a_block_unless_it_writes_the_same_kv(
+    tokens: list[int], adapter: int, index: int, kept: bool
+) -> None:
+    """Blocks of 2 tokens: block 7 holds block 1 of 'r1' (tokens 0..3). A batch writing
+    token 2 of another request into block 7 as its block `index` keeps that content only
+    with the same tokens through token 2, known, and the same LoRA adapter; else the block
+    holds the partial write alone."""
+    holder = SimpleNamespace(
+        request_id="r1", all_token_ids=[5, 6, 7, 8], block_hashes=[], lora_request=None
+    )
+    lora = SimpleNamespace(lora_int_id=adapter) if adapter else None
+    writer = SimpleNamespace(
+        request_id="r2", all_token_ids=tokens, block_hashes=[], lora_request=lora
+    )
+    writes = CacheWrites(2, every_read=True)
+    writes.put(7, (holder, 1))
+    writes._put_partial(7, writer, index, 3, 0)
+    assert (writes.content(7) == (holder, 1)) is kept
+    assert (7 in writes.partial) is not kept
 
 
 def test_known_upstream_a_failed_synchronous_load_under_async_scheduling() -> None:

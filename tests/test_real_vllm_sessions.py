@@ -66,6 +66,7 @@ from integrations.vllm.sessions import (
     turn_reasoning_end,
 )
 from integrations.vllm.spec_pad_fix import SPEC_PAD
+from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import REASONING_END, REASONING_START
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
@@ -824,3 +825,72 @@ def test_the_reset_fix_takes_back_a_session_waiting_for_its_next_grammar() -> No
         run_loop(session_program(0), async_scheduling=False, options=replace(options, fix=variant))
     assert caught.value.rule == "implementation_error", caught.value
     assert "vLLM raised in reset_prefix_cache" in str(caught.value)
+
+
+#: Session program 81 with 2 pipeline stages, 2 drafts and structured output, shrunk: r1's
+#: second turn ends (output of schedule 12) with a step of it in flight (schedule 14); its
+#: third turn starts at once in a batch deferred behind that step (schedule 15).
+TURN_BEHIND_STALE_STEP = CoreProgram(
+    ArConfig(
+        block_size=4, num_blocks=6, max_num_batched_tokens=4, max_num_seqs=3, max_model_len=11
+    ),
+    arrivals=(
+        (ArRequest("r0", 1, 1), ArRequest("r1", 1, 5)),
+        (ArRequest("r2", 1, 1),),
+        (ArRequest("r3", 1, 1),),
+        *(((),) * 9),
+    ),
+    aborts=((),) * 12,
+    inputs=(
+        *(((),) * 7),
+        (SessionInput("r1", 1, 3),),
+        (),
+        (SessionInput("r1", 1, 1),),
+        (),
+        (SessionInput("r0", 1, 2),),
+    ),
+)
+
+
+def test_a_deferred_batch_behind_a_turns_stale_step_samples_the_next_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`TURN_BEHIND_STALE_STEP`, asynchronous loop: when a turn ends vLLM counts its tokens in
+    flight as stale and drains them batch by batch as the batches' outputs come in. With 2
+    pipeline stages a batch deferred for structured output may be sampled while the ended
+    turn's step is still in flight before it, so its own output is not stale: the model
+    samples the next turn's token there. The check's first rule (stale while vLLM counts any
+    stale token, as if the deferred batch were the oldest in flight) sampled nothing, and
+    vLLM then waited for that token for good (`progress`)."""
+    options = LoopOptions(
+        pipeline_parallel_size=2,
+        speculative_tokens=2,
+        structured_output=True,
+        fix=make_fixes([SPEC_PAD, SESSION_GRAMMAR, SESSION_STALL]),
+        draw_seed=3581395674,
+    )
+    execute = SpeculativeModel.execute
+    behind: list[str] = []
+
+    def noting(self: SpeculativeModel, out: Any, *args: Any, **kwargs: Any) -> Any:
+        ahead = kwargs.get("ahead") or {}
+        for rid in out.num_scheduled_tokens:
+            req = self.sched.requests.get(rid)
+            stale = 0 if req is None or not req.drop_stale_output else req.num_stale_output_tokens
+            if kwargs.get("deferred") and 0 < stale <= ahead.get(rid, 0):
+                behind.append(rid)
+        return execute(self, out, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeModel, "execute", noting)
+    run = run_loop(TURN_BEHIND_STALE_STEP, async_scheduling=True, options=options)
+    assert behind == ["r1"], behind
+    assert run.deferred >= 1, run
+
+    def oldest_in_flight(self: SpeculativeModel, out: Any, *args: Any, **kwargs: Any) -> Any:
+        return execute(self, out, *args, **{**kwargs, "ahead": None})
+
+    monkeypatch.setattr(SpeculativeModel, "execute", oldest_in_flight)
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(TURN_BEHIND_STALE_STEP, async_scheduling=True, options=options)
+    assert caught.value.rule == "progress", caught.value
+    assert "1 running, 0 waiting" in str(caught.value)

@@ -141,10 +141,8 @@ def test_a_new_decodes_padding_is_never_accepted(async_scheduling: bool) -> None
         assert loop.model is not None
         execute = loop.model.execute
 
-        def watched(
-            out: Any, rows: Any = None, execute: Any = execute, *, deferred: bool = False
-        ) -> Any:
-            output, valid = execute(out, rows, deferred=deferred)
+        def watched(out: Any, rows: Any = None, execute: Any = execute, **kwargs: Any) -> Any:
+            output, valid = execute(out, rows, **kwargs)
             for data in out.scheduled_new_reqs:
                 if out.scheduled_spec_decode_tokens.get(data.req_id):
                     nonlocal seen

@@ -40,7 +40,9 @@ are neither written nor read. A group's block k of a request, in blocks of s has
 (`Request.block_hashes` are by the groups' greatest common divisor), has the request's block
 hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content.
 A batch that writes into such a block without completing it leaves a partial write
-(`partial`: the request, its block index, the tokens its prefix reaches there). Where vLLM
+(`partial`: the request, its block index, the tokens its prefix reaches there), except where
+it writes back the KV the block holds completed (the same block index, tokens and adapter: a
+holder of a shared block recomputing its prefix there, as `every-sharer-recomputes` makes it). Where vLLM
 looks hits up finer than a group's blocks (a Mamba group's blocks larger than the hash block:
 `supports_fine_grained_hash_lookup`), a hit may end at token s inside an attention block: that
 block, the private copy vLLM hands the hit (copy-on-write, `kv_cache_block_copies`), must hold
@@ -436,7 +438,12 @@ class CacheWrites:
 
     def _put_partial(self, block: int, req: Any, k: int, end: int, group: int) -> None:
         """A batch wrote `req`'s tokens up to token `end` into `block`, its block `k` in
-        `group`, without completing it: what the block held completed is gone."""
+        `group`, without completing it: what the block held completed is gone, unless it held
+        block `k` of a request with `req`'s tokens up to `end` and its LoRA adapter (a sharer
+        recomputing its prefix into a shared block writes back the KV already there)."""
+        held = self.content(block, group)
+        if held is not None and _same_kv(held, req, k, end):
+            return
         self.forget([block])
         self.partial[block] = (req, k, end, group)
         self.hashed_for_victims.pop(block, None)
@@ -578,6 +585,17 @@ def _held(held: tuple[Any, int] | None, nothing: str) -> str:
     if held is None:
         return nothing
     return f"it holds the state of {held[0].request_id!r} after {held[1]} tokens"
+
+
+def _same_kv(held: tuple[Any, int], req: Any, k: int, end: int) -> bool:
+    """Whether a write of `req`'s tokens up to token `end` into its block `k` writes the KV
+    that `held` (a request and its block index) left there: the same block index, tokens and
+    adapter. Tokens not yet known (a step's output still in flight) count as other tokens."""
+    writer, wk = held
+    if wk != k or adapter_of(writer) != adapter_of(req):
+        return False
+    mine, theirs = list(req.all_token_ids[:end]), list(writer.all_token_ids[:end])
+    return len(mine) == end and mine == theirs
 
 
 def _copy_entry(record: dict[int, V], src: int, dst: int) -> None:

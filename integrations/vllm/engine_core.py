@@ -106,6 +106,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -786,7 +787,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         `grammar` (`grammar_mask`)."""
         rows = GrammarRows(grammar)
         if self.model is not None:
-            output, self._valid = self.model.execute(out, rows, deferred=deferred)
+            ahead: Counter[str] = Counter()
+            if deferred:  # the batches in flight before it are applied before it
+                for older, _ in self.queue:
+                    ahead.update(older.num_scheduled_tokens)
+            output, self._valid = self.model.execute(out, rows, deferred=deferred, ahead=ahead)
         else:
             requests = self.sched.requests
             for rid in out.num_scheduled_tokens:

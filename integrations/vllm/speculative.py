@@ -172,13 +172,20 @@ class SpeculativeModel:
         return certain
 
     def execute(
-        self, out: Any, rows: GrammarRows | None = None, *, deferred: bool = False
+        self,
+        out: Any,
+        rows: GrammarRows | None = None,
+        *,
+        deferred: bool = False,
+        ahead: Mapping[str, int] | None = None,
     ) -> tuple[Any, dict[str, tuple[int, int]]]:
         """Run batch `out` as it is sampled, under its grammar `rows` (structured output): its
         `ModelRunnerOutput` and, per request, the positions it wrote correctly (first position,
-        count). A `deferred` batch is sampled once the output before it is applied: it is then
-        the oldest in flight, so a request with stale output still to drop in vLLM's drop mode
-        (truncated by a failed KV load since the batch was scheduled) drops this batch's: the
+        count). A `deferred` batch is sampled once the output before it is applied; `ahead`
+        names each request's tokens in the batches still in flight before it (with pipeline
+        stages there may be some). vLLM drains a request's stale output (a turn that ended or
+        a failed KV load since, in drop mode) batch by batch in that order, so where more
+        stale tokens are left than those batches hold, this batch's output is dropped: the
         model samples nothing for it and counts nothing written."""
         sched = self.sched
         self.restart(out)
@@ -192,7 +199,8 @@ class SpeculativeModel:
             if req is None:  # finished before this deferred batch is sampled: output unused
                 sampled.append([])
                 continue
-            if deferred and req.num_stale_output_tokens > 0 and req.drop_stale_output:
+            tokens_ahead = (ahead or {}).get(rid, 0)
+            if deferred and req.drop_stale_output and req.num_stale_output_tokens > tokens_ahead:
                 sampled.append([])
                 valid[rid] = (starts[rid], 0)
                 continue
