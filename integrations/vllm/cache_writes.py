@@ -33,23 +33,23 @@ below its verified tokens only: under asynchronous scheduling a step is schedule
 drafts of its steps in flight, and where vLLM rejects them it drops what read their KV.
 
 On a hybrid cache (several KV cache groups sharing the pool, `integrations.vllm.adapter.
-hybrid_groups`) each group's blocks are recorded and checked by that group's table, in blocks
-of that group's size: a block holds what the group that wrote it last wrote there (a
-full-attention layer's KV is not a sliding-window layer's), and a sliding window's null blocks
-are neither written nor read. A group's block k of a request, in blocks of s hash blocks
+hybrid_groups`) each group's blocks are recorded and checked by that group's table, in blocks of
+that group's size: a block holds what the group that wrote it last wrote there (a full-attention
+layer's KV is not a sliding-window layer's), and a sliding window's null blocks are neither
+written nor read. A group's block k of a request, in blocks of s hash blocks
 (`Request.block_hashes` are by the groups' greatest common divisor), has the request's block
-hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content.
-A batch that writes into such a block without completing it leaves a partial write
-(`partial`: the request, its block index, the tokens its prefix reaches there), except where
-it writes back the KV the block holds completed (the same block index, tokens and adapter: a
-holder of a shared block recomputing its prefix there, as `every-sharer-recomputes` makes it). Where vLLM
-looks hits up finer than a group's blocks (a Mamba group's blocks larger than the hash block:
+hash s(k + 1) - 1 (`block_hash`): block hashes chain, so equal hashes mean equal content. A
+batch that writes into such a block without completing it leaves a partial write (`partial`: the
+request, its block index, the tokens its prefix reaches there), except where it writes back the
+KV the block holds completed (the same block index, tokens and adapter: a holder of a shared
+block recomputing its prefix there, as `every-sharer-recomputes` makes it). Where vLLM looks
+hits up finer than a group's blocks (a Mamba group's blocks larger than the hash block:
 `supports_fine_grained_hash_lookup`), a hit may end at token s inside an attention block: that
 block, the private copy vLLM hands the hit (copy-on-write, `kv_cache_block_copies`), must hold
 the first s tokens of a request sharing them, as a completed write or a partial one reaching s.
 The rule is also checked at the write (`_check_overwrite`): a batch writes no block that holds
-another request's completed block under that content's prefix-cache key, unless its tokens up
-to there are that request's, since a later hit on the key would read what it wrote.
+another request's completed block under that content's prefix-cache key, unless its tokens up to
+there are that request's, since a later hit on the key would read what it wrote.
 
 A Mamba group (`state_groups`) holds a recurrent state, not per-token KV. vLLM's worker
 (`preprocess_mamba`) runs a request's step from token s to token e by copying the state out of
