@@ -201,6 +201,10 @@ COUNTS = (
     "session_kv_dropped",
     "session_inputs_awaiting_grammar",
     "session_grammar_errors",
+    "watermark_admissions",
+    "capped_admissions",
+    "held_steps",
+    "backed_up_releases",
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -266,6 +270,10 @@ MEANING = {
     "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
     "session_inputs_awaiting_grammar": "inputs applied before their grammar compiled",
     "session_grammar_errors": "sessions a later input's failed grammar ended with an error",
+    "watermark_admissions": "calls admitting a request while one ran (watermark checked)",
+    "capped_admissions": "calls admitting a request under max_num_active_seqs",
+    "held_steps": "calls the prefill cadence held",
+    "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
 }
 
 

@@ -480,7 +480,9 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     tests/test_real_vllm_pauses.py; `kv_event_content`, which needs KV cache events on, in
     tests/test_real_vllm_kv_event_content.py; `session_prompt` and `session_kv_kept`, which
     need streaming-input sessions, in tests/test_real_vllm_sessions.py, where released vLLM
-    itself fails `session_length`)."""
+    itself fails `session_length`; `active_cap`, `watermark` and `prefill_cadence`, which need
+    vLLM's admission settings, in tests/test_real_vllm_admission.py)."""
+    from tests import test_real_vllm_admission as admission
     from tests import test_real_vllm_kv_connector as kv_connector
     from tests import test_real_vllm_kv_event_content as kv_event_content
     from tests import test_real_vllm_kv_events as kv_events
@@ -501,6 +503,7 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {bug[1] for bug in kv_event_content.SEEDED_BUGS}
     covered |= {bug[1] for bug in lora.SEEDED_BUGS}
     covered |= {bug[1] for bug in sessions.SEEDED_BUGS}
+    covered |= {bug[2] for bug in admission.SEEDED}
     # released vLLM fails it: test_finding_a_session_is_resumed_past_max_model_len
     covered.add("session_length")
     assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts

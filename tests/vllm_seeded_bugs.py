@@ -593,3 +593,27 @@ def session_drops_its_kv(sched: Any) -> None:
         session.num_computed_tokens = 0
 
     sched._update_request_as_session = update
+
+
+def active_seat_past_the_cap(sched: Any) -> None:
+    """Seeded bug: one more request may be admitted into RUNNING than max_num_active_seqs."""
+    sched.max_num_active_reqs += 1
+
+
+def watermark_ignored(sched: Any) -> None:
+    """Seeded bug: admissions keep no watermark free."""
+    sched.kv_cache_manager.watermark_blocks = 0
+
+
+def cadence_counts_empty_calls(sched: Any) -> None:
+    """Seeded bug: the prefill cadence counts a schedule() call that scheduled nothing as an
+    executed step, so a hold ends early."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if out.total_num_scheduled_tokens == 0:
+            sched.num_executed_steps += 1
+        return out
+
+    sched.schedule = schedule

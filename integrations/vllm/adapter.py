@@ -63,6 +63,7 @@ from types import ModuleType
 from typing import Any
 
 from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE, structured
+from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
 from spec.ar.adapter import ArEventSink, drain_steps
@@ -275,8 +276,12 @@ class RealVllmScheduler:
         kv_report_mode: str = "incremental",
         loras: int = 0,
         max_loras: int = 1,
+        admission: AdmissionKnobs = VLLM_ADMISSION,
     ) -> None:
         space.check(config)
+        #: vLLM's admission settings beyond the AR config (`integrations.vllm.
+        #: admission_knobs`; the engine-core loop only, whose checks know them).
+        self.admission: AdmissionKnobs = admission
         if (
             isinstance(pipeline_parallel_size, bool)
             or not isinstance(pipeline_parallel_size, int)
@@ -446,6 +451,7 @@ class RealVllmScheduler:
                 policy=config.policy.value,
                 async_scheduling=self.async_scheduling,
                 scheduler_reserve_full_isl=True,
+                **self.admission.scheduler_settings(config.max_num_seqs),
             )
             model_config = tiny_model_config(v, config.max_model_len)
             cache_config = cfg.CacheConfig(

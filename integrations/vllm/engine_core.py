@@ -126,6 +126,8 @@ from integrations.vllm.adapter import (
     mamba_mode,
     next_output_index,
 )
+from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
+from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.cache_writes import CacheWrites, batch_starts
 from integrations.vllm.core_loop import (
     ABORTED,
@@ -172,6 +174,7 @@ RULES = (
     "kv_events",
     "kv_event_content",
     "max_loras",
+    *ADMISSION_RULES,
     "pause",
     "session_prompt",
     "session_length",
@@ -280,6 +283,10 @@ class CoreRun:
     session_kv_dropped: int = 0  # resumed sessions whose kept KV was dropped before they ran
     session_inputs_awaiting_grammar: int = 0  # inputs applied before their grammar compiled
     session_grammar_errors: int = 0  # sessions a later input's failed grammar ended
+    watermark_admissions: int = 0  # calls that admitted a request while one ran (watermark)
+    capped_admissions: int = 0  # calls that admitted a request under max_num_active_seqs
+    held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
+    backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
 
 
 @dataclass
@@ -319,8 +326,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     full-attention one, in blocks of `window_block_scale` times the program's (or the
     full-attention group's blocks `full_block_scale` times), each group's blocks checked by
     its own table; with `mamba` a Mamba group too (`integrations.vllm.adapter.
-    mamba_groups`). With `trace` (a list) the loop and the store append a line per event to
-    it."""
+    mamba_groups`). `admission` sets vLLM's admission settings beyond the AR config
+    (`integrations.vllm.admission_knobs`), whose rules `integrations.vllm.admission_check`
+    checks where one differs from vLLM's default. With `trace` (a list) the loop and the store
+    append a line per event to it."""
 
     def __init__(
         self,
@@ -357,6 +366,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         loras: int = 0,
         max_loras: int = 1,
         pauses: str | None = None,
+        admission: AdmissionKnobs = VLLM_ADMISSION,
         trace: list[str] | None = None,
     ) -> None:
         if cache_resets and kv_connector is not None:
@@ -395,6 +405,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             kv_report_mode=kv_report_mode,
             loras=loras,
             max_loras=max_loras,
+            admission=admission,
         )
         #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
@@ -423,6 +434,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.remote.turn_of = self.impl.turn_of
         if mutate is not None:
             mutate(self.impl.sched)
+        #: The rules of vLLM's admission settings, where any differs from vLLM's default.
+        self.admission: AdmissionCheck | None = (
+            AdmissionCheck(admission, self.impl.sched) if admission.any else None
+        )
         #: Streaming-input sessions: their inputs sent and their turns checked (the watch
         #: wraps what a seeded bug or a fix made of vLLM's scheduler).
         self.sessions: SessionLedger = SessionLedger(
@@ -653,6 +668,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 events_orphan_stores=view.orphan_stores,
                 events_cpu_orphan_stores=view.cpu_orphan_stores,
             )
+        if self.admission is not None:
+            counts.update(asdict(self.admission.counts))
         if self.event_content is not None:
             counts.update(
                 events_keys_described=self.event_content.checked,
@@ -681,6 +698,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.pause.before_schedule()
         if self.writes is not None:
             self.writes.before_schedule(self.sched)
+        if self.admission is not None:
+            self.admission.before_schedule()
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
@@ -700,6 +719,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out)
+        if self.admission is not None:
+            self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.sessions.sessions:
             self.sessions.scheduled(batch_starts(out), f"schedule {self.n.schedules}")
         if self.pause is not None:
@@ -1110,8 +1131,10 @@ class LoopOptions:
     internal prefill checkpoints on a grid of `mamba_checkpoint_alignment` tokens (None:
     none). The speculative model and the connector's store draw from `draw_seed`, by default a
     hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
-    original program's while it changes the program. With `trace` (a list) the loop appends a
-    line per event to it (`integrations.vllm.trace`)."""
+    original program's while it changes the program. `watermark`, `max_active_seqs`,
+    `prefill_interval` and `adaptive_threshold` are vLLM's admission settings of those names
+    (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one is set.
+    With `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -1146,6 +1169,10 @@ class LoopOptions:
     loras: int = 0
     max_loras: int = 1
     pauses: str | None = None
+    watermark: float = 0.0
+    max_active_seqs: int | None = None
+    prefill_interval: int = 1
+    adaptive_threshold: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1193,9 +1220,21 @@ class LoopOptions:
             loras=self.loras,
             max_loras=self.max_loras,
             pauses=self.pauses,
+            admission=self.admission,
             trace=self.trace,
         )
         return loop.run(program)
+
+    @property
+    def admission(self) -> AdmissionKnobs:
+        """vLLM's admission settings as `watermark`, `max_active_seqs`, `prefill_interval` and
+        `adaptive_threshold` say (`integrations.vllm.admission_knobs`)."""
+        return AdmissionKnobs(
+            watermark=self.watermark,
+            max_active_seqs=self.max_active_seqs,
+            prefill_interval=self.prefill_interval,
+            adaptive_threshold=self.adaptive_threshold,
+        )
 
     @property
     def offloading(self) -> OffloadingOptions | None:

@@ -1,0 +1,137 @@
+"""The rules vLLM's admission settings add to the engine-core loop (`active_cap`,
+`watermark`, `prefill_cadence`), each stated in `integrations.vllm.admission_knobs`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.trace import counted
+
+#: The rules `AdmissionCheck` adds to the engine-core loop's.
+ADMISSION_RULES = ("active_cap", "watermark", "prefill_cadence")
+
+
+@dataclass(slots=True)
+class AdmissionCounts:
+    """How often each rule's case came up."""
+
+    watermark_admissions: int = 0  # calls that admitted a request while one ran (watermark on)
+    capped_admissions: int = 0  # calls that admitted a request under max_num_active_seqs
+    held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
+    backed_up_releases: int = 0  # release steps that left the engine backed up
+
+
+class AdmissionCheck:
+    """Checks `ADMISSION_RULES` over each `schedule()` call of scheduler `sched` built with
+    `knobs` (`before_schedule`, then `after_schedule`); tracks the prefill cadence from the
+    calls themselves (executed steps and the last one that carried prefill)."""
+
+    def __init__(self, knobs: AdmissionKnobs, sched: Any) -> None:
+        self.knobs = knobs
+        self.sched = sched
+        self.active_seats: int | None = knobs.active_seats(sched.max_num_running_reqs)
+        #: vLLM's `int(watermark * num_blocks)` over the whole pool.
+        self.watermark_blocks: int = int(knobs.watermark * sched.kv_cache_config.num_blocks)
+        self.counts = AdmissionCounts()
+        self.executed = 0
+        # a full interval back: the first step is never held
+        self.last_prefill = -knobs.prefill_interval
+        self.backed_up = False
+        self.held = False
+        self._running: dict[str, bool] = {}  # running request id -> a prefill chunk next
+        self._tokens: dict[str, int] = {}  # waiting request id -> its tokens
+
+    def before_schedule(self) -> None:
+        """Note the running requests (and which continue a prefill), the waiting requests'
+        tokens, and whether the cadence holds this call."""
+        sched = self.sched
+        self._running = {r.request_id: bool(r.is_prefill_chunk) for r in sched.running}
+        self._tokens = {r.request_id: r.num_tokens for r in _waiting(sched)}
+        decoding = any(not chunk for chunk in self._running.values())
+        interval = self.knobs.prefill_interval
+        self.held = (
+            interval > 1
+            and decoding
+            and not self.backed_up
+            and self.executed + 1 - self.last_prefill < interval
+        )
+        self.counts.held_steps += self.held
+
+    def after_schedule(self, out: Any, where: str) -> None:
+        """Check the call that produced `out` against the three rules, then advance the
+        cadence."""
+        cached = out.scheduled_cached_reqs
+        admitted = [d.req_id for d in out.scheduled_new_reqs] + list(cached.resumed_req_ids)
+        if admitted:
+            self._check_active_cap(admitted, where)
+            self._check_watermark(admitted, where)
+        starts = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        starts.update({d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs})
+        chunks = [rid for rid in out.num_scheduled_tokens if self._running.get(rid, False)]
+        prompts = [rid for rid in admitted if starts[rid] < self._tokens.get(rid, 0) - 1]
+        carried = chunks + prompts
+        if self.held and carried:
+            what = ", ".join(
+                [f"{rid!r} a prefill chunk" for rid in chunks]
+                + [f"{rid!r} admitted at token {starts[rid]}" for rid in prompts]
+            )
+            raise EngineCoreViolation(
+                "prefill_cadence",
+                f"{where} carried prefill ({what}) while a request decodes, "
+                f"{counted(self.executed + 1 - self.last_prefill, 'executed step')} after the "
+                f"last one that did; prefill_schedule_interval={self.knobs.prefill_interval}, "
+                "and the last release left no request waiting that vLLM could consider",
+            )
+        if not self.held and self.knobs.prefill_interval > 1:
+            set_aside = {r.request_id for r in self.sched.deferred_waiting}
+            self.backed_up = any(r.request_id not in set_aside for r in _waiting(self.sched))
+            self.counts.backed_up_releases += self.backed_up
+        if out.total_num_scheduled_tokens > 0:
+            self.executed += 1
+        if carried:
+            self.last_prefill = self.executed
+
+    def _check_active_cap(self, admitted: list[str], where: str) -> None:
+        cap = self.active_seats
+        if cap is None:
+            return
+        self.counts.capped_admissions += 1
+        sched = self.sched
+        waiting_for_input = [
+            rid for rid, r in sched.requests.items() if r.status.name == "WAITING_FOR_STREAMING_REQ"
+        ]
+        active = len(sched.running) + len(waiting_for_input)
+        if active > cap:
+            sessions = f" and {counted(len(waiting_for_input), 'session')} waiting for input"
+            raise EngineCoreViolation(
+                "active_cap",
+                f"{where} admitted {admitted} and left {len(sched.running)} running"
+                f"{sessions if waiting_for_input else ''}: {active} active; "
+                f"max_num_active_seqs={cap}",
+            )
+
+    def _check_watermark(self, admitted: list[str], where: str) -> None:
+        if not self.watermark_blocks or not self._running:
+            return
+        self.counts.watermark_admissions += 1
+        free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        if free < self.watermark_blocks:
+            raise EngineCoreViolation(
+                "watermark",
+                f"{where} admitted {admitted} while {sorted(self._running)} ran and left "
+                f"{free} blocks free; the watermark keeps {self.watermark_blocks} free "
+                f"(watermark={self.knobs.watermark:g} of {self.sched.kv_cache_config.num_blocks})",
+            )
+
+
+def _waiting(sched: Any) -> Iterable[Any]:
+    """Both of vLLM's waiting queues: the requests holding KV, then the others."""
+    yield from sched.kv_holding_waiting
+    yield from sched.waiting
+
+
+__all__ = ["ADMISSION_RULES", "AdmissionCheck", "AdmissionCounts"]

@@ -1,0 +1,183 @@
+"""vLLM 0.33.0's admission settings in its engine-core loop (`integrations.vllm.admission_knobs`):
+the watermark, `max_num_active_seqs`, the prefill cadence (`prefill_schedule_interval`) and the
+adaptive long-prefill threshold reach vLLM's scheduler, programs pass with them, and each rule
+they add (`active_cap`, `watermark`, `prefill_cadence`) catches its seeded bug with a readable
+counterexample.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import RealVllmScheduler
+from integrations.vllm.admission_check import ADMISSION_RULES
+from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.engine_core import RULES, LoopOptions, core_program, run_loop
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.session_stall_fix import SESSION_STALL
+from integrations.vllm.sessions import session_program
+from spec.ar.config import ArConfig
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+from tests.vllm_seeded_bugs import (
+    active_seat_past_the_cap,
+    cadence_counts_empty_calls,
+    watermark_ignored,
+)
+
+PROGRAMS = 40
+#: Every setting away from vLLM's default at once.
+ALL = LoopOptions(watermark=0.1, max_active_seqs=2, prefill_interval=3, adaptive_threshold=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def test_the_settings_reach_vllms_scheduler() -> None:
+    """Each setting is the scheduler's: the watermark in blocks of the pool, the active cap
+    (at most max_num_seqs), the cadence interval, the adaptive threshold."""
+    knobs = AdmissionKnobs(
+        watermark=0.25, max_active_seqs=9, prefill_interval=4, adaptive_threshold=True
+    )
+    config = ArConfig(num_blocks=17, max_num_seqs=4)
+    sched = RealVllmScheduler(config, lambda _e: None, admission=knobs).sched
+    assert sched.kv_cache_manager.watermark_blocks == int(0.25 * 17)
+    assert sched.max_num_active_reqs == 4  # capped at max_num_seqs, as vLLM refuses more
+    assert sched.local_prefill_interval == 4
+    assert sched.adaptive_long_prefill_threshold is True
+    default = RealVllmScheduler(config, lambda _e: None).sched
+    assert default.kv_cache_manager.watermark_blocks == 0
+    assert default.max_num_active_reqs == 4 and default.local_prefill_interval == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "valid"),
+    [
+        ("watermark", 1.0, "a fraction in [0, 1)"),
+        ("watermark", -0.1, "a fraction in [0, 1)"),
+        ("max_active_seqs", 0, "an int >= 1, or None"),
+        ("prefill_interval", 0, "an int >= 1"),
+    ],
+)
+def test_a_bad_setting_is_refused_with_what_would_be_valid(
+    field: str, value: float, valid: str
+) -> None:
+    setting: dict[str, Any] = {field: value}
+    with pytest.raises(ConfigError, match=re.escape(f"invalid {field}={value!r}: {valid}")) as err:
+        AdmissionKnobs(**setting)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--watermark", "1"], "--watermark: a fraction in [0, 1)"),
+        (["--max-active-seqs", "0"], "--max-active-seqs: an int >= 1"),
+        (["--prefill-interval", "0"], "--prefill-interval: an int >= 1"),
+    ],
+)
+def test_the_check_script_refuses_a_bad_setting_with_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = load_script("vllm_async_check")
+    with pytest.raises(SystemExit) as exited:
+        script.main(["--programs", "1", *argv])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_the_admission_rules_are_the_loops_rules() -> None:
+    assert set(ADMISSION_RULES) <= set(RULES)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ALL,
+        LoopOptions(watermark=0.1, max_active_seqs=2, prefill_interval=3, pipeline_parallel_size=2),
+    ],
+    ids=["all-settings", "all-settings-two-stages"],
+)
+def test_programs_pass_with_the_settings_and_each_rule_is_exercised(options: LoopOptions) -> None:
+    """Random programs pass both loops with every setting on; each rule's case comes up:
+    admissions under the watermark and the cap, calls the cadence held, and release steps
+    that left the engine backed up (which lifts the hold)."""
+    totals = {"watermark_admissions": 0, "capped_admissions": 0, "held_steps": 0}
+    totals["backed_up_releases"] = 0
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
+            for name in totals:
+                totals[name] += getattr(run, name)
+    assert all(totals.values()), totals
+
+
+def test_sessions_waiting_for_input_count_against_the_active_cap() -> None:
+    """Session programs pass with an active cap of 1 (and the stall fix, which they need
+    anyway), sessions waiting for their next input holding their seat (vLLM counts them; so
+    does `active_cap`, by status)."""
+    options = LoopOptions(max_active_seqs=1, fix=make_fixes([SESSION_STALL]))
+    capped = 0
+    for seed in range(PROGRAMS):
+        for async_scheduling in (False, True):
+            run = run_loop(
+                session_program(seed), async_scheduling=async_scheduling, options=options
+            )
+            capped += run.capped_admissions
+    assert capped > 0
+
+
+SEEDED: list[tuple[Callable[[Any], None], LoopOptions, str, tuple[str, ...]]] = [
+    (
+        active_seat_past_the_cap,
+        LoopOptions(max_active_seqs=1),
+        "active_cap",
+        ("admitted", "active; max_num_active_seqs=1"),
+    ),
+    (
+        watermark_ignored,
+        LoopOptions(watermark=0.2),
+        "watermark",
+        ("blocks free; the watermark keeps", "watermark=0.2 of"),
+    ),
+    (
+        cadence_counts_empty_calls,
+        LoopOptions(prefill_interval=3, pipeline_parallel_size=2),
+        "prefill_cadence",
+        ("carried prefill", "while a request decodes", "prefill_schedule_interval=3"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bug", "options", "rule", "words"), SEEDED, ids=[rule for _b, _o, rule, _w in SEEDED]
+)
+def test_each_admission_rule_catches_its_seeded_bug(
+    bug: Callable[[Any], None], options: LoopOptions, rule: str, words: tuple[str, ...]
+) -> None:
+    """The suite FAILS on each seeded bug (the asynchronous loop is the mutant's), naming the
+    call, what it admitted or carried, and the setting it broke; the same programs pass
+    without the bug."""
+    mutated = replace(options, mutate=bug)
+
+    def run(seed: int) -> None:
+        run_loop(core_program(seed), async_scheduling=True, options=mutated)
+
+    seen = first_violations(60, run, until=rule)
+    assert rule in seen, seen
+    assert all(w in seen[rule] for w in words), seen[rule]
+    assert seen[rule].startswith(f"[{rule}] async loop: schedule ")
+    for seed in range(8):
+        run_loop(core_program(seed), async_scheduling=True, options=options)
