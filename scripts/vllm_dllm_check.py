@@ -77,6 +77,10 @@ MEANING = {
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
+    "watermark_admissions": "calls admitting a request while one ran (watermark checked)",
+    "capped_admissions": "calls admitting a request under max_num_active_seqs",
+    "held_steps": "calls the prefill cadence held",
+    "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
 }
 
 

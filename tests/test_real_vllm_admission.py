@@ -67,7 +67,7 @@ def test_the_settings_reach_vllms_scheduler() -> None:
     [
         ("watermark", 1.0, "a fraction in [0, 1)"),
         ("watermark", -0.1, "a fraction in [0, 1)"),
-        ("max_active_seqs", 0, "an int >= 1, or None"),
+        ("max_active_seqs", 0, "an int >= 1 (unset: max_num_seqs)"),
         ("prefill_interval", 0, "an int >= 1"),
     ],
 )
@@ -84,7 +84,7 @@ def test_a_bad_setting_is_refused_with_what_would_be_valid(
     ("argv", "message"),
     [
         (["--watermark", "1"], "--watermark: a fraction in [0, 1)"),
-        (["--max-active-seqs", "0"], "--max-active-seqs: an int >= 1"),
+        (["--max-active-seqs", "0"], "--max-active-seqs: an int >= 1 (unset: max_num_seqs)"),
         (["--prefill-interval", "0"], "--prefill-interval: an int >= 1"),
     ],
 )

@@ -57,8 +57,10 @@ from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
+    active_seat_past_the_cap,
     adapters_past_max_loras,
     budget_raised,
+    cadence_counts_empty_calls,
     extra_seat,
     keep_pause_runs_the_running,
     lifo_admission,
@@ -69,6 +71,7 @@ from tests.vllm_seeded_bugs import (
     stop_reported_as_length,
     stores_unchained,
     under_allocate,
+    watermark_ignored,
 )
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
@@ -367,6 +370,9 @@ OWN_TESTS = {
     "kv_event_content": "test_the_event_content_check_reads_the_diffusion_path_too",
     "max_loras": "test_lora_adapters_on_the_diffusion_path",
     "pause": "test_pauses_on_the_diffusion_path",
+    "active_cap": "test_admission_settings_on_the_diffusion_path",
+    "watermark": "test_admission_settings_on_the_diffusion_path",
+    "prefill_cadence": "test_admission_settings_on_the_diffusion_path",
 }
 
 
@@ -476,6 +482,40 @@ def test_every_rule_has_a_seeded_bug() -> None:
     covered = {rule for _, _, rule, _ in SEEDED_BUGS} | set(OWN_TESTS)
     assert covered == set(RULES), sorted(set(RULES) ^ covered)
     assert all(callable(globals().get(name)) for name in OWN_TESTS.values())
+
+
+def _admitted(seed: int, mutate: Any = None, **settings: Any) -> DllmRun:
+    """Program `seed` served with vLLM's admission `settings`, asynchronous loop."""
+    program = dllm_program(seed)
+    program = replace(program, serving=replace(program.serving, **settings))
+    return _run(program, async_scheduling=True, mutate=mutate)
+
+
+def test_admission_settings_on_the_diffusion_path() -> None:
+    """`DiffusionScheduler` admits through `Scheduler.schedule`, so vLLM's admission settings
+    apply there too (`DllmServing(watermark=..., max_active_seqs=..., prefill_interval=...,
+    adaptive_threshold=...)`): programs pass with all four set, each rule's case coming up,
+    and each rule fails its seeded bug (the cadence's with two pipeline stages)."""
+    every = {"watermark": 0.1, "max_active_seqs": 2, "prefill_interval": 3}
+    totals = dict.fromkeys(("watermark_admissions", "capped_admissions", "held_steps"), 0)
+    for seed in range(40):
+        run = _admitted(seed, adaptive_threshold=True, **every)
+        for name in totals:
+            totals[name] += getattr(run, name)
+    assert all(totals.values()), totals
+    bugs: list[tuple[Callable[[Any], None], dict[str, Any], str, str]] = [
+        (active_seat_past_the_cap, {"max_active_seqs": 1}, "active_cap", "max_num_active_seqs=1"),
+        (watermark_ignored, {"watermark": 0.2}, "watermark", "the watermark keeps"),
+        (
+            cadence_counts_empty_calls,
+            {"prefill_interval": 3, "pipeline_parallel_size": 2},
+            "prefill_cadence",
+            "prefill_schedule_interval=3",
+        ),
+    ]
+    for bug, settings, rule, words in bugs:
+        seen = first_violations(PROGRAMS, partial(_admitted, mutate=bug, **settings), until=rule)
+        assert rule in seen and words in seen[rule], seen
 
 
 def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:

@@ -52,7 +52,9 @@ class AdmissionKnobs:
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError("watermark", self.watermark, "a fraction in [0, 1)")
         if self.max_active_seqs is not None and self.max_active_seqs < 1:
-            raise ConfigError("max_active_seqs", self.max_active_seqs, "an int >= 1, or None")
+            raise ConfigError(
+                "max_active_seqs", self.max_active_seqs, "an int >= 1 (unset: max_num_seqs)"
+            )
         if self.prefill_interval < 1:
             raise ConfigError("prefill_interval", self.prefill_interval, "an int >= 1")
 
@@ -76,18 +78,22 @@ class AdmissionKnobs:
             "long_prefill_token_threshold_adaptive": self.adaptive_threshold,
         }
 
-    def describe(self) -> str:
-        """The settings that differ from vLLM's defaults, in words, each after "; "."""
-        words = ""
+    def phrases(self) -> list[str]:
+        """The settings that differ from vLLM's defaults, in words, one phrase each."""
+        words: list[str] = []
         if self.watermark:
-            words += f"; a watermark of {self.watermark:g} of the pool"
+            words.append(f"a watermark of {self.watermark:g} of the pool")
         if self.max_active_seqs is not None:
-            words += f"; at most {self.max_active_seqs} active"
+            words.append(f"at most {self.max_active_seqs} active")
         if self.prefill_interval > 1:
-            words += f"; prefill every {self.prefill_interval} executed steps while decoding"
+            words.append(f"prefill every {self.prefill_interval} executed steps while decoding")
         if self.adaptive_threshold:
-            words += "; an adaptive long-prefill threshold"
+            words.append("an adaptive long-prefill threshold")
         return words
+
+    def describe(self) -> str:
+        """`phrases`, each after "; " (empty if none)."""
+        return "".join(f"; {phrase}" for phrase in self.phrases())
 
 
 #: vLLM's defaults: every setting off.

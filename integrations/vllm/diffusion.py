@@ -88,6 +88,8 @@ from integrations.vllm.adapter import (
     v2_model_runner,
     vllm_config_error,
 )
+from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
+from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.core_loop import (
     ABORTED,
     SCHEDULE_RULES,
@@ -123,6 +125,7 @@ RULES = (
     "kv_events",
     "kv_event_content",
     "max_loras",
+    *ADMISSION_RULES,
     "pause",
     "pool_accounting",
     "no_leak",
@@ -150,7 +153,10 @@ class DllmServing:
     adapter i mod (loras + 1), 0 the base model, `integrations.vllm.adapter.lora_of`; at most
     `max_loras` at once, vLLM's `LoRAConfig`), and whether generation is paused now and then,
     as RL trainers pause it around a weight update (`pauses`: a mode of vLLM's
-    `pause_scheduler`, `integrations.vllm.pauses`). Chunked prefill is on (vLLM's default)."""
+    `pause_scheduler`, `integrations.vllm.pauses`), and vLLM's admission settings (`watermark`,
+    `max_active_seqs`, `prefill_interval`, `adaptive_threshold`: `admission`, checked by
+    `integrations.vllm.admission_check` where one is set). Chunked prefill is on (vLLM's
+    default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -166,10 +172,15 @@ class DllmServing:
     loras: int = 0
     max_loras: int = 1
     pauses: str | None = None
+    watermark: float = 0.0
+    max_active_seqs: int | None = None
+    prefill_interval: int = 1
+    adaptive_threshold: bool = False
 
     def __post_init__(self) -> None:
         check_loras(self.loras, self.max_loras)
         check_pause_mode(self.pauses)
+        _ = self.admission  # the settings validate themselves (ConfigError)
         for name in (
             "canvas_length",
             "max_denoising_steps",
@@ -202,6 +213,17 @@ class DllmServing:
     def blocks_for(self, tokens: int) -> int:
         """The KV blocks `tokens` tokens take (rounded up)."""
         return -(-tokens // self.block_size)
+
+    @property
+    def admission(self) -> AdmissionKnobs:
+        """vLLM's admission settings as the four fields say (`integrations.vllm.
+        admission_knobs`)."""
+        return AdmissionKnobs(
+            watermark=self.watermark,
+            max_active_seqs=self.max_active_seqs,
+            prefill_interval=self.prefill_interval,
+            adaptive_threshold=self.adaptive_threshold,
+        )
 
     @property
     def async_batch_queue(self) -> int:
@@ -281,6 +303,10 @@ class DllmRun:
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
+    watermark_admissions: int = 0  # calls that admitted a request while one ran (watermark)
+    capped_admissions: int = 0  # calls that admitted a request under max_num_active_seqs
+    held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
+    backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
 
 
 @dataclass
@@ -413,6 +439,10 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             self.event_content = EventContent.for_scheduler(sched, self.v.kv_utils, self.submitted)
         if mutate is not None:
             mutate(sched)
+        #: The rules of vLLM's admission settings, where any differs from vLLM's default.
+        self.admission: AdmissionCheck | None = (
+            AdmissionCheck(serving.admission, sched) if serving.admission.any else None
+        )
         super().__init__(
             sched,
             _Counts(),
@@ -523,6 +553,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             ),
             pauses=pause.pauses if pause is not None else 0,
             pause_preempted=pause.preempted if pause is not None else 0,
+            **(asdict(self.admission.counts) if self.admission is not None else {}),
             **asdict(self.n),
         )
 
@@ -543,6 +574,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.record_running()
         if self.pause is not None:
             self.pause.before_schedule()
+        if self.admission is not None:
+            self.admission.before_schedule()
 
     def after_schedule(self, out: Any) -> None:
         """Check the call: `check_decisions`, `check_kv_covers`, `kv_writes`, `kv_bounded`, and
@@ -555,6 +588,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             priority=s.policy == "priority",
         )
         self.check_kv_covers(out)
+        if self.admission is not None:
+            self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.pause is not None:
             self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if s.loras:
@@ -808,6 +843,7 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 enable_chunked_prefill=True,
                 async_scheduling=async_scheduling,
                 policy=serving.policy,
+                **serving.admission.scheduler_settings(serving.max_num_seqs),
             )
             cache_config = cfg.CacheConfig(
                 block_size=serving.block_size,

@@ -17,6 +17,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
+from integrations.vllm.admission_arguments import settings as admission_settings
+from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
 from integrations.vllm.diffusion import DllmProgram, dllm_program
 from integrations.vllm.pauses import PAUSE_MODES
@@ -98,6 +101,7 @@ def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
         f"pause_scheduler ({', '.join(PAUSE_MODES)}), clear the caches once idle and resume "
         "(pause)",
     )
+    add_admission_arguments(parser)
     for flag, _, _, help_text in FIX_FLAGS:
         parser.add_argument(
             flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
@@ -118,9 +122,11 @@ def _count(least: int) -> Callable[[str], int]:
 
 
 def check_dllm_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A usage error (exit 2, one line) for `--max-loras` without `--loras`."""
+    """A usage error (exit 2, one line) for `--max-loras` without `--loras`, or a bad admission
+    setting."""
     if args.max_loras != 1 and not args.loras:
         parser.error("--max-loras: only with --loras")
+    admission_of(args, parser)
 
 
 def space(args: argparse.Namespace) -> dict[str, bool]:
@@ -131,9 +137,11 @@ def space(args: argparse.Namespace) -> dict[str, bool]:
 def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
     """Program `seed` of the space the flags choose (`dllm_program(seed, ...)`), served with
     KV cache events on with `--kv-events`, LoRA adapters with `--loras`, pauses with
-    `--pauses`."""
+    `--pauses`, and vLLM's admission settings as their flags say."""
     draw: Callable[[int], DllmProgram] = partial(dllm_program, **space(args))
     serving: dict[str, Any] = {"kv_events": True} if args.kv_events else {}
+    if AdmissionKnobs(**admission_settings(args)).any:
+        serving.update(admission_settings(args))
     if args.loras:
         serving.update(loras=args.loras, max_loras=args.max_loras)
     if args.pauses is not None:
@@ -190,6 +198,8 @@ def describe_fixes(args: argparse.Namespace) -> str:
         text += f", {args.loras} LoRA adapters, at most {args.max_loras} running"
     if args.pauses is not None:
         text += f", generation paused (mode {args.pauses})"
+    for phrase in AdmissionKnobs(**admission_settings(args)).phrases():
+        text += f", {phrase}"
     return text
 
 

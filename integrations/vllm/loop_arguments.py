@@ -16,6 +16,8 @@ from functools import partial
 from typing import Any
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
+from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
+from integrations.vllm.admission_arguments import settings as admission_settings
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
@@ -311,36 +313,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --loras: at most M adapters among the running requests (vLLM's max_loras; "
         "default 1)",
     )
-    parser.add_argument(
-        "--watermark",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="vLLM's watermark: while a request runs, admit a waiting one only if F of the "
-        "pool's blocks stay free (default 0: off; rule watermark)",
-    )
-    parser.add_argument(
-        "--max-active-seqs",
-        type=int,
-        default=None,
-        metavar="M",
-        help="vLLM's max_num_active_seqs: at most M requests admitted into RUNNING, sessions "
-        "waiting for input counted (capped at each program's max_num_seqs; rule active_cap)",
-    )
-    parser.add_argument(
-        "--prefill-interval",
-        type=int,
-        default=1,
-        metavar="N",
-        help="vLLM's prefill_schedule_interval: while a request decodes, prefill rides one "
-        "executed step in N (default 1: every step; rule prefill_cadence)",
-    )
-    parser.add_argument(
-        "--adaptive-threshold",
-        action="store_true",
-        help="vLLM's long_prefill_token_threshold_adaptive: floor a long prefill's cap at a "
-        "fair share of the budget",
-    )
+    add_admission_arguments(parser)
     parser.add_argument(
         "--sliding-window",
         type=int,
@@ -475,12 +448,7 @@ def loop_options(
             "--full-block-scale: an int >= 1, with --sliding-window, not with "
             "--window-block-scale or --mamba"
         )
-    if not 0.0 <= args.watermark < 1.0:
-        parser.error("--watermark: a fraction in [0, 1)")
-    if args.max_active_seqs is not None and args.max_active_seqs < 1:
-        parser.error("--max-active-seqs: an int >= 1")
-    if args.prefill_interval < 1:
-        parser.error("--prefill-interval: an int >= 1")
+    admission = admission_of(args, parser)
     names = sorted(set(args.fix or ()))
     connector_fixes = [n for n in names if n in CONNECTOR_FIXES]
     if connector_fixes and args.offload_chunks is None:
@@ -521,10 +489,10 @@ def loop_options(
         loras=args.loras,
         max_loras=args.max_loras,
         pauses=args.pauses,
-        watermark=args.watermark,
-        max_active_seqs=args.max_active_seqs,
-        prefill_interval=args.prefill_interval,
-        adaptive_threshold=args.adaptive_threshold,
+        watermark=admission.watermark,
+        max_active_seqs=admission.max_active_seqs,
+        prefill_interval=admission.prefill_interval,
+        adaptive_threshold=admission.adaptive_threshold,
     )
     return options, names
 
@@ -566,12 +534,7 @@ def describe(args: argparse.Namespace) -> str:
         drafts += f"; {args.loras} LoRA adapters, at most {args.max_loras} running"
     if args.pauses:
         drafts += f"; generation paused (mode {args.pauses})"
-    drafts += AdmissionKnobs(
-        watermark=args.watermark,
-        max_active_seqs=args.max_active_seqs,
-        prefill_interval=args.prefill_interval,
-        adaptive_threshold=args.adaptive_threshold,
-    ).describe()
+    drafts += AdmissionKnobs(**admission_settings(args)).describe()
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
