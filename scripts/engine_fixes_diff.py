@@ -58,6 +58,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
+from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
@@ -84,6 +85,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-session-length": (SESSION_LENGTH_FIXES, SESSION_LENGTH_FIXES.names),
     "vllm-session-grammar": (SESSION_GRAMMAR_FIXES, SESSION_GRAMMAR_FIXES.names),
     "vllm-session-state": (SESSION_STATE_FIXES, SESSION_STATE_FIXES.names),
+    "vllm-load-reservation": (LOAD_RESERVATION_FIXES, LOAD_RESERVATION_FIXES.names),
 }
 
 

@@ -198,6 +198,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-offloading",
         None,
     ),
+    "vllm-load-reservation": (
+        "KV connector with scheduler_reserve_full_isl off: an asynchronous load is admitted "
+        "without room for its own next step; once loaded it heads the requests holding KV with "
+        "no block to run, and those behind it wait for good",
+        "vllm-load-reservation",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -207,7 +214,8 @@ SUMMARIES = {
 }
 
 #: `LoopOptions` fields and the `scripts/vllm_shrink.py` flag that sets each (a bool: the flag
-#: alone; kv_sync_loads: its flag when False; kv_report_mode: its flag when "full").
+#: alone; kv_sync_loads, kv_load_failures and reserve_full_isl: their flags when False;
+#: kv_report_mode: its flag when "full").
 FLAGS = {
     "pipeline_parallel_size": "--pipeline-parallel",
     "speculative_tokens": "--speculative-tokens",
@@ -218,6 +226,7 @@ FLAGS = {
     "reasoning": "--reasoning",
     "kv_connector": "--kv-connector",
     "kv_sync_loads": "--kv-async-loads-only",
+    "kv_load_failures": "--kv-no-failed-loads",
     "kv_pending_lookups": "--kv-pending-lookups",
     "kv_role": "--kv-role",
     "kv_store": "--kv-store",
@@ -240,6 +249,11 @@ FLAGS = {
     "loras": "--loras",
     "max_loras": "--max-loras",
     "pauses": "--pauses",
+    "watermark": "--watermark",
+    "max_active_seqs": "--max-active-seqs",
+    "prefill_interval": "--prefill-interval",
+    "adaptive_threshold": "--adaptive-threshold",
+    "reserve_full_isl": "--no-reserve-full-isl",
 }
 DEFAULTS: dict[str, object] = {
     "pipeline_parallel_size": 1,
@@ -251,6 +265,7 @@ DEFAULTS: dict[str, object] = {
     "reasoning": False,
     "kv_connector": None,
     "kv_sync_loads": True,
+    "kv_load_failures": True,
     "kv_pending_lookups": False,
     "kv_role": "kv_both",
     "kv_store": "draws",
@@ -273,6 +288,11 @@ DEFAULTS: dict[str, object] = {
     "loras": 0,
     "max_loras": 1,
     "pauses": None,
+    "watermark": 0.0,
+    "max_active_seqs": None,
+    "prefill_interval": 1,
+    "adaptive_threshold": False,
+    "reserve_full_isl": True,
 }
 
 

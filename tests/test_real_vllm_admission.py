@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,14 +21,17 @@ from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.admission_check import ADMISSION_RULES
 from integrations.vllm.admission_knobs import AdmissionKnobs
-from integrations.vllm.engine_core import RULES, LoopOptions, core_program, run_loop
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import RULES, CoreProgram, LoopOptions, core_program, run_loop
+from integrations.vllm.load_reservation_fix import LOAD_RESERVATION, LOAD_RESERVATION_FIXES
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.session_stall_fix import SESSION_STALL
 from integrations.vllm.sessions import session_program
-from spec.ar.config import ArConfig
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     active_seat_past_the_cap,
@@ -47,9 +51,14 @@ def _vllm_installed() -> None:
 
 def test_the_settings_reach_vllms_scheduler() -> None:
     """Each setting is the scheduler's: the watermark in blocks of the pool, the active cap
-    (at most max_num_seqs), the cadence interval, the adaptive threshold."""
+    (at most max_num_seqs), the cadence interval, the adaptive threshold, the whole-sequence
+    reservation."""
     knobs = AdmissionKnobs(
-        watermark=0.25, max_active_seqs=9, prefill_interval=4, adaptive_threshold=True
+        watermark=0.25,
+        max_active_seqs=9,
+        prefill_interval=4,
+        adaptive_threshold=True,
+        reserve_full_isl=False,
     )
     config = ArConfig(num_blocks=17, max_num_seqs=4)
     sched = RealVllmScheduler(config, lambda _e: None, admission=knobs).sched
@@ -57,9 +66,11 @@ def test_the_settings_reach_vllms_scheduler() -> None:
     assert sched.max_num_active_reqs == 4  # capped at max_num_seqs, as vLLM refuses more
     assert sched.local_prefill_interval == 4
     assert sched.adaptive_long_prefill_threshold is True
+    assert sched.scheduler_reserve_full_isl is False
     default = RealVllmScheduler(config, lambda _e: None).sched
     assert default.kv_cache_manager.watermark_blocks == 0
     assert default.max_num_active_reqs == 4 and default.local_prefill_interval == 1
+    assert default.scheduler_reserve_full_isl is True
 
 
 @pytest.mark.parametrize(
@@ -181,3 +192,70 @@ def test_each_admission_rule_catches_its_seeded_bug(
     assert seen[rule].startswith(f"[{rule}] async loop: schedule ")
     for seed in range(8):
         run_loop(core_program(seed), async_scheduling=True, options=options)
+
+
+#: Random program 302 with asynchronous KV loads that never fail, shrunk: a pool of 6 usable
+#: blocks of 4 tokens; r2 (priority 3) loads its 13 tokens into the 4 free blocks while r4
+#: (priority 2) runs in the other 2.
+LOADS_FILL_THE_POOL = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=7,
+        max_num_batched_tokens=6,
+        max_num_seqs=2,
+        max_model_len=14,
+        policy=Policy.PRIORITY,
+    ),
+    arrivals=(
+        (ArRequest("r0", 2, 1),),
+        (ArRequest("r1", 2, 1), ArRequest("r2", 13, 1, priority=3), ArRequest("r3", 9, 1)),
+        (ArRequest("r4", 7, 3, priority=2),),
+        (ArRequest("r5", 12, 1),),
+        (ArRequest("r9", 5, 2),),
+    ),
+    aborts=((),) * 5,
+)
+#: The connector's loads, all asynchronous and none failing, under the program's draws.
+LOADS = LoopOptions(
+    kv_connector="recompute", kv_sync_loads=False, kv_load_failures=False, draw_seed=1386197677
+)
+
+
+def test_finding_without_full_sequence_reservation_loads_deadlock_the_engine() -> None:
+    """`LOADS_FILL_THE_POOL` with `scheduler_reserve_full_isl=False`, synchronous loop: r4
+    needs a third block for its next token; none is free, so vLLM preempts it, and re-admits
+    it at once as an asynchronous load of its 7 prompt tokens into the 2 blocks it freed. An
+    asynchronous load is admitted if it fits in the free blocks less the other in-flight
+    prefills' reservations ("to avoid deadlock"), but without the whole-sequence check
+    nothing keeps room for the request's own next step. Both loads done, r4 heads the queue
+    of requests holding KV (priority 2 before r2's 3), finds no block, and vLLM's waiting loop
+    stops there; r2, which needs no new block, waits behind it for good (`progress`). With
+    vLLM's default (`scheduler_reserve_full_isl=True`) r4's reload needs its whole sequence's
+    3 blocks, is not admitted, and the program passes; so it does with the setting off and
+    the candidate fix `loads-reserve-their-sequence` (a load is admitted only if its whole
+    sequence fits). No load fails: this is the load path alone."""
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            LOADS_FILL_THE_POOL,
+            async_scheduling=False,
+            options=replace(LOADS, reserve_full_isl=False),
+        )
+    assert caught.value.rule == "progress", caught.value
+    assert "0 running, 2 waiting, 0 batches in flight" in caught.value.detail
+    run = run_loop(LOADS_FILL_THE_POOL, async_scheduling=False, options=LOADS)
+    assert run.loads >= 5 and run.loads_failed == run.blocks_invalid == 0, run
+    fixed = replace(LOADS, reserve_full_isl=False, fix=make_fixes([LOAD_RESERVATION]))
+    run_loop(LOADS_FILL_THE_POOL, async_scheduling=False, options=fixed)
+
+
+def test_the_load_reservation_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -> None:
+    """`scripts/engine_fixes_diff.py vllm-load-reservation` prints the edit the tests run (one
+    line of `Scheduler.schedule`'s waiting loop): applied with `git apply -p1` to a copy of
+    vLLM's `scheduler.py`, it gives the very text they run."""
+    fixes = LOAD_RESERVATION_FIXES
+    sources = fixes.fixed_sources(fixes.names)
+    diff = fixes.as_diff(fixes.names)
+    assert diff.count("\n-    ") == 1, diff
+    patched = git_apply_to_copies(tmp_path, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "self.scheduler_reserve_full_isl or load_kv_async" in next(iter(patched.values()))

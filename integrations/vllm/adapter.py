@@ -450,7 +450,6 @@ class RealVllmScheduler:
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 policy=config.policy.value,
                 async_scheduling=self.async_scheduling,
-                scheduler_reserve_full_isl=True,
                 **self.admission.scheduler_settings(config.max_num_seqs),
             )
             model_config = tiny_model_config(v, config.max_model_len)

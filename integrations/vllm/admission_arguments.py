@@ -6,7 +6,6 @@ diffusion path's (`integrations.vllm.dllm_arguments`): `add_admission_arguments`
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from spec.errors import ConfigError
@@ -17,11 +16,13 @@ ADMISSION_FLAGS = (
     ("--max-active-seqs", "max_active_seqs"),
     ("--prefill-interval", "prefill_interval"),
     ("--adaptive-threshold", "adaptive_threshold"),
+    ("--no-reserve-full-isl", "reserve_full_isl"),
 )
 
 
 def add_admission_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--watermark F`, `--max-active-seqs M`, `--prefill-interval N`, `--adaptive-threshold`."""
+    """`--watermark F`, `--max-active-seqs M`, `--prefill-interval N`, `--adaptive-threshold`,
+    `--no-reserve-full-isl`."""
     parser.add_argument(
         "--watermark",
         type=float,
@@ -52,21 +53,23 @@ def add_admission_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's long_prefill_token_threshold_adaptive: floor a long prefill's cap at a "
         "fair share of the budget",
     )
-
-
-def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The `AdmissionKnobs` fields the flags set, as given."""
-    return {field: getattr(args, field) for _, field in ADMISSION_FLAGS}
+    parser.add_argument(
+        "--no-reserve-full-isl",
+        dest="reserve_full_isl",
+        action="store_false",
+        help="vLLM's scheduler_reserve_full_isl off: admit a request when its next step's "
+        "blocks are free, not its whole sequence's",
+    )
 
 
 def admission_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AdmissionKnobs:
     """The settings the flags ask for; `parser.error` (exit 2) for a bad value, naming the
     flag and what would be valid."""
     try:
-        return AdmissionKnobs(**settings(args))
+        return AdmissionKnobs.of(args)
     except ConfigError as err:
         flag = next(flag for flag, field in ADMISSION_FLAGS if field == err.field)
         parser.error(f"{flag}: {err.valid}")
 
 
-__all__ = ["ADMISSION_FLAGS", "add_admission_arguments", "admission_of", "settings"]
+__all__ = ["ADMISSION_FLAGS", "add_admission_arguments", "admission_of"]

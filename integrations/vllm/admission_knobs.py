@@ -28,11 +28,15 @@ waiting request joins the running ones (read in `vllm/config/scheduler.py`,
 - `long_prefill_token_threshold_adaptive`: a long prefill's cap is floored at a fair share of
   the budget (`max_num_batched_tokens` over the requests queued or running). No rule of its
   own: the shared rules must hold under it.
+- `scheduler_reserve_full_isl` (on by default): a waiting request is admitted only if blocks
+  for its whole known sequence are free (`allocate_slots(full_sequence_must_fit=True)`); off,
+  only the blocks of its next step must be, and running requests are preempted for room
+  later. No rule of its own either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from spec.errors import ConfigError
@@ -47,6 +51,7 @@ class AdmissionKnobs:
     max_active_seqs: int | None = None
     prefill_interval: int = 1
     adaptive_threshold: bool = False
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.watermark < 1.0:
@@ -57,6 +62,12 @@ class AdmissionKnobs:
             )
         if self.prefill_interval < 1:
             raise ConfigError("prefill_interval", self.prefill_interval, "an int >= 1")
+
+    @classmethod
+    def of(cls, source: Any) -> AdmissionKnobs:
+        """The settings `source` holds under the same names (`LoopOptions`, `DllmServing`, the
+        scripts' parsed flags)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
     @property
     def any(self) -> bool:
@@ -76,6 +87,7 @@ class AdmissionKnobs:
             "max_num_active_seqs": self.active_seats(max_num_seqs),
             "prefill_schedule_interval": self.prefill_interval,
             "long_prefill_token_threshold_adaptive": self.adaptive_threshold,
+            "scheduler_reserve_full_isl": self.reserve_full_isl,
         }
 
     def phrases(self) -> list[str]:
@@ -89,6 +101,8 @@ class AdmissionKnobs:
             words.append(f"prefill every {self.prefill_interval} executed steps while decoding")
         if self.adaptive_threshold:
             words.append("an adaptive long-prefill threshold")
+        if not self.reserve_full_isl:
+            words.append("admission without the whole sequence's blocks")
         return words
 
     def describe(self) -> str:

@@ -154,7 +154,8 @@ class DllmServing:
     `max_loras` at once, vLLM's `LoRAConfig`), and whether generation is paused now and then,
     as RL trainers pause it around a weight update (`pauses`: a mode of vLLM's
     `pause_scheduler`, `integrations.vllm.pauses`), and vLLM's admission settings (`watermark`,
-    `max_active_seqs`, `prefill_interval`, `adaptive_threshold`: `admission`, checked by
+    `max_active_seqs`, `prefill_interval`, `adaptive_threshold`, `reserve_full_isl`:
+    `admission`, checked by
     `integrations.vllm.admission_check` where one is set). Chunked prefill is on (vLLM's
     default)."""
 
@@ -176,6 +177,7 @@ class DllmServing:
     max_active_seqs: int | None = None
     prefill_interval: int = 1
     adaptive_threshold: bool = False
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         check_loras(self.loras, self.max_loras)
@@ -216,14 +218,9 @@ class DllmServing:
 
     @property
     def admission(self) -> AdmissionKnobs:
-        """vLLM's admission settings as the four fields say (`integrations.vllm.
+        """vLLM's admission settings as the fields of those names say (`integrations.vllm.
         admission_knobs`)."""
-        return AdmissionKnobs(
-            watermark=self.watermark,
-            max_active_seqs=self.max_active_seqs,
-            prefill_interval=self.prefill_interval,
-            adaptive_threshold=self.adaptive_threshold,
-        )
+        return AdmissionKnobs.of(self)
 
     @property
     def async_batch_queue(self) -> int:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
-from integrations.vllm.admission_arguments import settings as admission_settings
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
 from integrations.vllm.diffusion import DllmProgram, dllm_program
@@ -140,8 +139,9 @@ def dllm_generator(args: argparse.Namespace) -> Callable[[int], DllmProgram]:
     `--pauses`, and vLLM's admission settings as their flags say."""
     draw: Callable[[int], DllmProgram] = partial(dllm_program, **space(args))
     serving: dict[str, Any] = {"kv_events": True} if args.kv_events else {}
-    if AdmissionKnobs(**admission_settings(args)).any:
-        serving.update(admission_settings(args))
+    admission = AdmissionKnobs.of(args)
+    if admission.any:
+        serving.update(asdict(admission))
     if args.loras:
         serving.update(loras=args.loras, max_loras=args.max_loras)
     if args.pauses is not None:
@@ -198,7 +198,7 @@ def describe_fixes(args: argparse.Namespace) -> str:
         text += f", {args.loras} LoRA adapters, at most {args.max_loras} running"
     if args.pauses is not None:
         text += f", generation paused (mode {args.pauses})"
-    for phrase in AdmissionKnobs(**admission_settings(args)).phrases():
+    for phrase in AdmissionKnobs.of(args).phrases():
         text += f", {phrase}"
     return text
 

@@ -311,25 +311,25 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     """vLLM's engine core over the real scheduler (`integrations.vllm.core_loop`), the model
     fabricated by the adapter. `mutate`, if given, is applied to the scheduler once built
     (seeded bugs). With `pipeline_parallel_size` = p > 1 (async only) vLLM's scheduler runs p
-    pipeline stages with its V2 model runner, the loop keeps vLLM's `max_concurrent_batches`
-    (p + 1) batches in flight, and `pp_cadence` binds. With `speculative_tokens` = k > 0 vLLM
+    pipeline stages with its V2 model runner, the loop keeps vLLM's `max_concurrent_batches` (p
+    + 1) batches in flight, and `pp_cadence` binds. With `speculative_tokens` = k > 0 vLLM
     schedules up to k drafts a decode step and `integrations.vllm.speculative.SpeculativeModel`
-    (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure
-    policy) vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker
-    are `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads
-    unless `kv_sync_loads` is False, lookups answered "ask again later" if
-    `kv_pending_lookups`, and nothing to load if `kv_role` is "kv_producer": the connector only
-    sends; with `kv_store="offload"` an `integrations.vllm.offload_store.OffloadStore`, which
-    holds what finished requests stored and puts lookups off while its own jobs run, and with
-    `kv_store_blocks` holds at most that many blocks, evicting the least recently used). With
-    `sliding_window` (tokens) the cache is hybrid: a sliding-window group beside the
-    full-attention one, in blocks of `window_block_scale` times the program's (or the
-    full-attention group's blocks `full_block_scale` times), each group's blocks checked by
-    its own table; with `mamba` a Mamba group too (`integrations.vllm.adapter.
-    mamba_groups`). `admission` sets vLLM's admission settings beyond the AR config
-    (`integrations.vllm.admission_knobs`), whose rules `integrations.vllm.admission_check`
-    checks where one differs from vLLM's default. With `trace` (a list) the loop and the store
-    append a line per event to it."""
+    (its draws seeded by `draft_seed`) runs the batches. With `kv_connector` (a failure policy)
+    vLLM serves `integrations.vllm.kv_connector`'s connector, whose store and worker are
+    `remote_kv` (default: a `RemoteKv` seeded by `draft_seed`, with synchronous loads unless
+    `kv_sync_loads` is False, no failed load if `kv_load_failures` is False, lookups answered
+    "ask again later" if `kv_pending_lookups`, and nothing to load if `kv_role` is
+    "kv_producer": the connector only sends; with `kv_store="offload"` an
+    `integrations.vllm.offload_store.OffloadStore`, which holds what finished requests stored
+    and puts lookups off while its own jobs run, and with `kv_store_blocks` holds at most that
+    many blocks, evicting the least recently used). With `sliding_window` (tokens) the cache is
+    hybrid: a sliding-window group beside the full-attention one, in blocks of
+    `window_block_scale` times the program's (or the full-attention group's blocks
+    `full_block_scale` times), each group's blocks checked by its own table; with `mamba` a
+    Mamba group too (`integrations.vllm.adapter.mamba_groups`). `admission` sets vLLM's
+    admission settings beyond the AR config (`integrations.vllm.admission_knobs`), whose rules
+    `integrations.vllm.admission_check` checks where one differs from vLLM's default. With
+    `trace` (a list) the loop and the store append a line per event to it."""
 
     def __init__(
         self,
@@ -349,6 +349,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         remote_kv: RemoteKv | None = None,
         kv_sync_loads: bool = True,
         kv_pending_lookups: bool = False,
+        kv_load_failures: bool = True,
         kv_role: str = "kv_both",
         kv_store: str = "draws",
         kv_store_blocks: int | None = None,
@@ -430,6 +431,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 loads=kv_role != "kv_producer",
                 blocks=kv_store_blocks,
             )
+            if not kv_load_failures:
+                self.remote.failures = False
             self.impl.sched.connector.remote = self.remote
             self.remote.turn_of = self.impl.turn_of
         if mutate is not None:
@@ -1111,7 +1114,8 @@ class LoopOptions:
     reasoning tokens and a reasoning end before its guided content (`ScriptReasoner`);
     `kv_connector` (a `kv_load_failure_policy`) serves both loops with
     `integrations.vllm.kv_connector`'s connector, its store's draws seeded by the program
-    (`kv_sync_loads=False`: every load asynchronous; `kv_pending_lookups`: one request in four
+    (`kv_sync_loads=False`: every load asynchronous; `kv_load_failures=False`: no load fails;
+    `kv_pending_lookups`: one request in four
     first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks if
     given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a CPU
@@ -1132,8 +1136,9 @@ class LoopOptions:
     none). The speculative model and the connector's store draw from `draw_seed`, by default a
     hash of the program's text (`program_seed`); `integrations.vllm.shrink` holds it at the
     original program's while it changes the program. `watermark`, `max_active_seqs`,
-    `prefill_interval` and `adaptive_threshold` are vLLM's admission settings of those names
-    (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one is set.
+    `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
+    settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
+    is set.
     With `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
@@ -1148,6 +1153,7 @@ class LoopOptions:
     kv_connector: str | None = None
     kv_sync_loads: bool = True
     kv_pending_lookups: bool = False
+    kv_load_failures: bool = True
     kv_role: str = "kv_both"
     kv_store: str = "draws"
     kv_store_blocks: int | None = None
@@ -1173,6 +1179,7 @@ class LoopOptions:
     max_active_seqs: int | None = None
     prefill_interval: int = 1
     adaptive_threshold: bool = False
+    reserve_full_isl: bool = True
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1203,6 +1210,7 @@ class LoopOptions:
             kv_connector=self.kv_connector,
             kv_sync_loads=self.kv_sync_loads,
             kv_pending_lookups=self.kv_pending_lookups,
+            kv_load_failures=self.kv_load_failures,
             kv_role=self.kv_role,
             kv_store=self.kv_store,
             kv_store_blocks=self.kv_store_blocks,
@@ -1227,14 +1235,9 @@ class LoopOptions:
 
     @property
     def admission(self) -> AdmissionKnobs:
-        """vLLM's admission settings as `watermark`, `max_active_seqs`, `prefill_interval` and
-        `adaptive_threshold` say (`integrations.vllm.admission_knobs`)."""
-        return AdmissionKnobs(
-            watermark=self.watermark,
-            max_active_seqs=self.max_active_seqs,
-            prefill_interval=self.prefill_interval,
-            adaptive_threshold=self.adaptive_threshold,
-        )
+        """vLLM's admission settings as `watermark`, `max_active_seqs`, `prefill_interval`,
+        `adaptive_threshold` and `reserve_full_isl` say (`integrations.vllm.admission_knobs`)."""
+        return AdmissionKnobs.of(self)
 
     @property
     def offloading(self) -> OffloadingOptions | None:

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from functools import partial
 from typing import Any
 
 from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
-from integrations.vllm.admission_arguments import settings as admission_settings
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
+from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIX
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
 from integrations.vllm.offload_error_store_fix import (
     STORE_COMPUTED_ON_ERROR,
@@ -92,6 +93,7 @@ FIXES = {
         SESSION_LENGTH_FIX,
         SESSION_STATE_FIX,
         SESSION_GRAMMAR_FIX,
+        LOAD_RESERVATION_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -207,6 +209,12 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --kv-connector: every load asynchronous (by default one request in three "
         "loads synchronously, in the forward of the step that schedules it)",
+    )
+    parser.add_argument(
+        "--kv-no-failed-loads",
+        action="store_true",
+        help="with --kv-connector: no load fails (by default one in three fails, as a whole "
+        "or in one block), to tell what loads do from what their failures do",
     )
     parser.add_argument(
         "--kv-role",
@@ -467,6 +475,7 @@ def loop_options(
         reasoning=args.reasoning,
         kv_connector=args.kv_connector,
         kv_sync_loads=not args.kv_async_loads_only,
+        kv_load_failures=not args.kv_no_failed_loads,
         kv_pending_lookups=args.kv_pending_lookups,
         kv_role=args.kv_role,
         kv_store=args.kv_store,
@@ -489,10 +498,7 @@ def loop_options(
         loras=args.loras,
         max_loras=args.max_loras,
         pauses=args.pauses,
-        watermark=admission.watermark,
-        max_active_seqs=admission.max_active_seqs,
-        prefill_interval=admission.prefill_interval,
-        adaptive_threshold=admission.adaptive_threshold,
+        **asdict(admission),
     )
     return options, names
 
@@ -509,6 +515,7 @@ def describe(args: argparse.Namespace) -> str:
     drafts += " (after reasoning)" if args.reasoning else ""
     if args.kv_connector:
         loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
+        loads += ", none failing" if args.kv_no_failed_loads else ""
         loads = "sends only" if args.kv_role == "kv_producer" else loads
         later = ", lookups put off" if args.kv_pending_lookups else ""
         later += ", an offload store" if args.kv_store == "offload" else ""
@@ -534,7 +541,7 @@ def describe(args: argparse.Namespace) -> str:
         drafts += f"; {args.loras} LoRA adapters, at most {args.max_loras} running"
     if args.pauses:
         drafts += f"; generation paused (mode {args.pauses})"
-    drafts += AdmissionKnobs(**admission_settings(args)).describe()
+    drafts += AdmissionKnobs.of(args).describe()
     kept = args.retention_interval
     retention = "" if kept == 0 else ", dense" if kept is None else f", kept every {kept}"
     if args.mamba:
