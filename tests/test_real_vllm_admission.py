@@ -36,6 +36,7 @@ from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     active_seat_past_the_cap,
     cadence_counts_empty_calls,
+    waiting_sessions_not_counted,
     watermark_ignored,
 )
 
@@ -136,18 +137,26 @@ def test_programs_pass_with_the_settings_and_each_rule_is_exercised(options: Loo
 
 
 def test_sessions_waiting_for_input_count_against_the_active_cap() -> None:
-    """Session programs pass with an active cap of 1 (and the stall fix, which they need
+    """Session programs pass with an active cap of 2 (and the stall fix, which they need
     anyway), sessions waiting for their next input holding their seat (vLLM counts them; so
-    does `active_cap`, by status)."""
-    options = LoopOptions(max_active_seqs=1, fix=make_fixes([SESSION_STALL]))
-    capped = 0
+    does `active_cap`, by status); a scheduler that forgets them fails `active_cap`."""
+    options = LoopOptions(max_active_seqs=2, fix=make_fixes([SESSION_STALL]))
+    capped = beside_sessions = 0
     for seed in range(PROGRAMS):
         for async_scheduling in (False, True):
             run = run_loop(
                 session_program(seed), async_scheduling=async_scheduling, options=options
             )
             capped += run.capped_admissions
-    assert capped > 0
+            beside_sessions += run.capped_beside_sessions
+    assert capped > beside_sessions > 0, (capped, beside_sessions)
+    forgetful = replace(options, mutate=waiting_sessions_not_counted)
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(session_program(seed), async_scheduling=True, options=forgetful),
+        until="active_cap",
+    )
+    assert "active_cap" in seen and "waiting for input: " in seen["active_cap"], seen
 
 
 SEEDED: list[tuple[Callable[[Any], None], LoopOptions, str, tuple[str, ...]]] = [

@@ -617,3 +617,19 @@ def cadence_counts_empty_calls(sched: Any) -> None:
         return out
 
     sched.schedule = schedule
+
+
+def waiting_sessions_not_counted(sched: Any) -> None:
+    """Seeded bug: schedule() counts no streaming-input session waiting for its next input
+    against max_num_active_seqs (they keep a model-runner slot)."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        waiting = sched.num_waiting_for_streaming_input
+        sched.num_waiting_for_streaming_input = 0
+        try:
+            return original(*args, **kwargs)
+        finally:
+            sched.num_waiting_for_streaming_input += waiting
+
+    sched.schedule = schedule

@@ -21,6 +21,7 @@ class AdmissionCounts:
 
     watermark_admissions: int = 0  # calls that admitted a request while one ran (watermark on)
     capped_admissions: int = 0  # calls that admitted a request under max_num_active_seqs
+    capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left the engine backed up
 
@@ -105,6 +106,7 @@ class AdmissionCheck:
             rid for rid, r in sched.requests.items() if r.status.name == "WAITING_FOR_STREAMING_REQ"
         ]
         active = len(sched.running) + len(waiting_for_input)
+        self.counts.capped_beside_sessions += bool(waiting_for_input)
         if active > cap:
             sessions = f" and {counted(len(waiting_for_input), 'session')} waiting for input"
             raise EngineCoreViolation(

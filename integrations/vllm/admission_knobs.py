@@ -45,7 +45,7 @@ from spec.errors import ConfigError
 @dataclass(frozen=True, slots=True)
 class AdmissionKnobs:
     """vLLM's admission settings for one scheduler (their defaults: vLLM's). `max_active_seqs`
-    is capped at the program's `max_num_seqs` (`for_seats`), as vLLM refuses a larger one."""
+    is capped at the program's `max_num_seqs` (`active_seats`), as vLLM refuses a larger one."""
 
     watermark: float = 0.0
     max_active_seqs: int | None = None

@@ -302,6 +302,7 @@ class DllmRun:
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
     watermark_admissions: int = 0  # calls that admitted a request while one ran (watermark)
     capped_admissions: int = 0  # calls that admitted a request under max_num_active_seqs
+    capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
 
