@@ -32,17 +32,20 @@ class AdmissionCheck:
     calls themselves (executed steps and the last one that carried prefill)."""
 
     def __init__(self, knobs: AdmissionKnobs, sched: Any) -> None:
-        self.knobs = knobs
-        self.sched = sched
+        self.knobs: AdmissionKnobs = knobs
+        self.sched: Any = sched
         self.active_seats: int | None = knobs.active_seats(sched.max_num_running_reqs)
         #: vLLM's `int(watermark * num_blocks)` over the whole pool.
         self.watermark_blocks: int = int(knobs.watermark * sched.kv_cache_config.num_blocks)
-        self.counts = AdmissionCounts()
-        self.executed = 0
-        # a full interval back: the first step is never held
-        self.last_prefill = -knobs.prefill_interval
-        self.backed_up = False
-        self.held = False
+        self.counts: AdmissionCounts = AdmissionCounts()
+        #: Calls that scheduled a token so far, and the last of them that carried prefill (a
+        #: full interval back at first: the first step is never held).
+        self.executed: int = 0
+        self.last_prefill: int = -knobs.prefill_interval
+        #: Whether the last release step left requests waiting that vLLM could consider.
+        self.backed_up: bool = False
+        #: Whether the cadence holds the call in progress.
+        self.held: bool = False
         self._running: dict[str, bool] = {}  # running request id -> a prefill chunk next
         self._tokens: dict[str, int] = {}  # waiting request id -> its tokens
 
