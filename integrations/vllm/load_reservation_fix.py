@@ -12,9 +12,10 @@ pool, which may need nothing more, wait behind it for good (`progress`).
 
 The fix: an asynchronous load is admitted only if the request's whole sequence fits, as with
 the default, whatever `scheduler_reserve_full_isl` says for other admissions (one condition
-of the waiting loop's `allocate_slots` call). An edit of vLLM's own
-`vllm/v1/core/sched/scheduler.py` (`LOAD_RESERVATION_FIXES`, `fix_as_diff()`), given to one
-built scheduler by `apply_load_reservation_fix`.
+of the waiting loop's `allocate_slots` call). That is the room vLLM reserves for the load once
+it is in flight (`Scheduler._request_remaining_blocks`), checked at its own admission too.
+An edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`LOAD_RESERVATION_FIXES`,
+`fix_as_diff()`), given to one built scheduler by `apply_load_reservation_fix`.
 """
 
 from __future__ import annotations
