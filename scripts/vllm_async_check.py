@@ -116,6 +116,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -201,10 +202,7 @@ COUNTS = (
     "session_kv_dropped",
     "session_inputs_awaiting_grammar",
     "session_grammar_errors",
-    "watermark_admissions",
-    "capped_admissions",
-    "held_steps",
-    "backed_up_releases",
+    *ADMISSION_MEANING,
 )
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -270,10 +268,7 @@ MEANING = {
     "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
     "session_inputs_awaiting_grammar": "inputs applied before their grammar compiled",
     "session_grammar_errors": "sessions a later input's failed grammar ended with an error",
-    "watermark_admissions": "calls admitting a request while one ran (watermark checked)",
-    "capped_admissions": "calls admitting a request under max_num_active_seqs",
-    "held_steps": "calls the prefill cadence held",
-    "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
+    **ADMISSION_MEANING,
 }
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
@@ -77,10 +78,7 @@ MEANING = {
     "adapter_waits": "requests waiting for room for their LoRA adapter, per schedule",
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
-    "watermark_admissions": "calls admitting a request while one ran (watermark checked)",
-    "capped_admissions": "calls admitting a request under max_num_active_seqs",
-    "held_steps": "calls the prefill cadence held",
-    "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
+    **ADMISSION_MEANING,
 }
 
 

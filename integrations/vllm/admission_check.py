@@ -3,16 +3,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from integrations.vllm.adapter import waiting_requests
 from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.trace import counted
 
 #: The rules `AdmissionCheck` adds to the engine-core loop's.
 ADMISSION_RULES = ("active_cap", "watermark", "prefill_cadence")
+#: The counts the check scripts print, in words (`AdmissionCounts`).
+ADMISSION_MEANING = {
+    "watermark_admissions": "calls admitting a request while one ran (watermark checked)",
+    "capped_admissions": "calls admitting a request under max_num_active_seqs",
+    "held_steps": "calls the prefill cadence held",
+    "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
+}
 
 
 @dataclass(slots=True)
@@ -54,7 +62,7 @@ class AdmissionCheck:
         tokens, and whether the cadence holds this call."""
         sched = self.sched
         self._running = {r.request_id: bool(r.is_prefill_chunk) for r in sched.running}
-        self._tokens = {r.request_id: r.num_tokens for r in _waiting(sched)}
+        self._tokens = {r.request_id: r.num_tokens for r in waiting_requests(sched)}
         decoding = any(not chunk for chunk in self._running.values())
         interval = self.knobs.prefill_interval
         self.held = (
@@ -68,13 +76,12 @@ class AdmissionCheck:
     def after_schedule(self, out: Any, where: str) -> None:
         """Check the call that produced `out` against the three rules, then advance the
         cadence."""
-        cached = out.scheduled_cached_reqs
-        admitted = [d.req_id for d in out.scheduled_new_reqs] + list(cached.resumed_req_ids)
+        resumed = out.scheduled_cached_reqs.resumed_req_ids
+        admitted = [d.req_id for d in out.scheduled_new_reqs] + list(resumed)
         if admitted:
             self._check_active_cap(admitted, where)
             self._check_watermark(admitted, where)
-        starts = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        starts.update({d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs})
+        starts = batch_starts(out)
         chunks = [rid for rid in out.num_scheduled_tokens if self._running.get(rid, False)]
         prompts = [rid for rid in admitted if starts[rid] < self._tokens.get(rid, 0) - 1]
         carried = chunks + prompts
@@ -92,7 +99,8 @@ class AdmissionCheck:
             )
         if not self.held and self.knobs.prefill_interval > 1:
             set_aside = {r.request_id for r in self.sched.deferred_waiting}
-            self.backed_up = any(r.request_id not in set_aside for r in _waiting(self.sched))
+            waiting = waiting_requests(self.sched)
+            self.backed_up = any(r.request_id not in set_aside for r in waiting)
             self.counts.backed_up_releases += self.backed_up
         if out.total_num_scheduled_tokens > 0:
             self.executed += 1
@@ -133,10 +141,4 @@ class AdmissionCheck:
             )
 
 
-def _waiting(sched: Any) -> Iterable[Any]:
-    """Both of vLLM's waiting queues: the requests holding KV, then the others."""
-    yield from sched.kv_holding_waiting
-    yield from sched.waiting
-
-
-__all__ = ["ADMISSION_RULES", "AdmissionCheck", "AdmissionCounts"]
+__all__ = ["ADMISSION_MEANING", "ADMISSION_RULES", "AdmissionCheck", "AdmissionCounts"]

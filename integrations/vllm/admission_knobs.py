@@ -1,9 +1,9 @@
 """vLLM's admission settings beyond the AR configuration, for the engine-core loop; the rule
 each adds is checked by `integrations.vllm.admission_check`.
 
-vLLM 0.33.0's `SchedulerConfig` has four settings, all off by default, that decide when a
-waiting request joins the running ones (read in `vllm/config/scheduler.py`,
-`Scheduler.schedule` and `KVCacheManager.allocate_slots`):
+vLLM 0.33.0's `SchedulerConfig` has five settings that decide when a waiting request joins the
+running ones, the first four off by default and the last on (read in
+`vllm/config/scheduler.py`, `Scheduler.schedule` and `KVCacheManager.allocate_slots`):
 
 - `watermark` (a fraction of the pool): while a request runs, a waiting or preempted request
   is admitted only if `int(watermark * num_blocks)` blocks stay free after its allocation

@@ -155,9 +155,8 @@ class DllmServing:
     as RL trainers pause it around a weight update (`pauses`: a mode of vLLM's
     `pause_scheduler`, `integrations.vllm.pauses`), and vLLM's admission settings (`watermark`,
     `max_active_seqs`, `prefill_interval`, `adaptive_threshold`, `reserve_full_isl`:
-    `admission`, checked by
-    `integrations.vllm.admission_check` where one is set). Chunked prefill is on (vLLM's
-    default)."""
+    `admission`, checked by `integrations.vllm.admission_check` where one is set). Chunked
+    prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int

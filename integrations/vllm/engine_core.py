@@ -1139,8 +1139,8 @@ class LoopOptions:
     original program's while it changes the program. `watermark`, `max_active_seqs`,
     `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
     settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
-    is set.
-    With `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
+    is set. With `trace` (a list) the loop appends a line per event to it
+    (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
