@@ -239,6 +239,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "vLLM v1's decision rules with prefix caching (shared, reference-counted blocks)",
     ),
     _ar(
+        "vllm-v1-watermark",
+        (
+            "reference.ar.prefix_cache:VLLM_V1_WATERMARK",
+            "reference.ar.prefix_cache:make_vllm_v1_watermark",
+        ),
+        "vLLM v1's decision rules with its admission watermark (0.25), prefix caching off or on",
+    ),
+    _ar(
         "vidur-vllm",
         ("reference.ar.vidur:VIDUR_VLLM", "reference.ar.vidur:make_vidur_vllm"),
         "Vidur's vLLM replica scheduler, re-implemented",
@@ -308,6 +316,13 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "real-vllm-prefix",
         ("integrations.vllm:REAL_VLLM_PREFIX",),
         "vLLM 0.33.0's own v1 Scheduler with prefix caching on",
+        engine="vllm",
+        default_verify=False,
+    ),
+    _ar(
+        "real-vllm-watermark",
+        ("integrations.vllm:REAL_VLLM_WATERMARK",),
+        "vLLM 0.33.0's own v1 Scheduler with watermark=0.25, prefix caching off or on",
         engine="vllm",
         default_verify=False,
     ),

@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
-from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.prefix_cache import VLLM_033_WATERMARK, VLLM_V1_WATERMARK, PrefixCachingVllmV1
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
+from spec.ar.profile import ArProfile
 
 
 class PreemptsHead(VllmV1Scheduler):
@@ -316,6 +317,51 @@ class KeepsUnwrittenCached(PrefixCachingVllmV1):
         pass
 
 
+class _Watermarked(PrefixCachingVllmV1):
+    """`vllm-v1-watermark`: vLLM 0.33.0's options and its watermark, prefix caching as the
+    config says."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_033_WATERMARK)
+
+
+class WatermarkIgnored(_Watermarked):
+    """vLLM's admission without its watermark, though the profile declares one."""
+
+    def _watermark_now(self) -> int:
+        return 0
+
+
+class WatermarkOfUsableBlocks(_Watermarked):
+    """The watermark taken of the usable blocks, not of the whole pool with its null block
+    (Vidur's base, where vLLM's is `kv_cache_config.num_blocks`)."""
+
+    def _watermark_now(self) -> int:
+        if not self.running:
+            return 0
+        return int(self.options.watermark * self.config.usable_blocks)
+
+
+class WatermarkBeforeTheStep(_Watermarked):
+    """The watermark binds only where a request ran before the step, not beside one admitted
+    earlier in the same step (vLLM passes `bool(self.running)` at each admission)."""
+
+    def _schedule(self) -> None:
+        self._ran_before = bool(self.running)
+        super()._schedule()
+
+    def _watermark_now(self) -> int:
+        return super()._watermark_now() if self._ran_before else 0
+
+
+class WholeSequenceBelowWatermark(_Watermarked):
+    """The whole-sequence gate checked against all free blocks, the watermark not kept above
+    it (vLLM adds `watermark_blocks` to the whole sequence's blocks)."""
+
+    def _sequence_margin(self, mark: int) -> int:
+        return 0
+
+
 def _caching() -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
         lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
@@ -337,6 +383,8 @@ class ArMutant:
     factory: ArImplementationFactory
     configs: st.SearchStrategy[ArConfig]
     description: str
+    #: The profile the suite checks the mutant under (None: the idealised spec).
+    profile: ArProfile | None = None
 
 
 def _tight(policies: tuple[Policy, ...] = (Policy.FCFS,)) -> st.SearchStrategy[ArConfig]:
@@ -377,6 +425,26 @@ def _unwritten() -> st.SearchStrategy[ArConfig]:
             num_blocks=8,
         )
     )
+
+
+def _watermarked(chunked: bool, blocks_mod_4: bool = False) -> st.SearchStrategy[ArConfig]:
+    """vLLM's space (the null block reserved) under `vllm-v1-watermark`, two to four seats;
+    with `blocks_mod_4` pools of a multiple of 4 blocks, where a quarter of the whole pool is
+    one block more than a quarter of the usable blocks."""
+    configs = ar_configs(
+        policies=(Policy.FCFS, Policy.PRIORITY),
+        chunked=(chunked,),
+        null_block=(True,),
+        prefix_caching=(False, True),
+    ).map(
+        lambda c: c.replace(
+            max_num_seqs=max(c.max_num_seqs, 2),
+            max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
+        )
+    )
+    if blocks_mod_4:
+        configs = configs.map(lambda c: c.replace(num_blocks=c.num_blocks + -c.num_blocks % 4))
+    return configs
 
 
 def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
@@ -538,6 +606,38 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _unwritten(),
             "prefix caching, priority: a request preempted in the step that scheduled it "
             "keeps that step's unwritten blocks cached (vLLM 0.33.0)",
+        ),
+        ArMutant(
+            "watermark_ignored",
+            "admission_watermark",
+            _f(WatermarkIgnored),
+            _watermarked(chunked=False),
+            "vLLM's admission without the watermark its profile declares",
+            VLLM_V1_WATERMARK.profile,
+        ),
+        ArMutant(
+            "watermark_of_usable_blocks",
+            "admission_watermark",
+            _f(WatermarkOfUsableBlocks),
+            _watermarked(chunked=False, blocks_mod_4=True),
+            "vLLM's watermark taken of the usable blocks, the null block not counted",
+            VLLM_V1_WATERMARK.profile,
+        ),
+        ArMutant(
+            "watermark_before_the_step",
+            "admission_watermark",
+            _f(WatermarkBeforeTheStep),
+            _watermarked(chunked=False),
+            "vLLM's watermark kept only beside requests that ran before the step",
+            VLLM_V1_WATERMARK.profile,
+        ),
+        ArMutant(
+            "whole_sequence_below_watermark",
+            "full_sequence_admission",
+            _f(WholeSequenceBelowWatermark),
+            _watermarked(chunked=True),
+            "vLLM's whole-sequence gate without the watermark above the sequence",
+            VLLM_V1_WATERMARK.profile,
         ),
         ArMutant(
             "soft_evicts",

@@ -28,7 +28,7 @@ HUNT = settings(
 @pytest.mark.parametrize("name", sorted(AR_MUTANTS))
 def test_ar_suite_catches_mutant(name: str) -> None:
     mutant = AR_MUTANTS[name]
-    machine = ar_conformance_machine(mutant.factory, configs=mutant.configs)
+    machine = ar_conformance_machine(mutant.factory, configs=mutant.configs, profile=mutant.profile)
     err, printed = run_machine(machine, HUNT)
     assert err is not None, f"the AR conformance suite did not catch mutant {name!r}"
     assert isinstance(err, SpecViolation), f"{name}: not a SpecViolation:\n{err!r}"

@@ -4,6 +4,8 @@ strategies, and self-contradicting profiles are refused with a typed error."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -122,10 +124,61 @@ def test_watermark() -> None:
     assert _rule(cfg, ArPolicy(watermark_fraction=0.6), events) is None
 
 
+def test_a_watermark_of_the_pool_counts_the_null_block() -> None:
+    cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=8, max_model_len=8)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 7, 1),
+        ArBlocksAllocated("a", (1, 2, 3, 4)),
+        ArScheduled("a", 7),
+    ]
+    # as test_watermark: 5 of 9 usable blocks stay free; of the pool (vLLM's) 0.6 is
+    # int(0.6 * 10) = 6 > 5
+    pool = ArPolicy(watermark_fraction=0.6, watermark_of_pool=True)
+    assert pool.watermark_blocks(cfg) == 6
+    assert _rule(cfg, pool, events) == "admission_watermark"
+
+
+def test_a_watermark_beside_running_binds_only_while_a_request_runs() -> None:
+    cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=16, max_model_len=8)
+    # a, alone, takes 4 of 9 usable blocks (5 free < the watermark of 6): legal beside
+    # nothing. b, admitted next in the same step beside a, takes 1 more: 4 free < 6.
+    alone: list[ArEvent] = [
+        ArSubmitted("a", 7, 1),
+        ArBlocksAllocated("a", (1, 2, 3, 4)),
+        ArScheduled("a", 7),
+    ]
+    beside = [*alone, ArSubmitted("b", 2, 1), ArBlocksAllocated("b", (5,)), ArScheduled("b", 2)]
+    vllm = ArPolicy(watermark_fraction=0.6, watermark_of_pool=True, watermark_beside_running=True)
+    assert _rule(cfg, vllm, alone) is None
+    assert _rule(cfg, vllm, beside) == "admission_watermark"
+    always = dataclasses.replace(vllm, watermark_beside_running=False)
+    assert _rule(cfg, always, alone) == "admission_watermark"
+
+
+def test_the_whole_sequence_must_fit_above_a_binding_watermark() -> None:
+    cfg = ArConfig(block_size=2, num_blocks=11, max_num_batched_tokens=8, max_model_len=12)
+    # a runs in 2 blocks; b's first chunk of 2 tokens takes 1 block and leaves 7 of 10 usable
+    # free; its whole 10-token prompt needs 4 more: 7 - 4 = 3 < the watermark int(0.4 * 11) = 4
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 1),
+        ArBlocksAllocated("a", (1, 2)),
+        ArScheduled("a", 4),
+        ArSubmitted("b", 10, 1),
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 2),
+    ]
+    gate = ArPolicy(full_sequence_admission=True, watermark_fraction=0.4, watermark_of_pool=True)
+    assert _rule(cfg, dataclasses.replace(gate, watermark_fraction=0.0), events) is None
+    assert _rule(cfg, gate, events) == "full_sequence_admission"
+    assert _rule(cfg, dataclasses.replace(gate, watermark_fraction=0.3), events) is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"watermark_fraction": 1.5}, "policy.watermark_fraction"),
+        ({"watermark_of_pool": 1}, "policy.watermark_of_pool"),
+        ({"watermark_beside_running": "yes"}, "policy.watermark_beside_running"),
         ({"watermark_fraction": True}, "policy.watermark_fraction"),
         ({"victim": "tail"}, "policy.victim"),
         ({"full_sequence_admission": 1}, "policy.full_sequence_admission"),

@@ -20,6 +20,11 @@ running it):
   requests, an already scheduled one included, which is then unscheduled
   (`max(self.running, key=lambda r: (r.priority, r.arrival_time))`); the adapter's `rules`
   declare `VictimOrder.LOWEST_PRIORITY_ANY` for it;
+- with `SchedulerConfig.watermark` set (`real-vllm-watermark`), a waiting request admitted
+  while another runs leaves `int(watermark * num_blocks)` blocks free, the null block counted
+  in `num_blocks`; with nothing running no watermark binds (`allocate_slots(...,
+  has_scheduled_reqs=bool(self.running))`); under `scheduler_reserve_full_isl` the whole
+  sequence must fit above it (`num_blocks_to_allocate + watermark_blocks`);
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
   scheduler runs one step ahead of the model, which the AR step contract does not describe;
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
@@ -40,6 +45,7 @@ prints them as one patch).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from integrations.vllm.manifest import MANIFEST, VLLM_VERSION
@@ -52,6 +58,19 @@ if TYPE_CHECKING:
     from spec.ar.adapter import ArSchedulerAdapter
 
 VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
+
+#: The watermark `real-vllm-watermark` gives vLLM (`SchedulerConfig.watermark`, 0 by default):
+#: a quarter of the pool, so that it binds in the suite's small pools.
+VLLM_WATERMARK = 0.25
+
+#: `VLLM_POLICY` with vLLM's watermark declared: of the whole pool, and only beside a running
+#: request.
+VLLM_WATERMARK_POLICY = dataclasses.replace(
+    VLLM_POLICY,
+    watermark_fraction=VLLM_WATERMARK,
+    watermark_of_pool=True,
+    watermark_beside_running=True,
+)
 
 REAL_VLLM_PROFILE = ArProfile(
     space=ArConfigSpace(
@@ -72,6 +91,16 @@ REAL_VLLM_PREFIX_PROFILE = ArProfile(
 )
 
 
+REAL_VLLM_WATERMARK_PROFILE = ArProfile(
+    space=ArConfigSpace(
+        policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+        null_block=frozenset({True}),
+        prefix_caching=frozenset({False, True}),
+    ),
+    policy=VLLM_WATERMARK_POLICY,
+)
+
+
 def make_real_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching off (imports vLLM lazily)."""
     from integrations.vllm.adapter import make_real_vllm as make
@@ -82,6 +111,14 @@ def make_real_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
 def make_real_vllm_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching on (imports vLLM lazily)."""
     from integrations.vllm.adapter import make_real_vllm_prefix as make
+
+    return make(config, sink)
+
+
+def make_real_vllm_watermark(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `watermark=VLLM_WATERMARK`, prefix
+    caching as the config says (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_watermark as make
 
     return make(config, sink)
 
@@ -100,13 +137,25 @@ REAL_VLLM_PREFIX = ArImplementation(
     "shared reference-counted blocks, eviction) with a fabricated model output",
 )
 
+REAL_VLLM_WATERMARK = ArImplementation(
+    make_real_vllm_watermark,
+    REAL_VLLM_WATERMARK_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with watermark={VLLM_WATERMARK}, "
+    "prefix caching off or on, with a fabricated model output",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_VLLM",
     "REAL_VLLM_PREFIX",
     "REAL_VLLM_PREFIX_PROFILE",
     "REAL_VLLM_PROFILE",
+    "REAL_VLLM_WATERMARK",
+    "REAL_VLLM_WATERMARK_PROFILE",
     "VLLM_POLICY",
+    "VLLM_WATERMARK",
+    "VLLM_WATERMARK_POLICY",
     "make_real_vllm",
     "make_real_vllm_prefix",
+    "make_real_vllm_watermark",
 ]

@@ -62,7 +62,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from integrations.vllm import REAL_VLLM_PREFIX_PROFILE, REAL_VLLM_PROFILE, structured
+from integrations.vllm import (
+    REAL_VLLM_PREFIX_PROFILE,
+    REAL_VLLM_PROFILE,
+    REAL_VLLM_WATERMARK_PROFILE,
+    VLLM_WATERMARK,
+    structured,
+)
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
@@ -187,6 +193,7 @@ SPECULATIVE_METHODS = ("ngram", "eagle", "draft_model")
 #: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`).
 SPACE = REAL_VLLM_PROFILE.space
 SPACE_PREFIX = REAL_VLLM_PREFIX_PROFILE.space
+SPACE_WATERMARK = REAL_VLLM_WATERMARK_PROFILE.space
 
 
 def check_loras(loras: int, max_loras: int) -> None:
@@ -280,7 +287,8 @@ class RealVllmScheduler:
     ) -> None:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
-        #: admission_knobs`; the engine-core loop only, whose checks know them).
+        #: admission_knobs`): the engine-core loop checks them all; the AR suite the
+        #: watermark only, where the profile declares it (`real-vllm-watermark`).
         self.admission: AdmissionKnobs = admission
         if (
             isinstance(pipeline_parallel_size, bool)
@@ -1559,10 +1567,19 @@ def make_real_vllm_prefix(config: ArConfig, sink: ArEventSink) -> RealVllmSchedu
     return RealVllmScheduler(config, sink, SPACE_PREFIX)
 
 
+def make_real_vllm_watermark(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `watermark=VLLM_WATERMARK`, prefix
+    caching as the config says."""
+    return RealVllmScheduler(
+        config, sink, SPACE_WATERMARK, admission=AdmissionKnobs(watermark=VLLM_WATERMARK)
+    )
+
+
 __all__ = [
     "OUTPUT_BASE",
     "SPACE",
     "SPACE_PREFIX",
+    "SPACE_WATERMARK",
     "SPECULATIVE_METHODS",
     "STOP_BASE",
     "GroupTables",
@@ -1590,6 +1607,7 @@ __all__ = [
     "lora_of",
     "make_real_vllm",
     "make_real_vllm_prefix",
+    "make_real_vllm_watermark",
     "mamba_checkpoint",
     "mamba_groups",
     "mamba_mode",

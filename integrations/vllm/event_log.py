@@ -23,6 +23,15 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 Synchronous scheduling only: an asynchronous scheduler (vLLM's default on CUDA) schedules a
 step ahead of the model, which an AR event log does not describe; attaching to one is a
 `ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).
+
+vLLM's admission settings are read from the live scheduler: a `watermark` is declared in the
+header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`),
+`scheduler_reserve_full_isl=False` drops `full_sequence_admission`, and `max_num_active_seqs`
+is the seat cap (`max_num_seqs` of the header). An adaptive long-prefill threshold is refused
+(a `ConfigError` naming `long_prefill_token_threshold_adaptive`): the spec's threshold rule has
+no fair-share floor (the engine-core loop checks that setting). A prefill cadence
+(`prefill_schedule_interval`) breaks no rule of the spec, but a decision twin without it
+decides otherwise.
 """
 
 from __future__ import annotations
@@ -59,7 +68,9 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             num_blocks=int(scheduler.kv_cache_config.num_blocks),
             reserve_null_block=True,  # vLLM's block 0 is its null block
             max_num_batched_tokens=int(scheduler.max_num_scheduled_tokens),
-            max_num_seqs=int(scheduler.max_num_running_reqs),
+            # admission into RUNNING stops at max_num_active_reqs (the runner's slots are
+            # max_num_running_reqs, at least as many)
+            max_num_seqs=int(scheduler.max_num_active_reqs),
             max_model_len=int(scheduler.max_model_len),
             long_prefill_token_threshold=int(sc.long_prefill_token_threshold),
             enable_chunked_prefill=bool(sc.enable_chunked_prefill),
@@ -72,9 +83,24 @@ def ar_config_of(scheduler: Any) -> ArConfig:
         ) from None
 
 
-def declared_policy(config: ArConfig) -> ArPolicy:
-    """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules."""
-    return dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
+def declared_policy(config: ArConfig, scheduler_config: Any = None) -> ArPolicy:
+    """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules;
+    given the scheduler's `SchedulerConfig`, its watermark (as vLLM keeps it: of the whole
+    pool, beside a running request) and, off, its whole-sequence reservation."""
+    policy = dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
+    if scheduler_config is None:
+        return policy
+    watermark = float(scheduler_config.watermark)
+    if watermark:
+        policy = dataclasses.replace(
+            policy,
+            watermark_fraction=watermark,
+            watermark_of_pool=True,
+            watermark_beside_running=True,
+        )
+    if not bool(scheduler_config.scheduler_reserve_full_isl):
+        policy = dataclasses.replace(policy, full_sequence_admission=False)
+    return policy
 
 
 class VllmEventLog:
@@ -88,9 +114,18 @@ class VllmEventLog:
                 "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
                 "event log does not describe (serve with --no-async-scheduling to log)",
             )
+        sc = scheduler.scheduler_config
+        if bool(sc.long_prefill_token_threshold_adaptive) and sc.long_prefill_token_threshold:
+            raise ConfigError(
+                "long_prefill_token_threshold_adaptive",
+                True,
+                "False, or no long_prefill_token_threshold: the AR spec's threshold rule has no "
+                "fair-share floor (scripts/vllm_async_check.py --adaptive-threshold checks it "
+                "in vLLM's engine-core loop)",
+            )
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
-        self.policy: ArPolicy = declared_policy(self.config)
+        self.policy: ArPolicy = declared_policy(self.config, sc)
         self._write = write
         self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching

@@ -13,6 +13,8 @@ until allocated afresh (`reference.ar.base.CachingBlockPool`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from reference.ar.base import ArReq, CachingBlockPool
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
@@ -58,13 +60,14 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
             req.num_computed = 0
             if n is None:
                 break
+            mark = self._watermark_now()
             free = self.pool.num_free
             if isinstance(self.pool, CachingBlockPool):
                 free -= self.pool.newly_referenced(hit)
-            if need > free:
+            if need + mark > free:
                 break  # admission stops at the first request whose blocks do not fit
             if self.options.full_sequence_admission and (
-                self.config.blocks_for(req.known) - len(hit) > free
+                self.config.blocks_for(req.known) - len(hit) + self._sequence_margin(mark) > free
             ):
                 break  # vLLM's scheduler_reserve_full_isl, the hit counted as held
             if hit:
@@ -92,4 +95,35 @@ VLLM_V1_PREFIX = ArImplementation(
     "decision-identical to vLLM 0.33.0 with prefix caching on (verify --twin), but with the "
     "candidate fix of a vLLM finding (a request preempted in the step that scheduled it leaves "
     "nothing of that step cached)",
+)
+
+
+#: The watermark of `vllm-v1-watermark`, as `real-vllm-watermark` runs vLLM with it.
+VLLM_WATERMARK = 0.25
+
+#: vLLM 0.33.0's options with its `SchedulerConfig.watermark` set to `VLLM_WATERMARK`.
+VLLM_033_WATERMARK = dataclasses.replace(VLLM_033, watermark=VLLM_WATERMARK)
+
+
+def make_vllm_v1_watermark(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference with vLLM 0.33.0's options and its watermark
+    (`VLLM_033_WATERMARK`), prefix caching as the config says."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033_WATERMARK)
+
+
+VLLM_V1_WATERMARK = ArImplementation(
+    make_vllm_v1_watermark,
+    ArProfile(
+        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
+        policy=ArPolicy(
+            lone_request_threshold_exempt=True,
+            full_sequence_admission=True,
+            watermark_fraction=VLLM_WATERMARK,
+            watermark_of_pool=True,
+            watermark_beside_running=True,
+        ),
+    ),
+    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its watermark "
+    f"({VLLM_WATERMARK} of the pool, binding beside a running request), prefix caching off "
+    "or on; decision-identical to `real-vllm-watermark` (verify --twin)",
 )

@@ -33,6 +33,10 @@ in tests/test_real_vllm.py):
   writes it (vLLM 0.33.0 keeps it cached, a finding in docs/engines.md). Without it the victim
   is chosen among unscheduled requests only, so a high-priority request can preempt itself
   while a lower-priority one scheduled before it keeps running (a priority inversion).
+- `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
+  request is running, one admitted earlier in the step included, a waiting request is admitted
+  only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
+  int(watermark * num_blocks) blocks (the null block counted) left free.
 `make_vllm_v1` is the idealised scheduler (every option off); `VLLM_V1` (the `vllm-v1`
 built-in) turns all three on and declares them in its profile.
 """
@@ -56,6 +60,7 @@ class VllmOptions:
     full_sequence_admission: bool = False
     lone_request_threshold_exempt: bool = False
     victim_among_all: bool = False
+    watermark: float = 0.0
 
 
 VLLM_033 = VllmOptions(True, True, True)
@@ -211,6 +216,18 @@ class VllmV1Scheduler(ArSchedulerBase):
             return None
         return min(n, budget)
 
+    def _watermark_now(self) -> int:
+        """Blocks an admission must leave free now: vLLM's int(watermark * num_blocks) while a
+        request runs (`has_scheduled_reqs=bool(self.running)`), else 0."""
+        if not self.running:
+            return 0
+        return int(self.options.watermark * self.config.num_blocks)
+
+    def _sequence_margin(self, mark: int) -> int:
+        """Blocks the whole-sequence gate keeps free beyond the sequence: the binding watermark
+        (vLLM: `num_blocks_to_allocate + watermark_blocks`)."""
+        return mark
+
     def _schedule_waiting(self, budget: int) -> None:
         while self.waiting and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
@@ -220,10 +237,13 @@ class VllmV1Scheduler(ArSchedulerBase):
             if n is None:
                 break
             need = self._blocks_needed(req, n)
-            if need > self.pool.num_free:
+            mark = self._watermark_now()
+            free = self.pool.num_free
+            if need + mark > free:
                 break  # admission stops at the first request whose blocks do not fit
             if self.options.full_sequence_admission and (
-                self.config.blocks_for(req.known) - len(req.blocks) > self.pool.num_free
+                self.config.blocks_for(req.known) - len(req.blocks) + self._sequence_margin(mark)
+                > free
             ):
                 break  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
             self._admit(req)

@@ -600,27 +600,38 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         """Nothing else is running or waiting (vLLM's lone-request threshold exemption)."""
         return len(self._running) + len(self._waiting) == 1
 
+    def _binding_watermark(self) -> int:
+        """The watermark an admission now must respect: the declared one, or 0 where it binds
+        only beside a running request (`watermark_beside_running`) and none runs. Called
+        before the admitted request joins the running ones."""
+        if self.policy.watermark_beside_running and not self._running:
+            return 0
+        return self.watermark
+
     def _check_gates(self, r: _Req, e: ArScheduled) -> None:
         """The declared admission gates: full-sequence fit and the watermark. Blocks for this
         step's chunk are already allocated (they precede `ArScheduled`)."""
         cfg = self.config
         free = self.free_blocks
+        mark = self._binding_watermark()
+        if mark and free < mark:
+            beside = f" beside running {self._running[:8]}" if self._running else ""
+            raise self._fail(
+                ArRule.ADMISSION_WATERMARK,
+                f"admitting {r.request_id!r}{beside} leaves {free} free block(s) < watermark "
+                f"{mark}",
+                e,
+            )
         if self.policy.full_sequence_admission:
             rest = cfg.blocks_for(r.known) - len(r.blocks)
-            if rest > free:
+            if rest + mark > free:
+                above = f" above the watermark ({mark})" if mark else ""
                 raise self._fail(
                     ArRule.FULL_SEQUENCE_ADMISSION,
                     f"admitted {r.request_id!r} whose whole sequence ({r.known} tokens) needs "
-                    f"{rest} more block(s) than it holds, with {free} free",
+                    f"{rest} more block(s) than it holds, with {free} free{above}",
                     e,
                 )
-        if self.watermark and free < self.watermark:
-            raise self._fail(
-                ArRule.ADMISSION_WATERMARK,
-                f"admitting {r.request_id!r} leaves {free} free block(s) < watermark "
-                f"{self.watermark}",
-                e,
-            )
 
     def _check_soft_preemption_admission(self, r: _Req, e: ArEvent) -> None:
         """soft_preemption: a step that preempted gives a waiting request nothing."""
@@ -713,7 +724,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"({[q.request_id for q in ahead][:8]}); fcfs_lookahead={limit}",
                 e,
             )
-        room = self.free_blocks + len(r.blocks) - self.watermark
+        room = self.free_blocks + len(r.blocks) - self._binding_watermark()
         for q in ahead:
             need = self.config.blocks_for(q.known)
             if need <= room:

@@ -133,6 +133,16 @@ class ArPolicy:
         blocks free (Vidur's vLLM, Sarathi and Mnemosyne replica schedulers,
         `watermark_blocks_fraction`, in `_can_allocate_request` / `_can_allocate_blocks`; Vidur
         has no null block, so its pool is the usable blocks). Rule `admission_watermark`.
+        Where `full_sequence_admission` is declared too, the whole sequence must fit above
+        the watermark (vLLM: `num_blocks_to_allocate + watermark_blocks` against the free
+        blocks, in `KVCacheManager.allocate_slots`). Rule `full_sequence_admission`.
+    watermark_of_pool: the watermark is int(watermark_fraction * num_blocks), the null block
+        counted (vLLM 0.33's `int(watermark * kv_cache_config.num_blocks)`), not a fraction
+        of the usable blocks.
+    watermark_beside_running: the watermark binds an admission only while another request
+        is running, one admitted earlier in the same step included (vLLM 0.33's
+        `allocate_slots(..., has_scheduled_reqs=bool(self.running))`); a request admitted
+        with nothing running may take the pool down to no free block.
     admit_after_preemption: overrides `rules.admit_after_preemption` (None: keep it). True
         lets a step that preempted still admit, including re-admitting the request it just
         preempted (Vidur's Sarathi: a restarted request goes back to the head of the queue and
@@ -146,6 +156,8 @@ class ArPolicy:
     lone_request_threshold_exempt: bool = False
     full_sequence_admission: bool = False
     watermark_fraction: float = 0.0
+    watermark_of_pool: bool = False
+    watermark_beside_running: bool = False
     admit_after_preemption: bool | None = None
 
     def __post_init__(self) -> None:
@@ -155,7 +167,12 @@ class ArPolicy:
             raise ProfileError(
                 "policy.victim", self.victim, _names(v.value for v in VictimOrder) + " or None"
             )
-        for name in ("lone_request_threshold_exempt", "full_sequence_admission"):
+        for name in (
+            "lone_request_threshold_exempt",
+            "full_sequence_admission",
+            "watermark_of_pool",
+            "watermark_beside_running",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ProfileError(f"policy.{name}", getattr(self, name), "True or False")
         if self.admit_after_preemption is not None and not isinstance(
@@ -180,9 +197,12 @@ class ArPolicy:
         return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
     def watermark_blocks(self, config: ArConfig) -> int:
-        """Blocks admission must leave free: int(fraction * usable blocks) (Vidur's
-        int(fraction * num_blocks) over its pool, which has no null block)."""
-        return int(self.watermark_fraction * config.usable_blocks)
+        """Blocks admission must leave free where the watermark binds: int(fraction * usable
+        blocks) (Vidur's int(fraction * num_blocks) over its pool, which has no null block),
+        or with `watermark_of_pool` int(fraction * num_blocks), the null block counted
+        (vLLM's)."""
+        pool = config.num_blocks if self.watermark_of_pool else config.usable_blocks
+        return int(self.watermark_fraction * pool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,9 +84,10 @@ _AR_RULES: dict[ArRule, str] = {
     "request, as vLLM 0.33 does: nothing else running or waiting).",
     ArRule.FULL_SEQUENCE_ADMISSION: "Where the implementation gates admission on the whole "
     "sequence (vLLM's scheduler_reserve_full_isl), a waiting request is admitted only when "
-    "blocks for all its known tokens fit the free blocks.",
+    "blocks for all its known tokens fit the free blocks, above the watermark where one binds.",
     ArRule.ADMISSION_WATERMARK: "Admission leaves at least the declared watermark of free blocks "
-    "(Vidur's watermark_blocks_fraction).",
+    "(Vidur's watermark_blocks_fraction, of the usable blocks; or, where declared, vLLM's "
+    "watermark: of the whole pool, binding only while another request runs).",
     ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token; "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
     "checker's call deadline is a hang.",
