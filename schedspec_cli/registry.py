@@ -247,6 +247,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "vLLM v1's decision rules with its admission watermark (0.25), prefix caching off or on",
     ),
     _ar(
+        "vllm-v1-no-reserve",
+        (
+            "reference.ar.prefix_cache:VLLM_V1_NO_RESERVE",
+            "reference.ar.prefix_cache:make_vllm_v1_no_reserve",
+        ),
+        "vLLM v1's decision rules without the whole-sequence reservation, prefix caching off or on",
+    ),
+    _ar(
         "vidur-vllm",
         ("reference.ar.vidur:VIDUR_VLLM", "reference.ar.vidur:make_vidur_vllm"),
         "Vidur's vLLM replica scheduler, re-implemented",
@@ -323,6 +331,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "real-vllm-watermark",
         ("integrations.vllm:REAL_VLLM_WATERMARK",),
         "vLLM 0.33.0's own v1 Scheduler with watermark=0.25, prefix caching off or on",
+        engine="vllm",
+        default_verify=False,
+    ),
+    _ar(
+        "real-vllm-no-reserve",
+        ("integrations.vllm:REAL_VLLM_NO_RESERVE",),
+        "vLLM 0.33.0's own v1 Scheduler with scheduler_reserve_full_isl=False, prefix caching "
+        "off or on",
         engine="vllm",
         default_verify=False,
     ),

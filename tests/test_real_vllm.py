@@ -29,8 +29,10 @@ from integrations.vllm import (
     REAL_VLLM_PREFIX,
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
+    SETTINGS_SPACE,
 )
 from integrations.vllm.adapter import RealVllmScheduler
+from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.differential import decisions, first_difference, program
 from integrations.vllm.engine_core import RULES as CORE_RULES
 from integrations.vllm.engine_core import (
@@ -643,17 +645,20 @@ def test_a_log_of_real_vllm_checks_under_its_profile_and_decides_as_its_twin(
 
 
 def _logged_run(
-    config: ArConfig, plant: Callable[[Any], None] | None = None
+    config: ArConfig,
+    plant: Callable[[Any], None] | None = None,
+    knobs: AdmissionKnobs = VLLM_ADMISSION,
 ) -> tuple[list[str], list[ArEvent]]:
     """A program run on vLLM's scheduler (driven by the adapter, as an engine core would drive
-    it) with `VllmEventLog` attached: the log's lines, and the adapter's own events."""
+    it; built with vLLM's admission settings `knobs`) with `VllmEventLog` attached: the log's
+    lines, and the adapter's own events."""
     import random
 
     from integrations.vllm.event_log import VllmEventLog
 
     lines: list[str] = []
     events: list[ArEvent] = []
-    adapter = RealVllmScheduler(config, events.append)
+    adapter = RealVllmScheduler(config, events.append, SETTINGS_SPACE, admission=knobs)
     if plant is not None:
         plant(adapter.sched)
     VllmEventLog(adapter.sched, lines.append)

@@ -25,6 +25,8 @@ running it):
   in `num_blocks`; with nothing running no watermark binds (`allocate_slots(...,
   has_scheduled_reqs=bool(self.running))`); under `scheduler_reserve_full_isl` the whole
   sequence must fit above it (`num_blocks_to_allocate + watermark_blocks`);
+- with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
+  blocks of the first chunk: `full_sequence_admission` is not declared;
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
   scheduler runs one step ahead of the model, which the AR step contract does not describe;
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
@@ -91,13 +93,20 @@ REAL_VLLM_PREFIX_PROFILE = ArProfile(
 )
 
 
-REAL_VLLM_WATERMARK_PROFILE = ArProfile(
-    space=ArConfigSpace(
-        policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
-        null_block=frozenset({True}),
-        prefix_caching=frozenset({False, True}),
-    ),
-    policy=VLLM_WATERMARK_POLICY,
+#: The space of the built-ins that change one of vLLM's admission settings: prefix caching
+#: off or on.
+SETTINGS_SPACE = ArConfigSpace(
+    policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+    null_block=frozenset({True}),
+    prefix_caching=frozenset({False, True}),
+)
+
+REAL_VLLM_WATERMARK_PROFILE = ArProfile(space=SETTINGS_SPACE, policy=VLLM_WATERMARK_POLICY)
+
+#: `real-vllm-no-reserve` (`scheduler_reserve_full_isl=False`) declares no whole-sequence gate.
+REAL_VLLM_NO_RESERVE_PROFILE = ArProfile(
+    space=SETTINGS_SPACE,
+    policy=dataclasses.replace(VLLM_POLICY, full_sequence_admission=False),
 )
 
 
@@ -123,6 +132,14 @@ def make_real_vllm_watermark(config: ArConfig, sink: ArEventSink) -> ArScheduler
     return make(config, sink)
 
 
+def make_real_vllm_no_reserve(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `scheduler_reserve_full_isl=False`,
+    prefix caching as the config says (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_no_reserve as make
+
+    return make(config, sink)
+
+
 REAL_VLLM = ArImplementation(
     make_real_vllm,
     REAL_VLLM_PROFILE,
@@ -144,18 +161,29 @@ REAL_VLLM_WATERMARK = ArImplementation(
     "prefix caching off or on, with a fabricated model output",
 )
 
+REAL_VLLM_NO_RESERVE = ArImplementation(
+    make_real_vllm_no_reserve,
+    REAL_VLLM_NO_RESERVE_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with "
+    "scheduler_reserve_full_isl=False, prefix caching off or on, with a fabricated model output",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_VLLM",
+    "REAL_VLLM_NO_RESERVE",
+    "REAL_VLLM_NO_RESERVE_PROFILE",
     "REAL_VLLM_PREFIX",
     "REAL_VLLM_PREFIX_PROFILE",
     "REAL_VLLM_PROFILE",
     "REAL_VLLM_WATERMARK",
     "REAL_VLLM_WATERMARK_PROFILE",
+    "SETTINGS_SPACE",
     "VLLM_POLICY",
     "VLLM_WATERMARK",
     "VLLM_WATERMARK_POLICY",
     "make_real_vllm",
+    "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",
 ]

@@ -65,7 +65,7 @@ from typing import Any
 from integrations.vllm import (
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
-    REAL_VLLM_WATERMARK_PROFILE,
+    SETTINGS_SPACE,
     VLLM_WATERMARK,
     structured,
 )
@@ -190,10 +190,10 @@ def load_vllm() -> VllmModules:
 SPECULATIVE_METHODS = ("ngram", "eagle", "draft_model")
 
 #: What the adapter can run (the profiles' spaces): vLLM's two scheduling policies; block 0 is
-#: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`).
+#: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`), or
+#: either (`integrations.vllm.SETTINGS_SPACE`).
 SPACE = REAL_VLLM_PROFILE.space
 SPACE_PREFIX = REAL_VLLM_PREFIX_PROFILE.space
-SPACE_WATERMARK = REAL_VLLM_WATERMARK_PROFILE.space
 
 
 def check_loras(loras: int, max_loras: int) -> None:
@@ -288,7 +288,8 @@ class RealVllmScheduler:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
         #: admission_knobs`): the engine-core loop checks them all; the AR suite the
-        #: watermark only, where the profile declares it (`real-vllm-watermark`).
+        #: watermark and the whole-sequence reservation, as the profile declares them
+        #: (`real-vllm-watermark`, `real-vllm-no-reserve`).
         self.admission: AdmissionKnobs = admission
         if (
             isinstance(pipeline_parallel_size, bool)
@@ -1571,7 +1572,15 @@ def make_real_vllm_watermark(config: ArConfig, sink: ArEventSink) -> RealVllmSch
     """Factory: vLLM 0.33.0's real v1 Scheduler with `watermark=VLLM_WATERMARK`, prefix
     caching as the config says."""
     return RealVllmScheduler(
-        config, sink, SPACE_WATERMARK, admission=AdmissionKnobs(watermark=VLLM_WATERMARK)
+        config, sink, SETTINGS_SPACE, admission=AdmissionKnobs(watermark=VLLM_WATERMARK)
+    )
+
+
+def make_real_vllm_no_reserve(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `scheduler_reserve_full_isl=False`,
+    prefix caching as the config says."""
+    return RealVllmScheduler(
+        config, sink, SETTINGS_SPACE, admission=AdmissionKnobs(reserve_full_isl=False)
     )
 
 
@@ -1579,7 +1588,6 @@ __all__ = [
     "OUTPUT_BASE",
     "SPACE",
     "SPACE_PREFIX",
-    "SPACE_WATERMARK",
     "SPECULATIVE_METHODS",
     "STOP_BASE",
     "GroupTables",
@@ -1606,6 +1614,7 @@ __all__ = [
     "load_vllm",
     "lora_of",
     "make_real_vllm",
+    "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",
     "mamba_checkpoint",

@@ -127,3 +127,25 @@ VLLM_V1_WATERMARK = ArImplementation(
     f"({VLLM_WATERMARK} of the pool, binding beside a running request), prefix caching off "
     "or on; decision-identical to `real-vllm-watermark` (verify --twin)",
 )
+
+
+#: vLLM 0.33.0's options with `scheduler_reserve_full_isl=False`: no whole-sequence gate.
+VLLM_033_NO_RESERVE = dataclasses.replace(VLLM_033, full_sequence_admission=False)
+
+
+def make_vllm_v1_no_reserve(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference with vLLM 0.33.0's options less the whole-sequence gate
+    (`VLLM_033_NO_RESERVE`), prefix caching as the config says."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033_NO_RESERVE)
+
+
+VLLM_V1_NO_RESERVE = ArImplementation(
+    make_vllm_v1_no_reserve,
+    ArProfile(
+        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
+        policy=ArPolicy(lone_request_threshold_exempt=True),
+    ),
+    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options less the whole-sequence "
+    "admission gate (scheduler_reserve_full_isl=False), prefix caching off or on; "
+    "decision-identical to `real-vllm-no-reserve` (verify --twin)",
+)

@@ -1,27 +1,29 @@
-"""vLLM's admission watermark under the AR spec: `real-vllm-watermark` (vLLM 0.33.0 with
-`SchedulerConfig.watermark=0.25`) conforms to its declared profile and decides as its
-re-implementation `vllm-v1-watermark`; what the profile declares is each needed."""
+"""vLLM's admission settings under the AR spec: `real-vllm-watermark` (vLLM 0.33.0 with
+`SchedulerConfig.watermark=0.25`) and `real-vllm-no-reserve` (`scheduler_reserve_full_isl=
+False`) conform to their declared profiles and decide as their re-implementations
+`vllm-v1-watermark` and `vllm-v1-no-reserve`; what each profile declares is needed; a live
+scheduler's event log declares the settings it runs with."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import random
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 from integrations.vllm import (
     MANIFEST,
     REAL_VLLM,
+    REAL_VLLM_NO_RESERVE,
+    REAL_VLLM_NO_RESERVE_PROFILE,
+    REAL_VLLM_PROFILE,
     REAL_VLLM_WATERMARK,
     REAL_VLLM_WATERMARK_PROFILE,
+    SETTINGS_SPACE,
     VLLM_WATERMARK,
 )
-from integrations.vllm.adapter import SPACE_WATERMARK, RealVllmScheduler
+from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.differential import decisions, first_difference
 from properties.ar.conformance import ar_conformance_machine
@@ -30,23 +32,13 @@ from properties.verify import failure_from, run_machine
 from reference.ar import prefix_cache
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArScheduled
-from spec.ar.profile import ArProfile
+from spec.ar.profile import ArPolicy, ArProfile
 from spec.errors import ConfigError, SpecViolation
 from tests.engine_gate import require_engine
+from tests.test_ar_mutants import HUNT
+from tests.test_real_vllm import _logged_run
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
-
-# Derandomized, no shrinking: the hunt for a profile that leaves an option out.
-HUNT = settings(
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    max_examples=300,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    stateful_step_count=30,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -54,16 +46,17 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def test_real_vllm_with_a_watermark_conforms_and_decides_as_its_twin(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("setting", ["watermark", "no-reserve"])
+def test_real_vllm_with_an_admission_setting_conforms_and_decides_as_its_twin(
+    setting: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`verify --impl real-vllm-watermark --twin vllm-v1-watermark`: the suite under the
-    declared profile (prefix caching off and on), each example replayed through the twin."""
+    """`verify --impl real-vllm-SETTING --twin vllm-v1-SETTING`: the suite under the declared
+    profile (prefix caching off and on), each example replayed through the twin."""
     from schedspec_cli.main import main
 
-    argv = ["verify", "--impl", "real-vllm-watermark", "--twin", "vllm-v1-watermark"]
+    argv = ["verify", "--impl", f"real-vllm-{setting}", "--twin", f"vllm-v1-{setting}"]
     assert main([*argv, "--examples", str(EXAMPLES)]) == 0, capsys.readouterr().out
-    assert "vllm-v1-watermark" in capsys.readouterr().out
+    assert f"vllm-v1-{setting}" in capsys.readouterr().out
     # the twin runs vLLM with the same fraction
     assert prefix_cache.VLLM_WATERMARK == VLLM_WATERMARK
 
@@ -145,31 +138,44 @@ def test_the_twin_without_the_watermark_decides_otherwise() -> None:
     assert first_difference(real, plain) is not None
 
 
+# --- without the whole-sequence reservation ------------------------------------------------------
+
+
+def test_without_the_reservation_vllm_admits_what_only_its_first_chunk_fits() -> None:
+    """6 usable blocks of 2 tokens; "a" holds 3. "b" (prompt 8: 4 blocks) starts a 3-token
+    chunk (the budget less a's decode) in 2 of the 3 free blocks: vLLM without the
+    reservation admits it, and the spec under `real-vllm`'s profile (which declares the gate)
+    reports it; under `real-vllm-no-reserve`'s the run passes and decides as its twin."""
+    config = ArConfig(
+        block_size=2, num_blocks=7, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=12
+    )
+
+    def run(policy: ArPolicy) -> ArHarness:
+        h = ArHarness(REAL_VLLM_NO_RESERVE.factory, config, policy=policy)
+        h.submit(ArRequest("a", 5, 4))
+        h.step()
+        h.step()  # a: 5 computed, 3 blocks
+        h.submit(ArRequest("b", 8, 1))
+        h.step()
+        return h
+
+    h = run(REAL_VLLM_NO_RESERVE_PROFILE.policy)
+    assert ("b", 3) in _scheduled(h.events)
+    h.drain()
+    assert h.violation is None, h.violation
+    assert h.outputs() == {"a": 4, "b": 1}
+    with pytest.raises(SpecViolation, match="whole sequence") as err:
+        run(REAL_VLLM_PROFILE.policy)
+    assert err.value.rule == "full_sequence_admission"
+    arrivals = [[ArRequest("a", 5, 4)], [], [ArRequest("b", 8, 1)]]
+    real = decisions(REAL_VLLM_NO_RESERVE.factory, config, arrivals)
+    twin = decisions(prefix_cache.VLLM_V1_NO_RESERVE.factory, config, arrivals)
+    assert first_difference(real, twin) is None
+    gated = decisions(prefix_cache.VLLM_V1_PREFIX.factory, config, arrivals)
+    assert first_difference(real, gated) is not None
+
+
 # --- a live scheduler's event log declares the watermark it runs with ---------------------------
-
-
-def _live_log(
-    config: ArConfig, knobs: AdmissionKnobs, plant: Callable[[Any], None] | None = None
-) -> list[str]:
-    """A program run on vLLM's scheduler built with `knobs`, `VllmEventLog` attached: the
-    log's lines."""
-    from integrations.vllm.event_log import VllmEventLog
-
-    lines: list[str] = []
-    adapter = RealVllmScheduler(config, lambda e: None, SPACE_WATERMARK, admission=knobs)
-    if plant is not None:
-        plant(adapter.sched)
-    VllmEventLog(adapter.sched, lines.append)
-    rng = random.Random(6)
-    for i in range(8):
-        prompt, out, prio = rng.randrange(1, 8), rng.randrange(1, 8), rng.randrange(3)
-        adapter.submit(ArRequest(f"r{i}", prompt, out, priority=prio))
-        adapter.step()
-    for _ in range(200):
-        if adapter.is_idle():
-            break
-        adapter.step()
-    return lines
 
 
 LIVE = ArConfig(
@@ -189,7 +195,7 @@ def test_a_live_log_declares_the_watermark_and_checks_and_decides_under_it(
     from tests.vllm_seeded_bugs import watermark_ignored
 
     knobs = AdmissionKnobs(watermark=VLLM_WATERMARK)
-    lines = _live_log(LIVE, knobs)
+    lines, _ = _logged_run(LIVE, knobs=knobs)
     with ArTraceReader(lines) as reader:
         list(reader)
         assert reader.header is not None
@@ -203,7 +209,7 @@ def test_a_live_log_declares_the_watermark_and_checks_and_decides_under_it(
         out = capsys.readouterr().out
         assert code == 0, out
         assert not extra or "decides alike in all" in out
-    result = check_ar_trace(_live_log(LIVE, knobs, watermark_ignored))
+    result = check_ar_trace(_logged_run(LIVE, watermark_ignored, knobs)[0])
     assert result.violation is not None, "the planted bug went unseen"
     assert result.violation.rule in ("admission_watermark", "full_sequence_admission")
     assert "watermark" in str(result.violation).splitlines()[0]
@@ -216,7 +222,7 @@ def test_a_live_log_declares_the_active_cap_and_no_whole_sequence_gate() -> None
     from properties.ar.trace_check import check_ar_trace
     from spec.ar.trace import ArTraceReader
 
-    lines = _live_log(LIVE, AdmissionKnobs(max_active_seqs=2, reserve_full_isl=False))
+    lines, _ = _logged_run(LIVE, knobs=AdmissionKnobs(max_active_seqs=2, reserve_full_isl=False))
     with ArTraceReader(lines) as reader:
         list(reader)
         assert reader.header is not None
@@ -230,13 +236,13 @@ def test_a_live_log_refuses_an_adaptive_long_prefill_threshold() -> None:
 
     config = LIVE.replace(long_prefill_token_threshold=4)
     adapter = RealVllmScheduler(
-        config, lambda e: None, SPACE_WATERMARK, admission=AdmissionKnobs(adaptive_threshold=True)
+        config, lambda e: None, SETTINGS_SPACE, admission=AdmissionKnobs(adaptive_threshold=True)
     )
     with pytest.raises(ConfigError, match="long_prefill_token_threshold_adaptive"):
         VllmEventLog(adapter.sched, print)
     # without a threshold the setting changes nothing, and the log is written
     plain = RealVllmScheduler(
-        LIVE, lambda e: None, SPACE_WATERMARK, admission=AdmissionKnobs(adaptive_threshold=True)
+        LIVE, lambda e: None, SETTINGS_SPACE, admission=AdmissionKnobs(adaptive_threshold=True)
     )
     lines: list[str] = []
     VllmEventLog(plain.sched, lines.append)
