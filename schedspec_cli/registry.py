@@ -247,6 +247,15 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "vLLM v1's decision rules with its admission watermark (0.25), prefix caching off or on",
     ),
     _ar(
+        "vllm-v1-adaptive",
+        (
+            "reference.ar.prefix_cache:VLLM_V1_ADAPTIVE",
+            "reference.ar.prefix_cache:make_vllm_v1_adaptive",
+        ),
+        "vLLM v1's decision rules with its adaptive long-prefill threshold, prefix caching off "
+        "or on",
+    ),
+    _ar(
         "vllm-v1-no-reserve",
         (
             "reference.ar.prefix_cache:VLLM_V1_NO_RESERVE",
@@ -331,6 +340,14 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "real-vllm-watermark",
         ("integrations.vllm:REAL_VLLM_WATERMARK",),
         "vLLM 0.33.0's own v1 Scheduler with watermark=0.25, prefix caching off or on",
+        engine="vllm",
+        default_verify=False,
+    ),
+    _ar(
+        "real-vllm-adaptive",
+        ("integrations.vllm:REAL_VLLM_ADAPTIVE",),
+        "vLLM 0.33.0's own v1 Scheduler with long_prefill_token_threshold_adaptive=True, prefix "
+        "caching off or on",
         engine="vllm",
         default_verify=False,
     ),

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
-from reference.ar.prefix_cache import VLLM_033_WATERMARK, VLLM_V1_WATERMARK, PrefixCachingVllmV1
+from reference.ar.prefix_cache import (
+    VLLM_033_ADAPTIVE,
+    VLLM_033_WATERMARK,
+    VLLM_V1_ADAPTIVE,
+    VLLM_V1_WATERMARK,
+    PrefixCachingVllmV1,
+)
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
@@ -325,6 +331,22 @@ class _Watermarked(PrefixCachingVllmV1):
         super().__init__(config, sink, VLLM_033_WATERMARK)
 
 
+class AdaptiveFloorOverRunning(PrefixCachingVllmV1):
+    """vLLM's adaptive long-prefill threshold with the budget shared among the running
+    requests only, the waiting ones not counted (vLLM counts both: `get_request_counts`)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_033_ADAPTIVE)
+
+    def _step_threshold(self) -> int:
+        threshold = super()._step_threshold()
+        if threshold == self.config.long_prefill_token_threshold and threshold:
+            # the fair share over the running requests alone (at least one)
+            share = self.config.max_num_batched_tokens // max(1, len(self.running))
+            return max(threshold, share)
+        return threshold
+
+
 class WatermarkIgnored(_Watermarked):
     """vLLM's admission without its watermark, though the profile declares one."""
 
@@ -606,6 +628,16 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _unwritten(),
             "prefix caching, priority: a request preempted in the step that scheduled it "
             "keeps that step's unwritten blocks cached (vLLM 0.33.0)",
+        ),
+        ArMutant(
+            "adaptive_floor_over_running",
+            "long_prefill_threshold",
+            _f(AdaptiveFloorOverRunning),
+            ar_configs(
+                policies=(Policy.FCFS, Policy.PRIORITY), chunked=(True,), null_block=(True,)
+            ).filter(lambda c: c.long_prefill_token_threshold > 0),
+            "vLLM's adaptive long-prefill threshold sharing the budget among running requests only",
+            VLLM_V1_ADAPTIVE.profile,
         ),
         ArMutant(
             "watermark_ignored",

@@ -173,10 +173,43 @@ def test_the_whole_sequence_must_fit_above_a_binding_watermark() -> None:
     assert _rule(cfg, dataclasses.replace(gate, watermark_fraction=0.3), events) is None
 
 
+def test_an_adaptive_threshold_is_floored_at_a_fair_share_of_the_budget() -> None:
+    cfg = ArConfig(
+        block_size=2,
+        num_blocks=20,
+        max_num_batched_tokens=12,
+        max_model_len=16,
+        long_prefill_token_threshold=2,
+    )
+
+    # two requests waiting: the floor is 12 // 2 = 6 tokens each
+    def chunks(first: int, second: int) -> list[ArEvent]:
+        return [
+            ArSubmitted("a", 10, 1),
+            ArSubmitted("b", 10, 1),
+            ArBlocksAllocated("a", tuple(range(1, 1 + -(-first // 2)))),
+            ArScheduled("a", first),
+            ArBlocksAllocated("b", tuple(range(10, 10 + -(-second // 2)))),
+            ArScheduled("b", second),
+        ]
+
+    adaptive = ArPolicy(adaptive_long_prefill_threshold=True)
+    assert _rule(cfg, adaptive, chunks(6, 6)) is None
+    assert _rule(cfg, None, chunks(6, 6)) == "long_prefill_threshold"
+    m = ArSpecMachine(cfg, adaptive)
+    with pytest.raises(SpecViolation, match=r"7 tokens > 6, the adaptive floor") as err:
+        for e in chunks(7, 5):
+            m.apply(e)
+    assert err.value.rule == "long_prefill_threshold"
+    # without a threshold there is nothing to floor
+    assert _rule(cfg.replace(long_prefill_token_threshold=0), adaptive, chunks(8, 4)) is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"watermark_fraction": 1.5}, "policy.watermark_fraction"),
+        ({"adaptive_long_prefill_threshold": 0}, "policy.adaptive_long_prefill_threshold"),
         ({"watermark_of_pool": 1}, "policy.watermark_of_pool"),
         ({"watermark_beside_running": "yes"}, "policy.watermark_beside_running"),
         ({"watermark_fraction": True}, "policy.watermark_fraction"),

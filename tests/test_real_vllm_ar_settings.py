@@ -1,12 +1,14 @@
 """vLLM's admission settings under the AR spec: `real-vllm-watermark` (vLLM 0.33.0 with
-`SchedulerConfig.watermark=0.25`) and `real-vllm-no-reserve` (`scheduler_reserve_full_isl=
-False`) conform to their declared profiles and decide as their re-implementations
-`vllm-v1-watermark` and `vllm-v1-no-reserve`; what each profile declares is needed; a live
+`SchedulerConfig.watermark=0.25`), `real-vllm-no-reserve` (`scheduler_reserve_full_isl=False`)
+and `real-vllm-adaptive` (`long_prefill_token_threshold_adaptive=True`) conform to their
+declared profiles and decide as their re-implementations `vllm-v1-watermark`,
+`vllm-v1-no-reserve` and `vllm-v1-adaptive`; what each profile declares is needed; a live
 scheduler's event log declares the settings it runs with."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -15,15 +17,14 @@ import pytest
 from integrations.vllm import (
     MANIFEST,
     REAL_VLLM,
+    REAL_VLLM_ADAPTIVE,
     REAL_VLLM_NO_RESERVE,
     REAL_VLLM_NO_RESERVE_PROFILE,
     REAL_VLLM_PROFILE,
     REAL_VLLM_WATERMARK,
     REAL_VLLM_WATERMARK_PROFILE,
-    SETTINGS_SPACE,
     VLLM_WATERMARK,
 )
-from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.differential import decisions, first_difference
 from properties.ar.conformance import ar_conformance_machine
@@ -33,7 +34,7 @@ from reference.ar import prefix_cache
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArScheduled
 from spec.ar.profile import ArPolicy, ArProfile
-from spec.errors import ConfigError, SpecViolation
+from spec.errors import SpecViolation
 from tests.engine_gate import require_engine
 from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm import _logged_run
@@ -46,7 +47,7 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-@pytest.mark.parametrize("setting", ["watermark", "no-reserve"])
+@pytest.mark.parametrize("setting", ["watermark", "no-reserve", "adaptive"])
 def test_real_vllm_with_an_admission_setting_conforms_and_decides_as_its_twin(
     setting: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -175,6 +176,40 @@ def test_without_the_reservation_vllm_admits_what_only_its_first_chunk_fits() ->
     assert first_difference(real, gated) is not None
 
 
+# --- the adaptive long-prefill threshold ------------------------------------------------------
+
+
+def test_the_adaptive_threshold_gives_each_request_a_fair_share_of_the_budget() -> None:
+    """Threshold 2, budget 12, two 10-token prompts: vLLM's adaptive threshold schedules 6 of
+    each (12 // 2), plain vLLM 2 of each; the spec under `real-vllm`'s profile reports the
+    adaptive run, under `real-vllm-adaptive`'s it passes."""
+    config = ArConfig(
+        block_size=2,
+        num_blocks=20,
+        max_num_batched_tokens=12,
+        max_num_seqs=2,
+        max_model_len=16,
+        long_prefill_token_threshold=2,
+    )
+    firsts = {}
+    for impl in (REAL_VLLM_ADAPTIVE, REAL_VLLM):
+        h = ArHarness(impl.factory, config, policy=impl.profile.policy)
+        h.submit(ArRequest("a", 10, 1))
+        h.submit(ArRequest("b", 10, 1))
+        h.step()
+        firsts[impl] = _scheduled(h.events)
+        h.drain()
+        assert h.violation is None, h.violation
+    assert firsts[REAL_VLLM_ADAPTIVE] == [("a", 6), ("b", 6)]
+    assert firsts[REAL_VLLM] == [("a", 2), ("b", 2)]
+    h = ArHarness(REAL_VLLM_ADAPTIVE.factory, config, policy=REAL_VLLM_PROFILE.policy)
+    h.submit(ArRequest("a", 10, 1))
+    h.submit(ArRequest("b", 10, 1))
+    with pytest.raises(SpecViolation, match="6 tokens > long_prefill_token_threshold=2") as err:
+        h.step()
+    assert err.value.rule == "long_prefill_threshold"
+
+
 # --- a live scheduler's event log declares the watermark it runs with ---------------------------
 
 
@@ -231,19 +266,29 @@ def test_a_live_log_declares_the_active_cap_and_no_whole_sequence_gate() -> None
     assert check_ar_trace(lines).violation is None
 
 
-def test_a_live_log_refuses_an_adaptive_long_prefill_threshold() -> None:
-    from integrations.vllm.event_log import VllmEventLog
+def test_a_live_log_declares_an_adaptive_threshold_and_decides_as_its_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `long_prefill_token_threshold_adaptive`, the header declares
+    `adaptive_long_prefill_threshold`; the log passes `check-trace`, with `vllm-v1-adaptive`
+    as its twin, and fails it with the declaration taken out of its header."""
+    from properties.ar.trace_check import check_ar_trace
+    from schedspec_cli.main import main
+    from spec.ar.trace import ArTraceReader
 
-    config = LIVE.replace(long_prefill_token_threshold=4)
-    adapter = RealVllmScheduler(
-        config, lambda e: None, SETTINGS_SPACE, admission=AdmissionKnobs(adaptive_threshold=True)
-    )
-    with pytest.raises(ConfigError, match="long_prefill_token_threshold_adaptive"):
-        VllmEventLog(adapter.sched, print)
-    # without a threshold the setting changes nothing, and the log is written
-    plain = RealVllmScheduler(
-        LIVE, lambda e: None, SETTINGS_SPACE, admission=AdmissionKnobs(adaptive_threshold=True)
-    )
-    lines: list[str] = []
-    VllmEventLog(plain.sched, lines.append)
-    assert len(lines) == 1  # the header
+    config = LIVE.replace(long_prefill_token_threshold=2)
+    lines, _ = _logged_run(config, knobs=AdmissionKnobs(adaptive_threshold=True))
+    with ArTraceReader(lines) as reader:
+        list(reader)
+        assert reader.header is not None
+        assert reader.header.policy.adaptive_long_prefill_threshold
+    log = tmp_path / "vllm-adaptive.jsonl"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code = main(["check-trace", str(log), "--twin", "vllm-v1-adaptive"])
+    out = capsys.readouterr().out
+    assert code == 0 and "decides alike in all" in out, out
+    # the same log, its header declaring no floor: the spec reports the fair-share chunks
+    header = json.loads(lines[0])
+    del header["declared_policy"]["adaptive_long_prefill_threshold"]
+    result = check_ar_trace([json.dumps(header), *lines[1:]])
+    assert result.violation is not None and result.violation.rule == "long_prefill_threshold"

@@ -25,6 +25,9 @@ running it):
   in `num_blocks`; with nothing running no watermark binds (`allocate_slots(...,
   has_scheduled_reqs=bool(self.running))`); under `scheduler_reserve_full_isl` the whole
   sequence must fit above it (`num_blocks_to_allocate + watermark_blocks`);
+- with `long_prefill_token_threshold_adaptive=True` (`real-vllm-adaptive`) a set threshold is
+  floored at `max_num_batched_tokens // (running + waiting)` for the step
+  (`adaptive_long_prefill_threshold`);
 - with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
   blocks of the first chunk: `full_sequence_admission` is not declared;
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
@@ -109,6 +112,12 @@ REAL_VLLM_NO_RESERVE_PROFILE = ArProfile(
     policy=dataclasses.replace(VLLM_POLICY, full_sequence_admission=False),
 )
 
+#: `real-vllm-adaptive` (`long_prefill_token_threshold_adaptive=True`) declares the floor.
+REAL_VLLM_ADAPTIVE_PROFILE = ArProfile(
+    space=SETTINGS_SPACE,
+    policy=dataclasses.replace(VLLM_POLICY, adaptive_long_prefill_threshold=True),
+)
+
 
 def make_real_vllm(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """Factory: vLLM 0.33.0's real v1 Scheduler, prefix caching off (imports vLLM lazily)."""
@@ -136,6 +145,14 @@ def make_real_vllm_no_reserve(config: ArConfig, sink: ArEventSink) -> ArSchedule
     """Factory: vLLM 0.33.0's real v1 Scheduler with `scheduler_reserve_full_isl=False`,
     prefix caching as the config says (imports vLLM lazily)."""
     from integrations.vllm.adapter import make_real_vllm_no_reserve as make
+
+    return make(config, sink)
+
+
+def make_real_vllm_adaptive(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `long_prefill_token_threshold_adaptive=
+    True`, prefix caching as the config says (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_adaptive as make
 
     return make(config, sink)
 
@@ -168,9 +185,19 @@ REAL_VLLM_NO_RESERVE = ArImplementation(
     "scheduler_reserve_full_isl=False, prefix caching off or on, with a fabricated model output",
 )
 
+REAL_VLLM_ADAPTIVE = ArImplementation(
+    make_real_vllm_adaptive,
+    REAL_VLLM_ADAPTIVE_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with "
+    "long_prefill_token_threshold_adaptive=True, prefix caching off or on, with a fabricated "
+    "model output",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_VLLM",
+    "REAL_VLLM_ADAPTIVE",
+    "REAL_VLLM_ADAPTIVE_PROFILE",
     "REAL_VLLM_NO_RESERVE",
     "REAL_VLLM_NO_RESERVE_PROFILE",
     "REAL_VLLM_PREFIX",
@@ -183,6 +210,7 @@ __all__ = [
     "VLLM_WATERMARK",
     "VLLM_WATERMARK_POLICY",
     "make_real_vllm",
+    "make_real_vllm_adaptive",
     "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",

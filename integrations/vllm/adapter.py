@@ -288,8 +288,9 @@ class RealVllmScheduler:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
         #: admission_knobs`): the engine-core loop checks them all; the AR suite the
-        #: watermark and the whole-sequence reservation, as the profile declares them
-        #: (`real-vllm-watermark`, `real-vllm-no-reserve`).
+        #: watermark, the whole-sequence reservation and the adaptive threshold, as the
+        #: profile declares them (`real-vllm-watermark`, `real-vllm-no-reserve`,
+        #: `real-vllm-adaptive`).
         self.admission: AdmissionKnobs = admission
         if (
             isinstance(pipeline_parallel_size, bool)
@@ -1576,6 +1577,14 @@ def make_real_vllm_watermark(config: ArConfig, sink: ArEventSink) -> RealVllmSch
     )
 
 
+def make_real_vllm_adaptive(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `long_prefill_token_threshold_adaptive=
+    True`, prefix caching as the config says."""
+    return RealVllmScheduler(
+        config, sink, SETTINGS_SPACE, admission=AdmissionKnobs(adaptive_threshold=True)
+    )
+
+
 def make_real_vllm_no_reserve(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
     """Factory: vLLM 0.33.0's real v1 Scheduler with `scheduler_reserve_full_isl=False`,
     prefix caching as the config says."""
@@ -1614,6 +1623,7 @@ __all__ = [
     "load_vllm",
     "lora_of",
     "make_real_vllm",
+    "make_real_vllm_adaptive",
     "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",

@@ -1,5 +1,8 @@
 """vLLM's admission settings beyond the AR configuration, for the engine-core loop; the rule
-each adds is checked by `integrations.vllm.admission_check`.
+each adds is checked by `integrations.vllm.admission_check`. Three are also declared options of
+the AR spec, each with a built-in that sets it for the AR suite: the watermark
+(`real-vllm-watermark`), the adaptive threshold (`real-vllm-adaptive`) and the whole-sequence
+reservation (`real-vllm-no-reserve`).
 
 vLLM 0.33.0's `SchedulerConfig` has five settings that decide when a waiting request joins the
 running ones, the first four off by default and the last on (read in

@@ -26,10 +26,9 @@ step ahead of the model, which an AR event log does not describe; attaching to o
 
 vLLM's admission settings are read from the live scheduler: a `watermark` is declared in the
 header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`),
-`scheduler_reserve_full_isl=False` drops `full_sequence_admission`, and `max_num_active_seqs`
-is the seat cap (`max_num_seqs` of the header). An adaptive long-prefill threshold is refused
-(a `ConfigError` naming `long_prefill_token_threshold_adaptive`): the spec's threshold rule has
-no fair-share floor (the engine-core loop checks that setting). A prefill cadence
+`scheduler_reserve_full_isl=False` drops `full_sequence_admission`,
+`long_prefill_token_threshold_adaptive` is declared as `adaptive_long_prefill_threshold`, and
+`max_num_active_seqs` is the seat cap (`max_num_seqs` of the header). A prefill cadence
 (`prefill_schedule_interval`) breaks no rule of the spec, but a decision twin without it
 decides otherwise.
 """
@@ -86,7 +85,8 @@ def ar_config_of(scheduler: Any) -> ArConfig:
 def declared_policy(config: ArConfig, scheduler_config: Any = None) -> ArPolicy:
     """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules;
     given the scheduler's `SchedulerConfig`, its watermark (as vLLM keeps it: of the whole
-    pool, beside a running request) and, off, its whole-sequence reservation."""
+    pool, beside a running request), its adaptive long-prefill threshold and, off, its
+    whole-sequence reservation."""
     policy = dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
     if scheduler_config is None:
         return policy
@@ -98,6 +98,8 @@ def declared_policy(config: ArConfig, scheduler_config: Any = None) -> ArPolicy:
             watermark_of_pool=True,
             watermark_beside_running=True,
         )
+    if bool(scheduler_config.long_prefill_token_threshold_adaptive):
+        policy = dataclasses.replace(policy, adaptive_long_prefill_threshold=True)
     if not bool(scheduler_config.scheduler_reserve_full_isl):
         policy = dataclasses.replace(policy, full_sequence_admission=False)
     return policy
@@ -114,18 +116,9 @@ class VllmEventLog:
                 "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
                 "event log does not describe (serve with --no-async-scheduling to log)",
             )
-        sc = scheduler.scheduler_config
-        if bool(sc.long_prefill_token_threshold_adaptive) and sc.long_prefill_token_threshold:
-            raise ConfigError(
-                "long_prefill_token_threshold_adaptive",
-                True,
-                "False, or no long_prefill_token_threshold: the AR spec's threshold rule has no "
-                "fair-share floor (scripts/vllm_async_check.py --adaptive-threshold checks it "
-                "in vLLM's engine-core loop)",
-            )
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
-        self.policy: ArPolicy = declared_policy(self.config, sc)
+        self.policy: ArPolicy = declared_policy(self.config, scheduler.scheduler_config)
         self._write = write
         self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching

@@ -149,3 +149,29 @@ VLLM_V1_NO_RESERVE = ArImplementation(
     "admission gate (scheduler_reserve_full_isl=False), prefix caching off or on; "
     "decision-identical to `real-vllm-no-reserve` (verify --twin)",
 )
+
+
+#: vLLM 0.33.0's options with `long_prefill_token_threshold_adaptive=True`.
+VLLM_033_ADAPTIVE = dataclasses.replace(VLLM_033, adaptive_threshold=True)
+
+
+def make_vllm_v1_adaptive(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference with vLLM 0.33.0's options and its adaptive long-prefill
+    threshold (`VLLM_033_ADAPTIVE`), prefix caching as the config says."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033_ADAPTIVE)
+
+
+VLLM_V1_ADAPTIVE = ArImplementation(
+    make_vllm_v1_adaptive,
+    ArProfile(
+        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
+        policy=ArPolicy(
+            lone_request_threshold_exempt=True,
+            adaptive_long_prefill_threshold=True,
+            full_sequence_admission=True,
+        ),
+    ),
+    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its adaptive "
+    "long-prefill threshold (floored at a fair share of the budget), prefix caching off or "
+    "on; decision-identical to `real-vllm-adaptive` (verify --twin)",
+)

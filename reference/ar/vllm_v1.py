@@ -33,6 +33,9 @@ in tests/test_real_vllm.py):
   writes it (vLLM 0.33.0 keeps it cached, a finding in docs/engines.md). Without it the victim
   is chosen among unscheduled requests only, so a high-priority request can preempt itself
   while a lower-priority one scheduled before it keeps running (a priority inversion).
+- `adaptive_threshold` (vLLM's `long_prefill_token_threshold_adaptive`, off by default there and
+  here): a set long-prefill threshold is floored at max_num_batched_tokens // (running +
+  waiting requests) for the step;
 - `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
   request is running, one admitted earlier in the step included, a waiting request is admitted
   only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
@@ -61,6 +64,7 @@ class VllmOptions:
     lone_request_threshold_exempt: bool = False
     victim_among_all: bool = False
     watermark: float = 0.0
+    adaptive_threshold: bool = False
 
 
 VLLM_033 = VllmOptions(True, True, True)
@@ -95,15 +99,23 @@ class VllmV1Scheduler(ArSchedulerBase):
         return self.options.victim_among_all and self.config.policy is Policy.PRIORITY
 
     def _schedule(self) -> None:
-        self._threshold = self.config.long_prefill_token_threshold
-        if (
-            self.options.lone_request_threshold_exempt
-            and len(self.running) + len(self.waiting) <= 1
-        ):
-            self._threshold = 0  # vLLM: a lone request has nobody to starve
+        self._threshold = self._step_threshold()
         budget = self._schedule_running(self.config.max_num_batched_tokens)
         if not self.step_preempted:
             self._schedule_waiting(budget)
+
+    def _step_threshold(self) -> int:
+        """This step's long-prefill threshold (0: none): the configured one; 0 for a lone
+        request (`lone_request_threshold_exempt`: nobody to starve); under
+        `adaptive_threshold` never below a fair share of the budget among the running and
+        waiting requests."""
+        threshold = self.config.long_prefill_token_threshold
+        eligible = len(self.running) + len(self.waiting)
+        if self.options.lone_request_threshold_exempt and eligible <= 1:
+            return 0
+        if threshold and self.options.adaptive_threshold and eligible:
+            return max(threshold, self.config.max_num_batched_tokens // eligible)
+        return threshold
 
     # ------------------------------------------------------------------ running
     def _running_tokens(self, req: ArReq, index: int, budget: int) -> int:

@@ -555,16 +555,21 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"chunked prefill off",
                 e,
             )
+        limit = self._prefill_limit()
         if (
-            cfg.long_prefill_token_threshold
-            and n > cfg.long_prefill_token_threshold
+            limit
+            and n > limit
             and not (self.policy.lone_request_threshold_exempt and self._is_alone())
         ):
+            cap = f"long_prefill_token_threshold={cfg.long_prefill_token_threshold}"
+            if limit != cfg.long_prefill_token_threshold:
+                cap = (
+                    f"{limit}, the adaptive floor max_num_batched_tokens="
+                    f"{cfg.max_num_batched_tokens} // {len(self._running) + len(self._waiting)} "
+                    f"requests over {cap}"
+                )
             raise self._fail(
-                ArRule.LONG_PREFILL_THRESHOLD,
-                f"{r.request_id!r} scheduled {n} tokens > long_prefill_token_threshold="
-                f"{cfg.long_prefill_token_threshold}",
-                e,
+                ArRule.LONG_PREFILL_THRESHOLD, f"{r.request_id!r} scheduled {n} tokens > {cap}", e
             )
         if rules.token_cap is not None and n > rules.token_cap:
             raise self._fail(
@@ -595,6 +600,19 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if cfg.enable_prefix_caching:
             self._register_cached(r, r.num_computed + n)
         self._touch(r)
+
+    def _prefill_limit(self) -> int:
+        """The most tokens one request may be scheduled in a step: the long-prefill threshold
+        (0: none), floored at max_num_batched_tokens // (running + waiting) under
+        `adaptive_long_prefill_threshold`. Within a step's scheduling phase the sum of running
+        and waiting requests does not change (an admission or a preemption moves one across)."""
+        cfg = self.config
+        limit = cfg.long_prefill_token_threshold
+        if limit and self.policy.adaptive_long_prefill_threshold:
+            limit = max(
+                limit, cfg.max_num_batched_tokens // (len(self._running) + len(self._waiting))
+            )
+        return limit
 
     def _is_alone(self) -> bool:
         """Nothing else is running or waiting (vLLM's lone-request threshold exemption)."""

@@ -125,6 +125,12 @@ class ArPolicy:
         waiting) may be scheduled more than `long_prefill_token_threshold` tokens (vLLM 0.33
         skips the threshold then; its source comment: there is nobody to starve). Rule
         `long_prefill_threshold`.
+    adaptive_long_prefill_threshold: with `long_prefill_token_threshold` set, a request may
+        be scheduled up to max(threshold, max_num_batched_tokens // (running + waiting
+        requests)) tokens in one step: the threshold floored at a fair share of the budget
+        (vLLM 0.33's `long_prefill_token_threshold_adaptive`, off by default, in
+        `Scheduler.schedule`: "so it never cuts a request below max_num_batched_tokens / num
+        requests"). Rule `long_prefill_threshold`.
     full_sequence_admission: a waiting request is admitted only when the blocks for its whole
         known sequence (prompt plus outputs so far, less cache hits) fit the free blocks, not
         just those for this step's chunk (vLLM 0.33's `scheduler_reserve_full_isl=True`, the
@@ -154,6 +160,7 @@ class ArPolicy:
     rules: ArRules | None = None
     victim: VictimOrder | None = None
     lone_request_threshold_exempt: bool = False
+    adaptive_long_prefill_threshold: bool = False
     full_sequence_admission: bool = False
     watermark_fraction: float = 0.0
     watermark_of_pool: bool = False
@@ -169,6 +176,7 @@ class ArPolicy:
             )
         for name in (
             "lone_request_threshold_exempt",
+            "adaptive_long_prefill_threshold",
             "full_sequence_admission",
             "watermark_of_pool",
             "watermark_beside_running",

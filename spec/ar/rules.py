@@ -81,7 +81,9 @@ _AR_RULES: dict[ArRule, str] = {
     "uncomputed tokens at once.",
     ArRule.LONG_PREFILL_THRESHOLD: "With long_prefill_token_threshold > 0, no request is scheduled "
     "more tokens than the threshold in one step (unless the implementation exempts a lone "
-    "request, as vLLM 0.33 does: nothing else running or waiting).",
+    "request, as vLLM 0.33 does: nothing else running or waiting; where declared, as vLLM's "
+    "adaptive threshold, the threshold is floored at max_num_batched_tokens // (running + "
+    "waiting requests)).",
     ArRule.FULL_SEQUENCE_ADMISSION: "Where the implementation gates admission on the whole "
     "sequence (vLLM's scheduler_reserve_full_isl), a waiting request is admitted only when "
     "blocks for all its known tokens fit the free blocks, above the watermark where one binds.",
