@@ -17,13 +17,15 @@ from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
 from reference.ar.prefix_cache import (
     VLLM_033_ADAPTIVE,
+    VLLM_033_CADENCE,
     VLLM_033_WATERMARK,
     VLLM_V1_ADAPTIVE,
+    VLLM_V1_CADENCE,
     VLLM_V1_WATERMARK,
     PrefixCachingVllmV1,
 )
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
-from reference.ar.vllm_v1 import VllmOptions, VllmV1Scheduler
+from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
@@ -347,6 +349,30 @@ class AdaptiveFloorOverRunning(PrefixCachingVllmV1):
         return threshold
 
 
+class CadenceIgnored(PrefixCachingVllmV1):
+    """vLLM's scheduler without the prefill cadence its profile declares."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_033)
+
+    def _cadence_holds(self) -> bool:
+        return False
+
+
+class CadenceRestartsOnAdmissions(PrefixCachingVllmV1):
+    """The prefill cadence's interval restarted by admissions only, not by a running request's
+    next prefill chunk (vLLM restarts it on either: `prefill_scheduled or prefill_admitted`)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_033_CADENCE)
+
+    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+        carried = self._carried_prefill
+        super()._emit_scheduled(req, num_tokens)
+        if req.rid in self._step_running:
+            self._carried_prefill = carried
+
+
 class WatermarkIgnored(_Watermarked):
     """vLLM's admission without its watermark, though the profile declares one."""
 
@@ -467,6 +493,21 @@ def _watermarked(chunked: bool, blocks_mod_4: bool = False) -> st.SearchStrategy
     if blocks_mod_4:
         configs = configs.map(lambda c: c.replace(num_blocks=c.num_blocks + -c.num_blocks % 4))
     return configs
+
+
+def _cadenced() -> st.SearchStrategy[ArConfig]:
+    """vLLM's space, chunked prefill with a long-prefill threshold (prefills span steps beside
+    decodes), two to four seats and a roomy pool."""
+    return ar_configs(
+        policies=(Policy.FCFS, Policy.PRIORITY), chunked=(True,), null_block=(True,)
+    ).map(
+        lambda c: c.replace(
+            max_num_seqs=max(c.max_num_seqs, 2),
+            max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
+            long_prefill_token_threshold=max(c.long_prefill_token_threshold, 1),
+            num_blocks=c.num_blocks + c.max_blocks_per_request,
+        )
+    )
 
 
 def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
@@ -638,6 +679,22 @@ AR_MUTANTS: dict[str, ArMutant] = {
             ).filter(lambda c: c.long_prefill_token_threshold > 0),
             "vLLM's adaptive long-prefill threshold sharing the budget among running requests only",
             VLLM_V1_ADAPTIVE.profile,
+        ),
+        ArMutant(
+            "cadence_ignored",
+            "prefill_cadence",
+            _f(CadenceIgnored),
+            _cadenced(),
+            "vLLM's scheduler without the prefill cadence its profile declares",
+            VLLM_V1_CADENCE.profile,
+        ),
+        ArMutant(
+            "cadence_restarts_on_admissions",
+            "prefill_cadence",
+            _f(CadenceRestartsOnAdmissions),
+            _cadenced(),
+            "vLLM's prefill cadence restarted by admissions only, not by running prefill chunks",
+            VLLM_V1_CADENCE.profile,
         ),
         ArMutant(
             "watermark_ignored",

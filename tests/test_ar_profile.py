@@ -205,9 +205,72 @@ def test_an_adaptive_threshold_is_floored_at_a_fair_share_of_the_budget() -> Non
     assert _rule(cfg.replace(long_prefill_token_threshold=0), adaptive, chunks(8, 4)) is None
 
 
+def _cadence_run(b_admitted_in: int) -> list[ArEvent]:
+    """a (a 4-token prompt, many outputs) prefills in step 0 and decodes from then on; b (an
+    8-token prompt) arrives after step 0 and is admitted in step `b_admitted_in`."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 12),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArStepEnd(0),
+        ArSubmitted("b", 8, 1),
+    ]
+    for step in range(1, b_admitted_in + 1):
+        if step % 4 == 1:  # its token 4 + step - 1 starts a block
+            events.append(ArBlocksAllocated("a", (2 + step // 4,)))
+        events.append(ArScheduled("a", 1))
+        if step == b_admitted_in:
+            events += [ArBlocksAllocated("b", (8, 9)), ArScheduled("b", 8)]
+        events.append(ArStepEnd(step))
+    return events
+
+
+def test_prefill_cadence_holds_prefill_while_a_request_decodes() -> None:
+    cfg = ArConfig(block_size=4, num_blocks=12, max_num_batched_tokens=16, max_model_len=24)
+    cadence = ArPolicy(prefill_interval=3)
+    # step 0 carried a's prefill (executed step 1); steps 1 and 2 (executed 2 and 3) are held
+    # while a decodes; step 3 (executed 4) is the next that may carry prefill
+    assert _rule(cfg, cadence, _cadence_run(3)) is None
+    assert _rule(cfg, cadence, _cadence_run(2)) == "prefill_cadence"
+    assert _rule(cfg, None, _cadence_run(1)) is None  # no cadence declared
+    m = ArSpecMachine(cfg, cadence)
+    with pytest.raises(SpecViolation, match=r"'b' admitted with 8 tokens to compute in step 1"):
+        for e in _cadence_run(1):
+            m.apply(e)
+
+
+def test_prefill_cadence_lifts_while_the_last_release_step_left_requests_waiting() -> None:
+    """A budget of 4: a's prompt takes all of step 0, so b, already waiting, is left waiting
+    by that release step (the capacity escape) and step 1 may admit it beside a's decode.
+    Had b arrived after step 0, step 1 would be held."""
+    cfg = ArConfig(block_size=4, num_blocks=12, max_num_batched_tokens=4, max_model_len=24)
+
+    def run(b_before_step_0: bool) -> list[ArEvent]:
+        b = ArSubmitted("b", 8, 1)
+        return [
+            ArSubmitted("a", 4, 12),
+            *([b] if b_before_step_0 else []),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArStepEnd(0),
+            *([] if b_before_step_0 else [b]),
+            ArBlocksAllocated("a", (2,)),
+            ArScheduled("a", 1),
+            ArBlocksAllocated("b", (8,)),
+            ArScheduled("b", 3),
+            ArStepEnd(1),
+        ]
+
+    cadence = ArPolicy(prefill_interval=3)
+    assert _rule(cfg, cadence, run(b_before_step_0=True)) is None
+    assert _rule(cfg, cadence, run(b_before_step_0=False)) == "prefill_cadence"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
+        ({"prefill_interval": 0}, "policy.prefill_interval"),
+        ({"prefill_interval": True}, "policy.prefill_interval"),
         ({"watermark_fraction": 1.5}, "policy.watermark_fraction"),
         ({"adaptive_long_prefill_threshold": 0}, "policy.adaptive_long_prefill_threshold"),
         ({"watermark_of_pool": 1}, "policy.watermark_of_pool"),

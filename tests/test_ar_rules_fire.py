@@ -198,6 +198,7 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "long_prefill_threshold": (PROFILE, "test_lone_request_threshold_exemption"),
     "full_sequence_admission": (PROFILE, "test_full_sequence_admission_gate"),
     "admission_watermark": (PROFILE, "test_watermark"),
+    "prefill_cadence": (PROFILE, "test_prefill_cadence_holds_prefill_while_a_request_decodes"),
     "cache_hit_enabled": (PREFIX, "test_cache_hit_needs_prefix_caching_on"),
     "no_admission_after_preemption": (
         VIDUR,

@@ -18,15 +18,18 @@ from integrations.vllm import (
     MANIFEST,
     REAL_VLLM,
     REAL_VLLM_ADAPTIVE,
+    REAL_VLLM_CADENCE,
+    REAL_VLLM_CADENCE_PROFILE,
     REAL_VLLM_NO_RESERVE,
     REAL_VLLM_NO_RESERVE_PROFILE,
     REAL_VLLM_PROFILE,
     REAL_VLLM_WATERMARK,
     REAL_VLLM_WATERMARK_PROFILE,
+    VLLM_PREFILL_INTERVAL,
     VLLM_WATERMARK,
 )
 from integrations.vllm.admission_knobs import AdmissionKnobs
-from integrations.vllm.differential import decisions, first_difference
+from integrations.vllm.differential import decisions, first_difference, program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import failure_from, run_machine
@@ -35,6 +38,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArScheduled
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.errors import SpecViolation
+from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
 from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm import _logged_run
@@ -210,6 +214,72 @@ def test_the_adaptive_threshold_gives_each_request_a_fair_share_of_the_budget() 
     assert err.value.rule == "long_prefill_threshold"
 
 
+# --- the prefill cadence -----------------------------------------------------------------------
+
+
+def test_the_cadence_reference_decides_as_vllm_with_its_prefill_interval() -> None:
+    """`VLLM_V1_CADENCE` (the reference with `prefill_interval=3`) and vLLM with
+    `prefill_schedule_interval=3` decide alike on 300 generated programs; the cadence changes
+    vLLM's decisions on some of them."""
+    twin = prefix_cache.VLLM_V1_CADENCE.factory
+    changed = 0
+    for seed in range(300):
+        config, arrivals = program(seed)
+        real = decisions(REAL_VLLM_CADENCE.factory, config, arrivals)
+        assert first_difference(real, decisions(twin, config, arrivals)) is None, seed
+        changed += (
+            first_difference(real, decisions(REAL_VLLM.factory, config, arrivals)) is not None
+        )
+    assert changed > 0
+    assert prefix_cache.VLLM_PREFILL_INTERVAL == VLLM_PREFILL_INTERVAL
+
+
+# Found by `verify --impl reference.ar.prefix_cache:VLLM_V1_CADENCE` (the reference, which
+# decides as vLLM does) and replayed on vLLM: 8 usable blocks of one token, a budget of 3, a
+# long-prefill threshold of 2.
+CADENCE_EMPTY_STEP = ArConfig(
+    block_size=1,
+    num_blocks=9,
+    max_num_batched_tokens=3,
+    max_num_seqs=2,
+    max_model_len=6,
+    long_prefill_token_threshold=2,
+)
+
+
+def _cadence_empty_step(impl: ArImplementation, policy: ArPolicy) -> ArHarness:
+    h = ArHarness(impl.factory, CADENCE_EMPTY_STEP, policy=policy)
+    h.step()
+    h.submit(ArRequest("r0", 5, 1))
+    h.submit(ArRequest("r1", 1, 5))
+    for _ in range(12):
+        h.step()
+    return h
+
+
+def test_finding_a_held_step_whose_only_decode_preempts_itself_schedules_nothing() -> None:
+    """vLLM 0.33.0 with `prefill_schedule_interval=3`: r0 is still in its prefill and r1
+    decodes, so step 5 starts held and skips r0's next chunk; r1 then needs a block, none is
+    free, and r1, the tail of the running requests, preempts itself. Nothing else may run in a
+    held step: step 5 schedules nothing while r0 runs and r1 waits (`progress`). vLLM's
+    comment says a held step's "decodes still run to fill this step"; here none is left. The
+    next step is not held (no request decodes) and r0 goes on: one wasted iteration, no
+    stall. Without the cadence, r0 runs in step 5 (it preempts r1 for its block)."""
+    policy = REAL_VLLM_CADENCE_PROFILE.policy
+    with pytest.raises(SpecViolation) as err:
+        _cadence_empty_step(REAL_VLLM_CADENCE, policy)
+    assert err.value.rule == "progress"
+    assert str(err.value).startswith(
+        "[progress] step 5 scheduled nothing with 1 running and 1 waiting"
+    ), err.value
+    # the reference decides as vLLM does, up to the same empty step
+    with pytest.raises(SpecViolation, match=r"step 5 scheduled nothing"):
+        _cadence_empty_step(prefix_cache.VLLM_V1_CADENCE, policy)
+    h = _cadence_empty_step(REAL_VLLM, REAL_VLLM_PROFILE.policy)
+    h.drain()
+    assert h.violation is None and h.outputs() == {"r0": 1, "r1": 5}
+
+
 # --- a live scheduler's event log declares the watermark it runs with ---------------------------
 
 
@@ -292,3 +362,22 @@ def test_a_live_log_declares_an_adaptive_threshold_and_decides_as_its_twin(
     del header["declared_policy"]["adaptive_long_prefill_threshold"]
     result = check_ar_trace([json.dumps(header), *lines[1:]])
     assert result.violation is not None and result.violation.rule == "long_prefill_threshold"
+
+
+def test_a_live_log_declares_the_prefill_cadence_it_runs_with() -> None:
+    """With `prefill_schedule_interval=3` the header declares `prefill_interval=3` and the log
+    passes; declared as 4, the spec holds a step vLLM released (`prefill_cadence`)."""
+    from properties.ar.trace_check import check_ar_trace
+    from spec.ar.trace import ArTraceReader
+
+    config = LIVE.replace(long_prefill_token_threshold=2)
+    lines, _ = _logged_run(config, knobs=AdmissionKnobs(prefill_interval=VLLM_PREFILL_INTERVAL))
+    with ArTraceReader(lines) as reader:
+        list(reader)
+        assert reader.header is not None
+        assert reader.header.policy.prefill_interval == VLLM_PREFILL_INTERVAL
+    assert check_ar_trace(lines).violation is None
+    header = json.loads(lines[0])
+    header["declared_policy"]["prefill_interval"] = VLLM_PREFILL_INTERVAL + 1
+    result = check_ar_trace([json.dumps(header), *lines[1:]])
+    assert result.violation is not None and result.violation.rule == "prefill_cadence"

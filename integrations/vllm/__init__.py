@@ -28,6 +28,9 @@ running it):
 - with `long_prefill_token_threshold_adaptive=True` (`real-vllm-adaptive`) a set threshold is
   floored at `max_num_batched_tokens // (running + waiting)` for the step
   (`adaptive_long_prefill_threshold`);
+- with `prefill_schedule_interval=3` (`REAL_VLLM_CADENCE`, not a built-in: released vLLM
+  fails `progress` with it, a finding in docs/engines.md) prefill is held while a request
+  decodes, as `prefill_interval` declares (`VLLM_PREFILL_INTERVAL`);
 - with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
   blocks of the first chunk: `full_sequence_admission` is not declared;
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
@@ -112,6 +115,16 @@ REAL_VLLM_NO_RESERVE_PROFILE = ArProfile(
     policy=dataclasses.replace(VLLM_POLICY, full_sequence_admission=False),
 )
 
+#: The prefill interval `REAL_VLLM_CADENCE` gives vLLM (`prefill_schedule_interval`, 1 by
+#: default): prefill rides one executed step in 3 while a request decodes.
+VLLM_PREFILL_INTERVAL = 3
+
+#: `REAL_VLLM_CADENCE` declares vLLM's local prefill cadence.
+REAL_VLLM_CADENCE_PROFILE = ArProfile(
+    space=SETTINGS_SPACE,
+    policy=dataclasses.replace(VLLM_POLICY, prefill_interval=VLLM_PREFILL_INTERVAL),
+)
+
 #: `real-vllm-adaptive` (`long_prefill_token_threshold_adaptive=True`) declares the floor.
 REAL_VLLM_ADAPTIVE_PROFILE = ArProfile(
     space=SETTINGS_SPACE,
@@ -157,6 +170,14 @@ def make_real_vllm_adaptive(config: ArConfig, sink: ArEventSink) -> ArSchedulerA
     return make(config, sink)
 
 
+def make_real_vllm_cadence(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `prefill_schedule_interval=
+    VLLM_PREFILL_INTERVAL`, prefix caching as the config says (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_cadence as make
+
+    return make(config, sink)
+
+
 REAL_VLLM = ArImplementation(
     make_real_vllm,
     REAL_VLLM_PROFILE,
@@ -193,11 +214,21 @@ REAL_VLLM_ADAPTIVE = ArImplementation(
     "model output",
 )
 
+REAL_VLLM_CADENCE = ArImplementation(
+    make_real_vllm_cadence,
+    REAL_VLLM_CADENCE_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with "
+    f"prefill_schedule_interval={VLLM_PREFILL_INTERVAL}, prefix caching off or on, with a "
+    "fabricated model output",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_VLLM",
     "REAL_VLLM_ADAPTIVE",
     "REAL_VLLM_ADAPTIVE_PROFILE",
+    "REAL_VLLM_CADENCE",
+    "REAL_VLLM_CADENCE_PROFILE",
     "REAL_VLLM_NO_RESERVE",
     "REAL_VLLM_NO_RESERVE_PROFILE",
     "REAL_VLLM_PREFIX",
@@ -207,10 +238,12 @@ __all__ = [
     "REAL_VLLM_WATERMARK_PROFILE",
     "SETTINGS_SPACE",
     "VLLM_POLICY",
+    "VLLM_PREFILL_INTERVAL",
     "VLLM_WATERMARK",
     "VLLM_WATERMARK_POLICY",
     "make_real_vllm",
     "make_real_vllm_adaptive",
+    "make_real_vllm_cadence",
     "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",

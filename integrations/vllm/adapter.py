@@ -66,6 +66,7 @@ from integrations.vllm import (
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
     SETTINGS_SPACE,
+    VLLM_PREFILL_INTERVAL,
     VLLM_WATERMARK,
     structured,
 )
@@ -288,9 +289,9 @@ class RealVllmScheduler:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
         #: admission_knobs`): the engine-core loop checks them all; the AR suite the
-        #: watermark, the whole-sequence reservation and the adaptive threshold, as the
-        #: profile declares them (`real-vllm-watermark`, `real-vllm-no-reserve`,
-        #: `real-vllm-adaptive`).
+        #: watermark, the whole-sequence reservation, the adaptive threshold and the prefill
+        #: cadence, as the profile declares them (`real-vllm-watermark`,
+        #: `real-vllm-no-reserve`, `real-vllm-adaptive`, `REAL_VLLM_CADENCE`).
         self.admission: AdmissionKnobs = admission
         if (
             isinstance(pipeline_parallel_size, bool)
@@ -1585,6 +1586,17 @@ def make_real_vllm_adaptive(config: ArConfig, sink: ArEventSink) -> RealVllmSche
     )
 
 
+def make_real_vllm_cadence(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.33.0's real v1 Scheduler with `prefill_schedule_interval=
+    VLLM_PREFILL_INTERVAL`, prefix caching as the config says."""
+    return RealVllmScheduler(
+        config,
+        sink,
+        SETTINGS_SPACE,
+        admission=AdmissionKnobs(prefill_interval=VLLM_PREFILL_INTERVAL),
+    )
+
+
 def make_real_vllm_no_reserve(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
     """Factory: vLLM 0.33.0's real v1 Scheduler with `scheduler_reserve_full_isl=False`,
     prefix caching as the config says."""
@@ -1624,6 +1636,7 @@ __all__ = [
     "lora_of",
     "make_real_vllm",
     "make_real_vllm_adaptive",
+    "make_real_vllm_cadence",
     "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",

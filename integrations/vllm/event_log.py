@@ -28,9 +28,8 @@ vLLM's admission settings are read from the live scheduler: a `watermark` is dec
 header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`),
 `scheduler_reserve_full_isl=False` drops `full_sequence_admission`,
 `long_prefill_token_threshold_adaptive` is declared as `adaptive_long_prefill_threshold`, and
-`max_num_active_seqs` is the seat cap (`max_num_seqs` of the header). A prefill cadence
-(`prefill_schedule_interval`) breaks no rule of the spec, but a decision twin without it
-decides otherwise.
+`prefill_schedule_interval` is declared as `prefill_interval` (the rule `prefill_cadence`), and
+`max_num_active_seqs` is the seat cap (`max_num_seqs` of the header).
 """
 
 from __future__ import annotations
@@ -82,14 +81,15 @@ def ar_config_of(scheduler: Any) -> ArConfig:
         ) from None
 
 
-def declared_policy(config: ArConfig, scheduler_config: Any = None) -> ArPolicy:
+def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
     """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules;
-    given the scheduler's `SchedulerConfig`, its watermark (as vLLM keeps it: of the whole
-    pool, beside a running request), its adaptive long-prefill threshold and, off, its
-    whole-sequence reservation."""
+    given the live scheduler, its watermark (as vLLM keeps it: of the whole
+    pool, beside a running request), its adaptive long-prefill threshold, its prefill cadence
+    and, off, its whole-sequence reservation."""
     policy = dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
-    if scheduler_config is None:
+    if scheduler is None:
         return policy
+    scheduler_config = scheduler.scheduler_config
     watermark = float(scheduler_config.watermark)
     if watermark:
         policy = dataclasses.replace(
@@ -100,6 +100,10 @@ def declared_policy(config: ArConfig, scheduler_config: Any = None) -> ArPolicy:
         )
     if bool(scheduler_config.long_prefill_token_threshold_adaptive):
         policy = dataclasses.replace(policy, adaptive_long_prefill_threshold=True)
+    # the cadence vLLM applies (1 on a rank a data-parallel engine core coordinates)
+    interval = int(scheduler.local_prefill_interval)
+    if interval > 1:
+        policy = dataclasses.replace(policy, prefill_interval=interval)
     if not bool(scheduler_config.scheduler_reserve_full_isl):
         policy = dataclasses.replace(policy, full_sequence_admission=False)
     return policy
@@ -118,7 +122,7 @@ class VllmEventLog:
             )
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
-        self.policy: ArPolicy = declared_policy(self.config, scheduler.scheduler_config)
+        self.policy: ArPolicy = declared_policy(self.config, scheduler)
         self._write = write
         self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching

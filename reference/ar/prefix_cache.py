@@ -18,7 +18,7 @@ import dataclasses
 from reference.ar.base import ArReq, CachingBlockPool
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
-from spec.ar.config import ArConfig
+from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArCacheHit
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.implementation import ArImplementation
@@ -58,7 +58,7 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
             n = self._waiting_tokens(req, budget)
             need = self.config.blocks_for(req.num_computed + n) - len(hit) if n else 0
             req.num_computed = 0
-            if n is None:
+            if n is None or self._held_back(req, len(hit) * bs):
                 break
             mark = self._watermark_now()
             free = self.pool.num_free
@@ -174,4 +174,39 @@ VLLM_V1_ADAPTIVE = ArImplementation(
     "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its adaptive "
     "long-prefill threshold (floored at a fair share of the budget), prefix caching off or "
     "on; decision-identical to `real-vllm-adaptive` (verify --twin)",
+)
+
+
+#: The prefill interval of `VLLM_V1_CADENCE`, as `integrations.vllm.REAL_VLLM_CADENCE` runs
+#: vLLM with it.
+VLLM_PREFILL_INTERVAL = 3
+
+#: vLLM 0.33.0's options with `prefill_schedule_interval=VLLM_PREFILL_INTERVAL`.
+VLLM_033_CADENCE = dataclasses.replace(VLLM_033, prefill_interval=VLLM_PREFILL_INTERVAL)
+
+
+def make_vllm_v1_cadence(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: the reference with vLLM 0.33.0's options and its local prefill cadence
+    (`VLLM_033_CADENCE`), prefix caching as the config says."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033_CADENCE)
+
+
+VLLM_V1_CADENCE = ArImplementation(
+    make_vllm_v1_cadence,
+    ArProfile(
+        # vLLM's two policies: a held prefill chunk gets no token, which FAIR's floor forbids
+        space=ArConfigSpace(
+            policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+            prefix_caching=frozenset({False, True}),
+        ),
+        policy=ArPolicy(
+            lone_request_threshold_exempt=True,
+            prefill_interval=VLLM_PREFILL_INTERVAL,
+            full_sequence_admission=True,
+        ),
+    ),
+    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its local prefill "
+    f"cadence (prefill_schedule_interval={VLLM_PREFILL_INTERVAL}), prefix caching off or on; "
+    "decision-identical to vLLM with that interval (`integrations.vllm:REAL_VLLM_CADENCE`, "
+    "verify --twin), an empty held step included (a vLLM finding, docs/engines.md)",
 )

@@ -36,6 +36,13 @@ in tests/test_real_vllm.py):
 - `adaptive_threshold` (vLLM's `long_prefill_token_threshold_adaptive`, off by default there and
   here): a set long-prefill threshold is floored at max_num_batched_tokens // (running +
   waiting requests) for the step;
+- `prefill_interval` (vLLM's `prefill_schedule_interval`, 1 by default there and here): the
+  local prefill cadence. A step starts held when the interval is above 1, the last release
+  step did not leave requests waiting (the capacity escape), fewer than `prefill_interval`
+  executed steps (steps that scheduled a token) have passed since the last one that carried
+  prefill, and a running request decodes (its last chunk reached its known tokens). A held step
+  skips running requests still in their prefill and admits no request with more than one token
+  to compute after its cache hit (the queue stops there);
 - `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
   request is running, one admitted earlier in the step included, a waiting request is admitted
   only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
@@ -65,6 +72,7 @@ class VllmOptions:
     victim_among_all: bool = False
     watermark: float = 0.0
     adaptive_threshold: bool = False
+    prefill_interval: int = 1
 
 
 VLLM_033 = VllmOptions(True, True, True)
@@ -85,6 +93,16 @@ class VllmV1Scheduler(ArSchedulerBase):
             self.options = options
         self._threshold = config.long_prefill_token_threshold
         self._restored = 0  # tokens given back by unscheduled victims (victim_among_all)
+        # the prefill cadence (`prefill_interval`): executed steps, the last that carried
+        # prefill, the capacity escape, the running requests whose last chunk ended short of
+        # their known tokens, and this step's state
+        self._executed = 0
+        self._last_prefill = -self.options.prefill_interval
+        self._capacity_bound = False
+        self._prefilling: set[str] = set()
+        self._held = False
+        self._carried_prefill = False
+        self._step_running: set[str] = set()
 
     @property
     def rules(self) -> ArRules:
@@ -100,9 +118,44 @@ class VllmV1Scheduler(ArSchedulerBase):
 
     def _schedule(self) -> None:
         self._threshold = self._step_threshold()
+        self._held = self._cadence_holds()
+        self._carried_prefill = False
+        self._step_running = {r.rid for r in self.running}
         budget = self._schedule_running(self.config.max_num_batched_tokens)
         if not self.step_preempted:
             self._schedule_waiting(budget)
+            if not self._held:  # a release step: did it leave requests waiting?
+                self._capacity_bound = bool(self.waiting)
+        if self.scheduled:
+            self._executed += 1
+        if self._carried_prefill:
+            self._last_prefill = self._executed
+
+    def _cadence_holds(self) -> bool:
+        """Whether the prefill cadence holds this step's prefill (`prefill_interval`)."""
+        interval = self.options.prefill_interval
+        return (
+            interval > 1
+            and not self._capacity_bound
+            and (self._executed + 1) - self._last_prefill < interval
+            and any(r.rid not in self._prefilling for r in self.running)
+        )
+
+    def _held_back(self, req: ArReq, computed: int) -> bool:
+        """A held step admits no request with more than one token to compute after its cache
+        hit (`computed`)."""
+        return self._held and computed < req.known - 1
+
+    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+        if req.rid in self._step_running:
+            self._carried_prefill |= req.rid in self._prefilling
+        else:
+            self._carried_prefill |= req.num_computed < req.known - 1
+        if req.num_computed + num_tokens < req.known:
+            self._prefilling.add(req.rid)
+        else:
+            self._prefilling.discard(req.rid)
+        super()._emit_scheduled(req, num_tokens)
 
     def _step_threshold(self) -> int:
         """This step's long-prefill threshold (0: none): the configured one; 0 for a lone
@@ -134,6 +187,9 @@ class VllmV1Scheduler(ArSchedulerBase):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if self._held and req.rid in self._prefilling:
+                i += 1  # the cadence holds its next chunk
+                continue
             self._restored = 0
             n = self._fit_or_preempt(req, self._running_tokens(req, i, budget), i)
             budget += self._restored
@@ -246,7 +302,7 @@ class VllmV1Scheduler(ArSchedulerBase):
                 break
             req = self._peek_waiting()
             n = self._waiting_tokens(req, budget)
-            if n is None:
+            if n is None or self._held_back(req, req.num_computed):
                 break
             need = self._blocks_needed(req, n)
             mark = self._watermark_now()

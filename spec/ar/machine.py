@@ -97,6 +97,8 @@ class _Req:
     # when it started decoding (its prefill completed), counted over the run; None while it
     # is in its prefill (VictimOrder.LAST_DECODING)
     decoding_since: int | None = None
+    # its last chunk ended short of its known tokens (vLLM's `is_prefill_chunk`)
+    prefilling: bool = False
 
     @property
     def known(self) -> int:
@@ -169,6 +171,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._step = _Step()
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
+        # the prefill cadence (`ArPolicy.prefill_interval`): executed steps, the last that
+        # carried prefill, the capacity escape, and whether this step is held / carried prefill
+        self._executed = 0
+        self._last_prefill = -self.policy.prefill_interval
+        self._capacity_bound = False
+        self._held = False
+        self._carried_prefill = False
         self._dirty: set[str] = set()  # requests touched since the last invariant check
         self._dirty_blocks: set[int] = set()
         self._dirty_pairs: set[tuple[str, int]] = set()  # (request, block) table changes
@@ -272,6 +281,51 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             return
         self._check_finished_released(event)
         st.in_schedule_phase = True
+        self._begin_cadence()
+
+    def _begin_cadence(self) -> None:
+        """At a step's start: whether the prefill cadence holds it (see `ArPolicy`)."""
+        interval = self.policy.prefill_interval
+        self._carried_prefill = False
+        self._held = (
+            interval > 1
+            and not self._capacity_bound
+            and (self._executed + 1) - self._last_prefill < interval
+            and any(not self._requests[q].prefilling for q in self._running)
+        )
+
+    def _end_cadence(self, scheduled: int, preempted: bool) -> None:
+        """At a step's end: count it if it scheduled a token, restart the interval if it
+        carried prefill; a release step that preempted nothing records whether it left
+        requests waiting (the capacity escape)."""
+        if scheduled:
+            self._executed += 1
+        if self._carried_prefill:
+            self._last_prefill = self._executed
+        if not self._held and not preempted:
+            self._capacity_bound = bool(self._waiting)
+
+    def _check_cadence(self, r: _Req, n: int, e: ArScheduled) -> None:
+        """prefill_cadence: a held step carries no prefill; then record `r`'s chunk."""
+        admitting = r.phase in AR_QUEUED_PHASES
+        prefill = r.num_computed < r.known - 1 if admitting else r.prefilling
+        if prefill and self._held:
+            what = (
+                f"admitted with {r.known - r.num_computed} tokens to compute"
+                if admitting
+                else f"scheduled {n} tokens of its prefill"
+            )
+            decoding = [q for q in self._running if not self._requests[q].prefilling]
+            raise self._fail(
+                ArRule.PREFILL_CADENCE,
+                f"{r.request_id!r} {what} in step {self._step.index}, which the prefill cadence "
+                f"holds: prefill_interval={self.policy.prefill_interval}, executed step "
+                f"{self._executed + 1}, the last to carry prefill {self._last_prefill}; "
+                f"decoding {decoding[:8]}",
+                e,
+            )
+        self._carried_prefill |= prefill
+        r.prefilling = r.num_computed + n < r.known
 
     def _check_finished_released(self, event: ArEvent | None) -> None:
         for rid in self._running:
@@ -585,6 +639,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{len(r.blocks)} blocks ({have} tokens)",
                 e,
             )
+        if self.policy.prefill_interval > 1:
+            self._check_cadence(r, n, e)
         if r.phase in AR_QUEUED_PHASES:
             self._check_admission(r, e)
             target = AR_REQUEST_LIFECYCLE.target(r.phase.value, "ar_scheduled")
@@ -866,6 +922,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         if not st.in_schedule_phase:
             self._check_finished_released(e)
+            self._begin_cadence()
         total = sum(st.scheduled.values())
         if total == 0 and (self._running or self._waiting):
             raise self._fail(
@@ -902,6 +959,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if victim is not None and victim.phase is ArPhase.PREEMPTED:
                 victim.phase = ArPhase.WAITING
                 self._touch(victim)
+        self._end_cadence(total, bool(st.preempted))
         self._step = _Step(index=st.index + 1)
 
     # --- update phase -----------------------------------------------------------

@@ -131,6 +131,11 @@ class ArPolicy:
         (vLLM 0.33's `long_prefill_token_threshold_adaptive`, off by default, in
         `Scheduler.schedule`: "so it never cuts a request below max_num_batched_tokens / num
         requests"). Rule `long_prefill_threshold`.
+    prefill_interval: vLLM 0.33's `prefill_schedule_interval` N (1: off, its default), the
+        local prefill cadence in `Scheduler.schedule`: while a running request decodes, prefill
+        rides one executed step in N, counted from the last executed step that carried
+        prefill; a release step that leaves requests waiting lifts the hold until a release
+        step drains them (vLLM #44558). Rule `prefill_cadence`.
     full_sequence_admission: a waiting request is admitted only when the blocks for its whole
         known sequence (prompt plus outputs so far, less cache hits) fit the free blocks, not
         just those for this step's chunk (vLLM 0.33's `scheduler_reserve_full_isl=True`, the
@@ -161,6 +166,7 @@ class ArPolicy:
     victim: VictimOrder | None = None
     lone_request_threshold_exempt: bool = False
     adaptive_long_prefill_threshold: bool = False
+    prefill_interval: int = 1
     full_sequence_admission: bool = False
     watermark_fraction: float = 0.0
     watermark_of_pool: bool = False
@@ -189,6 +195,9 @@ class ArPolicy:
             raise ProfileError(
                 "policy.admit_after_preemption", self.admit_after_preemption, "True, False or None"
             )
+        n = self.prefill_interval
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ProfileError("policy.prefill_interval", n, "an integer >= 1 (1: no cadence)")
         w = self.watermark_fraction
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w < 1.0:
             raise ProfileError("policy.watermark_fraction", w, "a number in [0, 1)")

@@ -27,6 +27,7 @@ class ArRule(StrEnum):
     LONG_PREFILL_THRESHOLD = "long_prefill_threshold"
     FULL_SEQUENCE_ADMISSION = "full_sequence_admission"
     ADMISSION_WATERMARK = "admission_watermark"
+    PREFILL_CADENCE = "prefill_cadence"
     PROGRESS = "progress"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
@@ -90,6 +91,13 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.ADMISSION_WATERMARK: "Admission leaves at least the declared watermark of free blocks "
     "(Vidur's watermark_blocks_fraction, of the usable blocks; or, where declared, vLLM's "
     "watermark: of the whole pool, binding only while another request runs).",
+    ArRule.PREFILL_CADENCE: "Where the implementation declares a prefill interval N > 1 "
+    "(vLLM's prefill_schedule_interval), a step held by the cadence carries no prefill: no "
+    "running request's next chunk while it is still in its prefill, and no admission with more "
+    "than one token to compute after its cache hit. A step is held when fewer than N executed "
+    "steps (steps that schedule a token) separate it from the last one that carried prefill, a "
+    "running request decodes, and the last release step (one not held, that preempted nothing) "
+    "left no request waiting.",
     ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token; "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
     "checker's call deadline is a hang.",
