@@ -241,16 +241,16 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
     _ar(
         "vllm-v1-watermark",
         (
-            "reference.ar.prefix_cache:VLLM_V1_WATERMARK",
-            "reference.ar.prefix_cache:make_vllm_v1_watermark",
+            "reference.ar.vllm_settings:VLLM_V1_WATERMARK",
+            "reference.ar.vllm_settings:make_vllm_v1_watermark",
         ),
         "vLLM v1's decision rules with its admission watermark (0.25), prefix caching off or on",
     ),
     _ar(
         "vllm-v1-adaptive",
         (
-            "reference.ar.prefix_cache:VLLM_V1_ADAPTIVE",
-            "reference.ar.prefix_cache:make_vllm_v1_adaptive",
+            "reference.ar.vllm_settings:VLLM_V1_ADAPTIVE",
+            "reference.ar.vllm_settings:make_vllm_v1_adaptive",
         ),
         "vLLM v1's decision rules with its adaptive long-prefill threshold, prefix caching off "
         "or on",
@@ -258,8 +258,8 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
     _ar(
         "vllm-v1-no-reserve",
         (
-            "reference.ar.prefix_cache:VLLM_V1_NO_RESERVE",
-            "reference.ar.prefix_cache:make_vllm_v1_no_reserve",
+            "reference.ar.vllm_settings:VLLM_V1_NO_RESERVE",
+            "reference.ar.vllm_settings:make_vllm_v1_no_reserve",
         ),
         "vLLM v1's decision rules without the whole-sequence reservation, prefix caching off or on",
     ),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm import REAL_VLLM, REAL_VLLM_WATERMARK
 from integrations.vllm.differential import count_differences
-from reference.ar.prefix_cache import VLLM_033_WATERMARK, VLLM_WATERMARK
+from reference.ar.vllm_settings import VLLM_033_WATERMARK, VLLM_WATERMARK
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from schedspec_cli.output import output_file, write_json
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter

@@ -15,16 +15,16 @@ from hypothesis import strategies as st
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
-from reference.ar.prefix_cache import (
+from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
+from reference.ar.vllm_settings import (
     VLLM_033_ADAPTIVE,
     VLLM_033_CADENCE,
     VLLM_033_WATERMARK,
     VLLM_V1_ADAPTIVE,
     VLLM_V1_CADENCE,
     VLLM_V1_WATERMARK,
-    PrefixCachingVllmV1,
 )
-from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy

@@ -33,7 +33,7 @@ from integrations.vllm.differential import decisions, first_difference, program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import failure_from, run_machine
-from reference.ar import prefix_cache
+from reference.ar import prefix_cache, vllm_settings
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArScheduled
 from spec.ar.profile import ArPolicy, ArProfile
@@ -63,7 +63,7 @@ def test_real_vllm_with_an_admission_setting_conforms_and_decides_as_its_twin(
     assert main([*argv, "--examples", str(EXAMPLES)]) == 0, capsys.readouterr().out
     assert f"vllm-v1-{setting}" in capsys.readouterr().out
     # the twin runs vLLM with the same fraction
-    assert prefix_cache.VLLM_WATERMARK == VLLM_WATERMARK
+    assert vllm_settings.VLLM_WATERMARK == VLLM_WATERMARK
 
 
 def _scheduled(events: list[ArEvent]) -> list[tuple[str, int]]:
@@ -137,7 +137,7 @@ def test_the_twin_without_the_watermark_decides_otherwise() -> None:
     the first test: the twin check sees the watermark."""
     arrivals = [[ArRequest("a", 7, 3)], [ArRequest("b", 5, 1)]]
     real = decisions(REAL_VLLM_WATERMARK.factory, WATERMARKED, arrivals)
-    twin = prefix_cache.VLLM_V1_WATERMARK.factory
+    twin = vllm_settings.VLLM_V1_WATERMARK.factory
     assert first_difference(real, decisions(twin, WATERMARKED, arrivals)) is None
     plain = decisions(prefix_cache.VLLM_V1_PREFIX.factory, WATERMARKED, arrivals)
     assert first_difference(real, plain) is not None
@@ -174,7 +174,7 @@ def test_without_the_reservation_vllm_admits_what_only_its_first_chunk_fits() ->
     assert err.value.rule == "full_sequence_admission"
     arrivals = [[ArRequest("a", 5, 4)], [], [ArRequest("b", 8, 1)]]
     real = decisions(REAL_VLLM_NO_RESERVE.factory, config, arrivals)
-    twin = decisions(prefix_cache.VLLM_V1_NO_RESERVE.factory, config, arrivals)
+    twin = decisions(vllm_settings.VLLM_V1_NO_RESERVE.factory, config, arrivals)
     assert first_difference(real, twin) is None
     gated = decisions(prefix_cache.VLLM_V1_PREFIX.factory, config, arrivals)
     assert first_difference(real, gated) is not None
@@ -221,7 +221,7 @@ def test_the_cadence_reference_decides_as_vllm_with_its_prefill_interval() -> No
     """`VLLM_V1_CADENCE` (the reference with `prefill_interval=3`) and vLLM with
     `prefill_schedule_interval=3` decide alike on 300 generated programs; the cadence changes
     vLLM's decisions on some of them."""
-    twin = prefix_cache.VLLM_V1_CADENCE.factory
+    twin = vllm_settings.VLLM_V1_CADENCE.factory
     changed = 0
     for seed in range(300):
         config, arrivals = program(seed)
@@ -231,10 +231,10 @@ def test_the_cadence_reference_decides_as_vllm_with_its_prefill_interval() -> No
             first_difference(real, decisions(REAL_VLLM.factory, config, arrivals)) is not None
         )
     assert changed > 0
-    assert prefix_cache.VLLM_PREFILL_INTERVAL == VLLM_PREFILL_INTERVAL
+    assert vllm_settings.VLLM_PREFILL_INTERVAL == VLLM_PREFILL_INTERVAL
 
 
-# Found by `verify --impl reference.ar.prefix_cache:VLLM_V1_CADENCE` (the reference, which
+# Found by `verify --impl reference.ar.vllm_settings:VLLM_V1_CADENCE` (the reference, which
 # decides as vLLM does) and replayed on vLLM: 8 usable blocks of one token, a budget of 3, a
 # long-prefill threshold of 2.
 CADENCE_EMPTY_STEP = ArConfig(
@@ -274,7 +274,7 @@ def test_finding_a_held_step_whose_only_decode_preempts_itself_schedules_nothing
     ), err.value
     # the reference decides as vLLM does, up to the same empty step
     with pytest.raises(SpecViolation, match=r"step 5 scheduled nothing"):
-        _cadence_empty_step(prefix_cache.VLLM_V1_CADENCE, policy)
+        _cadence_empty_step(vllm_settings.VLLM_V1_CADENCE, policy)
     h = _cadence_empty_step(REAL_VLLM, REAL_VLLM_PROFILE.policy)
     h.drain()
     assert h.violation is None and h.outputs() == {"r0": 1, "r1": 5}

@@ -13,12 +13,10 @@ until allocated afresh (`reference.ar.base.CachingBlockPool`).
 
 from __future__ import annotations
 
-import dataclasses
-
 from reference.ar.base import ArReq, CachingBlockPool
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
-from spec.ar.config import ArConfig, Policy
+from spec.ar.config import ArConfig
 from spec.ar.events import ArCacheHit
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.implementation import ArImplementation
@@ -95,118 +93,4 @@ VLLM_V1_PREFIX = ArImplementation(
     "decision-identical to vLLM 0.33.0 with prefix caching on (verify --twin), but with the "
     "candidate fix of a vLLM finding (a request preempted in the step that scheduled it leaves "
     "nothing of that step cached)",
-)
-
-
-#: The watermark of `vllm-v1-watermark`, as `real-vllm-watermark` runs vLLM with it.
-VLLM_WATERMARK = 0.25
-
-#: vLLM 0.33.0's options with its `SchedulerConfig.watermark` set to `VLLM_WATERMARK`.
-VLLM_033_WATERMARK = dataclasses.replace(VLLM_033, watermark=VLLM_WATERMARK)
-
-
-def make_vllm_v1_watermark(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-    """Factory: the reference with vLLM 0.33.0's options and its watermark
-    (`VLLM_033_WATERMARK`), prefix caching as the config says."""
-    return PrefixCachingVllmV1(config, sink, VLLM_033_WATERMARK)
-
-
-VLLM_V1_WATERMARK = ArImplementation(
-    make_vllm_v1_watermark,
-    ArProfile(
-        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
-        policy=ArPolicy(
-            lone_request_threshold_exempt=True,
-            full_sequence_admission=True,
-            watermark_fraction=VLLM_WATERMARK,
-            watermark_of_pool=True,
-            watermark_beside_running=True,
-        ),
-    ),
-    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its watermark "
-    f"({VLLM_WATERMARK} of the pool, binding beside a running request), prefix caching off "
-    "or on; decision-identical to `real-vllm-watermark` (verify --twin)",
-)
-
-
-#: vLLM 0.33.0's options with `scheduler_reserve_full_isl=False`: no whole-sequence gate.
-VLLM_033_NO_RESERVE = dataclasses.replace(VLLM_033, full_sequence_admission=False)
-
-
-def make_vllm_v1_no_reserve(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-    """Factory: the reference with vLLM 0.33.0's options less the whole-sequence gate
-    (`VLLM_033_NO_RESERVE`), prefix caching as the config says."""
-    return PrefixCachingVllmV1(config, sink, VLLM_033_NO_RESERVE)
-
-
-VLLM_V1_NO_RESERVE = ArImplementation(
-    make_vllm_v1_no_reserve,
-    ArProfile(
-        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
-        policy=ArPolicy(lone_request_threshold_exempt=True),
-    ),
-    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options less the whole-sequence "
-    "admission gate (scheduler_reserve_full_isl=False), prefix caching off or on; "
-    "decision-identical to `real-vllm-no-reserve` (verify --twin)",
-)
-
-
-#: vLLM 0.33.0's options with `long_prefill_token_threshold_adaptive=True`.
-VLLM_033_ADAPTIVE = dataclasses.replace(VLLM_033, adaptive_threshold=True)
-
-
-def make_vllm_v1_adaptive(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-    """Factory: the reference with vLLM 0.33.0's options and its adaptive long-prefill
-    threshold (`VLLM_033_ADAPTIVE`), prefix caching as the config says."""
-    return PrefixCachingVllmV1(config, sink, VLLM_033_ADAPTIVE)
-
-
-VLLM_V1_ADAPTIVE = ArImplementation(
-    make_vllm_v1_adaptive,
-    ArProfile(
-        space=ArConfigSpace(prefix_caching=frozenset({False, True})),
-        policy=ArPolicy(
-            lone_request_threshold_exempt=True,
-            adaptive_long_prefill_threshold=True,
-            full_sequence_admission=True,
-        ),
-    ),
-    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its adaptive "
-    "long-prefill threshold (floored at a fair share of the budget), prefix caching off or "
-    "on; decision-identical to `real-vllm-adaptive` (verify --twin)",
-)
-
-
-#: The prefill interval of `VLLM_V1_CADENCE`, as `integrations.vllm.REAL_VLLM_CADENCE` runs
-#: vLLM with it.
-VLLM_PREFILL_INTERVAL = 3
-
-#: vLLM 0.33.0's options with `prefill_schedule_interval=VLLM_PREFILL_INTERVAL`.
-VLLM_033_CADENCE = dataclasses.replace(VLLM_033, prefill_interval=VLLM_PREFILL_INTERVAL)
-
-
-def make_vllm_v1_cadence(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-    """Factory: the reference with vLLM 0.33.0's options and its local prefill cadence
-    (`VLLM_033_CADENCE`), prefix caching as the config says."""
-    return PrefixCachingVllmV1(config, sink, VLLM_033_CADENCE)
-
-
-VLLM_V1_CADENCE = ArImplementation(
-    make_vllm_v1_cadence,
-    ArProfile(
-        # vLLM's two policies: a held prefill chunk gets no token, which FAIR's floor forbids
-        space=ArConfigSpace(
-            policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
-            prefix_caching=frozenset({False, True}),
-        ),
-        policy=ArPolicy(
-            lone_request_threshold_exempt=True,
-            prefill_interval=VLLM_PREFILL_INTERVAL,
-            full_sequence_admission=True,
-        ),
-    ),
-    "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and its local prefill "
-    f"cadence (prefill_schedule_interval={VLLM_PREFILL_INTERVAL}), prefix caching off or on; "
-    "decision-identical to vLLM with that interval (`integrations.vllm:REAL_VLLM_CADENCE`, "
-    "verify --twin), an empty held step included (a vLLM finding, docs/engines.md)",
 )

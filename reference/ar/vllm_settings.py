@@ -1,0 +1,127 @@
+"""vLLM's admission settings as variants of the prefix-caching reference: the decision twins
+of vLLM 0.33.0 run with one setting changed from its default.
+
+Each variant is `reference.ar.prefix_cache.PrefixCachingVllmV1` (prefix caching as the
+config says) with vLLM 0.33.0's options (`VLLM_033`) and one setting of
+`reference.ar.vllm_v1.VllmOptions` changed, and declares vLLM's policy with the matching
+`ArPolicy` option:
+
+- `VLLM_V1_WATERMARK` (`vllm-v1-watermark`): `SchedulerConfig.watermark=0.25`, the twin of
+  `real-vllm-watermark`;
+- `VLLM_V1_NO_RESERVE` (`vllm-v1-no-reserve`): `scheduler_reserve_full_isl=False`, the twin
+  of `real-vllm-no-reserve`;
+- `VLLM_V1_ADAPTIVE` (`vllm-v1-adaptive`): `long_prefill_token_threshold_adaptive=True`, the
+  twin of `real-vllm-adaptive`;
+- `VLLM_V1_CADENCE` (by import string only): `prefill_schedule_interval=3`, the twin of
+  `integrations.vllm:REAL_VLLM_CADENCE`, an empty held step included (a vLLM finding,
+  docs/engines.md); FCFS and priority only, as a held prefill chunk gets no token, which
+  FAIR's floor forbids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.vllm_v1 import VLLM_033, VllmOptions
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.config import ArConfig, Policy
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.implementation import ArImplementation
+
+#: The watermark of `vllm-v1-watermark`, as `real-vllm-watermark` runs vLLM with it.
+VLLM_WATERMARK = 0.25
+
+#: The prefill interval of `VLLM_V1_CADENCE`, as `integrations.vllm.REAL_VLLM_CADENCE` runs
+#: vLLM with it.
+VLLM_PREFILL_INTERVAL = 3
+
+#: vLLM 0.33.0's options with each setting changed.
+VLLM_033_WATERMARK = dataclasses.replace(VLLM_033, watermark=VLLM_WATERMARK)
+VLLM_033_NO_RESERVE = dataclasses.replace(VLLM_033, full_sequence_admission=False)
+VLLM_033_ADAPTIVE = dataclasses.replace(VLLM_033, adaptive_threshold=True)
+VLLM_033_CADENCE = dataclasses.replace(VLLM_033, prefill_interval=VLLM_PREFILL_INTERVAL)
+
+#: What vLLM 0.33.0 declares with its defaults (as `vllm-v1-prefix`).
+_VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
+
+
+def _variant(
+    options: VllmOptions,
+    policy: ArPolicy,
+    setting: str,
+    policies: frozenset[Policy] | None = None,
+) -> ArImplementation:
+    """The reference with `options`, prefix caching off or on, declaring `policy`."""
+
+    def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return PrefixCachingVllmV1(config, sink, options)
+
+    both = frozenset({False, True})
+    space = (
+        ArConfigSpace(prefix_caching=both)
+        if policies is None
+        else ArConfigSpace(policies=policies, prefix_caching=both)
+    )
+    return ArImplementation(
+        factory,
+        ArProfile(space=space, policy=policy),
+        f"the reference vLLM-v1-style scheduler with vLLM 0.33.0's options and {setting}, "
+        "prefix caching off or on",
+    )
+
+
+VLLM_V1_WATERMARK = _variant(
+    VLLM_033_WATERMARK,
+    dataclasses.replace(
+        _VLLM_POLICY,
+        watermark_fraction=VLLM_WATERMARK,
+        watermark_of_pool=True,
+        watermark_beside_running=True,
+    ),
+    f"its watermark ({VLLM_WATERMARK} of the pool, binding beside a running request); "
+    "decision-identical to `real-vllm-watermark` (verify --twin)",
+)
+VLLM_V1_NO_RESERVE = _variant(
+    VLLM_033_NO_RESERVE,
+    dataclasses.replace(_VLLM_POLICY, full_sequence_admission=False),
+    "no whole-sequence admission gate (scheduler_reserve_full_isl=False); decision-identical to "
+    "`real-vllm-no-reserve` (verify --twin)",
+)
+VLLM_V1_ADAPTIVE = _variant(
+    VLLM_033_ADAPTIVE,
+    dataclasses.replace(_VLLM_POLICY, adaptive_long_prefill_threshold=True),
+    "its adaptive long-prefill threshold (floored at a fair share of the budget); "
+    "decision-identical to `real-vllm-adaptive` (verify --twin)",
+)
+VLLM_V1_CADENCE = _variant(
+    VLLM_033_CADENCE,
+    dataclasses.replace(_VLLM_POLICY, prefill_interval=VLLM_PREFILL_INTERVAL),
+    f"its local prefill cadence (prefill_schedule_interval={VLLM_PREFILL_INTERVAL}); "
+    "decision-identical to vLLM with that interval (`integrations.vllm:REAL_VLLM_CADENCE`, "
+    "verify --twin), an empty held step included (a vLLM finding, docs/engines.md)",
+    policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+)
+
+#: Each variant's factory, for `--impl module:callable`.
+make_vllm_v1_watermark: ArImplementationFactory = VLLM_V1_WATERMARK.factory
+make_vllm_v1_no_reserve: ArImplementationFactory = VLLM_V1_NO_RESERVE.factory
+make_vllm_v1_adaptive: ArImplementationFactory = VLLM_V1_ADAPTIVE.factory
+make_vllm_v1_cadence: ArImplementationFactory = VLLM_V1_CADENCE.factory
+
+__all__ = [
+    "VLLM_033_ADAPTIVE",
+    "VLLM_033_CADENCE",
+    "VLLM_033_NO_RESERVE",
+    "VLLM_033_WATERMARK",
+    "VLLM_PREFILL_INTERVAL",
+    "VLLM_V1_ADAPTIVE",
+    "VLLM_V1_CADENCE",
+    "VLLM_V1_NO_RESERVE",
+    "VLLM_V1_WATERMARK",
+    "VLLM_WATERMARK",
+    "make_vllm_v1_adaptive",
+    "make_vllm_v1_cadence",
+    "make_vllm_v1_no_reserve",
+    "make_vllm_v1_watermark",
+]
