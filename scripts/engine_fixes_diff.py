@@ -24,6 +24,7 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
     .venv/bin/python scripts/engine_fixes_diff.py vllm-offloading > offloading-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mamba > stop-mid-block-chunks.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-pause > reset-loaded-holders.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-cadence > lift-empty-hold.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -35,7 +36,7 @@ version (SGLang: its `python/` directory). The tests that run these very edits a
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
 `tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`,
 `tests/test_real_vllm_offloading.py`, `tests/test_real_vllm_mamba_loop.py`,
-`tests/test_real_vllm_pauses.py`
+`tests/test_real_vllm_pauses.py`, `tests/test_real_vllm_ar_settings.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
@@ -55,6 +56,7 @@ from integrations.patches import FixSet, print_patch
 from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
 from integrations.sglang.fixes import SGLANG_FIXES
 from integrations.vidur.fixes import VIDUR_FIXES
+from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
@@ -86,6 +88,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-session-grammar": (SESSION_GRAMMAR_FIXES, SESSION_GRAMMAR_FIXES.names),
     "vllm-session-state": (SESSION_STATE_FIXES, SESSION_STATE_FIXES.names),
     "vllm-load-reservation": (LOAD_RESERVATION_FIXES, LOAD_RESERVATION_FIXES.names),
+    "vllm-cadence": (CADENCE_FIXES, CADENCE_FIXES.names),
 }
 
 

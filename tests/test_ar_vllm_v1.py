@@ -15,6 +15,7 @@ from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, ArRequestTooLong, Policy
 from spec.ar.events import ArFinished, ArFinishReason, ArPreempted, ArScheduled, ArStepEnd
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
+from spec.implementation import ArImplementation
 
 RUN = settings(
     max_examples=60,
@@ -264,3 +265,36 @@ def test_vllm_v1_builtin_conforms_under_its_profile() -> None:
     """Every policy of its space (the vLLM 0.33 options apply to all of them)."""
     machine = ar_conformance_machine(VLLM_V1.factory, profile=VLLM_V1.profile)
     run_state_machine_as_test(machine, settings=RUN)
+
+
+def test_the_cadence_reference_schedules_an_empty_held_step_unless_it_lifts_the_hold() -> None:
+    """The prefill cadence (interval 3), 8 blocks of one token: r0 is in its prefill and r1
+    decodes when step 5 starts held; r1 preempts itself for want of a block. As vLLM 0.33.0
+    does, `VLLM_V1_CADENCE` then schedules nothing (`progress`); with the candidate fix
+    (`VLLM_V1_CADENCE_FIXED`) the hold lifts, r0's chunk runs, and the spec, which allows a
+    hold with no decode left to lift, passes it."""
+    from reference.ar.vllm_settings import VLLM_V1_CADENCE, VLLM_V1_CADENCE_FIXED
+    from spec.errors import SpecViolation
+
+    config = ArConfig(
+        block_size=1,
+        num_blocks=9,  # 8 usable and the null block
+        max_num_batched_tokens=3,
+        max_num_seqs=2,
+        max_model_len=6,
+        long_prefill_token_threshold=2,
+    )
+
+    def run(impl: ArImplementation) -> ArHarness:
+        h = ArHarness(impl.factory, config, policy=impl.profile.policy)
+        h.step()
+        h.submit(ArRequest("r0", 5, 1))
+        h.submit(ArRequest("r1", 1, 5))
+        h.drain()
+        return h
+
+    with pytest.raises(SpecViolation, match=r"\[progress\] step 5 scheduled nothing"):
+        run(VLLM_V1_CADENCE)
+    h = run(VLLM_V1_CADENCE_FIXED)
+    assert h.violation is None and h.outputs() == {"r0": 1, "r1": 5}
+    assert any(isinstance(e, ArPreempted) for e in h.events)

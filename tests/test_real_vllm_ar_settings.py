@@ -19,6 +19,7 @@ from integrations.vllm import (
     REAL_VLLM,
     REAL_VLLM_ADAPTIVE,
     REAL_VLLM_CADENCE,
+    REAL_VLLM_CADENCE_FIXED,
     REAL_VLLM_CADENCE_PROFILE,
     REAL_VLLM_NO_RESERVE,
     REAL_VLLM_NO_RESERVE_PROFILE,
@@ -29,17 +30,19 @@ from integrations.vllm import (
     VLLM_WATERMARK,
 )
 from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.differential import decisions, first_difference, program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import failure_from, run_machine
 from reference.ar import prefix_cache, vllm_settings
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.events import ArEvent, ArScheduled
+from spec.ar.events import ArEvent, ArScheduled, ArStepEnd
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
+from tests.patch_check import git_apply_to_copies
 from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm import _logged_run
 
@@ -264,7 +267,8 @@ def test_finding_a_held_step_whose_only_decode_preempts_itself_schedules_nothing
     held step: step 5 schedules nothing while r0 runs and r1 waits (`progress`). vLLM's
     comment says a held step's "decodes still run to fill this step"; here none is left. The
     next step is not held (no request decodes) and r0 goes on: one wasted iteration, no
-    stall. Without the cadence, r0 runs in step 5 (it preempts r1 for its block)."""
+    stall. Without the cadence, r0 runs in step 5 (it preempts r1 for its block); with the
+    candidate fix, too, and the fixed twin decides alike."""
     policy = REAL_VLLM_CADENCE_PROFILE.policy
     with pytest.raises(SpecViolation) as err:
         _cadence_empty_step(REAL_VLLM_CADENCE, policy)
@@ -278,6 +282,34 @@ def test_finding_a_held_step_whose_only_decode_preempts_itself_schedules_nothing
     h = _cadence_empty_step(REAL_VLLM, REAL_VLLM_PROFILE.policy)
     h.drain()
     assert h.violation is None and h.outputs() == {"r0": 1, "r1": 5}
+    # with the candidate fix (`lift-empty-hold`) step 5 lifts its hold and runs r0's chunk
+    h = _cadence_empty_step(REAL_VLLM_CADENCE_FIXED, policy)
+    assert ("r0", 1) in _step_scheduled(h.events, 5)
+    h.drain()
+    assert h.violation is None and h.outputs() == {"r0": 1, "r1": 5}
+    arrivals = [[], [ArRequest("r0", 5, 1), ArRequest("r1", 1, 5)]]
+    fixed = decisions(REAL_VLLM_CADENCE_FIXED.factory, CADENCE_EMPTY_STEP, arrivals)
+    twin = decisions(vllm_settings.VLLM_V1_CADENCE_FIXED.factory, CADENCE_EMPTY_STEP, arrivals)
+    assert first_difference(fixed, twin) is None
+
+
+def _step_scheduled(events: list[ArEvent], step: int) -> list[tuple[str, int]]:
+    """What step `step` scheduled (the events after `ArStepEnd(step - 1)`)."""
+    ends = [i for i, e in enumerate(events) if isinstance(e, ArStepEnd)]
+    return _scheduled(events[ends[step - 1] + 1 : ends[step]])
+
+
+def test_the_cadence_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -> None:
+    """`scripts/engine_fixes_diff.py vllm-cadence` prints the edit the tests run (one insertion
+    in `Scheduler.schedule`'s running loop): applied with `git apply -p1` to a copy of vLLM's
+    `scheduler.py`, it gives the very text they run."""
+    fixes = CADENCE_FIXES
+    sources = fixes.fixed_sources(fixes.names)
+    diff = fixes.as_diff(fixes.names)
+    assert "\n-    " not in diff, diff  # an insertion only
+    patched = git_apply_to_copies(tmp_path, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "defer_prefills = False" in next(iter(patched.values()))
 
 
 # --- a live scheduler's event log declares the watermark it runs with ---------------------------

@@ -29,8 +29,9 @@ running it):
   floored at `max_num_batched_tokens // (running + waiting)` for the step
   (`adaptive_long_prefill_threshold`);
 - with `prefill_schedule_interval=3` (`REAL_VLLM_CADENCE`, not a built-in: released vLLM
-  fails `progress` with it, a finding in docs/engines.md) prefill is held while a request
-  decodes, as `prefill_interval` declares (`VLLM_PREFILL_INTERVAL`);
+  fails `progress` with it, a finding in docs/engines.md; `REAL_VLLM_CADENCE_FIXED` applies
+  its candidate fix, `integrations.vllm.cadence_fix`) prefill is held while a request decodes,
+  as `prefill_interval` declares (`VLLM_PREFILL_INTERVAL`);
 - with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
   blocks of the first chunk: `full_sequence_admission` is not declared;
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
@@ -178,6 +179,17 @@ def make_real_vllm_cadence(config: ArConfig, sink: ArEventSink) -> ArSchedulerAd
     return make(config, sink)
 
 
+def make_real_vllm_cadence_fixed(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: `make_real_vllm_cadence` with the cadence finding's candidate fix
+    (`integrations.vllm.cadence_fix`, `lift-empty-hold`) applied (imports vLLM lazily)."""
+    from integrations.vllm.adapter import make_real_vllm_cadence as make
+    from integrations.vllm.cadence_fix import apply_cadence_fix
+
+    adapter = make(config, sink)
+    apply_cadence_fix(adapter.sched)
+    return adapter
+
+
 REAL_VLLM = ArImplementation(
     make_real_vllm,
     REAL_VLLM_PROFILE,
@@ -222,12 +234,21 @@ REAL_VLLM_CADENCE = ArImplementation(
     "fabricated model output",
 )
 
+REAL_VLLM_CADENCE_FIXED = ArImplementation(
+    make_real_vllm_cadence_fixed,
+    REAL_VLLM_CADENCE_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with "
+    f"prefill_schedule_interval={VLLM_PREFILL_INTERVAL} and the candidate fix lift-empty-hold, "
+    "prefix caching off or on, with a fabricated model output",
+)
+
 __all__ = [
     "MANIFEST",
     "REAL_VLLM",
     "REAL_VLLM_ADAPTIVE",
     "REAL_VLLM_ADAPTIVE_PROFILE",
     "REAL_VLLM_CADENCE",
+    "REAL_VLLM_CADENCE_FIXED",
     "REAL_VLLM_CADENCE_PROFILE",
     "REAL_VLLM_NO_RESERVE",
     "REAL_VLLM_NO_RESERVE_PROFILE",
@@ -244,6 +265,7 @@ __all__ = [
     "make_real_vllm",
     "make_real_vllm_adaptive",
     "make_real_vllm_cadence",
+    "make_real_vllm_cadence_fixed",
     "make_real_vllm_no_reserve",
     "make_real_vllm_prefix",
     "make_real_vllm_watermark",

@@ -15,7 +15,9 @@ config says) with vLLM 0.33.0's options (`VLLM_033`) and one setting of
 - `VLLM_V1_CADENCE` (by import string only): `prefill_schedule_interval=3`, the twin of
   `integrations.vllm:REAL_VLLM_CADENCE`, an empty held step included (a vLLM finding,
   docs/engines.md); FCFS and priority only, as a held prefill chunk gets no token, which
-  FAIR's floor forbids.
+  FAIR's floor forbids;
+- `VLLM_V1_CADENCE_FIXED`: the same with the finding's candidate fix (`lift_empty_hold`), the
+  twin of `integrations.vllm:REAL_VLLM_CADENCE_FIXED`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ VLLM_033_WATERMARK = dataclasses.replace(VLLM_033, watermark=VLLM_WATERMARK)
 VLLM_033_NO_RESERVE = dataclasses.replace(VLLM_033, full_sequence_admission=False)
 VLLM_033_ADAPTIVE = dataclasses.replace(VLLM_033, adaptive_threshold=True)
 VLLM_033_CADENCE = dataclasses.replace(VLLM_033, prefill_interval=VLLM_PREFILL_INTERVAL)
+#: ... and the candidate fix of the cadence finding (`lift_empty_hold`).
+VLLM_033_CADENCE_FIXED = dataclasses.replace(VLLM_033_CADENCE, lift_empty_hold=True)
 
 #: What vLLM 0.33.0 declares with its defaults (as `vllm-v1-prefix`).
 _VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
@@ -103,25 +107,38 @@ VLLM_V1_CADENCE = _variant(
     policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
 )
 
+VLLM_V1_CADENCE_FIXED = _variant(
+    VLLM_033_CADENCE_FIXED,
+    VLLM_V1_CADENCE.profile.policy,
+    f"its local prefill cadence (prefill_schedule_interval={VLLM_PREFILL_INTERVAL}) with the "
+    "candidate fix `lift-empty-hold`; decision-identical to vLLM with that interval and the "
+    "fix (`integrations.vllm:REAL_VLLM_CADENCE_FIXED`, verify --twin)",
+    policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+)
+
 #: Each variant's factory, for `--impl module:callable`.
 make_vllm_v1_watermark: ArImplementationFactory = VLLM_V1_WATERMARK.factory
 make_vllm_v1_no_reserve: ArImplementationFactory = VLLM_V1_NO_RESERVE.factory
 make_vllm_v1_adaptive: ArImplementationFactory = VLLM_V1_ADAPTIVE.factory
 make_vllm_v1_cadence: ArImplementationFactory = VLLM_V1_CADENCE.factory
+make_vllm_v1_cadence_fixed: ArImplementationFactory = VLLM_V1_CADENCE_FIXED.factory
 
 __all__ = [
     "VLLM_033_ADAPTIVE",
     "VLLM_033_CADENCE",
+    "VLLM_033_CADENCE_FIXED",
     "VLLM_033_NO_RESERVE",
     "VLLM_033_WATERMARK",
     "VLLM_PREFILL_INTERVAL",
     "VLLM_V1_ADAPTIVE",
     "VLLM_V1_CADENCE",
+    "VLLM_V1_CADENCE_FIXED",
     "VLLM_V1_NO_RESERVE",
     "VLLM_V1_WATERMARK",
     "VLLM_WATERMARK",
     "make_vllm_v1_adaptive",
     "make_vllm_v1_cadence",
+    "make_vllm_v1_cadence_fixed",
     "make_vllm_v1_no_reserve",
     "make_vllm_v1_watermark",
 ]

@@ -43,6 +43,9 @@ in tests/test_real_vllm.py):
   prefill, and a running request decodes (its last chunk reached its known tokens). A held step
   skips running requests still in their prefill and admits no request with more than one token
   to compute after its cache hit (the queue stops there);
+- `lift_empty_hold`: the candidate fix of a vLLM finding (docs/engines.md): a held step whose
+  decoding requests are all preempted before anything is scheduled lifts its hold and revisits
+  the running requests (vLLM 0.33.0 schedules nothing in that step);
 - `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
   request is running, one admitted earlier in the step included, a waiting request is admitted
   only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
@@ -73,6 +76,7 @@ class VllmOptions:
     watermark: float = 0.0
     adaptive_threshold: bool = False
     prefill_interval: int = 1
+    lift_empty_hold: bool = False
 
 
 VLLM_033 = VllmOptions(True, True, True)
@@ -141,6 +145,16 @@ class VllmV1Scheduler(ArSchedulerBase):
             and any(r.rid not in self._prefilling for r in self.running)
         )
 
+    def _lifts_empty_hold(self) -> bool:
+        """`lift_empty_hold` (a candidate fix, `integrations.vllm.cadence_fix`): a held step
+        with nothing scheduled and no decoding request left running lifts its hold."""
+        return (
+            self.options.lift_empty_hold
+            and self._held
+            and not self.scheduled
+            and all(r.rid in self._prefilling for r in self.running)
+        )
+
     def _held_back(self, req: ArReq, computed: int) -> bool:
         """A held step admits no request with more than one token to compute after its cache
         hit (`computed`)."""
@@ -198,6 +212,9 @@ class VllmV1Scheduler(ArSchedulerBase):
                 # It preempted itself. Under FCFS it was the tail: the loop ends. Under priority
                 # a higher-priority request may follow it: keep scheduling (vLLM PR #26765; a
                 # plain `break` here can leave a step with nothing scheduled).
+                if self._lifts_empty_hold():
+                    self._held = False  # revisit the prefill chunks the hold skipped
+                    i = 0
                 continue
             self._emit_scheduled(req, n)
             budget -= n

@@ -305,10 +305,24 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if not self._held and not preempted:
             self._capacity_bound = bool(self._waiting)
 
+    def _hold_is_empty(self) -> bool:
+        """A held step with nothing scheduled yet, one that preempted, and no decoding request
+        left running: nothing a held step may run is left, so the hold may lift (the candidate
+        fix of a vLLM finding; vLLM 0.33.0 schedules nothing instead, which `progress`
+        reports)."""
+        st = self._step
+        return (
+            bool(st.preempted)
+            and not st.scheduled
+            and all(self._requests[q].prefilling for q in self._running)
+        )
+
     def _check_cadence(self, r: _Req, n: int, e: ArScheduled) -> None:
         """prefill_cadence: a held step carries no prefill; then record `r`'s chunk."""
         admitting = r.phase in AR_QUEUED_PHASES
         prefill = r.num_computed < r.known - 1 if admitting else r.prefilling
+        if prefill and self._held and self._hold_is_empty():
+            self._held = False  # every decode it held for is gone: nothing else could run
         if prefill and self._held:
             what = (
                 f"admitted with {r.known - r.num_computed} tokens to compute"

@@ -97,7 +97,8 @@ _AR_RULES: dict[ArRule, str] = {
     "than one token to compute after its cache hit. A step is held when fewer than N executed "
     "steps (steps that schedule a token) separate it from the last one that carried prefill, a "
     "running request decodes, and the last release step (one not held, that preempted nothing) "
-    "left no request waiting.",
+    "left no request waiting. A held step that preempted, scheduled nothing yet and has no "
+    "decoding request left may lift its hold (nothing else could run in it).",
     ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token; "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
     "checker's call deadline is a hang.",
