@@ -110,13 +110,17 @@ def test_full_sequence_admission_gate() -> None:
     assert _rule(roomy, gate, events) is None
 
 
+# a's 7-token prompt admitted alone into blocks 1-4 (of 9 usable, blocks of 2 tokens)
+A_TAKES_FOUR_BLOCKS: list[ArEvent] = [
+    ArSubmitted("a", 7, 1),
+    ArBlocksAllocated("a", (1, 2, 3, 4)),
+    ArScheduled("a", 7),
+]
+
+
 def test_watermark() -> None:
     cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=8, max_model_len=8)
-    events: list[ArEvent] = [
-        ArSubmitted("a", 7, 1),
-        ArBlocksAllocated("a", (1, 2, 3, 4)),
-        ArScheduled("a", 7),
-    ]
+    events = A_TAKES_FOUR_BLOCKS
     # 9 usable blocks (the null block reserved), 4 taken: 5 stay free. The watermark is a
     # fraction of the usable blocks: int(0.67 * 9) = 6 is broken, int(0.6 * 9) = 5 is kept
     # (int(0.6 * 10) = 6 would count the null block, which Vidur's pool does not have)
@@ -126,11 +130,7 @@ def test_watermark() -> None:
 
 def test_a_watermark_of_the_pool_counts_the_null_block() -> None:
     cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=8, max_model_len=8)
-    events: list[ArEvent] = [
-        ArSubmitted("a", 7, 1),
-        ArBlocksAllocated("a", (1, 2, 3, 4)),
-        ArScheduled("a", 7),
-    ]
+    events = A_TAKES_FOUR_BLOCKS
     # as test_watermark: 5 of 9 usable blocks stay free; of the pool (vLLM's) 0.6 is
     # int(0.6 * 10) = 6 > 5
     pool = ArPolicy(watermark_fraction=0.6, watermark_of_pool=True)
@@ -142,11 +142,7 @@ def test_a_watermark_beside_running_binds_only_while_a_request_runs() -> None:
     cfg = ArConfig(block_size=2, num_blocks=10, max_num_batched_tokens=16, max_model_len=8)
     # a, alone, takes 4 of 9 usable blocks (5 free < the watermark of 6): legal beside
     # nothing. b, admitted next in the same step beside a, takes 1 more: 4 free < 6.
-    alone: list[ArEvent] = [
-        ArSubmitted("a", 7, 1),
-        ArBlocksAllocated("a", (1, 2, 3, 4)),
-        ArScheduled("a", 7),
-    ]
+    alone = A_TAKES_FOUR_BLOCKS
     beside = [*alone, ArSubmitted("b", 2, 1), ArBlocksAllocated("b", (5,)), ArScheduled("b", 2)]
     vllm = ArPolicy(watermark_fraction=0.6, watermark_of_pool=True, watermark_beside_running=True)
     assert _rule(cfg, vllm, alone) is None

@@ -25,10 +25,10 @@ step ahead of the model, which an AR event log does not describe; attaching to o
 `ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).
 
 vLLM's admission settings are read from the live scheduler: a `watermark` is declared in the
-header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`),
-`scheduler_reserve_full_isl=False` drops `full_sequence_admission`,
-`long_prefill_token_threshold_adaptive` is declared as `adaptive_long_prefill_threshold`, and
-`prefill_schedule_interval` is declared as `prefill_interval` (the rule `prefill_cadence`), and
+header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`);
+`scheduler_reserve_full_isl=False` drops `full_sequence_admission`;
+`long_prefill_token_threshold_adaptive` is declared as `adaptive_long_prefill_threshold`; the
+prefill cadence vLLM applies as `prefill_interval` (the rule `prefill_cadence`); and
 `max_num_active_seqs` is the seat cap (`max_num_seqs` of the header).
 """
 
@@ -83,9 +83,9 @@ def ar_config_of(scheduler: Any) -> ArConfig:
 
 def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
     """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules;
-    given the live scheduler, its watermark (as vLLM keeps it: of the whole
-    pool, beside a running request), its adaptive long-prefill threshold, its prefill cadence
-    and, off, its whole-sequence reservation."""
+    given the live scheduler, its watermark (as vLLM keeps it: of the whole pool, beside a
+    running request), its adaptive long-prefill threshold, its prefill cadence and, off, its
+    whole-sequence reservation."""
     policy = dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
     if scheduler is None:
         return policy
