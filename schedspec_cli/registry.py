@@ -325,28 +325,28 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
     _ar(
         "real-vllm",
         ("integrations.vllm:REAL_VLLM",),
-        "vLLM 0.33.0's own v1 Scheduler (prefix caching off)",
+        "vLLM's own v1 Scheduler (prefix caching off)",
         engine="vllm",
         default_verify=False,
     ),
     _ar(
         "real-vllm-prefix",
         ("integrations.vllm:REAL_VLLM_PREFIX",),
-        "vLLM 0.33.0's own v1 Scheduler with prefix caching on",
+        "vLLM's own v1 Scheduler with prefix caching on",
         engine="vllm",
         default_verify=False,
     ),
     _ar(
         "real-vllm-watermark",
         ("integrations.vllm:REAL_VLLM_WATERMARK",),
-        "vLLM 0.33.0's own v1 Scheduler with watermark=0.25, prefix caching off or on",
+        "vLLM's own v1 Scheduler with watermark=0.25, prefix caching off or on",
         engine="vllm",
         default_verify=False,
     ),
     _ar(
         "real-vllm-adaptive",
         ("integrations.vllm:REAL_VLLM_ADAPTIVE",),
-        "vLLM 0.33.0's own v1 Scheduler with long_prefill_token_threshold_adaptive=True, prefix "
+        "vLLM's own v1 Scheduler with long_prefill_token_threshold_adaptive=True, prefix "
         "caching off or on",
         engine="vllm",
         default_verify=False,
@@ -354,8 +354,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
     _ar(
         "real-vllm-no-reserve",
         ("integrations.vllm:REAL_VLLM_NO_RESERVE",),
-        "vLLM 0.33.0's own v1 Scheduler with scheduler_reserve_full_isl=False, prefix caching "
-        "off or on",
+        "vLLM's own v1 Scheduler with scheduler_reserve_full_isl=False, prefix caching off or on",
         engine="vllm",
         default_verify=False,
     ),

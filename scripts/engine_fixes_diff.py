@@ -59,6 +59,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
+from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
@@ -89,6 +90,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-session-state": (SESSION_STATE_FIXES, SESSION_STATE_FIXES.names),
     "vllm-load-reservation": (LOAD_RESERVATION_FIXES, LOAD_RESERVATION_FIXES.names),
     "vllm-cadence": (CADENCE_FIXES, CADENCE_FIXES.names),
+    "vllm-guided-drafts": (GUIDED_DRAFTS_FIXES, GUIDED_DRAFTS_FIXES.names),
 }
 
 

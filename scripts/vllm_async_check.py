@@ -20,7 +20,8 @@
                 forget-stale-window,whole-window-chunks,announce-cpu-reset,
                 count-recorded-stores,stop-mid-block-chunks,reset-loaded-holders,
                 drop-stalled-session-kv,end-session-at-model-len,
-                recompute-session-state,own-grammar-per-input} ...]
+                recompute-session-state,own-grammar-per-input,
+                loads-reserve-their-sequence,no-placeholder-drafts} ...]
         [--json FILE]
 
 Runs each program (seeds 0..N-1) through vLLM's engine-core loop twice, synchronous (the
@@ -44,7 +45,9 @@ other request a streaming-input session given one or two later inputs and closed
 drop-stalled-session-kv`, `end-session-at-model-len`, `recompute-session-state` and
 `own-grammar-per-input` are the candidate fixes of their findings). `--fix
 uncache-preempted` applies that candidate fix (`integrations.vllm.preempted_cache_fix`) to the
-scheduler of both loops.
+scheduler of both loops. `--fix no-placeholder-drafts` is the candidate fix of a finding of vLLM
+0.34.0 (`SCHEDSPEC_VLLM_VERSION=0.34.0`; `integrations.vllm.guided_drafts_fix`): a guided
+request's token sampled under a bitmask row that allows every token.
 `--speculative-tokens K` serves both loops with speculative decoding, up to K drafts a step
 (`integrations.vllm.speculative`), by `--speculative-method` (default `ngram`; `eagle` and
 `draft_model` reserve lookahead slots and let the async loop skip drafting; vLLM refuses a

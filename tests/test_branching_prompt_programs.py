@@ -6,8 +6,9 @@ outputs) and then go on with tokens no other request has."""
 from __future__ import annotations
 
 from integrations.vllm.adapter import output_token
-from integrations.vllm.branching_prompt_programs import BRANCH_BASE, branching_prompt_program
+from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.engine_core import SHARED_PROMPT_BASE
+from integrations.vllm.token_ids import BRANCH_BASE, BRANCH_POSITION_BITS
 from spec.ar.config import ArRequest
 from tests.engine_core_programs import assert_only_prompts_differ, assert_requests_valid
 
@@ -32,11 +33,12 @@ def test_every_request_is_valid_for_its_program() -> None:
 
 def _own_start(request: ArRequest, arrival: int) -> int:
     """Where `request`'s own tokens start (its prompt's length when it has none), checking
-    they are BRANCH_BASE + arrival * 2**16 + 0, 1, ... to the prompt's end."""
+    they are BRANCH_BASE + (arrival << BRANCH_POSITION_BITS) + 0, 1, ... to the prompt's end."""
     assert request.prompt is not None
-    first = BRANCH_BASE + arrival * (1 << 16)
+    first = BRANCH_BASE + (arrival << BRANCH_POSITION_BITS)
+    end = first + (1 << BRANCH_POSITION_BITS)
     start = next(
-        (i for i, t in enumerate(request.prompt) if first <= t < first + (1 << 16)),
+        (i for i, t in enumerate(request.prompt) if first <= t < end),
         len(request.prompt),
     )
     own = request.prompt[start:]

@@ -95,6 +95,18 @@ def _run(machine: type, examples: int) -> None:
     )
 
 
+def test_the_loaded_vllm_is_the_selected_release() -> None:
+    """The adapter imports vLLM from the selected release's own install
+    (`SCHEDSPEC_VLLM_VERSION`; unset: 0.33.0), whose `__version__` says it is that release."""
+    from integrations.vllm import MANIFEST
+    from integrations.vllm.adapter import load_vllm
+
+    load_vllm()
+    vllm = sys.modules["vllm"]
+    assert vllm.__version__ == MANIFEST.version, (vllm.__version__, MANIFEST.version)
+    assert Path(vllm.__file__ or "").is_relative_to(MANIFEST.site_packages), vllm.__file__
+
+
 # ---------------------------------------------------------------- the suite under the profile
 def test_real_vllm_conforms() -> None:
     _run(ar_conformance_machine(REAL_VLLM.factory, profile=REAL_VLLM_PROFILE), EXAMPLES)
@@ -347,7 +359,8 @@ def test_async_loop_with_pipeline_stages_passes_and_keeps_the_cadence() -> None:
 
 def test_pipeline_stages_keep_vllms_batches_in_flight_and_need_async() -> None:
     """The loop keeps `VllmConfig.max_concurrent_batches` in flight: 2 asynchronously (V1
-    model runner), stages + 1 with pipeline stages (V2); stages without async are refused."""
+    model runner), stages + 1 with pipeline stages (V2, vLLM 0.34.0's only model runner);
+    stages without async are refused."""
     config = ArConfig(max_model_len=16)
     assert RealVllmScheduler(config, lambda e: None).max_concurrent_batches == 1
     queued = RealVllmScheduler(config, lambda e: None, async_scheduling=True)
@@ -355,7 +368,8 @@ def test_pipeline_stages_keep_vllms_batches_in_flight_and_need_async() -> None:
     staged = RealVllmScheduler(
         config, lambda e: None, async_scheduling=True, pipeline_parallel_size=3
     )
-    assert staged.max_concurrent_batches == 4 and staged.sched.use_v2_model_runner
+    assert staged.max_concurrent_batches == 4
+    assert getattr(staged.sched, "use_v2_model_runner", True)  # 0.34.0: no V1 runner left
     with pytest.raises(ConfigError, match="1 without async scheduling"):
         RealVllmScheduler(config, lambda e: None, pipeline_parallel_size=2)
     with pytest.raises(ConfigError, match="an integer >= 1"):

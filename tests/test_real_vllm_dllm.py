@@ -43,6 +43,7 @@ from integrations.vllm.diffusion import (
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.patches import print_patch
 from integrations.vllm.pauses import PAUSE_MODES
+from integrations.vllm.token_ids import output_token_id
 from integrations.vllm.whole_canvas_fix import (
     FixDoesNotApply,
     apply_whole_canvas_fix,
@@ -126,7 +127,7 @@ def test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas() -
     program = _one_step(_serving(), DllmRequest("r", 5, 10, converge_after=(2,)))
     sync, run = check_both(program)
     for r in (sync, run):
-        assert r.outputs == {"r": tuple(1 << 40 | i for i in range(1, 11))}
+        assert r.outputs == {"r": tuple(output_token_id(0, i) for i in range(1, 11))}
         assert r.reasons == {"r": "length"}
         assert (r.denoise_steps, r.commits) == (6, 3)
     # and one empty schedule() that hands the finished id to the runner
@@ -825,7 +826,8 @@ def test_model_len_hold_fix_cuts_only_at_max_model_len() -> None:
     program = _one_step(_serving(max_model_len=32), DllmRequest("r", 13, 17, converge_after=(2,)))
     sync = _run(program, async_scheduling=False)
     fixed = _run(program, async_scheduling=True, mutate=apply_model_len_hold_fix)
-    assert fixed.outputs == sync.outputs == {"r": tuple(1 << 40 | i for i in range(1, 18))}
+    outputs = {"r": tuple(output_token_id(0, i) for i in range(1, 18))}
+    assert fixed.outputs == sync.outputs == outputs
     assert fixed.reasons == sync.reasons == {"r": "length"}
     assert _run(program, async_scheduling=False, mutate=apply_model_len_hold_fix) == sync
 
@@ -901,7 +903,7 @@ def _discarded_read_only_steps(
     request = DllmRequest("r", 5, 4, (converge,), read_only=True, max_steps=max_steps)
     serving = _serving(pipeline_parallel_size=stages, max_denoising_steps=served_steps)
     run = _run(_one_step(serving, request), async_scheduling=True, mutate=mutate)
-    assert run.outputs["r"] == tuple(1 << 40 | i for i in range(1, 5))
+    assert run.outputs["r"] == tuple(output_token_id(0, i) for i in range(1, 5))
     return run.discarded_read_only
 
 

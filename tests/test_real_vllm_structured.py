@@ -269,6 +269,76 @@ def test_finding_with_pipeline_stages_guided_drafts_are_never_accepted() -> None
         assert guided > 0.3, (options, totals)
 
 
+# A guided request with nothing in flight, its drafts placeholders (`scripts/vllm_shrink.py
+# --seed 56 --loop async --rule grammar_mask --speculative-tokens 2 --structured-output --fix
+# pad-what-fits` on vLLM 0.34.0): r6 (guided) runs in step 6, nothing is scheduled in step 7,
+# and step 8 schedules r6 with one placeholder draft while its output has drained.
+IDLE_GUIDED = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=3,
+        max_num_batched_tokens=4,
+        max_num_seqs=2,
+        max_model_len=4,
+        enable_chunked_prefill=False,
+    ),
+    (
+        (ArRequest("r1", 1, 1), ArRequest("r2", 1, 1), ArRequest("r3", 1, 2)),
+        (ArRequest("r4", 1, 3), ArRequest("r6", 1, 3)),
+    ),
+    ((), ()),
+)
+IDLE_GUIDED_DRAWS = replace(DRAFTS, draw_seed=3111347617)
+# One guided request under two pipeline stages (the same script, `--seed 0 --pipeline-parallel
+# 2`): its step-3 batch defers for the step-1 output, and the drafts handed back are not its.
+STAGED_GUIDED = CoreProgram(
+    ArConfig(block_size=2, num_blocks=3, max_num_batched_tokens=2, max_num_seqs=1, max_model_len=4),
+    ((ArRequest("r0", 1, 3),),),
+    ((),),
+)
+STAGED_GUIDED_DRAWS = replace(STAGES, draw_seed=2896518988)
+
+
+def test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token() -> None:
+    """vLLM 0.34.0 removed 0.33.0's guard against verifying drafts under a permissive bitmask
+    row (`num_acceptable_drafts`, `grammar_invalid_drafts`). Under async scheduling a guided
+    request's drafts are placeholders in the scheduler; with nothing of it in flight its batch
+    does not defer, so the bitmask is made from them and every row after the first allows
+    every token. The runner verifies its real first draft under the first row and samples the
+    next token under the second: r6's output 3. Under two stages the drafts handed back for a
+    deferred batch are another batch's (vLLM #54437), with the same effect. On 0.33.0 both
+    programs pass (the drafts are not accepted). The candidate fix `no-placeholder-drafts`
+    (no drafts for such a request) makes the first pass on 0.34.0, and the second with the
+    keyed hand-off of vLLM PR #56802 (`keyed_drafts`)."""
+    from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
+    from integrations.vllm.patches import ScheduleFix
+    from integrations.vllm.release_api import trims_to_first_rejected
+    from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
+
+    released = trims_to_first_rejected(load_vllm().structured.StructuredOutputManager)
+    cases = (
+        (IDLE_GUIDED, IDLE_GUIDED_DRAWS, "'r6' samples output 3 under bitmask row 1"),
+        (STAGED_GUIDED, STAGED_GUIDED_DRAWS, "'r0' samples output 3 under bitmask row 1"),
+    )
+    for program, options, message in cases:
+        control = run_loop(program, async_scheduling=False, options=options).outputs
+        if not released:  # 0.33.0 keeps its guard: the async loop passes, with the same outputs
+            assert run_loop(program, async_scheduling=True, options=options).outputs == control
+            continue
+        with pytest.raises(EngineCoreViolation) as err:
+            run_loop(program, async_scheduling=True, options=options)
+        assert err.value.rule == "grammar_mask", err.value
+        assert message in str(err.value) and "allows every token" in str(err.value)
+    fixed = ScheduleFix(SPEC_PAD_FIX, GUIDED_DRAFTS_FIX, engine="vLLM 0.34.0").apply
+    for program, options, keyed in (
+        (IDLE_GUIDED, IDLE_GUIDED_DRAWS, False),
+        (STAGED_GUIDED, STAGED_GUIDED_DRAWS, True),
+    ):
+        options = replace(options, fix=fixed, keyed_drafts=keyed)
+        control = run_loop(program, async_scheduling=False, options=options).outputs
+        assert run_loop(program, async_scheduling=True, options=options).outputs == control
+
+
 def _async_totals(options: LoopOptions) -> dict[str, int]:
     keys = [
         "drafts_scheduled",
@@ -397,3 +467,19 @@ def test_the_async_check_script_reproduces_the_finding(
     assert "(drafts handed back by request)" in capsys.readouterr().out
     keyed = json.loads(out_json.read_text())["counts"]["async"]
     assert keyed["guided_drafts_accepted"] > 0 and keyed["guided_rows"] > 0
+
+
+def test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -> None:
+    """`scripts/engine_fixes_diff.py vllm-guided-drafts` prints the edit the finding's test
+    runs (one insertion in `Scheduler.schedule`'s running loop): applied with `git apply -p1`
+    to a copy of the installed vLLM's `scheduler.py`, it gives the very text the test runs."""
+    from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
+    from tests.patch_check import git_apply_to_copies
+
+    fixes = GUIDED_DRAFTS_FIXES
+    sources = fixes.fixed_sources(fixes.names)
+    diff = fixes.as_diff(fixes.names)
+    assert "\n-    " not in diff, diff  # an insertion only
+    patched = git_apply_to_copies(tmp_path, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    assert "request.spec_token_ids = []" in next(iter(patched.values()))

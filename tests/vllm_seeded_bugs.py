@@ -127,8 +127,9 @@ def new_blocks_not_announced(sched: Any) -> None:
 
     def cached_request_data(*args: Any, **kwargs: Any) -> Any:
         data = original(*args, **kwargs)
+        resumed = getattr(data, "resumed_req_ids", ())  # vLLM 0.34.0 resumes as new requests
         data.new_block_ids = [
-            ids if rid in data.resumed_req_ids else None
+            ids if rid in resumed else None
             for rid, ids in zip(data.req_ids, data.new_block_ids, strict=True)
         ]
         return data

@@ -72,6 +72,15 @@ from integrations.vllm import (
 )
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.manifest import MANIFEST
+from integrations.vllm.release_api import configs_as_with_triton, runner_output
+from integrations.vllm.token_ids import (
+    OUTPUT_BASE,
+    REASONING_END,
+    STOP_BASE,
+    output_token_id,
+    stop_token_id,
+    unshared_prompt_token,
+)
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
 from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
@@ -89,19 +98,13 @@ from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.snapshot import ArSnapshot
 from spec.errors import ConfigError, DuplicateRequest, UnknownRequest
 
-# Token ids. Prompts we invent for requests that share nothing use one id per request from
-# UNSHARED_BASE on. Sampled tokens are the request's own too (as in the spec's content model:
-# outputs are never shared), so two requests share a cached block only through a common prompt:
-# output number i of the request with arrival index a is OUTPUT_BASE + a * 2**32 + i, and its
-# end token (its only `stop_token_ids` entry) STOP_BASE + a.
-UNSHARED_BASE = 1_000_000
+# Token ids (`integrations.vllm.token_ids`). Prompts we invent for requests that share nothing
+# use one id per request. Sampled tokens are the request's own too (as in the spec's content
+# model: outputs are never shared), so two requests share a cached block only through a common
+# prompt.
 #: vLLM's per-request `kv_cache_report_mode`s: announce the blocks a request caches
 #: ("incremental", the default), or those its prefix-cache hit reuses too ("full").
 KV_REPORT_MODES = ("incremental", "full")
-STOP_BASE = 1 << 39
-OUTPUT_BASE = 1 << 40
-#: A later turn's output tokens: turn t > 1 adds (t - 1) << TURN_SHIFT (indices stay below).
-TURN_SHIFT = 24
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -180,6 +183,8 @@ def load_vllm() -> VllmModules:
             hashing=imp("vllm.utils.hashing"),
             lora=imp("vllm.lora.request"),
         )
+        triton_utils = imp("vllm.triton_utils")
+    configs_as_with_triton(_MODULES.config, triton_utils)
     # Prefix caching's block hashes: vLLM's own sha256 (its default `prefix_caching_hash_algo`).
     _MODULES.kv_utils.init_none_hash(_MODULES.hashing.sha256)
     # Platform notes on every build (block size not a multiple of 32, ...): not findings.
@@ -603,7 +608,7 @@ class RealVllmScheduler:
         prompt = (
             list(request.prompt)
             if request.prompt is not None
-            else [UNSHARED_BASE + self.arrivals] * request.prompt_len
+            else [unshared_prompt_token(self.arrivals)] * request.prompt_len
         )
         guided = self.structured_output and self.arrivals % 2 == 0
         # with reasoning: 1-3 reasoning tokens, then the end token, then the guided content
@@ -611,7 +616,7 @@ class RealVllmScheduler:
         first, script = guided_script(request, self.arrivals, end_at)
         params = self.v.sampling.SamplingParams(
             max_tokens=request.max_tokens,
-            stop_token_ids=[STOP_BASE + self.arrivals],
+            stop_token_ids=[stop_token_id(self.arrivals)],
             ignore_eos=True,
             structured_outputs=(
                 structured.grammar_params(self.v, script, first) if guided else None
@@ -835,11 +840,7 @@ class RealVllmScheduler:
                 sampled.append([])
                 continue
             sampled.append([self._token(rid, next_output_index(req))])
-        return self.v.outputs.ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
+        return runner_output(self.v.outputs.ModelRunnerOutput, ids, sampled_token_ids=sampled)
 
     def _token(self, rid: str, index: int) -> int:
         """Output token number `index` (1-based) of request `rid` in its current turn."""
@@ -877,10 +878,10 @@ def output_token(
     if turn > 1:
         return session_output_token(arrival, turn, index, reasoning_end_at)
     if request.stop_after is not None and index == request.stop_after:
-        return STOP_BASE + arrival
+        return stop_token_id(arrival)
     if index == reasoning_end_at:
-        return structured.REASONING_END
-    return OUTPUT_BASE + arrival * (1 << 32) + index
+        return REASONING_END
+    return output_token_id(arrival, index)
 
 
 def session_output_token(
@@ -890,8 +891,8 @@ def session_output_token(
     submitted `arrival`-th: the reasoning end token at `reasoning_end_at` (a turn that
     reasons), else one fixed by the arrival, the turn and the index."""
     if index == reasoning_end_at:
-        return structured.REASONING_END
-    return OUTPUT_BASE + arrival * (1 << 32) + (turn - 1) * (1 << TURN_SHIFT) + index
+        return REASONING_END
+    return output_token_id(arrival, index, turn)
 
 
 def guided_script(

@@ -10,6 +10,7 @@ from integrations.vllm.adapter import waiting_requests
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.release_api import resumed_req_ids
 from integrations.vllm.trace import counted
 
 #: The rules `AdmissionCheck` adds to the engine-core loop's.
@@ -76,8 +77,8 @@ class AdmissionCheck:
     def after_schedule(self, out: Any, where: str) -> None:
         """Check the call that produced `out` against the three rules, then advance the
         cadence."""
-        resumed = out.scheduled_cached_reqs.resumed_req_ids
-        admitted = [d.req_id for d in out.scheduled_new_reqs] + list(resumed)
+        resumed = resumed_req_ids(out)
+        admitted = [d.req_id for d in out.scheduled_new_reqs] + sorted(resumed)
         if admitted:
             self._check_active_cap(admitted, where)
             self._check_watermark(admitted, where)

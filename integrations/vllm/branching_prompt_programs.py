@@ -24,12 +24,12 @@ from dataclasses import replace
 
 from integrations.vllm.adapter import output_token
 from integrations.vllm.engine_core import SHARED_PROMPT_BASE, CoreProgram, core_program
+from integrations.vllm.token_ids import BRANCH_BASE, branch_token
 from spec.ar.config import ArRequest
 
 #: Token i of the private part of the prompt of the request submitted n-th is
-#: BRANCH_BASE + n * 2**16 + i: apart from the shared prompt, the unshared prompts
-#: (`adapter.UNSHARED_BASE`) and the outputs (`adapter.OUTPUT_BASE`).
-BRANCH_BASE = 1 << 36
+# The own part of the n-th branching prompt is `token_ids.branch_token(n, i)`: apart from the
+# shared prompt, the unshared prompts and the outputs (`integrations.vllm.token_ids`).
 
 
 def branching_prompt_program(seed: int) -> CoreProgram:
@@ -61,7 +61,7 @@ def _branch(
     """`request`'s prompt: the first k tokens of `trunk`, then its own to its length."""
     start = rnd.randint(0, min(len(trunk), request.prompt_len))
     own = range(request.prompt_len - start)
-    return trunk[:start] + tuple(BRANCH_BASE + number * (1 << 16) + i for i in own)
+    return trunk[:start] + tuple(branch_token(number, i) for i in own)
 
 
 def _conversation(request: ArRequest, arrival: int) -> tuple[int, ...]:

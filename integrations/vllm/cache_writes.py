@@ -77,6 +77,7 @@ from typing import Any, TypeVar
 
 from integrations.vllm.adapter import GroupTables, adapter_of, all_group_tables
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.release_api import resumed_req_ids
 from integrations.vllm.unscheduled import block_hashes
 
 V = TypeVar("V")
@@ -189,8 +190,7 @@ class CacheWrites:
         (`kv_written`)."""
         self._note_hashed_for_victims(sched, out, schedule_index)
         starts = batch_starts(out)
-        cached = out.scheduled_cached_reqs
-        hitting = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
+        hitting = {d.req_id for d in out.scheduled_new_reqs} | resumed_req_ids(out)
         hitting -= set(own_kv)
         tables = all_group_tables(sched)
         # the worker copies blocks before the forward; a Mamba step reads its state before

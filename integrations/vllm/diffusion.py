@@ -76,8 +76,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from integrations.vllm.adapter import (
-    OUTPUT_BASE,
-    STOP_BASE,
     VllmModules,
     block_tables,
     build_scheduler,
@@ -106,6 +104,8 @@ from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
+from integrations.vllm.release_api import resumed_req_ids, runner_output
+from integrations.vllm.token_ids import output_token_id, stop_token_id, unshared_prompt_token
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -349,7 +349,7 @@ class _Runner:
         for rid in (out.preempted_req_ids or set()) | set(out.finished_req_ids):
             self.slots.pop(rid, None)
         fresh = [r.req_id for r in out.scheduled_new_reqs]
-        fresh += sorted(out.scheduled_cached_reqs.resumed_req_ids)
+        fresh += sorted(resumed_req_ids(out))
         for rid in fresh:
             req = reqs[rid]
             done = req.num_computed_tokens - out.num_scheduled_tokens[rid]
@@ -361,11 +361,7 @@ class _Runner:
             canvas = out.scheduled_spec_decode_tokens.get(rid)
             sampled.append(self._step(rid, out.num_scheduled_tokens[rid], len(canvas or ())))
         width = loop.serving.canvas_length
-        output = v.outputs.ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
+        output = runner_output(v.outputs.ModelRunnerOutput, ids, sampled_token_ids=sampled)
         drafts = v.outputs.DraftTokenIds(ids, [[CANVAS_TOKEN] * width for _ in ids])
         return output, drafts
 
@@ -480,7 +476,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             extra["diffusion_max_steps"] = request.max_steps
         params = self.v.sampling.SamplingParams(
             max_tokens=request.max_tokens,
-            stop_token_ids=[STOP_BASE + arrival],
+            stop_token_ids=[stop_token_id(arrival)],
             ignore_eos=True,
             extra_args=extra or None,
         )
@@ -497,7 +493,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             request_id=rid,
             prompt_token_ids=[SHARED_PROMPT_BASE + i for i in range(request.prompt_len)]
             if request.shared_prompt
-            else [1_000_000 + arrival] * request.prompt_len,
+            else [unshared_prompt_token(arrival)] * request.prompt_len,
             sampling_params=params,
             pooling_params=None,
             arrival_time=float(arrival),
@@ -674,8 +670,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         """Output token number `index` (1-based) of request `rid`."""
         spec, a = self.specs[rid], self.arrival_of[rid]
         if spec.stop_after is not None and index == spec.stop_after:
-            return STOP_BASE + a
-        return OUTPUT_BASE + a * (1 << 32) + index
+            return stop_token_id(a)
+        return output_token_id(a, index)
 
     # ------------------------------------------------------------------ checks
     def check_canvas(self, rid: str, slot: _Slot, canvas: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.release_api import draft_limits
 from integrations.vllm.structured import GRAMMAR_VOCAB, token_class
 
 
@@ -30,7 +31,8 @@ class GrammarRows:
     """One batch's `GrammarOutput` (or None) as the model runner reads it: per structured
     request its rows (a block of `mask_stride` rows, in `structured_output_request_ids`
     order, as `apply_grammar_bitmask` lays them out) and how many drafts it may accept
-    (`num_acceptable_drafts`; the V2 model runner invalidates drafts from there on)."""
+    (vLLM 0.33.0's `num_acceptable_drafts`: the V2 model runner invalidates drafts from there
+    on; 0.34.0 has no such limit, and each draft is accepted or not by its row alone)."""
 
     def __init__(self, grammar_output: Any) -> None:
         self.rows: dict[str, Any] = {}
@@ -43,10 +45,12 @@ class GrammarRows:
         ids = list(grammar_output.structured_output_request_ids)
         bitmask = grammar_output.grammar_bitmask
         stride = bitmask.shape[0] // len(ids)
-        acceptable = grammar_output.num_acceptable_drafts
+        limits = draft_limits(grammar_output)
         for i, rid in enumerate(ids):
             self.rows[rid] = bitmask[i * stride : (i + 1) * stride]
-            self.acceptable[rid] = acceptable[i] if acceptable is not None else 0
+            limit = limits[i]
+            if limit is not None:
+                self.acceptable[rid] = limit
 
     def limit(self, rid: str, drafts: int) -> int:
         """How many of `drafts` the request may accept: all without a grammar."""

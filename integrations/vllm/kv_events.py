@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.release_api import cached_block_ids
 
 #: vLLM's medium name for the GPU block pool's events (`vllm.distributed.kv_events.MEDIUM_GPU`).
 GPU_MEDIUM = "GPU"
@@ -174,13 +175,12 @@ def pool_keys(sched: Any, kv_utils: Any) -> dict[EventKey, list[int]]:
     blocks holding each (`kv_utils`: vLLM's `kv_cache_utils`)."""
     pool = sched.kv_cache_manager.block_pool
     keys: dict[EventKey, list[int]] = {}
-    for full_key, held in pool.cached_block_hash_to_block._cache.items():
+    for full_key, block_ids in cached_block_ids(pool).items():
         key = (
             kv_utils.maybe_convert_block_hash(kv_utils.get_block_hash(full_key)),
             kv_utils.get_group_id(full_key),
         )
-        blocks = held.values() if isinstance(held, dict) else (held,)
-        keys[key] = sorted(int(b.block_id) for b in blocks)
+        keys[key] = block_ids
     return keys
 
 

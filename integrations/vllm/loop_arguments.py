@@ -22,6 +22,7 @@ from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
+from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIX
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
@@ -94,6 +95,7 @@ FIXES = {
         SESSION_STATE_FIX,
         SESSION_GRAMMAR_FIX,
         LOAD_RESERVATION_FIX,
+        GUIDED_DRAFTS_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built

@@ -30,20 +30,21 @@ def installed_text(module: str) -> str:
 
 
 class ScheduleFix:
-    """Candidate fixes of vLLM 0.33.0's `Scheduler` (most of them of `schedule`), edits of its
+    """Candidate fixes of vLLM's `Scheduler` (most of them of `schedule`), edits of its
     `scheduler.py` (`fixes`, made in the order given), given to one built scheduler at a time:
     `fix_set` is their `FixSet` (what `scripts/engine_fixes_diff.py` prints), `methods()` the
     fixed `Scheduler` methods the fixes declare, by name (compiled once, on first use),
     `schedule()` the fixed `schedule`, `as_diff()` the patch, `apply(sched)` gives `sched` the
     fixed methods through a subclass of its class (no other scheduler changes). Two fixes that
-    edit different statements compose: `ScheduleFix(a, b)`."""
+    edit different statements compose: `ScheduleFix(a, b)`. `engine` names the release the
+    fixes are written against, in the error when the installed file lacks a place they edit."""
 
-    def __init__(self, *fixes: EngineFix) -> None:
+    def __init__(self, *fixes: EngineFix, engine: str = "vLLM 0.33.0") -> None:
         if not fixes:
             raise ValueError("ScheduleFix needs at least one fix")
         self.names: tuple[str, ...] = tuple(f.name for f in fixes)
         self.fix_set: FixSet = FixSet(
-            engine="vLLM 0.33.0",
+            engine=engine,
             modules=(SCHEDULER_MODULE,),
             fixes=fixes,
             exclusive=(),

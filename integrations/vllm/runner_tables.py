@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from integrations.vllm.release_api import resumed_req_ids
+
 #: A request's block ids, one list per KV cache group.
 Table = list[list[int]]
 
@@ -57,8 +59,9 @@ class RunnerTables:
         for new in out.scheduled_new_reqs:
             self.tables[new.req_id] = _copy(new.block_ids)
         cached = out.scheduled_cached_reqs
+        resumed = resumed_req_ids(out)
         for rid, new_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-            if rid in cached.resumed_req_ids:
+            if rid in resumed:
                 if new_ids is None:
                     return f"{rid!r} is resumed without its block table"
                 self.tables[rid] = _copy(new_ids)

@@ -49,15 +49,13 @@ from integrations.vllm.structured import (
     grammar_params,
     script_span,
 )
+from integrations.vllm.token_ids import SESSION_INPUT_BASE, session_input_token
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArRequest
 from spec.errors import ConfigError
 
 if TYPE_CHECKING:  # engine_core imports this module
     from integrations.vllm.engine_core import CoreProgram
-
-#: Tokens of a later input: SESSION_INPUT_BASE + (arrival << 20) + (turn << 10) + position.
-SESSION_INPUT_BASE = 1 << 38
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +88,7 @@ def input_tokens(arrival: int, turn: int, length: int, reasons: bool | None = No
     model's chat template ends an assistant turn's opening, with `REASONING_START` if the turn
     reasons and with an empty part (`REASONING_START`, `REASONING_END`) if not, as far as its
     length allows (one token: the last of those)."""
-    base = SESSION_INPUT_BASE + (arrival << 20) + (turn << 10)
-    tokens = [base + i for i in range(length)]
+    tokens = [session_input_token(arrival, turn, i) for i in range(length)]
     if reasons is None:
         return tokens
     marks = [REASONING_START] if reasons else [REASONING_START, REASONING_END]

@@ -62,13 +62,13 @@ from typing import Any
 from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation, waiting_for_grammar
 from integrations.vllm.grammar_rows import GrammarRows
+from integrations.vllm.release_api import resumed_req_ids, runner_output, trims_to_first_rejected
 from integrations.vllm.structured import REASONING_END, script_span
+from integrations.vllm.token_ids import WRONG_DRAFT, wrong_draft
 
 #: The probability that a draft is the request's true next token.
 DRAFT_RIGHT = 0.6
-#: Wrong drafts: WRONG_DRAFT + n, never a token of a request (`integrations.vllm.adapter`'s
-#: prompts, outputs and stop tokens lie below 2**40 + 2**32 * requests; this lies above).
-WRONG_DRAFT = 1 << 60
+#: Wrong drafts: `token_ids.wrong_draft(n)`, never a token of a request.
 
 
 @dataclass
@@ -128,7 +128,7 @@ class SpeculativeModel:
         flight) from the scheduler's tokens."""
         sched = self.sched
         restarted = [d.req_id for d in out.scheduled_new_reqs]
-        restarted += out.scheduled_cached_reqs.resumed_req_ids
+        restarted += sorted(resumed_req_ids(out))
         for rid in restarted:
             req = sched.requests.get(rid)
             if req is None:  # ended before this deferred batch is sampled (a failed KV load)
@@ -159,7 +159,7 @@ class SpeculativeModel:
         accepts (first position, count): a decode's last sampled token, a prefill chunk's
         scheduled tokens. For a batch sampled later than its forward pass (deferred)."""
         restarted = {d.req_id for d in out.scheduled_new_reqs}
-        restarted |= set(out.scheduled_cached_reqs.resumed_req_ids)
+        restarted |= resumed_req_ids(out)
         starts = batch_starts(out)
         certain: dict[str, tuple[int, int]] = {}
         for rid, n in out.num_scheduled_tokens.items():
@@ -259,11 +259,7 @@ class SpeculativeModel:
         self.unproposed = (self.unproposed - set(ids)) | skipped
         if self.explicit:
             self._propose(ids, skipped)
-        output = self.new_output(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
+        output = runner_output(self.new_output, ids, sampled_token_ids=sampled)
         return output, valid
 
     def _check_grammar_drafts(self, rid: str, base: int, drafts: list[int], start: int) -> None:
@@ -271,21 +267,31 @@ class SpeculativeModel:
         the first -1 (a draft it found invalid, or a placeholder it never checked), are ones
         its grammar admits once its reasoning has ended (grammar from output `start` on; by
         the outputs so far, or by a reasoning end among the drafts): with
-        `integrations.vllm.structured`'s grammar, its true next tokens."""
+        `integrations.vllm.structured`'s grammar, its true next tokens. vLLM 0.34.0 keeps the
+        first draft the grammar rejects (its row is masked, so rejection sampling turns it
+        down) and drops those after it; a deferred batch's drafts it does not check at all
+        ("rejection sampling handles grammar violations"), so there the rule is `grammar_mask`
+        alone."""
+        trims = trims_to_first_rejected(self.sched.structured_output_manager)
+        if trims and self.async_scheduling:
+            return  # vLLM 0.34.0 keeps a deferred batch's drafts unchecked, by design
         ended = start == 1 or base >= start - 1
+        rejected = False
         for j, draft in enumerate(drafts):
             if draft == -1:
                 return
             if not ended:
                 ended = draft == REASONING_END
                 continue
-            if draft != self.token(rid, base + 1 + j):
+            if draft != self.token(rid, base + 1 + j) and not (trims and not rejected):
                 raise EngineCoreViolation(
                     "draft_grammar",
                     f"{rid!r} is scheduled draft {j + 1} for output {base + 1 + j}, which its "
                     "grammar does not admit (vLLM checks drafts against the grammar before "
-                    "scheduling them, and marks those it rejects -1)",
+                    "scheduling them, and marks those it rejects -1)"
+                    + (", past the first rejected one, which vLLM 0.34.0 keeps" if trims else ""),
                 )
+            rejected = rejected or draft != self.token(rid, base + 1 + j)
 
     def _propose(self, ids: list[str], skipped: set[str]) -> None:
         """Explicit drafts: after a step, k drafts for each request of it that sampled (none
@@ -321,7 +327,7 @@ class SpeculativeModel:
         if self.rnd.random() < DRAFT_RIGHT:
             return self.token(rid, index)
         self._wrong += 1
-        return WRONG_DRAFT + self._wrong
+        return wrong_draft(self._wrong)
 
     def _accepted(self, rid: str, base: int, drafts: list[int]) -> int:
         """How many of `drafts` (for outputs base + 1, ...) the model accepts: the longest

@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from integrations.vllm.token_ids import REASONING_END, REASONING_START
+
 #: vLLM's backend name for this grammar (`StructuredOutputsParams._backend`).
 BACKEND = "schedspec-script"
 #: Token classes a bitmask row covers: the tiny model's vocabulary size.
@@ -206,14 +208,11 @@ def script_span(request: Any) -> tuple[int, int]:
     return grammar.first, grammar.first + len(grammar.script) - 1
 
 
-#: The token that ends a guided request's reasoning (`ScriptReasoner`), when reasoning is on:
-#: above every token of `integrations.vllm.adapter` and below the speculative model's wrong
-#: drafts.
-REASONING_END = 1 << 50
-#: The token that opens a reasoning part (`<think>`): a later input of a guided session ends
-#: with it when its turn reasons, and with it and `REASONING_END` when the turn does not (as a
-#: thinking model's chat template opens each assistant turn, with an empty part to skip it).
-REASONING_START = REASONING_END + 1
+# `REASONING_END` (`token_ids`) ends a guided request's reasoning (`ScriptReasoner`), when
+# reasoning is on. `REASONING_START` opens a reasoning part (`<think>`): a later input of a
+# guided session ends with it when its turn reasons, and with it and `REASONING_END` when the
+# turn does not (as a thinking model's chat template opens each assistant turn, with an empty
+# part to skip it).
 
 
 def reasoner_class(base: Any) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from integrations.vllm.release_api import resumed_req_ids
+
 _EMPTY = re.compile(r"step (\d+): schedule (\d+): nothing$")
 _NO_TOKEN = re.compile(r"step (\d+): output of schedule (\d+): no token$")
 
@@ -30,7 +32,7 @@ def schedule_line(out: Any, *, canvas: bool = False) -> str:
     with `canvas` a diffusion canvas, which rides the drafts' field), then the requests
     preempted in the call and those reported ended since the last one."""
     new = {r.req_id for r in out.scheduled_new_reqs}
-    resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
+    resumed = resumed_req_ids(out)
     drafts = out.scheduled_spec_decode_tokens or {}
     parts = []
     for rid, tokens in out.num_scheduled_tokens.items():

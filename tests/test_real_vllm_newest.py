@@ -1,0 +1,110 @@
+"""vLLM's newest release, 0.34.0, selected with SCHEDSPEC_VLLM_VERSION: the same adapters drive
+it, and the release-independent checks pass on it as on 0.33.0.
+
+One process imports one release (both are the package `vllm`), and the rest of the suite runs
+0.33.0 in its workers, so the checks run in one pytest subprocess with the variable set. They
+are tests of the suite's own modules, chosen as those that say nothing of a particular
+release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's source):
+
+- the loaded vLLM is 0.34.0, from its own install;
+- the AR suite passes `real-vllm` and `real-vllm-prefix`, and the `vllm-v1` reference decides
+  as 0.34.0 does (`test_reference_is_decision_identical_to_real_vllm`);
+- the three admission settings' built-ins pass and decide as their twins, the suite fails a
+  profile that keeps the watermark beside nothing, the cadence finding (a held step whose only
+  decode preempts itself schedules nothing) reproduces, and its fix applies and holds;
+- the live event log checks, and shows a seeded bug planted in the live scheduler;
+- the engine-core loop (synchronous and asynchronous) passes generated programs, and its checks
+  catch each seeded bug;
+- vLLM's diffusion path prefills, denoises and commits a request canvas by canvas;
+- the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
+  reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
+  same test checks, on 0.33.0, that both programs pass there).
+
+docs/engines.md ("vLLM 0.34.0") says what else was run on 0.34.0 and what does not carry over.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from integrations.vllm.manifest import NEWEST_VERSION, VERSION_VARIABLE, manifest_of
+from tests.engine_gate import require_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The release-independent tests run on the newest release (module docstring).
+RELEASE_INDEPENDENT = (
+    "tests/test_real_vllm.py::test_the_loaded_vllm_is_the_selected_release",
+    "tests/test_real_vllm.py::test_real_vllm_conforms",
+    "tests/test_real_vllm.py::test_real_vllm_prefix_conforms",
+    "tests/test_real_vllm.py::test_reference_is_decision_identical_to_real_vllm",
+    "tests/test_real_vllm.py::test_async_loop_passes_generated_programs_and_takes_every_async_path",
+    "tests/test_real_vllm.py::test_async_checks_catch_each_seeded_bug",
+    "tests/test_real_vllm.py::test_a_live_vllm_scheduler_logs_what_it_decides",
+    "tests/test_real_vllm.py::test_a_live_log_shows_a_seeded_bug_in_vllms_scheduler",
+    "tests/test_real_vllm_ar_settings.py",
+    "tests/test_real_vllm_dllm.py::"
+    "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
+    "tests/test_real_vllm_structured.py::"
+    "test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token",
+    "tests/test_real_vllm_structured.py::test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler",
+)
+
+
+@pytest.fixture(scope="module")
+def newest_env() -> dict[str, str]:
+    """The environment that selects the newest release; skips (SCHEDSPEC_SKIP_ENGINES=1) or
+    fails naming the install command when it is not installed."""
+    command = f"{VERSION_VARIABLE}={NEWEST_VERSION} schedspec install-engines vllm"
+    require_engine(manifest_of(NEWEST_VERSION), "vllm", "vLLM", command=command)
+    return {**os.environ, VERSION_VARIABLE: NEWEST_VERSION}
+
+
+def test_the_release_independent_checks_pass_on_the_newest_release(
+    newest_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Every test of `RELEASE_INDEPENDENT` runs, in one process, on 0.34.0, and passes."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            f"--basetemp={tmp_path / 'tmp'}",
+            *RELEASE_INDEPENDENT,
+        ],
+        cwd=ROOT,
+        env=newest_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    tail = res.stdout[-4000:] + res.stderr[-2000:]
+    assert res.returncode == 0, tail
+    summary = res.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, tail
+
+
+def test_an_unknown_release_is_a_usage_error_naming_the_releases(
+    newest_env: dict[str, str],
+) -> None:
+    """SCHEDSPEC_VLLM_VERSION set to a release the project does not drive: exit 2 and one line
+    naming those it does, for `verify` and for `install-engines` alike."""
+    schedspec = str(Path(sys.executable).parent / "schedspec")
+    env = {**newest_env, VERSION_VARIABLE: "0.32.0"}
+    for argv in (["verify", "--impl", "real-vllm", "--examples", "1"], ["install-engines", "vllm"]):
+        res = subprocess.run(
+            [schedspec, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert res.returncode == 2, (argv, res.stdout, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "0.33.0, 0.34.0" in lines[0], res.stderr
