@@ -222,7 +222,7 @@ def _no_rollback(sched: Any) -> None:
     def update(out: Any, runner_output: Any) -> Any:
         result = original(out, runner_output)
         for rid, canvas in out.scheduled_spec_decode_tokens.items():
-            req, i = sched.requests.get(rid), runner_output.req_id_to_index[rid]
+            req, i = sched.requests.get(rid), runner_output.req_ids.index(rid)
             if req is not None and not runner_output.sampled_token_ids[i]:
                 req.num_computed_tokens += len(canvas)
         return result

@@ -147,7 +147,7 @@ def test_a_new_decodes_padding_is_never_accepted(async_scheduling: bool) -> None
                 if out.scheduled_spec_decode_tokens.get(data.req_id):
                     nonlocal seen
                     seen += 1
-                    index = output.req_id_to_index[data.req_id]
+                    index = output.req_ids.index(data.req_id)
                     assert len(output.sampled_token_ids[index]) == 1
             return output, valid
 
@@ -215,7 +215,7 @@ def _keep_rejected(sched: Any) -> None:
             req = sched.requests.get(rid)
             if req is None or req.is_finished():
                 continue
-            sampled = model_output.sampled_token_ids[model_output.req_id_to_index[rid]]
+            sampled = model_output.sampled_token_ids[model_output.req_ids.index(rid)]
             if sampled:
                 req.num_computed_tokens += len(drafts) - (len(sampled) - 1)
         return result
