@@ -656,8 +656,18 @@ def test_finding_a_window_chunk_stored_in_part_is_hit_whole(
     dense retention (`prefix_cache_retention_interval=None`) r4's chunk holds its window block
     0 where block 1 belongs. With `whole-window-chunks` no window chunk holding the null block
     is stored, and all three pass; with chunks of one block no chunk is stored in part, and
-    they pass as released."""
+    they pass as released. vLLM 0.34.0 fixed the second part (mid-chunk, dense): it stores the
+    null block as a placeholder and the blocks after it keep their slots; the first remains."""
     fixes = ["no-pointless-hit"]
+    if words.startswith("not block 1") and MANIFEST.version != "0.33.0":
+        # vLLM 0.34.0 copies the null block into the chunk as a placeholder ("so later blocks
+        # retain their logical offsets"): the blocks after it keep their slots, as released
+        for loop in (False, True):
+            run = run_loop(
+                program, async_scheduling=loop, options=replace(options, fix=make_fixes(fixes))
+            )
+            assert set(run.reasons.values()) == {"length"}, run
+        return
     with pytest.raises(EngineCoreViolation) as err:
         run_loop(
             program,

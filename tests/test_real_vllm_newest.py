@@ -18,6 +18,9 @@ release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's s
 - vLLM's diffusion path prefills, denoises and commits a request canvas by canvas, and its
   checks catch each seeded bug;
 - a new decode's padding drafts are never accepted (speculative decoding);
+- vLLM's offloading connector moves both groups of a hybrid cache, and of 0.33.0's finding
+  about window chunks stored in part, the hit that reads the part left out remains while the
+  blocks landing a slot early are gone (0.34.0 stores the null block as a placeholder);
 - the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
@@ -54,6 +57,8 @@ RELEASE_INDEPENDENT = (
     "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
     "tests/test_real_vllm_dllm.py::test_checks_catch_each_seeded_bug",
     "tests/test_real_vllm_speculative.py::test_a_new_decodes_padding_is_never_accepted",
+    "tests/test_real_vllm_hybrid_loop.py::test_vllms_offloading_moves_both_groups_and_passes",
+    "tests/test_real_vllm_hybrid_loop.py::test_finding_a_window_chunk_stored_in_part_is_hit_whole",
     "tests/test_real_vllm_structured.py::"
     "test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token",
     "tests/test_real_vllm_structured.py::test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler",

@@ -54,6 +54,8 @@ from integrations.vllm.core_loop import EngineCoreViolation
 
 #: A job is done at most this many steps after it is submitted.
 MAX_DELAY = 2
+#: vLLM's null block (`BlockPool`'s block 0), which a window holds for a block that left it.
+NULL_BLOCK = 0
 
 
 @dataclass
@@ -218,13 +220,20 @@ class OffloadingWorker:
             keys = frozenset(h for h, g in held.keys if g == group)
             blocks = src[first_block : first_block + size]
             slots: list[list[tuple[Any, int] | None]] = [[None] * per for _ in range(span)]
+            # vLLM 0.34.0 copies the (zeroed) null block into a window chunk's slot of a block
+            # that left the window, so the blocks after it keep their offsets: a placeholder,
+            # which holds nothing (a load of it writes nothing a request may read)
+            placeholders = {offset + j for j, block in enumerate(blocks) if block == NULL_BLOCK}
             for j, block in enumerate(blocks):
-                slots[(offset + j) // per][(offset + j) % per] = self.writes.content(block, group)
+                if block != NULL_BLOCK:
+                    content = self.writes.content(block, group)
+                    slots[(offset + j) // per][(offset + j) % per] = content
             for i, chunk in enumerate(dst[first_chunk : first_chunk + span]):
                 lo = offset if i == 0 else 0
                 hi = min(per, offset + size - i * per)
                 contents = slots[i][lo:hi]
-                wrong = _chunk_fault(contents, keys, self._hasher(group))
+                skip = frozenset(k - lo for k in range(lo, hi) if i * per + k in placeholders)
+                wrong = _chunk_fault(contents, keys, self._hasher(group), skip)
                 if wrong is not None:
                     j, what = wrong
                     block = blocks[i * per + lo + j - offset]
@@ -361,12 +370,14 @@ def _chunk_fault(
     contents: list[tuple[Any, int] | None],
     keys: frozenset[bytes],
     block_hash: Callable[[tuple[Any, int]], bytes | None],
+    placeholders: frozenset[int] = frozenset(),
 ) -> tuple[int, str] | None:
     """Why a chunk read from blocks holding `contents` is not the KV of one of `keys` (the
     position of the first wrong block and what it holds), or None. A key is the block hash of
     its chunk's last block (`block_hash` of its content), and block hashes chain, so the last
     block's content must have one of `keys` as hash and each block before it the hash of the
-    same request's block before."""
+    same request's block before, except at `placeholders` (the null block, read in place of
+    a block that left the window)."""
     last = contents[-1]
     if last is None or block_hash(last) not in keys:
         j = len(contents) - 1
@@ -374,6 +385,8 @@ def _chunk_fault(
     request, index = last
     for j, content in enumerate(contents):
         want = index - (len(contents) - 1 - j)
+        if j in placeholders:
+            continue
         if (
             content is None
             or want < 0
