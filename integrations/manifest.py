@@ -28,7 +28,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,6 +215,22 @@ class EngineManifest:
         self.activate()
         with self.importing():
             importlib.import_module(self.import_check)
+
+
+def selected_release(variable: str, name: str, releases: Iterable[str], default: str) -> str:
+    """The release of engine `name` the environment variable `variable` selects, else
+    `default`; a `ConfigError` naming `releases` (those the project drives) when it is
+    another. One process imports one release of an engine (each is one package), so the choice
+    is the process's, made when the engine's manifest module is imported."""
+    supported = tuple(releases)
+    version = os.environ.get(variable, "") or default
+    if version not in supported:
+        raise ConfigError(
+            variable,
+            version,
+            f"a {name} release this project drives: {', '.join(supported)} (unset: {default})",
+        )
+    return version
 
 
 def stamped_requirements(directory: Path) -> tuple[str, ...] | None:

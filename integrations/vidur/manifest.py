@@ -18,10 +18,7 @@ level (see `integrations.vidur.engine`). numpy comes from the project's own envi
 
 from __future__ import annotations
 
-import os
-
-from integrations.manifest import EngineManifest, Package
-from spec.errors import ConfigError
+from integrations.manifest import EngineManifest, Package, selected_release
 
 DEFAULT_VERSION = "0.0.25"
 VERSION_VARIABLE = "SCHEDSPEC_VIDUR_VERSION"
@@ -34,16 +31,8 @@ KINDS_OF: dict[str, tuple[str, ...]] = {
 
 def selected_version() -> str:
     """$SCHEDSPEC_VIDUR_VERSION, else the default; a `ConfigError` naming the supported
-    releases when it is another."""
-    version = os.environ.get(VERSION_VARIABLE, "") or DEFAULT_VERSION
-    if version not in KINDS_OF:
-        raise ConfigError(
-            VERSION_VARIABLE,
-            version,
-            f"a Vidur release this project drives: {', '.join(KINDS_OF)} "
-            f"(unset: {DEFAULT_VERSION})",
-        )
-    return version
+    releases when it is another (`integrations.manifest.selected_release`)."""
+    return selected_release(VERSION_VARIABLE, "Vidur", KINDS_OF, DEFAULT_VERSION)
 
 
 def manifest_of(version: str) -> EngineManifest:

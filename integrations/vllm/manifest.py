@@ -26,10 +26,7 @@ the pins above meet them, so both releases share every pin but vLLM's own.
 
 from __future__ import annotations
 
-import os
-
-from integrations.manifest import EngineManifest, Package
-from spec.errors import ConfigError
+from integrations.manifest import EngineManifest, Package, selected_release
 
 DEFAULT_VERSION = "0.33.0"
 NEWEST_VERSION = "0.34.0"
@@ -39,15 +36,8 @@ VERSION_VARIABLE = "SCHEDSPEC_VLLM_VERSION"
 
 def selected_version() -> str:
     """$SCHEDSPEC_VLLM_VERSION, else the default; a `ConfigError` naming the supported
-    releases when it is another."""
-    version = os.environ.get(VERSION_VARIABLE, "") or DEFAULT_VERSION
-    if version not in VERSIONS:
-        raise ConfigError(
-            VERSION_VARIABLE,
-            version,
-            f"a vLLM release this project drives: {', '.join(VERSIONS)} (unset: {DEFAULT_VERSION})",
-        )
-    return version
+    releases when it is another (`integrations.manifest.selected_release`)."""
+    return selected_release(VERSION_VARIABLE, "vLLM", VERSIONS, DEFAULT_VERSION)
 
 
 def manifest_of(version: str) -> EngineManifest:
