@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from integrations.patches import module_file
+from integrations.patches import FixSet, module_file
 
 
 def git_apply_to_copies(
@@ -23,3 +23,14 @@ def git_apply_to_copies(
     subprocess.run(["git", "init", "-q", "."], cwd=root, check=True)
     subprocess.run(["git", "apply", "-p1", "fixes.patch"], cwd=root, check=True)
     return {module: (root / module_file(module)).read_text(encoding="utf-8") for module in sources}
+
+
+def apply_fix_set(root: Path, fixes: FixSet) -> tuple[str, dict[str, str]]:
+    """Every fix of `fixes` as the patch `scripts/engine_fixes_diff.py` prints, `git apply`d
+    to copies of the installed files under `root`; asserts each patched file is the very text
+    the fixes run, and returns the patch and the patched texts (by module)."""
+    sources = fixes.fixed_sources(fixes.names)
+    diff = fixes.as_diff(fixes.names)
+    patched = git_apply_to_copies(root, sources, diff)
+    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
+    return diff, patched

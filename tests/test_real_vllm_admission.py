@@ -31,7 +31,7 @@ from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
-from tests.patch_check import git_apply_to_copies
+from tests.patch_check import apply_fix_set
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     active_seat_past_the_cap,
@@ -261,10 +261,6 @@ def test_the_load_reservation_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path
     """`scripts/engine_fixes_diff.py vllm-load-reservation` prints the edit the tests run (one
     line of `Scheduler.schedule`'s waiting loop): applied with `git apply -p1` to a copy of
     vLLM's `scheduler.py`, it gives the very text they run."""
-    fixes = LOAD_RESERVATION_FIXES
-    sources = fixes.fixed_sources(fixes.names)
-    diff = fixes.as_diff(fixes.names)
+    diff, patched = apply_fix_set(tmp_path, LOAD_RESERVATION_FIXES)
     assert diff.count("\n-    ") == 1, diff
-    patched = git_apply_to_copies(tmp_path, sources, diff)
-    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     assert "self.scheduler_reserve_full_isl or load_kv_async" in next(iter(patched.values()))

@@ -42,7 +42,7 @@ from spec.ar.profile import ArPolicy, ArProfile
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
-from tests.patch_check import git_apply_to_copies
+from tests.patch_check import apply_fix_set
 from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm import _logged_run
 
@@ -303,12 +303,8 @@ def test_the_cadence_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -> None
     """`scripts/engine_fixes_diff.py vllm-cadence` prints the edit the tests run (one insertion
     in `Scheduler.schedule`'s running loop): applied with `git apply -p1` to a copy of vLLM's
     `scheduler.py`, it gives the very text they run."""
-    fixes = CADENCE_FIXES
-    sources = fixes.fixed_sources(fixes.names)
-    diff = fixes.as_diff(fixes.names)
+    diff, patched = apply_fix_set(tmp_path, CADENCE_FIXES)
     assert "\n-    " not in diff, diff  # an insertion only
-    patched = git_apply_to_copies(tmp_path, sources, diff)
-    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     assert "defer_prefills = False" in next(iter(patched.values()))
 
 

@@ -474,12 +474,8 @@ def test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler(tmp_path: Path) -
     runs (one insertion in `Scheduler.schedule`'s running loop): applied with `git apply -p1`
     to a copy of the installed vLLM's `scheduler.py`, it gives the very text the test runs."""
     from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
-    from tests.patch_check import git_apply_to_copies
+    from tests.patch_check import apply_fix_set
 
-    fixes = GUIDED_DRAFTS_FIXES
-    sources = fixes.fixed_sources(fixes.names)
-    diff = fixes.as_diff(fixes.names)
+    diff, patched = apply_fix_set(tmp_path, GUIDED_DRAFTS_FIXES)
     assert "\n-    " not in diff, diff  # an insertion only
-    patched = git_apply_to_copies(tmp_path, sources, diff)
-    assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     assert "request.spec_token_ids = []" in next(iter(patched.values()))

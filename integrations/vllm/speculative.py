@@ -283,7 +283,8 @@ class SpeculativeModel:
             if not ended:
                 ended = draft == REASONING_END
                 continue
-            if draft != self.token(rid, base + 1 + j) and not (trims and not rejected):
+            right = draft == self.token(rid, base + 1 + j)
+            if not right and (rejected or not trims):
                 raise EngineCoreViolation(
                     "draft_grammar",
                     f"{rid!r} is scheduled draft {j + 1} for output {base + 1 + j}, which its "
@@ -291,7 +292,7 @@ class SpeculativeModel:
                     "scheduling them, and marks those it rejects -1)"
                     + (", past the first rejected one, which vLLM 0.34.0 keeps" if trims else ""),
                 )
-            rejected = rejected or draft != self.token(rid, base + 1 + j)
+            rejected = rejected or not right
 
     def _propose(self, ids: list[str], skipped: set[str]) -> None:
         """Explicit drafts: after a step, k drafts for each request of it that sampled (none
