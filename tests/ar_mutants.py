@@ -8,6 +8,7 @@ the suite itself is unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -21,7 +22,9 @@ from reference.ar.vllm_settings import (
     VLLM_033_ADAPTIVE,
     VLLM_033_CADENCE,
     VLLM_033_WATERMARK,
+    VLLM_034_CACHE_AWARE,
     VLLM_V1_ADAPTIVE,
+    VLLM_V1_CACHE_AWARE,
     VLLM_V1_CADENCE,
     VLLM_V1_WATERMARK,
 )
@@ -410,6 +413,50 @@ class WholeSequenceBelowWatermark(_Watermarked):
         return 0
 
 
+class _CacheAware(PrefixCachingVllmV1):
+    """`VLLM_V1_CACHE_AWARE`: vLLM's options with 0.34.0's cache-aware admission."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_034_CACHE_AWARE)
+
+
+class CacheAwareIgnored(_CacheAware):
+    """Admission in arrival order, though the profile declares the cache-aware window."""
+
+    def _reorder_by_cached_prefix(self) -> None:
+        pass
+
+
+class CacheAwareBelowThreshold(_CacheAware):
+    """The cache-aware window engaged at any usage (vLLM skips it below the threshold)."""
+
+    def _usage(self) -> float:
+        return 1.0
+
+
+class CacheAwareMovesPreempted(_CacheAware):
+    """A preempted request reordered with the fresh ones (vLLM keeps it in place: only
+    requests merely waiting, never computed, take part)."""
+
+    def _reorder_by_cached_prefix(self) -> None:
+        restarts = {id(r): r.num_restarts for r in self.waiting}
+        for r in self.waiting:
+            r.num_restarts = 0
+        try:
+            super()._reorder_by_cached_prefix()
+        finally:
+            for r in self.waiting:
+                r.num_restarts = restarts[id(r)]
+
+
+class CacheAwareWholeQueue(_CacheAware):
+    """The whole waiting queue reordered, not the first `window` requests."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.options = dataclasses.replace(self.options, cache_aware_window=10_000)
+
+
 def _caching() -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
         lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
@@ -506,6 +553,18 @@ def _cadenced() -> st.SearchStrategy[ArConfig]:
             max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
             long_prefill_token_threshold=max(c.long_prefill_token_threshold, 1),
             num_blocks=c.num_blocks + c.max_blocks_per_request,
+        )
+    )
+
+
+def _cache_aware() -> st.SearchStrategy[ArConfig]:
+    """vLLM's space (the null block reserved), FCFS, prefix caching, two to four seats."""
+    return ar_configs(
+        policies=(Policy.FCFS,), chunked=(True, False), null_block=(True,), prefix_caching=(True,)
+    ).map(
+        lambda c: c.replace(
+            max_num_seqs=max(c.max_num_seqs, 2),
+            max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
         )
     )
 
@@ -727,6 +786,38 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _watermarked(chunked=True),
             "vLLM's whole-sequence gate without the watermark above the sequence",
             VLLM_V1_WATERMARK.profile,
+        ),
+        ArMutant(
+            "cache_aware_ignored",
+            "waiting_order",
+            _f(CacheAwareIgnored),
+            _cache_aware(),
+            "vLLM's admission in arrival order, though its profile declares the cache-aware window",
+            VLLM_V1_CACHE_AWARE.profile,
+        ),
+        ArMutant(
+            "cache_aware_below_threshold",
+            "fcfs_admission",
+            _f(CacheAwareBelowThreshold),
+            _cache_aware(),
+            "vLLM's cache-aware window engaged below its usage threshold",
+            VLLM_V1_CACHE_AWARE.profile,
+        ),
+        ArMutant(
+            "cache_aware_moves_preempted",
+            "fcfs_admission",
+            _f(CacheAwareMovesPreempted),
+            _cache_aware(),
+            "vLLM's cache-aware window reordering a preempted request with the fresh ones",
+            VLLM_V1_CACHE_AWARE.profile,
+        ),
+        ArMutant(
+            "cache_aware_whole_queue",
+            "waiting_order",
+            _f(CacheAwareWholeQueue),
+            _cache_aware(),
+            "vLLM's cache-aware reordering applied to the whole queue, not its window",
+            VLLM_V1_CACHE_AWARE.profile,
         ),
         ArMutant(
             "soft_evicts",

@@ -13,6 +13,8 @@ release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's s
   profile that keeps the watermark beside nothing, the cadence finding (a held step whose only
   decode preempts itself schedules nothing) reproduces, and its fix applies and holds;
 - the live event log checks, and shows a seeded bug planted in the live scheduler;
+- 0.34.0's cache-aware admission (`cache_aware_admission_window`) conforms to the profile that
+  declares it and decides as its twin, fails the profile without it, and a live log declares it;
 - the engine-core loop (synchronous and asynchronous) passes generated programs, and its checks
   catch each seeded bug;
 - vLLM's diffusion path prefills, denoises and commits a request canvas by canvas, and its
@@ -53,6 +55,7 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm.py::test_a_live_vllm_scheduler_logs_what_it_decides",
     "tests/test_real_vllm.py::test_a_live_log_shows_a_seeded_bug_in_vllms_scheduler",
     "tests/test_real_vllm_ar_settings.py",
+    "tests/test_real_vllm_cache_aware.py",
     "tests/test_real_vllm_dllm.py::"
     "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
     "tests/test_real_vllm_dllm.py::test_checks_catch_each_seeded_bug",

@@ -34,6 +34,10 @@ running it):
   as `prefill_interval` declares (`VLLM_PREFILL_INTERVAL`);
 - with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
   blocks of the first chunk: `full_sequence_admission` is not declared;
+- with vLLM 0.34.0's `cache_aware_admission_window=3` (`REAL_VLLM_CACHE_AWARE`, not a built-in:
+  0.33.0 has no such setting and raises `ConfigError`), under FCFS with prefix caching the head
+  of the waiting queue is reordered by cached prefix once the pool is half used, as
+  `cache_aware_window` declares (`VLLM_CACHE_AWARE_WINDOW`);
 - synchronous scheduling only (`async_scheduling=False`; vLLM's default is on: with it the
   scheduler runs one step ahead of the model, which the AR step contract does not describe;
   `integrations.vllm.engine_core` checks that mode in vLLM's engine-core loop instead).
@@ -124,6 +128,21 @@ VLLM_PREFILL_INTERVAL = 3
 REAL_VLLM_CADENCE_PROFILE = ArProfile(
     space=SETTINGS_SPACE,
     policy=dataclasses.replace(VLLM_POLICY, prefill_interval=VLLM_PREFILL_INTERVAL),
+)
+
+#: The window `REAL_VLLM_CACHE_AWARE` gives vLLM 0.34.0 (`cache_aware_admission_window`, 0 by
+#: default) and its threshold (`cache_aware_admission_threshold`, vLLM's default).
+VLLM_CACHE_AWARE_WINDOW = 3
+VLLM_CACHE_AWARE_THRESHOLD = 0.5
+
+#: `REAL_VLLM_CACHE_AWARE` declares vLLM 0.34.0's cache-aware admission.
+REAL_VLLM_CACHE_AWARE_PROFILE = ArProfile(
+    space=SETTINGS_SPACE,
+    policy=dataclasses.replace(
+        VLLM_POLICY,
+        cache_aware_window=VLLM_CACHE_AWARE_WINDOW,
+        cache_aware_threshold=VLLM_CACHE_AWARE_THRESHOLD,
+    ),
 )
 
 #: `real-vllm-adaptive` (`long_prefill_token_threshold_adaptive=True`) declares the floor.
@@ -226,6 +245,24 @@ REAL_VLLM_ADAPTIVE = ArImplementation(
     "model output",
 )
 
+
+def make_real_vllm_cache_aware(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """Factory: vLLM 0.34.0's real v1 Scheduler with `cache_aware_admission_window=
+    VLLM_CACHE_AWARE_WINDOW`, prefix caching as the config says (imports vLLM lazily; on
+    0.33.0 raises `ConfigError`)."""
+    from integrations.vllm.adapter import make_real_vllm_cache_aware as make
+
+    return make(config, sink)
+
+
+REAL_VLLM_CACHE_AWARE = ArImplementation(
+    make_real_vllm_cache_aware,
+    REAL_VLLM_CACHE_AWARE_PROFILE,
+    f"vLLM {VLLM_VERSION}'s real v1 Scheduler (synchronous) with "
+    f"cache_aware_admission_window={VLLM_CACHE_AWARE_WINDOW} (vLLM 0.34.0), prefix caching "
+    "off or on, with a fabricated model output",
+)
+
 REAL_VLLM_CADENCE = ArImplementation(
     make_real_vllm_cadence,
     REAL_VLLM_CADENCE_PROFILE,
@@ -247,6 +284,8 @@ __all__ = [
     "REAL_VLLM",
     "REAL_VLLM_ADAPTIVE",
     "REAL_VLLM_ADAPTIVE_PROFILE",
+    "REAL_VLLM_CACHE_AWARE",
+    "REAL_VLLM_CACHE_AWARE_PROFILE",
     "REAL_VLLM_CADENCE",
     "REAL_VLLM_CADENCE_FIXED",
     "REAL_VLLM_CADENCE_PROFILE",
@@ -258,12 +297,15 @@ __all__ = [
     "REAL_VLLM_WATERMARK",
     "REAL_VLLM_WATERMARK_PROFILE",
     "SETTINGS_SPACE",
+    "VLLM_CACHE_AWARE_THRESHOLD",
+    "VLLM_CACHE_AWARE_WINDOW",
     "VLLM_POLICY",
     "VLLM_PREFILL_INTERVAL",
     "VLLM_WATERMARK",
     "VLLM_WATERMARK_POLICY",
     "make_real_vllm",
     "make_real_vllm_adaptive",
+    "make_real_vllm_cache_aware",
     "make_real_vllm_cadence",
     "make_real_vllm_cadence_fixed",
     "make_real_vllm_no_reserve",

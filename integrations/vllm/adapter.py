@@ -66,13 +66,20 @@ from integrations.vllm import (
     REAL_VLLM_PREFIX_PROFILE,
     REAL_VLLM_PROFILE,
     SETTINGS_SPACE,
+    VLLM_CACHE_AWARE_THRESHOLD,
+    VLLM_CACHE_AWARE_WINDOW,
     VLLM_PREFILL_INTERVAL,
     VLLM_WATERMARK,
     structured,
 )
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
+from integrations.vllm.cache_aware import NO_CACHE_AWARE, CacheAwareAdmission
 from integrations.vllm.manifest import MANIFEST
-from integrations.vllm.release_api import configs_as_with_triton, runner_output
+from integrations.vllm.release_api import (
+    check_scheduler_settings,
+    configs_as_with_triton,
+    runner_output,
+)
 from integrations.vllm.token_ids import (
     OUTPUT_BASE,
     REASONING_END,
@@ -290,6 +297,7 @@ class RealVllmScheduler:
         loras: int = 0,
         max_loras: int = 1,
         admission: AdmissionKnobs = VLLM_ADMISSION,
+        cache_aware: CacheAwareAdmission = NO_CACHE_AWARE,
     ) -> None:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
@@ -298,6 +306,8 @@ class RealVllmScheduler:
         #: cadence, as the profile declares them (`real-vllm-watermark`,
         #: `real-vllm-no-reserve`, `real-vllm-adaptive`, `REAL_VLLM_CADENCE`).
         self.admission: AdmissionKnobs = admission
+        #: vLLM 0.34.0's cache-aware admission (`REAL_VLLM_CACHE_AWARE`; off by default).
+        self.cache_aware: CacheAwareAdmission = cache_aware
         if (
             isinstance(pipeline_parallel_size, bool)
             or not isinstance(pipeline_parallel_size, int)
@@ -456,6 +466,11 @@ class RealVllmScheduler:
     def _build_scheduler(self, config: ArConfig) -> Any:
         v = self.v
         cfg = v.config
+        settings = {
+            **self.admission.scheduler_settings(config.max_num_seqs),
+            **self.cache_aware.scheduler_settings(),
+        }
+        check_scheduler_settings(cfg.SchedulerConfig, settings)
         try:
             scheduler_config = cfg.SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -466,7 +481,7 @@ class RealVllmScheduler:
                 enable_chunked_prefill=config.enable_chunked_prefill,
                 policy=config.policy.value,
                 async_scheduling=self.async_scheduling,
-                **self.admission.scheduler_settings(config.max_num_seqs),
+                **settings,
             )
             model_config = tiny_model_config(v, config.max_model_len)
             cache_config = cfg.CacheConfig(
@@ -1595,6 +1610,18 @@ def make_real_vllm_cadence(config: ArConfig, sink: ArEventSink) -> RealVllmSched
         sink,
         SETTINGS_SPACE,
         admission=AdmissionKnobs(prefill_interval=VLLM_PREFILL_INTERVAL),
+    )
+
+
+def make_real_vllm_cache_aware(config: ArConfig, sink: ArEventSink) -> RealVllmScheduler:
+    """Factory: vLLM 0.34.0's real v1 Scheduler with `cache_aware_admission_window=
+    VLLM_CACHE_AWARE_WINDOW` (threshold `VLLM_CACHE_AWARE_THRESHOLD`), prefix caching as the
+    config says; on 0.33.0, which lacks the setting, `ConfigError`."""
+    return RealVllmScheduler(
+        config,
+        sink,
+        SETTINGS_SPACE,
+        cache_aware=CacheAwareAdmission(VLLM_CACHE_AWARE_WINDOW, VLLM_CACHE_AWARE_THRESHOLD),
     )
 
 

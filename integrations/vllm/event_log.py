@@ -28,8 +28,10 @@ vLLM's admission settings are read from the live scheduler: a `watermark` is dec
 header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`);
 `scheduler_reserve_full_isl=False` drops `full_sequence_admission`;
 `long_prefill_token_threshold_adaptive` is declared as `adaptive_long_prefill_threshold`; the
-prefill cadence vLLM applies as `prefill_interval` (the rule `prefill_cadence`); and
-`max_num_active_seqs` is the seat cap (`max_num_seqs` of the header).
+prefill cadence vLLM applies as `prefill_interval` (the rule `prefill_cadence`);
+`max_num_active_seqs` is the seat cap (`max_num_seqs` of the header); and vLLM 0.34.0's
+cache-aware admission, where the scheduler applies it (FCFS with prefix caching), as
+`cache_aware_window` and `cache_aware_threshold`.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ def ar_config_of(scheduler: Any) -> ArConfig:
 def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
     """What vLLM 0.33 declares for `config`: its profile's options with its ordering rules;
     given the live scheduler, its watermark (as vLLM keeps it: of the whole pool, beside a
-    running request), its adaptive long-prefill threshold, its prefill cadence and, off, its
-    whole-sequence reservation."""
+    running request), its adaptive long-prefill threshold, its prefill cadence, off, its
+    whole-sequence reservation and (vLLM 0.34.0) its cache-aware admission window."""
     policy = dataclasses.replace(REAL_VLLM_PROFILE.policy, rules=vllm_rules(config))
     if scheduler is None:
         return policy
@@ -106,6 +108,14 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
         policy = dataclasses.replace(policy, prefill_interval=interval)
     if not bool(scheduler_config.scheduler_reserve_full_isl):
         policy = dataclasses.replace(policy, full_sequence_admission=False)
+    # vLLM 0.34.0: the window the scheduler applies (0 unless FCFS with prefix caching)
+    window = int(getattr(scheduler, "cache_aware_window", 0))
+    if window:
+        policy = dataclasses.replace(
+            policy,
+            cache_aware_window=window,
+            cache_aware_threshold=float(scheduler.cache_aware_threshold),
+        )
     return policy
 
 

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from spec.errors import ConfigError
+
 
 def configs_as_with_triton(config: ModuleType, triton_utils: Any) -> None:
     """Build configs as on a CPU install with triton-cpu, where the release demands it.
@@ -22,6 +24,24 @@ def configs_as_with_triton(config: ModuleType, triton_utils: Any) -> None:
     there it stays as the install has it."""
     if not hasattr(config.VllmConfig, "use_v2_model_runner"):
         triton_utils.HAS_TRITON = True
+
+
+def check_scheduler_settings(scheduler_config: type, settings: dict[str, Any]) -> None:
+    """Raise `ConfigError` naming a setting the installed release's `SchedulerConfig` lacks
+    (vLLM 0.34.0 added `cache_aware_admission_window` and `_threshold`), rather than let
+    pydantic reject it with its own message."""
+    known = getattr(scheduler_config, "__dataclass_fields__", None)
+    if known is None:
+        return
+    missing = [name for name in settings if name not in known]
+    if missing:
+        raise ConfigError(
+            missing[0],
+            settings[missing[0]],
+            "a setting of this vLLM release's SchedulerConfig: it is new in vLLM 0.34.0 "
+            "(install it with SCHEDSPEC_VLLM_VERSION=0.34.0 schedspec install-engines vllm and "
+            "run with that variable set)",
+        )
 
 
 def runner_output(new_output: Callable[..., Any], ids: list[str], **fields: Any) -> Any:

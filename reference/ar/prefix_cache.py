@@ -16,7 +16,7 @@ from __future__ import annotations
 from reference.ar.base import ArReq, CachingBlockPool
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
-from spec.ar.config import ArConfig
+from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArCacheHit
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.implementation import ArImplementation
@@ -45,8 +45,43 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
         req.num_computed = len(hit) * self.config.block_size
         self.sink(ArCacheHit(req.rid, tuple(hit)))
 
+    def _cached_tokens(self, req: ArReq) -> int:
+        """Tokens of the request's prefix the cache holds now (a probe: nothing taken)."""
+        return len(self._hit(req)) * self.config.block_size
+
+    def _usage(self) -> float:
+        """vLLM's `BlockPool.get_usage`: 1 - free / usable blocks."""
+        usable = self.config.usable_blocks
+        return 1.0 - (self.pool.num_free / usable) if usable else 0.0
+
+    def _reorder_by_cached_prefix(self) -> None:
+        """vLLM 0.34.0's cache-aware admission (`VllmOptions.cache_aware_window`): within the
+        first `window` waiting requests, the places of those never scheduled are refilled by
+        them, deepest cached prefix first, then queue order; a preempted request keeps its
+        place. Only under FCFS with prefix caching, at usage >= the threshold, in a step that
+        is not held."""
+        window = self.options.cache_aware_window
+        if (
+            not window
+            or self.config.policy is not Policy.FCFS
+            or not self.config.enable_prefix_caching
+            or self._held
+            or len(self.waiting) < 2
+            or self._usage() < self.options.cache_aware_threshold
+        ):
+            return
+        head = list(self.waiting)[:window]
+        places = [i for i, req in enumerate(head) if req.num_restarts == 0]
+        if len(places) < 2:
+            return
+        depth = {i: self._cached_tokens(head[i]) for i in places}
+        ranked = sorted(places, key=lambda i: (-depth[i], i))
+        for place, source in zip(places, ranked, strict=True):
+            self.waiting[place] = head[source]
+
     def _schedule_waiting(self, budget: int) -> None:
         bs = self.config.block_size
+        self._reorder_by_cached_prefix()
         while self.waiting and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break

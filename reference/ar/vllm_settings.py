@@ -17,7 +17,11 @@ config says) with vLLM 0.33.0's options (`VLLM_033`) and one setting of
   docs/engines.md); FCFS and priority only, as a held prefill chunk gets no token, which
   FAIR's floor forbids;
 - `VLLM_V1_CADENCE_FIXED`: the same with the finding's candidate fix (`lift_empty_hold`), the
-  twin of `integrations.vllm:REAL_VLLM_CADENCE_FIXED`.
+  twin of `integrations.vllm:REAL_VLLM_CADENCE_FIXED`;
+- `VLLM_V1_CACHE_AWARE` (by import string only): vLLM 0.34.0's cache-aware admission
+  (`cache_aware_admission_window=3`, its default threshold 0.5), the twin of
+  `integrations.vllm:REAL_VLLM_CACHE_AWARE` (which needs vLLM 0.34.0: 0.33.0 has no such
+  setting); the reordering applies under FCFS with prefix caching, as in vLLM.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ VLLM_WATERMARK = 0.25
 #: vLLM with it.
 VLLM_PREFILL_INTERVAL = 3
 
+#: The window of `VLLM_V1_CACHE_AWARE`, as `integrations.vllm.REAL_VLLM_CACHE_AWARE` runs vLLM
+#: 0.34.0 with it (`cache_aware_admission_window`; 0, off, by default): three waiting
+#: requests, so that the suite's queues reach past it.
+VLLM_CACHE_AWARE_WINDOW = 3
+
+#: ... and its threshold: vLLM's default (`cache_aware_admission_threshold=0.5`).
+VLLM_CACHE_AWARE_THRESHOLD = 0.5
+
 #: vLLM 0.33.0's options with each setting changed.
 VLLM_033_WATERMARK = dataclasses.replace(VLLM_033, watermark=VLLM_WATERMARK)
 VLLM_033_NO_RESERVE = dataclasses.replace(VLLM_033, full_sequence_admission=False)
@@ -45,6 +57,12 @@ VLLM_033_ADAPTIVE = dataclasses.replace(VLLM_033, adaptive_threshold=True)
 VLLM_033_CADENCE = dataclasses.replace(VLLM_033, prefill_interval=VLLM_PREFILL_INTERVAL)
 #: ... and the candidate fix of the cadence finding (`lift_empty_hold`).
 VLLM_033_CADENCE_FIXED = dataclasses.replace(VLLM_033_CADENCE, lift_empty_hold=True)
+#: vLLM's options with 0.34.0's cache-aware admission (its other decisions are 0.33.0's).
+VLLM_034_CACHE_AWARE = dataclasses.replace(
+    VLLM_033,
+    cache_aware_window=VLLM_CACHE_AWARE_WINDOW,
+    cache_aware_threshold=VLLM_CACHE_AWARE_THRESHOLD,
+)
 
 #: What vLLM 0.33.0 declares with its defaults (as `vllm-v1-prefix`).
 _VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
@@ -116,12 +134,26 @@ VLLM_V1_CADENCE_FIXED = _variant(
     policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
 )
 
+VLLM_V1_CACHE_AWARE = _variant(
+    VLLM_034_CACHE_AWARE,
+    dataclasses.replace(
+        _VLLM_POLICY,
+        cache_aware_window=VLLM_CACHE_AWARE_WINDOW,
+        cache_aware_threshold=VLLM_CACHE_AWARE_THRESHOLD,
+    ),
+    f"vLLM 0.34.0's cache-aware admission (cache_aware_admission_window="
+    f"{VLLM_CACHE_AWARE_WINDOW}, threshold {VLLM_CACHE_AWARE_THRESHOLD}); decision-identical to "
+    "vLLM 0.34.0 with that window (`integrations.vllm:REAL_VLLM_CACHE_AWARE`, verify --twin)",
+    policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+)
+
 #: Each variant's factory, for `--impl module:callable`.
 make_vllm_v1_watermark: ArImplementationFactory = VLLM_V1_WATERMARK.factory
 make_vllm_v1_no_reserve: ArImplementationFactory = VLLM_V1_NO_RESERVE.factory
 make_vllm_v1_adaptive: ArImplementationFactory = VLLM_V1_ADAPTIVE.factory
 make_vllm_v1_cadence: ArImplementationFactory = VLLM_V1_CADENCE.factory
 make_vllm_v1_cadence_fixed: ArImplementationFactory = VLLM_V1_CADENCE_FIXED.factory
+make_vllm_v1_cache_aware: ArImplementationFactory = VLLM_V1_CACHE_AWARE.factory
 
 __all__ = [
     "VLLM_033_ADAPTIVE",
@@ -129,14 +161,19 @@ __all__ = [
     "VLLM_033_CADENCE_FIXED",
     "VLLM_033_NO_RESERVE",
     "VLLM_033_WATERMARK",
+    "VLLM_034_CACHE_AWARE",
+    "VLLM_CACHE_AWARE_THRESHOLD",
+    "VLLM_CACHE_AWARE_WINDOW",
     "VLLM_PREFILL_INTERVAL",
     "VLLM_V1_ADAPTIVE",
+    "VLLM_V1_CACHE_AWARE",
     "VLLM_V1_CADENCE",
     "VLLM_V1_CADENCE_FIXED",
     "VLLM_V1_NO_RESERVE",
     "VLLM_V1_WATERMARK",
     "VLLM_WATERMARK",
     "make_vllm_v1_adaptive",
+    "make_vllm_v1_cache_aware",
     "make_vllm_v1_cadence",
     "make_vllm_v1_cadence_fixed",
     "make_vllm_v1_no_reserve",

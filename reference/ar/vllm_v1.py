@@ -49,7 +49,10 @@ in tests/test_real_vllm.py):
 - `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
   request is running, one admitted earlier in the step included, a waiting request is admitted
   only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
-  int(watermark * num_blocks) blocks (the null block counted) left free.
+  int(watermark * num_blocks) blocks (the null block counted) left free;
+- `cache_aware_window` / `cache_aware_threshold` (vLLM 0.34.0's cache-aware admission, off by
+  default there and here): with prefix caching under FCFS, `reference.ar.prefix_cache`
+  reorders the head of the waiting queue by cached prefix before it admits.
 `make_vllm_v1` is the idealised scheduler (every option off); `VLLM_V1` (the `vllm-v1`
 built-in) turns all three on and declares them in its profile.
 """
@@ -77,6 +80,8 @@ class VllmOptions:
     adaptive_threshold: bool = False
     prefill_interval: int = 1
     lift_empty_hold: bool = False
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
 
 
 VLLM_033 = VllmOptions(True, True, True)

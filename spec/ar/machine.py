@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
 
+from spec.ar.cache_aware import cache_aware_order, pool_usage
 from spec.ar.config import (
     AdmissionOrder,
     ArConfig,
     ArRequest,
     ArRules,
+    Policy,
     VictimOrder,
     validate_ar_request,
 )
@@ -97,6 +99,7 @@ class _Req:
     # when it started decoding (its prefill completed), counted over the run; None while it
     # is in its prefill (VictimOrder.LAST_DECODING)
     decoding_since: int | None = None
+    fresh: bool = True  # never scheduled (vLLM's status WAITING; cache-aware admission)
     # its last chunk ended short of its known tokens (vLLM's `is_prefill_chunk`)
     prefilling: bool = False
 
@@ -116,6 +119,8 @@ class _Step:
     preempted: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     in_schedule_phase: bool = False
+    admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
+    usage: float | None = None  # the pool's usage when the cache-aware order was decided
 
 
 def finish_reason(r: ArRequestState | _Req) -> ArFinishReason | None:
@@ -178,6 +183,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._capacity_bound = False
         self._held = False
         self._carried_prefill = False
+        self._reordered_at: int | None = None  # the last step the cache-aware order moved
         self._dirty: set[str] = set()  # requests touched since the last invariant check
         self._dirty_blocks: set[int] = set()
         self._dirty_pairs: set[tuple[str, int]] = set()  # (request, block) table changes
@@ -282,6 +288,48 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._check_finished_released(event)
         st.in_schedule_phase = True
         self._begin_cadence()
+
+    def _enter_admission_phase(self, r: _Req) -> None:
+        """The first event of a queued request in a step starts its admission phase: the
+        moment vLLM applies the cache-aware order (after every running request's blocks)."""
+        st = self._step
+        if st.admission_phase or r.phase not in AR_QUEUED_PHASES:
+            return
+        st.admission_phase = True
+        self._reorder_cache_aware()
+
+    def _reorder_cache_aware(self) -> None:
+        """`ArPolicy.cache_aware_window`: reorder the waiting queue's head now, if the policy,
+        the step and the pool's usage engage it (`spec.ar.cache_aware`)."""
+        window = self.policy.cache_aware_window
+        if (
+            not window
+            or self.config.policy is not Policy.FCFS
+            or not self.config.enable_prefix_caching
+            or self._step.preempted
+            or self._held
+            or len(self._waiting) < 2
+        ):
+            return
+        usage = self._step.usage = pool_usage(self.free_blocks, self.config.usable_blocks)
+        if usage < self.policy.cache_aware_threshold:
+            return
+        cached_keys = set(self._cache.values())
+
+        def cached_tokens(rid: str) -> int:
+            r = self._requests[rid]
+            most = (r.known - 1) // self.config.block_size
+            k = 0
+            while k < most and self._key(r, k) in cached_keys:
+                k += 1
+            return k * self.config.block_size
+
+        order = cache_aware_order(
+            self._waiting, window, lambda rid: self._requests[rid].fresh, cached_tokens
+        )
+        if order != self._waiting:
+            self._waiting = order
+            self._reordered_at = self._step.index
 
     def _begin_cadence(self) -> None:
         """At a step's start: whether the prefill cadence holds it (see `ArPolicy`)."""
@@ -484,6 +532,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         cfg = self.config
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
+        self._enter_admission_phase(r)
         if not cfg.enable_prefix_caching:
             raise self._fail(ArRule.CACHE_HIT_ENABLED, "a cache hit with prefix caching off", e)
         if r.phase not in AR_QUEUED_PHASES or r.blocks or r.num_computed:
@@ -554,6 +603,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         cfg = self.config
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
+        self._enter_admission_phase(r)
         self._check_readmission(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(ArRule.KV_EXCLUSIVE, f"blocks {list(e.blocks)} empty or repeated", e)
@@ -591,6 +641,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         cfg, rules, st = self.config, self.rules, self._step
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
+        self._enter_admission_phase(r)
         n = e.num_tokens
         if r.request_id in st.scheduled:
             raise self._fail(
@@ -662,6 +713,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._waiting.remove(r.request_id)
             self._running.append(r.request_id)
             r.phase = ArPhase(target)
+            r.fresh = False
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
         if r.decoding_since is None and r.num_computed + n == r.known:
@@ -783,7 +835,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 raise self._fail(
                     ArRule.FCFS_ADMISSION,
                     f"admitted {r.request_id!r} while {self._waiting[0]!r} is ahead of it "
-                    f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''})",
+                    f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''})"
+                    f"{self._order_note()}",
                     e,
                 )
             return
@@ -798,6 +851,23 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{best.request_id!r} has key {admission_key(rules, best)}",
                 e,
             )
+
+    def _order_note(self) -> str:
+        """How the declared cache-aware admission orders the queue, for FCFS messages."""
+        p = self.policy
+        if not p.cache_aware_window or not self.config.enable_prefix_caching:
+            return ""
+        usage = self._step.usage
+        now = f"; usage {usage:.3g} at this step's admission" if usage is not None else ""
+        last = (
+            f"; last reordered in step {self._reordered_at}"
+            if self._reordered_at is not None
+            else "; never reordered yet"
+        )
+        return (
+            f" (cache-aware: the first {p.cache_aware_window} never-scheduled waiting requests "
+            f"deepest cached prefix first at usage >= {p.cache_aware_threshold:g}{now}{last})"
+        )
 
     def _check_lookahead(self, r: _Req, e: ArScheduled, limit: int) -> None:
         """FCFS with look-ahead: at most `limit` waiting requests ahead of `r`, none of which
@@ -937,6 +1007,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if not st.in_schedule_phase:
             self._check_finished_released(e)
             self._begin_cadence()
+        if not st.admission_phase:  # a step that admitted nothing still reorders (vLLM)
+            st.admission_phase = True
+            self._reorder_cache_aware()
         total = sum(st.scheduled.values())
         if total == 0 and (self._running or self._waiting):
             raise self._fail(
@@ -1222,7 +1295,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if self.rules.admission is AdmissionOrder.FCFS and list(snap.waiting) != self._waiting:
             raise self._fail(
                 ArRule.WAITING_ORDER,
-                f"implementation queue {list(snap.waiting)}, FCFS order {self._waiting}",
+                f"implementation queue {list(snap.waiting)}, FCFS order {self._waiting}"
+                f"{self._order_note()}",
                 None,
             )
 

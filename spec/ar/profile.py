@@ -160,6 +160,20 @@ class ArPolicy:
         the same batch admits from there). Such a request may be allocated blocks in the same
         scheduling phase; `preempted_holds_nothing` holds between steps (see docs/spec.md).
         Rule `no_admission_after_preemption`.
+    cache_aware_window: vLLM 0.34's cache-aware admission (`cache_aware_admission_window`,
+        0 by default: off). Under the FCFS policy with prefix caching on, at the start of the
+        admission phase of a step that preempted nothing and is not held by the prefill
+        cadence, the first `cache_aware_window` waiting requests are reordered when the pool
+        is used at least `cache_aware_threshold` (1 - free blocks / usable blocks): the slots
+        held by requests never scheduled keep their places in the queue and are refilled by
+        those requests, deepest cached prefix first (whole cached blocks of at most its known
+        tokens less one), queue order breaking ties; a preempted request keeps its place
+        and nothing beyond the window moves. The order persists: FCFS then admits the head of
+        the reordered queue (`Scheduler._reorder_waiting_by_cached_prefix`). Rules
+        `fcfs_admission` and `waiting_order`. Ignored under other policies and without
+        prefix caching, as vLLM ignores it.
+    cache_aware_threshold: the pool usage below which `cache_aware_window` reorders nothing
+        (vLLM 0.34's `cache_aware_admission_threshold`, 0.5 by default; 0.0: every step).
     """
 
     rules: ArRules | None = None
@@ -172,6 +186,8 @@ class ArPolicy:
     watermark_of_pool: bool = False
     watermark_beside_running: bool = False
     admit_after_preemption: bool | None = None
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         if self.rules is not None and not isinstance(self.rules, ArRules):
@@ -201,6 +217,14 @@ class ArPolicy:
         w = self.watermark_fraction
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w < 1.0:
             raise ProfileError("policy.watermark_fraction", w, "a number in [0, 1)")
+        n = self.cache_aware_window
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ProfileError(
+                "policy.cache_aware_window", n, "an integer >= 0 (0: admission in arrival order)"
+            )
+        t = self.cache_aware_threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= t <= 1.0:
+            raise ProfileError("policy.cache_aware_threshold", t, "a number in [0, 1]")
 
     def rules_for(self, config: ArConfig) -> ArRules:
         """The effective ordering rules under `config`: `rules` (or the policy's defaults) with

@@ -155,8 +155,10 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.FCFS_ADMISSION: "A waiting request is admitted only from the head of the waiting queue "
     "(submission order; preempted requests at the head); with a declared look-ahead, past at "
     "most that many requests, each too large for the free pool (the queue then in arrival "
-    "order).",
-    ArRule.WAITING_ORDER: "The implementation's waiting queue has the spec's order (FCFS).",
+    "order); with a declared cache-aware window, from the head of the queue as that window "
+    "reorders it (vLLM 0.34's cache_aware_admission_window).",
+    ArRule.WAITING_ORDER: "The implementation's waiting queue has the spec's order (FCFS, as a "
+    "declared cache-aware window reorders it).",
     ArRule.POLICY_ADMISSION: "Under priority / SJF / SRPT / LAS, the admitted request minimises "
     "the policy key (ties: earliest arrival).",
     ArRule.AGING_BOUND: "Once a waiting request has waited max_wait_steps steps, no other waiting "
