@@ -165,21 +165,25 @@ def test_the_tally_shows_the_window_engaged_and_moving_the_queue(
 
 
 def test_the_adapters_setting_is_checked_and_sent_only_when_on() -> None:
-    """`integrations.vllm.cache_aware`: a bad window or threshold is a `ConfigError`; off, it
+    """`integrations.vllm.settings_034`: a bad window or threshold is a `ConfigError`; off, it
     sends vLLM nothing (0.33.0's `SchedulerConfig` has no such field), and a release without the
     field is refused naming it and the release that has it."""
     from dataclasses import dataclass
 
-    from integrations.vllm.cache_aware import NO_CACHE_AWARE, CacheAwareAdmission
     from integrations.vllm.release_api import check_scheduler_settings
+    from integrations.vllm.settings_034 import VLLM_034_DEFAULTS, Vllm034Settings
     from spec.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cache_aware_window"):
-        CacheAwareAdmission(-1)
+        Vllm034Settings(-1)
     with pytest.raises(ConfigError, match="cache_aware_threshold"):
-        CacheAwareAdmission(3, 2.0)
-    assert NO_CACHE_AWARE.scheduler_settings() == {}
-    on = CacheAwareAdmission(3).scheduler_settings()
+        Vllm034Settings(3, 2.0)
+    with pytest.raises(ConfigError, match="max_inflight_kv_loads"):
+        Vllm034Settings(max_inflight_kv_loads=0)
+    assert VLLM_034_DEFAULTS.scheduler_settings() == {}
+    capped = Vllm034Settings(max_inflight_kv_loads=2).scheduler_settings()
+    assert capped == {"max_num_inflight_kv_loads": 2}
+    on = Vllm034Settings(3).scheduler_settings()
     assert on == {"cache_aware_admission_window": 3, "cache_aware_admission_threshold": 0.5}
 
     @dataclass

@@ -22,8 +22,8 @@ from integrations.vllm import (
     VLLM_POLICY,
 )
 from integrations.vllm.adapter import RealVllmScheduler
-from integrations.vllm.cache_aware import CacheAwareAdmission
 from integrations.vllm.event_log import VllmEventLog
+from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from properties.verify import failure_from, run_machine
@@ -130,12 +130,12 @@ def test_a_live_log_declares_the_window_it_runs_with() -> None:
     the header; with prefix caching off vLLM applies no window and the header declares none."""
     if not _has_the_setting():
         return
-    window = CacheAwareAdmission(VLLM_CACHE_AWARE_WINDOW)
+    window = Vllm034Settings(VLLM_CACHE_AWARE_WINDOW)
     for config, declares in (
         (ONE_SEAT, True),
         (ONE_SEAT.replace(enable_prefix_caching=False), False),
     ):
-        adapter = RealVllmScheduler(config, lambda _: None, SETTINGS_SPACE, cache_aware=window)
+        adapter = RealVllmScheduler(config, lambda _: None, SETTINGS_SPACE, settings_034=window)
         lines: list[str] = []
         VllmEventLog(adapter.sched, lines.append)
         declared = json.loads(lines[0])["declared_policy"]

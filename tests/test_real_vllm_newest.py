@@ -15,6 +15,8 @@ release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's s
 - the live event log checks, and shows a seeded bug planted in the live scheduler;
 - 0.34.0's cache-aware admission (`cache_aware_admission_window`) conforms to the profile that
   declares it and decides as its twin, fails the profile without it, and a live log declares it;
+- 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop
+  with a KV connector, and its rule catches the cap ignored;
 - the engine-core loop (synchronous and asynchronous) passes generated programs, and its checks
   catch each seeded bug;
 - vLLM's diffusion path prefills, denoises and commits a request canvas by canvas, and its
@@ -56,6 +58,7 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm.py::test_a_live_log_shows_a_seeded_bug_in_vllms_scheduler",
     "tests/test_real_vllm_ar_settings.py",
     "tests/test_real_vllm_cache_aware.py",
+    "tests/test_real_vllm_inflight_loads.py",
     "tests/test_real_vllm_dllm.py::"
     "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
     "tests/test_real_vllm_dllm.py::test_checks_catch_each_seeded_bug",

@@ -21,6 +21,7 @@ OUTPUTS = [
     ("bench_prefix_cache", "--json"),
     ("bench_sim_speed", "--json"),
     ("bench_trace_check", "--json"),
+    ("cache_aware_tally", "--json"),
     ("fuzz_cli", "--json"),
     ("calibrate_dllm", "--out"),
     ("calibrate_dllm", "--bench-json"),

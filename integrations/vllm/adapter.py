@@ -73,13 +73,13 @@ from integrations.vllm import (
     structured,
 )
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.cache_aware import NO_CACHE_AWARE, CacheAwareAdmission
 from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.release_api import (
     check_scheduler_settings,
     configs_as_with_triton,
     runner_output,
 )
+from integrations.vllm.settings_034 import VLLM_034_DEFAULTS, Vllm034Settings
 from integrations.vllm.token_ids import (
     OUTPUT_BASE,
     REASONING_END,
@@ -297,7 +297,7 @@ class RealVllmScheduler:
         loras: int = 0,
         max_loras: int = 1,
         admission: AdmissionKnobs = VLLM_ADMISSION,
-        cache_aware: CacheAwareAdmission = NO_CACHE_AWARE,
+        settings_034: Vllm034Settings = VLLM_034_DEFAULTS,
     ) -> None:
         space.check(config)
         #: vLLM's admission settings beyond the AR config (`integrations.vllm.
@@ -306,8 +306,8 @@ class RealVllmScheduler:
         #: cadence, as the profile declares them (`real-vllm-watermark`,
         #: `real-vllm-no-reserve`, `real-vllm-adaptive`, `REAL_VLLM_CADENCE`).
         self.admission: AdmissionKnobs = admission
-        #: vLLM 0.34.0's cache-aware admission (`REAL_VLLM_CACHE_AWARE`; off by default).
-        self.cache_aware: CacheAwareAdmission = cache_aware
+        #: vLLM 0.34.0's new settings (`integrations.vllm.settings_034`; off by default).
+        self.settings_034: Vllm034Settings = settings_034
         if (
             isinstance(pipeline_parallel_size, bool)
             or not isinstance(pipeline_parallel_size, int)
@@ -468,7 +468,7 @@ class RealVllmScheduler:
         cfg = v.config
         settings = {
             **self.admission.scheduler_settings(config.max_num_seqs),
-            **self.cache_aware.scheduler_settings(),
+            **self.settings_034.scheduler_settings(),
         }
         check_scheduler_settings(cfg.SchedulerConfig, settings)
         try:
@@ -1621,7 +1621,7 @@ def make_real_vllm_cache_aware(config: ArConfig, sink: ArEventSink) -> RealVllmS
         config,
         sink,
         SETTINGS_SPACE,
-        cache_aware=CacheAwareAdmission(VLLM_CACHE_AWARE_WINDOW, VLLM_CACHE_AWARE_THRESHOLD),
+        settings_034=Vllm034Settings(VLLM_CACHE_AWARE_WINDOW, VLLM_CACHE_AWARE_THRESHOLD),
     )
 
 

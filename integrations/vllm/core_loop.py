@@ -207,6 +207,13 @@ class BatchQueueLoop(Generic[CountsT]):
         Default: never."""
         return False
 
+    def admission_queue(self, rid: str) -> str:
+        """Which of vLLM's waiting queues request `rid` is admitted from, where vLLM keeps
+        arrival order only within a queue. Default: one queue for all (0.34.0 with
+        `max_num_inflight_kv_loads` keeps the requests its connector may load asynchronously
+        in a queue of their own, `async_kv_waiting`)."""
+        return "waiting"
+
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
         """Before `schedule()`: the running queue's order and the waiting requests holding
@@ -237,7 +244,8 @@ class BatchQueueLoop(Generic[CountsT]):
         whose connector lookup was put off (`lookup_put_off`), or whose LoRA adapter finds
         no room among the running requests' (`waits_for_adapter`), may be passed, as vLLM
         skips it by design; a request given blocks to load its KV into is
-        admitted in that call, since vLLM then serves it before the waiting queue)."""
+        admitted in that call, since vLLM then serves it before the waiting queue; where vLLM
+        keeps more than one waiting queue (`admission_queue`), the order holds within each)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -288,7 +296,12 @@ class BatchQueueLoop(Generic[CountsT]):
         ]
         for rid in admitted:
             key = self.queue_key(rid, priority)
-            passed = [w for w in fresh if self.queue_key(w, priority) < key]
+            queue = self.admission_queue(rid)
+            passed = [
+                w
+                for w in fresh
+                if self.queue_key(w, priority) < key and self.admission_queue(w) == queue
+            ]
             if passed:
                 policy = "priority" if priority else "fcfs"
                 raise EngineCoreViolation(

@@ -154,6 +154,7 @@ from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
+from integrations.vllm.settings_034 import VLLM_034_DEFAULTS, Vllm034Settings
 from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars
 from integrations.vllm.trace import counted, counted_of
@@ -180,6 +181,7 @@ RULES = (
     "session_length",
     "session_kv_kept",
     "load_before_compute",
+    "inflight_kv_loads",
     "transfer_blocks_held",
     "kv_delivered",
     "store_content",
@@ -245,6 +247,7 @@ class CoreRun:
     session_loads: int = 0  # KV loads into a streaming-input session's later turn
     session_sends: int = 0  # sends of a session's KV after more than one turn
     aborted_loading: int = 0  # aborts of a request whose KV load was in flight
+    inflight_cap_reached: int = 0  # calls leaving max_num_inflight_kv_loads loads holding blocks
     load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
     lookups_put_off: int = 0  # connector lookups answered "ask again later"
     stores_refused: int = 0  # sends the offload store had no room for
@@ -301,6 +304,7 @@ class _Counts(LoopCounts):
     grammar_waits: int = 0
     grammar_errors: int = 0
     aborted_loading: int = 0
+    inflight_cap_reached: int = 0
     load_errors: int = 0
     cache_resets: int = 0
     cache_resets_done: int = 0
@@ -369,6 +373,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         max_loras: int = 1,
         pauses: str | None = None,
         admission: AdmissionKnobs = VLLM_ADMISSION,
+        settings_034: Vllm034Settings = VLLM_034_DEFAULTS,
         trace: list[str] | None = None,
     ) -> None:
         if cache_resets and kv_connector is not None:
@@ -408,6 +413,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             loras=loras,
             max_loras=max_loras,
             admission=admission,
+            settings_034=settings_034,
         )
         #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.
@@ -733,6 +739,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.check_adapters(out)
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
+            self.check_inflight_loads(f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
         # a deferred batch (sampled once the output before it is applied) runs its forward now,
         # as vLLM's `execute_model` does: the offloading worker's loads land before its reads
@@ -948,6 +955,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         check_adapter_limit(self.sched, out, self.impl.max_loras, f"schedule {self.n.schedules}")
         self.n.adapter_waits += sum(map(self.waits_for_adapter, self.impl._waiting()))
 
+    def admission_queue(self, rid: str) -> str:
+        """With `max_num_inflight_kv_loads` (vLLM 0.34.0), vLLM queues the requests its
+        connector may load asynchronously apart (`async_kv_waiting`): their loads start while
+        the batch is full, and while the cap holds them back the plain queue goes on. Arrival
+        order then holds within each queue only; the queue is the connector's latest answer to
+        vLLM (`RemoteKv.queued_async`)."""
+        if self.impl.settings_034.max_inflight_kv_loads is None or self.remote is None:
+            return "waiting"
+        return "async_kv_waiting" if self.remote.queued_async.get(rid) else "waiting"
+
     def lookup_put_off(self, rid: str) -> bool:
         """Whether the connector's latest lookup of `rid` said "ask again later"."""
         if self.offload is not None:
@@ -976,6 +993,43 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             pool = self.sched.kv_cache_manager.block_pool
             free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
             self.remote.check_held(free, block_tables(self.sched), where)
+
+    def check_inflight_loads(self, where: str) -> None:
+        """`inflight_kv_loads` (vLLM 0.34.0's `max_num_inflight_kv_loads`, where set): the
+        requests that hold KV blocks for an asynchronous load, loading or loaded and waiting for
+        a running slot, and those aborted while their load is still in flight, are at most the
+        cap. Those are the live requests outside the running batch that hold blocks (a
+        streaming session waiting for input aside) and the in-flight loads'."""
+        limit = self.impl.settings_034.max_inflight_kv_loads
+        if limit is None or self.remote is None:
+            return
+        running = {r.request_id for r in self.sched.running}
+        waiting_input = self.impl.v.request.RequestStatus.WAITING_FOR_STREAMING_REQ
+
+        def waits_holding(rid: str) -> bool:
+            # live, outside the batch, not a session waiting for input (a finished request's
+            # blocks kept for its send are not a load's)
+            req = self.sched.requests.get(rid)
+            return (
+                req is not None
+                and not req.is_finished()
+                and rid not in running
+                and req.status != waiting_input
+            )
+
+        holding = {
+            rid for rid, table in block_tables(self.sched).items() if table and waits_holding(rid)
+        }
+        holding |= {
+            t.rid for t in self.remote.in_flight.values() if t.kind == "load" and not t.sync
+        }
+        self.n.inflight_cap_reached += len(holding) == limit
+        if len(holding) > limit:
+            raise EngineCoreViolation(
+                "inflight_kv_loads",
+                f"{where}: {len(holding)} requests hold KV blocks for an asynchronous load "
+                f"({', '.join(sorted(holding))}); max_num_inflight_kv_loads={limit}",
+            )
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
@@ -1139,8 +1193,9 @@ class LoopOptions:
     original program's while it changes the program. `watermark`, `max_active_seqs`,
     `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
     settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
-    is set. With `trace` (a list) the loop appends a line per event to it
-    (`integrations.vllm.trace`)."""
+    is set. `max_inflight_kv_loads` is vLLM 0.34.0's `max_num_inflight_kv_loads` (with a KV
+    connector; rule `inflight_kv_loads`). With `trace` (a list) the loop appends a line per
+    event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -1181,6 +1236,7 @@ class LoopOptions:
     prefill_interval: int = 1
     adaptive_threshold: bool = False
     reserve_full_isl: bool = True
+    max_inflight_kv_loads: int | None = None
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1230,6 +1286,7 @@ class LoopOptions:
             max_loras=self.max_loras,
             pauses=self.pauses,
             admission=self.admission,
+            settings_034=Vllm034Settings(max_inflight_kv_loads=self.max_inflight_kv_loads),
             trace=self.trace,
         )
         return loop.run(program)

@@ -125,6 +125,8 @@ class RemoteKv:
         self.failures: bool = True
         #: The requests whose latest lookup was answered "ask again later" (vLLM skips them).
         self.asked_later: set[str] = set()
+        #: each request's latest `may_load_async` answer: whether vLLM queues it apart
+        self.queued_async: dict[str, bool] = {}
         self._lookups_left: dict[str, int] = {}  # request -> lookups still to answer None
         self.block_size: int = block_size
         self.rng: random.Random = random.Random(seed)
@@ -162,6 +164,17 @@ class RemoteKv:
         without `sync_loads`) or in the forward of the batch that schedules it (a synchronous
         load)."""
         return not self.sync_loads or self._hash(request.request_id, "sync") % 3 != 0
+
+    def may_load_async(self, request: Any) -> bool:
+        """`KVConnectorBase_V1.may_load_async` (vLLM 0.34.0 asks, with
+        `max_num_inflight_kv_loads`, each time the request enters its waiting queues): the store
+        holds some of the request's prompt now and loads it asynchronously. It may be a false
+        positive (a local hit covering the store's), which vLLM allows: the request then only
+        waits its turn among such requests. The latest answer is kept (`queued_async`): it is
+        the queue vLLM keeps the request in."""
+        answer = self.remote_tokens(request) > 0 and self.loads_async(request)
+        self.queued_async[request.request_id] = answer
+        return answer
 
     def produces(self, rid: str) -> bool:
         """Whether request `rid`'s KV is sent when it finishes (every other request)."""
@@ -424,6 +437,14 @@ def _connector_class() -> type:
             if n is None:
                 return None, False
             return n, n > 0 and self.remote.loads_async(request)
+
+        def may_load_async(self, request: Any) -> bool:
+            # vLLM 0.34.0 asks, with max_num_inflight_kv_loads, whether a request may start
+            # an asynchronous load while the running batch is full (0.33.0 never asks)
+            remote: RemoteKv | None = getattr(self, "remote", None)
+            if remote is None:  # asked before the loop hands the connector its store
+                return False
+            return remote.may_load_async(request)
 
         def update_state_after_alloc(
             self, request: Any, blocks: Any, num_external_tokens: int

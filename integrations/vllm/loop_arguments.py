@@ -16,7 +16,12 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from integrations.vllm.adapter import KV_FAILURE_POLICIES, KV_ROLES, SPECULATIVE_METHODS
+from integrations.vllm.adapter import (
+    KV_FAILURE_POLICIES,
+    KV_ROLES,
+    SPECULATIVE_METHODS,
+    load_vllm,
+)
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
@@ -54,6 +59,7 @@ from integrations.vllm.offload_window_fixes import (
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIX
+from integrations.vllm.release_api import check_scheduler_settings
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIX
 from integrations.vllm.same_step_programs import same_step_program
 from integrations.vllm.session_grammar_fix import SESSION_GRAMMAR_FIX
@@ -61,8 +67,10 @@ from integrations.vllm.session_length_fix import SESSION_LENGTH_FIX
 from integrations.vllm.session_stall_fix import SESSION_STALL_FIX
 from integrations.vllm.session_state_fix import SESSION_STATE_FIX
 from integrations.vllm.sessions import session_program
+from integrations.vllm.settings_034 import Vllm034Settings
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
+from spec.errors import ConfigError
 
 #: Where the programs come from (`--programs-from`).
 GENERATORS: dict[str, Callable[[int], CoreProgram]] = {
@@ -243,6 +251,15 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "caching programs only hit, unless --programs-from shared-prompts)",
     )
     parser.add_argument(
+        "--max-inflight-kv-loads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --kv-connector, vLLM 0.34.0 only: at most N requests hold KV blocks for an "
+        "asynchronous load, and such loads may start while the running batch is full (vLLM's "
+        "max_num_inflight_kv_loads; default: no cap)",
+    )
+    parser.add_argument(
         "--kv-store-blocks",
         type=int,
         default=None,
@@ -408,6 +425,18 @@ def loop_options(
         args.kv_store_blocks < 1 or args.kv_store != "offload"
     ):
         parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
+    if args.max_inflight_kv_loads is not None and (
+        args.max_inflight_kv_loads < 1 or not args.kv_connector
+    ):
+        parser.error("--max-inflight-kv-loads: an int >= 1, with --kv-connector")
+    if args.max_inflight_kv_loads is not None:
+        settings = Vllm034Settings(max_inflight_kv_loads=args.max_inflight_kv_loads)
+        try:  # refused now, not program by program (0.33.0 has no such setting)
+            check_scheduler_settings(
+                load_vllm().config.SchedulerConfig, settings.scheduler_settings()
+            )
+        except ConfigError as err:
+            parser.error(f"--max-inflight-kv-loads: {err}")
     if args.offload_chunks is not None and (args.offload_chunks < 1 or args.kv_connector):
         parser.error("--offload-chunks: an int >= 1, not with --kv-connector")
     if args.offload_chunks is None and (
@@ -482,6 +511,7 @@ def loop_options(
         kv_role=args.kv_role,
         kv_store=args.kv_store,
         kv_store_blocks=args.kv_store_blocks,
+        max_inflight_kv_loads=args.max_inflight_kv_loads,
         offload_chunks=args.offload_chunks,
         offload_outputs=args.offload_outputs,
         offload_sync_loads=args.offload_sync_loads,
@@ -523,6 +553,8 @@ def describe(args: argparse.Namespace) -> str:
         later += ", an offload store" if args.kv_store == "offload" else ""
         blocks = args.kv_store_blocks
         later += f" of {blocks} block{'s' if blocks > 1 else ''}" if blocks else ""
+        cap = args.max_inflight_kv_loads
+        later += f", at most {cap} loads holding blocks" if cap else ""
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     if args.offload_chunks:
         what = "prompt and output blocks" if args.offload_outputs else "prompt blocks"
