@@ -11,6 +11,7 @@ import spec.ar.machine as ar_machine
 from properties.ar.harness import ArHarness
 from reference.ar.prefix_cache import VLLM_V1_PREFIX
 from reference.ar.vllm_settings import VLLM_V1_CACHE_AWARE
+from spec.ar.adapter import ArImplementationFactory
 from spec.ar.cache_aware import cache_aware_order, pool_usage
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArScheduled
@@ -81,14 +82,20 @@ B = (50, 51, 52, 53)  # shares nothing
 C = (*A[:4], 60, 61)  # shares a's first 2 blocks
 
 
-def _admissions(impl_policy: ArPolicy, config: ArConfig = ONE_SEAT) -> list[str]:
-    """a runs alone (4 of 8 blocks held: usage 0.5) while b, then c, wait; the order the
-    waiting two are admitted in, checked by the spec under `impl_policy`."""
-    h = ArHarness(VLLM_V1_CACHE_AWARE.factory, config, policy=impl_policy)
+def admission_order(
+    factory: ArImplementationFactory, policy: ArPolicy, config: ArConfig = ONE_SEAT
+) -> list[str]:
+    """a runs alone (4 of 8 blocks held: usage 0.5) while b, then c (a's first 4 tokens
+    cached), wait for its seat: the order the three are admitted in, the spec checking every
+    event, and the snapshot after every step, under `policy`. (tests/test_real_vllm_cache_aware.py
+    runs it on vLLM.)"""
+    h = ArHarness(factory, config, policy=policy)
     h.submit(ArRequest("a", 8, 2, prompt=A))
     h.step()
     h.submit(ArRequest("b", 4, 1, prompt=B))
     h.submit(ArRequest("c", 6, 1, prompt=C))
+    while not h.spec.is_idle():
+        h.step()
     h.drain()
     assert h.violation is None, h.violation
     seen: list[str] = []
@@ -96,6 +103,11 @@ def _admissions(impl_policy: ArPolicy, config: ArConfig = ONE_SEAT) -> list[str]
         if isinstance(e, ArScheduled) and e.request_id not in seen:
             seen.append(e.request_id)
     return seen
+
+
+def _admissions(policy: ArPolicy, config: ArConfig = ONE_SEAT) -> list[str]:
+    """`admission_order` of the twin `VLLM_V1_CACHE_AWARE` under `policy`."""
+    return admission_order(VLLM_V1_CACHE_AWARE.factory, policy, config)
 
 
 def test_the_request_with_a_cached_prefix_is_admitted_first_and_the_order_persists() -> None:

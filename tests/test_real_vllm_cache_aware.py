@@ -25,16 +25,13 @@ from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.conformance import ar_conformance_machine
-from properties.ar.harness import ArHarness
 from properties.verify import failure_from, run_machine
 from reference.ar import vllm_settings
-from spec.ar.config import ArRequest
-from spec.ar.events import ArScheduled
 from spec.ar.profile import ArProfile
 from spec.errors import ConfigError, SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
-from tests.test_ar_cache_aware import ONE_SEAT, A, B, C
+from tests.test_ar_cache_aware import ONE_SEAT, admission_order
 from tests.test_ar_mutants import HUNT
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
@@ -58,22 +55,8 @@ def _has_the_setting() -> bool:
 
 
 def _admissions(impl: ArImplementation) -> list[str]:
-    """a holds half the pool while b, then c (a's first 4 tokens cached), wait for its seat:
-    the order they are admitted in, the spec checking every step under `impl`'s profile."""
-    h = ArHarness(impl.factory, ONE_SEAT, policy=impl.profile.policy)
-    h.submit(ArRequest("a", 8, 2, prompt=A))
-    h.step()
-    h.submit(ArRequest("b", 4, 1, prompt=B))
-    h.submit(ArRequest("c", 6, 1, prompt=C))
-    while not h.spec.is_idle():
-        h.step()  # the snapshot checked after each
-    h.drain()
-    assert h.violation is None, h.violation
-    seen: list[str] = []
-    for e in h.events:
-        if isinstance(e, ArScheduled) and e.request_id not in seen:
-            seen.append(e.request_id)
-    return seen
+    """`admission_order` (tests/test_ar_cache_aware.py) of `impl` under its own profile."""
+    return admission_order(impl.factory, impl.profile.policy)
 
 
 def test_vllm_admits_the_cached_prefix_first_and_keeps_the_order() -> None:
