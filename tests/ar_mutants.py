@@ -569,6 +569,12 @@ def _cache_aware() -> st.SearchStrategy[ArConfig]:
     )
 
 
+def _cache_aware_tight() -> st.SearchStrategy[ArConfig]:
+    """`_cache_aware` with a pool of one request's worst case: preemptions, and so preempted
+    requests in the window, come early."""
+    return _cache_aware().map(lambda c: c.replace(num_blocks=c.max_blocks_per_request + 1))
+
+
 def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(chunked,), thresholds=False)
 
@@ -805,9 +811,9 @@ AR_MUTANTS: dict[str, ArMutant] = {
         ),
         ArMutant(
             "cache_aware_moves_preempted",
-            "fcfs_admission",
+            "waiting_order",
             _f(CacheAwareMovesPreempted),
-            _cache_aware(),
+            _cache_aware_tight(),
             "vLLM's cache-aware window reordering a preempted request with the fresh ones",
             VLLM_V1_CACHE_AWARE.profile,
         ),
