@@ -16,6 +16,7 @@ from __future__ import annotations
 from reference.ar.base import ArReq, CachingBlockPool
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.cache_aware import pool_usage
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArCacheHit
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
@@ -51,8 +52,7 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
 
     def _usage(self) -> float:
         """vLLM's `BlockPool.get_usage`: 1 - free / usable blocks."""
-        usable = self.config.usable_blocks
-        return 1.0 - (self.pool.num_free / usable) if usable else 0.0
+        return pool_usage(self.pool.num_free, self.config.usable_blocks)
 
     def _reorder_by_cached_prefix(self) -> None:
         """vLLM 0.34.0's cache-aware admission (`VllmOptions.cache_aware_window`): within the
