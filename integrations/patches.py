@@ -83,6 +83,20 @@ class EngineFix:
     #: What the fix's edit of an `__init__` gives a new object, as (attribute, factory), for
     #: a caller that gives the fix to an object already built (`ScheduleFix.apply` sets them).
     state: tuple[tuple[str, Callable[[], Any]], ...] = ()
+    #: The same fix written for other releases, as (text only that release's file has, the
+    #: fix as written for it): where the file of the variant's first edit has the text, that
+    #: variant is made instead (`FixSet.installed_variant`). A later release may keep every
+    #: place a fix edits and still need other edits, so the release is told by what its file
+    #: has, not by whether the edits apply.
+    releases: tuple[tuple[str, EngineFix], ...] = ()
+
+    def variant_for(self, text_of: Callable[[str], str]) -> EngineFix:
+        """This fix as written for the release whose files `text_of` (module -> text) reads:
+        the first of `releases` whose text that file has, else this one."""
+        for marker, variant in self.releases:
+            if marker in text_of(variant.edits[0][0]):
+                return variant
+        return self
 
 
 def module_file(module: str) -> str:
@@ -151,12 +165,28 @@ class FixSet:
         self.load()
         return module_text(module)
 
+    def installed_variant(self, names: Iterable[str]) -> tuple[EngineFix, ...]:
+        """The named fixes (`resolve`), each as written for the installed release
+        (`EngineFix.variant_for`)."""
+        texts: dict[str, str] = {}
+
+        def text_of(module: str) -> str:
+            if module not in texts:
+                texts[module] = self.installed_text(module)
+            return texts[module]
+
+        return tuple(fix.variant_for(text_of) for fix in self.resolve(names))
+
     def edit_text(self, module: str, text: str, names: Iterable[str]) -> str:
         """`text`, the file of `module`, with the named fixes' edits of it made (in `fixes`
-        order; an edit shared by two fixes once); `FixDoesNotApply` names the file, the line
-        and the fix when a place is missing."""
+        order, each as written for the release `text` is of; an edit shared by two fixes once);
+        `FixDoesNotApply` names the file, the line and the fix when a place is missing."""
+
+        def text_of(other: str) -> str:
+            return text if other == module else self.installed_text(other)
+
         owners: dict[tuple[str, str], list[str]] = {}  # edit -> the fixes making it
-        for fix in self.resolve(names):
+        for fix in (fix.variant_for(text_of) for fix in self.resolve(names)):
             for where, old, new in fix.edits:
                 if where == module:
                     owners.setdefault((old, new), []).append(fix.name)
@@ -168,7 +198,7 @@ class FixSet:
     def fixed_sources(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
         """module -> (the installed text, the text with the named fixes' edits made), for each
         module they edit, in `modules` order (`edit_text`)."""
-        fixes = self.resolve(names)
+        fixes = self.installed_variant(names)
         chosen = [fix.name for fix in fixes]
         edited = {module for fix in fixes for module, _, _ in fix.edits}
         out: dict[str, tuple[str, str]] = {}
@@ -194,7 +224,7 @@ class FixSet:
         module globals (so the enums and classes they compare against are the ones the rest of
         the engine uses). Afterwards the engine is as it was. `FixDoesNotApply` (nothing
         changed) if the installed files lack a place."""
-        fixes = self.resolve(names)
+        fixes = self.installed_variant(names)
         sources = self.fixed_sources(fix.name for fix in fixes)
         undo: list[tuple[Any, str, Any]] = []  # (owner, attribute, value before or _ABSENT)
         try:
@@ -227,7 +257,7 @@ class FixSet:
         a caller that gives it to one object instead (through a subclass of its class). Only
         for fixes that add no module-level name (their methods could not see it): for those,
         `FixDoesNotApply` says to use `applied`."""
-        fixes = self.resolve(names)
+        fixes = self.installed_variant(names)
         out: dict[tuple[str, str], Any] = {}
         for module_name, (_, fixed) in self.fixed_sources(fix.name for fix in fixes).items():
             module = importlib.import_module(module_name)

@@ -4,7 +4,8 @@ schedulers (`integrations.vidur.fixes`), vLLM 0.33.0's diffusion schedulers
 (`integrations.vllm.fixes`) or vLLM 0.33.0's prefix caching under priority scheduling
 (`vllm-prefix`: `integrations.vllm.preempted_cache_fix`), vLLM 0.33.0's speculative decoding
 (`vllm-spec`: `integrations.vllm.spec_pad_fix`), vLLM 0.33.0's KV connector path
-(`vllm-kv`: `integrations.vllm.kv_load_fixes`), its draft margin with speculative decoding
+(`vllm-kv`: `integrations.vllm.kv_load_fixes`; with `SCHEDSPEC_VLLM_VERSION=0.34.0`, as written
+for 0.34.0), its draft margin with speculative decoding
 (`vllm-draft-margin`: `integrations.vllm.draft_margin_fix`) or its own offloading connector
 (`vllm-offloading`: `integrations.vllm.offload_hit_fix`, on hybrid KV caches
 `integrations.vllm.offload_window_fixes`, with KV cache events

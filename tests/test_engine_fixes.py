@@ -5,6 +5,7 @@ afterwards, and the fixes as one patch. No real engine needed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -189,6 +190,44 @@ def test_the_fixes_are_one_patch_that_git_applies(toy: FixSet, tmp_path: Path) -
     assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     assert "return 10 * free" in sources["toyengine.policy"][1]
     assert toy.as_diff([]) == ""
+
+
+def test_a_fix_is_made_as_written_for_the_release_installed(
+    toy: FixSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fix with `releases` is made as written for the release whose file has the variant's
+    text, though the edits written for the first release would apply there too: the variant's
+    edits and methods, in `applied`, `fixed_methods`, `edit_text` and the patch alike."""
+    core = importlib.import_module("toyengine.core")
+    later = EngineFix(
+        "admit-at-peak",
+        (("toyengine.core", "need < free else", "need <= free + 1 else"),),
+        (("toyengine.core", "Base.fits"),),
+    )
+    both = dataclasses.replace(AT_PEAK, releases=(("# release 2\n", later),))
+    versioned = dataclasses.replace(toy, fixes=(both, *toy.fixes[1:]))
+    # release 1 (the toy's file as written): the first edits
+    assert versioned.installed_variant(["admit-at-peak"]) == (both,)
+    with versioned.applied(["admit-at-peak"]):
+        assert core.Base().fits(4, 4) is core.Verdict.ADMIT
+        assert core.Base().fits(5, 4) is core.Verdict.REFUSE
+    # release 2: its file has the marker, and the same place
+    release_2 = CORE + "# release 2\n"
+    monkeypatch.setattr(
+        FixSet,
+        "installed_text",
+        lambda self, module: release_2 if module == "toyengine.core" else POLICY,
+    )
+    assert versioned.installed_variant(["admit-at-peak"]) == (later,)
+    assert "need <= free + 1 else" in versioned.edit_text(
+        "toyengine.core", release_2, ["admit-at-peak"]
+    )
+    assert "need <= free else" in versioned.edit_text("toyengine.core", CORE, ["admit-at-peak"])
+    assert "+        return Verdict.ADMIT if need <= free + 1 else" in versioned.as_diff(
+        ["admit-at-peak"]
+    )
+    fits = versioned.fixed_methods(["admit-at-peak"])[("toyengine.core", "Base.fits")]
+    assert fits(core.Base(), 5, 4) is core.Verdict.ADMIT
 
 
 def test_a_fix_set_refuses_methods_outside_the_modules_it_edits(toy: FixSet) -> None:

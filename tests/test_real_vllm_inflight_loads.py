@@ -4,11 +4,17 @@ programs pass both loops with the cap reached and the admission order kept withi
 vLLM's waiting queues (the requests the connector may load asynchronously queue apart and start
 their loads while the batch is full), and the rule `inflight_kv_loads` catches the cap ignored.
 
+With failing loads (`kv_load_failure_policy="recompute"`) the programs pass with the six KV
+load fixes (`integrations.vllm.kv_load_fixes`) as written for 0.34.0; one of them, as written
+for 0.33.0, leaves a requeued failed load counted against the cap, holding back for ever a load
+queued ahead of it.
+
 These run on 0.34.0 in `test_real_vllm_newest`. On 0.33.0, which has no such setting, each
 checks instead that asking for it is a `ConfigError` naming the setting and the release."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +24,18 @@ import pytest
 from integrations.vllm import MANIFEST
 from integrations.vllm.engine_core import (
     RULES,
+    CoreProgram,
+    EngineCoreLoop,
     EngineCoreViolation,
     LoopOptions,
     check_both,
     core_program,
     run_loop,
 )
+from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES, REQUEUE_FAILED_LOAD, apply_kv_load_fixes
+from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.settings_034 import Vllm034Settings
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
@@ -114,3 +126,72 @@ def test_the_flag_needs_a_connector_and_a_positive_cap(capsys: pytest.CaptureFix
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--max-inflight-kv-loads: invalid max_num_inflight_kv_loads=1" in last, last
     assert "new in vLLM 0.34.0" in last, last
+
+
+#: Shrunk from program 30 (`--kv-connector recompute --kv-async-loads-only
+#: --max-inflight-kv-loads 1`, all six fixes, the requeue fix as written for 0.33.0), with the
+#: original program's draws: r4's load fails as a whole while r1, preempted, queues for a load.
+CAP_PROGRAM = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=5,
+        max_num_batched_tokens=1,
+        max_num_seqs=1,
+        max_model_len=10,
+        policy=Policy.PRIORITY,
+    ),
+    arrivals=(
+        (ArRequest("r0", 1, 9), ArRequest("r1", 3, 3)),
+        (ArRequest("r2", 2, 2), ArRequest("r3", 5, 1), ArRequest("r4", 2, 1)),
+    ),
+    aborts=((), ()),
+)
+CAP_DRAWS = 2938568546
+
+
+def _capped_loop(fix: Callable[[Any], None]) -> EngineCoreLoop:
+    """The synchronous loop over `CAP_PROGRAM`: asynchronous loads that may fail, cap 1."""
+    return EngineCoreLoop(
+        CAP_PROGRAM.config,
+        async_scheduling=False,
+        kv_connector="recompute",
+        kv_sync_loads=False,
+        mutate=fix,
+        draft_seed=CAP_DRAWS,
+        settings_034=Vllm034Settings(max_inflight_kv_loads=1),
+    )
+
+
+def test_a_requeued_failed_load_must_not_count_against_the_cap() -> None:
+    """With `requeue-failed-load` as written for 0.33.0, r4 (its load failed as a whole and
+    freed its blocks) queues as waiting again but keeps its fetch stage, "completed_waiting",
+    which counts against the cap until the waiting loop reaches it; r1, ahead of it, needs an
+    asynchronous load and waits for the cap at the head of the queue, so the loop never
+    reaches r4 (`progress`). As written for 0.34.0 the fix also clears r4's stage, and the
+    program passes both loops, as do the generated ones with failing loads and the cap."""
+    if not _has_the_setting():
+        return
+    as_for_033 = ScheduleFix(
+        *(
+            dataclasses.replace(f, releases=()) if f.name == REQUEUE_FAILED_LOAD else f
+            for f in KV_LOAD_FIXES.fixes
+        )
+    ).apply
+    loop = _capped_loop(as_for_033)
+    with pytest.raises(EngineCoreViolation) as caught:
+        loop.run(CAP_PROGRAM)
+    assert caught.value.rule == "progress", caught.value
+    assert "0 running, 2 waiting" in caught.value.detail, caught.value.detail
+    sched = loop.sched
+    assert [r.request_id for r in sched.waiting] == ["r1", "r4"]
+    stages = {r.request_id: stage for r, stage in sched._kv_fetch_stages.items()}
+    assert stages == {"r1": "waiting_to_start", "r4": "completed_waiting"}, stages
+    assert sched.requests["r4"].num_computed_tokens == 0
+    assert not sched._admits_inflight_kv_load()
+
+    _capped_loop(apply_kv_load_fixes).run(CAP_PROGRAM)
+    options = LoopOptions(
+        kv_connector="recompute", max_inflight_kv_loads=1, fix=apply_kv_load_fixes
+    )
+    for seed in PROGRAMS:
+        check_both(core_program(seed), options)

@@ -54,7 +54,7 @@ from integrations.vllm.kv_load_fixes import (
     apply_kv_load_fixes,
     fix_as_diff,
 )
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
 from integrations.vllm.speculative import SpeculativeModel
 from spec.ar.config import ArConfig, ArRequest
@@ -144,7 +144,9 @@ def test_finding_a_retried_load_counts_its_own_reservation(
 ) -> None:
     """The engine never drains (`progress`): r0 waits holding nothing, its own reservation of
     all its prompt's blocks still counted, with every block free. At block size 16 the same:
-    a 40-token prompt (3 blocks) in 5 usable blocks."""
+    a 40-token prompt (3 blocks) in 5 usable blocks. vLLM 0.33.0 keeps the reservation in
+    `_inflight_prefills`; 0.34.0 keeps a parked load's apart (`_parked_reservations`) and
+    refreshes it when the load is promoted, to every block the request then needs."""
     loop = _loop(program, async_scheduling)
     with pytest.raises(EngineCoreViolation) as caught:
         loop.run(program)
@@ -153,7 +155,8 @@ def test_finding_a_retried_load_counts_its_own_reservation(
     sched = loop.sched
     r0 = sched.requests["r0"]
     assert r0.status.name == "WAITING" and r0.num_computed_tokens == 0
-    assert r0 in sched._inflight_prefills
+    parked = getattr(sched, "_parked_reservations", None)
+    assert r0 in (sched._inflight_prefills if parked is None else parked)
     config = program.config
     usable = config.num_blocks - 1
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == usable
@@ -191,15 +194,21 @@ def test_the_drop_stale_reservation_fix_lets_the_retry_in(async_scheduling: bool
 
 
 def test_the_fixes_are_edits_of_vllms_scheduler() -> None:
-    """Ten hunks of vLLM's `scheduler.py`, one file: the promotion of a request whose load
-    is done, what a load that failed as a whole leaves of its request, a failed block's
+    """Ten hunks of vLLM 0.33.0's `scheduler.py`, one file: the promotion of a request whose
+    load is done, what a load that failed as a whole leaves of its request, a failed block's
     sharers and a truncated request's steps in flight, two evictions, and the step's output
     handed to the handler of failed blocks, which evicts by it, with the state (set up in
     `__init__`, which `apply` sets on a built scheduler) and the method that evict an ended
-    loader's later steps."""
+    loader's later steps. On 0.34.0 the fixes as written for it: an eleventh hunk gives up the
+    parked reservation at promotion, the requeued request is no longer counted as a load, and
+    a resumed request is found among the new ones (0.34.0 has no `resumed_req_ids`)."""
     diff = fix_as_diff()
     assert diff.startswith("--- a/vllm/v1/core/sched/scheduler.py\n")
-    assert diff.count("@@ ") == 10
+    parks = "self._reserve_parked(request)" in KV_LOAD_FIXES.installed_text(SCHEDULER_MODULE)
+    assert diff.count("@@ ") == (11 if parks else 10)
+    assert ("+                self._unreserve_parked(request)" in diff) == parks
+    assert ("+                    self._set_kv_fetch_stage(request, None)" in diff) == parks
+    assert ("cached.resumed_req_ids" in diff) != parks
     assert "+        self._failed_ended_loaders: dict[str, int] = {}" in diff
     sched = RealVllmScheduler(_lone(4).config, lambda _e: None, SPACE).sched
     apply_kv_load_fixes(sched)

@@ -4,7 +4,7 @@ it, and the release-independent checks pass on it as on 0.33.0.
 One process imports one release (both are the package `vllm`), and the rest of the suite runs
 0.33.0 in its workers, so the checks run in one pytest subprocess with the variable set. They
 are tests of the suite's own modules, chosen as those that say nothing of a particular
-release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's source):
+release's code (no candidate fix or seeded bug written as an edit of 0.33.0's source alone):
 
 - the loaded vLLM is 0.34.0, from its own install;
 - the AR suite passes `real-vllm` and `real-vllm-prefix`, and the `vllm-v1` reference decides
@@ -16,7 +16,11 @@ release's code (no candidate fix, no seeded bug written as an edit of 0.33.0's s
 - 0.34.0's cache-aware admission (`cache_aware_admission_window`) conforms to the profile that
   declares it and decides as its twin, fails the profile without it, and a live log declares it;
 - 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop
-  with a KV connector, and its rule catches the cap ignored;
+  with a KV connector, and its rule catches the cap ignored; with failing loads it holds with
+  the KV load fixes as written for 0.34.0, and not with the requeue fix as written for 0.33.0;
+- the six findings of 0.33.0's KV connector path under `kv_load_failure_policy="recompute"`
+  reproduce on 0.34.0, and their fixes, three of them written anew for 0.34.0
+  (`EngineFix.releases`), apply and hold;
 - the engine-core loop (synchronous and asynchronous) passes generated programs, and its checks
   catch each seeded bug;
 - vLLM's diffusion path prefills, denoises and commits a request canvas by canvas, and its
@@ -59,6 +63,22 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm_ar_settings.py",
     "tests/test_real_vllm_cache_aware.py",
     "tests/test_real_vllm_inflight_loads.py",
+    *(
+        f"tests/test_real_vllm_kv_connector.py::{name}"
+        for name in (
+            "test_finding_a_retried_load_counts_its_own_reservation",
+            "test_the_drop_stale_reservation_fix_lets_the_retry_in",
+            "test_finding_a_failed_load_heads_the_loads_and_strands_them",
+            "test_finding_blocks_computed_over_a_failed_block_stay_cached",
+            "test_finding_a_failed_block_whose_loader_is_gone_stays_cached",
+            "test_finding_blocks_computed_over_a_failed_block_outlive_their_loader",
+            "test_the_ended_loader_fix_covers_its_later_steps_in_flight",
+            "test_finding_a_second_holder_of_a_failed_block_reads_it",
+            "test_known_upstream_a_failed_synchronous_load_under_async_scheduling",
+            "test_the_fixes_are_edits_of_vllms_scheduler",
+            "test_connector_programs_pass_with_the_fixes",
+        )
+    ),
     "tests/test_real_vllm_dllm.py::"
     "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
     "tests/test_real_vllm_dllm.py::test_checks_catch_each_seeded_bug",

@@ -47,6 +47,13 @@ compose (`KV_LOAD_FIXES`): `fix_as_diff()` prints all six as a patch,
 `apply_kv_load_fixes(sched)` gives one built scheduler the edited methods through a subclass
 of its class (`apply_drop_stale_reservation_fix`: the first alone). `FixDoesNotApply` if
 vLLM's file no longer has a statement a fix edits.
+
+vLLM 0.34.0 has all six findings. Three fixes are written anew for it (`EngineFix.releases`,
+chosen where the file has `_reserve_parked`). `drop-stale-reservation` also gives up the parked
+reservation that 0.34.0 refreshes at promotion (`_parked_reservations`). `requeue-failed-load`
+also clears the requeued request's fetch stage, which counts against
+`max_num_inflight_kv_loads`. `evict-ended-loader-blocks` reads resumed requests among the new
+ones, since 0.34.0 has no `resumed_req_ids`.
 """
 
 from __future__ import annotations
@@ -71,13 +78,60 @@ _FREED_AND_UNRESERVED = _FREED + (
     "                self._inflight_prefills.discard(request)\n"
 )
 
+#: What only vLLM 0.34.0's `scheduler.py` has: a parked load's reservation, cached apart from
+#: `_inflight_prefills` and refreshed when the load is promoted.
+_PARKED = "    def _reserve_parked(self, request: Request) -> None:\n"
+
+#: Where 0.34.0 promotes a request whose asynchronous load is done, refreshing its reservation.
+_PROMOTED_034 = (
+    "            # Promote request to waiting or preempted.\n"
+    "            self._update_waiting_for_remote_kv(request)\n"
+    "            self._reserve_parked(request)\n"
+)
+_PROMOTED_034_UNRESERVED = (
+    "            # Promote request to waiting or preempted.\n"
+    "            # A load that failed with no valid token frees the request's blocks\n"
+    "            # (_update_waiting_for_remote_kv): it then holds and loads nothing, so\n"
+    "            # it gives up its reservation (a retry that loads again reserves anew).\n"
+    "            blocks_freed = (\n"
+    "                request_id in self.failed_recving_kv_req_ids\n"
+    "                and not request.num_computed_tokens\n"
+    "            )\n"
+    "            self._update_waiting_for_remote_kv(request)\n"
+    "            if blocks_freed:\n"
+    "                self._unreserve_parked(request)\n"
+    "            else:\n"
+    "                self._reserve_parked(request)\n"
+)
+_STALE_RESERVATION = (
+    "a request whose KV load failed as a whole and freed its blocks gives up its in-flight "
+    "reservation, which it kept: its own retry and every other asynchronous load were admitted "
+    "only beside it, and one that did not fit never got in (the engine hung)"
+)
+
 DROP_STALE_RESERVATION_FIX = EngineFix(
     DROP_STALE_RESERVATION,
     ((MODULE, _FREED, _FREED_AND_UNRESERVED),),
     ((MODULE, "Scheduler._update_waiting_for_remote_kv"),),
-    "a request whose KV load failed as a whole and freed its blocks gives up its in-flight "
-    "reservation, which it kept: its own retry and every other asynchronous load were admitted "
-    "only beside it, and one that did not fit never got in (the engine hung)",
+    _STALE_RESERVATION,
+    releases=(
+        (
+            _PARKED,
+            EngineFix(
+                DROP_STALE_RESERVATION,
+                (
+                    (MODULE, _FREED, _FREED_AND_UNRESERVED),
+                    (MODULE, _PROMOTED_034, _PROMOTED_034_UNRESERVED),
+                ),
+                (
+                    (MODULE, "Scheduler._update_waiting_for_remote_kv"),
+                    (MODULE, "Scheduler._handle_blocked_waiting_request"),
+                ),
+                _STALE_RESERVATION + " (vLLM 0.34.0: the parked reservation it refreshed at "
+                "promotion, to every block it needs)",
+            ),
+        ),
+    ),
 )
 
 REQUEUE_FAILED_LOAD = "requeue-failed-load"
@@ -100,13 +154,45 @@ _PROMOTED_OR_REQUEUED = _PROMOTED + (
     "                    continue\n"
 )
 
+#: The same in vLLM 0.34.0, where a finished load counts against `max_num_inflight_kv_loads`
+#: (its fetch stage) until the request is scheduled or looked up again: requeued, it would
+#: count while a load waiting for the cap heads the queue ahead of it, for ever.
+_PROMOTED_OR_REQUEUED_034 = _PROMOTED + (
+    "                if (\n"
+    "                    request_queue is self.kv_holding_waiting\n"
+    "                    and not self._holds_kv_blocks(request)\n"
+    "                ):\n"
+    "                    # Its load failed and freed its blocks: it queues as waiting\n"
+    "                    # again, not ahead of the loads that hold theirs, and is no\n"
+    "                    # longer counted as a load (its lookup counts it anew).\n"
+    "                    self._set_kv_fetch_stage(request, None)\n"
+    "                    skip_request(request_queue)\n"
+    "                    continue\n"
+)
+_REQUEUED = (
+    "a request whose KV load failed and freed its blocks queues as waiting again instead of "
+    "heading the queue of requests holding KV, where a retry that does not fit kept every "
+    "finished load behind it from being promoted (the engine hung)"
+)
+
 REQUEUE_FAILED_LOAD_FIX = EngineFix(
     REQUEUE_FAILED_LOAD,
     ((MODULE, _PROMOTED, _PROMOTED_OR_REQUEUED),),
     ((MODULE, "Scheduler.schedule"),),
-    "a request whose KV load failed and freed its blocks queues as waiting again instead of "
-    "heading the queue of requests holding KV, where a retry that does not fit kept every "
-    "finished load behind it from being promoted (the engine hung)",
+    _REQUEUED,
+    releases=(
+        (
+            _PARKED,
+            EngineFix(
+                REQUEUE_FAILED_LOAD,
+                ((MODULE, _PROMOTED, _PROMOTED_OR_REQUEUED_034),),
+                ((MODULE, "Scheduler.schedule"),),
+                _REQUEUED + " (vLLM 0.34.0: and it no longer counts against "
+                "max_num_inflight_kv_loads, where it kept a load waiting for the cap ahead of it "
+                "from starting)",
+            ),
+        ),
+    ),
 )
 
 EVICT_FAILED_BLOCKS = "evict-failed-blocks"
@@ -221,13 +307,17 @@ _HANDLER_WITH_OUTPUT = (
     "    ) -> set[str]:\n"
 )
 _ASYNC_LOADS = "        # handle async KV loads (not cached yet, evict_blocks=False)\n"
-_ENDED_LOADERS_AND_ASYNC_LOADS = (
+_ENDED_LOADERS_HEAD = (
     "        # A request that loaded in this step and is no longer running (ended\n"
     "        # since) is not scanned below, but the blocks the step computed over its\n"
     "        # failed block are cached: evict them by the step's own block ids, and\n"
     "        # those of its later steps in flight as their outputs arrive.\n"
     "        if scheduler_output is not None:\n"
     "            running_ids = {req.request_id for req in self.running}\n"
+)
+#: vLLM 0.33.0 resumes a preempted request among `scheduled_cached_reqs`, its block table
+#: replaced; 0.34.0 sends it in full among `scheduled_new_reqs`, as a new one.
+_STEPPED_RESUMED = (
     "            cached = scheduler_output.scheduled_cached_reqs\n"
     "            stepped = [\n"
     "                (new_req.req_id, new_req.block_ids)\n"
@@ -238,6 +328,14 @@ _ENDED_LOADERS_AND_ASYNC_LOADS = (
     "                for req_id, block_ids in zip(cached.req_ids, cached.new_block_ids)\n"
     "                if req_id in cached.resumed_req_ids and block_ids is not None\n"
     "            ]\n"
+)
+_STEPPED_NEW = (
+    "            stepped = [\n"
+    "                (new_req.req_id, new_req.block_ids)\n"
+    "                for new_req in scheduler_output.scheduled_new_reqs\n"
+    "            ]\n"
+)
+_ENDED_LOADERS_EVICTED = (
     "            for req_id, (req_block_ids,) in stepped:\n"
     "                if req_id in running_ids:\n"
     "                    continue\n"
@@ -248,7 +346,13 @@ _ENDED_LOADERS_AND_ASYNC_LOADS = (
     "                            self._failed_ended_loaders[req_id] = self.sched_step_seq\n"
     "                        break\n"
     "\n"
-) + _ASYNC_LOADS
+)
+_ENDED_LOADERS_AND_ASYNC_LOADS = (
+    _ENDED_LOADERS_HEAD + _STEPPED_RESUMED + _ENDED_LOADERS_EVICTED + _ASYNC_LOADS
+)
+_ENDED_LOADERS_AND_ASYNC_LOADS_034 = (
+    _ENDED_LOADERS_HEAD + _STEPPED_NEW + _ENDED_LOADERS_EVICTED + _ASYNC_LOADS
+)
 
 #: Where `__init__` sets up the connector's state.
 _DELIVERY = "        self.requires_kv_delivery = False\n"
@@ -291,26 +395,43 @@ _EVICTER_AND_HANDLER_DEF = (
     "\n"
 ) + _HANDLER_DEF
 
-EVICT_ENDED_LOADER_BLOCKS_FIX = EngineFix(
-    EVICT_ENDED_LOADER_BLOCKS,
-    (
-        (MODULE, _DELIVERY, _DELIVERY_AND_ENDED_LOADERS),
-        (MODULE, _PROCESSED, _PROCESSED_AND_EVICTED),
-        (MODULE, _HANDLED, _HANDLED_WITH_OUTPUT),
-        (MODULE, _HANDLER, _HANDLER_WITH_OUTPUT),
-        (MODULE, _HANDLER_DEF, _EVICTER_AND_HANDLER_DEF),
-        (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS),
-    ),
-    (
-        (MODULE, "Scheduler.update_from_output"),
-        (MODULE, "Scheduler._evict_failed_ended_loaders"),
-        (MODULE, "Scheduler._handle_invalid_blocks"),
-    ),
+_ENDED_LOADER_EDITS = (
+    (MODULE, _DELIVERY, _DELIVERY_AND_ENDED_LOADERS),
+    (MODULE, _PROCESSED, _PROCESSED_AND_EVICTED),
+    (MODULE, _HANDLED, _HANDLED_WITH_OUTPUT),
+    (MODULE, _HANDLER, _HANDLER_WITH_OUTPUT),
+    (MODULE, _HANDLER_DEF, _EVICTER_AND_HANDLER_DEF),
+)
+_ENDED_LOADER_METHODS = (
+    (MODULE, "Scheduler.update_from_output"),
+    (MODULE, "Scheduler._evict_failed_ended_loaders"),
+    (MODULE, "Scheduler._handle_invalid_blocks"),
+)
+_ENDED_LOADER_BLOCKS = (
     "the blocks a step computed over a block whose synchronous KV load failed, and those its "
     "later steps in flight computed, leave the prefix cache when the request that loaded it is "
     "no longer running (aborted before the failure was reported): vLLM found them only in "
-    "running requests' block tables, and a later hit read them",
+    "running requests' block tables, and a later hit read them"
+)
+
+EVICT_ENDED_LOADER_BLOCKS_FIX = EngineFix(
+    EVICT_ENDED_LOADER_BLOCKS,
+    (*_ENDED_LOADER_EDITS, (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS)),
+    _ENDED_LOADER_METHODS,
+    _ENDED_LOADER_BLOCKS,
     state=(("_failed_ended_loaders", dict),),
+    releases=(
+        (
+            _PARKED,
+            EngineFix(
+                EVICT_ENDED_LOADER_BLOCKS,
+                (*_ENDED_LOADER_EDITS, (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS_034)),
+                _ENDED_LOADER_METHODS,
+                _ENDED_LOADER_BLOCKS + " (vLLM 0.34.0: a resumed request is among the new ones)",
+                state=(("_failed_ended_loaders", dict),),
+            ),
+        ),
+    ),
 )
 
 #: The fixes, each an edit of its own statements (they compose).
