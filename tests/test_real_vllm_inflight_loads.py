@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from integrations.patches import EngineFix
 from integrations.vllm import MANIFEST
 from integrations.vllm.engine_core import (
     RULES,
@@ -34,6 +35,7 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES, REQUEUE_FAILED_LOAD, apply_kv_load_fixes
 from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.reset_holders_fix import RESET_HOLDERS, RESET_HOLDERS_FIXES
 from integrations.vllm.settings_034 import Vllm034Settings
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
@@ -195,3 +197,40 @@ def test_a_requeued_failed_load_must_not_count_against_the_cap() -> None:
     )
     for seed in PROGRAMS:
         check_both(core_program(seed), options)
+
+
+def test_a_load_the_reset_takes_back_must_not_count_against_the_cap() -> None:
+    """`reset-loaded-holders` (a "keep" pause's cache reset takes back the blocks of waiting
+    requests whose load is done) as written for 0.34.0 also clears the fetch stage of a
+    request it takes back. Without that, the request counts against the cap while it waits
+    to look its prefix up again, and a load queued ahead of it waits for ever: program 93
+    (asynchronous loop, failing loads recomputed, a "keep" pause, cap 1) stalls (`progress`)
+    and passes with the fix as written."""
+    if not _has_the_setting():
+        return
+    (installed,) = RESET_HOLDERS_FIXES.installed_variant([RESET_HOLDERS])
+    module, before, after = installed.edits[0]
+    clears = (
+        "                # else its load, done, keeps counting against the in-flight cap\n"
+        "                self._set_kv_fetch_stage(request, None)\n"
+    )
+    assert after.count(clears) == 1
+    kept = EngineFix(
+        RESET_HOLDERS, ((module, before, after.replace(clears, "")),), installed.methods
+    )
+    program = core_program(93)
+    options = LoopOptions(
+        kv_connector="recompute",
+        pauses="keep",
+        max_inflight_kv_loads=1,
+        fix=ScheduleFix(installed, *KV_LOAD_FIXES.fixes).apply,
+    )
+    run = run_loop(program, async_scheduling=True, options=options)
+    assert run.pause_taken_back > 0, run
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            program,
+            async_scheduling=True,
+            options=dataclasses.replace(options, fix=ScheduleFix(kept, *KV_LOAD_FIXES.fixes).apply),
+        )
+    assert caught.value.rule == "progress", caught.value

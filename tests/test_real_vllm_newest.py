@@ -17,7 +17,8 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
   declares it and decides as its twin, fails the profile without it, and a live log declares it;
 - 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop
   with a KV connector, and its rule catches the cap ignored; with failing loads it holds with
-  the KV load fixes as written for 0.34.0, and not with the requeue fix as written for 0.33.0;
+  the KV load fixes as written for 0.34.0, and not with the requeue fix as written for 0.33.0,
+  nor beside a "keep" pause with a `reset-loaded-holders` that leaves a request's fetch stage;
 - the six findings of 0.33.0's KV connector path under `kv_load_failure_policy="recompute"`
   reproduce on 0.34.0, and their fixes, three of them written anew for 0.34.0
   (`EngineFix.releases`), apply and hold;

@@ -38,7 +38,6 @@ from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.pauses import PAUSE_MODES
 from integrations.vllm.reset_holders_fix import (
     RESET_HOLDERS,
-    RESET_HOLDERS_FIX,
     RESET_HOLDERS_FIXES,
 )
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
@@ -177,14 +176,19 @@ def test_the_reset_fix_forgets_the_prefill_in_flight_of_a_request_it_takes_back(
     )
     run = run_loop(FAILED_LOAD_BEFORE_PAUSE, async_scheduling=True, options=options)
     assert run.reasons == {"r5": "length"} and run.pause_taken_back == 1, run
-    module, before, after = RESET_HOLDERS_FIX.edits[0]
+    (installed,) = RESET_HOLDERS_FIXES.installed_variant([RESET_HOLDERS])
+    module, before, after = installed.edits[0]
     forgets = (
         "                # else its prefill, counted in flight, keeps reserving blocks\n"
         "                self._inflight_prefills.discard(request)\n"
     )
     assert after.count(forgets) == 1
+    if "_unreserve_parked" in after:
+        # on 0.34.0 this program passes without the line; what 0.34.0's version of the fix
+        # adds (the fetch stage) has its own test (tests/test_real_vllm_inflight_loads.py)
+        return
     first = EngineFix(
-        RESET_HOLDERS, ((module, before, after.replace(forgets, "")),), RESET_HOLDERS_FIX.methods
+        RESET_HOLDERS, ((module, before, after.replace(forgets, "")),), installed.methods
     )
     variant = ScheduleFix(first, *(FIXES[n] for n in KV_FIXES)).apply
     with pytest.raises(EngineCoreViolation) as caught:

@@ -59,8 +59,8 @@ ones, since 0.34.0 has no `resumed_req_ids`.
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
 
 DROP_STALE_RESERVATION = "drop-stale-reservation"
 
@@ -77,10 +77,6 @@ _FREED_AND_UNRESERVED = _FREED + (
     "                # reservation is stale (a retry that loads again reserves anew).\n"
     "                self._inflight_prefills.discard(request)\n"
 )
-
-#: What only vLLM 0.34.0's `scheduler.py` has: a parked load's reservation, cached apart from
-#: `_inflight_prefills` and refreshed when the load is promoted.
-_PARKED = "    def _reserve_parked(self, request: Request) -> None:\n"
 
 #: Where 0.34.0 promotes a request whose asynchronous load is done, refreshing its reservation.
 _PROMOTED_034 = (
@@ -116,7 +112,7 @@ DROP_STALE_RESERVATION_FIX = EngineFix(
     _STALE_RESERVATION,
     releases=(
         (
-            _PARKED,
+            SCHEDULER_034,
             EngineFix(
                 DROP_STALE_RESERVATION,
                 (
@@ -182,7 +178,7 @@ REQUEUE_FAILED_LOAD_FIX = EngineFix(
     _REQUEUED,
     releases=(
         (
-            _PARKED,
+            SCHEDULER_034,
             EngineFix(
                 REQUEUE_FAILED_LOAD,
                 ((MODULE, _PROMOTED, _PROMOTED_OR_REQUEUED_034),),
@@ -422,7 +418,7 @@ EVICT_ENDED_LOADER_BLOCKS_FIX = EngineFix(
     state=(("_failed_ended_loaders", dict),),
     releases=(
         (
-            _PARKED,
+            SCHEDULER_034,
             EngineFix(
                 EVICT_ENDED_LOADER_BLOCKS,
                 (*_ENDED_LOADER_EDITS, (MODULE, _ASYNC_LOADS, _ENDED_LOADERS_AND_ASYNC_LOADS_034)),

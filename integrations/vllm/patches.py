@@ -20,6 +20,9 @@ from integrations.vllm.adapter import load_vllm
 
 #: The module of vLLM's `Scheduler` (`vllm/v1/core/sched/scheduler.py`).
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+#: Text only vLLM 0.34.0's `scheduler.py` has (a parked KV load's reservation, kept apart from
+#: `_inflight_prefills`): what tells a fix written for 0.34.0 (`EngineFix.releases`) is made.
+SCHEDULER_034 = "    def _reserve_parked(self, request: Request) -> None:\n"
 
 
 def installed_text(module: str) -> str:
@@ -86,6 +89,7 @@ class ScheduleFix:
 
 
 __all__ = [
+    "SCHEDULER_034",
     "SCHEDULER_MODULE",
     "FixDoesNotApply",
     "ScheduleFix",

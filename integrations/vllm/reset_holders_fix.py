@@ -33,13 +33,18 @@ It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`RESET_HOLDERS_FI
 `fix_as_diff()` prints it as a patch, and `apply_reset_holders_fix(sched)` gives one built
 scheduler the edited `Scheduler.reset_prefix_cache` through a subclass of its class.
 `FixDoesNotApply` if vLLM's file no longer has the statement the fix edits.
+
+vLLM 0.34.0 has the same limitation. The fix is written anew for it (`EngineFix.releases`): the
+running requests are preempted by `_preempt_request` there, and a request taken back also
+gives up its parked reservation and its fetch stage, which counts against
+`max_num_inflight_kv_loads`.
 """
 
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
 
 RESET_HOLDERS = "reset-loaded-holders"
 
@@ -91,14 +96,47 @@ _TAKE_BACK_LOADED_HOLDERS = (
     "        reset_successful = self.kv_cache_manager.reset_prefix_cache()\n"
 )
 
+#: The same in vLLM 0.34.0: the running requests are preempted by `_preempt_request` (no
+#: `prev_step_scheduled_req_ids`), and a request taken back also gives up its parked
+#: reservation and its fetch stage (counted against `max_num_inflight_kv_loads`).
+_PREEMPTED_ALL_RUNNING_034 = (
+    "                self._preempt_request(request, timestamp, drop_stale_output=True)\n"
+    "\n"
+    "        reset_successful = self.kv_cache_manager.reset_prefix_cache()\n"
+)
+_TAKE_BACK_LOADED_HOLDERS_034 = _TAKE_BACK_LOADED_HOLDERS.replace(
+    "            self.prev_step_scheduled_req_ids.clear()\n",
+    "                self._preempt_request(request, timestamp, drop_stale_output=True)\n",
+).replace(
+    "                self._inflight_prefills.discard(request)\n",
+    "                self._inflight_prefills.discard(request)\n"
+    "                self._unreserve_parked(request)\n"
+    "                # else its load, done, keeps counting against the in-flight cap\n"
+    "                self._set_kv_fetch_stage(request, None)\n",
+)
+_RESET_HOLDERS = (
+    "a cache reset that preempts the running requests fails while a waiting request holds "
+    "blocks a connector loaded into (a 'keep' pause with a CPU-tier hit) or a streaming "
+    "session waits for input: take back the blocks of waiting requests whose load is done "
+    "and of sessions between turns"
+)
+
 RESET_HOLDERS_FIX = EngineFix(
     RESET_HOLDERS,
     ((MODULE, _PREEMPTED_ALL_RUNNING, _TAKE_BACK_LOADED_HOLDERS),),
     ((MODULE, "Scheduler.reset_prefix_cache"),),
-    "a cache reset that preempts the running requests fails while a waiting request holds "
-    "blocks a connector loaded into (a 'keep' pause with a CPU-tier hit) or a streaming "
-    "session waits for input: take back the blocks of waiting requests whose load is done "
-    "and of sessions between turns",
+    _RESET_HOLDERS,
+    releases=(
+        (
+            SCHEDULER_034,
+            EngineFix(
+                RESET_HOLDERS,
+                ((MODULE, _PREEMPTED_ALL_RUNNING_034, _TAKE_BACK_LOADED_HOLDERS_034),),
+                ((MODULE, "Scheduler.reset_prefix_cache"),),
+                _RESET_HOLDERS + " (vLLM 0.34.0: also their parked reservations and fetch stages)",
+            ),
+        ),
+    ),
 )
 RESET_HOLDERS_SCHEDULE = ScheduleFix(RESET_HOLDERS_FIX)
 RESET_HOLDERS_FIXES = RESET_HOLDERS_SCHEDULE.fix_set
