@@ -21,6 +21,10 @@ is an edit of vLLM's own `offloading/events.py` (in `OFFLOADING_FIXES`):
 `apply_count_recorded_stores(sched)` gives one built scheduler's event tracker the edited
 methods. `FixDoesNotApply` if vLLM's file no longer has the statements the fix edits, or the
 scheduler serves no offloading connector.
+
+vLLM 0.34.0 rebuilt the tracker (`tracker_rebuilt`): it builds a complete chunk's store from
+its request's context and keeps residencies as a bitmask. The finding's programs pass there,
+and the fix's place is gone.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ from typing import Any
 from integrations.patches import EngineFix
 
 EVENTS_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.events"
+
+
+def tracker_rebuilt() -> bool:
+    """Whether the installed vLLM's offloading event tracker is 0.34.0's, which builds a
+    complete chunk's store from its request's context (`on_new_request`): there the finding
+    does not reproduce and this fix does not apply."""
+    from integrations.vllm.patches import installed_text
+
+    return "    def on_new_request(\n" in installed_text(EVENTS_MODULE)
+
+
 COUNT_RECORDED_STORES = "count-recorded-stores"
 _TRACKER = "OffloadingEventsTracker"
 _METHODS = ("record_store", "record_partial_store", "reset", "_take_removed_event")
@@ -148,4 +163,5 @@ __all__ = [
     "apply_count_recorded_stores",
     "events_tracker",
     "start_counting",
+    "tracker_rebuilt",
 ]
