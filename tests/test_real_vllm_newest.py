@@ -30,6 +30,10 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
 - vLLM's offloading connector moves both groups of a hybrid cache, and of 0.33.0's finding
   about window chunks stored in part, the hit that reads the part left out remains while the
   blocks landing a slot early are gone (0.34.0 stores the null block as a placeholder);
+- 0.33.0's finding that a streaming-input session drops a later input's grammar reproduces,
+  and its fix `own-grammar-per-input`, written anew for 0.34.0, holds;
+- 0.33.0's finding that the offloading connector stores a session's unwritten block when
+  its next input's grammar fails is fixed upstream in 0.34.0, and its program passes;
 - 0.33.0's finding about self-describing KV events (a CPU chunk evicted and stored again is
   announced without its blocks) does not reproduce: 0.34.0 rebuilt the event tracker, and the
   fix `count-recorded-stores` has no place there;
@@ -91,6 +95,10 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm_hybrid_loop.py::test_finding_a_window_chunk_stored_in_part_is_hit_whole",
     "tests/test_real_vllm_kv_events.py::"
     "test_finding_a_chunk_evicted_and_stored_again_is_announced_without_its_blocks",
+    "tests/test_real_vllm_sessions.py::"
+    "test_finding_a_guided_sessions_later_turn_keeps_its_first_inputs_grammar",
+    "tests/test_real_vllm_sessions.py::"
+    "test_finding_a_session_ended_by_its_next_grammar_has_uncomputed_blocks_offloaded",
     "tests/test_real_vllm_structured.py::"
     "test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token",
     "tests/test_real_vllm_structured.py::test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler",

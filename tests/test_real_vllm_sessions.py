@@ -41,7 +41,7 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import CONNECTOR_FIXES, FIXES, make_fixes
-from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR
+from integrations.vllm.offload_error_store_fix import STORE_COMPUTED_ON_ERROR, fixed_upstream
 from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.offload_window_fixes import apply_offloading_fixes
 from integrations.vllm.patches import ScheduleFix
@@ -789,6 +789,10 @@ def test_finding_a_session_ended_by_its_next_grammar_has_uncomputed_blocks_offlo
         late_grammars=True,
         fix=make_fixes(fixes),
     )
+    if fixed_upstream():  # 0.34.0 stores at most what a finished request computed
+        run = run_loop(session_program(16), async_scheduling=async_scheduling, options=options)
+        assert run.session_grammar_errors >= 1 and run.offload_stores >= 1, run
+        return
     with pytest.raises(EngineCoreViolation) as caught:
         run_loop(session_program(16), async_scheduling=async_scheduling, options=options)
     assert caught.value.rule == "store_content", caught.value

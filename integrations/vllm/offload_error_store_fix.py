@@ -19,6 +19,10 @@ one is, up to the tokens it computed. It is an edit of vLLM's own
 `apply_store_computed_on_error(sched)` gives one built scheduler's connector the edited method.
 `FixDoesNotApply` if vLLM's file no longer has the statement the fix edits, or the scheduler
 serves no offloading connector.
+
+vLLM 0.34.0 fixed it upstream (`fixed_upstream`): a finished request stores at most what it
+computed ("A request that finished before its prefill completed (e.g. an error) has computed
+only num_computed_tokens of its prompt").
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ from integrations.patches import EngineFix
 from integrations.vllm.offload_hit_fix import MODULE
 
 STORE_COMPUTED_ON_ERROR = "store-computed-on-error"
+
+
+def fixed_upstream() -> bool:
+    """Whether the installed vLLM's offloading connector already stores at most what a
+    finished request computed (0.34.0 clamps its commit point to `num_computed_tokens`), so
+    the finding does not reproduce and this fix is not needed."""
+    from integrations.vllm.patches import installed_text
+
+    return "has computed only num_computed_tokens of its prompt" in installed_text(MODULE)
+
 
 #: `_build_store_jobs`: a finished request's tokens to store.
 _ABORTED_STORES_COMPUTED = "            if req.status is RequestStatus.FINISHED_ABORTED:\n"
@@ -48,4 +62,4 @@ STORE_COMPUTED_ON_ERROR_FIX = EngineFix(
     "an abort",
 )
 
-__all__ = ["STORE_COMPUTED_ON_ERROR", "STORE_COMPUTED_ON_ERROR_FIX"]
+__all__ = ["STORE_COMPUTED_ON_ERROR", "STORE_COMPUTED_ON_ERROR_FIX", "fixed_upstream"]

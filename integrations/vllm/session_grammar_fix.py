@@ -28,13 +28,17 @@ It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`SESSION_GRAMMAR_
 `fix_as_diff()` prints it as a patch, and `apply_session_grammar_fix(sched)` gives one built
 scheduler the edited methods through a subclass of its class. `FixDoesNotApply` if vLLM's
 file no longer has the statements the fix edits.
+
+vLLM 0.34.0 has the finding too. Its version of the fix (`EngineFix.releases`) makes the first
+five edits alone: 0.34.0 checks a deferred batch's drafts against no grammar, so there is no
+check to keep from a grammar still compiling.
 """
 
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
 
 SESSION_GRAMMAR = "own-grammar-per-input"
 
@@ -100,25 +104,38 @@ _DRAFTS_IN_OUTPUT_BUT_OF_A_GRAMMAR_COMPILING = (
     "                )\n"
 )
 
+_EDITS = (
+    (MODULE, _UPDATE, _UPDATE_WITH_ITS_GRAMMAR),
+    (MODULE, _TAKE_PARAMS, _TAKE_PARAMS_AND_GRAMMAR),
+    (MODULE, _WAITS, _WAITS_FOR_ITS_GRAMMAR),
+    (MODULE, _ROWS, _ROWS_BUT_OF_A_GRAMMAR_COMPILING),
+    (MODULE, _DRAFTS, _DRAFTS_BUT_OF_A_GRAMMAR_COMPILING),
+)
+_METHODS = (
+    (MODULE, "Scheduler.add_request"),
+    (MODULE, "Scheduler._update_request_as_session"),
+    (MODULE, "Scheduler.get_grammar_bitmask"),
+    (MODULE, "Scheduler.update_draft_token_ids"),
+)
+_SUMMARY = (
+    "a streaming-input session keeps its first input's grammar, done after the first turn, "
+    "and drops each later input's: give each input its own grammar"
+)
+
 SESSION_GRAMMAR_FIX = EngineFix(
     SESSION_GRAMMAR,
-    (
-        (MODULE, _UPDATE, _UPDATE_WITH_ITS_GRAMMAR),
-        (MODULE, _TAKE_PARAMS, _TAKE_PARAMS_AND_GRAMMAR),
-        (MODULE, _WAITS, _WAITS_FOR_ITS_GRAMMAR),
-        (MODULE, _ROWS, _ROWS_BUT_OF_A_GRAMMAR_COMPILING),
-        (MODULE, _DRAFTS, _DRAFTS_BUT_OF_A_GRAMMAR_COMPILING),
-        (MODULE, _DRAFTS_IN_OUTPUT, _DRAFTS_IN_OUTPUT_BUT_OF_A_GRAMMAR_COMPILING),
+    (*_EDITS, (MODULE, _DRAFTS_IN_OUTPUT, _DRAFTS_IN_OUTPUT_BUT_OF_A_GRAMMAR_COMPILING)),
+    (*_METHODS, (MODULE, "Scheduler.update_draft_token_ids_in_output")),
+    _SUMMARY,
+    # vLLM 0.34.0 checks a deferred batch's drafts against no grammar
+    # (`update_draft_token_ids_in_output`: "rejection sampling handles grammar violations"),
+    # so there is no check to keep from a grammar still compiling
+    releases=(
+        (
+            SCHEDULER_034,
+            EngineFix(SESSION_GRAMMAR, _EDITS, _METHODS, _SUMMARY + " (vLLM 0.34.0: five edits)"),
+        ),
     ),
-    (
-        (MODULE, "Scheduler.add_request"),
-        (MODULE, "Scheduler._update_request_as_session"),
-        (MODULE, "Scheduler.get_grammar_bitmask"),
-        (MODULE, "Scheduler.update_draft_token_ids"),
-        (MODULE, "Scheduler.update_draft_token_ids_in_output"),
-    ),
-    "a streaming-input session keeps its first input's grammar, done after the first turn, "
-    "and drops each later input's: give each input its own grammar",
 )
 SESSION_GRAMMAR_SCHEDULE = ScheduleFix(SESSION_GRAMMAR_FIX)
 SESSION_GRAMMAR_FIXES = SESSION_GRAMMAR_SCHEDULE.fix_set
