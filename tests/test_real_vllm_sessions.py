@@ -196,12 +196,20 @@ def test_with_the_offloading_connector_the_stall_fix_drops_the_last_session_wait
         assert run.reasons == {"r2": "length", "r6": "length", "r8": "length"}
 
 
+def _as_installed(fix: EngineFix) -> EngineFix:
+    """`fix` as written for the installed vLLM release: what a variant of it is built from."""
+    (installed,) = ScheduleFix(fix).installed()
+    return installed
+
+
 def _fix_variant(
     fix: EngineFix, name: str, old: str, new: str, others: Iterable[str] = ()
 ) -> Callable[[Any], None]:
-    """`fix` (a `Scheduler` fix of one edit) with `old` in its edit made `new` (a seeded bug,
-    or the fix's first version), made with the fixes `others` as `make_fixes` makes them:
-    the `Scheduler` ones together, then vLLM's offloading connector's."""
+    """`fix` (a `Scheduler` fix of one edit), as written for the installed release, with `old`
+    in its edit made `new` (a seeded bug, or the fix's first version), made with the fixes
+    `others` as `make_fixes` makes them: the `Scheduler` ones together, then vLLM's offloading
+    connector's."""
+    fix = _as_installed(fix)
     module, before, after = fix.edits[0]
     assert after.count(old) == 1
     variant = EngineFix(name, ((module, before, after.replace(old, new)),), fix.methods)
@@ -456,11 +464,10 @@ def test_the_grammar_fix_waits_for_an_inputs_grammar_still_compiling(
     run = _late_guided_session(async_scheduling, fixed)
     assert run.session_inputs_awaiting_grammar == 1 and run.grammar_waits >= 1
     assert run.reasons == {"a": "length"} and len(run.outputs["a"]) == 3
-    _, before, after = SESSION_GRAMMAR_FIX.edits[2]
+    fix = _as_installed(SESSION_GRAMMAR_FIX)
+    module, before, after = fix.edits[2]
     no_wait = EngineFix(
-        "installs-without-waiting",
-        (*SESSION_GRAMMAR_FIX.edits[:2], (SESSION_GRAMMAR_FIX.edits[2][0], before, before)),
-        SESSION_GRAMMAR_FIX.methods,
+        "installs-without-waiting", (*fix.edits[:2], (module, before, before)), fix.methods
     )
     assert after != before
     if async_scheduling:
@@ -506,7 +513,8 @@ def test_a_later_inputs_grammar_that_does_not_compile_ends_the_session_with_an_e
         assert run.reasons == {"a": "error"} and len(run.outputs["a"]) == outputs, run.reasons
         assert run.session_grammar_errors == 1
         assert run.session_inputs_awaiting_grammar == awaiting
-    edit, before, after = SESSION_GRAMMAR_FIX.edits[2]
+    fix = _as_installed(SESSION_GRAMMAR_FIX)
+    edit, before, after = fix.edits[2]
     waits = "        if session.structured_output_request is not None:\n"
     assert waits in after
     while_compiling = after.replace(
@@ -514,12 +522,8 @@ def test_a_later_inputs_grammar_that_does_not_compile_ends_the_session_with_an_e
         "        grammar = session.structured_output_request\n"
         "        if grammar is not None and grammar.grammar is None:\n",
     )
-    edits = (*SESSION_GRAMMAR_FIX.edits[:2], (edit, before, while_compiling))
-    variant = EngineFix(
-        "waits-only-while-compiling",
-        (*edits, *SESSION_GRAMMAR_FIX.edits[3:]),
-        SESSION_GRAMMAR_FIX.methods,
-    )
+    edits = (*fix.edits[:2], (edit, before, while_compiling), *fix.edits[3:])
+    variant = EngineFix("waits-only-while-compiling", edits, fix.methods)
     with pytest.raises(EngineCoreViolation) as caught:
         _failing_input_grammar(QUEUED_INPUT_SESSION, async_scheduling, ScheduleFix(variant).apply)
     assert caught.value.rule == "implementation_error", caught.value
@@ -562,7 +566,7 @@ def test_the_grammar_fix_gives_no_row_to_a_session_whose_next_grammar_compiles()
     )
     run = run_loop(session_program(347), async_scheduling=True, options=options)
     assert run.session_inputs_awaiting_grammar >= 1
-    fix = SESSION_GRAMMAR_FIX
+    fix = _as_installed(SESSION_GRAMMAR_FIX)
     variant = _partial_grammar_fix(fix.edits[:3], fix.methods[:2], [SESSION_STALL])
     _vllm_raises_in("get_grammar_bitmask", 347, True, replace(options, fix=variant))
 
@@ -580,8 +584,8 @@ def test_the_grammar_fix_drops_the_drafts_of_a_session_whose_next_grammar_compil
     )
     run = run_loop(session_program(55), async_scheduling=False, options=options)
     assert run.session_inputs_awaiting_grammar >= 1
-    fix = SESSION_GRAMMAR_FIX
-    edits = (*fix.edits[:4], fix.edits[5])
+    fix = _as_installed(SESSION_GRAMMAR_FIX)
+    edits = (*fix.edits[:4], *fix.edits[5:])  # all but the edit of `update_draft_token_ids`
     variant = _partial_grammar_fix(edits, fix.methods, [SESSION_STALL, SPEC_PAD])
     _vllm_raises_in("update_draft_token_ids", 55, False, replace(options, fix=variant))
 

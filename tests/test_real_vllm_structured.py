@@ -11,6 +11,13 @@ keeps a request out of consecutive batches, so its drafts stay unchecked placeho
 V2 runner rejects them all (vLLM issue #54437, fix proposed in PR #56802; the runner that hands
 back every request's latest drafts, `keyed_drafts`, accepts them as without a grammar).
 
+vLLM 0.34.0 removed 0.33.0's draft guard, and a guided request's drafts verified under a row
+that allows every token break `grammar_mask` there (the finding of
+`test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token`). On it
+the tests of generated programs and seeded bugs run with that finding's candidate fix (and
+under stages the keyed hand-off), and #54437 shows as that break rather than as drafts never
+accepted.
+
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
 
@@ -38,7 +45,10 @@ from integrations.vllm.engine_core import (
     run_loop,
 )
 from integrations.vllm.grammar_rows import GrammarRows, allowed_classes
-from integrations.vllm.spec_pad_fix import apply_spec_pad_fix
+from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
+from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.release_api import trims_to_first_rejected
+from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX, apply_spec_pad_fix
 from integrations.vllm.structured import (
     GRAMMAR_VOCAB,
     ScriptBackend,
@@ -61,6 +71,23 @@ LOOPS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", 
 @pytest.fixture(autouse=True, scope="module")
 def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _guard_removed() -> bool:
+    """Whether the installed vLLM lacks 0.33.0's draft guard (0.34.0: it trims a guided
+    request's drafts after the first its grammar rejects, and its runner verifies them all)."""
+    return trims_to_first_rejected(load_vllm().structured.StructuredOutputManager)
+
+
+def _for_installed(options: LoopOptions) -> LoopOptions:
+    """`options` as the installed release passes them: on 0.34.0, with drafts, the padding fix
+    with its guided-drafts finding's candidate fix `no-placeholder-drafts`, and under stages the
+    keyed hand-off of vLLM PR #56802 too (the finding's test shows the release failing without
+    them); on 0.33.0, `options`."""
+    if not options.speculative_tokens or not _guard_removed():
+        return options
+    fixed = ScheduleFix(SPEC_PAD_FIX, GUIDED_DRAFTS_FIX, engine="vLLM 0.34.0").apply
+    return replace(options, fix=fixed, keyed_drafts=options.pipeline_parallel_size > 1)
 
 
 # ---------------------------------------------------------------- the grammar
@@ -149,7 +176,9 @@ def test_generated_programs_keep_every_row_and_draft_to_the_grammar(
     options: LoopOptions,
 ) -> None:
     """Programs over vLLM's whole space, every other request guided: both loops pass every
-    rule, the grammar ones included, and the checks did check (rows, deferred batches)."""
+    rule, the grammar ones included, and the checks did check (rows, deferred batches). (On
+    vLLM 0.34.0 with drafts, under `_for_installed`'s fixes.)"""
+    options = _for_installed(options)
 
     def run(seed: int) -> tuple[CoreRun, CoreRun] | None:
         try:
@@ -255,16 +284,29 @@ def test_finding_with_pipeline_stages_guided_drafts_are_never_accepted() -> None
     """With 2 pipeline stages the async loop schedules thousands of drafts for guided requests
     and accepts none (unguided ones: about half), while every rule holds; with one stage, or
     with the runner handing back every request's latest drafts, guided drafts fare as the
-    others do. vLLM issue #54437 (open); PR #56802 proposes the keyed hand-off."""
-    released = _async_totals(STAGES)
-    assert released["guided_drafts_scheduled"] > 1000
-    assert released["guided_drafts_accepted"] == 0
-    unguided = released["drafts_accepted"] / (
-        released["drafts_scheduled"] - released["guided_drafts_scheduled"]
-    )
-    assert unguided > 0.3
+    others do. vLLM issue #54437 (open); PR #56802 proposes the keyed hand-off.
+
+    On vLLM 0.34.0, which verifies the drafts handed back with no guard, the other batch's
+    drafts break `grammar_mask` instead, with the candidate fix of its own guided-drafts
+    finding too; the keyed hand-off passes there, guided drafts accepted as the others."""
+    if _guard_removed():
+        fixed = replace(_for_installed(STAGES), keyed_drafts=False)
+        seen = first_violations(
+            PROGRAMS,
+            lambda seed: run_loop(core_program(seed), async_scheduling=True, options=fixed),
+            until="grammar_mask",
+        )
+        assert "which allows every token (unconstrained)" in seen["grammar_mask"], seen
+    else:
+        released = _async_totals(STAGES)
+        assert released["guided_drafts_scheduled"] > 1000
+        assert released["guided_drafts_accepted"] == 0
+        unguided = released["drafts_accepted"] / (
+            released["drafts_scheduled"] - released["guided_drafts_scheduled"]
+        )
+        assert unguided > 0.3
     for options in (DRAFTS, replace(STAGES, keyed_drafts=True)):
-        totals = _async_totals(options)
+        totals = _async_totals(_for_installed(options))
         guided = totals["guided_drafts_accepted"] / totals["guided_drafts_scheduled"]
         assert guided > 0.3, (options, totals)
 
@@ -310,12 +352,7 @@ def test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every
     programs pass (the drafts are not accepted). The candidate fix `no-placeholder-drafts`
     (no drafts for such a request) makes the first pass on 0.34.0, and the second with the
     keyed hand-off of vLLM PR #56802 (`keyed_drafts`)."""
-    from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
-    from integrations.vllm.patches import ScheduleFix
-    from integrations.vllm.release_api import trims_to_first_rejected
-    from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
-
-    released = trims_to_first_rejected(load_vllm().structured.StructuredOutputManager)
+    released = _guard_removed()
     cases = (
         (IDLE_GUIDED, IDLE_GUIDED_DRAWS, "'r6' samples output 3 under bitmask row 1"),
         (STAGED_GUIDED, STAGED_GUIDED_DRAWS, "'r0' samples output 3 under bitmask row 1"),
@@ -400,6 +437,15 @@ def _drafts_unchecked(sched: Any) -> None:
     sched.structured_output_manager.validate_tokens = lambda request, tokens: list(tokens)
 
 
+#: The seeded bugs of a check vLLM 0.34.0 no longer makes, with why: 0.33.0's draft guard
+#: (`num_acceptable_drafts`), and its check of a deferred batch's drafts against the grammar
+#: (seeded bugs are made in the asynchronous loop, where 0.34.0 checks no drafts at all).
+GONE_IN_0_34 = {
+    _fails_open: "vLLM 0.34.0 has no draft guard to fail open: that is its finding",
+    _drafts_unchecked: "vLLM 0.34.0 checks no drafts under async scheduling, by design",
+}
+
+
 #: (seeded bug, rule, words of the message, options): each fails its rule in the async loop.
 SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str, LoopOptions], ...] = (
     (_never_deferred, "grammar_mask", "which allows class", GUIDED),
@@ -423,6 +469,12 @@ SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str, str, LoopOptions], ...] = (
 def test_the_grammar_checks_catch_each_seeded_bug(
     mutant: Callable[[Any], None], rule: str, words: str, options: LoopOptions
 ) -> None:
+    """Each seeded bug fails its rule in the asynchronous loop (on vLLM 0.34.0 under
+    `_for_installed`'s fixes, those of a check it still makes)."""
+    if _guard_removed():
+        if mutant in GONE_IN_0_34:
+            pytest.skip(GONE_IN_0_34[mutant])
+        options = _for_installed(options)
     seen = first_violations(
         PROGRAMS,
         lambda seed: check_both(core_program(seed), replace(options, mutate=mutant)),
@@ -451,18 +503,27 @@ def test_the_async_check_script_reproduces_the_finding(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--structured-output` with drafts and 2 stages: all pass (exit 0), no guided draft is
-    accepted asynchronously; with `--keyed-drafts` they are."""
+    accepted asynchronously; with `--keyed-drafts` they are. On vLLM 0.34.0 the released
+    hand-off breaks `grammar_mask` (exit 1, the command to shrink it printed), and the keyed
+    one passes with the candidate fix of its guided-drafts finding."""
     script = load_script("vllm_async_check")
     out_json = tmp_path / "structured.json"
     argv = ["--programs", "40", "--structured-output", "--speculative-tokens", "2"]
     argv += ["--pipeline-parallel", "2", "--fix", "pad-what-fits", "--json", str(out_json)]
-    assert script.main(argv) == 0
-    out = capsys.readouterr().out
-    assert "structured output" in out and "40 pass both loops" in out, out
-    released = json.loads(out_json.read_text())
-    assert released["structured_output"] is True and released["keyed_drafts"] is False
-    counts = released["counts"]["async"]
-    assert counts["guided_drafts_scheduled"] > 0 and counts["guided_drafts_accepted"] == 0
+    if _guard_removed():
+        assert script.main(argv) == 1
+        out = capsys.readouterr().out
+        assert "FAIL [grammar_mask, async loop]" in out and "allows every token" in out, out
+        assert "scripts/vllm_shrink.py --seed " in out, out
+        argv += ["--fix", "no-placeholder-drafts"]
+    else:
+        assert script.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "structured output" in out and "40 pass both loops" in out, out
+        released = json.loads(out_json.read_text())
+        assert released["structured_output"] is True and released["keyed_drafts"] is False
+        counts = released["counts"]["async"]
+        assert counts["guided_drafts_scheduled"] > 0 and counts["guided_drafts_accepted"] == 0
     assert script.main([*argv, "--keyed-drafts"]) == 0
     assert "(drafts handed back by request)" in capsys.readouterr().out
     keyed = json.loads(out_json.read_text())["counts"]["async"]

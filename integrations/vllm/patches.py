@@ -78,6 +78,11 @@ class ScheduleFix:
         apply -p1` in a vLLM checkout wants), made from that file when called."""
         return self.fix_set.as_diff(self.names)
 
+    def installed(self) -> tuple[EngineFix, ...]:
+        """The fixes as written for the installed vLLM (`FixSet.installed_variant`): what a
+        caller building a variant of one edits."""
+        return self.fix_set.installed_variant(self.names)
+
     def apply(self, sched: Any) -> None:
         """Give `sched` (a built `Scheduler` or `AsyncScheduler`) the fixed methods, and the
         attributes the fixes' `__init__` edits would have given it (`EngineFix.state`)."""
