@@ -20,12 +20,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.dllm_arguments import fix_flags, space_flags
+from integrations.vllm.engine_core import LoopOptions
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.loop_arguments import FIXES
 from integrations.vllm.trace import counted
@@ -205,6 +207,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-load-reservation",
         None,
     ),
+    "vllm-guided-drafts": (
+        "vLLM 0.34.0, structured output with speculative decoding under async scheduling: a "
+        "guided request with nothing in flight is verified under bitmask rows made from its "
+        "placeholder drafts, and samples a token its grammar forbids",
+        "vllm-guided-drafts",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -254,45 +263,11 @@ FLAGS = {
     "prefill_interval": "--prefill-interval",
     "adaptive_threshold": "--adaptive-threshold",
     "reserve_full_isl": "--no-reserve-full-isl",
+    "max_inflight_kv_loads": "--max-inflight-kv-loads",
 }
+#: Each `LoopOptions` field's default (a record's option at its default needs no flag).
 DEFAULTS: dict[str, object] = {
-    "pipeline_parallel_size": 1,
-    "speculative_tokens": 0,
-    "speculative_method": "ngram",
-    "structured_output": False,
-    "keyed_drafts": False,
-    "late_grammars": False,
-    "reasoning": False,
-    "kv_connector": None,
-    "kv_sync_loads": True,
-    "kv_load_failures": True,
-    "kv_pending_lookups": False,
-    "kv_role": "kv_both",
-    "kv_store": "draws",
-    "kv_store_blocks": None,
-    "offload_chunks": None,
-    "offload_outputs": False,
-    "offload_sync_loads": False,
-    "offload_blocks_per_chunk": 1,
-    "offload_self_describing_events": False,
-    "cache_resets": False,
-    "sliding_window": None,
-    "retention_interval": 0,
-    "window_block_scale": 1,
-    "mamba": False,
-    "mamba_block_scale": 1,
-    "mamba_checkpoint_alignment": None,
-    "full_block_scale": 1,
-    "kv_events": False,
-    "kv_report_mode": "incremental",
-    "loras": 0,
-    "max_loras": 1,
-    "pauses": None,
-    "watermark": 0.0,
-    "max_active_seqs": None,
-    "prefill_interval": 1,
-    "adaptive_threshold": False,
-    "reserve_full_isl": True,
+    f.name: f.default for f in fields(LoopOptions) if f.default is not MISSING
 }
 
 
@@ -344,8 +319,9 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
             else ("asynchronous `DiffusionAsyncScheduler`")
         )
         run = (
-            f"- vLLM 0.33.0, its {loop} (`vllm/v1/core/sched/diffusion_scheduler.py` over "
-            "`scheduler.py`), driven by the engine-core loop over a fabricated denoising model."
+            f"- vLLM {record['release']}, its {loop} "
+            "(`vllm/v1/core/sched/diffusion_scheduler.py` over `scheduler.py`), driven by the "
+            "engine-core loop over a fabricated denoising model."
         )
         draws = "; the fabricated runner draws nothing, so it runs as printed."
         names = (
@@ -359,8 +335,8 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         else "asynchronous engine-core loop (`EngineCore.step_with_batch_queue`)"
     )
     run = (
-        f"- vLLM 0.33.0, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} over a "
-        "fabricated model."
+        f"- vLLM {record['release']}, `vllm/v1/core/sched/scheduler.py`, driven by its {loop} "
+        "over a fabricated model."
     )
     if record["options"].get("offload_chunks"):
         run = run.removesuffix(".") + (
@@ -402,7 +378,7 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
 #: The shrunk programs that pass on vLLM 0.34.0 as released, and why. Every other one breaks
 #: its rule on 0.34.0 too, and its fix (as written for 0.34.0 where that differs) lifts it:
 #: `SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python -m pytest
-#: tests/test_real_vllm_shrunk_programs.py` fails on exactly these.
+#: tests/test_real_vllm_shrunk_programs.py` checks both (its `GONE` names these).
 GONE_IN_0_34 = {
     "vllm-offloading-restore-events": "the connector's event tracker was rebuilt; the "
     "program passes there as released, and the fix has no place to go",
@@ -411,8 +387,19 @@ GONE_IN_0_34 = {
 }
 
 
-def _on_0_34(stem: str) -> str:
-    """The report's line on vLLM 0.34.0."""
+#: The shrunk programs recorded on vLLM 0.34.0 (their record's "release"), which pass on
+#: 0.33.0 as released, and why; `tests/test_real_vllm_shrunk_programs.py` checks that too.
+ONLY_IN_0_34 = {
+    "vllm-guided-drafts": "the program passes as released: its scheduler sent "
+    "`num_acceptable_drafts` and its model runner invalidated every draft verified under a row "
+    "that allows every token (`grammar_invalid_drafts`); 0.34.0 removed both",
+}
+
+
+def _on_the_other_release(stem: str, record: dict[str, Any]) -> str:
+    """The report's line on the release its program was not recorded on."""
+    if record["release"] == "0.34.0":
+        return f"- vLLM 0.33.0: {ONLY_IN_0_34[stem]}."
     if stem in GONE_IN_0_34:
         return f"- vLLM 0.34.0: {GONE_IN_0_34[stem]}."
     return (
@@ -426,6 +413,9 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
     lifted = record["lifted_by"].split(" + ")
     before, after = record["size_before"], record["size_after"]
     run, draws, script, names = _how(record)
+    selects = (
+        "" if record["release"] == "0.33.0" else f"SCHEDSPEC_VLLM_VERSION={record['release']} "
+    )
     lines = [f"## {number}. {title}", ""]
     if known:
         what = f"issue {known}" if known.startswith("#") else known
@@ -438,13 +428,13 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
         f"- Shrunk from program {record['seed']} ({counted(before['requests'], 'request')}, "
         f"{counted(before['aborts'], 'abort')}) to {counted(after['requests'], 'request')} and "
         f"{counted(after['aborts'], 'abort')}, {after['tokens']} prompt and output tokens{draws}",
-        _on_0_34(stem),
+        _on_the_other_release(stem, record),
         "",
         "Reproduce (schedspec), and print the fix as a patch of vLLM's files:",
         "",
         "```text",
-        f".venv/bin/python {script} " + " ".join(shrink_arguments(record)),
-        f".venv/bin/python scripts/engine_fixes_diff.py {target}"
+        f"{selects}.venv/bin/python {script} " + " ".join(shrink_arguments(record)),
+        f"{selects}.venv/bin/python scripts/engine_fixes_diff.py {target}"
         + "".join(f" --fix {fix}" for fix in lifted),
         "```",
         "",
@@ -470,8 +460,9 @@ def render() -> str:
     lines = [
         "# Reports for upstream",
         "",
-        "One report per finding in vLLM 0.33.0's scheduler (and its own KV offloading "
-        "connector) that breaks a rule, on its autoregressive engine-core paths and its "
+        "One report per finding in vLLM's scheduler (and its own KV offloading "
+        "connector) that breaks a rule, found in 0.33.0 (each report says how 0.34.0 fares) "
+        "or, where a report says so, in 0.34.0, on its autoregressive engine-core paths and its "
         "diffusion path, each with the smallest "
         "program that reproduces it (docs/shrunk/, `scripts/vllm_shrink.py` and "
         "`scripts/vllm_dllm_shrink.py`), ready to file. Not filed "

@@ -17,7 +17,8 @@ passes that loop with FIX made: the shrink keeps the finding FIX lifts. Prints t
 size before and after, the smaller program's violation and the smaller program as Python
 (`DllmProgram(...)`, which `integrations.vllm.diffusion.run_dllm` takes as it is: the
 fabricated runner draws nothing); `--trace` also prints its run, one line per submission,
-abort, `schedule()` call and applied output, up to the violation; `--json` writes it all.
+abort, `schedule()` call and applied output, up to the violation; `--json` writes it all, with
+the vLLM release it ran (`"release"`).
 
 Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
 1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
@@ -50,6 +51,7 @@ from integrations.vllm.dllm_shrink import (
     shrink_dllm,
 )
 from integrations.vllm.fixes import DLLM_FIX_ORDER
+from integrations.vllm.manifest import VLLM_VERSION
 from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink_cli import (
     add_shrink_arguments,
@@ -131,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json,
             {
                 "path": "diffusion",
+                "release": VLLM_VERSION,
                 "seed": args.seed,
                 "space": space(args),
                 "pipeline_parallel_size": stages,

@@ -1,4 +1,5 @@
-"""Shrink one failing engine-core program of vLLM 0.33.0 to a small one that fails the same way.
+"""Shrink one failing engine-core program of vLLM (0.33.0, or the release `SCHEDSPEC_VLLM_VERSION`
+selects) to a small one that fails the same way.
 
     .venv/bin/python scripts/vllm_shrink.py --seed N [--loop {sync,async}] [--rule RULE]
         [--budget RUNS] [--pipeline-parallel P]
@@ -19,11 +20,11 @@ sizes and the configuration while that loop still breaks that rule, at most `--b
 (`draw_seed`). Prints the program's size before and after, the smaller program's violation,
 and the smaller program as Python (`CoreProgram(...)`, which `run_loop` takes with
 `LoopOptions(..., draw_seed=...)`, the seed printed with it; `--json` writes it with the
-other `LoopOptions` fields and the fixes' names). With `--lifted-by FIX` a smaller program is
-kept only if it also passes that loop with FIX made: the shrink keeps the finding FIX lifts,
-not another bug that breaks the same rule. `--trace` also prints the smaller program's run, one
-line per submission, abort, `schedule()` call, applied output and connector event, up to the
-violation (`integrations.vllm.trace`).
+other `LoopOptions` fields, the fixes' names and the vLLM release it ran, `"release"`). With
+`--lifted-by FIX` a smaller program is kept only if it also passes that loop with FIX made: the
+shrink keeps the finding FIX lifts, not another bug that breaks the same rule. `--trace` also
+prints the smaller program's run, one line per submission, abort, `schedule()` call, applied
+output and connector event, up to the violation (`integrations.vllm.trace`).
 
 Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
 1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
@@ -48,6 +49,7 @@ from integrations.vllm.loop_arguments import (
     loop_options,
     make_fixes,
 )
+from integrations.vllm.manifest import VLLM_VERSION
 from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink import fails_like, lifted_by, program_source, shrink
 from integrations.vllm.shrink_cli import (
@@ -126,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(
             args.json,
             {
+                "release": VLLM_VERSION,
                 "seed": args.seed,
                 "programs_from": args.programs_from,
                 "fix": " + ".join(names) or None,
