@@ -1,8 +1,13 @@
 """vLLM 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) in its engine-core loop
 with a KV connector (`LoopOptions.max_inflight_kv_loads`, `--max-inflight-kv-loads N`): the
-programs pass both loops with the cap reached and the admission order kept within each of
-vLLM's waiting queues (the requests the connector may load asynchronously queue apart and start
-their loads while the batch is full), and the rule `inflight_kv_loads` catches the cap ignored.
+programs pass both loops with the cap reached and the admission order kept, and the rule
+`inflight_kv_loads` catches the cap ignored. The requests the connector may load
+asynchronously queue apart (`async_kv_waiting`); vLLM takes from that queue and the plain one
+by comparing their heads, so `admission_order` holds across the two, but for a queue vLLM holds
+back (the asynchronous one at the cap, the plain one with no running slot or token budget left,
+when only loads start) and for a request behind a head that arrived later (a preempted request
+goes back to the plain queue's head). Seeded bugs that take from one queue first whatever the
+heads fail it.
 
 With failing loads (`kv_load_failure_policy="recompute"`) the programs pass with the six KV
 load fixes (`integrations.vllm.kv_load_fixes`) as written for 0.34.0; one of them, as written
@@ -65,16 +70,18 @@ def _has_the_setting() -> bool:
 
 def test_capped_programs_pass_both_loops_and_reach_the_cap() -> None:
     """With one load at most holding blocks, the programs pass every check in both loops
-    (the admission order within each queue included), and calls leave the cap reached."""
+    (the admission order across the two waiting queues included), calls leave the cap
+    reached, and requests of a queue held back are passed by the other's."""
     if not _has_the_setting():
         return
     assert "inflight_kv_loads" in RULES
-    reached = loads = 0
+    reached = loads = passes = 0
     for seed in PROGRAMS:
         sync_run, async_run = check_both(core_program(seed), CAPPED)
         reached += sync_run.inflight_cap_reached + async_run.inflight_cap_reached
         loads += sync_run.loads + async_run.loads
-    assert reached > 0 and loads > 0, (reached, loads)
+        passes += sync_run.queue_passes + async_run.queue_passes
+    assert reached > 0 and loads > 0 and passes > 0, (reached, loads, passes)
 
 
 def _ignores_the_cap(sched: Any) -> None:
@@ -82,10 +89,57 @@ def _ignores_the_cap(sched: Any) -> None:
     sched._admits_inflight_kv_load = lambda: True
 
 
-#: The rule's seeded bug, and the rule that catches it.
+def _plain_queue_first(sched: Any) -> None:
+    """Seeded bug: the plain waiting queue is taken from before the asynchronous-load one,
+    whichever head arrived first."""
+    merged = sched._next_waiting_queue
+    sched._next_waiting_queue = lambda take_async_kv: (
+        sched.waiting if sched.waiting else merged(take_async_kv)
+    )
+
+
+def _async_queue_first(sched: Any) -> None:
+    """Seeded bug: the asynchronous-load queue is taken from first while it may start loads,
+    whichever head arrived first."""
+    sched._next_waiting_queue = lambda take_async_kv: (
+        sched.async_kv_waiting if take_async_kv and sched.async_kv_waiting else sched.waiting
+    )
+
+
+#: The seeded bugs, and the rule that catches each.
 SEEDED_BUGS: tuple[tuple[Callable[[Any], None], str], ...] = (
     (_ignores_the_cap, "inflight_kv_loads"),
+    (_plain_queue_first, "admission_order"),
+    (_async_queue_first, "admission_order"),
 )
+
+
+@pytest.mark.parametrize(
+    ("bug", "passed_queue"),
+    [(_plain_queue_first, "async_kv_waiting"), (_async_queue_first, "waiting")],
+    ids=["plain-first", "async-first"],
+)
+def test_the_order_across_the_queues_catches_one_queue_taken_first(
+    bug: Callable[[Any], None], passed_queue: str
+) -> None:
+    """A scheduler that takes from one of its waiting queues first, not by their heads, admits
+    a request while an earlier one of the other queue waits, with neither queue held back: the
+    first program it fails breaks `admission_order`, naming both queues."""
+    if not _has_the_setting():
+        return
+    for seed in PROGRAMS:
+        try:
+            run_loop(
+                core_program(seed),
+                async_scheduling=False,
+                options=dataclasses.replace(CAPPED, fix=bug),
+            )
+        except EngineCoreViolation as err:
+            assert err.rule == "admission_order", err
+            assert f"(in {passed_queue}, " in err.detail, err.detail
+            assert "vLLM takes from its waiting queues in that order" in err.detail, err.detail
+            return
+    pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
 
 
 def test_the_cap_rule_catches_the_cap_ignored() -> None:
@@ -93,7 +147,7 @@ def test_the_cap_rule_catches_the_cap_ignored() -> None:
     requests that hold blocks for a load and the cap."""
     if not _has_the_setting():
         return
-    ((bug, rule),) = SEEDED_BUGS
+    bug, rule = SEEDED_BUGS[0]
     options = LoopOptions(kv_connector="fail", max_inflight_kv_loads=1, fix=bug)
     for seed in PROGRAMS:
         try:

@@ -16,7 +16,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
 - 0.34.0's cache-aware admission (`cache_aware_admission_window`) conforms to the profile that
   declares it and decides as its twin, fails the profile without it, and a live log declares it;
 - 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop
-  with a KV connector, and its rule catches the cap ignored; with failing loads it holds with
+  with a KV connector, and its rule catches the cap ignored; the admission order holds across
+  its two waiting queues, and seeded bugs that take from one first fail it; with failing loads
+  it holds with
   the KV load fixes as written for 0.34.0, and not with the requeue fix as written for 0.33.0,
   nor beside a "keep" pause with a `reset-loaded-holders` that leaves a request's fetch stage;
 - the six findings of 0.33.0's KV connector path under `kv_load_failure_policy="recompute"`

@@ -1455,10 +1455,13 @@ def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
 
 
 def waiting_requests(sched: Any) -> Iterator[Any]:
-    """A vLLM scheduler's waiting requests in queue order (those holding KV for a connector,
-    always none here, first)."""
+    """A vLLM scheduler's waiting requests, queue by queue, each in its order: those holding KV
+    for a connector (always none here) first, as vLLM admits them, then the plain queue, then
+    (vLLM 0.34.0 with `max_num_inflight_kv_loads`) the requests its connector may load
+    asynchronously, which vLLM takes from in turn with the plain queue by the policy's order."""
     yield from sched.kv_holding_waiting
     yield from sched.waiting
+    yield from getattr(sched, "async_kv_waiting", ())
 
 
 def cached_blocks(sched: Any) -> frozenset[int]:

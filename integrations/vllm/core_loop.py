@@ -28,6 +28,7 @@ from integrations.vllm.adapter import (
     all_group_tables,
     group_block_sizes,
     mamba_mode,
+    waiting_requests,
     window_tokens,
 )
 from integrations.vllm.runner_tables import RunnerTables
@@ -113,6 +114,10 @@ class BatchQueueLoop(Generic[CountsT]):
     ) -> None:
         self.sched = sched
         self.n = counts
+        #: Requests a first admission from another of vLLM's waiting queues passed, as vLLM
+        #: may (`queue_held`, `came_after_a_head`), summed over the calls: how often that
+        #: allowance was used.
+        self.queue_passes = 0
         self.async_scheduling = async_scheduling
         if queue_size is None:
             queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
@@ -128,6 +133,10 @@ class BatchQueueLoop(Generic[CountsT]):
         self.running_before: list[str] = []
         #: Waiting requests that held computed KV before `schedule()` (`record_running`).
         self.holding_before: set[str] = set()
+        #: vLLM's two waiting queues before `schedule()`, in order, and their requests'
+        #: arrivals (`record_running`, `came_after_a_head`).
+        self.queues_before: dict[str, list[str]] = {}
+        self.arrivals_before: dict[str, float] = {}
         #: Requests preempted between `schedule()` calls (a cache reset that preempts the
         #: running requests): the next call's output reports them, not as its own victims.
         self.preempted_between: set[str] = set()
@@ -214,6 +223,12 @@ class BatchQueueLoop(Generic[CountsT]):
         in a queue of their own, `async_kv_waiting`)."""
         return "waiting"
 
+    def queue_held(self, queue: str, out: Any) -> bool:
+        """Whether vLLM may have stopped taking from its waiting queue `queue` in call `out`
+        while it admitted from another (so a request there may be passed by a later one of the
+        other queue: `admission_order`). Default: never (one queue)."""
+        return False
+
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
         """Before `schedule()`: the running queue's order and the waiting requests holding
@@ -222,6 +237,26 @@ class BatchQueueLoop(Generic[CountsT]):
         self.holding_before = {
             r.request_id for r in self.waiting_requests() if r.num_computed_tokens > 0
         }
+        # the queues vLLM takes from by their heads (0.34.0's asynchronous-load queue is empty
+        # or absent unless it caps in-flight loads)
+        async_kv = getattr(self.sched, "async_kv_waiting", ())
+        queues = (("waiting", self.sched.waiting), ("async_kv_waiting", async_kv))
+        self.queues_before = {name: [r.request_id for r in q] for name, q in queues}
+        self.arrivals_before = {r.request_id: r.arrival_time for _, q in queues for r in q}
+
+    def came_after_a_head(self, waiting: str, key: tuple[float, ...], priority: bool) -> bool:
+        """Whether a request ahead of `waiting` in its queue before the call arrived after the
+        request of the other queue with FCFS `key`. vLLM takes from its two waiting queues by
+        comparing their heads (`_next_waiting_queue`), and a queue is not always in arrival
+        order (a preempted request goes back to its head), so such a head lets the other
+        queue's request go first, and `waiting`, behind it, is passed. A priority queue pops
+        in order: never."""
+        if priority:
+            return False
+        order = self.queues_before.get(self.admission_queue(waiting), [])
+        if waiting not in order:
+            return False
+        return any((self.arrivals_before[h],) > key for h in order[: order.index(waiting)])
 
     def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
         """vLLM's queue order, smaller first: arrival under FCFS, (priority, arrival) under
@@ -245,7 +280,9 @@ class BatchQueueLoop(Generic[CountsT]):
         no room among the running requests' (`waits_for_adapter`), may be passed, as vLLM
         skips it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue; where vLLM
-        keeps more than one waiting queue (`admission_queue`), the order holds within each)."""
+        keeps more than one waiting queue (`admission_queue`), it holds across them too, but
+        a request of a queue vLLM held back in the call (`queue_held`) may be passed by one of
+        another)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -297,17 +334,33 @@ class BatchQueueLoop(Generic[CountsT]):
         for rid in admitted:
             key = self.queue_key(rid, priority)
             queue = self.admission_queue(rid)
-            passed = [
+            earlier = [w for w in fresh if self.queue_key(w, priority) < key]
+            held = [
                 w
-                for w in fresh
-                if self.queue_key(w, priority) < key and self.admission_queue(w) == queue
+                for w in earlier
+                if self.admission_queue(w) != queue
+                and (
+                    self.queue_held(self.admission_queue(w), out)
+                    or self.came_after_a_head(w, key, priority)
+                )
             ]
+            self.queue_passes += len(held)
+            passed = [w for w in earlier if w not in held]
             if passed:
                 policy = "priority" if priority else "fcfs"
+                other = sorted({self.admission_queue(w) for w in passed} - {queue})
+                across = (
+                    f" (in {', '.join(other)}, {rid!r} in {queue}: vLLM takes from its waiting "
+                    "queues in that order unless it holds one back, the asynchronous one with "
+                    "the load cap reached, the plain one with no running slot or token budget "
+                    "left, and this call held neither)"
+                    if other
+                    else ""
+                )
                 raise EngineCoreViolation(
                     "admission_order",
                     f"{where} admitted {rid!r} for the first time while {passed} "
-                    f"(never scheduled, earlier in the {policy} order) still wait",
+                    f"(never scheduled, earlier in the {policy} order) still wait{across}",
                 )
         self.ever_scheduled.update(admitted)
 
@@ -526,8 +579,8 @@ class BatchQueueLoop(Generic[CountsT]):
         self.check_pool(f"after aborting {request_id!r}")
 
     def waiting_requests(self) -> list[Any]:
-        """The scheduler's waiting requests, those holding KV first (as vLLM admits them)."""
-        return [*self.sched.kv_holding_waiting, *self.sched.waiting]
+        """The scheduler's waiting requests, queue by queue (`adapter.waiting_requests`)."""
+        return list(waiting_requests(self.sched))
 
     def busy(self) -> bool:
         """vLLM still has a request counted unfinished, a batch is in flight, or generation is

@@ -248,6 +248,7 @@ class CoreRun:
     session_sends: int = 0  # sends of a session's KV after more than one turn
     aborted_loading: int = 0  # aborts of a request whose KV load was in flight
     inflight_cap_reached: int = 0  # calls leaving max_num_inflight_kv_loads loads holding blocks
+    queue_passes: int = 0  # requests a later one of another waiting queue passed (allowed)
     load_errors: int = 0  # requests ended with an error after a failed load (policy "fail")
     lookups_put_off: int = 0  # connector lookups answered "ask again later"
     stores_refused: int = 0  # sends the offload store had no room for
@@ -690,6 +691,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             dict(self.reasons),
             **asdict(self.n),
             **counts,
+            queue_passes=self.queue_passes,
         )
 
     # ------------------------------------------------------------------ the loop's hooks
@@ -959,11 +961,36 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """With `max_num_inflight_kv_loads` (vLLM 0.34.0), vLLM queues the requests its
         connector may load asynchronously apart (`async_kv_waiting`): their loads start while
         the batch is full, and while the cap holds them back the plain queue goes on. Arrival
-        order then holds within each queue only; the queue is the connector's latest answer to
+        order then holds within each queue, and across the two where vLLM held neither back
+        (`queue_held`, `came_after_a_head`); the queue is the connector's latest answer to
         vLLM (`RemoteKv.queued_async`)."""
         if self.impl.settings_034.max_inflight_kv_loads is None or self.remote is None:
             return "waiting"
         return "async_kv_waiting" if self.remote.queued_async.get(rid) else "waiting"
+
+    def queue_held(self, queue: str, out: Any) -> bool:
+        """vLLM 0.34.0 takes from its two waiting queues in the policy's order
+        (`_next_waiting_queue`), but stops taking from the asynchronous one once its head would
+        start a load past the cap, and takes from it alone once no running slot or token
+        budget is left (a load takes neither). Within a call's admissions loads only start,
+        and slots and budget only fill, so a queue held back then is still held when the call
+        returns, where this reads it: the asynchronous queue when vLLM's own count of loads
+        against the cap admits no new one (`_admits_inflight_kv_load`; whether that count is
+        right is `inflight_kv_loads`' and `progress`' to check: the loads this loop's
+        connector reports done in the batch's forward still count until vLLM applies the
+        report); the plain one when the running requests (and the sessions waiting for input)
+        fill `max_num_active_seqs`, or the call's tokens the budget."""
+        if queue == "async_kv_waiting":
+            limit = self.impl.settings_034.max_inflight_kv_loads
+            return limit is not None and not self.sched._admits_inflight_kv_load()
+        seats = self.config.max_num_seqs
+        if self.admission is not None and self.admission.active_seats is not None:
+            seats = self.admission.active_seats
+        waiting_input = self.impl.v.request.RequestStatus.WAITING_FOR_STREAMING_REQ
+        sessions = sum(r.status == waiting_input for r in self.sched.requests.values())
+        budget = self.config.max_num_batched_tokens
+        scheduled: int = out.total_num_scheduled_tokens
+        return len(self.sched.running) + sessions >= seats or scheduled >= budget
 
     def lookup_put_off(self, rid: str) -> bool:
         """Whether the connector's latest lookup of `rid` said "ask again later"."""
@@ -1003,6 +1030,18 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         limit = self.impl.settings_034.max_inflight_kv_loads
         if limit is None or self.remote is None:
             return
+        holding = self._load_holders()
+        self.n.inflight_cap_reached += len(holding) == limit
+        if len(holding) > limit:
+            raise EngineCoreViolation(
+                "inflight_kv_loads",
+                f"{where}: {len(holding)} requests hold KV blocks for an asynchronous load "
+                f"({', '.join(sorted(holding))}); max_num_inflight_kv_loads={limit}",
+            )
+
+    def _load_holders(self) -> set[str]:
+        """The requests holding KV blocks for an asynchronous load (`check_inflight_loads`)."""
+        assert self.remote is not None
         running = {r.request_id for r in self.sched.running}
         waiting_input = self.impl.v.request.RequestStatus.WAITING_FOR_STREAMING_REQ
 
@@ -1023,13 +1062,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         holding |= {
             t.rid for t in self.remote.in_flight.values() if t.kind == "load" and not t.sync
         }
-        self.n.inflight_cap_reached += len(holding) == limit
-        if len(holding) > limit:
-            raise EngineCoreViolation(
-                "inflight_kv_loads",
-                f"{where}: {len(holding)} requests hold KV blocks for an asynchronous load "
-                f"({', '.join(sorted(holding))}); max_num_inflight_kv_loads={limit}",
-            )
+        return holding
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
         """`output_content` / `finish_reason` of `rid` against the adapter's token script
