@@ -39,9 +39,14 @@ from integrations.vllm.engine_core import (
     run_loop,
 )
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES, REQUEUE_FAILED_LOAD, apply_kv_load_fixes
+from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.offload_hit_fix import OFFLOAD_HIT
 from integrations.vllm.patches import ScheduleFix
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS, RESET_HOLDERS_FIXES
+from integrations.vllm.session_stall_fix import SESSION_STALL, SESSION_STALL_FIX
+from integrations.vllm.sessions import SessionInput, session_program
 from integrations.vllm.settings_034 import Vllm034Settings
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -161,8 +166,8 @@ def test_the_cap_rule_catches_the_cap_ignored() -> None:
 
 
 def test_the_flag_needs_a_connector_and_a_positive_cap(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--max-inflight-kv-loads`: 0, or without `--kv-connector`, or on a release without the
-    setting, is a usage error (exit 2, one line)."""
+    """`--max-inflight-kv-loads`: 0, or without `--kv-connector` or `--offload-chunks`, or on a
+    release without the setting, is a usage error (exit 2, one line)."""
     check = load_script("vllm_async_check")
     for argv in (
         ["--programs", "1", "--max-inflight-kv-loads", "1"],
@@ -172,7 +177,7 @@ def test_the_flag_needs_a_connector_and_a_positive_cap(capsys: pytest.CaptureFix
             check.main(argv)
         assert exit_.value.code == 2
         err = capsys.readouterr().err
-        assert "--max-inflight-kv-loads: an int >= 1, with --kv-connector" in err, err
+        assert "--max-inflight-kv-loads: an int >= 1, with --kv-connector or --offload" in err, err
     if _has_the_setting():
         return
     # a release without the setting refuses the flag before any program runs
@@ -288,3 +293,69 @@ def test_a_load_the_reset_takes_back_must_not_count_against_the_cap() -> None:
             options=dataclasses.replace(options, fix=ScheduleFix(kept, *KV_LOAD_FIXES.fixes).apply),
         )
     assert caught.value.rule == "progress", caught.value
+
+
+#: Shrunk from session program 18 (`--programs-from sessions --kv-connector fail
+#: --max-inflight-kv-loads 1`, the session stall fix and the KV load fixes), with the original
+#: program's draws: r4, a session, loads its prompt while r10 runs; once r10 waits for input
+#: the stall fix drops r4's loaded KV (no room for r4, nothing running), and r13 needs a load.
+SESSION_CAP_PROGRAM = CoreProgram(
+    ArConfig(block_size=1, num_blocks=8, max_num_batched_tokens=5, max_num_seqs=2, max_model_len=7),
+    arrivals=(
+        (ArRequest("r3", 2, 1), ArRequest("r4", 2, 1)),
+        (),
+        (),
+        (ArRequest("r10", 5, 2),),
+        (ArRequest("r13", 2, 1),),
+        (),
+        (),
+    ),
+    aborts=((), (), (), (), (), (), ()),
+    inputs=((), (), (), (), (), (SessionInput("r4", 0, 0),), (SessionInput("r10", 0, 0),)),
+)
+SESSION_CAP_DRAWS = 2338173088
+
+
+def test_a_session_whose_loaded_kv_the_stall_fix_drops_must_not_count_against_the_cap() -> None:
+    """`drop-stalled-session-kv` as written for 0.33.0 drops r4's loaded KV but leaves its
+    fetch stage, which counts against the cap for good: neither r4's new load nor r13's
+    starts (`progress`). As written for 0.34.0 the fix gives up the stage and the parked
+    reservation too, and the program passes both loops, as the generated session programs do."""
+    if not _has_the_setting():
+        return
+    options = LoopOptions(kv_connector="fail", max_inflight_kv_loads=1, draw_seed=SESSION_CAP_DRAWS)
+    as_for_033 = ScheduleFix(
+        dataclasses.replace(SESSION_STALL_FIX, releases=()), *KV_LOAD_FIXES.fixes
+    ).apply
+    with pytest.raises(EngineCoreViolation) as caught:
+        run_loop(
+            SESSION_CAP_PROGRAM,
+            async_scheduling=False,
+            options=dataclasses.replace(options, fix=as_for_033),
+        )
+    assert caught.value.rule == "progress", caught.value
+    assert "0 running, 2 waiting" in caught.value.detail, caught.value.detail
+    fixed = dataclasses.replace(options, fix=make_fixes([SESSION_STALL, *KV_LOAD_FIXES.names]))
+    check_both(SESSION_CAP_PROGRAM, fixed)
+    generated = dataclasses.replace(fixed, draw_seed=None)
+    for seed in PROGRAMS:
+        check_both(session_program(seed), generated)
+
+
+#: vLLM's own offloading connector with the cap: its loads queue with the others (it does not
+#: answer `may_load_async`), so a load past the cap waits at the head of the one queue.
+OFFLOAD_CAPPED = LoopOptions(offload_chunks=8, offload_outputs=True, max_inflight_kv_loads=1)
+
+
+def test_capped_offloading_programs_pass_and_reach_the_cap() -> None:
+    """Shared-prompt programs with vLLM's offloading connector (its one-token finding fixed)
+    pass both loops under a cap of 1, calls leave the cap reached, and loads ran."""
+    if not _has_the_setting():
+        return
+    options = dataclasses.replace(OFFLOAD_CAPPED, fix=make_fixes([OFFLOAD_HIT]))
+    reached = loads = 0
+    for seed in PROGRAMS:
+        sync_run, async_run = check_both(shared_prompt_program(seed), options)
+        reached += sync_run.inflight_cap_reached + async_run.inflight_cap_reached
+        loads += sync_run.offload_loads + async_run.offload_loads
+    assert reached > 0 and loads > 0, (reached, loads)

@@ -741,7 +741,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.check_adapters(out)
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
-            self.check_inflight_loads(f"schedule {self.n.schedules}")
+        self.check_inflight_loads(f"schedule {self.n.schedules}")
         self.n.grammar_waits += sum(map(waiting_for_grammar, self.impl._waiting()))
         # a deferred batch (sampled once the output before it is applied) runs its forward now,
         # as vLLM's `execute_model` does: the offloading worker's loads land before its reads
@@ -1026,9 +1026,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         requests that hold KV blocks for an asynchronous load, loading or loaded and waiting for
         a running slot, and those aborted while their load is still in flight, are at most the
         cap. Those are the live requests outside the running batch that hold blocks (a
-        streaming session waiting for input aside) and the in-flight loads'."""
+        streaming session waiting for input, or resuming on the KV it kept, aside) and the
+        in-flight loads'."""
         limit = self.impl.settings_034.max_inflight_kv_loads
-        if limit is None or self.remote is None:
+        if limit is None or (self.remote is None and self.offload is None):
             return
         holding = self._load_holders()
         self.n.inflight_cap_reached += len(holding) == limit
@@ -1040,28 +1041,33 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             )
 
     def _load_holders(self) -> set[str]:
-        """The requests holding KV blocks for an asynchronous load (`check_inflight_loads`)."""
-        assert self.remote is not None
+        """The requests holding KV blocks for an asynchronous load (`check_inflight_loads`):
+        the test connector's or vLLM's offloading connector's."""
         running = {r.request_id for r in self.sched.running}
         waiting_input = self.impl.v.request.RequestStatus.WAITING_FOR_STREAMING_REQ
+        kept = self.sessions.resuming()
 
         def waits_holding(rid: str) -> bool:
-            # live, outside the batch, not a session waiting for input (a finished request's
-            # blocks kept for its send are not a load's)
+            # live, outside the batch, not a session waiting for input or resuming on the KV
+            # it kept (a finished request's blocks kept for its send are not a load's)
             req = self.sched.requests.get(rid)
             return (
                 req is not None
                 and not req.is_finished()
                 and rid not in running
                 and req.status != waiting_input
+                and rid not in kept
             )
 
         holding = {
             rid for rid, table in block_tables(self.sched).items() if table and waits_holding(rid)
         }
-        holding |= {
-            t.rid for t in self.remote.in_flight.values() if t.kind == "load" and not t.sync
-        }
+        if self.remote is not None:
+            holding |= {
+                t.rid for t in self.remote.in_flight.values() if t.kind == "load" and not t.sync
+            }
+        if self.offload is not None:
+            holding |= self.offload.loading()
         return holding
 
     def check_request(self, rid: str, tokens: Sequence[int]) -> None:
@@ -1227,8 +1233,8 @@ class LoopOptions:
     `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
     settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
     is set. `max_inflight_kv_loads` is vLLM 0.34.0's `max_num_inflight_kv_loads` (with a KV
-    connector; rule `inflight_kv_loads`). With `trace` (a list) the loop appends a line per
-    event to it (`integrations.vllm.trace`)."""
+    connector or vLLM's offloading connector; rule `inflight_kv_loads`). With `trace` (a
+    list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None

@@ -255,7 +255,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="with --kv-connector, vLLM 0.34.0 only: at most N requests hold KV blocks for an "
+        help="with --kv-connector or --offload-chunks, vLLM 0.34.0 only: at most N requests "
+        "hold KV blocks for an "
         "asynchronous load, and such loads may start while the running batch is full (vLLM's "
         "max_num_inflight_kv_loads; default: no cap)",
     )
@@ -426,9 +427,11 @@ def loop_options(
     ):
         parser.error("--kv-store-blocks: an int >= 1, with --kv-store offload")
     if args.max_inflight_kv_loads is not None and (
-        args.max_inflight_kv_loads < 1 or not args.kv_connector
+        args.max_inflight_kv_loads < 1 or not (args.kv_connector or args.offload_chunks)
     ):
-        parser.error("--max-inflight-kv-loads: an int >= 1, with --kv-connector")
+        parser.error(
+            "--max-inflight-kv-loads: an int >= 1, with --kv-connector or --offload-chunks"
+        )
     if args.max_inflight_kv_loads is not None:
         settings = Vllm034Settings(max_inflight_kv_loads=args.max_inflight_kv_loads)
         try:  # refused now, not program by program (0.33.0 has no such setting)
@@ -563,6 +566,8 @@ def describe(args: argparse.Namespace) -> str:
         size = f" of {per} blocks" if per > 1 else ""
         if args.offload_self_describing_events:
             size += ", self-describing events"
+        if args.max_inflight_kv_loads:
+            sync += f", at most {args.max_inflight_kv_loads} loads holding blocks"
         drafts += (
             f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks{size}, {what}{sync})"
         )

@@ -170,6 +170,10 @@ class OffloadingWorker:
             finished_recving=recving or None, kv_connector_worker_meta=report
         )
 
+    def loading(self) -> set[str]:
+        """The requests with an asynchronous load job submitted and not yet reported."""
+        return {h.job.req_id for h in self._in_flight.values() if h.load and not h.job.sync}
+
     def check_done(self) -> None:
         """`progress`: once drained, no job is in flight, deferred or unreported."""
         left = sorted(self._in_flight) + [h.job_id for h in self._deferred + self._done]

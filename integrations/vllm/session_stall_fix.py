@@ -27,13 +27,19 @@ It is an edit of vLLM's own `vllm/v1/core/sched/scheduler.py` (`SESSION_STALL_FI
 `fix_as_diff()` prints it as a patch, and `apply_session_stall_fix(sched)` gives one built
 scheduler the edited `Scheduler.schedule` through a subclass of its class. `FixDoesNotApply`
 if vLLM's file no longer has the statement the fix edits.
+
+vLLM 0.34.0 has the stall too, and the 0.33.0 edit applies there, but it leaves a dropped
+request's parked reservation and its KV fetch stage: a loaded request whose KV the fix drops
+keeps counting against `max_num_inflight_kv_loads`, and with a cap of 1 no load starts again,
+its own retry included (session program 18 with the KV connector: `progress`). Its version
+for 0.34.0 (`EngineFix.releases`) also gives both up.
 """
 
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
+from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
 
 SESSION_STALL = "drop-stalled-session-kv"
 
@@ -94,13 +100,35 @@ _NO_ROOM_DROPS_A_STALLED_SESSION = (
     "                    break\n"
 )
 
+#: 0.34.0: a dropped request also gives up its parked reservation and its KV fetch stage.
+_GIVES_UP_ITS_LOAD = _NO_ROOM_DROPS_A_STALLED_SESSION.replace(
+    "                        self._inflight_prefills.discard(session)\n",
+    "                        self._inflight_prefills.discard(session)\n"
+    "                        self._unreserve_parked(session)\n"
+    "                        # else its load, done, keeps counting against the in-flight cap\n"
+    "                        self._set_kv_fetch_stage(session, None)\n",
+)
+_SUMMARY = (
+    "streaming-input sessions holding the KV pool, each with input and no room for it, wait "
+    "for each other for good: when a request finds no room and no request runs, the last "
+    "session waiting with KV gives it up, told as a preemption"
+)
 SESSION_STALL_FIX = EngineFix(
     SESSION_STALL,
     ((MODULE, _NO_ROOM, _NO_ROOM_DROPS_A_STALLED_SESSION),),
     ((MODULE, "Scheduler.schedule"),),
-    "streaming-input sessions holding the KV pool, each with input and no room for it, wait "
-    "for each other for good: when a request finds no room and no request runs, the last "
-    "session waiting with KV gives it up, told as a preemption",
+    _SUMMARY,
+    releases=(
+        (
+            SCHEDULER_034,
+            EngineFix(
+                SESSION_STALL,
+                ((MODULE, _NO_ROOM, _GIVES_UP_ITS_LOAD),),
+                ((MODULE, "Scheduler.schedule"),),
+                _SUMMARY + " (vLLM 0.34.0: with its reservation and fetch stage)",
+            ),
+        ),
+    ),
 )
 SESSION_STALL_SCHEDULE = ScheduleFix(SESSION_STALL_FIX)
 SESSION_STALL_FIXES = SESSION_STALL_SCHEDULE.fix_set

@@ -9,8 +9,9 @@
   asynchronous connector load (loading, or loaded and waiting for a running slot; an aborted
   one until its load is reported), and requests the connector may load asynchronously
   (`KVConnectorBase_V1.may_load_async`) start their loads while the running batch is full
-  (`Scheduler.async_kv_waiting`). The engine-core loop runs it with a KV connector
-  (`--max-inflight-kv-loads N`) and checks the cap (rule `inflight_kv_loads`).
+  (`Scheduler.async_kv_waiting`). The engine-core loop runs it with a KV connector or vLLM's
+  offloading connector (`--max-inflight-kv-loads N`) and checks the cap (rule
+  `inflight_kv_loads`) and the admission order across the two waiting queues.
 
 Kept apart from `AdmissionKnobs` (0.33.0's settings): 0.33.0 has none of these, and asking for
 one there is a `ConfigError` (`release_api.check_scheduler_settings`).
