@@ -281,8 +281,8 @@ class BatchQueueLoop(Generic[CountsT]):
         skips it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue; where vLLM
         keeps more than one waiting queue (`admission_queue`), it holds across them too, but
-        a request of a queue vLLM held back in the call (`queue_held`) may be passed by one of
-        another)."""
+        a request of a queue vLLM held back in the call (`queue_held`), or one behind a head
+        that arrived later (`came_after_a_head`), may be passed by one of another)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -353,7 +353,7 @@ class BatchQueueLoop(Generic[CountsT]):
                     f" (in {', '.join(other)}, {rid!r} in {queue}: vLLM takes from its waiting "
                     "queues in that order unless it holds one back, the asynchronous one with "
                     "the load cap reached, the plain one with no running slot or token budget "
-                    "left, and this call held neither)"
+                    "left, and this call held neither; no head ahead of them arrived later)"
                     if other
                     else ""
                 )
