@@ -117,7 +117,7 @@ class BatchQueueLoop(Generic[CountsT]):
         #: Requests a first admission from another of vLLM's waiting queues passed, as vLLM
         #: may (`queue_held`, `came_after_a_head`), summed over the calls: how often that
         #: allowance was used.
-        self.queue_passes = 0
+        self.queue_passes: int = 0
         self.async_scheduling = async_scheduling
         if queue_size is None:
             queue_size = ASYNC_BATCH_QUEUE if async_scheduling else 1
