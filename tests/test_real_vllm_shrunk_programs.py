@@ -16,13 +16,13 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from integrations.vllm import MANIFEST
-from integrations.vllm.adapter import load_vllm
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.diffusion import DllmProgram, DllmRequest, DllmServing
 from integrations.vllm.dllm_shrink import run_dllm_named
@@ -30,11 +30,11 @@ from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_error_store_fix import fixed_upstream
 from integrations.vllm.offload_restore_fix import tracker_rebuilt
-from integrations.vllm.release_api import trims_to_first_rejected
 from integrations.vllm.sessions import SessionInput
 from spec.ar.config import ArConfig, ArRequest, Policy
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
+from tests.test_real_vllm_structured import draft_guard_removed
 
 SHRUNK = sorted((Path(__file__).resolve().parents[1] / "docs" / "shrunk").glob("*.json"))
 #: What a recorded program's source names.
@@ -48,18 +48,13 @@ NAMES = {
 DLLM_NAMES = {"DllmProgram": DllmProgram, "DllmServing": DllmServing, "DllmRequest": DllmRequest}
 
 
-def _draft_guard_kept() -> bool:
-    """Whether the installed vLLM is one that guards a guided request's drafts (0.33.0)."""
-    return not trims_to_first_rejected(load_vllm().structured.StructuredOutputManager)
-
-
 #: The programs whose finding the installed release may lack, with what tells that it does:
 #: those `scripts/upstream_reports.py` reports gone from vLLM 0.34.0 (`GONE_IN_0_34`) and those
 #: found in 0.34.0 that 0.33.0 lacks (`ONLY_IN_0_34`).
-GONE = {
+GONE: dict[str, Callable[[], bool]] = {
     "vllm-offloading-restore-events": tracker_rebuilt,
     "vllm-offloading-error-store": fixed_upstream,
-    "vllm-guided-drafts": _draft_guard_kept,
+    "vllm-guided-drafts": lambda: not draft_guard_removed(),  # 0.33.0 guards its drafts
 }
 
 

@@ -73,7 +73,7 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def _guard_removed() -> bool:
+def draft_guard_removed() -> bool:
     """Whether the installed vLLM lacks 0.33.0's draft guard (0.34.0: it trims a guided
     request's drafts after the first its grammar rejects, and its runner verifies them all)."""
     return trims_to_first_rejected(load_vllm().structured.StructuredOutputManager)
@@ -84,7 +84,7 @@ def _for_installed(options: LoopOptions) -> LoopOptions:
     with its guided-drafts finding's candidate fix `no-placeholder-drafts`, and under stages the
     keyed hand-off of vLLM PR #56802 too (the finding's test shows the release failing without
     them); on 0.33.0, `options`."""
-    if not options.speculative_tokens or not _guard_removed():
+    if not options.speculative_tokens or not draft_guard_removed():
         return options
     fixed = ScheduleFix(SPEC_PAD_FIX, GUIDED_DRAFTS_FIX, engine="vLLM 0.34.0").apply
     return replace(options, fix=fixed, keyed_drafts=options.pipeline_parallel_size > 1)
@@ -289,7 +289,7 @@ def test_finding_with_pipeline_stages_guided_drafts_are_never_accepted() -> None
     On vLLM 0.34.0, which verifies the drafts handed back with no guard, the other batch's
     drafts break `grammar_mask` instead, with the candidate fix of its own guided-drafts
     finding too; the keyed hand-off passes there, guided drafts accepted as the others."""
-    if _guard_removed():
+    if draft_guard_removed():
         fixed = replace(_for_installed(STAGES), keyed_drafts=False)
         seen = first_violations(
             PROGRAMS,
@@ -352,7 +352,7 @@ def test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every
     programs pass (the drafts are not accepted). The candidate fix `no-placeholder-drafts`
     (no drafts for such a request) makes the first pass on 0.34.0, and the second with the
     keyed hand-off of vLLM PR #56802 (`keyed_drafts`)."""
-    released = _guard_removed()
+    released = draft_guard_removed()
     cases = (
         (IDLE_GUIDED, IDLE_GUIDED_DRAWS, "'r6' samples output 3 under bitmask row 1"),
         (STAGED_GUIDED, STAGED_GUIDED_DRAWS, "'r0' samples output 3 under bitmask row 1"),
@@ -471,7 +471,7 @@ def test_the_grammar_checks_catch_each_seeded_bug(
 ) -> None:
     """Each seeded bug fails its rule in the asynchronous loop (on vLLM 0.34.0 under
     `_for_installed`'s fixes, those of a check it still makes)."""
-    if _guard_removed():
+    if draft_guard_removed():
         if mutant in GONE_IN_0_34:
             pytest.skip(GONE_IN_0_34[mutant])
         options = _for_installed(options)
@@ -510,7 +510,7 @@ def test_the_async_check_script_reproduces_the_finding(
     out_json = tmp_path / "structured.json"
     argv = ["--programs", "40", "--structured-output", "--speculative-tokens", "2"]
     argv += ["--pipeline-parallel", "2", "--fix", "pad-what-fits", "--json", str(out_json)]
-    if _guard_removed():
+    if draft_guard_removed():
         assert script.main(argv) == 1
         out = capsys.readouterr().out
         assert "FAIL [grammar_mask, async loop]" in out and "allows every token" in out, out

@@ -256,9 +256,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="with --kv-connector or --offload-chunks, vLLM 0.34.0 only: at most N requests "
-        "hold KV blocks for an "
-        "asynchronous load, and such loads may start while the running batch is full (vLLM's "
-        "max_num_inflight_kv_loads; default: no cap)",
+        "hold KV blocks for an asynchronous load, and such loads may start while the running "
+        "batch is full (vLLM's max_num_inflight_kv_loads; default: no cap)",
     )
     parser.add_argument(
         "--kv-store-blocks",
@@ -548,6 +547,8 @@ def describe(args: argparse.Namespace) -> str:
     drafts += " (drafts handed back by request)" if args.keyed_drafts else ""
     drafts += " (grammars compiled late)" if args.late_grammars else ""
     drafts += " (after reasoning)" if args.reasoning else ""
+    cap = args.max_inflight_kv_loads
+    capped = f", at most {cap} loads holding blocks" if cap else ""
     if args.kv_connector:
         loads = "asynchronous loads" if args.kv_async_loads_only else "all loads"
         loads += ", none failing" if args.kv_no_failed_loads else ""
@@ -556,8 +557,7 @@ def describe(args: argparse.Namespace) -> str:
         later += ", an offload store" if args.kv_store == "offload" else ""
         blocks = args.kv_store_blocks
         later += f" of {blocks} block{'s' if blocks > 1 else ''}" if blocks else ""
-        cap = args.max_inflight_kv_loads
-        later += f", at most {cap} loads holding blocks" if cap else ""
+        later += capped
         drafts += f"; a KV connector ({loads}{later}, failed loads: {args.kv_connector})"
     if args.offload_chunks:
         what = "prompt and output blocks" if args.offload_outputs else "prompt blocks"
@@ -566,8 +566,7 @@ def describe(args: argparse.Namespace) -> str:
         size = f" of {per} blocks" if per > 1 else ""
         if args.offload_self_describing_events:
             size += ", self-describing events"
-        if args.max_inflight_kv_loads:
-            sync += f", at most {args.max_inflight_kv_loads} loads holding blocks"
+        sync += capped
         drafts += (
             f"; vLLM's OffloadingConnector ({args.offload_chunks} CPU chunks{size}, {what}{sync})"
         )
