@@ -12,7 +12,8 @@ for 0.34.0), its draft margin with speculative decoding
 `integrations.vllm.offload_events_fix`, and beside sessions with structured output
 `integrations.vllm.offload_error_store_fix`), its Mamba prefix caching
 (`vllm-mamba`: `integrations.vllm.mamba_split_fix`) or its cache reset after a pause
-(`vllm-pause`: `integrations.vllm.reset_holders_fix`).
+(`vllm-pause`: `integrations.vllm.reset_holders_fix`), and vLLM 0.34.0's cache-aware admission
+(`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
     .venv/bin/python scripts/engine_fixes_diff.py sglang --fix decode-fallback
@@ -26,6 +27,7 @@ for 0.34.0), its draft margin with speculative decoding
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mamba > stop-mid-block-chunks.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-pause > reset-loaded-holders.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-cadence > lift-empty-hold.patch
+    SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
@@ -37,7 +39,8 @@ version (SGLang: its `python/` directory). The tests that run these very edits a
 `tests/test_real_vllm_preempted_cache.py`, `tests/test_real_vllm_speculative.py`,
 `tests/test_real_vllm_kv_connector.py`, `tests/test_real_vllm_draft_margin.py`,
 `tests/test_real_vllm_offloading.py`, `tests/test_real_vllm_mamba_loop.py`,
-`tests/test_real_vllm_pauses.py`, `tests/test_real_vllm_ar_settings.py`
+`tests/test_real_vllm_pauses.py`, `tests/test_real_vllm_ar_settings.py`,
+`tests/test_real_vllm_cache_aware.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
 fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
@@ -57,6 +60,7 @@ from integrations.patches import FixSet, print_patch
 from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
 from integrations.sglang.fixes import SGLANG_FIXES
 from integrations.vidur.fixes import VIDUR_FIXES
+from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
@@ -92,6 +96,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-load-reservation": (LOAD_RESERVATION_FIXES, LOAD_RESERVATION_FIXES.names),
     "vllm-cadence": (CADENCE_FIXES, CADENCE_FIXES.names),
     "vllm-guided-drafts": (GUIDED_DRAFTS_FIXES, GUIDED_DRAFTS_FIXES.names),
+    "vllm-cache-probe": (CACHE_PROBE_FIXES, CACHE_PROBE_FIXES.names),
 }
 
 

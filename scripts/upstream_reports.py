@@ -264,6 +264,7 @@ FLAGS = {
     "adaptive_threshold": "--adaptive-threshold",
     "reserve_full_isl": "--no-reserve-full-isl",
     "max_inflight_kv_loads": "--max-inflight-kv-loads",
+    "cache_read_limits": "--cache-read-limits",
 }
 #: Each `LoopOptions` field's default (a record's option at its default needs no flag).
 DEFAULTS: dict[str, object] = {

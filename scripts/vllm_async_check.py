@@ -10,6 +10,7 @@
         [--offload-chunks N [--offload-outputs] [--offload-sync-loads]
          [--offload-blocks-per-chunk B]] [--cache-resets]
         [--kv-events [--kv-report-full] [--offload-self-describing-events]]
+        [--cache-read-limits]
         [--sliding-window W [--retention-interval N|dense]
          [--window-block-scale K | --full-block-scale K]]
         [--mamba [--retention-interval N|dense] [--mamba-block-scale K]
@@ -103,7 +104,11 @@ after every `update_from_output` the keys they leave cached must be the prefix c
 (`kv_events`), and, with `--offload-chunks`, the CPU-tier keys they leave cached must be the
 chunks the connector's CPU manager holds; `--kv-report-full` has every request ask for them in
 vLLM's "full" report mode; `--offload-self-describing-events` has the connector announce a
-chunk by its blocks' keys (vLLM's `self_describing_kv_events`).
+chunk by its blocks' keys (vLLM's `self_describing_kv_events`). `--cache-read-limits` gives
+the requests cache read limits in turn (none; skip the prefix cache; score the prompt from its
+middle row on, vLLM 0.34.0's `prompt_logprob_start`), and each must be admitted with no more
+tokens read from the cache or a connector than its limit (`cache_read_limit`,
+`integrations.vllm.cache_reads`).
 Exit 1 if a program failed. Needs
 `schedspec install-engines vllm`.
 """
@@ -207,6 +212,8 @@ COUNTS = (
     "session_kv_dropped",
     "session_inputs_awaiting_grammar",
     "session_grammar_errors",
+    "bounded_admissions",
+    "partial_reads",
     *ADMISSION_MEANING,
 )
 MEANING = {
@@ -237,6 +244,8 @@ MEANING = {
     "aborted_loading": "aborts of a request whose KV load was in flight",
     "inflight_cap_reached": "calls leaving max_num_inflight_kv_loads loads holding KV blocks",
     "queue_passes": "requests another waiting queue's later one passed (held back; head)",
+    "bounded_admissions": "admissions of a request with a cache read limit",
+    "partial_reads": "of those, with a hit within the limit (some tokens read)",
     "load_errors": "requests ended with an error after a failed load",
     "lookups_put_off": 'connector lookups answered "ask again later"',
     "stores_refused": "stores the offload store had no room for",
@@ -351,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "full_block_scale": args.full_block_scale,
                 "kv_events": args.kv_events,
                 "kv_report_full": args.kv_report_full,
+                "cache_read_limits": args.cache_read_limits,
             },
         )
     return 1 if tally.failures else 0

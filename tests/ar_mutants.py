@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
-from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.prefix_cache import VLLM_V1_PREFIX, PrefixCachingVllmV1
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_settings import (
     VLLM_033_ADAPTIVE,
@@ -457,6 +457,32 @@ class CacheAwareWholeQueue(_CacheAware):
         self.options = dataclasses.replace(self.options, cache_aware_window=10_000)
 
 
+class CacheReadLimitIgnored(PrefixCachingVllmV1):
+    """A cache hit that reaches past the request's `cache_read_limit` (into the rows a
+    prompt-scoring request must compute, or for a request that skips the cache)."""
+
+    def _hit(self, req: ArReq) -> list[int]:
+        spec = req.spec
+        req.spec = dataclasses.replace(spec, cache_read_limit=None)
+        try:
+            return super()._hit(req)
+        finally:
+            req.spec = spec
+
+
+class CacheAwareProbeUnbounded(_CacheAware):
+    """The cache-aware window ranks a request by its whole cached prefix, past its
+    `cache_read_limit` (vLLM 0.34.0's `get_num_cached_tokens` does: a finding)."""
+
+    def _cached_tokens(self, req: ArReq) -> int:
+        spec = req.spec
+        req.spec = dataclasses.replace(spec, cache_read_limit=None)
+        try:
+            return super()._cached_tokens(req)
+        finally:
+            req.spec = spec
+
+
 def _caching() -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(True,), prefix_caching=(True,)).map(
         lambda c: c.replace(num_blocks=c.num_blocks + c.max_blocks_per_request)
@@ -823,6 +849,23 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(CacheAwareWholeQueue),
             _cache_aware(),
             "vLLM's cache-aware reordering applied to the whole queue, not its window",
+            VLLM_V1_CACHE_AWARE.profile,
+        ),
+        ArMutant(
+            "cache_read_limit_ignored",
+            "cache_hit_bounded",
+            _f(CacheReadLimitIgnored),
+            _caching(),
+            "prefix-cache hits that reach past a request's cache_read_limit",
+            VLLM_V1_PREFIX.profile,
+        ),
+        ArMutant(
+            "cache_aware_probe_unbounded",
+            "fcfs_admission",
+            _f(CacheAwareProbeUnbounded),
+            _cache_aware(),
+            "vLLM 0.34.0's cache-aware window ranking a request by cached tokens past its "
+            "cache_read_limit",
             VLLM_V1_CACHE_AWARE.profile,
         ),
         ArMutant(

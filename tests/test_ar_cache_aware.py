@@ -83,17 +83,20 @@ C = (*A[:4], 60, 61)  # shares a's first 2 blocks
 
 
 def admission_order(
-    factory: ArImplementationFactory, policy: ArPolicy, config: ArConfig = ONE_SEAT
+    factory: ArImplementationFactory,
+    policy: ArPolicy,
+    config: ArConfig = ONE_SEAT,
+    c_reads: int | None = None,
 ) -> list[str]:
     """a runs alone (4 of 8 blocks held: usage 0.5) while b, then c (a's first 4 tokens
-    cached), wait for its seat: the order the three are admitted in, the spec checking every
-    event, and the snapshot after every step, under `policy`. (tests/test_real_vllm_cache_aware.py
-    runs it on vLLM.)"""
+    cached; `c_reads`: its `cache_read_limit`), wait for its seat: the order the three are
+    admitted in, the spec checking every event, and the snapshot after every step, under
+    `policy`. (tests/test_real_vllm_cache_aware.py runs it on vLLM.)"""
     h = ArHarness(factory, config, policy=policy)
     h.submit(ArRequest("a", 8, 2, prompt=A))
     h.step()
     h.submit(ArRequest("b", 4, 1, prompt=B))
-    h.submit(ArRequest("c", 6, 1, prompt=C))
+    h.submit(ArRequest("c", 6, 1, prompt=C, cache_read_limit=c_reads))
     while not h.spec.is_idle():
         h.step()
     h.drain()
@@ -162,15 +165,19 @@ def test_the_window_is_ignored_under_priority_as_vllm_ignores_it() -> None:
 def test_the_tally_shows_the_window_engaged_and_moving_the_queue(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`scripts/cache_aware_tally.py` on the twin: a pass in which the window moved the queue;
-    an implementation that declares no window is a usage error (exit 2, one line)."""
+    """`scripts/cache_aware_tally.py` on the twin: a pass in which the window moved the queue,
+    and ranked some request below its whole cached prefix for its cache read limit; an
+    implementation that declares no window is a usage error (exit 2, one line)."""
     tally = load_script("cache_aware_tally")
-    assert tally.main(["--examples", "30", "--seed", "3"]) == 0
+    assert tally.main(["--examples", "100", "--seed", "3"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert row[0] == "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE" and row[-1] == "PASS", row
-    asked, moved = int(row[2]), int(row[3])
+    asked, moved, cut = int(row[2]), int(row[3]), int(row[4])
     assert asked >= moved > 0, row
+    # the twin's profile draws cache read limits: some ranks were cut by one
+    assert asked >= cut > 0, row
     assert vars(ar_machine)["cache_aware_order"] is cache_aware_order  # put back
+    assert ar_machine.ArSpecMachine._reorder_cache_aware.__name__ == "_reorder_cache_aware"
     assert tally.main(["--impl", "reference.ar.vllm_v1:VLLM_V1"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "declares cache_aware_window" in err, err

@@ -499,8 +499,10 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     itself fails `session_length`; `active_cap`, `watermark` and `prefill_cadence`, which need
     vLLM's admission settings, in tests/test_real_vllm_admission.py; `inflight_kv_loads`,
     which needs vLLM 0.34.0's cap on in-flight KV loads, in
-    tests/test_real_vllm_inflight_loads.py)."""
+    tests/test_real_vllm_inflight_loads.py; `cache_read_limit`, which needs requests that
+    bound their cache reads, in tests/test_real_vllm_cache_reads.py)."""
     from tests import test_real_vllm_admission as admission
+    from tests import test_real_vllm_cache_reads as cache_reads
     from tests import test_real_vllm_inflight_loads as inflight_loads
     from tests import test_real_vllm_kv_connector as kv_connector
     from tests import test_real_vllm_kv_event_content as kv_event_content
@@ -524,6 +526,7 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {bug[1] for bug in sessions.SEEDED_BUGS}
     covered |= {bug[2] for bug in admission.SEEDED}
     covered |= {rule for _, rule in inflight_loads.SEEDED_BUGS}
+    covered |= {rule for _, rule in cache_reads.SEEDED_BUGS}
     # released vLLM fails it: test_finding_a_session_is_resumed_past_max_model_len
     covered.add("session_length")
     assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts

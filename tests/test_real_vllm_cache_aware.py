@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from integrations.vllm import (
     VLLM_POLICY,
 )
 from integrations.vllm.adapter import RealVllmScheduler
+from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES, REAL_VLLM_CACHE_AWARE_FIXED
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.conformance import ar_conformance_machine
@@ -31,6 +33,7 @@ from spec.ar.profile import ArProfile
 from spec.errors import ConfigError, SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
+from tests.patch_check import apply_fix_set
 from tests.test_ar_cache_aware import ONE_SEAT, admission_order
 from tests.test_ar_mutants import HUNT
 
@@ -54,9 +57,10 @@ def _has_the_setting() -> bool:
     return True
 
 
-def _admissions(impl: ArImplementation) -> list[str]:
-    """`admission_order` (tests/test_ar_cache_aware.py) of `impl` under its own profile."""
-    return admission_order(impl.factory, impl.profile.policy)
+def _admissions(impl: ArImplementation, c_reads: int | None = None) -> list[str]:
+    """`admission_order` (tests/test_ar_cache_aware.py) of `impl` under its own profile, c
+    reading at most `c_reads` tokens from the cache."""
+    return admission_order(impl.factory, impl.profile.policy, c_reads=c_reads)
 
 
 def test_vllm_admits_the_cached_prefix_first_and_keeps_the_order() -> None:
@@ -70,12 +74,53 @@ def test_vllm_admits_the_cached_prefix_first_and_keeps_the_order() -> None:
     assert _admissions(REAL_VLLM_PREFIX) == ["a", "b", "c"]
 
 
+def test_vllm_ranks_a_prompt_scoring_request_by_a_prefix_it_may_not_read() -> None:
+    """The finding: c scores its prompt from row 1 on (`prompt_logprob_start=1`), so its
+    admission reads none of a's 2 cached blocks; vLLM 0.34.0 still moves it ahead of b, and the
+    spec names the reordered queue. With `bounded-cache-probe` vLLM keeps arrival order, as the
+    twin does; from row 2 on c may read one block, and all three move it ahead. A request that
+    skips the cache (0) is ranked as holding nothing, as it should be."""
+    if not _has_the_setting():
+        return
+    with pytest.raises(SpecViolation) as caught:
+        _admissions(REAL_VLLM_CACHE_AWARE, c_reads=1)
+    err = caught.value
+    assert err.rule == "waiting_order", err
+    assert "implementation queue ['c', 'b'], FCFS order ['b', 'c']" in str(err), err
+    for impl in (REAL_VLLM_CACHE_AWARE_FIXED, vllm_settings.VLLM_V1_CACHE_AWARE):
+        assert _admissions(impl, c_reads=1) == ["a", "b", "c"], impl.description
+        assert _admissions(impl, c_reads=0) == ["a", "b", "c"], impl.description
+    for impl in (
+        REAL_VLLM_CACHE_AWARE,
+        REAL_VLLM_CACHE_AWARE_FIXED,
+        vllm_settings.VLLM_V1_CACHE_AWARE,
+    ):
+        assert _admissions(impl, c_reads=2) == ["a", "c", "b"], impl.description
+    assert _admissions(REAL_VLLM_CACHE_AWARE, c_reads=0) == ["a", "b", "c"]
+
+
+def test_the_probe_fix_is_a_patch_of_the_kv_cache_manager(tmp_path: Path) -> None:
+    """`scripts/engine_fixes_diff.py vllm-cache-probe` prints the edit the tests run (the
+    probe's bound becomes `get_max_cache_hit_length()`): applied with `git apply -p1` to a copy
+    of vLLM 0.34.0's `kv_cache_manager.py`, it gives the very text they run."""
+    if not _has_the_setting():
+        return
+    diff, patched = apply_fix_set(tmp_path, CACHE_PROBE_FIXES)
+    assert diff.startswith("--- a/vllm/v1/core/kv_cache_manager.py"), diff[:200]
+    assert "-            request.block_hashes, request.num_tokens - 1\n" in diff, diff
+    assert "request.block_hashes, request.get_max_cache_hit_length()" in next(
+        iter(patched.values())
+    )
+
+
 def test_real_vllm_with_the_window_conforms_and_decides_as_its_twin(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`verify --impl integrations.vllm:REAL_VLLM_CACHE_AWARE --twin
+    """`verify --impl integrations.vllm.cache_probe_fix:REAL_VLLM_CACHE_AWARE_FIXED --twin
     reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE`: the suite under the declared profile
-    (prefix caching off and on, FCFS and priority), each example replayed through the twin."""
+    (prefix caching off and on, FCFS and priority, requests that bound their cache reads),
+    each example replayed through the twin. The released scheduler fails it where a
+    prompt-scoring request is ranked (the finding above), so the fix is applied."""
     from schedspec_cli.main import main
 
     if not _has_the_setting():
@@ -84,7 +129,7 @@ def test_real_vllm_with_the_window_conforms_and_decides_as_its_twin(
     argv = [
         "verify",
         "--impl",
-        "integrations.vllm:REAL_VLLM_CACHE_AWARE",
+        "integrations.vllm.cache_probe_fix:REAL_VLLM_CACHE_AWARE_FIXED",
         "--twin",
         "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE",
         "--examples",

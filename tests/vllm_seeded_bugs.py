@@ -634,3 +634,54 @@ def waiting_sessions_not_counted(sched: Any) -> None:
             sched.num_waiting_for_streaming_input += waiting
 
     sched.schedule = schedule
+
+
+def _read_unbounded(request: Any) -> Callable[[], None]:
+    """Lift `request`'s cache read limit (0.34.0's `prefix_cache_hit_limit`, 0.33.0's
+    `skip_reading_prefix_cache`); returns what puts it back."""
+    if hasattr(request, "prefix_cache_hit_limit"):
+        limit = request.prefix_cache_hit_limit
+        request.prefix_cache_hit_limit = None
+        return lambda: setattr(request, "prefix_cache_hit_limit", limit)
+    skip = request.skip_reading_prefix_cache
+    request.skip_reading_prefix_cache = False
+    return lambda: setattr(request, "skip_reading_prefix_cache", skip)
+
+
+def cache_limit_ignored(sched: Any) -> None:
+    """Seeded bug: the prefix-cache lookup ignores a request's cache read limit (it reads the
+    rows a prompt-scoring request must compute, or a cache it was told to skip)."""
+    manager = sched.kv_cache_manager
+    original = manager.get_computed_blocks
+
+    def computed(request: Any, *args: Any, **kwargs: Any) -> Any:
+        restore = _read_unbounded(request)
+        try:
+            return original(request, *args, **kwargs)
+        finally:
+            restore()
+
+    manager.get_computed_blocks = computed
+
+
+def connector_limit_ignored(sched: Any) -> None:
+    """Seeded bug: the scheduler takes a KV connector's hit for a request with a cache read
+    limit (vLLM drops it: `skip_reading_external_kv`); the local lookup still honours it."""
+    connector = sched.connector
+    original_lookup = connector.get_num_new_matched_tokens
+    original_schedule = sched.schedule
+    lifted: list[Callable[[], None]] = []
+
+    def lookup(request: Any, *args: Any, **kwargs: Any) -> Any:
+        lifted.append(_read_unbounded(request))  # the guard after the lookup reads no limit
+        return original_lookup(request, *args, **kwargs)
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_schedule(*args, **kwargs)
+        finally:
+            while lifted:
+                lifted.pop()()
+
+    connector.get_num_new_matched_tokens = lookup
+    sched.schedule = schedule

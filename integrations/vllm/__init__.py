@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 from integrations.vllm.manifest import MANIFEST, VLLM_VERSION
 from spec.ar.adapter import ArEventSink
 from spec.ar.config import ArConfig, Policy
-from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.implementation import ArImplementation
 
 if TYPE_CHECKING:
@@ -94,11 +94,20 @@ REAL_VLLM_PROFILE = ArProfile(
     policy=VLLM_POLICY,
 )
 
+#: The per-request cache read limits (`ArRequest.cache_read_limit`) the selected release
+#: honours: 0.33.0 gives a request its whole cached prefix or, with `skip_reading_prefix_cache`
+#: (set for every prompt-scoring request), none of it; 0.34.0 also bounds a hit at the first
+#: scored prompt row (`prompt_logprob_start`, `Request.prefix_cache_hit_limit`).
+VLLM_CACHE_READ_LIMITS = (
+    CacheReadLimits.SKIP if VLLM_VERSION == "0.33.0" else CacheReadLimits.BOUNDED
+)
+
 REAL_VLLM_PREFIX_PROFILE = ArProfile(
     space=ArConfigSpace(
         policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
         null_block=frozenset({True}),
         prefix_caching=frozenset({True}),
+        cache_read_limits=VLLM_CACHE_READ_LIMITS,
     ),
     policy=VLLM_POLICY,
 )
@@ -135,9 +144,10 @@ REAL_VLLM_CADENCE_PROFILE = ArProfile(
 VLLM_CACHE_AWARE_WINDOW = 3
 VLLM_CACHE_AWARE_THRESHOLD = 0.5
 
-#: `REAL_VLLM_CACHE_AWARE` declares vLLM 0.34.0's cache-aware admission.
+#: `REAL_VLLM_CACHE_AWARE` declares vLLM 0.34.0's cache-aware admission, with requests that
+#: bound their cache reads (which 0.34.0's ranking overlooks: a finding, docs/engines.md).
 REAL_VLLM_CACHE_AWARE_PROFILE = ArProfile(
-    space=SETTINGS_SPACE,
+    space=dataclasses.replace(SETTINGS_SPACE, cache_read_limits=CacheReadLimits.BOUNDED),
     policy=dataclasses.replace(
         VLLM_POLICY,
         cache_aware_window=VLLM_CACHE_AWARE_WINDOW,

@@ -75,6 +75,9 @@ from integrations.vllm import (
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.release_api import (
+    bounded_reads,
+    cache_read_limit,
+    cache_read_params,
     check_scheduler_settings,
     configs_as_with_triton,
     runner_output,
@@ -103,7 +106,7 @@ from spec.ar.events import (
 from spec.ar.profile import ArConfigSpace
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import ConfigError, DuplicateRequest, UnknownRequest
+from spec.errors import ConfigError, DuplicateRequest, InvalidRequest, UnknownRequest
 
 # Token ids (`integrations.vllm.token_ids`). Prompts we invent for requests that share nothing
 # use one id per request. Sampled tokens are the request's own too (as in the spec's content
@@ -620,6 +623,16 @@ class RealVllmScheduler:
         rid = request.request_id
         if rid in self.specs:
             raise DuplicateRequest(rid)
+        limit = request.cache_read_limit
+        if limit and not bounded_reads(self.v.request.Request):
+            raise InvalidRequest(
+                rid,
+                "cache_read_limit",
+                limit,
+                f"0 or None on vLLM {MANIFEST.version}: a request there reads its whole prefix "
+                "from the cache or none of it (a hit bounded at a scored prompt row, "
+                "prompt_logprob_start, is new in vLLM 0.34.0)",
+            )
         prompt = (
             list(request.prompt)
             if request.prompt is not None
@@ -641,6 +654,7 @@ class RealVllmScheduler:
                 if self.kv_report_mode != "incremental"
                 else None
             ),
+            **cache_read_params(limit),
         )
         adapter = lora_of(self.arrivals, self.loras)
         req = self.v.request.Request(
@@ -677,6 +691,8 @@ class RealVllmScheduler:
                 s.priority,
                 s.predicted_len,
                 prompt=s.prompt,
+                # as vLLM's request holds it: the harness checks it is the one asked for
+                cache_read_limit=cache_read_limit(req),
             )
         )
 

@@ -26,6 +26,9 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
   hit lands on blocks a scheduled batch wrote with the hitting request's own content (a hit
   ending inside a block, on that block's first tokens), and no batch writes other tokens over
   a block the prefix cache holds under its content's key;
+- cache reads (`cache_read_limit`, `integrations.vllm.cache_reads`): a request with a cache read
+  limit (skipping the cache, or scoring its prompt from a row on) is admitted with at most that
+  many computed tokens read from the prefix cache or a KV connector;
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
 - vLLM raising is `implementation_error`;
@@ -107,7 +110,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
@@ -128,6 +131,7 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
+from integrations.vllm.cache_reads import check_cache_reads, with_cache_read_limits
 from integrations.vllm.cache_writes import CacheWrites, batch_starts
 from integrations.vllm.core_loop import (
     ABORTED,
@@ -150,9 +154,11 @@ from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
+from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
+from integrations.vllm.release_api import resumed_req_ids
 from integrations.vllm.sessions import SessionInput, SessionLedger, sessions_of
 from integrations.vllm.settings_034 import VLLM_034_DEFAULTS, Vllm034Settings
 from integrations.vllm.speculative import SpeculativeModel
@@ -171,6 +177,7 @@ RULES = (
     "grammar_mask",
     "draft_grammar",
     "cache_hit_written",
+    "cache_read_limit",
     "kv_written",
     "kv_events",
     "kv_event_content",
@@ -292,6 +299,8 @@ class CoreRun:
     capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
+    bounded_admissions: int = 0  # admissions of a request with a cache read limit
+    partial_reads: int = 0  # of those, with a hit within the limit (some tokens read)
 
 
 @dataclass
@@ -311,6 +320,8 @@ class _Counts(LoopCounts):
     cache_resets_done: int = 0
     adapter_waits: int = 0
     offload_deferred_reports: int = 0
+    bounded_admissions: int = 0
+    partial_reads: int = 0
 
 
 class EngineCoreLoop(BatchQueueLoop[_Counts]):
@@ -731,6 +742,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             priority=cfg.policy is Policy.PRIORITY,
         )
         self.check_kv_covers(out)
+        self.check_cache_reads(out, own_kv)
         if self.admission is not None:
             self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.sessions.sessions:
@@ -774,6 +786,20 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             1
             for r in self.impl._waiting()
             if r.num_stale_output_tokens and r.request_id not in self._stale_before
+        )
+
+    def check_cache_reads(self, out: Any, own_kv: Collection[str]) -> None:
+        """Rule `cache_read_limit` (`integrations.vllm.cache_reads`) over the requests the call
+        admits, new or resumed, but for sessions resuming on their kept KV (`own_kv`)."""
+        specs = self.impl.specs
+        admitted = {d.req_id for d in out.scheduled_new_reqs} | resumed_req_ids(out)
+        limits = {rid: specs[rid].cache_read_limit for rid in admitted if rid in specs}
+        bounded = [rid for rid, limit in limits.items() if limit is not None and rid not in own_kv]
+        if not bounded:
+            return
+        self.n.bounded_admissions += len(bounded)
+        self.n.partial_reads += check_cache_reads(
+            out, batch_starts(out), limits, own_kv, admitted, f"schedule {self.n.schedules}"
         )
 
     def execute(self, out: Any) -> Any:
@@ -1185,8 +1211,9 @@ def _store(
 def program_seed(program: CoreProgram) -> int:
     """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
     of its text, so each program draws its own and the same every run (a program without
-    session inputs hashes as it did before `inputs` existed)."""
-    text = repr(program)
+    session inputs hashes as it did before `inputs` existed, and a request without a cache read
+    limit as before `ArRequest.cache_read_limit` did)."""
+    text = repr(program).replace(", cache_read_limit=None)", ")")
     if not program.inputs:
         text = text.replace(", inputs=()", "")
     return zlib.crc32(text.encode())
@@ -1233,8 +1260,10 @@ class LoopOptions:
     `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
     settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
     is set. `max_inflight_kv_loads` is vLLM 0.34.0's `max_num_inflight_kv_loads` (with a KV
-    connector or vLLM's offloading connector; rule `inflight_kv_loads`). With `trace` (a
-    list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
+    connector or vLLM's offloading connector; rule `inflight_kv_loads`). `cache_read_limits`
+    gives the program's requests cache read limits in turn (none, skip the cache, score the
+    prompt from a row on: `integrations.vllm.cache_reads`; rule `cache_read_limit`). With
+    `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
     fix: Callable[[Any], None] | None = None
@@ -1276,6 +1305,7 @@ class LoopOptions:
     adaptive_threshold: bool = False
     reserve_full_isl: bool = True
     max_inflight_kv_loads: int | None = None
+    cache_read_limits: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1284,6 +1314,8 @@ class LoopOptions:
         seeded by `draw_seed`, else by the program's text."""
         seeded = self.mutate if async_scheduling else None
         fix = self.fix
+        if self.cache_read_limits:
+            program = with_cache_read_limits(program, bounded=MANIFEST.version != "0.33.0")
 
         def patch(sched: Any) -> None:
             for change in (fix, seeded):

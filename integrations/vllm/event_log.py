@@ -50,6 +50,7 @@ from integrations.vllm.adapter import (
     victim_order,
     vllm_rules,
 )
+from integrations.vllm.release_api import cache_read_limit
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArAborted, ArEvent, ArFinished, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
@@ -167,6 +168,7 @@ class VllmEventLog:
                 int(request.priority),
                 prompt=prompt if self._prefix else None,
                 stop_sampled=True,
+                cache_read_limit=cache_read_limit(request) if self._prefix else None,
             )
         )
         return result

@@ -251,6 +251,13 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "caching programs only hit, unless --programs-from shared-prompts)",
     )
     parser.add_argument(
+        "--cache-read-limits",
+        action="store_true",
+        help="requests bound their cache reads in turn: none, skip the prefix cache "
+        "(skip_reading_prefix_cache), score the prompt from its middle row on (vLLM 0.34.0's "
+        "prompt_logprob_start; on 0.33.0 a skip again); rule cache_read_limit",
+    )
+    parser.add_argument(
         "--max-inflight-kv-loads",
         type=int,
         default=None,
@@ -514,6 +521,7 @@ def loop_options(
         kv_store=args.kv_store,
         kv_store_blocks=args.kv_store_blocks,
         max_inflight_kv_loads=args.max_inflight_kv_loads,
+        cache_read_limits=args.cache_read_limits,
         offload_chunks=args.offload_chunks,
         offload_outputs=args.offload_outputs,
         offload_sync_loads=args.offload_sync_loads,
@@ -572,6 +580,8 @@ def describe(args: argparse.Namespace) -> str:
         )
     if args.cache_resets:
         drafts += "; cache resets"
+    if args.cache_read_limits:
+        drafts += "; cache read limits"
     if args.kv_events:
         full = ", hits reported in full" if args.kv_report_full else ""
         drafts += f"; KV cache events checked{full}"

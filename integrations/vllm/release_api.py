@@ -103,7 +103,41 @@ def trims_to_first_rejected(manager: Any) -> bool:
     return hasattr(manager, "trim_spec_tokens")
 
 
+def cache_read_limit(request: Any) -> int | None:
+    """The most leading tokens a prefix-cache hit may give vLLM's `request`
+    (`ArRequest.cache_read_limit`): 0.34.0's `prefix_cache_hit_limit` (0 when it skips reading
+    the cache, its `prompt_logprob_start` when it scores its prompt, else None); 0.33.0 only
+    skips (`skip_reading_prefix_cache`, set for every prompt-scoring request): 0, else None."""
+    if hasattr(request, "prefix_cache_hit_limit"):
+        limit = request.prefix_cache_hit_limit
+        return None if limit is None else int(limit)
+    return 0 if request.skip_reading_prefix_cache else None
+
+
+def bounded_reads(request_class: type) -> bool:
+    """Whether vLLM's `Request` class bounds a cache hit at a scored prompt row (0.34.0's
+    `get_max_cache_hit_length`), not only skips the cache (0.33.0)."""
+    return hasattr(request_class, "get_max_cache_hit_length")
+
+
+def cache_read_params(limit: int | None) -> dict[str, Any]:
+    """The `SamplingParams` fields that give a request the cache read limit `limit`: none for
+    None; `skip_reading_prefix_cache` for 0; for more, prompt scoring from row `limit` on
+    (`prompt_logprobs=0`, 0.34.0's `prompt_logprob_start`) with `skip_reading_prefix_cache=
+    False`: a prompt-scoring request skips the cache unless told so (`SamplingParams.
+    __post_init__`; "set skip_reading_prefix_cache=False to reuse local cached rows before
+    it", says `prompt_logprob_start`'s own docstring)."""
+    if limit is None:
+        return {}
+    if limit == 0:
+        return {"skip_reading_prefix_cache": True}
+    return {"prompt_logprobs": 0, "prompt_logprob_start": limit, "skip_reading_prefix_cache": False}
+
+
 __all__ = [
+    "bounded_reads",
+    "cache_read_limit",
+    "cache_read_params",
     "cached_block_ids",
     "configs_as_with_triton",
     "draft_limits",

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from integrations.vllm.adapter import session_output_token
 from integrations.vllm.core_loop import ABORTED, EngineCoreViolation, first_difference
+from integrations.vllm.release_api import cache_read_params
 from integrations.vllm.structured import (
     REASONING_END,
     REASONING_START,
@@ -207,6 +208,9 @@ class SessionLedger:
             max_tokens=max(item.max_tokens, 1),
             ignore_eos=True,
             structured_outputs=grammar_params(v, script, first) if guided else None,
+            # each input bounds its cache reads as the session's first did (vLLM takes the
+            # limit of each input's own sampling parameters)
+            **cache_read_params(self.impl.specs[item.request_id].cache_read_limit),
         )
         request = v.request.Request(
             request_id=item.request_id,

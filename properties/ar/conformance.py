@@ -32,11 +32,17 @@ from hypothesis.stateful import (
 
 from properties.ar.decisions import twin_difference
 from properties.ar.harness import ArHarness
-from properties.ar.strategies import ar_configs, ar_configs_in, prompts, request_sizes
+from properties.ar.strategies import (
+    ar_configs,
+    ar_configs_in,
+    cache_read_limits,
+    prompts,
+    request_sizes,
+)
 from properties.conformance_base import ConformanceBase, StepCounter
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest, Policy
-from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.errors import ConfigError
 
 DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Policy.FCFS)
@@ -101,8 +107,13 @@ def ar_conformance_machine(
             config = self.harness.config
             prompt_len, max_tokens = data.draw(request_sizes(config), "sizes")
             prompt = None
+            limit = None
             if config.enable_prefix_caching:
                 prompt = data.draw(prompts(prompt_len), "prompt")
+                if space.cache_read_limits is not CacheReadLimits.NONE:
+                    limit = data.draw(
+                        cache_read_limits(prompt_len, space.cache_read_limits), "cache_read_limit"
+                    )
             rid = self.new_id()
             return ArRequest(
                 rid,
@@ -110,6 +121,7 @@ def ar_conformance_machine(
                 max_tokens,
                 arrival_time=float(self.next_id),
                 prompt=prompt,
+                cache_read_limit=limit,
                 **kw,  # type: ignore[arg-type]
             )
 

@@ -19,7 +19,7 @@ from typing import TypeAlias
 from properties.replay import ReplayHarness
 from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
-from spec.ar.events import ArEvent, ArStepEnd
+from spec.ar.events import ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
@@ -87,9 +87,28 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
 
     # ------------------------------------------------------------------ operations
     def submit(self, request: ArRequest) -> RequestError | None:
-        """Submit; return the typed error if the implementation (rightly) rejected it."""
+        """Submit; return the typed error if the implementation (rightly) rejected it. An
+        accepted request's `ArSubmitted` must carry its `cache_read_limit` (`valid_request`):
+        a log without it would leave its cache hits unchecked against it."""
         self.ops.append(ArSubmit(request))
-        return self._checked_submit(request, self.impl.submit)
+        before = len(self.events)
+        err = self._checked_submit(request, self.impl.submit)
+        if err is None and request.cache_read_limit is not None:
+            carried = next(
+                (
+                    e.cache_read_limit
+                    for e in self.events[before:]
+                    if isinstance(e, ArSubmitted) and e.request_id == request.request_id
+                ),
+                None,
+            )
+            if carried != request.cache_read_limit:
+                raise self._violate(
+                    "valid_request",
+                    f"submitted {request.request_id!r} with cache_read_limit="
+                    f"{request.cache_read_limit}, but its ArSubmitted carries {carried}",
+                )
+        return err
 
     def abort(self, request_id: str) -> UnknownRequest | None:
         """Abort `request_id`; return the `UnknownRequest` if the implementation refused it.

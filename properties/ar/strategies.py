@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from spec.ar.config import ArConfig, Policy
-from spec.ar.profile import ArConfigSpace
+from spec.ar.profile import ArConfigSpace, CacheReadLimits
 
 
 @st.composite
@@ -98,6 +98,19 @@ def prompts(draw: st.DrawFn, prompt_len: int, family: int = 7) -> tuple[int, ...
         st.lists(st.integers(100, 103), min_size=prompt_len - shared, max_size=prompt_len - shared)
     )
     return (family,) * shared + tuple(tail)
+
+
+def cache_read_limits(prompt_len: int, honoured: CacheReadLimits) -> st.SearchStrategy[int | None]:
+    """A request's `cache_read_limit` among those `honoured`: mostly none; 0 (it skips reading
+    the cache); with `BOUNDED`, a first scored prompt row s, 1 <= s < prompt_len - 1 (vLLM
+    0.34 refuses a `prompt_logprob_start` from prompt_len - 1 on), which cuts a hit that
+    would reach past it."""
+    if honoured is CacheReadLimits.NONE:
+        return st.none()
+    limits: st.SearchStrategy[int | None] = st.sampled_from([None, None, 0])
+    if honoured is CacheReadLimits.BOUNDED and prompt_len >= 3:
+        limits = limits | st.integers(1, prompt_len - 2)
+    return limits
 
 
 @st.composite

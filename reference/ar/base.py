@@ -302,6 +302,7 @@ class ArSchedulerBase:
                 s.priority,
                 s.predicted_len,
                 s.prompt,
+                cache_read_limit=s.cache_read_limit,
             )
         )
 

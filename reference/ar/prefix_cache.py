@@ -19,7 +19,7 @@ from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.cache_aware import pool_usage
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArCacheHit
-from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.implementation import ArImplementation
 
 
@@ -30,12 +30,16 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
     name = "vllm-v1-prefix"
 
     def _hit(self, req: ArReq) -> list[int]:
-        """Cached blocks holding the request's prefix: whole blocks, at most known - 1 tokens."""
+        """Cached blocks holding the request's prefix: whole blocks, at most known - 1 tokens
+        and at most its `cache_read_limit` (vLLM 0.34's `Request.get_max_cache_hit_length`)."""
         pool = self.pool
         if not isinstance(pool, CachingBlockPool):
             return []
         bs = self.config.block_size
-        most = (req.known - 1) // bs
+        readable = req.known - 1
+        if req.spec.cache_read_limit is not None:
+            readable = min(readable, req.spec.cache_read_limit)
+        most = readable // bs
         return pool.lookup([req.key(k, bs) for k in range(most)])
 
     def _take_hit(self, req: ArReq, hit: list[int]) -> None:
@@ -47,7 +51,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
         self.sink(ArCacheHit(req.rid, tuple(hit)))
 
     def _cached_tokens(self, req: ArReq) -> int:
-        """Tokens of the request's prefix the cache holds now (a probe: nothing taken)."""
+        """Tokens of the request's prefix the cache holds now and would give it (a probe:
+        nothing taken), within its `cache_read_limit`."""
         return len(self._hit(req)) * self.config.block_size
 
     def _usage(self) -> float:
@@ -120,7 +125,9 @@ def make_vllm_v1_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapt
 VLLM_V1_PREFIX = ArImplementation(
     make_vllm_v1_prefix,
     ArProfile(
-        space=ArConfigSpace(prefix_caching=frozenset({True})),
+        space=ArConfigSpace(
+            prefix_caching=frozenset({True}), cache_read_limits=CacheReadLimits.BOUNDED
+        ),
         policy=ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True),
     ),
     "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "

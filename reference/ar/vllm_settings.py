@@ -32,7 +32,7 @@ from reference.ar.prefix_cache import PrefixCachingVllmV1
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.implementation import ArImplementation
 
 #: The watermark of `vllm-v1-watermark`, as `real-vllm-watermark` runs vLLM with it.
@@ -73,17 +73,19 @@ def _variant(
     policy: ArPolicy,
     setting: str,
     policies: frozenset[Policy] | None = None,
+    cache_read_limits: CacheReadLimits = CacheReadLimits.NONE,
 ) -> ArImplementation:
-    """The reference with `options`, prefix caching off or on, declaring `policy`."""
+    """The reference with `options`, prefix caching off or on, declaring `policy` (and the
+    per-request cache read limits `cache_read_limits`, which it always honours)."""
 
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return PrefixCachingVllmV1(config, sink, options)
 
     both = frozenset({False, True})
-    space = (
-        ArConfigSpace(prefix_caching=both)
-        if policies is None
-        else ArConfigSpace(policies=policies, prefix_caching=both)
+    space = ArConfigSpace(
+        policies=frozenset(Policy) if policies is None else policies,
+        prefix_caching=both,
+        cache_read_limits=cache_read_limits,
     )
     return ArImplementation(
         factory,
@@ -143,8 +145,11 @@ VLLM_V1_CACHE_AWARE = _variant(
     ),
     f"vLLM 0.34.0's cache-aware admission (cache_aware_admission_window="
     f"{VLLM_CACHE_AWARE_WINDOW}, threshold {VLLM_CACHE_AWARE_THRESHOLD}); decision-identical to "
-    "vLLM 0.34.0 with that window (`integrations.vllm:REAL_VLLM_CACHE_AWARE`, verify --twin)",
+    "vLLM 0.34.0 with that window (`integrations.vllm:REAL_VLLM_CACHE_AWARE`, verify --twin), "
+    "but ranking a request by the cached prefix it may read (its cache_read_limit): a vLLM "
+    "finding, docs/engines.md",
     policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
+    cache_read_limits=CacheReadLimits.BOUNDED,
 )
 
 #: Each variant's factory, for `--impl module:callable`.

@@ -33,7 +33,7 @@ from spec.ar.events import (
 )
 from spec.ar.lifecycles import AR_LIFECYCLES, ArPhase
 from spec.ar.machine import ArSpecMachine, finish_reason
-from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.rules import AR_RULES, ArRule
 from spec.ar.snapshot import ArSnapshot
@@ -71,6 +71,7 @@ __all__ = [
     "ArSpecMachine",
     "ArStepEnd",
     "ArSubmitted",
+    "CacheReadLimits",
     "Policy",
     "VictimOrder",
     "finish_reason",

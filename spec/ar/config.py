@@ -193,6 +193,12 @@ class ArRequest:
     prompt: the prompt's token ids (len == prompt_len), or None. Only prefix caching looks at
         them: requests whose prompts share a prefix may share its full KV blocks. None means a
         prompt shared with no other request.
+    cache_read_limit: the most leading tokens a prefix-cache hit may give the request, or None
+        (unbounded). 0: it reads nothing from the cache (vLLM's `skip_reading_prefix_cache`);
+        s > 0: it scores its prompt from row s on, so every later row must be computed by its
+        own forwards (vLLM 0.34's `prompt_logprob_start`, its `prefix_cache_hit_limit`).
+        Drawn only for implementations whose profile declares it
+        (`ArConfigSpace.cache_read_limits`).
     """
 
     request_id: str
@@ -203,6 +209,7 @@ class ArRequest:
     predicted_len: int | None = None
     arrival_time: float = 0.0
     prompt: tuple[int, ...] | None = None
+    cache_read_limit: int | None = None
 
     @property
     def expected_output(self) -> int:
@@ -252,6 +259,8 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
         _int_field(rid, "predicted_len", request.predicted_len, 1)
     if isinstance(request.priority, bool) or not isinstance(request.priority, int):
         raise InvalidRequest(rid, "priority", request.priority, "must be an integer")
+    if request.cache_read_limit is not None:
+        _int_field(rid, "cache_read_limit", request.cache_read_limit, 0)
     if request.prompt is not None and (
         not isinstance(request.prompt, tuple)
         or len(request.prompt) != request.prompt_len

@@ -42,6 +42,9 @@ class ArSubmitted:
     # log): the request may finish with reason STOP right after any step in which it produced
     # an output token. `stop_after` is then None (the two are exclusive).
     stop_sampled: bool = False
+    # The most leading tokens a cache hit may give it (`ArRequest.cache_read_limit`; None:
+    # unbounded; 0: it skips reading the prefix cache).
+    cache_read_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ class _Req:
     priority: int
     predicted_len: int | None
     prompt: tuple[int, ...] | None = None
+    cache_read_limit: int | None = None  # `ArRequest.cache_read_limit`
     phase: ArPhase = ArPhase.WAITING
     num_computed: int = 0
     num_output: int = 0
@@ -110,6 +111,14 @@ class _Req:
     @property
     def expected_output(self) -> int:
         return self.max_tokens if self.predicted_len is None else self.predicted_len
+
+    @property
+    def readable(self) -> int:
+        """The most tokens a cache hit may give it now: its known tokens less one (the last is
+        computed, to sample from), within its `cache_read_limit`."""
+        if self.cache_read_limit is None:
+            return self.known - 1
+        return min(self.known - 1, self.cache_read_limit)
 
 
 @dataclass(slots=True)
@@ -208,6 +217,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             tuple(r.blocks),
             r.attained,
             self._waited(r),
+            r.cache_read_limit,
         )
 
     def state(self) -> ArState:
@@ -318,7 +328,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
         def cached_tokens(rid: str) -> int:
             r = self._requests[rid]
-            most = (r.known - 1) // self.config.block_size
+            most = r.readable // self.config.block_size
             k = 0
             while k < most and self._key(r, k) in cached_keys:
                 k += 1
@@ -478,6 +488,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             e.priority,
             e.predicted_len,
             prompt=e.prompt,
+            cache_read_limit=e.cache_read_limit,
         )
         try:
             validate_ar_request(self.config, req)
@@ -494,6 +505,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             e.priority,
             e.predicted_len,
             e.prompt,
+            e.cache_read_limit,
             wait_since=self._step.index,
             stop_sampled=e.stop_sampled,
         )
@@ -553,6 +565,19 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 ArRule.CACHE_HIT_BOUNDED,
                 f"{r.request_id!r} hits {tokens} tokens of its {r.known} known: at most "
                 f"{r.known - 1} (the last token is computed, to sample from)",
+                e,
+            )
+        if tokens > r.readable:
+            raise self._fail(
+                ArRule.CACHE_HIT_BOUNDED,
+                f"{r.request_id!r} hits {tokens} tokens but its cache_read_limit is "
+                f"{r.cache_read_limit}: at most {r.readable // cfg.block_size * cfg.block_size} "
+                + (
+                    "(it skips reading the prefix cache)"
+                    if r.cache_read_limit == 0
+                    else f"(its prompt is scored from row {r.cache_read_limit} on, so those rows "
+                    "must be computed by its own forwards)"
+                ),
                 e,
             )
         for k, b in enumerate(e.blocks):

@@ -15,12 +15,22 @@ As for dLLM (`spec.profile`), an AR implementation declares beside its factory:
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder, rules_for
 from spec.ar.rules import ArRule
 from spec.profile import AcceptedDeviation, ConfigOutsideProfile, ProfileError
+
+
+class CacheReadLimits(enum.Enum):
+    """Which per-request cache read limits (`ArRequest.cache_read_limit`) an implementation
+    honours, so which the strategies draw."""
+
+    NONE = "none"  # no request carries one
+    SKIP = "skip"  # 0 (read nothing from the cache) or none: vLLM 0.33's skip_reading_prefix_cache
+    BOUNDED = "bounded"  # any: vLLM 0.34's prefix_cache_hit_limit (prompt_logprob_start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,8 @@ class ArConfigSpace:
     pool_holds_max_model_len: it needs the usable pool to hold one max_model_len request
         (Vidur's Orca and FasterTransformer reserve that much per request at admission).
     stages: the `num_stages` values it steps itself (None = any).
+    cache_read_limits: the per-request cache read limits it honours (`CacheReadLimits`; with
+        prefix caching only: a request then carries one now and then).
     """
 
     policies: frozenset[Policy] = frozenset(Policy)
@@ -48,6 +60,7 @@ class ArConfigSpace:
     long_prefill_threshold: bool = True
     pool_holds_max_model_len: bool = False
     stages: frozenset[int] | None = frozenset({1})
+    cache_read_limits: CacheReadLimits = CacheReadLimits.NONE
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -274,4 +287,4 @@ def _names(values: Iterable[object]) -> str:
     return "{" + ", ".join(sorted(str(v) for v in values)) + "}"
 
 
-__all__ = ["ArConfigSpace", "ArPolicy", "ArProfile", "ConfigOutsideProfile"]
+__all__ = ["ArConfigSpace", "ArPolicy", "ArProfile", "CacheReadLimits", "ConfigOutsideProfile"]

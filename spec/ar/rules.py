@@ -123,7 +123,8 @@ _AR_RULES: dict[ArRule, str] = {
     "that is not cached, or that caches other content. What a request's scheduling cached is "
     "uncached if it is preempted in that same step: its forward never writes it.",
     ArRule.CACHE_HIT_BOUNDED: "A cache hit covers at most the request's known tokens less one (the "
-    "last token is always computed, to sample from).",
+    "last token is always computed, to sample from), and at most its cache_read_limit (0: it "
+    "skips reading the cache; s: its prompt is scored from row s on).",
     ArRule.EVICT_UNREFERENCED_ONLY: "Only cached blocks that no request references are evicted.",
     ArRule.REFCOUNT_MATCHES: "Between steps the implementation's reference count of every block "
     "equals the number of requests holding it (no reference leaked or lost).",

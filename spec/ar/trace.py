@@ -59,6 +59,10 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if value is not None and not _is_int(value):
             raise bad(f"{_INT} or null")
         return value
+    if name == "cache_read_limit":
+        if value is not None and (not isinstance(value, int) or not _is_int(value) or value < 0):
+            raise bad("an integer >= 0 or null")
+        return value
     if name in ("blocks", "freed", "prompt"):
         if value is None and name == "prompt":
             return None
@@ -79,11 +83,13 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
-    stops, and the field is then left out)."""
+    stops, and the field is then left out; `cache_read_limit` likewise only when bounded)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
         if f.name == "stop_sampled" and not value:
+            continue
+        if f.name == "cache_read_limit" and value is None:
             continue
         if isinstance(value, ArFinishReason):
             value = value.value
