@@ -8,7 +8,9 @@ the suite itself is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -457,17 +459,24 @@ class CacheAwareWholeQueue(_CacheAware):
         self.options = dataclasses.replace(self.options, cache_aware_window=10_000)
 
 
+@contextlib.contextmanager
+def _limit_lifted(req: ArReq) -> Iterator[None]:
+    """Within the block `req` carries no cache read limit."""
+    spec = req.spec
+    req.spec = dataclasses.replace(spec, cache_read_limit=None)
+    try:
+        yield
+    finally:
+        req.spec = spec
+
+
 class CacheReadLimitIgnored(PrefixCachingVllmV1):
     """A cache hit that reaches past the request's `cache_read_limit` (into the rows a
     prompt-scoring request must compute, or for a request that skips the cache)."""
 
     def _hit(self, req: ArReq) -> list[int]:
-        spec = req.spec
-        req.spec = dataclasses.replace(spec, cache_read_limit=None)
-        try:
+        with _limit_lifted(req):
             return super()._hit(req)
-        finally:
-            req.spec = spec
 
 
 class CacheAwareProbeUnbounded(_CacheAware):
@@ -475,12 +484,8 @@ class CacheAwareProbeUnbounded(_CacheAware):
     `cache_read_limit` (vLLM 0.34.0's `get_num_cached_tokens` does: a finding)."""
 
     def _cached_tokens(self, req: ArReq) -> int:
-        spec = req.spec
-        req.spec = dataclasses.replace(spec, cache_read_limit=None)
-        try:
+        with _limit_lifted(req):
             return super()._cached_tokens(req)
-        finally:
-            req.spec = spec
 
 
 def _caching() -> st.SearchStrategy[ArConfig]:
