@@ -113,6 +113,26 @@ def test_the_probe_fix_is_a_patch_of_the_kv_cache_manager(tmp_path: Path) -> Non
     )
 
 
+def test_on_a_release_without_the_probe_the_fix_does_not_apply(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On 0.33.0, which has no cache-aware probe, giving a scheduler `bounded-cache-probe` is
+    `FixDoesNotApply` naming the method and the release that has it, and the patch script
+    exits 2 with one line."""
+    if _has_the_setting():
+        return
+    from integrations.patches import FixDoesNotApply
+    from integrations.vllm.cache_probe_fix import apply_cache_probe_fix
+    from tests.script_module import load_script
+
+    adapter = RealVllmScheduler(ONE_SEAT, lambda _: None, SETTINGS_SPACE)
+    with pytest.raises(FixDoesNotApply, match="get_num_cached_tokens.*new in vLLM 0.34.0"):
+        apply_cache_probe_fix(adapter.sched)
+    assert load_script("engine_fixes_diff").main(["vllm-cache-probe"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+
+
 def test_real_vllm_with_the_window_conforms_and_decides_as_its_twin(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
