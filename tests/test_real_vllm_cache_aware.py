@@ -126,7 +126,7 @@ def test_on_a_release_without_the_probe_the_fix_does_not_apply(
     from tests.script_module import load_script
 
     adapter = RealVllmScheduler(ONE_SEAT, lambda _: None, SETTINGS_SPACE)
-    with pytest.raises(FixDoesNotApply, match="get_num_cached_tokens.*new in vLLM 0.34.0"):
+    with pytest.raises(FixDoesNotApply, match=r"get_num_cached_tokens.*new in vLLM 0\.34\.0"):
         apply_cache_probe_fix(adapter.sched)
     assert load_script("engine_fixes_diff").main(["vllm-cache-probe"]) == 2
     err = capsys.readouterr().err
