@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX
+from integrations.vllm import MANIFEST, REAL_VLLM_PREFIX, VLLM_CACHE_READ_LIMITS
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.cache_reads import with_cache_read_limits
 from integrations.vllm.core_loop import EngineCoreViolation
@@ -24,6 +24,7 @@ from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from properties.ar.harness import ArHarness
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArCacheHit, ArEvent
+from spec.ar.profile import CacheReadLimits
 from spec.errors import InvalidRequest
 from tests.engine_gate import require_engine
 from tests.vllm_seeded_bugs import cache_limit_ignored, connector_limit_ignored
@@ -48,7 +49,7 @@ def _vllm_installed() -> None:
 
 
 def _bounded_on_this_release() -> bool:
-    return MANIFEST.version != "0.33.0"
+    return VLLM_CACHE_READ_LIMITS is CacheReadLimits.BOUNDED
 
 
 def _c_hits(limit: int | None) -> int:

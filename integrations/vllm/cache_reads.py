@@ -16,7 +16,7 @@ resuming on the KV it kept between turns read nothing, and is left out (`own_kv`
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,23 +59,13 @@ def describe_limit(limit: int) -> str:
     return f"it scores its prompt from row {limit} on"
 
 
-def check_cache_reads(
-    out: Any,
-    starts: Mapping[str, int],
-    limits: Mapping[str, int | None],
-    own_kv: Collection[str],
-    admitted: Collection[str],
-    where: str,
-) -> int:
-    """Rule `cache_read_limit` over the requests `out` (a `SchedulerOutput`) admits
-    (`admitted`: new ones, and those resumed after a preemption), their computed tokens before
-    the batch in `starts`; returns how many of them took a hit within their limit (a partial
-    read: some tokens, fewer than a whole hit)."""
+def check_cache_reads(starts: Mapping[str, int], limits: Mapping[str, int], where: str) -> int:
+    """Rule `cache_read_limit` over the requests of `limits`: those a `schedule()` call admits
+    (new, or resumed after a preemption, but not sessions resuming on their kept KV) that have
+    a limit, with it; `starts`: each one's computed tokens before the call's batch. Returns how
+    many of them read part of a hit (some tokens, within the limit)."""
     partial = 0
-    for rid in sorted(set(admitted) - set(own_kv)):
-        limit = limits.get(rid)
-        if limit is None:
-            continue
+    for rid, limit in sorted(limits.items()):
         start = starts[rid]
         if start > limit:
             raise EngineCoreViolation(

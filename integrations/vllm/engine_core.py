@@ -115,6 +115,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
+from integrations.vllm import VLLM_CACHE_READ_LIMITS
 from integrations.vllm.adapter import (
     SPACE,
     SPACE_PREFIX,
@@ -154,7 +155,6 @@ from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
-from integrations.vllm.manifest import MANIFEST
 from integrations.vllm.offload_store import OffloadStore
 from integrations.vllm.offloading_worker import OffloadingWorker
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
@@ -165,6 +165,7 @@ from integrations.vllm.speculative import SpeculativeModel
 from integrations.vllm.structured import LateGrammars
 from integrations.vllm.trace import counted, counted_of
 from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.ar.profile import CacheReadLimits
 from spec.errors import ConfigError, RequestError
 
 RULES = (
@@ -793,13 +794,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         admits, new or resumed, but for sessions resuming on their kept KV (`own_kv`)."""
         specs = self.impl.specs
         admitted = {d.req_id for d in out.scheduled_new_reqs} | resumed_req_ids(out)
-        limits = {rid: specs[rid].cache_read_limit for rid in admitted if rid in specs}
-        bounded = [rid for rid, limit in limits.items() if limit is not None and rid not in own_kv]
-        if not bounded:
+        limits = {
+            rid: limit
+            for rid in admitted - set(own_kv)
+            if rid in specs and (limit := specs[rid].cache_read_limit) is not None
+        }
+        if not limits:
             return
-        self.n.bounded_admissions += len(bounded)
+        self.n.bounded_admissions += len(limits)
         self.n.partial_reads += check_cache_reads(
-            out, batch_starts(out), limits, own_kv, admitted, f"schedule {self.n.schedules}"
+            batch_starts(out), limits, f"schedule {self.n.schedules}"
         )
 
     def execute(self, out: Any) -> Any:
@@ -1315,7 +1319,8 @@ class LoopOptions:
         seeded = self.mutate if async_scheduling else None
         fix = self.fix
         if self.cache_read_limits:
-            program = with_cache_read_limits(program, bounded=MANIFEST.version != "0.33.0")
+            bounded = VLLM_CACHE_READ_LIMITS is CacheReadLimits.BOUNDED
+            program = with_cache_read_limits(program, bounded=bounded)
 
         def patch(sched: Any) -> None:
             for change in (fix, seeded):
