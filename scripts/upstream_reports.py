@@ -214,6 +214,12 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-guided-drafts",
         None,
     ),
+    "vllm-cadence-empty-hold": (
+        "The local prefill cadence (prefill_schedule_interval > 1): a held step whose only "
+        "decode preempts itself schedules nothing while a request in its prefill stays running",
+        "vllm-cadence",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

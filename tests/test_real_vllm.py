@@ -497,7 +497,8 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     tests/test_real_vllm_kv_event_content.py; `session_prompt` and `session_kv_kept`, which
     need streaming-input sessions, in tests/test_real_vllm_sessions.py, where released vLLM
     itself fails `session_length`; `active_cap`, `watermark` and `prefill_cadence`, which need
-    vLLM's admission settings, in tests/test_real_vllm_admission.py; `inflight_kv_loads`,
+    vLLM's admission settings, and `idle_step`, the synchronous loop's, whose seeded bug holds
+    decodes in a held step, in tests/test_real_vllm_admission.py; `inflight_kv_loads`,
     which needs vLLM 0.34.0's cap on in-flight KV loads, in
     tests/test_real_vllm_inflight_loads.py; `cache_read_limit`, which needs requests that
     bound their cache reads, in tests/test_real_vllm_cache_reads.py)."""
@@ -525,6 +526,7 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {bug[1] for bug in lora.SEEDED_BUGS}
     covered |= {bug[1] for bug in sessions.SEEDED_BUGS}
     covered |= {bug[2] for bug in admission.SEEDED}
+    covered |= {bug[2] for bug in admission.SYNC_SEEDED}
     covered |= {rule for _, rule in inflight_loads.SEEDED_BUGS}
     covered |= {rule for _, rule in cache_reads.SEEDED_BUGS}
     # released vLLM fails it: test_finding_a_session_is_resumed_past_max_model_len

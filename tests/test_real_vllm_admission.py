@@ -2,7 +2,8 @@
 the watermark, `max_num_active_seqs`, the prefill cadence (`prefill_schedule_interval`) and the
 adaptive long-prefill threshold reach vLLM's scheduler, programs pass with them, and each rule
 they add (`active_cap`, `watermark`, `prefill_cadence`) catches its seeded bug with a readable
-counterexample.
+counterexample; so does the synchronous loop's `idle_step`, which catches the cadence's empty
+held step (a finding, fixed by `lift-empty-hold`).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -21,6 +22,7 @@ from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.admission_check import ADMISSION_RULES
 from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.cadence_fix import LIFT_EMPTY_HOLD
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import RULES, CoreProgram, LoopOptions, core_program, run_loop
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION, LOAD_RESERVATION_FIXES
@@ -36,6 +38,7 @@ from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
     active_seat_past_the_cap,
     cadence_counts_empty_calls,
+    held_step_defers_decodes,
     waiting_sessions_not_counted,
     watermark_ignored,
 )
@@ -201,6 +204,92 @@ def test_each_admission_rule_catches_its_seeded_bug(
     assert seen[rule].startswith(f"[{rule}] async loop: schedule ")
     for seed in range(8):
         run_loop(core_program(seed), async_scheduling=True, options=options)
+
+
+#: The rules of the synchronous loop alone, with their seeded bugs (planted through `fix`,
+#: which both loops get: `mutate` is the asynchronous loop's).
+SYNC_SEEDED: list[tuple[Callable[[Any], None], LoopOptions, str, tuple[str, ...]]] = [
+    (
+        held_step_defers_decodes,
+        LoopOptions(prefill_interval=3),
+        "idle_step",
+        ("scheduled nothing while", "stayed running"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bug", "options", "rule", "words"),
+    SYNC_SEEDED,
+    ids=[rule for _b, _o, rule, _w in SYNC_SEEDED],
+)
+def test_each_sync_rule_catches_its_seeded_bug(
+    bug: Callable[[Any], None], options: LoopOptions, rule: str, words: tuple[str, ...]
+) -> None:
+    """The synchronous loop FAILS on the seeded bug, naming the call and the requests it left
+    running unscheduled; the same programs pass without the bug."""
+    mutated = replace(options, fix=bug)
+
+    def run(seed: int) -> None:
+        run_loop(core_program(seed), async_scheduling=False, options=mutated)
+
+    seen = first_violations(20, run, until=rule)
+    assert rule in seen, seen
+    assert all(w in seen[rule] for w in words), seen[rule]
+    assert seen[rule].startswith(f"[{rule}] sync loop: schedule ")
+    for seed in range(8):
+        run_loop(core_program(seed), async_scheduling=False, options=options)
+
+
+#: Random program 597 under `prefill_schedule_interval=3`, shrunk
+#: (docs/shrunk/vllm-cadence-empty-hold.json): 7 usable blocks of one token, both taken in
+#: step 1 by r13's first chunk (5 tokens, the long-prefill threshold) and r14's prompt.
+EMPTY_HOLD = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=8,
+        max_num_batched_tokens=7,
+        max_num_seqs=2,
+        max_model_len=7,
+        long_prefill_token_threshold=5,
+    ),
+    arrivals=((ArRequest("r13", 6, 1), ArRequest("r14", 2, 2)),),
+    aborts=((),),
+)
+
+
+def test_finding_in_the_engine_core_loop_a_held_step_whose_only_decode_preempts_itself() -> None:
+    """Step 2 is held (r14 decodes, the interval is 3), so r13's next chunk is skipped; r14
+    needs a block, none is free, and r14, the tail, preempts itself: the call schedules
+    nothing while r13 stays running (`idle_step`; the AR suite's `progress` on the same
+    finding). Every other rule passes. With `lift-empty-hold` the hold lifts, r13's chunk
+    runs in that call and the run drains; without the cadence there is nothing to lift."""
+    cadence = LoopOptions(prefill_interval=3)
+    with pytest.raises(EngineCoreViolation) as err:
+        run_loop(EMPTY_HOLD, async_scheduling=False, options=cadence)
+    assert str(err.value) == (
+        "[idle_step] sync loop: schedule 2 scheduled nothing while ['r13'] stayed running; "
+        "it preempted ['r14']"
+    )
+    trace: list[str] = []
+    fixed = replace(cadence, fix=make_fixes([LIFT_EMPTY_HOLD]), trace=trace)
+    run = run_loop(EMPTY_HOLD, async_scheduling=False, options=fixed)
+    assert run.emptied_holds == 1 and run.reasons == {"r13": "length", "r14": "length"}
+    assert any(line.startswith("step 2: schedule 2: r13 1 token") for line in trace), trace
+    plain = run_loop(EMPTY_HOLD, async_scheduling=False, options=LoopOptions())
+    assert plain.emptied_holds == 0 and plain.held_steps == 0
+
+
+def test_a_call_whose_every_running_request_preempts_itself_may_schedule_nothing() -> None:
+    """`idle_step` asks only that a request left running be scheduled: streaming-input
+    sessions waiting for input hold KV, so a running request short of a block preempts
+    itself and its call schedules nothing (vLLM admits nothing after a preemption). Those
+    programs pass, and such a call comes up."""
+    trace: list[str] = []
+    options = LoopOptions(fix=make_fixes([SESSION_STALL]), trace=trace)
+    for seed in (6, 8, 12):
+        run_loop(session_program(seed), async_scheduling=False, options=options)
+    assert any(re.search(r"schedule \d+: nothing; preempted", line) for line in trace)
 
 
 #: Random program 302 with asynchronous KV loads that never fail, shrunk: a pool of 6 usable

@@ -7,6 +7,9 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from integrations.patches import EngineFix
+from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
+
 
 def under_allocate(sched: Any) -> None:
     """Seeded bug: every allocation reserves one token less than it schedules."""
@@ -618,6 +621,29 @@ def cadence_counts_empty_calls(sched: Any) -> None:
         return out
 
     sched.schedule = schedule
+
+
+#: `held_step_defers_decodes` as an edit of vLLM's `Scheduler.schedule` (compiled on first use).
+_DEFER_DECODES = ScheduleFix(
+    EngineFix(
+        "held-step-defers-decodes",
+        (
+            (
+                SCHEDULER_MODULE,
+                "            if defer_prefills and request.is_prefill_chunk:\n",
+                "            if defer_prefills:\n",
+            ),
+        ),
+        ((SCHEDULER_MODULE, "Scheduler.schedule"),),
+        "seeded bug: a step the prefill cadence holds skips every running request",
+    )
+)
+
+
+def held_step_defers_decodes(sched: Any) -> None:
+    """Seeded bug: a step the prefill cadence holds skips every running request, decodes
+    too (the hold's test loses `request.is_prefill_chunk`), so it schedules nothing."""
+    _DEFER_DECODES.apply(sched)
 
 
 def waiting_sessions_not_counted(sched: Any) -> None:

@@ -21,6 +21,7 @@ ADMISSION_MEANING = {
     "capped_admissions": "calls admitting a request under max_num_active_seqs",
     "held_steps": "calls the prefill cadence held",
     "backed_up_releases": "release steps that left requests waiting (cadence lifted)",
+    "emptied_holds": "held calls whose every decode preempted (hold may lift)",
 }
 
 
@@ -33,6 +34,7 @@ class AdmissionCounts:
     capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left the engine backed up
+    emptied_holds: int = 0  # held calls that preempted every request decoding before them
 
 
 class AdmissionCheck:
@@ -86,7 +88,11 @@ class AdmissionCheck:
         chunks = [rid for rid in out.num_scheduled_tokens if self._running.get(rid, False)]
         prompts = [rid for rid in admitted if starts[rid] < self._tokens.get(rid, 0) - 1]
         carried = chunks + prompts
-        if self.held and carried:
+        if self.held and self._hold_emptied(out):
+            # every decode the hold was for is gone: nothing else may run, so the hold may
+            # lift (`lift-empty-hold`; released vLLM schedules nothing, rule `idle_step`)
+            self.counts.emptied_holds += 1
+        elif self.held and carried:
             what = ", ".join(
                 [f"{rid!r} a prefill chunk" for rid in chunks]
                 + [f"{rid!r} admitted at token {starts[rid]}" for rid in prompts]
@@ -107,6 +113,13 @@ class AdmissionCheck:
             self.executed += 1
         if carried:
             self.last_prefill = self.executed
+
+    def _hold_emptied(self, out: Any) -> bool:
+        """Whether the call preempted every request that was decoding before it: the AR spec's
+        empty hold, seen over the whole call."""
+        preempted = set(out.preempted_req_ids or ())
+        decoding = [rid for rid, chunk in self._running.items() if not chunk]
+        return bool(preempted) and all(rid in preempted for rid in decoding)
 
     def _check_active_cap(self, admitted: list[str], where: str) -> None:
         cap = self.active_seats

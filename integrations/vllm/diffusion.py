@@ -304,6 +304,7 @@ class DllmRun:
     capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
+    emptied_holds: int = 0  # held calls that preempted every decoding request
 
 
 @dataclass

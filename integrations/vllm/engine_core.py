@@ -196,6 +196,7 @@ RULES = (
     "load_content",
     "pool_accounting",
     "no_leak",
+    "idle_step",
     "progress",
     "implementation_error",
 )
@@ -300,6 +301,7 @@ class CoreRun:
     capped_beside_sessions: int = 0  # of those, with a session waiting for input counted
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
+    emptied_holds: int = 0  # held calls that preempted every decoding request
     bounded_admissions: int = 0  # admissions of a request with a cache read limit
     partial_reads: int = 0  # of those, with a hit within the limit (some tokens read)
 
@@ -744,6 +746,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.check_kv_covers(out)
         self.check_cache_reads(out, own_kv)
+        if not self.async_scheduling:
+            self.check_idle_step(out)
         if self.admission is not None:
             self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.sessions.sessions:
@@ -788,6 +792,23 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             for r in self.impl._waiting()
             if r.num_stale_output_tokens and r.request_id not in self._stale_before
         )
+
+    def check_idle_step(self, out: Any) -> None:
+        """`idle_step` (the synchronous loop): a `schedule()` call that schedules nothing
+        leaves no request running that it did not preempt, unless generation is paused.
+        A running request left over could have run: its blocks are its own and the budget
+        is untouched. A call whose every running request preempted itself may schedule
+        nothing (vLLM admits nothing after a preemption), and under async scheduling an
+        empty call is the batch queue's normal wait, so neither is checked."""
+        preempted = set(out.preempted_req_ids or ())
+        left = [rid for rid in self.running_before if rid not in preempted]
+        paused = self.pause is not None and self.pause.paused is not None
+        if out.total_num_scheduled_tokens == 0 and left and not paused:
+            gone = f"; it preempted {sorted(preempted)}" if preempted else ""
+            raise EngineCoreViolation(
+                "idle_step",
+                f"schedule {self.n.schedules} scheduled nothing while {left} stayed running{gone}",
+            )
 
     def check_cache_reads(self, out: Any, own_kv: Collection[str]) -> None:
         """Rule `cache_read_limit` (`integrations.vllm.cache_reads`) over the requests the call

@@ -25,6 +25,7 @@ from integrations.vllm.adapter import (
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
+from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
@@ -104,6 +105,7 @@ FIXES = {
         SESSION_GRAMMAR_FIX,
         LOAD_RESERVATION_FIX,
         GUIDED_DRAFTS_FIX,
+        CADENCE_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
