@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -63,6 +64,7 @@ from tests.vllm_seeded_bugs import (
     budget_raised,
     cadence_counts_empty_calls,
     extra_seat,
+    held_step_defers_decodes,
     keep_pause_runs_the_running,
     lifo_admission,
     new_blocks_not_announced,
@@ -304,7 +306,8 @@ def _abort_keeps_its_table(sched: Any) -> None:
 
 
 SEEDED_BUGS = [
-    (_no_rollback, False, "progress", "not drained"),
+    # nothing left to compute, the synchronous loop's next call schedules nothing at all
+    (_no_rollback, False, "idle_step", "scheduled nothing while"),
     (_no_rollback, True, "progress", "not drained"),
     (_request_width_ignored, False, "canvas_whole", "wide and"),
     (_request_width_ignored, True, "canvas_whole", "wide and"),
@@ -374,6 +377,7 @@ OWN_TESTS = {
     "active_cap": "test_admission_settings_on_the_diffusion_path",
     "watermark": "test_admission_settings_on_the_diffusion_path",
     "prefill_cadence": "test_admission_settings_on_the_diffusion_path",
+    "idle_step": "test_the_idle_step_check_catches_a_held_step_that_skips_its_decodes",
 }
 
 
@@ -517,6 +521,27 @@ def test_admission_settings_on_the_diffusion_path() -> None:
     for bug, settings, rule, words in bugs:
         seen = first_violations(PROGRAMS, partial(_admitted, mutate=bug, **settings), until=rule)
         assert rule in seen and words in seen[rule], seen
+
+
+def test_the_idle_step_check_catches_a_held_step_that_skips_its_decodes() -> None:
+    """`idle_step` binds on the diffusion path too (`DiffusionScheduler` holds through
+    `Scheduler.schedule`): under a prefill cadence of 3, the seeded bug that makes a held step
+    skip its running requests' canvases as well fails the synchronous loop at the empty call,
+    naming the requests it left running; the same programs pass without it."""
+
+    def held(seed: int, mutate: Any = None) -> DllmRun:
+        program = dllm_program(seed)
+        program = replace(program, serving=replace(program.serving, prefill_interval=3))
+        return _run(program, async_scheduling=False, mutate=mutate)
+
+    seen = first_violations(PROGRAMS, partial(held, mutate=held_step_defers_decodes))
+    assert set(seen) == {"idle_step"}, seen
+    assert re.fullmatch(
+        r"\[idle_step\] schedule \d+ scheduled nothing while \['r\d+_\d+'(, 'r\d+_\d+')*\] "
+        r"stayed running",
+        seen["idle_step"],
+    ), seen
+    assert sum(held(seed).held_steps for seed in range(8)) > 0
 
 
 def test_the_pipeline_cadence_check_catches_a_scheduler_without_it() -> None:

@@ -386,6 +386,23 @@ class BatchQueueLoop(Generic[CountsT]):
                     ),
                 )
 
+    def check_idle_step(self, out: Any) -> None:
+        """`idle_step` (the synchronous loop): a `schedule()` call that schedules nothing
+        leaves no request running that it did not preempt, unless generation is paused.
+        A running request left over could have run: its blocks are its own and the budget
+        is untouched. A call whose every running request preempted itself may schedule
+        nothing (vLLM admits nothing after a preemption), and under async scheduling an
+        empty call is the batch queue's normal wait, so neither is checked."""
+        preempted = set(out.preempted_req_ids or ())
+        left = [rid for rid in self.running_before if rid not in preempted]
+        paused = self.pause is not None and self.pause.paused is not None
+        if out.total_num_scheduled_tokens == 0 and left and not paused:
+            gone = f"; it preempted {sorted(preempted)}" if preempted else ""
+            raise EngineCoreViolation(
+                "idle_step",
+                f"schedule {self.n.schedules} scheduled nothing while {left} stayed running{gone}",
+            )
+
     def check_kv_covers(self, out: Any) -> None:
         """`kv_covers_scheduled`: after `schedule()`, every request it scheduled holds blocks
         for all its computed tokens, this call's and those in flight included

@@ -42,8 +42,8 @@ and fixes each output token by request and output index. Checked, whatever the t
   no other request may read. (A prefill chunk may write a block that a request admitted in the
   same step already hits: vLLM caches a block when it is scheduled, and each layer writes its
   KV before attending, so that is by design.)
-- `pool_accounting`, `no_leak`, `progress`, `implementation_error`: as in
-  `integrations.vllm.engine_core`.
+- `pool_accounting`, `no_leak`, `idle_step` (the synchronous loop), `progress`,
+  `implementation_error`: as in `integrations.vllm.engine_core`.
 
 With `pipeline_parallel_size` = p > 1 (asynchronous loop only) the batch queue holds p + 1
 batches, vLLM's `max_concurrent_batches` for its V2 model runner, and the scheduler holds a
@@ -129,6 +129,7 @@ RULES = (
     "pause",
     "pool_accounting",
     "no_leak",
+    "idle_step",
     "progress",
     "implementation_error",
 )
@@ -582,6 +583,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             priority=s.policy == "priority",
         )
         self.check_kv_covers(out)
+        if not self.async_scheduling:
+            self.check_idle_step(out)
         if self.admission is not None:
             self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.pause is not None:

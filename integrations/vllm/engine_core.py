@@ -793,23 +793,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             if r.num_stale_output_tokens and r.request_id not in self._stale_before
         )
 
-    def check_idle_step(self, out: Any) -> None:
-        """`idle_step` (the synchronous loop): a `schedule()` call that schedules nothing
-        leaves no request running that it did not preempt, unless generation is paused.
-        A running request left over could have run: its blocks are its own and the budget
-        is untouched. A call whose every running request preempted itself may schedule
-        nothing (vLLM admits nothing after a preemption), and under async scheduling an
-        empty call is the batch queue's normal wait, so neither is checked."""
-        preempted = set(out.preempted_req_ids or ())
-        left = [rid for rid in self.running_before if rid not in preempted]
-        paused = self.pause is not None and self.pause.paused is not None
-        if out.total_num_scheduled_tokens == 0 and left and not paused:
-            gone = f"; it preempted {sorted(preempted)}" if preempted else ""
-            raise EngineCoreViolation(
-                "idle_step",
-                f"schedule {self.n.schedules} scheduled nothing while {left} stayed running{gone}",
-            )
-
     def check_cache_reads(self, out: Any, own_kv: Collection[str]) -> None:
         """Rule `cache_read_limit` (`integrations.vllm.cache_reads`) over the requests the call
         admits, new or resumed, but for sessions resuming on their kept KV (`own_kv`)."""
