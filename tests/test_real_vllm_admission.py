@@ -193,17 +193,30 @@ def test_each_admission_rule_catches_its_seeded_bug(
     """The suite FAILS on each seeded bug (the asynchronous loop is the mutant's), naming the
     call, what it admitted or carried, and the setting it broke; the same programs pass
     without the bug."""
-    mutated = replace(options, mutate=bug)
+    _assert_caught(replace(options, mutate=bug), options, rule, words, async_scheduling=True)
+
+
+def _assert_caught(
+    mutated: LoopOptions,
+    options: LoopOptions,
+    rule: str,
+    words: tuple[str, ...],
+    *,
+    async_scheduling: bool,
+) -> None:
+    """Some random program fails `rule` in one loop under `mutated`, its message naming the
+    call and holding `words`; the first 8 programs pass that loop under `options`."""
+    mode = "async" if async_scheduling else "sync"
 
     def run(seed: int) -> None:
-        run_loop(core_program(seed), async_scheduling=True, options=mutated)
+        run_loop(core_program(seed), async_scheduling=async_scheduling, options=mutated)
 
     seen = first_violations(60, run, until=rule)
     assert rule in seen, seen
     assert all(w in seen[rule] for w in words), seen[rule]
-    assert seen[rule].startswith(f"[{rule}] async loop: schedule ")
+    assert seen[rule].startswith(f"[{rule}] {mode} loop: schedule ")
     for seed in range(8):
-        run_loop(core_program(seed), async_scheduling=True, options=options)
+        run_loop(core_program(seed), async_scheduling=async_scheduling, options=options)
 
 
 #: The rules of the synchronous loop alone, with their seeded bugs (planted through `fix`,
@@ -228,17 +241,7 @@ def test_each_sync_rule_catches_its_seeded_bug(
 ) -> None:
     """The synchronous loop FAILS on the seeded bug, naming the call and the requests it left
     running unscheduled; the same programs pass without the bug."""
-    mutated = replace(options, fix=bug)
-
-    def run(seed: int) -> None:
-        run_loop(core_program(seed), async_scheduling=False, options=mutated)
-
-    seen = first_violations(20, run, until=rule)
-    assert rule in seen, seen
-    assert all(w in seen[rule] for w in words), seen[rule]
-    assert seen[rule].startswith(f"[{rule}] sync loop: schedule ")
-    for seed in range(8):
-        run_loop(core_program(seed), async_scheduling=False, options=options)
+    _assert_caught(replace(options, fix=bug), options, rule, words, async_scheduling=False)
 
 
 #: Random program 597 under `prefill_schedule_interval=3`, shrunk
