@@ -393,10 +393,12 @@ class BatchQueueLoop(Generic[CountsT]):
         is untouched. A call whose every running request preempted itself may schedule
         nothing (vLLM admits nothing after a preemption), and under async scheduling an
         empty call is the batch queue's normal wait, so neither is checked."""
+        if self.async_scheduling or out.total_num_scheduled_tokens:
+            return
         preempted = set(out.preempted_req_ids or ())
         left = [rid for rid in self.running_before if rid not in preempted]
         paused = self.pause is not None and self.pause.paused is not None
-        if out.total_num_scheduled_tokens == 0 and left and not paused:
+        if left and not paused:
             gone = f"; it preempted {sorted(preempted)}" if preempted else ""
             raise EngineCoreViolation(
                 "idle_step",

@@ -583,8 +583,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             priority=s.policy == "priority",
         )
         self.check_kv_covers(out)
-        if not self.async_scheduling:
-            self.check_idle_step(out)
+        self.check_idle_step(out)
         if self.admission is not None:
             self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.pause is not None:

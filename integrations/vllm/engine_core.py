@@ -746,8 +746,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         )
         self.check_kv_covers(out)
         self.check_cache_reads(out, own_kv)
-        if not self.async_scheduling:
-            self.check_idle_step(out)
+        self.check_idle_step(out)
         if self.admission is not None:
             self.admission.after_schedule(out, f"schedule {self.n.schedules}")
         if self.sessions.sessions:
