@@ -220,6 +220,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-cadence",
         None,
     ),
+    "vllm-cache-probe": (
+        "vLLM 0.34.0, cache-aware admission (cache_aware_admission_window): a prompt-scoring "
+        "request is ranked by cached tokens past its first scored row, which it may not read, "
+        "and moved ahead of an earlier request",
+        "vllm-cache-probe",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -270,6 +277,8 @@ FLAGS = {
     "adaptive_threshold": "--adaptive-threshold",
     "reserve_full_isl": "--no-reserve-full-isl",
     "max_inflight_kv_loads": "--max-inflight-kv-loads",
+    "cache_aware_window": "--cache-aware-window",
+    "cache_aware_threshold": "--cache-aware-threshold",
     "cache_read_limits": "--cache-read-limits",
 }
 #: Each `LoopOptions` field's default (a record's option at its default needs no flag).
@@ -400,6 +409,9 @@ ONLY_IN_0_34 = {
     "vllm-guided-drafts": "the program passes as released: its scheduler sent "
     "`num_acceptable_drafts` and its model runner invalidated every draft verified under a row "
     "that allows every token (`grammar_invalid_drafts`); 0.34.0 removed both",
+    "vllm-cache-probe": "no such program runs there: cache-aware admission "
+    "(`cache_aware_admission_window`) and prompt scoring from a row on (`prompt_logprob_start`) "
+    "are new in 0.34.0",
 }
 
 

@@ -125,6 +125,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.admission_check import ADMISSION_MEANING
+from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -214,6 +215,7 @@ COUNTS = (
     "session_grammar_errors",
     "bounded_admissions",
     "partial_reads",
+    *CACHE_AWARE_MEANING,
     *ADMISSION_MEANING,
 )
 MEANING = {
@@ -284,6 +286,7 @@ MEANING = {
     "session_kv_dropped": "resumed sessions whose kept KV was dropped before they ran",
     "session_inputs_awaiting_grammar": "inputs applied before their grammar compiled",
     "session_grammar_errors": "sessions a later input's failed grammar ended with an error",
+    **CACHE_AWARE_MEANING,
     **ADMISSION_MEANING,
 }
 

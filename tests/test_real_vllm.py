@@ -501,8 +501,11 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     decodes in a held step, in tests/test_real_vllm_admission.py; `inflight_kv_loads`,
     which needs vLLM 0.34.0's cap on in-flight KV loads, in
     tests/test_real_vllm_inflight_loads.py; `cache_read_limit`, which needs requests that
-    bound their cache reads, in tests/test_real_vllm_cache_reads.py)."""
+    bound their cache reads, in tests/test_real_vllm_cache_reads.py; `cache_aware_order`,
+    which needs vLLM 0.34.0's cache-aware window, in
+    tests/test_real_vllm_cache_aware_loop.py)."""
     from tests import test_real_vllm_admission as admission
+    from tests import test_real_vllm_cache_aware_loop as cache_aware_loop
     from tests import test_real_vllm_cache_reads as cache_reads
     from tests import test_real_vllm_inflight_loads as inflight_loads
     from tests import test_real_vllm_kv_connector as kv_connector
@@ -533,6 +536,8 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered.add("session_length")
     assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts
     covered.add("pause")
+    assert cache_aware_loop.SEEDED_BUGS  # each fails `cache_aware_order`, as its test asserts
+    covered.add("cache_aware_order")
     assert covered == set(CORE_RULES), sorted(set(CORE_RULES) ^ covered)
     assert callable(globals().get("test_the_cadence_check_catches_a_scheduler_without_it"))
     assert callable(speculative.test_the_checks_catch_a_scheduler_that_keeps_rejected_drafts)

@@ -45,7 +45,7 @@ def _vllm_installed() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def _has_the_setting() -> bool:
+def has_the_setting() -> bool:
     """Whether the loaded release has cache-aware admission; on one without (0.33.0), asking
     for it must be a `ConfigError` naming the setting and the release that has it."""
     try:
@@ -67,7 +67,7 @@ def test_vllm_admits_the_cached_prefix_first_and_keeps_the_order() -> None:
     """With the window, vLLM moves c ahead of b while a holds half the pool, and c still goes
     first once a has finished and the pool is empty; without it, b goes first. The twin
     decides the same."""
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     assert _admissions(REAL_VLLM_CACHE_AWARE) == ["a", "c", "b"]
     assert _admissions(vllm_settings.VLLM_V1_CACHE_AWARE) == ["a", "c", "b"]
@@ -80,7 +80,7 @@ def test_vllm_ranks_a_prompt_scoring_request_by_a_prefix_it_may_not_read() -> No
     spec names the reordered queue. With `bounded-cache-probe` vLLM keeps arrival order, as the
     twin does; from row 2 on c may read one block, and all three move it ahead. A request that
     skips the cache (0) is ranked as holding nothing, as it should be."""
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     with pytest.raises(SpecViolation) as caught:
         _admissions(REAL_VLLM_CACHE_AWARE, c_reads=1)
@@ -103,7 +103,7 @@ def test_the_probe_fix_is_a_patch_of_the_kv_cache_manager(tmp_path: Path) -> Non
     """`scripts/engine_fixes_diff.py vllm-cache-probe` prints the edit the tests run (the
     probe's bound becomes `get_max_cache_hit_length()`): applied with `git apply -p1` to a copy
     of vLLM 0.34.0's `kv_cache_manager.py`, it gives the very text they run."""
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     diff, patched = apply_fix_set(tmp_path, CACHE_PROBE_FIXES)
     assert diff.startswith("--- a/vllm/v1/core/kv_cache_manager.py"), diff[:200]
@@ -119,7 +119,7 @@ def test_on_a_release_without_the_probe_the_fix_does_not_apply(
     """On 0.33.0, which has no cache-aware probe, giving a scheduler `bounded-cache-probe` is
     `FixDoesNotApply` naming the method and the release that has it, and the patch script
     exits 2 with one line."""
-    if _has_the_setting():
+    if has_the_setting():
         return
     from integrations.patches import FixDoesNotApply
     from integrations.vllm.cache_probe_fix import apply_cache_probe_fix
@@ -143,7 +143,7 @@ def test_real_vllm_with_the_window_conforms_and_decides_as_its_twin(
     prompt-scoring request is ranked (the finding above), so the fix is applied."""
     from schedspec_cli.main import main
 
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     assert vllm_settings.VLLM_CACHE_AWARE_WINDOW == VLLM_CACHE_AWARE_WINDOW
     argv = [
@@ -162,7 +162,7 @@ def test_real_vllm_with_the_window_conforms_and_decides_as_its_twin(
 def test_the_suite_fails_vllm_with_the_window_where_the_profile_leaves_it_out() -> None:
     """Declaring vLLM's policy without the window, the suite finds the reordered queue (at an
     admission, or in the snapshot after the step) and prints a replayable program."""
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     profile = ArProfile(space=SETTINGS_SPACE, policy=VLLM_POLICY)
     err, printed = run_machine(
@@ -176,7 +176,7 @@ def test_the_suite_fails_vllm_with_the_window_where_the_profile_leaves_it_out() 
 def test_a_live_log_declares_the_window_it_runs_with() -> None:
     """`VllmEventLog` on vLLM 0.34.0 with the window (FCFS, prefix caching on) declares it in
     the header; with prefix caching off vLLM applies no window and the header declares none."""
-    if not _has_the_setting():
+    if not has_the_setting():
         return
     window = Vllm034Settings(VLLM_CACHE_AWARE_WINDOW)
     for config, declares in (

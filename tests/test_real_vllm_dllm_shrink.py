@@ -24,6 +24,7 @@ from integrations.vllm.diffusion import (
     run_dllm,
 )
 from integrations.vllm.dllm_shrink import dllm_fails_like, run_dllm_named, shrink_dllm
+from integrations.vllm.program_tally import release_selector
 from integrations.vllm.shrink import size
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
@@ -164,7 +165,8 @@ def test_the_check_script_prints_the_shrink_command_of_each_rule(
     assert check.main(["--programs", "7", "--budget-binds"]) == 1
     lines = capsys.readouterr().out.splitlines()
     command = (
-        "shrink [canvas_whole]: .venv/bin/python scripts/vllm_dllm_shrink.py --seed 6 "
+        f"shrink [canvas_whole]: {release_selector()}.venv/bin/python "
+        "scripts/vllm_dllm_shrink.py --seed 6 "
         "--rule canvas_whole --budget-binds"
     )
     assert command in lines, lines

@@ -16,7 +16,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
 - 0.34.0's cache-aware admission (`cache_aware_admission_window`) conforms to the profile that
   declares it and decides as its twin (with the candidate fix of its finding,
   `bounded-cache-probe`: a prompt-scoring request ranked by cached tokens it may not read,
-  which reproduces), fails the profile without it, and a live log declares it;
+  which reproduces), fails the profile without it, and a live log declares it; in the
+  engine-core loop the window's order holds (rule `cache_aware_order`), the finding reproduces
+  there as its shrunk program, the fix lifts it, and seeded bugs in the window fail the rule;
 - a request's cache read limit bounds its hit at its first scored prompt row (0.34.0's
   `prompt_logprob_start`), a live log carries it, and `check-trace` holds a hit to it;
 - 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop
@@ -77,6 +79,7 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm.py::test_a_live_log_shows_a_seeded_bug_in_vllms_scheduler",
     "tests/test_real_vllm_ar_settings.py",
     "tests/test_real_vllm_cache_aware.py",
+    "tests/test_real_vllm_cache_aware_loop.py",
     "tests/test_real_vllm_cache_reads.py",
     "tests/test_real_vllm_inflight_loads.py",
     *(

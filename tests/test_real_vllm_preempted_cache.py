@@ -44,6 +44,7 @@ from integrations.vllm.preempted_cache_fix import (
     apply_preempted_cache_fix,
     fix_as_diff,
 )
+from integrations.vllm.program_tally import release_selector
 from integrations.vllm.same_step_programs import same_step_program
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
@@ -397,7 +398,8 @@ def test_the_async_check_script_reports_each_loop_and_takes_the_fix(
     for mode in ("sync", "async"):
         assert f"FAIL [cache_hit_written, {mode} loop] 1 programs, first seeds [1]" in out, out
         shrink = (
-            f"shrink [cache_hit_written, {mode} loop]: .venv/bin/python scripts/vllm_shrink.py "
+            f"shrink [cache_hit_written, {mode} loop]: {release_selector()}.venv/bin/python "
+            "scripts/vllm_shrink.py "
             f"--seed 1 --loop {mode} --rule cache_hit_written --programs-from same-step"
         )
         assert shrink in out.splitlines(), out

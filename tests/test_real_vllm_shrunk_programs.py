@@ -8,7 +8,8 @@ one: Python's per-process string hashing orders some of vLLM's sets. The rule an
 not; each program was run under PYTHONHASHSEED 0 to 7 too.) On a release without its finding
 (`GONE`: vLLM 0.34.0 rebuilt the offloading event tracker and fixed the store on error; 0.33.0
 kept the draft guard whose removal is 0.34.0's guided-drafts finding), the program passes as
-released.
+released; on a release without a setting the program needs (`REFUSED`: 0.33.0 has no
+cache-aware admission), building its loop is a `ConfigError` naming the setting.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -32,6 +33,7 @@ from integrations.vllm.offload_error_store_fix import fixed_upstream
 from integrations.vllm.offload_restore_fix import tracker_rebuilt
 from integrations.vllm.sessions import SessionInput
 from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_structured import draft_guard_removed
@@ -55,7 +57,24 @@ GONE: dict[str, Callable[[], bool]] = {
     "vllm-offloading-restore-events": tracker_rebuilt,
     "vllm-offloading-error-store": fixed_upstream,
     "vllm-guided-drafts": lambda: not draft_guard_removed(),  # 0.33.0 guards its drafts
+    "vllm-cache-probe": lambda: _refused("vllm-cache-probe") is not None,
 }
+#: The programs a release without one of their settings refuses, and the setting.
+REFUSED = {"vllm-cache-probe": "cache_aware_admission_window"}
+
+
+def _refused(stem: str) -> str | None:
+    """The `ConfigError` the loaded release gives building the recorded loop of `stem` (a
+    setting it lacks), or None if it builds it."""
+    record = json.loads((SHRUNK[0].parent / f"{stem}.json").read_text())
+    program = eval(record["program"], dict(NAMES))
+    try:
+        run_loop(program, async_scheduling=False, options=_options(record))
+    except ConfigError as err:
+        return str(err)
+    except EngineCoreViolation:
+        pass
+    return None
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -85,6 +104,9 @@ def test_a_shrunk_program_breaks_its_rule_until_its_fix_is_made(path: Path) -> N
     program = eval(record["program"], dict(NAMES))
     assert isinstance(program, CoreProgram)
     async_scheduling = record["loop"] == "async"
+    if path.stem in REFUSED and (refused := _refused(path.stem)) is not None:
+        assert REFUSED[path.stem] in refused and "new in vLLM 0.34.0" in refused, refused
+        return
     if path.stem in GONE and GONE[path.stem]():
         run = run_loop(program, async_scheduling=async_scheduling, options=_options(record))
         assert run.outputs, run

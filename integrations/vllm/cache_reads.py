@@ -2,10 +2,12 @@
 skip the prefix cache or score their prompt from a row on, and the rule that they read no more.
 
 `with_cache_read_limits(program, bounded)` gives a program's requests their limits in turn, by
-arrival: none, 0 (vLLM's `skip_reading_prefix_cache`), and, where the release bounds a hit
-(0.34.0's `prompt_logprob_start`, `bounded`), a first scored row s = (prompt_len - 1) // 2 for
-a prompt of 3 tokens or more (vLLM refuses a row from prompt_len - 1 on), else 0 again. The
-adapter passes them on to vLLM (`integrations.vllm.release_api.cache_read_params`).
+arrival (a request named r<n>, as every generator names them in arrival order, takes turn n, so
+a shrunk program's requests keep their limits): none, 0 (vLLM's `skip_reading_prefix_cache`),
+and, where the release bounds a hit (0.34.0's `prompt_logprob_start`, `bounded`), a first
+scored row s = (prompt_len - 1) // 2 for a prompt of 3 tokens or more (vLLM refuses a row from
+prompt_len - 1 on), else 0 again. The adapter passes them on to vLLM
+(`integrations.vllm.release_api.cache_read_params`).
 
 `check_cache_reads` is rule `cache_read_limit`: a request scheduled as new or resumed after a
 preemption, whose computed tokens then come from the prefix cache or a KV connector's load,
@@ -16,6 +18,7 @@ resuming on the KV it kept between turns read nothing, and is left out (`own_kv`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -38,15 +41,24 @@ def limit_for(request: ArRequest, index: int, bounded: bool) -> int | None:
     return 0
 
 
+def turn_of(request: ArRequest, index: int) -> int:
+    """The turn of the `index`-th request to arrive: n for a request named r<n> (the generators
+    name them so, in arrival order; a smaller program shrunk from one keeps the names, and so
+    each request its limit), else `index`."""
+    named = re.fullmatch(r"r(\d+)", request.request_id)
+    return int(named.group(1)) if named else index
+
+
 def with_cache_read_limits(program: Any, bounded: bool) -> Any:
     """`program` (a `CoreProgram`) with its requests' cache read limits set in turn, by arrival
-    (`limit_for`)."""
+    (`turn_of`, `limit_for`)."""
     index = 0
     batches = []
     for batch in program.arrivals:
         limited = []
         for request in batch:
-            limited.append(replace(request, cache_read_limit=limit_for(request, index, bounded)))
+            turn = turn_of(request, index)
+            limited.append(replace(request, cache_read_limit=limit_for(request, turn, bounded)))
             index += 1
         batches.append(tuple(limited))
     return replace(program, arrivals=tuple(batches))
@@ -78,4 +90,11 @@ def check_cache_reads(starts: Mapping[str, int], limits: Mapping[str, int], wher
     return partial
 
 
-__all__ = ["CYCLE", "check_cache_reads", "describe_limit", "limit_for", "with_cache_read_limits"]
+__all__ = [
+    "CYCLE",
+    "check_cache_reads",
+    "describe_limit",
+    "limit_for",
+    "turn_of",
+    "with_cache_read_limits",
+]

@@ -132,7 +132,12 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.cache_reads import check_cache_reads, with_cache_read_limits
+from integrations.vllm.cache_aware_check import CacheAwareCheck, unranked_beside
+from integrations.vllm.cache_reads import (
+    check_cache_reads,
+    describe_limit,
+    with_cache_read_limits,
+)
 from integrations.vllm.cache_writes import CacheWrites, batch_starts
 from integrations.vllm.core_loop import (
     ABORTED,
@@ -179,6 +184,7 @@ RULES = (
     "draft_grammar",
     "cache_hit_written",
     "cache_read_limit",
+    "cache_aware_order",
     "kv_written",
     "kv_events",
     "kv_event_content",
@@ -304,6 +310,9 @@ class CoreRun:
     emptied_holds: int = 0  # held calls that preempted every decoding request
     bounded_admissions: int = 0  # admissions of a request with a cache read limit
     partial_reads: int = 0  # of those, with a hit within the limit (some tokens read)
+    window_engaged: int = 0  # admission phases the cache-aware window engaged in
+    window_moved: int = 0  # of those, phases that moved the waiting queue
+    window_cut: int = 0  # of those, phases ranking a request below its cached prefix (limit)
 
 
 @dataclass
@@ -399,6 +408,20 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "vLLM's offloading connector does)",
             )
         check_pause_mode(pauses)
+        beside = unranked_beside(
+            connector=kv_connector is not None,
+            offloading=offloading is not None,
+            window=sliding_window is not None,
+            mamba=mamba,
+            drafter=speculative_method if speculative_tokens else None,
+        )
+        if settings_034.cache_aware_window and beside:
+            raise ConfigError(
+                "cache_aware_window",
+                settings_034.cache_aware_window,
+                f"0 with {', '.join(beside)} (the loop ranks a request by the full-attention "
+                "prefix cache's own hit)",
+            )
         #: Reset the prefix cache and the connector's before one engine step in 16.
         self.cache_resets: bool = cache_resets
         self._reset_seed = draft_seed
@@ -559,6 +582,24 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self._deferred_tables: GroupTables = ()
 
         self._stale_before: set[str] = set()
+        #: vLLM 0.34.0's cache-aware window, where vLLM applies it (FCFS, prefix caching):
+        #: rule `cache_aware_order`, and the order `admission_order` holds admissions to.
+        self.cache_aware: CacheAwareCheck | None = None
+        if (
+            settings_034.cache_aware_window
+            and config.policy is Policy.FCFS
+            and config.enable_prefix_caching
+        ):
+            specs = self.impl.specs
+            self.cache_aware = CacheAwareCheck(
+                self.sched,
+                window=settings_034.cache_aware_window,
+                threshold=settings_034.cache_aware_threshold,
+                block_size=config.block_size,
+                read_limit=lambda rid: specs[rid].cache_read_limit if rid in specs else None,
+                ever_scheduled=self.ever_scheduled,
+                note=self.note,
+            )
         #: Pauses generation before one engine step in 16, in vLLM's mode `pauses`.
         self.pause = (
             PauseDriver(self.sched, pauses, draft_seed, note=self.note, abort=self.abort)
@@ -577,9 +618,14 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             return False
         if session:
             self.sessions.open(request)
+        if self.cache_aware is not None:
+            self.cache_aware.submit(request.request_id)
         self.outputs[request.request_id] = []
         if self.trace is not None:
             shared = ", a shared prompt" if request.prompt is not None else ""
+            limit = request.cache_read_limit
+            if limit is not None:  # e.g. ", skips reading the prefix cache"
+                shared += f", {describe_limit(limit).removeprefix('it ')}"
             stop = f", stops at output {request.stop_after}" if request.stop_after else ""
             self.note(
                 f"submit {request.request_id}: {request.prompt_len} prompt tokens{shared}, up "
@@ -695,6 +741,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             )
         if self.admission is not None:
             counts.update(asdict(self.admission.counts))
+        if self.cache_aware is not None:
+            counts.update(asdict(self.cache_aware.counts))
         if self.event_content is not None:
             counts.update(
                 events_keys_described=self.event_content.checked,
@@ -726,6 +774,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.writes.before_schedule(self.sched)
         if self.admission is not None:
             self.admission.before_schedule()
+        if self.cache_aware is not None:
+            self.cache_aware.before_schedule(self.n.schedules + 1)
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
@@ -738,6 +788,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         the requests it decodes; count the requests newly waiting with stale output (`stale`)."""
         cfg = self.config
         own_kv = self.sessions.resuming()  # before `scheduled` marks them resumed
+        if self.cache_aware is not None:  # before admission_order, which takes its order
+            admitted = [r for r in out.num_scheduled_tokens if r not in self.ever_scheduled]
+            held = self.admission is not None and self.admission.held
+            self.cache_aware.after_schedule(admitted, f"schedule {self.n.schedules}", held=held)
         self.check_decisions(
             out,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -791,6 +845,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             for r in self.impl._waiting()
             if r.num_stale_output_tokens and r.request_id not in self._stale_before
         )
+
+    def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
+        """vLLM's queue order (`BatchQueueLoop.queue_key`); with the cache-aware window, the
+        order the window left (`CacheAwareCheck.key`)."""
+        if self.cache_aware is not None:
+            return (self.cache_aware.key(rid),)
+        return super().queue_key(rid, priority)
 
     def check_cache_reads(self, out: Any, own_kv: Collection[str]) -> None:
         """Rule `cache_read_limit` (`integrations.vllm.cache_reads`) over the requests the call
@@ -1267,7 +1328,9 @@ class LoopOptions:
     `prefill_interval`, `adaptive_threshold` and `reserve_full_isl` are vLLM's admission
     settings (`admission`; `integrations.vllm.admission_knobs`), their rules checked where one
     is set. `max_inflight_kv_loads` is vLLM 0.34.0's `max_num_inflight_kv_loads` (with a KV
-    connector or vLLM's offloading connector; rule `inflight_kv_loads`). `cache_read_limits`
+    connector or vLLM's offloading connector; rule `inflight_kv_loads`), `cache_aware_window`
+    and `cache_aware_threshold` its cache-aware admission (rule `cache_aware_order`,
+    `integrations.vllm.cache_aware_check`). `cache_read_limits`
     gives the program's requests cache read limits in turn (none, skip the cache, score the
     prompt from a row on: `integrations.vllm.cache_reads`; rule `cache_read_limit`). With
     `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
@@ -1312,6 +1375,8 @@ class LoopOptions:
     adaptive_threshold: bool = False
     reserve_full_isl: bool = True
     max_inflight_kv_loads: int | None = None
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
     cache_read_limits: bool = False
     draw_seed: int | None = None
     trace: list[str] | None = None
@@ -1365,7 +1430,11 @@ class LoopOptions:
             max_loras=self.max_loras,
             pauses=self.pauses,
             admission=self.admission,
-            settings_034=Vllm034Settings(max_inflight_kv_loads=self.max_inflight_kv_loads),
+            settings_034=Vllm034Settings(
+                cache_aware_window=self.cache_aware_window,
+                cache_aware_threshold=self.cache_aware_threshold,
+                max_inflight_kv_loads=self.max_inflight_kv_loads,
+            ),
             trace=self.trace,
         )
         return loop.run(program)

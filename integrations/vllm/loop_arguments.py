@@ -25,6 +25,8 @@ from integrations.vllm.adapter import (
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
+from integrations.vllm.cache_aware_check import UNRANKED, unranked_beside
+from integrations.vllm.cache_probe_fix import CACHE_PROBE, CACHE_PROBE_FIX, apply_cache_probe_fix
 from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
@@ -106,6 +108,7 @@ FIXES = {
         LOAD_RESERVATION_FIX,
         GUIDED_DRAFTS_FIX,
         CADENCE_FIX,
+        CACHE_PROBE_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -119,6 +122,11 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
     COUNT_RECORDED_STORES: apply_count_recorded_stores,
     STORE_COMPUTED_ON_ERROR: apply_store_computed_on_error,
 }
+
+
+#: The fixes of `FIXES` that edit vLLM's `KVCacheManager`: how one built scheduler's manager
+#: gets each (`make_fixes`).
+MANAGER_FIXES: dict[str, Callable[[Any], None]] = {CACHE_PROBE: apply_cache_probe_fix}
 
 
 def retention_interval(text: str) -> int | None:
@@ -141,13 +149,16 @@ def make_fixes(names: Iterable[str]) -> Callable[[Any], None] | None:
     chosen = sorted(set(names))
     if not chosen:
         return None
-    schedule = [FIXES[n] for n in chosen if n not in CONNECTOR_FIXES]
+    schedule = [FIXES[n] for n in chosen if n not in CONNECTOR_FIXES and n not in MANAGER_FIXES]
     connector = [n for n in chosen if n in CONNECTOR_FIXES]
+    manager = [MANAGER_FIXES[n] for n in chosen if n in MANAGER_FIXES]
     edit = ScheduleFix(*schedule).apply if schedule else None
 
     def fix(sched: Any) -> None:
         if edit is not None:
             edit(sched)
+        for apply in manager:
+            apply(sched)
         # made together: two of them may edit one method of the connector
         apply_offloading_fixes(sched, connector)
 
@@ -267,6 +278,23 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --kv-connector or --offload-chunks, vLLM 0.34.0 only: at most N requests "
         "hold KV blocks for an asynchronous load, and such loads may start while the running "
         "batch is full (vLLM's max_num_inflight_kv_loads; default: no cap)",
+    )
+    parser.add_argument(
+        "--cache-aware-window",
+        type=int,
+        default=0,
+        metavar="N",
+        help="vLLM 0.34.0 only: under FCFS with prefix caching, reorder the first N waiting "
+        "requests deepest cached prefix first once the pool is used at least the threshold "
+        "(vLLM's cache_aware_admission_window; default 0: off); rule cache_aware_order",
+    )
+    parser.add_argument(
+        "--cache-aware-threshold",
+        type=float,
+        default=0.5,
+        metavar="T",
+        help="with --cache-aware-window: the pool usage in [0, 1] it engages at (vLLM's "
+        "cache_aware_admission_threshold; default 0.5)",
     )
     parser.add_argument(
         "--kv-store-blocks",
@@ -448,6 +476,7 @@ def loop_options(
             )
         except ConfigError as err:
             parser.error(f"--max-inflight-kv-loads: {err}")
+    check_cache_aware_arguments(args, parser)
     if args.offload_chunks is not None and (args.offload_chunks < 1 or args.kv_connector):
         parser.error("--offload-chunks: an int >= 1, not with --kv-connector")
     if args.offload_chunks is None and (
@@ -523,6 +552,8 @@ def loop_options(
         kv_store=args.kv_store,
         kv_store_blocks=args.kv_store_blocks,
         max_inflight_kv_loads=args.max_inflight_kv_loads,
+        cache_aware_window=args.cache_aware_window,
+        cache_aware_threshold=args.cache_aware_threshold,
         cache_read_limits=args.cache_read_limits,
         offload_chunks=args.offload_chunks,
         offload_outputs=args.offload_outputs,
@@ -545,6 +576,38 @@ def loop_options(
         **asdict(admission),
     )
     return options, names
+
+
+def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`--cache-aware-window` and `--cache-aware-threshold` (and `--fix bounded-cache-probe`,
+    which edits the probe only the window calls): `parser.error` (exit 2) for a bad value, a
+    release without the setting, or beside what the loop does not rank requests under."""
+    window, threshold = args.cache_aware_window, args.cache_aware_threshold
+    if window < 0:
+        parser.error("--cache-aware-window: an int >= 1 (0: off)")
+    if not 0.0 <= threshold <= 1.0 or (threshold != 0.5 and not window):
+        parser.error("--cache-aware-threshold: a number in [0, 1], with --cache-aware-window")
+    if CACHE_PROBE in (args.fix or ()) and not window:
+        parser.error(f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window, needs it")
+    if not window:
+        return
+    beside = unranked_beside(
+        connector=bool(args.kv_connector),
+        offloading=args.offload_chunks is not None,
+        window=args.sliding_window is not None,
+        mamba=args.mamba,
+        drafter=args.speculative_method if args.speculative_tokens else None,
+    )
+    if beside:
+        parser.error(
+            f"--cache-aware-window: not with {', '.join(UNRANKED[n] for n in beside)} (the loop "
+            "ranks a request by the full-attention prefix cache's own hit)"
+        )
+    settings = Vllm034Settings(cache_aware_window=window, cache_aware_threshold=threshold)
+    try:  # refused now, not program by program (0.33.0 has no such setting)
+        check_scheduler_settings(load_vllm().config.SchedulerConfig, settings.scheduler_settings())
+    except ConfigError as err:
+        parser.error(f"--cache-aware-window: {err}")
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -584,6 +647,11 @@ def describe(args: argparse.Namespace) -> str:
         drafts += "; cache resets"
     if args.cache_read_limits:
         drafts += "; cache read limits"
+    if args.cache_aware_window:
+        drafts += (
+            f"; cache-aware admission (window {args.cache_aware_window}, usage >= "
+            f"{args.cache_aware_threshold:g})"
+        )
     if args.kv_events:
         full = ", hits reported in full" if args.kv_report_full else ""
         drafts += f"; KV cache events checked{full}"
@@ -630,7 +698,9 @@ __all__ = [
     "CONNECTOR_FIXES",
     "FIXES",
     "GENERATORS",
+    "MANAGER_FIXES",
     "add_loop_arguments",
+    "check_cache_aware_arguments",
     "describe",
     "loop_options",
     "make_fixes",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.manifest import DEFAULT_VERSION, VERSION_VARIABLE, VLLM_VERSION
 from spec.errors import ConfigError
 
 MODES = ("sync", "async")
@@ -49,6 +50,12 @@ def parse_program_arguments(
     return args
 
 
+def release_selector() -> str:
+    """What a printed command starts with to run on the loaded vLLM release: empty for the
+    default one, else the variable that selects it ("SCHEDSPEC_VLLM_VERSION=0.34.0 ")."""
+    return "" if VLLM_VERSION == DEFAULT_VERSION else f"{VERSION_VARIABLE}={VLLM_VERSION} "
+
+
 def shrink_commands(
     script: str, failures: Mapping[str, list[int]], argv: Sequence[str] | None
 ) -> list[str]:
@@ -69,12 +76,13 @@ def shrink_commands(
         if not arg.startswith(("--programs=", "--json=")):
             kept.append(arg)
     options = " ".join(kept)
+    release = release_selector()
     lines = []
     for label, seeds in sorted(failures.items()):
         rule, _, loop = label.partition(", ")
         where = f" --loop {loop.split()[0]}" if loop else ""
         lines.append(
-            f"shrink [{label}]: .venv/bin/python {script} --seed {seeds[0]}{where} "
+            f"shrink [{label}]: {release}.venv/bin/python {script} --seed {seeds[0]}{where} "
             f"--rule {rule}" + (f" {options}" if options else "")
         )
     return lines
@@ -175,5 +183,6 @@ __all__ = [
     "add_pipeline_argument",
     "add_program_arguments",
     "parse_program_arguments",
+    "release_selector",
     "shrink_commands",
 ]

@@ -1,0 +1,262 @@
+"""Cache-aware admission in the engine-core loop (vLLM 0.34.0's `cache_aware_admission_window`,
+`LoopOptions.cache_aware_window`): rule `cache_aware_order`.
+
+Under FCFS with prefix caching, at the start of a `schedule()` call's admission phase vLLM
+reorders the first `window` waiting requests once the pool is used at least the threshold
+(`Scheduler._reorder_waiting_by_cached_prefix`). The loop watches that moment (it wraps the
+method on the built scheduler, after any seeded bug or fix) and decides the order itself, with
+the AR spec's order function (`spec.ar.cache_aware`): the pool's usage from its free blocks,
+the requests that take part (in vLLM's plain `WAITING` status with nothing computed: never
+scheduled, or a streaming-input session's later turn whose kept KV was dropped; a preempted or
+blocked request, or a session's turn on its kept KV, keeps its place), and each one ranked by
+the hit its admission may take — the leading blocks of its prompt, less its last token and cut
+at its cache read limit (`ArRequest.cache_read_limit`), whose keys the prefix cache holds.
+`cache_aware_order` fails when
+
+- vLLM's window leaves an order other than that one (what it moved, or failed to move);
+- the never-scheduled requests of vLLM's waiting queue are not in the order the window last
+  left them (arrival order until it moves them): the queue keeps its new order between calls;
+- a call admits a request for the first time without the admission phase reordering first,
+  unless the prefill cadence holds it (vLLM skips the window then, by design, and admits only a
+  request whose cached prefix leaves it no prefill to run but its last token).
+
+`key(rid)` is a request's place in that order, which the loop's `admission_order` then holds
+admissions to instead of arrival. The counts say how often the window engaged, moved the queue,
+and ranked a request below its whole cached prefix for its read limit (`cut`): a run where the
+last is 0 cannot tell vLLM's probe from the lookup it says it mirrors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from integrations.vllm.core_loop import EngineCoreViolation
+from spec.ar.cache_aware import cache_aware_order, pool_usage
+
+#: The counts the check scripts print, in words (`CacheAwareCounts`).
+CACHE_AWARE_MEANING = {
+    "window_engaged": "admission phases the cache-aware window engaged in",
+    "window_moved": "of those, phases that moved the waiting queue",
+    "window_cut": "of those, phases ranking a request below its cached prefix for its limit",
+}
+
+
+@dataclass(slots=True)
+class CacheAwareCounts:
+    """How often the window's cases came up (`CACHE_AWARE_MEANING`)."""
+
+    window_engaged: int = 0
+    window_moved: int = 0
+    window_cut: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """What one request may read from the prefix cache now: `cached`, the tokens of its leading
+    cached blocks up to its prompt less one token; `allowed`, those its read limit lets it take
+    (the rank)."""
+
+    cached: int
+    allowed: int
+
+    def text(self, rid: str) -> str:
+        cut = f" (its read limit; {self.cached} cached)" if self.allowed < self.cached else ""
+        return f"{rid} {self.allowed}{cut}"
+
+
+#: What the loop does not rank requests under, as `LoopOptions` fields and their script flags:
+#: a KV connector's or the offloading connector's hits (vLLM's probe reads the local cache
+#: alone), a hybrid cache (a hit is every group's), a drafter that cuts a hit by a block.
+UNRANKED = {
+    "kv_connector": "--kv-connector",
+    "offloading": "--offload-chunks",
+    "sliding_window": "--sliding-window",
+    "mamba": "--mamba",
+    "speculative_method": "--speculative-method",
+}
+
+
+def unranked_beside(
+    *, connector: bool, offloading: bool, window: bool, mamba: bool, drafter: str | None
+) -> list[str]:
+    """The fields of `UNRANKED` that are set (`drafter`: the speculative method, None without
+    drafts; `ngram` cuts nothing)."""
+    on = (connector, offloading, window, mamba, drafter not in (None, "ngram"))
+    return [name for name, set_ in zip(UNRANKED, on, strict=True) if set_]
+
+
+class CacheAwareCheck:
+    """Rule `cache_aware_order` over scheduler `sched` with window `window` and usage threshold
+    `threshold`, blocks of `block_size` tokens; `read_limit(rid)` is request `rid`'s cache
+    read limit (None: unbounded), `ever_scheduled` the loop's set of requests scheduled so far
+    (read, not written), `note` the loop's trace."""
+
+    def __init__(
+        self,
+        sched: Any,
+        *,
+        window: int,
+        threshold: float,
+        block_size: int,
+        read_limit: Callable[[str], int | None],
+        ever_scheduled: set[str],
+        note: Callable[[str], None],
+    ) -> None:
+        self.sched = sched
+        self.window = window
+        self.threshold = threshold
+        self.block_size = block_size
+        self.read_limit = read_limit
+        self.ever_scheduled = ever_scheduled
+        self.note = note
+        self.counts = CacheAwareCounts()
+        #: Request id -> its place in the admission order (`key`), submission order at first.
+        self._place: dict[str, float] = {}
+        self._called = False
+        self._broken: str | None = None
+        self._schedule = 0
+        self._last_moved: int | None = None
+        original = sched._reorder_waiting_by_cached_prefix
+
+        def reorder() -> None:
+            self._watch(original)
+
+        sched._reorder_waiting_by_cached_prefix = reorder
+
+    # ------------------------------------------------------------------ the loop's hooks
+    def submit(self, rid: str) -> None:
+        """A request joins: it takes the last place (FCFS)."""
+        self._place.setdefault(rid, float(len(self._place)))
+
+    def key(self, rid: str) -> float:
+        """`rid`'s place in the order the window leaves, smaller first."""
+        return self._place[rid]
+
+    def before_schedule(self, schedule: int) -> None:
+        """A `schedule()` call, number `schedule`, is about to run."""
+        self._called = False
+        self._broken = None
+        self._schedule = schedule
+
+    def after_schedule(self, admitted: Sequence[str], where: str, *, held: bool) -> None:
+        """`cache_aware_order` over the call that returned (`admitted`: the requests it
+        scheduled for the first time; `held`: whether the prefill cadence held it)."""
+        if self._broken is not None:
+            raise EngineCoreViolation("cache_aware_order", f"{where}: {self._broken}")
+        if admitted and not self._called and not held:
+            raise EngineCoreViolation(
+                "cache_aware_order",
+                f"{where} admitted {sorted(admitted)} for the first time without the "
+                f"cache-aware window ordering the waiting queue first (window {self.window})",
+            )
+
+    # ------------------------------------------------------------------ the moment vLLM reorders
+    def _watch(self, original: Callable[[], None]) -> None:
+        """vLLM's reorder, between the order the loop expects and the one it checks."""
+        self._called = True
+        queue = [r.request_id for r in self.sched.waiting]
+        fresh = {r.request_id for r in self.sched.waiting if self._takes_part(r)}
+        # the order kept between calls is the never-scheduled requests' (a session's turn
+        # rejoins the queue at its tail)
+        in_queue = [rid for rid in queue if rid in fresh and rid not in self.ever_scheduled]
+        expected_order = sorted(in_queue, key=self.key)
+        if in_queue != expected_order and self._broken is None:
+            self._broken = (
+                f"the never-scheduled waiting requests stand {in_queue}, not in the order "
+                f"{expected_order} {self._last_order()}"
+            )
+        head = queue[: self.window]
+        usage = self._usage()
+        depths: dict[str, Depth] = {}
+        expected = head
+        engaged = len(queue) >= 2 and usage >= self.threshold
+        if engaged:
+            depths = {rid: self._depth(rid) for rid in head if rid in fresh}
+            engaged = len(depths) >= 2
+        if engaged:
+            expected = cache_aware_order(
+                head, self.window, fresh.__contains__, lambda rid: depths[rid].allowed
+            )
+            self.counts.window_engaged += 1
+            self.counts.window_cut += any(d.allowed < d.cached for d in depths.values())
+        original()
+        after = [r.request_id for r in self.sched.waiting][: len(head)]
+        if after != head:
+            self.note(f"schedule {self._schedule}: the cache-aware window orders {head} as {after}")
+        if expected != head:
+            self.counts.window_moved += 1
+            self._last_moved = self._schedule
+            self._reorder_places([rid for rid in expected if rid in depths])
+        if after != expected and self._broken is None:
+            ranks = ", ".join(depths[rid].text(rid) for rid in head if rid in depths)
+            why = (
+                f"at usage {usage:.3g} >= {self.threshold:g}, by the tokens each may read "
+                f"from the prefix cache ({ranks})"
+                if engaged
+                else f"the window does not engage ({self._why_not(len(queue), usage, depths)})"
+            )
+            self._broken = (
+                f"the cache-aware window (the first {self.window} waiting requests) ordered "
+                f"{head} as {after}; {why}, the order is {expected}"
+            )
+
+    @staticmethod
+    def _takes_part(request: Any) -> bool:
+        """Whether `request` takes part in the window: in vLLM's plain waiting status with
+        nothing computed (a request waiting for its grammar, preempted, or holding KV keeps
+        its place)."""
+        return request.status == type(request.status).WAITING and not request.num_computed_tokens
+
+    def _usage(self) -> float:
+        """The pool's usage now: 1 - free / usable blocks (the null block is not usable)."""
+        pool = self.sched.kv_cache_manager.block_pool
+        return pool_usage(pool.get_num_free_blocks(), pool.num_gpu_blocks - 1)
+
+    def _depth(self, rid: str) -> Depth:
+        """What `rid` may read from the prefix cache now (`Depth`), from the pool's cached
+        keys: the lookup its admission makes, bounded as that lookup is."""
+        request = self.sched.requests[rid]
+        pool = self.sched.kv_cache_manager.block_pool
+        hashes = request.block_hashes[: max(0, request.num_tokens - 1) // self.block_size]
+        run = 0
+        for block_hash in hashes:
+            if pool.get_cached_block(block_hash, [0]) is None:
+                break
+            run += 1
+        cached = run * self.block_size
+        limit = self.read_limit(rid)
+        allowed = (
+            cached if limit is None else min(cached, limit // self.block_size * self.block_size)
+        )
+        return Depth(cached, allowed)
+
+    def _reorder_places(self, order: list[str]) -> None:
+        """The requests of `order` take their places among themselves in that order."""
+        places = sorted(self._place[rid] for rid in order)
+        self._place.update(zip(order, places, strict=True))
+
+    def _last_order(self) -> str:
+        """When the window last moved the queue, in words."""
+        if self._last_moved is None:
+            return "of their arrival (the window never moved the queue)"
+        return f"the window left them in (schedule {self._last_moved})"
+
+    def _why_not(self, waiting: int, usage: float, depths: dict[str, Depth]) -> str:
+        """Why the window did not engage, in words."""
+        if waiting < 2:
+            return f"{waiting} waiting"
+        if usage < self.threshold:
+            return f"usage {usage:.3g} < {self.threshold:g}"
+        return f"{len(depths)} of its requests take part"
+
+
+__all__ = [
+    "CACHE_AWARE_MEANING",
+    "UNRANKED",
+    "CacheAwareCheck",
+    "CacheAwareCounts",
+    "Depth",
+    "unranked_beside",
+]

@@ -1,0 +1,234 @@
+"""vLLM 0.34.0's cache-aware admission (`cache_aware_admission_window`) in its engine-core loop
+(`LoopOptions.cache_aware_window`, `--cache-aware-window N`; rule `cache_aware_order`,
+`integrations.vllm.cache_aware_check`): the programs pass both loops with the window moving the
+queue and `admission_order` held to the order it leaves; the finding that a prompt-scoring
+request is ranked by cached tokens it may not read reproduces in the loop (the shrunk program
+docs/shrunk/vllm-cache-probe.json, both loops) and the fix `bounded-cache-probe` lifts it;
+seeded bugs in the window's use fail the rule, each with a message naming the order.
+
+These run on 0.34.0 in `test_real_vllm_newest`. On 0.33.0, which has no such setting, each
+checks instead that asking for it is a `ConfigError` naming the setting and the release, and
+that the scripts refuse the flag with a one-line usage error."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.cache_probe_fix import CACHE_PROBE
+from integrations.vllm.engine_core import (
+    RULES,
+    CoreProgram,
+    EngineCoreViolation,
+    LoopOptions,
+    check_both,
+    core_program,
+    run_loop,
+)
+from integrations.vllm.loop_arguments import make_fixes
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+from tests.test_real_vllm_cache_aware import has_the_setting
+
+PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "30"))
+#: The window on every call (threshold 0), so that small programs engage it.
+WINDOW = LoopOptions(cache_aware_window=3, cache_aware_threshold=0.0)
+LIMITED = dataclasses.replace(WINDOW, cache_read_limits=True)
+RECORD = Path(__file__).resolve().parents[1] / "docs" / "shrunk" / "vllm-cache-probe.json"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def _has_the_setting() -> bool:
+    """Whether the loaded release has cache-aware admission (`has_the_setting`); on one
+    without, the loop refuses the window too, naming the setting and the release."""
+    if has_the_setting():
+        return True
+    with pytest.raises(ConfigError, match=r"cache_aware_admission_window.*new in vLLM 0\.34\.0"):
+        run_loop(core_program(0), async_scheduling=False, options=WINDOW)
+    return False
+
+
+def _window_programs() -> Iterator[CoreProgram]:
+    """`PROGRAMS` generated programs the window applies to: FCFS with prefix caching (half
+    their prompts prefixes of one shared prompt)."""
+    found, seed = 0, 0
+    while found < PROGRAMS:
+        program = core_program(seed)
+        seed += 1
+        config = program.config
+        if config.enable_prefix_caching and config.policy is Policy.FCFS:
+            found += 1
+            yield program
+
+
+def test_window_programs_pass_both_loops_and_move_the_queue() -> None:
+    """With the window on every call, the programs pass every check in both loops (the
+    admission order held to the window's), the window engages and moves the queue; with read
+    limits and the fix, it ranks some request below its whole cached prefix, and they pass."""
+    if not _has_the_setting():
+        return
+    assert "cache_aware_order" in RULES
+    engaged = moved = 0
+    for program in _window_programs():
+        for run in check_both(program, WINDOW):
+            engaged += run.window_engaged
+            moved += run.window_moved
+    assert engaged > moved > 0, (engaged, moved)
+    fixed = dataclasses.replace(LIMITED, fix=make_fixes([CACHE_PROBE]))
+    cut = 0
+    for program in _window_programs():
+        cut += sum(run.window_cut for run in check_both(program, fixed))
+    assert cut > 0
+
+
+def _recorded() -> tuple[CoreProgram, dict[str, Any]]:
+    record = json.loads(RECORD.read_text())
+    names = {"CoreProgram": CoreProgram, "ArConfig": ArConfig, "ArRequest": ArRequest}
+    program = eval(record["program"], names)
+    assert isinstance(program, CoreProgram)
+    return program, record
+
+
+def test_finding_a_prompt_scoring_request_is_ranked_by_a_prefix_it_may_not_read() -> None:
+    """The shrunk program: r3 leaves the shared prompt's first block cached; r8, scoring its
+    3-token prompt from row 1 on, may read no whole block of it, nor may r7, so both rank 0
+    and r7 stays ahead; vLLM ranks r8 by the 2 cached tokens and moves it first, in both loops.
+    With `bounded-cache-probe` both loops pass."""
+    if not _has_the_setting():
+        return
+    program, record = _recorded()
+    options = LoopOptions(**record["options"], draw_seed=record["draw_seed"])
+    for async_scheduling in (False, True):
+        with pytest.raises(EngineCoreViolation) as caught:
+            run_loop(program, async_scheduling=async_scheduling, options=options)
+        assert caught.value.rule == "cache_aware_order", caught.value
+        detail = caught.value.detail
+        # (the asynchronous loop has r6 still waiting ahead of them)
+        assert "as ['r8', " in detail, detail
+        assert "r7 0, r8 0 (its read limit; 2 cached)" in detail, detail
+        assert detail.endswith("'r7', 'r8']"), detail
+        fixed = dataclasses.replace(options, fix=make_fixes([CACHE_PROBE]))
+        run_loop(program, async_scheduling=async_scheduling, options=fixed)
+
+
+def _engages_below_the_threshold(sched: Any) -> None:
+    """Seeded bug: the window engages whatever the pool's usage."""
+    sched.cache_aware_threshold = 0.0
+
+
+def _never_moves(sched: Any) -> None:
+    """Seeded bug: the window is asked for but leaves the queue as it is."""
+    sched._reorder_waiting_by_cached_prefix = lambda: None
+
+
+def _reorders_past_the_window(sched: Any) -> None:
+    """Seeded bug: the window reorders the whole waiting queue."""
+    sched.cache_aware_window = 1000
+
+
+def _window_off(sched: Any) -> None:
+    """Seeded bug: the admission phase never asks for the window."""
+    sched.cache_aware_window = 0
+
+
+def _forgets_the_order(sched: Any) -> None:
+    """Seeded bug: after each call the never-scheduled waiting requests go back to arrival
+    order (the window's order lasts one call)."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        queue = sched.waiting
+        slots = [i for i, r in enumerate(queue) if r.status == type(r.status).WAITING]
+        fresh = sorted((queue[i] for i in slots), key=lambda r: r.arrival_time)
+        order = list(queue)
+        for slot, request in zip(slots, fresh, strict=True):
+            order[slot] = request
+        queue.remove_requests(list(queue))
+        for request in reversed(order):
+            queue.prepend_request(request)
+        return out
+
+    sched.schedule = schedule
+
+
+#: Each seeded bug, the options it runs under (the loop's threshold, vLLM's), and what the
+#: message says.
+SEEDED_BUGS: tuple[tuple[Callable[[Any], None], LoopOptions, str], ...] = (
+    (_engages_below_the_threshold, dataclasses.replace(WINDOW, cache_aware_threshold=0.5), "<"),
+    (_never_moves, WINDOW, "the order is"),
+    (_reorders_past_the_window, WINDOW, "the order is"),
+    (_window_off, WINDOW, "without the cache-aware window ordering the waiting queue first"),
+    (_forgets_the_order, WINDOW, "not in the order ['"),
+)
+
+
+@pytest.mark.parametrize(
+    ("bug", "options", "said"), SEEDED_BUGS, ids=[b.__name__.strip("_") for b, _, _ in SEEDED_BUGS]
+)
+def test_the_window_rule_catches_each_seeded_bug(
+    bug: Callable[[Any], None], options: LoopOptions, said: str
+) -> None:
+    """The first program a seeded bug fails, in the synchronous loop, breaks
+    `cache_aware_order` with a message that says what order was due."""
+    if not _has_the_setting():
+        return
+    for program in _window_programs():
+        try:
+            run_loop(program, async_scheduling=False, options=dataclasses.replace(options, fix=bug))
+        except EngineCoreViolation as err:
+            assert err.rule == "cache_aware_order", err
+            assert said in err.detail, err.detail
+            return
+    pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
+
+
+def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--cache-aware-window` below 0, a threshold outside [0, 1] or without the window,
+    `--fix bounded-cache-probe` without the window, the window beside a KV connector, and, on
+    a release without the setting, the window at all: a usage error (exit 2, one line)."""
+    check = load_script("vllm_async_check")
+    for argv, said in (
+        (["--cache-aware-window", "-1"], "--cache-aware-window: an int >= 1 (0: off)"),
+        (["--cache-aware-threshold", "0.2"], "--cache-aware-threshold: a number in [0, 1]"),
+        (["--cache-aware-window", "3", "--cache-aware-threshold", "2"], "a number in [0, 1]"),
+        (["--fix", CACHE_PROBE], f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window"),
+        (
+            ["--cache-aware-window", "3", "--kv-connector", "fail"],
+            "--cache-aware-window: not with --kv-connector",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            check.main(["--programs", "1", *argv])
+        assert exit_.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said in last, (argv, last)
+    if _has_the_setting():
+        return
+    with pytest.raises(SystemExit) as exit_:
+        check.main(["--programs", "1", "--cache-aware-window", "3"])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--cache-aware-window: invalid cache_aware_admission_window=3" in last, last
+    assert "new in vLLM 0.34.0" in last, last
+
+
+def test_the_loop_refuses_the_window_beside_what_it_does_not_rank_under() -> None:
+    """`LoopOptions` with the window and a KV connector (whose hits vLLM's probe does not
+    see): a `ConfigError` that names both, before vLLM is built (on either release)."""
+    options = dataclasses.replace(WINDOW, kv_connector="fail")
+    with pytest.raises(ConfigError, match=r"cache_aware_window.*kv_connector"):
+        run_loop(core_program(0), async_scheduling=False, options=options)
