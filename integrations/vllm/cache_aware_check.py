@@ -62,6 +62,7 @@ class Depth:
     allowed: int
 
     def text(self, rid: str) -> str:
+        """Request `rid`'s rank in words ("r8 0 (its read limit; 2 cached)")."""
         cut = f" (its read limit; {self.cached} cached)" if self.allowed < self.cached else ""
         return f"{rid} {self.allowed}{cut}"
 
@@ -104,14 +105,14 @@ class CacheAwareCheck:
         ever_scheduled: set[str],
         note: Callable[[str], None],
     ) -> None:
-        self.sched = sched
-        self.window = window
-        self.threshold = threshold
-        self.block_size = block_size
-        self.read_limit = read_limit
-        self.ever_scheduled = ever_scheduled
-        self.note = note
-        self.counts = CacheAwareCounts()
+        self.sched: Any = sched
+        self.window: int = window
+        self.threshold: float = threshold
+        self.block_size: int = block_size
+        self.read_limit: Callable[[str], int | None] = read_limit
+        self.ever_scheduled: set[str] = ever_scheduled
+        self.note: Callable[[str], None] = note
+        self.counts: CacheAwareCounts = CacheAwareCounts()
         #: Request id -> its place in the admission order (`key`), submission order at first.
         self._place: dict[str, float] = {}
         self._called = False
