@@ -77,7 +77,8 @@ def _window_programs() -> Iterator[CoreProgram]:
 def test_window_programs_pass_both_loops_and_move_the_queue() -> None:
     """With the window on every call, the programs pass every check in both loops (the
     admission order held to the window's), the window engages and moves the queue; with read
-    limits and the fix, it ranks some request below its whole cached prefix, and they pass."""
+    limits, a KV connector and the fix, it ranks some request below its whole cached prefix,
+    and they pass."""
     if not _has_the_setting():
         return
     assert "cache_aware_order" in RULES
@@ -87,7 +88,7 @@ def test_window_programs_pass_both_loops_and_move_the_queue() -> None:
             engaged += run.window_engaged
             moved += run.window_moved
     assert engaged > moved > 0, (engaged, moved)
-    fixed = dataclasses.replace(LIMITED, fix=make_fixes([CACHE_PROBE]))
+    fixed = dataclasses.replace(LIMITED, kv_connector="fail", fix=make_fixes([CACHE_PROBE]))
     cut = 0
     for program in _window_programs():
         cut += sum(run.window_cut for run in check_both(program, fixed))
@@ -198,8 +199,9 @@ def test_the_window_rule_catches_each_seeded_bug(
 
 def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--cache-aware-window` below 0, a threshold outside [0, 1] or without the window,
-    `--fix bounded-cache-probe` without the window, the window beside a KV connector, and, on
-    a release without the setting, the window at all: a usage error (exit 2, one line)."""
+    `--fix bounded-cache-probe` without the window, the window beside a sliding window or the
+    in-flight load cap, and, on a release without the setting, the window at all: a usage error
+    (exit 2, one line)."""
     check = load_script("vllm_async_check")
     for argv, said in (
         (["--cache-aware-window", "-1"], "--cache-aware-window: an int >= 1 (0: off)"),
@@ -207,8 +209,8 @@ def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
         (["--cache-aware-window", "3", "--cache-aware-threshold", "2"], "a number in [0, 1]"),
         (["--fix", CACHE_PROBE], f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window"),
         (
-            ["--cache-aware-window", "3", "--kv-connector", "fail"],
-            "--cache-aware-window: not with --kv-connector",
+            ["--cache-aware-window", "3", "--sliding-window", "4"],
+            "--cache-aware-window: not with --sliding-window",
         ),
     ):
         with pytest.raises(SystemExit) as exit_:
@@ -216,7 +218,13 @@ def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
         assert exit_.value.code == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert said in last, (argv, last)
-    if _has_the_setting():
+    if _has_the_setting():  # the cap, a setting of the same release
+        argv = ["--cache-aware-window", "3", "--kv-connector", "fail"]
+        with pytest.raises(SystemExit) as exit_:
+            check.main(["--programs", "1", *argv, "--max-inflight-kv-loads", "1"])
+        assert exit_.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "--cache-aware-window: not with --max-inflight-kv-loads" in last, last
         return
     with pytest.raises(SystemExit) as exit_:
         check.main(["--programs", "1", "--cache-aware-window", "3"])
@@ -227,8 +235,9 @@ def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_loop_refuses_the_window_beside_what_it_does_not_rank_under() -> None:
-    """`LoopOptions` with the window and a KV connector (whose hits vLLM's probe does not
-    see): a `ConfigError` that names both, before vLLM is built (on either release)."""
-    options = dataclasses.replace(WINDOW, kv_connector="fail")
-    with pytest.raises(ConfigError, match=r"cache_aware_window.*kv_connector"):
+    """`LoopOptions` with the window and a sliding window (a hit is every group's, the loop
+    reads the full-attention one): a `ConfigError` that names both, before vLLM is built (on
+    either release)."""
+    options = dataclasses.replace(WINDOW, sliding_window=4)
+    with pytest.raises(ConfigError, match=r"cache_aware_window.*sliding_window"):
         run_loop(core_program(0), async_scheduling=False, options=options)

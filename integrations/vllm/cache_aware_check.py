@@ -68,23 +68,30 @@ class Depth:
 
 
 #: What the loop does not rank requests under, as `LoopOptions` fields and their script flags:
-#: a KV connector's or the offloading connector's hits (vLLM's probe reads the local cache
-#: alone), a hybrid cache (a hit is every group's), a drafter that cuts a hit by a block.
+#: a hybrid cache (a hit is every group's), a drafter that cuts a hit by a block, and the
+#: in-flight load cap's second waiting queue (the loop orders the two by arrival). A KV
+#: connector's hits are not ranked, by vLLM or the loop: the probe reads the local cache.
 UNRANKED = {
-    "kv_connector": "--kv-connector",
-    "offloading": "--offload-chunks",
     "sliding_window": "--sliding-window",
     "mamba": "--mamba",
     "speculative_method": "--speculative-method",
+    "max_inflight_kv_loads": "--max-inflight-kv-loads",
 }
 
 
+#: Why the loop does not check the window beside those, for a message.
+UNRANKED_WHY = (
+    "the loop checks the window's order with full-attention hits and one waiting queue: not "
+    "a hybrid cache's, a drafter's cut by a block, nor the in-flight load cap's second queue"
+)
+
+
 def unranked_beside(
-    *, connector: bool, offloading: bool, window: bool, mamba: bool, drafter: str | None
+    *, window: bool, mamba: bool, drafter: str | None, inflight_cap: bool
 ) -> list[str]:
     """The fields of `UNRANKED` that are set (`drafter`: the speculative method, None without
     drafts; `ngram` cuts nothing)."""
-    on = (connector, offloading, window, mamba, drafter not in (None, "ngram"))
+    on = (window, mamba, drafter not in (None, "ngram"), inflight_cap)
     return [name for name, set_ in zip(UNRANKED, on, strict=True) if set_]
 
 
@@ -256,6 +263,7 @@ class CacheAwareCheck:
 __all__ = [
     "CACHE_AWARE_MEANING",
     "UNRANKED",
+    "UNRANKED_WHY",
     "CacheAwareCheck",
     "CacheAwareCounts",
     "Depth",

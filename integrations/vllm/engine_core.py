@@ -132,7 +132,7 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.cache_aware_check import CacheAwareCheck, unranked_beside
+from integrations.vllm.cache_aware_check import UNRANKED_WHY, CacheAwareCheck, unranked_beside
 from integrations.vllm.cache_reads import (
     check_cache_reads,
     describe_limit,
@@ -409,18 +409,16 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             )
         check_pause_mode(pauses)
         beside = unranked_beside(
-            connector=kv_connector is not None,
-            offloading=offloading is not None,
             window=sliding_window is not None,
             mamba=mamba,
             drafter=speculative_method if speculative_tokens else None,
+            inflight_cap=settings_034.max_inflight_kv_loads is not None,
         )
         if settings_034.cache_aware_window and beside:
             raise ConfigError(
                 "cache_aware_window",
                 settings_034.cache_aware_window,
-                f"0 with {', '.join(beside)} (the loop ranks a request by the full-attention "
-                "prefix cache's own hit)",
+                f"0 with {', '.join(beside)} ({UNRANKED_WHY})",
             )
         #: Reset the prefix cache and the connector's before one engine step in 16.
         self.cache_resets: bool = cache_resets

@@ -25,7 +25,7 @@ from integrations.vllm.adapter import (
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
-from integrations.vllm.cache_aware_check import UNRANKED, unranked_beside
+from integrations.vllm.cache_aware_check import UNRANKED, UNRANKED_WHY, unranked_beside
 from integrations.vllm.cache_probe_fix import CACHE_PROBE, CACHE_PROBE_FIX, apply_cache_probe_fix
 from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
@@ -592,16 +592,15 @@ def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.Argum
     if not window:
         return
     beside = unranked_beside(
-        connector=bool(args.kv_connector),
-        offloading=args.offload_chunks is not None,
         window=args.sliding_window is not None,
         mamba=args.mamba,
         drafter=args.speculative_method if args.speculative_tokens else None,
+        inflight_cap=args.max_inflight_kv_loads is not None,
     )
     if beside:
         parser.error(
-            f"--cache-aware-window: not with {', '.join(UNRANKED[n] for n in beside)} (the loop "
-            "ranks a request by the full-attention prefix cache's own hit)"
+            f"--cache-aware-window: not with {', '.join(UNRANKED[n] for n in beside)} "
+            f"({UNRANKED_WHY})"
         )
     settings = Vllm034Settings(cache_aware_window=window, cache_aware_threshold=threshold)
     try:  # refused now, not program by program (0.33.0 has no such setting)
