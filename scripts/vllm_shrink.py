@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         program=program,
         result=result,
         smaller=smaller,
-        source=program_source(result.program),
+        # with read limits, each request's limit shown (the loop sets the same ones again)
+        source=program_source(options.limited(result.program)),
         elapsed=elapsed,
         loop=loop,
         reproduce=f"with the original program's draws, LoopOptions(..., draw_seed={draws}):",

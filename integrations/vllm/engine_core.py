@@ -1384,9 +1384,7 @@ class LoopOptions:
         seeded by `draw_seed`, else by the program's text."""
         seeded = self.mutate if async_scheduling else None
         fix = self.fix
-        if self.cache_read_limits:
-            bounded = VLLM_CACHE_READ_LIMITS is CacheReadLimits.BOUNDED
-            program = with_cache_read_limits(program, bounded=bounded)
+        program = self.limited(program)
 
         def patch(sched: Any) -> None:
             for change in (fix, seeded):
@@ -1436,6 +1434,16 @@ class LoopOptions:
             trace=self.trace,
         )
         return loop.run(program)
+
+    def limited(self, program: CoreProgram) -> CoreProgram:
+        """`program` as the loop runs it: with `cache_read_limits`, its requests' limits set
+        (`with_cache_read_limits`, as the loaded release bounds them); else unchanged. Setting
+        them again gives the same limits (each request's turn is its name's)."""
+        if not self.cache_read_limits:
+            return program
+        bounded = VLLM_CACHE_READ_LIMITS is CacheReadLimits.BOUNDED
+        limited: CoreProgram = with_cache_read_limits(program, bounded=bounded)
+        return limited
 
     @property
     def admission(self) -> AdmissionKnobs:
