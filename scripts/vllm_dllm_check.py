@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.admission_check import ADMISSION_MEANING
+from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
@@ -79,6 +80,7 @@ MEANING = {
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
     **ADMISSION_MEANING,
+    **CACHE_AWARE_MEANING,
 }
 
 

@@ -4,7 +4,8 @@
 queue and `admission_order` held to the order it leaves; the finding that a prompt-scoring
 request is ranked by cached tokens it may not read reproduces in the loop (the shrunk program
 docs/shrunk/vllm-cache-probe.json, both loops) and the fix `bounded-cache-probe` lifts it;
-seeded bugs in the window's use fail the rule, each with a message naming the order.
+seeded bugs in the window's use fail the rule, each with a message naming the order. The
+diffusion loop, whose scheduler inherits the window, holds it too.
 
 These run on 0.34.0 in `test_real_vllm_newest`. On 0.33.0, which has no such setting, each
 checks instead that asking for it is a `ConfigError` naming the setting and the release, and
@@ -23,6 +24,9 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.cache_probe_fix import CACHE_PROBE
+from integrations.vllm.diffusion import RULES as DLLM_RULES
+from integrations.vllm.diffusion import DllmProgram, dllm_program, run_dllm
+from integrations.vllm.diffusion import check_both as dllm_check_both
 from integrations.vllm.engine_core import (
     RULES,
     CoreProgram,
@@ -123,6 +127,39 @@ def test_finding_a_prompt_scoring_request_is_ranked_by_a_prefix_it_may_not_read(
         assert detail.endswith("'r7', 'r8']"), detail
         fixed = dataclasses.replace(options, fix=make_fixes([CACHE_PROBE]))
         run_loop(program, async_scheduling=async_scheduling, options=fixed)
+
+
+def _windowed(seed: int) -> DllmProgram:
+    """Diffusion program `seed` with prefix caching (half its prompts shared), served with the
+    window on every call."""
+    program = dllm_program(seed, prefix_caching=True)
+    serving = dataclasses.replace(program.serving, cache_aware_window=3, cache_aware_threshold=0)
+    return dataclasses.replace(program, serving=serving)
+
+
+def test_the_diffusion_loop_holds_the_window_too() -> None:
+    """vLLM's diffusion scheduler inherits the window: diffusion programs pass both loops with
+    it engaged and moving the queue, and a window that never moves fails `cache_aware_order`
+    there. On a release without the setting, serving it is a `ConfigError`."""
+    if not has_the_setting():
+        with pytest.raises(ConfigError, match=r"new in vLLM 0\.34\.0"):
+            run_dllm(_windowed(0), async_scheduling=False)
+        return
+    assert "cache_aware_order" in DLLM_RULES
+    engaged = moved = 0
+    for seed in range(PROGRAMS):
+        for run in dllm_check_both(_windowed(seed)):
+            engaged += run.window_engaged
+            moved += run.window_moved
+    assert engaged > moved > 0, (engaged, moved)
+    for seed in range(PROGRAMS):
+        try:
+            run_dllm(_windowed(seed), async_scheduling=False, mutate=_never_moves)
+        except EngineCoreViolation as err:
+            assert err.rule == "cache_aware_order", err
+            assert "the order is" in err.detail, err.detail
+            return
+    pytest.fail(f"no diffusion program of {PROGRAMS} caught a window that never moves")
 
 
 def _engages_below_the_threshold(sched: Any) -> None:

@@ -22,7 +22,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from integrations.vllm.adapter import (
     all_group_tables,
@@ -33,6 +33,9 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
+
+if TYPE_CHECKING:  # it raises this module's EngineCoreViolation
+    from integrations.vllm.cache_aware_check import CacheAwareCheck
 
 #: The engine core's batch queue: 2 with async scheduling (`max_concurrent_batches`), else 1.
 ASYNC_BATCH_QUEUE = 2
@@ -142,6 +145,9 @@ class BatchQueueLoop(Generic[CountsT]):
         self.preempted_between: set[str] = set()
         #: Pauses generation between engine steps (`integrations.vllm.pauses`), if set.
         self.pause: PauseHook | None = None
+        #: vLLM 0.34.0's cache-aware window, where a subclass serves it: rule
+        #: `cache_aware_order`, and the order `admission_order` holds first admissions to.
+        self.cache_aware: CacheAwareCheck | None = None
         #: The model runner's block tables, built from the outputs alone (`runner_tables`).
         self.runner_tables: RunnerTables = RunnerTables()
         #: With a list, one line per event (`note`, `integrations.vllm.trace`).
@@ -232,7 +238,9 @@ class BatchQueueLoop(Generic[CountsT]):
     # ------------------------------------------------------------------ decisions
     def record_running(self) -> None:
         """Before `schedule()`: the running queue's order and the waiting requests holding
-        computed KV, for `check_decisions`."""
+        computed KV, for `check_decisions` (and the cache-aware window's call begins)."""
+        if self.cache_aware is not None:
+            self.cache_aware.before_schedule(self.n.schedules + 1)
         self.running_before = [r.request_id for r in self.sched.running]
         self.holding_before = {
             r.request_id for r in self.waiting_requests() if r.num_computed_tokens > 0
@@ -260,7 +268,10 @@ class BatchQueueLoop(Generic[CountsT]):
 
     def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
         """vLLM's queue order, smaller first: arrival under FCFS, (priority, arrival) under
-        the priority policy."""
+        the priority policy; with the cache-aware window, the order it left
+        (`CacheAwareCheck.key`)."""
+        if self.cache_aware is not None:
+            return (self.cache_aware.key(rid),)
         r = self.sched.requests[rid]
         return (r.priority, r.arrival_time) if priority else (r.arrival_time,)
 
@@ -363,6 +374,15 @@ class BatchQueueLoop(Generic[CountsT]):
                     f"(never scheduled, earlier in the {policy} order) still wait{across}",
                 )
         self.ever_scheduled.update(admitted)
+
+    def check_cache_aware(self, out: Any, *, held: bool) -> None:
+        """`cache_aware_order` over the call that returned `out` (`held`: whether the prefill
+        cadence held it), where the window is served; before `check_decisions`, which takes
+        its order."""
+        if self.cache_aware is None:
+            return
+        admitted = [rid for rid in out.num_scheduled_tokens if rid not in self.ever_scheduled]
+        self.cache_aware.after_schedule(admitted, f"schedule {self.n.schedules}", held=held)
 
     def check_waiting_drops(self, out: Any, dropped: set[str], where: str) -> None:
         """`preemption_victim` of the requests a call reports preempted that were not running

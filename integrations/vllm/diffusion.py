@@ -88,6 +88,7 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.cache_aware_check import CacheAwareCheck
 from integrations.vllm.core_loop import (
     ABORTED,
     SCHEDULE_RULES,
@@ -104,7 +105,12 @@ from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
 from integrations.vllm.pauses import PauseDriver, check_pause_mode
-from integrations.vllm.release_api import resumed_req_ids, runner_output
+from integrations.vllm.release_api import (
+    check_scheduler_settings,
+    resumed_req_ids,
+    runner_output,
+)
+from integrations.vllm.settings_034 import Vllm034Settings
 from integrations.vllm.token_ids import output_token_id, stop_token_id, unshared_prompt_token
 from spec.errors import (
     ConfigError,
@@ -126,6 +132,7 @@ RULES = (
     "kv_event_content",
     "max_loras",
     *ADMISSION_RULES,
+    "cache_aware_order",
     "pause",
     "pool_accounting",
     "no_leak",
@@ -156,8 +163,10 @@ class DllmServing:
     as RL trainers pause it around a weight update (`pauses`: a mode of vLLM's
     `pause_scheduler`, `integrations.vllm.pauses`), and vLLM's admission settings (`watermark`,
     `max_active_seqs`, `prefill_interval`, `adaptive_threshold`, `reserve_full_isl`:
-    `admission`, checked by `integrations.vllm.admission_check` where one is set). Chunked
-    prefill is on (vLLM's default)."""
+    `admission`, checked by `integrations.vllm.admission_check` where one is set), and vLLM
+    0.34.0's cache-aware admission (`cache_aware_window`, `cache_aware_threshold`:
+    `settings_034`; with prefix caching under FCFS, rule `cache_aware_order`,
+    `integrations.vllm.cache_aware_check`). Chunked prefill is on (vLLM's default)."""
 
     canvas_length: int
     max_denoising_steps: int
@@ -178,11 +187,13 @@ class DllmServing:
     prefill_interval: int = 1
     adaptive_threshold: bool = False
     reserve_full_isl: bool = True
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         check_loras(self.loras, self.max_loras)
         check_pause_mode(self.pauses)
-        _ = self.admission  # the settings validate themselves (ConfigError)
+        _ = self.admission, self.settings_034  # the settings validate themselves (ConfigError)
         for name in (
             "canvas_length",
             "max_denoising_steps",
@@ -221,6 +232,15 @@ class DllmServing:
         """vLLM's admission settings as the fields of those names say (`integrations.vllm.
         admission_knobs`)."""
         return AdmissionKnobs.of(self)
+
+    @property
+    def settings_034(self) -> Vllm034Settings:
+        """vLLM 0.34.0's settings as `cache_aware_window` and `cache_aware_threshold` say
+        (`integrations.vllm.settings_034`)."""
+        return Vllm034Settings(
+            cache_aware_window=self.cache_aware_window,
+            cache_aware_threshold=self.cache_aware_threshold,
+        )
 
     @property
     def async_batch_queue(self) -> int:
@@ -306,6 +326,9 @@ class DllmRun:
     held_steps: int = 0  # calls the prefill cadence held (no prefill allowed)
     backed_up_releases: int = 0  # release steps that left requests waiting (cadence lifted)
     emptied_holds: int = 0  # held calls that preempted every decoding request
+    window_engaged: int = 0  # admission phases the cache-aware window engaged in
+    window_moved: int = 0  # of those, phases that moved the waiting queue
+    window_cut: int = 0  # of those, phases ranking a request below its cached prefix (limit)
 
 
 @dataclass
@@ -452,6 +475,20 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.arrived_at: dict[str, int] = {}  # engine steps run before the request arrived
         self.latencies: dict[str, int] = {}
         self.wait_streak: dict[str, int] = {}
+        if (
+            serving.cache_aware_window
+            and serving.policy == "fcfs"
+            and serving.enable_prefix_caching
+        ):
+            self.cache_aware = CacheAwareCheck(
+                sched,
+                window=serving.cache_aware_window,
+                threshold=serving.cache_aware_threshold,
+                block_size=serving.block_size,
+                read_limit=lambda _rid: None,  # a diffusion request reads its whole hit
+                ever_scheduled=self.ever_scheduled,
+                note=self.note,
+            )
         # prefix caching's block hashes: vLLM's own, as its input processor attaches them
         self.hasher: Any = (
             self.v.kv_utils.get_request_block_hasher(serving.block_size, self.v.hashing.sha256)
@@ -513,6 +550,8 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         self.arrived_at[rid] = self.n.engine_steps
         self.outputs[rid] = []
         self.sched.add_request(req)
+        if self.cache_aware is not None:
+            self.cache_aware.submit(rid)
         if self.trace is not None:
             self.note(f"submit {rid}: {_describe(request)}")
 
@@ -549,6 +588,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             pauses=pause.pauses if pause is not None else 0,
             pause_preempted=pause.preempted if pause is not None else 0,
             **(asdict(self.admission.counts) if self.admission is not None else {}),
+            **(asdict(self.cache_aware.counts) if self.cache_aware is not None else {}),
             **asdict(self.n),
         )
 
@@ -576,6 +616,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         """Check the call: `check_decisions`, `check_kv_covers`, `kv_writes`, `kv_bounded`, and
         `pp_cadence` over the requests scheduled a canvas; count its tokens and canvas waits."""
         s = self.serving
+        self.check_cache_aware(out, held=self.admission is not None and self.admission.held)
         self.check_decisions(
             out,
             max_num_batched_tokens=s.max_num_batched_tokens,
@@ -829,6 +870,8 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
     `DiffusionScheduler` or `DiffusionAsyncScheduler` by `async_scheduling`."""
     cfg = v.config
     diffusion = importlib.import_module("vllm.config.diffusion")
+    newer = serving.settings_034.scheduler_settings()
+    check_scheduler_settings(cfg.SchedulerConfig, newer)  # a setting this release lacks
     with v2_model_runner():
         try:
             scheduler_config = cfg.SchedulerConfig(
@@ -840,6 +883,7 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
                 async_scheduling=async_scheduling,
                 policy=serving.policy,
                 **serving.admission.scheduler_settings(serving.max_num_seqs),
+                **newer,
             )
             cache_config = cfg.CacheConfig(
                 block_size=serving.block_size,

@@ -580,9 +580,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self._deferred_tables: GroupTables = ()
 
         self._stale_before: set[str] = set()
-        #: vLLM 0.34.0's cache-aware window, where vLLM applies it (FCFS, prefix caching):
-        #: rule `cache_aware_order`, and the order `admission_order` holds admissions to.
-        self.cache_aware: CacheAwareCheck | None = None
+        # vLLM 0.34.0's cache-aware window, where vLLM applies it (FCFS, prefix caching)
         if (
             settings_034.cache_aware_window
             and config.policy is Policy.FCFS
@@ -772,8 +770,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.writes.before_schedule(self.sched)
         if self.admission is not None:
             self.admission.before_schedule()
-        if self.cache_aware is not None:
-            self.cache_aware.before_schedule(self.n.schedules + 1)
         for req in self.sched.running:
             if req.num_output_placeholders > 0:
                 self.n.ahead += 1
@@ -786,10 +782,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         the requests it decodes; count the requests newly waiting with stale output (`stale`)."""
         cfg = self.config
         own_kv = self.sessions.resuming()  # before `scheduled` marks them resumed
-        if self.cache_aware is not None:  # before admission_order, which takes its order
-            admitted = [r for r in out.num_scheduled_tokens if r not in self.ever_scheduled]
-            held = self.admission is not None and self.admission.held
-            self.cache_aware.after_schedule(admitted, f"schedule {self.n.schedules}", held=held)
+        self.check_cache_aware(out, held=self.admission is not None and self.admission.held)
         self.check_decisions(
             out,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -843,13 +836,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             for r in self.impl._waiting()
             if r.num_stale_output_tokens and r.request_id not in self._stale_before
         )
-
-    def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
-        """vLLM's queue order (`BatchQueueLoop.queue_key`); with the cache-aware window, the
-        order the window left (`CacheAwareCheck.key`)."""
-        if self.cache_aware is not None:
-            return (self.cache_aware.key(rid),)
-        return super().queue_key(rid, priority)
 
     def check_cache_reads(self, out: Any, own_kv: Collection[str]) -> None:
         """Rule `cache_read_limit` (`integrations.vllm.cache_reads`) over the requests the call
