@@ -271,6 +271,32 @@ def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert "new in vLLM 0.34.0" in last, last
 
 
+def test_the_diffusion_check_script_refuses_the_window_where_vllm_does_not_apply_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/vllm_dllm_check.py --cache-aware-window 3` without `--prefix-caching`, or with
+    `--priority`, is a usage error (vLLM applies the window under FCFS with prefix caching
+    only); on a release without the setting, so is the window with prefix caching."""
+    check = load_script("vllm_dllm_check")
+    for argv in (["--cache-aware-window", "3"], ["--prefix-caching", "--priority"]):
+        argv = argv if "--cache-aware-window" in argv else [*argv, "--cache-aware-window", "3"]
+        with pytest.raises(SystemExit) as exit_:
+            check.main(["--programs", "1", *argv])
+        assert exit_.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "--cache-aware-window: with --prefix-caching, not --priority" in last, last
+    argv = ["--programs", "1", "--prefix-caching", "--cache-aware-window", "3"]
+    if has_the_setting():
+        assert check.main(argv) == 0
+        assert "cache-aware admission (window 3, usage >= 0.5)" in capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit) as exit_:
+        check.main(argv)
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "invalid cache_aware_admission_window=3" in last and "new in vLLM 0.34.0" in last
+
+
 def test_the_loop_refuses_the_window_beside_what_it_does_not_rank_under() -> None:
     """`LoopOptions` with the window and a sliding window (a hit is every group's, the loop
     reads the full-attention one): a `ConfigError` that names both, before vLLM is built (on

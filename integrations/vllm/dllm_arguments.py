@@ -17,16 +17,16 @@ from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
-from integrations.vllm.adapter import load_vllm
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.async_hold_fixes import MODEL_LEN_HOLD, READ_ONLY_HOLD
+from integrations.vllm.cache_aware_arguments import (
+    add_cache_aware_arguments,
+    check_cache_aware_setting,
+)
 from integrations.vllm.diffusion import DllmProgram, dllm_program
 from integrations.vllm.pauses import PAUSE_MODES
-from integrations.vllm.release_api import check_scheduler_settings
-from integrations.vllm.settings_034 import Vllm034Settings
 from integrations.vllm.whole_canvas_fix import WHOLE_CANVAS
-from spec.errors import ConfigError
 
 #: (flag, fix name, the fix in words, help), in `DLLM_FIX_ORDER`'s order.
 FIX_FLAGS = (
@@ -105,22 +105,7 @@ def add_dllm_arguments(parser: argparse.ArgumentParser) -> None:
         "(pause)",
     )
     add_admission_arguments(parser)
-    parser.add_argument(
-        "--cache-aware-window",
-        type=_count(1),
-        default=0,
-        metavar="N",
-        help="vLLM 0.34.0 only, with --prefix-caching under FCFS: reorder the first N waiting "
-        "requests deepest cached prefix first once the pool is used at least the threshold "
-        "(vLLM's cache_aware_admission_window; default: off); rule cache_aware_order",
-    )
-    parser.add_argument(
-        "--cache-aware-threshold",
-        type=float,
-        default=0.5,
-        metavar="T",
-        help="with --cache-aware-window: the pool usage in [0, 1] it engages at (default 0.5)",
-    )
+    add_cache_aware_arguments(parser, "with --prefix-caching under FCFS")
     for flag, _, _, help_text in FIX_FLAGS:
         parser.add_argument(
             flag, action="store_true", help=f"run vLLM with the candidate fix: {help_text}"
@@ -147,22 +132,12 @@ def check_dllm_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
     if args.max_loras != 1 and not args.loras:
         parser.error("--max-loras: only with --loras")
     admission_of(args, parser)
-    window, threshold = args.cache_aware_window, args.cache_aware_threshold
-    if not 0.0 <= threshold <= 1.0 or (threshold != 0.5 and not window):
-        parser.error("--cache-aware-threshold: a number in [0, 1], with --cache-aware-window")
-    if window and (not args.prefix_caching or args.priority):
+    if args.cache_aware_window and (not args.prefix_caching or args.priority):
         parser.error(
             "--cache-aware-window: with --prefix-caching, not --priority (vLLM applies the window "
             "under FCFS with prefix caching only)"
         )
-    if window:
-        settings = Vllm034Settings(cache_aware_window=window, cache_aware_threshold=threshold)
-        try:  # refused now, not program by program (0.33.0 has no such setting)
-            check_scheduler_settings(
-                load_vllm().config.SchedulerConfig, settings.scheduler_settings()
-            )
-        except ConfigError as err:
-            parser.error(f"--cache-aware-window: {err}")
+    check_cache_aware_setting(args, parser)
 
 
 def space(args: argparse.Namespace) -> dict[str, bool]:

@@ -25,6 +25,10 @@ from integrations.vllm.adapter import (
 from integrations.vllm.admission_arguments import add_admission_arguments, admission_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
+from integrations.vllm.cache_aware_arguments import (
+    add_cache_aware_arguments,
+    check_cache_aware_setting,
+)
 from integrations.vllm.cache_aware_check import UNRANKED, UNRANKED_WHY, unranked_beside
 from integrations.vllm.cache_probe_fix import CACHE_PROBE, CACHE_PROBE_FIX, apply_cache_probe_fix
 from integrations.vllm.cadence_fix import CADENCE_FIX
@@ -279,23 +283,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "hold KV blocks for an asynchronous load, and such loads may start while the running "
         "batch is full (vLLM's max_num_inflight_kv_loads; default: no cap)",
     )
-    parser.add_argument(
-        "--cache-aware-window",
-        type=int,
-        default=0,
-        metavar="N",
-        help="vLLM 0.34.0 only: under FCFS with prefix caching, reorder the first N waiting "
-        "requests deepest cached prefix first once the pool is used at least the threshold "
-        "(vLLM's cache_aware_admission_window; default 0: off); rule cache_aware_order",
-    )
-    parser.add_argument(
-        "--cache-aware-threshold",
-        type=float,
-        default=0.5,
-        metavar="T",
-        help="with --cache-aware-window: the pool usage in [0, 1] it engages at (vLLM's "
-        "cache_aware_admission_threshold; default 0.5)",
-    )
+    add_cache_aware_arguments(parser, "under FCFS with prefix caching")
     parser.add_argument(
         "--kv-store-blocks",
         type=int,
@@ -582,14 +570,10 @@ def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.Argum
     """`--cache-aware-window` and `--cache-aware-threshold` (and `--fix bounded-cache-probe`,
     which edits the probe only the window calls): `parser.error` (exit 2) for a bad value, a
     release without the setting, or beside what the loop does not rank requests under."""
-    window, threshold = args.cache_aware_window, args.cache_aware_threshold
-    if window < 0:
-        parser.error("--cache-aware-window: an int >= 1 (0: off)")
-    if not 0.0 <= threshold <= 1.0 or (threshold != 0.5 and not window):
-        parser.error("--cache-aware-threshold: a number in [0, 1], with --cache-aware-window")
-    if CACHE_PROBE in (args.fix or ()) and not window:
+    if CACHE_PROBE in (args.fix or ()) and not args.cache_aware_window:
         parser.error(f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window, needs it")
-    if not window:
+    if not args.cache_aware_window:
+        check_cache_aware_setting(args, parser)  # the threshold alone
         return
     beside = unranked_beside(
         window=args.sliding_window is not None,
@@ -602,11 +586,7 @@ def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.Argum
             f"--cache-aware-window: not with {', '.join(UNRANKED[n] for n in beside)} "
             f"({UNRANKED_WHY})"
         )
-    settings = Vllm034Settings(cache_aware_window=window, cache_aware_threshold=threshold)
-    try:  # refused now, not program by program (0.33.0 has no such setting)
-        check_scheduler_settings(load_vllm().config.SchedulerConfig, settings.scheduler_settings())
-    except ConfigError as err:
-        parser.error(f"--cache-aware-window: {err}")
+    check_cache_aware_setting(args, parser)
 
 
 def describe(args: argparse.Namespace) -> str:
