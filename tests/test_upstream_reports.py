@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from integrations.vllm import loop_arguments
+from integrations.vllm import cache_aware_arguments, loop_arguments
 from integrations.vllm.dllm_arguments import fix_names, space
 from integrations.vllm.loop_arguments import loop_options
 from tests.script_module import load_script
@@ -43,9 +43,10 @@ def test_a_reports_shrink_command_asks_for_the_recorded_options(
     record = json.loads((reports.SHRUNK / f"{stem}.json").read_text())
     # the flags, not the release: a setting new in vLLM 0.34.0 is refused on 0.33.0, and
     # vLLM need not be installed at all
-    monkeypatch.setattr(loop_arguments, "check_scheduler_settings", lambda *_: None)
     no_vllm = SimpleNamespace(config=SimpleNamespace(SchedulerConfig=None))
-    monkeypatch.setattr(loop_arguments, "load_vllm", lambda: no_vllm)
+    for module in (loop_arguments, cache_aware_arguments):
+        monkeypatch.setattr(module, "check_scheduler_settings", lambda *_: None)
+        monkeypatch.setattr(module, "load_vllm", lambda: no_vllm)
     if record.get("path") == "diffusion":
         dllm = load_script("vllm_dllm_shrink").build_parser()
         args = dllm.parse_args(reports.shrink_arguments(record))
