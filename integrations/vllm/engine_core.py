@@ -29,6 +29,9 @@ does (`integrations.vllm.core_loop.BatchQueueLoop`), with the adapter's fabricat
 - cache reads (`cache_read_limit`, `integrations.vllm.cache_reads`): a request with a cache read
   limit (skipping the cache, or scoring its prompt from a row on) is admitted with at most that
   many computed tokens read from the prefix cache or a KV connector;
+- cache-aware admission (`cache_aware_order`, vLLM 0.34.0's window where it is set,
+  `integrations.vllm.cache_aware_check`): the window orders the waiting queue as the spec's
+  order function does, each request ranked by the hit it may take, and the order lasts;
 - end (`no_leak`): once the loop is drained, no request is left and every block is free;
 - progress (`progress`): the loop drains within a bound;
 - vLLM raising is `implementation_error`;
