@@ -375,6 +375,31 @@ class BatchQueueLoop(Generic[CountsT]):
                 )
         self.ever_scheduled.update(admitted)
 
+    def serve_cache_aware(
+        self,
+        window: int,
+        threshold: float,
+        block_size: int,
+        read_limit: Callable[[str], int | None] = lambda _rid: None,
+    ) -> None:
+        """Check vLLM 0.34.0's cache-aware window (`CacheAwareCheck`) over this loop's
+        scheduler, blocks of `block_size` tokens, each request's cache read limit as
+        `read_limit` says (default: none). A subclass calls it where vLLM applies the window
+        (FCFS with prefix caching); each request it submits then joins with
+        `cache_aware.submit`."""
+        # imported here: the check raises this module's EngineCoreViolation
+        from integrations.vllm.cache_aware_check import CacheAwareCheck
+
+        self.cache_aware = CacheAwareCheck(
+            self.sched,
+            window=window,
+            threshold=threshold,
+            block_size=block_size,
+            read_limit=read_limit,
+            ever_scheduled=self.ever_scheduled,
+            note=self.note,
+        )
+
     def check_cache_aware(self, out: Any, *, held: bool) -> None:
         """`cache_aware_order` over the call that returned `out` (`held`: whether the prefill
         cadence held it), where the window is served; before `check_decisions`, which takes

@@ -88,7 +88,6 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import AdmissionKnobs
-from integrations.vllm.cache_aware_check import CacheAwareCheck
 from integrations.vllm.core_loop import (
     ABORTED,
     SCHEDULE_RULES,
@@ -480,14 +479,9 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
             and serving.policy == "fcfs"
             and serving.enable_prefix_caching
         ):
-            self.cache_aware = CacheAwareCheck(
-                sched,
-                window=serving.cache_aware_window,
-                threshold=serving.cache_aware_threshold,
-                block_size=serving.block_size,
-                read_limit=lambda _rid: None,  # a diffusion request reads its whole hit
-                ever_scheduled=self.ever_scheduled,
-                note=self.note,
+            # a diffusion request has no read limit: it reads its whole hit
+            self.serve_cache_aware(
+                serving.cache_aware_window, serving.cache_aware_threshold, serving.block_size
             )
         # prefix caching's block hashes: vLLM's own, as its input processor attaches them
         self.hasher: Any = (

@@ -135,7 +135,7 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.cache_aware_check import UNRANKED_WHY, CacheAwareCheck, unranked_beside
+from integrations.vllm.cache_aware_check import UNRANKED_WHY, unranked_beside
 from integrations.vllm.cache_reads import (
     check_cache_reads,
     describe_limit,
@@ -590,14 +590,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             and config.enable_prefix_caching
         ):
             specs = self.impl.specs
-            self.cache_aware = CacheAwareCheck(
-                self.sched,
-                window=settings_034.cache_aware_window,
-                threshold=settings_034.cache_aware_threshold,
-                block_size=config.block_size,
-                read_limit=lambda rid: specs[rid].cache_read_limit if rid in specs else None,
-                ever_scheduled=self.ever_scheduled,
-                note=self.note,
+            self.serve_cache_aware(
+                settings_034.cache_aware_window,
+                settings_034.cache_aware_threshold,
+                config.block_size,
+                lambda rid: specs[rid].cache_read_limit if rid in specs else None,
             )
         #: Pauses generation before one engine step in 16, in vLLM's mode `pauses`.
         self.pause = (
