@@ -4,8 +4,11 @@
 queue and `admission_order` held to the order it leaves; the finding that a prompt-scoring
 request is ranked by cached tokens it may not read reproduces in the loop (the shrunk program
 docs/shrunk/vllm-cache-probe.json, both loops) and the fix `bounded-cache-probe` lifts it;
-seeded bugs in the window's use fail the rule, each with a message naming the order. The
-diffusion loop, whose scheduler inherits the window, holds it too.
+seeded bugs in the window's use fail the rule, each with a message naming the order. Beside
+the cap on in-flight KV loads the window orders the plain queue and vLLM merges the two queues
+by their heads: `admission_order` holds each queue's order and arrival across them, and seeded
+bugs in the merge fail it. The diffusion loop, whose scheduler inherits the window, holds it
+too.
 
 These run on 0.34.0 in `test_real_vllm_newest`. On 0.33.0, which has no such setting, each
 checks instead that asking for it is a `ConfigError` naming the setting and the release, and
@@ -36,12 +39,14 @@ from integrations.vllm.engine_core import (
     core_program,
     run_loop,
 )
+from integrations.vllm.kv_load_fixes import apply_kv_load_fixes
 from integrations.vllm.loop_arguments import make_fixes
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_cache_aware import has_the_setting
+from tests.test_real_vllm_inflight_loads import _async_queue_first, _plain_queue_first
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "30"))
 #: The window on every call (threshold 0), so that small programs engage it.
@@ -234,11 +239,153 @@ def test_the_window_rule_catches_each_seeded_bug(
     pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
 
 
+#: The window beside vLLM's cap on in-flight KV loads: a connector that loads some requests
+#: asynchronously, which vLLM queues apart (`async_kv_waiting`), the window ranking the plain
+#: queue only.
+CAPPED_WINDOW = dataclasses.replace(WINDOW, kv_connector="fail", max_inflight_kv_loads=2)
+
+#: Shrunk from shared-prompts program 669 under `CAPPED_WINDOW` (`scripts/vllm_shrink.py`,
+#: with the loop reading the plain queue's heads as they stood before the window): r5 and r7
+#: wait; r8 (whose KV the connector may load asynchronously) and r9 (a cached prefix of r0's
+#: shared prompt) arrive together, r8 first. The window moves r9 ahead of r5 and r7; vLLM
+#: compares the queues' heads, r9 against r8, and starts r8's load, passing r5 and r7, which
+#: arrived before r8.
+HEAD_MOVED = CoreProgram(
+    ArConfig(
+        block_size=2,
+        num_blocks=3,
+        max_num_batched_tokens=1,
+        max_num_seqs=1,
+        max_model_len=5,
+        enable_prefix_caching=True,
+    ),
+    arrivals=(
+        (ArRequest("r0", 4, 1, prompt=tuple(range(100, 104))),),
+        (ArRequest("r1", 2, 1),),
+        (),
+        (ArRequest("r5", 1, 1), ArRequest("r7", 1, 1)),
+        (ArRequest("r8", 2, 1), ArRequest("r9", 3, 1, prompt=tuple(range(100, 103)))),
+    ),
+    aborts=((), (), (), (), ()),
+)
+HEAD_MOVED_DRAWS = 3149180149
+
+
+def test_the_window_beside_the_load_cap_orders_the_plain_queue_and_merges_by_heads() -> None:
+    """With the in-flight load cap, the programs pass both loops: the window orders the plain
+    waiting queue, and a request of the asynchronous-load queue may pass the plain queue's
+    requests standing behind a head that arrived after it, a head the window moved there
+    (`HEAD_MOVED`: r8 passes r5 and r7, counted in `window_passes`)."""
+    if not _has_the_setting():
+        return
+    moved = 0
+    for program in _window_programs():
+        moved += sum(run.window_moved for run in check_both(program, CAPPED_WINDOW))
+    assert moved > 0
+    options = dataclasses.replace(CAPPED_WINDOW, draw_seed=HEAD_MOVED_DRAWS)
+    sync_run = run_loop(HEAD_MOVED, async_scheduling=False, options=options)
+    assert (sync_run.window_moved, sync_run.window_passes) == (1, 2), sync_run
+    run_loop(HEAD_MOVED, async_scheduling=True, options=options)
+
+
+#: Shrunk from program 320 under the window, the cap and failing loads recomputed with the six
+#: KV load fixes: r14's load fails as a whole and the fix `requeue-failed-load` puts it back at
+#: the plain queue's head, ahead of r13, which arrived before it. The window then moves r11
+#: first of r14, r7 and r11, and r7, after it, stays ahead of r13.
+REQUEUED_HEAD = CoreProgram(
+    ArConfig(
+        block_size=2,
+        num_blocks=11,
+        max_num_batched_tokens=1,
+        max_num_seqs=1,
+        max_model_len=8,
+        enable_prefix_caching=True,
+    ),
+    arrivals=(
+        (ArRequest("r0", 2, 1),),
+        (ArRequest("r3", 5, 1),),
+        (ArRequest("r6", 3, 1, prompt=tuple(range(100, 103))), ArRequest("r7", 1, 1)),
+        (ArRequest("r9", 7, 1),),
+        (ArRequest("r11", 3, 1, prompt=tuple(range(100, 103))),),
+        (ArRequest("r13", 1, 1), ArRequest("r14", 6, 1)),
+    ),
+    aborts=((), (), (), (), (), ()),
+)
+REQUEUED_HEAD_DRAWS = 2719323373
+
+
+def test_a_request_put_back_at_the_head_does_not_move_the_order_of_those_behind() -> None:
+    """`REQUEUED_HEAD` passes the synchronous loop with the window moving the queue once: the
+    window's order is kept among the never-scheduled requests it ranked (r11, r7), not with
+    r14's place, which arrived after r13 but stood ahead of it. Giving r7 r14's place (the
+    loop's first reading) put r13 ahead of r7 and failed `cache_aware_order` in schedule 10."""
+    if not _has_the_setting():
+        return
+    options = LoopOptions(
+        kv_connector="recompute",
+        max_inflight_kv_loads=1,
+        cache_aware_window=3,
+        cache_aware_threshold=0.0,
+        fix=apply_kv_load_fixes,
+        draw_seed=REQUEUED_HEAD_DRAWS,
+    )
+    run = run_loop(REQUEUED_HEAD, async_scheduling=False, options=options)
+    assert run.window_moved == 1 and run.loads_failed >= 1, run
+
+
+def _merges_below_the_windows_head(sched: Any) -> None:
+    """Seeded bug: the queues are merged by the plain queue's earliest arrival, not its head,
+    so a head the window moved ahead goes before an earlier asynchronous load."""
+
+    def merged(take_async_kv: bool) -> Any:
+        loads, plain = sched.async_kv_waiting, sched.waiting
+        if not take_async_kv or not loads:
+            return plain
+        if not plain:
+            return loads
+        earliest = min(r.arrival_time for r in plain)
+        return loads if loads.peek_request().arrival_time < earliest else plain
+
+    sched._next_waiting_queue = merged
+
+
+@pytest.mark.parametrize(
+    ("bug", "passed_queue"),
+    [
+        (_merges_below_the_windows_head, "async_kv_waiting"),
+        (_plain_queue_first, "async_kv_waiting"),
+        (_async_queue_first, "waiting"),
+    ],
+    ids=["below-the-head", "plain-first", "async-first"],
+)
+def test_the_order_across_the_queues_holds_beside_the_window(
+    bug: Callable[[Any], None], passed_queue: str
+) -> None:
+    """With the window on, a merge of the two waiting queues other than by their heads'
+    arrivals admits a request while an earlier one of the other queue waits: the first
+    program it fails breaks `admission_order`, naming both queues (the window's order holds
+    within the plain queue; across the queues, arrival does, as vLLM compares the heads)."""
+    if not _has_the_setting():
+        return
+    for program in _window_programs():
+        try:
+            run_loop(
+                program,
+                async_scheduling=False,
+                options=dataclasses.replace(CAPPED_WINDOW, fix=bug),
+            )
+        except EngineCoreViolation as err:
+            assert err.rule == "admission_order", err
+            assert f"(in {passed_queue}, " in err.detail, err.detail
+            return
+    pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
+
+
 def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--cache-aware-window` below 0, a threshold outside [0, 1] or without the window,
-    `--fix bounded-cache-probe` without the window, the window beside a sliding window or the
-    in-flight load cap, and, on a release without the setting, the window at all: a usage error
-    (exit 2, one line)."""
+    `--fix bounded-cache-probe` without the window, the window beside a sliding window, and, on
+    a release without the setting, the window at all: a usage error (exit 2, one line). The
+    window beside the in-flight load cap runs."""
     check = load_script("vllm_async_check")
     for argv, said in (
         (["--cache-aware-window", "-1"], "--cache-aware-window: an int >= 1 (0: off)"),
@@ -255,13 +402,10 @@ def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
         assert exit_.value.code == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert said in last, (argv, last)
-    if _has_the_setting():  # the cap, a setting of the same release
+    if _has_the_setting():  # the cap, a setting of the same release, runs beside it
         argv = ["--cache-aware-window", "3", "--kv-connector", "fail"]
-        with pytest.raises(SystemExit) as exit_:
-            check.main(["--programs", "1", *argv, "--max-inflight-kv-loads", "1"])
-        assert exit_.value.code == 2
-        last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert "--cache-aware-window: not with --max-inflight-kv-loads" in last, last
+        assert check.main(["--programs", "1", *argv, "--max-inflight-kv-loads", "1"]) == 0
+        assert "at most 1 loads holding blocks" in capsys.readouterr().out
         return
     with pytest.raises(SystemExit) as exit_:
         check.main(["--programs", "1", "--cache-aware-window", "3"])

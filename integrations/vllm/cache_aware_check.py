@@ -40,6 +40,7 @@ CACHE_AWARE_MEANING = {
     "window_engaged": "admission phases the cache-aware window engaged in",
     "window_moved": "of those, phases that moved the waiting queue",
     "window_cut": "of those, phases ranking a request below its cached prefix for its limit",
+    "window_passes": "requests the other waiting queue passed behind a head the window moved",
 }
 
 
@@ -50,6 +51,7 @@ class CacheAwareCounts:
     window_engaged: int = 0
     window_moved: int = 0
     window_cut: int = 0
+    window_passes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,30 +70,26 @@ class Depth:
 
 
 #: What the loop does not rank requests under, as `LoopOptions` fields and their script flags:
-#: a hybrid cache (a hit is every group's), a drafter that cuts a hit by a block, and the
-#: in-flight load cap's second waiting queue (the loop orders the two by arrival). A KV
+#: a hybrid cache (a hit is every group's) and a drafter that cuts a hit by a block. A KV
 #: connector's hits are not ranked, by vLLM or the loop: the probe reads the local cache.
 UNRANKED = {
     "sliding_window": "--sliding-window",
     "mamba": "--mamba",
     "speculative_method": "--speculative-method",
-    "max_inflight_kv_loads": "--max-inflight-kv-loads",
 }
 
 
 #: Why the loop does not check the window beside those, for a message.
 UNRANKED_WHY = (
-    "the loop checks the window's order with full-attention hits and one waiting queue: not "
-    "a hybrid cache's, a drafter's cut by a block, nor the in-flight load cap's second queue"
+    "the loop checks the window's order with full-attention hits: not a hybrid cache's, nor "
+    "a drafter's cut by a block"
 )
 
 
-def unranked_beside(
-    *, window: bool, mamba: bool, drafter: str | None, inflight_cap: bool
-) -> list[str]:
+def unranked_beside(*, window: bool, mamba: bool, drafter: str | None) -> list[str]:
     """The fields of `UNRANKED` that are set (`drafter`: the speculative method, None without
     drafts; `ngram` cuts nothing)."""
-    on = (window, mamba, drafter not in (None, "ngram"), inflight_cap)
+    on = (window, mamba, drafter not in (None, "ngram"))
     return [name for name, set_ in zip(UNRANKED, on, strict=True) if set_]
 
 
@@ -123,6 +121,9 @@ class CacheAwareCheck:
         #: Request id -> its place in the admission order (`key`), submission order at first.
         self._place: dict[str, float] = {}
         self._called = False
+        #: The plain waiting queue as vLLM's reorder left it in this call (None before it
+        #: runs): the order `admission_order` reads heads from (`BatchQueueLoop.queue_order`).
+        self.left: list[str] | None = None
         self._broken: str | None = None
         self._schedule = 0
         self._last_moved: int | None = None
@@ -145,6 +146,7 @@ class CacheAwareCheck:
     def before_schedule(self, schedule: int) -> None:
         """A `schedule()` call, number `schedule`, is about to run."""
         self._called = False
+        self.left = None
         self._broken = None
         self._schedule = schedule
 
@@ -190,13 +192,18 @@ class CacheAwareCheck:
             self.counts.window_engaged += 1
             self.counts.window_cut += any(d.allowed < d.cached for d in depths.values())
         original()
-        after = [r.request_id for r in self.sched.waiting][: len(head)]
+        self.left = [r.request_id for r in self.sched.waiting]
+        after = self.left[: len(head)]
         if after != head:
             self.note(f"schedule {self._schedule}: the cache-aware window orders {head} as {after}")
         if expected != head:
             self.counts.window_moved += 1
             self._last_moved = self._schedule
-            self._reorder_places([rid for rid in expected if rid in depths])
+            # only the never-scheduled requests' places order anything (the check above,
+            # `admission_order`); one scheduled before may stand anywhere (a failed load
+            # put back at the head), so its place says nothing of where it stands
+            moved = [rid for rid in expected if rid in depths and rid not in self.ever_scheduled]
+            self._reorder_places(moved)
         if after != expected and self._broken is None:
             ranks = ", ".join(depths[rid].text(rid) for rid in head if rid in depths)
             why = (
@@ -241,7 +248,9 @@ class CacheAwareCheck:
         return Depth(cached, allowed)
 
     def _reorder_places(self, order: list[str]) -> None:
-        """The requests of `order` take their places among themselves in that order."""
+        """The requests of `order` take their places among themselves in that order. They are
+        the never-scheduled requests the window ranked: the first of those in the queue, which
+        stand in place order, so the new places keep them ahead of the ones behind."""
         places = sorted(self._place[rid] for rid in order)
         self._place.update(zip(order, places, strict=True))
 

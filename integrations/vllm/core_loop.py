@@ -252,28 +252,62 @@ class BatchQueueLoop(Generic[CountsT]):
         self.queues_before = {name: [r.request_id for r in q] for name, q in queues}
         self.arrivals_before = {r.request_id: r.arrival_time for _, q in queues for r in q}
 
-    def came_after_a_head(self, waiting: str, key: tuple[float, ...], priority: bool) -> bool:
-        """Whether a request ahead of `waiting` in its queue before the call arrived after the
-        request of the other queue with FCFS `key`. vLLM takes from its two waiting queues by
-        comparing their heads (`_next_waiting_queue`), and a queue is not always in arrival
-        order (a preempted request goes back to its head), so such a head lets the other
-        queue's request go first, and `waiting`, behind it, is passed. A priority queue pops
-        in order: never."""
+    def came_after_a_head(self, waiting: str, passer: str, priority: bool) -> bool:
+        """Whether a request at or ahead of `waiting` in its queue, as vLLM took from it in
+        the call, arrived after `passer`, a request of the other queue. vLLM takes from its
+        two waiting queues by comparing their heads' arrivals (`_next_waiting_queue`), and a
+        queue is not always in arrival order (a preempted request goes back to its head; the
+        cache-aware window moves a later arrival ahead), so such a head lets the other
+        queue's request go first, and `waiting`, at or behind it, is passed. A priority queue
+        pops in order: never."""
         if priority:
             return False
-        order = self.queues_before.get(self.admission_queue(waiting), [])
-        if waiting not in order:
-            return False
-        return any((self.arrivals_before[h],) > key for h in order[: order.index(waiting)])
+        arrival = self.sched.requests[passer].arrival_time
+
+        def passed_in(order: list[str]) -> bool:
+            if waiting not in order:
+                return False
+            ahead = order[: order.index(waiting) + 1]
+            return any(self.arrivals_before.get(h, arrival) > arrival for h in ahead)
+
+        queue = self.admission_queue(waiting)
+        passed = passed_in(self.queue_order(queue))
+        if passed and self.cache_aware is not None and self.cache_aware.left is not None:
+            # counted where only the window's order puts a later arrival at or ahead of it
+            self.cache_aware.counts.window_passes += not passed_in(
+                self.queues_before.get(queue, [])
+            )
+        return passed
+
+    def queue_order(self, queue: str) -> list[str]:
+        """vLLM's waiting queue `queue` as the call took from it: as it stood before the
+        call, but the plain queue as the cache-aware window left it where the window ran."""
+        left = self.cache_aware.left if self.cache_aware is not None else None
+        if queue == "waiting" and left is not None:
+            return left
+        return self.queues_before.get(queue, [])
 
     def queue_key(self, rid: str, priority: bool) -> tuple[float, ...]:
-        """vLLM's queue order, smaller first: arrival under FCFS, (priority, arrival) under
-        the priority policy; with the cache-aware window, the order it left
-        (`CacheAwareCheck.key`)."""
+        """vLLM's order within a waiting queue, smaller first: the policy's (`policy_key`);
+        with the cache-aware window, the order it left (`CacheAwareCheck.key`)."""
         if self.cache_aware is not None:
             return (self.cache_aware.key(rid),)
+        return self.policy_key(rid, priority)
+
+    def policy_key(self, rid: str, priority: bool) -> tuple[float, ...]:
+        """The policy's order, smaller first: arrival under FCFS, (priority, arrival) under
+        the priority policy. vLLM compares its two waiting queues' heads by it, the window
+        not counted."""
         r = self.sched.requests[rid]
         return (r.priority, r.arrival_time) if priority else (r.arrival_time,)
+
+    def precedes(self, waiting: str, rid: str, priority: bool) -> bool:
+        """Whether `waiting` comes before `rid` in vLLM's admission order: in the order of
+        their queue (`queue_key`) where they share one, else in the policy's (`policy_key`),
+        by which vLLM merges its queues."""
+        if self.admission_queue(waiting) == self.admission_queue(rid):
+            return self.queue_key(waiting, priority) < self.queue_key(rid, priority)
+        return self.policy_key(waiting, priority) < self.policy_key(rid, priority)
 
     def check_decisions(
         self, out: Any, *, max_num_batched_tokens: int, max_num_seqs: int, priority: bool
@@ -291,9 +325,10 @@ class BatchQueueLoop(Generic[CountsT]):
         no room among the running requests' (`waits_for_adapter`), may be passed, as vLLM
         skips it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue; where vLLM
-        keeps more than one waiting queue (`admission_queue`), it holds across them too, but
-        a request of a queue vLLM held back in the call (`queue_held`), or one behind a head
-        that arrived later (`came_after_a_head`), may be passed by one of another)."""
+        keeps more than one waiting queue (`admission_queue`), it holds across them too, in
+        the policy's order, the window's holding within the plain queue (`precedes`), but a
+        request of a queue vLLM held back in the call (`queue_held`), or one at or behind a
+        head that arrived later (`came_after_a_head`), may be passed by one of another)."""
         where = f"schedule {self.n.schedules}"
         if out.total_num_scheduled_tokens > max_num_batched_tokens:
             raise EngineCoreViolation(
@@ -343,16 +378,15 @@ class BatchQueueLoop(Generic[CountsT]):
             and not self.waits_for_adapter(r)
         ]
         for rid in admitted:
-            key = self.queue_key(rid, priority)
             queue = self.admission_queue(rid)
-            earlier = [w for w in fresh if self.queue_key(w, priority) < key]
+            earlier = [w for w in fresh if self.precedes(w, rid, priority)]
             held = [
                 w
                 for w in earlier
                 if self.admission_queue(w) != queue
                 and (
                     self.queue_held(self.admission_queue(w), out)
-                    or self.came_after_a_head(w, key, priority)
+                    or self.came_after_a_head(w, rid, priority)
                 )
             ]
             self.queue_passes += len(held)

@@ -328,6 +328,7 @@ class DllmRun:
     window_engaged: int = 0  # admission phases the cache-aware window engaged in
     window_moved: int = 0  # of those, phases that moved the waiting queue
     window_cut: int = 0  # of those, phases ranking a request below its cached prefix (limit)
+    window_passes: int = 0  # requests another queue passed behind a head the window moved
 
 
 @dataclass

@@ -316,6 +316,7 @@ class CoreRun:
     window_engaged: int = 0  # admission phases the cache-aware window engaged in
     window_moved: int = 0  # of those, phases that moved the waiting queue
     window_cut: int = 0  # of those, phases ranking a request below its cached prefix (limit)
+    window_passes: int = 0  # requests another queue passed behind a head the window moved
 
 
 @dataclass
@@ -415,7 +416,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             window=sliding_window is not None,
             mamba=mamba,
             drafter=speculative_method if speculative_tokens else None,
-            inflight_cap=settings_034.max_inflight_kv_loads is not None,
         )
         if settings_034.cache_aware_window and beside:
             raise ConfigError(

@@ -579,7 +579,6 @@ def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.Argum
         window=args.sliding_window is not None,
         mamba=args.mamba,
         drafter=args.speculative_method if args.speculative_tokens else None,
-        inflight_cap=args.max_inflight_kv_loads is not None,
     )
     if beside:
         parser.error(
