@@ -16,6 +16,7 @@ that the scripts refuse the flag with a one-line usage error."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -379,6 +380,65 @@ def test_the_order_across_the_queues_holds_beside_the_window(
             assert f"(in {passed_queue}, " in err.detail, err.detail
             return
     pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
+
+
+#: The window beside a drafter with lookahead slots (EAGLE: its block hashes take one token of
+#: lookahead, so vLLM drops no cached block for it) and the padding fix its programs need.
+EAGLE_WINDOW = dataclasses.replace(
+    WINDOW, speculative_tokens=2, speculative_method="eagle", fix=make_fixes(["pad-what-fits"])
+)
+
+
+def test_the_window_beside_a_drafter_ranks_whole_hits() -> None:
+    """With EAGLE or a draft model the window's programs pass both loops (those whose pool
+    cannot hold a sequence with the drafter's lookahead refused as vLLM refuses them), the
+    window moving the queue; a probe that drops the last cached block, as vLLM's does for EAGLE
+    without lookahead hashes, fails `cache_aware_order`; and a scheduler that drops it is
+    refused, since the loop ranks whole hits."""
+    if not _has_the_setting():
+        return
+    moved = 0
+    for method in ("eagle", "draft_model"):
+        options = dataclasses.replace(EAGLE_WINDOW, speculative_method=method)
+        for program in _window_programs():
+            with contextlib.suppress(ConfigError):
+                moved += sum(run.window_moved for run in check_both(program, options))
+    assert moved > 0
+    pad = make_fixes(["pad-what-fits"])
+    assert pad is not None
+
+    def probe_drops_a_block(sched: Any) -> None:
+        pad(sched)
+        manager = sched.kv_cache_manager
+        probe = manager.get_num_cached_tokens
+        block = sched.cache_config.block_size
+        manager.get_num_cached_tokens = lambda request: max(0, probe(request) - block)
+
+    caught = None
+    for program in _window_programs():
+        try:
+            run_loop(
+                program,
+                async_scheduling=False,
+                options=dataclasses.replace(EAGLE_WINDOW, fix=probe_drops_a_block),
+            )
+        except EngineCoreViolation as err:
+            caught = err
+            break
+        except ConfigError:
+            continue
+    assert caught is not None and caught.rule == "cache_aware_order", caught
+    assert "the order is" in caught.detail, caught.detail
+
+    def drops_eagle_blocks(sched: Any) -> None:
+        sched.use_eagle_block_drop = True
+
+    with pytest.raises(ConfigError, match="drops EAGLE's last cached block"):
+        run_loop(
+            next(_window_programs()),
+            async_scheduling=False,
+            options=dataclasses.replace(WINDOW, fix=drops_eagle_blocks),
+        )
 
 
 def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:

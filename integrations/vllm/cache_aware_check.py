@@ -34,6 +34,7 @@ from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
 from spec.ar.cache_aware import cache_aware_order, pool_usage
+from spec.errors import ConfigError
 
 #: The counts the check scripts print, in words (`CacheAwareCounts`).
 CACHE_AWARE_MEANING = {
@@ -70,26 +71,22 @@ class Depth:
 
 
 #: What the loop does not rank requests under, as `LoopOptions` fields and their script flags:
-#: a hybrid cache (a hit is every group's) and a drafter that cuts a hit by a block. A KV
-#: connector's hits are not ranked, by vLLM or the loop: the probe reads the local cache.
+#: a hybrid cache, whose hit is every group's. A KV connector's hits are not ranked, by vLLM or
+#: the loop: the probe reads the local cache. A drafter's are (`CacheAwareCheck` refuses a
+#: scheduler that drops EAGLE's last cached block, which the loop's ranks leave in).
 UNRANKED = {
     "sliding_window": "--sliding-window",
     "mamba": "--mamba",
-    "speculative_method": "--speculative-method",
 }
 
 
 #: Why the loop does not check the window beside those, for a message.
-UNRANKED_WHY = (
-    "the loop checks the window's order with full-attention hits: not a hybrid cache's, nor "
-    "a drafter's cut by a block"
-)
+UNRANKED_WHY = "the loop checks the window's order with full-attention hits, not a hybrid cache's"
 
 
-def unranked_beside(*, window: bool, mamba: bool, drafter: str | None) -> list[str]:
-    """The fields of `UNRANKED` that are set (`drafter`: the speculative method, None without
-    drafts; `ngram` cuts nothing)."""
-    on = (window, mamba, drafter not in (None, "ngram"))
+def unranked_beside(*, window: bool, mamba: bool) -> list[str]:
+    """The fields of `UNRANKED` that are set."""
+    on = (window, mamba)
     return [name for name, set_ in zip(UNRANKED, on, strict=True) if set_]
 
 
@@ -110,6 +107,14 @@ class CacheAwareCheck:
         ever_scheduled: set[str],
         note: Callable[[str], None],
     ) -> None:
+        if getattr(sched, "use_eagle_block_drop", False):
+            # vLLM then ranks each hit a block short; the loop's ranks would not be vLLM's
+            raise ConfigError(
+                "cache_aware_window",
+                window,
+                "0 with a scheduler that drops EAGLE's last cached block (the loop ranks "
+                "hits in whole; with lookahead hashes, as the loop's EAGLE has, none is dropped)",
+            )
         self.sched: Any = sched
         self.window: int = window
         self.threshold: float = threshold

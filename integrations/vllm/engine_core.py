@@ -415,7 +415,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         beside = unranked_beside(
             window=sliding_window is not None,
             mamba=mamba,
-            drafter=speculative_method if speculative_tokens else None,
         )
         if settings_034.cache_aware_window and beside:
             raise ConfigError(

@@ -578,7 +578,6 @@ def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.Argum
     beside = unranked_beside(
         window=args.sliding_window is not None,
         mamba=args.mamba,
-        drafter=args.speculative_method if args.speculative_tokens else None,
     )
     if beside:
         parser.error(
