@@ -443,19 +443,15 @@ def test_the_window_beside_a_drafter_ranks_whole_hits() -> None:
 
 def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--cache-aware-window` below 0, a threshold outside [0, 1] or without the window,
-    `--fix bounded-cache-probe` without the window, the window beside a sliding window, and, on
-    a release without the setting, the window at all: a usage error (exit 2, one line). The
-    window beside the in-flight load cap runs."""
+    `--fix bounded-cache-probe` without the window, and, on a release without the setting, the
+    window at all: a usage error (exit 2, one line). The window beside the in-flight load cap
+    runs."""
     check = load_script("vllm_async_check")
     for argv, said in (
         (["--cache-aware-window", "-1"], "--cache-aware-window: an int >= 1 (0: off)"),
         (["--cache-aware-threshold", "0.2"], "--cache-aware-threshold: a number in [0, 1]"),
         (["--cache-aware-window", "3", "--cache-aware-threshold", "2"], "a number in [0, 1]"),
         (["--fix", CACHE_PROBE], f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window"),
-        (
-            ["--cache-aware-window", "3", "--sliding-window", "4"],
-            "--cache-aware-window: not with --sliding-window",
-        ),
     ):
         with pytest.raises(SystemExit) as exit_:
             check.main(["--programs", "1", *argv])
@@ -501,10 +497,44 @@ def test_the_diffusion_check_script_refuses_the_window_where_vllm_does_not_apply
     assert "invalid cache_aware_admission_window=3" in last and "new in vLLM 0.34.0" in last
 
 
-def test_the_loop_refuses_the_window_beside_what_it_does_not_rank_under() -> None:
-    """`LoopOptions` with the window and a sliding window (a hit is every group's, the loop
-    reads the full-attention one): a `ConfigError` that names both, before vLLM is built (on
-    either release)."""
-    options = dataclasses.replace(WINDOW, sliding_window=4)
-    with pytest.raises(ConfigError, match=r"cache_aware_window.*sliding_window"):
-        run_loop(core_program(0), async_scheduling=False, options=options)
+def _probe_reads_one_group(sched: Any) -> None:
+    """Seeded bug: the window's probe counts the leading blocks cached in the first KV cache
+    group alone, not the hit every group of a hybrid cache can serve."""
+    manager = sched.kv_cache_manager
+    pool = manager.block_pool
+    block = int(sched.cache_config.block_size)
+
+    def probe(request: Any) -> int:
+        run = 0
+        for block_hash in request.block_hashes[: max(0, request.num_tokens - 1) // block]:
+            if pool.get_cached_block(block_hash, [0]) is None:
+                break
+            run += 1
+        return run * block
+
+    manager.get_num_cached_tokens = probe
+
+
+def test_the_window_beside_a_hybrid_cache_ranks_by_every_groups_hit() -> None:
+    """Beside a sliding window or a Mamba group the window's programs pass both loops (those
+    vLLM refuses for Mamba refused alike), the window moving the queue, each request ranked by
+    the hit admission's lookup takes from every group; a probe reading one group alone fails
+    `cache_aware_order` with a sliding window."""
+    if not _has_the_setting():
+        return
+    for hybrid in ({"sliding_window": 4}, {"mamba": True}):
+        options = dataclasses.replace(WINDOW, **hybrid)
+        moved = 0
+        for program in _window_programs():
+            with contextlib.suppress(ConfigError):
+                moved += sum(run.window_moved for run in check_both(program, options))
+        assert moved > 0, hybrid
+    options = dataclasses.replace(WINDOW, sliding_window=4, fix=_probe_reads_one_group)
+    for program in _window_programs():
+        try:
+            run_loop(program, async_scheduling=False, options=options)
+        except EngineCoreViolation as err:
+            assert err.rule == "cache_aware_order", err
+            assert "the order is" in err.detail, err.detail
+            return
+    pytest.fail(f"no program of {PROGRAMS} caught a probe reading one group")

@@ -10,7 +10,8 @@ the requests that take part (in vLLM's plain `WAITING` status with nothing compu
 scheduled, or a streaming-input session's later turn whose kept KV was dropped; a preempted or
 blocked request, or a session's turn on its kept KV, keeps its place), and each one ranked by
 the hit its admission may take — the leading blocks of its prompt, less its last token and cut
-at its cache read limit (`ArRequest.cache_read_limit`), whose keys the prefix cache holds.
+at its cache read limit (`ArRequest.cache_read_limit`), whose keys the prefix cache holds (on
+a hybrid cache, the hit vLLM's admission lookup reconciles over every group, so bounded).
 `cache_aware_order` fails when
 
 - vLLM's window leaves an order other than that one (what it moved, or failed to move);
@@ -21,9 +22,11 @@ at its cache read limit (`ArRequest.cache_read_limit`), whose keys the prefix ca
   request whose cached prefix leaves it no prefill to run but its last token).
 
 `key(rid)` is a request's place in that order, which the loop's `admission_order` then holds
-admissions to instead of arrival. The counts say how often the window engaged, moved the queue,
-and ranked a request below its whole cached prefix for its read limit (`cut`): a run where the
-last is 0 cannot tell vLLM's probe from the lookup it says it mirrors.
+admissions to instead of arrival within the plain waiting queue (across vLLM's two queues,
+with the in-flight load cap, arrival holds and the heads are read from `left`). The counts say
+how often the window engaged, moved the queue, and ranked a request below its whole cached
+prefix for its read limit (`cut`): a run where the last is 0 cannot tell vLLM's probe from the
+lookup it says it mirrors.
 """
 
 from __future__ import annotations
@@ -70,26 +73,6 @@ class Depth:
         return f"{rid} {self.allowed}{cut}"
 
 
-#: What the loop does not rank requests under, as `LoopOptions` fields and their script flags:
-#: a hybrid cache, whose hit is every group's. A KV connector's hits are not ranked, by vLLM or
-#: the loop: the probe reads the local cache. A drafter's are (`CacheAwareCheck` refuses a
-#: scheduler that drops EAGLE's last cached block, which the loop's ranks leave in).
-UNRANKED = {
-    "sliding_window": "--sliding-window",
-    "mamba": "--mamba",
-}
-
-
-#: Why the loop does not check the window beside those, for a message.
-UNRANKED_WHY = "the loop checks the window's order with full-attention hits, not a hybrid cache's"
-
-
-def unranked_beside(*, window: bool, mamba: bool) -> list[str]:
-    """The fields of `UNRANKED` that are set."""
-    on = (window, mamba)
-    return [name for name, set_ in zip(UNRANKED, on, strict=True) if set_]
-
-
 class CacheAwareCheck:
     """Rule `cache_aware_order` over scheduler `sched` with window `window` and usage threshold
     `threshold`, blocks of `block_size` tokens; `read_limit(rid)` is request `rid`'s cache
@@ -116,6 +99,9 @@ class CacheAwareCheck:
                 "hits in whole; with lookahead hashes, as the loop's EAGLE has, none is dropped)",
             )
         self.sched: Any = sched
+        #: Whether the cache has more than one group (a sliding window or Mamba beside full
+        #: attention): ranks then come from vLLM's lookup (`_hybrid_hit`).
+        self.hybrid: bool = len(sched.kv_cache_manager.kv_cache_config.kv_cache_groups) > 1
         self.window: int = window
         self.threshold: float = threshold
         self.block_size: int = block_size
@@ -235,9 +221,18 @@ class CacheAwareCheck:
         return pool_usage(pool.get_num_free_blocks(), pool.num_gpu_blocks - 1)
 
     def _depth(self, rid: str) -> Depth:
-        """What `rid` may read from the prefix cache now (`Depth`), from the pool's cached
-        keys: the lookup its admission makes, bounded as that lookup is."""
+        """What `rid` may read from the prefix cache now (`Depth`): the lookup its admission
+        makes, bounded as that lookup is (its prompt less one token, its read limit). With one
+        full-attention group, from the pool's cached keys; with a hybrid cache, from vLLM's
+        own lookup (`_hybrid_hit`)."""
         request = self.sched.requests[rid]
+        limit = self.read_limit(rid)
+        if self.hybrid:
+            bound = max(0, request.num_tokens - 1)
+            cached = self._hybrid_hit(request, bound)
+            if limit is None or limit >= bound:
+                return Depth(cached, cached)
+            return Depth(cached, self._hybrid_hit(request, limit))
         pool = self.sched.kv_cache_manager.block_pool
         hashes = request.block_hashes[: max(0, request.num_tokens - 1) // self.block_size]
         run = 0
@@ -246,11 +241,21 @@ class CacheAwareCheck:
                 break
             run += 1
         cached = run * self.block_size
-        limit = self.read_limit(rid)
         allowed = (
             cached if limit is None else min(cached, limit // self.block_size * self.block_size)
         )
         return Depth(cached, allowed)
+
+    def _hybrid_hit(self, request: Any, bound: int) -> int:
+        """The hit vLLM's admission lookup takes for `request` at most `bound` tokens long
+        (`get_computed_blocks`: its coordinator's `find_longest_cache_hit`, every group's hit
+        reconciled). On a hybrid cache the loop takes the hit from vLLM rather than its own
+        model: the window is checked to rank by what admission takes, and what admission
+        takes is checked against the blocks' content by `cache_hit_written`."""
+        coordinator = self.sched.kv_cache_manager.coordinator
+        if bound <= 0:
+            return 0
+        return int(coordinator.find_longest_cache_hit(request.block_hashes, bound)[1])
 
     def _reorder_places(self, order: list[str]) -> None:
         """The requests of `order` take their places among themselves in that order. They are
@@ -276,10 +281,7 @@ class CacheAwareCheck:
 
 __all__ = [
     "CACHE_AWARE_MEANING",
-    "UNRANKED",
-    "UNRANKED_WHY",
     "CacheAwareCheck",
     "CacheAwareCounts",
     "Depth",
-    "unranked_beside",
 ]

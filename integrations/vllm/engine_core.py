@@ -135,7 +135,6 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.admission_check import ADMISSION_RULES, AdmissionCheck
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.cache_aware_check import UNRANKED_WHY, unranked_beside
 from integrations.vllm.cache_reads import (
     check_cache_reads,
     describe_limit,
@@ -412,16 +411,6 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 "vLLM's offloading connector does)",
             )
         check_pause_mode(pauses)
-        beside = unranked_beside(
-            window=sliding_window is not None,
-            mamba=mamba,
-        )
-        if settings_034.cache_aware_window and beside:
-            raise ConfigError(
-                "cache_aware_window",
-                settings_034.cache_aware_window,
-                f"0 with {', '.join(beside)} ({UNRANKED_WHY})",
-            )
         #: Reset the prefix cache and the connector's before one engine step in 16.
         self.cache_resets: bool = cache_resets
         self._reset_seed = draft_seed

@@ -29,7 +29,6 @@ from integrations.vllm.cache_aware_arguments import (
     add_cache_aware_arguments,
     check_cache_aware_setting,
 )
-from integrations.vllm.cache_aware_check import UNRANKED, UNRANKED_WHY, unranked_beside
 from integrations.vllm.cache_probe_fix import CACHE_PROBE, CACHE_PROBE_FIX, apply_cache_probe_fix
 from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
@@ -568,23 +567,11 @@ def loop_options(
 
 def check_cache_aware_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`--cache-aware-window` and `--cache-aware-threshold` (and `--fix bounded-cache-probe`,
-    which edits the probe only the window calls): `parser.error` (exit 2) for a bad value, a
-    release without the setting, or beside what the loop does not rank requests under."""
+    which edits the probe only the window calls): `parser.error` (exit 2) for a bad value or
+    a release without the setting."""
     if CACHE_PROBE in (args.fix or ()) and not args.cache_aware_window:
         parser.error(f"--fix {CACHE_PROBE}: edits the probe of --cache-aware-window, needs it")
-    if not args.cache_aware_window:
-        check_cache_aware_setting(args, parser)  # the threshold alone
-        return
-    beside = unranked_beside(
-        window=args.sliding_window is not None,
-        mamba=args.mamba,
-    )
-    if beside:
-        parser.error(
-            f"--cache-aware-window: not with {', '.join(UNRANKED[n] for n in beside)} "
-            f"({UNRANKED_WHY})"
-        )
-    check_cache_aware_setting(args, parser)
+    check_cache_aware_setting(args, parser)  # the threshold alone, without the window
 
 
 def describe(args: argparse.Namespace) -> str:
