@@ -80,7 +80,8 @@ MEANING = {
     "pauses": "generation paused",
     "pause_preempted": "running requests a pause's cache reset preempted",
     **ADMISSION_MEANING,
-    **CACHE_AWARE_MEANING,
+    # (one waiting queue here: no load cap, so no request is passed behind a moved head)
+    **{name: text for name, text in CACHE_AWARE_MEANING.items() if name != "window_passes"},
 }
 
 
