@@ -124,6 +124,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.hash_seed import hash_seed, pin_hash_seed
 from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
 from integrations.vllm.engine_core import (
@@ -334,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "prefix_caching_programs": prefix,
                 **tally.json_fields(),
                 "seconds": elapsed,
+                "python_hash_seed": hash_seed(),
                 "async_batch_queue": ASYNC_BATCH_QUEUE if p == 1 else p + 1,
                 "pipeline_parallel_size": p,
                 "speculative_tokens": args.speculative_tokens,
@@ -370,4 +372,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pin_hash_seed()  # the same figures on every run (integrations.hash_seed)
     sys.exit(main())

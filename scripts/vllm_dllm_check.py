@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.hash_seed import hash_seed, pin_hash_seed
 from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "programs": args.programs,
                 "requests": requests,
+                "python_hash_seed": hash_seed(),
                 **tally.json_fields(),
                 "seconds": elapsed,
                 "end_margin_canvases": 0 if args.reach_model_len else END_MARGIN_CANVASES,
@@ -141,4 +143,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pin_hash_seed()  # the same figures on every run (integrations.hash_seed)
     sys.exit(main())

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.hash_seed import pin_hash_seed
 from integrations.vllm.diffusion import RULES, DllmProgram
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
@@ -148,4 +149,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pin_hash_seed()  # the same figures on every run (integrations.hash_seed)
     sys.exit(main())

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.hash_seed import pin_hash_seed
 from integrations.vllm.engine_core import RULES, program_seed, run_loop
 from integrations.vllm.loop_arguments import (
     FIXES,
@@ -149,4 +150,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pin_hash_seed()  # the same figures on every run (integrations.hash_seed)
     sys.exit(main())
