@@ -84,6 +84,20 @@ def _window_programs() -> Iterator[CoreProgram]:
             yield program
 
 
+def _first_violation(options: LoopOptions) -> EngineCoreViolation:
+    """The violation of the first of `_window_programs` that breaks a rule in the synchronous
+    loop under `options` (programs vLLM refuses to start skipped); fails the test if none
+    does."""
+    for program in _window_programs():
+        try:
+            run_loop(program, async_scheduling=False, options=options)
+        except EngineCoreViolation as err:
+            return err
+        except ConfigError:
+            continue
+    pytest.fail(f"no program of {PROGRAMS} broke a rule under {options}")
+
+
 def test_window_programs_pass_both_loops_and_move_the_queue() -> None:
     """With the window on every call, the programs pass every check in both loops (the
     admission order held to the window's), the window engages and moves the queue; with read
@@ -230,14 +244,9 @@ def test_the_window_rule_catches_each_seeded_bug(
     `cache_aware_order` with a message that says what order was due."""
     if not _has_the_setting():
         return
-    for program in _window_programs():
-        try:
-            run_loop(program, async_scheduling=False, options=dataclasses.replace(options, fix=bug))
-        except EngineCoreViolation as err:
-            assert err.rule == "cache_aware_order", err
-            assert said in err.detail, err.detail
-            return
-    pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
+    err = _first_violation(dataclasses.replace(options, fix=bug))
+    assert err.rule == "cache_aware_order", err
+    assert said in err.detail, err.detail
 
 
 #: The window beside vLLM's cap on in-flight KV loads: a connector that loads some requests
@@ -368,18 +377,9 @@ def test_the_order_across_the_queues_holds_beside_the_window(
     within the plain queue; across the queues, arrival does, as vLLM compares the heads)."""
     if not _has_the_setting():
         return
-    for program in _window_programs():
-        try:
-            run_loop(
-                program,
-                async_scheduling=False,
-                options=dataclasses.replace(CAPPED_WINDOW, fix=bug),
-            )
-        except EngineCoreViolation as err:
-            assert err.rule == "admission_order", err
-            assert f"(in {passed_queue}, " in err.detail, err.detail
-            return
-    pytest.fail(f"no program of {PROGRAMS} caught {bug.__name__}")
+    err = _first_violation(dataclasses.replace(CAPPED_WINDOW, fix=bug))
+    assert err.rule == "admission_order", err
+    assert f"(in {passed_queue}, " in err.detail, err.detail
 
 
 #: The window beside a drafter with lookahead slots (EAGLE: its block hashes take one token of
@@ -414,20 +414,8 @@ def test_the_window_beside_a_drafter_ranks_whole_hits() -> None:
         block = sched.cache_config.block_size
         manager.get_num_cached_tokens = lambda request: max(0, probe(request) - block)
 
-    caught = None
-    for program in _window_programs():
-        try:
-            run_loop(
-                program,
-                async_scheduling=False,
-                options=dataclasses.replace(EAGLE_WINDOW, fix=probe_drops_a_block),
-            )
-        except EngineCoreViolation as err:
-            caught = err
-            break
-        except ConfigError:
-            continue
-    assert caught is not None and caught.rule == "cache_aware_order", caught
+    caught = _first_violation(dataclasses.replace(EAGLE_WINDOW, fix=probe_drops_a_block))
+    assert caught.rule == "cache_aware_order", caught
     assert "the order is" in caught.detail, caught.detail
 
     def drops_eagle_blocks(sched: Any) -> None:
@@ -529,12 +517,8 @@ def test_the_window_beside_a_hybrid_cache_ranks_by_every_groups_hit() -> None:
             with contextlib.suppress(ConfigError):
                 moved += sum(run.window_moved for run in check_both(program, options))
         assert moved > 0, hybrid
-    options = dataclasses.replace(WINDOW, sliding_window=4, fix=_probe_reads_one_group)
-    for program in _window_programs():
-        try:
-            run_loop(program, async_scheduling=False, options=options)
-        except EngineCoreViolation as err:
-            assert err.rule == "cache_aware_order", err
-            assert "the order is" in err.detail, err.detail
-            return
-    pytest.fail(f"no program of {PROGRAMS} caught a probe reading one group")
+    err = _first_violation(
+        dataclasses.replace(WINDOW, sliding_window=4, fix=_probe_reads_one_group)
+    )
+    assert err.rule == "cache_aware_order", err
+    assert "the order is" in err.detail, err.detail
