@@ -392,9 +392,10 @@ EAGLE_WINDOW = dataclasses.replace(
 def test_the_window_beside_a_drafter_ranks_whole_hits() -> None:
     """With EAGLE or a draft model the window's programs pass both loops (those whose pool
     cannot hold a sequence with the drafter's lookahead refused as vLLM refuses them), the
-    window moving the queue; a probe that drops the last cached block, as vLLM's does for EAGLE
-    without lookahead hashes, fails `cache_aware_order`; and a scheduler that drops it is
-    refused, since the loop ranks whole hits."""
+    window moving the queue; a probe that drops the last cached block where admission does not
+    fails `cache_aware_order`. Beside a KV connector, where admission drops EAGLE's last cached
+    block (no lookahead hashes), the programs pass with each rank a block shorter, and a probe
+    that keeps the block fails the rule."""
     if not _has_the_setting():
         return
     moved = 0
@@ -418,15 +419,44 @@ def test_the_window_beside_a_drafter_ranks_whole_hits() -> None:
     assert caught.rule == "cache_aware_order", caught
     assert "the order is" in caught.detail, caught.detail
 
-    def drops_eagle_blocks(sched: Any) -> None:
-        sched.use_eagle_block_drop = True
+    # beside a KV connector vLLM hashes without lookahead, so admission drops EAGLE's last
+    # cached block from every hit: the loop ranks each hit a block shorter
+    fixes = make_fixes(["pad-what-fits", "cap-draft-margin", "evict-failed-blocks"])
+    assert fixes is not None
+    dropping: list[bool] = []
 
-    with pytest.raises(ConfigError, match="drops EAGLE's last cached block"):
-        run_loop(
-            next(_window_programs()),
-            async_scheduling=False,
-            options=dataclasses.replace(WINDOW, fix=drops_eagle_blocks),
-        )
+    def record_the_drop(sched: Any) -> None:
+        fixes(sched)
+        dropping.append(bool(sched.use_eagle_block_drop))
+
+    connected = dataclasses.replace(
+        EAGLE_WINDOW, kv_connector="fail", max_inflight_kv_loads=1, fix=record_the_drop
+    )
+    moved = 0
+    for program in _window_programs():
+        with contextlib.suppress(ConfigError):
+            moved += sum(run.window_moved for run in check_both(program, connected))
+    assert moved > 0 and dropping and all(dropping), (moved, dropping[:3])
+
+    def probe_keeps_the_block(sched: Any) -> None:
+        """Seeded bug: the window's probe ranks the whole hit, the EAGLE drop turned off."""
+        fixes(sched)
+        manager = sched.kv_cache_manager
+        probe = manager.get_num_cached_tokens
+        coordinator = manager.coordinator
+
+        def whole(request: Any) -> Any:
+            dropped = coordinator.drop_eagle_group_ids
+            coordinator.drop_eagle_group_ids = set()
+            try:
+                return probe(request)
+            finally:
+                coordinator.drop_eagle_group_ids = dropped
+
+        manager.get_num_cached_tokens = whole
+
+    caught = _first_violation(dataclasses.replace(connected, fix=probe_keeps_the_block))
+    assert caught.rule == "cache_aware_order", caught
 
 
 def test_the_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:

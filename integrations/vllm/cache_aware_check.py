@@ -37,7 +37,6 @@ from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
 from spec.ar.cache_aware import cache_aware_order, pool_usage
-from spec.errors import ConfigError
 
 #: The counts the check scripts print, in words (`CacheAwareCounts`).
 CACHE_AWARE_MEANING = {
@@ -90,18 +89,13 @@ class CacheAwareCheck:
         ever_scheduled: set[str],
         note: Callable[[str], None],
     ) -> None:
-        if getattr(sched, "use_eagle_block_drop", False):
-            # vLLM then ranks each hit a block short; the loop's ranks would not be vLLM's
-            raise ConfigError(
-                "cache_aware_window",
-                window,
-                "0 with a scheduler that drops EAGLE's last cached block (the loop ranks "
-                "hits in whole; with lookahead hashes, as the loop's EAGLE has, none is dropped)",
-            )
         self.sched: Any = sched
         #: Whether the cache has more than one group (a sliding window or Mamba beside full
         #: attention): ranks then come from vLLM's lookup (`_hybrid_hit`).
         self.hybrid: bool = len(sched.kv_cache_manager.kv_cache_config.kv_cache_groups) > 1
+        #: Whether admission drops EAGLE's last cached block from a hit (EAGLE without
+        #: lookahead hashes, as beside a KV connector): a rank is then a block shorter.
+        self.drops_eagle_block: bool = bool(getattr(sched, "use_eagle_block_drop", False))
         self.window: int = window
         self.threshold: float = threshold
         self.block_size: int = block_size
@@ -223,8 +217,9 @@ class CacheAwareCheck:
     def _depth(self, rid: str) -> Depth:
         """What `rid` may read from the prefix cache now (`Depth`): the lookup its admission
         makes, bounded as that lookup is (its prompt less one token, its read limit). With one
-        full-attention group, from the pool's cached keys; with a hybrid cache, from vLLM's
-        own lookup (`_hybrid_hit`)."""
+        full-attention group, from the pool's cached keys, less the last block where admission
+        drops EAGLE's (`drops_eagle_block`); with a hybrid cache, from vLLM's own lookup
+        (`_hybrid_hit`)."""
         request = self.sched.requests[rid]
         limit = self.read_limit(rid)
         if self.hybrid:
@@ -240,11 +235,12 @@ class CacheAwareCheck:
             if pool.get_cached_block(block_hash, [0]) is None:
                 break
             run += 1
-        cached = run * self.block_size
-        allowed = (
-            cached if limit is None else min(cached, limit // self.block_size * self.block_size)
+        readable = run if limit is None else min(run, limit // self.block_size)
+        # the lookup drops EAGLE's block after bounding the run, so a cut run loses one too
+        drop = int(self.drops_eagle_block)
+        return Depth(
+            max(0, run - drop) * self.block_size, max(0, readable - drop) * self.block_size
         )
-        return Depth(cached, allowed)
 
     def _hybrid_hit(self, request: Any, bound: int) -> int:
         """The hit vLLM's admission lookup takes for `request` at most `bound` tokens long
