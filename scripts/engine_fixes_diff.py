@@ -12,7 +12,10 @@ for 0.34.0), its draft margin with speculative decoding
 `integrations.vllm.offload_events_fix`, and beside sessions with structured output
 `integrations.vllm.offload_error_store_fix`), its Mamba prefix caching
 (`vllm-mamba`: `integrations.vllm.mamba_split_fix`) or its cache reset after a pause
-(`vllm-pause`: `integrations.vllm.reset_holders_fix`), and vLLM 0.34.0's cache-aware admission
+(`vllm-pause`: `integrations.vllm.reset_holders_fix`), a whole-request connector hit on a
+hybrid cache (`vllm-window-hit`: `integrations.vllm.window_hit_fix`) and a sliding window's
+admission cap (`vllm-window-cap`: `integrations.vllm.window_cap_fix`), and vLLM 0.34.0's
+cache-aware admission
 (`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
 
     .venv/bin/python scripts/engine_fixes_diff.py sglang > sglang-dllm-fixes.patch
@@ -27,6 +30,8 @@ for 0.34.0), its draft margin with speculative decoding
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mamba > stop-mid-block-chunks.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-pause > reset-loaded-holders.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-cadence > lift-empty-hold.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-window-hit > hit-leaves-last-token.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-window-cap > cap-blocks-held.patch
     SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
@@ -76,6 +81,8 @@ from integrations.vllm.session_length_fix import SESSION_LENGTH_FIXES
 from integrations.vllm.session_stall_fix import SESSION_STALL_FIXES
 from integrations.vllm.session_state_fix import SESSION_STATE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
+from integrations.vllm.window_cap_fix import WINDOW_CAP_FIXES
+from integrations.vllm.window_hit_fix import WINDOW_HIT_FIXES
 
 #: engine -> (its fixes, the fixes printed without --fix)
 ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
@@ -97,6 +104,8 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-cadence": (CADENCE_FIXES, CADENCE_FIXES.names),
     "vllm-guided-drafts": (GUIDED_DRAFTS_FIXES, GUIDED_DRAFTS_FIXES.names),
     "vllm-cache-probe": (CACHE_PROBE_FIXES, CACHE_PROBE_FIXES.names),
+    "vllm-window-hit": (WINDOW_HIT_FIXES, WINDOW_HIT_FIXES.names),
+    "vllm-window-cap": (WINDOW_CAP_FIXES, WINDOW_CAP_FIXES.names),
 }
 
 

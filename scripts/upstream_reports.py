@@ -227,6 +227,20 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-cache-probe",
         None,
     ),
+    "vllm-window-whole-hit": (
+        "KV connector on a hybrid cache (sliding window, a connector with SupportsHMA): a "
+        "whole-request asynchronous load recomputes its last token, whose window reads a block "
+        "the allocation made null",
+        "vllm-window-hit",
+        None,
+    ),
+    "vllm-window-cap": (
+        "Hybrid cache: a sliding window's admission cap counts null table slots as held "
+        "blocks, a loaded request's reservation falls short of its next step, and the requests "
+        "holding KV deadlock",
+        "vllm-window-cap",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

@@ -312,12 +312,6 @@ def test_the_content_record_tells_the_groups_apart() -> None:
         ),
         (
             lambda: RealVllmScheduler(
-                CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2, kv_connector="recompute"
-            ),
-            "None with kv_connector",
-        ),
-        (
-            lambda: RealVllmScheduler(
                 CONFIG, lambda _e: None, SPACE_PREFIX, sliding_window=2
             ).step(),
             "drive a hybrid cache with integrations.vllm.engine_core",
@@ -427,7 +421,8 @@ def test_the_check_script_serves_a_hybrid_cache_and_refuses_bad_combinations(
     assert words in out, out
     for bad in (
         ["--sliding-window", "0"],
-        ["--sliding-window", "2", "--kv-connector", "fail"],
+        ["--sliding-window", "2", "--kv-connector", "fail", "--kv-store", "offload"],
+        ["--fix", "cap-blocks-held"],
         ["--retention-interval", "dense"],
         ["--sliding-window", "2", "--retention-interval", "sparse"],
         ["--sliding-window", "2", "--fix", "whole-window-chunks"],

@@ -45,6 +45,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
 - 0.33.0's finding about self-describing KV events (a CPU chunk evicted and stored again is
   announced without its blocks) does not reproduce: 0.34.0 rebuilt the event tracker, and the
   fix `count-recorded-stores` has no place there;
+- schedspec's KV connector on a hybrid cache: its three findings (a whole-request load over a
+  null window block, a capped reservation stranding the requests holding KV, a failed
+  synchronous load unheard) reproduce as on 0.33.0, and both fixes apply and hold;
 - the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
@@ -102,6 +105,7 @@ RELEASE_INDEPENDENT = (
     "test_a_request_is_prefilled_then_denoised_and_committed_canvas_by_canvas",
     "tests/test_real_vllm_dllm.py::test_checks_catch_each_seeded_bug",
     "tests/test_real_vllm_speculative.py::test_a_new_decodes_padding_is_never_accepted",
+    "tests/test_real_vllm_hybrid_connector.py",
     "tests/test_real_vllm_hybrid_loop.py::test_vllms_offloading_moves_both_groups_and_passes",
     "tests/test_real_vllm_hybrid_loop.py::test_finding_a_window_chunk_stored_in_part_is_hit_whole",
     "tests/test_real_vllm_kv_events.py::"

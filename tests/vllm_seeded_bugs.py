@@ -711,3 +711,31 @@ def connector_limit_ignored(sched: Any) -> None:
 
     connector.get_num_new_matched_tokens = lookup
     sched.schedule = schedule
+
+
+def connector_loads_first_group_only(sched: Any) -> None:
+    """Seeded bug (schedspec's connector on a hybrid cache): a load writes the full-attention
+    group's blocks only, as a connector without `SupportsHMA` moves one group, so the sliding
+    window reads blocks nothing wrote."""
+    remote = sched.connector.remote
+    original = remote.allocated
+
+    def allocated(request: Any, block_ids: Any, num_external: int, **_groups: Any) -> None:
+        original(request, block_ids, num_external)
+
+    remote.allocated = allocated
+
+
+def window_freed_under_a_send(sched: Any) -> None:
+    """Seeded bug (a hybrid cache with a KV connector): a finished request whose KV is being
+    sent keeps its full-attention blocks but gives the sliding window's back to the pool while
+    the send still reads them."""
+    original = sched._connector_finished
+
+    def connector_finished(request: Any) -> Any:
+        delay_free, params = original(request)
+        if delay_free:
+            sched.kv_cache_manager.coordinator.single_type_managers[1].free(request.request_id)
+        return delay_free, params
+
+    sched._connector_finished = connector_finished

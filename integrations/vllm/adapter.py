@@ -366,13 +366,6 @@ class RealVllmScheduler:
         if kv_role not in KV_ROLES:
             raise ConfigError("kv_role", kv_role, f"one of {', '.join(KV_ROLES)}")
         check_sliding_window(sliding_window)
-        if sliding_window is not None and kv_connector is not None:
-            raise ConfigError(
-                "sliding_window",
-                sliding_window,
-                "None with kv_connector (schedspec's connectors move one KV cache group; vLLM's "
-                "own offloading connector moves every group)",
-            )
         #: A sliding-window KV cache group of this many tokens beside the full-attention one
         #: (a hybrid cache, `hybrid_groups`), or None: one full-attention group.
         self.sliding_window: int | None = sliding_window

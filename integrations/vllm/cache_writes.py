@@ -530,6 +530,17 @@ class CacheWrites:
             self.forget([failed])
         self.forget(b for b, (req, k) in list(self.written.items()) if req is loader and k >= after)
 
+    def forget_lost_load(self, loader: Any, firsts: Mapping[int, int]) -> None:
+        """A synchronous load of `loader` failed as a whole (a hybrid cache's connector reports
+        no single block): forget every block recorded as written by `loader` in group g at its
+        block index `firsts[g]` or beyond, the load's own and what the loader's batches
+        computed over them (found by writer, as `forget_failed_load` does)."""
+        self.forget(
+            b
+            for b, (req, k) in list(self.written.items())
+            if req is loader and k >= firsts.get(self.written_in.get(b, 0), 0)
+        )
+
     def _check(
         self,
         rid: str,

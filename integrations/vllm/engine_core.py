@@ -456,6 +456,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         #: The remote KV store and the connector's worker (`kv_connector`: its failure policy).
         self.remote: RemoteKv | None = None
         if kv_connector is not None:
+            if kv_store == "offload" and sliding_window:
+                raise ConfigError(
+                    "kv_store",
+                    kv_store,
+                    "'draws' beside sliding_window (the offload store keys what it holds by the "
+                    "full-attention group's block hashes and holds no window)",
+                )
             self.remote = remote_kv or _store(
                 kv_store,
                 draft_seed,
@@ -467,6 +474,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             )
             if not kv_load_failures:
                 self.remote.failures = False
+            # on a hybrid cache every transfer moves each group's blocks of its tokens
+            self.remote.serve_groups(group_block_sizes(self.impl.sched))
             self.impl.sched.connector.remote = self.remote
             self.remote.turn_of = self.impl.turn_of
         if mutate is not None:
@@ -933,18 +942,23 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 # the batch reads a synchronous load's blocks before vLLM can know that one
                 # failed: they count as written until its output is applied
                 self._record_load(t, failed_too=t.sync)
-            failed_sync = [t for t in loaded if t.sync and t.bad is not None]
+            failed_sync = [t for t in loaded if t.sync and (t.bad is not None or t.lost)]
             if failed_sync:
                 self._failed_sync[id(output)] = failed_sync
         return output
 
     def _record_load(self, load: Any, *, failed_too: bool) -> None:
         """Record `load`'s blocks as written with its request's content, its failed block
-        (`load.bad`) only if `failed_too`."""
+        (`load.bad`) only if `failed_too`, and on a hybrid cache each further group's blocks
+        (the null block left out) as that group's."""
         assert self.writes is not None
         for index, block in enumerate(load.blocks):
             if failed_too or index != load.bad:
                 self.writes.put(block, (load.request, load.first + index))
+        for group in load.groups:
+            for index, g_block in enumerate(group.blocks):
+                if g_block is not None:
+                    self.writes.put(g_block, (load.request, group.first + index), group.group)
 
     def _grammar(self, out: Any) -> Any:
         """vLLM's `GrammarOutput` for batch `out` (None: no structured request samples)."""
@@ -984,6 +998,13 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             check_kv_events(self.events, self.sched, self.impl.v.kv_utils, where)
         if self.writes is not None:
             for t in self._failed_sync.pop(id(executed), ()):
+                if t.lost:
+                    # failed as a whole: none of its blocks, in any group, holds what it was
+                    # to load, nor what the loader's batches computed over them
+                    self.writes.forget_lost_load(
+                        t.request, {0: t.first, **{g.group: g.first for g in t.groups}}
+                    )
+                    continue
                 # the failed block, and what the loader's batches computed over it, hold
                 # nothing valid; the load's other blocks do (the store wrote them)
                 assert t.bad is not None
@@ -1085,7 +1106,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.remote is not None:
             pool = self.sched.kv_cache_manager.block_pool
             free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
-            self.remote.check_held(free, block_tables(self.sched), where)
+            self.remote.check_held(free, _blocks_held(self.sched), where)
 
     def check_inflight_loads(self, where: str) -> None:
         """`inflight_kv_loads` (vLLM 0.34.0's `max_num_inflight_kv_loads`, where set): the
@@ -1210,6 +1231,15 @@ def core_program(seed: int) -> CoreProgram:
 #: The connector's stores (`kv_store`): `RemoteKv`'s draws, or a content-addressed store of
 #: what finished requests stored (`OffloadStore`).
 KV_STORES = ("draws", "offload")
+
+
+def _blocks_held(sched: Any) -> dict[str, tuple[int, ...]]:
+    """Each request's blocks in every KV cache group of `sched` (the null block left out)."""
+    held: dict[str, tuple[int, ...]] = {}
+    for tables in all_group_tables(sched):
+        for rid, table in tables.items():
+            held[rid] = held.get(rid, ()) + tuple(b for b in table if b is not None)
+    return held
 
 
 def _store(

@@ -48,7 +48,7 @@ from __future__ import annotations
 import importlib
 import random
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,24 @@ class Transfer:
     due: int | None = None
     sync: bool = False  # a load done in the forward of the batch that schedules it
     bad: int | None = None  # once reported: the index in `blocks` of the block that failed
+    lost: bool = False  # once reported: a synchronous load that failed as a whole (hybrid)
+    #: On a hybrid cache, the same tokens' blocks in each further KV cache group.
+    groups: tuple[GroupBlocks, ...] = ()
+
+    def all_blocks(self) -> tuple[int, ...]:
+        """Every block the transfer reads or writes, in every group (null blocks left out)."""
+        return self.blocks + tuple(b for g in self.groups for b in g.blocks if b is not None)
+
+
+@dataclass(frozen=True)
+class GroupBlocks:
+    """A transfer's blocks in KV cache group `group` (1 or more) of a hybrid cache: `blocks`
+    from index `first` of the request's table in that group, None where vLLM put the null
+    block (a sliding window's blocks that the transfer's tokens have left: nothing moves)."""
+
+    group: int
+    first: int
+    blocks: tuple[int | None, ...]
 
 
 @dataclass
@@ -129,6 +147,9 @@ class RemoteKv:
         self.queued_async: dict[str, bool] = {}
         self._lookups_left: dict[str, int] = {}  # request -> lookups still to answer None
         self.block_size: int = block_size
+        #: Each KV cache group's block size, group 0 first (`block_size` is group 0's); more
+        #: than one on a hybrid cache (`serve_groups`).
+        self.group_block_sizes: tuple[int, ...] = (block_size,)
         self.rng: random.Random = random.Random(seed)
         self.pending: list[Transfer] = []  # registered, not yet handed to the worker
         self.in_flight: dict[tuple[str, str], Transfer] = {}  # (kind, rid) -> transfer
@@ -142,6 +163,18 @@ class RemoteKv:
         self._told: dict[str, tuple[int, int]] = {}  # request -> the lookup last logged
         #: A streaming-input session's current turn, by request id (the loop's; counted only).
         self.turn_of: Mapping[str, int] = {}
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the pool serves several KV cache groups (a hybrid cache)."""
+        return len(self.group_block_sizes) > 1
+
+    def serve_groups(self, block_sizes: Sequence[int]) -> None:
+        """Serve a pool of these KV cache groups' block sizes (group 0 first): every transfer
+        then moves the same tokens' blocks in each group, as a connector that declares vLLM's
+        `SupportsHMA` does."""
+        self.group_block_sizes = tuple(block_sizes)
+        self.block_size = self.group_block_sizes[0]
 
     def say(self, line: str) -> None:
         """`line` to `log`, if set."""
@@ -223,17 +256,30 @@ class RemoteKv:
             self.say(f"connector: lookup of {rid} hits {hit} tokens past its {num_computed_tokens}")
         return hit
 
-    def allocated(self, request: Any, block_ids: Iterable[int], num_external: int) -> None:
+    def allocated(
+        self,
+        request: Any,
+        block_ids: Iterable[int],
+        num_external: int,
+        *,
+        groups: Sequence[Sequence[int | None]] = (),
+    ) -> None:
         """`update_state_after_alloc`: load `num_external` tokens after the request's computed
-        ones into its blocks."""
+        ones into its blocks (`block_ids`: group 0's; `groups`: each further group's table on a
+        hybrid cache, None for the null block)."""
         if num_external <= 0:
             return
-        bs = self.block_size
         start = self._local.get(request.request_id, 0)
-        table = tuple(block_ids)
-        first, end = start // bs, -(-(start + num_external) // bs)
+        end_token = start + num_external
+        first, blocks = _span(tuple(block_ids), self.block_size, start, end_token)
+        others = []
+        for group, table in enumerate(groups, start=1):
+            g_first, g_blocks = _span(tuple(table), self.group_block_sizes[group], start, end_token)
+            others.append(GroupBlocks(group, g_first, g_blocks))
         sync = not self.loads_async(request)
-        load = Transfer("load", request.request_id, request, table[first:end], first, sync=sync)
+        load = Transfer(
+            "load", request.request_id, request, blocks, first, sync=sync, groups=tuple(others)
+        )
         self._register(load)
         self.counts.loads += 1
         self.counts.sync_loads += sync
@@ -241,14 +287,18 @@ class RemoteKv:
         kind = "synchronous" if sync else "asynchronous"
         self.say(
             f"connector: {kind} load of {request.request_id}'s tokens {start}.."
-            f"{start + num_external - 1} into blocks {list(load.blocks)}"
+            f"{start + num_external - 1} into blocks {_blocks_text(load)}"
         )
 
-    def finished(self, request: Any, block_ids: Iterable[int]) -> bool:
+    def finished(
+        self, request: Any, block_ids: Iterable[int], *, groups: Sequence[Sequence[int]] = ()
+    ) -> bool:
         """`request_finished`: send a producer's computed blocks if it finished by stopping or
         at its length (not aborted, nor ended with an error), as vLLM's connectors send or store
         only what a request computed; True (vLLM keeps the blocks until the send is reported)
-        if there is anything to send."""
+        if there is anything to send. On a hybrid cache (`request_finished_all_groups`)
+        `groups` are each further group's block ids, vLLM's null block (id 0) where a sliding
+        window's blocks have left it: the send keeps every group's other blocks."""
         blocks = tuple(block_ids)
         if not self.produces(request.request_id):
             return False
@@ -257,10 +307,15 @@ class RemoteKv:
         self.check_delivered(request, blocks)
         if not blocks:
             return False
-        self._register(Transfer("send", request.request_id, request, blocks, 0))
+        others = tuple(
+            GroupBlocks(group, 0, tuple(b or None for b in table))
+            for group, table in enumerate(groups, start=1)
+        )
+        send = Transfer("send", request.request_id, request, blocks, 0, groups=others)
+        self._register(send)
         self.counts.sends += 1
         self.counts.session_sends += self.turn_of.get(request.request_id, 1) > 1
-        self.say(f"connector: send of {request.request_id}'s blocks {list(blocks)}")
+        self.say(f"connector: send of {request.request_id}'s blocks {_blocks_text(send)}")
         return True
 
     def _register(self, transfer: Transfer) -> None:
@@ -305,16 +360,23 @@ class RemoteKv:
                 self.say(f"connector: send of {t.rid} reported done")
                 continue
             outcome = self.outcome(t)
-            if t.sync:
-                # a synchronous load reports only its failed blocks (a whole failure: its first)
-                if outcome == "failed":
-                    outcome = 0
-            else:
+            if self.hybrid and isinstance(outcome, int):
+                # vLLM refuses `invalid_block_ids` on several KV cache groups (a block id is
+                # not mapped back to its group there) and asks for `failed_recving` instead
+                outcome = "failed"
+            if not t.sync:
                 recving.add(t.rid)
+            elif outcome == "failed" and not self.hybrid:
+                # a synchronous load reports only its failed blocks (a whole failure: its first)
+                outcome = 0
             if outcome == "failed":
                 failed.add(t.rid)
                 self.failed.add(t.rid)
                 self.counts.loads_failed += 1
+                if t.sync:
+                    # its blocks were read as written in its batch; the loop forgets them
+                    t.lost = True
+                    loaded.append(t)
                 self.say(f"connector: load of {t.rid} reported failed as a whole")
             elif isinstance(outcome, int):
                 invalid.add(t.blocks[outcome])
@@ -326,7 +388,7 @@ class RemoteKv:
             else:
                 loaded.append(t)
                 self.say(f"connector: load of {t.rid} reported done")
-        if not (recving or sending or invalid):
+        if not (recving or sending or invalid or failed):
             return None, loaded
         output = outputs.KVConnectorOutput(
             finished_sending=sending or None,
@@ -367,13 +429,14 @@ class RemoteKv:
 
     def check_held(self, free: set[int], tables: Mapping[str, tuple[int, ...]], where: str) -> None:
         """`transfer_blocks_held`: no block of a transfer in flight is free; an asynchronous
-        load's blocks are held by its request alone."""
+        load's blocks are held by its request alone (`tables`: each request's blocks, in every
+        group on a hybrid cache)."""
         holders: dict[int, list[str]] = {}
         for rid, table in tables.items():
             for b in table:
                 holders.setdefault(b, []).append(rid)
         for t in self.in_flight.values():
-            for b in t.blocks:
+            for b in t.all_blocks():
                 state = "unstarted" if t.started is None else "in flight"
                 if b in free:
                     raise EngineCoreViolation(
@@ -415,6 +478,23 @@ class RemoteKv:
             )
 
 
+def _span(
+    table: tuple[int | None, ...], block_size: int, start: int, end: int
+) -> tuple[int, tuple[Any, ...]]:
+    """The index of the block holding token `start`, and the blocks of `table` from it to the
+    one holding token `end - 1`, in blocks of `block_size` tokens."""
+    first = start // block_size
+    return first, table[first : -(-end // block_size)]
+
+
+def _blocks_text(transfer: Transfer) -> str:
+    """`transfer`'s blocks for a trace line: group 0's, then each further group's."""
+    text = str(list(transfer.blocks))
+    for g in transfer.groups:
+        text += f", group {g.group}: {['null' if b is None else b for b in g.blocks]}"
+    return text
+
+
 def _connector_class() -> type:
     """`SchedspecKvConnector`, a subclass of vLLM's `KVConnectorBase_V1` (imported now)."""
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
@@ -423,10 +503,15 @@ def _connector_class() -> type:
         def __init__(self, meta: _Metadata) -> None:
             self.transfers = meta.transfers
 
-    class SchedspecKvConnector(base.KVConnectorBase_V1):  # type: ignore[misc, name-defined]
+    class SchedspecKvConnector(
+        base.KVConnectorBase_V1,  # type: ignore[name-defined, misc]
+        base.SupportsHMA,  # type: ignore[name-defined, misc]
+    ):
         """The scheduler side of a KV connector whose every decision is `remote`'s (set by the
         loop once vLLM has built it). The worker-side methods are never called: the loop runs
-        the worker (`RemoteKv.execute`)."""
+        the worker (`RemoteKv.execute`). It supports vLLM's hybrid memory allocator (HMA):
+        vLLM keeps a hybrid cache's groups apart beside it and hands it every group's
+        blocks."""
 
         remote: RemoteKv
 
@@ -449,13 +534,23 @@ def _connector_class() -> type:
         def update_state_after_alloc(
             self, request: Any, blocks: Any, num_external_tokens: int
         ) -> None:
-            self.remote.allocated(request, blocks.get_block_ids()[0], num_external_tokens)
+            ids = blocks.get_block_ids()
+            others = [
+                [None if b.is_null else b.block_id for b in group] for group in blocks.blocks[1:]
+            ]
+            self.remote.allocated(request, ids[0], num_external_tokens, groups=others)
 
         def build_connector_meta(self, scheduler_output: Any) -> Any:
             return Metadata(self.remote.metadata())
 
         def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
             return self.remote.finished(request, block_ids), None
+
+        def request_finished_all_groups(
+            self, request: Any, block_ids: tuple[list[int], ...]
+        ) -> tuple[bool, None]:
+            # vLLM calls this one (the connector supports HMA), one block list per group
+            return self.remote.finished(request, block_ids[0], groups=block_ids[1:]), None
 
         def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
             raise NotImplementedError("the loop runs the worker side")
@@ -484,4 +579,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["RemoteKv", "Transfer", "TransferCounts"]
+__all__ = ["GroupBlocks", "RemoteKv", "Transfer", "TransferCounts"]

@@ -76,6 +76,8 @@ from integrations.vllm.sessions import session_program
 from integrations.vllm.settings_034 import Vllm034Settings
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIX
+from integrations.vllm.window_cap_fix import WINDOW_CAP, WINDOW_CAP_FIX, apply_window_cap_fix
+from integrations.vllm.window_hit_fix import WINDOW_HIT_FIX
 from spec.errors import ConfigError
 
 #: Where the programs come from (`--programs-from`).
@@ -112,6 +114,8 @@ FIXES = {
         GUIDED_DRAFTS_FIX,
         CADENCE_FIX,
         CACHE_PROBE_FIX,
+        WINDOW_HIT_FIX,
+        WINDOW_CAP_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -129,7 +133,10 @@ CONNECTOR_FIXES: dict[str, Callable[[Any], None]] = {
 
 #: The fixes of `FIXES` that edit vLLM's `KVCacheManager`: how one built scheduler's manager
 #: gets each (`make_fixes`).
-MANAGER_FIXES: dict[str, Callable[[Any], None]] = {CACHE_PROBE: apply_cache_probe_fix}
+MANAGER_FIXES: dict[str, Callable[[Any], None]] = {
+    CACHE_PROBE: apply_cache_probe_fix,
+    WINDOW_CAP: apply_window_cap_fix,
+}
 
 
 def retention_interval(text: str) -> int | None:
@@ -371,7 +378,8 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="W",
         help="serve both loops a hybrid KV cache: a sliding-window group of W tokens beside the "
-        "full-attention one, each with the pool the program names; not with --kv-connector",
+        "full-attention one, each with the pool the program names (with --kv-connector the "
+        "connector moves both groups' blocks; not with --kv-store offload)",
     )
     parser.add_argument(
         "--retention-interval",
@@ -485,8 +493,14 @@ def loop_options(
         parser.error("--cache-resets: not with --kv-connector (its store keeps no cache)")
     if args.offload_blocks_per_chunk < 1:
         parser.error("--offload-blocks-per-chunk: an int >= 1")
-    if args.sliding_window is not None and (args.sliding_window < 1 or args.kv_connector):
-        parser.error("--sliding-window: an int >= 1, not with --kv-connector")
+    if args.sliding_window is not None and (
+        args.sliding_window < 1 or (args.kv_connector and args.kv_store == "offload")
+    ):
+        parser.error("--sliding-window: an int >= 1, not with --kv-store offload")
+    if WINDOW_CAP in (args.fix or ()) and args.sliding_window is None:
+        parser.error(
+            f"--fix {WINDOW_CAP}: edits a sliding window's admission cap, needs --sliding-window"
+        )
     if args.retention_interval != 0 and args.sliding_window is None and not args.mamba:
         parser.error("--retention-interval: only with --sliding-window or --mamba")
     if args.mamba and (

@@ -33,6 +33,7 @@ those with prefix caching; in `integrations.vllm.shared_prompt_programs`', every
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from integrations.vllm.kv_connector import RemoteKv, Transfer
@@ -138,15 +139,24 @@ class OffloadStore(RemoteKv):
         self.counts.lookups_put_off += 1
         return None
 
-    def allocated(self, request: Any, block_ids: Any, num_external: int) -> None:
+    def allocated(
+        self,
+        request: Any,
+        block_ids: Any,
+        num_external: int,
+        *,
+        groups: Sequence[Sequence[int | None]] = (),
+    ) -> None:
         """`RemoteKv.allocated`; the loaded blocks become the most recently used (the manager's
         `prepare_load` records the access), and are pinned while the load is in flight."""
-        super().allocated(request, block_ids, num_external)
+        super().allocated(request, block_ids, num_external, groups=groups)
         load = self.in_flight.get(("load", request.request_id))
         if load is not None:
             self._touch(self._hashes(load))
 
-    def finished(self, request: Any, block_ids: Any) -> bool:
+    def finished(
+        self, request: Any, block_ids: Any, *, groups: Sequence[Sequence[int]] = ()
+    ) -> bool:
         """`request_finished`: a request that stopped or reached its length stores its
         computed full blocks the store neither holds nor is storing, evicting what a capacity
         needs (`_make_room`); True (vLLM keeps the blocks until the send is reported) if any
