@@ -89,7 +89,9 @@ load synchronously, `--offload-blocks-per-chunk B` makes a CPU chunk hold B GPU 
 (vLLM's `reset_prefix_cache(reset_connector=True)`). `--sliding-window W` serves both loops a
 hybrid KV cache: a sliding-window group of W tokens beside the full-attention one, each with the
 pool the program names, every rule reading both groups' tables (with `--offload-chunks` the
-connector stores and loads both groups' blocks; `--retention-interval` sets vLLM's
+connector stores and loads both groups' blocks, with `--kv-connector` schedspec's connector
+moves both groups' blocks, `--fix hit-leaves-last-token` and `--fix cap-blocks-held` applying
+the fixes of two findings there; `--retention-interval` sets vLLM's
 `prefix_cache_retention_interval`; `--window-block-scale K` gives the window group blocks K times
 the program's block size, `--full-block-scale K` the full-attention group; `--mamba` serves a
 Mamba group beside full attention, and beside the window if one is given (vLLM's align mode

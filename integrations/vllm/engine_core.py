@@ -1309,7 +1309,8 @@ class LoopOptions:
     `kv_pending_lookups`: one request in four
     first told "ask again later"; `kv_role="kv_producer"`: the connector only sends;
     `kv_store="offload"`: a content-addressed store, holding at most `kv_store_blocks` blocks if
-    given); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a CPU
+    given, refused beside `sliding_window`; beside it the connector moves every group's
+    blocks); `offload_chunks` serves both loops with vLLM's own `OffloadingConnector` over a CPU
     store of that many chunks (`offload_outputs`: generated tokens' blocks too;
     `offload_sync_loads`: hits may load synchronously; `offload_blocks_per_chunk`: GPU blocks a
     CPU chunk holds), its worker `integrations.vllm.offloading_worker`'s; `cache_resets` resets

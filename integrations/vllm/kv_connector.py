@@ -33,6 +33,15 @@ from `kv_connector_module_path` (this module); every decision it makes is `Remot
 Without `loads` (vLLM's `kv_role="kv_producer"`, a P/D prefill instance) the store holds
 nothing and the connector only sends.
 
+The connector declares vLLM's `SupportsHMA`, so on a hybrid cache (a sliding-window group beside
+full attention: `RemoteKv.serve_groups`) vLLM keeps the groups apart and hands it every group's
+blocks: a load moves the blocks holding its tokens in each group (`Transfer.groups`, the null
+block left out), a send keeps every group's (`request_finished_all_groups`). There vLLM refuses
+`invalid_block_ids` ("not supported for models with multiple KV cache groups") and asks for
+`failed_recving`, so a load drawn to fail in one block fails as a whole, and a synchronous
+load's failure is reported in `failed_recving` too (`Transfer.lost`: the loop forgets what it
+wrote).
+
 What `RemoteKv` checks (`integrations.vllm.engine_core` calls it): `transfer_blocks_held`
 (while a transfer is in flight its blocks are not free, and an asynchronous load's are held by
 its request alone), `load_before_compute` (a request is scheduled no tokens while its
