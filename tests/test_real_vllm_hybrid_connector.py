@@ -371,10 +371,10 @@ def test_the_fixes_are_edits_of_vllms_files(tmp_path: Path) -> None:
         apply_window_cap_fix(plain)
 
 
-def test_the_offload_store_is_refused_beside_a_window() -> None:
+def test_the_offload_store_beside_a_window_and_the_cap_fix_without_one_are_refused() -> None:
     """The offload store keys what it holds by the full-attention group's hashes: beside a
     window the loop refuses it (`ConfigError`), and the check script says so (exit 2, one
-    line)."""
+    line), as it does for `--fix cap-blocks-held` without a window (nothing to edit)."""
     with pytest.raises(ConfigError, match="'draws' beside sliding_window"):
         run_loop(
             WHOLE_PROMPT_HIT,

@@ -1463,6 +1463,17 @@ def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
     }
 
 
+def blocks_held(sched: Any) -> dict[str, tuple[int, ...]]:
+    """Each request's KV blocks in every KV cache group of a vLLM scheduler, group by group
+    (the null block left out; `block_tables` is the first group's); requests holding none are
+    absent."""
+    held: dict[str, tuple[int, ...]] = {}
+    for tables in all_group_tables(sched):
+        for rid, table in tables.items():
+            held[rid] = held.get(rid, ()) + tuple(b for b in table if b is not None)
+    return held
+
+
 def waiting_requests(sched: Any) -> Iterator[Any]:
     """A vLLM scheduler's waiting requests, queue by queue, each in its order: those holding KV
     for a connector (always none here) first, as vLLM admits them, then the plain queue, then
@@ -1657,6 +1668,7 @@ __all__ = [
     "adapter_of",
     "all_group_tables",
     "block_tables",
+    "blocks_held",
     "build_scheduler",
     "cached_blocks",
     "check_full_block_scale",

@@ -127,6 +127,7 @@ from integrations.vllm.adapter import (
     RealVllmScheduler,
     all_group_tables,
     block_tables,
+    blocks_held,
     group_block_sizes,
     kv_groups,
     mamba_checkpoint,
@@ -1106,7 +1107,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if self.remote is not None:
             pool = self.sched.kv_cache_manager.block_pool
             free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
-            self.remote.check_held(free, _blocks_held(self.sched), where)
+            self.remote.check_held(free, blocks_held(self.sched), where)
 
     def check_inflight_loads(self, where: str) -> None:
         """`inflight_kv_loads` (vLLM 0.34.0's `max_num_inflight_kv_loads`, where set): the
@@ -1231,15 +1232,6 @@ def core_program(seed: int) -> CoreProgram:
 #: The connector's stores (`kv_store`): `RemoteKv`'s draws, or a content-addressed store of
 #: what finished requests stored (`OffloadStore`).
 KV_STORES = ("draws", "offload")
-
-
-def _blocks_held(sched: Any) -> dict[str, tuple[int, ...]]:
-    """Each request's blocks in every KV cache group of `sched` (the null block left out)."""
-    held: dict[str, tuple[int, ...]] = {}
-    for tables in all_group_tables(sched):
-        for rid, table in tables.items():
-            held[rid] = held.get(rid, ()) + tuple(b for b in table if b is not None)
-    return held
 
 
 def _store(
