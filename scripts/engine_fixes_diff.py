@@ -14,7 +14,9 @@ for 0.34.0), its draft margin with speculative decoding
 (`vllm-mamba`: `integrations.vllm.mamba_split_fix`) or its cache reset after a pause
 (`vllm-pause`: `integrations.vllm.reset_holders_fix`), a whole-request connector hit on a
 hybrid cache (`vllm-window-hit`: `integrations.vllm.window_hit_fix`) and a sliding window's
-admission cap (`vllm-window-cap`: `integrations.vllm.window_cap_fix`), and vLLM 0.34.0's
+admission cap (`vllm-window-cap`: `integrations.vllm.window_cap_fix`), a failed synchronous
+load on a hybrid cache (`vllm-hybrid-sync-load`: `integrations.vllm.hybrid_sync_load_fix`), and
+vLLM 0.34.0's
 cache-aware admission
 (`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
 
@@ -32,6 +34,7 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py vllm-cadence > lift-empty-hold.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-window-hit > hit-leaves-last-token.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-window-cap > cap-blocks-held.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-hybrid-sync-load > failed-sync-load.patch
     SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
@@ -70,6 +73,7 @@ from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
+from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
@@ -106,6 +110,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-cache-probe": (CACHE_PROBE_FIXES, CACHE_PROBE_FIXES.names),
     "vllm-window-hit": (WINDOW_HIT_FIXES, WINDOW_HIT_FIXES.names),
     "vllm-window-cap": (WINDOW_CAP_FIXES, WINDOW_CAP_FIXES.names),
+    "vllm-hybrid-sync-load": (HYBRID_SYNC_LOAD_FIXES, HYBRID_SYNC_LOAD_FIXES.names),
 }
 
 

@@ -241,6 +241,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-window-cap",
         None,
     ),
+    "vllm-window-sync-load": (
+        "KV connector on a hybrid cache: a synchronous load that fails can be reported only in "
+        "failed_recving, which is read for asynchronous loads alone; the request finishes on "
+        "KV nothing wrote and its blocks are hit by others",
+        "vllm-hybrid-sync-load",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

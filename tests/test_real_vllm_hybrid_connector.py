@@ -9,8 +9,9 @@ findings reproduce in vLLM 0.33.0 and 0.34.0 alike (docs/engines.md, "A KV conne
 hybrid cache"): a whole-request load recomputes its last token over the window's null block
 (fix `hit-leaves-last-token`), a sliding window's admission cap counts null slots as held
 blocks and the requests holding KV deadlock (fix `cap-blocks-held`), and a failed synchronous
-load has no way to be reported on several groups (no fix). Seeded bugs show the connector's
-checks have teeth on both groups.
+load has no way to be reported on several groups (fix `hear-failed-sync-load`). Seeded bugs
+show the connector's checks have teeth on both groups, and that a request the fix ends with an
+error must hold a block of the failed load.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -29,9 +30,12 @@ import pytest
 from integrations.patches import FixDoesNotApply
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import SPACE_PREFIX, RealVllmScheduler
+from integrations.vllm.cache_writes import CacheWrites
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
+from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD, HYBRID_SYNC_LOAD_FIXES
 from integrations.vllm.kv_connector import GroupBlocks, RemoteKv, Transfer
+from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.window_cap_fix import (
     WINDOW_CAP,
@@ -44,13 +48,23 @@ from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
-from tests.vllm_seeded_bugs import connector_loads_first_group_only, window_freed_under_a_send
+from tests.vllm_seeded_bugs import (
+    connector_loads_first_group_only,
+    failed_load_fails_a_bystander,
+    restart_skips_the_drain,
+    window_freed_under_a_send,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Generated programs a test runs through both loops.
 PROGRAMS = 40
-#: Both findings' fixes that have one (a failed synchronous load has none).
+#: The fixes of the findings that need no failed synchronous load.
 FIXED = make_fixes([WINDOW_HIT, WINDOW_CAP])
+#: All three findings' fixes.
+ALL_FIXED = make_fixes([WINDOW_HIT, WINDOW_CAP, HYBRID_SYNC_LOAD])
+#: The same under the recompute policy, with the six fixes of vLLM's own failed-load paths
+#: (tests/test_real_vllm_kv_connector.py), which that policy needs.
+ALL_FIXED_RECOMPUTE = make_fixes([*KV_LOAD_FIXES.names, WINDOW_HIT, WINDOW_CAP, HYBRID_SYNC_LOAD])
 
 #: Finding 1 (docs/shrunk/vllm-window-whole-hit.json), shrunk from program 2 of
 #: `--sliding-window 4 --kv-connector fail --kv-no-failed-loads`: r8's whole 4-token prompt
@@ -120,6 +134,10 @@ def _violation(program: CoreProgram, options: LoopOptions, async_scheduling: boo
     with pytest.raises(EngineCoreViolation) as err:
         run_loop(program, async_scheduling=async_scheduling, options=options)
     return err.value
+
+
+def _run(program: CoreProgram, options: LoopOptions, async_scheduling: bool) -> Any:
+    return run_loop(program, async_scheduling=async_scheduling, options=options)
 
 
 def _passes(program: CoreProgram, options: LoopOptions) -> None:
@@ -326,7 +344,7 @@ def test_finding_a_failed_synchronous_load_goes_unheard_on_a_hybrid_cache(
     r1, running, finishes on KV that nothing wrote, even under the "fail" policy, and its blocks
     are cached; r2 hits them (`cache_hit_written`). With one group the same failure, reported
     as its first block, ends r1 with an error, and r2, sharing that block, too (the "fail"
-    policy)."""
+    policy). The candidate fix `hear-failed-sync-load` is tested below."""
     err = _violation(FAILED_SYNC_LOAD, FAILED_SYNC_OPTIONS, async_scheduling)
     assert err.rule == "cache_hit_written", err
     assert (
@@ -342,6 +360,128 @@ def test_finding_a_failed_synchronous_load_goes_unheard_on_a_hybrid_cache(
         assert run.reasons == {"r1": "error", "r2": "error"} and run.blocks_invalid == 1, run
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_fix_hears_a_failed_synchronous_load_under_either_policy(
+    async_scheduling: bool,
+) -> None:
+    """Finding 3 with `hear-failed-sync-load`: the step's failed synchronous load, reported in
+    `failed_recving`, ends r1 with an error under "fail", as one group does (r2's own load
+    fails too with these draws); under "recompute" r1 is preempted (the next call reports it)
+    and loads again until a load succeeds, and both requests produce their tokens."""
+    fail = _run(FAILED_SYNC_LOAD, replace(FAILED_SYNC_OPTIONS, fix=ALL_FIXED), async_scheduling)
+    assert fail.reasons == {"r1": "error", "r2": "error"} and fail.loads_failed == 2, fail
+    trace: list[str] = []
+    recompute = _run(
+        FAILED_SYNC_LOAD,
+        replace(
+            FAILED_SYNC_OPTIONS, kv_connector="recompute", fix=ALL_FIXED_RECOMPUTE, trace=trace
+        ),
+        async_scheduling,
+    )
+    assert recompute.reasons == {"r1": "length", "r2": "length"}, recompute
+    assert recompute.loads_failed >= 1 and recompute.sync_loads > recompute.loads_failed
+    assert any("preempted ['r1']" in line for line in trace), trace
+
+
+#: Shrunk from program 1 of `--kv-connector recompute --sliding-window 3 --pipeline-parallel 2`
+#: with the nine fixes (vLLM 0.34.0): r1's synchronous load fails, r1 decodes once more before
+#: the failure is heard, and is preempted to recompute with that step still in flight.
+PIPELINED_RESTART = CoreProgram(
+    ArConfig(block_size=1, num_blocks=6, max_num_batched_tokens=1, max_num_seqs=1, max_model_len=4),
+    arrivals=((ArRequest("r0", 1, 1), ArRequest("r1", 2, 2)),),
+    aborts=((),),
+)
+
+
+def test_with_pipeline_stages_a_restarted_request_waits_for_its_dropped_steps() -> None:
+    """With two pipeline stages the fix preempts r1 while a decode step of it is in flight; it
+    resumes only once that step has drained, as vLLM holds back a request whose stale output is
+    in flight, and the run passes. The seeded bug resuming it at once decodes r1 in two
+    consecutive steps (`pp_cadence`: fewer than pipeline_parallel_size=2 apart)."""
+    options = LoopOptions(
+        kv_connector="recompute",
+        sliding_window=3,
+        pipeline_parallel_size=2,
+        draw_seed=52307625,
+        fix=ALL_FIXED_RECOMPUTE,
+    )
+    run = _run(PIPELINED_RESTART, options, True)
+    assert run.reasons == {"r0": "length", "r1": "length"}, run
+    err = _violation(PIPELINED_RESTART, replace(options, mutate=restart_skips_the_drain), True)
+    assert err.rule == "pp_cadence" and "fewer than pipeline_parallel_size=2 apart" in err.detail
+
+
+def test_with_the_fix_programs_whose_synchronous_loads_fail_pass_under_either_policy() -> None:
+    """The first programs, synchronous loads failing as a whole among the draws, pass both loops
+    with the three fixes, under "fail" and under "recompute" (there with vLLM's six failed-load
+    fixes); without `hear-failed-sync-load` some of them break `kv_written` or
+    `cache_hit_written` (the control)."""
+    for policy, fixed, without in (
+        ("fail", ALL_FIXED, FIXED),
+        (
+            "recompute",
+            ALL_FIXED_RECOMPUTE,
+            make_fixes([*KV_LOAD_FIXES.names, WINDOW_HIT, WINDOW_CAP]),
+        ),
+    ):
+        options = LoopOptions(kv_connector=policy, sliding_window=4, fix=fixed)
+
+        def both(seed: int, checked: LoopOptions = options) -> None:
+            for loop in (False, True):
+                run_loop(core_program(seed), async_scheduling=loop, options=checked)
+
+        assert first_violations(PROGRAMS, both) == {}, policy
+        control = replace(options, fix=without)
+
+        def sync_loop(seed: int, checked: LoopOptions = control) -> None:
+            run_loop(core_program(seed), async_scheduling=False, options=checked)
+
+        seen = first_violations(PROGRAMS, sync_loop)
+        assert set(seen) & {"kv_written", "cache_hit_written"}, (policy, seen)
+
+
+def test_a_request_the_fix_fails_must_hold_a_block_of_the_failed_load() -> None:
+    """Seeded bug: the fix ending every running request with an error when one synchronous
+    load fails, holders of its blocks or not. A request ended so without holding one of the
+    load's blocks (or one its loader computed over them) breaks `output_content`: the check
+    lets an error end only the requests that lost KV. The synchronous loop, the control,
+    passes."""
+    options = LoopOptions(
+        kv_connector="fail", sliding_window=4, fix=ALL_FIXED, mutate=failed_load_fails_a_bystander
+    )
+    seen = first_violations(
+        PROGRAMS,
+        lambda seed: run_loop(core_program(seed), async_scheduling=True, options=options),
+        until="output_content",
+    )
+    assert "output_content" in seen and "expected" in seen["output_content"], seen
+    assert (
+        first_violations(
+            PROGRAMS,
+            lambda seed: run_loop(core_program(seed), async_scheduling=False, options=options),
+        )
+        == {}
+    )
+
+
+def test_a_lost_load_forgets_the_loaders_writes_since_its_batch_only() -> None:
+    """The check's record after a synchronous load fails as a whole on a hybrid cache: the
+    loader's blocks from the load's first on, in each group, hold nothing valid, among the
+    writes recorded since the load's batch was scheduled; what the loader wrote in an earlier
+    run (before a preemption), and another request's write, keep theirs."""
+    loader = SimpleNamespace(request_id="r3", block_hashes=[])
+    writes = CacheWrites(1, every_read=True, group_block_sizes=(1, 1))
+    writes.put(16, (loader, 2))  # an earlier run computed its block 2
+    writes.put(4, (loader, 0), group=1)
+    since = writes.puts
+    writes.put(8, (loader, 2))  # the load's block 2, group 0
+    writes.put(5, (loader, 2), group=1)  # and in the window group
+    writes.put(9, (loader, 3))  # computed over it in the same batch
+    writes.put(1, (loader, 0))  # the loader's prefix, below the load
+    writes.forget_lost_load(loader, {0: 2, 1: 2}, since=since)
+    assert sorted(writes.written) == [1, 4, 16]
+
+
 # ---------------------------------------------------------------- the fixes and refusals
 
 
@@ -351,6 +491,7 @@ def test_the_fixes_are_edits_of_vllms_files(tmp_path: Path) -> None:
     for fixes, marker in (
         (WINDOW_HIT_FIXES, "last_token = request.num_tokens - 1"),
         (WINDOW_CAP_FIXES, "self.get_num_skipped_tokens(total_computed_tokens)"),
+        (HYBRID_SYNC_LOAD_FIXES, "self._handle_failed_sync_loads(failed_sync_loads)"),
     ):
         sources = fixes.fixed_sources(fixes.names)
         patched = git_apply_to_copies(

@@ -739,3 +739,32 @@ def window_freed_under_a_send(sched: Any) -> None:
         return delay_free, params
 
     sched._connector_finished = connector_finished
+
+
+def failed_load_fails_a_bystander(sched: Any) -> None:
+    """Seeded bug (the candidate fix `hear-failed-sync-load` made): when a synchronous load
+    fails, every running request ends with an error under the "fail" policy, not only those
+    holding a block of the load (an engine failing the batch for one request's KV)."""
+    original = sched._handle_failed_sync_loads
+
+    def handle_failed_sync_loads(failed_loads: Any) -> set[str]:
+        holders: set[str] = original(failed_loads)
+        if sched.recompute_kv_load_failures:
+            return holders
+        return holders | {req.request_id for req in sched.running}
+
+    sched._handle_failed_sync_loads = handle_failed_sync_loads
+
+
+def restart_skips_the_drain(sched: Any) -> None:
+    """Seeded bug (the candidate fix `hear-failed-sync-load` made, recompute policy): a request
+    preempted after its synchronous load failed resumes at once, its dropped steps still in
+    flight, not once they have drained."""
+    original = sched._handle_failed_sync_loads
+
+    def handle_failed_sync_loads(failed_loads: Any) -> set[str]:
+        skipped: set[str] = original(failed_loads)
+        sched._failed_load_restarts.clear()
+        return skipped
+
+    sched._handle_failed_sync_loads = handle_failed_sync_loads

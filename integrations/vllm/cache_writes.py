@@ -122,6 +122,13 @@ class CacheWrites:
         #: KV is wrong where vLLM later rejects them (it then drops what read them).
         self.verified_reads: bool = verified_reads
         self.written: dict[int, tuple[Any, int]] = {}
+        #: How many writes were recorded (`put`), block id -> the number of its last, and how
+        #: many were recorded before the latest `schedule()` call (`before_schedule`): what
+        #: tells a request's writes since a batch was scheduled from those of its earlier
+        #: runs (`forget_lost_load`).
+        self.puts: int = 0
+        self.put_order: dict[int, int] = {}
+        self.puts_before_schedule: int = 0
         #: block id -> the KV cache group that wrote it, for groups other than 0
         self.written_in: dict[int, int] = {}
         #: An attention block a batch wrote without completing it: block id -> (the request,
@@ -161,6 +168,8 @@ class CacheWrites:
         """`block` now holds `content` (a request and its block index), as group `group`
         wrote it."""
         self.written[block] = content
+        self.put_order[block] = self.puts
+        self.puts += 1
         self.partial.pop(block, None)
         if group not in self.state_groups:
             self.states.pop(block, None)
@@ -170,8 +179,10 @@ class CacheWrites:
             self.written_in.pop(block, None)
 
     def before_schedule(self, sched: Any) -> None:
-        """Keep the pool's block hashes as they stand before the call."""
+        """Keep the pool's block hashes as they stand before the call, and the count of writes
+        recorded (`puts_before_schedule`)."""
         self._hashes_before = block_hashes(sched)
+        self.puts_before_schedule = self.puts
 
     def after_schedule(
         self,
@@ -224,6 +235,7 @@ class CacheWrites:
         for copy in copies:
             src, dst = int(copy.src_block_id), int(copy.dst_block_id)
             _copy_entry(self.written, src, dst)
+            _copy_entry(self.put_order, src, dst)
             _copy_entry(self.written_in, src, dst)
             _copy_entry(self.states, src, dst)
             _copy_entry(self.partial, src, dst)
@@ -515,6 +527,7 @@ class CacheWrites:
         computed them over such a block)."""
         for block in blocks:
             self.written.pop(block, None)
+            self.put_order.pop(block, None)
             self.written_in.pop(block, None)
             self.states.pop(block, None)
             self.partial.pop(block, None)
@@ -530,15 +543,20 @@ class CacheWrites:
             self.forget([failed])
         self.forget(b for b, (req, k) in list(self.written.items()) if req is loader and k >= after)
 
-    def forget_lost_load(self, loader: Any, firsts: Mapping[int, int]) -> None:
+    def forget_lost_load(self, loader: Any, firsts: Mapping[int, int], *, since: int) -> None:
         """A synchronous load of `loader` failed as a whole (a hybrid cache's connector reports
         no single block): forget every block recorded as written by `loader` in group g at its
         block index `firsts[g]` or beyond, the load's own and what the loader's batches
-        computed over them (found by writer, as `forget_failed_load` does)."""
+        computed over them (found by writer, as `forget_failed_load` does), among the writes
+        recorded since the load's batch was scheduled (`since`: `puts_before_schedule` then).
+        What an earlier run of the loader wrote (before a preemption) keeps its write: a
+        candidate fix that restarts the loader lets it hit those blocks."""
         self.forget(
             b
             for b, (req, k) in list(self.written.items())
-            if req is loader and k >= firsts.get(self.written_in.get(b, 0), 0)
+            if req is loader
+            and k >= firsts.get(self.written_in.get(b, 0), 0)
+            and self.put_order.get(b, 0) >= since
         )
 
     def _check(

@@ -141,7 +141,9 @@ class BatchQueueLoop(Generic[CountsT]):
         self.queues_before: dict[str, list[str]] = {}
         self.arrivals_before: dict[str, float] = {}
         #: Requests preempted between `schedule()` calls (a cache reset that preempts the
-        #: running requests): the next call's output reports them, not as its own victims.
+        #: running requests, or a preemption while an output is applied, which vLLM keeps in
+        #: `reset_preempted_req_ids`): the next call's output reports them, not as its own
+        #: victims.
         self.preempted_between: set[str] = set()
         #: Pauses generation between engine steps (`integrations.vllm.pauses`), if set.
         self.pause: PauseHook | None = None
@@ -649,6 +651,10 @@ class BatchQueueLoop(Generic[CountsT]):
         engine_outputs = call_vllm(
             "update_from_output", lambda: sched.update_from_output(out, model_output)
         )
+        # a request preempted while the output was applied (the candidate fix
+        # `hear-failed-sync-load` preempts the holders of a failed load's blocks) is
+        # reported by the next schedule() as a preemption, not as one of its victims
+        self.preempted_between |= set(getattr(sched, "reset_preempted_req_ids", ()))
         if self.trace is not None:
             number = self._schedule_of.pop(id(out), 0)
             self.note(f"output of schedule {number}: {output_line(engine_outputs)}")

@@ -813,6 +813,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 # reads them (a batch sampled later, deferred, too)
                 for t in getattr(out.kv_connector_metadata, "transfers", ()):
                     if t.sync:
+                        t.writes_from = self.writes.puts_before_schedule
                         self._record_load(t, failed_too=True)
             self.writes.after_schedule(
                 self.sched, out, self.n.schedules, self._valid, own_kv=own_kv
@@ -968,13 +969,33 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     def runner_output(self, executed: Any) -> Any:
         """What `execute` fabricated, unchanged. With a KV connector, every request that holds
         a block the output reports failed, as vLLM applies it, lost KV (under the "fail"
-        policy vLLM ends each with an error)."""
+        policy vLLM ends each with an error); on a hybrid cache, every request holding a
+        block of a synchronous load the output reports failed as a whole (`lost_load_holders`)
+        did too."""
         reported = getattr(executed, "kv_connector_output", None)
         if self.remote is not None and reported is not None and reported.invalid_block_ids:
             for rid, table in block_tables(self.sched).items():
                 if reported.invalid_block_ids.intersection(table):
                     self.remote.failed.add(rid)
+        if self.remote is not None:
+            for t in self._failed_sync.get(id(executed), ()):
+                if t.lost:
+                    self.remote.failed |= self.lost_load_holders(t)
         return executed
+
+    def lost_load_holders(self, load: Any) -> set[str]:
+        """The requests holding KV that synchronous `load`, failed as a whole, left unwritten:
+        its loader, and every request holding one of its blocks or, in any group, one of the
+        blocks the loader holds from the load's first on (its batches computed them over the
+        load, and the prefix cache offered them at once)."""
+        failed = set(load.all_blocks())
+        first = load.firsts()
+        for group, tables in enumerate(all_group_tables(self.sched)):
+            if group in first:
+                table = tables.get(load.rid, ())
+                failed.update(b for b in table[first[group] :] if b is not None)
+        held = blocks_held(self.sched)
+        return {load.rid} | {rid for rid, blocks in held.items() if not failed.isdisjoint(blocks)}
 
     def reason(self, finish_reason: Any) -> str:
         """vLLM's reason as the spec's value, "stop" or "length" (`finish_reason_of`), or
@@ -1002,9 +1023,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 if t.lost:
                     # failed as a whole: none of its blocks, in any group, holds what it was
                     # to load, nor what the loader's batches computed over them
-                    self.writes.forget_lost_load(
-                        t.request, {0: t.first, **{g.group: g.first for g in t.groups}}
-                    )
+                    self.writes.forget_lost_load(t.request, t.firsts(), since=t.writes_from)
                     continue
                 # the failed block, and what the loader's batches computed over it, hold
                 # nothing valid; the load's other blocks do (the store wrote them)

@@ -81,8 +81,16 @@ class Transfer:
     sync: bool = False  # a load done in the forward of the batch that schedules it
     bad: int | None = None  # once reported: the index in `blocks` of the block that failed
     lost: bool = False  # once reported: a synchronous load that failed as a whole (hybrid)
+    #: The writes the loop had recorded before the batch that runs a synchronous load was
+    #: scheduled (`CacheWrites.puts_before_schedule`), set by the loop.
+    writes_from: int = 0
     #: On a hybrid cache, the same tokens' blocks in each further KV cache group.
     groups: tuple[GroupBlocks, ...] = ()
+
+    def firsts(self) -> dict[int, int]:
+        """KV cache group -> the index in the request's table there of the transfer's first
+        block (group 0's is `first`)."""
+        return {0: self.first, **{g.group: g.first for g in self.groups}}
 
     def all_blocks(self) -> tuple[int, ...]:
         """Every block the transfer reads or writes, in every group (null blocks left out)."""

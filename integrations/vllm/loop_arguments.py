@@ -34,6 +34,7 @@ from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
+from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD_FIX
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIX
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
@@ -116,6 +117,7 @@ FIXES = {
         CACHE_PROBE_FIX,
         WINDOW_HIT_FIX,
         WINDOW_CAP_FIX,
+        HYBRID_SYNC_LOAD_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
