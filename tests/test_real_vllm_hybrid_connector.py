@@ -464,6 +464,19 @@ def test_a_request_the_fix_fails_must_hold_a_block_of_the_failed_load() -> None:
     )
 
 
+def test_the_path_count_script_prints_a_row_per_policy() -> None:
+    """`scripts/vllm_failed_sync_load_paths.py` counts the fix's paths over a few programs: a
+    row per policy, the synchronous loads heard among them; an empty run is refused (exit 2,
+    one line)."""
+    script = [sys.executable, "scripts/vllm_failed_sync_load_paths.py", "--programs"]
+    res = subprocess.run([*script, "20"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines()[1:]}
+    assert set(rows) == {"recompute", "fail"} and int(rows["recompute"][0]) > 0, res.stdout
+    bad = subprocess.run([*script, "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
 def test_a_lost_load_forgets_the_loaders_writes_since_its_batch_only() -> None:
     """The check's record after a synchronous load fails as a whole on a hybrid cache: the
     loader's blocks from the load's first on, in each group, hold nothing valid, among the
