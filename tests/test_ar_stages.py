@@ -14,7 +14,14 @@ from spec.ar.events import ArEvent
 from spec.ar.machine import ArSpecMachine
 from spec.errors import ConfigError, RequestError
 
-CHUNKED = {"vidur-vllm": False, "vidur-sarathi": True, "vidur-orca": False, "vidur-ft": False}
+CHUNKED = {
+    "vidur-vllm": False,
+    "vidur-sarathi": True,
+    "vidur-orca": False,
+    "vidur-ft": False,
+    "vidur-vllm-released": False,
+    "vidur-sarathi-released": True,
+}
 
 Op = tuple[str, int, int]  # ("submit", prompt, max_tokens) | ("tick", n, 0) | ("abort", i, 0)
 

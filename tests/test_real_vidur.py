@@ -371,7 +371,7 @@ def test_the_fixes_are_a_patch_of_vidurs_files(
     diff = capsys.readouterr().out
     assert diff == VIDUR_FIXES.as_diff(VIDUR_FIXES.names)
     sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
-    assert len(sources) == 6
+    assert len(sources) == 7
     patched = git_apply_to_copies(tmp_path, sources, diff)
     assert patched == {module: fixed for module, (_, fixed) in sources.items()}
     ft = vidur.schedulers["ft"]

@@ -195,6 +195,7 @@ def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
     assert found["fixes"] == [
         "reservation-ceil",
         "vllm-decode-block",
+        "micro-batch-floor",
         "mnemosyne-skip-frees",
         "mnemosyne-batch-order",
     ], found

@@ -44,10 +44,24 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """A `VidurAdapter` driving a fresh, real Vidur `kind` replica scheduler for `config`."""
     check_config(kind, config)
     from integrations.vidur import engine
-    from integrations.vidur.adapter import VidurAdapter, _ConstantTime
+    from integrations.vidur.adapter import VidurAdapter
 
     MANIFEST.require_shipped(f"real-vidur-{kind}")
     vidur = engine.load()
+    scheduler = replica_scheduler(kind, config, vidur)
+    rules = PROFILES[kind].policy.rules_for(config)
+    return VidurAdapter(
+        config, sink, kind=kind, rules=rules, scheduler=scheduler, request_cls=vidur.Request
+    )
+
+
+def replica_scheduler(kind: str, config: ArConfig, vidur: Any) -> Any:
+    """A fresh, real Vidur `kind` replica scheduler (`vidur`: `engine.load()`) for `config`, with
+    `config.num_stages` pipeline stages, built by its own `__init__` from Vidur's config
+    dataclasses, at a constant execution time. Checks nothing: `check_config` (one stage) and
+    `integrations.vidur.pipeline.check_pipeline_config` (several) do."""
+    from integrations.vidur.adapter import _ConstantTime
+
     watermark = PROFILES[kind].policy.watermark_fraction
     generator = vidur.SyntheticRequestGeneratorConfig(
         length_generator_config=vidur.FixedRequestLengthGeneratorConfig(
@@ -62,7 +76,7 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     if kind in ("sarathi", "mnemosyne"):
         options["chunk_size"] = config.max_num_batched_tokens
     stage: dict[str, Any] = {
-        "num_pipeline_stages": 1,
+        "num_pipeline_stages": config.num_stages,
         "tensor_parallel_size": 1,
         "enable_sequence_pipeline_parallel": False,
     }
@@ -87,15 +101,12 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         *cache,
         generator,
         replica,
-        1,
+        config.num_stages,
         _ConstantTime(),
     )
     if kind == "ft" and not hasattr(scheduler, "_preempted_batches"):
         scheduler._preempted_batches = []  # vidur 0.0.25 never initialises it (see adapter)
-    rules = PROFILES[kind].policy.rules_for(config)
-    return VidurAdapter(
-        config, sink, kind=kind, rules=rules, scheduler=scheduler, request_cls=vidur.Request
-    )
+    return scheduler
 
 
 def factory(kind: str) -> ArImplementationFactory:
@@ -138,4 +149,5 @@ __all__ = [
     "build",
     "check_config",
     "factory",
+    "replica_scheduler",
 ]

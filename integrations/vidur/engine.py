@@ -12,6 +12,10 @@ meta-path finder answers those four top-level names with empty modules whose att
 placeholder classes; afterwards the finder and the placeholder modules are removed again, so
 the rest of the process imports the real packages (if installed) as usual. Installing them
 instead would add scipy, scikit-learn and pandas (about 150 MB) to the engine directory.
+`load_event_loop` (for `integrations.vidur.pipeline`) also imports Vidur's event classes, whose
+metrics store imports `plotly_express`, `wandb` and `ddsketch`: placeholders too
+(`EVENT_LOOP_STUBBED_ROOTS`), never called, since the pipeline gives the events a metrics store
+that records nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from typing import Any
 from integrations.vidur.manifest import KINDS_OF, MANIFEST, VIDUR_VERSION
 
 STUBBED_ROOTS: tuple[str, ...] = ("sklearn", "pandas", "fasteners", "huggingface_hub")
+# Vidur's event classes import its metrics store, which plots (plotly_express), logs to W&B
+# (wandb) and keeps quantile sketches (ddsketch) at module level; the pipeline driver gives the
+# events a metrics store that records nothing, so these are never called either
+EVENT_LOOP_STUBBED_ROOTS: tuple[str, ...] = (*STUBBED_ROOTS, "plotly_express", "wandb", "ddsketch")
 
 
 class _Placeholder(types.ModuleType):
@@ -101,10 +109,10 @@ _MODULES = {
 
 
 @contextlib.contextmanager
-def stubbed_imports() -> Iterator[None]:
-    """Within the block the placeholder modules answer the stubbed imports; afterwards they
+def stubbed_imports(roots: Sequence[str] = STUBBED_ROOTS) -> Iterator[None]:
+    """Within the block the placeholder modules answer the imports of `roots`; afterwards they
     leave `sys.modules`, so the rest of the process imports the real packages as usual."""
-    finder = _StubFinder(STUBBED_ROOTS)
+    finder = _StubFinder(roots)
     before = set(sys.modules)
     sys.meta_path.insert(0, finder)
     try:
@@ -146,4 +154,39 @@ def load() -> VidurClasses:
     )
 
 
-__all__ = ["STUBBED_ROOTS", "VidurClasses", "load", "stubbed_imports"]
+@dataclass(frozen=True, slots=True)
+class VidurEventLoop:
+    """Vidur's own event classes and a global scheduler (untyped: Vidur ships no annotations)."""
+
+    RequestArrivalEvent: Any  # the first event of a request; the rest follow from it
+    RoundRobinGlobalScheduler: Any
+    first_replica: Any  # how the global scheduler names replica 0: 0, or 0.0.26's ReplicaId(0)
+
+
+@functools.cache
+def load_event_loop() -> VidurEventLoop:
+    """`load`, then Vidur's event classes (`vidur.events`) and its round-robin global scheduler,
+    with placeholders for the metrics store's imports too (`EVENT_LOOP_STUBBED_ROOTS`)."""
+    load()
+    with MANIFEST.importing(), stubbed_imports(EVENT_LOOP_STUBBED_ROOTS):
+        events = importlib.import_module("vidur.events")
+        global_scheduler = importlib.import_module(
+            "vidur.scheduler.global_scheduler.round_robin_global_scheduler"
+        )
+    replica_id = getattr(global_scheduler, "ReplicaId", int)  # 0.0.26 types its replica ids
+    return VidurEventLoop(
+        RequestArrivalEvent=events.RequestArrivalEvent,
+        RoundRobinGlobalScheduler=global_scheduler.RoundRobinGlobalScheduler,
+        first_replica=replica_id(0),
+    )
+
+
+__all__ = [
+    "EVENT_LOOP_STUBBED_ROOTS",
+    "STUBBED_ROOTS",
+    "VidurClasses",
+    "VidurEventLoop",
+    "load",
+    "load_event_loop",
+    "stubbed_imports",
+]

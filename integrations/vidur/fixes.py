@@ -17,6 +17,9 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 - `vllm-decode-block`: Vidur's vLLM scheduler demands one free block for every running request
   (`_can_allocate_request`); demand the block `_allocate_request` will take (one when the
   processed tokens outgrew the blocks held, else none).
+- `micro-batch-floor`: Vidur's vLLM and Sarathi split `batch_size_cap` over the pipeline stages
+  with a floor division, so with fewer seats than stages a micro-batch holds no request and
+  nothing is ever scheduled; hold at least one (`integrations.vidur.pipeline` runs the stages).
 - `mnemosyne-prefill-assert` (0.0.25 only): Mnemosyne asserts a prefill is incomplete whenever
   it counts processed tokens without sequence pipeline parallelism, which fails at the end of
   every prefill; drop the assertion, as 0.0.26 did.
@@ -32,7 +35,8 @@ names the fixes a scheduler's findings need. Nothing of Vidur's is stored here b
 passages a fix anchors on.
 
 On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
-`vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`), and the two
+`vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`),
+`micro-batch-floor` as it is, and the two
 Mnemosyne fixes its code still needs: the other three fixes' schedulers are gone there.
 """
 
@@ -51,6 +55,7 @@ BASE = f"{PACKAGE}.base_replica_scheduler"
 FT = f"{PACKAGE}.faster_transformer_replica_scheduler"
 LIGHTLLM = f"{PACKAGE}.lightllm_replica_scheduler"
 VLLM = f"{PACKAGE}.vllm_replica_scheduler"
+SARATHI = f"{PACKAGE}.sarathi_replica_scheduler"
 MNEMOSYNE = f"{PACKAGE}.mnemosyne_base_replica_scheduler"
 KV_PARALLEL_BATCH = "vidur.entities.kv_parallel_batch"
 
@@ -176,6 +181,30 @@ MNEMOSYNE_SKIP_FREES = EngineFix(
 )
 
 
+_MICRO_BATCH_LINE = (
+    "        self._max_micro_batch_size = self._config.batch_size_cap // self._num_stages\n"
+)
+_MICRO_BATCH_FLOOR = (
+    "        # at least one request a micro-batch: with fewer seats than stages the floor\n"
+    "        # division gives 0, and no batch could ever be formed\n"
+    "        self._max_micro_batch_size = max(\n"
+    "            1, self._config.batch_size_cap // self._num_stages\n"
+    "        )\n"
+)
+
+MICRO_BATCH_FLOOR = EngineFix(
+    "micro-batch-floor",
+    (
+        (VLLM, _MICRO_BATCH_LINE, _MICRO_BATCH_FLOOR),
+        (SARATHI, _MICRO_BATCH_LINE, _MICRO_BATCH_FLOOR),
+    ),
+    (
+        (VLLM, "VLLMReplicaScheduler.__init__"),
+        (SARATHI, "SarathiReplicaScheduler.__init__"),
+    ),
+    "vLLM, Sarathi: a micro-batch holds at least one request when batch_size_cap < stages",
+)
+
 MNEMOSYNE_PREFILL_ASSERT = EngineFix(
     "mnemosyne-prefill-assert",
     (
@@ -243,19 +272,20 @@ def _for_cache_config(fix: EngineFix) -> EngineFix:
 
 
 def fixes_for(version: str) -> FixSet:
-    """The fixes of Vidur `version` (one of `KINDS_OF`): all eight on 0.0.25; on 0.0.26, which
-    dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed, and
-    Mnemosyne's two (0.0.26 dropped the prefill assertion itself)."""
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all nine on 0.0.25; on 0.0.26, which
+    dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed,
+    `micro-batch-floor` and Mnemosyne's two (0.0.26 dropped the prefill assertion itself)."""
     if version == DEFAULT_VERSION:
         return FixSet(
             engine=f"Vidur {version}",
-            modules=(BASE, FT, LIGHTLLM, VLLM, MNEMOSYNE, KV_PARALLEL_BATCH),
+            modules=(BASE, FT, LIGHTLLM, VLLM, SARATHI, MNEMOSYNE, KV_PARALLEL_BATCH),
             fixes=(
                 FT_FREE_ON_FINISH,
                 RESERVATION_CEIL,
                 LIGHTLLM_ADMIT_AT_PEAK,
                 LIGHTLLM_ONE_TOKEN_PEAK,
                 VLLM_DECODE_BLOCK,
+                MICRO_BATCH_FLOOR,
                 MNEMOSYNE_PREFILL_ASSERT,
                 # 0.0.25 forms the prefills in `_get_next_batch` itself
                 dataclasses.replace(
@@ -270,10 +300,11 @@ def fixes_for(version: str) -> FixSet:
         )
     return FixSet(
         engine=f"Vidur {version}",
-        modules=(BASE, VLLM, MNEMOSYNE, KV_PARALLEL_BATCH),
+        modules=(BASE, VLLM, SARATHI, MNEMOSYNE, KV_PARALLEL_BATCH),
         fixes=(
             _for_cache_config(RESERVATION_CEIL),
             _for_cache_config(VLLM_DECODE_BLOCK),
+            MICRO_BATCH_FLOOR,
             MNEMOSYNE_SKIP_FREES,
             MNEMOSYNE_BATCH_ORDER,
         ),
@@ -302,6 +333,16 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The fixes a pipelined scheduler's findings need (`integrations.vidur.pipeline`): its
+#: one-stage fixes, and for vLLM and Sarathi `micro-batch-floor`.
+PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
+    "vllm": (*FIXES_OF["vllm"], MICRO_BATCH_FLOOR.name),
+    "sarathi": (*FIXES_OF["sarathi"], MICRO_BATCH_FLOOR.name),
+    "orca": FIXES_OF["orca"],
+    "ft": FIXES_OF["ft"],
+}
+
+
 def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
     """`with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`)."""
     return VIDUR_FIXES.applied(names)
@@ -312,9 +353,11 @@ __all__ = [
     "FT_FREE_ON_FINISH",
     "LIGHTLLM_ADMIT_AT_PEAK",
     "LIGHTLLM_ONE_TOKEN_PEAK",
+    "MICRO_BATCH_FLOOR",
     "MNEMOSYNE_BATCH_ORDER",
     "MNEMOSYNE_PREFILL_ASSERT",
     "MNEMOSYNE_SKIP_FREES",
+    "PIPELINE_FIXES_OF",
     "RESERVATION_CEIL",
     "VIDUR_FIXES",
     "VLLM_DECODE_BLOCK",

@@ -15,9 +15,9 @@ Events go to the sink as they happen: the batch's allocations, schedules and res
 formation; at the end of each tick `ArStepEnd(tick)`, then the finishes of the completing batch.
 With one stage this is the replica's own step, event for event, and `ArSpecMachine` checks it;
 with several stages a request computes its tokens S ticks after it was scheduled, which the AR
-spec (one batch per step) does not model: `check_pipeline` states what holds instead (each stage
-holds at most one batch, a request is in at most one batch in flight, requests and KV blocks
-are conserved).
+spec (one batch per step) does not model: `check_pipeline` checks what holds instead
+(`spec.ar.pipeline`: the stage cadence, one batch per stage, a request in at most one batch in
+flight, requests and KV blocks conserved).
 """
 
 from __future__ import annotations
@@ -32,25 +32,22 @@ from reference.ar.vidur import (
     VidurSarathi,
     VidurVllm,
 )
+from reference.ar.vidur_released import VidurSarathiReleased, VidurVllmReleased
 from spec.ar.adapter import ArEventSink
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArAborted, ArStepEnd
-from spec.errors import ConfigError, SchedSpecError, SchedulerStalled
+from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
+from spec.errors import ConfigError, SchedulerStalled
 
 STAGE_REPLICAS: dict[str, type[VidurReplicaBase]] = {
     "vidur-vllm": VidurVllm,
     "vidur-sarathi": VidurSarathi,
     "vidur-orca": VidurOrca,
     "vidur-ft": VidurFasterTransformer,
+    # as Vidur's releases decide (`reference.ar.vidur_released`): the twins of the real classes
+    "vidur-vllm-released": VidurVllmReleased,
+    "vidur-sarathi-released": VidurSarathiReleased,
 }
-
-
-class PipelineBroken(SchedSpecError, AssertionError):
-    """A pipeline invariant does not hold (a bug in the stage scheduler); names which."""
-
-    def __init__(self, rule: str, detail: str) -> None:
-        self.rule = rule
-        super().__init__(f"[{rule}] {detail}")
 
 
 @dataclass(slots=True)
@@ -172,57 +169,36 @@ class StageScheduler:
             if reason is not None:
                 r._finish(req, reason)
             else:
-                r.pending.append(req)
+                r._requeue(req)  # Vidur's `on_batch_end` (the released Sarathi's prefill flag)
 
     # ------------------------------------------------------------------ invariants
+    def pipeline_snapshot(self) -> PipelineSnapshot:
+        """The pipeline between ticks (`spec.ar.pipeline`): `stages[k]` runs stage k in tick
+        `self.tick`; held blocks are the running requests' block tables."""
+        r = self.replica
+        batches = tuple(
+            BatchInFlight(b.batch_id, b.formed_at, k, tuple(b.tokens))
+            for k, b in enumerate(self.stages)
+            if b is not None
+        )
+        return PipelineSnapshot(
+            tick=self.tick,
+            num_stages=len(self.stages),
+            batches=batches,
+            waiting=tuple(q.rid for q in r.waiting),
+            pending=tuple(q.rid for q in r.pending),
+            finished=tuple(r.finished),
+            aborted=tuple(self.aborted),
+            submitted=frozenset(self.submitted),
+            held_blocks={q.rid: len(q.blocks) for q in r.running},
+            free_blocks=r.pool.num_free,
+            usable_blocks=self.config.usable_blocks,
+        )
+
     def check_pipeline(self) -> None:
-        """Raise PipelineBroken unless: each stage holds at most one batch, at most num_stages
-        are in flight, a request is in at most one batch, every submitted request is in exactly
-        one of waiting / not in flight (pending) / in flight / finished / aborted, running =
-        pending + in flight, and free + held KV blocks = usable blocks."""
-        r, cfg = self.replica, self.config
-        if len(self.stages) != cfg.num_stages:
-            raise PipelineBroken("one_batch_per_stage", f"{len(self.stages)} stage slots")
-        batches = [b for b in self.stages if b is not None]
-        ids = [b.batch_id for b in batches]
-        if len(set(ids)) != len(ids):
-            raise PipelineBroken("one_batch_per_stage", f"a batch in two stages: {ids}")
-        flying = [rid for b in batches for rid in b.tokens]
-        if len(set(flying)) != len(flying):
-            raise PipelineBroken("one_batch_per_request", f"in two batches: {sorted(flying)}")
-        parts = {
-            "waiting": [q.rid for q in r.waiting],
-            "pending": [q.rid for q in r.pending],
-            "in flight": flying,
-            "finished": list(r.finished),
-            "aborted": list(self.aborted),
-        }
-        seen: dict[str, str] = {}
-        for where, rids in parts.items():
-            for rid in rids:
-                if rid in seen:
-                    raise PipelineBroken(
-                        "requests_conserved", f"{rid!r} is both {seen[rid]} and {where}"
-                    )
-                seen[rid] = where
-        if set(seen) != self.submitted:
-            raise PipelineBroken(
-                "requests_conserved",
-                f"lost {sorted(self.submitted - set(seen))}, "
-                f"unknown {sorted(set(seen) - self.submitted)}",
-            )
-        running = {q.rid for q in r.running}
-        if running != set(parts["pending"]) | set(flying):
-            raise PipelineBroken(
-                "requests_conserved",
-                f"running {sorted(running)} != pending {parts['pending']} + in flight {flying}",
-            )
-        held = sum(len(q.blocks) for q in r.running)
-        if r.pool.num_free + held != cfg.usable_blocks or held != len(r.pool.owner):
-            raise PipelineBroken(
-                "block_conservation",
-                f"free {r.pool.num_free} + held {held} != usable {cfg.usable_blocks}",
-            )
+        """Raise `SpecViolation` (a `spec.ar.pipeline.PipelineRule`) unless the pipeline rules
+        hold on `pipeline_snapshot()`."""
+        check_pipeline(self.pipeline_snapshot())
 
 
 def make_stage_scheduler(
@@ -236,7 +212,6 @@ def make_stage_scheduler(
 __all__ = [
     "STAGE_REPLICAS",
     "MicroBatch",
-    "PipelineBroken",
     "StageScheduler",
     "make_stage_scheduler",
 ]

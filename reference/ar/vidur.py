@@ -297,11 +297,17 @@ class _MaxReservation(VidurReplicaBase):
                 f"(max_model_len) per request: the pool must hold at least that many",
             )
 
+    @property
+    def micro_batch_cap(self) -> int:
+        """Requests in one batch: the whole seat cap, per micro-batch (Vidur's Orca and
+        FasterTransformer fill each batch up to `_max_batch_size`, `batch_size_cap` here, without
+        dividing it over the stages as its vLLM and Sarathi do); the pool bounds the rest."""
+        return self.config.max_num_seqs
+
     def _admit_waiting(self) -> None:
         cfg = self.config
+        # with one stage every running request is in the batch, so the batch's cap is the seats'
         while self.waiting and len(self.batch) < self.micro_batch_cap:
-            if len(self.running) >= cfg.max_num_seqs:
-                break
             if self.pool.num_free < cfg.max_blocks_per_request:
                 break
             req = self.waiting[0]

@@ -33,6 +33,13 @@ from spec.ar.events import (
 )
 from spec.ar.lifecycles import AR_LIFECYCLES, ArPhase
 from spec.ar.machine import ArSpecMachine, finish_reason
+from spec.ar.pipeline import (
+    PIPELINE_RULES,
+    BatchInFlight,
+    PipelineRule,
+    PipelineSnapshot,
+    check_pipeline,
+)
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.rules import AR_RULES, ArRule
@@ -43,6 +50,7 @@ __all__ = [
     "AR_EVENT_TYPES",
     "AR_LIFECYCLES",
     "AR_RULES",
+    "PIPELINE_RULES",
     "AdmissionOrder",
     "ArAborted",
     "ArBlocksAllocated",
@@ -71,9 +79,13 @@ __all__ = [
     "ArSpecMachine",
     "ArStepEnd",
     "ArSubmitted",
+    "BatchInFlight",
     "CacheReadLimits",
+    "PipelineRule",
+    "PipelineSnapshot",
     "Policy",
     "VictimOrder",
+    "check_pipeline",
     "finish_reason",
     "release_events",
     "rules_for",

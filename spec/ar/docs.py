@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from spec.ar.invariants import AR_INVARIANTS, BETWEEN_STEPS
 from spec.ar.lifecycles import AR_LIFECYCLES
+from spec.ar.pipeline import PIPELINE_RULES
 from spec.ar.rules import AR_RULES
 
 _INTRO = """\
@@ -65,6 +66,19 @@ private to their request.
 """
 
 
+_PIPELINE_INTRO = """\
+### Pipelined replicas
+
+A replica split into S pipeline stages (Vidur's `num_pipeline_stages`) runs up to S micro-batches
+at once, one per stage; a request computes its tokens S ticks (stage times) after it was
+scheduled, which the one-batch-per-step rules above do not model. What holds instead is checked
+on a snapshot of the pipeline between ticks (`spec.ar.pipeline.PipelineSnapshot`: the batches in
+flight with the tick each formed in and the stage it runs, the waiting, pending, finished and
+aborted requests, the blocks each holds and the free count) by `spec.ar.pipeline.check_pipeline`,
+whose violations name one of these (`PipelineRule`):
+"""
+
+
 def render_ar_section() -> str:
     """The AR part of docs/spec.md: its lifecycles, rules and invariants, as Markdown."""
     parts = [_INTRO, "### AR lifecycles\n"]
@@ -80,6 +94,11 @@ def render_ar_section() -> str:
     for rule, text in AR_RULES.items():
         inv = "between steps" if rule in BETWEEN_STEPS else ("yes" if rule in AR_INVARIANTS else "")
         parts.append(f"| `{rule}` | {text} | {inv} |")
+    parts.append("")
+    parts.append(_PIPELINE_INTRO)
+    parts.append("| rule | statement |\n|---|---|")
+    for pipeline_rule, statement in PIPELINE_RULES.items():
+        parts.append(f"| `{pipeline_rule}` | {statement} |")
     parts.append("")
     return "\n".join(parts)
 

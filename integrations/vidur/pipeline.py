@@ -1,0 +1,330 @@
+"""`VidurPipeline`: one of Vidur's REAL replica schedulers with several pipeline stages, run by
+Vidur's own event loop and checked against `spec.ar.pipeline` after every tick.
+
+What runs for real (vidur 0.0.25, or 0.0.26 with `SCHEDSPEC_VIDUR_VERSION`): the replica
+scheduler built by its own `__init__` with `num_stages` = `config.num_stages` (its `on_schedule`
+gate: fewer than S batches running and stage 0 free; its micro-batch size `batch_size_cap // S`),
+its S `ReplicaStageScheduler`s, the `Batch`, `BatchStage` and `Request` entities, Vidur's event
+classes (`RequestArrivalEvent` -> `GlobalScheduleEvent` -> `ReplicaScheduleEvent` ->
+`BatchStageArrivalEvent` -> `ReplicaStageScheduleEvent` -> `BatchStageEndEvent` -> ... ->
+`BatchEndEvent`), handled in the order Vidur's `Simulator.run` handles them (a heap of each
+event's `_priority_number`, every arrival pushed before the run), and the round-robin global
+scheduler's `schedule` over the one replica.
+
+Stand-ins and private state, each with why:
+
+- the execution-time predictor: `_ConstantTime` (every stage of every batch takes 1 s, so a
+  tick is one stage time and a batch formed at tick f leaves at tick f + S); Vidur's predictors
+  need profiling data and scikit-learn;
+- the metrics store: `_NoMetrics` records nothing (Vidur's plots with plotly and logs to W&B);
+  its module's imports are placeholders (`engine.EVENT_LOOP_STUBBED_ROOTS`);
+- the global scheduler is made without its `__init__`, which builds an execution-time
+  predictor and one replica scheduler per replica from a `SimulationConfig`: its
+  `_replica_schedulers` (replica 0: the replica scheduler), `_num_replicas`, `_request_queue` and
+  `_request_counter` are set instead;
+- a request arrives at the tick it is given (its `RequestArrivalEvent` time); its `arrived_at`,
+  which Vidur's schedulers sort by, is its index in the program (as `VidurAdapter`'s), so two
+  requests arriving at one tick keep the program's order;
+- `free` is wrapped on the instance to see restarts (a freed request whose `num_restarts` grew)
+  in the order they happen and to reset vidur's stage counters after one (see
+  `integrations.vidur.adapter`: without it a restarted request raises AssertionError);
+- read only: `_allocation_map` and `_num_allocated_blocks` (the KV ledger),
+  `get_pending_requests()`, `_preempted_requests` and FasterTransformer's `_preempted_batches`
+  (the requests between batches), and the handled events' `_batch`, `_batch_stage` and
+  `_stage_id` (which batch formed, and which stage each batch runs), and a handled
+  `RequestArrivalEvent`'s `_request` (the snapshot's submitted requests are those arrived).
+
+A snapshot of the pipeline (`spec.ar.pipeline.PipelineSnapshot`) is read from those after all
+events of a tick are handled, and `check_pipeline` checks it. A run ends when every request has
+finished; if Vidur's event queue empties first, that is `progress` (Vidur's own simulator then
+asserts "Simulation ended with pending requests").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from integrations.vidur.profiles import PROFILES
+from spec.ar.config import ArConfig, ArRequest, validate_ar_request
+from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
+from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecViolation
+
+#: The schedulers whose pipelines run here. LightLLM asserts one stage itself; Mnemosyne's
+#: stages are left out (its KV-parallel batches are checked with one stage only).
+PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft")
+
+
+def check_pipeline_config(kind: str, config: ArConfig) -> None:
+    """Refuse, with a `ConfigError` naming the field, what a Vidur `kind` pipeline cannot run:
+    another kind, or the profile's space (FCFS, no prefix cache, ...) at `config.num_stages`
+    stages, or several replicas."""
+    if kind not in PIPELINE_KINDS:
+        raise ConfigError(
+            "kind",
+            kind,
+            f"one of {', '.join(PIPELINE_KINDS)} (LightLLM runs one stage; Mnemosyne's "
+            "pipeline is not checked)",
+        )
+    space = dataclasses.replace(PROFILES[kind].space, stages=frozenset({config.num_stages}))
+    space.check(config)
+    if config.num_replicas != 1:
+        raise ConfigError("num_replicas", config.num_replicas, "1: one replica scheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTick:
+    """What the replica scheduler decided in one tick: the batch it formed, as (request id,
+    tokens) in batch order, and the requests it restarted, in order."""
+
+    tick: int
+    scheduled: tuple[tuple[str, int], ...]
+    restarted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRun:
+    """A finished run: its decisions (ticks that formed a batch or restarted a request), its
+    finishes as (tick, request id) in order, the last tick, the most batches in flight at once
+    and the number of snapshots checked."""
+
+    decisions: tuple[PipelineTick, ...]
+    finished: tuple[tuple[int, str], ...]
+    ticks: int
+    peak_in_flight: int
+    snapshots_checked: int
+
+
+@dataclass(slots=True)
+class _Batch:
+    batch_id: int
+    formed_at: int
+    stage: int
+    vidur: Any  # vidur.entities.Batch
+
+
+@dataclass(slots=True)
+class _Tick:
+    scheduled: list[tuple[str, int]] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+
+
+def _ignore(*args: object, **kwargs: object) -> None:
+    return None
+
+
+class _NoMetrics:
+    """Stands in for Vidur's `MetricsStore`: every `on_*` call is accepted and ignored."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return _ignore
+
+
+class VidurPipeline:
+    """A real Vidur `kind` replica scheduler with `config.num_stages` stages, in Vidur's loop."""
+
+    def __init__(
+        self,
+        kind: str,
+        config: ArConfig,
+        *,
+        fix_restart: bool = True,
+        on_snapshot: Callable[[PipelineSnapshot], None] = check_pipeline,
+    ) -> None:
+        """`ConfigError` for what `check_pipeline_config` refuses, or a stage count Vidur's model
+        cannot split (its layers must divide evenly); `EngineNotInstalled` without Vidur.
+        `on_snapshot` sees every tick's snapshot (default: `check_pipeline`)."""
+        check_pipeline_config(kind, config)
+        from integrations.vidur import MANIFEST, engine, replica_scheduler
+
+        MANIFEST.require_shipped(f"real-vidur-{kind}")
+        vidur = engine.load()
+        loop = engine.load_event_loop()
+        try:
+            self.scheduler: Any = replica_scheduler(kind, config, vidur)
+        except AssertionError as exc:  # Vidur's ReplicaConfig: the layers split evenly
+            raise ConfigError(
+                "num_stages", config.num_stages, f"a stage count Vidur's model allows ({exc})"
+            ) from None
+        self.kind = kind
+        self.config = config
+        self.fix_restart = fix_restart
+        self.on_snapshot = on_snapshot
+        self._request_cls = vidur.Request
+        self._arrival_event = loop.RequestArrivalEvent
+        # the global scheduler without its __init__ (module docstring)
+        glob = object.__new__(loop.RoundRobinGlobalScheduler)
+        glob._replicas = {}
+        glob._num_replicas = 1
+        glob._replica_schedulers = {loop.first_replica: self.scheduler}
+        glob._request_queue = []
+        glob._request_counter = 0
+        self.global_scheduler: Any = glob
+        self._free: Callable[..., None] = self.scheduler.free
+        self.scheduler.free = self._free_wrapped
+        self._rid: dict[int, str] = {}  # Vidur request id -> request id
+        self._requests: dict[str, Any] = {}
+        self._restarts: dict[int, int] = {}
+        self._batches: dict[int, _Batch] = {}  # id(vidur batch) -> the batch in flight
+        self._ticks: dict[int, _Tick] = {}
+        self._finished: list[tuple[int, str]] = []
+        self._finished_ids: set[str] = set()
+        self._arrived: set[str] = set()
+        self._formed = 0  # batches formed so far (the next batch's id)
+        self._now = 0
+
+    # ------------------------------------------------------------------ run
+    def run(self, program: Sequence[tuple[int, ArRequest]], max_ticks: int = 10_000) -> PipelineRun:
+        """Run `program` ((arrival tick, request) pairs) to its end: every request finished.
+        A pipeline runs one program (`ConfigError` for a second).
+
+        Raises `InvalidRequest` and its kin (`validate_ar_request`) or `DuplicateRequest` before
+        anything runs; `SpecViolation` naming a `spec.ar.pipeline` rule when a tick's snapshot
+        breaks one, `progress` when Vidur's event queue empties with requests unfinished, or
+        `implementation_error` when Vidur raises while handling an event (its own assertions);
+        `SchedulerStalled` past `max_ticks` ticks."""
+        if self._requests:
+            raise ConfigError("program", "a second one", "one program per VidurPipeline")
+        seen: set[str] = set()
+        for tick, request in program:
+            validate_ar_request(self.config, request)
+            if request.request_id in seen:
+                raise DuplicateRequest(request.request_id)
+            if tick < 0:
+                raise ConfigError("arrival tick", tick, "a tick >= 0")
+            seen.add(request.request_id)
+        queue: list[tuple[Any, Any]] = []
+        for index, (tick, request) in enumerate(program):
+            vreq = self._request_cls(float(index), request.prompt_len, request.final_output)
+            self._rid[vreq.id] = request.request_id
+            self._requests[request.request_id] = vreq
+            self._restarts[vreq.id] = 0
+            self._push(queue, self._arrival_event(float(tick), vreq))
+        checked = peak = 0
+        while queue:
+            self._now = int(queue[0][1].time)
+            if self._now > max_ticks:
+                raise SchedulerStalled(max_ticks, self._stall_detail(), "ticks")
+            # every event of this tick, including those its events add at the same time
+            while queue and int(queue[0][1].time) == self._now:
+                event = heapq.heappop(queue)[1]
+                try:
+                    added = event.handle_event(self.global_scheduler, _NoMetrics())
+                except Exception as exc:  # Vidur's own assertions: a finding, not a crash
+                    raise SpecViolation(
+                        "implementation_error",
+                        f"Vidur's {type(event).__name__} raised {type(exc).__name__}: {exc} "
+                        f"at tick {self._now}",
+                    ) from exc
+                for new in added:
+                    self._push(queue, new)
+                self._observe(event)
+            peak = max(peak, len(self._batches))
+            self.on_snapshot(self.snapshot())
+            checked += 1
+        unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
+        if unfinished:
+            raise SpecViolation(
+                "progress",
+                f"Vidur's event queue emptied at tick {self._now} with {unfinished} unfinished "
+                "(its simulator asserts 'Simulation ended with pending requests')",
+                state=self.snapshot().describe(),
+            )
+        decisions = tuple(
+            PipelineTick(t, tuple(d.scheduled), tuple(d.restarted))
+            for t, d in sorted(self._ticks.items())
+        )
+        return PipelineRun(decisions, tuple(self._finished), self._now, peak, checked)
+
+    def snapshot(self) -> PipelineSnapshot:
+        """The pipeline now, read from Vidur's queues, ledger and the batches in flight."""
+        s = self.scheduler
+        waiting = [self._rid[r.id] for r in s.get_pending_requests()]
+        between = list(getattr(s, "_preempted_requests", []))
+        for batch in getattr(s, "_preempted_batches", []):
+            between.extend(batch.requests)
+        pending = [self._rid[r.id] for r in between if not r.completed]
+        batches = tuple(
+            BatchInFlight(
+                b.batch_id,
+                b.formed_at,
+                b.stage,
+                tuple(self._rid[r.id] for r in b.vidur.requests),
+            )
+            for b in self._batches.values()
+        )
+        held = {self._rid.get(vid, f"vidur:{vid}"): n for vid, n in s._allocation_map.items()}
+        return PipelineSnapshot(
+            tick=self._now,
+            num_stages=self.config.num_stages,
+            batches=batches,
+            waiting=tuple(waiting),
+            pending=tuple(pending),
+            finished=tuple(rid for _, rid in self._finished),
+            aborted=(),
+            submitted=frozenset(self._arrived),
+            held_blocks=held,
+            free_blocks=self.config.usable_blocks - s._num_allocated_blocks,
+            usable_blocks=self.config.usable_blocks,
+        )
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _push(queue: list[tuple[Any, Any]], event: Any) -> None:
+        heapq.heappush(queue, (event._priority_number, event))
+
+    def _stall_detail(self) -> str:
+        unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
+        return f"unfinished {unfinished}, batches in flight {len(self._batches)}"
+
+    def _free_wrapped(self, *request_ids: int) -> None:
+        for vid in request_ids:
+            vreq = self._requests[self._rid[vid]]
+            if vreq.num_restarts > self._restarts[vid]:
+                self._restarts[vid] = vreq.num_restarts
+                self._tick().restarted.append(self._rid[vid])
+                if self.fix_restart:
+                    vreq._num_stage_processed_tokens = 0
+                    vreq._is_prefill_stage_complete = False
+        self._free(*request_ids)
+
+    def _tick(self) -> _Tick:
+        return self._ticks.setdefault(self._now, _Tick())
+
+    def _observe(self, event: Any) -> None:
+        """Follow the batches through a handled event: formed (`ReplicaScheduleEvent`), running
+        a stage (`ReplicaStageScheduleEvent`), gone (`BatchEndEvent`, its finishes recorded)."""
+        kind = type(event).__name__
+        if kind == "RequestArrivalEvent":
+            self._arrived.add(self._rid[event._request.id])
+        batch = getattr(event, "_batch", None)
+        if batch is None:
+            return
+        if kind == "ReplicaScheduleEvent":
+            self._batches[id(batch)] = _Batch(self._formed, self._now, 0, batch)
+            self._formed += 1
+            self._tick().scheduled.extend(
+                (self._rid[r.id], n)
+                for r, n in zip(batch.requests, batch.num_q_tokens, strict=True)
+            )
+        elif kind == "ReplicaStageScheduleEvent" and event._batch_stage is not None:
+            self._batches[id(batch)].stage = event._stage_id
+        elif kind == "BatchEndEvent":
+            del self._batches[id(batch)]
+            for r in batch.requests:
+                rid = self._rid[r.id]
+                if r.completed and rid not in self._finished_ids:
+                    self._finished_ids.add(rid)
+                    self._finished.append((self._now, rid))
+
+
+__all__ = [
+    "PIPELINE_KINDS",
+    "PipelineRun",
+    "PipelineTick",
+    "VidurPipeline",
+    "check_pipeline_config",
+]

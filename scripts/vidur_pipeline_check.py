@@ -1,0 +1,208 @@
+"""Vidur's REAL replica schedulers with several pipeline stages, in Vidur's own event loop
+(`integrations.vidur.pipeline`): generated programs, every tick checked against
+`spec.ar.pipeline`, and every decision compared with the project's stage scheduler
+(`reference.ar.stages`) over the scheduler's decision twin.
+
+    .venv/bin/python scripts/vidur_pipeline_check.py [--kinds vllm,sarathi,orca,ft] \
+        [--stages 2,4] [--programs 300] [--as-released] [--json out.json]
+
+By default each scheduler runs with the fixes of its findings (`PIPELINE_FIXES_OF`);
+`--as-released` runs Vidur as it ships. A program: a pool of 1.5-3x one max_model_len request's
+blocks (Orca and FasterTransformer: plus their reservations), 1-8 seats (so some have fewer
+seats than stages), a token budget of 32-64, blocks of 1, 2 or 4 tokens, and 2-10 requests of
+1-20 prompt and 1-10 output tokens arriving at ticks 0-6. Prints a table (programs, passed,
+violations by rule, twin differences, seconds) and the first failure's message per scheduler
+and stage count; exit 0 when every program passes, 1 otherwise, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
+from integrations.vidur.manifest import VIDUR_VERSION
+from integrations.vidur.pipeline import PIPELINE_KINDS, PipelineRun, PipelineTick, VidurPipeline
+from reference.ar.stages import StageScheduler
+from schedspec_cli.output import output_file, table, write_json
+from spec.ar.config import ArConfig, ArRequest
+from spec.ar.events import ArEvent, ArFinished, ArPreempted, ArScheduled
+from spec.errors import SchedSpecError, SpecViolation
+
+#: The project's stage scheduler runs each real class's decision twin (tests/test_real_vidur.py)
+TWIN_OF = {
+    "vllm": "vidur-vllm-released",
+    "sarathi": "vidur-sarathi-released",
+    "orca": "vidur-orca",
+    "ft": "vidur-ft",
+}
+MAX_MODEL_LEN = 32
+
+Program = tuple[ArConfig, list[tuple[int, ArRequest]]]
+
+
+def program(kind: str, stages: int, seed: int) -> Program:
+    """The generated program `seed` for `kind` at `stages` stages (module docstring)."""
+    rng = random.Random(f"{kind}/{stages}/{seed}")
+    block = rng.choice([1, 2, 4])
+    per_request = MAX_MODEL_LEN // block
+    blocks = rng.randint(per_request * 3 // 2, 3 * per_request)
+    if kind in ("orca", "ft"):  # they reserve max_model_len per request
+        blocks += 2 * per_request
+    config = ArConfig(
+        block_size=block,
+        num_blocks=blocks + 1,  # the null block: Vidur gets the usable ones
+        max_num_seqs=rng.randint(1, 8),
+        max_num_batched_tokens=rng.randint(MAX_MODEL_LEN, 2 * MAX_MODEL_LEN),
+        max_model_len=MAX_MODEL_LEN,
+        num_stages=stages,
+        enable_chunked_prefill=kind == "sarathi",
+    )
+    requests = [
+        (rng.randint(0, 6), ArRequest(f"r{i}", rng.randint(1, 20), rng.randint(1, 10)))
+        for i in range(rng.randint(2, 10))
+    ]
+    return config, sorted(requests, key=lambda arrival: arrival[0])
+
+
+def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]]) -> PipelineRun:
+    """The program through `StageScheduler` over `TWIN_OF[kind]`, as a `PipelineRun`: each
+    request submitted before the tick it arrives at; a finish at the end of tick t is Vidur's
+    `BatchEndEvent` at time t + 1."""
+    decided: dict[int, tuple[list[tuple[str, int]], list[str]]] = {}
+    finished: list[tuple[int, str]] = []
+    ticks = [0]  # the tick the twin runs now
+
+    def sink(event: ArEvent) -> None:
+        tick = ticks[0]
+        if isinstance(event, ArScheduled):
+            decided.setdefault(tick, ([], []))[0].append((event.request_id, event.num_tokens))
+        elif isinstance(event, ArPreempted):
+            decided.setdefault(tick, ([], []))[1].append(event.request_id)
+        elif isinstance(event, ArFinished):
+            finished.append((tick + 1, event.request_id))
+
+    stages = StageScheduler(config, sink, TWIN_OF[kind])
+    waiting = list(requests)
+    checked = peak = 0
+    while waiting or not stages.is_idle():
+        while waiting and waiting[0][0] <= stages.tick:
+            stages.submit(waiting.pop(0)[1])
+        ticks[0] = stages.tick
+        stages.step()
+        stages.check_pipeline()
+        checked += 1
+        peak = max(peak, stages.peak_in_flight)
+    decisions = tuple(PipelineTick(t, tuple(s), tuple(r)) for t, (s, r) in sorted(decided.items()))
+    return PipelineRun(decisions, tuple(finished), stages.tick, peak, checked)
+
+
+def first_difference(real: PipelineRun, twin: PipelineRun) -> str | None:
+    """Where the real run and its twin first decide differently, in words; None when alike."""
+    for mine, theirs in zip(real.decisions, twin.decisions, strict=False):
+        if mine != theirs:
+            return f"Vidur {mine} / twin {theirs}"
+    if len(real.decisions) != len(twin.decisions):
+        return f"Vidur decides {len(real.decisions)} ticks, the twin {len(twin.decisions)}"
+    if real.finished != twin.finished:
+        return f"finishes: Vidur {real.finished}, twin {twin.finished}"
+    return None
+
+
+def check_one(kind: str, stages: int, seed: int) -> str | None:
+    """Program `seed` on the real class (fixes as the caller applied them): None when every
+    tick keeps the pipeline rules and every decision is the twin's; else the rule (or
+    `twin_decisions`) and its message."""
+    config, requests = program(kind, stages, seed)
+    try:
+        real = VidurPipeline(kind, config).run(requests)
+    except SpecViolation as err:
+        return f"{err.rule}: {err}"
+    difference = first_difference(real, twin_run(kind, config, requests))
+    return None if difference is None else f"twin_decisions: {difference}"
+
+
+def _csv(text: str) -> list[str]:
+    return [part for part in text.split(",") if part]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/vidur_pipeline_check.py")
+    parser.add_argument("--kinds", type=_csv, default=list(PIPELINE_KINDS))
+    parser.add_argument("--stages", type=_csv, default=["2", "4"])
+    parser.add_argument("--programs", type=int, default=300)
+    parser.add_argument("--as-released", action="store_true", help="no fixes")
+    parser.add_argument("--json", type=output_file, default=None)
+    args = parser.parse_args(argv)
+    try:
+        stage_counts = [int(s) for s in args.stages]
+    except ValueError:
+        parser.error(f"--stages: comma-separated integers, not {','.join(args.stages)!r}")
+    unknown = sorted(set(args.kinds) - set(PIPELINE_KINDS))
+    if unknown:
+        parser.error(f"--kinds: {unknown} unknown; choose from {','.join(PIPELINE_KINDS)}")
+    if args.programs < 1 or min(stage_counts, default=0) < 1:
+        parser.error("--programs and --stages must be positive")
+    rows: list[list[object]] = []
+    figures: list[dict[str, object]] = []
+    messages: list[str] = []
+    for kind in args.kinds:
+        fixes = () if args.as_released else PIPELINE_FIXES_OF[kind]
+        for stages in stage_counts:
+            start = time.perf_counter()
+            outcomes: Counter[str] = Counter()
+            first: str | None = None
+            try:
+                with vidur_fixed(fixes):
+                    for seed in range(args.programs):
+                        failure = check_one(kind, stages, seed)
+                        outcomes[failure.split(":")[0] if failure else "passed"] += 1
+                        if failure and first is None:
+                            first = f"{kind}, {stages} stages, seed {seed}: {failure}"
+            except SchedSpecError as err:  # a configuration Vidur refuses
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+            seconds = time.perf_counter() - start
+            failed = {rule: n for rule, n in sorted(outcomes.items()) if rule != "passed"}
+            rows.append(
+                [
+                    kind,
+                    stages,
+                    args.programs,
+                    outcomes["passed"],
+                    ", ".join(f"{rule} {n}" for rule, n in failed.items()) or "-",
+                    f"{seconds:.1f}",
+                ]
+            )
+            figures.append(
+                {
+                    "kind": kind,
+                    "stages": stages,
+                    "programs": args.programs,
+                    "passed": outcomes["passed"],
+                    "failed": failed,
+                    "first_failure": first,
+                    "fixes": list(fixes),
+                    "seconds": seconds,
+                }
+            )
+            if first:
+                messages.append(first)
+    print(f"Vidur {VIDUR_VERSION}, {'as released' if args.as_released else 'with its fixes'}")
+    print(table(["scheduler", "stages", "programs", "passed", "failed", "s"], rows))
+    for message in messages:
+        print(message)
+    if args.json:
+        write_json(
+            args.json,
+            {"vidur": VIDUR_VERSION, "as_released": args.as_released, "runs": figures},
+        )
+    return 1 if messages else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

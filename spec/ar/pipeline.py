@@ -1,0 +1,197 @@
+"""What holds for a replica split into pipeline stages (Vidur's `num_pipeline_stages`).
+
+The AR spec models one batch per step. With `S` stages a replica runs up to `S` micro-batches at
+once, one per stage, and a request computes its tokens `S` ticks (stage times) after it was
+scheduled, so `ArSpecMachine` does not apply. What holds instead is stated here, on a snapshot
+of the pipeline between ticks (`PipelineSnapshot`), and checked by `check_pipeline`, which
+raises `SpecViolation` naming one of `PipelineRule`:
+
+- `stage_cadence`: a batch in flight was formed fewer than `S` ticks ago, and runs the stage
+  that its age names (formed at tick f, it runs stage k during tick f + k, then leaves);
+- `one_batch_per_stage`: no two batches in flight run the same stage (so at most `S`);
+- `one_batch_per_request`: a request is in at most one batch in flight;
+- `requests_conserved`: every submitted request is in exactly one of waiting, pending
+  (admitted, between batches), in flight, finished or aborted, and nothing else appears;
+- `pipeline_blocks_conserved`: free + held blocks = usable blocks, and only pending or in-flight
+  requests hold blocks (waiting, finished and aborted ones hold none).
+
+Both the project's stage scheduler (`reference.ar.stages`) and a real engine's pipeline (Vidur's
+replica with several stages, `integrations.vidur.pipeline`) report these snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+from spec.errors import SpecViolation
+
+
+class PipelineRule(StrEnum):
+    """The rules of a pipelined replica. A member equals (and hashes like) its string."""
+
+    STAGE_CADENCE = "stage_cadence"
+    ONE_BATCH_PER_STAGE = "one_batch_per_stage"
+    ONE_BATCH_PER_REQUEST = "one_batch_per_request"
+    REQUESTS_CONSERVED = "requests_conserved"
+    PIPELINE_BLOCKS_CONSERVED = "pipeline_blocks_conserved"
+
+
+PIPELINE_RULES: Mapping[PipelineRule, str] = MappingProxyType(
+    {
+        PipelineRule.STAGE_CADENCE: "A batch formed at tick f runs stage k during tick f + k "
+        "and leaves after stage S - 1: in flight, it is younger than S ticks and runs the stage "
+        "its age names.",
+        PipelineRule.ONE_BATCH_PER_STAGE: "No two batches in flight run the same stage.",
+        PipelineRule.ONE_BATCH_PER_REQUEST: "A request is in at most one batch in flight: it is "
+        "not scheduled again before its batch leaves the last stage.",
+        PipelineRule.REQUESTS_CONSERVED: "Every submitted request is in exactly one of waiting, "
+        "pending (admitted, between batches), in flight, finished or aborted.",
+        PipelineRule.PIPELINE_BLOCKS_CONSERVED: "Free + held blocks = usable blocks, and only "
+        "pending or in-flight requests hold blocks.",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInFlight:
+    """One micro-batch between formation and leaving the last stage.
+
+    batch_id: the pipeline's own number for it (distinct per batch).
+    formed_at: the tick it was formed in (it runs stage 0 during that tick).
+    stage: the stage it runs, or runs next when the snapshot falls between two of its stages.
+    request_ids: its requests, in batch order.
+    """
+
+    batch_id: int
+    formed_at: int
+    stage: int
+    request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSnapshot:
+    """A pipelined replica between ticks, read from its own queues and ledgers.
+
+    tick: the tick the stages run now (or next): a batch formed at `formed_at` is in stage
+        `tick - formed_at`.
+    num_stages: S.
+    batches: the batches in flight.
+    waiting: submitted, not admitted (or restarted since): hold no blocks.
+    pending: admitted and not finished, in no batch in flight (between two batches).
+    finished, aborted: terminal requests.
+    submitted: every request id submitted so far.
+    held_blocks: request id -> the number of blocks it holds (zero counts may be left out).
+    free_blocks: the number of blocks the allocator considers free.
+    usable_blocks: the pool's usable blocks (the null block excluded).
+    """
+
+    tick: int
+    num_stages: int
+    batches: tuple[BatchInFlight, ...]
+    waiting: tuple[str, ...]
+    pending: tuple[str, ...]
+    finished: tuple[str, ...]
+    aborted: tuple[str, ...]
+    submitted: frozenset[str]
+    held_blocks: Mapping[str, int]
+    free_blocks: int
+    usable_blocks: int
+
+    def describe(self) -> str:
+        """The snapshot in a few lines, for a violation's message."""
+        lines = [f"tick {self.tick}, {self.num_stages} stages"]
+        for b in sorted(self.batches, key=lambda b: b.stage):
+            lines.append(
+                f"stage {b.stage}: batch {b.batch_id} (formed at tick {b.formed_at}) "
+                f"{list(b.request_ids)}"
+            )
+        lines.append(f"waiting {list(self.waiting)}, pending {list(self.pending)}")
+        lines.append(f"finished {list(self.finished)}, aborted {list(self.aborted)}")
+        held = {rid: n for rid, n in sorted(self.held_blocks.items()) if n}
+        lines.append(f"held {held}, free {self.free_blocks} of {self.usable_blocks}")
+        return "\n".join(lines)
+
+
+def check_pipeline(snapshot: PipelineSnapshot) -> None:
+    """Raise `SpecViolation` (rule: a `PipelineRule`) unless every pipeline rule holds."""
+    s = snapshot
+
+    def broken(rule: PipelineRule, detail: str) -> SpecViolation:
+        return SpecViolation(rule, detail, state=s.describe())
+
+    stages: dict[int, int] = {}
+    for b in s.batches:
+        age = s.tick - b.formed_at
+        if not 0 <= age < s.num_stages or b.stage != age:
+            expected = (
+                f"expected stage {age}"
+                if 0 <= age < s.num_stages
+                else f"expected it gone after stage {s.num_stages - 1}"
+                if age >= s.num_stages
+                else "formed after the tick it is seen in"
+            )
+            raise broken(
+                PipelineRule.STAGE_CADENCE,
+                f"batch {b.batch_id}, formed at tick {b.formed_at}, is in stage {b.stage} at "
+                f"tick {s.tick} ({expected})",
+            )
+        if b.stage in stages:
+            raise broken(
+                PipelineRule.ONE_BATCH_PER_STAGE,
+                f"batches {stages[b.stage]} and {b.batch_id} both run stage {b.stage}",
+            )
+        stages[b.stage] = b.batch_id
+    where: dict[str, str] = {}
+    for b in s.batches:
+        for rid in b.request_ids:
+            if rid in where:
+                raise broken(
+                    PipelineRule.ONE_BATCH_PER_REQUEST,
+                    f"{rid!r} is in {where[rid]} and in batch {b.batch_id}",
+                )
+            where[rid] = f"batch {b.batch_id}"
+    parts = {
+        "waiting": s.waiting,
+        "pending": s.pending,
+        "finished": s.finished,
+        "aborted": s.aborted,
+    }
+    for name, rids in parts.items():
+        for rid in rids:
+            if rid in where:
+                raise broken(
+                    PipelineRule.REQUESTS_CONSERVED, f"{rid!r} is both {where[rid]} and {name}"
+                )
+            where[rid] = name
+    if where.keys() != s.submitted:
+        raise broken(
+            PipelineRule.REQUESTS_CONSERVED,
+            f"lost {sorted(s.submitted - where.keys())}, "
+            f"unknown {sorted(where.keys() - s.submitted)}",
+        )
+    holders = {rid for rid, n in s.held_blocks.items() if n}
+    for rid in sorted(holders):
+        state = where.get(rid, "unknown")
+        if state in ("waiting", "finished", "aborted", "unknown"):
+            raise broken(
+                PipelineRule.PIPELINE_BLOCKS_CONSERVED,
+                f"{rid!r} ({state}) holds {s.held_blocks[rid]} blocks",
+            )
+    held = sum(s.held_blocks.values())
+    if s.free_blocks + held != s.usable_blocks or min(s.free_blocks, held) < 0:
+        raise broken(
+            PipelineRule.PIPELINE_BLOCKS_CONSERVED,
+            f"free {s.free_blocks} + held {held} != usable {s.usable_blocks}",
+        )
+
+
+__all__ = [
+    "PIPELINE_RULES",
+    "BatchInFlight",
+    "PipelineRule",
+    "PipelineSnapshot",
+    "check_pipeline",
+]

@@ -1,0 +1,305 @@
+"""Vidur's REAL replica schedulers with several pipeline stages, run by Vidur's own event loop
+(`integrations.vidur.pipeline`) and checked against `spec.ar.pipeline` after every tick, with
+every decision compared with the project's stage scheduler (`scripts/vidur_pipeline_check.py`).
+
+- With the fixes of their findings (`PIPELINE_FIXES_OF`), vLLM, Sarathi, Orca and
+  FasterTransformer keep every pipeline rule and decide as their twins at 2 and 4 stages.
+- Finding: Vidur's vLLM and Sarathi split `batch_size_cap` over the stages with a floor
+  division, so with fewer seats than stages no batch is ever formed (`progress`);
+  `micro-batch-floor` is the candidate fix.
+- Each pipeline rule has a seeded bug in Vidur's classes that the check catches.
+
+Needs `schedspec install-engines vidur` (skipped with SCHEDSPEC_SKIP_ENGINES=1).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.vidur import MANIFEST
+from integrations.vidur.adapter import _ExecutionTime
+from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
+from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
+from integrations.vidur.pipeline import PIPELINE_KINDS, VidurPipeline
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import ConfigError, DuplicateRequest, RequestError, SpecViolation
+from spec.profile import ConfigOutsideProfile
+from tests.engine_gate import require_engine
+from tests.script_module import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+check = load_script("vidur_pipeline_check")
+
+
+@pytest.fixture(autouse=True)
+def vidur() -> None:
+    require_engine(MANIFEST, "vidur", "Vidur")
+
+
+def config(**changes: Any) -> ArConfig:
+    base = ArConfig(
+        block_size=2,
+        num_blocks=40,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=16,
+        num_stages=2,
+        enable_chunked_prefill=False,
+    )
+    return base.replace(**changes)
+
+
+def first_failure(kind: str, stages: int, programs: int) -> str | None:
+    for seed in range(programs):
+        failure: str | None = check.check_one(kind, stages, seed)
+        if failure is not None:
+            return f"seed {seed}: {failure}"
+    return None
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("kind", PIPELINE_KINDS)
+def test_fixed_pipelines_keep_the_rules_and_decide_as_their_twins(kind: str, stages: int) -> None:
+    """150 generated programs each (2,000 each at 2, 4 and 8 stages passed once, docs)."""
+    if kind in ("orca", "ft") and VIDUR_VERSION != "0.0.25":
+        pytest.skip(f"Vidur {VIDUR_VERSION} has no {kind} scheduler")
+    with vidur_fixed(PIPELINE_FIXES_OF[kind]):
+        assert first_failure(kind, stages, 150) is None
+
+
+LONE = [(0, ArRequest("a", 4, 3)), (0, ArRequest("b", 4, 2))]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sarathi"])
+def test_finding_fewer_seats_than_stages_never_schedule(kind: str) -> None:
+    """One seat, two stages: `batch_size_cap // num_stages` = 0 requests a micro-batch, so
+    Vidur forms no batch and its event queue empties with both requests waiting. With
+    `micro-batch-floor` each micro-batch holds one: the seat cap then lets one request run at a
+    time, one stage in two idle, as the project's stage scheduler does."""
+    cfg = config(max_num_seqs=1, enable_chunked_prefill=kind == "sarathi")
+    others = PIPELINE_FIXES_OF[kind][:-1]  # its other fixes, not this one
+    with vidur_fixed(others), pytest.raises(SpecViolation) as err:
+        VidurPipeline(kind, cfg).run(LONE)
+    assert err.value.rule == "progress"
+    assert "emptied at tick 0 with ['a', 'b'] unfinished" in str(err.value)
+    assert "waiting ['a', 'b']" in str(err.value)
+    with vidur_fixed(PIPELINE_FIXES_OF[kind]):
+        run = VidurPipeline(kind, cfg).run(LONE)
+        twin = check.twin_run(kind, cfg, LONE)
+    assert (run.decisions, run.finished) == (twin.decisions, twin.finished)
+    assert [d.tick for d in run.decisions] == [0, 2, 4, 6, 8] and run.peak_in_flight == 1
+    assert run.finished == ((6, "a"), (10, "b"))
+
+
+def test_finding_fasterTransformer_holds_a_finished_requests_blocks_in_a_pipeline() -> None:
+    """The one-stage finding (`ft-free-on-finish`) in a pipeline: 'a' finishes at tick 2 while
+    'b', its batch mate, runs on; 'a' keeps its reservation until the batch ends."""
+    if VIDUR_VERSION != "0.0.25":
+        pytest.skip(f"Vidur {VIDUR_VERSION} has no FasterTransformer scheduler")
+    program = [(0, ArRequest("a", 4, 1)), (0, ArRequest("b", 4, 5))]
+    with pytest.raises(SpecViolation) as err:
+        VidurPipeline("ft", config()).run(program)
+    assert err.value.rule == "pipeline_blocks_conserved"
+    assert "'a' (finished) holds 8 blocks" in str(err.value)
+    with vidur_fixed(PIPELINE_FIXES_OF["ft"]):
+        assert VidurPipeline("ft", config()).run(program).finished == ((2, "a"), (10, "b"))
+
+
+# ---------------------------------------------------------------------- seeded bugs
+Mutant = Callable[[VidurPipeline], None]
+
+
+def no_stage_gate(p: VidurPipeline) -> None:
+    """`on_schedule` without its `_num_running_stages == 0` gate: a second batch forms in the
+    tick one stage 0 is busy."""
+    s = p.scheduler
+
+    def on_schedule(time: float) -> Any:
+        if s._num_running_batches >= s._num_stages:
+            return None
+        batch = s._get_next_batch(time)
+        if batch:
+            s._num_running_batches += 1
+            s._num_running_stages += 1
+        return batch or None
+
+    s.on_schedule = on_schedule
+
+
+def _finish_only(p: VidurPipeline) -> Callable[[Any], None]:
+    s = p.scheduler
+
+    def on_batch_end(batch: Any) -> None:
+        s._num_running_batches -= 1
+        for r in batch.requests:
+            if r.completed:
+                s.free(r.id)
+
+    return on_batch_end
+
+
+def back_after_stage_0(p: VidurPipeline) -> None:
+    """A batch's requests are schedulable again once it leaves stage 0, not the last stage."""
+    s = p.scheduler
+    stage_end = s.on_stage_end
+
+    def on_stage_end(stage_id: int, batch_stage: Any) -> None:
+        stage_end(stage_id, batch_stage)
+        if stage_id == 0:
+            s._preempted_requests.extend(batch_stage.requests)
+
+    s.on_stage_end = on_stage_end
+    s.on_batch_end = _finish_only(p)
+
+
+def drop_unfinished(p: VidurPipeline) -> None:
+    """`on_batch_end` frees the finished requests and forgets the rest."""
+    p.scheduler.on_batch_end = _finish_only(p)
+
+
+def free_keeps_count(p: VidurPipeline) -> None:
+    """`free` forgets a request's blocks but not their count (`_num_allocated_blocks`)."""
+    ledger = p.scheduler._allocation_map
+
+    def free(*ids: int) -> None:
+        for i in ids:
+            ledger.pop(i, None)
+
+    p._free = free
+
+
+class _SlowStage:
+    def get_execution_time(self, batch: object, stage: int) -> _ExecutionTime:
+        return _ExecutionTime(2.0, 2.0)
+
+
+def slow_last_stage(p: VidurPipeline) -> None:
+    """The last stage takes two ticks: the next batch waits in its queue."""
+    s = p.scheduler
+    s.get_replica_stage_scheduler(s._num_stages - 1)._execution_time_predictor = _SlowStage()
+
+
+@pytest.mark.parametrize(
+    ("mutant", "rule", "message"),
+    [
+        (no_stage_gate, "one_batch_per_stage", "both run stage 0"),
+        (back_after_stage_0, "one_batch_per_request", "is in batch 0 and in batch 1"),
+        (drop_unfinished, "requests_conserved", "lost ['r5']"),
+        (free_keeps_count, "pipeline_blocks_conserved", "free 8 + held 5 != usable 18"),
+        (slow_last_stage, "stage_cadence", "is in stage 1 at tick 5 (expected it gone after"),
+    ],
+)
+def test_each_pipeline_rule_catches_its_seeded_bug(mutant: Mutant, rule: str, message: str) -> None:
+    """Vidur's vLLM (fixed) with one seeded bug, over the generated programs at 2 stages: the
+    check fails within the first few programs, naming the rule, with the pipeline shown."""
+    with vidur_fixed(PIPELINE_FIXES_OF["vllm"]):
+        for seed in range(20):
+            cfg, requests = check.program("vllm", 2, seed)
+            pipeline = VidurPipeline("vllm", cfg)
+            mutant(pipeline)
+            try:
+                pipeline.run(requests)
+            except SpecViolation as err:
+                assert err.rule == rule and message in str(err), err
+                assert "state:\n    tick " in str(err)
+                return
+    pytest.fail(f"{mutant.__name__} was not caught in 20 programs")
+
+
+def test_an_unrepaired_restart_is_vidurs_own_assertion() -> None:
+    """Without the adapter's repair of vidur's stage counters (`fix_restart=False`), a
+    restarted request makes Vidur's `Request.on_batch_stage_end` assert: `implementation_error`
+    naming the event."""
+    with vidur_fixed(PIPELINE_FIXES_OF["vllm"]):
+        for seed in range(200):
+            cfg, requests = check.program("vllm", 2, seed)
+            run = VidurPipeline("vllm", cfg).run(requests)
+            if any(d.restarted for d in run.decisions):
+                break
+        else:
+            pytest.fail("no program of 200 restarts a request")
+        with pytest.raises(SpecViolation) as err:
+            VidurPipeline("vllm", cfg, fix_restart=False).run(requests)
+    assert err.value.rule == "implementation_error"
+    assert "raised AssertionError" in str(err.value) and "BatchStageEndEvent" in str(err.value)
+
+
+# ---------------------------------------------------------------------- clear errors
+def test_configurations_and_programs_it_cannot_run_are_typed_errors() -> None:
+    with pytest.raises(ConfigError, match="one of vllm, sarathi, orca, ft"):
+        VidurPipeline("lightllm", config(block_size=1))
+    with pytest.raises(ConfigError, match=r"num_stages=3.*not divisible"):
+        VidurPipeline("vllm", config(num_stages=3))
+    with pytest.raises(ConfigOutsideProfile):
+        VidurPipeline("vllm", config(enable_prefix_caching=True))
+    with pytest.raises(ConfigError, match="num_replicas"):
+        VidurPipeline("vllm", config(num_replicas=2))
+    pipeline = VidurPipeline("vllm", config())
+    with pytest.raises(DuplicateRequest):
+        pipeline.run([(0, ArRequest("a", 4, 2)), (1, ArRequest("a", 3, 1))])
+    with pytest.raises(RequestError, match="max_model_len"):
+        pipeline.run([(0, ArRequest("a", 40, 2))])
+    with pytest.raises(ConfigError, match="arrival tick"):
+        pipeline.run([(-1, ArRequest("a", 4, 2))])
+    pipeline.run([(0, ArRequest("a", 4, 2))])  # nothing above changed it
+    with pytest.raises(ConfigError, match="one program per VidurPipeline"):
+        pipeline.run([(0, ArRequest("b", 4, 2))])
+
+
+# ---------------------------------------------------------------------- the script
+def script(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "scripts/vidur_pipeline_check.py", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_script_passes_fixed_and_fails_as_released_naming_the_finding() -> None:
+    fixed = script("--kinds", "vllm,sarathi", "--programs", "40")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "vllm       2       40        40      -" in fixed.stdout
+    released = script("--kinds", "sarathi", "--stages", "4", "--programs", "40", "--as-released")
+    assert released.returncode == 1, released.stdout + released.stderr
+    assert "sarathi, 4 stages, seed" in released.stdout and "[progress]" in released.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stages", "two"], "--stages: comma-separated integers"),
+        (["--kinds", "lightllm"], "--kinds: ['lightllm'] unknown"),
+        (["--programs", "0"], "must be positive"),
+        (["--stages", "3", "--programs", "1"], "error: invalid num_stages=3"),
+    ],
+)
+def test_the_script_refuses_bad_arguments_in_one_line(argv: list[str], message: str) -> None:
+    result = script(*argv)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_newest_release_runs_its_pipelines_too() -> None:
+    """vidur 0.0.26 (vLLM and Sarathi; it dropped Orca and FasterTransformer): fixed, every
+    program passes; as released, the finding."""
+    require_engine(
+        manifest_of("0.0.26"),
+        "vidur",
+        "Vidur",
+        command="SCHEDSPEC_VIDUR_VERSION=0.0.26 schedspec install-engines vidur",
+    )
+    env = {**os.environ, "SCHEDSPEC_VIDUR_VERSION": "0.0.26"}
+    fixed = script("--kinds", "vllm,sarathi", "--programs", "40", env=env)
+    assert fixed.returncode == 0 and "Vidur 0.0.26, with its fixes" in fixed.stdout, fixed.stdout
+    released = script("--kinds", "vllm", "--programs", "40", "--as-released", env=env)
+    assert released.returncode == 1 and "[progress]" in released.stdout, released.stdout

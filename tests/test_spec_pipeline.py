@@ -1,0 +1,104 @@
+"""`spec.ar.pipeline`: the rules of a pipelined replica, each broken by a hand-made snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from spec.ar.pipeline import (
+    PIPELINE_RULES,
+    BatchInFlight,
+    PipelineRule,
+    PipelineSnapshot,
+    check_pipeline,
+)
+from spec.errors import SpecViolation
+
+# tick 5 of 3 stages: batch 4 (formed at 5) runs stage 0, batch 3 (formed at 4) stage 1
+GOOD = PipelineSnapshot(
+    tick=5,
+    num_stages=3,
+    batches=(BatchInFlight(4, 5, 0, ("a",)), BatchInFlight(3, 4, 1, ("b", "c"))),
+    waiting=("d",),
+    pending=("e",),
+    finished=("f",),
+    aborted=("g",),
+    submitted=frozenset("abcdefg"),
+    held_blocks={"a": 2, "b": 1, "c": 1, "e": 3, "d": 0},
+    free_blocks=3,
+    usable_blocks=10,
+)
+
+
+def broken(snapshot: PipelineSnapshot) -> SpecViolation:
+    with pytest.raises(SpecViolation) as err:
+        check_pipeline(snapshot)
+    return err.value
+
+
+def test_a_pipeline_that_keeps_every_rule_passes() -> None:
+    check_pipeline(GOOD)
+    assert set(PIPELINE_RULES) == set(PipelineRule)
+
+
+@pytest.mark.parametrize(
+    ("batches", "message"),
+    [
+        # formed 3 ticks ago with 3 stages: it should have left
+        (
+            (BatchInFlight(1, 2, 2, ("a",)),),
+            "in stage 2 at tick 5 (expected it gone after stage 2)",
+        ),
+        # formed at tick 4 but still in stage 0 (it waited in a stage queue)
+        ((BatchInFlight(3, 4, 0, ("a",)),), "is in stage 0 at tick 5 (expected stage 1)"),
+        # formed in the future
+        ((BatchInFlight(5, 6, 0, ("a",)),), "(formed after the tick it is seen in)"),
+    ],
+)
+def test_stage_cadence(batches: tuple[BatchInFlight, ...], message: str) -> None:
+    err = broken(dataclasses.replace(GOOD, batches=batches, submitted=frozenset("adefg")))
+    assert err.rule == PipelineRule.STAGE_CADENCE and message in str(err), err
+    assert "tick 5, 3 stages" in str(err)  # the snapshot comes with the message
+
+
+def test_one_batch_per_stage() -> None:
+    two = (BatchInFlight(4, 5, 0, ("a",)), BatchInFlight(5, 5, 0, ("b", "c")))
+    err = broken(dataclasses.replace(GOOD, batches=two))
+    assert err.rule == PipelineRule.ONE_BATCH_PER_STAGE
+    assert "batches 4 and 5 both run stage 0" in str(err)
+
+
+def test_one_batch_per_request() -> None:
+    twice = (BatchInFlight(4, 5, 0, ("a", "b")), BatchInFlight(3, 4, 1, ("b", "c")))
+    err = broken(dataclasses.replace(GOOD, batches=twice))
+    assert err.rule == PipelineRule.ONE_BATCH_PER_REQUEST
+    assert "'b' is in batch 4 and in batch 3" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pending": ("e", "a")}, "'a' is both batch 4 and pending"),
+        ({"waiting": ("d", "f")}, "'f' is both waiting and finished"),
+        ({"pending": ()}, "lost ['e']"),
+        ({"aborted": ("g", "h")}, "unknown ['h']"),
+    ],
+)
+def test_requests_conserved(change: dict[str, object], message: str) -> None:
+    err = broken(dataclasses.replace(GOOD, **change))  # type: ignore[arg-type]
+    assert err.rule == PipelineRule.REQUESTS_CONSERVED and message in str(err), err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"free_blocks": 4}, "free 4 + held 7 != usable 10"),
+        ({"held_blocks": {**GOOD.held_blocks, "f": 1}, "free_blocks": 2}, "'f' (finished)"),
+        ({"held_blocks": {**GOOD.held_blocks, "d": 1}, "free_blocks": 2}, "'d' (waiting)"),
+        ({"held_blocks": {**GOOD.held_blocks, "x": 1}, "free_blocks": 2}, "'x' (unknown)"),
+    ],
+)
+def test_pipeline_blocks_conserved(change: dict[str, object], message: str) -> None:
+    err = broken(dataclasses.replace(GOOD, **change))  # type: ignore[arg-type]
+    assert err.rule == PipelineRule.PIPELINE_BLOCKS_CONSERVED and message in str(err), err
