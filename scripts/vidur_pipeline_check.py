@@ -1,23 +1,27 @@
-"""Vidur's REAL replica schedulers with several pipeline stages, in Vidur's own event loop
-(`integrations.vidur.pipeline`): generated programs, every tick checked against
-`spec.ar.pipeline`, and every decision compared with the project's stage scheduler
-(`reference.ar.stages`) over the scheduler's decision twin.
+"""Vidur's REAL replica schedulers with several pipeline stages (and replicas), in Vidur's own
+event loop (`integrations.vidur.pipeline`): generated programs, every tick of every replica
+checked against `spec.ar.pipeline`, every routing round against `spec.ar.routing`, and every
+decision of each replica compared with the project's stage scheduler (`reference.ar.stages`)
+over the scheduler's decision twin, given the requests Vidur routed to that replica.
 
     .venv/bin/python scripts/vidur_pipeline_check.py [--kinds vllm,sarathi,orca,ft] \
-        [--stages 2,4] [--programs 300] [--as-released] [--json out.json]
+        [--stages 2,4] [--replicas 1] [--routing round_robin|lor] [--programs 300] \
+        [--as-released] [--json out.json]
 
 By default each scheduler runs with the fixes of its findings (`PIPELINE_FIXES_OF`);
 `--as-released` runs Vidur as it ships. A program: a pool of 1.5-3x one max_model_len request's
 blocks (Orca and FasterTransformer: plus their reservations), 1-8 seats (so some have fewer
 seats than stages), a token budget of 32-64, blocks of 1, 2 or 4 tokens, and 2-10 requests of
-1-20 prompt and 1-10 output tokens arriving at ticks 0-6. Prints a table (programs, passed,
-violations by rule, twin differences, seconds) and the first failure's message per scheduler
-and stage count; exit 0 when every program passes, 1 otherwise, 2 for bad arguments.
+1-20 prompt and 1-10 output tokens arriving at ticks 0-6 (up to 10 per replica with several).
+Prints a table (programs, passed, violations by rule, twin differences, seconds) and the first
+failure's message per scheduler and stage count; exit 0 when every program passes, 1
+otherwise, 2 for bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -31,6 +35,7 @@ from reference.ar.stages import StageScheduler
 from schedspec_cli.output import output_file, table, write_json
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArFinished, ArPreempted, ArScheduled
+from spec.ar.routing import ROUTINGS
 from spec.errors import SchedSpecError, SpecViolation
 
 #: The project's stage scheduler runs each real class's decision twin (tests/test_real_vidur.py)
@@ -45,9 +50,10 @@ MAX_MODEL_LEN = 32
 Program = tuple[ArConfig, list[tuple[int, ArRequest]]]
 
 
-def program(kind: str, stages: int, seed: int) -> Program:
-    """The generated program `seed` for `kind` at `stages` stages (module docstring)."""
-    rng = random.Random(f"{kind}/{stages}/{seed}")
+def program(kind: str, stages: int, seed: int, replicas: int = 1) -> Program:
+    """The generated program `seed` for `kind` at `stages` stages and `replicas` replicas
+    (module docstring)."""
+    rng = random.Random(f"{kind}/{stages}/{seed}" + (f"/{replicas}" if replicas > 1 else ""))
     block = rng.choice([1, 2, 4])
     per_request = MAX_MODEL_LEN // block
     blocks = rng.randint(per_request * 3 // 2, 3 * per_request)
@@ -60,19 +66,20 @@ def program(kind: str, stages: int, seed: int) -> Program:
         max_num_batched_tokens=rng.randint(MAX_MODEL_LEN, 2 * MAX_MODEL_LEN),
         max_model_len=MAX_MODEL_LEN,
         num_stages=stages,
+        num_replicas=replicas,
         enable_chunked_prefill=kind == "sarathi",
     )
     requests = [
         (rng.randint(0, 6), ArRequest(f"r{i}", rng.randint(1, 20), rng.randint(1, 10)))
-        for i in range(rng.randint(2, 10))
+        for i in range(rng.randint(2, 10 * replicas))
     ]
     return config, sorted(requests, key=lambda arrival: arrival[0])
 
 
 def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]]) -> PipelineRun:
-    """The program through `StageScheduler` over `TWIN_OF[kind]`, as a `PipelineRun`: each
-    request submitted before the tick it arrives at; a finish at the end of tick t is Vidur's
-    `BatchEndEvent` at time t + 1."""
+    """The program through one `StageScheduler` over `TWIN_OF[kind]` (one replica), as a
+    `PipelineRun`: each request submitted before the tick it arrives at; a finish at the end of
+    tick t is Vidur's `BatchEndEvent` at time t + 1."""
     decided: dict[int, tuple[list[tuple[str, int]], list[str]]] = {}
     finished: list[tuple[int, str]] = []
     ticks = [0]  # the tick the twin runs now
@@ -86,7 +93,7 @@ def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]])
         elif isinstance(event, ArFinished):
             finished.append((tick + 1, event.request_id))
 
-    stages = StageScheduler(config, sink, TWIN_OF[kind])
+    stages = StageScheduler(config.replace(num_replicas=1), sink, TWIN_OF[kind])
     waiting = list(requests)
     checked = peak = 0
     while waiting or not stages.is_idle():
@@ -97,33 +104,49 @@ def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]])
         stages.check_pipeline()
         checked += 1
         peak = max(peak, stages.peak_in_flight)
-    decisions = tuple(PipelineTick(t, tuple(s), tuple(r)) for t, (s, r) in sorted(decided.items()))
-    return PipelineRun(decisions, tuple(finished), stages.tick, peak, checked)
+    decisions = tuple(
+        PipelineTick(t, 0, tuple(s), tuple(r)) for t, (s, r) in sorted(decided.items())
+    )
+    routes = tuple((request.request_id, 0) for _, request in requests)
+    return PipelineRun(decisions, routes, tuple(finished), stages.tick, peak, checked)
 
 
-def first_difference(real: PipelineRun, twin: PipelineRun) -> str | None:
-    """Where the real run and its twin first decide differently, in words; None when alike."""
-    for mine, theirs in zip(real.decisions, twin.decisions, strict=False):
-        if mine != theirs:
-            return f"Vidur {mine} / twin {theirs}"
-    if len(real.decisions) != len(twin.decisions):
-        return f"Vidur decides {len(real.decisions)} ticks, the twin {len(twin.decisions)}"
-    if real.finished != twin.finished:
-        return f"finishes: Vidur {real.finished}, twin {twin.finished}"
+def first_difference(real: PipelineRun, replica: int, twin: PipelineRun) -> str | None:
+    """Where `replica` of the real run and its twin first decide differently, in words; None
+    when alike."""
+    mine = [dataclasses.replace(d, replica=0) for d in real.of_replica(replica)]
+    where = f"replica {replica}: " if len({r for _, r in real.routes}) > 1 else ""
+    for ours, theirs in zip(mine, twin.decisions, strict=False):
+        if ours != theirs:
+            return f"{where}Vidur {ours} / twin {theirs}"
+    if len(mine) != len(twin.decisions):
+        return f"{where}Vidur decides {len(mine)} ticks, the twin {len(twin.decisions)}"
+    routed = {rid for rid, r in real.routes if r == replica}
+    finished = tuple((t, rid) for t, rid in real.finished if rid in routed)
+    if finished != twin.finished:
+        return f"{where}finishes: Vidur {finished}, twin {twin.finished}"
     return None
 
 
-def check_one(kind: str, stages: int, seed: int) -> str | None:
+def check_one(
+    kind: str, stages: int, seed: int, replicas: int = 1, routing: str = "round_robin"
+) -> str | None:
     """Program `seed` on the real class (fixes as the caller applied them): None when every
-    tick keeps the pipeline rules and every decision is the twin's; else the rule (or
-    `twin_decisions`) and its message."""
-    config, requests = program(kind, stages, seed)
+    tick keeps the pipeline rules, every round the routing, and every replica decides as its
+    twin given the requests Vidur routed to it; else the rule (or `twin_decisions`) and its
+    message."""
+    config, requests = program(kind, stages, seed, replicas)
     try:
-        real = VidurPipeline(kind, config).run(requests)
+        real = VidurPipeline(kind, config, routing=routing).run(requests)
     except SpecViolation as err:
         return f"{err.rule}: {err}"
-    difference = first_difference(real, twin_run(kind, config, requests))
-    return None if difference is None else f"twin_decisions: {difference}"
+    replica_of = dict(real.routes)
+    for replica in range(replicas):
+        mine = [(t, r) for t, r in requests if replica_of[r.request_id] == replica]
+        difference = first_difference(real, replica, twin_run(kind, config, mine))
+        if difference is not None:
+            return f"twin_decisions: {difference}"
+    return None
 
 
 def _csv(text: str) -> list[str]:
@@ -134,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vidur_pipeline_check.py")
     parser.add_argument("--kinds", type=_csv, default=list(PIPELINE_KINDS))
     parser.add_argument("--stages", type=_csv, default=["2", "4"])
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--routing", choices=ROUTINGS, default="round_robin")
     parser.add_argument("--programs", type=int, default=300)
     parser.add_argument("--as-released", action="store_true", help="no fixes")
     parser.add_argument("--json", type=output_file, default=None)
@@ -145,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(args.kinds) - set(PIPELINE_KINDS))
     if unknown:
         parser.error(f"--kinds: {unknown} unknown; choose from {','.join(PIPELINE_KINDS)}")
-    if args.programs < 1 or min(stage_counts, default=0) < 1:
-        parser.error("--programs and --stages must be positive")
+    if args.programs < 1 or args.replicas < 1 or min(stage_counts, default=0) < 1:
+        parser.error("--programs, --replicas and --stages must be positive")
     rows: list[list[object]] = []
     figures: list[dict[str, object]] = []
     messages: list[str] = []
@@ -159,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 with vidur_fixed(fixes):
                     for seed in range(args.programs):
-                        failure = check_one(kind, stages, seed)
+                        failure = check_one(kind, stages, seed, args.replicas, args.routing)
                         outcomes[failure.split(":")[0] if failure else "passed"] += 1
                         if failure and first is None:
                             first = f"{kind}, {stages} stages, seed {seed}: {failure}"
@@ -182,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {
                     "kind": kind,
                     "stages": stages,
+                    "replicas": args.replicas,
+                    "routing": args.routing,
                     "programs": args.programs,
                     "passed": outcomes["passed"],
                     "failed": failed,
@@ -192,7 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if first:
                 messages.append(first)
-    print(f"Vidur {VIDUR_VERSION}, {'as released' if args.as_released else 'with its fixes'}")
+    label = "as released" if args.as_released else "with its fixes"
+    cluster = f", {args.replicas} replicas ({args.routing})" if args.replicas > 1 else ""
+    print(f"Vidur {VIDUR_VERSION}, {label}{cluster}")
     print(table(["scheduler", "stages", "programs", "passed", "failed", "s"], rows))
     for message in messages:
         print(message)

@@ -7,7 +7,10 @@ every decision compared with the project's stage scheduler (`scripts/vidur_pipel
 - Finding: Vidur's vLLM and Sarathi split `batch_size_cap` over the stages with a floor
   division, so with fewer seats than stages no batch is ever formed (`progress`);
   `micro-batch-floor` is the candidate fix.
-- Each pipeline rule has a seeded bug in Vidur's classes that the check catches.
+- Behind Vidur's real global scheduler (round robin, least outstanding requests), three
+  replicas route as `spec.ar.routing` says and each decides as its twin.
+- Each pipeline rule, and the routing rule, has a seeded bug in Vidur's classes that the check
+  catches.
 
 Needs `schedspec install-engines vidur` (skipped with SCHEDSPEC_SKIP_ENGINES=1).
 """
@@ -172,7 +175,7 @@ def free_keeps_count(p: VidurPipeline) -> None:
         for i in ids:
             ledger.pop(i, None)
 
-    p._free = free
+    p._frees[0] = free
 
 
 class _SlowStage:
@@ -213,6 +216,76 @@ def test_each_pipeline_rule_catches_its_seeded_bug(mutant: Mutant, rule: str, me
     pytest.fail(f"{mutant.__name__} was not caught in 20 programs")
 
 
+# ---------------------------------------------------------------------- several replicas
+@pytest.mark.parametrize("routing", ["round_robin", "lor"])
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("kind", PIPELINE_KINDS)
+def test_replicas_route_as_vidurs_global_scheduler_says_and_decide_as_their_twins(
+    kind: str, stages: int, routing: str
+) -> None:
+    """Three replicas behind Vidur's real global scheduler: every routing round is the
+    routing's (`routing_order`), every replica keeps the pipeline rules and decides as its twin
+    given the requests routed to it. 40 programs each (2,000 each passed once, docs)."""
+    if kind in ("orca", "ft") and VIDUR_VERSION != "0.0.25":
+        pytest.skip(f"Vidur {VIDUR_VERSION} has no {kind} scheduler")
+    with vidur_fixed(PIPELINE_FIXES_OF[kind]):
+        for seed in range(40):
+            assert check.check_one(kind, stages, seed, 3, routing) is None, seed
+
+
+def lor_picks_the_busiest(p: VidurPipeline) -> None:
+    """LOR sends each request to the replica with the most waiting requests."""
+    glob = p.global_scheduler
+
+    def schedule() -> list[tuple[Any, Any]]:
+        glob.sort_requests()
+        waiting = {s.replica_id: s.num_pending_requests for s in glob._replica_schedulers.values()}
+        mapping = []
+        while glob._request_queue:
+            replica = max(waiting.items(), key=lambda item: item[1])[0]
+            waiting[replica] += 1
+            mapping.append((replica, glob._request_queue.pop(0)))
+        return mapping
+
+    glob.schedule = schedule
+
+
+def round_robin_skips_a_turn(p: VidurPipeline) -> None:
+    """Round robin advances its counter twice for the first request of every round."""
+    glob = p.global_scheduler
+    schedule = glob.schedule
+
+    def skipping() -> list[tuple[Any, Any]]:
+        if glob._request_queue:
+            glob._request_counter += 1
+        mapping: list[tuple[Any, Any]] = schedule()
+        return mapping
+
+    glob.schedule = skipping
+
+
+@pytest.mark.parametrize(
+    ("routing", "mutant", "message"),
+    [
+        ("lor", lor_picks_the_busiest, "lor;"),
+        ("round_robin", round_robin_skips_a_turn, "round_robin;"),
+    ],
+)
+def test_the_routing_rule_catches_a_seeded_bug(routing: str, mutant: Mutant, message: str) -> None:
+    with vidur_fixed(PIPELINE_FIXES_OF["vllm"]):
+        for seed in range(20):
+            cfg, requests = check.program("vllm", 1, seed, 3)
+            pipeline = VidurPipeline("vllm", cfg, routing=routing)
+            mutant(pipeline)
+            try:
+                pipeline.run(requests)
+            except SpecViolation as err:
+                assert err.rule == "routing_order" and message in str(err), err
+                assert "went to replica" in str(err) and "waiting per replica [" in str(err)
+                return
+    pytest.fail(f"{mutant.__name__} was not caught in 20 programs")
+
+
 def test_an_unrepaired_restart_is_vidurs_own_assertion() -> None:
     """Without the adapter's repair of vidur's stage counters (`fix_restart=False`), a
     restarted request makes Vidur's `Request.on_batch_stage_end` assert: `implementation_error`
@@ -239,8 +312,8 @@ def test_configurations_and_programs_it_cannot_run_are_typed_errors() -> None:
         VidurPipeline("vllm", config(num_stages=3))
     with pytest.raises(ConfigOutsideProfile):
         VidurPipeline("vllm", config(enable_prefix_caching=True))
-    with pytest.raises(ConfigError, match="num_replicas"):
-        VidurPipeline("vllm", config(num_replicas=2))
+    with pytest.raises(ConfigError, match="routing='random'"):
+        VidurPipeline("vllm", config(num_replicas=2), routing="random")
     pipeline = VidurPipeline("vllm", config())
     with pytest.raises(DuplicateRequest):
         pipeline.run([(0, ArRequest("a", 4, 2)), (1, ArRequest("a", 3, 1))])
@@ -280,6 +353,7 @@ def test_the_script_passes_fixed_and_fails_as_released_naming_the_finding() -> N
         (["--stages", "two"], "--stages: comma-separated integers"),
         (["--kinds", "lightllm"], "--kinds: ['lightllm'] unknown"),
         (["--programs", "0"], "must be positive"),
+        (["--routing", "random"], "invalid choice: 'random'"),
         (["--stages", "3", "--programs", "1"], "error: invalid num_stages=3"),
     ],
 )

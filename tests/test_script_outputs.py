@@ -40,6 +40,7 @@ OUTPUTS = [
     ("vllm_shrink", "--json"),
     ("vllm_differential", "--json"),
     ("vllm_whole_canvas_cost", "--json"),
+    ("vidur_pipeline_check", "--json"),
 ]
 # (script, output flag) of the scripts whose output is a directory
 OUTPUT_DIRS = [("device_run", "--out")]

@@ -156,28 +156,31 @@ def load() -> VidurClasses:
 
 @dataclass(frozen=True, slots=True)
 class VidurEventLoop:
-    """Vidur's own event classes and a global scheduler (untyped: Vidur ships no annotations)."""
+    """Vidur's own event classes and global schedulers (untyped: Vidur ships no annotations)."""
 
     RequestArrivalEvent: Any  # the first event of a request; the rest follow from it
-    RoundRobinGlobalScheduler: Any
-    first_replica: Any  # how the global scheduler names replica 0: 0, or 0.0.26's ReplicaId(0)
+    global_schedulers: dict[str, Any]  # routing ("round_robin", "lor") -> its class
+    replica_id: Any  # how Vidur names replica i: int, or 0.0.26's ReplicaId
 
 
 @functools.cache
 def load_event_loop() -> VidurEventLoop:
-    """`load`, then Vidur's event classes (`vidur.events`) and its round-robin global scheduler,
-    with placeholders for the metrics store's imports too (`EVENT_LOOP_STUBBED_ROOTS`)."""
+    """`load`, then Vidur's event classes (`vidur.events`) and its round-robin and
+    least-outstanding-requests global schedulers, with placeholders for the metrics store's
+    imports too (`EVENT_LOOP_STUBBED_ROOTS`)."""
     load()
+    package = "vidur.scheduler.global_scheduler"
     with MANIFEST.importing(), stubbed_imports(EVENT_LOOP_STUBBED_ROOTS):
         events = importlib.import_module("vidur.events")
-        global_scheduler = importlib.import_module(
-            "vidur.scheduler.global_scheduler.round_robin_global_scheduler"
-        )
-    replica_id = getattr(global_scheduler, "ReplicaId", int)  # 0.0.26 types its replica ids
+        round_robin = importlib.import_module(f"{package}.round_robin_global_scheduler")
+        lor = importlib.import_module(f"{package}.lor_global_scheduler")
     return VidurEventLoop(
         RequestArrivalEvent=events.RequestArrivalEvent,
-        RoundRobinGlobalScheduler=global_scheduler.RoundRobinGlobalScheduler,
-        first_replica=replica_id(0),
+        global_schedulers={
+            "round_robin": round_robin.RoundRobinGlobalScheduler,
+            "lor": lor.LORGlobalScheduler,
+        },
+        replica_id=getattr(round_robin, "ReplicaId", int),  # 0.0.26 types its replica ids
     )
 
 

@@ -1,15 +1,16 @@
-"""`VidurPipeline`: one of Vidur's REAL replica schedulers with several pipeline stages, run by
-Vidur's own event loop and checked against `spec.ar.pipeline` after every tick.
+"""`VidurPipeline`: Vidur's REAL replica schedulers, with several pipeline stages and several
+replicas, run by Vidur's own event loop and checked after every tick against `spec.ar.pipeline`
+(each replica) and `spec.ar.routing` (the global scheduler).
 
-What runs for real (vidur 0.0.25, or 0.0.26 with `SCHEDSPEC_VIDUR_VERSION`): the replica
-scheduler built by its own `__init__` with `num_stages` = `config.num_stages` (its `on_schedule`
-gate: fewer than S batches running and stage 0 free; its micro-batch size `batch_size_cap // S`),
-its S `ReplicaStageScheduler`s, the `Batch`, `BatchStage` and `Request` entities, Vidur's event
-classes (`RequestArrivalEvent` -> `GlobalScheduleEvent` -> `ReplicaScheduleEvent` ->
-`BatchStageArrivalEvent` -> `ReplicaStageScheduleEvent` -> `BatchStageEndEvent` -> ... ->
-`BatchEndEvent`), handled in the order Vidur's `Simulator.run` handles them (a heap of each
-event's `_priority_number`, every arrival pushed before the run), and the round-robin global
-scheduler's `schedule` over the one replica.
+What runs for real (vidur 0.0.25, or 0.0.26 with `SCHEDSPEC_VIDUR_VERSION`): `num_replicas`
+replica schedulers, each built by its own `__init__` with `num_stages` = `config.num_stages`
+(its `on_schedule` gate: fewer than S batches running and stage 0 free; its micro-batch size
+`batch_size_cap // S`) and its S `ReplicaStageScheduler`s; the `Batch`, `BatchStage` and
+`Request` entities; Vidur's event classes (`RequestArrivalEvent` -> `GlobalScheduleEvent` ->
+`ReplicaScheduleEvent` -> `BatchStageArrivalEvent` -> `ReplicaStageScheduleEvent` ->
+`BatchStageEndEvent` -> ... -> `BatchEndEvent`), handled in the order Vidur's `Simulator.run`
+handles them (a heap of each event's `_priority_number`, every arrival pushed before the run);
+and the global scheduler's `schedule`: round robin or least outstanding requests (LOR).
 
 Stand-ins and private state, each with why:
 
@@ -19,25 +20,29 @@ Stand-ins and private state, each with why:
 - the metrics store: `_NoMetrics` records nothing (Vidur's plots with plotly and logs to W&B);
   its module's imports are placeholders (`engine.EVENT_LOOP_STUBBED_ROOTS`);
 - the global scheduler is made without its `__init__`, which builds an execution-time
-  predictor and one replica scheduler per replica from a `SimulationConfig`: its
-  `_replica_schedulers` (replica 0: the replica scheduler), `_num_replicas`, `_request_queue` and
-  `_request_counter` are set instead;
+  predictor and the replica schedulers from a `SimulationConfig`: its `_replica_schedulers`,
+  `_num_replicas`, `_request_queue` and `_request_counter` are set instead;
+- each replica scheduler's `_replica_id` is set to its index: Vidur numbers replicas with a
+  class counter, from 0 in a fresh process, and its global schedulers name replicas by
+  `replica_id` (LOR) or by index (round robin), which agree only then;
 - a request arrives at the tick it is given (its `RequestArrivalEvent` time); its `arrived_at`,
   which Vidur's schedulers sort by, is its index in the program (as `VidurAdapter`'s), so two
   requests arriving at one tick keep the program's order;
-- `free` is wrapped on the instance to see restarts (a freed request whose `num_restarts` grew)
-  in the order they happen and to reset vidur's stage counters after one (see
+- `free` is wrapped on each instance to see restarts (a freed request whose `num_restarts`
+  grew) in the order they happen and to reset vidur's stage counters after one (see
   `integrations.vidur.adapter`: without it a restarted request raises AssertionError);
 - read only: `_allocation_map` and `_num_allocated_blocks` (the KV ledger),
-  `get_pending_requests()`, `_preempted_requests` and FasterTransformer's `_preempted_batches`
-  (the requests between batches), and the handled events' `_batch`, `_batch_stage` and
-  `_stage_id` (which batch formed, and which stage each batch runs), and a handled
-  `RequestArrivalEvent`'s `_request` (the snapshot's submitted requests are those arrived).
+  `get_pending_requests()` and `num_pending_requests`, `_preempted_requests` and
+  FasterTransformer's `_preempted_batches` (the requests between batches), and the handled
+  events' `_replica_id`, `_batch`, `_batch_stage`, `_stage_id`, `_request` and
+  `_request_mapping` (which batch formed where, which stage each batch runs, which request
+  arrived and where the global scheduler sent it).
 
-A snapshot of the pipeline (`spec.ar.pipeline.PipelineSnapshot`) is read from those after all
-events of a tick are handled, and `check_pipeline` checks it. A run ends when every request has
-finished; if Vidur's event queue empties first, that is `progress` (Vidur's own simulator then
-asserts "Simulation ended with pending requests").
+After all events of a tick, a snapshot of each replica (`spec.ar.pipeline.PipelineSnapshot`) is
+read from those and checked (`check_pipeline`); each routing round is checked as it happens
+(`spec.ar.routing.check_routing`). A run ends when every request has finished; if Vidur's event
+queue empties first, that is `progress` (Vidur's own simulator then asserts "Simulation ended
+with pending requests").
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from typing import Any
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
+from spec.ar.routing import ROUTINGS, check_routing
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecViolation
 
 #: The schedulers whose pipelines run here. LightLLM asserts one stage itself; Mnemosyne's
@@ -58,10 +64,10 @@ from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecVio
 PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft")
 
 
-def check_pipeline_config(kind: str, config: ArConfig) -> None:
+def check_pipeline_config(kind: str, config: ArConfig, routing: str = "round_robin") -> None:
     """Refuse, with a `ConfigError` naming the field, what a Vidur `kind` pipeline cannot run:
-    another kind, or the profile's space (FCFS, no prefix cache, ...) at `config.num_stages`
-    stages, or several replicas."""
+    another kind or routing, or the profile's space (FCFS, no prefix cache, ...) at
+    `config.num_stages` stages."""
     if kind not in PIPELINE_KINDS:
         raise ConfigError(
             "kind",
@@ -69,38 +75,46 @@ def check_pipeline_config(kind: str, config: ArConfig) -> None:
             f"one of {', '.join(PIPELINE_KINDS)} (LightLLM runs one stage; Mnemosyne's "
             "pipeline is not checked)",
         )
+    if routing not in ROUTINGS:
+        raise ConfigError("routing", routing, f"one of {', '.join(ROUTINGS)}")
     space = dataclasses.replace(PROFILES[kind].space, stages=frozenset({config.num_stages}))
     space.check(config)
-    if config.num_replicas != 1:
-        raise ConfigError("num_replicas", config.num_replicas, "1: one replica scheduler")
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineTick:
-    """What the replica scheduler decided in one tick: the batch it formed, as (request id,
+    """What one replica's scheduler decided in one tick: the batch it formed, as (request id,
     tokens) in batch order, and the requests it restarted, in order."""
 
     tick: int
+    replica: int
     scheduled: tuple[tuple[str, int], ...]
     restarted: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineRun:
-    """A finished run: its decisions (ticks that formed a batch or restarted a request), its
-    finishes as (tick, request id) in order, the last tick, the most batches in flight at once
-    and the number of snapshots checked."""
+    """A finished run: its decisions (per replica, the ticks that formed a batch or restarted a
+    request, in tick then replica order), its routes ((request id, replica) in routing order),
+    its finishes as (tick, request id) in order, the last tick, the most batches in flight at
+    once on one replica and the number of replica snapshots checked."""
 
     decisions: tuple[PipelineTick, ...]
+    routes: tuple[tuple[str, int], ...]
     finished: tuple[tuple[int, str], ...]
     ticks: int
     peak_in_flight: int
     snapshots_checked: int
 
+    def of_replica(self, replica: int) -> tuple[PipelineTick, ...]:
+        """The decisions of one replica."""
+        return tuple(d for d in self.decisions if d.replica == replica)
+
 
 @dataclass(slots=True)
 class _Batch:
     batch_id: int
+    replica: int
     formed_at: int
     stage: int
     vidur: Any  # vidur.entities.Batch
@@ -124,55 +138,68 @@ class _NoMetrics:
 
 
 class VidurPipeline:
-    """A real Vidur `kind` replica scheduler with `config.num_stages` stages, in Vidur's loop."""
+    """`config.num_replicas` real Vidur `kind` replica schedulers of `config.num_stages` stages
+    each, behind Vidur's `routing` global scheduler, in Vidur's event loop."""
 
     def __init__(
         self,
         kind: str,
         config: ArConfig,
         *,
+        routing: str = "round_robin",
         fix_restart: bool = True,
         on_snapshot: Callable[[PipelineSnapshot], None] = check_pipeline,
     ) -> None:
         """`ConfigError` for what `check_pipeline_config` refuses, or a stage count Vidur's model
         cannot split (its layers must divide evenly); `EngineNotInstalled` without Vidur.
-        `on_snapshot` sees every tick's snapshot (default: `check_pipeline`)."""
-        check_pipeline_config(kind, config)
+        `on_snapshot` sees every tick's snapshot of every replica (default: `check_pipeline`)."""
+        check_pipeline_config(kind, config, routing)
         from integrations.vidur import MANIFEST, engine, replica_scheduler
 
         MANIFEST.require_shipped(f"real-vidur-{kind}")
         vidur = engine.load()
         loop = engine.load_event_loop()
-        try:
-            self.scheduler: Any = replica_scheduler(kind, config, vidur)
-        except AssertionError as exc:  # Vidur's ReplicaConfig: the layers split evenly
-            raise ConfigError(
-                "num_stages", config.num_stages, f"a stage count Vidur's model allows ({exc})"
-            ) from None
         self.kind = kind
         self.config = config
+        self.routing = routing
         self.fix_restart = fix_restart
         self.on_snapshot = on_snapshot
+        self.schedulers: list[Any] = []
+        self._frees: list[Callable[..., None]] = []  # each replica's own `free`
+        self._index: dict[Any, int] = {}  # Vidur's replica id -> replica index
+        for i in range(config.num_replicas):
+            try:
+                scheduler = replica_scheduler(kind, config, vidur)
+            except AssertionError as exc:  # Vidur's ReplicaConfig: the layers split evenly
+                raise ConfigError(
+                    "num_stages", config.num_stages, f"a stage count Vidur's model allows ({exc})"
+                ) from None
+            scheduler._replica_id = loop.replica_id(i)  # (module docstring)
+            self._index[scheduler._replica_id] = i
+            self._frees.append(scheduler.free)
+            scheduler.free = self._free_wrapper(i)
+            self.schedulers.append(scheduler)
+        self.scheduler: Any = self.schedulers[0]  # the first (or only) replica's scheduler
         self._request_cls = vidur.Request
         self._arrival_event = loop.RequestArrivalEvent
         # the global scheduler without its __init__ (module docstring)
-        glob = object.__new__(loop.RoundRobinGlobalScheduler)
+        glob = object.__new__(loop.global_schedulers[routing])
         glob._replicas = {}
-        glob._num_replicas = 1
-        glob._replica_schedulers = {loop.first_replica: self.scheduler}
+        glob._num_replicas = config.num_replicas
+        glob._replica_schedulers = {s._replica_id: s for s in self.schedulers}
         glob._request_queue = []
         glob._request_counter = 0
         self.global_scheduler: Any = glob
-        self._free: Callable[..., None] = self.scheduler.free
-        self.scheduler.free = self._free_wrapped
         self._rid: dict[int, str] = {}  # Vidur request id -> request id
         self._requests: dict[str, Any] = {}
         self._restarts: dict[int, int] = {}
         self._batches: dict[int, _Batch] = {}  # id(vidur batch) -> the batch in flight
-        self._ticks: dict[int, _Tick] = {}
+        self._ticks: dict[tuple[int, int], _Tick] = {}  # (tick, replica) -> its decisions
         self._finished: list[tuple[int, str]] = []
         self._finished_ids: set[str] = set()
         self._arrived: set[str] = set()
+        self._routes: list[tuple[str, int]] = []
+        self._replica_of: dict[str, int] = {}
         self._formed = 0  # batches formed so far (the next batch's id)
         self._now = 0
 
@@ -183,9 +210,10 @@ class VidurPipeline:
 
         Raises `InvalidRequest` and its kin (`validate_ar_request`) or `DuplicateRequest` before
         anything runs; `SpecViolation` naming a `spec.ar.pipeline` rule when a tick's snapshot
-        breaks one, `progress` when Vidur's event queue empties with requests unfinished, or
-        `implementation_error` when Vidur raises while handling an event (its own assertions);
-        `SchedulerStalled` past `max_ticks` ticks."""
+        of a replica breaks one, `routing_order` when the global scheduler routes a request
+        elsewhere than its routing says, `progress` when Vidur's event queue empties with
+        requests unfinished, or `implementation_error` when Vidur raises while handling an
+        event (its own assertions); `SchedulerStalled` past `max_ticks` ticks."""
         if self._requests:
             raise ConfigError("program", "a second one", "one program per VidurPipeline")
         seen: set[str] = set()
@@ -211,6 +239,7 @@ class VidurPipeline:
             # every event of this tick, including those its events add at the same time
             while queue and int(queue[0][1].time) == self._now:
                 event = heapq.heappop(queue)[1]
+                waiting = [s.num_pending_requests for s in self.schedulers]
                 try:
                     added = event.handle_event(self.global_scheduler, _NoMetrics())
                 except Exception as exc:  # Vidur's own assertions: a finding, not a crash
@@ -221,27 +250,31 @@ class VidurPipeline:
                     ) from exc
                 for new in added:
                     self._push(queue, new)
-                self._observe(event)
-            peak = max(peak, len(self._batches))
-            self.on_snapshot(self.snapshot())
-            checked += 1
+                self._observe(event, waiting)
+            for replica in range(len(self.schedulers)):
+                peak = max(peak, sum(b.replica == replica for b in self._batches.values()))
+                self.on_snapshot(self.snapshot(replica))
+                checked += 1
         unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
         if unfinished:
             raise SpecViolation(
                 "progress",
                 f"Vidur's event queue emptied at tick {self._now} with {unfinished} unfinished "
                 "(its simulator asserts 'Simulation ended with pending requests')",
-                state=self.snapshot().describe(),
+                state="\n".join(self.snapshot(i).describe() for i in range(len(self.schedulers))),
             )
         decisions = tuple(
-            PipelineTick(t, tuple(d.scheduled), tuple(d.restarted))
-            for t, d in sorted(self._ticks.items())
+            PipelineTick(t, replica, tuple(d.scheduled), tuple(d.restarted))
+            for (t, replica), d in sorted(self._ticks.items())
         )
-        return PipelineRun(decisions, tuple(self._finished), self._now, peak, checked)
+        return PipelineRun(
+            decisions, tuple(self._routes), tuple(self._finished), self._now, peak, checked
+        )
 
-    def snapshot(self) -> PipelineSnapshot:
-        """The pipeline now, read from Vidur's queues, ledger and the batches in flight."""
-        s = self.scheduler
+    def snapshot(self, replica: int = 0) -> PipelineSnapshot:
+        """One replica now, read from Vidur's queues, ledger and the batches in flight; its
+        submitted requests are those that arrived and were routed to it."""
+        s = self.schedulers[replica]
         waiting = [self._rid[r.id] for r in s.get_pending_requests()]
         between = list(getattr(s, "_preempted_requests", []))
         for batch in getattr(s, "_preempted_batches", []):
@@ -255,17 +288,19 @@ class VidurPipeline:
                 tuple(self._rid[r.id] for r in b.vidur.requests),
             )
             for b in self._batches.values()
+            if b.replica == replica
         )
         held = {self._rid.get(vid, f"vidur:{vid}"): n for vid, n in s._allocation_map.items()}
+        mine = {rid for rid in self._arrived if self._replica_of.get(rid) == replica}
         return PipelineSnapshot(
             tick=self._now,
             num_stages=self.config.num_stages,
             batches=batches,
             waiting=tuple(waiting),
             pending=tuple(pending),
-            finished=tuple(rid for _, rid in self._finished),
+            finished=tuple(rid for _, rid in self._finished if rid in mine),
             aborted=(),
-            submitted=frozenset(self._arrived),
+            submitted=frozenset(mine),
             held_blocks=held,
             free_blocks=self.config.usable_blocks - s._num_allocated_blocks,
             usable_blocks=self.config.usable_blocks,
@@ -280,33 +315,49 @@ class VidurPipeline:
         unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
         return f"unfinished {unfinished}, batches in flight {len(self._batches)}"
 
-    def _free_wrapped(self, *request_ids: int) -> None:
-        for vid in request_ids:
-            vreq = self._requests[self._rid[vid]]
-            if vreq.num_restarts > self._restarts[vid]:
-                self._restarts[vid] = vreq.num_restarts
-                self._tick().restarted.append(self._rid[vid])
-                if self.fix_restart:
-                    vreq._num_stage_processed_tokens = 0
-                    vreq._is_prefill_stage_complete = False
-        self._free(*request_ids)
+    def _free_wrapper(self, replica: int) -> Callable[..., None]:
+        """Replica `replica`'s `free`: records restarts, repairs the stage counters, then calls
+        `self._frees[replica]` (the scheduler's own, read at each call)."""
 
-    def _tick(self) -> _Tick:
-        return self._ticks.setdefault(self._now, _Tick())
+        def free(*request_ids: int) -> None:
+            for vid in request_ids:
+                vreq = self._requests[self._rid[vid]]
+                if vreq.num_restarts > self._restarts[vid]:
+                    self._restarts[vid] = vreq.num_restarts
+                    self._tick(replica).restarted.append(self._rid[vid])
+                    if self.fix_restart:
+                        vreq._num_stage_processed_tokens = 0
+                        vreq._is_prefill_stage_complete = False
+            self._frees[replica](*request_ids)
 
-    def _observe(self, event: Any) -> None:
-        """Follow the batches through a handled event: formed (`ReplicaScheduleEvent`), running
-        a stage (`ReplicaStageScheduleEvent`), gone (`BatchEndEvent`, its finishes recorded)."""
+        return free
+
+    def _tick(self, replica: int) -> _Tick:
+        return self._ticks.setdefault((self._now, replica), _Tick())
+
+    def _observe(self, event: Any, waiting: list[int]) -> None:
+        """Follow a handled event: a request arrived (`RequestArrivalEvent`), routed
+        (`GlobalScheduleEvent`, checked against the routing with the replicas' `waiting` counts
+        from before it), a batch formed (`ReplicaScheduleEvent`), running a stage
+        (`ReplicaStageScheduleEvent`), gone (`BatchEndEvent`, its finishes recorded)."""
         kind = type(event).__name__
         if kind == "RequestArrivalEvent":
             self._arrived.add(self._rid[event._request.id])
+            return
+        if kind == "GlobalScheduleEvent":
+            routed = [(self._rid[r.id], self._index[rid]) for rid, r in event._request_mapping]
+            check_routing(self.routing, len(self._routes), waiting, routed)
+            self._routes.extend(routed)
+            self._replica_of.update(routed)
+            return
         batch = getattr(event, "_batch", None)
         if batch is None:
             return
         if kind == "ReplicaScheduleEvent":
-            self._batches[id(batch)] = _Batch(self._formed, self._now, 0, batch)
+            replica = self._index[event._replica_id]
+            self._batches[id(batch)] = _Batch(self._formed, replica, self._now, 0, batch)
             self._formed += 1
-            self._tick().scheduled.extend(
+            self._tick(replica).scheduled.extend(
                 (self._rid[r.id], n)
                 for r, n in zip(batch.requests, batch.num_q_tokens, strict=True)
             )

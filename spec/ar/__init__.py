@@ -42,6 +42,7 @@ from spec.ar.pipeline import (
 )
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
+from spec.ar.routing import ROUTING_RULES, ROUTINGS, RoutingRule, check_routing, expected_routes
 from spec.ar.rules import AR_RULES, ArRule
 from spec.ar.snapshot import ArSnapshot
 
@@ -51,6 +52,8 @@ __all__ = [
     "AR_LIFECYCLES",
     "AR_RULES",
     "PIPELINE_RULES",
+    "ROUTINGS",
+    "ROUTING_RULES",
     "AdmissionOrder",
     "ArAborted",
     "ArBlocksAllocated",
@@ -84,8 +87,11 @@ __all__ = [
     "PipelineRule",
     "PipelineSnapshot",
     "Policy",
+    "RoutingRule",
     "VictimOrder",
     "check_pipeline",
+    "check_routing",
+    "expected_routes",
     "finish_reason",
     "release_events",
     "rules_for",

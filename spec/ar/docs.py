@@ -7,6 +7,7 @@ from __future__ import annotations
 from spec.ar.invariants import AR_INVARIANTS, BETWEEN_STEPS
 from spec.ar.lifecycles import AR_LIFECYCLES
 from spec.ar.pipeline import PIPELINE_RULES
+from spec.ar.routing import ROUTING_RULES
 from spec.ar.rules import AR_RULES
 
 _INTRO = """\
@@ -79,6 +80,15 @@ whose violations name one of these (`PipelineRule`):
 """
 
 
+_ROUTING_INTRO = """\
+### Routing over replicas
+
+A global scheduler sends each arriving request to one replica (`spec.ar.routing`: round robin,
+or least outstanding requests as Vidur counts them, the requests waiting at each replica).
+`check_routing` checks a routing round against `expected_routes`:
+"""
+
+
 def render_ar_section() -> str:
     """The AR part of docs/spec.md: its lifecycles, rules and invariants, as Markdown."""
     parts = [_INTRO, "### AR lifecycles\n"]
@@ -99,6 +109,11 @@ def render_ar_section() -> str:
     parts.append("| rule | statement |\n|---|---|")
     for pipeline_rule, statement in PIPELINE_RULES.items():
         parts.append(f"| `{pipeline_rule}` | {statement} |")
+    parts.append("")
+    parts.append(_ROUTING_INTRO)
+    parts.append("| rule | statement |\n|---|---|")
+    for routing_rule, statement in ROUTING_RULES.items():
+        parts.append(f"| `{routing_rule}` | {statement} |")
     parts.append("")
     return "\n".join(parts)
 
