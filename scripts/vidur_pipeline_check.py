@@ -6,7 +6,7 @@ over the scheduler's decision twin, given the requests Vidur routed to that repl
 
     .venv/bin/python scripts/vidur_pipeline_check.py [--kinds vllm,sarathi,orca,ft] \
         [--stages 2,4] [--replicas 1] [--routing round_robin|lor] [--programs 300] \
-        [--as-released] [--json out.json]
+        [--seed N] [--as-released] [--json out.json]
 
 By default each scheduler runs with the fixes of its findings (`PIPELINE_FIXES_OF`);
 `--as-released` runs Vidur as it ships. A program: a pool of 1.5-3x one max_model_len request's
@@ -14,8 +14,8 @@ blocks (Orca and FasterTransformer: plus their reservations), 1-8 seats (so some
 seats than stages), a token budget of 32-64, blocks of 1, 2 or 4 tokens, and 2-10 requests of
 1-20 prompt and 1-10 output tokens arriving at ticks 0-6 (up to 10 per replica with several).
 Prints a table (programs, passed, violations by rule, twin differences, seconds) and the first
-failure's message per scheduler and stage count; exit 0 when every program passes, 1
-otherwise, 2 for bad arguments.
+failure's message per scheduler and stage count, with the command that runs that program alone
+(`--seed N`); exit 0 when every program passes, 1 otherwise, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -149,6 +149,17 @@ def check_one(
     return None
 
 
+def rerun(args: argparse.Namespace, kind: str, stages: int, seed: int) -> str:
+    """The command that runs program `seed` of `kind` at `stages` stages alone."""
+    parts = ["scripts/vidur_pipeline_check.py", f"--kinds {kind}", f"--stages {stages}"]
+    if args.replicas > 1:
+        parts.append(f"--replicas {args.replicas} --routing {args.routing}")
+    parts.append(f"--seed {seed}")
+    if args.as_released:
+        parts.append("--as-released")
+    return " ".join(parts)
+
+
 def _csv(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
@@ -160,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--routing", choices=ROUTINGS, default="round_robin")
     parser.add_argument("--programs", type=int, default=300)
+    parser.add_argument(
+        "--seed", type=int, default=None, help="run program SEED alone (as a failure names it)"
+    )
     parser.add_argument("--as-released", action="store_true", help="no fixes")
     parser.add_argument("--json", type=output_file, default=None)
     args = parser.parse_args(argv)
@@ -172,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--kinds: {unknown} unknown; choose from {','.join(PIPELINE_KINDS)}")
     if args.programs < 1 or args.replicas < 1 or min(stage_counts, default=0) < 1:
         parser.error("--programs, --replicas and --stages must be positive")
+    seeds = range(args.programs) if args.seed is None else [args.seed]
     rows: list[list[object]] = []
     figures: list[dict[str, object]] = []
     messages: list[str] = []
@@ -183,11 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             first: str | None = None
             try:
                 with vidur_fixed(fixes):
-                    for seed in range(args.programs):
+                    for seed in seeds:
                         failure = check_one(kind, stages, seed, args.replicas, args.routing)
                         outcomes[failure.split(":")[0] if failure else "passed"] += 1
                         if failure and first is None:
-                            first = f"{kind}, {stages} stages, seed {seed}: {failure}"
+                            first = (
+                                f"{kind}, {stages} stages, seed {seed}: {failure}\n  again: "
+                                f"{rerun(args, kind, stages, seed)}"
+                            )
             except SchedSpecError as err:  # a configuration Vidur refuses
                 print(f"error: {err}", file=sys.stderr)
                 return 2
@@ -197,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [
                     kind,
                     stages,
-                    args.programs,
+                    len(seeds),
                     outcomes["passed"],
                     ", ".join(f"{rule} {n}" for rule, n in failed.items()) or "-",
                     f"{seconds:.1f}",
@@ -209,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "stages": stages,
                     "replicas": args.replicas,
                     "routing": args.routing,
-                    "programs": args.programs,
+                    "programs": len(seeds),
                     "passed": outcomes["passed"],
                     "failed": failed,
                     "first_failure": first,

@@ -345,6 +345,10 @@ def test_the_script_passes_fixed_and_fails_as_released_naming_the_finding() -> N
     released = script("--kinds", "sarathi", "--stages", "4", "--programs", "40", "--as-released")
     assert released.returncode == 1, released.stdout + released.stderr
     assert "sarathi, 4 stages, seed" in released.stdout and "[progress]" in released.stdout
+    again = released.stdout.split("  again: scripts/vidur_pipeline_check.py ")[1].split()
+    alone = script(*again)  # the failing program alone, as the script names it
+    assert alone.returncode == 1 and "[progress]" in alone.stdout, alone.stdout
+    assert "sarathi    4       1         0" in alone.stdout
 
 
 @pytest.mark.parametrize(

@@ -153,8 +153,8 @@ class _DecodeCounter(FastReplicaCore):
 
 class FastVidurOrca(_DecodeCounter):
     """Vidur's Orca: every running request decodes in every batch; waiting requests join in FCFS
-    order while there is a seat (stage cap, `max_num_seqs`) and room for a max_model_len
-    reservation (`max_blocks_per_request` blocks); no token budget."""
+    order while there is a seat (`max_num_seqs`, not divided over stages) and room for a
+    max_model_len reservation (`max_blocks_per_request` blocks); no token budget."""
 
     name = "vidur-orca"
 
@@ -162,10 +162,13 @@ class FastVidurOrca(_DecodeCounter):
         from reference.ar.vidur import VidurOrca
 
         super().__init__(config, VidurOrca)
+        # Vidur's Orca and FasterTransformer fill a batch up to `_max_batch_size` whatever the
+        # stages (`VidurOrca.micro_batch_cap`); only its vLLM and Sarathi divide the seats
+        self.cap = config.max_num_seqs
 
     def would_admit(self) -> bool:
-        """The next batch would admit the head of the queue: a seat under the stage cap and
-        `max_num_seqs`, and `max_blocks_per_request` blocks free."""
+        """The next batch would admit the head of the queue: a seat under `max_num_seqs`, and
+        `max_blocks_per_request` blocks free."""
         n = len(self.running)
         return (
             bool(self.waiting)
@@ -199,6 +202,7 @@ class FastVidurFt(FastVidurOrca):
         from reference.ar.vidur import VidurFasterTransformer
 
         _DecodeCounter.__init__(self, config, VidurFasterTransformer)
+        self.cap = config.max_num_seqs  # as Orca's
 
     def would_admit(self) -> bool:
         """The next batch is an admission: nothing runs and requests wait."""
