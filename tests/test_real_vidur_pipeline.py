@@ -30,7 +30,7 @@ from integrations.vidur import MANIFEST
 from integrations.vidur.adapter import _ExecutionTime
 from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
-from integrations.vidur.pipeline import PIPELINE_KINDS, VidurPipeline
+from integrations.vidur.pipeline import PIPELINE_KINDS, PipelineTick, VidurPipeline
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError, DuplicateRequest, RequestError, SpecViolation
 from spec.profile import ConfigOutsideProfile
@@ -113,6 +113,31 @@ def test_finding_fasterTransformer_holds_a_finished_requests_blocks_in_a_pipelin
     assert "'a' (finished) holds 8 blocks" in str(err.value)
     with vidur_fixed(PIPELINE_FIXES_OF["ft"]):
         assert VidurPipeline("ft", config()).run(program).finished == ((2, "a"), (10, "b"))
+
+
+def test_in_vidurs_own_loop_the_needless_restart_costs_a_recompute_not_a_step() -> None:
+    """`vllm-decode-block`'s counterexample (tests/test_real_vidur.py) in Vidur's own loop, one
+    stage: the decode of the 4th token fits r0's two blocks, yet Vidur demands a free one and
+    restarts r0, so `on_schedule` forms no batch. The adapter takes that as an empty step
+    (`progress`); Vidur's loop calls `on_schedule` again at the same instant (each batch end
+    brings two `ReplicaScheduleEvent`s), which re-admits r0 to recompute 4 tokens where a
+    1-token decode would do. The fix makes it that decode."""
+    cfg = config(num_blocks=3, max_num_seqs=1, max_num_batched_tokens=5, max_model_len=5)
+    program = [(0, ArRequest("r0", 3, 2))]
+    one = cfg.replace(num_stages=1)
+    run = VidurPipeline("vllm", one).run(program)
+    assert run.decisions == (
+        PipelineTick(0, 0, (("r0", 3),), ()),
+        PipelineTick(1, 0, (("r0", 4),), ("r0",)),
+    )
+    assert run.finished == ((2, "r0"),)
+    with vidur_fixed(["vllm-decode-block"]):
+        fixed = VidurPipeline("vllm", one).run(program)
+    assert fixed.decisions == (
+        PipelineTick(0, 0, (("r0", 3),), ()),
+        PipelineTick(1, 0, (("r0", 1),), ()),
+    )
+    assert fixed.finished == run.finished
 
 
 # ---------------------------------------------------------------------- seeded bugs

@@ -10,7 +10,13 @@ completion, `Request.restart` the recompute). One step is exactly what Vidur's e
 for one batch on a one-stage replica: ReplicaScheduleEvent (`on_schedule`, `Batch.on_schedule`),
 BatchStageArrival / ReplicaStageSchedule (`add_batch`, stage `on_schedule`,
 `BatchStage.on_schedule`), BatchStageEnd (`BatchStage.on_stage_end`, stage `on_stage_end`,
-replica `on_stage_end`) and BatchEnd (`Batch.on_batch_end`, replica `on_batch_end`).
+replica `on_stage_end`) and BatchEnd (`Batch.on_batch_end`, replica `on_batch_end`). One
+difference: at a batch end Vidur's loop calls `on_schedule` twice at the same instant (the
+ReplicaScheduleEvents of stage 0's end and of the batch's end), so an attempt that forms no
+batch after restarting its own request is retried at once; the adapter makes that retry its
+next step, with an empty step in between. Only Vidur's vLLM restarts a request and then forms
+nothing, and with one stage only as released (`vllm-decode-block`);
+`integrations.vidur.pipeline` runs Vidur's loop itself.
 
 Stubs and private state the adapter touches, each with why:
 

@@ -124,13 +124,18 @@ def stubbed_imports(roots: Sequence[str] = STUBBED_ROOTS) -> Iterator[None]:
                 del sys.modules[name]
 
 
-@functools.cache
 def load() -> VidurClasses:
-    """Activate the install and import Vidur (once per process; the release
+    """Activate the install and import Vidur (the import once per process; the release
     `SCHEDSPEC_VIDUR_VERSION` selects) with the placeholder modules in place:
-    `EngineNotInstalled` when it is not installed, `EngineImportFailed` when it does not import
-    in this environment (a module it needs is missing here)."""
+    `EngineNotInstalled` when it is not installed, on every call (a caller that points the
+    engine cache elsewhere is told, even after an earlier import), `EngineImportFailed` when it
+    does not import in this environment (a module it needs is missing here)."""
     MANIFEST.activate()
+    return _import_classes()
+
+
+@functools.cache
+def _import_classes() -> VidurClasses:
     with MANIFEST.importing(), stubbed_imports():
         config = importlib.import_module("vidur.config")
         entities = importlib.import_module("vidur.entities")
