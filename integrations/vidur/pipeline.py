@@ -126,6 +126,15 @@ class _Tick:
     restarted: list[str] = field(default_factory=list)
 
 
+def _model_layers(vidur: Any) -> int:
+    """The layer count of the model Vidur's `ReplicaConfig` defaults to (Llama-2-7B: 32)."""
+    replica = vidur.ReplicaConfig(
+        num_pipeline_stages=1, tensor_parallel_size=1, enable_sequence_pipeline_parallel=False
+    )
+    layers: int = replica.model_config.num_layers
+    return layers
+
+
 def _ignore(*args: object, **kwargs: object) -> None:
     return None
 
@@ -170,9 +179,13 @@ class VidurPipeline:
         for i in range(config.num_replicas):
             try:
                 scheduler = replica_scheduler(kind, config, vidur)
-            except AssertionError as exc:  # Vidur's ReplicaConfig: the layers split evenly
+            except AssertionError:  # Vidur's ReplicaConfig: the layers split evenly
+                layers = _model_layers(vidur)
+                divisors = [n for n in range(1, layers + 1) if layers % n == 0]
                 raise ConfigError(
-                    "num_stages", config.num_stages, f"a stage count Vidur's model allows ({exc})"
+                    "num_stages",
+                    config.num_stages,
+                    f"a divisor of the {layers} layers of Vidur's model: {divisors}",
                 ) from None
             scheduler._replica_id = loop.replica_id(i)  # (module docstring)
             self._index[scheduler._replica_id] = i
