@@ -32,7 +32,13 @@ from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
 from integrations.vidur.pipeline import PIPELINE_KINDS, PipelineTick, VidurPipeline
 from spec.ar.config import ArConfig, ArRequest
-from spec.errors import ConfigError, DuplicateRequest, RequestError, SpecViolation
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    RequestError,
+    SchedulerStalled,
+    SpecViolation,
+)
 from spec.profile import ConfigOutsideProfile
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
@@ -348,6 +354,8 @@ def test_configurations_and_programs_it_cannot_run_are_typed_errors() -> None:
     with pytest.raises(ConfigError, match="arrival tick"):
         pipeline.run([(-1, ArRequest("a", 4, 2))])
     pipeline.run([(0, ArRequest("a", 4, 2))])  # nothing above changed it
+    with pytest.raises(SchedulerStalled, match=r"within 3 ticks: unfinished \['a'\]"):
+        VidurPipeline("vllm", config()).run([(0, ArRequest("a", 4, 8))], max_ticks=3)
     with pytest.raises(ConfigError, match="one program per VidurPipeline"):
         pipeline.run([(0, ArRequest("b", 4, 2))])
 
