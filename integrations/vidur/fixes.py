@@ -17,7 +17,7 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 - `vllm-decode-block`: Vidur's vLLM scheduler demands one free block for every running request
   (`_can_allocate_request`); demand the block `_allocate_request` will take (one when the
   processed tokens outgrew the blocks held, else none).
-- `micro-batch-floor`: Vidur's vLLM and Sarathi split `batch_size_cap` over the pipeline stages
+- `micro-batch-floor`: Vidur's vLLM, Sarathi and Mnemosyne split `batch_size_cap` over the stages
   with a floor division, so with fewer seats than stages a micro-batch holds no request and
   nothing is ever scheduled; hold at least one (`integrations.vidur.pipeline` runs the stages).
 - `mnemosyne-prefill-assert` (0.0.25 only): Mnemosyne asserts a prefill is incomplete whenever
@@ -197,12 +197,15 @@ MICRO_BATCH_FLOOR = EngineFix(
     (
         (VLLM, _MICRO_BATCH_LINE, _MICRO_BATCH_FLOOR),
         (SARATHI, _MICRO_BATCH_LINE, _MICRO_BATCH_FLOOR),
+        (MNEMOSYNE, _MICRO_BATCH_LINE, _MICRO_BATCH_FLOOR),
     ),
     (
         (VLLM, "VLLMReplicaScheduler.__init__"),
         (SARATHI, "SarathiReplicaScheduler.__init__"),
+        (MNEMOSYNE, "MnemosyneBaseReplicaScheduler.__init__"),
     ),
-    "vLLM, Sarathi: a micro-batch holds at least one request when batch_size_cap < stages",
+    "vLLM, Sarathi, Mnemosyne: a micro-batch holds at least one request when "
+    "batch_size_cap < stages",
 )
 
 MNEMOSYNE_PREFILL_ASSERT = EngineFix(
@@ -334,12 +337,13 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
 
 
 #: The fixes a pipelined scheduler's findings need (`integrations.vidur.pipeline`): its
-#: one-stage fixes, and for vLLM and Sarathi `micro-batch-floor`.
+#: one-stage fixes, and for vLLM, Sarathi and Mnemosyne `micro-batch-floor`.
 PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (*FIXES_OF["vllm"], MICRO_BATCH_FLOOR.name),
     "sarathi": (*FIXES_OF["sarathi"], MICRO_BATCH_FLOOR.name),
     "orca": FIXES_OF["orca"],
     "ft": FIXES_OF["ft"],
+    "mnemosyne": (*FIXES_OF["mnemosyne"], MICRO_BATCH_FLOOR.name),
 }
 
 

@@ -3,7 +3,8 @@ replicas, run by Vidur's own event loop and checked after every tick against `sp
 (each replica) and `spec.ar.routing` (the global scheduler).
 
 What runs for real (vidur 0.0.25, or 0.0.26 with `SCHEDSPEC_VIDUR_VERSION`): `num_replicas`
-replica schedulers, each built by its own `__init__` with `num_stages` = `config.num_stages`
+replica schedulers (vLLM, Sarathi, Orca, FasterTransformer or Mnemosyne FCFS with a fixed
+chunk), each built by its own `__init__` with `num_stages` = `config.num_stages`
 (its `on_schedule` gate: fewer than S batches running and stage 0 free; its micro-batch size
 `batch_size_cap // S`) and its S `ReplicaStageScheduler`s; the `Batch`, `BatchStage` and
 `Request` entities; Vidur's event classes (`RequestArrivalEvent` -> `GlobalScheduleEvent` ->
@@ -31,9 +32,11 @@ Stand-ins and private state, each with why:
 - `free` is wrapped on each instance to see restarts (a freed request whose `num_restarts`
   grew) in the order they happen and to reset vidur's stage counters after one (see
   `integrations.vidur.adapter`: without it a restarted request raises AssertionError);
-- read only: `_allocation_map` and `_num_allocated_blocks` (the KV ledger),
-  `get_pending_requests()` and `num_pending_requests`, `_preempted_requests` and
-  FasterTransformer's `_preempted_batches` (the requests between batches), and the handled
+- read only: `_allocation_map` and `_num_allocated_blocks` (the KV ledger; Mnemosyne's
+  `_req_block_counter` and `_kvp_group_num_allocated_blocks`), `get_pending_requests()` and
+  `num_pending_requests`, `_preempted_requests` and FasterTransformer's `_preempted_batches`
+  (the requests between batches; Mnemosyne's admitted requests between chunks are in its
+  pending queues, holding blocks), and the handled
   events' `_replica_id`, `_batch`, `_batch_stage`, `_stage_id`, `_request` and
   `_request_mapping` (which batch formed where, which stage each batch runs, which request
   arrived and where the global scheduler sent it).
@@ -53,15 +56,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from integrations.vidur.adapter import _scheduled
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
 from spec.ar.routing import ROUTINGS, check_routing
 from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecViolation
 
-#: The schedulers whose pipelines run here. LightLLM asserts one stage itself; Mnemosyne's
-#: stages are left out (its KV-parallel batches are checked with one stage only).
-PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft")
+#: The schedulers whose pipelines run here (LightLLM asserts one stage itself).
+PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft", "mnemosyne")
 
 
 def check_pipeline_config(kind: str, config: ArConfig, routing: str = "round_robin") -> None:
@@ -72,8 +75,7 @@ def check_pipeline_config(kind: str, config: ArConfig, routing: str = "round_rob
         raise ConfigError(
             "kind",
             kind,
-            f"one of {', '.join(PIPELINE_KINDS)} (LightLLM runs one stage; Mnemosyne's "
-            "pipeline is not checked)",
+            f"one of {', '.join(PIPELINE_KINDS)} (LightLLM runs one stage)",
         )
     if routing not in ROUTINGS:
         raise ConfigError("routing", routing, f"one of {', '.join(ROUTINGS)}")
@@ -124,6 +126,21 @@ class _Batch:
 class _Tick:
     scheduled: list[tuple[str, int]] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
+
+
+def _ledger(scheduler: Any) -> dict[int, int]:
+    """Vidur's record of KV, request id -> blocks: `_allocation_map`, or Mnemosyne's
+    `_req_block_counter` (its `_allocation_map` stays empty)."""
+    ledger: dict[int, int] = getattr(scheduler, "_req_block_counter", scheduler._allocation_map)
+    return ledger
+
+
+def _allocated(scheduler: Any) -> int:
+    """The blocks Vidur counts as allocated: `_num_allocated_blocks`, or the sum of Mnemosyne's
+    per-KV-parallel-group counts."""
+    groups = getattr(scheduler, "_kvp_group_num_allocated_blocks", None)
+    count: int = sum(groups) if groups is not None else scheduler._num_allocated_blocks
+    return count
 
 
 def _model_layers(vidur: Any) -> int:
@@ -288,8 +305,13 @@ class VidurPipeline:
         """One replica now, read from Vidur's queues, ledger and the batches in flight; its
         submitted requests are those that arrived and were routed to it."""
         s = self.schedulers[replica]
-        waiting = [self._rid[r.id] for r in s.get_pending_requests()]
+        ledger = _ledger(s)
+        queued = s.get_pending_requests()
+        # Mnemosyne queues an admitted request between chunks with the new ones (0.0.25) or
+        # in its partial-prefill queue (0.0.26): it holds its blocks, so it is pending
+        waiting = [self._rid[r.id] for r in queued if r.id not in ledger]
         between = list(getattr(s, "_preempted_requests", []))
+        between.extend(r for r in queued if r.id in ledger)
         for batch in getattr(s, "_preempted_batches", []):
             between.extend(batch.requests)
         pending = [self._rid[r.id] for r in between if not r.completed]
@@ -303,7 +325,7 @@ class VidurPipeline:
             for b in self._batches.values()
             if b.replica == replica
         )
-        held = {self._rid.get(vid, f"vidur:{vid}"): n for vid, n in s._allocation_map.items()}
+        held = {self._rid.get(vid, f"vidur:{vid}"): n for vid, n in ledger.items()}
         mine = {rid for rid in self._arrived if self._replica_of.get(rid) == replica}
         return PipelineSnapshot(
             tick=self._now,
@@ -315,7 +337,7 @@ class VidurPipeline:
             aborted=(),
             submitted=frozenset(mine),
             held_blocks=held,
-            free_blocks=self.config.usable_blocks - s._num_allocated_blocks,
+            free_blocks=self.config.usable_blocks - _allocated(s),
             usable_blocks=self.config.usable_blocks,
         )
 
@@ -370,10 +392,7 @@ class VidurPipeline:
             replica = self._index[event._replica_id]
             self._batches[id(batch)] = _Batch(self._formed, replica, self._now, 0, batch)
             self._formed += 1
-            self._tick(replica).scheduled.extend(
-                (self._rid[r.id], n)
-                for r, n in zip(batch.requests, batch.num_q_tokens, strict=True)
-            )
+            self._tick(replica).scheduled.extend((self._rid[r.id], n) for r, n in _scheduled(batch))
         elif kind == "ReplicaStageScheduleEvent" and event._batch_stage is not None:
             self._batches[id(batch)].stage = event._stage_id
         elif kind == "BatchEndEvent":
