@@ -328,13 +328,7 @@ class VidurAdapter:
 
     # ------------------------------------------------------------------ KV diffing
     def _ledger(self) -> dict[int, int]:
-        """Vidur's only record of KV: request id -> block count. `_allocation_map` in every
-        scheduler but Mnemosyne's, which counts a request's blocks in `_req_block_counter`
-        (over its KV-parallel groups) and leaves `_allocation_map` empty."""
-        ledger: dict[int, int] = getattr(
-            self.scheduler, "_req_block_counter", self.scheduler._allocation_map
-        )
-        return ledger
+        return kv_ledger(self.scheduler)
 
     def _allocate_wrapped(self, request_id: int, num_blocks: int, *group: int) -> None:
         self._allocate(request_id, num_blocks, *group)
@@ -395,6 +389,14 @@ def _scheduled(batch: Any) -> list[tuple[Any, int]]:
     return list(zip(batch.requests, batch.num_q_tokens, strict=True))
 
 
+def kv_ledger(scheduler: Any) -> dict[int, int]:
+    """Vidur's only record of KV: request id -> block count. `_allocation_map` in every
+    scheduler but Mnemosyne's, which counts a request's blocks in `_req_block_counter` (over
+    its KV-parallel groups) and leaves `_allocation_map` empty."""
+    ledger: dict[int, int] = getattr(scheduler, "_req_block_counter", scheduler._allocation_map)
+    return ledger
+
+
 def _reset_stage_counters(vreq: Any) -> None:
     """What vidur 0.0.25's `Request.restart()` forgets (entities/request.py): the pipeline-stage
     counters. Left as they are, the restarted request's stage count passes its total and
@@ -409,4 +411,4 @@ def _reason(request: ArRequest) -> ArFinishReason:
     return ArFinishReason.LENGTH
 
 
-__all__ = ["BATCH_TIME", "VidurAdapter"]
+__all__ = ["BATCH_TIME", "VidurAdapter", "kv_ledger"]

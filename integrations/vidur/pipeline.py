@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from integrations.vidur.adapter import _scheduled
+from integrations.vidur.adapter import _reset_stage_counters, _scheduled, kv_ledger
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
@@ -126,13 +126,6 @@ class _Batch:
 class _Tick:
     scheduled: list[tuple[str, int]] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
-
-
-def _ledger(scheduler: Any) -> dict[int, int]:
-    """Vidur's record of KV, request id -> blocks: `_allocation_map`, or Mnemosyne's
-    `_req_block_counter` (its `_allocation_map` stays empty)."""
-    ledger: dict[int, int] = getattr(scheduler, "_req_block_counter", scheduler._allocation_map)
-    return ledger
 
 
 def _allocated(scheduler: Any) -> int:
@@ -269,6 +262,7 @@ class VidurPipeline:
             # every event of this tick, including those its events add at the same time
             while queue and int(queue[0][1].time) == self._now:
                 event = heapq.heappop(queue)[1]
+                # the replicas' waiting counts before a routing round, for `check_routing`
                 waiting = [s.num_pending_requests for s in self.schedulers]
                 try:
                     added = event.handle_event(self.global_scheduler, _NoMetrics())
@@ -285,7 +279,7 @@ class VidurPipeline:
                 peak = max(peak, sum(b.replica == replica for b in self._batches.values()))
                 self.on_snapshot(self.snapshot(replica))
                 checked += 1
-        unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
+        unfinished = self._unfinished()
         if unfinished:
             raise SpecViolation(
                 "progress",
@@ -305,7 +299,7 @@ class VidurPipeline:
         """One replica now, read from Vidur's queues, ledger and the batches in flight; its
         submitted requests are those that arrived and were routed to it."""
         s = self.schedulers[replica]
-        ledger = _ledger(s)
+        ledger = kv_ledger(s)
         queued = s.get_pending_requests()
         # Mnemosyne queues an admitted request between chunks with the new ones (0.0.25) or
         # in its partial-prefill queue (0.0.26): it holds its blocks, so it is pending
@@ -346,9 +340,11 @@ class VidurPipeline:
     def _push(queue: list[tuple[Any, Any]], event: Any) -> None:
         heapq.heappush(queue, (event._priority_number, event))
 
+    def _unfinished(self) -> list[str]:
+        return sorted(rid for rid, vreq in self._requests.items() if not vreq.completed)
+
     def _stall_detail(self) -> str:
-        unfinished = sorted(r for r, v in self._requests.items() if not v.completed)
-        return f"unfinished {unfinished}, batches in flight {len(self._batches)}"
+        return f"unfinished {self._unfinished()}, batches in flight {len(self._batches)}"
 
     def _free_wrapper(self, replica: int) -> Callable[..., None]:
         """Replica `replica`'s `free`: records restarts, repairs the stage counters, then calls
@@ -361,8 +357,7 @@ class VidurPipeline:
                     self._restarts[vid] = vreq.num_restarts
                     self._tick(replica).restarted.append(self._rid[vid])
                     if self.fix_restart:
-                        vreq._num_stage_processed_tokens = 0
-                        vreq._is_prefill_stage_complete = False
+                        _reset_stage_counters(vreq)
             self._frees[replica](*request_ids)
 
         return free
