@@ -84,6 +84,17 @@ def test_fixed_pipelines_keep_the_rules_and_decide_as_their_twins(kind: str, sta
         assert first_failure(kind, stages, 150) is None
 
 
+def test_the_twin_tells_vidurs_needless_restart_apart() -> None:
+    """vLLM with `micro-batch-floor` but not `vllm-decode-block`: the pipeline rules hold, and
+    the twin comparison is what finds the finding, a restart the twin does not make."""
+    with vidur_fixed(["micro-batch-floor"]):
+        found = first_failure("vllm", 2, 40)
+    assert found is not None and found.startswith("seed 8: twin_decisions: Vidur PipelineTick("), (
+        found
+    )
+    assert "restarted=('r9',)) / twin PipelineTick(tick=32" in found
+
+
 LONE = [(0, ArRequest("a", 4, 3)), (0, ArRequest("b", 4, 2))]
 
 
