@@ -2,17 +2,19 @@
 event loop (`integrations.vidur.pipeline`): generated programs, every tick of every replica
 checked against `spec.ar.pipeline`, every routing round against `spec.ar.routing`, and every
 decision of each replica compared with the project's stage scheduler (`reference.ar.stages`)
-over the scheduler's decision twin, given the requests Vidur routed to that replica (Mnemosyne:
-the rules alone, `TWIN_OF`).
+over the scheduler's decision twin (`TWIN_OF`), given the requests Vidur routed to that replica.
 
     .venv/bin/python scripts/vidur_pipeline_check.py [--kinds vllm,sarathi,orca,ft,mnemosyne] \
-        [--stages 2,4] [--replicas 1] [--routing round_robin|lor] [--programs 300] \
-        [--seed N] [--as-released] [--json out.json]
+        [--stages 2,4] [--replicas 1] [--routing round_robin|lor] [--sequence-parallel] \
+        [--programs 300] [--seed N] [--as-released] [--json out.json]
 
 By default each scheduler runs with the fixes of its findings (`PIPELINE_FIXES_OF`);
-`--as-released` runs Vidur as it ships. A program: a pool of 1.5-3x one max_model_len request's
+`--as-released` runs Vidur as it ships. `--sequence-parallel` turns on Vidur's sequence pipeline
+parallelism (Sarathi and Mnemosyne; the default kinds become those two), declared to the rules,
+and in the twins too. A program: a pool of 1.5-3x one max_model_len request's
 blocks (Orca and FasterTransformer: plus their reservations), 1-8 seats (so some have fewer
-seats than stages), a token budget of 32-64, blocks of 1, 2 or 4 tokens, and 2-10 requests of
+seats than stages), a token budget of 32-64 (Sarathi and Mnemosyne, which chunk prefills: 8-64,
+so prompts split over batches), blocks of 1, 2 or 4 tokens, and 2-10 requests of
 1-20 prompt and 1-10 output tokens arriving at ticks 0-6 (up to 10 per replica with several).
 Prints a table (programs, passed, violations by rule, twin differences, seconds) and the first
 failure's message per scheduler and stage count, with the command that runs that program alone
@@ -31,7 +33,13 @@ from collections.abc import Sequence
 
 from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION
-from integrations.vidur.pipeline import PIPELINE_KINDS, PipelineRun, PipelineTick, VidurPipeline
+from integrations.vidur.pipeline import (
+    PIPELINE_KINDS,
+    SEQUENCE_PARALLEL_KINDS,
+    PipelineRun,
+    PipelineTick,
+    VidurPipeline,
+)
 from reference.ar.stages import StageScheduler
 from schedspec_cli.output import output_file, table, write_json
 from spec.ar.config import ArConfig, ArRequest
@@ -40,15 +48,19 @@ from spec.ar.routing import ROUTINGS
 from spec.errors import SchedSpecError, SpecViolation
 
 #: The project's stage scheduler runs each real class's decision twin (tests/test_real_vidur.py);
-#: Mnemosyne has none in pipelines (`reference.ar.mnemosyne` steps one stage): its runs are
-#: checked against the rules alone
+#: Mnemosyne's depends on the release (0.0.25 keeps partial prefills in its request queue)
 TWIN_OF = {
     "vllm": "vidur-vllm-released",
     "sarathi": "vidur-sarathi-released",
     "orca": "vidur-orca",
     "ft": "vidur-ft",
+    "mnemosyne": "vidur-mnemosyne-one-queue" if VIDUR_VERSION == "0.0.25" else "vidur-mnemosyne",
 }
 MAX_MODEL_LEN = 32
+CHUNKED_KINDS = ("sarathi", "mnemosyne")
+#: the least token budget for the schedulers that chunk prefills: a budget below one prompt
+#: splits it over batches, so admitted requests wait between chunks beside new ones
+CHUNK_FLOOR = 8
 
 Program = tuple[ArConfig, list[tuple[int, ArRequest]]]
 
@@ -57,6 +69,7 @@ def program(kind: str, stages: int, seed: int, replicas: int = 1) -> Program:
     """The generated program `seed` for `kind` at `stages` stages and `replicas` replicas
     (module docstring)."""
     rng = random.Random(f"{kind}/{stages}/{seed}" + (f"/{replicas}" if replicas > 1 else ""))
+    chunked = kind in CHUNKED_KINDS
     block = rng.choice([1, 2, 4])
     per_request = MAX_MODEL_LEN // block
     blocks = rng.randint(per_request * 3 // 2, 3 * per_request)
@@ -66,11 +79,13 @@ def program(kind: str, stages: int, seed: int, replicas: int = 1) -> Program:
         block_size=block,
         num_blocks=blocks + 1,  # the null block: Vidur gets the usable ones
         max_num_seqs=rng.randint(1, 8),
-        max_num_batched_tokens=rng.randint(MAX_MODEL_LEN, 2 * MAX_MODEL_LEN),
+        max_num_batched_tokens=rng.randint(
+            CHUNK_FLOOR if chunked else MAX_MODEL_LEN, 2 * MAX_MODEL_LEN
+        ),
         max_model_len=MAX_MODEL_LEN,
         num_stages=stages,
         num_replicas=replicas,
-        enable_chunked_prefill=kind in ("sarathi", "mnemosyne"),
+        enable_chunked_prefill=chunked,
     )
     requests = [
         (rng.randint(0, 6), ArRequest(f"r{i}", rng.randint(1, 20), rng.randint(1, 10)))
@@ -79,7 +94,12 @@ def program(kind: str, stages: int, seed: int, replicas: int = 1) -> Program:
     return config, sorted(requests, key=lambda arrival: arrival[0])
 
 
-def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]]) -> PipelineRun:
+def twin_run(
+    kind: str,
+    config: ArConfig,
+    requests: list[tuple[int, ArRequest]],
+    sequence_parallel: bool = False,
+) -> PipelineRun:
     """The program through one `StageScheduler` over `TWIN_OF[kind]` (one replica), as a
     `PipelineRun`: each request submitted before the tick it arrives at; a finish at the end of
     tick t is Vidur's `BatchEndEvent` at time t + 1."""
@@ -96,7 +116,9 @@ def twin_run(kind: str, config: ArConfig, requests: list[tuple[int, ArRequest]])
         elif isinstance(event, ArFinished):
             finished.append((tick + 1, event.request_id))
 
-    stages = StageScheduler(config.replace(num_replicas=1), sink, TWIN_OF[kind])
+    stages = StageScheduler(
+        config.replace(num_replicas=1), sink, TWIN_OF[kind], sequence_parallel=sequence_parallel
+    )
     waiting = list(requests)
     checked = peak = 0
     while waiting or not stages.is_idle():
@@ -132,23 +154,28 @@ def first_difference(real: PipelineRun, replica: int, twin: PipelineRun) -> str 
 
 
 def check_one(
-    kind: str, stages: int, seed: int, replicas: int = 1, routing: str = "round_robin"
+    kind: str,
+    stages: int,
+    seed: int,
+    replicas: int = 1,
+    routing: str = "round_robin",
+    sequence_parallel: bool = False,
 ) -> str | None:
     """Program `seed` on the real class (fixes as the caller applied them): None when every
     tick keeps the pipeline rules, every round the routing, and every replica decides as its
     twin given the requests Vidur routed to it; else the rule (or `twin_decisions`) and its
     message."""
     config, requests = program(kind, stages, seed, replicas)
+    pipeline = VidurPipeline(kind, config, routing=routing, sequence_parallel=sequence_parallel)
     try:
-        real = VidurPipeline(kind, config, routing=routing).run(requests)
+        real = pipeline.run(requests)
     except SpecViolation as err:
         return f"{err.rule}: {err}"
-    if kind not in TWIN_OF:
-        return None
     replica_of = dict(real.routes)
     for replica in range(replicas):
         mine = [(t, r) for t, r in requests if replica_of[r.request_id] == replica]
-        difference = first_difference(real, replica, twin_run(kind, config, mine))
+        twin = twin_run(kind, config, mine, sequence_parallel)
+        difference = first_difference(real, replica, twin)
         if difference is not None:
             return f"twin_decisions: {difference}"
     return None
@@ -159,6 +186,8 @@ def rerun(args: argparse.Namespace, kind: str, stages: int, seed: int) -> str:
     parts = ["scripts/vidur_pipeline_check.py", f"--kinds {kind}", f"--stages {stages}"]
     if args.replicas > 1:
         parts.append(f"--replicas {args.replicas} --routing {args.routing}")
+    if args.sequence_parallel:
+        parts.append("--sequence-parallel")
     parts.append(f"--seed {seed}")
     if args.as_released:
         parts.append("--as-released")
@@ -171,7 +200,7 @@ def _csv(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vidur_pipeline_check.py")
-    parser.add_argument("--kinds", type=_csv, default=list(PIPELINE_KINDS))
+    parser.add_argument("--kinds", type=_csv, default=None, help="default: every kind")
     parser.add_argument("--stages", type=_csv, default=["2", "4"])
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--routing", choices=ROUTINGS, default="round_robin")
@@ -180,15 +209,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seed", type=int, default=None, help="run program SEED alone (as a failure names it)"
     )
     parser.add_argument("--as-released", action="store_true", help="no fixes")
+    parser.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help=f"Vidur's sequence pipeline parallelism ({','.join(SEQUENCE_PARALLEL_KINDS)})",
+    )
     parser.add_argument("--json", type=output_file, default=None)
     args = parser.parse_args(argv)
     try:
         stage_counts = [int(s) for s in args.stages]
     except ValueError:
         parser.error(f"--stages: comma-separated integers, not {','.join(args.stages)!r}")
-    unknown = sorted(set(args.kinds) - set(PIPELINE_KINDS))
+    allowed = SEQUENCE_PARALLEL_KINDS if args.sequence_parallel else PIPELINE_KINDS
+    if args.kinds is None:
+        args.kinds = list(allowed)
+    unknown = sorted(set(args.kinds) - set(allowed))
     if unknown:
-        parser.error(f"--kinds: {unknown} unknown; choose from {','.join(PIPELINE_KINDS)}")
+        with_it = " with --sequence-parallel" if args.sequence_parallel else ""
+        parser.error(f"--kinds: {unknown} unknown{with_it}; choose from {','.join(allowed)}")
     if args.programs < 1 or args.replicas < 1 or min(stage_counts, default=0) < 1:
         parser.error("--programs, --replicas and --stages must be positive")
     seeds = range(args.programs) if args.seed is None else [args.seed]
@@ -204,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 with vidur_fixed(fixes):
                     for seed in seeds:
-                        failure = check_one(kind, stages, seed, args.replicas, args.routing)
+                        failure = check_one(
+                            kind, stages, seed, args.replicas, args.routing, args.sequence_parallel
+                        )
                         outcomes[failure.split(":")[0] if failure else "passed"] += 1
                         if failure and first is None:
                             first = (
@@ -232,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "stages": stages,
                     "replicas": args.replicas,
                     "routing": args.routing,
+                    "sequence_parallel": args.sequence_parallel,
                     "programs": len(seeds),
                     "passed": outcomes["passed"],
                     "failed": failed,
@@ -244,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 messages.append(first)
     label = "as released" if args.as_released else "with its fixes"
     cluster = f", {args.replicas} replicas ({args.routing})" if args.replicas > 1 else ""
-    print(f"Vidur {VIDUR_VERSION}, {label}{cluster}")
+    parallel = ", sequence pipeline parallelism" if args.sequence_parallel else ""
+    print(f"Vidur {VIDUR_VERSION}, {label}{cluster}{parallel}")
     print(table(["scheduler", "stages", "programs", "passed", "failed", "s"], rows))
     for message in messages:
         print(message)

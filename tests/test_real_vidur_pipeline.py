@@ -2,9 +2,10 @@
 (`integrations.vidur.pipeline`) and checked against `spec.ar.pipeline` after every tick, with
 every decision compared with the project's stage scheduler (`scripts/vidur_pipeline_check.py`).
 
-- With the fixes of their findings (`PIPELINE_FIXES_OF`), vLLM, Sarathi, Orca and
-  FasterTransformer keep every pipeline rule and decide as their twins at 2 and 4 stages;
-  Mnemosyne keeps the rules (it has no pipelined twin).
+- With the fixes of their findings (`PIPELINE_FIXES_OF`), vLLM, Sarathi, Orca,
+  FasterTransformer and Mnemosyne keep every pipeline rule and decide as their twins at 2 and 4
+  stages; the twin comparison alone tells apart what the rules cannot (vLLM's needless restart,
+  Mnemosyne's batch order and its release's queues).
 - Finding: Vidur's vLLM, Sarathi and Mnemosyne split `batch_size_cap` over the stages with a floor
   division, so with fewer seats than stages no batch is ever formed (`progress`);
   `micro-batch-floor` is the candidate fix.
@@ -18,6 +19,7 @@ Needs `schedspec install-engines vidur` (skipped with SCHEDSPEC_SKIP_ENGINES=1).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -31,8 +33,14 @@ from integrations.vidur import MANIFEST
 from integrations.vidur.adapter import _ExecutionTime
 from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
-from integrations.vidur.pipeline import PIPELINE_KINDS, PipelineTick, VidurPipeline
+from integrations.vidur.pipeline import (
+    PIPELINE_KINDS,
+    SEQUENCE_PARALLEL_KINDS,
+    PipelineTick,
+    VidurPipeline,
+)
 from spec.ar.config import ArConfig, ArRequest
+from spec.ar.pipeline import check_pipeline
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -95,6 +103,48 @@ def test_the_twin_tells_vidurs_needless_restart_apart() -> None:
     assert "restarted=('r9',)) / twin PipelineTick(tick=32" in found
 
 
+def without(kind: str, fix: str) -> tuple[str, ...]:
+    """`kind`'s pipeline fixes less `fix`."""
+    assert fix in PIPELINE_FIXES_OF[kind]
+    return tuple(f for f in PIPELINE_FIXES_OF[kind] if f != fix)
+
+
+def test_the_twin_tells_mnemosynes_batch_order_apart() -> None:
+    """Mnemosyne without `mnemosyne-batch-order` (a `KVParallelBatch` lists its requests in a
+    set's order): every pipeline rule holds, and only the twin sees the decodes out of order."""
+    with vidur_fixed(without("mnemosyne", "mnemosyne-batch-order")):
+        found = first_failure("mnemosyne", 2, 20)
+    assert found is not None and found.startswith("seed 3: twin_decisions: Vidur PipelineTick("), (
+        found
+    )
+    assert "scheduled=(('r1', 1), ('r0', 1))" in found.split(" / twin ")[0]
+
+
+def test_the_twin_tells_mnemosynes_releases_apart() -> None:
+    """The other release's Mnemosyne as the twin (0.0.25 keeps admitted requests between chunks
+    in its request queue, 0.0.26 reads them first from a queue of their own): a program where
+    a partial prefill and a new request compete for the chunk tells them apart."""
+    other = {"vidur-mnemosyne": "vidur-mnemosyne-one-queue"}.get(
+        check.TWIN_OF["mnemosyne"], "vidur-mnemosyne"
+    )
+    with pytest.MonkeyPatch.context() as patch, vidur_fixed(PIPELINE_FIXES_OF["mnemosyne"]):
+        patch.setitem(check.TWIN_OF, "mnemosyne", other)
+        found = first_failure("mnemosyne", 2, 40)
+    assert found is not None and found.startswith("seed 27: twin_decisions: Vidur PipelineTick("), (
+        found
+    )
+    assert "tick=5" in found
+
+
+def test_mnemosynes_skipped_new_request_keeps_its_prefill_in_a_pipeline() -> None:
+    """The one-stage finding (`mnemosyne-skip-frees`) in a pipeline: a new request allocated its
+    whole prefill, then skipped because the chunk was spent, waits holding those blocks."""
+    with vidur_fixed(without("mnemosyne", "mnemosyne-skip-frees")):
+        found = first_failure("mnemosyne", 2, 40)
+    assert found is not None and found.startswith("seed 26: pipeline_blocks_conserved:"), found
+    assert "'r3' (waiting) holds 8 blocks" in found and "waiting ['r3']" in found
+
+
 LONE = [(0, ArRequest("a", 4, 3)), (0, ArRequest("b", 4, 2))]
 
 
@@ -113,9 +163,8 @@ def test_finding_fewer_seats_than_stages_never_schedule(kind: str) -> None:
     assert "waiting ['a', 'b']" in str(err.value)
     with vidur_fixed(PIPELINE_FIXES_OF[kind]):
         run = VidurPipeline(kind, cfg).run(LONE)
-        if kind in check.TWIN_OF:
-            twin = check.twin_run(kind, cfg, LONE)
-            assert (run.decisions, run.finished) == (twin.decisions, twin.finished)
+        twin = check.twin_run(kind, cfg, LONE)
+        assert (run.decisions, run.finished) == (twin.decisions, twin.finished)
     assert [d.tick for d in run.decisions] == [0, 2, 4, 6, 8] and run.peak_in_flight == 1
     assert run.finished == ((6, "a"), (10, "b"))
 
@@ -260,6 +309,100 @@ def test_each_pipeline_rule_catches_its_seeded_bug(mutant: Mutant, rule: str, me
     pytest.fail(f"{mutant.__name__} was not caught in 20 programs")
 
 
+# ---------------------------------------------------------------------- sequence parallelism
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("kind", SEQUENCE_PARALLEL_KINDS)
+def test_sequence_parallel_pipelines_keep_the_rules_and_decide_as_their_twins(
+    kind: str, stages: int
+) -> None:
+    """Vidur's sequence pipeline parallelism, declared to the rules: 100 generated programs each
+    (2,000 each at 2, 4 and 8 stages passed once, docs)."""
+    with vidur_fixed(PIPELINE_FIXES_OF[kind]):
+        for seed in range(100):
+            assert check.check_one(kind, stages, seed, sequence_parallel=True) is None, seed
+
+
+LONG = [(0, ArRequest("a", 12, 2))]
+
+
+@pytest.mark.parametrize("kind", SEQUENCE_PARALLEL_KINDS)
+def test_sequence_parallelism_overlaps_a_requests_prefill_chunks(kind: str) -> None:
+    """A 12-token prompt in chunks of 4 over 2 stages: without sequence parallelism each chunk
+    waits for the previous one to leave the last stage (ticks 0, 2, 4); with it, for the
+    previous one to leave stage 0 (ticks 0, 1, 2), so two chunks of 'a' are in flight at once.
+    The rules allow that only when the snapshot declares it: the same run checked without the
+    declaration breaks `one_batch_per_request`."""
+    cfg = config(block_size=1, max_num_batched_tokens=4, enable_chunked_prefill=True)
+    with vidur_fixed(PIPELINE_FIXES_OF[kind]):
+        plain = VidurPipeline(kind, cfg).run(LONG)
+        parallel = VidurPipeline(kind, cfg, sequence_parallel=True).run(LONG)
+        twin = check.twin_run(kind, cfg, LONG, sequence_parallel=True)
+        assert (parallel.decisions, parallel.finished) == (twin.decisions, twin.finished)
+        undeclared = VidurPipeline(
+            kind,
+            cfg,
+            sequence_parallel=True,
+            on_snapshot=lambda s: check_pipeline(dataclasses.replace(s, sequence_parallel=False)),
+        )
+        with pytest.raises(SpecViolation) as err:
+            undeclared.run(LONG)
+    chunks = [(d.tick, d.scheduled) for d in plain.decisions][:3]
+    assert chunks == [(0, (("a", 4),)), (2, (("a", 4),)), (4, (("a", 4),))]
+    chunks = [(d.tick, d.scheduled) for d in parallel.decisions][:3]
+    assert chunks == [(0, (("a", 4),)), (1, (("a", 4),)), (2, (("a", 4),))]
+    assert parallel.finished == ((6, "a"),) and plain.finished == ((8, "a"),)
+    assert err.value.rule == "one_batch_per_request"
+    assert "'a' is in batch 0 and in batch 1" in str(err.value)
+
+
+def decodes_pipelined_like_chunks(p: VidurPipeline) -> None:
+    """Sarathi's `on_stage_end` sends a decoding request back when its batch leaves stage 0, as
+    it does an unfinished prefill: its next token is scheduled before the last one exists."""
+    s = p.scheduler
+    stage_end = s.on_stage_end
+
+    def on_stage_end(stage_id: int, batch_stage: Any) -> None:
+        stage_end(stage_id, batch_stage)
+        if stage_id == 0:
+            s._preempted_requests.extend(
+                r for r in batch_stage.requests if r.is_prefill_complete and not r.completed
+            )
+
+    s.on_stage_end = on_stage_end
+
+
+def test_a_decode_still_overlaps_nothing_under_sequence_parallelism() -> None:
+    """The rule the declaration keeps: a request decoded by a batch in flight is in no other
+    batch. Seeded bug `decodes_pipelined_like_chunks`, caught in the first programs."""
+    with vidur_fixed(PIPELINE_FIXES_OF["sarathi"]):
+        for seed in range(20):
+            cfg, requests = check.program("sarathi", 2, seed)
+            pipeline = VidurPipeline("sarathi", cfg, sequence_parallel=True)
+            decodes_pipelined_like_chunks(pipeline)
+            try:
+                pipeline.run(requests)
+            except SpecViolation as err:
+                assert err.rule == "one_batch_per_request", err
+                assert "decodes it)" in str(err) and "sequence-parallel prefills" in str(err)
+                return
+    pytest.fail("decodes_pipelined_like_chunks was not caught in 20 programs")
+
+
+def test_sarathis_micro_batch_cap_does_not_bound_new_requests() -> None:
+    """Vidur's Sarathi stops admitting new requests when the batch holds exactly
+    `batch_size_cap // num_stages` (`len(requests) == self._max_micro_batch_size`); running
+    prefills are added without that check, so once they take the batch past it, new requests
+    are admitted again, up to the seats. With sequence parallelism this happens (4 seats over 4
+    stages: a cap of 1, a batch of 3); the twin decides alike (`vidur-sarathi-released`), and no
+    rule bounds a micro-batch."""
+    cfg, requests = check.program("sarathi", 4, 22)
+    assert max(1, cfg.max_num_seqs // cfg.num_stages) == 1
+    with vidur_fixed(PIPELINE_FIXES_OF["sarathi"]):
+        run = VidurPipeline("sarathi", cfg, sequence_parallel=True).run(requests)
+        assert check.check_one("sarathi", 4, 22, sequence_parallel=True) is None
+    assert PipelineTick(4, 0, (("r4", 1), ("r1", 1), ("r2", 10)), ()) in run.decisions
+
+
 # ---------------------------------------------------------------------- several replicas
 @pytest.mark.parametrize("routing", ["round_robin", "lor"])
 @pytest.mark.parametrize("stages", [1, 2])
@@ -359,6 +502,8 @@ def test_configurations_and_programs_it_cannot_run_are_typed_errors() -> None:
         VidurPipeline("vllm", config(enable_prefix_caching=True))
     with pytest.raises(ConfigError, match="routing='random'"):
         VidurPipeline("vllm", config(num_replicas=2), routing="random")
+    with pytest.raises(ConfigError, match="False for vllm: Vidur runs sequence pipeline"):
+        VidurPipeline("vllm", config(), sequence_parallel=True)
     pipeline = VidurPipeline("vllm", config())
     with pytest.raises(DuplicateRequest):
         pipeline.run([(0, ArRequest("a", 4, 2)), (1, ArRequest("a", 3, 1))])
@@ -405,6 +550,10 @@ def test_the_script_passes_fixed_and_fails_as_released_naming_the_finding() -> N
         (["--kinds", "lightllm"], "--kinds: ['lightllm'] unknown"),
         (["--programs", "0"], "must be positive"),
         (["--routing", "random"], "invalid choice: 'random'"),
+        (
+            ["--kinds", "vllm", "--sequence-parallel"],
+            "['vllm'] unknown with --sequence-parallel; choose from sarathi,mnemosyne",
+        ),
         (["--stages", "3", "--programs", "1"], "error: invalid num_stages=3"),
     ],
 )
@@ -415,7 +564,7 @@ def test_the_script_refuses_bad_arguments_in_one_line(argv: list[str], message: 
 
 
 def test_the_newest_release_runs_its_pipelines_too() -> None:
-    """vidur 0.0.26 (vLLM and Sarathi; it dropped Orca and FasterTransformer): fixed, every
+    """vidur 0.0.26 (vLLM, Sarathi, Mnemosyne; it dropped Orca and FasterTransformer): fixed, every
     program passes; as released, the finding."""
     require_engine(
         manifest_of("0.0.26"),
@@ -424,7 +573,7 @@ def test_the_newest_release_runs_its_pipelines_too() -> None:
         command="SCHEDSPEC_VIDUR_VERSION=0.0.26 schedspec install-engines vidur",
     )
     env = {**os.environ, "SCHEDSPEC_VIDUR_VERSION": "0.0.26"}
-    fixed = script("--kinds", "vllm,sarathi", "--programs", "40", env=env)
+    fixed = script("--kinds", "vllm,sarathi,mnemosyne", "--programs", "40", env=env)
     assert fixed.returncode == 0 and "Vidur 0.0.26, with its fixes" in fixed.stdout, fixed.stdout
     released = script("--kinds", "vllm", "--programs", "40", "--as-released", env=env)
     assert released.returncode == 1 and "[progress]" in released.stdout, released.stdout

@@ -102,3 +102,67 @@ def test_requests_conserved(change: dict[str, object], message: str) -> None:
 def test_pipeline_blocks_conserved(change: dict[str, object], message: str) -> None:
     err = broken(dataclasses.replace(GOOD, **change))  # type: ignore[arg-type]
     assert err.rule == PipelineRule.PIPELINE_BLOCKS_CONSERVED and message in str(err), err
+
+
+# sequence pipeline parallelism: 'b' has a prefill chunk in each of batches 4 and 3 and is
+# pending for its next one; 'c' is decoded by batch 3
+PARALLEL = dataclasses.replace(
+    GOOD,
+    batches=(
+        BatchInFlight(4, 5, 0, ("a", "b")),
+        BatchInFlight(3, 4, 1, ("b", "c"), decodes=frozenset("c")),
+    ),
+    pending=("e", "b"),
+    sequence_parallel=True,
+)
+
+
+def test_sequence_parallelism_overlaps_prefill_chunks_of_a_request() -> None:
+    check_pipeline(PARALLEL)
+    assert "sequence-parallel prefills" in PARALLEL.describe()
+    assert "decodes ['c']" in PARALLEL.describe()
+    # the same pipeline without the option is what the rules forbid
+    err = broken(dataclasses.replace(PARALLEL, sequence_parallel=False))
+    assert err.rule == PipelineRule.ONE_BATCH_PER_REQUEST
+    assert "'b' is in batch 4 and in batch 3" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("change", "rule", "message"),
+    [
+        # a request decoded in flight is scheduled again
+        (
+            {
+                "batches": (
+                    BatchInFlight(4, 5, 0, ("a", "c")),
+                    BatchInFlight(3, 4, 1, ("b", "c"), decodes=frozenset("c")),
+                )
+            },
+            PipelineRule.ONE_BATCH_PER_REQUEST,
+            "'c' is in batch 4 and in batch 3 (batch 3 decodes it)",
+        ),
+        # ... or pending while its decode runs
+        (
+            {"pending": ("e", "b", "c")},
+            PipelineRule.REQUESTS_CONSERVED,
+            "'c' is both batch 3 and pending",
+        ),
+        # a request between chunks is pending once
+        (
+            {"pending": ("e", "b", "b")},
+            PipelineRule.REQUESTS_CONSERVED,
+            "'b' is both batch 4 and pending and pending",
+        ),
+        # a restarted request with a chunk still in flight
+        (
+            {"pending": ("e",), "waiting": ("d", "b")},
+            PipelineRule.REQUESTS_CONSERVED,
+            "'b' is both batch 4 and waiting",
+        ),
+    ],
+)
+def test_sequence_parallelism_still_keeps_a_decode_alone(
+    change: dict[str, object], rule: PipelineRule, message: str
+) -> None:
+    err = broken(dataclasses.replace(PARALLEL, **change))  # type: ignore[arg-type]
+    assert err.rule == rule and message in str(err), err

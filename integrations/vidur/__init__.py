@@ -55,10 +55,13 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     )
 
 
-def replica_scheduler(kind: str, config: ArConfig, vidur: Any) -> Any:
+def replica_scheduler(
+    kind: str, config: ArConfig, vidur: Any, sequence_parallel: bool = False
+) -> Any:
     """A fresh, real Vidur `kind` replica scheduler (`vidur`: `engine.load()`) for `config`, with
-    `config.num_stages` pipeline stages, built by its own `__init__` from Vidur's config
-    dataclasses, at a constant execution time. Checks nothing: `check_config` (one stage) and
+    `config.num_stages` pipeline stages (and sequence pipeline parallelism when asked and there
+    are several), built by its own `__init__` from Vidur's config dataclasses, at a constant
+    execution time. Checks nothing: `check_config` (one stage) and
     `integrations.vidur.pipeline.check_pipeline_config` (several) do."""
     from integrations.vidur.adapter import _ConstantTime
 
@@ -78,7 +81,8 @@ def replica_scheduler(kind: str, config: ArConfig, vidur: Any) -> Any:
     stage: dict[str, Any] = {
         "num_pipeline_stages": config.num_stages,
         "tensor_parallel_size": 1,
-        "enable_sequence_pipeline_parallel": False,
+        # with one stage Vidur turns it off itself, logging a warning
+        "enable_sequence_pipeline_parallel": sequence_parallel and config.num_stages > 1,
     }
     if vidur.CacheConfig is None:  # 0.0.25: the pool is the scheduler's, the block the replica's
         replica_config = vidur.ReplicaConfig(**stage, block_size=config.block_size)

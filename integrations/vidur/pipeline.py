@@ -65,12 +65,17 @@ from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecVio
 
 #: The schedulers whose pipelines run here (LightLLM asserts one stage itself).
 PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft", "mnemosyne")
+#: The schedulers Vidur runs with sequence pipeline parallelism (its `SimulationConfig` asserts
+#: Sarathi or a Mnemosyne scheduler; of those, Mnemosyne FCFS fixed-chunk runs here).
+SEQUENCE_PARALLEL_KINDS: tuple[str, ...] = ("sarathi", "mnemosyne")
 
 
-def check_pipeline_config(kind: str, config: ArConfig, routing: str = "round_robin") -> None:
+def check_pipeline_config(
+    kind: str, config: ArConfig, routing: str = "round_robin", sequence_parallel: bool = False
+) -> None:
     """Refuse, with a `ConfigError` naming the field, what a Vidur `kind` pipeline cannot run:
-    another kind or routing, or the profile's space (FCFS, no prefix cache, ...) at
-    `config.num_stages` stages."""
+    another kind or routing, sequence parallelism for a kind Vidur refuses it to, or the
+    profile's space (FCFS, no prefix cache, ...) at `config.num_stages` stages."""
     if kind not in PIPELINE_KINDS:
         raise ConfigError(
             "kind",
@@ -79,6 +84,13 @@ def check_pipeline_config(kind: str, config: ArConfig, routing: str = "round_rob
         )
     if routing not in ROUTINGS:
         raise ConfigError("routing", routing, f"one of {', '.join(ROUTINGS)}")
+    if sequence_parallel and kind not in SEQUENCE_PARALLEL_KINDS:
+        raise ConfigError(
+            "sequence_parallel",
+            True,
+            f"False for {kind}: Vidur runs sequence pipeline parallelism with "
+            f"{' and '.join(SEQUENCE_PARALLEL_KINDS)} only",
+        )
     space = dataclasses.replace(PROFILES[kind].space, stages=frozenset({config.num_stages}))
     space.check(config)
 
@@ -120,6 +132,7 @@ class _Batch:
     formed_at: int
     stage: int
     vidur: Any  # vidur.entities.Batch
+    decodes: frozenset[str]  # its requests whose prefill was complete when it formed
 
 
 @dataclass(slots=True)
@@ -134,6 +147,12 @@ def _allocated(scheduler: Any) -> int:
     groups = getattr(scheduler, "_kvp_group_num_allocated_blocks", None)
     count: int = sum(groups) if groups is not None else scheduler._num_allocated_blocks
     return count
+
+
+def _chunks_done(vreq: Any) -> bool:
+    """The request has computed a prefill chunk since its last restart, or (with sequence
+    parallelism) has one past stage 0."""
+    return bool(vreq.num_processed_tokens or vreq.num_stage_processed_tokens)
 
 
 def _model_layers(vidur: Any) -> int:
@@ -166,13 +185,17 @@ class VidurPipeline:
         config: ArConfig,
         *,
         routing: str = "round_robin",
+        sequence_parallel: bool = False,
         fix_restart: bool = True,
         on_snapshot: Callable[[PipelineSnapshot], None] = check_pipeline,
     ) -> None:
         """`ConfigError` for what `check_pipeline_config` refuses, or a stage count Vidur's model
         cannot split (its layers must divide evenly); `EngineNotInstalled` without Vidur.
-        `on_snapshot` sees every tick's snapshot of every replica (default: `check_pipeline`)."""
-        check_pipeline_config(kind, config, routing)
+        `sequence_parallel` turns on Vidur's sequence pipeline parallelism (Sarathi and
+        Mnemosyne only; with one stage Vidur turns it off), declared to the rules through each
+        snapshot. `on_snapshot` sees every tick's snapshot of every replica (default:
+        `check_pipeline`)."""
+        check_pipeline_config(kind, config, routing, sequence_parallel)
         from integrations.vidur import MANIFEST, engine, replica_scheduler
 
         MANIFEST.require_shipped(f"real-vidur-{kind}")
@@ -188,7 +211,7 @@ class VidurPipeline:
         self._index: dict[Any, int] = {}  # Vidur's replica id -> replica index
         for i in range(config.num_replicas):
             try:
-                scheduler = replica_scheduler(kind, config, vidur)
+                scheduler = replica_scheduler(kind, config, vidur, sequence_parallel)
             except AssertionError:  # Vidur's ReplicaConfig: the layers split evenly
                 layers = _model_layers(vidur)
                 divisors = [n for n in range(1, layers + 1) if layers % n == 0]
@@ -302,10 +325,14 @@ class VidurPipeline:
         ledger = kv_ledger(s)
         queued = s.get_pending_requests()
         # Mnemosyne queues an admitted request between chunks with the new ones (0.0.25) or
-        # in its partial-prefill queue (0.0.26): it holds its blocks, so it is pending
-        waiting = [self._rid[r.id] for r in queued if r.id not in ledger]
+        # in its partial-prefill queue (0.0.26): it has computed a chunk (with sequence
+        # parallelism: its chunk has passed stage 0), so it is pending; a queued request that
+        # computed nothing is waiting, whatever it holds (as released, a skipped new request
+        # keeps the prefill it was allocated: `mnemosyne-skip-frees`)
+        chunked = {r.id for r in queued if r.id in ledger and _chunks_done(r)}
+        waiting = [self._rid[r.id] for r in queued if r.id not in chunked]
         between = list(getattr(s, "_preempted_requests", []))
-        between.extend(r for r in queued if r.id in ledger)
+        between.extend(r for r in queued if r.id in chunked)
         for batch in getattr(s, "_preempted_batches", []):
             between.extend(batch.requests)
         pending = [self._rid[r.id] for r in between if not r.completed]
@@ -315,6 +342,7 @@ class VidurPipeline:
                 b.formed_at,
                 b.stage,
                 tuple(self._rid[r.id] for r in b.vidur.requests),
+                b.decodes,
             )
             for b in self._batches.values()
             if b.replica == replica
@@ -333,6 +361,7 @@ class VidurPipeline:
             held_blocks=held,
             free_blocks=self.config.usable_blocks - _allocated(s),
             usable_blocks=self.config.usable_blocks,
+            sequence_parallel=s.is_sequence_pipeline_parallel_enabled,
         )
 
     # ------------------------------------------------------------------ internals
@@ -385,7 +414,8 @@ class VidurPipeline:
             return
         if kind == "ReplicaScheduleEvent":
             replica = self._index[event._replica_id]
-            self._batches[id(batch)] = _Batch(self._formed, replica, self._now, 0, batch)
+            decodes = frozenset(self._rid[r.id] for r in batch.requests if r.is_prefill_complete)
+            self._batches[id(batch)] = _Batch(self._formed, replica, self._now, 0, batch, decodes)
             self._formed += 1
             self._tick(replica).scheduled.extend((self._rid[r.id], n) for r, n in _scheduled(batch))
         elif kind == "ReplicaStageScheduleEvent" and event._batch_stage is not None:
@@ -401,6 +431,7 @@ class VidurPipeline:
 
 __all__ = [
     "PIPELINE_KINDS",
+    "SEQUENCE_PARALLEL_KINDS",
     "PipelineRun",
     "PipelineTick",
     "VidurPipeline",

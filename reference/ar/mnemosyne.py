@@ -40,6 +40,7 @@ from reference.ar.base import ArReq
 from reference.ar.vidur import VIDUR_SPACE, WATERMARK_FRACTION, VidurReplicaBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, VictimOrder
+from spec.ar.events import ArFinishReason
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.implementation import ArImplementation
 
@@ -58,11 +59,22 @@ class VidurMnemosyne(VidurReplicaBase):
     chunked = True
     partial_prefills_first = True  # 0.0.26's separate partial-prefill queue, read first
     watermark_fraction = WATERMARK_FRACTION
+    sequence_parallel_capable = True
 
-    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
-        super().__init__(config, sink)
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        *,
+        pipelined: bool = False,
+        sequence_parallel: bool = False,
+    ) -> None:
+        super().__init__(config, sink, pipelined=pipelined, sequence_parallel=sequence_parallel)
         self.partials: list[ArReq] = []
-        self.completing: list[ArReq] = []  # this batch's requests whose prefill is complete
+        # Vidur's `num_prefill_tokens` of a restarted request, all it knew (the others': their
+        # prompt); a batch end reads `is_prefill_complete` from it, which in a pipeline is
+        # `num_stages` formations after the batch formed
+        self.prefill_tokens: dict[str, int] = {}
 
     @property
     def rules(self) -> ArRules:
@@ -70,31 +82,56 @@ class VidurMnemosyne(VidurReplicaBase):
         restarted one may still admit, FCFS admission past at most 9 requests that do not fit."""
         return MNEMOSYNE_RULES
 
-    def abort(self, request_id: str) -> None:
-        """As `VidurReplicaBase.abort`, and out of the partial-prefill queue too."""
-        super().abort(request_id)
-        self.partials = [r for r in self.partials if r.rid != request_id]
+    def between_batches(self) -> list[ArReq]:
+        """The decode queue, then the admitted requests between prefill chunks."""
+        return [*self.pending, *self.partials]
 
-    def _add(self, req: ArReq, n: int) -> None:
-        if req.num_computed + n == req.known:  # its prefill completes (or it decodes)
-            self.completing.append(req)
-        super()._add(req, n)
+    def _prefill_of(self, req: ArReq) -> int:
+        return self.prefill_tokens.get(req.rid, req.spec.prompt_len)
+
+    def decoding(self, req: ArReq) -> bool:
+        """Vidur's `is_prefill_complete`: its computed tokens reached its prefill tokens.
+        (`ArReq.prefill_done` cannot tell a request one token short of finishing its recompute
+        from one that decodes.)"""
+        return req.num_computed >= self._prefill_of(req)
+
+    def _prefill_stage_complete(self, req: ArReq) -> bool:
+        return self._chunk_start(req) >= self._prefill_of(req)
 
     def _requeue(self, req: ArReq) -> None:
-        """Vidur's `is_prefill_complete`: set when a chunk computes the last known token, reset
-        by a restart. (`ArReq.prefill_done` cannot tell a request one token short of finishing
-        its recompute from one that decodes.)"""
-        (self.pending if req in self.completing else self.partials).append(req)
+        """Vidur's `on_batch_end`: to the decode queue once its prefill is complete, else to wait
+        for its next chunk (with sequence parallelism it did when its chunk left stage 0)."""
+        if self.decoding(req):
+            self.pending.append(req)
+        elif not self.sequence_parallel:
+            self.partials.append(req)
+
+    def _requeue_chunk(self, req: ArReq) -> None:
+        self.partials.append(req)
+
+    def unqueue(self, request_id: str) -> None:
+        """As `VidurReplicaBase.unqueue`, and out of the partial-prefill queue too."""
+        super().unqueue(request_id)
+        self.partials = [r for r in self.partials if r.rid != request_id]
+
+    def abort(self, request_id: str) -> None:
+        """As `VidurReplicaBase.abort`; its prefill tokens are forgotten."""
+        super().abort(request_id)
+        self.prefill_tokens.pop(request_id, None)
+
+    def _finish(self, req: ArReq, reason: ArFinishReason) -> None:
+        super()._finish(req, reason)
+        self.prefill_tokens.pop(req.rid, None)
 
     def _preempt(self, victim: ArReq) -> None:
-        """Vidur's restart puts the victim back in its request queue, which is sorted by
-        arrival before prefills are admitted."""
+        """Vidur's restart: its prefill becomes all it knows, and it goes back to its request
+        queue, which is sorted by arrival before prefills are admitted."""
+        self.prefill_tokens[victim.rid] = victim.known
         super()._preempt(victim)
         self.waiting = deque(sorted(self.waiting, key=_arrival))
 
     # ------------------------------------------------------------------ one batch
     def _schedule(self) -> None:
-        self.completing = []
         self._add_decodes()
         partials = sorted(self.partials, key=_arrival)
         if self.partial_prefills_first:
@@ -138,7 +175,7 @@ class VidurMnemosyne(VidurReplicaBase):
             if self.pool.num_free - need < self.watermark:
                 return False
             self._grow(req, need)
-        n = max(0, min(req.uncomputed, self._chunk_left()))
+        n = max(0, min(self._prefill_of(req) - self._chunk_start(req), self._chunk_left()))
         if n == 0:
             if is_new:  # no token for it in this batch: it stays queued, holding nothing
                 self._free_all(req)

@@ -11,6 +11,13 @@ The replica scheduler makes every decision (admission, KV blocks, restarts); thi
 moves batches through the stages: `VidurReplicaBase` subclasses driven with `pipelined=True`.
 LightLLM keeps refusing `num_stages > 1` (`ConfigError`), as in Vidur.
 
+With `sequence_parallel=True` (Vidur's sequence pipeline parallelism; Sarathi as released and
+Mnemosyne) a request's prefill chunk sends it back for its next chunk when its batch leaves
+stage 0 rather than the last stage, so several chunks of one request are in flight at once; its
+first decode still waits for its last chunk's batch to end. At the end of a tick the batch
+leaving stage 0 is handled before the batch leaving the pipeline, as Vidur's event loop handles
+every stage end of an instant before the batch end it brings.
+
 Events go to the sink as they happen: the batch's allocations, schedules and restarts at
 formation; at the end of each tick `ArStepEnd(tick)`, then the finishes of the completing batch.
 With one stage this is the replica's own step, event for event, and `ArSpecMachine` checks it;
@@ -25,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference.ar.base import ArReq
+from reference.ar.mnemosyne import MnemosyneOneQueue, VidurMnemosyne
 from reference.ar.vidur import (
     VidurFasterTransformer,
     VidurOrca,
@@ -35,7 +43,7 @@ from reference.ar.vidur import (
 from reference.ar.vidur_released import VidurSarathiReleased, VidurVllmReleased
 from spec.ar.adapter import ArEventSink
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.events import ArAborted, ArStepEnd
+from spec.ar.events import ArStepEnd
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
 from spec.errors import ConfigError, SchedulerStalled
 
@@ -44,6 +52,9 @@ STAGE_REPLICAS: dict[str, type[VidurReplicaBase]] = {
     "vidur-sarathi": VidurSarathi,
     "vidur-orca": VidurOrca,
     "vidur-ft": VidurFasterTransformer,
+    # Mnemosyne FCFS fixed-chunk: 0.0.26's partial-prefill queue, 0.0.25's one queue
+    "vidur-mnemosyne": VidurMnemosyne,
+    "vidur-mnemosyne-one-queue": MnemosyneOneQueue,
     # as Vidur's releases decide (`reference.ar.vidur_released`): the twins of the real classes
     "vidur-vllm-released": VidurVllmReleased,
     "vidur-sarathi-released": VidurSarathiReleased,
@@ -52,18 +63,28 @@ STAGE_REPLICAS: dict[str, type[VidurReplicaBase]] = {
 
 @dataclass(slots=True)
 class MicroBatch:
-    """One batch in flight: the requests and the tokens each computes, formed at `formed_at`."""
+    """One batch in flight: the requests and the tokens each computes, formed at `formed_at`;
+    `decodes`: the requests whose prefill was complete when it formed."""
 
     batch_id: int
     formed_at: int
     tokens: dict[str, int]
     requests: list[ArReq]
+    decodes: frozenset[str]
 
 
 class StageScheduler:
-    """Pipeline stages over one Vidur replica scheduler (one batch per stage in flight)."""
+    """Pipeline stages over one Vidur replica scheduler (one batch per stage in flight; with
+    sequence parallelism, prefill chunks of one request in several)."""
 
-    def __init__(self, config: ArConfig, sink: ArEventSink, replica: str = "vidur-vllm") -> None:
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        replica: str = "vidur-vllm",
+        *,
+        sequence_parallel: bool = False,
+    ) -> None:
         cls = STAGE_REPLICAS.get(replica)
         if cls is None:
             raise ConfigError(
@@ -71,7 +92,9 @@ class StageScheduler:
             )
         self.config = config
         self.sink = sink
-        self.replica: VidurReplicaBase = cls(config, sink, pipelined=True)
+        self.replica: VidurReplicaBase = cls(
+            config, sink, pipelined=True, sequence_parallel=sequence_parallel
+        )
         self.stages: list[MicroBatch | None] = [None] * config.num_stages
         self.tick: int = 0
         self.next_batch: int = 0
@@ -88,15 +111,17 @@ class StageScheduler:
         self.submitted.add(request.request_id)
 
     def abort(self, request_id: str) -> None:
-        """Abort now, or, for a request in a batch in flight, when the batch completes."""
+        """Abort now, or, for a request in a batch in flight, when the last batch that holds it
+        completes (it gets no further chunk meanwhile)."""
         if request_id in self.in_flight():
             self.aborting.add(request_id)
+            self.replica.unqueue(request_id)
             return
         self.replica.abort(request_id)
         self.aborted.add(request_id)
 
     def in_flight(self) -> dict[str, int]:
-        """Request id -> the stage of the batch that holds it."""
+        """Request id -> the last stage of a batch that holds it."""
         return {rid: k for k, b in enumerate(self.stages) if b is not None for rid in b.tokens}
 
     def occupancy(self) -> tuple[int | None, ...]:
@@ -109,13 +134,19 @@ class StageScheduler:
 
     def step(self) -> None:
         """One tick: form a batch into stage 0 if it is free, run every stage, complete the batch
-        in the last stage, move the others one stage on."""
+        in the last stage, move the others one stage on. With sequence parallelism the batch
+        leaving stage 0 first sends its unfinished prefills back for their next chunk (Vidur
+        handles every stage end of an instant before the batch end it brings)."""
         if self.stages[0] is None:
             self.stages[0] = self._form()
         self.peak_in_flight = max(self.peak_in_flight, sum(b is not None for b in self.stages))
         self.sink(ArStepEnd(self.tick))
-        done = self.stages[-1]
+        done, leaving = self.stages[-1], self.stages[0]
         self.stages = [None, *self.stages[:-1]]
+        if self.replica.sequence_parallel and leaving is not None:
+            for req in leaving.requests:
+                if req.rid not in self.aborting:
+                    self.replica.stage_zero_done(req, leaving.tokens[req.rid])
         if done is not None:
             self._complete(done)
         for req in self.replica.waiting:
@@ -144,7 +175,8 @@ class StageScheduler:
         if not batch:
             return None
         self.next_batch += 1
-        return MicroBatch(self.next_batch - 1, self.tick, dict(r.scheduled), batch)
+        decodes = frozenset(req.rid for req in batch if r.decoding(req))
+        return MicroBatch(self.next_batch - 1, self.tick, dict(r.scheduled), batch, decodes)
 
     def _complete(self, batch: MicroBatch) -> None:
         r = self.replica
@@ -157,13 +189,13 @@ class StageScheduler:
                 if req.first_token is None:
                     req.first_token = self.tick
         r.step_index = self.tick
+        flying = self.in_flight()  # with sequence parallelism: other chunks still running
         for req in batch.requests:
             if req.rid in self.aborting:
-                self.aborting.discard(req.rid)
-                r.running.remove(req)
-                r._free_all(req)
-                self.aborted.add(req.rid)
-                self.sink(ArAborted(req.rid))
+                if req.rid not in flying:
+                    self.aborting.discard(req.rid)
+                    r.abort(req.rid)  # out of running, its blocks freed, `ArAborted`
+                    self.aborted.add(req.rid)
                 continue
             reason = req.finish_reason()
             if reason is not None:
@@ -177,7 +209,7 @@ class StageScheduler:
         `self.tick`; held blocks are the running requests' block tables."""
         r = self.replica
         batches = tuple(
-            BatchInFlight(b.batch_id, b.formed_at, k, tuple(b.tokens))
+            BatchInFlight(b.batch_id, b.formed_at, k, tuple(b.tokens), b.decodes)
             for k, b in enumerate(self.stages)
             if b is not None
         )
@@ -186,13 +218,14 @@ class StageScheduler:
             num_stages=len(self.stages),
             batches=batches,
             waiting=tuple(q.rid for q in r.waiting),
-            pending=tuple(q.rid for q in r.pending),
+            pending=tuple(q.rid for q in r.between_batches()),
             finished=tuple(r.finished),
             aborted=tuple(self.aborted),
             submitted=frozenset(self.submitted),
             held_blocks={q.rid: len(q.blocks) for q in r.running},
             free_blocks=r.pool.num_free,
             usable_blocks=self.config.usable_blocks,
+            sequence_parallel=r.sequence_parallel,
         )
 
     def check_pipeline(self) -> None:
@@ -202,11 +235,16 @@ class StageScheduler:
 
 
 def make_stage_scheduler(
-    config: ArConfig, sink: ArEventSink, replica: str = "vidur-vllm"
+    config: ArConfig,
+    sink: ArEventSink,
+    replica: str = "vidur-vllm",
+    *,
+    sequence_parallel: bool = False,
 ) -> StageScheduler:
     """Factory: a `StageScheduler` over the Vidur replica scheduler `replica` (a key of
-    `STAGE_REPLICAS`; `ConfigError` for another, or for a config that replica refuses)."""
-    return StageScheduler(config, sink, replica)
+    `STAGE_REPLICAS`; `ConfigError` for another, for a config that replica refuses, or for
+    sequence parallelism over a replica that has none)."""
+    return StageScheduler(config, sink, replica, sequence_parallel=sequence_parallel)
 
 
 __all__ = [

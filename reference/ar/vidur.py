@@ -65,11 +65,33 @@ class VidurReplicaBase(ArSchedulerBase):
     name = "vidur"
     chunked: bool | None = False  # what enable_chunked_prefill must be (None: either)
     watermark_fraction = 0.0  # the project's deviation; Vidur's is WATERMARK_FRACTION
+    # the classes that run with sequence pipeline parallelism (`stage_zero_done`)
+    sequence_parallel_capable = False
 
-    def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        *,
+        pipelined: bool = False,
+        sequence_parallel: bool = False,
+    ) -> None:
         self.pipelined = pipelined  # driven by reference.ar.stages.StageScheduler
         self._check_config(config)
+        if sequence_parallel and not (pipelined and self.sequence_parallel_capable):
+            raise ConfigError(
+                "sequence_parallel",
+                True,
+                f"False for {self.name}: sequence pipeline parallelism runs in a "
+                "StageScheduler over vidur-sarathi-released or vidur-mnemosyne(-one-queue)",
+            )
         super().__init__(config, sink)
+        # Vidur's `enable_sequence_pipeline_parallel`, which it turns off at one stage: a
+        # request's next prefill chunk is formed once its previous one has left stage 0
+        self.sequence_parallel = sequence_parallel and config.num_stages > 1
+        # with it, tokens past stage 0 since the last restart (Vidur's
+        # `num_stage_processed_tokens`), by request id
+        self.stage_computed: dict[str, int] = {}
         self.pending: list[ArReq] = []
         self.batch: list[ArReq] = []
         # Vidur's pool is the usable blocks (it has no null block)
@@ -114,6 +136,10 @@ class VidurReplicaBase(ArSchedulerBase):
         `batch_size_cap // num_stages`); the seat cap itself bounds all running requests."""
         return max(1, self.config.max_num_seqs // self.config.num_stages)
 
+    def between_batches(self) -> list[ArReq]:
+        """The running requests in no batch (in a pipeline: not in flight): `pending`."""
+        return list(self.pending)
+
     # ------------------------------------------------------------------ step
     def step(self) -> None:
         """The base step, then Vidur's `on_batch_end`: each request of the batch still running waits
@@ -132,7 +158,40 @@ class VidurReplicaBase(ArSchedulerBase):
     def abort(self, request_id: str) -> None:
         """As `ArSchedulerBase.abort`, and out of `pending` too."""
         super().abort(request_id)
+        self.unqueue(request_id)
+
+    def unqueue(self, request_id: str) -> None:
+        """Take the request out of the queues of requests between batches (it is aborting)."""
         self.pending = [r for r in self.pending if r.rid != request_id]
+
+    def _free_all(self, req: ArReq) -> None:
+        """As the base; a finished or aborted request's stage count goes too."""
+        self.stage_computed.pop(req.rid, None)
+        super()._free_all(req)
+
+    # ------------------------------------------------------------------ sequence parallelism
+    def decoding(self, req: ArReq) -> bool:
+        """Its prefill is complete (Vidur's `is_prefill_complete`): a batch decodes it."""
+        return req.prefill_done
+
+    def _chunk_start(self, req: ArReq) -> int:
+        """Where its next prefill chunk starts: its computed tokens, or with sequence
+        parallelism those past stage 0."""
+        return self.stage_computed.get(req.rid, req.num_computed)
+
+    def stage_zero_done(self, req: ArReq, n: int) -> None:
+        """Its batch left stage 0 having scheduled it `n` tokens (sequence parallelism only):
+        count them, and unless that completed its prefill it waits for its next chunk
+        (Vidur's `on_stage_end` for stage 0)."""
+        self.stage_computed[req.rid] = self._chunk_start(req) + n
+        if not self._prefill_stage_complete(req):
+            self._requeue_chunk(req)
+
+    def _prefill_stage_complete(self, req: ArReq) -> bool:
+        return self._chunk_start(req) >= req.known
+
+    def _requeue_chunk(self, req: ArReq) -> None:
+        self.pending.append(req)
 
     def _add(self, req: ArReq, n: int) -> None:
         self.batch.append(req)
@@ -158,9 +217,10 @@ class VidurReplicaBase(ArSchedulerBase):
 
     def _restart(self, victim: ArReq) -> None:
         """Vidur's restart: free everything, fold processed tokens into the prefill, back to the
-        head of the request queue."""
+        head of the request queue (the stage counts reset: the adapter's repair of Vidur's)."""
         if victim in self.pending:
             self.pending.remove(victim)
+        self.stage_computed.pop(victim.rid, None)
         self._preempt(victim)
 
     def _decode_or_restart(self, req: ArReq) -> bool:
@@ -259,7 +319,7 @@ class VidurSarathi(VidurReplicaBase):
             batch_tokens += n
         self.pending = sorted(skipped + self.pending, key=lambda r: r.arrival)
         while self.waiting:
-            if len(self.running) >= cfg.max_num_seqs or len(self.batch) >= self.micro_batch_cap:
+            if len(self.running) >= cfg.max_num_seqs or self._full_for_new():
                 break
             req = self.waiting[0]
             if not self._fits_new(req):
@@ -270,6 +330,11 @@ class VidurSarathi(VidurReplicaBase):
             self._admit_new(req, self._new_blocks(req))
             self._add(req, n)
             batch_tokens += n
+
+    def _full_for_new(self) -> bool:
+        """The batch takes no new request: it holds its micro-batch cap (running prefills, which
+        the cap does not stop, may have taken it past)."""
+        return len(self.batch) >= self.micro_batch_cap
 
     def _prefill_complete(self, req: ArReq) -> bool:
         """The request decodes (one token a batch) rather than taking a prefill chunk. Counted

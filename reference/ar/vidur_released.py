@@ -65,12 +65,20 @@ class VidurSarathiReleased(VidurSarathi):
 
     name = "vidur-sarathi-released"
     watermark_fraction = WATERMARK_FRACTION
+    sequence_parallel_capable = True
     # Vidur's restart; False: the victim prefills all it knows again, as `vidur-sarathi` (for
     # telling the release's rules apart: scripts/repro_vidur_rules.py)
     restart_keeps_processed = True
 
-    def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
-        super().__init__(config, sink, pipelined=pipelined)
+    def __init__(
+        self,
+        config: ArConfig,
+        sink: ArEventSink,
+        *,
+        pipelined: bool = False,
+        sequence_parallel: bool = False,
+    ) -> None:
+        super().__init__(config, sink, pipelined=pipelined, sequence_parallel=sequence_parallel)
         # Vidur's `num_prefill_tokens` of a restarted request (the others': their prompt)
         self.prefill_tokens: dict[str, int] = {}
         # Vidur's `is_prefill_complete`, by request id
@@ -79,11 +87,22 @@ class VidurSarathiReleased(VidurSarathi):
     def _prefill_of(self, req: ArReq) -> int:
         return self.prefill_tokens.get(req.rid, req.spec.prompt_len)
 
+    def _full_for_new(self) -> bool:
+        """Vidur's `len(requests) == self._max_micro_batch_size`: once running prefills took the
+        batch past its cap, new requests are admitted again (up to the seats)."""
+        return len(self.batch) == self.micro_batch_cap
+
     def _prefill_complete(self, req: ArReq) -> bool:
         return req.rid in self.prefill_completed
 
+    def decoding(self, req: ArReq) -> bool:
+        return self._prefill_complete(req)
+
     def _prefill_left(self, req: ArReq) -> int:
-        return self._prefill_of(req) - req.num_computed
+        return self._prefill_of(req) - self._chunk_start(req)
+
+    def _prefill_stage_complete(self, req: ArReq) -> bool:
+        return self._chunk_start(req) >= self._prefill_of(req)
 
     def _new_blocks(self, req: ArReq) -> int:
         """Blocks for Vidur's prefill tokens: after a restart mid-prompt, fewer than known."""
@@ -107,8 +126,13 @@ class VidurSarathiReleased(VidurSarathi):
         super()._restart(victim)
 
     def _requeue(self, req: ArReq) -> None:
+        """Vidur's `on_batch_end`: a request whose prefill is now complete sets its flag; with
+        sequence parallelism only those return here (the others did when their chunk left stage
+        0)."""
         if req.num_computed >= self._prefill_of(req):
             self.prefill_completed.add(req.rid)
+        elif self.sequence_parallel:
+            return
         super()._requeue(req)
 
     def abort(self, request_id: str) -> None:

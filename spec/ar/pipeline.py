@@ -15,6 +15,13 @@ raises `SpecViolation` naming one of `PipelineRule`:
 - `pipeline_blocks_conserved`: free + held blocks = usable blocks, and only pending or in-flight
   requests hold blocks (waiting, finished and aborted ones hold none).
 
+One declared option relaxes two of them: sequence pipeline parallelism
+(`PipelineSnapshot.sequence_parallel`; Vidur's `enable_sequence_pipeline_parallel`, from
+Mnemosyne) schedules a request's next prefill chunk as soon as its previous one has left stage 0,
+so several batches in flight may hold prefill chunks of one request, which is meanwhile pending
+for its next chunk. A decode still overlaps nothing: a request that a batch in flight decodes
+(`BatchInFlight.decodes`) is in no other batch and not pending.
+
 Both the project's stage scheduler (`reference.ar.stages`) and a real engine's pipeline (Vidur's
 replica with several stages, `integrations.vidur.pipeline`) report these snapshots.
 """
@@ -46,9 +53,13 @@ PIPELINE_RULES: Mapping[PipelineRule, str] = MappingProxyType(
         "its age names.",
         PipelineRule.ONE_BATCH_PER_STAGE: "No two batches in flight run the same stage.",
         PipelineRule.ONE_BATCH_PER_REQUEST: "A request is in at most one batch in flight: it is "
-        "not scheduled again before its batch leaves the last stage.",
+        "not scheduled again before its batch leaves the last stage. With sequence pipeline "
+        "parallelism declared, several batches in flight may hold prefill chunks of one "
+        "request, but none of them may decode it.",
         PipelineRule.REQUESTS_CONSERVED: "Every submitted request is in exactly one of waiting, "
-        "pending (admitted, between batches), in flight, finished or aborted.",
+        "pending (admitted, between batches), in flight, finished or aborted. With sequence "
+        "pipeline parallelism declared, a request with only prefill chunks in flight may also "
+        "be pending, for its next chunk.",
         PipelineRule.PIPELINE_BLOCKS_CONSERVED: "Free + held blocks = usable blocks, and only "
         "pending or in-flight requests hold blocks.",
     }
@@ -63,12 +74,15 @@ class BatchInFlight:
     formed_at: the tick it was formed in (it runs stage 0 during that tick).
     stage: the stage it runs, or runs next when the snapshot falls between two of its stages.
     request_ids: its requests, in batch order.
+    decodes: those of its requests it decodes (their prefill was complete when it formed); it
+        computes a prefill chunk of each other one.
     """
 
     batch_id: int
     formed_at: int
     stage: int
     request_ids: tuple[str, ...]
+    decodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +100,7 @@ class PipelineSnapshot:
     held_blocks: request id -> the number of blocks it holds (zero counts may be left out).
     free_blocks: the number of blocks the allocator considers free.
     usable_blocks: the pool's usable blocks (the null block excluded).
+    sequence_parallel: the replica declares sequence pipeline parallelism (module docstring).
     """
 
     tick: int
@@ -99,14 +114,17 @@ class PipelineSnapshot:
     held_blocks: Mapping[str, int]
     free_blocks: int
     usable_blocks: int
+    sequence_parallel: bool = False
 
     def describe(self) -> str:
         """The snapshot in a few lines, for a violation's message."""
-        lines = [f"tick {self.tick}, {self.num_stages} stages"]
+        parallel = ", sequence-parallel prefills" if self.sequence_parallel else ""
+        lines = [f"tick {self.tick}, {self.num_stages} stages{parallel}"]
         for b in sorted(self.batches, key=lambda b: b.stage):
+            decodes = f", decodes {sorted(b.decodes)}" if b.decodes else ""
             lines.append(
                 f"stage {b.stage}: batch {b.batch_id} (formed at tick {b.formed_at}) "
-                f"{list(b.request_ids)}"
+                f"{list(b.request_ids)}{decodes}"
             )
         lines.append(f"waiting {list(self.waiting)}, pending {list(self.pending)}")
         lines.append(f"finished {list(self.finished)}, aborted {list(self.aborted)}")
@@ -145,14 +163,18 @@ def check_pipeline(snapshot: PipelineSnapshot) -> None:
             )
         stages[b.stage] = b.batch_id
     where: dict[str, str] = {}
+    decoded = {rid: b.batch_id for b in s.batches for rid in b.decodes}
     for b in s.batches:
         for rid in b.request_ids:
-            if rid in where:
+            if rid in where and (not s.sequence_parallel or rid in decoded):
+                how = f" (batch {decoded[rid]} decodes it)" if s.sequence_parallel else ""
                 raise broken(
                     PipelineRule.ONE_BATCH_PER_REQUEST,
-                    f"{rid!r} is in {where[rid]} and in batch {b.batch_id}",
+                    f"{rid!r} is in {where[rid]} and in batch {b.batch_id}{how}",
                 )
-            where[rid] = f"batch {b.batch_id}"
+            where.setdefault(rid, f"batch {b.batch_id}")
+    # sequence parallelism: a request whose prefill chunks alone are in flight awaits the next
+    next_chunk = {rid for rid in where if rid not in decoded} if s.sequence_parallel else set()
     parts = {
         "waiting": s.waiting,
         "pending": s.pending,
@@ -161,6 +183,10 @@ def check_pipeline(snapshot: PipelineSnapshot) -> None:
     }
     for name, rids in parts.items():
         for rid in rids:
+            if name == "pending" and rid in next_chunk:
+                next_chunk.discard(rid)  # once: pending twice is still a duplicate
+                where[rid] = f"{where[rid]} and pending"
+                continue
             if rid in where:
                 raise broken(
                     PipelineRule.REQUESTS_CONSERVED, f"{rid!r} is both {where[rid]} and {name}"
