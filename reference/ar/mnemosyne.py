@@ -61,15 +61,7 @@ class VidurMnemosyne(VidurReplicaBase):
     watermark_fraction = WATERMARK_FRACTION
     sequence_parallel_capable = True
 
-    def __init__(
-        self,
-        config: ArConfig,
-        sink: ArEventSink,
-        *,
-        pipelined: bool = False,
-        sequence_parallel: bool = False,
-    ) -> None:
-        super().__init__(config, sink, pipelined=pipelined, sequence_parallel=sequence_parallel)
+    def _setup(self) -> None:
         self.partials: list[ArReq] = []
         # Vidur's `num_prefill_tokens` of a restarted request, all it knew (the others': their
         # prompt); a batch end reads `is_prefill_complete` from it, which in a pipeline is

@@ -96,6 +96,10 @@ class VidurReplicaBase(ArSchedulerBase):
         self.batch: list[ArReq] = []
         # Vidur's pool is the usable blocks (it has no null block)
         self.watermark: int = int(self.watermark_fraction * config.usable_blocks)
+        self._setup()
+
+    def _setup(self) -> None:
+        """A subclass's own state, set up at the end of `__init__` (none here)."""
 
     def _check_config(self, config: ArConfig) -> None:
         if config.policy is not Policy.FCFS:
@@ -425,8 +429,7 @@ class VidurLightLlm(VidurReplicaBase):
 
     name = "vidur-lightllm"
 
-    def __init__(self, config: ArConfig, sink: ArEventSink, *, pipelined: bool = False) -> None:
-        super().__init__(config, sink, pipelined=pipelined)
+    def _setup(self) -> None:
         self.num_waiting_iters: int = 0
 
     def _check_config(self, config: ArConfig) -> None:

@@ -70,15 +70,7 @@ class VidurSarathiReleased(VidurSarathi):
     # telling the release's rules apart: scripts/repro_vidur_rules.py)
     restart_keeps_processed = True
 
-    def __init__(
-        self,
-        config: ArConfig,
-        sink: ArEventSink,
-        *,
-        pipelined: bool = False,
-        sequence_parallel: bool = False,
-    ) -> None:
-        super().__init__(config, sink, pipelined=pipelined, sequence_parallel=sequence_parallel)
+    def _setup(self) -> None:
         # Vidur's `num_prefill_tokens` of a restarted request (the others': their prompt)
         self.prefill_tokens: dict[str, int] = {}
         # Vidur's `is_prefill_complete`, by request id
