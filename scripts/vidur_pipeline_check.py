@@ -6,12 +6,15 @@ over the scheduler's decision twin (`TWIN_OF`), given the requests Vidur routed 
 
     .venv/bin/python scripts/vidur_pipeline_check.py [--kinds vllm,sarathi,orca,ft,mnemosyne] \
         [--stages 2,4] [--replicas 1] [--routing round_robin|lor] [--sequence-parallel] \
-        [--programs 300] [--seed N] [--as-released] [--json out.json]
+        [--kv-parallel G] [--programs 300] [--seed N] [--as-released] [--json out.json]
 
 By default each scheduler runs with the fixes of its findings (`PIPELINE_FIXES_OF`);
 `--as-released` runs Vidur as it ships. `--sequence-parallel` turns on Vidur's sequence pipeline
 parallelism (Sarathi and Mnemosyne; the default kinds become those two), declared to the rules,
-and in the twins too. A program: a pool of 1.5-3x one max_model_len request's
+and in the twins too. `--kv-parallel G` runs Mnemosyne with G KV-parallel groups (each a pool of
+the program's blocks, a request's KV spread over as many as its prompt needs at
+max_model_len / G to twice that tokens a group, drawn per program), checked against the rules
+alone (the twins have one group). A program: a pool of 1.5-3x one max_model_len request's
 blocks (Orca and FasterTransformer: plus their reservations), 1-8 seats (so some have fewer
 seats than stages), a token budget of 32-64 (Sarathi and Mnemosyne, which chunk prefills: 8-64,
 so prompts split over batches), blocks of 1, 2 or 4 tokens, and 2-10 requests of
@@ -36,6 +39,7 @@ from integrations.vidur.manifest import VIDUR_VERSION
 from integrations.vidur.pipeline import (
     PIPELINE_KINDS,
     SEQUENCE_PARALLEL_KINDS,
+    KvParallelism,
     PipelineRun,
     PipelineTick,
     VidurPipeline,
@@ -92,6 +96,17 @@ def program(kind: str, stages: int, seed: int, replicas: int = 1) -> Program:
         for i in range(rng.randint(2, 10 * replicas))
     ]
     return config, sorted(requests, key=lambda arrival: arrival[0])
+
+
+def kv_parallelism(config: ArConfig, seed: int, groups: int) -> KvParallelism:
+    """Program `seed`'s KV parallelism: `groups` groups, each a share of max_model_len / groups
+    to twice that (at least 2 blocks, less than a group's pool), drawn apart from the program,
+    which stays the one without it."""
+    rng = random.Random(f"kvp/{groups}/{seed}")
+    block = config.block_size
+    least = max(2, -(-config.max_model_len // (groups * block)))
+    most = max(least, min(2 * least, config.usable_blocks - 1))
+    return KvParallelism(groups, block * rng.randint(least, most))
 
 
 def twin_run(
@@ -160,17 +175,27 @@ def check_one(
     replicas: int = 1,
     routing: str = "round_robin",
     sequence_parallel: bool = False,
+    kv_groups: int = 1,
 ) -> str | None:
     """Program `seed` on the real class (fixes as the caller applied them): None when every
     tick keeps the pipeline rules, every round the routing, and every replica decides as its
-    twin given the requests Vidur routed to it; else the rule (or `twin_decisions`) and its
-    message."""
+    twin given the requests Vidur routed to it (with several KV-parallel groups: the rules
+    alone); else the rule (or `twin_decisions`) and its message."""
     config, requests = program(kind, stages, seed, replicas)
-    pipeline = VidurPipeline(kind, config, routing=routing, sequence_parallel=sequence_parallel)
+    kv_parallel = kv_parallelism(config, seed, kv_groups) if kv_groups > 1 else None
+    pipeline = VidurPipeline(
+        kind,
+        config,
+        routing=routing,
+        sequence_parallel=sequence_parallel,
+        kv_parallel=kv_parallel,
+    )
     try:
         real = pipeline.run(requests)
     except SpecViolation as err:
         return f"{err.rule}: {err}"
+    if kv_parallel is not None:
+        return None
     replica_of = dict(real.routes)
     for replica in range(replicas):
         mine = [(t, r) for t, r in requests if replica_of[r.request_id] == replica]
@@ -188,6 +213,8 @@ def rerun(args: argparse.Namespace, kind: str, stages: int, seed: int) -> str:
         parts.append(f"--replicas {args.replicas} --routing {args.routing}")
     if args.sequence_parallel:
         parts.append("--sequence-parallel")
+    if args.kv_parallel > 1:
+        parts.append(f"--kv-parallel {args.kv_parallel}")
     parts.append(f"--seed {seed}")
     if args.as_released:
         parts.append("--as-released")
@@ -210,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--as-released", action="store_true", help="no fixes")
     parser.add_argument(
+        "--kv-parallel", type=int, default=1, help="Mnemosyne's KV-parallel groups (default 1)"
+    )
+    parser.add_argument(
         "--sequence-parallel",
         action="store_true",
         help=f"Vidur's sequence pipeline parallelism ({','.join(SEQUENCE_PARALLEL_KINDS)})",
@@ -221,14 +251,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--stages: comma-separated integers, not {','.join(args.stages)!r}")
     allowed = SEQUENCE_PARALLEL_KINDS if args.sequence_parallel else PIPELINE_KINDS
+    if args.kv_parallel > 1:
+        allowed = ("mnemosyne",)
     if args.kinds is None:
         args.kinds = list(allowed)
     unknown = sorted(set(args.kinds) - set(allowed))
     if unknown:
-        with_it = " with --sequence-parallel" if args.sequence_parallel else ""
+        with_it = (
+            " with --kv-parallel"
+            if args.kv_parallel > 1
+            else " with --sequence-parallel"
+            if args.sequence_parallel
+            else ""
+        )
         parser.error(f"--kinds: {unknown} unknown{with_it}; choose from {','.join(allowed)}")
-    if args.programs < 1 or args.replicas < 1 or min(stage_counts, default=0) < 1:
-        parser.error("--programs, --replicas and --stages must be positive")
+    if min(args.programs, args.replicas, args.kv_parallel, min(stage_counts, default=0)) < 1:
+        parser.error("--programs, --replicas, --kv-parallel and --stages must be positive")
     seeds = range(args.programs) if args.seed is None else [args.seed]
     rows: list[list[object]] = []
     figures: list[dict[str, object]] = []
@@ -243,7 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with vidur_fixed(fixes):
                     for seed in seeds:
                         failure = check_one(
-                            kind, stages, seed, args.replicas, args.routing, args.sequence_parallel
+                            kind,
+                            stages,
+                            seed,
+                            args.replicas,
+                            args.routing,
+                            args.sequence_parallel,
+                            args.kv_parallel,
                         )
                         outcomes[failure.split(":")[0] if failure else "passed"] += 1
                         if failure and first is None:
@@ -273,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "replicas": args.replicas,
                     "routing": args.routing,
                     "sequence_parallel": args.sequence_parallel,
+                    "kv_parallel": args.kv_parallel,
                     "programs": len(seeds),
                     "passed": outcomes["passed"],
                     "failed": failed,
@@ -286,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = "as released" if args.as_released else "with its fixes"
     cluster = f", {args.replicas} replicas ({args.routing})" if args.replicas > 1 else ""
     parallel = ", sequence pipeline parallelism" if args.sequence_parallel else ""
+    if args.kv_parallel > 1:
+        parallel += f", {args.kv_parallel} KV-parallel groups"
     print(f"Vidur {VIDUR_VERSION}, {label}{cluster}{parallel}")
     print(table(["scheduler", "stages", "programs", "passed", "failed", "s"], rows))
     for message in messages:

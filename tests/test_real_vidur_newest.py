@@ -198,6 +198,8 @@ def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
         "micro-batch-floor",
         "mnemosyne-skip-frees",
         "mnemosyne-batch-order",
+        "kvp-last-group-zero",
+        "kvp-no-victim",
     ], found
     assert found["vllm_fixed"] is None and found["vllm_fixed_suite"] is None, found
     assert found["orca_fixed"] is None and found["orca_fixed_suite"] is None, found

@@ -166,3 +166,15 @@ def test_sequence_parallelism_still_keeps_a_decode_alone(
 ) -> None:
     err = broken(dataclasses.replace(PARALLEL, **change))  # type: ignore[arg-type]
     assert err.rule == rule and message in str(err), err
+
+
+def test_blocks_cover_tokens() -> None:
+    """'b' holds 1 block of 4 tokens: 4 tokens of KV pass, 5 do not; unchecked without a block
+    size."""
+    covered = dataclasses.replace(GOOD, block_size=4, kv_tokens={"a": 8, "b": 4, "e": 12})
+    check_pipeline(covered)
+    short = dataclasses.replace(covered, kv_tokens={**covered.kv_tokens, "b": 5})
+    err = broken(short)
+    assert err.rule == PipelineRule.BLOCKS_COVER_TOKENS
+    assert "'b' (batch 3) holds 1 blocks of 4 tokens for 5 tokens of KV: it needs 2" in str(err)
+    check_pipeline(dataclasses.replace(short, block_size=0))

@@ -56,12 +56,17 @@ def build(kind: str, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
 
 
 def replica_scheduler(
-    kind: str, config: ArConfig, vidur: Any, sequence_parallel: bool = False
+    kind: str,
+    config: ArConfig,
+    vidur: Any,
+    sequence_parallel: bool = False,
+    kv_parallel: tuple[int, int] | None = None,
 ) -> Any:
     """A fresh, real Vidur `kind` replica scheduler (`vidur`: `engine.load()`) for `config`, with
     `config.num_stages` pipeline stages (and sequence pipeline parallelism when asked and there
     are several), built by its own `__init__` from Vidur's config dataclasses, at a constant
-    execution time. Checks nothing: `check_config` (one stage) and
+    execution time; `kv_parallel`: Mnemosyne's (groups, tokens a group). Checks nothing:
+    `check_config` (one stage) and
     `integrations.vidur.pipeline.check_pipeline_config` (several) do."""
     from integrations.vidur.adapter import _ConstantTime
 
@@ -84,6 +89,8 @@ def replica_scheduler(
         # with one stage Vidur turns it off itself, logging a warning
         "enable_sequence_pipeline_parallel": sequence_parallel and config.num_stages > 1,
     }
+    if kv_parallel is not None:
+        stage["kv_parallel_size"], stage["max_num_tokens_per_kvp_group"] = kv_parallel
     if vidur.CacheConfig is None:  # 0.0.25: the pool is the scheduler's, the block the replica's
         replica_config = vidur.ReplicaConfig(**stage, block_size=config.block_size)
         options |= {"num_blocks": config.usable_blocks, "watermark_blocks_fraction": watermark}

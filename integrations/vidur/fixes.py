@@ -27,6 +27,13 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
   the batch has no tokens left for it, leaving it queued with the blocks; free them then.
 - `mnemosyne-batch-order`: a `KVParallelBatch` lists its requests in a set's order (their
   addresses), which Mnemosyne's decode queue inherits; keep the order they were added in.
+- `kvp-last-group-zero`: with KV parallelism, Mnemosyne tests the group it chose for a
+  request's last, partial share with `if last_kvp_group_id:`, so group 0 reads as none chosen:
+  the request is allocated one group short, its last share in the wrong group (fewer blocks
+  than its prefill); test `is not None` (`integrations.vidur.pipeline` runs KV parallelism).
+- `kvp-no-victim`: with KV parallelism, Mnemosyne makes room for a decode by restarting a
+  queued request that holds blocks in the decode's last group; when none does, its loop never
+  ends (the simulator hangs); restart the request itself then, as when the queue is empty.
 
 `VIDUR_FIXES` (an `integrations.patches.FixSet`) makes the edits (`.fixed_sources`), gives them
 as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and runs Vidur with
@@ -36,7 +43,7 @@ passages a fix anchors on.
 
 On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
 `vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`),
-`micro-batch-floor` as it is, and the two
+`micro-batch-floor` as it is, and the four
 Mnemosyne fixes its code still needs: the other three fixes' schedulers are gone there.
 """
 
@@ -227,6 +234,47 @@ MNEMOSYNE_PREFILL_ASSERT = EngineFix(
     "(0.0.26 dropped it too)",
 )
 
+KVP_LAST_GROUP_ZERO = EngineFix(
+    "kvp-last-group-zero",
+    (
+        (
+            MNEMOSYNE,
+            "        if last_kvp_group_id:\n",
+            "        # group 0 may be the last group's: test for none chosen, not for 0\n"
+            "        if last_kvp_group_id is not None:\n",
+        ),
+    ),
+    ((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._allocate_request"),),
+    "Mnemosyne: with KV parallelism, a request's last, partial share may go to group 0",
+)
+
+KVP_NO_VICTIM = EngineFix(
+    "kvp-no-victim",
+    (
+        (
+            MNEMOSYNE,
+            "                    could_ensure_memory = True\n"
+            "                    break\n"
+            "            else:\n",
+            "                    could_ensure_memory = True\n"
+            "                    break\n"
+            "                else:\n"
+            "                    # no queued request holds blocks in that group, so no restart\n"
+            "                    # frees one there: restart the request itself, as when the\n"
+            "                    # queue is empty (else this loop never ends)\n"
+            "                    request.restart()\n"
+            "                    self.free(request.id)\n"
+            "                    self.add_request(request)\n"
+            "                    could_ensure_memory = False\n"
+            "                    break\n"
+            "            else:\n",
+        ),
+    ),
+    ((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._ensure_can_append_slot"),),
+    "Mnemosyne: with KV parallelism, a decode whose last group no queued request holds "
+    "restarts itself instead of looping for ever",
+)
+
 MNEMOSYNE_BATCH_ORDER = EngineFix(
     "mnemosyne-batch-order",
     (
@@ -275,9 +323,9 @@ def _for_cache_config(fix: EngineFix) -> EngineFix:
 
 
 def fixes_for(version: str) -> FixSet:
-    """The fixes of Vidur `version` (one of `KINDS_OF`): all nine on 0.0.25; on 0.0.26, which
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all eleven on 0.0.25; on 0.0.26, which
     dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed,
-    `micro-batch-floor` and Mnemosyne's two (0.0.26 dropped the prefill assertion itself)."""
+    `micro-batch-floor` and Mnemosyne's four (0.0.26 dropped the prefill assertion itself)."""
     if version == DEFAULT_VERSION:
         return FixSet(
             engine=f"Vidur {version}",
@@ -296,6 +344,8 @@ def fixes_for(version: str) -> FixSet:
                     methods=((MNEMOSYNE, "MnemosyneBaseReplicaScheduler._get_next_batch"),),
                 ),
                 MNEMOSYNE_BATCH_ORDER,
+                KVP_LAST_GROUP_ZERO,
+                KVP_NO_VICTIM,
             ),
             exclusive=(),
             load=_load_vidur,
@@ -310,6 +360,8 @@ def fixes_for(version: str) -> FixSet:
             MICRO_BATCH_FLOOR,
             MNEMOSYNE_SKIP_FREES,
             MNEMOSYNE_BATCH_ORDER,
+            KVP_LAST_GROUP_ZERO,
+            KVP_NO_VICTIM,
         ),
         exclusive=(),
         load=_load_vidur,
@@ -337,13 +389,20 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
 
 
 #: The fixes a pipelined scheduler's findings need (`integrations.vidur.pipeline`): its
-#: one-stage fixes, and for vLLM, Sarathi and Mnemosyne `micro-batch-floor`.
+#: one-stage fixes, for Mnemosyne `kvp-last-group-zero` and `kvp-no-victim` (its KV parallelism
+#: runs there), and for
+#: vLLM, Sarathi and Mnemosyne `micro-batch-floor` (last).
 PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (*FIXES_OF["vllm"], MICRO_BATCH_FLOOR.name),
     "sarathi": (*FIXES_OF["sarathi"], MICRO_BATCH_FLOOR.name),
     "orca": FIXES_OF["orca"],
     "ft": FIXES_OF["ft"],
-    "mnemosyne": (*FIXES_OF["mnemosyne"], MICRO_BATCH_FLOOR.name),
+    "mnemosyne": (
+        *FIXES_OF["mnemosyne"],
+        KVP_LAST_GROUP_ZERO.name,
+        KVP_NO_VICTIM.name,
+        MICRO_BATCH_FLOOR.name,
+    ),
 }
 
 
@@ -355,6 +414,8 @@ def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
 __all__ = [
     "FIXES_OF",
     "FT_FREE_ON_FINISH",
+    "KVP_LAST_GROUP_ZERO",
+    "KVP_NO_VICTIM",
     "LIGHTLLM_ADMIT_AT_PEAK",
     "LIGHTLLM_ONE_TOKEN_PEAK",
     "MICRO_BATCH_FLOOR",

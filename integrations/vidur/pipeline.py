@@ -56,18 +56,67 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from integrations.vidur.adapter import _reset_stage_counters, _scheduled, kv_ledger
+from integrations.vidur.adapter import _reset_stage_counters, kv_ledger
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
 from spec.ar.routing import ROUTINGS, check_routing
-from spec.errors import ConfigError, DuplicateRequest, SchedulerStalled, SpecViolation
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    RequestTooLarge,
+    SchedulerStalled,
+    SpecViolation,
+)
 
 #: The schedulers whose pipelines run here (LightLLM asserts one stage itself).
 PIPELINE_KINDS: tuple[str, ...] = ("vllm", "sarathi", "orca", "ft", "mnemosyne")
 #: The schedulers Vidur runs with sequence pipeline parallelism (its `SimulationConfig` asserts
 #: Sarathi or a Mnemosyne scheduler; of those, Mnemosyne FCFS fixed-chunk runs here).
 SEQUENCE_PARALLEL_KINDS: tuple[str, ...] = ("sarathi", "mnemosyne")
+
+
+@dataclass(frozen=True, slots=True)
+class KvParallelism:
+    """Mnemosyne's KV parallelism (Vidur's `kv_parallel_size` and
+    `max_num_tokens_per_kvp_group`): `groups` KV-parallel groups, each a pool of
+    `config.usable_blocks` blocks, a request's KV spread over as many as its prefill needs at
+    `group_tokens` tokens a group."""
+
+    groups: int
+    group_tokens: int
+
+    def check(self, kind: str, config: ArConfig) -> None:
+        """`ConfigError` naming the field for what Vidur refuses or asserts against."""
+        if kind != "mnemosyne":
+            raise ConfigError(
+                "kv_parallel", self.groups, f"none for {kind}: only Mnemosyne has KV parallelism"
+            )
+        if self.groups < 1:
+            raise ConfigError("kv_parallel.groups", self.groups, "at least 1")
+        block = config.block_size
+        if self.group_tokens <= block or self.group_tokens % block:
+            raise ConfigError(
+                "kv_parallel.group_tokens",
+                self.group_tokens,
+                f"a multiple of the block size {block} above it (Vidur asserts both)",
+            )
+        if self.group_tokens // block >= config.usable_blocks:
+            raise ConfigError(
+                "kv_parallel.group_tokens",
+                self.group_tokens,
+                f"fewer than {config.usable_blocks} blocks' worth ({config.usable_blocks * block}"
+                " tokens): Vidur asserts a group's pool holds more than one group's share",
+            )
+
+    def check_request(self, request: ArRequest) -> None:
+        """`RequestTooLarge` for a request whose KV (prompt and outputs) exceeds its groups'
+        shares: Vidur never admits a prefill longer than `groups * group_tokens` (it logs a
+        warning and skips it for ever), and a restart makes the prefill every token so far."""
+        share = self.groups * self.group_tokens
+        needed = request.prompt_len + request.final_output
+        if needed > share:
+            raise RequestTooLarge(request.request_id, needed, share)
 
 
 def check_pipeline_config(
@@ -133,6 +182,7 @@ class _Batch:
     stage: int
     vidur: Any  # vidur.entities.Batch
     decodes: frozenset[str]  # its requests whose prefill was complete when it formed
+    tokens: tuple[tuple[str, int], ...]  # (request id, tokens) in the order scheduled
 
 
 @dataclass(slots=True)
@@ -147,6 +197,38 @@ def _allocated(scheduler: Any) -> int:
     groups = getattr(scheduler, "_kvp_group_num_allocated_blocks", None)
     count: int = sum(groups) if groups is not None else scheduler._num_allocated_blocks
     return count
+
+
+#: Calls of Mnemosyne's `_can_append_slot` within one event that mean its loop does not end
+#: (a batch asks it a few times per decode; a run of these programs, some tens in all).
+LOOP_LIMIT = 100_000
+
+
+class _EndlessLoop(Exception):
+    """Vidur is caught in a loop that does not end (`VidurPipeline._counted`)."""
+
+
+def _scheduled(batch: Any) -> list[tuple[Any, int]]:
+    """(request, tokens) of a batch in the order the scheduler added them. A Mnemosyne batch is a
+    `KVParallelBatch` of one sub-batch per KV-parallel group, each listing the requests whose KV
+    it holds part of, with the request's tokens; with several groups, in group order, each
+    request once."""
+    mapping = getattr(batch, "batch_mapping", None)
+    groups = list(mapping.values()) if mapping is not None else [batch]
+    scheduled: dict[Any, int] = {}
+    for group in groups:
+        for request, tokens in zip(group.requests, group.num_q_tokens, strict=True):
+            scheduled.setdefault(request, tokens)
+    return list(scheduled.items())
+
+
+def _kv_tokens(vreq: Any, computing: int) -> int:
+    """Tokens whose KV the request has written or is writing: Vidur's processed tokens (less the
+    token sampled at the end of its prefill, whose KV its next decode writes) and `computing`,
+    its tokens in the batches in flight."""
+    sampled = 1 if vreq.is_prefill_complete else 0
+    tokens: int = vreq.num_processed_tokens - sampled + computing
+    return tokens
 
 
 def _chunks_done(vreq: Any) -> bool:
@@ -186,16 +268,22 @@ class VidurPipeline:
         *,
         routing: str = "round_robin",
         sequence_parallel: bool = False,
+        kv_parallel: KvParallelism | None = None,
         fix_restart: bool = True,
         on_snapshot: Callable[[PipelineSnapshot], None] = check_pipeline,
     ) -> None:
-        """`ConfigError` for what `check_pipeline_config` refuses, or a stage count Vidur's model
-        cannot split (its layers must divide evenly); `EngineNotInstalled` without Vidur.
-        `sequence_parallel` turns on Vidur's sequence pipeline parallelism (Sarathi and
-        Mnemosyne only; with one stage Vidur turns it off), declared to the rules through each
-        snapshot. `on_snapshot` sees every tick's snapshot of every replica (default:
-        `check_pipeline`)."""
+        """`ConfigError` for what `check_pipeline_config` or `KvParallelism.check` refuses, or a
+        stage count Vidur's model cannot split (its layers must divide evenly);
+        `EngineNotInstalled` without Vidur. `sequence_parallel` turns on Vidur's sequence
+        pipeline parallelism (Sarathi and Mnemosyne only; with one stage Vidur turns it off),
+        declared to the rules through each snapshot. `kv_parallel`: Mnemosyne's KV parallelism
+        (each group a pool of `config.usable_blocks`; the snapshot's pool is all of them).
+        `on_snapshot` sees every tick's snapshot of every replica (default: `check_pipeline`)."""
         check_pipeline_config(kind, config, routing, sequence_parallel)
+        if kv_parallel is not None:
+            kv_parallel.check(kind, config)
+        groups = kv_parallel.groups if kv_parallel is not None else 1
+        self._pool = groups * config.usable_blocks  # every KV-parallel group's blocks
         from integrations.vidur import MANIFEST, engine, replica_scheduler
 
         MANIFEST.require_shipped(f"real-vidur-{kind}")
@@ -203,6 +291,7 @@ class VidurPipeline:
         loop = engine.load_event_loop()
         self.kind = kind
         self.config = config
+        self.kv_parallel = kv_parallel
         self.routing = routing
         self.fix_restart = fix_restart
         self.on_snapshot = on_snapshot
@@ -211,7 +300,13 @@ class VidurPipeline:
         self._index: dict[Any, int] = {}  # Vidur's replica id -> replica index
         for i in range(config.num_replicas):
             try:
-                scheduler = replica_scheduler(kind, config, vidur, sequence_parallel)
+                scheduler = replica_scheduler(
+                    kind,
+                    config,
+                    vidur,
+                    sequence_parallel,
+                    None if kv_parallel is None else (groups, kv_parallel.group_tokens),
+                )
             except AssertionError:  # Vidur's ReplicaConfig: the layers split evenly
                 layers = _model_layers(vidur)
                 divisors = [n for n in range(1, layers + 1) if layers % n == 0]
@@ -224,6 +319,8 @@ class VidurPipeline:
             self._index[scheduler._replica_id] = i
             self._frees.append(scheduler.free)
             scheduler.free = self._free_wrapper(i)
+            if hasattr(scheduler, "_can_append_slot"):  # Mnemosyne's loop may not end
+                scheduler._can_append_slot = self._counted(scheduler._can_append_slot)
             self.schedulers.append(scheduler)
         self.scheduler: Any = self.schedulers[0]  # the first (or only) replica's scheduler
         self._request_cls = vidur.Request
@@ -247,6 +344,7 @@ class VidurPipeline:
         self._routes: list[tuple[str, int]] = []
         self._replica_of: dict[str, int] = {}
         self._formed = 0  # batches formed so far (the next batch's id)
+        self._calls = 0  # `_can_append_slot` calls in the event being handled
         self._now = 0
 
     # ------------------------------------------------------------------ run
@@ -264,7 +362,10 @@ class VidurPipeline:
             raise ConfigError("program", "a second one", "one program per VidurPipeline")
         seen: set[str] = set()
         for tick, request in program:
-            validate_ar_request(self.config, request)
+            # a request may need more than one group's pool: the pool is all of them
+            validate_ar_request(self.config.replace(num_blocks=self._pool + 1), request)
+            if self.kv_parallel is not None:
+                self.kv_parallel.check_request(request)
             if request.request_id in seen:
                 raise DuplicateRequest(request.request_id)
             if tick < 0:
@@ -287,8 +388,18 @@ class VidurPipeline:
                 event = heapq.heappop(queue)[1]
                 # the replicas' waiting counts before a routing round, for `check_routing`
                 waiting = [s.num_pending_requests for s in self.schedulers]
+                self._calls = 0
                 try:
                     added = event.handle_event(self.global_scheduler, _NoMetrics())
+                except _EndlessLoop as loop:
+                    raise SpecViolation(
+                        "progress",
+                        f"Vidur's {type(event).__name__} at tick {self._now} never returns: "
+                        f"{loop} (an endless loop)",
+                        state="\n".join(
+                            self.snapshot(i).describe() for i in range(len(self.schedulers))
+                        ),
+                    ) from None
                 except Exception as exc:  # Vidur's own assertions: a finding, not a crash
                     raise SpecViolation(
                         "implementation_error",
@@ -348,6 +459,15 @@ class VidurPipeline:
             if b.replica == replica
         )
         held = {self._rid.get(vid, f"vidur:{vid}"): n for vid, n in ledger.items()}
+        computing: dict[str, int] = {}  # tokens of this replica's batches in flight
+        for b in self._batches.values():
+            for rid, n in b.tokens if b.replica == replica else ():
+                computing[rid] = computing.get(rid, 0) + n
+        kv_tokens = {
+            rid: _kv_tokens(self._requests[rid], computing.get(rid, 0))
+            for rid in held
+            if rid in self._requests
+        }
         mine = {rid for rid in self._arrived if self._replica_of.get(rid) == replica}
         return PipelineSnapshot(
             tick=self._now,
@@ -359,9 +479,11 @@ class VidurPipeline:
             aborted=(),
             submitted=frozenset(mine),
             held_blocks=held,
-            free_blocks=self.config.usable_blocks - _allocated(s),
-            usable_blocks=self.config.usable_blocks,
+            free_blocks=self._pool - _allocated(s),
+            usable_blocks=self._pool,
             sequence_parallel=s.is_sequence_pipeline_parallel_enabled,
+            block_size=self.config.block_size,
+            kv_tokens=kv_tokens,
         )
 
     # ------------------------------------------------------------------ internals
@@ -391,6 +513,18 @@ class VidurPipeline:
 
         return free
 
+    def _counted(self, method: Callable[..., bool]) -> Callable[..., bool]:
+        """`method`, raising `_EndlessLoop` once called `LOOP_LIMIT` times within one event:
+        Mnemosyne's `_ensure_can_append_slot` asks it in a `while` loop that may never end."""
+
+        def counted(*args: Any) -> bool:
+            self._calls += 1
+            if self._calls > LOOP_LIMIT:
+                raise _EndlessLoop(f"_can_append_slot asked {LOOP_LIMIT:,} times in one event")
+            return method(*args)
+
+        return counted
+
     def _tick(self, replica: int) -> _Tick:
         return self._ticks.setdefault((self._now, replica), _Tick())
 
@@ -415,9 +549,12 @@ class VidurPipeline:
         if kind == "ReplicaScheduleEvent":
             replica = self._index[event._replica_id]
             decodes = frozenset(self._rid[r.id] for r in batch.requests if r.is_prefill_complete)
-            self._batches[id(batch)] = _Batch(self._formed, replica, self._now, 0, batch, decodes)
+            tokens = tuple((self._rid[r.id], n) for r, n in _scheduled(batch))
+            self._batches[id(batch)] = _Batch(
+                self._formed, replica, self._now, 0, batch, decodes, tokens
+            )
             self._formed += 1
-            self._tick(replica).scheduled.extend((self._rid[r.id], n) for r, n in _scheduled(batch))
+            self._tick(replica).scheduled.extend(tokens)
         elif kind == "ReplicaStageScheduleEvent" and event._batch_stage is not None:
             self._batches[id(batch)].stage = event._stage_id
         elif kind == "BatchEndEvent":
@@ -432,6 +569,7 @@ class VidurPipeline:
 __all__ = [
     "PIPELINE_KINDS",
     "SEQUENCE_PARALLEL_KINDS",
+    "KvParallelism",
     "PipelineRun",
     "PipelineTick",
     "VidurPipeline",

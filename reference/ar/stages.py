@@ -206,13 +206,18 @@ class StageScheduler:
     # ------------------------------------------------------------------ invariants
     def pipeline_snapshot(self) -> PipelineSnapshot:
         """The pipeline between ticks (`spec.ar.pipeline`): `stages[k]` runs stage k in tick
-        `self.tick`; held blocks are the running requests' block tables."""
+        `self.tick`; held blocks are the running requests' block tables, and their KV tokens
+        their computed tokens plus those of their batches in flight."""
         r = self.replica
         batches = tuple(
             BatchInFlight(b.batch_id, b.formed_at, k, tuple(b.tokens), b.decodes)
             for k, b in enumerate(self.stages)
             if b is not None
         )
+        computing: dict[str, int] = {}  # tokens of the batches in flight, by request
+        for b in self.stages:
+            for rid, n in (b.tokens if b is not None else {}).items():
+                computing[rid] = computing.get(rid, 0) + n
         return PipelineSnapshot(
             tick=self.tick,
             num_stages=len(self.stages),
@@ -226,6 +231,8 @@ class StageScheduler:
             free_blocks=r.pool.num_free,
             usable_blocks=self.config.usable_blocks,
             sequence_parallel=r.sequence_parallel,
+            block_size=self.config.block_size,
+            kv_tokens={q.rid: q.num_computed + computing.get(q.rid, 0) for q in r.running},
         )
 
     def check_pipeline(self) -> None:

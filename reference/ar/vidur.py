@@ -88,7 +88,7 @@ class VidurReplicaBase(ArSchedulerBase):
         super().__init__(config, sink)
         # Vidur's `enable_sequence_pipeline_parallel`, which it turns off at one stage: a
         # request's next prefill chunk is formed once its previous one has left stage 0
-        self.sequence_parallel = sequence_parallel and config.num_stages > 1
+        self.sequence_parallel: bool = sequence_parallel and config.num_stages > 1
         # with it, tokens past stage 0 since the last restart (Vidur's
         # `num_stage_processed_tokens`), by request id
         self.stage_computed: dict[str, int] = {}

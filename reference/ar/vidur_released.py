@@ -88,6 +88,7 @@ class VidurSarathiReleased(VidurSarathi):
         return req.rid in self.prefill_completed
 
     def decoding(self, req: ArReq) -> bool:
+        """Vidur's `is_prefill_complete` (its flag, as `_prefill_complete`)."""
         return self._prefill_complete(req)
 
     def _prefill_left(self, req: ArReq) -> int:

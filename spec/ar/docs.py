@@ -75,7 +75,8 @@ at once, one per stage; a request computes its tokens S ticks (stage times) afte
 scheduled, which the one-batch-per-step rules above do not model. What holds instead is checked
 on a snapshot of the pipeline between ticks (`spec.ar.pipeline.PipelineSnapshot`: the batches in
 flight with the tick each formed in and the stage it runs, the waiting, pending, finished and
-aborted requests, the blocks each holds and the free count) by `spec.ar.pipeline.check_pipeline`,
+aborted requests, the blocks each holds and the tokens of KV they hold, and the free count) by
+`spec.ar.pipeline.check_pipeline`,
 whose violations name one of these (`PipelineRule`). One option is declared in the snapshot
 (`sequence_parallel`): sequence pipeline parallelism (Vidur's `enable_sequence_pipeline_parallel`,
 from Mnemosyne) forms a request's next prefill chunk once its previous one has left stage 0, so

@@ -13,7 +13,9 @@ raises `SpecViolation` naming one of `PipelineRule`:
 - `requests_conserved`: every submitted request is in exactly one of waiting, pending
   (admitted, between batches), in flight, finished or aborted, and nothing else appears;
 - `pipeline_blocks_conserved`: free + held blocks = usable blocks, and only pending or in-flight
-  requests hold blocks (waiting, finished and aborted ones hold none).
+  requests hold blocks (waiting, finished and aborted ones hold none);
+- `blocks_cover_tokens`: a request holds blocks for every token whose KV it has written or is
+  writing (`PipelineSnapshot.kv_tokens`, at `block_size` tokens a block).
 
 One declared option relaxes two of them: sequence pipeline parallelism
 (`PipelineSnapshot.sequence_parallel`; Vidur's `enable_sequence_pipeline_parallel`, from
@@ -29,7 +31,7 @@ replica with several stages, `integrations.vidur.pipeline`) report these snapsho
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -44,6 +46,7 @@ class PipelineRule(StrEnum):
     ONE_BATCH_PER_REQUEST = "one_batch_per_request"
     REQUESTS_CONSERVED = "requests_conserved"
     PIPELINE_BLOCKS_CONSERVED = "pipeline_blocks_conserved"
+    BLOCKS_COVER_TOKENS = "blocks_cover_tokens"
 
 
 PIPELINE_RULES: Mapping[PipelineRule, str] = MappingProxyType(
@@ -62,6 +65,9 @@ PIPELINE_RULES: Mapping[PipelineRule, str] = MappingProxyType(
         "be pending, for its next chunk.",
         PipelineRule.PIPELINE_BLOCKS_CONSERVED: "Free + held blocks = usable blocks, and only "
         "pending or in-flight requests hold blocks.",
+        PipelineRule.BLOCKS_COVER_TOKENS: "A request holds blocks for every token whose KV it "
+        "has written or is writing: its computed tokens and those its batches in flight "
+        "compute, at block_size tokens a block.",
     }
 )
 
@@ -101,6 +107,9 @@ class PipelineSnapshot:
     free_blocks: the number of blocks the allocator considers free.
     usable_blocks: the pool's usable blocks (the null block excluded).
     sequence_parallel: the replica declares sequence pipeline parallelism (module docstring).
+    block_size: tokens a block holds (0: `blocks_cover_tokens` is not checked).
+    kv_tokens: request id -> the tokens whose KV it has written or is writing (its computed
+        tokens, and those its batches in flight compute), for the requests holding blocks.
     """
 
     tick: int
@@ -115,6 +124,8 @@ class PipelineSnapshot:
     free_blocks: int
     usable_blocks: int
     sequence_parallel: bool = False
+    block_size: int = 0
+    kv_tokens: Mapping[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         """The snapshot in a few lines, for a violation's message."""
@@ -212,6 +223,16 @@ def check_pipeline(snapshot: PipelineSnapshot) -> None:
             PipelineRule.PIPELINE_BLOCKS_CONSERVED,
             f"free {s.free_blocks} + held {held} != usable {s.usable_blocks}",
         )
+    if s.block_size > 0:
+        for rid, tokens in sorted(s.kv_tokens.items()):
+            blocks = s.held_blocks.get(rid, 0)
+            if blocks * s.block_size < tokens:
+                raise broken(
+                    PipelineRule.BLOCKS_COVER_TOKENS,
+                    f"{rid!r} ({where.get(rid, 'unknown')}) holds {blocks} blocks of "
+                    f"{s.block_size} tokens for {tokens} tokens of KV: it needs "
+                    f"{-(-tokens // s.block_size)}",
+                )
 
 
 __all__ = [
