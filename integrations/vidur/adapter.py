@@ -380,13 +380,17 @@ def _queued_request(entry: Any) -> Any:
 
 
 def _scheduled(batch: Any) -> list[tuple[Any, int]]:
-    """(request, tokens) in the order the scheduler added them. A Mnemosyne batch is a
-    `KVParallelBatch`, whose own `requests` is a set's order; with one KV-parallel group its
-    one sub-batch keeps the scheduler's order."""
+    """(request, tokens) of a batch in the order the scheduler added them. A Mnemosyne batch is a
+    `KVParallelBatch` of one sub-batch per KV-parallel group, each listing the requests whose KV
+    it holds part of, with the request's tokens; with several groups, in group order, each
+    request once."""
     mapping = getattr(batch, "batch_mapping", None)
-    if mapping is not None:
-        (batch,) = mapping.values()
-    return list(zip(batch.requests, batch.num_q_tokens, strict=True))
+    groups = list(mapping.values()) if mapping is not None else [batch]
+    scheduled: dict[Any, int] = {}
+    for group in groups:
+        for request, tokens in zip(group.requests, group.num_q_tokens, strict=True):
+            scheduled.setdefault(request, tokens)
+    return list(scheduled.items())
 
 
 def kv_ledger(scheduler: Any) -> dict[int, int]:

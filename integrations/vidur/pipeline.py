@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from integrations.vidur.adapter import _reset_stage_counters, kv_ledger
+from integrations.vidur.adapter import _reset_stage_counters, _scheduled, kv_ledger
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
@@ -206,20 +206,6 @@ LOOP_LIMIT = 100_000
 
 class _EndlessLoop(Exception):
     """Vidur is caught in a loop that does not end (`VidurPipeline._counted`)."""
-
-
-def _scheduled(batch: Any) -> list[tuple[Any, int]]:
-    """(request, tokens) of a batch in the order the scheduler added them. A Mnemosyne batch is a
-    `KVParallelBatch` of one sub-batch per KV-parallel group, each listing the requests whose KV
-    it holds part of, with the request's tokens; with several groups, in group order, each
-    request once."""
-    mapping = getattr(batch, "batch_mapping", None)
-    groups = list(mapping.values()) if mapping is not None else [batch]
-    scheduled: dict[Any, int] = {}
-    for group in groups:
-        for request, tokens in zip(group.requests, group.num_q_tokens, strict=True):
-            scheduled.setdefault(request, tokens)
-    return list(scheduled.items())
 
 
 def _kv_tokens(vreq: Any, computing: int) -> int:

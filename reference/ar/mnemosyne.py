@@ -87,9 +87,6 @@ class VidurMnemosyne(VidurReplicaBase):
         from one that decodes.)"""
         return req.num_computed >= self._prefill_of(req)
 
-    def _prefill_stage_complete(self, req: ArReq) -> bool:
-        return self._chunk_start(req) >= self._prefill_of(req)
-
     def _requeue(self, req: ArReq) -> None:
         """Vidur's `on_batch_end`: to the decode queue once its prefill is complete, else to wait
         for its next chunk (with sequence parallelism it did when its chunk left stage 0)."""

@@ -215,8 +215,8 @@ class StageScheduler:
             if b is not None
         )
         computing: dict[str, int] = {}  # tokens of the batches in flight, by request
-        for b in self.stages:
-            for rid, n in (b.tokens if b is not None else {}).items():
+        for b in filter(None, self.stages):
+            for rid, n in b.tokens.items():
                 computing[rid] = computing.get(rid, 0) + n
         return PipelineSnapshot(
             tick=self.tick,

@@ -192,7 +192,11 @@ class VidurReplicaBase(ArSchedulerBase):
             self._requeue_chunk(req)
 
     def _prefill_stage_complete(self, req: ArReq) -> bool:
-        return self._chunk_start(req) >= req.known
+        return self._chunk_start(req) >= self._prefill_of(req)
+
+    def _prefill_of(self, req: ArReq) -> int:
+        """Its prefill tokens (Vidur's `num_prefill_tokens`): every known token here."""
+        return req.known
 
     def _requeue_chunk(self, req: ArReq) -> None:
         self.pending.append(req)

@@ -94,9 +94,6 @@ class VidurSarathiReleased(VidurSarathi):
     def _prefill_left(self, req: ArReq) -> int:
         return self._prefill_of(req) - self._chunk_start(req)
 
-    def _prefill_stage_complete(self, req: ArReq) -> bool:
-        return self._chunk_start(req) >= self._prefill_of(req)
-
     def _new_blocks(self, req: ArReq) -> int:
         """Blocks for Vidur's prefill tokens: after a restart mid-prompt, fewer than known."""
         return self.config.blocks_for(self._prefill_of(req))
