@@ -71,12 +71,14 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
+from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
 from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD_FIXES
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
+from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIXES
@@ -111,6 +113,8 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-window-hit": (WINDOW_HIT_FIXES, WINDOW_HIT_FIXES.names),
     "vllm-window-cap": (WINDOW_CAP_FIXES, WINDOW_CAP_FIXES.names),
     "vllm-hybrid-sync-load": (HYBRID_SYNC_LOAD_FIXES, HYBRID_SYNC_LOAD_FIXES.names),
+    "vllm-encoder-victim": (ENCODER_VICTIM_FIXES, ENCODER_VICTIM_FIXES.names),
+    "vllm-mm-threshold": (MM_THRESHOLD_FIXES, MM_THRESHOLD_FIXES.names),
 }
 
 

@@ -248,6 +248,20 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-hybrid-sync-load",
         None,
     ),
+    "vllm-encoder-victim": (
+        "Multimodal inputs under the priority policy: a request preempted in the step that "
+        "scheduled it leaves its never-computed encoder inputs booked in the encoder cache, and "
+        "a later read of the item is an encoder cache miss",
+        "vllm-encoder-victim",
+        None,
+    ),
+    "vllm-mm-threshold": (
+        "Multimodal inputs with chunked mm input disabled: a long-prefill threshold shorter "
+        "than an item stops the request at the item for good while another request is "
+        "eligible, and the engine hangs",
+        "vllm-mm-threshold",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -319,6 +333,9 @@ def shrink_arguments(record: dict[str, Any]) -> list[str]:
     for name, value in record["options"].items():
         if value == DEFAULTS[name]:
             continue
+        if name == "encoder":  # the multimodal options, recorded as their fields
+            args += encoder_flags(value)
+            continue
         flag = FLAGS[name]
         shown = "dense" if name == "retention_interval" and value is None else str(value)
         # a bool, and the one report mode besides the default ("full"), are the flag alone
@@ -330,6 +347,18 @@ def shrink_arguments(record: dict[str, Any]) -> list[str]:
     for fix in record["lifted_by"].split(" + "):
         args += ["--lifted-by", fix]
     return args
+
+
+def encoder_flags(encoder: dict[str, Any]) -> list[str]:
+    """The flags of `scripts/vllm_shrink.py` that set the multimodal options recorded as
+    `encoder` (`EncoderOptions`' fields), each only where it is not the default."""
+    args = ["--mm-items", str(encoder["items"])]
+    if encoder["item_tokens"] != 3:
+        args += ["--mm-tokens", str(encoder["item_tokens"])]
+    for field, flag in (("budget", "--encoder-budget"), ("cache", "--encoder-cache")):
+        if encoder[field] is not None:
+            args += [flag, str(encoder[field])]
+    return args + ([] if encoder["chunked"] else ["--no-chunked-mm-input"])
 
 
 def dllm_shrink_arguments(record: dict[str, Any]) -> list[str]:
@@ -394,6 +423,16 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
         run = run.removesuffix(".") + (
             f", over a hybrid KV cache: a full-attention group and a sliding-window group of "
             f"{window} tokens{blocks} sharing one pool{chunks}."
+        )
+    encoder = record["options"].get("encoder")
+    if encoder:
+        chunked = "" if encoder["chunked"] else ", chunked mm input disabled"
+        run = run.removesuffix(".") + (
+            f", every prompt carrying up to {encoder['items']} multimodal items of "
+            f"{counted(encoder['item_tokens'], 'placeholder token')} (`MultiModalFeatureSpec`s, "
+            f"named by their tokens){chunked}; the encoder budget and cache as vLLM's "
+            "`compute_mm_encoder_budget` sizes them, the model runner's encoder cache rebuilt "
+            "from the scheduler outputs."
         )
     pauses = record["options"].get("pauses")
     if pauses:

@@ -36,7 +36,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,7 +52,13 @@ from integrations.vllm.loop_arguments import (
 )
 from integrations.vllm.manifest import VLLM_VERSION
 from integrations.vllm.program_tally import add_pipeline_argument
-from integrations.vllm.shrink import fails_like, lifted_by, program_source, shrink
+from integrations.vllm.shrink import (
+    fails_like,
+    lifted_by,
+    program_source,
+    recorded_options,
+    shrink,
+)
 from integrations.vllm.shrink_cli import (
     add_shrink_arguments,
     check_shrink_arguments,
@@ -135,11 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs_from": args.programs_from,
                 "fix": " + ".join(names) or None,
                 "lifted_by": " + ".join(lifting) or None,
-                "options": {
-                    f.name: getattr(options, f.name)
-                    for f in fields(options)
-                    if f.name not in ("mutate", "fix", "draw_seed", "trace")
-                },
+                "options": recorded_options(options),
                 "rule": first.rule,
                 "first": first.detail,
                 "draw_seed": draws,

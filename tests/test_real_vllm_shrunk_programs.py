@@ -32,6 +32,7 @@ from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_error_store_fix import fixed_upstream
 from integrations.vllm.offload_restore_fix import tracker_rebuilt
 from integrations.vllm.sessions import SessionInput
+from integrations.vllm.shrink import options_of_record
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -85,7 +86,7 @@ def _vllm_installed() -> None:
 def _options(record: dict[str, Any], *more: str) -> LoopOptions:
     names = [n for n in (record["fix"] or "").split(" + ") if n] + list(more)
     fix = make_fixes(names)
-    return LoopOptions(**record["options"], fix=fix, draw_seed=record["draw_seed"])
+    return options_of_record(record["options"], fix=fix, draw_seed=record["draw_seed"])
 
 
 def test_there_is_a_shrunk_program_per_finding() -> None:

@@ -768,3 +768,47 @@ def restart_skips_the_drain(sched: Any) -> None:
         return skipped
 
     sched._handle_failed_sync_loads = handle_failed_sync_loads
+
+
+def encoder_inputs_not_sent(sched: Any) -> None:
+    """Seeded bug: the scheduler books the encoder inputs it schedules but leaves them out of
+    its output, so the model runner never runs the encoder over them."""
+    schedule = sched.schedule
+
+    def without_encoder_inputs() -> Any:
+        out = schedule()
+        out.scheduled_encoder_inputs = {}
+        return out
+
+    sched.schedule = without_encoder_inputs
+
+
+def encoder_budget_ignored(sched: Any) -> None:
+    """Seeded bug: the scheduler reads an encoder compute budget far above the configured
+    one, so one step may run any number of items."""
+    sched.max_num_encoder_input_tokens = 1_000_000
+
+
+def encoder_cache_oversized(sched: Any) -> None:
+    """Seeded bug: the scheduler's encoder cache book is sized far above the runner's cache,
+    so it keeps entries the cache has no room for."""
+    manager = type(sched.encoder_cache_manager)
+    sched.encoder_cache_manager = manager(cache_size=1_000_000)
+
+
+def encoder_evictions_untold(sched: Any) -> None:
+    """Seeded bug: the scheduler evicts encoder cache entries from its book but never tells
+    the runner (`free_encoder_mm_hashes` always empty), which keeps them."""
+    sched.encoder_cache_manager.get_freed_mm_hashes = lambda: []
+
+
+def mm_input_split(sched: Any) -> None:
+    """Seeded bug: the scheduler ignores `disable_chunked_mm_input` and splits an item across
+    steps."""
+    sched.scheduler_config.disable_chunked_mm_input = False
+
+
+def encoder_refs_kept(sched: Any) -> None:
+    """Seeded bug: the encoder cache never drops a request's reference to an entry (neither
+    once the request has read it nor when it ends)."""
+    sched.encoder_cache_manager.free_encoder_input = lambda request, input_id: None

@@ -434,6 +434,9 @@ class RealVllmScheduler:
         #: Compiles a guided request's grammar at submission (None: vLLM's `grammar_init`,
         #: synchronous here); `integrations.vllm.engine_core` sets it to compile later.
         self.compile_grammar: Callable[[Any], object] | None = None
+        #: A prompt's multimodal items (vLLM `MultiModalFeatureSpec`s; None: text only);
+        #: `integrations.vllm.encoder_inputs` sets it for the engine-core loop.
+        self.mm_features_of: Callable[[list[int]], list[Any]] | None = None
         self.max_concurrent_batches: int = 1
         self.sink = sink
         self.v: VllmModules = load_vllm()
@@ -664,6 +667,7 @@ class RealVllmScheduler:
                 else None
             ),
             resumable=resumable,
+            mm_features=self.mm_features_of(prompt) if self.mm_features_of is not None else None,
         )
         self.specs[rid] = request
         self.submitted[rid] = req

@@ -224,6 +224,12 @@ class BatchQueueLoop(Generic[CountsT]):
         Default: never."""
         return False
 
+    def waits_for_encoder(self, rid: str) -> bool:
+        """Whether request `rid` was left no token in the current `schedule()` call as its
+        multimodal items found no room in the encoder budget or cache (vLLM then requeues a
+        waiting one and skips a running one, by design). Default: never."""
+        return False
+
     def admission_queue(self, rid: str) -> str:
         """Which of vLLM's waiting queues request `rid` is admitted from, where vLLM keeps
         arrival order only within a queue. Default: one queue for all (0.34.0 with
@@ -324,7 +330,8 @@ class BatchQueueLoop(Generic[CountsT]):
         resumed request may be skipped while its stale output drains, a fresh one never; one
         waiting for its grammar to compile, or for its KV to load through a KV connector, or
         whose connector lookup was put off (`lookup_put_off`), or whose LoRA adapter finds
-        no room among the running requests' (`waits_for_adapter`), may be passed, as vLLM
+        no room among the running requests' (`waits_for_adapter`), or whose multimodal items
+        found no room for the encoder (`waits_for_encoder`), may be passed, as vLLM
         skips it by design; a request given blocks to load its KV into is
         admitted in that call, since vLLM then serves it before the waiting queue; where vLLM
         keeps more than one waiting queue (`admission_queue`), it holds across them too, in
@@ -378,6 +385,7 @@ class BatchQueueLoop(Generic[CountsT]):
             and not waiting_for_remote_kv(r)
             and not self.lookup_put_off(r.request_id)
             and not self.waits_for_adapter(r)
+            and not self.waits_for_encoder(r.request_id)
         ]
         for rid in admitted:
             queue = self.admission_queue(rid)
@@ -473,11 +481,17 @@ class BatchQueueLoop(Generic[CountsT]):
         A running request left over could have run: its blocks are its own and the budget
         is untouched. A call whose every running request preempted itself may schedule
         nothing (vLLM admits nothing after a preemption), and under async scheduling an
-        empty call is the batch queue's normal wait, so neither is checked."""
+        empty call is the batch queue's normal wait, so neither is checked; nor is a request
+        whose multimodal items found no room for the encoder (`waits_for_encoder`), which vLLM
+        skips by design."""
         if self.async_scheduling or out.total_num_scheduled_tokens:
             return
         preempted = set(out.preempted_req_ids or ())
-        left = [rid for rid in self.running_before if rid not in preempted]
+        left = [
+            rid
+            for rid in self.running_before
+            if rid not in preempted and not self.waits_for_encoder(rid)
+        ]
         paused = self.pause is not None and self.pause.paused is not None
         if left and not paused:
             gone = f"; it preempted {sorted(preempted)}" if preempted else ""

@@ -95,11 +95,15 @@ and `max_loras` is added: the running requests, and those a call schedules, run 
 and a hit reads only KV its own adapter wrote (`cache_hit_written`). With `pauses` = a mode of
 vLLM's `pause_scheduler` the loop pauses generation now and then, clears the caches when idle
 and resumes (`integrations.vllm.pauses`), and `pause` is added: a paused scheduler schedules
-nothing ("keep") or only what ran or held KV before ("wait", "abort"). With `kv_events` vLLM's
-KV cache events are read as a router reads them and two rules are added: `kv_events` (the keys
-they leave cached are the prefix cache's, `integrations.vllm.kv_events`) and
-`kv_event_content` (each store names its blocks' tokens, parent key, adapter and extra keys,
-`integrations.vllm.kv_event_content`).
+nothing ("keep") or only what ran or held KV before ("wait", "abort"). With `encoder`
+(multimodal items in every prompt) the loop rebuilds the model runner's encoder cache from
+the scheduler outputs and checks that every item a step reads is there and the scheduler's
+book agrees with it, the encoder budget and cache size, unsplit items where chunked mm input
+is off, and no reference left once drained (`integrations.vllm.encoder_inputs`). With
+`kv_events` vLLM's KV cache events are read as a router reads them and two rules are added:
+`kv_events` (the keys they leave cached are the prefix cache's, `integrations.vllm.kv_events`)
+and `kv_event_content` (each store names its blocks' tokens, parent key, adapter and extra
+keys, `integrations.vllm.kv_event_content`).
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -158,6 +162,13 @@ from integrations.vllm.core_loop import (
     waiting_for_grammar,
 )
 from integrations.vllm.differential import program as decision_program
+from integrations.vllm.encoder_inputs import (
+    ENCODER_RULES,
+    EncoderOptions,
+    EncoderRunner,
+    configure,
+    mm_features,
+)
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_event_content import EventContent
@@ -192,6 +203,7 @@ RULES = (
     "kv_events",
     "kv_event_content",
     "max_loras",
+    *ENCODER_RULES,
     *ADMISSION_RULES,
     "pause",
     "session_prompt",
@@ -294,6 +306,11 @@ class CoreRun:
     events_keys_described: int = 0  # keys of stores whose content was checked, both tiers
     events_without_extra_keys: int = 0  # stores with no extra_keys where their blocks have some
     adapter_waits: int = 0  # requests left waiting for room for their LoRA adapter, per call
+    encoder_runs: int = 0  # multimodal items the encoder ran (`encoder`)
+    encoder_reads: int = 0  # items a scheduled token range read
+    encoder_shared: int = 0  # of those, read by a request that did not compute them
+    encoder_evictions: int = 0  # encoder cache entries the runner was told to free
+    encoder_waits: int = 0  # requests left waiting as their items found no room, per call
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
     pause_taken_back: int = 0  # waiting requests holding loaded KV whose blocks it took back
@@ -402,6 +419,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         pauses: str | None = None,
         admission: AdmissionKnobs = VLLM_ADMISSION,
         settings_034: Vllm034Settings = VLLM_034_DEFAULTS,
+        encoder: EncoderOptions | None = None,
         trace: list[str] | None = None,
     ) -> None:
         if cache_resets and kv_connector is not None:
@@ -479,8 +497,18 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.remote.serve_groups(group_block_sizes(self.impl.sched))
             self.impl.sched.connector.remote = self.remote
             self.remote.turn_of = self.impl.turn_of
+        #: The model runner's encoder cache, rebuilt and checked (`encoder`: multimodal items).
+        self.encoder: EncoderRunner | None = None
+        if encoder is not None:
+            budget, size = configure(self.impl.sched, encoder)
+            self.impl.mm_features_of = partial(mm_features, options=encoder)
+            self.encoder = EncoderRunner(
+                self.impl.sched, self.impl.submitted, budget, size, chunked=encoder.chunked
+            )
         if mutate is not None:
             mutate(self.impl.sched)
+        if self.encoder is not None:
+            self.encoder.watch()
         #: The rules of vLLM's admission settings, where any differs from vLLM's default.
         self.admission: AdmissionCheck | None = (
             AdmissionCheck(admission, self.impl.sched) if admission.any else None
@@ -664,7 +692,12 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
 
     def stall_detail(self) -> str:
         """The waiting sessions that hold KV, each with its computed tokens and those it still
-        has to compute, and the free blocks (`progress`)."""
+        has to compute, and the free blocks; the requests the last call left no token as their
+        items found no room for the encoder (`progress`)."""
+        cut = self.encoder.stall_detail() if self.encoder is not None else ""
+        return self._sessions_stall_detail() + cut
+
+    def _sessions_stall_detail(self) -> str:
         held = [
             f"{r.request_id} ({counted_of(r.num_computed_tokens, 'token')} KV kept, "
             f"{r.num_tokens - r.num_computed_tokens} to compute)"
@@ -705,6 +738,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             before_drain=self.close_sessions,
         )
         counts: dict[str, int] = dict(self.sessions.counts)
+        if self.encoder is not None:
+            self.encoder.check_drained()
+            counts.update(asdict(self.encoder.counts))
         if self.model is not None:
             counts.update(asdict(self.model.counts))
         if self.offload is not None:
@@ -756,6 +792,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         running order, and note the waiting requests that already have stale output."""
         self.count_cadence_waits()
         self._put_off.clear()
+        if self.encoder is not None:
+            self.encoder.before_schedule()
         self._maybe_reset()
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
@@ -798,6 +836,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             self.pause.check_schedule(out, f"schedule {self.n.schedules}")
         if self.impl.loras:
             self.check_adapters(out)
+        if self.encoder is not None:
+            self.encoder.after_schedule(out, f"schedule {self.n.schedules}")
         if self.remote is not None:
             self.remote.check_scheduled(out.num_scheduled_tokens, f"schedule {self.n.schedules}")
         self.check_inflight_loads(f"schedule {self.n.schedules}")
@@ -1057,6 +1097,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         """Whether `request` needs a LoRA adapter none of the running requests runs while they
         run `max_loras` adapters already (`lora_rules.waits_for_adapter`)."""
         return waits_for_adapter(self.sched, request, self.impl.max_loras)
+
+    def waits_for_encoder(self, rid: str) -> bool:
+        """Whether the current call left request `rid` no token as its multimodal items found
+        no room for the encoder (`EncoderRunner.cut`)."""
+        return self.encoder is not None and rid in self.encoder.cut
 
     def check_adapters(self, out: Any) -> None:
         """`max_loras` (`lora_rules.check_adapter_limit`); count the requests waiting for room
@@ -1346,7 +1391,11 @@ class LoopOptions:
     and `cache_aware_threshold` its cache-aware admission (rule `cache_aware_order`,
     `integrations.vllm.cache_aware_check`). `cache_read_limits`
     gives the program's requests cache read limits in turn (none, skip the cache, score the
-    prompt from a row on: `integrations.vllm.cache_reads`; rule `cache_read_limit`). With
+    prompt from a row on: `integrations.vllm.cache_reads`; rule `cache_read_limit`).
+    `encoder` gives every prompt multimodal items and vLLM's scheduler its encoder budget and
+    cache (`integrations.vllm.encoder_inputs`; rules `encoder_output_ready`, `encoder_budget`,
+    `encoder_cache_capacity`, `encoder_cache_agrees`, `mm_input_chunked`,
+    `encoder_refs_released`). With
     `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
@@ -1392,6 +1441,7 @@ class LoopOptions:
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
     cache_read_limits: bool = False
+    encoder: EncoderOptions | None = None
     draw_seed: int | None = None
     trace: list[str] | None = None
 
@@ -1447,6 +1497,7 @@ class LoopOptions:
                 cache_aware_threshold=self.cache_aware_threshold,
                 max_inflight_kv_loads=self.max_inflight_kv_loads,
             ),
+            encoder=self.encoder,
             trace=self.trace,
         )
         return loop.run(program)

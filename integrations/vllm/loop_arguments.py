@@ -32,12 +32,19 @@ from integrations.vllm.cache_aware_arguments import (
 from integrations.vllm.cache_probe_fix import CACHE_PROBE, CACHE_PROBE_FIX, apply_cache_probe_fix
 from integrations.vllm.cadence_fix import CADENCE_FIX
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIX
+from integrations.vllm.encoder_arguments import (
+    add_encoder_arguments,
+    describe_encoder,
+    encoder_of,
+)
+from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
 from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD_FIX
 from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIX
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
+from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIX
 from integrations.vllm.offload_error_store_fix import (
     STORE_COMPUTED_ON_ERROR,
     STORE_COMPUTED_ON_ERROR_FIX,
@@ -118,6 +125,8 @@ FIXES = {
         WINDOW_HIT_FIX,
         WINDOW_CAP_FIX,
         HYBRID_SYNC_LOAD_FIX,
+        ENCODER_VICTIM_FIX,
+        MM_THRESHOLD_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
@@ -374,6 +383,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
         "default 1)",
     )
     add_admission_arguments(parser)
+    add_encoder_arguments(parser)
     parser.add_argument(
         "--sliding-window",
         type=int,
@@ -531,6 +541,7 @@ def loop_options(
             "--window-block-scale or --mamba"
         )
     admission = admission_of(args, parser)
+    encoder = encoder_of(args, parser)
     names = sorted(set(args.fix or ()))
     connector_fixes = [n for n in names if n in CONNECTOR_FIXES]
     if connector_fixes and args.offload_chunks is None:
@@ -576,6 +587,7 @@ def loop_options(
         loras=args.loras,
         max_loras=args.max_loras,
         pauses=args.pauses,
+        encoder=encoder,
         **asdict(admission),
     )
     return options, names
@@ -637,6 +649,7 @@ def describe(args: argparse.Namespace) -> str:
         drafts += f"; KV cache events checked{full}"
     if args.loras:
         drafts += f"; {args.loras} LoRA adapters, at most {args.max_loras} running"
+    drafts += describe_encoder(args)
     if args.pauses:
         drafts += f"; generation paused (mode {args.pauses})"
     drafts += AdmissionKnobs.of(args).describe()

@@ -30,10 +30,11 @@ renames. The failure kept is the same rule in the same loop, not always the same
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.encoder_inputs import EncoderOptions
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
 from integrations.vllm.source_text import dataclass_source, program_text
 from spec.ar.config import ArRequest, validate_ar_request
@@ -359,8 +360,32 @@ def _valid(program: CoreProgram) -> bool:
     return any(program.arrivals)
 
 
+#: The `LoopOptions` fields a shrunk program's record leaves out (code, or the run's own).
+UNRECORDED = ("mutate", "fix", "draw_seed", "trace")
+
+
+def recorded_options(options: LoopOptions) -> dict[str, object]:
+    """`options` as a shrunk program's record keeps them (`scripts/vllm_shrink.py --json`):
+    every field but `UNRECORDED`, the multimodal options (`encoder`) as their fields."""
+    return {
+        f.name: asdict(value) if isinstance(value, EncoderOptions) else value
+        for f in fields(options)
+        if f.name not in UNRECORDED
+        for value in (getattr(options, f.name),)
+    }
+
+
+def options_of_record(recorded: dict[str, Any], **more: Any) -> LoopOptions:
+    """The `LoopOptions` a record's `options` (`recorded_options`) stand for, with `more`."""
+    values = dict(recorded)
+    if values.get("encoder") is not None:
+        values["encoder"] = EncoderOptions(**values["encoder"])
+    return LoopOptions(**values, **more)
+
+
 __all__ = [
     "SHRINK_BUDGET",
+    "UNRECORDED",
     "Shrunk",
     "Stepped",
     "breaking",
@@ -368,8 +393,10 @@ __all__ = [
     "greedy_shrink",
     "lifted_by",
     "lower",
+    "options_of_record",
     "passing_too",
     "program_source",
+    "recorded_options",
     "reductions",
     "request_reductions",
     "shrink",

@@ -29,11 +29,13 @@ def counted_of(n: int, thing: str) -> str:
 
 def schedule_line(out: Any, *, canvas: bool = False) -> str:
     """What a `SchedulerOutput` schedules: each request's tokens (new, resumed, with drafts, or
-    with `canvas` a diffusion canvas, which rides the drafts' field), then the requests
-    preempted in the call and those reported ended since the last one."""
+    with `canvas` a diffusion canvas, which rides the drafts' field, and the multimodal items
+    the encoder runs for it), then the requests preempted in the call, those reported ended
+    since the last one and the encoder cache entries the runner is told to free."""
     new = {r.req_id for r in out.scheduled_new_reqs}
     resumed = resumed_req_ids(out)
     drafts = out.scheduled_spec_decode_tokens or {}
+    encoder_inputs = getattr(out, "scheduled_encoder_inputs", None) or {}
     parts = []
     for rid, tokens in out.num_scheduled_tokens.items():
         tag = " (new)" if rid in new else " (resumed)" if rid in resumed else ""
@@ -41,11 +43,15 @@ def schedule_line(out: Any, *, canvas: bool = False) -> str:
         parts.append(f"{rid} {tokens} token{'s' if tokens != 1 else ''}{tag}")
         if k:
             parts[-1] += f" with a canvas of {k}" if canvas else f" with {k} draft{'s' * (k != 1)}"
+        if items := encoder_inputs.get(rid):
+            parts[-1] += f", encoder runs its item{'s' * (len(items) != 1)} {sorted(items)}"
     line = ", ".join(parts) or "nothing"
     if out.preempted_req_ids:
         line += f"; preempted {sorted(out.preempted_req_ids)}"
     if out.finished_req_ids:
         line += f"; ended since the last call {sorted(out.finished_req_ids)}"
+    if freed := getattr(out, "free_encoder_mm_hashes", None):
+        line += f"; encoder cache frees {sorted(freed)}"
     return line
 
 

@@ -1,0 +1,306 @@
+"""vLLM 0.33.0's engine-core loop serving multimodal requests (`LoopOptions(encoder=...)`,
+`--mm-items N`): every prompt carries items (images named by their placeholder tokens), vLLM's
+scheduler decides which the encoder runs and keeps its encoder cache's book, and the loop
+rebuilds the model runner's encoder cache from the scheduler outputs
+(`integrations.vllm.encoder_inputs`).
+
+What is checked: `encoder_output_ready` (no "Encoder cache miss"), `encoder_budget`,
+`encoder_cache_capacity`, `encoder_cache_agrees` (book and runner name the same entries),
+`mm_input_chunked` (with chunked mm input disabled) and, once drained, `encoder_refs_released`;
+`admission_order` and `idle_step` let vLLM skip a request whose items find no room, by design.
+Released vLLM passes the random and shared-prompt programs; a seeded bug per rule fails it.
+Two findings, each with a candidate fix: a request preempted in the step that scheduled it
+leaves its never-computed items booked (`unbook-victim-encoder-inputs`), and with chunked mm
+input disabled a long-prefill cap shorter than an item stalls the request for good
+(`whole-item-past-threshold`).
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.encoder_inputs import EncoderOptions, EncoderRunner, identifier, item_ranges
+from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES, apply_encoder_victim_fix
+from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
+from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES, apply_mm_threshold_fix
+from integrations.vllm.shared_prompt_programs import shared_prompt_program
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.errors import ConfigError
+from tests.engine_core_programs import first_violations, passing_runs
+from tests.engine_gate import require_engine
+from tests.patch_check import apply_fix_set
+from tests.script_module import load_script
+from tests.vllm_seeded_bugs import (
+    encoder_budget_ignored,
+    encoder_cache_oversized,
+    encoder_evictions_untold,
+    encoder_inputs_not_sent,
+    encoder_refs_kept,
+    mm_input_split,
+)
+
+PROGRAMS = 40
+ITEMS = LoopOptions(encoder=EncoderOptions())
+
+
+def _vllm() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def test_items_are_placed_as_far_as_they_fit_and_named_by_their_tokens() -> None:
+    """Without vLLM: items at 1, 1 + 2L, ...; an item that would pass the prompt is left out;
+    the same placeholder tokens, the same identifier."""
+    options = EncoderOptions(items=3, item_tokens=2)
+    assert item_ranges(12, options) == [(1, 2), (5, 2), (9, 2)]
+    assert item_ranges(10, options) == [(1, 2), (5, 2)]
+    assert item_ranges(2, options) == []
+    assert identifier((7, 8)) == identifier([7, 8]) != identifier((8, 7))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"items": 0}, "items"),
+        ({"item_tokens": True}, "item_tokens"),
+        ({"budget": 0}, "budget"),
+        ({"cache": "4"}, "cache"),
+    ],
+)
+def test_bad_encoder_options_are_typed_errors(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        EncoderOptions(**fields)
+    assert err.value.field == field, err.value
+
+
+@pytest.mark.parametrize("generate", [core_program, shared_prompt_program])
+def test_released_vllm_serves_items_in_both_loops(generate: Callable[[int], CoreProgram]) -> None:
+    """Random and shared-prompt programs pass both loops with two items a prompt; the encoder
+    runs, steps read items, the cache evicts, and shared prompts share items across requests."""
+    _vllm()
+    runs = passing_runs(
+        PROGRAMS,
+        lambda seed: [
+            run_loop(generate(seed), async_scheduling=a, options=ITEMS) for a in (False, True)
+        ],
+    )
+    flat = [run for pair in runs for run in pair]
+    assert sum(r.encoder_runs for r in flat) > 0
+    assert sum(r.encoder_reads for r in flat) > sum(r.encoder_runs for r in flat) // 2
+    assert sum(r.encoder_evictions for r in flat) > 0
+    if generate is shared_prompt_program:
+        assert sum(r.encoder_shared for r in flat) > 0
+
+
+#: (seeded bug, its options, the rule it fails, words of the message).
+SEEDED_BUGS: list[tuple[Callable[[Any], None], EncoderOptions, str, tuple[str, ...]]] = [
+    (encoder_inputs_not_sent, EncoderOptions(), "encoder_output_ready", ("Encoder cache miss",)),
+    (
+        encoder_budget_ignored,
+        EncoderOptions(item_tokens=2, budget=2),
+        "encoder_budget",
+        ("the compute budget is 2",),
+    ),
+    (
+        encoder_cache_oversized,
+        EncoderOptions(item_tokens=2, cache=2),
+        "encoder_cache_capacity",
+        ("the cache size is 2",),
+    ),
+    (
+        encoder_evictions_untold,
+        EncoderOptions(item_tokens=2, cache=2),
+        "encoder_cache_agrees",
+        ("by the runner only ['image:",),
+    ),
+    (
+        mm_input_split,
+        EncoderOptions(chunked=False),
+        "mm_input_chunked",
+        ("with chunked mm input disabled",),
+    ),
+    (
+        encoder_refs_kept,
+        EncoderOptions(cache=1000),
+        "encoder_refs_released",
+        ("still referenced",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bug", "encoder", "rule", "words"),
+    SEEDED_BUGS,
+    ids=[bug.__name__ for bug, _, _, _ in SEEDED_BUGS],
+)
+def test_the_checks_catch_each_seeded_encoder_bug(
+    bug: Callable[[Any], None], encoder: EncoderOptions, rule: str, words: tuple[str, ...]
+) -> None:
+    _vllm()
+    options = LoopOptions(encoder=encoder, mutate=bug)
+
+    def run(seed: int) -> object:
+        try:
+            return run_loop(core_program(seed), async_scheduling=True, options=options)
+        except ConfigError:  # an item longer than a step, with chunked mm input disabled
+            return None
+
+    seen = first_violations(PROGRAMS, run, until=rule)
+    assert rule in seen, seen
+    assert all(w in seen[rule] for w in words), seen[rule]
+
+
+#: The shrunk program of the first finding (`scripts/vllm_shrink.py --seed 122 --loop async
+#: --rule encoder_cache_agrees --programs-from same-step --mm-items 3 --mm-tokens 2`): 'r0'
+#: (priority 3) prefills its 11 tokens, items at [1, 3), [5, 7), [9, 11), in chunks of 2;
+#: 'r1' and 'r2' (priority 0) arrive and 'r2' finds no block in the step that scheduled r0's
+#: last item.
+VICTIM = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=13,
+        max_num_batched_tokens=3,
+        max_num_seqs=3,
+        max_model_len=12,
+        long_prefill_token_threshold=2,
+        policy=Policy.PRIORITY,
+    ),
+    arrivals=(
+        (ArRequest("r0", 11, 1, priority=3, prompt=tuple(range(100, 111))),),
+        (ArRequest("r1", 1, 2),),
+        (ArRequest("r2", 1, 2),),
+    ),
+    aborts=((), (), ()),
+)
+VICTIM_ITEMS = LoopOptions(encoder=EncoderOptions(items=3, item_tokens=2))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_victim_of_the_step_that_scheduled_it_leaves_its_item_booked(
+    async_scheduling: bool,
+) -> None:
+    """Finding: r0's last item is booked when the step schedules it, then r0 is preempted in
+    that step and the item is never computed, yet the book keeps it; the candidate fix drops
+    it and the program passes."""
+    _vllm()
+    seen = first_violations(
+        1, lambda _: run_loop(VICTIM, async_scheduling=async_scheduling, options=VICTIM_ITEMS)
+    )
+    assert set(seen) == {"encoder_cache_agrees"}, seen
+    message = seen["encoder_cache_agrees"]
+    assert "held by the book only {'image:109,110': []}" in message, message
+    fixed = replace(VICTIM_ITEMS, fix=apply_encoder_victim_fix)
+    run = run_loop(VICTIM, async_scheduling=async_scheduling, options=fixed)
+    assert run.reasons == {"r0": "length", "r1": "length", "r2": "length"}, run.reasons
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_booked_item_is_a_runner_miss_once_read(
+    async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the book's rule, and with a cache large enough that nothing evicts the entry,
+    the same program goes on until r0, resumed, reaches the item the book calls cached: no
+    step computes it and the model runner misses ("Encoder cache miss")."""
+    _vllm()
+    monkeypatch.setattr(EncoderRunner, "_check_agrees", lambda self, where: None)
+    options = LoopOptions(encoder=EncoderOptions(items=3, item_tokens=2, cache=8))
+    seen = first_violations(
+        1, lambda _: run_loop(VICTIM, async_scheduling=async_scheduling, options=options)
+    )
+    assert set(seen) == {"encoder_output_ready"}, seen
+    assert (
+        "'r0' is scheduled tokens [9, 11), which read its item at [9, 11) ('image:109,110')"
+        in (seen["encoder_output_ready"])
+    )
+    fixed = replace(options, fix=apply_encoder_victim_fix)
+    assert run_loop(VICTIM, async_scheduling=async_scheduling, options=fixed).encoder_runs > 0
+
+
+#: The shrunk program of the second finding (`scripts/vllm_shrink.py --seed 4 --loop sync
+#: --rule progress --mm-items 2 --no-chunked-mm-input`): one seat, a long-prefill cap of 1, 'r1'
+#: with a 3-token item at [1, 4), 'r2' waiting for the seat.
+STALL = CoreProgram(
+    ArConfig(
+        block_size=1,
+        num_blocks=5,
+        max_num_batched_tokens=3,
+        max_num_seqs=1,
+        max_model_len=5,
+        long_prefill_token_threshold=1,
+    ),
+    arrivals=((ArRequest("r1", 4, 1),), (ArRequest("r2", 1, 1),)),
+    aborts=((), ()),
+)
+WHOLE_ITEMS = LoopOptions(encoder=EncoderOptions(chunked=False))
+
+
+def test_a_cap_shorter_than_an_item_stalls_it_with_chunked_mm_input_disabled() -> None:
+    """Finding: r1 reaches its item's start, then every step caps it at 1 token, which the
+    item may not be split into, while r2 waits for r1's seat: `progress`, naming the item. The
+    candidate fix lets the cap reach the item's end and both finish."""
+    _vllm()
+    seen = first_violations(
+        1, lambda _: run_loop(STALL, async_scheduling=False, options=WHOLE_ITEMS)
+    )
+    assert set(seen) == {"progress"}, seen
+    assert "r1 (1 token computed, next item at [1, 4))" in seen["progress"], seen["progress"]
+    for async_scheduling in (False, True):
+        run = run_loop(
+            STALL,
+            async_scheduling=async_scheduling,
+            options=replace(WHOLE_ITEMS, fix=apply_mm_threshold_fix),
+        )
+        assert run.reasons == {"r1": "length", "r2": "length"}, run.reasons
+
+
+def test_an_item_longer_than_a_step_is_refused_with_chunked_mm_input_disabled() -> None:
+    """vLLM's own check (`compute_mm_encoder_budget`) as a typed error naming what is valid."""
+    _vllm()
+    program = replace(STALL, config=replace(STALL.config, max_num_batched_tokens=2))
+    with pytest.raises(ConfigError) as err:
+        run_loop(program, async_scheduling=False, options=WHOLE_ITEMS)
+    assert err.value.field == "item_tokens"
+    assert "at most max_num_batched_tokens (2)" in str(err.value)
+
+
+def test_the_sweep_takes_items_and_refuses_encoder_settings_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/vllm_async_check.py --mm-items 2` passes and counts the encoder's work; an
+    encoder setting without `--mm-items`, or a bad value, is a usage error (exit 2)."""
+    _vllm()
+    script = load_script("vllm_async_check")
+    assert script.main(["--programs", "6", "--mm-items", "2", "--encoder-cache", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "up to 2 multimodal items of 3 tokens a prompt (encoder cache 4)" in out
+    assert "multimodal items the encoder ran" in out
+    for argv, message in (
+        (["--encoder-budget", "4"], "--encoder-budget: only with --mm-items"),
+        (["--mm-items", "-1"], "--mm-items: an int >= 0"),
+        (["--mm-items", "1", "--mm-tokens", "0"], "invalid item_tokens=0"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            script.main(["--programs", "1", *argv])
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_the_fixes_are_edits_of_vllms_scheduler(tmp_path: Path) -> None:
+    """Each candidate fix is an edit of the installed vLLM's own `scheduler.py`, applied by
+    `git apply` to the very text the fixed scheduler runs (`scripts/engine_fixes_diff.py
+    vllm-encoder-victim`, `vllm-mm-threshold`)."""
+    _vllm()
+    for fixes, marker in (
+        (ENCODER_VICTIM_FIXES, "ec_manager.free(preempted_req)"),
+        (MM_THRESHOLD_FIXES, "capped = item_end - chunk_start"),
+    ):
+        diff, patched = apply_fix_set(tmp_path / fixes.names[0], fixes)
+        assert marker in diff
+        assert all(marker in text for text in patched.values())
