@@ -15,8 +15,12 @@ for 0.34.0), its draft margin with speculative decoding
 (`vllm-pause`: `integrations.vllm.reset_holders_fix`), a whole-request connector hit on a
 hybrid cache (`vllm-window-hit`: `integrations.vllm.window_hit_fix`) and a sliding window's
 admission cap (`vllm-window-cap`: `integrations.vllm.window_cap_fix`), a failed synchronous
-load on a hybrid cache (`vllm-hybrid-sync-load`: `integrations.vllm.hybrid_sync_load_fix`), and
-vLLM 0.34.0's
+load on a hybrid cache (`vllm-hybrid-sync-load`: `integrations.vllm.hybrid_sync_load_fix`),
+multimodal encoder inputs booked for a same-step priority victim (`vllm-encoder-victim`:
+`integrations.vllm.encoder_victim_fix`) and a long-prefill cap below an item with chunked mm
+input disabled (`vllm-mm-threshold`: `integrations.vllm.mm_threshold_fix`), encoder cache
+references kept past a failed load's rollback (`vllm-encoder-rollback`:
+`integrations.vllm.encoder_rollback_fix`), and vLLM 0.34.0's
 cache-aware admission
 (`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
 
@@ -35,6 +39,9 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py vllm-window-hit > hit-leaves-last-token.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-window-cap > cap-blocks-held.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-hybrid-sync-load > failed-sync-load.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-encoder-victim > unbook-victim.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-mm-threshold > whole-item.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-encoder-rollback > release-items.patch
     SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
@@ -71,6 +78,7 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
+from integrations.vllm.encoder_rollback_fix import ENCODER_ROLLBACK_FIXES
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIXES
@@ -115,6 +123,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-hybrid-sync-load": (HYBRID_SYNC_LOAD_FIXES, HYBRID_SYNC_LOAD_FIXES.names),
     "vllm-encoder-victim": (ENCODER_VICTIM_FIXES, ENCODER_VICTIM_FIXES.names),
     "vllm-mm-threshold": (MM_THRESHOLD_FIXES, MM_THRESHOLD_FIXES.names),
+    "vllm-encoder-rollback": (ENCODER_ROLLBACK_FIXES, ENCODER_ROLLBACK_FIXES.names),
 }
 
 

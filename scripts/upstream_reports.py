@@ -262,6 +262,13 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-mm-threshold",
         None,
     ),
+    "vllm-encoder-rollback": (
+        "Multimodal inputs beside a KV connector: a request truncated by a failed KV load keeps "
+        "its encoder cache reference to an item past its new frontier, finds no room for an "
+        "earlier item it needs first, and waits for itself for good",
+        "vllm-encoder-rollback",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.

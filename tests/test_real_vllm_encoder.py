@@ -9,10 +9,11 @@ What is checked: `encoder_output_ready` (no "Encoder cache miss"), `encoder_budg
 `mm_input_chunked` (with chunked mm input disabled) and, once drained, `encoder_refs_released`;
 `admission_order` and `idle_step` let vLLM skip a request whose items find no room, by design.
 Released vLLM passes the random and shared-prompt programs; a seeded bug per rule fails it.
-Two findings, each with a candidate fix: a request preempted in the step that scheduled it
-leaves its never-computed items booked (`unbook-victim-encoder-inputs`), and with chunked mm
-input disabled a long-prefill cap shorter than an item stalls the request for good
-(`whole-item-past-threshold`).
+Three findings, each with a candidate fix: a request preempted in the step that scheduled it
+leaves its never-computed items booked (`unbook-victim-encoder-inputs`); with chunked mm input
+disabled a long-prefill cap shorter than an item stalls the request for good
+(`whole-item-past-threshold`); a request truncated by a failed KV load keeps its references to
+items past its new frontier and may wait for itself for good (`release-items-past-rollback`).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -28,8 +29,13 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.encoder_inputs import EncoderOptions, EncoderRunner, identifier, item_ranges
+from integrations.vllm.encoder_rollback_fix import (
+    ENCODER_ROLLBACK_FIXES,
+    RELEASE_ITEMS_PAST_ROLLBACK,
+)
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES, apply_encoder_victim_fix
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
+from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES, apply_mm_threshold_fix
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -260,6 +266,58 @@ def test_a_cap_shorter_than_an_item_stalls_it_with_chunked_mm_input_disabled() -
         assert run.reasons == {"r1": "length", "r2": "length"}, run.reasons
 
 
+#: The shrunk program of the third finding (`scripts/vllm_shrink.py --seed 921 --loop sync
+#: --programs-from shared-prompts --mm-items 2 --kv-connector recompute` and the KV connector's
+#: six fixes, `--lifted-by release-items-past-rollback`): 'r6' (items at [1, 4) and [7, 10), a
+#: cache of 3 embeddings) loads 5 tokens from the connector and runs its second item; the load
+#: fails in its first block and truncates it to nothing computed, still holding that item.
+ROLLBACK = CoreProgram(
+    ArConfig(
+        block_size=2,
+        num_blocks=6,
+        max_num_batched_tokens=3,
+        max_num_seqs=1,
+        max_model_len=11,
+    ),
+    arrivals=((ArRequest("r5", 1, 1),), (ArRequest("r6", 10, 1, prompt=tuple(range(100, 110))),)),
+    aborts=((), ()),
+)
+#: The KV connector's fixes the finding was found beside (each lifts a finding of its own).
+KV_FIXES = (
+    "drop-stale-reservation",
+    "requeue-failed-load",
+    "evict-failed-blocks",
+    "every-sharer-recomputes",
+    "stale-after-failed-load",
+    "evict-ended-loader-blocks",
+)
+
+
+def _rollback_options(*more: str) -> LoopOptions:
+    return LoopOptions(
+        encoder=EncoderOptions(),
+        kv_connector="recompute",
+        fix=make_fixes([*KV_FIXES, *more]),
+        draw_seed=1672677917,  # the draws the program was found with: its load fails
+    )
+
+
+def test_a_request_truncated_by_a_failed_load_waits_for_its_own_item() -> None:
+    """Finding: truncated to nothing computed, r6 needs its first item, which finds no room
+    in a cache its own reference to the second holds: it is given no token for good. The
+    candidate fix drops references past the new frontier, and r6 finishes."""
+    _vllm()
+    seen = first_violations(
+        1, lambda _: run_loop(ROLLBACK, async_scheduling=False, options=_rollback_options())
+    )
+    assert set(seen) == {"progress"}, seen
+    assert "r6 (1 token computed, next item at [1, 4))" in seen["progress"], seen["progress"]
+    fixed = _rollback_options(RELEASE_ITEMS_PAST_ROLLBACK)
+    run = run_loop(ROLLBACK, async_scheduling=False, options=fixed)
+    assert run.reasons == {"r5": "length", "r6": "length"}, run.reasons
+    assert run.loads_failed + run.blocks_invalid > 0 and run.encoder_evictions > 0, run
+
+
 def test_an_item_longer_than_a_step_is_refused_with_chunked_mm_input_disabled() -> None:
     """vLLM's own check (`compute_mm_encoder_budget`) as a typed error naming what is valid."""
     _vllm()
@@ -295,11 +353,12 @@ def test_the_sweep_takes_items_and_refuses_encoder_settings_alone(
 def test_the_fixes_are_edits_of_vllms_scheduler(tmp_path: Path) -> None:
     """Each candidate fix is an edit of the installed vLLM's own `scheduler.py`, applied by
     `git apply` to the very text the fixed scheduler runs (`scripts/engine_fixes_diff.py
-    vllm-encoder-victim`, `vllm-mm-threshold`)."""
+    vllm-encoder-victim`, `vllm-mm-threshold`, `vllm-encoder-rollback`)."""
     _vllm()
     for fixes, marker in (
         (ENCODER_VICTIM_FIXES, "ec_manager.free(preempted_req)"),
         (MM_THRESHOLD_FIXES, "capped = item_end - chunk_start"),
+        (ENCODER_ROLLBACK_FIXES, "ec_manager.free_encoder_input(request, input_id)"),
     ):
         diff, patched = apply_fix_set(tmp_path / fixes.names[0], fixes)
         assert marker in diff

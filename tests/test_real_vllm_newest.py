@@ -48,6 +48,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
 - schedspec's KV connector on a hybrid cache: its three findings (a whole-request load over a
   null window block, a capped reservation stranding the requests holding KV, a failed
   synchronous load unheard) reproduce as on 0.33.0, and both fixes apply and hold;
+- the three multimodal findings of 0.33.0 (a same-step priority victim's items left booked, a
+  long-prefill cap below an item with chunked mm input disabled, a failed load's rollback
+  behind a referenced item) reproduce, and their fixes apply unchanged and hold;
 - the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
@@ -117,6 +120,16 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm_structured.py::"
     "test_finding_on_0_34_a_guided_token_is_sampled_under_a_row_that_allows_every_token",
     "tests/test_real_vllm_structured.py::test_the_guided_drafts_fix_is_one_patch_of_vllms_scheduler",
+    *(
+        f"tests/test_real_vllm_encoder.py::{name}"
+        for name in (
+            "test_a_victim_of_the_step_that_scheduled_it_leaves_its_item_booked",
+            "test_the_booked_item_is_a_runner_miss_once_read",
+            "test_a_cap_shorter_than_an_item_stalls_it_with_chunked_mm_input_disabled",
+            "test_a_request_truncated_by_a_failed_load_waits_for_its_own_item",
+            "test_the_fixes_are_edits_of_vllms_scheduler",
+        )
+    ),
 )
 
 

@@ -37,6 +37,7 @@ from integrations.vllm.encoder_arguments import (
     describe_encoder,
     encoder_of,
 )
+from integrations.vllm.encoder_rollback_fix import ENCODER_ROLLBACK_FIX
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
 from integrations.vllm.guided_drafts_fix import GUIDED_DRAFTS_FIX
@@ -127,6 +128,7 @@ FIXES = {
         HYBRID_SYNC_LOAD_FIX,
         ENCODER_VICTIM_FIX,
         MM_THRESHOLD_FIX,
+        ENCODER_ROLLBACK_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
