@@ -35,6 +35,7 @@ from integrations.vllm.encoder_rollback_fix import (
 )
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES, apply_encoder_victim_fix
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program, run_loop
+from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES, apply_mm_threshold_fix
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
@@ -282,22 +283,13 @@ ROLLBACK = CoreProgram(
     arrivals=((ArRequest("r5", 1, 1),), (ArRequest("r6", 10, 1, prompt=tuple(range(100, 110))),)),
     aborts=((), ()),
 )
-#: The KV connector's fixes the finding was found beside (each lifts a finding of its own).
-KV_FIXES = (
-    "drop-stale-reservation",
-    "requeue-failed-load",
-    "evict-failed-blocks",
-    "every-sharer-recomputes",
-    "stale-after-failed-load",
-    "evict-ended-loader-blocks",
-)
 
 
 def _rollback_options(*more: str) -> LoopOptions:
     return LoopOptions(
         encoder=EncoderOptions(),
         kv_connector="recompute",
-        fix=make_fixes([*KV_FIXES, *more]),
+        fix=make_fixes([*KV_LOAD_FIXES.names, *more]),  # found beside the connector's fixes
         draw_seed=1672677917,  # the draws the program was found with: its load fails
     )
 

@@ -85,9 +85,9 @@ class EncoderOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(name, value, f"an integer >= {low}")
         for name, size in (("budget", self.budget), ("cache", self.cache)):
-            if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
-                raise ConfigError(name, size, "an integer >= 1, or None for vLLM's default")
-            if size is not None and size < 1:
+            if size is None:
+                continue
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ConfigError(name, size, "an integer >= 1, or None for vLLM's default")
 
     def describe(self) -> str:
