@@ -20,7 +20,8 @@ multimodal encoder inputs booked for a same-step priority victim (`vllm-encoder-
 `integrations.vllm.encoder_victim_fix`) and a long-prefill cap below an item with chunked mm
 input disabled (`vllm-mm-threshold`: `integrations.vllm.mm_threshold_fix`), encoder cache
 references kept past a failed load's rollback (`vllm-encoder-rollback`:
-`integrations.vllm.encoder_rollback_fix`), and vLLM 0.34.0's
+`integrations.vllm.encoder_rollback_fix`), 0.34.0's two multimodal changes backported to 0.33.0
+(`vllm-mm-upstream`: `integrations.vllm.mm_upstream_fixes`), and vLLM 0.34.0's
 cache-aware admission
 (`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
 
@@ -42,6 +43,7 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py vllm-encoder-victim > unbook-victim.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mm-threshold > whole-item.patch
     .venv/bin/python scripts/engine_fixes_diff.py vllm-encoder-rollback > release-items.patch
+    .venv/bin/python scripts/engine_fixes_diff.py vllm-mm-upstream > mm-upstream.patch
     SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
@@ -87,6 +89,7 @@ from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIXES
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIXES
 from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES
+from integrations.vllm.mm_upstream_fixes import MM_UPSTREAM_FIXES
 from integrations.vllm.offload_window_fixes import OFFLOADING_FIXES
 from integrations.vllm.preempted_cache_fix import PREEMPTED_CACHE_FIXES
 from integrations.vllm.reset_holders_fix import RESET_HOLDERS_FIXES
@@ -124,6 +127,7 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-encoder-victim": (ENCODER_VICTIM_FIXES, ENCODER_VICTIM_FIXES.names),
     "vllm-mm-threshold": (MM_THRESHOLD_FIXES, MM_THRESHOLD_FIXES.names),
     "vllm-encoder-rollback": (ENCODER_ROLLBACK_FIXES, ENCODER_ROLLBACK_FIXES.names),
+    "vllm-mm-upstream": (MM_UPSTREAM_FIXES, MM_UPSTREAM_FIXES.names),
 }
 
 

@@ -262,6 +262,18 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-mm-threshold",
         None,
     ),
+    "vllm-mm-item-split": (
+        "Multimodal inputs with chunked mm input disabled: a chunk that starts inside an item, "
+        "after a prefix-cache hit that ends there, is scheduled in part and splits the item",
+        "vllm-mm-upstream",
+        None,
+    ),
+    "vllm-mm-prompt-split": (
+        "Multimodal inputs with chunked prefill off: encoder cache pressure cuts a prompt that "
+        "must be prefilled whole, and part of it is scheduled",
+        "vllm-mm-upstream",
+        None,
+    ),
     "vllm-encoder-rollback": (
         "Multimodal inputs beside a KV connector: a request truncated by a failed KV load keeps "
         "its encoder cache reference to an item past its new frontier, finds no room for an "
@@ -465,6 +477,12 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
 GONE_IN_0_34 = {
     "vllm-offloading-restore-events": "the connector's event tracker was rebuilt; the "
     "program passes there as released, and the fix has no place to go",
+    "vllm-mm-item-split": "fixed there: 0.34.0 schedules nothing until the rest of an item "
+    "a chunk starts inside fits, and the program passes as released (the fix is 0.34.0's change, "
+    "backported)",
+    "vllm-mm-prompt-split": "fixed there: 0.34.0 requeues a request whose prompt encoder "
+    "pressure would split with chunked prefill off, and the program passes as released (the "
+    "fix is 0.34.0's change, backported)",
     "vllm-offloading-error-store": "fixed there: 0.34.0's connector stores at most what a "
     "finished request computed, and the program passes as released",
 }

@@ -38,6 +38,12 @@ from integrations.vllm.engine_core import CoreProgram, LoopOptions, core_program
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIXES, apply_mm_threshold_fix
+from integrations.vllm.mm_upstream_fixes import (
+    FINISH_ITEM_STARTED_INSIDE,
+    MM_UPSTREAM_FIXES,
+    WHOLE_PROMPT_UNDER_ENCODER_PRESSURE,
+    fixed_upstream,
+)
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.errors import ConfigError
@@ -310,6 +316,96 @@ def test_a_request_truncated_by_a_failed_load_waits_for_its_own_item() -> None:
     assert run.loads_failed + run.blocks_invalid > 0 and run.encoder_evictions > 0, run
 
 
+#: The shrunk programs of two findings of 0.33.0 that 0.34.0 fixed (`scripts/vllm_shrink.py
+#: --seed 1649 --loop sync --mm-items 2 --no-chunked-mm-input --fix whole-item-past-threshold
+#: --lifted-by finish-item-started-inside`, and `--seed 1835 --loop async --mm-items 2
+#: --lifted-by whole-prompt-under-encoder-pressure`): 'r7' hits r1's cached blocks up to token
+#: 8, inside its item at [7, 10), and is scheduled token 8 alone; 'r3', with chunked prefill
+#: off, finds its item no room beside r0's and r1's and is scheduled 1 of its 4 tokens.
+ITEM_SPLIT = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=6,
+        max_num_batched_tokens=3,
+        max_num_seqs=3,
+        max_model_len=12,
+        policy=Policy.PRIORITY,
+        enable_prefix_caching=True,
+    ),
+    arrivals=(
+        (ArRequest("r1", 11, 1, prompt=tuple(range(100, 111))),),
+        (ArRequest("r6", 1, 1), ArRequest("r7", 10, 1, prompt=tuple(range(100, 110)))),
+    ),
+    aborts=((), ()),
+)
+PROMPT_SPLIT = CoreProgram(
+    ArConfig(
+        block_size=4,
+        num_blocks=4,
+        max_num_batched_tokens=8,
+        max_num_seqs=3,
+        max_model_len=5,
+        enable_chunked_prefill=False,
+    ),
+    arrivals=((ArRequest("r0", 4, 1), ArRequest("r1", 4, 1)), (ArRequest("r3", 4, 1),)),
+    aborts=((), ()),
+)
+#: (program, its options, its loop, the rule 0.33.0 breaks, words of the message, the fix).
+FIXED_IN_0_34: list[tuple[CoreProgram, LoopOptions, bool, str, str, str]] = [
+    (
+        ITEM_SPLIT,
+        replace(WHOLE_ITEMS, fix=apply_mm_threshold_fix),
+        False,
+        "mm_input_chunked",
+        "'r7' is scheduled tokens [8, 9), part of its item at [7, 10)",
+        FINISH_ITEM_STARTED_INSIDE,
+    ),
+    (
+        PROMPT_SPLIT,
+        ITEMS,
+        True,
+        "no_chunking_when_disabled",
+        "'r3' is scheduled tokens [0, 1) of its 4-token prompt with chunked prefill off",
+        WHOLE_PROMPT_UNDER_ENCODER_PRESSURE,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "options", "async_scheduling", "rule", "words", "fix"),
+    FIXED_IN_0_34,
+    ids=[case[3] for case in FIXED_IN_0_34],
+)
+def test_finding_of_0_33_fixed_in_0_34(
+    program: CoreProgram,
+    options: LoopOptions,
+    async_scheduling: bool,
+    rule: str,
+    words: str,
+    fix: str,
+) -> None:
+    """On 0.33.0 the program breaks its rule (a chunk starting inside an item splits it; the
+    encoder's cut splits a prompt with chunked prefill off) and 0.34.0's change, backported as
+    the fix, lifts it; on 0.34.0 it passes as released."""
+    _vllm()
+    if fixed_upstream():
+        run_loop(program, async_scheduling=async_scheduling, options=options)
+        return
+    seen = first_violations(
+        1, lambda _: run_loop(program, async_scheduling=async_scheduling, options=options)
+    )
+    assert set(seen) == {rule} and words in seen[rule], seen
+    with_fix = make_fixes([fix])
+    assert with_fix is not None
+    fixes = [f for f in (options.fix, with_fix) if f is not None]
+
+    def both(sched: Any) -> None:
+        for apply in fixes:
+            apply(sched)
+
+    run_loop(program, async_scheduling=async_scheduling, options=replace(options, fix=both))
+
+
 def test_an_item_longer_than_a_step_is_refused_with_chunked_mm_input_disabled() -> None:
     """vLLM's own check (`compute_mm_encoder_budget`) as a typed error naming what is valid."""
     _vllm()
@@ -345,7 +441,8 @@ def test_the_sweep_takes_items_and_refuses_encoder_settings_alone(
 def test_the_fixes_are_edits_of_vllms_scheduler(tmp_path: Path) -> None:
     """Each candidate fix is an edit of the installed vLLM's own `scheduler.py`, applied by
     `git apply` to the very text the fixed scheduler runs (`scripts/engine_fixes_diff.py
-    vllm-encoder-victim`, `vllm-mm-threshold`, `vllm-encoder-rollback`)."""
+    vllm-encoder-victim`, `vllm-mm-threshold`, `vllm-encoder-rollback`, and on 0.33.0
+    `vllm-mm-upstream`)."""
     _vllm()
     for fixes, marker in (
         (ENCODER_VICTIM_FIXES, "ec_manager.free(preempted_req)"),
@@ -355,3 +452,6 @@ def test_the_fixes_are_edits_of_vllms_scheduler(tmp_path: Path) -> None:
         diff, patched = apply_fix_set(tmp_path / fixes.names[0], fixes)
         assert marker in diff
         assert all(marker in text for text in patched.values())
+    if not fixed_upstream():  # 0.34.0's own changes, backported: nowhere to go on 0.34.0
+        diff, _ = apply_fix_set(tmp_path / "upstream", MM_UPSTREAM_FIXES)
+        assert "must be" in diff and "rolls back to nothing until the rest fits" in diff

@@ -50,7 +50,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
   synchronous load unheard) reproduce as on 0.33.0, and both fixes apply and hold;
 - the three multimodal findings of 0.33.0 (a same-step priority victim's items left booked, a
   long-prefill cap below an item with chunked mm input disabled, a failed load's rollback
-  behind a referenced item) reproduce, and their fixes apply unchanged and hold;
+  behind a referenced item) reproduce, and their fixes apply unchanged and hold; the two
+  0.34.0 fixed (an item split after a hit inside it, a prompt split by encoder pressure with
+  chunked prefill off) pass as released;
 - the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
@@ -127,6 +129,7 @@ RELEASE_INDEPENDENT = (
             "test_the_booked_item_is_a_runner_miss_once_read",
             "test_a_cap_shorter_than_an_item_stalls_it_with_chunked_mm_input_disabled",
             "test_a_request_truncated_by_a_failed_load_waits_for_its_own_item",
+            "test_finding_of_0_33_fixed_in_0_34",
             "test_the_fixes_are_edits_of_vllms_scheduler",
         )
     ),

@@ -29,6 +29,7 @@ from integrations.vllm.diffusion import DllmProgram, DllmRequest, DllmServing
 from integrations.vllm.dllm_shrink import run_dllm_named
 from integrations.vllm.engine_core import CoreProgram, LoopOptions, run_loop
 from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.mm_upstream_fixes import fixed_upstream as mm_fixed_upstream
 from integrations.vllm.offload_error_store_fix import fixed_upstream
 from integrations.vllm.offload_restore_fix import tracker_rebuilt
 from integrations.vllm.sessions import SessionInput
@@ -57,6 +58,8 @@ DLLM_NAMES = {"DllmProgram": DllmProgram, "DllmServing": DllmServing, "DllmReque
 GONE: dict[str, Callable[[], bool]] = {
     "vllm-offloading-restore-events": tracker_rebuilt,
     "vllm-offloading-error-store": fixed_upstream,
+    "vllm-mm-item-split": mm_fixed_upstream,
+    "vllm-mm-prompt-split": mm_fixed_upstream,
     "vllm-guided-drafts": lambda: not draft_guard_removed(),  # 0.33.0 guards its drafts
     "vllm-cache-probe": lambda: _refused("vllm-cache-probe") is not None,
 }

@@ -35,8 +35,13 @@ checks, after every `schedule()`:
 - `encoder_cache_capacity`: the runner's cache holds at most the cache size's embeddings;
 - `encoder_cache_agrees`: the scheduler's book and the runner's cache name the same entries
   (an entry the book holds that no step computed would be read as a hit and miss);
-- `mm_input_chunked` (`chunked=False`): a step whose range starts at or before an item and
-  reaches into it covers all of it;
+- `mm_input_chunked` (`chunked=False`): a step whose range reaches into an item reaches its
+  end (vLLM 0.34.0's reading: a chunk that starts inside an item, after a prefix-cache hit that
+  ends there, waits until the rest fits; 0.33.0 splits it);
+- `no_chunking_when_disabled` (the AR spec's rule, checked here for requests with items, with
+  `enable_chunked_prefill` off): a step that schedules a request's prefill schedules all of its
+  prompt's uncomputed tokens (0.34.0: "encoder cache pressure must not split a prompt that
+  requires full prefill"; 0.33.0 splits it);
 
 and, once the loop is drained, `encoder_refs_released`: no request references an entry and
 every entry is reclaimable.
@@ -60,6 +65,7 @@ ENCODER_RULES = (
     "encoder_cache_capacity",
     "encoder_cache_agrees",
     "mm_input_chunked",
+    "no_chunking_when_disabled",
     "encoder_refs_released",
 )
 
@@ -192,23 +198,27 @@ class EncoderRunner:
         self.size: int = size
         #: False: chunked mm input disabled (`mm_input_chunked`)
         self.chunked: bool = chunked
+        #: vLLM's `enable_chunked_prefill` (`no_chunking_when_disabled` when False)
+        self.chunked_prefill: bool = bool(sched.scheduler_config.enable_chunked_prefill)
         #: identifier -> embeddings, as the runner holds them
         self.cache: dict[str, int] = {}
         #: identifier -> the request whose step computed it last
         self.computed_by: dict[str, str] = {}
         self.counts: EncoderCounts = EncoderCounts()
-        #: requests the current `schedule()` call's encoder scheduling left no token
+        #: requests the current `schedule()` call's encoder scheduling cut (fewer tokens, or
+        #: none): those it did not schedule waited for room for their items
         self.cut: set[str] = set()
 
     def watch(self) -> None:
-        """Note the requests `_try_schedule_encoder_inputs` leaves no token (their items find
-        no room for the encoder), as vLLM then requeues a waiting one by design (wraps what a
+        """Note the requests `_try_schedule_encoder_inputs` cuts (their items find no room for
+        the encoder), as vLLM then requeues a waiting one it leaves no token, or, with chunked
+        prefill off, one it would leave part of its prompt (0.34.0), by design (wraps what a
         seeded bug or a fix made of the scheduler)."""
         original = self.sched._try_schedule_encoder_inputs
 
         def watched(request: Any, computed: int, new_tokens: int, *args: Any, **kw: Any) -> Any:
             result = original(request, computed, new_tokens, *args, **kw)
-            if new_tokens > 0 and result[1] == 0:
+            if new_tokens > 0 and result[1] < new_tokens:
                 self.cut.add(request.request_id)
             return result
 
@@ -220,7 +230,7 @@ class EncoderRunner:
 
     def after_schedule(self, out: Any, where: str) -> None:
         """Apply `out` as the runner does (free, then compute) and check every rule."""
-        self.counts.encoder_waits += len(self.cut)
+        self.counts.encoder_waits += len(self.cut - set(out.num_scheduled_tokens))
         for mm_hash in out.free_encoder_mm_hashes:
             self.cache.pop(mm_hash, None)
             self.counts.encoder_evictions += 1
@@ -250,7 +260,20 @@ class EncoderRunner:
         starts = batch_starts(out)
         for rid, n in out.num_scheduled_tokens.items():
             self._check_reads(rid, starts[rid], starts[rid] + n, where)
+            self._check_whole_prompt(rid, starts[rid], starts[rid] + n, where)
         self._check_agrees(where)
+
+    def _check_whole_prompt(self, rid: str, start: int, end: int, where: str) -> None:
+        request = self.requests[rid]
+        prompt = int(request.num_prompt_tokens)
+        if self.chunked_prefill or not request.mm_features or not start < prompt:
+            return
+        if end < prompt:
+            raise EngineCoreViolation(
+                "no_chunking_when_disabled",
+                f"{where}: {rid!r} is scheduled tokens [{start}, {end}) of its {prompt}-token "
+                "prompt with chunked prefill off (its items found no room for all of it)",
+            )
 
     def _check_reads(self, rid: str, start: int, end: int, where: str) -> None:
         for feature in self.requests[rid].mm_features:
@@ -268,7 +291,7 @@ class EncoderRunner:
                 )
             self.counts.encoder_reads += 1
             self.counts.encoder_shared += self.computed_by.get(feature.identifier) != rid
-            if not self.chunked and start <= offset and end < offset + length:
+            if not self.chunked and end < offset + length:
                 raise EngineCoreViolation(
                     "mm_input_chunked",
                     f"{where}: {rid!r} is scheduled tokens [{start}, {end}), part of its item "

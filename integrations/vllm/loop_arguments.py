@@ -46,6 +46,10 @@ from integrations.vllm.kv_load_fixes import KV_LOAD_SCHEDULE
 from integrations.vllm.load_reservation_fix import LOAD_RESERVATION_FIX
 from integrations.vllm.mamba_split_fix import MAMBA_SPLIT_FIX
 from integrations.vllm.mm_threshold_fix import MM_THRESHOLD_FIX
+from integrations.vllm.mm_upstream_fixes import (
+    FINISH_ITEM_STARTED_INSIDE_FIX,
+    WHOLE_PROMPT_UNDER_ENCODER_PRESSURE_FIX,
+)
 from integrations.vllm.offload_error_store_fix import (
     STORE_COMPUTED_ON_ERROR,
     STORE_COMPUTED_ON_ERROR_FIX,
@@ -129,6 +133,8 @@ FIXES = {
         ENCODER_VICTIM_FIX,
         MM_THRESHOLD_FIX,
         ENCODER_ROLLBACK_FIX,
+        FINISH_ITEM_STARTED_INSIDE_FIX,
+        WHOLE_PROMPT_UNDER_ENCODER_PRESSURE_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built

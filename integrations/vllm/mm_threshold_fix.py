@@ -14,8 +14,9 @@ and hangs at the first two concurrent requests with an item longer than the cap 
 seat, a cap of 1 token, a 4-token prompt with a 3-token item and a second request).
 
 The fix: where `Scheduler.schedule` applies the cap (in its running loop and its waiting loop),
-with chunked mm input disabled a cap that would end inside an item starting at or after the
-chunk's first token reaches that item's end instead (the token budget still bounds the chunk,
+with chunked mm input disabled a cap that would end inside an item reaches that item's end
+instead (an item the chunk starts inside, after a prefix-cache hit ending there, included:
+vLLM 0.34.0 waits for the rest of such an item to fit) (the token budget still bounds the chunk,
 and `max_num_batched_tokens` holds an item, as vLLM checks). The cap keeps a long prefill from
 starving the others; an item that may not be split is the least it can take, as when the request
 is the only one eligible, where vLLM lifts the cap altogether. An edit of vLLM's own
@@ -42,14 +43,14 @@ def _capped(indent: str, computed: str) -> tuple[str, str]:
         f"{indent}if 0 < long_prefill_token_threshold < num_new_tokens:\n"
         f"{indent}    capped = long_prefill_token_threshold\n"
         f"{indent}    if self.scheduler_config.disable_chunked_mm_input:\n"
-        f"{indent}        # An item may not be split: a cap ending inside one that\n"
-        f"{indent}        # starts in this chunk reaches its end, or no step fits it.\n"
+        f"{indent}        # An item may not be split: a cap ending inside one reaches\n"
+        f"{indent}        # its end, or no step ever fits it.\n"
         f"{indent}        chunk_start = {computed}\n"
         f"{indent}        for mm_feature in request.mm_features:\n"
         f"{indent}            item_start = mm_feature.mm_position.offset\n"
         f"{indent}            item_end = item_start + mm_feature.mm_position.length\n"
         f"{indent}            chunk_end = chunk_start + capped\n"
-        f"{indent}            if chunk_start <= item_start < chunk_end < item_end:\n"
+        f"{indent}            if item_start < chunk_end < item_end:\n"
         f"{indent}                capped = item_end - chunk_start\n"
         f"{indent}                break\n"
         f"{indent}    num_new_tokens = min(num_new_tokens, capped)\n"
