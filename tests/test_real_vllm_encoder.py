@@ -6,14 +6,18 @@ rebuilds the model runner's encoder cache from the scheduler outputs
 
 What is checked: `encoder_output_ready` (no "Encoder cache miss"), `encoder_budget`,
 `encoder_cache_capacity`, `encoder_cache_agrees` (book and runner name the same entries),
-`mm_input_chunked` (with chunked mm input disabled) and, once drained, `encoder_refs_released`;
+`mm_input_chunked` (with chunked mm input disabled), `no_chunking_when_disabled` (with chunked
+prefill off) and, once drained, `encoder_refs_released`;
 `admission_order` and `idle_step` let vLLM skip a request whose items find no room, by design.
-Released vLLM passes the random and shared-prompt programs; a seeded bug per rule fails it.
-Three findings, each with a candidate fix: a request preempted in the step that scheduled it
-leaves its never-computed items booked (`unbook-victim-encoder-inputs`); with chunked mm input
-disabled a long-prefill cap shorter than an item stalls the request for good
+Released vLLM passes the first 40 random and shared-prompt programs; a seeded bug per rule
+fails them. Three findings, each with a candidate fix: a request preempted in the step that
+scheduled it leaves its never-computed items booked (`unbook-victim-encoder-inputs`); with
+chunked mm input disabled a long-prefill cap shorter than an item stalls the request for good
 (`whole-item-past-threshold`); a request truncated by a failed KV load keeps its references to
 items past its new frontier and may wait for itself for good (`release-items-past-rollback`).
+Two more, in 0.33.0 only, that 0.34.0 fixed (an item split after a prefix-cache hit inside
+it; a prompt split by encoder pressure with chunked prefill off), 0.34.0's changes backported
+as their fixes (`integrations.vllm.mm_upstream_fixes`).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -52,6 +56,7 @@ from tests.engine_gate import require_engine
 from tests.patch_check import apply_fix_set
 from tests.script_module import load_script
 from tests.vllm_seeded_bugs import (
+    chunked_prefill_forced_on,
     encoder_budget_ignored,
     encoder_cache_oversized,
     encoder_evictions_untold,
@@ -140,6 +145,12 @@ SEEDED_BUGS: list[tuple[Callable[[Any], None], EncoderOptions, str, tuple[str, .
         ("with chunked mm input disabled",),
     ),
     (
+        chunked_prefill_forced_on,
+        EncoderOptions(),
+        "no_chunking_when_disabled",
+        ("of its", "prompt with chunked prefill off"),
+    ),
+    (
         encoder_refs_kept,
         EncoderOptions(cache=1000),
         "encoder_refs_released",
@@ -214,26 +225,68 @@ def test_a_victim_of_the_step_that_scheduled_it_leaves_its_item_booked(
     assert run.reasons == {"r0": "length", "r1": "length", "r2": "length"}, run.reasons
 
 
+#: Programs in which the booked item is read, at vLLM's own sizes, shrunk (with the book's rule
+#: off, under `--lifted-by unbook-victim-encoder-inputs`) from an ad-hoc search in which two
+#: requests prefill one shared prompt side by side (docs/engines.md): in each, the victim, 'r1',
+#: resumes and reaches the item the book calls cached.
+MISSES = {
+    False: CoreProgram(
+        ArConfig(
+            block_size=2,
+            num_blocks=5,
+            max_num_batched_tokens=4,
+            max_num_seqs=2,
+            max_model_len=8,
+            long_prefill_token_threshold=2,
+            policy=Policy.PRIORITY,
+        ),
+        arrivals=(
+            (
+                ArRequest("r0", 1, 1, priority=3),
+                ArRequest("r1", 7, 1, priority=2, arrival_time=1.0, prompt=tuple(range(100, 107))),
+            ),
+            (ArRequest("r2", 2, 2, arrival_time=2.0),),
+        ),
+        aborts=((), ()),
+    ),
+    True: CoreProgram(
+        ArConfig(
+            block_size=2,
+            num_blocks=7,
+            max_num_batched_tokens=6,
+            max_num_seqs=2,
+            max_model_len=12,
+            long_prefill_token_threshold=2,
+            policy=Policy.PRIORITY,
+            enable_prefix_caching=True,
+        ),
+        arrivals=(
+            (ArRequest("r1", 11, 1, priority=2, arrival_time=1.0, prompt=tuple(range(100, 111))),),
+            (ArRequest("r3", 3, 1, arrival_time=3.0),),
+        ),
+        aborts=((), ()),
+    ),
+}
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_the_booked_item_is_a_runner_miss_once_read(
     async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the book's rule, and with a cache large enough that nothing evicts the entry,
-    the same program goes on until r0, resumed, reaches the item the book calls cached: no
-    step computes it and the model runner misses ("Encoder cache miss")."""
+    """At vLLM's own encoder cache size, with the book's rule off, the victim resumes and reaches
+    the item the book calls cached: no step computes it and the model runner misses ("Encoder
+    cache miss"). With the candidate fix the item is computed again and the program passes."""
     _vllm()
     monkeypatch.setattr(EncoderRunner, "_check_agrees", lambda self, where: None)
-    options = LoopOptions(encoder=EncoderOptions(items=3, item_tokens=2, cache=8))
+    program = MISSES[async_scheduling]
     seen = first_violations(
-        1, lambda _: run_loop(VICTIM, async_scheduling=async_scheduling, options=options)
+        1, lambda _: run_loop(program, async_scheduling=async_scheduling, options=VICTIM_ITEMS)
     )
     assert set(seen) == {"encoder_output_ready"}, seen
-    assert (
-        "'r0' is scheduled tokens [9, 11), which read its item at [9, 11) ('image:109,110')"
-        in (seen["encoder_output_ready"])
-    )
-    fixed = replace(options, fix=apply_encoder_victim_fix)
-    assert run_loop(VICTIM, async_scheduling=async_scheduling, options=fixed).encoder_runs > 0
+    assert "'r1' is scheduled tokens" in seen["encoder_output_ready"], seen
+    assert "the runner's encoder cache does not hold it" in seen["encoder_output_ready"]
+    fixed = replace(VICTIM_ITEMS, fix=apply_encoder_victim_fix)
+    assert run_loop(program, async_scheduling=async_scheduling, options=fixed).encoder_runs > 0
 
 
 #: The shrunk program of the second finding (`scripts/vllm_shrink.py --seed 4 --loop sync

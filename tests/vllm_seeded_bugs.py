@@ -812,3 +812,10 @@ def encoder_refs_kept(sched: Any) -> None:
     """Seeded bug: the encoder cache never drops a request's reference to an entry (neither
     once the request has read it nor when it ends)."""
     sched.encoder_cache_manager.free_encoder_input = lambda request, input_id: None
+
+
+def chunked_prefill_forced_on(sched: Any) -> None:
+    """Seeded bug: the scheduler reads chunked prefill as on, with a long-prefill threshold of
+    one token, and splits a prompt that must be prefilled whole (a multimodal request's too)."""
+    sched.scheduler_config.enable_chunked_prefill = True
+    sched.scheduler_config.long_prefill_token_threshold = 1

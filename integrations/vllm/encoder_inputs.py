@@ -269,10 +269,11 @@ class EncoderRunner:
         if self.chunked_prefill or not request.mm_features or not start < prompt:
             return
         if end < prompt:
+            why = " (its items found no room for all of it)" if rid in self.cut else ""
             raise EngineCoreViolation(
                 "no_chunking_when_disabled",
                 f"{where}: {rid!r} is scheduled tokens [{start}, {end}) of its {prompt}-token "
-                "prompt with chunked prefill off (its items found no room for all of it)",
+                f"prompt with chunked prefill off{why}",
             )
 
     def _check_reads(self, rid: str, start: int, end: int, where: str) -> None:

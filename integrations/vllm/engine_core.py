@@ -1395,7 +1395,7 @@ class LoopOptions:
     `encoder` gives every prompt multimodal items and vLLM's scheduler its encoder budget and
     cache (`integrations.vllm.encoder_inputs`; rules `encoder_output_ready`, `encoder_budget`,
     `encoder_cache_capacity`, `encoder_cache_agrees`, `mm_input_chunked`,
-    `encoder_refs_released`). With
+    `no_chunking_when_disabled`, `encoder_refs_released`). With
     `trace` (a list) the loop appends a line per event to it (`integrations.vllm.trace`)."""
 
     mutate: Callable[[Any], None] | None = None
