@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.dllm_arguments import fix_flags, space_flags
+from integrations.vllm.encoder_inputs import EncoderOptions
 from integrations.vllm.engine_core import LoopOptions
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
 from integrations.vllm.loop_arguments import FIXES
@@ -372,7 +373,7 @@ def encoder_flags(encoder: dict[str, Any]) -> list[str]:
     """The flags of `scripts/vllm_shrink.py` that set the multimodal options recorded as
     `encoder` (`EncoderOptions`' fields), each only where it is not the default."""
     args = ["--mm-items", str(encoder["items"])]
-    if encoder["item_tokens"] != 3:
+    if encoder["item_tokens"] != EncoderOptions().item_tokens:
         args += ["--mm-tokens", str(encoder["item_tokens"])]
     for field, flag in (("budget", "--encoder-budget"), ("cache", "--encoder-cache")):
         if encoder[field] is not None:

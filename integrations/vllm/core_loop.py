@@ -225,9 +225,10 @@ class BatchQueueLoop(Generic[CountsT]):
         return False
 
     def waits_for_encoder(self, rid: str) -> bool:
-        """Whether request `rid` was left no token in the current `schedule()` call as its
-        multimodal items found no room in the encoder budget or cache (vLLM then requeues a
-        waiting one and skips a running one, by design). Default: never."""
+        """Whether the current `schedule()` call's encoder scheduling cut request `rid`, which it
+        left unscheduled, as its multimodal items found no room in the encoder budget or cache
+        (vLLM then requeues a waiting one and skips a running one, by design). Default:
+        never."""
         return False
 
     def admission_queue(self, rid: str) -> str:

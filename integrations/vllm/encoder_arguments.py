@@ -11,6 +11,9 @@ import argparse
 from integrations.vllm.encoder_inputs import EncoderOptions
 from spec.errors import ConfigError
 
+#: The options' defaults (`--mm-tokens` is given only where it differs).
+DEFAULTS = EncoderOptions()
+
 
 def add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--mm-items`, `--mm-tokens`, `--encoder-budget`, `--encoder-cache` and
@@ -26,9 +29,10 @@ def add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mm-tokens",
         type=int,
-        default=3,
+        default=DEFAULTS.item_tokens,
         metavar="L",
-        help="with --mm-items: placeholder tokens (and encoder embeddings) per item (default 3)",
+        help="with --mm-items: placeholder tokens (and encoder embeddings) per item "
+        f"(default {DEFAULTS.item_tokens})",
     )
     parser.add_argument(
         "--encoder-budget",
@@ -62,7 +66,7 @@ def encoder_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Enc
         given = [
             flag
             for flag, set_ in (
-                ("--mm-tokens", args.mm_tokens != 3),
+                ("--mm-tokens", args.mm_tokens != DEFAULTS.item_tokens),
                 ("--encoder-budget", args.encoder_budget is not None),
                 ("--encoder-cache", args.encoder_cache is not None),
                 ("--no-chunked-mm-input", args.no_chunked_mm_input),
@@ -73,21 +77,26 @@ def encoder_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Enc
             parser.error(f"{', '.join(given)}: only with --mm-items")
         return None
     try:
-        return EncoderOptions(
-            items=args.mm_items,
-            item_tokens=args.mm_tokens,
-            budget=args.encoder_budget,
-            cache=args.encoder_cache,
-            chunked=not args.no_chunked_mm_input,
-        )
+        return _options(args)
     except ConfigError as err:
         parser.error(f"--mm-items and its encoder settings: {err}")
 
 
+def _options(args: argparse.Namespace) -> EncoderOptions:
+    """`args`' multimodal options as `EncoderOptions` (`ConfigError` for a bad value)."""
+    return EncoderOptions(
+        items=args.mm_items,
+        item_tokens=args.mm_tokens,
+        budget=args.encoder_budget,
+        cache=args.encoder_cache,
+        chunked=not args.no_chunked_mm_input,
+    )
+
+
 def describe_encoder(args: argparse.Namespace) -> str:
-    """The multimodal options of `args` in words, after "; " (empty without `--mm-items`)."""
-    options = encoder_of(args, argparse.ArgumentParser()) if args.mm_items else None
-    return f"; {options.describe()}" if options is not None else ""
+    """The multimodal options of `args` (checked by `encoder_of`) in words, after "; " (empty
+    without `--mm-items`)."""
+    return f"; {_options(args).describe()}" if args.mm_items else ""
 
 
 __all__ = ["add_encoder_arguments", "describe_encoder", "encoder_of"]

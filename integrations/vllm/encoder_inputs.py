@@ -188,16 +188,14 @@ class EncoderRunner:
     rules above. `requests` maps a request id to vLLM's `Request` (the loop's submitted
     requests: one ended before its output is applied is still found)."""
 
-    def __init__(
-        self, sched: Any, requests: dict[str, Any], budget: int, size: int, *, chunked: bool
-    ) -> None:
+    def __init__(self, sched: Any, requests: dict[str, Any], budget: int, size: int) -> None:
         self.sched: Any = sched
         self.requests: dict[str, Any] = requests
         #: the encoder compute budget and the cache size, in embeddings
         self.budget: int = budget
         self.size: int = size
-        #: False: chunked mm input disabled (`mm_input_chunked`)
-        self.chunked: bool = chunked
+        #: False: chunked mm input disabled (`mm_input_chunked`), as `configure` set it
+        self.chunked: bool = not sched.scheduler_config.disable_chunked_mm_input
         #: vLLM's `enable_chunked_prefill` (`no_chunking_when_disabled` when False)
         self.chunked_prefill: bool = bool(sched.scheduler_config.enable_chunked_prefill)
         #: identifier -> embeddings, as the runner holds them
@@ -208,6 +206,8 @@ class EncoderRunner:
         #: requests the current `schedule()` call's encoder scheduling cut (fewer tokens, or
         #: none): those it did not schedule waited for room for their items
         self.cut: set[str] = set()
+        #: of those, the ones the last call did not schedule
+        self.left_waiting: set[str] = set()
 
     def watch(self) -> None:
         """Note the requests `_try_schedule_encoder_inputs` cuts (their items find no room for
@@ -230,7 +230,8 @@ class EncoderRunner:
 
     def after_schedule(self, out: Any, where: str) -> None:
         """Apply `out` as the runner does (free, then compute) and check every rule."""
-        self.counts.encoder_waits += len(self.cut - set(out.num_scheduled_tokens))
+        self.left_waiting = self.cut - set(out.num_scheduled_tokens)
+        self.counts.encoder_waits += len(self.left_waiting)
         for mm_hash in out.free_encoder_mm_hashes:
             self.cache.pop(mm_hash, None)
             self.counts.encoder_evictions += 1
@@ -317,7 +318,7 @@ class EncoderRunner:
         """What `progress` adds: each request the last `schedule()` call left no token as its
         items found no room, with its computed tokens and the item it stopped at."""
         stopped = []
-        for rid in sorted(self.cut):
+        for rid in sorted(self.left_waiting):
             request = self.requests[rid]
             computed = int(request.num_computed_tokens)
             items = [

@@ -99,11 +99,11 @@ nothing ("keep") or only what ran or held KV before ("wait", "abort"). With `enc
 (multimodal items in every prompt) the loop rebuilds the model runner's encoder cache from
 the scheduler outputs and checks that every item a step reads is there and the scheduler's
 book agrees with it, the encoder budget and cache size, unsplit items where chunked mm input
-is off, and no reference left once drained (`integrations.vllm.encoder_inputs`). With
-`kv_events` vLLM's KV cache events are read as a router reads them and two rules are added:
-`kv_events` (the keys they leave cached are the prefix cache's, `integrations.vllm.kv_events`)
-and `kv_event_content` (each store names its blocks' tokens, parent key, adapter and extra
-keys, `integrations.vllm.kv_event_content`).
+is off, whole prompts where chunked prefill is off, and no reference left once drained
+(`integrations.vllm.encoder_inputs`). With `kv_events` vLLM's KV cache events are read as a
+router reads them and two rules are added: `kv_events` (the keys they leave cached are the
+prefix cache's, `integrations.vllm.kv_events`) and `kv_event_content` (each store names its
+blocks' tokens, parent key, adapter and extra keys, `integrations.vllm.kv_event_content`).
 
 `check_both(program, options)` runs a program through the synchronous loop (the control) and
 the asynchronous one, as `LoopOptions` says (seeded bug, candidate fix, stages, drafts,
@@ -502,9 +502,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         if encoder is not None:
             budget, size = configure(self.impl.sched, encoder)
             self.impl.mm_features_of = partial(mm_features, options=encoder)
-            self.encoder = EncoderRunner(
-                self.impl.sched, self.impl.submitted, budget, size, chunked=encoder.chunked
-            )
+            self.encoder = EncoderRunner(self.impl.sched, self.impl.submitted, budget, size)
         if mutate is not None:
             mutate(self.impl.sched)
         if self.encoder is not None:
@@ -1099,8 +1097,8 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         return waits_for_adapter(self.sched, request, self.impl.max_loras)
 
     def waits_for_encoder(self, rid: str) -> bool:
-        """Whether the current call left request `rid` no token as its multimodal items found
-        no room for the encoder (`EncoderRunner.cut`)."""
+        """Whether the current call's encoder scheduling cut request `rid` as its multimodal
+        items found no room (`EncoderRunner.cut`; asked of requests it left unscheduled)."""
         return self.encoder is not None and rid in self.encoder.cut
 
     def check_adapters(self, out: Any) -> None:
