@@ -20,7 +20,10 @@ multimodal encoder inputs booked for a same-step priority victim (`vllm-encoder-
 `integrations.vllm.encoder_victim_fix`) and a long-prefill cap below an item with chunked mm
 input disabled (`vllm-mm-threshold`: `integrations.vllm.mm_threshold_fix`), encoder cache
 references kept past a failed load's rollback (`vllm-encoder-rollback`:
-`integrations.vllm.encoder_rollback_fix`), 0.34.0's two multimodal changes backported to 0.33.0
+`integrations.vllm.encoder_rollback_fix`), a load's CPU encoder-cache entry evicted by a save
+of the same request (`vllm-encoder-load-order`: `integrations.vllm.encoder_load_order_fix`)
+and saves queued for a same-step priority victim (`vllm-encoder-connector`:
+`integrations.vllm.encoder_connector_fix`), 0.34.0's two multimodal changes backported to 0.33.0
 (`vllm-mm-upstream`: `integrations.vllm.mm_upstream_fixes`), and vLLM 0.34.0's
 cache-aware admission
 (`vllm-cache-probe`: `integrations.vllm.cache_probe_fix`, with `SCHEDSPEC_VLLM_VERSION=0.34.0`).
@@ -80,6 +83,8 @@ from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
 from integrations.vllm.draft_margin_fix import DRAFT_MARGIN_FIXES
+from integrations.vllm.encoder_connector_fix import ENCODER_CONNECTOR_FIXES
+from integrations.vllm.encoder_load_order_fix import ENCODER_LOAD_ORDER_FIXES
 from integrations.vllm.encoder_rollback_fix import ENCODER_ROLLBACK_FIXES
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIXES
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
@@ -128,6 +133,8 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "vllm-mm-threshold": (MM_THRESHOLD_FIXES, MM_THRESHOLD_FIXES.names),
     "vllm-encoder-rollback": (ENCODER_ROLLBACK_FIXES, ENCODER_ROLLBACK_FIXES.names),
     "vllm-mm-upstream": (MM_UPSTREAM_FIXES, MM_UPSTREAM_FIXES.names),
+    "vllm-encoder-load-order": (ENCODER_LOAD_ORDER_FIXES, ENCODER_LOAD_ORDER_FIXES.names),
+    "vllm-encoder-connector": (ENCODER_CONNECTOR_FIXES, ENCODER_CONNECTOR_FIXES.names),
 }
 
 

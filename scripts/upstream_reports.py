@@ -282,6 +282,21 @@ TITLES: dict[str, tuple[str, str, str | None]] = {
         "vllm-encoder-rollback",
         None,
     ),
+    "vllm-encoder-load-order": (
+        "CPU encoder-cache offload (ECCPUConnector): the save of an item a request encodes "
+        "evicts the CPU entry of an item the same request loads in that step; no load is sent, "
+        "the runner misses the item, and a save that never lands holds its blocks for good",
+        "vllm-encoder-load-order",
+        None,
+    ),
+    "vllm-encoder-victim-save": (
+        "CPU encoder-cache offload (ECCPUConnector) under the priority policy: a request "
+        "preempted in the step that booked its encoder inputs leaves their saves queued; "
+        "nothing computes them, the saves never land, and the connector keeps the engine "
+        "stepping for good",
+        "vllm-encoder-connector",
+        None,
+    ),
 }
 #: Every fix a report may name, with its summary: the autoregressive loop's and the diffusion
 #: path's.
@@ -375,8 +390,12 @@ def encoder_flags(encoder: dict[str, Any]) -> list[str]:
     args = ["--mm-items", str(encoder["items"])]
     if encoder["item_tokens"] != EncoderOptions().item_tokens:
         args += ["--mm-tokens", str(encoder["item_tokens"])]
-    for field, flag in (("budget", "--encoder-budget"), ("cache", "--encoder-cache")):
-        if encoder[field] is not None:
+    for field, flag in (
+        ("budget", "--encoder-budget"),
+        ("cache", "--encoder-cache"),
+        ("offload_blocks", "--encoder-offload"),
+    ):
+        if encoder.get(field) is not None:
             args += [flag, str(encoder[field])]
     return args + ([] if encoder["chunked"] else ["--no-chunked-mm-input"])
 
@@ -454,6 +473,12 @@ def _how(record: dict[str, Any]) -> tuple[str, str, str, str]:
             "`compute_mm_encoder_budget` sizes them, the model runner's encoder cache rebuilt "
             "from the scheduler outputs."
         )
+        if encoder.get("offload_blocks") is not None:
+            run = run.removesuffix(".") + (
+                f", vLLM's `ECCPUConnector` (role `ec_both`) offloading it to a CPU region of "
+                f"{encoder['offload_blocks']} embeddings, its saves and loads done by the worker "
+                "as `SchedulerOutput.ec_connector_metadata` says."
+            )
     pauses = record["options"].get("pauses")
     if pauses:
         run = run.removesuffix(".") + (

@@ -503,12 +503,14 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     tests/test_real_vllm_inflight_loads.py; `cache_read_limit`, which needs requests that
     bound their cache reads, in tests/test_real_vllm_cache_reads.py; `cache_aware_order`,
     which needs vLLM 0.34.0's cache-aware window, in
-    tests/test_real_vllm_cache_aware_loop.py; the six encoder rules, which need multimodal
-    items, in tests/test_real_vllm_encoder.py)."""
+    tests/test_real_vllm_cache_aware_loop.py; the seven encoder rules, which need multimodal
+    items, in tests/test_real_vllm_encoder.py; the three of the CPU encoder-cache offload in
+    tests/test_real_vllm_encoder_offload.py)."""
     from tests import test_real_vllm_admission as admission
     from tests import test_real_vllm_cache_aware_loop as cache_aware_loop
     from tests import test_real_vllm_cache_reads as cache_reads
     from tests import test_real_vllm_encoder as encoder
+    from tests import test_real_vllm_encoder_offload as encoder_offload
     from tests import test_real_vllm_inflight_loads as inflight_loads
     from tests import test_real_vllm_kv_connector as kv_connector
     from tests import test_real_vllm_kv_event_content as kv_event_content
@@ -535,6 +537,7 @@ def test_every_async_loop_rule_has_a_seeded_bug() -> None:
     covered |= {rule for _, rule in inflight_loads.SEEDED_BUGS}
     covered |= {rule for _, rule in cache_reads.SEEDED_BUGS}
     covered |= {bug[2] for bug in encoder.SEEDED_BUGS}
+    covered |= {bug[1] for bug in encoder_offload.SEEDED_BUGS}
     # released vLLM fails it: test_finding_a_session_is_resumed_past_max_model_len
     covered.add("session_length")
     assert pauses.SEEDED_BUGS  # each fails `pause`, as its test asserts

@@ -53,6 +53,9 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
   behind a referenced item) reproduce, and their fixes apply unchanged and hold; the two
   0.34.0 fixed (an item split after a hit inside it, a prompt split by encoder pressure with
   chunked prefill off) pass as released;
+- the CPU encoder-cache offload's two findings (a save evicts the entry a load of the same
+  request is about to pin; a same-step priority victim's saves never land) reproduce, with
+  their consequences, and their fixes apply unchanged and hold;
 - the finding of 0.34.0 (a guided token sampled under a bitmask row that allows every token)
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
@@ -131,6 +134,17 @@ RELEASE_INDEPENDENT = (
             "test_a_request_truncated_by_a_failed_load_waits_for_its_own_item",
             "test_finding_of_0_33_fixed_in_0_34",
             "test_the_fixes_are_edits_of_vllms_scheduler",
+        )
+    ),
+    *(
+        f"tests/test_real_vllm_encoder_offload.py::{name}"
+        for name in (
+            "test_a_save_evicts_the_entry_its_own_request_loads",
+            "test_the_save_that_never_lands_keeps_the_engine_stepping",
+            "test_the_load_never_sent_is_a_runner_miss",
+            "test_a_same_step_victims_saves_never_land",
+            "test_the_victims_save_keeps_the_engine_stepping",
+            "test_the_fix_is_an_edit_of_vllms_scheduler",
         )
     ),
 )

@@ -819,3 +819,48 @@ def chunked_prefill_forced_on(sched: Any) -> None:
     one token, and splits a prompt that must be prefilled whole (a multimodal request's too)."""
     sched.scheduler_config.enable_chunked_prefill = True
     sched.scheduler_config.long_prefill_token_threshold = 1
+
+
+def ec_blocks_handed_out_twice(sched: Any) -> None:
+    """Seeded bug: the CPU encoder cache hands an entry's blocks out and keeps them free, so a
+    later save writes over an entry a load then reads (`ec_load_content`)."""
+    cache = sched.ec_connector.connector_scheduler._cache
+    alloc = cache.alloc
+
+    def alloc_keeping_blocks_free(key: str, n_blocks: int, shape: Any = None) -> Any:
+        entry = alloc(key, n_blocks, shape)
+        if entry is not None:
+            cache._free_blocks.extend(entry.block_ids)
+        return entry
+
+    cache.alloc = alloc_keeping_blocks_free
+
+
+def ec_loads_saved_again(sched: Any) -> None:
+    """Seeded bug: the connector also saves every item it loads, though the encoder does not
+    run it (`ec_save_lands`)."""
+    delegate = sched.ec_connector.connector_scheduler
+    after_alloc = delegate.update_state_after_alloc
+
+    def after_alloc_saving_loads(request: Any, index: int) -> None:
+        after_alloc(request, index)
+        mm_hash = request.mm_features[index].identifier
+        if mm_hash in delegate._pending_loads:
+            delegate._pending_saves[mm_hash] = list(delegate._pending_loads[mm_hash][1])
+
+    delegate.update_state_after_alloc = after_alloc_saving_loads
+
+
+def ec_load_reports_ignored(sched: Any) -> None:
+    """Seeded bug: the connector ignores the worker's completed loads, so every loaded entry
+    stays pinned (`ec_offload_settled`)."""
+    delegate = sched.ec_connector.connector_scheduler
+    update = delegate.update_connector_output
+
+    def update_without_loads(connector_output: Any) -> None:
+        meta = connector_output.ec_connector_worker_meta
+        if meta is not None:
+            meta.completed_loads = []
+        update(connector_output)
+
+    delegate.update_connector_output = update_without_loads

@@ -16,8 +16,8 @@ DEFAULTS = EncoderOptions()
 
 
 def add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--mm-items`, `--mm-tokens`, `--encoder-budget`, `--encoder-cache` and
-    `--no-chunked-mm-input` to `parser`."""
+    """Add `--mm-items`, `--mm-tokens`, `--encoder-budget`, `--encoder-cache`,
+    `--no-chunked-mm-input` and `--encoder-offload` to `parser`."""
     parser.add_argument(
         "--mm-items",
         type=int,
@@ -55,6 +55,14 @@ def add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --mm-items: vLLM's disable_chunked_mm_input (a step covers an item whole)",
     )
+    parser.add_argument(
+        "--encoder-offload",
+        type=int,
+        default=None,
+        metavar="E",
+        help="with --mm-items: vLLM's CPU encoder-cache offload (ECCPUConnector, role "
+        "ec_both) with a region of E embeddings, and check its saves and loads",
+    )
 
 
 def encoder_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EncoderOptions | None:
@@ -70,6 +78,7 @@ def encoder_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Enc
                 ("--encoder-budget", args.encoder_budget is not None),
                 ("--encoder-cache", args.encoder_cache is not None),
                 ("--no-chunked-mm-input", args.no_chunked_mm_input),
+                ("--encoder-offload", args.encoder_offload is not None),
             )
             if set_
         ]
@@ -90,6 +99,7 @@ def _options(args: argparse.Namespace) -> EncoderOptions:
         budget=args.encoder_budget,
         cache=args.encoder_cache,
         chunked=not args.no_chunked_mm_input,
+        offload_blocks=args.encoder_offload,
     )
 
 

@@ -56,6 +56,7 @@ from typing import Any
 
 from integrations.vllm.cache_writes import batch_starts
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.encoder_offload import OFFLOAD_RULES, EncoderOffload, attach
 from integrations.vllm.trace import counted
 from spec.errors import ConfigError
 
@@ -67,6 +68,7 @@ ENCODER_RULES = (
     "mm_input_chunked",
     "no_chunking_when_disabled",
     "encoder_refs_released",
+    *OFFLOAD_RULES,
 )
 
 
@@ -78,23 +80,39 @@ class EncoderOptions:
     (and encoder embeddings) per item; `budget` / `cache`: vLLM's
     `max_num_encoder_input_tokens` / `encoder_cache_size` in embeddings (None: vLLM's default,
     `max_num_batched_tokens`; vLLM raises either to one item); `chunked` False: vLLM's
-    `disable_chunked_mm_input`."""
+    `disable_chunked_mm_input`; `offload_blocks` (>= 1): vLLM's CPU encoder-cache offload
+    (`ECCPUConnector`, role `ec_both`) with a region of that many embeddings
+    (`integrations.vllm.encoder_offload`; None: no EC connector)."""
 
     items: int = 2
     item_tokens: int = 3
     budget: int | None = None
     cache: int | None = None
     chunked: bool = True
+    offload_blocks: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, low in (("items", self.items, 1), ("item_tokens", self.item_tokens, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(name, value, f"an integer >= {low}")
-        for name, size in (("budget", self.budget), ("cache", self.cache)):
+        for name, size in (
+            ("budget", self.budget),
+            ("cache", self.cache),
+            ("offload_blocks", self.offload_blocks),
+        ):
             if size is None:
                 continue
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ConfigError(name, size, "an integer >= 1, or None for vLLM's default")
+        if self.offload_blocks is not None and self.offload_blocks < self.item_tokens:
+            # vLLM's EmbeddingCache.alloc asserts an item fits the region: its scheduler
+            # would stop with an AssertionError at the first save
+            raise ConfigError(
+                "offload_blocks",
+                self.offload_blocks,
+                f"at least one item's embeddings ({self.item_tokens}): vLLM's CPU encoder "
+                "cache asserts every item fits its region",
+            )
 
     def describe(self) -> str:
         """These options in words."""
@@ -107,6 +125,11 @@ class EncoderOptions:
             f"up to {self.items} multimodal items of {self.item_tokens} tokens a prompt"
             + (f" ({sizes})" if sizes else "")
             + ("" if self.chunked else ", chunked mm input disabled")
+            + (
+                ""
+                if self.offload_blocks is None
+                else f", offloaded to a CPU encoder cache of {self.offload_blocks} embeddings"
+            )
         )
 
 
@@ -164,6 +187,8 @@ def configure(sched: Any, options: EncoderOptions) -> tuple[int, int]:
         ) from None
     sched.max_num_encoder_input_tokens = budget
     sched.encoder_cache_manager = manager.EncoderCacheManager(cache_size=size)
+    if options.offload_blocks is not None:
+        attach(sched, options.offload_blocks)
     return int(budget), int(size)
 
 
@@ -176,6 +201,8 @@ class EncoderCounts:
     encoder_shared: int = 0  # of those, read by a request that did not compute them
     encoder_evictions: int = 0  # entries the scheduler told the runner to free
     encoder_waits: int = 0  # requests left waiting as their items found no room, per call
+    encoder_saves: int = 0  # items saved to the CPU encoder cache (`offload_blocks`)
+    encoder_loads: int = 0  # items loaded from it instead of running the encoder
 
 
 def _overlaps(feature: Any, start: int, end: int) -> bool:
@@ -208,6 +235,10 @@ class EncoderRunner:
         self.cut: set[str] = set()
         #: of those, the ones the last call did not schedule
         self.left_waiting: set[str] = set()
+        #: the worker's side of vLLM's CPU encoder-cache offload, where `configure` attached it
+        self.offload: EncoderOffload | None = (
+            EncoderOffload(sched) if getattr(sched, "ec_connector", None) is not None else None
+        )
 
     def watch(self) -> None:
         """Note the requests `_try_schedule_encoder_inputs` cuts (their items find no room for
@@ -224,9 +255,12 @@ class EncoderRunner:
 
         self.sched._try_schedule_encoder_inputs = watched
 
-    def before_schedule(self) -> None:
-        """A new `schedule()` call: no request cut yet."""
+    def before_schedule(self, *, idle: bool = False) -> None:
+        """A new `schedule()` call: no request cut yet. `idle`: no request is left and no step
+        is in flight (the offload must then have settled, `ec_offload_settled`)."""
         self.cut.clear()
+        if idle and self.offload is not None:
+            self.offload.check_settled("before the next schedule()")
 
     def after_schedule(self, out: Any, where: str) -> None:
         """Apply `out` as the runner does (free, then compute) and check every rule."""
@@ -235,7 +269,11 @@ class EncoderRunner:
         for mm_hash in out.free_encoder_mm_hashes:
             self.cache.pop(mm_hash, None)
             self.counts.encoder_evictions += 1
+        if self.offload is not None:
+            # the worker loads before the encoder runs (`ActiveECConnector.maybe_get_output`)
+            self.offload.load(out, self.cache, where)
         computed = 0
+        ran: set[str] = set()
         for rid, input_ids in out.scheduled_encoder_inputs.items():
             features = self.requests[rid].mm_features
             for i in input_ids:
@@ -244,7 +282,12 @@ class EncoderRunner:
                 computed += embeds
                 self.cache[feature.identifier] = embeds
                 self.computed_by[feature.identifier] = rid
+                ran.add(feature.identifier)
                 self.counts.encoder_runs += 1
+        if self.offload is not None:
+            self.offload.save(out, ran, where)
+            self.counts.encoder_saves = self.offload.saves
+            self.counts.encoder_loads = self.offload.loads
         if computed > self.budget:
             raise EngineCoreViolation(
                 "encoder_budget",
@@ -315,8 +358,9 @@ class EncoderRunner:
             )
 
     def stall_detail(self) -> str:
-        """What `progress` adds: each request the last `schedule()` call left no token as its
-        items found no room, with its computed tokens and the item it stopped at."""
+        """What `progress` adds: the CPU encoder cache's held entries (with the offload), and each
+        request the last `schedule()` call left no token as its items found no room, with its
+        computed tokens and the item it stopped at."""
         stopped = []
         for rid in sorted(self.left_waiting):
             request = self.requests[rid]
@@ -328,15 +372,21 @@ class EncoderRunner:
             ]
             at = f", next item at [{items[0][0]}, {items[0][1]})" if items else ""
             stopped.append(f"{rid} ({counted(computed, 'token')} computed{at})")
+        held = self.offload.held() if self.offload is not None else {}
+        entries = f"; CPU encoder cache entries held: {held}" if held else ""
         if not stopped:
-            return ""
-        return "; the last call left no token, as their items found no room, to " + ", ".join(
-            stopped
+            return entries
+        return (
+            entries
+            + "; the last call left no token, as their items found no room, to "
+            + ", ".join(stopped)
         )
 
     def check_drained(self) -> None:
         """`encoder_refs_released`: once the loop is drained no request references an entry
-        and every entry is reclaimable."""
+        and every entry is reclaimable; with the offload, `ec_offload_settled`."""
+        if self.offload is not None:
+            self.offload.check_settled("drained")
         manager = self.sched.encoder_cache_manager
         referenced = {h: sorted(rids) for h, rids in manager.cached.items() if rids}
         if referenced or manager.request_cached_ids:

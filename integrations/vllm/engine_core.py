@@ -311,6 +311,8 @@ class CoreRun:
     encoder_shared: int = 0  # of those, read by a request that did not compute them
     encoder_evictions: int = 0  # encoder cache entries the runner was told to free
     encoder_waits: int = 0  # requests left waiting as their items found no room, per call
+    encoder_saves: int = 0  # items saved to the CPU encoder cache (`offload_blocks`)
+    encoder_loads: int = 0  # items loaded from it instead of running the encoder
     pauses: int = 0  # generation paused (`pauses`)
     pause_preempted: int = 0  # running requests a pause's cache reset preempted
     pause_taken_back: int = 0  # waiting requests holding loaded KV whose blocks it took back
@@ -791,7 +793,11 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         self.count_cadence_waits()
         self._put_off.clear()
         if self.encoder is not None:
-            self.encoder.before_schedule()
+            sched = self.sched
+            # the async loop keeps empty batches in flight: they carry no transfer
+            in_flight = any(o.total_num_scheduled_tokens for o, _ in self.queue)
+            idle = not in_flight and not sched.has_unfinished_requests()
+            self.encoder.before_schedule(idle=idle and not sched.has_finished_requests())
         self._maybe_reset()
         if self.late is not None:
             self.late.complete(self.n.engine_steps)
@@ -965,7 +971,10 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     def transfer(self, out: Any, output: Any) -> Any:
         """With a KV connector, the worker's side of batch `out` (`RemoteKv.execute`): start its
         transfers, report those due in `output` (`kv_connector_output`), and record the blocks
-        each reported load wrote, for `cache_hit_written`. Returns `output`."""
+        each reported load wrote, for `cache_hit_written`. With the CPU encoder-cache offload,
+        the step's saves and loads done (`ec_connector_output`). Returns `output`."""
+        if self.encoder is not None and self.encoder.offload is not None:
+            output.ec_connector_output = self.encoder.offload.report(out, self.impl.v.outputs)
         if self.offload is not None:
             if id(out) in self._forward_reports:  # deferred: its forward ran when scheduled
                 output.kv_connector_output = self._forward_reports.pop(id(out))

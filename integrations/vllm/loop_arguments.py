@@ -37,6 +37,8 @@ from integrations.vllm.encoder_arguments import (
     describe_encoder,
     encoder_of,
 )
+from integrations.vllm.encoder_connector_fix import ENCODER_CONNECTOR_FIX
+from integrations.vllm.encoder_load_order_fix import ENCODER_LOAD_ORDER_FIX
 from integrations.vllm.encoder_rollback_fix import ENCODER_ROLLBACK_FIX
 from integrations.vllm.encoder_victim_fix import ENCODER_VICTIM_FIX
 from integrations.vllm.engine_core import KV_STORES, CoreProgram, LoopOptions, core_program
@@ -135,6 +137,8 @@ FIXES = {
         ENCODER_ROLLBACK_FIX,
         FINISH_ITEM_STARTED_INSIDE_FIX,
         WHOLE_PROMPT_UNDER_ENCODER_PRESSURE_FIX,
+        ENCODER_LOAD_ORDER_FIX,
+        ENCODER_CONNECTOR_FIX,
     )
 }
 #: The fixes of `FIXES` that edit vLLM's offloading connector, not `Scheduler`: how one built
