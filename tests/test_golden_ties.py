@@ -96,9 +96,12 @@ def test_a_tie_is_named_only_when_it_comes_before_the_difference() -> None:
 
 def test_the_engines_seeded_golden_mismatch_is_named_a_float_tie() -> None:
     """`parity --impl gpu.engine:SMALL_ENGINE --prompts 8 --max-new-tokens 32` (block 8, page
-    16): the first seeded prompt's sync output at batch size 1 differs from its golden
-    decoding at output token 3, where the dense decoding chose between two tokens whose
-    logits were equal; the report says so. Another prompt with no tie matches golden."""
+    16): the first seeded prompt's golden decoding chooses, by output token 3, between two
+    tokens whose logits lie within float noise; where the CPU's float kernels make its sync
+    output at batch size 1 break that tie the other way (the machines this suite first ran
+    on; not a 2026-12 AMD EPYC, where the two agree), the report says so (the note is the same
+    either way: the tie lies at or before any difference). Another prompt with no tie matches
+    golden."""
     requests = parity_prompts(8, 32)
     base = DllmConfig(
         block_size=8,
@@ -115,7 +118,6 @@ def test_the_engines_seeded_golden_mismatch_is_named_a_float_tie() -> None:
     engine.drain()
     outputs = engine.collect_outputs()
     golden = engine_golden(engine, tied)
-    assert outputs[tied.request_id] != golden
     tie = engine.golden_near_tie(tied)
     assert tie is not None and tie.token <= 3 and "block 2" in tie.where
     note = golden_tie_note(engine, tied, outputs[tied.request_id], golden)

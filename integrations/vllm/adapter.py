@@ -1112,12 +1112,12 @@ def v2_model_runner() -> Iterator[None]:
     it once, in its constructor). vLLM serves diffusion models only with its V2 model runner
     (`VllmConfig._get_v2_model_runner_unsupported_features`), and runs pipeline parallelism with
     async scheduling only with it; without triton it picks V2 only when told to."""
-    with _environment("VLLM_USE_V2_MODEL_RUNNER", "1"):
+    with environment_variable("VLLM_USE_V2_MODEL_RUNNER", "1"):
         yield
 
 
 @contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
+def environment_variable(name: str, value: str) -> Iterator[None]:
     """Environment variable `name` set to `value` for the block, then as it was."""
     old = os.environ.get(name)
     os.environ[name] = value
@@ -1547,7 +1547,7 @@ def engine_on_pythonpath() -> Iterator[None]:
     VLLM_CACHE_ROOT): that subprocess must find vLLM too. Only for that call, so no other
     subprocess of this process sees the engine's packages."""
     old = os.environ.get("PYTHONPATH")
-    with _environment(
+    with environment_variable(
         "PYTHONPATH", os.pathsep.join([str(MANIFEST.site_packages), *([old] if old else [])])
     ):
         yield
@@ -1682,6 +1682,7 @@ __all__ = [
     "check_sliding_window",
     "check_window_block_scale",
     "engine_on_pythonpath",
+    "environment_variable",
     "finish_reason_of",
     "group_block_sizes",
     "group_tables",

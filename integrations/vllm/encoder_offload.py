@@ -37,34 +37,16 @@ side keeps only the block book, and the worker's content is modelled here.
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from integrations.vllm.adapter import environment_variable
 from integrations.vllm.core_loop import EngineCoreViolation
 
 OFFLOAD_RULES = ("ec_load_content", "ec_save_lands", "ec_offload_settled")
 
 #: the encoder output's width, so that one block of the region holds one row (one embedding)
 WIDTH = 64
-
-
-@contextmanager
-def _v2_model_runner() -> Iterator[None]:
-    """`ECCPUConnector` refuses the V1 model runner; the worker here is neither, so the
-    environment says V2 while the connector is built."""
-    name = "VLLM_USE_V2_MODEL_RUNNER"
-    before = os.environ.get(name)
-    os.environ[name] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
 
 
 def attach(sched: Any, cpu_blocks: int) -> Any:
@@ -84,7 +66,8 @@ def attach(sched: Any, cpu_blocks: int) -> Any:
     # what `measure_encoder_output_widths` records at startup from a dummy encode
     config.mm_encoder_output_widths = {"image": WIDTH}
     vllm_config.ec_transfer_config = config
-    with _v2_model_runner():
+    # `ECCPUConnector` refuses the V1 model runner; the worker here is neither
+    with environment_variable("VLLM_USE_V2_MODEL_RUNNER", "1"):
         connector = factory.ECConnectorFactory.create_connector(
             config=vllm_config, role=base.ECConnectorRole.SCHEDULER
         )
