@@ -237,7 +237,7 @@ class EncoderRunner:
         self.left_waiting: set[str] = set()
         #: the worker's side of vLLM's CPU encoder-cache offload, where `configure` attached it
         self.offload: EncoderOffload | None = (
-            EncoderOffload(sched) if getattr(sched, "ec_connector", None) is not None else None
+            EncoderOffload(sched, self.counts) if sched.ec_connector is not None else None
         )
 
     def watch(self) -> None:
@@ -286,8 +286,6 @@ class EncoderRunner:
                 self.counts.encoder_runs += 1
         if self.offload is not None:
             self.offload.save(out, ran, where)
-            self.counts.encoder_saves = self.offload.saves
-            self.counts.encoder_loads = self.offload.loads
         if computed > self.budget:
             raise EngineCoreViolation(
                 "encoder_budget",
@@ -384,9 +382,8 @@ class EncoderRunner:
 
     def check_drained(self) -> None:
         """`encoder_refs_released`: once the loop is drained no request references an entry
-        and every entry is reclaimable; with the offload, `ec_offload_settled`."""
-        if self.offload is not None:
-            self.offload.check_settled("drained")
+        and every entry is reclaimable. (`ec_offload_settled` is checked before a schedule with
+        nothing left: the loop drains only once the connector reports no push work.)"""
         manager = self.sched.encoder_cache_manager
         referenced = {h: sorted(rids) for h, rids in manager.cached.items() if rids}
         if referenced or manager.request_cached_ids:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from integrations.vllm.adapter import environment_variable
 from integrations.vllm.core_loop import EngineCoreViolation
@@ -76,6 +76,13 @@ def attach(sched: Any, cpu_blocks: int) -> Any:
     return connector
 
 
+class OffloadCounts(Protocol):
+    """Where the worker counts its saves and loads (`EncoderCounts`)."""
+
+    encoder_saves: int
+    encoder_loads: int
+
+
 @dataclass
 class _Step:
     """The worker's completion reports for one scheduler output. The loop builds a step's
@@ -90,16 +97,14 @@ class _Step:
 
 class EncoderOffload:
     """The worker's side of `ECCPUConnector` and the rules above, for scheduler `sched` (its
-    `ec_connector` set by `attach`)."""
+    `ec_connector` set by `attach`); its saves and loads counted in `counts`."""
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: Any, counts: OffloadCounts) -> None:
         self.sched: Any = sched
         self.connector: Any = sched.ec_connector
+        self.counts: OffloadCounts = counts
         #: block -> the item whose save the worker wrote there
         self.blocks: dict[int, str] = {}
-        #: items the worker saved to the region / loaded from it instead of running the encoder
-        self.saves: int = 0
-        self.loads: int = 0
         #: id(scheduler output) -> what its step reports
         self._reports: dict[int, _Step] = {}
 
@@ -107,7 +112,7 @@ class EncoderOffload:
         """Load the step's loads into the runner's `cache` (identifier -> embeddings), each
         checked against what the region's blocks hold (`ec_load_content`)."""
         meta = out.ec_connector_metadata
-        step = self._reports.setdefault(id(out), _Step())
+        step = self._step(out)
         for mm_hash, (transfer_id, block_ids, shape) in meta.loads.items():
             holders = {self.blocks.get(b) for b in block_ids}
             if holders != {mm_hash}:
@@ -120,7 +125,7 @@ class EncoderOffload:
                 )
             cache[mm_hash] = int(shape[0])
             step.loads.append(int(transfer_id))
-            self.loads += 1
+            self.counts.encoder_loads += 1
 
     def save(self, out: Any, ran: set[str], where: str) -> None:
         """Save what the step's encoder `ran` (identifiers) where the metadata says; a save of
@@ -139,7 +144,7 @@ class EncoderOffload:
             for b in block_ids:
                 self.blocks[b] = mm_hash
             step.saves.append(mm_hash)
-            self.saves += 1
+            self.counts.encoder_saves += 1
 
     def report(self, out: Any, outputs: Any) -> Any:
         """The step's `ECConnectorOutput` (its saves and loads done), for its runner output."""
@@ -180,4 +185,4 @@ class EncoderOffload:
             )
 
 
-__all__ = ["OFFLOAD_RULES", "WIDTH", "EncoderOffload", "attach"]
+__all__ = ["OFFLOAD_RULES", "WIDTH", "EncoderOffload", "OffloadCounts", "attach"]
