@@ -17,11 +17,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from reference.algorithms import FloatArray, IntArray, StepAlgorithm, make_step_algorithm
+from reference.algorithms import (
+    FloatArray,
+    IntArray,
+    JointThreshold,
+    LowConfidence,
+    StepAlgorithm,
+    make_step_algorithm,
+)
 from spec.config import DllmConfig, RequestSpec
 from spec.events import (
     Aborted,
@@ -112,24 +120,40 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+@lru_cache(maxsize=16384)
 def pseudo_logits(
     seed: int, context: tuple[int, ...], block_index: int, tokens: tuple[int, ...], vocab: int
 ) -> FloatArray:
-    """Deterministic logits [len(tokens), vocab] for a block.
+    """Deterministic logits [len(tokens), vocab] for a block, read-only.
 
     Each position has a preferred token and a peak height fixed by (seed, context, position),
     plus noise that depends on the block's current contents, so confidence rises and falls as
     the block fills: some blocks finish in one or two steps, some need one step per token, and
     low peaks let JointThreshold find edits.
+
+    Memoised (a pure function): a check asks for the same block many times, in the run under
+    test and again in its golden runs, and seeding the generators is most of the cost.
     """
     b = len(tokens)
-    base = np.random.Generator(np.random.PCG64(_seed(seed, context, block_index)))
-    preferred = base.integers(0, vocab, size=b)
-    height = base.uniform(0.0, 11.0, size=b).astype(np.float32)
+    preferred, height = _peaks(seed, context, block_index, b, vocab)
     noise_rng = np.random.Generator(np.random.PCG64(_seed(seed, context, block_index, tokens)))
     logits = noise_rng.normal(0.0, 1.0, size=(b, vocab)).astype(np.float32)
     logits[np.arange(b), preferred] += height
+    logits.setflags(write=False)
     return logits
+
+
+@lru_cache(maxsize=4096)
+def _peaks(
+    seed: int, context: tuple[int, ...], block_index: int, b: int, vocab: int
+) -> tuple[IntArray, FloatArray]:
+    """Each position's preferred token and peak height: fixed while the block's tokens change."""
+    base = np.random.Generator(np.random.PCG64(_seed(seed, context, block_index)))
+    preferred = base.integers(0, vocab, size=b)
+    height = base.uniform(0.0, 11.0, size=b).astype(np.float32)
+    preferred.setflags(write=False)
+    height.setflags(write=False)
+    return preferred, height
 
 
 class AlgorithmOracle:
@@ -154,18 +178,61 @@ class AlgorithmOracle:
 
     def step(self, rows: Sequence[OracleRow]) -> list[OracleStep]:
         """The algorithm's step over the batch, each row's logits `pseudo_logits` of its own
-        context, block index and tokens (never of the rest of the batch)."""
-        if not rows:
-            return []
-        tokens: IntArray = np.array([r.tokens for r in rows], dtype=np.int64)
-        logits = np.stack(
-            [pseudo_logits(self.seed, r.context, r.block_index, r.tokens, self.vocab) for r in rows]
-        )
-        done, states = self.algorithm.step(tokens, logits, [r.state for r in rows])
+        context, block index and tokens (never of the rest of the batch). The built-in
+        algorithms step each row on its own (a batched step equals each row stepped alone), so
+        their rows are stepped one by one through a memo; another algorithm gets the batch."""
+        algorithm = self.algorithm
+        if not (isinstance(algorithm, _ROW_WISE) and type(algorithm) in _ROW_WISE):
+            return _batch_step(algorithm, self.seed, self.vocab, rows)
         return [
-            OracleStep(tuple(int(t) for t in tokens[i]), states[i], done[i])
-            for i in range(len(rows))
+            _row_step(algorithm, self.seed, self.vocab, r.context, r.block_index, r.tokens, r.state)
+            if _hashable(r.state)
+            else _batch_step(algorithm, self.seed, self.vocab, [r])[0]
+            for r in rows
         ]
+
+
+def _hashable(state: object) -> bool:
+    try:
+        hash(state)
+    except TypeError:  # not a state the algorithm carries: its own step says what is wrong
+        return False
+    return True
+
+
+#: The algorithms whose step of a row depends on that row alone, and whose states are hashable.
+_ROW_WISE = (LowConfidence, JointThreshold)
+
+
+def _batch_step(
+    algorithm: StepAlgorithm, seed: int, vocab: int, rows: Sequence[OracleRow]
+) -> list[OracleStep]:
+    if not rows:
+        return []
+    tokens: IntArray = np.array([r.tokens for r in rows], dtype=np.int64)
+    logits = np.stack(
+        [pseudo_logits(seed, r.context, r.block_index, r.tokens, vocab) for r in rows]
+    )
+    done, states = algorithm.step(tokens, logits, [r.state for r in rows])
+    return [
+        OracleStep(tuple(int(t) for t in tokens[i]), states[i], done[i]) for i in range(len(rows))
+    ]
+
+
+@lru_cache(maxsize=16384)
+def _row_step(
+    algorithm: LowConfidence | JointThreshold,
+    seed: int,
+    vocab: int,
+    context: tuple[int, ...],
+    block_index: int,
+    tokens: tuple[int, ...],
+    state: object,
+) -> OracleStep:
+    """One row's step, memoised: a check steps the same block many times, in the run under test
+    and again in its golden runs (an `OracleStep` is immutable, so it can be shared)."""
+    row = OracleRow("", context, block_index, tokens, state)
+    return _batch_step(algorithm, seed, vocab, [row])[0]
 
 
 StepPattern = Callable[[str, int], int]  # (request id, block index) -> rounds to unmask
