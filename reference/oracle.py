@@ -120,7 +120,6 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-@lru_cache(maxsize=16384)
 def pseudo_logits(
     seed: int, context: tuple[int, ...], block_index: int, tokens: tuple[int, ...], vocab: int
 ) -> FloatArray:
@@ -129,10 +128,8 @@ def pseudo_logits(
     Each position has a preferred token and a peak height fixed by (seed, context, position),
     plus noise that depends on the block's current contents, so confidence rises and falls as
     the block fills: some blocks finish in one or two steps, some need one step per token, and
-    low peaks let JointThreshold find edits.
-
-    Memoised (a pure function): a check asks for the same block many times, in the run under
-    test and again in its golden runs, and seeding the generators is most of the cost.
+    low peaks let JointThreshold find edits. The peaks are memoised (`_peaks`); whole rows'
+    steps are memoised above this (`_row_step`).
     """
     b = len(tokens)
     preferred, height = _peaks(seed, context, block_index, b, vocab)
@@ -182,6 +179,7 @@ class AlgorithmOracle:
         algorithms step each row on its own (a batched step equals each row stepped alone), so
         their rows are stepped one by one through a memo; another algorithm gets the batch."""
         algorithm = self.algorithm
+        # exact types (a subclass may step otherwise); isinstance narrows the type for mypy
         if not (isinstance(algorithm, _ROW_WISE) and type(algorithm) in _ROW_WISE):
             return _batch_step(algorithm, self.seed, self.vocab, rows)
         return [

@@ -1,7 +1,7 @@
 """The reference oracle's memo (`reference.oracle`): the built-in algorithms' rows are stepped one
 at a time through a cache keyed by everything a row's step reads, and what comes back equals the
 batch stepped at once, whatever the order and whichever rows were asked before; an algorithm of
-another type gets its batch in one call; the memoised logits cannot be written through."""
+another type gets its batch in one call; the logits are read-only."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def _rows(rng: random.Random, oracle: AlgorithmOracle, n: int) -> list[OracleRow
 
 @pytest.mark.parametrize("name", ["LowConfidence", "JointThreshold"])
 def test_memoised_rows_step_as_the_batch_does(name: str) -> None:
-    oracle = AlgorithmOracle.named(name, MASK, max_post_edit_steps=3) if name[0] == "J" else None
-    oracle = oracle or AlgorithmOracle.named(name, MASK)
+    params = {"max_post_edit_steps": 3} if name == "JointThreshold" else {}
+    oracle = AlgorithmOracle.named(name, MASK, **params)
     rng = random.Random(7)
     pool = _rows(rng, oracle, 40)
     for _ in range(200):
@@ -84,7 +84,7 @@ def test_another_algorithm_gets_the_batch_in_one_call() -> None:
     assert recording.batches == [5, 5]
 
 
-def test_memoised_logits_are_read_only() -> None:
+def test_the_logits_are_read_only() -> None:
     logits = pseudo_logits(0, (1, 2, 3), 0, (MASK, 4), 16)
     assert logits.shape == (2, 16) and logits.dtype == np.float32
     with pytest.raises(ValueError, match="read-only"):
