@@ -7,9 +7,10 @@ into `MANIFEST.directory` (`<cache>/<engine>-<version>-<pins>`, `<pins>` a diges
 requirements and of the layout), the packages into its `site-packages/`:
 
 1. every package with `pip install --no-deps --target` (a package marked `deps=True` without
-   `--no-deps`), each into its own staging directory that is then merged into the engine's
-   `site-packages/` — so two packages sharing a namespace directory (`google/`, `bin/`) both
-   land, which a second plain `pip install --target` into the same directory would skip;
+   `--no-deps`), each into its own staging directory (`--jobs` pip processes at a time, 4 by
+   default) that is then merged into the engine's `site-packages/` in the manifest's order —
+   so two packages sharing a namespace directory (`google/`, `bin/`) both land, which a second
+   plain `pip install --target` into the same directory would skip;
 2. `python -c "import <import_check>"` with that `site-packages/` on PYTHONPATH and the
    manifest's environment, with this interpreter (the project's venv, whose torch is used);
 3. the stamp (`.schedspec-installed`), written last, listing every requirement installed: a
@@ -45,12 +46,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from integrations.manifest import EngineManifest, Package, cache_root, stamped_requirements
 from spec.errors import ConfigError, SchedSpecError
+
+#: pip processes staging an engine's packages at a time: its packages are mostly small wheels
+#: whose install is pip's own start-up, so a few overlap well even on two cores
+DEFAULT_JOBS = 4
 
 # engine name -> the module exporting its MANIFEST
 ENGINE_MODULES: Mapping[str, str] = {
@@ -127,20 +133,28 @@ def install(
     force: bool = False,
     prune: bool = False,
     python: str = sys.executable,
+    jobs: int = DEFAULT_JOBS,
     out: Printer = print,
 ) -> InstallResult:
     """Install `manifest` into its directory (see the module docstring); reuse a complete one.
     Then name each install of the engine for other pins, or remove it with `prune`.
 
+    `jobs` pip processes install the packages at a time (at least 1).
+
     Raises `InstallFailed` when pip or the import check fails; the stamp is then not written.
+    Raises `ConfigError` for `jobs` below 1.
     """
-    result = _install(manifest, force=force, python=python, out=out)
+    if jobs < 1:
+        raise ConfigError("jobs", jobs, "a whole number of pip processes, at least 1")
+    result = _install(manifest, force=force, python=python, jobs=jobs, out=out)
     for other in manifest.other_installs():
         _report_other(manifest, other, prune=prune, out=out)
     return result
 
 
-def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer) -> InstallResult:
+def _install(
+    manifest: EngineManifest, *, force: bool, python: str, jobs: int, out: Printer
+) -> InstallResult:
     """Install `manifest` unless a complete install is there (and not `force`)."""
     tag = f"[{manifest.engine}]"
     start = time.monotonic()
@@ -157,14 +171,9 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
             shutil.rmtree(staging)
         manifest.site_packages.mkdir(parents=True)
         total = len(manifest.packages)
-        out(f"{tag} installing {total} package(s) into {directory}")
+        out(f"{tag} installing {total} package(s) into {directory} ({jobs} at a time)")
         try:
-            for i, package in enumerate(manifest.packages, 1):
-                t0 = time.monotonic()
-                target = staging / str(i)
-                _pip_install(python, package, target, manifest.engine)
-                _merge(target, manifest.site_packages)
-                out(f"{tag} ({i}/{total}) {package.requirement} {time.monotonic() - t0:.1f}s")
+            _stage_and_merge(manifest, staging, python=python, jobs=jobs, out=out)
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
@@ -188,6 +197,37 @@ def _install(manifest: EngineManifest, *, force: bool, python: str, out: Printer
         )
     out(f"{tag} installed in {seconds:.1f}s")
     return InstallResult(manifest.engine, directory, False, seconds)
+
+
+def _stage_and_merge(
+    manifest: EngineManifest, staging: Path, *, python: str, jobs: int, out: Printer
+) -> None:
+    """pip-install every package of `manifest` into its own staging directory, `jobs` pip
+    processes at a time, and merge each into `site-packages/` in the manifest's order (so a
+    later package's file wins, whatever finished first). Most of an engine's packages are
+    small wheels whose install is pip's own start-up, which is why they overlap well.
+
+    On a failure, raises the `InstallFailed` of the first failing package in the manifest's
+    order; packages not yet started are not started."""
+    tag = f"[{manifest.engine}]"
+    total = len(manifest.packages)
+
+    def stage(i: int, package: Package) -> float:
+        t0 = time.monotonic()
+        _pip_install(python, package, staging / str(i), manifest.engine)
+        return time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(stage, i, p) for i, p in enumerate(manifest.packages, 1)]
+        try:
+            for i, (package, future) in enumerate(zip(manifest.packages, futures, strict=True), 1):
+                seconds = future.result()
+                _merge(staging / str(i), manifest.site_packages)
+                out(f"{tag} ({i}/{total}) {package.requirement} {seconds:.1f}s")
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _report_other(manifest: EngineManifest, other: Path, *, prune: bool, out: Printer) -> None:
@@ -225,6 +265,13 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         "--force", action="store_true", help="reinstall even when a complete install exists"
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=DEFAULT_JOBS,
+        metavar="N",
+        help=f"pip processes installing an engine's packages at a time (default {DEFAULT_JOBS})",
+    )
+    parser.add_argument(
         "--prune",
         action="store_true",
         help="remove the cache's installs of these engines for other pins (another checkout's, "
@@ -239,6 +286,8 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         return 0 if exc.code in (0, None) else 2
     start = time.monotonic()
     try:
+        if args.jobs < 1:
+            raise ConfigError("--jobs", args.jobs, "a whole number of pip processes, at least 1")
         names = resolve(args.engines, modules)
         manifests = [load_manifest(n, modules) for n in names]
     except ConfigError as exc:
@@ -249,7 +298,7 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         return 2
     for manifest in manifests:
         try:
-            install(manifest, force=args.force, prune=args.prune)
+            install(manifest, force=args.force, prune=args.prune, jobs=args.jobs)
         except InstallFailed as exc:
             print(f"schedspec install-engines: {exc}", file=sys.stderr)
             return 1
@@ -391,6 +440,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "DEFAULT_JOBS",
     "ENGINE_MODULES",
     "InstallFailed",
     "InstallResult",

@@ -11,15 +11,17 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
+import threading
 import types
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from integrations import install
 from integrations.manifest import LAYOUT, STAMP, EngineManifest, EngineNotInstalled, Package
+from spec.errors import ConfigError
 from tests.mined_constants import draws
 
 
@@ -341,3 +343,89 @@ def test_a_relative_cache_is_made_absolute_where_it_is_read(
         assert manifest.directory.is_absolute()
     finally:
         sys.path[:] = before
+
+
+def _fake_pip(
+    writes: dict[str, str], order: list[str], gate: dict[str, threading.Event]
+) -> Callable[[str, Package, Path, str], None]:
+    """A stand-in for `install._pip_install`: "installs" a package by writing `writes[name]`
+    into `fakens/shared.py` of its staging directory, after the event `gate[name]` (if any)
+    is set; records the order packages finish in."""
+
+    def pip(python: str, package: Package, target: Path, engine: str) -> None:
+        if package.name in gate:
+            assert gate[package.name].wait(60), f"{package.name} was never let through"
+        if writes[package.name] == "FAIL":
+            order.append(package.name)
+            raise install.InstallFailed(engine, f"pip install {package.requirement}", "boom")
+        (target / "fakens").mkdir(parents=True)
+        (target / "fakens" / "shared.py").write_text(writes[package.name])
+        order.append(package.name)
+        if f"after:{package.name}" in gate:
+            gate[f"after:{package.name}"].set()
+
+    return pip
+
+
+def test_packages_staged_at_once_merge_in_the_manifests_order(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two pip processes at a time, the second package finishes first (the first waits
+    for it), yet the merge and the progress lines follow the manifest: the later package's
+    file wins, as in a one-at-a-time install."""
+    second_done = threading.Event()
+    order: list[str] = []
+    writes = {"first": "WHO = 'first'\n", "second": "WHO = 'second'\n"}
+    gate = {"first": second_done, "after:second": second_done}
+    monkeypatch.setattr(install, "_pip_install", _fake_pip(writes, order, gate))
+    manifest = fake_manifest(Package("first"), Package("second"), check="fakens.shared")
+    lines: list[str] = []
+    install.install(manifest, jobs=2, out=lines.append)
+    assert order == ["second", "first"]  # they ran at once: the first waited for the second
+    shared = manifest.site_packages / "fakens" / "shared.py"
+    assert shared.read_text() == "WHO = 'second'\n"
+    progress = [line for line in lines if ") " in line and "/2)" in line]
+    assert [line.split()[2] for line in progress] == ["first", "second"], lines
+    assert "2 at a time" in lines[0]
+
+
+def test_the_first_failure_in_the_manifests_order_is_reported_and_no_more_start(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later package failing first does not hide an earlier one's failure; one at a time, a
+    failure stops the packages after it from starting; no stamp either way."""
+    second_done = threading.Event()
+    order: list[str] = []
+    writes = {"a": "FAIL", "b": "FAIL", "c": "C = 1\n"}
+    gate = {"a": second_done, "after:b": second_done}
+
+    def failing_second(python: str, package: Package, target: Path, engine: str) -> None:
+        try:
+            _fake_pip(writes, order, gate)(python, package, target, engine)
+        finally:
+            if package.name == "b":
+                second_done.set()
+
+    monkeypatch.setattr(install, "_pip_install", failing_second)
+    manifest = fake_manifest(Package("a"), Package("b"), Package("c"))
+    with pytest.raises(install.InstallFailed) as err:
+        install.install(manifest, jobs=2, out=lambda _: None)
+    assert "pip install a" in str(err.value) and order.index("b") < order.index("a")
+    assert not manifest.installed()
+
+    order.clear()
+    monkeypatch.setattr(install, "_pip_install", _fake_pip(writes, order, {}))
+    with pytest.raises(install.InstallFailed, match="pip install a"):
+        install.install(manifest, jobs=1, out=lambda _: None)
+    assert order == ["a"] and not manifest.installed()
+
+
+def test_jobs_below_one_is_a_config_error_and_exit_2(
+    cache: Path, fake_module: types.ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match="at least 1"):
+        install.install(fake_manifest(Package("a")), jobs=0, out=lambda _: None)
+    vars(fake_module)["MANIFEST"] = fake_manifest(Package("a"))
+    assert install.main(["fake", "--jobs", "0"], modules={"fake": fake_module.__name__}) == 2
+    err = capsys.readouterr().err
+    assert "--jobs" in err and "at least 1" in err and len(err.strip().splitlines()) == 1
