@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import z3
+from z3 import z3core
 
 from properties.symbolic.terms import Z
 
@@ -25,6 +26,18 @@ _BIN = {
     z3.Z3_OP_MOD: "%",
     z3.Z3_OP_IDIV: "//",
 }
+
+
+#: raw AST kinds that are applications (a numeral is an application of no arguments)
+_APPS = (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST)
+
+
+def _is_int(ctx: Any, a: Any) -> bool:
+    return bool(z3core.Z3_get_sort_kind(ctx, z3core.Z3_get_sort(ctx, a)) == z3.Z3_INT_SORT)
+
+
+def _decl_text(ctx: Any, decl: Any) -> str:
+    return str(z3core.Z3_func_decl_to_string(ctx, decl))
 
 
 def compile_terms(outputs: Mapping[str, Z], inputs: Mapping[str, Z]) -> Compiled:
@@ -44,32 +57,48 @@ def compile_terms(outputs: Mapping[str, Z], inputs: Mapping[str, Z]) -> Compiled
         lines.append(f"    {name} = {expr}")
         return name
 
+    # The walk reads the term DAG through z3's C API (`z3core`) on raw AST pointers: the
+    # Python wrappers (`children()`, `decl()`) build and reference-count an object per node
+    # and child, which was most of a drift stepper's build. Each raw node stays alive while
+    # its root (held by `outputs`) does.
+    ctx = next(iter(outputs.values())).ctx.ref() if outputs else None
+
+    def kids(a: Any) -> list[Any]:
+        n = z3core.Z3_get_app_num_args(ctx, a)
+        return [z3core.Z3_get_app_arg(ctx, a, i) for i in range(n)]
+
     def visit(root: Z) -> str:
-        stack: list[tuple[Z, bool]] = [(root, False)]
+        # post-order over the DAG; a node is pushed again with its children once they are
+        # pushed, and emitted when it comes back up with all of them memoised
+        stack: list[tuple[Any, list[Any] | None]] = [(root.as_ast(), None)]
         while stack:
-            e, expanded = stack.pop()
-            key = e.get_id()
+            a, children = stack.pop()
+            key = z3core.Z3_get_ast_id(ctx, a)
             if key in memo:
                 continue
-            if not expanded:
-                stack.append((e, True))
-                for c in e.children():
-                    if c.get_id() not in memo:
-                        stack.append((c, False))
+            if children is None:
+                if z3core.Z3_get_ast_kind(ctx, a) not in _APPS:
+                    raise ValueError(f"cannot compile a quantifier or bound variable in {root}")
+                children = kids(a)
+                stack.append((a, children))
+                for c in children:
+                    if z3core.Z3_get_ast_id(ctx, c) not in memo:
+                        stack.append((c, None))
                 continue
-            memo[key] = _node(e, [memo[c.get_id()] for c in e.children()])
+            memo[key] = _node(a, [memo[z3core.Z3_get_ast_id(ctx, c)] for c in children])
         return memo[root.get_id()]
 
-    def _node(e: Z, args: list[str]) -> str:
-        k = e.decl().kind()
-        if z3.is_int_value(e):
-            return str(e.as_long())
+    def _node(a: Any, args: list[str]) -> str:
+        decl = z3core.Z3_get_app_decl(ctx, a)
+        k = z3core.Z3_get_decl_kind(ctx, decl)
+        if k == z3.Z3_OP_ANUM and _is_int(ctx, a):
+            return str(int(z3core.Z3_get_numeral_string(ctx, a)))
         if k == z3.Z3_OP_TRUE:
             return "True"
         if k == z3.Z3_OP_FALSE:
             return "False"
         if k == z3.Z3_OP_UNINTERPRETED and not args:
-            name = str(e.decl().name())
+            name = z3core.Z3_get_symbol_string(ctx, z3core.Z3_get_decl_name(ctx, decl))
             if name not in by_name:
                 raise ValueError(f"free constant {name} is not an input")
             return emit(f"v[{by_name[name]!r}]")
@@ -101,7 +130,7 @@ def compile_terms(outputs: Mapping[str, Z], inputs: Mapping[str, Z]) -> Compiled
             return emit(f"(-{args[0]})")
         if k in _BIN:
             return emit(f"({args[0]} {_BIN[k]} {args[1]})")
-        raise ValueError(f"cannot compile {e.decl()} in {e}")
+        raise ValueError(f"cannot compile {_decl_text(ctx, decl)} in a term of {sorted(outputs)}")
 
     outs = {k: visit(t) for k, t in outputs.items()}
     body = "\n".join(lines)
