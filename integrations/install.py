@@ -171,7 +171,8 @@ def _install(
             shutil.rmtree(staging)
         manifest.site_packages.mkdir(parents=True)
         total = len(manifest.packages)
-        out(f"{tag} installing {total} package(s) into {directory} ({jobs} at a time)")
+        at_once = min(jobs, total)
+        out(f"{tag} installing {total} package(s) into {directory} ({at_once} at a time)")
         try:
             _stage_and_merge(manifest, staging, python=python, jobs=jobs, out=out)
         finally:
