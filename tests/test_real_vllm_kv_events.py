@@ -27,7 +27,7 @@ from integrations.vllm.adapter import SPACE_PREFIX, OffloadingOptions, RealVllmS
 from integrations.vllm.branching_prompt_programs import branching_prompt_program
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, CoreRun, LoopOptions, run_loop
-from integrations.vllm.kv_events import KvEventView, check_kv_events
+from integrations.vllm.kv_events import KvEventView, check_kv_events, pool_keys
 from integrations.vllm.loop_arguments import make_fixes
 from integrations.vllm.offload_events_fix import MANAGER_MODULE
 from integrations.vllm.offload_hit_fix import give_methods
@@ -228,6 +228,21 @@ def _fake_sched(held: dict[tuple[int, int], list[int]]) -> tuple[Any, Any]:
         get_group_id=lambda k: k[1],
     )
     return sched, kv_utils
+
+
+def test_pool_keys_follow_the_setting_that_names_keys_by_integers() -> None:
+    """The pool's keys are converted as vLLM's conversion says under the setting read at the
+    call (keys already converted under another setting are not reused)."""
+    sched, kv_utils = _fake_sched({(7, 0): [3], (9, 1): [4, 5]})
+    kv_utils.envs = SimpleNamespace(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=False)
+    kv_utils.maybe_convert_block_hash = lambda h: (
+        -h if kv_utils.envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else h
+    )
+    assert pool_keys(sched, kv_utils) == {(7, 0): [3], (9, 1): [4, 5]}
+    kv_utils.envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = True
+    assert pool_keys(sched, kv_utils) == {(-7, 0): [3], (-9, 1): [4, 5]}
+    kv_utils.envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = False
+    assert pool_keys(sched, kv_utils) == {(7, 0): [3], (9, 1): [4, 5]}
 
 
 def test_the_reader_counts_copies_and_compares_both_ways() -> None:

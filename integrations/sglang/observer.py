@@ -179,11 +179,13 @@ class SglangObserver:
         """The spec's slots SGLang's allocator holds free."""
         p = self.config.page_size
         pages = self.scheduler.token_to_kv_pool_allocator.get_all_free_pages()
-        free = set()
+        slots = self.config.kv_slots
+        free: set[int] = set()
         for page in [] if pages is None else pages.tolist():
-            for off in range(p):
-                free.add(int(page) * p + off - p)
-        return frozenset(s for s in free if 0 <= s < self.config.kv_slots)
+            # engine page k holds engine slots k*p .. k*p+p-1; the spec's are p lower
+            first = int(page) * p - p
+            free.update(range(max(first, 0), min(first + p, slots)))
+        return frozenset(free)
 
     def cached_slots(self) -> frozenset[int]:
         """The spec's slots SGLang's radix tree holds (none with the cache disabled)."""

@@ -373,7 +373,9 @@ class VidurPipeline:
             while queue and int(queue[0][1].time) == self._now:
                 event = heapq.heappop(queue)[1]
                 # the replicas' waiting counts before a routing round, for `check_routing`
-                waiting = [s.num_pending_requests for s in self.schedulers]
+                # (read only before one: most events are a stage's)
+                routing = type(event).__name__ == "GlobalScheduleEvent"
+                waiting = [s.num_pending_requests for s in self.schedulers] if routing else []
                 self._calls = 0
                 try:
                     added = event.handle_event(self.global_scheduler, _NoMetrics())

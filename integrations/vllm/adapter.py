@@ -1441,8 +1441,9 @@ def group_tables(sched: Any, group: int) -> dict[str, tuple[int | None, ...]]:
     holds the null block (a sliding-window group's blocks that left the window); requests
     holding none are absent."""
     manager = sched.kv_cache_manager.coordinator.single_type_managers[group]
+    # list comprehensions, not generators: this runs several times an engine step
     return {
-        rid: tuple(None if b.is_null else b.block_id for b in blocks)
+        rid: tuple([None if b.is_null else b.block_id for b in blocks])
         for rid, blocks in manager.req_to_blocks.items()
         if blocks
     }
@@ -1462,7 +1463,7 @@ def block_tables(sched: Any) -> dict[str, tuple[int, ...]]:
     """Each request's KV blocks in a vLLM scheduler (its first, full-attention group), the null
     block left out; requests holding none are absent."""
     return {
-        rid: tuple(b for b in table if b is not None)
+        rid: tuple([b for b in table if b is not None])
         for rid, table in group_tables(sched, 0).items()
     }
 

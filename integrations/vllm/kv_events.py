@@ -175,13 +175,30 @@ def pool_keys(sched: Any, kv_utils: Any) -> dict[EventKey, list[int]]:
     blocks holding each (`kv_utils`: vLLM's `kv_cache_utils`)."""
     pool = sched.kv_cache_manager.block_pool
     keys: dict[EventKey, list[int]] = {}
+    # vLLM's conversion reads an environment variable per key (most of this check's cost):
+    # converted keys are remembered per module and setting, read once a call
+    convert, block_hash, group_id = (
+        kv_utils.maybe_convert_block_hash,
+        kv_utils.get_block_hash,
+        kv_utils.get_group_id,
+    )
+    setting = getattr(getattr(kv_utils, "envs", None), "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", None)
+    memo = _EVENT_KEYS.setdefault((convert, block_hash, group_id, setting), {})
+    if len(memo) > _EVENT_KEYS_KEPT:
+        memo.clear()
     for full_key, block_ids in cached_block_ids(pool).items():
-        key = (
-            kv_utils.maybe_convert_block_hash(kv_utils.get_block_hash(full_key)),
-            kv_utils.get_group_id(full_key),
-        )
+        key = memo.get(full_key)
+        if key is None:
+            key = memo[full_key] = (convert(block_hash(full_key)), group_id(full_key))
         keys[key] = block_ids
     return keys
+
+
+#: `pool_keys`' converted keys, by (vLLM's three conversion functions, the setting by which
+#: events name keys by integers): a block pool's key -> the key its events name; cleared
+#: past this many.
+_EVENT_KEYS: dict[tuple[Any, Any, Any, Any], dict[Any, EventKey]] = {}
+_EVENT_KEYS_KEPT = 100_000
 
 
 def check_kv_events(view: KvEventView, sched: Any, kv_utils: Any, where: str) -> None:
