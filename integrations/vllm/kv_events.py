@@ -176,7 +176,7 @@ def pool_keys(sched: Any, kv_utils: Any) -> dict[EventKey, list[int]]:
     pool = sched.kv_cache_manager.block_pool
     keys: dict[EventKey, list[int]] = {}
     # vLLM's conversion reads an environment variable per key (most of this check's cost):
-    # converted keys are remembered per module and setting, read once a call
+    # converted keys are remembered per conversion functions and setting, read once a call
     convert, block_hash, group_id = (
         kv_utils.maybe_convert_block_hash,
         kv_utils.get_block_hash,
