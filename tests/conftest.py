@@ -1,5 +1,29 @@
-"""Test configuration: the Hypothesis profile comes from $SCHEDSPEC_PROFILE (dev, ci, release)."""
+"""Test configuration: the Hypothesis profile comes from $SCHEDSPEC_PROFILE (dev, ci, release),
+the suite's depth from $SCHEDSPEC_TIER (push, full; tests/tier.py)."""
+
+from __future__ import annotations
+
+import pytest
 
 from properties.profiles import load_profile
+from tests.tier import TierError, is_full, skip_reason
 
 load_profile()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a $SCHEDSPEC_TIER that names no tier before anything runs (a usage error)."""
+    try:
+        is_full()
+    except TierError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Per push, skip the tests marked `full_tier`, saying how to run them."""
+    if is_full():
+        return
+    skip = pytest.mark.skip(reason=skip_reason())
+    for item in items:
+        if item.get_closest_marker("full_tier") is not None:
+            item.add_marker(skip)

@@ -25,12 +25,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.tier import depth
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCHEDSPEC = Path(sys.executable).parent / "schedspec"
 
-#: The most examples a passing doc command runs here (the README's tour asks for up to 200).
-EXAMPLES_HERE = 30
+#: The most examples a passing doc command runs here (the README's tour asks for up to 200): 30
+#: in the full tier, 15 per push (tests/tier.py).
+EXAMPLES_HERE = depth(15, 30)
 
 # commands not run here, and why
 NOT_RUN = {
@@ -50,7 +53,8 @@ NOT_RUN = {
     "--json docs/engine-forward-bound-cpu.json": "a replay of about 2 minutes "
     "(tests/test_forward_bound.py runs it on a small workload)",
     # the real vLLM scheduler at 500 examples takes minutes; tests/test_real_vllm.py runs the
-    # same machine and profile with 40 examples, and the README's tour runs it with 100
+    # same machine and profile with 20 examples per push (40 in the full tier), and the
+    # README's tour runs it with 100
     # the engine's parity runs eight engines per algorithm and the golden decoding (minutes on
     # 2 cores); the README's 4-prompt run and tests/test_engine_parity.py cover the same path
     "./schedspec parity --device cpu --algorithm all --max-new-tokens 32 "

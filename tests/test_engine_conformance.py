@@ -17,6 +17,7 @@ from properties.harness import Harness
 from properties.strategies import dllm_configs, prompts
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
+from tests.tier import depth
 
 torch.set_num_threads(1)
 
@@ -137,9 +138,11 @@ def test_the_engine_decides_as_the_reference_through_the_command_line(
 ) -> None:
     """`schedspec verify --impl engine --twin reference-dllm`: the engine's scheduler admits and
     forwards exactly as the FCFS reference does when the reference replays the engine's step
-    outcomes (rule `twin_decisions`; 1,000 examples passed once, docs/engine.md)."""
+    outcomes (rule `twin_decisions`; 60 examples in the full tier, 30 per push; 1,000 passed once,
+    docs/engine.md)."""
     from schedspec_cli.main import main
 
-    argv = ["verify", "--impl", "engine", "--twin", "reference-dllm", "--examples", "60"]
+    examples = str(depth(30, 60))
+    argv = ["verify", "--impl", "engine", "--twin", "reference-dllm", "--examples", examples]
     assert main(argv) == 0, capsys.readouterr().out
     assert "reference-dllm" in capsys.readouterr().out

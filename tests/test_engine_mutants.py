@@ -22,6 +22,7 @@ from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import FinishReason, RowReleased
+from tests.tier import full_tier
 
 torch.set_num_threads(1)
 
@@ -256,8 +257,11 @@ def test_silent_fresh_slots_are_caught_by_the_snapshot() -> None:
     assert "slot owners differ" in info.value.detail
 
 
+@full_tier
 def test_unmutated_engine_survives_the_same_hunts() -> None:
-    """Control: the real engine passes every hunt above (same configs, same settings)."""
+    """Control: the real engine passes every hunt above (same configs, same settings), 20
+    examples each. The full tier's (tests/tier.py): per push the unmutated engine passes the
+    suite in tests/test_engine_conformance.py."""
     from gpu.engine import make_small_engine, make_small_joint_engine
 
     quick = settings(HUNT, max_examples=20)

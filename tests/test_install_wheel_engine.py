@@ -33,9 +33,11 @@ from integrations.vidur import MANIFEST as VIDUR
 from integrations.vllm import MANIFEST as VLLM
 from tests.engine_gate import require_engine
 from tests.test_install_wheel import ROOT, install_wheel, run
+from tests.tier import full_tier
 
-# one worker builds the environment for the module's tests (each worker would build its own)
-pytestmark = pytest.mark.xdist_group("install-wheel-engine")
+# one worker builds the environment for the module's tests (each worker would build its own);
+# the full tier's (tests/tier.py): per push tests/test_install_wheel.py installs the wheel alone
+pytestmark = [pytest.mark.xdist_group("install-wheel-engine"), full_tier]
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 ENGINE_EXTRA = ("torch==2.13.0", *PYPROJECT["project"]["optional-dependencies"]["engine"])

@@ -50,6 +50,7 @@ from spec.events import CacheEvicted, CacheHit, Event, Finished, FinishReason, F
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
+from tests.tier import depth
 
 PROFILE = REAL_SGLANG_DLLM.profile
 
@@ -222,14 +223,15 @@ def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
 def _run_suite(
     machine: type[RuleBasedStateMachine], examples: int | None = None, *, shrink: bool = True
 ) -> None:
-    """Run a suite machine for `examples` examples (default SCHEDSPEC_SGLANG_EXAMPLES, 40).
+    """Run a suite machine for `examples` examples (default SCHEDSPEC_SGLANG_EXAMPLES, else
+    20 per push and 40 in the full tier: tests/tier.py).
     With `examples` given (a test that must find a seeded bug) the run is derandomized, so it
     replays the same programs under every profile, and it shrinks the failure but skips
     Hypothesis's explain phase (which re-runs the shrunk example under coverage, most of the
     cost). Without `shrink` the first failure is reported as found (a program whose examples
     build many engines can take minutes to shrink)."""
     chosen = settings(
-        max_examples=examples or int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", "40")),
+        max_examples=examples or int(os.environ.get("SCHEDSPEC_SGLANG_EXAMPLES", depth(20, 40))),
         stateful_step_count=20,
         deadline=None,
         suppress_health_check=list(HealthCheck),

@@ -27,6 +27,7 @@ import pytest
 
 from integrations.vidur.manifest import DEFAULT_VERSION, VERSION_VARIABLE, manifest_of
 from tests.engine_gate import require_engine
+from tests.tier import full_tier
 
 # one worker under run-tests' --dist loadgroup: the newest release's counterexamples
 # (`newest_found`) are found once, not once per worker
@@ -173,6 +174,7 @@ def newest_found(newest_env: dict[str, str]) -> dict[str, object]:
     return found
 
 
+@full_tier
 def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, Any]) -> None:
     found = newest_found
     assert found["loaded"] == NEWEST
@@ -184,6 +186,7 @@ def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, An
     assert found["restart_repaired"] is None, found
 
 
+@full_tier
 def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
     newest_found: dict[str, Any],
 ) -> None:
@@ -206,6 +209,7 @@ def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
     assert found["patch_applies"] is True, found
 
 
+@full_tier
 def test_mnemosyne_s_two_findings_reproduce_and_their_fixes_pass_on_the_newest_release(
     newest_found: dict[str, Any],
 ) -> None:
@@ -221,6 +225,7 @@ def test_mnemosyne_s_two_findings_reproduce_and_their_fixes_pass_on_the_newest_r
     assert found["mnemosyne_fixed_suite"] is None, found
 
 
+@full_tier
 def test_the_fixed_newest_orca_decides_as_the_reference(newest_found: dict[str, Any]) -> None:
     """As on 0.0.25, the project's reference Orca (`vidur-orca`) makes the same decisions step
     by step as the real class with its finding fixed, on 60 examples of the suite (rule
@@ -228,6 +233,7 @@ def test_the_fixed_newest_orca_decides_as_the_reference(newest_found: dict[str, 
     assert newest_found["orca_fixed_twin"] is None, newest_found
 
 
+@full_tier
 def test_the_fixed_newest_mnemosyne_decides_as_the_reference(
     newest_found: dict[str, Any],
 ) -> None:
@@ -241,6 +247,7 @@ def test_the_fixed_newest_mnemosyne_decides_as_the_reference(
     assert found["mnemosyne_queue_order"] == order, found
 
 
+@full_tier
 def test_the_newest_vllm_and_sarathi_decide_as_their_released_re_implementations(
     newest_found: dict[str, Any],
 ) -> None:
@@ -251,12 +258,14 @@ def test_the_newest_vllm_and_sarathi_decide_as_their_released_re_implementations
     assert newest_found["sarathi_twin"] is None, newest_found
 
 
+@full_tier
 def test_sarathi_passes_the_suite_on_the_newest_release(newest_env: dict[str, str]) -> None:
     res = schedspec(newest_env, "verify", "--impl", "real-vidur-sarathi", "--examples", "100")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert "PASS" in res.stdout and "Traceback" not in res.stderr
 
 
+@full_tier
 def test_orca_fails_the_suite_on_the_newest_release_with_its_finding(
     newest_env: dict[str, str],
 ) -> None:
@@ -265,6 +274,7 @@ def test_orca_fails_the_suite_on_the_newest_release_with_its_finding(
     assert "violation of [kv_covers_scheduled]" in res.stdout, res.stdout[-3000:]
 
 
+@full_tier
 def test_both_releases_draw_the_same_programs_and_fail_vllm_alike(
     newest_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -292,6 +302,7 @@ def test_both_releases_draw_the_same_programs_and_fail_vllm_alike(
     assert outputs[0] == outputs[1], outputs
 
 
+@full_tier
 def test_a_scheduler_the_release_dropped_is_refused_in_one_line(
     newest_env: dict[str, str],
 ) -> None:

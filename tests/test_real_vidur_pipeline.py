@@ -53,6 +53,7 @@ from spec.errors import (
 from spec.profile import ConfigOutsideProfile
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
+from tests.tier import depth, full_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 check = load_script("vidur_pipeline_check")
@@ -320,9 +321,9 @@ def test_sequence_parallel_pipelines_keep_the_rules_and_decide_as_their_twins(
     kind: str, stages: int
 ) -> None:
     """Vidur's sequence pipeline parallelism, declared to the rules: 100 generated programs each
-    (2,000 each at 2, 4 and 8 stages passed once, docs)."""
+    in the full tier, 50 per push (2,000 each at 2, 4 and 8 stages passed once, docs)."""
     with vidur_fixed(PIPELINE_FIXES_OF[kind]):
-        for seed in range(100):
+        for seed in range(depth(50, 100)):
             assert check.check_one(kind, stages, seed, sequence_parallel=True) is None, seed
 
 
@@ -450,9 +451,10 @@ def test_finding_kv_parallelism_loops_for_ever_without_a_victim() -> None:
 
 @pytest.mark.parametrize("stages", [1, 2])
 def test_fixed_kv_parallel_pipelines_keep_the_rules(stages: int) -> None:
-    """Two groups, 80 generated programs (2,000 at 1, 2 and 4 stages passed once, docs)."""
+    """Two groups, 80 generated programs, 40 per push (2,000 at 1, 2 and 4 stages passed once,
+    docs)."""
     with vidur_fixed(PIPELINE_FIXES_OF["mnemosyne"]):
-        for seed in range(80):
+        for seed in range(depth(40, 80)):
             assert check.check_one("mnemosyne", stages, seed, kv_groups=2) is None, seed
 
 
@@ -478,11 +480,12 @@ def test_replicas_route_as_vidurs_global_scheduler_says_and_decide_as_their_twin
 ) -> None:
     """Three replicas behind Vidur's real global scheduler: every routing round is the
     routing's (`routing_order`), every replica keeps the pipeline rules and decides as its twin
-    given the requests routed to it. 40 programs each (2,000 each passed once, docs)."""
+    given the requests routed to it. 40 programs each, 20 per push (2,000 each passed once,
+    docs)."""
     if kind in ("orca", "ft") and VIDUR_VERSION != "0.0.25":
         pytest.skip(f"Vidur {VIDUR_VERSION} has no {kind} scheduler")
     with vidur_fixed(PIPELINE_FIXES_OF[kind]):
-        for seed in range(40):
+        for seed in range(depth(20, 40)):
             assert check.check_one(kind, stages, seed, 3, routing) is None, seed
 
 
@@ -631,6 +634,7 @@ def test_the_script_refuses_bad_arguments_in_one_line(argv: list[str], message: 
     assert "Traceback" not in result.stderr
 
 
+@full_tier
 def test_the_newest_release_runs_its_pipelines_too() -> None:
     """vidur 0.0.26 (vLLM, Sarathi, Mnemosyne; it dropped Orca and FasterTransformer): fixed, every
     program passes; as released, the finding."""

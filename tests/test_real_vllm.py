@@ -5,7 +5,8 @@ Needs the engine installed (`schedspec install-engines vllm`); without it every 
 naming that command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped). The AR tests of
 vLLM live in this one file; its diffusion-LLM path's are in tests/test_real_vllm_dllm.py.
 
-Example counts: CI runs SCHEDSPEC_VLLM_EXAMPLES (default 40) examples per suite; the issue's
+Example counts: SCHEDSPEC_VLLM_EXAMPLES examples per suite (default 20 per push, 40 in the full
+tier: tests/tier.py) and SCHEDSPEC_VLLM_PROGRAMS engine-core programs (150, 300); the issue's
 500-example run is `SCHEDSPEC_VLLM_EXAMPLES=500 pytest tests/test_real_vllm.py -k conforms`.
 """
 
@@ -58,6 +59,7 @@ from spec.ar.events import (
 from spec.errors import ConfigError, RequestTooLarge, UnknownRequest
 from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
+from tests.tier import depth
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
     budget_raised,
@@ -72,10 +74,10 @@ from tests.vllm_seeded_bugs import (
     under_allocate,
 )
 
-EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(20, 40)))
 # engine-core programs whose live event log is checked (seeds 0 .. n-1)
 LOG_PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_LOG_PROGRAMS", "8"))
-PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", "300"))
+PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", depth(150, 300)))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -45,8 +45,9 @@ from tests.engine_gate import require_engine
 from tests.patch_check import apply_fix_set
 from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm import _logged_run
+from tests.tier import depth
 
-EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(20, 40)))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -57,6 +57,7 @@ from tests.engine_core_programs import first_violations, passing_runs
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
+from tests.tier import depth
 from tests.vllm_seeded_bugs import (
     abort_in_flight_leaks,
     active_seat_past_the_cap,
@@ -77,7 +78,7 @@ from tests.vllm_seeded_bugs import (
     watermark_ignored,
 )
 
-PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", "150"))
+PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_DLLM_PROGRAMS", depth(75, 150)))
 
 
 @pytest.fixture(autouse=True, scope="module")

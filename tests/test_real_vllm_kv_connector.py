@@ -61,10 +61,12 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
+from tests.tier import depth
 
 LOOPS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-#: The connector programs checked here (`core_program`), each through both loops.
-PROGRAMS = range(40)
+#: The connector programs checked here (`core_program`), each through both loops: 40 in the
+#: full tier, 20 per push.
+PROGRAMS = range(depth(20, 40))
 
 
 @pytest.fixture(autouse=True, scope="module")

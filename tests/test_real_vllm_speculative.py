@@ -40,6 +40,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
+from tests.tier import depth
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = (100, 101, 102, 103, 104)
@@ -158,11 +159,11 @@ def test_a_new_decodes_padding_is_never_accepted(async_scheduling: bool) -> None
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_random_programs_with_drafts_pass_with_the_fix(k: int) -> None:
-    """40 random engine-core programs (priority, prefix caching, aborts, preemption) with up
-    to k drafts a step pass every rule in both loops with the fix; drafts were verified, and
-    some were accepted and some rejected."""
+    """40 random engine-core programs (20 per push; priority, prefix caching, aborts,
+    preemption) with up to k drafts a step pass every rule in both loops with the fix; drafts
+    were verified, and some were accepted and some rejected."""
     scheduled = accepted = 0
-    for seed in range(40):
+    for seed in range(depth(20, 40)):
         for async_scheduling in (False, True):
             run = run_loop(
                 core_program(seed),
@@ -325,11 +326,12 @@ def test_without_asserts_the_padding_schedules_drafts_without_rows() -> None:
 @pytest.mark.parametrize("method", ["eagle", "draft_model"])
 def test_drafters_with_lookahead_pass_random_programs(method: str) -> None:
     """With a drafter of its own (lookahead slots; async: the V2 runner, which may skip
-    drafting) 40 random programs pass every rule in both loops, or are refused as vLLM's
-    start-up refuses them (a budget no larger than the lookahead, a pool below one
+    drafting) 40 random programs (20 per push) pass every rule in both loops, or are refused
+    as vLLM's start-up refuses them (a budget no larger than the lookahead, a pool below one
     max_model_len sequence); drafts are verified and some accepted."""
     passed = accepted = 0
-    for seed in range(40):
+    programs = depth(20, 40)
+    for seed in range(programs):
         try:
             runs = [
                 run_loop(
@@ -346,7 +348,8 @@ def test_drafters_with_lookahead_pass_random_programs(method: str) -> None:
             continue
         passed += 1
         accepted += sum(run.drafts_accepted for run in runs)
-    assert passed >= 30 and accepted > 0, (passed, accepted)
+    # at least three in four run (the rest refused at start-up)
+    assert passed >= programs * 3 // 4 and accepted > 0, (passed, accepted)
 
 
 @LOOPS

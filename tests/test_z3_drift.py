@@ -61,6 +61,7 @@ from spec.lifecycles import BlockPhase, RequestPhase
 from spec.machine import SpecMachine, finish_condition, initial_masks, stop_output_lengths
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.state import ACTIVE_PHASES, RequestState
+from tests.tier import depth
 
 EOS = 15
 STOP_TOKEN = 7  # the proposals' "stop string": a request with a sampled stop ends on it
@@ -687,12 +688,12 @@ def _walk(m: SpecMachine, rng: random.Random, steps: int) -> None:
         _compare(m, e)
 
 
-# The random walks' settings: derandomized (CI replays the same walks), 60 walks each. The
-# directed tests below reach every case (both outcomes, stops, aborts, each policy rule; the
-# cache's every rule within 8 walks), so these walks add states, not cases; 100 walks cost 25 s
-# more of CI for the same cases.
+# The random walks' settings: derandomized (CI replays the same walks), 60 walks each in the
+# full tier, 30 per push (tests/tier.py). The directed tests below reach every case (both
+# outcomes, stops, aborts, each policy rule; the cache's every rule within 8 walks), so these
+# walks add states, not cases; 100 walks cost 25 s more of CI for the same cases.
 _WALKS = settings(
-    max_examples=60,
+    max_examples=depth(30, 60),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
