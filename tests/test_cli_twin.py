@@ -32,6 +32,7 @@ from schedspec_cli.registry import BUILTINS
 from schedspec_cli.twins import resolve_twin, twin_names
 from spec.implementation import Family
 from spec.profile import DllmAdmission
+from tests.tier import full_tier
 
 
 def test_an_implementation_that_decides_as_its_twin_passes_and_the_twin_is_recorded(
@@ -113,6 +114,8 @@ def test_each_builtin_twin_is_its_builtins_policy_under_its_builtins_profile() -
     assert all(BUILTINS[n].family is Family.DLLM for n in expected)
 
 
+# the full tier's: a benchmark's run; per push the twin's verdicts are the tests around it
+@full_tier
 def test_bench_conformance_measures_the_twins_cost_in_one_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

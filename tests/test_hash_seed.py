@@ -13,6 +13,7 @@ from pathlib import Path
 
 from integrations.vllm import MANIFEST
 from tests.engine_gate import require_engine
+from tests.tier import full_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +55,8 @@ def test_a_script_runs_again_with_the_seed_pinned_unless_it_is_set(tmp_path: Pat
     assert _run(script, "random").stdout.startswith("random ")
 
 
+# the full tier's: three processes importing vLLM; per push the pinning is the test above
+@full_tier
 def test_the_check_script_records_the_pinned_seed(tmp_path: Path) -> None:
     """`scripts/vllm_async_check.py` run without the variable writes seed "0" in its figures
     file; with the variable set, that value."""

@@ -1151,7 +1151,7 @@ def test_as_released_sglang_decides_as_its_twin_through_the_command_line(
     from schedspec_cli.main import main
 
     argv = ["verify", "--impl", "real-sglang-dllm", "--twin", "sglang-dllm-order"]
-    assert main([*argv, "--examples", "60"]) == 0, capsys.readouterr().out
+    assert main([*argv, "--examples", str(depth(30, 60))]) == 0, capsys.readouterr().out
     assert "sglang-dllm-order" in capsys.readouterr().out
 
 

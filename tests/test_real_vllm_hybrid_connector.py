@@ -48,6 +48,7 @@ from spec.errors import ConfigError
 from tests.engine_core_programs import first_violations
 from tests.engine_gate import require_engine
 from tests.patch_check import git_apply_to_copies
+from tests.tier import full_tier
 from tests.vllm_seeded_bugs import (
     connector_loads_first_group_only,
     failed_load_fails_a_bystander,
@@ -464,6 +465,8 @@ def test_a_request_the_fix_fails_must_hold_a_block_of_the_failed_load() -> None:
     )
 
 
+# the full tier's: the script's figures; per push the paths are counted in-process above
+@full_tier
 def test_the_path_count_script_prints_a_row_per_policy() -> None:
     """`scripts/vllm_failed_sync_load_paths.py` counts the fix's paths over a few programs: a
     row per policy, the synchronous loads heard among them; an empty run is refused (exit 2,

@@ -61,7 +61,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
-from tests.tier import depth
+from tests.tier import depth, full_tier
 
 LOOPS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 #: The connector programs checked here (`core_program`), each through both loops: 40 in the
@@ -863,6 +863,9 @@ def test_known_upstream_with_drafts_a_stale_output_sends_less_than_the_prompt() 
     run(True, STALE_AFTER_FAILED_LOAD_FIX, SPEC_PAD_FIX)
 
 
+# the full tier's: the script over 5 x 30 programs; per push the findings and fixes run
+# in-process above
+@full_tier
 def test_the_async_check_script_takes_the_connector_and_the_fixes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,7 +40,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.script_module import load_script
-from tests.tier import depth
+from tests.tier import depth, full_tier
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = (100, 101, 102, 103, 104)
@@ -443,6 +443,9 @@ def test_the_two_schedule_fixes_compose(async_scheduling: bool) -> None:
         )
 
 
+# the full tier's: the script over 2 x 173 programs; per push the padding findings and
+# their fix run in-process above
+@full_tier
 def test_the_async_check_script_takes_drafts_and_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

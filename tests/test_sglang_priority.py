@@ -51,6 +51,7 @@ from tests.test_real_sglang import (  # the module's fixture, and its suite sett
     _run_suite,
     sglang_installed,  # noqa: F401
 )
+from tests.tier import depth
 
 PROFILE = REAL_SGLANG_DLLM_PRIORITY.profile
 WINDOW = ["priority-window"]
@@ -194,7 +195,7 @@ def test_the_fixed_priority_path_passes_with_its_twin_through_the_command_line(
 
     argv = ["verify", "--impl", "real-sglang-dllm-priority", "--twin", "sglang-dllm-order-priority"]
     with sglang_fixed(WINDOW):
-        assert main([*argv, "--examples", "40"]) == 0, capsys.readouterr().out
+        assert main([*argv, "--examples", str(depth(20, 40))]) == 0, capsys.readouterr().out
     assert "PASS" in capsys.readouterr().out
 
 
