@@ -1,8 +1,8 @@
 """The suite's two depths, chosen by $SCHEDSPEC_TIER.
 
-push  (the default; what `./run-tests` and CI run) every module, every rule's seeded bugs and
-      findings, the installed wheel; the long searches at half their depth, and without the
-      checks marked `full_tier`.
+push  (the default; what `./run-tests` and CI run) every rule's seeded bugs, every engine
+      finding on the engines' default releases, the installed wheel; the long searches at half
+      their depth, and without the checks marked `full_tier`.
 full  (`SCHEDSPEC_TIER=full ./run-tests`: before a release, and nightly) everything at full
       depth: the per-push tests at their full example and program counts, and the
       `full_tier` tests, which repeat a per-push check on another release or another
