@@ -6,11 +6,11 @@ push  (the default; what `./run-tests` and CI run) every rule's seeded bugs, eve
 full  (`SCHEDSPEC_TIER=full ./run-tests`: before a release, and nightly) everything at full
       depth: the per-push tests at their full example and program counts, and the
       `full_tier` tests, which repeat a per-push check on another release or another
-      packaging (vLLM's and Vidur's newest releases, the wheel with the engine extra) or
-      measure a cost.
+      packaging (vLLM's and Vidur's newest releases, the wheel with the engine extra), run a
+      control or a script's figures whose checks run in-process per push, or measure a cost.
 
-The split keeps a push under CI's 15-minute budget on two cores; docs/release.md says what the
-full tier adds and when to run it.
+The split sizes a push for CI's 15-minute budget on two cores (docs/performance.md has the
+measured runs); docs/release.md says what the full tier adds and when to run it.
 """
 
 from __future__ import annotations
