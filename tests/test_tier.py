@@ -122,3 +122,33 @@ def test_run_tests_refuses_a_tier_that_is_not_one_in_one_line() -> None:
     assert res.stderr.strip().splitlines() == [
         "run-tests: SCHEDSPEC_TIER=nightly is not a tier: choose one of push, full"
     ]
+
+
+def _ci_script_runs(script: str, tmp_path: Path) -> str:
+    """What `.ci/<script>` hands to the README's test command: the script run from a copy of
+    the tree whose `run-tests` only prints its tier and arguments."""
+    (tmp_path / ".ci").mkdir()
+    copy = tmp_path / ".ci" / script
+    copy.write_text((ROOT / ".ci" / script).read_text(encoding="utf-8"), encoding="utf-8")
+    stub = tmp_path / "run-tests"
+    stub.write_text('#!/usr/bin/env bash\necho "tier=${SCHEDSPEC_TIER:-} args=$*"\n')
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != TIER_ENV}
+    res = subprocess.run(
+        ["bash", str(copy), "--durations=5"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.strip()
+
+
+def test_ci_runs_the_readme_command_at_the_push_tier(tmp_path: Path) -> None:
+    assert _ci_script_runs("run", tmp_path) == "tier= args="
+
+
+def test_the_nightly_script_runs_the_readme_command_at_the_full_tier(tmp_path: Path) -> None:
+    assert _ci_script_runs("nightly", tmp_path) == "tier=full args=--durations=5"
