@@ -246,6 +246,26 @@ def test_namespace_directories_of_two_packages_are_merged(cache: Path, wheels: P
     assert names == {"a.py", "b.py"}
 
 
+def test_only_what_the_import_check_reaches_is_compiled(
+    cache: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip compiles nothing (most of an engine's modules are never imported: compiling them
+    was a third of vLLM's install); the import check writes the bytecode of the modules it
+    reaches, even in an environment that turns bytecode writing off (as the suite's image
+    does), so each later process reads them compiled."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    files = {
+        "fakepkg_a/__init__.py": "from fakepkg_a import reached\n",
+        "fakepkg_a/reached.py": "R = 1\n",
+        "fakepkg_a/unreached.py": "U = 1\n",
+    }
+    manifest = fake_manifest(Package(str(make_wheel(wheels, "fakepkg_a", files))))
+    install.install(manifest, out=lambda _: None)
+    cached = manifest.site_packages / "fakepkg_a" / "__pycache__"
+    compiled = sorted(p.name.split(".")[0] for p in cached.glob("*.pyc")) if cached.is_dir() else []
+    assert compiled == ["__init__", "reached"], compiled
+
+
 def test_failed_import_check_names_it_and_leaves_no_stamp(cache: Path, wheels: Path) -> None:
     wa = make_wheel(wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "import not_installed_dep\n"})
     manifest = fake_manifest(Package(str(wa)))
