@@ -10,10 +10,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gpu.model
 from gpu.corpus import make_samples
 from gpu.errors import ForwardInputError
 from gpu.kv_cache import PagedKvCache
-from gpu.model import BlockDiffusionLM, _slots_by_gather, _slots_by_slicing, block_causal_mask
+from gpu.model import (
+    BlockDiffusionLM,
+    _slots_by_gather,
+    _slots_by_slicing,
+    block_causal_mask,
+    invariant_linear,
+)
 from gpu.model_config import ModelConfig
 from gpu.near_tie import ABS_TOLERANCE, REL_TOLERANCE
 from gpu.weights import load_model
@@ -200,11 +207,48 @@ def _decode_last_blocks(
     return model.forward_blocks(last, starts, chosen, kv, table)
 
 
-@pytest.mark.parametrize("block_size", [1, 2, 3, 4, 8])
-def test_rows_are_batch_invariant_bit_for_bit(block_size: int) -> None:
+def _rows_changed_by_the_batch(k: int, n: int, most_rows: int = 128) -> list[int]:
+    """The product sizes m in 1..most_rows at which `invariant_linear` gives the first m rows of
+    a [most_rows, k] @ [k, n] product other values than the whole product does."""
+    gen = torch.Generator().manual_seed(k * 1_000 + n)
+    x = torch.randn(most_rows, k, generator=gen)
+    weight = torch.randn(n, k, generator=gen)
+    whole = invariant_linear(x, weight)
+    return [
+        m
+        for m in range(1, most_rows + 1)
+        if not torch.equal(invariant_linear(x[:m], weight), whole[:m])
+    ]
+
+
+# the shipped model's products (d_in 128 and 384) and wider ones, whose small-product kernel
+# reaches further on some CPUs (gpu.model.MIN_GEMM_ROWS)
+@pytest.mark.parametrize(("k", "n"), [(128, 49), (128, 384), (384, 128), (1024, 64)])
+def test_a_products_rows_do_not_depend_on_how_many_rows_it_has(k: int, n: int) -> None:
+    """Every row of a padded product equals the same row of a wider one, bit for bit, for any
+    row count up to 16 seats of block 8: what batch parity on this CPU rests on."""
+    assert _rows_changed_by_the_batch(k, n) == []
+
+
+def test_without_the_padding_a_small_product_rounds_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: unpadded, a one-row product takes another kernel (GEMV) on every CPU
+    measured, and the check above sees it."""
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    assert 1 in _rows_changed_by_the_batch(128, 384)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "block_size"),
+    [("small", 1), ("small", 2), ("small", 3), ("small", 4), ("small", 8), ("shipped", 4),
+     ("shipped", 8)],
+)  # fmt: skip
+def test_rows_are_batch_invariant_bit_for_bit(model_name: str, block_size: int) -> None:
     """Ragged attention: a row's logits in a batch of mixed context lengths are byte-identical
-    to the same row run alone (no padding, no other row's keys, GEMMs of >= MIN_GEMM_ROWS)."""
-    model = small_model(2)
+    to the same row run alone (no padding, no other row's keys, GEMMs of >= MIN_GEMM_ROWS), on
+    a small random model and on the shipped one."""
+    model = small_model(2) if model_name == "small" else load_model()[0]
     gen = torch.Generator().manual_seed(block_size)
     blocks = [1, 3, 3, 2, 5, 1, 4]
     seqs = [torch.randint(0, 49, (n * block_size,), generator=gen) for n in blocks]
