@@ -44,6 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.engine import DllmEngine, resolve_device
+from gpu.gemm_probe import UnevenProduct, print_uneven_products, uneven_products
 from gpu.model import BlockDiffusionLM
 from gpu.prompts import ASSETS, PARITY_BLOCK_SIZE, block_context, parity_cases
 from gpu.token_map import TokenMap
@@ -202,6 +203,8 @@ class ParityReport:
     threads: int = 0  # torch's intra-op threads during the run (host-side work on CUDA)
     prefix_cache: bool = False  # every engine kept committed blocks for later prompts
     cache_hits: int = 0  # prompt blocks the runs read from their caches instead of computing
+    # the model's products that are not batch-invariant on this platform (gpu.gemm_probe)
+    uneven_products: tuple[UnevenProduct, ...] = ()
 
     @property
     def golden(self) -> bool:
@@ -223,6 +226,7 @@ class ParityReport:
             "threads": self.threads,
             "prefix_cache": self.prefix_cache,
             "cache_hits": self.cache_hits,
+            "uneven_products": [u.to_json() for u in self.uneven_products],
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
 
@@ -436,6 +440,7 @@ def run_parity(
             report.cases.extend(
                 run_algorithm(model, name, base, texts, requests, dev, batch, report)
             )
+        report.uneven_products = uneven_products(model, max(report.batch_sizes) * block_size)
     report.identical = all(c.identical for c in report.cases)
     return report
 
@@ -477,6 +482,7 @@ def _print_table(report: ParityReport) -> None:
             else ""
         )
     )
+    print_uneven_products(report.uneven_products, report.device, report.threads, report.identical)
 
 
 def parity_main(args: list[str]) -> int:

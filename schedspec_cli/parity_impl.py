@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -68,6 +69,18 @@ def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
             "implementation_error",
             f"{impl} raised {type(err).__name__}: {err} (during {what}{where})",
         ) from err
+
+
+def platform_products(adapter: object, most_rows: int) -> list[dict[str, object]]:
+    """For one of this project's torch engines (`gpu.engine.DllmEngine`): its model's products
+    that are not batch-invariant on this platform (`gpu.gemm_probe`), as JSON; for any other
+    implementation nothing, and torch is never imported here."""
+    engine_module = sys.modules.get("gpu.engine")
+    if engine_module is None or not isinstance(adapter, engine_module.DllmEngine):
+        return []
+    from gpu.gemm_probe import uneven_products
+
+    return [product.to_json() for product in uneven_products(adapter.model, most_rows)]
 
 
 def parity_prompts(n: int, max_new_tokens: int) -> list[RequestSpec]:
@@ -136,6 +149,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         }
         for i, v in enumerate(compare_variants(requests, runs, golden))
     ]
+    widest = max(r.widest_forward for r in runs if r.batch == ns.batch)
     return {
         "impl": resolved.name,
         "device": "cpu",
@@ -143,10 +157,11 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         "identical": all(c["identical"] for c in cases),
         "golden": golden is not None and all(c["golden"] is True for c in cases),
         "golden_checked": golden is not None,
-        "batch_sizes": [1, max(r.widest_forward for r in runs if r.batch == ns.batch)],
+        "batch_sizes": [1, widest],
         "leaked_slots": sum(r.leaked_slots for r in runs),
         "leaked_rows": sum(r.leaked_rows for r in runs),
         "threads": torch_threads_now(),
+        "uneven_products": platform_products(reference, widest * ns.block_size),
         "cases": cases,
         "seconds": seconds,
     }
@@ -174,6 +189,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"{sizes} vs sync at batch size 1); leaked slots {report['leaked_slots']}, held rows "
         f"{report['leaked_rows']}"
     )
+    if report["uneven_products"]:  # only one of our torch engines reports any
+        from gpu.gemm_probe import UnevenProduct, print_uneven_products
+
+        found = tuple(UnevenProduct(**product) for product in report["uneven_products"])
+        print_uneven_products(found, report["device"], report["threads"], report["identical"])
 
 
 def impl_parity_main(ns: argparse.Namespace) -> int:

@@ -1,0 +1,112 @@
+"""Is this platform's matrix product batch-invariant for a model? A probe for parity reports.
+
+Batch parity rests on the serving path's products (`gpu.model.invariant_linear`) computing each
+row the same whatever the number of rows beside it. That is a property of the BLAS and of its
+thread count, not of the engine: on one AVX-512 CPU MKL's small-product kernel reaches 16 rows
+where another CPU's stops at 4, and more threads split a product otherwise (docs/engine.md,
+"Batch invariance, bit for bit"). When a parity run finds a mismatch, the report says whether
+the platform itself breaks the property, so a release manager can tell the numerics of the
+machine from a scheduling bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpu.model import BlockDiffusionLM, invariant_linear
+
+PROBE_SEED = 20261205
+
+
+@dataclass(frozen=True, slots=True)
+class UnevenProduct:
+    """A weight shape whose padded product gives some rows other bits at these row counts
+    than at `most_rows` rows."""
+
+    d_in: int
+    d_out: int
+    row_counts: tuple[int, ...]
+    most_rows: int
+
+    def describe(self) -> str:
+        """One line: the shape and the row counts (the first ten, then how many more)."""
+        shown = ", ".join(map(str, self.row_counts[:10]))
+        more = len(self.row_counts) - 10
+        rest = f" and {more} more" if more > 0 else ""
+        return (
+            f"d_in {self.d_in} x d_out {self.d_out}: {len(self.row_counts)} of 1..{self.most_rows} "
+            f"row counts differ from {self.most_rows} rows ({shown}{rest})"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """As a parity report's `uneven_products` entries."""
+        return {
+            "d_in": self.d_in,
+            "d_out": self.d_out,
+            "row_counts": list(self.row_counts),
+            "most_rows": self.most_rows,
+        }
+
+
+def model_weight_shapes(model: BlockDiffusionLM) -> list[tuple[int, int]]:
+    """The distinct (d_out, d_in) of the model's linear layers, in module order; the serving
+    path's stacked products share their parts' d_in, which is what selects the kernel."""
+    shapes: list[tuple[int, int]] = []
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            shape = (module.out_features, module.in_features)
+            if shape not in shapes:
+                shapes.append(shape)
+    return shapes
+
+
+@torch.no_grad()
+def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProduct, ...]:
+    """For each of the model's linear shapes, on the model's device and torch's current thread
+    count: the row counts m in 1..most_rows at which `invariant_linear` of the first m rows of
+    a seeded [most_rows, d_in] input differs, bit for bit, from the same rows of the whole
+    product. Empty: batch-invariant up to `most_rows` rows (the widest product of a run is
+    its batch size times its block size)."""
+    if most_rows < 1:
+        raise ValueError(f"most_rows must be >= 1, got {most_rows}")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    found: list[UnevenProduct] = []
+    for d_out, d_in in model_weight_shapes(model):
+        weight = torch.randn(d_out, d_in, generator=gen).to(device)
+        x = torch.randn(most_rows, d_in, generator=gen).to(device)
+        whole = invariant_linear(x, weight)
+        # one host read per shape: the flags of every row count at once
+        differs = torch.stack(
+            [(invariant_linear(x[:m], weight) != whole[:m]).any() for m in range(1, most_rows + 1)]
+        ).tolist()
+        counts = tuple(m for m, bad in enumerate(differs, start=1) if bad)
+        if counts:
+            found.append(UnevenProduct(d_in, d_out, counts, most_rows))
+    return tuple(found)
+
+
+def print_uneven_products(
+    found: tuple[UnevenProduct, ...], device: str, threads: int | None, identical: bool
+) -> None:
+    """The parity report's platform lines: nothing when every product was batch-invariant;
+    otherwise each uneven shape, and, under a mismatch, that the platform may be its cause."""
+    if not found:
+        return
+    on = f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "torch's threads"
+    print(f"platform: matrix products on {device} with {on} are not batch-invariant:")
+    for product in found:
+        print(f"  {product.describe()}")
+    if not identical:
+        remedy = (
+            "the padding of small products (gpu.model.MIN_GEMM_ROWS) is too small for this CPU"
+            if threads == 1
+            else "run on one thread (--threads 1)"
+        )
+        print(
+            f"  a mismatch above can come from these numerics rather than from scheduling: "
+            f"{remedy}; see docs/engine.md, 'Batch invariance, bit for bit'"
+        )

@@ -1,0 +1,120 @@
+"""The platform probe of parity reports (`gpu.gemm_probe`): whether the model's padded products
+are batch-invariant on the CPU the suite runs on, and how a parity report says it when not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpu.model
+from gpu.gemm_probe import (
+    UnevenProduct,
+    model_weight_shapes,
+    print_uneven_products,
+    uneven_products,
+)
+from gpu.parity import run_parity
+from gpu.weights import load_model
+from schedspec_cli.main import main
+
+torch.set_num_threads(1)
+
+SHIPPED = load_model()[0]
+
+
+def test_the_probe_reads_every_linear_shape_of_the_model() -> None:
+    cfg = SHIPPED.config
+    assert model_weight_shapes(SHIPPED) == [
+        (cfg.d_model, cfg.d_model),
+        (cfg.d_ff, cfg.d_model),
+        (cfg.d_model, cfg.d_ff),
+        (cfg.vocab_size, cfg.d_model),
+    ]
+
+
+def test_the_shipped_models_products_are_batch_invariant_here() -> None:
+    """What batch parity on this CPU rests on: no row count up to 16 seats of block 8 changes a
+    row's bits, on one thread."""
+    assert uneven_products(SHIPPED, 128) == ()
+
+
+def test_without_the_padding_the_probe_names_each_shape_and_row_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    found = uneven_products(SHIPPED, 16)
+    # a one-row product takes another kernel (GEMV) on every CPU measured
+    assert [(u.d_in, u.d_out) for u in found if 1 in u.row_counts] == [
+        (d_in, d_out) for d_out, d_in in model_weight_shapes(SHIPPED)
+    ]
+    line = found[0].describe()
+    assert line.startswith(f"d_in {found[0].d_in} x d_out {found[0].d_out}: ")
+    assert "row counts differ from 16 rows (1" in line
+
+
+def test_a_long_list_of_row_counts_is_cut_to_ten() -> None:
+    line = UnevenProduct(384, 128, tuple(range(1, 16)), 128).describe()
+    assert line == (
+        "d_in 384 x d_out 128: 15 of 1..128 row counts differ from 128 rows "
+        "(1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 5 more)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("threads", "identical", "remedy"),
+    [
+        (1, False, "MIN_GEMM_ROWS) is too small for this CPU"),
+        (3, False, "run on one thread (--threads 1)"),
+        (1, True, None),
+    ],
+)
+def test_the_printed_lines_name_the_platform_and_under_a_mismatch_a_remedy(
+    threads: int, identical: bool, remedy: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = (UnevenProduct(128, 49, (1, 2), 32),)
+    print_uneven_products(found, "cpu", threads, identical)
+    out = capsys.readouterr().out
+    assert out.startswith("platform: matrix products on cpu with ")
+    assert "  d_in 128 x d_out 49: 2 of 1..32 row counts differ" in out
+    if remedy is None:
+        assert "mismatch" not in out
+    else:
+        assert remedy in out
+    print_uneven_products((), "cpu", threads, identical)
+    assert capsys.readouterr().out == ""
+
+
+def test_the_engines_parity_report_carries_the_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Empty with the padding in place; without it the report (and its JSON) names the
+    products, probed up to the widest forward's rows."""
+    report = run_parity("cpu", ["LowConfidence"], 2, 8)
+    assert report.uneven_products == () and report.to_json()["uneven_products"] == []
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    report = run_parity("cpu", ["LowConfidence"], 2, 8)
+    widest = max(report.batch_sizes) * 8
+    assert report.uneven_products
+    assert all(u.most_rows == widest for u in report.uneven_products)
+    written = report.to_json()["uneven_products"]
+    assert written[0]["most_rows"] == widest and 1 in written[0]["row_counts"]
+
+
+def test_the_impl_parity_of_a_torch_engine_carries_it_and_a_torch_free_one_does_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    out = tmp_path / "lof.json"
+    argv = ["parity", "--impl", "engine-lof", "--prompts", "2", "--max-new-tokens", "8"]
+    assert main([*argv, "--json", str(out)]) in (0, 1)
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["uneven_products"] and 1 in report["uneven_products"][0]["row_counts"]
+    assert "platform: matrix products on cpu with 1 torch thread" in capsys.readouterr().out
+    ref = tmp_path / "ref.json"
+    argv = ["parity", "--impl", "reference-dllm", "--prompts", "2", "--max-new-tokens", "8"]
+    assert main([*argv, "--json", str(ref)]) == 0
+    assert json.loads(ref.read_text(encoding="utf-8"))["uneven_products"] == []
+    assert "platform:" not in capsys.readouterr().out
