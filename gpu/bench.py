@@ -58,8 +58,8 @@ from typing import Any
 import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
+from gpu.device_name import device_name
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device, wait_for_device
-from gpu.host import cpu_model
 from gpu.model import BlockDiffusionLM
 from gpu.parity import engine_config
 from gpu.prompts import ASSETS, block_context, load_prompts
@@ -287,20 +287,6 @@ def run_interleaved(
             )
         )
     return runs
-
-
-def device_name(dev: torch.device) -> str:
-    """The device as torch reports it, e.g. "cuda:0 (NVIDIA H200)"; a CPU with its model, as
-    the OS names it, e.g. "cpu (AMD EPYC 7B13; torch 2.13.0+cpu, 1 thread)" — the figures of a
-    model this small move with the CPU, so a recorded run must say which one it was."""
-    if dev.type == "cuda":
-        return f"{dev} ({torch.cuda.get_device_name(dev)})"
-    threads = torch.get_num_threads()
-    model = cpu_model()
-    named = f"{model}; " if model else ""
-    return (
-        f"{dev} ({named}torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''})"
-    )
 
 
 @dataclass(slots=True)

@@ -90,14 +90,15 @@ def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProd
 
 
 def print_uneven_products(
-    found: tuple[UnevenProduct, ...], device: str, threads: int | None, identical: bool
+    found: tuple[UnevenProduct, ...], device_name: str, threads: int | None, identical: bool
 ) -> None:
     """The parity report's platform lines: nothing when every product was batch-invariant;
-    otherwise each uneven shape, and, under a mismatch, that the platform may be its cause."""
+    otherwise each uneven shape on `device_name` (`gpu.device_name.device_name`: on a CPU its model,
+    instruction set and thread count), and, under a mismatch, that the platform may be its
+    cause (`threads`: torch's thread count, which selects the remedy)."""
     if not found:
         return
-    on = f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "torch's threads"
-    print(f"platform: matrix products on {device} with {on} are not batch-invariant:")
+    print(f"platform: matrix products on {device_name} are not batch-invariant:")
     for product in found:
         print(f"  {product.describe()}")
     if not identical:

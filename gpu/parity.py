@@ -43,6 +43,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
+from gpu.device_name import device_name
 from gpu.engine import DllmEngine, resolve_device
 from gpu.gemm_probe import UnevenProduct, print_uneven_products, uneven_products
 from gpu.model import BlockDiffusionLM
@@ -205,6 +206,7 @@ class ParityReport:
     cache_hits: int = 0  # prompt blocks the runs read from their caches instead of computing
     # the model's products that are not batch-invariant on this platform (gpu.gemm_probe)
     uneven_products: tuple[UnevenProduct, ...] = ()
+    device_name: str = ""  # gpu.device_name: the CPU's model and instruction set, or GPU
 
     @property
     def golden(self) -> bool:
@@ -216,6 +218,7 @@ class ParityReport:
         return {
             "impl": self.impl,
             "device": self.device,
+            "device_name": self.device_name,
             "identical": self.identical,
             "golden": self.golden,
             "batch_sizes": list(self.batch_sizes),
@@ -433,6 +436,7 @@ def run_parity(
         leaked_slots=0,
         threads=torch.get_num_threads(),
         prefix_cache=prefix_cache,
+        device_name=device_name(dev),
     )
     with batch_invariant_numerics() as numerics:
         report.numerics = numerics
@@ -482,7 +486,9 @@ def _print_table(report: ParityReport) -> None:
             else ""
         )
     )
-    print_uneven_products(report.uneven_products, report.device, report.threads, report.identical)
+    print_uneven_products(
+        report.uneven_products, report.device_name, report.threads, report.identical
+    )
 
 
 def parity_main(args: list[str]) -> int:

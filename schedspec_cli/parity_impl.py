@@ -190,10 +190,14 @@ def print_report(report: dict[str, Any]) -> None:
         f"{report['leaked_rows']}"
     )
     if report["uneven_products"]:  # only one of our torch engines reports any
+        import torch
+
+        from gpu.device_name import device_name
         from gpu.gemm_probe import UnevenProduct, print_uneven_products
 
         found = tuple(UnevenProduct(**product) for product in report["uneven_products"])
-        print_uneven_products(found, report["device"], report["threads"], report["identical"])
+        where = device_name(torch.device(report["device"]))
+        print_uneven_products(found, where, report["threads"], report["identical"])
 
 
 def impl_parity_main(ns: argparse.Namespace) -> int:

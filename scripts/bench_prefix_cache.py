@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from gpu.algorithms import make_algorithm
-from gpu.bench import device_name
+from gpu.device_name import device_name
 from gpu.engine import DllmEngine, _shipped_model
 from gpu.host import cpu_model
 from gpu.model import BlockDiffusionLM

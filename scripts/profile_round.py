@@ -57,11 +57,11 @@ from gpu.bench import (
     ROWS_RELEASED,
     BenchMode,
     Serving,
-    device_name,
     run_once,
     serving,
     write_script_report,
 )
+from gpu.device_name import device_name
 from gpu.engine import resolve_device, wait_for_device
 from gpu.prompts import ASSETS
 from gpu.weights import load_model

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gpu.algorithms import make_algorithm
-from gpu.bench import device_name
+from gpu.device_name import device_name
 from gpu.engine import (
     FORWARD_LOG_CAP,
     DllmEngine,

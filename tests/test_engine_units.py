@@ -359,13 +359,22 @@ def test_cpu_model_is_read_from_cpuinfo() -> None:
 
 
 def test_a_cpu_device_name_names_the_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpu.bench as bench
+    import gpu.device_name as named
 
-    monkeypatch.setattr(bench, "cpu_model", lambda: "Test CPU 9000")
-    name = bench.device_name(torch.device("cpu"))
-    assert name.startswith("cpu (Test CPU 9000; torch ") and name.endswith(" 1 thread)")
-    monkeypatch.setattr(bench, "cpu_model", lambda: "")
-    assert bench.device_name(torch.device("cpu")).startswith("cpu (torch ")
+    monkeypatch.setattr(named, "cpu_model", lambda: "Test CPU 9000")
+    monkeypatch.setattr(named, "cpu_capability", lambda: "AVX512")
+    name = named.device_name(torch.device("cpu"))
+    assert name.startswith("cpu (Test CPU 9000, AVX512; torch ") and name.endswith(" 1 thread)")
+    monkeypatch.setattr(named, "cpu_model", lambda: "")
+    assert named.device_name(torch.device("cpu")).startswith("cpu (AVX512; torch ")
+    monkeypatch.setattr(named, "cpu_capability", lambda: "")
+    assert named.device_name(torch.device("cpu")).startswith("cpu (torch ")
+
+
+def test_the_cpu_capability_is_torchs_own() -> None:
+    import gpu.device_name as named
+
+    assert named.cpu_capability() == torch.backends.cpu.get_cpu_capability() != ""
 
 
 def test_share_of_the_forward_time_ratio_is_paired_per_repeat() -> None:

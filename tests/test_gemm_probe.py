@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gpu.model
+from gpu.device_name import device_name
 from gpu.gemm_probe import (
     UnevenProduct,
     model_weight_shapes,
@@ -75,9 +76,14 @@ def test_the_printed_lines_name_the_platform_and_under_a_mismatch_a_remedy(
     threads: int, identical: bool, remedy: str | None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     found = (UnevenProduct(128, 49, (1, 2), 32),)
-    print_uneven_products(found, "cpu", threads, identical)
+    print_uneven_products(
+        found, "cpu (Test CPU, AVX512; torch 2.13.0+cpu, 1 thread)", threads, identical
+    )
     out = capsys.readouterr().out
-    assert out.startswith("platform: matrix products on cpu with ")
+    assert out.startswith(
+        "platform: matrix products on cpu (Test CPU, AVX512; torch 2.13.0+cpu, 1 thread) are not "
+        "batch-invariant:\n"
+    )
     assert "  d_in 128 x d_out 49: 2 of 1..32 row counts differ" in out
     if remedy is None:
         assert "mismatch" not in out
@@ -94,6 +100,7 @@ def test_the_engines_parity_report_carries_the_probe(
     products, probed up to the widest forward's rows."""
     report = run_parity("cpu", ["LowConfidence"], 2, 8)
     assert report.uneven_products == () and report.to_json()["uneven_products"] == []
+    assert report.to_json()["device_name"] == device_name(torch.device("cpu"))
     monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
     report = run_parity("cpu", ["LowConfidence"], 2, 8)
     widest = max(report.batch_sizes) * 8
@@ -112,7 +119,8 @@ def test_the_impl_parity_of_a_torch_engine_carries_it_and_a_torch_free_one_does_
     assert main([*argv, "--json", str(out)]) in (0, 1)
     report = json.loads(out.read_text(encoding="utf-8"))
     assert report["uneven_products"] and 1 in report["uneven_products"][0]["row_counts"]
-    assert "platform: matrix products on cpu with 1 torch thread" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "platform: matrix products on cpu (" in printed and "1 thread) are not" in printed
     ref = tmp_path / "ref.json"
     argv = ["parity", "--impl", "reference-dllm", "--prompts", "2", "--max-new-tokens", "8"]
     assert main([*argv, "--json", str(ref)]) == 0
