@@ -57,6 +57,8 @@ from typing import Protocol
 import torch
 
 from gpu.allocator import PagedKvAllocator
+from gpu.device_name import device_name
+from gpu.gemm_probe import uneven_products
 from gpu.kv_cache import PagedKvCache
 from gpu.model import BlockDiffusionLM, BlockPlan
 from gpu.model_config import ModelConfig
@@ -862,6 +864,20 @@ class DllmEngine:
         from gpu.golden import engine_golden
 
         return engine_golden(self, request)
+
+    def batch_numerics_note(self, most_rows: int) -> str:
+        """`spec.batch_numerics.ReportsBatchNumerics`: '' when the model's products are
+        batch-invariant up to `most_rows` rows on this device at torch's current thread count
+        (`gpu.gemm_probe`); otherwise the uneven shapes with the device, as a possible cause."""
+        found = uneven_products(self.model, most_rows)
+        if not found:
+            return ""
+        shapes = "; ".join(product.describe() for product in found)
+        return (
+            f"matrix products on {device_name(self.device)} are not batch-invariant ({shapes}), "
+            "so a batch-dependent difference can come from the platform's numerics rather than "
+            "from scheduling"
+        )
 
     def golden_near_tie(self, request: RequestSpec) -> GoldenTie | None:
         """`spec.golden.ReportsGoldenTies`: where the golden decoding of `request` first took

@@ -11,11 +11,13 @@ machine from a scheduling bug.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+import gpu.model
 from gpu.model import BlockDiffusionLM, invariant_linear
 
 PROBE_SEED = 20261205
@@ -63,19 +65,35 @@ def model_weight_shapes(model: BlockDiffusionLM) -> list[tuple[int, int]]:
     return shapes
 
 
-@torch.no_grad()
 def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProduct, ...]:
     """For each of the model's linear shapes, on the model's device and torch's current thread
     count: the row counts m in 1..most_rows at which `invariant_linear` of the first m rows of
-    a seeded [most_rows, d_in] input differs, bit for bit, from the same rows of the whole
-    product. Empty: batch-invariant up to `most_rows` rows (the widest product of a run is
-    its batch size times its block size)."""
+    a seeded [most_rows, d_in] input (and a seeded weight of that shape: the kernels depend on
+    shapes, not values) differs, bit for bit, from the same rows of the whole product. Empty:
+    batch-invariant up to `most_rows` rows (the widest product of a run is its batch size
+    times its block size). Remembered per shapes, device, rows, threads and padding, so a
+    check that asks again after every failing example pays once."""
     if most_rows < 1:
         raise ValueError(f"most_rows must be >= 1, got {most_rows}")
-    device = next(model.parameters()).device
+    device = str(next(model.parameters()).device)
+    return _uneven_products(
+        tuple(model_weight_shapes(model)),
+        device,
+        most_rows,
+        torch.get_num_threads(),
+        gpu.model.MIN_GEMM_ROWS,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+@torch.no_grad()
+def _uneven_products(
+    shapes: tuple[tuple[int, int], ...], device: str, most_rows: int, threads: int, padding: int
+) -> tuple[UnevenProduct, ...]:
+    del threads, padding  # part of the cache key only: the products below depend on them
     gen = torch.Generator().manual_seed(PROBE_SEED)
     found: list[UnevenProduct] = []
-    for d_out, d_in in model_weight_shapes(model):
+    for d_out, d_in in shapes:
         weight = torch.randn(d_out, d_in, generator=gen).to(device)
         x = torch.randn(most_rows, d_in, generator=gen).to(device)
         whole = invariant_linear(x, weight)

@@ -21,6 +21,7 @@ from typing import Any
 
 from properties.replay import ReplayHarness
 from spec.adapter import ImplementationFactory, SchedulerAdapter
+from spec.batch_numerics import batch_numerics_note
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import (
     ConfigError,
@@ -232,6 +233,7 @@ class Harness(ReplayHarness[SpecMachine]):
                 problem = golden_mismatch(request, actual, golden)
             if problem is not None:
                 problem += golden_tie_note(self.golden, request, actual, golden)
+                problem += batch_numerics_note(self.impl, self.config)
                 raise self._violate(
                     "golden_output",
                     f"{problem} (mode={self.config.mode.value}, batch up to "
@@ -299,5 +301,6 @@ def check_parity(
             "fdfo_sync_parity",
             "; ".join(m.describe() for m in mismatches)
             + f" (mode={harness.config.mode.value}, batch up to "
-            f"{harness.config.max_running_requests}, reference: solo sync at batch size 1)",
+            f"{harness.config.max_running_requests}, reference: solo sync at batch size 1)"
+            + batch_numerics_note(harness.impl, harness.config),
         )

@@ -1,5 +1,6 @@
-"""The platform probe of parity reports (`gpu.gemm_probe`): whether the model's padded products
-are batch-invariant on the CPU the suite runs on, and how a parity report says it when not."""
+"""The platform probe (`gpu.gemm_probe`): whether the model's padded products are batch-invariant
+on the CPU the suite runs on, and how a parity report and a batch-dependent conformance
+violation (`spec.batch_numerics`) say it when not."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import gpu.model
 from gpu.device_name import device_name
+from gpu.engine import DllmEngine, _algorithm
 from gpu.gemm_probe import (
     UnevenProduct,
     model_weight_shapes,
@@ -19,7 +21,13 @@ from gpu.gemm_probe import (
 )
 from gpu.parity import run_parity
 from gpu.weights import load_model
+from properties.harness import Harness
 from schedspec_cli.main import main
+from spec.adapter import EventSink, ImplementationFactory
+from spec.batch_numerics import ReportsBatchNumerics, batch_numerics_note
+from spec.config import DllmConfig, Mode
+from spec.errors import SpecViolation
+from tests.test_engine_mutants import PaddedContextLeaks, _golden_workload
 
 torch.set_num_threads(1)
 
@@ -126,3 +134,66 @@ def test_the_impl_parity_of_a_torch_engine_carries_it_and_a_torch_free_one_does_
     assert main([*argv, "--json", str(ref)]) == 0
     assert json.loads(ref.read_text(encoding="utf-8"))["uneven_products"] == []
     assert "platform:" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- in the conformance checks
+def _config() -> DllmConfig:
+    return DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=64,
+        req_pool_rows=4,
+        max_running_requests=4,
+        max_context=32,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+        eos_token_id=15,
+    )
+
+
+def _engine(cls: type[DllmEngine] = DllmEngine) -> ImplementationFactory:
+    def build(config: DllmConfig, sink: EventSink) -> DllmEngine:
+        return cls(config, sink, model=SHIPPED, algorithm=_algorithm("LowConfidence"), record=True)
+
+    return build
+
+
+def test_the_engine_reports_its_batch_numerics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine answers `ReportsBatchNumerics` for its widest forward (4 seats of block 4):
+    nothing here; without the padding, each uneven shape on this device, as a possible cause."""
+    engine = _engine()(_config(), lambda event: None)
+    assert isinstance(engine, ReportsBatchNumerics)
+    assert batch_numerics_note(engine, _config()) == ""
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    note = batch_numerics_note(engine, _config())
+    assert note.startswith(f"; matrix products on {device_name(torch.device('cpu'))} are not ")
+    assert "(d_in 128 x d_out 128: " in note and "of 1..16 row counts differ" in note
+    assert note.endswith("rather than from scheduling")
+
+
+def test_an_implementation_that_cannot_probe_adds_nothing() -> None:
+    assert batch_numerics_note(object(), _config()) == ""
+
+
+def _violation(cls: type[DllmEngine]) -> SpecViolation:
+    harness = Harness(_engine(cls), _config())
+    with pytest.raises(SpecViolation) as caught:
+        for request in _golden_workload():
+            harness.submit(request)
+        harness.drain()
+    return caught.value
+
+
+def test_a_batch_dependent_violation_names_uneven_numerics_and_only_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch bug (every row attends to the batch's longest context) fails `golden_output`;
+    its report adds the platform's numerics only where they are not batch-invariant."""
+    plain = _violation(PaddedContextLeaks)
+    assert plain.rule == "golden_output" and "matrix products" not in str(plain)
+    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
+    noted = _violation(PaddedContextLeaks)
+    assert noted.rule == "golden_output"
+    assert "; matrix products on cpu (" in str(noted) and "rather than from scheduling" in str(
+        noted
+    )
