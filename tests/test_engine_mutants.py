@@ -294,14 +294,10 @@ def _golden_workload() -> list[RequestSpec]:
     ]
 
 
-def _golden_mismatches(cls: type[DllmEngine], algorithm: str, variant: str) -> list[str]:
-    """Run the workload at batch 4 and return one readable line per output that differs from
-    the request's golden decoding (dense, unpaged, unbatched: gpu.golden)."""
-    from gpu.algorithms import make_algorithm
-    from gpu.golden import golden_decode
-
-    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
-    config = DllmConfig(
+def golden_config(variant: str) -> DllmConfig:
+    """The golden workload's configuration: 4 seats of block 4 in a roomy pool, in `variant`
+    ("sync", "fdfo" or "fdfo+reuse")."""
+    return DllmConfig(
         block_size=4,
         page_size=4,
         kv_pages=64,
@@ -312,6 +308,16 @@ def _golden_mismatches(cls: type[DllmEngine], algorithm: str, variant: str) -> l
         in_place_reuse="reuse" in variant,
         eos_token_id=15,
     )
+
+
+def _golden_mismatches(cls: type[DllmEngine], algorithm: str, variant: str) -> list[str]:
+    """Run the workload at batch 4 and return one readable line per output that differs from
+    the request's golden decoding (dense, unpaged, unbatched: gpu.golden)."""
+    from gpu.algorithms import make_algorithm
+    from gpu.golden import golden_decode
+
+    params = {"max_post_edit_steps": 4} if algorithm == "JointThreshold" else {}
+    config = golden_config(variant)
     engine = cls(
         config,
         lambda event: None,

@@ -25,9 +25,9 @@ from properties.harness import Harness
 from schedspec_cli.main import main
 from spec.adapter import EventSink, ImplementationFactory
 from spec.batch_numerics import ReportsBatchNumerics, batch_numerics_note
-from spec.config import DllmConfig, Mode
+from spec.config import DllmConfig
 from spec.errors import SpecViolation
-from tests.test_engine_mutants import PaddedContextLeaks, _golden_workload
+from tests.test_engine_mutants import PaddedContextLeaks, _golden_workload, golden_config
 
 torch.set_num_threads(1)
 
@@ -138,17 +138,7 @@ def test_the_impl_parity_of_a_torch_engine_carries_it_and_a_torch_free_one_does_
 
 # ---------------------------------------------------------------- in the conformance checks
 def _config() -> DllmConfig:
-    return DllmConfig(
-        block_size=4,
-        page_size=4,
-        kv_pages=64,
-        req_pool_rows=4,
-        max_running_requests=4,
-        max_context=32,
-        mode=Mode.SYNC,
-        in_place_reuse=False,
-        eos_token_id=15,
-    )
+    return golden_config("sync")
 
 
 def _engine(cls: type[DllmEngine] = DllmEngine) -> ImplementationFactory:
