@@ -1,4 +1,5 @@
-"""Is this platform's matrix product batch-invariant for a model? A probe for parity reports.
+"""Is this platform's matrix product batch-invariant for a model? A probe for parity reports and
+for batch-dependent conformance violations (`DllmEngine.batch_numerics_note`).
 
 Batch parity rests on the serving path's products (`gpu.model.invariant_linear`) computing each
 row the same whatever the number of rows beside it. That is a property of the BLAS and of its
@@ -19,6 +20,7 @@ from torch import nn
 
 import gpu.model
 from gpu.model import BlockDiffusionLM, invariant_linear
+from spec.errors import ConfigError
 
 PROBE_SEED = 20261205
 
@@ -74,7 +76,7 @@ def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProd
     times its block size). Remembered per shapes, device, rows, threads and padding, so a
     check that asks again after every failing example pays once."""
     if most_rows < 1:
-        raise ValueError(f"most_rows must be >= 1, got {most_rows}")
+        raise ConfigError("most_rows", most_rows, "an integer >= 1")
     device = str(next(model.parameters()).device)
     return _uneven_products(
         tuple(model_weight_shapes(model)),
@@ -111,9 +113,9 @@ def print_uneven_products(
     found: tuple[UnevenProduct, ...], device_name: str, threads: int | None, identical: bool
 ) -> None:
     """The parity report's platform lines: nothing when every product was batch-invariant;
-    otherwise each uneven shape on `device_name` (`gpu.device_name.device_name`: on a CPU its model,
-    instruction set and thread count), and, under a mismatch, that the platform may be its
-    cause (`threads`: torch's thread count, which selects the remedy)."""
+    otherwise each uneven shape on `device_name` (`gpu.device_name.device_name`: a CPU with its
+    model, instruction set and thread count), and, under a mismatch, that the platform may be
+    its cause (`threads`: torch's thread count, which selects the remedy)."""
     if not found:
         return
     print(f"platform: matrix products on {device_name} are not batch-invariant:")
@@ -121,7 +123,7 @@ def print_uneven_products(
         print(f"  {product.describe()}")
     if not identical:
         remedy = (
-            "the padding of small products (gpu.model.MIN_GEMM_ROWS) is too small for this CPU"
+            "the padding of small products (gpu.model.MIN_GEMM_ROWS) is too small for this device"
             if threads == 1
             else "run on one thread (--threads 1)"
         )

@@ -26,7 +26,7 @@ from schedspec_cli.main import main
 from spec.adapter import EventSink, ImplementationFactory
 from spec.batch_numerics import ReportsBatchNumerics, batch_numerics_note
 from spec.config import DllmConfig
-from spec.errors import SpecViolation
+from spec.errors import ConfigError, SpecViolation
 from tests.test_engine_mutants import PaddedContextLeaks, _golden_workload, golden_config
 
 torch.set_num_threads(1)
@@ -64,6 +64,11 @@ def test_without_the_padding_the_probe_names_each_shape_and_row_count(
     assert "row counts differ from 16 rows (1" in line
 
 
+def test_a_probe_of_no_rows_is_refused_with_what_is_valid() -> None:
+    with pytest.raises(ConfigError, match=r"most_rows=0: .*an integer >= 1"):
+        uneven_products(SHIPPED, 0)
+
+
 def test_a_long_list_of_row_counts_is_cut_to_ten() -> None:
     line = UnevenProduct(384, 128, tuple(range(1, 16)), 128).describe()
     assert line == (
@@ -75,7 +80,7 @@ def test_a_long_list_of_row_counts_is_cut_to_ten() -> None:
 @pytest.mark.parametrize(
     ("threads", "identical", "remedy"),
     [
-        (1, False, "MIN_GEMM_ROWS) is too small for this CPU"),
+        (1, False, "MIN_GEMM_ROWS) is too small for this device"),
         (3, False, "run on one thread (--threads 1)"),
         (1, True, None),
     ],
