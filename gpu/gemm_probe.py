@@ -88,25 +88,34 @@ def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProd
 
 
 @functools.lru_cache(maxsize=64)
-@torch.no_grad()
 def _uneven_products(
     shapes: tuple[tuple[int, int], ...], device: str, most_rows: int, threads: int, padding: int
 ) -> tuple[UnevenProduct, ...]:
     del threads, padding  # part of the cache key only: the products below depend on them
-    gen = torch.Generator().manual_seed(PROBE_SEED)
     found: list[UnevenProduct] = []
     for d_out, d_in in shapes:
-        weight = torch.randn(d_out, d_in, generator=gen).to(device)
-        x = torch.randn(most_rows, d_in, generator=gen).to(device)
-        whole = invariant_linear(x, weight)
-        # one host read per shape: the flags of every row count at once
-        differs = torch.stack(
-            [(invariant_linear(x[:m], weight) != whole[:m]).any() for m in range(1, most_rows + 1)]
-        ).tolist()
-        counts = tuple(m for m, bad in enumerate(differs, start=1) if bad)
+        counts = uneven_row_counts(d_out, d_in, most_rows, device)
         if counts:
             found.append(UnevenProduct(d_in, d_out, counts, most_rows))
     return tuple(found)
+
+
+@torch.no_grad()
+def uneven_row_counts(
+    d_out: int, d_in: int, most_rows: int, device: str = "cpu"
+) -> tuple[int, ...]:
+    """The row counts m in 1..most_rows at which `invariant_linear` of the first m rows of a
+    seeded [most_rows, d_in] input, with a seeded [d_out, d_in] weight, differs bit for bit from
+    the same rows of the whole product, on `device` now (torch's threads, the padding)."""
+    gen = torch.Generator().manual_seed(PROBE_SEED + d_in * 1_000 + d_out)
+    weight = torch.randn(d_out, d_in, generator=gen).to(device)
+    x = torch.randn(most_rows, d_in, generator=gen).to(device)
+    whole = invariant_linear(x, weight)
+    # one host read: the flags of every row count at once
+    differs = torch.stack(
+        [(invariant_linear(x[:m], weight) != whole[:m]).any() for m in range(1, most_rows + 1)]
+    ).tolist()
+    return tuple(m for m, bad in enumerate(differs, start=1) if bad)
 
 
 def print_uneven_products(

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 import gpu.model
 from gpu.corpus import make_samples
 from gpu.errors import ForwardInputError
+from gpu.gemm_probe import uneven_row_counts
 from gpu.kv_cache import PagedKvCache
 from gpu.model import (
     BlockDiffusionLM,
     _slots_by_gather,
     _slots_by_slicing,
     block_causal_mask,
-    invariant_linear,
 )
 from gpu.model_config import ModelConfig
 from gpu.near_tie import ABS_TOLERANCE, REL_TOLERANCE
@@ -207,27 +207,13 @@ def _decode_last_blocks(
     return model.forward_blocks(last, starts, chosen, kv, table)
 
 
-def _rows_changed_by_the_batch(k: int, n: int, most_rows: int = 128) -> list[int]:
-    """The product sizes m in 1..most_rows at which `invariant_linear` gives the first m rows of
-    a [most_rows, k] @ [k, n] product other values than the whole product does."""
-    gen = torch.Generator().manual_seed(k * 1_000 + n)
-    x = torch.randn(most_rows, k, generator=gen)
-    weight = torch.randn(n, k, generator=gen)
-    whole = invariant_linear(x, weight)
-    return [
-        m
-        for m in range(1, most_rows + 1)
-        if not torch.equal(invariant_linear(x[:m], weight), whole[:m])
-    ]
-
-
 # the shipped model's products (d_in 128 and 384) and wider ones, whose small-product kernel
 # reaches further on some CPUs (gpu.model.MIN_GEMM_ROWS)
 @pytest.mark.parametrize(("k", "n"), [(128, 49), (128, 384), (384, 128), (1024, 64)])
 def test_a_products_rows_do_not_depend_on_how_many_rows_it_has(k: int, n: int) -> None:
     """Every row of a padded product equals the same row of a wider one, bit for bit, for any
     row count up to 16 seats of block 8: what batch parity on this CPU rests on."""
-    assert _rows_changed_by_the_batch(k, n) == []
+    assert uneven_row_counts(n, k, 128) == ()
 
 
 def test_without_the_padding_a_small_product_rounds_otherwise(
@@ -236,7 +222,7 @@ def test_without_the_padding_a_small_product_rounds_otherwise(
     """The control: unpadded, a one-row product takes another kernel (GEMV) on every CPU
     measured, and the check above sees it."""
     monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
-    assert 1 in _rows_changed_by_the_batch(128, 384)
+    assert 1 in uneven_row_counts(384, 128, 128)
 
 
 @pytest.mark.parametrize(
