@@ -962,7 +962,7 @@ def make_small_engine(config: DllmConfig, sink: EventSink) -> DllmEngine:
     vocabulary by `gpu.token_map.TokenMap` ('0'..'9', 'a'..'f'; EOS 15 is the model's EOS).
 
     Batch parity holds: on CPU a row's logits are bit-identical at any batch size (ragged
-    attention, GEMMs of at least `gpu.model.MIN_GEMM_ROWS` rows), so every output equals the
+    attention, small GEMMs padded as `gpu.gemm_rows` calibrates them), so every output equals the
     request's solo sync output, in every mode and at every batch size.
 
     A checking engine: `record` is on (the differential property reads `forward_log`).

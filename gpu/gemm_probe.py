@@ -1,13 +1,14 @@
 """Is this platform's matrix product batch-invariant for a model? A probe for parity reports and
 for batch-dependent conformance violations (`DllmEngine.batch_numerics_note`).
 
-Batch parity rests on the serving path's products (`gpu.model.invariant_linear`) computing each
-row the same whatever the number of rows beside it. That is a property of the BLAS and of its
-thread count, not of the engine: on one AVX-512 CPU MKL's small-product kernel reaches 16 rows
-where another CPU's stops at 4, and more threads split a product otherwise (docs/engine.md,
-"Batch invariance, bit for bit"). When a parity run finds a mismatch, the report says whether
-the platform itself breaks the property, so a release manager can tell the numerics of the
-machine from a scheduling bug.
+Batch parity rests on the serving path's products (`gpu.gemm_rows.invariant_linear`) computing
+each row the same whatever the number of rows beside it. That is a property of the BLAS and of
+its thread count, not of the engine: on one AVX-512 CPU MKL's small-product kernel reaches 16
+rows where another CPU's stops at 4, and more threads split a product otherwise (docs/engine.md,
+"Batch invariance, bit for bit"). The serving path pads small products to a row count
+calibrated on the device (`gpu.gemm_rows.padding_rows`); where no padding makes them
+row-invariant, the report says so, so a release manager can tell the numerics of the machine
+from a scheduling bug.
 """
 
 from __future__ import annotations
@@ -16,24 +17,22 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-import gpu.model
-from gpu.model import BlockDiffusionLM, invariant_linear
+from gpu.gemm_rows import MOST_PADDING_ROWS, uneven_row_counts
+from gpu.model import BlockDiffusionLM
 from spec.errors import ConfigError
-
-PROBE_SEED = 20261205
 
 
 @dataclass(frozen=True, slots=True)
 class UnevenProduct:
-    """A weight shape whose padded product gives some rows other bits at these row counts
-    than at `most_rows` rows."""
+    """A product shape whose product, padded to `padding` rows, gives some rows other bits at
+    these row counts than at `most_rows` rows."""
 
     d_in: int
     d_out: int
     row_counts: tuple[int, ...]
     most_rows: int
+    padding: int
 
     def describe(self) -> str:
         """One line: the shape and the row counts (the first ten, then how many more)."""
@@ -41,8 +40,9 @@ class UnevenProduct:
         more = len(self.row_counts) - 10
         rest = f" and {more} more" if more > 0 else ""
         return (
-            f"d_in {self.d_in} x d_out {self.d_out}: {len(self.row_counts)} of 1..{self.most_rows} "
-            f"row counts differ from {self.most_rows} rows ({shown}{rest})"
+            f"d_in {self.d_in} x d_out {self.d_out} padded to {self.padding} rows: "
+            f"{len(self.row_counts)} of 1..{self.most_rows} row counts differ from "
+            f"{self.most_rows} rows ({shown}{rest})"
         )
 
     def to_json(self) -> dict[str, object]:
@@ -52,38 +52,24 @@ class UnevenProduct:
             "d_out": self.d_out,
             "row_counts": list(self.row_counts),
             "most_rows": self.most_rows,
+            "padding": self.padding,
         }
 
 
-def model_weight_shapes(model: BlockDiffusionLM) -> list[tuple[int, int]]:
-    """The distinct (d_out, d_in) of the model's linear layers, in module order; the serving
-    path's stacked products share their parts' d_in, which is what selects the kernel."""
-    shapes: list[tuple[int, int]] = []
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            shape = (module.out_features, module.in_features)
-            if shape not in shapes:
-                shapes.append(shape)
-    return shapes
-
-
 def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProduct, ...]:
-    """For each of the model's linear shapes, on the model's device and torch's current thread
-    count: the row counts m in 1..most_rows at which `invariant_linear` of the first m rows of
-    a seeded [most_rows, d_in] input (and a seeded weight of that shape: the kernels depend on
-    shapes, not values) differs, bit for bit, from the same rows of the whole product. Empty:
-    batch-invariant up to `most_rows` rows (the widest product of a run is its batch size
-    times its block size). Remembered per shapes, device, rows, threads and padding, so a
-    check that asks again after every failing example pays once."""
+    """For each product shape of the model's serving path (`BlockDiffusionLM.product_shapes`),
+    on the model's device and torch's current thread count, padded as the serving path pads it
+    (`BlockDiffusionLM.product_rows`): the row counts m in 1..most_rows at which the first m
+    rows of a seeded input give other bits than the same rows of the whole product
+    (`gpu.gemm_rows.uneven_row_counts`). Empty: batch-invariant up to `most_rows` rows (the
+    widest product of a run is its batch size times its block size). Remembered per shapes,
+    device, rows, threads and padding, so a check that asks again after every failing example
+    pays once."""
     if most_rows < 1:
         raise ConfigError("most_rows", most_rows, "an integer >= 1")
     device = str(next(model.parameters()).device)
     return _uneven_products(
-        tuple(model_weight_shapes(model)),
-        device,
-        most_rows,
-        torch.get_num_threads(),
-        gpu.model.MIN_GEMM_ROWS,
+        model.product_shapes, device, most_rows, torch.get_num_threads(), model.product_rows()
     )
 
 
@@ -91,31 +77,13 @@ def uneven_products(model: BlockDiffusionLM, most_rows: int) -> tuple[UnevenProd
 def _uneven_products(
     shapes: tuple[tuple[int, int], ...], device: str, most_rows: int, threads: int, padding: int
 ) -> tuple[UnevenProduct, ...]:
-    del threads, padding  # part of the cache key only: the products below depend on them
+    del threads  # part of the cache key only: the products below depend on it
     found: list[UnevenProduct] = []
     for d_out, d_in in shapes:
-        counts = uneven_row_counts(d_out, d_in, most_rows, device)
+        counts = uneven_row_counts(d_out, d_in, most_rows, device, padding)
         if counts:
-            found.append(UnevenProduct(d_in, d_out, counts, most_rows))
+            found.append(UnevenProduct(d_in, d_out, counts, most_rows, padding))
     return tuple(found)
-
-
-@torch.no_grad()
-def uneven_row_counts(
-    d_out: int, d_in: int, most_rows: int, device: str = "cpu"
-) -> tuple[int, ...]:
-    """The row counts m in 1..most_rows at which `invariant_linear` of the first m rows of a
-    seeded [most_rows, d_in] input, with a seeded [d_out, d_in] weight, differs bit for bit from
-    the same rows of the whole product, on `device` now (torch's threads, the padding)."""
-    gen = torch.Generator().manual_seed(PROBE_SEED + d_in * 1_000 + d_out)
-    weight = torch.randn(d_out, d_in, generator=gen).to(device)
-    x = torch.randn(most_rows, d_in, generator=gen).to(device)
-    whole = invariant_linear(x, weight)
-    # one host read: the flags of every row count at once
-    differs = torch.stack(
-        [(invariant_linear(x[:m], weight) != whole[:m]).any() for m in range(1, most_rows + 1)]
-    ).tolist()
-    return tuple(m for m, bad in enumerate(differs, start=1) if bad)
 
 
 def print_uneven_products(
@@ -132,7 +100,8 @@ def print_uneven_products(
         print(f"  {product.describe()}")
     if not identical:
         remedy = (
-            "the padding of small products (gpu.model.MIN_GEMM_ROWS) is too small for this device"
+            f"no padding of small products up to {MOST_PADDING_ROWS} rows makes them "
+            "row-invariant on this device (gpu.gemm_rows)"
             if threads == 1
             else "run on one thread (--threads 1)"
         )

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from gpu.errors import ForwardInputError
+from gpu.gemm_rows import invariant_linear, padding_rows, product_shapes
 from gpu.kv_cache import PagedKvCache
 from gpu.model_config import ModelConfig
 
@@ -88,12 +89,13 @@ class Attention(nn.Module):
         return q, k, self.wv(x).view(shape)
 
     def project_fused(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, min_rows: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As `project` with one matmul for q, k, v and one RoPE for q and k together (fewer
-        small ops per forward; on CPU the values are bit-identical to `project`'s)."""
+        """As `project` with one matmul for q, k, v (of at least `min_rows` rows:
+        `gpu.gemm_rows.invariant_linear`) and one RoPE for q and k together (fewer small ops
+        per forward; on CPU the values are bit-identical to `project`'s)."""
         b, length, _ = x.shape
-        qkv = invariant_linear(x, _fused_weight(self, (self.wq, self.wk, self.wv)))
+        qkv = invariant_linear(x, _fused_weight(self, (self.wq, self.wk, self.wv)), min_rows)
         qkv = qkv.view(b, length, 3 * self.n_heads, self.head_dim)
         qk = apply_rope(qkv[:, :, : 2 * self.n_heads], cos, sin)
         return qk[:, :, : self.n_heads], qk[:, :, self.n_heads :], qkv[:, :, 2 * self.n_heads :]
@@ -127,33 +129,12 @@ class SwiGLU(nn.Module):
         out: torch.Tensor = self.w_down(nn.functional.silu(self.w_gate(x)) * self.w_up(x))
         return out
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """As `forward` with one matmul for gate and up (serving path, no gradients)."""
-        gate, up = invariant_linear(x, _fused_weight(self, (self.w_gate, self.w_up))).chunk(
-            2, dim=-1
-        )
-        return invariant_linear(nn.functional.silu(gate) * up, self.w_down.weight)
-
-
-# CPU GEMM kernels compute a product row by row identically for any number of rows from this
-# many up; below it MKL takes another kernel that rounds differently. Where that switch lies
-# depends on the CPU and the inner dimension (torch 2.13.0+cpu, one thread): 4 rows on an
-# AVX2 AMD EPYC, but about d_in / 24 rows on an AVX-512 Intel Xeon, 6 for d_in 128 and 16 for
-# d_in 384 and above, the most seen up to d_in 4096. The serving path pads smaller products
-# to it so a row's values never depend on how many rows share its batch.
-MIN_GEMM_ROWS = 16
-
-
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., d_in] @ weight.T with at least MIN_GEMM_ROWS rows in the product (padded with
-    zeros when fewer, the padding dropped): batch-invariant values on CPU."""
-    rows = x.numel() // x.shape[-1]
-    if rows >= MIN_GEMM_ROWS:
-        return nn.functional.linear(x, weight)
-    flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat((flat, flat.new_zeros(MIN_GEMM_ROWS - rows, x.shape[-1])))
-    out = nn.functional.linear(padded, weight)[:rows]
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    def forward_fused(self, x: torch.Tensor, min_rows: int) -> torch.Tensor:
+        """As `forward` with one matmul for gate and up (serving path, no gradients), every
+        product of at least `min_rows` rows (`gpu.gemm_rows.invariant_linear`)."""
+        fused = _fused_weight(self, (self.w_gate, self.w_up))
+        gate, up = invariant_linear(x, fused, min_rows).chunk(2, dim=-1)
+        return invariant_linear(nn.functional.silu(gate) * up, self.w_down.weight, min_rows)
 
 
 def _fused_weight(module: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
@@ -206,7 +187,17 @@ class BlockDiffusionLM(nn.Module):
         # Derived from the config, so not part of the weights file.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # (d_out, d_in) of the serving path's products, for their padding (`product_rows`)
+        self.product_shapes: tuple[tuple[int, int], ...] = product_shapes(
+            config.d_model, config.d_ff, config.vocab_size
+        )
         self.reset_parameters()
+
+    def product_rows(self) -> int:
+        """The row count the serving path pads its smaller products to, on the model's device
+        at torch's current thread count (`gpu.gemm_rows.padding_rows`): from there up each
+        row's values do not depend on the batch (measured once per device and thread count)."""
+        return padding_rows(self.product_shapes, str(self.rope_cos.device))
 
     def reset_parameters(self) -> None:
         """Small normal init; residual output projections scaled down by depth (GPT-2 style)."""
@@ -353,7 +344,8 @@ class BlockDiffusionLM(nn.Module):
         Ragged attention: no row is padded to the batch's longest context. Rows are grouped by
         context length and each group attends to exactly its own keys (one attention call per
         distinct length), so a row's logits do not depend on the other rows of the batch (on
-        CPU they are bit-identical to the same row run alone). `plan` (from `plan_blocks`, built
+        CPU they are bit-identical to the same row run alone, every product being padded to
+        `product_rows()` rows). `plan` (from `plan_blocks`, built
         from the same starts, rows and table) skips re-validating and re-reading the table:
         the engine builds it once per round. Nothing here reads a device value back to the
         host. No gradients; deterministic for fixed inputs.
@@ -374,8 +366,9 @@ class BlockDiffusionLM(nn.Module):
             cos, sin = self.rope_cos[plan.positions], self.rope_sin[plan.positions]
             x = self.embed(block_tokens)
             heads, head_dim = self.config.n_heads, self.config.head_dim
+            padding = self.product_rows()
             for layer, block in enumerate(self.transformer_blocks()):
-                q, k, v = block.attn.project_fused(_rms(x, block.attn_norm), cos, sin)
+                q, k, v = block.attn.project_fused(_rms(x, block.attn_norm), cos, sin, padding)
                 kv.write(
                     layer,
                     plan.block_slots,
@@ -386,9 +379,9 @@ class BlockDiffusionLM(nn.Module):
                 k_ctx, v_ctx = kv.read(layer, plan.ctx_slots)  # [sum of lengths, h, d]
                 attended = ragged_attention(q, k_ctx.to(q.dtype), v_ctx.to(q.dtype), plan)
                 self.attention_seconds += time.perf_counter() - t_attn
-                x = x + invariant_linear(attended, block.attn.wo.weight)
-                x = x + block.mlp.forward_fused(_rms(x, block.mlp_norm))
-            logits = invariant_linear(_rms(x, self.norm), self.lm_head.weight)
+                x = x + invariant_linear(attended, block.attn.wo.weight, padding)
+                x = x + block.mlp.forward_fused(_rms(x, block.mlp_norm), padding)
+            logits = invariant_linear(_rms(x, self.norm), self.lm_head.weight, padding)
             self.attention_groups += len(plan.groups)
             return logits
 

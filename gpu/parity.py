@@ -206,6 +206,7 @@ class ParityReport:
     cache_hits: int = 0  # prompt blocks the runs read from their caches instead of computing
     # the model's products that are not batch-invariant on this platform (gpu.gemm_probe)
     uneven_products: tuple[UnevenProduct, ...] = ()
+    product_rows: int = 0  # the rows small products were padded to (gpu.gemm_rows)
     device_name: str = ""  # gpu.device_name: the CPU's model and instruction set, or GPU
 
     @property
@@ -230,6 +231,7 @@ class ParityReport:
             "prefix_cache": self.prefix_cache,
             "cache_hits": self.cache_hits,
             "uneven_products": [u.to_json() for u in self.uneven_products],
+            "product_rows": self.product_rows,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
 
@@ -445,6 +447,7 @@ def run_parity(
                 run_algorithm(model, name, base, texts, requests, dev, batch, report)
             )
         report.uneven_products = uneven_products(model, max(report.batch_sizes) * block_size)
+        report.product_rows = model.product_rows()
     report.identical = all(c.identical for c in report.cases)
     return report
 

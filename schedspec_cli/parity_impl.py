@@ -71,16 +71,21 @@ def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
         ) from err
 
 
-def platform_products(adapter: object, most_rows: int) -> list[dict[str, object]]:
-    """For one of this project's torch engines (`gpu.engine.DllmEngine`): its model's products
-    that are not batch-invariant on this platform (`gpu.gemm_probe`), as JSON; for any other
-    implementation nothing, and torch is never imported here."""
+def platform_products(adapter: object, most_rows: int) -> dict[str, object]:
+    """For one of this project's torch engines (`gpu.engine.DllmEngine`): the rows its model
+    pads small products to on this platform (`product_rows`, `gpu.gemm_rows`) and the products
+    that are still not batch-invariant (`uneven_products`, `gpu.gemm_probe`), as JSON; for any
+    other implementation `None` and `[]`, and torch is never imported here."""
     engine_module = sys.modules.get("gpu.engine")
     if engine_module is None or not isinstance(adapter, engine_module.DllmEngine):
-        return []
+        return {"product_rows": None, "uneven_products": []}
     from gpu.gemm_probe import uneven_products
 
-    return [product.to_json() for product in uneven_products(adapter.model, most_rows)]
+    found = uneven_products(adapter.model, most_rows)
+    return {
+        "product_rows": adapter.model.product_rows(),
+        "uneven_products": [product.to_json() for product in found],
+    }
 
 
 def parity_prompts(n: int, max_new_tokens: int) -> list[RequestSpec]:
@@ -161,7 +166,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         "leaked_slots": sum(r.leaked_slots for r in runs),
         "leaked_rows": sum(r.leaked_rows for r in runs),
         "threads": torch_threads_now(),
-        "uneven_products": platform_products(reference, widest * ns.block_size),
+        **platform_products(reference, widest * ns.block_size),
         "cases": cases,
         "seconds": seconds,
     }

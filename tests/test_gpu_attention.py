@@ -10,10 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpu.model
 from gpu.corpus import make_samples
 from gpu.errors import ForwardInputError
-from gpu.gemm_probe import uneven_row_counts
+from gpu.gemm_rows import padding_rows, uneven_row_counts
 from gpu.kv_cache import PagedKvCache
 from gpu.model import (
     BlockDiffusionLM,
@@ -207,22 +206,23 @@ def _decode_last_blocks(
     return model.forward_blocks(last, starts, chosen, kv, table)
 
 
-# the shipped model's products (d_in 128 and 384) and wider ones, whose small-product kernel
-# reaches further on some CPUs (gpu.model.MIN_GEMM_ROWS)
-@pytest.mark.parametrize(("k", "n"), [(128, 49), (128, 384), (384, 128), (1024, 64)])
+# the shipped model's products (d_in 128 and 384, the stacked ones included) and wider ones,
+# whose small-product kernel reaches further on some CPUs (gpu.gemm_rows)
+@pytest.mark.parametrize(
+    ("k", "n"), [(128, 49), (128, 128), (128, 384), (128, 768), (384, 128), (1024, 64)]
+)
 def test_a_products_rows_do_not_depend_on_how_many_rows_it_has(k: int, n: int) -> None:
-    """Every row of a padded product equals the same row of a wider one, bit for bit, for any
-    row count up to 16 seats of block 8: what batch parity on this CPU rests on."""
-    assert uneven_row_counts(n, k, 128) == ()
+    """Every row of a product padded as the serving path pads it on this CPU equals the same
+    row of a wider one, bit for bit, for any row count up to 16 seats of block 8: what batch
+    parity on this CPU rests on."""
+    padding = padding_rows(((n, k),), "cpu")
+    assert uneven_row_counts(n, k, 128, "cpu", padding) == ()
 
 
-def test_without_the_padding_a_small_product_rounds_otherwise(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_without_the_padding_a_small_product_rounds_otherwise() -> None:
     """The control: unpadded, a one-row product takes another kernel (GEMV) on every CPU
     measured, and the check above sees it."""
-    monkeypatch.setattr(gpu.model, "MIN_GEMM_ROWS", 1)
-    assert 1 in uneven_row_counts(384, 128, 128)
+    assert 1 in uneven_row_counts(384, 128, 128, "cpu", 1)
 
 
 @pytest.mark.parametrize(
@@ -232,19 +232,26 @@ def test_without_the_padding_a_small_product_rounds_otherwise(
 )  # fmt: skip
 def test_rows_are_batch_invariant_bit_for_bit(model_name: str, block_size: int) -> None:
     """Ragged attention: a row's logits in a batch of mixed context lengths are byte-identical
-    to the same row run alone (no padding, no other row's keys, GEMMs of >= MIN_GEMM_ROWS), on
+    to the same row run alone (no padding, no other row's keys, GEMMs padded: gpu.gemm_rows), on
     a small random model and on the shipped one."""
     model = small_model(2) if model_name == "small" else load_model()[0]
+    assert batch_dependent_rows(model, block_size) == []
+
+
+def batch_dependent_rows(model: BlockDiffusionLM, block_size: int) -> list[str]:
+    """The rows of a seeded batch of 7 mixed context lengths whose last block's logits differ
+    from the same row run alone, each with its context and the largest difference."""
     gen = torch.Generator().manual_seed(block_size)
     blocks = [1, 3, 3, 2, 5, 1, 4]
     seqs = [torch.randint(0, 49, (n * block_size,), generator=gen) for n in blocks]
     together = _decode_last_blocks(model, seqs, list(range(len(seqs))), block_size)
+    differing: list[str] = []
     for i in range(len(seqs)):
-        alone = _decode_last_blocks(model, seqs, [i], block_size)
-        assert torch.equal(together[i], alone[0]), (
-            f"block {block_size}, row {i} (context {len(seqs[i])}): batch changes its logits by "
-            f"{(together[i] - alone[0]).abs().max().item():.3g}"
-        )
+        alone = _decode_last_blocks(model, seqs, [i], block_size)[0]
+        if not torch.equal(together[i], alone):
+            gap = (together[i] - alone).abs().max().item()
+            differing.append(f"row {i} (context {len(seqs[i])}): logits differ by {gap:.3g}")
+    return differing
 
 
 @settings(max_examples=60, deadline=None, database=None)
