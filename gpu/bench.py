@@ -567,6 +567,7 @@ def run_bench(
         "method": f"interleaved, turns of {turn_ms:g} ms" if interleave else "sequential runs",
         "turn_ms": turn_ms if interleave else None,
         "rows_released": rows_released,
+        "product_rows": model.product_rows(),  # small products' padding (gpu.gemm_rows)
     }
     return BenchReport(str(dev), settings, runs, device_name(dev), modes)
 

@@ -303,6 +303,9 @@ class DllmEngine:
         self.runner: ModelRunner = ModelRunner(
             model, self.kv, self.req_pool, MASK_ID, record_digests=record
         )
+        # the padding is measured now, not in the first round: on CUDA its probe reads the
+        # device back, and a round reads back only its done flags
+        model.product_rows()
         self.record = record
         self.on_block = on_block
         # SGLang's FDFO before #27877: a carried block gives back its row with its KV (only

@@ -473,6 +473,8 @@ def test_bench_rows_released_serves_sglangs_baseline_beside_the_four_modes() -> 
     payload = report.to_json()
     assert {r["mode"] for r in payload["results"]} == {m.name for m in report.modes}
     assert payload["settings"]["rows_released"] is True
+    # the padding the run's products had, for comparing runs across machines
+    assert payload["settings"]["product_rows"] == tiny_model("cpu").product_rows() >= 16
     plain = bench.run_bench([2], requests=4, max_new_tokens=8, repeats=1, model=tiny_model("cpu"))
     assert plain.modes == bench.MODES and set(plain.ratios()) == {
         f"{n}/{d}" for n, d in bench.RATIOS
