@@ -17,7 +17,6 @@ report's probe (`gpu.gemm_probe`) names the products that stay uneven.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -107,7 +106,7 @@ def uneven_row_counts(
 def product_shapes(d_model: int, d_ff: int, vocab_size: int) -> tuple[tuple[int, int], ...]:
     """(d_out, d_in) of each product a layer and the head run on the serving path: q, k and v
     stacked, the output projection, gate and up stacked, the down projection, the LM head."""
-    shapes: Sequence[tuple[int, int]] = (
+    shapes = (
         (3 * d_model, d_model),
         (d_model, d_model),
         (2 * d_ff, d_model),
