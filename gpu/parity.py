@@ -55,6 +55,7 @@ from spec.batch_parity import (
     MODE_VARIANTS,
     ModeVariant,
     VariantRun,
+    batch_sizes_clause,
     compare_variants,
     golden_outputs,
     run_variant,
@@ -479,9 +480,9 @@ def _print_table(report: ParityReport) -> None:
     golden = "golden agrees" if report.golden else "golden DIFFERS"
     print(
         f"\ndevice {report.device}: {verdict}, {golden} "
-        f"({sum(c.identical for c in report.cases)}/{len(report.cases)} cases identical; every "
-        f"mode at batch sizes {', '.join(map(str, report.batch_sizes))} vs sync at batch size "
-        f"1; logits digests at batch size 1); leaked slots {report.leaked_slots}, held rows "
+        f"({sum(c.identical for c in report.cases)}/{len(report.cases)} cases identical; "
+        f"{batch_sizes_clause(report.batch_sizes)}; logits digests at batch size 1); "
+        f"leaked slots {report.leaked_slots}, held rows "
         f"{report.leaked_rows}"
         + (
             f"; prefix cache on, {report.cache_hits} prompt blocks read from it"

@@ -29,6 +29,7 @@ from schedspec_cli.torch_threads import pin_torch_threads, torch_threads_now
 from spec.batch_parity import (
     MODE_VARIANTS,
     VariantRun,
+    batch_sizes_clause,
     compare_variants,
     context_for,
     golden_outputs,
@@ -187,11 +188,11 @@ def print_report(report: dict[str, Any]) -> None:
         golden = "no golden decoder (golden_output) to compare with"
     else:
         golden = "golden agrees" if report["golden"] else "golden DIFFERS"
-    sizes = ", ".join(map(str, report["batch_sizes"]))
     print(
         f"\n{report['impl']}: {verdict}, {golden} "
-        f"({sum(c['identical'] for c in cases)}/{len(cases)} cases; every mode at batch sizes "
-        f"{sizes} vs sync at batch size 1); leaked slots {report['leaked_slots']}, held rows "
+        f"({sum(c['identical'] for c in cases)}/{len(cases)} cases; "
+        f"{batch_sizes_clause(report['batch_sizes'])}); leaked slots {report['leaked_slots']}, "
+        f"held rows "
         f"{report['leaked_rows']}"
     )
     if report["uneven_products"]:  # only one of our torch engines reports any

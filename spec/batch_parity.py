@@ -179,3 +179,18 @@ def context_for(requests: Sequence[RequestSpec], block_size: int, page_size: int
     new tokens in whole blocks)."""
     need = max(-(-(len(r.prompt) + r.max_new_tokens) // block_size) for r in requests)
     return -(-need * block_size // page_size) * page_size
+
+
+def batch_sizes_clause(batch_sizes: Sequence[int]) -> str:
+    """The parity summary's words for the batch sizes its runs reached (a report's
+    `batch_sizes`: 1, then the widest forward of the batched runs). When no batched run held
+    two rows at once (one prompt, or an implementation that seats one request), it says that
+    batch parity was not exercised, rather than list a batch size of 1 twice."""
+    if any(size > 1 for size in batch_sizes):
+        return (
+            f"every mode at batch sizes {', '.join(map(str, batch_sizes))} vs sync at batch size 1"
+        )
+    return (
+        "every mode at batch size 1 vs sync at batch size 1; batch parity not exercised: no "
+        "batched run held two rows at once (it needs two prompts or more)"
+    )

@@ -13,6 +13,7 @@ import pytest
 from reference.dllm import ReferenceDllmScheduler
 from schedspec_cli.main import main
 from spec.adapter import EventSink
+from spec.batch_parity import batch_sizes_clause
 from spec.config import DllmConfig, RequestSpec
 from spec.golden import GoldenDecoder
 from spec.snapshot import Snapshot
@@ -44,6 +45,23 @@ def test_reference_passes_with_golden_and_batch(
     assert main(["release-check", "--impl", "reference-dllm-joint", str(out_json)]) == 1
     refused = capsys.readouterr().out
     assert "must run on CUDA" in refused and "produced for" not in refused
+
+
+def test_one_prompt_says_batch_parity_was_not_exercised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With one prompt the batched runs never batch: the summary says so instead of listing a
+    batch size of 1 twice, and the report is no release run."""
+    one = ["--prompts", "1", *ARGS[2:]]
+    out_json = tmp_path / "one.json"
+    code, out, _ = _run(["--impl", "reference-dllm-joint", *one, "--json", str(out_json)], capsys)
+    assert code == 0, out  # batch size 1 is still checked, and passes
+    assert json.loads(out_json.read_text())["batch_sizes"] == [1, 1]
+    summary = out.strip().splitlines()[-1]
+    assert "batch parity not exercised: no batched run held two rows at once" in summary
+    assert "batch sizes 1, 1" not in summary
+    assert batch_sizes_clause([1, 4]) == "every mode at batch sizes 1, 4 vs sync at batch size 1"
+    assert "not exercised" not in batch_sizes_clause([1, 2])
 
 
 def test_events_are_checked_under_the_implementations_declared_policy(
