@@ -1,7 +1,7 @@
 """`schedspec`: one entry point for every command.
 
     schedspec verify [--impl NAME|module:attr ...] [--twin NAME] [--keep-going] [--accept FILE] ...
-    schedspec list-impls
+    schedspec list-impls [--json PATH]
     schedspec check-trace FILE [--config JSON] [--family dllm|ar] [--require-idle]
     schedspec prove [--bound K] [--json PATH]
     schedspec parity [--impl NAME|module:factory] --device cpu|cuda --algorithm NAME|all ...
@@ -23,11 +23,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from properties.profiles import draw_no_mined_constants
-from schedspec_cli import check_trace, prove, verify, version
+from schedspec_cli import check_trace, list_impls, prove, verify, version
 from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.impls import NotAnAdapter
 from schedspec_cli.loader import load_object, module_available
-from schedspec_cli.output import table
 from spec.errors import ConfigError, SchedSpecError, SpecViolation
 
 # commands whose own parser takes the rest of the line (listed in --help all the same)
@@ -40,29 +39,6 @@ PASS_THROUGH: dict[str, str] = {
     "install-engines": "install the real engines (vllm, sglang, vidur, all) into the engine cache",
 }
 ENGINES = ("vllm", "sglang", "vidur", "all")
-
-
-def cmd_list_impls(args: argparse.Namespace) -> int:
-    """`schedspec list-impls`: print a table of every built-in (family, profile, engine status,
-    target, description); a profile that cannot be loaded reads `unavailable (why)`. Returns 0."""
-    from schedspec_cli.impls import profile_summary, resolve
-    from schedspec_cli.registry import BUILTINS, engine_status
-
-    rows = []
-    for b in BUILTINS.values():
-        status = engine_status(b)
-        if b.is_torch_engine:
-            profile = b.torch_profile  # loading its implementation would import torch
-        elif status == "adapter not in this build":
-            profile = "-"
-        else:
-            try:
-                profile = profile_summary(resolve(b.name).implementation)
-            except SchedSpecError as err:
-                profile = f"unavailable ({_one_line(str(err))})"
-        rows.append((b.name, b.family.value, profile, status, b.target, b.description))
-    print(table(("name", "family", "profile", "engine", "target", "description"), rows))
-    return 0
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -186,8 +162,11 @@ def build_parser() -> Parser:
     verify.add_arguments(v)
     v.set_defaults(func=cmd_verify)
 
-    li = sub.add_parser("list-impls", help="built-in implementations: family, profile, engine")
-    li.set_defaults(func=cmd_list_impls)
+    li = sub.add_parser(
+        "list-impls", help="built-in implementations: family, engine, target, profile"
+    )
+    list_impls.add_arguments(li)
+    li.set_defaults(func=list_impls.run)
 
     ct = sub.add_parser("check-trace", help="check a JSON Lines event log (dLLM or AR)")
     check_trace.add_arguments(ct)

@@ -16,7 +16,7 @@ from properties.ar.harness import ArHarness
 from properties.harness import Harness
 from reference.ar.vidur import make_vidur_vllm
 from reference.dllm import make_scheduler
-from schedspec_cli import engine_cmds, version
+from schedspec_cli import engine_cmds, list_impls, version
 from schedspec_cli import main as cli
 from schedspec_cli.main import PASS_THROUGH, build_parser, main
 from schedspec_cli.registry import BUILTINS
@@ -76,6 +76,37 @@ def test_list_impls_shows_every_builtin_with_family_and_status(
         assert f" {builtin.family.value} " in line, line
         if builtin.engine:
             assert "installed" in line or "not in this build" in line, line
+
+
+def test_list_impls_fits_a_terminal_and_shows_every_profile_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real engines' profiles run to a few hundred characters: they are wrapped under
+    their built-in's line, not spread over one table row, and nothing of them is cut.
+    `--json` writes the same fields unwrapped."""
+    out_json = tmp_path / "impls.json"
+    assert main(["list-impls", "--json", str(out_json)]) == 0
+    out, _ = out_err(capsys)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= list_impls.WIDTH, max(lines, key=len)
+    written = json.loads(out_json.read_text(encoding="utf-8"))["builtins"]
+    assert [row["name"] for row in written] == list(BUILTINS)
+    starts = [i for i, line in enumerate(lines) if not line.startswith(" ")][2:]
+    assert len(starts) == len(written)
+    for row, begin, end in zip(written, starts, [*starts[1:], len(lines)], strict=True):
+        entry = " ".join(" ".join(lines[begin:end]).split())
+        assert entry.startswith(f"{row['name']} {row['family']} {row['engine']} "), entry
+        for field in ("description", "target", "profile"):
+            assert " ".join(row[field].split()) in entry, (field, entry)
+    assert any(len(row["profile"]) > list_impls.WIDTH for row in written)  # some do wrap
+
+
+def test_list_impls_refuses_a_json_path_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["list-impls", "--json", str(tmp_path)]) == 2
+    _, err = out_err(capsys)
+    assert "--json" in err and "this is a directory" in err and err.count("\n") == 1, err
 
 
 def test_list_impls_imports_neither_torch_nor_an_engine() -> None:
@@ -299,6 +330,6 @@ def test_an_unforeseen_os_error_is_one_line_exit_2(
     def fail(args: argparse.Namespace) -> int:
         raise error
 
-    monkeypatch.setattr(cli, "cmd_list_impls", fail)
+    monkeypatch.setattr(list_impls, "run", fail)
     assert main(["list-impls"]) == 2
     assert capsys.readouterr().err == line + "\n"
