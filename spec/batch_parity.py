@@ -192,5 +192,5 @@ def batch_sizes_clause(batch_sizes: Sequence[int]) -> str:
         )
     return (
         "every mode at batch size 1 vs sync at batch size 1; batch parity not exercised: no "
-        "batched run held two rows at once (it needs two prompts or more)"
+        "batched run held two rows at once, which takes two prompts or more"
     )
