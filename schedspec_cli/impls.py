@@ -93,8 +93,12 @@ def resolve(name: str, family: Family | str | None = None) -> Resolved:
         raise ConfigError("impl", name, f"a built-in name {sorted(BUILTINS)} or 'module:attribute'")
     if builtin is not None:
         if family is not None and Family.parse(family) is not builtin.family:
+            wanted = Family.parse(family).value
             raise ConfigError(
-                "family", Family.parse(family).value, f"{builtin.family.value} (built-in {name})"
+                "impl",
+                name,
+                f"an implementation of the {wanted} family here; built-in {name} is of the "
+                f"{builtin.family.value} family (`schedspec list-impls` gives each one's)",
             )
         return resolve_builtin(builtin)
     obj = load_object(name, "impl")

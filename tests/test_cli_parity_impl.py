@@ -184,7 +184,11 @@ def test_an_implementation_that_exits_fails_instead_of_passing(
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["--impl", "vllm-v1"], "family"),
+        (
+            ["--impl", "vllm-v1"],
+            "impl='vllm-v1': an implementation of the dllm family here; built-in vllm-v1 is of "
+            "the ar family",
+        ),
         (["--impl", "no-such-impl"], "impl"),
         (["--impl", "reference-dllm", "--device", "cuda"], "--device"),
         (["--impl", "reference-dllm", "--algorithm", "LowConfidence"], "--algorithm"),
