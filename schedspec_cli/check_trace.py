@@ -22,6 +22,7 @@ malformed line exit 2, and nothing after it is read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -192,7 +193,10 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
         raise ConfigError(
-            "family", wanted.value, f"{header.family.value}: the trace's header line says so"
+            "--family",
+            wanted.value,
+            f"the trace's family, which its header line says is {header.family.value}: pass "
+            f"--family {header.family.value} or drop it",
         )
     given: dict[str, Any] | None = None
     if args.config is not None:
@@ -213,9 +217,10 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
                 f"{header.not_json}), or pass --config",
             )
         raise ConfigError(
-            "config",
-            None,
-            'a --config JSON file: the trace has no {"kind": "config", ...} header line',
+            "file",
+            f"{args.file}:{header.line}",
+            'an event log whose first line is its config header {"kind": "config", ...} (this '
+            "line is not one), or pass --config",
         )
     from schedspec_cli.trace_profile import resolve_trace_profile
     from schedspec_cli.twins import installed_twin
@@ -260,6 +265,21 @@ class Extras:
             verdict="accepted", rule=str(violation.rule), line=where, reason=deviation.reason
         )
         return 0
+
+
+@contextlib.contextmanager
+def _profile_named(extras: Extras) -> Iterator[None]:
+    """The check's refusal of a profile whose policy the trace's header contradicts, named by
+    the `--profile` the user gave (the check knows only the policy: `profile={}` for the
+    idealised spec's)."""
+    try:
+        yield
+    except ConfigError as err:
+        if err.field != "profile" or extras.named is None:
+            raise
+        raise ConfigError(
+            "--profile", extras.named.name, f"{err.valid} (this profile's policy: {err.value})"
+        ) from None
 
 
 def _dllm_config(data: dict[str, Any], refuse: Callable[[str], SchedSpecError]) -> Any:
@@ -313,7 +333,8 @@ def _check_dllm(
     kept: list[Any] | None = [] if extras.twin is not None else None
     profile = extras.named.profile if extras.named is not None else None
     policy = profile.policy if isinstance(profile, DllmProfile) else None
-    res = check_trace(lines, config, policy, kept)
+    with _profile_named(extras):
+        res = check_trace(lines, config, policy, kept)
     if res.violation is not None:
         accepted = extras.accepted(args, res.line, res.violation)
         if accepted is not None:
@@ -357,7 +378,8 @@ def _check_ar(
             twin_runs(extras.twin, ran, extras.named)
     kept: list[Any] | None = [] if extras.twin is not None else None
     # refuses a --config, or a profile, that contradicts the header
-    res = check_ar_trace(lines, config, policy, kept)
+    with _profile_named(extras):
+        res = check_ar_trace(lines, config, policy, kept)
     if res.violation is not None:
         where = res.line if res.line is not None else "end"
         accepted = extras.accepted(args, where, res.violation)

@@ -136,6 +136,8 @@ def test_the_header_may_declare_the_policy_and_a_profile_must_agree(
     assert _cli(capsys, log, "--profile", "sglang-dllm-order")[0] == 0
     code, out = _cli(capsys, log, "--profile", "reference-dllm")  # the idealised policy
     assert code == 2 and "declares {'admission': 'prefill-first'" in out, out
+    # named by the --profile given, with its own policy (the idealised spec's is empty)
+    assert "invalid --profile='reference-dllm'" in out and "(this profile's policy: {})" in out
     assert out.count("\n") == 1 and "Traceback" not in out
 
 
@@ -274,6 +276,7 @@ def test_an_ar_profile_that_contradicts_the_header_is_an_input_error(
     log = _write_ar(tmp_path / "vidur.jsonl", _ar_events(VIDUR_VLLM), VIDUR_VLLM)
     code, out = _cli(capsys, log, "--profile", "vllm-v1")
     assert code == 2 and "the trace's own header, which declares" in out, out
+    assert "invalid --profile='vllm-v1'" in out  # the name given, not the policy alone
     assert out.count("\n") == 1
 
 

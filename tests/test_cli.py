@@ -261,7 +261,12 @@ def test_check_trace_header_and_config_must_agree(
     assert "disagree" in out_err(capsys)[1]
     bare = dllm_trace(tmp_path, header=False)
     assert main(["check-trace", str(bare), "--config", str(write_config(tmp_path))]) == 0
+    out_err(capsys)
     assert main(["check-trace", str(bare)]) == 2
+    # named by the file and the line that is no header, not by a --config never given
+    err = out_err(capsys)[1]
+    assert f"invalid file='{bare}:1': an event log whose first line is its config header" in err
+    assert "(this line is not one), or pass --config" in err and err.count("\n") == 1, err
 
 
 def test_check_trace_reports_work_still_running(
@@ -301,6 +306,9 @@ def test_check_trace_dispatches_an_ar_trace_by_its_header(
     out, _ = out_err(capsys)
     assert "steps conform" in out
     assert main(["check-trace", str(trace), "--family", "dllm"]) == 2
+    err = out_err(capsys)[1]
+    assert "invalid --family='dllm': the trace's family, which its header line says is ar" in err
+    assert "pass --family ar or drop it" in err, err
     bad = tmp_path / "bad.jsonl"
     lines = trace.read_text().splitlines()
     events = [json.loads(x) for x in lines[1:]]
