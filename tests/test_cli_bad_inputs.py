@@ -531,7 +531,15 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
     ("argv", "says"),
     [
         (["simulate", "dllm", "--round-overhead", "1e308"], "--round-overhead: 1e308 is out of "),
-        (["simulate", "dllm", "--forward", "linear:1e-320,0,0"], "seconds in [1e-09, 3600]"),
+        (
+            ["simulate", "dllm", "--forward", "linear:1e-320,0,0"],
+            "invalid exec_model='linear:1e-320,0,0': 'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]' "
+            "(seconds): BASE must be seconds in [1e-09, 3600]",
+        ),
+        (
+            ["simulate", "replicas", "--exec-model", "linear:0.02,1e308,0"],
+            "): PER_PREFILL must be seconds in [0, 3600]",
+        ),
         (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
         (["simulate", "replicas", "--qps", "1e-320"], "a rate in [1e-06, 1e+09] per second"),
         (

@@ -34,6 +34,7 @@ class SimConfigError(SimError, ValueError):
     def __init__(self, field: str, value: object, valid: str) -> None:
         self.field = field
         self.value = value
+        self.valid = valid
         super().__init__(f"invalid {field}={value!r}: {valid}")
 
 

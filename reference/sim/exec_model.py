@@ -325,8 +325,15 @@ def parse_model(text: str) -> ExecModel:
         vals = [float(v) for v in arg.split(",")]
     except ValueError:
         vals = []
-    if kind == "const" and len(vals) == 1:
-        return Constant(vals[0])
-    if kind == "linear" and 1 <= len(vals) <= 4:
-        return Linear(*vals)
+    try:
+        if kind == "const" and len(vals) == 1:
+            return Constant(vals[0])
+        if kind == "linear" and 1 <= len(vals) <= 4:
+            return Linear(*vals)
+    except SimConfigError as err:  # a coefficient out of range: named within the whole text
+        raise SimConfigError(
+            "exec_model",
+            text,
+            f"{SYNTAX[kind]}: {err.field.upper().removesuffix('_TOKEN')} must be {err.valid}",
+        ) from None
     raise SimConfigError("exec_model", text, SYNTAX[kind])
