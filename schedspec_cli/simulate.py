@@ -334,8 +334,16 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim import sweep as sw
 
     schedulers = [s.strip() for s in args.scheduler.split(",")]
+    rates = _floats("--qps", args.qps)
+    for rate in rates:
+        if not in_rate(rate):  # named by the flag here, as the other commands' --qps is
+            raise SimConfigError(
+                "--qps",
+                args.qps,
+                f"comma-separated rates, each {rate_text().removeprefix('a rate ')}",
+            )
     points = sw.grid(
-        _floats("--qps", args.qps),
+        rates,
         schedulers,
         _ints("--replicas", args.replicas),
         _ints("--kv-tokens", args.kv_tokens),

@@ -221,7 +221,9 @@ def plan(args: argparse.Namespace) -> Plan:
     targets = tuple(resolve(name, args.family) for name in args.impl)
     for t in targets:
         if args.mode and t.family is Family.AR:
-            raise ConfigError("mode", ",".join(args.mode), f"dLLM implementations only ({t.name})")
+            raise ConfigError(
+                "--mode", ",".join(args.mode), f"only with dLLM implementations ({t.name} is AR)"
+            )
     twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:

@@ -543,6 +543,14 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
         (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
         (["simulate", "replicas", "--qps", "1e-320"], "a rate in [1e-06, 1e+09] per second"),
         (
+            ["simulate", "sweep", "--backend", "local", "--qps", "5,1e-320"],
+            "invalid --qps='5,1e-320': comma-separated rates, each in [1e-06, 1e+09] per second",
+        ),
+        (
+            ["verify", "--impl", "vidur-vllm", "--mode", "sync"],
+            "invalid --mode='sync': only with dLLM implementations (vidur-vllm is AR)",
+        ),
+        (
             ["simulate", "replicas", "--scheduler", "vidur-vllm", "--max-prefill-tokens", "512"],
             "--max-prefill-tokens=512: at least 1271 (the workload's longest request)",
         ),
