@@ -238,7 +238,7 @@ def step_fdfo_vs_sync() -> tuple[bool, str, dict[str, Any]]:
 
 def step_engine_bench(requests: int = 32) -> tuple[bool, str, dict[str, Any]]:
     """A short engine benchmark at max-running 4 (a measurement: it passes when it runs; the
-    full benchmark is `schedspec bench engine`, recorded in docs/engine.md)."""
+    full benchmark is `schedspec bench engine`, recorded in docs/engine-benchmarks.md)."""
     bench = importlib.import_module("gpu.bench")
     device = "cuda" if _cuda_available() else "cpu"
     report = bench.run_bench([4], requests=requests, repeats=1, device=device)

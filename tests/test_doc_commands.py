@@ -43,8 +43,9 @@ NOT_RUN = {
     # run (`run_all_proofs` at the default bound) and tests/test_install_wheel.py runs
     # `schedspec prove --bound 2` from the wheel (the bmc, theorems and boundary families)
     "./schedspec prove": "every Z3 proof, checked in-process by tests/test_z3_proofs.py",
-    # multi-minute measurements whose recorded output is in docs/engine.md; the same code paths
-    # run in tests/test_engine_conformance.py and tests/test_engine_units.py on small inputs
+    # multi-minute measurements whose recorded output is in docs/engine-benchmarks.md; the same
+    # code paths run in tests/test_engine_conformance.py and tests/test_engine_units.py on small
+    # inputs
     "./schedspec verify --impl engine --impl gpu.engine:make_small_joint_engine "
     "--impl gpu.engine:make_engine --examples 150": "about 5 minutes on 2 cores",
     "./schedspec bench engine --max-running 4 16 --repeats 5 --threads 1 "
