@@ -37,7 +37,11 @@ TORCH_CUDA_DEVICE = re.compile(r"cuda(:[0-9]+)?")
 
 def _field(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
     if name not in obj:
-        raise ConfigError(f"{where}.{name}", None, "present (a report written by schedspec parity)")
+        raise ConfigError(
+            f"{where}.{name}",
+            None,
+            "missing, and every report `schedspec parity --json` writes has it (is this one?)",
+        )
     value = obj[name]
     if isinstance(value, bool) and kind in (int, (int,)):
         raise ConfigError(f"{where}.{name}", value, "an integer")

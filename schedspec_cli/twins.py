@@ -82,7 +82,12 @@ def resolve_twin(name: str, family: Family) -> Twin:
         return _ar_twin(name)
     if builtin is not None:
         if not builtin.twin:
-            raise ConfigError("--twin", name, f"a built-in with a decision twin: {valid}")
+            raise ConfigError(
+                "--twin",
+                name,
+                f"a built-in with a decision twin ({name} has none): one of "
+                f"{twin_names(family)}, or 'module:attribute'",
+            )
         profile: Any = resolve_builtin(builtin).implementation.profile
         return DllmTwin(name, _callable_twin(builtin.twin), profile)
     return DllmTwin(name, _callable_twin(name), None)

@@ -547,6 +547,16 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
             "invalid --qps='5,1e-320': comma-separated rates, each in [1e-06, 1e+09] per second",
         ),
         (
+            ["release-check", "{bom}"],
+            "invalid report.device=None: missing, and every report `schedspec parity --json` "
+            "writes has it (is this one?)",
+        ),
+        (
+            ["verify", "--impl", "reference-dllm", "--twin", "reference-dllm-joint"],
+            "invalid --twin='reference-dllm-joint': a built-in with a decision twin "
+            "(reference-dllm-joint has none): one of ['reference-dllm', ",
+        ),
+        (
             ["verify", "--impl", "vidur-vllm", "--mode", "sync"],
             "invalid --mode='sync': only with dLLM implementations (vidur-vllm is AR)",
         ),
@@ -578,9 +588,9 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
     ],
 )
 def test_a_refused_flag_is_named_with_what_is_valid(
-    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], says: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(argv) == 2
+    assert main(_fill(argv, files)) == 2
     assert says in capsys.readouterr().err
 
 
