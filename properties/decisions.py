@@ -134,15 +134,18 @@ def twin_difference(
     checked: bool = True,
 ) -> str | None:
     """None when `events`' operations, run through the twin (checked against the spec under
-    `profile`, then drained unless `drain` is False: a log that stops with work running),
-    decide exactly as `events` did; else the first difference in one line, calling `events`'
-    author `subject`. A twin that raises (a replayed record that runs out, a violation of its
+    `profile`, then drained unless `drain` is False: a log that stops with work running,
+    compared only up to its last complete round, its last `ControlReturned`), decide exactly
+    as `events` did; else the first difference in one line, calling `events`' author
+    `subject`. A twin that raises (a replayed record that runs out, a violation of its
     own) is reported with the first difference up to that point, which caused it.
 
     `checked=False` drives the twin bare, its events unchecked: for a long recorded log that
     was itself checked, where the harness's per-round comparisons with the whole abstract
     state would make the replay quadratic in the log's length. Of `profile` only
     `aborts_after_commit` is then read (whether the twin aborts inside a round: `operations`)."""
+    if not drain:  # a round the log cut short is not compared: the twin would finish it
+        events = events[: _after_last_round(events)]
     factory = twin(events, config)
     in_round = profile.policy.aborts_after_commit  # can the twin abort inside a round?
     stopped = ""
@@ -166,6 +169,14 @@ def twin_difference(
     if difference is None and not stopped:
         return None
     return f"{difference or 'no decision differed'}{stopped}"
+
+
+def _after_last_round(events: Sequence[Event]) -> int:
+    """The index just past the last `ControlReturned` of `events` (0 if none)."""
+    for i in range(len(events) - 1, -1, -1):
+        if isinstance(events[i], ControlReturned):
+            return i + 1
+    return 0
 
 
 def _run_bare(

@@ -4,9 +4,13 @@
 Checks a recorded event log (JSON Lines) against the spec of its family. The family is read
 from the trace's header line (`{"kind": "config", "family": "ar", ...}`; a header without
 `family` is a dLLM header), else from the first event's kind, else from `--family` (default
-dllm). The configuration is the header's; a trace without a header needs `--config`. Given both,
-they must agree: a conflicting `--config` is an input error, never a silent override. A log that
-ends with work still running is a warning (exit 0), or with `--require-idle` a failure (exit 1).
+dllm). The configuration is the header's; a trace without a header needs `--config`. Either
+must give every field of the family's configuration (a dLLM header may leave out `prefix_cache`),
+none is filled in with a default: a header that lacks some is completed by `--config`, else
+refused naming them. Given both, they must agree on every field both give: a conflicting
+`--config` is an input error naming each field and both values, never a silent override. A log
+that ends with work still running is a warning (exit 0), or with `--require-idle` a failure
+(exit 1).
 
 `--profile` checks the log under an engine's declared policy (the header's `declared_policy`
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -150,6 +155,11 @@ def read_header(lines: Iterator[str], name: str) -> tuple[Header, list[str]]:
         except json.JSONDecodeError as err:
             return Header(no, None, not_json=err.msg), head
         if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
+            from spec.trace import duplicate_key, duplicate_key_detail
+
+            key = duplicate_key(line, data)  # read here, before the spec's reader sees it
+            if key is not None:
+                raise TraceLineError(name, no, duplicate_key_detail(key))
             family = data.get("family", "dllm")
             if data["kind"] == "config" and family not in ("dllm", "ar"):
                 raise TraceLineError(name, no, f"the header's family is {family!r}: dllm or ar")
@@ -181,14 +191,14 @@ def run(args: argparse.Namespace) -> int:
         header, head = read_header(lines, source.name)
         args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
         try:
-            code = _run(args, header, itertools.chain(head, lines))
+            code = _run(args, header, head, lines)
         except TraceFormatError as err:  # the spec's parser knows the line, not the input
             raise TraceLineError(source.name, err.line_no, err.detail) from None
     write_json(args.json, {"file": source.name, "exit": code, **args.verdict})
     return code
 
 
-def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
+def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterator[str]) -> int:
     wanted = Family.parse(args.family) if args.family else None
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
@@ -200,14 +210,20 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
         )
     given: dict[str, Any] | None = None
     if args.config is not None:
+        text = read_text_file(args.config, "config")
         try:
-            given = parse_json(read_text_file(args.config, "config"))
+            given = parse_json(text)
         except json.JSONDecodeError as err:
             raise ConfigError(
                 "config", f"{args.config}:{err.lineno}", f"JSON ({err.msg})"
             ) from None
         if not isinstance(given, dict):
             raise ConfigError("config", args.config, "a JSON object of configuration fields")
+        from spec.trace import duplicate_key, duplicate_key_detail
+
+        key = duplicate_key(text, given)
+        if key is not None:
+            raise ConfigError("config", args.config, f"JSON ({duplicate_key_detail(key)})")
     if header.data is None and given is None:
         if header.not_json is not None:
             raise ConfigError(
@@ -232,9 +248,135 @@ def _run(args: argparse.Namespace, header: Header, lines: Iterable[str]) -> int:
         profile=named.name if named is not None else None,
         twin=twin.name if twin is not None else None,
     )
+    ran, head = _settle_config(args, header, head, given, _Schema.of(family))
+    lines = itertools.chain(head, rest)
+    config = ran if header.data is None else None  # with a header: the check reads its own
     if family is Family.DLLM:
-        return _check_dllm(args, lines, header, given, Extras(named, twin))
-    return _check_ar(args, lines, header, given, Extras(named, twin))
+        return _check_dllm(args, lines, ran, config, Extras(named, twin))
+    return _check_ar(args, lines, ran, config, Extras(named, twin))
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """How a family's configuration is read from a header line or a `--config`."""
+
+    name: str  # the configuration's type, for messages
+    fields: frozenset[str]
+    missing: Callable[[dict[str, Any]], list[str]]  # the required fields a body lacks
+    optional: tuple[str, ...]  # the fields a body may leave out
+    build: Callable[[dict[str, Any]], Any]  # raises TraceFormatError (its detail) or others
+
+    @staticmethod
+    def of(family: Family) -> _Schema:
+        """The schema of `family`'s configuration (`DllmConfig` or `ArConfig`)."""
+        if family is Family.DLLM:
+            from spec.config import DllmConfig
+            from spec.trace import OPTIONAL_CONFIG_FIELDS, config_from_dict, missing_config_fields
+
+            return _Schema(
+                "DllmConfig",
+                frozenset(f.name for f in dataclasses.fields(DllmConfig)),
+                missing_config_fields,
+                tuple(sorted(OPTIONAL_CONFIG_FIELDS)),
+                config_from_dict,
+            )
+        from spec.ar.config import ArConfig
+        from spec.ar.trace import ar_config_from_dict, missing_ar_config_fields
+
+        return _Schema(
+            "ArConfig",
+            frozenset(f.name for f in dataclasses.fields(ArConfig)),
+            missing_ar_config_fields,
+            (),
+            lambda body: ar_config_from_dict({**body, "kind": "config", "family": "ar"})[0],
+        )
+
+    @property
+    def required(self) -> str:
+        """The fields a header or a `--config` must give, in words."""
+        but = f" but {', '.join(self.optional)}" if self.optional else ""
+        return f"every {self.name} field{but}"
+
+
+_HEADER_ONLY = ("kind", "family", "declared_policy")  # a header's keys that are no config field
+
+
+def _settle_config(
+    args: argparse.Namespace,
+    header: Header,
+    head: list[str],
+    given: dict[str, Any] | None,
+    schema: _Schema,
+) -> tuple[Any, list[str]]:
+    """The configuration the log ran, from its header and `--config`, and the lines read so
+    far with the header completed by the fields `--config` gives and the header lacks (the
+    check then reads it whole). Every required field must come from one or the other, and
+    where both give a field they must agree; else an input error naming the fields."""
+    from spec.trace import TraceFormatError
+
+    own = {k: v for k, v in (header.data or {}).items() if k not in _HEADER_ONLY}
+    extra = {k: v for k, v in (given or {}).items() if k not in _HEADER_ONLY}
+    completed = sorted(set(extra) - set(own)) if header.data is not None else []
+
+    def at_header(detail: str) -> SchedSpecError:
+        note = f" (completed by --config with {completed})" if completed else ""
+        return TraceLineError(args.file, header.line, f"bad header{note}: {detail}")
+
+    def at_config(detail: str) -> SchedSpecError:
+        return ConfigError("config", args.config, f"{schema.name} fields ({detail})")
+
+    def build(body: dict[str, Any], refuse: Callable[[str], SchedSpecError]) -> Any:
+        try:
+            return schema.build(body)
+        except TraceFormatError as err:
+            raise refuse(err.detail.removeprefix("bad header: ")) from None
+        except (SchedSpecError, TypeError, ValueError) as err:
+            raise refuse(str(err)) from None
+
+    sources = [(own, at_header)] if header.data is not None else []
+    sources += [(extra, at_config)] if given is not None else []
+    for body, refuse in sources:
+        unknown = sorted(set(body) - schema.fields)
+        if unknown:
+            raise refuse(f"unknown config fields {unknown}; valid: {sorted(schema.fields)}")
+    missing = schema.missing({**extra, **own})
+    if missing and header.data is None:
+        raise ConfigError(
+            "config",
+            args.config,
+            f"a JSON object giving {schema.required} (it lacks {missing}): add them",
+        )
+    if missing:
+        nor = ", nor does --config give them" if given is not None else ""
+        raise TraceLineError(
+            args.file,
+            header.line,
+            f"the header lacks fields {missing}{nor} ({schema.required} is required, none "
+            "is filled in with a default): add them to the header, or pass --config with them",
+        )
+    if header.data is None:
+        return build(extra, at_config), head
+    ran = build({**extra, **own}, at_header)
+    if given is not None:
+        theirs = build({**own, **extra}, at_config)
+        differ = [f for f in sorted(schema.fields) if getattr(ran, f) != getattr(theirs, f)]
+        if differ:
+            values = "; ".join(
+                f"{f} is {json.dumps(own.get(f))} in the header, {json.dumps(extra.get(f))} "
+                "in --config"
+                for f in differ
+            )
+            raise ConfigError(
+                "config",
+                args.config,
+                f"a configuration that agrees with the trace's header (line {header.line}), "
+                f"or no --config: they disagree on {', '.join(differ)} ({values})",
+            )
+    if completed:
+        head = [*head]
+        filled = {**(header.data or {}), **{k: extra[k] for k in completed}}
+        head[header.line - 1] = json.dumps(filled) + "\n"
+    return ran, head
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,50 +424,16 @@ def _profile_named(extras: Extras) -> Iterator[None]:
         ) from None
 
 
-def _dllm_config(data: dict[str, Any], refuse: Callable[[str], SchedSpecError]) -> Any:
-    """`data` (a header line or --config) as a `DllmConfig`; what is wrong with it goes to
-    `refuse`, which names the place (the config's own checks know no line)."""
-    from spec.trace import TraceFormatError, config_from_dict
-
-    body = {k: v for k, v in data.items() if k not in ("kind", "family")}
-    try:
-        return config_from_dict(body)
-    except TraceFormatError as err:
-        raise refuse(err.detail) from None
-    except (SchedSpecError, TypeError, ValueError) as err:
-        raise refuse(str(err)) from None
-
-
 def _check_dllm(
-    args: argparse.Namespace,
-    lines: Iterable[str],
-    header: Header,
-    given: dict[str, Any] | None,
-    extras: Extras,
+    args: argparse.Namespace, lines: Iterable[str], ran: Any, config: Any, extras: Extras
 ) -> int:
+    """`ran`: the log's configuration; `config`: the one the check is given (None: the
+    header's, which `_settle_config` completed)."""
     from properties.trace_check import check_trace
     from properties.verify import DllmTwin
     from schedspec_cli.trace_profile import dllm_log_difference, in_space, twin_runs
     from spec.profile import DllmPolicy, DllmProfile
 
-    def refuse_config(detail: str) -> SchedSpecError:
-        return ConfigError("config", args.config, f"DllmConfig fields ({detail})")
-
-    config = None  # for the check: None takes the header's
-    if header.data is not None:
-        ran = _dllm_config(
-            header.data,
-            lambda detail: TraceLineError(args.file, header.line, f"bad header: {detail}"),
-        )
-        if given is not None and _dllm_config(given, refuse_config) != ran:
-            raise ConfigError(
-                "config",
-                args.config,
-                f"the trace header's configuration (line {header.line}) or no --config: they "
-                "disagree",
-            )
-    else:
-        config = ran = _dllm_config(given or {}, refuse_config)
     if extras.named is not None:
         in_space(extras.named, ran)
     if extras.twin is not None:
@@ -350,34 +458,22 @@ def _check_dllm(
 
 
 def _check_ar(
-    args: argparse.Namespace,
-    lines: Iterable[str],
-    header: Header,
-    given: dict[str, Any] | None,
-    extras: Extras,
+    args: argparse.Namespace, lines: Iterable[str], ran: Any, config: Any, extras: Extras
 ) -> int:
+    """As `_check_dllm`, for an AR log."""
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
     from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
     from spec.ar.profile import ArPolicy
-    from spec.ar.trace import ar_config_from_dict
 
-    config = None
-    if given is not None:
-        try:
-            config, _ = ar_config_from_dict({**given, "kind": "config", "family": "ar"})
-        except SchedSpecError as err:
-            raise ConfigError("config", args.config, f"ArConfig fields ({err})") from None
     policy = None
-    ran = _ar_header_config(header) or config
-    if ran is not None:  # else a bad header, which the check below names with its line
-        if extras.named is not None:
-            in_space(extras.named, ran)
-            policy = ar_policy_for(extras.named, ran)
-        if extras.twin is not None:
-            twin_runs(extras.twin, ran, extras.named)
+    if extras.named is not None:
+        in_space(extras.named, ran)
+        policy = ar_policy_for(extras.named, ran)
+    if extras.twin is not None:
+        twin_runs(extras.twin, ran, extras.named)
     kept: list[Any] | None = [] if extras.twin is not None else None
-    # refuses a --config, or a profile, that contradicts the header
+    # refuses a profile that contradicts the header
     with _profile_named(extras):
         res = check_ar_trace(lines, config, policy, kept)
     if res.violation is not None:
@@ -395,19 +491,6 @@ def _check_ar(
         twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
     )
     return _twin_verdict(args, twin.name, difference, f"{res.steps} steps") or code
-
-
-def _ar_header_config(header: Header) -> Any:
-    """The AR configuration of the header line, or None (no header, or a bad one: the check
-    itself names what is wrong with it, with its line)."""
-    from spec.ar.trace import ar_config_from_dict
-
-    if header.data is None:
-        return None
-    try:
-        return ar_config_from_dict(header.data, header.line)[0]
-    except SchedSpecError:
-        return None
 
 
 def _finish(

@@ -15,7 +15,8 @@ policy of its own must agree with the profile.
 `--twin NAME|module:attribute` (the names `verify --twin` takes, `schedspec_cli.twins`)
 replays the log's operations through the twin and compares their decisions (rule
 `twin_decisions`): a log that ended idle is drained by the twin too; one that stopped with work
-running is compared only up to its last round or step. The twin must run the log's
+running, or a dLLM log cut inside a round, is compared only up to its last complete round or
+step. The twin must run the log's
 configuration (checked before any event is read). A dLLM twin runs bare (the log was checked;
 its decisions are what is compared, and the harness's whole-state comparisons would make a long
 log's replay quadratic); an AR twin runs in the AR harness under its policy.
@@ -37,7 +38,7 @@ from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.config import DllmConfig
 from spec.errors import ConfigError
-from spec.events import Event
+from spec.events import Aborted, ControlReturned, Event, Submitted
 from spec.implementation import ArImplementation, DllmImplementation, Family
 from spec.profile import ConfigOutsideProfile, DllmProfile
 
@@ -122,7 +123,9 @@ def dllm_log_difference(
 ) -> str | None:
     """The first decision where the twin parts from the log, or None. The twin runs bare: the
     log was checked against the spec, and what is compared is the twin's decisions (a twin
-    that raises is reported with the difference up to then); `twin_runs` checked its space."""
+    that raises is reported with the difference up to then); `twin_runs` checked its space.
+    A log that ends idle after its last round is compared whole (the twin drained too); one
+    cut short, with work running or inside a round, up to its last complete round."""
     from properties.decisions import twin_difference
 
     return twin_difference(
@@ -130,10 +133,21 @@ def dllm_log_difference(
         config,
         twin.replay,
         DllmProfile(),  # unused when unchecked
-        drain=ended_idle,
+        drain=ended_idle and not _ends_inside_a_round(events),
         subject="the log",
         checked=False,
     )
+
+
+def _ends_inside_a_round(events: Sequence[Event]) -> bool:
+    """Whether the log stops inside a round: after its last `ControlReturned` (or with none)
+    comes an event other than a submission or an abort between rounds."""
+    for e in reversed(events):
+        if isinstance(e, ControlReturned):
+            return False
+        if not isinstance(e, Submitted | Aborted):
+            return True
+    return False
 
 
 def ar_log_difference(

@@ -35,7 +35,7 @@ from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
 from spec.config import DllmConfig
 from spec.errors import ConfigError
-from spec.implementation import ArImplementation, Family
+from spec.implementation import ArImplementation, Family, family_of_factory
 
 
 def twin_names(family: Family) -> list[str]:
@@ -94,6 +94,8 @@ def resolve_twin(name: str, family: Family) -> Twin:
 
 
 def _ar_twin(name: str) -> ArTwin:
+    if name not in BUILTINS:
+        _refuse_non_factory(load_object(name, "--twin"), name)
     try:
         resolved = resolve(name, Family.AR)
     except ConfigError as err:  # named for the flag the user gave
@@ -103,6 +105,25 @@ def _ar_twin(name: str) -> ArTwin:
     if resolved.builtin is None and not isinstance(load_object(name, "--twin"), ArImplementation):
         return ArTwin(name, impl.factory, None)  # a bare factory declares no policy of its own
     return ArTwin(name, impl.factory, impl.profile.policy)
+
+
+AR_TWIN = "an AR implementation (ArImplementation) or a factory (config, sink) -> AR adapter"
+
+
+def _refuse_non_factory(obj: object, target: str) -> None:
+    """What the probe build cannot tell (it takes a `ConfigError` for a configuration the
+    factory does not support): a class whose instances are no AR adapter (`spec:DllmConfig`
+    refuses an `ArConfig` as its block size), or a factory annotated as a dLLM one."""
+    if isinstance(obj, type):
+        missing = _missing_methods(obj, Family.AR)
+        if missing:
+            raise ConfigError(
+                "--twin",
+                target,
+                f"{AR_TWIN}: {obj.__name__} is a class whose instances lack {', '.join(missing)}",
+            )
+    elif callable(obj) and family_of_factory(obj) is Family.DLLM:
+        raise ConfigError("--twin", target, f"{AR_TWIN}: this factory takes a DllmConfig")
 
 
 def _probe_ar(factory: Any, target: str) -> None:

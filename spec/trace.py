@@ -8,6 +8,10 @@ follows on purpose (`spec.profile.DllmPolicy`; only those that differ from the i
 
     {"kind": "config", "block_size": 2, "page_size": 2, ...,
      "declared_policy": {"admission": "prefill-first", "work_conserving": false}}
+
+A header gives every `DllmConfig` field (`missing_config_fields`): only `prefix_cache` may be
+left out, meaning false (`OPTIONAL_CONFIG_FIELDS`). It may say `"family": "dllm"`. A line that
+gives a key twice in one object is refused (`DuplicateKeyError`), never read as its last value.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import dataclasses
 import json
 import json.scanner
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -131,6 +135,10 @@ def event_from_dict(data: dict[str, Any], line_no: int = 0) -> Event:
 def _event_from_dict_checked(data: dict[str, Any], line_no: int) -> Event:
     """The field-by-field decoder: it finds and names what is wrong (see `_FAST`)."""
     kind = data.get("kind")
+    if "kind" not in data:
+        raise TraceFormatError(
+            line_no, f'the line has no "kind" field; valid kinds: {sorted(EVENT_BY_KIND)}'
+        )
     cls = EVENT_BY_KIND.get(str(kind))
     if cls is None:
         raise TraceFormatError(
@@ -325,6 +333,11 @@ def config_to_dict(config: DllmConfig, policy: DllmPolicy | None = None) -> dict
 
 
 DECLARED_POLICY = "declared_policy"  # the header's key for the engine's declared policy
+# a declared reservation -> the header field that bounds it, and what it reserves
+_RESERVED = {
+    "reserved_kv_pages": ("kv_pages", "KV pages"),
+    "reserved_rows": ("req_pool_rows", "request-pool rows"),
+}
 
 
 def policy_to_dict(policy: DllmPolicy) -> dict[str, Any]:
@@ -337,9 +350,13 @@ def policy_to_dict(policy: DllmPolicy) -> dict[str, Any]:
     return out
 
 
-def policy_from_dict(data: object, line_no: int = 0) -> DllmPolicy:
+def policy_from_dict(
+    data: object, line_no: int = 0, config: DllmConfig | None = None
+) -> DllmPolicy:
     """A header's `declared_policy` object as a `DllmPolicy`; a bad field raises
-    `TraceFormatError` naming the line, the field and what is valid."""
+    `TraceFormatError` naming the line, the field and what is valid. Given the header's
+    `config`, a reservation must be an integer within its pool: `reserved_kv_pages` at most
+    `kv_pages`, `reserved_rows` at most `req_pool_rows`."""
     if not isinstance(data, dict):
         raise TraceFormatError(
             line_no, f"{DECLARED_POLICY} must be a JSON object of policy options"
@@ -364,6 +381,15 @@ def policy_from_dict(data: object, line_no: int = 0) -> DllmPolicy:
             raise TraceFormatError(
                 line_no, f"{DECLARED_POLICY}.{name}={value!r}: must be true or false"
             )
+        elif name in _RESERVED and config is not None:
+            pool, what = _RESERVED[name]
+            size = getattr(config, pool)
+            if type(value) is not int or not 0 <= value <= size:
+                raise TraceFormatError(
+                    line_no,
+                    f"{DECLARED_POLICY}.{name}={value!r}: must be an integer from 0 to "
+                    f"{pool}={size} (the {what} the engine keeps for itself, within its pool)",
+                )
         kwargs[name] = value
     try:
         return DllmPolicy(**kwargs)
@@ -371,12 +397,42 @@ def policy_from_dict(data: object, line_no: int = 0) -> DllmPolicy:
         raise TraceFormatError(line_no, f"bad {DECLARED_POLICY}: {err}") from None
 
 
+#: The header fields a log may leave out, and what leaving one out means (`config_to_dict`
+#: writes `prefix_cache` only when on). Every other `DllmConfig` field is required: a default
+#: filled in silently could change the verdict (a missing `eos_token_id` would read as no EOS).
+OPTIONAL_CONFIG_FIELDS: dict[str, object] = {"prefix_cache": False}
+FAMILY = "dllm"  # a dLLM header's `family`, when it gives one
+
+
+def missing_config_fields(data: Mapping[str, object]) -> list[str]:
+    """The required `DllmConfig` fields `data` (a header or a `--config`) does not give."""
+    return [
+        f.name
+        for f in dataclasses.fields(DllmConfig)
+        if f.name not in data and f.name not in OPTIONAL_CONFIG_FIELDS
+    ]
+
+
 def config_from_dict(data: dict[str, Any], line_no: int = 0) -> DllmConfig:
-    """A header line's configuration (its `kind` and `declared_policy` aside)."""
+    """A header line's configuration (its `kind`, `family` and `declared_policy` aside). It
+    must give every field but those of `OPTIONAL_CONFIG_FIELDS`; a `TraceFormatError` names
+    the line and the fields it lacks."""
     fields = {f.name for f in dataclasses.fields(DllmConfig)}
-    unknown = sorted(set(data) - fields - {"kind", DECLARED_POLICY})
+    unknown = sorted(set(data) - fields - {"kind", "family", DECLARED_POLICY})
     if unknown:
         raise TraceFormatError(line_no, f"unknown config fields {unknown}; valid: {sorted(fields)}")
+    family = data.get("family", FAMILY)
+    if family != FAMILY:
+        raise TraceFormatError(
+            line_no, f"family={family!r}: a dLLM header has family {FAMILY!r} (or none)"
+        )
+    missing = missing_config_fields(data)
+    if missing:
+        raise TraceFormatError(
+            line_no,
+            f"the header lacks fields {missing}: give every configuration field (only "
+            f"{sorted(OPTIONAL_CONFIG_FIELDS)} may be left out)",
+        )
     kwargs = {k: v for k, v in data.items() if k in fields}
     if "mode" in kwargs:
         kwargs["mode"] = Mode.parse(str(kwargs["mode"]))
@@ -403,6 +459,54 @@ def _scanned(line: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], data)
 
 
+class DuplicateKeyError(Exception):
+    """A JSON object that gives `key` twice (`json.loads` would keep its last value)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"duplicate key {key!r}")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return data
+
+
+def duplicate_key(line: str, data: object) -> str | None:
+    """The first key an object on `line` (which parsed as `data`) gives twice, or None.
+
+    Cheap for an event log's lines: each key in the text is followed by one ':' (and a string
+    may hold more), so a line with exactly as many ':' as `data` has keys, its own and its
+    forward rows', repeats none; only another line is parsed again, keeping every pair."""
+    if isinstance(data, dict):
+        count = len(data)
+        rows = data.get("rows")
+        if type(rows) is list:
+            for row in rows:
+                if type(row) is dict:
+                    count += len(row)
+        if line.count(":") == count:
+            return None
+    try:
+        json.loads(line, object_pairs_hook=_unique_pairs)
+    except DuplicateKeyError as err:
+        return err.key
+    except (ValueError, RecursionError):  # pragma: no cover - `line` parsed once already
+        return None
+    return None
+
+
+def duplicate_key_detail(key: str) -> str:
+    """What a line that gives `key` twice is told (after its file and line)."""
+    return f"duplicate key {key!r} in one JSON object: give each key once"
+
+
 def _record(line: str, no: int) -> dict[str, Any]:
     try:
         data = parse_json(line)
@@ -421,6 +525,8 @@ def _records(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             data = _record(line, no)
+        if line.count(":") != len(data) and (key := duplicate_key(line, data)) is not None:
+            raise TraceFormatError(no, duplicate_key_detail(key))
         yield no, data
 
 
@@ -458,9 +564,10 @@ def _trace_items(lines: Iterable[str]) -> Iterator[tuple[int, TraceItem]]:
             if seen_event:
                 raise TraceFormatError(no, "the config header must be the first line")
             seen_event = True
-            yield no, config_from_dict(data, no)
+            config = config_from_dict(data, no)
+            yield no, config
             if DECLARED_POLICY in data:
-                yield no, policy_from_dict(data[DECLARED_POLICY], no)
+                yield no, policy_from_dict(data[DECLARED_POLICY], no, config)
             continue
         seen_event = True
         yield no, _event_from_dict_checked(data, no)

@@ -124,6 +124,8 @@ def _line(tmp_path: Path, *lines: str, raw: bytes | None = None) -> Path:
         (['{"kind": "ar_scheduled", "request_id": "a", "num_tokens": true}'], 2, "num_tokens"),
         (['{"kind": "ar_finished", "request_id": "a", "reason": "done"}'], 2, "reason"),
         (['{"kind": "ar_teleported"}'], 2, "unknown event kind"),
+        (['{"request_id": "a"}'], 2, "the line has no \"kind\" field; valid kinds: ['ar_aborted'"),
+        (['{"kind": "ar_step_end", "step_index": 0, "step_index": 1}'], 2, "duplicate key"),
         (['{"kind": "ar_step_end", "step_index": 0, "x": 1}'], 2, "unknown fields"),
         (['{"kind": "ar_step_end"}'], 2, "lacks field"),
         (["[1, 2]"], 2, "JSON object"),
@@ -146,24 +148,32 @@ def test_bad_lines_name_the_line(
     assert words in str(err.value)
 
 
+FULL = ar_config_to_dict(CFG)  # a header gives every ArConfig field
+NO_BLOCKS = {k: v for k, v in FULL.items() if k != "num_blocks"}
+
+
 @pytest.mark.parametrize(
-    "header",
+    ("header", "words"),
     [
-        {"kind": "config", "family": "ar", "block_size": "4"},
-        {"kind": "config", "family": "ar", "num_blocks": 10**12},
-        {"kind": "config", "family": "dllm"},
-        {"kind": "config", "family": "ar", "slots": 3},
-        {"kind": "config", "family": "ar", "declared_policy": {"victim": "random"}},
-        {"kind": "config", "family": "ar", "declared_policy": {"rules": {"token_cap": "x"}}},
-        {"kind": "config", "family": "ar", "declared_policy": {"watermark_fraction": 2}},
+        ({**FULL, "block_size": "4"}, "bad header: invalid block_size='4'"),
+        ({**FULL, "num_blocks": 10**12}, "bad header: invalid num_blocks=1000000000000"),
+        ({"kind": "config", "family": "dllm"}, "family='dllm': an AR trace has family 'ar'"),
+        ({**FULL, "slots": 3}, "unknown config fields ['slots']"),
+        ({**FULL, "declared_policy": {"victim": "random"}}, "policy.victim='random'"),
+        ({**FULL, "declared_policy": {"rules": {"token_cap": "x"}}}, "bad header: "),
+        ({**FULL, "declared_policy": {"watermark_fraction": 2}}, "watermark_fraction"),
+        # a field left out is named, never filled in with ArConfig's default
+        (NO_BLOCKS, "the header lacks fields ['num_blocks']: give every configuration field"),
+        ({"kind": "config", "family": "ar"}, "the header lacks fields ['block_size', "),
     ],
 )
-def test_bad_headers(tmp_path: Path, header: dict[str, object]) -> None:
+def test_bad_headers(tmp_path: Path, header: dict[str, object], words: str) -> None:
     path = tmp_path / "h.jsonl"
     path.write_text(json.dumps(header) + "\n", encoding="utf-8")
     with pytest.raises(TraceFormatError) as err:
         check_ar_trace(path)
     assert err.value.line_no == 1
+    assert words in err.value.detail, err.value.detail
 
 
 def test_unreadable_files(tmp_path: Path) -> None:

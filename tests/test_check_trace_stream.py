@@ -34,6 +34,12 @@ from spec.ar.trace import ar_event_to_dict, write_ar_trace
 from spec.trace import event_to_dict
 from tests.test_trace import record
 
+# the fields of a dLLM header after block_size and page_size (a header gives every one)
+REST = (
+    b'"kv_pages": 4, "req_pool_rows": 2, "max_running_requests": 2, "max_context": 8, '
+    b'"mode": "fdfo", "in_place_reuse": true, "reloop": false, "mask_token_id": -1, '
+    b'"eos_token_id": null'
+)
 AR_CFG = ArConfig(
     block_size=2, num_blocks=7, max_num_batched_tokens=6, max_num_seqs=3, max_model_len=10
 )
@@ -88,8 +94,22 @@ def test_stdin_reports_a_violation_at_its_line(
         (b'\n{"kind": "config", "family": 7}\n', "<stdin>:2: the header's family is 7: dllm or ar"),
         # a header the config's own checks refuse (the second found the same way: a digit run
         # inserted into a number made it 4e999), named like any other bad line
-        (b'{"kind": "config", "block_size": 2, "page_size": 4e999}\n', "<stdin>:1: bad header: "),
-        (b'{"kind": "config", "block_size": 2, "page_size": 3}\n', "<stdin>:1: bad header: "),
+        (
+            b'{"kind": "config", "block_size": 2, "page_size": 4e999, ' + REST + b"}\n",
+            "<stdin>:1: bad header: ",
+        ),
+        (
+            b'{"kind": "config", "block_size": 2, "page_size": 3, ' + REST + b"}\n",
+            "<stdin>:1: bad header: invalid page_size=3: must be a positive multiple of "
+            "block_size=2",
+        ),
+        # a header that leaves a field out: named, never filled in with a default
+        (
+            b'{"kind": "config", "block_size": 2, ' + REST + b"}\n",
+            "<stdin>:1: the header lacks fields ['page_size'] (every DllmConfig field but "
+            "prefix_cache is required, none is filled in with a default): add them to the "
+            "header, or pass --config with them",
+        ),
     ],
 )
 def test_bad_stdin_is_an_input_error_naming_stdin(

@@ -28,7 +28,7 @@ from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
 from spec.json_text import parse_json
-from spec.trace import TraceFormatError
+from spec.trace import TraceFormatError, duplicate_key, duplicate_key_detail
 
 FAMILY = "ar"
 
@@ -113,6 +113,10 @@ def ar_event_from_dict(data: dict[str, Any], line_no: int = 0) -> ArEvent:
     """The AR event a decoded JSON line describes; a `TraceFormatError` naming `line_no` when
     its kind is unknown or a field is missing, extra or of the wrong type."""
     kind = data.get("kind")
+    if "kind" not in data:
+        raise TraceFormatError(
+            line_no, f'the line has no "kind" field; valid kinds: {sorted(AR_EVENT_BY_KIND)}'
+        )
     shape = _SHAPES.get(kind) if isinstance(kind, str) else None
     if shape is None or not isinstance(kind, str):
         raise TraceFormatError(
@@ -191,13 +195,25 @@ def _typed_kwargs(cls: type[Any], data: dict[str, Any], where: str, line_no: int
     return out
 
 
+def missing_ar_config_fields(data: dict[str, Any]) -> list[str]:
+    """The `ArConfig` fields `data` (a header or a `--config`) does not give: a header gives
+    every one (`ar_config_to_dict` writes them all), none is filled in with a default."""
+    return [f.name for f in dataclasses.fields(ArConfig) if f.name not in data]
+
+
 def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfig, ArPolicy]:
-    """The configuration and policy of a header line; a bad field raises `TraceFormatError`
-    naming the line and the field."""
+    """The configuration and policy of a header line; a bad field, or a missing one (every
+    `ArConfig` field is required), raises `TraceFormatError` naming the line and the field."""
     body = {k: v for k, v in data.items() if k not in ("kind", "family", "declared_policy")}
     family = data.get("family", FAMILY)
     if family != FAMILY:
         raise TraceFormatError(line_no, f"family={family!r}: an AR trace has family 'ar'")
+    known = {f.name for f in dataclasses.fields(ArConfig)}
+    missing = missing_ar_config_fields(body)
+    if missing and not set(body) - known:  # unknown fields first: a misspelt one is named so
+        raise TraceFormatError(
+            line_no, f"the header lacks fields {missing}: give every configuration field"
+        )
     try:
         config = ArConfig(**_typed_kwargs(ArConfig, body, "config", line_no))
         policy = ArPolicy()
@@ -306,6 +322,8 @@ class ArTraceReader:
                 raise TraceFormatError(self._line_no, f"not JSON: {err.msg}") from None
             if not isinstance(data, dict):
                 raise TraceFormatError(self._line_no, "each line must be a JSON object")
+            if line.count(":") != len(data) and (key := duplicate_key(line, data)) is not None:
+                raise TraceFormatError(self._line_no, duplicate_key_detail(key))
             return self._line_no, data
 
     def __iter__(self) -> Iterator[tuple[int, ArEvent]]:
@@ -366,6 +384,7 @@ __all__ = [
     "ar_event_from_dict",
     "ar_event_to_dict",
     "ar_policy_to_dict",
+    "missing_ar_config_fields",
     "trace_family",
     "write_ar_trace",
 ]
