@@ -59,6 +59,7 @@ from spec.batch_parity import (
     compare_variants,
     golden_outputs,
     run_variant,
+    timing_key,
     variant_config,
 )
 from spec.config import DllmConfig, RequestSpec
@@ -350,12 +351,13 @@ def run_algorithm(
     the batch sizes reached are added to `report`)."""
     factory = _engine_factory(model, algorithm, device)
     runs: list[VariantRun] = []
+    seconds: list[tuple[str, int, float]] = []  # mode, batch-size setting, wall seconds
     for size in (1, batch):
         for variant in MODE_VARIANTS:
             start = time.perf_counter()
             name = f"{variant.name}@{size}"
             run = run_variant(factory, variant_config(base, variant, size), requests, name)
-            report.seconds[f"{algorithm}/{name}"] = time.perf_counter() - start
+            seconds.append((variant.name, size, time.perf_counter() - start))
             report.leaked_slots += run.leaked_slots
             report.leaked_rows += run.leaked_rows
             engine = run.adapter
@@ -363,6 +365,8 @@ def run_algorithm(
                 report.cache_hits += engine.prefix_cache.hits
             runs.append(run)
     report.batch_sizes = (1, max(r.widest_forward for r in runs if r.batch == batch))
+    for mode, size, took in seconds:
+        report.seconds[f"{algorithm}/{timing_key(mode, size, report.batch_sizes[1])}"] = took
     golden = golden_outputs(runs[0].adapter, requests)
     verdicts = compare_variants(requests, runs, golden)
     ref_digests = _digests(runs[0], requests)

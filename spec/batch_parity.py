@@ -181,6 +181,16 @@ def context_for(requests: Sequence[RequestSpec], block_size: int, page_size: int
     return -(-need * block_size // page_size) * page_size
 
 
+def timing_key(mode: str, size: int, widest: int) -> str:
+    """A parity report's `seconds` key of a run of `mode` at the batch-size setting `size` (1 or
+    `--batch`), named by the batch size it ran at: `widest` (the report's `batch_sizes[1]`)
+    for the batched setting, whose forwards held at most as many rows as there are prompts;
+    where that is 1 too, `--batch` is added so that no key collides with batch size 1's."""
+    if size == 1:
+        return f"{mode}@1"
+    return f"{mode}@{widest}" if widest > 1 else f"{mode}@1 (--batch {size})"
+
+
 def batch_sizes_clause(batch_sizes: Sequence[int]) -> str:
     """The parity summary's words for the batch sizes its runs reached (a report's
     `batch_sizes`: 1, then the widest forward of the batched runs). When no batched run held

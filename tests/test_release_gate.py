@@ -1,8 +1,11 @@
 """The release gate refuses CPU runs, mismatches, leaks, thin coverage, and every way of
 fooling it: a summary that disagrees with its cases, repeated prompts, held rows, a leaked_rows
 field left out, a device name torch would never report, too few new tokens, cases without golden
-agreement, no run at batch size > 1, a report produced for another implementation. A file that
-is not a parity report is an input error (exit 2, one line), never a traceback."""
+agreement, a summary whose golden is false, no run at batch size 1 or > 1, a report produced
+for another implementation. A file that is not a parity report (a field the verdict rests on
+missing or mistyped, a repeated key, an algorithm or token count no parity run writes) is an
+input error (exit 2, one line), never a traceback. A `parity --impl` report is held to what
+such a run can produce (cases named after the implementation, no logits digests)."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ def report(**changes: object) -> dict[str, Any]:
         "device": "cuda:0",
         "batch_sizes": [1, 4],
         "identical": True,
+        "golden": True,
         "leaked_slots": 0,
         "leaked_rows": 0,
         "cases": cases,
@@ -192,7 +196,7 @@ def test_a_report_for_another_implementation_is_refused_in_one_line(
     argv: list[str],
     expected: str,
 ) -> None:
-    r = report(impl=impl)
+    r = impl_report(impl) if impl == "reference-dllm" else report(impl=impl)
     if impl is None:
         del r["impl"]
     p = tmp_path / "parity.json"
@@ -202,13 +206,26 @@ def test_a_report_for_another_implementation_is_refused_in_one_line(
     assert code == 1 and expected in out and out.count("\n") == 1, out
 
 
+def impl_report(impl: str, **changes: object) -> dict[str, Any]:
+    """A report of the form `parity --impl IMPL` writes (cases named after the implementation,
+    no logits digests), forged on CUDA with release-sized cases."""
+    cases = [{k: v for k, v in c.items() if k != "identical_digests"} for c in report()["cases"]]
+    for i, case in enumerate(cases):
+        case.update(algorithm=impl, index=i, prompt=f"prompt {i}")
+    return report(impl=impl, golden_checked=True, cases=cases, **changes)
+
+
 def test_the_named_implementation_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = tmp_path / "parity.json"
-    p.write_text(json.dumps(report(impl="my.module:factory")))
+    p.write_text(json.dumps(impl_report("my.module:factory")))
     assert main(["release-check", "--impl", "my.module:factory", str(p)]) == 0
-    assert "release run OK: my.module:factory on cuda:0" in capsys.readouterr().out
+    # an implementation without this project's model (no `product_rows`) runs no kernels
+    assert (
+        "release run OK: my.module:factory (no model: the device does not apply), 6 cases"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,3 +239,235 @@ def test_the_recorded_gpu_runs_pass_todays_gate(
     code = main(["release-check", str(ROOT / "docs" / recorded)])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("release run OK: engine on cuda"), out
+
+
+MISSING = "missing, and every report `schedspec parity --json` writes has it (is this one?)"
+
+
+def check_argv(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
+    """`release-check [ARGV] FILE` on a file holding `text`: exit status, stdout, stderr."""
+    p = tmp_path / "parity.json"
+    p.write_text(text)
+    code = main(["release-check", *argv, str(p)])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "algorithm",
+        "prompt",
+        "max_new_tokens",
+        "identical",
+        "identical_outputs",
+        "identical_digests",
+        "mismatched",
+        "golden",
+    ],
+)
+def test_a_case_without_a_field_the_verdict_rests_on_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """Before, a case without identical_outputs, identical_digests or mismatched passed."""
+    r = report()
+    del r["cases"][2][name]
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    assert (code, out) == (2, "")
+    assert err == f"schedspec: error: invalid cases[2].{name}=None: {MISSING}\n"
+
+
+@pytest.mark.parametrize("name", ["golden", "batch_sizes", "identical", "cases"])
+def test_a_report_without_a_summary_field_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """Before, a report without `golden` passed ("golden agrees")."""
+    r = report()
+    del r[name]
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    assert (code, out) == (2, "")
+    assert err == f"schedspec: error: invalid report.{name}=None: {MISSING}\n"
+
+
+def test_a_summary_whose_golden_is_false_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `"golden": false` passed with "golden agrees", even with every case agreeing."""
+    code, out, _ = check_argv(tmp_path, json.dumps(report(golden=False)), capsys)
+    assert (code, out) == (
+        1,
+        "NOT a release run:\n  - golden parity failed: the report's golden is false; every "
+        "output must equal the request decoded alone\n",
+    )
+    code, _, err = check_argv(tmp_path, json.dumps(report(golden="yes")), capsys)
+    assert (code, err) == (2, "schedspec: error: invalid report.golden='yes': a JSON bool\n")
+
+
+@pytest.mark.parametrize("sizes", ["1,4", [1, 4.5], [1, True], [1, 0], [[1, 4]]])
+def test_batch_sizes_that_are_not_positive_integers_are_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sizes: object
+) -> None:
+    """Before, these were refused as a run without a batch size > 1 (exit 1)."""
+    code, out, err = check_argv(tmp_path, json.dumps(report(batch_sizes=sizes)), capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        f"schedspec: error: invalid report.batch_sizes={sizes!r}: a JSON list of positive "
+        "integers (the batch sizes run, e.g. [1, 4])\n"
+    )
+
+
+def test_a_run_without_batch_size_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every run is compared with sync at batch size 1: a report without it proves nothing.
+    Before, `[4]` passed."""
+    code, out, _ = check_argv(tmp_path, json.dumps(report(batch_sizes=[4])), capsys)
+    assert (code, out) == (
+        1,
+        "NOT a release run:\n  - batch_sizes=[4]: the run must include batch size 1 (every "
+        "run is compared with sync at batch size 1)\n",
+    )
+    assert len(release_problems(report(batch_sizes=[]))) == 2  # neither 1 nor > 1
+
+
+def test_an_algorithm_no_parity_run_uses_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, an unknown algorithm was never named (only its prompt count was short)."""
+    from gpu.algorithms import ALGORITHMS
+    from schedspec_cli.release import REQUIRED_ALGORITHMS
+
+    assert set(ALGORITHMS) == REQUIRED_ALGORITHMS  # the gate names them without torch
+    r = report()
+    r["cases"][0]["algorithm"] = "Greedy"
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        "schedspec: error: invalid cases[0].algorithm='Greedy': one of JointThreshold, "
+        "LowConfidence (the algorithms `parity` runs)\n"
+    )
+
+
+@pytest.mark.parametrize("tokens", [10**30, 0, -1, True, "128", 256])
+def test_a_token_count_no_parity_run_asks_for_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokens: object
+) -> None:
+    """Before, 10**30 passed. The shipped model's context (256) less a one-token prompt bounds
+    an engine report's count; a bool or a string is not a count."""
+    from gpu.prompts import shipped_context
+
+    assert shipped_context() == 256
+    r = report()
+    r["cases"][1]["max_new_tokens"] = tokens
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    valid = {True: "an integer", "128": "a JSON int"}.get(
+        tokens,
+        "a positive integer of at most 255 (the shipped model's context is 256 tokens, "
+        "prompt included)",
+    )
+    assert (code, out) == (2, "")
+    assert err == f"schedspec: error: invalid cases[1].max_new_tokens={tokens!r}: {valid}\n"
+    r["cases"][1]["max_new_tokens"] = 255
+    assert check_argv(tmp_path, json.dumps(r), capsys)[0] == 0
+
+
+REPEATED = {  # each text repeats this key in one object (the summary, or the first case)
+    "golden": json.dumps(report())[:-1] + ', "golden": false}',
+    "identical": json.dumps(report()).replace(
+        '"identical": true,', '"identical": false, "identical": true,', 1
+    ),
+    "mismatched": json.dumps(report()).replace(
+        '"mismatched": []', '"mismatched": ["fdfo@4"], "mismatched": []', 1
+    ),
+}
+
+
+@pytest.mark.parametrize("key", sorted(REPEATED))
+def test_a_key_repeated_in_one_object_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str
+) -> None:
+    """Before, json kept the last value silently (`"golden": true, ..., "golden": false` or
+    the reverse passed as whichever came last)."""
+    code, out, err = check_argv(tmp_path, REPEATED[key], capsys)
+    path = tmp_path / "parity.json"
+    assert (code, out) == (2, "")
+    assert err == (
+        f"schedspec: error: invalid parity_json={str(path)!r}: JSON that names each key once "
+        f"per object (key {key!r} appears twice, and which value counts would be ambiguous)\n"
+    )
+
+
+def test_an_impl_report_is_held_to_what_parity_impl_produces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`parity --impl NAME` runs NAME's own algorithm (it refuses --algorithm) and names each
+    case after NAME, with no logits digests. Before, the gate demanded LowConfidence and
+    JointThreshold cases ("run with --algorithm all") of such a report."""
+    text = json.dumps(impl_report("engine-lof", product_rows=16))  # a torch engine built-in
+    assert check_argv(tmp_path, text, capsys, "--impl", "engine-lof")[:2] == (
+        0,
+        "release run OK: engine-lof on cuda:0, 6 cases, byte-identical at every batch size, "
+        "golden agrees, no leaked slot or row\n",
+    )
+    r = impl_report("engine-lof")
+    r["cases"][0]["algorithm"] = "LowConfidence"
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys, "--impl", "engine-lof")
+    assert (code, out) == (2, "")
+    assert err == (
+        "schedspec: error: invalid cases[0].algorithm='LowConfidence': 'engine-lof': `parity "
+        "--impl engine-lof` runs its own algorithm and names each case after the implementation\n"
+    )
+    r = impl_report("engine-lof")
+    r["cases"][3]["identical_digests"] = False  # checked where present
+    problems = release_problems(r)
+    assert problems == ["the summary says identical but 1 case(s) differ (first: engine-lof #3)"]
+
+
+def test_a_real_parity_impl_report_is_refused_only_for_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report `parity --impl reference-dllm` wrote passes: it is not refused for algorithms
+    it cannot run (it runs its own), nor for the CPU, since a plain-Python scheduler runs no
+    kernels (its report has no `product_rows`). The same report from one of this project's
+    torch engines (with `product_rows`) on the CPU is refused: its kernels must be CUDA's."""
+    out_json = tmp_path / "impl.json"
+    argv = ["parity", "--impl", "reference-dllm", "--prompts", "3", "--max-new-tokens"]
+    assert main([*argv, str(RELEASE_MIN_NEW_TOKENS), "--json", str(out_json)]) == 0
+    capsys.readouterr()
+    assert main(["release-check", "--impl", "reference-dllm", str(out_json)]) == 0
+    assert capsys.readouterr().out.startswith(
+        "release run OK: reference-dllm (no model: the device does not apply), 3 cases"
+    )
+    data = json.loads(out_json.read_text())
+    assert data["device"] == "cpu" and data["product_rows"] is None
+    data["product_rows"] = 16
+    code, out, _ = check_argv(tmp_path, json.dumps(data), capsys, "--impl", "reference-dllm")
+    assert (code, out) == (
+        1,
+        "NOT a release run:\n  - ran on 'cpu': a release run must run on CUDA\n",
+    )
+
+
+def test_timings_are_named_by_the_batch_size_run(tmp_path: Path) -> None:
+    """Two prompts at --batch 4 run at batch size 2: the report's `batch_sizes` and its
+    `seconds` keys both say 2 (before, the keys said `@4`); one prompt runs its batched
+    setting at batch size 1 too, and its keys say so without colliding."""
+    from gpu.engine import tiny_model
+    from gpu.parity import run_parity
+
+    modes = ("sync", "fdfo", "fdfo+reuse", "fdfo+reuse+reloop")
+    out_json = tmp_path / "impl.json"
+    argv = ["parity", "--impl", "reference-dllm", "--prompts", "2", "--max-new-tokens", "4"]
+    assert main([*argv, "--batch", "4", "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    assert data["batch_sizes"] == [1, 2]
+    assert list(data["seconds"]) == [f"{m}@{n}" for n in (1, 2) for m in modes]
+    model = tiny_model("cpu")
+    report_2 = run_parity("cpu", ["JointThreshold"], 2, 4, 4, 8, model=model, batch=4).to_json()
+    assert report_2["batch_sizes"] == [1, 2]
+    assert list(report_2["seconds"]) == [f"JointThreshold/{m}@{n}" for n in (1, 2) for m in modes]
+    report_1 = run_parity("cpu", ["JointThreshold"], 1, 4, 4, 8, model=model, batch=4).to_json()
+    assert report_1["batch_sizes"] == [1, 1]
+    assert list(report_1["seconds"])[4:] == [f"JointThreshold/{m}@1 (--batch 4)" for m in modes]
