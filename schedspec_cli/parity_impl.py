@@ -28,17 +28,20 @@ from schedspec_cli.impls import resolve
 from schedspec_cli.torch_threads import pin_torch_threads, torch_threads_now
 from spec.batch_parity import (
     MODE_VARIANTS,
+    ModeVariant,
     VariantRun,
     batch_sizes_clause,
     compare_variants,
     context_for,
     golden_outputs,
     run_variant,
+    timing_key,
     variant_config,
 )
-from spec.config import DllmConfig, RequestSpec
+from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, SchedSpecError, SpecViolation
 from spec.implementation import DllmImplementation
+from spec.profile import DllmConfigSpace
 
 MASK, EOS, VOCAB = -1, 15, 16
 SEED = 12
@@ -73,17 +76,20 @@ def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
 
 
 def platform_products(adapter: object, most_rows: int) -> dict[str, object]:
-    """For one of this project's torch engines (`gpu.engine.DllmEngine`): the rows its model
+    """For one of this project's torch engines (`gpu.engine.DllmEngine`): the device it ran on
+    (`device`; some built-ins serve on CUDA when there is one), the rows its model
     pads small products to on this platform (`product_rows`, `gpu.gemm_rows`) and the products
     that are still not batch-invariant (`uneven_products`, `gpu.gemm_probe`), as JSON; for any
-    other implementation `None` and `[]`, and torch is never imported here."""
+    other implementation `cpu` (it runs in this process), `None` and `[]`, and torch is never
+    imported here."""
     engine_module = sys.modules.get("gpu.engine")
     if engine_module is None or not isinstance(adapter, engine_module.DllmEngine):
-        return {"product_rows": None, "uneven_products": []}
+        return {"device": "cpu", "product_rows": None, "uneven_products": []}
     from gpu.gemm_probe import uneven_products
 
     found = uneven_products(adapter.model, most_rows)
     return {
+        "device": str(adapter.device),  # a built-in that serves on CUDA when there is one
         "product_rows": adapter.model.product_rows(),
         "uneven_products": [product.to_json() for product in found],
     }
@@ -100,6 +106,43 @@ def parity_prompts(n: int, max_new_tokens: int) -> list[RequestSpec]:
             seen.add(prompt)
             out.append(RequestSpec(f"p{len(out):03d}", prompt, max_new_tokens))
     return out
+
+
+# the fields a profile may exclude a whole mode variant by; any other field outside the space
+# (the page size, say) comes from the command's flags and is refused naming the flag
+_VARIANT_FIELDS = frozenset({"mode", "in_place_reuse", "reloop"})
+
+
+def declared_runs(
+    name: str, space: DllmConfigSpace, base: DllmConfig, size: int
+) -> list[tuple[ModeVariant, DllmConfig]]:
+    """The mode variants (`spec.batch_parity.MODE_VARIANTS`) `space` declares, each with its
+    config at `size` seats, its pool raised to the space's least (`min_kv_pages`: SGLang's
+    headroom). Sync, the reference, and one FDFO variant at least must be declared: parity
+    compares FDFO with sync (`ConfigError` naming the implementation otherwise); a flag's value
+    outside the space is a `ConfigError` naming the flag."""
+    runs: list[tuple[ModeVariant, DllmConfig]] = []
+    for variant in MODE_VARIANTS:
+        config = variant_config(base, variant, size)
+        config = config.replace(kv_pages=max(config.kv_pages, space.min_kv_pages(config)))
+        outside = space.outside(config)
+        if outside is None:
+            runs.append((variant, config))
+        elif outside[0] not in _VARIANT_FIELDS:
+            field, value, valid = outside
+            raise ConfigError(
+                f"--{field.replace('_', '-')}", value, f"a value {name} declares: {valid}"
+            )
+    modes = {config.mode for _, config in runs}
+    if Mode.SYNC not in modes or Mode.FDFO not in modes:
+        declared = ", ".join(variant.name for variant, _ in runs) or "none of them"
+        raise ConfigError(
+            "impl",
+            name,
+            "an implementation that runs sync and FDFO (parity compares FDFO's outputs with "
+            f"sync's); of {', '.join(v.name for v in MODE_VARIANTS)} it declares {declared}",
+        )
+    return runs
 
 
 def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
@@ -121,11 +164,9 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         prefix_cache=False not in impl.profile.space.prefix_cache,
     )
     runs: list[VariantRun] = []
-    seconds: dict[str, float] = {}
+    took: list[tuple[str, int, float]] = []  # mode, batch-size setting, wall seconds
     for size in (1, ns.batch):
-        for variant in MODE_VARIANTS:
-            config = variant_config(base, variant, size)
-            impl.profile.space.check(config)
+        for variant, config in declared_runs(resolved.name, impl.profile.space, base, size):
             run_name = f"{variant.name}@{size}"
             start = time.perf_counter()
             runs.append(
@@ -137,7 +178,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
                     ),
                 )
             )
-            seconds[run_name] = round(time.perf_counter() - start, 3)
+            took.append((variant.name, size, round(time.perf_counter() - start, 3)))
     reference = runs[0].adapter
     golden = _guarded(resolved.name, "golden_output", partial(golden_outputs, reference, requests))
     cases = [
@@ -156,9 +197,9 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         for i, v in enumerate(compare_variants(requests, runs, golden))
     ]
     widest = max(r.widest_forward for r in runs if r.batch == ns.batch)
+    seconds = {timing_key(mode, size, widest): t for mode, size, t in took}
     return {
         "impl": resolved.name,
-        "device": "cpu",
         "prefix_cache": base.prefix_cache,
         "identical": all(c["identical"] for c in cases),
         "golden": golden is not None and all(c["golden"] is True for c in cases),
@@ -169,8 +210,16 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         "threads": torch_threads_now(),
         **platform_products(reference, widest * ns.block_size),
         "cases": cases,
+        "modes": list(dict.fromkeys(run.name.rsplit("@", 1)[0] for run in runs)),
         "seconds": seconds,
     }
+
+
+def _modes_clause(modes: list[str]) -> str:
+    """Nothing when every mode variant ran; else which did (those the profile declares)."""
+    if len(modes) == len(MODE_VARIANTS):
+        return ""
+    return f"; the modes its profile declares: {', '.join(modes)}"
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -191,9 +240,8 @@ def print_report(report: dict[str, Any]) -> None:
     print(
         f"\n{report['impl']}: {verdict}, {golden} "
         f"({sum(c['identical'] for c in cases)}/{len(cases)} cases; "
-        f"{batch_sizes_clause(report['batch_sizes'])}); leaked slots {report['leaked_slots']}, "
-        f"held rows "
-        f"{report['leaked_rows']}"
+        f"{batch_sizes_clause(report['batch_sizes'])}{_modes_clause(report['modes'])}); "
+        f"leaked slots {report['leaked_slots']}, held rows {report['leaked_rows']}"
     )
     if report["uneven_products"]:  # only one of our torch engines reports any
         import torch

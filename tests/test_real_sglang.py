@@ -14,6 +14,7 @@ with that command in the message, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 from collections import Counter
@@ -1193,3 +1194,21 @@ def test_a_log_of_real_sglang_checks_under_its_profile_and_decides_as_its_twin(
         assert "its twin sglang-dllm-order decides alike in all" in out
     assert main(["check-trace", str(declared), "--twin", "reference-dllm"]) == 1
     assert "[twin_decisions] against reference-dllm" in capsys.readouterr().out
+
+
+def test_parity_impl_runs_sglang_in_the_modes_it_declares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`parity --impl real-sglang-dllm` (a page of one block): SGLang's own scheduler and pools
+    run sync and FDFO with reuse, the variants its profile declares, on a pool with its
+    admission headroom, and every output equals sync's at batch size 1 with nothing leaked.
+    Before, every page size and pool the command could set was outside SGLang's space."""
+    from schedspec_cli.main import main
+
+    out = tmp_path / "sglang-parity.json"
+    argv = ["parity", "--impl", "real-sglang-dllm", "--block-size", "8", "--page-size", "8"]
+    assert main([*argv, "--prompts", "4", "--max-new-tokens", "16", "--json", str(out)]) == 0
+    assert "the modes its profile declares: sync, fdfo+reuse" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["identical"] is True and report["batch_sizes"] == [1, 4]
+    assert report["leaked_slots"] == 0 and report["leaked_rows"] == 0
