@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hypothesis import reject
+from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
@@ -54,10 +55,12 @@ from hypothesis.stateful import (
 )
 
 from properties.deadline import CallDeadlineExceeded, call_deadline
+from properties.raised import describe_raised
 from properties.replay import ReplayHarness
-from spec.errors import SpecViolation
+from spec.errors import SchedSpecError, SpecViolation
 
 H = TypeVar("H", bound=ReplayHarness[Any])
+CALLS_NOTE = "# the example's calls as made (each request whole):"  # heads `_note_calls`' note
 T = TypeVar("T")
 
 
@@ -77,6 +80,7 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     ignored_hits: ClassVar[dict[str, int]] = {}
     counter: ClassVar[StepCounter] = StepCounter()
     order_rule: ClassVar[str] = "round_order"  # broken when an ended round/step went unchecked
+    note_calls: ClassVar[bool] = False  # add the calls as made to a violation (`_note_calls`)
 
     requests: Bundle[str] = Bundle("requests")  # ids of the requests submitted
 
@@ -85,6 +89,7 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         self.h: H | None = None
         self.next_id: int = 0
         self.calls: list[str] = []  # this example's operations, for a hang's report
+        self.hung: bool = False  # a call of this example did not return by its deadline
 
     # ------------------------------------------------------------------ hooks
     def clock(self) -> int:
@@ -129,8 +134,19 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         """The operations this example ran, one per line, the last one unfinished."""
         return "\n".join(self.calls)
 
+    def _note_calls(self, violation: SpecViolation) -> None:
+        """With `note_calls`, add this example's calls, as made, to the violation: a family
+        whose rules draw requests inside the rule (`st.data()`, as the AR machine does, its
+        sizes depending on the drawn config) gets a program Hypothesis prints with
+        `data=data(...)` and the draws apart; the note has each request whole."""
+        if self.note_calls:
+            violation.add_note(f"{CALLS_NOTE}\n{self.program_so_far()}")
+
     def _record(self, call: str, hang: CallDeadlineExceeded) -> CallDeadlineExceeded:
-        """Attach this example's calls so far (or `call`, the first) to a hang."""
+        """Attach this example's calls so far (or `call`, the first) to a hang, and remember
+        it: the teardown must not call the implementation again (it would hang again, and its
+        report would blame the teardown's drain instead of the call that hung)."""
+        self.hung = True
         hang.program = self.program_so_far() or call
         hang.add_note(f"the calls of the example that hung:\n{hang.program}")  # for pytest
         return hang
@@ -143,6 +159,13 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
                 return make()
         except CallDeadlineExceeded as hang:
             raise self._record(call, hang) from None
+        except (SchedSpecError, HypothesisException):
+            raise  # typed refusals (a config outside the profile, not an adapter) and assume()
+        except (Exception, SystemExit) as err:  # the factory's own bug, sys.exit() included
+            raise SpecViolation(
+                "implementation_error",
+                f"building the implementation raised {describe_raised(err)}",
+            ) from err
 
     def build(self, make: Callable[[], H], call: str = "configure()") -> None:
         """Build the harness (in `configure`; `call` describes it, e.g. with the config); a
@@ -163,6 +186,7 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             return self.harness.guarded(what, operation, *args)
         except SpecViolation as v:
             self._ignore(v)
+            self._note_calls(v)
             raise
         except CallDeadlineExceeded as hang:
             raise self._record(call, hang) from None
@@ -207,11 +231,11 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             )
 
     def teardown(self) -> None:
-        """Unless configure never ran or a violation was already raised: the final drain and
-        `teardown_checks()` (an ignored rule's violation is counted, not raised), then the
-        example is counted and `counter.on_example` told."""
+        """Unless configure never ran, a violation was already raised or a call hung: the
+        final drain and `teardown_checks()` (an ignored rule's violation is counted, not
+        raised), then the example is counted and `counter.on_example` told."""
         # Hypothesis runs teardown after a failing step too: do not mask that failure.
-        if self.h is None or self.h.violation is not None:
+        if self.h is None or self.h.violation is not None or self.hung:
             return
         try:  # the final drain is not a generated step: not counted
             self.calls.append("drain()  # teardown")
@@ -225,10 +249,11 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             # example's data, and rejecting then is an internal error ("Frozen").
             if self._counted_ignored(v):
                 return
+            self._note_calls(v)
             raise
         self.counter.examples += 1
         if self.counter.on_example is not None:
             self.counter.on_example(self.counter.examples, self.counter.steps)
 
 
-__all__ = ["ConformanceBase", "StepCounter"]
+__all__ = ["CALLS_NOTE", "ConformanceBase", "StepCounter"]

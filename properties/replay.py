@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from hypothesis.errors import HypothesisException
 
 from properties.deadline import call_deadline
+from properties.raised import describe_raised
 from spec.errors import (
     DuplicateRequest,
     RequestError,
@@ -105,8 +106,8 @@ class ReplayHarness(Generic[M]):
                 raise self.violation from err
             raise self._violate(
                 "implementation_error",
-                f"the implementation raised {type(err).__name__}: {err} (during {what}, after "
-                f"{len(self.events)} events)",
+                f"the implementation raised {describe_raised(err)}, during {what}, after "
+                f"{len(self.events)} events",
             ) from err
 
     def _sink(self, event: Any) -> None:

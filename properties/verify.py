@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hypothesis.strategies import SearchStrategy
 
 from properties.conformance import ParityPolicy, StepCounter, conformance_machine
+from properties.conformance_base import CALLS_NOTE
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from properties.decisions import DecisionTwin
 from spec.adapter import ImplementationFactory
@@ -220,7 +221,10 @@ def failure_from(err: BaseException, printed: str) -> Failure:
         # Hypothesis did not shrink or print it: the program is the machine's own record
         program = f"# the calls of the example that hung (not shrunk)\n{err.program}"
         return Failure(rule=err.rule, message=str(err), program=program)
-    notes = "\n".join(getattr(err, "__notes__", []))
+    # Hypothesis's program first, the machine's calls as made (`CALLS_NOTE`) after it
+    notes = "\n".join(
+        sorted(getattr(err, "__notes__", []), key=lambda note: note.startswith(CALLS_NOTE))
+    )
     program = "\n".join(
         line
         for line in (printed + "\n" + notes).splitlines()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedspec_cli.engine_cmds import ENGINE_EXTRA
-from schedspec_cli.loader import load_object, module_available
+from schedspec_cli.loader import MissingDependency, load_object, module_available
 from schedspec_cli.registry import BUILTINS, Builtin
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import (
@@ -111,11 +111,10 @@ def resolve_builtin(builtin: Builtin) -> Resolved:
     built-ins without torch are one line naming the engine extra."""
     target = builtin.target
     if target.startswith("gpu.") and not module_available("torch"):
-        raise ConfigError(
-            "impl",
-            builtin.name,
-            f"torch installed: {builtin.name} serves the torch engine; the engine extra, "
-            f"{ENGINE_EXTRA}",
+        raise MissingDependency(
+            f"--impl {builtin.name} (the torch engine)",
+            "torch",
+            f"the engine extra, {ENGINE_EXTRA}",
         )
     obj = load_object(target, "impl")
     impl = declared_implementation(obj, target, builtin.family)
@@ -125,6 +124,15 @@ def resolve_builtin(builtin: Builtin) -> Resolved:
 def _manifest(engine: str) -> Any:
     """The `EngineManifest` of the real engine `engine` (an `integrations` package)."""
     return load_object(f"integrations.{engine}:MANIFEST", "impl")
+
+
+def engine_release(builtin: Builtin | None) -> dict[str, str] | None:
+    """The real engine a built-in drives, `{"name": "vllm", "version": "0.33.0"}` (the release
+    selected here, e.g. by `SCHEDSPEC_VLLM_VERSION`); None for the project's own and for
+    `module:attribute` implementations."""
+    if builtin is None or not builtin.engine:
+        return None
+    return {"name": builtin.engine, "version": str(_manifest(builtin.engine).version)}
 
 
 def require_engine(engine: str) -> None:
@@ -203,6 +211,7 @@ __all__ = [
     "DllmImplementation",
     "NotAnAdapter",
     "Resolved",
+    "engine_release",
     "load_engine",
     "profile_summary",
     "refuse_parity_for_ar_only",

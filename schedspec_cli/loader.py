@@ -12,7 +12,22 @@ import importlib.util
 import os
 import sys
 
-from spec.errors import ConfigError
+from properties.raised import describe_raised
+from spec.errors import ConfigError, SchedSpecError
+
+
+class MissingDependency(ConfigError):
+    """A command needs a package this environment lacks (exit 2): the message says who needs
+    what and how to install it. A `ConfigError` (field: who needs it; value: the package), so
+    every handler of bad configuration handles it, with a sentence of its own."""
+
+    def __init__(self, needed_by: str, package: str, install: str) -> None:
+        self.field: str = needed_by
+        self.value: object = package
+        self.valid: str = install
+        Exception.__init__(
+            self, f"{needed_by} needs {package}, which is not installed here: {install}"
+        )
 
 
 def _cwd_importable() -> None:
@@ -41,6 +56,14 @@ def load_object(target: str, flag: str = "impl") -> object:
         raise ConfigError(
             flag, target, f"a module that compiles ({err.msg}, line {err.lineno})"
         ) from None
+    except SchedSpecError:
+        raise  # a typed error the module raised on purpose (an engine's release setting): one line
+    except (Exception, SystemExit) as err:
+        # the user's module ran code at import that failed (or called sys.exit): their bug,
+        # named with where it happened, not a traceback of ours nor a stray exit status
+        raise ConfigError(
+            flag, target, f"a module that imports (importing it raised {describe_raised(err)})"
+        ) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -57,4 +80,4 @@ def module_available(module_name: str) -> bool:
         return False
 
 
-__all__ = ["load_object", "module_available", "split_target"]
+__all__ = ["MissingDependency", "load_object", "module_available", "split_target"]

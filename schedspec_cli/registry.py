@@ -425,7 +425,9 @@ def engine_status(builtin: Builtin) -> str:
     for one that runs on the environment's torch when there is none), 'not installed (run
     ...)', 'other pins only (run ...)' (the cache holds it only for other pins), 'not in
     <engine> <version>' (a built-in the selected release does not ship) or
-    'adapter not in this build'. Never imports the engine itself."""
+    'adapter not in this build'. Never imports the engine itself. An adapter that refuses its
+    release setting (`SCHEDSPEC_VLLM_VERSION` naming a release it does not drive) raises that
+    `ConfigError`."""
     if not builtin.engine:
         if builtin.is_torch_engine and not module_available("torch"):
             return NEEDS_TORCH
@@ -435,7 +437,9 @@ def engine_status(builtin: Builtin) -> str:
         return "adapter not in this build"
     try:
         manifest: Any = load_object(f"{package}:MANIFEST", "impl")
-    except ConfigError:
+    except ConfigError as err:
+        if err.field != "impl":
+            raise  # the adapter refused its own setting (a release not driven): say so, exit 2
         return "adapter not in this build"
     if manifest.why_unavailable(builtin.name) is not None:
         return f"not in {builtin.engine} {manifest.version}"

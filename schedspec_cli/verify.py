@@ -28,6 +28,7 @@ from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
+    engine_release,
     load_engine,
     profile_summary,
     refuse_parity_for_ar_only,
@@ -40,7 +41,7 @@ from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.errors import ConfigError
 from spec.implementation import Family
-from spec.profile import AcceptedDeviation
+from spec.profile import AcceptedDeviation, DllmProfile
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
@@ -200,15 +201,52 @@ class Plan:
     twin: Twin | None = None
 
 
-def known_rules() -> dict[str, str]:
-    """Every rule name of both families (for checking an --accept file)."""
+def rules_of(family: Family) -> dict[str, str]:
+    """The rule names one family's suite can break (name -> what it says)."""
     from spec.ar.rules import AR_RULES
     from spec.rules import RULES
 
+    if family is Family.AR:
+        return {str(k): str(v) for k, v in AR_RULES.items()}
     names = {str(k): str(v) for k, v in RULES.items()}
-    names.update({str(k): str(v) for k, v in AR_RULES.items()})
     names["fdfo_sync_parity"] = "outputs equal solo sync outputs"
     return names
+
+
+def known_rules() -> dict[str, str]:
+    """Every rule name of both families (for checking an --accept file)."""
+    return {**rules_of(Family.DLLM), **rules_of(Family.AR)}
+
+
+def refuse_rules_no_target_checks(
+    accepted: tuple[AcceptedDeviation, ...], targets: tuple[Resolved, ...], source: str
+) -> None:
+    """An accepted rule that none of the implementations' suites can break would accept
+    nothing: a slip (an AR rule for a dLLM scheduler), refused naming the file's rule."""
+    families = sorted({t.family for t in targets}, key=lambda f: f.value)
+    checked = set().union(*(rules_of(f) for f in families))
+    for deviation in accepted:
+        if deviation.rule not in checked:
+            kinds = " or ".join(f.value for f in families)
+            raise ConfigError(
+                "--accept",
+                f"{source}: {deviation.rule}",
+                f"a rule the {kinds} suite checks ({deviation.rule} is another family's)",
+            )
+
+
+def refuse_undeclared_modes(modes: list[str], target: Resolved) -> None:
+    """A `--mode` the dLLM implementation's profile does not declare is a usage error, not a
+    violation: every program would be drawn outside the space it runs."""
+    from spec.config import Mode
+
+    profile = target.implementation.profile
+    if not isinstance(profile, DllmProfile):
+        return
+    declared = profile.space.modes
+    if any(Mode.parse(m) not in declared for m in modes):
+        runs = ", ".join(sorted(m.value for m in declared))
+        raise ConfigError("--mode", ",".join(modes), f"a mode that {target.name} declares: {runs}")
 
 
 def plan(args: argparse.Namespace) -> Plan:
@@ -219,11 +257,14 @@ def plan(args: argparse.Namespace) -> Plan:
     if args.accept is not None:
         accepted = parse_accept_file(args.accept, known_rules())
     targets = tuple(resolve(name, args.family) for name in args.impl)
+    refuse_rules_no_target_checks(accepted, targets, args.accept or "")
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError(
                 "--mode", ",".join(args.mode), f"only with dLLM implementations ({t.name} is AR)"
             )
+        if args.mode:
+            refuse_undeclared_modes(args.mode, t)
     twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
@@ -276,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         for f in r.failures:
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
             print(f.program)
-    payload = to_json(results)
+    payload = to_json(results, [engine_release(t.builtin) for t in p.targets])
     write_json(args.json, payload)
     if args.report:
         write_report(Path(args.report), results, payload)
@@ -309,17 +350,21 @@ def render_table(results: list[VerifyResult]) -> str:
     return table(header, rows)
 
 
-def to_json(results: list[VerifyResult]) -> dict[str, Any]:
-    """The `--json` payload: one result's JSON, or `passed` and `results` for several; with the
-    run's metadata (no device) under `run`."""
+def to_json(
+    results: list[VerifyResult], engines: list[dict[str, str] | None] | None = None
+) -> dict[str, Any]:
+    """The `--json` payload: one result's JSON, or `passed` and `results` for several; each
+    result of a real engine's built-in with `engine` (its name and the release checked, from
+    `engines`, in `results`' order); the run's metadata (no device) under `run`."""
+    each = [r.to_json() for r in results]
+    for result, engine in zip(each, engines or [None] * len(each), strict=True):
+        if engine is not None:
+            result["engine"] = engine
     payload: dict[str, Any]
-    if len(results) == 1:
-        payload = results[0].to_json()
+    if len(each) == 1:
+        payload = each[0]
     else:
-        payload = {
-            "passed": all(r.passed for r in results),
-            "results": [r.to_json() for r in results],
-        }
+        payload = {"passed": all(r.passed for r in results), "results": each}
     payload["run"] = meta.run_metadata(with_device=False)
     return payload
 

@@ -124,6 +124,13 @@ _FINISHED, _ABORTED = RequestPhase.FINISHED, RequestPhase.ABORTED
 _ADMITTED, _RUNNING = RequestPhase.ADMITTED, RequestPhase.RUNNING
 
 
+def _set_difference(implementation: frozenset[int], spec: frozenset[int], verb: str) -> str:
+    """'also frees [3], lacks [1]' of two sets of slots, naming only the non-empty sides."""
+    extra, missing = sorted(implementation - spec), sorted(spec - implementation)
+    parts = ([f"also {verb} {extra}"] if extra else []) + ([f"lacks {missing}"] if missing else [])
+    return ", ".join(parts)
+
+
 def _reads_of(r: _Request) -> dict[int, CacheEntry]:
     """`r.reads`, made its own before the first write."""
     if r.reads is _NO_READS:
@@ -1403,13 +1410,18 @@ class SpecMachine(MachineBase[Event, Rule]):
     # ------------------------------------------------------------------ checks
     def check_snapshot(self, snap: Snapshot) -> None:
         """Raise SpecViolation('snapshot_matches') if the implementation's pools disagree."""
+        if not isinstance(snap, Snapshot):
+            raise self._fail(
+                Rule.SNAPSHOT_MATCHES,
+                f"snapshot() returned {type(snap).__name__}, not a spec.Snapshot",
+                None,
+            )
         st = self.state()
         problems: list[str] = []
         if snap.free_slots != st.free_slots:
-            extra = sorted(snap.free_slots - st.free_slots)
-            missing = sorted(st.free_slots - snap.free_slots)
             problems.append(
-                f"free slots differ: implementation also frees {extra}, lacks {missing}"
+                "free slots differ: implementation "
+                + _set_difference(snap.free_slots, st.free_slots, "frees")
             )
         if dict(snap.slot_owners) != dict(st.slot_owners):
             diff = {
@@ -1427,9 +1439,8 @@ class SpecMachine(MachineBase[Event, Rule]):
             )
         if snap.cached_slots is not None and snap.cached_slots != st.cached_slots:
             problems.append(
-                f"cached slots differ: implementation also caches "
-                f"{sorted(snap.cached_slots - st.cached_slots)}, lacks "
-                f"{sorted(st.cached_slots - snap.cached_slots)}"
+                "cached slots differ: implementation "
+                + _set_difference(snap.cached_slots, st.cached_slots, "caches")
             )
         if snap.carrying != st.carrying:
             problems.append(

@@ -66,6 +66,30 @@ def deadlocks_in_drain(config: DllmConfig, sink: EventSink) -> DeadlocksInDrain:
     return DeadlocksInDrain(config, sink)
 
 
+class SpinsInEveryStepFromTheThird(VllmV1Scheduler):
+    """AR: every `step` from an instance's third on never returns, the teardown's drain's too;
+    `spins` counts the spins begun, across instances."""
+
+    spins = 0
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink)
+        self.steps_begun = 0
+
+    def step(self) -> None:
+        self.steps_begun += 1
+        if self.steps_begun >= SPIN_FROM_ROUND:
+            SpinsInEveryStepFromTheThird.spins += 1
+            spin()
+        super().step()
+
+
+def spins_in_every_step_from_the_third(
+    config: ArConfig, sink: ArEventSink
+) -> SpinsInEveryStepFromTheThird:
+    return SpinsInEveryStepFromTheThird(config, sink)
+
+
 def spins_in_a_step(config: ArConfig, sink: ArEventSink) -> SpinsInAStep:
     return SpinsInAStep(config, sink)
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from properties.ar.conformance import ar_conformance_machine
+from properties.conformance_base import CALLS_NOTE
 from properties.verify import failure_from, run_machine
 from spec.errors import SpecViolation
 from tests.ar_mutants import AR_MUTANTS
@@ -37,6 +38,9 @@ def test_ar_suite_catches_mutant(name: str) -> None:
     assert "state:" in failure.message
     assert "state.configure(config=" in failure.program
     assert "state.submit" in failure.program  # submit( or submit_burst(
+    # the requests whole (Hypothesis prints `data=data(...)` and the draws apart), last
+    calls = failure.program.split(CALLS_NOTE, 1)[1]
+    assert "submit(ArRequest(request_id='r0', prompt_len=" in calls, failure.program
 
 
 def test_ar_counterexample_is_shrunk() -> None:

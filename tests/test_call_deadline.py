@@ -20,7 +20,7 @@ from properties.deadline import (
 from properties.verify import verify_implementation
 from schedspec_cli.impls import resolve
 from schedspec_cli.main import main
-from tests.hang_adapters import spin
+from tests.hang_adapters import SpinsInEveryStepFromTheThird, spin
 
 HANGS = "tests.hang_adapters"
 
@@ -61,6 +61,18 @@ def test_an_ar_step_that_never_returns(capsys: pytest.CaptureFixture[str]) -> No
     assert "violation of [progress]" in out
     assert "did not return from step within 1 s" in out
     assert "configure(config=ArConfig(" in out
+
+
+def test_after_a_hang_the_teardown_calls_nothing_more(capsys: pytest.CaptureFixture[str]) -> None:
+    """An implementation that stays hung once it hung: the step that hung is reported, and the
+    teardown's drain does not call into it again (that would wait out the deadline twice and
+    blame the drain)."""
+    SpinsInEveryStepFromTheThird.spins = 0
+    code, out, _ = _verify(["--impl", f"{HANGS}:spins_in_every_step_from_the_third"], capsys)
+    assert code == 1
+    assert "did not return from step within 1 s" in out
+    assert out.rstrip().splitlines()[-1] == "step()"
+    assert SpinsInEveryStepFromTheThird.spins == 1
 
 
 def test_a_factory_that_never_returns(capsys: pytest.CaptureFixture[str]) -> None:

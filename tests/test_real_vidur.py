@@ -34,6 +34,7 @@ their findings patched.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -702,3 +703,16 @@ def test_lightllm_peak_counts_the_length_the_request_will_produce(
         runs.append(step_decisions(h.events))
     assert runs[0][5].scheduled == (("r4", 1),), runs[0]
     assert first_difference(runs[0], runs[1]) is None
+
+
+def test_the_verify_json_names_the_engine_release_it_checked(vidur: Any, tmp_path: Path) -> None:
+    """A CI artifact must say which release of the engine passed: each real engine's result
+    carries `engine` (name and release); the project's own implementations carry none."""
+    from schedspec_cli.main import main
+
+    out = tmp_path / "v.json"
+    argv = ["verify", "--impl", "real-vidur-sarathi", "--impl", "reference-dllm"]
+    assert main([*argv, "--examples", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results[0]["engine"] == {"name": "vidur", "version": MANIFEST.version}
+    assert "engine" not in results[1]

@@ -193,13 +193,18 @@ def test_the_release_independent_checks_pass_on_the_newest_release(
 
 def test_an_unknown_release_is_a_usage_error_naming_the_releases() -> None:
     """SCHEDSPEC_VLLM_VERSION set to a release the project does not drive: exit 2 and one line
-    naming those it does, for `verify` and for `install-engines` alike."""
+    naming those it does, for `verify`, `install-engines` and `list-impls` alike."""
     schedspec = str(Path(sys.executable).parent / "schedspec")
     env = {**os.environ, VERSION_VARIABLE: "0.32.0"}
-    for argv in (["verify", "--impl", "real-vllm", "--examples", "1"], ["install-engines", "vllm"]):
+    for argv in (
+        ["verify", "--impl", "real-vllm", "--examples", "1"],
+        ["install-engines", "vllm"],
+        ["list-impls"],  # it used to list real-vllm as "adapter not in this build", exit 0
+    ):
         res = subprocess.run(
             [schedspec, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
         )
         assert res.returncode == 2, (argv, res.stdout, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and "0.33.0, 0.34.0" in lines[0], res.stderr
+        assert f"invalid {VERSION_VARIABLE}='0.32.0'" in lines[0], res.stderr

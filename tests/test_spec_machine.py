@@ -24,6 +24,8 @@ from spec import (
     StepResult,
     Submitted,
 )
+from spec.ar.config import ArConfig
+from spec.ar.machine import ArSpecMachine
 from spec.lifecycles import LIFECYCLES, mermaid
 from spec.rules import RULES
 
@@ -179,7 +181,22 @@ def test_snapshot_mismatch_is_reported() -> None:
     )
     with pytest.raises(SpecViolation) as info:
         m.check_snapshot(leaky)
-    assert info.value.rule == "snapshot_matches" and "lacks [15]" in str(info.value)
+    assert info.value.rule == "snapshot_matches"
+    # only the side that differs is named (no "also frees []")
+    assert "free slots differ: implementation lacks [15]" in str(info.value)
+    assert "also frees" not in str(info.value)
+
+
+def test_a_snapshot_of_the_wrong_type_is_named_as_such() -> None:
+    m = SpecMachine(CFG)
+    with pytest.raises(SpecViolation) as info:
+        m.check_snapshot(None)  # type: ignore[arg-type]  # what a broken adapter returns
+    assert info.value.rule == "snapshot_matches"
+    assert "snapshot() returned NoneType, not a spec.Snapshot" in str(info.value)
+    ar = ArSpecMachine(ArConfig(block_size=2, num_blocks=8))
+    with pytest.raises(SpecViolation) as info:
+        ar.check_snapshot({"free": []})  # type: ignore[arg-type]
+    assert "snapshot() returned dict, not a spec.ar.ArSnapshot" in str(info.value)
 
 
 def test_enabled_reports_rule_without_changing_state() -> None:

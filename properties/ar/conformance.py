@@ -82,6 +82,7 @@ def ar_conformance_machine(
         ignored_hits: ClassVar[dict[str, int]] = {}
         counter = step_counter
         order_rule = "step_order"
+        note_calls = True  # its requests are drawn inside the rules: print them whole
 
         @initialize(config=config_strategy)
         def configure(self, config: ArConfig) -> None:

@@ -1255,6 +1255,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def check_snapshot(self, snap: ArSnapshot) -> None:
         """Between steps: the implementation's pools and queues equal the abstract state, and
         no running request is overdue to finish. Raises SpecViolation."""
+        if not isinstance(snap, ArSnapshot):
+            raise self._fail(
+                ArRule.SNAPSHOT_MATCHES,
+                f"snapshot() returned {type(snap).__name__}, not a spec.ar.ArSnapshot",
+                None,
+            )
         self.check_invariants(between_steps=True)
         self._check_finished_released(None)
         cfg = self.config
