@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
     except _UsageError as exc:
-        print(f"schedspec install-engines: {exc} (see --help)", file=sys.stderr)
+        print(f"schedspec install-engines: error: {exc} (see --help)", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return 0 if exc.code in (0, None) else 2
@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None, *, modules: Mapping[str, str] = ENGI
         names = resolve(args.engines, modules)
         manifests = [load_manifest(n, modules) for n in names]
     except ConfigError as exc:
-        print(f"schedspec install-engines: {exc}", file=sys.stderr)
+        print(f"schedspec install-engines: error: {exc}", file=sys.stderr)
         return 2
     if not manifests:
         print("schedspec install-engines: no engine adapters in this checkout", file=sys.stderr)

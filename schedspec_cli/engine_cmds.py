@@ -20,7 +20,7 @@ from schedspec_cli.args import (
     positive,
     refuse_ignored,
 )
-from schedspec_cli.loader import load_object, module_available
+from schedspec_cli.loader import MissingDependency, load_object, module_available
 from schedspec_cli.output import check_output_path
 from schedspec_cli.torch_threads import add_threads_argument, pin_torch_threads
 from spec.errors import ConfigError
@@ -33,9 +33,9 @@ ENGINE_EXTRA = "pip install 'schedspec[engine]' (torch==2.13.0 first: see README
 
 
 def require_torch(command: str) -> None:
-    """`ConfigError` naming `command` and the engine extra when torch cannot be imported."""
+    """`MissingDependency` naming `command` and the engine extra when torch cannot be imported."""
     if not module_available("torch"):
-        raise ConfigError(command, "torch", f"torch installed: the engine extra, {ENGINE_EXTRA}")
+        raise MissingDependency(command, "torch", f"the engine extra, {ENGINE_EXTRA}")
 
 
 def _device(text: str) -> str:
@@ -152,7 +152,8 @@ def parity(argv: list[str]) -> int:
         pin_torch_threads(ns.threads)  # before torch loads, when it has not yet
         return _run_engine_command(ns, argv, "parity", "gpu.parity:parity_main")
     check_output_path("--json", ns.json)
-    if ns.page_size % ns.block_size:
+    # --forward-costs pages nothing: it never reads --page-size, so its default cannot clash
+    if not getattr(ns, "forward_costs", False) and ns.page_size % ns.block_size:
         raise ConfigError(
             "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
         )
@@ -163,14 +164,12 @@ def parity(argv: list[str]) -> int:
             f"left out with --impl {ns.impl} (its profile says whether it keeps a prefix "
             "cache: engine-cached always does)",
         )
-    for flag, value, default in (
-        ("--device", ns.device, "cpu"),
-        ("--algorithm", ns.algorithm, None),
+    for flag, value, default, why in (
+        ("--device", ns.device, "cpu", "it runs its own code here; --device is the engine's"),
+        ("--algorithm", ns.algorithm, None, "it runs its own algorithm"),
     ):
         if value != default:
-            raise ConfigError(
-                flag, value, f"left out with --impl {ns.impl} (it runs its own algorithm)"
-            )
+            raise ConfigError(flag, value, f"left out with --impl {ns.impl} ({why})")
     if ns.run_timeout is None:
         ns.run_timeout = RUN_TIMEOUT_S
     if ns.prompts is None:
@@ -266,7 +265,8 @@ def _run_engine_command(ns: argparse.Namespace, argv: list[str], label: str, tar
     """Check the output path and the page size (the flags `ns` parsed from `argv`) before torch
     loads, then hand `argv` to gpu."""
     check_output_path("--json", ns.json)
-    if ns.page_size % ns.block_size:
+    # --forward-costs pages nothing: it never reads --page-size, so its default cannot clash
+    if not getattr(ns, "forward_costs", False) and ns.page_size % ns.block_size:
         raise ConfigError(
             "--page-size", ns.page_size, f"a multiple of --block-size {ns.block_size}"
         )

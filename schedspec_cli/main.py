@@ -64,11 +64,23 @@ def cmd_bench(argv: list[str]) -> int:
     )
 
 
+def _engine_names(argv: list[str]) -> list[str]:
+    """The engine names among `install-engines`' arguments: not its flags, nor the value of
+    `--jobs N` (the installer parses the flags themselves)."""
+    names: list[str] = []
+    after_jobs = False
+    for arg in argv:
+        if not after_jobs and not arg.startswith("-"):
+            names.append(arg)
+        after_jobs = arg == "--jobs"
+    return names
+
+
 def cmd_install_engines(argv: list[str]) -> int:
     """`schedspec install-engines [NAME ...]`: refuse an unknown engine name (`UsageError`)
     and a build without `integrations.install` (`ConfigError`), both exit 2; else run the
     installer's `main(argv)` and return its status."""
-    for name in (a for a in argv if not a.startswith("-")):  # the installer owns the flags
+    for name in _engine_names(argv):
         if name not in ENGINES:
             raise UsageError(
                 f"schedspec install-engines: error: unknown engine {name!r} "
@@ -134,8 +146,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     require_torch("verify")
     prove.require_z3("verify")
     require_matplotlib("verify", "matplotlib")
-    report = args.report or "reports/verify"
-    check_output_path("--report", report, directory=True)
+    report = "reports/verify" if args.report is None else args.report
+    check_output_path("--report", report, directory=True)  # refuses '' (not the default)
     return main_job(
         report, args.examples, args.parity_prompts, args.parity_tokens, args.call_timeout
     )

@@ -21,7 +21,7 @@ def check_output_path(flag: str, path: str | None, *, directory: bool = False) -
     if path is None:
         return
     if not path.strip() or "\x00" in path:
-        raise ConfigError(flag, path, "a file path")
+        raise ConfigError(flag, path, "a directory path" if directory else "a file path")
     p = Path(path)
     if directory:
         if p.exists() and not p.is_dir():

@@ -9,19 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from schedspec_cli.loader import module_available
+from schedspec_cli.loader import MissingDependency, module_available
 from schedspec_cli.timeline import Timeline
-from spec.errors import ConfigError
 
 PLOTS_EXTRA = "pip install 'schedspec[plots]'"
 
 
 def require_matplotlib(field: str, value: object) -> None:
-    """Raise `ConfigError` (exit 2, one line naming the extra) unless matplotlib is installed:
+    """Raise `MissingDependency` (exit 2, one line naming the extra) unless matplotlib is installed:
     what a command that writes PNG plots checks before it runs anything."""
     if not module_available("matplotlib"):
-        raise ConfigError(
-            field, value, f"matplotlib installed to write PNG plots: the plots extra, {PLOTS_EXTRA}"
+        raise MissingDependency(
+            field, "matplotlib to write its PNG plots", f"the plots extra, {PLOTS_EXTRA}"
         )
 
 

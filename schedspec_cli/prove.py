@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 
 from schedspec_cli.args import int_in
-from schedspec_cli.loader import module_available
+from schedspec_cli.loader import MissingDependency, module_available
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
-from spec.errors import ConfigError
 
 MAX_BOUND = 64
 #: `properties.proofs.FAMILIES`' names, known here without importing Z3 (a test keeps them
@@ -38,10 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def require_z3(command: str) -> None:
-    """`ConfigError` when the Z3 solver cannot be imported: it is a dependency of schedspec, so
-    only an install that skipped dependencies (`pip install --no-deps`) lacks it."""
+    """`MissingDependency` when the Z3 solver cannot be imported: it is a dependency of
+    schedspec, so only an install that skipped dependencies (`pip install --no-deps`) lacks
+    it."""
     if not module_available("z3"):
-        raise ConfigError(command, "z3", "the Z3 solver installed: pip install z3-solver")
+        raise MissingDependency(command, "the Z3 solver", "pip install z3-solver")
 
 
 def run(args: argparse.Namespace) -> int:

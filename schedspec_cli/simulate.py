@@ -7,24 +7,30 @@ Typed errors (`SchedSpecError`) propagate to the caller, which prints them and e
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from properties.raised import describe_raised
 from reference.algorithms import ALGORITHMS
 from reference.sim import workload as wl
 from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
 from schedspec_cli.args import Parser, UsageError, int_in, positive, refuse_ignored
+from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, write_json
 from schedspec_cli.plots import require_matplotlib
 from schedspec_cli.progress import Progress
-from spec.errors import ConfigError
+from spec.ar.config import ArConfig
+from spec.errors import ConfigError, SchedSpecError
+from spec.implementation import Family
+
+if TYPE_CHECKING:
+    from reference.sim.replica import ArReplica
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -108,7 +114,8 @@ def _workload(args: argparse.Namespace) -> wl.Workload:
             )
         return wl.read_trace(args.trace_csv)
     g = {**args.generated_defaults, **given}
-    pre, dec = wl.Lengths.parse(g["prefill"]), wl.Lengths.parse(g["decode"])
+    pre = wl.Lengths.parse(g["prefill"], "--prefill")
+    dec = wl.Lengths.parse(g["decode"], "--decode")
     if g["arrivals"] == "poisson":
         return wl.poisson(g["requests"], g["qps"], pre, dec, args.seed)
     if g["arrivals"] == "bursts":
@@ -288,7 +295,13 @@ def _add_sweep(sub: Any) -> None:
     w.add_argument(
         "--budget", type=positive(10**9), default=2048, help="tokens per batch (chunk size)"
     )
-    w.add_argument("--max-model-len", type=positive(10**9), default=1280)
+    w.add_argument(
+        "--max-model-len",
+        type=positive(10**9),
+        default=None,
+        help="the longest request (prompt plus output) an AR scheduler admits (default 1280; "
+        "not with --scheduler simple alone, which has no such limit)",
+    )
     w.add_argument("--exec-model", default="roofline:llama3-8b@h100")
     w.add_argument(
         "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
@@ -327,6 +340,9 @@ def _ints(flag: str, text: str) -> list[int]:
     return vals
 
 
+DEFAULT_MAX_MODEL_LEN = 1280  # `reference.sim.catalog.ReplicaSpec`'s
+
+
 def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """`simulate sweep`: run the grid of (qps, scheduler, replicas, KV tokens) points on Ray
     or in one process, a progress line per point; print the table, write `--csv` and `--plots`
@@ -334,6 +350,14 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from reference.sim import sweep as sw
 
     schedulers = [s.strip() for s in args.scheduler.split(",")]
+    if args.max_model_len is None:
+        args.max_model_len = DEFAULT_MAX_MODEL_LEN
+    elif set(schedulers) == {"simple"}:  # it would be ignored: refuse it, as other flags are
+        raise SimConfigError(
+            "--max-model-len",
+            args.max_model_len,
+            "left out with --scheduler simple (it admits any length that fits its KV tokens)",
+        )
     rates = _floats("--qps", args.qps)
     for rate in rates:
         if not in_rate(rate):  # named by the flag here, as the other commands' --qps is
@@ -586,6 +610,8 @@ def _load_calibration(args: argparse.Namespace) -> Any:
     """The calibration table; the run takes the measured workload's sizes from it."""
     from reference.sim.calibration import Calibration
 
+    if not args.calibration.strip():  # Path("") is the current directory
+        raise SimConfigError("--calibration", args.calibration, "a calibration table's path")
     cal = Calibration.load(Path(args.calibration))
     _check_calibration_sizes(cal)
     args.block_size = cal.block_size
@@ -786,7 +812,7 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
     catalog (`reference.sim.catalog`, as `simulate sweep` builds them, with max_model_len the
     workload's longest request), or an AR factory through `ArReplica`."""
     from reference.sim.catalog import SCHEDULERS, ReplicaSpec
-    from reference.sim.replica import ArReplica, SimpleReplica
+    from reference.sim.replica import SimpleReplica
 
     if args.scheduler == "simple":
         return [
@@ -812,18 +838,15 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
                 f"which does not chunk prefills; or a scheduler that does (vidur-sarathi)",
             ) from None
         return [make() for _ in range(args.replicas)]
-    mod, _, attr = args.scheduler.partition(":")
     try:
-        factory = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError, ValueError) as err:
+        factory = load_object(args.scheduler, "scheduler")
+    except ConfigError as err:
         raise SimConfigError(
-            "scheduler",
+            "--scheduler",
             args.scheduler,
             f"'simple', one of {', '.join(SCHEDULERS[1:])}, or an importable "
-            f"'module:factory' ({err})",
+            f"'module:factory'; this is not {err.valid}",
         ) from None
-    from spec.ar.config import ArConfig
-
     cfg = ArConfig(
         block_size=16,
         num_blocks=args.kv_tokens // 16 + 1,
@@ -831,7 +854,36 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
         max_num_seqs=args.max_batch,
         max_model_len=args.kv_tokens // 2,
     )
-    return [ArReplica(factory, cfg) for _ in range(args.replicas)]
+    return [_custom_replica(args.scheduler, factory, cfg) for _ in range(args.replicas)]
+
+
+def _custom_replica(target: str, factory: object, config: ArConfig) -> ArReplica:
+    """A replica of the user's `--scheduler module:factory`; a factory that is not callable,
+    raises while building or returns no AR adapter is an input error naming the flag."""
+    from reference.sim.replica import ArReplica
+    from schedspec_cli.impls import ADAPTER_METHODS
+
+    valid = "an AR scheduler factory (config, sink) -> ArSchedulerAdapter"
+    if not callable(factory):
+        raise SimConfigError("--scheduler", target, f"{valid}; this is a {type(factory).__name__}")
+    try:
+        replica = ArReplica(factory, config)
+    except SchedSpecError:
+        raise
+    except (Exception, SystemExit) as err:  # the factory's own failure, not a traceback of ours
+        raise SimConfigError(
+            "--scheduler", target, f"{valid}; building it raised {describe_raised(err)}"
+        ) from None
+    missing = [
+        m for m in ADAPTER_METHODS[Family.AR] if not callable(getattr(replica.impl, m, None))
+    ]
+    if missing:
+        raise SimConfigError(
+            "--scheduler",
+            target,
+            f"{valid}; it returned a {type(replica.impl).__name__}, lacking {', '.join(missing)}",
+        )
+    return replica
 
 
 def cmd_replicas(args: argparse.Namespace) -> dict[str, Any]:

@@ -177,6 +177,7 @@ def test_parity_without_torch_names_the_engine_extra(
     assert main(["parity", "--device", "cpu", "--prompts", "1"]) == 2
     _, err = out_err(capsys)
     assert "schedspec[engine]" in err and err.count("\n") == 1, err
+    assert err.startswith("schedspec: error: parity needs torch, which is not installed here: ")
 
 
 def test_install_engines_dispatches_lazily(
@@ -192,7 +193,11 @@ def test_install_engines_dispatches_lazily(
     monkeypatch.setattr(cli, "load_object", lambda target, flag: run)
     assert main(["install-engines", "vidur"]) == 0
     assert main(["install-engines"]) == 0  # all
-    assert seen == [["vidur"], []]
+    # the value of `--jobs N` is not an engine name (it was refused as "unknown engine '2'")
+    assert main(["install-engines", "--jobs", "2", "vidur"]) == 0
+    assert seen == [["vidur"], [], ["--jobs", "2", "vidur"]]
+    assert main(["install-engines", "--jobs", "2", "tensorrt"]) == 2
+    assert "unknown engine 'tensorrt'" in out_err(capsys)[1]
     monkeypatch.setattr(cli, "module_available", lambda name: False)
     assert main(["install-engines", "vllm"]) == 2
     assert "integrations.install" in out_err(capsys)[1]
@@ -341,3 +346,20 @@ def test_an_unforeseen_os_error_is_one_line_exit_2(
     monkeypatch.setattr(list_impls, "run", fail)
     assert main(["list-impls"]) == 2
     assert capsys.readouterr().err == line + "\n"
+
+
+def test_forward_costs_is_not_refused_for_a_page_size_it_never_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`bench engine --forward-costs --block-size 3` used to be refused for the default
+    `--page-size=16`, a flag that mode does not read; the benchmark itself is stubbed here."""
+    ran: list[list[str]] = []
+
+    def bench_main(argv: list[str]) -> int:
+        ran.append(argv)
+        return 0
+
+    monkeypatch.setattr(engine_cmds, "load_object", lambda target, flag: bench_main)
+    argv = ["bench", "engine", "--forward-costs", "--block-size", "3"]
+    assert main(argv) == 0
+    assert ran == [argv[2:]]

@@ -19,12 +19,27 @@ from pathlib import Path
 import pytest
 
 from schedspec_cli.main import EXIT_READER_GONE, main
+from spec.ar.config import ArConfig
+from spec.ar.trace import ar_config_to_dict
 
 HUGE = "9" * 30
 DEEP = "[" * 100_000 + "]" * 100_000  # nested past the interpreter's recursion limit
 LONG_INT = "1" + "0" * 5_000  # past Python's integer-conversion digit limit
 CALIBRATION = Path(__file__).resolve().parents[1] / "docs" / "dllm-calibration-cpu.json"
-TRACE_HEADER = {"kind": "config", "block_size": 2, "page_size": 2, "kv_pages": 2, "max_context": 4}
+TRACE_HEADER = {  # a header gives every DllmConfig field (prefix_cache may be left out)
+    "kind": "config",
+    "block_size": 2,
+    "page_size": 2,
+    "kv_pages": 2,
+    "req_pool_rows": 4,
+    "max_running_requests": 4,
+    "max_context": 4,
+    "mode": "fdfo",
+    "in_place_reuse": True,
+    "reloop": False,
+    "mask_token_id": -1,
+    "eos_token_id": None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +59,20 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "kind_list": b'{"kind":["ar_submitted"],"request_id":"a"}\n',
         "kind_object": b'{"kind":{"a":1},"family":"ar","block_size":2}\n',
         "header_only": header.encode(),
+        "header_partial": json.dumps(
+            {k: v for k, v in TRACE_HEADER.items() if k != "eos_token_id"}
+        ).encode(),
+        "header_family_xyz": json.dumps({**TRACE_HEADER, "family": "xyz"}).encode(),
+        "header_duplicate_key": (header[:-2] + ', "kv_pages": 3}\n').encode(),
+        "event_without_kind": (header + '{"request_id":"a"}\n').encode(),
+        "event_duplicate_key": (
+            header + '{"kind":"aborted","request_id":"a","request_id":"b"}\n'
+        ).encode(),
+        "policy_reserved_huge": (
+            json.dumps({**TRACE_HEADER, "declared_policy": {"reserved_kv_pages": 10**30}}) + "\n"
+        ).encode(),
+        "config_partial": json.dumps({"block_size": 2, "page_size": 2}).encode(),
+        "ar_header_only": (json.dumps(ar_config_to_dict(ArConfig())) + "\n").encode(),
         "policy_bad": (
             json.dumps({**TRACE_HEADER, "declared_policy": {"admission": "lifo"}}) + "\n"
         ).encode(),
@@ -139,6 +168,12 @@ def cases() -> list[tuple[str, list[str]]]:
         "long_int_event",
         "long_int_header",
         "policy_bad",
+        "header_partial",
+        "header_family_xyz",
+        "header_duplicate_key",
+        "event_without_kind",
+        "event_duplicate_key",
+        "policy_reserved_huge",
     ):
         c.append((f"check-trace-{f}", ["check-trace", f"{{{f}}}"]))
     for f in (
@@ -156,7 +191,7 @@ def cases() -> list[tuple[str, list[str]]]:
         c.append(
             (f"check-trace-config-{f}", ["check-trace", "{header_only}", "--config", f"{{{f}}}"])
         )
-    for f in ("config_zero", "config_huge"):
+    for f in ("config_zero", "config_huge", "config_partial"):
         c.append((f"check-trace-config-{f}", ["check-trace", "{not_json}", "--config", f"{{{f}}}"]))
     c.append(("check-trace-family", ["check-trace", "{header_only}", "--family", "ar"]))
     c.append(("check-trace-family-bogus", ["check-trace", "{header_only}", "--family", "xl"]))
@@ -173,6 +208,12 @@ def cases() -> list[tuple[str, list[str]]]:
                     ["check-trace", "{header_only}", flag, value],
                 )
             )
+    c.append(  # a class that is no AR factory, named as an AR log's twin
+        (
+            "check-trace--twin-ar-class",
+            ["check-trace", "{ar_header_only}", "--twin", "spec:DllmConfig"],
+        )
+    )
     c.append(("check-trace--json-dir", ["check-trace", "{header_only}", "--json", "{dir}"]))
     c.append(
         (
@@ -245,6 +286,7 @@ def cases() -> list[tuple[str, list[str]]]:
     c.append(("verify-report-file", ["verify", "--impl", "reference-dllm", "--report", "{empty}"]))
     c.append(("verify-main-job-json", ["verify", "--json", "x.json"]))
     c.append(("verify-main-job-report-file", ["verify", "--report", "{empty}"]))
+    c.append(("verify-main-job-report-empty", ["verify", "--report", ""]))  # was the default
     for f in (
         "missing",
         "dir",
@@ -541,6 +583,27 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
             "): PER_PREFILL must be seconds in [0, 3600]",
         ),
         (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
+        (["simulate", "dllm", "--plots", ""], "invalid --plots='': a directory path"),
+        (["simulate", "dllm", "--calibration", ""], "invalid --calibration='': a calibration"),
+        (
+            ["simulate", "sweep", "--scheduler", "simple", "--max-model-len", "10"],
+            "invalid --max-model-len=10: left out with --scheduler simple",
+        ),
+        (
+            [
+                *["simulate", "sweep", "--scheduler", "vllm-v1", "--max-model-len", "10"],
+                *["--prefill", "100", "--backend", "local", "--requests", "2"],
+            ],
+            "could never be scheduled: the replica's scheduler refuses it (request '0' needs ",
+        ),
+        (
+            ["parity", "--impl", "reference-dllm", "--device", "cuda"],
+            "invalid --device='cuda': left out with --impl reference-dllm (it runs its own code "
+            "here; --device is the engine's)",
+        ),
+        (["simulate", "sbs", "--prefill", "5-"], "invalid --prefill='5-': 'N' or 'LOW-HIGH'"),
+        (["simulate", "sbs", "--decode", "0"], "invalid --decode='0': 'N' or 'LOW-HIGH' with 1"),
+        (["verify", "--report", " "], "invalid --report=' ': a directory path"),
         (["simulate", "replicas", "--qps", "1e-320"], "a rate in [1e-06, 1e+09] per second"),
         (
             ["simulate", "sweep", "--backend", "local", "--qps", "5,1e-320"],
@@ -696,5 +759,6 @@ def test_prove_without_the_z3_solver_says_what_to_install() -> None:
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [
-        "schedspec: error: invalid prove='z3': the Z3 solver installed: pip install z3-solver"
+        "schedspec: error: prove needs the Z3 solver, which is not installed here: pip install "
+        "z3-solver"
     ]

@@ -313,6 +313,9 @@ def test_main_exit_codes(
     assert install.main(["--bogus"], modules=modules) == 2
     err = capsys.readouterr().err
     assert "--bogus" in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("schedspec install-engines: error: ")
+    assert install.main(["fake", "--jobs", "-1"], modules=modules) == 2
+    assert capsys.readouterr().err.startswith("schedspec install-engines: error: invalid --jobs=-1")
 
     missing = wheels / "missing-1.0-py3-none-any.whl"
     vars(fake_module)["MANIFEST"] = fake_manifest(Package(str(missing)))

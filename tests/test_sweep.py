@@ -48,7 +48,8 @@ def test_ray_and_one_process_give_identical_figures(local_ray: Any) -> None:
 def test_a_point_that_fails_on_ray_is_the_same_one_line_error_as_in_one_process(
     local_ray: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A request longer than max_model_len can never run: `Unschedulable`, raised while the
+    """A request longer than max_model_len can never run: `RequestRefused` (an
+    `Unschedulable` with the scheduler's own reason), raised while the
     point runs (validation does not draw the workload). On Ray that error used to come back as
     Ray's `UnserializableException` with the worker's whole traceback, exit 1: the error's
     `__init__` cannot be rebuilt from its pickle. Now the worker returns it as data and the
@@ -69,7 +70,7 @@ def test_a_point_that_fails_on_ray_is_the_same_one_line_error_as_in_one_process(
         sw.run_grid([point], "local")
     with pytest.raises(sw.PointFailed) as on_ray:
         sw.run_grid([point], "ray")
-    assert str(on_ray.value) == str(here.value) and on_ray.value.kind == "Unschedulable"
+    assert str(on_ray.value) == str(here.value) and on_ray.value.kind == "RequestRefused"
     argv = ["simulate", "sweep", "--qps", "2", "--scheduler", "vidur-vllm", "--replicas", "1"]
     argv += ["--kv-tokens", "4096", "--requests", "5", "--prefill", "200", "--decode", "20"]
     argv += ["--max-model-len", "128", "--exec-model", model]

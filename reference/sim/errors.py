@@ -52,6 +52,21 @@ class Unschedulable(SimError, ValueError):
         )
 
 
+class RequestRefused(Unschedulable):
+    """A request the replica's scheduler refuses outright (its length past `max_model_len`,
+    say), whatever its capacity: the scheduler's own reason, and what to change."""
+
+    def __init__(self, request: int, needed: int, reason: str) -> None:
+        self.request: int = request
+        self.needed: int = needed
+        self.capacity: int = 0  # not a matter of capacity
+        ValueError.__init__(
+            self,
+            f"request #{request} ({needed} tokens) could never be scheduled: the replica's "
+            f"scheduler refuses it ({reason})",
+        )
+
+
 class TimeWentBackwards(SimError, AssertionError):
     """The event loop popped an event earlier than the clock (a simulator bug)."""
 

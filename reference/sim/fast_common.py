@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
-from reference.sim.errors import Unschedulable
+from reference.sim.errors import RequestRefused
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.errors import RequestError
 
@@ -47,9 +47,7 @@ class FastReplicaCore:
         try:
             validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
         except RequestError as err:
-            raise Unschedulable(
-                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
-            ) from None
+            raise RequestRefused(req, prefill + decode, str(err)) from None
 
     def kv_used(self) -> int:
         """KV tokens in allocated blocks: (usable - free blocks) * block size."""

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from reference.sim.errors import SimConfigError, Unschedulable
+from reference.sim.errors import RequestRefused, SimConfigError, Unschedulable
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import (
     ArBlocksAllocated,
@@ -263,9 +263,7 @@ class ArReplica:
         try:
             self.impl.submit(ArRequest(rid, prefill, decode))  # type: ignore[attr-defined]
         except RequestError as err:
-            raise Unschedulable(
-                req, prefill + decode, self.kv_capacity, f"tokens ({err})"
-            ) from None
+            raise RequestRefused(req, prefill + decode, str(err)) from None
         self._step_events.clear()
         self.prompt[rid] = prefill
         self.computed[rid] = 0

@@ -103,8 +103,8 @@ class SweepPoint:
             raise SimConfigError("replicas", self.replicas, "an integer >= 1")
         if self.requests < 1:
             raise SimConfigError("requests", self.requests, "an integer >= 1")
-        wl.Lengths.parse(self.prefill)
-        wl.Lengths.parse(self.decode)
+        wl.Lengths.parse(self.prefill, "prefill")
+        wl.Lengths.parse(self.decode, "decode")
         parse_model(self.exec_model)
         self.replica_spec().factory()
 

@@ -95,16 +95,17 @@ class Lengths:
     high: int
 
     @classmethod
-    def parse(cls, text: str | int) -> Lengths:
-        """'128' or '64-512'."""
+    def parse(cls, text: str | int, field: str = "lengths") -> Lengths:
+        """'128' or '64-512'; anything else (a dangling '64-', a zero) raises `SimConfigError`
+        naming `field` (the flag the text came from)."""
         s = str(text)
         try:
-            lo, _, hi = s.partition("-")
-            a, b = int(lo), int(hi or lo)
+            lo, sep, hi = s.partition("-")
+            a, b = int(lo), int(hi if sep else lo)
         except ValueError:
-            raise SimConfigError("lengths", s, "'N' or 'LOW-HIGH' with integers >= 1") from None
+            raise SimConfigError(field, s, "'N' or 'LOW-HIGH' with integers >= 1") from None
         if a < 1 or b < a:
-            raise SimConfigError("lengths", s, "'N' or 'LOW-HIGH' with 1 <= LOW <= HIGH")
+            raise SimConfigError(field, s, "'N' or 'LOW-HIGH' with 1 <= LOW <= HIGH")
         return cls(a, b)
 
     def draw(self, rng: np.random.Generator, n: int) -> IntArray:
