@@ -11,6 +11,7 @@ from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 
 MAX_BOUND = 64
+DEFAULT_BOUND = 6  # `properties.proofs.DEFAULT_BOUND`, known here without importing Z3
 #: `properties.proofs.FAMILIES`' names, known here without importing Z3 (a test keeps them
 #: equal).
 FAMILY_NAMES = ("inductive", "bmc", "mutants", "theorems", "boundary")
@@ -23,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bound",
         type=int_in(1, MAX_BOUND),
         default=None,
-        help=f"BMC depth in events and the policy theorems' bound (1..{MAX_BOUND}; default 6)",
+        help=f"BMC depth in events and the policy theorems' bound (1..{MAX_BOUND}; default "
+        f"{DEFAULT_BOUND}); the inductive proofs, the mutants' searches and the boundary "
+        "workloads have sizes of their own",
     )
     p.add_argument(
         "--family",
@@ -44,6 +47,14 @@ def require_z3(command: str) -> None:
         raise MissingDependency(command, "the Z3 solver", "pip install z3-solver")
 
 
+DETAIL_WIDTH = 70  # the table's detail column; the JSON has every detail whole
+
+
+def _cut(detail: str) -> str:
+    """`detail` for the table: whole when it fits, else cut with an ellipsis that says so."""
+    return detail if len(detail) <= DETAIL_WIDTH else detail[: DETAIL_WIDTH - 1] + "…"
+
+
 def run(args: argparse.Namespace) -> int:
     """`schedspec prove`: run every Z3 proof (or those of each `--family`) at `--bound`, print
     a table and write every result to `--json` when given. Returns 0 when all are proved, else
@@ -58,9 +69,20 @@ def run(args: argparse.Namespace) -> int:
         progress=bar.message() if bar.active else None, bound=args.bound, families=args.family
     )
     bar.done()
-    rows = [(r.name, r.status, f"{r.seconds:.2f}", r.detail[:70]) for r in results]
+    rows = [(r.name, r.status, f"{r.seconds:.2f}", _cut(r.detail)) for r in results]
     print(table(("proof", "status", "seconds", "detail"), rows))
-    write_json(args.json, {"proofs": [r.to_json() for r in results]})
+    if args.json is not None:
+        from schedspec_cli import meta
+
+        write_json(
+            args.json,
+            {
+                "bound": DEFAULT_BOUND if args.bound is None else args.bound,
+                "families": list(args.family or FAMILY_NAMES),
+                "proofs": [r.to_json() for r in results],
+                "run": meta.run_metadata(with_device=False),
+            },
+        )
     bad = [r.name for r in results if r.status != "proved"]
     if bad:
         print(f"not proved: {', '.join(bad)}")

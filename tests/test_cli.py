@@ -363,3 +363,20 @@ def test_forward_costs_is_not_refused_for_a_page_size_it_never_reads(
     argv = ["bench", "engine", "--forward-costs", "--block-size", "3"]
     assert main(argv) == 0
     assert ran == [argv[2:]]
+
+
+def test_the_prove_json_says_what_was_proved_at_which_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI artifact of `prove` names its bound, its families and the run (commit, versions,
+    date), as `verify`'s does; it held only the results before. The table's cut details say
+    they are cut."""
+    out = tmp_path / "prove.json"
+    assert main(["prove", "--family", "bmc", "--bound", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["bound"] == 1 and report["families"] == ["bmc"]
+    assert {"commit", "date", "versions"} <= set(report["run"])
+    assert report["proofs"] and all(p["name"].startswith("bmc/") for p in report["proofs"])
+    table = capsys.readouterr().out
+    long = [p["detail"] for p in report["proofs"] if len(p["detail"]) > 70]
+    assert long and long[0][:69] + "…" in table
