@@ -218,7 +218,7 @@ def known_rules() -> dict[str, str]:
     return {**rules_of(Family.DLLM), **rules_of(Family.AR)}
 
 
-def refuse_rules_no_target_checks(
+def refuse_rules_no_suite_checks(
     accepted: tuple[AcceptedDeviation, ...], targets: tuple[Resolved, ...], source: str
 ) -> None:
     """An accepted rule that none of the implementations' suites can break would accept
@@ -257,7 +257,7 @@ def plan(args: argparse.Namespace) -> Plan:
     if args.accept is not None:
         accepted = parse_accept_file(args.accept, known_rules())
     targets = tuple(resolve(name, args.family) for name in args.impl)
-    refuse_rules_no_target_checks(accepted, targets, args.accept or "")
+    refuse_rules_no_suite_checks(accepted, targets, args.accept or "")
     for t in targets:
         if args.mode and t.family is Family.AR:
             raise ConfigError(

@@ -87,6 +87,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "accept_unknown_rule": b"no_such_rule: a reason\n",
         "accept_no_reason": b"no_leak:   \n",
         "accept_twice": b"no_leak: one\nno_leak: two\n",
+        "accept_ar_rule": b"preemption_victim: on purpose\n",  # a rule of the AR suite only
         "accept_bad_json": b'[{"rule": "no_leak", "reason": "x"}',
         "accept_json_types": b'[{"rule": 3, "reason": "x"}]',
         "parity_types": json.dumps({"device": "cuda", "identical": "yes"}).encode(),
@@ -585,6 +586,11 @@ def ignored_flags() -> list[tuple[str, list[str]]]:
         (["simulate", "sbs", "--batch-time", "1e308"], "seconds in [1e-09, 3600]"),
         (["simulate", "dllm", "--plots", ""], "invalid --plots='': a directory path"),
         (["simulate", "dllm", "--calibration", ""], "invalid --calibration='': a calibration"),
+        (
+            ["verify", "--impl", "reference-dllm", "--accept", "{accept_ar_rule}"],
+            ": preemption_victim': a rule the dllm suite checks (preemption_victim is another "
+            "family's)",
+        ),
         (
             ["simulate", "sweep", "--scheduler", "simple", "--max-model-len", "10"],
             "invalid --max-model-len=10: left out with --scheduler simple",
