@@ -4,7 +4,10 @@ Per built-in, one line with its name, family and engine status (whether the real
 drives is installed), then, indented, its description, its target (`module:attribute`, what
 `--impl` resolves the name to) and its declared profile, wrapped to `WIDTH` columns: the
 profiles of the real engines' built-ins run to a few hundred characters, which a one-line table
-spread over as many columns. `--json PATH` writes the same fields, unwrapped, for a machine.
+spread over as many columns. After them, the seeded bugs that ship with the package (the
+reference schedulers with one bug planted each): their import strings, for `verify --impl`, and
+the rule a run that catches each names. `--json PATH` writes the same fields, unwrapped, for a
+machine.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 import textwrap
 from dataclasses import asdict, dataclass
 
+from reference.ar.seeded_bugs import AR_SEEDED_BUGS
+from reference.seeded_bugs import SEEDED_BUGS, SeededBug
 from schedspec_cli.output import check_output_path, table, write_json
 from spec.errors import SchedSpecError
 
@@ -80,6 +85,19 @@ def render(rows: list[BuiltinRow]) -> str:
     return "\n".join(out)
 
 
+def render_seeded_bugs(bugs: tuple[SeededBug, ...]) -> str:
+    """The seeded bugs' listing: a heading that says what they are for, then per bug its target
+    and, indented, the rule `verify` names and what the bug is."""
+    out = [
+        "",
+        "seeded bugs (each FAILS `verify --impl TARGET`, naming its rule; never serve with one):",
+    ]
+    for bug in bugs:
+        out.append(INDENT + bug.target)
+        out.extend(_indented(f"{bug.rule}: {bug.description}", INDENT))
+    return "\n".join(out)
+
+
 def _indented(text: str, label: str) -> list[str]:
     lead = INDENT + label
     return textwrap.wrap(
@@ -92,9 +110,15 @@ def _indented(text: str, label: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the listing (and write `--json`, checked before anything is loaded). Returns 0."""
+    """Print the listing and the seeded bugs (and write `--json`, checked before anything is
+    loaded). Returns 0."""
     check_output_path("--json", args.json)
     rows = builtin_rows()
+    bugs = SEEDED_BUGS + AR_SEEDED_BUGS
     print(render(rows))
-    write_json(args.json, {"builtins": [asdict(row) for row in rows]})
+    print(render_seeded_bugs(bugs))
+    write_json(
+        args.json,
+        {"builtins": [asdict(row) for row in rows], "seeded_bugs": [asdict(b) for b in bugs]},
+    )
     return 0

@@ -72,7 +72,7 @@ PLAUSIBLE = (
     (r"^--(prefill|decode)$", ("4", "2-8", "1", "200")),
     (r"tokens|model-len|budget", ("8", "16", "32", "128", "4096")),
     (r"impl|profile|twin", ("reference-dllm", "vllm-v1", "engine", "sglang-dllm-order",
-                            "reference-dllm-joint", "vidur-vllm", "tests.factories:nothing")),
+                            "reference-dllm-joint", "vidur-vllm", "reference.seeded_bugs:nothing")),
     (r"algorithm", ("LowConfidence", "JointThreshold", "all")),
     (r"device", ("cpu", "cuda", "cuda:1")),
     (r"json|trace|csv|report|calibration|accept|config|arrivals", ("out.json", "o/x.json",

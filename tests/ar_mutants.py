@@ -19,6 +19,7 @@ from properties.ar.strategies import ar_configs
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from reference.ar.mnemosyne import VidurMnemosyne
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, PrefixCachingVllmV1
+from reference.ar.seeded_bugs import BudgetOverflow, DoubleFree, PreemptsHead, SkipsToHead
 from reference.ar.vidur import VidurFasterTransformer, VidurLightLlm, VidurOrca, VidurVllm
 from reference.ar.vllm_settings import (
     VLLM_033_ADAPTIVE,
@@ -33,15 +34,8 @@ from reference.ar.vllm_settings import (
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
-from spec.ar.events import ArBlocksFreed, ArCacheEvicted, ArFinished, ArFinishReason
+from spec.ar.events import ArCacheEvicted, ArFinished, ArFinishReason
 from spec.ar.profile import ArProfile
-
-
-class PreemptsHead(VllmV1Scheduler):
-    """Preempts the head of the unscheduled running requests instead of the tail."""
-
-    def _pick_victim(self, req: ArReq, index: int) -> ArReq:
-        return next(r for r in self.running if r.rid not in self.scheduled)
 
 
 class PreemptsScheduled(VllmV1Scheduler):
@@ -50,50 +44,6 @@ class PreemptsScheduled(VllmV1Scheduler):
 
     def _pick_victim(self, req: ArReq, index: int) -> ArReq:
         return max(self.running, key=lambda r: (r.spec.priority, r.arrival))
-
-
-class SkipsToHead(VllmV1Scheduler):
-    """vLLM PR #33522: a waiting request whose blocks do not fit is skipped, later requests are
-    admitted, and the skipped ones are re-inserted at the head: FCFS is broken."""
-
-    def _schedule_waiting(self, budget: int) -> None:
-        skipped: list[ArReq] = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            n = self._waiting_tokens(req, budget)
-            if n is None:
-                break
-            need = self._blocks_needed(req, n)
-            if need > self.pool.num_free:
-                skipped.append(self.waiting.popleft())
-                continue
-            self._admit(req)
-            self._grow(req, need)
-            self._emit_scheduled(req, n)
-            budget -= n
-        self.waiting.extendleft(reversed(skipped))
-
-
-class DoubleFree(VllmV1Scheduler):
-    """vLLM #42571: a finishing request's last block is freed twice (it lands in the free
-    queue twice)."""
-
-    def _finish(self, req: ArReq, reason: ArFinishReason) -> None:
-        last = req.blocks[-1] if req.blocks else None
-        super()._finish(req, reason)
-        if last is not None:
-            self.pool.free_queue.append(last)
-            self.sink(ArBlocksFreed(req.rid, (last,)))
-
-
-class BudgetOverflow(VllmV1Scheduler):
-    """A prefill chunk takes one token more than the budget left."""
-
-    def _waiting_tokens(self, req: ArReq, budget: int) -> int | None:
-        n = super()._waiting_tokens(req, budget)
-        if n is not None and n == budget and req.uncomputed > budget:
-            return budget + 1
-        return n
 
 
 class VidurFtMissingFree(VidurFasterTransformer):

@@ -3,9 +3,10 @@ so a campaign (`schedspec verify --keep-going`) must report more than one rule."
 
 from __future__ import annotations
 
+from reference.seeded_bugs import DoubleFree
 from spec.adapter import EventSink
 from spec.config import DllmConfig
-from tests.mutants import AdmitsBeyondMaxRunning, DoubleFree, RaggedRow
+from tests.mutants import AdmitsBeyondMaxRunning, RaggedRow
 
 
 class ThreeBugs(DoubleFree, RaggedRow, AdmitsBeyondMaxRunning):

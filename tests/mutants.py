@@ -24,8 +24,14 @@ from reference.dllm import (
     _Req,
 )
 from reference.kv_pool import PagedKvPool, RequestPool
-from reference.oracle import AlgorithmOracle, DenoiseOracle, OracleRow
+from reference.oracle import AlgorithmOracle, DenoiseOracle
 from reference.prefix_cache import CACHED_PROFILE, CachingKvPool, CachingReferenceScheduler
+from reference.seeded_bugs import (
+    AbortLeaksRetainedBlock,
+    DoubleFree,
+    NoFreeOnFinish,
+    StaleContext,
+)
 from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import FinishReason, KvAllocated
@@ -35,49 +41,6 @@ from spec.snapshot import FinishedOutput
 
 #: An order of the engine's own (SGLang's lpm): any queued request may be admitted.
 FREE_ORDER_POLICY = DllmPolicy(free_queue_order=True)
-
-
-class NoFreeOnFinish(ReferenceDllmScheduler):
-    """Finishing releases the row but forgets the KV slots."""
-
-    def _finish(self, req: _Req, reason: FinishReason) -> None:
-        real_free = self.kv.free
-        self.kv.free = lambda request_id, slots: None  # type: ignore[method-assign]
-        try:
-            super()._finish(req, reason)
-        finally:
-            self.kv.free = real_free  # type: ignore[method-assign]
-
-
-class AbortLeaksRetainedBlock(ReferenceDllmScheduler):
-    """SGLang #32992: release frees only committed blocks, leaking an unresolved FDFO block."""
-
-    def _release(self, req: _Req) -> None:
-        committed = [
-            s
-            for s in self.kv.slots_of(req.rid)
-            if self.kv.owner[s][1] < req.committed_blocks  # type: ignore[index]
-        ]
-        self.kv.free(req.rid, committed)
-        req.block_slots = None
-        if req.row is not None:
-            from spec.events import RowReleased
-
-            self.rows.release(req.row)
-            self.sink(RowReleased(req.rid, req.row))
-            req.row = None
-        self.reserved_pages -= req.pages_needed
-
-
-class DoubleFree(ReferenceDllmScheduler):
-    """Finishing frees the last block, then frees a stale list of all the request's slots."""
-
-    def _finish(self, req: _Req, reason: FinishReason) -> None:
-        stale = self.kv.slots_of(req.rid)
-        last = self.kv.slots_of_block(req.rid, req.committed_blocks - 1)
-        self.kv.free(req.rid, last)
-        self.kv.free(req.rid, stale)  # frees `last` a second time
-        super()._finish(req, reason)
 
 
 class FreeUnfinishedBlockInBatch(ReferenceDllmScheduler):
@@ -269,17 +232,6 @@ class AdmitsOnlyWhenIdle(ReferenceDllmScheduler):
     def _admit(self) -> None:
         if not self.running:
             super()._admit()
-
-
-class StaleContext(ReferenceDllmScheduler):
-    """The oracle row gets a stale context: the committed tokens without the last committed
-    block (a context cache refreshed one block late). Sync and FDFO are corrupted alike, so
-    FDFO-vs-sync parity cannot see it; only the golden decoding can."""
-
-    def _oracle_row(self, req: _Req) -> OracleRow:
-        row = super()._oracle_row(req)
-        stale = row.context[: max(0, len(row.context) - self.config.block_size)]
-        return OracleRow(row.request_id, stale, row.block_index, row.tokens, row.state)
 
 
 class _PeekingRowPool(RequestPool):

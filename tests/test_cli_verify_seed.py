@@ -16,7 +16,7 @@ import pytest
 from properties.verify import forced_seed
 from schedspec_cli.main import main
 
-MUTANT = "tests.factories:no_free_on_finish"
+MUTANT = "reference.seeded_bugs:no_free_on_finish"
 
 
 def verify(tmp_path: Path, name: str, *argv: str) -> tuple[int, dict[str, Any]]:

@@ -75,7 +75,7 @@ def test_cli_verify_fails_on_a_mutant_by_import_string(tmp_path: Path, capsys, m
         [
             "verify",
             "--impl",
-            "tests.factories:no_free_on_finish",
+            "reference.seeded_bugs:no_free_on_finish",
             "--examples",
             "100",
             "--json",

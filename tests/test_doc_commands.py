@@ -126,7 +126,7 @@ def test_doc_command_runs_as_written(doc: str, command: str, workdir: Path) -> N
     argv = shlex.split(command)
     assert argv[0] == "./schedspec", f"{doc}: unexpected command {command!r}"
     # the reader's own modules are found because the current directory is importable (no
-    # PYTHONPATH for them); ROOT is there for the README's `tests.factories` seeded bug
+    # PYTHONPATH for them); ROOT is there for the checkout's packages, as `./schedspec` finds them
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if "release-check" in argv and not (workdir / argv[-1]).exists():
         pytest.skip("needs the CUDA parity JSON of the previous command")

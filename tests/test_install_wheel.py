@@ -6,9 +6,10 @@ installed with `pip install --no-deps` into a new environment, beside the declar
 (hypothesis, z3-solver, numpy — from pip's cache; torch is an extra and never installed). There,
 from the user's own directory: `--version`, `list-impls` (every built-in), `prove --bound 2`,
 `simulate sbs`, and a dLLM and an AR adapter written as docs/implementers.md says, verified with
-`schedspec verify --impl my_module:attr` (no PYTHONPATH), and `check-trace` on a recorded log,
-as a file and piped to `-`. What an implementer's and an engine's CI run there: `mypy --strict`
-on the adapters against the installed package, and the guide's own pytest file. Without torch,
+`schedspec verify --impl my_module:attr` (no PYTHONPATH), the shipped seeded bugs caught, and
+`check-trace` on a recorded log, as a file and piped to `-`. What an implementer's and an
+engine's CI run there: `mypy --strict` on the adapters against the installed package, and the
+guide's own pytest file. Without torch,
 `parity` and `verify --impl engine` are one line naming the `engine` extra, a real engine that
 runs on torch one line saying to install torch, and without matplotlib `simulate --plots` one
 line naming the `plots` extra.
@@ -29,6 +30,8 @@ import pytest
 from integrations.manifest import cache_root
 from integrations.vidur import MANIFEST as VIDUR
 from integrations.vllm import MANIFEST as VLLM
+from reference.ar.seeded_bugs import AR_SEEDED_BUGS
+from reference.seeded_bugs import SEEDED_BUGS
 from schedspec_cli.registry import BUILTINS
 from tests.engine_gate import require_engine
 from tests.test_docs_examples import guide_files
@@ -181,6 +184,17 @@ def test_guide_adapters_verify_from_the_users_directory(
         res = schedspec(installed, "verify", *args, "--examples", "20")
         assert res.returncode == 0, f"{args}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
         assert "PASS" in res.stdout
+
+
+def test_the_shipped_seeded_bugs_fail_from_the_wheel(
+    installed: tuple[Path, dict[str, str], Path],
+) -> None:
+    """The README tour's seeded bug, and an AR one, run from an install (they used to live only
+    in the checkout's `tests/`, so the tour's command said "No module named 'tests'")."""
+    for bug in (SEEDED_BUGS[0], AR_SEEDED_BUGS[2]):
+        res = schedspec(installed, "verify", "--impl", bug.target, "--examples", "100")
+        assert res.returncode == 1, f"{bug.target}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+        assert f"[{bug.rule}]" in res.stdout, res.stdout[-3000:]
 
 
 @pytest.mark.parametrize("seed", [(), ("--seed", "5")], ids=["fixed", "seed-5"])

@@ -98,7 +98,7 @@ def test_main_job_names_what_failed(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    bad = Builtin("seeded-bug", Family.DLLM, ("tests.factories:no_free_on_finish",), "x")
+    bad = Builtin("seeded-bug", Family.DLLM, ("reference.seeded_bugs:no_free_on_finish",), "x")
     monkeypatch.setattr(mj, "all_builtins", lambda: {"seeded-bug": bad})
     monkeypatch.setattr(mj, "step_proofs", lambda: (True, "skipped here", {}))
     monkeypatch.setattr(mj, "step_parity", lambda p, t: (True, "skipped here", {}))
