@@ -30,12 +30,8 @@ from schedspec_cli.twins import twin_for_targets
 from spec.implementation import Family, Implementation
 
 
-def bench_main(argv: list[str]) -> int:
-    """`schedspec bench conformance`: run the conformance machine for `--examples` programs
-    on each `--impl` (default `reference-dllm` and `reference-dllm-joint`), with `--twin` also
-    with that twin; print the steps-per-second table and write the rows to `--json` when given.
-    Returns 0 when every run passed, 1 when one failed; a bad flag, name or path raises
-    (`UsageError`, `ConfigError`: exit 2) before anything runs."""
+def build_parser() -> Parser:
+    """The command's flags; a bad one raises `UsageError` (exit 2)."""
     p = Parser(prog="schedspec bench conformance", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--impl",
@@ -63,7 +59,16 @@ def bench_main(argv: list[str]) -> int:
     )
     add_threads_argument(p, ", as verify --impl checks")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def bench_main(argv: list[str]) -> int:
+    """`schedspec bench conformance`: run the conformance machine for `--examples` programs
+    on each `--impl` (default `reference-dllm` and `reference-dllm-joint`), with `--twin` also
+    with that twin; print the steps-per-second table and write the rows to `--json` when given.
+    Returns 0 when every run passed, 1 when one failed; a bad flag, name or path raises
+    (`UsageError`, `ConfigError`: exit 2) before anything runs."""
+    args = build_parser().parse_args(argv)
     check_output_path("--json", args.json)
     targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)

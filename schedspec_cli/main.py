@@ -35,7 +35,7 @@ PASS_THROUGH: dict[str, str] = {
     "agreement and leaks of a dLLM implementation (--impl; default the engine: engine extra)",
     "release-check": "is a parity JSON a release run? (--impl's report, CUDA, every case "
     "identical and golden, no leak)",
-    "simulate": "the serving simulator: dllm | sbs | replicas | sweep (see docs/sbs.md)",
+    "simulate": "the serving simulator: dllm | sbs | replicas | sweep (each takes --help)",
     "install-engines": "install the real engines (vllm, sglang, vidur, all) into the engine cache",
 }
 ENGINES = ("vllm", "sglang", "vidur", "all")

@@ -344,11 +344,8 @@ def _case_identical(case: Mapping[str, Any]) -> bool:
     return all(f is True for f in flags)
 
 
-def release_check_main(argv: list[str]) -> int:
-    """`schedspec release-check PARITY.json [--impl NAME]`: print `release run OK` and return
-    0, or `NOT a release run` with every reason and return 1 (also for a report produced for
-    another implementation than `--impl`). A file that is not a parity report raises
-    `ConfigError`, a bad flag `UsageError` (exit 2)."""
+def build_parser() -> Parser:
+    """The command's flags; a bad one raises `UsageError` (exit 2)."""
     p = Parser(prog="schedspec release-check", description=__doc__.split("\n\n")[0])
     p.add_argument("parity_json", help="the JSON written by `schedspec parity --json`")
     p.add_argument(
@@ -356,7 +353,15 @@ def release_check_main(argv: list[str]) -> int:
         default="engine",
         help="the implementation the report must have been produced for (default engine)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def release_check_main(argv: list[str]) -> int:
+    """`schedspec release-check PARITY.json [--impl NAME]`: print `release run OK` and return
+    0, or `NOT a release run` with every reason and return 1 (also for a report produced for
+    another implementation than `--impl`). A file that is not a parity report raises
+    `ConfigError`, a bad flag `UsageError` (exit 2)."""
+    args = build_parser().parse_args(argv)
     report = load_report(args.parity_json)
     produced_for = report.get("impl")
     if produced_for != args.impl:

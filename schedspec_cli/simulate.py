@@ -20,7 +20,7 @@ from reference.sim import workload as wl
 from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
-from schedspec_cli.args import Parser, UsageError, int_in, positive, refuse_ignored
+from schedspec_cli.args import Parser, int_in, positive, refuse_ignored
 from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, write_json
 from schedspec_cli.plots import require_matplotlib
@@ -137,7 +137,7 @@ def _add_workload(
     p.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), help=f"default {requests}")
     p.add_argument("--prefill", help=f"prompt tokens: N or LOW-HIGH (default {prefill})")
     p.add_argument("--decode", help=f"output tokens: N or LOW-HIGH (default {decode})")
-    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
     p.set_defaults(
         generated_defaults={
             "arrivals": "poisson",
@@ -166,11 +166,26 @@ MAX_SIM_REQUESTS = 10_000_000
 MAX_SIM_REQUEST_BLOCKS = 100_000  # generated blocks per request; a prompt's blocks likewise
 MAX_SIM_SEATS = 4096
 
+SEED_HELP = "the seed of every random draw (arrivals, lengths, forwards per block; default 0)"
+EXEC_MODEL_HELP = (
+    "forward-time model: 'const:SECONDS', 'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]', "
+    "'roofline:MODEL@DEVICE[xPARALLEL]' or 'table:PATH.json' (default %(default)s)"
+)
+GLOBAL_SCHEDULER_HELP = (
+    "which replica a request goes to: round_robin, lor (least outstanding requests) or random "
+    "(default %(default)s)"
+)
+DESCRIPTION = """Serving simulations in simulated time: `dllm` (sync vs FDFO on the reference dLLM
+scheduler), `sbs` (immediate dispatch vs Staggered Batch Scheduling, P/D separated),
+`replicas` (a cluster of AR replica schedulers) and `sweep` (a capacity grid). Progress goes to
+stderr, a short table to stdout, and the results, with --json, to a file. Each subcommand
+takes --help."""
+
 
 def build_parser() -> Parser:
     """The simulator's flags; a bad one raises `UsageError` (one line, exit 2), like every
     other command's."""
-    ap = Parser(prog="schedspec simulate", description=__doc__)
+    ap = Parser(prog="schedspec simulate", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="what", required=True, parser_class=Parser)
 
     d = sub.add_parser("dllm", help="dLLM sync vs FDFO (with/without in-place reuse) sweep")
@@ -184,7 +199,11 @@ def build_parser() -> Parser:
         help="forwards per block: 'F:COUNT,...' or 'uniform:LO-HI' "
         "(default: gpu/assets/rounds_report.json if present, else uniform)",
     )
-    d.add_argument("--steps-report", help="a rounds_report.json to read the histogram from")
+    d.add_argument(
+        "--steps-report",
+        help="a rounds_report.json (written by the engine's calibration) to read the "
+        "forwards-per-block histogram from, instead of the shipped one",
+    )
     d.add_argument(
         "--algorithm",
         choices=ALGORITHMS,
@@ -207,7 +226,8 @@ def build_parser() -> Parser:
     )
     d.add_argument(
         "--forward",
-        help="forward time model (see exec_model.parse_model; default linear:0.020,2e-5,0)",
+        help="forward-time model, in the syntax of `simulate replicas --exec-model` (default "
+        "linear:0.020,2e-5,0: seconds per forward, per prefill token, per decode token)",
     )
     d.add_argument("--round-overhead", type=_cost_seconds, help="seconds per round (default 0.002)")
     d.add_argument(
@@ -218,7 +238,7 @@ def build_parser() -> Parser:
         type=_cost_seconds,
         help="seconds per round that allocates (default 0.0015)",
     )
-    d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
     d.add_argument(
         "--calibration",
         help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
@@ -242,17 +262,38 @@ def build_parser() -> Parser:
     _add_outputs(d)
 
     s = sub.add_parser("sbs", help="gated-queueing reproduction and SBS vs immediate dispatch")
-    s.add_argument("--dp-units", type=positive(4096), default=16)
     s.add_argument(
-        "--batch-time", type=_batch_seconds, default=0.1, help="T of the queueing model (s)"
+        "--dp-units",
+        type=positive(4096),
+        default=16,
+        help="data-parallel units per prefill instance, N of the queueing model (default "
+        "%(default)s)",
     )
-    s.add_argument("--prefill-instances", type=positive(4096), default=2)
-    s.add_argument("--decode-units", type=positive(4096), default=32)
+    s.add_argument(
+        "--batch-time",
+        type=_batch_seconds,
+        default=0.1,
+        help="T of the queueing model: seconds per batch (default %(default)s)",
+    )
+    s.add_argument(
+        "--prefill-instances",
+        type=positive(4096),
+        default=2,
+        help="prefill instances, each of --dp-units units (default %(default)s)",
+    )
+    s.add_argument(
+        "--decode-units",
+        type=positive(4096),
+        default=32,
+        help="units of the decode instance (default %(default)s)",
+    )
     _add_workload(s, 120.0, 6000, "256-4096", "64-512")
     _add_outputs(s)
 
     r = sub.add_parser("replicas", help="replica-level simulation (Vidur tiers)")
-    r.add_argument("--replicas", type=positive(4096), default=4)
+    r.add_argument(
+        "--replicas", type=positive(4096), default=4, help="replicas (default %(default)s)"
+    )
     r.add_argument(
         "--scheduler",
         default="simple",
@@ -261,12 +302,30 @@ def build_parser() -> Parser:
         "(e.g. reference.ar.vllm_v1:make_vllm_v1)",
     )
     r.add_argument(
-        "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
+        "--global-scheduler",
+        default="round_robin",
+        choices=("round_robin", "lor", "random"),
+        help=GLOBAL_SCHEDULER_HELP,
     )
-    r.add_argument("--exec-model", default="roofline:llama3-8b@h100")
-    r.add_argument("--max-batch", type=positive(1_000_000), default=128)
-    r.add_argument("--kv-tokens", type=positive(10**10), default=200_000)
-    r.add_argument("--max-prefill-tokens", type=positive(10**9), default=4096)
+    r.add_argument("--exec-model", default="roofline:llama3-8b@h100", help=EXEC_MODEL_HELP)
+    r.add_argument(
+        "--max-batch",
+        type=positive(1_000_000),
+        default=128,
+        help="seats (running requests) per replica (default %(default)s)",
+    )
+    r.add_argument(
+        "--kv-tokens",
+        type=positive(10**10),
+        default=200_000,
+        help="KV-cache tokens per replica (default %(default)s)",
+    )
+    r.add_argument(
+        "--max-prefill-tokens",
+        type=positive(10**9),
+        default=4096,
+        help="prompt tokens a replica step takes at most (the token budget; default %(default)s)",
+    )
     _add_workload(r, 10.0, 2000, "64-1024", "16-256")
     _add_outputs(r)
     _add_sweep(sub)
@@ -280,20 +339,47 @@ def _add_sweep(sub: Any) -> None:
         "sweep",
         help="a capacity grid (qps x scheduler x replicas x KV pool) in parallel on Ray",
     )
-    w.add_argument("--qps", default="16,32,64,128", help="comma-separated arrival rates (total)")
+    w.add_argument(
+        "--qps",
+        default="16,32,64,128",
+        help="comma-separated arrival rates, requests/s over all replicas (default %(default)s)",
+    )
     w.add_argument(
         "--scheduler",
         default="vidur-vllm,vidur-sarathi,vidur-orca",
-        help=f"comma-separated replica schedulers: {', '.join(SCHEDULERS)}",
+        help=f"comma-separated replica schedulers: {', '.join(SCHEDULERS)} (default %(default)s)",
     )
-    w.add_argument("--replicas", default="2", help="comma-separated replica counts")
-    w.add_argument("--kv-tokens", default="8192,32768", help="comma-separated KV pool sizes")
-    w.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), default=1000)
-    w.add_argument("--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH")
-    w.add_argument("--decode", default="16-256", help="output tokens: N or LOW-HIGH")
-    w.add_argument("--max-batch", type=positive(1_000_000), default=32, help="seats per replica")
     w.add_argument(
-        "--budget", type=positive(10**9), default=2048, help="tokens per batch (chunk size)"
+        "--replicas", default="2", help="comma-separated replica counts (default %(default)s)"
+    )
+    w.add_argument(
+        "--kv-tokens",
+        default="8192,32768",
+        help="comma-separated KV pool sizes, tokens per replica (default %(default)s)",
+    )
+    w.add_argument(
+        "--requests",
+        type=positive(MAX_SIM_REQUESTS),
+        default=1000,
+        help="requests per point (default %(default)s)",
+    )
+    w.add_argument(
+        "--prefill", default="64-1024", help="prompt tokens: N or LOW-HIGH (default %(default)s)"
+    )
+    w.add_argument(
+        "--decode", default="16-256", help="output tokens: N or LOW-HIGH (default %(default)s)"
+    )
+    w.add_argument(
+        "--max-batch",
+        type=positive(1_000_000),
+        default=32,
+        help="seats per replica (default %(default)s)",
+    )
+    w.add_argument(
+        "--budget",
+        type=positive(10**9),
+        default=2048,
+        help="tokens per batch (chunk size; default %(default)s)",
     )
     w.add_argument(
         "--max-model-len",
@@ -302,16 +388,20 @@ def _add_sweep(sub: Any) -> None:
         help="the longest request (prompt plus output) an AR scheduler admits (default 1280; "
         "not with --scheduler simple alone, which has no such limit)",
     )
-    w.add_argument("--exec-model", default="roofline:llama3-8b@h100")
+    w.add_argument("--exec-model", default="roofline:llama3-8b@h100", help=EXEC_MODEL_HELP)
     w.add_argument(
-        "--global-scheduler", default="round_robin", choices=("round_robin", "lor", "random")
+        "--global-scheduler",
+        default="round_robin",
+        choices=("round_robin", "lor", "random"),
+        help=GLOBAL_SCHEDULER_HELP,
     )
-    w.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    w.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
     w.add_argument(
         "--backend",
         default="ray",
         choices=("ray", "local"),
-        help="ray (parallel; local Ray unless --address) or local (one process)",
+        help="ray (parallel; local Ray unless --address) or local (one process; default "
+        "%(default)s)",
     )
     w.add_argument("--address", help="an existing Ray cluster, e.g. ray://head:10001 or auto")
     w.add_argument("--num-cpus", type=positive(4096), help="CPUs of the local Ray (default: all)")
@@ -983,11 +1073,3 @@ def _check_outputs(args: argparse.Namespace) -> None:
         path = getattr(args, flag, None)
         if path is not None:
             check_output_path(f"--{flag}", path, directory=flag == "plots")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    try:
-        sys.exit(simulate_main(sys.argv[1:]))
-    except UsageError as bad:
-        print(bad, file=sys.stderr)
-        sys.exit(2)

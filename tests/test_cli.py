@@ -14,9 +14,11 @@ import pytest
 
 from properties.ar.harness import ArHarness
 from properties.harness import Harness
+from reference.ar.seeded_bugs import AR_SEEDED_BUGS
 from reference.ar.vidur import make_vidur_vllm
 from reference.dllm import make_scheduler
-from schedspec_cli import engine_cmds, list_impls, version
+from reference.seeded_bugs import SEEDED_BUGS
+from schedspec_cli import bench_conformance, engine_cmds, list_impls, release, simulate, version
 from schedspec_cli import main as cli
 from schedspec_cli.main import PASS_THROUGH, build_parser, main
 from schedspec_cli.registry import BUILTINS
@@ -48,14 +50,28 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _parsers() -> list[argparse.ArgumentParser]:
-    top = build_parser()
-    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    return [
-        top,
-        *sub.choices.values(),
+    """Every parser a user reaches: the top level's, each command's, the pass-through
+    commands' own (parity, bench engine|conformance, release-check) and simulate's with each
+    of its subcommands'."""
+    found: list[argparse.ArgumentParser] = []
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        found.append(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+
+    for parser in (
+        build_parser(),
         engine_cmds.parity_parser(),
         engine_cmds.bench_engine_parser(),
-    ]
+        bench_conformance.build_parser(),
+        release.build_parser(),
+        simulate.build_parser(),
+    ):
+        walk(parser)
+    return found
 
 
 def test_every_flag_has_help_text() -> None:
@@ -87,8 +103,8 @@ def test_list_impls_fits_a_terminal_and_shows_every_profile_whole(
     out_json = tmp_path / "impls.json"
     assert main(["list-impls", "--json", str(out_json)]) == 0
     out, _ = out_err(capsys)
-    lines = out.splitlines()
-    assert max(len(line) for line in lines) <= list_impls.WIDTH, max(lines, key=len)
+    assert max(len(line) for line in out.splitlines()) <= list_impls.WIDTH
+    lines = out.split("\n\nseeded bugs")[0].splitlines()  # the built-ins, without the bugs
     written = json.loads(out_json.read_text(encoding="utf-8"))["builtins"]
     assert [row["name"] for row in written] == list(BUILTINS)
     starts = [i for i, line in enumerate(lines) if not line.startswith(" ")][2:]
@@ -99,6 +115,19 @@ def test_list_impls_fits_a_terminal_and_shows_every_profile_whole(
         for field in ("description", "target", "profile"):
             assert " ".join(row[field].split()) in entry, (field, entry)
     assert any(len(row["profile"]) > list_impls.WIDTH for row in written)  # some do wrap
+
+
+def test_list_impls_lists_the_shipped_seeded_bugs_with_their_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "impls.json"
+    assert main(["list-impls", "--json", str(out_json)]) == 0
+    out, _ = out_err(capsys)
+    section = out.split("\n\nseeded bugs", 1)[1]
+    written = json.loads(out_json.read_text(encoding="utf-8"))["seeded_bugs"]
+    assert [b["target"] for b in written] == [b.target for b in SEEDED_BUGS + AR_SEEDED_BUGS]
+    for bug in written:
+        assert f"\n    {bug['target']}\n        {bug['rule']}: " in section, bug
 
 
 def test_list_impls_refuses_a_json_path_it_cannot_write(
