@@ -365,8 +365,10 @@ def run_algorithm(
                 report.cache_hits += engine.prefix_cache.hits
             runs.append(run)
     report.batch_sizes = (1, max(r.widest_forward for r in runs if r.batch == batch))
+    # a run is named in the report by the batch size it ran at, as its timing key is
+    ran_as = {f"{m}@{size}": timing_key(m, size, report.batch_sizes[1]) for m, size, _ in seconds}
     for mode, size, took in seconds:
-        report.seconds[f"{algorithm}/{timing_key(mode, size, report.batch_sizes[1])}"] = took
+        report.seconds[f"{algorithm}/{ran_as[f'{mode}@{size}']}"] = took
     golden = golden_outputs(runs[0].adapter, requests)
     verdicts = compare_variants(requests, runs, golden)
     ref_digests = _digests(runs[0], requests)
@@ -387,7 +389,9 @@ def run_algorithm(
                 max_new_tokens=verdict.request.max_new_tokens,
                 identical_outputs=verdict.identical_outputs,
                 identical_digests=not bad_digests,
-                mismatched=tuple(sorted(set(verdict.mismatched) | set(bad_digests))),
+                mismatched=tuple(
+                    sorted(ran_as[name] for name in set(verdict.mismatched) | set(bad_digests))
+                ),
                 golden=verdict.golden,
                 golden_detail=verdict.golden_detail,
             )

@@ -181,6 +181,9 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             took.append((variant.name, size, round(time.perf_counter() - start, 3)))
     reference = runs[0].adapter
     golden = _guarded(resolved.name, "golden_output", partial(golden_outputs, reference, requests))
+    widest = max(r.widest_forward for r in runs if r.batch == ns.batch)
+    # a run is named in the report by the batch size it ran at, as its timing key is
+    ran_as = {f"{mode}@{size}": timing_key(mode, size, widest) for mode, size, _ in took}
     cases = [
         {
             "algorithm": resolved.name,
@@ -190,14 +193,13 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             "max_new_tokens": v.request.max_new_tokens,
             "identical": v.identical_outputs,
             "identical_outputs": v.identical_outputs,
-            "mismatched": list(v.mismatched),
+            "mismatched": [ran_as[name] for name in v.mismatched],
             "golden": v.golden,
             "golden_detail": v.golden_detail,
         }
         for i, v in enumerate(compare_variants(requests, runs, golden))
     ]
-    widest = max(r.widest_forward for r in runs if r.batch == ns.batch)
-    seconds = {timing_key(mode, size, widest): t for mode, size, t in took}
+    seconds = {ran_as[f"{mode}@{size}"]: t for mode, size, t in took}
     return {
         "impl": resolved.name,
         "prefix_cache": base.prefix_cache,

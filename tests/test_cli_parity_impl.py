@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from reference.dllm import ReferenceDllmScheduler
+from reference.dllm import ReferenceDllmScheduler, _Req
+from reference.oracle import OracleRow
 from schedspec_cli.main import main
 from spec.adapter import EventSink
 from spec.batch_parity import batch_sizes_clause
-from spec.config import DllmConfig, RequestSpec
+from spec.config import DllmConfig, Mode, RequestSpec
 from spec.golden import GoldenDecoder
 from spec.snapshot import Snapshot
 
@@ -79,9 +80,43 @@ def test_events_are_checked_under_the_implementations_declared_policy(
 
 def test_a_stale_context_bug_fails_on_golden(capsys: pytest.CaptureFixture[str]) -> None:
     """Sync and FDFO are corrupted alike: parity holds, golden does not -> exit 1."""
-    code, out, _ = _run(["--impl", "tests.mutants:StaleContext", *ARGS], capsys)
+    code, out, _ = _run(["--impl", "reference.seeded_bugs:stale_context", *ARGS], capsys)
     assert code == 1
     assert "IDENTICAL, golden DIFFERS" in out and "differs from its golden output" in out
+
+
+class StaleUnderFdfo(ReferenceDllmScheduler):
+    """The denoiser sees a stale context (without the last committed block) under FDFO only:
+    FDFO's outputs differ from sync's."""
+
+    def _oracle_row(self, req: _Req) -> OracleRow:
+        row = super()._oracle_row(req)
+        if self.config.mode is not Mode.FDFO:
+            return row
+        stale = row.context[: max(0, len(row.context) - self.config.block_size)]
+        return OracleRow(row.request_id, stale, row.block_index, row.tokens, row.state)
+
+
+def stale_under_fdfo(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
+    return StaleUnderFdfo(config, sink)
+
+
+def test_a_mismatched_run_is_named_by_the_batch_size_it_ran_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prompts under `--batch 4`: the batched runs held two rows, so the report names them
+    `@2` in `mismatched` as in `seconds` (it used to say `fdfo@4` there and `fdfo@2` here)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    out_json = tmp_path / "stale.json"
+    two = ["--prompts", "2", "--batch", "4", *ARGS[2:], "--json", str(out_json)]
+    code, out, _ = _run(["--impl", f"{__name__}:stale_under_fdfo", *two], capsys)
+    assert code == 1, out
+    data = json.loads(out_json.read_text())
+    assert data["batch_sizes"] == [1, 2]
+    named = {name for case in data["cases"] for name in case["mismatched"]}
+    assert named and named <= set(data["seconds"]), (named, data["seconds"])
+    assert any(name.endswith("@2") for name in named), named
+    assert not any(name.endswith("@4") for name in named), named
 
 
 class Plain:

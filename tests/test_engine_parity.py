@@ -4,6 +4,8 @@ model with the shipped prompt set (`run_parity`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -164,3 +166,36 @@ def test_the_default_case_list_is_every_distinct_shipped_prompt_once() -> None:
     assert not [p for p in release_problems(data) if "repeated" in p], release_problems(data)
     with pytest.raises(ConfigError, match=f"between 1 and {len(texts)} "):
         run_parity("cpu", ["JointThreshold"], len(texts) + 1, 4, model=tiny_model("cpu"))
+
+
+def test_a_mismatched_run_is_named_by_the_batch_size_it_ran_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FDFO runs a different model (a planted batch-parity bug): two prompts under `batch=4`
+    ran at batch size 2, so `mismatched` names `fdfo@2`, as `seconds` does (it said `fdfo@4`)."""
+    import gpu.parity as parity
+    from gpu.algorithms import make_algorithm
+    from gpu.engine import DllmEngine
+    from gpu.model import BlockDiffusionLM
+    from spec.adapter import EventSink
+
+    other = tiny_model("cpu", 2)
+
+    def factory(
+        model: BlockDiffusionLM, algorithm: str, device: torch.device
+    ) -> Callable[[DllmConfig, EventSink], DllmEngine]:
+        def make(config: DllmConfig, sink: EventSink) -> DllmEngine:
+            use = other if config.mode is Mode.FDFO else model
+            return DllmEngine(
+                config, sink, model=use, algorithm=make_algorithm(algorithm), device=device
+            )
+
+        return make
+
+    monkeypatch.setattr(parity, "_engine_factory", factory)
+    report = run_parity("cpu", ["LowConfidence"], 2, 8, 4, 8, model=tiny_model("cpu"), batch=4)
+    data = report.to_json()
+    assert data["batch_sizes"] == [1, 2] and data["identical"] is False
+    named = {name for case in data["cases"] for name in case["mismatched"]}
+    assert "fdfo@2" in named and not any(name.endswith("@4") for name in named), named
+    assert {f"LowConfidence/{name}" for name in named} <= set(data["seconds"]), data["seconds"]
