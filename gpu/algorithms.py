@@ -140,7 +140,7 @@ class LowConfidence(DllmAlgorithm):
     """Commit every masked position above `threshold`, else the single most confident one."""
 
     name = "LowConfidence"
-    param_names = ("threshold",)
+    param_names: ClassVar[tuple[str, ...]] = ("threshold",)
 
     def __init__(self, mask_id: int = MASK_ID, threshold: float = 0.95) -> None:
         super().__init__(mask_id)
@@ -181,7 +181,12 @@ class JointThreshold(DllmAlgorithm):
     generated positions until nothing changes or `max_post_edit_steps` edits were made."""
 
     name = "JointThreshold"
-    param_names = ("threshold", "edit_threshold", "max_post_edit_steps", "penalty_lambda")
+    param_names: ClassVar[tuple[str, ...]] = (
+        "threshold",
+        "edit_threshold",
+        "max_post_edit_steps",
+        "penalty_lambda",
+    )
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from reference.dllm import ReferenceDllmScheduler, replaying_twin
 from spec.adapter import EventSink, ImplementationFactory
@@ -61,13 +61,17 @@ class SglangOrderScheduler(ReferenceDllmScheduler):
         self._admit_fcfs()
 
 
+#: What builds an `SglangOrderScheduler` (an `ImplementationFactory` whose schedulers are that).
+SglangOrderFactory: TypeAlias = Callable[[DllmConfig, EventSink], SglangOrderScheduler]
+
+
 class SglangOrderVariant(NamedTuple):
     """SGLang's admission order under one policy, as the built-ins need it: the factory
     (`schedspec verify --impl`), the decision twin replaying a run's step outcomes
     (`conformance_machine(..., twin=...)`, `verify --twin`; rule `twin_decisions`) and the
     implementation with its profile."""
 
-    factory: Callable[[DllmConfig, EventSink], SglangOrderScheduler]
+    factory: SglangOrderFactory
     twin: Callable[[Sequence[Event], DllmConfig], ImplementationFactory]
     implementation: DllmImplementation
 
@@ -88,6 +92,7 @@ def sglang_order_variant(policy: DllmPolicy, description: str) -> SglangOrderVar
 
 
 # `schedspec verify --impl sglang-dllm-order` and `--twin sglang-dllm-order`: FCFS
+make_sglang_order_scheduler: SglangOrderFactory
 make_sglang_order_scheduler, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER = sglang_order_variant(
     SGLANG_ORDER_POLICY,
     "SGLang 0.5.23's dLLM admission order (PREFILL_FIRST in its window, phase-separated), "
@@ -96,6 +101,7 @@ make_sglang_order_scheduler, SGLANG_ORDER_TWIN, SGLANG_DLLM_ORDER = sglang_order
 
 #: The same under priority scheduling: the queue in priority order, lower first.
 SGLANG_ORDER_PRIORITY_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, priority_order=True)
+make_sglang_order_priority_scheduler: SglangOrderFactory
 (
     make_sglang_order_priority_scheduler,
     SGLANG_ORDER_PRIORITY_TWIN,
@@ -109,6 +115,7 @@ SGLANG_ORDER_PRIORITY_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, priority
 
 #: The same under `--schedule-policy lof`: the queue by max_new_tokens, longest first.
 SGLANG_ORDER_LOF_POLICY = dataclasses.replace(SGLANG_ORDER_POLICY, longest_output_first=True)
+make_sglang_order_lof_scheduler: SglangOrderFactory
 make_sglang_order_lof_scheduler, SGLANG_ORDER_LOF_TWIN, SGLANG_DLLM_ORDER_LOF = (
     sglang_order_variant(
         SGLANG_ORDER_LOF_POLICY,
@@ -122,6 +129,7 @@ make_sglang_order_lof_scheduler, SGLANG_ORDER_LOF_TWIN, SGLANG_DLLM_ORDER_LOF = 
 SGLANG_ORDER_PRIORITY_LOF_POLICY = dataclasses.replace(
     SGLANG_ORDER_POLICY, priority_order=True, longest_output_first=True
 )
+make_sglang_order_priority_lof_scheduler: SglangOrderFactory
 (
     make_sglang_order_priority_lof_scheduler,
     SGLANG_ORDER_PRIORITY_LOF_TWIN,
@@ -146,6 +154,7 @@ __all__ = [
     "SGLANG_ORDER_PRIORITY_POLICY",
     "SGLANG_ORDER_PRIORITY_TWIN",
     "SGLANG_ORDER_TWIN",
+    "SglangOrderFactory",
     "SglangOrderScheduler",
     "SglangOrderVariant",
     "make_sglang_order_lof_scheduler",

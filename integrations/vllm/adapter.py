@@ -116,7 +116,7 @@ from spec.errors import ConfigError, DuplicateRequest, InvalidRequest, UnknownRe
 #: ("incremental", the default), or those its prefix-cache hit reuses too ("full").
 KV_REPORT_MODES = ("incremental", "full")
 
-TINY_LLAMA = {
+TINY_LLAMA: dict[str, object] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 64,

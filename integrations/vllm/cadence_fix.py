@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 LIFT_EMPTY_HOLD = "lift-empty-hold"
 
@@ -63,9 +63,9 @@ CADENCE_SCHEDULE = ScheduleFix(CADENCE_FIX)
 CADENCE_FIXES = CADENCE_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_cadence_fix = CADENCE_SCHEDULE.apply
+apply_cadence_fix: ApplyFix = CADENCE_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = CADENCE_SCHEDULE.as_diff
+fix_as_diff: FixDiff = CADENCE_SCHEDULE.as_diff
 
 __all__ = [
     "CADENCE_FIX",

@@ -94,6 +94,7 @@ from integrations.vllm.core_loop import (
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
+    PauseHook,
     call_vllm,
     check_content,
     check_pool,
@@ -566,7 +567,7 @@ class DllmCoreLoop(BatchQueueLoop[_Counts]):
         step)."""
         if self.serving.pauses is not None:
             seed = zlib.crc32(repr(program.arrivals).encode())
-            self.pause = PauseDriver(
+            self.pause: PauseHook | None = PauseDriver(
                 self.sched, self.serving.pauses, seed, note=self.note, abort=self.abort
             )
         self.play(program.arrivals, program.aborts, self.submit, self.abort)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 DRAFT_MARGIN = "cap-draft-margin"
 
@@ -102,9 +102,9 @@ DRAFT_MARGIN_FIX = EngineFix(
 DRAFT_MARGIN_SCHEDULE = ScheduleFix(DRAFT_MARGIN_FIX)
 DRAFT_MARGIN_FIXES = DRAFT_MARGIN_SCHEDULE.fix_set
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_draft_margin_fix = DRAFT_MARGIN_SCHEDULE.apply
+apply_draft_margin_fix: ApplyFix = DRAFT_MARGIN_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = DRAFT_MARGIN_SCHEDULE.as_diff
+fix_as_diff: FixDiff = DRAFT_MARGIN_SCHEDULE.as_diff
 
 
 __all__ = [

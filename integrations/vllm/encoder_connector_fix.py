@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 TELL_EC_CONNECTOR_ONCE_SCHEDULED = "tell-ec-connector-once-scheduled"
 
@@ -100,9 +100,9 @@ ENCODER_CONNECTOR_SCHEDULE = ScheduleFix(ENCODER_CONNECTOR_FIX)
 ENCODER_CONNECTOR_FIXES = ENCODER_CONNECTOR_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_encoder_connector_fix = ENCODER_CONNECTOR_SCHEDULE.apply
+apply_encoder_connector_fix: ApplyFix = ENCODER_CONNECTOR_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = ENCODER_CONNECTOR_SCHEDULE.as_diff
+fix_as_diff: FixDiff = ENCODER_CONNECTOR_SCHEDULE.as_diff
 
 __all__ = [
     "ENCODER_CONNECTOR_FIX",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 PIN_LOADS_BEFORE_SAVES = "pin-loads-before-saves"
 
@@ -55,9 +55,9 @@ ENCODER_LOAD_ORDER_SCHEDULE = ScheduleFix(ENCODER_LOAD_ORDER_FIX)
 ENCODER_LOAD_ORDER_FIXES = ENCODER_LOAD_ORDER_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_encoder_load_order_fix = ENCODER_LOAD_ORDER_SCHEDULE.apply
+apply_encoder_load_order_fix: ApplyFix = ENCODER_LOAD_ORDER_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = ENCODER_LOAD_ORDER_SCHEDULE.as_diff
+fix_as_diff: FixDiff = ENCODER_LOAD_ORDER_SCHEDULE.as_diff
 
 __all__ = [
     "ENCODER_LOAD_ORDER_FIX",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 RELEASE_ITEMS_PAST_ROLLBACK = "release-items-past-rollback"
 
@@ -53,9 +53,9 @@ ENCODER_ROLLBACK_SCHEDULE = ScheduleFix(ENCODER_ROLLBACK_FIX)
 ENCODER_ROLLBACK_FIXES = ENCODER_ROLLBACK_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_encoder_rollback_fix = ENCODER_ROLLBACK_SCHEDULE.apply
+apply_encoder_rollback_fix: ApplyFix = ENCODER_ROLLBACK_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = ENCODER_ROLLBACK_SCHEDULE.as_diff
+fix_as_diff: FixDiff = ENCODER_ROLLBACK_SCHEDULE.as_diff
 
 __all__ = [
     "ENCODER_ROLLBACK_FIX",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 ENCODER_VICTIM = "unbook-victim-encoder-inputs"
 
@@ -61,9 +61,9 @@ ENCODER_VICTIM_SCHEDULE = ScheduleFix(ENCODER_VICTIM_FIX)
 ENCODER_VICTIM_FIXES = ENCODER_VICTIM_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_encoder_victim_fix = ENCODER_VICTIM_SCHEDULE.apply
+apply_encoder_victim_fix: ApplyFix = ENCODER_VICTIM_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = ENCODER_VICTIM_SCHEDULE.as_diff
+fix_as_diff: FixDiff = ENCODER_VICTIM_SCHEDULE.as_diff
 
 __all__ = [
     "ENCODER_VICTIM",

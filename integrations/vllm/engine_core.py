@@ -153,6 +153,7 @@ from integrations.vllm.core_loop import (
     BatchQueueLoop,
     EngineCoreViolation,
     LoopCounts,
+    PauseHook,
     call_vllm,
     check_content,
     check_pool,
@@ -623,7 +624,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
                 lambda rid: specs[rid].cache_read_limit if rid in specs else None,
             )
         #: Pauses generation before one engine step in 16, in vLLM's mode `pauses`.
-        self.pause = (
+        self.pause: PauseHook | None = (
             PauseDriver(self.sched, pauses, draft_seed, note=self.note, abort=self.abort)
             if pauses is not None
             else None

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 NO_PLACEHOLDER_DRAFTS = "no-placeholder-drafts"
 
@@ -66,9 +66,9 @@ GUIDED_DRAFTS_SCHEDULE = ScheduleFix(GUIDED_DRAFTS_FIX, engine="vLLM 0.34.0")
 GUIDED_DRAFTS_FIXES = GUIDED_DRAFTS_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_guided_drafts_fix = GUIDED_DRAFTS_SCHEDULE.apply
+apply_guided_drafts_fix: ApplyFix = GUIDED_DRAFTS_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = GUIDED_DRAFTS_SCHEDULE.as_diff
+fix_as_diff: FixDiff = GUIDED_DRAFTS_SCHEDULE.as_diff
 
 __all__ = [
     "GUIDED_DRAFTS_FIX",

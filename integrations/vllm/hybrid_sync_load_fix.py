@@ -38,7 +38,7 @@ from collections import deque
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 HYBRID_SYNC_LOAD = "hear-failed-sync-load"
 
@@ -240,9 +240,9 @@ HYBRID_SYNC_LOAD_SCHEDULE = ScheduleFix(HYBRID_SYNC_LOAD_FIX)
 HYBRID_SYNC_LOAD_FIXES = HYBRID_SYNC_LOAD_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_hybrid_sync_load_fix = HYBRID_SYNC_LOAD_SCHEDULE.apply
+apply_hybrid_sync_load_fix: ApplyFix = HYBRID_SYNC_LOAD_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = HYBRID_SYNC_LOAD_SCHEDULE.as_diff
+fix_as_diff: FixDiff = HYBRID_SYNC_LOAD_SCHEDULE.as_diff
 
 __all__ = [
     "HYBRID_SYNC_LOAD",

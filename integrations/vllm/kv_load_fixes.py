@@ -59,7 +59,7 @@ ones, since 0.34.0 has no `resumed_req_ids`.
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
-from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
+from integrations.vllm.patches import SCHEDULER_034, ApplyFix, FixDiff, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
 
 DROP_STALE_RESERVATION = "drop-stale-reservation"
@@ -441,11 +441,11 @@ KV_LOAD_SCHEDULE = ScheduleFix(
 )
 KV_LOAD_FIXES = KV_LOAD_SCHEDULE.fix_set
 #: Give one built `Scheduler` or `AsyncScheduler` all six fixes.
-apply_kv_load_fixes = KV_LOAD_SCHEDULE.apply
+apply_kv_load_fixes: ApplyFix = KV_LOAD_SCHEDULE.apply
 #: Give one built scheduler `drop-stale-reservation` alone.
-apply_drop_stale_reservation_fix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
+apply_drop_stale_reservation_fix: ApplyFix = ScheduleFix(DROP_STALE_RESERVATION_FIX).apply
 #: The fixes as a unified diff of the installed vLLM's `scheduler.py`.
-fix_as_diff = KV_LOAD_SCHEDULE.as_diff
+fix_as_diff: FixDiff = KV_LOAD_SCHEDULE.as_diff
 
 
 __all__ = [

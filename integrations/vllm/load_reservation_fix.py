@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 LOAD_RESERVATION = "loads-reserve-their-sequence"
 
@@ -50,9 +50,9 @@ LOAD_RESERVATION_SCHEDULE = ScheduleFix(LOAD_RESERVATION_FIX)
 LOAD_RESERVATION_FIXES = LOAD_RESERVATION_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_load_reservation_fix = LOAD_RESERVATION_SCHEDULE.apply
+apply_load_reservation_fix: ApplyFix = LOAD_RESERVATION_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = LOAD_RESERVATION_SCHEDULE.as_diff
+fix_as_diff: FixDiff = LOAD_RESERVATION_SCHEDULE.as_diff
 
 __all__ = [
     "LOAD_RESERVATION",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 MAMBA_SPLIT = "stop-mid-block-chunks"
 
@@ -59,9 +59,9 @@ MAMBA_SPLIT_FIXES = MAMBA_SPLIT_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `_mamba_block_aligned_split`
 #: (`ScheduleFix.apply`).
-apply_mamba_split_fix = MAMBA_SPLIT_SCHEDULE.apply
+apply_mamba_split_fix: ApplyFix = MAMBA_SPLIT_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = MAMBA_SPLIT_SCHEDULE.as_diff
+fix_as_diff: FixDiff = MAMBA_SPLIT_SCHEDULE.as_diff
 
 __all__ = [
     "MAMBA_SPLIT",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 WHOLE_ITEM_PAST_THRESHOLD = "whole-item-past-threshold"
 
@@ -72,9 +72,9 @@ MM_THRESHOLD_SCHEDULE = ScheduleFix(MM_THRESHOLD_FIX)
 MM_THRESHOLD_FIXES = MM_THRESHOLD_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_mm_threshold_fix = MM_THRESHOLD_SCHEDULE.apply
+apply_mm_threshold_fix: ApplyFix = MM_THRESHOLD_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = MM_THRESHOLD_SCHEDULE.as_diff
+fix_as_diff: FixDiff = MM_THRESHOLD_SCHEDULE.as_diff
 
 __all__ = [
     "MM_THRESHOLD_FIX",

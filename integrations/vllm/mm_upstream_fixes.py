@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 FINISH_ITEM_STARTED_INSIDE = "finish-item-started-inside"
 WHOLE_PROMPT_UNDER_ENCODER_PRESSURE = "whole-prompt-under-encoder-pressure"
@@ -102,9 +102,9 @@ MM_UPSTREAM_SCHEDULE = ScheduleFix(
 MM_UPSTREAM_FIXES = MM_UPSTREAM_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` both fixed methods (`ScheduleFix.apply`).
-apply_mm_upstream_fixes = MM_UPSTREAM_SCHEDULE.apply
+apply_mm_upstream_fixes: ApplyFix = MM_UPSTREAM_SCHEDULE.apply
 #: The fixes as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = MM_UPSTREAM_SCHEDULE.as_diff
+fix_as_diff: FixDiff = MM_UPSTREAM_SCHEDULE.as_diff
 
 __all__ = [
     "FINISH_ITEM_STARTED_INSIDE",

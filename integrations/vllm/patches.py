@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 from integrations.patches import (
     EngineFix,
@@ -23,6 +24,13 @@ SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 #: Text only vLLM 0.34.0's `scheduler.py` has (a parked KV load's reservation, kept apart from
 #: `_inflight_prefills`): what tells a fix written for 0.34.0 (`EngineFix.releases`) is made.
 SCHEDULER_034 = "    def _reserve_parked(self, request: Request) -> None:\n"
+
+#: `ScheduleFix.apply` of one fix set, as a fix module exports it (`apply_<name>_fix`): give one
+#: built `Scheduler` or `AsyncScheduler` the fixed methods.
+ApplyFix: TypeAlias = Callable[[Any], None]
+#: `ScheduleFix.as_diff` of one fix set, as a fix module exports it (`fix_as_diff`): the fixes as
+#: a unified diff of the installed vLLM's `scheduler.py`.
+FixDiff: TypeAlias = Callable[[], str]
 
 
 def installed_text(module: str) -> str:
@@ -96,6 +104,8 @@ class ScheduleFix:
 __all__ = [
     "SCHEDULER_034",
     "SCHEDULER_MODULE",
+    "ApplyFix",
+    "FixDiff",
     "FixDoesNotApply",
     "ScheduleFix",
     "installed_text",

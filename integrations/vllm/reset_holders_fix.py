@@ -43,7 +43,7 @@ gives up its parked reservation and its fetch stage, which counts against
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
-from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
+from integrations.vllm.patches import SCHEDULER_034, ApplyFix, FixDiff, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
 
 RESET_HOLDERS = "reset-loaded-holders"
@@ -143,9 +143,9 @@ RESET_HOLDERS_FIXES = RESET_HOLDERS_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `reset_prefix_cache`
 #: (`ScheduleFix.apply`).
-apply_reset_holders_fix = RESET_HOLDERS_SCHEDULE.apply
+apply_reset_holders_fix: ApplyFix = RESET_HOLDERS_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = RESET_HOLDERS_SCHEDULE.as_diff
+fix_as_diff: FixDiff = RESET_HOLDERS_SCHEDULE.as_diff
 
 __all__ = [
     "RESET_HOLDERS",

@@ -37,7 +37,7 @@ check to keep from a grammar still compiling.
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
-from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
+from integrations.vllm.patches import SCHEDULER_034, ApplyFix, FixDiff, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
 
 SESSION_GRAMMAR = "own-grammar-per-input"
@@ -141,9 +141,9 @@ SESSION_GRAMMAR_SCHEDULE = ScheduleFix(SESSION_GRAMMAR_FIX)
 SESSION_GRAMMAR_FIXES = SESSION_GRAMMAR_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_session_grammar_fix = SESSION_GRAMMAR_SCHEDULE.apply
+apply_session_grammar_fix: ApplyFix = SESSION_GRAMMAR_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = SESSION_GRAMMAR_SCHEDULE.as_diff
+fix_as_diff: FixDiff = SESSION_GRAMMAR_SCHEDULE.as_diff
 
 __all__ = [
     "SESSION_GRAMMAR",

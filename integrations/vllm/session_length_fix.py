@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 SESSION_LENGTH = "end-session-at-model-len"
 
@@ -83,9 +83,9 @@ SESSION_LENGTH_SCHEDULE = ScheduleFix(SESSION_LENGTH_FIX)
 SESSION_LENGTH_FIXES = SESSION_LENGTH_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed methods (`ScheduleFix.apply`).
-apply_session_length_fix = SESSION_LENGTH_SCHEDULE.apply
+apply_session_length_fix: ApplyFix = SESSION_LENGTH_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = SESSION_LENGTH_SCHEDULE.as_diff
+fix_as_diff: FixDiff = SESSION_LENGTH_SCHEDULE.as_diff
 
 __all__ = [
     "SESSION_LENGTH",

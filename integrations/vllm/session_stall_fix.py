@@ -38,7 +38,7 @@ for 0.34.0 (`EngineFix.releases`) also gives both up.
 from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
-from integrations.vllm.patches import SCHEDULER_034, ScheduleFix
+from integrations.vllm.patches import SCHEDULER_034, ApplyFix, FixDiff, ScheduleFix
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
 
 SESSION_STALL = "drop-stalled-session-kv"
@@ -134,9 +134,9 @@ SESSION_STALL_SCHEDULE = ScheduleFix(SESSION_STALL_FIX)
 SESSION_STALL_FIXES = SESSION_STALL_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_session_stall_fix = SESSION_STALL_SCHEDULE.apply
+apply_session_stall_fix: ApplyFix = SESSION_STALL_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = SESSION_STALL_SCHEDULE.as_diff
+fix_as_diff: FixDiff = SESSION_STALL_SCHEDULE.as_diff
 
 __all__ = [
     "SESSION_STALL",

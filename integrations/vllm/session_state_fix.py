@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 SESSION_STATE = "recompute-session-state"
 
@@ -62,9 +62,9 @@ SESSION_STATE_SCHEDULE = ScheduleFix(SESSION_STATE_FIX)
 SESSION_STATE_FIXES = SESSION_STATE_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed method (`ScheduleFix.apply`).
-apply_session_state_fix = SESSION_STATE_SCHEDULE.apply
+apply_session_state_fix: ApplyFix = SESSION_STATE_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = SESSION_STATE_SCHEDULE.as_diff
+fix_as_diff: FixDiff = SESSION_STATE_SCHEDULE.as_diff
 
 __all__ = [
     "SESSION_STATE",

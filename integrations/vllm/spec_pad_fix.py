@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 SPEC_PAD = "pad-what-fits"
 
@@ -74,9 +74,9 @@ SPEC_PAD_FIX = EngineFix(
 SPEC_PAD_SCHEDULE = ScheduleFix(SPEC_PAD_FIX)
 SPEC_PAD_FIXES = SPEC_PAD_SCHEDULE.fix_set
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_spec_pad_fix = SPEC_PAD_SCHEDULE.apply
+apply_spec_pad_fix: ApplyFix = SPEC_PAD_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = SPEC_PAD_SCHEDULE.as_diff
+fix_as_diff: FixDiff = SPEC_PAD_SCHEDULE.as_diff
 
 
 __all__ = [

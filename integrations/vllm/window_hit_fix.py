@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from integrations.patches import EngineFix, FixDoesNotApply
 from integrations.vllm.patches import SCHEDULER_MODULE as MODULE
-from integrations.vllm.patches import ScheduleFix
+from integrations.vllm.patches import ApplyFix, FixDiff, ScheduleFix
 
 WINDOW_HIT = "hit-leaves-last-token"
 
@@ -55,9 +55,9 @@ WINDOW_HIT_SCHEDULE = ScheduleFix(WINDOW_HIT_FIX)
 WINDOW_HIT_FIXES = WINDOW_HIT_SCHEDULE.fix_set
 
 #: Give one built `Scheduler` or `AsyncScheduler` the fixed `schedule` (`ScheduleFix.apply`).
-apply_window_hit_fix = WINDOW_HIT_SCHEDULE.apply
+apply_window_hit_fix: ApplyFix = WINDOW_HIT_SCHEDULE.apply
 #: The fix as a unified diff of the installed vLLM's `scheduler.py` (`ScheduleFix.as_diff`).
-fix_as_diff = WINDOW_HIT_SCHEDULE.as_diff
+fix_as_diff: FixDiff = WINDOW_HIT_SCHEDULE.as_diff
 
 __all__ = [
     "WINDOW_HIT",

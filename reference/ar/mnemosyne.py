@@ -56,7 +56,7 @@ class VidurMnemosyne(VidurReplicaBase):
     """
 
     name = "vidur-mnemosyne"
-    chunked = True
+    chunked: bool | None = True
     partial_prefills_first = True  # 0.0.26's separate partial-prefill queue, read first
     watermark_fraction = WATERMARK_FRACTION
     sequence_parallel_capable = True
@@ -117,7 +117,7 @@ class VidurMnemosyne(VidurReplicaBase):
         queue, which is sorted by arrival before prefills are admitted."""
         self.prefill_tokens[victim.rid] = victim.known
         super()._preempt(victim)
-        self.waiting = deque(sorted(self.waiting, key=_arrival))
+        self.waiting: deque[ArReq] = deque(sorted(self.waiting, key=_arrival))
 
     # ------------------------------------------------------------------ one batch
     def _schedule(self) -> None:

@@ -64,7 +64,7 @@ class VidurReplicaBase(ArSchedulerBase):
 
     name = "vidur"
     chunked: bool | None = False  # what enable_chunked_prefill must be (None: either)
-    watermark_fraction = 0.0  # the project's deviation; Vidur's is WATERMARK_FRACTION
+    watermark_fraction: float = 0.0  # the project's deviation; Vidur's is WATERMARK_FRACTION
     # the classes that run with sequence pipeline parallelism (`stage_zero_done`)
     sequence_parallel_capable = False
 
@@ -296,7 +296,7 @@ class VidurSarathi(VidurReplicaBase):
     chunks of running prefills, then new requests, within the chunk size."""
 
     name = "vidur-sarathi"
-    chunked = True
+    chunked: bool | None = True
 
     @property
     def rules(self) -> ArRules:
@@ -325,7 +325,7 @@ class VidurSarathi(VidurReplicaBase):
                 continue
             self._add(req, n)
             batch_tokens += n
-        self.pending = sorted(skipped + self.pending, key=lambda r: r.arrival)
+        self.pending: list[ArReq] = sorted(skipped + self.pending, key=lambda r: r.arrival)
         while self.waiting:
             if len(self.running) >= cfg.max_num_seqs or self._full_for_new():
                 break
@@ -419,7 +419,8 @@ class VidurFasterTransformer(_MaxReservation):
 
     def _schedule(self) -> None:
         if self.pending:  # the static batch in flight continues, less its finished requests
-            batch, self.pending = self.pending, []
+            batch = self.pending
+            self.pending: list[ArReq] = []
             for req in batch:
                 self._add(req, req.uncomputed)
             return
@@ -503,7 +504,8 @@ class VidurLightLlm(VidurReplicaBase):
         if self.pool.num_free < len(self.pending):
             raise VidurOutOfMemory("LightLLM decode batch does not fit (OOM handling)")
         self.num_waiting_iters += 1
-        batch, self.pending = self.pending, []
+        batch = self.pending
+        self.pending: list[ArReq] = []
         for req in batch:
             self._grow_existing(req)
             self._add(req, req.uncomputed)

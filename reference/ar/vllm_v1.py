@@ -92,7 +92,7 @@ class VllmV1Scheduler(ArSchedulerBase):
     `options` switch on vLLM 0.33.0's choices (default all off: idealised)."""
 
     name = "vllm-v1"
-    options = VllmOptions()
+    options: VllmOptions = VllmOptions()
 
     def __init__(
         self, config: ArConfig, sink: ArEventSink, options: VllmOptions | None = None

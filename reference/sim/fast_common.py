@@ -22,7 +22,7 @@ class FastReplicaCore:
     waiting: Sized
     running: Sized
 
-    watermark_fraction = 0.0  # a new request leaves this share of the usable blocks free
+    watermark_fraction: float = 0.0  # a new request leaves this share of the usable blocks free
 
     def __init__(self, config: ArConfig) -> None:
         self.config = config

@@ -47,6 +47,10 @@ class _DecodeCounter(FastReplicaCore):
     """The shared bookkeeping (see the module doc); subclasses decide batches."""
 
     name = "vidur"
+    # `FastReplicaCore`'s counters, declared again because this class's methods update them
+    free: int
+    base_sum: int
+    G: int
 
     def __init__(self, config: ArConfig, reference: type) -> None:
         reference(config, lambda _e: None)  # the reference class validates the configuration
@@ -157,6 +161,8 @@ class FastVidurOrca(_DecodeCounter):
     max_model_len reservation (`max_blocks_per_request` blocks); no token budget."""
 
     name = "vidur-orca"
+    # `FastReplicaCore`'s free-block count, declared again because this class's methods update it
+    free: int
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurOrca
@@ -164,7 +170,7 @@ class FastVidurOrca(_DecodeCounter):
         super().__init__(config, VidurOrca)
         # Vidur's Orca and FasterTransformer fill a batch up to `_max_batch_size` whatever the
         # stages (`VidurOrca.micro_batch_cap`); only its vLLM and Sarathi divide the seats
-        self.cap = config.max_num_seqs
+        self.cap: int = config.max_num_seqs
 
     def would_admit(self) -> bool:
         """The next batch would admit the head of the queue: a seat under `max_num_seqs`, and
@@ -202,7 +208,7 @@ class FastVidurFt(FastVidurOrca):
         from reference.ar.vidur import VidurFasterTransformer
 
         _DecodeCounter.__init__(self, config, VidurFasterTransformer)
-        self.cap = config.max_num_seqs  # as Orca's
+        self.cap: int = config.max_num_seqs  # as Orca's
 
     def would_admit(self) -> bool:
         """The next batch is an admission: nothing runs and requests wait."""
@@ -218,6 +224,8 @@ class FastVidurLightLlm(_DecodeCounter):
     """Block size 1: a running request holds exactly its computed tokens."""
 
     name = "vidur-lightllm"
+    # `FastReplicaCore`'s free-block count, declared again because this class's methods update it
+    free: int
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurLightLlm
@@ -383,6 +391,8 @@ class FastVidurSarathi(FastReplicaCore):
     instead of list scans; one batch costs O(requests in it)."""
 
     name = "vidur-sarathi"
+    # `FastReplicaCore`'s free-block count, declared again because this class's methods update it
+    free: int
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurSarathi

@@ -53,6 +53,10 @@ class FastVidurVllm(FastReplicaCore):
     """See the module doc. `ReplicaScheduler` protocol plus the decode-stretch extension."""
 
     name = "vidur-vllm"
+    # `FastReplicaCore`'s counters, declared again because this class's methods update them
+    free: int
+    base_sum: int
+    G: int
 
     def __init__(self, config: ArConfig) -> None:
         from reference.ar.vidur import VidurVllm

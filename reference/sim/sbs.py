@@ -190,13 +190,13 @@ class _Run:
                 raise Unschedulable(q, a, params.unit_kv, "prefill KV tokens")
             if a + b > params.decode_kv:
                 raise Unschedulable(q, a + b, params.decode_kv, "decode KV tokens")
-        self.m = RequestMetrics.for_workload(workload)
-        self.events = EventQueue(record=params.record)
+        self.m: RequestMetrics = RequestMetrics.for_workload(workload)
+        self.events: EventQueue = EventQueue(record=params.record)
         self.spans: list[Span] = []
-        self.forwards = 0
-        self.fwd_time_sum = 0.0
-        self.imbalance_sum = 0.0
-        self.done = 0
+        self.forwards: int = 0
+        self.fwd_time_sum: float = 0.0
+        self.imbalance_sum: float = 0.0
+        self.done: int = 0
 
 
 class DecodeSide:
@@ -376,7 +376,7 @@ class ImmediateDispatch(PrefillDispatch):
         """Queue request `rid` on the next instance's next unit (both round robin); a free instance
         starts a forward."""
         i = self.rr
-        self.rr = (i + 1) % len(self.instances)
+        self.rr: int = (i + 1) % len(self.instances)
         inst = self.instances[i]
         u = inst.rr
         inst.rr = (u + 1) % len(inst.queues)
@@ -470,7 +470,7 @@ class StaggeredDispatch(PrefillDispatch):
                 return
             self.start(i, now)
             if inst.busy:
-                self.rr = (i + 1) % n
+                self.rr: int = (i + 1) % n
 
     def _form(self, inst: PrefillInstance, now: float) -> list[list[Chunk]]:
         p, pre, m = self.run.p, self.run.pre, self.run.m
