@@ -167,6 +167,14 @@ def _install(
     with _locked(_lock_of(directory)):
         if manifest.installed() and not force:
             out(f"{tag} cached: {directory}")
+            modified = manifest.modified_sources()
+            if modified:  # patched by hand: still this install, but say so (--force redoes it)
+                shown = ", ".join(modified[:5]) + (", ..." if len(modified) > 5 else "")
+                out(
+                    f"{tag} note: {len(modified)} of its sources differ from the "
+                    f"{manifest.engine} {manifest.version} release ({shown}); `--force` "
+                    "reinstalls the release"
+                )
             return InstallResult(manifest.engine, directory, True, time.monotonic() - start)
         if directory.exists():  # an incomplete install, or --force
             shutil.rmtree(directory)

@@ -22,7 +22,9 @@ The cache root is `$SCHEDSPEC_ENGINE_CACHE`, else `~/.cache/schedspec/engines`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import csv
 import hashlib
 import importlib
 import json
@@ -113,6 +115,12 @@ class EngineManifest:
     runs_on_torch: bool = False
     # (built-in name, why): implementations of the engine this release does not ship
     unavailable: tuple[tuple[str, str], ...] = ()
+    # 'module:function' called by `load` after the import check: a setting of the engine's
+    # adapters checked up front (vLLM's `SCHEDSPEC_VLLM_SCHEDULER_CLS`); raises ConfigError
+    load_check: str = ""
+    # path prefixes, inside the engine's own distribution, of the sources its adapters drive:
+    # `modified_sources` compares them with the hashes of the release's wheel (its RECORD)
+    sources: tuple[str, ...] = ()
 
     @property
     def pins(self) -> str:
@@ -215,6 +223,45 @@ class EngineManifest:
         self.activate()
         with self.importing():
             importlib.import_module(self.import_check)
+        if self.load_check:
+            module, _, function = self.load_check.partition(":")
+            getattr(importlib.import_module(module), function)()
+
+    def modified_sources(self) -> tuple[str, ...]:
+        """The files under `sources` that differ from the release's wheel, or that are gone:
+        each file's sha256 against the one pip recorded from the wheel (the distribution's
+        `RECORD`), sorted. An install patched by hand (to check a change to the engine) is
+        still the release's install to `installed`; this says what was changed, so a report
+        cannot pass a patched engine off as the release. Empty without `sources`, or without
+        a readable RECORD that lists them (nothing to compare with)."""
+        if not self.sources:
+            return ()
+        return _differing(self.site_packages, self.sources)
+
+
+def _differing(site: Path, prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    """`EngineManifest.modified_sources` over the distributions installed in `site` (each
+    `*.dist-info/RECORD` that lists a file under `prefixes`)."""
+    changed: list[str] = []
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        try:
+            rows = list(csv.reader(record.read_text(encoding="utf-8").splitlines()))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        for row in rows:
+            if len(row) < 2 or not row[0].startswith(prefixes):
+                continue
+            if not row[1].startswith("sha256="):
+                continue
+            try:
+                data = (site / row[0]).read_bytes()
+            except OSError:
+                changed.append(row[0])
+                continue
+            digest = hashlib.sha256(data).digest()
+            if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != row[1][len("sha256=") :]:
+                changed.append(row[0])
+    return tuple(sorted(changed))
 
 
 def selected_release(variable: str, name: str, releases: Iterable[str], default: str) -> str:

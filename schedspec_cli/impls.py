@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,13 +126,41 @@ def _manifest(engine: str) -> Any:
     return load_object(f"integrations.{engine}:MANIFEST", "impl")
 
 
-def engine_release(builtin: Builtin | None) -> dict[str, str] | None:
+def engine_release(builtin: Builtin | None) -> dict[str, Any] | None:
     """The real engine a built-in drives, `{"name": "vllm", "version": "0.33.0"}` (the release
-    selected here, e.g. by `SCHEDSPEC_VLLM_VERSION`); None for the project's own and for
-    `module:attribute` implementations."""
+    selected here, e.g. by `SCHEDSPEC_VLLM_VERSION`), with `"modified"`, the engine's sources
+    that differ from the release's wheel (`EngineManifest.modified_sources`), when there are
+    any, and for vLLM `"scheduler_cls"`, the class `SCHEDSPEC_VLLM_SCHEDULER_CLS` names, when
+    set; None for the project's own and for `module:attribute` implementations."""
     if builtin is None or not builtin.engine:
         return None
-    return {"name": builtin.engine, "version": str(_manifest(builtin.engine).version)}
+    manifest = _manifest(builtin.engine)
+    release: dict[str, Any] = {"name": builtin.engine, "version": str(manifest.version)}
+    modified = manifest.modified_sources()
+    if modified:
+        release["modified"] = list(modified)
+    if builtin.engine == "vllm":
+        from integrations.vllm.custom_scheduler import selected_scheduler_cls
+
+        chosen = selected_scheduler_cls()
+        if chosen is not None:
+            release["scheduler_cls"] = chosen
+    return release
+
+
+def engine_line(impl: str, release: Mapping[str, Any]) -> str:
+    """One line naming what a real engine's built-in checked: the release, a scheduler class
+    of the user's own, and any source that differs from the release (`engine_release`)."""
+    line = f"{impl}: {release['name']} {release['version']}"
+    if "scheduler_cls" in release:
+        line += f", scheduler_cls {release['scheduler_cls']}"
+    modified = release.get("modified", [])
+    if modified:
+        shown = ", ".join(modified[:5]) + (
+            f", ... ({len(modified)} files)" if len(modified) > 5 else ""
+        )
+        line += f"; MODIFIED from the release: {shown}"
+    return line
 
 
 def require_engine(engine: str) -> None:

@@ -28,6 +28,7 @@ from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
+    engine_line,
     engine_release,
     load_engine,
     profile_summary,
@@ -312,12 +313,16 @@ def run(args: argparse.Namespace) -> int:
         )
         bar.done()
         results.append(res)
+    engines = [engine_release(t.builtin) for t in p.targets]
     print(render_table(results))
+    for r, release in zip(results, engines, strict=True):
+        if release is not None:  # the release checked, as the JSON's `engine` records it
+            print(engine_line(r.impl, release))
     for r in results:
         for f in r.failures:
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
             print(f.program)
-    payload = to_json(results, [engine_release(t.builtin) for t in p.targets])
+    payload = to_json(results, engines)
     write_json(args.json, payload)
     if args.report:
         write_report(Path(args.report), results, payload)
@@ -351,7 +356,7 @@ def render_table(results: list[VerifyResult]) -> str:
 
 
 def to_json(
-    results: list[VerifyResult], engines: list[dict[str, str] | None] | None = None
+    results: list[VerifyResult], engines: list[dict[str, Any] | None] | None = None
 ) -> dict[str, Any]:
     """The `--json` payload: one result's JSON, or `passed` and `results` for several; each
     result of a real engine's built-in with `engine` (its name and the release checked, from

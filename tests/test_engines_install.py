@@ -8,6 +8,8 @@ unknown engines exit 2.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import shutil
 import sys
@@ -35,12 +37,19 @@ def make_wheel(directory: Path, name: str, files: dict[str, str], version: str =
         "Root-Is-Purelib: true\nTag: py3-none-any\n",
     }
     entries = {**files, **meta}
-    record = "".join(f"{p},,\n" for p in entries) + f"{dist}.dist-info/RECORD,,\n"
+    # each file's hash, as a real wheel records it (pip copies them into the install's RECORD)
+    record = "".join(f"{p},{_sha256(text)},{len(text)}\n" for p, text in entries.items())
+    record += f"{dist}.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as zf:
         for p, text in entries.items():
             zf.writestr(p, text)
         zf.writestr(f"{dist}.dist-info/RECORD", record)
     return path
+
+
+def _sha256(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 @pytest.fixture
@@ -91,6 +100,30 @@ def test_install_writes_stamp_last_and_reuses_a_complete_install(cache: Path, wh
     assert any("cached" in line for line in again)
     forced = install.install(manifest, force=True, out=again.append)
     assert not forced.cached and manifest.installed()
+
+
+def test_a_hand_patched_install_says_which_sources_differ_from_the_release(
+    cache: Path, wheels: Path
+) -> None:
+    """Checking a change to an engine by patching its install keeps the install (its stamp
+    still lists the release's pins) but is said, by `modified_sources` (what `verify`'s
+    record names) and by `install-engines`, until `--force` reinstalls the release."""
+    wa = make_wheel(
+        wheels, "fakepkg_a", {"fakepkg_a/__init__.py": "X = 1\n", "fakepkg_a/sched.py": "Y = 2\n"}
+    )
+    manifest = dataclasses.replace(fake_manifest(Package(str(wa))), sources=("fakepkg_a/",))
+    install.install(manifest, out=lambda _: None)
+    assert manifest.modified_sources() == ()
+    (manifest.site_packages / "fakepkg_a" / "sched.py").write_text("Y = 3\n")
+    (manifest.site_packages / "fakepkg_a" / "__init__.py").unlink()
+    assert manifest.modified_sources() == ("fakepkg_a/__init__.py", "fakepkg_a/sched.py")
+    assert manifest.installed()
+    lines: list[str] = []
+    assert install.install(manifest, out=lines.append).cached
+    assert any("note: 2 of its sources differ from the fake 1.0 release" in line for line in lines)
+    install.install(manifest, force=True, out=lambda _: None)
+    assert manifest.modified_sources() == ()
+    assert dataclasses.replace(manifest, sources=()).modified_sources() == ()
 
 
 def test_an_install_for_other_pins_is_kept_beside_the_new_one_until_pruned(

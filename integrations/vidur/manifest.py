@@ -43,6 +43,8 @@ def manifest_of(version: str) -> EngineManifest:
         version=version,
         packages=(Package("vidur", version),),
         import_check="vidur.entities",
+        # the replica and global schedulers the adapters drive
+        sources=("vidur/scheduler/",),
         unavailable=tuple(
             (
                 f"real-vidur-{kind}",

@@ -33,8 +33,10 @@ Read, not called (attributes of the real objects, for the snapshot and the event
 reconstruction): `scheduler.running`, `scheduler.waiting` (and `kv_holding_waiting`, always
 empty without a KV connector), `scheduler.requests[rid].num_computed_tokens`,
 `kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks` (block tables),
-`kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()`,
-`block_pool.blocks[i].ref_cnt` / `.block_hash` and `requests[rid].block_hashes` (prefix
+the free block queue's links and `num_free_blocks` (walked by `integrations.vllm.free_queue`,
+which refuses a queue a double free broke where vLLM's own `get_all_free_blocks` may loop),
+`block_pool.blocks[i].ref_cnt` (every count other than 0, with or without prefix caching:
+a block freed twice has -1), `.block_hash` and `requests[rid].block_hashes` (prefix
 caching). No private method of vLLM is called or wrapped.
 
 Events: vLLM emits none. Each `step()` takes a view of the pools before and after
@@ -56,6 +58,7 @@ import json
 import logging
 import mmap
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +76,9 @@ from integrations.vllm import (
     structured,
 )
 from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
-from integrations.vllm.manifest import MANIFEST
+from integrations.vllm.custom_scheduler import scheduler_class_for
+from integrations.vllm.free_queue import free_block_ids
+from integrations.vllm.manifest import MANIFEST, VERSIONS
 from integrations.vllm.release_api import (
     bounded_reads,
     cache_read_limit,
@@ -171,29 +176,25 @@ def model_dir(*, diffusion: bool = False) -> Path:
 
 
 def load_vllm() -> VllmModules:
-    """Activate the engine install and import the vLLM modules (once per process)."""
+    """Activate the engine install and import the vLLM modules (once per process).
+
+    In a process that already imported a vLLM of its own (a server that attaches
+    `integrations.vllm.event_log.VllmEventLog` to its scheduler), that vLLM is used as it is:
+    nothing is activated, and nothing of its process-wide state (the prefix-cache hash seed,
+    logging) is set. It must be a release the adapter reads (`VERSIONS`), else `ConfigError`."""
     global _MODULES
     if _MODULES is not None:
         return _MODULES
+    served = sys.modules.get("vllm")
+    if served is not None and not _from_install(served):
+        check_served_release(served)
+        _MODULES = _import_modules()
+        return _MODULES
     MANIFEST.activate()
     os.environ.setdefault("VLLM_CACHE_ROOT", str(MANIFEST.directory / "schedspec-vllm-cache"))
-    imp = importlib.import_module
     with MANIFEST.importing():
-        _MODULES = VllmModules(
-            torch=imp("torch"),
-            config=imp("vllm.config"),
-            sampling=imp("vllm.sampling_params"),
-            scheduler=imp("vllm.v1.core.sched.scheduler"),
-            kv_iface=imp("vllm.v1.kv_cache_interface"),
-            kv_utils=imp("vllm.v1.core.kv_cache_utils"),
-            request=imp("vllm.v1.request"),
-            outputs=imp("vllm.v1.outputs"),
-            structured=imp("vllm.v1.structured_output"),
-            engine=imp("vllm.v1.engine"),
-            hashing=imp("vllm.utils.hashing"),
-            lora=imp("vllm.lora.request"),
-        )
-        triton_utils = imp("vllm.triton_utils")
+        _MODULES = _import_modules()
+        triton_utils = importlib.import_module("vllm.triton_utils")
     configs_as_with_triton(_MODULES.config, triton_utils)
     # Prefix caching's block hashes: vLLM's own sha256 (its default `prefix_caching_hash_algo`).
     _MODULES.kv_utils.init_none_hash(_MODULES.hashing.sha256)
@@ -204,6 +205,47 @@ def load_vllm() -> VllmModules:
 
 #: The speculative-decoding methods the adapter configures (`RealVllmScheduler`).
 SPECULATIVE_METHODS = ("ngram", "eagle", "draft_model")
+
+
+def _import_modules() -> VllmModules:
+    imp = importlib.import_module
+    return VllmModules(
+        torch=imp("torch"),
+        config=imp("vllm.config"),
+        sampling=imp("vllm.sampling_params"),
+        scheduler=imp("vllm.v1.core.sched.scheduler"),
+        kv_iface=imp("vllm.v1.kv_cache_interface"),
+        kv_utils=imp("vllm.v1.core.kv_cache_utils"),
+        request=imp("vllm.v1.request"),
+        outputs=imp("vllm.v1.outputs"),
+        structured=imp("vllm.v1.structured_output"),
+        engine=imp("vllm.v1.engine"),
+        hashing=imp("vllm.utils.hashing"),
+        lora=imp("vllm.lora.request"),
+    )
+
+
+def _from_install(vllm: ModuleType) -> bool:
+    """Whether the imported `vllm` is the engine install's (`MANIFEST.site_packages`)."""
+    where = getattr(vllm, "__file__", None)
+    return where is not None and Path(where).resolve().is_relative_to(
+        MANIFEST.site_packages.resolve()
+    )
+
+
+def check_served_release(vllm: ModuleType) -> None:
+    """`ConfigError` unless the vLLM a process imported itself is a release whose internals
+    the adapter reads (`VERSIONS`; they differ only where `release_api` tells them apart)."""
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if version not in VERSIONS:
+        where = getattr(vllm, "__file__", None) or "an unknown place"
+        raise ConfigError(
+            "vllm",
+            version,
+            f"a vLLM release whose scheduler internals the adapter reads ({', '.join(VERSIONS)}); "
+            f"this process imported vllm {version} from {where}",
+        )
+
 
 #: What the adapter can run (the profiles' spaces): vLLM's two scheduling policies; block 0 is
 #: always vLLM's null block; prefix caching off (`real-vllm`) or on (`real-vllm-prefix`), or
@@ -811,17 +853,16 @@ class RealVllmScheduler:
         running = tuple(r.request_id for r in sched.running)
         waiting = tuple(r.request_id for r in self._waiting())
         computed = {rid: sched.requests[rid].num_computed_tokens for rid in running + waiting}
-        free = frozenset(
-            b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null
-        )
+        free = free_block_ids(pool)  # refuses a queue a double free broke (it may cycle)
+        # every count other than 0: a block freed twice has -1 (`refcount_matches`)
+        refcounts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt and not b.is_null}
         if not self._config.enable_prefix_caching:
             owners = {b: rid for rid, table in tables.items() for b in table}
-            return ArSnapshot(free, owners, running, waiting, computed)
+            return ArSnapshot(free, owners, running, waiting, computed, block_refcounts=refcounts)
         holders: dict[int, set[str]] = {}
         for rid, table in tables.items():
             for b in table:
                 holders.setdefault(b, set()).add(rid)
-        refcounts = {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0 and not b.is_null}
         return ArSnapshot(
             free,
             {},
@@ -1065,7 +1106,9 @@ def build_scheduler(
     hybrid cache. The KV cache configuration is completed as vLLM's engine core completes it:
     the retention interval from `cache_config`, and the scheduler block size (for groups of
     several block sizes, their least common multiple), the hash block size (their greatest
-    common divisor) and the hit alignment by vLLM's own resolvers.
+    common divisor) and the hit alignment by vLLM's own resolvers. Where
+    `SCHEDSPEC_VLLM_SCHEDULER_CLS` names a subclass of that class, it is built instead
+    (`integrations.vllm.custom_scheduler`), as vLLM's `scheduler_cls` does.
 
     vLLM's CPU platform turns async scheduling off ("not required on CPU",
     `CpuPlatform.check_and_update_config`); the CUDA platform keeps vLLM's default, on. The
@@ -1096,7 +1139,9 @@ def build_scheduler(
         kv_cache_config, vllm_config, scheduler_block_size, hash_block_size
     )
     cache_config.num_gpu_blocks = num_blocks
-    return scheduler_config.get_scheduler_cls()(
+    # a class of the user's own where vLLM would build its own (`SCHEDSPEC_VLLM_SCHEDULER_CLS`)
+    scheduler_cls = scheduler_class_for(scheduler_config.get_scheduler_cls())
+    return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=v.structured.StructuredOutputManager(vllm_config),

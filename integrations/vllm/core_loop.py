@@ -32,6 +32,7 @@ from integrations.vllm.adapter import (
     waiting_requests,
     window_tokens,
 )
+from integrations.vllm.free_queue import FreeQueueCorrupt, free_block_ids
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
 
@@ -885,7 +886,10 @@ def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
     under async scheduling) is held by that free. A holder is a request in one KV cache
     group; a hybrid cache's groups share the pool."""
     pool = sched.kv_cache_manager.block_pool
-    free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if not b.is_null}
+    try:
+        free = set(free_block_ids(pool))
+    except FreeQueueCorrupt as err:  # a double free: named here, not a hang in vLLM's walk
+        raise EngineCoreViolation("pool_accounting", f"{where}: {err}") from None
     groups = all_group_tables(sched)
     deferred = getattr(sched, "deferred_frees", ())
     if not deferred and _pool_consistent(pool, free, groups, prefix_caching):

@@ -170,6 +170,7 @@ from integrations.vllm.encoder_inputs import (
     configure,
     mm_features,
 )
+from integrations.vllm.free_queue import free_blocks
 from integrations.vllm.grammar_rows import GrammarRows
 from integrations.vllm.kv_connector import RemoteKv
 from integrations.vllm.kv_event_content import EventContent
@@ -1178,7 +1179,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         check_pool(self.sched, self.config.enable_prefix_caching, where)
         if self.remote is not None:
             pool = self.sched.kv_cache_manager.block_pool
-            free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
+            free = {b.block_id for b in free_blocks(pool)}  # as checked just above
             self.remote.check_held(free, blocks_held(self.sched), where)
 
     def check_inflight_loads(self, where: str) -> None:

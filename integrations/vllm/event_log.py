@@ -20,6 +20,9 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
   `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found).
 
+In a server's process it reads the server's own vLLM (`load_vllm`: no engine install needed, a
+release other than 0.33.0 and 0.34.0 refused).
+
 Synchronous scheduling only: an asynchronous scheduler (vLLM's default on CUDA) schedules a
 step ahead of the model, which an AR event log does not describe; attaching to one is a
 `ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).

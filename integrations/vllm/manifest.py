@@ -49,6 +49,9 @@ def manifest_of(version: str) -> EngineManifest:
         import_check="vllm.v1.core.sched.scheduler",
         runs_on_torch=True,
         env=_ENV,
+        load_check="integrations.vllm.custom_scheduler:check_selected",
+        # the v1 engine: scheduler, KV cache manager, block pool, request (434 files, 0.1 s)
+        sources=("vllm/v1/",),
     )
 
 

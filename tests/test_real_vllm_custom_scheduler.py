@@ -1,0 +1,215 @@
+"""A vLLM maintainer's own scheduler class, checked as vLLM builds it
+(`SCHEDSPEC_VLLM_SCHEDULER_CLS`, vLLM's `scheduler_cls`): the suite runs their class, a bug
+planted in it is caught (a double free under `refcount_matches`, a free queue a double free
+broke named as such, an assert of vLLM's own named by its line and the
+user's frame), the run's record names the class, and a bad name is one line, exit 2.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.manifest import EngineManifest
+from integrations.vllm import MANIFEST, make_real_vllm
+from integrations.vllm.adapter import RealVllmScheduler
+from integrations.vllm.custom_scheduler import SCHEDULER_VARIABLE
+from schedspec_cli.main import main
+from spec.ar.config import ArConfig
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+
+#: The user's module: vLLM imported at its top, as a subclass in a vLLM checkout would.
+USER_MODULE = '''
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class Audited:
+    """A mixin: the class must still be built as vLLM builds it (no __class__ swap)."""
+
+
+class Unchanged(Audited, Scheduler):
+    pass
+
+
+class OverAdmits(Scheduler):
+    """Admits one request past max_num_seqs; vLLM's own assert catches it."""
+
+    def schedule(self):
+        cap = self.max_num_active_reqs
+        self.max_num_active_reqs = cap + 1
+        try:
+            return super().schedule()
+        finally:
+            self.max_num_active_reqs = cap
+
+
+class FreesTwice(Scheduler):
+    """A finished request's blocks are freed a second time: their ref_cnt goes to -1."""
+
+    def _free_blocks(self, request):
+        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks[0]
+        super()._free_blocks(request)
+        self.kv_cache_manager.block_pool.free_blocks(list(blocks))
+
+
+class QueuesTwice(Scheduler):
+    """The last block put back on the free queue is put back again: the list cycles."""
+
+    def _free_blocks(self, request):
+        super()._free_blocks(request)
+        queue = self.kv_cache_manager.block_pool.free_block_queue
+        last = queue.fake_free_list_tail.prev_free_block
+        if last is not queue.fake_free_list_head:
+            queue.append(last)
+
+
+NOT_A_CLASS = 3
+'''
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_installed() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's module, importable as `my_sched` (a fresh name per test directory)."""
+    path = tmp_path / "my_sched.py"
+    path.write_text(textwrap.dedent(USER_MODULE), encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "my_sched", raising=False)
+    return path
+
+
+def _verify(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str = "real-vllm", n: int = 100
+) -> tuple[int, str, str, dict[str, Any]]:
+    out_json = tmp_path / "verify.json"
+    code = main(["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json)])
+    cap = capsys.readouterr()
+    data = json.loads(out_json.read_text()) if out_json.exists() else {}
+    return code, cap.out, cap.err, data
+
+
+def test_the_named_class_is_built_and_recorded(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.Unchanged")
+    adapter = make_real_vllm(ArConfig(), lambda event: None)
+    assert type(adapter.sched).__name__ == "Unchanged"  # type: ignore[attr-defined]
+    code, out, _, data = _verify(capsys, tmp_path, n=30)
+    assert code == 0, out
+    assert data["engine"] == {
+        "name": "vllm",
+        "version": MANIFEST.version,
+        "scheduler_cls": "my_sched.Unchanged",
+    }
+    assert f"real-vllm: vllm {MANIFEST.version}, scheduler_cls my_sched.Unchanged" in out
+
+
+def test_an_engine_assert_names_its_line_and_the_users_frame(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.OverAdmits")
+    code, out, _, _ = _verify(capsys, tmp_path)
+    assert code == 1, out
+    assert "[implementation_error] the implementation raised AssertionError: assert " in out
+    assert f"; via {user_module}:" in out and "in schedule)" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("impl", ["real-vllm", "real-vllm-prefix"])
+def test_a_double_free_breaks_refcount_matches(
+    impl: str,
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, with prefix caching off the snapshot read no reference count, and with it on
+    only positive ones: the -1 went unseen until vLLM's own assert fired on the block's reuse."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.FreesTwice")
+    code, out, _, data = _verify(capsys, tmp_path, impl)
+    assert code == 1, out
+    assert data["rules"] == ["refcount_matches"], out[-3000:]
+    assert ": (-1, 0)" in out, out[-3000:]
+
+
+def test_a_broken_free_queue_is_a_finding(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A block put back on the free queue twice: the queue's links and count disagree, which
+    the adapter's walk names (a queue this breaks into a cycle is `test_vllm_free_queue`'s)."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.QueuesTwice")
+    code, out, _, data = _verify(capsys, tmp_path)
+    assert code == 1, out
+    assert (
+        "FreeQueueCorrupt: vLLM's free block queue links 3 blocks but its num_free_blocks" in out
+    ), out[-3000:]
+    assert "progress" not in data["rules"], data["rules"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("my_sched.NOT_A_CLASS", "(my_sched.NOT_A_CLASS is int)"),
+        ("my_sched.Audited", "a subclass of vLLM's Scheduler"),
+        ("no_such_module.Scheduler", "ModuleNotFoundError: No module named 'no_such_module'"),
+        ("Scheduler", "'package.module.Class'"),
+    ],
+)
+def test_a_bad_class_is_one_line_exit_2(
+    value: str,
+    says: str,
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(SCHEDULER_VARIABLE, value)
+    code, out, err, _ = _verify(capsys, tmp_path, n=5)
+    assert code == 2 and not out, out
+    assert err.count("\n") == 1 and SCHEDULER_VARIABLE in err and says in err, err
+
+
+def test_a_class_of_another_kind_than_vllm_builds_is_refused(
+    user_module: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Async scheduling builds AsyncScheduler: a Scheduler-only subclass is not run there."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.Unchanged")
+    with pytest.raises(ConfigError, match=r"a subclass of .*AsyncScheduler"):
+        RealVllmScheduler(ArConfig(), lambda event: None, async_scheduling=True)
+
+
+def test_a_patched_install_is_named_in_the_record_and_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A release whose sources were patched in place (to check a change to vLLM) is not
+    reported as the release: the JSON lists the differing files and the output says MODIFIED.
+    (`EngineManifest.modified_sources` itself: tests/test_engines_install.py.)"""
+    patched = tuple(f"vllm/v1/core/f{i}.py" for i in range(7))
+    monkeypatch.setattr(EngineManifest, "modified_sources", lambda self: patched)
+    code, out, _, data = _verify(capsys, tmp_path, n=5)
+    assert code == 0, out
+    assert data["engine"]["modified"] == list(patched)
+    shown = ", ".join(patched[:5])
+    assert (
+        f"real-vllm: vllm {MANIFEST.version}; MODIFIED from the release: {shown}, ... (7 files)"
+        in out
+    )
