@@ -61,6 +61,8 @@ from spec.errors import SchedSpecError, SpecViolation
 
 H = TypeVar("H", bound=ReplayHarness[Any])
 CALLS_NOTE = "# the example's calls as made (each request whole):"  # heads `_note_calls`' note
+#: Heads the note of the adapter's own transcript (`native_calls`), after `CALLS_NOTE`'s.
+NATIVE_NOTE = "# the same example as the engine's own calls (the adapter's transcript):"
 T = TypeVar("T")
 
 
@@ -141,6 +143,24 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         `data=data(...)` and the draws apart; the note has each request whole."""
         if self.note_calls:
             violation.add_note(f"{CALLS_NOTE}\n{self.program_so_far()}")
+            native = self._native_calls()
+            if native:
+                violation.add_note(f"{NATIVE_NOTE}\n{native}")
+
+    def _native_calls(self) -> str | None:
+        """The implementation's own record of this example in its engine's API, when its
+        adapter keeps one: an optional method `native_calls() -> str` (the real vLLM adapter's
+        lists the `Scheduler` calls it made, so a vLLM developer reads the example as vLLM's
+        own tests write one). None without it, or when it fails (it must not hide the
+        violation)."""
+        native = getattr(getattr(self.h, "impl", None), "native_calls", None)
+        if not callable(native):
+            return None
+        try:
+            text = native()
+        except Exception:  # a transcript is a courtesy: the violation is what is reported
+            return None
+        return text if isinstance(text, str) and text.strip() else None
 
     def _record(self, call: str, hang: CallDeadlineExceeded) -> CallDeadlineExceeded:
         """Attach this example's calls so far (or `call`, the first) to a hang, and remember
@@ -256,4 +276,4 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             self.counter.on_example(self.counter.examples, self.counter.steps)
 
 
-__all__ = ["CALLS_NOTE", "ConformanceBase", "StepCounter"]
+__all__ = ["CALLS_NOTE", "NATIVE_NOTE", "ConformanceBase", "StepCounter"]

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hypothesis.strategies import SearchStrategy
 
 from properties.conformance import ParityPolicy, StepCounter, conformance_machine
-from properties.conformance_base import CALLS_NOTE
+from properties.conformance_base import CALLS_NOTE, NATIVE_NOTE
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from properties.decisions import DecisionTwin
 from spec.adapter import ImplementationFactory
@@ -209,6 +209,12 @@ def _nondeterministic(err: Flaky) -> str:
     )
 
 
+def _note_rank(note: str) -> int:
+    """Where a violation's note goes: Hypothesis's own first, the calls as made, the
+    adapter's transcript last."""
+    return 2 if note.startswith(NATIVE_NOTE) else 1 if note.startswith(CALLS_NOTE) else 0
+
+
 def failure_from(err: BaseException, printed: str) -> Failure:
     """The failure `err` reports: the rule a `SpecViolation` names; `nondeterministic` when
     Hypothesis found the same program behaving differently on replay (a `Flaky`); a hang's
@@ -221,10 +227,9 @@ def failure_from(err: BaseException, printed: str) -> Failure:
         # Hypothesis did not shrink or print it: the program is the machine's own record
         program = f"# the calls of the example that hung (not shrunk)\n{err.program}"
         return Failure(rule=err.rule, message=str(err), program=program)
-    # Hypothesis's program first, the machine's calls as made (`CALLS_NOTE`) after it
-    notes = "\n".join(
-        sorted(getattr(err, "__notes__", []), key=lambda note: note.startswith(CALLS_NOTE))
-    )
+    # Hypothesis's program first, the machine's calls as made (`CALLS_NOTE`) after it, then
+    # the adapter's transcript in its engine's own calls (`NATIVE_NOTE`)
+    notes = "\n".join(sorted(getattr(err, "__notes__", []), key=_note_rank))
     program = "\n".join(
         line
         for line in (printed + "\n" + notes).splitlines()

@@ -20,6 +20,7 @@ from integrations.manifest import EngineManifest
 from integrations.vllm import MANIFEST, make_real_vllm
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.custom_scheduler import SCHEDULER_VARIABLE
+from properties.conformance_base import NATIVE_NOTE
 from schedspec_cli.main import main
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError
@@ -129,6 +130,13 @@ def test_an_engine_assert_names_its_line_and_the_users_frame(
     assert code == 1, out
     assert "[implementation_error] the implementation raised AssertionError: assert " in out
     assert f"; via {user_module}:" in out and "in schedule)" in out, out[-3000:]
+    # the example again in vLLM's own calls, after the spec's: the class, its settings, the
+    # requests as vLLM holds them, and what each call answered
+    native = out.split(NATIVE_NOTE, 1)[1]
+    assert "sched = OverAdmits(...)  # block_size=" in native and "max_num_seqs=" in native
+    assert "sched.add_request(Request(request_id='r0', prompt_token_ids=" in native
+    assert "out = sched.schedule()  # r0 " in native
+    assert "sched.update_from_output(out, ModelRunnerOutput(sampled {'r0': [" in native
 
 
 @pytest.mark.parametrize("impl", ["real-vllm", "real-vllm-prefix"])

@@ -96,6 +96,8 @@ from integrations.vllm.token_ids import (
     stop_token_id,
     unshared_prompt_token,
 )
+from integrations.vllm.trace import output_line, schedule_line
+from integrations.vllm.transcript import construction_line, request_line, update_line
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
 from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
@@ -483,6 +485,9 @@ class RealVllmScheduler:
         self.sink = sink
         self.v: VllmModules = load_vllm()
         self.sched: Any = self._build(config)
+        #: The calls made on vLLM's scheduler, one line each, in vLLM's own terms
+        #: (`native_calls`): what a failing example is printed with after its spec calls.
+        self.transcript: list[str] = [construction_line(self.sched, config)]
         self.specs: dict[str, ArRequest] = {}
         #: Every vLLM `Request` given to the scheduler, by id, kept after it ends (what a
         #: reader of the KV events resolves a block key against).
@@ -720,6 +725,7 @@ class RealVllmScheduler:
         if guided:  # as `EngineCore.add_request` does before the scheduler sees it
             (self.compile_grammar or self.sched.structured_output_manager.grammar_init)(req)
         self.sched.add_request(req)
+        self.transcript.append(request_line(req))
         s = request
         self.sink(
             ArSubmitted(
@@ -743,6 +749,7 @@ class RealVllmScheduler:
             raise UnknownRequest(request_id, len(self.sched.requests))
         before = self._view()
         status = self.v.request.RequestStatus.FINISHED_ABORTED
+        self.transcript.append(f"sched.finish_requests([{request_id!r}], FINISHED_ABORTED)")
         self.sched.finish_requests([request_id], status)
         self._emit(release_events(before, self._view()))
         self.ended.add(request_id)
@@ -790,7 +797,9 @@ class RealVllmScheduler:
         sched = self.sched
         before = self._view()
         hashes = block_hashes(sched) if self._config.enable_prefix_caching else {}
+        self.transcript.append("out = sched.schedule()")
         out = sched.schedule()
+        self.transcript[-1] += f"  # {schedule_line(out)}"
         scheduled: dict[str, int] = dict(out.num_scheduled_tokens)
         after = self._view(scheduled)
         unscheduled = (
@@ -820,7 +829,9 @@ class RealVllmScheduler:
         self.sink(ArStepEnd(self.step_index))
         runner_output = self._fabricate(scheduled)
         before = self._view()
+        self.transcript.append(update_line(runner_output))
         engine_outputs = sched.update_from_output(out, runner_output)
+        self.transcript[-1] += f"  # {output_line(engine_outputs)}"
         self._emit(release_events(before, self._view()))
         for reqs in engine_outputs.values():
             for o in reqs.outputs:
@@ -828,6 +839,14 @@ class RealVllmScheduler:
                     self.ended.add(o.request_id)
                     self.sink(ArFinished(o.request_id, self._reason(o.finish_reason)))
         self.step_index += 1
+
+    def native_calls(self) -> str:
+        """The calls this adapter made on vLLM's scheduler so far, one per line, as vLLM's own
+        tests write them (`sched.add_request(Request(...))`, `out = sched.schedule()`,
+        `sched.update_from_output(out, ModelRunnerOutput(...))`), each with what vLLM answered
+        in a comment: a failing example's spec calls, said in vLLM's terms (the optional
+        adapter method `properties.conformance_base` prints after them)."""
+        return "\n".join(self.transcript)
 
     def drain(self, max_steps: int = 100_000) -> None:
         """`drain_steps` over `step` and `is_idle`; `SchedulerStalled` names the waiting and running
