@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,12 +135,27 @@ def engine_release(builtin: Builtin | None) -> dict[str, Any] | None:
     set; None for the project's own and for `module:attribute` implementations."""
     if builtin is None or not builtin.engine:
         return None
-    manifest = _manifest(builtin.engine)
-    release: dict[str, Any] = {"name": builtin.engine, "version": str(manifest.version)}
+    return release_of(builtin.engine)
+
+
+#: The real engines an implementation can drive (each an `integrations` package).
+REAL_ENGINES = ("vllm", "sglang", "vidur")
+
+
+def activated_engines() -> frozenset[str]:
+    """The real engines whose install this process has activated (put on `sys.path`): those a
+    `module:attribute` implementation drove, which names no engine of its own."""
+    return frozenset(e for e in REAL_ENGINES if str(_manifest(e).site_packages) in sys.path)
+
+
+def release_of(engine: str) -> dict[str, Any]:
+    """`engine_release` of the real engine `engine`."""
+    manifest = _manifest(engine)
+    release: dict[str, Any] = {"name": engine, "version": str(manifest.version)}
     modified = manifest.modified_sources()
     if modified:
         release["modified"] = list(modified)
-    if builtin.engine == "vllm":
+    if engine == "vllm":
         from integrations.vllm.custom_scheduler import selected_scheduler_cls
 
         chosen = selected_scheduler_cls()

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
-from schedspec_cli.impls import resolve
+from schedspec_cli.impls import activated_engines, engine_line, engine_release, release_of, resolve
+from schedspec_cli.meta import run_metadata
+from schedspec_cli.registry import BUILTINS
 from schedspec_cli.torch_threads import pin_torch_threads, torch_threads_now
 from spec.batch_parity import (
     MODE_VARIANTS,
@@ -145,6 +147,26 @@ def declared_runs(
     return runs
 
 
+def _provenance(name: str, active: frozenset[str]) -> dict[str, Any]:
+    """The real engine `name` drove, if any (a built-in's, or the one its run activated), and
+    the run's metadata."""
+    builtin = BUILTINS.get(name)
+    engine = engine_release(builtin)
+    driven = activated_engines() - active
+    if engine is None and len(driven) == 1:
+        engine = release_of(next(iter(driven)))
+    provenance: dict[str, Any] = {"run": run_metadata(with_device=False)}
+    if engine is not None:
+        provenance["engine"] = engine
+    return provenance
+
+
+def _write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
 def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The report (JSON-ready) of `name`'s parity run with the parsed flags `ns`."""
     resolved = resolve(name, "dllm")
@@ -257,13 +279,32 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def impl_parity_main(ns: argparse.Namespace) -> int:
-    """0 when every case is identical, golden agrees (when provided) and nothing leaked."""
-    with call_timeout_set(ns.run_timeout):
-        report = run_impl_parity(ns.impl, ns)
+    """0 when every case is identical, golden agrees (when provided) and nothing leaked. The
+    JSON (`--json`) also names the real engine a run drove (`engine`, as `verify`'s does) and
+    the run (`run`: date, commit, versions, host, command); a run that broke a spec rule before
+    its outputs could be compared writes `{"impl", "identical": false, "violation": {"rule",
+    "message"}, ...}` and then fails as before (exit 1)."""
+    active = activated_engines()
+    try:
+        with call_timeout_set(ns.run_timeout):
+            report = run_impl_parity(ns.impl, ns)
+    except SpecViolation as violation:
+        _write_json(
+            ns.json,
+            {
+                "impl": ns.impl,
+                "identical": False,
+                "golden": False,
+                "violation": {"rule": violation.rule, "message": str(violation)},
+                **_provenance(ns.impl, active),
+            },
+        )
+        raise
+    report.update(_provenance(ns.impl, active))
     print_report(report)
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if "engine" in report:  # the release checked, as verify names it
+        print(engine_line(ns.impl, report["engine"]))
+    _write_json(ns.json, report)
     golden_ok = report["golden"] or not report["golden_checked"]
     clean = report["leaked_slots"] == 0 and report["leaked_rows"] == 0
     return 0 if report["identical"] and golden_ok and clean else 1

@@ -366,6 +366,13 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         default_verify=False,
     ),
     _dllm(
+        "real-sglang-dllm-radix",
+        ("integrations.sglang:REAL_SGLANG_DLLM_RADIX",),
+        "SGLang 0.5.23's dLLM scheduler path with its radix cache on (its dLLM default)",
+        engine="sglang",
+        default_verify=False,
+    ),
+    _dllm(
         "real-sglang-dllm-priority",
         ("integrations.sglang:REAL_SGLANG_DLLM_PRIORITY",),
         "SGLang 0.5.23's dLLM scheduler path under priority scheduling (lower values first)",

@@ -28,11 +28,13 @@ from schedspec_cli.engine_cmds import check_shipped_parity
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
+    activated_engines,
     engine_line,
     engine_release,
     load_engine,
     profile_summary,
     refuse_parity_for_ar_only,
+    release_of,
     resolve,
 )
 from schedspec_cli.output import check_output_path, table, write_json
@@ -292,7 +294,9 @@ def run(args: argparse.Namespace) -> int:
         configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
     source = args.accept or ""
     results: list[VerifyResult] = []
-    for t in p.targets:
+    engines = [engine_release(t.builtin) for t in p.targets]
+    for index, t in enumerate(p.targets):
+        active = activated_engines()
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
@@ -313,7 +317,11 @@ def run(args: argparse.Namespace) -> int:
         )
         bar.done()
         results.append(res)
-    engines = [engine_release(t.builtin) for t in p.targets]
+        # a module:attribute implementation that drove a real engine (a wrapper of an
+        # adapter, a profile of its own) names the release it drove too
+        driven = activated_engines() - active
+        if engines[index] is None and len(driven) == 1:
+            engines[index] = release_of(next(iter(driven)))
     print(render_table(results))
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it

@@ -85,6 +85,22 @@ def test_a_stale_context_bug_fails_on_golden(capsys: pytest.CaptureFixture[str])
     assert "IDENTICAL, golden DIFFERS" in out and "differs from its golden output" in out
 
 
+def test_a_run_that_breaks_a_rule_still_writes_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A seeded leak breaks `terminal_owns_nothing` inside a run, before outputs are compared:
+    exit 1 as before, and `--json` now says why (it wrote nothing, so a CI job had no
+    artifact)."""
+    out_json = tmp_path / "leak.json"
+    argv = ["--impl", "reference.seeded_bugs:no_free_on_finish", *ARGS, "--json", str(out_json)]
+    code, _, err = _run(argv, capsys)
+    assert code == 1 and "violation: [terminal_owns_nothing]" in err, err
+    data = json.loads(out_json.read_text())
+    assert data["identical"] is False and data["impl"] == "reference.seeded_bugs:no_free_on_finish"
+    assert data["violation"]["rule"] == "terminal_owns_nothing", data
+    assert "run" in data and "engine" not in data
+
+
 class StaleUnderFdfo(ReferenceDllmScheduler):
     """The denoiser sees a stale context (without the last committed block) under FDFO only:
     FDFO's outputs differ from sync's."""

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 from integrations.patches import FixDoesNotApply, FixSet, module_file
 from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
-from integrations.sglang.engine import scripted_token
+from integrations.sglang.engine import AttributeNotBuilt, scripted_token
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.conformance_base import ConformanceBase
@@ -633,12 +633,15 @@ def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming() -> Non
     assert set(h.outputs()) == {"a", "b", "c"}
 
 
-def test_finding_idle_engine_never_admits_a_request_that_fits() -> None:
+def test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits() -> None:
     """Found by the suite: with 4 pages (16 slots) a request of 12 tokens (3 pages) fits, but
     SGLang's admission estimate (fill ids = prompt + a whole mask block, + max_new_tokens, + a
     page: 5 + 4 + 6 + 4 = 19 > 16, managers/schedule_policy.py `add_one_req`) does not fit, so
-    the idle engine runs its first round admitting nothing (it admits the request a round
-    later: tests/test_sglang_event_log.py shows the same program served by SGLang's loop)."""
+    the idle engine runs its first round admitting nothing. It admits the request a round
+    later, without that estimate: the refused request was moved to a staging phase, and
+    `add_dllm_staging_req` admits staged requests on a budget of their next block (the cause
+    of the ragged-row finding too); tests/test_sglang_event_log.py shows the same program
+    served by SGLang's loop."""
     h = _harness(_config(kv_pages=4))
     h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
     v = _violation(lambda: h.guarded("round", h.round))
@@ -1208,7 +1211,37 @@ def test_parity_impl_runs_sglang_in_the_modes_it_declares(
     out = tmp_path / "sglang-parity.json"
     argv = ["parity", "--impl", "real-sglang-dllm", "--block-size", "8", "--page-size", "8"]
     assert main([*argv, "--prompts", "4", "--max-new-tokens", "16", "--json", str(out)]) == 0
-    assert "the modes its profile declares: sync, fdfo+reuse" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "the modes its profile declares: sync, fdfo+reuse" in printed
     report = json.loads(out.read_text())
     assert report["identical"] is True and report["batch_sizes"] == [1, 4]
     assert report["leaked_slots"] == 0 and report["leaked_rows"] == 0
+    # the release checked, as verify records it (it had no engine, no run metadata)
+    assert report["engine"] == {"name": "sglang", "version": MANIFEST.version}
+    assert f"real-sglang-dllm: sglang {MANIFEST.version}" in printed
+    assert {"date", "commit", "versions"} <= set(report["run"])
+
+
+def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_set_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A maintainer's change that reads a new Scheduler attribute (set by the server's
+    `__init__`, which the adapter does not run) names the attribute and where the adapter
+    builds the Scheduler, instead of reading as an SGLang bug (`AttributeError: 'Scheduler'
+    object has no attribute ...` from SGLang's own code)."""
+    adapter = REAL_SGLANG_DLLM.factory(_config(), lambda event: None)
+    scheduler_cls = type(adapter.engine.scheduler)  # type: ignore[attr-defined]
+    released = scheduler_cls.get_next_batch_to_run
+
+    def reads_a_new_knob(self: Any, *args: Any) -> Any:
+        if self.dllm_max_staging < 0:
+            return None
+        return released(self, *args)
+
+    monkeypatch.setattr(scheduler_cls, "get_next_batch_to_run", reads_a_new_knob)
+    adapter.submit(RequestSpec("r0", (1, 2, 3), 4))
+    with pytest.raises(AttributeNotBuilt) as caught:
+        adapter.run_round()
+    said = str(caught.value)
+    assert said.startswith("SGLang's Scheduler has no attribute 'dllm_max_staging' (read at ")
+    assert "in reads_a_new_knob)" in said and "integrations/sglang/engine.py (`build`)" in said

@@ -454,8 +454,8 @@ def test_idle_rounds_in_a_row_are_written_once_and_fail_progress() -> None:
 
 
 def test_the_idle_engine_finding_shows_in_a_served_log() -> None:
-    """The finding `test_finding_idle_engine_never_admits_a_request_that_fits` (below the
-    declared headroom: 4 pages, a request of 12 tokens whose estimate is 19), served by
+    """The finding `test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits`
+    (below the declared headroom: 4 pages, a request of 12 tokens whose estimate is 19), served by
     SGLang's own loop: the first round admits nothing, the next admits the request, and the
     log fails `progress` at the idle round."""
     config = DllmConfig(

@@ -14,7 +14,27 @@ from integrations.vllm.core_loop import EngineCoreViolation, check_pool
 
 
 def _block(block_id: int, ref_cnt: int = 0) -> Any:
-    return SimpleNamespace(block_id=block_id, ref_cnt=ref_cnt, is_null=block_id == 0)
+    return SimpleNamespace(
+        block_id=block_id,
+        ref_cnt=ref_cnt,
+        is_null=block_id == 0,
+        next_free_block=None,
+        prev_free_block=None,
+    )
+
+
+def _queue(free: list[Any]) -> Any:
+    """vLLM's free queue over `free`: a doubly linked list between a fake head and tail, with
+    its count (what `integrations.vllm.free_queue` walks)."""
+    head, tail = _block(-1), _block(-2)
+    last = head
+    for block in free:
+        last.next_free_block, block.prev_free_block = block, last
+        last = block
+    last.next_free_block, tail.prev_free_block = tail, last
+    return SimpleNamespace(
+        fake_free_list_head=head, fake_free_list_tail=tail, num_free_blocks=len(free)
+    )
 
 
 def _sched(
@@ -27,7 +47,7 @@ def _sched(
     block), whose free queue holds `free` (and the null block, which the check skips)."""
     ref_cnt = ref_cnt or {}
     blocks = [_block(b, ref_cnt.get(b, 0)) for b in range(16)]
-    queue = SimpleNamespace(get_all_free_blocks=lambda: [blocks[0], *(blocks[b] for b in free)])
+    queue = _queue([blocks[0], *(blocks[b] for b in free)])
     managers = [
         SimpleNamespace(req_to_blocks={r: [blocks[b] for b in t] for r, t in g.items()})
         for g in groups
@@ -88,3 +108,13 @@ def test_a_deferred_free_counts_as_a_holder() -> None:
     check_pool(_sched([{"a": [1]}], free=[4], deferred=[(3, [2])]), False, "here")
     with pytest.raises(EngineCoreViolation, match="block 2 is free and held"):
         check_pool(_sched([{"a": [1]}], free=[2], deferred=[(3, [2])]), False, "here")
+
+
+def test_a_free_queue_a_double_free_broke_is_named_not_walked_forever() -> None:
+    """A block on the free queue twice (linked back into itself): `pool_accounting` names it
+    where vLLM's own `get_all_free_blocks` would loop."""
+    sched = _sched([{"a": [1]}], free=[4, 5])
+    five = sched.kv_cache_manager.block_pool.blocks[5]
+    five.next_free_block = sched.kv_cache_manager.block_pool.blocks[4]
+    with pytest.raises(EngineCoreViolation, match=r"here: vLLM's free block queue lists block 4"):
+        check_pool(sched, False, "here")

@@ -23,6 +23,8 @@ from integrations.sglang.profile import (
     SGLANG_DLLM_PRIORITY_LOF_PROFILE,
     SGLANG_DLLM_PRIORITY_PROFILE,
     SGLANG_DLLM_PROFILE,
+    SGLANG_DLLM_RADIX_PROFILE,
+    SGLANG_DLLM_UNDER_PRESSURE_PROFILE,
 )
 from spec.implementation import DllmImplementation
 
@@ -31,6 +33,21 @@ REAL_SGLANG_DLLM = DllmImplementation(
     SGLANG_DLLM_PROFILE,
     "SGLang 0.5.23's real dLLM scheduler path (Scheduler, PrefillAdder, alloc_for_extend, pools, "
     "DllmAlgorithm.run with a scripted step, process_batch_result_dllm, abort_request) on CPU",
+)
+
+REAL_SGLANG_DLLM_RADIX = DllmImplementation(
+    make_sglang_dllm,
+    SGLANG_DLLM_RADIX_PROFILE,
+    "SGLang 0.5.23's real dLLM scheduler path with its radix cache on, its dLLM default "
+    "(committed blocks cached, read by later prompts that share them, evicted on demand)",
+)
+
+REAL_SGLANG_DLLM_UNDER_PRESSURE = DllmImplementation(
+    make_sglang_dllm,
+    SGLANG_DLLM_UNDER_PRESSURE_PROFILE,
+    "SGLang's real dLLM scheduler path on pools without headroom and rows below the seats, where "
+    "its KV admission check decides: for an SGLang with the candidate fixes "
+    "(integrations.sglang.fixes); 0.5.23 as released fails it (its estimate findings)",
 )
 
 REAL_SGLANG_DLLM_PRIORITY = DllmImplementation(
@@ -68,11 +85,15 @@ __all__ = [
     "REAL_SGLANG_DLLM_LPM",
     "REAL_SGLANG_DLLM_PRIORITY",
     "REAL_SGLANG_DLLM_PRIORITY_LOF",
+    "REAL_SGLANG_DLLM_RADIX",
+    "REAL_SGLANG_DLLM_UNDER_PRESSURE",
     "SGLANG_DLLM_FREE_ORDER_PROFILE",
     "SGLANG_DLLM_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_PROFILE",
     "SGLANG_DLLM_PROFILE",
+    "SGLANG_DLLM_RADIX_PROFILE",
+    "SGLANG_DLLM_UNDER_PRESSURE_PROFILE",
     "make_sglang_dllm",
     "make_sglang_dllm_lof",
     "make_sglang_dllm_lpm",

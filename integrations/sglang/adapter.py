@@ -38,7 +38,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from integrations.instance_hooks import InstanceHooks
-from integrations.sglang.engine import Engine, build, new_request, queue_request, run_worker
+from integrations.sglang.engine import (
+    Engine,
+    attributes_built,
+    build,
+    new_request,
+    queue_request,
+    run_worker,
+)
 from integrations.sglang.observer import SglangObserver
 from spec.adapter import EventSink
 from spec.config import DllmConfig, RequestSpec, validate_request
@@ -114,7 +121,8 @@ class SglangDllmAdapter:
         )
         self.seen.add(rid)
         self._spec_id[id(req)] = rid
-        queue_request(self.engine, req)
+        with attributes_built():
+            queue_request(self.engine, req)
         self.observer.submitted(req)
 
     def abort(self, request_id: str) -> None:
@@ -125,7 +133,8 @@ class SglangDllmAdapter:
         if req is None:  # SGLang would ignore it silently; the spec requires a typed refusal
             raise UnknownRequest(request_id, len(self.live))
         m = self._modules()
-        self.engine.scheduler.abort_request(m["AbortReq"](rid=engine_request_id(request_id)))
+        with attributes_built():
+            self.engine.scheduler.abort_request(m["AbortReq"](rid=engine_request_id(request_id)))
         self.observer.aborted([req])
 
     def run_round(self) -> None:
@@ -135,13 +144,15 @@ class SglangDllmAdapter:
         `ControlReturned`."""
         s = self.engine.scheduler
         self.observer.begin_round()
-        plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
+        with attributes_built():
+            plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         self.observer.planned(batch)
         if batch is not None:
-            result = run_worker(self.engine, batch)
-            s.process_batch_result_dllm(batch, result)
+            with attributes_built():
+                result = run_worker(self.engine, batch)
+                s.process_batch_result_dllm(batch, result)
             self.observer.completed(batch)
         s.last_batch = batch
         self.observer.end_round()

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import traceback
 import types
 import warnings
 import zlib
@@ -195,6 +196,37 @@ SCRIPTED_VOCAB = 16
 """The scripted step writes ids 0..15: the ids the property suites draw prompts, the EOS (15)
 and stop token ids (0..14) from, so a generated token is the EOS one time in sixteen and a
 drawn stop token id about as often: the suites see requests end at both."""
+
+
+class AttributeNotBuilt(AttributeError):
+    """SGLang's code read an attribute of the `Scheduler` or `TpModelWorker` the adapter built
+    without its `__init__` (`build`), one it does not set: a change to SGLang that reads a new
+    attribute, which a real server's `__init__` would set, says where to set it."""
+
+
+#: The classes `build` makes with `__new__`, setting by hand the attributes 0.5.23 reads.
+_HAND_BUILT = ("Scheduler", "TpModelWorker")
+
+
+@contextlib.contextmanager
+def attributes_built() -> Iterator[None]:
+    """Around the adapter's calls into SGLang: an `AttributeError` of a hand-built object's
+    missing attribute becomes `AttributeNotBuilt`, naming the attribute, the line that read it
+    and where the adapter sets such attributes, instead of reading as a bug of SGLang's."""
+    try:
+        yield
+    except AttributeError as err:
+        owner = type(getattr(err, "obj", None)).__name__
+        if owner not in _HAND_BUILT or err.name is None:
+            raise
+        frames = traceback.extract_tb(err.__traceback__)
+        read = f" (read at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})"
+        raise AttributeNotBuilt(
+            f"SGLang's {owner} has no attribute {err.name!r}{read}: the adapter builds it without "
+            "its __init__ (no GPU, no server arguments) and sets what 0.5.23's dLLM path reads; "
+            "a change that reads a new attribute needs it set in integrations/sglang/engine.py "
+            f"(`build`), as your {owner}.__init__ would"
+        ) from err
 
 
 def scripted_token(rid: str, position: int, mask: int) -> int:

@@ -37,6 +37,6 @@ MANIFEST = EngineManifest(
     # imports the scheduler path the adapter drives, with the in-process stubs installed
     import_check="integrations.sglang.check",
     runs_on_torch=True,
-    # the dLLM path, the memory pools and the scheduler the adapter drives (260 files)
-    sources=("sglang/srt/dllm/", "sglang/srt/mem_cache/", "sglang/srt/managers/"),
+    # the runtime the adapter drives: the dLLM path, pools, managers, sampling parameters, ...
+    sources=("sglang/srt/",),
 )

@@ -125,3 +125,22 @@ __all__ = [
     "SGLANG_DLLM_PRIORITY_PROFILE",
     "SGLANG_DLLM_PROFILE",
 ]
+
+#: SGLang's dLLM default, the radix cache on, as the only configuration (`real-sglang-dllm-radix`):
+#: a space of the cache alone makes the suite draw it, with prompts that share stems so that
+#: requests read cached blocks (a space with both leaves the cache off unless a suite asks).
+SGLANG_DLLM_RADIX_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    space=dataclasses.replace(SGLANG_DLLM_PROFILE.space, prefix_cache=frozenset({True})),
+)
+
+#: The space without the KV headroom and with any number of rows, where SGLang's KV admission
+#: check and its estimate decide: for an SGLang with the candidate fixes of
+#: `integrations.sglang.fixes` (a patched install, or `sglang_fixed`); 0.5.23 as released fails
+#: it with the estimate findings of docs/engines.md.
+SGLANG_DLLM_UNDER_PRESSURE_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_PROFILE,
+    space=dataclasses.replace(
+        SGLANG_DLLM_PROFILE.space, kv_headroom_pages=None, rows_equal_max_running=False
+    ),
+)

@@ -50,8 +50,9 @@ def manifest_of(version: str) -> EngineManifest:
         runs_on_torch=True,
         env=_ENV,
         load_check="integrations.vllm.custom_scheduler:check_selected",
-        # the v1 engine: scheduler, KV cache manager, block pool, request (434 files, 0.1 s)
-        sources=("vllm/v1/",),
+        # the v1 engine (scheduler, KV cache manager, block pool, request), the configs the
+        # scheduler reads and the sampling parameters its stop checks read
+        sources=("vllm/v1/", "vllm/config/", "vllm/sampling_params.py"),
     )
 
 
