@@ -137,15 +137,16 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         return "\n".join(self.calls)
 
     def _note_calls(self, violation: SpecViolation) -> None:
-        """With `note_calls`, add this example's calls, as made, to the violation: a family
+        """With `note_calls`, add this example's calls, as made, to the violation (and, for any
+        family, the adapter's own transcript, `_native_calls`): a family
         whose rules draw requests inside the rule (`st.data()`, as the AR machine does, its
         sizes depending on the drawn config) gets a program Hypothesis prints with
         `data=data(...)` and the draws apart; the note has each request whole."""
         if self.note_calls:
             violation.add_note(f"{CALLS_NOTE}\n{self.program_so_far()}")
-            native = self._native_calls()
-            if native:
-                violation.add_note(f"{NATIVE_NOTE}\n{native}")
+        native = self._native_calls()  # any family: the engine's own calls, when kept
+        if native:
+            violation.add_note(f"{NATIVE_NOTE}\n{native}")
 
     def _native_calls(self) -> str | None:
         """The implementation's own record of this example in its engine's API, when its

@@ -48,7 +48,9 @@ from spec.adapter import EventSink, ImplementationFactory
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import CacheEvicted, CacheHit, Event, Finished, FinishReason, Forward, KvCached
+from spec.implementation import DllmImplementation
 from spec.profile import DllmAdmission, DllmConfigSpace, DllmProfile
+from spec.snapshot import Snapshot
 from tests.patch_check import git_apply_to_copies
 from tests.script_module import load_script
 from tests.tier import depth
@@ -1245,3 +1247,43 @@ def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_se
     said = str(caught.value)
     assert said.startswith("SGLang's Scheduler has no attribute 'dllm_max_staging' (read at ")
     assert "in reads_a_new_knob)" in said and "integrations/sglang/engine.py (`build`)" in said
+
+
+class _LeaksOnFinish(SglangDllmAdapter):
+    """A planted leak, on the adapter's side of SGLang: the snapshot hides the first free slot,
+    as a pool that forgot a finished request's KV would show it."""
+
+    def snapshot(self) -> Snapshot:
+        snap = super().snapshot()
+        if self.seen and not self.live and snap.free_slots:  # after a request ended
+            return dataclasses.replace(snap, free_slots=snap.free_slots - {min(snap.free_slots)})
+        return snap
+
+
+def _leaks_on_finish(config: DllmConfig, sink: EventSink) -> SglangDllmAdapter:
+    return _LeaksOnFinish(config, sink)
+
+
+#: Under SGLang's declared profile, as the built-in runs (its estimate findings stay out).
+LEAKS_ON_FINISH = DllmImplementation(_leaks_on_finish, PROFILE, "SGLang with a planted leak")
+
+
+def test_a_counterexample_ends_with_sglangs_own_calls(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing example on SGLang prints, after the program, what the adapter did on SGLang's
+    scheduler: the queued `Req`s under their engine ids, each round's batch with its forward
+    mode, rows (SGLang's `req_pool_idx`) and dLLM phases, and what ended."""
+    from properties.conformance_base import NATIVE_NOTE
+    from schedspec_cli.main import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    code = main(["verify", "--impl", f"{__name__}:LEAKS_ON_FINISH", "--examples", "50"])
+    out = capsys.readouterr().out
+    assert code == 1 and NATIVE_NOTE in out, out[-3000:]
+    native = out.split(NATIVE_NOTE, 1)[1]
+    assert native.lstrip().startswith("scheduler = Scheduler.__new__(Scheduler)  # assembled by")
+    assert "scheduler.waiting_queue.append(Req(rid='2:r0|', origin_input_ids=[" in native
+    assert "batch = scheduler.get_next_batch_to_run(...)  # " in native
+    assert "  # DLLM_EXTEND: 2:r0| row 1 STAGING_" in native, native
+    assert "scheduler.process_batch_result_dllm(batch, worker step)  # 2:r0| (FINISH_" in native

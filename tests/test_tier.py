@@ -77,6 +77,7 @@ class _Item:
 
     def __init__(self, marked: bool) -> None:
         self.marked = marked
+        self.name = "test_something"  # not a `test_finding_*`: the finding mark stays off
         self.added: list[pytest.MarkDecorator] = []
 
     def get_closest_marker(self, name: str) -> object | None:

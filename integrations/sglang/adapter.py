@@ -47,6 +47,13 @@ from integrations.sglang.engine import (
     run_worker,
 )
 from integrations.sglang.observer import SglangObserver
+from integrations.sglang.transcript import (
+    batch_line,
+    construction_line,
+    described,
+    request_line,
+    result_line,
+)
 from spec.adapter import EventSink
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import DuplicateRequest, SchedulerStalled, UnknownRequest
@@ -89,6 +96,9 @@ class SglangDllmAdapter:
         )
         self.observer.attach_worker(self.engine.worker, InstanceHooks())
         self.seen: set[str] = set()
+        #: The calls made on SGLang's scheduler, one line each, in SGLang's terms
+        #: (`native_calls`): what a failing example is printed with after its spec calls.
+        self.transcript: list[str] = [construction_line(config)]
 
     @property
     def config(self) -> DllmConfig:
@@ -123,6 +133,7 @@ class SglangDllmAdapter:
         self._spec_id[id(req)] = rid
         with attributes_built():
             queue_request(self.engine, req)
+        self.transcript.append(described(request_line, req, request.prompt, request.max_new_tokens))
         self.observer.submitted(req)
 
     def abort(self, request_id: str) -> None:
@@ -133,6 +144,9 @@ class SglangDllmAdapter:
         if req is None:  # SGLang would ignore it silently; the spec requires a typed refusal
             raise UnknownRequest(request_id, len(self.live))
         m = self._modules()
+        self.transcript.append(
+            f"scheduler.abort_request(AbortReq(rid={engine_request_id(request_id)!r}))"
+        )
         with attributes_built():
             self.engine.scheduler.abort_request(m["AbortReq"](rid=engine_request_id(request_id)))
         self.observer.aborted([req])
@@ -148,14 +162,22 @@ class SglangDllmAdapter:
             plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
+        self.transcript.append(described(batch_line, batch))
         self.observer.planned(batch)
         if batch is not None:
             with attributes_built():
                 result = run_worker(self.engine, batch)
                 s.process_batch_result_dllm(batch, result)
+            self.transcript.append(described(result_line, batch))
             self.observer.completed(batch)
         s.last_batch = batch
         self.observer.end_round()
+
+    def native_calls(self) -> str:
+        """The calls this adapter made on SGLang's scheduler so far, one per line, in SGLang's
+        terms (`integrations.sglang.transcript`): the optional adapter method a failing
+        example's report prints after its spec calls."""
+        return "\n".join(self.transcript)
 
     def drain(self, max_rounds: int = 100_000) -> None:
         """Run rounds while a request is `live`; `SchedulerStalled` after `max_rounds` rounds with
