@@ -26,6 +26,7 @@ from spec.errors import SpecViolation
 from spec.events import Admitted, Event, Forward, RowAcquired, RowReleased
 from tests.test_engine_conformance import SUITE
 from tests.test_engine_mutants import HUNT, _busy, _factory, _fdfo
+from tests.tier import full_tier
 
 torch.set_num_threads(1)
 
@@ -85,6 +86,9 @@ def test_a_reacquired_row_without_its_table_is_caught() -> None:
     assert "state.configure(config=" in failure_from(err, printed).program
 
 
+# a control (the engine passes its suite per push: test_rows_released_engine_conforms_under_its_
+# profile): full tier, as tests/tier.py says
+@full_tier
 def test_the_same_hunt_passes_the_unmutated_engine() -> None:
     """Control for the mutant above: the same configs and settings, the real engine."""
     err, printed = run_machine(

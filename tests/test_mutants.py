@@ -10,6 +10,7 @@ from properties.conformance import conformance_machine
 from properties.verify import failure_from, run_machine
 from spec.invariants import INVARIANTS
 from tests.mutants import MUTANTS
+from tests.tier import full_tier
 
 # The hunt finds each bug without shrinking (shrinking costs ~20x the search and is what CI time
 # would go to); `test_counterexamples_are_shrunk` checks shrinking on representative mutants.
@@ -95,6 +96,9 @@ def test_without_a_golden_decoder_batch_parity_catches_a_mode_bug() -> None:
     assert "state.configure(config=" in failure.program
 
 
+# a control of the hunt's settings (the reference passes the suite per push in
+# tests/test_conformance_reference.py): full tier, as tests/tier.py says
+@full_tier
 def test_reference_itself_passes_the_same_hunt() -> None:
     """Control: the unmutated reference survives the settings the mutant hunt uses, for 200
     examples: more than any hunt in the default space runs before its catch (the slowest,

@@ -23,6 +23,7 @@ from reference.seeded_bugs import SEEDED_BUGS, SeededBug
 from schedspec_cli.main import main
 from tests.ar_mutants import AR_MUTANTS
 from tests.mutants import MUTANTS
+from tests.tier import full_tier
 
 
 class Catalogued(Protocol):
@@ -34,7 +35,23 @@ class Catalogued(Protocol):
     def factory(self) -> Callable[..., object]: ...
 
 
-@pytest.mark.parametrize("bug", SEEDED_BUGS + AR_SEEDED_BUGS, ids=lambda b: b.target)
+#: The bugs whose catch takes 5-10 s through `verify` (more examples before it): per push the
+#: mutant hunts of tests/test_mutants.py and tests/test_ar_mutants.py catch the same classes,
+#: so their command-line runs are full tier (tests/tier.py).
+SLOW = {
+    "reference.seeded_bugs:abort_leaks_retained_block",
+    "reference.ar.seeded_bugs:preempts_head",
+    "reference.ar.seeded_bugs:skips_to_head",
+}
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [
+        pytest.param(bug, id=bug.target, marks=[full_tier] if bug.target in SLOW else [])
+        for bug in SEEDED_BUGS + AR_SEEDED_BUGS
+    ],
+)
 def test_verify_catches_each_shipped_seeded_bug_under_its_rule(
     bug: SeededBug, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

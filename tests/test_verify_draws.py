@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.mined_constants import run_fresh
+from tests.tier import full_tier
 
 # argv: "mining" to undo the command line's call (the control) or "as-shipped", the adapter's
 # directory, then the command line.
@@ -70,6 +71,8 @@ def test_an_adapters_constants_do_not_change_the_programs_drawn(
     assert plain[2] is False
 
 
+# a control (the call under test makes the difference): full tier, as tests/tier.py says
+@full_tier
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_control_without_the_call_the_adapters_constants_reach_the_draws(
     tmp_path: Path, command: str

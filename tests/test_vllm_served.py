@@ -16,6 +16,7 @@ import integrations.vllm.adapter as adapter
 from integrations.vllm import MANIFEST
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.tier import full_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,8 @@ print(load_vllm().scheduler.__file__)
 """
 
 
+# another packaging (a server's process, a subprocess importing vLLM: 6 s): full tier
+@full_tier
 def test_the_servers_own_vllm_is_used_without_an_install(tmp_path: Path) -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
     env = {
