@@ -25,6 +25,7 @@ from schedspec_cli.main import main
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.tier import full_tier
 
 #: The user's module: vLLM imported at its top, as a subclass in a vLLM checkout would.
 USER_MODULE = '''
@@ -139,7 +140,8 @@ def test_an_engine_assert_names_its_line_and_the_users_frame(
     assert "sched.update_from_output(out, ModelRunnerOutput(sampled {'r0': [" in native
 
 
-@pytest.mark.parametrize("impl", ["real-vllm", "real-vllm-prefix"])
+# with prefix caching too in the full tier (the same check on another configuration)
+@pytest.mark.parametrize("impl", ["real-vllm", pytest.param("real-vllm-prefix", marks=full_tier)])
 def test_a_double_free_breaks_refcount_matches(
     impl: str,
     user_module: Path,
