@@ -148,6 +148,18 @@ def activated_engines() -> frozenset[str]:
     return frozenset(e for e in REAL_ENGINES if str(_manifest(e).site_packages) in sys.path)
 
 
+def release_driven(builtin: Builtin | None, active_before: frozenset[str]) -> dict[str, Any] | None:
+    """The release a run checked: its built-in's (`engine_release`), else, for a
+    `module:attribute` implementation that drove a real engine (a wrapper of an adapter, a
+    profile of its own), the one engine activated since `active_before` (`activated_engines`
+    taken before the run); None when neither names one."""
+    release = engine_release(builtin)
+    driven = activated_engines() - active_before
+    if release is None and len(driven) == 1:
+        release = release_of(next(iter(driven)))
+    return release
+
+
 def release_of(engine: str) -> dict[str, Any]:
     """`engine_release` of the real engine `engine`."""
     manifest = _manifest(engine)

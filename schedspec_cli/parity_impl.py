@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
-from schedspec_cli.impls import activated_engines, engine_line, engine_release, release_of, resolve
+from schedspec_cli.impls import activated_engines, engine_line, release_driven, resolve
 from schedspec_cli.meta import run_metadata
 from schedspec_cli.registry import BUILTINS
 from schedspec_cli.torch_threads import pin_torch_threads, torch_threads_now
@@ -150,11 +150,7 @@ def declared_runs(
 def _provenance(name: str, active: frozenset[str]) -> dict[str, Any]:
     """The real engine `name` drove, if any (a built-in's, or the one its run activated), and
     the run's metadata."""
-    builtin = BUILTINS.get(name)
-    engine = engine_release(builtin)
-    driven = activated_engines() - active
-    if engine is None and len(driven) == 1:
-        engine = release_of(next(iter(driven)))
+    engine = release_driven(BUILTINS.get(name), active)
     provenance: dict[str, Any] = {"run": run_metadata(with_device=False)}
     if engine is not None:
         provenance["engine"] = engine

@@ -30,11 +30,10 @@ from schedspec_cli.impls import (
     Resolved,
     activated_engines,
     engine_line,
-    engine_release,
     load_engine,
     profile_summary,
     refuse_parity_for_ar_only,
-    release_of,
+    release_driven,
     resolve,
 )
 from schedspec_cli.output import check_output_path, table, write_json
@@ -294,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
         configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
     source = args.accept or ""
     results: list[VerifyResult] = []
-    engines = [engine_release(t.builtin) for t in p.targets]
-    for index, t in enumerate(p.targets):
+    engines: list[dict[str, Any] | None] = []
+    for t in p.targets:
         active = activated_engines()
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
@@ -317,11 +316,7 @@ def run(args: argparse.Namespace) -> int:
         )
         bar.done()
         results.append(res)
-        # a module:attribute implementation that drove a real engine (a wrapper of an
-        # adapter, a profile of its own) names the release it drove too
-        driven = activated_engines() - active
-        if engines[index] is None and len(driven) == 1:
-            engines[index] = release_of(next(iter(driven)))
+        engines.append(release_driven(t.builtin, active))
     print(render_table(results))
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it
