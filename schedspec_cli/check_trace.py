@@ -16,7 +16,9 @@ that ends with work still running is a warning (exit 0), or with `--require-idle
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
 (`schedspec_cli.trace_profile`); both are resolved, for the log's family, before any event is
 read. `--json PATH` writes the verdict as JSON (for a CI job to read): checked before the log
-is opened, written for exit 0 and 1 (an input error, exit 2, writes none).
+is opened, written for exit 0 and 1 (an input error, exit 2, writes none). A header that says
+what wrote the log (`"writer": "sglang 0.5.23"`) has it printed after the verdict and recorded
+as the JSON's `writer`.
 
 FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
 event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     """Reads FILE once, front to back: the header line, then every event as it arrives; the
     verdict comes at the first violation without reading further."""
     from schedspec_cli.output import check_output_path, write_json
-    from spec.trace import TraceFormatError
+    from spec.trace import TraceFormatError, writer_of
 
     check_output_path("--json", args.json)
     with open_trace(args.file) as source:
@@ -191,9 +193,13 @@ def run(args: argparse.Namespace) -> int:
         header, head = read_header(lines, source.name)
         args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
         try:
+            writer = writer_of(header.data, header.line) if header.data is not None else None
+            args.verdict["writer"] = writer
             code = _run(args, header, head, lines)
         except TraceFormatError as err:  # the spec's parser knows the line, not the input
             raise TraceLineError(source.name, err.line_no, err.detail) from None
+    if writer is not None:  # which release's behaviour the verdict is about
+        print(f"{source.name}: written by {writer}")
     write_json(args.json, {"file": source.name, "exit": code, **args.verdict})
     return code
 
@@ -298,7 +304,8 @@ class _Schema:
         return f"every {self.name} field{but}"
 
 
-_HEADER_ONLY = ("kind", "family", "declared_policy")  # a header's keys that are no config field
+# a header's keys that are no config field
+_HEADER_ONLY = ("kind", "family", "writer", "declared_policy")
 
 
 def _settle_config(

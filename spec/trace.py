@@ -10,7 +10,9 @@ follows on purpose (`spec.profile.DllmPolicy`; only those that differ from the i
      "declared_policy": {"admission": "prefill-first", "work_conserving": false}}
 
 A header gives every `DllmConfig` field (`missing_config_fields`): only `prefix_cache` may be
-left out, meaning false (`OPTIONAL_CONFIG_FIELDS`). It may say `"family": "dllm"`. A line that
+left out, meaning false (`OPTIONAL_CONFIG_FIELDS`). It may say `"family": "dllm"`, and
+`"writer": "sglang 0.5.23"`: what wrote the log, in words (`writer_of`; it changes no verdict,
+`check-trace` reports it). A line that
 gives a key twice in one object is refused (`DuplicateKeyError`), never read as its last value.
 """
 
@@ -318,10 +320,15 @@ def write_events(events: Iterable[Event], out: TextIO) -> None:
         out.write(json.dumps(event_to_dict(e), separators=(",", ":")) + "\n")
 
 
-def config_to_dict(config: DllmConfig, policy: DllmPolicy | None = None) -> dict[str, Any]:
-    """A JSON-ready header line for a trace: `{"kind": "config", <DllmConfig fields>
-    [, "declared_policy": <the DllmPolicy options that differ from the idealised spec>]}`."""
+def config_to_dict(
+    config: DllmConfig, policy: DllmPolicy | None = None, writer: str | None = None
+) -> dict[str, Any]:
+    """A JSON-ready header line for a trace: `{"kind": "config"[, "writer": <writer>],
+    <DllmConfig fields>[, "declared_policy": <the DllmPolicy options that differ from the
+    idealised spec>]}`. `writer` names what wrote the log (`writer_of`)."""
     out: dict[str, Any] = {"kind": "config"}
+    if writer is not None:
+        out[WRITER] = checked_writer(writer)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name == "prefix_cache" and not value:
@@ -333,6 +340,34 @@ def config_to_dict(config: DllmConfig, policy: DllmPolicy | None = None) -> dict
 
 
 DECLARED_POLICY = "declared_policy"  # the header's key for the engine's declared policy
+WRITER = "writer"  # the header's key for what wrote the log ("sglang 0.5.23"), either family
+WRITER_MAX_CHARS = 200
+
+
+def checked_writer(value: object, line_no: int = 0) -> str:
+    """`value` as a header's `writer`: a string of 1 to `WRITER_MAX_CHARS` printable
+    characters, else `TraceFormatError` naming the line and what is valid."""
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or len(value) > WRITER_MAX_CHARS
+        or not value.isprintable()
+    ):
+        raise TraceFormatError(
+            line_no,
+            f"{WRITER}={json.dumps(value)[:60]}: must be a string of 1 to {WRITER_MAX_CHARS} "
+            'printable characters naming what wrote the log (e.g. "sglang 0.5.23")',
+        )
+    return value
+
+
+def writer_of(header: Mapping[str, object], line_no: int = 0) -> str | None:
+    """What wrote the log, as its header says (`checked_writer`), or None when it does not."""
+    if WRITER not in header:
+        return None
+    return checked_writer(header[WRITER], line_no)
+
+
 # a declared reservation -> the header field that bounds it, and what it reserves
 _RESERVED = {
     "reserved_kv_pages": ("kv_pages", "KV pages"),
@@ -414,11 +449,12 @@ def missing_config_fields(data: Mapping[str, object]) -> list[str]:
 
 
 def config_from_dict(data: dict[str, Any], line_no: int = 0) -> DllmConfig:
-    """A header line's configuration (its `kind`, `family` and `declared_policy` aside). It
-    must give every field but those of `OPTIONAL_CONFIG_FIELDS`; a `TraceFormatError` names
-    the line and the fields it lacks."""
+    """A header line's configuration (its `kind`, `family`, `writer` and `declared_policy`
+    aside). It must give every field but those of `OPTIONAL_CONFIG_FIELDS`; a
+    `TraceFormatError` names the line and the fields it lacks."""
     fields = {f.name for f in dataclasses.fields(DllmConfig)}
-    unknown = sorted(set(data) - fields - {"kind", "family", DECLARED_POLICY})
+    writer_of(data, line_no)
+    unknown = sorted(set(data) - fields - {"kind", "family", WRITER, DECLARED_POLICY})
     if unknown:
         raise TraceFormatError(line_no, f"unknown config fields {unknown}; valid: {sorted(fields)}")
     family = data.get("family", FAMILY)

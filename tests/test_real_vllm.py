@@ -12,6 +12,7 @@ tier: tests/tier.py) and SCHEDSPEC_VLLM_PROGRAMS engine-core programs (150, 300)
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -733,6 +734,9 @@ def test_a_live_vllm_scheduler_logs_what_it_decides(
         policy=Policy.PRIORITY,
     )
     lines, events = _logged_run(config)
+    from integrations.vllm.manifest import MANIFEST
+
+    assert json.loads(lines[0])["writer"] == f"vllm {MANIFEST.version}"  # vLLM's own class
     assert any(isinstance(e, ArPreempted) for e in events)
     assert any(isinstance(e, ArAborted) for e in events)
     assert any(isinstance(e, ArFinished) and e.reason is ArFinishReason.STOP for e in events)
@@ -748,6 +752,25 @@ def test_a_live_vllm_scheduler_logs_what_it_decides(
         assert code == 0, out
         assert "conform to the spec under" in out
         assert not extra or "decides alike in all" in out
+        assert out.splitlines()[-1] == f"{log}: written by vllm {MANIFEST.version}", out
+
+
+def _served_by_a_subclass(sched: Any) -> None:
+    """Makes `sched` an instance of a subclass of its class defined here, outside vLLM (as a
+    maintainer's `--scheduler-cls` would be)."""
+    sched.__class__ = type("ServedScheduler", (type(sched),), {"__module__": __name__})
+
+
+def test_a_live_log_of_a_scheduler_class_of_ones_own_names_the_class() -> None:
+    """A log of a server run with a scheduler class of its own says so: its verdict is about
+    that class, not vLLM's release alone."""
+    from integrations.vllm.manifest import MANIFEST
+
+    config = ArConfig(block_size=2, num_blocks=8, max_num_seqs=3, max_num_batched_tokens=8)
+    lines, _ = _logged_run(config, plant=_served_by_a_subclass)
+    assert json.loads(lines[0])["writer"] == (
+        f"vllm {MANIFEST.version}, scheduler_cls {__name__}.ServedScheduler"
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from integrations.sglang.event_log import (
     eos_token_of,
 )
 from integrations.sglang.event_loop import serve
+from integrations.sglang.manifest import VERSION as SGLANG_VERSION
 from properties.decisions import twin_difference
 from properties.trace_check import check_trace
 from reference.sglang_dllm import SGLANG_ORDER_TWIN
@@ -240,6 +241,7 @@ def test_a_live_sglang_log_checks_under_its_declared_policy_and_decides_as_its_t
         lines = serve_logged(program)
         header = json.loads(lines[0])
         assert header["declared_policy"]["admission"] == "prefill-first"
+        assert header["writer"] == f"sglang {SGLANG_VERSION}"  # the release, SGLang's class
         kept = _checked(lines)
         assert kept == adapter_events(program), seed
         difference = twin_difference(

@@ -2,7 +2,8 @@
 
 `SglangEventLog(scheduler, write)` attaches to a dLLM `Scheduler` that something else drives
 (SGLang's own `event_loop_normal`, a test's loop) and writes, through `write`, one JSON line
-per event of `spec.events`: first the header (`spec.trace.config_to_dict`: the scheduler's
+per event of `spec.events`: first the header (`spec.trace.config_to_dict`: the SGLang release
+and, when it is not SGLang's own, the scheduler's class as the `writer`; the scheduler's
 effective configuration and the policy SGLang declares, `SGLANG_DLLM_PROFILE.policy`, with
 `priority_order` under priority scheduling and `longest_output_first` under `--schedule-policy
 lof`), then what each call decided. `schedspec check-trace LOG` then checks the log under
@@ -73,6 +74,7 @@ from collections.abc import Callable
 from typing import Any
 
 from integrations.instance_hooks import InstanceHooks
+from integrations.log_writer import scheduler_writer
 from integrations.sglang.observer import SglangObserver
 from integrations.sglang.profile import SGLANG_DLLM_PROFILE
 from spec.config import DllmConfig, Mode
@@ -245,7 +247,8 @@ class SglangEventLog:
         self._write = write
         self._idle_written = False  # the last line is a round in which nothing ran
         self._ended: list[Any] = []  # requests SGLang reported aborted during the current call
-        write(json.dumps(config_to_dict(self.config, self.policy)))
+        self.writer: str = scheduler_writer(scheduler, "sglang")
+        write(json.dumps(config_to_dict(self.config, self.policy, self.writer)))
         self.observer: SglangObserver = SglangObserver(
             self.config,
             self._emit,

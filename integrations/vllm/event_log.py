@@ -2,7 +2,8 @@
 
 `VllmEventLog(scheduler, write)` attaches to a scheduler that something else drives (vLLM's own
 `EngineCore`, a test's loop) and writes, through `write`, one JSON line per event of
-`spec.ar.events`: first the header (`spec.ar.trace.ar_config_to_dict`: the scheduler's effective
+`spec.ar.events`: first the header (`spec.ar.trace.ar_config_to_dict`: the vLLM release and,
+when it is not vLLM's own, the scheduler's class as the `writer`; the scheduler's effective
 configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the ordering rules of
 `vllm_rules`), then what each call decided. `schedspec check-trace LOG` then checks the log
 under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from integrations.instance_hooks import InstanceHooks
+from integrations.log_writer import scheduler_writer
 from integrations.vllm import REAL_VLLM_PROFILE
 from integrations.vllm.adapter import (
     finish_reason_of,
@@ -142,7 +144,8 @@ class VllmEventLog:
         self._prefix = self.config.enable_prefix_caching
         self._step = 0
         self._hooks = InstanceHooks()
-        write(json.dumps(ar_config_to_dict(self.config, self.policy)))
+        self.writer: str = scheduler_writer(scheduler, "vllm")
+        write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
         # name -> the scheduler's own method, which the wrapper calls
         self._calls = self._hooks.replace_methods(
             scheduler,

@@ -6,6 +6,8 @@ optionally, the implementation's declared policy):
     {"kind": "config", "family": "ar", "block_size": 16, "num_blocks": 1024, ...,
      "declared_policy": {"victim": "lowest_priority_any", "full_sequence_admission": true}}
 
+(and `"writer": "vllm 0.33.0"`, what wrote the log, if it says: `spec.trace.writer_of`)
+
 then one event per line, `{"kind": "ar_scheduled", "request_id": "r1", "num_tokens": 8}` (the
 kinds of `spec.ar.events`; tuples as JSON lists, the finish reason as its string). Every field
 is checked for its type: a line that is not a valid event raises
@@ -28,7 +30,14 @@ from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
 from spec.json_text import parse_json
-from spec.trace import TraceFormatError, duplicate_key, duplicate_key_detail
+from spec.trace import (
+    WRITER,
+    TraceFormatError,
+    checked_writer,
+    duplicate_key,
+    duplicate_key_detail,
+    writer_of,
+)
 
 FAMILY = "ar"
 
@@ -145,10 +154,15 @@ _ENUMS: dict[str, type[Any]] = {
 }
 
 
-def ar_config_to_dict(config: ArConfig, policy: ArPolicy | None = None) -> dict[str, Any]:
-    """The header line: `{"kind": "config", "family": "ar", <ArConfig fields>
-    [, "declared_policy": <ArPolicy options>]}` (`policy` is ArConfig's own field)."""
+def ar_config_to_dict(
+    config: ArConfig, policy: ArPolicy | None = None, writer: str | None = None
+) -> dict[str, Any]:
+    """The header line: `{"kind": "config", "family": "ar"[, "writer": <writer>], <ArConfig
+    fields>[, "declared_policy": <ArPolicy options>]}` (`policy` is ArConfig's own field;
+    `writer` names what wrote the log, `spec.trace.writer_of`)."""
     out: dict[str, Any] = {"kind": "config", "family": FAMILY}
+    if writer is not None:
+        out[WRITER] = checked_writer(writer)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         out[f.name] = value.value if isinstance(value, Policy) else value
@@ -204,7 +218,8 @@ def missing_ar_config_fields(data: dict[str, Any]) -> list[str]:
 def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfig, ArPolicy]:
     """The configuration and policy of a header line; a bad field, or a missing one (every
     `ArConfig` field is required), raises `TraceFormatError` naming the line and the field."""
-    body = {k: v for k, v in data.items() if k not in ("kind", "family", "declared_policy")}
+    writer_of(data, line_no)
+    body = {k: v for k, v in data.items() if k not in ("kind", "family", WRITER, "declared_policy")}
     family = data.get("family", FAMILY)
     if family != FAMILY:
         raise TraceFormatError(line_no, f"family={family!r}: an AR trace has family 'ar'")
