@@ -27,6 +27,7 @@ import contextlib
 import csv
 import hashlib
 import importlib
+import importlib.machinery
 import json
 import os
 import sys
@@ -46,7 +47,17 @@ class EngineNotInstalled(ConfigError):
     """A real engine was asked for but is not installed for the manifest's pins; says the
     command, and names the installs for other pins the cache holds (`others`)."""
 
-    def __init__(self, engine: str, directory: Path, *, others: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: str,
+        directory: Path,
+        *,
+        others: tuple[Path, ...] = (),
+        wanted_by: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.directory = directory
+        self.others = others
         state = (
             f"installed only for other pins, in {', '.join(map(str, others))}"
             if others
@@ -54,10 +65,14 @@ class EngineNotInstalled(ConfigError):
         )
         super().__init__(
             "impl",
-            engine,
+            wanted_by or engine,
             f"an installed engine ({engine} is {state}): run `{INSTALL_COMMAND} {engine}` "
             f"(installs into {directory})",
         )
+
+    def wanted_by(self, impl: str) -> EngineNotInstalled:
+        """The same error, naming the implementation `impl` that needs the engine."""
+        return EngineNotInstalled(self.engine, self.directory, others=self.others, wanted_by=impl)
 
 
 class EngineImportFailed(ConfigError):
@@ -115,8 +130,9 @@ class EngineManifest:
     runs_on_torch: bool = False
     # (built-in name, why): implementations of the engine this release does not ship
     unavailable: tuple[tuple[str, str], ...] = ()
-    # 'module:function' called by `load` after the import check: a setting of the engine's
-    # adapters checked up front (vLLM's `SCHEDSPEC_VLLM_SCHEDULER_CLS`); raises ConfigError
+    # 'module:function' called by `load` after the import check, with the built-in about to
+    # run (or None): a setting of the engine's adapters checked up front (the scheduler class
+    # of `SCHEDSPEC_VLLM_SCHEDULER_CLS`, `SCHEDSPEC_VIDUR_SCHEDULER_CLS`); raises ConfigError
     load_check: str = ""
     # path prefixes, inside the engine's own distribution, of the sources its adapters drive:
     # `modified_sources` compares them with the hashes of the release's wheel (its RECORD)
@@ -216,16 +232,34 @@ class EngineManifest:
         except ImportError as err:
             raise EngineImportFailed(self.engine, self.directory, err) from err
 
-    def load(self) -> None:
+    def load(self, builtin: str | None = None) -> None:
         """`activate`, then import the install's import check in this process: what a command
         does before it runs the engine, so a missing module is one typed error up front
-        (`EngineNotInstalled` or `EngineImportFailed`), not a failure of the suite's run."""
+        (`EngineNotInstalled` or `EngineImportFailed`), not a failure of the suite's run.
+        Then `load_check`, given `builtin`, the built-in about to run (None: any)."""
         self.activate()
         with self.importing():
             importlib.import_module(self.import_check)
         if self.load_check:
             module, _, function = self.load_check.partition(":")
-            getattr(importlib.import_module(module), function)()
+            getattr(importlib.import_module(module), function)(builtin)
+
+    def shadowed(self) -> str | None:
+        """Where another copy of the engine's package (named as the engine: `vllm`,
+        `sglang`, `vidur`) is importable from this process's path apart from the install: a
+        checkout on `PYTHONPATH`, a copy in the environment's own site-packages. The install
+        comes first on `sys.path` once activated, so that copy is not the one checked; a report
+        says so rather than let a user believe their copy passed. None when there is none."""
+        install = self.site_packages.resolve()
+        others = [p for p in sys.path if p and Path(p).resolve() != install]
+        try:
+            found = importlib.machinery.PathFinder.find_spec(self.engine, others)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        where = list(found.submodule_search_locations or []) or [found.origin or ""]
+        return where[0] or None
 
     def modified_sources(self) -> tuple[str, ...]:
         """The files under `sources` that differ from the release's wheel, or that are gone:

@@ -13,6 +13,7 @@ import inspect
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from schedspec_cli.engine_cmds import ENGINE_EXTRA
@@ -54,6 +55,9 @@ class Resolved:
     target: str
     implementation: Implementation
     builtin: Builtin | None
+    # the real engines whose install importing a module:attribute target activated (a module
+    # that imports an engine at its top: `loader.load_object`)
+    engines_loaded: frozenset[str] = frozenset()
 
     @property
     def family(self) -> Family:
@@ -102,9 +106,10 @@ def resolve(name: str, family: Family | str | None = None) -> Resolved:
                 f"{builtin.family.value} family (`schedspec list-impls` gives each one's)",
             )
         return resolve_builtin(builtin)
+    before = activated_engines()
     obj = load_object(name, "impl")
     impl = declared_implementation(obj, name, family)
-    return Resolved(name, name, _checked(impl, name), None)
+    return Resolved(name, name, _checked(impl, name), None, activated_engines() - before)
 
 
 def resolve_builtin(builtin: Builtin) -> Resolved:
@@ -131,8 +136,10 @@ def engine_release(builtin: Builtin | None) -> dict[str, Any] | None:
     """The real engine a built-in drives, `{"name": "vllm", "version": "0.33.0"}` (the release
     selected here, e.g. by `SCHEDSPEC_VLLM_VERSION`), with `"modified"`, the engine's sources
     that differ from the release's wheel (`EngineManifest.modified_sources`), when there are
-    any, and for vLLM `"scheduler_cls"`, the class `SCHEDSPEC_VLLM_SCHEDULER_CLS` names, when
-    set; None for the project's own and for `module:attribute` implementations."""
+    any, for vLLM and Vidur `"scheduler_cls"`, the class `SCHEDSPEC_VLLM_SCHEDULER_CLS` or
+    `SCHEDSPEC_VIDUR_SCHEDULER_CLS` names, when set, and `"shadowed"`, another copy of the
+    engine on the path that the install comes before (`EngineManifest.shadowed`); None for
+    the project's own and for `module:attribute` implementations."""
     if builtin is None or not builtin.engine:
         return None
     return release_of(builtin.engine)
@@ -144,17 +151,32 @@ REAL_ENGINES = ("vllm", "sglang", "vidur")
 
 def activated_engines() -> frozenset[str]:
     """The real engines whose install this process has activated (put on `sys.path`): those a
-    `module:attribute` implementation drove, which names no engine of its own."""
-    return frozenset(e for e in REAL_ENGINES if str(_manifest(e).site_packages) in sys.path)
+    `module:attribute` implementation drove, which names no engine of its own. Read from the
+    path alone: no engine's release setting is read (a bad `SCHEDSPEC_VIDUR_VERSION` is no
+    error of a run that never drives Vidur)."""
+    from integrations.manifest import LAYOUT, cache_root
+
+    root = cache_root()
+    found = set()
+    for entry in sys.path:
+        path = Path(entry)
+        if path.name == LAYOUT and path.parent.parent == root:
+            found.add(path.parent.name.partition("-")[0])  # <engine>-<version>-<pins>
+    return frozenset(found & set(REAL_ENGINES))
 
 
-def release_driven(builtin: Builtin | None, active_before: frozenset[str]) -> dict[str, Any] | None:
+def release_driven(
+    builtin: Builtin | None,
+    active_before: frozenset[str],
+    loaded: frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
     """The release a run checked: its built-in's (`engine_release`), else, for a
     `module:attribute` implementation that drove a real engine (a wrapper of an adapter, a
     profile of its own), the one engine activated since `active_before` (`activated_engines`
-    taken before the run); None when neither names one."""
+    taken before the run) or while its module was imported (`loaded`,
+    `Resolved.engines_loaded`); None when neither names one."""
     release = engine_release(builtin)
-    driven = activated_engines() - active_before
+    driven = (activated_engines() - active_before) | loaded
     if release is None and len(driven) == 1:
         release = release_of(next(iter(driven)))
     return release
@@ -167,13 +189,26 @@ def release_of(engine: str) -> dict[str, Any]:
     modified = manifest.modified_sources()
     if modified:
         release["modified"] = list(modified)
+    chosen = _scheduler_cls(engine)
+    if chosen is not None:
+        release["scheduler_cls"] = chosen
+    shadowed = manifest.shadowed()
+    if shadowed is not None:
+        release["shadowed"] = shadowed
+    return release
+
+
+def _scheduler_cls(engine: str) -> str | None:
+    """The scheduler class of the user's own that `engine`'s variable names, if any."""
     if engine == "vllm":
         from integrations.vllm.custom_scheduler import selected_scheduler_cls
 
-        chosen = selected_scheduler_cls()
-        if chosen is not None:
-            release["scheduler_cls"] = chosen
-    return release
+        return selected_scheduler_cls()
+    if engine == "vidur":
+        from integrations.vidur.custom_scheduler import selected_scheduler_cls as vidur_cls
+
+        return vidur_cls()
+    return None  # SGLang has no scheduler class of one's own
 
 
 def engine_line(impl: str, release: Mapping[str, Any]) -> str:
@@ -188,6 +223,15 @@ def engine_line(impl: str, release: Mapping[str, Any]) -> str:
             f", ... ({len(modified)} files)" if len(modified) > 5 else ""
         )
         line += f"; MODIFIED from the release: {shown}"
+    if "shadowed" in release:
+        name = release["name"]
+        ways = "patch the install" + (
+            f" or set SCHEDSPEC_{name.upper()}_SCHEDULER_CLS" if name in ("vllm", "vidur") else ""
+        )
+        line += (
+            f"; NOT the {name} at {release['shadowed']}, which the install comes before on the "
+            f"path (to check a change: {ways})"
+        )
     return line
 
 
@@ -203,9 +247,14 @@ def load_engine(engine: str, name: str) -> None:
     this Python environment raises `EngineImportFailed`, and an implementation the installed
     release does not ship a `ConfigError` saying why (exit 2 either way, one line) before any
     run starts."""
+    from integrations.manifest import EngineNotInstalled
+
     manifest = _manifest(engine)
     manifest.require_shipped(name)
-    manifest.load()
+    try:
+        manifest.load(name)
+    except EngineNotInstalled as err:
+        raise err.wanted_by(name) from None
 
 
 def profile_summary(impl: Implementation) -> str:

@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
         )
         bar.done()
         results.append(res)
-        engines.append(release_driven(t.builtin, active))
+        engines.append(release_driven(t.builtin, active, t.engines_loaded))
     print(render_table(results))
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it

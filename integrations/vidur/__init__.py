@@ -69,6 +69,7 @@ def replica_scheduler(
     `check_config` (one stage) and
     `integrations.vidur.pipeline.check_pipeline_config` (several) do."""
     from integrations.vidur.adapter import _ConstantTime
+    from integrations.vidur.custom_scheduler import scheduler_class_for
 
     watermark = PROFILES[kind].policy.watermark_fraction
     generator = vidur.SyntheticRequestGeneratorConfig(
@@ -106,7 +107,8 @@ def replica_scheduler(
             ),
         )
         replica = vidur.Replica(replica_config)
-    scheduler = vidur.schedulers[kind](
+    # Vidur's class, or a subclass the user named (SCHEDSPEC_VIDUR_SCHEDULER_CLS)
+    scheduler = scheduler_class_for(kind, vidur.schedulers[kind])(
         replica_config,
         vidur.scheduler_configs[kind](**options),
         *cache,

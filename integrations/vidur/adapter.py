@@ -60,7 +60,7 @@ replica schedulers are FCFS).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,6 +265,7 @@ class VidurAdapter:
         }
         first = 1 if self._config.reserve_null_block else 0
         free = frozenset(range(first, self._config.num_blocks)) - owners.keys()
+        free = _as_counted(free, owners, self.scheduler)
         running = self._running()
         waiting = self._waiting()
         computed = {rid: self._computed(self._by_rid[rid].vidur) for rid in running + waiting}
@@ -399,6 +400,25 @@ def kv_ledger(scheduler: Any) -> dict[int, int]:
     its KV-parallel groups) and leaves `_allocation_map` empty."""
     ledger: dict[int, int] = getattr(scheduler, "_req_block_counter", scheduler._allocation_map)
     return ledger
+
+
+def _as_counted(free: frozenset[int], owners: Mapping[int, str], scheduler: Any) -> frozenset[int]:
+    """The free blocks as Vidur's own counter has them. Vidur keeps two records of its pool:
+    the blocks each request holds (`_allocation_map`, which `owners` mirrors) and the count
+    of allocated blocks its admission reads (`_num_allocated_blocks`); a change that updates
+    one without the other (a `free` that forgets part of the count) must show. With the count
+    above the blocks held, the highest free blocks are withheld (held by nobody: a leak); below,
+    the highest held blocks are listed free as well (free while held). Mnemosyne counts per
+    KV-parallel group (`_kvp_group_num_allocated_blocks`): its record is read as it is."""
+    counted = getattr(scheduler, "_num_allocated_blocks", None)
+    if not isinstance(counted, int) or hasattr(scheduler, "_req_block_counter"):
+        return free
+    surplus = counted - len(owners)
+    if surplus > 0:
+        return free - frozenset(sorted(free)[len(free) - surplus :])
+    if surplus < 0:
+        return free | frozenset(sorted(owners)[surplus:])
+    return free
 
 
 def _reset_stage_counters(vreq: Any) -> None:

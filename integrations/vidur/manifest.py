@@ -43,8 +43,10 @@ def manifest_of(version: str) -> EngineManifest:
         version=version,
         packages=(Package("vidur", version),),
         import_check="vidur.entities",
-        # the replica and global schedulers the adapters drive
-        sources=("vidur/scheduler/",),
+        load_check="integrations.vidur.custom_scheduler:check_selected",
+        # the whole package: the schedulers the adapters drive read entities/ (Request,
+        # Batch, KV-parallel batches), config/ and events/ as much as scheduler/
+        sources=("vidur/",),
         unavailable=tuple(
             (
                 f"real-vidur-{kind}",

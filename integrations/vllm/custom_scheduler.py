@@ -21,9 +21,9 @@ the release (`"engine": {..., "scheduler_cls": "my_sched.MyScheduler"}`).
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
+from integrations.scheduler_class import resolve_class, selected_class
 from spec.errors import ConfigError
 
 #: The environment variable naming the scheduler class (vLLM's `--scheduler-cls` form).
@@ -37,38 +37,21 @@ _FORM = (
 
 def selected_scheduler_cls() -> str | None:
     """The class `SCHEDSPEC_VLLM_SCHEDULER_CLS` names, or None when it is unset or empty."""
-    value = os.environ.get(SCHEDULER_VARIABLE, "").strip()
-    return value or None
+    return selected_class(SCHEDULER_VARIABLE)
 
 
 def resolve_scheduler_cls(qualname: str) -> type[Any]:
     """Import the class `qualname` names (vLLM must be importable: call after the install is
     activated). A `ConfigError` naming the variable when the name is malformed, its module does
     not import, or the attribute is not a class."""
-    module_name, _, attribute = qualname.rpartition(".")
-    if not module_name or not attribute.isidentifier():
-        raise ConfigError(SCHEDULER_VARIABLE, qualname, _FORM)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # the user's module: any error it raises is theirs to read
-        raise ConfigError(
-            SCHEDULER_VARIABLE,
-            qualname,
-            f"{_FORM} (importing {module_name} raised {type(err).__name__}: {err})",
-        ) from err
-    found = getattr(module, attribute, None)
-    if not isinstance(found, type):
-        what = "nothing" if found is None else type(found).__name__
-        raise ConfigError(
-            SCHEDULER_VARIABLE, qualname, f"{_FORM} ({module_name}.{attribute} is {what})"
-        )
-    return found
+    return resolve_class(SCHEDULER_VARIABLE, qualname, _FORM)
 
 
-def check_selected() -> None:
+def check_selected(builtin: str | None = None) -> None:
     """Up front, before a run: when the variable is set, its class imports and subclasses
     vLLM's `Scheduler` (or `SchedulerInterface`, for a scheduler written from scratch). The
-    engine must already be activated (`MANIFEST.load()`)."""
+    engine must already be activated (`MANIFEST.load()`). `builtin`, the built-in about to
+    run, changes nothing: the class each built-in needs is checked where it is built."""
     qualname = selected_scheduler_cls()
     if qualname is None:
         return

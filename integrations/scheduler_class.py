@@ -1,0 +1,45 @@
+"""A scheduler class of one's own, named by an environment variable as `package.module.Class`.
+
+The engines' built-ins build the engine's own scheduler class; a maintainer checking a change
+writes it as a subclass and names it in the engine's variable (`SCHEDSPEC_VLLM_SCHEDULER_CLS`,
+`integrations.vllm.custom_scheduler`; `SCHEDSPEC_VIDUR_SCHEDULER_CLS`,
+`integrations.vidur.custom_scheduler`). This module reads and imports the name; each engine's
+module says which classes it must subclass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from spec.errors import ConfigError
+
+
+def selected_class(variable: str) -> str | None:
+    """The class the environment variable `variable` names, or None when unset or empty."""
+    value = os.environ.get(variable, "").strip()
+    return value or None
+
+
+def resolve_class(variable: str, qualname: str, form: str) -> type[Any]:
+    """Import the class `qualname` (`package.module.Class`) names (the engine must be
+    importable: call after its install is activated). A `ConfigError` naming `variable`, with
+    `form` (what is valid, in words), when the name is malformed, its module does not import,
+    or the attribute is not a class."""
+    module_name, _, attribute = qualname.rpartition(".")
+    if not module_name or not attribute.isidentifier():
+        raise ConfigError(variable, qualname, form)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # the user's module: any error it raises is theirs to read
+        raise ConfigError(
+            variable,
+            qualname,
+            f"{form} (importing {module_name} raised {type(err).__name__}: {err})",
+        ) from err
+    found = getattr(module, attribute, None)
+    if not isinstance(found, type):
+        what = "nothing" if found is None else type(found).__name__
+        raise ConfigError(variable, qualname, f"{form} ({module_name}.{attribute} is {what})")
+    return found

@@ -1,0 +1,205 @@
+"""A Vidur maintainer's own change, checked: a replica scheduler subclass named in
+`SCHEDSPEC_VIDUR_SCHEDULER_CLS` is built where the built-in builds Vidur's and caught when it
+leaks; a `module:attribute` of one's own may import Vidur at its top; another copy of Vidur on
+the path is named as not the one checked; a patched install is compared over the whole package;
+the record names all of it, and a bad name or a missing install is one line, exit 2.
+
+Needs Vidur installed (`schedspec install-engines vidur`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.manifest import LAYOUT
+from integrations.vidur import MANIFEST
+from integrations.vidur.custom_scheduler import SCHEDULER_VARIABLE
+from schedspec_cli.main import main
+from tests.engine_gate import require_engine
+
+#: The user's module: Vidur imported at its top, as a change in a Vidur checkout would.
+USER_MODULE = '''
+from vidur.scheduler.replica_scheduler.sarathi_replica_scheduler import SarathiReplicaScheduler
+
+from integrations.vidur import REAL_VIDUR_SARATHI as IMPL
+
+
+class Unchanged(SarathiReplicaScheduler):
+    pass
+
+
+class LeaksOnFree(SarathiReplicaScheduler):
+    """Drops a freed request's record but keeps one of its blocks in the allocated count."""
+
+    def free(self, *request_ids):
+        for request_id in request_ids:
+            self._num_allocated_blocks -= self._allocation_map.pop(request_id) - 1
+
+
+NOT_A_CLASS = 3
+'''
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vidur_installed() -> None:
+    require_engine(MANIFEST, "vidur", "Vidur")
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's module, importable as `my_vidur` (fresh in each test)."""
+    path = tmp_path / "my_vidur.py"
+    path.write_text(textwrap.dedent(USER_MODULE), encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_vidur", raising=False)
+    return path
+
+
+def _verify(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str, n: int = 100
+) -> tuple[int, str, str, dict[str, Any]]:
+    out_json = tmp_path / "verify.json"
+    code = main(["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json)])
+    cap = capsys.readouterr()
+    data = json.loads(out_json.read_text()) if out_json.exists() else {}
+    return code, cap.out, cap.err, data
+
+
+def test_the_named_class_is_built_checked_and_recorded(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_vidur.Unchanged")
+    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-sarathi", n=30)
+    assert code == 0, out
+    assert data["engine"]["scheduler_cls"] == "my_vidur.Unchanged", data
+    assert f"real-vidur-sarathi: vidur {MANIFEST.version}, scheduler_cls my_vidur.Unchanged" in out
+
+
+def test_a_leak_in_the_allocated_count_is_caught_as_a_pool_that_differs(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Vidur's admission reads `_num_allocated_blocks`; a `free` that leaves part of it
+    counted shows as a block neither free nor held (before, the adapter read only the
+    per-request record, and the leak surfaced later as a stall, `[progress]`)."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_vidur.LeaksOnFree")
+    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-sarathi")
+    assert code == 1, out
+    assert data["rules"] == ["snapshot_matches"], out[-3000:]
+    assert "[snapshot_matches] free blocks differ: implementation also frees [], lacks [" in out
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("my_vidur.NOT_A_CLASS", "(my_vidur.NOT_A_CLASS is int)"),
+        ("builtins.dict", "a subclass of one of Vidur's replica schedulers"),
+        ("my_vidur.Unchanged", "the built-ins it subclasses: real-vidur-sarathi"),
+        ("no_such_module.X", "ModuleNotFoundError: No module named 'no_such_module'"),
+    ],
+)
+def test_a_bad_class_is_one_line_exit_2_before_any_run(
+    value: str,
+    says: str,
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Sarathi subclass under real-vidur-vllm is refused up front: run in the suite, every
+    configuration would be refused and the run end as Hypothesis's `Unsatisfiable`."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, value)
+    code, out, err, _ = _verify(capsys, tmp_path, "real-vidur-vllm", n=5)
+    assert code == 2 and not out, out
+    assert err.count("\n") == 1 and SCHEDULER_VARIABLE in err and says in err, err
+
+
+def test_a_module_of_ones_own_may_import_vidur_at_its_top(
+    user_module: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `--impl my_vidur:IMPL` said `No module named 'vidur'`: the install was not yet
+    active when the user's module was imported."""
+    code, out, _, data = _verify(capsys, tmp_path, "my_vidur:IMPL", n=20)
+    assert code == 0, out
+    assert data["engine"]["name"] == "vidur", data
+    assert f"my_vidur:IMPL: vidur {MANIFEST.version}" in out
+
+
+def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, both said `invalid impl='vidur'`. The user's module runs in a fresh process,
+    where Vidur is not imported yet (this one has imported it)."""
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path / "empty-cache"))
+    code, out, err, _ = _verify(capsys, tmp_path, "real-vidur-sarathi", n=5)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "schedspec_cli.main", "verify", "--impl", "my_vidur:IMPL"],
+        cwd=user_module.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    runs = [("real-vidur-sarathi", code, out, err)]
+    runs.append(("my_vidur:IMPL", fresh.returncode, fresh.stdout, fresh.stderr))
+    for impl, code, out, err in runs:
+        assert code == 2 and not out, out
+        assert err.startswith(f"schedspec: error: invalid impl='{impl}': an installed engine"), err
+        assert "run `schedspec install-engines vidur`" in err, err
+
+
+def test_another_vidur_on_the_path_is_named_as_not_the_one_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Vidur checkout on PYTHONPATH is behind the install once it is active: its changes
+    are not what ran, and the output says so rather than let it pass for them."""
+    checkout = tmp_path / "checkout"
+    (checkout / "vidur").mkdir(parents=True)
+    (checkout / "vidur" / "__init__.py").write_text("", encoding="utf-8")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(checkout)])  # behind the install
+    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-orca", n=10)
+    assert code == 0, out
+    assert data["engine"]["shadowed"] == str(checkout / "vidur"), data
+    assert f"; NOT the vidur at {checkout / 'vidur'}, which the install comes before" in out
+    assert "set SCHEDSPEC_VIDUR_SCHEDULER_CLS" in out
+
+
+def test_a_patched_entity_is_named_as_modified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schedulers read `vidur/entities/` (Request, Batch) as much as their own module: a
+    change there is a modified install too, not the release (before, only vidur/scheduler/
+    was compared)."""
+    copy = tmp_path / "cache" / MANIFEST.directory.name
+    shutil.copytree(MANIFEST.directory, copy, symlinks=True)
+    request = copy / LAYOUT / "vidur" / "entities" / "request.py"
+    request.write_text(request.read_text() + "\n# a change\n", encoding="utf-8")
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path / "cache"))
+    assert MANIFEST.directory == copy  # the manifest reads the cache it is pointed at
+    assert MANIFEST.modified_sources() == ("vidur/entities/request.py",)
+
+
+def test_an_unknown_vidur_release_does_not_stop_a_run_that_drives_no_vidur(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `verify --impl reference-dllm` read SCHEDSPEC_VIDUR_VERSION to learn whether
+    Vidur had been activated, and a bad value stopped it (exit 2)."""
+    monkeypatch.setenv("SCHEDSPEC_VIDUR_VERSION", "bogus")
+    code, out, _, _ = _verify(capsys, tmp_path, "reference-dllm", n=5)
+    assert code == 0, out
