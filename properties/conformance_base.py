@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from hypothesis import reject
+from hypothesis import reject, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (
     Bundle,
@@ -55,6 +55,7 @@ from hypothesis.stateful import (
 )
 
 from properties.deadline import CallDeadlineExceeded, call_deadline
+from properties.profiles import hold_no_mined_constants
 from properties.raised import describe_raised
 from properties.replay import ReplayHarness
 from spec.errors import SchedSpecError, SpecViolation
@@ -92,6 +93,15 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         self.next_id: int = 0
         self.calls: list[str] = []  # this example's operations, for a hang's report
         self.hung: bool = False  # a call of this example did not return by its deadline
+        # Under derandomized settings (the ci profile, however it was chosen: load_profile,
+        # profile_settings, pytest's --hypothesis-profile) the example draws no constants mined
+        # from loaded modules, so it replays alike whatever the process imported. Held from
+        # here, before the example's first draw, to teardown, so other tests keep their draws.
+        now = settings.default  # inside a Hypothesis test: the settings it runs under
+        derandomized = now is not None and now.derandomize
+        self._release_mining: Callable[[], None] | None = (
+            hold_no_mined_constants() if derandomized else None
+        )
 
     # ------------------------------------------------------------------ hooks
     def clock(self) -> int:
@@ -254,7 +264,15 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     def teardown(self) -> None:
         """Unless configure never ran, a violation was already raised or a call hung: the
         final drain and `teardown_checks()` (an ignored rule's violation is counted, not
-        raised), then the example is counted and `counter.on_example` told."""
+        raised), then the example is counted and `counter.on_example` told. Always: the
+        example's hold on the mining of constants is released (`__init__`)."""
+        try:
+            self._teardown()
+        finally:
+            if self._release_mining is not None:
+                self._release_mining()
+
+    def _teardown(self) -> None:
         # Hypothesis runs teardown after a failing step too: do not mask that failure.
         if self.h is None or self.h.violation is not None or self.hung:
             return

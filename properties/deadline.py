@@ -8,8 +8,14 @@ or waits on a lock.
 
 Contract:
 
-- the deadline is per call, `call_timeout()` seconds (default `DEFAULT_CALL_TIMEOUT_S`), set
-  for a block of code with `call_timeout_set(seconds)`; `None` or 0 means no deadline;
+- the deadline is per call, `call_timeout()` seconds (default `DEFAULT_CALL_TIMEOUT_S`; `None`
+  or 0 means no deadline), set with `call_timeout_set(seconds)`. It takes effect when called:
+  as `with call_timeout_set(seconds):` for the block (the deadline before comes back at its
+  end); called alone, for the rest of the current context (from a `conftest.py` or a test
+  module, for the whole pytest session; for one unittest `TestCase`, in its `setUp`:
+  `self.enterContext(call_timeout_set(seconds))`, undone after the test);
+- a hang's message says how to change the deadline where it ran: the Python way by default,
+  the command line's flag inside `call_timeout_named("--call-timeout")`;
 - it is enforced with `SIGALRM` (`signal.setitimer`), so it works where that exists (POSIX)
   and in the main thread only (elsewhere the call simply runs). A timer already armed (an
   outer `call_deadline`, pytest-timeout's signal method) keeps its place: when it would fire
@@ -31,13 +37,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from types import FrameType
+from contextvars import ContextVar, Token
+from types import FrameType, TracebackType
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 """Per call: a conformance program's drain serves at most a few dozen small requests."""
 
 _TIMEOUT: ContextVar[float | None] = ContextVar("call_timeout", default=DEFAULT_CALL_TIMEOUT_S)
+PYTHON_SETTING = "set with properties.deadline.call_timeout_set(seconds)"
+"""How a hang's message says to change the deadline, outside `call_timeout_named`."""
+_SETTING: ContextVar[str] = ContextVar("call_timeout_setting", default=PYTHON_SETTING)
 
 
 class CallDeadlineExceeded(BaseException):
@@ -52,7 +61,7 @@ class CallDeadlineExceeded(BaseException):
         super().__init__(
             f"the implementation did not return from {what} within {seconds:g} s "
             f"(a hang: an endless loop or a wait that never ends; the deadline per call is "
-            f"--call-timeout)"
+            f"{_SETTING.get()})"
         )
 
 
@@ -61,16 +70,41 @@ def call_timeout() -> float | None:
     return _TIMEOUT.get()
 
 
+class call_timeout_set:  # lower case: a function to its callers, as it always was
+    """Use `seconds` (None or 0: no deadline) for the calls made from now on: for the block,
+    as `with call_timeout_set(seconds):` (the deadline before comes back at its end); called
+    alone, for the rest of the current context (a pytest session, from `conftest.py` or a test
+    module). Takes effect when called, so neither use does nothing. ValueError below 0."""
+
+    def __init__(self, seconds: float | None) -> None:
+        if seconds is not None and seconds < 0:
+            raise ValueError(f"a call timeout is a number of seconds >= 0, not {seconds}")
+        self.seconds: float | None = seconds or None
+        """The deadline set (None: none)."""
+        self._token: Token[float | None] = _TIMEOUT.set(self.seconds)
+
+    def __enter__(self) -> None:
+        """Nothing more: the deadline was set when called."""
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Put back the deadline there was before the call."""
+        _TIMEOUT.reset(self._token)
+
+
 @contextmanager
-def call_timeout_set(seconds: float | None) -> Iterator[None]:
-    """Use `seconds` (None or 0: no deadline) for the calls made inside the block."""
-    if seconds is not None and seconds < 0:
-        raise ValueError(f"a call timeout is a number of seconds >= 0, not {seconds}")
-    token = _TIMEOUT.set(seconds or None)
+def call_timeout_named(setting: str) -> Iterator[None]:
+    """Inside the block, a hang's message says the deadline is `setting` (the command line:
+    `"--call-timeout"`) instead of `PYTHON_SETTING`."""
+    token = _SETTING.set(setting)
     try:
         yield
     finally:
-        _TIMEOUT.reset(token)
+        _SETTING.reset(token)
 
 
 def _armable() -> bool:
@@ -114,8 +148,10 @@ def call_deadline(what: str) -> Iterator[None]:
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
+    "PYTHON_SETTING",
     "CallDeadlineExceeded",
     "call_deadline",
     "call_timeout",
+    "call_timeout_named",
     "call_timeout_set",
 ]

@@ -22,7 +22,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from properties.profiles import draw_no_mined_constants
+from properties.deadline import call_timeout_named
+from properties.profiles import PROFILE_ENV, draw_no_mined_constants
 from schedspec_cli import check_trace, list_impls, prove, verify, version
 from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.impls import NotAnAdapter
@@ -133,6 +134,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """`schedspec verify`: with `--impl`, `verify.run`; without, the main job, once the flags,
     torch, Z3, matplotlib and the `--report` directory (default reports/verify) are checked.
     Returns 0 pass, 1 a failure; a refused flag or a missing dependency raises (exit 2)."""
+    # a hang's message names the flag that sets the deadline here, not the Python way
+    with call_timeout_named("--call-timeout"):
+        return _verify(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
     if args.impl:
         return verify.run(args)
     from schedspec_cli.engine_cmds import require_torch
@@ -170,6 +177,9 @@ def build_parser() -> Parser:
         help="with --impl: the conformance suite on those implementations (dLLM or AR); "
         "without: the main job (proofs, conformance on every built-in but the real engines, "
         "parity, report)",
+        epilog=f"${PROFILE_ENV} is not read: it picks the Hypothesis profile of pytest runs "
+        "(properties.profiles); a verify run is set by its flags alone (--examples, --seed, "
+        "--call-timeout), so that the same command draws the same programs anywhere",
     )
     verify.add_arguments(v)
     v.set_defaults(func=cmd_verify)

@@ -55,7 +55,7 @@ from spec.machine_base import MachineBase
 from spec.prefix_cache import ROOT, BlockKey, CacheEntry, CacheRefused, PrefixCache, chain
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.rules import Rule
-from spec.snapshot import FinishedOutput, Snapshot
+from spec.snapshot import SNAPSHOT_FIELDS, FinishedOutput, Snapshot, wrong_container
 from spec.state import (
     ACTIVE_PHASES,
     CARRIED_BLOCK_PHASES,
@@ -1409,13 +1409,18 @@ class SpecMachine(MachineBase[Event, Rule]):
 
     # ------------------------------------------------------------------ checks
     def check_snapshot(self, snap: Snapshot) -> None:
-        """Raise SpecViolation('snapshot_matches') if the implementation's pools disagree."""
+        """Raise SpecViolation('snapshot_matches') if the implementation's pools disagree, or
+        if `snap` is not a `Snapshot` or a field is not of its declared container type (any set
+        where a frozenset is declared, any mapping where a Mapping is), named in one line."""
         if not isinstance(snap, Snapshot):
             raise self._fail(
                 Rule.SNAPSHOT_MATCHES,
                 f"snapshot() returned {type(snap).__name__}, not a spec.Snapshot",
                 None,
             )
+        wrong = wrong_container(snap, SNAPSHOT_FIELDS)
+        if wrong is not None:  # a list of slots would compare unequal to every set below
+            raise self._fail(Rule.SNAPSHOT_MATCHES, wrong, None)
         st = self.state()
         problems: list[str] = []
         if snap.free_slots != st.free_slots:

@@ -7,7 +7,8 @@ inside the implementation's allocator is caught even when its events look right.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from spec.events import FinishReason
@@ -56,3 +57,44 @@ class Snapshot:
     def held_rows(self) -> int:
         """Rows held. After a drain every row must be free: any held is a leak."""
         return len(self.rows)
+
+
+# What each declared container type accepts: any set compares and subtracts as a frozenset does,
+# a list reads as a tuple does; a list where a set is declared compares unequal to every set.
+_ACCEPTED: dict[str, tuple[type, ...]] = {
+    "frozenset": (Set,),
+    "Mapping": (Mapping,),
+    "tuple": (tuple, list),
+}
+
+
+def container_fields(cls: type) -> dict[str, tuple[str, bool]]:
+    """The fields of the snapshot dataclass `cls`: name -> (its declared container type, as
+    `_ACCEPTED` names it, whether None is allowed), read from the annotations once."""
+    out: dict[str, tuple[str, bool]] = {}
+    for f in dataclasses.fields(cls):
+        declared = str(f.type)
+        optional = declared.replace(" ", "").endswith("|None")
+        base = declared.split("[", 1)[0].split("|", 1)[0].strip()
+        if base in _ACCEPTED:
+            out[f.name] = (base, optional)
+    return out
+
+
+def wrong_container(snap: object, fields: Mapping[str, tuple[str, bool]]) -> str | None:
+    """The first field of `snap` (of those `container_fields` gave) whose value is not of its
+    declared container type, said in one line (`snapshot() returned free_slots as list, not
+    frozenset`), or None. Checks each field's own type, never its elements: O(fields), cheap
+    enough to run after every event."""
+    for name, (declared, optional) in fields.items():
+        value = getattr(snap, name, None)
+        if value is None and optional:
+            continue
+        if not isinstance(value, _ACCEPTED[declared]):
+            allowed = f"{declared} or None" if optional else declared
+            return f"snapshot() returned {name} as {type(value).__name__}, not {allowed}"
+    return None
+
+
+SNAPSHOT_FIELDS = container_fields(Snapshot)
+"""`Snapshot`'s fields and their declared container types (`wrong_container`)."""

@@ -1,5 +1,7 @@
 """Test configuration: the Hypothesis profile comes from $SCHEDSPEC_PROFILE (dev, ci, release),
-the suite's depth from $SCHEDSPEC_TIER (push, full; tests/tier.py)."""
+loaded session-wide for every test of this suite (`properties.profiles.load_profile`; an
+engine's suite applies it to schedspec's classes alone with `profile_settings`), the suite's
+depth from $SCHEDSPEC_TIER (push, full; tests/tier.py)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "implementers.md"
 
@@ -17,13 +19,15 @@ def python_blocks(path: Path) -> list[str]:
 
 
 def guide_files() -> dict[str, str]:
-    """The guide's code blocks, under the file names the guide gives them."""
-    adapter, user_test, ar_adapter = python_blocks(GUIDE)[:3]
-    return {
-        "my_scheduler.py": adapter,
-        "test_my_scheduler.py": user_test,
-        "my_ar_scheduler.py": ar_adapter,
-    }
+    """The guide's code blocks, under the file names the guide gives them (each block's first
+    line names its file, in a docstring or a comment: `my_scheduler.py: ...`,
+    `# test_my_scheduler.py, in your repository`)."""
+    files: dict[str, str] = {}
+    for block in python_blocks(GUIDE):
+        named = re.match(r'(?:"""|# )(\w+\.py)[:,]', block)
+        if named:
+            files[named.group(1)] = block
+    return files
 
 
 def mypy_strict(cwd: Path, *files: str) -> None:
@@ -39,20 +43,74 @@ def mypy_strict(cwd: Path, *files: str) -> None:
     assert mypy.returncode == 0, mypy.stdout + mypy.stderr
 
 
-def test_guide_adapter_typechecks_and_conforms(tmp_path: Path) -> None:
-    for name, text in guide_files().items():
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    mypy_strict(tmp_path, "my_scheduler.py", "my_ar_scheduler.py")
-    # run the user's test file as an outside project would: its own pytest, its own rootdir
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_scheduler.py"],
-        cwd=tmp_path,
+def user_pytest(cwd: Path, test_file: str, profile: str = "") -> subprocess.CompletedProcess[str]:
+    """The user's test file run as an outside project would: its own pytest, its own rootdir,
+    `$SCHEDSPEC_PROFILE` set to `profile` when given."""
+    env = {"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"}
+    if profile:
+        env["SCHEDSPEC_PROFILE"] = profile
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+        cwd=cwd,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env=env,
     )
+
+
+def test_the_guide_names_every_file_it_shows() -> None:
+    assert {
+        "my_scheduler.py",
+        "test_my_scheduler.py",
+        "my_ar_scheduler.py",
+        "test_my_ar_scheduler.py",
+        "test_replay.py",
+    } <= set(guide_files())
+
+
+@pytest.mark.parametrize("test_file", ["test_my_scheduler.py", "test_my_ar_scheduler.py"])
+def test_guide_adapter_typechecks_and_conforms(tmp_path: Path, test_file: str) -> None:
+    for name, text in guide_files().items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    mypy_strict(tmp_path, "my_scheduler.py", "my_ar_scheduler.py", test_file)
+    res = user_pytest(tmp_path, test_file)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "1 passed" in res.stdout
+
+
+# A seeded bug in the guide's adapter: it never says it freed a request's slots.
+LEAK = ("            self.sink(KvFreed(rid, tuple(slots)))", "            pass  # seeded: a leak")
+REPRODUCE = re.compile(r"@reproduce_failure\('([^']+)', (b'[^']+')\)")
+
+
+def test_guide_replay_of_a_printed_failure_reproduces_it(tmp_path: Path) -> None:
+    """The guide's pytest file, on the adapter with a seeded leak, fails under the ci profile
+    and prints a `@reproduce_failure` line; the guide's replay file, given that line's version
+    and blob, fails alike on its first example. On the fixed adapter it does not reproduce."""
+    files = guide_files()
+    adapter = files["my_scheduler.py"]
+    assert adapter.count(LEAK[0]) == 1
+    (tmp_path / "my_scheduler.py").write_text(adapter.replace(*LEAK), encoding="utf-8")
+    (tmp_path / "test_my_scheduler.py").write_text(files["test_my_scheduler.py"], encoding="utf-8")
+    failed = user_pytest(tmp_path, "test_my_scheduler.py", profile="ci")
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    assert "[terminal_owns_nothing]" in failed.stdout, failed.stdout[-3000:]
+    printed = REPRODUCE.search(failed.stdout)
+    assert printed is not None, failed.stdout[-3000:]
+    replay = re.sub(
+        r'reproduce_failure\("[^"]+", b"[^"]+"\)',
+        lambda _: f'reproduce_failure("{printed.group(1)}", {printed.group(2)})',
+        files["test_replay.py"],
+    )
+    assert replay != files["test_replay.py"]
+    (tmp_path / "test_replay.py").write_text(replay, encoding="utf-8")
+    mypy_strict(tmp_path, "test_replay.py")
+    replayed = user_pytest(tmp_path, "test_replay.py")
+    assert replayed.returncode == 1, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    assert "[terminal_owns_nothing]" in replayed.stdout, replayed.stdout[-3000:]
+    (tmp_path / "my_scheduler.py").write_text(adapter, encoding="utf-8")  # the bug fixed
+    fixed = user_pytest(tmp_path, "test_replay.py")
+    assert fixed.returncode == 1 and "DidNotReproduce" in fixed.stdout, fixed.stdout[-3000:]
 
 
 def test_guide_ar_adapter_verifies_from_the_command_line(tmp_path: Path) -> None:

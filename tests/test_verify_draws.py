@@ -22,15 +22,18 @@ import pytest
 from tests.mined_constants import run_fresh
 from tests.tier import full_tier
 
-# argv: "mining" to undo the command line's call (the control) or "as-shipped", the adapter's
-# directory, then the command line.
+# argv: "mining" to undo the command line's call and the conformance machines' own stop for
+# derandomized examples (the control) or "as-shipped", the adapter's directory, then the
+# command line.
 COMMAND = """
 import sys
+import properties.conformance_base as machines
 import schedspec_cli.main as command_line
 
 sys.path.insert(0, sys.argv[2])
 if sys.argv[1] == "mining":
     command_line.draw_no_mined_constants = lambda: None
+    machines.hold_no_mined_constants = lambda: (lambda: None)
 sys.exit(command_line.main(sys.argv[3:]))
 """
 COMMANDS = {"verify": ("verify",), "bench-conformance": ("bench", "conformance")}

@@ -65,10 +65,11 @@ from spec.ar.lifecycles import (
 )
 from spec.ar.profile import ArPolicy
 from spec.ar.rules import ArRule
-from spec.ar.snapshot import ArSnapshot
+from spec.ar.snapshot import AR_SNAPSHOT_FIELDS, ArSnapshot
 from spec.ar.state import ArRequestState, ArState, render
 from spec.errors import RequestError
 from spec.machine_base import MachineBase
+from spec.snapshot import wrong_container
 
 Token = int | tuple[str, int] | tuple[str, str, int]
 
@@ -1254,13 +1255,18 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
     def check_snapshot(self, snap: ArSnapshot) -> None:
         """Between steps: the implementation's pools and queues equal the abstract state, and
-        no running request is overdue to finish. Raises SpecViolation."""
+        no running request is overdue to finish. Raises SpecViolation; `snapshot_matches` also
+        when `snap` is not an `ArSnapshot` or a field is not of its declared container type (any
+        set where a frozenset is declared, a list where a tuple is), named in one line."""
         if not isinstance(snap, ArSnapshot):
             raise self._fail(
                 ArRule.SNAPSHOT_MATCHES,
                 f"snapshot() returned {type(snap).__name__}, not a spec.ar.ArSnapshot",
                 None,
             )
+        wrong = wrong_container(snap, AR_SNAPSHOT_FIELDS)
+        if wrong is not None:  # a set of running ids has no order to compare
+            raise self._fail(ArRule.SNAPSHOT_MATCHES, wrong, None)
         self.check_invariants(between_steps=True)
         self._check_finished_released(None)
         cfg = self.config

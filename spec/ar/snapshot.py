@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spec.snapshot import container_fields
+
 
 @dataclass(frozen=True, slots=True)
 class ArSnapshot:
@@ -44,3 +46,7 @@ class ArSnapshot:
     def held_blocks(self) -> int:
         """Blocks some request holds. After a drain every block must be free."""
         return len(self.holders())
+
+
+AR_SNAPSHOT_FIELDS = container_fields(ArSnapshot)
+"""`ArSnapshot`'s fields and their declared container types (`spec.snapshot.wrong_container`)."""
