@@ -127,15 +127,28 @@ def test_a_bad_class_is_one_line_exit_2_before_any_run(
     assert err.count("\n") == 1 and SCHEDULER_VARIABLE in err and says in err, err
 
 
-def test_a_module_of_ones_own_may_import_vidur_at_its_top(
-    user_module: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_module_of_ones_own_may_import_vidur_at_its_top(user_module: Path) -> None:
     """Before, `--impl my_vidur:IMPL` said `No module named 'vidur'`: the install was not yet
-    active when the user's module was imported."""
-    code, out, _, data = _verify(capsys, tmp_path, "my_vidur:IMPL", n=20)
-    assert code == 0, out
-    assert data["engine"]["name"] == "vidur", data
-    assert f"my_vidur:IMPL: vidur {MANIFEST.version}" in out
+    active when the user's module was imported. Run as a user runs it, in a fresh process
+    (this one has imported Vidur already), which also names the release the module drove."""
+    out_json = user_module.parent / "verify.json"
+    argv = ["verify", "--impl", "my_vidur:IMPL", "--examples", "20", "--json", str(out_json)]
+    res = _fresh(user_module.parent, *argv)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert json.loads(out_json.read_text())["engine"]["name"] == "vidur"
+    assert f"my_vidur:IMPL: vidur {MANIFEST.version}" in res.stdout
+
+
+def _fresh(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`schedspec ARGV` in a fresh process, run from `cwd` (where the user's module is)."""
+    return subprocess.run(
+        [sys.executable, "-m", "schedspec_cli.main", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
@@ -148,14 +161,7 @@ def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
     where Vidur is not imported yet (this one has imported it)."""
     monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path / "empty-cache"))
     code, out, err, _ = _verify(capsys, tmp_path, "real-vidur-sarathi", n=5)
-    fresh = subprocess.run(
-        [sys.executable, "-m", "schedspec_cli.main", "verify", "--impl", "my_vidur:IMPL"],
-        cwd=user_module.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    fresh = _fresh(user_module.parent, "verify", "--impl", "my_vidur:IMPL")
     runs = [("real-vidur-sarathi", code, out, err)]
     runs.append(("my_vidur:IMPL", fresh.returncode, fresh.stdout, fresh.stderr))
     for impl, code, out, err in runs:

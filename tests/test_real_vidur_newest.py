@@ -40,7 +40,7 @@ SCHEDSPEC = str(Path(sys.executable).parent / "schedspec")
 # Runs in the subprocess: each counterexample of tests/test_real_vidur.py on the selected
 # release, printed as JSON (rule, whether the message names an AssertionError, preemptions).
 COUNTEREXAMPLES = """
-import json, tempfile
+import dataclasses, json, tempfile
 from pathlib import Path
 from integrations.vidur import (
     REAL_VIDUR_MNEMOSYNE, REAL_VIDUR_ORCA, REAL_VIDUR_SARATHI, REAL_VIDUR_VLLM, build)
@@ -57,7 +57,7 @@ from tests.test_ar_mnemosyne import queue_decisions
 from tests.test_real_vidur import (
     MNEMOSYNE_SKIP, MNEMOSYNE_SKIP_REQUESTS, batch_keeps_its_order, cfg, mnemosyne_queue_order,
     violation)
-from spec.ar.config import ArRequest
+from spec.ar.config import ArRequest, ArRules
 
 
 def run(factory, policy, config, *requests, steps=0):
@@ -85,8 +85,11 @@ def suite(impl, twin=None):
     return None if err is None else str(err).splitlines()[0]
 
 
-def vllm():
-    return run(REAL_VIDUR_VLLM.factory, REAL_VIDUR_VLLM.profile.policy,
+def vllm(idealised=False):
+    policy = REAL_VIDUR_VLLM.profile.policy
+    if idealised:  # without the declared preemption_may_empty_step
+        policy = dataclasses.replace(policy, rules=ArRules())
+    return run(REAL_VIDUR_VLLM.factory, policy,
                cfg(block_size=2, num_blocks=2, max_num_batched_tokens=5, max_model_len=5,
                    max_num_seqs=1),
                ArRequest("r0", 3, 2))
@@ -109,6 +112,7 @@ restart_requests = (ArRequest("r0", 1, 3), ArRequest("r1", 3, 2))
 found = {
     "loaded": load().version,
     "vllm_decode_block": vllm(),
+    "vllm_decode_block_idealised": vllm(idealised=True),
     "orca_reservation_floor": orca(),
     "restart_unrepaired": run(sarathi(False), REAL_VIDUR_SARATHI.profile.policy, restart,
                               *restart_requests),
@@ -178,8 +182,11 @@ def newest_found(newest_env: dict[str, str]) -> dict[str, object]:
 def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, Any]) -> None:
     found = newest_found
     assert found["loaded"] == NEWEST
-    assert found["vllm_decode_block"]["rule"] == "progress", found
-    assert found["vllm_decode_block"]["preempted"] >= 1, found
+    # vLLM v0's needless restart, declared (preemption_may_empty_step): a stall only to the
+    # idealised rules
+    assert found["vllm_decode_block"] is None, found
+    assert found["vllm_decode_block_idealised"]["rule"] == "progress", found
+    assert found["vllm_decode_block_idealised"]["preempted"] >= 1, found
     assert found["orca_reservation_floor"]["rule"] == "kv_covers_scheduled", found
     unrepaired = found["restart_unrepaired"]
     assert unrepaired["rule"] == "implementation_error" and unrepaired["assertion"], found
@@ -275,14 +282,15 @@ def test_orca_fails_the_suite_on_the_newest_release_with_its_finding(
 
 
 @full_tier
-def test_both_releases_draw_the_same_programs_and_fail_vllm_alike(
+def test_both_releases_draw_the_same_programs_and_decide_vllm_alike(
     newest_env: dict[str, str], tmp_path: Path
 ) -> None:
     """The suite's programs do not depend on the release's source. Hypothesis mines the
     constants of the modules it takes for the user's code; before the engines lived in an
     install's `site-packages/` it mined Vidur's, and these two runs drew different programs
-    from one seed: 0.0.25 failed with the decode-block finding and 0.0.26 passed. Now both
-    fail, with the same statistics and the same shrunk program."""
+    from one seed: 0.0.25 failed with what was then the decode-block finding and 0.0.26
+    passed. Now both pass (vLLM v0's needless restart is declared), with the same statistics:
+    the same programs, decided alike."""
     require_engine(manifest_of(DEFAULT_VERSION), "vidur", "Vidur")
     default_env = {k: v for k, v in newest_env.items() if k != VERSION_VARIABLE}
     outputs = []
@@ -295,11 +303,11 @@ def test_both_releases_draw_the_same_programs_and_fail_vllm_alike(
             text=True,
             timeout=600,
         )
-        assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
-        assert "violation of [progress]" in res.stdout, res.stdout[-3000:]
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
         row = next(line for line in res.stdout.splitlines() if line.startswith("real-vidur-vllm "))
-        outputs.append((row.split()[3:5], res.stdout.split("=== real-vidur-vllm", 1)[1]))
+        outputs.append(row.split()[2:5])  # result, examples, steps
     assert outputs[0] == outputs[1], outputs
+    assert outputs[0][0] == "PASS", outputs
 
 
 @full_tier

@@ -14,9 +14,11 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 - `lightllm-one-token-peak`: LightLLM counts a request not yet scheduled as holding prompt + 1
   tokens (`_get_tuple_tokens`), even when its only output needs no KV; count the + 1 only when
   a second output follows.
-- `vllm-decode-block`: Vidur's vLLM scheduler demands one free block for every running request
-  (`_can_allocate_request`); demand the block `_allocate_request` will take (one when the
-  processed tokens outgrew the blocks held, else none).
+- `vllm-decode-block` (no finding: an idealisation the decision twins follow): Vidur's vLLM
+  scheduler demands one free block for every running request (`_can_allocate_request`), as
+  vLLM v0's `can_append_slot` does, which its profile declares (`preemption_may_empty_step`);
+  demand only the block `_allocate_request` will take (one when the processed tokens outgrew
+  the blocks held, else none).
 - `micro-batch-floor`: Vidur's vLLM, Sarathi and Mnemosyne split `batch_size_cap` over the stages
   with a floor division, so with fewer seats than stages a micro-batch holds no request and
   nothing is ever scheduled; hold at least one (`integrations.vidur.pipeline` runs the stages).
@@ -38,7 +40,8 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
 `VIDUR_FIXES` (an `integrations.patches.FixSet`) makes the edits (`.fixed_sources`), gives them
 as one patch (`.as_diff`, printed by `scripts/engine_fixes_diff.py vidur`), and runs Vidur with
 them for the duration of a block (`.applied`, here `vidur_fixed(names)`). `FIXES_OF[kind]`
-names the fixes a scheduler's findings need. Nothing of Vidur's is stored here but the
+names the fixes a scheduler's findings need, and the edits under which it is compared with its
+decision twin (vLLM's `vllm-decode-block`). Nothing of Vidur's is stored here but the
 passages a fix anchors on.
 
 On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
@@ -372,7 +375,8 @@ def fixes_for(version: str) -> FixSet:
 #: The fixes of the release this process runs (`SCHEDSPEC_VIDUR_VERSION`).
 VIDUR_FIXES = fixes_for(VIDUR_VERSION)
 
-#: The fixes each scheduler's findings need (Sarathi has none).
+#: The fixes each scheduler's findings need (Sarathi has none), and for vLLM the idealisation
+#: its decision twins follow (`vllm-decode-block`; the release's restart is declared).
 FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (VLLM_DECODE_BLOCK.name,),
     "sarathi": (),

@@ -8,8 +8,11 @@ confirmed by running the classes:
   adapter names Vidur's counted blocks itself);
 - vLLM (`vllm_replica_scheduler.py`): never chunks a prompt (`_get_request_next_num_q_tokens`
   gives the whole prefill); a batch is prefill-only or decode-only (`if requests: return
-  Batch` at :103 before the decode loop); budget `max_tokens_in_batch` (:85); a decode that
-  cannot get its block restarts the latest-arrived pending request (`pop(-1)`, :117-120);
+  Batch` at :103 before the decode loop); budget `max_tokens_in_batch` (:85); a decode demands
+  one free block, needed or not (`_can_allocate_request`, :43-44), and while none is free
+  restarts the latest-arrived pending request (`pop(-1)`, :117-120), or itself when it is the
+  last, leaving the batch empty: vLLM v0's `can_append_slot` and recompute, which the profile
+  declares (`preemption_may_empty_step`);
 - Sarathi (`sarathi_replica_scheduler.py`): always chunks (`chunk_size`, :114), decodes
   first, then running prefills, then new requests; a request restarted in this step sits at
   the head of the queue (:155-158) and may be admitted again in the same batch (:196):
@@ -54,9 +57,12 @@ WATERMARK_FRACTION = 0.01
 # has skipped fewer than MAX_NUM_SKIPPED_REQUESTS = 10, so an admitted one has at most 9 ahead
 MNEMOSYNE_LOOKAHEAD = 9
 
+# a decode demands a free block, needed or not, and restarts its request when none is
+# (vllm_replica_scheduler.py:43-44, :117-125): vLLM v0's `can_append_slot`, declared
+VLLM_RULES = ArRules(preemption_may_empty_step=True)
 VLLM = ArProfile(
     space=_SPACE,
-    policy=ArPolicy(rules=ArRules(), watermark_fraction=WATERMARK_FRACTION),
+    policy=ArPolicy(rules=VLLM_RULES, watermark_fraction=WATERMARK_FRACTION),
 )
 SARATHI = ArProfile(
     space=dataclasses.replace(_SPACE, chunked_prefill=frozenset({True})),
@@ -102,4 +108,13 @@ PROFILES: dict[str, ArProfile] = {
     "mnemosyne": MNEMOSYNE,
 }
 
-__all__ = ["FT", "LIGHTLLM", "ORCA", "PROFILES", "SARATHI", "VLLM", "WATERMARK_FRACTION"]
+__all__ = [
+    "FT",
+    "LIGHTLLM",
+    "ORCA",
+    "PROFILES",
+    "SARATHI",
+    "VLLM",
+    "VLLM_RULES",
+    "WATERMARK_FRACTION",
+]

@@ -339,6 +339,13 @@ class ArRules:
         preempted request returns to its arrival place). Vidur's Mnemosyne schedulers read at most
         `MAX_NUM_SKIPPED_REQUESTS` = 10 requests they cannot admit, so they admit past at most
         9 (look-ahead 9), and allocate a request's whole prompt when they admit it.
+    preemption_may_empty_step: a step that preempted may schedule nothing (rule `progress`
+        waives that step only: the next one is held to it). vLLM v0's block manager decodes
+        a request only while a block is free for every running one, needed or not
+        (`BlockSpaceManager.can_append_slot`, vllm 0.2.7 `vllm/core/block_manager.py`), and
+        otherwise preempts by recompute, the request itself when it runs alone, which then
+        waits at the head of the queue for the next step, since a step that preempted admits
+        nothing (`vllm/core/scheduler.py`); Vidur's vLLM scheduler copies it.
     """
 
     admission: AdmissionOrder = AdmissionOrder.FCFS
@@ -351,6 +358,7 @@ class ArRules:
     token_cap: int | None = None
     soft_preemption: bool = False
     fcfs_lookahead: int | None = None
+    preemption_may_empty_step: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.admission, AdmissionOrder):
@@ -365,6 +373,7 @@ class ArRules:
             "static_batches",
             "token_floor",
             "soft_preemption",
+            "preemption_may_empty_step",
         ):
             _flag(f"rules.{name}", getattr(self, name))
         for name in ("max_wait_steps", "token_cap", "fcfs_lookahead"):

@@ -1037,7 +1037,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             st.admission_phase = True
             self._reorder_cache_aware()
         total = sum(st.scheduled.values())
-        if total == 0 and (self._running or self._waiting):
+        # declared: a step whose preemptions left nothing to schedule (vLLM v0's recompute)
+        emptied = rules.preemption_may_empty_step and bool(st.preempted)
+        if total == 0 and (self._running or self._waiting) and not emptied:
             raise self._fail(
                 ArRule.PROGRESS,
                 f"step {st.index} scheduled nothing with {len(self._running)} running and "
