@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ import pytest
 from integrations.manifest import LAYOUT
 from integrations.vidur import MANIFEST
 from integrations.vidur.custom_scheduler import SCHEDULER_VARIABLE
-from schedspec_cli.main import main
 from tests.engine_gate import require_engine
+from tests.user_module import verify_run, write_user_module
 
 #: The user's module: Vidur imported at its top, as a change in a Vidur checkout would.
 USER_MODULE = '''
@@ -56,21 +55,13 @@ def _vidur_installed() -> None:
 @pytest.fixture
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The user's module, importable as `my_vidur` (fresh in each test)."""
-    path = tmp_path / "my_vidur.py"
-    path.write_text(textwrap.dedent(USER_MODULE), encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_vidur", raising=False)
-    return path
+    return write_user_module(tmp_path, monkeypatch, "my_vidur", USER_MODULE)
 
 
 def _verify(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str, n: int = 100
 ) -> tuple[int, str, str, dict[str, Any]]:
-    out_json = tmp_path / "verify.json"
-    code = main(["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json)])
-    cap = capsys.readouterr()
-    data = json.loads(out_json.read_text()) if out_json.exists() else {}
-    return code, cap.out, cap.err, data
+    return verify_run(capsys, tmp_path, impl, n)
 
 
 def test_the_named_class_is_built_checked_and_recorded(

@@ -9,8 +9,6 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 
 from __future__ import annotations
 
-import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,11 @@ from integrations.vllm import MANIFEST, make_real_vllm
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.custom_scheduler import SCHEDULER_VARIABLE
 from properties.conformance_base import NATIVE_NOTE
-from schedspec_cli.main import main
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.tier import full_tier
+from tests.user_module import verify_run, write_user_module
 
 #: The user's module: vLLM imported at its top, as a subclass in a vLLM checkout would.
 USER_MODULE = '''
@@ -84,21 +82,13 @@ def _vllm_installed() -> None:
 @pytest.fixture
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The user's module, importable as `my_sched` (a fresh name per test directory)."""
-    path = tmp_path / "my_sched.py"
-    path.write_text(textwrap.dedent(USER_MODULE), encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(__import__("sys").modules, "my_sched", raising=False)
-    return path
+    return write_user_module(tmp_path, monkeypatch, "my_sched", USER_MODULE)
 
 
 def _verify(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str = "real-vllm", n: int = 100
 ) -> tuple[int, str, str, dict[str, Any]]:
-    out_json = tmp_path / "verify.json"
-    code = main(["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json)])
-    cap = capsys.readouterr()
-    data = json.loads(out_json.read_text()) if out_json.exists() else {}
-    return code, cap.out, cap.err, data
+    return verify_run(capsys, tmp_path, impl, n)
 
 
 def test_the_named_class_is_built_and_recorded(
