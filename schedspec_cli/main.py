@@ -179,7 +179,10 @@ def build_parser() -> Parser:
         "parity, report)",
         epilog=f"${PROFILE_ENV} is not read: it picks the Hypothesis profile of pytest runs "
         "(properties.profiles); a verify run is set by its flags alone (--examples, --seed, "
-        "--call-timeout), so that the same command draws the same programs anywhere",
+        "--call-timeout), so that the same command draws the same programs anywhere. The "
+        "table's examples column counts every program run: the --examples drawn, a few of "
+        "Hypothesis's own, and after a failure those run while shrinking it (so a failing run "
+        "may count several times --examples); steps counts their rounds or steps",
     )
     verify.add_arguments(v)
     v.set_defaults(func=cmd_verify)
