@@ -15,7 +15,8 @@ difference: at a batch end Vidur's loop calls `on_schedule` twice at the same in
 ReplicaScheduleEvents of stage 0's end and of the batch's end), so an attempt that forms no
 batch after restarting its own request is retried at once; the adapter makes that retry its
 next step, with an empty step in between. Only Vidur's vLLM restarts a request and then forms
-nothing, and with one stage only as released (`vllm-decode-block`);
+nothing, and with one stage only as released (vLLM v0's needless restart, which its profile
+declares: `preemption_may_empty_step`);
 `integrations.vidur.pipeline` runs Vidur's loop itself.
 
 Stubs and private state the adapter touches, each with why:
@@ -51,6 +52,10 @@ Stubs and private state the adapter touches, each with why:
   AttributeError at the first batch that does not finish entirely, so the adapter sets it to
   an empty list after construction.
 
+Transcript: `native_calls()` says the calls made on the scheduler, in Vidur's terms
+(`integrations.vidur.transcript`), recorded as the adapter makes them: what a failing example
+prints after its spec calls.
+
 Requests: Vidur knows each request's decode length in advance, so a request is submitted with
 `num_decode_tokens` = its final output length (max_tokens, or stop_after when that comes
 first; the finish reason is then STOP). Priorities and predicted lengths are ignored (Vidur's
@@ -64,6 +69,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from integrations.vidur.transcript import VidurTranscript, read
 from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, validate_ar_request
 from spec.ar.events import (
@@ -145,6 +151,9 @@ class VidurAdapter:
         self._free: Callable[..., None] = scheduler.free
         scheduler.allocate = self._allocate_wrapped
         scheduler.free = self._free_wrapped
+        #: The calls made on Vidur's scheduler, in Vidur's terms (`native_calls`): what a
+        #: failing example is printed with after its spec calls.
+        self.transcript = VidurTranscript(scheduler, BATCH_TIME)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -168,7 +177,9 @@ class VidurAdapter:
         tracked = _Tracked(request, vreq)
         self._by_rid[request.request_id] = tracked
         self._by_vid[vreq.id] = tracked
+        call = self.transcript.added(vreq, request.request_id)
         self.scheduler.add_request(vreq)
+        call.result = ()
         self.sink(
             ArSubmitted(
                 request.request_id,
@@ -190,15 +201,18 @@ class VidurAdapter:
         if tracked is None or tracked.finished or tracked.aborted:
             raise UnknownRequest(request_id, len(self._waiting()) + len(self._running()))
         vreq = tracked.vidur
+        call = self.transcript.aborting(request_id, vreq.id)
         self._remove_pending(vreq)
         pending = getattr(self.scheduler, "_preempted_requests", [])
         if vreq in pending:
             pending.remove(vreq)
+            self.transcript.op("unqueued", vreq.id, "_preempted_requests")
         batches = getattr(self.scheduler, "_preempted_batches", None)
         if batches is not None:
             for batch in batches:
                 if vreq in batch.requests:
                     batch.requests.remove(vreq)
+                    self.transcript.op("unqueued", vreq.id, "_preempted_batches")
             # A batch the abort left with nothing to run (no request, or only completed ones)
             # would cost FasterTransformer an empty step: `_generate_next_batch_from_preempted`
             # returns no batch for it. Vidur never has one, since a batch whose requests all
@@ -207,6 +221,11 @@ class VidurAdapter:
             done = [b for b in batches if all(r.completed for r in b.requests)]
             batches[:] = [b for b in batches if b not in done]
             for batch in done:
+                self.transcript.op(
+                    "dropped",
+                    read("Batch.id", getattr, batch, "id"),
+                    tuple(r.id for r in batch.requests),
+                )
                 for r in batch.requests:
                     if r.id in self._ledger():
                         self.scheduler.free(r.id)
@@ -216,6 +235,7 @@ class VidurAdapter:
         tracked.aborted = True
         if request_id in self._admitted:
             self._admitted.remove(request_id)
+        call.result = ()
         self.sink(ArAborted(request_id))
 
     def step(self) -> None:
@@ -224,13 +244,16 @@ class VidurAdapter:
         `ArStepEnd`, then the batch through Vidur's stage and batch-end events (`BATCH_TIME` on the
         clock), emitting frees and `ArFinished` (the reason `stop_after` implies)."""
         self._in_schedule = True
+        call = self.transcript.scheduling(self.time)
         try:
             batch = self.scheduler.on_schedule(self.time)
             self._sync()
         finally:
             self._in_schedule = False
+        scheduled = _scheduled(batch) if batch is not None else []
+        self.transcript.formed(call, batch, scheduled)
         if batch is not None:
-            for vreq, n in _scheduled(batch):
+            for vreq, n in scheduled:
                 rid = self._by_vid[vreq.id].spec.request_id
                 if rid not in self._admitted:
                     self._admitted.append(rid)
@@ -239,6 +262,14 @@ class VidurAdapter:
         if batch is not None:
             self._run(batch)
         self.step_index += 1
+
+    def native_calls(self) -> str:
+        """The calls this adapter made on Vidur's replica scheduler so far, one per line, in
+        Vidur's terms (`integrations.vidur.transcript`): the construction, `add_request`, per
+        step `on_schedule` (the batch and the `allocate` / `restart()` / `free` inside) and
+        `on_batch_end`, and the adapter's edits for an abort. The optional adapter method a
+        failing example's report prints after its spec calls; it never raises."""
+        return self.transcript.text()
 
     def drain(self, max_steps: int = 100_000) -> None:
         """`drain_steps` over `step` and `is_idle`; `SchedulerStalled` names the waiting and running
@@ -281,6 +312,7 @@ class VidurAdapter:
     def _run(self, batch: Any) -> None:
         """One batch through Vidur's event sequence on a one-stage replica."""
         start = self.time
+        call = self.transcript.ending(start + BATCH_TIME)
         batch.on_schedule(start)
         self.stage.add_batch(batch)
         _, batch_stage, _ = self.stage.on_schedule()
@@ -292,12 +324,15 @@ class VidurAdapter:
         batch.on_batch_end(self.time)
         self.scheduler.on_batch_end(batch)
         self._sync()
+        completed: list[int] = []
         for vreq in batch.requests:
             tracked = self._by_vid[vreq.id]
             if vreq.completed and not tracked.finished:
+                completed.append(vreq.id)
                 tracked.finished = True
                 self._admitted.remove(tracked.spec.request_id)
                 self.sink(ArFinished(tracked.spec.request_id, _reason(tracked.spec)))
+        call.result = (tuple(completed),)
 
     def _waiting(self) -> list[str]:
         """Vidur's pending requests not admitted since their last restart. Mnemosyne keeps an
@@ -325,17 +360,22 @@ class VidurAdapter:
         for name in ("_request_queue", "_partial_prefill_queue"):
             queue = getattr(self.scheduler, name, None)
             if queue is not None:
-                queue[:] = [x for x in queue if _queued_request(x) is not vreq]
+                kept = [x for x in queue if _queued_request(x) is not vreq]
+                if len(kept) < len(queue):
+                    self.transcript.op("unqueued", vreq.id, name)
+                queue[:] = kept
 
     # ------------------------------------------------------------------ KV diffing
     def _ledger(self) -> dict[int, int]:
         return kv_ledger(self.scheduler)
 
     def _allocate_wrapped(self, request_id: int, num_blocks: int, *group: int) -> None:
+        self.transcript.allocating(request_id, num_blocks, group)
         self._allocate(request_id, num_blocks, *group)
         self._sync()
 
     def _free_wrapped(self, *request_ids: int) -> None:
+        self.transcript.freeing(request_ids, lambda vid: self._by_vid[vid].vidur)
         self._free(*request_ids)
         self._sync()
 
@@ -368,6 +408,7 @@ class VidurAdapter:
             tracked.restarts = tracked.vidur.num_restarts
             if self.fix_restart:
                 _reset_stage_counters(tracked.vidur)
+                self.transcript.op("reset", vid)
             if rid in self._admitted:
                 self._admitted.remove(rid)
             self.sink(ArPreempted(rid, tuple(gone)))
