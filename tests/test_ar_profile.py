@@ -390,3 +390,38 @@ def test_accepted_deviations_and_campaign_hook() -> None:
     err, _ = run_machine(machine, settings(hunt, max_examples=40))
     assert err is None or getattr(err, "rule", None) != "token_budget"
     assert machine.ignored_hits.get("token_budget", 0) > 0  # type: ignore[attr-defined]
+
+
+def test_a_pool_with_spare_tokens_is_named_when_too_small() -> None:
+    """LightLLM's space: the pool holds max_model_len and one token more (its router refuses a
+    request with prompt + max_new_tokens + 1 > pool)."""
+    space = ArConfigSpace(block_sizes=frozenset({1}), pool_holds_max_model_len=True)
+    spared = dataclasses.replace(space, pool_spare_tokens=1)
+    exact = ArConfig(block_size=1, num_blocks=8, reserve_null_block=False, max_model_len=8)
+    assert space.outside(exact) is None
+    assert spared.outside(exact) == (
+        "num_blocks",
+        8,
+        "a usable pool of at least 9 blocks (max_model_len=8 per request and 1 spare)",
+    )
+    assert spared.outside(exact.replace(num_blocks=9)) is None
+    bad: object
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ProfileError, match=r"space\.pool_spare_tokens"):
+            dataclasses.replace(space, pool_spare_tokens=bad)  # type: ignore[arg-type]
+    with pytest.raises(ProfileError, match="unless pool_holds_max_model_len"):
+        ArConfigSpace(pool_spare_tokens=1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    config=ar_configs_in(
+        ArConfigSpace(
+            block_sizes=frozenset({1}),
+            pool_holds_max_model_len=True,
+            pool_spare_tokens=1,
+        )
+    )
+)
+def test_strategies_draw_pools_with_the_spare_tokens(config: ArConfig) -> None:
+    assert config.usable_blocks >= config.max_model_len + 1

@@ -29,6 +29,7 @@ from hypothesis import Phase, settings
 from properties.profiles import PROFILE_ENV, profile_name, profile_settings, registered_name
 from spec.errors import ConfigError
 from tests.mined_constants import ROOT, run_fresh
+from tests.tier import full_tier
 
 # An engine's conftest: its own "ci" profile, registered and loaded, then schedspec imported
 # (the command line's module imports properties.profiles too).
@@ -167,6 +168,7 @@ def test_a_machine_under_profile_settings_ci_draws_alike_whatever_was_imported(
     assert restored == "True"
 
 
+@full_tier  # a second case / control: per push the other tests cover it
 def test_without_the_machines_stop_the_imported_constants_change_the_draws(
     tmp_path: Path,
 ) -> None:

@@ -27,6 +27,7 @@ from schedspec_cli.main import main
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArFinished, ArScheduled, ArStepEnd
 from tests.engine_gate import require_engine
+from tests.tier import full_tier
 
 #: A Sarathi subclass with a planted leak: `free` keeps one block of each freed request in the
 #: allocated count (`snapshot_matches` fails at the first request that ends).
@@ -104,6 +105,7 @@ def test_a_planted_leak_ends_with_vidurs_own_calls(
     assert not any("could not" in line for line in native), native
 
 
+@full_tier  # a second case / control: per push the other tests cover it
 def test_orcas_known_finding_ends_with_vidurs_own_calls(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

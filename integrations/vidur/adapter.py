@@ -153,7 +153,7 @@ class VidurAdapter:
         scheduler.free = self._free_wrapped
         #: The calls made on Vidur's scheduler, in Vidur's terms (`native_calls`): what a
         #: failing example is printed with after its spec calls.
-        self.transcript = VidurTranscript(scheduler, BATCH_TIME)
+        self.transcript: VidurTranscript = VidurTranscript(scheduler, BATCH_TIME)
 
     # ------------------------------------------------------------------ protocol
     @property

@@ -23,8 +23,11 @@ confirmed by running the classes:
   every new one prefills whole) and never preempt; FasterTransformer admits a new batch only
   when no earlier batch has requests left (`_preempted_batches` first, :43): static batches;
 - LightLLM (`lightllm_replica_scheduler.py`): token-level KV (`assert block_size == 1`, :17),
-  admission by peak memory (`_can_allocate_request`, :48-62), never preempts (it raises
-  "OOM handling not implemented yet", :160);
+  admission by peak memory (`_can_allocate_request`, :48-62, LightLLM's own formula: the peak
+  strictly below the pool, a queued request counted as prompt + 1), never preempts (it raises
+  "OOM handling not implemented yet", :160); its space keeps to pools of max_model_len + 1
+  tokens at least, where every request is one LightLLM's router accepts (it refuses prompt +
+  max_new_tokens + 1 > pool, which Vidur does not);
 - Mnemosyne, FCFS with a fixed chunk (`mnemosyne_fcfs_fixed_chunk_replica_scheduler.py` on
   `mnemosyne_base_replica_scheduler.py`, both releases): its queue holds (arrival, request)
   pairs sorted by arrival; it forms decodes first (`_add_running_decodes`), restarting victims
@@ -82,8 +85,14 @@ FT = ArProfile(
         rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
     ),
 )
+# LightLLM's router refuses a request with prompt + max_new_tokens + 1 > its pool
+# (`httpserver/manager.py`, `req_total_len + 1 > self.total_token_num`), which Vidur's copy of
+# its admission (the strict `<` and a queued request counted as prompt + 1, :42 and :62, both
+# LightLLM's own) relies on: the space keeps to pools where every request is one LightLLM takes
 LIGHTLLM = ArProfile(
-    space=dataclasses.replace(_SPACE, block_sizes=frozenset({1})),
+    space=dataclasses.replace(
+        _SPACE, block_sizes=frozenset({1}), pool_holds_max_model_len=True, pool_spare_tokens=1
+    ),
     policy=ArPolicy(rules=ArRules(victim=VictimOrder.NONE)),
 )
 

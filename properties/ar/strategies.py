@@ -81,7 +81,9 @@ def ar_configs_in(
     if space.pool_holds_max_model_len:
         base = base.map(
             lambda c: c.replace(
-                num_blocks=max(c.num_blocks, c.max_blocks_per_request + int(c.reserve_null_block))
+                num_blocks=max(
+                    c.num_blocks, space.pool_blocks_needed(c) + int(c.reserve_null_block)
+                )
             )
         )
     return base.filter(lambda c: space.outside(c) is None)

@@ -47,6 +47,10 @@ class ArConfigSpace:
     long_prefill_threshold: whether it has `long_prefill_token_threshold` (Vidur: no, so only 0).
     pool_holds_max_model_len: it needs the usable pool to hold one max_model_len request
         (Vidur's Orca and FasterTransformer reserve that much per request at admission).
+    pool_spare_tokens: with `pool_holds_max_model_len`, the usable pool holds max_model_len
+        and this many tokens more. LightLLM's router refuses a request whose prompt and
+        max_new_tokens and 1 exceed its pool (`req_total_len + 1 > max_total_token_num`): with
+        1 spare token every request the spec admits is one LightLLM accepts.
     stages: the `num_stages` values it steps itself (None = any).
     cache_read_limits: the per-request cache read limits it honours (`CacheReadLimits`; with
         prefix caching only: a request then carries one now and then).
@@ -59,6 +63,7 @@ class ArConfigSpace:
     prefix_caching: frozenset[bool] = frozenset({False, True})
     long_prefill_threshold: bool = True
     pool_holds_max_model_len: bool = False
+    pool_spare_tokens: int = 0
     stages: frozenset[int] | None = frozenset({1})
     cache_read_limits: CacheReadLimits = CacheReadLimits.NONE
 
@@ -70,6 +75,13 @@ class ArConfigSpace:
                 raise ProfileError(f"space.{name}", "{}", "a non-empty subset of {False, True}")
         if self.stages is not None and (not self.stages or any(n < 1 for n in self.stages)):
             raise ProfileError("space.stages", sorted(self.stages), "positive integers or None")
+        spare = self.pool_spare_tokens
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise ProfileError("space.pool_spare_tokens", spare, "an integer >= 0")
+        if spare and not self.pool_holds_max_model_len:
+            raise ProfileError(
+                "space.pool_spare_tokens", spare, "0 unless pool_holds_max_model_len is True"
+            )
         if self.block_sizes is not None and (
             not self.block_sizes or any(b < 1 for b in self.block_sizes)
         ):
@@ -103,16 +115,25 @@ class ArConfigSpace:
             )
         if not self.long_prefill_threshold and config.long_prefill_token_threshold:
             return ("long_prefill_token_threshold", config.long_prefill_token_threshold, "{0}")
-        if self.pool_holds_max_model_len and config.usable_blocks < config.max_blocks_per_request:
+        needed = self.pool_blocks_needed(config)
+        if config.usable_blocks < needed:
+            spare = f" and {self.pool_spare_tokens} spare" if self.pool_spare_tokens else ""
             return (
                 "num_blocks",
                 config.num_blocks,
-                f"a usable pool of at least {config.max_blocks_per_request} blocks "
-                f"(max_model_len={config.max_model_len} per request)",
+                f"a usable pool of at least {needed} blocks "
+                f"(max_model_len={config.max_model_len} per request{spare})",
             )
         if self.stages is not None and config.num_stages not in self.stages:
             return ("num_stages", config.num_stages, _names(map(str, self.stages)))
         return None
+
+    def pool_blocks_needed(self, config: ArConfig) -> int:
+        """The usable blocks `config`'s pool must have: one max_model_len request and the
+        spare tokens under `pool_holds_max_model_len`, else none."""
+        if not self.pool_holds_max_model_len:
+            return 0
+        return config.blocks_for(config.max_model_len + self.pool_spare_tokens)
 
     def check(self, config: ArConfig) -> None:
         """Raise `ConfigOutsideProfile` naming the field if `config` is outside the space."""
