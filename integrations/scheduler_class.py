@@ -38,8 +38,12 @@ def resolve_class(variable: str, qualname: str, form: str) -> type[Any]:
             qualname,
             f"{form} (importing {module_name} raised {type(err).__name__}: {err})",
         ) from err
-    found = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigError(
+            variable, qualname, f"{form} ({module_name} has no attribute {attribute!r})"
+        )
+    found = getattr(module, attribute)
     if not isinstance(found, type):
-        what = "nothing" if found is None else type(found).__name__
+        what = type(found).__name__
         raise ConfigError(variable, qualname, f"{form} ({module_name}.{attribute} is {what})")
     return found

@@ -225,8 +225,10 @@ def engine_line(impl: str, release: Mapping[str, Any]) -> str:
         line += f"; MODIFIED from the release: {shown}"
     if "shadowed" in release:
         name = release["name"]
+        # a scheduler class of one's own is named where the engine has one and none is set
+        named_cls = name in ("vllm", "vidur") and "scheduler_cls" not in release
         ways = "patch the install" + (
-            f" or set SCHEDSPEC_{name.upper()}_SCHEDULER_CLS" if name in ("vllm", "vidur") else ""
+            f" or set SCHEDSPEC_{name.upper()}_SCHEDULER_CLS" if named_cls else ""
         )
         line += (
             f"; NOT the {name} at {release['shadowed']}, which the install comes before on the "

@@ -7,12 +7,14 @@ Every failure is a `ConfigError` naming the flag and what would be valid.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
@@ -65,13 +67,46 @@ def _engine_missing(err: ImportError) -> str | None:
     return root if root in ENGINE_LOADERS else None
 
 
-def _import_after_loading(engine: str, module_name: str) -> object:
-    """Load `engine` (its install: `EngineNotInstalled` names the install command), then
-    import `module_name` again, which imports the engine at its top."""
-    loader, importing = ENGINE_LOADERS[engine]
-    _cast_call(_load_attribute(loader))()
-    context = _cast_call(_load_attribute(importing))() if importing else contextlib.nullcontext()
-    with context:
+def _engines_imported_by(module_name: str) -> list[str]:
+    """The real engines the source of `module_name` imports anywhere in it, read, not run (an
+    empty list for a module already imported or whose source is not a readable .py file)."""
+    if module_name in sys.modules:
+        return []
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return []
+    origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return []
+    try:
+        tree = ast.parse(Path(origin).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []  # the import itself reports what is wrong
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            root = name.split(".")[0]
+            if root in ENGINE_LOADERS and root not in found:
+                found.append(root)
+    return found
+
+
+def _import_with_engines(module_name: str, engines: list[str]) -> ModuleType:
+    """Load each of `engines` (its install first on the path, its modules imported), then
+    import `module_name` with their import-time placeholders in place."""
+    with contextlib.ExitStack() as stack:
+        for engine in engines:
+            loader, importing = ENGINE_LOADERS[engine]
+            _cast_call(_load_attribute(loader))()
+            if importing is not None:
+                stack.enter_context(_cast_call(_load_attribute(importing))())
         return importlib.import_module(module_name)
 
 
@@ -88,27 +123,41 @@ def _cast_call(obj: object) -> Callable[[], Any]:
     return cast(Callable[[], Any], obj)
 
 
+def _import_user_module(module_name: str, target: str, flag: str) -> ModuleType:
+    """Import the user's module after the real engines it imports are loaded: those its source
+    names (so it binds the install's engine, not a checkout on the path), then, should the
+    import still miss one (imported indirectly), that one and again. An engine's own error
+    (not installed, not importable here) is named by `target`."""
+    from integrations.manifest import EngineNotInstalled
+
+    engines = _engines_imported_by(module_name)
+    try:
+        try:
+            return _import_with_engines(module_name, engines)
+        except ImportError as err:
+            engine = _engine_missing(err)
+            if engine is None or engine in engines:
+                raise
+            return _import_with_engines(module_name, [*engines, engine])
+    except EngineNotInstalled as missing:
+        raise missing.wanted_by(target) from None
+    except ConfigError as err:
+        if err.field == "impl" and err.value in ENGINE_LOADERS:  # the engine's, not the user's
+            raise ConfigError(flag, target, err.valid) from None
+        raise
+
+
 def load_object(target: str, flag: str = "impl") -> object:
     """Import `package.module` (from the current directory too) and return its `attribute`.
 
-    A module that imports a real engine (vLLM, SGLang, Vidur) at its top is imported again
-    after the engine's install is loaded (`ENGINE_LOADERS`), as the engine's own built-ins
-    import it; an engine not installed is `EngineNotInstalled` naming the install command."""
+    A module that imports a real engine (vLLM, SGLang, Vidur) is imported after the engine's
+    install is loaded (`ENGINE_LOADERS`), as the engine's own built-ins import it: it binds
+    the install's engine even with a checkout of the engine on the path. An engine not
+    installed is `EngineNotInstalled` naming the install command and `target`."""
     module_name, attr = split_target(target, flag)
     _cwd_importable()
     try:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            engine = _engine_missing(err)
-            if engine is None:
-                raise
-            from integrations.manifest import EngineNotInstalled
-
-            try:
-                module = cast(ModuleType, _import_after_loading(engine, module_name))
-            except EngineNotInstalled as missing:  # named by the target that needs it
-                raise missing.wanted_by(target) from None
+        module = _import_user_module(module_name, target, flag)
     except ImportError as err:
         raise ConfigError(flag, target, f"an importable module ({err})") from None
     except SyntaxError as err:

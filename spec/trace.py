@@ -362,8 +362,9 @@ def checked_writer(value: object, line_no: int = 0) -> str:
 
 
 def writer_of(header: Mapping[str, object], line_no: int = 0) -> str | None:
-    """What wrote the log, as its header says (`checked_writer`), or None when it does not."""
-    if WRITER not in header:
+    """What wrote the log, as its header says (`checked_writer`), or None when it does not
+    (no `writer` key, or `null`, as `check-trace --json` records a log without one)."""
+    if header.get(WRITER) is None:
         return None
     return checked_writer(header[WRITER], line_no)
 

@@ -1,7 +1,8 @@
-"""`ArRules.preemption_may_empty_step`, vLLM v0's recompute declared: a step that preempted may
-schedule nothing, and only that step. Without the declaration the same log stalls (`progress`);
-with it, a step that preempted nothing and scheduled nothing still does, and so does the step
-after the empty one if it too schedules nothing."""
+"""`ArRules.preemption_may_empty_step`, vLLM v0's recompute declared: a step whose preemptions,
+each made while no block was free, left nothing running may schedule nothing, and only that
+step. Without the declaration the same log stalls (`progress`); with it, a step that preempted
+nothing, one that preempted with a block free (a scheduler that recomputes for no reason), and
+the step after the empty one if it too schedules nothing, all still do."""
 
 from __future__ import annotations
 
@@ -67,8 +68,20 @@ def test_a_step_emptied_by_its_preemption_conforms_only_where_declared() -> None
         ([ArSubmitted("r0", 3, 2), ArStepEnd(0)], 0),
         # the step after the emptied one schedules nothing as well
         ([*RESTARTED_ALONE, ArStepEnd(2)], 2),
+        # a one-block request preempted with a block free: no decode was short of one
+        (
+            [
+                ArSubmitted("r0", 1, 3),
+                ArBlocksAllocated("r0", (0,)),
+                ArScheduled("r0", 1),
+                ArStepEnd(0),
+                ArPreempted("r0", (0,)),
+                ArStepEnd(1),
+            ],
+            1,
+        ),
     ],
-    ids=["no-preemption", "the-next-step"],
+    ids=["no-preemption", "the-next-step", "a-block-was-free"],
 )
 def test_the_waiver_is_that_step_only(events: list[ArEvent], step: int) -> None:
     found = _apply(DECLARED, events)

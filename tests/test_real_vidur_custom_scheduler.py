@@ -10,9 +10,11 @@ Needs Vidur installed (`schedspec install-engines vidur`); skipped with SCHEDSPE
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from tests.user_module import verify_run, write_user_module
 #: The user's module: Vidur imported at its top, as a change in a Vidur checkout would.
 USER_MODULE = '''
 from vidur.scheduler.replica_scheduler.sarathi_replica_scheduler import SarathiReplicaScheduler
+from vidur.scheduler.replica_scheduler.vllm_replica_scheduler import VLLMReplicaScheduler
 
 from integrations.vidur import REAL_VIDUR_SARATHI as IMPL
 
@@ -41,6 +44,20 @@ class LeaksOnFree(SarathiReplicaScheduler):
     def free(self, *request_ids):
         for request_id in request_ids:
             self._num_allocated_blocks -= self._allocation_map.pop(request_id) - 1
+
+
+class RecomputesForNothing(VLLMReplicaScheduler):
+    """Restarts a running request whenever one is pending, blocks free or not, and forms no
+    batch: vLLM v0's recompute is declared only for a decode short of a free block."""
+
+    def _get_next_batch(self, time):
+        if self._preempted_requests:
+            victim = self._preempted_requests.pop(-1)
+            victim.restart()
+            self.free(victim.id)
+            self._request_queue = [victim] + self._request_queue
+            return None
+        return super()._get_next_batch(time)
 
 
 NOT_A_CLASS = 3
@@ -93,10 +110,26 @@ def test_a_leak_in_the_allocated_count_is_caught_as_a_pool_that_differs(
     assert "[snapshot_matches] free blocks differ: implementation also frees [], lacks [" in out
 
 
+def test_a_recompute_with_blocks_free_gets_no_waiver(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`preemption_may_empty_step` (real-vidur-vllm's declaration) waives an empty step only
+    when its preemptions were made with no block free: a vLLM that recomputes for nothing
+    stalls."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_vidur.RecomputesForNothing")
+    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-vllm", n=60)
+    assert code == 1, out
+    assert data["rules"] == ["progress"], out[-3000:]
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
         ("my_vidur.NOT_A_CLASS", "(my_vidur.NOT_A_CLASS is int)"),
+        ("my_vidur.Missing", "(my_vidur has no attribute 'Missing')"),
         ("builtins.dict", "a subclass of one of Vidur's replica schedulers"),
         ("my_vidur.Unchanged", "the built-ins it subclasses: real-vidur-sarathi"),
         ("no_such_module.X", "ModuleNotFoundError: No module named 'no_such_module'"),
@@ -130,16 +163,49 @@ def test_a_module_of_ones_own_may_import_vidur_at_its_top(user_module: Path) -> 
     assert f"my_vidur:IMPL: vidur {MANIFEST.version}" in res.stdout
 
 
-def _fresh(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+def _fresh(
+    cwd: Path, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`schedspec ARGV` in a fresh process, run from `cwd` (where the user's module is)."""
     return subprocess.run(
         [sys.executable, "-m", "schedspec_cli.main", *argv],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
         timeout=300,
     )
+
+
+def test_with_a_vidur_checkout_on_the_path_a_module_of_ones_own_binds_the_install(
+    tmp_path: Path,
+) -> None:
+    """The usual maintainer's setup: a Vidur checkout on PYTHONPATH. The module's own
+    `import vidur` binds the install the adapter drives, not the checkout (before, it bound
+    the checkout, and a module importing a scheduler module failed on its scikit-learn
+    import); the output says the checkout is not what ran."""
+    checkout = tmp_path / "checkout"
+    (checkout / "vidur").mkdir(parents=True)
+    (checkout / "vidur" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "my_bound.py").write_text(textwrap.dedent(BOUND_MODULE), encoding="utf-8")
+    argv = ["verify", "--impl", "my_bound:IMPL", "--examples", "10"]
+    res = _fresh(tmp_path, *argv, env={**os.environ, "PYTHONPATH": str(checkout)})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert f"; NOT the vidur at {checkout / 'vidur'}, which the install comes before" in res.stdout
+
+
+#: A module of one's own that imports Vidur's scheduler modules at its top and refuses to run
+#: bound to the checkout.
+BOUND_MODULE = """
+import vidur
+from vidur.scheduler.replica_scheduler.orca_replica_scheduler import OrcaReplicaScheduler
+
+from integrations.vidur import REAL_VIDUR_ORCA as IMPL
+
+if "checkout" in vidur.__file__:
+    raise RuntimeError(f"bound the checkout's vidur: {vidur.__file__}")
+"""
 
 
 def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
@@ -162,19 +228,27 @@ def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
 
 
 def test_another_vidur_on_the_path_is_named_as_not_the_one_checked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A Vidur checkout on PYTHONPATH is behind the install once it is active: its changes
-    are not what ran, and the output says so rather than let it pass for them."""
+    are not what ran, and the output says so rather than let it pass for them; the way to
+    check a change names the variable only while it is unset."""
     checkout = tmp_path / "checkout"
     (checkout / "vidur").mkdir(parents=True)
     (checkout / "vidur" / "__init__.py").write_text("", encoding="utf-8")
     monkeypatch.setattr(sys, "path", [*sys.path, str(checkout)])  # behind the install
-    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-orca", n=10)
+    code, out, _, data = _verify(capsys, tmp_path, "real-vidur-sarathi", n=10)
     assert code == 0, out
     assert data["engine"]["shadowed"] == str(checkout / "vidur"), data
     assert f"; NOT the vidur at {checkout / 'vidur'}, which the install comes before" in out
-    assert "set SCHEDSPEC_VIDUR_SCHEDULER_CLS" in out
+    assert "(to check a change: patch the install or set SCHEDSPEC_VIDUR_SCHEDULER_CLS)" in out
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_vidur.Unchanged")
+    code, out, _, _ = _verify(capsys, tmp_path, "real-vidur-sarathi", n=10)
+    assert code == 0, out
+    assert "(to check a change: patch the install)" in out, out
 
 
 def test_a_patched_entity_is_named_as_modified(

@@ -77,11 +77,14 @@ def test_a_failing_log_names_its_writer_too(
     assert json.loads(out_json.read_text(encoding="utf-8"))["writer"] == "sglang 0.5.23"
 
 
+@pytest.mark.parametrize("header", [{}, {"writer": None}], ids=["no-key", "null"])
 def test_a_log_without_a_writer_prints_none_and_records_null(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], header: dict[str, object]
 ) -> None:
+    """`null` reads as no writer: what the verdict's JSON records for a log without one."""
     path = tmp_path / "plain.jsonl"
-    path.write_text("\n".join([json.dumps(config_to_dict(DLLM)), *DLLM_BODY]) + "\n", "utf-8")
+    first = json.dumps({**config_to_dict(DLLM), **header})
+    path.write_text("\n".join([first, *DLLM_BODY]) + "\n", "utf-8")
     out_json = tmp_path / "verdict.json"
     code, out, _ = _check(capsys, str(path), "--json", str(out_json))
     assert code == 0 and "written by" not in out, out
@@ -89,7 +92,7 @@ def test_a_log_without_a_writer_prints_none_and_records_null(
 
 
 @pytest.mark.parametrize("family", ["dllm", "ar"])
-@pytest.mark.parametrize("writer", [7, "", "   ", "x" * (WRITER_MAX_CHARS + 1), "a\nb", None])
+@pytest.mark.parametrize("writer", [7, "", "   ", "x" * (WRITER_MAX_CHARS + 1), "a\nb", False])
 def test_a_writer_that_is_no_short_printable_string_is_an_input_error_at_the_header(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, writer: object
 ) -> None:

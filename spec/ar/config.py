@@ -339,8 +339,9 @@ class ArRules:
         preempted request returns to its arrival place). Vidur's Mnemosyne schedulers read at most
         `MAX_NUM_SKIPPED_REQUESTS` = 10 requests they cannot admit, so they admit past at most
         9 (look-ahead 9), and allocate a request's whole prompt when they admit it.
-    preemption_may_empty_step: a step that preempted may schedule nothing (rule `progress`
-        waives that step only: the next one is held to it). vLLM v0's block manager decodes
+    preemption_may_empty_step: a step whose preemptions, each made while no block was free,
+        left nothing running may schedule nothing (rule `progress` waives that step only; the
+        next one has nothing running to preempt, and is held to it). vLLM v0's block manager decodes
         a request only while a block is free for every running one, needed or not
         (`BlockSpaceManager.can_append_slot`, vllm 0.2.7 `vllm/core/block_manager.py`), and
         otherwise preempts by recompute, the request itself when it runs alone, which then

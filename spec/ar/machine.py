@@ -127,6 +127,7 @@ class _Step:
     index: int = 0
     scheduled: dict[str, int] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
+    preempted_with_free: bool = False  # a preemption of this step left a block free before it
     admitted: list[str] = field(default_factory=list)
     in_schedule_phase: bool = False
     admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
@@ -923,6 +924,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         rules, st = self.rules, self._step
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
+        st.preempted_with_free |= self.free_blocks > 0  # `preemption_may_empty_step` reads it
         if r.phase is not ArPhase.RUNNING:
             raise self._fail(
                 ArRule.LIFECYCLE, f"preempted {r.request_id!r}, which is not running", e
@@ -1037,8 +1039,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             st.admission_phase = True
             self._reorder_cache_aware()
         total = sum(st.scheduled.values())
-        # declared: a step whose preemptions left nothing to schedule (vLLM v0's recompute)
-        emptied = rules.preemption_may_empty_step and bool(st.preempted)
+        # declared (vLLM v0's recompute): a step whose preemptions, each made with no block
+        # free, left nothing running; the next step then has nothing to preempt, and schedules
+        emptied = (
+            rules.preemption_may_empty_step
+            and bool(st.preempted)
+            and not st.preempted_with_free
+            and not self._running
+        )
         if total == 0 and (self._running or self._waiting) and not emptied:
             raise self._fail(
                 ArRule.PROGRESS,

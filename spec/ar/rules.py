@@ -100,8 +100,8 @@ _AR_RULES: dict[ArRule, str] = {
     "left no request waiting. A held step that preempted, scheduled nothing yet and has no "
     "decoding request left may lift its hold (nothing else could run in it).",
     ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token "
-    "(where declared, vLLM v0's recompute: a step that preempted may schedule nothing, the "
-    "next one may not); "
+    "(where declared, vLLM v0's recompute: a step whose preemptions, each made with no block "
+    "free, left nothing running may schedule nothing, the next one may not); "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
     "checker's call deadline is a hang.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
