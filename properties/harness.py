@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from properties.adapter_check import require_adapter
 from properties.replay import ReplayHarness
 from spec.adapter import ImplementationFactory, SchedulerAdapter
 from spec.batch_numerics import batch_numerics_note
@@ -87,13 +88,7 @@ class Harness(ReplayHarness[SpecMachine]):
         self.rounds: int = 0
         self.violation: SpecViolation | None = None  # the first one raised, if any
         impl: Any = self.factory(self.config, self._sink)
-        if not isinstance(impl, SchedulerAdapter):
-            raise ConfigError(
-                "impl",
-                getattr(self.factory, "__name__", repr(self.factory)),
-                "a factory returning a SchedulerAdapter (config, submit, abort, run_round, "
-                f"drain, snapshot); it returned {type(impl).__name__}",
-            )
+        require_adapter(impl, SchedulerAdapter, self.factory)
         self.impl: SchedulerAdapter = impl
         self.golden: GoldenDecoder | None = (
             impl if self.check_golden and isinstance(impl, GoldenDecoder) else None

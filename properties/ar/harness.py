@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from properties.adapter_check import require_adapter
 from properties.replay import ReplayHarness
 from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
@@ -70,7 +71,9 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
 
     def __post_init__(self) -> None:
         self.violation: SpecViolation | None = None
-        self.impl: ArSchedulerAdapter = self.factory(self.config, self._sink)
+        impl = self.factory(self.config, self._sink)
+        require_adapter(impl, ArSchedulerAdapter, self.factory)  # typed, yet maybe not one
+        self.impl: ArSchedulerAdapter = impl
         self.spec: ArSpecMachine = ArSpecMachine(
             self.config, self.policy if self.policy is not None else self.impl.rules
         )
