@@ -25,6 +25,7 @@ from spec.ar.events import (
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError, SpecViolation
+from tests.ar_event_runs import first_ar_violation
 
 # blocks of one token, six of them, no null block
 CFG = ArConfig(
@@ -62,13 +63,7 @@ def passing_over(*ahead: tuple[str, int]) -> list[ArEvent]:
 
 
 def run(policy: ArPolicy | None, events: list[ArEvent]) -> SpecViolation | None:
-    machine = ArSpecMachine(CFG, policy)
-    try:
-        for event in events:
-            machine.apply(event)
-    except SpecViolation as v:
-        return v
-    return None
+    return first_ar_violation(CFG, policy, events)
 
 
 def test_the_lookahead_admits_past_a_request_too_large_for_the_free_pool() -> None:

@@ -17,9 +17,9 @@ from spec.ar.events import (
     ArStepEnd,
     ArSubmitted,
 )
-from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError, SpecViolation
+from tests.ar_event_runs import first_ar_violation
 
 CFG = ArConfig(
     block_size=2,
@@ -45,13 +45,7 @@ READMITTED: list[ArEvent] = [ArBlocksAllocated("r0", (0, 1)), ArScheduled("r0", 
 
 
 def _apply(policy: ArPolicy | None, events: list[ArEvent]) -> SpecViolation | None:
-    machine = ArSpecMachine(CFG, policy)
-    try:
-        for event in events:
-            machine.apply(event)
-    except SpecViolation as violation:
-        return violation
-    return None
+    return first_ar_violation(CFG, policy, events)
 
 
 def test_a_step_emptied_by_its_preemption_conforms_only_where_declared() -> None:
