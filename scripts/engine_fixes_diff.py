@@ -51,8 +51,9 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
-run with no pool headroom; Vidur and vLLM: every finding's fix); `--fix NAME` (repeatable)
-picks fixes by name, and `--list` lists them, one line each. The diff is made from the
+run with no pool headroom; Vidur: every fix but the idealisation `ft-free-on-finish`, which
+edits what FasterTransformer's finding's fix edits; vLLM: every finding's fix); `--fix NAME`
+(repeatable) picks fixes by name, and `--list` lists them, one line each. The diff is made from the
 installed files when run; `git apply -p1` applies it in the engine's checkout of the same
 version (SGLang: its `python/` directory). The tests that run these very edits are in
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
@@ -79,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.patches import FixSet, print_patch
 from integrations.sglang.fixes import FIX_NAMES as SGLANG_DEFAULT
 from integrations.sglang.fixes import SGLANG_FIXES
+from integrations.vidur.fixes import DEFAULT_FIXES as VIDUR_DEFAULT
 from integrations.vidur.fixes import VIDUR_FIXES
 from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES
 from integrations.vllm.cadence_fix import CADENCE_FIXES
@@ -109,7 +111,7 @@ from integrations.vllm.window_hit_fix import WINDOW_HIT_FIXES
 #: engine -> (its fixes, the fixes printed without --fix)
 ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
     "sglang": (SGLANG_FIXES, SGLANG_DEFAULT),
-    "vidur": (VIDUR_FIXES, VIDUR_FIXES.names),
+    "vidur": (VIDUR_FIXES, VIDUR_DEFAULT),
     "vllm": (VLLM_DLLM_FIXES, VLLM_DLLM_FIXES.names),
     "vllm-prefix": (PREEMPTED_CACHE_FIXES, PREEMPTED_CACHE_FIXES.names),
     "vllm-spec": (SPEC_PAD_FIXES, SPEC_PAD_FIXES.names),

@@ -65,7 +65,7 @@ from integrations.vidur import (
     build,
 )
 from integrations.vidur.adapter import VidurAdapter
-from integrations.vidur.fixes import FIXES_OF, VIDUR_FIXES, vidur_fixed
+from integrations.vidur.fixes import DEFAULT_FIXES, FIXES_OF, VIDUR_FIXES, vidur_fixed
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
 from reference.ar import vidur as reference_vidur
@@ -73,6 +73,8 @@ from reference.ar.mnemosyne import VIDUR_MNEMOSYNE, VIDUR_MNEMOSYNE_ONE_QUEUE
 from reference.ar.vidur_released import VIDUR_SARATHI_RELEASED, VIDUR_VLLM_RELEASED
 from spec.ar.config import ArConfig, ArRequest, ArRules
 from spec.ar.decisions import StepDecision, first_difference, step_decisions
+from spec.ar.events import ArBlocksFreed, ArFinished
+from spec.ar.profile import ArPolicy
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from spec.profile import ConfigOutsideProfile
@@ -278,15 +280,71 @@ def test_an_abort_that_leaves_a_batch_of_finished_requests_drops_it(
     assert h.outputs() == {"r1": 1, "r2": 1}
 
 
-# --------------------------------------------------------------------------- findings
-def test_ft_keeps_finished_requests_blocks(vidur: Any, patched: Callable[[str], None]) -> None:
-    config = cfg(block_size=2, num_blocks=8, max_num_batched_tokens=8, max_model_len=8)
-    reqs = (ArRequest("short", 2, 1), ArRequest("long", 2, 3))
-    found = violation(harness(REAL_VIDUR_FT, config), *reqs)
-    assert found is not None and found.rule == "terminal_holds_nothing", found
-    assert "'short'" in str(found)
+def test_an_abort_that_ends_a_batch_frees_its_earlier_finishers(
+    vidur: Any, patched: Callable[[str], None]
+) -> None:
+    """Under `ft-free-at-batch-end`: `a` finishes after step 0 and is carried in
+    `_pending_free_map` by the batch formed again; `b` finishes after step 1; aborting `c`, the
+    last running, ends the batch, so the adapter drops it and frees `b` and the carried `a`."""
     patched("ft")
-    assert violation(harness(REAL_VIDUR_FT, config), *reqs) is None
+    config = cfg(block_size=2, num_blocks=12, max_num_seqs=3, max_model_len=8)
+    h = harness(REAL_VIDUR_FT, config)
+    for request in (ArRequest("a", 2, 1), ArRequest("b", 2, 2), ArRequest("c", 2, 4)):
+        h.submit(request)
+    h.step()
+    h.step()
+    assert h.spec.state().requests["a"].blocks, "a keeps its blocks while its batch runs"
+    assert h.abort("c") is None
+    assert violation(h) is None
+    assert h.outputs() == {"a": 1, "b": 2}
+    assert h.spec.free_blocks == 12
+
+
+# --------------------------------------------------------------------------- findings
+FT_HOLD = cfg(block_size=2, num_blocks=8, max_num_batched_tokens=8, max_model_len=8)
+FT_BATCH = (ArRequest("short", 2, 1), ArRequest("long", 2, 3))
+
+
+def test_ft_keeps_finished_requests_blocks(vidur: Any, patched: Callable[[str], None]) -> None:
+    """`short` finishes after one step, `long` two steps later. FasterTransformer holds a
+    batch's blocks until the whole batch ends, which its profile declares (`free_at_batch_end`);
+    Vidur 0.0.25 then frees only `long`, the request of the batch formed again without
+    `short`. With `ft-free-at-batch-end` (in `FIXES_OF["ft"]`), `short` is freed at the batch's
+    end too."""
+    found = violation(harness(REAL_VIDUR_FT, FT_HOLD), *FT_BATCH)
+    assert found is not None and found.rule == "terminal_holds_nothing", found
+    assert "finished 'short' still holds blocks [0, 1, 2, 3] after its static batch ended" in str(
+        found
+    )
+    patched("ft")
+    assert violation(harness(REAL_VIDUR_FT, FT_HOLD), *FT_BATCH) is None
+
+
+@pytest.mark.parametrize("fix", ["ft-free-at-batch-end", "ft-free-on-finish"])
+def test_ft_batch_end_hold_is_declared_not_idealised(vidur: Any, fix: str) -> None:
+    """The faithful fix keeps the hold: without the declaration it breaks
+    `terminal_holds_nothing` at `short`'s finish; the idealisation (`ft-free-on-finish`, the
+    twin's) passes under both. Under the faithful fix `short`'s blocks are freed in the update
+    phase of `long`'s last step, as Vidur's `on_batch_end` frees the batch."""
+    assert REAL_VIDUR_FT.profile.policy.rules is not None
+    declared = REAL_VIDUR_FT.profile.policy.rules
+    assert declared.free_at_batch_end
+    undeclared = ArPolicy(rules=dataclasses.replace(declared, free_at_batch_end=False))
+    with vidur_fixed([fix, "reservation-ceil"]):
+        h = harness(REAL_VIDUR_FT, FT_HOLD)
+        assert violation(h, *FT_BATCH) is None
+        events = h.events
+        strict = ArHarness(REAL_VIDUR_FT.factory, FT_HOLD, policy=undeclared)
+        found = violation(strict, *FT_BATCH)
+    freed_short = [i for i, e in enumerate(events) if e == ArBlocksFreed("short", (0, 1, 2, 3))]
+    finished = {e.request_id: i for i, e in enumerate(events) if isinstance(e, ArFinished)}
+    if fix == "ft-free-on-finish":
+        assert found is None, found
+        assert freed_short and freed_short[0] < finished["short"]
+    else:
+        assert found is not None and found.rule == "terminal_holds_nothing", found
+        assert "'short' finished still holding blocks [0, 1, 2, 3]" in str(found)
+        assert freed_short and finished["short"] < freed_short[0] < finished["long"]
 
 
 def test_lightllm_never_admits_a_request_whose_peak_equals_the_pool(
@@ -395,8 +453,9 @@ def test_the_fixes_are_a_patch_of_vidurs_files(
     its `super()` call, which reaches Vidur's own base class."""
     assert load_script("engine_fixes_diff").main(["vidur"]) == 0
     diff = capsys.readouterr().out
-    assert diff == VIDUR_FIXES.as_diff(VIDUR_FIXES.names)
-    sources = VIDUR_FIXES.fixed_sources(VIDUR_FIXES.names)
+    assert diff == VIDUR_FIXES.as_diff(DEFAULT_FIXES)
+    assert set(VIDUR_FIXES.names) - set(DEFAULT_FIXES) == {"ft-free-on-finish"}
+    sources = VIDUR_FIXES.fixed_sources(DEFAULT_FIXES)
     assert len(sources) == 7
     patched = git_apply_to_copies(tmp_path, sources, diff)
     assert patched == {module: fixed for module, (_, fixed) in sources.items()}

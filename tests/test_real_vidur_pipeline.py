@@ -31,7 +31,7 @@ import pytest
 
 from integrations.vidur import MANIFEST
 from integrations.vidur.adapter import _ExecutionTime
-from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
+from integrations.vidur.fixes import FIXES_OF, PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
 from integrations.vidur.pipeline import (
     PIPELINE_KINDS,
@@ -93,6 +93,25 @@ def test_fixed_pipelines_keep_the_rules_and_decide_as_their_twins(kind: str, sta
         pytest.skip(f"Vidur {VIDUR_VERSION} has no {kind} scheduler")
     with vidur_fixed(PIPELINE_FIXES_OF[kind]):
         assert first_failure(kind, stages, 150) is None
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_fasterTransformers_batch_end_free_keeps_the_pipeline_rules(stages: int) -> None:
+    """The faithful fix (`ft-free-at-batch-end`, `FIXES_OF["ft"]`) keeps every pipeline rule on
+    60 programs, its holds declared (`batch_end_free`); with several stages a new static batch
+    forms while another is in flight, so the hold changes what is admitted, and the stage twin,
+    which frees at the finish (`ft-free-on-finish`, `PIPELINE_FIXES_OF["ft"]`), decides
+    otherwise on some of them."""
+    if VIDUR_VERSION != "0.0.25":
+        pytest.skip(f"Vidur {VIDUR_VERSION} has no FasterTransformer scheduler")
+    differ = 0
+    with vidur_fixed(FIXES_OF["ft"]):
+        for seed in range(60):
+            config, requests = check.program("ft", stages, seed, 1)
+            real = VidurPipeline("ft", config).run(requests)  # raises on a broken rule
+            twin = check.twin_run("ft", config, requests, False)
+            differ += check.first_difference(real, 0, twin) is not None
+    assert differ > 0
 
 
 def test_the_twin_tells_vidurs_needless_restart_apart() -> None:
@@ -175,15 +194,17 @@ def test_finding_fewer_seats_than_stages_never_schedule(kind: str) -> None:
 
 
 def test_finding_fasterTransformer_holds_a_finished_requests_blocks_in_a_pipeline() -> None:
-    """The one-stage finding (`ft-free-on-finish`) in a pipeline: 'a' finishes at tick 2 while
-    'b', its batch mate, runs on; 'a' keeps its reservation until the batch ends."""
+    """The one-stage finding (`ft-free-at-batch-end`) in a pipeline: 'a' finishes at tick 2
+    while 'b', its batch mate, runs on; 'a' may keep its reservation until the batch ends
+    (FasterTransformer's batch-end free, declared), and keeps it after."""
     if VIDUR_VERSION != "0.0.25":
         pytest.skip(f"Vidur {VIDUR_VERSION} has no FasterTransformer scheduler")
     program = [(0, ArRequest("a", 4, 1)), (0, ArRequest("b", 4, 5))]
     with pytest.raises(SpecViolation) as err:
         VidurPipeline("ft", config()).run(program)
     assert err.value.rule == "pipeline_blocks_conserved"
-    assert "'a' (finished) holds 8 blocks" in str(err.value)
+    assert "'a' (finished) holds 8 blocks after its static batch 0 ended" in str(err.value)
+    assert "batch-end free" in str(err.value)
     with vidur_fixed(PIPELINE_FIXES_OF["ft"]):
         assert VidurPipeline("ft", config()).run(program).finished == ((2, "a"), (10, "b"))
 

@@ -194,7 +194,8 @@ class VidurAdapter:
     def abort(self, request_id: str) -> None:
         """Vidur has no abort: take the request out of its pending queues, `_preempted_requests` and
         FasterTransformer's `_preempted_batches` (a batch left with nothing to run dropped, its
-        requests' memory freed), call the real `free` if it holds KV (`ArBlocksFreed`), then
+        requests' memory freed, with that of the earlier finishers its `_pending_free_map` entry
+        carries), call the real `free` if it holds KV (`ArBlocksFreed`), then
         emit `ArAborted`. An unknown, finished or aborted id raises `UnknownRequest`, changing
         nothing."""
         tracked = self._by_rid.get(request_id)
@@ -218,17 +219,17 @@ class VidurAdapter:
             # returns no batch for it. Vidur never has one, since a batch whose requests all
             # completed never becomes preempted (`on_batch_end`): treat it so, gone with its
             # memory freed.
+            # A batch's earlier finishers, carried to its end (`ft-free-at-batch-end`), go with it.
             done = [b for b in batches if all(r.completed for r in b.requests)]
             batches[:] = [b for b in batches if b not in done]
+            carried: dict[int, list[int]] = getattr(self.scheduler, "_pending_free_map", {})
             for batch in done:
-                self.transcript.op(
-                    "dropped",
-                    read("Batch.id", getattr, batch, "id"),
-                    tuple(r.id for r in batch.requests),
-                )
-                for r in batch.requests:
-                    if r.id in self._ledger():
-                        self.scheduler.free(r.id)
+                batch_id = read("Batch.id", getattr, batch, "id")
+                self.transcript.op("dropped", batch_id, tuple(r.id for r in batch.requests))
+                ids = [r.id for r in batch.requests] + carried.pop(batch_id, [])
+                for vid in ids:
+                    if vid in self._ledger():
+                        self.scheduler.free(vid)
         if vreq.id in self._ledger():
             self.scheduler.free(vreq.id)
         self._sync()

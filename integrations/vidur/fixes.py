@@ -4,8 +4,14 @@ so that the suite and the findings' programs validate the edited code itself.
 
 One fix per finding of docs/engines.md ("Vidur", Findings):
 
-- `ft-free-on-finish`: FasterTransformer frees a batch's memory only when the whole batch has
-  ended (`on_batch_end`), so a finished request keeps its blocks; free each request as it ends.
+- `ft-free-at-batch-end`: FasterTransformer frees a batch's memory when the whole batch has
+  ended (`on_batch_end`), as FasterTransformer does and its profile declares
+  (`free_at_batch_end`), but only the requests of the batch that ends: one that finished
+  earlier was dropped when the batch was formed again (`_generate_next_batch_from_preempted`)
+  and its ids never reach `_pending_free_map`, so its blocks are never freed. Carry them there,
+  freed with the batch.
+- `ft-free-on-finish` (the idealisation the decision twin follows; exclusive with the one
+  above): free each request as it ends, which also drops the batch-end hold.
 - `reservation-ceil`: the max_model_len reservation of Orca and FasterTransformer is
   `max_tokens // block_size` (`BaseReplicaScheduler.__init__`), a block short when max_tokens is
   not a multiple of the block size; reserve the ceiling.
@@ -91,6 +97,35 @@ FT_FREE_ON_FINISH = EngineFix(
     ),
     ((FT, "FasterTransformerReplicaScheduler.on_batch_end"),),
     "FasterTransformer: free each request as it finishes, not when its whole batch has",
+)
+
+FT_FREE_AT_BATCH_END = EngineFix(
+    "ft-free-at-batch-end",
+    (
+        (
+            FT,
+            "        if not requests:\n"
+            "            return\n"
+            "\n"
+            "        return Batch(self._replica_id, requests, num_q_tokens, num_kv_tokens)\n"
+            "\n"
+            "    def _get_next_batch(",
+            "        if not requests:\n"
+            "            return\n"
+            "\n"
+            "        # a request that finished keeps its blocks until the whole batch ends: carry\n"
+            "        # its id to the batch formed again, whose end frees it (`on_batch_end`)\n"
+            "        batch = Batch(self._replica_id, requests, num_q_tokens, num_kv_tokens)\n"
+            "        finished = [r.id for r in preempted_batch.requests if r.completed]\n"
+            "        carried = self._pending_free_map.pop(preempted_batch.id, [])\n"
+            "        self._pending_free_map[batch.id] = carried + finished\n"
+            "        return batch\n"
+            "\n"
+            "    def _get_next_batch(",
+        ),
+    ),
+    ((FT, "FasterTransformerReplicaScheduler._generate_next_batch_from_preempted"),),
+    "FasterTransformer: free a request that finished before its batch mates at the batch's end",
 )
 
 RESERVATION_CEIL = EngineFix(
@@ -326,7 +361,7 @@ def _for_cache_config(fix: EngineFix) -> EngineFix:
 
 
 def fixes_for(version: str) -> FixSet:
-    """The fixes of Vidur `version` (one of `KINDS_OF`): all eleven on 0.0.25; on 0.0.26, which
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all twelve on 0.0.25; on 0.0.26, which
     dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed,
     `micro-batch-floor` and Mnemosyne's four (0.0.26 dropped the prefill assertion itself)."""
     if version == DEFAULT_VERSION:
@@ -334,6 +369,7 @@ def fixes_for(version: str) -> FixSet:
             engine=f"Vidur {version}",
             modules=(BASE, FT, LIGHTLLM, VLLM, SARATHI, MNEMOSYNE, KV_PARALLEL_BATCH),
             fixes=(
+                FT_FREE_AT_BATCH_END,
                 FT_FREE_ON_FINISH,
                 RESERVATION_CEIL,
                 LIGHTLLM_ADMIT_AT_PEAK,
@@ -350,7 +386,9 @@ def fixes_for(version: str) -> FixSet:
                 KVP_LAST_GROUP_ZERO,
                 KVP_NO_VICTIM,
             ),
-            exclusive=(),
+            # both mend FasterTransformer's frees: the second frees at the finish what the
+            # first carries to the batch's end (Vidur's `free` of a freed id is a KeyError)
+            exclusive=(frozenset({FT_FREE_AT_BATCH_END.name, FT_FREE_ON_FINISH.name}),),
             load=_load_vidur,
             importing=stubbed_imports,
         )
@@ -375,6 +413,13 @@ def fixes_for(version: str) -> FixSet:
 #: The fixes of the release this process runs (`SCHEDSPEC_VIDUR_VERSION`).
 VIDUR_FIXES = fixes_for(VIDUR_VERSION)
 
+#: What `scripts/engine_fixes_diff.py vidur` prints by default: every fix but `ft-free-on-finish`,
+#: the idealisation that edits what `ft-free-at-batch-end`, FasterTransformer's finding's fix,
+#: edits.
+DEFAULT_FIXES: tuple[str, ...] = tuple(
+    name for name in VIDUR_FIXES.names if name != FT_FREE_ON_FINISH.name
+)
+
 #: The fixes each scheduler's findings need (Sarathi has none), and for vLLM the idealisation
 #: its decision twins follow (`vllm-decode-block`; the release's restart is declared).
 FIXES_OF: dict[str, tuple[str, ...]] = {
@@ -382,7 +427,7 @@ FIXES_OF: dict[str, tuple[str, ...]] = {
     "sarathi": (),
     "orca": (RESERVATION_CEIL.name,),
     "lightllm": (LIGHTLLM_ADMIT_AT_PEAK.name, LIGHTLLM_ONE_TOKEN_PEAK.name),
-    "ft": (FT_FREE_ON_FINISH.name, RESERVATION_CEIL.name),
+    "ft": (FT_FREE_AT_BATCH_END.name, RESERVATION_CEIL.name),
     # the prefill assertion is 0.0.25's alone (0.0.26 dropped it itself)
     "mnemosyne": tuple(
         fix.name
@@ -400,7 +445,10 @@ PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (*FIXES_OF["vllm"], MICRO_BATCH_FLOOR.name),
     "sarathi": (*FIXES_OF["sarathi"], MICRO_BATCH_FLOOR.name),
     "orca": FIXES_OF["orca"],
-    "ft": FIXES_OF["ft"],
+    # with several stages a new static batch forms while another is in flight, so the hold
+    # of FasterTransformer's batch-end free (`ft-free-at-batch-end`) changes what it admits;
+    # the stage twin frees at the finish, as `ft-free-on-finish` does
+    "ft": (FT_FREE_ON_FINISH.name, RESERVATION_CEIL.name),
     "mnemosyne": (
         *FIXES_OF["mnemosyne"],
         KVP_LAST_GROUP_ZERO.name,
@@ -416,7 +464,9 @@ def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
 
 
 __all__ = [
+    "DEFAULT_FIXES",
     "FIXES_OF",
+    "FT_FREE_AT_BATCH_END",
     "FT_FREE_ON_FINISH",
     "KVP_LAST_GROUP_ZERO",
     "KVP_NO_VICTIM",

@@ -330,6 +330,10 @@ class VidurPipeline:
         self._routes: list[tuple[str, int]] = []
         self._replica_of: dict[str, int] = {}
         self._formed = 0  # batches formed so far (the next batch's id)
+        self._static_batch_of: dict[str, int] = {}  # request -> the batch first scheduling it
+        # FasterTransformer's batch-end free, as its profile declares (`free_at_batch_end`)
+        rules = PROFILES[kind].policy.rules
+        self._batch_end_free = rules is not None and rules.free_at_batch_end
         self._calls = 0  # `_can_append_slot` calls in the event being handled
         self._now = 0
 
@@ -472,6 +476,10 @@ class VidurPipeline:
             sequence_parallel=s.is_sequence_pipeline_parallel_enabled,
             block_size=self.config.block_size,
             kv_tokens=kv_tokens,
+            batch_end_free=self._batch_end_free,
+            static_batch_of={
+                rid: b for rid, b in self._static_batch_of.items() if rid in held and rid in mine
+            },
         )
 
     # ------------------------------------------------------------------ internals
@@ -541,6 +549,8 @@ class VidurPipeline:
             self._batches[id(batch)] = _Batch(
                 self._formed, replica, self._now, 0, batch, decodes, tokens
             )
+            for rid, _ in tokens:
+                self._static_batch_of.setdefault(rid, self._formed)
             self._formed += 1
             self._tick(replica).scheduled.extend(tokens)
         elif kind == "ReplicaStageScheduleEvent" and event._batch_stage is not None:

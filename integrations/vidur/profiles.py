@@ -22,6 +22,9 @@ confirmed by running the classes:
   request at admission (:38-43 / :55-59), have no token budget (every pending request decodes,
   every new one prefills whole) and never preempt; FasterTransformer admits a new batch only
   when no earlier batch has requests left (`_preempted_batches` first, :43): static batches;
+  FasterTransformer frees a batch's memory when the whole batch has ended (`on_batch_end`,
+  :13-18; FasterTransformer keeps one KV cache per batch), which its profile declares
+  (`free_at_batch_end`);
 - LightLLM (`lightllm_replica_scheduler.py`): token-level KV (`assert block_size == 1`, :17),
   admission by peak memory (`_can_allocate_request`, :48-62, LightLLM's own formula: the peak
   strictly below the pool, a queued request counted as prompt + 1), never preempts (it raises
@@ -82,7 +85,13 @@ ORCA = ArProfile(
 FT = ArProfile(
     space=dataclasses.replace(_SPACE, pool_holds_max_model_len=True),
     policy=ArPolicy(
-        rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
+        rules=ArRules(
+            victim=VictimOrder.NONE,
+            token_budget=False,
+            static_batches=True,
+            # one KV cache per batch, freed when the whole batch has ended (on_batch_end, :13-18)
+            free_at_batch_end=True,
+        )
     ),
 )
 # LightLLM's router refuses a request with prompt + max_new_tokens + 1 > its pool

@@ -406,6 +406,12 @@ class VidurOrca(_MaxReservation):
         self._admit_waiting()
 
 
+# FasterTransformer keeps one KV cache per static batch, freed when the whole batch has ended
+FT_RULES = ArRules(
+    victim=VictimOrder.NONE, token_budget=False, static_batches=True, free_at_batch_end=True
+)
+
+
 class VidurFasterTransformer(_MaxReservation):
     """Vidur's FasterTransformer replica scheduler (`vidur-ft`): static batches, a new one only when
     the previous one is done, max_model_len worth of blocks reserved per request."""
@@ -414,8 +420,10 @@ class VidurFasterTransformer(_MaxReservation):
 
     @property
     def rules(self) -> ArRules:
-        """No victim, no token budget, static batches."""
-        return ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
+        """No victim, no token budget, static batches, whose finished requests may keep their
+        blocks to the batch's end, as FasterTransformer's do (this one frees them at the finish,
+        which the declaration allows)."""
+        return FT_RULES
 
     def _schedule(self) -> None:
         if self.pending:  # the static batch in flight continues, less its finished requests
@@ -591,9 +599,7 @@ VIDUR_FT = ArImplementation(
     make_vidur_ft,
     ArProfile(
         space=dataclasses.replace(VIDUR_SPACE, pool_holds_max_model_len=True),
-        policy=ArPolicy(
-            rules=ArRules(victim=VictimOrder.NONE, token_budget=False, static_batches=True)
-        ),
+        policy=ArPolicy(rules=FT_RULES),
     ),
     "Vidur's FasterTransformer replica scheduler: static batches, max_model_len reserved",
 )

@@ -347,6 +347,12 @@ class ArRules:
         otherwise preempts by recompute, the request itself when it runs alone, which then
         waits at the head of the queue for the next step, since a step that preempted admits
         nothing (`vllm/core/scheduler.py`); Vidur's vLLM scheduler copies it.
+    free_at_batch_end: a finished request of a static batch may keep its blocks while another
+        request of its batch still runs, and frees them by the end of the update phase in
+        which the batch's last request finishes or is aborted (rule `terminal_holds_nothing`
+        is read then, and between steps; `static_batches` only). FasterTransformer keeps one
+        KV cache per batch for the batch's life; Vidur's FasterTransformer scheduler frees a
+        batch's memory in `on_batch_end` once all its requests completed.
     """
 
     admission: AdmissionOrder = AdmissionOrder.FCFS
@@ -360,6 +366,7 @@ class ArRules:
     soft_preemption: bool = False
     fcfs_lookahead: int | None = None
     preemption_may_empty_step: bool = False
+    free_at_batch_end: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.admission, AdmissionOrder):
@@ -375,12 +382,19 @@ class ArRules:
             "token_floor",
             "soft_preemption",
             "preemption_may_empty_step",
+            "free_at_batch_end",
         ):
             _flag(f"rules.{name}", getattr(self, name))
         for name in ("max_wait_steps", "token_cap", "fcfs_lookahead"):
             value = getattr(self, name)
             if value is not None:
                 _positive(f"rules.{name}", value, 1, MAX_SMALL)
+        if self.free_at_batch_end and not self.static_batches:
+            raise ConfigError(
+                "rules.free_at_batch_end",
+                self.free_at_batch_end,
+                "False unless static_batches is True (a batch-end hold is a static batch's)",
+            )
         if self.fcfs_lookahead is not None and self.admission is not AdmissionOrder.FCFS:
             raise ConfigError(
                 "rules.fcfs_lookahead",

@@ -57,9 +57,13 @@ def null_block_reserved(s: ArState) -> str | None:
 
 
 def terminal_holds_nothing(s: ArState) -> str | None:
-    """A finished or aborted request holds no block."""
+    """A finished or aborted request holds no block; where declared (`free_at_batch_end`), a
+    finished one may while a request of its static batch runs (the machine checks, between
+    steps and before a step schedules, that it freed them once its batch ended)."""
     for rid, r in s.requests.items():
         if r.phase in AR_TERMINAL_PHASES and r.blocks:
+            if r.phase is ArPhase.FINISHED and s.rules.free_at_batch_end:
+                continue
             return f"{r.phase.value} request {rid!r} holds blocks {list(r.blocks)}"
     return None
 

@@ -76,7 +76,15 @@ AR_REQUEST_LIFECYCLE = Lifecycle(
             _P.RUNNING.value,
             "ar_finished",
             _P.FINISHED.value,
-            "max_tokens produced or end token sampled; holds no block",
+            "max_tokens produced or end token sampled; holds no block (where declared, "
+            "free_at_batch_end: keeps them while a request of its static batch runs)",
+        ),
+        Transition(
+            _P.FINISHED.value,
+            "ar_blocks_freed",
+            _P.FINISHED.value,
+            "where declared (free_at_batch_end): the blocks it kept, by the end of the update "
+            "phase in which its static batch's last request ended",
         ),
         Transition(
             _P.WAITING.value,

@@ -23,7 +23,9 @@ forward never writes it.
 Cost: every event costs time proportional to what it changes (its blocks, the running set and,
 for the policy orders, the waiting queue), and `check_invariants` checks only the requests and
 blocks touched since the last check; `check_invariants_full` checks the whole state (used by
-the test that both agree). Finished and aborted requests are retired: only their outcome stays.
+the test that both agree). Finished and aborted requests are retired: only their outcome stays,
+except, where declared (`ArRules.free_at_batch_end`), a finished request that still holds
+blocks until it frees them at its static batch's end.
 """
 
 from __future__ import annotations
@@ -177,6 +179,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self.watermark: int = self.policy.watermark_blocks(config)  # blocks admission leaves free
         self._requests: dict[str, _Req] = {}  # active requests only
         self._ended: dict[str, tuple[ArPhase, int]] = {}  # retired: (phase, outputs)
+        # finished requests still holding blocks until their static batch ends (retired too;
+        # `ArRules.free_at_batch_end`)
+        self._batch_held: dict[str, _Req] = {}
         self._waiting: list[str] = []
         self._running: list[str] = []
         self._holders: dict[int, set[str]] = {}  # referenced blocks -> holders
@@ -223,11 +228,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         )
 
     def state(self) -> ArState:
-        """The whole abstract state (active requests only; retired ones hold nothing)."""
+        """The whole abstract state: active requests, and finished ones still holding blocks
+        to their batch's end (`free_at_batch_end`); other retired ones hold nothing."""
+        requests = {rid: self._request_state(r) for rid, r in self._requests.items()}
+        requests.update({rid: self._request_state(r) for rid, r in self._batch_held.items()})
         return ArState(
             config=self.config,
             rules=self.rules,
-            requests={rid: self._request_state(r) for rid, r in self._requests.items()},
+            requests=requests,
             waiting=tuple(self._waiting),
             running=tuple(self._running),
             block_holders={b: frozenset(h) for b, h in self._holders.items()},
@@ -298,6 +306,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if st.in_schedule_phase:
             return
         self._check_finished_released(event)
+        self._check_batch_end_released(event)
         st.in_schedule_phase = True
         self._begin_cadence()
 
@@ -412,6 +421,23 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     f"but is still running",
                     event,
                 )
+
+    def _check_batch_end_released(self, event: ArEvent | None) -> None:
+        """`free_at_batch_end`: once nothing of the static batch runs (its last request
+        finished or was aborted), its finished requests hold nothing."""
+        failure = self._batch_end_failure()
+        if failure is not None:
+            raise self._fail(ArRule.TERMINAL_HOLDS_NOTHING, failure, event)
+
+    def _batch_end_failure(self) -> str | None:
+        if not self._batch_held or self._running:
+            return None
+        rid, r = next(iter(self._batch_held.items()))
+        return (
+            f"finished {rid!r} still holds blocks {r.blocks} after its static batch ended "
+            f"(nothing runs; free_at_batch_end lets a finished request keep its blocks only "
+            f"while a request of its batch runs)"
+        )
 
     def _retire(self, r: _Req, phase: ArPhase) -> None:
         r.phase = phase
@@ -1034,6 +1060,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         if not st.in_schedule_phase:
             self._check_finished_released(e)
+            self._check_batch_end_released(e)
             self._begin_cadence()
         if not st.admission_phase:  # a step that admitted nothing still reorders (vLLM)
             st.admission_phase = True
@@ -1089,14 +1116,17 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _blocks_freed(self, e: ArBlocksFreed) -> None:
         rid = e.request_id
         r = self._requests.get(rid)
-        if r is None and rid in self._ended:
+        if r is None and rid in self._batch_held:
+            r = self._batch_held[rid]  # declared: a finished request frees at its batch's end
+        elif r is None and rid in self._ended:
             raise self._fail(
                 ArRule.FREE_OWNED_ONLY,
                 f"{rid!r} ({self._ended[rid][0].value}, holding nothing) freed blocks "
                 f"{list(e.blocks)} (double free or foreign)",
                 e,
             )
-        r = self._active(rid, e)
+        else:
+            r = self._active(rid, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(
                 ArRule.FREE_OWNED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
@@ -1114,6 +1144,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         gone = set(e.blocks)
         r.blocks = [b for b in r.blocks if b not in gone]
         r.cached_upto = min(r.cached_upto, len(r.blocks))
+        if r.phase is ArPhase.FINISHED:
+            if not r.blocks:
+                del self._batch_held[rid]
+            return
         self._touch(r)
 
     def _finished(self, e: ArFinished) -> None:
@@ -1147,7 +1181,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise self._fail(
                 ArRule.FINISH_CONDITION, f"reason {e.reason.value}; what holds is {due.value}", e
             )
-        if r.blocks:
+        if r.blocks and not self.rules.free_at_batch_end:
             raise self._fail(
                 ArRule.TERMINAL_HOLDS_NOTHING,
                 f"{r.request_id!r} finished still holding blocks {r.blocks}",
@@ -1156,6 +1190,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._running.remove(r.request_id)
         self._step.scheduled.pop(r.request_id, None)
         self._retire(r, ArPhase.FINISHED)
+        if r.blocks:  # declared: it keeps them until its static batch ends
+            self._batch_held[r.request_id] = r
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, between_steps: bool = False) -> None:
@@ -1170,6 +1206,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         failure = check_all(self.state(), between_steps)
         if failure is not None:
             raise self._fail(ArRule(failure[0]), failure[1], None)
+        if between_steps:
+            self._check_batch_end_released(None)
 
     def _incremental_failure(self, between_steps: bool) -> tuple[ArRule, str] | None:
         cfg = self.config
@@ -1185,7 +1223,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         for rid, b in pairs:
             if not 0 <= b < cfg.num_blocks:
                 return ArRule.BLOCK_CONSERVATION, f"block {b} outside the pool"
-            r = self._requests.get(rid)
+            r = self._requests.get(rid) or self._batch_held.get(rid)
             listed = r is not None and b in r.blocks
             held = rid in self._holders.get(b, ())
             if listed != held:
@@ -1230,6 +1268,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 )
         if not between_steps:
             return None
+        kept = self._batch_end_failure()
+        if kept is not None:
+            return ArRule.TERMINAL_HOLDS_NOTHING, kept
         between = [self._requests[q] for q in self._dirty_between if q in self._requests]
         self._dirty_between.clear()
         for rid in self._running:

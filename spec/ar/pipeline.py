@@ -24,6 +24,11 @@ so several batches in flight may hold prefill chunks of one request, which is me
 for its next chunk. A decode still overlaps nothing: a request that a batch in flight decodes
 (`BatchInFlight.decodes`) is in no other batch and not pending.
 
+Another relaxes `pipeline_blocks_conserved`: a batch-end free (`PipelineSnapshot.batch_end_free`;
+`ArRules.free_at_batch_end`, FasterTransformer's static batches) lets a finished request keep
+its blocks while a request of its static batch (`PipelineSnapshot.static_batch_of`: the batch
+that first scheduled it) is still pending or in flight.
+
 Both the project's stage scheduler (`reference.ar.stages`) and a real engine's pipeline (Vidur's
 replica with several stages, `integrations.vidur.pipeline`) report these snapshots.
 """
@@ -64,7 +69,9 @@ PIPELINE_RULES: Mapping[PipelineRule, str] = MappingProxyType(
         "pipeline parallelism declared, a request with only prefill chunks in flight may also "
         "be pending, for its next chunk.",
         PipelineRule.PIPELINE_BLOCKS_CONSERVED: "Free + held blocks = usable blocks, and only "
-        "pending or in-flight requests hold blocks.",
+        "pending or in-flight requests hold blocks. With a batch-end free declared "
+        "(FasterTransformer's static batches), a finished request may too while a request of "
+        "its static batch is pending or in flight.",
         PipelineRule.BLOCKS_COVER_TOKENS: "A request holds blocks for every token whose KV it "
         "has written or is writing: its computed tokens and those its batches in flight "
         "compute, at block_size tokens a block.",
@@ -110,6 +117,9 @@ class PipelineSnapshot:
     block_size: tokens a block holds (0: `blocks_cover_tokens` is not checked).
     kv_tokens: request id -> the tokens whose KV it has written or is writing (its computed
         tokens, and those its batches in flight compute), for the requests holding blocks.
+    batch_end_free: the replica declares a batch-end free (module docstring).
+    static_batch_of: request id -> the id of its static batch (the batch that first scheduled
+        it), for the requests scheduled so far; read only with `batch_end_free`.
     """
 
     tick: int
@@ -126,10 +136,13 @@ class PipelineSnapshot:
     sequence_parallel: bool = False
     block_size: int = 0
     kv_tokens: Mapping[str, int] = field(default_factory=dict)
+    batch_end_free: bool = False
+    static_batch_of: Mapping[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         """The snapshot in a few lines, for a violation's message."""
         parallel = ", sequence-parallel prefills" if self.sequence_parallel else ""
+        parallel += ", batch-end free" if self.batch_end_free else ""
         lines = [f"tick {self.tick}, {self.num_stages} stages{parallel}"]
         for b in sorted(self.batches, key=lambda b: b.stage):
             decodes = f", decodes {sorted(b.decodes)}" if b.decodes else ""
@@ -210,8 +223,22 @@ def check_pipeline(snapshot: PipelineSnapshot) -> None:
             f"unknown {sorted(where.keys() - s.submitted)}",
         )
     holders = {rid for rid, n in s.held_blocks.items() if n}
+    batch_of = s.static_batch_of
+    live = {  # the static batches with a request pending or in flight
+        batch_of[rid]
+        for rid, state in where.items()
+        if state not in ("waiting", "finished", "aborted") and rid in batch_of
+    }
     for rid in sorted(holders):
         state = where.get(rid, "unknown")
+        if state == "finished" and s.batch_end_free and batch_of.get(rid, -1) in live:
+            continue  # declared: it keeps them while its static batch runs
+        if state == "finished" and s.batch_end_free:
+            raise broken(
+                PipelineRule.PIPELINE_BLOCKS_CONSERVED,
+                f"{rid!r} (finished) holds {s.held_blocks[rid]} blocks after its static batch "
+                f"{batch_of.get(rid, '(none reported)')} ended",
+            )
         if state in ("waiting", "finished", "aborted", "unknown"):
             raise broken(
                 PipelineRule.PIPELINE_BLOCKS_CONSERVED,

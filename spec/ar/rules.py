@@ -180,7 +180,10 @@ _AR_RULES: dict[ArRule, str] = {
     "step in which the request produced an output token, and never with `stop_after` too.",
     ArRule.FINISH_RELEASED: "A request whose finish condition holds is finished in the step that "
     "produced its last token.",
-    ArRule.TERMINAL_HOLDS_NOTHING: "A finished or aborted request holds no KV block.",
+    ArRule.TERMINAL_HOLDS_NOTHING: "A finished or aborted request holds no KV block (where "
+    "declared, FasterTransformer's batch-end free: a finished request of a static batch may "
+    "keep its blocks while a request of its batch runs, and holds none from the end of the "
+    "update phase in which its batch's last request finished or was aborted).",
     # --- cross-checks
     ArRule.SNAPSHOT_MATCHES: "Between steps the implementation's own pool, running set, waiting "
     "set and computed-token counts equal the abstract state.",
