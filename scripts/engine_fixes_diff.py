@@ -51,7 +51,7 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
-run with no pool headroom; Vidur: every fix but the idealisation `ft-free-on-finish`, which
+run with no pool headroom; Vidur: every fix but the alternative `ft-free-on-finish`, which
 edits what FasterTransformer's finding's fix edits; vLLM: every finding's fix); `--fix NAME`
 (repeatable) picks fixes by name, and `--list` lists them, one line each. The diff is made from the
 installed files when run; `git apply -p1` applies it in the engine's checkout of the same

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from properties.ar.trace_check import check_ar_trace
-from spec.ar.config import ArConfig, ArRules, VictimOrder
+from reference.ar.stages import StageScheduler
+from reference.ar.vidur import VIDUR_FT
+from spec.ar.config import ArConfig, ArRequest, ArRules, VictimOrder
 from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
@@ -27,6 +29,7 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.machine import ArSpecMachine
+from spec.ar.pipeline import check_pipeline
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import write_ar_trace
 from spec.errors import ConfigError, SpecViolation
@@ -176,3 +179,48 @@ def test_the_declaration_is_a_static_batchs_only() -> None:
         ArRules(free_at_batch_end=True)
     with pytest.raises(ConfigError, match=r"rules\.free_at_batch_end"):
         ArRules(static_batches=True, free_at_batch_end="yes")  # type: ignore[arg-type]
+
+
+def test_the_reference_holds_an_early_finisher_to_its_batch_end() -> None:
+    """`vidur-ft` frees as FasterTransformer does: `short` finishes first, keeps its blocks
+    while `long` runs, and is freed right after `long`'s finish, under the spec."""
+    events: list[ArEvent] = []
+    machine = ArSpecMachine(CFG, VIDUR_FT.profile.policy)
+
+    def sink(event: ArEvent) -> None:
+        events.append(event)
+        machine.apply(event)
+        machine.check_invariants()
+
+    ft = VIDUR_FT.factory(CFG, sink)
+    ft.submit(ArRequest("short", 2, 1))
+    ft.submit(ArRequest("long", 2, 3))
+    ft.drain()
+    machine.check_invariants(between_steps=True)
+    tail = [e for e in events if isinstance(e, ArFinished | ArBlocksFreed)]
+    assert tail == [
+        ArFinished("short", LENGTH),
+        ArBlocksFreed("long", (4, 5, 6, 7)),
+        ArFinished("long", LENGTH),
+        ArBlocksFreed("short", (0, 1, 2, 3)),
+    ]
+
+
+def test_the_stage_twin_reports_the_hold_to_the_pipeline_rules() -> None:
+    """In a pipeline the snapshot lists the kept blocks and their static batch; the rules pass
+    them while a batch mate runs, and only because the hold is declared."""
+    config = dataclasses.replace(CFG, num_stages=2)
+    stages = StageScheduler(config, lambda e: None, "vidur-ft")
+    stages.submit(ArRequest("short", 2, 1))
+    stages.submit(ArRequest("long", 2, 3))
+    while "short" not in stages.replica.finished:
+        stages.step()
+        stages.check_pipeline()
+    snapshot = stages.pipeline_snapshot()
+    assert snapshot.batch_end_free and snapshot.held_blocks["short"] == 4
+    assert snapshot.static_batch_of == {"short": 0, "long": 0}
+    with pytest.raises(SpecViolation, match="'short' \\(finished\\) holds 4 blocks"):
+        check_pipeline(dataclasses.replace(snapshot, batch_end_free=False))
+    stages.drain()
+    stages.check_pipeline()
+    assert stages.replica.pool.num_free == config.usable_blocks

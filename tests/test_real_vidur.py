@@ -321,10 +321,10 @@ def test_ft_keeps_finished_requests_blocks(vidur: Any, patched: Callable[[str], 
 
 
 @pytest.mark.parametrize("fix", ["ft-free-at-batch-end", "ft-free-on-finish"])
-def test_ft_batch_end_hold_is_declared_not_idealised(vidur: Any, fix: str) -> None:
+def test_ft_batch_end_hold_is_declared(vidur: Any, fix: str) -> None:
     """The faithful fix keeps the hold: without the declaration it breaks
-    `terminal_holds_nothing` at `short`'s finish; the idealisation (`ft-free-on-finish`, the
-    twin's) passes under both. Under the faithful fix `short`'s blocks are freed in the update
+    `terminal_holds_nothing` at `short`'s finish; the alternative (`ft-free-on-finish`) passes
+    under both. Under the faithful fix `short`'s blocks are freed in the update
     phase of `long`'s last step, as Vidur's `on_batch_end` frees the batch."""
     assert REAL_VIDUR_FT.profile.policy.rules is not None
     declared = REAL_VIDUR_FT.profile.policy.rules

@@ -31,7 +31,7 @@ import pytest
 
 from integrations.vidur import MANIFEST
 from integrations.vidur.adapter import _ExecutionTime
-from integrations.vidur.fixes import FIXES_OF, PIPELINE_FIXES_OF, vidur_fixed
+from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
 from integrations.vidur.manifest import VIDUR_VERSION, manifest_of
 from integrations.vidur.pipeline import (
     PIPELINE_KINDS,
@@ -41,7 +41,7 @@ from integrations.vidur.pipeline import (
     VidurPipeline,
 )
 from spec.ar.config import ArConfig, ArRequest
-from spec.ar.pipeline import check_pipeline
+from spec.ar.pipeline import PipelineSnapshot, check_pipeline
 from spec.errors import (
     ConfigError,
     DuplicateRequest,
@@ -96,22 +96,34 @@ def test_fixed_pipelines_keep_the_rules_and_decide_as_their_twins(kind: str, sta
 
 
 @pytest.mark.parametrize("stages", [2, 4])
-def test_fasterTransformers_batch_end_free_keeps_the_pipeline_rules(stages: int) -> None:
-    """The faithful fix (`ft-free-at-batch-end`, `FIXES_OF["ft"]`) keeps every pipeline rule on
-    60 programs, its holds declared (`batch_end_free`); with several stages a new static batch
-    forms while another is in flight, so the hold changes what is admitted, and the stage twin,
-    which frees at the finish (`ft-free-on-finish`, `PIPELINE_FIXES_OF["ft"]`), decides
-    otherwise on some of them."""
+def test_fasterTransformers_batch_end_hold_matters_in_a_pipeline(stages: int) -> None:
+    """With several stages a new static batch forms while another is in flight, so the hold of
+    FasterTransformer's batch-end free changes what is admitted. Its faithful fix
+    (`ft-free-at-batch-end`, `PIPELINE_FIXES_OF["ft"]`) keeps the pipeline rules only because
+    they read the declaration (`batch_end_free`: without it some of 60 programs fail
+    `pipeline_blocks_conserved`), and the alternative that frees at the finish
+    (`ft-free-on-finish`) decides otherwise than the stage twin, which holds, on some."""
     if VIDUR_VERSION != "0.0.25":
         pytest.skip(f"Vidur {VIDUR_VERSION} has no FasterTransformer scheduler")
-    differ = 0
-    with vidur_fixed(FIXES_OF["ft"]):
-        for seed in range(60):
-            config, requests = check.program("ft", stages, seed, 1)
-            real = VidurPipeline("ft", config).run(requests)  # raises on a broken rule
+
+    def undeclared(snapshot: PipelineSnapshot) -> None:
+        check_pipeline(dataclasses.replace(snapshot, batch_end_free=False))
+
+    broken = differ = 0
+    programs = [check.program("ft", stages, seed, 1) for seed in range(60)]
+    with vidur_fixed(PIPELINE_FIXES_OF["ft"]):
+        for config, requests in programs:
+            try:
+                VidurPipeline("ft", config, on_snapshot=undeclared).run(requests)
+            except SpecViolation as err:
+                assert err.rule == "pipeline_blocks_conserved", err
+                broken += 1
+    with vidur_fixed(["ft-free-on-finish", "reservation-ceil"]):
+        for config, requests in programs:
+            real = VidurPipeline("ft", config).run(requests)
             twin = check.twin_run("ft", config, requests, False)
             differ += check.first_difference(real, 0, twin) is not None
-    assert differ > 0
+    assert broken > 0 and differ > 0, (broken, differ)
 
 
 def test_the_twin_tells_vidurs_needless_restart_apart() -> None:

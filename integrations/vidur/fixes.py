@@ -10,8 +10,10 @@ One fix per finding of docs/engines.md ("Vidur", Findings):
   earlier was dropped when the batch was formed again (`_generate_next_batch_from_preempted`)
   and its ids never reach `_pending_free_map`, so its blocks are never freed. Carry them there,
   freed with the batch.
-- `ft-free-on-finish` (the idealisation the decision twin follows; exclusive with the one
-  above): free each request as it ends, which also drops the batch-end hold.
+- `ft-free-on-finish` (an alternative, exclusive with the one above): free each request as it
+  ends, which also drops the batch-end hold. It conforms (the declaration allows a hold and
+  demands none) and decides as the twin with one stage, but not in a pipeline, where the hold
+  changes what a new static batch admits while another is in flight.
 - `reservation-ceil`: the max_model_len reservation of Orca and FasterTransformer is
   `max_tokens // block_size` (`BaseReplicaScheduler.__init__`), a block short when max_tokens is
   not a multiple of the block size; reserve the ceiling.
@@ -414,7 +416,7 @@ def fixes_for(version: str) -> FixSet:
 VIDUR_FIXES = fixes_for(VIDUR_VERSION)
 
 #: What `scripts/engine_fixes_diff.py vidur` prints by default: every fix but `ft-free-on-finish`,
-#: the idealisation that edits what `ft-free-at-batch-end`, FasterTransformer's finding's fix,
+#: the alternative that edits what `ft-free-at-batch-end`, FasterTransformer's finding's fix,
 #: edits.
 DEFAULT_FIXES: tuple[str, ...] = tuple(
     name for name in VIDUR_FIXES.names if name != FT_FREE_ON_FINISH.name
@@ -445,10 +447,7 @@ PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (*FIXES_OF["vllm"], MICRO_BATCH_FLOOR.name),
     "sarathi": (*FIXES_OF["sarathi"], MICRO_BATCH_FLOOR.name),
     "orca": FIXES_OF["orca"],
-    # with several stages a new static batch forms while another is in flight, so the hold
-    # of FasterTransformer's batch-end free (`ft-free-at-batch-end`) changes what it admits;
-    # the stage twin frees at the finish, as `ft-free-on-finish` does
-    "ft": (FT_FREE_ON_FINISH.name, RESERVATION_CEIL.name),
+    "ft": FIXES_OF["ft"],
     "mnemosyne": (
         *FIXES_OF["mnemosyne"],
         KVP_LAST_GROUP_ZERO.name,

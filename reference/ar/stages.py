@@ -214,6 +214,13 @@ class StageScheduler:
             for k, b in enumerate(self.stages)
             if b is not None
         )
+        held = {q.rid: len(q.blocks) for q in r.running}
+        # FasterTransformer's batch-end free: finished requests holding blocks, and the static
+        # batch of each of those and of the running requests
+        batch_of = {rid: n for rid in held if (n := r.static_batch(rid)) is not None}
+        for req, batch in r.kept_until_batch_end():
+            held[req.rid] = len(req.blocks)
+            batch_of[req.rid] = batch
         computing: dict[str, int] = {}  # tokens of the batches in flight, by request
         for b in filter(None, self.stages):
             for rid, n in b.tokens.items():
@@ -227,12 +234,14 @@ class StageScheduler:
             finished=tuple(r.finished),
             aborted=tuple(self.aborted),
             submitted=frozenset(self.submitted),
-            held_blocks={q.rid: len(q.blocks) for q in r.running},
+            held_blocks=held,
             free_blocks=r.pool.num_free,
             usable_blocks=self.config.usable_blocks,
             sequence_parallel=r.sequence_parallel,
             block_size=self.config.block_size,
             kv_tokens={q.rid: q.num_computed + computing.get(q.rid, 0) for q in r.running},
+            batch_end_free=r.rules.free_at_batch_end,
+            static_batch_of=batch_of,
         )
 
     def check_pipeline(self) -> None:

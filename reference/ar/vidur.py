@@ -22,8 +22,10 @@ first shortens it: `ArRequest.final_output`); LightLLM's peak-memory admission c
   all requests within the pool (Vidur's `need_max_token_num`), else decode batches; after
   max_waiting_iters decode batches it tries a prefill batch. Never mixes prefill and decode.
 - `vidur-ft`: FasterTransformer static batches: a new batch only when the previous one is
-  entirely done; blocks for max_model_len reserved per request. We free each request when it
-  finishes; Vidur's published scheduler never frees early finishers (see the mutant catalogue).
+  entirely done; blocks for max_model_len reserved per request. A request that finishes before
+  its batch mates keeps its blocks until the batch ends, as FasterTransformer does (its rules
+  declare `free_at_batch_end`); Vidur's published scheduler never frees such a request (see
+  the mutant catalogue).
 
 Mnemosyne (FCFS, fixed chunk) is `reference.ar.mnemosyne`, on `VidurReplicaBase`; vLLM and
 Sarathi as Vidur's releases decide, without the deviations below that concern them, are
@@ -45,6 +47,7 @@ import dataclasses
 from reference.ar.base import ArReq, ArSchedulerBase
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.events import ArFinished, ArFinishReason
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import ArImplementation
@@ -143,6 +146,15 @@ class VidurReplicaBase(ArSchedulerBase):
     def between_batches(self) -> list[ArReq]:
         """The running requests in no batch (in a pipeline: not in flight): `pending`."""
         return list(self.pending)
+
+    def kept_until_batch_end(self) -> list[tuple[ArReq, int]]:
+        """Finished requests still holding blocks until their static batch ends, each with its
+        static batch (none here; FasterTransformer's batch-end free)."""
+        return []
+
+    def static_batch(self, request_id: str) -> int | None:
+        """The static batch a running request was admitted in (None: no static batches)."""
+        return None
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
@@ -420,10 +432,24 @@ class VidurFasterTransformer(_MaxReservation):
 
     @property
     def rules(self) -> ArRules:
-        """No victim, no token budget, static batches, whose finished requests may keep their
-        blocks to the batch's end, as FasterTransformer's do (this one frees them at the finish,
-        which the declaration allows)."""
+        """No victim, no token budget, static batches, whose finished requests keep their blocks
+        to the batch's end, as FasterTransformer's do."""
         return FT_RULES
+
+    def _setup(self) -> None:
+        # the static batch each request was admitted in, and per batch its finished requests
+        # still holding their blocks (FasterTransformer keeps one KV cache per batch)
+        self.static_batch_of: dict[str, int] = {}
+        self.kept: dict[int, list[ArReq]] = {}
+        self.batches_formed = 0
+
+    def kept_until_batch_end(self) -> list[tuple[ArReq, int]]:
+        """Finished requests still holding blocks, each with its static batch."""
+        return [(req, batch) for batch, reqs in self.kept.items() for req in reqs]
+
+    def static_batch(self, request_id: str) -> int | None:
+        """The static batch a running request was admitted in."""
+        return self.static_batch_of.get(request_id)
 
     def _schedule(self) -> None:
         if self.pending:  # the static batch in flight continues, less its finished requests
@@ -433,6 +459,42 @@ class VidurFasterTransformer(_MaxReservation):
                 self._add(req, req.uncomputed)
             return
         self._admit_waiting()
+        if self.batch:
+            for req in self.batch:
+                self.static_batch_of[req.rid] = self.batches_formed
+            self.batches_formed += 1
+
+    def _batch_runs(self, batch: int, besides: ArReq | None = None) -> bool:
+        """A request of static batch `batch` other than `besides` still runs."""
+        return any(
+            req is not besides and self.static_batch_of.get(req.rid) == batch
+            for req in self.running
+        )
+
+    def _finish(self, req: ArReq, reason: ArFinishReason) -> None:
+        """Free its blocks with its batch's: kept while a batch mate runs, else freed now and
+        every kept one of the batch after its `ArFinished`."""
+        batch = self.static_batch_of.pop(req.rid)
+        if self._batch_runs(batch, besides=req):
+            self.running.remove(req)
+            req.completed = self.step_index
+            self._retire(req)
+            self.kept.setdefault(batch, []).append(req)
+            self.sink(ArFinished(req.rid, reason))
+            return
+        super()._finish(req, reason)
+        self._end_batch(batch)
+
+    def abort(self, request_id: str) -> None:
+        """As the base; aborting the last running request of a batch ends the batch."""
+        batch = self.static_batch_of.pop(request_id, None)
+        super().abort(request_id)
+        if batch is not None and not self._batch_runs(batch):
+            self._end_batch(batch)
+
+    def _end_batch(self, batch: int) -> None:
+        for req in self.kept.pop(batch, []):
+            self._free_all(req)
 
 
 class VidurLightLlm(VidurReplicaBase):
