@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
 import inspect
 import sys
@@ -109,6 +110,17 @@ def module_text(module: str) -> str:
     return Path(inspect.getsourcefile(importlib.import_module(module)) or "").read_text(
         encoding="utf-8"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class KnownFix:
+    """A candidate fix of a known finding, as `schedspec verify` tries it on a failure: its
+    `name`, what it fixes (`summary`, one line) and `applied()`, a context manager within which
+    the engine runs with it (`FixSet.applied` of this fix alone)."""
+
+    name: str
+    summary: str
+    applied: Callable[[], contextlib.AbstractContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,14 @@ class FixSet:
         return "".join(
             unified_patch(module_file(module), text, fixed)
             for module, (text, fixed) in self.fixed_sources(names).items()
+        )
+
+    def known(self, names: Iterable[str]) -> tuple[KnownFix, ...]:
+        """The named fixes as `KnownFix`es, each applied alone (`ValueError` for an unknown
+        name, as `resolve`)."""
+        return tuple(
+            KnownFix(fix.name, fix.summary, functools.partial(self.applied, (fix.name,)))
+            for fix in self.resolve(names)
         )
 
     @contextlib.contextmanager
@@ -322,6 +342,7 @@ __all__ = [
     "EngineFix",
     "FixDoesNotApply",
     "FixSet",
+    "KnownFix",
     "edit_once",
     "module_file",
     "module_text",

@@ -115,6 +115,11 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     def teardown_checks(self) -> None:
         """Family checks after the final drain (for example output parity)."""
 
+    def failing_example(self) -> object | None:
+        """This example in a form its family can run again outside Hypothesis (attached to a
+        violation as `SpecViolation.example`); None where the family keeps none."""
+        return None
+
     # ------------------------------------------------------------------ helpers
     @property
     def harness(self) -> H:
@@ -152,6 +157,8 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         whose rules draw requests inside the rule (`st.data()`, as the AR machine does, its
         sizes depending on the drawn config) gets a program Hypothesis prints with
         `data=data(...)` and the draws apart; the note has each request whole."""
+        if violation.example is None:
+            violation.example = self.failing_example()
         if self.note_calls:
             violation.add_note(f"{CALLS_NOTE}\n{self.program_so_far()}")
         native = self._native_calls()  # any family: the engine's own calls, when kept

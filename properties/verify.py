@@ -14,8 +14,8 @@ import contextlib
 import inspect
 import io
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 import hypothesis.core
@@ -41,15 +41,23 @@ MachineBuilder = Callable[..., type[RuleBasedStateMachine]]
 @dataclass(frozen=True, slots=True)
 class Failure:
     """One failed run: the rule it broke (or the exception's type name), the message and the
-    program that shows it."""
+    program that shows it; `example`, the failing example as its harness can run it again
+    (`SpecViolation.example`; None when the family keeps none), and `known_fixes`, what
+    trying an engine's known fixes on it found (`schedspec verify`; None: not tried)."""
 
     rule: str
     message: str
     program: str  # the shrunk, copy-pasteable program
+    example: object | None = field(default=None, compare=False, repr=False)
+    known_fixes: Mapping[str, Any] | None = None
 
-    def to_json(self) -> dict[str, str]:
-        """The fields as a JSON object: `rule`, `message` and `program`."""
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        """`rule`, `message` and `program`, and `known_fixes` when they were tried."""
+        out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        out["program"] = self.program
+        if self.known_fixes is not None:
+            out["known_fixes"] = dict(self.known_fixes)
+        return out
 
 
 @dataclass(slots=True)
@@ -238,7 +246,8 @@ def failure_from(err: BaseException, printed: str) -> Failure:
     rule = getattr(err, "rule", None)
     if rule is None or not isinstance(err, SpecViolation):
         rule = type(err).__name__
-    return Failure(rule=str(rule), message=str(err), program=program)
+    example = err.example if isinstance(err, SpecViolation) else None
+    return Failure(rule=str(rule), message=str(err), program=program, example=example)
 
 
 def verify_impl(

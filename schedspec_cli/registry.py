@@ -36,6 +36,9 @@ class Builtin:
     torch_profile: for the torch engine's built-ins (they need the engine extra, and the main
         job gives them a quarter of its examples), the profile `list-impls` shows without
         importing torch; "" for every other built-in.
+    known_fixes: import string of a callable that takes the built-in's name and returns the
+        fixes of its engine's known findings (`integrations.patches.KnownFix`), which `verify`
+        tries on each failure ("" for none).
     """
 
     name: str
@@ -48,6 +51,7 @@ class Builtin:
     twin: str = ""
     checked_against: str = ""
     torch_profile: str = ""
+    known_fixes: str = ""
 
     @property
     def is_torch_engine(self) -> bool:
@@ -409,6 +413,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
             f"Vidur's own {title} replica scheduler",
             engine="vidur",
             default_verify=False,
+            known_fixes="integrations.vidur.fixes:known_fixes",
         )
         for short, title in (
             ("vllm", "vLLM"),

@@ -8,10 +8,13 @@ implementation loaded and its family known), so a typo fails in a second, not af
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from integrations.patches import KnownFix
 from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from properties.verify import Twin, VerifyResult, verify_implementation
@@ -36,6 +39,8 @@ from schedspec_cli.impls import (
     release_driven,
     resolve,
 )
+from schedspec_cli.known_fixes import FixTrial, try_known_fixes
+from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import ParityPolicy
@@ -293,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
         configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
     source = args.accept or ""
     results: list[VerifyResult] = []
+    findings: list[list[FixTrial | None]] = []  # per result, per failure
     engines: list[dict[str, Any] | None] = []
     for t in p.targets:
         active = activated_engines()
@@ -315,21 +321,44 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         bar.done()
+        trials = known_fix_trials(t, res)
         results.append(res)
+        findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))
     print(render_table(results))
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it
             print(engine_line(r.impl, release))
-    for r in results:
-        for f in r.failures:
+    for r, trials in zip(results, findings, strict=True):
+        for f, trial in zip(r.failures, trials, strict=True):
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
             print(f.program)
+            if trial is not None:
+                print("--- known fixes ---\n" + "\n".join(trial.lines(f.rule)))
     payload = to_json(results, engines)
     write_json(args.json, payload)
     if args.report:
         write_report(Path(args.report), results, payload)
     return 0 if all(r.passed for r in results) else 1
+
+
+def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | None]:
+    """Each failure of a real engine's built-in that names known fixes, run again with each
+    applied alone (`schedspec_cli.known_fixes`); recorded in the failure's JSON
+    (`known_fixes`). None for a failure with nothing tried."""
+    builtin = target.builtin
+    if builtin is None or not builtin.known_fixes or target.family is not Family.AR:
+        return [None] * len(result.failures)
+    # the registry's own import string: a callable from the built-in's name to its fixes
+    fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))
+    factory: Any = target.implementation.factory
+    trials: list[FixTrial | None] = []
+    for i, failure in enumerate(result.failures):
+        trial = try_known_fixes(failure, factory, fixes(builtin.name))
+        trials.append(trial)
+        if trial is not None:
+            result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())
+    return trials
 
 
 def render_table(results: list[VerifyResult]) -> str:

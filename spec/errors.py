@@ -117,6 +117,8 @@ class SpecViolation(SchedSpecError, AssertionError):
         event: the event being replayed (or None for a snapshot / end-of-run check).
         detail: what exactly was wrong.
         state: a readable rendering of the abstract state before the event.
+        example: the failing example in a form the harness that found it can run again (an
+            AR conformance run attaches `properties.ar.example.ArExample`); None otherwise.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class SpecViolation(SchedSpecError, AssertionError):
         self.detail = detail
         self.event = event
         self.state = state
+        self.example: object | None = None
         parts = [f"[{rule}] {detail}"]
         if event is not None:
             parts.append(f"  event: {event!r}")

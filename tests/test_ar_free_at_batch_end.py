@@ -224,3 +224,22 @@ def test_the_stage_twin_reports_the_hold_to_the_pipeline_rules() -> None:
     stages.drain()
     stages.check_pipeline()
     assert stages.replica.pool.num_free == config.usable_blocks
+
+
+def test_a_new_batch_is_not_admitted_while_a_finisher_of_the_last_one_holds() -> None:
+    """Found by review: the batch's last request aborted after this step's scheduling began,
+    then a new request admitted in the same step while `short` still holds its blocks. No
+    between-steps check falls inside the step, and from then on something runs, so only the
+    admission can tell."""
+    events: list[ArEvent] = [
+        *BATCH[:8],
+        ArSubmitted("next", 2, 1),
+        ArScheduled("long", 1),
+        ArBlocksFreed("long", (4, 5, 6, 7)),
+        ArAborted("long"),
+        ArBlocksAllocated("next", (4, 5, 6, 7)),
+        ArScheduled("next", 2),
+    ]
+    found = first_ar_violation(CFG, DECLARED, events)
+    assert found is not None and found.rule == "terminal_holds_nothing", found
+    assert "admitted 'next', a new static batch, while finished 'short'" in str(found)

@@ -64,7 +64,7 @@ import dataclasses
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 
-from integrations.patches import EngineFix, FixSet
+from integrations.patches import EngineFix, FixSet, KnownFix
 from integrations.vidur.engine import stubbed_imports
 from integrations.vidur.manifest import DEFAULT_VERSION, VIDUR_VERSION
 
@@ -457,6 +457,30 @@ PIPELINE_FIXES_OF: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The edits that are no finding's fix: idealisations the twins follow or an alternative.
+NOT_FINDING_FIXES = frozenset(
+    {
+        VLLM_DECODE_BLOCK.name,
+        LIGHTLLM_ADMIT_AT_PEAK.name,
+        LIGHTLLM_ONE_TOKEN_PEAK.name,
+        FT_FREE_ON_FINISH.name,
+    }
+)
+
+
+def known_fixes(impl: str) -> tuple[KnownFix, ...]:
+    """The fixes of the findings of built-in `impl` (`real-vidur-<kind>`) on the release this
+    process runs, each applied alone, as `schedspec verify` tries them on a failure; none for
+    another name."""
+    kind = impl.removeprefix("real-vidur-")
+    names = [
+        name
+        for name in FIXES_OF.get(kind, ())
+        if name not in NOT_FINDING_FIXES and name in VIDUR_FIXES.names
+    ]
+    return VIDUR_FIXES.known(names)
+
+
 def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
     """`with vidur_fixed(names):` runs Vidur with the named fixes (`FixSet.applied`)."""
     return VIDUR_FIXES.applied(names)
@@ -475,10 +499,12 @@ __all__ = [
     "MNEMOSYNE_BATCH_ORDER",
     "MNEMOSYNE_PREFILL_ASSERT",
     "MNEMOSYNE_SKIP_FREES",
+    "NOT_FINDING_FIXES",
     "PIPELINE_FIXES_OF",
     "RESERVATION_CEIL",
     "VIDUR_FIXES",
     "VLLM_DECODE_BLOCK",
     "fixes_for",
+    "known_fixes",
     "vidur_fixed",
 ]

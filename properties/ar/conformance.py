@@ -31,6 +31,7 @@ from hypothesis.stateful import (
 )
 
 from properties.ar.decisions import twin_difference
+from properties.ar.example import ArExample
 from properties.ar.harness import ArHarness
 from properties.ar.strategies import (
     ar_configs,
@@ -172,6 +173,10 @@ def ar_conformance_machine(
             """Several steps at once (long requests get to finish)."""
             for _ in range(4):
                 self.run("step", self.harness.step)
+
+        def failing_example(self) -> ArExample | None:
+            h = self.h
+            return None if h is None else ArExample(h.config, h.policy, tuple(h.ops))
 
         def teardown_checks(self) -> None:
             if twin is None:

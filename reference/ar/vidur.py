@@ -441,7 +441,7 @@ class VidurFasterTransformer(_MaxReservation):
         # still holding their blocks (FasterTransformer keeps one KV cache per batch)
         self.static_batch_of: dict[str, int] = {}
         self.kept: dict[int, list[ArReq]] = {}
-        self.batches_formed = 0
+        self.batches_formed: int = 0
 
     def kept_until_batch_end(self) -> list[tuple[ArReq, int]]:
         """Finished requests still holding blocks, each with its static batch."""

@@ -350,7 +350,8 @@ class ArRules:
     free_at_batch_end: a finished request of a static batch may keep its blocks while another
         request of its batch still runs, and frees them by the end of the update phase in
         which the batch's last request finishes or is aborted (rule `terminal_holds_nothing`
-        is read then, and between steps; `static_batches` only). FasterTransformer keeps one
+        is read then, between steps, and when a new static batch is admitted, an abort in
+        the middle of a step included; `static_batches` only). FasterTransformer keeps one
         KV cache per batch for the batch's life; Vidur's FasterTransformer scheduler frees a
         batch's memory in `on_batch_end` once all its requests completed.
     """

@@ -868,6 +868,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     f"admitted {r.request_id!r} while the batch {older} is still running",
                     e,
                 )
+            if self._batch_held:  # a new batch: the last one ended, an abort in this step too
+                rid, kept = next(iter(self._batch_held.items()))
+                raise self._fail(
+                    ArRule.TERMINAL_HOLDS_NOTHING,
+                    f"admitted {r.request_id!r}, a new static batch, while finished {rid!r} of "
+                    f"the batch that ended still holds blocks {kept.blocks}",
+                    e,
+                )
         if rules.max_wait_steps is not None:
             queued = [self._requests[q] for q in self._waiting]
             aged = [q for q in queued if self._waited(q) >= rules.max_wait_steps]

@@ -183,7 +183,8 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.TERMINAL_HOLDS_NOTHING: "A finished or aborted request holds no KV block (where "
     "declared, FasterTransformer's batch-end free: a finished request of a static batch may "
     "keep its blocks while a request of its batch runs, and holds none from the end of the "
-    "update phase in which its batch's last request finished or was aborted).",
+    "update phase in which its batch's last request finished or was aborted, nor when a new "
+    "static batch is admitted).",
     # --- cross-checks
     ArRule.SNAPSHOT_MATCHES: "Between steps the implementation's own pool, running set, waiting "
     "set and computed-token counts equal the abstract state.",
