@@ -81,18 +81,20 @@ def container_fields(cls: type) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def wrong_container(snap: object, fields: Mapping[str, tuple[str, bool]]) -> str | None:
+def wrong_container(
+    snap: object, fields: Mapping[str, tuple[str, bool]], source: str = "snapshot()"
+) -> str | None:
     """The first field of `snap` (of those `container_fields` gave) whose value is not of its
     declared container type, said in one line (`snapshot() returned free_slots as list, not
-    frozenset`), or None. Checks each field's own type, never its elements: O(fields), cheap
-    enough to run after every event."""
+    frozenset`; `source` names what returned it), or None. Checks each field's own type, never
+    its elements: O(fields), cheap enough to run after every event."""
     for name, (declared, optional) in fields.items():
         value = getattr(snap, name, None)
         if value is None and optional:
             continue
         if not isinstance(value, _ACCEPTED[declared]):
             allowed = f"{declared} or None" if optional else declared
-            return f"snapshot() returned {name} as {type(value).__name__}, not {allowed}"
+            return f"{source} returned {name} as {type(value).__name__}, not {allowed}"
     return None
 
 

@@ -178,3 +178,55 @@ def test_blocks_cover_tokens() -> None:
     assert err.rule == PipelineRule.BLOCKS_COVER_TOKENS
     assert "'b' (batch 3) holds 1 blocks of 4 tokens for 5 tokens of KV: it needs 2" in str(err)
     check_pipeline(dataclasses.replace(short, block_size=0))
+
+
+@pytest.mark.parametrize(
+    ("change", "rule", "text"),
+    [
+        (
+            {"submitted": ["a"]},
+            "requests_conserved",
+            "the pipeline snapshot returned submitted as list, not frozenset",
+        ),
+        (
+            {"held_blocks": [("a", 1)]},
+            "pipeline_blocks_conserved",
+            "returned held_blocks as list, not Mapping",
+        ),
+        ({"kv_tokens": None}, "blocks_cover_tokens", "returned kv_tokens as NoneType"),
+        (
+            {"batches": (BatchInFlight(0, 0, 0, ("a",), decodes=["a"]),)},  # type: ignore[arg-type]
+            "one_batch_per_request",
+            "batch 0 of the pipeline snapshot returned decodes as list, not frozenset",
+        ),
+        ({"batches": ("a",)}, "stage_cadence", "lists a str among its batches"),
+    ],
+    ids=["submitted", "held", "kv-tokens", "decodes", "batch"],
+)
+def test_a_field_of_the_wrong_container_type_is_named(
+    change: dict[str, object], rule: str, text: str
+) -> None:
+    """A list where a frozenset is declared compares unequal to every set: without the check,
+    `requests_conserved` would call every request lost."""
+    good = PipelineSnapshot(
+        tick=0,
+        num_stages=2,
+        batches=(),
+        waiting=("a",),
+        pending=(),
+        finished=(),
+        aborted=(),
+        submitted=frozenset({"a"}),
+        held_blocks={},
+        free_blocks=4,
+        usable_blocks=4,
+    )
+    check_pipeline(good)
+    bad = dataclasses.replace(good, **change)  # type: ignore[arg-type]
+    with pytest.raises(SpecViolation) as caught:
+        check_pipeline(bad)
+    assert caught.value.rule == rule and text in str(caught.value), caught.value
+    with pytest.raises(
+        SpecViolation, match=r"is a dict, not a spec\.ar\.pipeline\.PipelineSnapshot"
+    ):
+        check_pipeline({})  # type: ignore[arg-type]

@@ -30,7 +30,10 @@ its blocks while a request of its static batch (`PipelineSnapshot.static_batch_o
 that first scheduled it) is still pending or in flight.
 
 Both the project's stage scheduler (`reference.ar.stages`) and a real engine's pipeline (Vidur's
-replica with several stages, `integrations.vidur.pipeline`) report these snapshots.
+replica with several stages, `integrations.vidur.pipeline`) report these snapshots. A snapshot
+that is no `PipelineSnapshot`, or whose field is not of its declared container type (a list
+where a frozenset or a mapping is declared), breaks the rule that field would have misled,
+naming the field.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from spec.errors import SpecViolation
+from spec.snapshot import container_fields, wrong_container
 
 
 class PipelineRule(StrEnum):
@@ -157,9 +161,51 @@ class PipelineSnapshot:
         return "\n".join(lines)
 
 
+_SNAPSHOT_FIELDS = container_fields(PipelineSnapshot)
+_BATCH_FIELDS = container_fields(BatchInFlight)
+# the rule a field of the wrong container type would break unseen (a list compares unequal to
+# every set: `requests_conserved` would report every request lost)
+_RULE_OF_FIELD: Mapping[str, PipelineRule] = {
+    "submitted": PipelineRule.REQUESTS_CONSERVED,
+    "held_blocks": PipelineRule.PIPELINE_BLOCKS_CONSERVED,
+    "static_batch_of": PipelineRule.PIPELINE_BLOCKS_CONSERVED,
+    "kv_tokens": PipelineRule.BLOCKS_COVER_TOKENS,
+}
+
+
+def _wrong_container(s: object) -> tuple[PipelineRule, str] | None:
+    """The rule and the one-line reason when `s` is no `PipelineSnapshot`, or a field of it
+    (or of one of its batches) is not of its declared container type (`wrong_container`)."""
+    if not isinstance(s, PipelineSnapshot):
+        return (
+            PipelineRule.REQUESTS_CONSERVED,
+            f"the pipeline snapshot is a {type(s).__name__}, not a spec.ar.pipeline."
+            "PipelineSnapshot",
+        )
+    for name, declared in _SNAPSHOT_FIELDS.items():
+        wrong = wrong_container(s, {name: declared}, "the pipeline snapshot")
+        if wrong is not None:
+            return _RULE_OF_FIELD.get(name, PipelineRule.REQUESTS_CONSERVED), wrong
+    for b in s.batches:
+        if not isinstance(b, BatchInFlight):
+            return PipelineRule.STAGE_CADENCE, (
+                f"the pipeline snapshot lists a {type(b).__name__} among its batches, not a "
+                "BatchInFlight"
+            )
+        wrong = wrong_container(b, _BATCH_FIELDS, f"batch {b.batch_id} of the pipeline snapshot")
+        if wrong is not None:
+            return PipelineRule.ONE_BATCH_PER_REQUEST, wrong
+    return None
+
+
 def check_pipeline(snapshot: PipelineSnapshot) -> None:
-    """Raise `SpecViolation` (rule: a `PipelineRule`) unless every pipeline rule holds."""
+    """Raise `SpecViolation` (rule: a `PipelineRule`) unless every pipeline rule holds; a
+    snapshot of the wrong type, or a field of the wrong container type (a list where a
+    frozenset or a mapping is declared), breaks the rule that field would have misled."""
     s = snapshot
+    wrong = _wrong_container(s)
+    if wrong is not None:
+        raise SpecViolation(wrong[0], wrong[1])
 
     def broken(rule: PipelineRule, detail: str) -> SpecViolation:
         return SpecViolation(rule, detail, state=s.describe())
