@@ -16,11 +16,12 @@ with that rule (the program may show two findings at once).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from integrations.patches import KnownFix
+from integrations.patches import FixDoesNotApply, KnownFix
 from properties.ar.example import ArExample
 from properties.verify import Failure
 from spec.ar.adapter import ArImplementationFactory
@@ -39,6 +40,8 @@ class FixTrial:
     passes_otherwise: (fix, step) for each fix under which it passes, but schedules otherwise
         from that step on.
     other: (fix, rule) for each fix under which it fails by another rule.
+    unapplied: (fix, why) for each fix the installed engine's files do not take (a patched
+        install: the place the fix edits is gone, or already edited).
     """
 
     tried: tuple[KnownFix, ...]
@@ -47,16 +50,18 @@ class FixTrial:
     passes_with: tuple[str, ...] = ()
     passes_otherwise: tuple[tuple[str, int], ...] = ()
     other: tuple[tuple[str, str], ...] = ()
+    unapplied: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """`tried` (fix names), `replayed`, `passes_with`, `passes_otherwise` as {fix: step},
-        `other` as {fix: rule}; with `replayed` false, `again`."""
+        `other` as {fix: rule}, `unapplied` as {fix: why}; with `replayed` false, `again`."""
         out: dict[str, Any] = {
             "tried": [fix.name for fix in self.tried],
             "replayed": self.replayed,
             "passes_with": list(self.passes_with),
             "passes_otherwise": dict(self.passes_otherwise),
             "other": dict(self.other),
+            "unapplied": dict(self.unapplied),
         }
         if not self.replayed:
             out["again"] = self.again
@@ -90,6 +95,8 @@ class FixTrial:
             )
         for name, other in self.other:
             out.append(f"With the engine fix `{name}` applied it fails by [{other}] instead.")
+        for name, why in self.unapplied:
+            out.append(f"The engine fix `{name}` could not be applied to the install: {why}")
         return out
 
 
@@ -123,8 +130,14 @@ def try_known_fixes(
     passes: list[str] = []
     otherwise: list[tuple[str, int]] = []
     other: list[tuple[str, str]] = []
+    unapplied: list[tuple[str, str]] = []
     for fix in tried:
-        with fix.applied():
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(fix.applied())
+            except FixDoesNotApply as err:  # a patched install; nothing was changed
+                unapplied.append((fix.name, str(err)))
+                continue
             result, after = example.run(factory)
         if result is not None:
             if result.rule != failure.rule:
@@ -141,6 +154,7 @@ def try_known_fixes(
         passes_with=tuple(passes),
         passes_otherwise=tuple(otherwise),
         other=tuple(other),
+        unapplied=tuple(unapplied),
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from integrations.patches import KnownFix
+from integrations.patches import FixDoesNotApply, KnownFix
 from integrations.vidur import MANIFEST
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.example import ArExample
@@ -106,7 +106,29 @@ def test_a_fix_under_which_the_example_passes_names_it() -> None:
         "passes_with": ["cure"],
         "passes_otherwise": {},
         "other": {},
+        "unapplied": {},
     }
+
+
+def test_a_fix_the_install_does_not_take_is_said_so() -> None:
+    """A patched install lacks the place a fix edits: the fix is reported unapplied, not a
+    traceback."""
+    failure = _mutant_failure("budget_overflow")
+
+    @contextlib.contextmanager
+    def refused() -> Any:
+        raise FixDoesNotApply("vidur/x.py has no line 'if not requests:' (needs the fix f)")
+        yield
+
+    trial = try_known_fixes(
+        failure, AR_MUTANTS["budget_overflow"].factory, (KnownFix("f", "a fix", refused),)
+    )
+    assert trial is not None and trial.unapplied == (
+        ("f", "vidur/x.py has no line 'if not requests:' (needs the fix f)"),
+    )
+    assert "The engine fix `f` could not be applied to the install: vidur/x.py" in "\n".join(
+        trial.lines("token_budget")
+    )
 
 
 def test_an_example_that_does_not_fail_again_claims_nothing() -> None:
