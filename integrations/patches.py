@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import importlib
 import inspect
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,12 +114,21 @@ def module_text(module: str) -> str:
 @dataclass(frozen=True, slots=True)
 class KnownFix:
     """A candidate fix of a known finding, as `schedspec verify` tries it on a failure: its
-    `name`, what it fixes (`summary`, one line) and `applied()`, a context manager within which
-    the engine runs with it (`FixSet.applied` of this fix alone)."""
+    `name`, what it fixes (`summary`, one line), the rules its finding breaks (`rules`),
+    `apply`, its fix set's `applied` (`FixSet.applied`), and whether it changes what is
+    allocated by design (`allocates`: a reservation's size), so that allocations are not held
+    against it."""
 
     name: str
     summary: str
-    applied: Callable[[], contextlib.AbstractContextManager[None]]
+    rules: frozenset[str]
+    apply: Callable[[Iterable[str]], contextlib.AbstractContextManager[None]]
+    allocates: bool = False
+
+    def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
+        """A context manager within which the engine runs with this fix and the fixes named
+        in `also` (of the same fix set)."""
+        return self.apply((*also, self.name))
 
 
 @dataclass(frozen=True)
@@ -228,12 +236,22 @@ class FixSet:
             for module, (text, fixed) in self.fixed_sources(names).items()
         )
 
-    def known(self, names: Iterable[str]) -> tuple[KnownFix, ...]:
-        """The named fixes as `KnownFix`es, each applied alone (`ValueError` for an unknown
+    def known(
+        self, rules_of: Mapping[str, Iterable[str]], allocating: Iterable[str] = ()
+    ) -> tuple[KnownFix, ...]:
+        """The fixes `rules_of` names (fix -> the rules its finding breaks) as `KnownFix`es,
+        those in `allocating` changing allocations by design (`ValueError` for an unknown
         name, as `resolve`)."""
+        allocates = set(allocating)
         return tuple(
-            KnownFix(fix.name, fix.summary, functools.partial(self.applied, (fix.name,)))
-            for fix in self.resolve(names)
+            KnownFix(
+                fix.name,
+                fix.summary,
+                frozenset(rules_of[fix.name]),
+                self.applied,
+                fix.name in allocates,
+            )
+            for fix in self.resolve(rules_of)
         )
 
     @contextlib.contextmanager

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from integrations.patches import KnownFix
 from properties.campaign import parse_accept_file
-from properties.deadline import DEFAULT_CALL_TIMEOUT_S
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_set
 from properties.verify import Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import (
@@ -39,7 +38,7 @@ from schedspec_cli.impls import (
     release_driven,
     resolve,
 )
-from schedspec_cli.known_fixes import FixTrial, try_known_fixes
+from schedspec_cli.known_fixes import FixTrial, KnownFix, try_known_fixes
 from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
@@ -321,7 +320,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         bar.done()
-        trials = known_fix_trials(t, res)
+        with call_timeout_set(args.call_timeout):
+            trials = known_fix_trials(t, res)
         results.append(res)
         findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))
@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
             print(f.program)
             if trial is not None:
-                print("--- known fixes ---\n" + "\n".join(trial.lines(f.rule)))
+                print("--- known fixes ---\n" + "\n".join(trial.lines()))
     payload = to_json(results, engines)
     write_json(args.json, payload)
     if args.report:
@@ -343,21 +343,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | None]:
-    """Each failure of a real engine's built-in that names known fixes, run again with each
-    applied alone (`schedspec_cli.known_fixes`); recorded in the failure's JSON
-    (`known_fixes`). None for a failure with nothing tried."""
+    """Each failure of a real engine's built-in that names known fixes, run again as it is and
+    with each fix whose finding breaks its rule, with those that named the run's earlier
+    failures (`schedspec_cli.known_fixes`); recorded in the failure's JSON (`known_fixes`).
+    None for a failure with nothing tried."""
     builtin = target.builtin
     if builtin is None or not builtin.known_fixes or target.family is not Family.AR:
         return [None] * len(result.failures)
     # the registry's own import string: a callable from the built-in's name to its fixes
     fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))
     factory: Any = target.implementation.factory
+    known = fixes(builtin.name)
+    named: list[str] = []  # the fixes that named this run's earlier failures
     trials: list[FixTrial | None] = []
     for i, failure in enumerate(result.failures):
-        trial = try_known_fixes(failure, factory, fixes(builtin.name))
+        trial = try_known_fixes(failure, factory, known, named)
         trials.append(trial)
         if trial is not None:
             result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())
+            named.extend(n for n in trial.passes_with if n not in named)
     return trials
 
 
@@ -437,7 +441,7 @@ def write_report(out: Path, results: list[VerifyResult], payload: dict[str, Any]
 
 def failures_markdown(results: list[dict[str, Any]]) -> str:
     """One section per violated rule, grouped by rule, each with its own counterexample."""
-    by_rule: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    by_rule: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for r in results:
         for f in r.get("failures", []):
             by_rule.setdefault(f["rule"], []).append((r["impl"], f))
@@ -447,6 +451,10 @@ def failures_markdown(results: list[dict[str, Any]]) -> str:
         for impl, f in items:
             lines += ["", f"### {impl}: [{rule}]", "", "```text", f["message"], "", f["program"]]
             lines += ["```"]
+            trial: dict[str, Any] = f.get("known_fixes") or {}
+            verdict: list[str] = trial.get("verdict", [])
+            if verdict:  # the known fixes tried on it (`known_fixes`)
+                lines += ["", "Known fixes:", "", *(f"- {line}" for line in verdict)]
     return "\n".join(lines) + "\n"
 
 

@@ -176,7 +176,9 @@ def ar_conformance_machine(
 
         def failing_example(self) -> ArExample | None:
             h = self.h
-            return None if h is None else ArExample(h.config, h.policy, tuple(h.ops))
+            if h is None:
+                return None
+            return ArExample(h.config, h.policy, tuple(h.ops), twin, twin_policy)
 
         def teardown_checks(self) -> None:
             if twin is None:

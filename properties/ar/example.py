@@ -1,10 +1,12 @@
 """A failing AR example, kept to be run again outside Hypothesis.
 
-The AR conformance machine attaches one to each violation it raises (`SpecViolation.example`):
-the configuration, the policy the harness checked and every operation it was asked for, the
-failing one last. `replay` runs the same operations through a fresh harness, then drains as the
-machine's teardown does, and returns the violation it meets, if any. `schedspec verify` uses it
-to try an engine's known fixes on a failure: the same program run again with one fix applied.
+The AR conformance machine attaches one to each violation it raises in a harness operation or
+its teardown (`SpecViolation.example`): the configuration, the policy the harness checked, every
+operation it was asked for (the failing one last), and the decision twin when the run had one.
+`run` does what the machine did: the same operations through a fresh harness, the teardown's
+drain, then the twin's comparison; and returns the violation it meets, if any. `schedspec
+verify` uses it to try an engine's known fixes on a failure: the same program run again with a
+fix applied.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from properties.ar.decisions import apply_ar_ops, twin_harness
-from properties.ar.harness import ArAbort, ArDrain, ArOp, ArStep, ArSubmit
+from properties.ar.decisions import apply_ar_ops, twin_difference, twin_harness
+from properties.ar.harness import ArAbort, ArDrain, ArHarness, ArOp, ArStep, ArSubmit
+from properties.deadline import CallDeadlineExceeded
+from properties.raised import describe_raised
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig
 from spec.ar.events import ArEvent
@@ -32,33 +36,52 @@ _CALL_OF: dict[type[ArOp], str] = {
 @dataclass(frozen=True, slots=True)
 class ArExample:
     """One AR example: `ops` run on `config`, checked under `policy` (None: the adapter's own
-    rules)."""
+    rules), and, when the run had a decision twin, ended by comparing it (`twin`, checked under
+    `twin_policy`)."""
 
     config: ArConfig
     policy: ArPolicy | None
     ops: tuple[ArOp, ...]
+    twin: ArImplementationFactory | None = None
+    twin_policy: ArPolicy | None = None
 
     def replay(self, factory: ArImplementationFactory) -> SpecViolation | None:
-        """Run the operations through a fresh `factory` harness, each one guarded (an
-        exception from the implementation is `implementation_error`), then the teardown's
-        drain; the first violation, or None when the run conforms to the end."""
+        """The first violation of running the example through `factory` (`run`), or None."""
         return self.run(factory)[0]
 
     def run(self, factory: ArImplementationFactory) -> tuple[SpecViolation | None, list[ArEvent]]:
-        """As `replay`, with the events the implementation emitted up to the violation (the
-        violating one included)."""
-        harness = twin_harness(factory, self.config, self.policy)
-
-        def run(ops: Sequence[ArOp]) -> None:
-            apply_ar_ops(harness, ops)
-
+        """Run the operations through a fresh `factory` harness, each one guarded (an exception
+        from the implementation is `implementation_error`, a call past its deadline
+        `progress`, as in the conformance machine; building it too), then the teardown's
+        drain and the twin's comparison. Returns the first violation (None when the run
+        conforms to the end) and the events the implementation emitted until then."""
+        try:
+            harness = twin_harness(factory, self.config, self.policy)
+        except CallDeadlineExceeded as hang:
+            return SpecViolation("progress", str(hang)), []
+        except SpecViolation as violation:
+            return violation, []
+        except Exception as err:  # the factory's own error, as `ConformanceBase.construct`
+            what = f"building the implementation raised {describe_raised(err)}"
+            return SpecViolation("implementation_error", what), []
         try:
             for op in self.ops:
-                harness.guarded(_CALL_OF[type(op)], run, (op,))
+                harness.guarded(_CALL_OF[type(op)], _apply, harness, (op,))
             harness.guarded("drain", harness.drain)
+            if self.twin is not None:
+                h = harness
+                differs = twin_difference(h.ops, h.events, h.config, self.twin, self.twin_policy)
+                if differs is not None:
+                    raise h._violate("twin_decisions", differs)
         except SpecViolation as violation:
             return violation, harness.events
+        except CallDeadlineExceeded as hang:
+            return SpecViolation("progress", str(hang)), harness.events
         return None, harness.events
+
+
+def _apply(harness: ArHarness, ops: Sequence[ArOp]) -> None:
+    apply_ar_ops(harness, ops)
 
 
 __all__ = ["ArExample"]
