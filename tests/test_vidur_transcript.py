@@ -60,15 +60,17 @@ def _verify(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
 ) -> tuple[int, str, list[str], list[str]]:
     """`verify --impl impl --examples 100`: exit code, stdout, rules violated, and the lines
-    printed after `NATIVE_NOTE` (the adapter's transcript) up to the next blank line."""
+    printed after `NATIVE_NOTE` (the adapter's transcript) up to the next blank line or the
+    known fixes' verdict."""
     out_json = tmp_path / "verify.json"
     code = main(["verify", "--impl", impl, "--examples", "100", "--json", str(out_json)])
     out = capsys.readouterr().out
     rules = json.loads(out_json.read_text())["rules"] if out_json.exists() else []
     assert NATIVE_NOTE in out, out[-3000:]
     assert out.index(CALLS_NOTE) < out.index(NATIVE_NOTE), out[-3000:]
-    native = out.split(NATIVE_NOTE, 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
-    return code, out, rules, native
+    native = out.split(NATIVE_NOTE, 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    # the known fixes' verdict, when tried, follows the program under its own header
+    return code, out, rules, native.split("\n--- known fixes ---", 1)[0].splitlines()
 
 
 def _line(native: list[str], start: str) -> str:
@@ -117,6 +119,8 @@ def test_orcas_known_finding_ends_with_vidurs_own_calls(
     _line(native, "sched.add_request(Request(arrived_at=0.0, ")
     assert _line(native, "batch = sched.on_schedule(") and "q token" in native[-1], native
     _line(native, "sched.on_batch_end(batch)  # at t=1.0, ")
+    assert "--- known fixes ---\nKNOWN FINDING: this program passes with the engine fix " in out
+    assert "`reservation-ceil`" in out.split("--- known fixes ---", 1)[1]
 
 
 def _config(kind: str) -> ArConfig:
