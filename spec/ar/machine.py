@@ -429,12 +429,16 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if failure is not None:
             raise self._fail(ArRule.TERMINAL_HOLDS_NOTHING, failure, event)
 
+    def _first_kept(self) -> str:
+        """The first finished request still holding blocks, and them, in words."""
+        rid, r = next(iter(self._batch_held.items()))
+        return f"finished {rid!r} still holds blocks {r.blocks}"
+
     def _batch_end_failure(self) -> str | None:
         if not self._batch_held or self._running:
             return None
-        rid, r = next(iter(self._batch_held.items()))
         return (
-            f"finished {rid!r} still holds blocks {r.blocks} after its static batch ended "
+            f"{self._first_kept()} after its static batch ended "
             f"(nothing runs; free_at_batch_end lets a finished request keep its blocks only "
             f"while a request of its batch runs)"
         )
@@ -869,11 +873,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     e,
                 )
             if self._batch_held:  # a new batch: the last one ended, an abort in this step too
-                rid, kept = next(iter(self._batch_held.items()))
                 raise self._fail(
                     ArRule.TERMINAL_HOLDS_NOTHING,
-                    f"admitted {r.request_id!r}, a new static batch, while finished {rid!r} of "
-                    f"the batch that ended still holds blocks {kept.blocks}",
+                    f"admitted {r.request_id!r}, a new static batch, while {self._first_kept()} "
+                    f"(of the batch that ended)",
                     e,
                 )
         if rules.max_wait_steps is not None:
