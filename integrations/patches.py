@@ -115,15 +115,16 @@ def module_text(module: str) -> str:
 class KnownFix:
     """A candidate fix of a known finding, as `schedspec verify` tries it on a failure: its
     `name`, what it fixes (`summary`, one line), the rules its finding breaks (`rules`),
-    `apply`, its fix set's `applied` (`FixSet.applied`), and whether it changes what is
-    allocated by design (`allocates`: a reservation's size), so that allocations are not held
-    against it."""
+    `apply`, its fix set's `applied` (`FixSet.applied`), and whether it changes a decision
+    before the failure by design (`by_design`: an AR reservation's size, a dLLM admission
+    estimate), so that the decision is not held against it (`first_other_decision` of
+    `properties.ar.example.ArExample` and `properties.example.DllmExample`)."""
 
     name: str
     summary: str
     rules: frozenset[str]
     apply: Callable[[Iterable[str]], contextlib.AbstractContextManager[None]]
-    allocates: bool = False
+    by_design: bool = False
 
     def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
         """A context manager within which the engine runs with this fix and the fixes named
@@ -237,19 +238,19 @@ class FixSet:
         )
 
     def known(
-        self, rules_of: Mapping[str, Iterable[str]], allocating: Iterable[str] = ()
+        self, rules_of: Mapping[str, Iterable[str]], by_design: Iterable[str] = ()
     ) -> tuple[KnownFix, ...]:
         """The fixes `rules_of` names (fix -> the rules its finding breaks) as `KnownFix`es,
-        those in `allocating` changing allocations by design (`ValueError` for an unknown
-        name, as `resolve`)."""
-        allocates = set(allocating)
+        those in `by_design` changing a decision before the failure on purpose (`ValueError`
+        for an unknown name, as `resolve`)."""
+        on_purpose = set(by_design)
         return tuple(
             KnownFix(
                 fix.name,
                 fix.summary,
                 frozenset(rules_of[fix.name]),
                 self.applied,
-                fix.name in allocates,
+                fix.name in on_purpose,
             )
             for fix in self.resolve(rules_of)
         )

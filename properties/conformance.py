@@ -16,7 +16,7 @@ profile's policy; the profile's accepted deviations start in `ignored_rules`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 
 from properties.conformance_base import ConformanceBase, StepCounter
 from properties.decisions import DecisionTwin, twin_difference
+from properties.example import DllmExample, ParityPolicy
 from properties.harness import Harness, SoloCache, check_parity
 from properties.strategies import (
     dllm_configs,
@@ -39,8 +40,6 @@ from properties.strategies import (
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig, RequestSpec
 from spec.profile import DllmProfile
-
-ParityPolicy = Literal["always", "bs1", "never"]
 
 # A burst is one more request than the largest running cap `dllm_configs` draws by default (4).
 _BURST_MAX = 5
@@ -177,6 +176,12 @@ def conformance_machine(
         @rule()
         def round(self) -> None:
             self.run("run_round", self.harness.round)
+
+        def failing_example(self) -> DllmExample | None:
+            h = self.h
+            if h is None:
+                return None
+            return DllmExample(h.config, profile, tuple(h.ops), parity, golden, twin, twin_profile)
 
         def teardown_checks(self) -> None:
             h = self.harness

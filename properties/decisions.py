@@ -11,7 +11,8 @@ through the same ones, and names the first decision where two streams part.
   nothing, so they are not needed to reproduce the run; `drain` shows as the rounds it ran.
   They are `properties.workload` operations: `apply_ops(harness, ops)` runs them on another
   implementation.
-- `admissions(events)`: the request ids in the order they were admitted.
+- `admissions(events)`: the request ids in the order they were admitted;
+  `admissions_by_round(events)`: the same, per round.
 - `forward_rounds(events)`: per round, per forward, the sorted (request, block) rows.
 - `first_difference(ours, theirs)`: None when both streams admit alike and forward alike,
   else one readable line naming the first round where they do not.
@@ -78,6 +79,12 @@ def admissions(events: Sequence[Event]) -> list[str]:
     return [e.request_id for e in events if isinstance(e, Admitted)]
 
 
+def admissions_by_round(events: Sequence[Event]) -> list[list[str]]:
+    """Per round (split at each `ControlReturned`), the request ids it admitted, in order; the
+    last entry holds what came after the last `ControlReturned`."""
+    return _by_round(events, _admitted)
+
+
 def forward_rounds(events: Sequence[Event]) -> Rounds:
     """Per round (split at each `ControlReturned`), per `Forward`, its sorted (request id,
     block index) rows; the last entry holds what came after the last `ControlReturned`."""
@@ -110,7 +117,7 @@ def first_difference(
 ) -> str | None:
     """None when both streams admit the same requests in the same rounds and order and run
     the same rows in every forward; else the first round where they differ, in one line."""
-    a_admit, b_admit = _by_round(ours, _admitted), _by_round(theirs, _admitted)
+    a_admit, b_admit = admissions_by_round(ours), admissions_by_round(theirs)
     a_fwd, b_fwd = forward_rounds(ours), forward_rounds(theirs)
     for i in range(max(len(a_admit), len(b_admit), len(a_fwd), len(b_fwd))):
         pairs = (
@@ -219,6 +226,7 @@ def _at(rounds: Sequence[object], i: int) -> object:
 __all__ = [
     "DecisionTwin",
     "admissions",
+    "admissions_by_round",
     "first_difference",
     "forward_rounds",
     "operations",

@@ -8,6 +8,9 @@ reasons it reports (`collect_outputs`, when the adapter has it), and every finis
 output and finish reason against the request decoded alone (`golden_output`, when the adapter
 has it: `spec.golden.GoldenDecoder`).
 
+The harness records every operation it was asked for (`ops`, `properties.operations`), the
+failing one included, so a failing example can be run again (`properties.example`).
+
 The harness holds the implementation to its profile: the configuration must lie inside the
 declared space (`ConfigOutsideProfile` otherwise) and the spec machine takes the declared policy.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from properties.adapter_check import require_adapter
+from properties.operations import Abort, Drain, Op, Round, Submit
 from properties.replay import ReplayHarness
 from spec.adapter import ImplementationFactory, SchedulerAdapter
 from spec.batch_numerics import batch_numerics_note
@@ -81,6 +85,7 @@ class Harness(ReplayHarness[SpecMachine]):
     events: list[Event] = field(default_factory=list)
     profile: DllmProfile = _DEFAULT_PROFILE
     check_golden: bool = True  # off: skip `golden_output` even when the adapter has it
+    ops: list[Op] = field(default_factory=list)  # every operation asked for, in order
 
     def __post_init__(self) -> None:
         self.profile.space.check(self.config)
@@ -105,6 +110,7 @@ class Harness(ReplayHarness[SpecMachine]):
         A rejection must leave no event and change nothing; a valid request must be accepted,
         and its `Submitted` event must carry it as given (`_require_submitted_as_given`).
         """
+        self.ops.append(Submit(request))
         before = len(self.events)
         err = self._checked_submit(request, self.impl.submit)
         if err is None:
@@ -148,6 +154,7 @@ class Harness(ReplayHarness[SpecMachine]):
         A queued, admitted or running request must end aborted (`known_request` otherwise); any
         other id must be refused with no event. The snapshot is checked after a successful abort.
         """
+        self.ops.append(Abort(request_id))
         phase = self.spec.request_phase(request_id)
         return self._checked_abort(
             request_id,
@@ -159,6 +166,7 @@ class Harness(ReplayHarness[SpecMachine]):
     def round(self) -> None:
         """Run one round; it must end (`ControlReturned`, else `round_order`), then the snapshot,
         the reported outputs and the golden outputs of the requests it finished are checked."""
+        self.ops.append(Round())
         expected = self.spec.round_index
         self.impl.run_round()
         self._require_round_ended(expected)
@@ -178,6 +186,7 @@ class Harness(ReplayHarness[SpecMachine]):
         """Drain the implementation (`max_rounds` passed on); then the spec must be idle
         (`progress`), snapshot, outputs and golden outputs must match, and no KV slot or row may
         still be held (`no_leak`)."""
+        self.ops.append(Drain())
         before = self.spec.round_index
         self.impl.drain(max_rounds)
         self.rounds += self.spec.round_index - before

@@ -2,7 +2,7 @@
 
 A real engine's built-in may name the fixes of its engine's known findings (`Builtin.known_fixes`,
 each an `integrations.patches.KnownFix` with the rules its finding breaks). For a failure whose
-example its harness kept (`Failure.example`, an `ArExample`):
+example its harness kept (`Failure.example`: an AR `ArExample` or a dLLM `DllmExample`):
 
 - only the fixes whose finding breaks the failure's rule are candidates (none: the failure is no
   known finding, and the output says which rules the known findings break);
@@ -15,10 +15,14 @@ example its harness kept (`Failure.example`, an `ArExample`):
 Passing is no proof alone: a fix may change the early decisions so that the program never
 reaches the failure (FasterTransformer's reservation fix admits fewer requests at once, and an
 early finisher then has no batch mate to outlive). A fix identifies the failure when the program
-passes with it and every step that ended before the failure schedules, preempts and allocates as
-it did without it (allocations aside for a fix that changes them by design: a reservation's
-size). A pass by other decisions is reported apart, with the first step that differs, and a
-failure by another rule with that rule.
+passes with it and every step (AR: what it schedules, preempts and allocates) or round (dLLM:
+what it admits and forwards) that ended before the failure decides as it did without it
+(`Example.first_other_decision`). A fix that changes a decision by design (`KnownFix.by_design`:
+an AR reservation's size, whose allocations are then not compared; a dLLM admission estimate or
+reservation, whose rounds are then compared up to the first it admits otherwise in) is named
+with the step or round where it first decides otherwise (`on_purpose`). A pass by other
+decisions is reported apart, with the first step or round that differs, and a failure by
+another rule with that rule.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from properties.ar.example import ArExample
+from properties.example import DllmExample
 from properties.verify import Failure
-from spec.ar.adapter import ArImplementationFactory
-from spec.ar.decisions import step_decisions
-from spec.ar.events import ArEvent
+from spec.errors import SpecViolation
 
 
 class KnownFix(Protocol):
@@ -62,12 +65,37 @@ class KnownFix(Protocol):
         ...
 
     @property
-    def allocates(self) -> bool:
-        """Whether it changes what is allocated by design (allocations not compared)."""
+    def by_design(self) -> bool:
+        """Whether it changes a decision before the failure on purpose
+        (`Example.first_other_decision`'s `by_design`)."""
         ...
 
     def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
         """A context manager applying it with the fixes named in `also`."""
+        ...
+
+
+class Example(Protocol):
+    """What a failing example of either family gives (`properties.ar.example.ArExample`,
+    `properties.example.DllmExample`): run again through a factory, and the first decision
+    that two of its runs' events make otherwise."""
+
+    @property
+    def unit(self) -> str:
+        """What one decision is called: "step" (AR) or "round" (dLLM)."""
+        ...
+
+    def run(self, factory: Any) -> tuple[SpecViolation | None, Sequence[Any]]:
+        """The first violation of a fresh run through `factory` (None: it conforms), and the
+        events it emitted until then."""
+        ...
+
+    def first_other_decision(
+        self, before: Sequence[Any], after: Sequence[Any], by_design: bool = False
+    ) -> int | None:
+        """The first decision, among those that ended in `before`, that `after` makes
+        otherwise (None: every one alike); `by_design` leaves out what a fix changes on
+        purpose."""
         ...
 
 
@@ -81,10 +109,14 @@ class FixTrial:
     replayed: run again without a candidate, it failed by the same rule (else none was tried,
         and `again` says what it did instead: "it passed", the rule it broke).
     passes_with: the candidates under which it passes, deciding as before up to the failure.
-    passes_otherwise: (fix, step) for each under which it passes, deciding otherwise from that
-        step on.
+    passes_otherwise: (fix, index) for each under which it passes, deciding otherwise from that
+        step (AR) or round (dLLM, `unit`) on.
     other: (fix, rule) for each under which it fails by another rule.
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
+    unit: what one decision is called ("step", "round").
+    on_purpose: (fix, index) for each of `passes_with` that decides otherwise from that step or
+        round on, as it does by design (`KnownFix.by_design`: a reservation's size, an
+        admission estimate): the decisions before it are the same.
     """
 
     rule: str
@@ -97,6 +129,8 @@ class FixTrial:
     passes_otherwise: tuple[tuple[str, int], ...] = ()
     other: tuple[tuple[str, str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
+    unit: str = "step"
+    on_purpose: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Every field by name (fixes by name; pairs as objects), and `verdict`: `lines()`."""
@@ -108,6 +142,7 @@ class FixTrial:
             "passes_otherwise": dict(self.passes_otherwise),
             "other": dict(self.other),
             "unapplied": dict(self.unapplied),
+            "on_purpose": dict(self.on_purpose),
         }
         if not self.tried:
             out["known_rules"] = list(self.known_rules)
@@ -144,16 +179,23 @@ class FixTrial:
                 f"NO KNOWN FIX IDENTIFIES IT: with none of {names} applied{also} does the "
                 "program pass deciding as before (a new finding, or several at once)."
             )
+        on_purpose = dict(self.on_purpose)
         for name in self.passes_with:
+            alike = "deciding as before up to the failure"
+            if name in on_purpose:
+                alike = (
+                    f"deciding as before up to {self.unit} {on_purpose[name]}, where it decides "
+                    "otherwise by design"
+                )
             out.append(
                 f"KNOWN FINDING: this program passes with the engine fix `{name}` "
-                f"({summaries[name]}) applied{also}, deciding as before up to the failure; "
-                f"without it, it fails by [{rule}] again."
+                f"({summaries[name]}) applied{also}, {alike}; without it, it fails by [{rule}] "
+                "again."
             )
-        for name, step in self.passes_otherwise:
+        for name, index in self.passes_otherwise:
             out.append(
                 f"With the engine fix `{name}` applied it passes too, but decides otherwise "
-                f"from step {step} on, before the failure: no evidence of that finding."
+                f"from {self.unit} {index} on, before the failure: no evidence of that finding."
             )
         for name, other in self.other:
             out.append(f"With the engine fix `{name}` applied it fails by [{other}] instead.")
@@ -162,35 +204,19 @@ class FixTrial:
         return out
 
 
-def _first_other_step(
-    before: Sequence[ArEvent], after: Sequence[ArEvent], allocations: bool = True
-) -> int | None:
-    """The first step, among those that ended in `before`, that `after` schedules, preempts or
-    (with `allocations`) allocates otherwise; None when every one is the same."""
-    mine, theirs = step_decisions(before), step_decisions(after)
-    for index, decision in enumerate(mine):
-        if index >= len(theirs):
-            return index
-        other = theirs[index]
-        if (decision.scheduled, decision.preempted) != (other.scheduled, other.preempted):
-            return index
-        if allocations and decision.allocated != other.allocated:
-            return index
-    return None
-
-
 def try_known_fixes(
     failure: Failure,
-    factory: ArImplementationFactory,
+    factory: Any,
     fixes: Sequence[KnownFix],
     named: Iterable[str] = (),
 ) -> FixTrial | None:
     """Run `failure`'s example again through `factory`, as it is and with each candidate of
     `fixes` applied; when none names it, again with the fixes `named` for earlier failures
-    applied too. None when there is no fix at all or no example kept (a dLLM failure, a hang,
-    a check outside the harness's operations)."""
+    applied too. `factory` is the implementation's, of `failure.example`'s family. None when
+    there is no fix at all or no example kept (a hang, a check outside the harness's
+    operations)."""
     example = failure.example
-    if not fixes or not isinstance(example, ArExample):
+    if not fixes or not isinstance(example, ArExample | DllmExample):
         return None
     rule = failure.rule
     candidates = tuple(fix for fix in fixes if rule in fix.rules)
@@ -208,8 +234,8 @@ def try_known_fixes(
 
 
 def _trial(
-    example: ArExample,
-    factory: ArImplementationFactory,
+    example: Example,
+    factory: Any,
     rule: str,
     candidates: tuple[KnownFix, ...],
     base: tuple[str, ...],
@@ -223,15 +249,17 @@ def _trial(
             try:
                 stack.enter_context(apply(base))
             except FixDoesNotApply as err:
-                return FixTrial(rule, candidates, base, again=f"they did not apply: {err}")
+                why = f"they did not apply: {err}"
+                return FixTrial(rule, candidates, base, again=why, unit=example.unit)
         again, before = example.run(factory)
     if again is None or again.rule != rule:
         said = "it passed" if again is None else f"it failed by [{again.rule}]"
-        return FixTrial(rule, candidates, base, again=said)
+        return FixTrial(rule, candidates, base, again=said, unit=example.unit)
     passes: list[str] = []
     otherwise: list[tuple[str, int]] = []
     other: list[tuple[str, str]] = []
     unapplied: list[tuple[str, str]] = []
+    on_purpose: list[tuple[str, int]] = []
     for fix in candidates:
         with contextlib.ExitStack() as stack:
             try:
@@ -244,9 +272,12 @@ def _trial(
             if result.rule != rule:
                 other.append((fix.name, result.rule))
             continue
-        differs = _first_other_step(before, after, allocations=not fix.allocates)
+        differs = example.first_other_decision(before, after, by_design=fix.by_design)
         if differs is None:
             passes.append(fix.name)
+            own = example.first_other_decision(before, after) if fix.by_design else None
+            if own is not None:
+                on_purpose.append((fix.name, own))
         else:
             otherwise.append((fix.name, differs))
     return FixTrial(
@@ -258,7 +289,9 @@ def _trial(
         passes_otherwise=tuple(otherwise),
         other=tuple(other),
         unapplied=tuple(unapplied),
+        unit=example.unit,
+        on_purpose=tuple(on_purpose),
     )
 
 
-__all__ = ["FixTrial", "KnownFix", "try_known_fixes"]
+__all__ = ["Example", "FixTrial", "KnownFix", "try_known_fixes"]

@@ -80,6 +80,10 @@ def _has_attr(module: str, attr: str) -> bool:
     return True
 
 
+#: The SGLang built-ins' known findings: `integrations.sglang.fixes.known_fixes`.
+SGLANG_KNOWN_FIXES = "integrations.sglang.fixes:known_fixes"
+
+
 def _dllm(name: str, targets: tuple[str, ...], description: str, **kw: object) -> Builtin:
     return Builtin(name, Family.DLLM, targets, description, **kw)  # type: ignore[arg-type]
 
@@ -377,11 +381,22 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         default_verify=False,
     ),
     _dllm(
+        "real-sglang-dllm-under-pressure",
+        ("integrations.sglang:REAL_SGLANG_DLLM_UNDER_PRESSURE",),
+        "SGLang's dLLM scheduler path on pools without headroom and fewer rows than seats, "
+        "where its KV admission decides: 0.5.23 as released fails it (known findings; passes "
+        "with the five fixes)",
+        engine="sglang",
+        default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
+    ),
+    _dllm(
         "real-sglang-dllm-priority",
         ("integrations.sglang:REAL_SGLANG_DLLM_PRIORITY",),
         "SGLang 0.5.23's dLLM scheduler path under priority scheduling (lower values first)",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     _dllm(
         "real-sglang-dllm-lof",
@@ -389,6 +404,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "SGLang 0.5.23's dLLM scheduler path under --schedule-policy lof (longest output first)",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     _dllm(
         "real-sglang-dllm-priority-lof",
@@ -397,6 +413,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "first, then the longest output)",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     _dllm(
         "real-sglang-dllm-lpm",

@@ -348,7 +348,7 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
     failures (`schedspec_cli.known_fixes`); recorded in the failure's JSON (`known_fixes`).
     None for a failure with nothing tried."""
     builtin = target.builtin
-    if builtin is None or not builtin.known_fixes or target.family is not Family.AR:
+    if builtin is None or not builtin.known_fixes:
         return [None] * len(result.failures)
     # the registry's own import string: a callable from the built-in's name to its fixes
     fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))

@@ -25,7 +25,7 @@ from properties.ar.example import ArExample
 from properties.deadline import call_timeout_set
 from properties.verify import Failure, failure_from, run_machine, verify_settings
 from reference.ar.vllm_v1 import VLLM_V1
-from schedspec_cli.known_fixes import _first_other_step, try_known_fixes
+from schedspec_cli.known_fixes import try_known_fixes
 from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
@@ -155,12 +155,13 @@ def test_passing_by_other_decisions_is_no_evidence() -> None:
         ArStepEnd(1),
         ArScheduled("r0", 9),  # the failing step, never ended
     ]
+    _first_other_step = ArExample.first_other_decision
     assert _first_other_step(before, before[:5]) is None
     more_blocks = [ArBlocksAllocated("r0", (0, 1)), *before[1:]]
     assert _first_other_step(before, more_blocks) == 0
     assert _first_other_step(before, [*before[:3], ArScheduled("r0", 2), ArStepEnd(1)]) == 1
     assert _first_other_step(before, before[:3]) == 1  # it ended sooner
-    assert _first_other_step(before, more_blocks, allocations=False) is None  # by design
+    assert _first_other_step(before, more_blocks, by_design=True) is None  # by design
 
 
 def test_a_fix_the_install_does_not_take_is_said_so(failure: Failure) -> None:

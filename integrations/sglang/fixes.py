@@ -57,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 
-from integrations.patches import EngineFix, FixSet
+from integrations.patches import EngineFix, FixSet, KnownFix
 from integrations.sglang.engine import import_engine, quiet_stubbed_imports
 
 POLICY = "sglang.srt.managers.schedule_policy"
@@ -435,6 +435,42 @@ SGLANG_FIXES = FixSet(
 )
 
 
+#: The rules each finding's fix removes a failure of, in the dLLM suite (docs/engines.md's
+#: findings table): the idle engine and the starved decode request break `progress`, the
+#: overcommitted pool `Prefill out of memory` (`implementation_error`) or, with both running
+#: requests waiting for a block, `progress`; the ragged row and the truncated staged block
+#: `whole_block_alloc`; the sticky window of an ordered queue `fcfs_admission`.
+FINDING_RULES: dict[str, frozenset[str]] = {
+    REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc"}),
+    WORST_CASE_ESTIMATE.name: frozenset({"progress"}),
+    RESERVE_FUTURE_BLOCKS.name: frozenset({"implementation_error", "progress"}),
+    DECODE_FALLBACK.name: frozenset({"progress"}),
+    WHOLE_STAGED_BLOCKS.name: frozenset({"whole_block_alloc"}),
+    PRIORITY_WINDOW.name: frozenset({"fcfs_admission"}),
+}
+
+#: Whose findings show in each built-in's space: the ordered queues' sticky window (priority,
+#: lof), and, with no pool headroom and fewer rows than seats, the five's.
+_FINDINGS_OF: dict[str, tuple[str, ...]] = {
+    "real-sglang-dllm-priority": (PRIORITY_WINDOW.name,),
+    "real-sglang-dllm-lof": (PRIORITY_WINDOW.name,),
+    "real-sglang-dllm-priority-lof": (PRIORITY_WINDOW.name,),
+    "real-sglang-dllm-under-pressure": FIX_NAMES,
+}
+
+
+def known_fixes(impl: str) -> tuple[KnownFix, ...]:
+    """The fixes of the findings that show in built-in `impl`'s space (`real-sglang-dllm-*`),
+    each with the rules its finding breaks, as `schedspec verify` tries them on a failure;
+    none for a built-in whose space hides them (the headroom of the others keeps the five's
+    findings out of reach) or another name."""
+    return SGLANG_FIXES.known(
+        {name: FINDING_RULES[name] for name in _FINDINGS_OF.get(impl, ())},
+        # they admit otherwise on purpose: an exact fit earlier, an overcommit not at all
+        by_design=[WORST_CASE_ESTIMATE.name, RESERVE_FUTURE_BLOCKS.name],
+    )
+
+
 def fix_as_diff(names: Iterable[str] = FIX_NAMES) -> str:
     """The named fixes (default the five) as one unified diff of the installed SGLang's files
     (paths as `git apply -p1` in an SGLang checkout's `python/` directory wants)."""
@@ -450,6 +486,7 @@ __all__ = [
     "CAP_FALLBACK_BUDGET",
     "DECODE_FALLBACK",
     "DECODE_FALLBACK_ANY_ORDER",
+    "FINDING_RULES",
     "FIXES",
     "FIX_NAMES",
     "PRIORITY_WINDOW",
@@ -459,5 +496,6 @@ __all__ = [
     "WHOLE_STAGED_BLOCKS",
     "WORST_CASE_ESTIMATE",
     "fix_as_diff",
+    "known_fixes",
     "sglang_fixed",
 ]

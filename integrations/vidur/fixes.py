@@ -493,7 +493,7 @@ def known_fixes(impl: str) -> tuple[KnownFix, ...]:
             for name in FIXES_OF.get(kind, ())
             if name not in NOT_FINDING_FIXES and name in VIDUR_FIXES.names
         },
-        allocating=[RESERVATION_CEIL.name],  # it reserves one block more: that is the fix
+        by_design=[RESERVATION_CEIL.name],  # it reserves one block more: that is the fix
     )
 
 

@@ -6,7 +6,7 @@ operation it was asked for (the failing one last), and the decision twin when th
 `run` does what the machine did: the same operations through a fresh harness, the teardown's
 drain, then the twin's comparison; and returns the violation it meets, if any. `schedspec
 verify` uses it to try an engine's known fixes on a failure: the same program run again with a
-fix applied.
+fix applied, which must decide as before up to the failure (`first_other_decision`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from properties.deadline import CallDeadlineExceeded
 from properties.raised import describe_raised
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig
+from spec.ar.decisions import step_decisions
 from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy
 from spec.errors import SpecViolation
@@ -44,6 +45,9 @@ class ArExample:
     ops: tuple[ArOp, ...]
     twin: ArImplementationFactory | None = None
     twin_policy: ArPolicy | None = None
+
+    #: what one decision of the family is called in a verdict
+    unit = "step"
 
     def replay(self, factory: ArImplementationFactory) -> SpecViolation | None:
         """The first violation of running the example through `factory` (`run`), or None."""
@@ -78,6 +82,24 @@ class ArExample:
         except CallDeadlineExceeded as hang:
             return SpecViolation("progress", str(hang)), harness.events
         return None, harness.events
+
+    @staticmethod
+    def first_other_decision(
+        before: Sequence[ArEvent], after: Sequence[ArEvent], by_design: bool = False
+    ) -> int | None:
+        """The first step, among those that ended in `before`, that `after` schedules, preempts
+        or allocates otherwise; None when every one is the same. With `by_design` (a fix that
+        allocates otherwise on purpose: a reservation's size) allocations are not compared."""
+        mine, theirs = step_decisions(before), step_decisions(after)
+        for index, decision in enumerate(mine):
+            if index >= len(theirs):
+                return index
+            other = theirs[index]
+            if (decision.scheduled, decision.preempted) != (other.scheduled, other.preempted):
+                return index
+            if not by_design and decision.allocated != other.allocated:
+                return index
+        return None
 
 
 def _apply(harness: ArHarness, ops: Sequence[ArOp]) -> None:

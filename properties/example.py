@@ -1,0 +1,129 @@
+"""A failing dLLM example, kept to be run again outside Hypothesis.
+
+The dLLM conformance machine attaches one to each violation it raises in a harness operation or
+its teardown (`SpecViolation.example`): the configuration, the profile the harness checked,
+every operation it was asked for (the failing one last), the teardown's output check and the
+decision twin when the run had one. `run` does what the machine did: the same operations
+through a fresh harness, the teardown's drain, the parity check and the twin's comparison; and
+returns the violation it meets, if any. `schedspec verify` uses it to try an engine's known
+fixes on a failure: the same program run again with a fix applied, which must decide as
+before up to the failure (`first_other_decision`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from properties.deadline import CallDeadlineExceeded
+from properties.decisions import DecisionTwin, admissions_by_round, forward_rounds, twin_difference
+from properties.harness import Harness, SoloCache, check_parity
+from properties.operations import Abort, Drain, Op, Round, Submit, apply_ops
+from properties.raised import describe_raised
+from spec.adapter import ImplementationFactory
+from spec.config import DllmConfig
+from spec.errors import SpecViolation
+from spec.events import ControlReturned, Event
+from spec.profile import DllmProfile
+
+#: The output check at a conformance example's teardown: "always" (every run's outputs equal
+#: the solo sync outputs), "bs1" (only batch-size-1 runs'), "never".
+ParityPolicy = Literal["always", "bs1", "never"]
+
+# what a hang or an implementation error names the operation by (as the conformance machine)
+_CALL_OF: dict[type[Op], str] = {
+    Submit: "submit",
+    Abort: "abort",
+    Round: "run_round",
+    Drain: "drain",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DllmExample:
+    """One dLLM example: `ops` run on `config` under `profile`, golden outputs checked after
+    every round when `golden`, outputs checked against solo sync at the end as `parity` says,
+    and, when the run had a decision twin, ended by comparing it (`twin`, checked under
+    `twin_profile`, default `profile`)."""
+
+    config: DllmConfig
+    profile: DllmProfile
+    ops: tuple[Op, ...]
+    parity: ParityPolicy = "always"
+    golden: bool = True
+    twin: DecisionTwin | None = None
+    twin_profile: DllmProfile | None = None
+
+    #: what one decision of the family is called in a verdict
+    unit = "round"
+
+    def replay(self, factory: ImplementationFactory) -> SpecViolation | None:
+        """The first violation of running the example through `factory` (`run`), or None."""
+        return self.run(factory)[0]
+
+    def run(self, factory: ImplementationFactory) -> tuple[SpecViolation | None, list[Event]]:
+        """Run the operations through a fresh `factory` harness, each one guarded (an exception
+        from the implementation is `implementation_error`, a call past its deadline `progress`,
+        as in the conformance machine; building it too), then the teardown's drain, parity
+        check and twin comparison. Returns the first violation (None when the run conforms to
+        the end) and the events the implementation emitted until then."""
+        try:
+            harness = Harness(factory, self.config, profile=self.profile, check_golden=self.golden)
+        except CallDeadlineExceeded as hang:
+            return SpecViolation("progress", str(hang)), []
+        except SpecViolation as violation:
+            return violation, []
+        except Exception as err:  # the factory's own error, as `ConformanceBase.construct`
+            what = f"building the implementation raised {describe_raised(err)}"
+            return SpecViolation("implementation_error", what), []
+        try:
+            for op in self.ops:
+                harness.guarded(_CALL_OF[type(op)], apply_ops, harness, (op,))
+            harness.guarded("drain", harness.drain)
+            self._end_of_run_checks(harness)
+        except SpecViolation as violation:
+            return violation, harness.events
+        except CallDeadlineExceeded as hang:
+            return SpecViolation("progress", str(hang)), harness.events
+        return None, harness.events
+
+    def _end_of_run_checks(self, h: Harness) -> None:
+        """The conformance machine's teardown checks: parity as `parity` says, then the twin."""
+        batch_one = h.config.max_running_requests == 1
+        if self.parity == "always" or (self.parity == "bs1" and batch_one):
+            cache: SoloCache = {}
+            h.guarded("parity", check_parity, h, cache)
+        if self.twin is not None:
+            profile = self.twin_profile or self.profile
+            differs = twin_difference(h.events, h.config, self.twin, profile)
+            if differs is not None:
+                raise h._violate("twin_decisions", differs)
+
+    @staticmethod
+    def first_other_decision(
+        before: Sequence[Event], after: Sequence[Event], by_design: bool = False
+    ) -> int | None:
+        """The first round, among those that ended in `before` before its failure, that `after`
+        admits (the requests, in order) or forwards (each forward's rows) otherwise; None when
+        every one is the same. The round whose end is `before`'s last event is the failing
+        one (a violation at its `ControlReturned`, at the snapshot after it, or at the
+        teardown's checks), not compared. With `by_design` (a fix that admits otherwise on
+        purpose: an estimate, a reservation) the rounds are compared only up to the first
+        that admits otherwise: the fix's own decision, after which all may differ."""
+        mine_admits, theirs_admits = admissions_by_round(before), admissions_by_round(after)
+        mine_rows, theirs_rows = forward_rounds(before), forward_rounds(after)
+        ended = len(mine_admits) - 1  # the last entry: what came after the last round's end
+        if before and isinstance(before[-1], ControlReturned):
+            ended -= 1  # the failing round ended with the last event
+        for index in range(ended):
+            if index >= len(theirs_admits) - 1:
+                return index
+            if mine_admits[index] != theirs_admits[index]:
+                return None if by_design else index
+            if mine_rows[index] != theirs_rows[index]:
+                return index
+        return None
+
+
+__all__ = ["DllmExample", "ParityPolicy"]

@@ -1,0 +1,293 @@
+"""`verify` names a dLLM failure that is a known finding, as it does an AR one
+(`tests/test_verify_known_fixes.py`): the dLLM harness records every operation, the conformance
+machine keeps the failing example (`properties.example.DllmExample`), and `verify` runs it again
+as it is and with each of SGLang's known fixes whose finding breaks its rule. A fix names the
+finding when the program passes with it and every round before the failure admits and forwards
+as without it, up to the round where a fix that admits otherwise by design (an estimate, a
+reservation) first does.
+
+The SGLang cases need SGLang installed (`schedspec install-engines sglang`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.sglang import (
+    REAL_SGLANG_DLLM_LOF,
+    REAL_SGLANG_DLLM_UNDER_PRESSURE,
+)
+from integrations.sglang.fixes import FINDING_RULES, SGLANG_FIXES, known_fixes
+from properties.conformance import conformance_machine
+from properties.example import DllmExample
+from properties.operations import Abort, Drain, Op, Round, Submit
+from properties.verify import Failure, failure_from, run_machine, verify_settings
+from reference.dllm import REFERENCE_DLLM
+from schedspec_cli.main import main
+from spec.adapter import EventSink, SchedulerAdapter
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
+from tests.mutants import MUTANTS
+from tests.test_real_sglang import sglang_installed  # noqa: F401 - the module's engine gate
+
+UNDER_PRESSURE = REAL_SGLANG_DLLM_UNDER_PRESSURE
+MUTANT = MUTANTS["no_free_on_finish"]  # keeps a finished request's KV: terminal_owns_nothing
+
+
+def _config(**changes: Any) -> DllmConfig:
+    """Sync, block = page = 2, as many rows as seats."""
+    base = DllmConfig(
+        block_size=2,
+        page_size=2,
+        kv_pages=16,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=4,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+    )
+    return base.replace(**changes)
+
+
+def _submit(rid: str, prompt_len: int, new_tokens: int) -> Submit:
+    return Submit(RequestSpec(rid, (0,) * prompt_len, new_tokens))
+
+
+def _failure(example: DllmExample, factory: Any) -> Failure:
+    """The example's failure as `verify` reports it (its rule; the example kept)."""
+    found = example.replay(factory)
+    assert found is not None
+    return Failure(found.rule, str(found), "program", example)
+
+
+def _trial(failure: Failure, factory: Any, impl: str) -> Any:
+    from schedspec_cli.known_fixes import try_known_fixes
+
+    return try_known_fixes(failure, factory, known_fixes(impl))
+
+
+# ---------------------------------------------------------------- the example, engine aside
+def test_the_failing_dllm_example_is_kept_and_fails_again_the_same_way() -> None:
+    machine = conformance_machine(MUTANT.factory, configs=MUTANT.configs, profile=MUTANT.profile)
+    err, printed = run_machine(machine, verify_settings(200))
+    assert err is not None
+    failure = failure_from(err, printed)
+    example = failure.example
+    assert isinstance(example, DllmExample) and example.ops
+    assert any(isinstance(op, Submit) for op in example.ops)
+    again = example.replay(MUTANT.factory)
+    assert again is not None and again.rule == failure.rule == MUTANT.rule
+    assert example.replay(REFERENCE_DLLM.factory) is None  # the correct scheduler passes it
+    assert set(failure.to_json()) == {"rule", "message", "program"}  # kept in memory only
+
+
+def _batch_dependent(config: DllmConfig, sink: EventSink) -> SchedulerAdapter:
+    """The reference alone, a stale-context mutant in a batch: outputs that depend on the
+    batch, every event conforming."""
+    stale = MUTANTS["stale_context"].factory
+    return (stale if config.max_running_requests > 1 else REFERENCE_DLLM.factory)(config, sink)
+
+
+def test_the_example_runs_the_teardowns_output_check() -> None:
+    """Outputs that depend on the batch fail parity at the end, as the machine's teardown
+    does under `parity="always"`, and pass without it (golden off: it would fail first)."""
+    ops: tuple[Op, ...] = (_submit("r0", 3, 4), _submit("r1", 1, 3), Drain())
+    config = _config(kv_pages=16, max_context=8)
+    profile = REFERENCE_DLLM.profile
+    with_golden = DllmExample(config, profile, ops)
+    found = with_golden.replay(_batch_dependent)
+    assert found is not None and found.rule == "golden_output"
+    parity_only = DllmExample(config, profile, ops, parity="always", golden=False)
+    found = parity_only.replay(_batch_dependent)
+    assert found is not None and found.rule == "fdfo_sync_parity"
+    assert (
+        DllmExample(config, profile, ops, parity="bs1", golden=False).replay(_batch_dependent)
+        is None
+    )  # parity read at batch size 1 only
+    unchecked = DllmExample(config, profile, ops, parity="never", golden=False)
+    assert unchecked.replay(_batch_dependent) is None
+
+
+def _round(admits: list[str], rows: list[tuple[str, int]], index: int) -> list[Event]:
+    events: list[Event] = [Admitted(rid, row) for row, rid in enumerate(admits)]
+    forward = Forward(tuple(ForwardRow(rid, block, False, 2, 2) for rid, block in rows))
+    return [*events, forward, ControlReturned(index)]
+
+
+def test_decisions_are_compared_round_by_round_up_to_the_failing_round() -> None:
+    """The first round that admits or forwards otherwise, among those that ended before the
+    failure; the round whose end raised it is not compared; a fix that admits otherwise by
+    design is compared only up to its own first admission."""
+    first = DllmExample.first_other_decision
+    r0 = _round(["a"], [("a", 0)], 0)
+    r1 = _round([], [("a", 1)], 1)
+    failing = _round(["b"], [("a", 2)], 2)  # the violation was raised at its end
+    before = [*r0, *r1, *failing]
+    assert first(before, before) is None
+    assert first(before, [*r0, *r1, *_round([], [("a", 2)], 2)]) is None  # the failing round
+    assert first(before, [*r0, *_round([], [("a", 1), ("b", 0)], 1)]) == 1  # other rows
+    assert first(before, [*_round(["a", "b"], [("a", 0)], 0), *r1]) == 0  # other admissions
+    assert first(before, [*_round(["a", "b"], [("a", 0)], 0), *r1], by_design=True) is None
+    assert first(before, r0) == 1  # it ended sooner
+    mid_round = [*r0, Admitted("b", 1)]  # the violation raised inside round 1
+    assert first(mid_round, [*_round([], [("a", 0)], 0)]) == 0
+
+
+# ---------------------------------------------------------------- SGLang's findings
+def test_sglangs_known_fixes_are_those_of_each_spaces_findings() -> None:
+    pressure = {fix.name: fix for fix in known_fixes("real-sglang-dllm-under-pressure")}
+    assert set(pressure) == {
+        "refused-stays-incoming",
+        "worst-case-estimate",
+        "reserve-future-blocks",
+        "decode-fallback",
+        "whole-staged-blocks",
+    }
+    assert {n for n, fix in pressure.items() if fix.by_design} == {
+        "worst-case-estimate",
+        "reserve-future-blocks",
+    }
+    assert all(fix.rules == FINDING_RULES[n] for n, fix in pressure.items())
+    assert [fix.name for fix in known_fixes("real-sglang-dllm-lof")] == ["priority-window"]
+    assert known_fixes("real-sglang-dllm") == ()  # its headroom keeps the five out of reach
+    assert set(FINDING_RULES) <= set(SGLANG_FIXES.names)
+
+
+def test_an_idle_engine_is_named_by_the_worst_case_estimate() -> None:
+    """0.5.23's estimate (19 tokens for a request that claims 2) leaves an idle engine with a
+    queued request: `[progress]`. Of the three fixes whose finding breaks `progress`, only the
+    estimate passes it; it admits in the failing round, which is not compared."""
+    config = _config(block_size=1, page_size=1, kv_pages=2, req_pool_rows=1)
+    config = config.replace(max_running_requests=1, max_context=2)
+    example = DllmExample(config, UNDER_PRESSURE.profile, (_submit("r0", 1, 1), Drain()))
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "progress"
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None and trial.replayed
+    assert {f.name for f in trial.tried} == {
+        "worst-case-estimate",
+        "reserve-future-blocks",
+        "decode-fallback",
+    }
+    assert trial.passes_with == ("worst-case-estimate",) and trial.on_purpose == ()
+    assert (
+        "KNOWN FINDING: this program passes with the engine fix `worst-case-estimate`"
+        in trial.lines()[0]
+    )
+
+
+#: Two requests of 3 and 5 pages in a pool of 7: 0.5.23 admits the second while the first
+#: still needs blocks, and later raises `Prefill out of memory`.
+OVERCOMMIT = (Round(), Round(), _submit("r0", 1, 4), _submit("r1", 2, 7), Drain())
+
+
+def test_an_overcommitted_pool_is_named_by_the_reservation_admitting_otherwise_on_purpose() -> None:
+    config = _config(kv_pages=7, max_context=10)
+    example = DllmExample(config, UNDER_PRESSURE.profile, OVERCOMMIT)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "implementation_error" and "Prefill out of memory" in failure.message
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None and trial.passes_with == ("reserve-future-blocks",)
+    assert trial.on_purpose == (("reserve-future-blocks", 4),)  # it does not admit r0 there
+    assert (
+        "deciding as before up to round 4, where it decides otherwise by design"
+        in (trial.lines()[0])
+    )
+    assert trial.to_json()["on_purpose"] == {"reserve-future-blocks": 4}
+
+
+def test_a_fix_that_admits_otherwise_without_saying_so_is_no_evidence() -> None:
+    """The same program, the reservation not declared as admitting otherwise by design: it
+    passes, but decides otherwise from round 4 on, before the failure."""
+    from schedspec_cli.known_fixes import try_known_fixes
+
+    config = _config(kv_pages=7, max_context=10)
+    example = DllmExample(config, UNDER_PRESSURE.profile, OVERCOMMIT)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    undeclared = SGLANG_FIXES.known({"reserve-future-blocks": ["implementation_error"]})
+    trial = try_known_fixes(failure, UNDER_PRESSURE.factory, undeclared)
+    assert trial is not None and trial.passes_with == ()
+    assert trial.passes_otherwise == (("reserve-future-blocks", 4),)
+    assert "decides otherwise from round 4 on, before the failure" in "\n".join(trial.lines())
+
+
+def test_a_ragged_row_is_named_by_its_fixes() -> None:
+    """A refused one-token prompt re-enters as a staging request and gets a row of one slot
+    for a block of two (`[whole_block_alloc]`): both the cause's fix and the staged blocks'
+    fix name it; the others break other rules and are not tried."""
+    config = _config(kv_pages=5)
+    ops = (Round(), _submit("r0", 1, 3), _submit("r1", 1, 1), Round(), Drain())
+    example = DllmExample(config, UNDER_PRESSURE.profile, ops)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "whole_block_alloc"
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None
+    assert [f.name for f in trial.tried] == ["refused-stays-incoming", "whole-staged-blocks"]
+    assert trial.passes_with == ("refused-stays-incoming", "whole-staged-blocks")
+
+
+def test_lofs_sticky_window_is_named_by_the_priority_window() -> None:
+    """Under lof, a request fetched into the dLLM manager keeps its place against a later,
+    longer arrival (`[fcfs_admission]`, the program `verify --impl real-sglang-dllm-lof
+    --examples 600` shrinks to)."""
+    ops = (
+        _submit("r0", 1, 1),
+        _submit("r1", 2, 1),
+        Round(),
+        _submit("r2", 1, 1),
+        _submit("r3", 1, 2),
+    )
+    example = DllmExample(_config(), REAL_SGLANG_DLLM_LOF.profile, ops)
+    failure = _failure(example, REAL_SGLANG_DLLM_LOF.factory)
+    assert failure.rule == "fcfs_admission"
+    trial = _trial(failure, REAL_SGLANG_DLLM_LOF.factory, "real-sglang-dllm-lof")
+    assert trial is not None and trial.passes_with == ("priority-window",)
+
+
+def test_verify_names_sglangs_known_finding_under_pressure(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The built-in without headroom, as released: its first failure, the idle engine, named
+    by its fix in the output, the JSON and the report."""
+    out_json = tmp_path / "verify.json"
+    args = ["verify", "--impl", "real-sglang-dllm-under-pressure", "--examples", "50"]
+    code = main([*args, "--json", str(out_json), "--report", str(tmp_path / "report")])
+    out = capsys.readouterr().out
+    assert code == 1
+    data = json.loads(out_json.read_text())
+    found = {f["rule"]: f["known_fixes"] for f in data["failures"]}
+    assert found["progress"]["passes_with"] == ["worst-case-estimate"], found
+    assert "--- known fixes ---\nKNOWN FINDING: this program passes with the engine fix" in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Known fixes:\n\n- KNOWN FINDING: this program passes with the engine fix" in report
+
+
+def test_a_new_bug_is_no_known_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang #32992 re-created (an abort frees only an FDFO request's committed KV, not its
+    retained block): a rule no known finding of SGLang breaks, so none is tried."""
+    import sglang.srt.managers.scheduler as scheduler_module
+
+    release = scheduler_module.release_kv_cache
+
+    def pre_fix(req: Any, tree_cache: Any, checkpoint: bool = False) -> Any:
+        if len(req.dllm_incomplete_ids):  # the retained block is not part of the commit
+            req.kv.kv_allocated_len = req.prefix_len
+            req.kv.kv_committed_len = req.prefix_len
+        return release(req, tree_cache, checkpoint=checkpoint)
+
+    monkeypatch.setattr(scheduler_module, "release_kv_cache", pre_fix)
+    config = _config(block_size=4, page_size=4, max_context=32, mode=Mode.FDFO)
+    config = config.replace(in_place_reuse=True)
+    ops = (Submit(RequestSpec("a", (5, 6, 7, 8, 9), 8)), Round(), Round(), Abort("a"))
+    example = DllmExample(config, UNDER_PRESSURE.profile, ops)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "terminal_owns_nothing"
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None and trial.tried == ()
+    assert trial.lines() == [
+        "NO KNOWN FINDING BREAKS [terminal_owns_nothing]: the known ones break "
+        "[implementation_error], [progress], [whole_block_alloc]."
+    ]
