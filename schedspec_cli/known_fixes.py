@@ -7,10 +7,10 @@ example its harness kept (`Failure.example`: an AR `ArExample` or a dLLM `DllmEx
 - only the fixes whose finding breaks the failure's rule are candidates (none: the failure is no
   known finding, and the output says which rules the known findings break);
 - the example is run again as it is: it must fail by the same rule, else nothing is claimed;
-- then once per candidate with that fix applied; when none names it, all of that again with
-  the fixes that named earlier failures of the same run applied too (`named`: a campaign's
-  later failure was found with the earlier rules ignored, so it may pass only once they are
-  fixed; applied from the start, they may also keep it from showing at all).
+- then once per candidate with that fix applied; when none names it, under sets of two of the
+  known fixes holding a candidate, then three, and so on, until a set names it (a failure may
+  pass only once another finding is fixed too: a campaign's later failure is found with the
+  earlier rules ignored). Every passing set of the smallest size is reported.
 
 Passing is no proof alone: a fix may change the early decisions so that the program never
 reaches the failure (FasterTransformer's reservation fix admits fewer requests at once, and an
@@ -28,8 +28,9 @@ another rule with that rule.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from properties.ar.example import ArExample
@@ -103,46 +104,49 @@ class Example(Protocol):
 class FixTrial:
     """What running a failure's example again found.
 
-    rule: the failure's rule. tried: the candidate fixes (their finding breaks `rule`), each
-        applied with `named`, the fixes that named earlier failures of the run.
+    rule: the failure's rule. tried: the candidate fixes (their finding breaks `rule`).
     known_rules: with no candidate, the rules the known findings break.
-    replayed: run again without a candidate, it failed by the same rule (else none was tried,
-        and `again` says what it did instead: "it passed", the rule it broke).
-    passes_with: the candidates under which it passes, deciding as before up to the failure.
-    passes_otherwise: (fix, index) for each under which it passes, deciding otherwise from that
-        step (AR) or round (dLLM, `unit`) on.
-    other: (fix, rule) for each under which it fails by another rule.
+    replayed: run again without a fix, it failed by the same rule (else none was tried, and
+        `again` says what it did instead: "it passed", the rule it broke).
+    passes_with: the smallest sets of known fixes, each holding a candidate, under which it
+        passes, deciding as before up to the failure (a set of one when a candidate alone
+        does; a larger one when a fix needs another finding's fix as well).
+    on_purpose: (set, index) for each of `passes_with` that decides otherwise from that step or
+        round on, as one of its fixes does by design (`KnownFix.by_design`: a reservation's
+        size, an admission estimate): the decisions before it are the same.
+    passes_otherwise: (fix, index) for each candidate under which, alone, it passes deciding
+        otherwise from that step (AR) or round (dLLM, `unit`) on.
+    other: (fix, rule) for each candidate under which, alone, it fails by another rule.
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
     unit: what one decision is called ("step", "round").
-    on_purpose: (fix, index) for each of `passes_with` that decides otherwise from that step or
-        round on, as it does by design (`KnownFix.by_design`: a reservation's size, an
-        admission estimate): the decisions before it are the same.
     """
 
     rule: str
     tried: tuple[KnownFix, ...]
-    named: tuple[str, ...] = ()
     known_rules: tuple[str, ...] = ()
     replayed: bool = False
     again: str = ""
-    passes_with: tuple[str, ...] = ()
+    passes_with: tuple[tuple[str, ...], ...] = ()
+    on_purpose: tuple[tuple[tuple[str, ...], int], ...] = ()
     passes_otherwise: tuple[tuple[str, int], ...] = ()
     other: tuple[tuple[str, str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
     unit: str = "step"
-    on_purpose: tuple[tuple[str, int], ...] = ()
+    summaries: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field by name (fixes by name; pairs as objects), and `verdict`: `lines()`."""
+        """Every field by name (fixes by name, a set of them as a list; pairs as objects), and
+        `verdict`: `lines()`."""
         out: dict[str, Any] = {
             "tried": [fix.name for fix in self.tried],
-            "with_named": list(self.named),
             "replayed": self.replayed,
-            "passes_with": list(self.passes_with),
+            "passes_with": [list(fixes) for fixes in self.passes_with],
+            "on_purpose": [
+                {"fixes": list(fixes), self.unit: index} for fixes, index in self.on_purpose
+            ],
             "passes_otherwise": dict(self.passes_otherwise),
             "other": dict(self.other),
             "unapplied": dict(self.unapplied),
-            "on_purpose": dict(self.on_purpose),
         }
         if not self.tried:
             out["known_rules"] = list(self.known_rules)
@@ -160,61 +164,52 @@ class FixTrial:
                 f"{', '.join(f'[{r}]' for r in self.known_rules)}."
             ]
         names = ", ".join(f"`{fix.name}`" for fix in self.tried)
-        also = (
-            f" together with {', '.join(f'`{n}`' for n in self.named)}, which named an earlier "
-            "failure"
-            if self.named
-            else ""
-        )
         if not self.replayed:
             return [
-                f"KNOWN FIXES NOT TRIED ({names}): run again outside Hypothesis"
-                f"{' with ' + ', '.join(self.named) + ' applied' if self.named else ''}, the "
-                f"program did not fail by [{rule}] ({self.again})."
+                f"KNOWN FIXES NOT TRIED ({names}): run again outside Hypothesis, the program did "
+                f"not fail by [{rule}] ({self.again})."
             ]
-        summaries = {fix.name: fix.summary for fix in self.tried}
+        summaries = {fix.name: fix.summary for fix in self.tried} | self.summaries
         out: list[str] = []
         if not self.passes_with:
             out.append(
-                f"NO KNOWN FIX IDENTIFIES IT: with none of {names} applied{also} does the "
-                "program pass deciding as before (a new finding, or several at once)."
+                f"NO KNOWN FIX IDENTIFIES IT: under no set of the known fixes that holds one of "
+                f"{names} does the program pass deciding as before (a new finding, or several "
+                "at once)."
             )
         on_purpose = dict(self.on_purpose)
-        for name in self.passes_with:
+        for fixes in self.passes_with:
             alike = "deciding as before up to the failure"
-            if name in on_purpose:
+            if fixes in on_purpose:
                 alike = (
-                    f"deciding as before up to {self.unit} {on_purpose[name]}, where it decides "
+                    f"deciding as before up to {self.unit} {on_purpose[fixes]}, where it decides "
                     "otherwise by design"
                 )
+            applied = " and ".join(f"`{name}` ({summaries[name]})" for name in fixes)
+            one = len(fixes) == 1
             out.append(
-                f"KNOWN FINDING: this program passes with the engine fix `{name}` "
-                f"({summaries[name]}) applied{also}, {alike}; without it, it fails by [{rule}] "
-                "again."
+                f"KNOWN FINDING: this program passes with the engine fix{'' if one else 'es'} "
+                f"{applied} applied, {alike}; without {'it' if one else 'them'}, it fails by "
+                f"[{rule}] again."
             )
         for name, index in self.passes_otherwise:
             out.append(
-                f"With the engine fix `{name}` applied it passes too, but decides otherwise "
-                f"from {self.unit} {index} on, before the failure: no evidence of that finding."
+                f"With the engine fix `{name}` alone it passes too, but decides otherwise from "
+                f"{self.unit} {index} on, before the failure: no evidence of that finding."
             )
         for name, other in self.other:
-            out.append(f"With the engine fix `{name}` applied it fails by [{other}] instead.")
+            out.append(f"With the engine fix `{name}` alone it fails by [{other}] instead.")
         for name, why in self.unapplied:
             out.append(f"The engine fix `{name}` could not be applied to the install: {why}")
         return out
 
 
-def try_known_fixes(
-    failure: Failure,
-    factory: Any,
-    fixes: Sequence[KnownFix],
-    named: Iterable[str] = (),
-) -> FixTrial | None:
-    """Run `failure`'s example again through `factory`, as it is and with each candidate of
-    `fixes` applied; when none names it, again with the fixes `named` for earlier failures
-    applied too. `factory` is the implementation's, of `failure.example`'s family. None when
-    there is no fix at all or no example kept (a hang, a check outside the harness's
-    operations)."""
+def try_known_fixes(failure: Failure, factory: Any, fixes: Sequence[KnownFix]) -> FixTrial | None:
+    """Run `failure`'s example again through `factory`, as it is and then under sets of
+    `fixes`, smallest first, each holding a candidate (a fix whose finding breaks the
+    failure's rule), until one passes deciding as before. `factory` is the implementation's,
+    of `failure.example`'s family. None when there is no fix at all or no example kept (a
+    hang, a check outside the harness's operations)."""
     example = failure.example
     if not fixes or not isinstance(example, ArExample | DllmExample):
         return None
@@ -223,14 +218,7 @@ def try_known_fixes(
     if not candidates:
         known = tuple(sorted({r for fix in fixes for r in fix.rules}))
         return FixTrial(rule, (), known_rules=known)
-    alone = _trial(example, factory, rule, candidates, (), fixes[0].apply)
-    base = tuple(n for n in named if n not in {fix.name for fix in candidates})
-    if alone.passes_with or not base:
-        return alone
-    # a campaign's later failure was found with the earlier rules ignored: it may pass only
-    # once the earlier findings are fixed too
-    together = _trial(example, factory, rule, candidates, base, fixes[0].apply)
-    return together if together.passes_with or not alone.replayed else alone
+    return _trial(example, factory, rule, candidates, tuple(fixes))
 
 
 def _trial(
@@ -238,59 +226,65 @@ def _trial(
     factory: Any,
     rule: str,
     candidates: tuple[KnownFix, ...],
-    base: tuple[str, ...],
-    apply: Callable[[Iterable[str]], contextlib.AbstractContextManager[None]],
+    fixes: tuple[KnownFix, ...],
 ) -> FixTrial:
-    """The example run with the fixes `base` applied (`apply`), then with each candidate too."""
+    """The example run as it is, then under each candidate alone, then under larger sets of
+    `fixes` holding a candidate, until a set passes deciding as before."""
     from integrations.patches import FixDoesNotApply
 
-    with contextlib.ExitStack() as stack:
-        if base:
-            try:
-                stack.enter_context(apply(base))
-            except FixDoesNotApply as err:
-                why = f"they did not apply: {err}"
-                return FixTrial(rule, candidates, base, again=why, unit=example.unit)
-        again, before = example.run(factory)
+    unit = example.unit
+    summaries = {fix.name: fix.summary for fix in fixes}
+    again, before = example.run(factory)
     if again is None or again.rule != rule:
         said = "it passed" if again is None else f"it failed by [{again.rule}]"
-        return FixTrial(rule, candidates, base, again=said, unit=example.unit)
-    passes: list[str] = []
+        return FixTrial(rule, candidates, again=said, unit=unit)
+    apply = fixes[0].apply
+    unapplied: dict[str, str] = {}
     otherwise: list[tuple[str, int]] = []
     other: list[tuple[str, str]] = []
-    unapplied: list[tuple[str, str]] = []
-    on_purpose: list[tuple[str, int]] = []
-    for fix in candidates:
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(fix.applied(*base))
-            except FixDoesNotApply as err:  # a patched install; nothing was changed
-                unapplied.append((fix.name, str(err)))
+    passes: list[tuple[str, ...]] = []
+    on_purpose: list[tuple[tuple[str, ...], int]] = []
+    for size in range(1, len(fixes) + 1):
+        for chosen in itertools.combinations(fixes, size):
+            names = tuple(fix.name for fix in chosen)
+            if not any(fix in candidates for fix in chosen) or set(names) & set(unapplied):
                 continue
-            result, after = example.run(factory)
-        if result is not None:
-            if result.rule != rule:
-                other.append((fix.name, result.rule))
-            continue
-        differs = example.first_other_decision(before, after, by_design=fix.by_design)
-        if differs is None:
-            passes.append(fix.name)
-            own = example.first_other_decision(before, after) if fix.by_design else None
-            if own is not None:
-                on_purpose.append((fix.name, own))
-        else:
-            otherwise.append((fix.name, differs))
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(apply(names))
+                except FixDoesNotApply as err:  # a patched install; nothing was changed
+                    if size == 1:
+                        unapplied[names[0]] = str(err)
+                    continue
+                except ValueError:  # two fixes that edit the same lines: no such set
+                    continue
+                result, after = example.run(factory)
+            by_design = any(fix.by_design for fix in chosen)
+            if result is not None:
+                if size == 1 and result.rule != rule:
+                    other.append((names[0], result.rule))
+                continue
+            differs = example.first_other_decision(before, after, by_design=by_design)
+            if differs is None:
+                passes.append(names)
+                own = example.first_other_decision(before, after) if by_design else None
+                if own is not None:
+                    on_purpose.append((names, own))
+            elif size == 1:
+                otherwise.append((names[0], differs))
+        if passes:
+            break
     return FixTrial(
         rule,
         candidates,
-        base,
         replayed=True,
         passes_with=tuple(passes),
+        on_purpose=tuple(on_purpose),
         passes_otherwise=tuple(otherwise),
         other=tuple(other),
-        unapplied=tuple(unapplied),
-        unit=example.unit,
-        on_purpose=tuple(on_purpose),
+        unapplied=tuple(unapplied.items()),
+        unit=unit,
+        summaries=summaries,
     )
 
 

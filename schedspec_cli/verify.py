@@ -344,9 +344,9 @@ def run(args: argparse.Namespace) -> int:
 
 def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | None]:
     """Each failure of a real engine's built-in that names known fixes, run again as it is and
-    with each fix whose finding breaks its rule, with those that named the run's earlier
-    failures (`schedspec_cli.known_fixes`); recorded in the failure's JSON (`known_fixes`).
-    None for a failure with nothing tried."""
+    under the smallest sets of those fixes, holding one whose finding breaks its rule, under
+    which it passes (`schedspec_cli.known_fixes`); recorded in the failure's JSON
+    (`known_fixes`). None for a failure with nothing tried."""
     builtin = target.builtin
     if builtin is None or not builtin.known_fixes:
         return [None] * len(result.failures)
@@ -354,14 +354,12 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
     fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))
     factory: Any = target.implementation.factory
     known = fixes(builtin.name)
-    named: list[str] = []  # the fixes that named this run's earlier failures
     trials: list[FixTrial | None] = []
     for i, failure in enumerate(result.failures):
-        trial = try_known_fixes(failure, factory, known, named)
+        trial = try_known_fixes(failure, factory, known)
         trials.append(trial)
         if trial is not None:
             result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())
-            named.extend(n for n in trial.passes_with if n not in named)
     return trials
 
 

@@ -1,9 +1,9 @@
 """`verify` names a failure that is a known finding: the failing example, kept by the AR harness
 (`SpecViolation.example`), is run again as it is and then with each known fix whose finding
-breaks the failure's rule (with the fixes that named the run's earlier failures); a fix under
-which it passes, deciding as before up to the failure, names the finding. A new bug is said to
-be none of them, an example that does not fail again the same way claims nothing, and a fix
-that passes only by deciding otherwise is no evidence.
+breaks the failure's rule, then under larger sets of the known fixes holding one of them; the
+smallest sets under which it passes, deciding as before up to the failure, name the finding. A
+new bug is said to be none of them, an example that does not fail again the same way claims
+nothing, and a fix that passes only by deciding otherwise is no evidence.
 
 The real-engine cases need Vidur installed (`schedspec install-engines vidur`)."""
 
@@ -112,11 +112,11 @@ def test_a_fix_under_which_the_example_passes_names_it(failure: Failure) -> None
     fixes = Fixes({"cure"})
     trial = try_known_fixes(failure, fixes.factory, (fixes.fix("nothing"), fixes.fix("cure")))
     assert trial is not None and trial.replayed
-    assert trial.passes_with == ("cure",) and trial.other == ()
+    assert trial.passes_with == (("cure",),) and trial.other == ()
     text = "\n".join(trial.lines())
     assert "KNOWN FINDING: this program passes with the engine fix `cure` (fixes cure)" in text
     data = trial.to_json()
-    assert data["tried"] == ["nothing", "cure"] and data["passes_with"] == ["cure"]
+    assert data["tried"] == ["nothing", "cure"] and data["passes_with"] == [["cure"]]
     assert data["verdict"] == trial.lines()
 
 
@@ -131,17 +131,27 @@ def test_only_fixes_of_findings_that_break_the_rule_are_tried(failure: Failure) 
     ]
 
 
-def test_the_fixes_that_named_earlier_failures_are_applied_too(failure: Failure) -> None:
-    """A campaign's later failure may pass only once the earlier findings are fixed too."""
+def test_a_fix_that_needs_another_findings_fix_is_named_with_it(failure: Failure) -> None:
+    """A fix may pass the program only once another finding's fix is applied too: the
+    smallest such set is named (a set holding no candidate is never tried)."""
     fixes = Fixes({"first", "second"})
     both = (fixes.fix("first", ["implementation_error"]), fixes.fix("second"))
-    alone = try_known_fixes(failure, fixes.factory, both)
+    trial = try_known_fixes(failure, fixes.factory, both)
+    assert trial is not None and trial.passes_with == (("first", "second"),)
+    assert [fix.name for fix in trial.tried] == ["second"]
+    lines = trial.lines()
+    assert lines[0].startswith(
+        "KNOWN FINDING: this program passes with the engine fixes `first` (fixes first) and "
+        "`second` (fixes second) applied, deciding as before up to the failure; without them"
+    ), lines
+    assert trial.to_json()["passes_with"] == [["first", "second"]]
+    alone = try_known_fixes(failure, fixes.factory, both[1:])
     assert alone is not None and alone.passes_with == ()
-    assert alone.lines()[0].startswith("NO KNOWN FIX IDENTIFIES IT: with none of `second`")
-    together = try_known_fixes(failure, fixes.factory, both, named=["first"])
-    assert together is not None and together.passes_with == ("second",)
-    assert together.named == ("first",)
-    assert "together with `first`, which named an earlier failure" in together.lines()[0]
+    assert alone.lines()[0].startswith("NO KNOWN FIX IDENTIFIES IT: under no set of the known")
+    smallest = Fixes({"second"})
+    three = (smallest.fix("first"), smallest.fix("second"), smallest.fix("third"))
+    trial = try_known_fixes(failure, smallest.factory, three)
+    assert trial is not None and trial.passes_with == (("second",),)  # no larger set
 
 
 def test_passing_by_other_decisions_is_no_evidence() -> None:
@@ -224,8 +234,8 @@ def test_verify_names_vidurs_known_findings_by_their_fixes(
     code, out, data = _verify(capsys, tmp_path, "real-vidur-ft", 100)
     assert code == 1
     found = {f["rule"]: f["known_fixes"] for f in data["failures"]}
-    assert found["kv_covers_scheduled"]["passes_with"] == ["reservation-ceil"]
-    assert found["terminal_holds_nothing"]["passes_with"] == ["ft-free-at-batch-end"]
+    assert found["kv_covers_scheduled"]["passes_with"] == [["reservation-ceil"]]
+    assert found["terminal_holds_nothing"]["passes_with"] == [["ft-free-at-batch-end"]]
     assert found["terminal_holds_nothing"]["tried"] == ["ft-free-at-batch-end"]
     assert "KNOWN FINDING: this program passes with the engine fix `ft-free-at-batch-end`" in out
     report = (tmp_path / "report" / "report.md").read_text()

@@ -439,15 +439,28 @@ SGLANG_FIXES = FixSet(
 #: findings table): the idle engine and the starved decode request break `progress`, the
 #: overcommitted pool `Prefill out of memory` (`implementation_error`) or, with both running
 #: requests waiting for a block, `progress`; the ragged row and the truncated staged block
-#: `whole_block_alloc`; the sticky window of an ordered queue `fcfs_admission`.
+#: `whole_block_alloc`, and a staging pass of one-token blocks, which has nothing to truncate,
+#: allocates past the free KV (`Out of memory`, `implementation_error`); the sticky window of
+#: an ordered queue `fcfs_admission`.
 FINDING_RULES: dict[str, frozenset[str]] = {
     REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc"}),
     WORST_CASE_ESTIMATE.name: frozenset({"progress"}),
     RESERVE_FUTURE_BLOCKS.name: frozenset({"implementation_error", "progress"}),
     DECODE_FALLBACK.name: frozenset({"progress"}),
-    WHOLE_STAGED_BLOCKS.name: frozenset({"whole_block_alloc"}),
+    WHOLE_STAGED_BLOCKS.name: frozenset({"whole_block_alloc", "implementation_error"}),
     PRIORITY_WINDOW.name: frozenset({"fcfs_admission"}),
 }
+
+#: The fixes that change what the adder admits, by design: an exact fit earlier (the
+#: estimate), an overcommit not at all (the reservation), a refused request not through the
+#: staging path (kept incoming), a staged block charged only the KV it newly takes (whole
+#: staged blocks, which leaves room for an admission sooner).
+ADMIT_OTHERWISE = (
+    WORST_CASE_ESTIMATE.name,
+    RESERVE_FUTURE_BLOCKS.name,
+    REFUSED_STAYS_INCOMING.name,
+    WHOLE_STAGED_BLOCKS.name,
+)
 
 #: Whose findings show in each built-in's space: the ordered queues' sticky window (priority,
 #: lof), and, with no pool headroom and fewer rows than seats, the five's.
@@ -466,8 +479,7 @@ def known_fixes(impl: str) -> tuple[KnownFix, ...]:
     findings out of reach) or another name."""
     return SGLANG_FIXES.known(
         {name: FINDING_RULES[name] for name in _FINDINGS_OF.get(impl, ())},
-        # they admit otherwise on purpose: an exact fit earlier, an overcommit not at all
-        by_design=[WORST_CASE_ESTIMATE.name, RESERVE_FUTURE_BLOCKS.name],
+        by_design=ADMIT_OTHERWISE,
     )
 
 
@@ -483,6 +495,7 @@ def sglang_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
 
 
 __all__ = [
+    "ADMIT_OTHERWISE",
     "CAP_FALLBACK_BUDGET",
     "DECODE_FALLBACK",
     "DECODE_FALLBACK_ANY_ORDER",
