@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -115,7 +116,9 @@ def module_text(module: str) -> str:
 class KnownFix:
     """A candidate fix of a known finding, as `schedspec verify` tries it on a failure: its
     `name`, what it fixes (`summary`, one line), the rules its finding breaks (`rules`),
-    `apply`, its fix set's `applied` (`FixSet.applied`), and whether it changes a decision
+    `apply`, its fix set's `applied` (`FixSet.applied`), the patterns a failure's message
+    must match for some of those rules (`messages`: rule -> regular expression; `breaks`), and
+    whether it changes a decision
     before the failure by design (`by_design`: an AR reservation's size, a dLLM admission
     estimate), so that the decision is not held against it (`first_other_decision` of
     `properties.ar.example.ArExample` and `properties.example.DllmExample`)."""
@@ -125,6 +128,17 @@ class KnownFix:
     rules: frozenset[str]
     apply: Callable[[Iterable[str]], contextlib.AbstractContextManager[None]]
     by_design: bool = False
+    messages: tuple[tuple[str, str], ...] = ()
+
+    def breaks(self, rule: str, message: str) -> bool:
+        """Whether its finding can be the failure: `rule` is one of `rules` and, where
+        `messages` gives the rule a pattern (a regular expression: what the finding's failure
+        says, e.g. `Out of memory` for an `implementation_error`, which any crash breaks), the
+        failure's `message` matches it."""
+        if rule not in self.rules:
+            return False
+        pattern = dict(self.messages).get(rule)
+        return pattern is None or re.search(pattern, message) is not None
 
     def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
         """A context manager within which the engine runs with this fix and the fixes named
@@ -238,10 +252,14 @@ class FixSet:
         )
 
     def known(
-        self, rules_of: Mapping[str, Iterable[str]], by_design: Iterable[str] = ()
+        self,
+        rules_of: Mapping[str, Iterable[str]],
+        by_design: Iterable[str] = (),
+        messages: Mapping[str, str] | None = None,
     ) -> tuple[KnownFix, ...]:
         """The fixes `rules_of` names (fix -> the rules its finding breaks) as `KnownFix`es,
-        those in `by_design` changing a decision before the failure on purpose (`ValueError`
+        those in `by_design` changing a decision before the failure on purpose, each failure of
+        a rule in `messages` required to match its pattern (`KnownFix.breaks`; `ValueError`
         for an unknown name, as `resolve`)."""
         on_purpose = set(by_design)
         return tuple(
@@ -251,6 +269,7 @@ class FixSet:
                 frozenset(rules_of[fix.name]),
                 self.applied,
                 fix.name in on_purpose,
+                tuple(sorted((messages or {}).items())),
             )
             for fix in self.resolve(rules_of)
         )

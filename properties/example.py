@@ -13,7 +13,7 @@ before up to the failure (`first_other_decision`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from properties.deadline import CallDeadlineExceeded
@@ -24,7 +24,7 @@ from properties.raised import describe_raised
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig
 from spec.errors import SpecViolation
-from spec.events import ControlReturned, Event
+from spec.events import Event
 from spec.profile import DllmProfile
 
 #: The output check at a conformance example's teardown: "always" (every run's outputs equal
@@ -100,30 +100,41 @@ class DllmExample:
             if differs is not None:
                 raise h._violate("twin_decisions", differs)
 
+    def without_twin(self) -> DllmExample:
+        """The example without its decision twin (a fix's trial: a twin that copies the
+        released engine's decisions differs from a fixed one by design)."""
+        return replace(self, twin=None, twin_profile=None)
+
     @staticmethod
     def first_other_decision(
         before: Sequence[Event], after: Sequence[Event], by_design: bool = False
     ) -> int | None:
-        """The first round, among those that ended in `before` before its failure, that `after`
-        admits (the requests, in order) or forwards (each forward's rows) otherwise; None when
-        every one is the same. The round whose end is `before`'s last event is the failing
-        one (a violation at its `ControlReturned`, at the snapshot after it, or at the
-        teardown's checks), not compared. With `by_design` (a fix that admits otherwise on
-        purpose: an estimate, a reservation) the rounds are compared only up to the first
-        that admits otherwise: the fix's own decision, after which all may differ."""
-        mine_admits, theirs_admits = admissions_by_round(before), admissions_by_round(after)
-        mine_rows, theirs_rows = forward_rounds(before), forward_rounds(after)
-        ended = len(mine_admits) - 1  # the last entry: what came after the last round's end
-        if before and isinstance(before[-1], ControlReturned):
-            ended -= 1  # the failing round ended with the last event
-        for index in range(ended):
-            if index >= len(theirs_admits) - 1:
+        """The first round of `before` that `after` admits (the requests, in order) or forwards
+        (each forward's rows) otherwise; None when every one is the same. `before`'s last
+        event is left out: the failure was raised at it (the decision that broke the rule, or
+        the end of the round whose check failed) or after it. Every round that ended before it
+        is compared whole, and the round it fell in as far as it went: what that round admitted
+        and forwarded must begin what `after` did in it. With `by_design` (a fix that admits
+        otherwise on purpose: an estimate, a reservation) the rounds are compared only up to
+        the first that admits otherwise: the fix's own decision, after which all may differ."""
+        decided = before[:-1]
+        mine_admits, theirs_admits = admissions_by_round(decided), admissions_by_round(after)
+        mine_rows, theirs_rows = forward_rounds(decided), forward_rounds(after)
+        last = len(mine_admits) - 1  # the round the failure fell in
+        for index in range(last + 1):
+            if index >= len(theirs_admits):
                 return index
-            if mine_admits[index] != theirs_admits[index]:
+            whole = index < last
+            if not _alike(mine_admits[index], theirs_admits[index], whole):
                 return None if by_design else index
-            if mine_rows[index] != theirs_rows[index]:
+            if not _alike(mine_rows[index], theirs_rows[index], whole):
                 return index
         return None
+
+
+def _alike(mine: Sequence[object], theirs: Sequence[object], whole: bool) -> bool:
+    """`mine` equals `theirs`, or (not `whole`) begins it."""
+    return list(mine) == list(theirs) if whole else list(mine) == list(theirs[: len(mine)])
 
 
 __all__ = ["DllmExample", "ParityPolicy"]

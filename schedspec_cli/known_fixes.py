@@ -66,6 +66,11 @@ class KnownFix(Protocol):
         ...
 
     @property
+    def messages(self) -> tuple[tuple[str, str], ...]:
+        """(rule, pattern): what a failure by the rule must say to be its finding's."""
+        ...
+
+    @property
     def by_design(self) -> bool:
         """Whether it changes a decision before the failure on purpose
         (`Example.first_other_decision`'s `by_design`)."""
@@ -73,6 +78,10 @@ class KnownFix(Protocol):
 
     def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
         """A context manager applying it with the fixes named in `also`."""
+        ...
+
+    def breaks(self, rule: str, message: str) -> bool:
+        """Whether its finding can be a failure by `rule` that says `message`."""
         ...
 
 
@@ -91,6 +100,10 @@ class Example(Protocol):
         events it emitted until then."""
         ...
 
+    def without_twin(self) -> Example:
+        """The example without its decision twin."""
+        ...
+
     def first_other_decision(
         self, before: Sequence[Any], after: Sequence[Any], by_design: bool = False
     ) -> int | None:
@@ -105,7 +118,8 @@ class FixTrial:
     """What running a failure's example again found.
 
     rule: the failure's rule. tried: the candidate fixes (their finding breaks `rule`).
-    known_rules: with no candidate, the rules the known findings break.
+    known_rules: with no candidate, the rules the known findings break; patterns: what a
+        known finding's failure by `rule` says, when none matched the failure's message.
     replayed: run again without a fix, it failed by the same rule (else none was tried, and
         `again` says what it did instead: "it passed", the rule it broke).
     passes_with: the smallest sets of known fixes, each holding a candidate, under which it
@@ -124,6 +138,7 @@ class FixTrial:
     rule: str
     tried: tuple[KnownFix, ...]
     known_rules: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
     replayed: bool = False
     again: str = ""
     passes_with: tuple[tuple[str, ...], ...] = ()
@@ -135,9 +150,11 @@ class FixTrial:
     summaries: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field by name (fixes by name, a set of them as a list; pairs as objects), and
-        `verdict`: `lines()`."""
+        """The fields by name (fixes by name, a set of them as a list; pairs as objects; the
+        summaries aside), and `verdict`: `lines()`."""
         out: dict[str, Any] = {
+            "rule": self.rule,
+            "unit": self.unit,
             "tried": [fix.name for fix in self.tried],
             "replayed": self.replayed,
             "passes_with": [list(fixes) for fixes in self.passes_with],
@@ -150,6 +167,8 @@ class FixTrial:
         }
         if not self.tried:
             out["known_rules"] = list(self.known_rules)
+            if self.patterns:
+                out["patterns"] = list(self.patterns)
         elif not self.replayed:
             out["again"] = self.again
         out["verdict"] = self.lines()
@@ -158,6 +177,11 @@ class FixTrial:
     def lines(self) -> list[str]:
         """The verdict in words, for the text output (after the failure's program)."""
         rule = self.rule
+        if not self.tried and self.patterns:
+            said = " or ".join(f"/{p}/" for p in self.patterns)
+            return [
+                f"NO KNOWN FINDING SAYS THIS: the known findings that break [{rule}] say {said}."
+            ]
         if not self.tried:
             return [
                 f"NO KNOWN FINDING BREAKS [{rule}]: the known ones break "
@@ -214,10 +238,13 @@ def try_known_fixes(failure: Failure, factory: Any, fixes: Sequence[KnownFix]) -
     if not fixes or not isinstance(example, ArExample | DllmExample):
         return None
     rule = failure.rule
-    candidates = tuple(fix for fix in fixes if rule in fix.rules)
+    candidates = tuple(fix for fix in fixes if fix.breaks(rule, failure.message))
     if not candidates:
         known = tuple(sorted({r for fix in fixes for r in fix.rules}))
-        return FixTrial(rule, (), known_rules=known)
+        patterns = tuple(sorted({p for fix in fixes for r, p in fix.messages if r == rule}))
+        return FixTrial(rule, (), known_rules=known, patterns=patterns)
+    if rule != "twin_decisions":  # a twin of the released engine differs from a fixed one
+        example = example.without_twin()
     return _trial(example, factory, rule, candidates, tuple(fixes))
 
 

@@ -42,7 +42,7 @@ from schedspec_cli.known_fixes import FixTrial, KnownFix, try_known_fixes
 from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
-from schedspec_cli.registry import ParityPolicy
+from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.errors import ConfigError
@@ -347,7 +347,7 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
     under the smallest sets of those fixes, holding one whose finding breaks its rule, under
     which it passes (`schedspec_cli.known_fixes`); recorded in the failure's JSON
     (`known_fixes`). None for a failure with nothing tried."""
-    builtin = target.builtin
+    builtin = target.builtin or _builtin_at(target.target)
     if builtin is None or not builtin.known_fixes:
         return [None] * len(result.failures)
     # the registry's own import string: a callable from the built-in's name to its fixes
@@ -361,6 +361,12 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
         if trial is not None:
             result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())
     return trials
+
+
+def _builtin_at(target: str) -> Builtin | None:
+    """The built-in a `module:attribute` target names by its own import string
+    (`integrations.sglang:REAL_SGLANG_DLLM_UNDER_PRESSURE`), if any."""
+    return next((b for b in BUILTINS.values() if target in b.targets), None)
 
 
 def render_table(results: list[VerifyResult]) -> str:

@@ -20,16 +20,18 @@ from integrations.sglang import (
     REAL_SGLANG_DLLM_LOF,
     REAL_SGLANG_DLLM_UNDER_PRESSURE,
 )
-from integrations.sglang.fixes import FINDING_RULES, SGLANG_FIXES, known_fixes
+from integrations.sglang.fixes import FINDING_RULES, SGLANG_FIXES, known_fixes, sglang_fixed
 from properties.conformance import conformance_machine
 from properties.example import DllmExample
 from properties.operations import Abort, Drain, Op, Round, Submit
-from properties.verify import Failure, failure_from, run_machine, verify_settings
+from properties.verify import DllmTwin, Failure, failure_from, run_machine, verify_settings
 from reference.dllm import REFERENCE_DLLM
 from schedspec_cli.main import main
+from schedspec_cli.twins import resolve_twin
 from spec.adapter import EventSink, SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
+from spec.implementation import Family
 from tests.mutants import MUTANTS
 from tests.test_real_sglang import sglang_installed  # noqa: F401 - the module's engine gate
 
@@ -117,23 +119,32 @@ def _round(admits: list[str], rows: list[tuple[str, int]], index: int) -> list[E
     return [*events, forward, ControlReturned(index)]
 
 
-def test_decisions_are_compared_round_by_round_up_to_the_failing_round() -> None:
-    """The first round that admits or forwards otherwise, among those that ended before the
-    failure; the round whose end raised it is not compared; a fix that admits otherwise by
-    design is compared only up to its own first admission."""
+def test_decisions_are_compared_round_by_round_up_to_the_failure() -> None:
+    """The first round that admits or forwards otherwise: the failing run's last event (where
+    the failure was raised) left out, every round that ended before it whole, the round it
+    fell in as far as it went; a fix that admits otherwise by design is compared only up to
+    its own first admission."""
     first = DllmExample.first_other_decision
     r0 = _round(["a"], [("a", 0)], 0)
     r1 = _round([], [("a", 1)], 1)
-    failing = _round(["b"], [("a", 2)], 2)  # the violation was raised at its end
+    failing = _round([], [("a", 2)], 2)  # the violation was raised at its end
     before = [*r0, *r1, *failing]
     assert first(before, before) is None
-    assert first(before, [*r0, *r1, *_round([], [("a", 2)], 2)]) is None  # the failing round
-    assert first(before, [*r0, *_round([], [("a", 1), ("b", 0)], 1)]) == 1  # other rows
+    more = _round(["b"], [("a", 2)], 2)  # the last round admits more: it went further
+    assert first(before, [*r0, *r1, *more]) is None
+    assert first([*r0, *r1, *more], before) == 2  # it admitted b before the failure
+    assert first(before, [*r0, *r1, *_round([], [("a", 2), ("b", 0)], 2)]) == 2  # other rows
+    assert first(before, [*r0, *_round([], [("a", 1), ("b", 0)], 1)]) == 1  # a whole round
     assert first(before, [*_round(["a", "b"], [("a", 0)], 0), *r1]) == 0  # other admissions
     assert first(before, [*_round(["a", "b"], [("a", 0)], 0), *r1], by_design=True) is None
     assert first(before, r0) == 1  # it ended sooner
-    mid_round = [*r0, Admitted("b", 1)]  # the violation raised inside round 1
-    assert first(mid_round, [*_round([], [("a", 0)], 0)]) == 0
+    # the violation raised inside round 1, at admitting c (the decision that broke the rule,
+    # not compared), after admitting b
+    mid_round = [*r0, Admitted("b", 1), Admitted("c", 0)]
+    assert first(mid_round, [*r0, *_round(["b", "d"], [("b", 0)], 1)]) is None
+    assert first(mid_round, [*r0, *_round(["d"], [("d", 0)], 1)]) == 1
+    idle = [ControlReturned(0)]  # an idle round that admitted nothing: the failure itself
+    assert first(idle, _round(["a"], [("a", 0)], 0)) is None
 
 
 # ---------------------------------------------------------------- SGLang's findings
@@ -241,6 +252,57 @@ def test_a_fix_that_needs_another_findings_fix_is_named_with_it() -> None:
     )
 
 
+def test_a_crash_that_is_not_running_out_of_memory_is_no_known_finding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug of one's own that raises in a shared batch of the overcommit's program: any crash
+    breaks `implementation_error`, but SGLang's known findings that break it say `out of
+    memory`, so none is tried (the reservation would pass the program, by not forming the
+    shared batch)."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    process = Scheduler.process_batch_result_dllm
+
+    def new_bug(self: Any, batch: Any, result: Any) -> Any:
+        if len(batch.reqs) > 1:
+            raise RuntimeError("new bug: list index out of range in a shared batch")
+        return process(self, batch, result)
+
+    monkeypatch.setattr(Scheduler, "process_batch_result_dllm", new_bug)
+    config = _config(kv_pages=7, max_context=10)
+    example = DllmExample(config, UNDER_PRESSURE.profile, OVERCOMMIT)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "implementation_error" and "new bug" in failure.message
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None and trial.tried == ()
+    assert trial.lines() == [
+        "NO KNOWN FINDING SAYS THIS: the known findings that break [implementation_error] say "
+        "/RuntimeError: (Prefill )?[Oo]ut of memory/."
+    ]
+    assert trial.to_json()["patterns"] == ["RuntimeError: (Prefill )?[Oo]ut of memory"]
+
+
+def test_a_twin_of_the_released_engine_does_not_hide_a_known_finding() -> None:
+    """With `--twin sglang-dllm-order`, SGLang's own order re-implemented, a fixed engine
+    decides otherwise than the twin by design: the fixes' trials leave the twin out (unless
+    the failure is the twin's), and the ragged row is still named."""
+    config = _config(kv_pages=5)
+    ops = (Round(), _submit("r0", 1, 3), _submit("r1", 1, 1), Round(), Drain())
+    twin = resolve_twin("sglang-dllm-order", Family.DLLM)
+    assert isinstance(twin, DllmTwin)
+    example = DllmExample(
+        config, UNDER_PRESSURE.profile, ops, "bs1", True, twin.replay, twin.profile
+    )
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert failure.rule == "whole_block_alloc"
+    with sglang_fixed(["refused-stays-incoming"]):
+        with_twin = example.replay(UNDER_PRESSURE.factory)
+    assert with_twin is not None and with_twin.rule == "twin_decisions"  # why it is left out
+    trial = _trial(failure, UNDER_PRESSURE.factory, "real-sglang-dllm-under-pressure")
+    assert trial is not None
+    assert trial.passes_with == (("refused-stays-incoming",), ("whole-staged-blocks",))
+
+
 def test_a_ragged_row_is_named_by_its_fixes() -> None:
     """A refused one-token prompt re-enters as a staging request and gets a row of one slot
     for a block of two (`[whole_block_alloc]`): both the cause's fix and the staged blocks'
@@ -274,19 +336,24 @@ def test_lofs_sticky_window_is_named_by_the_priority_window() -> None:
     assert trial is not None and trial.passes_with == (("priority-window",),)
 
 
+@pytest.mark.parametrize(
+    "impl",
+    ["real-sglang-dllm-under-pressure", "integrations.sglang:REAL_SGLANG_DLLM_UNDER_PRESSURE"],
+)
 def test_verify_names_sglangs_known_finding_under_pressure(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str
 ) -> None:
-    """The built-in without headroom, as released: its first failure, the idle engine, named
-    by its fix in the output, the JSON and the report."""
+    """The built-in without headroom, as released, by its name or its import string: its
+    first failure, the idle engine, named by its fix in the output, the JSON and the report."""
     out_json = tmp_path / "verify.json"
-    args = ["verify", "--impl", "real-sglang-dllm-under-pressure", "--examples", "50"]
+    args = ["verify", "--impl", impl, "--examples", "50"]
     code = main([*args, "--json", str(out_json), "--report", str(tmp_path / "report")])
     out = capsys.readouterr().out
     assert code == 1
     data = json.loads(out_json.read_text())
     found = {f["rule"]: f["known_fixes"] for f in data["failures"]}
     assert found["progress"]["passes_with"] == [["worst-case-estimate"]], found
+    assert found["progress"]["unit"] == "round" and found["progress"]["rule"] == "progress"
     assert "--- known fixes ---\nKNOWN FINDING: this program passes with the engine fix" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Known fixes:\n\n- KNOWN FINDING: this program passes with the engine fix" in report

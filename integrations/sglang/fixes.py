@@ -451,6 +451,12 @@ FINDING_RULES: dict[str, frozenset[str]] = {
     PRIORITY_WINDOW.name: frozenset({"fcfs_admission"}),
 }
 
+#: What a finding's failure says, for a rule any bug can break: an `implementation_error` of
+#: the five is SGLang running out of KV (`Prefill out of memory`, `Out of memory`), not any crash.
+FINDING_MESSAGES: dict[str, str] = {
+    "implementation_error": r"RuntimeError: (Prefill )?[Oo]ut of memory"
+}
+
 #: The fixes that change what the adder admits, by design: an exact fit earlier (the
 #: estimate), an overcommit not at all (the reservation), a refused request not through the
 #: staging path (kept incoming), a staged block charged only the KV it newly takes (whole
@@ -480,6 +486,7 @@ def known_fixes(impl: str) -> tuple[KnownFix, ...]:
     return SGLANG_FIXES.known(
         {name: FINDING_RULES[name] for name in _FINDINGS_OF.get(impl, ())},
         by_design=ADMIT_OTHERWISE,
+        messages=FINDING_MESSAGES,
     )
 
 
@@ -499,6 +506,7 @@ __all__ = [
     "CAP_FALLBACK_BUDGET",
     "DECODE_FALLBACK",
     "DECODE_FALLBACK_ANY_ORDER",
+    "FINDING_MESSAGES",
     "FINDING_RULES",
     "FIXES",
     "FIX_NAMES",

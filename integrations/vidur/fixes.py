@@ -482,6 +482,13 @@ FINDING_RULES: dict[str, frozenset[str]] = {
 }
 
 
+#: What a finding's failure says, for a rule any bug can break: Mnemosyne's
+#: `implementation_error` is its prefill assertion, not any crash.
+FINDING_MESSAGES: dict[str, str] = {
+    "implementation_error": r"AssertionError: assert not request.is_prefill_complete"
+}
+
+
 def known_fixes(impl: str) -> tuple[KnownFix, ...]:
     """The fixes of the findings of built-in `impl` (`real-vidur-<kind>`) on the release this
     process runs, each with the rules its finding breaks, as `schedspec verify` tries them on
@@ -494,6 +501,7 @@ def known_fixes(impl: str) -> tuple[KnownFix, ...]:
             if name not in NOT_FINDING_FIXES and name in VIDUR_FIXES.names
         },
         by_design=[RESERVATION_CEIL.name],  # it reserves one block more: that is the fix
+        messages=FINDING_MESSAGES,
     )
 
 
@@ -504,6 +512,7 @@ def vidur_fixed(names: Iterable[str]) -> AbstractContextManager[None]:
 
 __all__ = [
     "DEFAULT_FIXES",
+    "FINDING_MESSAGES",
     "FINDING_RULES",
     "FIXES_OF",
     "FT_FREE_AT_BATCH_END",

@@ -12,7 +12,7 @@ fix applied, which must decide as before up to the failure (`first_other_decisio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from properties.ar.decisions import apply_ar_ops, twin_difference, twin_harness
 from properties.ar.harness import ArAbort, ArDrain, ArHarness, ArOp, ArStep, ArSubmit
@@ -82,6 +82,11 @@ class ArExample:
         except CallDeadlineExceeded as hang:
             return SpecViolation("progress", str(hang)), harness.events
         return None, harness.events
+
+    def without_twin(self) -> ArExample:
+        """The example without its decision twin (a fix's trial: a twin that copies the
+        released engine's decisions differs from a fixed one by design)."""
+        return replace(self, twin=None, twin_policy=None)
 
     @staticmethod
     def first_other_decision(
