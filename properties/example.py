@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from properties.deadline import CallDeadlineExceeded
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.decisions import DecisionTwin, admissions_by_round, forward_rounds, twin_difference
 from properties.harness import Harness, SoloCache, check_parity
 from properties.operations import Abort, Drain, Op, Round, Submit, apply_ops
@@ -69,7 +69,10 @@ class DllmExample:
         check and twin comparison. Returns the first violation (None when the run conforms to
         the end) and the events the implementation emitted until then."""
         try:
-            harness = Harness(factory, self.config, profile=self.profile, check_golden=self.golden)
+            with call_deadline("building the implementation"):
+                harness = Harness(
+                    factory, self.config, profile=self.profile, check_golden=self.golden
+                )
         except CallDeadlineExceeded as hang:
             return SpecViolation("progress", str(hang)), []
         except SpecViolation as violation:
@@ -105,26 +108,34 @@ class DllmExample:
         released engine's decisions differs from a fixed one by design)."""
         return replace(self, twin=None, twin_profile=None)
 
+    #: with `by_design`, the comparison stops at the fix's own first decision (an admission)
+    by_design_stops = True
+
     @staticmethod
     def first_other_decision(
-        before: Sequence[Event], after: Sequence[Event], by_design: bool = False
+        before: Sequence[Event],
+        after: Sequence[Event],
+        by_design: bool = False,
+        failed_at: object | None = None,
     ) -> int | None:
         """The first round of `before` that `after` admits (the requests, in order) or forwards
-        (each forward's rows) otherwise; None when every one is the same. `before`'s last
-        event is left out: the failure was raised at it (the decision that broke the rule, or
-        the end of the round whose check failed) or after it. Every round that ended before it
-        is compared whole, and the round it fell in as far as it went: what that round admitted
-        and forwarded must begin what `after` did in it. With `by_design` (a fix that admits
+        (each forward's rows) otherwise; None when every one is the same. When the failure was
+        raised at `before`'s last event (`failed_at`, the violation's event: the decision that
+        broke the rule, the end of an idle round), that event is left out and the round it fell
+        in is compared as far as it went: what that round admitted and forwarded must begin
+        what `after` did in it. Otherwise (a crash, a check after a round or at the end of the
+        run) every round of `before` is compared whole. With `by_design` (a fix that admits
         otherwise on purpose: an estimate, a reservation) the rounds are compared only up to
         the first that admits otherwise: the fix's own decision, after which all may differ."""
-        decided = before[:-1]
+        at_event = failed_at is not None and bool(before) and before[-1] == failed_at
+        decided = before[:-1] if at_event else before
         mine_admits, theirs_admits = admissions_by_round(decided), admissions_by_round(after)
         mine_rows, theirs_rows = forward_rounds(decided), forward_rounds(after)
-        last = len(mine_admits) - 1  # the round the failure fell in
+        last = len(mine_admits) - 1  # what came after the last round's end
         for index in range(last + 1):
             if index >= len(theirs_admits):
                 return index
-            whole = index < last
+            whole = index < last or not at_event
             if not _alike(mine_admits[index], theirs_admits[index], whole):
                 return None if by_design else index
             if not _alike(mine_rows[index], theirs_rows[index], whole):

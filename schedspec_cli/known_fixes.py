@@ -104,12 +104,22 @@ class Example(Protocol):
         """The example without its decision twin."""
         ...
 
+    @property
+    def by_design_stops(self) -> bool:
+        """Whether `by_design` stops the comparison at the fix's own first decision (dLLM),
+        rather than leaving one kind of decision out (AR: allocations)."""
+        ...
+
     def first_other_decision(
-        self, before: Sequence[Any], after: Sequence[Any], by_design: bool = False
+        self,
+        before: Sequence[Any],
+        after: Sequence[Any],
+        by_design: bool = False,
+        failed_at: object | None = None,
     ) -> int | None:
-        """The first decision, among those that ended in `before`, that `after` makes
-        otherwise (None: every one alike); `by_design` leaves out what a fix changes on
-        purpose."""
+        """The first decision of `before` that `after` makes otherwise (None: every one
+        alike); `by_design` leaves out what a fix changes on purpose; `failed_at` is the
+        failure's event, when it was raised at one."""
         ...
 
 
@@ -133,6 +143,10 @@ class FixTrial:
     other: (fix, rule) for each candidate under which, alone, it fails by another rule.
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
     unit: what one decision is called ("step", "round").
+    stops: a by-design difference ends the comparison (dLLM: an admission, after which all
+        may differ), so such a pass is weaker evidence: "probably" the finding from a later
+        round on, "no evidence" from the first (AR: only allocations are left out, and a pass
+        is the finding).
     """
 
     rule: str
@@ -147,6 +161,7 @@ class FixTrial:
     other: tuple[tuple[str, str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
     unit: str = "step"
+    stops: bool = False
     summaries: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -158,6 +173,7 @@ class FixTrial:
             "tried": [fix.name for fix in self.tried],
             "replayed": self.replayed,
             "passes_with": [list(fixes) for fixes in self.passes_with],
+            "identified_by": [list(fixes) for fixes in self.identified_by()],
             "on_purpose": [
                 {"fixes": list(fixes), self.unit: index} for fixes, index in self.on_purpose
             ],
@@ -173,6 +189,12 @@ class FixTrial:
             out["again"] = self.again
         out["verdict"] = self.lines()
         return out
+
+    def identified_by(self) -> tuple[tuple[str, ...], ...]:
+        """The sets of `passes_with` that identify the failure: deciding as before up to it
+        (AR: allocations aside by design), not only up to a fix's own admission (`stops`)."""
+        on_purpose = dict(self.on_purpose)
+        return tuple(f for f in self.passes_with if not self.stops or f not in on_purpose)
 
     def lines(self) -> list[str]:
         """The verdict in words, for the text output (after the failure's program)."""
@@ -203,19 +225,33 @@ class FixTrial:
             )
         on_purpose = dict(self.on_purpose)
         for fixes in self.passes_with:
-            alike = "deciding as before up to the failure"
-            if fixes in on_purpose:
-                alike = (
-                    f"deciding as before up to {self.unit} {on_purpose[fixes]}, where it decides "
-                    "otherwise by design"
-                )
             applied = " and ".join(f"`{name}` ({summaries[name]})" for name in fixes)
             one = len(fixes) == 1
-            out.append(
-                f"KNOWN FINDING: this program passes with the engine fix{'' if one else 'es'} "
-                f"{applied} applied, {alike}; without {'it' if one else 'them'}, it fails by "
-                f"[{rule}] again."
-            )
+            passes = f"this program passes with the engine fix{'' if one else 'es'} {applied}"
+            again = f"without {'it' if one else 'them'}, it fails by [{rule}] again."
+            index = on_purpose.get(fixes)
+            if index is None:
+                out.append(
+                    f"KNOWN FINDING: {passes} applied, deciding as before up to the failure; "
+                    f"{again}"
+                )
+            elif not self.stops:
+                out.append(
+                    f"KNOWN FINDING: {passes} applied, deciding as before up to the failure "
+                    f"(its allocations aside from {self.unit} {index} on, by design); {again}"
+                )
+            elif index == 0:
+                out.append(
+                    f"NO EVIDENCE EITHER WAY: {passes} applied, but it admits otherwise by "
+                    f"design from {self.unit} 0 on, so no {self.unit} ran alike before the "
+                    "fix's own decision."
+                )
+            else:
+                out.append(
+                    f"PROBABLY A KNOWN FINDING: {passes} applied, deciding as before up to "
+                    f"{self.unit} {index}, where it admits otherwise by design (later "
+                    f"{self.unit}s not compared); {again}"
+                )
         for name, index in self.passes_otherwise:
             out.append(
                 f"With the engine fix `{name}` alone it passes too, but decides otherwise from "
@@ -226,6 +262,10 @@ class FixTrial:
         for name, why in self.unapplied:
             out.append(f"The engine fix `{name}` could not be applied to the install: {why}")
         return out
+
+
+#: How a replay that hung reads (`properties.deadline.CallDeadlineExceeded`).
+_HANG = "the implementation did not return from"
 
 
 def try_known_fixes(failure: Failure, factory: Any, fixes: Sequence[KnownFix]) -> FixTrial | None:
@@ -266,7 +306,27 @@ def _trial(
         said = "it passed" if again is None else f"it failed by [{again.rule}]"
         return FixTrial(rule, candidates, again=said, unit=unit)
     apply = fixes[0].apply
+    failed_at = again.event
+
+    def run(chosen: tuple[KnownFix, ...]) -> tuple[str, SpecViolation | None, Sequence[Any]]:
+        """("ran", violation, events), or ("unapplied", why) / ("no set") as the first."""
+        names = tuple(fix.name for fix in chosen)
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(apply(names))
+            except FixDoesNotApply as err:  # a patched install; nothing was changed
+                return f"unapplied: {err}", None, ()
+            except ValueError:  # two fixes that edit the same lines: no such set
+                return "no set", None, ()
+            result, after = example.run(factory)
+        return "ran", result, after
+
+    def alike(chosen: tuple[KnownFix, ...], after: Sequence[Any]) -> int | None:
+        by_design = any(fix.by_design for fix in chosen)
+        return example.first_other_decision(before, after, by_design, failed_at)
+
     unapplied: dict[str, str] = {}
+    hung: list[frozenset[str]] = []  # sets under which a replay hung: no superset is tried
     otherwise: list[tuple[str, int]] = []
     other: list[tuple[str, str]] = []
     passes: list[tuple[str, ...]] = []
@@ -276,29 +336,34 @@ def _trial(
             names = tuple(fix.name for fix in chosen)
             if not any(fix in candidates for fix in chosen) or set(names) & set(unapplied):
                 continue
-            with contextlib.ExitStack() as stack:
-                try:
-                    stack.enter_context(apply(names))
-                except FixDoesNotApply as err:  # a patched install; nothing was changed
-                    if size == 1:
-                        unapplied[names[0]] = str(err)
-                    continue
-                except ValueError:  # two fixes that edit the same lines: no such set
-                    continue
-                result, after = example.run(factory)
-            by_design = any(fix.by_design for fix in chosen)
+            if any(h <= set(names) for h in hung):
+                continue
+            ran, result, after = run(chosen)
+            if ran != "ran":
+                if size == 1 and ran.startswith("unapplied: "):
+                    unapplied[names[0]] = ran.removeprefix("unapplied: ")
+                continue
             if result is not None:
+                if result.rule == "progress" and _HANG in str(result):
+                    hung.append(frozenset(names))
                 if size == 1 and result.rule != rule:
                     other.append((names[0], result.rule))
                 continue
-            differs = example.first_other_decision(before, after, by_design=by_design)
-            if differs is None:
-                passes.append(names)
-                own = example.first_other_decision(before, after) if by_design else None
-                if own is not None:
-                    on_purpose.append((names, own))
-            elif size == 1:
-                otherwise.append((names[0], differs))
+            differs = alike(chosen, after)
+            if differs is not None:
+                if size == 1:
+                    otherwise.append((names[0], differs))
+                continue
+            # a larger set must need its candidates: without them, it must not pass alike
+            rest = tuple(fix for fix in chosen if fix not in candidates)
+            if rest:
+                ran, without, after_rest = run(rest)
+                if ran == "ran" and without is None and alike(rest, after_rest) is None:
+                    continue
+            passes.append(names)
+            own = example.first_other_decision(before, after, False, failed_at)
+            if own is not None:
+                on_purpose.append((names, own))
         if passes:
             break
     return FixTrial(
@@ -311,6 +376,7 @@ def _trial(
         other=tuple(other),
         unapplied=tuple(unapplied.items()),
         unit=unit,
+        stops=example.by_design_stops,
         summaries=summaries,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, cast
 
 from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_set
+from properties.raised import describe_raised
 from properties.verify import Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import (
@@ -356,7 +358,15 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
     known = fixes(builtin.name)
     trials: list[FixTrial | None] = []
     for i, failure in enumerate(result.failures):
-        trial = try_known_fixes(failure, factory, known)
+        try:
+            trial = try_known_fixes(failure, factory, known)
+        except Exception as err:  # a courtesy: the failure itself must still be reported
+            print(
+                f"schedspec: the known fixes could not be tried on [{failure.rule}]: "
+                f"{describe_raised(err)}",
+                file=sys.stderr,
+            )
+            trial = None
         trials.append(trial)
         if trial is not None:
             result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())

@@ -210,6 +210,39 @@ def test_a_fix_under_which_the_example_hangs_is_reported_not_raised(failure: Fai
     assert trial is not None and trial.other == (("hang", "progress"),), trial
 
 
+def test_a_fix_under_which_building_hangs_is_reported_not_raised(failure: Failure) -> None:
+    """Building the implementation under a fix runs under the call deadline too."""
+    fixes = Fixes({"cure"})
+
+    def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        if "hang" in fixes.active:
+            time.sleep(30)
+        return fixes.factory(config, sink)
+
+    with call_timeout_set(0.2):
+        trial = try_known_fixes(failure, factory, (fixes.fix("hang"),))
+    assert trial is not None and trial.other == (("hang", "progress"),), trial
+
+
+def test_no_set_holding_a_fix_that_hung_is_tried(failure: Failure) -> None:
+    """A replay that hangs costs a call deadline: the sets that hold its fix are skipped."""
+    fixes = Fixes({"never"})
+    hangs: list[int] = []
+
+    def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        adapter = fixes.factory(config, sink)
+        if "hang" in fixes.active:
+            hangs.append(1)
+            adapter.step = lambda: time.sleep(30)  # type: ignore[method-assign]
+        return adapter
+
+    known = (fixes.fix("hang"), fixes.fix("other", ["implementation_error"]), fixes.fix("y"))
+    with call_timeout_set(0.2):
+        trial = try_known_fixes(failure, factory, known)
+    assert trial is not None and trial.passes_with == ()
+    assert len(hangs) == 1, hangs  # alone; never again in (hang, other), (hang, y), ...
+
+
 def test_a_replay_whose_implementation_cannot_be_built_is_an_implementation_error(
     failure: Failure,
 ) -> None:

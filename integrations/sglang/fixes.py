@@ -444,7 +444,9 @@ SGLANG_FIXES = FixSet(
 #: an ordered queue `fcfs_admission`.
 FINDING_RULES: dict[str, frozenset[str]] = {
     REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc"}),
-    WORST_CASE_ESTIMATE.name: frozenset({"progress"}),
+    # with `--twin sglang-dllm-order`, whose estimate admits a request that fits, the idle
+    # engine's refusal shows first as the twin admitting more
+    WORST_CASE_ESTIMATE.name: frozenset({"progress", "twin_decisions"}),
     RESERVE_FUTURE_BLOCKS.name: frozenset({"implementation_error", "progress"}),
     DECODE_FALLBACK.name: frozenset({"progress"}),
     WHOLE_STAGED_BLOCKS.name: frozenset({"whole_block_alloc", "implementation_error"}),

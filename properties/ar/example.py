@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from properties.ar.decisions import apply_ar_ops, twin_difference, twin_harness
 from properties.ar.harness import ArAbort, ArDrain, ArHarness, ArOp, ArStep, ArSubmit
-from properties.deadline import CallDeadlineExceeded
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.raised import describe_raised
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig
@@ -60,7 +60,8 @@ class ArExample:
         drain and the twin's comparison. Returns the first violation (None when the run
         conforms to the end) and the events the implementation emitted until then."""
         try:
-            harness = twin_harness(factory, self.config, self.policy)
+            with call_deadline("building the implementation"):
+                harness = twin_harness(factory, self.config, self.policy)
         except CallDeadlineExceeded as hang:
             return SpecViolation("progress", str(hang)), []
         except SpecViolation as violation:
@@ -88,12 +89,19 @@ class ArExample:
         released engine's decisions differs from a fixed one by design)."""
         return replace(self, twin=None, twin_policy=None)
 
+    #: with `by_design` only allocations are left out: scheduling is compared at every step
+    by_design_stops = False
+
     @staticmethod
     def first_other_decision(
-        before: Sequence[ArEvent], after: Sequence[ArEvent], by_design: bool = False
+        before: Sequence[ArEvent],
+        after: Sequence[ArEvent],
+        by_design: bool = False,
+        failed_at: object | None = None,
     ) -> int | None:
         """The first step, among those that ended in `before`, that `after` schedules, preempts
-        or allocates otherwise; None when every one is the same. With `by_design` (a fix that
+        or allocates otherwise; None when every one is the same (`failed_at`, the violation's
+        event, is not read: a step that never ended is no step). With `by_design` (a fix that
         allocates otherwise on purpose: a reservation's size) allocations are not compared."""
         mine, theirs = step_decisions(before), step_decisions(after)
         for index, decision in enumerate(mine):
