@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from properties.deadline import CallDeadlineExceeded, call_deadline
+from properties.deadline import CallDeadlineExceeded
 from properties.decisions import DecisionTwin, admissions_by_round, forward_rounds, twin_difference
 from properties.harness import Harness, SoloCache, check_parity
 from properties.operations import Abort, Drain, Op, Round, Submit, apply_ops
-from properties.raised import describe_raised
+from properties.replay import build_for_replay
 from spec.adapter import ImplementationFactory
 from spec.config import DllmConfig
 from spec.errors import SpecViolation
@@ -68,18 +68,11 @@ class DllmExample:
         as in the conformance machine; building it too), then the teardown's drain, parity
         check and twin comparison. Returns the first violation (None when the run conforms to
         the end) and the events the implementation emitted until then."""
-        try:
-            with call_deadline("building the implementation"):
-                harness = Harness(
-                    factory, self.config, profile=self.profile, check_golden=self.golden
-                )
-        except CallDeadlineExceeded as hang:
-            return SpecViolation("progress", str(hang)), []
-        except SpecViolation as violation:
-            return violation, []
-        except Exception as err:  # the factory's own error, as `ConformanceBase.construct`
-            what = f"building the implementation raised {describe_raised(err)}"
-            return SpecViolation("implementation_error", what), []
+        harness = build_for_replay(
+            lambda: Harness(factory, self.config, profile=self.profile, check_golden=self.golden)
+        )
+        if isinstance(harness, SpecViolation):
+            return harness, []
         try:
             for op in self.ops:
                 harness.guarded(_CALL_OF[type(op)], apply_ops, harness, (op,))

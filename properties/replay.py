@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from hypothesis.errors import HypothesisException
 
-from properties.deadline import call_deadline
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.raised import describe_raised
 from spec.errors import (
     DuplicateRequest,
@@ -191,3 +191,20 @@ class ReplayHarness(Generic[M]):
             )
         self._check_snapshot()
         return None
+
+
+def build_for_replay(make: Callable[[], T]) -> T | SpecViolation:
+    """`make()` (building a harness to run a kept example again), under the call deadline: a
+    hang is a `progress` violation, a violation raised while building is returned, and any
+    other exception is the factory's own `implementation_error`, as the conformance machine
+    reports them (`ConformanceBase.construct`)."""
+    try:
+        with call_deadline("building the implementation"):
+            return make()
+    except CallDeadlineExceeded as hang:
+        return SpecViolation("progress", str(hang))
+    except SpecViolation as violation:
+        return violation
+    except Exception as err:
+        what = f"building the implementation raised {describe_raised(err)}"
+        return SpecViolation("implementation_error", what)

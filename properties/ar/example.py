@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 from properties.ar.decisions import apply_ar_ops, twin_difference, twin_harness
 from properties.ar.harness import ArAbort, ArDrain, ArHarness, ArOp, ArStep, ArSubmit
-from properties.deadline import CallDeadlineExceeded, call_deadline
-from properties.raised import describe_raised
+from properties.deadline import CallDeadlineExceeded
+from properties.replay import build_for_replay
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig
 from spec.ar.decisions import step_decisions
@@ -59,16 +59,9 @@ class ArExample:
         `progress`, as in the conformance machine; building it too), then the teardown's
         drain and the twin's comparison. Returns the first violation (None when the run
         conforms to the end) and the events the implementation emitted until then."""
-        try:
-            with call_deadline("building the implementation"):
-                harness = twin_harness(factory, self.config, self.policy)
-        except CallDeadlineExceeded as hang:
-            return SpecViolation("progress", str(hang)), []
-        except SpecViolation as violation:
-            return violation, []
-        except Exception as err:  # the factory's own error, as `ConformanceBase.construct`
-            what = f"building the implementation raised {describe_raised(err)}"
-            return SpecViolation("implementation_error", what), []
+        harness = build_for_replay(lambda: twin_harness(factory, self.config, self.policy))
+        if isinstance(harness, SpecViolation):
+            return harness, []
         try:
             for op in self.ops:
                 harness.guarded(_CALL_OF[type(op)], _apply, harness, (op,))
