@@ -34,24 +34,10 @@ from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
 from spec.implementation import Family
 from tests.mutants import MUTANTS
 from tests.test_real_sglang import sglang_installed  # noqa: F401 - the module's engine gate
+from tests.test_sglang_priority import _config  # sync, block = page = 2, as many rows as seats
 
 UNDER_PRESSURE = REAL_SGLANG_DLLM_UNDER_PRESSURE
 MUTANT = MUTANTS["no_free_on_finish"]  # keeps a finished request's KV: terminal_owns_nothing
-
-
-def _config(**changes: Any) -> DllmConfig:
-    """Sync, block = page = 2, as many rows as seats."""
-    base = DllmConfig(
-        block_size=2,
-        page_size=2,
-        kv_pages=16,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=4,
-        mode=Mode.SYNC,
-        in_place_reuse=False,
-    )
-    return base.replace(**changes)
 
 
 def _submit(rid: str, prompt_len: int, new_tokens: int) -> Submit:
