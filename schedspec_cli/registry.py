@@ -372,6 +372,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "SGLang 0.5.23's dLLM scheduler path with its real memory pools",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     _dllm(
         "real-sglang-dllm-radix",
@@ -379,6 +380,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "SGLang 0.5.23's dLLM scheduler path with its radix cache on (its dLLM default)",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     _dllm(
         "real-sglang-dllm-under-pressure",
@@ -422,6 +424,7 @@ BUILTINS_LIST: tuple[Builtin, ...] = (
         "on, the longest cached prefix first: a free queue order)",
         engine="sglang",
         default_verify=False,
+        known_fixes=SGLANG_KNOWN_FIXES,
     ),
     *(
         _ar(

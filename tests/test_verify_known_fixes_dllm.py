@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from integrations.sglang import (
+    REAL_SGLANG_DLLM,
     REAL_SGLANG_DLLM_LOF,
     REAL_SGLANG_DLLM_UNDER_PRESSURE,
 )
@@ -152,8 +153,11 @@ def test_sglangs_known_fixes_are_those_of_each_spaces_findings() -> None:
     # all but the decode fallback change what the adder admits, by design
     assert {n for n, fix in pressure.items() if not fix.by_design} == {"decode-fallback"}
     assert all(fix.rules == FINDING_RULES[n] for n, fix in pressure.items())
-    assert [fix.name for fix in known_fixes("real-sglang-dllm-lof")] == ["priority-window"]
-    assert known_fixes("real-sglang-dllm") == ()  # its headroom keeps the five out of reach
+    lof = [fix.name for fix in known_fixes("real-sglang-dllm-lof")]
+    assert lof == ["whole-staged-blocks", "priority-window"]
+    # the declared headroom keeps four of the five out of reach, not the staging truncation
+    assert [fix.name for fix in known_fixes("real-sglang-dllm")] == ["whole-staged-blocks"]
+    assert known_fixes("vllm-v1") == ()
     assert set(FINDING_RULES) <= set(SGLANG_FIXES.names)
 
 
@@ -297,6 +301,29 @@ def test_a_bug_of_ones_own_that_a_reservation_sidesteps_is_no_known_finding(
     assert trial is not None and trial.identified_by() == ()
     assert not any(line.startswith("KNOWN FINDING") for line in trial.lines()), trial.lines()
     assert trial.to_json()["identified_by"] == []
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])
+def test_the_staging_truncation_inside_the_declared_headroom_is_named(mode: Mode) -> None:
+    """Inside SGLang's declared space (`real-sglang-dllm`), two one-token prompts whose outputs
+    fill a 24-token context: the second's last block gets one slot of two, the staging
+    truncation, named by its fix."""
+    config = DllmConfig(
+        block_size=2,
+        page_size=2,
+        kv_pages=36,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=24,
+        mode=mode,
+        in_place_reuse=mode is Mode.FDFO,
+    )
+    ops = (_submit("r0", 1, 23), _submit("r1", 1, 23), Drain())
+    example = DllmExample(config, REAL_SGLANG_DLLM.profile, ops)
+    failure = _failure(example, REAL_SGLANG_DLLM.factory)
+    assert failure.rule == "whole_block_alloc"
+    trial = _trial(failure, REAL_SGLANG_DLLM.factory, "real-sglang-dllm")
+    assert trial is not None and trial.identified_by() == (("whole-staged-blocks",),)
 
 
 def test_a_twin_of_the_released_engine_does_not_hide_a_known_finding() -> None:

@@ -449,7 +449,11 @@ FINDING_RULES: dict[str, frozenset[str]] = {
     WORST_CASE_ESTIMATE.name: frozenset({"progress", "twin_decisions"}),
     RESERVE_FUTURE_BLOCKS.name: frozenset({"implementation_error", "progress"}),
     DECODE_FALLBACK.name: frozenset({"progress"}),
-    WHOLE_STAGED_BLOCKS.name: frozenset({"whole_block_alloc", "implementation_error"}),
+    # inside the declared headroom too; truncated to nothing, a ready block waits a round,
+    # which a decision twin of SGLang's order (`--twin sglang-dllm-order`) does not do
+    WHOLE_STAGED_BLOCKS.name: frozenset(
+        {"whole_block_alloc", "implementation_error", "twin_decisions"}
+    ),
     PRIORITY_WINDOW.name: frozenset({"fcfs_admission"}),
 }
 
@@ -470,21 +474,27 @@ ADMIT_OTHERWISE = (
     WHOLE_STAGED_BLOCKS.name,
 )
 
-#: Whose findings show in each built-in's space: the ordered queues' sticky window (priority,
-#: lof), and, with no pool headroom and fewer rows than seats, the five's.
+#: Whose findings show in each built-in's space: the staging truncation everywhere (the
+#: declared headroom does not keep it out: docs/engines.md's findings), the ordered queues'
+#: sticky window (priority, lof), and, with no pool headroom and fewer rows than seats, all five.
+_IN_SPACE = (WHOLE_STAGED_BLOCKS.name,)
+_ORDERED = (PRIORITY_WINDOW.name, *_IN_SPACE)
 _FINDINGS_OF: dict[str, tuple[str, ...]] = {
-    "real-sglang-dllm-priority": (PRIORITY_WINDOW.name,),
-    "real-sglang-dllm-lof": (PRIORITY_WINDOW.name,),
-    "real-sglang-dllm-priority-lof": (PRIORITY_WINDOW.name,),
+    "real-sglang-dllm": _IN_SPACE,
+    "real-sglang-dllm-radix": _IN_SPACE,
+    "real-sglang-dllm-lpm": _IN_SPACE,
+    "real-sglang-dllm-priority": _ORDERED,
+    "real-sglang-dllm-lof": _ORDERED,
+    "real-sglang-dllm-priority-lof": _ORDERED,
     "real-sglang-dllm-under-pressure": FIX_NAMES,
 }
 
 
 def known_fixes(impl: str) -> tuple[KnownFix, ...]:
     """The fixes of the findings that show in built-in `impl`'s space (`real-sglang-dllm-*`),
-    each with the rules its finding breaks, as `schedspec verify` tries them on a failure;
-    none for a built-in whose space hides them (the headroom of the others keeps the five's
-    findings out of reach) or another name."""
+    each with the rules its finding breaks, as `schedspec verify` tries them on a failure
+    (inside the declared headroom only the staging truncation's, and the sticky window's for
+    an ordered queue); none for another name."""
     return SGLANG_FIXES.known(
         {name: FINDING_RULES[name] for name in _FINDINGS_OF.get(impl, ())},
         by_design=ADMIT_OTHERWISE,
