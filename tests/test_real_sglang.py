@@ -534,12 +534,10 @@ def test_sglang_0_5_23_frees_the_retained_block_on_abort() -> None:
     assert h.impl.snapshot().leaked_slots() == 0
 
 
-def test_finding_32992_recreated_is_caught_as_terminal_owns_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """SGLang #32992 re-created: the abort frees only the committed KV of the request, not the
-    retained block of its unresolved FDFO block. The patched `release_kv_cache` (as the dLLM
-    abort path in managers/scheduler.py calls it) forgets the retained block first."""
+def recreate_32992(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang #32992 re-created for the test: `release_kv_cache` (as the dLLM abort path in
+    managers/scheduler.py calls it) forgets an FDFO request's retained block first, so an abort
+    frees only its committed KV."""
     import sglang.srt.managers.scheduler as scheduler_module
 
     release = scheduler_module.release_kv_cache
@@ -551,6 +549,15 @@ def test_finding_32992_recreated_is_caught_as_terminal_owns_nothing(
         return release(req, tree_cache, checkpoint=checkpoint)
 
     monkeypatch.setattr(scheduler_module, "release_kv_cache", pre_fix)
+
+
+def test_finding_32992_recreated_is_caught_as_terminal_owns_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang #32992 re-created: the abort frees only the committed KV of the request, not the
+    retained block of its unresolved FDFO block. The patched `release_kv_cache` (as the dLLM
+    abort path in managers/scheduler.py calls it) forgets the retained block first."""
+    recreate_32992(monkeypatch)
     v = _violation(lambda: _abort_carrier(_harness(_config())))
     assert v.rule == "terminal_owns_nothing", v
 

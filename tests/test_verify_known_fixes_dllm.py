@@ -34,7 +34,10 @@ from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
 from spec.implementation import Family
 from tests.mutants import MUTANTS
-from tests.test_real_sglang import sglang_installed  # noqa: F401 - the module's engine gate
+from tests.test_real_sglang import (
+    recreate_32992,
+    sglang_installed,  # noqa: F401 - the module's engine gate
+)
 from tests.test_sglang_priority import _config  # sync, block = page = 2, as many rows as seats
 
 UNDER_PRESSURE = REAL_SGLANG_DLLM_UNDER_PRESSURE
@@ -406,17 +409,7 @@ def test_verify_names_sglangs_known_finding_under_pressure(
 def test_a_new_bug_is_no_known_finding(monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang #32992 re-created (an abort frees only an FDFO request's committed KV, not its
     retained block): a rule no known finding of SGLang breaks, so none is tried."""
-    import sglang.srt.managers.scheduler as scheduler_module
-
-    release = scheduler_module.release_kv_cache
-
-    def pre_fix(req: Any, tree_cache: Any, checkpoint: bool = False) -> Any:
-        if len(req.dllm_incomplete_ids):  # the retained block is not part of the commit
-            req.kv.kv_allocated_len = req.prefix_len
-            req.kv.kv_committed_len = req.prefix_len
-        return release(req, tree_cache, checkpoint=checkpoint)
-
-    monkeypatch.setattr(scheduler_module, "release_kv_cache", pre_fix)
+    recreate_32992(monkeypatch)
     config = _config(block_size=4, page_size=4, max_context=32, mode=Mode.FDFO)
     config = config.replace(in_place_reuse=True)
     ops = (Submit(RequestSpec("a", (5, 6, 7, 8, 9), 8)), Round(), Round(), Abort("a"))
