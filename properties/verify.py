@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeAlias
 import hypothesis.core
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
+from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from hypothesis.strategies import SearchStrategy
 
@@ -28,6 +29,7 @@ from properties.conformance import ParityPolicy, StepCounter, conformance_machin
 from properties.conformance_base import CALLS_NOTE, NATIVE_NOTE
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from properties.decisions import DecisionTwin
+from properties.shrink_order import stable_shrink_order
 from spec.adapter import ImplementationFactory
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.profile import ArPolicy
@@ -173,10 +175,17 @@ def forced_seed(seed: int | None) -> Iterator[None]:
 def run_machine(
     machine: type[RuleBasedStateMachine], run_settings: settings
 ) -> tuple[BaseException | None, str]:
-    """Run a state machine test; return (exception or None, what Hypothesis printed)."""
+    """Run a state machine test; return (exception or None, what Hypothesis reported). What
+    the implementation prints goes where it would anyway, not into the report. It shrinks in
+    an order that depends on the program only (`properties.shrink_order`), so a seed shrinks
+    to the same counterexample in every process."""
     buf = io.StringIO()
+
+    def reported(text: object) -> None:
+        buf.write(f"{text}\n")
+
     try:
-        with contextlib.redirect_stdout(buf):
+        with with_reporter(reported), stable_shrink_order():
             run_state_machine_as_test(machine, settings=run_settings)
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):

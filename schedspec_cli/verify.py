@@ -29,6 +29,7 @@ from schedspec_cli.args import (
     refuse_ignored,
 )
 from schedspec_cli.engine_cmds import check_shipped_parity
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from schedspec_cli.impls import (
     NotAnAdapter,
     Resolved,
@@ -306,24 +307,26 @@ def run(args: argparse.Namespace) -> int:
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
-        res = verify_implementation(
-            t.name,
-            t.implementation,
-            args.examples,
-            parity=parity,
-            configs=configs if t.family is Family.DLLM else None,
-            keep_going=args.keep_going,
-            accepted=[(d, source) for d in p.accepted],
-            progress=bar.examples(args.examples),
-            fatal=(NotAnAdapter,),
-            profile=profile_summary(t.implementation),
-            call_timeout=args.call_timeout,
-            twin=p.twin,
-            seed=args.seed,
-        )
-        bar.done()
-        with call_timeout_set(args.call_timeout):
-            trials = known_fix_trials(t, res)
+        # an engine's own prints (SGLang's radix tree when out of memory) stay off the table
+        with implementation_stdout_to_stderr():
+            res = verify_implementation(
+                t.name,
+                t.implementation,
+                args.examples,
+                parity=parity,
+                configs=configs if t.family is Family.DLLM else None,
+                keep_going=args.keep_going,
+                accepted=[(d, source) for d in p.accepted],
+                progress=bar.examples(args.examples),
+                fatal=(NotAnAdapter,),
+                profile=profile_summary(t.implementation),
+                call_timeout=args.call_timeout,
+                twin=p.twin,
+                seed=args.seed,
+            )
+            bar.done()
+            with call_timeout_set(args.call_timeout):
+                trials = known_fix_trials(t, res)
         results.append(res)
         findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))

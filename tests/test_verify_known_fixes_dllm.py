@@ -422,3 +422,26 @@ def test_a_new_bug_is_no_known_finding(monkeypatch: pytest.MonkeyPatch) -> None:
         "NO KNOWN FINDING BREAKS [terminal_owns_nothing]: the known ones break "
         "[implementation_error], [progress], [twin_decisions], [whole_block_alloc]."
     ]
+
+
+def test_sglangs_radix_tree_printed_out_of_memory_goes_to_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """SGLang prints its radix tree when it runs out of memory, from Rust, to descriptor 1
+    (past `sys.stdout`), on every replay of the overcommitted pool; inside `verify`'s guard
+    (`schedspec_cli.engine_stdout`) the trials' replays leave stdout to the table."""
+    from properties.verify import VerifyResult
+    from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
+    from schedspec_cli.impls import resolve
+    from schedspec_cli.verify import known_fix_trials
+
+    example = DllmExample(_config(kv_pages=7, max_context=10), UNDER_PRESSURE.profile, OVERCOMMIT)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    assert "full_lock=" in capfd.readouterr().out  # the engine's own print, as released
+    target = resolve("real-sglang-dllm-under-pressure")
+    result = VerifyResult(target.name, 1, 1, 0.0, failures=[failure])
+    with implementation_stdout_to_stderr():
+        (trial,) = known_fix_trials(target, result)
+    assert trial is not None and trial.passes_with  # the replays ran, out of memory included
+    seen = capfd.readouterr()
+    assert seen.out == "" and "full_lock=" in seen.err, seen
