@@ -40,6 +40,8 @@ A campaign subclasses the built class again with a growing `ignored_rules` (and 
 
 from __future__ import annotations
 
+import functools
+import unittest
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -58,6 +60,7 @@ from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.profiles import hold_no_mined_constants
 from properties.raised import describe_raised
 from properties.replay import ReplayHarness
+from properties.shrink_order import stable_shrink_order
 from spec.errors import SchedSpecError, SpecViolation
 
 H = TypeVar("H", bound=ReplayHarness[Any])
@@ -76,8 +79,41 @@ class StepCounter:
         self.on_example: Callable[[int, int], None] | None = None
 
 
+class _StableOrderTestCase:
+    """`Machine.TestCase`, what pytest and unittest run: Hypothesis's test case for the machine,
+    whose run shrinks in an order that depends on the program only (`properties.shrink_order`),
+    so a failure shrinks to the same counterexample in CI and on a developer's machine. One
+    class per machine, as Hypothesis's own: `Machine.TestCase.settings = ...` sticks."""
+
+    def __get__(self, obj: object, owner: type[RuleBasedStateMachine] | None = None) -> Any:
+        machine = owner if obj is None else type(obj)
+        if machine is None or not issubclass(machine, RuleBasedStateMachine):
+            raise AttributeError("TestCase is read from a state machine class or instance")
+        return _stable_order_test_case(machine)
+
+
+@functools.cache
+def _stable_order_test_case(machine: type[RuleBasedStateMachine]) -> type[unittest.TestCase]:
+    hypothesis_own: Any = RuleBasedStateMachine.__dict__["TestCase"].__get__(None, machine)
+
+    class StableOrder(hypothesis_own):  # type: ignore[misc]
+        def runTest(self) -> None:
+            with stable_shrink_order():
+                hypothesis_own.runTest(self)
+
+        # what Hypothesis's own runTest carries, for its pytest plugin
+        runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
+        runTest._hypothesis_state_machine_class = machine  # type: ignore[attr-defined]
+
+    StableOrder.__name__ = hypothesis_own.__name__
+    StableOrder.__qualname__ = hypothesis_own.__qualname__
+    return StableOrder
+
+
 class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     """The shared rules and hooks; see the module docstring for how a family subclasses it."""
+
+    TestCase = _StableOrderTestCase()
 
     ignored_rules: ClassVar[frozenset[str]] = frozenset()
     ignored_hits: ClassVar[dict[str, int]] = {}

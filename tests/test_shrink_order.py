@@ -10,6 +10,7 @@ same programs under different label values.
 from __future__ import annotations
 
 import contextlib
+import unittest
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,8 +21,16 @@ from hypothesis.internal.conjecture import shrinker as hypothesis_shrinker
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import properties.verify as verify_module
+from properties.ar.conformance import ar_conformance_machine
+from properties.conformance import conformance_machine
 from properties.shrink_order import stable_shrink_order, supported
 from properties.verify import forced_seed, run_machine, verify_settings
+from reference.ar.vllm_v1 import VLLM_V1
+from reference.dllm import REFERENCE_DLLM
+from spec.adapter import EventSink
+from spec.ar.adapter import ArEventSink
+from spec.ar.config import ArConfig
+from spec.config import DllmConfig
 
 #: Pairs of hash values whose labels sort in different orders when written out.
 LABEL_VALUES = ((1, 2), (2**40, 7), (12345, 99999), (3, 2**50))
@@ -181,3 +190,40 @@ def test_without_the_stable_order_the_same_seeded_machine_shrinks_differently(
     """The teeth of the test above: `run_machine` without the module, same seed, label values
     alone differing."""
     assert len(set(machine_runs(hypothesis_order, monkeypatch))) > 1
+
+
+def run_test_case(test_case: type[unittest.TestCase]) -> unittest.TestResult:
+    test_case.settings = settings(  # type: ignore[attr-defined]
+        max_examples=3, database=None, derandomize=True, deadline=None
+    )
+    result = unittest.TestResult()
+    test_case().run(result)
+    return result
+
+
+@pytest.mark.parametrize("family", ["dllm", "ar"])
+def test_a_conformance_machines_test_case_runs_in_the_stable_order(family: str) -> None:
+    """What pytest runs (`Machine.TestCase`) shrinks alike in CI and on a developer's
+    machine: every example, built inside the run, sees the stable order; after it, the
+    shrinker's own is back. One class per machine, so settings assigned to it stick."""
+    own = hypothesis_shrinker.Shrinker.__dict__["distinct_labels"]
+    stable_during_run: list[bool] = []
+
+    def dllm(config: DllmConfig, sink: EventSink) -> Any:
+        stable_during_run.append(
+            hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is not own
+        )
+        return REFERENCE_DLLM.factory(config, sink)
+
+    def ar(config: ArConfig, sink: ArEventSink) -> Any:
+        stable_during_run.append(
+            hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is not own
+        )
+        return VLLM_V1.factory(config, sink)
+
+    machine = conformance_machine(dllm) if family == "dllm" else ar_conformance_machine(ar)
+    assert machine.TestCase is machine.TestCase
+    result = run_test_case(machine.TestCase)
+    assert result.wasSuccessful() and result.testsRun == 1, result.failures + result.errors
+    assert stable_during_run and all(stable_during_run)
+    assert hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is own
