@@ -25,6 +25,7 @@ that such a version is noticed before it ships).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,20 +45,34 @@ def supported() -> bool:
     return isinstance(_shrinker.Shrinker.__dict__.get(_ATTRIBUTE), property)
 
 
+_lock = threading.Lock()
+_active = 0  # contexts open now, in any thread
+_hypothesis_own: property | None = None  # the shrinker's own order, while replaced
+
+
 @contextlib.contextmanager
 def stable_shrink_order() -> Iterator[None]:
-    """Inside, Hypothesis shrinks in an order that depends on the program only; the shrinker's
-    own order is back afterwards (also after an error, and when contexts nest)."""
-    cls = _shrinker.Shrinker
-    own = cls.__dict__.get(_ATTRIBUTE)
-    if not isinstance(own, property):
-        yield
-        return
-    setattr(cls, _ATTRIBUTE, property(_labels_in_first_occurrence))
+    """Inside, Hypothesis shrinks in an order that depends on the program only. The first
+    context to open replaces the shrinker's order and the last to close puts it back, whatever
+    order they close in (nested, after an error, or overlapping in threads)."""
+    global _active, _hypothesis_own
+    with _lock:
+        if _active == 0:
+            own = _shrinker.Shrinker.__dict__.get(_ATTRIBUTE)
+            if not isinstance(own, property):  # another Hypothesis: shrink as it does
+                own = None
+            _hypothesis_own = own
+            if own is not None:
+                setattr(_shrinker.Shrinker, _ATTRIBUTE, property(_labels_in_first_occurrence))
+        _active += 1
     try:
         yield
     finally:
-        setattr(cls, _ATTRIBUTE, own)
+        with _lock:
+            _active -= 1
+            if _active == 0 and _hypothesis_own is not None:
+                setattr(_shrinker.Shrinker, _ATTRIBUTE, _hypothesis_own)
+                _hypothesis_own = None
 
 
 __all__ = ["stable_shrink_order", "supported"]

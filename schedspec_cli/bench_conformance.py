@@ -19,6 +19,7 @@ from typing import Any
 from properties.conformance import ParityPolicy, StepCounter
 from properties.verify import Twin, forced_seed, machine_for, run_machine, verify_settings
 from schedspec_cli.args import MAX_EXAMPLES, MAX_SEED, Parser, int_in, positive
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from schedspec_cli.impls import refuse_parity_for_ar_only, resolve
 from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.torch_threads import (
@@ -120,7 +121,8 @@ def _run(
     counter = StepCounter()
     machine = machine_for(impl, parity=parity, counter=counter, twin=twin)
     start = time.perf_counter()
-    with forced_seed(seed):
+    # an implementation's own prints stay off the table
+    with forced_seed(seed), implementation_stdout_to_stderr():
         err, _ = run_machine(machine, verify_settings(examples, seed_derandomize=seed is None))
     seconds = time.perf_counter() - start
     return {

@@ -7,13 +7,20 @@ Rust extension, straight to file descriptor 1 and past Python's `sys.stdout`; a 
 
 Inside `implementation_stdout_to_stderr()` both ways of writing to stdout lead to stderr,
 where the engine's log lines already go: `sys.stdout` is `sys.stderr`, and descriptor 1 is a
-copy of descriptor 2. Both are flushed and put back on the way out, also after an error.
-Where descriptor 1 or 2 cannot be duplicated (closed), only `sys.stdout` is redirected.
+copy of descriptor 2. Python's streams and the C library's buffers (`printf`) are flushed on
+the way in, so what was written before lands where it was meant to, and on the way out, so
+what the implementation left buffered lands on stderr; then both are put back, also after an
+error. Where descriptor 1 or 2 cannot be duplicated (closed) only `sys.stdout` is redirected;
+with no `sys.stdout` at all (descriptor 1 closed at start) nothing is.
+
+`verify` (the main job and `--impl` runs, the known-fix trials included), `bench conformance`
+and `parity --impl` drive implementations inside it; what schedspec prints comes after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 from collections.abc import Iterator
@@ -25,16 +32,30 @@ _STDERR_FD = 2
 @contextlib.contextmanager
 def implementation_stdout_to_stderr() -> Iterator[None]:
     """Send what is written to stdout, by Python or by native code, to stderr inside."""
-    sys.stdout.flush()
+    if sys.stdout is None or sys.stderr is None:  # nothing to keep apart
+        yield
+        return
+    _flush_everything()
     saved = _descriptor_1_sent_to_2()
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
-        sys.stderr.flush()
+        _flush_everything()
         if saved is not None:
             os.dup2(saved, _STDOUT_FD)
             os.close(saved)
+
+
+def _flush_everything() -> None:
+    """Python's streams (also `sys.__stdout__`, which code may hold on to) and every stdio
+    stream of the C library (`fflush(NULL)`), where there is one to flush."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
+                stream.flush()
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no C library to ask
+        ctypes.CDLL(None).fflush(None)
 
 
 def _descriptor_1_sent_to_2() -> int | None:

@@ -32,6 +32,7 @@ from properties.verify import verify_implementation
 from reference import dllm as ref
 from reference import oracle as oracle_mod
 from schedspec_cli import meta
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from schedspec_cli.impls import profile_summary, resolve_builtin
 from schedspec_cli.output import write_json
 from schedspec_cli.progress import Progress, log
@@ -107,7 +108,7 @@ def step_conformance(
             twin = resolve_twin(builtin.checked_against, builtin.family)
         bar = Progress(f"conformance {name}")
         # one torch thread while checking, as `verify --impl` (schedspec_cli.torch_threads)
-        with torch_threads_while(DEFAULT_CHECK_THREADS):
+        with torch_threads_while(DEFAULT_CHECK_THREADS), implementation_stdout_to_stderr():
             res = verify_implementation(
                 name,
                 target.implementation,

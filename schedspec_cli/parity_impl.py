@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from schedspec_cli.impls import activated_engines, engine_line, release_driven, resolve
 from schedspec_cli.meta import run_metadata
 from schedspec_cli.registry import BUILTINS
@@ -282,7 +283,8 @@ def impl_parity_main(ns: argparse.Namespace) -> int:
     "message"}, ...}` and then fails as before (exit 1)."""
     active = activated_engines()
     try:
-        with call_timeout_set(ns.run_timeout):
+        # an implementation's own prints stay off the report
+        with call_timeout_set(ns.run_timeout), implementation_stdout_to_stderr():
             report = run_impl_parity(ns.impl, ns)
     except SpecViolation as violation:
         _write_json(

@@ -4,15 +4,20 @@ extension does) goes to stderr, so stdout carries only the command's table."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from schedspec_cli.main import main
 from tests.user_module import write_user_module
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_both_ways(text: str) -> None:
@@ -64,3 +69,88 @@ def test_verify_keeps_an_implementations_prints_off_its_table(
     assert seen.out.splitlines()[0].split()[:3] == ["impl", "family", "result"]
     assert "engine chatter by print" in seen.err
     assert "engine chatter to descriptor 1" in seen.err
+
+
+#: Run with buffered stdio (no `PYTHONUNBUFFERED`, which also makes C's stdio unbuffered) and
+#: stdout a pipe: C's `printf` and the original stream keep what they are given.
+BUFFERED = """
+import ctypes, sys
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
+libc = ctypes.CDLL(None)
+libc.printf(b"before, by C\\n")
+with implementation_stdout_to_stderr():
+    libc.printf(b"inside, by C\\n")
+    sys.__stdout__.write("inside, by the original stream\\n")
+print("the table")
+"""
+
+
+def test_what_native_code_and_the_original_stream_leave_buffered_lands_on_stderr() -> None:
+    """What was buffered before the guard reaches stdout; what the implementation left
+    buffered inside reaches stderr, not the table after it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(
+        [sys.executable, "-c", BUFFERED],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before, by C\nthe table\n", done
+    # two buffers, flushed one after the other: their lines keep no order between them
+    assert sorted(done.stderr.splitlines()) == [
+        "inside, by C",
+        "inside, by the original stream",
+    ], done
+
+
+def test_without_a_stdout_nothing_is_redirected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Descriptor 1 closed at start: Python has no `sys.stdout`; the guard changes nothing."""
+    monkeypatch.setattr(sys, "stdout", None)
+    with implementation_stdout_to_stderr():
+        assert sys.stdout is None
+
+
+def test_verify_runs_with_stdout_closed(tmp_path: Path) -> None:
+    out = tmp_path / "verify.json"
+    command = (
+        f"{sys.executable} -m schedspec_cli.main verify --impl reference-dllm --examples 3 "
+        f"--json {out} 1>&-"
+    )
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["passed"] is True
+
+
+def test_verify_runs_the_known_fix_trials_inside_the_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The trials run failing examples again through the engine (SGLang's radix tree dump):
+    they too must leave stdout to the table."""
+    import schedspec_cli.verify as verify_command
+
+    def noisy_trials(target: Any, result: Any) -> list[None]:
+        write_both_ways("trial chatter")
+        return [None] * len(result.failures)
+
+    monkeypatch.setattr(verify_command, "known_fix_trials", noisy_trials)
+    code = main(["verify", "--impl", "reference-dllm", "--examples", "3"])
+    seen = capfd.readouterr()
+    assert code == 0, seen
+    assert "trial chatter" not in seen.out
+    assert "trial chatter by print" in seen.err and "trial chatter to descriptor 1" in seen.err
+
+
+def test_bench_conformance_keeps_prints_off_its_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    write_user_module(tmp_path, monkeypatch, "noisy_impl", NOISY)
+    argv = ["bench", "conformance", "--impl", "noisy_impl:noisy", "--examples", "3"]
+    code = main(argv)
+    seen = capfd.readouterr()
+    assert code == 0, seen
+    assert "chatter" not in seen.out and "engine chatter by print" in seen.err

@@ -34,7 +34,12 @@ from hypothesis.stateful import (
 )
 
 from integrations.patches import FixDoesNotApply, FixSet, module_file
-from integrations.sglang import MANIFEST, REAL_SGLANG_DLLM, fixes
+from integrations.sglang import (
+    MANIFEST,
+    REAL_SGLANG_DLLM,
+    SGLANG_DLLM_UNDER_PRESSURE_PROFILE,
+    fixes,
+)
 from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
 from integrations.sglang.engine import AttributeNotBuilt, scripted_token
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
@@ -640,6 +645,84 @@ def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming() -> Non
     with sglang_fixed(["refused-stays-incoming"]):
         _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
+
+
+def _rows_taken_by_staging(h: Harness) -> Harness:
+    """2 rows, 3 seats, 4 pages of 2 slots, sync: `r0` and `r1` arrive together and the
+    adder refuses `r1` (its estimate: prompt + a mask block, a new token and a page, 6 slots
+    each); `r2` and `r3` come next and each takes a row; then `r1`, queued as a staging request
+    without a row, is taken with them."""
+    h.submit(RequestSpec("r0", (0,), 1))
+    h.submit(RequestSpec("r1", (0,), 1))
+    h.round()
+    h.submit(RequestSpec("r2", (0, 0), 1))
+    h.submit(RequestSpec("r3", (0, 0), 1))
+    h.guarded("drain", h.drain)
+    return h
+
+
+UNDER_PRESSURE = SGLANG_DLLM_UNDER_PRESSURE_PROFILE  # any rows, no KV headroom
+_ROWS_TAKEN = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=4,
+    req_pool_rows=2,
+    max_running_requests=3,
+    max_context=4,
+    mode=Mode.SYNC,
+    in_place_reuse=False,
+)
+
+
+def test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by `verify --impl real-sglang-dllm-under-pressure --examples 200 --keep-going
+    --seed 4` (2026-12-06), shrunk there: the ragged row's cause in another form. The staging
+    path (`add_dllm_staging_req`) that a refused request re-enters by skips the adder's checks,
+    the free rows among them; with fewer rows than seats (outside the declared profile on
+    purpose: SGLang sizes its request pool from max_running_requests) three requests meet two
+    rows and SGLang raises in `alloc_req_slots` (mem_cache/allocation.py)."""
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    refused: list[str] = []
+    taken_rowless: list[str] = []
+    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
+
+    def spy_incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = add_one(self, req, *args, **kwargs)
+        if result is AddReqResult.NO_TOKEN:
+            refused.append(req.rid)
+        return result
+
+    def spy_staging(self: Any, req: Any) -> Any:
+        row = req.kv.req_pool_idx
+        result = add_staging(self, req)
+        if row is None and result is AddReqResult.CONTINUE:
+            taken_rowless.append(req.rid)
+        return result
+
+    monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
+    v = _violation(lambda: _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE)))
+    assert v.rule == "implementation_error", v
+    assert "alloc_req_slots runs out of memory" in str(v), v
+    assert "num_reqs=3" in str(v), v
+    # r1 and r3 refused by the adder, then both taken by the staging path without a row
+    assert [engine_rid.split(":")[1].rstrip("|") for engine_rid in refused] == ["r1", "r3"]
+    assert [engine_rid.split(":")[1].rstrip("|") for engine_rid in taken_rowless] == ["r3", "r1"]
+
+
+def test_finding_rows_taken_by_staging_fixed_by_keeping_the_refused_request_incoming() -> None:
+    """With `r1` kept incoming (`refused-stays-incoming`) it asks for a row through the adder
+    and waits for one; that wait is the row starvation above (`progress`), which
+    `decode-fallback` fixes: with both, every request finishes."""
+    with sglang_fixed(["refused-stays-incoming"]):
+        v = _violation(lambda: _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE)))
+    assert v.rule == "progress", v
+    with sglang_fixed(["refused-stays-incoming", "decode-fallback"]):
+        h = _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE))
+    assert set(h.outputs()) == {"r0", "r1", "r2", "r3"}
 
 
 def test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits() -> None:

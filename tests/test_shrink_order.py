@@ -124,6 +124,19 @@ def test_the_shrinkers_own_order_is_back_after_the_context_an_error_and_nesting(
     assert hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is own
 
 
+def test_overlapping_contexts_keep_the_order_until_the_last_one_closes() -> None:
+    """Two runs that overlap without nesting (threads): the one that opened first closes
+    first, and the other still shrinks in the stable order; after both, the shrinker's own."""
+    own = hypothesis_shrinker.Shrinker.__dict__["distinct_labels"]
+    first, second = stable_shrink_order(), stable_shrink_order()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is not own
+    second.__exit__(None, None, None)
+    assert hypothesis_shrinker.Shrinker.__dict__["distinct_labels"] is own
+
+
 def counting_machine(a_hash: int, b_hash: int, tried: list[str]) -> type[RuleBasedStateMachine]:
     """A fresh machine class (fresh rule functions, so fresh rule labels, as in another
     process) that pushes trees of two labelled kinds and fails once they grow large and heavy

@@ -443,7 +443,9 @@ SGLANG_FIXES = FixSet(
 #: allocates past the free KV (`Out of memory`, `implementation_error`); the sticky window of
 #: an ordered queue `fcfs_admission`.
 FINDING_RULES: dict[str, frozenset[str]] = {
-    REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc"}),
+    # the staging path a refused request re-enters by skips the adder's checks: its row is
+    # prompt + a whole mask block, and with fewer rows than seats it takes a row there is not
+    REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc", "implementation_error"}),
     # with `--twin sglang-dllm-order`, whose estimate admits a request that fits, the idle
     # engine's refusal shows first as the twin admitting more
     WORST_CASE_ESTIMATE.name: frozenset({"progress", "twin_decisions"}),
@@ -458,9 +460,12 @@ FINDING_RULES: dict[str, frozenset[str]] = {
 }
 
 #: What a finding's failure says, for a rule any bug can break: an `implementation_error` of
-#: the five is SGLang running out of KV (`Prefill out of memory`, `Out of memory`), not any crash.
+#: the five is SGLang running out of KV (`Prefill out of memory`, `Out of memory`) or, with
+#: fewer rows than seats, of request rows (`alloc_req_slots runs out of memory`), not any crash.
 FINDING_MESSAGES: dict[str, str] = {
-    "implementation_error": r"RuntimeError: (Prefill )?[Oo]ut of memory"
+    "implementation_error": (
+        r"RuntimeError: ((Prefill )?[Oo]ut of memory|alloc_req_slots runs out of memory)"
+    )
 }
 
 #: The fixes that change what the adder admits, by design: an exact fit earlier (the
