@@ -662,7 +662,7 @@ def _rows_taken_by_staging(h: Harness) -> Harness:
 
 
 UNDER_PRESSURE = SGLANG_DLLM_UNDER_PRESSURE_PROFILE  # any rows, no KV headroom
-_ROWS_TAKEN = DllmConfig(
+ROWS_TAKEN_CONFIG = DllmConfig(
     block_size=2,
     page_size=2,
     kv_pages=4,
@@ -704,7 +704,7 @@ def test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not(
 
     monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
     monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
-    v = _violation(lambda: _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE)))
+    v = _violation(lambda: _rows_taken_by_staging(_harness(ROWS_TAKEN_CONFIG, UNDER_PRESSURE)))
     assert v.rule == "implementation_error", v
     assert "alloc_req_slots runs out of memory" in str(v), v
     assert "num_reqs=3" in str(v), v
@@ -718,10 +718,10 @@ def test_finding_rows_taken_by_staging_fixed_by_keeping_the_refused_request_inco
     and waits for one; that wait is the row starvation above (`progress`), which
     `decode-fallback` fixes: with both, every request finishes."""
     with sglang_fixed(["refused-stays-incoming"]):
-        v = _violation(lambda: _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE)))
+        v = _violation(lambda: _rows_taken_by_staging(_harness(ROWS_TAKEN_CONFIG, UNDER_PRESSURE)))
     assert v.rule == "progress", v
     with sglang_fixed(["refused-stays-incoming", "decode-fallback"]):
-        h = _rows_taken_by_staging(_harness(_ROWS_TAKEN, UNDER_PRESSURE))
+        h = _rows_taken_by_staging(_harness(ROWS_TAKEN_CONFIG, UNDER_PRESSURE))
     assert set(h.outputs()) == {"r0", "r1", "r2", "r3"}
 
 

@@ -35,6 +35,7 @@ from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
 from spec.implementation import Family
 from tests.mutants import MUTANTS
 from tests.test_real_sglang import (
+    ROWS_TAKEN_CONFIG,
     recreate_32992,
     sglang_installed,  # noqa: F401 - the module's engine gate
 )
@@ -238,15 +239,7 @@ def test_a_row_taken_by_the_staging_path_is_named_by_keeping_the_refused_request
     crash's message was not SGLang running out of KV. It passes with the refused request kept
     incoming together with the decode fallback (kept incoming, it waits for a row: the row
     starvation), up to round 2, where keeping it incoming admits otherwise by design."""
-    config = _config(
-        block_size=2,
-        page_size=2,
-        kv_pages=4,
-        req_pool_rows=2,
-        max_running_requests=3,
-        max_context=4,
-    )
-    example = DllmExample(config, UNDER_PRESSURE.profile, ROWS_TAKEN)
+    example = DllmExample(ROWS_TAKEN_CONFIG, UNDER_PRESSURE.profile, ROWS_TAKEN)
     failure = _failure(example, UNDER_PRESSURE.factory)
     assert failure.rule == "implementation_error"
     assert "alloc_req_slots runs out of memory" in failure.message
