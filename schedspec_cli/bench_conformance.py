@@ -71,7 +71,8 @@ def bench_main(argv: list[str]) -> int:
     (`UsageError`, `ConfigError`: exit 2) before anything runs."""
     args = build_parser().parse_args(argv)
     check_output_path("--json", args.json)
-    targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
+    with implementation_stdout_to_stderr():  # what a module prints as it is imported, too
+        targets = [resolve(n) for n in args.impl or ["reference-dllm", "reference-dllm-joint"]]
     refuse_parity_for_ar_only(args.parity, targets)
     pin_torch_threads(args.threads)  # after loading: an engine's torch is imported by now
     twin = twin_for_targets(args.twin, targets) if args.twin is not None else None

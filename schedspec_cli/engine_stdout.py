@@ -11,10 +11,11 @@ copy of descriptor 2. Python's streams and the C library's buffers (`printf`) ar
 the way in, so what was written before lands where it was meant to, and on the way out, so
 what the implementation left buffered lands on stderr; then both are put back, also after an
 error. Where descriptor 1 or 2 cannot be duplicated (closed) only `sys.stdout` is redirected;
-with no `sys.stdout` at all (descriptor 1 closed at start) nothing is.
+with no `sys.stdout` or no `sys.stderr` at all (descriptor 1 or 2 closed at start) nothing is.
 
-`verify` (the main job and `--impl` runs, the known-fix trials included), `bench conformance`
-and `parity --impl` drive implementations inside it; what schedspec prints comes after.
+`verify` (the main job and `--impl` runs: loading the implementations, the runs, the known-fix
+trials), `bench conformance` and `parity --impl` load and drive implementations inside it;
+what schedspec prints comes after.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ from collections.abc import Callable
 
 
 class Progress:
-    """`update(text)` rewrites the line; `done()` ends it. Silent when stderr is not a tty."""
+    """`update(text)` rewrites the line; `done()` ends it. Silent when stderr is not a tty (or
+    there is none: descriptor 2 closed at start)."""
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.active: bool = sys.stderr.isatty()
+        self.active: bool = sys.stderr is not None and sys.stderr.isatty()
         self._shown = False
 
     def update(self, text: str) -> None:
@@ -42,8 +43,10 @@ class Progress:
 
 
 def log(msg: str) -> None:
-    """A progress message that stays (long commands: what they are doing now)."""
-    print(f"[schedspec] {msg}", file=sys.stderr, flush=True)
+    """A progress message that stays (long commands: what they are doing now); nothing without
+    a stderr (`print` would send it to stdout, the table's)."""
+    if sys.stderr is not None:
+        print(f"[schedspec] {msg}", file=sys.stderr, flush=True)
 
 
 __all__ = ["Progress", "log"]

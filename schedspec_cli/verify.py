@@ -288,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
     write `--json` and `--report` when given. Returns 0 when every implementation passed, else
     1; a bad flag, path, accept file or implementation raises (exit 2) before any run."""
     check_scope(args)
-    p = plan(args)
+    with implementation_stdout_to_stderr():  # what a module prints as it is imported, too
+        p = plan(args)
     # after the implementations are loaded: an engine's torch is imported by now
     pin_torch_threads(DEFAULT_CHECK_THREADS if args.threads is None else args.threads)
     parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity

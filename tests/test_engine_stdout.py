@@ -113,17 +113,22 @@ def test_without_a_stdout_nothing_is_redirected(monkeypatch: pytest.MonkeyPatch)
         assert sys.stdout is None
 
 
-def test_verify_runs_with_stdout_closed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("closed", ["1>&-", "2>&-"])
+def test_verify_runs_with_stdout_or_stderr_closed(tmp_path: Path, closed: str) -> None:
+    """Descriptor 1 or 2 closed at start: Python has no `sys.stdout` or `sys.stderr`; the run
+    still passes (exit 0, not the 1 of a violation) and writes its JSON."""
     out = tmp_path / "verify.json"
     command = (
         f"{sys.executable} -m schedspec_cli.main verify --impl reference-dllm --examples 3 "
-        f"--json {out} 1>&-"
+        f"--json {out} {closed}"
     )
     done = subprocess.run(
         ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["passed"] is True
+    if closed == "2>&-":
+        assert done.stdout.splitlines()[0].split()[:3] == ["impl", "family", "result"], done
 
 
 def test_verify_runs_the_known_fix_trials_inside_the_guard(
@@ -150,6 +155,40 @@ def test_bench_conformance_keeps_prints_off_its_table(
 ) -> None:
     write_user_module(tmp_path, monkeypatch, "noisy_impl", NOISY)
     argv = ["bench", "conformance", "--impl", "noisy_impl:noisy", "--examples", "3"]
+    code = main(argv)
+    seen = capfd.readouterr()
+    assert code == 0, seen
+    assert "chatter" not in seen.out and "engine chatter by print" in seen.err
+
+
+IMPORT_NOISY = """
+import os
+print("import chatter by print")
+os.write(1, b"import chatter to descriptor 1\\n")
+from reference.dllm import REFERENCE_DLLM as LOUD
+"""
+
+
+@pytest.mark.parametrize("command", [["verify"], ["bench", "conformance"]])
+def test_what_a_module_prints_as_it_is_imported_stays_off_the_table(
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    write_user_module(tmp_path, monkeypatch, "import_noisy", IMPORT_NOISY)
+    code = main([*command, "--impl", "import_noisy:LOUD", "--examples", "3"])
+    seen = capfd.readouterr()
+    assert code == 0, seen
+    assert "chatter" not in seen.out
+    assert "import chatter by print" in seen.err and "import chatter to descriptor 1" in seen.err
+
+
+def test_parity_keeps_an_implementations_prints_off_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    write_user_module(tmp_path, monkeypatch, "noisy_impl", NOISY)
+    argv = ["parity", "--impl", "noisy_impl:noisy", "--prompts", "2", "--max-new-tokens", "4"]
     code = main(argv)
     seen = capfd.readouterr()
     assert code == 0, seen

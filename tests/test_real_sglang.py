@@ -483,6 +483,42 @@ def test_finding_kv_pressure_fixed_by_reserving_future_blocks() -> None:
     assert set(h.outputs()) == {"a", "b"}
 
 
+def test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same cause as the ragged row (found by a review, 2026-12-06): the adder refuses `b`,
+    which comes back through the staging path, past the estimate that refused it, and
+    overcommits the pool. Kept incoming (`refused-stays-incoming`) it waits; the decode
+    fallback keeps it from starving the running request. The reservation fixes the same
+    program by refusing `b` before it becomes a staging request."""
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    staged_past_a_refusal: list[str] = []
+    refused: set[str] = set()
+    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
+
+    def spy_incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = add_one(self, req, *args, **kwargs)
+        if result is AddReqResult.NO_TOKEN:
+            refused.add(req.rid)
+        return result
+
+    def spy_staging(self: Any, req: Any) -> Any:
+        result = add_staging(self, req)
+        if req.rid in refused and result is AddReqResult.CONTINUE:
+            staged_past_a_refusal.append(req.rid.split(":")[1].rstrip("|"))
+        return result
+
+    monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
+    _violation(lambda: _kv_pressure(_harness(_config(kv_pages=5))))
+    assert staged_past_a_refusal[:1] == ["b"]
+    h = _harness(_config(kv_pages=5))
+    with sglang_fixed(["refused-stays-incoming", "decode-fallback"]):
+        _kv_pressure(h)
+    assert set(h.outputs()) == {"a", "b"}
+
+
 def _rows_short(h: Harness) -> None:
     """1 row, max_running 2: a decode-phase request runs, then a prefill-phase one arrives."""
     h.submit(RequestSpec("d", (1,), 8))
@@ -507,7 +543,8 @@ _ROWS_SHORT = DllmProfile(
 def test_finding_prefill_request_without_a_row_starves_the_decode_request() -> None:
     """With fewer rows than max_running, a prefill-phase request that cannot get a row makes
     SGLang skip the decode batch (prefill goes first and forms nothing): the decode request that
-    holds the row never runs again. Outside the profile (rows == max_running) on purpose."""
+    holds the row never runs again. Outside the profile (rows == max_running) on purpose, not
+    outside SGLang: a small KV pool or attention DP sizes the request pool below the seats."""
     v = _violation(lambda: _rows_short(_harness(_config(req_pool_rows=1), _ROWS_SHORT)))
     assert v.rule == "progress", v
 
@@ -678,11 +715,14 @@ def test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Found by `verify --impl real-sglang-dllm-under-pressure --examples 200 --keep-going
-    --seed 4` (2026-12-06), shrunk there: the ragged row's cause in another form. The staging
-    path (`add_dllm_staging_req`) that a refused request re-enters by skips the adder's checks,
-    the free rows among them; with fewer rows than seats (outside the declared profile on
-    purpose: SGLang sizes its request pool from max_running_requests) three requests meet two
-    rows and SGLang raises in `alloc_req_slots` (mem_cache/allocation.py)."""
+    --seed 4` (2026-12-06), shrunk there: the ragged row's cause in another form. A refused
+    request re-enters through the staging path (`process_dllm_staging_reqs`,
+    `add_dllm_staging_req`), which lacks the incoming path's checks, the free-row check
+    (`get_num_allocatable_reqs` in `process_dllm_incoming_reqs`) among them; with fewer rows
+    than seats three requests meet two rows and SGLang raises in `alloc_req_slots`
+    (mem_cache/allocation.py). Outside the declared profile, not outside SGLang: the dLLM
+    manager keeps `--max-running-requests` as given while `resolve_max_num_reqs` sizes the
+    request pool at min(requested // attention-DP size, token capacity // 2)."""
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
     refused: list[str] = []

@@ -443,8 +443,9 @@ SGLANG_FIXES = FixSet(
 #: allocates past the free KV (`Out of memory`, `implementation_error`); the sticky window of
 #: an ordered queue `fcfs_admission`.
 FINDING_RULES: dict[str, frozenset[str]] = {
-    # the staging path a refused request re-enters by skips the adder's checks: its row is
-    # prompt + a whole mask block, and with fewer rows than seats it takes a row there is not
+    # the staging path a refused request re-enters by lacks the incoming path's checks: its
+    # row is prompt + a whole mask block, past the estimate that refused it it overcommits the
+    # KV, and with fewer rows than seats it takes a row there is not
     REFUSED_STAYS_INCOMING.name: frozenset({"whole_block_alloc", "implementation_error"}),
     # with `--twin sglang-dllm-order`, whose estimate admits a request that fits, the idle
     # engine's refusal shows first as the twin admitting more

@@ -10,9 +10,13 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
 - no re-loop (`reloop={False}`): `DllmAlgorithm._run_fdfo` runs one forward and one step per
   scheduler round (dllm/algorithm/base.py);
 - rows == max_running_requests: the request pool is sized from max_running_requests
-  (`ReqToTokenPool(size=max_num_reqs)`); with fewer rows SGLang stalls (a finding, see
-  docs/engines.md), so the profile does not claim that space (the candidate fixes of
-  `integrations.sglang.fixes` lift this restriction and the KV headroom);
+  (`ReqToTokenPool(size=max_num_reqs)`), as a rule. Not always: the dLLM manager keeps
+  `--max-running-requests` as given (dllm/config.py), while `resolve_max_num_reqs`
+  (mem_cache/kv_cache_configurator.py) sizes the pool at min(requested // attention-DP size,
+  token capacity // 2), so a small KV pool or attention DP leaves fewer rows than seats; there
+  SGLang stalls or takes a row there is not (findings, see docs/engines.md), so the profile
+  does not claim that space (the candidate fixes of `integrations.sglang.fixes` lift this
+  restriction and the KV headroom);
 - the radix cache on or off (`prefix_cache={False, True}`): SGLang 0.5.23 serves dLLMs with
   its block-level radix cache unless `--disable-radix-cache` (PR #18724); committed blocks are
   checkpointed into the tree after every block (`finish_dllm_forward` ->
