@@ -150,12 +150,21 @@ def test_verify_runs_the_known_fix_trials_inside_the_guard(
     assert "trial chatter by print" in seen.err and "trial chatter to descriptor 1" in seen.err
 
 
-def test_bench_conformance_keeps_prints_off_its_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "conformance", "--impl", "noisy_impl:noisy", "--examples", "3"],
+        ["parity", "--impl", "noisy_impl:noisy", "--prompts", "2", "--max-new-tokens", "4"],
+    ],
+)
+def test_bench_conformance_and_parity_keep_prints_off_their_tables(
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     write_user_module(tmp_path, monkeypatch, "noisy_impl", NOISY)
-    argv = ["bench", "conformance", "--impl", "noisy_impl:noisy", "--examples", "3"]
-    code = main(argv)
+    code = main(command)
     seen = capfd.readouterr()
     assert code == 0, seen
     assert "chatter" not in seen.out and "engine chatter by print" in seen.err
@@ -182,14 +191,3 @@ def test_what_a_module_prints_as_it_is_imported_stays_off_the_table(
     assert code == 0, seen
     assert "chatter" not in seen.out
     assert "import chatter by print" in seen.err and "import chatter to descriptor 1" in seen.err
-
-
-def test_parity_keeps_an_implementations_prints_off_its_report(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    write_user_module(tmp_path, monkeypatch, "noisy_impl", NOISY)
-    argv = ["parity", "--impl", "noisy_impl:noisy", "--prompts", "2", "--max-new-tokens", "4"]
-    code = main(argv)
-    seen = capfd.readouterr()
-    assert code == 0, seen
-    assert "chatter" not in seen.out and "engine chatter by print" in seen.err

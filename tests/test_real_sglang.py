@@ -455,6 +455,44 @@ def test_finding_a_fitting_request_waits_inside_the_declared_headroom() -> None:
 
 
 # ---------------------------------------------------------------------------------- findings
+@dataclasses.dataclass
+class AdderSpy:
+    """What SGLang's `PrefillAdder` did, by the harness's request ids: the requests the
+    incoming path refused (`add_one_req` gave NO_TOKEN), and each request the staging path took
+    (`add_dllm_staging_req` gave CONTINUE) with whether it held a row before."""
+
+    refused: list[str] = dataclasses.field(default_factory=list)
+    staged: list[tuple[str, bool]] = dataclasses.field(default_factory=list)
+
+
+def _our_id(engine_rid: str) -> str:
+    return engine_rid.split(":", 1)[1].rstrip("|")  # the adapter's "<epoch>:<id>|"
+
+
+def spy_on_the_adder(monkeypatch: pytest.MonkeyPatch) -> AdderSpy:
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    spy = AdderSpy()
+    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
+
+    def incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = add_one(self, req, *args, **kwargs)
+        if result is AddReqResult.NO_TOKEN:
+            spy.refused.append(_our_id(req.rid))
+        return result
+
+    def staging(self: Any, req: Any) -> Any:
+        had_row = req.kv.req_pool_idx is not None
+        result = add_staging(self, req)
+        if result is AddReqResult.CONTINUE:
+            spy.staged.append((_our_id(req.rid), had_row))
+        return result
+
+    monkeypatch.setattr(PrefillAdder, "add_one_req", incoming)
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", staging)
+    return spy
+
+
 def _kv_pressure(h: Harness) -> None:
     """rows 2, 5 usable KV pages (SGLang's page 0 aside), two requests of 3 pages each
     (block = page = 4): both fit alone, not together."""
@@ -491,28 +529,10 @@ def test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming(
     overcommits the pool. Kept incoming (`refused-stays-incoming`) it waits; the decode
     fallback keeps it from starving the running request. The reservation fixes the same
     program by refusing `b` before it becomes a staging request."""
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    staged_past_a_refusal: list[str] = []
-    refused: set[str] = set()
-    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
-
-    def spy_incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-        result = add_one(self, req, *args, **kwargs)
-        if result is AddReqResult.NO_TOKEN:
-            refused.add(req.rid)
-        return result
-
-    def spy_staging(self: Any, req: Any) -> Any:
-        result = add_staging(self, req)
-        if req.rid in refused and result is AddReqResult.CONTINUE:
-            staged_past_a_refusal.append(req.rid.split(":")[1].rstrip("|"))
-        return result
-
-    monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
-    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
+    spy = spy_on_the_adder(monkeypatch)
     _violation(lambda: _kv_pressure(_harness(_config(kv_pages=5))))
-    assert staged_past_a_refusal[:1] == ["b"]
+    assert spy.refused[:1] == ["b"]
+    assert ("b", False) in spy.staged  # back through staging, without a row
     h = _harness(_config(kv_pages=5))
     with sglang_fixed(["refused-stays-incoming", "decode-fallback"]):
         _kv_pressure(h)
@@ -723,34 +743,14 @@ def test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not(
     (mem_cache/allocation.py). Outside the declared profile, not outside SGLang: the dLLM
     manager keeps `--max-running-requests` as given while `resolve_max_num_reqs` sizes the
     request pool at min(requested // attention-DP size, token capacity // 2)."""
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    refused: list[str] = []
-    taken_rowless: list[str] = []
-    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
-
-    def spy_incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-        result = add_one(self, req, *args, **kwargs)
-        if result is AddReqResult.NO_TOKEN:
-            refused.append(req.rid)
-        return result
-
-    def spy_staging(self: Any, req: Any) -> Any:
-        row = req.kv.req_pool_idx
-        result = add_staging(self, req)
-        if row is None and result is AddReqResult.CONTINUE:
-            taken_rowless.append(req.rid)
-        return result
-
-    monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
-    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
+    spy = spy_on_the_adder(monkeypatch)
     v = _violation(lambda: _rows_taken_by_staging(_harness(ROWS_TAKEN_CONFIG, UNDER_PRESSURE)))
     assert v.rule == "implementation_error", v
     assert "alloc_req_slots runs out of memory" in str(v), v
     assert "num_reqs=3" in str(v), v
     # r1 and r3 refused by the adder, then both taken by the staging path without a row
-    assert [engine_rid.split(":")[1].rstrip("|") for engine_rid in refused] == ["r1", "r3"]
-    assert [engine_rid.split(":")[1].rstrip("|") for engine_rid in taken_rowless] == ["r3", "r1"]
+    assert spy.refused == ["r1", "r3"]
+    assert [rid for rid, had_row in spy.staged if not had_row] == ["r3", "r1"]
 
 
 def test_finding_rows_taken_by_staging_fixed_by_keeping_the_refused_request_incoming() -> None:
