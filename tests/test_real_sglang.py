@@ -359,11 +359,10 @@ def test_the_radix_cache_suite_catches_a_row_left_on_a_freed_copy() -> None:
     assert "state:" in str(caught.value) and "cache (" in str(caught.value), caught.value
 
 
-def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:
-    """Inside SGLang's declared space (2 seats and rows, block = page = 2, 36 pages: each seat
-    a whole 24-token context plus the 4 pages of headroom), two one-token prompts whose outputs
-    run to the end of the context or nearly, submitted together and drained."""
-    cfg = _config(
+def two_long_requests_config(mode: Mode) -> DllmConfig:
+    """Inside SGLang's declared space: 2 seats and rows, block = page = 2, 36 pages (each seat
+    a whole 24-token context plus the 4 pages of headroom)."""
+    return _config(
         block_size=2,
         page_size=2,
         kv_pages=36,
@@ -373,7 +372,12 @@ def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:
         mode=mode,
         in_place_reuse=mode is Mode.FDFO,
     )
-    h = _harness(cfg, PROFILE)
+
+
+def _two_long_requests(mode: Mode, max_new: tuple[int, int]) -> Harness:
+    """In `two_long_requests_config`, two one-token prompts whose outputs run to the end of the
+    context or nearly, submitted together and drained."""
+    h = _harness(two_long_requests_config(mode), PROFILE)
     h.submit(RequestSpec("r0", (0,), max_new[0]))
     h.submit(RequestSpec("r1", (0,), max_new[1]))
     h.guarded("drain", h.drain)

@@ -38,6 +38,7 @@ from tests.test_real_sglang import (
     ROWS_TAKEN_CONFIG,
     recreate_32992,
     sglang_installed,  # noqa: F401 - the module's engine gate
+    two_long_requests_config,
 )
 from tests.test_sglang_priority import _config  # sync, block = page = 2, as many rows as seats
 
@@ -355,16 +356,7 @@ def test_the_staging_truncation_inside_the_declared_headroom_is_named(mode: Mode
     """Inside SGLang's declared space (`real-sglang-dllm`), two one-token prompts whose outputs
     fill a 24-token context: the second's last block gets one slot of two, the staging
     truncation, named by its fix."""
-    config = DllmConfig(
-        block_size=2,
-        page_size=2,
-        kv_pages=36,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=24,
-        mode=mode,
-        in_place_reuse=mode is Mode.FDFO,
-    )
+    config = two_long_requests_config(mode)
     ops = (_submit("r0", 1, 23), _submit("r1", 1, 23), Drain())
     example = DllmExample(config, REAL_SGLANG_DLLM.profile, ops)
     failure = _failure(example, REAL_SGLANG_DLLM.factory)
