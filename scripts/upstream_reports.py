@@ -1,17 +1,19 @@
 """Render docs/upstream-reports.md: one report per vLLM finding, ready to file upstream, from the
-shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json --trace` for the autoregressive
-engine-core loop's findings, `scripts/vllm_dllm_shrink.py --json --trace` for the diffusion
-loop's: their records say `"path": "diffusion"`).
+shrunk programs of docs/shrunk/vllm-*.json (`scripts/vllm_shrink.py --json --trace` for the
+autoregressive engine-core loop's findings, `scripts/vllm_dllm_shrink.py --json --trace` for the
+diffusion loop's: their records say `"path": "diffusion"`), then one per open finding in
+SGLang's dLLM path, from docs/shrunk/sglang-*.json (`scripts/sglang_findings.py --record`).
 
     python3 scripts/upstream_reports.py [--check]
 
 Each report gives the finding in a sentence, what its candidate fix changes (the fix's own
-summary), the rule its shrunk program breaks and the message, the command that shrinks it
-again, the program, its run, and the command that prints the fix as a patch. Without
-`--check` it writes the file; with `--check` it writes nothing and exits 1 if the file is not
-what it would write (a shrunk program re-recorded, a title changed), 0 if it is. Exit 2 if a
-shrunk program has no title here. Needs no engine: the fixes' summaries are read from
-`integrations.vllm`, which imports vLLM only when a fix is applied.
+summary), the rule its program breaks and the message, the command that reproduces it, the
+program, its run (SGLang's: the adapter's calls on SGLang's scheduler), and the command that
+prints the fix as a patch. Without `--check` it writes the file; with `--check` it writes
+nothing and exits 1 if the file is not what it would write (a program re-recorded, a title
+changed), 0 if it is. Exit 2 if a vLLM shrunk program has no title here (an SGLang record
+carries its own). Needs no engine: the fixes' summaries are read from `integrations.vllm` and
+`integrations.sglang.fixes`, which import their engine only when a fix is applied.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.sglang.fixes import SGLANG_FIXES
 from integrations.vllm.dllm_arguments import fix_flags, space_flags
 from integrations.vllm.encoder_inputs import EncoderOptions
 from integrations.vllm.engine_core import LoopOptions
@@ -305,6 +308,9 @@ SUMMARIES = {
     **{fix.name: fix.summary for fix in VLLM_DLLM_FIXES.fixes},
 }
 
+#: SGLang's fixes (`integrations.sglang.fixes`), with their summaries.
+SGLANG_SUMMARIES = {fix.name: fix.summary for fix in SGLANG_FIXES.fixes}
+
 #: `LoopOptions` fields and the `scripts/vllm_shrink.py` flag that sets each (a bool: the flag
 #: alone; kv_sync_loads, kv_load_failures and reserve_full_isl: their flags when False;
 #: kv_report_mode: its flag when "full").
@@ -580,10 +586,85 @@ def _report(number: int, stem: str, record: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Where SGLang's records come from, and what their programs name.
+_SGLANG_SCRIPT = "scripts/sglang_findings.py"
+_SGLANG_NAMES = (
+    "`DllmConfig`, `Mode` and `RequestSpec` from `spec.config`; `Submit`, `Round` and `Drain` "
+    "from `properties.operations`, run by `properties.example.DllmExample`"
+)
+
+
+def _sglang_causes(records: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per SGLang record key, the other keys whose cause starts alike (one root cause)."""
+    first = {r["key"]: r["cause"].split(". ")[0] for r in records}
+    return {
+        key: [other for other, said in first.items() if other != key and said == cause]
+        for key, cause in first.items()
+    }
+
+
+def _sglang_report(
+    number: int, record: dict[str, Any], numbers: dict[str, int], shared: list[str]
+) -> list[str]:
+    """One SGLang finding's report (`scripts/sglang_findings.py --record`)."""
+    lines = [f"## {number}. SGLang {record['sglang']}, dLLM path: {record['title']}", ""]
+    if shared:
+        others = " and ".join(str(numbers[key]) for key in shared)
+        lines += [f"The same cause as report{'s' if len(shared) > 1 else ''} {others}.", ""]
+    lines += [f"The cause: {record['cause']}", ""]
+    for fixes in record["lifted_by"]:
+        applied = " and ".join(f"`{fix}` ({SGLANG_SUMMARIES[fix]})" for fix in fixes)
+        lines += [
+            f"It passes with the candidate fix{'es' if len(fixes) > 1 else ''} {applied}.",
+            "",
+        ]
+    message = record["message"].splitlines()
+    lines += [
+        f"- SGLang {record['sglang']}, its dLLM scheduler path (`Scheduler` with "
+        "`SchedulerDllmMixin`, `PrefillAdder`, its request and token pools), driven through "
+        f"schedspec's `{record['implementation']}` adapter over a scripted denoising step, on "
+        "CPU.",
+        f"- Broken: `{record['rule']}`: {message[0]}",
+        f"- The test that shows its cause: `tests/test_real_sglang.py::{record['test']}`.",
+        "",
+        "Reproduce (schedspec), and print the fix as a patch of SGLang's files:",
+        "",
+        "```text",
+        f".venv/bin/python {_SGLANG_SCRIPT} --finding {record['key']}",
+        *(
+            ".venv/bin/python scripts/engine_fixes_diff.py sglang"
+            + "".join(f" --fix {fix}" for fix in fixes)
+            for fixes in record["lifted_by"]
+        ),
+        "```",
+        "",
+        f"The program (Python: {_SGLANG_NAMES}):",
+        "",
+        "```text",
+        record["program"],
+        "```",
+        "",
+        "What the adapter did on SGLang's scheduler, in SGLang's own calls, up to the violation:",
+        "",
+        "```text",
+        *record["transcript"],
+        f"violation: [{record['rule']}] " + "\n".join(message),
+        "```",
+        "",
+    ]
+    return lines
+
+
 def render() -> str:
     """docs/upstream-reports.md as it should be; `KeyError` naming a shrunk program that has
     no title."""
-    records = {path.stem: json.loads(path.read_text()) for path in sorted(SHRUNK.glob("*.json"))}
+    records = {
+        path.stem: json.loads(path.read_text()) for path in sorted(SHRUNK.glob("vllm-*.json"))
+    }
+    sglang = sorted(
+        (json.loads(path.read_text()) for path in SHRUNK.glob("sglang-*.json")),
+        key=lambda r: int(r["order"]),
+    )
     missing = sorted(set(records) - set(TITLES))
     if missing:
         raise KeyError(f"no title for the shrunk programs {missing}")
@@ -604,9 +685,22 @@ def render() -> str:
         "sets); the rule and the loop do not. The findings, their validation and their cost: "
         "[engines.md](engines.md).",
         "",
+        "After them, one report per open finding in SGLang 0.5.23's dLLM scheduler path, each "
+        "with the program that reproduces it (a test of tests/test_real_sglang.py, shrunk by "
+        "hand or by Hypothesis) and what the adapter did on SGLang's scheduler in SGLang's own "
+        "calls: written from docs/shrunk/sglang-*.json, which `scripts/sglang_findings.py "
+        "--record` writes and `tests/test_sglang_findings.py` keeps in step with the installed "
+        "SGLang (every program breaking its rule as released and passing with its fixes).",
+        "",
     ]
+    number = 0
     for number, stem in enumerate((s for s in TITLES if s in records), start=1):
         lines += _report(number, stem, records[stem])
+    if sglang:
+        numbers = {r["key"]: number + i for i, r in enumerate(sglang, start=1)}
+        causes = _sglang_causes(sglang)
+        for r in sglang:
+            lines += _sglang_report(numbers[r["key"]], r, numbers, causes[r["key"]])
     return "\n".join(lines).rstrip() + "\n"
 
 

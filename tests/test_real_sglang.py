@@ -62,6 +62,12 @@ from tests.tier import depth
 
 PROFILE = REAL_SGLANG_DLLM.profile
 
+#: The open findings' programs (`scripts/sglang_findings.py`, whose records docs/upstream-reports.md
+#: renders); the tests below run them with spies that show each cause.
+_findings = load_script("sglang_findings")
+FINDINGS = _findings.BY_KEY
+drive = _findings.drive
+
 
 @pytest.fixture(scope="module", autouse=True)
 def sglang_installed() -> Iterator[None]:
@@ -497,18 +503,19 @@ def spy_on_the_adder(monkeypatch: pytest.MonkeyPatch) -> AdderSpy:
     return spy
 
 
+KV_PRESSURE = FINDINGS["kv-pressure"]  # 5 usable pages; two requests of 3 pages each
+
+
 def _kv_pressure(h: Harness) -> None:
     """rows 2, 5 usable KV pages (SGLang's page 0 aside), two requests of 3 pages each
     (block = page = 4): both fit alone, not together."""
-    h.submit(RequestSpec("a", (5, 6, 7, 8, 9), 6))
-    h.submit(RequestSpec("b", (1, 2, 3, 4, 5), 6))
-    h.guarded("drain", h.drain)
+    drive(h, KV_PRESSURE.ops)
 
 
 def test_finding_kv_pressure_overcommits_and_runs_out_of_memory() -> None:
     """SGLang admits the second request without reserving the future blocks of the running one
     and later raises `RuntimeError: Prefill out of memory` inside alloc_for_extend."""
-    v = _violation(lambda: _kv_pressure(_harness(_config(kv_pages=5))))
+    v = _violation(lambda: _kv_pressure(_harness(KV_PRESSURE.config)))
     assert v.rule == "implementation_error", v
     assert "Prefill out of memory" in str(v), v
 
@@ -519,7 +526,7 @@ def test_finding_kv_pressure_fixed_by_reserving_future_blocks() -> None:
     `process_dllm_incoming_reqs`, dllm/mixin/scheduler.py, which offers incoming requests to
     the adder). A refused prefill request must not starve the decode batch, so the decode
     fallback is applied too."""
-    h = _harness(_config(kv_pages=5))
+    h = _harness(KV_PRESSURE.config)
     with sglang_fixed(["reserve-future-blocks", "decode-fallback"]):
         _kv_pressure(h)
     assert set(h.outputs()) == {"a", "b"}
@@ -534,10 +541,10 @@ def test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming(
     fallback keeps it from starving the running request. The reservation fixes the same
     program by refusing `b` before it becomes a staging request."""
     spy = spy_on_the_adder(monkeypatch)
-    _violation(lambda: _kv_pressure(_harness(_config(kv_pages=5))))
+    _violation(lambda: _kv_pressure(_harness(KV_PRESSURE.config)))
     assert spy.refused[:1] == ["b"]
     assert ("b", False) in spy.staged  # back through staging, without a row
-    h = _harness(_config(kv_pages=5))
+    h = _harness(KV_PRESSURE.config)
     with sglang_fixed(["refused-stays-incoming", "decode-fallback"]):
         _kv_pressure(h)
     assert set(h.outputs()) == {"a", "b"}
@@ -545,12 +552,7 @@ def test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming(
 
 def _rows_short(h: Harness) -> None:
     """1 row, max_running 2: a decode-phase request runs, then a prefill-phase one arrives."""
-    h.submit(RequestSpec("d", (1,), 8))
-    h.round()
-    h.submit(RequestSpec("p", (1, 2, 3, 4, 5, 6, 7, 8, 9), 4))
-    for _ in range(4):
-        h.guarded("round", h.round)
-    h.guarded("drain", h.drain)
+    drive(h, FINDINGS["row-starvation"].ops)
 
 
 _ROWS_SHORT = DllmProfile(
@@ -569,7 +571,7 @@ def test_finding_prefill_request_without_a_row_starves_the_decode_request() -> N
     SGLang skip the decode batch (prefill goes first and forms nothing): the decode request that
     holds the row never runs again. Outside the profile (rows == max_running) on purpose, not
     outside SGLang: a small KV pool or attention DP sizes the request pool below the seats."""
-    v = _violation(lambda: _rows_short(_harness(_config(req_pool_rows=1), _ROWS_SHORT)))
+    v = _violation(lambda: _rows_short(_harness(FINDINGS["row-starvation"].config, _ROWS_SHORT)))
     assert v.rule == "progress", v
 
 
@@ -577,7 +579,7 @@ def test_finding_starvation_fixed_by_falling_back_to_decode() -> None:
     """The fix: when the prefill pass admits nothing, fall back to the decode batch
     (`decode-fallback`, in `_process_dllm_batches`, dllm/mixin/scheduler.py, which returns
     after the prefill pass)."""
-    h = _harness(_config(req_pool_rows=1), _ROWS_SHORT)
+    h = _harness(FINDINGS["row-starvation"].config, _ROWS_SHORT)
     with sglang_fixed(["decode-fallback"]):
         _rows_short(h)
     assert set(h.outputs()) == {"d", "p"}
@@ -628,21 +630,19 @@ def test_finding_32992_recreated_is_caught_as_terminal_owns_nothing(
     assert v.rule == "terminal_owns_nothing", v
 
 
+RAGGED = FINDINGS["ragged-row"]  # rows 3, 8 pages
+
+
 def _ragged(h: Harness) -> None:
     """A request with a one-token prompt is admitted while another runs (rows 3, 8 pages)."""
-    h.submit(RequestSpec("a", (1,), 20))
-    h.guarded("round", h.round)
-    h.submit(RequestSpec("b", (2,), 12))
-    h.guarded("round", h.round)
-    h.submit(RequestSpec("c", (3,), 11))
-    h.guarded("drain", h.drain)
+    drive(h, RAGGED.ops)
 
 
 def test_finding_ragged_row_is_not_a_whole_block() -> None:
     """Found by the suite: SGLang allocates a row that is not one whole block. Here `b`'s first
     extend is its prompt plus a whole mask block (5 tokens for block 4), spanning two blocks
     (why: the next test). A real model's step views the input as whole blocks and would fail."""
-    cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
+    cfg = RAGGED.config
     v = _violation(lambda: _ragged(_harness(cfg)))
     assert v.rule == "whole_block_alloc", v
 
@@ -654,7 +654,7 @@ def test_finding_ragged_row_fixed_by_capping_the_fallback_budget() -> None:
     fill ids are prompt + a whole mask block, so the row takes more than a block. Keeping the
     cap makes every row one block. This program also runs short of KV, so the KV-pressure fix
     (with the decode fallback) is applied too."""
-    h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
+    h = _harness(RAGGED.config)
     with sglang_fixed(["cap-fallback-budget", "reserve-future-blocks", "decode-fallback"]):
         _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
@@ -689,7 +689,7 @@ def test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging(
 
     monkeypatch.setattr(PrefillAdder, "add_one_req", spy_incoming)
     monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", spy_staging)
-    cfg = _config(kv_pages=8, req_pool_rows=3, max_running_requests=3)
+    cfg = RAGGED.config
     with pytest.raises(SpecViolation):
         _ragged(_harness(cfg))
     b = engine_request_id("b")
@@ -702,7 +702,7 @@ def test_finding_ragged_row_fixed_by_keeping_a_refused_request_incoming() -> Non
     """With the refused request kept incoming (`refused-stays-incoming`, and no other fix), the
     program passes: `b` is offered to the adder again, which admits it with a one-block
     extend."""
-    h = _harness(_config(kv_pages=8, req_pool_rows=3, max_running_requests=3))
+    h = _harness(RAGGED.config)
     with sglang_fixed(["refused-stays-incoming"]):
         _ragged(h)
     assert set(h.outputs()) == {"a", "b", "c"}
@@ -713,26 +713,13 @@ def _rows_taken_by_staging(h: Harness) -> Harness:
     adder refuses `r1` (its estimate: prompt + a mask block, a new token and a page, 6 slots
     each); `r2` and `r3` come next and each takes a row; then `r1`, queued as a staging request
     without a row, is taken with them."""
-    h.submit(RequestSpec("r0", (0,), 1))
-    h.submit(RequestSpec("r1", (0,), 1))
-    h.round()
-    h.submit(RequestSpec("r2", (0, 0), 1))
-    h.submit(RequestSpec("r3", (0, 0), 1))
-    h.guarded("drain", h.drain)
+    drive(h, ROWS_TAKEN.ops)
     return h
 
 
 UNDER_PRESSURE = SGLANG_DLLM_UNDER_PRESSURE_PROFILE  # any rows, no KV headroom
-ROWS_TAKEN_CONFIG = DllmConfig(
-    block_size=2,
-    page_size=2,
-    kv_pages=4,
-    req_pool_rows=2,
-    max_running_requests=3,
-    max_context=4,
-    mode=Mode.SYNC,
-    in_place_reuse=False,
-)
+ROWS_TAKEN = FINDINGS["rows-taken-by-staging"]
+ROWS_TAKEN_CONFIG = ROWS_TAKEN.config  # 2 rows, 3 seats, 4 pages of 2 slots, sync
 
 
 def test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not(
@@ -845,14 +832,10 @@ def _two_running_blocks(h: Harness) -> None:
     """sync, block = page = 3, 6 pages (18 slots), rows 2: two one-token prompts finish with
     their first block, then `r2` (4 new tokens) and `r3` (3) each need a second block — 6 of
     the 12 free slots."""
-    for rid, max_new in (("r0", 1), ("r1", 1), ("r2", 4), ("r3", 3)):
-        h.submit(RequestSpec(rid, (0,), max_new))
-    h.guarded("drain", h.drain)
+    drive(h, FINDINGS["staging-truncation"].ops)
 
 
-_TWO_RUNNING_BLOCKS = _config(
-    block_size=3, page_size=3, kv_pages=6, max_context=6, mode=Mode.SYNC, in_place_reuse=False
-)
+_TWO_RUNNING_BLOCKS = FINDINGS["staging-truncation"].config
 
 
 def test_finding_staging_truncates_a_running_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,7 +40,7 @@ from tests.engine_gate import require_engine
 from tests.script_module import load_script
 from tests.test_real_vllm_structured import draft_guard_removed
 
-SHRUNK = sorted((Path(__file__).resolve().parents[1] / "docs" / "shrunk").glob("*.json"))
+SHRUNK = sorted((Path(__file__).resolve().parents[1] / "docs" / "shrunk").glob("vllm-*.json"))
 #: What a recorded program's source names.
 NAMES = {
     "CoreProgram": CoreProgram,

@@ -1,7 +1,9 @@
-"""docs/upstream-reports.md (`scripts/upstream_reports.py`), without vLLM: the file is what the
-script renders from docs/shrunk/, every shrunk program has a report, and each report's shrink
-command asks `scripts/vllm_shrink.py` (`scripts/vllm_dllm_shrink.py` for the diffusion path's)
-for the very options, fixes and loop its program was recorded with."""
+"""docs/upstream-reports.md (`scripts/upstream_reports.py`), without vLLM or SGLang: the file is
+what the script renders from docs/shrunk/, every shrunk program (and SGLang record, with its
+calls on SGLang's scheduler) has a report, and each vLLM report's shrink command asks
+`scripts/vllm_shrink.py` (`scripts/vllm_dllm_shrink.py` for the diffusion path's) for the very
+options, fixes and loop its program was recorded with. That SGLang's records say what SGLang
+does: tests/test_sglang_findings.py."""
 
 from __future__ import annotations
 
@@ -27,16 +29,20 @@ def test_the_reports_are_in_step_with_the_shrunk_programs(
     for path in sorted(reports.SHRUNK.glob("*.json")):
         record = json.loads(path.read_text())
         assert record["program"] in text, path.stem
+    for path in sorted(reports.SHRUNK.glob("sglang-*.json")):  # SGLang's: its calls too
+        record = json.loads(path.read_text())
+        assert "\n".join(record["transcript"]) in text, path.stem
+        assert f"--finding {record['key']}\n" in text, path.stem
     # the programs said to pass on vLLM 0.34.0 (or, found there, on 0.33.0) are shrunk
     # programs, and each report says how its program fares on the release it was not found on
-    stems = {path.stem for path in reports.SHRUNK.glob("*.json")}
+    stems = {path.stem for path in reports.SHRUNK.glob("vllm-*.json")}
     said = set(reports.GONE_IN_0_34) | set(reports.ONLY_IN_0_34)
     assert said <= stems, sorted(said - stems)
     on_other = text.count("\n- vLLM 0.34.0: ") + text.count("\n- vLLM 0.33.0: ")
     assert on_other == len(stems)
 
 
-@pytest.mark.parametrize("stem", sorted(p.stem for p in reports.SHRUNK.glob("*.json")))
+@pytest.mark.parametrize("stem", sorted(p.stem for p in reports.SHRUNK.glob("vllm-*.json")))
 def test_a_reports_shrink_command_asks_for_the_recorded_options(
     stem: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

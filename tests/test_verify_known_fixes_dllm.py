@@ -34,6 +34,7 @@ from spec.config import DllmConfig, Mode, RequestSpec
 from spec.events import Admitted, ControlReturned, Event, Forward, ForwardRow
 from spec.implementation import Family
 from tests.mutants import MUTANTS
+from tests.test_real_sglang import ROWS_TAKEN as ROWS_TAKEN_FINDING
 from tests.test_real_sglang import (
     ROWS_TAKEN_CONFIG,
     recreate_32992,
@@ -225,14 +226,7 @@ def test_an_overcommitted_pool_is_named_by_the_reservation_admitting_otherwise_o
 
 #: Two rows, three seats: r1 and r3, refused by the adder, come back as staging requests
 #: without a row and SGLang raises `alloc_req_slots runs out of memory` (tests/test_real_sglang.py).
-ROWS_TAKEN = (
-    _submit("r0", 1, 1),
-    _submit("r1", 1, 1),
-    Round(),
-    _submit("r2", 2, 1),
-    _submit("r3", 2, 1),
-    Drain(),
-)
+ROWS_TAKEN = ROWS_TAKEN_FINDING.ops
 
 
 def test_a_row_taken_by_the_staging_path_is_named_by_keeping_the_refused_request_incoming() -> None:

@@ -1,0 +1,536 @@
+"""SGLang 0.5.23's open dLLM findings as programs, run on the installed SGLang, and recorded for
+docs/upstream-reports.md.
+
+    .venv/bin/python scripts/sglang_findings.py [--finding KEY ...] [--record] [--list]
+
+Each finding (`FINDINGS`) is a small program of the spec's operations (`Submit`, `Round`,
+`Drain`) on a `DllmConfig`, run through `real-sglang-dllm-under-pressure` (SGLang's real
+scheduler path; its profile's space holds every finding's pool and rows) as released, where it
+must break `rule` with a message holding `says`, and then under each set of `lifted_by` fixes
+(`integrations.sglang.fixes`, edits of SGLang's own files), where it must pass to the end of
+the run (drain, golden outputs, parity with solo sync). For each it prints the program, what
+the adapter did on SGLang's scheduler in SGLang's own calls (the transcript a failing
+`verify` prints), the violation, and each fix set's outcome; with `--record` it also writes
+`docs/shrunk/sglang-KEY.json`, which `scripts/upstream_reports.py` renders without SGLang.
+
+Exit 0 when every finding run reproduces as stated (broken as released, lifted by its fixes),
+1 when one does not (what it did instead is printed), 2 for an unknown KEY or without SGLang
+installed (`schedspec install-engines sglang`). The tests in tests/test_real_sglang.py run the
+same programs (`drive`) with spies on SGLang's adder that show each cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from properties.example import DllmExample
+from properties.harness import Harness
+from properties.operations import Drain, Op, Round, Submit, apply_ops
+from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
+from spec.adapter import EventSink
+from spec.config import DllmConfig, Mode, RequestSpec
+from spec.errors import SpecViolation
+
+ROOT = Path(__file__).resolve().parent.parent
+SHRUNK = ROOT / "docs" / "shrunk"
+
+#: The built-in the programs run through (its profile holds every finding's configuration).
+IMPLEMENTATION = "real-sglang-dllm-under-pressure"
+
+# The cause three findings share, said once.
+_STAGING_CAUSE = (
+    "`process_dllm_incoming_reqs` (dllm/mixin/scheduler.py) calls `req.init_next_round_input` "
+    "before `PrefillAdder.add_one_req` decides, and its `determine_dllm_phase` moves the request "
+    "from INCOMING_* to STAGING_*. A request the adder refuses (NO_TOKEN) therefore stays in "
+    "the dLLM manager as a staging request without a row, and a later round's "
+    "`process_dllm_staging_reqs` hands it to `PrefillAdder.add_dllm_staging_req`, which skips "
+    "what the incoming path checks: the admission estimate, the one-block extend "
+    "(`_get_dllm_extend_len`) and the free-row check (`get_num_allocatable_reqs`)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SglangFinding:
+    """One open finding: `ops` on `config` breaks `rule` (its message holding `says`) on SGLang
+    as released and passes under each fix set of `lifted_by`; `test` is the test in
+    tests/test_real_sglang.py that shows its cause."""
+
+    key: str
+    title: str
+    cause: str
+    config: DllmConfig
+    ops: tuple[Op, ...]
+    rule: str
+    says: str
+    lifted_by: tuple[tuple[str, ...], ...]
+    test: str
+
+    def example(self) -> DllmExample:
+        """The program as a replayable example under `IMPLEMENTATION`'s profile."""
+        from integrations.sglang import REAL_SGLANG_DLLM_UNDER_PRESSURE
+
+        profile = REAL_SGLANG_DLLM_UNDER_PRESSURE.profile
+        return DllmExample(self.config, profile, self.ops)
+
+
+def drive(h: Harness, ops: Sequence[Op]) -> Harness:
+    """Run `ops` on `h`, each guarded as a failing example's replay runs it (an exception from
+    SGLang is `implementation_error`, a call past its deadline `progress`)."""
+    for op in ops:
+        name = "submit" if isinstance(op, Submit) else "round" if isinstance(op, Round) else "drain"
+        h.guarded(name, apply_ops, h, (op,))
+    return h
+
+
+def _request(rid: str, prompt: tuple[int, ...], max_new: int, **flags: Any) -> Submit:
+    return Submit(RequestSpec(rid, prompt, max_new, **flags))
+
+
+def _config(**changes: Any) -> DllmConfig:
+    """The findings' base: block = page = 4, 16 pages, 2 rows and seats, FDFO, in-place reuse."""
+    base = DllmConfig(
+        block_size=4,
+        page_size=4,
+        kv_pages=16,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=32,
+        mode=Mode.FDFO,
+        in_place_reuse=True,
+    )
+    return base.replace(**changes)
+
+
+FINDINGS: tuple[SglangFinding, ...] = (
+    SglangFinding(
+        key="ragged-row",
+        title=(
+            "A request the adder refuses re-enters through the staging path and gets a "
+            "row that is not one whole block (its prompt plus a whole mask block)"
+        ),
+        cause=_STAGING_CAUSE
+        + " Here `b` (a one-token prompt) is refused while `a` runs, and the staging path "
+        "extends it by its whole fill ids: 5 tokens for a block of 4, spanning two blocks.",
+        config=_config(kv_pages=8, req_pool_rows=3, max_running_requests=3),
+        ops=(
+            _request("a", (1,), 20),
+            Round(),
+            _request("b", (2,), 12),
+            Round(),
+            _request("c", (3,), 11),
+            Drain(),
+        ),
+        rule="whole_block_alloc",
+        says="allocated block 1 but the next uncommitted block is 0",
+        lifted_by=(("refused-stays-incoming",),),
+        test="test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging",
+    ),
+    SglangFinding(
+        key="kv-pressure",
+        title=(
+            "A request the adder refuses re-enters through the staging path past the "
+            "estimate that refused it, and the KV pool is overcommitted (RuntimeError: Prefill "
+            "out of memory)"
+        ),
+        cause=_STAGING_CAUSE
+        + " Here 5 usable pages hold either request alone (3 pages each) but not both; the "
+        "adder refuses `b` and the staging path admits it anyway. Admitting only while the "
+        "free KV, less what the running requests can still claim, covers the claim "
+        "(`reserve-future-blocks`) fixes it too.",
+        config=_config(kv_pages=5),
+        ops=(
+            _request("a", (5, 6, 7, 8, 9), 6),
+            _request("b", (1, 2, 3, 4, 5), 6),
+            Drain(),
+        ),
+        rule="implementation_error",
+        says="Prefill out of memory",
+        lifted_by=(
+            ("refused-stays-incoming", "decode-fallback"),
+            ("reserve-future-blocks", "decode-fallback"),
+        ),
+        test="test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming",
+    ),
+    SglangFinding(
+        key="rows-taken-by-staging",
+        title=(
+            "Fewer request-pool rows than --max-running-requests: requests the adder "
+            "refused re-enter through the staging path without the free-row check "
+            "(RuntimeError: alloc_req_slots runs out of memory)"
+        ),
+        cause=_STAGING_CAUSE + " Here 2 rows serve 3 seats (reachable: the dLLM manager keeps "
+        "`--max-running-requests` as given while `resolve_max_num_reqs` sizes the request pool "
+        "at min(requested // attention-DP size, token capacity // 2)); the adder refuses `r1` "
+        "and `r3`, and the staging path takes both, three requests for two rows.",
+        config=DllmConfig(
+            block_size=2,
+            page_size=2,
+            kv_pages=4,
+            req_pool_rows=2,
+            max_running_requests=3,
+            max_context=4,
+            mode=Mode.SYNC,
+            in_place_reuse=False,
+        ),
+        ops=(
+            _request("r0", (0,), 1),
+            _request("r1", (0,), 1),
+            Round(),
+            _request("r2", (0, 0), 1),
+            _request("r3", (0, 0), 1),
+            Drain(),
+        ),
+        rule="implementation_error",
+        says="alloc_req_slots runs out of memory",
+        lifted_by=(("refused-stays-incoming", "decode-fallback"),),
+        test="test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not",
+    ),
+    SglangFinding(
+        key="row-starvation",
+        title=(
+            "Fewer request-pool rows than --max-running-requests: a prefill-phase "
+            "request that cannot get a row makes the round form no batch, and the decode "
+            "request holding the row never runs again"
+        ),
+        cause=(
+            "`_process_dllm_batches` (dllm/mixin/scheduler.py) returns after the prefill pass "
+            "whenever a prefill-phase request is queued, even when that pass forms no batch; "
+            "`p` cannot get a row (1 row, 2 seats: the free-row check, "
+            "`get_num_allocatable_reqs`, offers it to no adder), and `d`, which holds the row, "
+            "waits for it for good. Reachable as the row finding above."
+        ),
+        config=_config(req_pool_rows=1),
+        ops=(
+            _request("d", (1,), 8),
+            Round(),
+            _request("p", (1, 2, 3, 4, 5, 6, 7, 8, 9), 4),
+            Round(),
+            Round(),
+            Round(),
+            Round(),
+            Drain(),
+        ),
+        rule="progress",
+        says="",
+        lifted_by=(("decode-fallback",),),
+        test="test_finding_prefill_request_without_a_row_starves_the_decode_request",
+    ),
+    SglangFinding(
+        key="idle-round",
+        title=(
+            "An idle engine runs a round without admitting a request that fits the pool, "
+            "its admission estimate counting a mask block, max_new_tokens and a page on top of "
+            "the prompt"
+        ),
+        cause=(
+            "`PrefillAdder.add_one_req` (managers/schedule_policy.py) estimates a dLLM request "
+            "as its fill ids (prompt + a whole mask block) + max_new_tokens + a page: 5 + 4 + 6 "
+            "+ 4 = 19 slots for a request that claims 12 of the 16 (prompt and output in whole "
+            "blocks). The refused request is admitted a round later through the staging path "
+            "(the cause of the findings above)."
+        ),
+        config=_config(kv_pages=4),
+        ops=(_request("a", (5, 6, 7, 8, 9), 6), Drain()),
+        rule="progress",
+        says="",
+        lifted_by=(("worst-case-estimate",),),
+        test="test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits",
+    ),
+    SglangFinding(
+        key="ignore-eos",
+        title=(
+            "A request with ignore_eos that fits the pool is never admitted, estimated by "
+            "add_one_req_ignore_eos as paged fill ids, a rounding page and every request's "
+            "whole max_new_tokens"
+        ),
+        cause=(
+            "With the radix cache off, `PrefillAdder.add_one_req` hands a request with "
+            "`ignore_eos` to `add_one_req_ignore_eos`, which charges its fill ids paged "
+            "(prompt + a mask block: 8 slots) plus a rounding page (4), then requires the free "
+            "slots less that, less the whole max_new_tokens of every request, to stay above one "
+            "reserve token: 12 - 12 - 1 <= 1, refused for good. The request needs one block of "
+            "4 slots; without `ignore_eos` it is admitted."
+        ),
+        config=_config(kv_pages=3),
+        ops=(_request("a", (0,), 1, ignore_eos=True), Drain()),
+        rule="progress",
+        says="",
+        lifted_by=(("worst-case-estimate",),),
+        test="test_finding_an_ignore_eos_request_that_fits_is_never_admitted",
+    ),
+    SglangFinding(
+        key="staging-truncation",
+        title=(
+            "add_dllm_staging_req charges each staged request its whole max_new_tokens "
+            "again and truncates the next request's block to what is left"
+        ),
+        cause=(
+            "`PrefillAdder.add_dllm_staging_req` (managers/schedule_policy.py) charges each "
+            "staged running request its next block, a page and its whole max_new_tokens "
+            "(`_update_prefill_budget`); the dLLM path's running batch is empty, so nothing "
+            "else counts them, and the next request's block is cut to the budget left "
+            "(`min(cand_extend_input_len, _rem_tokens)`): `r2`'s staging leaves 12 - (3 + 3 + "
+            "4) = 2 tokens, and `r3` gets 2 slots for a block of 3 with 9 slots free."
+        ),
+        config=_config(
+            block_size=3,
+            page_size=3,
+            kv_pages=6,
+            max_context=6,
+            mode=Mode.SYNC,
+            in_place_reuse=False,
+        ),
+        ops=(
+            _request("r0", (0,), 1),
+            _request("r1", (0,), 1),
+            _request("r2", (0,), 4),
+            _request("r3", (0,), 3),
+            Drain(),
+        ),
+        rule="whole_block_alloc",
+        says="allocated 2 slots for a block of 3",
+        lifted_by=(("whole-staged-blocks",),),
+        test="test_finding_staging_truncates_a_running_block",
+    ),
+)
+
+BY_KEY = {finding.key: finding for finding in FINDINGS}
+
+
+# ------------------------------------------------------------------------------------ the source
+def program_source(finding: SglangFinding) -> str:
+    """The program as Python (`DllmConfig`, `Mode` and `RequestSpec` from `spec.config`;
+    `Submit`, `Round` and `Drain` from `properties.operations`), defaults left out."""
+    config = ", ".join(
+        f"{f.name}={_value(getattr(finding.config, f.name))}"
+        for f in fields(DllmConfig)
+        if getattr(finding.config, f.name) != f.default
+    )
+    lines = [f"DllmConfig({config})"]
+    for op in finding.ops:
+        if isinstance(op, Submit):
+            r = op.request
+            extra = "".join(
+                f", {f.name}={_value(getattr(r, f.name))}"
+                for f in fields(RequestSpec)
+                if f.name not in ("request_id", "prompt", "max_new_tokens")
+                and getattr(r, f.name) != f.default
+            )
+            lines.append(
+                f"Submit(RequestSpec({r.request_id!r}, {r.prompt!r}, {r.max_new_tokens}{extra}))"
+            )
+        else:
+            lines.append(f"{type(op).__name__}()")
+    return "\n".join(lines)
+
+
+def _value(value: object) -> str:
+    return str(value) if isinstance(value, Mode) else repr(value)
+
+
+# ------------------------------------------------------------------------------------- the runs
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One run: its violation (None: it passed to the end) and SGLang's own calls."""
+
+    violation: SpecViolation | None
+    transcript: str
+
+
+def run(finding: SglangFinding, fixes: Sequence[str] = ()) -> Outcome:
+    """`finding`'s program on the installed SGLang, with the named fixes applied."""
+    from integrations.sglang import REAL_SGLANG_DLLM_UNDER_PRESSURE
+    from integrations.sglang.fixes import sglang_fixed
+
+    made: list[Any] = []
+    factory = REAL_SGLANG_DLLM_UNDER_PRESSURE.factory
+
+    def recording(config: DllmConfig, sink: EventSink) -> Any:
+        adapter = factory(config, sink)
+        made.append(adapter)
+        return adapter
+
+    applied = sglang_fixed(fixes) if fixes else contextlib.nullcontext()
+    # SGLang prints its pools to descriptor 1 when it runs out of memory
+    with applied, implementation_stdout_to_stderr(), adder_decisions(made):
+        violation, _ = finding.example().run(recording)
+    # the first adapter ran the program (the later ones, parity's solo runs)
+    transcript = made[0].native_calls() if made else ""
+    return Outcome(violation, transcript)
+
+
+@contextlib.contextmanager
+def adder_decisions(made: list[Any]) -> Iterator[None]:
+    """Note in the first adapter's transcript each decision of SGLang's `PrefillAdder` on a
+    request (`add_one_req`, the incoming path; `add_dllm_staging_req`, the staging path): the
+    causes the findings name happen inside `get_next_batch_to_run`, so the line of that call,
+    which follows them, does not show them."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
+
+    def note(line: str) -> None:
+        if made:
+            made[0].transcript.append(f"#   in get_next_batch_to_run: {line}")
+
+    def incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        result = add_one(self, req, *args, **kwargs)
+        row = req.kv.req_pool_idx
+        phase = getattr(req.dllm_phase, "name", req.dllm_phase)
+        held = "no row" if row is None else f"row {row}"
+        note(
+            f"PrefillAdder.add_one_req({req.rid}): {_taken(self, req)}, returns {result.name}; "
+            f"the request is {phase} with {held}"
+        )
+        return result
+
+    def staging(self: Any, req: Any) -> Any:
+        row = req.kv.req_pool_idx
+        result = add_staging(self, req)
+        held = "without a row" if row is None else f"holding row {row}"
+        extend = int(req.extend_end - req.prefix_len)
+        note(
+            f"PrefillAdder.add_dllm_staging_req({req.rid}) {held}: {_taken(self, req)} "
+            f"(extend {extend} tokens), returns {result.name}"
+        )
+        return result
+
+    PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req = incoming, staging
+    try:
+        yield
+    finally:
+        PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req = add_one, add_staging
+
+
+def _taken(adder: Any, req: Any) -> str:
+    """Whether the adder put `req` in this round's batch (its result alone says the budget)."""
+    return "taken" if any(r is req for r in adder.can_run_list) else "not taken"
+
+
+def reproduces(finding: SglangFinding, outcome: Outcome) -> bool:
+    """Whether the released run broke the finding's rule with its words."""
+    v = outcome.violation
+    return v is not None and v.rule == finding.rule and finding.says in v.detail
+
+
+def record(finding: SglangFinding, version: str) -> dict[str, Any]:
+    """What docs/upstream-reports.md says of `finding`: the program, SGLang's calls, the
+    violation as released, and the fix sets under which it passes (each checked here)."""
+    released = run(finding)
+    v = released.violation
+    return {
+        "key": finding.key,
+        "order": [f.key for f in FINDINGS].index(finding.key),
+        "title": finding.title,
+        "cause": finding.cause,
+        "sglang": version,
+        "implementation": IMPLEMENTATION,
+        "program": program_source(finding),
+        "transcript": released.transcript.splitlines(),
+        "rule": None if v is None else v.rule,
+        "message": None if v is None else _installed_path.sub("", v.detail),
+        "lifted_by": [
+            list(fixes) for fixes in finding.lifted_by if run(finding, fixes).violation is None
+        ],
+        "test": finding.test,
+    }
+
+
+#: Where the engine cache put SGLang (it differs by machine and user): left out of a record.
+_installed_path = re.compile(r"/\S*/site-packages/")
+
+
+def record_path(key: str) -> Path:
+    """Where `key`'s record lives."""
+    return SHRUNK / f"sglang-{key}.json"
+
+
+# ---------------------------------------------------------------------------------- the command
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang_findings.py",
+        description="SGLang 0.5.23's open dLLM findings, run on the installed SGLang.",
+    )
+    parser.add_argument(
+        "--finding",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help=f"run only this finding (repeatable): one of {', '.join(BY_KEY)}",
+    )
+    parser.add_argument(
+        "--record", action="store_true", help="write docs/shrunk/sglang-KEY.json for each run"
+    )
+    parser.add_argument("--list", action="store_true", help="print each finding's key and title")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        for finding in FINDINGS:
+            out(f"{finding.key}: {finding.title}")
+        return 0
+    unknown = sorted(set(args.finding or ()) - set(BY_KEY))
+    if unknown:
+        print(
+            f"sglang_findings.py: error: --finding: unknown {unknown}; one of {sorted(BY_KEY)}",
+            file=sys.stderr,
+        )
+        return 2
+    from integrations.sglang.manifest import MANIFEST
+
+    if not MANIFEST.installed():
+        print(
+            f"sglang_findings.py: error: SGLang {MANIFEST.version} is not installed: run "
+            "`schedspec install-engines sglang`",
+            file=sys.stderr,
+        )
+        return 2
+    from integrations.sglang.engine import import_engine
+
+    import_engine()
+    chosen = [BY_KEY[key] for key in args.finding] if args.finding else list(FINDINGS)
+    failed = 0
+    for finding in chosen:
+        made = record(finding, MANIFEST.version)
+        ok = made["rule"] == finding.rule and finding.says in (made["message"] or "")
+        lifted = [tuple(fixes) for fixes in made["lifted_by"]]
+        ok = ok and lifted == list(finding.lifted_by)
+        failed += not ok
+        out(_text(finding, made, ok))
+        if args.record:
+            record_path(finding.key).write_text(json.dumps(made, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+def _text(finding: SglangFinding, made: dict[str, Any], ok: bool) -> str:
+    """One finding's run in words."""
+    said = "no violation" if made["rule"] is None else f"[{made['rule']}] {made['message']}"
+    lines = [
+        f"== {finding.key}: {finding.title}",
+        made["program"],
+        "-- SGLang's own calls:",
+        *made["transcript"],
+        f"-- as released: {said}",
+    ]
+    for fixes in finding.lifted_by:
+        passes = list(fixes) in made["lifted_by"]
+        lines.append(f"-- with {' + '.join(fixes)}: {'passes' if passes else 'DOES NOT PASS'}")
+    lines.append("REPRODUCED" if ok else f"NOT AS STATED: expected [{finding.rule}] {finding.says}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

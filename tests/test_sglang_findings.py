@@ -1,0 +1,102 @@
+"""scripts/sglang_findings.py on the installed SGLang: each open finding's program breaks its
+rule as released and passes under each of its fix sets, exactly as its record in docs/shrunk/
+says (so docs/upstream-reports.md, rendered from the records, says what SGLang does), the
+adder's decisions are noted in SGLang's calls, and the script exits 0, 1 or 2 as it says."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from integrations.sglang.manifest import MANIFEST
+from properties.operations import Drain, Submit
+from spec.config import RequestSpec
+from tests.script_module import load_script
+from tests.test_real_sglang import sglang_installed  # noqa: F401  (the module's fixture)
+
+findings = load_script("sglang_findings")
+
+
+@pytest.mark.parametrize("key", [finding.key for finding in findings.FINDINGS])
+def test_a_findings_record_is_what_sglang_does(key: str) -> None:
+    finding = findings.BY_KEY[key]
+    made = findings.record(finding, MANIFEST.version)
+    assert made["rule"] == finding.rule and finding.says in made["message"], made
+    assert [tuple(fixes) for fixes in made["lifted_by"]] == list(finding.lifted_by), made
+    stored = json.loads(findings.record_path(key).read_text())
+    assert made == stored, "re-record: .venv/bin/python scripts/sglang_findings.py --record"
+
+
+def test_every_record_is_of_a_finding() -> None:
+    """A finding removed from the catalogue takes its record (and report) with it."""
+    recorded = {path.stem for path in findings.SHRUNK.glob("sglang-*.json")}
+    assert recorded == {f"sglang-{finding.key}" for finding in findings.FINDINGS}
+
+
+def test_the_adders_decisions_show_a_refused_request_taken_by_staging_without_a_row() -> None:
+    """The cause the three staging findings share, read off SGLang's own calls: `r1` and `r3`
+    refused by the incoming path, then taken by the staging path without a row; SGLang's
+    adder is itself again afterwards."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    before = (PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req)
+    outcome = findings.run(findings.BY_KEY["rows-taken-by-staging"])
+    calls = outcome.transcript
+    for rid in ("2:r1|", "2:r3|"):
+        assert f"PrefillAdder.add_one_req({rid}): not taken, returns NO_TOKEN" in calls, calls
+        assert f"PrefillAdder.add_dllm_staging_req({rid}) without a row: taken" in calls, calls
+    assert (PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req) == before
+
+
+def test_the_script_says_when_a_fix_does_not_lift_its_finding(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrong = dataclasses.replace(
+        findings.BY_KEY["ragged-row"], lifted_by=(("whole-staged-blocks",),)
+    )
+    monkeypatch.setitem(findings.BY_KEY, "ragged-row", wrong)
+    assert findings.main(["--finding", "ragged-row"]) == 1
+    out = capsys.readouterr().out
+    assert "-- with whole-staged-blocks: DOES NOT PASS" in out, out
+    assert "NOT AS STATED: expected [whole_block_alloc]" in out, out
+
+
+def test_the_script_says_when_sglang_as_released_passes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program that breaks nothing (one request alone) is not a reproduction."""
+    alone = dataclasses.replace(
+        findings.BY_KEY["kv-pressure"],
+        ops=(Submit(RequestSpec("a", (5, 6, 7, 8, 9), 6)), Drain()),
+    )
+    monkeypatch.setitem(findings.BY_KEY, "kv-pressure", alone)
+    assert findings.main(["--finding", "kv-pressure"]) == 1
+    out = capsys.readouterr().out
+    assert "-- as released: no violation" in out and "NOT AS STATED" in out, out
+
+
+def test_record_writes_what_the_run_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(findings, "SHRUNK", tmp_path)
+    assert findings.main(["--finding", "idle-round", "--record"]) == 0
+    assert "REPRODUCED" in capsys.readouterr().out
+    written = json.loads((tmp_path / "sglang-idle-round.json").read_text())
+    assert written["rule"] == "progress" and written["lifted_by"] == [["worst-case-estimate"]]
+    assert [path.name for path in tmp_path.iterdir()] == ["sglang-idle-round.json"]
+
+
+def test_an_unknown_finding_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert findings.main(["--finding", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--finding: unknown ['nope']" in err, err
+    assert "ragged-row" in err
+
+
+def test_list_names_every_finding(capsys: pytest.CaptureFixture[str]) -> None:
+    assert findings.main(["--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":", 1)[0] for line in out] == [f.key for f in findings.FINDINGS]
