@@ -141,6 +141,9 @@ class FixTrial:
     passes_otherwise: (fix, index) for each candidate under which, alone, it passes deciding
         otherwise from that step (AR) or round (dLLM, `unit`) on.
     other: (fix, rule) for each candidate under which, alone, it fails by another rule.
+    accepted_stops: (set, rule) for each set under which it breaks a rule the run accepts (the
+        profile's deviations, `--accept`): the run stops there, unchecked past it, so such a set
+        is neither a pass nor another failure (a plain run would have discarded the example).
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
     unit: what one decision is called ("step", "round").
     stops: a by-design difference ends the comparison (dLLM: an admission, after which all
@@ -159,6 +162,7 @@ class FixTrial:
     on_purpose: tuple[tuple[tuple[str, ...], int], ...] = ()
     passes_otherwise: tuple[tuple[str, int], ...] = ()
     other: tuple[tuple[str, str], ...] = ()
+    accepted_stops: tuple[tuple[tuple[str, ...], str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
     unit: str = "step"
     stops: bool = False
@@ -179,6 +183,9 @@ class FixTrial:
             ],
             "passes_otherwise": dict(self.passes_otherwise),
             "other": dict(self.other),
+            "accepted_stops": [
+                {"fixes": list(fixes), "rule": rule} for fixes, rule in self.accepted_stops
+            ],
             "unapplied": dict(self.unapplied),
         }
         if not self.tried:
@@ -259,6 +266,13 @@ class FixTrial:
             )
         for name, other in self.other:
             out.append(f"With the engine fix `{name}` alone it fails by [{other}] instead.")
+        for fixes, accepted in self.accepted_stops:
+            applied = " and ".join(f"`{name}`" for name in fixes)
+            out.append(
+                f"With the engine fix{'' if len(fixes) == 1 else 'es'} {applied} it breaks "
+                f"[{accepted}], which this run accepts: it stops there, unchecked, so that says "
+                f"nothing of [{rule}]."
+            )
         for name, why in self.unapplied:
             out.append(f"The engine fix `{name}` could not be applied to the install: {why}")
         return out
@@ -268,12 +282,19 @@ class FixTrial:
 _HANG = "the implementation did not return from"
 
 
-def try_known_fixes(failure: Failure, factory: Any, fixes: Sequence[KnownFix]) -> FixTrial | None:
+def try_known_fixes(
+    failure: Failure,
+    factory: Any,
+    fixes: Sequence[KnownFix],
+    accepted: frozenset[str] = frozenset(),
+) -> FixTrial | None:
     """Run `failure`'s example again through `factory`, as it is and then under sets of
     `fixes`, smallest first, each holding a candidate (a fix whose finding breaks the
     failure's rule), until one passes deciding as before. `factory` is the implementation's,
-    of `failure.example`'s family. None when there is no fix at all or no example kept (a
-    hang, a check outside the harness's operations)."""
+    of `failure.example`'s family. `accepted`: the rules the run accepts (the profile's
+    deviations and `--accept`'s); a set under which the example breaks one is recorded in
+    `accepted_stops`, not as a failure. None when there is no fix at all or no example kept
+    (a hang, a check outside the harness's operations)."""
     example = failure.example
     if not fixes or not isinstance(example, ArExample | DllmExample):
         return None
@@ -285,7 +306,7 @@ def try_known_fixes(failure: Failure, factory: Any, fixes: Sequence[KnownFix]) -
         return FixTrial(rule, (), known_rules=known, patterns=patterns)
     if rule != "twin_decisions":  # a twin of the released engine differs from a fixed one
         example = example.without_twin()
-    return _trial(example, factory, rule, candidates, tuple(fixes))
+    return _trial(example, factory, rule, candidates, tuple(fixes), accepted)
 
 
 def _trial(
@@ -294,6 +315,7 @@ def _trial(
     rule: str,
     candidates: tuple[KnownFix, ...],
     fixes: tuple[KnownFix, ...],
+    accepted: frozenset[str] = frozenset(),
 ) -> FixTrial:
     """The example run as it is, then under each candidate alone, then under larger sets of
     `fixes` holding a candidate, until a set passes deciding as before."""
@@ -329,6 +351,7 @@ def _trial(
     hung: list[frozenset[str]] = []  # sets under which a replay hung: no superset is tried
     otherwise: list[tuple[str, int]] = []
     other: list[tuple[str, str]] = []
+    stops: list[tuple[tuple[str, ...], str]] = []
     passes: list[tuple[str, ...]] = []
     on_purpose: list[tuple[tuple[str, ...], int]] = []
     for size in range(1, len(fixes) + 1):
@@ -346,7 +369,9 @@ def _trial(
             if result is not None:
                 if result.rule == "progress" and _HANG in str(result):
                     hung.append(frozenset(names))
-                if size == 1 and result.rule != rule:
+                if result.rule in accepted and result.rule != rule:
+                    stops.append((names, result.rule))
+                elif size == 1 and result.rule != rule:
                     other.append((names[0], result.rule))
                 continue
             differs = alike(chosen, after)
@@ -374,6 +399,7 @@ def _trial(
         on_purpose=tuple(on_purpose),
         passes_otherwise=tuple(otherwise),
         other=tuple(other),
+        accepted_stops=tuple(stops),
         unapplied=tuple(unapplied.items()),
         unit=unit,
         stops=example.by_design_stops,

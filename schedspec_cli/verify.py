@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
             )
             bar.done()
             with call_timeout_set(args.call_timeout):
-                trials = known_fix_trials(t, res)
+                trials = known_fix_trials(t, res, p.accepted)
         results.append(res)
         findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))
@@ -348,11 +348,15 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | None]:
+def known_fix_trials(
+    target: Resolved, result: VerifyResult, accepted: Sequence[AcceptedDeviation] = ()
+) -> list[FixTrial | None]:
     """Each failure of a real engine's built-in that names known fixes, run again as it is and
     under the smallest sets of those fixes, holding one whose finding breaks its rule, under
     which it passes (`schedspec_cli.known_fixes`); recorded in the failure's JSON
-    (`known_fixes`). None for a failure with nothing tried."""
+    (`known_fixes`). A fixed run that breaks a rule the campaign accepted (the profile's
+    deviations, `accepted` from `--accept`) stops there and is said to (`accepted_stops`).
+    None for a failure with nothing tried."""
     builtin = target.builtin or _builtin_at(target.target)
     if builtin is None or not builtin.known_fixes:
         return [None] * len(result.failures)
@@ -360,10 +364,12 @@ def known_fix_trials(target: Resolved, result: VerifyResult) -> list[FixTrial | 
     fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))
     factory: Any = target.implementation.factory
     known = fixes(builtin.name)
+    deviations = (*target.implementation.profile.deviations, *accepted)
+    rules = frozenset(str(d.rule) for d in deviations)
     trials: list[FixTrial | None] = []
     for i, failure in enumerate(result.failures):
         try:
-            trial = try_known_fixes(failure, factory, known)
+            trial = try_known_fixes(failure, factory, known, rules)
         except Exception as err:  # a courtesy: the failure itself must still be reported
             print(
                 f"schedspec: the known fixes could not be tried on [{failure.rule}]: "

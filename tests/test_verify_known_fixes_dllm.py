@@ -25,7 +25,14 @@ from integrations.sglang.fixes import FINDING_RULES, SGLANG_FIXES, known_fixes, 
 from properties.conformance import conformance_machine
 from properties.example import DllmExample
 from properties.operations import Abort, Drain, Op, Round, Submit
-from properties.verify import DllmTwin, Failure, failure_from, run_machine, verify_settings
+from properties.verify import (
+    DllmTwin,
+    Failure,
+    VerifyResult,
+    failure_from,
+    run_machine,
+    verify_settings,
+)
 from reference.dllm import REFERENCE_DLLM
 from schedspec_cli.main import main
 from schedspec_cli.twins import resolve_twin
@@ -251,6 +258,57 @@ def test_a_row_taken_by_the_staging_path_is_named_by_keeping_the_refused_request
     )
 
 
+def test_a_fixed_run_that_breaks_an_accepted_rule_stops_there_and_says_so() -> None:
+    """With `progress` accepted (`--accept`), `refused-stays-incoming` alone no longer "fails by
+    [progress] instead": the run breaks a rule the campaign accepts and stops there, unchecked,
+    which says nothing of the crash; the pair with the decode fallback still passes."""
+    example = DllmExample(ROWS_TAKEN_CONFIG, UNDER_PRESSURE.profile, ROWS_TAKEN)
+    failure = _failure(example, UNDER_PRESSURE.factory)
+    from schedspec_cli.known_fixes import try_known_fixes
+
+    known = known_fixes("real-sglang-dllm-under-pressure")
+    trial = try_known_fixes(failure, UNDER_PRESSURE.factory, known, frozenset({"progress"}))
+    assert trial is not None
+    assert trial.other == ()
+    assert (("refused-stays-incoming",), "progress") in trial.accepted_stops
+    assert ("refused-stays-incoming", "decode-fallback") in trial.passes_with
+    said = "\n".join(trial.lines())
+    assert "alone it fails by [progress]" not in said, said
+    assert (
+        "With the engine fix `refused-stays-incoming` it breaks [progress], which this run "
+        "accepts: it stops there, unchecked, so that says nothing of [implementation_error]."
+    ) in said, said
+    stops = trial.to_json()["accepted_stops"]
+    assert {"fixes": ["refused-stays-incoming"], "rule": "progress"} in stops
+
+
+def test_the_trials_accept_the_profiles_deviations_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`known_fix_trials` hands the trials the profile's deviations beside `--accept`'s rules
+    (a user's profile that declares one; the built-ins declare none)."""
+    import dataclasses
+
+    from schedspec_cli import verify as verify_cmd
+    from schedspec_cli.impls import resolve
+    from spec.profile import AcceptedDeviation
+
+    seen: list[frozenset[str]] = []
+
+    def spy(failure: Any, factory: Any, fixes: Any, accepted: frozenset[str]) -> None:
+        seen.append(accepted)
+
+    monkeypatch.setattr(verify_cmd, "try_known_fixes", spy)
+    example = DllmExample(ROWS_TAKEN_CONFIG, UNDER_PRESSURE.profile, ROWS_TAKEN)
+    result = VerifyResult("x", 1, 1, 0.0, failures=[_failure(example, UNDER_PRESSURE.factory)])
+    target = resolve("real-sglang-dllm-under-pressure")
+    declared = (AcceptedDeviation("fcfs_admission", "a queue order of its own"),)
+    profile = dataclasses.replace(UNDER_PRESSURE.profile, deviations=declared)
+    implementation = dataclasses.replace(UNDER_PRESSURE, profile=profile)
+    target = dataclasses.replace(target, implementation=implementation)
+    accepted = (AcceptedDeviation("progress", "the row starvation is known"),)
+    assert verify_cmd.known_fix_trials(target, result, accepted) == [None]
+    assert seen == [frozenset({"progress", "fcfs_admission"})]
+
+
 def test_a_fix_that_admits_otherwise_without_saying_so_is_no_evidence() -> None:
     """The same program, the reservation not declared as admitting otherwise by design: it
     passes, but decides otherwise from round 4 on, before the failure."""
@@ -434,6 +492,29 @@ def test_verify_names_sglangs_known_finding_under_pressure(
     assert "--- known fixes ---\nKNOWN FINDING: this program passes with the engine fix" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Known fixes:\n\n- KNOWN FINDING: this program passes with the engine fix" in report
+
+
+def test_verify_hands_its_accept_file_to_the_trials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--accept FILE`'s rules reach the known-fix trials (a fixed run that breaks one stops
+    there and is said to, `test_a_fixed_run_that_breaks_an_accepted_rule_...`)."""
+    from schedspec_cli import verify as verify_cmd
+    from schedspec_cli.known_fixes import try_known_fixes as real
+
+    seen: list[frozenset[str]] = []
+
+    def spy(failure: Any, factory: Any, fixes: Any, accepted: frozenset[str]) -> Any:
+        seen.append(accepted)
+        return real(failure, factory, fixes, accepted)
+
+    monkeypatch.setattr(verify_cmd, "try_known_fixes", spy)
+    accept = tmp_path / "accept.txt"
+    accept.write_text("whole_block_alloc: the ragged row, reported upstream\n")
+    args = ["verify", "--impl", "real-sglang-dllm-under-pressure", "--examples", "50"]
+    assert main([*args, "--accept", str(accept)]) == 1
+    assert "--- known fixes ---" in capsys.readouterr().out
+    assert seen and all(rules == frozenset({"whole_block_alloc"}) for rules in seen), seen
 
 
 def test_a_new_bug_is_no_known_finding(monkeypatch: pytest.MonkeyPatch) -> None:
