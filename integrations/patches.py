@@ -121,7 +121,10 @@ class KnownFix:
     whether it changes a decision
     before the failure by design (`by_design`: an AR reservation's size, a dLLM admission
     estimate), so that the decision is not held against it (`first_other_decision` of
-    `properties.ar.example.ArExample` and `properties.example.DllmExample`)."""
+    `properties.ar.example.ArExample` and `properties.example.DllmExample`), and a `witness`
+    of its finding's mechanism, if it has one: a context manager factory that spies on the
+    engine while the failing example runs again as released and yields the list it notes
+    each act of the mechanism in (`integrations.sglang.witness`)."""
 
     name: str
     summary: str
@@ -129,6 +132,7 @@ class KnownFix:
     apply: Callable[[Iterable[str]], contextlib.AbstractContextManager[None]]
     by_design: bool = False
     messages: tuple[tuple[str, str], ...] = ()
+    witness: Callable[[], contextlib.AbstractContextManager[list[str]]] | None = None
 
     def breaks(self, rule: str, message: str) -> bool:
         """Whether its finding can be the failure: `rule` is one of `rules` and, where
@@ -256,11 +260,14 @@ class FixSet:
         rules_of: Mapping[str, Iterable[str]],
         by_design: Iterable[str] = (),
         messages: Mapping[str, str] | None = None,
+        witnesses: Mapping[str, Callable[[], contextlib.AbstractContextManager[list[str]]]]
+        | None = None,
     ) -> tuple[KnownFix, ...]:
         """The fixes `rules_of` names (fix -> the rules its finding breaks) as `KnownFix`es,
         those in `by_design` changing a decision before the failure on purpose, each failure of
-        a rule in `messages` required to match its pattern (`KnownFix.breaks`; `ValueError`
-        for an unknown name, as `resolve`)."""
+        a rule in `messages` required to match its pattern (`KnownFix.breaks`), each with its
+        finding's witness from `witnesses` if it has one (`ValueError` for an unknown name, as
+        `resolve`)."""
         on_purpose = set(by_design)
         return tuple(
             KnownFix(
@@ -270,6 +277,7 @@ class FixSet:
                 self.applied,
                 fix.name in on_purpose,
                 tuple(sorted((messages or {}).items())),
+                (witnesses or {}).get(fix.name),
             )
             for fix in self.resolve(rules_of)
         )

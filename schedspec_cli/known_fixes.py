@@ -76,6 +76,12 @@ class KnownFix(Protocol):
         (`Example.first_other_decision`'s `by_design`)."""
         ...
 
+    @property
+    def witness(self) -> Callable[[], contextlib.AbstractContextManager[list[str]]] | None:
+        """Its finding's witness, if it has one: while the failing example runs again as
+        released, the list of each act of the finding's mechanism seen."""
+        ...
+
     def applied(self, *also: str) -> contextlib.AbstractContextManager[None]:
         """A context manager applying it with the fixes named in `also`."""
         ...
@@ -145,6 +151,10 @@ class FixTrial:
         profile's deviations, `--accept`): the run stops there, unchecked past it, so such a set
         is neither a pass nor another failure (a plain run would have discarded the example).
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
+    witnessed: (fix, notes) for each candidate with a witness (`KnownFix.witness`): what it saw
+        of the finding's mechanism while the example ran again as released (none: not seen,
+        which claims nothing). A set of `on_purpose` holding a fix whose mechanism was seen
+        names the finding, as a pass alike to the failure does (`identified_by`).
     unit: what one decision is called ("step", "round").
     stops: a by-design difference ends the comparison (dLLM: an admission, after which all
         may differ), so such a pass is weaker evidence: "probably" the finding from a later
@@ -164,6 +174,7 @@ class FixTrial:
     other: tuple[tuple[str, str], ...] = ()
     accepted_stops: tuple[tuple[tuple[str, ...], str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
+    witnessed: tuple[tuple[str, tuple[str, ...]], ...] = ()
     unit: str = "step"
     stops: bool = False
     summaries: dict[str, str] = field(default_factory=dict, compare=False)
@@ -187,6 +198,7 @@ class FixTrial:
                 {"fixes": list(fixes), "rule": rule} for fixes, rule in self.accepted_stops
             ],
             "unapplied": dict(self.unapplied),
+            "witnessed": {name: list(notes) for name, notes in self.witnessed},
         }
         if not self.tried:
             out["known_rules"] = list(self.known_rules)
@@ -199,9 +211,19 @@ class FixTrial:
 
     def identified_by(self) -> tuple[tuple[str, ...], ...]:
         """The sets of `passes_with` that identify the failure: deciding as before up to it
-        (AR: allocations aside by design), not only up to a fix's own admission (`stops`)."""
+        (AR: allocations aside by design), not only up to a fix's own admission (`stops`), or
+        holding a fix whose finding's mechanism the failing run showed (`mechanism_seen`)."""
         on_purpose = dict(self.on_purpose)
-        return tuple(f for f in self.passes_with if not self.stops or f not in on_purpose)
+        return tuple(
+            f
+            for f in self.passes_with
+            if not self.stops or f not in on_purpose or self.mechanism_seen(f)
+        )
+
+    def mechanism_seen(self, fixes: tuple[str, ...]) -> tuple[str, ...]:
+        """What the witnesses of `fixes` saw of their findings' mechanisms in the failing run."""
+        seen = dict(self.witnessed)
+        return tuple(note for name in fixes for note in seen.get(name, ()))
 
     def lines(self) -> list[str]:
         """The verdict in words, for the text output (after the failure's program)."""
@@ -237,7 +259,16 @@ class FixTrial:
             passes = f"this program passes with the engine fix{'' if one else 'es'} {applied}"
             again = f"without {'it' if one else 'them'}, it fails by [{rule}] again."
             index = on_purpose.get(fixes)
-            if index is None:
+            seen = self.mechanism_seen(fixes)
+            if index is not None and self.stops and seen:
+                more = f" (and {len(seen) - 1} more)" if len(seen) > 1 else ""
+                out.append(
+                    f"KNOWN FINDING, ITS MECHANISM SEEN: {passes} applied, deciding as before up "
+                    f"to {self.unit} {index}, where it admits otherwise by design; and run again "
+                    f"as released, the program showed the finding's fault: {seen[0]}{more}; "
+                    f"{again}"
+                )
+            elif index is None:
                 out.append(
                     f"KNOWN FINDING: {passes} applied, deciding as before up to the failure; "
                     f"{again}"
@@ -323,10 +354,17 @@ def _trial(
 
     unit = example.unit
     summaries = {fix.name: fix.summary for fix in fixes}
-    again, before = example.run(factory)
+    with contextlib.ExitStack() as stack:  # the findings' witnesses watch the released run
+        watching = {
+            fix.name: stack.enter_context(witness())
+            for fix in candidates
+            if (witness := getattr(fix, "witness", None)) is not None
+        }
+        again, before = example.run(factory)
+    witnessed = tuple((name, tuple(notes)) for name, notes in watching.items())
     if again is None or again.rule != rule:
         said = "it passed" if again is None else f"it failed by [{again.rule}]"
-        return FixTrial(rule, candidates, again=said, unit=unit)
+        return FixTrial(rule, candidates, again=said, unit=unit, witnessed=witnessed)
     apply = fixes[0].apply
     failed_at = again.event
 
@@ -401,6 +439,7 @@ def _trial(
         other=tuple(other),
         accepted_stops=tuple(stops),
         unapplied=tuple(unapplied.items()),
+        witnessed=witnessed,
         unit=unit,
         stops=example.by_design_stops,
         summaries=summaries,

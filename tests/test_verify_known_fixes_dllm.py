@@ -227,8 +227,26 @@ def test_an_overcommitted_pool_is_named_by_the_reservation_admitting_otherwise_o
     assert lines[1].startswith("PROBABLY A KNOWN FINDING: this program passes with the engine")
     assert "`reserve-future-blocks`" in lines[1]
     assert "deciding as before up to round 4, where it admits otherwise by design" in lines[1]
-    assert trial.identified_by() == ()  # none runs alike up to the failure
     assert trial.to_json()["on_purpose"][1] == {"fixes": ["reserve-future-blocks"], "round": 4}
+    # none runs alike up to the failure, but the released run shows the refused request's
+    # way back (`integrations.sglang.witness`): that fix names it; the staging truncation's
+    # witness saw nothing, so whole staged blocks stays "probably", as the reservation does
+    took = "PrefillAdder.add_dllm_staging_req took 'r0' without a row (extending it by 2 tokens)"
+    assert trial.witnessed == (
+        ("refused-stays-incoming", (took,)),
+        ("whole-staged-blocks", ()),
+    )
+    assert trial.identified_by() == (("refused-stays-incoming",),)
+    assert lines[0].startswith(
+        "KNOWN FINDING, ITS MECHANISM SEEN: this program passes with the engine fix "
+        "`refused-stays-incoming`"
+    )
+    assert f"the program showed the finding's fault: {took}; without it" in lines[0]
+    assert lines[2].startswith("PROBABLY A KNOWN FINDING") and "`whole-staged-blocks`" in lines[2]
+    assert trial.to_json()["witnessed"] == {
+        "refused-stays-incoming": [took],
+        "whole-staged-blocks": [],
+    }
 
 
 #: Two rows, three seats: r1 and r3, refused by the adder, come back as staging requests
@@ -249,10 +267,12 @@ def test_a_row_taken_by_the_staging_path_is_named_by_keeping_the_refused_request
     assert trial is not None
     assert ("refused-stays-incoming", "decode-fallback") in trial.passes_with
     assert (("refused-stays-incoming", "decode-fallback"), 2) in trial.on_purpose
+    # r1 and r3 both come back through the staging path without a row: the mechanism seen
     assert trial.lines()[0].startswith(
-        "PROBABLY A KNOWN FINDING: this program passes with the engine fixes "
+        "KNOWN FINDING, ITS MECHANISM SEEN: this program passes with the engine fixes "
         "`refused-stays-incoming`"
     )
+    assert "took 'r3' without a row (extending it by 2 tokens) (and 1 more)" in trial.lines()[0]
     assert "With the engine fix `refused-stays-incoming` alone it fails by [progress]" in (
         "\n".join(trial.lines())
     )
@@ -415,6 +435,10 @@ def test_the_staging_truncation_inside_the_declared_headroom_is_named(mode: Mode
     assert failure.rule == "whole_block_alloc"
     trial = _trial(failure, REAL_SGLANG_DLLM.factory, "real-sglang-dllm")
     assert trial is not None and trial.identified_by() == (("whole-staged-blocks",),)
+    # its witness saw the cut block too (it names the finding alike to the failure anyway)
+    (name, notes), *_ = trial.witnessed
+    assert name == "whole-staged-blocks" and len(notes) >= 1, trial.witnessed
+    assert "PrefillAdder.add_dllm_staging_req cut 'r1''s extend to 1 of 2 tokens" in notes[-1]
 
 
 def test_a_twin_of_the_released_engine_does_not_hide_a_known_finding() -> None:

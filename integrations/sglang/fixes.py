@@ -59,6 +59,7 @@ from contextlib import AbstractContextManager
 
 from integrations.patches import EngineFix, FixSet, KnownFix
 from integrations.sglang.engine import import_engine, quiet_stubbed_imports
+from integrations.sglang.witness import staged_block_cut, staged_without_a_row
 
 POLICY = "sglang.srt.managers.schedule_policy"
 MIXIN = "sglang.srt.dllm.mixin.scheduler"
@@ -480,6 +481,13 @@ ADMIT_OTHERWISE = (
     WHOLE_STAGED_BLOCKS.name,
 )
 
+#: The findings whose mechanism a spy can see act in a failing run (`integrations.sglang.witness`):
+#: with one, a by-design fix's pass becomes a known finding when the mechanism acted.
+WITNESSES = {
+    REFUSED_STAYS_INCOMING.name: staged_without_a_row,
+    WHOLE_STAGED_BLOCKS.name: staged_block_cut,
+}
+
 #: Whose findings show in each built-in's space: the staging truncation everywhere (the
 #: declared headroom does not keep it out: docs/engines.md's findings), the ordered queues'
 #: sticky window (priority, lof), and, with no pool headroom and fewer rows than seats, all five.
@@ -505,6 +513,7 @@ def known_fixes(impl: str) -> tuple[KnownFix, ...]:
         {name: FINDING_RULES[name] for name in _FINDINGS_OF.get(impl, ())},
         by_design=ADMIT_OTHERWISE,
         messages=FINDING_MESSAGES,
+        witnesses=WITNESSES,
     )
 
 
@@ -533,6 +542,7 @@ __all__ = [
     "RESERVE_FUTURE_BLOCKS",
     "SGLANG_FIXES",
     "WHOLE_STAGED_BLOCKS",
+    "WITNESSES",
     "WORST_CASE_ESTIMATE",
     "fix_as_diff",
     "known_fixes",

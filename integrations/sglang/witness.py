@@ -1,0 +1,95 @@
+"""Witnesses of SGLang 0.5.23's findings: what each finding's mechanism does, seen in a run.
+
+A known fix that changes admissions by design passes a failing program deciding alike only up
+to its own first other admission, which is weak evidence that the failure was its finding
+(`schedspec_cli.known_fixes`: "probably"). A witness makes it strong: while the failing program
+runs again on SGLang as released, it spies on the method where the finding's mechanism acts
+and notes each time it does. A note means the finding's fault happened in that very run; no
+note means only that this witness did not see it (a witness claims nothing by its silence).
+
+- `staged_without_a_row`: the staging path (`PrefillAdder.add_dllm_staging_req`) takes a
+  request that holds no row. Only a request the incoming path's adder refused gets there
+  without one (`process_dllm_incoming_reqs` moved it to a staging phase before the adder
+  decided): the cause `refused-stays-incoming` fixes.
+- `staged_block_cut`: the staging path takes a request with its next block cut to the budget
+  left (`min(cand_extend_input_len, _rem_tokens)`), to a length that is not whole blocks: the
+  truncation `whole-staged-blocks` fixes.
+
+Each is a context manager yielding the list it appends its notes to; SGLang's methods are
+restored on the way out, whatever happened inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def _our_id(engine_rid: str) -> str:
+    """The spec's request id of an SGLang id the adapter made (`<length>:<id>|`)."""
+    head, sep, rest = engine_rid.partition(":")
+    return rest[: int(head)] if sep and head.isdigit() else engine_rid
+
+
+@contextlib.contextmanager
+def _spy_on_staging(note: Callable[[Any, Any, int, int], str | None]) -> Iterator[list[str]]:
+    """Wrap `PrefillAdder.add_dllm_staging_req`: after each call that put the request in the
+    round's batch, `note(adder, req, row_before, wanted)` (`wanted`: the tokens the request
+    asked to extend by) may return a line to keep."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    seen: list[str] = []
+    original = PrefillAdder.add_dllm_staging_req
+
+    def staging(self: Any, req: Any) -> Any:
+        row = req.kv.req_pool_idx
+        wanted = len(req.full_untruncated_fill_ids) - req.prefix_len
+        result = original(self, req)
+        if any(r is req for r in self.can_run_list):
+            line = note(self, req, row, wanted)
+            if line is not None:
+                seen.append(line)
+        return result
+
+    PrefillAdder.add_dllm_staging_req = staging
+    try:
+        yield seen
+    finally:
+        PrefillAdder.add_dllm_staging_req = original
+
+
+def staged_without_a_row() -> contextlib.AbstractContextManager[list[str]]:
+    """Notes each request the staging path takes without a row (the refused request's way
+    back, `refused-stays-incoming`)."""
+
+    def note(adder: Any, req: Any, row: int | None, wanted: int) -> str | None:
+        if row is not None:
+            return None
+        extend = int(req.extend_end - req.prefix_len)
+        return (
+            f"PrefillAdder.add_dllm_staging_req took {_our_id(req.rid)!r} without a row "
+            f"(extending it by {extend} tokens)"
+        )
+
+    return _spy_on_staging(note)
+
+
+def staged_block_cut() -> contextlib.AbstractContextManager[list[str]]:
+    """Notes each request the staging path takes with its extend cut short of what it asked
+    for, to a length that is not whole blocks (`whole-staged-blocks`)."""
+
+    def note(adder: Any, req: Any, row: int | None, wanted: int) -> str | None:
+        extend = int(req.extend_end - req.prefix_len)
+        block = int(adder.dllm_config.block_size)
+        if extend >= wanted or extend % block == 0:
+            return None
+        return (
+            f"PrefillAdder.add_dllm_staging_req cut {_our_id(req.rid)!r}'s extend to {extend} "
+            f"of {wanted} tokens (blocks of {block})"
+        )
+
+    return _spy_on_staging(note)
+
+
+__all__ = ["staged_block_cut", "staged_without_a_row"]
