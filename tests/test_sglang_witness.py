@@ -39,7 +39,7 @@ def test_staging_requests_that_hold_their_rows_are_not_noted() -> None:
 
 def test_a_cut_staged_block_is_seen() -> None:
     assert _seen(staged_block_cut, "staging-truncation") == [
-        "PrefillAdder.add_dllm_staging_req cut 'r3''s extend to 2 of 3 tokens (blocks of 3)"
+        "PrefillAdder.add_dllm_staging_req cut the extend of 'r3' to 2 of 3 tokens (blocks of 3)"
     ]
 
 

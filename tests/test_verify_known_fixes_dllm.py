@@ -438,7 +438,7 @@ def test_the_staging_truncation_inside_the_declared_headroom_is_named(mode: Mode
     # its witness saw the cut block too (it names the finding alike to the failure anyway)
     (name, notes), *_ = trial.witnessed
     assert name == "whole-staged-blocks" and len(notes) >= 1, trial.witnessed
-    assert "PrefillAdder.add_dllm_staging_req cut 'r1''s extend to 1 of 2 tokens" in notes[-1]
+    assert "PrefillAdder.add_dllm_staging_req cut the extend of 'r1' to 1 of 2 tokens" in notes[-1]
 
 
 def test_a_twin_of_the_released_engine_does_not_hide_a_known_finding() -> None:

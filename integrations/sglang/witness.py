@@ -32,6 +32,10 @@ def _our_id(engine_rid: str) -> str:
     return rest[: int(head)] if sep and head.isdigit() else engine_rid
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
 @contextlib.contextmanager
 def _spy_on_staging(note: Callable[[Any, Any, int, int], str | None]) -> Iterator[list[str]]:
     """Wrap `PrefillAdder.add_dllm_staging_req`: after each call that put the request in the
@@ -69,7 +73,7 @@ def staged_without_a_row() -> contextlib.AbstractContextManager[list[str]]:
         extend = int(req.extend_end - req.prefix_len)
         return (
             f"PrefillAdder.add_dllm_staging_req took {_our_id(req.rid)!r} without a row "
-            f"(extending it by {extend} tokens)"
+            f"(extending it by {_tokens(extend)})"
         )
 
     return _spy_on_staging(note)
@@ -85,8 +89,8 @@ def staged_block_cut() -> contextlib.AbstractContextManager[list[str]]:
         if extend >= wanted or extend % block == 0:
             return None
         return (
-            f"PrefillAdder.add_dllm_staging_req cut {_our_id(req.rid)!r}'s extend to {extend} "
-            f"of {wanted} tokens (blocks of {block})"
+            f"PrefillAdder.add_dllm_staging_req cut the extend of {_our_id(req.rid)!r} to "
+            f"{extend} of {_tokens(wanted)} (blocks of {block})"
         )
 
     return _spy_on_staging(note)
