@@ -290,6 +290,15 @@ class FixTrial:
                     f"{self.unit} {index}, where it admits otherwise by design (later "
                     f"{self.unit}s not compared); {again}"
                 )
+        named = {name for fixes in self.passes_with for name in fixes}
+        for name, notes in self.witnessed:
+            if notes and name not in named:
+                more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
+                out.append(
+                    f"Run again as released, the program showed the fault of `{name}`'s "
+                    f"finding: {notes[0]}{more}; but no set holding that fix passes it (that "
+                    "finding and another at once, or another alone)."
+                )
         for name, index in self.passes_otherwise:
             out.append(
                 f"With the engine fix `{name}` alone it passes too, but decides otherwise from "

@@ -363,6 +363,20 @@ def test_a_set_whose_candidate_does_nothing_names_nothing() -> None:
     assert trial is not None and trial.passes_with == ()
     assert ("whole-staged-blocks", "progress") in trial.other
     assert trial.lines()[0].startswith("NO KNOWN FIX IDENTIFIES IT")
+    # a refused request did come back without a row: said, though no set names that finding
+    seen = dict(trial.witnessed)["refused-stays-incoming"]
+    assert seen and all("without a row" in note for note in seen), trial.witnessed
+    assert any(
+        line.startswith(
+            "Run again as released, the program showed the fault of `refused-stays-incoming`'s "
+            f"finding: {seen[0]}"
+        )
+        and line.endswith(
+            "but no set holding that fix passes it (that finding and another at "
+            "once, or another alone)."
+        )
+        for line in trial.lines()
+    ), trial.lines()
 
 
 def test_a_crash_that_is_not_running_out_of_memory_is_no_known_finding(
