@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,12 +40,19 @@ from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
+from spec.implementation import DllmImplementation
 
 ROOT = Path(__file__).resolve().parent.parent
 SHRUNK = ROOT / "docs" / "shrunk"
 
-#: The built-in the programs run through (its profile holds every finding's configuration).
+#: The built-in most programs run through (its profile holds their configurations); an ordered
+#: queue's findings run through theirs.
 IMPLEMENTATION = "real-sglang-dllm-under-pressure"
+_BUILT_INS = {
+    IMPLEMENTATION: "REAL_SGLANG_DLLM_UNDER_PRESSURE",
+    "real-sglang-dllm-priority": "REAL_SGLANG_DLLM_PRIORITY",
+    "real-sglang-dllm-lof": "REAL_SGLANG_DLLM_LOF",
+}
 
 # The cause three findings share, said once.
 _STAGING_CAUSE = (
@@ -62,8 +69,8 @@ _STAGING_CAUSE = (
 @dataclass(frozen=True, slots=True)
 class SglangFinding:
     """One open finding: `ops` on `config` breaks `rule` (its message holding `says`) on SGLang
-    as released and passes under each fix set of `lifted_by`; `test` is the test in
-    tests/test_real_sglang.py that shows its cause."""
+    as released and passes under each fix set of `lifted_by`; `test` is the test (its pytest
+    node id) that shows its cause."""
 
     key: str
     title: str
@@ -74,13 +81,17 @@ class SglangFinding:
     says: str
     lifted_by: tuple[tuple[str, ...], ...]
     test: str
+    implementation: str = IMPLEMENTATION
+
+    def built_in(self) -> DllmImplementation:
+        """The built-in the program runs through (`implementation`)."""
+        import integrations.sglang as sglang
+
+        return cast(DllmImplementation, getattr(sglang, _BUILT_INS[self.implementation]))
 
     def example(self) -> DllmExample:
-        """The program as a replayable example under `IMPLEMENTATION`'s profile."""
-        from integrations.sglang import REAL_SGLANG_DLLM_UNDER_PRESSURE
-
-        profile = REAL_SGLANG_DLLM_UNDER_PRESSURE.profile
-        return DllmExample(self.config, profile, self.ops)
+        """The program as a replayable example under its built-in's profile."""
+        return DllmExample(self.config, self.built_in().profile, self.ops)
 
 
 def drive(h: Harness, ops: Sequence[Op]) -> Harness:
@@ -133,7 +144,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="whole_block_alloc",
         says="allocated block 1 but the next uncommitted block is 0",
         lifted_by=(("refused-stays-incoming",),),
-        test="test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging",
+        test="tests/test_real_sglang.py::test_finding_ragged_row_comes_from_a_refused_request_entering_as_staging",
     ),
     SglangFinding(
         key="kv-pressure",
@@ -159,7 +170,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
             ("refused-stays-incoming", "decode-fallback"),
             ("reserve-future-blocks", "decode-fallback"),
         ),
-        test="test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming",
+        test="tests/test_real_sglang.py::test_finding_kv_pressure_fixed_by_keeping_the_refused_request_incoming",
     ),
     SglangFinding(
         key="rows-taken-by-staging",
@@ -193,7 +204,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="implementation_error",
         says="alloc_req_slots runs out of memory",
         lifted_by=(("refused-stays-incoming", "decode-fallback"),),
-        test="test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not",
+        test="tests/test_real_sglang.py::test_finding_a_refused_request_entering_as_staging_takes_a_row_there_is_not",
     ),
     SglangFinding(
         key="row-starvation",
@@ -223,7 +234,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="progress",
         says="",
         lifted_by=(("decode-fallback",),),
-        test="test_finding_prefill_request_without_a_row_starves_the_decode_request",
+        test="tests/test_real_sglang.py::test_finding_prefill_request_without_a_row_starves_the_decode_request",
     ),
     SglangFinding(
         key="idle-round",
@@ -244,7 +255,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="progress",
         says="",
         lifted_by=(("worst-case-estimate",),),
-        test="test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits",
+        test="tests/test_real_sglang.py::test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits",
     ),
     SglangFinding(
         key="ignore-eos",
@@ -266,7 +277,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="progress",
         says="",
         lifted_by=(("worst-case-estimate",),),
-        test="test_finding_an_ignore_eos_request_that_fits_is_never_admitted",
+        test="tests/test_real_sglang.py::test_finding_an_ignore_eos_request_that_fits_is_never_admitted",
     ),
     SglangFinding(
         key="staging-truncation",
@@ -300,7 +311,80 @@ FINDINGS: tuple[SglangFinding, ...] = (
         rule="whole_block_alloc",
         says="allocated 2 slots for a block of 3",
         lifted_by=(("whole-staged-blocks",),),
-        test="test_finding_staging_truncates_a_running_block",
+        test="tests/test_real_sglang.py::test_finding_staging_truncates_a_running_block",
+    ),
+)
+
+_WINDOW_CAUSE = (
+    "`get_new_batch_dllm` (dllm/mixin/scheduler.py) moves waiting requests into the dLLM "
+    "manager (`_fetch_waiting_reqs`) up to --max-running-requests, and `calc_priority` "
+    "(managers/schedule_policy.py) sorts only the waiting queue, so a request the manager "
+    "holds without a row keeps its place there against every later arrival. Here `p` and `d` "
+    "are fetched together and `p` runs; `c` arrives, sorted ahead of `d` by SGLang's own order "
+    "({why}), but is not even fetched (the manager is full: `p` and `d`), and `d` takes the last "
+    "seat."
+)
+_SYNC_BLOCK_2 = DllmConfig(
+    block_size=2,
+    page_size=2,
+    kv_pages=16,
+    req_pool_rows=2,
+    max_running_requests=2,
+    max_context=4,
+    mode=Mode.SYNC,
+    in_place_reuse=False,
+)
+
+FINDINGS += (
+    SglangFinding(
+        key="priority-window",
+        title=(
+            "Priority scheduling: a request fetched into the dLLM manager without a row keeps "
+            "its place against a later arrival of a higher priority"
+        ),
+        cause=_WINDOW_CAUSE.format(why="priority 0 before 1, with --enable-priority-scheduling"),
+        config=_SYNC_BLOCK_2,
+        ops=(
+            _request("p", (0, 0), 1, priority=1),
+            _request("d", (0,), 1, priority=1),
+            Round(),
+            _request("c", (0,), 1, priority=0),
+            Round(),
+            Drain(),
+        ),
+        rule="fcfs_admission",
+        says="admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])",
+        lifted_by=(("priority-window",),),
+        test=(
+            "tests/test_sglang_priority.py::"
+            "test_finding_a_fetched_request_keeps_its_place_against_a_higher_priority_arrival"
+        ),
+        implementation="real-sglang-dllm-priority",
+    ),
+    SglangFinding(
+        key="lof-window",
+        title=(
+            "--schedule-policy lof: a request fetched into the dLLM manager without a row keeps "
+            "its place against a later arrival with a longer output"
+        ),
+        cause=_WINDOW_CAUSE.format(why="2 new tokens before 1, longest output first"),
+        config=_SYNC_BLOCK_2,
+        ops=(
+            _request("p", (0, 0), 1),
+            _request("d", (0,), 1),
+            Round(),
+            _request("c", (0,), 2),
+            Round(),
+            Drain(),
+        ),
+        rule="fcfs_admission",
+        says="admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])",
+        lifted_by=(("priority-window",),),
+        test=(
+            "tests/test_sglang_lof.py::"
+            "test_finding_a_fetched_request_keeps_its_place_against_a_longer_output_arrival"
+        ),
+        implementation="real-sglang-dllm-lof",
     ),
 )
 
@@ -349,11 +433,10 @@ class Outcome:
 
 def run(finding: SglangFinding, fixes: Sequence[str] = ()) -> Outcome:
     """`finding`'s program on the installed SGLang, with the named fixes applied."""
-    from integrations.sglang import REAL_SGLANG_DLLM_UNDER_PRESSURE
     from integrations.sglang.fixes import sglang_fixed
 
     made: list[Any] = []
-    factory = REAL_SGLANG_DLLM_UNDER_PRESSURE.factory
+    factory = finding.built_in().factory
 
     def recording(config: DllmConfig, sink: EventSink) -> Any:
         adapter = factory(config, sink)
@@ -434,7 +517,7 @@ def record(finding: SglangFinding, version: str) -> dict[str, Any]:
         "title": finding.title,
         "cause": finding.cause,
         "sglang": version,
-        "implementation": IMPLEMENTATION,
+        "implementation": finding.implementation,
         "program": program_source(finding),
         "transcript": released.transcript.splitlines(),
         "rule": None if v is None else v.rule,

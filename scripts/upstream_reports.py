@@ -625,7 +625,7 @@ def _sglang_report(
         f"schedspec's `{record['implementation']}` adapter over a scripted denoising step, on "
         "CPU.",
         f"- Broken: `{record['rule']}`: {message[0]}",
-        f"- The test that shows its cause: `tests/test_real_sglang.py::{record['test']}`.",
+        f"- The test that shows its cause: `{record['test']}`.",
         "",
         "Reproduce (schedspec), and print the fix as a patch of SGLang's files:",
         "",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,11 @@ def test_list_names_every_finding(capsys: pytest.CaptureFixture[str]) -> None:
     assert findings.main(["--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":", 1)[0] for line in out] == [f.key for f in findings.FINDINGS]
+
+
+@pytest.mark.parametrize("finding", findings.FINDINGS, ids=lambda f: f.key)
+def test_a_findings_test_exists(finding: Any) -> None:
+    """The report's "test that shows its cause" names a test that is there."""
+    path, name = finding.test.split("::")
+    source = (Path(__file__).resolve().parents[1] / path).read_text()
+    assert f"\ndef {name}(" in source, finding.test

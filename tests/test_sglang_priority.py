@@ -47,8 +47,10 @@ from spec.implementation import DllmImplementation
 from spec.profile import DllmProfile
 from tests.patch_check import git_apply_to_copies
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
+    FINDINGS,
     _roomy_configs,
     _run_suite,
+    drive,
     sglang_installed,  # noqa: F401
 )
 from tests.tier import depth
@@ -116,12 +118,7 @@ def _inversion(h: Harness) -> Harness:
     """`p` (a whole prompt block) and `d` (a one-token prompt), both of priority 1: SGLang moves
     both into its dLLM manager and forms a prefill batch of `p`; `d` waits there. Then `c`
     (priority 0) arrives: one seat is left, and the spec gives it to `c`."""
-    h.submit(RequestSpec("p", (0, 0), 1, priority=1))
-    h.submit(RequestSpec("d", (0,), 1, priority=1))
-    h.round()
-    h.submit(RequestSpec("c", (0,), 1, priority=0))
-    h.round()
-    h.drain()
+    drive(h, FINDINGS["priority-window"].ops)  # scripts/sglang_findings.py's program
     return h
 
 
