@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -60,9 +61,15 @@ _STAGING_CAUSE = (
     "before `PrefillAdder.add_one_req` decides, and its `determine_dllm_phase` moves the request "
     "from INCOMING_* to STAGING_*. A request the adder refuses (NO_TOKEN) therefore stays in "
     "the dLLM manager as a staging request without a row, and a later round's "
-    "`process_dllm_staging_reqs` hands it to `PrefillAdder.add_dllm_staging_req`, which skips "
-    "what the incoming path checks: the admission estimate, the one-block extend "
-    "(`_get_dllm_extend_len`) and the free-row check (`get_num_allocatable_reqs`)."
+    "`process_dllm_staging_reqs` hands it to `PrefillAdder.add_dllm_staging_req`, which is not "
+    "the incoming path: it has no admission estimate (it takes a request while its budget for "
+    "the next block is positive, and charges the block, a page and max_new_tokens only after), "
+    "no free-row check (`get_num_allocatable_reqs`), and its budget, `_get_dllm_remain_tokens` "
+    "(managers/schedule_policy.py:1001), is min(rem_dllm_tokens, rem_total_tokens, block size) "
+    "only while that is positive: once the pass's KV budget is spent it falls back to "
+    "`rem_dllm_tokens` (max_running_requests x block size, line 1010), dropping the block-size "
+    "cap and the KV budget both. The notes in the calls below show each decision of the adder "
+    "with its budget."
 )
 
 
@@ -130,8 +137,15 @@ FINDINGS: tuple[SglangFinding, ...] = (
             "row that is not one whole block (its prompt plus a whole mask block)"
         ),
         cause=_STAGING_CAUSE
-        + " Here `b` (a one-token prompt) is refused while `a` runs, and the staging path "
-        "extends it by its whole fill ids: 5 tokens for a block of 4, spanning two blocks.",
+        + " Here `b` (a one-token prompt) is refused while `a` runs. The round after, `a`'s "
+        "staging charge (its block, a page and its whole max_new_tokens again: 4 + 4 + 20 = 28) "
+        "spends the pass's rem_total_tokens, so `b` is taken on the fallback budget "
+        "(rem_dllm_tokens 8) and extended by its whole fill ids: 5 tokens (its prompt and a mask "
+        "block) for a block of 4, spanning two blocks. SGLang's own step views a batch's input "
+        "as whole blocks (`input_ids.view(batch_size, self.block_size)`, "
+        "dllm/algorithm/base.py:108), which 9 tokens for 2 requests of block 4 cannot be. "
+        "`cap-fallback-budget`, keeping the cap in the fallback, fixes this symptom; "
+        "`refused-stays-incoming` the cause.",
         config=_config(kv_pages=8, req_pool_rows=3, max_running_requests=3),
         ops=(
             _request("a", (1,), 20),
@@ -154,10 +168,13 @@ FINDINGS: tuple[SglangFinding, ...] = (
             "out of memory)"
         ),
         cause=_STAGING_CAUSE
-        + " Here 5 usable pages hold either request alone (3 pages each) but not both; the "
-        "adder refuses `b` and the staging path admits it anyway. Admitting only while the "
-        "free KV, less what the running requests can still claim, covers the claim "
-        "(`reserve-future-blocks`) fixes it too.",
+        + " Here 5 usable pages hold either request alone (3 pages each) but not both. The "
+        "adder's estimate refuses `b`; the round after, the staging path takes it without one "
+        "(a budget of 16 for a block of 4), and each round after it takes `b`'s next block "
+        "again, on the fallback budget once rem_total_tokens is spent (-10), until "
+        "`alloc_for_extend` finds no room. Admitting only while the free KV, less what the "
+        "running requests can still claim, covers the claim (`reserve-future-blocks`) fixes "
+        "it too.",
         config=_config(kv_pages=5),
         ops=(
             _request("a", (5, 6, 7, 8, 9), 6),
@@ -181,8 +198,9 @@ FINDINGS: tuple[SglangFinding, ...] = (
         ),
         cause=_STAGING_CAUSE + " Here 2 rows serve 3 seats (reachable: the dLLM manager keeps "
         "`--max-running-requests` as given while `resolve_max_num_reqs` sizes the request pool "
-        "at min(requested // attention-DP size, token capacity // 2)); the adder refuses `r1` "
-        "and `r3`, and the staging path takes both, three requests for two rows.",
+        "at min(requested // attention-DP size, token capacity // 2)); the adder's estimate "
+        "refuses `r1` and `r3`, and the staging path, with no free-row check, takes both: "
+        "three requests for two rows.",
         config=DllmConfig(
             block_size=2,
             page_size=2,
@@ -232,7 +250,7 @@ FINDINGS: tuple[SglangFinding, ...] = (
             Drain(),
         ),
         rule="progress",
-        says="",
+        says="a round with 1 running requests ran no forward",
         lifted_by=(("decode-fallback",),),
         test="tests/test_real_sglang.py::test_finding_prefill_request_without_a_row_starves_the_decode_request",
     ),
@@ -247,37 +265,40 @@ FINDINGS: tuple[SglangFinding, ...] = (
             "`PrefillAdder.add_one_req` (managers/schedule_policy.py) estimates a dLLM request "
             "as its fill ids (prompt + a whole mask block) + max_new_tokens + a page: 5 + 4 + 6 "
             "+ 4 = 19 slots for a request that claims 12 of the 16 (prompt and output in whole "
-            "blocks). The refused request is admitted a round later through the staging path "
-            "(the cause of the findings above)."
+            "blocks). Refused, it is left a staging request and the staging path, which has no "
+            "estimate, admits it a round later (the cause of the first three reports)."
         ),
         config=_config(kv_pages=4),
         ops=(_request("a", (5, 6, 7, 8, 9), 6), Drain()),
         rule="progress",
-        says="",
+        says="idle system with 1 queued requests admitted none",
         lifted_by=(("worst-case-estimate",),),
         test="tests/test_real_sglang.py::test_finding_idle_engine_skips_a_round_before_admitting_a_request_that_fits",
     ),
     SglangFinding(
         key="ignore-eos",
         title=(
-            "A request with ignore_eos that fits the pool is never admitted, estimated by "
-            "add_one_req_ignore_eos as paged fill ids, a rounding page and every request's "
-            "whole max_new_tokens"
+            "An idle engine runs a round without admitting a request with ignore_eos that fits "
+            "the pool, estimated by add_one_req_ignore_eos as its paged fill ids, a rounding "
+            "page and its whole max_new_tokens; it gets in a round later through the staging "
+            "path"
         ),
         cause=(
             "With the radix cache off, `PrefillAdder.add_one_req` hands a request with "
             "`ignore_eos` to `add_one_req_ignore_eos`, which charges its fill ids paged "
             "(prompt + a mask block: 8 slots) plus a rounding page (4), then requires the free "
-            "slots less that, less the whole max_new_tokens of every request, to stay above one "
-            "reserve token: 12 - 12 - 1 <= 1, refused for good. The request needs one block of "
-            "4 slots; without `ignore_eos` it is admitted."
+            "slots less that, less its whole max_new_tokens, to stay above one reserve token: "
+            "12 - 12 - 1 <= 1, refused. The request needs one block of 4 slots; without "
+            "`ignore_eos` the same request is admitted at once (5 + 1 + 4 = 10 < 12). Refused, "
+            "it is left a staging request and the staging path, which has no estimate, takes "
+            "it the round after (the cause of the first three reports)."
         ),
         config=_config(kv_pages=3),
         ops=(_request("a", (0,), 1, ignore_eos=True), Drain()),
         rule="progress",
-        says="",
+        says="idle system with 1 queued requests admitted none",
         lifted_by=(("worst-case-estimate",),),
-        test="tests/test_real_sglang.py::test_finding_an_ignore_eos_request_that_fits_is_never_admitted",
+        test="tests/test_real_sglang.py::test_finding_an_ignore_eos_request_that_fits_waits_a_round",
     ),
     SglangFinding(
         key="staging-truncation",
@@ -454,38 +475,53 @@ def run(finding: SglangFinding, fixes: Sequence[str] = ()) -> Outcome:
 
 @contextlib.contextmanager
 def adder_decisions(made: list[Any]) -> Iterator[None]:
-    """Note in the first adapter's transcript each decision of SGLang's `PrefillAdder` on a
-    request (`add_one_req`, the incoming path; `add_dllm_staging_req`, the staging path): the
-    causes the findings name happen inside `get_next_batch_to_run`, so the line of that call,
-    which follows them, does not show them."""
+    """Note in the running adapter's transcript (the latest `made`: the program's, then each
+    solo run's of the parity check) each decision of SGLang's `PrefillAdder` on a request
+    (`add_one_req`, the incoming path; `add_dllm_staging_req`, the staging path): the causes
+    the findings name happen inside `get_next_batch_to_run`, so the line of that call, which
+    follows them, does not show them. A note that cannot be read says so; it never raises into
+    SGLang's call."""
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     add_one, add_staging = PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req
 
-    def note(line: str) -> None:
+    def note(describe: Callable[[], str]) -> None:
+        try:
+            line = describe()
+        except Exception as err:  # a note must not become SGLang's implementation_error
+            line = f"(a decision the note could not read: {type(err).__name__}: {err})"
         if made:
-            made[0].transcript.append(f"#   in get_next_batch_to_run: {line}")
+            made[-1].transcript.append(f"#   in get_next_batch_to_run: {line}")
 
     def incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        phase = _phase(req)  # init_next_round_input set it before the adder decides
         result = add_one(self, req, *args, **kwargs)
-        row = req.kv.req_pool_idx
-        phase = getattr(req.dllm_phase, "name", req.dllm_phase)
-        held = "no row" if row is None else f"row {row}"
         note(
-            f"PrefillAdder.add_one_req({req.rid}): {_taken(self, req)}, returns {result.name}; "
-            f"the request is {phase} with {held}"
+            lambda: (
+                f"PrefillAdder.add_one_req({req.rid}), entering {phase}: "
+                f"{_taken(self, req)}, returns {result.name}"
+            )
         )
         return result
 
     def staging(self: Any, req: Any) -> Any:
-        row = req.kv.req_pool_idx
-        result = add_staging(self, req)
-        held = "without a row" if row is None else f"holding row {row}"
-        extend = int(req.extend_end - req.prefix_len)
-        note(
-            f"PrefillAdder.add_dllm_staging_req({req.rid}) {held}: {_taken(self, req)} "
-            f"(extend {extend} tokens), returns {result.name}"
+        held = "without a row" if req.kv.req_pool_idx is None else "holding its row"
+        budget = (
+            f"rem_total_tokens {int(self.rem_total_tokens)}, rem_dllm_tokens "
+            f"{int(self.rem_dllm_tokens)}"
         )
+        result = add_staging(self, req)
+
+        def describe() -> str:
+            taken = _taken(self, req)
+            if taken == "taken":
+                taken += f", extend {int(req.extend_end - req.prefix_len)} tokens"
+            return (
+                f"PrefillAdder.add_dllm_staging_req({req.rid}) {held}, {budget}: {taken}, "
+                f"returns {result.name}"
+            )
+
+        note(describe)
         return result
 
     PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req = incoming, staging
@@ -493,6 +529,11 @@ def adder_decisions(made: list[Any]) -> Iterator[None]:
         yield
     finally:
         PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req = add_one, add_staging
+
+
+def _phase(req: Any) -> str:
+    phase = getattr(req, "dllm_phase", None)
+    return str(getattr(phase, "name", phase))
 
 
 def _taken(adder: Any, req: Any) -> str:
@@ -506,10 +547,27 @@ def reproduces(finding: SglangFinding, outcome: Outcome) -> bool:
     return v is not None and v.rule == finding.rule and finding.says in v.detail
 
 
-def record(finding: SglangFinding, version: str) -> dict[str, Any]:
+#: A finding's runs: as released, and the violation (None: it passed) under each fix set.
+Runs = tuple[Outcome, list[tuple[tuple[str, ...], SpecViolation | None]]]
+
+
+def runs(finding: SglangFinding) -> Runs:
+    """`finding`'s program as released, then under each set of `lifted_by`."""
+    return run(finding), [(fixes, run(finding, fixes).violation) for fixes in finding.lifted_by]
+
+
+def as_stated(finding: SglangFinding, ran: Runs) -> bool:
+    """Whether the runs are what the finding says: broken as released by its rule with its
+    words, and passing under every fix set."""
+    released, fixed = ran
+    return reproduces(finding, released) and all(v is None for _, v in fixed)
+
+
+def record(finding: SglangFinding, version: str, ran: Runs | None = None) -> dict[str, Any]:
     """What docs/upstream-reports.md says of `finding`: the program, SGLang's calls, the
-    violation as released, and the fix sets under which it passes (each checked here)."""
-    released = run(finding)
+    violation as released, and the fix sets under which it passes (`runs`, made here unless
+    given)."""
+    released, fixed = ran if ran is not None else runs(finding)
     v = released.violation
     return {
         "key": finding.key,
@@ -522,9 +580,7 @@ def record(finding: SglangFinding, version: str) -> dict[str, Any]:
         "transcript": released.transcript.splitlines(),
         "rule": None if v is None else v.rule,
         "message": None if v is None else _installed_path.sub("", v.detail),
-        "lifted_by": [
-            list(fixes) for fixes in finding.lifted_by if run(finding, fixes).violation is None
-        ],
+        "lifted_by": [list(fixes) for fixes, violation in fixed if violation is None],
         "test": finding.test,
     }
 
@@ -561,10 +617,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.list:
-        for finding in FINDINGS:
-            out(f"{finding.key}: {finding.title}")
-        return 0
     unknown = sorted(set(args.finding or ()) - set(BY_KEY))
     if unknown:
         print(
@@ -572,6 +624,10 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             file=sys.stderr,
         )
         return 2
+    if args.list:
+        for finding in FINDINGS:
+            out(f"{finding.key}: {finding.title}")
+        return 0
     from integrations.sglang.manifest import MANIFEST
 
     if not MANIFEST.installed():
@@ -587,19 +643,24 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     chosen = [BY_KEY[key] for key in args.finding] if args.finding else list(FINDINGS)
     failed = 0
     for finding in chosen:
-        made = record(finding, MANIFEST.version)
-        ok = made["rule"] == finding.rule and finding.says in (made["message"] or "")
-        lifted = [tuple(fixes) for fixes in made["lifted_by"]]
-        ok = ok and lifted == list(finding.lifted_by)
+        ran = runs(finding)
+        made = record(finding, MANIFEST.version, ran)
+        ok = as_stated(finding, ran)
         failed += not ok
-        out(_text(finding, made, ok))
-        if args.record:
-            record_path(finding.key).write_text(json.dumps(made, indent=1) + "\n")
+        out(_text(finding, made, ran, ok))
+        if args.record and ok:  # a record is a reproduction, or nothing
+            path = record_path(finding.key)
+            try:
+                path.write_text(json.dumps(made, indent=1) + "\n")
+            except OSError as err:
+                why = err.strerror or str(err)
+                print(f"sglang_findings.py: error: --record: {path}: {why}", file=sys.stderr)
+                return 2
     return 1 if failed else 0
 
 
-def _text(finding: SglangFinding, made: dict[str, Any], ok: bool) -> str:
-    """One finding's run in words."""
+def _text(finding: SglangFinding, made: dict[str, Any], ran: Runs, ok: bool) -> str:
+    """One finding's runs in words."""
     said = "no violation" if made["rule"] is None else f"[{made['rule']}] {made['message']}"
     lines = [
         f"== {finding.key}: {finding.title}",
@@ -608,12 +669,21 @@ def _text(finding: SglangFinding, made: dict[str, Any], ok: bool) -> str:
         *made["transcript"],
         f"-- as released: {said}",
     ]
-    for fixes in finding.lifted_by:
-        passes = list(fixes) in made["lifted_by"]
-        lines.append(f"-- with {' + '.join(fixes)}: {'passes' if passes else 'DOES NOT PASS'}")
-    lines.append("REPRODUCED" if ok else f"NOT AS STATED: expected [{finding.rule}] {finding.says}")
+    for fixes, violation in ran[1]:
+        passes = (
+            "passes"
+            if violation is None
+            else f"DOES NOT PASS: [{violation.rule}] {violation.detail.splitlines()[0]}"
+        )
+        lines.append(f"-- with {' + '.join(fixes)}: {passes}")
+    expected = " ".join(filter(None, (f"[{finding.rule}]", finding.says)))
+    lines.append("REPRODUCED" if ok else f"NOT AS STATED (not recorded): expected {expected}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:  # `... | head`: nobody is left to read the rest
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None

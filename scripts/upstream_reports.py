@@ -657,7 +657,7 @@ def _sglang_report(
 
 def render() -> str:
     """docs/upstream-reports.md as it should be; `KeyError` naming a shrunk program that has
-    no title."""
+    no title, or an SGLang record that reproduces nothing."""
     records = {
         path.stem: json.loads(path.read_text()) for path in sorted(SHRUNK.glob("vllm-*.json"))
     }
@@ -665,6 +665,12 @@ def render() -> str:
         (json.loads(path.read_text()) for path in SHRUNK.glob("sglang-*.json")),
         key=lambda r: int(r["order"]),
     )
+    empty = sorted(r["key"] for r in sglang if r.get("rule") is None or not r.get("message"))
+    if empty:
+        raise KeyError(
+            f"the SGLang records {empty} reproduce nothing: run scripts/sglang_findings.py "
+            "--record on an SGLang where they do"
+        )
     missing = sorted(set(records) - set(TITLES))
     if missing:
         raise KeyError(f"no title for the shrunk programs {missing}")

@@ -47,9 +47,62 @@ def test_the_adders_decisions_show_a_refused_request_taken_by_staging_without_a_
     outcome = findings.run(findings.BY_KEY["rows-taken-by-staging"])
     calls = outcome.transcript
     for rid in ("2:r1|", "2:r3|"):
-        assert f"PrefillAdder.add_one_req({rid}): not taken, returns NO_TOKEN" in calls, calls
-        assert f"PrefillAdder.add_dllm_staging_req({rid}) without a row: taken" in calls, calls
+        refused = f"PrefillAdder.add_one_req({rid}), entering STAGING_"
+        assert refused in calls and "not taken, returns NO_TOKEN" in calls, calls
+        staged = f"PrefillAdder.add_dllm_staging_req({rid}) without a row, rem_total_tokens "
+        assert staged in calls, calls
+    assert "taken, extend 2 tokens" in calls, calls
     assert (PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req) == before
+
+
+def test_the_adders_notes_stay_with_the_programs_own_calls() -> None:
+    """The parity check's solo runs after a passing run note their adder's decisions in their
+    own transcripts, not after the program's last call (found by a review)."""
+    outcome = findings.run(findings.BY_KEY["idle-round"], ("worst-case-estimate",))
+    assert outcome.violation is None
+    last = outcome.transcript.splitlines()[-1]
+    assert last.startswith("scheduler.process_batch_result_dllm(batch, worker step)"), last
+
+
+def test_sglangs_adder_is_itself_again_after_an_error_inside_the_notes() -> None:
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    before = (PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req)
+    with pytest.raises(RuntimeError), findings.adder_decisions([]):
+        assert PrefillAdder.add_one_req is not before[0]
+        raise RuntimeError("inside")
+    assert (PrefillAdder.add_one_req, PrefillAdder.add_dllm_staging_req) == before
+
+
+def test_a_note_that_cannot_be_read_never_raises_into_sglang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A staged request whose extend the note cannot read (a stub adder that takes it without
+    setting one): the note says so, and SGLang's call returns as it would."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    class Adder:
+        rem_total_tokens = rem_dllm_tokens = 4
+
+        def __init__(self) -> None:
+            self.can_run_list: list[Any] = []
+
+    class Req:
+        rid, extend_end, prefix_len = "1:b|", None, 0
+        kv = type("Kv", (), {"req_pool_idx": None})()
+
+    def takes(self: Any, req: Any) -> str:
+        self.can_run_list.append(req)
+        return "NO_TOKEN"
+
+    monkeypatch.setattr(PrefillAdder, "add_dllm_staging_req", takes)
+    made = [type("Adapter", (), {"transcript": []})()]
+    adder, req = Adder(), Req()
+    with findings.adder_decisions(made):
+        result = PrefillAdder.add_dllm_staging_req(adder, req)
+    assert result == "NO_TOKEN"
+    (note,) = made[0].transcript
+    assert "a decision the note could not read: TypeError" in note, note
 
 
 def test_the_script_says_when_a_fix_does_not_lift_its_finding(
@@ -61,8 +114,9 @@ def test_the_script_says_when_a_fix_does_not_lift_its_finding(
     monkeypatch.setitem(findings.BY_KEY, "ragged-row", wrong)
     assert findings.main(["--finding", "ragged-row"]) == 1
     out = capsys.readouterr().out
-    assert "-- with whole-staged-blocks: DOES NOT PASS" in out, out
-    assert "NOT AS STATED: expected [whole_block_alloc]" in out, out
+    said = "DOES NOT PASS: [progress] a round with 3 running requests ran no forward"
+    assert f"-- with whole-staged-blocks: {said}" in out, out
+    assert "NOT AS STATED (not recorded): expected [whole_block_alloc]" in out, out
 
 
 def test_the_script_says_when_sglang_as_released_passes(
@@ -79,6 +133,42 @@ def test_the_script_says_when_sglang_as_released_passes(
     assert "-- as released: no violation" in out and "NOT AS STATED" in out, out
 
 
+def test_record_writes_nothing_that_does_not_reproduce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program SGLang passes as released is no reproduction: not recorded (a record of
+    nothing would give a report of nothing; found by a review)."""
+    monkeypatch.setattr(findings, "SHRUNK", tmp_path)
+    alone = dataclasses.replace(
+        findings.BY_KEY["idle-round"],
+        config=findings.BY_KEY["idle-round"].config.replace(kv_pages=8),
+    )
+    monkeypatch.setitem(findings.BY_KEY, "idle-round", alone)
+    assert findings.main(["--finding", "idle-round", "--record"]) == 1
+    assert "NOT AS STATED (not recorded)" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_into_a_place_it_cannot_write_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(findings, "SHRUNK", tmp_path)
+    (tmp_path / "sglang-idle-round.json").mkdir()
+    assert findings.main(["--finding", "idle-round", "--record"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sglang_findings.py: error: --record: ") and "\n" not in err, err
+
+
+def test_without_sglang_installed_it_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path))  # an empty engine cache
+    assert not MANIFEST.installed()
+    assert findings.main(["--finding", "idle-round"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "schedspec install-engines sglang" in err and "\n" not in err, err
+
+
 def test_record_writes_what_the_run_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,8 +180,11 @@ def test_record_writes_what_the_run_found(
     assert [path.name for path in tmp_path.iterdir()] == ["sglang-idle-round.json"]
 
 
-def test_an_unknown_finding_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert findings.main(["--finding", "nope"]) == 2
+@pytest.mark.parametrize("listing", [[], ["--list"]])
+def test_an_unknown_finding_is_a_one_line_usage_error(
+    capsys: pytest.CaptureFixture[str], listing: list[str]
+) -> None:
+    assert findings.main([*listing, "--finding", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--finding: unknown ['nope']" in err, err
     assert "ragged-row" in err

@@ -8,6 +8,7 @@ does: tests/test_sglang_findings.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -87,3 +88,18 @@ def test_a_shrunk_program_without_a_title_is_refused(
     assert "no title for the shrunk programs ['vllm-spec-pad']" in capsys.readouterr().err
     monkeypatch.setattr(reports, "TITLES", {**reports.TITLES, "vllm-spec-pad": ("x", "y", None)})
     assert reports.main(["--check"]) == 1
+
+
+def test_an_sglang_record_of_nothing_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose program broke nothing would be a report of nothing: exit 2, one line."""
+    for path in reports.SHRUNK.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    record = json.loads((tmp_path / "sglang-idle-round.json").read_text())
+    record["rule"] = record["message"] = None
+    (tmp_path / "sglang-idle-round.json").write_text(json.dumps(record))
+    monkeypatch.setattr(reports, "SHRUNK", tmp_path)
+    assert reports.main(["--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the SGLang records ['idle-round'] reproduce nothing" in err and "\n" not in err

@@ -8,13 +8,13 @@ Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the
 - `refused-stays-incoming` (the ragged row's cause): `process_dllm_incoming_reqs` runs
   `init_next_round_input` before the adder decides, which moves the request to a staging phase;
   a request the adder refuses keeps the round state it had, so it is offered again as incoming.
-- `worst-case-estimate` (an idle engine never admits a request that fits): the adder counts a
-  dLLM request as what it can claim in all, its prompt and max_new_tokens in whole blocks, less
-  its prefix, and admits an exact fit (a request with `ignore_eos` too, which SGLang otherwise
-  estimates on a path of its own, `add_one_req_ignore_eos`); and it charges an admitted dLLM
-  request no page for allocation rounding (`per_req_token_overhead`), which a page-aligned
-  block never needs, so a round admits every request that fits, not one page's worth fewer
-  each.
+- `worst-case-estimate` (an idle engine runs a round admitting nothing though a request fits):
+  the adder counts a dLLM request as what it can claim in all, its prompt and max_new_tokens in
+  whole blocks, less its prefix, and admits an exact fit (a request with `ignore_eos` too,
+  which SGLang otherwise estimates on a path of its own, `add_one_req_ignore_eos`); and it
+  charges an admitted dLLM request no page for allocation rounding (`per_req_token_overhead`),
+  which a page-aligned block never needs, so a round admits every request that fits, not one
+  page's worth fewer each.
 - `reserve-future-blocks` (KV pressure overcommits, then `Prefill out of memory`): an incoming
   request is admitted only when the free KV, less what the requests holding a row can still
   claim, covers its own claim.
