@@ -86,17 +86,10 @@ def sglang_installed() -> Iterator[None]:
 
 
 def _config(**changes: Any) -> DllmConfig:
-    base = DllmConfig(
-        block_size=4,
-        page_size=4,
-        kv_pages=16,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=32,
-        mode=Mode.FDFO,
-        in_place_reuse=True,
-    )
-    return base.replace(**changes)
+    """The findings' base (`scripts/sglang_findings.py`): block = page = 4, 16 pages, 2 rows
+    and seats, FDFO, in-place reuse; with `changes`."""
+    config: DllmConfig = _findings._config(**changes)
+    return config
 
 
 # The findings run below the profile's pool headroom on purpose (that is where SGLang 0.5.23

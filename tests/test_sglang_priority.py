@@ -60,18 +60,10 @@ WINDOW = ["priority-window"]
 
 
 def _config(**changes: Any) -> DllmConfig:
-    """Two seats and rows, block = page = 2, a roomy pool (inside the declared space)."""
-    base = DllmConfig(
-        block_size=2,
-        page_size=2,
-        kv_pages=16,
-        req_pool_rows=2,
-        max_running_requests=2,
-        max_context=4,
-        mode=Mode.SYNC,
-        in_place_reuse=False,
-    )
-    return base.replace(**changes)
+    """Two seats and rows, block = page = 2, a roomy pool (inside the declared space): the
+    inversion finding's configuration (`scripts/sglang_findings.py`), with `changes`."""
+    config: DllmConfig = FINDINGS["priority-window"].config
+    return config.replace(**changes)
 
 
 def _admitted(events: list[Event]) -> list[str]:
