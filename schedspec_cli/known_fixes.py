@@ -153,8 +153,9 @@ class FixTrial:
     unapplied: (fix, why) for each the installed engine's files do not take (a patched install).
     witnessed: (fix, notes) for each candidate with a witness (`KnownFix.witness`): what it saw
         of the finding's mechanism while the example ran again as released (none: not seen,
-        which claims nothing). A set of `on_purpose` holding a fix whose mechanism was seen
-        names the finding, as a pass alike to the failure does (`identified_by`).
+        which claims nothing). A lead for a "probably", never a verdict: the mechanism also
+        acts in runs that pass, so seeing it does not tie it to the failure (a review planted
+        a bug of its own beside it), and a set is never named on it (`identified_by`).
     unit: what one decision is called ("step", "round").
     stops: a by-design difference ends the comparison (dLLM: an admission, after which all
         may differ), so such a pass is weaker evidence: "probably" the finding from a later
@@ -211,19 +212,9 @@ class FixTrial:
 
     def identified_by(self) -> tuple[tuple[str, ...], ...]:
         """The sets of `passes_with` that identify the failure: deciding as before up to it
-        (AR: allocations aside by design), not only up to a fix's own admission (`stops`), or
-        holding a fix whose finding's mechanism the failing run showed (`mechanism_seen`)."""
+        (AR: allocations aside by design), not only up to a fix's own admission (`stops`)."""
         on_purpose = dict(self.on_purpose)
-        return tuple(
-            f
-            for f in self.passes_with
-            if not self.stops or f not in on_purpose or self.mechanism_seen(f)
-        )
-
-    def mechanism_seen(self, fixes: tuple[str, ...]) -> tuple[str, ...]:
-        """What the witnesses of `fixes` saw of their findings' mechanisms in the failing run."""
-        seen = dict(self.witnessed)
-        return tuple(note for name in fixes for note in seen.get(name, ()))
+        return tuple(f for f in self.passes_with if not self.stops or f not in on_purpose)
 
     def lines(self) -> list[str]:
         """The verdict in words, for the text output (after the failure's program)."""
@@ -247,10 +238,17 @@ class FixTrial:
         summaries = {fix.name: fix.summary for fix in self.tried} | self.summaries
         out: list[str] = []
         if not self.passes_with:
+            unchecked = len(self.accepted_stops)
+            stopped = (
+                f"; {unchecked} set{'s' if unchecked > 1 else ''} stopped at a rule this run "
+                "accepts, unchecked past it"
+                if unchecked
+                else ""
+            )
             out.append(
                 f"NO KNOWN FIX IDENTIFIES IT: under no set of the known fixes that holds one of "
                 f"{names} does the program pass deciding as before (a new finding, or several "
-                "at once)."
+                f"at once{stopped})."
             )
         on_purpose = dict(self.on_purpose)
         for fixes in self.passes_with:
@@ -259,16 +257,7 @@ class FixTrial:
             passes = f"this program passes with the engine fix{'' if one else 'es'} {applied}"
             again = f"without {'it' if one else 'them'}, it fails by [{rule}] again."
             index = on_purpose.get(fixes)
-            seen = self.mechanism_seen(fixes)
-            if index is not None and self.stops and seen:
-                more = f" (and {len(seen) - 1} more)" if len(seen) > 1 else ""
-                out.append(
-                    f"KNOWN FINDING, ITS MECHANISM SEEN: {passes} applied, deciding as before up "
-                    f"to {self.unit} {index}, where it admits otherwise by design; and run again "
-                    f"as released, the program showed the finding's fault: {seen[0]}{more}; "
-                    f"{again}"
-                )
-            elif index is None:
+            if index is None:
                 out.append(
                     f"KNOWN FINDING: {passes} applied, deciding as before up to the failure; "
                     f"{again}"
@@ -290,14 +279,13 @@ class FixTrial:
                     f"{self.unit} {index}, where it admits otherwise by design (later "
                     f"{self.unit}s not compared); {again}"
                 )
-        named = {name for fixes in self.passes_with for name in fixes}
-        for name, notes in self.witnessed:
-            if notes and name not in named:
+        for name, notes in self.witnessed:  # leads, not verdicts
+            if notes:
                 more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
                 out.append(
-                    f"Run again as released, the program showed the fault of `{name}`'s "
-                    f"finding: {notes[0]}{more}; but no set holding that fix passes it (that "
-                    "finding and another at once, or another alone)."
+                    f"A lead, not proof: run again as released, the program showed the "
+                    f"mechanism of `{name}`'s finding acting: {notes[0]}{more} (it acts in runs "
+                    "that pass too, so this does not tie it to the failure)."
                 )
         for name, index in self.passes_otherwise:
             out.append(
@@ -414,9 +402,11 @@ def _trial(
                     unapplied[names[0]] = ran.removeprefix("unapplied: ")
                 continue
             if result is not None:
-                if result.rule == "progress" and _HANG in str(result):
+                hang = result.rule == "progress" and _HANG in str(result)
+                if hang:
                     hung.append(frozenset(names))
-                if result.rule in accepted and result.rule != rule:
+                # a hang is a failure even where `progress` is accepted: it cannot go on
+                if result.rule in accepted and result.rule != rule and not hang:
                     stops.append((names, result.rule))
                 elif size == 1 and result.rule != rule:
                     other.append((names[0], result.rule))

@@ -57,3 +57,29 @@ def test_sglangs_adder_is_itself_again_after_an_error_inside(witness: Witness) -
         assert PrefillAdder.add_dllm_staging_req is not before
         raise SpecViolation("progress", "stop inside the witness")
     assert PrefillAdder.add_dllm_staging_req is before
+
+
+def test_a_prompt_staged_a_whole_block_at_a_time_is_not_a_cut() -> None:
+    """A prompt of three blocks enters one block a round through the staging path, each
+    extend shorter than what it asks for (the rest of its fill ids) but whole blocks: not the
+    truncation, and the run passes."""
+    from properties.example import DllmExample
+    from properties.operations import Drain, Submit
+    from spec.config import DllmConfig, Mode, RequestSpec
+
+    config = DllmConfig(
+        block_size=2,
+        page_size=2,
+        kv_pages=16,
+        req_pool_rows=2,
+        max_running_requests=2,
+        max_context=12,
+        mode=Mode.SYNC,
+        in_place_reuse=False,
+    )
+    ops = (Submit(RequestSpec("a", (1, 2, 3, 4, 5, 6), 2)), Drain())
+    example = DllmExample(config, REAL_SGLANG_DLLM_UNDER_PRESSURE.profile, ops)
+    with staged_block_cut() as cut, staged_without_a_row() as rowless:
+        violation, _ = example.run(REAL_SGLANG_DLLM_UNDER_PRESSURE.factory)
+    assert violation is None
+    assert cut == [] and rowless == []

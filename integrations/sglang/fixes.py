@@ -482,7 +482,7 @@ ADMIT_OTHERWISE = (
 )
 
 #: The findings whose mechanism a spy can see act in a failing run (`integrations.sglang.witness`):
-#: with one, a by-design fix's pass becomes a known finding when the mechanism acted.
+#: a lead the verdict quotes beside a by-design fix's "probably", never a verdict of its own.
 WITNESSES = {
     REFUSED_STAYS_INCOMING.name: staged_without_a_row,
     WHOLE_STAGED_BLOCKS.name: staged_block_cut,

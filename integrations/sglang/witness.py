@@ -2,10 +2,13 @@
 
 A known fix that changes admissions by design passes a failing program deciding alike only up
 to its own first other admission, which is weak evidence that the failure was its finding
-(`schedspec_cli.known_fixes`: "probably"). A witness makes it strong: while the failing program
-runs again on SGLang as released, it spies on the method where the finding's mechanism acts
-and notes each time it does. A note means the finding's fault happened in that very run; no
-note means only that this witness did not see it (a witness claims nothing by its silence).
+(`schedspec_cli.known_fixes`: "probably"). A witness gives the verdict a lead: while the
+failing program runs again on SGLang as released, it spies on the method where the finding's
+mechanism acts and notes each time it does. A note means the mechanism acted in that run, not
+that it caused the failure: under KV pressure it acts in runs that pass too (a review found
+it in passing programs, and beside a bug of its own planted elsewhere). No note means only
+that this witness did not see it (a witness claims nothing by its silence). Both assume the
+adapter's SGLang setup: no separate context encoding, no priority preemption.
 
 - `staged_without_a_row`: the staging path (`PrefillAdder.add_dllm_staging_req`) takes a
   request that holds no row. Only a request the incoming path's adder refused gets there
@@ -41,10 +44,13 @@ def _spy_on_staging(note: Callable[[Any, Any, int, int], str | None]) -> Iterato
     """Wrap `PrefillAdder.add_dllm_staging_req`: after each call that put the request in the
     round's batch, `note(adder, req, row_before, wanted)` (`wanted`: the tokens the request
     asked to extend by) may return a line to keep."""
+    from integrations.sglang.engine import import_engine
+
+    import_engine()  # the pinned install, activated (a fresh process has not yet)
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     seen: list[str] = []
-    original = PrefillAdder.add_dllm_staging_req
+    original = PrefillAdder.add_dllm_staging_req  # imported through the engine, activated
 
     def staging(self: Any, req: Any) -> Any:
         row = req.kv.req_pool_idx
