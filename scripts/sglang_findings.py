@@ -4,19 +4,24 @@ docs/upstream-reports.md.
     .venv/bin/python scripts/sglang_findings.py [--finding KEY ...] [--record] [--list]
 
 Each finding (`FINDINGS`) is a small program of the spec's operations (`Submit`, `Round`,
-`Drain`) on a `DllmConfig`, run through `real-sglang-dllm-under-pressure` (SGLang's real
-scheduler path; its profile's space holds every finding's pool and rows) as released, where it
-must break `rule` with a message holding `says`, and then under each set of `lifted_by` fixes
+`Drain`) on a `DllmConfig`, run through its built-in (`real-sglang-dllm-under-pressure`, whose
+profile's space holds the pools and rows of seven; the priority and lof inversions through
+`real-sglang-dllm-priority` and `real-sglang-dllm-lof`) as released, where it must break
+`rule` with a message holding `says`, and then under each set of `lifted_by` fixes
 (`integrations.sglang.fixes`, edits of SGLang's own files), where it must pass to the end of
 the run (drain, golden outputs, parity with solo sync). For each it prints the program, what
 the adapter did on SGLang's scheduler in SGLang's own calls (the transcript a failing
-`verify` prints), the violation, and each fix set's outcome; with `--record` it also writes
-`docs/shrunk/sglang-KEY.json`, which `scripts/upstream_reports.py` renders without SGLang.
+`verify` prints) with each decision of SGLang's `PrefillAdder` noted inside the call that made
+it, the violation, and each fix set's outcome (a failing one's violation); with `--record` it
+also writes `docs/shrunk/sglang-KEY.json` for each finding that reproduced, which
+`scripts/upstream_reports.py` renders without SGLang.
 
 Exit 0 when every finding run reproduces as stated (broken as released, lifted by its fixes),
-1 when one does not (what it did instead is printed), 2 for an unknown KEY or without SGLang
-installed (`schedspec install-engines sglang`). The tests in tests/test_real_sglang.py run the
-same programs (`drive`) with spies on SGLang's adder that show each cause.
+1 when one does not (what it did instead is printed; nothing recorded for it), 2 for an
+unknown KEY, a `--record` place that cannot be written, or without SGLang installed
+(`schedspec install-engines sglang`). The finding tests (tests/test_real_sglang.py,
+tests/test_sglang_priority.py) run the same programs (`drive`) with spies on SGLang that show
+each cause.
 """
 
 from __future__ import annotations
