@@ -74,7 +74,10 @@ _STAGING_CAUSE = (
     "only while that is positive: once the pass's KV budget is spent it falls back to "
     "`rem_dllm_tokens` (max_running_requests x block size, line 1010), dropping the block-size "
     "cap and the KV budget both. The notes in the calls below show each decision of the adder "
-    "with its budget."
+    "with its budget. Closing this path (`refused-stays-incoming`) must come with "
+    "`worst-case-estimate`: the staging path is how a request the estimate refuses although it "
+    "fits gets in at all, a round late (the idle-round reports below); without it, such a "
+    "request waits for good."
 )
 
 
@@ -271,7 +274,9 @@ FINDINGS: tuple[SglangFinding, ...] = (
             "as its fill ids (prompt + a whole mask block) + max_new_tokens + a page: 5 + 4 + 6 "
             "+ 4 = 19 slots for a request that claims 12 of the 16 (prompt and output in whole "
             "blocks). Refused, it is left a staging request and the staging path, which has no "
-            "estimate, admits it a round later (the cause of the first three reports)."
+            "estimate, admits it a round later (the cause of the first three reports); with "
+            "that path closed (`refused-stays-incoming`) and the estimate as it is, it would "
+            "wait for good."
         ),
         config=_config(kv_pages=4),
         ops=(_request("a", (5, 6, 7, 8, 9), 6), Drain()),
@@ -296,7 +301,8 @@ FINDINGS: tuple[SglangFinding, ...] = (
             "12 - 12 - 1 <= 1, refused. The request needs one block of 4 slots; without "
             "`ignore_eos` the same request is admitted at once (5 + 1 + 4 = 10 < 12). Refused, "
             "it is left a staging request and the staging path, which has no estimate, takes "
-            "it the round after (the cause of the first three reports)."
+            "it the round after (the cause of the first three reports); with that path closed "
+            "(`refused-stays-incoming`) and the estimate as it is, it would wait for good."
         ),
         config=_config(kv_pages=3),
         ops=(_request("a", (0,), 1, ignore_eos=True), Drain()),

@@ -202,3 +202,37 @@ def test_a_findings_test_exists(finding: Any) -> None:
     path, name = finding.test.split("::")
     source = (Path(__file__).resolve().parents[1] / path).read_text()
     assert f"\ndef {name}(" in source, finding.test
+
+
+@pytest.mark.parametrize("key", ["idle-round", "ignore-eos"])
+def test_keeping_refused_requests_incoming_needs_the_estimate_fix_too(key: str) -> None:
+    """As released, the request the estimate refuses waits one round: the staging path takes
+    it (driven on bare after the violation, it finishes). With `refused-stays-incoming` alone
+    that back door is shut and it waits for good (20 bare rounds, nothing); with
+    `worst-case-estimate` too it is admitted at once. So the reports say to take the two
+    together (found looking into seed 7 of the under-pressure campaign, 2026-12-06)."""
+    from integrations.sglang.adapter import SglangDllmAdapter
+    from integrations.sglang.fixes import sglang_fixed
+    from properties.harness import Harness
+    from spec.errors import SpecViolation
+
+    finding = findings.BY_KEY[key]
+    built_in = finding.built_in()
+    for fixes, finishes in (((), True), (("refused-stays-incoming",), False)):
+        with sglang_fixed(fixes):
+            h = Harness(built_in.factory, finding.config, profile=built_in.profile)
+            with pytest.raises(SpecViolation, match="idle system with 1 queued requests"):
+                findings.drive(h, finding.ops)
+            impl = h.impl
+            assert isinstance(impl, SglangDllmAdapter)
+            idle = 0
+            for _ in range(20):  # on, bare: the harness still says each idle round
+                try:
+                    impl.run_round()
+                except SpecViolation:
+                    idle += 1
+            assert set(impl.collect_outputs()) == ({"a"} if finishes else set()), fixes
+            assert (idle == 0) is finishes, (fixes, idle)
+    assert (
+        findings.run(finding, ("refused-stays-incoming", "worst-case-estimate")).violation is None
+    )
