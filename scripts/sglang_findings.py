@@ -39,6 +39,7 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integrations.sglang.witness import was_taken
 from properties.example import DllmExample
 from properties.harness import Harness
 from properties.operations import Drain, Op, Round, Submit, apply_ops
@@ -549,7 +550,7 @@ def _phase(req: Any) -> str:
 
 def _taken(adder: Any, req: Any) -> str:
     """Whether the adder put `req` in this round's batch (its result alone says the budget)."""
-    return "taken" if any(r is req for r in adder.can_run_list) else "not taken"
+    return "taken" if was_taken(adder, req) else "not taken"
 
 
 def reproduces(finding: SglangFinding, outcome: Outcome) -> bool:

@@ -40,7 +40,7 @@ from integrations.sglang import (
     SGLANG_DLLM_UNDER_PRESSURE_PROFILE,
     fixes,
 )
-from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id
+from integrations.sglang.adapter import SglangDllmAdapter, engine_request_id, spec_request_id
 from integrations.sglang.engine import AttributeNotBuilt, scripted_token
 from integrations.sglang.fixes import FIXES, SGLANG_FIXES, fix_as_diff, sglang_fixed
 from properties.conformance import conformance_machine
@@ -468,10 +468,6 @@ class AdderSpy:
     staged: list[tuple[str, bool]] = dataclasses.field(default_factory=list)
 
 
-def _our_id(engine_rid: str) -> str:
-    return engine_rid.split(":", 1)[1].rstrip("|")  # the adapter's "<epoch>:<id>|"
-
-
 def spy_on_the_adder(monkeypatch: pytest.MonkeyPatch) -> AdderSpy:
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
@@ -481,14 +477,14 @@ def spy_on_the_adder(monkeypatch: pytest.MonkeyPatch) -> AdderSpy:
     def incoming(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
         result = add_one(self, req, *args, **kwargs)
         if result is AddReqResult.NO_TOKEN:
-            spy.refused.append(_our_id(req.rid))
+            spy.refused.append(spec_request_id(req.rid))
         return result
 
     def staging(self: Any, req: Any) -> Any:
         had_row = req.kv.req_pool_idx is not None
         result = add_staging(self, req)
         if result is AddReqResult.CONTINUE:
-            spy.staged.append((_our_id(req.rid), had_row))
+            spy.staged.append((spec_request_id(req.rid), had_row))
         return result
 
     monkeypatch.setattr(PrefillAdder, "add_one_req", incoming)

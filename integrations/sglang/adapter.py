@@ -66,6 +66,12 @@ def engine_request_id(request_id: str) -> str:
     return f"{len(request_id)}:{request_id}|"
 
 
+def spec_request_id(engine_rid: str) -> str:
+    """The spec request id of an SGLang id `engine_request_id` made (any other id as it is)."""
+    head, sep, rest = engine_rid.partition(":")
+    return rest[: int(head)] if sep and head.isdigit() else engine_rid
+
+
 class SglangDllmAdapter:
     """Implements `spec.adapter.SchedulerAdapter` (and `ReportsOutputs`) over SGLang 0.5.23;
     with `priority`, SGLang schedules by priority (lower values first); with `lof`, under
@@ -244,4 +250,5 @@ __all__ = [
     "make_sglang_dllm_lpm",
     "make_sglang_dllm_priority",
     "make_sglang_dllm_priority_lof",
+    "spec_request_id",
 ]

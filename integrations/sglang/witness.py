@@ -28,11 +28,13 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from integrations.sglang.adapter import spec_request_id
 
-def _our_id(engine_rid: str) -> str:
-    """The spec's request id of an SGLang id the adapter made (`<length>:<id>|`)."""
-    head, sep, rest = engine_rid.partition(":")
-    return rest[: int(head)] if sep and head.isdigit() else engine_rid
+
+def was_taken(adder: Any, req: Any) -> bool:
+    """Whether the adder put `req` in this round's batch (its methods' results say the budget
+    left, not that)."""
+    return any(r is req for r in adder.can_run_list)
 
 
 def _tokens(n: int) -> str:
@@ -56,7 +58,7 @@ def _spy_on_staging(note: Callable[[Any, Any, int, int], str | None]) -> Iterato
         row = req.kv.req_pool_idx
         wanted = len(req.full_untruncated_fill_ids) - req.prefix_len
         result = original(self, req)
-        if any(r is req for r in self.can_run_list):
+        if was_taken(self, req):
             line = note(self, req, row, wanted)
             if line is not None:
                 seen.append(line)
@@ -78,7 +80,7 @@ def staged_without_a_row() -> contextlib.AbstractContextManager[list[str]]:
             return None
         extend = int(req.extend_end - req.prefix_len)
         return (
-            f"PrefillAdder.add_dllm_staging_req took {_our_id(req.rid)!r} without a row "
+            f"PrefillAdder.add_dllm_staging_req took {spec_request_id(req.rid)!r} without a row "
             f"(extending it by {_tokens(extend)})"
         )
 
@@ -95,11 +97,11 @@ def staged_block_cut() -> contextlib.AbstractContextManager[list[str]]:
         if extend >= wanted or extend % block == 0:
             return None
         return (
-            f"PrefillAdder.add_dllm_staging_req cut the extend of {_our_id(req.rid)!r} to "
+            f"PrefillAdder.add_dllm_staging_req cut the extend of {spec_request_id(req.rid)!r} to "
             f"{extend} of {_tokens(wanted)} (blocks of {block})"
         )
 
     return _spy_on_staging(note)
 
 
-__all__ = ["staged_block_cut", "staged_without_a_row"]
+__all__ = ["staged_block_cut", "staged_without_a_row", "was_taken"]
