@@ -15,7 +15,8 @@ choices of its own, both inside the spec's policy:
 Everything else is the reference's: worst-case KV reservation at admission, the batch (prefill
 first), whole blocks, in-place reuse. With the five candidate fixes of
 `integrations.sglang.fixes`, SGLang makes exactly these decisions on every generated program
-that `scripts/sglang_vs_reference.py` ran (docs/engines.md); this module is that claim as code.
+that `scripts/sglang_vs_reference.py` ran (docs/engines/sglang.md); this module is that claim as
+code.
 
 Under priority scheduling (`sglang-dllm-order-priority`) the queue is in priority order, lower
 first (`DllmPolicy.priority_order`), and the window is its head, recomputed every round. That

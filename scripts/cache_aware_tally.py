@@ -12,7 +12,7 @@ computed by `spec.ar.cache_aware`) and those where it moved the queue (`moved`).
 which the queue never moved would say nothing of the option: this shows it is exercised.
 `cut` counts the phases where a request in the window was ranked below its whole cached prefix
 because of its cache read limit (`ArRequest.cache_read_limit`: it may read only so much), the
-case vLLM 0.34.0's ranking gets wrong (docs/engines.md).
+case vLLM 0.34.0's ranking gets wrong (docs/engines/vllm-0.34.md).
 Exit 0 on a pass, 1 on a violation, 2 on bad arguments.
 """
 

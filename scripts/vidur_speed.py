@@ -179,8 +179,8 @@ def run(
 def _free_finished_requests(sim: Any) -> None:
     """GitHub main's FasterTransformer frees a batch's blocks only when all of its requests
     finished, and then only those of the last regenerated batch: a request that finished earlier
-    keeps its blocks for ever (docs/engines.md), the pool shrinks and batches get small. Here a
-    batch end frees every finished request's blocks, as the simulator's `vidur-ft` does (FT
+    keeps its blocks for ever (docs/engines/vidur.md), the pool shrinks and batches get small. Here
+    a batch end frees every finished request's blocks, as the simulator's `vidur-ft` does (FT
     admits only when no batch runs, so when they are freed changes no decision)."""
     for rs in sim._scheduler._replica_schedulers.values():
 

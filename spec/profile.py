@@ -80,7 +80,7 @@ class DllmConfigSpace:
         (`min_kv_pages`). SGLang 0.5.23's admission estimate reserves more than the spec's
         worst case (a mask block, max_new_tokens and a page per request) and below such a pool
         it stalls, runs out of memory or truncates blocks — findings checked on their own,
-        and SGLang patched with their fixes passes with no headroom (docs/engines.md).
+        and SGLang patched with their fixes passes with no headroom (docs/engines/sglang.md).
     prefix_cache: the `DllmConfig.prefix_cache` values it runs ({False}: no prefix cache;
         SGLang 0.5.23's radix cache: {False, True}).
     """

@@ -269,7 +269,7 @@ class HitBeyondCache(PrefixCachingVllmV1):
 
 
 class KeepsUnwrittenCached(PrefixCachingVllmV1):
-    """vLLM 0.33.0 (docs/engines.md): under priority the victim is chosen among all running
+    """vLLM 0.33.0 (docs/engines/vllm.md): under priority the victim is chosen among all running
     requests, and one preempted in the step that scheduled it keeps that step's blocks in the
     prefix cache, though no forward writes their KV."""
 

@@ -1,4 +1,4 @@
-"""The configuration of the same-step preemption program (docs/engines.md, "A request
+"""The configuration of the same-step preemption program (docs/engines/vllm.md, "A request
 preempted in the step that scheduled it stays cached"), shared by the tests that run it on vLLM
 (`tests/test_real_vllm_preempted_cache.py`) and those that check its events without vLLM
 (`tests/test_vllm_unscheduled.py`): one-token blocks, 8 usable blocks, a budget of 3, a

@@ -28,7 +28,7 @@ import pytest
 from tests.tier import depth
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCHEDSPEC = Path(sys.executable).parent / "schedspec"
 
 #: The most examples a passing doc command runs here (the README's tour asks for up to 200): 30

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCED = re.compile(r"^```.*?^```", flags=re.S | re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -69,3 +69,46 @@ def test_a_link_to_a_moved_heading_or_page_is_caught(tmp_path: Path) -> None:
         "b.md: c.md (no such file)",
         "b.md: #nothing-here (no such heading)",
     ]
+
+
+#: What names a page of ours in prose, a docstring or a message: `docs/engines/vllm.md`.
+DOC_PATH = re.compile(r"(?<![\w/.-])docs/\w[\w./-]*?\.md\b")
+SOURCES = (
+    "spec",
+    "reference",
+    "properties",
+    "gpu",
+    "integrations",
+    "schedspec_cli",
+    "scripts",
+    "tests",
+)
+
+
+def dangling_doc_paths(files: list[Path], root: Path) -> list[str]:
+    """`file:line: path` for every `docs/....md` that `files` name and `root` does not hold."""
+    dangling = []
+    for path in files:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name in DOC_PATH.findall(line):
+                if not (root / name).is_file():
+                    dangling.append(f"{path.relative_to(root)}:{n}: {name}")
+    return dangling
+
+
+def test_every_page_our_code_and_docs_name_exists() -> None:
+    """A page split or renamed leaves no docstring, message or doc pointing at the old name
+    (links are checked above; this is the plain text that names a page)."""
+    files = [*DOCS, *(p for pkg in SOURCES for p in sorted((ROOT / pkg).rglob("*.py")))]
+    assert not dangling_doc_paths(files, ROOT)
+
+
+def test_a_named_page_that_is_gone_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "engines").mkdir(parents=True)
+    (tmp_path / "docs" / "engines" / "sglang.md").write_text("# SGLang\n", encoding="utf-8")
+    (tmp_path / "a.py").write_text(
+        '"""See docs/engines/sglang.md, "Findings", and docs/engines.md."""\n'
+        "# not a page: mydocs/x.md, docs/shrunk/\n",
+        encoding="utf-8",
+    )
+    assert dangling_doc_paths([tmp_path / "a.py"], tmp_path) == ["a.py:1: docs/engines.md"]

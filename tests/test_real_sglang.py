@@ -204,7 +204,8 @@ def test_a_whole_prompt_block_passes_a_shorter_prompt_under_prefill_first() -> N
 # ---------------------------------------------------------------------------------- the suite
 # Pools with room for every admitted request's worst case and for SGLang's admission estimate
 # (a mask block, max_new_tokens and a page per request): the KV-pressure findings below are
-# checked on their own (with less room SGLang overcommits or truncates blocks; docs/engines.md).
+# checked on their own (with less room SGLang overcommits or truncates blocks;
+# docs/engines/sglang.md).
 def _roomy_configs() -> st.SearchStrategy[DllmConfig]:
     """Roomy pools, with the suites' EOS (15) half the time: the scripted tokens (ids 0..15)
     hit it, and the drawn stop token ids, often enough that requests end at both."""
@@ -969,7 +970,7 @@ def test_suite_passes_below_the_headroom_with_every_fix() -> None:
     """With the five fixes SGLang needs neither `kv_headroom_pages` nor as many rows as seats:
     the dLLM suite draws pools of any size (down to half a max_context request) and fewer rows
     than max_running, and passes. Without them 0.5.23 fails it within 100 examples
-    (`progress`, an idle engine admitting nothing: docs/engines.md). The code run is the
+    (`progress`, an idle engine admitting nothing: docs/engines/sglang.md). The code run is the
     edited SGLang files (`scripts/engine_fixes_diff.py sglang` prints them as a patch).
 
     Every example is also a differential: SGLang decides exactly as its admission order
@@ -1181,7 +1182,7 @@ def test_profile_refuses_a_config_outside_its_space() -> None:
 
 
 def test_replace_keeps_profile_fields() -> None:
-    # the profile SGLang declares (docs/engines.md lists each option with its source line)
+    # the profile SGLang declares (docs/engines/sglang.md lists each option with its source line)
     assert PROFILE.space.page_multiples == frozenset({1})
     assert PROFILE.policy.reserved_kv_pages == 1 and PROFILE.policy.reserved_rows == 1
     assert dataclasses.replace(PROFILE).policy.admission.value == "prefill-first"

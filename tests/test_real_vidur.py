@@ -4,7 +4,7 @@ a fixed chunk) under the AR spec.
 Needs `schedspec install-engines vidur`; without it every engine test fails naming that
 command, unless SCHEDSPEC_SKIP_ENGINES=1 (then they are skipped with that reason).
 
-Findings (docs/engines.md, "Vidur"): each is a regression test that FAILS with its rule on
+Findings (docs/engines/vidur.md, "Vidur"): each is a regression test that FAILS with its rule on
 the real class and PASSES with Vidur's files edited the way its fix would go
 (`integrations.vidur.fixes`: the edited files run, their changed methods put on Vidur's classes
 for the test; `scripts/engine_fixes_diff.py vidur` prints the edits as a patch):
@@ -716,7 +716,7 @@ def test_reference_is_decision_identical_to_the_patched_real_class(
     """The project's reference (reference.ar.vidur), which deliberately deviates from Vidur
     where Vidur is wrong, makes the same decisions as the real class with those findings
     fixed, step by step, on 100 seeded programs. (vLLM and Sarathi differ from it on purpose,
-    docs/engines.md; they are compared with `vidur-<kind>-released`.)"""
+    docs/engines/vidur.md; they are compared with `vidur-<kind>-released`.)"""
     make_ref = DECISION_TWIN[kind].factory
     patched(kind)
     compared = 0
@@ -753,7 +753,7 @@ def test_patched_real_classes_decide_as_the_reference_on_every_example(
 def test_vidurs_vllm_and_sarathi_differ_from_the_reference_on_purpose(
     vidur: Any, patched: Callable[[str], None], kind: str
 ) -> None:
-    """The two documented differences (docs/engines.md): Vidur 0.0.25's vLLM sums a batch's
+    """The two documented differences (docs/engines/vidur.md): Vidur 0.0.25's vLLM sums a batch's
     prefill tokens where the reference pads, so it schedules more at once; its Sarathi
     restarts a decode that needs no block when none is free, which the reference does not. The
     twin sees each, with its fixes applied, in the tokens scheduled (Sarathi's restart

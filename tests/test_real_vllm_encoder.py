@@ -227,8 +227,8 @@ def test_a_victim_of_the_step_that_scheduled_it_leaves_its_item_booked(
 
 #: Programs in which the booked item is read, at vLLM's own sizes, shrunk (with the book's rule
 #: off, under `--lifted-by unbook-victim-encoder-inputs`) from an ad-hoc search in which two
-#: requests prefill one shared prompt side by side (docs/engines.md): in each, the victim, 'r1',
-#: resumes and reaches the item the book calls cached.
+#: requests prefill one shared prompt side by side (docs/engines/vllm-features.md): in each, the
+#: victim, 'r1', resumes and reaches the item the book calls cached.
 MISSES = {
     False: CoreProgram(
         ArConfig(

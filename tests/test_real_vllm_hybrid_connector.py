@@ -5,7 +5,7 @@ blocks (`integrations.vllm.kv_connector`).
 
 Every transfer moves the same tokens' blocks in each group (a sliding window's null blocks
 left out); `transfer_blocks_held`, `kv_written` and `cache_hit_written` read every group. Three
-findings reproduce in vLLM 0.33.0 and 0.34.0 alike (docs/engines.md, "A KV connector on a
+findings reproduce in vLLM 0.33.0 and 0.34.0 alike (docs/engines/vllm-kv.md, "A KV connector on a
 hybrid cache"): a whole-request load recomputes its last token over the window's null block
 (fix `hit-leaves-last-token`), a sliding window's admission cap counts null slots as held
 blocks and the requests holding KV deadlock (fix `cap-blocks-held`), and a failed synchronous

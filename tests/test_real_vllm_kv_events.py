@@ -447,7 +447,7 @@ def test_finding_a_chunk_evicted_and_stored_again_is_announced_without_its_block
     the chunk, the events do not leave its blocks' keys cached). With the candidate fix
     `count-recorded-stores` (the tracker counts the stores it recorded, and only the last
     one's removal takes the residency) the program passes, and so does the unshrunk program
-    403 (docs/engines.md, "KV cache events")."""
+    403 (docs/engines/vllm-kv.md, "KV cache events")."""
     _vllm()
     options = replace(
         SELF_DESCRIBING,

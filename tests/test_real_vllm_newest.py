@@ -60,8 +60,8 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
   reproduces, and its candidate fix `no-placeholder-drafts` applies as a patch and holds (the
   same test checks, on 0.33.0, that both programs pass there).
 
-docs/engines.md ("vLLM 0.34.0") says what else was run on 0.34.0; the rest of the vLLM tests pass
-there too (run by hand: about three minutes more than CI has room for).
+docs/engines/vllm-0.34.md ("vLLM 0.34.0") says what else was run on 0.34.0; the rest of the vLLM
+tests pass there too (run by hand: about three minutes more than CI has room for).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shrinking failing engine-core programs over vLLM itself (`integrations.vllm.shrink`,
 `scripts/vllm_shrink.py`): a seeded bug shrinks to the one request it needs, and a finding of
-docs/engines.md shrinks to a smaller program that still breaks its rule, reproduces from the
+docs/engines/vllm.md shrinks to a smaller program that still breaks its rule, reproduces from the
 printed source and passes with the finding's fix.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.

@@ -1,6 +1,6 @@
 """The shrunk programs of docs/shrunk/ (`scripts/vllm_shrink.py --json`, and
 `scripts/vllm_dllm_shrink.py --json` for the diffusion path's), one per finding of vLLM in
-docs/engines.md that breaks a rule: each, run as recorded (its loop, options, fixes and draw
+docs/engines/vllm.md that breaks a rule: each, run as recorded (its loop, options, fixes and draw
 seed), breaks its rule in its loop, and passes once the fix it was shrunk under
 (`--lifted-by`) is made too. They are the smallest reproductions of the findings, for upstream
 reports; this keeps them reproducing. (The message's block ids may differ from the recorded

@@ -153,7 +153,7 @@ def test_malformed_files_are_input_errors(
 def test_docs_quote_the_token_threshold_from_the_code() -> None:
     """Every doc that states the gate's token minimum states RELEASE_MIN_NEW_TOKENS' value."""
     quoted = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = doc.read_text(encoding="utf-8")
         for m in re.finditer(r"RELEASE_MIN_NEW_TOKENS`?\s*(?:=|is)\s*(\d+)", text):
             quoted.append((doc.name, int(m.group(1))))

@@ -178,7 +178,7 @@ def test_the_fixed_priority_path_passes_with_its_twin_through_the_command_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`schedspec verify --impl real-sglang-dllm-priority --twin sglang-dllm-order-priority` in a
-    process running SGLang with `priority-window` (what docs/engines.md runs for 5000
+    process running SGLang with `priority-window` (what docs/engines/sglang.md runs for 5000
     examples)."""
     from schedspec_cli.main import main
 

@@ -4,7 +4,7 @@ Importing this package never imports SGLang: the factory activates `MANIFEST` (r
 `EngineNotInstalled`, which names `schedspec install-engines sglang`, when it is missing) and
 imports SGLang's scheduler path with `integrations.sglang.stubs` in place, on first use.
 Candidate fixes for its findings, as edits of SGLang's own files that the tests run and a
-script prints as a patch: `integrations.sglang.fixes`. See docs/engines.md, "SGLang 0.5.23".
+script prints as a patch: `integrations.sglang.fixes`. See docs/engines/sglang.md, "SGLang 0.5.23".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and applied to the running process so that the suite and the findings' programs validate the
 edited code itself.
 
-Each fix answers one finding of docs/engines.md ("SGLang 0.5.23", Findings); the five of
+Each fix answers one finding of docs/engines/sglang.md ("SGLang 0.5.23", Findings); the five of
 `FIXES`, together, let the dLLM suite run with no pool headroom and fewer rows than seats:
 
 - `refused-stays-incoming` (the ragged row's cause): `process_dllm_incoming_reqs` runs
@@ -436,7 +436,7 @@ SGLANG_FIXES = FixSet(
 )
 
 
-#: The rules each finding's fix removes a failure of, in the dLLM suite (docs/engines.md's
+#: The rules each finding's fix removes a failure of, in the dLLM suite (docs/engines/sglang.md's
 #: findings table): the idle engine and the starved decode request break `progress`, the
 #: overcommitted pool `Prefill out of memory` (`implementation_error`) or, with both running
 #: requests waiting for a block, `progress`; the ragged row and the truncated staged block
@@ -489,7 +489,7 @@ WITNESSES = {
 }
 
 #: Whose findings show in each built-in's space: the staging truncation everywhere (the
-#: declared headroom does not keep it out: docs/engines.md's findings), the ordered queues'
+#: declared headroom does not keep it out: docs/engines/sglang.md's findings), the ordered queues'
 #: sticky window (priority, lof), and, with no pool headroom and fewer rows than seats, all five.
 _IN_SPACE = (WHOLE_STAGED_BLOCKS.name,)
 _ORDERED = (PRIORITY_WINDOW.name, *_IN_SPACE)

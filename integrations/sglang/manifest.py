@@ -1,4 +1,4 @@
-"""What SGLang 0.5.23 needs on a CPU machine (see docs/engines.md, "SGLang 0.5.23").
+"""What SGLang 0.5.23 needs on a CPU machine (see docs/engines/sglang.md, "SGLang 0.5.23").
 
 The cp311 manylinux wheel is installed with `--no-deps` (its Rust extensions are never imported)
 with the few small packages its scheduler path really uses. Everything else it imports at

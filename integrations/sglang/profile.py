@@ -14,7 +14,7 @@ Every option cites the SGLang behaviour behind it (paths relative to python/sgla
   `--max-running-requests` as given (dllm/config.py), while `resolve_max_num_reqs`
   (mem_cache/kv_cache_configurator.py) sizes the pool at min(requested // attention-DP size,
   token capacity // 2), so a small KV pool or attention DP leaves fewer rows than seats; there
-  SGLang stalls or takes a row there is not (findings, see docs/engines.md), so the profile
+  SGLang stalls or takes a row there is not (findings, see docs/engines/sglang.md), so the profile
   does not claim that space (the candidate fixes of `integrations.sglang.fixes` lift this
   restriction and the KV headroom);
 - the radix cache on or off (`prefix_cache={False, True}`): SGLang 0.5.23 serves dLLMs with
@@ -141,7 +141,7 @@ SGLANG_DLLM_RADIX_PROFILE = dataclasses.replace(
 #: The space without the KV headroom and with any number of rows, where SGLang's KV admission
 #: check and its estimate decide: for an SGLang with the candidate fixes of
 #: `integrations.sglang.fixes` (a patched install, or `sglang_fixed`); 0.5.23 as released fails
-#: it with the estimate findings of docs/engines.md.
+#: it with the estimate findings of docs/engines/sglang.md.
 SGLANG_DLLM_UNDER_PRESSURE_PROFILE = dataclasses.replace(
     SGLANG_DLLM_PROFILE,
     space=dataclasses.replace(

@@ -2,7 +2,7 @@
 Vidur's own files (`vidur/scheduler/replica_scheduler/`) and applied to the running process
 so that the suite and the findings' programs validate the edited code itself.
 
-One fix per finding of docs/engines.md ("Vidur", Findings):
+One fix per finding of docs/engines/vidur.md ("Vidur", Findings):
 
 - `ft-free-at-batch-end`: FasterTransformer frees a batch's memory when the whole batch has
   ended (`on_batch_end`), as FasterTransformer does and its profile declares

@@ -29,7 +29,7 @@ running it):
   floored at `max_num_batched_tokens // (running + waiting)` for the step
   (`adaptive_long_prefill_threshold`);
 - with `prefill_schedule_interval=3` (`REAL_VLLM_CADENCE`, not a built-in: released vLLM
-  fails `progress` with it, a finding in docs/engines.md; `REAL_VLLM_CADENCE_FIXED` applies
+  fails `progress` with it, a finding in docs/engines/vllm.md; `REAL_VLLM_CADENCE_FIXED` applies
   its candidate fix, `integrations.vllm.cadence_fix`) prefill is held while a request decodes,
   as `prefill_interval` declares (`VLLM_PREFILL_INTERVAL`);
 - with `scheduler_reserve_full_isl=False` (`real-vllm-no-reserve`) admission needs only the
@@ -145,7 +145,7 @@ VLLM_CACHE_AWARE_WINDOW = 3
 VLLM_CACHE_AWARE_THRESHOLD = 0.5
 
 #: `REAL_VLLM_CACHE_AWARE` declares vLLM 0.34.0's cache-aware admission, with requests that
-#: bound their cache reads (which 0.34.0's ranking overlooks: a finding, docs/engines.md).
+#: bound their cache reads (which 0.34.0's ranking overlooks: a finding, docs/engines/vllm-0.34.md).
 REAL_VLLM_CACHE_AWARE_PROFILE = ArProfile(
     space=dataclasses.replace(SETTINGS_SPACE, cache_read_limits=CacheReadLimits.BOUNDED),
     policy=dataclasses.replace(

@@ -2,7 +2,7 @@
 vLLM's own `vllm/v1/core/sched/diffusion_scheduler.py` and applied to one built scheduler so
 that the checks of `integrations.vllm.diffusion` can validate them.
 
-**`read-only-hold`.** The finding (docs/engines.md, "Diffusion LLMs"): a read-only request
+**`read-only-hold`.** The finding (docs/engines/vllm-dllm.md, "Diffusion LLMs"): a read-only request
 emits its one canvas on the step that converges it and ends, so a step scheduled after that
 one is thrown away. The scheduler holds such a request back once "all its denoise steps" are
 in flight (`_read_in_flight`: the placeholders in flight cover `diffusion_max_steps`

@@ -1,8 +1,8 @@
 """A candidate fix for a finding in vLLM 0.34.0's cache-aware admission: it ranks a waiting
 request by cached tokens the request may not read.
 
-The finding (docs/engines.md, "Cache-aware admission ranks a request by a prefix it may not
-read"): with `cache_aware_admission_window` set, `Scheduler._reorder_waiting_by_cached_prefix`
+The finding (docs/engines/vllm-0.34.md, "Cache-aware admission ranks a request by a prefix it may
+not read"): with `cache_aware_admission_window` set, `Scheduler._reorder_waiting_by_cached_prefix`
 moves the waiting requests with the deepest cached prefix to the front of the window, asking
 `KVCacheManager.get_num_cached_tokens`. That probe says it "mirrors `get_computed_blocks`" and
 returns 0 for a request that skips the cache, but it bounds the lookup at `num_tokens - 1`,

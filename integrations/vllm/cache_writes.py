@@ -12,7 +12,7 @@ block hash (the writer's block hash read when the check runs: under asynchronous
 block's last token may still be a placeholder when its batch is scheduled). The current
 batch's writes count (its forward writes the KV before attention reads it). A block written by
 no batch, or with other content, breaks the rule: vLLM 0.33.0 does that under the priority
-policy when it preempts a request it already scheduled in the same call (docs/engines.md).
+policy when it preempts a request it already scheduled in the same call (docs/engines/vllm.md).
 
 With speculative decoding a batch writes a rejected draft's KV too, which is wrong; the loop
 then passes what each request's step wrote correctly (`valid`: first position and count, from

@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's local prefill cadence
-(`prefill_schedule_interval` > 1; docs/engines.md, "Admission settings under the AR suite").
+(`prefill_schedule_interval` > 1; docs/engines/vllm.md, "Admission settings under the AR suite").
 
 The finding: `Scheduler.schedule` decides before its running loop whether the step is held
 (`defer_prefills`: a request decodes and the interval has not passed), and the held loop skips

@@ -6,7 +6,7 @@ through two AR implementations; their decisions are compared step by step
 scheduled earlier in its step counting as unscheduled, the fresh blocks each request was given
 and the requests that finished). Depends on `spec` only: the callers
 compose the implementations (tests/test_real_vllm.py, and scripts/vllm_differential.py for the
-figures in docs/engines.md).
+figures in docs/engines/vllm.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A candidate fix for a minor finding in vLLM 0.33.0's KV connector path with speculative
 decoding: the draft-block margin an asynchronous load is admitted with.
 
-The finding (docs/engines.md, "with drafts, a load that fills the pool is never admitted"):
+The finding (docs/engines/vllm-kv.md, "with drafts, a load that fills the pool is never admitted"):
 with drafts, `Scheduler.schedule` admits an asynchronous KV load only if its blocks and one
 decode step's draft blocks (`_spec_decode_step_blocks`, `cdiv(1 + k + lookahead, block
 size)` per attention group) fit in the free pool less the other loads' reservations. That

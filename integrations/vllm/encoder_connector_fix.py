@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's and 0.34.0's CPU encoder-cache offload
-(`ECCPUConnector`, role `ec_both`) under the priority policy (docs/engines.md, "CPU
+(`ECCPUConnector`, role `ec_both`) under the priority policy (docs/engines/vllm-features.md, "CPU
 encoder-cache offload").
 
 The finding: `_allocate_encoder_inputs` tells the EC connector of each input it books at once

@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's and 0.34.0's CPU encoder-cache offload
-(`ECCPUConnector`, role `ec_both`; docs/engines.md, "CPU encoder-cache offload").
+(`ECCPUConnector`, role `ec_both`; docs/engines/vllm-features.md, "CPU encoder-cache offload").
 
 The finding: `_try_schedule_encoder_inputs` plans a request's items first (an item the
 connector holds ready, `has_cache_item`, becomes an external load), and `schedule` then books

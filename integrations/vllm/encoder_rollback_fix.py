@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's multimodal encoder cache beside a KV
-connector (docs/engines.md, "Multimodal encoder inputs").
+connector (docs/engines/vllm-features.md, "Multimodal encoder inputs").
 
 The finding: when a KV load fails under the recompute policy, `_update_requests_with_invalid_
 blocks` truncates each affected request's computed tokens at its first failed block, and the

@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's multimodal encoder cache under priority
-scheduling (docs/engines.md, "Multimodal encoder inputs").
+scheduling (docs/engines/vllm-features.md, "Multimodal encoder inputs").
 
 The finding: `Scheduler.schedule` books a request's encoder inputs in the encoder cache
 (`EncoderCacheManager.allocate`) when it schedules the request, before the model runner
@@ -20,8 +20,8 @@ that no other request references, returning its slots (as an eviction does, with
 the runner, which never held it). One insertion in `Scheduler.schedule`; an edit of vLLM's
 own `vllm/v1/core/sched/scheduler.py` (`ENCODER_VICTIM_FIXES`, `fix_as_diff()`), given to one
 built scheduler by `apply_encoder_victim_fix`. An entry another request took as a hit in the
-same call stays booked (that request still reads it); the sweeps in docs/engines.md did not
-meet that case.
+same call stays booked (that request still reads it); the sweeps in docs/engines/vllm-features.md
+did not meet that case.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.34.0's structured output with speculative decoding
-under asynchronous scheduling (docs/engines.md, "vLLM 0.34.0").
+under asynchronous scheduling (docs/engines/vllm-0.34.md, "vLLM 0.34.0").
 
 The finding: under async scheduling the scheduler holds placeholder drafts (-1) for a request
 (`AsyncScheduler._update_after_schedule`); the V2 model runner keeps the real drafts and

@@ -1,9 +1,9 @@
 """A candidate fix for a finding in vLLM's KV connector path on a hybrid cache (several KV
 cache groups): a synchronous load that fails has no way to be heard.
 
-The finding (docs/engines.md, "A KV connector on a hybrid cache", finding 3): on several groups
-`_handle_invalid_blocks` refuses block-level failures ("Connectors must report failed requests
-via KVConnectorTransferResults.failed_recving instead"), and `_handle_failed_recving` reads
+The finding (docs/engines/vllm-kv.md, "A KV connector on a hybrid cache", finding 3): on several
+groups `_handle_invalid_blocks` refuses block-level failures ("Connectors must report failed
+requests via KVConnectorTransferResults.failed_recving instead"), and `_handle_failed_recving` reads
 `failed_recving` only for requests waiting for an asynchronous load. A synchronous load is
 made in the forward of the step that admits its request, which is running by then: its
 failure is dropped. The request carries on over KV that nothing wrote, even under

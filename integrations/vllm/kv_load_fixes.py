@@ -1,8 +1,8 @@
 """Candidate fixes for six findings in vLLM 0.33.0's KV connector path, where a request's KV
 load fails, applied to one built scheduler so that the engine-core checks can validate them.
 
-The findings (docs/engines.md, "KV connectors: loads, sends and failures"). An asynchronous KV
-load reserves the blocks its request still needs (`Scheduler._inflight_prefills`, summed by
+The findings (docs/engines/vllm-kv.md, "KV connectors: loads, sends and failures"). An asynchronous
+KV load reserves the blocks its request still needs (`Scheduler._inflight_prefills`, summed by
 `_inflight_prefill_reserved_blocks`), and `schedule()` admits another asynchronous load only
 into the free blocks left after every such reservation. When such a load fails as a whole
 under `kv_load_failure_policy="recompute"`, `_update_waiting_for_remote_kv` frees the

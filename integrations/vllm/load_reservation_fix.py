@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's admission of KV connector loads when
-`scheduler_reserve_full_isl` is off (docs/engines.md, "Admission settings").
+`scheduler_reserve_full_isl` is off (docs/engines/vllm-features.md, "Admission settings").
 
 The finding: `Scheduler.schedule` admits an asynchronous KV load if its blocks fit in the free
 blocks less the other in-flight prefills' reservations, "to avoid deadlock" (such a load holds

@@ -3,7 +3,7 @@
 layers export internal prefill checkpoints, applied to one built scheduler so that the
 engine-core checks can validate it.
 
-The finding (docs/engines.md, "Mamba groups"): in "align" mode a Mamba block holds the state
+The finding (docs/engines/vllm-kv.md, "Mamba groups"): in "align" mode a Mamba block holds the state
 after exactly its last token, and the worker writes a step's state into the block of the
 step's last token only. So `_mamba_block_aligned_split` stops a chunk that starts inside a
 block at that block's end ("a chunk starting mid-block stops at the boundary rather than

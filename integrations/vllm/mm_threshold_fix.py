@@ -1,5 +1,5 @@
 """A candidate fix for a finding in vLLM 0.33.0's scheduling of multimodal items with chunked
-mm input disabled (docs/engines.md, "Multimodal encoder inputs").
+mm input disabled (docs/engines/vllm-features.md, "Multimodal encoder inputs").
 
 The finding: with `disable_chunked_mm_input` a step may not cover part of an item
 (`Scheduler._try_schedule_encoder_inputs` rolls a chunk that would end inside one back to the

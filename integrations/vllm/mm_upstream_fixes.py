@@ -1,6 +1,6 @@
 """Two changes vLLM 0.34.0 made to multimodal scheduling, written as candidate fixes of 0.33.0
-for the two findings of 0.33.0 they lift (docs/engines.md, "Multimodal encoder inputs"; fixed
-upstream in 0.34.0, whose programs pass there as released).
+for the two findings of 0.33.0 they lift (docs/engines/vllm-features.md, "Multimodal encoder
+inputs"; fixed upstream in 0.34.0, whose programs pass there as released).
 
 - `finish-item-started-inside`: with `disable_chunked_mm_input`, 0.33.0 rolls back only a chunk
   that starts at or before an item (`num_computed_tokens <= start_pos`); a chunk that starts

@@ -2,8 +2,8 @@
 structured output: a request ended with an error before it computed its prompt has its
 uncomputed blocks stored.
 
-The finding (docs/engines.md, "Streaming-input sessions"): when a request finishes, the
-connector's `_build_store_jobs` stores its blocks up to the commit point of a request that
+The finding (docs/engines/vllm-features.md, "Streaming-input sessions"): when a request finishes,
+the connector's `_build_store_jobs` stores its blocks up to the commit point of a request that
 computed its whole prompt (`max(num_prompt_tokens, num_tokens - 1)`) unless it was aborted, in
 which case it stores only the tokens it computed. A request can also end with an error before
 its prompt is computed: a session whose next input is applied (its tokens added to the prompt)

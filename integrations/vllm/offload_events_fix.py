@@ -1,13 +1,13 @@
 """A candidate fix for a finding in vLLM 0.33.0's own KV offloading connector with KV cache
 events on: a connector reset empties the CPU tier without a word.
 
-The finding (docs/engines.md, "KV cache events"): `reset_prefix_cache(reset_connector=True)`,
-as a weight update calls it, resets the offloading connector's cache whether or not the prefix
-cache's own reset succeeds (it fails while KV is in use). `CPUOffloadingManager.reset_cache`
-drops every stored chunk and queues no event, so where the prefix cache's reset failed, and
-with it its `AllBlocksCleared`, nothing tells a router that the CPU tier is empty: it keeps
-counting on CPU-tier hits that are gone (`kv_events`). Each tier is responsible for its own
-events, and an eviction of a stored chunk does queue its removal.
+The finding (docs/engines/vllm-kv.md, "KV cache events"):
+`reset_prefix_cache(reset_connector=True)`, as a weight update calls it, resets the offloading
+connector's cache whether or not the prefix cache's own reset succeeds (it fails while KV is in
+use). `CPUOffloadingManager.reset_cache` drops every stored chunk and queues no event, so where the
+prefix cache's reset failed, and with it its `AllBlocksCleared`, nothing tells a router that the CPU
+tier is empty: it keeps counting on CPU-tier hits that are gone (`kv_events`). Each tier is
+responsible for its own events, and an eviction of a stored chunk does queue its removal.
 
 The fix: the manager keeps the keys it announced stored and has not announced removed, and a
 reset announces their removal before it clears the chunks, as an eviction would. The connector

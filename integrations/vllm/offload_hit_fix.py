@@ -1,8 +1,8 @@
 """A candidate fix for a minor finding in vLLM 0.33.0's own KV offloading connector: a hit that
 leaves nothing computed once vLLM rolls the whole-prompt hit back by one token.
 
-The finding (docs/engines.md, "a one-token prompt offloaded at block size 1 loads for ever"):
-after an asynchronous load vLLM recomputes the last token of a hit that covers the whole
+The finding (docs/engines/vllm-kv.md, "a one-token prompt offloaded at block size 1 loads for
+ever"): after an asynchronous load vLLM recomputes the last token of a hit that covers the whole
 prompt (`Scheduler._update_waiting_for_remote_kv`: `num_computed_tokens = num_tokens - 1`).
 For a one-token prompt, whose one block is offloaded when blocks hold one token, that leaves
 nothing computed; the next `schedule()` treats the request as new, the connector offers the

@@ -2,7 +2,7 @@
 `self_describing_kv_events`: a CPU chunk evicted and stored again before the eviction's events
 are translated is announced without its blocks.
 
-The finding (docs/engines.md, "KV cache events"): the connector's `OffloadingEventsTracker`
+The finding (docs/engines/vllm-kv.md, "KV cache events"): the connector's `OffloadingEventsTracker`
 keeps, per chunk key, the payload its `BlockStored` and `BlockRemoved` name (the chunk's
 per-block keys and tokens) and the tiers the chunk is resident in, a set. A store records the
 primary tier there when it is scheduled; a removal takes it away when it is translated, and a

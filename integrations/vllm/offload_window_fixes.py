@@ -1,5 +1,5 @@
 """Candidate fixes for two findings in vLLM 0.33.0's own KV offloading connector on a hybrid KV
-cache with a sliding-window group (docs/engines.md, "Hybrid KV caches").
+cache with a sliding-window group (docs/engines/vllm-kv.md, "Hybrid KV caches").
 
 1. `forget-stale-window` ("a cache reset re-stores window blocks the window freed"). The
    connector keeps each request's block ids per group (`RequestGroupState.block_ids`). A

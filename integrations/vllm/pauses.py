@@ -24,9 +24,10 @@ diffusion one (`DllmServing(pauses=MODE)`). `check_schedule` is the rule `pause`
 a `schedule()` call schedules nothing; under `PAUSED_NEW` it schedules only requests that were
 running, or held KV, before it. With vLLM's offloading connector a "keep" pause can clear the
 caches while a waiting request holds the blocks a CPU-tier load wrote into, and vLLM's reset
-raises ("not supported yet"): the loop reports that as vLLM raising (docs/engines.md, "Pausing
-generation"). The candidate fix `reset-loaded-holders` (`integrations.vllm.reset_holders_fix`)
-has the reset take those blocks back; `taken_back` counts the requests it took them from.
+raises ("not supported yet"): the loop reports that as vLLM raising (docs/engines/vllm-features.md,
+"Pausing generation"). The candidate fix `reset-loaded-holders`
+(`integrations.vllm.reset_holders_fix`) has the reset take those blocks back; `taken_back` counts
+the requests it took them from.
 """
 
 from __future__ import annotations

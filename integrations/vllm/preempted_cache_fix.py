@@ -1,9 +1,9 @@
 """A candidate fix for a finding in vLLM 0.33.0's prefix caching under priority scheduling,
 applied to one built scheduler so that the AR checks can validate it.
 
-The finding (docs/engines.md, "A request preempted in the step that scheduled it stays cached"):
-`KVCacheManager.allocate_slots` registers the blocks of the tokens it schedules in the prefix
-cache at once, before the forward pass writes their KV. Under the priority policy
+The finding (docs/engines/vllm.md, "A request preempted in the step that scheduled it stays
+cached"): `KVCacheManager.allocate_slots` registers the blocks of the tokens it schedules in the
+prefix cache at once, before the forward pass writes their KV. Under the priority policy
 `Scheduler.schedule` may then preempt a request it already scheduled in the same call (the
 lowest-priority running request, when a later one cannot get a block). The victim's tokens are
 taken out of the step, so their KV is never written, but the blocks keep their hashes when

@@ -3,8 +3,8 @@ reset with `reset_running_requests=True` fails while a waiting request holds blo
 connector loaded into. Applied to one built scheduler so that the engine-core checks can
 validate it.
 
-The limitation (docs/engines.md, "Pausing generation"): with the offloading connector, a
-request whose prefix is in the CPU tier holds the GPU blocks its KV loads into until it is
+The limitation (docs/engines/vllm-features.md, "Pausing generation"): with the offloading connector,
+a request whose prefix is in the CPU tier holds the GPU blocks its KV loads into until it is
 scheduled (`kv_holding_waiting`). A "keep" pause (`PAUSED_ALL`) schedules nothing and counts no
 request unfinished, so it completes with that request still holding its blocks.
 `_finish_pause`'s `reset_prefix_cache(reset_running_requests=True)` preempts the running

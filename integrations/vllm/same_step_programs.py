@@ -2,7 +2,7 @@
 scheduled it, with its blocks still cached when a later request looks them up.
 
 `integrations.vllm.engine_core.core_program` draws from the whole of vLLM's space, and none
-of its programs reaches the finding of docs/engines.md, "A request preempted in the step that
+of its programs reaches the finding of docs/engines/vllm.md, "A request preempted in the step that
 scheduled it stays cached" (3000 and 20,000 programs pass). The finding needs all of:
 
 - the priority policy and prefix caching;
@@ -16,7 +16,7 @@ scheduled it stays cached" (3000 and 20,000 programs pass). The finding needs al
 
 `same_step_program(seed)` draws programs of that shape, still random in every size. Against
 vLLM 0.33.0 as released, about 1.3 % of them break `cache_hit_written` (in either loop); with the
-candidate fix none does (docs/engines.md gives the figures and the command).
+candidate fix none does (docs/engines/vllm.md gives the figures and the command).
 """
 
 from __future__ import annotations

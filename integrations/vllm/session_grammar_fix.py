@@ -2,10 +2,10 @@
 input's grammar is dropped. Applied to one built scheduler so that the engine-core checks can
 validate it.
 
-The finding (docs/engines.md, "Streaming-input sessions"): `EngineCore` compiles the grammar of
-every request it is given (`grammar_init`), a session's later input too, but the scheduler
-turns that input into a `StreamingUpdate`, which carries its prompt, `max_tokens`, arrival and
-sampling params alone. `_update_request_as_session` takes the new sampling params and keeps
+The finding (docs/engines/vllm-features.md, "Streaming-input sessions"): `EngineCore` compiles the
+grammar of every request it is given (`grammar_init`), a session's later input too, but the
+scheduler turns that input into a `StreamingUpdate`, which carries its prompt, `max_tokens`, arrival
+and sampling params alone. `_update_request_as_session` takes the new sampling params and keeps
 the session's `structured_output_request`: the first input's grammar, which has accepted the
 whole first turn (the last sampled token too, which the session then discards). Once that
 grammar is done vLLM fills no bitmask row for it, so the later turn samples unconstrained, and

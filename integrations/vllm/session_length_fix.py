@@ -1,9 +1,9 @@
 """A candidate fix for vLLM 0.33.0's streaming-input sessions growing past `max_model_len`.
 Applied to one built scheduler so that the engine-core checks can validate it.
 
-The finding (docs/engines.md, "Streaming-input sessions"): `AsyncLLM` validates each input of a
-session on its own (`InputProcessor` refuses a prompt of `max_model_len` tokens or more), but
-the scheduler resumes the session with its prompt, its kept outputs and the input together
+The finding (docs/engines/vllm-features.md, "Streaming-input sessions"): `AsyncLLM` validates each
+input of a session on its own (`InputProcessor` refuses a prompt of `max_model_len` tokens or more),
+but the scheduler resumes the session with its prompt, its kept outputs and the input together
 (`_update_request_as_session`), and nothing bounds that. A session resumed with
 `max_model_len` tokens or more is then scheduled past the blocks `allocate_slots` gives it
 (capped at `max_model_len`: `kv_covers_scheduled`), or, at exactly `max_model_len`, never

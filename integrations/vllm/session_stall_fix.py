@@ -2,8 +2,8 @@
 the KV pool, each with input to run, wait for each other for good. Applied to one built
 scheduler so that the engine-core checks can validate it.
 
-The stall (docs/engines.md, "Streaming-input sessions"): a session keeps the KV of its kept
-tokens between turns (`_handle_stopped_request`), and its next input resumes it from the
+The stall (docs/engines/vllm-features.md, "Streaming-input sessions"): a session keeps the KV of its
+kept tokens between turns (`_handle_stopped_request`), and its next input resumes it from the
 waiting queue holding that KV (`kv_holding_waiting`). When its new tokens need blocks the pool
 does not have, `schedule()` leaves it waiting (`allocate_slots` returns None) and frees nothing.
 vLLM frees blocks by finishing or preempting running requests only. With no request running and

@@ -3,8 +3,8 @@ under asynchronous scheduling: a turn's dropped in-flight step has already advan
 session's Mamba state. Applied to one built scheduler so that the engine-core checks can
 validate it.
 
-The finding (docs/engines.md, "Streaming-input sessions"): when a turn ends, vLLM has usually
-scheduled the session's next decode step already (async scheduling runs a step ahead).
+The finding (docs/engines/vllm-features.md, "Streaming-input sessions"): when a turn ends, vLLM has
+usually scheduled the session's next decode step already (async scheduling runs a step ahead).
 `_handle_stopped_request` drops that step's work by moving the session back to its
 materialized frontier (`num_computed_tokens` less its output placeholders) and dropping the
 step's output as stale. For attention KV that is enough: the step wrote the KV of a position

@@ -2,8 +2,8 @@
 admitted decode request, applied to one built scheduler so that the engine-core checks can
 validate it.
 
-The finding (docs/engines.md, "Speculative decoding: the padding of a new decode"): with
-speculative decoding, `Scheduler.schedule` pads a waiting request that has exactly one token
+The finding (docs/engines/vllm-features.md, "Speculative decoding: the padding of a new decode"):
+with speculative decoding, `Scheduler.schedule` pads a waiting request that has exactly one token
 left to compute (a full prefix-cache hit, or a request resumed after preemption) to 1 + k
 tokens, k draft placeholders, so that the step stays a uniform decode for CUDA graphs; if the
 step's budget cannot take the padded size it stops admitting ("Prefer to not schedule than

@@ -4,7 +4,7 @@ scheduling left in the prefix cache.
 
 `KVCacheManager.allocate_slots` hashes the blocks a request's scheduled tokens fill at once. A
 victim taken out of the step after that leaves those hashes on blocks it no longer holds (vLLM
-0.33.0 does not drop them: a finding, docs/engines.md), so the block tables before and after
+0.33.0 does not drop them: a finding, docs/engines/vllm.md), so the block tables before and after
 `schedule()` do not show the scheduling, but the hashes do: a block nobody holds after the
 call whose hash changed in it to the victim's own block hash number k (k at or past its first
 uncomputed block) was filled by the victim's scheduling. With the candidate fix

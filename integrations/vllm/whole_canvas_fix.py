@@ -1,9 +1,9 @@
 """A candidate fix for a finding in vLLM 0.33.0's diffusion scheduling, applied to one built
 scheduler so that the checks of `integrations.vllm.diffusion` can validate it.
 
-The finding (docs/engines.md, "Diffusion LLMs"): `Scheduler.schedule` caps a running request's
-new tokens at the token budget left, so a diffusion request denoising after another one gets
-the part of its canvas that still fits (canvas 4, budget 6: a canvas of 2), and the runner then
+The finding (docs/engines/vllm-dllm.md, "Diffusion LLMs"): `Scheduler.schedule` caps a running
+request's new tokens at the token budget left, so a diffusion request denoising after another one
+gets the part of its canvas that still fits (canvas 4, budget 6: a canvas of 2), and the runner then
 denoises and commits a cut canvas, which it expects only where a canvas reaches max_model_len.
 
 The fix: in the running-request loop of `Scheduler.schedule`, a diffusion request whose

@@ -2,9 +2,9 @@
 beside full attention): a sliding window's admission cap counts the null blocks of the table as
 blocks the request holds, so a reservation can fall short of what the request's next step takes.
 
-The finding (docs/engines.md, "A KV connector on a hybrid cache"): for recycling specs (sliding
-window, chunked local attention) `SingleTypeKVCacheManager.get_num_blocks_to_allocate` caps the
-blocks a request needs at `max_admission_blocks_per_request`, "so per-request peak real-held
+The finding (docs/engines/vllm-kv.md, "A KV connector on a hybrid cache"): for recycling specs
+(sliding window, chunked local attention) `SingleTypeKVCacheManager.get_num_blocks_to_allocate` caps
+the blocks a request needs at `max_admission_blocks_per_request`, "so per-request peak real-held
 blocks <= this cap" (its comment; drift "would re-introduce the deadlock from issue #39734").
 It then subtracts the length of the request's table, whose first entries are the null block
 wherever the window has left them. The cap is in blocks held, the subtraction in table slots:

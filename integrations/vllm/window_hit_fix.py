@@ -2,8 +2,8 @@
 group beside full attention): a connector hit of a whole request is loaded whole and its last
 token then recomputed, reading a window block the allocation had already made null.
 
-The finding (docs/engines.md, "A KV connector on a hybrid cache"): `Scheduler.schedule` takes
-the connector's hit (`get_num_new_matched_tokens`) as it comes. For an asynchronous load
+The finding (docs/engines/vllm-kv.md, "A KV connector on a hybrid cache"): `Scheduler.schedule`
+takes the connector's hit (`get_num_new_matched_tokens`) as it comes. For an asynchronous load
 covering every token of the request, `allocate_slots` allocates the sliding-window group for
 the hit (`allocate_external_computed_blocks`: the tokens below `hit - window + 1` are skipped,
 their blocks null), and once the load is done `_update_waiting_for_remote_kv` sets the computed

@@ -14,7 +14,7 @@ config says) with vLLM 0.33.0's options (`VLLM_033`) and one setting of
   twin of `real-vllm-adaptive`;
 - `VLLM_V1_CADENCE` (by import string only): `prefill_schedule_interval=3`, the twin of
   `integrations.vllm:REAL_VLLM_CADENCE`, an empty held step included (a vLLM finding,
-  docs/engines.md); FCFS and priority only, as a held prefill chunk gets no token, which
+  docs/engines/vllm.md); FCFS and priority only, as a held prefill chunk gets no token, which
   FAIR's floor forbids;
 - `VLLM_V1_CADENCE_FIXED`: the same with the finding's candidate fix (`lift_empty_hold`), the
   twin of `integrations.vllm:REAL_VLLM_CADENCE_FIXED`;
@@ -123,7 +123,7 @@ VLLM_V1_CADENCE = _variant(
     dataclasses.replace(_VLLM_POLICY, prefill_interval=VLLM_PREFILL_INTERVAL),
     f"its local prefill cadence (prefill_schedule_interval={VLLM_PREFILL_INTERVAL}); "
     "decision-identical to vLLM with that interval (`integrations.vllm:REAL_VLLM_CADENCE`, "
-    "verify --twin), an empty held step included (a vLLM finding, docs/engines.md)",
+    "verify --twin), an empty held step included (a vLLM finding, docs/engines/vllm.md)",
     policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
 )
 
@@ -147,7 +147,7 @@ VLLM_V1_CACHE_AWARE = _variant(
     f"{VLLM_CACHE_AWARE_WINDOW}, threshold {VLLM_CACHE_AWARE_THRESHOLD}); decision-identical to "
     "vLLM 0.34.0 with that window (`integrations.vllm:REAL_VLLM_CACHE_AWARE`, verify --twin), "
     "but ranking a request by the cached prefix it may read (its cache_read_limit): a vLLM "
-    "finding, docs/engines.md",
+    "finding, docs/engines/vllm-0.34.md",
     policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
     cache_read_limits=CacheReadLimits.BOUNDED,
 )

@@ -30,7 +30,7 @@ in tests/test_real_vllm.py):
 - `victim_among_all`: under priority the victim is the lowest priority (then latest arrival)
   among *all* running requests; one scheduled earlier in the step is unscheduled, its tokens
   return to the budget and (prefix caching) what its scheduling cached is uncached: no forward
-  writes it (vLLM 0.33.0 keeps it cached, a finding in docs/engines.md). Without it the victim
+  writes it (vLLM 0.33.0 keeps it cached, a finding in docs/engines/vllm.md). Without it the victim
   is chosen among unscheduled requests only, so a high-priority request can preempt itself
   while a lower-priority one scheduled before it keeps running (a priority inversion).
 - `adaptive_threshold` (vLLM's `long_prefill_token_threshold_adaptive`, off by default there and
@@ -43,7 +43,7 @@ in tests/test_real_vllm.py):
   prefill, and a running request decodes (its last chunk reached its known tokens). A held step
   skips running requests still in their prefill and admits no request with more than one token
   to compute after its cache hit (the queue stops there);
-- `lift_empty_hold`: the candidate fix of a vLLM finding (docs/engines.md): a held step whose
+- `lift_empty_hold`: the candidate fix of a vLLM finding (docs/engines/vllm.md): a held step whose
   decoding requests are all preempted before anything is scheduled lifts its hold and revisits
   the running requests (vLLM 0.33.0 schedules nothing in that step);
 - `watermark` (vLLM's `SchedulerConfig.watermark`, off by default there and here): while a
@@ -255,7 +255,7 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _uncache_unwritten(self, victim: ArReq) -> None:
         """A victim scheduled in this step: the blocks its scheduling cached, from its first
         uncomputed token on, are never written (it leaves the batch), so they leave the prefix
-        cache. vLLM 0.33.0 keeps them cached (a finding, docs/engines.md); this is its
+        cache. vLLM 0.33.0 keeps them cached (a finding, docs/engines/vllm.md); this is its
         candidate fix, `uncache-preempted`."""
         pool = self.pool
         if isinstance(pool, CachingBlockPool):
