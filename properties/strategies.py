@@ -80,10 +80,15 @@ def dllm_configs(
         reloop=fdfo and _switch(draw, space.reloop),
         mask_token_id=-1,
         eos_token_id=draw(st.sampled_from([None, EOS])),
-        # on only for a space that runs nothing else (a cache-only implementation); a space
-        # with both leaves it off unless a suite passes its own configurations
-        prefix_cache=space.prefix_cache == frozenset({True}),
+        prefix_cache=True in drawn_prefix_cache(space),
     )
+
+
+def drawn_prefix_cache(space: DllmConfigSpace) -> frozenset[bool]:
+    """The `prefix_cache` values `dllm_configs` draws in `space`: on only for a space that runs
+    nothing else (a cache-only implementation); a space with both leaves it off unless a suite
+    passes its own configurations."""
+    return frozenset({space.prefix_cache == frozenset({True})})
 
 
 def prompts(max_len: int) -> st.SearchStrategy[tuple[int, ...]]:

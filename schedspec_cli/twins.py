@@ -23,19 +23,22 @@ configuration before any example, so a factory of the other family is an input e
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from properties.decisions import DecisionTwin
+from properties.strategies import drawn_prefix_cache
 from properties.verify import ArTwin, DllmTwin, Twin
 from schedspec_cli.impls import ADAPTER_METHODS, Resolved, load_engine, resolve, resolve_builtin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
-from spec.config import DllmConfig
+from spec.config import DllmConfig, Mode
 from spec.errors import ConfigError
 from spec.implementation import ArImplementation, Family, family_of_factory
+from spec.profile import DllmProfile
 
 
 def twin_names(family: Family) -> list[str]:
@@ -45,14 +48,35 @@ def twin_names(family: Family) -> list[str]:
     return sorted(b.name for b in BUILTINS.values() if b.twin)
 
 
-def twin_for_targets(name: str, targets: Sequence[Resolved]) -> Twin:
+def twin_for_targets(
+    name: str, targets: Sequence[Resolved], modes: frozenset[Mode] | None = None
+) -> Twin:
     """`--twin` for a run of `targets`: they must be of one family; a real engine named as
-    the twin must be installed."""
+    the twin must be installed; a dLLM twin that declares a space must run every configuration
+    drawn for each target (in `modes`, `--mode`'s, when given), as `check-trace` asks of a
+    log's, or every example outside it would fail as a finding that is none."""
     families = {t.family for t in targets}
     if len(families) > 1:
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
         raise ConfigError("--twin", name, f"--impl targets of one family ({names})")
-    return installed_twin(name, targets[0].family)
+    twin = installed_twin(name, targets[0].family)
+    if isinstance(twin, DllmTwin) and isinstance(twin.profile, DllmProfile):
+        for t in targets:
+            profile = t.implementation.profile
+            if not isinstance(profile, DllmProfile):
+                continue
+            drawn = dataclasses.replace(
+                profile.space, prefix_cache=drawn_prefix_cache(profile.space)
+            )
+            gap = twin.profile.space.uncovered(drawn, modes)
+            if gap is not None:
+                raise ConfigError(
+                    "--twin",
+                    name,
+                    f"a twin that runs every configuration {t.name} is checked in "
+                    f"({name} declares no {gap})",
+                )
+    return twin
 
 
 def installed_twin(name: str, family: Family) -> Twin:

@@ -48,6 +48,7 @@ from schedspec_cli.progress import Progress
 from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
+from spec.config import Mode
 from spec.errors import ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation, DllmProfile
@@ -247,8 +248,6 @@ def refuse_rules_no_suite_checks(
 def refuse_undeclared_modes(modes: list[str], target: Resolved) -> None:
     """A `--mode` the dLLM implementation's profile does not declare is a usage error, not a
     violation: every program would be drawn outside the space it runs."""
-    from spec.config import Mode
-
     profile = target.implementation.profile
     if not isinstance(profile, DllmProfile):
         return
@@ -256,6 +255,18 @@ def refuse_undeclared_modes(modes: list[str], target: Resolved) -> None:
     if any(Mode.parse(m) not in declared for m in modes):
         runs = ", ".join(sorted(m.value for m in declared))
         raise ConfigError("--mode", ",".join(modes), f"a mode that {target.name} declares: {runs}")
+
+
+def mode_configs(target: Resolved, modes: tuple[Mode, ...] | None) -> Any:
+    """`--mode`'s configurations for a dLLM target: drawn in its own declared space (its page
+    multiples, switches, headroom and rows), in those modes only; None without `--mode` (the
+    suite draws in the space itself) or for an AR target."""
+    profile = target.implementation.profile
+    if modes is None or not isinstance(profile, DllmProfile):
+        return None
+    from properties.strategies import dllm_configs
+
+    return dllm_configs(modes=modes, space=profile.space)
 
 
 def plan(args: argparse.Namespace) -> Plan:
@@ -274,7 +285,10 @@ def plan(args: argparse.Namespace) -> Plan:
             )
         if args.mode:
             refuse_undeclared_modes(args.mode, t)
-    twin = twin_for_targets(args.twin, targets) if args.twin is not None else None
+    twin = None
+    if args.twin is not None:
+        modes = frozenset(Mode.parse(m) for m in args.mode) if args.mode else None
+        twin = twin_for_targets(args.twin, targets, modes)
     refuse_parity_for_ar_only(args.parity, targets)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
@@ -293,12 +307,9 @@ def run(args: argparse.Namespace) -> int:
     # after the implementations are loaded: an engine's torch is imported by now
     pin_torch_threads(DEFAULT_CHECK_THREADS if args.threads is None else args.threads)
     parity_policy: ParityPolicy = DEFAULT_PARITY if args.parity is None else args.parity
-    configs = None
+    modes = None
     if args.mode:
-        from properties.strategies import dllm_configs
-        from spec.config import Mode
-
-        configs = dllm_configs(modes=tuple(Mode.parse(m) for m in args.mode))
+        modes = tuple(Mode.parse(m) for m in args.mode)
     source = args.accept or ""
     results: list[VerifyResult] = []
     findings: list[list[FixTrial | None]] = []  # per result, per failure
@@ -315,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
                 t.implementation,
                 args.examples,
                 parity=parity,
-                configs=configs if t.family is Family.DLLM else None,
+                configs=mode_configs(t, modes),
                 keep_going=args.keep_going,
                 accepted=[(d, source) for d in p.accepted],
                 progress=bar.examples(args.examples),

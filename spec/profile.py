@@ -165,6 +165,46 @@ class DllmConfigSpace:
             return ("kv_pages", config.kv_pages, f">= {need} (kv_headroom_pages)")
         return None
 
+    def uncovered(self, other: DllmConfigSpace, modes: frozenset[Mode] | None = None) -> str | None:
+        """The first kind of configuration `other` allows and this space does not, in words
+        (`prefix_cache={True}`, `pools below 10 pages of headroom (kv_headroom_pages)`); None
+        when every configuration of `other` (in `modes` only, when given) is inside this space.
+        A decision twin must run every configuration of the implementation it checks: a twin
+        whose space does not cover it fails examples that say nothing of the implementation."""
+        runs = other.modes if modes is None else other.modes & modes
+        if not runs <= self.modes:
+            return f"mode={_names(m.value for m in runs - self.modes)}"
+        if self.page_multiples is not None and (
+            other.page_multiples is None or not other.page_multiples <= self.page_multiples
+        ):
+            theirs = (
+                "any" if other.page_multiples is None else _names(map(str, other.page_multiples))
+            )
+            mine = _names(map(str, self.page_multiples))
+            return f"page_size = block_size x {theirs} (this space: {mine})"
+        if self.block_sizes is not None and (
+            other.block_sizes is None or not other.block_sizes <= self.block_sizes
+        ):
+            theirs = "any" if other.block_sizes is None else _names(map(str, other.block_sizes))
+            return f"block_size={theirs} (this space: {_names(map(str, self.block_sizes))})"
+        if Mode.FDFO in runs:
+            for name, allowed, wanted in (
+                ("in_place_reuse", self.in_place_reuse, other.in_place_reuse),
+                ("reloop", self.reloop, other.reloop),
+            ):
+                if not wanted <= allowed:
+                    return f"{name}={_names(map(str, wanted - allowed))}"
+        if not other.prefix_cache <= self.prefix_cache:
+            return f"prefix_cache={_names(map(str, other.prefix_cache - self.prefix_cache))}"
+        if self.rows_equal_max_running and not other.rows_equal_max_running:
+            return "req_pool_rows other than max_running_requests"
+        if self.kv_headroom_pages is not None and (
+            other.kv_headroom_pages is None or other.kv_headroom_pages < self.kv_headroom_pages
+        ):
+            theirs = "any pool" if other.kv_headroom_pages is None else "pools"
+            return f"{theirs} below {self.kv_headroom_pages} pages of headroom (kv_headroom_pages)"
+        return None
+
     def min_kv_pages(self, config: DllmConfig) -> int:
         """The smallest pool inside the space for `config`'s other fields: with
         `kv_headroom_pages` = k, every one of max_running_requests requests can hold a whole

@@ -159,3 +159,28 @@ def test_verify_help_names_every_builtin_dllm_twin(capsys: pytest.CaptureFixture
     text = "".join(capsys.readouterr().out.split())  # argparse may wrap inside a name
     for name in twin_names(Family.DLLM):
         assert f"{name}," in text or f"{name};" in text, name
+
+
+def test_a_twin_that_does_not_run_the_implementations_configurations_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The plain reference's twin runs no prefix cache; the cached reference runs nothing else:
+    every example would fail `twin_decisions` saying nothing of the implementation, so the run
+    is refused in one line naming what the twin lacks (as `check-trace` refuses a log's), and
+    the twin that runs the cache passes (a review found the first reported as a finding)."""
+    argv = ["verify", "--impl", "reference-dllm-cached", "--examples", "10"]
+    assert main([*argv, "--twin", "reference-dllm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "reference-dllm declares no prefix_cache={True}" in err, err
+    assert main([*argv, "--twin", "reference-dllm-cached"]) == 0
+
+
+def test_mode_draws_inside_the_implementations_declared_space(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--mode` narrows the implementation's own space to that mode: the cached reference
+    (page = block, the cache on) passes in fdfo, where configurations drawn from the any-space
+    failed every example as outside its profile (a review's finding)."""
+    argv = ["verify", "--impl", "reference-dllm-cached", "--examples", "20", "--mode", "fdfo"]
+    assert main(argv) == 0, capsys.readouterr()

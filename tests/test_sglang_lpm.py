@@ -33,10 +33,13 @@ from integrations.sglang.adapter import SglangDllmAdapter
 from integrations.sglang.engine import build
 from integrations.sglang.event_log import FREE_ORDER_POLICIES, declared_policy
 from properties.trace_check import check_trace
+from properties.verify import verify_implementation
+from schedspec_cli.impls import resolve
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, SpecViolation
 from spec.events import Admitted, CacheHit, Event, Submitted
+from spec.implementation import DllmImplementation
 from spec.machine import SpecMachine
 from tests.test_real_sglang import (  # the module's fixture, and its suite settings
     _run_suite,
@@ -78,10 +81,15 @@ def _admitted(events: list[Event]) -> list[str]:
     return [e.request_id for e in events if isinstance(e, Admitted)]
 
 
-def test_the_profile_is_sglangs_with_a_free_queue_order() -> None:
+def test_the_profile_is_sglangs_with_the_radix_cache_on_and_a_free_queue_order() -> None:
+    """With the cache off SGLang makes lpm FCFS, which `real-sglang-dllm` checks already: the
+    built-in runs the cache alone (a space with both would draw it off: a review found the
+    built-in never ran lpm's order)."""
     expected = dataclasses.replace(SGLANG_DLLM_PROFILE.policy, free_queue_order=True)
     assert REAL_SGLANG_DLLM_LPM.profile.policy == expected
-    assert REAL_SGLANG_DLLM_LPM.profile.space == SGLANG_DLLM_PROFILE.space
+    assert REAL_SGLANG_DLLM_LPM.profile.space == dataclasses.replace(
+        SGLANG_DLLM_PROFILE.space, prefix_cache=frozenset({True})
+    )
 
 
 def test_lpm_admits_the_longest_cached_prefix_first_which_only_a_free_order_allows() -> None:
@@ -147,6 +155,42 @@ def test_lpm_passes_the_dllm_suite_with_the_radix_cache_on() -> None:
         return REAL_SGLANG_DLLM_LPM.factory(config, counted)
 
     _run_suite(radix_cache_machine(counting, "Lpm", SGLANG_DLLM_FREE_ORDER_PROFILE), examples=40)
+    assert seen["passed an earlier arrival"] > 0 and seen["cache_hit"] > 0, seen
+
+
+def test_the_built_in_verify_runs_reorders_by_cached_prefix() -> None:
+    """`verify --impl real-sglang-dllm-lpm` as the command runs it (the built-in resolved by
+    name, the suite drawing in its space): every example runs the radix cache, lpm seats a
+    request ahead of an earlier arrival, requests read cached blocks, and it passes."""
+    implementation = resolve("real-sglang-dllm-lpm", None).implementation
+    assert isinstance(implementation, DllmImplementation)
+    caches: set[bool] = set()
+    seen: Counter[str] = Counter()
+
+    def counting(config: DllmConfig, sink: EventSink) -> Any:
+        caches.add(config.prefix_cache)
+        queued: list[str] = []
+
+        def counted(event: Event) -> None:
+            if isinstance(event, Submitted):
+                queued.append(event.request_id)
+            elif isinstance(event, Admitted):
+                seen["passed an earlier arrival"] += queued.index(event.request_id) > 0
+                queued.remove(event.request_id)
+            elif isinstance(event, CacheHit):
+                seen["cache_hit"] += 1
+            sink(event)
+
+        return implementation.factory(config, counted)
+
+    result = verify_implementation(
+        "real-sglang-dllm-lpm",
+        DllmImplementation(counting, implementation.profile, "counted"),
+        40,
+        parity="never",
+    )
+    assert not result.failures, result.failures[0].message
+    assert caches == {True}, caches
     assert seen["passed an earlier arrival"] > 0 and seen["cache_hit"] > 0, seen
 
 

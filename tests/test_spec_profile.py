@@ -263,3 +263,46 @@ def test_sglang_facts_are_expressible() -> None:
 def test_every_builtin_passes_under_its_profile(impl: DllmImplementation) -> None:
     machine = conformance_machine(impl.factory, profile=impl.profile)
     run_state_machine_as_test(machine, settings=settings(max_examples=20, deadline=None))
+
+
+def test_a_space_covers_another_only_where_it_runs_all_of_its_configurations() -> None:
+    """`uncovered` names the first kind of configuration the other space allows and this one
+    refuses (a decision twin must run every configuration of what it checks); `modes`
+    narrows the other space to the modes a run draws."""
+    anything = DllmConfigSpace()
+    sglang = DllmConfigSpace(
+        page_multiples=frozenset({1}),
+        in_place_reuse=frozenset({True}),
+        reloop=frozenset({False}),
+        rows_equal_max_running=True,
+        kv_headroom_pages=4,
+    )
+    assert anything.uncovered(sglang) is None and sglang.uncovered(sglang) is None
+    assert sglang.uncovered(anything) == "page_size = block_size x any (this space: {1})"
+    other = DllmConfigSpace(block_sizes=frozenset({2, 4}), prefix_cache=frozenset({False, True}))
+    headroom = DllmConfigSpace(kv_headroom_pages=4)
+    cases = [
+        (DllmConfigSpace(modes=frozenset({Mode.SYNC})), other, "mode={fdfo}"),
+        (DllmConfigSpace(block_sizes=frozenset({2})), other, "block_size={2, 4} (this space: {2})"),
+        (DllmConfigSpace(reloop=frozenset({False})), other, "reloop={True}"),
+        (DllmConfigSpace(prefix_cache=frozenset({False, True})), other, None),
+        (DllmConfigSpace(), other, "prefix_cache={True}"),
+        (
+            DllmConfigSpace(rows_equal_max_running=True),
+            anything,
+            "req_pool_rows other than max_running_requests",
+        ),
+        (headroom, anything, "any pool below 4 pages of headroom (kv_headroom_pages)"),
+        (
+            headroom,
+            DllmConfigSpace(kv_headroom_pages=2),
+            "pools below 4 pages of headroom (kv_headroom_pages)",
+        ),
+        (headroom, DllmConfigSpace(kv_headroom_pages=5), None),
+    ]
+    for twin, checked, said in cases:
+        assert twin.uncovered(checked) == said, (twin, checked, twin.uncovered(checked))
+    # the FDFO switches bind only where the other space runs FDFO
+    sync_only = DllmConfigSpace(modes=frozenset({Mode.SYNC}), reloop=frozenset({False}))
+    assert sync_only.uncovered(anything, modes=frozenset({Mode.SYNC})) is None
+    assert sync_only.uncovered(anything) == "mode={fdfo}"

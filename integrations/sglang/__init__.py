@@ -20,6 +20,7 @@ from integrations.sglang.manifest import MANIFEST
 from integrations.sglang.profile import (
     SGLANG_DLLM_FREE_ORDER_PROFILE,
     SGLANG_DLLM_LOF_PROFILE,
+    SGLANG_DLLM_LPM_PROFILE,
     SGLANG_DLLM_PRIORITY_LOF_PROFILE,
     SGLANG_DLLM_PRIORITY_PROFILE,
     SGLANG_DLLM_PROFILE,
@@ -73,7 +74,7 @@ REAL_SGLANG_DLLM_PRIORITY_LOF = DllmImplementation(
 
 REAL_SGLANG_DLLM_LPM = DllmImplementation(
     make_sglang_dllm_lpm,
-    SGLANG_DLLM_FREE_ORDER_PROFILE,
+    SGLANG_DLLM_LPM_PROFILE,
     "SGLang 0.5.23's real dLLM scheduler path under --schedule-policy lpm (with the radix cache "
     "on, the longest cached prefix first: an order the profile declares free), on CPU",
 )

@@ -125,6 +125,7 @@ SGLANG_DLLM_FREE_ORDER_PROFILE = dataclasses.replace(
 __all__ = [
     "SGLANG_DLLM_FREE_ORDER_PROFILE",
     "SGLANG_DLLM_LOF_PROFILE",
+    "SGLANG_DLLM_LPM_PROFILE",
     "SGLANG_DLLM_PRIORITY_LOF_PROFILE",
     "SGLANG_DLLM_PRIORITY_PROFILE",
     "SGLANG_DLLM_PROFILE",
@@ -136,6 +137,13 @@ __all__ = [
 SGLANG_DLLM_RADIX_PROFILE = dataclasses.replace(
     SGLANG_DLLM_PROFILE,
     space=dataclasses.replace(SGLANG_DLLM_PROFILE.space, prefix_cache=frozenset({True})),
+)
+
+#: `--schedule-policy lpm` as `real-sglang-dllm-lpm` runs it: with the radix cache on, the only
+#: place its order differs from FCFS (with the cache off SGLang makes lpm FCFS, which
+#: `real-sglang-dllm` already checks), and the order free.
+SGLANG_DLLM_LPM_PROFILE = dataclasses.replace(
+    SGLANG_DLLM_RADIX_PROFILE, policy=SGLANG_DLLM_FREE_ORDER_PROFILE.policy
 )
 
 #: The space without the KV headroom and with any number of rows, where SGLang's KV admission
