@@ -283,7 +283,7 @@ class FixTrial:
             if notes:
                 more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
                 out.append(
-                    f"A lead, not proof: run again as released, the program showed the "
+                    f"A lead, not proof: run again with no fix, the program showed the "
                     f"mechanism of `{name}`'s finding acting: {notes[0]}{more} (it acts in runs "
                     "that pass too, so this does not tie it to the failure)."
                 )

@@ -16,12 +16,17 @@ it, the violation, and each fix set's outcome (a failing one's violation); with 
 also writes `docs/shrunk/sglang-KEY.json` for each finding that reproduced, which
 `scripts/upstream_reports.py` renders without SGLang.
 
+On an install changed by hand (to try a change of one's own) it says so first, naming the
+files that differ from the release, and labels each run "as installed" instead of "as
+released"; a fix set whose edits that install's files do not take is "NOT APPLIED", which is
+not as stated; `--record` refuses such an install, as a record is of the release.
+
 Exit 0 when every finding run reproduces as stated (broken as released, lifted by its fixes),
 1 when one does not (what it did instead is printed; nothing recorded for it), 2 for an
-unknown KEY, a `--record` place that cannot be written, or without SGLang installed
-(`schedspec install-engines sglang`). The finding tests (tests/test_real_sglang.py,
-tests/test_sglang_priority.py) run the same programs (`drive`) with spies on SGLang that show
-each cause.
+unknown KEY, a `--record` place that cannot be written, `--record` on a modified install, or
+without SGLang installed (`schedspec install-engines sglang`). The finding tests
+(tests/test_real_sglang.py, tests/test_sglang_priority.py) run the same programs (`drive`)
+with spies on SGLang that show each cause.
 """
 
 from __future__ import annotations
@@ -559,20 +564,42 @@ def reproduces(finding: SglangFinding, outcome: Outcome) -> bool:
     return v is not None and v.rule == finding.rule and finding.says in v.detail
 
 
-#: A finding's runs: as released, and the violation (None: it passed) under each fix set.
-Runs = tuple[Outcome, list[tuple[tuple[str, ...], SpecViolation | None]]]
+@dataclass(frozen=True, slots=True)
+class FixedRun:
+    """The program under one fix set: its violation (None: it passed), or, when the installed
+    SGLang's files do not take the set (an install changed by hand), why (`unapplied`)."""
+
+    fixes: tuple[str, ...]
+    violation: SpecViolation | None
+    unapplied: str = ""
+
+    @property
+    def passes(self) -> bool:
+        return self.violation is None and not self.unapplied
+
+
+#: A finding's runs: as installed (the release, unless changed by hand), then each fix set.
+Runs = tuple[Outcome, list[FixedRun]]
 
 
 def runs(finding: SglangFinding) -> Runs:
-    """`finding`'s program as released, then under each set of `lifted_by`."""
-    return run(finding), [(fixes, run(finding, fixes).violation) for fixes in finding.lifted_by]
+    """`finding`'s program as installed, then under each set of `lifted_by`."""
+    from integrations.patches import FixDoesNotApply
+
+    fixed = []
+    for fixes in finding.lifted_by:
+        try:
+            fixed.append(FixedRun(fixes, run(finding, fixes).violation))
+        except FixDoesNotApply as err:  # nothing was changed: the fix edits files or nothing
+            fixed.append(FixedRun(fixes, None, str(err)))
+    return run(finding), fixed
 
 
 def as_stated(finding: SglangFinding, ran: Runs) -> bool:
     """Whether the runs are what the finding says: broken as released by its rule with its
     words, and passing under every fix set."""
     released, fixed = ran
-    return reproduces(finding, released) and all(v is None for _, v in fixed)
+    return reproduces(finding, released) and all(r.passes for r in fixed)
 
 
 def record(finding: SglangFinding, version: str, ran: Runs | None = None) -> dict[str, Any]:
@@ -592,7 +619,7 @@ def record(finding: SglangFinding, version: str, ran: Runs | None = None) -> dic
         "transcript": released.transcript.splitlines(),
         "rule": None if v is None else v.rule,
         "message": None if v is None else _installed_path.sub("", v.detail),
-        "lifted_by": [list(fixes) for fixes, violation in fixed if violation is None],
+        "lifted_by": [list(r.fixes) for r in fixed if r.passes],
         "test": finding.test,
     }
 
@@ -651,7 +678,22 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         return 2
     from integrations.sglang.engine import import_engine
 
+    modified = MANIFEST.modified_sources()
+    if modified and args.record:
+        print(
+            f"sglang_findings.py: error: --record: this SGLang {MANIFEST.version} is MODIFIED "
+            f"from the release ({_files(modified)}), and a record feeds an upstream report of "
+            "the release: run without --record, or reinstall it (`schedspec install-engines "
+            "sglang --force`)",
+            file=sys.stderr,
+        )
+        return 2
     import_engine()
+    if modified:
+        out(
+            f"SGLang {MANIFEST.version} MODIFIED from the release: {_files(modified)}; every "
+            "run below is of this install, not of the release"
+        )
     chosen = [BY_KEY[key] for key in args.finding] if args.finding else list(FINDINGS)
     failed = 0
     for finding in chosen:
@@ -659,7 +701,7 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         made = record(finding, MANIFEST.version, ran)
         ok = as_stated(finding, ran)
         failed += not ok
-        out(_text(finding, made, ran, ok))
+        out(_text(finding, made, ran, ok, modified=bool(modified)))
         if args.record and ok:  # a record is a reproduction, or nothing
             path = record_path(finding.key)
             try:
@@ -671,23 +713,32 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     return 1 if failed else 0
 
 
-def _text(finding: SglangFinding, made: dict[str, Any], ran: Runs, ok: bool) -> str:
-    """One finding's runs in words."""
+def _files(paths: Sequence[str]) -> str:
+    """Changed files, the first few by name."""
+    shown = ", ".join(paths[:5])
+    return shown + (f", ... ({len(paths)} files)" if len(paths) > 5 else "")
+
+
+def _text(
+    finding: SglangFinding, made: dict[str, Any], ran: Runs, ok: bool, *, modified: bool = False
+) -> str:
+    """One finding's runs in words (`modified`: the install differs from the release)."""
     said = "no violation" if made["rule"] is None else f"[{made['rule']}] {made['message']}"
     lines = [
         f"== {finding.key}: {finding.title}",
         made["program"],
         "-- SGLang's own calls:",
         *made["transcript"],
-        f"-- as released: {said}",
+        f"-- as {'installed (MODIFIED from the release)' if modified else 'released'}: {said}",
     ]
-    for fixes, violation in ran[1]:
-        passes = (
-            "passes"
-            if violation is None
-            else f"DOES NOT PASS: [{violation.rule}] {violation.detail.splitlines()[0]}"
-        )
-        lines.append(f"-- with {' + '.join(fixes)}: {passes}")
+    for r in ran[1]:
+        if r.unapplied:
+            passes = f"NOT APPLIED: this install's files do not take it ({r.unapplied})"
+        elif r.violation is None:
+            passes = "passes"
+        else:
+            passes = f"DOES NOT PASS: [{r.violation.rule}] {r.violation.detail.splitlines()[0]}"
+        lines.append(f"-- with {' + '.join(r.fixes)}: {passes}")
     expected = " ".join(filter(None, (f"[{finding.rule}]", finding.says)))
     lines.append("REPRODUCED" if ok else f"NOT AS STATED (not recorded): expected {expected}")
     return "\n".join(lines)

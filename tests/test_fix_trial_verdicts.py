@@ -50,7 +50,7 @@ def test_a_seen_mechanism_is_a_quoted_lead_never_a_verdict() -> None:
     assert first.startswith("PROBABLY A KNOWN FINDING") and "`kept-incoming`" in first
     assert second.startswith("PROBABLY A KNOWN FINDING") and "`reserve`" in second
     assert lead == (
-        "A lead, not proof: run again as released, the program showed the mechanism of "
+        "A lead, not proof: run again with no fix, the program showed the mechanism of "
         f"`kept-incoming`'s finding acting: {NOTE} (and 1 more) (it acts in runs that pass too, "
         "so this does not tie it to the failure)."
     )
@@ -73,7 +73,7 @@ def test_a_seen_mechanism_is_quoted_when_no_set_passes() -> None:
     trial = _verdict(passes_with=(), on_purpose=(), witnessed=(("kept-incoming", (NOTE,)),))
     lines = trial.lines()
     assert lines[0].startswith("NO KNOWN FIX IDENTIFIES IT")
-    assert lines[1].startswith("A lead, not proof: run again as released, the program showed")
+    assert lines[1].startswith("A lead, not proof: run again with no fix, the program showed")
 
 
 def test_a_set_that_breaks_an_accepted_rule_stops_there() -> None:

@@ -236,3 +236,44 @@ def test_keeping_refused_requests_incoming_needs_the_estimate_fix_too(key: str) 
     assert (
         findings.run(finding, ("refused-stays-incoming", "worst-case-estimate")).violation is None
     )
+
+
+def test_a_modified_install_is_named_and_never_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An install changed by hand is not the release: the runs say "as installed" after a line
+    naming the changed files, and `--record` (whose records feed the upstream reports) refuses
+    it in one line, writing nothing (a review found such a run labelled "as released" and
+    recorded)."""
+    changed = ("sglang/srt/managers/schedule_policy.py",)
+    monkeypatch.setattr(type(MANIFEST), "modified_sources", lambda self: changed)
+    monkeypatch.setattr(findings, "SHRUNK", tmp_path)
+    assert findings.main(["--finding", "idle-round", "--record"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "MODIFIED from the release (" + changed[0] in err, err
+    assert list(tmp_path.iterdir()) == []
+    assert findings.main(["--finding", "idle-round"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"SGLang {MANIFEST.version} MODIFIED from the release: {changed[0]}")
+    assert "-- as installed (MODIFIED from the release): [progress]" in out, out
+    assert "-- as released" not in out, out
+
+
+def test_a_fix_the_install_does_not_take_is_named_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On an install whose files a fix's edits do not fit (a hand-made change, or the fix
+    applied already) that fix set is NOT APPLIED, with why, and the finding is not as stated
+    (exit 1): no traceback (a review's finding)."""
+    import integrations.sglang.fixes as fixes
+    from integrations.patches import FixDoesNotApply
+
+    def refuses(names: Any) -> Any:
+        raise FixDoesNotApply("schedule_policy.py has 0 copies of `x`; the fix needs exactly one")
+
+    monkeypatch.setattr(fixes, "sglang_fixed", refuses)
+    assert findings.main(["--finding", "idle-round"]) == 1
+    out = capsys.readouterr().out
+    said = "-- with worst-case-estimate: NOT APPLIED: this install's files do not take it"
+    assert said in out and "0 copies of `x`" in out, out
+    assert "NOT AS STATED" in out, out

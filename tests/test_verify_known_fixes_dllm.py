@@ -238,7 +238,7 @@ def test_an_overcommitted_pool_is_named_by_the_reservation_admitting_otherwise_o
     )
     assert [line.split(":")[0] for line in lines[:3]] == ["PROBABLY A KNOWN FINDING"] * 3
     assert lines[3] == (
-        "A lead, not proof: run again as released, the program showed the mechanism of "
+        "A lead, not proof: run again with no fix, the program showed the mechanism of "
         f"`refused-stays-incoming`'s finding acting: {took} (it acts in runs that pass too, so "
         "this does not tie it to the failure)."
     )
@@ -403,7 +403,7 @@ def test_a_set_whose_candidate_does_nothing_names_nothing() -> None:
     assert seen and all("without a row" in note for note in seen), trial.witnessed
     assert any(
         line.startswith(
-            "A lead, not proof: run again as released, the program showed the mechanism of "
+            "A lead, not proof: run again with no fix, the program showed the mechanism of "
             f"`refused-stays-incoming`'s finding acting: {seen[0]}"
         )
         for line in trial.lines()
