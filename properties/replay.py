@@ -23,6 +23,7 @@ from hypothesis.errors import HypothesisException
 from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.raised import describe_raised
 from spec.errors import (
+    CannotDrive,
     DuplicateRequest,
     RequestError,
     SchedulerStalled,
@@ -95,8 +96,8 @@ class ReplayHarness(Generic[M]):
         try:
             with call_deadline(what):
                 return operation(*args)
-        except (SpecViolation, HypothesisException):
-            raise
+        except (SpecViolation, HypothesisException, CannotDrive):
+            raise  # a violation, Hypothesis's own, or the adapter's limit (no rule broken)
         except SchedulerStalled as err:
             if self.violation is not None and self.violation is not before:
                 raise self.violation from err

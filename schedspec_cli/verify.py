@@ -49,7 +49,7 @@ from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import twin_for_targets, twin_names
 from spec.config import Mode
-from spec.errors import ConfigError
+from spec.errors import CannotDrive, ConfigError
 from spec.implementation import Family
 from spec.profile import AcceptedDeviation, DllmProfile
 
@@ -330,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
                 keep_going=args.keep_going,
                 accepted=[(d, source) for d in p.accepted],
                 progress=bar.examples(args.examples),
-                fatal=(NotAnAdapter,),
+                fatal=(NotAnAdapter, CannotDrive),
                 profile=profile_summary(t.implementation),
                 call_timeout=args.call_timeout,
                 twin=p.twin,

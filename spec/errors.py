@@ -109,6 +109,14 @@ class SchedulerStalled(SchedSpecError, RuntimeError):
         super().__init__(f"scheduler made no progress within {rounds} {unit}: {detail}")
 
 
+class CannotDrive(SchedSpecError):
+    """The adapter cannot drive the implementation as it stands: a limit of the adapter, not a
+    rule the implementation broke (a change to an engine that reads state the adapter does not
+    build, say). The message says what is missing and where the adapter would provide it. A
+    harness lets it through instead of reporting `implementation_error`, and `schedspec
+    verify` refuses the run with it (exit 2): no example could say anything of the engine."""
+
+
 class SpecViolation(SchedSpecError, AssertionError):
     """An implementation broke a rule of the specification.
 

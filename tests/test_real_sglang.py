@@ -1364,6 +1364,31 @@ def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_se
     assert "in reads_a_new_knob)" in said and "integrations/sglang/engine.py (`build`)" in said
 
 
+def test_verify_refuses_a_change_the_adapter_cannot_drive_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same change under `verify`: the adapter's limit, not a rule SGLang broke, so the run
+    is refused in one line naming the attribute (exit 2), not reported as `implementation_error`
+    with a "no known finding" verdict (a review found it so)."""
+    from schedspec_cli.main import main
+
+    adapter = REAL_SGLANG_DLLM.factory(_config(), lambda event: None)
+    scheduler_cls = type(adapter.engine.scheduler)  # type: ignore[attr-defined]
+    released = scheduler_cls.get_next_batch_to_run
+
+    def reads_a_new_knob(self: Any, *args: Any) -> Any:
+        if self.dllm_max_staging < 0:
+            return None
+        return released(self, *args)
+
+    monkeypatch.setattr(scheduler_cls, "get_next_batch_to_run", reads_a_new_knob)
+    assert main(["verify", "--impl", "real-sglang-dllm", "--examples", "5"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()[-1]
+    assert "SGLang's Scheduler has no attribute 'dllm_max_staging'" in err, captured.err
+    assert "Traceback" not in captured.err and "implementation_error" not in captured.out
+
+
 class _LeaksOnFinish(SglangDllmAdapter):
     """A planted leak, on the adapter's side of SGLang: the snapshot hides the first free slot,
     as a pool that forgot a finished request's KV would show it."""

@@ -77,7 +77,7 @@ from typing import Any
 from integrations.sglang import stubs
 from integrations.sglang.manifest import MANIFEST
 from spec.config import DllmConfig, Mode
-from spec.errors import ConfigError
+from spec.errors import CannotDrive, ConfigError
 
 _modules: dict[str, Any] = {}
 
@@ -198,10 +198,11 @@ and stop token ids (0..14) from, so a generated token is the EOS one time in six
 drawn stop token id about as often: the suites see requests end at both."""
 
 
-class AttributeNotBuilt(AttributeError):
+class AttributeNotBuilt(CannotDrive, AttributeError):
     """SGLang's code read an attribute of the `Scheduler` or `TpModelWorker` the adapter built
     without its `__init__` (`build`), one it does not set: a change to SGLang that reads a new
-    attribute, which a real server's `__init__` would set, says where to set it."""
+    attribute, which a real server's `__init__` would set, says where to set it. The adapter's
+    limit, not SGLang's fault: `verify` refuses the run with it (exit 2)."""
 
 
 #: The classes `build` makes with `__new__`, setting by hand the attributes 0.5.23 reads.
