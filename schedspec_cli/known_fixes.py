@@ -156,6 +156,10 @@ class FixTrial:
         which claims nothing). A lead for a "probably", never a verdict: the mechanism also
         acts in runs that pass, so seeing it does not tie it to the failure (a review planted
         a bug of its own beside it), and a set is never named on it (`identified_by`).
+    twin_differs: how the run's decision twin's declared policy differs from the
+        implementation's, where it does in how it orders or admits (`admission: fcfs, the
+        implementation prefill-first`): a `twin_decisions` failure then shows that difference,
+        by design, and nothing was tried.
     unit: what one decision is called ("step", "round").
     stops: a by-design difference ends the comparison (dLLM: an admission, after which all
         may differ), so such a pass is weaker evidence: "probably" the finding from a later
@@ -176,6 +180,7 @@ class FixTrial:
     accepted_stops: tuple[tuple[tuple[str, ...], str], ...] = ()
     unapplied: tuple[tuple[str, str], ...] = ()
     witnessed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    twin_differs: str = ""
     unit: str = "step"
     stops: bool = False
     summaries: dict[str, str] = field(default_factory=dict, compare=False)
@@ -201,7 +206,9 @@ class FixTrial:
             "unapplied": dict(self.unapplied),
             "witnessed": {name: list(notes) for name, notes in self.witnessed},
         }
-        if not self.tried:
+        if self.twin_differs:
+            out["twin_differs"] = self.twin_differs
+        elif not self.tried:
             out["known_rules"] = list(self.known_rules)
             if self.patterns:
                 out["patterns"] = list(self.patterns)
@@ -219,6 +226,12 @@ class FixTrial:
     def lines(self) -> list[str]:
         """The verdict in words, for the text output (after the failure's program)."""
         rule = self.rule
+        if self.twin_differs:
+            return [
+                f"NOT TRIED: the decision twin declares another policy than the implementation "
+                f"({self.twin_differs}), so their decisions differ by design and [{rule}] says "
+                "nothing of a finding; a twin of the implementation's own policy tells one apart."
+            ]
         if not self.tried and self.patterns:
             said = " or ".join(f"/{p}/" for p in self.patterns)
             return [

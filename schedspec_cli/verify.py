@@ -18,7 +18,7 @@ from typing import Any, cast
 from properties.campaign import parse_accept_file
 from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_set
 from properties.raised import describe_raised
-from properties.verify import Twin, VerifyResult, verify_implementation
+from properties.verify import DllmTwin, Failure, Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import (
     MAX_CALL_TIMEOUT_S,
@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
             )
             bar.done()
             with call_timeout_set(args.call_timeout):
-                trials = known_fix_trials(t, res, p.accepted)
+                trials = known_fix_trials(t, res, p.accepted, p.twin)
         results.append(res)
         findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))
@@ -359,18 +359,55 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+#: The fields of a dLLM policy that decide whom a round admits and in which order: a twin that
+#: declares other values than the implementation makes other decisions by design.
+DECISION_FIELDS = (
+    "admission",
+    "priority_order",
+    "longest_output_first",
+    "free_queue_order",
+    "work_conserving",
+)
+
+
+def twin_policy_gap(twin: Twin | None, target: Resolved) -> str:
+    """How `twin`'s declared dLLM policy differs from `target`'s in `DECISION_FIELDS`, in words
+    (`admission: fcfs, the implementation prefill-first`); "" when alike or not declared."""
+    if not isinstance(twin, DllmTwin) or twin.profile is None:
+        return ""
+    profile = target.implementation.profile
+    if not isinstance(profile, DllmProfile):
+        return ""
+    gaps = []
+    for name in DECISION_FIELDS:
+        theirs, ours = getattr(twin.profile.policy, name), getattr(profile.policy, name)
+        if theirs != ours:
+            gaps.append(f"{name}: {_value(theirs)}, the implementation {_value(ours)}")
+    return "; ".join(gaps)
+
+
+def _value(value: object) -> str:
+    return str(getattr(value, "value", value))
+
+
 def known_fix_trials(
-    target: Resolved, result: VerifyResult, accepted: Sequence[AcceptedDeviation] = ()
+    target: Resolved,
+    result: VerifyResult,
+    accepted: Sequence[AcceptedDeviation] = (),
+    twin: Twin | None = None,
 ) -> list[FixTrial | None]:
     """Each failure of a real engine's built-in that names known fixes, run again as it is and
     under the smallest sets of those fixes, holding one whose finding breaks its rule, under
     which it passes (`schedspec_cli.known_fixes`); recorded in the failure's JSON
     (`known_fixes`). A fixed run that breaks a rule the campaign accepted (the profile's
     deviations, `accepted` from `--accept`) stops there and is said to (`accepted_stops`).
-    None for a failure with nothing tried."""
+    A `twin_decisions` failure against a `twin` that declares another order or admission than
+    the implementation is not tried: it says so (`twin_differs`). None for a failure with
+    nothing tried."""
     builtin = target.builtin or _builtin_at(target.target)
     if builtin is None or not builtin.known_fixes:
         return [None] * len(result.failures)
+    gap = twin_policy_gap(twin, target)
     # the registry's own import string: a callable from the built-in's name to its fixes
     fixes = cast(Callable[[str], Sequence[KnownFix]], load_object(builtin.known_fixes, "impl"))
     factory: Any = target.implementation.factory
@@ -379,19 +416,31 @@ def known_fix_trials(
     rules = frozenset(str(d.rule) for d in deviations)
     trials: list[FixTrial | None] = []
     for i, failure in enumerate(result.failures):
-        try:
-            trial = try_known_fixes(failure, factory, known, rules)
-        except Exception as err:  # a courtesy: the failure itself must still be reported
-            print(
-                f"schedspec: the known fixes could not be tried on [{failure.rule}]: "
-                f"{describe_raised(err)}",
-                file=sys.stderr,
-            )
-            trial = None
+        trial: FixTrial | None
+        if gap and failure.rule == "twin_decisions":
+            trial = FixTrial(failure.rule, (), twin_differs=gap)
+        else:
+            trial = _tried(failure, factory, known, rules)
         trials.append(trial)
         if trial is not None:
             result.failures[i] = dataclasses.replace(failure, known_fixes=trial.to_json())
     return trials
+
+
+def _tried(
+    failure: Failure, factory: Any, known: Sequence[KnownFix], rules: frozenset[str]
+) -> FixTrial | None:
+    """`try_known_fixes`, and what it raised is said on stderr instead (the failure itself is
+    reported whatever happens here)."""
+    try:
+        return try_known_fixes(failure, factory, known, rules)
+    except Exception as err:  # a courtesy: the failure itself must still be reported
+        print(
+            f"schedspec: the known fixes could not be tried on [{failure.rule}]: "
+            f"{describe_raised(err)}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _builtin_at(target: str) -> Builtin | None:

@@ -138,7 +138,7 @@ def test_verify_runs_the_known_fix_trials_inside_the_guard(
     they too must leave stdout to the table."""
     import schedspec_cli.verify as verify_command
 
-    def noisy_trials(target: Any, result: Any, accepted: Any = ()) -> list[None]:
+    def noisy_trials(target: Any, result: Any, accepted: Any = (), twin: Any = None) -> list[None]:
         write_both_ways("trial chatter")
         return [None] * len(result.failures)
 

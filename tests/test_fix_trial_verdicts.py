@@ -135,3 +135,13 @@ def test_a_hang_is_a_failure_even_where_progress_is_accepted() -> None:
     trial = _trial(_Scripted(), None, "x", (a, b), (a, b), frozenset({"progress"}))  # type: ignore[arg-type]
     assert trial.accepted_stops == ((("b",), "progress"),)
     assert trial.other == (("a", "progress"),)
+
+
+def test_a_twin_of_another_policy_is_said_to_differ_by_design_and_nothing_is_tried() -> None:
+    trial = FixTrial("twin_decisions", (), twin_differs="admission: fcfs, the implementation x")
+    (line,) = trial.lines()
+    assert line.startswith("NOT TRIED: the decision twin declares another policy than the")
+    assert "(admission: fcfs, the implementation x)" in line and "by design" in line, line
+    data = trial.to_json()
+    assert data["twin_differs"] == "admission: fcfs, the implementation x"
+    assert "known_rules" not in data and data["identified_by"] == [], data

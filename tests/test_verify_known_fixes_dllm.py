@@ -625,3 +625,34 @@ def test_sglangs_radix_tree_printed_out_of_memory_goes_to_stderr(
     assert trial is not None and trial.passes_with  # the replays ran, out of memory included
     seen = capfd.readouterr()
     assert seen.out == "" and "full_lock=" in seen.err, seen
+
+
+def test_a_twin_of_another_policy_is_not_taken_for_a_new_finding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang against the FCFS reference's twin fails `twin_decisions`, as it should (SGLang
+    admits prefill-first and holds back): the verdict says the twin's policy differs by design
+    and names how, where it once said "no known fix identifies it (a new finding...)" (a
+    review's finding). Against SGLang's own order the same built-in tries the fixes."""
+    out = tmp_path / "v.json"
+    argv = ["verify", "--impl", "real-sglang-dllm", "--examples", "30", "--json", str(out)]
+    assert main([*argv, "--twin", "reference-dllm"]) == 1
+    printed = capsys.readouterr().out
+    assert "NO KNOWN FIX IDENTIFIES IT" not in printed, printed
+    (failure,) = json.loads(out.read_text())["failures"]
+    assert failure["rule"] == "twin_decisions"
+    said = failure["known_fixes"]["twin_differs"]
+    assert said.startswith("admission: fcfs, the implementation prefill-first"), said
+    assert "work_conserving: True, the implementation False" in said, said
+    assert failure["known_fixes"]["verdict"][0].startswith("NOT TRIED: the decision twin")
+    # SGLang's own order re-implemented decides by the same policy: its failures are tried
+    from schedspec_cli.impls import resolve
+    from schedspec_cli.verify import twin_policy_gap
+
+    order = resolve_twin("sglang-dllm-order", Family.DLLM)
+    for name in ("real-sglang-dllm", "real-sglang-dllm-under-pressure"):
+        assert twin_policy_gap(order, resolve(name)) == "", name
+    lof = resolve_twin("sglang-dllm-order-lof", Family.DLLM)
+    assert twin_policy_gap(lof, resolve("real-sglang-dllm")) == (
+        "longest_output_first: True, the implementation False"
+    )
