@@ -23,7 +23,7 @@ from hypothesis import settings
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine
 
-from properties.deadline import CallDeadlineExceeded
+from properties.deadline import CallDeadlineExceeded, TwinHung
 from properties.verify import Failure, failure_from, run_machine
 from spec.errors import ConfigError
 from spec.input_file import read_input_bytes
@@ -132,7 +132,11 @@ def run_campaign(
             result.failures.append(failure)
             if on_failure is not None:
                 on_failure(failure)
-            result.stopped = "the implementation hung; it cannot be driven any further"
+            result.stopped = (
+                "the decision twin hung; the run cannot go on"
+                if isinstance(err, TwinHung)
+                else "the implementation hung; it cannot be driven any further"
+            )
             break
         found = _rule_of(err)
         if found is not None and found in ignored:

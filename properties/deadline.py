@@ -58,10 +58,24 @@ class CallDeadlineExceeded(BaseException):
         self.what = what
         self.seconds = seconds
         self.program: str = ""  # filled in by the conformance machine: the calls made so far
+        self.setting: str = _SETTING.get()  # where the deadline is set, for the message
         super().__init__(
             f"the implementation did not return from {what} within {seconds:g} s "
             f"(a hang: an endless loop or a wait that never ends; the deadline per call is "
-            f"{_SETTING.get()})"
+            f"{self.setting})"
+        )
+
+
+class TwinHung(CallDeadlineExceeded):
+    """A decision twin's call did not return within its deadline: the twin's own hang, not the
+    implementation's. A `BaseException` as its parent is, so the run stops at once instead of
+    waiting the deadline out again for every shrinking attempt."""
+
+    def __str__(self) -> str:
+        return (
+            f"the decision twin did not return from {self.what} within {self.seconds:g} s (the "
+            f"twin's own hang, not the implementation's: check or replace the twin; the deadline "
+            f"per call is {self.setting})"
         )
 
 
@@ -150,6 +164,7 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT_S",
     "PYTHON_SETTING",
     "CallDeadlineExceeded",
+    "TwinHung",
     "call_deadline",
     "call_timeout",
     "call_timeout_named",

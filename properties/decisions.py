@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from properties.deadline import CallDeadlineExceeded, TwinHung, call_deadline
 from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
 from spec.adapter import ImplementationFactory, SchedulerAdapter
@@ -161,17 +162,23 @@ def twin_difference(
         if checked:
             # no golden check of the twin: its outputs replay the run's own steps, and a block
             # the run read from a prefix cache has none to decode it alone with
-            h = Harness(factory, config, profile=profile, check_golden=False)
+            with call_deadline("being built"):
+                h = Harness(factory, config, profile=profile, check_golden=False)
             twin_events = h.events
-            apply_ops(h, operations(events, aborts_in_round=in_round))
+            for op in operations(events, aborts_in_round=in_round):  # each call its deadline
+                with call_deadline(f"its {type(op).__name__.lower()}"):
+                    apply_ops(h, [op])
             if drain:
-                h.drain()
+                with call_deadline("its drain"):
+                    h.drain()
         else:
             _run_bare(
                 factory, config, operations(events, aborts_in_round=in_round), drain, twin_events
             )
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
+    except CallDeadlineExceeded as hang:  # a twin that hangs must not hang the run
+        raise TwinHung(hang.what, hang.seconds) from None
     difference = first_difference(events, twin_events, (subject, "its twin"))
     if difference is None and not stopped:
         return None
@@ -194,10 +201,14 @@ def _run_bare(
     events: list[Event],
 ) -> None:
     """Run `ops` on a fresh implementation, its events appended to `events` unchecked."""
-    impl = _Bare(factory(config, events.append))
-    apply_ops(impl, ops)
+    with call_deadline("being built"):
+        impl = _Bare(factory(config, events.append))
+    for op in ops:  # each call under its deadline
+        with call_deadline(f"its {type(op).__name__.lower()}"):
+            apply_ops(impl, [op])
     if drain:
-        impl.drain()
+        with call_deadline("its drain"):
+            impl.drain()
 
 
 class _Bare:

@@ -2,7 +2,7 @@
 
 This is the only package that imports `spec`, `reference`, `properties` and (lazily) `gpu` and
 `integrations` together; the others stay independent libraries (a static test enforces it).
-Entry point: `schedspec_cli.main:main`.
+Entry point: `schedspec_cli.main:entry` (`main`, then the exit).
 """
 
 from __future__ import annotations

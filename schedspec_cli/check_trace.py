@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from schedspec_cli.output import check_output_path, write_json
     from spec.trace import TraceFormatError, writer_of
 
-    check_output_path("--json", args.json)
+    check_output_path("--json", args.json, inputs=[("FILE", args.file), ("--config", args.config)])
     with open_trace(args.file) as source:
         lines = iter(source)
         header, head = read_header(lines, source.name)
@@ -460,7 +460,8 @@ def _check_dllm(
     twin = extras.twin
     if not isinstance(twin, DllmTwin) or res.config is None:
         return code
-    difference = dllm_log_difference(twin, kept or [], res.config, res.idle_at_end)
+    with _twin_returns(twin.name):
+        difference = dllm_log_difference(twin, kept or [], res.config, res.idle_at_end)
     return _twin_verdict(args, twin.name, difference, f"{res.rounds} rounds") or code
 
 
@@ -494,10 +495,23 @@ def _check_ar(
     twin = extras.twin
     if not isinstance(twin, ArTwin) or res.config is None:
         return code
-    difference = ar_log_difference(
-        twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
-    )
+    with _twin_returns(twin.name):
+        difference = ar_log_difference(
+            twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
+        )
     return _twin_verdict(args, twin.name, difference, f"{res.steps} steps") or code
+
+
+@contextlib.contextmanager
+def _twin_returns(name: str) -> Iterator[None]:
+    """A twin that hangs on the log's operations (each call under the default deadline) is a
+    bad `--twin`, said in one line (exit 2), not a hung command."""
+    from properties.deadline import TwinHung
+
+    try:
+        yield
+    except TwinHung as hang:
+        raise ConfigError("--twin", name, f"a twin that returns ({hang})") from None
 
 
 def _finish(

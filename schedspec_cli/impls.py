@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
 from schedspec_cli.engine_cmds import ENGINE_EXTRA
 from schedspec_cli.loader import MissingDependency, load_object, module_available
 from schedspec_cli.registry import BUILTINS, Builtin
@@ -243,6 +244,10 @@ def require_engine(engine: str) -> None:
     _manifest(engine).require()
 
 
+#: How long loading a real engine (its imports, any scheduler class of the user's) may take.
+ENGINE_LOAD_TIMEOUT_S = 600.0
+
+
 def load_engine(engine: str, name: str) -> None:
     """What `require_engine` checks, then import the engine in this process: for a command that
     runs its built-in implementation `name`. An engine that is installed but lacks a module in
@@ -253,10 +258,20 @@ def load_engine(engine: str, name: str) -> None:
 
     manifest = _manifest(engine)
     manifest.require_shipped(name)
+    # under a deadline of its own, as long as an engine's import may take on a slow machine: a
+    # scheduler class of the user's (SCHEDSPEC_VLLM_SCHEDULER_CLS) imported here may never return
     try:
-        manifest.load(name)
+        with call_timeout_set(ENGINE_LOAD_TIMEOUT_S), call_deadline(f"loading {engine}"):
+            manifest.load(name)
     except EngineNotInstalled as err:
         raise err.wanted_by(name) from None
+    except CallDeadlineExceeded as hang:
+        raise ConfigError(
+            "impl",
+            name,
+            f"an engine that loads ({engine}, with any scheduler class of yours its variable "
+            f"names, had not loaded after {hang.seconds:g} s: does an import loop or wait?)",
+        ) from None
 
 
 def profile_summary(impl: Implementation) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
+from properties.deadline import CallDeadlineExceeded, call_deadline
 from properties.raised import describe_raised
 from spec.errors import ConfigError, SchedSpecError
 
@@ -107,7 +108,10 @@ def _import_with_engines(module_name: str, engines: list[str]) -> ModuleType:
             _cast_call(_load_attribute(loader))()
             if importing is not None:
                 stack.enter_context(_cast_call(_load_attribute(importing))())
-        return importlib.import_module(module_name)
+        # the user's own import, the engines loaded: under the call deadline, as building the
+        # implementation is (an import that never returns would hang every command)
+        with call_deadline(f"importing {module_name}"):
+            return importlib.import_module(module_name)
 
 
 def _load_attribute(target: str) -> object:
@@ -166,17 +170,33 @@ def load_object(target: str, flag: str = "impl") -> object:
         ) from None
     except SchedSpecError:
         raise  # a typed error the module raised on purpose (an engine's release setting): one line
+    except CallDeadlineExceeded as hang:
+        raise ConfigError(
+            flag,
+            target,
+            f"a module that imports (its import had not returned after {hang.seconds:g} s: "
+            "does it run a loop or wait at import?)",
+        ) from None
     except (Exception, SystemExit) as err:
         # the user's module ran code at import that failed (or called sys.exit): their bug,
         # named with where it happened, not a traceback of ours nor a stray exit status
         raise ConfigError(
             flag, target, f"a module that imports (importing it raised {describe_raised(err)})"
         ) from None
-    obj = module
+    obj: object = module
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(flag, target, f"an attribute of {module_name} (no {part!r} there)")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(
+                flag, target, f"an attribute of {module_name} (no {part!r} there)"
+            ) from None
+        except (Exception, SystemExit) as err:  # a module __getattr__ or a property that fails
+            raise ConfigError(
+                flag,
+                target,
+                f"an attribute that can be read (reading {part!r} raised {describe_raised(err)})",
+            ) from None
     return obj
 
 

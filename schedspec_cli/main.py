@@ -18,8 +18,10 @@ interrupted; 141, silently, when the reader of stdout closed the pipe (`... | he
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from properties.deadline import call_timeout_named
@@ -228,9 +230,45 @@ def _reader_gone() -> int:
     return EXIT_READER_GONE
 
 
+def escape_unprintable_output() -> None:
+    """Text a log or an implementation hands us may hold what the terminal's encoding cannot
+    write (a lone surrogate from `"\\ud800"` in JSON): printed as an escape, never a
+    UnicodeEncodeError after the verdict was reached."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):  # closed, or not a text stream
+                reconfigure(errors="backslashreplace")
+
+
+def entry() -> None:
+    """The `schedspec` console script: `main`, then exit with its status even where the
+    implementation left threads of its own running (an engine's workers), which the
+    interpreter would otherwise wait for after the verdict, for ever."""
+    code = main()
+    lingering = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if lingering:
+        names = ", ".join(t.name for t in lingering[:3])
+        print(
+            f"schedspec: {len(lingering)} thread(s) the implementation started still run "
+            f"({names}); exiting with status {code} without waiting for them",
+            file=sys.stderr,
+        )
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (0 pass, 1 violation, 2 usage/input error)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    escape_unprintable_output()
     # The commands that run Hypothesis (verify, bench conformance) draw the same programs for
     # the same command, from a checkout or an installed wheel and whatever an adapter's module
     # holds: Hypothesis mines constants only from modules outside site-packages.
@@ -262,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
 
 
-__all__ = ["EXIT_READER_GONE", "build_parser", "main"]
+__all__ = ["EXIT_READER_GONE", "build_parser", "entry", "main"]

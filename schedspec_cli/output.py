@@ -15,14 +15,27 @@ from pathlib import Path
 from spec.errors import ConfigError
 
 
-def check_output_path(flag: str, path: str | None, *, directory: bool = False) -> None:
+def check_output_path(
+    flag: str,
+    path: str | None,
+    *,
+    directory: bool = False,
+    inputs: Sequence[tuple[str, str | None]] = (),
+) -> None:
     """Raise `ConfigError(flag, ...)` unless `path` can be written (a file, or with `directory`
-    a directory), creating nothing. None passes (the output was not asked for)."""
+    a directory), creating nothing, and is none of `inputs` ((flag, path) of what the command
+    reads: writing there would destroy the input). None passes (the output was not asked
+    for)."""
     if path is None:
         return
     if not path.strip() or "\x00" in path:
         raise ConfigError(flag, path, "a directory path" if directory else "a file path")
     p = Path(path)
+    for read_by, read in inputs:
+        if read is not None and read != "-" and _same_file(p, Path(read)):
+            raise ConfigError(
+                flag, path, f"another path than {read_by}'s, which it would overwrite"
+            )
     if directory:
         if p.exists() and not p.is_dir():
             raise ConfigError(flag, path, "a directory (this is an existing file)")
@@ -39,6 +52,14 @@ def check_output_path(flag: str, path: str | None, *, directory: bool = False) -
         raise ConfigError(flag, path, f"a path under a directory ({parent} is a file)")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(flag, path, f"a path where files can be written ({parent} is not)")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one file (a link or another spelling included)."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def output_file(text: str) -> Path:

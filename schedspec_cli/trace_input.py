@@ -77,6 +77,8 @@ def open_trace(given: str) -> Iterator[TraceLines]:
     """`given` (`-` or a path) as `TraceLines` for the duration of the block; a path that
     cannot be opened is a `ConfigError`. Standard input is read, not closed."""
     if given == STDIN:
+        if sys.stdin is None or sys.stdin.closed:  # started with standard input closed
+            raise ConfigError("file", given, "a path, or '-' with standard input open")
         yield TraceLines(sys.stdin.buffer, "<stdin>")
         return
     if Path(given).is_dir():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from properties.campaign import parse_accept_file
-from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_set
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
 from properties.raised import describe_raised
 from properties.verify import DllmTwin, Failure, Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
@@ -271,7 +271,7 @@ def mode_configs(target: Resolved, modes: tuple[Mode, ...] | None) -> Any:
 
 def plan(args: argparse.Namespace) -> Plan:
     """Validate every flag and load every implementation before any work starts."""
-    check_output_path("--json", args.json)
+    check_output_path("--json", args.json, inputs=[("--accept", args.accept)])
     check_output_path("--report", args.report, directory=True)
     accepted: tuple[AcceptedDeviation, ...] = ()
     if args.accept is not None:
@@ -302,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
     write `--json` and `--report` when given. Returns 0 when every implementation passed, else
     1; a bad flag, path, accept file or implementation raises (exit 2) before any run."""
     check_scope(args)
-    with implementation_stdout_to_stderr():  # what a module prints as it is imported, too
+    # what a module prints as it is imported, too; its import under --call-timeout's deadline
+    with implementation_stdout_to_stderr(), call_timeout_set(args.call_timeout):
         p = plan(args)
     # after the implementations are loaded: an engine's torch is imported by now
     pin_torch_threads(DEFAULT_CHECK_THREADS if args.threads is None else args.threads)
@@ -434,7 +435,7 @@ def _tried(
     reported whatever happens here)."""
     try:
         return try_known_fixes(failure, factory, known, rules)
-    except Exception as err:  # a courtesy: the failure itself must still be reported
+    except (Exception, CallDeadlineExceeded) as err:  # a courtesy: the failure is reported
         print(
             f"schedspec: the known fixes could not be tried on [{failure.rule}]: "
             f"{describe_raised(err)}",

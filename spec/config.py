@@ -70,7 +70,12 @@ def machine_memory_bytes() -> int | None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g} GiB"
+    """`n` bytes in GiB, three digits; in integer arithmetic past what a float holds (a pool
+    of a 320-digit page count must be refused in words, not by an OverflowError)."""
+    if n < 2**1000:
+        return f"{n / 2**30:.3g} GiB"
+    digits = str(n // 2**30)
+    return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1} GiB"
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,7 @@ def test_the_wheel_carries_every_subpackage_and_asset(
     missing = [p for p in SUBPACKAGES if p not in names]
     assert not missing, missing
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "schedspec_cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "schedspec_cli.main:entry" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
 def test_installed_commands_run_outside_the_repo(

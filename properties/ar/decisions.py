@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from properties.ar.harness import ArAbort, ArHarness, ArOp, ArStep, ArSubmit
+from properties.deadline import CallDeadlineExceeded, TwinHung, call_deadline
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
@@ -100,11 +101,16 @@ def twin_difference(
     stopped = ""
     twin_events: list[ArEvent] = []
     try:
-        h = twin_harness(twin, config, policy)
+        with call_deadline("being built"):
+            h = twin_harness(twin, config, policy)
         twin_events = h.events
-        apply_ar_ops(h, ops)
+        for op in ops:  # each call under its deadline, as the implementation's are
+            with call_deadline(f"its {type(op).__name__.removeprefix('Ar').lower()}"):
+                apply_ar_ops(h, [op])
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
+    except CallDeadlineExceeded as hang:  # a twin that hangs must not hang the run
+        raise TwinHung(hang.what, hang.seconds) from None
     difference = first_difference(
         step_decisions(events), step_decisions(twin_events), (subject, "its twin")
     )

@@ -1,0 +1,235 @@
+"""What a reviewer fed the command line to break its contract (exit 0, 1 or 2 with one line; no
+traceback; never a hang), each now answered: a decision twin that hangs, an output path that
+is an input, text the terminal cannot encode, a pool of a 320-digit page count, an attribute
+whose lookup raises, a module whose import never returns, an implementation that leaves a
+thread running, standard input closed. Each test fails without its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from properties.deadline import call_timeout_set
+from schedspec_cli.main import main
+from tests.script_module import load_script
+
+SCHEDSPEC = Path(sys.executable).parent / "schedspec"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    """A dLLM log `dllm.jsonl` and an AR one `ar.jsonl` of the reference schedulers."""
+    load_script("fuzz_cli").recorded_inputs(tmp_path)
+    return tmp_path
+
+
+def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> None:
+    """`name` importable from `tmp_path` (the current directory, as `--impl` reads it)."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+SPINNING_TWIN = """
+    from reference.ar.vllm_v1 import VllmV1Scheduler
+
+
+    class Spin(VllmV1Scheduler):
+        calls = 0
+
+        def step(self):
+            Spin.calls += 1
+            if Spin.calls > 1:  # the implementation's own first step is served
+                while True:
+                    pass
+            return super().step()
+
+
+    def spin_twin(config, sink):
+        return Spin(config, sink)
+"""
+
+
+def test_a_twin_that_hangs_fails_progress_naming_the_twin_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its calls run under the implementation's deadline (they ran under none: the run hung,
+    `--call-timeout` notwithstanding), and the run stops at once instead of waiting it out
+    again for every shrinking attempt."""
+    _module(tmp_path, monkeypatch, "spinning_twin_a", SPINNING_TWIN)
+    argv = ["verify", "--impl", "vllm-v1", "--twin", "spinning_twin_a:spin_twin"]
+    out = tmp_path / "v.json"
+    assert main([*argv, "--examples", "5", "--call-timeout", "1", "--json", str(out)]) == 1
+    (failure,) = json.loads(out.read_text())["failures"]
+    assert failure["rule"] == "progress", failure
+    said = failure["message"]
+    assert said.startswith("the decision twin did not return from its step within 1 s"), said
+    assert "the twin's own hang, not the implementation's" in said, said
+    capsys.readouterr()
+
+
+def test_check_trace_with_a_twin_that_hangs_is_a_bad_twin_in_one_line(
+    logs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _module(logs, monkeypatch, "spinning_twin_b", SPINNING_TWIN)
+    with call_timeout_set(1):
+        code = main(["check-trace", str(logs / "ar.jsonl"), "--twin", "spinning_twin_b:spin_twin"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "invalid --twin='spinning_twin_b:spin_twin'" in err, err
+    assert "a twin that returns (the decision twin did not return from its step" in err, err
+
+
+@pytest.mark.parametrize("flag", ["file", "--config"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    logs: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """`--json` naming the log (or `--config`'s file) replaced it with the verdict."""
+    log = logs / "dllm.jsonl"
+    before = log.read_text()
+    argv = ["check-trace", str(log), "--json"]
+    if flag == "file":
+        assert main([*argv, str(log)]) == 2
+    else:
+        config = logs / "config.json"
+        config.write_text(before.splitlines()[0])
+        assert main([*argv, str(config), "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "which it would overwrite" in err, err
+    assert log.read_text() == before
+
+
+def test_verify_refuses_a_json_that_is_its_accept_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    accept = tmp_path / "accept.txt"
+    accept.write_text("progress: known\n")
+    argv = ["verify", "--impl", "reference-dllm", "--examples", "2", "--accept", str(accept)]
+    assert main([*argv, "--json", str(accept)]) == 2
+    err = capsys.readouterr().err
+    assert "another path than --accept's" in err, err
+    assert accept.read_text() == "progress: known\n"
+
+
+def test_a_lone_surrogate_in_a_log_is_printed_escaped_not_a_traceback(logs: Path) -> None:
+    """Valid JSON (`"\\ud800"`) that UTF-8 cannot encode, in a request id the verdict prints:
+    the violation is reported (exit 1), escaped, by the installed command."""
+    lines = (logs / "ar.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"r0"', '"\\ud800"', 1)
+    assert '"\\ud800"' in lines[1]
+    bad = logs / "surrogate.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    ran = subprocess.run(
+        [str(SCHEDSPEC), "check-trace", str(bad)], capture_output=True, text=True, env=env
+    )
+    assert ran.returncode == 1, ran
+    assert "Traceback" not in ran.stderr and "\\ud800" in ran.stdout, ran
+
+
+def test_a_pool_past_what_a_float_holds_is_refused_in_words(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 320-digit `kv_pages`: the memory estimate's message overflowed a float."""
+    lines = (logs / "dllm.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["kv_pages"] = 10**320
+    huge = logs / "huge.jsonl"
+    huge.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert main(["check-trace", str(huge)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "invalid kv_pages=" in err, err
+    assert "GiB" in err or "exceeds" in err, err
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "said"),
+    [
+        (
+            "def __getattr__(name):\n    raise RuntimeError('lazy load failed for ' + name)\n",
+            "raising_getattr_mod:make",
+            "reading 'make' raised RuntimeError: lazy load failed for make",
+        ),
+        (
+            "class Holder:\n    @property\n    def make(self):\n        raise ValueError('boom')\n"
+            "holder = Holder()\n",
+            "raising_property_mod:holder.make",
+            "reading 'make' raised ValueError: boom",
+        ),
+    ],
+)
+def test_an_attribute_whose_lookup_raises_is_a_usage_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    target: str,
+    said: str,
+) -> None:
+    _module(tmp_path, monkeypatch, target.split(":")[0], source)
+    assert main(["verify", "--impl", target, "--examples", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and said in err, err
+
+
+def test_a_module_whose_import_never_returns_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its import runs under `--call-timeout`'s deadline, as building the implementation does
+    (it ran under none: every command hung)."""
+    _module(tmp_path, monkeypatch, "import_spins_mod", "while True:\n    pass\n")
+    argv = ["verify", "--impl", "import_spins_mod:x", "--examples", "2", "--call-timeout", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "its import had not returned after 1 s" in err, err
+
+
+def test_the_command_exits_though_the_implementation_left_a_thread_running(
+    tmp_path: Path,
+) -> None:
+    """A non-daemon thread an adapter started (an engine's worker) kept the process alive for
+    ever after the verdict; now it exits with the verdict's status and says why it did not
+    wait (the installed console script, `entry`)."""
+    (tmp_path / "thread_leak_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            import time
+
+            from reference.dllm import make_scheduler
+
+
+            def leaky(config, sink):
+                threading.Thread(target=time.sleep, args=(10**6,), name="worker").start()
+                return make_scheduler(config, sink)
+            """
+        ),
+        encoding="utf-8",
+    )
+    ran = subprocess.run(
+        [str(SCHEDSPEC), "verify", "--impl", "thread_leak_mod:leaky", "--examples", "2"]
+        + ["--family", "dllm"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran
+    assert "thread(s) the implementation started still run (worker" in ran.stderr, ran.stderr
+    assert "exiting with status 0 without waiting for them" in ran.stderr, ran.stderr
+
+
+def test_check_trace_of_standard_input_when_it_is_closed_says_so(logs: Path) -> None:
+    ran = subprocess.run(
+        ["bash", "-c", f"'{SCHEDSPEC}' check-trace - <&-"], capture_output=True, text=True
+    )
+    assert ran.returncode == 2, ran
+    err = ran.stderr.strip()
+    assert "\n" not in err and "'-' with standard input open" in err, err
