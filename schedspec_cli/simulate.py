@@ -20,7 +20,7 @@ from reference.sim import workload as wl
 from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
-from schedspec_cli.args import Parser, int_in, positive, refuse_ignored
+from schedspec_cli.args import Parser, flag_of, int_in, positive, refuse_ignored
 from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, write_json
 from schedspec_cli.plots import require_matplotlib
@@ -196,8 +196,10 @@ def build_parser() -> Parser:
     )
     d.add_argument(
         "--steps",
-        help="forwards per block: 'F:COUNT,...' or 'uniform:LO-HI' "
-        "(default: gpu/assets/rounds_report.json if present, else uniform)",
+        help=f"forwards per block: 'F:COUNT,...' or 'uniform:LO-HI', F from 2 to "
+        f"{MAX_SIM_BLOCK_SIZE + 1} (a block of B tokens takes at most B + 1 forwards), each "
+        "COUNT finite and >= 0 (default: gpu/assets/rounds_report.json if present, else "
+        "uniform)",
     )
     d.add_argument(
         "--steps-report",
@@ -403,8 +405,15 @@ def _add_sweep(sub: Any) -> None:
         help="ray (parallel; local Ray unless --address) or local (one process; default "
         "%(default)s)",
     )
-    w.add_argument("--address", help="an existing Ray cluster, e.g. ray://head:10001 or auto")
-    w.add_argument("--num-cpus", type=positive(4096), help="CPUs of the local Ray (default: all)")
+    w.add_argument(
+        "--address",
+        help="an existing Ray cluster, e.g. ray://head:10001 or auto (--backend ray only)",
+    )
+    w.add_argument(
+        "--num-cpus",
+        type=positive(4096),
+        help="CPUs of the local Ray (--backend ray without --address only; default: all)",
+    )
     w.add_argument("--json", help="write the results as JSON here")
     w.add_argument("--csv", help="write the results as CSV here")
     w.add_argument("--plots", help="write throughput-vs-latency PNGs into this directory")
@@ -448,6 +457,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
             args.max_model_len,
             "left out with --scheduler simple (it admits any length that fits its KV tokens)",
         )
+    _sweep_backend_flags(args)
     rates = _floats("--qps", args.qps)
     for rate in rates:
         if not in_rate(rate):  # named by the flag here, as the other commands' --qps is
@@ -502,6 +512,21 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _sweep_backend_flags(args: argparse.Namespace) -> None:
+    """Refuse a Ray flag the backend would ignore: --address and --num-cpus with --backend
+    local (one process, no Ray), --num-cpus with --address (the cluster has its own CPUs)."""
+    if args.backend == "local":
+        given = [n for n in ("address", "num_cpus") if getattr(args, n) is not None]
+        refuse_ignored(args, given, "only with --backend ray (local runs in this process)")
+    elif args.address and args.num_cpus is not None:  # '' is the local Ray
+        refuse_ignored(
+            args,
+            ["num_cpus"],
+            "only with a local Ray (--backend ray without --address; a cluster at --address "
+            "has its own CPUs)",
+        )
+
+
 def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     """Forwards per block: the calibration's profiles, else --steps / --steps-report / default."""
     from reference.sim.dllm import StepDist
@@ -533,9 +558,16 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     if profiled:
         return StepDist.from_histogram(cal.workload().histogram(), "the calibration's profiles")
     if args.steps is not None:
-        return StepDist.parse(args.steps)
+        # F can be at most one more than the largest block (one token unmasked per forward,
+        # then the final-KV forward): a bound that also keeps 'uniform:LO-HI' small
+        return StepDist.parse(args.steps, max_forwards=MAX_SIM_BLOCK_SIZE + 1)
     if args.steps_report is not None:
-        return StepDist.from_report(Path(args.steps_report), algorithm)
+        try:
+            return StepDist.from_report(Path(args.steps_report), algorithm)
+        except SimConfigError as err:
+            if err.field != "steps_report":
+                raise
+            raise SimConfigError("--steps-report", args.steps_report, err.valid) from None
     return StepDist.default(args.block_size, algorithm)
 
 
@@ -1069,7 +1101,28 @@ def _check_outputs(args: argparse.Namespace) -> None:
     plots = getattr(args, "plots", None)
     if plots is not None:
         require_matplotlib("--plots", plots)
+    inputs = _input_files(args)
     for flag in ("json", "trace", "csv", "plots"):  # csv: `simulate sweep` only
         path = getattr(args, flag, None)
         if path is not None:
-            check_output_path(f"--{flag}", path, directory=flag == "plots")
+            check_output_path(f"--{flag}", path, directory=flag == "plots", inputs=inputs)
+
+
+def _input_files(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, path) of every file the subcommand reads: its trace, rounds report (the shipped
+    one by default), calibration table and a 'table:PATH.json' time model. An output written
+    over one would destroy it."""
+    files = [
+        (flag_of(dest), path)
+        for dest in ("trace_csv", "steps_report", "calibration")
+        if isinstance(path := getattr(args, dest, None), str) and path.strip()
+    ]
+    if args.what == "dllm" and args.steps is None and args.steps_report is None:
+        from reference.sim.dllm import ROUNDS_REPORT
+
+        files.append(("the default --steps-report", str(ROUNDS_REPORT)))
+    for dest in ("forward", "exec_model"):  # dllm's time model; replicas' and sweep's
+        model = getattr(args, dest, None)
+        if isinstance(model, str) and model.startswith("table:") and model[6:].strip():
+            files.append((flag_of(dest), model[6:]))
+    return files

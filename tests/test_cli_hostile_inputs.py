@@ -214,8 +214,16 @@ def test_the_command_exits_though_the_implementation_left_a_thread_running(
         encoding="utf-8",
     )
     ran = subprocess.run(
-        [str(SCHEDSPEC), "verify", "--impl", "thread_leak_mod:leaky", "--examples", "2"]
-        + ["--family", "dllm"],
+        [
+            str(SCHEDSPEC),
+            "verify",
+            "--impl",
+            "thread_leak_mod:leaky",
+            "--family",
+            "dllm",
+            "--examples",
+            "2",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -67,6 +67,16 @@ from spec.machine import SpecMachine
 
 ROUNDS_REPORT = Path(__file__).resolve().parents[2] / "gpu" / "assets" / "rounds_report.json"
 
+# Forwards per block at most, as `StepDist.parse` takes them: a block of B tokens unmasks at
+# least one token per forward, so it takes at most B + 1 forwards (the final-KV one included;
+# `StepDist.clipped` caps every draw there), and `schedspec simulate dllm` runs blocks of at
+# most 256 tokens (its MAX_SIM_BLOCK_SIZE). A larger F could never be drawn, and a bound keeps
+# 'uniform:LO-HI' to at most 256 values (uniform:2-1000000000 was an allocation of ~70 GB).
+MAX_FORWARDS_PER_BLOCK = 257
+# what a step histogram's counts must be (nan, inf or a sum that overflows makes the
+# probabilities nan)
+COUNTS_TEXT = "counts that are finite numbers >= 0, with a positive and finite sum"
+
 
 @dataclass(frozen=True)
 class StepDist:
@@ -78,15 +88,19 @@ class StepDist:
 
     def __post_init__(self) -> None:
         if not self.values or len(self.values) != len(self.weights):
-            raise SimConfigError("steps", self.values, "a non-empty histogram")
+            raise SimConfigError("steps", self.values, "at least one forward count")
         if any(v < 2 for v in self.values):
             raise SimConfigError(
                 "steps",
                 self.values,
                 "forwards per block >= 2 (at least one unmasking forward plus the final-KV one)",
             )
-        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-            raise SimConfigError("steps", self.weights, "non-negative counts with a positive sum")
+        # nan and inf are refused too (nan < 0 is false), and so is a sum that overflows to inf
+        # (1e308 + 1e308)
+        if any(not (math.isfinite(w) and w >= 0) for w in self.weights):
+            raise SimConfigError("steps", self.weights, COUNTS_TEXT)
+        if not 0 < sum(self.weights) < math.inf:
+            raise SimConfigError("steps", self.weights, COUNTS_TEXT)
 
     @classmethod
     def from_histogram(
@@ -99,18 +113,45 @@ class StepDist:
         return cls(tuple(k for k, _ in items), tuple(v for _, v in items), source)
 
     @classmethod
-    def parse(cls, text: str) -> StepDist:
-        """'3:12,4:5,9:1' (forwards:count) or 'uniform:LO-HI'."""
+    def parse(cls, text: str, max_forwards: int = MAX_FORWARDS_PER_BLOCK) -> StepDist:
+        """'3:12,4:5,9:1' (forwards:count) or 'uniform:LO-HI' (`--steps`), every F in
+        2..`max_forwards`. Anything else (another syntax, an F out of that range or given
+        twice, a count that is negative or not finite, counts whose sum is 0 or overflows)
+        raises `SimConfigError` naming the text, what is wrong with it and the valid forms."""
+        forms = (
+            f"--steps 'F:COUNT,F:COUNT,...' with each F from 2 to {max_forwards} (a block of B <= "
+            f"{max_forwards - 1} tokens takes at most B + 1 forwards) and each COUNT a finite "
+            f"number >= 0, their sum positive and finite; or 'uniform:LO-HI' with 2 <= LO <= HI "
+            f"<= {max_forwards}"
+        )
         try:
             if text.startswith("uniform:"):
-                lo, _, hi = text[8:].partition("-")
-                return cls.uniform(int(lo), int(hi))
-            pairs = (p.split(":") for p in text.split(","))
-            return cls.from_histogram({int(a): float(b) for a, b in pairs})
-        except ValueError:
-            raise SimConfigError(
-                "steps", text, "'F:COUNT,F:COUNT,...' or 'uniform:LO-HI' with F >= 2"
-            ) from None
+                lo_text, _, hi_text = text[8:].partition("-")
+                lo, hi = int(lo_text), int(hi_text)
+                if not 2 <= lo <= hi <= max_forwards:
+                    raise SimConfigError("steps", text, f"{forms} (this has LO {lo}, HI {hi})")
+                return cls.uniform(lo, hi)
+            pairs = [(int(f), float(c)) for f, c in (p.split(":") for p in text.split(","))]
+        except SimConfigError:
+            raise
+        except ValueError:  # not integers and numbers in that syntax
+            raise SimConfigError("steps", text, forms) from None
+        hist: dict[int, float] = {}
+        wrong = None
+        for f, c in pairs:
+            if f in hist:
+                wrong = wrong or f"F {f} twice"
+            hist[f] = c
+        wrong = wrong or next((f"F {f}" for f in hist if not 2 <= f <= max_forwards), None)
+        wrong = wrong or next(
+            (f"COUNT {c}" for c in hist.values() if not (math.isfinite(c) and c >= 0)), None
+        )
+        total = sum(hist.values())
+        if wrong is None and not 0 < total < math.inf:
+            wrong = "counts summing to 0" if total == 0 else "counts whose sum overflows"
+        if wrong is not None:
+            raise SimConfigError("steps", text, f"{forms} (this has {wrong})")
+        return cls.from_histogram(hist)
 
     @classmethod
     def uniform(cls, lo: int, hi: int) -> StepDist:
@@ -147,8 +188,12 @@ class StepDist:
             raise SimConfigError("steps_report", str(path), f"a rounds report: {shape}")
         try:
             return cls.from_histogram(hist, f"{path.name}:{algorithm} (block {block_size})")
-        except SimConfigError:
-            raise
+        except SimConfigError as err:
+            raise SimConfigError(
+                "steps_report",
+                str(path),
+                f"a histogram for {algorithm} with {err.valid}: {shape}",
+            ) from None
         except (TypeError, ValueError):
             raise SimConfigError(
                 "steps_report", str(path), f"a histogram of integer forwards to counts: {shape}"

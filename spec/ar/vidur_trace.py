@@ -4,7 +4,8 @@ Vidur's trace format (`data/processed_traces/*.csv` in microsoft/vidur; the trac
 generator's columns): a header with at least `arrived_at,num_prefill_tokens,num_decode_tokens`
 (extra columns are ignored, names may carry spaces), one request per row, arrivals in seconds,
 non-decreasing. As in Vidur, `num_decode_tokens` counts every output token, including the one
-the prefill produces. Blank rows are skipped.
+the prefill produces. Blank rows are skipped, and so is a UTF-8 byte-order mark before the
+header (spreadsheets such as Excel write one).
 
 Any malformed line raises `TraceRowError` naming the line (1-based, header = 1) and what was
 wrong: an empty file, a header without the columns or without any request row after it, a line
@@ -28,6 +29,7 @@ ARRIVED_AT = "arrived_at"
 NUM_PREFILL_TOKENS = "num_prefill_tokens"
 NUM_DECODE_TOKENS = "num_decode_tokens"
 TRACE_COLUMNS = (ARRIVED_AT, NUM_PREFILL_TOKENS, NUM_DECODE_TOKENS)
+_BOM = "\ufeff"  # the byte-order mark spreadsheets write first in a UTF-8 CSV
 
 
 class TraceRowError(SchedSpecError, ValueError):
@@ -82,9 +84,18 @@ def _csv_rows(reader: Any, source: str | None) -> Iterator[list[str]]:
         yield row
 
 
+def _without_bom(lines: Iterable[str]) -> Iterator[str]:
+    """`lines`, the first without a leading byte-order mark (it is not part of a column name)."""
+    first = True
+    for line in lines:
+        yield line.removeprefix(_BOM) if first else line
+        first = False
+
+
 def parse_vidur_trace_lines(lines: Iterable[str], source: str | None = None) -> VidurTrace:
-    """Parse CSV lines (a text file object, `str.splitlines(keepends=True)`, ...)."""
-    reader = csv.reader(lines)
+    """Parse CSV lines (a text file object, `str.splitlines(keepends=True)`, ...); a byte-order
+    mark before the header (text decoded as plain UTF-8) is dropped."""
+    reader = csv.reader(_without_bom(lines))
     rows = _csv_rows(reader, source)
     header = next(rows, None)
     if header is None:
@@ -149,8 +160,9 @@ def _bounded_lines(f: TextIO, source: str) -> Iterator[str]:
 
 
 def read_vidur_trace_file(path: str | Path) -> VidurTrace:
-    """Read a Vidur trace CSV file; errors name the file and the line."""
-    with open(path, newline="", encoding="utf-8") as f:
+    """Read a Vidur trace CSV file; errors name the file and the line. A leading UTF-8
+    byte-order mark (as Excel writes one) is dropped."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
         return parse_vidur_trace_lines(_bounded_lines(f, str(path)), str(path))
 
 
