@@ -88,8 +88,13 @@ def write_json(path: str | Path | None, payload: object) -> None:
     if path is None or path == "":
         return
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    except OSError as err:  # a full disk says no path of its own: name the one written
+        if err.filename is None:
+            err.filename = str(out)
+        raise
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

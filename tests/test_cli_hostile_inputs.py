@@ -241,3 +241,15 @@ def test_check_trace_of_standard_input_when_it_is_closed_says_so(logs: Path) -> 
     assert ran.returncode == 2, ran
     err = ran.stderr.strip()
     assert "\n" not in err and "'-' with standard input open" in err, err
+
+
+def test_a_json_that_cannot_be_written_at_the_end_names_its_path(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`/dev/full` passes every check made before the run (it is writable) and fails only when
+    written: the error names it (it said only "No space left on device")."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this platform")
+    assert main(["check-trace", str(logs / "dllm.jsonl"), "--json", "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "schedspec: error: /dev/full: No space left on device", err
