@@ -22,9 +22,10 @@ released"; a fix set whose edits that install's files do not take is "NOT APPLIE
 not as stated; `--record` refuses such an install, as a record is of the release.
 
 Exit 0 when every finding run reproduces as stated (broken as released, lifted by its fixes),
-1 when one does not (what it did instead is printed; nothing recorded for it), 2 for an
-unknown KEY, a `--record` place that cannot be written, `--record` on a modified install, or
-without SGLang installed (`schedspec install-engines sglang`). The finding tests
+1 when one does not (what it did instead is printed; nothing recorded for it), 2 (one line on
+stderr) for a usage error such as an unknown flag or KEY, a `--record` place that cannot be
+written, `--record` on a modified install, or without SGLang installed (`schedspec
+install-engines sglang`). The finding tests
 (tests/test_real_sglang.py, tests/test_sglang_priority.py) run the same programs (`drive`)
 with spies on SGLang that show each cause.
 """
@@ -48,6 +49,7 @@ from integrations.sglang.witness import was_taken
 from properties.example import DllmExample
 from properties.harness import Harness
 from properties.operations import Drain, Op, Round, Submit, apply_ops
+from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.engine_stdout import implementation_stdout_to_stderr
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
@@ -635,7 +637,9 @@ def record_path(key: str) -> Path:
 
 # ---------------------------------------------------------------------------------- the command
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The script's flags; a usage error is one line (`schedspec_cli.args.Parser`:
+    `UsageError`)."""
+    parser = Parser(
         prog="sglang_findings.py",
         description="SGLang 0.5.23's open dLLM findings, run on the installed SGLang.",
     )
@@ -655,7 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:  # `sglang_findings.py: error: ...`, as the errors below
+        print(" ".join(str(err).split()), file=sys.stderr)
+        return 2
     unknown = sorted(set(args.finding or ()) - set(BY_KEY))
     if unknown:
         print(

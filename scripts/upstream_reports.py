@@ -11,14 +11,16 @@ summary), the rule its program breaks and the message, the command that reproduc
 program, its run (SGLang's: the adapter's calls on SGLang's scheduler), and the command that
 prints the fix as a patch. Without `--check` it writes the file; with `--check` it writes
 nothing and exits 1 if the file is not what it would write (a program re-recorded, a title
-changed), 0 if it is. Exit 2 if a vLLM shrunk program has no title here (an SGLang record
-carries its own). Needs no engine: the fixes' summaries are read from `integrations.vllm` and
-`integrations.sglang.fixes`, which import their engine only when a fix is applied.
+changed), 0 if it is. Exit 2, one line on stderr, for a usage error, a vLLM shrunk program
+with no title here (an SGLang record carries its own), or a record that is not one its script
+writes (not JSON, not an object, a field missing or of the wrong kind: the line names the file,
+what is wrong and what is expected). Needs no engine: the fixes' summaries are read from
+`integrations.vllm` and `integrations.sglang.fixes`, which import their engine only when a fix
+is applied.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -29,16 +31,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.sglang.fixes import SGLANG_FIXES
-from integrations.vllm.dllm_arguments import fix_flags, space_flags
+from integrations.vllm.dllm_arguments import SPACE_FLAGS, fix_flags, space_flags
 from integrations.vllm.encoder_inputs import EncoderOptions
 from integrations.vllm.engine_core import LoopOptions
 from integrations.vllm.fixes import VLLM_DLLM_FIXES
-from integrations.vllm.loop_arguments import FIXES
+from integrations.vllm.loop_arguments import FIXES, GENERATORS
 from integrations.vllm.trace import counted
+from schedspec_cli.args import Parser, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 SHRUNK = ROOT / "docs" / "shrunk"
 REPORTS = ROOT / "docs" / "upstream-reports.md"
+PROG = "scripts/upstream_reports.py"
 
 #: Per shrunk program (file stem): the report's title, the `scripts/engine_fixes_diff.py`
 #: target that prints its fix, and the issue it belongs to upstream if one is known ("#N" for
@@ -655,16 +659,264 @@ def _sglang_report(
     return lines
 
 
+# ---------------------------------------------------------------------------- the records' shape
+class BadRecord(Exception):
+    """A record of docs/shrunk/ no report can be written from; the message, one line, names the
+    file, what is wrong in it and what is expected."""
+
+
+#: What writes each kind of record: a record is expected as its script writes it.
+_AR_WRITER = "scripts/vllm_shrink.py --json --trace"
+_DLLM_WRITER = "scripts/vllm_dllm_shrink.py --json --trace"
+_SGLANG_WRITER = "scripts/sglang_findings.py --record"
+
+
+def _shown(path: Path) -> str:
+    """`path` as a message names it: under the checkout, from its root."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _said(value: object) -> str:
+    """A wrong value as a message shows it: what it is, and itself when short."""
+    if value is None:
+        return "null"
+    shown = json.dumps(value)
+    return f"{_kind(value)} ({shown})" if len(shown) <= 40 else _kind(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _is_lines(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(line, str) for line in value)
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        _is_int(value.get(k)) for k in ("requests", "aborts", "tokens")
+    )
+
+
+#: (field, check, what is expected): the fields of every vLLM record, then of an AR one (the
+#: engine-core loop's), of a diffusion one and of an SGLang one.
+_Field = tuple[str, Any, str]
+#: The program spaces of the diffusion path (`scripts/vllm_dllm_shrink.py`'s flags).
+_SPACE = [keyword for _, keyword, _ in SPACE_FLAGS]
+_VLLM_FIELDS: tuple[_Field, ...] = (
+    ("release", _is_text, 'the vLLM release it ran, a non-empty string such as "0.33.0"'),
+    ("seed", _is_int, "the seed of the program shrunk, an integer"),
+    ("loop", lambda v: v in ("sync", "async"), '"sync" or "async"'),
+    ("rule", _is_text, "the rule the program breaks, a non-empty string"),
+    ("shrunk", _is_text, "the smaller program's violation, a non-empty string"),
+    ("program", _is_text, "the smaller program's source, a non-empty string"),
+    ("lifted_by", _is_text, 'the fixes that lift it, a non-empty string of names joined by " + "'),
+    ("fix", lambda v: v is None or _is_text(v), 'null or the fixes made, joined by " + "'),
+    ("size_before", _is_size, 'an object of integers "requests", "aborts" and "tokens"'),
+    ("size_after", _is_size, 'an object of integers "requests", "aborts" and "tokens"'),
+)
+_AR_FIELDS: tuple[_Field, ...] = (
+    ("programs_from", lambda v: v in GENERATORS, f"one of {', '.join(sorted(GENERATORS))}"),
+    ("options", lambda v: isinstance(v, dict), "an object of `LoopOptions` fields"),
+    ("draw_seed", _is_int, "the draws' seed, an integer"),
+)
+_DLLM_FIELDS: tuple[_Field, ...] = (
+    (
+        "space",
+        lambda v: (
+            isinstance(v, dict) and all(k in _SPACE and isinstance(b, bool) for k, b in v.items())
+        ),
+        f"an object of booleans, of the keys {', '.join(_SPACE)}",
+    ),
+    (
+        "pipeline_parallel_size",
+        lambda v: _is_int(v) and v >= 1,
+        "the pipeline stages, an integer >= 1",
+    ),
+)
+_SGLANG_FIELDS: tuple[_Field, ...] = (
+    ("key", _is_text, "the finding's key, a non-empty string"),
+    ("order", _is_int, "the finding's place among them, an integer"),
+    ("title", _is_text, "a non-empty string"),
+    ("cause", _is_text, "a non-empty string"),
+    ("sglang", _is_text, 'the SGLang release it ran, a non-empty string such as "0.5.23"'),
+    ("implementation", _is_text, "the built-in it ran through, a non-empty string"),
+    ("program", _is_text, "the program's source, a non-empty string"),
+    ("transcript", _is_lines, "SGLang's calls, a list of strings"),
+    ("rule", lambda v: v is None or isinstance(v, str), "the rule broken, a string"),
+    ("message", lambda v: v is None or isinstance(v, str), "the violation's message, a string"),
+    (
+        "lifted_by",
+        lambda v: isinstance(v, list) and all(_is_lines(fixes) and fixes for fixes in v),
+        "the fix sets that lift it, a list of lists of fix names",
+    ),
+    ("test", _is_text, "the test that shows its cause, a non-empty string"),
+)
+
+
+def _read(path: Path, writer: str) -> dict[str, Any]:
+    """The JSON object in `path`; `BadRecord` if it cannot be read or is not one."""
+    expected = f"expected a JSON object, a record as {writer} writes it (rerun it, or restore "
+    expected += "the file)"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise BadRecord(f"{_shown(path)}: cannot be read ({why}); {expected}") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        where = f"{err.msg.removesuffix(' at')} at line {err.lineno}, column {err.colno}"
+        raise BadRecord(f"{_shown(path)}: not valid JSON ({where}); {expected}") from None
+    if not isinstance(record, dict):
+        raise BadRecord(f"{_shown(path)}: {_kind(record)}, not an object; {expected}")
+    return record
+
+
+def _check_fields(
+    path: Path, record: dict[str, Any], wanted: Sequence[_Field], writer: str
+) -> None:
+    """`BadRecord` naming the fields of `wanted` that `record` lacks, else the first whose
+    value fails its check."""
+    missing = [name for name, _, _ in wanted if name not in record]
+    if missing:
+        names = ", ".join(f'"{name}"' for name in missing)
+        raise BadRecord(
+            f"{_shown(path)}: no {names} field{'s' if len(missing) > 1 else ''}; expected a "
+            f"record as {writer} writes it, with every field (rerun it, or restore the file)"
+        )
+    for name, check, expected in wanted:
+        if not check(record[name]):
+            raise BadRecord(
+                f'{_shown(path)}: "{name}" is {_said(record[name])}; expected {expected} (a '
+                f"record as {writer} writes it)"
+            )
+
+
+def _check_names(path: Path, field: str, names: Sequence[str], known: Sequence[str]) -> None:
+    """`BadRecord` for the first of `names` (from `field`) that is not one of `known`."""
+    for name in names:
+        if name not in known:
+            raise BadRecord(
+                f'{_shown(path)}: "{field}" names {name!r}, no fix of this checkout; expected '
+                f"fixes among {', '.join(known)}"
+            )
+
+
+def vllm_record(path: Path) -> dict[str, Any]:
+    """The record in `path` (docs/shrunk/vllm-*.json) with every field a report reads, of the
+    kind a report reads; `BadRecord` naming the file, what is wrong and what is expected."""
+    diffusion = False
+    record = _read(path, _AR_WRITER)
+    if "path" in record:
+        if record["path"] != "diffusion":
+            raise BadRecord(
+                f'{_shown(path)}: "path" is {_said(record["path"])}; expected "diffusion" (a '
+                f'record as {_DLLM_WRITER} writes it), or no "path" ({_AR_WRITER})'
+            )
+        diffusion = True
+    writer = _DLLM_WRITER if diffusion else _AR_WRITER
+    _check_fields(path, record, _VLLM_FIELDS + (_DLLM_FIELDS if diffusion else _AR_FIELDS), writer)
+    trace = record.get("trace")
+    if trace is not None and not _is_lines(trace):
+        raise BadRecord(
+            f'{_shown(path)}: "trace" is {_said(trace)}; expected null or its run, a list of '
+            f"strings (a record as {writer} writes it)"
+        )
+    known = [fix.name for fix in VLLM_DLLM_FIXES.fixes] if diffusion else sorted(FIXES)
+    _check_names(path, "lifted_by", record["lifted_by"].split(" + "), known)
+    _check_names(path, "fix", [f for f in (record["fix"] or "").split(" + ") if f], known)
+    if record["release"] == "0.34.0" and path.stem not in ONLY_IN_0_34:
+        raise BadRecord(
+            f'{_shown(path)}: recorded on vLLM 0.34.0 (its "release"), but ONLY_IN_0_34 in '
+            f"{PROG} does not say how 0.33.0 fares with {path.stem}; expected it named there, "
+            'or a record of "release" "0.33.0"'
+        )
+    if not diffusion:
+        _check_options(path, record["options"])
+    return record
+
+
+def _check_options(path: Path, options: dict[str, Any]) -> None:
+    """`BadRecord` for an option of an AR record that no `LoopOptions` field or no flag of
+    `scripts/vllm_shrink.py` stands for, or multimodal options of the wrong shape."""
+    for name, value in options.items():
+        if name not in DEFAULTS:
+            raise BadRecord(
+                f'{_shown(path)}: "options" holds {name!r}, no `LoopOptions` field; expected '
+                f"fields among {', '.join(sorted(DEFAULTS))}"
+            )
+        if value == DEFAULTS[name]:
+            continue
+        if name == "encoder":
+            fine = isinstance(value, dict) and all(
+                _is_int(value.get(k)) for k in ("items", "item_tokens")
+            )
+            if not fine or not isinstance(value.get("chunked"), bool):
+                raise BadRecord(
+                    f'{_shown(path)}: "options" "encoder" is {_said(value)}; expected null or '
+                    'an object with integers "items" and "item_tokens" and a boolean "chunked" '
+                    "(`EncoderOptions`' fields)"
+                )
+        elif name not in FLAGS:
+            raise BadRecord(
+                f'{_shown(path)}: "options" sets {name!r} to {_said(value)}, which no flag of '
+                f"scripts/vllm_shrink.py sets; expected it at its default, {DEFAULTS[name]!r}"
+            )
+
+
+def sglang_record(path: Path) -> dict[str, Any]:
+    """The record in `path` (docs/shrunk/sglang-*.json) with every field a report reads;
+    `BadRecord` naming the file, what is wrong and what is expected."""
+    record = _read(path, _SGLANG_WRITER)
+    _check_fields(path, record, _SGLANG_FIELDS, _SGLANG_WRITER)
+    for fixes in record["lifted_by"]:
+        _check_names(path, "lifted_by", fixes, sorted(SGLANG_SUMMARIES))
+    return record
+
+
+def _written(path: Path, writer: str, write: Any, *args: Any) -> list[str]:
+    """`write(*args)`, a report's lines; a field of a shape the checks above let through (an
+    option of the wrong kind) is `BadRecord` naming the file, not a traceback."""
+    try:
+        lines: list[str] = write(*args)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise BadRecord(
+            f"{_shown(path)}: a field of the wrong kind ({type(err).__name__}: {err}); expected "
+            f"a record as {writer} writes it"
+        ) from None
+    return lines
+
+
 def render() -> str:
     """docs/upstream-reports.md as it should be; `KeyError` naming a shrunk program that has
-    no title, or an SGLang record that reproduces nothing."""
-    records = {
-        path.stem: json.loads(path.read_text()) for path in sorted(SHRUNK.glob("vllm-*.json"))
-    }
-    sglang = sorted(
-        (json.loads(path.read_text()) for path in SHRUNK.glob("sglang-*.json")),
-        key=lambda r: int(r["order"]),
-    )
+    no title, or an SGLang record that reproduces nothing; `BadRecord` naming a record that
+    is not one its script writes."""
+    paths = {path.stem: path for path in sorted(SHRUNK.glob("vllm-*.json"))}
+    records = {stem: vllm_record(path) for stem, path in paths.items()}
+    sglang_paths = {path: sglang_record(path) for path in sorted(SHRUNK.glob("sglang-*.json"))}
+    sglang = sorted(sglang_paths.values(), key=lambda r: int(r["order"]))
+    where = {r["key"]: path for path, r in sglang_paths.items()}
     empty = sorted(r["key"] for r in sglang if r.get("rule") is None or not r.get("message"))
     if empty:
         raise KeyError(
@@ -701,36 +953,62 @@ def render() -> str:
     ]
     number = 0
     for number, stem in enumerate((s for s in TITLES if s in records), start=1):
-        lines += _report(number, stem, records[stem])
+        writer = _DLLM_WRITER if records[stem].get("path") == "diffusion" else _AR_WRITER
+        lines += _written(paths[stem], writer, _report, number, stem, records[stem])
     if sglang:
         numbers = {r["key"]: number + i for i, r in enumerate(sglang, start=1)}
         causes = _sglang_causes(sglang)
         for r in sglang:
-            lines += _sglang_report(numbers[r["key"]], r, numbers, causes[r["key"]])
+            lines += _written(
+                where[r["key"]],
+                _SGLANG_WRITER,
+                _sglang_report,
+                numbers[r["key"]],
+                r,
+                numbers,
+                causes[r["key"]],
+            )
     return "\n".join(lines).rstrip() + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/upstream_reports.py")
+    """Write docs/upstream-reports.md, or with `--check` compare it; 2 with one line on stderr
+    for a usage error, a shrunk program without a title or a record that is not one."""
+    parser = Parser(prog=PROG)
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the file is stale; write nothing"
     )
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:  # `scripts/upstream_reports.py: error: ...`, as the errors below
+        return _error(str(err).removeprefix(f"{PROG}: error: "))
     try:
         text = render()
     except KeyError as err:
-        print(f"scripts/upstream_reports.py: {err.args[0]}", file=sys.stderr)
-        return 2
-    if args.check:
-        current = REPORTS.read_text() if REPORTS.exists() else ""
-        if current != text:
-            print(f"{REPORTS.relative_to(ROOT)} is stale: run scripts/upstream_reports.py")
-            return 1
-        print(f"{REPORTS.relative_to(ROOT)} is up to date")
-        return 0
-    REPORTS.write_text(text)
-    print(f"wrote {REPORTS.relative_to(ROOT)} ({text.count(chr(10) + '## ')} reports)")
+        return _error(str(err.args[0]))
+    except BadRecord as err:
+        return _error(str(err))
+    shown = REPORTS.relative_to(ROOT) if REPORTS.is_relative_to(ROOT) else REPORTS
+    try:
+        if args.check:
+            current = REPORTS.read_text() if REPORTS.exists() else ""
+            if current != text:
+                print(f"{shown} is stale: run {PROG}")
+                return 1
+            print(f"{shown} is up to date")
+            return 0
+        REPORTS.write_text(text)
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        return _error(f"{shown}: {why}")
+    print(f"wrote {shown} ({text.count(chr(10) + '## ')} reports)")
     return 0
+
+
+def _error(message: str) -> int:
+    """Say `message` on stderr in one line, as `PROG: error: ...`; the exit status, 2."""
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

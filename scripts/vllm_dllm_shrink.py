@@ -20,8 +20,11 @@ fabricated runner draws nothing); `--trace` also prints its run, one line per su
 abort, `schedule()` call and applied output, up to the violation; `--json` writes it all, with
 the vLLM release it ran (`"release"`).
 
-Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
-1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
+Exit 0 if the program breaks no rule in the loops run (or not `--rule`), or vLLM refuses it as
+drawn (from the space the flags choose, without the other options): nothing to shrink; 1 with
+the smaller program printed; 2, one line on stderr, for a usage error or for options with which
+vLLM refuses the program (it serves it as drawn without them). Needs `schedspec install-engines
+vllm`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.hash_seed import pin_hash_seed
-from integrations.vllm.diffusion import RULES, DllmProgram
+from integrations.vllm.diffusion import RULES, DllmProgram, dllm_program
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
     check_dllm_arguments,
@@ -55,21 +58,24 @@ from integrations.vllm.fixes import DLLM_FIX_ORDER
 from integrations.vllm.manifest import VLLM_VERSION
 from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink_cli import (
+    RefusedByFlags,
     add_shrink_arguments,
     check_shrink_arguments,
     lifted,
+    one_line,
     report,
     shrink_target,
     traced_run,
 )
+from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.output import output_file, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's arguments: the program, the loop and rule, the budget, the pipeline stages,
     the program space and fixes of `scripts/vllm_dllm_check.py`, `--lifted-by`, `--trace` and
-    `--json`."""
-    parser = argparse.ArgumentParser(prog="scripts/vllm_dllm_shrink.py")
+    `--json`; a usage error is one line (`schedspec_cli.args.Parser`: `UsageError`)."""
+    parser = Parser(prog="scripts/vllm_dllm_shrink.py")
     add_shrink_arguments(parser, RULES, DLLM_FIX_ORDER)
     add_pipeline_argument(parser)
     add_dllm_arguments(parser)
@@ -80,8 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Shrink the program the arguments name; a usage error is one line on stderr and
+    `SystemExit(2)`, as argparse's own."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        return shrink_program(parser, parser.parse_args(argv))
+    except UsageError as err:
+        print(one_line(str(err)), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The script's run on parsed arguments (`main`): 0 nothing to shrink, 1 shrunk."""
     check_dllm_arguments(parser, args)
     check_shrink_arguments(args, parser)
     if args.loop == "sync" and args.pipeline_parallel > 1:
@@ -97,8 +113,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = stages if async_scheduling else 1
         return replace(drawn, serving=replace(drawn.serving, pipeline_parallel_size=p))
 
+    # the program as drawn from the space the flags choose, without the other options (its
+    # serving's settings, the pipeline stages, the fixes): does vLLM serve it at all?
+    as_drawn = dllm_program(args.seed, **space(args))
     start = time.perf_counter()
-    found = shrink_target(name, lambda a: run_dllm_named(served(a), a, names), args.loop, args.rule)
+    try:
+        found = shrink_target(
+            name,
+            lambda a: run_dllm_named(served(a), a, names),
+            args.loop,
+            args.rule,
+            plain=lambda a: run_dllm_named(as_drawn, a),
+        )
+    except RefusedByFlags as err:
+        parser.error(str(err))
     if found is None:
         return 0
     loop, first = found

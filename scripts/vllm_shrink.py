@@ -26,8 +26,11 @@ shrink keeps the finding FIX lifts, not another bug that breaks the same rule. `
 prints the smaller program's run, one line per submission, abort, `schedule()` call, applied
 output and connector event, up to the violation (`integrations.vllm.trace`).
 
-Exit 0 if the program breaks no rule in the loops run (or not `--rule`): nothing to shrink;
-1 with the smaller program printed; 2 for a usage error. Needs `schedspec install-engines vllm`.
+Exit 0 if the program breaks no rule in the loops run (or not `--rule`), or vLLM refuses it
+even without the options above (as drawn): nothing to shrink; 1 with the smaller program
+printed; 2, one line on stderr, for a usage error or for options with which vLLM refuses the
+program (it serves it without them, e.g. `--speculative-tokens 99999`). Needs `schedspec
+install-engines vllm`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.hash_seed import pin_hash_seed
-from integrations.vllm.engine_core import RULES, program_seed, run_loop
+from integrations.vllm.engine_core import RULES, LoopOptions, program_seed, run_loop
 from integrations.vllm.loop_arguments import (
     FIXES,
     GENERATORS,
@@ -60,20 +63,24 @@ from integrations.vllm.shrink import (
     shrink,
 )
 from integrations.vllm.shrink_cli import (
+    RefusedByFlags,
     add_shrink_arguments,
     check_shrink_arguments,
     lifted,
+    one_line,
     report,
     shrink_target,
     traced_run,
 )
+from schedspec_cli.args import Parser, UsageError
 from schedspec_cli.output import output_file, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's arguments: the program, the loop and rule, the budget, the loop options
-    of `scripts/vllm_async_check.py`, `--lifted-by`, `--trace` and `--json`."""
-    parser = argparse.ArgumentParser(prog="scripts/vllm_shrink.py")
+    of `scripts/vllm_async_check.py`, `--lifted-by`, `--trace` and `--json`; a usage error is
+    one line (`schedspec_cli.args.Parser`: `UsageError`)."""
+    parser = Parser(prog="scripts/vllm_shrink.py")
     add_shrink_arguments(parser, RULES, sorted(FIXES))
     add_pipeline_argument(parser)
     add_loop_arguments(parser)
@@ -84,17 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Shrink the program the arguments name; a usage error is one line on stderr and
+    `SystemExit(2)`, as argparse's own."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        return shrink_program(parser, parser.parse_args(argv))
+    except UsageError as err:
+        print(one_line(str(err)), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The script's run on parsed arguments (`main`): 0 nothing to shrink, 1 shrunk."""
     check_shrink_arguments(args, parser)
     options, names = loop_options(args, parser)
     program = GENERATORS[args.programs_from](args.seed)
     name = f"program {args.seed} ({args.programs_from}"
     name += f"; fix {' + '.join(names)})" if names else ")"
     start = time.perf_counter()
-    found = shrink_target(
-        name, lambda a: run_loop(program, async_scheduling=a, options=options), args.loop, args.rule
-    )
+    try:
+        found = shrink_target(
+            name,
+            lambda a: run_loop(program, async_scheduling=a, options=options),
+            args.loop,
+            args.rule,
+            # the program as drawn, without the options: does vLLM serve it at all?
+            plain=lambda a: run_loop(program, async_scheduling=a, options=LoopOptions()),
+        )
+    except RefusedByFlags as err:
+        parser.error(str(err))
     if found is None:
         return 0
     loop, first = found

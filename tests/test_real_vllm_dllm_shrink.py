@@ -125,8 +125,9 @@ def test_the_script_refuses_bad_arguments(
     with pytest.raises(SystemExit) as leaving:
         script.main(argv)
     assert leaving.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("scripts/vllm_dllm_shrink.py:"), last
+    err = capsys.readouterr().err
+    # one line, no usage block before it (tests/test_shrink_cli.py: every usage error)
+    assert err.count("\n") == 1 and err.startswith("scripts/vllm_dllm_shrink.py: error: "), err
 
 
 def test_a_trace_changes_no_verdict_and_says_the_run(capsys: pytest.CaptureFixture[str]) -> None:

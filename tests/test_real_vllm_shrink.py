@@ -108,7 +108,27 @@ def test_the_script_refuses_bad_arguments(
     with pytest.raises(SystemExit) as leaving:
         script.main(argv)
     assert leaving.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("scripts/vllm_shrink.py:")
+    err = capsys.readouterr().err
+    # one line, no usage block before it (tests/test_shrink_cli.py: every usage error)
+    assert err.count("\n") == 1 and err.startswith("scripts/vllm_shrink.py: error: "), err
+
+
+def test_flags_vllm_refuses_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--speculative-tokens 99999`: vLLM refuses program 0's configuration with it (an output
+    index past the adapter's token ids) and serves program 0 without it. The user's flags made
+    vLLM refuse: exit 2 and one line saying so, not "nothing to shrink" and exit 0 (found by a
+    review)."""
+    script = load_script("vllm_shrink")
+    with pytest.raises(SystemExit) as leaving:
+        script.main(["--seed", "0", "--speculative-tokens", "99999"])
+    assert leaving.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(
+        "scripts/vllm_shrink.py: error: vLLM refuses program 0 (random) with the flags given, "
+        "and serves it without them in the sync loop: invalid output index=4098: 0..4095"
+    ), err
+    assert "; valid: " in err, err
 
 
 def test_a_trace_changes_no_verdict_and_says_the_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,186 @@ def test_an_sglang_record_of_nothing_is_refused(
     assert reports.main(["--check"]) == 2
     err = capsys.readouterr().err.strip()
     assert "the SGLang records ['idle-round'] reproduce nothing" in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--check", "extra"], "unrecognized arguments: extra"),
+        (["--check=yes"], "argument --check: ignored explicit argument 'yes'"),
+    ],
+)
+def test_a_usage_error_is_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 with one line, as the script's own errors, no usage block (found by a review)."""
+    assert reports.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"scripts/upstream_reports.py: error: {said}\n", err
+
+
+def test_help_still_prints_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as leaving:
+        reports.main(["--help"])
+    assert leaving.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: scripts/upstream_reports.py")
+
+
+def _spoilt(record: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """`record` with `changes`."""
+    return {**record, **changes}
+
+
+def _options(record: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**record, "options": {**record["options"], **changes}}
+
+
+#: (record file, what is written there instead (text, or a function of the stored record),
+#: words the one-line error must hold)
+MALFORMED: list[tuple[str, Any, list[str]]] = [
+    ("vllm-spec-pad", '{"release": "0.33.0", "seed"', ["not valid JSON", "expected a JSON object"]),
+    ("vllm-spec-pad", "", ["not valid JSON"]),
+    ("vllm-spec-pad", "[]", ["an array, not an object", "scripts/vllm_shrink.py --json"]),
+    ("vllm-spec-pad", '"text"', ["a string, not an object"]),
+    ("vllm-spec-pad", "{}", ['no "release", "seed", "loop"', '"lifted_by"', "every field"]),
+    (
+        "vllm-spec-pad",
+        lambda r: _spoilt(r, program=None),
+        ['"program" is null', "expected the smaller program's source, a non-empty string"],
+    ),
+    (
+        "vllm-spec-pad",
+        lambda r: {k: v for k, v in r.items() if k != "lifted_by"},
+        ['no "lifted_by" field', "scripts/vllm_shrink.py --json --trace"],
+    ),
+    ("vllm-spec-pad", lambda r: _spoilt(r, seed="132"), ['"seed" is a string ("132")']),
+    ("vllm-spec-pad", lambda r: _spoilt(r, loop="both"), ['"loop" is', '"sync" or "async"']),
+    (
+        "vllm-spec-pad",
+        lambda r: _spoilt(r, size_after={"requests": 3}),
+        ['"size_after" is an object', '"requests", "aborts" and "tokens"'],
+    ),
+    ("vllm-spec-pad", lambda r: _spoilt(r, trace="a run"), ['"trace" is a string']),
+    (
+        "vllm-spec-pad",
+        lambda r: _spoilt(r, lifted_by="no-such-fix"),
+        ["\"lifted_by\" names 'no-such-fix'", "expected fixes among", "pad-what-fits"],
+    ),
+    (
+        "vllm-spec-pad",
+        lambda r: _spoilt(r, programs_from="nowhere"),
+        ['"programs_from" is a string ("nowhere")', "random"],
+    ),
+    (
+        "vllm-spec-pad",
+        lambda r: _options(r, speculative_tokenz=2),
+        ["\"options\" holds 'speculative_tokenz'", "no `LoopOptions` field"],
+    ),
+    (
+        "vllm-spec-pad",
+        lambda r: _options(r, encoder={"items": 2}),
+        ['"options" "encoder" is an object', "EncoderOptions"],
+    ),
+    (
+        "vllm-spec-pad",
+        lambda r: _spoilt(r, release="0.34.0"),
+        ["recorded on vLLM 0.34.0", "ONLY_IN_0_34"],
+    ),
+    (  # a field of the right name and kind holding a value of another: the report's guard
+        "vllm-offloading-window-part",
+        lambda r: _options(r, offload_blocks_per_chunk="3"),
+        ["a field of the wrong kind (TypeError:"],
+    ),
+    (
+        "vllm-dllm-model-len",
+        lambda r: _spoilt(r, space=["budget_binds"]),
+        ['"space" is an array', "budget_binds"],
+    ),
+    (
+        "vllm-dllm-model-len",
+        lambda r: _spoilt(r, path="autoregressive"),
+        ['"path" is a string ("autoregressive")', 'expected "diffusion"'],
+    ),
+    ("sglang-idle-round", '{"key": "idle-round",', ["not valid JSON"]),
+    ("sglang-idle-round", "[]", ["an array, not an object", "scripts/sglang_findings.py"]),
+    ("sglang-idle-round", "{}", ['no "key", "order"', "scripts/sglang_findings.py --record"]),
+    ("sglang-idle-round", lambda r: _spoilt(r, order="4"), ['"order" is a string ("4")']),
+    (
+        "sglang-idle-round",
+        lambda r: _spoilt(r, transcript="calls"),
+        ['"transcript" is a string', "a list of strings"],
+    ),
+    (
+        "sglang-idle-round",
+        lambda r: _spoilt(r, lifted_by=[["no-such-fix"]]),
+        ["\"lifted_by\" names 'no-such-fix'", "worst-case-estimate"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("stem", "written", "said"),
+    MALFORMED,
+    ids=[f"{stem}-{i}" for i, (stem, _, _) in enumerate(MALFORMED)],
+)
+def test_a_malformed_record_is_a_one_line_error_naming_it(
+    stem: str,
+    written: Any,
+    said: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A record cut short, not an object, without a field or with one of another kind: exit 2
+    and one line naming the file, what is wrong and what is expected, never a traceback (found
+    by a review: JSONDecodeError, TypeError, or a bare "lifted_by")."""
+    for path in reports.SHRUNK.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    target = tmp_path / f"{stem}.json"
+    if callable(written):
+        written = json.dumps(written(json.loads(target.read_text())))
+    target.write_text(written)
+    monkeypatch.setattr(reports, "SHRUNK", tmp_path)
+    monkeypatch.setattr(reports, "REPORTS", tmp_path / "upstream-reports.md")
+    for argv in (["--check"], []):
+        assert reports.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"scripts/upstream_reports.py: error: {target}: "), err
+        assert "expected" in err and all(words in err for words in said), err
+    assert not (tmp_path / "upstream-reports.md").exists()
+
+
+def test_a_record_that_cannot_be_read_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory named as a record, and a record that is not UTF-8 text."""
+    monkeypatch.setattr(reports, "SHRUNK", tmp_path)
+    (tmp_path / "vllm-spec-pad.json").mkdir()
+    assert reports.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'vllm-spec-pad.json'}: cannot be read" in err
+    (tmp_path / "vllm-spec-pad.json").rmdir()
+    (tmp_path / "sglang-idle-round.json").write_bytes(b"\xff\xfe{}")
+    assert reports.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sglang-idle-round.json: cannot be read" in err, err
+
+
+def test_a_record_under_the_checkout_is_named_from_its_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a user sees it: docs/shrunk/NAME.json, not the checkout's absolute path."""
+    shrunk = tmp_path / "docs" / "shrunk"
+    shrunk.mkdir(parents=True)
+    (shrunk / "vllm-spec-pad.json").write_text('{"release": ')
+    monkeypatch.setattr(reports, "ROOT", tmp_path)
+    monkeypatch.setattr(reports, "SHRUNK", shrunk)
+    assert reports.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "scripts/upstream_reports.py: error: docs/shrunk/vllm-spec-pad.json: not valid JSON "
+        "(Expecting value at line 1, column 13); expected a JSON object, a record as "
+        "scripts/vllm_shrink.py --json --trace writes it"
+    ), err

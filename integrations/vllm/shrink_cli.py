@@ -6,6 +6,12 @@ find the rule it breaks, shrink it, and print and record the result the same way
 `--lifted-by`, `--trace`; each script adds its `--json` itself, with the CLI's output check),
 `first_failure` finds the loop and rule to keep broken, `report` prints the shrunk program and
 its run and returns the JSON record both write.
+
+A configuration vLLM refuses is one of two things. When vLLM serves the program as drawn (its
+seed, from the space the flags choose) without the run's other flags, those flags made it refuse:
+`shrink_target` raises `RefusedByFlags`, which each script reports as a usage error (exit 2, one
+line). When vLLM refuses the program even without them, the program itself is refused (as the
+check scripts count it, neither passed nor failed): nothing to shrink, said, exit 0.
 """
 
 from __future__ import annotations
@@ -88,23 +94,67 @@ def first_failure(
     return None
 
 
+class RefusedByFlags(Exception):
+    """vLLM refuses a program with the flags given and serves it without them: an input error
+    (exit 2); the message is one line, for the script's `parser.error`."""
+
+
 def shrink_target(
-    name: str, run: Callable[[bool], object], loop: str | None, rule: str | None
+    name: str,
+    run: Callable[[bool], object],
+    loop: str | None,
+    rule: str | None,
+    plain: Callable[[bool], object],
 ) -> tuple[str, EngineCoreViolation] | None:
     """`first_failure`, said: the loop and violation to shrink, printed after `name` (the
     program); None, with the reason printed, when there is nothing to shrink (no rule broken,
-    or a configuration vLLM refuses)."""
+    or a program vLLM refuses as drawn). A configuration vLLM refuses in a loop in which it
+    serves the program without the flags (`plain(async_scheduling)`, breaking a rule or not)
+    raises `RefusedByFlags`."""
+    tried: list[bool] = []
+
+    def tracked(async_scheduling: bool) -> object:
+        tried.append(async_scheduling)
+        return run(async_scheduling)
+
     try:
-        found = first_failure(run, loop, rule)
+        found = first_failure(tracked, loop, rule)
     except ConfigError as err:
-        print(f"{name}: vLLM refuses its configuration: {err}")
-        return None
+        said = one_line(str(err))
+        mode = tried[-1] if tried else loop == "async"
+        if not _served(plain, mode):
+            print(f"{name}: vLLM refuses its configuration: {said}")
+            return None
+        where = "async" if mode else "sync"
+        raise RefusedByFlags(
+            f"vLLM refuses {name} with the flags given, and serves it without them in the "
+            f"{where} loop: {said}; valid: flags with which vLLM serves this program, or "
+            "another --seed"
+        ) from None
     if found is None:
         wanted = f" [{rule}]" if rule else " any rule"
         print(f"{name} breaks{wanted} in neither loop run: nothing to shrink")
         return None
     print(f"{name}: [{found[1].rule}] {found[1].detail}")
     return found
+
+
+def _served(plain: Callable[[bool], object], async_scheduling: bool) -> bool:
+    """Whether vLLM serves the program without the flags in that loop: it runs, or breaks a
+    rule, instead of refusing its configuration."""
+    try:
+        plain(async_scheduling)
+    except ConfigError:
+        return False
+    except EngineCoreViolation:
+        return True
+    return True
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and runs of blanks made single spaces (a usage error, or a
+    refusal vLLM words over lines, is said in one line)."""
+    return " ".join(text.split())
 
 
 def lifted(name: str, fails: Callable[[Any], object], program: Any, lifting: list[str]) -> bool:
@@ -167,10 +217,12 @@ def report(
 
 __all__ = [
     "SIZES",
+    "RefusedByFlags",
     "add_shrink_arguments",
     "check_shrink_arguments",
     "first_failure",
     "lifted",
+    "one_line",
     "report",
     "shrink_target",
     "sizes_text",
