@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_named, call_timeout_set
+from schedspec_cli.args import MAX_CALL_TIMEOUT_S, int_in
 from schedspec_cli.trace_input import open_trace
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
@@ -83,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="then replay the log's operations through this decision twin (as verify --twin) "
         "and fail (rule twin_decisions) where it decides otherwise; holds the log in memory",
     )
+    p.add_argument(
+        "--call-timeout",
+        type=int_in(0, MAX_CALL_TIMEOUT_S),
+        default=int(DEFAULT_CALL_TIMEOUT_S),
+        metavar="SECONDS",
+        help="with --twin: each of the twin's calls must return within this, or the twin is "
+        f"refused as one that hangs (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the verdict as JSON here")
 
 
@@ -98,13 +108,10 @@ class Header:
 
     @property
     def family(self) -> Family | None:
-        """The family the first line names: a header's (`ar_config` is AR, else its `family`,
-        default dllm), else the first event's kind's; None when it names none."""
+        """The family the first line names: a header's `family` (default dllm), else the
+        first event's kind's; None when it names none."""
         if self.data is None:
             return self.first_event
-        kind = str(self.data.get("kind", ""))
-        if kind == "ar_config":
-            return Family.AR
         return Family.parse(str(self.data.get("family", "dllm")))  # checked by read_header
 
 
@@ -156,7 +163,14 @@ def read_header(lines: Iterator[str], name: str) -> tuple[Header, list[str]]:
             data = parse_json(line)
         except json.JSONDecodeError as err:
             return Header(no, None, not_json=err.msg), head
-        if isinstance(data, dict) and str(data.get("kind", "")) in ("config", "ar_config"):
+        if isinstance(data, dict) and data.get("kind") == "ar_config":  # no such header
+            raise TraceLineError(
+                name,
+                no,
+                'a header\'s kind is "config" (an AR one: {"kind": "config", '
+                '"family": "ar", ...}), not "ar_config"',
+            )
+        if isinstance(data, dict) and str(data.get("kind", "")) == "config":
             from spec.trace import duplicate_key, duplicate_key_detail
 
             key = duplicate_key(line, data)  # read here, before the spec's reader sees it
@@ -188,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
     from spec.trace import TraceFormatError, writer_of
 
     check_output_path("--json", args.json, inputs=[("FILE", args.file), ("--config", args.config)])
-    with open_trace(args.file) as source:
+    with (
+        call_timeout_named("--call-timeout"),
+        call_timeout_set(args.call_timeout),
+        open_trace(args.file) as source,
+    ):
         lines = iter(source)
         header, head = read_header(lines, source.name)
         args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
@@ -208,10 +226,11 @@ def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterat
     wanted = Family.parse(args.family) if args.family else None
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
+        said = "its header line" if header.data is not None else "its first event's kind"
         raise ConfigError(
             "--family",
             wanted.value,
-            f"the trace's family, which its header line says is {header.family.value}: pass "
+            f"the trace's family, which {said} says is {header.family.value}: pass "
             f"--family {header.family.value} or drop it",
         )
     given: dict[str, Any] | None = None

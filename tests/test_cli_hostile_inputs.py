@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from properties.deadline import call_timeout_set
 from schedspec_cli.main import main
 from tests.script_module import load_script
 
@@ -79,12 +78,45 @@ def test_check_trace_with_a_twin_that_hangs_is_a_bad_twin_in_one_line(
     logs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _module(logs, monkeypatch, "spinning_twin_b", SPINNING_TWIN)
-    with call_timeout_set(1):
-        code = main(["check-trace", str(logs / "ar.jsonl"), "--twin", "spinning_twin_b:spin_twin"])
-    assert code == 2
+    argv = ["check-trace", str(logs / "ar.jsonl"), "--twin", "spinning_twin_b:spin_twin"]
+    assert main([*argv, "--call-timeout", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "invalid --twin='spinning_twin_b:spin_twin'" in err, err
     assert "a twin that returns (the decision twin did not return from its step" in err, err
+    assert "the deadline per call is --call-timeout" in err, err
+
+
+def test_a_header_of_a_kind_that_does_not_exist_is_named(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`{"kind": "ar_config", ...}` was taken for an AR header, then refused as no header at all
+    ("...or pass --config PATH", with --config passed)."""
+    lines = (logs / "ar.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["family"]
+    header["kind"] = "ar_config"
+    bad = logs / "ar_config.jsonl"
+    bad.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert main(["check-trace", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        ':1: a header\'s kind is "config" (an AR one: {"kind": "config", '
+        '"family": "ar", ...}), not "ar_config"'
+    ), err
+
+
+def test_a_family_against_a_log_without_a_header_names_what_told_it(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = (logs / "ar.jsonl").read_text().splitlines()
+    config = logs / "ar-config.json"
+    config.write_text(lines[0])
+    bare = logs / "ar-bare.jsonl"
+    bare.write_text("\n".join(lines[1:]) + "\n")
+    argv = ["check-trace", str(bare), "--config", str(config), "--family", "dllm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "which its first event's kind says is ar" in err and "header" not in err, err
 
 
 @pytest.mark.parametrize("flag", ["file", "--config"])
