@@ -32,7 +32,7 @@ from properties.decisions import DecisionTwin
 from properties.shrink_order import stable_shrink_order
 from spec.adapter import ImplementationFactory
 from spec.ar.adapter import ArImplementationFactory
-from spec.ar.profile import ArPolicy
+from spec.ar.profile import ArConfigSpace, ArPolicy
 from spec.errors import SpecViolation
 from spec.implementation import Family, Implementation
 from spec.profile import AcceptedDeviation, DllmProfile
@@ -125,11 +125,12 @@ class DllmTwin:
 class ArTwin:
     """An AR decision twin: another AR implementation (deterministic given the operations),
     checked against the spec under `policy` (None: the implementation's own policy, for a twin
-    that declares none)."""
+    that declares none); `space`: the configurations it declares it runs."""
 
     name: str
     factory: ArImplementationFactory
     policy: ArPolicy | None = None
+    space: ArConfigSpace | None = None  # the configurations it declares (None: none declared)
     family: ClassVar[Family] = Family.AR
 
 

@@ -35,6 +35,7 @@ from schedspec_cli.impls import ADAPTER_METHODS, Resolved, load_engine, resolve,
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
 from spec.ar.config import ArConfig
+from spec.ar.profile import ArProfile
 from spec.config import DllmConfig, Mode
 from spec.errors import ConfigError
 from spec.implementation import ArImplementation, Family, family_of_factory
@@ -60,6 +61,11 @@ def twin_for_targets(
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
         raise ConfigError("--twin", name, f"--impl targets of one family ({names})")
     twin = installed_twin(name, targets[0].family)
+    if isinstance(twin, ArTwin) and twin.space is not None:
+        for t in targets:
+            profile = t.implementation.profile
+            if isinstance(profile, ArProfile):
+                _refuse_uncovered(name, t.name, twin.space.uncovered(profile.space))
     if isinstance(twin, DllmTwin) and isinstance(twin.profile, DllmProfile):
         for t in targets:
             profile = t.implementation.profile
@@ -68,15 +74,19 @@ def twin_for_targets(
             drawn = dataclasses.replace(
                 profile.space, prefix_cache=drawn_prefix_cache(profile.space)
             )
-            gap = twin.profile.space.uncovered(drawn, modes)
-            if gap is not None:
-                raise ConfigError(
-                    "--twin",
-                    name,
-                    f"a twin that runs every configuration {t.name} is checked in "
-                    f"({name} declares no {gap})",
-                )
+            _refuse_uncovered(name, t.name, twin.profile.space.uncovered(drawn, modes))
     return twin
+
+
+def _refuse_uncovered(twin: str, target: str, gap: str | None) -> None:
+    """A twin whose declared space lacks `gap` of `target`'s is a bad `--twin`."""
+    if gap is not None:
+        raise ConfigError(
+            "--twin",
+            twin,
+            f"a twin that runs every configuration {target} is checked in ({twin} declares no "
+            f"{gap})",
+        )
 
 
 def installed_twin(name: str, family: Family) -> Twin:
@@ -128,7 +138,7 @@ def _ar_twin(name: str) -> ArTwin:
     _probe_ar(impl.factory, name)
     if resolved.builtin is None and not isinstance(load_object(name, "--twin"), ArImplementation):
         return ArTwin(name, impl.factory, None)  # a bare factory declares no policy of its own
-    return ArTwin(name, impl.factory, impl.profile.policy)
+    return ArTwin(name, impl.factory, impl.profile.policy, impl.profile.space)
 
 
 AR_TWIN = "an AR implementation (ArImplementation) or a factory (config, sink) -> AR adapter"

@@ -425,3 +425,51 @@ def test_a_pool_with_spare_tokens_is_named_when_too_small() -> None:
 )
 def test_strategies_draw_pools_with_the_spare_tokens(config: ArConfig) -> None:
     assert config.usable_blocks >= config.max_model_len + 1
+
+
+def test_an_ar_space_covers_another_only_where_it_runs_all_of_its_configurations() -> None:
+    """`ArConfigSpace.uncovered` names the first kind of configuration the other space allows
+    and this one refuses (a decision twin must run every configuration of what it checks)."""
+    from spec.ar.profile import CacheReadLimits
+
+    anything = ArConfigSpace()
+    assert anything.uncovered(anything) is None
+    fcfs = ArConfigSpace(policies=frozenset({Policy.FCFS}))
+    assert anything.uncovered(fcfs) is None
+    gap = fcfs.uncovered(anything)
+    assert gap is not None and gap.startswith("policy={aging"), gap
+    cases = [
+        (ArConfigSpace(block_sizes=frozenset({2})), anything, "block_size=any (this space: {2})"),
+        (
+            ArConfigSpace(prefix_caching=frozenset({False})),
+            anything,
+            "enable_prefix_caching={True}",
+        ),
+        (
+            ArConfigSpace(long_prefill_threshold=False),
+            anything,
+            "long_prefill_token_threshold other than 0",
+        ),
+        (
+            ArConfigSpace(pool_holds_max_model_len=True, pool_spare_tokens=1),
+            ArConfigSpace(pool_holds_max_model_len=True),
+            "pools that do not hold one max_model_len request and 1 spare tokens",
+        ),
+        (
+            ArConfigSpace(cache_read_limits=CacheReadLimits.SKIP),
+            ArConfigSpace(cache_read_limits=CacheReadLimits.BOUNDED),
+            "cache read limits bounded (this space: skip)",
+        ),
+        (
+            ArConfigSpace(cache_read_limits=CacheReadLimits.BOUNDED),
+            ArConfigSpace(cache_read_limits=CacheReadLimits.SKIP),
+            None,
+        ),
+        (
+            ArConfigSpace(stages=frozenset({1})),
+            ArConfigSpace(stages=None),
+            "num_stages=any (this space: {1})",
+        ),
+    ]
+    for twin, checked, said in cases:
+        assert twin.uncovered(checked) == said, (twin, checked, twin.uncovered(checked))

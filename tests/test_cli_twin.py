@@ -184,3 +184,14 @@ def test_mode_draws_inside_the_implementations_declared_space(
     failed every example as outside its profile (a review's finding)."""
     argv = ["verify", "--impl", "reference-dllm-cached", "--examples", "20", "--mode", "fdfo"]
     assert main(argv) == 0, capsys.readouterr()
+
+
+def test_an_ar_twin_that_does_not_run_the_implementations_policies_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Vidur's vLLM is FCFS only; the vLLM v1 re-implementation draws every policy: every
+    example the twin refused ('the twin then stopped: ConfigError: invalid policy=...') failed
+    as a difference (a review's finding, in its dLLM form)."""
+    assert main(["verify", "--impl", "vllm-v1", "--twin", "vidur-vllm", "--examples", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vidur-vllm declares no policy={aging, fair" in err, err

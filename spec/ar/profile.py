@@ -128,6 +128,45 @@ class ArConfigSpace:
             return ("num_stages", config.num_stages, _names(map(str, self.stages)))
         return None
 
+    def uncovered(self, other: ArConfigSpace) -> str | None:
+        """The first kind of configuration `other` allows and this space does not, in words
+        (`policy={aging}`, `enable_prefix_caching={True}`); None when every configuration of
+        `other` is inside this space. A decision twin must run every configuration of the
+        implementation it checks: one whose space does not cover it fails examples that say
+        nothing of the implementation."""
+        if not other.policies <= self.policies:
+            return f"policy={_names(p.value for p in other.policies - self.policies)}"
+        for name, allowed, wanted in (
+            ("block_size", self.block_sizes, other.block_sizes),
+            ("num_stages", self.stages, other.stages),
+        ):
+            if allowed is not None and (wanted is None or not wanted <= allowed):
+                theirs = "any" if wanted is None else _names(map(str, wanted - allowed))
+                return f"{name}={theirs} (this space: {_names(map(str, allowed))})"
+        for name, mine, theirs_set in (
+            ("enable_chunked_prefill", self.chunked_prefill, other.chunked_prefill),
+            ("reserve_null_block", self.null_block, other.null_block),
+            ("enable_prefix_caching", self.prefix_caching, other.prefix_caching),
+        ):
+            if not theirs_set <= mine:
+                return f"{name}={_names(map(str, theirs_set - mine))}"
+        if other.long_prefill_threshold and not self.long_prefill_threshold:
+            return "long_prefill_token_threshold other than 0"
+        if self.pool_holds_max_model_len and (
+            not other.pool_holds_max_model_len or other.pool_spare_tokens < self.pool_spare_tokens
+        ):
+            spare = f" and {self.pool_spare_tokens} spare tokens" if self.pool_spare_tokens else ""
+            return f"pools that do not hold one max_model_len request{spare}"
+        levels = list(CacheReadLimits)
+        if True in other.prefix_caching and levels.index(other.cache_read_limits) > levels.index(
+            self.cache_read_limits
+        ):
+            return (
+                f"cache read limits {other.cache_read_limits.value} (this space: "
+                f"{self.cache_read_limits.value})"
+            )
+        return None
+
     def pool_blocks_needed(self, config: ArConfig) -> int:
         """The usable blocks `config`'s pool must have: one max_model_len request and the
         spare tokens under `pool_holds_max_model_len`, else none."""
