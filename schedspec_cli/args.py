@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from properties.deadline import DEFAULT_CALL_TIMEOUT_S
 from spec.errors import ConfigError
 
 # bounds that keep a command finite on a laptop; a larger value is an input error, not a hang
@@ -22,6 +23,32 @@ MAX_SEED = 2**64 - 1  # Hypothesis takes any integer; 64 bits is what a CI passe
 
 class UsageError(Exception):
     """A command-line usage error: the message is one line, the exit status 2."""
+
+
+def add_call_timeout(p: argparse.ArgumentParser, what: str) -> None:
+    """`--call-timeout SECONDS` on `p`: the deadline per call (`properties.deadline`), `what`
+    saying which calls it bounds and what a hang then is."""
+    p.add_argument(
+        "--call-timeout",
+        type=int_in(0, MAX_CALL_TIMEOUT_S),
+        default=int(DEFAULT_CALL_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"{what} (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
+    )
+
+
+def run_script(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """A script's `main`: `run` on `parser`'s parse of `argv`; a usage error (`UsageError`, from
+    a `Parser`) is one line on stderr and `SystemExit(2)`, as argparse's own."""
+    try:
+        return run(parser.parse_args(argv))
+    except UsageError as err:
+        print(" ".join(str(err).split()), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class Parser(argparse.ArgumentParser):
@@ -100,10 +127,12 @@ __all__ = [
     "MAX_EXAMPLES",
     "Parser",
     "UsageError",
+    "add_call_timeout",
     "flag_of",
     "given_dests",
     "int_in",
     "non_empty_text",
     "positive",
     "refuse_ignored",
+    "run_script",
 ]

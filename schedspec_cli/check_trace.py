@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from properties.deadline import DEFAULT_CALL_TIMEOUT_S, call_timeout_named, call_timeout_set
-from schedspec_cli.args import MAX_CALL_TIMEOUT_S, int_in
+from properties.deadline import call_timeout_named, call_timeout_set
+from schedspec_cli.args import add_call_timeout
 from schedspec_cli.trace_input import open_trace
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import Family
@@ -85,13 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="then replay the log's operations through this decision twin (as verify --twin) "
         "and fail (rule twin_decisions) where it decides otherwise; holds the log in memory",
     )
-    p.add_argument(
-        "--call-timeout",
-        type=int_in(0, MAX_CALL_TIMEOUT_S),
-        default=int(DEFAULT_CALL_TIMEOUT_S),
-        metavar="SECONDS",
-        help="with --twin: each of the twin's calls must return within this, or the twin is "
-        f"refused as one that hangs (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
+    add_call_timeout(
+        p,
+        "with --twin: each of the twin's calls must return within this, or the twin is "
+        "refused as one that hangs",
     )
     p.add_argument("--json", metavar="PATH", help="write the verdict as JSON here")
 

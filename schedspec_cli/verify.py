@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from properties.campaign import parse_accept_file
-from properties.deadline import DEFAULT_CALL_TIMEOUT_S, CallDeadlineExceeded, call_timeout_set
+from properties.deadline import CallDeadlineExceeded, call_timeout_set
 from properties.raised import describe_raised
 from properties.verify import DllmTwin, Failure, Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import (
-    MAX_CALL_TIMEOUT_S,
     MAX_EXAMPLES,
     MAX_SEED,
+    add_call_timeout,
     int_in,
     positive,
     refuse_ignored,
@@ -126,14 +126,10 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         help="accepted deviations, reported as accepted instead of failed: 'rule: reason' per "
         'line, or JSON [{"rule": ..., "reason": ...}]',
     )
-    v.add_argument(
-        "--call-timeout",
-        type=int_in(0, MAX_CALL_TIMEOUT_S),
-        default=int(DEFAULT_CALL_TIMEOUT_S),
-        metavar="SECONDS",
-        help="each call into an implementation (submit, abort, a round or step, drain, "
-        "snapshot) must return within this; one that does not is a hang, a violation of "
-        f"[progress] (default {int(DEFAULT_CALL_TIMEOUT_S)}; 0: no limit)",
+    add_call_timeout(
+        v,
+        "each call into an implementation (submit, abort, a round or step, drain, snapshot) "
+        "must return within this; one that does not is a hang, a violation of [progress]",
     )
     v.add_argument(
         "--threads",

@@ -67,12 +67,11 @@ from integrations.vllm.shrink_cli import (
     add_shrink_arguments,
     check_shrink_arguments,
     lifted,
-    one_line,
     report,
     shrink_target,
     traced_run,
 )
-from schedspec_cli.args import Parser, UsageError
+from schedspec_cli.args import Parser, run_script
 from schedspec_cli.output import output_file, write_json
 
 
@@ -94,11 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Shrink the program the arguments name; a usage error is one line on stderr and
     `SystemExit(2)`, as argparse's own."""
     parser = build_parser()
-    try:
-        return shrink_program(parser, parser.parse_args(argv))
-    except UsageError as err:
-        print(one_line(str(err)), file=sys.stderr)
-        raise SystemExit(2) from None
+    return run_script(parser, lambda args: shrink_program(parser, args), argv)
 
 
 def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -1339,13 +1339,9 @@ def test_parity_impl_runs_sglang_in_the_modes_it_declares(
     assert {"date", "commit", "versions"} <= set(report["run"])
 
 
-def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_set_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A maintainer's change that reads a new Scheduler attribute (set by the server's
-    `__init__`, which the adapter does not run) names the attribute and where the adapter
-    builds the Scheduler, instead of reading as an SGLang bug (`AttributeError: 'Scheduler'
-    object has no attribute ...` from SGLang's own code)."""
+def _reading_a_new_knob(monkeypatch: pytest.MonkeyPatch) -> SglangDllmAdapter:
+    """An adapter whose SGLang `Scheduler` class now reads `dllm_max_staging`, an attribute the
+    adapter's `build` does not set (for the test's duration), as a maintainer's change might."""
     adapter = REAL_SGLANG_DLLM.factory(_config(), lambda event: None)
     scheduler_cls = type(adapter.engine.scheduler)  # type: ignore[attr-defined]
     released = scheduler_cls.get_next_batch_to_run
@@ -1356,6 +1352,18 @@ def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_se
         return released(self, *args)
 
     monkeypatch.setattr(scheduler_cls, "get_next_batch_to_run", reads_a_new_knob)
+    assert isinstance(adapter, SglangDllmAdapter)
+    return adapter
+
+
+def test_a_change_reading_an_attribute_the_adapter_does_not_set_says_where_to_set_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A maintainer's change that reads a new Scheduler attribute (set by the server's
+    `__init__`, which the adapter does not run) names the attribute and where the adapter
+    builds the Scheduler, instead of reading as an SGLang bug (`AttributeError: 'Scheduler'
+    object has no attribute ...` from SGLang's own code)."""
+    adapter = _reading_a_new_knob(monkeypatch)
     adapter.submit(RequestSpec("r0", (1, 2, 3), 4))
     with pytest.raises(AttributeNotBuilt) as caught:
         adapter.run_round()
@@ -1372,16 +1380,7 @@ def test_verify_refuses_a_change_the_adapter_cannot_drive_in_one_line(
     with a "no known finding" verdict (a review found it so)."""
     from schedspec_cli.main import main
 
-    adapter = REAL_SGLANG_DLLM.factory(_config(), lambda event: None)
-    scheduler_cls = type(adapter.engine.scheduler)  # type: ignore[attr-defined]
-    released = scheduler_cls.get_next_batch_to_run
-
-    def reads_a_new_knob(self: Any, *args: Any) -> Any:
-        if self.dllm_max_staging < 0:
-            return None
-        return released(self, *args)
-
-    monkeypatch.setattr(scheduler_cls, "get_next_batch_to_run", reads_a_new_knob)
+    _reading_a_new_knob(monkeypatch)
     assert main(["verify", "--impl", "real-sglang-dllm", "--examples", "5"]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()[-1]

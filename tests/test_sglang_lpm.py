@@ -20,7 +20,6 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -35,7 +34,7 @@ from integrations.sglang.event_log import FREE_ORDER_POLICIES, declared_policy
 from properties.trace_check import check_trace
 from properties.verify import verify_implementation
 from schedspec_cli.impls import resolve
-from spec.adapter import EventSink
+from spec.adapter import EventSink, ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, SpecViolation
 from spec.events import Admitted, CacheHit, Event, Submitted
@@ -133,41 +132,13 @@ def test_the_engine_refuses_a_policy_sglang_would_refuse() -> None:
         build(ONE_SEAT, {}, schedule_policy="priority")
 
 
-def test_lpm_passes_the_dllm_suite_with_the_radix_cache_on() -> None:
-    """Under its profile SGLang with lpm passes 40 derandomized examples of the dLLM suite with
-    prompts sharing stems, snapshots comparing the tree with the spec's cache every round; in
-    them lpm admits requests ahead of earlier arrivals, and requests read cached blocks."""
-    seen: Counter[str] = Counter()
+def _counting(
+    factory: ImplementationFactory, seen: Counter[str], caches: set[bool]
+) -> ImplementationFactory:
+    """`factory`, counting in `seen` each admission that passed an earlier arrival still queued
+    and each cache hit, and adding each configuration's `prefix_cache` to `caches`."""
 
-    def counting(config: DllmConfig, sink: EventSink) -> Any:
-        queued: list[str] = []
-
-        def counted(event: Event) -> None:
-            if isinstance(event, Submitted):
-                queued.append(event.request_id)
-            elif isinstance(event, Admitted):
-                seen["passed an earlier arrival"] += queued.index(event.request_id) > 0
-                queued.remove(event.request_id)
-            elif isinstance(event, CacheHit):
-                seen["cache_hit"] += 1
-            sink(event)
-
-        return REAL_SGLANG_DLLM_LPM.factory(config, counted)
-
-    _run_suite(radix_cache_machine(counting, "Lpm", SGLANG_DLLM_FREE_ORDER_PROFILE), examples=40)
-    assert seen["passed an earlier arrival"] > 0 and seen["cache_hit"] > 0, seen
-
-
-def test_the_built_in_verify_runs_reorders_by_cached_prefix() -> None:
-    """`verify --impl real-sglang-dllm-lpm` as the command runs it (the built-in resolved by
-    name, the suite drawing in its space): every example runs the radix cache, lpm seats a
-    request ahead of an earlier arrival, requests read cached blocks, and it passes."""
-    implementation = resolve("real-sglang-dllm-lpm", None).implementation
-    assert isinstance(implementation, DllmImplementation)
-    caches: set[bool] = set()
-    seen: Counter[str] = Counter()
-
-    def counting(config: DllmConfig, sink: EventSink) -> Any:
+    def counting(config: DllmConfig, sink: EventSink) -> SchedulerAdapter:
         caches.add(config.prefix_cache)
         queued: list[str] = []
 
@@ -181,8 +152,30 @@ def test_the_built_in_verify_runs_reorders_by_cached_prefix() -> None:
                 seen["cache_hit"] += 1
             sink(event)
 
-        return implementation.factory(config, counted)
+        return factory(config, counted)
 
+    return counting
+
+
+def test_lpm_passes_the_dllm_suite_with_the_radix_cache_on() -> None:
+    """Under its profile SGLang with lpm passes 40 derandomized examples of the dLLM suite with
+    prompts sharing stems, snapshots comparing the tree with the spec's cache every round; in
+    them lpm admits requests ahead of earlier arrivals, and requests read cached blocks."""
+    seen: Counter[str] = Counter()
+    counting = _counting(REAL_SGLANG_DLLM_LPM.factory, seen, set())
+    _run_suite(radix_cache_machine(counting, "Lpm", SGLANG_DLLM_FREE_ORDER_PROFILE), examples=40)
+    assert seen["passed an earlier arrival"] > 0 and seen["cache_hit"] > 0, seen
+
+
+def test_the_built_in_verify_runs_reorders_by_cached_prefix() -> None:
+    """`verify --impl real-sglang-dllm-lpm` as the command runs it (the built-in resolved by
+    name, the suite drawing in its space): every example runs the radix cache, lpm seats a
+    request ahead of an earlier arrival, requests read cached blocks, and it passes."""
+    implementation = resolve("real-sglang-dllm-lpm", None).implementation
+    assert isinstance(implementation, DllmImplementation)
+    caches: set[bool] = set()
+    seen: Counter[str] = Counter()
+    counting = _counting(implementation.factory, seen, caches)
     result = verify_implementation(
         "real-sglang-dllm-lpm",
         DllmImplementation(counting, implementation.profile, "counted"),
