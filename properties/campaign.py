@@ -101,7 +101,9 @@ def run_campaign(
         honoured).
     Raises nothing for a violation: failures are in the result. Errors that are not rule
     violations are recorded under their type name and end the campaign; an error of a type in
-    `fatal` (the run cannot mean anything, e.g. the factory returns no adapter) is re-raised.
+    `fatal` (e.g. the factory returns no adapter, the adapter cannot drive it) is re-raised
+    when nothing was found before it, else it ends the campaign (`stopped` says why) and the
+    failures found stand.
     """
     reasons: dict[str, tuple[str, str]] = {}
     for deviation, source in accepted:
@@ -123,20 +125,25 @@ def run_campaign(
         for rule, n in run_hits.items():
             hits[str(rule)] = hits.get(str(rule), 0) + n
         if isinstance(err, fatal):
-            raise err
+            if not result.failures:
+                raise err
+            # what was found before it stands: reported, with why the run stopped
+            result.stopped = f"it could not be driven further: {err}"
+            break
         if err is None:
             result.stopped = "passed" if not result.failures else "no further rule violated"
+            break
+        if isinstance(err, TwinHung):  # the twin's fault, not the implementation's: no failure
+            if not result.failures:
+                raise err
+            result.stopped = f"it could not be checked further: {err}"
             break
         failure = failure_from(err, printed)
         if isinstance(err, CallDeadlineExceeded):  # even an accepted `progress`: it cannot go on
             result.failures.append(failure)
             if on_failure is not None:
                 on_failure(failure)
-            result.stopped = (
-                "the decision twin hung; the run cannot go on"
-                if isinstance(err, TwinHung)
-                else "the implementation hung; it cannot be driven any further"
-            )
+            result.stopped = "the implementation hung; it cannot be driven any further"
             break
         found = _rule_of(err)
         if found is not None and found in ignored:

@@ -32,6 +32,7 @@ from properties.harness import Harness
 from properties.workload import Abort, Op, Round, Submit, apply_ops
 from spec.adapter import ImplementationFactory, SchedulerAdapter
 from spec.config import DllmConfig, RequestSpec
+from spec.errors import CannotDrive, ConfigError
 from spec.events import Aborted, Admitted, ControlReturned, Event, Forward, Submitted
 from spec.profile import DllmProfile
 
@@ -146,7 +147,9 @@ def twin_difference(
     compared only up to its last complete round, its last `ControlReturned`), decide exactly
     as `events` did; else the first difference in one line, calling `events`' author
     `subject`. A twin that raises (a replayed record that runs out, a violation of its
-    own) is reported with the first difference up to that point, which caused it.
+    own) is reported with the first difference up to that point, which caused it; one that
+    refuses the configuration is `CannotDrive` (no check, no finding); a call of its that
+    hangs (each is under the call deadline) is `TwinHung`.
 
     `checked=False` drives the twin bare, its events unchecked: for a long recorded log that
     was itself checked, where the harness's per-round comparisons with the whole abstract
@@ -154,11 +157,12 @@ def twin_difference(
     `aborts_after_commit` is then read (whether the twin aborts inside a round: `operations`)."""
     if not drain:  # a round the log cut short is not compared: the twin would finish it
         events = events[: _after_last_round(events)]
-    factory = twin(events, config)
     in_round = profile.policy.aborts_after_commit  # can the twin abort inside a round?
     stopped = ""
     twin_events: list[Event] = []
     try:
+        with call_deadline("being given the run"):
+            factory = twin(events, config)
         if checked:
             # no golden check of the twin: its outputs replay the run's own steps, and a block
             # the run read from a prefix cache has none to decode it alone with
@@ -175,6 +179,11 @@ def twin_difference(
             _run_bare(
                 factory, config, operations(events, aborts_in_round=in_round), drain, twin_events
             )
+    except ConfigError as err:  # a configuration the twin does not run: no check, no finding
+        raise CannotDrive(
+            f"the decision twin refuses the configuration it was given ({err}): name a twin that "
+            "runs every configuration the implementation is checked in"
+        ) from None
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
     except CallDeadlineExceeded as hang:  # a twin that hangs must not hang the run

@@ -96,8 +96,12 @@ class ReplayHarness(Generic[M]):
         try:
             with call_deadline(what):
                 return operation(*args)
-        except (SpecViolation, HypothesisException, CannotDrive):
-            raise  # a violation, Hypothesis's own, or the adapter's limit (no rule broken)
+        except (SpecViolation, HypothesisException):
+            raise
+        except CannotDrive as err:  # the adapter's limit, unless a rule was broken before it
+            if self.violation is not None and self.violation is not before:
+                raise self.violation from err
+            raise
         except SchedulerStalled as err:
             if self.violation is not None and self.violation is not before:
                 raise self.violation from err
@@ -206,6 +210,8 @@ def build_for_replay(make: Callable[[], T]) -> T | SpecViolation:
         return SpecViolation("progress", str(hang))
     except SpecViolation as violation:
         return violation
+    except CannotDrive:
+        raise  # the adapter's limit, as the conformance machine lets it through
     except Exception as err:
         what = f"building the implementation raised {describe_raised(err)}"
         return SpecViolation("implementation_error", what)

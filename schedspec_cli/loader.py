@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from properties.deadline import CallDeadlineExceeded, call_deadline
+from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
 from properties.raised import describe_raised
 from spec.errors import ConfigError, SchedSpecError
 
@@ -99,6 +99,11 @@ def _engines_imported_by(module_name: str) -> list[str]:
     return found
 
 
+#: How long importing a module `--impl` or `--twin` names may take (a torch or an engine import
+#: takes seconds on a slow machine; one that never returns is refused past this).
+IMPORT_TIMEOUT_S = 300.0
+
+
 def _import_with_engines(module_name: str, engines: list[str]) -> ModuleType:
     """Load each of `engines` (its install first on the path, its modules imported), then
     import `module_name` with their import-time placeholders in place."""
@@ -108,9 +113,10 @@ def _import_with_engines(module_name: str, engines: list[str]) -> ModuleType:
             _cast_call(_load_attribute(loader))()
             if importing is not None:
                 stack.enter_context(_cast_call(_load_attribute(importing))())
-        # the user's own import, the engines loaded: under the call deadline, as building the
-        # implementation is (an import that never returns would hang every command)
-        with call_deadline(f"importing {module_name}"):
+        # the user's own import, the engines loaded: under a deadline of its own (an import that
+        # never returns would hang every command; one of torch takes seconds, past a short
+        # --call-timeout)
+        with call_timeout_set(IMPORT_TIMEOUT_S), call_deadline(f"importing {module_name}"):
             return importlib.import_module(module_name)
 
 

@@ -22,6 +22,7 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 
 from properties.deadline import call_timeout_named
@@ -244,8 +245,15 @@ def escape_unprintable_output() -> None:
 def entry() -> None:
     """The `schedspec` console script: `main`, then exit with its status even where the
     implementation left threads of its own running (an engine's workers), which the
-    interpreter would otherwise wait for after the verdict, for ever."""
-    code = main()
+    interpreter would otherwise wait for after the verdict, for ever (after a traceback too:
+    a bug of ours must not hang the command either)."""
+    try:
+        code = main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    except BaseException:  # a traceback is a bug; it is printed, and the command still ends
+        traceback.print_exc()
+        code = 1
     lingering = [
         t
         for t in threading.enumerate()

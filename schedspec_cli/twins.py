@@ -28,6 +28,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from properties.deadline import CallDeadlineExceeded, TwinHung, call_deadline
 from properties.decisions import DecisionTwin
 from properties.strategies import drawn_prefix_cache
 from properties.verify import ArTwin, DllmTwin, Twin
@@ -164,7 +165,12 @@ def _probe_ar(factory: Any, target: str) -> None:
     """Build the twin once for the default configuration: a factory of the other family (it
     too takes two arguments) fails here, in one line, instead of failing every example."""
     try:
-        adapter = factory(ArConfig(), lambda e: None)
+        with call_deadline("being built"):
+            adapter = factory(ArConfig(), lambda e: None)
+    except CallDeadlineExceeded as hang:
+        raise ConfigError(
+            "--twin", target, f"a twin that returns ({TwinHung(hang.what, hang.seconds)})"
+        ) from None
     except ConfigError:
         return  # a configuration it does not support: the examples it does support will run
     except Exception as err:  # whatever a wrong object raises, it is an input error
@@ -203,7 +209,12 @@ def _probe(twin: DecisionTwin, target: str, what: str) -> None:
     """Call the twin once for an empty run: an implementation factory named by mistake fails
     here, in one line, instead of failing every example."""
     try:
-        factory: object = twin((), DllmConfig())
+        with call_deadline("being given an empty run"):
+            factory: object = twin((), DllmConfig())
+    except CallDeadlineExceeded as hang:
+        raise ConfigError(
+            "--twin", target, f"a twin that returns ({TwinHung(hang.what, hang.seconds)})"
+        ) from None
     except Exception as err:  # whatever a wrong object raises, it is an input error
         raise ConfigError(
             "--twin", target, f"{what} (calling it raised {type(err).__name__}: {err})"

@@ -8,15 +8,16 @@ implementation loaded and its family known), so a typo fails in a second, not af
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from properties.campaign import parse_accept_file
-from properties.deadline import CallDeadlineExceeded, call_timeout_set
+from properties.deadline import CallDeadlineExceeded, TwinHung, call_timeout_set
 from properties.raised import describe_raised
 from properties.verify import DllmTwin, Failure, Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
         # an engine's own prints (SGLang's radix tree when out of memory) stay off the table
-        with implementation_stdout_to_stderr():
+        with implementation_stdout_to_stderr(), _twin_returns(args.twin):
             res = verify_implementation(
                 t.name,
                 t.implementation,
@@ -349,11 +350,28 @@ def run(args: argparse.Namespace) -> int:
             print(f.program)
             if trial is not None:
                 print("--- known fixes ---\n" + "\n".join(trial.lines()))
+        if r.stopped.startswith(STOPPED_SHORT):
+            print(f"\n{r.impl}: {r.stopped}")
     payload = to_json(results, engines)
     write_json(args.json, payload)
     if args.report:
         write_report(Path(args.report), results, payload)
     return 0 if all(r.passed for r in results) else 1
+
+
+#: How a campaign says it stopped short of its examples for a reason that is no failure (the
+#: adapter could not drive the implementation further, the twin hung), after failures found.
+STOPPED_SHORT = ("it could not be driven further", "it could not be checked further")
+
+
+@contextlib.contextmanager
+def _twin_returns(twin: str | None) -> Iterator[None]:
+    """A decision twin that hangs before anything was found is a bad `--twin` (exit 2, one
+    line), as `check-trace` says it: not a failure of the implementation's."""
+    try:
+        yield
+    except TwinHung as hang:
+        raise ConfigError("--twin", twin, f"a twin that returns ({hang})") from None
 
 
 #: The fields of a dLLM policy that decide whom a round admits and in which order: a twin that
@@ -364,6 +382,7 @@ DECISION_FIELDS = (
     "longest_output_first",
     "free_queue_order",
     "work_conserving",
+    "rows_released_between_rounds",
 )
 
 

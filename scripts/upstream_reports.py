@@ -916,6 +916,16 @@ def render() -> str:
     records = {stem: vllm_record(path) for stem, path in paths.items()}
     sglang_paths = {path: sglang_record(path) for path in sorted(SHRUNK.glob("sglang-*.json"))}
     sglang = sorted(sglang_paths.values(), key=lambda r: int(r["order"]))
+    for field in ("key", "order"):  # two records of one finding would give one report twice
+        seen: dict[object, Path] = {}
+        for path, r in sglang_paths.items():
+            if r[field] in seen:
+                raise BadRecord(
+                    f"{_shown(path)}: its {field} {r[field]!r} is also {_shown(seen[r[field]])}'s; "
+                    "expected one record per SGLang finding (remove the stray one, or rerun "
+                    "scripts/sglang_findings.py --record)"
+                )
+            seen[r[field]] = path
     where = {r["key"]: path for path, r in sglang_paths.items()}
     empty = sorted(r["key"] for r in sglang if r.get("rule") is None or not r.get("message"))
     if empty:

@@ -113,8 +113,9 @@ class CannotDrive(SchedSpecError):
     """The adapter cannot drive the implementation as it stands: a limit of the adapter, not a
     rule the implementation broke (a change to an engine that reads state the adapter does not
     build, say). The message says what is missing and where the adapter would provide it. A
-    harness lets it through instead of reporting `implementation_error`, and `schedspec
-    verify` refuses the run with it (exit 2): no example could say anything of the engine."""
+    harness lets it through instead of reporting `implementation_error` (a rule broken in the
+    same call still wins), and `schedspec verify` stops there: with nothing found before it,
+    the run is refused with it (exit 2); failures found before it stand (exit 1)."""
 
 
 class SpecViolation(SchedSpecError, AssertionError):

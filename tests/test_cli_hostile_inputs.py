@@ -56,22 +56,69 @@ SPINNING_TWIN = """
 """
 
 
-def test_a_twin_that_hangs_fails_progress_naming_the_twin_and_stops(
+def test_a_twin_that_hangs_is_a_bad_twin_in_one_line_not_a_failure_of_the_implementation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Its calls run under the implementation's deadline (they ran under none: the run hung,
-    `--call-timeout` notwithstanding), and the run stops at once instead of waiting it out
-    again for every shrinking attempt."""
+    `--call-timeout` notwithstanding); the run stops at once (no shrinking that waits it out
+    again), and the hang is the twin's: exit 2, as `check-trace` says it (a review found it
+    first charged to the implementation as `[progress]`)."""
     _module(tmp_path, monkeypatch, "spinning_twin_a", SPINNING_TWIN)
     argv = ["verify", "--impl", "vllm-v1", "--twin", "spinning_twin_a:spin_twin"]
-    out = tmp_path / "v.json"
-    assert main([*argv, "--examples", "5", "--call-timeout", "1", "--json", str(out)]) == 1
-    (failure,) = json.loads(out.read_text())["failures"]
-    assert failure["rule"] == "progress", failure
-    said = failure["message"]
-    assert said.startswith("the decision twin did not return from its step within 1 s"), said
-    assert "the twin's own hang, not the implementation's" in said, said
-    capsys.readouterr()
+    assert main([*argv, "--examples", "5", "--call-timeout", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "invalid --twin='spinning_twin_a:spin_twin'" in err, err
+    assert "the decision twin did not return from its step within 1 s" in err, err
+
+
+HANGING_TWINS = """
+    import time
+
+    from reference.dllm import REFERENCE_TWIN
+
+
+    def hang_given_a_run(events, config):
+        if events:  # the probe's empty run returns
+            while True:
+                time.sleep(0.05)
+        return REFERENCE_TWIN(events, config)
+
+
+    def hang_at_once(events, config):
+        while True:
+            time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    ("twin", "said"),
+    [("hang_given_a_run", "being given the run"), ("hang_at_once", "being given an empty run")],
+)
+def test_a_twin_that_hangs_in_its_first_call_is_a_bad_twin(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    twin: str,
+    said: str,
+) -> None:
+    """The twin's outer call (given the run's events) and the probe before any run were
+    outside every deadline: the command hung (a second review's finding)."""
+    _module(tmp_path, monkeypatch, "hanging_twins_mod", HANGING_TWINS)
+    argv = ["verify", "--impl", "reference-dllm", "--twin", f"hanging_twins_mod:{twin}"]
+    assert main([*argv, "--examples", "3", "--call-timeout", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"did not return from {said} within 1 s" in err, err
+
+
+def test_a_twin_that_refuses_the_implementations_configuration_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A `module:attribute` twin declares no space: the caching reference's twin refuses every
+    configuration without the cache, which failed every example as `[twin_decisions]`."""
+    argv = ["verify", "--impl", "reference-dllm", "--twin", "reference.prefix_cache:CACHED_TWIN"]
+    assert main([*argv, "--examples", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the decision twin refuses the configuration it was given" in err
 
 
 def test_check_trace_with_a_twin_that_hangs_is_a_bad_twin_in_one_line(
@@ -214,10 +261,13 @@ def test_an_attribute_whose_lookup_raises_is_a_usage_error(
 def test_a_module_whose_import_never_returns_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Its import runs under `--call-timeout`'s deadline, as building the implementation does
-    (it ran under none: every command hung)."""
+    """Its import runs under a deadline of its own, `loader.IMPORT_TIMEOUT_S` (it ran under
+    none: every command hung; under `--call-timeout` a torch import could not pass 1 s)."""
+    import schedspec_cli.loader as loader
+
+    monkeypatch.setattr(loader, "IMPORT_TIMEOUT_S", 1.0)  # 300 s: a torch import takes seconds
     _module(tmp_path, monkeypatch, "import_spins_mod", "while True:\n    pass\n")
-    argv = ["verify", "--impl", "import_spins_mod:x", "--examples", "2", "--call-timeout", "1"]
+    argv = ["verify", "--impl", "import_spins_mod:x", "--examples", "2"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "its import had not returned after 1 s" in err, err
@@ -285,3 +335,103 @@ def test_a_json_that_cannot_be_written_at_the_end_names_its_path(
     assert main(["check-trace", str(logs / "dllm.jsonl"), "--json", "/dev/full"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "schedspec: error: /dev/full: No space left on device", err
+
+
+ADAPTER_LIMITS = """
+    from reference.dllm import REFERENCE_PROFILE, ReferenceDllmScheduler
+    from spec.config import Mode
+    from spec.errors import CannotDrive
+    from spec.events import Admitted
+    from spec.implementation import DllmImplementation
+
+
+    class RuleThenLimit(ReferenceDllmScheduler):
+        rounds = 0
+
+        def run_round(self):
+            self.rounds += 1
+            try:
+                if self.rounds == 3:
+                    self.sink(Admitted("ghost", 0))  # a rule broken
+                super().run_round()
+            except Exception as err:  # an engine's handler that reaches the adapter's limit
+                raise CannotDrive("the handler read an attribute not built") from err
+
+
+    class LimitInFdfo(ReferenceDllmScheduler):
+        def run_round(self):
+            if self.config.mode is Mode.FDFO:
+                raise CannotDrive("Scheduler has no attribute 'fdfo_thing': set it in build")
+            if not getattr(self, "ghosted", False):
+                self.ghosted = True
+                self.sink(Admitted("ghost", 0))
+            super().run_round()
+
+
+    RULE_THEN_LIMIT = DllmImplementation(RuleThenLimit, REFERENCE_PROFILE, "x")
+    LIMIT_IN_FDFO = DllmImplementation(LimitInFdfo, REFERENCE_PROFILE, "x")
+"""
+
+
+def test_a_rule_broken_before_the_adapters_limit_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In one call: the violation recorded first is the verdict (exit 1), not `CannotDrive`."""
+    _module(tmp_path, monkeypatch, "adapter_limits_a", ADAPTER_LIMITS)
+    assert main(["verify", "--impl", "adapter_limits_a:RULE_THEN_LIMIT", "--examples", "20"]) == 1
+    assert "violation of [lifecycle]" in capsys.readouterr().out
+
+
+def test_failures_found_before_the_adapters_limit_stand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A campaign that meets the adapter's limit after a failure reports the failure (exit 1,
+    the JSON too) and why it stopped; it was exit 2 with the failure dropped."""
+    _module(tmp_path, monkeypatch, "adapter_limits_b", ADAPTER_LIMITS)
+    out = tmp_path / "v.json"
+    argv = ["verify", "--impl", "adapter_limits_b:LIMIT_IN_FDFO", "--keep-going"]
+    assert main([*argv, "--examples", "50", "--json", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "violation of [lifecycle]" in printed, printed
+    assert "it could not be driven further: Scheduler has no attribute 'fdfo_thing'" in printed
+    data = json.loads(out.read_text())
+    assert data["rules"] == ["lifecycle"], data
+
+
+def test_the_command_ends_after_a_traceback_with_a_thread_left_running(tmp_path: Path) -> None:
+    """A bug of ours (a traceback) with an implementation's thread still running: the command
+    still ends (it hung after printing the traceback; a second review's finding)."""
+    (tmp_path / "twin_thread_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            import time
+
+            from reference.dllm import REFERENCE_TWIN
+
+            threading.Thread(target=time.sleep, args=(10**6,), name="worker").start()
+
+
+            class Unforeseen(BaseException):
+                pass
+
+
+            def twin(events, config):
+                if events:
+                    raise Unforeseen("past every handler")
+                return REFERENCE_TWIN(events, config)
+            """
+        ),
+        encoding="utf-8",
+    )
+    load_script("fuzz_cli").recorded_inputs(tmp_path)
+    ran = subprocess.run(
+        [str(SCHEDSPEC), "check-trace", "dllm.jsonl", "--twin", "twin_thread_mod:twin"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert ran.returncode == 1, ran
+    assert "Unforeseen: past every handler" in ran.stderr, ran.stderr
+    assert "exiting with status 1 without waiting for them" in ran.stderr, ran.stderr

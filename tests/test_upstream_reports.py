@@ -106,6 +106,24 @@ def test_an_sglang_record_of_nothing_is_refused(
     assert "the SGLang records ['idle-round'] reproduce nothing" in err and "\n" not in err
 
 
+@pytest.mark.parametrize("field", ["key", "order"])
+def test_two_sglang_records_of_one_finding_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    """A stray copy of a record (another file, the same finding) rendered one report twice and
+    left a number out (a review's finding): exit 2, one line naming both files."""
+    for path in reports.SHRUNK.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    stray = json.loads((tmp_path / "sglang-idle-round.json").read_text())
+    other = json.loads((tmp_path / "sglang-ragged-row.json").read_text())
+    stray[field] = other[field]
+    (tmp_path / "sglang-idle-round.json").write_text(json.dumps(stray))
+    monkeypatch.setattr(reports, "SHRUNK", tmp_path)
+    assert reports.main(["--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"its {field} " in err and "expected one record per" in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -226,7 +226,7 @@ def attributes_built() -> Iterator[None]:
             f"SGLang's {owner} has no attribute {err.name!r}{read}: the adapter builds it without "
             "its __init__ (no GPU, no server arguments) and sets what 0.5.23's dLLM path reads; "
             "a change that reads a new attribute needs it set in integrations/sglang/engine.py "
-            f"(`build`), as your {owner}.__init__ would"
+            f"(`build`), as your {owner}.__init__ would (or the name is misspelt)"
         ) from err
 
 

@@ -25,6 +25,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
 from spec.ar.events import ArAborted, ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
+from spec.errors import CannotDrive, ConfigError
 
 
 def operations(
@@ -96,8 +97,9 @@ def twin_difference(
     """None when `ops`, run through `twin` (checked against the spec under `policy`, None: the
     twin's own rules), decide step by step exactly as `events` did; else the first difference
     in one line, calling `events`' author `subject`. A twin that raises (a violation of its
-    own, a configuration it refuses) is reported with the first difference up to that
-    point."""
+    own) is reported with the first difference up to that point; one that refuses the
+    configuration is `CannotDrive` (no check, no finding); a call of its that hangs is
+    `TwinHung`."""
     stopped = ""
     twin_events: list[ArEvent] = []
     try:
@@ -107,6 +109,11 @@ def twin_difference(
         for op in ops:  # each call under its deadline, as the implementation's are
             with call_deadline(f"its {type(op).__name__.removeprefix('Ar').lower()}"):
                 apply_ar_ops(h, [op])
+    except ConfigError as err:  # a configuration the twin does not run: no check, no finding
+        raise CannotDrive(
+            f"the decision twin refuses the configuration it was given ({err}): name a twin that "
+            "runs every configuration the implementation is checked in"
+        ) from None
     except Exception as err:  # the twin's own failure is part of the report
         stopped = f" (the twin then stopped: {type(err).__name__}: {err})"
     except CallDeadlineExceeded as hang:  # a twin that hangs must not hang the run
