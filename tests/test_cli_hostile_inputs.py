@@ -273,6 +273,16 @@ def test_a_module_whose_import_never_returns_is_a_usage_error(
     assert "\n" not in err and "its import had not returned after 1 s" in err, err
 
 
+def _command_in(where: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed `schedspec` run in `where` (its modules importable from there); a run that
+    has not ended in two minutes fails the test instead of hanging it."""
+    if argv[0] == "verify":
+        argv = (*argv, "--examples", "2")
+    return subprocess.run(
+        [str(SCHEDSPEC), *argv], capture_output=True, text=True, cwd=where, timeout=120
+    )
+
+
 def test_the_command_exits_though_the_implementation_left_a_thread_running(
     tmp_path: Path,
 ) -> None:
@@ -295,22 +305,7 @@ def test_the_command_exits_though_the_implementation_left_a_thread_running(
         ),
         encoding="utf-8",
     )
-    ran = subprocess.run(
-        [
-            str(SCHEDSPEC),
-            "verify",
-            "--impl",
-            "thread_leak_mod:leaky",
-            "--family",
-            "dllm",
-            "--examples",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    ran = _command_in(tmp_path, "verify", "--impl", "thread_leak_mod:leaky", "--family", "dllm")
     assert ran.returncode == 0, ran
     assert "thread(s) the implementation started still run (worker" in ran.stderr, ran.stderr
     assert "exiting with status 0 without waiting for them" in ran.stderr, ran.stderr
@@ -425,13 +420,7 @@ def test_the_command_ends_after_a_traceback_with_a_thread_left_running(tmp_path:
         encoding="utf-8",
     )
     load_script("fuzz_cli").recorded_inputs(tmp_path)
-    ran = subprocess.run(
-        [str(SCHEDSPEC), "check-trace", "dllm.jsonl", "--twin", "twin_thread_mod:twin"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    ran = _command_in(tmp_path, "check-trace", "dllm.jsonl", "--twin", "twin_thread_mod:twin")
     assert ran.returncode == 1, ran
     assert "Unforeseen: past every handler" in ran.stderr, ran.stderr
     assert "exiting with status 1 without waiting for them" in ran.stderr, ran.stderr
