@@ -38,12 +38,15 @@ MANIFEST = EngineManifest(
     import_check="integrations.sglang.check",
     runs_on_torch=True,
     # what the adapter drives: the dLLM path, the memory pools, the scheduler and its policy,
-    # the sampling parameters its stop checks read (about 280 files; all of sglang/srt/,
-    # 2,199, took 0.24 s a run)
+    # the sampling parameters its stop checks read, and each other module it imports (about
+    # 280 files; all of sglang/srt/, 2,199, took 0.24 s a run)
     sources=(
         "sglang/srt/dllm/",
         "sglang/srt/mem_cache/",
         "sglang/srt/managers/",
         "sglang/srt/sampling/",
+        "sglang/srt/speculative/spec_info.py",
+        "sglang/srt/runtime_context.py",
+        "sglang/srt/disaggregation/utils.py",
     ),
 )
