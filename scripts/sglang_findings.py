@@ -130,6 +130,24 @@ def _request(rid: str, prompt: tuple[int, ...], max_new: int, **flags: Any) -> S
     return Submit(RequestSpec(rid, prompt, max_new, **flags))
 
 
+def _window_ops(late: Submit, **flags: Any) -> tuple[Op, ...]:
+    """The two ordered-queue inversions' program: `p` (a whole prompt block) and `d` queued, a
+    round that takes `p` and fetches `d` into the dLLM manager without a row, then `late`, which
+    the queue's order puts ahead of `d`, a round, and a drain (`flags`: `p`'s and `d`'s)."""
+    return (
+        _request("p", (0, 0), 1, **flags),
+        _request("d", (0,), 1, **flags),
+        Round(),
+        late,
+        Round(),
+        Drain(),
+    )
+
+
+#: What the two ordered-queue inversions say when they break `fcfs_admission`.
+_WINDOW_SAYS = "admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])"
+
+
 def _config(**changes: Any) -> DllmConfig:
     """The findings' base: block = page = 4, 16 pages, 2 rows and seats, FDFO, in-place reuse."""
     base = DllmConfig(
@@ -384,16 +402,9 @@ FINDINGS += (
         ),
         cause=_WINDOW_CAUSE.format(why="priority 0 before 1, with --enable-priority-scheduling"),
         config=_SYNC_BLOCK_2,
-        ops=(
-            _request("p", (0, 0), 1, priority=1),
-            _request("d", (0,), 1, priority=1),
-            Round(),
-            _request("c", (0,), 1, priority=0),
-            Round(),
-            Drain(),
-        ),
+        ops=_window_ops(_request("c", (0,), 1, priority=0), priority=1),
         rule="fcfs_admission",
-        says="admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])",
+        says=_WINDOW_SAYS,
         lifted_by=(("priority-window",),),
         test=(
             "tests/test_sglang_priority.py::"
@@ -409,16 +420,9 @@ FINDINGS += (
         ),
         cause=_WINDOW_CAUSE.format(why="2 new tokens before 1, longest output first"),
         config=_SYNC_BLOCK_2,
-        ops=(
-            _request("p", (0, 0), 1),
-            _request("d", (0,), 1),
-            Round(),
-            _request("c", (0,), 2),
-            Round(),
-            Drain(),
-        ),
+        ops=_window_ops(_request("c", (0,), 2)),
         rule="fcfs_admission",
-        says="admitted 'd' while 'c' is ahead of it (queue ['c', 'd'])",
+        says=_WINDOW_SAYS,
         lifted_by=(("priority-window",),),
         test=(
             "tests/test_sglang_lof.py::"
