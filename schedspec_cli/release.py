@@ -27,8 +27,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from schedspec_cli.args import Parser
+from schedspec_cli.args import Parser, UsageError
+from schedspec_cli.registry import BUILTINS, BUILTINS_LIST
 from spec.errors import ConfigError
+from spec.implementation import Family
 from spec.input_file import read_input_bytes
 from spec.json_text import NESTED_TOO_DEEPLY, parse_json
 from spec.parity import RELEASE_MIN_NEW_TOKENS
@@ -356,12 +358,36 @@ def build_parser() -> Parser:
     return p
 
 
+def check_impl_name(name: str) -> None:
+    """`--impl` must name what `schedspec parity --impl` can run: a dLLM built-in or a
+    `module:attribute` (not imported here: the report only has to have been produced for that
+    name). Anything else is a typo, refused with `UsageError` (exit 2) naming the valid ones,
+    rather than a report said to be for another implementation (exit 1)."""
+    if ":" in name:
+        return
+    dllm = ", ".join(b.name for b in BUILTINS_LIST if b.family is Family.DLLM)
+    builtin = BUILTINS.get(name)
+    if builtin is None:
+        raise UsageError(
+            f"schedspec release-check: error: --impl {name!r} names no implementation: give "
+            f"a dLLM built-in ({dllm}) or module:attribute"
+        )
+    if builtin.family is not Family.DLLM:
+        raise UsageError(
+            f"schedspec release-check: error: --impl {name!r} is an autoregressive built-in, "
+            f"and parity runs dLLM implementations only: give a dLLM built-in ({dllm}) or "
+            "module:attribute"
+        )
+
+
 def release_check_main(argv: list[str]) -> int:
     """`schedspec release-check PARITY.json [--impl NAME]`: print `release run OK` and return
     0, or `NOT a release run` with every reason and return 1 (also for a report produced for
     another implementation than `--impl`). A file that is not a parity report raises
-    `ConfigError`, a bad flag `UsageError` (exit 2)."""
+    `ConfigError`, a bad flag or an `--impl` that names no dLLM implementation `UsageError`
+    (exit 2)."""
     args = build_parser().parse_args(argv)
+    check_impl_name(args.impl)
     report = load_report(args.parity_json)
     produced_for = report.get("impl")
     if produced_for != args.impl:
@@ -393,6 +419,7 @@ def release_check_main(argv: list[str]) -> int:
 __all__ = [
     "MIN_PROMPTS",
     "REQUIRED_ALGORITHMS",
+    "check_impl_name",
     "load_report",
     "release_check_main",
     "release_problems",

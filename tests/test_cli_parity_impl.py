@@ -50,6 +50,31 @@ def test_reference_passes_with_golden_and_batch(
     assert "CUDA" not in refused
 
 
+@pytest.mark.parametrize(
+    ("impl", "says"),
+    [
+        ("bogus name", "names no implementation"),
+        ("vllm-v1", "is an autoregressive built-in"),
+    ],
+)
+def test_release_check_refuses_an_impl_that_parity_cannot_have_run(
+    impl: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in `--impl` (or an AR built-in, which parity never runs) is a usage error in one
+    line naming the valid choices, not a report "produced for another implementation"; a
+    `module:attribute` is taken as given, so the report's own name decides."""
+    report = tmp_path / "report.json"
+    fields = {"device": "cpu", "identical": True, "golden": True, "leaked_slots": 0}
+    fields |= {"leaked_rows": 0, "batch_sizes": [1, 4], "cases": []}
+    report.write_text(json.dumps({"impl": "reference-dllm-joint", **fields}))
+    assert main(["release-check", "--impl", impl, str(report)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "reference-dllm-joint" in err and "module:attribute" in err
+    assert len(err.splitlines()) == 1, err
+    assert main(["release-check", "--impl", "mine:factory", str(report)]) == 1
+    assert "produced for implementation 'reference-dllm-joint'" in capsys.readouterr().out
+
+
 def test_one_prompt_says_batch_parity_was_not_exercised(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
