@@ -6,6 +6,8 @@ generated programs. Every family does the same around its own operations:
 
 - **abort rules**: abort a live request (consumed from the `requests` bundle), abort again or
   late (a finished or aborted id must be refused cleanly), abort an unknown id;
+- **a duplicate id**: submit again, as it was, a request already accepted (live or ended): it
+  must be refused with `DuplicateRequest` before any change (`unique_submission`);
 - **drain** every third round or step, and at **teardown** (then the family's end-of-run checks,
   e.g. parity), counting steps and examples in a `StepCounter`;
 - an **invariant** that every round/step the implementation ran was ended and checked;
@@ -128,6 +130,8 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         self.h: H | None = None
         self.next_id: int = 0
         self.calls: list[str] = []  # this example's operations, for a hang's report
+        # the requests accepted so far, by id: what `submit_duplicate` submits again
+        self.accepted: dict[str, Any] = {}
         self.hung: bool = False  # a call of this example did not return by its deadline
         # Under derandomized settings (the ci profile, however it was chosen: load_profile,
         # profile_settings, pytest's --hypothesis-profile) the example draws no constants mined
@@ -257,15 +261,25 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         call = f"{what}({', '.join(map(repr, args))})"
         self.calls.append(call)
         try:
-            return self.harness.guarded(what, operation, *args)
+            result = self.harness.guarded(what, operation, *args)
         except SpecViolation as v:
             self._ignore(v)
             self._note_calls(v)
             raise
         except CallDeadlineExceeded as hang:
             raise self._record(call, hang) from None
+        if what == "submit" and result is None:  # accepted (a refusal returns its error)
+            self.accepted[args[0].request_id] = args[0]
+        return result
 
     # ------------------------------------------------------------------ shared rules
+    @rule(request=requests)
+    def submit_duplicate(self, request: str) -> None:
+        """Submit again, exactly as it was, a request already accepted (queued, running or
+        ended): ids are unique for the implementation's lifetime, so it must be refused with
+        `DuplicateRequest` and no event (`unique_submission`; the harness's `_checked_submit`)."""
+        self.run("submit", self.harness.submit, self.accepted[request])
+
     @rule(request=consumes(requests))
     def abort(self, request: str) -> None:
         """Abort a submitted request (taken out of `requests`) through the harness: an active

@@ -70,6 +70,10 @@ class ReplayHarness(Generic[M]):
         """Raise the spec's RequestError if `request` is invalid for the config."""
         raise NotImplementedError
 
+    def submit(self, request: Any, /) -> RequestError | None:
+        """Submit through the implementation (see `_checked_submit`)."""
+        raise NotImplementedError
+
     def abort(self, request_id: str, /) -> UnknownRequest | None:
         """Abort through the implementation (see `_checked_abort`)."""
         raise NotImplementedError
@@ -165,6 +169,13 @@ class ReplayHarness(Generic[M]):
                 ) from None
             self._check_snapshot()
             return err
+        if expected == "duplicate":  # accepted without a `Submitted` the spec refuses
+            raise self._violate(
+                "unique_submission",
+                f"accepted a second request under {request.request_id!r}, an id already "
+                "submitted: ids are unique for the implementation's lifetime (refuse it with "
+                "DuplicateRequest, before any change)",
+            )
         if expected is not None:  # pragma: no cover - the submitted event already failed
             raise self._violate("valid_request", f"accepted {request!r} ({expected})")
         self._check_snapshot()

@@ -33,9 +33,18 @@ from reference.ar.vllm_settings import (
 )
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
-from spec.ar.config import ArConfig, Policy
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArCacheEvicted, ArFinished, ArFinishReason
 from spec.ar.profile import ArProfile
+
+
+class AcceptsEndedIds(VllmV1Scheduler):
+    """Refuses an id only while its request is queued or running: an ended request's id is
+    taken again (a scheduler that looks ids up among the requests it holds)."""
+
+    def submit(self, request: ArRequest) -> None:
+        self.seen = {r.rid for r in self.waiting} | {r.rid for r in self.running}
+        super().submit(request)
 
 
 class PreemptsScheduled(VllmV1Scheduler):
@@ -563,6 +572,13 @@ def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
 AR_MUTANTS: dict[str, ArMutant] = {
     m.name: m
     for m in (
+        ArMutant(
+            "accepts_ended_ids",
+            "unique_submission",
+            _f(AcceptsEndedIds),
+            ar_configs(),
+            "an ended request's id is accepted again",
+        ),
         ArMutant(
             "preempts_head",
             "preemption_victim",

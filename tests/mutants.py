@@ -43,6 +43,15 @@ from spec.snapshot import FinishedOutput
 FREE_ORDER_POLICY = DllmPolicy(free_queue_order=True)
 
 
+class AcceptsEndedIds(ReferenceDllmScheduler):
+    """Refuses an id only while its request is queued or running: an ended request's id is
+    taken again (a scheduler that looks ids up among the requests it holds)."""
+
+    def submit(self, request: RequestSpec) -> None:
+        self.seen = {r.rid for r in self.waiting} | {r.rid for r in self.running}
+        super().submit(request)
+
+
 class FreeUnfinishedBlockInBatch(ReferenceDllmScheduler):
     """Under in-place reuse, frees the unfinished block's slots but keeps using them."""
 
@@ -555,6 +564,13 @@ def _tight_pool() -> st.SearchStrategy[DllmConfig]:
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
+        Mutant(
+            "accepts_ended_ids",
+            "unique_submission",
+            _f(AcceptsEndedIds),
+            dllm_configs(),
+            "an ended request's id is accepted again",
+        ),
         Mutant(
             "no_free_on_finish",
             "terminal_owns_nothing",
