@@ -17,7 +17,8 @@ generated programs. Every family does the same around its own operations:
   `implementation_error` naming the exception, shown with the program so far;
 - **ignored rules** (campaigns and accepted deviations): a violation whose rule is in the class
   attribute `ignored_rules` makes the example invalid (`hypothesis.reject()`) instead of failing
-  it, and is counted in the class attribute `ignored_hits` (rule -> count).
+  it, and is counted in the class attribute `ignored_hits` (rule -> count). The rest of that
+  example is never run: the spec cannot follow an implementation past a rule it broke;
 
 How a family subclasses it (the dLLM `properties.conformance.conformance_machine` is the worked
 example; the AR machine follows the same pattern):

@@ -352,11 +352,29 @@ def run(args: argparse.Namespace) -> int:
                 print("--- known fixes ---\n" + "\n".join(trial.lines()))
         if r.stopped.startswith(STOPPED_SHORT):
             print(f"\n{r.impl}: {r.stopped}")
+        ignored = bool(args.keep_going and r.failures)
+        if r.accepted or ignored:
+            print(f"\n{r.impl}: {cut_short_note(r, ignored)}")
     payload = to_json(results, engines)
     write_json(args.json, payload)
     if args.report:
         write_report(Path(args.report), results, payload)
     return 0 if all(r.passed for r in results) else 1
+
+
+def cut_short_note(result: VerifyResult, ignored: bool) -> str:
+    """What an accepted rule, or a campaign's rule ignored once found (`ignored`), costs: each
+    hit ends the example it is hit in, so what the example would have done next is unchecked."""
+    hits = sum(int(a["hits"]) for a in result.accepted)
+    parts = [f"{hits} hit{'' if hits == 1 else 's'} of an accepted rule"] if hits else []
+    if ignored:
+        parts.append("each hit of a failure's rule once the campaign ignored it")
+    return (
+        f"{' and '.join(parts) or 'a hit of an accepted rule'} ended the example it was in (the "
+        "spec cannot follow an implementation past a rule it broke), so what those examples "
+        "would have done next went unchecked: a bug reachable only after such a hit shows once "
+        "that rule is fixed and no longer accepted or ignored"
+    )
 
 
 #: How a campaign says it stopped short of its examples for a reason that is no failure (the

@@ -1,6 +1,7 @@
 """Campaigns: `schedspec verify --keep-going` runs on after a failure and reports every distinct
 rule violated, each once with its own shrunk counterexample, grouped by rule in the table, the
-JSON and report.md; `--accept FILE` turns a rule into "accepted" (with its hit count)."""
+JSON and report.md; `--accept FILE` turns a rule into "accepted" (with its hit count). Either
+way, the output says that a hit ends its example (what followed it went unchecked)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def test_a_campaign_reports_every_distinct_rule(
         assert f["message"].startswith(f"[{f['rule']}]"), f["message"][:200]
         assert "state.configure(" in f["program"]
     assert ", ".join(rules) in table
+    # what ignoring a found rule costs is said: its hits end their examples
+    assert "each hit of a failure's rule once the campaign ignored it ended the example" in table
+    assert "would have done next went unchecked" in table
     md = (report / "report.md").read_text()
     for rule in rules:
         assert f"## [{rule}]" in md
@@ -50,7 +54,19 @@ def test_accepted_deviations_are_reported_not_failed(
     (accepted,) = data["accepted"]
     assert accepted["rule"] == "whole_block_rows" and accepted["hits"] > 0
     assert accepted["source"] == str(accept)
-    assert "whole_block_rows (" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "whole_block_rows (" in printed
+    hits = accepted["hits"]
+    assert f"{hits} hit{'' if hits == 1 else 's'} of an accepted rule ended the example" in printed
+
+
+def test_a_plain_failing_run_ignores_nothing_and_says_nothing_of_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The control: without --keep-going or an accepted rule no example is cut short."""
+    argv = ["verify", "--impl", "reference.seeded_bugs:no_free_on_finish", "--examples", "15"]
+    assert main(argv) == 1
+    assert "went unchecked" not in capsys.readouterr().out
 
 
 def test_accept_files_json_and_text(tmp_path: Path) -> None:
