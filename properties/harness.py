@@ -40,7 +40,7 @@ from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine, finished_output, stop_output_lengths
 from spec.parity import compare_outputs
 from spec.profile import DllmProfile
-from spec.snapshot import FinishedOutput
+from spec.snapshot import FinishedOutput, wrong_output
 from spec.state import RequestState
 
 _DEFAULT_PROFILE = DllmProfile()
@@ -230,6 +230,9 @@ class Harness(ReplayHarness[SpecMachine]):
             request = _request_spec(r)
             actual = FinishedOutput(finished_output(self.config, r, event.reason), event.reason)
             golden = self.golden.golden_output(request)
+            wrong = wrong_output(golden, f"golden_output(request {request.request_id!r}) returned")
+            if wrong is not None:  # not reported as our own AttributeError in golden_mismatch
+                raise self._violate("golden_output", wrong)
             if event.reason is FinishReason.STOP and r.stop_sampled:  # cut somewhere in its block
                 lengths = stop_output_lengths(self.config, r)
                 problem = sampled_stop_mismatch(request, actual, lengths, golden)

@@ -2,7 +2,8 @@
 
 The family comes from the object (a `DllmImplementation` / `ArImplementation`), else from the
 annotation of the factory's first parameter (`DllmConfig` / `ArConfig`); `--family` overrides.
-The factory is wrapped so that one returning something that is not an adapter stops the run with
+The factory is wrapped so that one returning something that is not an adapter (a member of its
+family's protocol missing, or a `config` / AR `rules` of the wrong type) stops the run with
 `NotAnAdapter` (exit 2, one line) instead of a failure deep inside the suite.
 """
 
@@ -16,10 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from properties.adapter_check import adapter_refusal, article
 from properties.deadline import CallDeadlineExceeded, call_deadline, call_timeout_set
 from schedspec_cli.engine_cmds import ENGINE_EXTRA
 from schedspec_cli.loader import MissingDependency, load_object, module_available
 from schedspec_cli.registry import BUILTINS, Builtin
+from spec.adapter import SchedulerAdapter
+from spec.ar.adapter import ArSchedulerAdapter
 from spec.errors import ConfigError, SchedSpecError
 from spec.implementation import (
     ArImplementation,
@@ -29,6 +33,9 @@ from spec.implementation import (
     declared_implementation,
 )
 
+#: each family's adapter protocol, whose every member a factory's adapter must have
+PROTOCOLS: dict[Family, type[Any]] = {Family.DLLM: SchedulerAdapter, Family.AR: ArSchedulerAdapter}
+
 # the methods each family's adapter protocol requires (spec.adapter / spec.ar.adapter)
 ADAPTER_METHODS: dict[Family, tuple[str, ...]] = {
     Family.DLLM: ("submit", "abort", "run_round", "drain", "snapshot"),
@@ -37,15 +44,27 @@ ADAPTER_METHODS: dict[Family, tuple[str, ...]] = {
 
 
 class NotAnAdapter(SchedSpecError, TypeError):
-    """A factory returned something that is not an adapter of its family."""
+    """A factory returned something that is not an adapter of its family: it lacks a member of
+    the protocol, or holds one of the wrong type (a `config` that is not the family's
+    configuration, an AR `rules` that is neither an `ArRules` nor None). Said in the form the
+    harness refuses it from pytest (`properties.adapter_check.adapter_refusal`):
+    `invalid impl='m:f': a factory returning a SchedulerAdapter (...); it returned X, lacking
+    drain`. Not a `ConfigError`: the suites read that as a configuration the factory does not
+    support."""
 
-    def __init__(self, target: str, family: Family, got: object) -> None:
-        missing = [m for m in ADAPTER_METHODS[family] if not callable(getattr(got, m, None))]
-        protocol = "SchedulerAdapter" if family is Family.DLLM else "ArSchedulerAdapter"
-        super().__init__(
-            f"invalid value for impl: {target!r}; valid: a factory returning a {protocol} "
-            f"(got {type(got).__name__}, lacking {', '.join(missing)})"
-        )
+    def __init__(
+        self, target: str, family: Family, got: object, refusal: str | None = None
+    ) -> None:
+        if refusal is None:
+            refusal = adapter_refusal(got, PROTOCOLS[family]) or (
+                f"a factory returning {_protocol_named(family)}; it returned {type(got).__name__}"
+            )
+        super().__init__(f"invalid impl={target!r}: {refusal}")
+
+
+def _protocol_named(family: Family) -> str:
+    name = PROTOCOLS[family].__name__
+    return f"{article(name)} {name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +88,7 @@ class Resolved:
 def _checked(impl: Implementation, target: str) -> Implementation:
     family = impl.family
     inner: Any = impl.factory
-    methods = ADAPTER_METHODS[family]
+    protocol = PROTOCOLS[family]
     try:
         inspect.signature(inner).bind(None, None)
     except TypeError:
@@ -81,8 +100,12 @@ def _checked(impl: Implementation, target: str) -> Implementation:
 
     def factory(config: Any, sink: Any) -> Any:
         adapter = inner(config, sink)
-        if not all(callable(getattr(adapter, m, None)) for m in methods):
-            raise NotAnAdapter(target, family, adapter)
+        # every member, methods and values (`config`, an AR `rules`) of their types: before
+        # the suite reads one (an AR run reads `rules` first) or a harness refuses it as a
+        # violation
+        refusal = adapter_refusal(adapter, protocol)
+        if refusal is not None:
+            raise NotAnAdapter(target, family, adapter, refusal)
         return adapter
 
     factory.__name__ = getattr(inner, "__name__", "factory")
@@ -329,6 +352,7 @@ def refuse_parity_for_ar_only(parity: str | None, targets: Sequence[Resolved]) -
 
 __all__ = [
     "ADAPTER_METHODS",
+    "PROTOCOLS",
     "ArImplementation",
     "DllmImplementation",
     "NotAnAdapter",

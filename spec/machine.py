@@ -55,7 +55,13 @@ from spec.machine_base import MachineBase
 from spec.prefix_cache import ROOT, BlockKey, CacheEntry, CacheRefused, PrefixCache, chain
 from spec.profile import DllmAdmission, DllmPolicy
 from spec.rules import Rule
-from spec.snapshot import SNAPSHOT_FIELDS, FinishedOutput, Snapshot, wrong_container
+from spec.snapshot import (
+    SNAPSHOT_FIELDS,
+    FinishedOutput,
+    Snapshot,
+    wrong_container,
+    wrong_outputs,
+)
 from spec.state import (
     ACTIVE_PHASES,
     CARRIED_BLOCK_PHASES,
@@ -1477,8 +1483,12 @@ class SpecMachine(MachineBase[Event, Rule]):
 
         `reported` holds the requests finished since the previous report, each reported once:
         its tokens must equal `request_output` and its reason the one its `Finished` event gave;
-        every request finished since the previous report must be in it.
+        every request finished since the previous report must be in it. Anything else than a
+        Mapping of request id to `FinishedOutput` breaks the rule, saying what it was.
         """
+        wrong = wrong_outputs(reported)
+        if wrong is not None:
+            raise self._fail(Rule.REPORTED_OUTPUT, wrong, None)
         for rid, out in reported.items():
             r = self._requests.get(rid)
             if r is None or r.phase is not RequestPhase.FINISHED:

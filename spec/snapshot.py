@@ -98,5 +98,44 @@ def wrong_container(
     return None
 
 
+def wrong_output(output: object, source: str) -> str | None:
+    """Why `output`, which `source` says where it came from (`collect_outputs()['r0'] is`,
+    `golden_output(request 'r0') returned`), is not a `FinishedOutput` of tokens (a tuple, or a
+    list, which reads as one) and a `FinishReason`, said in one line; None when it is one."""
+    if not isinstance(output, FinishedOutput):
+        return f"{source} {type(output).__name__}, not a spec.FinishedOutput"
+    if not isinstance(output.tokens, tuple | list):
+        return (
+            f"{source} a FinishedOutput whose tokens is {type(output.tokens).__name__}, "
+            "not a tuple of token ids"
+        )
+    if not isinstance(output.reason, FinishReason):
+        return (
+            f"{source} a FinishedOutput whose reason is {type(output.reason).__name__}, "
+            "not a spec.FinishReason"
+        )
+    return None
+
+
+def wrong_outputs(reported: object) -> str | None:
+    """Why what `collect_outputs()` returned is not a Mapping of request id to
+    `FinishedOutput` (`wrong_output` for each value), said in one line; None when it is one."""
+    if not isinstance(reported, Mapping):
+        return (
+            f"collect_outputs() returned {type(reported).__name__}, not a Mapping of request id "
+            "to spec.FinishedOutput"
+        )
+    for rid, output in reported.items():
+        if not isinstance(rid, str):
+            return (
+                f"collect_outputs() returned a key {rid!r} ({type(rid).__name__}), not a "
+                "request id (str)"
+            )
+        wrong = wrong_output(output, f"collect_outputs()[{rid!r}] is")
+        if wrong is not None:
+            return wrong
+    return None
+
+
 SNAPSHOT_FIELDS = container_fields(Snapshot)
 """`Snapshot`'s fields and their declared container types (`wrong_container`)."""
