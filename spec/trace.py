@@ -455,10 +455,17 @@ def config_from_dict(data: dict[str, Any], line_no: int = 0) -> DllmConfig:
     `TraceFormatError` names the line and the fields it lacks."""
     fields = {f.name for f in dataclasses.fields(DllmConfig)}
     writer_of(data, line_no)
+    family = data.get("family", FAMILY)
+    if family == "ar":  # before its fields, which are an ArConfig's: not unknown, another family's
+        raise TraceFormatError(
+            line_no,
+            "family='ar': this is an AR event log; check it with "
+            "properties.ar.trace_check.check_ar_trace (or `schedspec check-trace`, which reads "
+            "the header's family), not the dLLM check_trace",
+        )
     unknown = sorted(set(data) - fields - {"kind", "family", WRITER, DECLARED_POLICY})
     if unknown:
         raise TraceFormatError(line_no, f"unknown config fields {unknown}; valid: {sorted(fields)}")
-    family = data.get("family", FAMILY)
     if family != FAMILY:
         raise TraceFormatError(
             line_no, f"family={family!r}: a dLLM header has family {FAMILY!r} (or none)"

@@ -5,7 +5,8 @@
   `eos_token_id` read as "no EOS" failed a correct log at its first EOS). A header that lacks
   fields may be completed by `--config`; where both give a field they must agree, and a
   disagreement names each field with both values.
-- `"family": "dllm"` is a dLLM header; a declared reservation is an integer within the pool.
+- `"family": "dllm"` is a dLLM header (an AR log given to the dLLM `check_trace` is named
+  one, pointing to `check_ar_trace`); a declared reservation is an integer within the pool.
 - A line without `kind`, or with a key given twice, is an input error naming its line.
 - `--twin` on a dLLM log cut inside a round compares the rounds the log completed.
 - A `--twin` that is no AR twin is refused naming `--twin` and what is valid.
@@ -214,6 +215,18 @@ def test_a_header_may_name_the_dllm_family(
     assert out == f"OK {log}: {len(EVENTS)} events, 24 rounds conform to the spec\n"
     code, out, err = _cli(capsys, _log(tmp_path, {**HEADER, "family": "xyz"}))
     assert code == 2 and err.endswith(":1: the header's family is 'xyz': dllm or ar\n"), err
+
+
+def test_the_dllm_check_of_an_ar_log_points_to_check_ar_trace(tmp_path: Path) -> None:
+    """`check_trace` on an AR log named its ArConfig's fields unknown ('unknown config fields
+    ['enable_chunked_prefill', ...]'); it says the log is an AR log and what checks one."""
+    log = _write_ar(tmp_path / "ar_log.jsonl", _ar_events(VLLM_V1))
+    with pytest.raises(TraceFormatError) as err:
+        check_trace(log)
+    message = str(err.value)
+    assert "this is an AR event log" in message, message
+    assert "properties.ar.trace_check.check_ar_trace" in message, message
+    assert "unknown config fields" not in message, message
 
 
 @pytest.mark.parametrize(
