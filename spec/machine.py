@@ -550,7 +550,9 @@ class SpecMachine(MachineBase[Event, Rule]):
             raise self._fail(
                 Rule.TERMINAL_OWNS_NOTHING,
                 f"request {r.request_id!r} ends still owning {len(owned)} KV slots "
-                f"(blocks {blocks}, slots {owned})",
+                f"(blocks {blocks}, slots {owned}) at its {type(e).__name__}: free them "
+                f"(KvFreed) before the {type(e).__name__} event; a KvFreed after the request "
+                "has ended is too late",
                 e,
             )
         if r.row is not None:
@@ -807,11 +809,19 @@ class SpecMachine(MachineBase[Event, Rule]):
             cur = r.current
             if r.row is None:
                 raise self._fail(Rule.FORWARD_READY, f"{r.request_id!r} has no request-pool row", e)
-            if cur is None or cur.index != row.block_index:
+            if cur is None:  # no KvAllocated since its last commit (or ever)
+                raise self._fail(
+                    Rule.FORWARD_READY,
+                    f"{r.request_id!r} forwards block {row.block_index} but has no KvAllocated "
+                    f"for block {row.block_index} before the forward: allocate a block's KV "
+                    "slots (KvAllocated) before the Forward that feeds it",
+                    e,
+                )
+            if cur.index != row.block_index:
                 raise self._fail(
                     Rule.FORWARD_READY,
                     f"{r.request_id!r} forwards block {row.block_index} but its current block "
-                    f"is {None if cur is None else cur.index}",
+                    f"is {cur.index}",
                     e,
                 )
             if row.num_tokens != cfg.block_size:

@@ -16,7 +16,7 @@ from reference.dllm import ReferenceDllmScheduler, make_scheduler
 from spec.adapter import EventSink
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, SchedulerStalled, SpecViolation
-from spec.events import Submitted
+from spec.events import Event, Finished, Forward, KvAllocated, KvFreed, Submitted
 from spec.machine import SpecMachine
 from spec.profile import ConfigOutsideProfile, DllmConfigSpace, DllmProfile
 from spec.rules import RULES, Rule, describe
@@ -31,6 +31,9 @@ RUN = settings(
     report_multiple_bugs=False,
     suppress_health_check=list(HealthCheck),
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+FDFO = DllmConfig(
+    block_size=2, page_size=2, kv_pages=8, req_pool_rows=2, max_running_requests=2, mode=Mode.FDFO
 )
 
 
@@ -180,3 +183,51 @@ def test_strategies_draw_only_inside_the_space() -> None:
         assert space.outside(config) is None, config
 
     check()
+
+
+# ---------------------------------------------------------------- events out of order, named
+def _one_request_run() -> list[Event]:
+    """A conforming run of one request of three blocks (the reference's events)."""
+    events: list[Event] = []
+    impl = make_scheduler(FDFO, events.append)
+    impl.submit(RequestSpec("r0", (1, 2), 4))
+    impl.drain()
+    return events
+
+
+def _violation(events: list[Event]) -> SpecViolation:
+    m = SpecMachine(FDFO)
+    with pytest.raises(SpecViolation) as exc:
+        for e in events:
+            m.apply(e)
+            m.check_changed()
+    return exc.value
+
+
+def test_a_forward_before_its_blocks_allocation_names_the_missing_kv_allocated() -> None:
+    """It said `its current block is None`; it says what the forward lacks."""
+    events = _one_request_run()
+    alloc = next(i for i, e in enumerate(events) if isinstance(e, KvAllocated))
+    forward = next(i for i, e in enumerate(events) if isinstance(e, Forward))
+    events.insert(forward, events.pop(alloc))  # allocated after the first forward
+    v = _violation(events)
+    assert v.rule == "forward_ready", v
+    assert v.detail.startswith(
+        "'r0' forwards block 0 but has no KvAllocated for block 0 before the forward"
+    ), v.detail
+    assert "None" not in v.detail, v.detail
+
+
+def test_finished_before_kv_freed_says_the_free_came_too_late() -> None:
+    """The same rule (a request ends owning nothing), with what to do: free before ending."""
+    events = _one_request_run()
+    freed = next(i for i, e in enumerate(events) if isinstance(e, KvFreed))
+    finished = next(i for i, e in enumerate(events) if isinstance(e, Finished))
+    events.insert(finished, events.pop(freed))  # Finished, then KvFreed
+    v = _violation(events)
+    assert v.rule == "terminal_owns_nothing", v
+    assert v.detail == (
+        "request 'r0' ends still owning 6 KV slots (blocks [0, 1, 2], slots [0, 1, 2, 3, 4, 5]) "
+        "at its Finished: free them (KvFreed) before the Finished event; a KvFreed after the "
+        "request has ended is too late"
+    ), v.detail
