@@ -12,8 +12,8 @@ Contract:
   or 0 means no deadline), set with `call_timeout_set(seconds)`. It takes effect when called:
   as `with call_timeout_set(seconds):` for the block (the deadline before comes back at its
   end); called alone, for the rest of the current context (from a `conftest.py` or a test
-  module, for the whole pytest session; for one unittest `TestCase`, in its `setUp`:
-  `self.enterContext(call_timeout_set(seconds))`, undone after the test);
+  module, for the whole pytest session; for one unittest `TestCase` class, such as a
+  conformance machine's, `with_call_timeout(TestCase, seconds)`, undone after each test);
 - a hang's message says how to change the deadline where it ran: the Python way by default,
   the command line's flag inside `call_timeout_named("--call-timeout")`;
 - it is enforced with `SIGALRM` (`signal.setitimer`), so it works where that exists (POSIX)
@@ -35,10 +35,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import unittest
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from types import FrameType, TracebackType
+from typing import TypeVar, cast
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 """Per call: a conformance program's drain serves at most a few dozen small requests."""
@@ -84,6 +86,13 @@ def call_timeout() -> float | None:
     return _TIMEOUT.get()
 
 
+def _deadline_of(seconds: float | None) -> float | None:
+    """The deadline `seconds` sets (None or 0: None); ValueError below 0."""
+    if seconds is not None and seconds < 0:
+        raise ValueError(f"a call timeout is a number of seconds >= 0, not {seconds}")
+    return seconds or None
+
+
 class call_timeout_set:  # lower case: a function to its callers, as it always was
     """Use `seconds` (None or 0: no deadline) for the calls made from now on: for the block,
     as `with call_timeout_set(seconds):` (the deadline before comes back at its end); called
@@ -91,9 +100,7 @@ class call_timeout_set:  # lower case: a function to its callers, as it always w
     module). Takes effect when called, so neither use does nothing. ValueError below 0."""
 
     def __init__(self, seconds: float | None) -> None:
-        if seconds is not None and seconds < 0:
-            raise ValueError(f"a call timeout is a number of seconds >= 0, not {seconds}")
-        self.seconds: float | None = seconds or None
+        self.seconds: float | None = _deadline_of(seconds)
         """The deadline set (None: none)."""
         self._token: Token[float | None] = _TIMEOUT.set(self.seconds)
 
@@ -108,6 +115,29 @@ class call_timeout_set:  # lower case: a function to its callers, as it always w
     ) -> None:
         """Put back the deadline there was before the call."""
         _TIMEOUT.reset(self._token)
+
+
+_Case = TypeVar("_Case", bound=unittest.TestCase)
+
+
+def with_call_timeout(test_case: type[_Case], seconds: float | None) -> type[_Case]:
+    """`test_case` (a unittest `TestCase` class: `conformance_machine(...).TestCase`,
+    `ar_conformance_machine(...).TestCase`) whose every test runs under the deadline per call
+    `seconds` (None or 0: no deadline), the deadline before coming back after each test; the
+    rest of the session keeps its own. A subclass whose `setUp` enters `call_timeout_set`,
+    made here so that yours needs no `class` statement: mypy --strict refuses a class whose
+    base is such a call's result ("is not valid as a type", "Invalid base class"). Its
+    `settings` can be set as the class's can. ValueError below 0."""
+    _deadline_of(seconds)  # a negative one is refused now, not in each test
+
+    def set_up(self: unittest.TestCase) -> None:
+        test_case.setUp(self)
+        self.enterContext(call_timeout_set(seconds))
+
+    made = type(test_case.__name__, (test_case,), {"setUp": set_up})
+    made.__qualname__ = test_case.__qualname__
+    made.__module__ = test_case.__module__
+    return cast("type[_Case]", made)
 
 
 @contextmanager
@@ -169,4 +199,5 @@ __all__ = [
     "call_timeout",
     "call_timeout_named",
     "call_timeout_set",
+    "with_call_timeout",
 ]

@@ -13,7 +13,9 @@ import contextvars
 import os
 import subprocess
 import sys
+import unittest
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -24,6 +26,7 @@ from properties.deadline import (
     call_timeout,
     call_timeout_named,
     call_timeout_set,
+    with_call_timeout,
 )
 from schedspec_cli.main import main
 
@@ -68,11 +71,12 @@ def test_verify_names_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "within 1 s" in out and "the deadline per call is --call-timeout)" in out, out[-2000:]
 
 
-# An engine's test module: the deadline set once for the session, at module level, and one
-# TestCase that sets its own for its run only (unittest's enterContext).
+# An engine's test module: the deadline set once for the session, at module level, one TestCase
+# that sets its own for its run only (unittest's enterContext), and one that gets its own from
+# `with_call_timeout`, with no class statement (which mypy --strict refuses on such a base).
 ENGINE_TEST = """
 from properties.conformance import conformance_machine
-from properties.deadline import call_timeout_set
+from properties.deadline import call_timeout_set, with_call_timeout
 from tests.hang_adapters import spins_in_a_round
 
 call_timeout_set(1)
@@ -83,10 +87,34 @@ TestSession = conformance_machine(spins_in_a_round).TestCase
 class TestOwn(conformance_machine(spins_in_a_round, name="Own").TestCase):
     def setUp(self):
         self.enterContext(call_timeout_set(2))
+
+
+TestTyped = with_call_timeout(conformance_machine(spins_in_a_round, name="Typed").TestCase, 1.5)
 """
 
 
-def test_in_pytest_a_module_level_call_lasts_the_session_and_set_up_one_test(
+class _Records(unittest.TestCase):
+    """Records the deadline its test ran under."""
+
+    seen: ClassVar[list[float | None]] = []
+
+    def test_it(self) -> None:
+        self.seen.append(call_timeout())
+
+
+def test_with_call_timeout_sets_the_deadline_for_each_test_and_puts_it_back() -> None:
+    made = with_call_timeout(_Records, 7)
+    assert issubclass(made, _Records) and made.__name__ == "_Records"
+    for seconds, want in ((7, 7), (0, None)):
+        result = unittest.TestResult()
+        with_call_timeout(_Records, seconds)("test_it").run(result)
+        assert result.wasSuccessful() and _Records.seen[-1] == want, result.errors
+    assert call_timeout() == DEFAULT_CALL_TIMEOUT_S  # put back after the test
+    with pytest.raises(ValueError, match="seconds >= 0, not -1"):
+        with_call_timeout(_Records, -1)
+
+
+def test_in_pytest_a_module_level_call_lasts_the_session_and_one_class_sets_its_own(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "test_engine.py").write_text(ENGINE_TEST, encoding="utf-8")
@@ -101,8 +129,9 @@ def test_in_pytest_a_module_level_call_lasts_the_session_and_set_up_one_test(
         check=False,
     )
     out = res.stdout
-    assert res.returncode == 1 and "2 failed" in out, out[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 1 and "3 failed" in out, out[-3000:] + res.stderr[-2000:]
     assert "did not return from run_round within 1 s" in out, out[-3000:]
     assert "did not return from run_round within 2 s" in out, out[-3000:]
+    assert "within 1.5 s (a hang" in out, out[-3000:]  # in whichever call it hung
     assert f"the deadline per call is {PYTHON_SETTING})" in out
     assert "--call-timeout" not in out

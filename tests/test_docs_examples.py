@@ -65,6 +65,7 @@ def test_the_guide_names_every_file_it_shows() -> None:
         "my_ar_scheduler.py",
         "test_my_ar_scheduler.py",
         "test_replay.py",
+        "test_my_scheduler_deadline.py",
     } <= set(guide_files())
 
 
@@ -76,6 +77,34 @@ def test_guide_adapter_typechecks_and_conforms(tmp_path: Path, test_file: str) -
     res = user_pytest(tmp_path, test_file)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "1 passed" in res.stdout
+
+
+def test_guide_per_class_deadline_typechecks_and_sets_its_deadline(tmp_path: Path) -> None:
+    """Section 3's class with a deadline of its own passes mypy --strict (the guide's earlier
+    way, subclassing the generated TestCase, did not: valid-type, misc) and its tests run under
+    that deadline."""
+    files = guide_files()
+    for name in ("my_scheduler.py", "test_my_scheduler_deadline.py"):
+        (tmp_path / name).write_text(files[name], encoding="utf-8")
+    mypy_strict(tmp_path, "my_scheduler.py", "test_my_scheduler_deadline.py")
+    probe = (
+        "import sys, unittest\n"
+        "from properties.deadline import call_timeout\n"
+        "import test_my_scheduler_deadline as t\n"
+        "seen = []\n"
+        "t.TestTinyWithin5s.runTest = lambda self: seen.append(call_timeout())\n"
+        "assert unittest.TextTestRunner().run(t.TestTinyWithin5s()).wasSuccessful()\n"
+        "print(seen, call_timeout())\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"},
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout == "[5] 60.0\n", res.stdout
 
 
 # A seeded bug in the guide's adapter: it never says it freed a request's slots.
