@@ -10,10 +10,14 @@ in check_outputs`, `at spec/golden.py in golden_mismatch`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from properties.adapter_check import adapter_refusal, require_adapter
+from properties.ar.conformance import ar_conformance_machine
 from properties.harness import Harness
 from reference.ar.vllm_v1 import make_vllm_v1
 from reference.dllm import make_scheduler
@@ -144,3 +148,23 @@ def test_golden_output_of_the_wrong_type_breaks_golden_output_saying_so(
     v = _drained(getattr(broken_adapters, name))
     assert v.rule == "golden_output", v
     assert v.detail == f"golden_output(request 'r0') returned {got}, not a spec.FinishedOutput"
+
+
+@pytest.mark.parametrize(
+    ("factory", "says"),
+    [
+        (broken_adapters.no_rules, "lacking rules"),
+        (broken_adapters.rules_as_text, "whose rules is the str 'fcfs'"),
+    ],
+)
+def test_the_ar_suite_from_pytest_names_a_missing_or_ill_typed_rules(
+    factory: Any, says: str
+) -> None:
+    """From a user's own pytest (no CLI in front), the AR machine reads `rules` to set the
+    spec's ordering: a missing or ill-typed one is the same ConfigError as the CLI's refusal,
+    not an AttributeError or a ProfileError from inside the run."""
+    machine = ar_conformance_machine(factory)
+    with pytest.raises(ConfigError) as refused:
+        run_state_machine_as_test(machine, settings=settings(max_examples=1, database=None))
+    assert "a factory returning an ArSchedulerAdapter" in str(refused.value)
+    assert says in str(refused.value)

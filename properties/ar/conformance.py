@@ -30,6 +30,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from properties.adapter_check import require_adapter
 from properties.ar.decisions import twin_difference
 from properties.ar.example import ArExample
 from properties.ar.harness import ArHarness
@@ -41,7 +42,7 @@ from properties.ar.strategies import (
     request_sizes,
 )
 from properties.conformance_base import ConformanceBase, StepCounter
-from spec.ar.adapter import ArImplementationFactory
+from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
 from spec.errors import ConfigError
@@ -94,6 +95,8 @@ def ar_conformance_machine(
             except ConfigError:
                 assume(False)  # the implementation does not support this configuration
                 return
+            # read `rules` only from an adapter: a missing or ill-typed one is named (ConfigError)
+            require_adapter(probe, ArSchedulerAdapter, factory)
             policy = prof.policy
             if policy.rules is None:  # the adapter declares its ordering rules itself
                 policy = dataclasses.replace(policy, rules=probe.rules)
