@@ -6,8 +6,10 @@ generated programs. Every family does the same around its own operations:
 
 - **abort rules**: abort a live request (consumed from the `requests` bundle), abort again or
   late (a finished or aborted id must be refused cleanly), abort an unknown id;
-- **a duplicate id**: submit again, as it was, a request already accepted (live or ended): it
-  must be refused with `DuplicateRequest` before any change (`unique_submission`);
+- **duplicate ids**: every accepted request is submitted again, as it was, right after it was
+  accepted and again when `abort_again_or_late` picks it (live or ended by then): it must be
+  refused with `DuplicateRequest` and no event (`unique_submission`). These calls draw
+  nothing, so the programs the suites draw are the ones they drew before the check;
 - **drain** every third round or step, and at **teardown** (then the family's end-of-run checks,
   e.g. parity), counting steps and examples in a `StepCounter`;
 - an **invariant** that every round/step the implementation ran was ended and checked;
@@ -271,16 +273,17 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
             raise self._record(call, hang) from None
         if what == "submit" and result is None:  # accepted (a refusal returns its error)
             self.accepted[args[0].request_id] = args[0]
+            self.submit_again(args[0].request_id)
         return result
 
-    # ------------------------------------------------------------------ shared rules
-    @rule(request=requests)
-    def submit_duplicate(self, request: str) -> None:
-        """Submit again, exactly as it was, a request already accepted (queued, running or
-        ended): ids are unique for the implementation's lifetime, so it must be refused with
-        `DuplicateRequest` and no event (`unique_submission`; the harness's `_checked_submit`)."""
-        self.run("submit", self.harness.submit, self.accepted[request])
+    def submit_again(self, request_id: str) -> None:
+        """Submit the accepted request `request_id` again, exactly as it was: ids are unique
+        for the implementation's lifetime, so it must be refused with `DuplicateRequest` and no
+        event (`unique_submission`; the harness's `_checked_submit`). Called inside rules, it
+        draws nothing."""
+        self.run("submit", self.harness.submit, self.accepted[request_id])
 
+    # ------------------------------------------------------------------ shared rules
     @rule(request=consumes(requests))
     def abort(self, request: str) -> None:
         """Abort a submitted request (taken out of `requests`) through the harness: an active
@@ -289,8 +292,10 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
 
     @rule(request=requests)
     def abort_again_or_late(self, request: str) -> None:
-        """Aborting a finished or already aborted request must be refused cleanly."""
+        """Aborting a finished or already aborted request must be refused cleanly; submitting
+        it again then (ended, or aborted by this call) must be refused (`submit_again`)."""
         self.run("abort", self.harness.abort, request)
+        self.submit_again(request)
 
     @rule()
     def abort_unknown(self) -> None:
