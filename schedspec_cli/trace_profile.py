@@ -173,6 +173,16 @@ def twin_runs(
 ) -> None:
     """Before any event is read: the twin must run the log's configuration (inside its own
     declared space, or the profile's `named` when it declares none; built without refusing)."""
+    if isinstance(twin, ArTwin) and isinstance(config, ArConfig) and twin.space is not None:
+        bad = twin.space.outside(config)
+        if bad is not None:  # as `verify --twin` refuses a twin not covering its configurations
+            name, value, declared = bad
+            raise ConfigError(
+                "--twin",
+                twin.name,
+                f"a twin whose declared space holds the log's configuration ({name}={value!r} "
+                f"is outside it: the twin declares {declared})",
+            )
     try:
         if isinstance(twin, DllmTwin) and isinstance(config, DllmConfig):
             own = twin.profile or (named.profile if named is not None else None)

@@ -270,6 +270,25 @@ def test_an_ar_log_decides_as_its_twin_and_not_as_another_engines(
     assert "[twin_decisions] against vllm-v1: step " in out and "the log schedules" in out
 
 
+@pytest.mark.parametrize(
+    ("caching", "twin"), [(True, "vllm-v1"), (False, "vllm-v1-prefix")]
+)  # fmt: skip
+def test_an_ar_twin_whose_declared_space_lacks_the_logs_configuration_is_an_input_error(
+    caching: bool, twin: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `verify --twin` refuses a twin that does not declare the configurations it would be
+    compared on: `vllm-v1` declares no prefix caching, `vllm-v1-prefix` only prefix caching.
+    Before, a prefix-caching vLLM log against `vllm-v1` failed by twin_decisions (a false
+    failure of stock vLLM) and a plain log was taken by `vllm-v1-prefix`."""
+    config = AR.replace(enable_prefix_caching=caching)
+    log = tmp_path / "log.jsonl"
+    with log.open("w", encoding="utf-8") as out:
+        write_ar_trace(_ar_events(VLLM_V1), out, config)
+    code, out = _cli(capsys, str(log), "--twin", twin)
+    assert code == 2 and f"invalid --twin={twin!r}" in out, out
+    assert f"enable_prefix_caching={caching}" in out and out.count("\n") == 1, out
+
+
 def test_an_ar_profile_that_contradicts_the_header_is_an_input_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
