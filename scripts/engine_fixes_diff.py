@@ -49,11 +49,13 @@ cache-aware admission
     .venv/bin/python scripts/engine_fixes_diff.py vllm-mm-upstream > mm-upstream.patch
     SCHEDSPEC_VLLM_VERSION=0.34.0 .venv/bin/python scripts/engine_fixes_diff.py vllm-cache-probe
     .venv/bin/python scripts/engine_fixes_diff.py sglang --list
+    .venv/bin/python scripts/engine_fixes_diff.py --list
 
 Without `--fix`, the engine's default set (SGLang: the five that together let the dLLM suite
 run with no pool headroom; Vidur: every fix but the alternative `ft-free-on-finish`, which
 edits what FasterTransformer's finding's fix edits; vLLM: every finding's fix); `--fix NAME`
-(repeatable) picks fixes by name, and `--list` lists them, one line each. The diff is made from the
+(repeatable) picks fixes by name, and `--list` lists them, one line each (`--list` with no
+engine: every engine's, each under an `ENGINE:` heading). The diff is made from the
 installed files when run; `git apply -p1` applies it in the engine's checkout of the same
 version (SGLang: its `python/` directory). The tests that run these very edits are in
 `tests/test_real_sglang.py`, `tests/test_real_vidur.py`, `tests/test_real_vllm_dllm.py` and
@@ -63,7 +65,8 @@ version (SGLang: its `python/` directory). The tests that run these very edits a
 `tests/test_real_vllm_pauses.py`, `tests/test_real_vllm_ar_settings.py`,
 `tests/test_real_vllm_cache_aware.py`
 (and `scripts/vllm_dllm_check.py` with its fix flags). Exit 2 with one line for an unknown
-fix, if the engine is not installed, or if its files no longer have the places the fixes edit.
+fix, for no engine without `--list`, if the engine is not installed, or if its files no longer
+have the places the fixes edit.
 Needs `schedspec install-engines sglang` (or `vidur`, `vllm`; `vllm-prefix`, `vllm-spec`,
 `vllm-kv`, `vllm-draft-margin`, `vllm-offloading`, `vllm-mamba` and `vllm-pause` need
 `vllm`).
@@ -107,6 +110,7 @@ from integrations.vllm.session_state_fix import SESSION_STATE_FIXES
 from integrations.vllm.spec_pad_fix import SPEC_PAD_FIXES
 from integrations.vllm.window_cap_fix import WINDOW_CAP_FIXES
 from integrations.vllm.window_hit_fix import WINDOW_HIT_FIXES
+from schedspec_cli.args import Parser, run_script
 
 #: engine -> (its fixes, the fixes printed without --fix)
 ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
@@ -141,8 +145,8 @@ ENGINES: dict[str, tuple[FixSet, tuple[str, ...]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", choices=list(ENGINES))
+    parser = Parser(prog="scripts/engine_fixes_diff.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("engine", nargs="?", choices=list(ENGINES))
     parser.add_argument(
         "--fix",
         action="append",
@@ -150,15 +154,38 @@ def main(argv: list[str] | None = None) -> int:
         help="a fix to include (repeatable; default the engine's default set)",
     )
     parser.add_argument(
-        "--list", action="store_true", help="list the engine's fixes (* = default set) and exit"
+        "--list",
+        action="store_true",
+        help="list the engine's fixes (* = default set) and exit; with no engine, every "
+        "engine's, each under an 'ENGINE:' heading",
     )
-    args = parser.parse_args(argv)
+    return run_script(parser, lambda args: _run(parser, args), argv)
+
+
+def _list(engine: str) -> list[str]:
+    """`engine`'s fixes, one line each: the default set starred, then name and summary."""
+    fixes, default = ENGINES[engine]
+    width = max(len(name) for name in fixes.names)
+    return [
+        f"{'*' if fix.name in default else ' '} {fix.name:<{width}}  {fix.summary}"
+        for fix in fixes.fixes
+    ]
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.engine is None:
+        if not args.list or args.fix:
+            parser.error(
+                "an engine is needed (one of " + ", ".join(ENGINES) + "); --list alone lists "
+                "every engine's fixes"
+            )
+        for engine in ENGINES:
+            print(f"{engine}:")
+            print("\n".join(f"  {line}" for line in _list(engine)))
+        return 0
     fixes, default = ENGINES[args.engine]
     if args.list:
-        width = max(len(name) for name in fixes.names)
-        for fix in fixes.fixes:
-            mark = "*" if fix.name in default else " "
-            print(f"{mark} {fix.name:<{width}}  {fix.summary}")
+        print("\n".join(_list(args.engine)))
         return 0
     names = args.fix or list(default)
     try:

@@ -257,6 +257,23 @@ def test_the_patch_script_lists_every_fix_with_its_summary(
         )
 
 
+def test_list_alone_lists_every_engines_fixes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`scripts/engine_fixes_diff.py --list` with no engine (README: "--list names them all")
+    lists every engine's fixes under its name; without --list an engine is needed (one line,
+    exit 2)."""
+    script = load_script("engine_fixes_diff")
+    assert script.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for engine, (fixes, _) in script.ENGINES.items():
+        block = out.split(f"\n{engine}:\n" if engine != "sglang" else "sglang:\n", 1)[1]
+        listed = [line[4:].split()[0] for line in block.splitlines()[: len(fixes.names)]]
+        assert listed == list(fixes.names), engine
+    with pytest.raises(SystemExit) as stop:
+        script.main([])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--list alone" in err, err
+
+
 def test_importing_the_engines_fixes_imports_no_engine() -> None:
     """The fix lists (what `engine_fixes_diff.py ENGINE --list` prints) load without any engine
     or torch: each engine is imported only when a fix is made or run."""
