@@ -24,6 +24,7 @@ configuration before any example, so a factory of the other family is an input e
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -128,7 +129,36 @@ def resolve_twin(name: str, family: Family) -> Twin:
     return DllmTwin(name, _callable_twin(name), None)
 
 
+#: Per real engine whose built-ins run a user's scheduler class: the built-ins that decide as
+#: its stock release instead (pure-Python references of its policy).
+STOCK_TWINS = {
+    "vllm": "--twin vllm-v1 (vllm-v1-prefix with prefix caching)",
+    "vidur": "--twin with the vidur-* reference of its scheduler (schedspec list-impls)",
+}
+
+
+def _refuse_the_users_own_class(name: str) -> None:
+    """A real-engine built-in as `--twin` while the engine's scheduler class variable names a
+    class of the user's: the twin would run that class too, comparing it with itself (and
+    passing whatever it decides). `ConfigError` naming the variable and the stock twins."""
+    builtin = BUILTINS.get(name)
+    if builtin is None or builtin.engine not in STOCK_TWINS:
+        return
+    module = importlib.import_module(f"integrations.{builtin.engine}.custom_scheduler")
+    variable: str = module.SCHEDULER_VARIABLE
+    chosen = module.selected_class(variable)
+    if chosen is not None:
+        raise ConfigError(
+            "--twin",
+            name,
+            f"a twin that does not run your class: with {variable}={chosen} set, {name} runs "
+            f"it too, comparing your class with itself; to compare it with the stock "
+            f"release: {STOCK_TWINS[builtin.engine]} (or unset {variable})",
+        )
+
+
 def _ar_twin(name: str) -> ArTwin:
+    _refuse_the_users_own_class(name)
     if name not in BUILTINS:
         _refuse_non_factory(load_object(name, "--twin"), name)
     try:

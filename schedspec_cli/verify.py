@@ -48,7 +48,7 @@ from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
-from schedspec_cli.twins import twin_for_targets, twin_names
+from schedspec_cli.twins import STOCK_TWINS, twin_for_targets, twin_names
 from spec.config import Mode
 from spec.errors import CannotDrive, ConfigError
 from spec.implementation import Family
@@ -352,6 +352,9 @@ def run(args: argparse.Namespace) -> int:
                 print("--- known fixes ---\n" + "\n".join(trial.lines()))
         if r.stopped.startswith(STOPPED_SHORT):
             print(f"\n{r.impl}: {r.stopped}")
+        release = engines[results.index(r)]
+        if args.twin is None and release is not None and release.get("scheduler_cls"):
+            print(f"\n{r.impl}: {own_class_note(release)}")
         ignored = bool(args.keep_going and r.failures)
         if r.accepted or ignored:
             print(f"\n{r.impl}: {cut_short_note(r, ignored)}")
@@ -360,6 +363,18 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_report(Path(args.report), results, payload)
     return 0 if all(r.passed for r in results) else 1
+
+
+def own_class_note(release: dict[str, Any]) -> str:
+    """Said of a run of the user's own scheduler class without `--twin`: the rules bound what
+    an engine may do, not what it decides where several choices are allowed."""
+    stock = STOCK_TWINS.get(str(release.get("name")))
+    compare = f"; {stock} compares its decisions with the stock release's, step by step"
+    return (
+        f"the rules check what {release['scheduler_cls']} must never do, not that it decides as "
+        "the stock scheduler where the rules allow either (a class that never batches a second "
+        f"request passes them){compare if stock else ''}"
+    )
 
 
 def cut_short_note(result: VerifyResult, ignored: bool) -> str:
