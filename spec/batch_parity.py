@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from spec.adapter import SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
-from spec.errors import ConfigError
+from spec.errors import ConfigError, SpecViolation
 from spec.events import Event, Finished
 from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note
 from spec.machine import SpecMachine
 from spec.profile import DllmPolicy
-from spec.snapshot import FinishedOutput
+from spec.snapshot import FinishedOutput, wrong_output
 
 Factory = Callable[[DllmConfig, Callable[[Event], None]], SchedulerAdapter]
 
@@ -168,10 +168,19 @@ def compare_variants(
 def golden_outputs(
     adapter: SchedulerAdapter, requests: Sequence[RequestSpec]
 ) -> dict[str, FinishedOutput] | None:
-    """Every request's golden output when the adapter is a `GoldenDecoder`, else None."""
+    """Every request's golden output when the adapter is a `GoldenDecoder`, else None. A
+    `golden_output` that returns no `FinishedOutput` breaks `golden_output`, saying what it
+    returned (`spec.snapshot.wrong_output`), rather than failing later in the comparison."""
     if not isinstance(adapter, GoldenDecoder):
         return None
-    return {r.request_id: adapter.golden_output(r) for r in requests}
+    goldens: dict[str, FinishedOutput] = {}
+    for r in requests:
+        output: object = adapter.golden_output(r)
+        problem = wrong_output(output, f"golden_output(request {r.request_id!r}) returned")
+        if problem is not None or not isinstance(output, FinishedOutput):
+            raise SpecViolation("golden_output", problem or "not a spec.FinishedOutput")
+        goldens[r.request_id] = output
+    return goldens
 
 
 def context_for(requests: Sequence[RequestSpec], block_size: int, page_size: int) -> int:

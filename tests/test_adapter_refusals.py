@@ -151,6 +151,20 @@ def test_golden_output_of_the_wrong_type_breaks_golden_output_saying_so(
 
 
 @pytest.mark.parametrize(
+    ("name", "got"), [("golden_as_none", "NoneType"), ("golden_as_tuple", "tuple")]
+)  # fmt: skip
+def test_parity_impl_names_a_golden_output_of_the_wrong_type(
+    name: str, got: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schedspec parity --impl` reads `golden_output` too: exit 1 naming what it returned,
+    not an AttributeError traceback from spec/golden.py."""
+    argv = ["parity", "--impl", f"tests.broken_adapters:{name}", "--prompts", "2"]
+    assert main([*argv, "--max-new-tokens", "8"]) == 1
+    err = capsys.readouterr().err
+    assert f"[golden_output] golden_output(request 'p000') returned {got}, not a" in err, err
+
+
+@pytest.mark.parametrize(
     ("factory", "says"),
     [
         (broken_adapters.no_rules, "lacking rules"),
