@@ -85,3 +85,38 @@ def test_no_via_when_the_users_own_code_raised() -> None:
         raise ValueError("bad")
 
     assert "; via " not in describe_raised(_raised(own))
+
+
+MULTI_LINE = """\
+def check(new, resumed, running, cap):
+    # vLLM's schedule() ends with an assert like this one
+    assert len(new) + len(resumed) + len(
+        running  # those it scheduled
+        # (a whole-line comment)
+    ) <= cap
+
+
+def long_check(x):
+    assert x == [
+        {}
+    ]
+"""
+
+
+def test_a_multi_line_assert_is_named_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `FrameSummary.line` gave the statement's first line only:
+    `assert len(new) + len(resumed) + len(`."""
+    (tmp_path / "multi_check.py").write_text(MULTI_LINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "multi_check", raising=False)
+    module = importlib.import_module("multi_check")
+    said = describe_raised(_raised(lambda: module.check([1], [2], [3], 2)))
+    assert said == (
+        "AssertionError: assert len(new) + len(resumed) + len(running) <= cap "
+        f"(at {tmp_path}/multi_check.py:3 in check)"
+    ), said
+    monkeypatch.setattr("properties.raised.STATEMENT_CHARS", 12)
+    said = describe_raised(_raised(lambda: module.long_check([])))
+    assert said.startswith("AssertionError: assert x... (at "), said
