@@ -340,6 +340,34 @@ def _short(value: object) -> str:
     return str(value)
 
 
+def ignored_scheduler_cls(targets: Sequence[Resolved]) -> str | None:
+    """One line saying that `SCHEDSPEC_VLLM_SCHEDULER_CLS` (or `SCHEDSPEC_VIDUR_SCHEDULER_CLS`)
+    is set but names a class none of `targets` builds: none is a built-in of that engine, nor a
+    `module:attribute` implementation whose import loaded it (`Resolved.engines_loaded`). The
+    pure-Python references of an engine's policy (`vllm-v1`, `vidur-vllm`) are not the engine:
+    a user who set the variable to check their class must not read their pass as its. None
+    when no such variable is set, or a target runs that engine. For `verify` to print on stderr
+    before any run (`schedspec_cli.verify.plan`)."""
+    lines = []
+    for engine in ("vllm", "vidur"):
+        chosen = _scheduler_cls(engine)
+        if chosen is None:
+            continue
+        runs = any(
+            (t.builtin is not None and t.builtin.engine == engine) or engine in t.engines_loaded
+            for t in targets
+        )
+        if runs:
+            continue
+        names = ", ".join(b.name for b in BUILTINS.values() if b.engine == engine)
+        verified = ", ".join(t.name for t in targets)
+        lines.append(
+            f"SCHEDSPEC_{engine.upper()}_SCHEDULER_CLS={chosen} ignored: no implementation "
+            f"verified ({verified}) runs {engine}; it applies to {engine}'s built-ins ({names})"
+        )
+    return "; ".join(lines) or None
+
+
 def refuse_parity_for_ar_only(parity: str | None, targets: Sequence[Resolved]) -> None:
     """`--parity` given when every target is AR is an input error: an AR run has no outputs to
     compare, so the flag would be ignored."""
@@ -358,6 +386,7 @@ __all__ = [
     "NotAnAdapter",
     "Resolved",
     "engine_release",
+    "ignored_scheduler_cls",
     "load_engine",
     "profile_summary",
     "refuse_parity_for_ar_only",

@@ -111,8 +111,12 @@ the requests cache read limits in turn (none; skip the prefix cache; score the p
 middle row on, vLLM 0.34.0's `prompt_logprob_start`), and each must be admitted with no more
 tokens read from the cache or a connector than its limit (`cache_read_limit`,
 `integrations.vllm.cache_reads`).
-Exit 1 if a program failed. Needs
-`schedspec install-engines vllm`.
+With `SCHEDSPEC_VLLM_SCHEDULER_CLS=pkg.module.Class` (`integrations.vllm.custom_scheduler`) both
+loops build that class: it must subclass `AsyncScheduler` (which the synchronous loop's
+`Scheduler` is a base of), checked before any program; the output's first line and the JSON's
+`scheduler_cls` name it, and each shrink command printed starts with the variable.
+Exit 1 if a program failed; 2, one line on stderr, for a usage error or a scheduler class that
+is not one vLLM builds in both loops. Needs `schedspec install-engines vllm`.
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.hash_seed import hash_seed, pin_hash_seed
 from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
+from integrations.vllm.custom_scheduler import check_for_loops
 from integrations.vllm.engine_core import (
     ASYNC_BATCH_QUEUE,
     CoreProgram,
@@ -143,12 +148,16 @@ from integrations.vllm.loop_arguments import (
     loop_options,
 )
 from integrations.vllm.program_tally import (
+    MODES,
     ProgramTally,
     add_program_arguments,
+    engine_words,
     parse_program_arguments,
+    refuse_scheduler_cls,
     shrink_commands,
 )
 from schedspec_cli.output import output_file, write_json
+from spec.errors import ConfigError
 
 COUNTS = (
     "engine_steps",
@@ -321,15 +330,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parse_program_arguments(parser, argv)
     options, names = loop_options(args, parser)
+    try:
+        # both loops run: a class of the user's must be one vLLM builds in each, checked
+        # before any program (it is not a configuration vLLM refuses)
+        scheduler_cls = check_for_loops(MODES)
+    except ConfigError as err:
+        return refuse_scheduler_cls(parser.prog, err)
     start = time.perf_counter()
     tally = ProgramTally(COUNTS)
     prefix = 0
     generate = GENERATORS[args.programs_from]
-    for seed in range(args.programs):
-        program = generate(seed)
-        prefix += program.config.enable_prefix_caching
-        tally.check_each(seed, partial(_one_loop, program, options))
+    try:
+        for seed in range(args.programs):
+            program = generate(seed)
+            prefix += program.config.enable_prefix_caching
+            tally.check_each(seed, partial(_one_loop, program, options))
+    except ConfigError as err:  # the user's class (the tally counts vLLM's refusals)
+        return refuse_scheduler_cls(parser.prog, err)
     elapsed = time.perf_counter() - start
+    engine = engine_words()
+    if engine is not None:
+        print(engine)
     p = args.pipeline_parallel
     fixed = f"; fix {' + '.join(names)}" if names else ""
     drafts = describe(args)
@@ -348,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs": args.programs,
                 "programs_from": args.programs_from,
                 "fix": " + ".join(names) or None,
+                "scheduler_cls": scheduler_cls,
                 "prefix_caching_programs": prefix,
                 **tally.json_fields(),
                 "seconds": elapsed,

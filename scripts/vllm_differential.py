@@ -23,12 +23,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm import REAL_VLLM, REAL_VLLM_WATERMARK
+from integrations.vllm.custom_scheduler import check_for_loops
 from integrations.vllm.differential import count_differences
+from integrations.vllm.program_tally import refuse_scheduler_cls
 from reference.ar.vllm_settings import VLLM_033_WATERMARK, VLLM_WATERMARK
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
 from schedspec_cli.output import output_file, write_json
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig
+from spec.errors import ConfigError
 
 
 def _reference(options: VllmOptions, config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
@@ -50,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs: must be >= 1")
+    try:  # real-vllm runs vLLM's synchronous Scheduler: a class of the user's must be one
+        check_for_loops(("sync",))
+    except ConfigError as err:
+        return refuse_scheduler_cls(parser.prog, err)
     base = VLLM_033_WATERMARK if args.watermark else VLLM_033
     mark = f" (watermark {VLLM_WATERMARK})" if args.watermark else ""
     variants = {

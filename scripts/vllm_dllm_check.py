@@ -25,8 +25,13 @@ read as a router reads them (copies counted) and checked after every `update_fro
 `kv_event_content`); `--loras N` serves N LoRA adapters, at most `--max-loras M` (default 1)
 at once, and checks `max_loras` (`integrations.vllm.lora_rules`); `--pauses MODE` pauses
 generation now and then as RL trainers do around a weight update, clears the caches once idle
-and resumes, and checks `pause` (`integrations.vllm.pauses`). Exit 1 if a program failed
-(exit 2, one line, for `--max-loras` without `--loras`).
+and resumes, and checks `pause` (`integrations.vllm.pauses`). With
+`SCHEDSPEC_VLLM_SCHEDULER_CLS=pkg.module.Class` (`integrations.vllm.custom_scheduler`) both
+loops build that class: it must subclass `DiffusionAsyncScheduler` (which the synchronous
+loop's `DiffusionScheduler` is a base of), checked before any program; the output's first line
+and the JSON's `scheduler_cls` name it, and each shrink command printed starts with the
+variable. Exit 1 if a program failed (exit 2, one line, for `--max-loras` without `--loras` or
+a scheduler class that is not one vLLM builds in both loops).
 Needs `schedspec install-engines vllm`.
 """
 
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from integrations.hash_seed import hash_seed, pin_hash_seed
 from integrations.vllm.admission_check import ADMISSION_MEANING
 from integrations.vllm.cache_aware_check import CACHE_AWARE_MEANING
+from integrations.vllm.custom_scheduler import check_for_loops, is_scheduler_cls_error
 from integrations.vllm.diffusion import END_MARGIN_CANVASES, check_both
 from integrations.vllm.dllm_arguments import (
     add_dllm_arguments,
@@ -56,12 +62,16 @@ from integrations.vllm.dllm_arguments import (
 )
 from integrations.vllm.fixes import dllm_mutation
 from integrations.vllm.program_tally import (
+    MODES,
     ProgramTally,
     add_program_arguments,
+    engine_words,
     parse_program_arguments,
+    refuse_scheduler_cls,
     shrink_commands,
 )
 from schedspec_cli.output import output_file, write_json
+from spec.errors import ConfigError
 
 MEANING = {
     "engine_steps": "engine-core steps",
@@ -95,19 +105,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parse_program_arguments(parser, argv)
     check_dllm_arguments(parser, args)
+    try:
+        # both loops run: a class of the user's must be one vLLM builds in each, checked
+        # before any program
+        scheduler_cls = check_for_loops(MODES, diffusion=True)
+    except ConfigError as err:
+        return refuse_scheduler_cls(parser.prog, err)
     start = time.perf_counter()
     tally = ProgramTally(tuple(MEANING))
     mutate = dllm_mutation(fix_names(args))
     generate = dllm_generator(args)
     requests = 0
-    for seed in range(args.programs):
-        program = generate(seed)
-        requests += sum(len(batch) for batch in program.arrivals)
-        tally.check(
-            seed,
-            partial(check_both, program, mutate, pipeline_parallel_size=args.pipeline_parallel),
-        )
+    try:
+        for seed in range(args.programs):
+            program = generate(seed)
+            requests += sum(len(batch) for batch in program.arrivals)
+            tally.check(
+                seed,
+                partial(check_both, program, mutate, pipeline_parallel_size=args.pipeline_parallel),
+            )
+    except ConfigError as err:
+        if not is_scheduler_cls_error(err):
+            raise
+        return refuse_scheduler_cls(parser.prog, err)
     elapsed = time.perf_counter() - start
+    engine = engine_words()
+    if engine is not None:
+        print(engine)
     space, patch = describe_space(args), describe_fixes(args)
     p = args.pipeline_parallel
     stages = f"async with {p} pipeline stage{'s' if p > 1 else ''}"
@@ -125,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "programs": args.programs,
                 "requests": requests,
                 "python_hash_seed": hash_seed(),
+                "scheduler_cls": scheduler_cls,
                 **tally.json_fields(),
                 "seconds": elapsed,
                 "end_margin_canvases": 0 if args.reach_model_len else END_MARGIN_CANVASES,

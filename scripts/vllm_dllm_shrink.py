@@ -60,11 +60,13 @@ from integrations.vllm.program_tally import add_pipeline_argument
 from integrations.vllm.shrink_cli import (
     RefusedByFlags,
     add_shrink_arguments,
+    check_scheduler_cls,
     check_shrink_arguments,
     lifted,
     report,
     shrink_target,
     traced_run,
+    with_class,
 )
 from schedspec_cli.args import Parser, run_script
 from schedspec_cli.output import output_file, write_json
@@ -97,6 +99,7 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     check_shrink_arguments(args, parser)
     if args.loop == "sync" and args.pipeline_parallel > 1:
         parser.error("--pipeline-parallel > 1 runs the async loop only; drop --loop sync")
+    scheduler_cls = check_scheduler_cls(args, parser, diffusion=True)
     names = fix_names(args)
     drawn = dllm_generator(args)(args.seed)
     name = f"program {args.seed} ({', '.join(k for k, v in space(args).items() if v) or 'random'}"
@@ -149,7 +152,9 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         source=dllm_program_source(result.program),
         elapsed=elapsed,
         loop=loop,
-        reproduce="as it is (the fabricated runner draws nothing):",
+        reproduce="as it is (the fabricated runner draws nothing)"
+        + with_class(scheduler_cls)
+        + ":",
         trace=trace,
     )
     if args.json:
@@ -158,6 +163,7 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             {
                 "path": "diffusion",
                 "release": VLLM_VERSION,
+                "scheduler_cls": scheduler_cls,
                 "seed": args.seed,
                 "space": space(args),
                 "pipeline_parallel_size": stages,

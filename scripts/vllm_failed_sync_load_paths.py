@@ -22,10 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from integrations.hash_seed import pin_hash_seed
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.custom_scheduler import check_for_loops
 from integrations.vllm.engine_core import LoopOptions, core_program, run_loop
 from integrations.vllm.hybrid_sync_load_fix import HYBRID_SYNC_LOAD
 from integrations.vllm.kv_load_fixes import KV_LOAD_FIXES
 from integrations.vllm.loop_arguments import make_fixes
+from integrations.vllm.program_tally import refuse_scheduler_cls
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
 from integrations.vllm.window_cap_fix import WINDOW_CAP
 from integrations.vllm.window_hit_fix import WINDOW_HIT
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs: at least 1")
+    try:  # both loops run: a class of the user's must be one vLLM builds in each
+        check_for_loops(("sync", "async"))
+    except ConfigError as err:
+        return refuse_scheduler_cls(parser.prog, err)
     print(f"{'policy':<10}" + "".join(f"{c:>24}" for c in COLUMNS))
     for policy in ("recompute", "fail"):
         try:

@@ -65,11 +65,13 @@ from integrations.vllm.shrink import (
 from integrations.vllm.shrink_cli import (
     RefusedByFlags,
     add_shrink_arguments,
+    check_scheduler_cls,
     check_shrink_arguments,
     lifted,
     report,
     shrink_target,
     traced_run,
+    with_class,
 )
 from schedspec_cli.args import Parser, run_script
 from schedspec_cli.output import output_file, write_json
@@ -100,6 +102,7 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     """The script's run on parsed arguments (`main`): 0 nothing to shrink, 1 shrunk."""
     check_shrink_arguments(args, parser)
     options, names = loop_options(args, parser)
+    scheduler_cls = check_scheduler_cls(args, parser)
     program = GENERATORS[args.programs_from](args.seed)
     name = f"program {args.seed} ({args.programs_from}"
     name += f"; fix {' + '.join(names)})" if names else ")"
@@ -149,7 +152,9 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         source=program_source(options.limited(result.program)),
         elapsed=elapsed,
         loop=loop,
-        reproduce=f"with the original program's draws, LoopOptions(..., draw_seed={draws}):",
+        reproduce=f"with the original program's draws, LoopOptions(..., draw_seed={draws})"
+        + with_class(scheduler_cls)
+        + ":",
         trace=trace,
     )
     if args.json:
@@ -157,6 +162,7 @@ def shrink_program(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             args.json,
             {
                 "release": VLLM_VERSION,
+                "scheduler_cls": scheduler_cls,
                 "seed": args.seed,
                 "programs_from": args.programs_from,
                 "fix": " + ".join(names) or None,

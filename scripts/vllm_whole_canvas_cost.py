@@ -34,14 +34,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.custom_scheduler import check_for_loops
 from integrations.vllm.diffusion import DllmCoreLoop, DllmProgram, DllmRun, dllm_program
 from integrations.vllm.program_tally import (
     MODES,
     add_program_arguments,
     parse_program_arguments,
+    refuse_scheduler_cls,
 )
 from integrations.vllm.whole_canvas_fix import apply_whole_canvas_fix
 from schedspec_cli.output import output_file, write_json
+from spec.errors import ConfigError
 
 VARIANTS = ("released", "fix")
 
@@ -146,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--json", type=output_file, default=None, help="also write the figures to this file"
     )
     args = parse_program_arguments(parser, argv)
+    try:  # a class of the user's must be one vLLM builds in both loops, checked up front
+        check_for_loops(MODES, diffusion=True)
+    except ConfigError as err:
+        return refuse_scheduler_cls(parser.prog, err)
     start = time.perf_counter()
     totals = {(mode, v): Totals() for mode in MODES for v in VARIANTS}
     step_ratios: dict[str, list[float]] = {mode: [] for mode in MODES}

@@ -9,6 +9,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,14 @@ from properties.conformance_base import NATIVE_NOTE
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.script_module import load_script
 from tests.tier import full_tier
 from tests.user_module import verify_run, write_user_module
 
 #: The user's module: vLLM imported at its top, as a subclass in a vLLM checkout would.
 USER_MODULE = '''
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler, DiffusionScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 
@@ -68,6 +72,23 @@ class QueuesTwice(Scheduler):
         last = queue.fake_free_list_tail.prev_free_block
         if last is not queue.fake_free_list_head:
             queue.append(last)
+
+
+class FreesTwiceAsync(AsyncScheduler):
+    """FreesTwice, for both engine-core loops."""
+
+    def _free_blocks(self, request):
+        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks[0]
+        super()._free_blocks(request)
+        self.kv_cache_manager.block_pool.free_blocks(list(blocks))
+
+
+class MyDiffusion(DiffusionScheduler):
+    pass
+
+
+class MyDiffusionAsync(DiffusionAsyncScheduler):
+    pass
 
 
 NOT_A_CLASS = 3
@@ -213,3 +234,112 @@ def test_a_patched_install_is_named_in_the_record_and_the_output(
         f"real-vllm: vllm {MANIFEST.version}; MODIFIED from the release: {shown}, ... (7 files)"
         in out
     )
+
+
+def _script(
+    name: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int | str | None, str, str]:
+    """`scripts/<name>.py ARGV` in this process: its exit status (returned, or raised as
+    `SystemExit` by a usage error), stdout and stderr."""
+    script = load_script(name)
+    try:
+        code: int | str | None = script.main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "wants"),
+    [
+        # both loops run: a Scheduler-only class cannot be built in the async loop; before, each
+        # program was counted "refused by vLLM" (exit 0, nothing checked)
+        ("vllm_async_check", "my_sched.Unchanged", "AsyncScheduler, the class vLLM builds"),
+        ("vllm_async_check", "my_sched.MyDiffusionAsync", "is a diffusion scheduler"),
+        # before, a traceback (rc 1) from the first program's build
+        ("vllm_dllm_check", "my_sched.Unchanged", "DiffusionScheduler, the class vLLM builds"),
+        ("vllm_dllm_check", "my_sched.MyDiffusion", "class Both(DiffusionAsyncScheduler, "),
+    ],
+)
+def test_a_check_script_refuses_a_class_of_the_wrong_kind_up_front(
+    name: str,
+    value: str,
+    wants: str,
+    user_module: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(SCHEDULER_VARIABLE, value)
+    code, out, err = _script(name, ["--programs", "3"], capsys)
+    assert code == 2 and not out, out
+    assert err.count("\n") == 1 and SCHEDULER_VARIABLE in err and wants in err, err
+
+
+@pytest.mark.parametrize("script", ["vllm_shrink", "vllm_dllm_shrink"])
+def test_a_shrink_script_refuses_a_class_of_the_wrong_kind_up_front(
+    script: str,
+    user_module: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, the program was "refused by vLLM as drawn": nothing to shrink, exit 0."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.Unchanged")
+    code, out, err = _script(script, ["--seed", "0", "--loop", "async"], capsys)
+    assert code == 2 and not out, out
+    assert err.count("\n") == 1 and SCHEDULER_VARIABLE in err, err
+
+
+def test_a_diffusion_subclass_runs_in_the_dllm_loops(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A subclass of vLLM's diffusion scheduler is built and checked (before, `_build` compared
+    the class's name with vLLM's: a ConfigError traceback), and the output names it."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.MyDiffusionAsync")
+    out_json = tmp_path / "dllm.json"
+    argv = ["--programs", "3", "--json", str(out_json)]
+    code, out, err = _script("vllm_dllm_check", argv, capsys)
+    assert code == 0, out + err
+    named = f"vllm {MANIFEST.version}, scheduler_cls my_sched.MyDiffusionAsync"
+    assert out.splitlines()[0] == named and "3 pass both loops" in out, out
+    assert json.loads(out_json.read_text())["scheduler_cls"] == "my_sched.MyDiffusionAsync"
+    # the synchronous loop alone takes a DiffusionScheduler subclass
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.MyDiffusion")
+    code, out, err = _script("vllm_dllm_shrink", ["--seed", "0", "--loop", "sync"], capsys)
+    assert code == 0 and "nothing to shrink" in out, out + err
+
+
+def test_the_scripts_name_the_class_and_reproduce_with_it(
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A finding of the user's class is reported with the class: the output's first line and
+    the JSON name it, and each shrink command printed sets the variable (pasted in a fresh
+    shell, it checks the class, not stock vLLM)."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_sched.FreesTwiceAsync")
+    out_json = tmp_path / "async.json"
+    argv = ["--programs", "2", "--json", str(out_json)]
+    code, out, err = _script("vllm_async_check", argv, capsys)
+    assert code == 1, out + err
+    named = f"vllm {MANIFEST.version}, scheduler_cls my_sched.FreesTwiceAsync"
+    assert out.splitlines()[0] == named, out
+    commands = [line for line in out.splitlines() if line.startswith("shrink [")]
+    assert {c.split("]: ", 1)[0] for c in commands} == {
+        "shrink [implementation_error, sync loop",
+        "shrink [implementation_error, async loop",
+    }, out
+    selector = f"{SCHEDULER_VARIABLE}=my_sched.FreesTwiceAsync .venv/bin/python"
+    assert all(selector in c for c in commands), commands
+    assert json.loads(out_json.read_text())["scheduler_cls"] == "my_sched.FreesTwiceAsync"
+    shrunk_json = tmp_path / "shrink.json"
+    argv = ["--seed", "0", "--loop", "async", "--budget", "20", "--json", str(shrunk_json)]
+    code, out, err = _script("vllm_shrink", argv, capsys)
+    assert code == 1, out + err
+    assert out.startswith("scheduler_cls my_sched.FreesTwiceAsync"), out
+    assert f"with {SCHEDULER_VARIABLE}=my_sched.FreesTwiceAsync set:" in out, out
+    assert json.loads(shrunk_json.read_text())["scheduler_cls"] == "my_sched.FreesTwiceAsync"

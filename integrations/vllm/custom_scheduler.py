@@ -12,15 +12,20 @@ with the adapter's snapshot, events and rules unchanged. A vLLM maintainer check
 
 The module is imported after the engine install is activated, so it may import vLLM at its top.
 The class must subclass the class vLLM would build for the configuration (`Scheduler` for the
-synchronous built-ins, `AsyncScheduler` for the asynchronous engine-core loops, vLLM's diffusion
-schedulers for its dLLM built-ins): a class that is not one is a `ConfigError` naming the
-variable (exit 2), as is a name that does not import. `verify`'s JSON records the class beside
-the release (`"engine": {..., "scheduler_cls": "my_sched.MyScheduler"}`).
+synchronous built-ins and loop, `AsyncScheduler` for the asynchronous engine-core loop,
+`DiffusionScheduler` / `DiffusionAsyncScheduler` for the diffusion loops of
+`scripts/vllm_dllm_check.py`): a class that is not one is a `ConfigError` naming the variable
+(exit 2), as is a name that does not import. The scripts check it up front for the loops they
+run (`check_for_loops`), before any program, so a class of the wrong kind is never counted as a
+configuration vLLM refuses. `verify`'s JSON records the class beside the release (`"engine":
+{..., "scheduler_cls": "my_sched.MyScheduler"}`), as the scripts' output and JSON do, and every
+command a script prints to rerun a finding starts with the variable.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 from typing import Any
 
 from integrations.scheduler_class import resolve_class, selected_class
@@ -83,3 +88,71 @@ def scheduler_class_for(default: type[Any]) -> type[Any]:
             "(real-vllm, real-vllm-prefix, ...) run Scheduler",
         )
     return cls
+
+
+def is_scheduler_cls_error(err: BaseException) -> bool:
+    """Whether `err` is about the class the variable names (the user's to fix: exit 2), not a
+    configuration vLLM refuses: a `ConfigError` naming the variable, or one whose message
+    carries such an error (the adapter words a `ValueError` of the scheduler's build as a KV
+    cache configuration vLLM refuses)."""
+    return isinstance(err, ConfigError) and (
+        err.field == SCHEDULER_VARIABLE or f"invalid {SCHEDULER_VARIABLE}=" in str(err)
+    )
+
+
+def loop_class(*, async_scheduling: bool, diffusion: bool = False) -> type[Any]:
+    """The class vLLM builds for an engine-core loop: `Scheduler` / `AsyncScheduler`, or, for a
+    diffusion model, `DiffusionScheduler` / `DiffusionAsyncScheduler` (vLLM imported)."""
+    if diffusion:
+        module = importlib.import_module("vllm.v1.core.sched.diffusion_scheduler")
+        name = "DiffusionAsyncScheduler" if async_scheduling else "DiffusionScheduler"
+        return getattr(module, name)  # type: ignore[no-any-return]
+    if async_scheduling:
+        module = importlib.import_module("vllm.v1.core.sched.async_scheduler")
+        return module.AsyncScheduler  # type: ignore[no-any-return]
+    return importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler  # type: ignore[no-any-return]
+
+
+def check_for_loops(
+    loops: Collection[str], *, diffusion: bool = False, sync_alone: str = ""
+) -> str | None:
+    """Up front, for a script that runs vLLM's engine-core `loops` ("sync", "async"; with
+    `diffusion`, its diffusion loops): the class the variable names, or None when it is unset.
+    vLLM is activated to import it. A `ConfigError` naming the variable when the class does not
+    subclass the class vLLM builds in each loop run (`loop_class`), or when an autoregressive
+    loop is given a diffusion scheduler; `sync_alone` (e.g. "--loop sync") says how to run the
+    synchronous loop alone, for a class that serves only there."""
+    qualname = selected_scheduler_cls()
+    if qualname is None:
+        return None
+    from integrations.vllm.adapter import load_vllm  # the adapter imports this module
+
+    load_vllm()
+    cls = resolve_scheduler_cls(qualname)
+    if not diffusion and issubclass(cls, loop_class(async_scheduling=False, diffusion=True)):
+        raise ConfigError(
+            SCHEDULER_VARIABLE,
+            qualname,
+            "a subclass of vLLM's Scheduler or AsyncScheduler for these autoregressive loops "
+            f"({qualname} is a diffusion scheduler: scripts/vllm_dllm_check.py runs those)",
+        )
+    for mode in ("sync", "async"):
+        want = loop_class(async_scheduling=mode == "async", diffusion=diffusion)
+        if mode not in loops or issubclass(cls, want):
+            continue
+        note = ""
+        sync_class = loop_class(async_scheduling=False, diffusion=diffusion)
+        if mode == "async" and issubclass(cls, sync_class):
+            alone = f" ({sync_alone})" if sync_alone else ""
+            note = (
+                f"; it serves the sync loop alone{alone}; a class of both, e.g. "
+                f"class Both({want.__name__}, {cls.__name__}), serves both"
+            )
+        raise ConfigError(
+            SCHEDULER_VARIABLE,
+            qualname,
+            f"a subclass of {want.__module__}.{want.__qualname__}, the class vLLM builds for the "
+            f"{mode} loop{' of a diffusion model' if diffusion else ''} this runs ({qualname} is "
+            f"not one{note})",
+        )
+    return qualname

@@ -101,6 +101,7 @@ from integrations.vllm.core_loop import (
     check_program_steps,
     run_both,
 )
+from integrations.vllm.custom_scheduler import loop_class
 from integrations.vllm.kv_event_content import EventContent
 from integrations.vllm.kv_events import KvEventView, check_kv_events
 from integrations.vllm.lora_rules import check_adapter_limit, waits_for_adapter
@@ -927,7 +928,8 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
             async_scheduling=async_scheduling,
         )
         queue = vllm_config.max_concurrent_batches
-    want = "DiffusionAsyncScheduler" if async_scheduling else "DiffusionScheduler"
+    # vLLM's own class, or a subclass of it the user named (SCHEDSPEC_VLLM_SCHEDULER_CLS)
+    want = loop_class(async_scheduling=async_scheduling, diffusion=True)
     if async_scheduling and queue != serving.async_batch_queue:
         raise ConfigError(
             "serving",
@@ -935,11 +937,11 @@ def _build(v: Any, serving: DllmServing, async_scheduling: bool) -> Any:
             f"a configuration vLLM runs with {serving.async_batch_queue} batches in flight "
             f"(its max_concurrent_batches is {queue})",
         )
-    if type(sched).__name__ != want or sched.num_spec_tokens != serving.canvas_length:
+    if not isinstance(sched, want) or sched.num_spec_tokens != serving.canvas_length:
         raise ConfigError(
             "serving",
             serving,
-            f"a configuration vLLM serves with its {want} and a canvas of "
+            f"a configuration vLLM serves with its {want.__name__} and a canvas of "
             f"{serving.canvas_length} (it built {type(sched).__name__}, canvas "
             f"{sched.num_spec_tokens})",
         )

@@ -5,6 +5,7 @@ the programs that passed both."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.custom_scheduler import (
+    SCHEDULER_VARIABLE,
+    is_scheduler_cls_error,
+    selected_scheduler_cls,
+)
 from integrations.vllm.manifest import DEFAULT_VERSION, VERSION_VARIABLE, VLLM_VERSION
 from spec.errors import ConfigError
 
@@ -51,9 +57,30 @@ def parse_program_arguments(
 
 
 def release_selector() -> str:
-    """What a printed command starts with to run on the loaded vLLM release: empty for the
-    default one, else the variable that selects it ("SCHEDSPEC_VLLM_VERSION=0.34.0 ")."""
-    return "" if VLLM_VERSION == DEFAULT_VERSION else f"{VERSION_VARIABLE}={VLLM_VERSION} "
+    """What a printed command starts with to run on the loaded vLLM release and scheduler
+    class: empty for the default release and vLLM's own class, else the variables that select
+    them ("SCHEDSPEC_VLLM_VERSION=0.34.0 ", "SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Mine "), so
+    the command pasted in a fresh shell checks what the run checked."""
+    words = [] if VLLM_VERSION == DEFAULT_VERSION else [f"{VERSION_VARIABLE}={VLLM_VERSION}"]
+    chosen = selected_scheduler_cls()
+    if chosen is not None:
+        words.append(f"{SCHEDULER_VARIABLE}={shlex.quote(chosen)}")
+    return "".join(f"{word} " for word in words)
+
+
+def engine_words() -> str | None:
+    """The vLLM a script checks, when a scheduler class of the user's runs in it
+    (`SCHEDSPEC_VLLM_SCHEDULER_CLS`), as `schedspec verify` names it ("vllm 0.33.0,
+    scheduler_cls my_sched.Mine"); None when vLLM's own class runs."""
+    chosen = selected_scheduler_cls()
+    return None if chosen is None else f"vllm {VLLM_VERSION}, scheduler_cls {chosen}"
+
+
+def refuse_scheduler_cls(prog: str, err: Exception) -> int:
+    """A script's exit on the user's scheduler class (`is_scheduler_cls_error`): one line on
+    stderr, `prog: error: ...`, and 2."""
+    print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+    return 2
 
 
 def shrink_commands(
@@ -121,7 +148,8 @@ class ProgramTally:
         failure is recorded under "rule, mode loop"; the counts are added only when both
         loops pass, as `check` adds them. A program whose configuration vLLM refuses to build
         (`ConfigError`, e.g. a budget no larger than a drafter's lookahead) is recorded as
-        refused, neither passed nor failed."""
+        refused, neither passed nor failed; one about the user's scheduler class
+        (`SCHEDSPEC_VLLM_SCHEDULER_CLS`) propagates, for the script to stop on."""
         self.programs += 1
         runs = []
         for mode in MODES:
@@ -130,6 +158,8 @@ class ProgramTally:
             except EngineCoreViolation as err:
                 self._fail(f"{err.rule}, {mode} loop", seed, err.detail)
             except ConfigError as err:
+                if is_scheduler_cls_error(err):
+                    raise  # the user's class, not vLLM's refusal: the script stops (exit 2)
                 self.refused.append(seed)
                 self.refusal = self.refusal or str(err)
                 return
@@ -182,7 +212,9 @@ __all__ = [
     "ProgramTally",
     "add_pipeline_argument",
     "add_program_arguments",
+    "engine_words",
     "parse_program_arguments",
+    "refuse_scheduler_cls",
     "release_selector",
     "shrink_commands",
 ]

@@ -21,6 +21,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.custom_scheduler import (
+    SCHEDULER_VARIABLE,
+    check_for_loops,
+    is_scheduler_cls_error,
+)
 from integrations.vllm.shrink import SHRINK_BUDGET, Shrunk, Stepped, size
 from integrations.vllm.trace import compact, elide
 from spec.errors import ConfigError
@@ -73,6 +78,29 @@ def add_shrink_arguments(
     )
 
 
+def check_scheduler_cls(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, *, diffusion: bool = False
+) -> str | None:
+    """The class `SCHEDSPEC_VLLM_SCHEDULER_CLS` names (None when unset), checked before the
+    program runs against the class vLLM builds in each loop the shrink may run (`--loop`, else
+    both): one that is not one is a usage error (exit 2, one line), not a configuration vLLM
+    refuses. When set, a line names it (as `schedspec verify` does)."""
+    loops = (args.loop,) if args.loop else ("sync", "async")
+    try:
+        chosen = check_for_loops(loops, diffusion=diffusion, sync_alone="--loop sync")
+    except ConfigError as err:
+        parser.error(one_line(str(err)))
+    if chosen is not None:
+        print(f"scheduler_cls {chosen} ({SCHEDULER_VARIABLE}), the class vLLM builds")
+    return chosen
+
+
+def with_class(chosen: str | None) -> str:
+    """What the reproduction line adds for a class of the user's: run the program with the
+    variable set (" with SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Mine set"), else nothing."""
+    return "" if chosen is None else f", with {SCHEDULER_VARIABLE}={chosen} set"
+
+
 def check_shrink_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """A usage error (exit 2, one line) for a seed below 0, or a budget or stage count below 1."""
     if args.seed < 0 or args.budget < 1 or args.pipeline_parallel < 1:
@@ -110,7 +138,8 @@ def shrink_target(
     program); None, with the reason printed, when there is nothing to shrink (no rule broken,
     or a program vLLM refuses as drawn). A configuration vLLM refuses in a loop in which it
     serves the program without the flags (`plain(async_scheduling)`, breaking a rule or not)
-    raises `RefusedByFlags`."""
+    raises `RefusedByFlags`. An error about the user's scheduler class
+    (`SCHEDSPEC_VLLM_SCHEDULER_CLS`) propagates: it is neither."""
     tried: list[bool] = []
 
     def tracked(async_scheduling: bool) -> object:
@@ -120,6 +149,8 @@ def shrink_target(
     try:
         found = first_failure(tracked, loop, rule)
     except ConfigError as err:
+        if is_scheduler_cls_error(err):
+            raise  # the user's scheduler class, not a configuration vLLM refuses
         said = one_line(str(err))
         mode = tried[-1] if tried else loop == "async"
         if not _served(plain, mode):
@@ -219,6 +250,7 @@ __all__ = [
     "SIZES",
     "RefusedByFlags",
     "add_shrink_arguments",
+    "check_scheduler_cls",
     "check_shrink_arguments",
     "first_failure",
     "lifted",
@@ -227,4 +259,5 @@ __all__ = [
     "shrink_target",
     "sizes_text",
     "traced_run",
+    "with_class",
 ]
