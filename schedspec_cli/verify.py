@@ -36,6 +36,7 @@ from schedspec_cli.impls import (
     Resolved,
     activated_engines,
     engine_line,
+    ignored_scheduler_cls,
     load_engine,
     profile_summary,
     refuse_parity_for_ar_only,
@@ -287,6 +288,9 @@ def plan(args: argparse.Namespace) -> Plan:
         modes = frozenset(Mode.parse(m) for m in args.mode) if args.mode else None
         twin = twin_for_targets(args.twin, targets, modes)
     refuse_parity_for_ar_only(args.parity, targets)
+    ignored = ignored_scheduler_cls(targets)
+    if ignored is not None:
+        print(ignored, file=sys.stderr)
     for t in targets:
         if t.builtin is not None and t.builtin.engine:
             load_engine(t.builtin.engine, t.builtin.name)

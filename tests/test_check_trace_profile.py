@@ -282,8 +282,8 @@ def test_an_ar_twin_whose_declared_space_lacks_the_logs_configuration_is_an_inpu
     failure of stock vLLM) and a plain log was taken by `vllm-v1-prefix`."""
     config = AR.replace(enable_prefix_caching=caching)
     log = tmp_path / "log.jsonl"
-    with log.open("w", encoding="utf-8") as out:
-        write_ar_trace(_ar_events(VLLM_V1), out, config)
+    with log.open("w", encoding="utf-8") as written:
+        write_ar_trace(_ar_events(VLLM_V1), written, config)
     code, out = _cli(capsys, str(log), "--twin", twin)
     assert code == 2 and f"invalid --twin={twin!r}" in out, out
     assert f"enable_prefix_caching={caching}" in out and out.count("\n") == 1, out

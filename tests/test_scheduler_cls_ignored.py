@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from schedspec_cli.impls import ignored_scheduler_cls, resolve
+from schedspec_cli.main import main
 
 
 def test_a_class_no_target_builds_is_said_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,3 +29,13 @@ def test_nothing_is_said_when_unset_or_a_target_runs_the_engine(
     assert ignored_scheduler_cls([resolve("vllm-v1", None)]) is None
     monkeypatch.setenv("SCHEDSPEC_VLLM_SCHEDULER_CLS", "my_sched.Mine")
     assert ignored_scheduler_cls([resolve("vllm-v1", None), resolve("real-vllm", None)]) is None
+
+
+def test_verify_says_it_on_stderr_and_still_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SCHEDSPEC_VLLM_SCHEDULER_CLS", "my_sched.Mine")
+    monkeypatch.delenv("SCHEDSPEC_VIDUR_SCHEDULER_CLS", raising=False)
+    assert main(["verify", "--impl", "vllm-v1", "--examples", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Mine ignored: " in err, err
