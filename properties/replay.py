@@ -94,13 +94,18 @@ class ReplayHarness(Generic[M]):
         """Run a harness operation; turn what the implementation raised into a violation.
 
         A violation recorded while the operation ran wins (an implementation that swallowed the
-        spec's `SpecViolation` and raised something else is reported by the rule it broke).
+        spec's `SpecViolation` and raised something else is reported by the rule it broke). A
+        `SpecViolation` the adapter raised itself (a state it refuses to read, such as vLLM's
+        queues a scheduler class broke) is recorded too: the run ends there, as on the spec's.
         """
         before = self.violation
         try:
             with call_deadline(what):
                 return operation(*args)
-        except (SpecViolation, HypothesisException):
+        except SpecViolation as v:
+            self.violation = self.violation or v
+            raise
+        except HypothesisException:
             raise
         except CannotDrive as err:  # the adapter's limit, unless a rule was broken before it
             if self.violation is not None and self.violation is not before:

@@ -47,7 +47,13 @@ call, told from the hash it left (`integrations.vllm.unscheduled`), is scheduled
 its preemption —, then allocations and scheduled tokens in running order, cache hits for
 admitted requests); then `ArStepEnd`; then views around
 `update_from_output()` give `ArBlocksFreed` (`release_events`) and the adapter adds `ArFinished`
-with vLLM's own finish reason. `abort` does the same around `finish_requests`.
+with vLLM's own finish reason. `abort` does the same around `finish_requests`, and reads the
+status vLLM set (`FINISHED_ABORTED`, else `finish_condition`).
+
+Every view first checks vLLM's queues (`check_queues`): nothing is rebuilt from a `running`
+queue with more entries than `max_num_seqs` (`seat_cap`), a request listed twice or on a
+queue that vLLM's `requests` map no longer holds (`snapshot_matches`); the `SpecViolation`
+names the call just made and vLLM's queues.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import logging
 import mmap
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,8 +119,15 @@ from spec.ar.events import (
 )
 from spec.ar.profile import ArConfigSpace
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
+from spec.ar.rules import ArRule
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import ConfigError, DuplicateRequest, InvalidRequest, UnknownRequest
+from spec.errors import (
+    ConfigError,
+    DuplicateRequest,
+    InvalidRequest,
+    SpecViolation,
+    UnknownRequest,
+)
 
 # Token ids (`integrations.vllm.token_ids`). Prompts we invent for requests that share nothing
 # use one id per request. Sampled tokens are the request's own too (as in the spec's content
@@ -744,15 +758,29 @@ class RealVllmScheduler:
     def abort(self, request_id: str) -> None:
         """vLLM's `finish_requests` with `FINISHED_ABORTED`, emitting the blocks it freed
         (`release_events`) and `ArAborted`; an id never submitted or already ended raises
-        `UnknownRequest`, changing nothing."""
+        `UnknownRequest`, changing nothing. A request the call left with another status than
+        `FINISHED_ABORTED` (a scheduler class of the user's own that ends an abort as stopped,
+        say) is a `SpecViolation` of `finish_condition`, with no `ArAborted`; vLLM's queues are
+        checked before and after the call (`check_queues`)."""
         if request_id not in self.specs or request_id in self.ended:
             raise UnknownRequest(request_id, len(self.sched.requests))
-        before = self._view()
+        call = f"finish_requests([{request_id!r}], FINISHED_ABORTED)"
+        before = self._view(where=f"before {call}")
         status = self.v.request.RequestStatus.FINISHED_ABORTED
-        self.transcript.append(f"sched.finish_requests([{request_id!r}], FINISHED_ABORTED)")
+        self.transcript.append(f"sched.{call}")
+        req = self.sched.requests.get(request_id)
+        ending = req is not None and not req.is_finished()  # this call is to end it
         self.sched.finish_requests([request_id], status)
-        self._emit(release_events(before, self._view()))
+        self._emit(release_events(before, self._view(where=f"after {call}")))
         self.ended.add(request_id)
+        if ending and req.status != status:
+            raise SpecViolation(
+                ArRule.FINISH_CONDITION,
+                f"after {call}: vLLM left its status {req.status.name}, not FINISHED_ABORTED, so "
+                f"its client is told {request_id!r} finished ({_reason_name(req.status)}); an "
+                "active request is never at its finish condition (it would have finished in the "
+                "step that produced its last token): an abort must end it aborted",
+            )
         self.sink(ArAborted(request_id))
 
     def step(self) -> None:
@@ -795,13 +823,13 @@ class RealVllmScheduler:
                 "integrations.vllm.engine_core)",
             )
         sched = self.sched
-        before = self._view()
+        before = self._view(where=f"before schedule() in step {self.step_index}")
         hashes = block_hashes(sched) if self._config.enable_prefix_caching else {}
         self.transcript.append("out = sched.schedule()")
         out = sched.schedule()
         self.transcript[-1] += f"  # {schedule_line(out)}"
         scheduled: dict[str, int] = dict(out.num_scheduled_tokens)
-        after = self._view(scheduled)
+        after = self._view(scheduled, where=f"after schedule() in step {self.step_index}")
         unscheduled = (
             unscheduled_victims(
                 sched.requests,
@@ -828,11 +856,12 @@ class RealVllmScheduler:
         )
         self.sink(ArStepEnd(self.step_index))
         runner_output = self._fabricate(scheduled)
-        before = self._view()
+        before = self._view(where=f"before update_from_output() in step {self.step_index}")
         self.transcript.append(update_line(runner_output))
         engine_outputs = sched.update_from_output(out, runner_output)
         self.transcript[-1] += f"  # {output_line(engine_outputs)}"
-        self._emit(release_events(before, self._view()))
+        after_update = f"after update_from_output() in step {self.step_index}"
+        self._emit(release_events(before, self._view(where=after_update)))
         for reqs in engine_outputs.values():
             for o in reqs.outputs:
                 if o.finish_reason is not None:
@@ -867,6 +896,7 @@ class RealVllmScheduler:
         tables, the running and waiting queues in order, `num_computed_tokens`; with prefix caching,
         holders, reference counts and cached blocks in place of single owners."""
         sched = self.sched
+        check_queues(sched, "snapshot()", self._config.max_num_seqs)
         pool = sched.kv_cache_manager.block_pool
         tables = self._tables()
         running = tuple(r.request_id for r in sched.running)
@@ -907,8 +937,17 @@ class RealVllmScheduler:
     def _cached(self) -> frozenset[int]:
         return cached_blocks(self.sched)
 
-    def _view(self, scheduled: dict[str, int] | None = None) -> ArPoolView:
-        return pool_view(self.sched, self._config.enable_prefix_caching, scheduled)
+    def _view(
+        self, scheduled: dict[str, int] | None = None, *, where: str = "reading vLLM's queues"
+    ) -> ArPoolView:
+        cfg = self._config
+        return pool_view(
+            self.sched,
+            cfg.enable_prefix_caching,
+            scheduled,
+            where=where,
+            max_num_seqs=cfg.max_num_seqs,
+        )
 
     def _victim_order(self, before: ArPoolView) -> list[str]:
         return victim_order(self.sched, before, self._config.policy)
@@ -994,6 +1033,13 @@ def guided_script(
     first = 1 if reasoning_end_at is None else reasoning_end_at + 1
     tokens = [output_token(request, arrival, i, reasoning_end_at) for i in range(first, end + 1)]
     return first, tokens
+
+
+def _reason_name(status: Any) -> str:
+    """What vLLM tells the client of a request that ended with `status` (its finish reason's
+    name, e.g. `stop`), or the status's name where vLLM names none."""
+    reason = status.get_finished_reason(status) if hasattr(status, "get_finished_reason") else None
+    return f"finish reason {str(reason).lower()!r}" if reason is not None else str(status.name)
 
 
 def finish_reason_of(v: VllmModules, finish_reason: Any) -> ArFinishReason:
@@ -1559,12 +1605,71 @@ def cached_blocks(sched: Any) -> frozenset[int]:
     return frozenset(b.block_id for b in pool.blocks if b.block_hash is not None and not b.is_null)
 
 
+def check_queues(sched: Any, where: str, max_num_seqs: int | None = None) -> None:
+    """`SpecViolation` unless a vLLM scheduler's queues can be read as the AR spec's state,
+    checked before anything is rebuilt from them (a queue a scheduler of the user's own broke
+    would otherwise be read as decisions vLLM never made, or crash the reading): with
+    `max_num_seqs`, at most that many entries on `running` (`seat_cap`); each request once
+    on one queue, `running` or waiting, and each held in vLLM's `requests` map
+    (`snapshot_matches`: no state of the spec's lists a request twice, or one vLLM dropped
+    when it ended). `where` names the call just made (`after schedule() in step 3`)."""
+    running = [str(r.request_id) for r in sched.running]
+    waiting = [str(r.request_id) for r in waiting_requests(sched)]
+    queues = f"running {running}, waiting {waiting}"
+    seen = Counter(running + waiting)
+    twice = [rid for rid, n in seen.items() if n > 1]
+    if max_num_seqs is not None and len(running) > max_num_seqs:
+        repeated = Counter(running)
+        note = ", ".join(f"{rid} {_times(n)}" for rid, n in repeated.items() if n > 1)
+        raise SpecViolation(
+            ArRule.SEAT_CAP,
+            f"{where}: vLLM's running queue has {len(running)} entries {running}"
+            f"{f' ({note})' if note else ''}; max_num_seqs={max_num_seqs}",
+        )
+    if twice:
+        rid = twice[0]
+        on_running, on_waiting = running.count(rid), waiting.count(rid)
+        if not on_waiting:
+            what = f"vLLM's running queue lists {rid} {_times(on_running)}: {running}"
+        elif not on_running:
+            what = f"vLLM's waiting queues list {rid} {_times(on_waiting)}: {waiting}"
+        else:
+            what = f"vLLM lists {rid} both as running and as waiting: {queues}"
+        raise SpecViolation(
+            ArRule.SNAPSHOT_MATCHES,
+            f"{where}: {what} (a request is on one queue, once; the adapter rebuilds no event "
+            "from queues that disagree with themselves)",
+        )
+    held = sched.requests
+    lost = [rid for rid in running + waiting if rid not in held]
+    if lost:
+        rid = lost[0]
+        queue = "running" if rid in running else "waiting"
+        raise SpecViolation(
+            ArRule.SNAPSHOT_MATCHES,
+            f"{where}: vLLM's {queue} queue holds {rid}, which its requests map no longer "
+            f"holds (vLLM drops a request from it when it ends and its blocks are freed): "
+            f"{queues}",
+        )
+
+
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
+
+
 def pool_view(
-    sched: Any, prefix_caching: bool, scheduled: dict[str, int] | None = None
+    sched: Any,
+    prefix_caching: bool,
+    scheduled: dict[str, int] | None = None,
+    *,
+    where: str = "reading vLLM's queues",
+    max_num_seqs: int | None = None,
 ) -> ArPoolView:
     """A vLLM scheduler's pools now, for `spec.ar.reconstruct`; `scheduled` (after
     `schedule()`): computed tokens before the forward (vLLM already added this step's tokens to
-    `num_computed_tokens`)."""
+    `num_computed_tokens`). Its queues are checked first (`check_queues`, with `where` and
+    `max_num_seqs`): `SpecViolation` where they cannot be read as a state of the spec's."""
+    check_queues(sched, where, max_num_seqs)
     done = scheduled or {}
     running = tuple(r.request_id for r in sched.running)
     waiting = tuple(r.request_id for r in waiting_requests(sched))
@@ -1743,6 +1848,7 @@ __all__ = [
     "check_full_block_scale",
     "check_loras",
     "check_mamba",
+    "check_queues",
     "check_retention_interval",
     "check_sliding_window",
     "check_window_block_scale",

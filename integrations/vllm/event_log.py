@@ -21,6 +21,13 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
   `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found).
 
+Each call's events are derived only from queues that can be read as a state of the spec's
+(`integrations.vllm.adapter.check_queues`): where a scheduler of one's own left a request on
+`running` twice, more entries there than `max_num_seqs`, or a request on a queue that vLLM's
+`requests` map no longer holds, the wrapped call raises the `SpecViolation` that names the rule
+(`seat_cap`, `snapshot_matches`) and vLLM's queues, and the log gets no line for it, rather than
+events vLLM never decided.
+
 In a server's process it reads the server's own vLLM (`load_vllm`: no engine install needed, a
 release other than 0.33.0 and 0.34.0 refused).
 
@@ -59,7 +66,7 @@ from integrations.vllm.release_api import cache_read_limit
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import ArAborted, ArEvent, ArFinished, ArStepEnd, ArSubmitted
 from spec.ar.profile import ArPolicy
-from spec.ar.reconstruct import release_events, scheduling_events
+from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.trace import ar_config_to_dict, ar_event_to_dict
 from spec.errors import ConfigError
 
@@ -181,10 +188,10 @@ class VllmEventLog:
 
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
         sched = self.scheduler
-        before = pool_view(sched, self._prefix)
+        before = self._view(f"before schedule() in step {self._step}")
         out = self._calls["schedule"](*args, **kwargs)
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
-        after = pool_view(sched, self._prefix, scheduled)
+        after = self._view(f"after schedule() in step {self._step}", scheduled)
         order = victim_order(sched, before, self.config.policy)
         for e in scheduling_events(
             before, after, scheduled, self.config.block_size, preempted_order=order
@@ -211,11 +218,23 @@ class VllmEventLog:
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the scheduler's `name`, then log the blocks the call freed."""
-        before = pool_view(self.scheduler, self._prefix)
+        before = self._view(f"before {name}()")
         result = self._calls[name](*args, **kwargs)
-        for e in release_events(before, pool_view(self.scheduler, self._prefix)):
+        for e in release_events(before, self._view(f"after {name}()")):
             self._emit(e)
         return result
+
+    def _view(self, where: str, scheduled: dict[str, int] | None = None) -> ArPoolView:
+        """The scheduler's pools (`pool_view`), its queues checked first: `SpecViolation`,
+        out of the wrapped call, where they cannot be read as a state of the spec's, with
+        nothing written for that call (see the module)."""
+        return pool_view(
+            self.scheduler,
+            self._prefix,
+            scheduled,
+            where=where,
+            max_num_seqs=self.config.max_num_seqs,
+        )
 
     def _emit(self, event: ArEvent) -> None:
         self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
