@@ -117,6 +117,21 @@ def test_a_multi_line_assert_is_named_whole(
         "AssertionError: assert len(new) + len(resumed) + len(running) <= cap "
         f"(at {tmp_path}/multi_check.py:3 in check)"
     ), said
-    monkeypatch.setattr("properties.raised.STATEMENT_CHARS", 12)
+    monkeypatch.setattr("spec.source_statement.STATEMENT_CHARS", 12)
     said = describe_raised(_raised(lambda: module.long_check([])))
     assert said.startswith("AssertionError: assert x... (at "), said
+
+
+def test_the_engine_core_loop_names_a_multi_line_assert_whole_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scripts/vllm_async_check.py`'s loop names a bare assert by its own words
+    (`integrations.vllm.core_loop._raised`), from the same `spec.source_statement`."""
+    from integrations.vllm.core_loop import _raised as loop_raised
+
+    (tmp_path / "multi_check.py").write_text(MULTI_LINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "multi_check", raising=False)
+    module = importlib.import_module("multi_check")
+    said = loop_raised(_raised(lambda: module.check([1], [2], [3], 2)))
+    assert said.endswith("multi_check.py:3 (assert len(new) + len(resumed) + len(running) <= cap)")

@@ -35,6 +35,7 @@ from integrations.vllm.adapter import (
 from integrations.vllm.free_queue import FreeQueueCorrupt, free_block_ids
 from integrations.vllm.runner_tables import RunnerTables
 from integrations.vllm.trace import output_line, schedule_line
+from spec.source_statement import statement_of
 
 if TYPE_CHECKING:  # it raises this module's EngineCoreViolation
     from integrations.vllm.cache_aware_check import CacheAwareCheck
@@ -876,7 +877,7 @@ def _raised(err: BaseException) -> str:
         return "AssertionError"
     last = frames[-1]
     where = last.filename.split("site-packages/")[-1]
-    return f"AssertionError at {where}:{last.lineno} ({(last.line or '').strip()})"
+    return f"AssertionError at {where}:{last.lineno} ({statement_of(last)})"
 
 
 def check_pool(sched: Any, prefix_caching: bool, where: str) -> None:
