@@ -80,7 +80,7 @@ def _guarded(impl: str, what: str, operation: Callable[[], T]) -> T:
 
 def platform_products(adapter: object, most_rows: int) -> dict[str, object]:
     """For one of this project's torch engines (`gpu.engine.DllmEngine`): the device it ran on
-    (`device`; some built-ins serve on CUDA when there is one), the rows its model
+    (`device`: the CPU for this project's built-ins, which load the model there), the rows its model
     pads small products to on this platform (`product_rows`, `gpu.gemm_rows`) and the products
     that are still not batch-invariant (`uneven_products`, `gpu.gemm_probe`), as JSON; for any
     other implementation `cpu` (it runs in this process), `None` and `[]`, and torch is never
@@ -92,7 +92,7 @@ def platform_products(adapter: object, most_rows: int) -> dict[str, object]:
 
     found = uneven_products(adapter.model, most_rows)
     return {
-        "device": str(adapter.device),  # a built-in that serves on CUDA when there is one
+        "device": str(adapter.device),  # where the adapter's model runs
         "product_rows": adapter.model.product_rows(),
         "uneven_products": [product.to_json() for product in found],
     }

@@ -206,11 +206,15 @@ def load_report(path: str) -> dict[str, Any]:
 
 def runs_kernels(report: Mapping[str, Any]) -> bool:
     """Whether the report's implementation runs this project's torch model (the shipped
-    engine, or a torch engine built-in under `--impl`, whose report has `product_rows`): only
-    then does the device its kernels ran on decide anything. An implementation without a model
-    (a scheduler in plain Python) computes the same on any machine."""
+    engine, a torch engine built-in such as `engine-lof` whatever the report says, or another
+    implementation whose report has `product_rows`): only then does the device its kernels
+    ran on decide anything. An implementation without a model (a scheduler in plain Python)
+    computes the same on any machine. A torch engine's report cannot waive the device rule by
+    leaving `product_rows` out."""
     impl = str(report.get("impl", SHIPPED_ENGINE))
-    return impl == SHIPPED_ENGINE or report.get("product_rows") is not None
+    builtin = BUILTINS.get(impl)
+    torch_builtin = builtin is not None and builtin.is_torch_engine
+    return impl == SHIPPED_ENGINE or torch_builtin or report.get("product_rows") is not None
 
 
 def _device_problems(report: Mapping[str, Any]) -> list[str]:
@@ -223,6 +227,12 @@ def _device_problems(report: Mapping[str, Any]) -> list[str]:
         return [f"ran on {device or 'an unknown device'!r}: a release run must run on CUDA"]
     if TORCH_CUDA_DEVICE.fullmatch(device) is None:
         return [f"device {device!r} is not a device name torch reports ('cuda' or 'cuda:N')"]
+    named = report.get("device_name")
+    if isinstance(named, str) and named.split(" ", 1)[0].lower() == "cpu":
+        return [
+            f"device {device!r} contradicts the report's device_name {named!r}: a run on "
+            "CUDA names its GPU there"
+        ]
     return []
 
 
@@ -301,12 +311,19 @@ def _coverage_problems(report: Mapping[str, Any], cases: list[Mapping[str, Any]]
                 f"algorithm and names its cases after it (at least {MIN_PROMPTS} prompts of "
                 f"{RELEASE_MIN_NEW_TOKENS} new tokens)"
             )
+    # with the prefix cache on, `parity --prefix-cache` serves every prompt twice (the second
+    # reads what the first cached): each prompt is then one case twice over, not a repeat
+    served = 2 if report.get("prefix_cache") is True else 1
     for algo in sorted(algos):
         mine = [c for c in cases if c.get("algorithm") == algo]
         prompts = [str(c.get("prompt")) for c in mine]
-        repeated = sorted({p for p in prompts if prompts.count(p) > 1})
+        repeated = sorted({p for p in prompts if prompts.count(p) > served})
         if repeated:
-            problems.append(f"{algo}: repeated prompts {repeated}: each case must be distinct")
+            twice = " (with the prefix cache on, each is served twice, no more)"
+            problems.append(
+                f"{algo}: repeated prompts {repeated}: each case must be distinct"
+                + (twice if served > 1 else "")
+            )
         if len(set(prompts)) < MIN_PROMPTS and algo in required:
             problems.append(
                 f"{algo}: {len(set(prompts))} distinct prompts; at least {MIN_PROMPTS} are required"

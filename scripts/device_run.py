@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -204,6 +206,24 @@ def _print(results: Sequence[StepResult]) -> None:
         print(f"{r.name:<16}{code:>6}{r.wall_s:>9.1f}  {r.command}")
 
 
+#: What `--device` may name (whether it is there is checked when the steps run).
+DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def _dry_run(steps: list[Step], out: Path, device: str, budget_s: float) -> None:
+    """Print each step, its expected seconds and its command; a step that would not fit what
+    is left of `budget_s` were every step to take its expected time is marked, as `run_steps`
+    would skip it; then the total."""
+    left = budget_s
+    for s in steps:
+        fits = s.expected_s <= left
+        left -= s.expected_s if fits else 0
+        mark = "" if fits else "  (skipped at this --budget-s)"
+        print(f"{s.name:<16}{s.expected_s:>6.0f} s  {' '.join(s.argv(out, device))}{mark}")
+    total = sum(s.expected_s for s in steps)
+    print(f"{'total':<16}{total:>6.0f} s  (--budget-s {budget_s:g})")
+
+
 def main(argv: list[str] | None = None) -> int:
     names = [s.name for s in STEPS]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -220,14 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=names, metavar="NAME", help=", ".join(names))
     ap.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
     args = ap.parse_args(argv)
-    if args.budget_s <= 0:
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
         print(f"--budget-s: a positive number of seconds, got {args.budget_s}", file=sys.stderr)
+        return 2
+    if DEVICE_NAME.fullmatch(args.device) is None:
+        print(f"--device: cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
         return 2
     steps = [s for s in STEPS if args.only is None or s.name in args.only]
     out: Path = args.out.resolve()
     if args.dry_run:
-        for s in steps:
-            print(f"{s.name:<16}{s.expected_s:>6.0f} s  {' '.join(s.argv(out, args.device))}")
+        _dry_run(steps, out, args.device, args.budget_s)
         return 0
     try:
         device = _usable_device(args.device)

@@ -55,9 +55,16 @@ def test_dry_run_lists_the_steps_in_order_and_runs_nothing(
     out = tmp_path / "run"
     assert device_run.main(["--dry-run", "--out", str(out), "--only", "soak", "parity"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["parity", "soak"]
+    assert [line.split()[0] for line in lines] == ["parity", "soak", "total"]
     assert f"--json {out}/parity.json" in lines[0] and "--device cuda" in lines[0]
+    assert lines[2].split()[:3] == ["total", "130", "s"]
+    assert "skipped" not in "".join(lines)
     assert not out.exists()
+    # what a short budget would skip, were every step to take its expected time
+    assert device_run.main(["--dry-run", "--out", str(out), "--budget-s", "60"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    skipped = [line.split()[0] for line in lines if line.endswith("(skipped at this --budget-s)")]
+    assert skipped[:1] == ["parity"] and "release-check" not in skipped
 
 
 def test_runner_records_codes_and_logs_skips_what_does_not_fit_and_stops_a_hang(
@@ -109,8 +116,11 @@ def test_a_run_writes_its_summary_and_fails_when_a_step_fails(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--device", "tpu"], "invalid device='tpu'"),
+        (["--device", "tpu"], "--device: cuda, cuda:N or cpu, got 'tpu'"),
+        (["--device", "gpu", "--dry-run"], "--device: cuda, cuda:N or cpu, got 'gpu'"),
         (["--budget-s", "0"], "--budget-s: a positive number"),
+        (["--budget-s", "nan"], "--budget-s: a positive number of seconds, got nan"),
+        (["--budget-s", "inf", "--dry-run"], "--budget-s: a positive number of seconds, got inf"),
     ],
 )
 def test_bad_flags_end_in_one_line_and_exit_2(

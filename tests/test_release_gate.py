@@ -471,3 +471,42 @@ def test_timings_are_named_by_the_batch_size_run(tmp_path: Path) -> None:
     report_1 = run_parity("cpu", ["JointThreshold"], 1, 4, 4, 8, model=model, batch=4).to_json()
     assert report_1["batch_sizes"] == [1, 1]
     assert list(report_1["seconds"])[4:] == [f"JointThreshold/{m}@1 (--batch 4)" for m in modes]
+
+
+@pytest.mark.parametrize("rows", ["absent", None])
+def test_a_torch_engine_report_cannot_waive_the_device_by_leaving_out_product_rows(
+    rows: object,
+) -> None:
+    """A reviewer's edit: `engine-lof`'s CPU report with `product_rows` removed (or null) was
+    'release run OK ... (no model: the device does not apply)'. A torch engine built-in runs
+    the model whatever its report says."""
+    r = impl_report("engine-lof", device="cpu")
+    if rows != "absent":
+        r["product_rows"] = rows
+    assert release_problems(r) == ["ran on 'cpu': a release run must run on CUDA"]
+
+
+def test_a_cuda_device_beside_a_cpu_device_name_is_refused() -> None:
+    """A report edited to say `cuda:0` while its `device_name` still names the CPU it ran on."""
+    named = "cpu (AMD EPYC, AVX512; torch 2.13.0+cpu, 1 thread)"
+    problems = release_problems(report(device_name=named))
+    assert problems == [
+        f"device 'cuda:0' contradicts the report's device_name {named!r}: a run on CUDA names "
+        "its GPU there"
+    ]
+    assert release_problems(report(device_name="NVIDIA H200 (cuda:0)")) == []
+
+
+def test_a_prefix_cache_run_serves_each_prompt_twice_and_passes() -> None:
+    """`parity --prefix-cache` serves every prompt twice on purpose (the second reads what the
+    first cached): the gate refused every such report as repeating all its prompts. A third
+    copy is still a repeat, and without the cache a second one is."""
+    twice = report(prefix_cache=True)
+    twice["cases"] = [dict(c) for c in twice["cases"] for _ in range(2)]
+    assert release_problems(twice) == []
+    thrice = report(prefix_cache=True)
+    thrice["cases"] = [dict(c) for c in thrice["cases"] for _ in range(3)]
+    assert any("served twice, no more" in p for p in release_problems(thrice))
+    plain = report()
+    plain["cases"] = [dict(c) for c in plain["cases"] for _ in range(2)]
+    assert any("repeated prompts" in p for p in release_problems(plain))
