@@ -201,7 +201,9 @@ class ParityReport:
     leaked_rows: int = 0
     seconds: dict[str, float] = field(default_factory=dict)  # per algorithm/run
     impl: str = "engine"
-    batch_sizes: tuple[int, ...] = (1,)  # the widest forward of each batch-size setting run
+    # 1 and the widest forward of the batched runs, the narrowest over the algorithms run
+    batch_sizes: tuple[int, ...] = (1,)
+    widest_forward: int = 0  # the widest forward of any run (the rows the probe covers)
     numerics: dict[str, str] = field(default_factory=dict)  # batch-invariant settings in force
     threads: int = 0  # torch's intra-op threads during the run (host-side work on CUDA)
     prefix_cache: bool = False  # every engine kept committed blocks for later prompts
@@ -364,9 +366,12 @@ def run_algorithm(
             if isinstance(engine, DllmEngine) and engine.prefix_cache is not None:
                 report.cache_hits += engine.prefix_cache.hits
             runs.append(run)
-    report.batch_sizes = (1, max(r.widest_forward for r in runs if r.batch == batch))
+    widest = max(r.widest_forward for r in runs if r.batch == batch)
+    # the summary's batch size is one every algorithm reached: the narrowest of their widest
+    report.batch_sizes = (1, min((widest, *report.batch_sizes[1:])))
+    report.widest_forward = max(report.widest_forward, widest)
     # a run is named in the report by the batch size it ran at, as its timing key is
-    ran_as = {f"{m}@{size}": timing_key(m, size, report.batch_sizes[1]) for m, size, _ in seconds}
+    ran_as = {f"{m}@{size}": timing_key(m, size, widest) for m, size, _ in seconds}
     for mode, size, took in seconds:
         report.seconds[f"{algorithm}/{ran_as[f'{mode}@{size}']}"] = took
     golden = golden_outputs(runs[0].adapter, requests)
@@ -455,7 +460,7 @@ def run_parity(
             report.cases.extend(
                 run_algorithm(model, name, base, texts, requests, dev, batch, report)
             )
-        report.uneven_products = uneven_products(model, max(report.batch_sizes) * block_size)
+        report.uneven_products = uneven_products(model, report.widest_forward * block_size)
         report.product_rows = model.product_rows()
     report.identical = all(c.identical for c in report.cases)
     return report

@@ -199,3 +199,28 @@ def test_a_mismatched_run_is_named_by_the_batch_size_it_ran_at(
     named = {name for case in data["cases"] for name in case["mismatched"]}
     assert "fdfo@2" in named and not any(name.endswith("@4") for name in named), named
     assert {f"LowConfidence/{name}" for name in named} <= set(data["seconds"]), data["seconds"]
+
+
+def test_the_summary_batch_size_is_one_every_algorithm_reached() -> None:
+    """With several algorithms, each one's runs set the report's batch size: before, the last
+    algorithm's widest forward stood for all of them. Two algorithms' runs into one report,
+    the second at batch 4 after the first at 2: the summary says 2 (both reached it; it said
+    4), the probe covers the widest forward of any (4), and each run is named by its own
+    width."""
+    from gpu.parity import REFERENCE, ParityReport, run_algorithm
+    from gpu.prompts import parity_cases
+    from gpu.tokenizer import TOKENIZER
+    from gpu.weights import load_model
+
+    model = load_model()[0]
+    texts = parity_cases(4)
+    requests = [
+        RequestSpec(f"p{i:03d}", tuple(TOKENIZER.encode(t)), 8) for i, t in enumerate(texts)
+    ]
+    base = bs1_config(4, 16, 96, REFERENCE)
+    report = ParityReport(device="cpu", identical=True, leaked_slots=0)
+    run_algorithm(model, "LowConfidence", base, texts, requests, CPU, 2, report)
+    assert report.batch_sizes == (1, 2) and report.widest_forward == 2
+    run_algorithm(model, "JointThreshold", base, texts, requests, CPU, 4, report)
+    assert report.batch_sizes == (1, 2) and report.widest_forward == 4
+    assert "LowConfidence/sync@2" in report.seconds and "JointThreshold/sync@4" in report.seconds
