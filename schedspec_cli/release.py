@@ -172,6 +172,7 @@ def _check_case(case: object, where: str, impl: str) -> None:
             "the implementation",
         )
     _field(case, "prompt", str, where)
+    _field(case, "output", str, where)
     tokens = _field(case, "max_new_tokens", int, where)
     most, valid = _max_new_tokens_limit(shipped)
     if tokens < 1 or (most is not None and tokens > most):
@@ -333,7 +334,25 @@ def _coverage_problems(report: Mapping[str, Any], cases: list[Mapping[str, Any]]
             problems.append(
                 f"{algo}: {len(short)} case(s) with fewer than {RELEASE_MIN_NEW_TOKENS} new tokens"
             )
+        full = {str(c.get("prompt")) for c in mine if _ran_its_budget(c, impl == SHIPPED_ENGINE)}
+        if algo in required and len(full) < MIN_PROMPTS:
+            problems.append(
+                f"{algo}: {len(full)} distinct prompt(s) generated all their new tokens (the "
+                f"others ended at EOS sooner); at least {MIN_PROMPTS} must, so that parity holds "
+                "over long generations: run more prompts"
+                + (" (every shipped prompt: leave out --prompts)" if impl == SHIPPED_ENGINE else "")
+            )
     return problems
+
+
+def _ran_its_budget(case: Mapping[str, Any], shipped: bool) -> bool:
+    """Whether the case's output holds all of its `max_new_tokens`: a budget is not a
+    generation (a case that meets EOS after 6 tokens checks 6). The shipped engine's output
+    is text of its character-level tokenizer, one character a token (EOS not written);
+    `parity --impl`'s is the token ids, space-separated."""
+    output = str(case.get("output", ""))
+    generated = len(output) if shipped else len(output.split())
+    return generated >= int(case.get("max_new_tokens", 0))
 
 
 def release_problems(report: Mapping[str, Any]) -> list[str]:

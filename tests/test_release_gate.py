@@ -29,6 +29,7 @@ def report(**changes: object) -> dict[str, Any]:
             "algorithm": a,
             "index": i,
             "prompt": f"prompt {i}",
+            "output": "x" * RELEASE_MIN_NEW_TOKENS,  # the text of every token it asked for
             "max_new_tokens": RELEASE_MIN_NEW_TOKENS,
             "identical": True,
             "identical_outputs": True,
@@ -211,7 +212,8 @@ def impl_report(impl: str, **changes: object) -> dict[str, Any]:
     no logits digests), forged on CUDA with release-sized cases."""
     cases = [{k: v for k, v in c.items() if k != "identical_digests"} for c in report()["cases"]]
     for i, case in enumerate(cases):
-        case.update(algorithm=impl, index=i, prompt=f"prompt {i}")
+        output = " ".join(["7"] * RELEASE_MIN_NEW_TOKENS)  # token ids, space-separated
+        case.update(algorithm=impl, index=i, prompt=f"prompt {i}", output=output)
     return report(impl=impl, golden_checked=True, cases=cases, **changes)
 
 
@@ -369,7 +371,7 @@ def test_a_token_count_no_parity_run_asks_for_is_an_input_error(
     )
     assert (code, out) == (2, "")
     assert err == f"schedspec: error: invalid cases[1].max_new_tokens={tokens!r}: {valid}\n"
-    r["cases"][1]["max_new_tokens"] = 255
+    r["cases"][1].update(max_new_tokens=255, output="x" * 255)
     assert check_argv(tmp_path, json.dumps(r), capsys)[0] == 0
 
 
@@ -428,26 +430,53 @@ def test_an_impl_report_is_held_to_what_parity_impl_produces(
 def test_a_real_parity_impl_report_is_refused_only_for_what_it_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A report `parity --impl reference-dllm` wrote passes: it is not refused for algorithms
-    it cannot run (it runs its own), nor for the CPU, since a plain-Python scheduler runs no
-    kernels (its report has no `product_rows`). The same report from one of this project's
-    torch engines (with `product_rows`) on the CPU is refused: its kernels must be CUDA's."""
+    """A report `parity --impl reference-dllm` wrote is refused only because its outputs end
+    at EOS long before 128 tokens (its oracle's toy model; a budget is not a generation): not
+    for algorithms it cannot run (it runs its own), nor for the CPU, since a plain-Python
+    scheduler runs no kernels (its report has no `product_rows`). With outputs of the whole
+    budget it passes. The same report from one of this project's torch engines (with
+    `product_rows`) on the CPU is refused for the CPU too: its kernels must be CUDA's."""
     out_json = tmp_path / "impl.json"
     argv = ["parity", "--impl", "reference-dllm", "--prompts", "3", "--max-new-tokens"]
     assert main([*argv, str(RELEASE_MIN_NEW_TOKENS), "--json", str(out_json)]) == 0
     capsys.readouterr()
-    assert main(["release-check", "--impl", "reference-dllm", str(out_json)]) == 0
-    assert capsys.readouterr().out.startswith(
-        "release run OK: reference-dllm (no model: the device does not apply), 3 cases"
+    early = (
+        "reference-dllm: 0 distinct prompt(s) generated all their new tokens (the others ended "
+        "at EOS sooner); at least 3 must, so that parity holds over long generations: run "
+        "more prompts"
     )
+    assert main(["release-check", "--impl", "reference-dllm", str(out_json)]) == 1
+    assert capsys.readouterr().out == f"NOT a release run:\n  - {early}\n"
     data = json.loads(out_json.read_text())
     assert data["device"] == "cpu" and data["product_rows"] is None
+    for case in data["cases"]:  # as if every output ran its budget
+        case["output"] = " ".join(["7"] * RELEASE_MIN_NEW_TOKENS)
+    code, out, _ = check_argv(tmp_path, json.dumps(data), capsys, "--impl", "reference-dllm")
+    assert code == 0 and out.startswith(
+        "release run OK: reference-dllm (no model: the device does not apply), 3 cases"
+    )
     data["product_rows"] = 16
     code, out, _ = check_argv(tmp_path, json.dumps(data), capsys, "--impl", "reference-dllm")
     assert (code, out) == (
         1,
         "NOT a release run:\n  - ran on 'cpu': a release run must run on CUDA\n",
     )
+
+
+def test_a_budget_the_outputs_did_not_run_is_no_long_generation() -> None:
+    """A reviewer's finding: 42 of the 62 cases of a full release run end at EOS before 128
+    tokens, some after 6; at `--prompts 3` JointThreshold generated 27, 128 and 20. The gate
+    counted the budget. Now at least 3 distinct prompts per algorithm must generate all of it
+    (the recorded H200 runs have 14 and 6)."""
+    r = report()
+    for case in r["cases"][3:5]:  # two of JointThreshold's three end early
+        case["output"] = "x" * 27
+    problems = release_problems(r)
+    assert problems == [
+        "JointThreshold: 1 distinct prompt(s) generated all their new tokens (the others ended "
+        "at EOS sooner); at least 3 must, so that parity holds over long generations: run more "
+        "prompts (every shipped prompt: leave out --prompts)"
+    ]
 
 
 def test_timings_are_named_by_the_batch_size_run(tmp_path: Path) -> None:
