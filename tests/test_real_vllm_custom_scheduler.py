@@ -74,13 +74,8 @@ class QueuesTwice(Scheduler):
             queue.append(last)
 
 
-class FreesTwiceAsync(AsyncScheduler):
-    """FreesTwice, for both engine-core loops."""
-
-    def _free_blocks(self, request):
-        blocks = self.kv_cache_manager.get_blocks(request.request_id).blocks[0]
-        super()._free_blocks(request)
-        self.kv_cache_manager.block_pool.free_blocks(list(blocks))
+class FreesTwiceAsync(FreesTwice, AsyncScheduler):
+    """FreesTwice, for both engine-core loops (an AsyncScheduler, as they build)."""
 
 
 class MyDiffusion(DiffusionScheduler):
