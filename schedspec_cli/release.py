@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -293,6 +294,21 @@ def _batch_problems(report: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def _reach_problems(report: Mapping[str, Any], cases: list[Mapping[str, Any]]) -> list[str]:
+    """A batch size no run of these cases could reach: a forward holds at most one row per
+    request, and an algorithm's runs serve only its own cases."""
+    sizes = report.get("batch_sizes")
+    widest = max((n for n in sizes if type(n) is int), default=0) if isinstance(sizes, list) else 0
+    served = Counter(str(c.get("algorithm")) for c in cases)
+    most = max(served.values(), default=0)
+    if widest > most:
+        return [
+            f"batch_sizes={sizes!r}: a forward of {widest} rows needs {widest} requests, and no "
+            f"algorithm has more than {most} cases"
+        ]
+    return []
+
+
 def _coverage_problems(report: Mapping[str, Any], cases: list[Mapping[str, Any]]) -> list[str]:
     """Missing algorithms (for another implementation than the shipped engine: cases named
     after it), repeated prompts, too few distinct prompts, too few new tokens."""
@@ -369,6 +385,7 @@ def release_problems(report: Mapping[str, Any]) -> list[str]:
     problems += _identity_problems(report, cases)
     problems += _golden_problems(report, cases)
     problems += _batch_problems(report)
+    problems += _reach_problems(report, cases)
     problems += _coverage_problems(report, cases)
     return problems
 

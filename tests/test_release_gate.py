@@ -43,7 +43,7 @@ def report(**changes: object) -> dict[str, Any]:
     base: dict[str, Any] = {
         "impl": "engine",
         "device": "cuda:0",
-        "batch_sizes": [1, 4],
+        "batch_sizes": [1, 3],  # 3 cases an algorithm: a forward holds at most 3 rows
         "identical": True,
         "golden": True,
         "leaked_slots": 0,
@@ -324,11 +324,11 @@ def test_a_run_without_batch_size_one_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every run is compared with sync at batch size 1: a report without it proves nothing.
-    Before, `[4]` passed."""
-    code, out, _ = check_argv(tmp_path, json.dumps(report(batch_sizes=[4])), capsys)
+    Before, `[3]` passed."""
+    code, out, _ = check_argv(tmp_path, json.dumps(report(batch_sizes=[3])), capsys)
     assert (code, out) == (
         1,
-        "NOT a release run:\n  - batch_sizes=[4]: the run must include batch size 1 (every "
+        "NOT a release run:\n  - batch_sizes=[3]: the run must include batch size 1 (every "
         "run is compared with sync at batch size 1)\n",
     )
     assert len(release_problems(report(batch_sizes=[]))) == 2  # neither 1 nor > 1
@@ -539,3 +539,15 @@ def test_a_prefix_cache_run_serves_each_prompt_twice_and_passes() -> None:
     plain = report()
     plain["cases"] = [dict(c) for c in plain["cases"] for _ in range(2)]
     assert any("repeated prompts" in p for p in release_problems(plain))
+
+
+def test_a_batch_size_no_run_of_its_cases_could_reach_is_refused() -> None:
+    """A reviewer's edit: `batch_sizes: [1, 10**30]` passed, as did `[1, 4]` with 3 prompts an
+    algorithm: a forward holds one row per request."""
+    for sizes in ([1, 10**30], [1, 4]):
+        problems = release_problems(report(batch_sizes=sizes))
+        assert problems == [
+            f"batch_sizes={sizes!r}: a forward of {sizes[1]} rows needs {sizes[1]} requests, "
+            "and no algorithm has more than 3 cases"
+        ]
+    assert release_problems(report(batch_sizes=[1, 3])) == []
