@@ -172,12 +172,19 @@ def _check_case(case: object, where: str, impl: str) -> None:
             f"{impl!r}: `parity --impl {impl}` runs its own algorithm and names each case after "
             "the implementation",
         )
-    _field(case, "prompt", str, where)
+    prompt = _field(case, "prompt", str, where)
     _field(case, "output", str, where)
     tokens = _field(case, "max_new_tokens", int, where)
     most, valid = _max_new_tokens_limit(shipped)
     if tokens < 1 or (most is not None and tokens > most):
         raise ConfigError(f"{where}.max_new_tokens", tokens, valid)
+    if most is not None and len(prompt) + tokens > most + 1:  # one character a token
+        raise ConfigError(
+            f"{where}.max_new_tokens",
+            tokens,
+            f"at most {most + 1 - len(prompt)} beside its prompt of {len(prompt)} tokens (the "
+            f"shipped model's context is {most + 1} tokens, prompt included)",
+        )
     identities = ("identical", "identical_outputs", "identical_digests")
     for name in identities if shipped else identities[:2]:
         _field(case, name, bool, where)

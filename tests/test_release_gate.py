@@ -371,7 +371,7 @@ def test_a_token_count_no_parity_run_asks_for_is_an_input_error(
     )
     assert (code, out) == (2, "")
     assert err == f"schedspec: error: invalid cases[1].max_new_tokens={tokens!r}: {valid}\n"
-    r["cases"][1].update(max_new_tokens=255, output="x" * 255)
+    r["cases"][1].update(prompt="q", max_new_tokens=255, output="x" * 255)  # 1 + 255 = 256
     assert check_argv(tmp_path, json.dumps(r), capsys)[0] == 0
 
 
@@ -551,3 +551,18 @@ def test_a_batch_size_no_run_of_its_cases_could_reach_is_refused() -> None:
             "and no algorithm has more than 3 cases"
         ]
     assert release_problems(report(batch_sizes=[1, 3])) == []
+
+
+def test_a_prompt_and_budget_the_context_cannot_hold_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reviewer's edit: a 200-character prompt with 255 new tokens passed, though the shipped
+    model's context (256 tokens, one character a token) holds neither beside the other."""
+    r = report()
+    r["cases"][1].update(prompt="p" * 200, max_new_tokens=255, output="x" * 255)
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        "schedspec: error: invalid cases[1].max_new_tokens=255: at most 56 beside its prompt of "
+        "200 tokens (the shipped model's context is 256 tokens, prompt included)\n"
+    )
