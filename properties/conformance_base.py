@@ -133,7 +133,7 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
         self.h: H | None = None
         self.next_id: int = 0
         self.calls: list[str] = []  # this example's operations, for a hang's report
-        # the requests accepted so far, by id: what `submit_duplicate` submits again
+        # the requests accepted so far, by id: what `submit_again` submits again
         self.accepted: dict[str, Any] = {}
         self.hung: bool = False  # a call of this example did not return by its deadline
         # Under derandomized settings (the ci profile, however it was chosen: load_profile,
@@ -261,27 +261,37 @@ class ConformanceBase(RuleBasedStateMachine, Generic[H]):
     def run(self, what: str, operation: Callable[..., T], *args: Any) -> T:
         """Run one harness operation, counting the step and applying `ignored_rules`."""
         self.counter.steps += 1
-        call = f"{what}({', '.join(map(repr, args))})"
+        result = self._call(what, operation, args)
+        if what == "submit" and result is None:  # accepted (a refusal returns its error)
+            self.accepted[args[0].request_id] = args[0]
+            self.submit_again(args[0].request_id)
+        return result
+
+    def _call(
+        self, what: str, operation: Callable[..., T], args: tuple[Any, ...], note: str = ""
+    ) -> T:
+        """One harness operation, recorded in `calls` (with `note`) and applying
+        `ignored_rules`; a hang carries this example's calls."""
+        call = f"{what}({', '.join(map(repr, args))}){note}"
         self.calls.append(call)
         try:
-            result = self.harness.guarded(what, operation, *args)
+            return self.harness.guarded(what, operation, *args)
         except SpecViolation as v:
             self._ignore(v)
             self._note_calls(v)
             raise
         except CallDeadlineExceeded as hang:
             raise self._record(call, hang) from None
-        if what == "submit" and result is None:  # accepted (a refusal returns its error)
-            self.accepted[args[0].request_id] = args[0]
-            self.submit_again(args[0].request_id)
-        return result
 
     def submit_again(self, request_id: str) -> None:
         """Submit the accepted request `request_id` again, exactly as it was: ids are unique
         for the implementation's lifetime, so it must be refused with `DuplicateRequest` and no
         event (`unique_submission`; the harness's `_checked_submit`). Called inside rules, it
-        draws nothing."""
-        self.run("submit", self.harness.submit, self.accepted[request_id])
+        draws nothing and is no step of the program (`counter.steps` is not moved); the calls
+        as made mark it as the suite's own check."""
+        request = self.accepted[request_id]
+        mark = "  # the same id again: must be refused (DuplicateRequest)"
+        self._call("submit", self.harness.submit, (request,), mark)
 
     # ------------------------------------------------------------------ shared rules
     @rule(request=consumes(requests))
