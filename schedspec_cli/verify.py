@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it
             print(engine_line(r.impl, release))
-    for r, trials in zip(results, findings, strict=True):
+    for r, trials, release in zip(results, findings, engines, strict=True):
         for f, trial in zip(r.failures, trials, strict=True):
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
             print(f.program)
@@ -356,7 +356,6 @@ def run(args: argparse.Namespace) -> int:
                 print("--- known fixes ---\n" + "\n".join(trial.lines()))
         if r.stopped.startswith(STOPPED_SHORT):
             print(f"\n{r.impl}: {r.stopped}")
-        release = engines[results.index(r)]
         if args.twin is None and release is not None and release.get("scheduler_cls"):
             print(f"\n{r.impl}: {own_class_note(release)}")
         ignored = bool(args.keep_going and r.failures)
