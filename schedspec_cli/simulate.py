@@ -27,7 +27,6 @@ from schedspec_cli.plots import require_matplotlib
 from schedspec_cli.progress import Progress
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError, SchedSpecError
-from spec.implementation import Family
 
 if TYPE_CHECKING:
     from reference.sim.replica import ArReplica
@@ -982,8 +981,9 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
 def _custom_replica(target: str, factory: object, config: ArConfig) -> ArReplica:
     """A replica of the user's `--scheduler module:factory`; a factory that is not callable,
     raises while building or returns no AR adapter is an input error naming the flag."""
+    from properties.adapter_check import adapter_refusal
     from reference.sim.replica import ArReplica
-    from schedspec_cli.impls import ADAPTER_METHODS
+    from spec.ar.adapter import ArSchedulerAdapter
 
     valid = "an AR scheduler factory (config, sink) -> ArSchedulerAdapter"
     if not callable(factory):
@@ -996,15 +996,9 @@ def _custom_replica(target: str, factory: object, config: ArConfig) -> ArReplica
         raise SimConfigError(
             "--scheduler", target, f"{valid}; building it raised {describe_raised(err)}"
         ) from None
-    missing = [
-        m for m in ADAPTER_METHODS[Family.AR] if not callable(getattr(replica.impl, m, None))
-    ]
-    if missing:
-        raise SimConfigError(
-            "--scheduler",
-            target,
-            f"{valid}; it returned a {type(replica.impl).__name__}, lacking {', '.join(missing)}",
-        )
+    refusal = adapter_refusal(replica.impl, ArSchedulerAdapter)
+    if refusal is not None:  # methods, and `config`/`rules` of their types, as verify asks
+        raise SimConfigError("--scheduler", target, refusal)
     return replica
 
 

@@ -139,8 +139,8 @@ STOCK_TWINS = {
 
 def _refuse_the_users_own_class(name: str) -> None:
     """A real-engine built-in as `--twin` while the engine's scheduler class variable names a
-    class of the user's: the twin would run that class too, comparing it with itself (and
-    passing whatever it decides). `ConfigError` naming the variable and the stock twins."""
+    class of the user's: the twin would build that class too, comparing it with itself (and
+    passing whatever it decides), or refuse it when it is of another kind. `ConfigError` naming the variable and the stock twins."""
     builtin = BUILTINS.get(name)
     if builtin is None or builtin.engine not in STOCK_TWINS:
         return
@@ -151,9 +151,10 @@ def _refuse_the_users_own_class(name: str) -> None:
         raise ConfigError(
             "--twin",
             name,
-            f"a twin that does not run your class: with {variable}={chosen} set, {name} runs "
-            f"it too, comparing your class with itself; to compare it with the stock "
-            f"release: {STOCK_TWINS[builtin.engine]} (or unset {variable})",
+            f"a twin that does not build your class: with {variable}={chosen} set, {name} "
+            f"builds that class in place of {builtin.engine}'s own (or refuses it, when it is "
+            f"of another kind), so it is never the stock release; to compare your class with "
+            f"the stock release: {STOCK_TWINS[builtin.engine]} (or unset {variable})",
         )
 
 

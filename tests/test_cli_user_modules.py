@@ -35,6 +35,20 @@ MODULES = {
         "def ar_raising(config: ArConfig, sink: object) -> object:\n"
         '    raise KeyError("block_size")\n'
         "\n"
+        "class RulesNamed:  # an AR adapter whose rules are a name, not an ArRules\n"
+        '    rules = "fcfs"\n'
+        "\n"
+        "    def __init__(self, inner: object) -> None:\n"
+        "        self._inner = inner\n"
+        "\n"
+        "    def __getattr__(self, name: str) -> object:\n"
+        "        return getattr(self._inner, name)\n"
+        "\n"
+        "def ar_rules_named(config: ArConfig, sink: object) -> object:\n"
+        "    from reference.ar.vllm_v1 import VLLM_V1\n"
+        "\n"
+        "    return RulesNamed(VLLM_V1.factory(config, sink))\n"
+        "\n"
         "SYNC_ONLY = dataclasses.replace(\n"
         "    REFERENCE_DLLM,\n"
         "    profile=dataclasses.replace(\n"
@@ -148,6 +162,11 @@ def test_an_undeclared_mode_is_a_usage_error(
             "building it raised KeyError: 'block_size' (at {dir}/my_factories.py:13 in ar_raising)",
         ),
         ("boom_at_import:X", "this is not a module that imports (importing it raised"),
+        # the members verify asks of an AR adapter, values too: `rules` is read by the suite
+        (
+            "my_factories:ar_rules_named",
+            "whose rules is the str 'fcfs', not a spec.ar.ArRules or None",
+        ),
     ],
 )
 def test_a_simulated_scheduler_of_the_users_is_checked_before_the_run(

@@ -274,3 +274,25 @@ def test_an_unknown_vidur_release_does_not_stop_a_run_that_drives_no_vidur(
     monkeypatch.setenv("SCHEDSPEC_VIDUR_VERSION", "bogus")
     code, out, _, _ = _verify(capsys, tmp_path, "reference-dllm", n=5)
     assert code == 0, out
+
+
+@pytest.mark.parametrize("twin", ["real-vidur-sarathi", "real-vidur-vllm"])
+def test_a_real_vidur_twin_is_refused_while_the_variable_names_a_class(
+    twin: str,
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`real-vidur-sarathi` would build the Sarathi subclass as the twin too (the class compared
+    with itself); `real-vidur-vllm` would refuse it, being of another kind. Either way the twin
+    is never the stock release, and the refusal says both cases, not only the first."""
+    monkeypatch.setenv(SCHEDULER_VARIABLE, "my_vidur.Unchanged")
+    code, out, err, _ = verify_run(
+        capsys, tmp_path, "real-vidur-sarathi", 5, extra=["--twin", twin]
+    )
+    assert code == 2 and not out, out
+    assert err.count("\n") == 1, err
+    assert f"invalid --twin={twin!r}: a twin that does not build your class" in err, err
+    assert "or refuses it, when it is of another kind" in err, err
+    assert "vidur-* reference of its scheduler" in err and SCHEDULER_VARIABLE in err, err

@@ -75,7 +75,7 @@ def test_a_real_vllm_twin_of_ones_own_class_is_refused(
 ) -> None:
     assert main(["verify", "--impl", "real-vllm", "--examples", "5", "--twin", twin]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"invalid --twin={twin!r}: a twin that does not run your class" in err, err
+    assert f"invalid --twin={twin!r}: a twin that does not build your class" in err, err
     assert "SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Unchanged" in err and "--twin vllm-v1" in err
     assert len(err.splitlines()) == 1
     log = tmp_path / "log.jsonl"
@@ -83,4 +83,4 @@ def test_a_real_vllm_twin_of_ones_own_class_is_refused(
         write_ar_trace([], out, ArConfig())
     assert main(["check-trace", str(log), "--twin", twin]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"invalid --twin={twin!r}: a twin that does not run your class" in err, err
+    assert f"invalid --twin={twin!r}: a twin that does not build your class" in err, err

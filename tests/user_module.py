@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,17 @@ def write_user_module(
 
 
 def verify_run(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, impl: str, n: int = 100
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    impl: str,
+    n: int = 100,
+    extra: Sequence[str] = (),
 ) -> tuple[int, str, str, dict[str, Any]]:
-    """`schedspec verify --impl IMPL --examples N --json ...` in this process: the exit
+    """`schedspec verify --impl IMPL --examples N --json ... EXTRA` in this process: the exit
     status, what it printed to stdout and stderr, and its JSON ({} when none was written)."""
     out_json = tmp_path / "verify.json"
-    code = main(["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json)])
+    argv = ["verify", "--impl", impl, "--examples", str(n), "--json", str(out_json), *extra]
+    code = main(argv)
     cap = capsys.readouterr()
     data = json.loads(out_json.read_text()) if out_json.exists() else {}
     return code, cap.out, cap.err, data
